@@ -1,0 +1,47 @@
+"""unihub: convert datasets to Parquet with a Unischema and serve them to deep-learning frameworks.
+
+The successor of Petastorm, with its names and arguments::
+
+    from unihub import Unischema, UnischemaField, CompressedImageCodec, TensorCodec, write_dataset
+
+``import unihub`` needs only numpy, pyarrow and the image decoder; frameworks are imported
+where they are used.
+"""
+
+from __future__ import annotations
+
+from unihub.errors import (
+    CodecError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    FormatError,
+    MissingDependencyError,
+    SchemaError,
+    UnihubError,
+    UnsafeMetadataError,
+    UnsupportedFormatError,
+    ValidationError,
+)
+from unihub.formats.codecs import (
+    CODECS,
+    Codec,
+    CompressedImageCodec,
+    CompressedNdarrayCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+)
+from unihub.formats.parquet import ParquetStore, RowGroupInfo, open_dataset
+from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.formats.spark import dict_to_spark_row, materialize_dataset
+from unihub.formats.writer import WriteResult, write_dataset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
+    "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
+    "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
+    "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
+    "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
+]

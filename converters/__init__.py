@@ -1,0 +1,1 @@
+"""Moving whole datasets between formats (see DESIGN.md)."""

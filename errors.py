@@ -1,0 +1,68 @@
+"""The exception hierarchy: every error unihub raises on purpose is a :class:`UnihubError`.
+
+Each class also derives from the built-in exception a caller would naturally catch
+(``FileNotFoundError``, ``ValueError``, ``ImportError``), as HuggingFace datasets does,
+so ``except ValueError`` keeps working for code migrated from Petastorm.
+Messages say what went wrong, where (file, field, row, offset) and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class UnihubError(Exception):
+    """Root of every error unihub raises on purpose."""
+
+
+class SchemaError(UnihubError, ValueError):
+    """A Unischema is malformed, or a value does not match its field."""
+
+
+class ValidationError(SchemaError):
+    """A row's value has the wrong dtype or shape, or is null in a non-nullable field."""
+
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.row = row
+
+
+class CodecError(UnihubError, ValueError):
+    """A value could not be encoded or decoded by its field's codec."""
+
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.row = row
+
+
+class FormatError(UnihubError, ValueError):
+    """A file is not what it claims to be: truncated, corrupt, or another format."""
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class UnsupportedFormatError(UnihubError, ValueError):
+    """A format, codec or option name that unihub does not know."""
+
+
+class DatasetNotFoundError(UnihubError, FileNotFoundError):
+    """A path that does not exist or holds no dataset."""
+
+
+class DatasetExistsError(UnihubError, FileExistsError):
+    """An output path already exists and overwriting was not asked for."""
+
+
+class UnsafeMetadataError(UnihubError):
+    """Dataset metadata tried to reach code outside the allow-list; nothing was run."""
+
+
+class MissingDependencyError(UnihubError, ImportError):
+    """An optional framework is not installed; the message names the extra to install."""
+
+
+class ImageDecodeError(CodecError):
+    """Bytes that should hold a PNG or JPEG image could not be decoded."""

@@ -1,0 +1,1 @@
+"""What data looks like on disk: the Unischema, codecs, the Parquet store, foreign formats."""

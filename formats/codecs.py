@@ -1,0 +1,629 @@
+"""Codecs: how a field's values are stored in an Arrow/Parquet column and decoded back.
+
+Every codec works on **whole columns**: :meth:`Codec.encode_column` turns a sequence of
+values into one Arrow array, :meth:`Codec.decode_column` turns an Arrow array into numpy
+(one ``(n, *shape)`` array where the shape is fixed, else an object array of per-row
+arrays, ``None`` for nulls). Single-value :meth:`encode` / :meth:`decode` keep
+Petastorm's signatures. A codec is one class registered by its JSON name in
+:data:`CODECS`, so a dataset's schema JSON finds it again.
+
+- :class:`ScalarCodec`: native Arrow scalars (numbers, strings, bytes, decimals, times).
+- :class:`TensorCodec`: Arrow-native tensors: ``fixed_shape_tensor`` when the shape is
+  fixed (a column decodes to one numpy array without a copy); flat values plus shapes
+  when some dimension is ``None``.
+- :class:`CompressedImageCodec`: PNG/JPEG bytes, kept as given, decoded on read.
+- :class:`NdarrayCodec`, :class:`CompressedNdarrayCodec`: Petastorm's ``np.save`` /
+  ``np.savez_compressed`` cells, byte-compatible both ways.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import CodecError, SchemaError
+from unihub.formats import dtypes, npy
+from unihub.registry import Registry
+
+if TYPE_CHECKING:
+    from unihub.formats.schema import UnischemaField
+
+CODECS: Registry[type[Codec]] = Registry("codec")
+
+
+def register_codec(name: str):
+    """Class decorator: register a codec class under its JSON name."""
+
+    def add(cls: type[Codec]) -> type[Codec]:
+        cls.json_name = name
+        CODECS.add(name, cls)
+        return cls
+
+    return add
+
+
+def codec_from_json(data: Mapping[str, Any]) -> Codec:
+    """The codec described by ``{"type": name, ...config}``."""
+    if "type" not in data:
+        raise SchemaError(f"codec JSON {dict(data)!r} has no 'type'")
+    cls = CODECS.get(data["type"])
+    return cls.from_config({k: v for k, v in data.items() if k != "type"})
+
+
+def column_as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous Arrow array from an array or chunked array (copies only if chunked)."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        if column.num_chunks == 0:
+            return pa.array([], type=column.type)
+        return column.combine_chunks()
+    return column
+
+
+def _storage(array: pa.Array) -> pa.Array:
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
+
+
+def _with_nulls(values: list[Any] | np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """An object array holding ``values`` where valid and None elsewhere."""
+    out = np.empty(len(valid) if valid is not None else len(values), dtype=object)
+    if valid is None:
+        out[:] = list(values) if not isinstance(values, np.ndarray) else [v for v in values]
+        return out
+    it = iter(values)
+    for i, ok in enumerate(valid):
+        out[i] = next(it) if ok else None
+    return out
+
+
+def _valid_mask(array: pa.Array) -> np.ndarray | None:
+    """Boolean validity per row, or None when the array has no nulls."""
+    if array.null_count == 0:
+        return None
+    return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+class Codec(ABC):
+    """Base class: stores one field's values in one Arrow column."""
+
+    json_name: ClassVar[str] = ""
+
+    @abstractmethod
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        """The Arrow type of the stored column."""
+
+    @abstractmethod
+    def encode(self, field: UnischemaField, value: Any) -> Any:
+        """One value to what is stored (Petastorm's signature)."""
+
+    @abstractmethod
+    def decode(self, field: UnischemaField, value: Any) -> Any:
+        """One stored value back to numpy (Petastorm's signature)."""
+
+    def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
+        """A column of values to one Arrow array (``None`` stays null)."""
+        stored = []
+        for row, value in enumerate(values):
+            if value is None:
+                stored.append(None)
+                continue
+            try:
+                stored.append(self.encode(field, value))
+            except CodecError:
+                raise
+            except Exception as exc:  # a library error: name the field and row
+                raise CodecError(f"field {field.name!r}, row {row}: cannot encode with {self!r}: {exc}",
+                                 field=field.name, row=row) from exc
+        return pa.array(stored, type=self.arrow_type(field))
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """An Arrow column to numpy: ``(n, *shape)`` when every row has the same shape."""
+        array = column_as_array(column)
+        values = array.to_pylist()
+        decoded: list[Any] = []
+        for row, value in enumerate(values):
+            if value is None:
+                decoded.append(None)
+                continue
+            try:
+                decoded.append(self.decode(field, value))
+            except CodecError:
+                raise
+            except Exception as exc:
+                raise CodecError(f"field {field.name!r}, row {row}: cannot decode with {self!r}: {exc}",
+                                 field=field.name, row=row) from exc
+        return stack_if_fixed(field, decoded)
+
+    def spark_dtype(self, field: UnischemaField | None = None) -> Any:
+        """The pyspark type of the stored column (imports pyspark)."""
+        from unihub.formats.spark import arrow_to_spark_type
+
+        if field is None:
+            raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
+        return arrow_to_spark_type(self.arrow_type(field))
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-able."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Codec:
+        return cls(**config)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.json_name, **self.config()}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.config() == self.config()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted((k, repr(v)) for k, v in self.config().items()))))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"
+
+
+def stack_if_fixed(field: UnischemaField, decoded: list[Any]) -> np.ndarray:
+    """Stack per-row arrays into ``(n, *shape)`` when all are present and the shape is fixed."""
+    if field.shape and field.is_fixed_shape and decoded and all(v is not None for v in decoded):
+        try:
+            return np.stack(decoded)
+        except ValueError as exc:
+            shapes = sorted({np.shape(v) for v in decoded})
+            raise CodecError(f"field {field.name!r}: rows have shapes {shapes[:4]}, expected {field.shape}",
+                             field=field.name) from exc
+    out = np.empty(len(decoded), dtype=object)
+    for i, v in enumerate(decoded):
+        out[i] = v
+    if not field.shape and decoded and all(v is not None for v in decoded):
+        return out.astype(field.dtype) if field.dtype != object else out
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+@register_codec("scalar")
+class ScalarCodec(Codec):
+    """A native scalar column. Takes a numpy dtype, an Arrow type or a Spark type.
+
+    ``ScalarCodec(pa.int64())``, ``ScalarCodec(np.float32)``, ``ScalarCodec(LongType())``.
+    Decoded values take the field's numpy dtype.
+    """
+
+    def __init__(self, type: Any = None, *, arrow_type: Any = None) -> None:  # noqa: A002
+        spec = arrow_type if arrow_type is not None else type
+        if spec is None:
+            raise SchemaError("ScalarCodec needs a numpy dtype, an Arrow type or a Spark type")
+        if isinstance(spec, str) and not hasattr(spec, "simpleString"):
+            try:
+                spec = dtypes.arrow_type_from_json(spec)
+            except SchemaError:
+                spec = dtypes.numpy_to_arrow_type(dtypes.normalize_dtype(spec))
+        if isinstance(spec, pa.DataType):
+            self._arrow_type = spec
+        elif type_is_spark(spec):
+            from unihub.formats.spark import spark_to_arrow_type
+
+            self._arrow_type = spark_to_arrow_type(spec)
+        else:
+            self._arrow_type = dtypes.numpy_to_arrow_type(dtypes.normalize_dtype(spec))
+
+    @property
+    def storage_type(self) -> pa.DataType:
+        return self._arrow_type
+
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        return self._arrow_type
+
+    def spark_dtype(self, field: UnischemaField | None = None) -> Any:
+        from unihub.formats.spark import arrow_to_spark_type
+
+        return arrow_to_spark_type(self._arrow_type)
+
+    def encode(self, field: UnischemaField, value: Any) -> Any:
+        if isinstance(value, np.generic):
+            return value.item()
+        return value
+
+    def decode(self, field: UnischemaField, value: Any) -> Any:
+        if field.numpy_dtype in (np.str_, np.bytes_, np.object_) or not issubclass(field.numpy_dtype, np.generic):
+            return value
+        return field.numpy_dtype(value)
+
+    def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
+        try:
+            if isinstance(values, np.ndarray) and values.dtype != object:
+                return pa.array(values, type=self._arrow_type, from_pandas=False)
+            return pa.array([self.encode(field, v) for v in values], type=self._arrow_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+            raise CodecError(f"field {field.name!r}: cannot store values as {self._arrow_type}: {exc}",
+                             field=field.name) from exc
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        array = column_as_array(column)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        if pa.types.is_decimal(array.type):
+            return _with_nulls(array.to_pylist(), None)
+        valid = _valid_mask(array)
+        if valid is None:
+            out = array.to_numpy(zero_copy_only=False)
+            if field.dtype != object and out.dtype != field.dtype:
+                out = out.astype(field.dtype)
+            return out
+        values = array.to_numpy(zero_copy_only=False)
+        if field.dtype != object and values.dtype != object:
+            values = array.fill_null(0 if values.dtype.kind not in "b" else False).to_numpy(zero_copy_only=False)
+            values = values.astype(field.dtype)
+            out = values.astype(object)
+            out[~valid] = None
+            return out
+        return values
+
+    def config(self) -> dict[str, Any]:
+        return {"arrow_type": dtypes.arrow_type_to_json(self._arrow_type)}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ScalarCodec:
+        return cls(dtypes.arrow_type_from_json(config["arrow_type"]))
+
+
+def type_is_spark(value: Any) -> bool:
+    """True for a pyspark ``DataType`` instance, checked without importing pyspark."""
+    return type(value).__module__.startswith("pyspark.") and hasattr(value, "simpleString")
+
+
+# ---------------------------------------------------------------------------------------
+@register_codec("tensor")
+class TensorCodec(Codec):
+    """Arrow-native tensors.
+
+    Fixed shape ``(d0, d1, ...)``: Arrow's canonical ``fixed_shape_tensor`` extension type;
+    a column decodes to one ``(n, d0, d1, ...)`` numpy array that shares the Arrow buffer.
+    Only the first dimension ``None`` (``(None, 4)``): a list of the flat values, the first
+    dimension follows from the length. Other ``None`` dims: a struct of the flat values
+    (``data``) and the row's shape (``shape``). Lists that Spark or others wrote
+    (``list<T>``, ``fixed_size_list<T>``, nested lists) decode too.
+    """
+
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        value_type = self._value_type(field)
+        if field.shape == ():
+            return value_type
+        if field.is_fixed_shape:
+            return pa.fixed_shape_tensor(value_type, list(field.shape))
+        if field.shape[0] is None and None not in field.shape[1:]:
+            return pa.list_(value_type)
+        return pa.struct([pa.field("data", pa.list_(value_type)),
+                          pa.field("shape", pa.list_(pa.int32(), len(field.shape)))])
+
+    @staticmethod
+    def _value_type(field: UnischemaField) -> pa.DataType:
+        if not dtypes.is_numeric(field.numpy_dtype):
+            raise SchemaError(f"field {field.name!r}: TensorCodec stores numbers and booleans, "
+                              f"not {dtypes.dtype_name(field.numpy_dtype)}; use ScalarCodec or NdarrayCodec")
+        return dtypes.numpy_to_arrow_type(field.numpy_dtype)
+
+    def encode(self, field: UnischemaField, value: Any) -> Any:
+        array = np.asarray(value, dtype=field.dtype)
+        if field.is_fixed_shape or (field.shape[0] is None and None not in field.shape[1:]):
+            return array.ravel().tolist()
+        return {"data": array.ravel().tolist(), "shape": list(array.shape)}
+
+    def decode(self, field: UnischemaField, value: Any) -> Any:
+        if isinstance(value, dict):
+            return np.asarray(value["data"], dtype=field.dtype).reshape(value["shape"])
+        return _reshape_flat(field, np.asarray(value, dtype=field.dtype))
+
+    def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
+        arrow_type = self.arrow_type(field)
+        if field.shape == ():
+            return pa.array(np.asarray(values, dtype=field.dtype) if not _has_none(values) else list(values),
+                            type=arrow_type)
+        present = [i for i, v in enumerate(values) if v is not None]
+        arrays = [_as_array(field, values[i], i) for i in present]
+        mask = None
+        if len(present) != len(values):
+            mask = np.ones(len(values), dtype=bool)
+            mask[present] = False
+        if field.is_fixed_shape:
+            size = int(np.prod(field.shape))
+            flat = _fill_rows(arrays, present, len(values), size, field.dtype)
+            storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size,
+                                                        mask=pa.array(mask) if mask is not None else None)
+            return pa.ExtensionArray.from_storage(arrow_type, storage)
+        lengths = np.zeros(len(values), dtype=np.int64)
+        lengths[present] = [a.size for a in arrays]
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate([a.ravel() for a in arrays]) if arrays else np.empty(0, field.dtype)
+        data = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat),
+                                        mask=pa.array(mask) if mask is not None else None)
+        if pa.types.is_list(arrow_type):
+            return data
+        shapes = np.zeros((len(values), len(field.shape)), dtype=np.int32)
+        if arrays:
+            shapes[present] = [a.shape for a in arrays]
+        shape_col = pa.FixedSizeListArray.from_arrays(pa.array(shapes.ravel()), len(field.shape))
+        return pa.StructArray.from_arrays([data, shape_col], names=["data", "shape"],
+                                          mask=pa.array(mask) if mask is not None else None)
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        array = column_as_array(column)
+        if field.shape == ():
+            return ScalarCodec(array.type).decode_column(field, array)
+        storage = _storage(array)
+        valid = _valid_mask(storage)
+        if pa.types.is_struct(storage.type):
+            return _decode_struct_tensors(field, storage, valid)
+        if field.is_fixed_shape and valid is None:
+            flat, offsets = _flatten_lists(storage)
+            size = int(np.prod(field.shape))
+            if offsets is not None and not np.all(np.diff(offsets) == size):
+                bad = int(np.argmax(np.diff(offsets) != size))
+                raise CodecError(f"field {field.name!r}, row {bad}: expected {size} values for shape "
+                                 f"{field.shape}, found {int(np.diff(offsets)[bad])}", field=field.name, row=bad)
+            return _numpy_values(flat, field).reshape((len(storage), *field.shape))
+        flat, offsets = _flatten_lists(storage)
+        values = _numpy_values(flat, field)
+        if offsets is None:  # fixed_size_list with nulls
+            size = storage.type.list_size
+            offsets = np.arange(len(storage) + 1, dtype=np.int64) * size
+        rows = [None if valid is not None and not valid[i]
+                else _reshape_flat(field, values[offsets[i]:offsets[i + 1]], row=i)
+                for i in range(len(storage))]
+        return stack_if_fixed(field, rows)
+
+    def spark_dtype(self, field: UnischemaField | None = None) -> Any:
+        """Spark has no tensor type: fixed shapes are stored as flat arrays."""
+        from unihub.formats.spark import arrow_to_spark_type
+
+        if field is None:
+            raise SchemaError("TensorCodec.spark_dtype needs the field")
+        arrow_type = self.arrow_type(field)
+        if isinstance(arrow_type, pa.FixedShapeTensorType):
+            arrow_type = pa.list_(arrow_type.value_type)
+        return arrow_to_spark_type(arrow_type)
+
+
+def _has_none(values: Sequence[Any]) -> bool:
+    return any(v is None for v in values)
+
+
+def _as_array(field: UnischemaField, value: Any, row: int) -> np.ndarray:
+    from unihub.formats.validation import shape_matches
+
+    array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=field.dtype)
+    if array.dtype != field.dtype:
+        raise CodecError(f"field {field.name!r}, row {row}: expected dtype {field.dtype}, found {array.dtype}",
+                         field=field.name, row=row)
+    if not shape_matches(array.shape, field.shape):
+        raise CodecError(f"field {field.name!r}, row {row}: expected shape {field.shape}, found {array.shape}",
+                         field=field.name, row=row)
+    return array
+
+
+def _fill_rows(arrays: list[np.ndarray], present: list[int], n: int, size: int, dtype: np.dtype) -> np.ndarray:
+    if len(present) == n:
+        return np.stack(arrays).reshape(-1) if arrays else np.empty(0, dtype)
+    flat = np.zeros((n, size), dtype=dtype)
+    for i, a in zip(present, arrays):
+        flat[i] = a.ravel()
+    return flat.reshape(-1)
+
+
+def _flatten_lists(storage: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+    """Innermost values of (nested) list storage, and per-row offsets into them.
+
+    Offsets are None for a null-free ``fixed_size_list`` (every row has list_size values).
+    """
+    if pa.types.is_fixed_size_list(storage.type):
+        if storage.null_count == 0 and not pa.types.is_nested(storage.type.value_type):
+            return storage.flatten(), None
+        size = storage.type.list_size
+        start = storage.offset * size
+        inner = storage.values.slice(start, len(storage) * size)
+        offsets = np.arange(len(storage) + 1, dtype=np.int64) * size
+    elif pa.types.is_list(storage.type) or pa.types.is_large_list(storage.type):
+        offsets = np.asarray(storage.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        inner = storage.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        offsets = offsets - offsets[0]
+    else:
+        return storage, np.arange(len(storage) + 1, dtype=np.int64)
+    if pa.types.is_nested(inner.type):
+        flat, inner_offsets = _flatten_lists(inner)
+        if inner_offsets is not None:
+            offsets = inner_offsets[offsets]
+        else:
+            offsets = offsets * inner.type.list_size
+        return flat, offsets
+    return inner, offsets
+
+
+def _numpy_values(flat: pa.Array, field: UnischemaField) -> np.ndarray:
+    """Numpy view of flat tensor values (zero-copy for numbers without nulls)."""
+    if flat.null_count:
+        raise CodecError(f"field {field.name!r}: tensor values contain {flat.null_count} nulls", field=field.name)
+    values = flat.to_numpy(zero_copy_only=not pa.types.is_boolean(flat.type))
+    return values if values.dtype == field.dtype else values.astype(field.dtype)
+
+
+def _reshape_flat(field: UnischemaField, values: np.ndarray, row: int | None = None) -> np.ndarray:
+    """Give flat values the field's shape, solving the one ``None`` dim if there is one."""
+    known = [d for d in field.shape if d is not None]
+    unknown = len(field.shape) - len(known)
+    if unknown == 0:
+        shape = field.shape
+    elif unknown == 1:
+        rest = int(np.prod(known)) if known else 1
+        if rest == 0 or values.size % rest:
+            raise CodecError(f"field {field.name!r}, row {row}: {values.size} values do not fill shape {field.shape}",
+                             field=field.name, row=row)
+        shape = tuple(values.size // rest if d is None else d for d in field.shape)
+    else:
+        raise CodecError(f"field {field.name!r}: a list column cannot hold shape {field.shape} without the row "
+                         "shapes", field=field.name)
+    try:
+        return values.reshape(shape)
+    except ValueError as exc:
+        raise CodecError(f"field {field.name!r}, row {row}: {values.size} values do not fit shape {field.shape}",
+                         field=field.name, row=row) from exc
+
+
+def _decode_struct_tensors(field: UnischemaField, storage: pa.StructArray, valid: np.ndarray | None) -> np.ndarray:
+    data = storage.field("data")
+    shapes_arr = storage.field("shape")
+    flat, offsets = _flatten_lists(data)
+    values = _numpy_values(flat, field)
+    shape_flat, _ = _flatten_lists(shapes_arr)
+    shapes = shape_flat.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64).reshape(len(storage), -1)
+    rows: list[Any] = []
+    for i in range(len(storage)):
+        if valid is not None and not valid[i]:
+            rows.append(None)
+        else:
+            rows.append(values[offsets[i]:offsets[i + 1]].reshape(tuple(shapes[i])))
+    return stack_if_fixed(field, rows)
+
+
+# ---------------------------------------------------------------------------------------
+@register_codec("compressed_image")
+class CompressedImageCodec(Codec):
+    """PNG (lossless) or JPEG (``quality``) images in a binary column.
+
+    ``encode`` takes a uint8 array (H, W), (H, W, 3) or (H, W, 4) in RGB(A) order, or bytes
+    that already hold a PNG/JPEG file, stored as given (no re-encode). Decoded images are
+    RGB(A)/grayscale, as Petastorm returned them (it swapped OpenCV's BGR back to RGB).
+    """
+
+    def __init__(self, image_codec: str = "png", quality: int = 80) -> None:
+        fmt = image_codec.lower().lstrip(".")
+        fmt = {"jpg": "jpeg"}.get(fmt, fmt)
+        if fmt not in ("png", "jpeg"):
+            raise SchemaError(f"CompressedImageCodec supports 'png' and 'jpeg', not {image_codec!r}")
+        if not 0 <= int(quality) <= 100:
+            raise SchemaError(f"JPEG quality must be within 0..100, got {quality}")
+        self.image_codec = fmt
+        self.quality = int(quality)
+
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        return pa.binary()
+
+    def encode(self, field: UnischemaField, value: Any) -> bytes:
+        from unihub.formats import images
+
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            if images.detect_format(value) is None:
+                raise CodecError(f"field {field.name!r}: {len(value)} bytes are neither PNG nor JPEG",
+                                 field=field.name)
+            return bytes(value)
+        array = np.asarray(value)
+        if array.dtype != field.dtype:
+            raise CodecError(f"field {field.name!r}: expected an image of dtype {field.dtype}, found {array.dtype}",
+                             field=field.name)
+        return images.encode_image(array, self.image_codec, self.quality)
+
+    def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
+        from unihub.formats import images
+
+        return images.decode_image(value)
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray,
+                      *, decode: bool = True) -> np.ndarray:
+        """Decode every image; ``decode=False`` returns the encoded bytes (e.g. for DALI)."""
+        from unihub.formats import images
+
+        array = column_as_array(column)
+        n = len(array)
+        valid = _valid_mask(array)
+        if not decode:
+            return _with_nulls(array.to_pylist(), None)
+        blobs = array.to_pylist()
+        fixed = field.is_fixed_shape and valid is None and n > 0
+        out = np.empty((n, *field.shape), dtype=field.dtype) if fixed else np.empty(n, dtype=object)
+        for row, blob in enumerate(blobs):
+            if blob is None:
+                out[row] = None
+                continue
+            try:
+                if fixed:
+                    images.decode_image(blob, out=out[row])
+                else:
+                    out[row] = images.decode_image(blob)
+            except (ValueError, images.ImageDecodeError) as exc:
+                raise CodecError(f"field {field.name!r}, row {row}: corrupt or mismatched "
+                                 f"{self.image_codec.upper()} image: {exc}", field=field.name, row=row) from exc
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return {"image_codec": self.image_codec, "quality": self.quality}
+
+
+# ---------------------------------------------------------------------------------------
+@register_codec("ndarray")
+class NdarrayCodec(Codec):
+    """Petastorm's ``np.save`` bytes per cell; kept for compatibility, both ways.
+
+    Decoding parses the ``.npy`` header directly and never unpickles; a column whose
+    cells share one header is decoded in one vectorised step.
+    """
+
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        return pa.binary()
+
+    def encode(self, field: UnischemaField, value: Any) -> bytes:
+        array = _checked_ndarray(field, value)
+        memfile = io.BytesIO()
+        np.save(memfile, array)
+        return memfile.getvalue()
+
+    def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
+        return npy.load_npy(value)
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        array = column_as_array(column)
+        if pa.types.is_large_binary(array.type):
+            array = array.cast(pa.binary())
+        fast = npy.load_npy_column(array) if array.null_count == 0 and len(array) else None
+        if fast is not None and field.is_fixed_shape:
+            return fast
+        if fast is not None:
+            return _with_nulls(list(fast), None)
+        return super().decode_column(field, array)
+
+
+@register_codec("compressed_ndarray")
+class CompressedNdarrayCodec(Codec):
+    """Petastorm's ``np.savez_compressed(arr=...)`` bytes per cell."""
+
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        return pa.binary()
+
+    def encode(self, field: UnischemaField, value: Any) -> bytes:
+        array = _checked_ndarray(field, value)
+        memfile = io.BytesIO()
+        np.savez_compressed(memfile, arr=array)
+        return memfile.getvalue()
+
+    def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
+        with np.load(io.BytesIO(value), allow_pickle=False) as archive:
+            return archive["arr"]
+
+
+def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:
+    from unihub.formats.validation import shape_matches
+
+    if not isinstance(value, np.ndarray):
+        raise CodecError(f"field {field.name!r}: expected a numpy array of {field.dtype}, found {type(value).__name__}",
+                         field=field.name)
+    if value.dtype != field.dtype and field.dtype != object:
+        raise CodecError(f"field {field.name!r}: expected dtype {field.dtype}, found {value.dtype}", field=field.name)
+    if not shape_matches(value.shape, field.shape):
+        raise CodecError(f"field {field.name!r}: expected shape {field.shape}, found {value.shape}", field=field.name)
+    return value

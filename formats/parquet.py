@@ -1,0 +1,247 @@
+"""The canonical store: a directory of Parquet files described by a Unischema.
+
+On disk::
+
+    dataset/
+      _common_metadata          Arrow schema + key-value metadata, no rows
+      part-00000.parquet        row groups; the footer repeats the schema metadata
+      split=train/part-00000.parquet   (Hive partitions, when written with partition_by)
+
+The Unischema is JSON under ``unihub.unischema`` in ``_common_metadata`` and in every
+file footer, so a single file describes itself. Datasets Petastorm wrote carry a pickled
+Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow-list of
+:mod:`unihub.formats.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
+
+:func:`open_dataset` reads only footers: the schema and a row-group index
+(file, row group, rows), never data pages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import DatasetNotFoundError, FormatError, SchemaError
+from unihub.formats import filesystem as fsutil
+from unihub.formats.codecs import ScalarCodec
+from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
+
+COMMON_METADATA = "_common_metadata"
+SchemaSource = Literal["unihub", "petastorm", "inferred"]
+
+
+@dataclass(frozen=True)
+class RowGroupInfo:
+    """One row group of the dataset: where it is and how many rows it holds."""
+
+    index: int
+    path: str
+    row_group: int
+    num_rows: int
+    first_row: int
+    total_byte_size: int
+    partition: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    num_rows: int
+    num_row_groups: int
+    size_bytes: int
+    partition: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class ParquetStore:
+    """An opened dataset: its Unischema, files and row-group index."""
+
+    url: str
+    filesystem: pafs.FileSystem
+    path: str
+    schema: Unischema
+    arrow_schema: pa.Schema
+    files: list[FileInfo]
+    row_groups: list[RowGroupInfo]
+    metadata: dict[bytes, bytes]
+    schema_source: SchemaSource
+    partition_names: tuple[str, ...] = ()
+    _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(rg.num_rows for rg in self.row_groups)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+    def row_group_of(self, row: int) -> tuple[RowGroupInfo, int]:
+        """The row group holding global row ``row`` and the row's index inside it."""
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} is out of range for a dataset of {self.num_rows} rows")
+        i = int(np.searchsorted(self._offsets, row, side="right") - 1)
+        return self.row_groups[i], row - int(self._offsets[i])
+
+    def read_row_group(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """The stored (encoded) columns of one row group, partition columns included."""
+        info = self.row_groups[index]
+        stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        try:
+            with self.filesystem.open_input_file(info.path) as handle:
+                table = pq.ParquetFile(handle).read_row_group(info.row_group, columns=stored)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
+        return self._add_partitions(table, info.partition, columns)
+
+    def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
+                        columns: Sequence[str] | None) -> pa.Table:
+        for key, raw in partition:
+            if columns is not None and key not in columns:
+                continue
+            field_ = self.schema[key]
+            value = partition_value(field_, raw)
+            table = table.append_column(field_.arrow_field(), pa.array([value] * table.num_rows,
+                                                                       type=field_.arrow_type()))
+        return table
+
+
+def partition_value(field_: UnischemaField, raw: str) -> Any:
+    """A Hive partition directory's value (``key=raw``) as the field's Python value."""
+    if raw == "__HIVE_DEFAULT_PARTITION__":
+        return None
+    if field_.numpy_dtype is np.str_:
+        return raw
+    try:
+        return field_.numpy_dtype(raw).item()
+    except (ValueError, TypeError) as exc:
+        raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
+
+
+def open_dataset(url: str | os.PathLike[str], *, filesystem: Any = None,
+                 storage_options: dict[str, Any] | None = None) -> ParquetStore:
+    """Open a dataset (a directory of Parquet files, or one file) and index its row groups."""
+    url = os.fspath(url)
+    fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise DatasetNotFoundError(f"{url}: no such file or directory")
+    if info.type == pafs.FileType.File:
+        paths, common = [root], None
+        sizes = {root: info.size}
+        base = os.path.dirname(root)
+    else:
+        sizes = _list_data_files(fs, root)
+        paths = sorted(sizes)
+        common_path = fsutil.join(root, COMMON_METADATA)
+        common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+        base = root
+        if not paths:
+            raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
+                                       "(is it a dataset? files starting with '_' or '.' are ignored)")
+    footers = _read_footers(fs, paths)
+    partitions = [_partition_of(base, p) for p in paths]
+    file_schema = footers[0].schema.to_arrow_schema()
+    kv = dict(common.metadata or {}) if common is not None else {}
+    for key, value in (footers[0].metadata or {}).items():
+        kv.setdefault(key, value)
+    schema, source = _resolve_schema(kv, file_schema, partitions, url)
+    _check_files_agree(paths, footers, file_schema)
+    files, row_groups, offsets = _index(paths, footers, partitions, sizes)
+    names = tuple(k for k, _ in partitions[0]) if partitions else ()
+    return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
+                        files=files, row_groups=row_groups, metadata=kv, schema_source=source,
+                        partition_names=names, _offsets=offsets)
+
+
+def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, int]:
+    """Data file path -> size; names starting with '_' or '.' (metadata, CRCs) are skipped."""
+    selector = pafs.FileSelector(root, recursive=True)
+    paths = {}
+    for entry in fs.get_file_info(selector):
+        rel = entry.path[len(root):].lstrip("/")
+        if entry.type != pafs.FileType.File or any(part.startswith(("_", ".")) for part in rel.split("/")):
+            continue
+        paths[entry.path] = entry.size
+    return paths
+
+
+def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    try:
+        with fs.open_input_file(path) as handle:
+            return pq.read_metadata(handle)
+    except (OSError, pa.ArrowInvalid) as exc:
+        size = fs.get_file_info(path).size
+        raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
+
+
+def _read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
+    if len(paths) <= 4:
+        return [_read_metadata(fs, p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+        return list(pool.map(lambda p: _read_metadata(fs, p), paths))
+
+
+def _partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
+    rel = path[len(base):].lstrip("/").split("/")[:-1]
+    return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
+
+
+def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema,
+                    partitions: list[tuple[tuple[str, str], ...]], url: str) -> tuple[Unischema, SchemaSource]:
+    if SCHEMA_METADATA_KEY in kv:
+        try:
+            return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
+        except SchemaError as exc:
+            raise SchemaError(f"{url}: {exc}") from exc
+    from unihub.formats import legacy
+
+    if legacy.PETASTORM_UNISCHEMA_KEY in kv:
+        return legacy.load_petastorm_unischema(kv[legacy.PETASTORM_UNISCHEMA_KEY]), "petastorm"
+    inferred = Unischema.from_arrow_schema(file_schema, name=os.path.basename(url.rstrip("/")) or "dataset")
+    extra = [_infer_partition_field(k, [dict(p).get(k, "") for p in partitions])
+             for k, _ in (partitions[0] if partitions else ()) if k not in inferred]
+    if extra:
+        inferred = Unischema(inferred.name, [*inferred, *extra])
+    return inferred, "inferred"
+
+
+def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
+    present = [v for v in values if v != "__HIVE_DEFAULT_PARTITION__"]
+    try:
+        [int(v) for v in present]
+        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+    except ValueError:
+        return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
+
+
+def _check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema) -> None:
+    names = expected.names
+    for path, footer in zip(paths[1:], footers[1:]):
+        found = footer.schema.to_arrow_schema().names
+        if found != names:
+            missing, extra = sorted(set(names) - set(found)), sorted(set(found) - set(names))
+            raise FormatError(f"{path}: columns differ from {paths[0]} (missing {missing}, extra {extra})", path=path)
+
+
+def _index(paths: list[str], footers: list[pq.FileMetaData], partitions: list[tuple[tuple[str, str], ...]],
+           sizes: dict[str, int]) -> tuple[list[FileInfo], list[RowGroupInfo], np.ndarray]:
+    files, groups = [], []
+    first = 0
+    for path, footer, partition in zip(paths, footers, partitions):
+        files.append(FileInfo(path, footer.num_rows, footer.num_row_groups, sizes.get(path, 0), partition))
+        for i in range(footer.num_row_groups):
+            rg = footer.row_group(i)
+            groups.append(RowGroupInfo(len(groups), path, i, rg.num_rows, first, rg.total_byte_size, partition))
+            first += rg.num_rows
+    offsets = np.array([g.first_row for g in groups] + [first], dtype=np.int64)
+    return files, groups, offsets

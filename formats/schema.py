@@ -1,0 +1,351 @@
+"""Unischema: a tensor schema (dtype, shape with ``None`` dims, codec, nullable) for Parquet.
+
+The schema is data: frozen, hashable fields, rendered on demand to Arrow, Spark,
+TensorFlow, torch and namedtuple types, and stored in a dataset's metadata as
+versioned JSON (never pickle). Names and arguments are Petastorm's::
+
+    from unihub import Unischema, UnischemaField, CompressedImageCodec, TensorCodec, ScalarCodec
+    import numpy as np, pyarrow as pa
+
+    Schema = Unischema("Schema", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("image", np.uint8, (64, 64, 3), CompressedImageCodec("png"), False),
+        UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    ])
+    Schema.id                    # the field
+    Schema.as_arrow_schema()     # what the Parquet files hold
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict, namedtuple
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import SchemaError
+from unihub.formats import dtypes
+from unihub.formats.validation import validate_value
+
+if TYPE_CHECKING:
+    from unihub.formats.codecs import Codec
+
+#: The key under which a dataset's Unischema JSON lives in Parquet key-value metadata.
+SCHEMA_METADATA_KEY = b"unihub.unischema"
+#: Version of the JSON form this module writes; readers refuse newer ones with a SchemaError.
+SCHEMA_JSON_VERSION = 1
+
+Shape = tuple[int | None, ...]
+
+
+class _FieldTuple(NamedTuple):
+    name: str
+    numpy_dtype: Any
+    shape: Shape
+    codec: Codec | None
+    nullable: bool
+
+
+class UnischemaField(_FieldTuple):
+    """One field: ``UnischemaField(name, numpy_dtype, shape, codec=None, nullable=False)``.
+
+    An immutable, hashable namedtuple as in Petastorm. ``numpy_dtype`` is normalised to a
+    numpy scalar type (``np.int64``, ``np.str_``, ``np.bytes_``) or ``decimal.Decimal``;
+    ``shape`` is a tuple whose ``None`` entries are dimensions that vary by row.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        name: str,
+        numpy_dtype: Any,
+        shape: Sequence[int | None] = (),
+        codec: Codec | None = None,
+        nullable: bool = False,
+    ) -> UnischemaField:
+        if not isinstance(name, str) or not name:
+            raise SchemaError(f"a field name must be a non-empty string, got {name!r}")
+        try:
+            dims = tuple(None if d is None else int(d) for d in shape)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"field {name!r}: shape must be a tuple of ints or None, got {shape!r}") from exc
+        if any(d is not None and d < 0 for d in dims):
+            raise SchemaError(f"field {name!r}: negative dimension in shape {shape!r}")
+        return super().__new__(cls, name, dtypes.normalize_dtype(numpy_dtype), dims, codec, bool(nullable))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of decoded values (``object`` for strings, bytes and decimals)."""
+        if self.numpy_dtype in (np.str_, np.bytes_) or not isinstance(self.numpy_dtype, type) or not issubclass(self.numpy_dtype, np.generic):
+            return np.dtype(object)
+        return np.dtype(self.numpy_dtype)
+
+    @property
+    def is_fixed_shape(self) -> bool:
+        """True when no dimension is ``None``."""
+        return None not in self.shape
+
+    def arrow_type(self) -> pa.DataType:
+        """The Arrow storage type of this field in Parquet."""
+        if self.codec is not None:
+            return self.codec.arrow_type(self)
+        return _default_arrow_type(self)
+
+    def arrow_field(self) -> pa.Field:
+        return pa.field(self.name, self.arrow_type(), nullable=self.nullable)
+
+    def validate(self, value: Any, *, row: int | None = None) -> None:
+        """Raise :class:`~unihub.errors.ValidationError` unless ``value`` fits this field."""
+        validate_value(self, value, row=row)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able dict that :meth:`from_json` reads back to an equal field."""
+        return {
+            "name": self.name,
+            "dtype": dtypes.dtype_name(self.numpy_dtype),
+            "shape": list(self.shape),
+            "codec": None if self.codec is None else self.codec.to_json(),
+            "nullable": self.nullable,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UnischemaField:
+        from unihub.formats.codecs import codec_from_json
+
+        try:
+            codec = None if data.get("codec") is None else codec_from_json(data["codec"])
+            return cls(data["name"], dtypes.dtype_from_name(data["dtype"]), tuple(data["shape"]),
+                       codec, data.get("nullable", False))
+        except KeyError as exc:
+            raise SchemaError(f"schema JSON field {data!r} lacks the key {exc}") from exc
+
+    def __repr__(self) -> str:
+        return (f"UnischemaField({self.name!r}, {dtypes.dtype_name(self.numpy_dtype)}, {self.shape!r}, "
+                f"{self.codec!r}, {self.nullable})")
+
+
+def _default_arrow_type(field: UnischemaField) -> pa.DataType:
+    """Codec-less fields: the scalar type, nested in one list per dimension."""
+    arrow_type = dtypes.numpy_to_arrow_type(field.numpy_dtype)
+    for _ in field.shape:
+        arrow_type = pa.list_(arrow_type)
+    return arrow_type
+
+
+class Unischema:
+    """A named, ordered collection of :class:`UnischemaField`; fields are attributes too."""
+
+    def __init__(self, name: str, fields: Iterable[UnischemaField]) -> None:
+        self._name = name
+        self._fields: OrderedDict[str, UnischemaField] = OrderedDict()
+        for field in fields:
+            if not isinstance(field, UnischemaField):
+                raise SchemaError(f"Unischema {name!r}: {field!r} is not a UnischemaField")
+            if field.name in self._fields:
+                raise SchemaError(f"Unischema {name!r}: field {field.name!r} appears twice")
+            self._fields[field.name] = field
+
+    # -- access -----------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def fields(self) -> OrderedDict[str, UnischemaField]:
+        """Fields by name, in order (a copy: the schema itself is immutable)."""
+        return OrderedDict(self._fields)
+
+    def __getattr__(self, item: str) -> UnischemaField:
+        fields = self.__dict__.get("_fields")
+        if fields is not None and item in fields:
+            return fields[item]
+        raise AttributeError(f"Unischema {self.__dict__.get('_name')!r} has no field {item!r}")
+
+    def __getitem__(self, name: str) -> UnischemaField:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise KeyError(f"no field {name!r} in Unischema {self._name!r}; fields: {list(self._fields)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields
+
+    def __iter__(self):
+        return iter(self._fields.values())
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unischema) and self._name == other._name and \
+            list(self._fields.values()) == list(other._fields.values())
+
+    def __hash__(self) -> int:
+        return hash((self._name, tuple(self._fields.values())))
+
+    def __repr__(self) -> str:
+        body = ",\n".join(f"  {f!r}" for f in self._fields.values())
+        return f"Unischema({self._name!r}, [\n{body}\n])"
+
+    # -- selection ----------------------------------------------------------------------
+    def create_schema_view(self, fields: Iterable[UnischemaField | str]) -> Unischema:
+        """A schema with only ``fields``: fields, exact names or regular expressions."""
+        selected = match_unischema_fields(self, fields)
+        return Unischema(f"{self._name}_view", selected)
+
+    def select(self, fields: Iterable[UnischemaField | str]) -> Unischema:
+        """Alias of :meth:`create_schema_view`."""
+        return self.create_schema_view(fields)
+
+    # -- rendering ----------------------------------------------------------------------
+    def as_arrow_schema(self, *, with_metadata: bool = True) -> pa.Schema:
+        """The Arrow schema of the Parquet files, the Unischema JSON in its metadata."""
+        metadata = {SCHEMA_METADATA_KEY: self.to_json().encode()} if with_metadata else None
+        return pa.schema([f.arrow_field() for f in self._fields.values()], metadata=metadata)
+
+    def as_spark_schema(self):
+        """A pyspark ``StructType`` of the stored columns (imports pyspark)."""
+        from unihub.formats.spark import arrow_to_spark_type
+        from unihub.dependencies import require
+
+        types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")
+        return types.StructType([
+            types.StructField(f.name, f.codec.spark_dtype(f) if f.codec is not None
+                              else arrow_to_spark_type(f.arrow_type()), f.nullable)
+            for f in self._fields.values()
+        ])
+
+    @cached_property
+    def _namedtuple(self) -> type:
+        return namedtuple(f"{_identifier(self._name)}_row", list(self._fields), rename=True)  # type: ignore[misc]
+
+    def _get_namedtuple(self) -> type:
+        """The namedtuple type rows of this schema are returned as (Petastorm's name)."""
+        return self._namedtuple
+
+    @property
+    def namedtuple(self) -> type:
+        return self._namedtuple
+
+    def make_namedtuple(self, **values: Any) -> Any:
+        """A row namedtuple from keyword values; missing nullable fields become None."""
+        return self._namedtuple(**{name: values.get(name) for name in self._fields})
+
+    def tf_dtypes(self) -> dict[str, Any]:
+        """Field name -> ``tf.DType`` (strings and decimals as ``tf.string``)."""
+        from unihub.formats.frameworks import tf_dtype
+
+        return {f.name: tf_dtype(f) for f in self._fields.values()}
+
+    def as_tf_specs(self) -> dict[str, Any]:
+        """Field name -> ``tf.TensorSpec`` with ``None`` dims kept ``None``."""
+        from unihub.formats.frameworks import tf_spec
+
+        return {f.name: tf_spec(f) for f in self._fields.values()}
+
+    def make_namedtuple_tf(self, *args: Any, **kwargs: Any) -> Any:
+        return self._namedtuple(*args, **kwargs)
+
+    def torch_dtypes(self) -> dict[str, Any]:
+        """Field name -> ``torch.dtype`` (None where torch has no dtype, e.g. strings)."""
+        from unihub.formats.frameworks import torch_dtype
+
+        return {f.name: torch_dtype(f) for f in self._fields.values()}
+
+    def numpy_dtypes(self) -> dict[str, np.dtype]:
+        return {f.name: f.dtype for f in self._fields.values()}
+
+    # -- validation ----------------------------------------------------------------------
+    def validate(self, row: Mapping[str, Any], *, row_index: int | None = None) -> None:
+        """Check one row (a mapping); unknown keys and missing non-nullable fields are errors."""
+        unknown = set(row) - set(self._fields)
+        if unknown:
+            where = f" in row {row_index}" if row_index is not None else ""
+            raise SchemaError(f"fields {sorted(unknown)}{where} are not in Unischema {self._name!r}; "
+                              f"its fields are {list(self._fields)}")
+        for field in self._fields.values():
+            field.validate(row.get(field.name), row=row_index)
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """The versioned JSON form stored in dataset metadata."""
+        return json.dumps({
+            "format": "unihub.unischema",
+            "version": SCHEMA_JSON_VERSION,
+            "name": self._name,
+            "fields": [f.to_json() for f in self._fields.values()],
+        }, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Unischema:
+        """Read :meth:`to_json` output; an unknown version is a :class:`SchemaError`."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"Unischema metadata is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != "unihub.unischema":
+            raise SchemaError("metadata is not a unihub Unischema (no 'format': 'unihub.unischema')")
+        version = data.get("version")
+        if version != SCHEMA_JSON_VERSION:
+            raise SchemaError(f"Unischema JSON version {version!r} is not supported by this unihub "
+                              f"(it reads version {SCHEMA_JSON_VERSION}); upgrade unihub")
+        return cls(data.get("name", "unnamed"), [UnischemaField.from_json(f) for f in data["fields"]])
+
+    # -- inference ---------------------------------------------------------------------------
+    @classmethod
+    def from_arrow_schema(cls, schema: pa.Schema, *, name: str = "inferred",
+                          omit_unsupported_fields: bool = True) -> Unischema:
+        """Infer a Unischema from a plain Arrow/Parquet schema (native types, lists, tensors)."""
+        from unihub.formats.inference import infer_field
+
+        fields = []
+        for arrow_field in schema:
+            field = infer_field(arrow_field)
+            if field is None:
+                if omit_unsupported_fields:
+                    continue
+                raise SchemaError(f"column {arrow_field.name!r} of Arrow type {arrow_field.type} "
+                                  "has no Unischema equivalent")
+            fields.append(field)
+        return cls(name, fields)
+
+
+def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:
+    """Fields of ``schema`` named by fields, exact names or full-match regexes, in schema order.
+
+    A pattern that matches nothing is an error naming it and the available fields.
+    """
+    wanted: set[str] = set()
+    for pattern in patterns:
+        if isinstance(pattern, UnischemaField):
+            if pattern.name not in schema:
+                raise SchemaError(f"field {pattern.name!r} is not in Unischema {schema.name!r}; "
+                                  f"fields: {list(schema.fields)}")
+            wanted.add(pattern.name)
+            continue
+        if not isinstance(pattern, str):
+            raise SchemaError(f"select fields by UnischemaField, name or regex, not {pattern!r}")
+        if pattern in schema:
+            wanted.add(pattern)
+            continue
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise SchemaError(f"{pattern!r} is neither a field of {schema.name!r} nor a valid regex: {exc}") from exc
+        matched = [name for name in schema.fields if regex.fullmatch(name)]
+        if not matched:
+            raise SchemaError(f"no field of Unischema {schema.name!r} matches {pattern!r}; "
+                              f"fields: {list(schema.fields)}")
+        wanted.update(matched)
+    return [f for name, f in schema.fields.items() if name in wanted]
+
+
+def _identifier(name: str) -> str:
+    cleaned = re.sub(r"\W", "_", name) or "Unischema"
+    return cleaned if not cleaned[0].isdigit() else f"_{cleaned}"

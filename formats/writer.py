@@ -1,0 +1,353 @@
+"""Writing a Unischema dataset with pyarrow alone: streaming, validated, atomic.
+
+Rows (mappings) or column batches are validated against the Unischema, encoded column
+by column by each field's codec, gathered into row groups of about ``row_group_size_mb``
+of Arrow memory and written as they fill, so memory stays bounded by one row group per
+open partition. Everything goes to a hidden sibling directory that is renamed onto
+``url`` only when every file is complete: a failure (or Ctrl-C) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import DatasetExistsError, SchemaError, ValidationError
+from unihub.formats import filesystem as fsutil
+from unihub.formats.parquet import COMMON_METADATA
+from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.validation import shape_matches
+
+_ENCODE_CHUNK_ROWS = 256
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What :func:`write_dataset` wrote."""
+
+    url: str
+    num_rows: int
+    files: tuple[str, ...]
+    num_row_groups: int
+    bytes_written: int
+
+
+@dataclass
+class _OpenFile:
+    writer: pq.ParquetWriter
+    path: str
+    rows: int = 0
+
+
+@dataclass
+class _PartitionSink:
+    """Buffers encoded batches for one partition and writes row groups / files as they fill."""
+
+    directory: str
+    pending: list[pa.RecordBatch] = field(default_factory=list)
+    pending_bytes: int = 0
+    current: _OpenFile | None = None
+    file_count: int = 0
+
+
+def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
+                  batched: bool = False, row_group_size_mb: float = 32, rows_per_file: int | None = None,
+                  compression: str | None = "snappy", partition_by: Sequence[str] = (),
+                  overwrite: bool = False, validate: bool = True, filesystem: Any = None,
+                  storage_options: dict[str, Any] | None = None) -> WriteResult:
+    """Write rows (mappings of field -> value) or column batches as a Unischema dataset.
+
+    ``rows_or_batches`` is an iterable of row mappings; with ``batched=True`` an iterable of
+    column mappings (field -> array or sequence, one entry per row) or Arrow record
+    batches/tables already in storage form; a single column mapping or table also works.
+
+    Example::
+
+        write_dataset("/data/ds", Schema, ({"id": i, "image": img} for i, img in enumerate(images)))
+    """
+    if row_group_size_mb <= 0:
+        raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
+    if rows_per_file is not None and rows_per_file <= 0:
+        raise SchemaError(f"rows_per_file must be positive, got {rows_per_file}")
+    for key in partition_by:
+        if key not in schema:
+            raise SchemaError(f"partition_by names {key!r}, which is not a field of {schema.name!r}")
+        if schema[key].shape != ():
+            raise SchemaError(f"partition_by field {key!r} must be a scalar, its shape is {schema[key].shape}")
+    url = os.fspath(url)
+    fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    if fsutil.exists(fs, target) and not overwrite:
+        raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
+    writer = _DatasetWriter(fs, _temporary_sibling(target), schema, partition_by=tuple(partition_by),
+                            row_group_bytes=int(row_group_size_mb * 2**20), rows_per_file=rows_per_file,
+                            compression=compression, validate=validate)
+    try:
+        for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
+            writer.add(batch)
+        result = writer.close()
+        _commit(fs, writer.root, target)
+    except BaseException:
+        writer.abort()
+        _remove(fs, writer.root)
+        raise
+    files = tuple(fsutil.join(target, p[len(writer.root):].lstrip("/")) for p in result.files)
+    return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
+
+
+def _temporary_sibling(target: str) -> str:
+    parent, name = os.path.split(target.rstrip("/"))
+    return fsutil.join(parent, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}") if parent else \
+        f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}"
+
+
+def _commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
+    """Rename ``temporary`` onto ``target``; an existing target is moved aside first."""
+    old = None
+    if fsutil.exists(fs, target):
+        old = _temporary_sibling(target).replace("unihub-tmp", "unihub-old")
+        fs.move(target, old)
+    try:
+        fs.move(temporary, target)
+    except BaseException:
+        if old is not None:
+            fs.move(old, target)
+        raise
+    if old is not None:
+        _remove(fs, old)
+
+
+def _remove(fs: pafs.FileSystem, path: str) -> None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)
+
+
+# -- input -> validated column chunks ------------------------------------------------------
+def _batches(schema: Unischema, data: Any, *, batched: bool, validate: bool) -> Iterator[pa.RecordBatch]:
+    """Encoded record batches of at most a few hundred rows from rows or column batches."""
+    storage_schema = schema.as_arrow_schema(with_metadata=False)
+    if isinstance(data, (pa.Table, pa.RecordBatch)) or (batched and isinstance(data, Mapping)):
+        data = [data]
+        batched = True
+    if not batched:
+        yield from _row_chunks(schema, data, storage_schema, validate)
+        return
+    first_row = 0
+    for item in data:
+        if isinstance(item, (pa.Table, pa.RecordBatch)):
+            table = item if isinstance(item, pa.Table) else pa.Table.from_batches([item])
+            yield from _conform_table(table, storage_schema, first_row).to_batches()
+            first_row += table.num_rows
+        elif isinstance(item, Mapping):
+            n = _column_length(schema, item)
+            yield _encode_columns(schema, item, storage_schema, first_row, n, validate)
+            first_row += n
+        else:
+            raise SchemaError(f"batched=True expects column mappings or Arrow tables, got {type(item).__name__}")
+
+
+def _row_chunks(schema: Unischema, rows: Iterable[Any], storage_schema: pa.Schema,
+                validate: bool) -> Iterator[pa.RecordBatch]:
+    chunk: list[Mapping[str, Any]] = []
+    first_row = 0
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            row = row._asdict() if hasattr(row, "_asdict") else row
+            if not isinstance(row, Mapping):
+                raise SchemaError(f"row {index} is a {type(row).__name__}, expected a mapping of field -> value "
+                                  "(pass batched=True for column batches)")
+        if validate:
+            schema.validate(row, row_index=index)
+        chunk.append(row)
+        if len(chunk) == _ENCODE_CHUNK_ROWS:
+            yield _encode_rows(schema, chunk, storage_schema, first_row)
+            first_row += len(chunk)
+            chunk = []
+    if chunk:
+        yield _encode_rows(schema, chunk, storage_schema, first_row)
+
+
+def _encode_rows(schema: Unischema, rows: list[Mapping[str, Any]], storage_schema: pa.Schema,
+                 first_row: int) -> pa.RecordBatch:
+    columns = {f.name: [row.get(f.name) for row in rows] for f in schema}
+    return _encode_columns(schema, columns, storage_schema, first_row, len(rows), validate=False)
+
+
+def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema: pa.Schema,
+                    first_row: int, n: int, validate: bool) -> pa.RecordBatch:
+    arrays = []
+    for f in schema:
+        values = columns.get(f.name)
+        if values is None:
+            values = [None] * n
+        if validate:
+            _validate_column(f, values, first_row)
+        if f.codec is None:
+            array = pa.array(list(values), type=f.arrow_type())
+        else:
+            array = _encode_with_rows(f, values, first_row)
+        arrays.append(array)
+    return pa.RecordBatch.from_arrays(arrays, schema=storage_schema)
+
+
+def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Array:
+    from unihub.errors import CodecError
+
+    try:
+        return f.codec.encode_column(f, values)  # type: ignore[union-attr]
+    except CodecError as exc:
+        if exc.row is not None:
+            raise CodecError(str(exc).replace(f"row {exc.row}", f"row {first_row + exc.row}"),
+                             field=exc.field, row=first_row + exc.row) from exc
+        raise
+
+
+def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
+    """Vectorised check for an ndarray column, per-row check otherwise."""
+    if isinstance(values, np.ndarray) and values.dtype != object and values.ndim == len(f.shape) + 1:
+        if values.dtype != f.dtype and f.dtype != object:
+            raise ValidationError(f"field {f.name!r}: expected dtype {f.dtype}, found a column of {values.dtype}",
+                                  field=f.name)
+        if not shape_matches(values.shape[1:], f.shape):
+            raise ValidationError(f"field {f.name!r}: expected rows of shape {f.shape}, "
+                                  f"found a column of shape {values.shape}", field=f.name)
+        return
+    for i, value in enumerate(values):
+        f.validate(value, row=first_row + i)
+
+
+def _column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
+    unknown = set(columns) - set(schema.fields)
+    if unknown:
+        raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
+    return next(iter(lengths.values()), 0)
+
+
+def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -> pa.Table:
+    missing = [n for n in storage_schema.names if n not in table.column_names]
+    if missing:
+        raise SchemaError(f"Arrow batch at row {first_row} lacks columns {missing}")
+    table = table.select(storage_schema.names)
+    try:
+        return table.cast(storage_schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(f"Arrow batch at row {first_row} does not match the schema: {exc}") from exc
+
+
+# -- encoded batches -> files ---------------------------------------------------------------
+class _DatasetWriter:
+    """Routes encoded batches to partition sinks and writes row groups and files."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, schema: Unischema, *, partition_by: tuple[str, ...],
+                 row_group_bytes: int, rows_per_file: int | None, compression: str | None, validate: bool) -> None:
+        self.fs, self.root, self.schema = fs, root, schema
+        self.partition_by = partition_by
+        self.row_group_bytes = row_group_bytes
+        self.rows_per_file = rows_per_file
+        self.compression = compression
+        full = schema.as_arrow_schema()
+        self.file_schema = pa.schema([f for f in full if f.name not in partition_by], metadata=full.metadata)
+        self.sinks: dict[tuple[Any, ...], _PartitionSink] = {}
+        self.files: list[str] = []
+        self.num_rows = 0
+        self.num_row_groups = 0
+        fs.create_dir(root, recursive=True)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if not self.partition_by:
+            self._route(self._sink(()), batch)
+            return
+        keys = [batch.column(k).to_pylist() for k in self.partition_by]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, key in enumerate(zip(*keys)):
+            groups.setdefault(key, []).append(i)
+        for key, rows in groups.items():
+            self._route(self._sink(key), batch.take(pa.array(rows)))
+
+    def _sink(self, key: tuple[Any, ...]) -> _PartitionSink:
+        sink = self.sinks.get(key)
+        if sink is None:
+            parts = [f"{name}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(str(v), safe='')}"
+                     for name, v in zip(self.partition_by, key)]
+            sink = self.sinks[key] = _PartitionSink(fsutil.join(self.root, *parts))
+        return sink
+
+    def _route(self, sink: _PartitionSink, batch: pa.RecordBatch) -> None:
+        if self.partition_by:
+            batch = batch.drop_columns(list(self.partition_by))
+        sink.pending.append(batch)
+        sink.pending_bytes += batch.nbytes
+        pending_rows = sum(b.num_rows for b in sink.pending)
+        room = self._room(sink)
+        if sink.pending_bytes >= self.row_group_bytes or (room is not None and pending_rows >= room):
+            self._flush(sink)
+
+    def _room(self, sink: _PartitionSink) -> int | None:
+        if self.rows_per_file is None:
+            return None
+        return self.rows_per_file - (sink.current.rows if sink.current else 0)
+
+    def _flush(self, sink: _PartitionSink) -> None:
+        """Write pending rows as row groups, starting new files at ``rows_per_file``."""
+        if not sink.pending:
+            return
+        table = pa.Table.from_batches(sink.pending, schema=self.file_schema)
+        sink.pending, sink.pending_bytes = [], 0
+        while table.num_rows:
+            room = self._room(sink)
+            take = table.num_rows if room is None else min(room, table.num_rows)
+            current = sink.current or self._open(sink)
+            current.writer.write_table(table.slice(0, take), row_group_size=take)
+            current.rows += take
+            self.num_rows += take
+            self.num_row_groups += 1
+            table = table.slice(take)
+            if room is not None and current.rows >= self.rows_per_file:  # type: ignore[operator]
+                current.writer.close()
+                sink.current = None
+
+    def _open(self, sink: _PartitionSink) -> _OpenFile:
+        self.fs.create_dir(sink.directory, recursive=True)
+        path = fsutil.join(sink.directory, f"part-{sink.file_count:05d}.parquet")
+        sink.file_count += 1
+        writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs,
+                                  compression=self.compression or "none", store_schema=True)
+        sink.current = _OpenFile(writer, path)
+        self.files.append(path)
+        return sink.current
+
+    def close(self) -> WriteResult:
+        for sink in self.sinks.values():
+            self._flush(sink)
+            if sink.current is not None:
+                sink.current.writer.close()
+                sink.current = None
+        if not self.files:  # an empty dataset still gets one (empty) file with the schema
+            self._open(self._sink(())).writer.close()
+            self.sinks[()].current = None
+        pq.write_metadata(self.file_schema, fsutil.join(self.root, COMMON_METADATA), filesystem=self.fs)
+        size = sum(self.fs.get_file_info(p).size or 0 for p in self.files)
+        return WriteResult(self.root, self.num_rows, tuple(self.files), self.num_row_groups, size)
+
+    def abort(self) -> None:
+        for sink in self.sinks.values():
+            if sink.current is not None:
+                try:
+                    sink.current.writer.close()
+                except Exception:  # the write already failed; closing is best effort
+                    pass
+                sink.current = None

@@ -1,0 +1,1 @@
+"""Serving the canonical store at training time (see DESIGN.md)."""
