@@ -60,6 +60,10 @@ class UnsafeMetadataError(UnihubError):
     """Dataset metadata tried to reach code outside the allow-list; nothing was run."""
 
 
+class PetastormMetadataError(SchemaError):
+    """Petastorm's pickled metadata is corrupt or holds something unihub cannot convert."""
+
+
 class MissingDependencyError(UnihubError, ImportError):
     """An optional framework is not installed; the message names the extra to install."""
 

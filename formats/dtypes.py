@@ -106,8 +106,10 @@ def arrow_to_numpy_dtype(arrow_type: pa.DataType) -> Any:
         return decimal.Decimal
     if pa.types.is_dictionary(arrow_type):
         return arrow_to_numpy_dtype(arrow_type.value_type)
-    if pa.types.is_date32(arrow_type) or pa.types.is_date64(arrow_type):
+    if pa.types.is_date32(arrow_type) or pa.types.is_date64(arrow_type) or pa.types.is_timestamp(arrow_type):
         return np.datetime64
+    if pa.types.is_duration(arrow_type):
+        return np.timedelta64
     try:
         return np.dtype(arrow_type.to_pandas_dtype()).type
     except (NotImplementedError, TypeError) as exc:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError
+from unihub.errors import SchemaError, ValidationError
 from unihub.formats import dtypes
 from unihub.formats.validation import validate_value
 
@@ -235,7 +235,7 @@ class Unischema:
 
     def make_namedtuple(self, **values: Any) -> Any:
         """A row namedtuple from keyword values; missing nullable fields become None."""
-        return self._namedtuple(**{name: values.get(name) for name in self._fields})
+        return self._namedtuple(*(values.get(name) for name in self._fields))
 
     def tf_dtypes(self) -> dict[str, Any]:
         """Field name -> ``tf.DType`` (strings and decimals as ``tf.string``)."""
@@ -267,8 +267,8 @@ class Unischema:
         unknown = set(row) - set(self._fields)
         if unknown:
             where = f" in row {row_index}" if row_index is not None else ""
-            raise SchemaError(f"fields {sorted(unknown)}{where} are not in Unischema {self._name!r}; "
-                              f"its fields are {list(self._fields)}")
+            raise ValidationError(f"fields {sorted(unknown)}{where} are not in Unischema {self._name!r}; "
+                                  f"its fields are {list(self._fields)}", field=sorted(unknown)[0], row=row_index)
         for field in self._fields.values():
             field.validate(row.get(field.name), row=row_index)
 

@@ -1,0 +1,645 @@
+"""Reading the Unischema that Petastorm pickled into a dataset's metadata, without running it.
+
+What Petastorm stores
+---------------------
+``petastorm.etl.dataset_metadata.materialize_dataset`` writes two entries into the
+key-value metadata of a dataset's ``_common_metadata`` Parquet file:
+
+* :data:`PETASTORM_UNISCHEMA_KEY` (``dataset-toolkit.unischema.v1``): ``pickle.dumps`` of
+  the ``petastorm.unischema.Unischema``. The pickle references, by module and name,
+  ``Unischema`` and ``UnischemaField`` (a namedtuple), ``collections.OrderedDict`` (the
+  ``_fields`` map), numpy scalar types (``numpy.int64``, ``numpy.str_``, ...) or
+  ``decimal.Decimal`` as field dtypes, the codec classes of ``petastorm.codecs`` and, inside
+  ``ScalarCodec``, a ``pyspark.sql.types`` instance (``LongType()``, ``DecimalType(10, 2)``...).
+  Python 2 writers used protocol 0, which adds ``copy_reg._reconstructor`` and
+  ``__builtin__.object`` / ``__builtin__.tuple``; very old datasets name the package
+  ``av.ml.dataset_toolkit`` or ``av.experimental.deepdrive.dataset_toolkit``.
+* :data:`PETASTORM_ROW_GROUPS_KEY` (``dataset-toolkit.num_row_groups_per_file.v1``): JSON,
+  ``{relative file path: number of row groups}``; no pickle involved.
+
+Why the allow-list is exact
+---------------------------
+Unpickling calls whatever callables the pickle names, so a dataset downloaded from
+anywhere could run ``os.system`` the moment its schema is read. Petastorm's own guard
+allowed whole packages (``builtins``, ``numpy``, ``pyspark`` ...), which still lets a pickle
+reach ``builtins.eval`` or ``numpy.load``. Here :class:`_SafeUnpickler` resolves a global
+only if its exact ``(module, name)`` pair is in :data:`ALLOWED_GLOBALS`, and every entry
+maps to something inert: an empty record class (:class:`StandIn`) that only stores its
+constructor arguments and pickled state, ``collections.OrderedDict``, a small local function
+that validates its arguments (``copyreg._reconstructor``), or, for numpy scalar types and
+``decimal.Decimal``, a tag that refuses to be called (``numpy.bytes_(2**40)`` would allocate
+a terabyte) and is swapped for the real type once unpickling is over. Nothing from
+``petastorm``, ``pyspark`` or ``numpy`` is imported or called. Any other global, a persistent
+id, an extension-registry opcode, or pickled state applied to an allowed global raises
+:class:`UnsafeMetadataError` before it can do anything. The stand-ins are then converted
+to unihub's own :class:`~unihub.formats.schema.Unischema` by :func:`load_petastorm_unischema`.
+"""
+
+from __future__ import annotations
+
+import collections
+import decimal
+import io
+import pickle
+import pickletools
+import re
+import reprlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import PetastormMetadataError, UnsafeMetadataError
+
+if TYPE_CHECKING:
+    from unihub.formats.codecs import Codec
+    from unihub.formats.schema import Unischema, UnischemaField
+
+__all__ = [
+    "ALLOWED_GLOBALS",
+    "SPARK_TYPES",
+    "NumpyDtype",
+    "NumpyScalar",
+    "PetastormCompressedImageCodec",
+    "PetastormCompressedNdarrayCodec",
+    "PetastormNdarrayCodec",
+    "PetastormScalarCodec",
+    "PetastormUnischema",
+    "PetastormUnischemaField",
+    "SparkDataType",
+    "StandIn",
+    "convert_unischema",
+    "spark_to_arrow_type",
+    "PETASTORM_ROW_GROUPS_KEY",
+    "PETASTORM_UNISCHEMA_KEY",
+    "PetastormMetadataError",
+    "UnsafeMetadataError",
+    "load_petastorm_unischema",
+    "safe_unpickle",
+]
+
+#: Key of the pickled ``petastorm.unischema.Unischema`` in ``_common_metadata``.
+PETASTORM_UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
+#: Key of the JSON ``{file: number of row groups}`` map in ``_common_metadata``.
+PETASTORM_ROW_GROUPS_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
+
+
+def _refusal(what: str) -> UnsafeMetadataError:
+    return UnsafeMetadataError(
+        f"refused to load pickled Petastorm metadata: it references {what}, which is not on "
+        f"unihub's allow-list of Petastorm schema classes; nothing from the pickle was executed"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Stand-ins
+# --------------------------------------------------------------------------------------------
+
+
+class StandIn:
+    """An inert record of a pickled object: the constructor arguments and state, no behaviour.
+
+    ``REDUCE``/``NEWOBJ`` land in ``__new__`` (arguments are stored, nothing else happens) and
+    ``BUILD`` lands in ``__setstate__`` (the state is stored as one attribute, so a pickle
+    cannot set arbitrary attributes). ``petastorm_name`` is the global it stands in for.
+    """
+
+    __slots__ = ("args", "kwargs", "state")
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    petastorm_name: ClassVar[str] = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StandIn:
+        self = object.__new__(cls)
+        self.args = args
+        self.kwargs = kwargs
+        self.state = None
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ``__dict__`` part of the pickled state (``{}`` when there is none)."""
+        state = self.state
+        if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
+            state = state[0]
+        if state is None:
+            return {}
+        if not isinstance(state, Mapping):
+            raise PetastormMetadataError(f"pickled {self.petastorm_name} has state {state!r}, expected a dict")
+        return dict(state)
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        if self.state is not None:
+            parts.append(f"state={self.state!r}")
+        text = f"<{self.petastorm_name}({', '.join(parts)})>"
+        return text if len(text) <= 500 else text[:497] + "...>"
+
+
+class PetastormUnischema(StandIn):
+    """Stand-in for ``petastorm.unischema.Unischema``: state ``{'_name', '_fields', ...}``."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.unischema.Unischema"
+
+    @property
+    def name(self) -> Any:
+        return self.state_dict().get("_name")
+
+    @property
+    def fields(self) -> Any:
+        return self.state_dict().get("_fields")
+
+
+class PetastormUnischemaField(StandIn):
+    """Stand-in for the ``petastorm.unischema.UnischemaField`` namedtuple.
+
+    Its arguments are ``(name, numpy_dtype, shape, codec=None, nullable=False)``; Petastorm
+    versions before ``nullable`` existed pickle four.
+    """
+
+    __slots__ = ()
+    petastorm_name = "petastorm.unischema.UnischemaField"
+    _names: ClassVar[tuple[str, ...]] = ("name", "numpy_dtype", "shape", "codec", "nullable")
+    _defaults: ClassVar[dict[str, Any]] = {"codec": None, "nullable": False}
+
+    def _get(self, key: str) -> Any:
+        index = self._names.index(key)
+        if index < len(self.args):
+            return self.args[index]
+        if key in self.kwargs:
+            return self.kwargs[key]
+        if key in self._defaults:
+            return self._defaults[key]
+        raise PetastormMetadataError(f"pickled UnischemaField {self.args!r} has no {key!r}")
+
+    name = property(lambda self: self._get("name"))
+    numpy_dtype = property(lambda self: self._get("numpy_dtype"))
+    shape = property(lambda self: self._get("shape"))
+    codec = property(lambda self: self._get("codec"))
+    nullable = property(lambda self: self._get("nullable"))
+
+
+class PetastormCodec(StandIn):
+    """Base of the ``petastorm.codecs`` stand-ins; the codec's settings are in ``state``."""
+
+    __slots__ = ()
+
+
+class PetastormScalarCodec(PetastormCodec):
+    """``petastorm.codecs.ScalarCodec``: state ``{'_spark_type': <SparkDataType>}``."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.codecs.ScalarCodec"
+
+
+class PetastormCompressedImageCodec(PetastormCodec):
+    """``petastorm.codecs.CompressedImageCodec``: state ``{'_image_codec': '.png', '_quality': 80}``."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.codecs.CompressedImageCodec"
+
+
+class PetastormNdarrayCodec(PetastormCodec):
+    """``petastorm.codecs.NdarrayCodec`` (``np.save`` bytes); no state."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.codecs.NdarrayCodec"
+
+
+class PetastormCompressedNdarrayCodec(PetastormCodec):
+    """``petastorm.codecs.CompressedNdarrayCodec`` (``np.savez_compressed`` bytes); no state."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.codecs.CompressedNdarrayCodec"
+
+
+class SparkDataType(StandIn):
+    """Base of the ``pyspark.sql.types`` stand-ins; ``spark_name`` is e.g. ``'DecimalType'``."""
+
+    __slots__ = ()
+    spark_name: ClassVar[str] = ""
+
+
+#: Spark types a ScalarCodec may carry; each gets its own SparkDataType subclass.
+_SPARK_TYPE_NAMES = (
+    "BooleanType", "ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType",
+    "StringType", "CharType", "VarcharType", "BinaryType", "DecimalType", "DateType",
+    "TimestampType", "TimestampNTZType", "ArrayType",
+)
+SPARK_TYPES: dict[str, type[SparkDataType]] = {
+    name: type(name, (SparkDataType,), {
+        "__slots__": (), "spark_name": name, "petastorm_name": f"pyspark.sql.types.{name}",
+        "__module__": __name__, "__qualname__": f"SparkDataType.{name}",
+    })
+    for name in _SPARK_TYPE_NAMES
+}
+
+
+class NumpyDtype(StandIn):
+    """Stand-in for ``numpy.dtype``: pickled as ``dtype('f4', False, True)`` + a state tuple."""
+
+    __slots__ = ()
+    petastorm_name = "numpy.dtype"
+    _CODE = re.compile(r"[?bBhHiIlLqQpPefdgFDGSUa]|[biufcSUa]\d{1,6}|[Mm]8(\[\w{1,10}\])?")
+
+    def to_numpy(self) -> np.dtype:
+        """The real ``np.dtype``; only plain numeric, bool, string, bytes and datetime dtypes."""
+        code = self.args[0] if self.args else None
+        if not isinstance(code, str) or not self._CODE.fullmatch(code):
+            raise PetastormMetadataError(f"unsupported pickled numpy dtype {code!r}")
+        dtype = np.dtype(code)
+        state = self.state
+        if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">") and dtype.itemsize > 1:
+            dtype = dtype.newbyteorder(state[1])
+        return dtype
+
+
+class NumpyScalar(StandIn):
+    """Stand-in for ``numpy.core.multiarray.scalar(dtype, raw_bytes)``, e.g. an ``np.int64`` in a shape."""
+
+    __slots__ = ()
+    petastorm_name = "numpy.core.multiarray.scalar"
+
+    def to_python(self) -> Any:
+        """The value as a Python ``int``/``float``/``bool``/``str``/``bytes``."""
+        if len(self.args) != 2 or not isinstance(self.args[0], NumpyDtype):
+            raise PetastormMetadataError(f"malformed pickled numpy scalar {self!r}")
+        dtype = self.args[0].to_numpy()
+        data = self.args[1]
+        if isinstance(data, str):  # Python 2 str, decoded as latin-1 by the unpickler
+            data = data.encode("latin-1")
+        if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+            raise PetastormMetadataError(f"malformed pickled numpy scalar {self!r}")
+        return np.frombuffer(data, dtype=dtype, count=1)[0].item()
+
+
+class _Inert:
+    """Base of the allow-list entries that are not stand-in classes: refuses ``BUILD``."""
+
+    __slots__ = ("qualname",)
+
+    def __init__(self, qualname: str) -> None:
+        self.qualname = qualname
+
+    def __setstate__(self, state: Any) -> None:
+        raise _refusal(f"pickled state applied to '{self.qualname}'")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.qualname}>"
+
+
+class _BaseMarker(_Inert):
+    """``builtins.object`` / ``builtins.tuple``: only valid as the base in ``copyreg._reconstructor``."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refusal(f"a call of '{self.qualname}' (allowed only as the base in copyreg._reconstructor)")
+
+
+class _TypeTag(_Inert):
+    """A numpy scalar type or ``decimal.Decimal`` while unpickling; swapped for the real type after.
+
+    The real types are harmless as values (dtype tags) but not as callables: ``numpy.bytes_(2**40)``
+    would allocate a terabyte. Petastorm pickles never call them, so calling a tag is refused.
+    """
+
+    __slots__ = ("type",)
+
+    def __init__(self, qualname: str, type_: type) -> None:
+        super().__init__(qualname)
+        self.type = type_
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refusal(f"a call of '{self.qualname}' (allowed only as a dtype, not called)")
+
+
+class _SafeFunction(_Inert):
+    """A local, argument-checking replacement for a function a pickle may call."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, qualname: str, func: Any) -> None:
+        super().__init__(qualname)
+        self.func = func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise _refusal(f"'{self.qualname}' called with keyword arguments")
+        return self.func(*args)
+
+
+_OBJECT = _BaseMarker("builtins.object")
+_TUPLE = _BaseMarker("builtins.tuple")
+
+
+def _reconstructor(cls: Any, base: Any, state: Any) -> StandIn:
+    """``copyreg._reconstructor`` (protocol 0/1 pickles) restricted to stand-in classes.
+
+    ``base`` must be ``object`` (plain classes; ``state`` is None) or ``tuple`` (namedtuples
+    such as UnischemaField; ``state`` is the tuple of values).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, StandIn) and cls.petastorm_name):
+        raise _refusal(f"copyreg._reconstructor of {_global_name(cls)}")
+    if base is _OBJECT and state is None:
+        return cls()
+    if base is _TUPLE and isinstance(state, tuple):
+        return cls(*state)
+    raise _refusal(f"copyreg._reconstructor of '{cls.petastorm_name}' with base {_global_name(base)}")
+
+
+def _latin1_encode(text: Any, encoding: Any = "utf-8") -> bytes:
+    """``_codecs.encode`` as Python 3 uses it to pickle ``bytes`` at protocol 2, and nothing else."""
+    if isinstance(text, str) and encoding in ("latin1", "latin-1"):
+        return text.encode("latin-1")
+    raise _refusal(f"'_codecs.encode' with encoding {encoding!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The allow-list
+# --------------------------------------------------------------------------------------------
+
+#: numpy scalar type names found in pickles (old aliases included) -> type code.
+_NUMPY_SCALAR_CODES = {
+    "bool_": "?", "bool": "?", "bool8": "?",
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
+    "byte": "b", "ubyte": "B", "short": "h", "ushort": "H", "intc": "i", "uintc": "I",
+    "longlong": "q", "ulonglong": "Q",
+    "float16": "f2", "float32": "f4", "float64": "f8", "half": "e", "single": "f", "double": "d",
+    "float_": "d", "longdouble": "g", "float128": "g", "float96": "g",
+    "complex64": "c8", "complex128": "c16", "complex_": "D", "csingle": "F", "cdouble": "D",
+    "clongdouble": "G", "complex256": "G", "complex192": "G",
+    "str_": "U", "unicode_": "U", "bytes_": "S", "string_": "S",
+    "datetime64": "M8", "timedelta64": "m8",
+}
+
+#: Package names Petastorm had before it was open-sourced (see petastorm/etl/legacy.py).
+_PETASTORM_PACKAGES = ("petastorm", "av.ml.dataset_toolkit", "av.experimental.deepdrive.dataset_toolkit")
+
+
+def _build_allow_list() -> dict[tuple[str, str], Any]:
+    allowed: dict[tuple[str, str], Any] = {}
+    for package in _PETASTORM_PACKAGES:
+        allowed[(f"{package}.unischema", "Unischema")] = PetastormUnischema
+        allowed[(f"{package}.unischema", "UnischemaField")] = PetastormUnischemaField
+        for codec in (PetastormScalarCodec, PetastormCompressedImageCodec, PetastormNdarrayCodec,
+                      PetastormCompressedNdarrayCodec):
+            allowed[(f"{package}.codecs", codec.petastorm_name.rsplit(".", 1)[1])] = codec
+    for name, standin in SPARK_TYPES.items():
+        allowed[("pyspark.sql.types", name)] = standin
+    for name, code in _NUMPY_SCALAR_CODES.items():
+        allowed[("numpy", name)] = _TypeTag(f"numpy.{name}", np.dtype(code).type)
+    allowed[("numpy", "dtype")] = NumpyDtype
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed[(module, "scalar")] = NumpyScalar
+    allowed[("decimal", "Decimal")] = _TypeTag("decimal.Decimal", decimal.Decimal)
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    for module in ("copyreg", "copy_reg"):
+        allowed[(module, "_reconstructor")] = _SafeFunction(f"{module}._reconstructor", _reconstructor)
+    for module in ("builtins", "__builtin__"):
+        allowed[(module, "object")] = _OBJECT
+        allowed[(module, "tuple")] = _TUPLE
+    allowed[("_codecs", "encode")] = _SafeFunction("_codecs.encode", _latin1_encode)
+    return allowed
+
+
+#: Every global a Petastorm pickle may reference: exact ``(module, name)`` -> inert stand-in.
+ALLOWED_GLOBALS: Mapping[tuple[str, str], Any] = MappingProxyType(_build_allow_list())
+
+
+def _global_name(obj: Any) -> str:
+    if isinstance(obj, _Inert):
+        return f"'{obj.qualname}'"
+    if isinstance(obj, type) and issubclass(obj, StandIn):
+        return f"'{obj.petastorm_name}'"
+    if obj is collections.OrderedDict:
+        return "'collections.OrderedDict'"
+    return f"an object of type {type(obj).__name__}"
+
+
+# --------------------------------------------------------------------------------------------
+# Unpickling
+# --------------------------------------------------------------------------------------------
+
+#: Opcodes that bypass ``find_class``: extension codes are served from a process-wide cache.
+_FORBIDDEN_OPCODES = {"EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """An Unpickler that resolves only :data:`ALLOWED_GLOBALS` and has no persistent ids."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return ALLOWED_GLOBALS[(module, name)]
+        except (KeyError, TypeError):
+            raise _refusal(f"the global '{module}.{name}'") from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _refusal(f"the persistent id {pid!r}")
+
+
+def _prescan(data: bytes) -> None:
+    """Refuse forbidden opcodes and ``GLOBAL``/``INST`` names before anything is unpickled."""
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name in _FORBIDDEN_OPCODES:
+                raise _refusal(f"the {opcode.name} opcode (argument {arg!r})")
+            if opcode.name in ("GLOBAL", "INST"):
+                module, _, name = str(arg).partition(" ")
+                if (module, name) not in ALLOWED_GLOBALS:
+                    raise _refusal(f"the global '{module}.{name}'")
+    except UnsafeMetadataError:
+        raise
+    except Exception as exc:
+        raise PetastormMetadataError(f"pickled Petastorm metadata is malformed: {exc}") from exc
+
+
+def _resolve_tags(obj: Any, memo: dict[int, Any]) -> Any:
+    """Replace every :class:`_TypeTag` in the unpickled graph by its real type (in place where mutable)."""
+    if isinstance(obj, _TypeTag):
+        return obj.type
+    if isinstance(obj, (str, bytes, int, float, complex, type(None))):
+        return obj
+    key = id(obj)
+    if key in memo:
+        return memo[key]
+    if isinstance(obj, StandIn):
+        memo[key] = obj
+        obj.args = _resolve_tags(obj.args, memo)
+        obj.kwargs = _resolve_tags(obj.kwargs, memo)
+        obj.state = _resolve_tags(obj.state, memo)
+    elif isinstance(obj, list):
+        memo[key] = obj
+        obj[:] = [_resolve_tags(item, memo) for item in obj]
+    elif isinstance(obj, dict):  # dict and OrderedDict: keep the order
+        memo[key] = obj
+        items = [(_resolve_tags(k, memo), _resolve_tags(v, memo)) for k, v in obj.items()]
+        obj.clear()
+        obj.update(items)
+    elif isinstance(obj, set):
+        memo[key] = obj
+        items = [_resolve_tags(item, memo) for item in obj]
+        obj.clear()
+        obj.update(items)
+    elif isinstance(obj, (tuple, frozenset)):
+        resolved = type(obj)(_resolve_tags(item, memo) for item in obj)
+        memo[key] = resolved
+        return resolved
+    return obj
+
+
+def safe_unpickle(data: bytes) -> Any:
+    """Unpickle Petastorm metadata into stand-ins (:class:`PetastormUnischema` and friends).
+
+    Raises :class:`UnsafeMetadataError` if the pickle names anything outside
+    :data:`ALLOWED_GLOBALS` and :class:`PetastormMetadataError` if it is malformed.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected the pickled metadata as bytes, got {type(data).__name__}")
+    data = bytes(data)
+    _prescan(data)
+    try:
+        # latin-1: Python 2 ``str`` objects (numpy scalar bytes, ASCII names) come back intact.
+        return _resolve_tags(_SafeUnpickler(io.BytesIO(data), encoding="latin1").load(), {})
+    except UnsafeMetadataError:
+        raise
+    except Exception as exc:
+        raise PetastormMetadataError(f"could not unpickle Petastorm metadata: {exc!r}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Conversion to unihub's classes
+# --------------------------------------------------------------------------------------------
+
+_DTYPE_TYPES = frozenset(v.type for v in ALLOWED_GLOBALS.values() if isinstance(v, _TypeTag))
+
+_SIMPLE_SPARK_TO_ARROW = {
+    "LongType": pa.int64(), "IntegerType": pa.int32(), "ShortType": pa.int16(), "ByteType": pa.int8(),
+    "BooleanType": pa.bool_(), "FloatType": pa.float32(), "DoubleType": pa.float64(),
+    "StringType": pa.string(), "CharType": pa.string(), "VarcharType": pa.string(),
+    "BinaryType": pa.binary(), "DateType": pa.date32(),
+    # Spark writes TimestampType as INT96 or TIMESTAMP_MICROS; microseconds hold both exactly.
+    "TimestampType": pa.timestamp("us"), "TimestampNTZType": pa.timestamp("us"),
+}
+
+
+def _plain(value: Any) -> Any:
+    return value.to_python() if isinstance(value, NumpyScalar) else value
+
+
+def _int(value: Any, what: str) -> int:
+    value = _plain(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PetastormMetadataError(f"{what} must be an int, got {value!r}")
+    return value
+
+
+def spark_to_arrow_type(spark_type: Any, *, _depth: int = 0) -> pa.DataType:
+    """The pyarrow type for a pickled ``pyspark.sql.types`` stand-in."""
+    if not isinstance(spark_type, SparkDataType) or _depth > 32:
+        raise PetastormMetadataError(f"expected a pyspark.sql.types type in ScalarCodec, got {spark_type!r}")
+    name = spark_type.spark_name
+    if name in _SIMPLE_SPARK_TO_ARROW:
+        return _SIMPLE_SPARK_TO_ARROW[name]
+    state = spark_type.state_dict()
+    if name == "DecimalType":
+        precision = _int(state.get("precision", 10), "DecimalType precision")
+        scale = _int(state.get("scale", 0), "DecimalType scale")
+        try:
+            return pa.decimal128(precision, scale)
+        except (ValueError, pa.ArrowInvalid) as exc:
+            raise PetastormMetadataError(f"invalid DecimalType({precision}, {scale})") from exc
+    if name == "ArrayType":
+        return pa.list_(spark_to_arrow_type(state.get("elementType"), _depth=_depth + 1))
+    raise PetastormMetadataError(f"no Arrow type for Spark type {name}")  # pragma: no cover
+
+
+def _convert_dtype(dtype: Any, field: str) -> Any:
+    if isinstance(dtype, NumpyDtype):
+        return dtype.to_numpy().type
+    if isinstance(dtype, type) and dtype in _DTYPE_TYPES:
+        return dtype
+    raise PetastormMetadataError(f"field {field!r}: unsupported numpy_dtype {dtype!r}")
+
+
+def _convert_shape(shape: Any, field: str) -> tuple[int | None, ...]:
+    if not isinstance(shape, (tuple, list)):
+        raise PetastormMetadataError(f"field {field!r}: shape must be a tuple, got {shape!r}")
+    dims = tuple(None if d is None else _int(d, f"field {field!r}: a shape dimension") for d in shape)
+    if any(d is not None and d < 0 for d in dims):
+        raise PetastormMetadataError(f"field {field!r}: negative dimension in shape {dims!r}")
+    return dims
+
+
+def _convert_codec(codec: Any, field: str) -> Codec | None:
+    from unihub.formats.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
+
+    if codec is None:
+        return None
+    if isinstance(codec, PetastormScalarCodec):
+        return ScalarCodec(spark_to_arrow_type(codec.state_dict().get("_spark_type")))
+    if isinstance(codec, PetastormCompressedImageCodec):
+        state = codec.state_dict()
+        image_codec = _plain(state.get("_image_codec", ".png"))
+        if not isinstance(image_codec, str):
+            raise PetastormMetadataError(f"field {field!r}: image codec {image_codec!r} is not a string")
+        quality = _int(state.get("_quality", 80), f"field {field!r}: JPEG quality")
+        return CompressedImageCodec(image_codec.lstrip(".").lower(), quality)
+    if isinstance(codec, PetastormNdarrayCodec):
+        return NdarrayCodec()
+    if isinstance(codec, PetastormCompressedNdarrayCodec):
+        return CompressedNdarrayCodec()
+    raise PetastormMetadataError(f"field {field!r}: unsupported codec {codec!r}")
+
+
+def _convert_field(field: Any) -> UnischemaField:
+    from unihub.formats.schema import UnischemaField
+
+    if not isinstance(field, PetastormUnischemaField):
+        raise PetastormMetadataError(f"expected a pickled UnischemaField, got {field!r}")
+    name = _plain(field.name)
+    if not isinstance(name, str):
+        raise PetastormMetadataError(f"field name must be a string, got {name!r}")
+    nullable = _plain(field.nullable)
+    if nullable not in (True, False):  # also admits 0/1 from old pickles
+        raise PetastormMetadataError(f"field {name!r}: nullable must be a bool, got {nullable!r}")
+    return UnischemaField(name, _convert_dtype(field.numpy_dtype, name), _convert_shape(field.shape, name),
+                          _convert_codec(field.codec, name), bool(nullable))
+
+
+def convert_unischema(schema: Any) -> Unischema:
+    """Turn a :class:`PetastormUnischema` stand-in into a :class:`unihub.formats.schema.Unischema`."""
+    from unihub.formats.schema import Unischema
+
+    if not isinstance(schema, PetastormUnischema):
+        raise PetastormMetadataError(f"expected a pickled petastorm Unischema, got {schema!r}")
+    name = _plain(schema.name)
+    if not isinstance(name, str):
+        raise PetastormMetadataError(f"Unischema name must be a string, got {name!r}")
+    fields = schema.fields
+    if isinstance(fields, Mapping):
+        fields = list(fields.values())
+    if not isinstance(fields, (list, tuple)):
+        raise PetastormMetadataError(f"Unischema {name!r} has no field map (got {fields!r})")
+    return Unischema(name, [_convert_field(f) for f in fields])
+
+
+def load_petastorm_unischema(data: bytes) -> Unischema:
+    """Safely read the value stored under :data:`PETASTORM_UNISCHEMA_KEY` as a unihub Unischema.
+
+    >>> import pyarrow.parquet as pq
+    >>> meta = pq.read_metadata("dataset/_common_metadata").metadata
+    >>> schema = load_petastorm_unischema(meta[PETASTORM_UNISCHEMA_KEY])  # doctest: +SKIP
+    """
+    return convert_unischema(safe_unpickle(data))

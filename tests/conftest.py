@@ -1,0 +1,130 @@
+"""Shared fixtures: a representative Unischema, deterministic rows, datasets written into tmp_path.
+
+Every fixture generates its data into ``tmp_path``; nothing is read from the network or
+from outside the test's own directory (the Petastorm fixtures live in ``tests/fixtures``).
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    CompressedNdarrayCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    write_dataset,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+def make_schema() -> Unischema:
+    """Every non-image codec, fixed and ``None`` dims, nullable fields and a partition key."""
+    return Unischema("Sample", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), False),
+        UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
+        UnischemaField("price", decimal.Decimal, (), ScalarCodec(pa.decimal128(10, 2)), False),
+        UnischemaField("vec", np.float32, (4,), TensorCodec(), False),
+        UnischemaField("mat", np.int16, (2, 3), TensorCodec(), False),
+        UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+        UnischemaField("ragged", np.uint8, (None, None), TensorCodec(), True),
+        UnischemaField("emb", np.float64, (3,), NdarrayCodec(), False),
+        UnischemaField("temps", np.float16, (None,), NdarrayCodec(), True),
+        UnischemaField("mask", np.int32, (2, 2), CompressedNdarrayCodec(), True),
+    ])
+
+
+def make_row(i: int) -> dict[str, Any]:
+    """Row ``i`` of :func:`make_schema`: every value a deterministic function of ``i``."""
+    rng = np.random.default_rng(i)
+    n_boxes = i % 4
+    return {
+        "id": i,
+        "split": SPLITS[i % 3],
+        "score": None if i % 5 == 0 else float(np.float32(i / 7)),
+        "price": decimal.Decimal(i * 25) / 100,
+        "vec": np.arange(4, dtype=np.float32) + i,
+        "mat": (np.arange(6, dtype=np.int16) * (i % 50)).reshape(2, 3),
+        "boxes": rng.random((n_boxes, 4), dtype=np.float32),
+        "ragged": None if i % 7 == 3 else np.full((i % 3 + 1, i % 2 + 2), i % 256, dtype=np.uint8),
+        "emb": rng.standard_normal(3),
+        "temps": None if i % 6 == 1 else np.linspace(0, i, i % 5, dtype=np.float16),
+        "mask": None if i % 4 == 2 else np.array([[i, -i], [2 * i, 7]], dtype=np.int32),
+    }
+
+
+def assert_value_equal(found: Any, expected: Any, *, where: str = "") -> None:
+    """Exact equality: dtype, shape and values for arrays, type and value for scalars, None for None."""
+    if expected is None:
+        assert found is None, f"{where}: expected None, found {found!r}"
+        return
+    if isinstance(expected, np.ndarray):
+        assert isinstance(found, np.ndarray), f"{where}: expected an ndarray, found {type(found)}"
+        assert found.dtype == expected.dtype, f"{where}: dtype {found.dtype} != {expected.dtype}"
+        assert found.shape == expected.shape, f"{where}: shape {found.shape} != {expected.shape}"
+        np.testing.assert_array_equal(found, expected, err_msg=where)
+        return
+    assert found == expected, f"{where}: {found!r} != {expected!r}"
+
+
+@pytest.fixture
+def schema() -> Unischema:
+    return make_schema()
+
+
+@pytest.fixture
+def rows() -> Callable[[int], Iterator[dict[str, Any]]]:
+    """``rows(n)``: a generator of the first ``n`` rows of :func:`make_row`."""
+
+    def generate(n: int) -> Iterator[dict[str, Any]]:
+        return (make_row(i) for i in range(n))
+
+    return generate
+
+
+@pytest.fixture
+def write_sample(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
+    """``write_sample(n, name="ds", **write_options)`` -> (path, WriteResult) of ``n`` sample rows."""
+
+    def write(n: int, name: str = "ds", **options: Any) -> tuple[Path, Any]:
+        path = tmp_path / name
+        result = write_dataset(path, make_schema(), (make_row(i) for i in range(n)), **options)
+        return path, result
+
+    return write
+
+
+@pytest.fixture
+def sample_dataset(write_sample) -> Path:
+    """50 sample rows in one file (several row groups would need bigger rows)."""
+    path, _ = write_sample(50)
+    return path
+
+
+@pytest.fixture
+def plain_parquet(tmp_path: Path) -> Path:
+    """A directory with plain Parquet (no Unischema metadata), as Spark or pandas write it."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "plain"
+    root.mkdir()
+    table = pa.table({
+        "id": pa.array(np.arange(10, dtype=np.int64)),
+        "name": pa.array([f"n{i}" for i in range(10)]),
+        "pair": pa.array([[float(i), float(i) + 0.5] for i in range(10)], type=pa.list_(pa.float32())),
+    })
+    pq.write_table(table.slice(0, 6), root / "part-00000.parquet", row_group_size=3)
+    pq.write_table(table.slice(6), root / "part-00001.parquet")
+    (root / "_SUCCESS").write_bytes(b"")
+    return root

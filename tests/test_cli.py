@@ -1,0 +1,84 @@
+"""The ``unihub`` command line: inspect (table and JSON), demo, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+from unihub.cli import main
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "petastorm"
+
+Small = Unischema("Small", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("vec", np.float32, (None, 3), TensorCodec(), True),
+])
+
+
+@pytest.fixture()
+def small_dataset(tmp_path: Path) -> Path:
+    url = tmp_path / "small"
+    rows = [{"id": i, "vec": np.ones((i % 3, 3), np.float32) if i % 4 else None} for i in range(50)]
+    write_dataset(url, Small, rows, rows_per_file=20)
+    return url
+
+
+def test_inspect_prints_schema_rows_files_and_row_groups(small_dataset: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(small_dataset)]) == 0
+    out = capsys.readouterr().out
+    assert "rows: 50" in out and "files: 3" in out and "row groups: 3" in out
+    assert "Small (unihub metadata)" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("id ", "vec "))}
+    assert lines["id"][1:3] == ["int64", "()"] and lines["id"][-1] == "no"
+    assert lines["vec"][1:3] == ["float32", "(None,"] and lines["vec"][-1] == "yes"
+
+
+def test_inspect_json(small_dataset: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(small_dataset), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == 50 and info["files"] == 3 and info["row_groups"] == 3 and info["bytes"] > 0
+    assert info["fields"][1] == {"name": "vec", "dtype": "float32", "shape": [None, 3],
+                                 "codec": {"type": "tensor"}, "nullable": True}
+
+
+def test_inspect_petastorm_dataset(capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(FIXTURES / "unischema")]) == 0
+    out = capsys.readouterr().out
+    assert "Petastorm metadata" in out and "rows: 60" in out
+    assert "compressed_image(image_codec=jpeg, quality=90)" in out
+
+
+def test_inspect_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("unihub: error: ") and "no such file or directory" in err and err.count("\n") == 1
+    (tmp_path / "empty").mkdir()
+    assert main(["inspect", str(tmp_path / "empty")]) == 1
+    assert "holds no Parquet data files" in capsys.readouterr().err
+    (tmp_path / "notparquet").mkdir()
+    (tmp_path / "notparquet" / "part-0.parquet").write_bytes(b"this is not parquet at all")
+    assert main(["inspect", str(tmp_path / "notparquet")]) == 1
+    err = capsys.readouterr().err
+    assert "part-0.parquet" in err and "not a readable Parquet file" in err
+
+
+def test_usage_errors_exit_2() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect"])
+    assert exc.value.code == 2
+
+
+def test_console_script_demo(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "unihub.cli", "demo", str(out_dir), "--rows", "64"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 64 rows" in proc.stderr
+    assert "rows: 64" in proc.stdout and "compressed_image(image_codec=png, quality=80)" in proc.stdout
