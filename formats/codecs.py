@@ -240,6 +240,12 @@ class ScalarCodec(Codec):
         try:
             if isinstance(values, np.ndarray) and values.dtype != object:
                 return pa.array(values, type=self._arrow_type, from_pandas=False)
+            temporal = [v for v in values if isinstance(v, (np.datetime64, np.timedelta64))]
+            if temporal and len(temporal) == sum(v is not None for v in values):
+                # np.datetime64.item() gives date, datetime or int by unit: go through numpy instead
+                mask = np.array([v is None for v in values], dtype=bool)
+                stacked = np.array([temporal[0] if v is None else v for v in values])
+                return pa.array(stacked, type=self._arrow_type, mask=mask if mask.any() else None)
             return pa.array([self.encode(field, v) for v in values], type=self._arrow_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise CodecError(f"field {field.name!r}: cannot store values as {self._arrow_type}: {exc}",
@@ -250,7 +256,13 @@ class ScalarCodec(Codec):
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
         if pa.types.is_decimal(array.type):
-            return _with_nulls(array.to_pylist(), None)
+            if field.dtype == object:
+                return _with_nulls(array.to_pylist(), None)
+            # a number stored as a decimal (Spark stores uint64 as decimal(20, 0)): exact via int
+            cast = int if field.dtype.kind in "iu" else float
+            if array.null_count == 0:
+                return np.array([cast(v) for v in array.to_pylist()], dtype=field.dtype)
+            return _with_nulls([None if v is None else field.numpy_dtype(cast(v)) for v in array.to_pylist()], None)
         valid = _valid_mask(array)
         if valid is None:
             out = array.to_numpy(zero_copy_only=False)
@@ -258,10 +270,11 @@ class ScalarCodec(Codec):
                 out = out.astype(field.dtype)
             return out
         values = array.to_numpy(zero_copy_only=False)
-        if field.dtype != object and values.dtype != object:
-            values = array.fill_null(0 if values.dtype.kind not in "b" else False).to_numpy(zero_copy_only=False)
+        if field.dtype != object and (values.dtype != object or pa.types.is_boolean(array.type)):
+            values = array.fill_null(False if pa.types.is_boolean(array.type) else 0).to_numpy(zero_copy_only=False)
             values = values.astype(field.dtype)
-            out = values.astype(object)
+            out = np.empty(len(values), dtype=object)
+            out[:] = list(values)  # numpy scalars of the field's dtype, as without nulls
             out[~valid] = None
             return out
         return values
@@ -370,6 +383,8 @@ class TensorCodec(Codec):
                 raise CodecError(f"field {field.name!r}, row {bad}: expected {size} values for shape "
                                  f"{field.shape}, found {int(np.diff(offsets)[bad])}", field=field.name, row=bad)
             return _numpy_values(flat, field).reshape((len(storage), *field.shape))
+        if field.shape.count(None) > 1 and _is_list_of_lists(storage.type):
+            return _decode_nested_lists(field, storage)
         flat, offsets = _flatten_lists(storage)
         values = _numpy_values(flat, field)
         if offsets is None:  # fixed_size_list with nulls
@@ -476,19 +491,56 @@ def _reshape_flat(field: UnischemaField, values: np.ndarray, row: int | None = N
                          field=field.name, row=row) from exc
 
 
+def _is_list_of_lists(arrow_type: pa.DataType) -> bool:
+    is_list = pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+        pa.types.is_fixed_size_list(arrow_type)
+    return is_list and pa.types.is_nested(arrow_type.value_type)
+
+
+def _decode_nested_lists(field: UnischemaField, storage: pa.Array) -> np.ndarray:
+    """Nested lists (as Spark writes ``array<array<T>>``) whose rows vary in more than one dim."""
+    from unihub.formats.validation import shape_matches
+
+    rows: list[Any] = []
+    for i, value in enumerate(storage.to_pylist()):
+        if value is None:
+            rows.append(None)
+            continue
+        try:
+            row = np.asarray(value, dtype=field.dtype)
+        except (ValueError, TypeError) as exc:
+            raise CodecError(f"field {field.name!r}, row {i}: nested lists are ragged, not a tensor of shape "
+                             f"{field.shape}: {exc}", field=field.name, row=i) from exc
+        if row.size == 0 and row.ndim < len(field.shape):
+            row = row.reshape(row.shape + (0,) * (len(field.shape) - row.ndim))
+        if not shape_matches(row.shape, field.shape):
+            raise CodecError(f"field {field.name!r}, row {i}: expected shape {field.shape}, found {row.shape}",
+                             field=field.name, row=i)
+        rows.append(row)
+    return stack_if_fixed(field, rows)
+
+
 def _decode_struct_tensors(field: UnischemaField, storage: pa.StructArray, valid: np.ndarray | None) -> np.ndarray:
     data = storage.field("data")
     shapes_arr = storage.field("shape")
     flat, offsets = _flatten_lists(data)
     values = _numpy_values(flat, field)
-    shape_flat, _ = _flatten_lists(shapes_arr)
-    shapes = shape_flat.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64).reshape(len(storage), -1)
+    # Spark writes the shapes as array<int> (a list, empty in null rows), unihub as fixed_size_list
+    shape_flat, shape_offsets = _flatten_lists(shapes_arr)
+    shapes = shape_flat.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if shape_offsets is None:
+        shape_offsets = np.arange(len(storage) + 1, dtype=np.int64) * shapes_arr.type.list_size
     rows: list[Any] = []
     for i in range(len(storage)):
         if valid is not None and not valid[i]:
             rows.append(None)
-        else:
-            rows.append(values[offsets[i]:offsets[i + 1]].reshape(tuple(shapes[i])))
+            continue
+        shape = tuple(int(d) for d in shapes[shape_offsets[i]:shape_offsets[i + 1]])
+        try:
+            rows.append(values[offsets[i]:offsets[i + 1]].reshape(shape))
+        except ValueError as exc:
+            raise CodecError(f"field {field.name!r}, row {i}: {offsets[i + 1] - offsets[i]} values do not fit "
+                             f"the stored shape {shape}", field=field.name, row=i) from exc
     return stack_if_fixed(field, rows)
 
 

@@ -18,6 +18,7 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 
 from __future__ import annotations
 
+import decimal
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,10 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         return None
     if field_.numpy_dtype is np.str_:
         return raw
+    if field_.numpy_dtype is decimal.Decimal:
+        return decimal.Decimal(raw)
+    if field_.numpy_dtype is np.bool_ and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"  # np.bool_("False") is True
     try:
         return field_.numpy_dtype(raw).item()
     except (ValueError, TypeError) as exc:

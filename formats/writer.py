@@ -83,6 +83,9 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
             raise SchemaError(f"partition_by names {key!r}, which is not a field of {schema.name!r}")
         if schema[key].shape != ():
             raise SchemaError(f"partition_by field {key!r} must be a scalar, its shape is {schema[key].shape}")
+        if schema[key].numpy_dtype is np.bytes_:
+            raise SchemaError(f"partition_by field {key!r} holds bytes, which have no text form for a "
+                              "directory name; partition by a str or number field")
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
     if fsutil.exists(fs, target) and not overwrite:
@@ -307,14 +310,16 @@ class _DatasetWriter:
             return
         table = pa.Table.from_batches(sink.pending, schema=self.file_schema)
         sink.pending, sink.pending_bytes = [], 0
+        # big rows: one encode chunk can hold many row groups' worth of bytes, so split it
+        group_rows = max(1, self.row_group_bytes // max(1, table.nbytes // max(1, table.num_rows)))
         while table.num_rows:
             room = self._room(sink)
             take = table.num_rows if room is None else min(room, table.num_rows)
             current = sink.current or self._open(sink)
-            current.writer.write_table(table.slice(0, take), row_group_size=take)
+            current.writer.write_table(table.slice(0, take), row_group_size=min(take, group_rows))
             current.rows += take
             self.num_rows += take
-            self.num_row_groups += 1
+            self.num_row_groups += -(-take // min(take, group_rows))
             table = table.slice(take)
             if room is not None and current.rows >= self.rows_per_file:  # type: ignore[operator]
                 current.writer.close()

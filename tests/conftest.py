@@ -128,3 +128,34 @@ def plain_parquet(tmp_path: Path) -> Path:
     pq.write_table(table.slice(6), root / "part-00001.parquet")
     (root / "_SUCCESS").write_bytes(b"")
     return root
+
+
+def read_back(store: Any) -> dict[str, list[Any]]:
+    """Every row of an opened dataset, decoded by the fields' codecs: field -> list of values."""
+    columns: dict[str, list[Any]] = {name: [] for name in store.schema.fields}
+    for info in store.row_groups:
+        table = store.read_row_group(info.index)
+        assert table.num_rows == info.num_rows
+        for field in store.schema:
+            column = table.column(field.name)
+            if field.codec is None:
+                columns[field.name].extend(column.to_pylist())
+            else:
+                columns[field.name].extend(field.codec.decode_column(field, column))
+    return columns
+
+
+# Test modules get the helpers as fixtures (with --import-mode=importlib, conftest is not importable).
+@pytest.fixture
+def sample_row() -> Callable[[int], dict[str, Any]]:
+    return make_row
+
+
+@pytest.fixture
+def decode_dataset() -> Callable[[Any], dict[str, list[Any]]]:
+    return read_back
+
+
+@pytest.fixture
+def value_equal() -> Callable[..., None]:
+    return assert_value_equal

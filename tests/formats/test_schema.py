@@ -21,7 +21,7 @@ from unihub import (
     ValidationError,
 )
 from unihub.dependencies import is_available
-from unihub.formats.schema import SCHEMA_METADATA_KEY, SCHEMA_JSON_VERSION, match_unischema_fields
+from unihub.formats.schema import SCHEMA_JSON_VERSION, SCHEMA_METADATA_KEY, match_unischema_fields
 
 requires_spark = pytest.mark.skipif(not is_available("pyspark"), reason="pyspark is not installed")
 requires_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
@@ -252,11 +252,14 @@ def test_spark_schema():
     assert [f.name for f in spark.fields] == list(small_schema().fields)
     assert by_name["id"].dataType == T.LongType() and by_name["id"].nullable is False
     assert by_name["name"].dataType == T.StringType() and by_name["name"].nullable is True
-    assert by_name["image"].dataType == T.ArrayType(T.ByteType(), False) or \
-        by_name["image"].dataType.elementType in (T.ShortType(), T.ByteType(), T.IntegerType())
-    assert isinstance(by_name["boxes"].dataType, T.ArrayType)
-    assert by_name["boxes"].dataType.elementType == T.FloatType()
-    assert isinstance(by_name["ragged"].dataType, T.StructType)
+    # Spark has no unsigned types: uint8 widens to ShortType; tensors are stored as flat arrays
+    assert by_name["image"].dataType == T.ArrayType(T.ShortType(), True)
+    assert by_name["image"].nullable is False
+    assert by_name["boxes"].dataType == T.ArrayType(T.FloatType(), True)
+    assert by_name["ragged"].dataType == T.StructType([
+        T.StructField("data", T.ArrayType(T.ShortType(), True), True),
+        T.StructField("shape", T.ArrayType(T.IntegerType(), True), True)])
+    assert by_name["ragged"].nullable is True
     assert by_name["label_a"].dataType == T.IntegerType()
 
 

@@ -1,0 +1,38 @@
+"""Caching stored row groups between epochs: ``cache_type='null'`` or ``'local-disk'``.
+
+A cache maps (dataset, row group, columns) to the encoded Arrow table of that row group,
+so a second epoch over remote data makes no remote reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from unihub.errors import UnsupportedFormatError
+from unihub.formats.parquet import ParquetStore
+
+
+class Cache(Protocol):
+    def get_row_group(self, store: ParquetStore, row_group: int, columns: Sequence[str]) -> pa.Table: ...
+
+
+class NullCache:
+    """No caching: every read goes to the store."""
+
+    def get_row_group(self, store: ParquetStore, row_group: int, columns: Sequence[str]) -> pa.Table:
+        return store.read_row_group(row_group, list(columns))
+
+
+def make_cache(cache_type: str | None, cache_location: str | None = None, cache_size_limit: int | None = None,
+               cache_row_size_estimate: int | None = None, cache_extra_settings: dict[str, Any] | None = None) -> Cache | None:
+    """The cache for Petastorm's ``cache_*`` arguments (None for no cache)."""
+    if cache_type in (None, "null", "none"):
+        return None
+    if cache_type == "local-disk":
+        from unihub.readers.local_disk_cache import LocalDiskCache
+
+        return LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate, **(cache_extra_settings or {}))
+    raise UnsupportedFormatError(f"unknown cache_type {cache_type!r}; valid: 'null', 'local-disk'")

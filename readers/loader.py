@@ -1,0 +1,182 @@
+"""Loading one planned task: read row group -> filter -> take rows -> decode -> transform.
+
+The unit of work is (row group, rows, columns) -> decoded numpy columns (DESIGN.md
+decision 2). Predicate and filter columns are read and tested first; the other columns
+are read afterwards and only the matching rows are decoded, so a selective predicate
+skips most of the image decoding. Whatever a task yields is a :class:`Batch`: an
+ordered mapping of column name to a numpy array with one entry per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from unihub.errors import CodecError, SchemaError
+from unihub.formats.codecs import CompressedImageCodec, column_as_array
+from unihub.formats.parquet import ParquetStore
+from unihub.formats.schema import Unischema, UnischemaField
+from unihub.readers.plan import ReadTask, task_rows
+
+if TYPE_CHECKING:
+    from unihub.readers.cache import Cache
+    from unihub.readers.predicates import PredicateBase
+    from unihub.readers.transform import TransformSpec
+
+
+@dataclass
+class Batch:
+    """Decoded columns of one task, all of length ``num_rows``."""
+
+    columns: dict[str, Any]
+    num_rows: int
+    row_group: int = -1
+
+    def slice(self, start: int, stop: int | None = None) -> Batch:
+        stop = self.num_rows if stop is None else min(stop, self.num_rows)
+        return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group)
+
+
+@dataclass
+class LoaderStats:
+    tasks: int = 0
+    rows_read: int = 0
+    rows_kept: int = 0
+
+
+def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, decode_images: bool = True) -> Any:
+    """One stored column to numpy through the field's codec (codec-less fields as lists)."""
+    if f.codec is None:
+        array = column_as_array(column)
+        values = np.empty(len(array), dtype=object)
+        values[:] = array.to_pylist() if len(array) else []
+        return values
+    if isinstance(f.codec, CompressedImageCodec) and not decode_images:
+        return f.codec.decode_column(f, column, decode=False)
+    return f.codec.decode_column(f, column)
+
+
+def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
+    """``table`` restricted to ``rows`` (in that order); ``None`` keeps it whole."""
+    if rows is None:
+        return table
+    if len(rows) == table.num_rows and np.array_equal(rows, np.arange(table.num_rows)):
+        return table
+    return table.take(pa.array(rows, type=pa.int64()))
+
+
+@dataclass
+class RowGroupLoader:
+    """Callable that turns a :class:`ReadTask` into a :class:`Batch` (runs in the workers)."""
+
+    store: ParquetStore
+    fields: Sequence[UnischemaField]
+    seed: int
+    predicate: PredicateBase | None = None
+    filter_expression: pc.Expression | None = None
+    filter_columns: tuple[str, ...] = ()
+    transform: Callable[[Batch], Batch] | None = None
+    decode_images: bool = True
+    cache: Cache | None = None
+    stats: LoaderStats = field(default_factory=LoaderStats)
+
+    def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
+        epoch, _, task = job
+        info = self.store.row_groups[task.row_group]
+        rows = task_rows(task, self.seed, epoch, info.num_rows)
+        pre_columns = self._pre_columns()
+        decoded: dict[str, Any] = {}
+        if pre_columns:
+            pre = take_rows(self._read(task.row_group, pre_columns), rows)
+            keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
+            idx = np.flatnonzero(keep)
+            rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
+            decoded = {name: values[idx] for name, values in decoded.items()}
+        rest = [f.name for f in self.fields if f.name not in decoded]
+        table = take_rows(self._read(task.row_group, rest), rows) if rest else None
+        num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
+        columns: dict[str, Any] = {}
+        for f in self.fields:
+            if f.name in decoded:
+                columns[f.name] = decoded[f.name]
+                continue
+            assert table is not None
+            try:
+                columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images)
+            except CodecError as exc:
+                raise CodecError(f"{info.path}, row group {info.row_group}: {exc}", field=exc.field,
+                                 row=exc.row) from exc
+        batch = Batch(columns, num_rows, task.row_group)
+        self.stats.tasks += 1
+        self.stats.rows_kept += num_rows
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+    def _pre_columns(self) -> list[str]:
+        names: list[str] = list(self.filter_columns)
+        if self.predicate is not None:
+            names += [n for n in self.predicate.get_fields() if n not in names]
+        return names
+
+    def _read(self, row_group: int, columns: list[str]) -> pa.Table:
+        if self.cache is not None:
+            return self.cache.get_row_group(self.store, row_group, columns)
+        return self.store.read_row_group(row_group, columns)
+
+    def _filter_mask(self, pre: pa.Table, decoded: dict[str, Any], rows_hint: int) -> np.ndarray:
+        """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""
+        keep = np.ones(pre.num_rows, dtype=bool)
+        if self.filter_expression is not None and pre.num_rows:
+            mask = pc.fill_null(_evaluate_expression(pre, self.filter_expression), False)
+            keep &= np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+        if self.predicate is not None:
+            by_name = {f.name: f for f in self.store.schema}
+            for name in self.predicate.get_fields():
+                if name not in by_name:
+                    raise SchemaError(f"predicate uses field {name!r}, which is not in the dataset; "
+                                      f"fields: {list(by_name)}")
+                decoded[name] = decode_column(by_name[name], pre.column(name))
+            keep &= np.asarray(self.predicate.evaluate(decoded, pre.num_rows), dtype=bool)
+        wanted = {f.name for f in self.fields}
+        for name in list(decoded):
+            if name not in wanted:
+                del decoded[name]
+        return keep
+
+
+def _evaluate_expression(table: pa.Table, expression: pc.Expression) -> pa.Array:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(table).to_table(columns={"_keep": expression}).column("_keep")
+
+
+def filters_to_expression(filters: Any) -> tuple[pc.Expression | None, tuple[str, ...]]:
+    """pyarrow DNF filters (``[("a", ">", 3)]`` or ``[[...], [...]]``) or an expression."""
+    if filters is None:
+        return None, ()
+    import pyarrow.parquet as pq
+
+    if isinstance(filters, pc.Expression):
+        return filters, ()  # the caller reads every column: an expression does not list its fields
+    else:
+        expression = pq.filters_to_expression(filters)
+        flat = filters if filters and isinstance(filters[0], tuple) else [c for conj in filters for c in conj]
+        names = tuple(dict.fromkeys(str(term[0]) for term in flat))
+    return expression, tuple(names)
+
+
+def batch_from_mapping(columns: Mapping[str, Any], row_group: int = -1) -> Batch:
+    lengths = {len(v) for v in columns.values()}
+    if len(lengths) > 1:
+        raise SchemaError(f"transformed columns have different lengths: {sorted(lengths)}")
+    return Batch(dict(columns), lengths.pop() if lengths else 0, row_group)
+
+
+def view_schema(schema: Unischema, names: Sequence[str]) -> Unischema:
+    return Unischema(schema.name, [schema[n] for n in names])

@@ -1,0 +1,168 @@
+"""Planning a read: which rows of which row groups, in which order, for one shard and epoch.
+
+Pure functions of ``(row-group sizes, seed, epoch, shard)``: no I/O, no framework imports,
+no time- or pid-based seeds, so the order never depends on worker count or pool type,
+and a reader's position is a small state that resumes exactly.
+
+A plan is a list of :class:`ReadTask`; a task names a row group and a slice of that
+row group's *delivery order* (``arange(n)``, or a permutation seeded by
+``(seed, epoch, row_group)`` when ``shuffle_rows``). Sharding:
+
+- ``shard_by="row_group"`` (Petastorm's way): shard ``k`` of ``S`` owns row groups
+  ``k, k+S, k+2S, ...``; counts per shard may differ by a row group.
+- ``shard_by="row"``: all rows of the epoch in one sequence (row groups in plan order,
+  rows in delivery order), cut into ``S`` equal contiguous blocks so each rank reads few
+  row groups. ``shard_remainder="pad"`` wraps around so every rank gets ``ceil(N/S)``
+  rows; ``"drop"`` gives every rank ``floor(N/S)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from unihub.errors import UnihubError
+
+ShardBy = Literal["row_group", "row"]
+ShardRemainder = Literal["pad", "drop"]
+
+
+class PlanError(UnihubError, ValueError):
+    """Options that cannot make a plan (a bad shard, a negative size, ...)."""
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """Read rows ``order[start:stop]`` of ``row_group``, where ``order`` is its delivery order."""
+
+    row_group: int
+    start: int
+    stop: int
+    shuffle_rows: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything a plan depends on besides the epoch."""
+
+    row_group_sizes: tuple[int, ...]
+    seed: int = 0
+    shuffle_row_groups: bool = False
+    shuffle_rows: bool = False
+    shuffle_row_drop_partitions: int = 1
+    cur_shard: int | None = None
+    shard_count: int | None = None
+    shard_by: ShardBy = "row_group"
+    shard_remainder: ShardRemainder = "pad"
+
+    def __post_init__(self) -> None:
+        if any(n < 0 for n in self.row_group_sizes):
+            raise PlanError("row-group sizes cannot be negative")
+        if (self.cur_shard is None) != (self.shard_count is None):
+            raise PlanError("cur_shard and shard_count go together: pass both or neither")
+        if self.shard_count is not None:
+            if self.shard_count < 1:
+                raise PlanError(f"shard_count must be >= 1, got {self.shard_count}")
+            if not 0 <= self.cur_shard < self.shard_count:  # type: ignore[operator]
+                raise PlanError(f"cur_shard must be in [0, shard_count) = [0, {self.shard_count}), "
+                                f"got {self.cur_shard}")
+        if self.shuffle_row_drop_partitions < 1:
+            raise PlanError(f"shuffle_row_drop_partitions must be >= 1, got {self.shuffle_row_drop_partitions}")
+        if self.shard_by not in ("row_group", "row"):
+            raise PlanError(f"shard_by must be 'row_group' or 'row', got {self.shard_by!r}")
+        if self.shard_remainder not in ("pad", "drop"):
+            raise PlanError(f"shard_remainder must be 'pad' or 'drop', got {self.shard_remainder!r}")
+
+    @property
+    def effective_shard_by(self) -> ShardBy:
+        """``'row'`` when there are more shards than row groups (else some ranks get nothing)."""
+        if self.shard_count is not None and self.shard_count > len(self.row_group_sizes):
+            return "row"
+        return self.shard_by
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch])
+
+
+def row_order(seed: int, epoch: int, row_group: int, num_rows: int, shuffle: bool) -> np.ndarray:
+    """The delivery order of a row group's rows: a seeded permutation, or ``arange``."""
+    if not shuffle:
+        return np.arange(num_rows)
+    return np.random.default_rng([seed, epoch, row_group]).permutation(num_rows)
+
+
+def task_rows(task: ReadTask, seed: int, epoch: int, num_rows: int) -> np.ndarray | None:
+    """Row indices a task delivers, in order; None means the whole row group in natural order."""
+    if not task.shuffle_rows and task.start == 0 and task.stop == num_rows:
+        return None
+    return row_order(seed, epoch, task.row_group, num_rows, task.shuffle_rows)[task.start:task.stop]
+
+
+def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
+    """The tasks of one epoch for the configured shard, in delivery order."""
+    sizes = config.row_group_sizes
+    rng = epoch_rng(config.seed, epoch)
+    sharded = config.shard_count is not None and config.shard_count > 1
+    if sharded and config.effective_shard_by == "row_group":
+        groups = np.arange(config.cur_shard, len(sizes), config.shard_count)  # type: ignore[arg-type]
+    else:
+        groups = np.arange(len(sizes))
+    tasks = _split_for_drop_partitions(groups, sizes, config)
+    if config.shuffle_row_groups and len(tasks) > 1:
+        tasks = [tasks[i] for i in rng.permutation(len(tasks))]
+    tasks = [t for t in tasks if t.num_rows > 0]
+    if sharded and config.effective_shard_by == "row":
+        tasks = _row_shard(tasks, config.cur_shard, config.shard_count, config.shard_remainder)  # type: ignore[arg-type]
+    return tasks
+
+
+def _split_for_drop_partitions(groups: np.ndarray, sizes: tuple[int, ...], config: PlanConfig) -> list[ReadTask]:
+    """One task per row group, or ``k`` tasks each taking a ``1/k`` slice of its delivery order."""
+    parts = config.shuffle_row_drop_partitions
+    tasks = []
+    for g in groups:
+        n = sizes[g]
+        bounds = np.linspace(0, n, parts + 1).astype(np.int64) if parts > 1 else (0, n)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            tasks.append(ReadTask(int(g), int(a), int(b), config.shuffle_rows))
+    return tasks
+
+
+def _row_shard(tasks: list[ReadTask], shard: int, count: int, remainder: ShardRemainder) -> list[ReadTask]:
+    """Cut the epoch's row sequence into ``count`` equal contiguous blocks; keep block ``shard``."""
+    total = sum(t.num_rows for t in tasks)
+    if total == 0:
+        return []
+    per_shard = math.ceil(total / count) if remainder == "pad" else total // count
+    start = shard * per_shard
+    return _take_cyclic(tasks, start % total, per_shard, total)
+
+
+def _take_cyclic(tasks: list[ReadTask], start: int, count: int, total: int) -> list[ReadTask]:
+    """Tasks covering positions ``[start, start + count)`` of the sequence, wrapping around."""
+    out: list[ReadTask] = []
+    ends = np.cumsum([t.num_rows for t in tasks])
+    pos, left = start, count
+    while left > 0:
+        i = int(np.searchsorted(ends, pos, side="right"))
+        task = tasks[i]
+        begin = int(ends[i]) - task.num_rows
+        a = task.start + (pos - begin)
+        b = min(task.stop, a + left)
+        out.append(ReadTask(task.row_group, a, b, task.shuffle_rows))
+        left -= b - a
+        pos = (pos + (b - a)) % total
+    return out
+
+
+def rows_per_epoch(config: PlanConfig) -> int:
+    """Rows one epoch delivers for the configured shard (before predicates)."""
+    return sum(t.num_rows for t in epoch_plan(config, 0))

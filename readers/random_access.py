@@ -1,0 +1,103 @@
+"""Random access by global row index, through the row-group index: ``Dataset(url).take([i, j])``.
+
+For samplers (torch's ``RandomSampler``, ``DistributedSampler``) and DALI's parallel
+external source, which ask for rows by index. Indices are grouped by row group, each
+row group is read once per call (only the requested rows are decoded), and results come
+back in the order asked. A small LRU of encoded row groups makes neighbouring lookups cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.formats.parquet import ParquetStore, open_dataset
+from unihub.formats.schema import Unischema
+from unihub.readers.loader import decode_column
+from unihub.readers.reader import _resolve_fields
+
+
+class Dataset:
+    """Rows of a dataset by global index: ``len()``, ``ds[i]``, ``ds.take(indices)``."""
+
+    def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
+                 decode_images: bool = True, cached_row_groups: int = 4, storage_options: dict[str, Any] | None = None,
+                 filesystem: Any = None) -> None:
+        self.store = url if isinstance(url, ParquetStore) else open_dataset(
+            url, storage_options=storage_options, filesystem=filesystem)
+        fields, ngram = _resolve_fields(self.store.schema, schema_fields)
+        if ngram is not None:
+            raise TypeError("random access takes field names, not an NGram")
+        self.schema = Unischema(self.store.schema.name, fields)
+        self.decode_images = decode_images
+        self._row_type = self.schema._get_namedtuple()
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache_size = cached_row_groups
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.store.num_rows
+
+    def __getitem__(self, index: int) -> Any:
+        batch = self.take([index])
+        return self._row_type._make(column[0] for column in batch)
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> Any:
+        """A batch (namedtuple of column arrays) holding rows ``indices`` in the order given."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        n = self.store.num_rows
+        idx = np.where(idx < 0, idx + n, idx)
+        bad = idx[(idx < 0) | (idx >= n)]
+        if bad.size:
+            raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
+        offsets = self.store._offsets
+        groups = np.searchsorted(offsets, idx, side="right") - 1
+        pieces: list[dict[str, Any]] = []
+        order: list[np.ndarray] = []
+        for group in np.unique(groups):
+            where = np.flatnonzero(groups == group)
+            local = idx[where] - offsets[group]
+            table = self._row_group(int(group)).take(pa.array(local))
+            pieces.append({f.name: decode_column(f, table.column(f.name), decode_images=self.decode_images)
+                           for f in self.schema})
+            order.append(where)
+        positions = np.argsort(np.concatenate(order)) if order else np.empty(0, np.int64)
+        columns = []
+        for f in self.schema:
+            parts = [p[f.name] for p in pieces]
+            column = _concat(parts) if parts else np.empty(0, dtype=f.dtype)
+            columns.append(column[positions])
+        return self._row_type(*columns)
+
+    def _row_group(self, group: int) -> pa.Table:
+        with self._lock:
+            table = self._cache.get(group)
+            if table is not None:
+                self._cache.move_to_end(group)
+                return table
+        table = self.store.read_row_group(group, list(self.schema.fields))
+        with self._lock:
+            self._cache[group] = table
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return table
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    if all(p.dtype != object for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+        return np.concatenate(parts)
+    out = np.empty(sum(len(p) for p in parts), dtype=object)
+    i = 0
+    for part in parts:
+        for value in part:
+            out[i] = value
+            i += 1
+    return out

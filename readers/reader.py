@@ -1,0 +1,394 @@
+"""The reader: ``make_reader`` (rows) and ``make_batch_reader`` (batches), Petastorm's API.
+
+A :class:`Reader` plans each epoch (:mod:`unihub.readers.plan`), runs the tasks in a
+worker pool (:mod:`unihub.readers.workers`) through a :class:`RowGroupLoader`, and
+delivers rows (namedtuples of numpy values) or batches (namedtuples of column arrays)
+in plan order. Its position is ``(epoch, task, offset)``: :meth:`Reader.state_dict`
+after any row, :meth:`Reader.load_state_dict` (or ``resume_from=``) in a new reader,
+and the rows not yet delivered come next, in the same order.
+
+    with make_reader("file:///data/train", schema_fields=["image", "label"], num_epochs=2) as reader:
+        for row in reader:
+            train_step(row.image, row.label)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import SchemaError, UnihubError
+from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
+from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.readers import plan as planning
+from unihub.readers.cache import Cache, make_cache
+from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
+from unihub.readers.predicates import PredicateBase
+from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
+from unihub.readers.workers import Pool, PoolType
+
+STATE_VERSION = 1
+
+
+class ReaderStateError(UnihubError, ValueError):
+    """A saved reader state that does not belong to this reader's dataset and options."""
+
+
+class Reader:
+    """Iterates rows or batches of a dataset; see :func:`make_reader` and :func:`make_batch_reader`."""
+
+    def __init__(self, store: ParquetStore, *, fields: Sequence[UnischemaField], batched: bool,
+                 ngram: Any = None, predicate: PredicateBase | None = None, filters: Any = None,
+                 transform_spec: TransformSpec | None = None, shuffle_row_groups: bool = True,
+                 shuffle_rows: bool = False, shuffle_row_drop_partitions: int = 1, seed: int | None = None,
+                 num_epochs: int | None = 1, cur_shard: int | None = None, shard_count: int | None = None,
+                 shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
+                 reader_pool_type: PoolType = "thread", workers_count: int = 10, results_queue_size: int = 50,
+                 cache: Cache | None = None, decode_images: bool = True,
+                 resume_from: dict[str, Any] | None = None) -> None:
+        if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+            raise UnihubError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+        self.store = store
+        self.batched = batched
+        self.ngram = ngram
+        self.num_epochs = num_epochs
+        self._read_fields = list(fields)
+        self._predicate = predicate
+        self._transform_spec = transform_spec
+        self._filters = filters
+        read_schema = Unischema(store.schema.name, self._read_fields)
+        self.schema = transform_schema(read_schema, transform_spec)
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (2**63))
+        self.seed = int(seed)
+        expression, filter_columns = filters_to_expression(filters)
+        if expression is not None and not filter_columns:
+            filter_columns = tuple(f.name for f in store.schema)
+        self._groups = self._select_row_groups(predicate, expression, filter_columns)
+        self._plan = planning.PlanConfig(
+            row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
+            shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
+            shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
+            shard_by=shard_by, shard_remainder=shard_remainder)
+        self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
+                                      filter_expression=expression, filter_columns=filter_columns,
+                                      transform=self._make_transform(read_schema), decode_images=decode_images,
+                                      cache=cache)
+        self._pool_type, self._workers_count = reader_pool_type, workers_count
+        self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
+        self._position = (0, 0, 0)
+        self._items: list[Any] = []
+        self._cursor = 0
+        self._current: tuple[int, int] = (0, 0)
+        self._skip = 0
+        self._iterator: Iterator[Batch] | None = None
+        self._pool: Pool | None = None
+        self._finished = False
+        self._delivered = 0
+        self._batches = 0
+        self._row_type = self.schema._get_namedtuple()
+        if resume_from is not None:
+            self.load_state_dict(resume_from)
+
+    # -- planning ---------------------------------------------------------------------------
+    def _select_row_groups(self, predicate: PredicateBase | None, expression: Any,
+                           filter_columns: tuple[str, ...]) -> list[int]:
+        """Row groups to read: all, minus partitions a partition-only predicate or filter excludes."""
+        store = self.store
+        groups = list(range(len(store.row_groups)))
+        parts = set(store.partition_names)
+        if not parts:
+            return groups
+        by_partition: dict[tuple[tuple[str, str], ...], bool] = {}
+        for rg in store.row_groups:
+            if rg.partition in by_partition:
+                continue
+            values = {k: partition_value(store.schema[k], v) for k, v in rg.partition}
+            keep = True
+            if predicate is not None and predicate.get_fields() <= parts:
+                keep = bool(predicate.do_include(values))
+            if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
+                table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
+                from unihub.readers.loader import _evaluate_expression
+
+                keep = bool(_evaluate_expression(table, expression)[0].as_py())
+            by_partition[rg.partition] = keep
+        return [g for g in groups if by_partition[store.row_groups[g].partition]]
+
+    def _make_transform(self, read_schema: Unischema):
+        spec = self._transform_spec
+        if spec is None:
+            return None
+        out = self.schema
+        if self.batched:
+            def run(batch: Batch) -> Batch:
+                columns = apply_to_batch(spec, out, batch.columns)
+                n = len(next(iter(columns.values()))) if columns else 0
+                return dataclasses.replace(batch, columns=columns, num_rows=n)
+        else:
+            def run(batch: Batch) -> Batch:
+                columns = apply_to_rows(spec, out, batch.columns, batch.num_rows)
+                return dataclasses.replace(batch, columns=columns)
+        return run
+
+    def _epoch_tasks(self, epoch: int) -> list[planning.ReadTask]:
+        tasks = planning.epoch_plan(self._plan, epoch)
+        return [dataclasses.replace(t, row_group=self._groups[t.row_group]) for t in tasks]
+
+    def _jobs(self, epoch: int, task: int) -> Iterator[tuple[int, int, planning.ReadTask]]:
+        while self.num_epochs is None or epoch < self.num_epochs:
+            tasks = self._epoch_tasks(epoch)
+            for index in range(task, len(tasks)):
+                yield epoch, index, tasks[index]
+            epoch, task = epoch + 1, 0
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Reader:
+        return self
+
+    def _start(self) -> None:
+        epoch, task, offset = self._position
+        self._pool = Pool(self._pool_type, self._workers_count)
+        jobs = self._jobs(epoch, task)
+        self._iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
+        self._skip = offset
+
+    def __next__(self) -> Any:
+        while self._cursor >= len(self._items):
+            if self._finished:
+                raise StopIteration
+            if self._iterator is None:
+                self._start()
+            try:
+                epoch, index, batch = next(self._iterator)  # type: ignore[arg-type]
+            except StopIteration:
+                self._finished = True
+                self._position = (self.num_epochs or 0, 0, 0)
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            self._current = (epoch, index)
+            self._items = self._to_items(batch)
+            self._cursor = min(self._skip, len(self._items))
+            self._skip = 0
+            if self._cursor >= len(self._items):
+                self._position = (epoch, index + 1, 0)
+        item = self._items[self._cursor]
+        self._cursor += 1
+        epoch, index = self._current
+        self._position = (epoch, index, self._cursor) if self._cursor < len(self._items) else (epoch, index + 1, 0)
+        self._delivered += 1
+        return item
+
+    def _to_items(self, batch: Batch) -> list[Any]:
+        if self.ngram is not None:
+            return self.ngram.form_windows(batch, self.schema)
+        columns = [batch.columns[name] for name in self.schema.fields]
+        if self.batched:
+            if batch.num_rows == 0:
+                return []
+            self._batches += 1
+            return [self._row_type(*columns)]
+        return [self._row_type._make(values) for values in zip(*columns)] if columns else []
+
+    # -- position -------------------------------------------------------------------------------
+    def _fingerprint(self) -> str:
+        plan = dataclasses.asdict(self._plan)
+        plan["row_groups"] = self._groups
+        plan["batched"] = self.batched
+        plan["num_epochs"] = self.num_epochs
+        return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last delivered row/batch: small, JSON-able."""
+        epoch, task, offset = self._position
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
+                "plan": self._fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next item is the first one not delivered before it was saved."""
+        if state.get("version") != STATE_VERSION:
+            raise ReaderStateError(f"reader state version {state.get('version')!r} is not {STATE_VERSION}")
+        if int(state["seed"]) != self.seed:
+            self.seed = int(state["seed"])
+            self._plan = dataclasses.replace(self._plan, seed=self.seed)
+            self._loader.seed = self.seed
+        if state.get("plan") != self._fingerprint():
+            raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
+                                   "(row groups, shuffling, sharding, epochs or batching differ)")
+        self.stop()
+        self._position = (int(state["epoch"]), int(state["task"]), int(state["offset"]))
+        self._items, self._cursor, self._iterator, self._finished = [], 0, None, False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start over from the first epoch (Petastorm's ``reset``)."""
+        self.stop()
+        self.join()
+        self._position = (0, 0, 0)
+        self._items, self._cursor, self._iterator, self._finished = [], 0, None, False
+
+    def stop(self) -> None:
+        """Stop the workers; pending tasks are cancelled."""
+        if self._pool is not None:
+            self._pool.stop()
+        if self._iterator is not None:
+            close = getattr(self._iterator, "close", None)
+            if close is not None:
+                close()
+        self._iterator = None
+
+    def join(self) -> None:
+        """Wait for the workers to exit."""
+        if self._pool is not None:
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+        self.join()
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:  # interpreter shutdown: best effort
+            pass
+
+    @property
+    def diagnostics(self) -> dict[str, Any]:
+        epoch, task, offset = self._position
+        return {"pool_type": self._pool_type, "workers_count": self._workers_count,
+                "in_flight": self._pool.in_flight if self._pool else 0, "items_delivered": self._delivered,
+                "batches_delivered": self._batches, "epoch": epoch, "task": task, "offset": offset,
+                "row_groups": len(self._groups)}
+
+    @property
+    def is_batched_reader(self) -> bool:
+        return self.batched
+
+    @property
+    def num_rows_per_epoch(self) -> int | None:
+        """Rows one epoch delivers, when known (no predicate, filters or n-grams)."""
+        if self._predicate is not None or self._filters is not None or self.ngram is not None:
+            return None
+        if self._transform_spec is not None and self.batched:
+            return None
+        return planning.rows_per_epoch(self._plan)
+
+    def __len__(self) -> int:
+        """Items (rows, or batches for a batch reader) over all epochs, where known."""
+        rows = self.num_rows_per_epoch
+        if rows is None or self.num_epochs is None:
+            raise TypeError("len() is unknown for this reader (predicate, filters, n-grams, a batch transform "
+                            "or num_epochs=None)")
+        if self.batched:
+            per_epoch = sum(1 for t in self._epoch_tasks(0) if t.num_rows > 0)
+            return per_epoch * self.num_epochs
+        return rows * self.num_epochs
+
+
+def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -> tuple[int, int, Batch]:
+    return job[0], job[1], loader(job)
+
+
+def _resolve_fields(schema: Unischema, schema_fields: Any) -> tuple[list[UnischemaField], Any]:
+    """The fields to read (and the NGram, if ``schema_fields`` is one)."""
+    if schema_fields is None:
+        return list(schema), None
+    if hasattr(schema_fields, "get_field_names_at_all_timesteps"):  # an NGram
+        ngram = schema_fields
+        ngram.resolve_regex_field_names(schema)
+        names = set(ngram.get_field_names_at_all_timesteps())
+        return [f for f in schema if f.name in names], ngram
+    if isinstance(schema_fields, (str, UnischemaField)):
+        schema_fields = [schema_fields]
+    return match_unischema_fields(schema, schema_fields), None
+
+
+def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any) -> ParquetStore:
+    if isinstance(dataset_url, ParquetStore):
+        return dataset_url
+    if isinstance(dataset_url, (list, tuple)):
+        if len(dataset_url) != 1:
+            raise UnihubError("reading several dataset URLs at once is not supported; pass one directory")
+        dataset_url = dataset_url[0]
+    store = open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
+    return store
+
+
+_IGNORED = ("pyarrow_serialize", "hdfs_driver", "zmq_copy_buffers", "shard_seed", "cache_row_size_estimate")
+
+
+def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_pool_type: PoolType = "thread",
+          workers_count: int = 10, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
+          shuffle_row_groups: bool = True, shuffle_row_drop_partitions: int = 1,
+          predicate: PredicateBase | None = None, rowgroup_selector: Any = None, num_epochs: int | None = 1,
+          cur_shard: int | None = None, shard_count: int | None = None, shard_by: planning.ShardBy = "row_group",
+          shard_remainder: planning.ShardRemainder = "pad", cache_type: str | None = "null",
+          cache_location: str | None = None, cache_size_limit: int | None = None,
+          cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
+          filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
+          decode_images: bool = True, resume_from: dict[str, Any] | None = None, **ignored: Any) -> Reader:
+    unknown = set(ignored) - set(_IGNORED)
+    if unknown:
+        raise TypeError(f"unexpected arguments {sorted(unknown)}")
+    if rowgroup_selector is not None:
+        raise UnihubError("rowgroup_selector (Petastorm's row-group indexes) is not supported; use predicate= "
+                          "or filters= instead")
+    store = _open(dataset_url, storage_options, filesystem)
+    if store.num_rows == 0:
+        raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
+    fields, ngram = _resolve_fields(store.schema, schema_fields)
+    if ngram is not None and batched:
+        raise UnihubError("NGram schema_fields work with make_reader, not make_batch_reader")
+    if predicate is not None:
+        unknown_fields = sorted(predicate.get_fields() - set(store.schema.fields))
+        if unknown_fields:
+            raise SchemaError(f"predicate uses fields {unknown_fields}, which are not in {store.url}; "
+                              f"fields: {list(store.schema.fields)}")
+    cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
+                       cache_extra_settings)
+    return Reader(store, fields=fields, batched=batched, ngram=ngram, predicate=predicate, filters=filters,
+                  transform_spec=transform_spec, shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
+                  shuffle_row_drop_partitions=shuffle_row_drop_partitions, seed=seed, num_epochs=num_epochs,
+                  cur_shard=cur_shard, shard_count=shard_count, shard_by=shard_by, shard_remainder=shard_remainder,
+                  reader_pool_type=reader_pool_type, workers_count=workers_count,
+                  results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
+                  resume_from=resume_from)
+
+
+def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
+    """A reader that yields one row at a time: a namedtuple of decoded numpy values.
+
+    Petastorm's arguments: ``schema_fields`` (names, regexes, fields or an ``NGram``),
+    ``predicate``, ``filters``, ``transform_spec``, ``shuffle_row_groups`` (default True),
+    ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
+    forever), ``cur_shard``/``shard_count``, ``reader_pool_type`` ('thread', 'process',
+    'dummy'), ``workers_count``, ``results_queue_size``, ``cache_type='local-disk'`` with
+    ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``. Added:
+    ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
+    ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI).
+    """
+    return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
+
+
+def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
+    """A reader that yields batches (a namedtuple of column arrays), one per row group or task.
+
+    Reads any Parquet store, with or without a Unischema; arguments as :func:`make_reader`.
+    A ``transform_spec`` function receives a pandas DataFrame (Petastorm's contract), or a
+    dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``.
+    """
+    return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)

@@ -1,0 +1,123 @@
+"""Worker pools: thread (default), process, and dummy, all with the same ordered, bounded map.
+
+:meth:`Pool.imap` runs a function over an iterator of tasks with at most ``window`` tasks
+in flight and yields results **in task order**, so the delivery order never depends on
+the pool type or worker count. Memory is bounded by the window, however long (or
+endless) the task iterator is. An exception in a worker is re-raised in the consumer
+with its original traceback; :meth:`Pool.stop` cancels what has not started.
+
+- ``thread``: pyarrow reads and the image decoders release the GIL, so threads scale.
+- ``process``: for Python-heavy transforms and predicates. Uses ``fork`` where available,
+  so the loader (with its lambdas) reaches the workers without pickling; results come back
+  as numpy arrays (pickle protocol 5 moves their buffers without per-row work).
+- ``dummy``: runs each task in the consumer's thread when its result is needed (debugging).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from unihub.errors import UnihubError
+
+T = TypeVar("T")
+R = TypeVar("R")
+PoolType = Literal["thread", "process", "dummy"]
+
+_PROCESS_FUNCTION: Callable[[Any], Any] | None = None
+
+
+def _install_function(fn: Callable[[Any], Any]) -> None:
+    global _PROCESS_FUNCTION
+    _PROCESS_FUNCTION = fn
+
+
+def _call_installed(task: Any) -> Any:
+    assert _PROCESS_FUNCTION is not None, "worker started without its function"
+    return _PROCESS_FUNCTION(task)
+
+
+class Pool:
+    """Ordered, bounded parallel map over a task iterator."""
+
+    def __init__(self, pool_type: PoolType = "thread", workers_count: int = 4) -> None:
+        if pool_type not in ("thread", "process", "dummy"):
+            raise UnihubError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
+        if workers_count < 1:
+            raise UnihubError(f"workers_count must be >= 1, got {workers_count}")
+        self.pool_type = pool_type
+        self.workers_count = workers_count
+        self._executor: Executor | None = None
+        self._pending: deque[Future[Any]] = deque()
+        self._stopped = False
+
+    def _start(self, fn: Callable[[Any], Any]) -> Executor | None:
+        if self.pool_type == "thread":
+            return ThreadPoolExecutor(self.workers_count, thread_name_prefix="unihub-worker")
+        if self.pool_type == "process":
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            return ProcessPoolExecutor(self.workers_count, mp_context=multiprocessing.get_context(method),
+                                       initializer=_install_function, initargs=(fn,))
+        return None
+
+    def imap(self, fn: Callable[[T], R], tasks: Iterable[T], window: int) -> Iterator[R]:
+        """Yield ``fn(task)`` for each task, in order, keeping at most ``window`` in flight."""
+        window = max(1, window)
+        self._executor = self._start(fn)
+        task_iter = iter(tasks)
+        if self._executor is None:
+            for task in task_iter:
+                if self._stopped:
+                    return
+                yield fn(task)
+            return
+        submit = self._submitter(fn)
+        try:
+            for task in task_iter:
+                self._pending.append(submit(task))
+                if len(self._pending) >= window:
+                    break
+            while self._pending and not self._stopped:
+                future = self._pending.popleft()
+                result = future.result()
+                if not self._stopped:
+                    for task in task_iter:
+                        self._pending.append(submit(task))
+                        break
+                yield result
+        finally:
+            self.stop()
+
+    def _submitter(self, fn: Callable[[Any], Any]) -> Callable[[Any], Future[Any]]:
+        executor = self._executor
+        assert executor is not None
+        if self.pool_type == "process":
+            return lambda task: executor.submit(_call_installed, task)
+        return lambda task: executor.submit(fn, task)
+
+    def stop(self) -> None:
+        """Cancel tasks not yet started and release the workers (does not wait for running ones)."""
+        self._stopped = True
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def join(self) -> None:
+        """Wait for the workers to exit."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+
+def default_workers_count() -> int:
+    return max(1, min(8, (os.cpu_count() or 2)))

@@ -1,0 +1,328 @@
+"""PNG / JPEG encode and decode: round trips, ``out=``, corrupt data, and files from other libraries.
+
+Files written by Pillow and OpenCV check that unihub reads standard files (and that
+the files it writes are standard); OpenCV's own JPEG decode is the reference that
+Petastorm datasets were decoded with.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from unihub.formats.images import (
+    DECODER_NAME,
+    ImageDecodeError,
+    decode_image,
+    detect_format,
+    encode_image,
+    image_size,
+)
+
+#: unihub and OpenCV both decode with libjpeg-turbo's accurate IDCT and fancy upsampling;
+#: measured max abs difference on OpenCV-written JPEGs is 0 (bit-exact). Allow a little
+#: so that a different libjpeg-turbo build (SIMD path) does not fail the suite.
+OPENCV_JPEG_MAX_ABS_DIFF = 2
+OPENCV_JPEG_MEAN_ABS_DIFF = 0.1
+
+
+def smooth_image(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Gradients and low-frequency waves plus mild noise (sigma 1): what JPEG handles well."""
+    rng = np.random.default_rng(seed)
+    h, w = shape[:2]
+    channels = shape[2] if len(shape) == 3 else 1
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    planes = [  # periods of 40-120 pixels, whatever the image size
+        rng.uniform(60, 190)
+        + 50 * np.sin(2 * np.pi * x / rng.uniform(40, 120)) * np.cos(2 * np.pi * y / rng.uniform(40, 120))
+        + 0.2 * x
+        + rng.normal(0, 1, (h, w))
+        for _ in range(channels)
+    ]
+    image = np.clip(np.stack(planes, -1), 0, 255).astype(np.uint8)
+    return image if len(shape) == 3 else image[..., 0]
+
+
+def pil_bytes(image, fmt: str, **options) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+def cv2_bytes(array: np.ndarray, ext: str, params: list[int] | None = None) -> bytes:
+    cv2 = pytest.importorskip("cv2")
+    if array.ndim == 3:
+        code = cv2.COLOR_RGB2BGR if array.shape[2] == 3 else cv2.COLOR_RGBA2BGRA
+        array = cv2.cvtColor(array, code)
+    ok, buf = cv2.imencode(ext, array, params or [])
+    assert ok
+    return buf.tobytes()
+
+
+SHAPES = [(32, 48, 3), (32, 48, 4), (32, 48), (1, 1, 3), (7, 300)]
+
+
+# ----------------------------------------------------------------- round trips
+@pytest.mark.parametrize("shape", SHAPES)
+def test_png_round_trip_is_exact(shape: tuple[int, ...]) -> None:
+    image = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    data = encode_image(image, "png")
+    decoded = decode_image(data)
+    assert decoded.dtype == np.uint8 and decoded.shape == shape
+    np.testing.assert_array_equal(decoded, image)
+
+
+def test_png_round_trip_gray_alpha_and_16_bit() -> None:
+    gray_alpha = np.random.default_rng(2).integers(0, 256, (9, 5, 2), dtype=np.uint8)
+    np.testing.assert_array_equal(decode_image(encode_image(gray_alpha, "png")), gray_alpha)
+    deep = np.random.default_rng(3).integers(0, 65536, (9, 5, 3), dtype=np.uint16)
+    decoded = decode_image(encode_image(deep, "png"))
+    assert decoded.dtype == np.uint16
+    np.testing.assert_array_equal(decoded, deep)
+
+
+def test_single_channel_is_gray() -> None:
+    image = smooth_image((16, 16, 1))
+    decoded = decode_image(encode_image(image, "png"))
+    assert decoded.shape == (16, 16)
+    np.testing.assert_array_equal(decoded, image[..., 0])
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 3), (256, 256, 3), (64, 64), (33, 17, 3)])
+@pytest.mark.parametrize("quality", [80, 90])
+def test_jpeg_round_trip_is_close(shape: tuple[int, ...], quality: int) -> None:
+    image = smooth_image(shape, seed=quality)
+    data = encode_image(image, "jpeg", quality=quality)
+    decoded = decode_image(data)
+    assert decoded.dtype == np.uint8 and decoded.shape == shape
+    assert np.abs(decoded.astype(np.int16) - image).mean() < 3
+
+
+def test_jpeg_quality_trades_size() -> None:
+    image = smooth_image((64, 64, 3))
+    assert len(encode_image(image, "jpeg", quality=30)) < len(encode_image(image, "jpeg", quality=95))
+
+
+# ----------------------------------------------------------------------- out=
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+@pytest.mark.parametrize("shape", [(24, 40, 3), (24, 40)])
+def test_decode_into_a_column(fmt: str, shape: tuple[int, ...]) -> None:
+    images = [smooth_image(shape, seed) for seed in range(4)]
+    blobs = [encode_image(image, fmt) for image in images]
+    column = np.zeros((4, *shape), np.uint8)
+    for row, blob in enumerate(blobs):
+        row_view = column[row]
+        assert decode_image(blob, out=row_view) is row_view
+    np.testing.assert_array_equal(column, np.stack([decode_image(blob) for blob in blobs]))
+    if fmt == "png":
+        np.testing.assert_array_equal(column, np.stack(images))
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_out_is_returned_and_may_be_strided(fmt: str) -> None:
+    image = smooth_image((20, 30, 3))
+    blob = encode_image(image, fmt)
+    out = np.empty((20, 30, 3), np.uint8)
+    assert decode_image(blob, out=out) is out
+    strided = np.zeros((20, 60, 3), np.uint8)[:, ::2]
+    assert decode_image(blob, out=strided) is strided
+    np.testing.assert_array_equal(strided, out)
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+@pytest.mark.parametrize("bad", [((20, 31, 3), np.uint8), ((20, 30), np.uint8), ((20, 30, 4), np.uint8),
+                                 ((20, 30, 3), np.uint16), ((40, 60, 3), np.uint8)])
+def test_out_of_the_wrong_shape_or_dtype_raises(fmt: str, bad: tuple[tuple[int, ...], type]) -> None:
+    blob = encode_image(smooth_image((20, 30, 3)), fmt)
+    shape, dtype = bad
+    with pytest.raises(ImageDecodeError, match=r"image is \(20, 30, 3\) uint8 but out is"):
+        decode_image(blob, out=np.empty(shape, dtype))
+
+
+# -------------------------------------------------------------- corrupt data
+def _damage(blob: bytes, damage: str) -> bytes:
+    middle = len(blob) // 2
+    return {
+        "half": lambda: blob[:middle],
+        "header only": lambda: blob[:30],
+        "signature only": lambda: blob[:8],
+        # PNG: zlib's checksum and the chunk CRCs catch flipped pixel data
+        "zeroed middle": lambda: blob[:middle] + bytes(16) + blob[middle + 16:],
+        # JPEG has no checksum: only a missing end, or a broken header, is detectable
+        "no end marker": lambda: blob[:-2],
+        "broken header": lambda: blob[:20] + b"\xff\xff\x00\x00" + blob[24:],
+    }[damage]()
+
+
+@pytest.mark.parametrize(("fmt", "damage"), [
+    *[("png", d) for d in ("half", "header only", "signature only", "zeroed middle")],
+    *[("jpeg", d) for d in ("half", "header only", "signature only", "no end marker", "broken header")],
+])
+def test_corrupt_or_truncated_data_raises(fmt: str, damage: str) -> None:
+    data = _damage(encode_image(smooth_image((64, 64, 3)), fmt, quality=90), damage)
+    with pytest.raises(ImageDecodeError, match=fmt.upper()):
+        decode_image(data)
+    with pytest.raises(ImageDecodeError):
+        decode_image(data, out=np.empty((64, 64, 3), np.uint8))
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage", b"GIF89a" + bytes(40), np.arange(50, dtype=np.uint8).tobytes()])
+def test_unknown_bytes_raise(data: bytes) -> None:
+    assert detect_format(data) is None and image_size(data) is None
+    with pytest.raises(ImageDecodeError, match="not a PNG or JPEG"):
+        decode_image(data)
+
+
+def test_image_decode_error_is_a_value_error() -> None:
+    assert issubclass(ImageDecodeError, ValueError)
+
+
+# -------------------------------------------------- files from other libraries
+def test_files_written_by_pillow() -> None:
+    Image = pytest.importorskip("PIL.Image")
+    rgb, gray = smooth_image((30, 20, 3)), smooth_image((30, 20))
+    cases = {
+        "RGB png": (pil_bytes(Image.fromarray(rgb), "PNG"), "png", (30, 20, 3), rgb),
+        "RGBA png": (pil_bytes(Image.fromarray(np.dstack([rgb, gray])), "PNG"), "png", (30, 20, 4),
+                     np.dstack([rgb, gray])),
+        "L png": (pil_bytes(Image.fromarray(gray), "PNG"), "png", (30, 20, 1), gray),
+        "LA png": (pil_bytes(Image.fromarray(np.dstack([gray, rgb[..., 0]]), "LA"), "PNG"), "png", (30, 20, 2),
+                   np.dstack([gray, rgb[..., 0]])),
+        "I;16 png": (pil_bytes(Image.fromarray(gray.astype(np.uint16) * 257), "PNG"), "png", (30, 20, 1),
+                     gray.astype(np.uint16) * 257),
+        "P png": (pil_bytes(Image.fromarray(rgb).quantize(16), "PNG"), "png", (30, 20, 3),
+                  np.asarray(Image.fromarray(rgb).quantize(16).convert("RGB"))),
+        "P+tRNS png": (pil_bytes(Image.fromarray(rgb).quantize(16), "PNG", transparency=0), "png", (30, 20, 4),
+                       None),
+        "RGB jpeg": (pil_bytes(Image.fromarray(rgb), "JPEG", quality=90), "jpeg", (30, 20, 3), rgb),
+        "L jpeg": (pil_bytes(Image.fromarray(gray), "JPEG", quality=90), "jpeg", (30, 20, 1), gray),
+        "progressive jpeg": (pil_bytes(Image.fromarray(rgb), "JPEG", quality=90, progressive=True), "jpeg",
+                             (30, 20, 3), rgb),
+        "CMYK jpeg": (pil_bytes(Image.fromarray(rgb).convert("CMYK"), "JPEG", quality=95), "jpeg", (30, 20, 3),
+                      rgb),
+    }
+    for name, (data, fmt, size, want) in cases.items():
+        assert detect_format(data) == fmt, name
+        assert image_size(data) == size, name
+        decoded = decode_image(data)
+        assert decoded.shape == (size[:2] if size[2] == 1 else size), name
+        if want is None:
+            continue
+        if fmt == "png":
+            np.testing.assert_array_equal(decoded, want, err_msg=name)
+        else:
+            assert np.abs(decoded.astype(np.int16) - want).mean() < 3, name
+            pillow = np.asarray(Image.open(io.BytesIO(data)).convert("RGB" if size[2] == 3 else "L"))
+            assert np.abs(decoded.astype(np.int16) - pillow).max() <= 3, name
+
+
+def test_interlaced_png() -> None:
+    """Adam7-interlaced PNG, built by hand (neither Pillow nor OpenCV writes one)."""
+    image = np.random.default_rng(4).integers(0, 256, (13, 11, 3), dtype=np.uint8)
+    raw = b"".join(
+        b"\x00" + row.tobytes()
+        for y0, x0, dy, dx in [(0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2),
+                               (1, 0, 2, 1)]
+        for row in image[y0::dy, x0::dx]
+        if row.size
+    )
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 11, 13, 8, 2, 0, 0, 1))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    assert image_size(data) == (13, 11, 3)
+    np.testing.assert_array_equal(decode_image(data), image)
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 3), (32, 48, 4), (24, 24)])
+def test_png_written_by_opencv(shape: tuple[int, ...]) -> None:
+    image = smooth_image(shape)
+    data = cv2_bytes(image, ".png")
+    assert detect_format(data) == "png"
+    assert image_size(data) == (shape if len(shape) == 3 else (*shape, 1))
+    np.testing.assert_array_equal(decode_image(data), image)
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 3), (256, 256, 3), (24, 24), (37, 53, 3)])
+@pytest.mark.parametrize("quality", [50, 90])
+def test_jpeg_written_by_opencv_matches_opencv_decode(shape: tuple[int, ...], quality: int) -> None:
+    cv2 = pytest.importorskip("cv2")
+    image = smooth_image(shape, seed=quality)
+    data = cv2_bytes(image, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert detect_format(data) == "jpeg"
+    assert image_size(data) == (shape if len(shape) == 3 else (*shape, 1))
+    reference = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if reference.ndim == 3:
+        reference = cv2.cvtColor(reference, cv2.COLOR_BGR2RGB)
+    diff = np.abs(decode_image(data).astype(np.int16) - reference)
+    assert diff.max() <= OPENCV_JPEG_MAX_ABS_DIFF
+    assert diff.mean() <= OPENCV_JPEG_MEAN_ABS_DIFF
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 3), (32, 48, 4), (24, 24)])
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_our_files_are_standard(shape: tuple[int, ...], fmt: str) -> None:
+    """Pillow and OpenCV read what encode_image writes, in RGB order."""
+    Image = pytest.importorskip("PIL.Image")
+    image = smooth_image(shape)
+    if fmt == "jpeg" and len(shape) == 3 and shape[2] == 4:
+        with pytest.raises(ValueError, match="no alpha"):
+            encode_image(image, fmt)
+        return
+    data = encode_image(image, fmt, quality=95)
+    pillow = np.asarray(Image.open(io.BytesIO(data)))
+    cv2 = pytest.importorskip("cv2")
+    opencv = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if opencv.ndim == 3:
+        opencv = cv2.cvtColor(opencv, cv2.COLOR_BGR2RGB if shape[2] == 3 else cv2.COLOR_BGRA2RGBA)
+    for other in (pillow, opencv):
+        assert other.shape == shape
+        if fmt == "png":
+            np.testing.assert_array_equal(other, image)
+        else:
+            assert np.abs(other.astype(np.int16) - image).mean() < 3
+
+
+# ----------------------------------------------------------- misc behaviour
+def test_detect_format_and_image_size_accept_memoryview() -> None:
+    data = encode_image(smooth_image((5, 9, 3)), "jpeg")
+    view = memoryview(bytearray(b"xx" + data))[2:]
+    assert detect_format(view) == "jpeg" and image_size(view) == (5, 9, 3)
+    assert decode_image(view).shape == (5, 9, 3)
+
+
+def test_encode_rejects_what_it_cannot_write() -> None:
+    with pytest.raises(ValueError, match="unknown image format"):
+        encode_image(np.zeros((4, 4, 3), np.uint8), "gif")
+    with pytest.raises(ValueError, match="uint8"):
+        encode_image(np.zeros((4, 4, 3), np.float32), "jpeg")
+    with pytest.raises(ValueError, match="non-empty"):
+        encode_image(np.zeros((0, 4, 3), np.uint8), "png")
+    with pytest.raises(ValueError, match="1-4 channels"):
+        encode_image(np.zeros((4, 4, 5), np.uint8), "png")
+    with pytest.raises(ValueError, match="quality"):
+        encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=101)
+    assert detect_format(encode_image(np.zeros((4, 4, 3), np.uint8), "JPG")) == "jpeg"
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_concurrent_decoding_matches_sequential(fmt: str) -> None:
+    blobs = [encode_image(smooth_image((48, 48, 3), seed), fmt) for seed in range(32)]
+    want = [decode_image(blob) for blob in blobs]
+    column = np.empty((len(blobs), 48, 48, 3), np.uint8)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(decode_image, blobs * 4))
+        list(pool.map(lambda row: decode_image(blobs[row], out=column[row]), range(len(blobs))))
+    for i, image in enumerate(got):
+        np.testing.assert_array_equal(image, want[i % len(blobs)])
+    np.testing.assert_array_equal(column, np.stack(want))
+
+
+def test_decoder_name_names_the_backends() -> None:
+    assert "png" in DECODER_NAME.lower() and "jpeg" in DECODER_NAME.lower()

@@ -1,0 +1,290 @@
+"""open_dataset: locations, the row-group index, errors for what is not a dataset, plain Parquet, fsspec."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    DatasetNotFoundError,
+    FormatError,
+    ScalarCodec,
+    SchemaError,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    open_dataset,
+    write_dataset,
+)
+from unihub.dependencies import is_available
+from unihub.formats.parquet import RowGroupInfo
+
+requires_fsspec = pytest.mark.skipif(not is_available("fsspec"), reason="fsspec is not installed")
+
+
+def pyarrow_index(paths):
+    """(path, row group, rows, first row, bytes) for every row group, from pyarrow's own footers."""
+    index, first = [], 0
+    for path in paths:
+        metadata = pq.read_metadata(path)
+        for i in range(metadata.num_row_groups):
+            rg = metadata.row_group(i)
+            index.append((str(path), i, rg.num_rows, first, rg.total_byte_size))
+            first += rg.num_rows
+    return index
+
+
+def store_index(store):
+    return [(rg.path, rg.row_group, rg.num_rows, rg.first_row, rg.total_byte_size) for rg in store.row_groups]
+
+
+# -- locations -------------------------------------------------------------------------------------
+def test_open_local_path(write_sample, schema):
+    path, result = write_sample(100, rows_per_file=40, row_group_size_mb=0.01)
+    for url in (path, str(path), str(path) + "/"):
+        store = open_dataset(url)
+        assert store.schema == schema
+        assert store.schema_source == "unihub"
+        assert store.num_rows == 100
+        assert store.path == str(path)
+        assert [f.path for f in store.files] == list(result.files)
+        assert [f.num_rows for f in store.files] == [40, 40, 20]
+        assert store.total_bytes == sum(f.size_bytes for f in store.files) == result.bytes_written
+        assert store.arrow_schema.names == list(schema.fields)
+        assert store.partition_names == ()
+
+
+def test_open_file_url(write_sample, schema):
+    path, _ = write_sample(10)
+    store = open_dataset(f"file://{path}")
+    assert store.url == f"file://{path}"
+    assert store.path == str(path)
+    assert isinstance(store.filesystem, pafs.LocalFileSystem)
+    assert store.num_rows == 10 and store.schema == schema
+
+
+def test_open_single_parquet_file(write_sample, schema):
+    path, _ = write_sample(30, rows_per_file=20)
+    store = open_dataset(path / "part-00001.parquet")
+    assert store.num_rows == 10
+    assert store.schema == schema and store.schema_source == "unihub"
+    assert [f.path for f in store.files] == [str(path / "part-00001.parquet")]
+    assert store.read_row_group(0).column("id").to_pylist() == list(range(20, 30))
+
+
+def test_row_group_index_matches_pyarrow(write_sample):
+    path, result = write_sample(1000, rows_per_file=400, row_group_size_mb=0.02)
+    store = open_dataset(path)
+    files = sorted(path.glob("*.parquet"))
+    assert len(files) == 3
+    expected = pyarrow_index(files)
+    assert len(expected) > 6 and len(expected) == result.num_row_groups
+    assert store_index(store) == expected
+    assert [rg.index for rg in store.row_groups] == list(range(len(expected)))
+    assert all(isinstance(rg, RowGroupInfo) for rg in store.row_groups)
+    assert [f.num_row_groups for f in store.files] == [pq.read_metadata(f).num_row_groups for f in files]
+    for info in store.row_groups:
+        table = store.read_row_group(info.index, columns=["id"])
+        assert table.column("id").to_pylist() == list(range(info.first_row, info.first_row + info.num_rows))
+
+
+def test_row_group_of(write_sample):
+    path, _ = write_sample(250, rows_per_file=100, row_group_size_mb=0.02)
+    store = open_dataset(path)
+    for row in range(250):
+        info, local = store.row_group_of(row)
+        assert 0 <= local < info.num_rows
+        assert info.first_row + local == row
+    assert store.row_group_of(0) == (store.row_groups[0], 0)
+    last = store.row_groups[-1]
+    assert store.row_group_of(249) == (last, last.num_rows - 1)
+    first_of_second = store.row_groups[1].first_row
+    assert store.row_group_of(first_of_second) == (store.row_groups[1], 0)
+    assert store.row_group_of(first_of_second - 1) == (store.row_groups[0], store.row_groups[0].num_rows - 1)
+    for bad in (-1, 250, 10**9):
+        with pytest.raises(IndexError, match=f"row {bad} is out of range for a dataset of 250 rows"):
+            store.row_group_of(bad)
+
+
+def test_read_row_group_columns(write_sample):
+    path, _ = write_sample(20)
+    store = open_dataset(path)
+    table = store.read_row_group(0, columns=["vec", "id"])
+    assert table.column_names == ["vec", "id"]
+    assert isinstance(table.schema.field("vec").type, pa.FixedShapeTensorType)
+
+
+# -- what is not a dataset ---------------------------------------------------------------------------
+def test_missing_path(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="no such file or directory") as info:
+        open_dataset(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(info.value)
+    assert isinstance(info.value, FileNotFoundError)
+    with pytest.raises(DatasetNotFoundError):
+        open_dataset(f"file://{tmp_path}/nope")
+
+
+def test_directory_without_parquet(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="holds no Parquet data files"):
+        open_dataset(tmp_path / "empty")
+    only_hidden = tmp_path / "hidden"
+    (only_hidden / "_temporary").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), only_hidden / "_temporary" / "part-0.parquet")
+    pq.write_table(pa.table({"x": [1]}), only_hidden / ".part-1.parquet")
+    (only_hidden / "_SUCCESS").write_bytes(b"")
+    with pytest.raises(DatasetNotFoundError, match="holds no Parquet data files"):
+        open_dataset(only_hidden)
+
+
+def test_non_parquet_file_in_dataset(write_sample):
+    path, _ = write_sample(10)
+    (path / "notes.txt").write_text("this is not parquet, and it is long enough to have a footer" * 3)
+    with pytest.raises(FormatError, match="not a readable Parquet file") as info:
+        open_dataset(path)
+    assert info.value.path == str(path / "notes.txt")
+    assert str(path / "notes.txt") in str(info.value)
+
+
+def test_truncated_parquet_file_in_dataset(write_sample):
+    path, _ = write_sample(40, rows_per_file=20)
+    victim = path / "part-00001.parquet"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FormatError) as info:
+        open_dataset(path)
+    assert info.value.path == str(victim)
+    assert f"{victim}: not a readable Parquet file ({len(data) // 2} bytes)" in str(info.value)
+    victim.write_bytes(b"")
+    with pytest.raises(FormatError, match=r"part-00001.parquet: not a readable Parquet file \(0 bytes\)"):
+        open_dataset(path)
+
+
+def test_corrupt_common_metadata(write_sample):
+    path, _ = write_sample(5)
+    (path / "_common_metadata").write_bytes(b"PAR1 garbage")
+    with pytest.raises(FormatError, match="_common_metadata: not a readable Parquet file"):
+        open_dataset(path)
+
+
+def test_files_with_different_columns(tmp_path):
+    root = tmp_path / "mixed"
+    root.mkdir()
+    pq.write_table(pa.table({"a": [1], "b": [2]}), root / "part-0.parquet")
+    pq.write_table(pa.table({"a": [1], "c": [2]}), root / "part-1.parquet")
+    with pytest.raises(FormatError, match=r"part-1.parquet: columns differ .* \(missing \['b'\], extra \['c'\]\)"):
+        open_dataset(root)
+
+
+def test_unsupported_schema_version_names_the_dataset(write_sample):
+    path, _ = write_sample(3)
+    file = path / "part-00000.parquet"
+    table = pq.read_table(file)
+    metadata = dict(table.schema.metadata)
+    metadata[b"unihub.unischema"] = metadata[b"unihub.unischema"].replace(b'"version":1', b'"version":7')
+    pq.write_table(table.replace_schema_metadata(metadata), file)
+    (path / "_common_metadata").unlink()
+    with pytest.raises(SchemaError, match=f"{path}: Unischema JSON version 7 is not supported"):
+        open_dataset(path)
+
+
+# -- plain Parquet -----------------------------------------------------------------------------------
+def test_plain_parquet_is_inferred(plain_parquet):
+    store = open_dataset(plain_parquet)
+    assert store.schema_source == "inferred"
+    assert store.schema.name == "plain"
+    assert list(store.schema.fields) == ["id", "name", "pair"]
+    assert store.schema.id == UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), True)
+    assert store.schema["name"] == UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)
+    assert store.schema.pair == UnischemaField("pair", np.float32, (None,), TensorCodec(), True)
+    assert store.num_rows == 10
+    assert store_index(store) == pyarrow_index(sorted(plain_parquet.glob("*.parquet")))
+    assert [rg.num_rows for rg in store.row_groups] == [3, 3, 4]
+    table = store.read_row_group(2)
+    pair = store.schema.pair
+    decoded = pair.codec.decode_column(pair, table.column("pair"))
+    assert [r.tolist() for r in decoded] == [[float(i), i + 0.5] for i in range(6, 10)]
+    assert all(r.dtype == np.float32 for r in decoded)
+
+
+def test_plain_parquet_partitions_are_inferred(tmp_path):
+    root = tmp_path / "hive"
+    for year in (2020, 2021):
+        for city in ("paris", "new york"):
+            folder = root / f"year={year}" / f"city={city.replace(' ', '%20')}"
+            folder.mkdir(parents=True)
+            pq.write_table(pa.table({"x": [1.0, 2.0]}), folder / "part-0.parquet")
+    store = open_dataset(root)
+    assert store.schema_source == "inferred"
+    assert store.partition_names == ("year", "city")
+    assert store.schema.year == UnischemaField("year", np.int64, (), ScalarCodec(pa.int64()), False)
+    assert store.schema.city == UnischemaField("city", np.str_, (), ScalarCodec(pa.string()), False)
+    seen = set()
+    for info in store.row_groups:
+        table = store.read_row_group(info.index)
+        assert table.schema.field("year").type == pa.int64()
+        seen.update(zip(table.column("year").to_pylist(), table.column("city").to_pylist(), strict=True))
+    assert seen == {(2020, "paris"), (2020, "new york"), (2021, "paris"), (2021, "new york")}
+
+
+def test_dataset_written_by_pyarrow_with_unischema_metadata(tmp_path, schema, sample_row):
+    # a footer-only dataset (no _common_metadata) opens from the footer's JSON
+    root = tmp_path / "footer_only"
+    write_dataset(root, schema, (sample_row(i) for i in range(4)))
+    (root / "_common_metadata").unlink()
+    store = open_dataset(root)
+    assert store.schema == schema and store.schema_source == "unihub"
+
+
+# -- fsspec ---------------------------------------------------------------------------------------------
+@requires_fsspec
+def test_open_via_fsspec_memory_filesystem(schema, sample_row):
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    root = f"/unihub-test-{uuid.uuid4().hex}/ds"
+    try:
+        result = write_dataset(root, schema, (sample_row(i) for i in range(25)), filesystem=memory,
+                               rows_per_file=10)
+        assert result.num_rows == 25
+        assert sorted(memory.ls(root, detail=False)) == [f"{root}/_common_metadata"] + \
+            [f"{root}/part-0000{i}.parquet" for i in range(3)]
+        assert memory.ls(root.rsplit("/", 1)[0], detail=False) == [root]  # no temporary sibling left
+        store = open_dataset(root, filesystem=memory)
+        assert store.schema == schema and store.num_rows == 25
+        assert [rg.num_rows for rg in store.row_groups] == [10, 10, 5]
+        assert store.read_row_group(2, columns=["id"]).column("id").to_pylist() == list(range(20, 25))
+        via_url = open_dataset(f"memory:/{root}")
+        assert via_url.num_rows == 25
+    finally:
+        memory.rm(root.rsplit("/", 1)[0], recursive=True)
+
+
+@requires_fsspec
+def test_open_via_fsspec_local_filesystem(write_sample, schema):
+    import fsspec
+
+    path, _ = write_sample(12, rows_per_file=5)
+    store = open_dataset(str(path), filesystem=fsspec.filesystem("file"))
+    assert store.schema == schema
+    assert [rg.num_rows for rg in store.row_groups] == [5, 5, 2]
+    assert store_index(store) == pyarrow_index(sorted(path.glob("*.parquet")))
+
+
+def test_open_via_pyarrow_filesystem(write_sample):
+    path, _ = write_sample(6)
+    store = open_dataset(str(path), filesystem=pafs.LocalFileSystem())
+    assert store.num_rows == 6
+
+
+def test_schema_metadata_survives_schema_view(write_sample, schema):
+    path, _ = write_sample(3)
+    store = open_dataset(path)
+    view = store.schema.create_schema_view(["id", "v.*"])
+    assert list(view.fields) == ["id", "vec"]
+    assert isinstance(store.schema, Unischema)

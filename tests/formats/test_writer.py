@@ -1,0 +1,460 @@
+"""write_dataset: round trips, files and row groups, partitions, metadata, atomicity, bounded memory."""
+
+from __future__ import annotations
+
+import decimal
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    CodecError,
+    DatasetExistsError,
+    NdarrayCodec,
+    ScalarCodec,
+    SchemaError,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    ValidationError,
+    open_dataset,
+    write_dataset,
+)
+from unihub.formats.schema import SCHEMA_METADATA_KEY
+
+
+def data_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.parquet"))
+
+
+def assert_rows_round_trip(store, expected_rows, decode_dataset, value_equal):
+    columns = decode_dataset(store)
+    assert store.num_rows == len(expected_rows)
+    by_id = {int(i): k for k, i in enumerate(columns["id"])}
+    assert sorted(by_id) == sorted(int(r["id"]) for r in expected_rows)
+    for row in expected_rows:
+        k = by_id[int(row["id"])]
+        for name, value in row.items():
+            found = columns[name][k]
+            if name in ("score",) and value is not None:
+                assert found == np.float32(value) and type(found) is np.float32
+            elif name == "price":
+                assert found == value and type(found) is decimal.Decimal
+            elif name in ("id",):
+                assert found == value and isinstance(found, np.int64)
+            elif name == "split":
+                assert found == value and type(found) is str
+            else:
+                value_equal(found, value, where=f"row {row['id']}, field {name}")
+
+
+# -- round trips ----------------------------------------------------------------------------------
+def test_rows_round_trip(tmp_path, schema, rows, sample_row, decode_dataset, value_equal):
+    result = write_dataset(tmp_path / "ds", schema, rows(300))
+    assert result.num_rows == 300
+    assert result.url == str(tmp_path / "ds")
+    assert result.files == (str(tmp_path / "ds" / "part-00000.parquet"),)
+    assert result.num_row_groups == 1
+    assert result.bytes_written == (tmp_path / "ds" / "part-00000.parquet").stat().st_size
+    store = open_dataset(tmp_path / "ds")
+    assert store.schema == schema
+    assert store.schema_source == "unihub"
+    assert_rows_round_trip(store, [sample_row(i) for i in range(300)], decode_dataset, value_equal)
+
+
+def test_rows_as_namedtuples(tmp_path, schema, sample_row, decode_dataset, value_equal):
+    rows = [schema.make_namedtuple(**sample_row(i)) for i in range(5)]
+    write_dataset(tmp_path / "ds", schema, rows)
+    assert_rows_round_trip(open_dataset(tmp_path / "ds"), [sample_row(i) for i in range(5)],
+                           decode_dataset, value_equal)
+
+
+def tensor_schema() -> Unischema:
+    return Unischema("Columns", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+        UnischemaField("image", np.uint8, (4, 5, 3), TensorCodec(), False),
+        UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+        UnischemaField("emb", np.float32, (8,), NdarrayCodec(), False),
+    ])
+
+
+def column_batch(start: int, n: int) -> dict:
+    rng = np.random.default_rng(start)
+    return {
+        "id": np.arange(start, start + n, dtype=np.int64),
+        "name": [f"n{i}" for i in range(start, start + n)],
+        "image": rng.integers(0, 256, size=(n, 4, 5, 3), dtype=np.uint8),
+        "boxes": [np.full((i % 3, 4), i, dtype=np.float32) for i in range(start, start + n)],
+        "emb": rng.standard_normal((n, 8)).astype(np.float32),
+    }
+
+
+def test_column_batches_round_trip(tmp_path, decode_dataset):
+    schema = tensor_schema()
+    batches = [column_batch(0, 40), column_batch(40, 25), column_batch(65, 0), column_batch(65, 10)]
+    result = write_dataset(tmp_path / "ds", schema, iter(batches), batched=True)
+    assert result.num_rows == 75
+    store = open_dataset(tmp_path / "ds")
+    columns = decode_dataset(store)
+    table = store.read_row_group(0)
+    assert isinstance(table.schema.field("image").type, pa.FixedShapeTensorType)
+    np.testing.assert_array_equal(np.stack(columns["id"]), np.arange(75))
+    assert columns["name"] == [f"n{i}" for i in range(75)]
+    image = np.concatenate([b["image"] for b in batches])
+    assert np.stack(columns["image"]).dtype == np.uint8
+    np.testing.assert_array_equal(np.stack(columns["image"]), image)
+    emb = np.concatenate([b["emb"] for b in batches])
+    np.testing.assert_array_equal(np.stack(columns["emb"]), emb)
+    for i, boxes in enumerate(columns["boxes"]):
+        assert boxes.dtype == np.float32 and boxes.shape == (i % 3, 4)
+        assert np.all(boxes == i)
+
+
+def test_single_column_mapping_is_one_batch(tmp_path):
+    result = write_dataset(tmp_path / "ds", tensor_schema(), column_batch(0, 7), batched=True)
+    assert result.num_rows == 7
+
+
+def test_column_batch_validation(tmp_path):
+    schema = tensor_schema()
+    batch = column_batch(0, 5)
+    batch["image"] = batch["image"].astype(np.int16)
+    with pytest.raises(ValidationError, match="field 'image': expected dtype uint8, found a column of int16"):
+        write_dataset(tmp_path / "a", schema, [batch], batched=True)
+    batch = column_batch(0, 5)
+    batch["emb"] = batch["emb"][:, :7]
+    with pytest.raises(ValidationError, match=r"field 'emb': expected rows of shape \(8,\)"):
+        write_dataset(tmp_path / "b", schema, [batch], batched=True)
+    batch = column_batch(0, 5)
+    batch["name"] = batch["name"][:4]
+    with pytest.raises(SchemaError, match="equal lengths"):
+        write_dataset(tmp_path / "c", schema, [batch], batched=True)
+    batch = column_batch(0, 5)
+    batch["extra"] = list(range(5))
+    with pytest.raises(SchemaError, match=r"columns \['extra'\] are not fields of 'Columns'"):
+        write_dataset(tmp_path / "d", schema, [batch], batched=True)
+    with pytest.raises(SchemaError, match="expects column mappings or Arrow tables, got list"):
+        write_dataset(tmp_path / "e", schema, [[1, 2]], batched=True)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_arrow_table_round_trip(tmp_path, decode_dataset):
+    schema = tensor_schema()
+    n = 12
+    rng = np.random.default_rng(7)
+    image = rng.integers(0, 256, size=(n, 4, 5, 3), dtype=np.uint8)
+    emb = [rng.standard_normal(8).astype(np.float32) for _ in range(n)]
+    columns = {
+        "emb": schema.emb.codec.encode_column(schema.emb, emb),
+        "id": pa.array(np.arange(n, dtype=np.int64)),
+        "image": pa.FixedShapeTensorArray.from_numpy_ndarray(image),
+        "name": pa.array([f"x{i}" for i in range(n)]),
+        "boxes": pa.array([[float(i)] * 4 * (i % 2) for i in range(n)], type=pa.list_(pa.float32())),
+    }
+    table = pa.table(columns)  # columns in another order than the schema
+    result = write_dataset(tmp_path / "ds", schema, table)
+    assert result.num_rows == n
+    decoded = decode_dataset(open_dataset(tmp_path / "ds"))
+    np.testing.assert_array_equal(np.stack(decoded["image"]), image)
+    np.testing.assert_array_equal(np.stack(decoded["emb"]), np.stack(emb))
+    assert decoded["name"] == [f"x{i}" for i in range(n)]
+    assert [b.shape for b in decoded["boxes"]] == [(i % 2, 4) for i in range(n)]
+    # record batches, batched
+    write_dataset(tmp_path / "rb", schema, table.to_batches(max_chunksize=5), batched=True)
+    assert open_dataset(tmp_path / "rb").num_rows == n
+    with pytest.raises(SchemaError, match=r"lacks columns \['boxes'\]"):
+        write_dataset(tmp_path / "bad", schema, table.drop_columns(["boxes"]))
+    with pytest.raises(SchemaError, match="does not match the schema"):
+        write_dataset(tmp_path / "bad2", schema, table.set_column(0, "emb", pa.array([[1.5]] * n)))
+
+
+# -- files and row groups --------------------------------------------------------------------------
+def test_rows_per_file_splits_files(write_sample):
+    path, result = write_sample(100, rows_per_file=30)
+    files = data_files(path)
+    assert [f.name for f in files] == [f"part-0000{i}.parquet" for i in range(4)]
+    assert [pq.read_metadata(f).num_rows for f in files] == [30, 30, 30, 10]
+    assert result.files == tuple(str(f) for f in files)
+    assert result.num_rows == 100
+    store = open_dataset(path)
+    assert [rg.first_row for rg in store.row_groups] == [0, 30, 60, 90]
+    ids = [pq.read_table(f, columns=["id"]).column("id").to_pylist() for f in files]
+    assert ids == [list(range(0, 30)), list(range(30, 60)), list(range(60, 90)), list(range(90, 100))]
+
+
+def test_row_group_size_makes_several_row_groups(write_sample):
+    path, result = write_sample(1000, row_group_size_mb=0.05)
+    metadata = pq.read_metadata(path / "part-00000.parquet")
+    assert metadata.num_row_groups > 3
+    assert result.num_row_groups == metadata.num_row_groups
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sum(sizes) == 1000
+    assert max(sizes) < 400
+    store = open_dataset(path)
+    assert [rg.num_rows for rg in store.row_groups] == sizes
+    default_path, default = write_sample(1000, name="default")
+    assert pq.read_metadata(default_path / "part-00000.parquet").num_row_groups == default.num_row_groups == 1
+
+
+def test_row_groups_respect_size_with_big_rows(tmp_path):
+    # 1 MiB per row: a 2 MiB row group must not hold all 12 rows
+    schema = Unischema("Big", [UnischemaField("x", np.uint8, (1024, 1024), TensorCodec(), False)])
+    rows = ({"x": np.full((1024, 1024), i, np.uint8)} for i in range(12))
+    result = write_dataset(tmp_path / "big", schema, rows, row_group_size_mb=2, compression=None)
+    metadata = pq.read_metadata(tmp_path / "big" / "part-00000.parquet")
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sum(sizes) == 12 and max(sizes) <= 2
+    assert result.num_row_groups == metadata.num_row_groups
+
+
+def test_rows_per_file_and_row_groups_together(write_sample):
+    path, result = write_sample(700, rows_per_file=300, row_group_size_mb=0.05)
+    counts = [pq.read_metadata(f).num_rows for f in data_files(path)]
+    assert counts == [300, 300, 100]
+    assert result.num_row_groups == sum(pq.read_metadata(f).num_row_groups for f in data_files(path))
+
+
+def test_partition_by_writes_hive_directories(tmp_path, schema, rows, sample_row, decode_dataset, value_equal):
+    result = write_dataset(tmp_path / "ds", schema, rows(60), partition_by=["split"])
+    dirs = sorted(p.name for p in (tmp_path / "ds").iterdir() if p.is_dir())
+    assert dirs == ["split=test", "split=train", "split=val"]
+    for split in ("train", "val", "test"):
+        footer = pq.read_metadata(tmp_path / "ds" / f"split={split}" / "part-00000.parquet")
+        assert footer.num_rows == 20
+        assert "split" not in footer.schema.to_arrow_schema().names
+    assert result.num_rows == 60
+    store = open_dataset(tmp_path / "ds")
+    assert store.partition_names == ("split",)
+    assert store.schema == schema
+    assert_rows_round_trip(store, [sample_row(i) for i in range(60)], decode_dataset, value_equal)
+    for info in store.row_groups:
+        table = store.read_row_group(info.index, columns=["id", "split"])
+        assert table.schema.field("split").type == pa.string()
+        split = dict(info.partition)["split"]
+        assert set(table.column("split").to_pylist()) == {split}
+        assert all(i % 3 == ("train", "val", "test").index(split) for i in table.column("id").to_pylist())
+
+
+@pytest.mark.parametrize("dtype, arrow_type, values", [
+    (np.int32, pa.int32(), [3, -1, 3, 12]),
+    (np.bool_, pa.bool_(), [True, False, False, True]),
+    (np.str_, pa.string(), ["a b/c", "ü", "a b/c", "x=y"]),
+    (np.float64, pa.float64(), [0.1, 2.5, 0.1, -3.0]),
+    (decimal.Decimal, pa.decimal128(5, 2), [decimal.Decimal("1.50"), decimal.Decimal("-2.25")]),
+])
+def test_partition_values_keep_dtype(tmp_path, dtype, arrow_type, values):
+    schema = Unischema("P", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("key", dtype, (), ScalarCodec(arrow_type), False)])
+    write_dataset(tmp_path / "ds", schema, ({"id": i, "key": v} for i, v in enumerate(values)),
+                  partition_by=["key"])
+    store = open_dataset(tmp_path / "ds")
+    assert len(store.files) == len(set(values))
+    found = {}
+    for info in store.row_groups:
+        table = store.read_row_group(info.index)
+        assert table.schema.field("key").type == arrow_type
+        decoded = schema.key.codec.decode_column(schema.key, table.column("key"))
+        for i, key in zip(table.column("id").to_pylist(), decoded, strict=True):
+            found[i] = key
+    assert [found[i] for i in range(len(values))] == values
+    assert all(type(found[i]) is (str if dtype is np.str_ else dtype) for i in found)
+    if dtype is decimal.Decimal:
+        assert [str(found[i]) for i in range(len(values))] == ["1.50", "-2.25"]
+
+
+def test_partition_by_null_values(tmp_path):
+    schema = Unischema("P", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("key", np.str_, (), ScalarCodec(pa.string()), True)])
+    write_dataset(tmp_path / "ds", schema, [{"id": 0, "key": None}, {"id": 1, "key": "a"}], partition_by=["key"])
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir() if p.is_dir()) == \
+        ["key=__HIVE_DEFAULT_PARTITION__", "key=a"]
+    store = open_dataset(tmp_path / "ds")
+    keys = {}
+    for info in store.row_groups:
+        table = store.read_row_group(info.index)
+        keys.update(zip(table.column("id").to_pylist(), table.column("key").to_pylist(), strict=True))
+    assert keys == {0: None, 1: "a"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"partition_by": ["nope"]}, "partition_by names 'nope', which is not a field of 'Sample'"),
+    ({"partition_by": ["vec"]}, r"partition_by field 'vec' must be a scalar, its shape is \(4,\)"),
+    ({"partition_by": ["emb"]}, r"partition_by field 'emb' must be a scalar, its shape is \(3,\)"),
+    ({"row_group_size_mb": 0}, "row_group_size_mb must be positive, got 0"),
+    ({"rows_per_file": 0}, "rows_per_file must be positive, got 0"),
+])
+def test_bad_options(tmp_path, schema, rows, options, message):
+    with pytest.raises(SchemaError, match=message):
+        write_dataset(tmp_path / "ds", schema, rows(3), **options)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_partition_by_bytes_is_refused(tmp_path):
+    schema = Unischema("B", [UnischemaField("key", np.bytes_, (), ScalarCodec(pa.binary()), False)])
+    with pytest.raises(SchemaError, match="partition_by field 'key' holds bytes"):
+        write_dataset(tmp_path / "ds", schema, [{"key": b"a"}], partition_by=["key"])
+    assert os.listdir(tmp_path) == []
+
+
+def test_empty_input_writes_an_openable_dataset(tmp_path, schema, decode_dataset):
+    result = write_dataset(tmp_path / "ds", schema, iter([]))
+    assert result.num_rows == 0 and result.num_row_groups == 0
+    assert len(result.files) == 1
+    store = open_dataset(tmp_path / "ds")
+    assert store.num_rows == 0
+    assert store.row_groups == []
+    assert store.schema == schema and store.schema_source == "unihub"
+    assert decode_dataset(store) == {name: [] for name in schema.fields}
+    with pytest.raises(IndexError, match="row 0 is out of range for a dataset of 0 rows"):
+        store.row_group_of(0)
+    batched = write_dataset(tmp_path / "batched", tensor_schema(), column_batch(0, 0), batched=True)
+    assert batched.num_rows == 0 and open_dataset(tmp_path / "batched").num_rows == 0
+
+
+# -- metadata ------------------------------------------------------------------------------------------
+def test_unischema_json_in_common_metadata_and_every_footer(write_sample, schema):
+    path, _ = write_sample(90, rows_per_file=40)
+    common = pq.read_metadata(path / "_common_metadata")
+    assert common.num_rows == 0
+    assert Unischema.from_json(common.metadata[SCHEMA_METADATA_KEY]) == schema
+    files = data_files(path)
+    assert len(files) == 3
+    for f in files:
+        footer = pq.read_metadata(f)
+        assert Unischema.from_json(footer.metadata[SCHEMA_METADATA_KEY]) == schema
+        assert json.loads(footer.metadata[SCHEMA_METADATA_KEY])["version"] == 1
+        assert footer.schema.to_arrow_schema().remove_metadata() == \
+            schema.as_arrow_schema(with_metadata=False)
+    # a single file describes itself
+    store = open_dataset(files[1])
+    assert store.schema == schema and store.schema_source == "unihub" and store.num_rows == 40
+
+
+def test_partitioned_metadata_keeps_the_partition_field(tmp_path, schema, rows):
+    write_dataset(tmp_path / "ds", schema, rows(9), partition_by=["split"])
+    common = pq.read_metadata(tmp_path / "ds" / "_common_metadata")
+    assert Unischema.from_json(common.metadata[SCHEMA_METADATA_KEY]).split == schema.split
+    footer = pq.read_metadata(tmp_path / "ds" / "split=val" / "part-00000.parquet")
+    assert Unischema.from_json(footer.metadata[SCHEMA_METADATA_KEY]) == schema
+
+
+# -- existing targets and atomicity ---------------------------------------------------------------------
+def test_existing_target_needs_overwrite(tmp_path, schema, rows):
+    write_dataset(tmp_path / "ds", schema, rows(5))
+    with pytest.raises(DatasetExistsError, match="already exists; pass overwrite=True") as info:
+        write_dataset(tmp_path / "ds", schema, rows(8))
+    assert isinstance(info.value, FileExistsError)
+    assert open_dataset(tmp_path / "ds").num_rows == 5
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatasetExistsError):
+        write_dataset(tmp_path / "file", schema, rows(1))
+    result = write_dataset(tmp_path / "ds", schema, rows(8), overwrite=True)
+    assert result.num_rows == 8
+    assert open_dataset(tmp_path / "ds").num_rows == 8
+    assert sorted(os.listdir(tmp_path)) == ["ds", "file"]
+
+
+def failing_rows(sample_row, n, bad_at):
+    for i in range(n):
+        row = sample_row(i)
+        if i == bad_at:
+            row["vec"] = np.zeros(4, dtype=np.float64)
+        yield row
+
+
+def test_failed_write_leaves_nothing(tmp_path, schema, sample_row):
+    parent = tmp_path / "out"
+    parent.mkdir()
+    with pytest.raises(ValidationError) as info:
+        write_dataset(parent / "ds", schema, failing_rows(sample_row, 1000, 700), row_group_size_mb=0.05)
+    message = str(info.value)
+    assert "field 'vec'" in message and "row 700" in message
+    assert "expected dtype float32" in message and "found float64" in message
+    assert info.value.field == "vec" and info.value.row == 700
+    assert os.listdir(parent) == []
+
+
+def test_failed_overwrite_keeps_the_old_dataset(tmp_path, schema, rows, sample_row):
+    parent = tmp_path / "out"
+    write_dataset(parent / "ds", schema, rows(10))
+    before = {p.relative_to(parent): p.read_bytes() for p in parent.rglob("*") if p.is_file()}
+    with pytest.raises(ValidationError, match="row 700"):
+        write_dataset(parent / "ds", schema, failing_rows(sample_row, 1000, 700), overwrite=True,
+                      row_group_size_mb=0.05)
+    after = {p.relative_to(parent): p.read_bytes() for p in parent.rglob("*") if p.is_file()}
+    assert after == before
+    assert os.listdir(parent) == ["ds"]
+    assert open_dataset(parent / "ds").num_rows == 10
+
+
+def test_interrupted_write_leaves_nothing(tmp_path, schema, sample_row):
+    def interrupted():
+        for i in range(600):
+            if i == 500:
+                raise KeyboardInterrupt
+            yield sample_row(i)
+
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset(tmp_path / "ds", schema, interrupted(), row_group_size_mb=0.05)
+    assert os.listdir(tmp_path) == []
+
+
+def test_codec_error_names_field_and_row(tmp_path):
+    schema = Unischema("C", [UnischemaField("t", np.float32, (2,), TensorCodec(), False)])
+    rows = [{"t": np.zeros(2, np.float32)}] * 300 + [{"t": np.zeros(3, np.float32)}]
+    with pytest.raises(CodecError, match=r"field 't', row 300: expected shape \(2,\), found \(3,\)") as info:
+        write_dataset(tmp_path / "ds", schema, rows, validate=False)
+    assert info.value.row == 300
+    assert os.listdir(tmp_path) == []
+
+
+def test_unknown_field_in_a_row(tmp_path, schema, sample_row):
+    rows = [sample_row(0), {**sample_row(1), "typo": 1}]
+    with pytest.raises(ValidationError, match=r"fields \['typo'\] in row 1 are not in Unischema 'Sample'"):
+        write_dataset(tmp_path / "ds", schema, rows)
+    with pytest.raises(SchemaError, match="row 0 is a list, expected a mapping"):
+        write_dataset(tmp_path / "ds", schema, [[1, 2]])
+    assert os.listdir(tmp_path) == []
+
+
+# -- bounded memory ---------------------------------------------------------------------------------
+def test_rows_are_streamed_not_materialised(tmp_path, schema, sample_row):
+    parent = tmp_path / "out"
+    parent.mkdir()
+    n = 3000
+    pulled = {"first_file_at": None, "bytes_on_disk_at_end": 0}
+
+    def written_bytes():
+        return sum(p.stat().st_size for p in parent.glob(".ds.unihub-tmp-*/part-*.parquet"))
+
+    def generate():
+        for i in range(n):
+            if pulled["first_file_at"] is None and written_bytes() > 0:
+                pulled["first_file_at"] = i
+            yield sample_row(i)
+        pulled["bytes_on_disk_at_end"] = written_bytes()
+
+    result = write_dataset(parent / "ds", schema, generate(), row_group_size_mb=0.05)
+    final_size = (parent / "ds" / "part-00000.parquet").stat().st_size
+    assert result.num_rows == n
+    # data reached the disk long before the input was exhausted ...
+    assert pulled["first_file_at"] is not None and pulled["first_file_at"] <= 600
+    # ... and by the end nearly all of it was already written (only the tail and footer remained)
+    assert pulled["bytes_on_disk_at_end"] > 0.8 * final_size
+    assert result.num_row_groups > 10
+    assert os.listdir(parent) == ["ds"]
+
+
+def test_file_and_url_targets(tmp_path, schema, rows):
+    result = write_dataset(f"file://{tmp_path}/viaurl", schema, rows(4))
+    assert result.num_rows == 4
+    assert result.files == (f"{tmp_path}/viaurl/part-00000.parquet",)
+    assert open_dataset(tmp_path / "viaurl").num_rows == 4
+    nested = write_dataset(tmp_path / "a" / "b" / "c", schema, rows(2))
+    assert nested.num_rows == 2 and open_dataset(tmp_path / "a" / "b" / "c").num_rows == 2
