@@ -227,6 +227,8 @@ class ScalarCodec(Codec):
         return arrow_to_spark_type(self._arrow_type)
 
     def encode(self, field: UnischemaField, value: Any) -> Any:
+        if isinstance(value, (np.datetime64, np.timedelta64)):
+            return pa.scalar(value, type=self._arrow_type).as_py()  # .item() would lose the unit
         if isinstance(value, np.generic):
             return value.item()
         return value

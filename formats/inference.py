@@ -17,7 +17,7 @@ from unihub.formats.schema import UnischemaField
 
 
 def _is_scalar(arrow_type: pa.DataType) -> bool:
-    return not pa.types.is_nested(arrow_type) and not isinstance(arrow_type, pa.ExtensionType) \
+    return not pa.types.is_nested(arrow_type) and not isinstance(arrow_type, pa.BaseExtensionType) \
         and not pa.types.is_null(arrow_type)
 
 

@@ -211,8 +211,8 @@ class Unischema:
 
     def as_spark_schema(self):
         """A pyspark ``StructType`` of the stored columns (imports pyspark)."""
-        from unihub.formats.spark import arrow_to_spark_type
         from unihub.dependencies import require
+        from unihub.formats.spark import arrow_to_spark_type
 
         types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")
         return types.StructType([

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from unihub.dependencies import require
 from unihub.errors import CodecError, SchemaError
 

@@ -26,7 +26,6 @@ from unihub.readers.plan import ReadTask, task_rows
 if TYPE_CHECKING:
     from unihub.readers.cache import Cache
     from unihub.readers.predicates import PredicateBase
-    from unihub.readers.transform import TransformSpec
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from unihub.formats import legacy
 from unihub.formats.legacy import (
     PETASTORM_ROW_GROUPS_KEY,
