@@ -35,6 +35,19 @@ from unihub.formats.parquet import ParquetStore, RowGroupInfo, open_dataset
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.formats.spark import dict_to_spark_row, materialize_dataset
 from unihub.formats.writer import WriteResult, write_dataset
+from unihub.readers.ngram import NGram
+from unihub.readers.predicates import (
+    PredicateBase,
+    in_intersection,
+    in_lambda,
+    in_negate,
+    in_pseudorandom_split,
+    in_reduce,
+    in_set,
+)
+from unihub.readers.random_access import Dataset
+from unihub.readers.reader import Reader, make_batch_reader, make_reader
+from unihub.readers.transform import TransformSpec
 
 __version__ = "0.1.0"
 
@@ -44,4 +57,6 @@ __all__ = [
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
+    "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
+    "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
 ]

@@ -1,10 +1,12 @@
 """Benchmark PNG and JPEG decoders (and encoders) for uint8 images.
 
-Run ``python benchmarks/image_decoders.py [--rows N]``. For each format
-(PNG, JPEG quality 90) and image shape (64x64x3, 256x256x3, 64x64 gray) it
-times every installed candidate decoding ``N`` encoded rows:
+Run ``python benchmarks/image_decoders.py [--rows N] [--format png|jpeg]``
+(about 40 s on 2 cores; needs opencv-python-headless, which writes the test
+files as Petastorm did; other candidates are timed when installed). For each
+format (PNG, JPEG quality 90) and image shape (64x64x3, 256x256x3, 64x64
+gray) it times every candidate decoding ``N`` encoded rows:
 
-- ``1 thread``: one loop in the main thread;
+- ``1 thread``: one loop in a pool worker thread, as in the reader;
 - ``2 threads``: the same rows split in two halves decoded by a
   ``ThreadPoolExecutor(2)``. A decoder that releases the GIL gets close to
   2x on two cores; one that holds it stays at ~1x.
@@ -12,8 +14,14 @@ times every installed candidate decoding ``N`` encoded rows:
 Every decoder produces RGB / gray channel order (OpenCV pays for its BGR->RGB
 swap), so the numbers compare what :mod:`unihub.formats.images` needs.
 Variants marked ``out=`` decode into a preallocated ``(n, H, W, C)`` column,
-the way a reader fills a whole batch. A second table times the encoders (one
-thread) and the encoded size, to choose the PNG compression level.
+the way a reader fills a whole batch; ``unihub decode_image`` is the chosen
+backend behind the module's own checks. A second table times the encoders
+(one thread) and the encoded size, to choose the PNG compression level.
+
+Each cell sums ``--layouts`` memory layouts (see :func:`bench_decoder`), each
+the best of ``--repeat`` timings. Other processes still skew the numbers:
+the script warns when the load average is high, and the 2-thread column
+needs both cores idle.
 
 The ``chosen`` column marks the backend :mod:`formats/images.py` uses. The
 images are smooth gradients plus mild noise: neither constant (which
@@ -258,13 +266,15 @@ def check_output(name: str, decode: Decode, blob: bytes, image: np.ndarray, loss
         raise SystemExit(f"{name} decodes wrongly (mean abs diff {diff:.2f})")
 
 
-def decode_table(rows: int, layouts: int, repeat: int, pool: ThreadPoolExecutor) -> list[str]:
+def decode_table(
+    formats: Sequence[str], rows: int, layouts: int, repeat: int, pool: ThreadPoolExecutor
+) -> list[str]:
     """Markdown rows for every (format, shape, decoder)."""
     lines = [
         "| format | size | decoder | rows/s 1 thread | rows/s 2 threads | 2T speedup | chosen |",
         "|---|---|---|---:|---:|---:|---|",
     ]
-    for fmt in ("png", "jpeg"):
+    for fmt in formats:
         for label, shape in SHAPES.items():
             images = [make_image(shape, seed) for seed in range(16)]
             blobs = [encode_reference(images[i % 16], fmt) for i in range(rows)]
@@ -349,13 +359,13 @@ def encoders(fmt: str, gray: bool) -> dict[str, Callable[[np.ndarray], bytes]]:
     return found
 
 
-def encode_table(rows: int, repeat: int) -> list[str]:
+def encode_table(formats: Sequence[str], rows: int, repeat: int) -> list[str]:
     """Markdown rows: encoder speed (one thread, best of ``repeat``) and mean encoded size."""
     lines = [
         "| format | size | encoder | rows/s 1 thread | mean bytes |",
         "|---|---|---|---:|---:|",
     ]
-    for fmt in ("png", "jpeg"):
+    for fmt in formats:
         for label, shape in SHAPES.items():
             images = [make_image(shape, seed) for seed in range(16)]
             for name, encode in encoders(fmt, len(shape) == 2).items():
@@ -375,8 +385,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=100, help="images decoded per timing")
     parser.add_argument("--layouts", type=int, default=5, help="memory layouts per decoder cell")
     parser.add_argument("--repeat", type=int, default=3, help="timings per layout, best kept")
+    parser.add_argument("--format", choices=["png", "jpeg"], help="only this format (default: both)")
     parser.add_argument("--no-encode", action="store_true", help="skip the encoder table")
     args = parser.parse_args(argv)
+    formats = [args.format] if args.format else ["png", "jpeg"]
     start = time.perf_counter()
     load = os.getloadavg()[0]
     if load > 0.5:
@@ -388,10 +400,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError:
         pass
     with ThreadPoolExecutor(2) as pool:
-        print("\n".join(decode_table(args.rows, args.layouts, args.repeat, pool)))
+        print("\n".join(decode_table(formats, args.rows, args.layouts, args.repeat, pool)))
     if not args.no_encode:
         print()
-        print("\n".join(encode_table(max(args.rows // 4, 16), args.repeat)))
+        print("\n".join(encode_table(formats, max(args.rows // 4, 16), args.repeat)))
     print(
         f"\n({time.perf_counter() - start:.0f} s; {args.rows} rows x {args.layouts} memory layouts "
         f"x best of {args.repeat} per decoder cell; {os.cpu_count()} CPUs; load average {load:.1f} at start, "

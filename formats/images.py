@@ -1,34 +1,40 @@
 """PNG and JPEG bytes <-> numpy arrays, decoded in worker threads without the GIL.
 
 Images stay encoded on disk (PNG lossless, JPEG with a quality) and are decoded
-here, usually straight into one ``(n, H, W, C)`` column array via ``out=``.
-Arrays are always RGB / RGBA / gray ``(H, W)``, never OpenCV's BGR, and EXIF
+here, usually straight into one row of an ``(n, H, W, C)`` column via ``out=``.
+Arrays are always RGB / RGBA / gray ``(H, W)``, never OpenCV's BGR; EXIF
 orientation is ignored (the stored pixel order is returned, as Petastorm did).
 
-Backends, chosen by ``benchmarks/image_decoders.py`` (2-core AMD EPYC, images
-of smooth gradients plus noise, PNG as OpenCV writes it, JPEG quality 90;
-rows/s, one thread):
+Backends, measured with ``benchmarks/image_decoders.py`` (2-core AMD EPYC VM;
+smooth gradients plus noise; PNG as OpenCV writes it, JPEG quality 90;
+rows/s in one thread for 64x64x3 / 256x256x3 / 64x64 gray):
 
-- **PNG: imagecodecs (libpng).** 64x64x3: 12.6k rows/s, 256x256x3: 1.07k,
-  64x64 gray: 25.7k; OpenCV is 5-15% slower and returns BGR, Pillow 20-50%
-  slower and keeps the GIL on grayscale, pyspng is as fast but keeps the GIL
-  (1.0x on two threads) and returns 16-bit gray as two channels, and
-  imagecodecs' own libspng rejects gray+alpha and 16-bit gray/RGB. libpng
-  decodes every PNG type (1-16 bit, palette, tRNS), decodes into ``out=``,
-  and scales 1.9-2.0x on two threads.
-- **JPEG: simplejpeg (libjpeg-turbo's TurboJPEG API).** 64x64x3: 50k,
-  256x256x3: 4.8-5.0k, 64x64 gray: 68k; imagecodecs' jpeg8 is within ~7% with
-  ``out=`` but up to 25% slower without it, OpenCV 20-40% slower, Pillow 2-6x
-  slower. The deciding difference is correctness: imagecodecs silences
-  libjpeg's warnings, so a truncated JPEG decodes "successfully" with its
-  missing rows filled grey, while simplejpeg (``strict``) raises. It is a
-  1 MB wheel; both scale 1.9-2.0x on two threads.
+- **PNG: imagecodecs (libpng)**, 12.7k / 1.07k / 25.2k, 1.9-2.0x on two
+  threads, into ``out=`` at the same speed. OpenCV is 4-14% slower and BGR,
+  imagecodecs' libspng 2-5% slower and rejects gray+alpha and 16-bit
+  gray / RGB, Pillow 20-55% slower and keeps the GIL on gray (1.2x). pyspng
+  is 3-5% faster in one thread but keeps the GIL (1.0x on two threads: half
+  libpng's throughput there) and returns 16-bit gray as two channels.
+- **JPEG: simplejpeg (libjpeg-turbo's TurboJPEG API)**, 48k / 4.8k / 65k,
+  into ``out=`` 41k / 4.75k / 61k; 2.0x on two threads at 256x256, 1.8-1.9x
+  at 64x64 on a quiet machine. It is 29% faster than imagecodecs' jpeg8 (the
+  same libjpeg-turbo) at 256x256x3 and 54% faster into ``out=`` at 64x64x3,
+  and jpeg8 silences libjpeg's warnings, so a truncated JPEG decodes without
+  error, its missing rows filled grey, where simplejpeg raises (``strict``).
+  OpenCV is 10-40% slower, Pillow 1.5-5x slower and mostly keeps the GIL.
+  simplejpeg is bit-exact with OpenCV's decode (same IDCT and upsampling).
 
-Encoding uses the same two libraries: PNG at zlib level 1 with the RLE
-strategy and the SUB filter (OpenCV's default) writes photographs 2.2x faster
-than level 1 with adaptive filters, 10% smaller, and they decode 20% faster;
-flat synthetic images compress worse with RLE but stay small. JPEG uses 4:2:0
-chroma subsampling, like OpenCV and Pillow.
+So two libraries rather than one: the JPEG gap is over 25% and the PNG
+alternatives are slower, incomplete or GIL-bound. This module's own checks
+(format sniffing, header parse, ``out`` shape) cost about 1 us per PNG and
+2-4 us per JPEG: 10-15% of a 64x64 JPEG decode, 2% at 256x256.
+
+Encoding uses the same two libraries. PNG is written with zlib level 1, the
+RLE strategy and the SUB filter (OpenCV's default): photographs encode 2.1x
+faster than level 1 with adaptive filters, 10% smaller, and decode 20%
+faster. Flat synthetic images (masks, smooth gradients) come out 1.2-26x
+larger than with zlib's default strategy, still far below raw size. JPEG uses
+4:2:0 chroma subsampling, like OpenCV and Pillow.
 
 Every function is stateless (each call makes its own libpng / TurboJPEG
 handle), so all of them are safe to call from many threads at once.
@@ -41,6 +47,8 @@ import struct
 import imagecodecs
 import numpy as np
 import simplejpeg
+
+from unihub.errors import ImageDecodeError
 
 __all__ = [
     "DECODER_NAME",
@@ -65,10 +73,6 @@ _JPEG_STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}  # RSTn, SOI, TEM: no l
 _PNG_LEVEL, _PNG_STRATEGY_RLE, _PNG_FILTER_SUB = 1, 3, 16
 
 Buffer = bytes | bytearray | memoryview
-
-
-class ImageDecodeError(ValueError):
-    """Bytes that are not a decodable PNG or JPEG, or that do not fit ``out``."""
 
 
 def detect_format(data: Buffer) -> str | None:
@@ -116,6 +120,8 @@ def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
     array([[7, 7, 7],
            [7, 7, 7]], dtype=uint8)
     """
+    if not isinstance(data, bytes):
+        data = _bytes_view(data)  # the backends want unsigned bytes; Arrow buffers are signed
     fmt = detect_format(data)
     if fmt == "png":
         return _decode_png(data, out)
@@ -237,9 +243,15 @@ def _copy_into(image: np.ndarray, out: np.ndarray, fmt: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- headers
+def _bytes_view(data: Buffer) -> memoryview:
+    """A flat unsigned-byte view of any contiguous buffer (bytearray, numpy, Arrow)."""
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def _png_header(data: Buffer) -> tuple[int, int, int, int] | None:
     """``(height, width, decoded channels, bit depth)`` from IHDR and the chunks before IDAT."""
-    view = data if isinstance(data, bytes) else memoryview(data).cast("B")
+    view = data if isinstance(data, bytes) else _bytes_view(data)
     if len(view) < 33 or view[12:16] != b"IHDR":
         return None
     width, height, depth, color_type = struct.unpack_from(">IIBB", view, 16)
@@ -260,7 +272,7 @@ def _png_header(data: Buffer) -> tuple[int, int, int, int] | None:
 
 def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:
     """``(height, width, components)`` from the SOF segment, walking the markers before it."""
-    view = data if isinstance(data, bytes) else memoryview(data).cast("B")
+    view = data if isinstance(data, bytes) else _bytes_view(data)
     pos, end = 2, len(view)
     while pos + 4 <= end:
         if view[pos] != 0xFF:

@@ -13,6 +13,7 @@ over ``do_include`` otherwise.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,12 @@ class PredicateBase:
                            dtype=bool, count=num_rows) if names else np.ones(num_rows, dtype=bool)
 
 
+def _check_predicate(predicate: Any) -> PredicateBase:
+    if not isinstance(predicate, PredicateBase):
+        raise SchemaError(f"expected a predicate (a PredicateBase such as in_set or in_lambda), got {predicate!r}")
+    return predicate
+
+
 def _check_field(name: Any) -> str:
     if not isinstance(name, str):
         raise SchemaError(f"a predicate field must be a field name, got {name!r}")
@@ -62,13 +69,23 @@ class in_set(PredicateBase):  # noqa: N801 - Petastorm's name
 
     def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
         column = columns[self._predicate_field]
-        if isinstance(column, np.ndarray) and column.dtype != object and column.ndim == 1:
-            wanted = [v for v in self._inclusion_values if v is not None]
-            try:
-                return np.isin(column, np.asarray(wanted, dtype=column.dtype) if wanted else np.empty(0, column.dtype))
-            except (TypeError, ValueError):
-                pass
+        if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "biuf":
+            wanted = _numeric_array(self._inclusion_values)
+            # compare as numbers; never cast the wanted values to the column's dtype (2.5 must not match 2)
+            if wanted is not None and (wanted.dtype.kind in "biu" or column.dtype.kind == "f"):
+                return np.isin(column, wanted)
         return super().evaluate(columns, num_rows)
+
+
+def _numeric_array(values: set[Any]) -> np.ndarray | None:
+    """``values`` as a numeric numpy array, or None when some value is not a plain number."""
+    if not all(isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)) for v in values):
+        return None
+    try:
+        array = np.asarray(list(values)) if values else np.empty(0, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return array if array.dtype.kind in "biuf" else None
 
 
 class in_intersection(PredicateBase):  # noqa: N801
@@ -120,7 +137,7 @@ class in_negate(PredicateBase):  # noqa: N801
     """Rows that ``predicate`` excludes."""
 
     def __init__(self, predicate: PredicateBase) -> None:
-        self._predicate = predicate
+        self._predicate = _check_predicate(predicate)
 
     def get_fields(self) -> set[str]:
         return self._predicate.get_fields()
@@ -136,7 +153,7 @@ class in_reduce(PredicateBase):  # noqa: N801
     """Combines predicates with ``reduce_func`` over their results, e.g. ``all`` or ``any``."""
 
     def __init__(self, predicate_list: Sequence[PredicateBase], reduce_func: Callable[[list[bool]], bool]) -> None:
-        self._predicate_list = list(predicate_list)
+        self._predicate_list = [_check_predicate(p) for p in predicate_list]
         self._reduce_func = reduce_func
 
     def get_fields(self) -> set[str]:
@@ -162,30 +179,50 @@ def _string_to_bucket(value: str, bucket_num: int) -> int:
     return int(hashlib.md5(value.encode("utf-8")).hexdigest(), 16) % bucket_num
 
 
-class in_pseudorandom_split(PredicateBase):  # noqa: N801
+class in_pseudorandom_split(PredicateBase):  # noqa: N801 - Petastorm's name
     """Deterministic split of rows into subsets by hashing ``predicate_field`` (Petastorm's md5 scheme).
 
     ``in_pseudorandom_split([0.8, 0.2], 0, "id")`` keeps the 80% subset; index 1 the rest.
+    The value's md5 (as an integer) modulo ``sys.maxsize`` falls in subset ``i`` when it lies in
+    ``[cdf[i-1], cdf[i]) * (sys.maxsize - 1)``, exactly as Petastorm computes it, so a split
+    made with Petastorm selects the same rows. Values are hashed as strings (bytes are decoded
+    as UTF-8, other values go through ``str``); each distinct value is hashed once per batch.
     """
 
-    _BUCKETS = 2 ** 32
-
     def __init__(self, fraction_list: Sequence[float], subset_index: int, predicate_field: str) -> None:
-        fractions = [float(f) for f in fraction_list]
+        fractions = [f.item() if isinstance(f, np.generic) else f for f in fraction_list]
+        if any(isinstance(f, bool) or not isinstance(f, (int, float, np.integer, np.floating)) for f in fractions):
+            raise SchemaError(f"fractions must be numbers, got {fractions}")
         if not 0 <= subset_index < len(fractions):
             raise SchemaError(f"subset_index {subset_index} is out of range for {len(fractions)} fractions")
         if any(f < 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
             raise SchemaError(f"fractions must be non-negative and sum to at most 1, got {fractions}")
         self._predicate_field = _check_field(predicate_field)
-        self._low = sum(fractions[:subset_index])
-        self._high = self._low + fractions[subset_index]
+        high_borders = [sum(fractions[:i + 1]) for i in range(len(fractions))]
+        low = high_borders[subset_index - 1] if subset_index else 0
+        self._bucket_low = low * (sys.maxsize - 1)
+        self._bucket_high = high_borders[subset_index] * (sys.maxsize - 1)
 
     def get_fields(self) -> set[str]:
         return {self._predicate_field}
 
-    def do_include(self, values: Mapping[str, Any]) -> bool:
-        value = values[self._predicate_field]
+    def _includes(self, value: Any) -> bool:
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        bucket = _string_to_bucket(str(value), self._BUCKETS)
-        return self._low * self._BUCKETS <= bucket < self._high * self._BUCKETS
+        bucket = _string_to_bucket(str(value), sys.maxsize)
+        return bool(self._bucket_low <= bucket < self._bucket_high)
+
+    def do_include(self, values: Mapping[str, Any]) -> bool:
+        if self._predicate_field not in values:
+            raise SchemaError(f"in_pseudorandom_split: the values lack the split field {self._predicate_field!r}")
+        return self._includes(values[self._predicate_field])
+
+    def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
+        column = columns[self._predicate_field]
+        if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iuUS":
+            uniques, inverse = np.unique(column, return_inverse=True)
+            # str(np.str_/np.int64) is the same text as str() of the Python value
+            keep = np.fromiter((self._includes(v.item() if isinstance(v, np.generic) else v) for v in uniques),
+                               dtype=bool, count=len(uniques))
+            return keep[inverse.reshape(-1)]
+        return super().evaluate(columns, num_rows)

@@ -5,12 +5,17 @@ As in Petastorm: ``TransformSpec(func, edit_fields, removed_fields, selected_fie
 ``func(pandas.DataFrame) -> DataFrame`` per batch (Petastorm's contract), or with
 ``TransformSpec(..., batch_format="numpy")`` ``func(dict of numpy columns) -> dict``.
 ``edit_fields`` adds or replaces fields (``UnischemaField`` or ``(name, dtype, shape,
-nullable)`` tuples), ``removed_fields`` drops them, ``selected_fields`` picks and orders
-the output.
+nullable)`` tuples, see :func:`edit_field`), ``removed_fields`` drops them, ``selected_fields``
+picks and orders the output (pass one of ``removed_fields`` and ``selected_fields``).
+
+The output schema follows Petastorm's ``transform_schema``: the fields kept in their order,
+then the edited fields in ``edit_fields`` order; names in ``removed_fields`` or
+``selected_fields`` that are not there are ignored with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +36,19 @@ class TransformSpec:
     selected_fields: Sequence[str] | None = None
     batch_format: Literal["pandas", "numpy"] = "pandas"
 
+    def __post_init__(self) -> None:
+        if self.removed_fields is not None and self.selected_fields is not None:
+            raise SchemaError("TransformSpec takes removed_fields or selected_fields, not both")
+        if self.batch_format not in ("pandas", "numpy"):
+            raise SchemaError(f"TransformSpec batch_format must be 'pandas' or 'numpy', got {self.batch_format!r}")
+        if self.func is not None and not callable(self.func):
+            raise SchemaError(f"TransformSpec func must be callable, got {self.func!r}")
+
+
+def edit_field(name: str, numpy_dtype: Any, shape: Sequence[int | None], nullable: bool = False) -> tuple[Any, ...]:
+    """An ``edit_fields`` entry: ``(name, numpy_dtype, shape, nullable)`` (Petastorm's helper)."""
+    return name, numpy_dtype, tuple(shape), nullable
+
 
 def _as_field(spec: Any) -> UnischemaField:
     if isinstance(spec, UnischemaField):
@@ -46,33 +64,35 @@ def transform_schema(schema: Unischema, spec: TransformSpec | None) -> Unischema
     """The schema of what the transform returns."""
     if spec is None:
         return schema
-    fields = dict(schema.fields)
-    for name in spec.removed_fields or ():
-        if name not in fields:
-            raise SchemaError(f"TransformSpec removes {name!r}, which is not among the read fields {list(fields)}")
-        del fields[name]
-    for edit in spec.edit_fields or ():
-        field = _as_field(edit)
-        fields[field.name] = field
+    removed = set(spec.removed_fields or ())
+    unknown = sorted(removed - set(schema.fields))
+    if unknown:
+        warnings.warn(f"TransformSpec removed_fields names {unknown}, which are not among the read fields "
+                      f"{list(schema.fields)}; they are ignored", stacklevel=3)
+    edits = [_as_field(edit) for edit in spec.edit_fields or ()]
+    excluded = removed | {f.name for f in edits}
+    fields = [f for f in schema if f.name not in excluded] + edits
     if spec.selected_fields is not None:
-        missing = [n for n in spec.selected_fields if n not in fields]
-        if missing:
-            raise SchemaError(f"TransformSpec selects {missing}, which the transform does not produce; "
-                              f"it produces {list(fields)}")
-        fields = {n: fields[n] for n in spec.selected_fields}
-    return Unischema(f"{schema.name}_transformed", list(fields.values()))
+        selected = list(spec.selected_fields)
+        unknown = sorted(set(selected) - {f.name for f in fields})
+        if unknown:
+            warnings.warn(f"TransformSpec selected_fields names {unknown}, which the transform does not produce "
+                          f"(it produces {[f.name for f in fields]}); they are ignored", stacklevel=3)
+        by_name = {f.name: f for f in fields}
+        fields = [by_name[n] for n in dict.fromkeys(selected) if n in by_name]
+    return Unischema(f"{schema.name}_transformed", fields)
 
 
 def apply_to_rows(spec: TransformSpec, out_schema: Unischema, columns: dict[str, Any], num_rows: int) -> dict[str, Any]:
     """Run ``spec.func`` on each row; collect the output fields into columns."""
+    if spec.func is None:
+        return _select(columns, out_schema)
     names = list(columns)
     outputs: dict[str, list[Any]] = {f: [] for f in out_schema.fields}
     for values in zip(*(columns[n] for n in names)) if names else ((),) * num_rows:
-        row = dict(zip(names, values))
-        if spec.func is not None:
-            row = spec.func(row)
-            if not isinstance(row, dict):
-                raise SchemaError(f"the transform function must return a dict, it returned {type(row).__name__}")
+        row = spec.func(dict(zip(names, values)))
+        if not isinstance(row, dict):
+            raise SchemaError(f"the transform function must return a dict, it returned {type(row).__name__}")
         for name in outputs:
             if name not in row:
                 raise SchemaError(f"the transform's output lacks field {name!r} (it returned {sorted(row)}); "
@@ -84,7 +104,7 @@ def apply_to_rows(spec: TransformSpec, out_schema: Unischema, columns: dict[str,
 def apply_to_batch(spec: TransformSpec, out_schema: Unischema, columns: dict[str, Any]) -> dict[str, Any]:
     """Run ``spec.func`` on a whole batch (pandas DataFrame or dict of numpy columns)."""
     if spec.func is None:
-        return {name: columns[name] for name in out_schema.fields}
+        return _select(columns, out_schema)
     if spec.batch_format == "numpy":
         result = spec.func(dict(columns))
         if not isinstance(result, dict):
@@ -103,6 +123,13 @@ def apply_to_batch(spec: TransformSpec, out_schema: Unischema, columns: dict[str
     if missing:
         raise SchemaError(f"the transform's output lacks fields {missing}")
     return {name: _stack(out_schema[name], result[name]) for name in out_schema.fields}
+
+
+def _select(columns: dict[str, Any], out_schema: Unischema) -> dict[str, Any]:
+    missing = [n for n in out_schema.fields if n not in columns]
+    if missing:
+        raise SchemaError(f"TransformSpec without func cannot produce the edited fields {missing}")
+    return {name: columns[name] for name in out_schema.fields}
 
 
 def _stack(field: UnischemaField, values: Any) -> Any:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
 from unihub.formats.images import (
     DECODER_NAME,
     ImageDecodeError,
@@ -290,11 +291,17 @@ def test_our_files_are_standard(shape: tuple[int, ...], fmt: str) -> None:
 
 
 # ----------------------------------------------------------- misc behaviour
-def test_detect_format_and_image_size_accept_memoryview() -> None:
-    data = encode_image(smooth_image((5, 9, 3)), "jpeg")
-    view = memoryview(bytearray(b"xx" + data))[2:]
-    assert detect_format(view) == "jpeg" and image_size(view) == (5, 9, 3)
-    assert decode_image(view).shape == (5, 9, 3)
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_any_byte_buffer_is_accepted(fmt: str) -> None:
+    """bytes, bytearray, memoryview slices, numpy arrays and Arrow buffers (signed bytes)."""
+    pa = pytest.importorskip("pyarrow")
+    data = encode_image(smooth_image((5, 9, 3)), fmt)
+    want = decode_image(data)
+    arrow = pa.array([b"xx", data], pa.binary())
+    for buffer in (bytearray(data), memoryview(b"xx" + data)[2:], np.frombuffer(data, np.uint8),
+                   pa.py_buffer(data), memoryview(pa.py_buffer(data)), arrow[1].as_buffer()):
+        assert detect_format(buffer) == fmt and image_size(buffer) == (5, 9, 3)
+        np.testing.assert_array_equal(decode_image(buffer), want)
 
 
 def test_encode_rejects_what_it_cannot_write() -> None:
