@@ -40,7 +40,75 @@ def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:
     """A pyarrow filesystem for a pyarrow or fsspec filesystem object."""
     if isinstance(filesystem, pafs.FileSystem):
         return filesystem
-    return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+    return pafs.PyFileSystem(_FSSpecHandler(filesystem))
+
+
+class _FSSpecHandler(pafs.FSSpecHandler):
+    """pyarrow's fsspec bridge, with directory moves and modification times that work on object stores.
+
+    ``fsspec``'s recursive ``mv`` of a directory on S3 also tries to copy the directory's own
+    (nonexistent) key and fails after copying the files; here the files are copied as one
+    batch and the source removed afterwards. s3fs and gcsfs report modification times as
+    ``LastModified`` / ``updated`` rather than ``mtime``; they are passed on to pyarrow.
+    An async fsspec filesystem (s3fs, gcsfs) refuses to run in a forked process (the process
+    pool forks), so a child re-creates it from its storage options on first use.
+    """
+
+    @property  # type: ignore[override]
+    def fs(self) -> Any:
+        if self._pid != os.getpid():
+            self._fs, self._pid = _reopen(self._fs), os.getpid()
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self._fs, self._pid = value, os.getpid()
+
+    def move(self, src: str, dest: str) -> None:
+        if _is_local(self.fs) or not self.fs.isdir(src):
+            super().move(src, dest)
+            return
+        root = self.fs._strip_protocol(src).rstrip("/")
+        sources = [p for p in self.fs.find(root) if p.startswith(root + "/")]
+        targets = [f"{dest.rstrip('/')}/{p[len(root) + 1:]}" for p in sources]
+        if sources:
+            self.fs.copy(sources, targets)
+        self.fs.rm(root, recursive=True)
+        self.fs.invalidate_cache()
+
+    @staticmethod
+    def _create_file_info(path: str, info: dict[str, Any]) -> pafs.FileInfo:
+        found = pafs.FSSpecHandler._create_file_info(path, info)
+        if found.type != pafs.FileType.File or found.mtime is not None:
+            return found
+        mtime = next((info[k] for k in ("LastModified", "last_modified", "updated", "mtime") if info.get(k)), None)
+        if isinstance(mtime, str):
+            mtime = _parse_time(mtime)
+        if mtime is None:
+            return found
+        return pafs.FileInfo(path, found.type, size=found.size, mtime=mtime)
+
+
+def _reopen(fs: Any) -> Any:
+    """A fresh instance of an fsspec filesystem in this process (sync ones are reused as they are)."""
+    if not getattr(fs, "async_impl", False):
+        return fs
+    make, args = fs.__reduce__()[:2]  # fsspec: (make_instance, (cls, storage_args, storage_options))
+    return make(*args)
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+def _parse_time(text: str) -> Any:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def strip_scheme(url: str, *, keep_netloc: bool = True) -> str:
@@ -64,3 +132,19 @@ def exists(fs: pafs.FileSystem, path: str) -> bool:
 
 def is_dir(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def move(fs: pafs.FileSystem, src: str, dest: str) -> None:
+    """Rename ``src`` (a file or directory) to ``dest``.
+
+    pyarrow's S3 and GCS filesystems move only single objects, so a directory there is
+    moved object by object (copy, then delete; not atomic on an object store).
+    """
+    if fs.type_name not in ("s3", "gcs") or not is_dir(fs, src):
+        fs.move(src, dest)
+        return
+    root = src.rstrip("/")
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if entry.type == pafs.FileType.File:
+            fs.copy_file(entry.path, join(dest, entry.path[len(root):]))
+    fs.delete_dir(root)

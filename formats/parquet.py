@@ -60,6 +60,7 @@ class FileInfo:
     num_row_groups: int
     size_bytes: int
     partition: tuple[tuple[str, str], ...] = ()
+    mtime_ns: int | None = None  # when the filesystem reports it (the local-disk cache keys on it)
 
 
 @dataclass
@@ -77,6 +78,8 @@ class ParquetStore:
     schema_source: SchemaSource
     partition_names: tuple[str, ...] = ()
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
+    #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
+    _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -99,7 +102,8 @@ class ParquetStore:
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         try:
             with self.filesystem.open_input_file(info.path) as handle:
-                table = pq.ParquetFile(handle).read_row_group(info.row_group, columns=stored)
+                parquet_file = pq.ParquetFile(handle, metadata=self._footers.get(info.path))
+                table = parquet_file.read_row_group(info.row_group, columns=stored)
         except (OSError, pa.ArrowInvalid) as exc:
             raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
         return self._add_partitions(table, info.partition, columns)
@@ -142,7 +146,7 @@ def open_dataset(url: str | os.PathLike[str], *, filesystem: Any = None,
         raise DatasetNotFoundError(f"{url}: no such file or directory")
     if info.type == pafs.FileType.File:
         paths, common = [root], None
-        sizes = {root: info.size}
+        sizes = {root: info}
         base = os.path.dirname(root)
     else:
         sizes = _list_data_files(fs, root)
@@ -165,18 +169,18 @@ def open_dataset(url: str | os.PathLike[str], *, filesystem: Any = None,
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
-                        partition_names=names, _offsets=offsets)
+                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)))
 
 
-def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, int]:
-    """Data file path -> size; names starting with '_' or '.' (metadata, CRCs) are skipped."""
+def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    """Data file path -> its listing entry; names starting with '_' or '.' (metadata, CRCs) are skipped."""
     selector = pafs.FileSelector(root, recursive=True)
     paths = {}
     for entry in fs.get_file_info(selector):
         rel = entry.path[len(root):].lstrip("/")
         if entry.type != pafs.FileType.File or any(part.startswith(("_", ".")) for part in rel.split("/")):
             continue
-        paths[entry.path] = entry.size
+        paths[entry.path] = entry
     return paths
 
 
@@ -239,11 +243,13 @@ def _check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expecte
 
 
 def _index(paths: list[str], footers: list[pq.FileMetaData], partitions: list[tuple[tuple[str, str], ...]],
-           sizes: dict[str, int]) -> tuple[list[FileInfo], list[RowGroupInfo], np.ndarray]:
+           sizes: dict[str, pafs.FileInfo]) -> tuple[list[FileInfo], list[RowGroupInfo], np.ndarray]:
     files, groups = [], []
     first = 0
     for path, footer, partition in zip(paths, footers, partitions):
-        files.append(FileInfo(path, footer.num_rows, footer.num_row_groups, sizes.get(path, 0), partition))
+        entry = sizes.get(path)
+        files.append(FileInfo(path, footer.num_rows, footer.num_row_groups, (entry.size or 0) if entry else 0, partition,
+                              entry.mtime_ns if entry else None))
         for i in range(footer.num_row_groups):
             rg = footer.row_group(i)
             groups.append(RowGroupInfo(len(groups), path, i, rg.num_rows, first, rg.total_byte_size, partition))

@@ -117,12 +117,12 @@ def _commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
     old = None
     if fsutil.exists(fs, target):
         old = _temporary_sibling(target).replace("unihub-tmp", "unihub-old")
-        fs.move(target, old)
+        fsutil.move(fs, target, old)
     try:
-        fs.move(temporary, target)
+        fsutil.move(fs, temporary, target)
     except BaseException:
         if old is not None:
-            fs.move(old, target)
+            fsutil.move(fs, old, target)
         raise
     if old is not None:
         _remove(fs, old)

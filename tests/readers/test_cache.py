@@ -1,0 +1,400 @@
+"""The local-disk cache: hits instead of store reads, identical values, eviction, corruption, pools.
+
+Store reads are counted by wrapping ``ParquetStore.read_row_group`` so that each call appends
+a line to a file: the count is right for the thread pool and for forked worker processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+    UnihubError,
+    Unischema,
+    UnischemaField,
+    in_lambda,
+    open_dataset,
+    write_dataset,
+)
+from unihub.formats.parquet import ParquetStore
+from unihub.readers.cache import make_cache
+from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
+from unihub.readers.reader import make_batch_reader, make_reader
+
+N = 60
+SCHEMA = Unischema("CacheTest", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
+    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
+])
+MB = 2**20
+
+
+def make_row(i: int, salt: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(i + 1000 * salt)
+    return {"id": i, "name": f"row-{i}-{salt}", "score": None if i % 5 == 0 else float(np.float32(i / 3 + salt)),
+            "vec": rng.random(3, dtype=np.float32), "boxes": rng.random((i % 3, 4), dtype=np.float32),
+            "emb": rng.standard_normal(2)}
+
+
+def write(path: Path, n: int = N, salt: int = 0, **options: Any) -> Path:
+    write_dataset(path, SCHEMA, (make_row(i, salt) for i in range(n)), row_group_size_mb=0.001, rows_per_file=20,
+                  **options)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    path = write(tmp_path_factory.mktemp("cache") / "ds")
+    assert len(open_dataset(path).row_groups) >= 10, "the tests need many row groups"
+    return path
+
+
+@pytest.fixture
+def store_reads(monkeypatch, tmp_path) -> Callable[[], int]:
+    """``store_reads()``: how many row-group reads reached the store (any thread or forked process)."""
+    log = tmp_path / "store-reads.log"
+    log.touch()
+    original = ParquetStore.read_row_group
+
+    def counting(self: ParquetStore, index: int, columns: Any = None) -> pa.Table:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, f"{index}\n".encode())
+        finally:
+            os.close(fd)
+        return original(self, index, columns)
+
+    monkeypatch.setattr(ParquetStore, "read_row_group", counting)
+    return lambda: len(log.read_text().split())
+
+
+def cache_args(location: Path, limit: int = 64 * MB, **settings: Any) -> dict[str, Any]:
+    return {"cache_type": "local-disk", "cache_location": str(location), "cache_size_limit": limit,
+            "cache_extra_settings": settings or None}
+
+
+def rows_by_id(reader: Any) -> dict[int, Any]:
+    with reader:
+        return {int(row.id): row for row in reader}
+
+
+def assert_rows_equal(found: dict[int, Any], expected: dict[int, Any]) -> None:
+    assert sorted(found) == sorted(expected)
+    for i, row in expected.items():
+        other = found[i]
+        assert row._fields == other._fields
+        for name in row._fields:
+            a, b = getattr(row, name), getattr(other, name)
+            if isinstance(a, np.ndarray):
+                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{i}.{name}"
+                assert a.tobytes() == b.tobytes(), f"row {i}.{name}"
+            else:
+                assert type(a) is type(b) and (a == b or (a is None and b is None)), f"row {i}.{name}: {a!r} {b!r}"
+
+
+def entries(location: Path) -> list[Path]:
+    return sorted(location.glob("*.arrow"))
+
+
+def directory_bytes(location: Path) -> int:
+    return sum(p.stat().st_size for p in location.iterdir() if p.is_file())
+
+
+# -- hits -------------------------------------------------------------------------------------------
+def test_second_epoch_is_served_from_the_cache(dataset, tmp_path, store_reads):
+    groups = len(open_dataset(dataset).row_groups)
+    reader = make_reader(dataset, reader_pool_type="dummy", num_epochs=2, shuffle_row_groups=False,
+                         **cache_args(tmp_path / "cache"))
+    with reader:
+        first = [next(reader) for _ in range(N)]
+        assert store_reads() == groups
+        second = list(reader)
+    assert store_reads() == groups, "the second epoch read the store"
+    assert len(entries(tmp_path / "cache")) == groups
+    assert_rows_equal({int(r.id): r for r in second}, {int(r.id): r for r in first})
+
+    again = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "cache")))  # a new reader, the same cache
+    assert store_reads() == groups
+    assert_rows_equal(again, {int(r.id): r for r in first})
+
+
+@pytest.mark.parametrize("settings", [{}, {"compression": "lz4"}, {"compression": "zstd"}])
+def test_values_are_identical_with_and_without_the_cache(dataset, tmp_path, store_reads, settings):
+    def batches(**options: Any) -> dict[str, np.ndarray]:
+        with make_batch_reader(dataset, shuffle_row_groups=False, **options) as reader:
+            found = list(reader)
+        return {name: np.concatenate([getattr(b, name) for b in found]) for name in ("id", "vec", "score")}
+
+    plain, plain_batches = rows_by_id(make_reader(dataset)), batches()
+    cold = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "cache", **settings)))
+    reads = store_reads()
+    warm = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "cache", **settings)))
+    warm_batches = batches(**cache_args(tmp_path / "cache", **settings))
+    assert store_reads() == reads
+    assert_rows_equal(cold, plain)
+    assert_rows_equal(warm, plain)
+    for name, values in warm_batches.items():
+        np.testing.assert_array_equal(values, plain_batches[name])
+
+
+def test_cached_table_equals_the_stored_one(dataset, tmp_path):
+    store = open_dataset(dataset)
+    cache = LocalDiskCache(tmp_path / "cache", 64 * MB)
+    columns = ["vec", "id", "name"]
+    for _ in range(2):
+        table = cache.get_row_group(store, 3, columns)
+        expected = store.read_row_group(3, columns)
+        assert table.column_names == columns
+        assert table.equals(expected) and table.schema.equals(expected.schema, check_metadata=True)
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.writes) == (1, 1, 1)
+
+
+def test_column_selections_do_not_collide(dataset, tmp_path, store_reads):
+    store = open_dataset(dataset)
+    cache = LocalDiskCache(tmp_path / "cache", 64 * MB)
+    only_id = cache.get_row_group(store, 0, ["id"])
+    two = cache.get_row_group(store, 0, ["vec", "id"])
+    assert only_id.column_names == ["id"] and two.column_names == ["vec", "id"]
+    assert store_reads() == 2 and len(entries(tmp_path / "cache")) == 2
+    swapped = cache.get_row_group(store, 0, ["id", "vec"])  # the same selection in another order: a hit
+    assert swapped.column_names == ["id", "vec"] and swapped.equals(two.select(["id", "vec"]))
+    assert store_reads() == 2
+    other_group = cache.get_row_group(store, 1, ["id"])
+    assert other_group.column("id").to_pylist() != only_id.column("id").to_pylist()
+
+    ids = rows_by_id(make_reader(dataset, schema_fields=["id"], **cache_args(tmp_path / "cache2")))
+    full = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "cache2")))
+    assert set(ids) == set(full) == set(range(N))
+    assert all(row._fields == ("id",) for row in ids.values())
+    assert_rows_equal(full, rows_by_id(make_reader(dataset)))
+
+
+def test_predicate_reads_are_cached_too(dataset, tmp_path, store_reads):
+    predicate = in_lambda(["id"], lambda i: i % 3 == 0)
+    expected = rows_by_id(make_reader(dataset, predicate=predicate))
+    reads = store_reads()
+    cold = rows_by_id(make_reader(dataset, predicate=predicate, **cache_args(tmp_path / "cache")))
+    after_cold = store_reads()
+    warm = rows_by_id(make_reader(dataset, predicate=predicate, **cache_args(tmp_path / "cache")))
+    assert store_reads() == after_cold > reads
+    assert_rows_equal(cold, expected)
+    assert_rows_equal(warm, expected)
+
+
+def test_rewritten_dataset_is_not_served_stale(tmp_path, store_reads):
+    path = write(tmp_path / "ds", 20)
+    before = rows_by_id(make_reader(path, **cache_args(tmp_path / "cache")))
+    write(path, 20, salt=1, overwrite=True)
+    after = rows_by_id(make_reader(path, **cache_args(tmp_path / "cache")))
+    assert after[1].name == "row-1-1" and before[1].name == "row-1-0"
+    assert_rows_equal(after, rows_by_id(make_reader(path)))
+
+
+# -- eviction ---------------------------------------------------------------------------------------
+def test_eviction_keeps_the_directory_under_the_limit(dataset, tmp_path, store_reads):
+    store = open_dataset(dataset)
+    location = tmp_path / "cache"
+    probe = LocalDiskCache(tmp_path / "probe", 64 * MB)
+    probe.get_row_group(store, 0, list(SCHEMA.fields))
+    entry_size = probe.volume()
+    limit = int(entry_size * 3.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        reader_rows = rows_by_id(make_reader(dataset, num_epochs=2, **cache_args(location, limit)))
+    assert set(reader_rows) == set(range(N))
+    assert 0 < directory_bytes(location) <= limit
+    assert 1 <= len(entries(location)) <= 3
+    assert not list(location.glob(".*.tmp"))
+
+
+def test_eviction_is_least_recently_used(dataset, tmp_path):
+    store = open_dataset(dataset)
+    columns = ["id", "vec"]
+    probe = LocalDiskCache(tmp_path / "probe", MB)
+    for g in range(4):
+        probe.get_row_group(store, g, columns)
+    assert len({p.stat().st_size for p in entries(tmp_path / "probe")}) == 1, "the test needs equal row groups"
+    probe = LocalDiskCache(tmp_path / "probe2", MB)
+    probe.get_row_group(store, 0, columns)
+    cache = LocalDiskCache(tmp_path / "cache", int(probe.volume() * 3.5))
+    names = {}
+    for g in (0, 1, 2):
+        cache.get_row_group(store, g, columns)
+        names[g] = set(p.name for p in entries(tmp_path / "cache")) - set().union(*names.values())
+    cache.get_row_group(store, 0, columns)  # a hit: 0 is now the most recently used
+    cache.get_row_group(store, 3, columns)  # evicts 1, the least recently used
+    left = {p.name for p in entries(tmp_path / "cache")}
+    names[3] = left - names[0] - names[2]
+    assert names[0] <= left and names[2] <= left and not names[1] & left and len(names[3]) == 1
+    assert cache.stats.evictions == 1
+
+    stored = LocalDiskCache(tmp_path / "lrs", int(probe.volume() * 3.5), eviction_policy="least-recently-stored")
+    for g in (0, 1, 2, 0, 3):  # the hit on 0 does not count: 0 is the least recently stored
+        stored.get_row_group(store, g, columns)
+    assert {p.name for p in entries(tmp_path / "lrs")} == names[1] | names[2] | names[3]
+    assert stored.stats.hits == 1
+
+    none = LocalDiskCache(tmp_path / "none", int(probe.volume() * 3.5), eviction_policy="none")
+    for g in (0, 1, 2, 3, 0, 3):
+        none.get_row_group(store, g, columns)
+    assert len(entries(tmp_path / "none")) == 3 and none.stats.evictions == 0 and none.stats.hits == 1
+
+
+def test_entry_larger_than_the_limit_is_not_stored(dataset, tmp_path, store_reads):
+    rows = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "cache", limit=64)))
+    assert set(rows) == set(range(N))
+    assert entries(tmp_path / "cache") == []
+
+
+# -- damaged entries --------------------------------------------------------------------------------
+def test_corrupt_or_partial_entries_are_read_again(dataset, tmp_path, store_reads):
+    location = tmp_path / "cache"
+    expected = rows_by_id(make_reader(dataset, **cache_args(location)))
+    files = entries(location)
+    reads = store_reads()
+    damaged = files[:4]
+    data = damaged[0].read_bytes()
+    damaged[0].write_bytes(data[: len(data) // 2])  # truncated: no footer
+    damaged[1].write_bytes(b"")  # empty
+    damaged[2].write_bytes(os.urandom(len(data)))  # garbage
+    damaged[3].write_bytes(files[4].read_bytes())  # a valid entry under another entry's name
+    again = rows_by_id(make_reader(dataset, **cache_args(location)))
+    assert_rows_equal(again, expected)
+    assert store_reads() == reads + 4
+    assert entries(location) == files  # rewritten
+    rows_by_id(make_reader(dataset, **cache_args(location)))
+    assert store_reads() == reads + 4
+
+
+def test_unwritable_entries_warn_and_read_on(dataset, tmp_path, store_reads, monkeypatch):
+    import pyarrow.ipc
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pyarrow.ipc, "new_file", fail)
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        rows = rows_by_id(make_reader(dataset, reader_pool_type="dummy", **cache_args(tmp_path / "cache")))
+    assert set(rows) == set(range(N))
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name != ".lock"] == []
+
+
+# -- pools and processes ----------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_pools_fill_and_hit_the_cache(dataset, tmp_path, store_reads, pool):
+    groups = len(open_dataset(dataset).row_groups)
+    location = tmp_path / "cache"
+    expected = rows_by_id(make_reader(dataset))
+    base = store_reads()
+    cold = rows_by_id(make_reader(dataset, reader_pool_type=pool, workers_count=3, **cache_args(location)))
+    assert store_reads() - base == groups
+    warm = rows_by_id(make_reader(dataset, reader_pool_type=pool, workers_count=3, **cache_args(location)))
+    assert store_reads() - base == groups
+    assert_rows_equal(cold, expected)
+    assert_rows_equal(warm, expected)
+    assert len(entries(location)) == groups and not list(location.glob(".*.tmp"))
+
+
+def test_process_pool_under_eviction_pressure(dataset, tmp_path):
+    location = tmp_path / "cache"
+    store = open_dataset(dataset)
+    probe = LocalDiskCache(tmp_path / "probe", 64 * MB)
+    probe.get_row_group(store, 0, list(SCHEMA.fields))
+    limit = int(probe.volume() * 4.5)
+    expected = rows_by_id(make_reader(dataset))
+    with make_reader(dataset, reader_pool_type="process", workers_count=3, num_epochs=3,
+                     **cache_args(location, limit)) as reader:
+        rows = list(reader)
+    assert len(rows) == 3 * N
+    assert_rows_equal({int(r.id): r for r in rows[-N:]}, expected)
+    assert 0 < directory_bytes(location) <= limit
+
+
+def _hammer(location: str, dataset: str, limit: int, seed: int) -> list[int]:
+    store = open_dataset(dataset)
+    cache = LocalDiskCache(location, limit)
+    order = np.random.default_rng(seed).permutation(len(store.row_groups) * 3) % len(store.row_groups)
+    out = []
+    for g in order:
+        table = cache.get_row_group(store, int(g), ["id", "vec"])
+        assert table.column("id").to_pylist() == store.read_row_group(int(g), ["id"]).column("id").to_pylist()
+        out.append(int(g))
+    return out
+
+
+def test_concurrent_processes_share_one_directory(dataset, tmp_path):
+    location = tmp_path / "cache"
+    store = open_dataset(dataset)
+    probe = LocalDiskCache(tmp_path / "probe", 64 * MB)
+    probe.get_row_group(store, 0, ["id", "vec"])
+    limit = int(probe.volume() * 5.5)
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with context.Pool(4) as pool:
+        results = pool.starmap(_hammer, [(str(location), str(dataset), limit, seed) for seed in range(4)])
+    assert all(len(r) == 3 * len(store.row_groups) for r in results)
+    assert 0 < directory_bytes(location) <= limit
+    assert not list(location.glob(".*.tmp"))
+
+
+# -- configuration ----------------------------------------------------------------------------------
+def test_cache_location_is_required(dataset):
+    with pytest.raises(CacheConfigError, match="cache_location") as info:
+        make_reader(dataset, cache_type="local-disk", cache_size_limit=MB)
+    assert isinstance(info.value, UnihubError) and isinstance(info.value, ValueError)
+    with pytest.raises(CacheConfigError, match="cache_size_limit"):
+        make_cache("local-disk", "/tmp/unused-cache", None)
+    with pytest.raises(CacheConfigError, match="local directory"):
+        LocalDiskCache("s3://bucket/cache", MB)
+    with pytest.raises(CacheConfigError, match="unknown cache_extra_settings"):
+        LocalDiskCache("/tmp/unused-cache", MB, colour="blue")
+    with pytest.raises(CacheConfigError, match="compression"):
+        LocalDiskCache("/tmp/unused-cache", MB, compression="gzip")
+    with pytest.raises(CacheConfigError, match="5 rows"):
+        LocalDiskCache("/tmp/unused-cache", 100, 50)
+
+
+def test_petastorm_arguments_are_accepted(dataset, tmp_path):
+    reader = make_reader(dataset, cache_type="local-disk", cache_location=str(tmp_path / "c"), cache_size_limit=MB,
+                         cache_row_size_estimate=100, cache_extra_settings={"shards": 6, "cleanup": True})
+    assert len(rows_by_id(reader)) == N
+    cache = make_cache("local-disk", f"file://{tmp_path / 'c2'}", MB, None, {"shards": 2})
+    assert isinstance(cache, LocalDiskCache) and cache.location == str(tmp_path / "c2")
+
+
+def test_cleanup_removes_the_cache(dataset, tmp_path):
+    cache = LocalDiskCache(tmp_path / "cache", 64 * MB)
+    cache.get_row_group(open_dataset(dataset), 0, ["id"])
+    cache.cleanup()
+    assert not (tmp_path / "cache").exists()
+    cache.cleanup()  # twice is fine
+
+    (tmp_path / "notes.txt").write_text("not the cache's")  # a directory shared with other files
+    shared = LocalDiskCache(tmp_path, 64 * MB)
+    shared.get_row_group(open_dataset(dataset), 0, ["id"])
+    assert entries(tmp_path)
+    shared.cleanup()
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_cache_is_picklable(tmp_path):
+    import pickle
+
+    cache = pickle.loads(pickle.dumps(LocalDiskCache(tmp_path / "cache", MB, compression="lz4")))
+    assert cache.location == str(tmp_path / "cache") and cache.compression == "lz4"
+

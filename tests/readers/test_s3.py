@@ -1,0 +1,219 @@
+"""S3 end to end against moto's server: write, open, inspect and read through fsspec/s3fs and
+through pyarrow's own S3 filesystem; the local-disk cache makes a second epoch read nothing remote.
+
+The server (``s3_server`` in conftest.py) logs every request, so "no remote reads" is
+checked where it matters: no GET of an object reached the server.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("moto")
+pytest.importorskip("boto3")
+
+from unihub import (  # noqa: E402
+    DatasetNotFoundError,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    open_dataset,
+    write_dataset,
+)
+from unihub.cli import main  # noqa: E402
+from unihub.readers.reader import make_batch_reader, make_reader  # noqa: E402
+
+N = 40
+SCHEMA = Unischema("S3Test", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
+    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
+])
+WRITE_OPTIONS = {"row_group_size_mb": 0.001, "rows_per_file": 15}
+FILESYSTEMS = ["fsspec", "pyarrow"]
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {"id": i, "name": f"row-{i}", "score": None if i % 5 == 0 else float(np.float32(i / 3)),
+            "vec": rng.random(3, dtype=np.float32), "boxes": rng.random((i % 3, 4), dtype=np.float32),
+            "emb": rng.standard_normal(2)}
+
+
+def access(s3_server: Any, kind: str) -> dict[str, Any]:
+    """``storage_options=`` (fsspec) or ``filesystem=`` (pyarrow) for the server."""
+    if kind == "fsspec":
+        pytest.importorskip("s3fs")
+        return {"storage_options": s3_server.storage_options()}
+    try:
+        return {"filesystem": s3_server.pyarrow_filesystem()}
+    except ImportError:
+        pytest.skip("this pyarrow build has no S3 support")
+
+
+def rows_by_id(reader: Any) -> dict[int, Any]:
+    with reader:
+        return {int(row.id): row for row in reader}
+
+
+def assert_rows_equal(found: dict[int, Any], expected: dict[int, Any]) -> None:
+    assert sorted(found) == sorted(expected)
+    for i, row in expected.items():
+        other = found[i]
+        assert row._fields == other._fields
+        for name in row._fields:
+            a, b = getattr(row, name), getattr(other, name)
+            if isinstance(a, np.ndarray):
+                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{i}.{name}"
+                assert a.tobytes() == b.tobytes(), f"row {i}.{name}"
+            else:
+                assert type(a) is type(b) and (a == b or (a is None and b is None)), f"row {i}.{name}: {a!r} {b!r}"
+
+
+@pytest.fixture(scope="module")
+def local_dataset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("s3-local") / "ds"
+    write_dataset(path, SCHEMA, (make_row(i) for i in range(N)), **WRITE_OPTIONS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_rows(local_dataset) -> dict[int, Any]:
+    return rows_by_id(make_reader(local_dataset))
+
+
+@pytest.fixture(scope="module")
+def s3_url(s3_server, local_dataset) -> str:
+    """The local dataset uploaded object by object with boto3."""
+    prefix = f"uploaded-{uuid.uuid4().hex[:8]}"
+    client = s3_server.client()
+    for path in sorted(local_dataset.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(local_dataset).as_posix()}")
+    return f"s3://{s3_server.bucket}/{prefix}"
+
+
+def object_keys(s3_server: Any, prefix: str) -> list[str]:
+    found = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", [])
+    return sorted(entry["Key"] for entry in found)
+
+
+# -- reading ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_make_reader_on_s3_equals_the_local_read(s3_server, s3_url, local_rows, kind):
+    assert_rows_equal(rows_by_id(make_reader(s3_url, workers_count=4, **access(s3_server, kind))), local_rows)
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_make_batch_reader_on_s3_equals_the_local_read(s3_server, s3_url, local_dataset, kind):
+    def columns(url: Any, **options: Any) -> dict[str, np.ndarray]:
+        with make_batch_reader(url, shuffle_row_groups=False, **options) as reader:
+            batches = list(reader)
+        return {name: np.concatenate([getattr(b, name) for b in batches]) for name in ("id", "vec", "score")}
+
+    expected = columns(local_dataset)
+    for name, values in columns(s3_url, **access(s3_server, kind)).items():
+        np.testing.assert_array_equal(values, expected[name])
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_open_dataset_on_s3(s3_server, s3_url, local_dataset, kind):
+    store = open_dataset(s3_url, **access(s3_server, kind))
+    local = open_dataset(local_dataset)
+    assert store.schema == local.schema and store.schema_source == "unihub"
+    assert store.num_rows == N and len(store.row_groups) == len(local.row_groups) > 3
+    assert [f.size_bytes for f in store.files] == [f.size_bytes for f in local.files]
+
+
+def test_inspect_on_s3(s3_server, s3_url, capsys, monkeypatch):
+    url = f"{s3_url}?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    assert main(["inspect", url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == N and info["schema_name"] == "S3Test" and info["files"] == 3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)  # the AWS SDK's own setting
+    assert main(["inspect", s3_url]) == 0
+    assert "S3Test" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_missing_bucket_or_key_is_dataset_not_found(s3_server, kind):
+    for url in (f"s3://{s3_server.bucket}/no-such-dataset", "s3://no-such-bucket/ds"):
+        with pytest.raises(DatasetNotFoundError, match=url):
+            open_dataset(url, **access(s3_server, kind))
+        with pytest.raises(DatasetNotFoundError, match=url):
+            make_reader(url, **access(s3_server, kind))
+
+
+def test_inspect_missing_dataset_is_one_line(s3_server, capsys):
+    url = f"s3://{s3_server.bucket}/no-such-dataset?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    assert main(["inspect", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("unihub: error:") and "no-such-dataset" in err and err.count("\n") == 1
+
+
+# -- writing ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_write_dataset_to_s3(s3_server, local_rows, kind):
+    prefix = f"written-{kind}-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{s3_server.bucket}/{prefix}"
+    result = write_dataset(url, SCHEMA, (make_row(i) for i in range(N)), **WRITE_OPTIONS, **access(s3_server, kind))
+    assert result.num_rows == N
+    keys = object_keys(s3_server, prefix)
+    assert f"{prefix}/_common_metadata" in keys and len([k for k in keys if k.endswith(".parquet")]) == 3
+    assert not object_keys(s3_server, f".{prefix}"), "the temporary sibling was left behind"
+    assert_rows_equal(rows_by_id(make_reader(url, **access(s3_server, kind))), local_rows)
+
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(5)), overwrite=True, **access(s3_server, kind))
+    assert open_dataset(url, **access(s3_server, kind)).num_rows == 5
+    assert not object_keys(s3_server, f".{prefix}")
+
+
+# -- the local-disk cache over S3 -------------------------------------------------------------------
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_cache_second_epoch_makes_no_remote_reads(s3_server, s3_url, local_rows, tmp_path, kind):
+    key_prefix = s3_url[len("s3://"):]
+    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26}
+    reader = make_reader(s3_url, reader_pool_type="dummy", num_epochs=2, shuffle_row_groups=False, **cache,
+                         **access(s3_server, kind))
+    s3_server.requests.clear()
+    with reader:
+        first = {int(row.id): row for row in (next(reader) for _ in range(N))}
+        assert s3_server.requests.object_reads(key_prefix), "the first epoch should read S3"
+        s3_server.requests.clear()
+        second = {int(row.id): row for row in reader}
+    assert s3_server.requests.object_reads(key_prefix) == [], "the second epoch read S3"
+    assert_rows_equal(first, local_rows)
+    assert_rows_equal(second, local_rows)
+
+    reader = make_reader(s3_url, workers_count=4, **cache, **access(s3_server, kind))  # a new reader, warm cache
+    s3_server.requests.clear()
+    assert_rows_equal(rows_by_id(reader), local_rows)
+    assert s3_server.requests.object_reads(key_prefix) == []
+
+
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+def test_cache_with_process_pool_on_s3(s3_server, s3_url, local_rows, tmp_path, kind):
+    """The pool forks: s3fs refuses a forked instance (re-created from its options), the AWS SDK is re-used."""
+    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26}
+    options = access(s3_server, kind)
+    key_prefix = s3_url[len("s3://"):]
+    cold = rows_by_id(make_reader(s3_url, reader_pool_type="process", workers_count=2, **cache, **options))
+    reader = make_reader(s3_url, reader_pool_type="process", workers_count=2, **cache, **options)
+    s3_server.requests.clear()
+    warm = rows_by_id(reader)
+    assert s3_server.requests.object_reads(key_prefix) == []
+    assert_rows_equal(cold, local_rows)
+    assert_rows_equal(warm, local_rows)
