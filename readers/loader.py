@@ -9,6 +9,7 @@ ordered mapping of column name to a numpy array with one entry per row.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats.codecs import CompressedImageCodec, column_as_array
-from unihub.formats.parquet import ParquetStore
+from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.readers.plan import ReadTask, task_rows
 
@@ -92,7 +93,10 @@ class RowGroupLoader:
         decoded: dict[str, Any] = {}
         if pre_columns:
             pre = take_rows(self._read(task.row_group, pre_columns), rows)
-            keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
+            try:
+                keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
+            except CodecError as exc:
+                raise _located(exc, info, rows) from exc
             idx = np.flatnonzero(keep)
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
@@ -108,8 +112,7 @@ class RowGroupLoader:
             try:
                 columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images)
             except CodecError as exc:
-                raise CodecError(f"{info.path}, row group {info.row_group}: {exc}", field=exc.field,
-                                 row=exc.row) from exc
+                raise _located(exc, info, rows) from exc
         batch = Batch(columns, num_rows, task.row_group)
         self.stats.tasks += 1
         self.stats.rows_kept += num_rows
@@ -147,6 +150,25 @@ class RowGroupLoader:
             if name not in wanted:
                 del decoded[name]
         return keep
+
+
+def _located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> CodecError:
+    """``exc`` with its file and row group named and its row counted inside the row group.
+
+    A codec counts rows in the batch it decoded, which ``rows`` (shuffled, sliced or
+    filtered) took from the row group; the message and ``.row`` give the stored row instead.
+    """
+    where = f"{info.path}, row group {info.row_group}"
+    message, row = str(exc), exc.row
+    if row is not None:
+        local = int(rows[row]) if rows is not None and 0 <= row < len(rows) else row
+        message = re.sub(rf"\brow {row}\b", f"row {local}", message, count=1)
+        where += f" (row {info.first_row + local} of the dataset)"
+        row = local
+    try:
+        return type(exc)(f"{where}: {message}", field=exc.field, row=row)
+    except TypeError:  # a subclass with another signature
+        return CodecError(f"{where}: {message}", field=exc.field, row=row)
 
 
 def _evaluate_expression(table: pa.Table, expression: pc.Expression) -> pa.Array:

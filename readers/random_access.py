@@ -50,7 +50,10 @@ class Dataset:
 
     def take(self, indices: Sequence[int] | np.ndarray) -> Any:
         """A batch (namedtuple of column arrays) holding rows ``indices`` in the order given."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        raw = np.asarray(indices)
+        if raw.size and raw.dtype.kind not in "iu":  # 1.5 or True would silently become a row number
+            raise TypeError(f"row indices must be integers, got {raw.dtype} values")
+        idx = raw.astype(np.int64).ravel()
         n = self.store.num_rows
         idx = np.where(idx < 0, idx + n, idx)
         bad = idx[(idx < 0) | (idx >= n)]

@@ -19,7 +19,7 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 from unihub.errors import UnihubError
@@ -83,7 +83,12 @@ class Pool:
                     break
             while self._pending and not self._stopped:
                 future = self._pending.popleft()
-                result = future.result()
+                try:
+                    result = future.result()
+                except CancelledError:
+                    if self._stopped:  # stop() from another thread cancelled the task we waited for
+                        return
+                    raise
                 if not self._stopped:
                     for task in task_iter:
                         self._pending.append(submit(task))
@@ -102,7 +107,7 @@ class Pool:
     def stop(self) -> None:
         """Cancel tasks not yet started and release the workers (does not wait for running ones)."""
         self._stopped = True
-        for future in self._pending:
+        for future in list(self._pending):  # a snapshot: the consumer may be popping in another thread
             future.cancel()
         self._pending.clear()
         if self._executor is not None:

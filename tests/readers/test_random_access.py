@@ -1,0 +1,166 @@
+"""Random access by global row index: ``Dataset(url).take([...])``, ``ds[i]``, ``len(ds)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    CompressedImageCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    open_dataset,
+    write_dataset,
+)
+from unihub.readers.random_access import Dataset
+from unihub.readers.reader import make_reader
+
+N = 90
+SCHEMA = Unischema("RandomAccess", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
+    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
+    UnischemaField("image", np.uint8, (6, 5, 3), CompressedImageCodec("png"), False),
+])
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(1000 + i)
+    return {
+        "id": i,
+        "name": f"r{i}",
+        "score": None if i % 4 == 1 else float(np.float32(i * 1.5)),
+        "vec": rng.random(3, dtype=np.float32),
+        "boxes": rng.random((i % 4, 4), dtype=np.float32),
+        "emb": rng.standard_normal(2),
+        "image": rng.integers(0, 256, (6, 5, 3), dtype=np.uint8),
+    }
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("random_access") / "ds"
+    write_dataset(path, SCHEMA, (make_row(i) for i in range(N)), row_group_size_mb=0.002, rows_per_file=25)
+    store = open_dataset(path)
+    assert len(store.row_groups) >= 15 and len(store.files) == 4
+    return path
+
+
+@pytest.fixture(scope="module")
+def reader_rows(dataset) -> list[Any]:
+    """Every row as make_reader delivers it, in dataset order."""
+    with make_reader(dataset, shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    assert [int(r.id) for r in rows] == list(range(N))
+    return rows
+
+
+def assert_same(found: Any, expected: Any, where: str) -> None:
+    if expected is None:
+        assert found is None, where
+    elif isinstance(expected, np.ndarray):
+        assert isinstance(found, np.ndarray), where
+        assert found.dtype == expected.dtype and found.shape == expected.shape, where
+        assert found.tobytes() == expected.tobytes(), where
+    else:
+        assert type(found) is type(expected) and found == expected, f"{where}: {found!r} != {expected!r}"
+
+
+def column_item(batch: Any, name: str, k: int) -> Any:
+    return getattr(batch, name)[k]
+
+
+INDEX_LISTS = [
+    [0],
+    [N - 1, 0],
+    [5, 4, 3, 2, 1, 0],
+    [17, 17, 3, 17, 3],  # duplicates
+    [-1, -N, -2, 10],  # negative indices
+    [88, 1, 45, 24, 25, 26, 50, 0, 75, 74],  # across files and row-group boundaries
+    list(range(N))[::-1],
+]
+
+
+@pytest.mark.parametrize("indices", INDEX_LISTS)
+def test_take_returns_requested_rows_in_order(dataset, reader_rows, indices):
+    ds = Dataset(dataset)
+    batch = ds.take(indices)
+    assert batch._fields == tuple(SCHEMA.fields)
+    wanted = [i % N for i in indices]
+    assert batch.id.tolist() == wanted
+    for k, i in enumerate(wanted):
+        for name in SCHEMA.fields:
+            assert_same(column_item(batch, name, k), getattr(reader_rows[i], name), f"take[{k}] = row {i}.{name}")
+
+
+def test_take_accepts_numpy_indices(dataset):
+    ds = Dataset(dataset)
+    indices = np.array([30, 2, 2, 61], dtype=np.int32)
+    assert ds.take(indices).id.tolist() == [30, 2, 2, 61]
+
+
+def test_fixed_shape_columns_come_back_stacked(dataset):
+    batch = Dataset(dataset).take([3, 60, 9])
+    assert batch.vec.shape == (3, 3) and batch.vec.dtype == np.float32
+    assert batch.image.shape == (3, 6, 5, 3) and batch.image.dtype == np.uint8
+    assert batch.emb.shape == (3, 2)
+
+
+def test_getitem_and_len(dataset, reader_rows):
+    ds = Dataset(dataset)
+    assert len(ds) == N
+    for i in (0, 1, 24, 25, 44, N - 1, -1, -N):
+        row = ds[i]
+        assert row._fields == tuple(SCHEMA.fields)
+        expected = reader_rows[i % N]
+        for name in SCHEMA.fields:
+            assert_same(getattr(row, name), getattr(expected, name), f"ds[{i}].{name}")
+
+
+@pytest.mark.parametrize("bad", [[N], [0, N + 5], [-N - 1], [10**9]])
+def test_out_of_range_is_an_index_error(dataset, bad):
+    ds = Dataset(dataset)
+    with pytest.raises(IndexError, match=str(N)):
+        ds.take(bad)
+    with pytest.raises(IndexError):
+        ds[bad[-1]]
+
+
+@pytest.mark.parametrize("bad", [[1.5], [0, 2.0], [True, False], ["3"]])
+def test_non_integer_indices_are_refused(dataset, bad):
+    with pytest.raises(TypeError, match="integers"):
+        Dataset(dataset).take(bad)
+
+
+def test_schema_fields_and_decode_images(dataset, reader_rows):
+    ds = Dataset(dataset, schema_fields=["id", "image"], decode_images=False)
+    assert tuple(ds.schema.fields) == ("id", "image")
+    batch = ds.take([7, 2])
+    assert batch._fields == ("id", "image")
+    assert batch.id.tolist() == [7, 2]
+    assert all(isinstance(b, bytes) and b.startswith(b"\x89PNG") for b in batch.image)
+    decoded = Dataset(dataset, schema_fields=["im.*"]).take([7])
+    assert decoded._fields == ("image",)
+    assert np.array_equal(decoded.image[0], reader_rows[7].image)
+
+
+def test_neighbouring_lookups_reuse_row_groups(dataset, reader_rows):
+    ds = Dataset(dataset, cached_row_groups=2)
+    for i in list(range(0, N, 3)) + list(range(N - 1, 0, -7)):
+        assert int(ds[i].id) == i
+        assert_same(ds[i].boxes, reader_rows[i].boxes, f"row {i}")
+
+
+def test_empty_take(dataset):
+    batch = Dataset(dataset).take([])
+    assert len(batch.id) == 0

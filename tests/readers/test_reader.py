@@ -1,0 +1,824 @@
+"""make_reader / make_batch_reader: values, epochs, order, exact resume, shards, lifecycle, errors.
+
+Datasets are written into a temporary directory with tiny row groups (4 rows) and several
+files, so every read crosses many row groups and files. Values are compared bit-exactly
+with the rows that were written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    CodecError,
+    CompressedImageCodec,
+    DatasetNotFoundError,
+    FormatError,
+    NdarrayCodec,
+    ScalarCodec,
+    SchemaError,
+    TensorCodec,
+    UnihubError,
+    Unischema,
+    UnischemaField,
+    open_dataset,
+    write_dataset,
+)
+from unihub.formats.images import decode_image
+from unihub.readers.plan import PlanError
+from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+POOLS = ["thread", "process", "dummy"]
+N = 150  # rows of the main dataset: 38 row groups of <= 4 rows in 4 files
+
+SCHEMA = Unischema("ReaderTest", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
+    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
+    UnischemaField("image", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False),
+])
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {
+        "id": i,
+        "name": f"row-{i}",
+        "score": None if i % 5 == 0 else float(np.float32(i / 3)),
+        "vec": rng.random(3, dtype=np.float32),
+        "boxes": rng.random((i % 3, 4), dtype=np.float32),
+        "emb": rng.standard_normal(2),
+        "image": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
+    }
+
+
+def write(path: Path, n: int, *, rows_per_file: int = 40, **options: Any) -> Path:
+    write_dataset(path, SCHEMA, (make_row(i) for i in range(n)), row_group_size_mb=0.002,
+                  rows_per_file=rows_per_file, **options)
+    return path
+
+
+def assert_row_equal(row: Any, expected: dict[str, Any]) -> None:
+    where = f"row {expected['id']}"
+    for name in row._fields:
+        found, want = getattr(row, name), expected[name]
+        if want is None:
+            assert found is None, f"{where}.{name}: {found!r} is not None"
+        elif isinstance(want, np.ndarray):
+            assert isinstance(found, np.ndarray), f"{where}.{name}: {type(found)}"
+            assert found.dtype == want.dtype and found.shape == want.shape, f"{where}.{name}"
+            assert found.tobytes() == want.tobytes(), f"{where}.{name}: values differ"
+        else:
+            field = SCHEMA[name]
+            if field.dtype != object and field.numpy_dtype is not np.str_:
+                assert np.asarray(found).dtype == field.dtype, f"{where}.{name}: {type(found)}"
+                assert np.asarray(found).tobytes() == np.asarray(want, dtype=field.dtype).tobytes(), where
+            assert found == want, f"{where}.{name}: {found!r} != {want!r}"
+
+
+def ids_of(reader: Any) -> list[int]:
+    return [int(row.id) for row in reader]
+
+
+def batch_ids(reader: Any) -> list[list[int]]:
+    return [batch.id.tolist() for batch in reader]
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a daemon thread; fail (not hang) if it takes longer than ``seconds``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"did not finish within {seconds} s (hang?)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def worker_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("unihub-worker")}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    path = write(tmp_path_factory.mktemp("reader") / "ds", N)
+    store = open_dataset(path)
+    assert len(store.row_groups) >= 30 and len(store.files) >= 4, "the tests need many row groups"
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write(tmp_path_factory.mktemp("tiny") / "ds", 30, rows_per_file=12)
+
+
+@pytest.fixture(scope="module")
+def expected_rows() -> list[dict[str, Any]]:
+    return [make_row(i) for i in range(N)]
+
+
+# -- values and epochs ----------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", POOLS)
+def test_rows_are_decoded_bit_exactly_in_natural_order(dataset, expected_rows, pool):
+    with make_reader(dataset, shuffle_row_groups=False, reader_pool_type=pool, workers_count=2) as reader:
+        rows = list(reader)
+    assert [int(r.id) for r in rows] == list(range(N))
+    assert type(rows[0]).__name__.startswith("ReaderTest")
+    assert rows[0]._fields == tuple(SCHEMA.fields)
+    for row in rows:
+        assert_row_equal(row, expected_rows[int(row.id)])
+
+
+def test_shuffled_epoch_has_every_row_once(dataset, expected_rows):
+    with make_reader(dataset, shuffle_row_groups=True, shuffle_rows=True, seed=3) as reader:
+        rows = list(reader)
+    ids = [int(r.id) for r in rows]
+    assert sorted(ids) == list(range(N))
+    assert ids != list(range(N))
+    for row in rows[::7]:
+        assert_row_equal(row, expected_rows[int(row.id)])
+
+
+def test_three_epochs(dataset):
+    with make_reader(dataset, num_epochs=3, seed=1, shuffle_rows=True) as reader:
+        ids = ids_of(reader)
+    assert len(ids) == 3 * N
+    for epoch in range(3):
+        assert sorted(ids[epoch * N:(epoch + 1) * N]) == list(range(N)), f"epoch {epoch}"
+    assert ids[:N] != ids[N:2 * N], "each epoch is shuffled anew"
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_num_epochs_none_keeps_going(dataset, pool):
+    def take() -> list[int]:
+        reader = make_reader(dataset, num_epochs=None, reader_pool_type=pool, workers_count=2, seed=0,
+                             schema_fields=["id"])
+        ids = [int(row.id) for row in itertools.islice(reader, 4 * N + 7)]
+        reader.stop()
+        reader.join()
+        return ids
+
+    ids = within(30, take)
+    assert len(ids) == 4 * N + 7
+    assert Counter(ids[:4 * N]) == Counter({i: 4 for i in range(N)})
+
+
+def test_bad_num_epochs(dataset):
+    for bad in (0, -1, 1.5):
+        with pytest.raises(UnihubError, match="num_epochs"):
+            make_reader(dataset, num_epochs=bad)
+
+
+# -- field selection --------------------------------------------------------------------------------
+@pytest.mark.parametrize("schema_fields, names", [
+    (["id", "vec"], ("id", "vec")),
+    (["vec", "id"], ("id", "vec")),
+    ("name", ("name",)),
+    ([r"^(id|e.*)$"], ("id", "emb")),
+    (["v.c", "image"], ("vec", "image")),
+    ([SCHEMA["boxes"], SCHEMA["id"]], ("id", "boxes")),
+    ([SCHEMA["score"], "na.*"], ("name", "score")),  # a regex matches the whole name, as in Petastorm
+])
+def test_schema_fields(dataset, expected_rows, schema_fields, names):
+    with make_reader(dataset, schema_fields=schema_fields, shuffle_row_groups=False) as reader:
+        assert tuple(reader.schema.fields) == names
+        rows = list(reader)
+    assert len(rows) == N
+    assert set(rows[0]._fields) == set(names)
+    for index in range(0, N, 11):  # natural order: position == id
+        assert_row_equal(rows[index], expected_rows[index])
+
+
+def test_missing_field_is_a_schema_error(dataset):
+    with pytest.raises(SchemaError, match="nope"):
+        make_reader(dataset, schema_fields=["id", "nope"])
+    with pytest.raises(SchemaError):
+        make_batch_reader(dataset, schema_fields=["^zzz.*"])
+
+
+# -- reliability and order --------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", POOLS)
+def test_repeated_reads_always_give_every_row(tiny, pool):
+    counts = []
+    for i in range(50):
+        with make_reader(tiny, reader_pool_type=pool, workers_count=2, schema_fields=["id"], seed=i) as reader:
+            counts.append(sum(1 for _ in reader))
+    assert counts == [30] * 50
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_order_does_not_depend_on_pool_or_workers(dataset, batched):
+    options = dict(shuffle_row_groups=True, shuffle_rows=True, seed=42, num_epochs=2, schema_fields=["id", "vec"],
+                   shuffle_row_drop_partitions=2)
+    make = make_batch_reader if batched else make_reader
+    orders = {}
+    for pool, workers in [("dummy", 1), ("thread", 1), ("thread", 2), ("thread", 4), ("process", 1),
+                          ("process", 2), ("process", 4)]:
+        with make(dataset, reader_pool_type=pool, workers_count=workers, **options) as reader:
+            orders[pool, workers] = batch_ids(reader) if batched else ids_of(reader)
+    reference = orders["dummy", 1]
+    for key, order in orders.items():
+        assert order == reference, f"{key} delivered another order"
+    flat = list(itertools.chain.from_iterable(reference)) if batched else reference
+    assert sorted(flat) == sorted(list(range(N)) * 2)
+    with make(dataset, **{**options, "seed": 43}) as reader:
+        assert (batch_ids(reader) if batched else ids_of(reader)) != reference
+
+
+def test_seed_none_still_reads_everything(dataset):
+    with make_reader(dataset, seed=None, shuffle_rows=True, schema_fields=["id"]) as reader:
+        assert sorted(ids_of(reader)) == list(range(N))
+
+
+# -- exact resume -----------------------------------------------------------------------------------
+RESUME_OPTIONS = dict(shuffle_row_groups=True, shuffle_rows=True, seed=5, num_epochs=2, schema_fields=["id", "vec"])
+
+
+def cut_points(dataset: Path) -> dict[str, int]:
+    """Positions to cut at: first row, mid row group, row-group boundary, epoch boundary, second epoch."""
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        offsets = []
+        for _ in range(2 * N):
+            next(reader)
+            offsets.append(reader.state_dict()["offset"])
+    boundary = next(k + 1 for k, o in enumerate(offsets) if o == 0 and k + 1 > 5)
+    middle = next(k + 1 for k, o in enumerate(offsets) if o != 0 and k + 1 > boundary)
+    second_epoch_mid = next(k + 1 for k, o in enumerate(offsets) if o != 0 and k + 1 > N + 10)
+    return {"start": 0, "first row": 1, "mid row group": middle, "row-group boundary": boundary,
+            "epoch boundary": N, "one past epoch": N + 1, "second epoch": second_epoch_mid,
+            "last row": 2 * N - 1, "end": 2 * N}
+
+
+@pytest.fixture(scope="module")
+def full_order(dataset) -> list[int]:
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        order = ids_of(reader)
+    assert sorted(order) == sorted(list(range(N)) * 2)
+    return order
+
+
+@pytest.mark.parametrize("how", ["resume_from", "load_state_dict", "json"])
+@pytest.mark.parametrize("cut", ["start", "first row", "mid row group", "row-group boundary", "epoch boundary",
+                                 "one past epoch", "second epoch", "last row", "end"])
+def test_exact_resume(dataset, full_order, cut, how):
+    k = cut_points(dataset)[cut]
+    with make_reader(dataset, **RESUME_OPTIONS) as first:
+        delivered = [int(next(first).id) for _ in range(k)]
+        state = first.state_dict()
+    assert delivered == full_order[:k]
+    if how == "json":
+        state = json.loads(json.dumps(state))
+    if how == "load_state_dict":
+        second = make_reader(dataset, **RESUME_OPTIONS)
+        second.load_state_dict(state)
+    else:
+        second = make_reader(dataset, resume_from=state, **RESUME_OPTIONS)
+    with second:
+        rest = ids_of(second)
+    assert rest == full_order[k:], f"resume at {cut} ({k})"
+
+
+@pytest.mark.parametrize("pool, workers", [("process", 2), ("dummy", 1), ("thread", 4)])
+def test_resume_in_another_pool_type(dataset, full_order, pool, workers):
+    k = cut_points(dataset)["mid row group"] + N
+    with make_reader(dataset, reader_pool_type="thread", workers_count=3, **RESUME_OPTIONS) as first:
+        for _ in range(k):
+            next(first)
+        state = first.state_dict()
+    with make_reader(dataset, reader_pool_type=pool, workers_count=workers, resume_from=state,
+                     **RESUME_OPTIONS) as second:
+        assert ids_of(second) == full_order[k:]
+
+
+def test_resume_with_a_random_seed(dataset):
+    options = dict(RESUME_OPTIONS, seed=None)
+    with make_reader(dataset, **options) as first:
+        head = [int(next(first).id) for _ in range(N + 9)]
+        state = first.state_dict()
+        rest = ids_of(first)
+    with make_reader(dataset, resume_from=state, **options) as second:
+        assert ids_of(second) == rest
+    assert sorted(head + rest) == sorted(list(range(N)) * 2)
+
+
+def test_load_state_dict_rewinds_a_running_reader(dataset, full_order):
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        for _ in range(17):
+            next(reader)
+        state = reader.state_dict()
+        for _ in range(40):
+            next(reader)
+        reader.load_state_dict(state)
+        assert ids_of(reader) == full_order[17:]
+
+
+def test_state_dict_is_small_and_json_able(dataset):
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        next(reader)
+        state = reader.state_dict()
+    assert len(json.dumps(state)) < 500
+
+
+@pytest.mark.parametrize("cut_batches", [0, 1, 7, 20, 37, 38, 39, 60, 76])
+def test_exact_resume_of_batch_reader(dataset, cut_batches):
+    options = dict(RESUME_OPTIONS, shuffle_row_drop_partitions=2)
+    with make_batch_reader(dataset, **options) as reader:
+        full = batch_ids(reader)
+    assert sorted(itertools.chain.from_iterable(full)) == sorted(list(range(N)) * 2)
+    assert cut_batches <= len(full)
+    with make_batch_reader(dataset, **options) as first:
+        for _ in range(cut_batches):
+            next(first)
+        state = first.state_dict()
+    with make_batch_reader(dataset, resume_from=state, **options) as second:
+        assert batch_ids(second) == full[cut_batches:]
+
+
+def test_state_of_another_dataset_or_options_is_refused(dataset, tmp_path):
+    other = write(tmp_path / "other", 90)
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        for _ in range(10):
+            next(reader)
+        state = reader.state_dict()
+    with pytest.raises(ReaderStateError):
+        make_reader(other, resume_from=state, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=state, **{**RESUME_OPTIONS, "shuffle_rows": False})
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=state, **{**RESUME_OPTIONS, "num_epochs": 3})
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=state, cur_shard=0, shard_count=2, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError):
+        make_batch_reader(dataset, resume_from=state, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError, match="version"):
+        make_reader(dataset, resume_from={**state, "version": 99}, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError, match="offset"):
+        make_reader(dataset, resume_from={k: v for k, v in state.items() if k != "offset"}, **RESUME_OPTIONS)
+    assert issubclass(ReaderStateError, UnihubError)
+
+
+def test_refused_state_leaves_the_reader_unchanged(dataset, full_order):
+    with make_reader(dataset, **{**RESUME_OPTIONS, "shuffle_rows": False, "seed": 9}) as foreign:
+        next(foreign)
+        state = foreign.state_dict()
+    reader = make_reader(dataset, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError):
+        reader.load_state_dict(state)
+    with reader:
+        assert ids_of(reader) == full_order
+
+
+# -- sharding ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+@pytest.mark.parametrize("ranks", [3, 4, 7])
+def test_row_shards_are_equal_and_cover_every_row(dataset, remainder, ranks):
+    per_rank = -(-N // ranks) if remainder == "pad" else N // ranks
+    union: list[int] = []
+    for rank in range(ranks):
+        with make_reader(dataset, cur_shard=rank, shard_count=ranks, shard_by="row", shard_remainder=remainder,
+                         schema_fields=["id"], seed=2, shuffle_rows=True) as reader:
+            ids = ids_of(reader)
+            assert len(reader) == per_rank
+        assert len(ids) == per_rank, f"rank {rank}"
+        union += ids
+    if remainder == "pad":
+        assert set(union) == set(range(N))
+    else:
+        assert len(set(union)) == len(union) == per_rank * ranks
+
+
+def test_row_group_shards_are_disjoint_and_cover_every_row(dataset):
+    union: list[int] = []
+    for rank in range(3):
+        with make_reader(dataset, cur_shard=rank, shard_count=3, schema_fields=["id"], seed=1) as reader:
+            union += ids_of(reader)
+    assert sorted(union) == list(range(N))
+
+
+def test_more_shards_than_row_groups(tiny):
+    count = len(open_dataset(tiny).row_groups) + 3
+    lengths = set()
+    union = set()
+    for rank in range(count):
+        with make_reader(tiny, cur_shard=rank, shard_count=count, schema_fields=["id"], seed=0) as reader:
+            ids = ids_of(reader)
+        lengths.add(len(ids))
+        union |= set(ids)
+    assert lengths == {-(-30 // count)}
+    assert union == set(range(30))
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(cur_shard=3, shard_count=3), ["cur_shard", "3"]),
+    (dict(cur_shard=0), ["shard_count"]),
+    (dict(cur_shard=0, shard_count=0), ["shard_count"]),
+])
+def test_bad_shard_options(dataset, options, words):
+    with pytest.raises(PlanError) as info:
+        make_reader(dataset, **options)
+    for word in words:
+        assert word in str(info.value)
+
+
+# -- lifecycle --------------------------------------------------------------------------------------
+def test_reset_starts_over(dataset):
+    with make_reader(dataset, seed=4, shuffle_rows=True, schema_fields=["id"]) as reader:
+        first = [int(next(reader).id) for _ in range(23)]
+        reader.reset()
+        again = ids_of(reader)
+        reader.reset()
+        third = ids_of(reader)
+    assert again[:23] == first
+    assert sorted(again) == list(range(N))
+    assert third == again
+
+
+def test_len(dataset):
+    with make_reader(dataset, num_epochs=3) as reader:
+        assert len(reader) == 3 * N
+    with make_reader(dataset, cur_shard=1, shard_count=4, shard_by="row", shard_remainder="drop") as reader:
+        assert len(reader) == N // 4 == len(list(reader))
+    with make_batch_reader(dataset, num_epochs=2) as reader:
+        assert len(reader) == len(list(reader)) == 2 * len(open_dataset(dataset).row_groups)
+    with make_reader(dataset, num_epochs=None) as reader:
+        with pytest.raises(TypeError):
+            len(reader)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_stop_mid_epoch_is_prompt_and_workers_exit(dataset, pool):
+    before = worker_threads()
+
+    def run() -> float:
+        reader = make_reader(dataset, reader_pool_type=pool, workers_count=3, num_epochs=None)
+        for _ in range(10):
+            next(reader)
+        started = time.monotonic()
+        reader.stop()
+        reader.join()
+        return time.monotonic() - started
+
+    assert within(20, run) < 5
+    assert not (worker_threads() - before), "worker threads outlived join()"
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_stop_from_another_thread_ends_iteration_and_keeps_the_position(dataset, full_order, pool):
+    reader = make_reader(dataset, reader_pool_type=pool, workers_count=2, **RESUME_OPTIONS)
+    delivered: list[int] = []
+
+    def consume() -> None:
+        for row in reader:
+            delivered.append(int(row.id))
+            time.sleep(0.001)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    while len(delivered) < 30:
+        time.sleep(0.005)
+    reader.stop()
+    consumer.join(10)
+    assert not consumer.is_alive(), "the consumer did not end after stop()"
+    assert 30 <= len(delivered) < 2 * N
+    assert delivered == full_order[:len(delivered)]
+    with pytest.raises(StopIteration):
+        next(reader)
+    state = reader.state_dict()
+    reader.join()
+    with make_reader(dataset, resume_from=state, **RESUME_OPTIONS) as resumed:
+        assert ids_of(resumed) == full_order[len(delivered):]
+
+
+def test_a_stopped_reader_stays_stopped_until_reset(dataset):
+    reader = make_reader(dataset, schema_fields=["id"], seed=0)
+    first = [int(next(reader).id) for _ in range(5)]
+    reader.stop()
+    with pytest.raises(StopIteration):
+        next(reader)
+    assert list(reader) == []
+    reader.reset()
+    again = ids_of(reader)
+    reader.join()
+    assert again[:5] == first and sorted(again) == list(range(N))
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_context_manager_stops_workers(dataset, pool):
+    before = worker_threads()
+
+    def run() -> int:
+        with make_reader(dataset, reader_pool_type=pool, workers_count=3, num_epochs=None) as reader:
+            return int(next(reader).id) + int(next(reader).id)
+
+    within(20, run)
+    assert not (worker_threads() - before)
+
+
+def test_diagnostics(dataset):
+    with make_reader(dataset, workers_count=2, schema_fields=["id"]) as reader:
+        next(reader)
+        info = reader.diagnostics
+    assert info["items_delivered"] == 1
+    assert info["row_groups"] == len(open_dataset(dataset).row_groups)
+
+
+# -- errors from workers ----------------------------------------------------------------------------
+CORRUPT_ROW = 13
+
+
+@pytest.fixture(scope="module")
+def corrupt_dataset(tmp_path_factory) -> Path:
+    def rows():
+        for i in range(40):
+            row = make_row(i)
+            if i == CORRUPT_ROW:  # a PNG signature followed by garbage
+                row["image"] = b"\x89PNG\r\n\x1a\n" + b"garbage" * 10
+            yield row
+
+    path = tmp_path_factory.mktemp("corrupt") / "ds"
+    write_dataset(path, SCHEMA, rows(), row_group_size_mb=0.002, rows_per_file=20)
+    return path
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("shuffle_rows", [False, True])
+def test_corrupt_image_raises_codec_error_naming_field_and_row(corrupt_dataset, pool, shuffle_rows):
+    store = open_dataset(corrupt_dataset)
+    info, local = store.row_group_of(CORRUPT_ROW)
+    before = worker_threads()
+    delivered: list[int] = []
+
+    def run() -> CodecError:
+        with make_reader(corrupt_dataset, reader_pool_type=pool, workers_count=2, shuffle_row_groups=False,
+                         shuffle_rows=shuffle_rows, num_epochs=None) as reader:
+            with pytest.raises(CodecError) as caught:
+                for row in reader:
+                    delivered.append(int(row.id))
+            return caught.value
+
+    error = within(20, run)
+    assert error.field == "image"
+    assert error.row == local, "the row index inside its row group"
+    message = str(error)
+    assert "'image'" in message
+    assert Path(info.path).name in message
+    assert re.search(rf"\brow {local}\b", message), message
+    assert f"row group {info.row_group}" in message
+    assert str(CORRUPT_ROW) in message, "the dataset row"
+    assert error.__cause__ is not None, "the worker's original error and traceback are chained"
+    assert CORRUPT_ROW not in delivered
+    assert len(delivered) <= info.first_row
+    assert not (worker_threads() - before)
+
+
+def test_corrupt_image_with_decode_images_false_is_read(corrupt_dataset):
+    with make_reader(corrupt_dataset, schema_fields=["id", "image"], decode_images=False,
+                     shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    assert rows[CORRUPT_ROW].image.startswith(b"\x89PNG")
+
+
+def test_decode_images_false_yields_png_bytes(dataset, expected_rows):
+    with make_reader(dataset, schema_fields=["id", "image"], decode_images=False, shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    for row in rows[:10]:
+        assert isinstance(row.image, bytes) and row.image[:8] == b"\x89PNG\r\n\x1a\n"
+        assert np.array_equal(decode_image(row.image), expected_rows[int(row.id)]["image"])
+
+
+# -- other stores -----------------------------------------------------------------------------------
+def test_batch_reader_reads_plain_parquet_fixture():
+    root = FIXTURES / "plain"
+    files = sorted(root.glob("*.parquet"))
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    with make_batch_reader(root, shuffle_row_groups=False) as reader:
+        batches = list(reader)
+    assert tuple(reader.schema.fields) == tuple(table.column_names)
+    assert sum(len(b.id) for b in batches) == table.num_rows == 600
+    for name in table.column_names:
+        found = list(itertools.chain.from_iterable(getattr(b, name) for b in batches))
+        expected = table.column(name).to_pylist()
+        if name == "pair":
+            assert [list(np.asarray(v, dtype=np.float64)) for v in found] == expected
+        else:
+            assert [v.item() if isinstance(v, np.generic) else v for v in found] == expected, name
+
+
+@pytest.mark.parametrize("fixture", ["plain", "unischema"])
+def test_batch_reader_matches_make_reader_on_fixtures(fixture):
+    root = FIXTURES / fixture
+    with make_reader(root, shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    with make_batch_reader(root, shuffle_row_groups=False) as reader:
+        batches = list(reader)
+    fields = rows[0]._fields
+    assert batches[0]._fields == fields
+    flat = {name: list(itertools.chain.from_iterable(getattr(b, name) for b in batches)) for name in fields}
+    assert len(flat["id"]) == len(rows) > 0
+    for i, row in enumerate(rows):
+        for name in fields:
+            a, b = getattr(row, name), flat[name][i]
+            if isinstance(a, np.ndarray):
+                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), (i, name)
+            elif isinstance(a, list):
+                assert list(a) == list(b), (i, name)
+            else:
+                assert (a is None and b is None) or a == b, (i, name, a, b)
+
+
+def test_petastorm_fixture_values_match_petastorm(tmp_path):
+    expected = np.load(FIXTURES / "expected.npz")
+    with make_reader(FIXTURES / "unischema", schema_fields=["id", "label", "embedding", "boxes", "image_png"],
+                     seed=3, shuffle_rows=True, workers_count=2) as reader:
+        rows = list(reader)
+    assert len(rows) == 60
+    for row in rows:
+        key = int(row.id)
+        assert int(row.label) == int(expected[f"{key}/label"])
+        np.testing.assert_array_equal(row.embedding, expected[f"{key}/embedding"])
+        np.testing.assert_array_equal(row.boxes, expected[f"{key}/boxes"])
+        np.testing.assert_array_equal(row.image_png, expected[f"{key}/image_png"])
+
+
+def test_hive_partitions_are_fields(tmp_path):
+    schema = Unischema("Parted", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), False),
+        UnischemaField("fold", np.int32, (), ScalarCodec(pa.int32()), False),
+        UnischemaField("vec", np.float32, (2,), TensorCodec(), False),
+    ])
+    rows = [{"id": i, "split": ("train", "val")[i % 2], "fold": i % 3, "vec": np.full(2, i, np.float32)}
+            for i in range(60)]
+    write_dataset(tmp_path / "parted", schema, rows, partition_by=["split", "fold"], row_group_size_mb=0.001)
+    assert (tmp_path / "parted" / "split=train").is_dir()
+    with make_reader(tmp_path / "parted", workers_count=2) as reader:
+        got = list(reader)
+    assert sorted(int(r.id) for r in got) == list(range(60))
+    for r in got:
+        i = int(r.id)
+        assert r.split == ("train", "val")[i % 2]
+        assert int(r.fold) == i % 3 and np.asarray(r.fold).dtype == np.int32
+        assert np.array_equal(r.vec, np.full(2, i, np.float32))
+    with make_batch_reader(tmp_path / "parted", schema_fields=["id", "split"]) as reader:
+        for batch in reader:
+            assert list(batch.split) == [("train", "val")[i % 2] for i in batch.id]
+
+
+# -- bad stores -------------------------------------------------------------------------------------
+def test_truncated_file_is_a_format_error_naming_it(tmp_path):
+    path = write(tmp_path / "ds", 60, rows_per_file=20)
+    victim = sorted(path.rglob("*.parquet"))[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:len(data) // 2])
+    with pytest.raises(FormatError) as info:
+        with make_reader(path) as reader:
+            list(reader)
+    assert victim.name in str(info.value)
+
+
+def test_non_parquet_file_is_a_format_error_naming_it(tmp_path):
+    path = write(tmp_path / "ds", 30, rows_per_file=20)
+    (path / "part-99999.parquet").write_text("this is not parquet at all\n" * 10)
+    with pytest.raises(FormatError, match="part-99999.parquet"):
+        make_batch_reader(path)
+
+
+def test_corrupt_data_page_is_a_format_error_from_next(tmp_path):
+    path = write(tmp_path / "ds", 40, rows_per_file=40, compression=None)
+    victim = sorted(path.rglob("*.parquet"))[0]
+    data = bytearray(victim.read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    for i in range(4, len(data) - footer_len - 8):  # every data page byte; the footer stays readable
+        data[i] = 0xFF
+    victim.write_bytes(bytes(data))
+
+    def run() -> None:
+        with make_reader(path, workers_count=2) as reader:
+            list(reader)
+
+    with pytest.raises(UnihubError) as info:
+        within(20, run)
+    assert isinstance(info.value, (FormatError, CodecError)), repr(info.value)
+    if isinstance(info.value, FormatError):
+        assert victim.name in str(info.value)
+
+
+def test_empty_dataset_is_a_clear_error(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    pq.write_table(SCHEMA.as_arrow_schema().empty_table(), root / "part-00000.parquet")
+    with pytest.raises(UnihubError, match="empty"):
+        make_reader(root)
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    with pytest.raises(DatasetNotFoundError, match="no Parquet"):
+        make_batch_reader(nothing)
+    with pytest.raises(DatasetNotFoundError):
+        make_reader(tmp_path / "missing")
+
+
+# -- bounded memory ---------------------------------------------------------------------------------
+MEMORY_CHILD = r'''
+import gc, json, os, sys, time
+from unihub import open_dataset
+from unihub.readers.reader import make_batch_reader, make_reader
+
+
+def peak_kib():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+
+
+url, pool, batched, keep = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+store = open_dataset(url)
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:  # reset the peak to the current RSS
+    f.write("5")
+base = peak_kib()
+kept = []
+with (make_batch_reader if batched else make_reader)(store, reader_pool_type=pool) as reader:
+    for i, item in enumerate(reader):
+        if keep:
+            kept.append(item)
+        if batched or i % 8 == 0:
+            time.sleep(0.004)  # a consumer slower than the workers, as in training: the queue fills up
+print(json.dumps({"delta_kib": peak_kib() - base, "items": len(kept)}))
+'''
+
+
+def peak_rss_delta(path: Path, pool: str, *, batched: bool = False, keep: bool = False) -> float:
+    """Peak RSS growth (MiB) of a fresh interpreter while it reads ``path`` with default options."""
+    # Default options: the reader picks jemalloc for Arrow (pyarrow's mimalloc keeps per-thread
+    # arenas committed, which grew peak RSS ~1.8x with dataset size).
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(path), pool, str(int(batched)), str(int(keep))],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["delta_kib"] / 1024
+
+
+@pytest.fixture(scope="module")
+def memory_datasets(tmp_path_factory) -> tuple[Path, Path]:
+    """A small dataset (4 row groups) and one of 10x the default queue capacity (> 220 row groups)."""
+    schema = Unischema("Memory", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("x", np.float32, (4096,), TensorCodec(), False),
+    ])
+    root = tmp_path_factory.mktemp("memory")
+    rng = np.random.default_rng(0)
+
+    def batches(n: int):
+        for start in range(0, n, 64):
+            k = min(64, n - start)
+            yield {"id": np.arange(start, start + k), "x": rng.random((k, 4096), dtype=np.float32)}
+
+    for name, n in (("small", 24), ("big", 1500)):
+        write_dataset(root / name, schema, batches(n), batched=True, row_group_size_mb=0.1, rows_per_file=300)
+    small, big = open_dataset(root / "small"), open_dataset(root / "big")
+    default_window = 2 * 10 + 2  # workers_count=10: 22 tasks in flight
+    assert len(small.row_groups) <= 4 and len(big.row_groups) >= 10 * default_window
+    assert big.total_bytes > 30 * 2**20
+    return root / "small", root / "big"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to measure peak RSS")
+def test_peak_memory_does_not_grow_with_dataset_size(memory_datasets):
+    small, big = memory_datasets
+    for pool, batched in (("thread", False), ("thread", True), ("dummy", False)):
+        base = peak_rss_delta(small, pool, batched=batched)
+        large = peak_rss_delta(big, pool, batched=batched)
+        assert large <= 1.5 * base, f"{pool} pool, batched={batched}: {large:.1f} MiB vs {base:.1f} MiB"
+    # the measurement itself can see a reader that holds on to what it read
+    hoarded = peak_rss_delta(big, "dummy", keep=True)
+    assert hoarded > 1.5 * peak_rss_delta(small, "dummy", keep=True), "the RSS measurement is not sensitive"

@@ -1,0 +1,184 @@
+"""Worker pools: ordered results, a bounded window, errors re-raised, prompt stop, lazy tasks."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from unihub.errors import UnihubError
+from unihub.readers.workers import Pool
+
+POOLS = ["thread", "process", "dummy"]
+
+
+class TaskFailed(RuntimeError):
+    pass
+
+
+def sleepy_square(task: tuple[int, float]) -> tuple[int, int]:
+    index, delay = task
+    time.sleep(delay)
+    return index, os.getpid()
+
+
+def fail_at(task: int) -> int:
+    if task == 7:
+        raise TaskFailed(f"task {task} failed on purpose")
+    time.sleep(0.002)
+    return task
+
+
+def slow(task: int) -> int:
+    time.sleep(0.2)
+    return task
+
+
+def run_with_timeout(fn, timeout: float = 20.0):
+    """Run ``fn`` in a daemon thread; fail (instead of hanging) if it does not finish in time."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"did not finish within {timeout} s (hang?)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.mark.parametrize("pool_type", POOLS)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_results_come_back_in_task_order(pool_type, workers):
+    rng = random.Random(workers)
+    tasks = [(i, rng.choice([0, 0, 0.001, 0.004])) for i in range(120)]
+    pool = Pool(pool_type, workers)
+    out = list(pool.imap(sleepy_square, tasks, window=7))
+    pool.join()
+    assert [i for i, _ in out] == list(range(120))
+    pids = {pid for _, pid in out}
+    if pool_type == "process":
+        assert os.getpid() not in pids, "process pool ran tasks in the consumer"
+    else:
+        assert pids == {os.getpid()}
+
+
+@pytest.mark.parametrize("pool_type", ["thread", "dummy"])
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_window_bounds_tasks_in_flight(pool_type, window):
+    lock = threading.Lock()
+    state = {"running": 0, "peak": 0, "submitted": 0, "consumed": 0, "ahead": 0}
+
+    def tracked(task: int) -> int:
+        with lock:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+        time.sleep(random.random() * 0.003)
+        with lock:
+            state["running"] -= 1
+        return task
+
+    def tasks():
+        for i in range(60):
+            state["submitted"] += 1
+            # tasks handed out but not consumed: never more than the window (+1 being handed out)
+            state["ahead"] = max(state["ahead"], state["submitted"] - state["consumed"])
+            yield i
+
+    pool = Pool(pool_type, workers_count=8)
+    out = []
+    for result in pool.imap(tracked, tasks(), window=window):
+        out.append(result)
+        state["consumed"] += 1
+        time.sleep(0.001)
+    pool.join()
+    assert out == list(range(60))
+    assert 1 <= state["peak"] <= window
+    assert state["ahead"] <= window + 1
+    if pool_type == "thread" and window > 1:
+        assert state["peak"] > 1, "tasks never ran in parallel"
+
+
+@pytest.mark.parametrize("pool_type", POOLS)
+def test_exception_in_task_is_reraised_and_pool_stops(pool_type):
+    pool = Pool(pool_type, 3)
+    consumed = []
+
+    def consume():
+        with pytest.raises(TaskFailed, match="task 7 failed on purpose") as info:
+            for result in pool.imap(fail_at, itertools.count(), window=4):
+                consumed.append(result)
+        return info
+
+    started = time.monotonic()
+    info = run_with_timeout(consume)
+    assert consumed == list(range(7)), "results before the failure are delivered in order"
+    assert type(info.value) is TaskFailed
+    run_with_timeout(pool.join)
+    assert time.monotonic() - started < 10
+    assert pool.in_flight == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("unihub-worker")]
+
+
+@pytest.mark.parametrize("pool_type", POOLS)
+def test_stop_mid_iteration_returns_promptly(pool_type):
+    pool = Pool(pool_type, 2)
+    iterator = pool.imap(slow, itertools.count(), window=8)
+
+    def consume_some():
+        return [next(iterator) for _ in range(3)]
+
+    assert run_with_timeout(consume_some) == [0, 1, 2]
+    started = time.monotonic()
+    pool.stop()
+    iterator.close()
+    assert time.monotonic() - started < 0.15, "stop() must not wait for running or pending tasks"
+    run_with_timeout(pool.join, timeout=10)
+    assert time.monotonic() - started < 5.0
+    assert pool.in_flight == 0
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert not [t for t in threading.enumerate() if t.name.startswith("unihub-worker")]
+
+
+@pytest.mark.parametrize("pool_type", POOLS)
+def test_infinite_task_iterator_is_consumed_lazily(pool_type):
+    pulled = []
+
+    def tasks():
+        for i in itertools.count():
+            pulled.append(i)
+            yield i
+
+    pool = Pool(pool_type, 2)
+    iterator = pool.imap(abs, tasks(), window=3)
+    first = run_with_timeout(lambda: [next(iterator) for _ in range(10)])
+    assert first == list(range(10))
+    assert len(pulled) <= 10 + 3 + 1, f"pulled {len(pulled)} tasks for 10 results"
+    pool.stop()
+    iterator.close()
+    pool.join()
+
+
+def test_empty_task_list():
+    for pool_type in POOLS:
+        pool = Pool(pool_type, 2)
+        assert list(pool.imap(abs, [], window=2)) == []
+        pool.join()
+
+
+def test_bad_pool_options():
+    with pytest.raises(UnihubError, match="reader_pool_type"):
+        Pool("fiber", 2)  # type: ignore[arg-type]
+    with pytest.raises(UnihubError, match="workers_count"):
+        Pool("thread", 0)
