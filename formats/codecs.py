@@ -19,6 +19,7 @@ Petastorm's signatures. A codec is one class registered by its JSON name in
 from __future__ import annotations
 
 import io
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -392,6 +393,10 @@ class TensorCodec(Codec):
         if offsets is None:  # fixed_size_list with nulls
             size = storage.type.list_size
             offsets = np.arange(len(storage) + 1, dtype=np.int64) * size
+        if valid is None and field.shape[0] is None and None not in field.shape[1:]:
+            fast = _split_leading_dim(field, values, offsets)
+            if fast is not None:
+                return fast
         rows = [None if valid is not None and not valid[i]
                 else _reshape_flat(field, values[offsets[i]:offsets[i + 1]], row=i)
                 for i in range(len(storage))]
@@ -469,6 +474,22 @@ def _numpy_values(flat: pa.Array, field: UnischemaField) -> np.ndarray:
         raise CodecError(f"field {field.name!r}: tensor values contain {flat.null_count} nulls", field=field.name)
     values = flat.to_numpy(zero_copy_only=not pa.types.is_boolean(flat.type))
     return values if values.dtype == field.dtype else values.astype(field.dtype)
+
+
+def _split_leading_dim(field: UnischemaField, values: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
+    """Rows of a ``(None, d1, ...)`` list column as views of one reshaped array (no per-row reshape).
+
+    Returns None when some row's length is not a multiple of ``d1*...`` (the slow path reports it).
+    """
+    rest = field.shape[1:]
+    inner = math.prod(rest)  # type: ignore[arg-type]
+    if inner == 0 or np.any(offsets % inner):
+        return None
+    block = values[offsets[0]:offsets[-1]].reshape((-1, *rest))
+    out = np.empty(len(offsets) - 1, dtype=object)
+    for i, piece in enumerate(np.split(block, (offsets[1:-1] - offsets[0]) // inner)):
+        out[i] = piece  # item by item: numpy would broadcast equal-shaped pieces into one array
+    return out
 
 
 def _reshape_flat(field: UnischemaField, values: np.ndarray, row: int | None = None) -> np.ndarray:

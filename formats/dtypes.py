@@ -111,8 +111,8 @@ def arrow_to_numpy_dtype(arrow_type: pa.DataType) -> Any:
     if pa.types.is_duration(arrow_type):
         return np.timedelta64
     try:
-        return np.dtype(arrow_type.to_pandas_dtype()).type
-    except (NotImplementedError, TypeError) as exc:
+        return _empty_numpy_dtype(arrow_type).type
+    except (NotImplementedError, TypeError, pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
         raise SchemaError(f"Arrow type {arrow_type} has no numpy dtype") from exc
 
 
@@ -140,3 +140,8 @@ def arrow_type_from_json(text: str) -> pa.DataType:
         return pa.type_for_alias(text)
     except (ValueError, KeyError, pa.ArrowInvalid) as exc:
         raise SchemaError(f"cannot read Arrow type {text!r} from schema JSON") from exc
+
+
+def _empty_numpy_dtype(arrow_type: pa.DataType) -> np.dtype:
+    """The numpy dtype pyarrow converts ``arrow_type`` to, found without importing pandas."""
+    return pa.array([], type=arrow_type).to_numpy(zero_copy_only=False).dtype
