@@ -8,6 +8,7 @@ pickle, are refused. A column whose cells all share one header decodes in one st
 from __future__ import annotations
 
 import ast
+import functools
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,22 @@ _MAGIC = b"\x93NUMPY"
 
 
 def parse_header(blob: memoryview | bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """``(dtype, shape, fortran_order, data_offset)`` of one ``.npy`` blob."""
+    """``(dtype, shape, fortran_order, data_offset)`` of one ``.npy`` blob (headers are cached)."""
     view = memoryview(blob)
+    if len(view) >= 10 and view[6] == 1:
+        end = 10 + int.from_bytes(view[8:10], "little")
+        if end <= len(view):
+            return _parse_header_cached(bytes(view[:end]))
+    return _parse_header(view)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_header_cached(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """Columns repeat a handful of headers (one per shape): parse each once."""
+    return _parse_header(memoryview(header))
+
+
+def _parse_header(view: memoryview) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     if bytes(view[:6]) != _MAGIC or len(view) < 10:
         raise CodecError(f"not .npy bytes (starts with {bytes(view[:8])!r}, expected {_MAGIC!r})")
     major = view[6]

@@ -103,7 +103,8 @@ class ParquetStore:
         try:
             with self.filesystem.open_input_file(info.path) as handle:
                 parquet_file = pq.ParquetFile(handle, metadata=self._footers.get(info.path))
-                table = parquet_file.read_row_group(info.row_group, columns=stored)
+                # one thread per read: readers parallelise across row groups already
+                table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
         except (OSError, pa.ArrowInvalid) as exc:
             raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
         return self._add_partitions(table, info.partition, columns)

@@ -304,40 +304,64 @@ class _DatasetWriter:
             return None
         return self.rows_per_file - (sink.current.rows if sink.current else 0)
 
-    def _flush(self, sink: _PartitionSink) -> None:
-        """Write pending rows as row groups, starting new files at ``rows_per_file``."""
+    def _flush(self, sink: _PartitionSink, *, final: bool = False) -> None:
+        """Write pending rows as row groups of about ``row_group_bytes``, new files at ``rows_per_file``.
+
+        Unless ``final``, a last partial row group stays pending, so row groups come out even
+        instead of one full group and one small remainder per flush.
+        """
         if not sink.pending:
             return
         table = pa.Table.from_batches(sink.pending, schema=self.file_schema)
-        sink.pending, sink.pending_bytes = [], 0
         # big rows: one encode chunk can hold many row groups' worth of bytes, so split it
         group_rows = max(1, self.row_group_bytes // max(1, table.nbytes // max(1, table.num_rows)))
         while table.num_rows:
             room = self._room(sink)
-            take = table.num_rows if room is None else min(room, table.num_rows)
+            take = min(group_rows, table.num_rows) if room is None else min(group_rows, room, table.num_rows)
+            if not final and take == table.num_rows and take < group_rows and (room is None or take < room):
+                break  # a partial row group waits for more rows
             current = sink.current or self._open(sink)
-            current.writer.write_table(table.slice(0, take), row_group_size=min(take, group_rows))
+            current.writer.write_table(table.slice(0, take), row_group_size=take)
             current.rows += take
             self.num_rows += take
-            self.num_row_groups += -(-take // min(take, group_rows))
+            self.num_row_groups += 1
             table = table.slice(take)
             if room is not None and current.rows >= self.rows_per_file:  # type: ignore[operator]
                 current.writer.close()
                 sink.current = None
+        sink.pending = table.to_batches() if table.num_rows else []
+        sink.pending_bytes = table.nbytes if table.num_rows else 0
 
     def _open(self, sink: _PartitionSink) -> _OpenFile:
         self.fs.create_dir(sink.directory, recursive=True)
         path = fsutil.join(sink.directory, f"part-{sink.file_count:05d}.parquet")
         sink.file_count += 1
-        writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs,
-                                  compression=self.compression or "none", store_schema=True)
+        writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs, store_schema=True,
+                                  compression=self._column_compression(), use_dictionary=self._dictionary_columns())
         sink.current = _OpenFile(writer, path)
         self.files.append(path)
         return sink.current
 
+    def _already_compressed(self) -> set[str]:
+        """Columns of PNG/JPEG bytes: compressing them again costs reads and writes and saves nothing."""
+        from unihub.formats.codecs import CompressedImageCodec
+
+        return {f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)}
+
+    def _column_compression(self) -> dict[str, str] | str:
+        codec = self.compression or "none"
+        skip = self._already_compressed()
+        if not skip or codec == "none":
+            return codec
+        return {name: "none" if name in skip else codec for name in self.file_schema.names}
+
+    def _dictionary_columns(self) -> list[str] | bool:
+        skip = self._already_compressed()
+        return [name for name in self.file_schema.names if name not in skip] if skip else True
+
     def close(self) -> WriteResult:
         for sink in self.sinks.values():
-            self._flush(sink)
+            self._flush(sink, final=True)
             if sink.current is not None:
                 sink.current.writer.close()
                 sink.current = None

@@ -51,7 +51,7 @@ class Reader:
                  shuffle_rows: bool = False, shuffle_row_drop_partitions: int = 1, seed: int | None = None,
                  num_epochs: int | None = 1, cur_shard: int | None = None, shard_count: int | None = None,
                  shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
-                 reader_pool_type: PoolType = "thread", workers_count: int = 10, results_queue_size: int = 50,
+                 reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
                  resume_from: dict[str, Any] | None = None) -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
@@ -82,6 +82,8 @@ class Reader:
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
                                       cache=cache)
+        if workers_count is None:
+            workers_count = default_workers_count(store)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
         self._position = (0, 0, 0)
@@ -157,6 +159,9 @@ class Reader:
 
     def _start(self) -> None:
         epoch, task, offset = self._position
+        if self._pool is not None:  # a pool left by an error: release its workers first
+            self._pool.stop()
+            self._pool.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs = self._jobs(epoch, task)
         self._iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
@@ -211,6 +216,8 @@ class Reader:
         plan["row_groups"] = self._groups
         plan["batched"] = self.batched
         plan["num_epochs"] = self.num_epochs
+        plan["ngram"] = repr(self.ngram) if self.ngram is not None else None  # items are windows then
+        plan["fields"] = list(self.schema.fields)
         return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:
@@ -324,6 +331,15 @@ class Reader:
         return rows * self.num_epochs
 
 
+def default_workers_count(store: ParquetStore) -> int:
+    """One worker per core for local data (decoding is CPU-bound and more threads only contend);
+    four per core for remote filesystems, where workers mostly wait on the network."""
+    import pyarrow.fs as pafs
+
+    cores = os.cpu_count() or 2
+    return cores if isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
+
+
 def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -> tuple[int, int, Batch]:
     return job[0], job[1], loader(job)
 
@@ -379,7 +395,7 @@ def _choose_memory_pool() -> None:
 
 
 def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_pool_type: PoolType = "thread",
-          workers_count: int = 10, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
+          workers_count: int | None = None, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
           shuffle_row_groups: bool = True, shuffle_row_drop_partitions: int = 1,
           predicate: PredicateBase | None = None, rowgroup_selector: Any = None, num_epochs: int | None = 1,
           cur_shard: int | None = None, shard_count: int | None = None, shard_by: planning.ShardBy = "row_group",
@@ -424,7 +440,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     ``predicate``, ``filters``, ``transform_spec``, ``shuffle_row_groups`` (default True),
     ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
     forever), ``cur_shard``/``shard_count``, ``reader_pool_type`` ('thread', 'process',
-    'dummy'), ``workers_count``, ``results_queue_size``, ``cache_type='local-disk'`` with
+    'dummy'), ``workers_count`` (default one per core for local data, four per core for
+    remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI).

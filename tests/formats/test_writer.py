@@ -445,8 +445,8 @@ def test_rows_are_streamed_not_materialised(tmp_path, schema, sample_row):
     assert result.num_rows == n
     # data reached the disk long before the input was exhausted ...
     assert pulled["first_file_at"] is not None and pulled["first_file_at"] <= 600
-    # ... and by the end nearly all of it was already written (only the tail and footer remained)
-    assert pulled["bytes_on_disk_at_end"] > 0.8 * final_size
+    # ... and by the end most of it was already written (only the last partial row group and the footer remained)
+    assert pulled["bytes_on_disk_at_end"] > 0.7 * final_size
     assert result.num_row_groups > 10
     assert os.listdir(parent) == ["ds"]
 
