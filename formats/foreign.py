@@ -1,0 +1,153 @@
+"""The contract every foreign format module implements, and the registry that finds them.
+
+A foreign format (TFRecord, HDF5, WebDataset tar shards, image folders, ...) is one module
+in ``formats/`` defining a :class:`ForeignFormat` subclass decorated with
+:func:`register_format`. It knows three things, and nothing about the pipeline around it:
+
+- :meth:`ForeignFormat.infer_schema`: a Unischema for the source, found by scanning records;
+- :meth:`ForeignFormat.read_batches`: the records as column batches of that schema
+  (image fields keep their encoded bytes; nothing is re-encoded);
+- :meth:`ForeignFormat.write`: export column batches of a Unischema back to the format.
+
+``converters/`` composes these with :func:`unihub.write_dataset` and the readers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from unihub.errors import FormatError
+from unihub.formats.schema import Unischema
+from unihub.registry import Registry
+
+FORMATS: Registry[type[ForeignFormat]] = Registry("format")
+
+OnError = Literal["raise", "skip"]
+#: A column batch: field name -> one value per row (numpy array, or a list for ragged/bytes/None).
+ColumnBatch = Mapping[str, Any]
+
+
+def register_format(name: str, *, aliases: tuple[str, ...] = (), extensions: tuple[str, ...] = ()):
+    """Class decorator: register a format under ``name`` (and aliases, file extensions)."""
+
+    def add(cls: type[ForeignFormat]) -> type[ForeignFormat]:
+        cls.format_name = name
+        FORMATS.add(name, cls, aliases=aliases, extensions=extensions)
+        return cls
+
+    return add
+
+
+@dataclass
+class SkippedRecord:
+    """A record ``on_error='skip'`` left out: where it was and why."""
+
+    path: str
+    location: str  # "record 17", "offset 4096", "key 000123", "dataset 'x'" ...
+    reason: str
+
+
+@dataclass
+class ReadReport:
+    """What a read saw: records read and skipped (filled in while batches are produced)."""
+
+    records: int = 0
+    skipped: list[SkippedRecord] = field(default_factory=list)
+
+
+class ForeignFormat(ABC):
+    """A source (or sink) in a foreign format; see the module docstring.
+
+    ``sources`` are files, directories or glob/brace patterns, as the format allows.
+    ``options`` are format-specific keyword options (e.g. ``compression='GZIP'``).
+    """
+
+    format_name: ClassVar[str] = ""
+
+    def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        self.sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
+        self.options = options
+        self.report = ReadReport()
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        """True when ``path`` looks like this format (by extension, then by content)."""
+        return False
+
+    @abstractmethod
+    def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
+        """A Unischema for the source, from ``sample_records`` records (None: all)."""
+
+    @abstractmethod
+    def read_batches(self, schema: Unischema, *, batch_size: int = 256,
+                     on_error: OnError = "raise") -> Iterator[ColumnBatch]:
+        """Column batches of ``schema``; bad records raise :class:`FormatError` naming file and
+        record/offset/key, or with ``on_error='skip'`` are counted in :attr:`report`."""
+
+    def metadata(self) -> dict[str, Any]:
+        """Extra JSON-able metadata to keep with the converted dataset (class names, attributes)."""
+        return {}
+
+    def files(self) -> list[str]:
+        """The input files, expanded from :attr:`sources` (sorted, deterministic)."""
+        return expand_sources(self.sources)
+
+    @classmethod
+    @abstractmethod
+    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:
+        """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
+
+
+def expand_sources(sources: Sequence[str]) -> list[str]:
+    """Files named by paths, directories (their files, recursively), globs and ``{a..b}`` braces."""
+    files: list[str] = []
+    for source in sources:
+        for pattern in expand_braces(source):
+            if os.path.isdir(pattern):
+                for root, _, names in os.walk(pattern):
+                    files.extend(os.path.join(root, n) for n in names if not n.startswith((".", "_")))
+            elif any(c in pattern for c in "*?["):
+                files.extend(glob.glob(pattern))
+            elif os.path.exists(pattern):
+                files.append(pattern)
+            else:
+                raise FormatError(f"{pattern}: no such file or directory", path=pattern)
+    return sorted(dict.fromkeys(files))
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``shard-{000..002}.tar`` -> the three names; ``{a,b}`` alternatives too (webdataset's syntax)."""
+    import re
+
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
+    ranged = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if ranged:
+        lo, hi = ranged.groups()
+        width = len(lo) if lo.startswith("0") else 0
+        options = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+    else:
+        options = body.split(",")
+    return [p for option in options for p in expand_braces(head + option + tail)]
+
+
+def detect_format(path: str) -> str | None:
+    """The registered format name that claims ``path``, by extension first, then by content."""
+    import unihub.formats.formats_all  # noqa: F401  (registers every format module)
+
+    base = expand_braces(os.fspath(path))[0]
+    for ext in (os.path.splitext(base)[1], "".join(os.path.basename(base).split(".")[-2:])):
+        name = FORMATS.by_extension(ext) if ext else None
+        if name is not None:
+            return name
+    for name in FORMATS:
+        if FORMATS.get(name).detect(base):
+            return name
+    return None
