@@ -1,0 +1,511 @@
+"""Image folders (torchvision ``ImageFolder`` style) in and out of unihub.
+
+On disk, one root directory in one of two layouts::
+
+    root/                        root/
+      cat/                         0001.png
+        0001.png                   0002.jpg
+        sub/0002.jpg               ...
+      dog/
+        0003.jpeg
+      ...
+    class layout                 flat layout
+
+- **Class layout** (the root has subdirectories): the classes are the sorted names of the
+  root's subdirectories, exactly as torchvision's ``find_classes`` lists them (empty ones
+  included, so label indices agree); each class folder is read recursively. Files lying
+  directly in the root belong to no class: they are left out with a warning and listed in
+  :attr:`~unihub.formats.foreign.ForeignFormat.report`. Fields: ``image``, ``label``
+  (int64, the index into ``metadata()["classes"]``) and ``path``.
+- **Flat layout** (no subdirectories): ``image`` and ``path`` only, no label.
+
+Names starting with ``.`` (``.DS_Store``, ``.ipynb_checkpoints/``) are ignored. Records come
+in torchvision's order: by class, then directory, then file name.
+
+Images are recognised by their magic bytes, not their extension (``x.png`` holding a JPEG
+is a JPEG), and kept as the bytes on disk, never re-encoded. Only PNG and JPEG are read:
+
+- a file that is no image (``labels.txt``) is left out with a warning and recorded in the
+  report, whatever ``on_error`` says;
+- a corrupt image (bad header; a PNG without its ``IEND`` chunk or a JPEG without its
+  end-of-image marker, i.e. truncated; with ``verify=True`` also any that fails to decode),
+  a ``.png/.jpg/.jpeg`` file holding something else, or another image format (``.gif``,
+  ``.webp``, ...) raises :class:`~unihub.errors.FormatError` naming the file, or with
+  ``on_error='skip'`` is skipped and recorded.
+
+Schema inference reads only the headers (the first 64 KiB of each file):
+
+- the ``image`` codec is ``CompressedImageCodec`` of the majority format (PNG on a tie).
+  A folder mixing PNG and JPEG keeps every file's own bytes; the decoders sniff the format
+  of each cell, so such a column decodes correctly whatever the codec says;
+- shape ``(H, W, C)``, each dimension ``None`` where images differ; ``(H, W)`` when every
+  image is gray. When gray and colour images are mixed the shape is ``(H, W, None)`` and the
+  gray rows decode to ``(H, W)`` arrays (what :func:`~unihub.formats.images.decode_image`
+  returns; re-encoding them as RGB would break the "bytes as given" promise);
+- dtype uint8, or uint16 when every image is a 16-bit PNG (mixing 8- and 16-bit is refused).
+
+:meth:`ImageFolderFormat.write` exports any dataset with an image field back to such a tree,
+writing the same bytes (see there).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import DatasetExistsError, DatasetNotFoundError, FormatError, SchemaError
+from unihub.formats import images
+from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
+from unihub.formats.foreign import (
+    ColumnBatch,
+    ForeignFormat,
+    OnError,
+    ReadReport,
+    SkippedRecord,
+    register_format,
+)
+from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.validation import shape_matches
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
+#: Image formats unihub does not read: errors (or skips), never silently dropped as non-images.
+OTHER_IMAGE_EXTENSIONS = frozenset({".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm",
+                                    ".jp2", ".j2k", ".heic", ".heif", ".avif", ".ico", ".jxl"})
+_HEAD_BYTES = 65536  # enough for the PNG chunks before IDAT and the JPEG segments before SOF
+_DETECT_SAMPLE = 16
+_EXTENSION = {"png": "png", "jpeg": "jpg"}
+FIELDS = ("image", "label", "path")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    path: str  # relative to the root, '/'-separated
+    label: int | None
+
+
+@dataclass(frozen=True)
+class _Listing:
+    classes: tuple[str, ...] | None  # None: flat layout
+    entries: tuple[_Entry, ...]
+    outside: tuple[str, ...]  # class layout: files directly in the root
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What a file's bytes are: ``kind`` 'image' (with fmt/size/depth), 'other' or 'bad' (with reason)."""
+
+    kind: str
+    fmt: str | None = None
+    size: tuple[int, int, int] | None = None
+    depth: int = 8
+    reason: str = ""
+
+
+@register_format("imagefolder", aliases=("images", "folder"))
+class ImageFolderFormat(ForeignFormat):
+    """A folder of PNG/JPEG images, by class (``root/<class>/<file>``) or flat.
+
+    Options: ``verify=True`` decodes every image while reading, to catch corrupt pixel data
+    that a header and end-marker check cannot see (several times slower).
+
+    Example::
+
+        source = ImageFolderFormat("/data/train")
+        schema = source.infer_schema()          # image, label, path
+        source.metadata()                       # {"classes": ["cat", "dog"]}
+        for batch in source.read_batches(schema, on_error="skip"): ...
+    """
+
+    def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        super().__init__(sources, **options)
+        unknown = set(options) - {"verify"}
+        if unknown:
+            raise SchemaError(f"unknown image folder options {sorted(unknown)}; valid: ['verify']")
+        if len(self.sources) != 1:
+            raise FormatError(f"an image folder is one root directory, got {len(self.sources)} sources: "
+                              f"{self.sources}")
+        self.root = self.sources[0]
+        if not os.path.isdir(self.root):
+            raise DatasetNotFoundError(f"{self.root}: not a directory; an image folder is a directory of "
+                                       "class folders holding PNG/JPEG files, or of the files themselves")
+
+    # -------------------------------------------------------------------- contract
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        """True for a directory whose first files (directly or one level down) are mostly PNG/JPEG."""
+        if not os.path.isdir(path):
+            return False
+        sample: list[str] = []
+        for name in _visible(path):
+            full = os.path.join(path, name)
+            if os.path.isdir(full):
+                sample.extend(os.path.join(full, n) for n in _visible(full)[:_DETECT_SAMPLE]
+                              if os.path.isfile(os.path.join(full, n)))
+            elif os.path.isfile(full):
+                sample.append(full)
+            if len(sample) >= _DETECT_SAMPLE:
+                break
+        hits = sum(images.detect_format(_read(f, 8)) is not None for f in sample[:_DETECT_SAMPLE])
+        return hits > 0 and 2 * hits >= min(len(sample), _DETECT_SAMPLE)
+
+    def files(self) -> list[str]:
+        """Every candidate file (images and any others, not hidden), in reading order."""
+        return [os.path.join(self.root, e.path) for e in self._listing.entries]
+
+    def metadata(self) -> dict[str, Any]:
+        """``{"classes": [...]}`` for the class layout (label ``i`` is ``classes[i]``); ``{}`` when flat."""
+        classes = self._listing.classes
+        return {} if classes is None else {"classes": list(classes)}
+
+    def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
+        """``image`` (+ ``label``) + ``path`` from the headers of the first ``sample_records`` images."""
+        formats: Counter[str] = Counter()
+        sizes: set[tuple[int, int, int]] = set()
+        depths: set[int] = set()
+        for entry in self._listing.entries:
+            if sample_records is not None and sum(formats.values()) >= sample_records:
+                break
+            full = os.path.join(self.root, entry.path)
+            head = _read(full, _HEAD_BYTES)
+            probe = _probe(head, entry.path, complete=False)
+            if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
+                probe = _probe(_read(full), entry.path, complete=False)
+            if probe.kind != "image":
+                continue  # non-images and corrupt files are reported by read_batches
+            formats[probe.fmt] += 1  # type: ignore[index]
+            sizes.add(probe.size)  # type: ignore[arg-type]
+            depths.add(probe.depth)
+        if not formats:
+            raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
+        if len(depths) > 1:
+            raise FormatError(f"{self.root}: mixes 8-bit and 16-bit PNG images, which one field cannot hold "
+                              "without re-encoding; convert them to one bit depth first", path=self.root)
+        fields = [UnischemaField("image", np.uint16 if depths == {16} else np.uint8, _image_shape(sizes),
+                                 CompressedImageCodec("jpeg" if formats["jpeg"] > formats["png"] else "png"),
+                                 False)]
+        if self._listing.classes is not None:
+            fields.append(UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False))
+        fields.append(UnischemaField("path", np.str_, (), ScalarCodec(pa.string()), False))
+        return Unischema("ImageFolder", fields)
+
+    def read_batches(self, schema: Unischema, *, batch_size: int = 256,
+                     on_error: OnError = "raise") -> Iterator[ColumnBatch]:
+        """Batches of ``{"image": [bytes], "label": int64 array, "path": [str]}`` (the fields of ``schema``)."""
+        if batch_size <= 0:
+            raise SchemaError(f"batch_size must be positive, got {batch_size}")
+        if on_error not in ("raise", "skip"):
+            raise SchemaError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        wanted = [f.name for f in schema]
+        if not wanted:
+            raise SchemaError("the schema has no fields to read")
+        unknown = [n for n in wanted if n not in FIELDS]
+        if unknown:
+            raise SchemaError(f"an image folder has fields {list(FIELDS)}, not {unknown}")
+        if "label" in wanted and self._listing.classes is None:
+            raise SchemaError(f"{self.root} is a flat image folder (no class folders), so it has no 'label'")
+        image_field = schema["image"] if "image" in schema else None
+        self.report = ReadReport()
+        others: list[str] = []
+        for rel in self._listing.outside:
+            self.report.skipped.append(SkippedRecord(os.path.join(self.root, rel), "file",
+                                                     "outside the class folders (class layout)"))
+            others.append(rel)
+        batch: dict[str, list[Any]] = {name: [] for name in wanted}
+        for entry in self._listing.entries:
+            full = os.path.join(self.root, entry.path)
+            data = _read(full)
+            probe = _probe(data, entry.path, complete=True, verify=bool(self.options.get("verify")))
+            if probe.kind == "image" and image_field is not None:
+                probe = _check_fits(probe, image_field)
+            if probe.kind == "other":
+                self.report.skipped.append(SkippedRecord(full, "file", "not a PNG or JPEG image"))
+                others.append(entry.path)
+                continue
+            if probe.kind == "bad":
+                if on_error == "raise":
+                    raise FormatError(f"{full}: {probe.reason} (pass on_error='skip' to leave it out)", path=full)
+                self.report.skipped.append(SkippedRecord(full, "file", probe.reason))
+                continue
+            self.report.records += 1
+            for name, value in (("image", data), ("label", entry.label), ("path", entry.path)):
+                if name in batch:
+                    batch[name].append(value)
+            if len(batch[wanted[0]]) == batch_size:
+                yield _finish(batch)
+                batch = {name: [] for name in wanted}
+        if batch[wanted[0]]:
+            yield _finish(batch)
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            warnings.warn(f"{self.root}: left out {len(others)} file(s) that are not images or lie outside the "
+                          f"class folders: "
+                          f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=2)
+
+    @classmethod
+    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+              image_field: str | None = None, label_field: str | None = "label", path_field: str | None = "path",
+              classes: Sequence[str] | None = None, overwrite: bool = False, **options: Any) -> list[str]:
+        """Write ``target/<class>/<file>`` (or ``target/<file>`` without labels); returns the files written.
+
+        The image bytes are written as they are (arrays are encoded with the field's codec,
+        PNG by default). A row's class folder is ``classes[label]`` (pass the source's
+        ``metadata()["classes"]``), a string label itself, or ``str(label)`` otherwise (then
+        re-ingesting sorts the folder names as strings: pass ``classes`` for faithful labels).
+        The file name is the row's ``path`` when present (prefixed with the class folder unless
+        it already starts with it), else ``<row index>.png|jpg``. With ``classes`` every class
+        folder is created, empty ones too. Written into a hidden sibling directory renamed
+        onto ``target`` at the end: a failure leaves nothing behind; an existing ``target`` is
+        refused unless ``overwrite=True``.
+        """
+        if options:
+            raise SchemaError(f"unknown image folder write options {sorted(options)}")
+        target = os.path.abspath(os.fspath(target))
+        image = _pick_image_field(schema, image_field)
+        label = label_field if label_field and label_field in schema else None
+        path = path_field if path_field and path_field in schema else None
+        if os.path.lexists(target) and not overwrite:
+            raise DatasetExistsError(f"{target} already exists; pass overwrite=True to replace it")
+        parent, base = os.path.split(target)
+        os.makedirs(parent, exist_ok=True)
+        temporary = os.path.join(parent, f".{base}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+        os.makedirs(temporary)
+        try:
+            for name in classes or ():
+                os.makedirs(os.path.join(temporary, _safe_component(name, "class name")), exist_ok=True)
+            written = _write_rows(temporary, image, label, path, classes, batches)
+            _commit(temporary, target)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        return [os.path.join(target, rel) for rel in written]
+
+    # -------------------------------------------------------------------- listing
+    @cached_property
+    def _listing(self) -> _Listing:
+        names = _visible(self.root)
+        dirs = [n for n in names if os.path.isdir(os.path.join(self.root, n))]
+        files = [n for n in names if not os.path.isdir(os.path.join(self.root, n))]
+        if not dirs:
+            return _Listing(None, tuple(_Entry(n, None) for n in files), ())
+        entries = [_Entry(rel, label) for label, name in enumerate(dirs)
+                   for rel in _walk(self.root, name)]
+        return _Listing(tuple(dirs), tuple(entries), tuple(files))
+
+
+# ------------------------------------------------------------------------ reading
+def _visible(directory: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+
+
+def _walk(root: str, class_dir: str) -> list[str]:
+    """Files under ``root/class_dir`` (hidden ones pruned), relative to root, in torchvision's order."""
+    found: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, class_dir), followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        found.extend((rel_dir, f) for f in filenames if not f.startswith("."))
+    return [f"{d}/{f}" for d, f in sorted(found)]
+
+
+def _read(path: str, limit: int = -1) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(limit)
+
+
+def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _Probe:
+    """Classify a file's bytes; ``complete``: ``data`` is the whole file, so truncation is checked."""
+    fmt = images.detect_format(data)
+    ext = os.path.splitext(name)[1].lower()
+    if fmt is None:
+        if ext in IMAGE_EXTENSIONS:
+            return _Probe("bad", reason=f"not a PNG or JPEG file despite its {ext} extension "
+                                        f"({len(data)} bytes starting {data[:8]!r})")
+        if ext in OTHER_IMAGE_EXTENSIONS:
+            return _Probe("bad", reason=f"{ext} images are not supported (only PNG and JPEG); convert them first")
+        return _Probe("other")
+    size = images.image_size(data)
+    if size is None:
+        return _Probe("bad", reason=f"corrupt or unsupported {fmt.upper()} header ({len(data)} bytes)")
+    depth = data[24] if fmt == "png" else 8
+    if complete and not _has_end(data, fmt):
+        return _Probe("bad", reason=f"truncated {fmt.upper()} ({len(data)} bytes, no end marker)")
+    if verify:
+        try:
+            images.decode_image(data)
+        except images.ImageDecodeError as exc:
+            return _Probe("bad", reason=str(exc))
+    return _Probe("image", fmt, size, 16 if depth == 16 else 8)
+
+
+def _has_end(data: bytes, fmt: str) -> bool:
+    """PNG: ends with the IEND chunk. JPEG: an EOI marker after the first top-level start of scan."""
+    if fmt == "png":
+        return data.rfind(b"IEND\xaeB`\x82") >= 0
+    sos = _jpeg_scan_start(data)
+    return sos is not None and data.rfind(b"\xff\xd9") > sos
+
+
+def _jpeg_scan_start(data: bytes) -> int | None:
+    """Offset of the first top-level SOS marker, walking segment lengths (skips EXIF thumbnails)."""
+    pos, end = 2, len(data)
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xDA:
+            return pos
+        if marker == 0xFF:
+            pos += 1
+        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:
+            pos += 2
+        else:
+            pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return None
+
+
+def _check_fits(probe: _Probe, field: UnischemaField) -> _Probe:
+    """A 'bad' probe when the image's header does not fit the schema's image field."""
+    height, width, channels = probe.size  # type: ignore[misc]
+    found = (height, width) if channels == 1 and len(field.shape) == 2 else (height, width, channels)
+    dtype = np.uint16 if probe.depth == 16 else np.uint8
+    if not shape_matches(found, field.shape) or np.dtype(dtype) != field.dtype:
+        return _Probe("bad", reason=f"{probe.fmt.upper()} image of shape {found} {np.dtype(dtype).name} does not "  # type: ignore[union-attr]
+                                    f"fit field {field.name!r} ({field.shape} {field.dtype}); infer the schema "
+                                    "from all records (sample_records=None)")
+    return probe
+
+
+def _image_shape(sizes: set[tuple[int, int, int]]) -> tuple[int | None, ...]:
+    heights, widths, channels = (set(dim) for dim in zip(*sizes))
+
+    def one(values: set[int]) -> int | None:
+        return next(iter(values)) if len(values) == 1 else None
+
+    if channels == {1}:
+        return one(heights), one(widths)
+    return one(heights), one(widths), one(channels)
+
+
+def _finish(batch: dict[str, list[Any]]) -> dict[str, Any]:
+    if "label" in batch:
+        return {**batch, "label": np.asarray(batch["label"], dtype=np.int64)}
+    return batch
+
+
+# ------------------------------------------------------------------------ writing
+def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
+    if name is not None:
+        if name not in schema:
+            raise SchemaError(f"image_field {name!r} is not a field of {schema.name!r}; fields: {list(schema.fields)}")
+        return schema[name]
+    candidates = [f for f in schema if isinstance(f.codec, CompressedImageCodec)]
+    if not candidates:
+        candidates = [f for f in schema if f.dtype in (np.uint8, np.uint16) and len(f.shape) in (2, 3)]
+    if len(candidates) != 1:
+        found = [f.name for f in candidates]
+        raise SchemaError(f"cannot tell which field holds the images ({found or 'none found'}); "
+                          "pass image_field=")
+    return candidates[0]
+
+
+def _write_rows(root: str, image: UnischemaField, label: str | None, path: str | None,
+                classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
+    written: list[str] = []
+    seen: set[str] = set()
+    for batch in batches:
+        columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else batch
+        if image.name not in columns:
+            raise SchemaError(f"a batch has no {image.name!r} column; it has {list(columns)}")
+        values = columns[image.name]
+        labels = columns.get(label) if label else None
+        paths = columns.get(path) if path else None
+        for i in range(len(values)):
+            index = len(written)
+            data, ext = _image_bytes(image, values[i], index)
+            class_dir = None if labels is None else _class_dir(labels[i], classes, index)
+            rel = _destination(None if paths is None else paths[i], class_dir, index, ext)
+            if rel in seen:
+                raise FormatError(f"rows write the same file {rel!r} twice (row {index})", path=rel)
+            seen.add(rel)
+            full = os.path.join(root, *rel.split("/"))
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as handle:
+                handle.write(data)
+            written.append(rel)
+    return written
+
+
+def _image_bytes(field: UnischemaField, value: Any, row: int) -> tuple[bytes | bytearray | memoryview, str]:
+    """The bytes to write (as given, or encoded from an array) and their file extension."""
+    if value is None:
+        raise FormatError(f"row {row}: field {field.name!r} is null; an image folder needs an image in every row")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        fmt = images.detect_format(value)
+        if fmt is None:
+            raise FormatError(f"row {row}: field {field.name!r} holds {len(value)} bytes that are neither PNG "
+                              "nor JPEG")
+        return value, _EXTENSION[fmt]
+    codec = field.codec if isinstance(field.codec, CompressedImageCodec) else CompressedImageCodec("png")
+    return images.encode_image(np.asarray(value), codec.image_codec, codec.quality), _EXTENSION[codec.image_codec]
+
+
+def _class_dir(value: Any, classes: Sequence[str] | None, row: int) -> str:
+    if value is None:
+        raise FormatError(f"row {row}: the label is null; every row of a class folder tree needs one")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    if isinstance(value, str):
+        return _safe_component(value, "class name")
+    index = int(value)
+    if classes is None:
+        return str(index)
+    if not 0 <= index < len(classes):
+        raise FormatError(f"row {row}: label {index} is outside the {len(classes)} classes")
+    return _safe_component(classes[index], "class name")
+
+
+def _safe_component(name: str, what: str) -> str:
+    """A single visible path component: no separators, no '..', not hidden (re-ingest would ignore it)."""
+    if not name or name in (".", "..") or "/" in name or os.sep in name or name.startswith("."):
+        raise FormatError(f"{what} {name!r} cannot be a folder name (empty, hidden or containing a separator)")
+    return name
+
+
+def _destination(path: Any, class_dir: str | None, index: int, ext: str) -> str:
+    """The relative '/'-path a row is written to; refuses absolute paths, '..' and hidden names."""
+    if path is None:
+        name = f"{index:08d}.{ext}"
+        return name if class_dir is None else f"{class_dir}/{name}"
+    parts = str(path).replace("\\", "/").split("/")
+    if str(path).startswith("/") or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+        raise FormatError(f"row {index}: path {path!r} is not a plain relative path (absolute, '..', empty or "
+                          "hidden components)")
+    if class_dir is not None and parts[0] != class_dir:
+        parts.insert(0, class_dir)
+    return "/".join(parts)
+
+
+def _commit(temporary: str, target: str) -> None:
+    """Rename ``temporary`` onto ``target``, moving an existing target aside until it succeeds."""
+    old = None
+    if os.path.lexists(target):
+        old = temporary.replace("unihub-tmp", "unihub-old")
+        os.rename(target, old)
+    try:
+        os.rename(temporary, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,312 @@
+"""Image folders: class and flat layouts, schema inference, bad files, export and round trips."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unihub.errors import DatasetExistsError, FormatError, SchemaError
+from unihub.formats.codecs import CompressedImageCodec
+from unihub.formats.foreign import FORMATS
+from unihub.formats.imagefolder import ImageFolderFormat
+from unihub.formats.images import decode_image, encode_image
+from unihub.formats.schema import Unischema, UnischemaField
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+def rgb(h: int = 8, w: int = 6, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def gray(h: int = 8, w: int = 6, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w), dtype=np.uint8)
+
+
+def pillow_bytes(array: np.ndarray, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    PIL.fromarray(array).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def put(root: Path, rel: str, data: bytes) -> bytes:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def read_all(source: ImageFolderFormat, **kwargs) -> dict[str, list]:
+    schema = kwargs.pop("schema", None) or source.infer_schema()
+    rows: dict[str, list] = {name: [] for name in schema.fields}
+    for batch in source.read_batches(schema, **kwargs):
+        for name in rows:
+            rows[name].extend(list(batch[name]))
+    return rows
+
+
+@pytest.fixture
+def classes_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """cat/ (unihub PNG + Pillow PNG in a subfolder), dog/ (Pillow JPEG, unihub JPEG), empty/ and hidden noise."""
+    root = tmp_path / "train"
+    files = {
+        "cat/b.png": put(root, "cat/b.png", encode_image(rgb(seed=1), "png")),
+        "cat/sub/a.png": put(root, "cat/sub/a.png", pillow_bytes(rgb(seed=2), "PNG")),
+        "dog/x.jpg": put(root, "dog/x.jpg", pillow_bytes(rgb(seed=3), "JPEG")),
+        "dog/y.jpeg": put(root, "dog/y.jpeg", encode_image(rgb(seed=4), "jpeg")),
+        "dog/z.png": put(root, "dog/z.png", encode_image(rgb(seed=5), "png")),
+    }
+    (root / "empty").mkdir()
+    put(root, ".hidden/c.png", encode_image(rgb(), "png"))
+    put(root, "cat/.DS_Store", b"\0\0\0\1Bud1")
+    put(root, "dog/.ipynb_checkpoints/x.png", encode_image(rgb(), "png"))
+    return root, files
+
+
+def test_registered_with_aliases() -> None:
+    assert FORMATS.get("imagefolder") is ImageFolderFormat
+    assert FORMATS.get("images") is ImageFolderFormat and FORMATS.get("folder") is ImageFolderFormat
+
+
+def test_class_layout(classes_tree) -> None:
+    root, files = classes_tree
+    source = ImageFolderFormat(str(root))
+    assert source.metadata() == {"classes": ["cat", "dog", "empty"]}
+    schema = source.infer_schema()
+    assert list(schema.fields) == ["image", "label", "path"]
+    assert schema.image.shape == (8, 6, 3) and schema.image.numpy_dtype is np.uint8
+    assert schema.image.codec == CompressedImageCodec("png")  # 3 PNG against 2 JPEG
+    assert schema.label.numpy_dtype is np.int64 and schema.path.numpy_dtype is np.str_
+    rows = read_all(source, batch_size=2)
+    # torchvision's order: class, then directory, then file name; hidden files and dirs ignored
+    assert rows["path"] == ["cat/b.png", "cat/sub/a.png", "dog/x.jpg", "dog/y.jpeg", "dog/z.png"]
+    assert rows["label"] == [0, 0, 1, 1, 1]
+    assert rows["image"] == [files[p] for p in rows["path"]]  # the bytes on disk, not re-encoded
+    assert source.report.records == 5 and source.report.skipped == []
+    np.testing.assert_array_equal(decode_image(rows["image"][0]), rgb(seed=1))
+
+
+def test_batches_are_columns(classes_tree) -> None:
+    root, _ = classes_tree
+    source = ImageFolderFormat(root)
+    batches = list(source.read_batches(source.infer_schema(), batch_size=2))
+    assert [len(b["path"]) for b in batches] == [2, 2, 1]
+    assert batches[0]["label"].dtype == np.int64
+    only_paths = source.infer_schema().select(["path"])
+    assert [b["path"] for b in source.read_batches(only_paths)] == [[
+        "cat/b.png", "cat/sub/a.png", "dog/x.jpg", "dog/y.jpeg", "dog/z.png"]]
+
+
+def test_flat_layout_has_no_label(tmp_path: Path) -> None:
+    put(tmp_path, "2.jpg", encode_image(rgb(seed=2), "jpeg"))
+    put(tmp_path, "1.jpg", pillow_bytes(rgb(seed=1), "JPEG"))
+    source = ImageFolderFormat(tmp_path)
+    schema = source.infer_schema()
+    assert list(schema.fields) == ["image", "path"]
+    assert schema.image.codec == CompressedImageCodec("jpeg")
+    assert source.metadata() == {}
+    assert read_all(source)["path"] == ["1.jpg", "2.jpg"]
+    with pytest.raises(SchemaError, match="flat"):
+        list(source.read_batches(Unischema("s", [*schema, UnischemaField("label", np.int64)])))
+
+
+def test_grayscale_and_varying_sizes(tmp_path: Path) -> None:
+    put(tmp_path, "a/1.png", encode_image(gray(8, 6), "png"))
+    put(tmp_path, "a/2.png", pillow_bytes(gray(5, 6), "PNG"))
+    put(tmp_path, "b/3.jpg", pillow_bytes(gray(9, 6), "JPEG"))
+    schema = ImageFolderFormat(tmp_path).infer_schema()
+    assert schema.image.shape == (None, 6)  # all gray: 2-D; heights vary
+    put(tmp_path, "b/4.png", encode_image(rgb(4, 4), "png"))
+    schema = ImageFolderFormat(tmp_path).infer_schema()
+    assert schema.image.shape == (None, None, None)  # gray mixed with RGB: channels vary
+    rows = read_all(ImageFolderFormat(tmp_path), schema=schema)
+    assert [decode_image(b).shape for b in rows["image"]] == [(8, 6), (5, 6), (9, 6), (4, 4, 3)]
+
+
+def test_sampled_schema_checks_later_images(tmp_path: Path) -> None:
+    put(tmp_path, "a.png", encode_image(rgb(8, 6), "png"))
+    put(tmp_path, "b.png", encode_image(rgb(9, 6), "png"))
+    source = ImageFolderFormat(tmp_path)
+    schema = source.infer_schema(sample_records=1)
+    assert schema.image.shape == (8, 6, 3)
+    with pytest.raises(FormatError, match="does not fit"):
+        list(source.read_batches(schema))
+    assert read_all(source, schema=schema, on_error="skip")["path"] == ["a.png"]
+
+
+def test_sixteen_bit_png(tmp_path: Path) -> None:
+    put(tmp_path, "a.png", encode_image(np.arange(12, dtype=np.uint16).reshape(3, 4), "png"))
+    schema = ImageFolderFormat(tmp_path).infer_schema()
+    assert schema.image.numpy_dtype is np.uint16 and schema.image.shape == (3, 4)
+    put(tmp_path, "b.png", encode_image(gray(3, 4), "png"))
+    with pytest.raises(FormatError, match="16-bit"):
+        ImageFolderFormat(tmp_path).infer_schema()
+
+
+def test_format_by_content_not_extension(tmp_path: Path) -> None:
+    data = put(tmp_path, "c/actually_jpeg.png", encode_image(rgb(), "jpeg"))
+    put(tmp_path, "c/no_extension", encode_image(rgb(seed=9), "png"))
+    source = ImageFolderFormat(tmp_path)
+    rows = read_all(source)
+    assert rows["path"] == ["c/actually_jpeg.png", "c/no_extension"]
+    assert rows["image"][0] == data
+
+
+@pytest.mark.parametrize("corrupt", [
+    pytest.param(lambda png, jpg: ("c/bad.png", png[:20]), id="png-header"),
+    pytest.param(lambda png, jpg: ("c/bad.png", png[:-20]), id="png-truncated"),
+    pytest.param(lambda png, jpg: ("c/bad.jpg", jpg[: len(jpg) // 2]), id="jpeg-truncated"),
+    pytest.param(lambda png, jpg: ("c/bad.jpg", b"GIF89a not a jpeg"), id="wrong-content"),
+    pytest.param(lambda png, jpg: ("c/bad.gif", b"GIF89a\x01\x00"), id="unsupported-format"),
+])
+def test_corrupt_image_raises_or_skips(tmp_path: Path, corrupt) -> None:
+    png = put(tmp_path, "c/good.png", encode_image(rgb(16, 16), "png"))
+    name, data = corrupt(png, pillow_bytes(rgb(32, 32), "JPEG"))
+    put(tmp_path, name, data)
+    source = ImageFolderFormat(tmp_path)
+    schema = source.infer_schema()
+    with pytest.raises(FormatError, match="bad") as info:
+        list(source.read_batches(schema))
+    assert info.value.path == os.path.join(tmp_path, name)
+    rows = read_all(source, schema=schema, on_error="skip")
+    assert rows["path"] == ["c/good.png"]
+    assert source.report.records == 1
+    assert [s.path for s in source.report.skipped] == [os.path.join(tmp_path, name)]
+
+
+def test_verify_decodes_pixel_data(tmp_path: Path) -> None:
+    jpeg = bytearray(pillow_bytes(rgb(64, 64), "JPEG"))
+    jpeg[len(jpeg) // 2: len(jpeg) // 2 + 200] = b"\xff\xd0" * 100  # entropy data garbled, markers intact
+    put(tmp_path, "c/bad.jpg", bytes(jpeg))
+    put(tmp_path, "c/good.jpg", pillow_bytes(rgb(64, 64), "JPEG"))
+    assert len(read_all(ImageFolderFormat(tmp_path))["path"]) == 2  # header and end marker look fine
+    source = ImageFolderFormat(tmp_path, verify=True)
+    assert read_all(source, on_error="skip")["path"] == ["c/good.jpg"]
+
+
+def test_non_images_are_skipped_with_a_warning(classes_tree) -> None:
+    root, _ = classes_tree
+    put(root, "cat/notes.txt", b"hello")
+    put(root, "README.md", b"# in the root, outside any class")
+    source = ImageFolderFormat(root)
+    with pytest.warns(UserWarning, match="left out 2 file"):
+        rows = read_all(source)
+    assert len(rows["path"]) == 5
+    assert sorted(os.path.basename(s.path) for s in source.report.skipped) == ["README.md", "notes.txt"]
+
+
+def test_detect(classes_tree, tmp_path: Path) -> None:
+    root, _ = classes_tree
+    assert ImageFolderFormat.detect(str(root))
+    flat = tmp_path / "flat"
+    put(flat, "a.png", encode_image(rgb(), "png"))
+    assert ImageFolderFormat.detect(str(flat))
+    other = tmp_path / "other"
+    put(other, "part-0.parquet", b"PAR1....")
+    put(other, "_common_metadata", b"PAR1....")
+    assert not ImageFolderFormat.detect(str(other))
+    assert not ImageFolderFormat.detect(str(flat / "a.png"))
+    assert not ImageFolderFormat.detect(str(tmp_path / "missing"))
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ImageFolderFormat(tmp_path / "missing")
+    with pytest.raises(FormatError, match="one root"):
+        ImageFolderFormat([tmp_path, tmp_path])
+    with pytest.raises(FormatError, match="no PNG or JPEG"):
+        ImageFolderFormat(tmp_path).infer_schema()
+
+
+def test_round_trip_keeps_labels_classes_paths_and_bytes(classes_tree, tmp_path: Path) -> None:
+    root, _ = classes_tree
+    source = ImageFolderFormat(root)
+    schema = source.infer_schema()
+    first = read_all(source)
+    out = tmp_path / "export"
+    written = ImageFolderFormat.write(str(out), schema, source.read_batches(schema, batch_size=2),
+                                      classes=source.metadata()["classes"])
+    assert sorted(os.path.relpath(p, out) for p in written) == sorted(
+        os.path.join(*p.split("/")) for p in first["path"])
+    again = ImageFolderFormat(out)
+    assert again.metadata() == source.metadata()  # the empty class folder is kept
+    assert again.infer_schema() == schema
+    assert read_all(again) == first
+    assert not [n for n in os.listdir(tmp_path) if "unihub-tmp" in n]
+
+
+def test_write_arrays_and_labels_without_paths(tmp_path: Path) -> None:
+    schema = Unischema("S", [UnischemaField("img", np.uint8, (8, 6, 3), CompressedImageCodec("jpeg", 95)),
+                             UnischemaField("label", np.int64)])
+    arrays = np.stack([np.full((8, 6, 3), 40 * i + 20, np.uint8) for i in range(3)])  # JPEG-friendly
+    written = ImageFolderFormat.write(tmp_path / "out", schema, [{"img": arrays, "label": np.array([1, 0, 1])}],
+                                      classes=["ant", "bee"])
+    names = [os.path.relpath(p, tmp_path / "out").replace(os.sep, "/") for p in written]
+    assert names == ["bee/00000000.jpg", "ant/00000001.jpg", "bee/00000002.jpg"]
+    rows = read_all(ImageFolderFormat(tmp_path / "out"))
+    assert rows["label"] == [0, 1, 1]
+    assert np.abs(decode_image(rows["image"][0]).astype(int) - arrays[1]).max() <= 2
+
+
+def test_write_flat_and_string_labels(tmp_path: Path) -> None:
+    schema = Unischema("S", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("kind", np.str_)])
+    blobs = [encode_image(rgb(seed=i), "png") for i in range(2)]
+    written = ImageFolderFormat.write(tmp_path / "flat", schema, [{"image": blobs, "kind": ["x", "y"]}])
+    assert [os.path.basename(p) for p in written] == ["00000000.png", "00000001.png"]
+    written = ImageFolderFormat.write(tmp_path / "by_kind", schema, [{"image": blobs, "kind": ["x", "y"]}],
+                                      label_field="kind")
+    assert ImageFolderFormat(tmp_path / "by_kind").metadata() == {"classes": ["x", "y"]}
+    assert [Path(p).read_bytes() for p in written] == blobs
+
+
+def test_write_is_atomic_and_refuses_bad_input(tmp_path: Path) -> None:
+    schema = Unischema("S", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("path", np.str_)])
+    good = encode_image(rgb(), "png")
+
+    def rows(paths):
+        yield {"image": [good], "path": [paths[0]]}
+        yield {"image": [good], "path": [paths[1]]}
+
+    target = tmp_path / "out"
+    for paths, message in [(["a.png", "a.png"], "twice"), (["a.png", "../escape.png"], "relative"),
+                           (["a.png", "/abs.png"], "relative"), (["a.png", ".hidden.png"], "relative")]:
+        with pytest.raises(FormatError, match=message):
+            ImageFolderFormat.write(target, schema, rows(paths))
+        assert os.listdir(tmp_path) == []  # neither target nor temp dir left behind
+    with pytest.raises(FormatError, match="neither PNG nor JPEG"):
+        ImageFolderFormat.write(target, schema, [{"image": [b"nope"], "path": ["a.png"]}])
+    with pytest.raises(FormatError, match="outside"):
+        ImageFolderFormat.write(target, Unischema("L", [*schema, UnischemaField("label", np.int64)]),
+                                [{"image": [good], "path": ["a.png"], "label": [5]}], classes=["a"])
+    ImageFolderFormat.write(target, schema, rows(["a.png", "b/c.png"]))
+    with pytest.raises(DatasetExistsError):
+        ImageFolderFormat.write(target, schema, rows(["a.png", "b.png"]))
+    ImageFolderFormat.write(target, schema, rows(["x.png", "y.png"]), overwrite=True)
+    assert sorted(os.listdir(target)) == ["x.png", "y.png"]
+    with pytest.raises(SchemaError, match="image_field"):
+        two = Unischema("T", [UnischemaField("a", np.uint8, (2, 2), CompressedImageCodec()),
+                              UnischemaField("b", np.uint8, (2, 2), CompressedImageCodec())])
+        ImageFolderFormat.write(tmp_path / "t", two, [])
+
+
+def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) -> None:
+    from unihub import make_batch_reader, make_reader, write_dataset
+
+    root, files = classes_tree
+    source = ImageFolderFormat(root)
+    schema = source.infer_schema()
+    write_dataset(tmp_path / "pq", schema, source.read_batches(schema, batch_size=2), batched=True)
+    with make_batch_reader(f"file://{tmp_path / 'pq'}", decode_images=False, shuffle_row_groups=False) as reader:
+        batches = [batch._asdict() for batch in reader]
+    ImageFolderFormat.write(tmp_path / "out", schema, batches, classes=source.metadata()["classes"])
+    assert read_all(ImageFolderFormat(tmp_path / "out")) == read_all(source)
+    with make_reader(f"file://{tmp_path / 'pq'}", shuffle_row_groups=False) as reader:
+        decoded = {row.path: row.image for row in reader}
+    np.testing.assert_array_equal(decoded["cat/b.png"], rgb(seed=1))
+    np.testing.assert_array_equal(decoded["dog/x.jpg"], decode_image(files["dog/x.jpg"]))
