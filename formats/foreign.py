@@ -143,7 +143,8 @@ def detect_format(path: str) -> str | None:
     import unihub.formats.formats_all  # noqa: F401  (registers every format module)
 
     base = expand_braces(os.fspath(path))[0]
-    for ext in (os.path.splitext(base)[1], "".join(os.path.basename(base).split(".")[-2:])):
+    parts = os.path.basename(base).split(".")
+    for ext in (os.path.splitext(base)[1], "." + ".".join(parts[-2:]) if len(parts) > 2 else ""):
         name = FORMATS.by_extension(ext) if ext else None
         if name is not None:
             return name

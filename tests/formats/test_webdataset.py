@@ -1,0 +1,349 @@
+"""WebDataset tar shards: key rule, schema inference, reading, bad input, export that webdataset reads back."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import CompressedImageCodec, FormatError, ScalarCodec, TensorCodec, Unischema, UnischemaField
+from unihub.formats import images
+from unihub.formats.foreign import FORMATS
+from unihub.formats.parquet import open_dataset
+from unihub.formats.webdataset import WebDatasetFormat, split_name
+from unihub.formats.writer import write_dataset
+
+wds = pytest.importorskip("webdataset")
+
+SHARDS, PER_SHARD = 3, 5
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def make_sample(i: int) -> dict[str, Any]:
+    """Sample ``i``: fixed PNG, JPEG of varying size, fixed and ragged tensors, optional text."""
+    rng = np.random.default_rng(i)
+    sample = {
+        "__key__": f"{i:06d}",
+        "png": images.encode_image(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8), "png"),
+        "seg.png": images.encode_image(np.full((8, 6), i, np.uint8), "png"),
+        "jpg": images.encode_image(rng.integers(0, 255, (8 + i % 3, 8, 3), dtype=np.uint8), "jpeg"),
+        "npy": npy(np.arange(4, dtype=np.float32) * i),
+        "boxes.npy": npy(np.full((i % 3, 2), i, dtype=np.int16)),
+        "cls": str(i % 4).encode(),
+        "json": json.dumps({"id": i, "tags": ["a", "b"][: i % 3]}).encode(),
+        "bin": bytes([i, 0, 255]),
+    }
+    if i % 2 == 0:
+        sample["txt"] = f"caption {i} ünï".encode()
+    return sample
+
+
+def write_shards(root: Path, samples: list[dict[str, Any]], per_shard: int = PER_SHARD) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(0, len(samples), per_shard):
+        path = root / f"shard-{s // per_shard:05d}.tar"
+        with wds.TarWriter(str(path), encoder=False) as writer:
+            for sample in samples[s:s + per_shard]:
+                writer.write(sample)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture()
+def shards(tmp_path: Path) -> Path:
+    write_shards(tmp_path / "wds", [make_sample(i) for i in range(SHARDS * PER_SHARD)])
+    return tmp_path / "wds"
+
+
+def read_rows(source: WebDatasetFormat, schema: Unischema | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    schema = schema or source.infer_schema()
+    rows = []
+    for batch in source.read_batches(schema, **kwargs):
+        n = len(batch["__key__"])
+        rows.extend({name: values[i] for name, values in batch.items()} for i in range(n))
+    return rows
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+# ------------------------------------------------------------------------- key rule
+@pytest.mark.parametrize("name", ["a.png", "dir/000.seg.png", "a.b/c.JPG", ".hidden", "noext", "x.", "d.d/.x"])
+def test_key_rule_is_webdatasets(name: str) -> None:
+    key, ext = wds.tariterators.base_plus_ext(name)
+    assert split_name(name) == (None if key is None else (key, ext.lower()))
+
+
+def test_registered_by_name_alias_and_extension() -> None:
+    assert FORMATS.get("wds") is WebDatasetFormat and FORMATS.get("tar") is WebDatasetFormat
+    assert FORMATS.by_extension(".tar") == "webdataset"
+
+
+# ------------------------------------------------------------------------ inference
+def test_infer_schema(shards: Path) -> None:
+    schema = WebDatasetFormat(str(shards / "shard-{00000..00002}.tar")).infer_schema()
+    fields = schema.fields
+    assert list(fields) == ["__key__", "bin", "boxes.npy", "cls", "jpg", "json", "npy", "png", "seg.png", "txt"]
+    assert fields["__key__"] == UnischemaField("__key__", np.str_, (), ScalarCodec(np.str_), False)
+    assert fields["png"] == UnischemaField("png", np.uint8, (8, 6, 3), CompressedImageCodec("png"), False)
+    assert fields["seg.png"].shape == (8, 6)
+    assert fields["jpg"].shape == (None, 8, 3) and fields["jpg"].codec == CompressedImageCodec("jpeg")
+    assert fields["npy"] == UnischemaField("npy", np.float32, (4,), TensorCodec(), False)
+    assert fields["boxes.npy"] == UnischemaField("boxes.npy", np.int16, (None, 2), TensorCodec(), False)
+    assert fields["cls"].numpy_dtype is np.int64
+    assert fields["json"].numpy_dtype is np.str_ and fields["txt"].numpy_dtype is np.str_
+    assert fields["bin"].numpy_dtype is np.bytes_
+    assert fields["txt"].nullable and not fields["cls"].nullable
+
+
+def test_infer_from_a_sample_of_records(shards: Path) -> None:
+    schema = WebDatasetFormat(str(shards)).infer_schema(sample_records=1)
+    assert schema["jpg"].shape == (8, 8, 3) and not schema["txt"].nullable
+
+
+def test_text_classes_that_are_not_ints(tmp_path: Path) -> None:
+    write_tar(tmp_path / "a.tar", [("0.cls", b"1.5"), ("1.cls", b"2"), ("0.idx", b"x"), ("1.idx", b"7")])
+    schema = WebDatasetFormat(str(tmp_path / "a.tar")).infer_schema()
+    assert schema["cls"].numpy_dtype is np.float64 and schema["idx"].numpy_dtype is np.str_
+
+
+# -------------------------------------------------------------------------- reading
+def test_read_values(shards: Path) -> None:
+    source = WebDatasetFormat(str(shards / "shard-{00000..00002}.tar"))
+    schema = source.infer_schema()
+    batches = list(source.read_batches(schema, batch_size=4))
+    assert [len(b["__key__"]) for b in batches] == [4, 4, 4, 3]
+    assert batches[0]["npy"].shape == (4, 4) and batches[0]["cls"].dtype == np.int64
+    assert all(type(v) is bytes for v in batches[0]["png"])  # encoded, never a numpy bytes_ array
+    assert isinstance(batches[0]["boxes.npy"], list) and isinstance(batches[1]["txt"], list)
+    rows = read_rows(source, schema)
+    assert source.report.records == 2 * SHARDS * PER_SHARD and not source.report.skipped
+    for i, row in enumerate(rows):
+        expected = make_sample(i)
+        assert row["__key__"] == expected["__key__"]
+        for ext in ("png", "seg.png", "jpg", "bin"):
+            assert row[ext] == expected[ext]
+        np.testing.assert_array_equal(row["npy"], np.arange(4, dtype=np.float32) * i)
+        assert row["boxes.npy"].shape == (i % 3, 2) and row["boxes.npy"].dtype == np.int16
+        assert row["cls"] == i % 4
+        assert json.loads(row["json"]) == json.loads(expected["json"])
+        assert row["txt"] == (expected["txt"].decode() if i % 2 == 0 else None)
+
+
+def test_reads_what_webdataset_reads(shards: Path) -> None:
+    pattern = str(shards / "shard-{00000..00002}.tar")
+    theirs = list(wds.WebDataset(pattern, shardshuffle=False))
+    ours = read_rows(WebDatasetFormat(pattern))
+    assert [s["__key__"] for s in theirs] == [r["__key__"] for r in ours]
+    for sample, row in zip(theirs, ours):
+        for ext in ("png", "jpg", "seg.png", "bin"):
+            assert sample[ext] == row[ext]
+
+
+def test_sources_directory_glob_and_list(shards: Path) -> None:
+    (shards / "README.md").write_text("not a shard")
+    names = sorted(str(p) for p in shards.glob("*.tar"))
+    assert WebDatasetFormat(str(shards)).files() == names
+    assert WebDatasetFormat(str(shards / "*.tar")).files() == names
+    assert WebDatasetFormat(names[::-1]).files() == names
+    assert WebDatasetFormat.detect(str(shards)) and WebDatasetFormat.detect(names[0])
+    assert WebDatasetFormat(str(shards)).metadata() == {"webdataset": {"shards": [os.path.basename(n) for n in names]}}
+
+
+def test_gzipped_shard(tmp_path: Path) -> None:
+    with tarfile.open(tmp_path / "a.tar.gz", "w:gz") as tar:
+        for name, data in [("k1.cls", b"3"), ("k2.cls", b"4")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    rows = read_rows(WebDatasetFormat(str(tmp_path / "a.tar.gz")))
+    assert [(r["__key__"], r["cls"]) for r in rows] == [("k1", 3), ("k2", 4)]
+
+
+# ------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("bad", ["noext", ".hidden"])
+def test_member_without_key(tmp_path: Path, bad: str) -> None:
+    path = write_tar(tmp_path / "bad.tar", [("a.cls", b"1"), (bad, b"?"), ("b.cls", b"2")])
+    source = WebDatasetFormat(str(path))
+    schema = source.infer_schema()
+    with pytest.raises(FormatError, match=rf"bad\.tar: member '{bad}' at offset 1024 has no key") as info:
+        read_rows(source, schema)
+    assert info.value.path == str(path) and info.value.offset == 1024
+    skipping = WebDatasetFormat(str(path))
+    assert [r["cls"] for r in read_rows(skipping, schema, on_error="skip")] == [1, 2]
+    assert [(s.path, s.location) for s in skipping.report.skipped] == [(str(path), "offset 1024")]
+
+
+def test_directories_and_metadata_members_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "dirs.tar"
+    with tarfile.open(path, "w") as tar:
+        tar.addfile(tarfile.TarInfo("__index__"), io.BytesIO(b""))
+        folder = tarfile.TarInfo("train")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        info = tarfile.TarInfo("train/x.cls")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"5"))
+    assert [(r["__key__"], r["cls"]) for r in read_rows(WebDatasetFormat(str(path)))] == [("train/x", 5)]
+
+
+def test_duplicate_extension_in_a_sample(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "dup.tar", [("a.cls", b"1"), ("a.cls", b"2")])
+    with pytest.raises(FormatError, match="dup.tar: member 'a.cls' at offset 1024: key 'a' already has a .cls"):
+        read_rows(WebDatasetFormat(str(path)))
+
+
+@pytest.mark.parametrize(("cut", "kept"), [(3072 + 700, ["000", "001"]), (3072 + 100, ["000"]), (3072, ["000"])])
+def test_truncated_tar(tmp_path: Path, cut: int, kept: list[str]) -> None:
+    """Cut inside member 2's data, inside its header, and exactly before it (1536 bytes a member).
+
+    Only the first cut proves sample '001' complete (member 2 starts another key); otherwise
+    the last sample may have lost members and is left out too.
+    """
+    members = [(f"{i:03d}.bin", bytes(1000)) for i in range(5)]
+    whole = write_tar(tmp_path / "whole.tar", members).read_bytes()
+    path = tmp_path / "cut.tar"
+    path.write_bytes(whole[:cut])
+    with pytest.raises(FormatError, match=r"cut\.tar: truncated or corrupt tar after offset 3072") as info:
+        read_rows(WebDatasetFormat(str(path)), WebDatasetFormat(str(tmp_path / "whole.tar")).infer_schema())
+    assert info.value.path == str(path) and info.value.offset == 3072
+    source = WebDatasetFormat(str(path))
+    assert [r["__key__"] for r in read_rows(source, on_error="skip")] == kept
+    assert [s.location for s in source.report.skipped] == ["offset 3072"]
+
+
+def test_not_a_tar(tmp_path: Path) -> None:
+    (tmp_path / "junk.tar").write_bytes(b"junk" * 300)
+    with pytest.raises(FormatError, match="junk.tar"):
+        read_rows(WebDatasetFormat(str(tmp_path / "junk.tar")),
+                  Unischema("S", [UnischemaField("__key__", np.str_, (), ScalarCodec(np.str_))]))
+
+
+def test_corrupt_npy_and_image(tmp_path: Path) -> None:
+    good = make_sample(0)
+    samples = [good, {**make_sample(1), "npy": b"\x93NUMPY garbage"}, {**make_sample(2), "png": b"\x89PNG\r\n\x1a\nxx"}]
+    write_shards(tmp_path, samples, per_shard=3)
+    shard = str(tmp_path / "shard-00000.tar")
+    schema = WebDatasetFormat(shard).infer_schema()  # corrupt values do not change the schema
+    assert schema["npy"].shape == (4,) and schema["png"].shape == (8, 6, 3)
+    with pytest.raises(FormatError, match=r"shard-00000\.tar: sample '000001' \(offset \d+\), member \.npy"):
+        read_rows(WebDatasetFormat(shard), schema)
+    source = WebDatasetFormat(shard)
+    assert [r["__key__"] for r in read_rows(source, schema, on_error="skip")] == ["000000"]
+    assert [s.location for s in source.report.skipped] == ["key 000001", "key 000002"]
+    assert "not a readable PNG" in source.report.skipped[1].reason
+
+
+def test_missing_member_of_a_required_field(shards: Path) -> None:
+    source = WebDatasetFormat(str(shards))
+    inferred = source.infer_schema()
+    schema = Unischema("S", [f._replace(nullable=False) if f.name == "txt" else f for f in inferred])
+    with pytest.raises(FormatError, match=r"sample '000001' .* has no \.txt member"):
+        read_rows(source, schema)
+
+
+# -------------------------------------------------------------------------- writing
+def test_export_reads_back_with_webdataset(shards: Path, tmp_path: Path) -> None:
+    source = WebDatasetFormat(str(shards))
+    schema = source.infer_schema()
+    files = WebDatasetFormat.write(str(tmp_path / "out"), schema, source.read_batches(schema, batch_size=4),
+                                   samples_per_shard=6)
+    assert [os.path.basename(f) for f in files] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(os.listdir(tmp_path / "out")) == [os.path.basename(f) for f in files]  # no temporaries
+    theirs = list(wds.WebDataset(str(tmp_path / "out" / "shard-{000000..000002}.tar"), shardshuffle=False))
+    assert len(theirs) == SHARDS * PER_SHARD
+    for i, sample in enumerate(theirs):
+        expected = make_sample(i)
+        assert sorted(k for k in sample if not k.startswith("__")) == sorted(k for k in expected if k != "__key__")
+        for ext, data in expected.items():
+            if ext in ("npy", "boxes.npy"):
+                np.testing.assert_array_equal(np.load(io.BytesIO(sample[ext])), np.load(io.BytesIO(data)))
+            elif ext == "__key__":
+                assert sample[ext] == data
+            else:
+                assert sample[ext] == data, ext
+    decoded = next(iter(wds.WebDataset(files[0], shardshuffle=False).decode("rgb8")))
+    assert decoded["png"].shape == (8, 6, 3) and decoded["cls"] == 0 and decoded["npy"].shape == (4,)
+
+
+def _parquet_batches(root: Path):
+    store = open_dataset(str(root))
+    for index in range(len(store.row_groups)):
+        table = store.read_row_group(index)
+        yield {f.name: (f.codec.decode_column(f, table[f.name], decode=False) if isinstance(f.codec, CompressedImageCodec)
+                        else f.codec.decode_column(f, table[f.name])) for f in store.schema}
+
+
+def test_ingest_to_parquet_export_ingest(shards: Path, tmp_path: Path) -> None:
+    source = WebDatasetFormat(str(shards))
+    schema = source.infer_schema()
+    write_dataset(str(tmp_path / "pq"), schema, source.read_batches(schema, batch_size=4), batched=True)
+    WebDatasetFormat.write(str(tmp_path / "back"), schema, _parquet_batches(tmp_path / "pq"), samples_per_shard=4)
+    again = WebDatasetFormat(str(tmp_path / "back"))
+    assert again.infer_schema() == schema
+    before, after = read_rows(WebDatasetFormat(str(shards)), schema), read_rows(again, schema)
+    assert len(before) == len(after) == SHARDS * PER_SHARD
+    for a, b in zip(before, after):
+        assert a.keys() == b.keys()
+        for name in a:
+            if isinstance(a[name], np.ndarray):
+                np.testing.assert_array_equal(a[name], b[name])
+                assert a[name].dtype == b[name].dtype
+            else:
+                assert a[name] == b[name], name
+
+
+def test_export_of_other_field_names(tmp_path: Path) -> None:
+    schema = Unischema("Other", [
+        UnischemaField("image", np.uint8, (4, 4, 3), CompressedImageCodec("jpeg"), False),
+        UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+        UnischemaField("label", np.int32, (), ScalarCodec(np.int32), False),
+        UnischemaField("score", np.float32, (), ScalarCodec(np.float32), True),
+        UnischemaField("caption", np.str_, (), ScalarCodec(np.str_), False),
+        UnischemaField("group/blob", np.bytes_, (), ScalarCodec(np.bytes_), False),
+    ])
+    batch = {
+        "image": [np.zeros((4, 4, 3), np.uint8)] * 3,
+        "boxes": [np.ones((i, 4), np.float32) for i in range(3)],
+        "label": np.arange(3, dtype=np.int32),
+        "score": [0.5, None, 1.5],
+        "caption": ["a", "b", "c"],
+        "group/blob": [b"x", b"y", b"z"],
+    }
+    files = WebDatasetFormat.write(str(tmp_path / "o"), schema, [batch], samples_per_shard=2, pattern="p-%d.tar")
+    assert [os.path.basename(f) for f in files] == ["p-0.tar", "p-1.tar"]
+    with tarfile.open(files[0]) as tar:
+        assert sorted(tar.getnames())[:6] == ["000000000.boxes.npy", "000000000.caption.txt", "000000000.group.blob",
+                                              "000000000.image.jpg", "000000000.label.cls", "000000000.score.npy"]
+    rows = read_rows(WebDatasetFormat(str(tmp_path / "o")))
+    assert [r["label.cls"] for r in rows] == [0, 1, 2]
+    assert [r["score.npy"] for r in rows] == [0.5, None, 1.5]
+    assert [r["boxes.npy"].shape for r in rows] == [(0, 4), (1, 4), (2, 4)]
+    assert images.decode_image(rows[0]["image.jpg"]).shape == (4, 4, 3)
+
+
+@pytest.mark.parametrize(("keys", "message"), [(["a", "a.b"], "would not read back"), (["a", "a"], "repeats")])
+def test_export_refuses_keys_that_do_not_read_back(tmp_path: Path, keys: list[str], message: str) -> None:
+    schema = Unischema("K", [UnischemaField("__key__", np.str_, (), ScalarCodec(np.str_)),
+                             UnischemaField("cls", np.int64, (), ScalarCodec(np.int64))])
+    with pytest.raises(ValueError, match=message):
+        WebDatasetFormat.write(str(tmp_path / "k"), schema, [{"__key__": keys, "cls": [1, 2]}])
+    assert os.listdir(tmp_path / "k") == []  # the partial shard was removed
