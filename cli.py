@@ -5,6 +5,9 @@ Examples::
     unihub inspect /data/train            # schema, rows, files, row groups, bytes
     unihub inspect /data/train --json     # the same as JSON
     unihub demo /tmp/unihub-demo          # write a small dataset with images, tensors, scalars; inspect it
+    unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
+    unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
+    unihub verify /data/images /data/train                 # exit 0 only when equal
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -103,6 +106,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from unihub.converters.convert import convert
+
+    result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
+                     schema=args.schema, overwrite=args.overwrite, row_group_size_mb=args.row_group_size_mb,
+                     on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None)
+    if not args.quiet:
+        print(result.summary(), file=sys.stderr)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from unihub.converters.verify import verify
+
+    report = verify(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
+                    max_differences=args.max_differences)
+    print(report.summary())
+    return 0 if report.equal else 1
+
+
+def _format_names() -> list[str]:
+    import unihub.formats.formats_all  # noqa: F401
+    from unihub.formats.foreign import FORMATS
+
+    return ["unihub", "parquet", *FORMATS.names()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unihub", description=__doc__.split("\n\n")[0],
                                      epilog="\n".join(__doc__.split("\n\n")[1:2]),
@@ -123,6 +153,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)")
     demo.add_argument("--rows", type=int, default=2000, help="rows to generate (default 2000)")
     demo.set_defaults(func=cmd_demo)
+
+    formats = _format_names()
+    convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
+                             "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
+                             "beside DST and renamed on success. Example: unihub convert 'train-*.tfrecord' /data/train")
+    convert.add_argument("src", help="source files, directory, glob or brace pattern")
+    convert.add_argument("dst", help="target path")
+    convert.add_argument("--from", dest="from_format", choices=formats, help="source format (default: detected)")
+    convert.add_argument("--to", dest="to_format", choices=formats, help="target format (default: from DST's "
+                         "extension, else unihub)")
+    convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
+    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    convert.add_argument("--row-group-size-mb", type=float, default=32, help="Parquet row-group size (default 32)")
+    convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
+    convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    convert.set_defaults(func=cmd_convert)
+
+    verify = sub.add_parser("verify", help="compare two datasets row by row; exit 0 only when equal",
+                            description="Compare SRC and DST row by row (values, shapes, dtypes; images as bytes). "
+                                        "Example: unihub verify shards/ /data/train")
+    verify.add_argument("src")
+    verify.add_argument("dst")
+    verify.add_argument("--from", dest="from_format", choices=formats, help="SRC's format (default: detected)")
+    verify.add_argument("--to", dest="to_format", choices=formats, help="DST's format (default: detected)")
+    verify.add_argument("--max-differences", type=int, default=10, help="differences to report (default 10)")
+    verify.set_defaults(func=cmd_verify)
     return parser
 
 

@@ -86,6 +86,14 @@ class ParquetStore:
         return sum(rg.num_rows for rg in self.row_groups)
 
     @property
+    def extra_metadata(self) -> dict[str, Any]:
+        """The JSON ``extra_metadata`` given to write_dataset (source format, class names, ...)."""
+        import json
+
+        raw = self.metadata.get(b"unihub.extra")
+        return json.loads(raw) if raw else {}
+
+    @property
     def total_bytes(self) -> int:
         return sum(f.size_bytes for f in self.files)
 

@@ -9,6 +9,7 @@ open partition. Everything goes to a hidden sibling directory that is renamed on
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,6 +29,8 @@ from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
 _ENCODE_CHUNK_ROWS = 256
+#: Key of ``extra_metadata`` (JSON: where a converted dataset came from, class names, attributes).
+EXTRA_METADATA_KEY = b"unihub.extra"
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,15 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                   batched: bool = False, row_group_size_mb: float = 32, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
                   overwrite: bool = False, validate: bool = True, filesystem: Any = None,
-                  storage_options: dict[str, Any] | None = None) -> WriteResult:
+                  storage_options: dict[str, Any] | None = None,
+                  extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
     """Write rows (mappings of field -> value) or column batches as a Unischema dataset.
 
     ``rows_or_batches`` is an iterable of row mappings; with ``batched=True`` an iterable of
     column mappings (field -> array or sequence, one entry per row) or Arrow record
     batches/tables already in storage form; a single column mapping or table also works.
+    ``extra_metadata`` (JSON-able) is kept under ``unihub.extra`` beside the schema, e.g. the
+    class names of a converted image folder.
 
     Example::
 
@@ -92,7 +98,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
     writer = _DatasetWriter(fs, _temporary_sibling(target), schema, partition_by=tuple(partition_by),
                             row_group_bytes=int(row_group_size_mb * 2**20), rows_per_file=rows_per_file,
-                            compression=compression, validate=validate)
+                            compression=compression, validate=validate, extra_metadata=extra_metadata)
     try:
         for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
             writer.add(batch)
@@ -256,14 +262,18 @@ class _DatasetWriter:
     """Routes encoded batches to partition sinks and writes row groups and files."""
 
     def __init__(self, fs: pafs.FileSystem, root: str, schema: Unischema, *, partition_by: tuple[str, ...],
-                 row_group_bytes: int, rows_per_file: int | None, compression: str | None, validate: bool) -> None:
+                 row_group_bytes: int, rows_per_file: int | None, compression: str | None, validate: bool,
+                 extra_metadata: Mapping[str, Any] | None = None) -> None:
         self.fs, self.root, self.schema = fs, root, schema
         self.partition_by = partition_by
         self.row_group_bytes = row_group_bytes
         self.rows_per_file = rows_per_file
         self.compression = compression
         full = schema.as_arrow_schema()
-        self.file_schema = pa.schema([f for f in full if f.name not in partition_by], metadata=full.metadata)
+        metadata = dict(full.metadata or {})
+        if extra_metadata:
+            metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+        self.file_schema = pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
         self.sinks: dict[tuple[Any, ...], _PartitionSink] = {}
         self.files: list[str] = []
         self.num_rows = 0
