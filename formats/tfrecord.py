@@ -1,0 +1,702 @@
+"""TFRecord files of ``tf.train.Example`` records: infer a Unischema, read batches, write back.
+
+On disk a TFRecord file is a sequence of records, each framed as::
+
+    uint64 length (little endian) | uint32 masked_crc32c(length bytes) | data[length] | uint32 masked_crc32c(data)
+
+optionally inside one GZIP stream (TensorFlow's ``compression_type='GZIP'``). ``data`` is a
+serialized ``tf.train.Example``: ``Example{features: Features{map<string, Feature>}}``, each
+``Feature`` one of ``bytes_list``, ``float_list`` (packed float32) or ``int64_list`` (packed
+varints).
+
+Neither TensorFlow nor the ``tfrecord`` package is imported: both register the protobuf
+messages ``tensorflow.Example`` & co., and a process that imports one cannot import the other
+(``duplicate symbol 'tensorflow.BytesList'``). The framing and the Example wire format are
+small enough to read and write here with numpy, so this module works with either, both or
+neither installed; only ``crc32c`` is needed, for the checksums.
+
+Tensors are written flattened; a field whose shape the flat length does not determine (more
+than one ``None`` dim, or one that is not the first) also gets a ``<name>/shape`` int64 feature
+holding each row's shape, which :meth:`TFRecordFormat.infer_schema` and ``read_batches`` use.
+"""
+
+from __future__ import annotations
+
+import decimal
+import gzip
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.dependencies import require
+from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats import dtypes, images
+from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.formats.foreign import (
+    ColumnBatch,
+    ForeignFormat,
+    OnError,
+    ReadReport,
+    SkippedRecord,
+    register_format,
+)
+from unihub.formats.schema import Shape, Unischema, UnischemaField
+
+SHAPE_SUFFIX = "/shape"
+_GZIP_MAGIC = b"\x1f\x8b"
+_MASK_DELTA = 0xA282EAD8
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+Feature = tuple[str | None, Any]  # ("bytes", [b"..."]) | ("float", f32 array) | ("int64", i64 array)
+
+
+# -- framing -------------------------------------------------------------------------------
+def _crc32c() -> Any:
+    return require("crc32c", extra="tfrecord", purpose="TFRecord checksums").crc32c
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    return _mask(_crc32c()(data))
+
+
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _is_gzip(path: str, compression: str | None) -> bool:
+    if compression is not None and compression.upper() not in ("", "NONE", "GZIP", "AUTO"):
+        raise UnsupportedFormatError(f"TFRecord compression must be None, 'GZIP' or 'auto', not {compression!r}")
+    if compression is not None and compression.upper() in ("", "NONE", "GZIP"):
+        return compression.upper() == "GZIP"
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if len(head) == 12 and masked_crc(head[:8]) == _U32.unpack(head[8:])[0]:
+        return False  # a valid plain header, even if it happens to start like gzip
+    return head[:2] == _GZIP_MAGIC
+
+
+def _open(path: str, compression: str | None) -> IO[bytes]:
+    return gzip.open(path, "rb") if _is_gzip(path, compression) else open(path, "rb")  # noqa: SIM115
+
+
+def iter_records(path: str, *, compression: str | None = None, on_error: OnError = "raise",
+                 report: ReadReport | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """``(record index, byte offset, data)`` for each record of one TFRecord file.
+
+    Offsets count uncompressed bytes. A bad data CRC skips one record; a truncated record or
+    a bad length CRC ends the file (nothing after it can be framed) -- with ``on_error='skip'``
+    both are noted in ``report``, otherwise they raise :class:`FormatError`.
+    """
+    crc = _crc32c()
+    index = offset = 0
+    with _open(path, compression) as f:
+        while True:
+            data, size, error = _next_record(f, crc)
+            if error is not None:
+                _fail(path, index, offset, error, on_error, report)
+                if not size:
+                    return  # the rest of the file cannot be framed
+            elif data is None:
+                return
+            else:
+                yield index, offset, data
+            index, offset = index + 1, offset + size
+
+
+def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]:
+    """``(data, framed size, error)``: ``(None, 0, None)`` at the end, size 0 when unframeable."""
+    try:
+        header = f.read(12)
+        if not header:
+            return None, 0, None
+        if len(header) < 12:
+            return None, 0, f"truncated record header ({len(header)} of 12 bytes)"
+        if _mask(crc(header[:8])) != _U32.unpack_from(header, 8)[0]:
+            return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
+        length = _U64.unpack_from(header)[0]
+        body = f.read(length + 4)
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt
+        return None, 0, f"unreadable compressed stream ({exc})"
+    if len(body) < length + 4:
+        return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
+    if _mask(crc(body[:length])) != _U32.unpack_from(body, length)[0]:
+        return None, 16 + length, "data CRC mismatch"
+    return body[:length], 16 + length, None
+
+
+def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
+          report: ReadReport | None, feature: str | None = None) -> None:
+    where = f"record {index} at byte offset {offset}" + (f", feature {feature!r}" if feature else "")
+    if on_error == "skip":
+        if report is not None:
+            report.skipped.append(SkippedRecord(path, where, reason))
+        return
+    raise FormatError(f"{path}: {where}: {reason}", path=path, offset=offset)
+
+
+# -- tf.train.Example wire format ------------------------------------------------------------
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _skip(buf: bytes, pos: int, key: int) -> int:
+    """The position after the value of a field (tag ``key``) that is not read."""
+    wire = key & 7
+    if wire == 0:
+        return _varint(buf, pos)[1]
+    if wire == 2:
+        size, pos = _varint(buf, pos)
+        return pos + size
+    if wire in (1, 5):
+        return pos + (8 if wire == 1 else 4)
+    raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _packed_varints(buf: bytes, start: int, end: int) -> np.ndarray | list[int]:
+    chunk = buf[start:end]
+    if not chunk or max(chunk) < 0x80:  # every value below 128: one byte each
+        return list(chunk) if len(chunk) <= 16 else np.frombuffer(chunk, np.uint8).astype(np.int64)
+    raw = np.frombuffer(chunk, np.uint8)
+    if raw[-1] & 0x80:
+        raise ValueError("truncated varint")
+    ends = np.flatnonzero(raw < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    position = np.arange(len(raw)) - np.repeat(starts, ends - starts + 1)
+    parts = (raw & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    return np.add.reduceat(parts, starts).view(np.int64)
+
+
+def _parse_list(buf: bytes, key: int, pos: int, end: int) -> Any:
+    """The values of a BytesList (``key`` 0x0A), FloatList (0x12) or Int64List (0x1A)."""
+    items: list[Any] = []
+    while pos < end:
+        tag = buf[pos]
+        pos += 1
+        if tag == 0x0A:  # a bytes value, or a packed run of floats / varints
+            size = buf[pos]
+            pos += 1
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            if key == 0x0A:
+                items.append(buf[pos:pos + size])
+            elif key == 0x12:
+                items.append(np.frombuffer(buf, "<f4", size // 4, pos))
+            else:
+                items.append(_packed_varints(buf, pos, pos + size))
+            pos += size
+        elif tag == 0x0D and key == 0x12:  # an unpacked float
+            items.append(np.frombuffer(buf, "<f4", 1, pos))
+            pos += 4
+        elif tag == 0x08 and key == 0x1A:  # an unpacked varint
+            value, pos = _varint(buf, pos)
+            items.append([value - (1 << 64) if value >> 63 else value])
+        else:
+            pos = _skip(buf, pos, tag if tag < 0x80 else _varint(buf, pos - 1)[0])
+    if pos != end:
+        raise ValueError("a list runs past the end of its feature")
+    if key == 0x0A:
+        return "bytes", items
+    kind, dtype = ("float", np.float32) if key == 0x12 else ("int64", np.int64)
+    if len(items) == 1:
+        return kind, items[0]
+    return kind, np.concatenate([np.asarray(i, dtype) for i in items]) if items else np.empty(0, dtype)
+
+
+def _messages(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """``(tag, start, end)`` of the length-delimited fields in ``buf[pos:end]``; others skipped."""
+    while pos < end:
+        key = buf[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = _varint(buf, pos - 1)
+        if key & 7 != 2:
+            pos = _skip(buf, pos, key)
+            continue
+        size = buf[pos]
+        pos += 1
+        if size >= 0x80:
+            size, pos = _varint(buf, pos - 1)
+        yield key, pos, pos + size
+        pos += size
+    if pos != end:
+        raise ValueError("a field runs past the end of its message")
+
+
+def parse_example(buf: bytes) -> dict[str, Feature]:
+    """A serialized ``tf.train.Example`` -> ``{name: (kind, values)}``; ValueError if malformed.
+
+    ``values``: a list of bytes, or a sequence (numpy array or list) of float32 / int64.
+    """
+    out: dict[str, Feature] = {}
+    try:
+        for key, start, end in _messages(buf, 0, len(buf)):
+            if key != 0x0A:  # Example.features
+                continue
+            for key2, s2, e2 in _messages(buf, start, end):
+                if key2 != 0x0A:  # Features.feature map entries
+                    continue
+                name, feature = "", (None, [])
+                for key3, s3, e3 in _messages(buf, s2, e2):
+                    if key3 == 0x0A:
+                        name = buf[s3:e3].decode("utf-8")
+                    elif key3 == 0x12:
+                        feature = (None, [])
+                        for kind, s4, e4 in _messages(buf, s3, e3):
+                            if kind in (0x0A, 0x12, 0x1A):
+                                feature = _parse_list(buf, kind, s4, e4)
+                out[name] = feature
+    except (IndexError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"malformed tf.train.Example: {exc}") from exc
+    return out
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+_TAGS = {1: b"\x0a", 2: b"\x12", 3: b"\x1a"}  # field 1, 2, 3 with wire type 2 (length-delimited)
+_F32 = struct.Struct("<f")
+
+
+def _varint_bytes(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _SMALL_VARINTS[value]
+    value &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _ld(number: int, payload: bytes) -> bytes:
+    return _TAGS[number] + _varint_bytes(len(payload)) + payload
+
+
+def encode_feature(kind: str, values: Any) -> bytes:
+    """A serialized ``tf.train.Feature`` of ``kind`` 'bytes', 'float' or 'int64'."""
+    if kind == "bytes":
+        return _ld(1, b"".join([_ld(1, v) for v in values]))
+    if kind == "float":
+        packed = np.asarray(values, "<f4").tobytes()
+        return _ld(2, _ld(1, packed) if packed else b"")
+    ints = np.asarray(values, np.int64).ravel()
+    if ints.size > 16 and ints.min() >= 0 and ints.max() < 0x80:
+        packed = ints.astype(np.uint8).tobytes()
+    else:
+        packed = b"".join([_varint_bytes(v) for v in ints.tolist()])
+    return _ld(3, _ld(1, packed) if packed else b"")
+
+
+def _encode_scalar(kind: str, value: Any) -> bytes:
+    if kind == "float":
+        return _ld(2, _ld(1, _F32.pack(value)))
+    return _ld(3, _ld(1, _varint_bytes(int(value))))
+
+
+def _example(entries: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """A serialized Example from ``(_ld(1, name), feature)`` pairs."""
+    return _ld(1, b"".join([_ld(1, key + _ld(2, feature)) for key, feature in entries]))
+
+
+def encode_example(features: dict[str, bytes]) -> bytes:
+    """A serialized ``tf.train.Example`` from ``{name: encode_feature(...)}``."""
+    return _example((_ld(1, name.encode()), feature) for name, feature in features.items())
+
+
+# -- schema inference ------------------------------------------------------------------------
+@dataclass
+class _Stats:
+    kinds: set[str] = field(default_factory=set)
+    present: int = 0
+    lengths: set[int] = field(default_factory=set)
+    images: set[str] = field(default_factory=set)
+    sizes: set[tuple[int, int, int]] = field(default_factory=set)
+    all_images: bool = True
+    utf8: bool = True
+    shapes: set[tuple[int, ...]] = field(default_factory=set)
+
+    def add(self, kind: str | None, values: Any) -> None:
+        self.present += 1
+        self.lengths.add(len(values))
+        if kind is None:
+            return
+        self.kinds.add(kind)
+        if kind != "bytes":
+            return
+        for value in values:
+            size = images.image_size(value) if self.all_images else None
+            if size is None:
+                self.all_images = False
+            else:
+                self.images.add(images.detect_format(value) or "png")
+                self.sizes.add(size)
+            if self.utf8:
+                try:
+                    value.decode("utf-8")
+                except UnicodeDecodeError:
+                    self.utf8 = False
+
+
+def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
+    if len(stats.kinds) > 1:
+        raise SchemaError(f"TFRecord feature {name!r} holds {sorted(stats.kinds)} lists in different records; "
+                          f"give a schema file that says which to read")
+    kind = next(iter(stats.kinds), "bytes")
+    nullable = stats.present < total or (stats.lengths == {0, 1})
+    lengths = stats.lengths - {0} if stats.lengths == {0, 1} else stats.lengths
+    constant = next(iter(lengths)) if len(lengths) == 1 else None
+    if kind == "bytes":
+        if constant == 1 and stats.all_images and stats.images:
+            heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
+            dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
+            shape = dims[:2] if dims[2] == 1 else dims
+            codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
+            return UnischemaField(name, np.uint8, tuple(shape), codec, nullable)
+        dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
+        if constant == 1:
+            return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
+        return UnischemaField(name, dtype, (constant if constant else None,), None, nullable)
+    dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
+    if shape_stats is not None and shape_stats.kinds == {"int64"} and len(shape_stats.lengths) == 1:
+        shapes = shape_stats.shapes
+        rank = next(iter(shape_stats.lengths))
+        shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
+            dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(rank))
+        return UnischemaField(name, dtype, shape, TensorCodec(), nullable)
+    if constant == 1:
+        return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
+    return UnischemaField(name, dtype, (constant if constant else None,), TensorCodec(), nullable)
+
+
+# -- the format ------------------------------------------------------------------------------
+@register_format("tfrecord", aliases=("tfrecords",), extensions=(".tfrecord", ".tfrecords", ".tfrec"))
+class TFRecordFormat(ForeignFormat):
+    """``tf.train.Example`` TFRecord files (plain or GZIP, any number of shards).
+
+    Options: ``compression`` (None/'auto': detected from the content, 'GZIP', '' for plain).
+
+    Example::
+
+        source = TFRecordFormat("/data/train-*.tfrecord.gz")
+        schema = source.infer_schema(sample_records=1000)
+        for batch in source.read_batches(schema, batch_size=256):
+            ...
+    """
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        try:
+            if os.path.isfile(path):
+                with _open(path, None) as f:
+                    head = f.read(12)
+                return len(head) == 12 and masked_crc(head[:8]) == _U32.unpack(head[8:])[0]
+        except (OSError, EOFError, ImportError):
+            pass
+        return False
+
+    def _records(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, bytes]]:
+        if on_error not in ("raise", "skip"):
+            raise UnsupportedFormatError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        for path in self.files():
+            for index, offset, data in iter_records(path, compression=self.options.get("compression"),
+                                                    on_error=on_error, report=report):
+                yield path, index, offset, data
+
+    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
+        for path, index, offset, data in self._records(on_error, report):
+            try:
+                example = parse_example(data)
+            except ValueError as exc:
+                _fail(path, index, offset, str(exc), on_error, report)
+                continue
+            yield path, index, offset, example
+
+    def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
+        stats: dict[str, _Stats] = {}
+        total = 0
+        on_error = self.options.get("on_error", "raise")
+        for _, _, _, example in self._examples(on_error, ReadReport()):
+            if sample_records is not None and total >= sample_records:
+                break
+            total += 1
+            for name, (kind, values) in example.items():
+                stat = stats.setdefault(name, _Stats())
+                stat.add(kind, values)
+                if name.endswith(SHAPE_SUFFIX) and kind == "int64":
+                    stat.shapes.add(tuple(int(v) for v in values))
+        if total == 0:
+            raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
+        sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
+        fields = [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
+                  if n not in sidecars]
+        return Unischema("TFRecord", fields)
+
+    def read_batches(self, schema: Unischema, *, batch_size: int = 256,
+                     on_error: OnError = "raise") -> Iterator[ColumnBatch]:
+        plans = [_Plan.of(f) for f in schema]
+        columns: list[list[Any]] = [[] for _ in plans]
+        for path, index, offset, example in self._examples(on_error, self.report):
+            try:
+                row = [plan.read(example) for plan in plans]
+            except _Mismatch as exc:
+                _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
+                continue
+            for column, value in zip(columns, row):
+                column.append(value)
+            self.report.records += 1
+            if plans and len(columns[0]) == batch_size:
+                yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
+                columns = [[] for _ in plans]
+        if columns and columns[0]:
+            yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
+
+    @classmethod
+    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+              compression: str | None = None, records_per_file: int | None = None, **options: Any) -> list[str]:
+        """Write Examples to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
+
+        Each file appears atomically (written to a temporary sibling, then renamed).
+        """
+        if options:
+            raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
+        gz = compression is not None and compression.upper() == "GZIP"
+        if compression is not None and compression.upper() not in ("", "NONE", "GZIP"):
+            raise UnsupportedFormatError(f"TFRecord compression must be None or 'GZIP', not {compression!r}")
+        if records_per_file is not None and records_per_file <= 0:
+            raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
+        target = os.fspath(target)
+        single = records_per_file is None and os.path.splitext(target.removesuffix(".gz"))[1] in \
+            (".tfrecord", ".tfrecords", ".tfrec")
+        encoders = _encoders(schema)
+        writer = _ShardWriter(target, single, gz, records_per_file)
+        try:
+            for batch in batches:
+                columns = [(batch[name], encode) for name, encode in encoders if name in batch]
+                n = len(columns[0][0]) if columns else 0
+                for row in range(n):
+                    writer.write(_example(entry for column, encode in columns if (value := column[row]) is not None
+                                          for entry in encode(value)))
+            return writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+
+
+# -- reading helpers -------------------------------------------------------------------------
+class _Mismatch(Exception):
+    def __init__(self, feature: str, reason: str) -> None:
+        super().__init__(reason)
+        self.feature, self.reason = feature, reason
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one field is read from Examples: worked out once per read, not per record."""
+
+    field: UnischemaField
+    category: str  # "image" | "str" | "bytes" (scalars), "text" (lists), "scalar" | "tensor" (numbers)
+    dtype: np.dtype
+    size: int | None  # values per row for fixed shapes
+
+    @classmethod
+    def of(cls, f: UnischemaField) -> _Plan:
+        text = f.numpy_dtype in (np.str_, np.bytes_) or not _numeric(f.numpy_dtype)
+        if isinstance(f.codec, CompressedImageCodec):
+            category = "image"
+        elif text:
+            category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
+        else:
+            category = "scalar" if f.shape == () else "tensor"
+        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None)
+
+    def read(self, example: dict[str, Feature]) -> Any:
+        """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
+        f = self.field
+        kind, values = example.get(f.name, (None, None))
+        if values is None or (len(values) == 0 and (kind is None or f.shape == ())):
+            if f.nullable:
+                return None
+            if values is None:
+                raise _Mismatch(f.name, "missing, and the field is not nullable")
+        category = self.category
+        if kind is not None and (kind == "bytes") != (category in ("image", "str", "bytes", "text")):
+            raise _Mismatch(f.name, f"holds a {kind} list, the schema says {dtypes.dtype_name(f.numpy_dtype)}")
+        if category in ("image", "str", "bytes", "scalar") and len(values) != 1:
+            raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
+        try:
+            if category == "str":
+                return values[0].decode("utf-8")
+            if category in ("image", "bytes", "scalar"):
+                return values[0]
+            if category == "text":
+                array = np.empty(len(values), dtype=object)  # object, not "S": numpy strips trailing NULs
+                array[:] = [v.decode("utf-8") for v in values] if f.numpy_dtype is np.str_ else values
+            else:
+                array = np.asarray(values, dtype=self.dtype)
+        except UnicodeDecodeError as exc:
+            raise _Mismatch(f.name, f"not UTF-8 text: {exc}") from None
+        if self.size is not None:
+            if array.size != self.size:
+                raise _Mismatch(f.name, f"expected {self.size} values for shape {f.shape}, found {array.size}")
+            return array if category == "tensor" else array.reshape(f.shape)
+        return _reshape(f, array, example)
+
+    def column(self, values: list[Any]) -> Any:
+        """One batch's column from the values :meth:`read` returned."""
+        f = self.field
+        if self.category == "scalar":
+            if any(v is None for v in values):
+                return [None if v is None else f.numpy_dtype(v) for v in values]
+            return np.asarray(values, dtype=self.dtype)
+        if self.category == "tensor" and self.size is not None:
+            if any(v is None for v in values):
+                return [None if v is None else v.reshape(f.shape) for v in values]
+            return (np.concatenate(values) if values else np.empty(0, self.dtype)).reshape((-1, *f.shape))
+        return values
+
+
+def _numeric(dtype: Any) -> bool:
+    return isinstance(dtype, type) and issubclass(dtype, np.generic) and np.dtype(dtype).kind in "biuf"
+
+
+def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) -> np.ndarray:
+    sidecar = example.get(f.name + SHAPE_SUFFIX)
+    if sidecar is not None and sidecar[0] == "int64":
+        shape = tuple(int(d) for d in sidecar[1])
+        if len(shape) != len(f.shape) or any(d is not None and d != s for d, s in zip(f.shape, shape)) or \
+                int(np.prod(shape)) != array.size:
+            raise _Mismatch(f.name, f"{array.size} values with shape {shape} do not fit {f.shape}")
+        return array.reshape(shape)
+    if f.shape[0] is None and None not in f.shape[1:]:
+        inner = int(np.prod(f.shape[1:]))
+        if inner and array.size % inner == 0:
+            return array.reshape((-1, *f.shape[1:]))
+        raise _Mismatch(f.name, f"{array.size} values do not fill rows of shape {f.shape[1:]}")
+    raise _Mismatch(f.name, f"shape {f.shape} needs a {f.name + SHAPE_SUFFIX!r} feature with each row's shape")
+
+
+# -- writing helpers -------------------------------------------------------------------------
+def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
+    """``(field name, value -> [(encoded key, feature), ...])`` for each field, checked up front."""
+    out = []
+    for f in schema:
+        key = _ld(1, f.name.encode())
+        if isinstance(f.codec, CompressedImageCodec):
+            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+                return [(key, _ld(1, _ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
+        elif not _numeric(f.numpy_dtype):
+            if f.numpy_dtype not in (np.str_, np.bytes_, decimal.Decimal):
+                raise SchemaError(f"field {f.name!r}: TFRecord stores numbers, bytes and strings, "
+                                  f"not {dtypes.dtype_name(f.numpy_dtype)}")
+
+            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+                items = [v] if f.shape == () else list(np.asarray(v, dtype=object).ravel())
+                blobs = [bytes(i) if isinstance(i, (bytes, bytearray, memoryview)) else str(i).encode() for i in items]
+                return [(key, encode_feature("bytes", blobs))]
+        else:
+            kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
+            sidecar = _ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
+                else None
+
+            def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
+                       sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
+                if shape == ():
+                    return [(key, _encode_scalar(kind, v))]
+                array = np.asarray(v)
+                entries = [(key, encode_feature(kind, array.ravel()))]
+                return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
+        out.append((f.name, encode))
+    return out
+
+
+def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:
+    """Frame serialized records (any payload) into one TFRecord file, atomically; returns ``path``."""
+    writer = _ShardWriter(path, True, compression is not None and compression.upper() == "GZIP", None)
+    try:
+        for record in records:
+            writer.write(record)
+        return writer.close()[0]
+    except BaseException:
+        writer.abort()
+        raise
+
+
+class _ShardWriter:
+    """Writes framed records into shards, each via a temporary sibling renamed on close."""
+
+    def __init__(self, target: str, single: bool, gz: bool, per_file: int | None) -> None:
+        self.target, self.single, self.gz, self.per_file = target, single, gz, per_file
+        self.done: list[str] = []
+        self.final = self.temp = ""
+        self.raw: IO[bytes] | None = None
+        self.stream: IO[bytes] | None = None
+        self.count = 0
+        self.crc = _crc32c()
+        if not single:
+            os.makedirs(target, exist_ok=True)
+
+    def _name(self, shard: int) -> str:
+        suffix = ".gz" if self.gz else ""
+        if not self.single:
+            return os.path.join(self.target, f"part-{shard:05d}.tfrecord{suffix}")
+        if self.per_file is None:
+            return self.target
+        stem, ext = os.path.splitext(self.target.removesuffix(".gz"))
+        return f"{stem}-{shard:05d}{ext}{suffix}"
+
+    def _open(self) -> None:
+        self.final = self._name(len(self.done))
+        self.temp = os.path.join(os.path.dirname(self.final) or ".",
+                                 f".{os.path.basename(self.final)}.tmp-{os.getpid()}")
+        self.raw = open(self.temp, "wb")  # noqa: SIM115
+        self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0) if self.gz else self.raw
+
+    def write(self, data: bytes) -> None:
+        if self.stream is None:
+            self._open()
+        length = _U64.pack(len(data))
+        self.stream.write(length + _U32.pack(_mask(self.crc(length))) + data  # type: ignore[union-attr]
+                          + _U32.pack(_mask(self.crc(data))))
+        self.count += 1
+        if self.per_file is not None and self.count == self.per_file:
+            self._finish()
+
+    def _close_streams(self) -> None:
+        for stream in (self.stream, self.raw):
+            if stream is not None:
+                stream.close()
+        self.stream = self.raw = None
+
+    def _finish(self) -> None:
+        self._close_streams()
+        os.replace(self.temp, self.final)
+        self.done.append(self.final)
+        self.count = 0
+
+    def close(self) -> list[str]:
+        if self.stream is None and not self.done:
+            self._open()  # no records: still write one (empty) file
+        if self.stream is not None:
+            self._finish()
+        return self.done
+
+    def abort(self) -> None:
+        if self.stream is not None:
+            self._close_streams()
+            os.remove(self.temp)
