@@ -91,13 +91,24 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
-            ) -> ConvertResult:
+            engine: str = "local", master: str = "local[2]", spark: Any = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file."""
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
     src, dst = os.fspath(src), os.fspath(dst)
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
+    if engine not in ("local", "spark"):
+        raise UnsupportedFormatError(f"engine must be 'local' or 'spark', got {engine!r}")
+    if engine == "spark":
+        if source_format == UNIHUB or target_format != UNIHUB:
+            raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
+                                         f"use the local engine for {source_format} -> {target_format}")
+        from unihub.converters.spark import convert_with_spark  # imports this module: keep it local
+
+        return convert_with_spark(src, dst, from_format=source_format, schema=schema, overwrite=overwrite,
+                                  master=master, spark=spark, row_group_size_mb=row_group_size_mb,
+                                  on_error=on_error, format_options=format_options)
     if os.path.exists(dst) and not overwrite:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()

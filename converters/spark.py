@@ -1,0 +1,243 @@
+"""``convert`` as Spark tasks: foreign source -> unihub dataset, one or more input files per task.
+
+The driver lists the input files, infers the schema (or takes the given one) and hands the
+file list to Spark in contiguous slices; each task reads its files with the format module
+and writes its own Parquet part files with :func:`unihub.write_dataset`, named
+``part-<task>-<n>.parquet`` so the dataset reads back in input-file order (the order the
+local engine writes). Everything goes to a hidden directory beside ``dst``; the driver
+writes ``_common_metadata`` and renames it onto ``dst`` when every task succeeded. A failed
+task fails the job, and neither ``dst`` nor the temporary directory is left behind.
+
+    from unihub.converters.spark import convert_with_spark
+    convert_with_spark("data/shard-{000..099}.tar", "data/train", master="local[8]")
+
+The input files must be readable by the executors at the same paths, and the temporary
+directory beside ``dst`` must be writable by them (a shared file system on a cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from unihub.converters.convert import UNIHUB, ConvertResult, load_schema, resolve_source_format
+from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, SkippedRecord
+from unihub.formats.schema import Unischema
+
+_TASK_DIR = "_task-{:05d}"
+_PART = "part-{:05d}-{:05d}.parquet"
+
+
+def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
+                       schema: Unischema | str | os.PathLike[str] | None = None, overwrite: bool = False,
+                       master: str = "local[2]", spark: Any = None, row_group_size_mb: float = 32,
+                       on_error: OnError = "raise", format_options: Mapping[str, Any] | None = None,
+                       ) -> ConvertResult:
+    """Convert the foreign dataset ``src`` into the unihub dataset ``dst`` with Spark.
+
+    ``spark`` is an existing SparkSession (left running); without one a session is started
+    on ``master`` and stopped at the end. The other arguments are those of
+    :func:`unihub.converters.convert.convert`.
+    """
+    import unihub.formats.formats_all  # noqa: F401  (registers every format)
+
+    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    source_format = resolve_source_format(src, from_format)
+    if source_format == UNIHUB:
+        raise UnsupportedFormatError(f"{src} is already a unihub dataset; the Spark engine converts foreign "
+                                     "formats into unihub (use the local engine to rewrite it)")
+    if on_error not in ("raise", "skip"):
+        raise SchemaError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if os.path.exists(dst) and not overwrite:
+        raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    start = time.perf_counter()
+    options = dict(format_options or {})
+    source = FORMATS.get(source_format)(src, **options)
+    files = source.files()
+    out_schema = load_schema(schema) if schema is not None else source.infer_schema()
+    extra = {"source_format": source_format, "source": src, **source.metadata()}
+    plan = _TaskPlan(source_format, src, options, out_schema, extra, row_group_size_mb, on_error,
+                     _layout(source))
+    skipped = _driver_skips(source)
+    bytes_read = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+
+    parent, name = os.path.split(dst)
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    os.makedirs(temporary)
+    session, created = _session(spark, master)
+    try:
+        rows, task_skips = _run_tasks(session, plan, files, temporary)
+        skipped.extend(SkippedRecord(*s) for s in task_skips)
+        _finish(temporary, out_schema, extra)
+        _commit(temporary, dst)
+    except BaseException:
+        _remove_tree(temporary)
+        raise
+    finally:
+        if created:
+            session.stop()
+    return ConvertResult(src, dst, source_format, UNIHUB, rows, time.perf_counter() - start,
+                         bytes_read=bytes_read, skipped=skipped)
+
+
+# -- driver ------------------------------------------------------------------------------------
+class _TaskPlan:
+    """What every task needs (pickled to the executors): how to read its files and write parts."""
+
+    def __init__(self, fmt: str, src: str, options: dict[str, Any], schema: Unischema, extra: dict[str, Any],
+                 row_group_size_mb: float, on_error: OnError, layout: Any) -> None:
+        self.fmt, self.src, self.options = fmt, src, options
+        self.schema, self.extra = schema, extra
+        self.row_group_size_mb, self.on_error = row_group_size_mb, on_error
+        self.layout = layout  # image folders: (root, classes) to label files without listing the root
+
+
+def _layout(source: ForeignFormat) -> Any:
+    from unihub.formats.imagefolder import ImageFolderFormat
+
+    if isinstance(source, ImageFolderFormat):
+        return (source.root, source._listing.classes)
+    return None
+
+
+def _driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
+    """Files the source leaves out before reading any (image folders: files outside the class folders)."""
+    from unihub.formats.imagefolder import ImageFolderFormat
+
+    if isinstance(source, ImageFolderFormat):
+        return [SkippedRecord(os.path.join(source.root, rel), "file", "outside the class folders (class layout)")
+                for rel in source._listing.outside]
+    return []
+
+
+def _session(spark: Any, master: str) -> tuple[Any, bool]:
+    if spark is not None:
+        return spark, False
+    from unihub.dependencies import require
+
+    sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
+    running = sql.SparkSession.getActiveSession()
+    if running is None and require("pyspark").SparkContext._active_spark_context is not None:
+        running = sql.SparkSession.builder.getOrCreate()  # this process's context, started elsewhere
+    if running is not None:  # someone else's session: use it, leave it running
+        return running, False
+    builder = (sql.SparkSession.builder.master(master).appName("unihub-convert")
+               .config("spark.ui.showConsoleProgress", "false"))
+    return builder.getOrCreate(), True
+
+
+def _run_tasks(session: Any, plan: _TaskPlan, files: list[str], temporary: str) -> tuple[int, list[tuple]]:
+    """Run one task per slice of ``files``; their part files land in ``temporary``."""
+    if not files:
+        return 0, []
+    sc = session.sparkContext
+    slices = max(1, min(len(files), sc.defaultParallelism * 2))
+    group = f"unihub-convert-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, f"unihub convert {plan.src}", interruptOnCancel=True)
+    try:
+        results = sc.parallelize(files, numSlices=slices).mapPartitionsWithIndex(
+            lambda index, part: _task(plan, temporary, index, part)).collect()
+    except Exception as exc:
+        sc.cancelJobGroup(group)
+        raise FormatError(f"Spark conversion of {plan.src} failed: {_task_error(exc)}", path=plan.src) from exc
+    rows = sum(r[0] for r in results)
+    skipped = [s for r in results for s in r[1]]
+    return rows, skipped
+
+
+def _task_error(exc: BaseException) -> str:
+    """The Python exception line of a failed task, out of Spark's Java stack trace."""
+    text = str(exc)
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("unihub.errors.") or "Error: " in stripped and not stripped.startswith(
+                ("py4j", "org.apache", "java.", "at ")):
+            return stripped
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _finish(temporary: str, schema: Unischema, extra: Mapping[str, Any]) -> None:
+    """``_common_metadata`` (and one empty part file when no task wrote rows)."""
+    from unihub.formats.spark import write_common_metadata
+    from unihub.formats.writer import write_dataset
+
+    if not any(n.endswith(".parquet") for n in os.listdir(temporary)):
+        empty = os.path.join(temporary, "_empty")
+        write_dataset(empty, schema, [], batched=True, extra_metadata=extra)
+        os.replace(os.path.join(empty, "part-00000.parquet"), os.path.join(temporary, _PART.format(0, 0)))
+        shutil.rmtree(empty)
+    write_common_metadata(temporary, schema)
+
+
+def _commit(temporary: str, target: str) -> None:
+    """Rename ``temporary`` onto ``target``; an existing target is moved aside until it succeeds."""
+    old = None
+    if os.path.lexists(target):
+        old = temporary.replace("unihub-tmp", "unihub-old")
+        os.rename(target, old)
+    try:
+        os.rename(temporary, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old, target)
+        raise
+    if old is not None:
+        _remove_tree(old)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove ``path``; a cancelled task still running may write into it once more, so look again."""
+    shutil.rmtree(path, ignore_errors=True)
+    for _ in range(3):
+        time.sleep(0.2)
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- executors ---------------------------------------------------------------------------------
+def _task(plan: _TaskPlan, temporary: str, index: int, part: Iterator[str]) -> Iterator[tuple[int, list[tuple]]]:
+    """Read this task's files and write them as ``part-<index>-<n>.parquet`` into ``temporary``."""
+    import unihub.formats.formats_all  # noqa: F401  (registers every format in the executor)
+    from unihub.formats.writer import write_dataset
+
+    files = list(part)
+    if not files:
+        return iter([(0, [])])
+    work = os.path.join(temporary, _TASK_DIR.format(index))
+    os.mkdir(work)  # not makedirs: a job being torn down must not recreate the temporary directory
+    source = _task_source(plan, files)
+    batches = source.read_batches(plan.schema, on_error=plan.on_error)
+    out = os.path.join(work, "out")
+    result = write_dataset(out, plan.schema, batches, batched=True, row_group_size_mb=plan.row_group_size_mb,
+                           extra_metadata=plan.extra)
+    if result.num_rows:
+        written = sorted(os.path.join(out, p) for p in os.listdir(out) if p.endswith(".parquet"))
+        for n, path in enumerate(written):
+            os.replace(path, os.path.join(temporary, _PART.format(index, n)))
+    shutil.rmtree(work)
+    skipped = [(s.path, s.location, s.reason) for s in source.report.skipped]
+    return iter([(result.num_rows, skipped)])
+
+
+def _task_source(plan: _TaskPlan, files: list[str]) -> ForeignFormat:
+    """The format module reading just ``files`` (an image folder keeps the labels of the whole root)."""
+    fmt = FORMATS.get(plan.fmt)
+    if plan.layout is None:
+        return fmt(files, **plan.options)
+    from unihub.formats.imagefolder import _Entry, _Listing
+
+    root, classes = plan.layout
+    source = fmt(root, **plan.options)
+    entries = []
+    for path in files:
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        label = None if classes is None else classes.index(rel.split("/", 1)[0])
+        entries.append(_Entry(rel, label))
+    source.__dict__["_listing"] = _Listing(classes, tuple(entries), ())
+    return source

@@ -1,0 +1,176 @@
+"""``convert_with_spark``: the Spark engine's output verifies equal to the local engine's.
+
+Marked ``spark``; skipped without pyspark or java. One ``local[2]`` session serves the module.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import open_dataset
+from unihub.converters.convert import convert
+from unihub.converters.spark import convert_with_spark
+from unihub.converters.verify import verify
+from unihub.demo import make_image
+from unihub.dependencies import is_available
+from unihub.errors import DatasetExistsError, FormatError
+from unihub.formats.images import encode_image
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")),
+                       reason="a local Spark needs pyspark and java"),
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import numpy and unihub
+    from pyspark.sql import SparkSession
+
+    running = SparkSession.getActiveSession()  # another module's session (tests/formats/test_spark.py)
+    session = (SparkSession.builder.master("local[2]").appName("unihub-convert-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.default.parallelism", "2")
+               .config("spark.driver.memory", "1g")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    if running is None:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    root = tmp_path_factory.mktemp("images") / "folder"
+    for name in ("ant", "bee", "cat", "dog", "eel"):
+        (root / name).mkdir(parents=True)
+        for i in range(5):
+            fmt = "jpeg" if name == "eel" else "png"
+            (root / name / f"{i:02d}.{'jpg' if fmt == 'jpeg' else 'png'}").write_bytes(
+                encode_image(make_image(rng, 12, 10), fmt, quality=90))
+    return root
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(1)
+    root = tmp_path_factory.mktemp("wds")
+    for shard in range(6):
+        with tarfile.open(root / f"shard-{shard:05d}.tar", "w") as tar:
+            for i in range(7):
+                key = f"{shard:03d}{i:04d}"
+                _add(tar, f"{key}.png", encode_image(make_image(rng, 8, 8), "png"))
+                _add(tar, f"{key}.cls", str((shard * 7 + i) % 10).encode())
+                _add(tar, f"{key}.txt", f"sample {shard}-{i}".encode())
+                buffer = io.BytesIO()
+                np.save(buffer, rng.standard_normal((i % 3 + 1, 4)).astype(np.float32))
+                _add(tar, f"{key}.npy", buffer.getvalue())
+    return root
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if "unihub-tmp" in n or "unihub-old" in n]
+
+
+def _check_same(local: Path, by_spark: Path) -> None:
+    report = verify(local, by_spark)
+    assert report.equal, report.summary()
+    a, b = open_dataset(local), open_dataset(by_spark)
+    assert a.schema.to_json() == b.schema.to_json()
+    assert a.extra_metadata == b.extra_metadata
+
+
+def test_image_folder_matches_local_engine(spark: Any, image_folder: Path, tmp_path: Path) -> None:
+    local = convert(image_folder, tmp_path / "local", progress=False)
+    result = convert_with_spark(image_folder, tmp_path / "spark", spark=spark)
+    assert (result.from_format, result.to_format, result.rows) == ("imagefolder", "unihub", local.rows) == \
+        ("imagefolder", "unihub", 25)
+    _check_same(tmp_path / "local", tmp_path / "spark")
+    assert open_dataset(tmp_path / "spark").extra_metadata["classes"] == ["ant", "bee", "cat", "dog", "eel"]
+    parts = sorted(p for p in os.listdir(tmp_path / "spark") if p.endswith(".parquet"))
+    assert len(parts) > 1 and "_common_metadata" in os.listdir(tmp_path / "spark")
+    # the image bytes are the files' own bytes
+    table = open_dataset(tmp_path / "spark").read_row_group(0)
+    first = table.column("path")[0].as_py()
+    assert table.column("image")[0].as_py() == (image_folder / first).read_bytes()
+    assert verify(image_folder, tmp_path / "spark").equal
+    assert _leftovers(tmp_path) == []
+
+
+def test_webdataset_shards_match_local_engine(spark: Any, shards: Path, tmp_path: Path) -> None:
+    pattern = str(shards / "shard-{00000..00005}.tar")
+    convert(pattern, tmp_path / "local", progress=False)
+    result = convert_with_spark(pattern, tmp_path / "spark", spark=spark)
+    assert (result.from_format, result.rows) == ("webdataset", 42)
+    _check_same(tmp_path / "local", tmp_path / "spark")
+    assert _leftovers(tmp_path) == []
+
+
+def test_existing_target_is_refused_unless_overwrite(spark: Any, shards: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    (dst / "old.txt").write_text("old")
+    with pytest.raises(DatasetExistsError):
+        convert_with_spark(shards, dst, spark=spark)
+    result = convert_with_spark(shards, dst, spark=spark, overwrite=True)
+    assert result.rows == 42 and not (dst / "old.txt").exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_failing_task_leaves_nothing_behind(spark: Any, image_folder: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(image_folder, broken)
+    data = (broken / "dog" / "03.png").read_bytes()
+    (broken / "dog" / "03.png").write_bytes(data[: len(data) // 2])  # truncated: no IEND
+    out = tmp_path / "out"
+    with pytest.raises(FormatError, match="03.png") as caught:
+        convert_with_spark(broken, out, spark=spark)
+    assert "truncated PNG" in str(caught.value) and "org.apache" not in str(caught.value)
+    assert not out.exists()
+    assert _leftovers(tmp_path) == []
+    # the session still works, and skipping the bad file converts the rest
+    result = convert_with_spark(broken, out, spark=spark, on_error="skip")
+    assert result.rows == 24
+    assert [s.path for s in result.skipped] == [str(broken / "dog" / "03.png")]
+
+
+def test_without_a_session_argument_reuses_the_running_one(spark: Any, shards: Path, tmp_path: Path) -> None:
+    result = convert_with_spark(shards, tmp_path / "ds")  # no spark=: the module's session is found
+    assert result.rows == 42
+    assert spark.sparkContext.parallelize([1, 2]).count() == 2  # and left running
+
+
+def test_cli_engine_spark_verifies_equal_to_local(spark: Any, image_folder: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    from unihub.cli import main
+
+    assert main(["convert", str(image_folder), str(tmp_path / "local")]) == 0
+    assert main(["convert", str(image_folder), str(tmp_path / "spark"), "--engine", "spark"]) == 0
+    assert "imagefolder -> unihub" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "local"), str(tmp_path / "spark")]) == 0
+    assert main(["convert", str(tmp_path / "local"), str(tmp_path / "x"), "--to", "webdataset",
+                 "--engine", "spark"]) == 1
+    assert "engine='spark' converts a foreign format into unihub" in capsys.readouterr().err
