@@ -223,7 +223,10 @@ class Unischema:
 
     @cached_property
     def _namedtuple(self) -> type:
-        return namedtuple(f"{_identifier(self._name)}_row", list(self._fields), rename=True)  # type: ignore[misc]
+        """Field names that are not identifiers (HDF5 ``group/x``, WebDataset ``seg.png``, ``__key__``)
+        become ``group_x`` / ``seg_png`` / ``key``; keywords and clashes fall back to ``_i`` names."""
+        names = [_field_identifier(name) for name in self._fields]
+        return namedtuple(f"{_identifier(self._name)}_row", names, rename=True)  # type: ignore[misc]
 
     def _get_namedtuple(self) -> type:
         """The namedtuple type rows of this schema are returned as (Petastorm's name)."""
@@ -349,3 +352,11 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
 def _identifier(name: str) -> str:
     cleaned = re.sub(r"\W", "_", name) or "Unischema"
     return cleaned if not cleaned[0].isdigit() else f"_{cleaned}"
+
+
+def _field_identifier(name: str) -> str:
+    """A namedtuple-safe attribute name: ``group/x`` -> ``group_x``, ``__key__`` -> ``key``, ``1x`` -> ``x1x``."""
+    if name.isidentifier() and not name.startswith("_"):
+        return name  # keywords are left to namedtuple's rename
+    cleaned = re.sub(r"\W", "_", name).strip("_") or "field"
+    return cleaned if not cleaned[0].isdigit() else f"x{cleaned}"

@@ -585,3 +585,12 @@ def test_field_validate_directly():
     field.validate(np.zeros((5, 2), np.float32))
     with pytest.raises(ValidationError, match=r"field 'x', row 9: expected shape \(None, 2\), found \(5, 3\)"):
         field.validate(np.zeros((5, 3), np.float32), row=9)
+
+
+def test_row_namedtuple_names_fields_that_are_not_identifiers():
+    names = ["id", "group/a", "seg.png", "__key__", "class", "1x", "group_a"]
+    schema = Unischema("odd", [UnischemaField(n, np.int64, (), ScalarCodec(pa.int64()), False) for n in names])
+    row_type = schema._get_namedtuple()
+    assert row_type._fields == ("id", "group_a", "seg_png", "key", "_4", "x1x", "_6")
+    row = schema.make_namedtuple(**{n: i for i, n in enumerate(names)})
+    assert row.group_a == 1 and row.seg_png == 2 and row.key == 3 and tuple(row) == tuple(range(7))
