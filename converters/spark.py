@@ -24,8 +24,11 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from unihub.converters.convert import UNIHUB, ConvertResult, load_schema, resolve_source_format
 from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, SkippedRecord
 from unihub.formats.schema import Unischema
 
@@ -75,7 +78,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         rows, task_skips = _run_tasks(session, plan, files, temporary)
         skipped.extend(SkippedRecord(*s) for s in task_skips)
         _finish(temporary, out_schema, extra)
-        _commit(temporary, dst)
+        fsutil.commit(pafs.LocalFileSystem(), temporary, dst)
     except BaseException:
         _remove_tree(temporary)
         raise
@@ -173,22 +176,6 @@ def _finish(temporary: str, schema: Unischema, extra: Mapping[str, Any]) -> None
         os.replace(os.path.join(empty, "part-00000.parquet"), os.path.join(temporary, _PART.format(0, 0)))
         shutil.rmtree(empty)
     write_common_metadata(temporary, schema)
-
-
-def _commit(temporary: str, target: str) -> None:
-    """Rename ``temporary`` onto ``target``; an existing target is moved aside until it succeeds."""
-    old = None
-    if os.path.lexists(target):
-        old = temporary.replace("unihub-tmp", "unihub-old")
-        os.rename(target, old)
-    try:
-        os.rename(temporary, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old, target)
-        raise
-    if old is not None:
-        _remove_tree(old)
 
 
 def _remove_tree(path: str) -> None:

@@ -8,6 +8,7 @@ Local paths and ``file://`` use pyarrow's local filesystem; ``s3://``, ``gs://``
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 from urllib.parse import urlparse
 
@@ -148,3 +149,36 @@ def move(fs: pafs.FileSystem, src: str, dest: str) -> None:
         if entry.type == pafs.FileType.File:
             fs.copy_file(entry.path, join(dest, entry.path[len(root):]))
     fs.delete_dir(root)
+
+
+def temporary_sibling(target: str) -> str:
+    """A hidden, unique path beside ``target`` to write into before :func:`commit`."""
+    parent, name = os.path.split(target.rstrip("/"))
+    hidden = f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}"
+    return join(parent, hidden) if parent else hidden
+
+
+def commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
+    """Rename ``temporary`` onto ``target`` (atomic on local disks); an existing target is moved
+    aside first and restored if the rename fails, then removed."""
+    old = None
+    if exists(fs, target):
+        old = temporary_sibling(target).replace("unihub-tmp", "unihub-old")
+        move(fs, target, old)
+    try:
+        move(fs, temporary, target)
+    except BaseException:
+        if old is not None:
+            move(fs, old, target)
+        raise
+    if old is not None:
+        remove(fs, old)
+
+
+def remove(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a file or a directory tree; a missing path is fine."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)

@@ -62,8 +62,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from unihub.errors import DatasetExistsError, DatasetNotFoundError, FormatError, SchemaError
+from unihub.formats import filesystem as fsutil
 from unihub.formats import images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
 from unihub.formats.foreign import (
@@ -283,7 +285,7 @@ class ImageFolderFormat(ForeignFormat):
             for name in classes or ():
                 os.makedirs(os.path.join(temporary, _safe_component(name, "class name")), exist_ok=True)
             written = _write_rows(temporary, image, label, path, classes, batches)
-            _commit(temporary, target)
+            fsutil.commit(pafs.LocalFileSystem(), temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
@@ -493,19 +495,3 @@ def _destination(path: Any, class_dir: str | None, index: int, ext: str) -> str:
     if class_dir is not None and parts[0] != class_dir:
         parts.insert(0, class_dir)
     return "/".join(parts)
-
-
-def _commit(temporary: str, target: str) -> None:
-    """Rename ``temporary`` onto ``target``, moving an existing target aside until it succeeds."""
-    old = None
-    if os.path.lexists(target):
-        old = temporary.replace("unihub-tmp", "unihub-old")
-        os.rename(target, old)
-    try:
-        os.rename(temporary, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

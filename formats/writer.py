@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,50 +95,20 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
     if fsutil.exists(fs, target) and not overwrite:
         raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
-    writer = _DatasetWriter(fs, _temporary_sibling(target), schema, partition_by=tuple(partition_by),
+    writer = _DatasetWriter(fs, fsutil.temporary_sibling(target), schema, partition_by=tuple(partition_by),
                             row_group_bytes=int(row_group_size_mb * 2**20), rows_per_file=rows_per_file,
                             compression=compression, validate=validate, extra_metadata=extra_metadata)
     try:
         for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
             writer.add(batch)
         result = writer.close()
-        _commit(fs, writer.root, target)
+        fsutil.commit(fs, writer.root, target)
     except BaseException:
         writer.abort()
-        _remove(fs, writer.root)
+        fsutil.remove(fs, writer.root)
         raise
     files = tuple(fsutil.join(target, p[len(writer.root):].lstrip("/")) for p in result.files)
     return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
-
-
-def _temporary_sibling(target: str) -> str:
-    parent, name = os.path.split(target.rstrip("/"))
-    return fsutil.join(parent, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}") if parent else \
-        f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}"
-
-
-def _commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
-    """Rename ``temporary`` onto ``target``; an existing target is moved aside first."""
-    old = None
-    if fsutil.exists(fs, target):
-        old = _temporary_sibling(target).replace("unihub-tmp", "unihub-old")
-        fsutil.move(fs, target, old)
-    try:
-        fsutil.move(fs, temporary, target)
-    except BaseException:
-        if old is not None:
-            fsutil.move(fs, old, target)
-        raise
-    if old is not None:
-        _remove(fs, old)
-
-
-def _remove(fs: pafs.FileSystem, path: str) -> None:
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif info.type == pafs.FileType.File:
-        fs.delete_file(path)
 
 
 # -- input -> validated column chunks ------------------------------------------------------
