@@ -159,3 +159,32 @@ def decode_dataset() -> Callable[[Any], dict[str, list[Any]]]:
 @pytest.fixture
 def value_equal() -> Callable[..., None]:
     return assert_value_equal
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session (``local[2]``) for every test that needs it; skipped without pyspark/java."""
+    import os
+    import shutil
+    import sys
+
+    from unihub.dependencies import is_available
+
+    if not (is_available("pyspark") and shutil.which("java")):
+        pytest.skip("a local Spark needs pyspark and java")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import numpy and unihub
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("unihub-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.driver.memory", "1g")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -8,9 +8,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +30,6 @@ pytestmark = [
                        reason="a local Spark needs pyspark and java"),
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import numpy and unihub
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()  # another module's session (tests/formats/test_spark.py)
-    session = (SparkSession.builder.master("local[2]").appName("unihub-convert-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    if running is None:
-        session.stop()
 
 
 @pytest.fixture(scope="module")

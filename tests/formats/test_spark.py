@@ -14,8 +14,6 @@ import decimal
 import functools
 import os
 import shutil
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,28 +137,6 @@ def spark_write(spark: Any, url: str, schema: Unischema, rows: list[dict[str, An
 
 
 # -- fixtures ------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    if not (HAVE_PYSPARK and HAVE_JAVA):
-        pytest.skip("a local Spark needs pyspark and java")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import numpy and unihub
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("unihub-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 @pytest.fixture(scope="module")
 def written(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The sample rows written by Spark and by unihub, opened and decoded."""
