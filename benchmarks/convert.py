@@ -200,25 +200,32 @@ def hdf5_case(data: Data, tmp: Path) -> dict:
     return {"src": str(src), "bytes": tree_bytes(src), "raw_s": raw_s, "raw_rows": rows, "write_s": write_s}
 
 
+def best_of(repeat: int, read) -> tuple[float, int]:
+    """Best wall time of ``read()`` (which returns a row count) over ``repeat`` runs."""
+    best, rows = float("inf"), 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        rows = read()
+        best = min(best, time.perf_counter() - start)
+    return best, rows
+
+
 def hdf5_raw_read(path: Path, repeat: int = 2) -> tuple[float, int]:
     """h5py slices (whole chunks) of every dataset sharing the first axis."""
     import h5py
 
-    best, rows = float("inf"), 0
-    for _ in range(repeat):
-        start = time.perf_counter()
+    def read() -> int:
         with h5py.File(path, "r") as f:
             found: list[h5py.Dataset] = []
             f.visititems(lambda _, obj, found=found: found.append(obj) if isinstance(obj, h5py.Dataset) else None)
             datasets = [d for d in found if d.shape]
-            rows = max(d.shape[0] for d in datasets)
             for d in datasets:
-                step = d.chunks[0] if d.chunks else 4096
-                step = max(step, 1024)
+                step = max(d.chunks[0] if d.chunks else 4096, 1024)
                 for lo in range(0, d.shape[0], step):
                     d[lo:lo + step]
-        best = min(best, time.perf_counter() - start)
-    return best, rows
+            return max(d.shape[0] for d in datasets)
+
+    return best_of(repeat, read)
 
 
 def webdataset_case(data: Data, tmp: Path) -> dict:
@@ -244,16 +251,16 @@ def imagefolder_case(data: Data, tmp: Path) -> dict:
 
 
 def folder_raw_read(root: Path, repeat: int = 2) -> tuple[float, int]:
-    best, rows = float("inf"), 0
-    for _ in range(repeat):
-        start = time.perf_counter()
+    """Read every file of the folder tree once."""
+    def read() -> int:
         rows = 0
         for directory, _, names in os.walk(root):
             for name in sorted(names):
                 Path(directory, name).read_bytes()
                 rows += 1
-        best = min(best, time.perf_counter() - start)
-    return best, rows
+        return rows
+
+    return best_of(repeat, read)
 
 
 CASES = {"tfrecord": tfrecord_case, "hdf5": hdf5_case, "webdataset": webdataset_case, "imagefolder": imagefolder_case}
