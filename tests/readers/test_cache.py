@@ -18,12 +18,7 @@ import pyarrow as pa
 import pytest
 
 from unihub import (
-    NdarrayCodec,
-    ScalarCodec,
-    TensorCodec,
     UnihubError,
-    Unischema,
-    UnischemaField,
     in_lambda,
     open_dataset,
     write_dataset,
@@ -33,15 +28,10 @@ from unihub.readers.cache import make_cache
 from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
 from unihub.readers.reader import make_batch_reader, make_reader
 
+from .sample import sample_schema
+
 N = 60
-SCHEMA = Unischema("CacheTest", [
-    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
-    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
-    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
-    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
-    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
-])
+SCHEMA = sample_schema("CacheTest")
 MB = 2**20
 
 

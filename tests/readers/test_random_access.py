@@ -6,32 +6,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from unihub import (
-    CompressedImageCodec,
-    NdarrayCodec,
-    ScalarCodec,
-    TensorCodec,
-    Unischema,
-    UnischemaField,
     open_dataset,
     write_dataset,
 )
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import make_reader
 
+from .sample import sample_schema
+
 N = 90
-SCHEMA = Unischema("RandomAccess", [
-    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
-    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
-    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
-    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
-    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
-    UnischemaField("image", np.uint8, (6, 5, 3), CompressedImageCodec("png"), False),
-])
+SCHEMA = sample_schema("RandomAccess", image_shape=(6, 5, 3))
 
 
 def make_row(i: int) -> dict[str, Any]:

@@ -27,10 +27,8 @@ import pytest
 
 from unihub import (
     CodecError,
-    CompressedImageCodec,
     DatasetNotFoundError,
     FormatError,
-    NdarrayCodec,
     ScalarCodec,
     SchemaError,
     TensorCodec,
@@ -44,19 +42,13 @@ from unihub.formats.images import decode_image
 from unihub.readers.plan import PlanError
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 
+from .sample import sample_schema
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 POOLS = ["thread", "process", "dummy"]
 N = 150  # rows of the main dataset: 38 row groups of <= 4 rows in 4 files
 
-SCHEMA = Unischema("ReaderTest", [
-    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
-    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
-    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
-    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
-    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
-    UnischemaField("image", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False),
-])
+SCHEMA = sample_schema("ReaderTest", image_shape=(8, 8, 3))
 
 
 def make_row(i: int) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 pytest.importorskip("moto")
@@ -21,26 +20,16 @@ pytest.importorskip("boto3")
 
 from unihub import (  # noqa: E402
     DatasetNotFoundError,
-    NdarrayCodec,
-    ScalarCodec,
-    TensorCodec,
-    Unischema,
-    UnischemaField,
     open_dataset,
     write_dataset,
 )
 from unihub.cli import main  # noqa: E402
 from unihub.readers.reader import make_batch_reader, make_reader  # noqa: E402
 
+from .sample import sample_schema  # noqa: E402
+
 N = 40
-SCHEMA = Unischema("S3Test", [
-    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
-    UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True),
-    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
-    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
-    UnischemaField("emb", np.float64, (2,), NdarrayCodec(), False),
-])
+SCHEMA = sample_schema("S3Test")
 WRITE_OPTIONS = {"row_group_size_mb": 0.001, "rows_per_file": 15}
 FILESYSTEMS = ["fsspec", "pyarrow"]
 
