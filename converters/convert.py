@@ -12,7 +12,6 @@ unihub dataset. Formats are detected from paths and contents unless given. Outpu
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -224,8 +223,3 @@ def _batch_rows(batch: Any) -> int:
     for values in (batch.values() if isinstance(batch, Mapping) else []):
         return len(values)
     return 0
-
-
-def schema_to_json_file(schema: Unischema, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(json.loads(schema.to_json()), indent=2))

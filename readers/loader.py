@@ -10,8 +10,8 @@ ordered mapping of column name to a numpy array with one entry per row.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from unihub.errors import CodecError, SchemaError
 from unihub.formats.codecs import CompressedImageCodec, column_as_array
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
-from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.schema import UnischemaField
 from unihub.readers.plan import ReadTask, task_rows
 
 if TYPE_CHECKING:
@@ -40,13 +40,6 @@ class Batch:
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
         return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group)
-
-
-@dataclass
-class LoaderStats:
-    tasks: int = 0
-    rows_read: int = 0
-    rows_kept: int = 0
 
 
 def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, decode_images: bool = True) -> Any:
@@ -83,7 +76,6 @@ class RowGroupLoader:
     transform: Callable[[Batch], Batch] | None = None
     decode_images: bool = True
     cache: Cache | None = None
-    stats: LoaderStats = field(default_factory=LoaderStats)
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
@@ -114,8 +106,6 @@ class RowGroupLoader:
             except CodecError as exc:
                 raise _located(exc, info, rows) from exc
         batch = Batch(columns, num_rows, task.row_group)
-        self.stats.tasks += 1
-        self.stats.rows_kept += num_rows
         if self.transform is not None:
             batch = self.transform(batch)
         return batch
@@ -190,14 +180,3 @@ def filters_to_expression(filters: Any) -> tuple[pc.Expression | None, tuple[str
         flat = filters if filters and isinstance(filters[0], tuple) else [c for conj in filters for c in conj]
         names = tuple(dict.fromkeys(str(term[0]) for term in flat))
     return expression, tuple(names)
-
-
-def batch_from_mapping(columns: Mapping[str, Any], row_group: int = -1) -> Batch:
-    lengths = {len(v) for v in columns.values()}
-    if len(lengths) > 1:
-        raise SchemaError(f"transformed columns have different lengths: {sorted(lengths)}")
-    return Batch(dict(columns), lengths.pop() if lengths else 0, row_group)
-
-
-def view_schema(schema: Unischema, names: Sequence[str]) -> Unischema:
-    return Unischema(schema.name, [schema[n] for n in names])
