@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import decimal
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
+
+
+#: bytes read through one kept-open file before it is reopened (see ParquetStore._open_file)
+_MAPPED_BYTES_BEFORE_REOPEN = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,16 @@ class ParquetStore:
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
     #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
+    #: each thread's open file (see _open_file); not pickled
+    _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _open=threading.local())
 
     @property
     def num_rows(self) -> int:
@@ -92,6 +107,10 @@ class ParquetStore:
 
         raw = self.metadata.get(b"unihub.extra")
         return json.loads(raw) if raw else {}
+
+    @property
+    def _is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
 
     @property
     def total_bytes(self) -> int:
@@ -109,19 +128,43 @@ class ParquetStore:
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         try:
-            with self._open_for_read(info.path) as handle:
-                parquet_file = pq.ParquetFile(handle, metadata=self._footers.get(info.path))
-                # one thread per read: readers parallelise across row groups already
-                table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+            parquet_file = self._open_file(info.path)
+            # one thread per read: readers parallelise across row groups already
+            table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+            self._open.bytes_read += info.total_byte_size
         except (OSError, pa.ArrowInvalid) as exc:
+            self._close_file()
             raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
         return self._add_partitions(table, info.partition, columns)
 
-    def _open_for_read(self, path: str) -> pa.NativeFile:
-        """Local files are memory-mapped (one copy fewer per read); others opened through the filesystem."""
-        if isinstance(self.filesystem, pafs.LocalFileSystem):
-            return pa.memory_map(path)
-        return self.filesystem.open_input_file(path)
+    def _open_file(self, path: str) -> pq.ParquetFile:
+        """This thread's open ``ParquetFile`` for ``path``, kept between reads of the same file.
+
+        Opening costs about as much as reading a small row group (the Arrow schema is
+        rebuilt from the footer), so each thread keeps its last file open. Local files are
+        memory-mapped (one copy fewer per read); the mapping is renewed after
+        ``_MAPPED_BYTES_BEFORE_REOPEN`` bytes so mapped pages do not pile up in the
+        process's resident memory over an epoch.
+        """
+        held = self._open
+        current = getattr(held, "path", None)
+        if current == path and held.bytes_read < _MAPPED_BYTES_BEFORE_REOPEN:
+            return held.file
+        self._close_file()
+        if self._is_local:
+            handle = pa.memory_map(path)
+        else:
+            handle = self.filesystem.open_input_file(path)
+        # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
+        held.file = pq.ParquetFile(handle, metadata=self._footers.get(path), pre_buffer=not self._is_local)
+        held.handle, held.path, held.bytes_read = handle, path, 0
+        return held.file
+
+    def _close_file(self) -> None:
+        held = self._open
+        if getattr(held, "path", None) is not None:
+            held.handle.close()
+            held.file = held.handle = held.path = None
 
     def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
                         columns: Sequence[str] | None) -> pa.Table:

@@ -86,10 +86,13 @@ class Reader:
             workers_count = default_workers_count(store)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
+        # the position is (epoch, task, offset): _position while no batch is loaded, else derived
+        # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
         self._items: list[Any] = []
         self._cursor = 0
-        self._current: tuple[int, int] = (0, 0)
+        self._first = 0  # the cursor where the loaded batch started (a resumed offset)
+        self._current: tuple[int, int] | None = None
         self._skip = 0
         self._iterator: Iterator[Batch] | None = None
         self._pool: Pool | None = None
@@ -158,7 +161,7 @@ class Reader:
         return self
 
     def _start(self) -> None:
-        epoch, task, offset = self._position
+        epoch, task, offset = self._where()
         if self._pool is not None:  # a pool left by an error: release its workers first
             self._pool.stop()
             self._pool.join()
@@ -168,6 +171,14 @@ class Reader:
         self._skip = offset
 
     def __next__(self) -> Any:
+        # the per-row path: one index and one counter; the position is derived when asked for
+        cursor = self._cursor
+        if cursor < len(self._items) and not self._stopped:
+            self._cursor = cursor + 1
+            return self._items[cursor]
+        return self._next_from_new_batch()
+
+    def _next_from_new_batch(self) -> Any:
         if self._stopped:
             raise StopIteration
         while self._cursor >= len(self._items):
@@ -181,23 +192,32 @@ class Reader:
                 if self._stopped:  # stop() from another thread: the position stays where it was
                     raise
                 self._finished = True
-                self._position = (self.num_epochs or 0, 0, 0)
+                self._set_position((self.num_epochs or 0, 0, 0))
                 raise
             except BaseException:
                 self._halt()  # the next call retries the failed task
                 raise
+            self._delivered += self._cursor - self._first
             self._current = (epoch, index)
             self._items = self._to_items(batch)
-            self._cursor = min(self._skip, len(self._items))
+            self._cursor = self._first = min(self._skip, len(self._items))
             self._skip = 0
-            if self._cursor >= len(self._items):
-                self._position = (epoch, index + 1, 0)
         item = self._items[self._cursor]
         self._cursor += 1
-        epoch, index = self._current
-        self._position = (epoch, index, self._cursor) if self._cursor < len(self._items) else (epoch, index + 1, 0)
-        self._delivered += 1
         return item
+
+    def _where(self) -> tuple[int, int, int]:
+        """(epoch, task, offset) of the next item to deliver."""
+        if self._current is None:
+            return self._position
+        epoch, index = self._current
+        return (epoch, index, self._cursor) if self._cursor < len(self._items) else (epoch, index + 1, 0)
+
+    def _set_position(self, position: tuple[int, int, int]) -> None:
+        """Forget the current batch; the next item is at ``position``."""
+        self._delivered += self._cursor - self._first
+        self._position, self._current = position, None
+        self._items, self._cursor, self._first = [], 0, 0
 
     def _to_items(self, batch: Batch) -> list[Any]:
         if self.ngram is not None:
@@ -222,7 +242,7 @@ class Reader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered row/batch: small, JSON-able."""
-        epoch, task, offset = self._position
+        epoch, task, offset = self._where()
         return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
                 "plan": self._fingerprint()}
 
@@ -243,8 +263,8 @@ class Reader:
                                    "(row groups, shuffling, sharding, epochs or batching differ)")
         self._halt()
         self.seed, self._plan, self._loader.seed = seed, config, seed
-        self._position = (int(state["epoch"]), int(state["task"]), int(state["offset"]))
-        self._items, self._cursor, self._iterator, self._finished = [], 0, None, False
+        self._set_position((int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self._iterator, self._finished = None, False
         self._stopped = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -252,8 +272,8 @@ class Reader:
         """Start over from the first epoch (Petastorm's ``reset``), also after :meth:`stop`."""
         self._halt()
         self.join()
-        self._position = (0, 0, 0)
-        self._items, self._cursor, self._iterator, self._finished = [], 0, None, False
+        self._set_position((0, 0, 0))
+        self._iterator, self._finished = None, False
         self._stopped = False
 
     def stop(self) -> None:
@@ -300,9 +320,10 @@ class Reader:
 
     @property
     def diagnostics(self) -> dict[str, Any]:
-        epoch, task, offset = self._position
+        epoch, task, offset = self._where()
         return {"pool_type": self._pool_type, "workers_count": self._workers_count,
-                "in_flight": self._pool.in_flight if self._pool else 0, "items_delivered": self._delivered,
+                "in_flight": self._pool.in_flight if self._pool else 0,
+                "items_delivered": self._delivered + self._cursor - self._first,
                 "batches_delivered": self._batches, "epoch": epoch, "task": task, "offset": offset,
                 "row_groups": len(self._groups)}
 

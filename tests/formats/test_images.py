@@ -19,6 +19,7 @@ from unihub.formats.images import (
     DECODER_NAME,
     ImageDecodeError,
     decode_image,
+    decode_images_into,
     detect_format,
     encode_image,
     image_size,
@@ -121,6 +122,24 @@ def test_decode_into_a_column(fmt: str, shape: tuple[int, ...]) -> None:
     np.testing.assert_array_equal(column, np.stack([decode_image(blob) for blob in blobs]))
     if fmt == "png":
         np.testing.assert_array_equal(column, np.stack(images))
+
+
+def test_decode_images_into_mixes_formats_and_names_the_bad_row() -> None:
+    images = [smooth_image((24, 40, 3), seed) for seed in range(4)]
+    blobs = [encode_image(images[0], "png"), memoryview(encode_image(images[1], "jpeg")),
+             memoryview(encode_image(images[2], "png")), encode_image(images[3], "png")]
+    column = np.zeros((4, 24, 40, 3), np.uint8)
+    assert decode_images_into(blobs, column) is column
+    np.testing.assert_array_equal(column[[0, 2, 3]], np.stack([images[0], images[2], images[3]]))
+    np.testing.assert_array_equal(column[1], decode_image(blobs[1]))
+
+    truncated = blobs[:2] + [encode_image(images[2], "png")[:60]] + blobs[3:]
+    with pytest.raises(ImageDecodeError, match="corrupt or truncated PNG") as info:
+        decode_images_into(truncated, column)
+    assert info.value.row == 2
+    gray = [encode_image(images[0][:, :, 0], "png")]
+    with pytest.raises(ImageDecodeError, match=r"PNG image is \(24, 40\) uint8 but out is \(24, 40, 3\)"):
+        decode_images_into(gray, column[:1])
 
 
 @pytest.mark.parametrize("fmt", ["png", "jpeg"])

@@ -119,6 +119,46 @@ def test_read_row_group_columns(write_sample):
     assert isinstance(table.schema.field("vec").type, pa.FixedShapeTensorType)
 
 
+def test_reads_keep_one_file_open_per_thread_and_reopen_after_the_budget(write_sample, monkeypatch):
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    from unihub.formats import parquet
+
+    path, _ = write_sample(300, rows_per_file=100, row_group_size_mb=0.001)
+    store = open_dataset(path)
+    assert len(store.files) == 3 and len(store.row_groups) > 3
+    expected = [pq.ParquetFile(rg.path).read_row_group(rg.row_group) for rg in store.row_groups]
+    opened = []
+    real_open = store._open_file.__func__
+
+    def counting_open(self, file_path):
+        before = getattr(self._open, "file", None)
+        result = real_open(self, file_path)
+        if result is not before:
+            opened.append(file_path)
+        return result
+
+    monkeypatch.setattr(parquet.ParquetStore, "_open_file", counting_open)
+    for i in range(len(store.row_groups)):  # in file order: one open per file
+        assert store.read_row_group(i).equals(expected[i].select(store.read_row_group(i).column_names))
+    assert len(opened) == 3
+    opened.clear()
+    monkeypatch.setattr(parquet, "_MAPPED_BYTES_BEFORE_REOPEN", 1)  # every read past the budget reopens
+    for i in range(len(store.row_groups)):
+        assert store.read_row_group(i).num_rows == expected[i].num_rows
+    assert len(opened) == len(store.row_groups)
+    monkeypatch.undo()
+
+    # threads read concurrently through their own handles; a pickled store opens its own
+    order = [i for _ in range(20) for i in range(len(store.row_groups))]
+    with ThreadPoolExecutor(4) as pool:
+        tables = list(pool.map(lambda i: store.read_row_group(i, ["id"]), order))
+    assert [t.column("id").to_pylist() for t in tables] == [expected[i].column("id").to_pylist() for i in order]
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.read_row_group(2, ["id"]).equals(store.read_row_group(2, ["id"]))
+
+
 # -- what is not a dataset ---------------------------------------------------------------------------
 def test_missing_path(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="no such file or directory") as info:
