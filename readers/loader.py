@@ -9,6 +9,7 @@ ordered mapping of column name to a numpy array with one entry per row.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ class Batch:
     columns: dict[str, Any]
     num_rows: int
     row_group: int = -1
+    #: rows of the task itself; the rest were read past its end so NGram windows that start
+    #: in the task can finish (None: every row is the task's)
+    own_rows: int | None = None
 
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
@@ -76,10 +80,17 @@ class RowGroupLoader:
     transform: Callable[[Batch], Batch] | None = None
     decode_images: bool = True
     cache: Cache | None = None
+    #: rows read past the end of a task cut from a row group in natural order (NGram length - 1),
+    #: so that windows starting in the task are whole; Petastorm does the same
+    window_overlap: int = 0
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
         info = self.store.row_groups[task.row_group]
+        own_rows = None
+        if self.window_overlap and not task.shuffle_rows and task.stop < info.num_rows:
+            own_rows = task.num_rows
+            task = dataclasses.replace(task, stop=min(info.num_rows, task.stop + self.window_overlap))
         rows = task_rows(task, self.seed, epoch, info.num_rows)
         pre_columns = self._pre_columns()
         decoded: dict[str, Any] = {}
@@ -90,6 +101,8 @@ class RowGroupLoader:
             except CodecError as exc:
                 raise _located(exc, info, rows) from exc
             idx = np.flatnonzero(keep)
+            if own_rows is not None:
+                own_rows = int(np.searchsorted(idx, own_rows))
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
         rest = [f.name for f in self.fields if f.name not in decoded]
@@ -105,7 +118,7 @@ class RowGroupLoader:
                 columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images)
             except CodecError as exc:
                 raise _located(exc, info, rows) from exc
-        batch = Batch(columns, num_rows, task.row_group)
+        batch = Batch(columns, num_rows, task.row_group, own_rows)
         if self.transform is not None:
             batch = self.transform(batch)
         return batch

@@ -162,6 +162,9 @@ class NGram:
                               f"{list(batch.columns)}; a transform must keep it")
         rows, timestamps = _sorted_timestamps(batch.columns[name], name)
         starts = self.window_starts(timestamps)
+        own_rows = getattr(batch, "own_rows", None)
+        if own_rows is not None:  # rows past the task's end only finish windows that start in it
+            starts = starts[rows[starts] < own_rows]
         if len(starts) == 0:
             return []
         base = min(self._fields)

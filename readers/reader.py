@@ -81,7 +81,7 @@ class Reader:
         self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
-                                      cache=cache)
+                                      cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0)
         if workers_count is None:
             workers_count = default_workers_count(store)
         self._pool_type, self._workers_count = reader_pool_type, workers_count

@@ -6,7 +6,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import ScalarCodec, SchemaError, TensorCodec, UnihubError, Unischema, UnischemaField, write_dataset
+from unihub import (
+    ScalarCodec,
+    SchemaError,
+    TensorCodec,
+    UnihubError,
+    Unischema,
+    UnischemaField,
+    in_lambda,
+    write_dataset,
+)
 from unihub.readers.loader import Batch
 from unihub.readers.ngram import NGram
 from unihub.readers.reader import make_batch_reader, make_reader
@@ -321,3 +330,39 @@ def test_one_ngram_object_serves_two_datasets(dataset, tmp_path):
 def test_batch_reader_refuses_ngrams(dataset):
     with pytest.raises(UnihubError, match="NGram"):
         make_batch_reader(dataset, schema_fields=NGram(FIELDS, DELTA, "ts"))
+
+
+@pytest.fixture(scope="module")
+def sorted_dataset(tmp_path_factory) -> str:
+    """The rows in timestamp order, as NGram readers expect (Petastorm's requirement too)."""
+    url = str(tmp_path_factory.mktemp("ngram_sorted") / "seq")
+    write_dataset(url, Schema, [make_row(i) for i in range(NUM_ROWS)], rows_per_file=GROUP)
+    return url
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_drop_partitions_lose_no_window_at_their_cuts(sorted_dataset, pool):
+    """Each partition reads NGram length - 1 rows past its end, so windows across a cut survive."""
+    whole = expected_windows(4)
+    for parts in (2, 3, 7):
+        windows = read_windows(sorted_dataset, NGram(FIELDS, DELTA, "ts"), shuffle_row_drop_partitions=parts,
+                               reader_pool_type=pool)
+        assert [check_window(w) for w in windows] == whole, parts
+
+
+def test_row_shards_together_give_every_window_once(sorted_dataset):
+    whole = expected_windows(4)
+    got = []
+    for shard in range(7):  # 17 rows each: cuts inside row groups; the dropped last row starts no window
+        got += [check_window(w) for w in read_windows(sorted_dataset, NGram(FIELDS, DELTA, "ts"), cur_shard=shard,
+                                                      shard_count=7, shard_by="row", shard_remainder="drop")]
+    assert got == whole
+
+
+def test_the_overlap_rows_pass_the_predicate_first(sorted_dataset):
+    """A predicate drops rows of the overlap too; windows are formed from the rows it keeps."""
+    keep_even_groups = in_lambda(["idx"], lambda idx: (idx // GROUP) % 2 == 0)
+    windows = read_windows(sorted_dataset, NGram(FIELDS, DELTA, "ts"), shuffle_row_drop_partitions=3,
+                           predicate=keep_even_groups)
+    assert [check_window(w) for w in windows] == [w for w in expected_windows(4)
+                                                  if int(np.searchsorted(TS, w[0])) // GROUP % 2 == 0]
