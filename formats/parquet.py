@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetNotFoundError, FormatError, SchemaError
 from unihub.formats import filesystem as fsutil
-from unihub.formats.codecs import ScalarCodec
+from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
 COMMON_METADATA = "_common_metadata"
@@ -135,7 +135,22 @@ class ParquetStore:
         except (OSError, pa.ArrowInvalid) as exc:
             self._close_file()
             raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
-        return self._add_partitions(table, info.partition, columns)
+        return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _restore_tensors(self, table: pa.Table) -> pa.Table:
+        """Tensors stored as fixed-size bytes (see TensorCodec) back as ``fixed_shape_tensor`` columns."""
+        for i, name in enumerate(table.column_names):
+            column = table.column(i)
+            if not pa.types.is_fixed_size_binary(column.type) or name not in self.schema.fields:
+                continue
+            field_ = self.schema[name]
+            if parquet_tensor_type(field_) != column.type:
+                continue
+            chunks = [tensor_from_parquet(field_, chunk) for chunk in column.chunks]
+            tensor_type = field_.codec.arrow_type(field_)  # type: ignore[union-attr]
+            table = table.set_column(i, pa.field(name, tensor_type, table.schema.field(i).nullable),
+                                     pa.chunked_array(chunks, type=tensor_type))
+        return table
 
     def _open_file(self, path: str) -> pq.ParquetFile:
         """This thread's open ``ParquetFile`` for ``path``, kept between reads of the same file.

@@ -13,7 +13,7 @@ versioned JSON (never pickle). Names and arguments are Petastorm's::
         UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
     ])
     Schema.id                    # the field
-    Schema.as_arrow_schema()     # what the Parquet files hold
+    Schema.as_parquet_schema()   # what the Parquet files hold
 """
 
 from __future__ import annotations
@@ -205,9 +205,21 @@ class Unischema:
 
     # -- rendering ----------------------------------------------------------------------
     def as_arrow_schema(self, *, with_metadata: bool = True) -> pa.Schema:
-        """The Arrow schema of the Parquet files, the Unischema JSON in its metadata."""
+        """The Arrow schema of the stored columns as read (encoded values), the Unischema JSON in its metadata."""
         metadata = {SCHEMA_METADATA_KEY: self.to_json().encode()} if with_metadata else None
         return pa.schema([f.arrow_field() for f in self._fields.values()], metadata=metadata)
+
+    def as_parquet_schema(self, *, with_metadata: bool = True) -> pa.Schema:
+        """The Arrow schema the Parquet files hold: :meth:`as_arrow_schema`, numeric fixed-shape
+        tensors as fixed-size bytes (see :class:`~unihub.formats.codecs.TensorCodec`)."""
+        from unihub.formats.codecs import parquet_tensor_type
+
+        arrow = self.as_arrow_schema(with_metadata=with_metadata)
+        fields = []
+        for f, arrow_field in zip(self._fields.values(), arrow):
+            stored = parquet_tensor_type(f)
+            fields.append(arrow_field if stored is None else pa.field(f.name, stored, f.nullable))
+        return pa.schema(fields, metadata=arrow.metadata)
 
     def as_spark_schema(self):
         """A pyspark ``StructType`` of the stored columns (imports pyspark)."""

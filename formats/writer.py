@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
+from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
@@ -238,10 +239,12 @@ class _DatasetWriter:
         self.row_group_bytes = row_group_bytes
         self.rows_per_file = rows_per_file
         self.compression = compression
-        full = schema.as_arrow_schema()
+        full = schema.as_parquet_schema()  # numeric fixed-shape tensors as fixed-size bytes (see TensorCodec)
         metadata = dict(full.metadata or {})
         if extra_metadata:
             metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+        self.tensor_columns = {f.name: f for f in schema
+                               if f.name not in partition_by and parquet_tensor_type(f) is not None}
         self.file_schema = pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
         self.sinks: dict[tuple[Any, ...], _PartitionSink] = {}
         self.files: list[str] = []
@@ -271,6 +274,10 @@ class _DatasetWriter:
     def _route(self, sink: _PartitionSink, batch: pa.RecordBatch) -> None:
         if self.partition_by:
             batch = batch.drop_columns(list(self.partition_by))
+        if self.tensor_columns:
+            batch = pa.RecordBatch.from_arrays(
+                [tensor_to_parquet(self.tensor_columns[name], column) if name in self.tensor_columns else column
+                 for name, column in zip(batch.schema.names, batch.columns)], schema=self.file_schema)
         sink.pending.append(batch)
         sink.pending_bytes += batch.nbytes
         pending_rows = sum(b.num_rows for b in sink.pending)
@@ -327,6 +334,10 @@ class _DatasetWriter:
 
         return {f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)}
 
+    def _no_dictionary(self) -> set[str]:
+        """Image bytes, and tensors as bytes: whole tensors rarely repeat, and trying costs time."""
+        return self._already_compressed() | set(self.tensor_columns)
+
     def _column_compression(self) -> dict[str, str] | str:
         codec = self.compression or "none"
         skip = self._already_compressed()
@@ -335,7 +346,7 @@ class _DatasetWriter:
         return {name: "none" if name in skip else codec for name in self.file_schema.names}
 
     def _dictionary_columns(self) -> list[str] | bool:
-        skip = self._already_compressed()
+        skip = self._no_dictionary()
         return [name for name in self.file_schema.names if name not in skip] if skip else True
 
     def close(self) -> WriteResult:

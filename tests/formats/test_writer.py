@@ -22,6 +22,8 @@ from unihub import (
     Unischema,
     UnischemaField,
     ValidationError,
+    make_batch_reader,
+    make_reader,
     open_dataset,
     write_dataset,
 )
@@ -330,7 +332,7 @@ def test_unischema_json_in_common_metadata_and_every_footer(write_sample, schema
         assert Unischema.from_json(footer.metadata[SCHEMA_METADATA_KEY]) == schema
         assert json.loads(footer.metadata[SCHEMA_METADATA_KEY])["version"] == 1
         assert footer.schema.to_arrow_schema().remove_metadata() == \
-            schema.as_arrow_schema(with_metadata=False)
+            schema.as_parquet_schema(with_metadata=False)
     # a single file describes itself
     store = open_dataset(files[1])
     assert store.schema == schema and store.schema_source == "unihub" and store.num_rows == 40
@@ -458,3 +460,77 @@ def test_file_and_url_targets(tmp_path, schema, rows):
     assert open_dataset(tmp_path / "viaurl").num_rows == 4
     nested = write_dataset(tmp_path / "a" / "b" / "c", schema, rows(2))
     assert nested.num_rows == 2 and open_dataset(tmp_path / "a" / "b" / "c").num_rows == 2
+
+
+# -- tensor storage --------------------------------------------------------------------------------------
+TensorSchema = Unischema("Tensors", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("pixels", np.uint8, (8, 6, 3), TensorCodec(), False),
+    UnischemaField("mat", np.float64, (3, 2), TensorCodec(), True),
+    UnischemaField("flags", np.bool_, (4,), TensorCodec(), False),
+])
+
+
+def tensor_rows(n: int) -> list[dict]:
+    rng = np.random.default_rng(4)
+    return [{"id": i, "pixels": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+             "mat": None if i % 5 == 3 else rng.standard_normal((3, 2)),
+             "flags": rng.random(4) < 0.5} for i in range(n)]
+
+
+def test_numeric_fixed_shape_tensors_are_stored_as_fixed_size_bytes(tmp_path):
+    rows = tensor_rows(23)
+    write_dataset(tmp_path / "t", TensorSchema, rows, row_group_size_mb=0.001)
+    files = data_files(tmp_path / "t")
+    raw = pq.read_table(files[0])
+    assert raw.schema.field("pixels").type == pa.binary(8 * 6 * 3)
+    assert raw.schema.field("mat").type == pa.binary(3 * 2 * 8) and raw.schema.field("mat").nullable
+    assert pa.types.is_fixed_size_list(raw.schema.field("flags").type.storage_type)  # bit-packed: a list
+    assert raw.column("pixels")[1].as_py() == rows[1]["pixels"].tobytes()
+    assert raw.column("mat")[0].as_py() == rows[0]["mat"].astype("<f8").tobytes()
+    assert raw.column("mat")[3].as_py() is None
+    assert pq.read_schema(files[0]).remove_metadata() == TensorSchema.as_parquet_schema(with_metadata=False)
+
+    store = open_dataset(tmp_path / "t")
+    assert len(store.row_groups) > 2
+    first = store.row_groups[0].num_rows
+    table = store.read_row_group(0)
+    assert isinstance(table.schema.field("pixels").type, pa.FixedShapeTensorType)
+    pixels = TensorSchema.pixels.codec.decode_column(TensorSchema.pixels, table.column("pixels"))
+    data_buffer = table.column("pixels").chunk(0).storage.values.buffers()[1]
+    assert pixels.ctypes.data == data_buffer.address  # restored without a copy
+    np.testing.assert_array_equal(pixels, np.stack([r["pixels"] for r in rows[:first]]))
+    with make_reader(str(tmp_path / "t"), shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+        got = list(reader)
+    assert len(got) == 23
+    for row, want in zip(got, rows):
+        np.testing.assert_array_equal(row.pixels, want["pixels"])
+        assert (row.mat is None) == (want["mat"] is None)
+        if want["mat"] is not None:
+            np.testing.assert_array_equal(row.mat, want["mat"])
+        np.testing.assert_array_equal(row.flags, want["flags"])
+
+
+def test_tensors_stored_as_lists_still_read(tmp_path):
+    """Files whose tensors use Arrow's list layout (pyarrow's own writer, older files) decode the same."""
+    rows = tensor_rows(9)
+    columns = {f.name: f.codec.encode_column(f, [r[f.name] for r in rows]) for f in TensorSchema}
+    table = pa.table(columns, schema=TensorSchema.as_arrow_schema())
+    os.makedirs(tmp_path / "lists")
+    pq.write_table(table, tmp_path / "lists" / "part-0.parquet")
+    assert pa.types.is_fixed_size_list(pq.read_schema(tmp_path / "lists" / "part-0.parquet").field("mat").type.storage_type)
+    with make_reader(str(tmp_path / "lists"), reader_pool_type="dummy") as reader:
+        got = list(reader)
+    np.testing.assert_array_equal(np.stack([r.pixels for r in got]), np.stack([r["pixels"] for r in rows]))
+    assert [r.mat is None for r in got] == [r["mat"] is None for r in rows]
+
+
+def test_a_column_array_encodes_without_per_row_work(tmp_path):
+    pixels = np.random.default_rng(1).integers(0, 256, (50, 8, 6, 3), dtype=np.uint8)
+    mat = np.random.default_rng(2).standard_normal((50, 3, 2))
+    batch = {"id": np.arange(50), "pixels": pixels, "mat": mat, "flags": np.zeros((50, 4), bool)}
+    write_dataset(tmp_path / "c", TensorSchema, [batch], batched=True)
+    with make_batch_reader(str(tmp_path / "c"), reader_pool_type="dummy") as reader:
+        out = next(iter(reader))
+    np.testing.assert_array_equal(out.pixels, pixels)
+    np.testing.assert_array_equal(np.stack(list(out.mat)), mat)
