@@ -112,7 +112,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                      schema=args.schema, overwrite=args.overwrite, row_group_size_mb=args.row_group_size_mb,
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
-                     engine=args.engine, master=args.master)
+                     engine=args.engine, master=args.master, workers=args.workers)
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--row-group-size-mb", type=float, default=32, help="Parquet row-group size (default 32)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    convert.add_argument("--workers", type=int, default=1,
+                         help="processes reading the input files in parallel (default 1; 0: one per core)")
     convert.add_argument("--engine", choices=("local", "spark"), default="local",
                          help="run in this process (local) or as Spark tasks, one or more input files each")
     convert.add_argument("--master", default="local[2]",

@@ -18,22 +18,19 @@ directory beside ``dst`` must be writable by them (a shared file system on a clu
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from unihub.converters.convert import UNIHUB, ConvertResult, load_schema, resolve_source_format
+from unihub.converters.tasks import TaskPlan, driver_skips, finish, layout_of, remove_tree, run_task
 from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
-from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, SkippedRecord
+from unihub.formats.foreign import FORMATS, OnError, SkippedRecord
 from unihub.formats.schema import Unischema
-
-_TASK_DIR = "_task-{:05d}"
-_PART = "part-{:05d}-{:05d}.parquet"
 
 
 def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
@@ -64,9 +61,9 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     files = source.files()
     out_schema = load_schema(schema) if schema is not None else source.infer_schema()
     extra = {"source_format": source_format, "source": src, **source.metadata()}
-    plan = _TaskPlan(source_format, src, options, out_schema, extra, row_group_size_mb, on_error,
-                     _layout(source))
-    skipped = _driver_skips(source)
+    plan = TaskPlan(source_format, src, options, out_schema, extra, row_group_size_mb, on_error,
+                    layout_of(source), validate=schema is not None)
+    skipped = driver_skips(source)
     bytes_read = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
 
     parent, name = os.path.split(dst)
@@ -77,46 +74,16 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     try:
         rows, task_skips = _run_tasks(session, plan, files, temporary)
         skipped.extend(SkippedRecord(*s) for s in task_skips)
-        _finish(temporary, out_schema, extra)
+        finish(temporary, out_schema, extra)
         fsutil.commit(pafs.LocalFileSystem(), temporary, dst)
     except BaseException:
-        _remove_tree(temporary)
+        remove_tree(temporary)
         raise
     finally:
         if created:
             session.stop()
     return ConvertResult(src, dst, source_format, UNIHUB, rows, time.perf_counter() - start,
                          bytes_read=bytes_read, skipped=skipped)
-
-
-# -- driver ------------------------------------------------------------------------------------
-class _TaskPlan:
-    """What every task needs (pickled to the executors): how to read its files and write parts."""
-
-    def __init__(self, fmt: str, src: str, options: dict[str, Any], schema: Unischema, extra: dict[str, Any],
-                 row_group_size_mb: float, on_error: OnError, layout: Any) -> None:
-        self.fmt, self.src, self.options = fmt, src, options
-        self.schema, self.extra = schema, extra
-        self.row_group_size_mb, self.on_error = row_group_size_mb, on_error
-        self.layout = layout  # image folders: (root, classes) to label files without listing the root
-
-
-def _layout(source: ForeignFormat) -> Any:
-    from unihub.formats.imagefolder import ImageFolderFormat
-
-    if isinstance(source, ImageFolderFormat):
-        return (source.root, source._listing.classes)
-    return None
-
-
-def _driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
-    """Files the source leaves out before reading any (image folders: files outside the class folders)."""
-    from unihub.formats.imagefolder import ImageFolderFormat
-
-    if isinstance(source, ImageFolderFormat):
-        return [SkippedRecord(os.path.join(source.root, rel), "file", "outside the class folders (class layout)")
-                for rel in source._listing.outside]
-    return []
 
 
 def _session(spark: Any, master: str) -> tuple[Any, bool]:
@@ -135,7 +102,7 @@ def _session(spark: Any, master: str) -> tuple[Any, bool]:
     return builder.getOrCreate(), True
 
 
-def _run_tasks(session: Any, plan: _TaskPlan, files: list[str], temporary: str) -> tuple[int, list[tuple]]:
+def _run_tasks(session: Any, plan: TaskPlan, files: list[str], temporary: str) -> tuple[int, list[tuple]]:
     """Run one task per slice of ``files``; their part files land in ``temporary``."""
     if not files:
         return 0, []
@@ -145,7 +112,7 @@ def _run_tasks(session: Any, plan: _TaskPlan, files: list[str], temporary: str) 
     sc.setJobGroup(group, f"unihub convert {plan.src}", interruptOnCancel=True)
     try:
         results = sc.parallelize(files, numSlices=slices).mapPartitionsWithIndex(
-            lambda index, part: _task(plan, temporary, index, part)).collect()
+            lambda index, part: iter([run_task(plan, temporary, index, part)])).collect()
     except Exception as exc:
         sc.cancelJobGroup(group)
         raise FormatError(f"Spark conversion of {plan.src} failed: {_task_error(exc)}", path=plan.src) from exc
@@ -163,68 +130,3 @@ def _task_error(exc: BaseException) -> str:
                 ("py4j", "org.apache", "java.", "at ")):
             return stripped
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _finish(temporary: str, schema: Unischema, extra: Mapping[str, Any]) -> None:
-    """``_common_metadata`` (and one empty part file when no task wrote rows)."""
-    from unihub.formats.spark import write_common_metadata
-    from unihub.formats.writer import write_dataset
-
-    if not any(n.endswith(".parquet") for n in os.listdir(temporary)):
-        empty = os.path.join(temporary, "_empty")
-        write_dataset(empty, schema, [], batched=True, extra_metadata=extra)
-        os.replace(os.path.join(empty, "part-00000.parquet"), os.path.join(temporary, _PART.format(0, 0)))
-        shutil.rmtree(empty)
-    write_common_metadata(temporary, schema)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove ``path``; a cancelled task still running may write into it once more, so look again."""
-    shutil.rmtree(path, ignore_errors=True)
-    for _ in range(3):
-        time.sleep(0.2)
-        if os.path.lexists(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-# -- executors ---------------------------------------------------------------------------------
-def _task(plan: _TaskPlan, temporary: str, index: int, part: Iterator[str]) -> Iterator[tuple[int, list[tuple]]]:
-    """Read this task's files and write them as ``part-<index>-<n>.parquet`` into ``temporary``."""
-    import unihub.formats.formats_all  # noqa: F401  (registers every format in the executor)
-    from unihub.formats.writer import write_dataset
-
-    files = list(part)
-    if not files:
-        return iter([(0, [])])
-    work = os.path.join(temporary, _TASK_DIR.format(index))
-    os.mkdir(work)  # not makedirs: a job being torn down must not recreate the temporary directory
-    source = _task_source(plan, files)
-    batches = source.read_batches(plan.schema, on_error=plan.on_error)
-    out = os.path.join(work, "out")
-    result = write_dataset(out, plan.schema, batches, batched=True, row_group_size_mb=plan.row_group_size_mb,
-                           extra_metadata=plan.extra)
-    if result.num_rows:
-        written = sorted(os.path.join(out, p) for p in os.listdir(out) if p.endswith(".parquet"))
-        for n, path in enumerate(written):
-            os.replace(path, os.path.join(temporary, _PART.format(index, n)))
-    shutil.rmtree(work)
-    skipped = [(s.path, s.location, s.reason) for s in source.report.skipped]
-    return iter([(result.num_rows, skipped)])
-
-
-def _task_source(plan: _TaskPlan, files: list[str]) -> ForeignFormat:
-    """The format module reading just ``files`` (an image folder keeps the labels of the whole root)."""
-    fmt = FORMATS.get(plan.fmt)
-    if plan.layout is None:
-        return fmt(files, **plan.options)
-    from unihub.formats.imagefolder import _Entry, _Listing
-
-    root, classes = plan.layout
-    source = fmt(root, **plan.options)
-    entries = []
-    for path in files:
-        rel = os.path.relpath(path, root).replace(os.sep, "/")
-        label = None if classes is None else classes.index(rel.split("/", 1)[0])
-        entries.append(_Entry(rel, label))
-    source.__dict__["_listing"] = _Listing(classes, tuple(entries), ())
-    return source

@@ -58,6 +58,8 @@ class ReadReport:
 
     records: int = 0
     skipped: list[SkippedRecord] = field(default_factory=list)
+    #: input bytes consumed so far, where the format counts them (for progress and ETA)
+    bytes_read: int = 0
 
 
 class ForeignFormat(ABC):

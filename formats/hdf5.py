@@ -136,6 +136,7 @@ class HDF5Format(ForeignFormat):
         if len(set(lengths.values())) > 1:
             raise FormatError(_mismatch_message(path, lengths), path=path)
         n = next(iter(lengths.values()), 0)
+        base, size = self.report.bytes_read, os.path.getsize(path)
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             try:
@@ -146,6 +147,7 @@ class HDF5Format(ForeignFormat):
                 self.report.skipped.append(SkippedRecord(path, f"rows {start}..{stop - 1}", str(exc)))
                 continue
             self.report.records += stop - start
+            self.report.bytes_read = base + size * stop // n  # rows read, as a share of the file
             yield batch
 
     def metadata(self) -> dict[str, Any]:

@@ -226,6 +226,7 @@ class ImageFolderFormat(ForeignFormat):
         for entry in self._listing.entries:
             full = os.path.join(self.root, entry.path)
             data = _read(full)
+            self.report.bytes_read += len(data)
             probe = _probe(data, entry.path, complete=True, verify=bool(self.options.get("verify")))
             if probe.kind == "image" and image_field is not None:
                 probe = _check_fits(probe, image_field)

@@ -1,0 +1,183 @@
+"""``convert``'s pipeline: worker processes, the progress bar, a schema file, Ctrl-C."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, open_dataset
+from unihub.cli import main
+from unihub.converters.convert import ProgressMeter, convert
+from unihub.converters.verify import verify
+from unihub.demo import make_image
+from unihub.errors import FormatError
+from unihub.formats.images import encode_image
+
+
+@pytest.fixture()
+def image_folder(tmp_path: Path) -> Path:
+    """5 classes x 6 PNGs of 12x10x3."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / "folder"
+    for c in range(5):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(6):
+            (root / f"class{c}" / f"{i:02d}.png").write_bytes(encode_image(make_image(rng, 12, 10), "png"))
+    return root
+
+
+def rows_of(path: Path) -> list[tuple]:
+    store = open_dataset(path)
+    out = []
+    for i in range(len(store.row_groups)):
+        table = store.read_row_group(i)
+        out.extend(zip(*(table.column(n).to_pylist() for n in ("path", "label", "image"))))
+    return out
+
+
+# -- workers -------------------------------------------------------------------------------------------
+def test_workers_give_the_same_dataset_in_input_order(image_folder: Path, tmp_path: Path) -> None:
+    one = convert(image_folder, tmp_path / "one", progress=False)
+    two = convert(image_folder, tmp_path / "two", progress=False, workers=2)
+    assert one.rows == two.rows == 30
+    assert rows_of(tmp_path / "one") == rows_of(tmp_path / "two")  # same rows, same order
+    store = open_dataset(tmp_path / "two")
+    assert store.extra_metadata["classes"] == [f"class{c}" for c in range(5)]
+    assert len(store.files) > 1  # each worker task wrote its own part files
+    assert verify(image_folder, tmp_path / "two").equal
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_workers_report_skipped_records_and_leave_nothing_on_error(image_folder: Path, tmp_path: Path) -> None:
+    bad = image_folder / "class3" / "02.png"
+    bad.write_bytes(bad.read_bytes()[:50])
+    with pytest.raises(FormatError, match="02.png"):
+        convert(image_folder, tmp_path / "ds", progress=False, workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]  # no target, no temporary directory
+    result = convert(image_folder, tmp_path / "ds", progress=False, workers=2, on_error="skip")
+    assert result.rows == 29 and [s.path for s in result.skipped] == [str(bad)]
+
+
+def test_workers_overwrite_and_bad_values(image_folder: Path, tmp_path: Path) -> None:
+    convert(image_folder, tmp_path / "ds", progress=False)
+    convert(image_folder, tmp_path / "ds", progress=False, workers=0, overwrite=True)  # 0: one per core
+    assert open_dataset(tmp_path / "ds").num_rows == 30
+    with pytest.raises(ValueError, match="workers must be a whole number >= 0"):
+        convert(image_folder, tmp_path / "x", workers=-1)
+
+
+# -- progress -------------------------------------------------------------------------------------------
+def test_progress_line_shows_rows_megabytes_rate_and_eta() -> None:
+    stream = io.StringIO()
+    meter = ProgressMeter(enabled=True, total_bytes=400 * 2**20, stream=stream)
+    meter.start -= 2.0  # two seconds in
+    meter.advance(1000, 100 * 2**20)
+    line = meter.line()
+    assert line.startswith("1,000 rows, 100.0/400.0 MB, ")
+    rate = int(line.split(", ")[2].split(" ")[0].replace(",", ""))
+    assert 450 <= rate <= 500  # ~1000 rows in ~2 s
+    eta = float(line.rsplit("ETA ", 1)[1].split(" ")[0])
+    assert 5 <= eta <= 6.5  # 300 MB left at ~50 MB/s
+    meter.close()
+    assert stream.getvalue().endswith("\n") and "ETA" in stream.getvalue()
+
+    by_rows = ProgressMeter(enabled=True, total_rows=4000, stream=io.StringIO())
+    by_rows.start -= 1.0
+    assert by_rows.line().startswith("0 rows, 0.0 MB")
+    list(by_rows.count([{"x": np.zeros(1000, np.float64)}]))
+    assert by_rows.line().startswith("1,000 rows, 0.0 MB") and "ETA 3 s" in by_rows.line()
+
+
+def test_progress_is_off_when_stderr_is_not_a_terminal(image_folder: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    assert ProgressMeter(stream=io.StringIO()).enabled is False
+    assert main(["convert", str(image_folder), str(tmp_path / "ds")]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.count("\n") == 1 and "converted 30 rows" in err
+
+
+def test_progress_bar_on_request(image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    convert(image_folder, tmp_path / "ds", progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("\r30 rows, ") and " MB" in err and "rows/s" in err and "ETA" in err
+
+
+# -- a schema file -----------------------------------------------------------------------------------------
+def write_schema(path: Path, shape: tuple[int, ...]) -> Path:
+    schema = Unischema("Folder", [
+        UnischemaField("image", np.uint8, shape, CompressedImageCodec("png"), False),
+        UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("path", np.str_, (), ScalarCodec(pa.string()), False),
+    ])
+    path.write_text(schema.to_json())
+    return path
+
+
+def test_schema_file_that_fits_is_used(image_folder: Path, tmp_path: Path) -> None:
+    schema_file = write_schema(tmp_path / "s.json", (None, None, 3))
+    assert main(["convert", str(image_folder), str(tmp_path / "ds"), "--schema", str(schema_file), "--quiet"]) == 0
+    assert open_dataset(tmp_path / "ds").schema.image.shape == (None, None, 3)
+
+
+def test_schema_file_that_does_not_match_the_data_is_a_clear_error(image_folder: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    schema_file = write_schema(tmp_path / "s.json", (64, 64, 3))
+    assert main(["convert", str(image_folder), str(tmp_path / "ds"), "--schema", str(schema_file)]) == 1
+    err = capsys.readouterr().err
+    assert "class0/00.png" in err and "(12, 10, 3)" in err and "(64, 64, 3)" in err
+    assert not (tmp_path / "ds").exists()
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "something else"}))
+    assert main(["convert", str(image_folder), str(tmp_path / "ds"), "--schema", str(tmp_path / "bad.json")]) == 1
+    err = capsys.readouterr().err
+    assert "schema file" in err and "bad.json" in err and "not a unihub Unischema" in err
+    assert main(["convert", str(image_folder), str(tmp_path / "ds"), "--schema", str(tmp_path / "none.json")]) == 1
+    assert "cannot read schema file" in capsys.readouterr().err
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------------------
+SLOW_CONVERT = """
+import sys, time
+import unihub.formats.imagefolder as imagefolder
+real_read = imagefolder._read
+def slow_read(path, limit=-1):
+    data = real_read(path, limit)
+    if limit == -1:  # the data pass, after the schema is inferred
+        print("reading", flush=True)
+        time.sleep(0.05)
+    return data
+imagefolder._read = slow_read
+from unihub.cli import main
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--workers", sys.argv[3], "--row-group-size-mb", "0.001"]))
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_leaves_neither_target_nor_temporary_directory(image_folder: Path, tmp_path: Path,
+                                                              workers: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, str(image_folder), str(out / "ds"), workers],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    seen = 0
+    while seen < 8:  # let it write a few row groups first (two workers' lines may interleave)
+        line = proc.stdout.readline()
+        assert line, "the conversion ended before it was interrupted"
+        seen += line.count("reading")
+    assert any(p.name.startswith(".ds") for p in out.iterdir())  # the temporary directory exists mid-way
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, workers too
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    time.sleep(0.3)
+    assert list(out.iterdir()) == []
