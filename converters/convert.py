@@ -129,6 +129,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         input_bytes = 0
     else:
         source = FORMATS.get(source_format)(src, **dict(format_options or {}))
+        source.workers = workers
         files = source.files()
         input_bytes = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
         out_schema = given or source.infer_schema()

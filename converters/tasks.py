@@ -95,10 +95,13 @@ def task_source(plan: TaskPlan, files: list[str]) -> ForeignFormat:
 
     root, classes = plan.layout
     source = fmt(root, **plan.options)
+    prefix = os.path.join(root, "")
+    label_of = {name: i for i, name in enumerate(classes or ())}
     entries = []
     for path in files:
-        rel = os.path.relpath(path, root).replace(os.sep, "/")
-        label = None if classes is None else classes.index(rel.split("/", 1)[0])
+        # the files come from the source's listing (root + relative path); relpath is slow
+        rel = (path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)).replace(os.sep, "/")
+        label = None if classes is None else label_of[rel.split("/", 1)[0]]
         entries.append(_Entry(rel, label))
     source.__dict__["_listing"] = _Listing(classes, tuple(entries), ())
     return source

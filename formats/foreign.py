@@ -17,15 +17,16 @@ from __future__ import annotations
 import glob
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from unihub.errors import FormatError
 from unihub.formats.schema import Unischema
 from unihub.registry import Registry
 
 FORMATS: Registry[type[ForeignFormat]] = Registry("format")
+T = TypeVar("T")
 
 OnError = Literal["raise", "skip"]
 #: A column batch: field name -> one value per row (numpy array, or a list for ragged/bytes/None).
@@ -75,6 +76,9 @@ class ForeignFormat(ABC):
         self.sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
         self.options = options
         self.report = ReadReport()
+        #: processes a format may use for its scans (``convert(workers=N)`` sets it); the results
+        #: must not depend on it
+        self.workers = 1
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -103,6 +107,18 @@ class ForeignFormat(ABC):
     @abstractmethod
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:
         """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
+
+
+def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -> list[T]:
+    """``[fn(item) for item in items]`` in ``workers`` forked processes (``fn`` and items picklable)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if workers <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(min(workers, len(items)), mp_context=multiprocessing.get_context(method)) as pool:
+        return list(pool.map(fn, items))
 
 
 def expand_sources(sources: Sequence[str]) -> list[str]:

@@ -57,7 +57,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,7 @@ from unihub.formats.foreign import (
     OnError,
     ReadReport,
     SkippedRecord,
+    map_in_workers,
     register_format,
 )
 from unihub.formats.schema import Unischema, UnischemaField
@@ -171,22 +172,16 @@ class ImageFolderFormat(ForeignFormat):
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         """``image`` (+ ``label``) + ``path`` from the headers of the first ``sample_records`` images."""
-        formats: Counter[str] = Counter()
-        sizes: set[tuple[int, int, int]] = set()
-        depths: set[int] = set()
-        for entry in self._listing.entries:
-            if sample_records is not None and sum(formats.values()) >= sample_records:
-                break
-            full = os.path.join(self.root, entry.path)
-            head = _read(full, _HEAD_BYTES)
-            probe = _probe(head, entry.path, complete=False)
-            if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
-                probe = _probe(_read(full), entry.path, complete=False)
-            if probe.kind != "image":
-                continue  # non-images and corrupt files are reported by read_batches
-            formats[probe.fmt] += 1  # type: ignore[index]
-            sizes.add(probe.size)  # type: ignore[arg-type]
-            depths.add(probe.depth)
+        entries = self._listing.entries
+        if sample_records is None and self.workers > 1 and len(entries) > 1000:
+            # every header, in forked workers (the merge is exact: counts and sets)
+            slices = [entries[i::self.workers] for i in range(self.workers)]
+            parts = map_in_workers(partial(_scan_headers, self.root, limit=None), slices, self.workers)
+        else:
+            parts = [_scan_headers(self.root, entries, limit=sample_records)]
+        formats: Counter[str] = sum((p[0] for p in parts), Counter())
+        sizes = set().union(*(p[1] for p in parts))
+        depths = set().union(*(p[2] for p in parts))
         if not formats:
             raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
         if len(depths) > 1:
@@ -306,6 +301,28 @@ class ImageFolderFormat(ForeignFormat):
 
 
 # ------------------------------------------------------------------------ reading
+def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
+                  ) -> tuple[Counter[str], set[tuple[int, int, int]], set[int]]:
+    """(image formats counted, sizes, bit depths) from the headers of ``entries``, up to ``limit`` images."""
+    formats: Counter[str] = Counter()
+    sizes: set[tuple[int, int, int]] = set()
+    depths: set[int] = set()
+    for entry in entries:
+        if limit is not None and sum(formats.values()) >= limit:
+            break
+        full = os.path.join(root, entry.path)
+        head = _read(full, _HEAD_BYTES)
+        probe = _probe(head, entry.path, complete=False)
+        if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
+            probe = _probe(_read(full), entry.path, complete=False)
+        if probe.kind != "image":
+            continue  # non-images and corrupt files are reported by read_batches
+        formats[probe.fmt] += 1  # type: ignore[index]
+        sizes.add(probe.size)  # type: ignore[arg-type]
+        depths.add(probe.depth)
+    return formats, sizes, depths
+
+
 def _visible(directory: str) -> list[str]:
     return sorted(n for n in os.listdir(directory) if not n.startswith("."))
 

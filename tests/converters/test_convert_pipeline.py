@@ -181,3 +181,23 @@ def test_ctrl_c_leaves_neither_target_nor_temporary_directory(image_folder: Path
     assert "interrupted" in err
     time.sleep(0.3)
     assert list(out.iterdir()) == []
+
+
+def test_image_folder_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
+    from unihub.formats.imagefolder import ImageFolderFormat
+
+    rng = np.random.default_rng(2)
+    root = tmp_path / "many"
+    blobs = {(h, fmt): encode_image(make_image(rng, h, 5), fmt) for h in (4, 6) for fmt in ("png", "jpeg")}
+    for i in range(1201):  # above the size where the scan goes parallel
+        klass = root / f"c{i % 3}"
+        klass.mkdir(parents=True, exist_ok=True)
+        h, fmt = (6 if i == 1100 else 4), ("jpeg" if i % 7 == 0 else "png")  # one odd size, a few JPEGs
+        (klass / f"{i:05d}.{'jpg' if fmt == 'jpeg' else 'png'}").write_bytes(blobs[(h, fmt)])
+    serial = ImageFolderFormat(str(root)).infer_schema()
+    parallel_source = ImageFolderFormat(str(root))
+    parallel_source.workers = 2
+    assert parallel_source.infer_schema() == serial
+    assert serial.image.shape == (None, 5, 3) and serial.image.codec.image_codec == "png"
+    result = convert(root, tmp_path / "ds", progress=False, workers=2)
+    assert result.rows == 1201 and open_dataset(tmp_path / "ds").schema == serial
