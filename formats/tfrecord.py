@@ -5,15 +5,11 @@ On disk a TFRecord file is a sequence of records, each framed as::
     uint64 length (little endian) | uint32 masked_crc32c(length bytes) | data[length] | uint32 masked_crc32c(data)
 
 optionally inside one GZIP stream (TensorFlow's ``compression_type='GZIP'``). ``data`` is a
-serialized ``tf.train.Example``: ``Example{features: Features{map<string, Feature>}}``, each
-``Feature`` one of ``bytes_list``, ``float_list`` (packed float32) or ``int64_list`` (packed
-varints).
+serialized ``tf.train.Example``, parsed and written by :mod:`unihub.formats.tfexample`.
 
-Neither TensorFlow nor the ``tfrecord`` package is imported: both register the protobuf
-messages ``tensorflow.Example`` & co., and a process that imports one cannot import the other
-(``duplicate symbol 'tensorflow.BytesList'``). The framing and the Example wire format are
-small enough to read and write here with numpy, so this module works with either, both or
-neither installed; only ``crc32c`` is needed, for the checksums.
+Neither TensorFlow nor the ``tfrecord`` package is imported (they clash in one process, see
+:mod:`unihub.formats.tfexample`), so this module works with either, both or neither
+installed; only ``crc32c`` is needed, for the checksums.
 
 Tensors are written flattened; a field whose shape the flat length does not determine (more
 than one ``None`` dim, or one that is not the first) also gets a ``<name>/shape`` int64 feature
@@ -47,14 +43,21 @@ from unihub.formats.foreign import (
     register_format,
 )
 from unihub.formats.schema import Shape, Unischema, UnischemaField
+from unihub.formats.tfexample import (
+    Feature,
+    encode_entries,
+    encode_example,  # noqa: F401  (re-exported: part of this module's API)
+    encode_feature,
+    encode_scalar,
+    ld,
+    parse_example,
+)
 
 SHAPE_SUFFIX = "/shape"
 _GZIP_MAGIC = b"\x1f\x8b"
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-
-Feature = tuple[str | None, Any]  # ("bytes", [b"..."]) | ("float", f32 array) | ("int64", i64 array)
 
 
 # -- framing -------------------------------------------------------------------------------
@@ -127,9 +130,10 @@ def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]
         return None, 0, f"unreadable compressed stream ({exc})"
     if len(body) < length + 4:
         return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
-    if _mask(crc(body[:length])) != _U32.unpack_from(body, length)[0]:
+    data = body[:length]
+    if _mask(crc(data)) != _U32.unpack_from(body, length)[0]:
         return None, 16 + length, "data CRC mismatch"
-    return body[:length], 16 + length, None
+    return data, 16 + length, None
 
 
 def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
@@ -140,183 +144,6 @@ def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
             report.skipped.append(SkippedRecord(path, where, reason))
         return
     raise FormatError(f"{path}: {where}: {reason}", path=path, offset=offset)
-
-
-# -- tf.train.Example wire format ------------------------------------------------------------
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-
-
-def _skip(buf: bytes, pos: int, key: int) -> int:
-    """The position after the value of a field (tag ``key``) that is not read."""
-    wire = key & 7
-    if wire == 0:
-        return _varint(buf, pos)[1]
-    if wire == 2:
-        size, pos = _varint(buf, pos)
-        return pos + size
-    if wire in (1, 5):
-        return pos + (8 if wire == 1 else 4)
-    raise ValueError(f"unsupported protobuf wire type {wire}")
-
-
-def _packed_varints(buf: bytes, start: int, end: int) -> np.ndarray | list[int]:
-    chunk = buf[start:end]
-    if not chunk or max(chunk) < 0x80:  # every value below 128: one byte each
-        return list(chunk) if len(chunk) <= 16 else np.frombuffer(chunk, np.uint8).astype(np.int64)
-    raw = np.frombuffer(chunk, np.uint8)
-    if raw[-1] & 0x80:
-        raise ValueError("truncated varint")
-    ends = np.flatnonzero(raw < 0x80)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    position = np.arange(len(raw)) - np.repeat(starts, ends - starts + 1)
-    parts = (raw & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
-    return np.add.reduceat(parts, starts).view(np.int64)
-
-
-def _parse_list(buf: bytes, key: int, pos: int, end: int) -> Any:
-    """The values of a BytesList (``key`` 0x0A), FloatList (0x12) or Int64List (0x1A)."""
-    items: list[Any] = []
-    while pos < end:
-        tag = buf[pos]
-        pos += 1
-        if tag == 0x0A:  # a bytes value, or a packed run of floats / varints
-            size = buf[pos]
-            pos += 1
-            if size >= 0x80:
-                size, pos = _varint(buf, pos - 1)
-            if key == 0x0A:
-                items.append(buf[pos:pos + size])
-            elif key == 0x12:
-                items.append(np.frombuffer(buf, "<f4", size // 4, pos))
-            else:
-                items.append(_packed_varints(buf, pos, pos + size))
-            pos += size
-        elif tag == 0x0D and key == 0x12:  # an unpacked float
-            items.append(np.frombuffer(buf, "<f4", 1, pos))
-            pos += 4
-        elif tag == 0x08 and key == 0x1A:  # an unpacked varint
-            value, pos = _varint(buf, pos)
-            items.append([value - (1 << 64) if value >> 63 else value])
-        else:
-            pos = _skip(buf, pos, tag if tag < 0x80 else _varint(buf, pos - 1)[0])
-    if pos != end:
-        raise ValueError("a list runs past the end of its feature")
-    if key == 0x0A:
-        return "bytes", items
-    kind, dtype = ("float", np.float32) if key == 0x12 else ("int64", np.int64)
-    if len(items) == 1:
-        return kind, items[0]
-    return kind, np.concatenate([np.asarray(i, dtype) for i in items]) if items else np.empty(0, dtype)
-
-
-def _messages(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """``(tag, start, end)`` of the length-delimited fields in ``buf[pos:end]``; others skipped."""
-    while pos < end:
-        key = buf[pos]
-        pos += 1
-        if key >= 0x80:
-            key, pos = _varint(buf, pos - 1)
-        if key & 7 != 2:
-            pos = _skip(buf, pos, key)
-            continue
-        size = buf[pos]
-        pos += 1
-        if size >= 0x80:
-            size, pos = _varint(buf, pos - 1)
-        yield key, pos, pos + size
-        pos += size
-    if pos != end:
-        raise ValueError("a field runs past the end of its message")
-
-
-def parse_example(buf: bytes) -> dict[str, Feature]:
-    """A serialized ``tf.train.Example`` -> ``{name: (kind, values)}``; ValueError if malformed.
-
-    ``values``: a list of bytes, or a sequence (numpy array or list) of float32 / int64.
-    """
-    out: dict[str, Feature] = {}
-    try:
-        for key, start, end in _messages(buf, 0, len(buf)):
-            if key != 0x0A:  # Example.features
-                continue
-            for key2, s2, e2 in _messages(buf, start, end):
-                if key2 != 0x0A:  # Features.feature map entries
-                    continue
-                name, feature = "", (None, [])
-                for key3, s3, e3 in _messages(buf, s2, e2):
-                    if key3 == 0x0A:
-                        name = buf[s3:e3].decode("utf-8")
-                    elif key3 == 0x12:
-                        feature = (None, [])
-                        for kind, s4, e4 in _messages(buf, s3, e3):
-                            if kind in (0x0A, 0x12, 0x1A):
-                                feature = _parse_list(buf, kind, s4, e4)
-                out[name] = feature
-    except (IndexError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"malformed tf.train.Example: {exc}") from exc
-    return out
-
-
-_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
-_TAGS = {1: b"\x0a", 2: b"\x12", 3: b"\x1a"}  # field 1, 2, 3 with wire type 2 (length-delimited)
-_F32 = struct.Struct("<f")
-
-
-def _varint_bytes(value: int) -> bytes:
-    if 0 <= value < 0x80:
-        return _SMALL_VARINTS[value]
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _ld(number: int, payload: bytes) -> bytes:
-    return _TAGS[number] + _varint_bytes(len(payload)) + payload
-
-
-def encode_feature(kind: str, values: Any) -> bytes:
-    """A serialized ``tf.train.Feature`` of ``kind`` 'bytes', 'float' or 'int64'."""
-    if kind == "bytes":
-        return _ld(1, b"".join([_ld(1, v) for v in values]))
-    if kind == "float":
-        packed = np.asarray(values, "<f4").tobytes()
-        return _ld(2, _ld(1, packed) if packed else b"")
-    ints = np.asarray(values, np.int64).ravel()
-    if ints.size > 16 and ints.min() >= 0 and ints.max() < 0x80:
-        packed = ints.astype(np.uint8).tobytes()
-    else:
-        packed = b"".join([_varint_bytes(v) for v in ints.tolist()])
-    return _ld(3, _ld(1, packed) if packed else b"")
-
-
-def _encode_scalar(kind: str, value: Any) -> bytes:
-    if kind == "float":
-        return _ld(2, _ld(1, _F32.pack(value)))
-    return _ld(3, _ld(1, _varint_bytes(int(value))))
-
-
-def _example(entries: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """A serialized Example from ``(_ld(1, name), feature)`` pairs."""
-    return _ld(1, b"".join([_ld(1, key + _ld(2, feature)) for key, feature in entries]))
-
-
-def encode_example(features: dict[str, bytes]) -> bytes:
-    """A serialized ``tf.train.Example`` from ``{name: encode_feature(...)}``."""
-    return _example((_ld(1, name.encode()), feature) for name, feature in features.items())
 
 
 # -- schema inference ------------------------------------------------------------------------
@@ -410,22 +237,19 @@ class TFRecordFormat(ForeignFormat):
             pass
         return False
 
-    def _records(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, bytes]]:
+    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
+        """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
         if on_error not in ("raise", "skip"):
             raise UnsupportedFormatError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         for path in self.files():
             for index, offset, data in iter_records(path, compression=self.options.get("compression"),
                                                     on_error=on_error, report=report):
-                yield path, index, offset, data
-
-    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
-        for path, index, offset, data in self._records(on_error, report):
-            try:
-                example = parse_example(data)
-            except ValueError as exc:
-                _fail(path, index, offset, str(exc), on_error, report)
-                continue
-            yield path, index, offset, example
+                try:
+                    example = parse_example(data)
+                except ValueError as exc:
+                    _fail(path, index, offset, str(exc), on_error, report)
+                    continue
+                yield path, index, offset, example
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         stats: dict[str, _Stats] = {}
@@ -450,10 +274,11 @@ class TFRecordFormat(ForeignFormat):
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
         plans = [_Plan.of(f) for f in schema]
+        readers = [plan.read for plan in plans]
         columns: list[list[Any]] = [[] for _ in plans]
         for path, index, offset, example in self._examples(on_error, self.report):
             try:
-                row = [plan.read(example) for plan in plans]
+                row = [read(example) for read in readers]
             except _Mismatch as exc:
                 _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
                 continue
@@ -490,7 +315,7 @@ class TFRecordFormat(ForeignFormat):
                 columns = [(batch[name], encode) for name, encode in encoders if name in batch]
                 n = len(columns[0][0]) if columns else 0
                 for row in range(n):
-                    writer.write(_example(entry for column, encode in columns if (value := column[row]) is not None
+                    writer.write(encode_entries(entry for column, encode in columns if (value := column[row]) is not None
                                           for entry in encode(value)))
             return writer.close()
         except BaseException:
@@ -499,6 +324,9 @@ class TFRecordFormat(ForeignFormat):
 
 
 # -- reading helpers -------------------------------------------------------------------------
+_ABSENT: Feature = (None, None)
+
+
 class _Mismatch(Exception):
     def __init__(self, feature: str, reason: str) -> None:
         super().__init__(reason)
@@ -513,6 +341,8 @@ class _Plan:
     category: str  # "image" | "str" | "bytes" (scalars), "text" (lists), "scalar" | "tensor" (numbers)
     dtype: np.dtype
     size: int | None  # values per row for fixed shapes
+    text: bool = False  # read from a bytes list (category image, str, bytes or text)
+    single: bool = False  # one value per row (category image, str, bytes or scalar)
 
     @classmethod
     def of(cls, f: UnischemaField) -> _Plan:
@@ -523,27 +353,29 @@ class _Plan:
             category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
         else:
             category = "scalar" if f.shape == () else "tensor"
-        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None)
+        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None,
+                   category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"))
 
     def read(self, example: dict[str, Feature]) -> Any:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
         f = self.field
-        kind, values = example.get(f.name, (None, None))
-        if values is None or (len(values) == 0 and (kind is None or f.shape == ())):
+        kind, values = example.get(f.name, _ABSENT)
+        if values is None or (not len(values) and (kind is None or f.shape == ())):
             if f.nullable:
                 return None
             if values is None:
                 raise _Mismatch(f.name, "missing, and the field is not nullable")
         category = self.category
-        if kind is not None and (kind == "bytes") != (category in ("image", "str", "bytes", "text")):
+        if kind is not None and (kind == "bytes") != self.text:
             raise _Mismatch(f.name, f"holds a {kind} list, the schema says {dtypes.dtype_name(f.numpy_dtype)}")
-        if category in ("image", "str", "bytes", "scalar") and len(values) != 1:
-            raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
+        if self.single:
+            if len(values) != 1:
+                raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
+            if category != "str":
+                return values[0]
         try:
             if category == "str":
                 return values[0].decode("utf-8")
-            if category in ("image", "bytes", "scalar"):
-                return values[0]
             if category == "text":
                 array = np.empty(len(values), dtype=object)  # object, not "S": numpy strips trailing NULs
                 array[:] = [v.decode("utf-8") for v in values] if f.numpy_dtype is np.str_ else values
@@ -596,10 +428,10 @@ def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
     """``(field name, value -> [(encoded key, feature), ...])`` for each field, checked up front."""
     out = []
     for f in schema:
-        key = _ld(1, f.name.encode())
+        key = ld(1, f.name.encode())
         if isinstance(f.codec, CompressedImageCodec):
             def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
-                return [(key, _ld(1, _ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
+                return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
         elif not _numeric(f.numpy_dtype):
             if f.numpy_dtype not in (np.str_, np.bytes_, decimal.Decimal):
                 raise SchemaError(f"field {f.name!r}: TFRecord stores numbers, bytes and strings, "
@@ -611,13 +443,13 @@ def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
                 return [(key, encode_feature("bytes", blobs))]
         else:
             kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
-            sidecar = _ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
+            sidecar = ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
                 else None
 
             def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
                        sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
                 if shape == ():
-                    return [(key, _encode_scalar(kind, v))]
+                    return [(key, encode_scalar(kind, v))]
                 array = np.asarray(v)
                 entries = [(key, encode_feature(kind, array.ravel()))]
                 return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries

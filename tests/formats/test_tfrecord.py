@@ -1,4 +1,4 @@
-"""TFRecord ingest and export: framing, the Example wire format, inference, bad input, TensorFlow interop."""
+"""TFRecord ingest and export: framing, inference, bad input, TensorFlow interop."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from unihub.formats.tfrecord import (
     encode_example,
     encode_feature,
     iter_records,
-    parse_example,
     write_records,
 )
 
@@ -180,20 +179,6 @@ def test_conflicting_kinds_and_empty_input(tmp_path: Path) -> None:
     empty = _write_own(tmp_path / "empty.tfrecord", [])
     with pytest.raises(FormatError, match="no TFRecord records"):
         TFRecordFormat(str(empty)).infer_schema()
-
-
-def test_wire_format_edge_cases() -> None:
-    values = np.array([0, 1, 127, 128, 300, -1, -(2**63), 2**63 - 1], np.int64)
-    parsed = parse_example(encode_example({"v": encode_feature("int64", values)}))
-    assert parsed["v"][0] == "int64" and parsed["v"][1].tolist() == values.tolist()
-    # unpacked repeated values (proto2 writers) and an unknown field are read too
-    unpacked = bytes([0x08, 0x05, 0x08, 0x7F])  # Int64List{value: 5, value: 127}, not packed
-    feature = bytes([0x1A, len(unpacked)]) + unpacked
-    entry = bytes([0x0A, 1]) + b"u" + bytes([0x12, len(feature)]) + feature
-    features = bytes([0x0A, len(entry)]) + entry
-    assert parse_example(bytes([0x0A, len(features)]) + features + b"\x10\x01")["u"][1].tolist() == [5, 127]
-    with pytest.raises(ValueError, match="malformed"):
-        parse_example(b"\x0a\x05\x0a")
 
 
 # -- bad input -------------------------------------------------------------------------------
