@@ -25,6 +25,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from unihub.formats.foreign import (
     OnError,
     ReadReport,
     SkippedRecord,
+    map_in_workers,
     register_format,
 )
 from unihub.formats.schema import Shape, Unischema, UnischemaField
@@ -179,6 +181,46 @@ class _Stats:
                 except UnicodeDecodeError:
                     self.utf8 = False
 
+    def merge(self, other: _Stats) -> None:
+        """Add what ``other`` saw (the scans of two sets of records, as if one)."""
+        self.kinds |= other.kinds
+        self.present += other.present
+        self.lengths |= other.lengths
+        self.images |= other.images
+        self.sizes |= other.sizes
+        self.all_images = self.all_images and other.all_images
+        self.utf8 = self.utf8 and other.utf8
+        self.shapes |= other.shapes
+
+
+def _scan_files(options: dict[str, Any], files: list[str],
+                sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
+    """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
+    source = TFRecordFormat(files, **options)
+    stats: dict[str, _Stats] = {}
+    total = 0
+    for _, _, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
+        if sample_records is not None and total >= sample_records:
+            break
+        total += 1
+        for name, (kind, values) in example.items():
+            stat = stats.setdefault(name, _Stats())
+            stat.add(kind, values)
+            if name.endswith(SHAPE_SUFFIX) and kind == "int64":
+                stat.shapes.add(tuple(int(v) for v in values))
+    return stats, total
+
+
+def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, _Stats], int]:
+    stats: dict[str, _Stats] = {}
+    for part, _ in parts:
+        for name, stat in part.items():
+            if name in stats:
+                stats[name].merge(stat)
+            else:
+                stats[name] = stat
+    return stats, sum(total for _, total in parts)
+
 
 def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
     if len(stats.kinds) > 1:
@@ -252,18 +294,14 @@ class TFRecordFormat(ForeignFormat):
                 yield path, index, offset, example
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
-        stats: dict[str, _Stats] = {}
-        total = 0
-        on_error = self.options.get("on_error", "raise")
-        for _, _, _, example in self._examples(on_error, ReadReport()):
-            if sample_records is not None and total >= sample_records:
-                break
-            total += 1
-            for name, (kind, values) in example.items():
-                stat = stats.setdefault(name, _Stats())
-                stat.add(kind, values)
-                if name.endswith(SHAPE_SUFFIX) and kind == "int64":
-                    stat.shapes.add(tuple(int(v) for v in values))
+        files = self.files()
+        if sample_records is None and self.workers > 1 and len(files) > 1:
+            # whole files in forked workers; the statistics merge exactly
+            slices = [files[i::self.workers] for i in range(self.workers)]
+            parts = map_in_workers(partial(_scan_files, self.options), slices, self.workers)
+            stats, total = _merge_scans(parts)
+        else:
+            stats, total = _scan_files(self.options, files, sample_records)
         if total == 0:
             raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
         sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}

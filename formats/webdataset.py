@@ -38,7 +38,15 @@ import pyarrow as pa
 from unihub.errors import CodecError, FormatError
 from unihub.formats import images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
-from unihub.formats.foreign import ColumnBatch, ForeignFormat, OnError, SkippedRecord, expand_sources, register_format
+from unihub.formats.foreign import (
+    ColumnBatch,
+    ForeignFormat,
+    OnError,
+    SkippedRecord,
+    expand_sources,
+    map_in_workers,
+    register_format,
+)
 from unihub.formats.npy import load_npy, parse_header
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError, iter_members
@@ -179,6 +187,14 @@ class _FieldStats:
             self.all_int = self.all_int and _parses(int, text)
             self.all_float = self.all_float and _parses(float, text)
 
+    def merge(self, other: _FieldStats) -> None:
+        """Add what ``other`` saw (the scans of two sets of shards, as if one)."""
+        self.count += other.count
+        self.shapes |= other.shapes
+        self.dtypes |= other.dtypes
+        self.all_int = self.all_int and other.all_int
+        self.all_float = self.all_float and other.all_float
+
     def field(self, nullable: bool) -> UnischemaField:
         name = self.extension
         if self.kind == "image" and self.shapes:
@@ -196,6 +212,23 @@ class _FieldStats:
         if self.kind in ("int", "text", "json"):
             return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), nullable)
         return UnischemaField(name, np.bytes_, (), ScalarCodec(pa.binary()), nullable)
+
+
+def _scan_shards(files: list[str], sample_records: int | None = None) -> tuple[dict[str, _FieldStats], int]:
+    """Statistics per extension over the samples of ``files`` (the first ``sample_records``), and their count.
+
+    Malformed members are left out; :meth:`WebDatasetFormat.read_batches` reports them.
+    """
+    stats: dict[str, _FieldStats] = {}
+    seen = 0
+    for path in files:
+        for sample in iter_samples(path, on_error="skip", skipped=[]):
+            if sample_records is not None and seen >= sample_records:
+                return stats, seen
+            seen += 1
+            for extension, data in sample.members.items():
+                stats.setdefault(extension, _FieldStats(extension)).add(data)
+    return stats, seen
 
 
 def _parses(kind: Callable[[str], Any], text: str) -> bool:
@@ -384,17 +417,21 @@ class WebDatasetFormat(ForeignFormat):
 
         Malformed members are left out of the inference; :meth:`read_batches` reports them.
         """
-        stats: dict[str, _FieldStats] = {}
-        seen = 0
-        for path in self.files():
-            for sample in iter_samples(path, on_error="skip", skipped=[]):
-                if sample_records is not None and seen >= sample_records:
-                    break
-                seen += 1
-                for extension, data in sample.members.items():
-                    stats.setdefault(extension, _FieldStats(extension)).add(data)
-            if sample_records is not None and seen >= sample_records:
-                break
+        files = self.files()
+        if sample_records is None and self.workers > 1 and len(files) > 1:
+            # whole shards in forked workers; the statistics merge exactly
+            parts = map_in_workers(_scan_shards, [files[i::self.workers] for i in range(self.workers)],
+                                   self.workers)
+            stats, seen = parts[0]
+            for part_stats, part_seen in parts[1:]:
+                seen += part_seen
+                for extension, stat in part_stats.items():
+                    if extension in stats:
+                        stats[extension].merge(stat)
+                    else:
+                        stats[extension] = stat
+        else:
+            stats, seen = _scan_shards(files, sample_records)
         if seen == 0:
             raise FormatError(f"no samples in {self.sources}: the shards are empty or hold no <key>.<ext> "
                               "members", path=self.sources[0] if self.sources else None)

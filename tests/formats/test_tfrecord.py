@@ -419,3 +419,23 @@ def test_malformed_example_payload(tmp_path: Path) -> None:
     source = TFRecordFormat(str(path))
     assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [1, 1]
     assert [s.location for s in source.report.skipped] == ["record 1 at byte offset 30"]
+
+
+def test_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
+    """Whole files scanned in forked workers; the per-feature statistics merge to the same schema."""
+    files = [
+        _write_own(tmp_path / "a.tfrecord", [{"x": ("int64", [i, i]), "s": ("bytes", [b"text"]),
+                                             "img": ("bytes", [_png(4, 5)])} for i in range(5)]),
+        _write_own(tmp_path / "b.tfrecord", [{"x": ("int64", [i, i, i]), "s": ("bytes", [b"\xff\xfe"]),
+                                             "img": ("bytes", [_png(6, 5)])} for i in range(4)]),
+        _write_own(tmp_path / "c.tfrecord", [{"x": ("int64", [i]), "img": ("bytes", [_png(4, 5)]),
+                                             "f": ("float", [0.5] * 3)} for i in range(3)]),
+    ]
+    serial = TFRecordFormat([str(f) for f in files]).infer_schema()
+    parallel = TFRecordFormat([str(f) for f in files])
+    parallel.workers = 2
+    assert parallel.infer_schema() == serial
+    by_name = {f.name: f for f in serial}
+    assert by_name["x"].shape == (None,) and not by_name["x"].nullable
+    assert by_name["s"].numpy_dtype is np.bytes_ and by_name["s"].nullable  # not UTF-8 in b, missing in c
+    assert by_name["img"].shape == (None, 5, 3) and by_name["f"].nullable and by_name["f"].shape == (3,)

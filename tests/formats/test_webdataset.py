@@ -347,3 +347,22 @@ def test_export_refuses_keys_that_do_not_read_back(tmp_path: Path, keys: list[st
     with pytest.raises(ValueError, match=message):
         WebDatasetFormat.write(str(tmp_path / "k"), schema, [{"__key__": keys, "cls": [1, 2]}])
     assert os.listdir(tmp_path / "k") == []  # the partial shard was removed
+
+
+def test_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
+    """Whole shards scanned in forked workers; the per-extension statistics merge to the same schema."""
+    gray = images.encode_image(np.zeros((4, 6), np.uint8), "png")
+    color = images.encode_image(np.zeros((5, 6, 3), np.uint8), "png")
+    paths = [
+        write_tar(tmp_path / "a.tar", [("k0.png", color), ("k0.cls", b"3"), ("k0.npy", npy(np.zeros(4, np.int32)))]),
+        write_tar(tmp_path / "b.tar", [("k1.png", gray), ("k1.cls", b"2.5"), ("k1.npy", npy(np.zeros(7, np.float32)))]),
+        write_tar(tmp_path / "c.tar", [("k2.png", color), ("k2.txt", b"hello")]),
+    ]
+    serial = WebDatasetFormat([str(p) for p in paths]).infer_schema()
+    parallel = WebDatasetFormat([str(p) for p in paths])
+    parallel.workers = 2
+    assert parallel.infer_schema() == serial
+    by_name = {f.name: f for f in serial}
+    assert by_name["cls"].numpy_dtype is np.float64 and by_name["cls"].nullable  # "2.5"; missing in c
+    assert by_name["npy"].shape == (None,) and by_name["npy"].numpy_dtype is np.float64
+    assert by_name["png"].shape == (None, 6, None) and by_name["txt"].nullable
