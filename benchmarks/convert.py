@@ -31,6 +31,7 @@ import io
 import json
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -242,12 +243,16 @@ def webdataset_case(data: Data, tmp: Path) -> dict:
 
 def imagefolder_case(data: Data, tmp: Path) -> dict:
     src = tmp / "folder"
-    start = time.perf_counter()
-    for c in range(CLASSES):
-        (src / f"class_{c:02d}").mkdir(parents=True)
-    for i, (image, label) in enumerate(zip(data.images, data.labels)):
-        (src / f"class_{label:02d}" / f"{i:08d}.jpg").write_bytes(image)
-    write_s = time.perf_counter() - start
+    write_s = float("inf")
+    for attempt in range(2):  # best of 2: creating 20k files is much slower on a cold file system
+        if attempt:
+            shutil.rmtree(src)
+        start = time.perf_counter()
+        for c in range(CLASSES):
+            (src / f"class_{c:02d}").mkdir(parents=True)
+        for i, (image, label) in enumerate(zip(data.images, data.labels)):
+            (src / f"class_{label:02d}" / f"{i:08d}.jpg").write_bytes(image)
+        write_s = min(write_s, time.perf_counter() - start)
     raw_s, rows = folder_raw_read(src)
     return {"src": str(src), "bytes": tree_bytes(src), "raw_s": raw_s, "raw_rows": rows, "write_s": write_s}
 
@@ -317,6 +322,9 @@ def bench(fmt: str, data: Data, tmp: Path, profile: bool, workers: int) -> dict:
     dst = tmp / EXPORT_TARGET[fmt]
     export_s, export_rows, export_prof = timed_convert(str(tmp / f"{fmt}_unihub"), str(dst), to_format=fmt,
                                                        profile=profile)
+    if not profile:  # best of 2, as the library's own write
+        again_s, _, _ = timed_convert(str(tmp / f"{fmt}_unihub"), str(dst), to_format=fmt, overwrite=True)
+        export_s = min(export_s, again_s)
     if export_rows != len(data):
         raise AssertionError(f"{fmt}: exported {export_rows} rows, expected {len(data)}")
     if fmt == "tfrecord":  # TF itself must read the export back

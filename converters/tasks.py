@@ -141,6 +141,9 @@ def run_local(plan: TaskPlan, files: list[str], temporary: str, workers: int,
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    import unihub.formats.formats_all  # noqa: F401  (imported once here, not in every forked worker)
+    import unihub.formats.writer  # noqa: F401
+
     slices = file_slices(files, workers * 4)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))

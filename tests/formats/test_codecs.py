@@ -627,8 +627,12 @@ def test_image_bytes_are_stored_as_given_and_opencv_pngs_decode_to_rgb():
 def test_image_errors_name_field_and_row():
     _images_module()
     field = UnischemaField("img", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False)
+    good_png = field.codec.encode(field, np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(CodecError, match="field 'img', row 1: 4 bytes are neither PNG nor JPEG") as bad_bytes:
+        field.codec.encode_column(field, [good_png, b"GIF8"])
+    assert bad_bytes.value.row == 1
     with pytest.raises(CodecError, match="field 'img': 4 bytes are neither PNG nor JPEG"):
-        field.codec.encode_column(field, [b"GIF8"])
+        field.codec.encode_column(field, [bytearray(b"GIF8")])  # not bytes: the value-by-value path
     with pytest.raises(CodecError, match="field 'img': expected an image of dtype uint8, found float32"):
         field.codec.encode_column(field, [np.zeros((8, 8, 3), np.float32)])
     good = field.codec.encode(field, np.zeros((8, 8, 3), np.uint8))
