@@ -683,7 +683,7 @@ class CompressedImageCodec(Codec):
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """Bytes that are PNG/JPEG go in as they are, in one step; anything else value by value."""
-        if values and all(type(v) is bytes for v in values):
+        if len(values) and all(type(v) is bytes for v in values):
             for row, value in enumerate(values):
                 if value[:3] != b"\xff\xd8\xff" and value[:8] != b"\x89PNG\r\n\x1a\n":
                     raise CodecError(f"field {field.name!r}, row {row}: {len(value)} bytes are neither PNG nor "
