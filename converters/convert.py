@@ -131,13 +131,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         source = FORMATS.get(source_format)(src, **dict(format_options or {}))
         source.workers = workers
         files = source.files()
-        input_bytes = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
-        out_schema = given or source.infer_schema()
+        input_bytes = _total_size(files)
+        # single pass where the format allows it: read once with a provisional schema, refine it after
+        provisional = source.provisional_schema() if given is None and target_format == UNIHUB else None
+        out_schema = given or provisional or source.infer_schema()
         extra = {"source_format": source_format, "source": src, **source.metadata()}
-        if workers > 1 and len(files) > 1 and target_format == UNIHUB:
-            return _convert_in_workers(source, files, dst, out_schema, extra, given is not None, workers,
-                                       overwrite=overwrite, row_group_size_mb=row_group_size_mb, on_error=on_error,
-                                       progress=progress, start=start, input_bytes=input_bytes)
+        if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
+            return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
+                                     observe=provisional is not None, overwrite=overwrite,
+                                     row_group_size_mb=row_group_size_mb, on_error=on_error, progress=progress,
+                                     start=start, input_bytes=input_bytes)
         batches = source.read_batches(out_schema, batch_size=batch_size, on_error=on_error)
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
@@ -160,20 +163,26 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
 
 
-def _convert_in_workers(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
-                        validate: bool, workers: int, *, overwrite: bool, row_group_size_mb: float,
-                        on_error: OnError, progress: bool | None, start: float, input_bytes: int) -> ConvertResult:
-    """Foreign source -> unihub with the input files cut into slices read by forked workers."""
+def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
+                      validate: bool, workers: int, *, observe: bool, overwrite: bool, row_group_size_mb: float,
+                      on_error: OnError, progress: bool | None, start: float, input_bytes: int) -> ConvertResult:
+    """Foreign source -> unihub as conversion tasks (:mod:`unihub.converters.tasks`): slices of the
+    input files read by forked workers, or one task in this process. With ``observe`` the schema is
+    the source's provisional one, refined from what the tasks saw before the files are committed."""
     from unihub.converters import tasks
     from unihub.formats import filesystem as fsutil
 
     plan = tasks.TaskPlan(source.format_name, ",".join(source.sources), dict(source.options), schema, extra,
-                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate)
+                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe)
     skipped = tasks.driver_skips(source)
     meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
 
     def task_done(rows: int, part: list[str]) -> None:
-        meter.advance(rows, sum(os.path.getsize(f) for f in part if os.path.isfile(f)))
+        meter.advance(rows, _total_size(part))
+
+    def watch(task_source: Any, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
+        meter.bytes_read = lambda: task_source.report.bytes_read
+        return meter.count(batches)
 
     import pyarrow.fs as pafs
 
@@ -182,7 +191,13 @@ def _convert_in_workers(source: Any, files: list[str], dst: str, schema: Unische
     temporary = fsutil.temporary_sibling(target)
     os.makedirs(temporary)
     try:
-        rows, task_skips = tasks.run_local(plan, files, temporary, workers, on_done=task_done)
+        if workers > 1 and len(files) > 1:
+            rows, task_skips, observed = tasks.run_local(plan, files, temporary, workers, on_done=task_done)
+        else:
+            rows, task_skips, seen = tasks.run_task(plan, temporary, 0, files, wrap=watch)
+            observed = [seen]
+        if observe:
+            schema = source.refine_schema([o for o in observed if o is not None])
         tasks.finish(temporary, schema, extra)
         if overwrite and os.path.lexists(target):
             fsutil.remove(fs, target)
@@ -313,6 +328,17 @@ class ProgressMeter:
             self._draw(force=True)
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _total_size(files: list[str]) -> int:
+    """Bytes of the input files (one stat each: image folders have many)."""
+    total = 0
+    for path in files:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            pass
+    return total
 
 
 def _batch_bytes(batch: Any) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, SkippedRecord
@@ -22,20 +22,23 @@ from unihub.formats.schema import Unischema
 
 TASK_DIR = "_task-{:05d}"
 PART = "part-{:05d}-{:05d}.parquet"
-#: what a task returns: rows written, and the records it skipped as (path, location, reason)
-TaskResult = tuple[int, list[tuple[str, str, str]]]
+#: what a task returns: rows written, the records it skipped as (path, location, reason), and
+#: what an observing read saw (single-pass conversions; see ForeignFormat.provisional_schema)
+TaskResult = tuple[int, list[tuple[str, str, str]], Any]
 
 
 class TaskPlan:
     """What every task needs (pickled to executors or inherited by forked workers)."""
 
     def __init__(self, fmt: str, src: str, options: dict[str, Any], schema: Unischema, extra: dict[str, Any],
-                 row_group_size_mb: float, on_error: OnError, layout: Any, validate: bool = True) -> None:
+                 row_group_size_mb: float, on_error: OnError, layout: Any, validate: bool = True,
+                 observe: bool = False) -> None:
         self.fmt, self.src, self.options = fmt, src, options
         self.schema, self.extra = schema, extra
         self.row_group_size_mb, self.on_error = row_group_size_mb, on_error
         self.layout = layout  # image folders: (root, classes) to label files without listing the root
         self.validate = validate  # False when the source inferred the schema it is read with
+        self.observe = observe  # single pass: the schema is provisional, the read observes
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -63,18 +66,25 @@ def file_slices(files: list[str], count: int) -> list[list[str]]:
     return [files[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def run_task(plan: TaskPlan, temporary: str, index: int, files: Iterable[str]) -> TaskResult:
-    """Read ``files`` and write them as ``part-<index>-<n>.parquet`` into ``temporary``."""
+def run_task(plan: TaskPlan, temporary: str, index: int, files: Iterable[str],
+             wrap: Callable[[ForeignFormat, Iterator[Any]], Iterator[Any]] | None = None) -> TaskResult:
+    """Read ``files`` and write them as ``part-<index>-<n>.parquet`` into ``temporary``.
+
+    ``wrap(source, batches)`` may watch the batches on their way (a progress bar in-process).
+    """
     import unihub.formats.formats_all  # noqa: F401  (registers every format in the worker)
     from unihub.formats.writer import write_dataset
 
     files = list(files)
     if not files:
-        return 0, []
+        return 0, [], None
     work = os.path.join(temporary, TASK_DIR.format(index))
     os.mkdir(work)  # not makedirs: a job being torn down must not recreate the temporary directory
     source = task_source(plan, files)
+    source.observe = plan.observe
     batches = source.read_batches(plan.schema, on_error=plan.on_error)
+    if wrap is not None:
+        batches = wrap(source, batches)
     out = os.path.join(work, "out")
     result = write_dataset(out, plan.schema, batches, batched=True, row_group_size_mb=plan.row_group_size_mb,
                            extra_metadata=plan.extra, validate=plan.validate)
@@ -83,7 +93,7 @@ def run_task(plan: TaskPlan, temporary: str, index: int, files: Iterable[str]) -
         for n, path in enumerate(written):
             os.replace(path, os.path.join(temporary, PART.format(index, n)))
     shutil.rmtree(work)
-    return result.num_rows, [(s.path, s.location, s.reason) for s in source.report.skipped]
+    return result.num_rows, [(s.path, s.location, s.reason) for s in source.report.skipped], source.report.observed
 
 
 def task_source(plan: TaskPlan, files: list[str]) -> ForeignFormat:
@@ -108,9 +118,14 @@ def task_source(plan: TaskPlan, files: list[str]) -> ForeignFormat:
 
 
 def finish(temporary: str, schema: Unischema, extra: Mapping[str, Any]) -> None:
-    """``_common_metadata`` (and one empty part file when no task wrote rows)."""
+    """``_common_metadata`` (and one empty part file when no task wrote rows); part files written
+    with another schema (a single pass's provisional one) get ``schema`` in their footers."""
     from unihub.formats.spark import write_common_metadata
-    from unihub.formats.writer import write_dataset
+    from unihub.formats.writer import restamp_schema, write_dataset
+
+    for name in sorted(os.listdir(temporary)):
+        if name.endswith(".parquet"):
+            restamp_schema(os.path.join(temporary, name), schema)
 
     if not any(n.endswith(".parquet") for n in os.listdir(temporary)):
         empty = os.path.join(temporary, "_empty")
@@ -130,7 +145,7 @@ def remove_tree(path: str) -> None:
 
 
 def run_local(plan: TaskPlan, files: list[str], temporary: str, workers: int,
-              on_done: Callable[[int, list[str]], None] | None = None) -> TaskResult:
+              on_done: Callable[[int, list[str]], None] | None = None) -> tuple[int, list[tuple], list[Any]]:
     """Run the tasks in ``workers`` forked processes; ``on_done(rows, files)`` after each task.
 
     Slices are a few per worker so that workers finish together; results are collected in
@@ -143,19 +158,23 @@ def run_local(plan: TaskPlan, files: list[str], temporary: str, workers: int,
 
     import unihub.formats.formats_all  # noqa: F401  (imported once here, not in every forked worker)
     import unihub.formats.writer  # noqa: F401
+    from unihub.formats.foreign import warm_before_fork
+
+    warm_before_fork()
 
     slices = file_slices(files, workers * 4)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
-    rows, skipped = 0, []
+    rows, skipped, observed = 0, [], []
     try:
         futures = [pool.submit(run_task, plan, temporary, index, part) for index, part in enumerate(slices)]
         for part, future in zip(slices, futures):
-            done, part_skipped = future.result()
+            done, part_skipped, part_observed = future.result()
             rows += done
             skipped.extend(part_skipped)
+            observed.append(part_observed)
             if on_done is not None:
                 on_done(done, part)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return rows, skipped
+    return rows, skipped, observed

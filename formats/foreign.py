@@ -59,6 +59,8 @@ class ReadReport:
 
     records: int = 0
     skipped: list[SkippedRecord] = field(default_factory=list)
+    #: what an observing read saw, for ForeignFormat.refine_schema (format-defined, picklable)
+    observed: Any = None
     #: input bytes consumed so far, where the format counts them (for progress and ETA)
     bytes_read: int = 0
 
@@ -79,6 +81,9 @@ class ForeignFormat(ABC):
         #: processes a format may use for its scans (``convert(workers=N)`` sets it); the results
         #: must not depend on it
         self.workers = 1
+        #: single pass (see :meth:`provisional_schema`): read_batches does not hold records to the
+        #: schema's details but leaves what it saw in ``report.observed`` for :meth:`refine_schema`
+        self.observe = False
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -99,6 +104,19 @@ class ForeignFormat(ABC):
         """Extra JSON-able metadata to keep with the converted dataset (class names, attributes)."""
         return {}
 
+    def provisional_schema(self) -> Unischema | None:
+        """A schema to start reading with before every record is scanned, or None (infer first).
+
+        A format returns one only when the stored columns cannot depend on the records not yet
+        seen (e.g. images kept as bytes): ``convert`` then reads the input once with
+        :attr:`observe` set and calls :meth:`refine_schema` with every ``report.observed``.
+        """
+        return None
+
+    def refine_schema(self, observations: Sequence[Any]) -> Unischema:
+        """The schema from what read_batches observed (one entry per reader); see provisional_schema."""
+        raise NotImplementedError(f"{type(self).__name__} has no single-pass schema")
+
     def files(self) -> list[str]:
         """The input files, expanded from :attr:`sources` (sorted, deterministic)."""
         return expand_sources(self.sources)
@@ -116,9 +134,21 @@ def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -
 
     if workers <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
+    warm_before_fork()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(min(workers, len(items)), mp_context=multiprocessing.get_context(method)) as pool:
         return list(pool.map(fn, items))
+
+
+def warm_before_fork() -> None:
+    """Pay pyarrow's one-time costs here, not once in every forked worker.
+
+    pyarrow's first ``pa.array`` of Python objects imports pandas (~0.25 s) to look for pandas
+    types; a worker forked before that would import it again.
+    """
+    import pyarrow as pa
+
+    pa.array([b""], type=pa.binary())
 
 
 def expand_sources(sources: Sequence[str]) -> list[str]:

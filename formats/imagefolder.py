@@ -86,6 +86,7 @@ OTHER_IMAGE_EXTENSIONS = frozenset({".bmp", ".gif", ".webp", ".tif", ".tiff", ".
                                     ".jp2", ".j2k", ".heic", ".heif", ".avif", ".ico", ".jxl"})
 _HEAD_BYTES = 65536  # enough for the PNG chunks before IDAT and the JPEG segments before SOF
 _DETECT_SAMPLE = 16
+_PROVISIONAL_SAMPLE = 1000  # images whose headers make the schema a single-pass conversion starts with
 _EXTENSION = {"png": "png", "jpeg": "jpg"}
 FIELDS = ("image", "label", "path")
 
@@ -179,9 +180,24 @@ class ImageFolderFormat(ForeignFormat):
             parts = map_in_workers(partial(_scan_headers, self.root, limit=None), slices, self.workers)
         else:
             parts = [_scan_headers(self.root, entries, limit=sample_records)]
-        formats: Counter[str] = sum((p[0] for p in parts), Counter())
-        sizes = set().union(*(p[1] for p in parts))
-        depths = set().union(*(p[2] for p in parts))
+        return self.refine_schema(parts)
+
+    def provisional_schema(self) -> Unischema:
+        """The schema of up to 1,000 images spread over the folder; :meth:`refine_schema` completes it.
+
+        Every image field stores the bytes as given, so the stored columns do not depend on
+        what the whole folder holds: a conversion can read each file once (convert's single
+        pass) and correct the schema's shapes and codec afterwards.
+        """
+        entries = self._listing.entries
+        step = max(1, len(entries) // _PROVISIONAL_SAMPLE)
+        return self.refine_schema([_scan_headers(self.root, entries[::step][:_PROVISIONAL_SAMPLE], limit=None)])
+
+    def refine_schema(self, observations: Sequence[Any]) -> Unischema:
+        """The schema from header statistics ``(formats, sizes, depths)`` of some or all images."""
+        formats: Counter[str] = sum((p[0] for p in observations), Counter())
+        sizes = set().union(*(p[1] for p in observations))
+        depths = set().union(*(p[2] for p in observations))
         if not formats:
             raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
         if len(depths) > 1:
@@ -210,8 +226,11 @@ class ImageFolderFormat(ForeignFormat):
             raise SchemaError(f"an image folder has fields {list(FIELDS)}, not {unknown}")
         if "label" in wanted and self._listing.classes is None:
             raise SchemaError(f"{self.root} is a flat image folder (no class folders), so it has no 'label'")
-        image_field = schema["image"] if "image" in schema else None
+        image_field = schema["image"] if "image" in schema and not self.observe else None
         self.report = ReadReport()
+        seen: tuple[Counter[str], set[tuple[int, int, int]], set[int]] = (Counter(), set(), set())
+        if self.observe:
+            self.report.observed = seen
         others: list[str] = []
         for rel in self._listing.outside:
             self.report.skipped.append(SkippedRecord(os.path.join(self.root, rel), "file",
@@ -223,8 +242,13 @@ class ImageFolderFormat(ForeignFormat):
             data = _read(full)
             self.report.bytes_read += len(data)
             probe = _probe(data, entry.path, complete=True, verify=bool(self.options.get("verify")))
-            if probe.kind == "image" and image_field is not None:
-                probe = _check_fits(probe, image_field)
+            if probe.kind == "image":
+                if image_field is not None:
+                    probe = _check_fits(probe, image_field)
+                else:  # observing: the schema is refined from these afterwards
+                    seen[0][probe.fmt] += 1  # type: ignore[index]
+                    seen[1].add(probe.size)  # type: ignore[arg-type]
+                    seen[2].add(probe.depth)
             if probe.kind == "other":
                 self.report.skipped.append(SkippedRecord(full, "file", "not a PNG or JPEG image"))
                 others.append(entry.path)

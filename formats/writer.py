@@ -25,7 +25,7 @@ from unihub.errors import DatasetExistsError, SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
-from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
 _ENCODE_CHUNK_ROWS = 256
@@ -370,3 +370,41 @@ class _DatasetWriter:
                 except Exception:  # the write already failed; closing is best effort
                     pass
                 sink.current = None
+
+
+def restamp_schema(path: str, schema: Unischema) -> bool:
+    """Rewrite one Parquet file of a dataset with ``schema``'s JSON in its footer; False if already so.
+
+    For a single-pass conversion whose schema was refined after the files were written: the
+    stored columns are the same, only the Unischema in the metadata changes. Row groups,
+    compression and dictionary use are kept; the file is replaced atomically.
+    """
+    parquet_file = pq.ParquetFile(path)
+    metadata = dict(parquet_file.schema_arrow.metadata or {})
+    text = schema.to_json().encode()
+    if metadata.get(SCHEMA_METADATA_KEY) == text:
+        return False
+    metadata[SCHEMA_METADATA_KEY] = text
+    arrow_schema = parquet_file.schema_arrow.with_metadata(metadata)
+    compression, dictionary = {}, []
+    if parquet_file.metadata.num_row_groups:
+        first = parquet_file.metadata.row_group(0)
+        for j in range(first.num_columns):
+            column = first.column(j)
+            name = column.path_in_schema.split(".")[0]
+            compression[name] = column.compression.lower() if column.compression != "UNCOMPRESSED" else "none"
+            if any("DICTIONARY" in e for e in column.encodings):
+                dictionary.append(name)
+    temporary = f"{path}.restamp-tmp"
+    try:
+        with pq.ParquetWriter(temporary, arrow_schema, compression=compression or "snappy",
+                              use_dictionary=dictionary, store_schema=True) as writer:
+            for i in range(parquet_file.metadata.num_row_groups):
+                table = parquet_file.read_row_group(i)
+                writer.write_table(table.replace_schema_metadata(metadata), row_group_size=table.num_rows)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    return True

@@ -201,3 +201,32 @@ def test_image_folder_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Pa
     assert serial.image.shape == (None, 5, 3) and serial.image.codec.image_codec == "png"
     result = convert(root, tmp_path / "ds", progress=False, workers=2)
     assert result.rows == 1201 and open_dataset(tmp_path / "ds").schema == serial
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_single_pass_refines_a_schema_the_sample_got_wrong(tmp_path: Path, workers: int) -> None:
+    """Image folders are read once with a schema from a sample; files get the schema of every image."""
+    import pyarrow.parquet as pq
+
+    from unihub.formats.imagefolder import ImageFolderFormat
+    from unihub.formats.schema import SCHEMA_METADATA_KEY
+
+    rng = np.random.default_rng(3)
+    root = tmp_path / "folder"
+    common, odd = encode_image(make_image(rng, 4, 5), "png"), encode_image(make_image(rng, 7, 5), "png")
+    for i in range(1105):
+        klass = root / f"c{i % 2}"
+        klass.mkdir(parents=True, exist_ok=True)
+        (klass / f"{i:05d}.png").write_bytes(odd if i == 1103 else common)  # c1/01103.png: last listed
+    source = ImageFolderFormat(str(root))
+    assert source.provisional_schema().image.shape == (4, 5, 3)  # the sample misses the odd one
+    full = source.infer_schema()
+    assert full.image.shape == (None, 5, 3)
+
+    result = convert(root, tmp_path / "ds", progress=False, workers=workers)
+    assert result.rows == 1105
+    store = open_dataset(tmp_path / "ds")
+    assert store.schema == full
+    for f in store.files:
+        assert Unischema.from_json(pq.read_metadata(f.path).metadata[SCHEMA_METADATA_KEY]) == full
+    assert verify(root, tmp_path / "ds").equal
