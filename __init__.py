@@ -71,3 +71,20 @@ __all__ = [
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
 ]
+
+#: framework bridges, imported on first use so ``import unihub`` loads no framework
+_BRIDGES = {
+    "make_petastorm_dataset": "unihub.readers.tf", "make_tf_dataset": "unihub.readers.tf",
+    "make_spark_converter": "unihub.readers.spark_converter",
+    "SparkDatasetConverter": "unihub.readers.spark_converter",
+    "make_dali_pipeline": "unihub.readers.dali",
+}
+
+
+def __getattr__(name: str):
+    module = _BRIDGES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'unihub' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

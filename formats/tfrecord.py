@@ -60,6 +60,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
 
 
 # -- framing -------------------------------------------------------------------------------
@@ -166,8 +167,11 @@ class _Stats:
         if kind is None:
             return
         self.kinds.add(kind)
-        if kind != "bytes":
-            return
+        if kind == "bytes":
+            self.add_bytes(values)
+
+    def add_bytes(self, values: Iterable[bytes]) -> None:
+        """Look at bytes values (one feature's or many records'): images? UTF-8 text?"""
         for value in values:
             size = images.image_size(value) if self.all_images else None
             if size is None:
@@ -196,6 +200,9 @@ class _Stats:
 def _scan_files(options: dict[str, Any], files: list[str],
                 sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
     """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
+    if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
+        from unihub.formats.tfbatch import scan_fast
+        return scan_fast(options, files, sample_records)
     source = TFRecordFormat(files, **options)
     stats: dict[str, _Stats] = {}
     total = 0
@@ -312,6 +319,10 @@ class TFRecordFormat(ForeignFormat):
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
         plans = [_Plan.of(f) for f in schema]
+        if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
+            from unihub.formats.tfbatch import read_batches_fast
+            yield from read_batches_fast(self, plans, batch_size, on_error)
+            return
         readers = [plan.read for plan in plans]
         columns: list[list[Any]] = [[] for _ in plans]
         for path, index, offset, example in self._examples(on_error, self.report):

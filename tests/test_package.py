@@ -195,3 +195,14 @@ def test_registry_unavailable_entries_explain_how_to_install():
     assert registry.get("hdf5") == "hdf5-entry"
     registry.add("png", "replaced")
     assert registry.get("image") == "replaced"
+
+
+def test_bridges_are_exported_lazily():
+    code = ("import unihub, json, sys\n"
+            "names = ['make_petastorm_dataset', 'make_tf_dataset', 'make_spark_converter', 'SparkDatasetConverter',"
+            " 'make_dali_pipeline']\n"
+            "found = [callable(getattr(unihub, n)) for n in names]\n"
+            "print(json.dumps([all(found), 'tensorflow' in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]  # found; TF imported only when used

@@ -1,0 +1,746 @@
+"""PyTorch bridge: Petastorm's loaders (``DataLoader``, ``BatchedDataLoader``,
+``InMemBatchedDataLoader``) and torch-native datasets (``TorchIterableDataset``,
+``TorchMapDataset``).
+
+Batches are dicts of field name -> tensor. Numeric columns become tensors (one
+conversion per reader batch in the batched loaders); strings, decimals, bytes and nullable
+cells pass through as lists. Fields with ``None`` dims are lists of tensors, or with
+``variable="pad"`` a zero-padded tensor plus a boolean ``<field>_mask`` of the same shape.
+
+Resume: ``loader.state_dict()`` after any batch, then ``load_state_dict(state)`` on a
+loader over a new reader with the same options, and exactly the rows not yet delivered
+come next. The state is the reader's position at (or before) the oldest row the loader
+holds undelivered, plus the stream offsets of rows after it that were already delivered.
+Without a shuffling queue the remaining rows come in the original order. With one, rows
+that sat in the queue are re-read from the reader and shuffled again, so the order
+differs from an uninterrupted run, but each remaining row still comes exactly once.
+
+    with make_batch_reader(url, num_epochs=1) as reader:
+        for batch in BatchedDataLoader(reader, batch_size=256, shuffling_queue_capacity=4096, seed=0):
+            train_step(batch["image"], batch["label"])
+
+torch is imported when a loader or dataset is used, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from unihub.dependencies import require
+from unihub.errors import UnihubError
+
+Variable = Literal["list", "pad"]
+Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
+LOADER_STATE_VERSION = 1
+_NUMERIC = "biufc"
+_CHUNK_ROWS = 256  # rows a batched loader gathers from a row reader before converting them
+
+
+class LoaderStateError(UnihubError, ValueError):
+    """A loader state that is malformed or was saved by another kind of loader."""
+
+
+def _torch() -> Any:
+    return require("torch", extra="torch", purpose="the PyTorch loaders")
+
+
+def _check_variable(variable: str) -> None:
+    if variable not in ("list", "pad"):
+        raise UnihubError(f"variable must be 'list' or 'pad', got {variable!r}")
+
+
+# -- columns -> tensors ----------------------------------------------------------------------------
+def _tensor(array: np.ndarray) -> Any:
+    """A tensor sharing memory with ``array``; read-only or strided arrays (Arrow buffers) are copied."""
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, order="C")
+    return _torch().from_numpy(array)
+
+
+def _cell(value: Any) -> Any:
+    """One cell of a non-numeric column: a numeric ndarray becomes a tensor, anything else stays."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC:
+        return _tensor(value)
+    return value
+
+
+def _column(values: Sequence[Any], ragged: bool) -> Any:
+    """Row values of one field as a tensor when they stack (same shape, numeric), else a list."""
+    torch = _torch()
+    if not values:
+        return []
+    first = values[0]
+    if not ragged:
+        if isinstance(first, torch.Tensor):
+            if all(isinstance(v, torch.Tensor) and v.shape == first.shape for v in values):
+                return torch.stack(list(values))
+        elif isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in _NUMERIC:
+            shape, kind = np.shape(first), first.dtype.kind
+            if all(isinstance(v, (np.ndarray, np.generic)) and v.shape == shape and v.dtype.kind == kind
+                   for v in values):
+                return torch.from_numpy(np.stack(values))
+        elif isinstance(first, (bool, int, float)) and all(type(v) is type(first) for v in values):
+            return torch.tensor(list(values))
+    return [_cell(v) for v in values]
+
+
+def columns_from_numpy(columns: Mapping[str, Any]) -> Columns:
+    """Reader columns as tensors (numeric arrays, no per-row work) or lists (everything else)."""
+    out: Columns = {}
+    for name, column in columns.items():
+        if isinstance(column, np.ndarray) and column.dtype.kind in _NUMERIC:
+            out[name] = _tensor(column)
+        else:
+            out[name] = [_cell(v) for v in column]
+    return out
+
+
+def _length(columns: Columns) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def _take(columns: Columns, index: np.ndarray) -> Columns:
+    torch = _torch()
+    tensor_index = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))
+    return {name: (col[tensor_index] if isinstance(col, torch.Tensor) else [col[i] for i in index.tolist()])
+            for name, col in columns.items()}
+
+
+def _slice(columns: Columns, start: int, stop: int) -> Columns:
+    return {name: col[start:stop] for name, col in columns.items()}
+
+
+def _concat(parts: Sequence[Columns]) -> Columns:
+    if len(parts) == 1:
+        return parts[0]
+    torch = _torch()
+    out: Columns = {}
+    for name, first in parts[0].items():
+        if isinstance(first, torch.Tensor) and all(isinstance(p[name], torch.Tensor) for p in parts):
+            out[name] = torch.cat([p[name] for p in parts])
+        else:
+            out[name] = [v for p in parts for v in p[name]]
+    return out
+
+
+def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:
+    """Zero-pad same-rank tensors to the largest size in each dim: ``(padded, mask)``; mask is True on data."""
+    torch = _torch()
+    ranks = {t.dim() for t in tensors}
+    if len(ranks) != 1:
+        raise UnihubError(f"cannot pad tensors of different ranks {sorted(ranks)} into one batch")
+    shape = tuple(max(t.shape[d] for t in tensors) for d in range(ranks.pop()))
+    out = torch.zeros((len(tensors), *shape), dtype=tensors[0].dtype)
+    mask = torch.zeros((len(tensors), *shape), dtype=torch.bool)
+    for i, t in enumerate(tensors):
+        region = (i, *(slice(0, s) for s in t.shape))
+        out[region] = t
+        mask[region] = True
+    return out, mask
+
+
+def finalize(columns: Columns, variable: Variable = "list", device: Any = None) -> dict[str, Any]:
+    """The batch a loader yields: padding (``variable="pad"``) and the move to ``device``."""
+    torch = _torch()
+    out: dict[str, Any] = {}
+    for name, col in columns.items():
+        if isinstance(col, torch.Tensor):
+            out[name] = col.to(device) if device is not None else col
+            continue
+        if variable == "pad" and col and all(isinstance(v, torch.Tensor) for v in col):
+            padded, mask = pad(col)
+            if device is not None:
+                padded, mask = padded.to(device), mask.to(device)
+            out[name], out[f"{name}_mask"] = padded, mask
+        elif device is not None:
+            out[name] = [v.to(device) if isinstance(v, torch.Tensor) else v for v in col]
+        else:
+            out[name] = col
+    return out
+
+
+class Collate:
+    """Rows (dicts or namedtuples) -> a batch dict; see :func:`make_collate`."""
+
+    def __init__(self, variable: Variable = "list", ragged: Iterable[str] = ()) -> None:
+        _check_variable(variable)
+        self.variable = variable
+        self.ragged = frozenset(ragged)
+
+    def with_schema(self, schema: Any) -> Collate:
+        """The same collate, told which fields have ``None`` dims so they never stack by chance."""
+        ragged = {f.name for f in schema if any(d is None for d in (f.shape or ()))}
+        return Collate(self.variable, self.ragged | ragged)
+
+    def columns(self, rows: Sequence[Any]) -> Columns:
+        dicts = [r._asdict() if hasattr(r, "_asdict") else r for r in rows]
+        if not dicts:
+            return {}
+        return {name: _column([d[name] for d in dicts], name in self.ragged) for name in dicts[0]}
+
+    def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
+        return finalize(self.columns(rows), self.variable)
+
+
+def make_collate(*, variable: Variable = "list", pad: bool | None = None) -> Collate:
+    """A collate function: numeric fields stacked into tensors, others as lists.
+
+    Variable-shape fields are lists of tensors (``variable="list"``, the default) or padded
+    with zeros to the batch maximum plus a ``<field>_mask`` bool tensor (``variable="pad"``
+    or ``pad=True``). Also works as ``collate_fn`` of torch's own DataLoader.
+    """
+    if pad is not None:
+        variable = "pad" if pad else "list"
+    return Collate(variable)
+
+
+default_collate_like = make_collate()
+
+
+# -- positions, for exact resume -------------------------------------------------------------------
+class _Tracker:
+    """Stream positions of the rows a loader took from its reader, and reader states to resume them.
+
+    Position ``p`` is the ``p``-th row read since the reader was at ``marks[0]``'s state.
+    ``skip`` and ``drop`` come from a loaded state: rows before ``skip`` and at ``drop``
+    positions were delivered before the state was saved and are discarded.
+    """
+
+    def __init__(self, reader_state: dict[str, Any], pending: Callable[[], np.ndarray], skip: int = 0,
+                 drop: Iterable[int] = ()) -> None:
+        self.consumed = 0
+        self.marks: deque[tuple[int, dict[str, Any]]] = deque([(0, reader_state)])
+        self.pending = pending
+        self.skip = skip
+        self.drop = set(drop)
+
+    def mark(self, reader_state: dict[str, Any]) -> None:
+        """The reader is at ``reader_state`` and its next row has position ``consumed``."""
+        if self.marks[-1][0] == self.consumed:
+            self.marks[-1] = (self.consumed, reader_state)
+        else:
+            self.marks.append((self.consumed, reader_state))
+        if len(self.marks) > 64:
+            base = self._base()
+            while len(self.marks) > 1 and self.marks[1][0] <= base:
+                self.marks.popleft()
+
+    def advance(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions of the next ``n`` rows read, and a keep mask (None: keep all)."""
+        positions = np.arange(self.consumed, self.consumed + n, dtype=np.int64)
+        self.consumed += n
+        if self.consumed <= self.skip:
+            return positions, np.zeros(n, dtype=bool)
+        if positions[0] >= self.skip and not self.drop:
+            return positions, None
+        keep = positions >= self.skip
+        if self.drop:
+            keep &= ~np.isin(positions, np.fromiter(self.drop, np.int64, len(self.drop)))
+            self.drop = {d for d in self.drop if d >= self.consumed}
+        return positions, keep
+
+    def _base(self) -> int:
+        pending = self.pending()
+        base = int(pending.min()) if pending.size else self.consumed
+        return max(base, self.skip)
+
+    def state(self) -> dict[str, Any]:
+        pending = self.pending()
+        base = self._base()
+        gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
+        exclude = sorted({int(p) - base for p in gone} | {d - base for d in self.drop if d >= base})
+        start, reader_state = next(m for m in reversed(self.marks) if m[0] <= base)
+        return {"version": LOADER_STATE_VERSION, "reader": reader_state, "skip": base - start, "exclude": exclude}
+
+
+def _parse_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
+    if not isinstance(state, dict) or state.get("version") != LOADER_STATE_VERSION:
+        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise LoaderStateError(f"loader state version {found!r} is not {LOADER_STATE_VERSION}; "
+                               "pass what the loader's state_dict() returned")
+    missing = sorted({"reader", "skip", "exclude"} - set(state))
+    if missing:
+        raise LoaderStateError(f"the loader state lacks {missing}; pass what state_dict() returned")
+    return state["reader"], int(state["skip"]), [int(e) for e in state["exclude"]]
+
+
+# -- loaders ---------------------------------------------------------------------------------------
+class _LoaderBase:
+    """Iteration guard, Petastorm's reset on re-iteration, resume and context management."""
+
+    def __init__(self, reader: Any, batch_size: int, shuffling_queue_capacity: int, seed: int | None) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise UnihubError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if shuffling_queue_capacity < 0:
+            raise UnihubError(f"shuffling_queue_capacity must be >= 0, got {shuffling_queue_capacity}")
+        _torch()
+        self.reader = reader
+        self.batch_size = batch_size
+        self.shuffling_queue_capacity = shuffling_queue_capacity
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        # positions taken from the reader but not yet delivered: an array, or a function that
+        # makes one (computed only when a state is asked for, so batches do no O(buffer) work)
+        self._pending: np.ndarray | Callable[[], np.ndarray] = np.empty(0, dtype=np.int64)
+        self._tracker = _Tracker(reader.state_dict(), self._pending_positions)
+        self._iterated = False
+        self._iterating = False
+        self._resumed = False
+
+    def _pending_positions(self) -> np.ndarray:
+        pending = self._pending
+        return pending() if callable(pending) else pending
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iterating:
+            raise UnihubError("this loader is already being iterated; finish or close that iteration first")
+        if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
+            self.reader.reset()
+            self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
+        self._iterated, self._resumed, self._iterating = True, False, True
+        self._rng = np.random.default_rng(self.seed)
+        return self._run()
+
+    def _run(self) -> Iterator[Any]:
+        try:
+            yield from self._batches()
+        finally:
+            self._iterating = False
+
+    def _batches(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where to resume: after the last batch this loader delivered (JSON-able)."""
+        return self._tracker.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it."""
+        if self._iterating:
+            raise UnihubError("load_state_dict() while the loader is being iterated; call it before iterating")
+        reader_state, skip, exclude = _parse_state(state)
+        self.reader.load_state_dict(reader_state)
+        self._pending = np.empty(0, dtype=np.int64)
+        self._tracker = _Tracker(reader_state, self._pending_positions, skip, (skip + e for e in exclude))
+        self._resumed = True
+
+    def __len__(self) -> int:
+        """Batches the loader yields, where the reader knows its row count."""
+        rows = getattr(self.reader, "num_rows_per_epoch", None)
+        epochs = getattr(self.reader, "num_epochs", None)
+        if rows is None or epochs is None:
+            raise TypeError("len() is unknown: the reader does not know its row count (predicate, filters, "
+                            "a batch transform or num_epochs=None)")
+        return math.ceil(rows * epochs / self.batch_size)
+
+    def stop(self) -> None:
+        self.reader.stop()
+
+    def join(self) -> None:
+        self.reader.join()
+
+    def terminate(self) -> None:
+        """Petastorm's name for stop + join."""
+        self.stop()
+        self.join()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.terminate()
+
+
+class DataLoader(_LoaderBase):
+    """Petastorm's row loader: rows from ``make_reader`` collated into batches of ``batch_size``.
+
+    ``shuffling_queue_capacity > 0`` passes rows through a buffer of that many rows and
+    takes a random one (seeded by ``seed``) each time it is full. ``collate_fn`` receives
+    a list of row namedtuples; the default stacks numeric fields and keeps variable-shape
+    fields as lists of tensors (``make_collate(variable="pad")`` pads them).
+    """
+
+    def __init__(self, reader: Any, batch_size: int = 1, collate_fn: Callable[[list[Any]], Any] = default_collate_like,
+                 shuffling_queue_capacity: int = 0, seed: int | None = None) -> None:
+        super().__init__(reader, batch_size, shuffling_queue_capacity, seed)
+        if getattr(reader, "is_batched_reader", False):
+            raise UnihubError("DataLoader takes a row reader (make_reader); use BatchedDataLoader for "
+                              "make_batch_reader")
+        if isinstance(collate_fn, Collate):
+            collate_fn = collate_fn.with_schema(reader.schema)
+        self.collate_fn = collate_fn
+
+    def _rows(self) -> Iterator[tuple[int, Any]]:
+        """(position, row) for every row read and not dropped by a loaded state."""
+        reader, tracker, bs = self.reader, self._tracker, self.batch_size
+        while True:
+            if tracker.consumed - tracker.marks[-1][0] >= bs:
+                tracker.mark(reader.state_dict())
+            try:
+                row = next(reader)
+            except StopIteration:
+                tracker.mark(reader.state_dict())
+                return
+            positions, keep = tracker.advance(1)
+            if keep is None or keep[0]:
+                yield int(positions[0]), row
+
+    def _batches(self) -> Iterator[Any]:
+        bs, capacity = self.batch_size, self.shuffling_queue_capacity
+        rows: list[Any] = []
+        positions: list[int] = []
+        buffer: list[tuple[int, Any]] = []
+        self._pending = lambda: np.asarray(positions + [p for p, _ in buffer], dtype=np.int64)
+
+        def emit() -> Any:
+            batch = self.collate_fn(rows[:])
+            rows.clear()
+            positions.clear()
+            return batch
+
+        def take_random() -> None:
+            i = int(self._rng.integers(len(buffer)))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            position, row = buffer.pop()
+            rows.append(row)
+            positions.append(position)
+
+        for position, row in self._rows():
+            if capacity == 0:
+                rows.append(row)
+                positions.append(position)
+            else:
+                buffer.append((position, row))
+                while len(buffer) >= capacity and len(rows) < bs:
+                    take_random()
+            if len(rows) == bs:
+                yield emit()
+        while buffer:
+            take_random()
+            if len(rows) == bs:
+                yield emit()
+        if rows:
+            yield emit()
+        self._pending = np.empty(0, dtype=np.int64)
+
+
+class BatchedDataLoader(_LoaderBase):
+    """Columnar loader: each reader batch becomes tensors once and is re-sliced into ``batch_size`` batches.
+
+    Takes ``make_batch_reader`` (or ``make_reader``, whose rows are gathered into chunks).
+    ``shuffling_queue_capacity > 0`` keeps a tensor buffer of at least that many rows and
+    draws batches from it by a seeded random permutation. ``transform_fn`` maps each batch
+    dict; ``device`` moves the tensors there.
+    """
+
+    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
+                 shuffling_queue_capacity: int = 0, seed: int | None = None, device: Any = None, *,
+                 variable: Variable = "list") -> None:
+        super().__init__(reader, batch_size, shuffling_queue_capacity, seed)
+        _check_variable(variable)
+        self.transform_fn = transform_fn
+        self.device = device
+        self.variable = variable
+        self._collate = Collate(variable).with_schema(reader.schema)
+        self._max_rows: int | None = None  # TorchIterableDataset's exact share of a padded shard
+
+    def _chunks(self) -> Iterator[tuple[np.ndarray, Columns]]:
+        """(positions, columns) per reader batch (or per chunk of rows of a row reader)."""
+        reader, tracker = self.reader, self._tracker
+        batched = getattr(reader, "is_batched_reader", False)
+        left = self._max_rows
+        while left is None or left > 0:
+            tracker.mark(reader.state_dict())
+            if batched:
+                try:
+                    item = next(reader)
+                except StopIteration:
+                    break
+                columns = columns_from_numpy(item._asdict())
+            else:
+                rows = list(itertools.islice(reader, max(self.batch_size, _CHUNK_ROWS)))
+                if not rows:
+                    break
+                columns = self._collate.columns(rows)
+            n = _length(columns)
+            if left is not None and n > left:
+                columns, n = _slice(columns, 0, left), left
+            if left is not None:
+                left -= n
+            positions, keep = tracker.advance(n)
+            if keep is not None:
+                index = np.flatnonzero(keep)
+                columns, positions = _take(columns, index), positions[index]
+            if len(positions):
+                yield positions, columns
+        tracker.mark(reader.state_dict())
+
+    def _out(self, columns: Columns) -> Any:
+        batch = finalize(columns, self.variable, self.device)
+        return self.transform_fn(batch) if self.transform_fn is not None else batch
+
+    def _batches(self) -> Iterator[Any]:
+        if self.shuffling_queue_capacity > 0:
+            yield from self._shuffled()
+        else:
+            yield from self._in_order()
+
+    def _in_order(self) -> Iterator[Any]:
+        bs = self.batch_size
+        pieces: deque[tuple[np.ndarray, Columns]] = deque()
+        held = 0
+        self._pending = lambda: np.concatenate([p for p, _ in pieces] or [np.empty(0, np.int64)])
+
+        def cut(n: int) -> Columns:
+            nonlocal held
+            parts = []
+            while n > 0:
+                positions, columns = pieces[0]
+                k = min(n, len(positions))
+                parts.append(_slice(columns, 0, k))
+                if k == len(positions):
+                    pieces.popleft()
+                else:
+                    pieces[0] = (positions[k:], _slice(columns, k, len(positions)))
+                n -= k
+                held -= k
+            return _concat(parts)
+
+        for positions, columns in self._chunks():
+            pieces.append((positions, columns))
+            held += len(positions)
+            while held >= bs:
+                yield self._out(cut(bs))
+        if held:
+            yield self._out(cut(held))
+
+    def _shuffled(self) -> Iterator[Any]:
+        bs = self.batch_size
+        capacity = max(self.shuffling_queue_capacity, bs)
+        buffer: Columns = {}
+        positions = np.empty(0, dtype=np.int64)
+
+        def draw(count: int) -> Iterator[Any]:
+            nonlocal buffer, positions
+            perm = self._rng.permutation(len(positions))
+            out, rest = perm[:count], perm[count:]
+            chosen, chosen_positions = _take(buffer, out), positions[out]
+            buffer, positions = _take(buffer, rest), positions[rest]
+            for start in range(0, count, bs):
+                self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, positions])
+                yield self._out(_slice(chosen, start, start + bs))
+
+        for new_positions, columns in self._chunks():
+            buffer = _concat([buffer, columns]) if len(positions) else columns
+            positions = np.concatenate([positions, new_positions])
+            self._pending = positions
+            if len(positions) >= capacity:
+                yield from draw(((len(positions) - capacity) // bs + 1) * bs)
+        if len(positions):
+            yield from draw(len(positions))
+
+
+class InMemBatchedDataLoader(_LoaderBase):
+    """Loads up to ``rows_capacity`` rows into memory once, then serves ``num_epochs`` epochs of batches.
+
+    ``shuffle=True`` permutes the rows every epoch (seeded by ``seed``). ``num_epochs=None``
+    serves forever. The reader must be finite or ``rows_capacity`` given.
+    """
+
+    def __init__(self, reader: Any, batch_size: int = 1, num_epochs: int | None = 1, rows_capacity: int | None = None,
+                 shuffle: bool = False, seed: int | None = None, *, variable: Variable = "list",
+                 device: Any = None) -> None:
+        super().__init__(reader, batch_size, 0, seed)
+        if num_epochs is not None and num_epochs < 1:
+            raise UnihubError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+        if rows_capacity is None and getattr(reader, "num_epochs", 1) is None:
+            raise UnihubError("the reader never ends (num_epochs=None): pass rows_capacity to bound what is loaded")
+        self.num_epochs, self.rows_capacity, self.shuffle = num_epochs, rows_capacity, shuffle
+        self._loader = BatchedDataLoader(reader, batch_size=batch_size, variable=variable)
+        self._loader._max_rows = rows_capacity
+        self.variable, self.device = variable, device
+        self._data: Columns | None = None
+
+    def _load(self) -> Columns:
+        if self._data is None:
+            parts = [columns for _, columns in self._loader._chunks()]
+            self._data = _concat(parts) if parts else {}
+        return self._data
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        data = self._load()
+        n = _length(data)
+        rng = np.random.default_rng(self.seed)
+        for _ in itertools.count() if self.num_epochs is None else range(self.num_epochs):
+            order = rng.permutation(n) if self.shuffle else None
+            for start in range(0, n, self.batch_size):
+                stop = min(start + self.batch_size, n)
+                columns = _take(data, order[start:stop]) if order is not None else _slice(data, start, stop)
+                yield finalize(columns, self.variable, self.device)
+
+    def __len__(self) -> int:
+        if self.num_epochs is None:
+            raise TypeError("len() is unknown for num_epochs=None")
+        return math.ceil(_length(self._load()) / self.batch_size) * self.num_epochs
+
+    def state_dict(self) -> dict[str, Any]:
+        raise UnihubError("InMemBatchedDataLoader has no resumable state; it re-serves its rows each epoch")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state_dict()
+
+
+# -- torch datasets --------------------------------------------------------------------------------
+def row_to_tensors(row: Any) -> dict[str, Any]:
+    """One row as a dict: numeric values as tensors, others unchanged (for torch's default_collate)."""
+    values = row._asdict() if hasattr(row, "_asdict") else dict(row)
+    out = {}
+    for name, value in values.items():
+        if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _NUMERIC:
+            value = _tensor(np.asarray(value))
+        out[name] = value
+    return out
+
+
+def _rank_and_world() -> tuple[int, int]:
+    dist = _torch().distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _exact_share(reader: Any, shard: int, count: int) -> int:
+    """Rows of a ``shard_remainder='pad'`` row shard that are not wrap-around repeats."""
+    if reader.num_rows_per_epoch is None:
+        raise UnihubError("TorchIterableDataset with several workers or ranks needs the row count to shard "
+                          "rows exactly once; predicate=, filters= and batch transforms are not supported there")
+    total = reader.store.num_rows
+    per = math.ceil(total / count)
+    return max(0, min(per, total - shard * per))
+
+
+_RESERVED = ("cur_shard", "shard_count", "shard_by", "shard_remainder", "num_epochs", "resume_from")
+
+
+def _build_iterable_dataset(torch: Any) -> type:
+    class TorchIterableDataset(torch.utils.data.IterableDataset):
+        """Rows (``batch_size=None``) or column batches of a dataset for torch's own DataLoader.
+
+        Each torch worker of each rank reads its own shard: ``cur_shard = rank * num_workers +
+        worker_id`` of ``world_size * num_workers``, cut by row so every row of an epoch is
+        delivered exactly once. Each ``iter()`` is one epoch; the order is seeded by
+        ``(seed, epoch)``, and ``set_epoch`` sets the epoch (needed when workers are not
+        persistent). Pass the same ``seed`` on every rank. With ``batch_size``, use torch's
+        ``DataLoader(ds, batch_size=None)``. ``reader_kwargs`` go to ``make_reader``/``make_batch_reader``.
+        """
+
+        def __init__(self, url: Any, batch_size: int | None = None, *, seed: int | None = None,
+                     variable: Variable = "list", **reader_kwargs: Any) -> None:
+            super().__init__()
+            reserved = sorted(set(reader_kwargs) & set(_RESERVED))
+            if reserved:
+                raise UnihubError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
+                                  "by torch worker and rank); leave them out")
+            _check_variable(variable)
+            self.url, self.batch_size, self.variable = url, batch_size, variable
+            self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+            self.reader_kwargs = reader_kwargs
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Iterator[Any]:
+            from unihub.readers.reader import make_batch_reader, make_reader
+
+            info = torch.utils.data.get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+            rank, world = _rank_and_world()
+            shard, count = rank * workers + worker, world * workers
+            kwargs = dict(self.reader_kwargs, seed=_epoch_seed(self.seed, self.epoch), num_epochs=1)
+            self.epoch += 1
+            if count > 1:
+                kwargs.update(cur_shard=shard, shard_count=count, shard_by="row", shard_remainder="pad")
+            make = make_reader if self.batch_size is None else make_batch_reader
+            with make(self.url, **kwargs) as reader:
+                limit = _exact_share(reader, shard, count) if count > 1 else None
+                if self.batch_size is None:
+                    for row in itertools.islice(reader, limit):
+                        yield row_to_tensors(row)
+                else:
+                    loader = BatchedDataLoader(reader, batch_size=self.batch_size, variable=self.variable)
+                    loader._max_rows = limit
+                    yield from loader
+
+    TorchIterableDataset.__module__ = __name__
+    TorchIterableDataset.__qualname__ = "TorchIterableDataset"
+    return TorchIterableDataset
+
+
+def _build_map_dataset(torch: Any) -> type:
+    class TorchMapDataset(torch.utils.data.Dataset):
+        """Rows by index (``random_access.Dataset``) for samplers: ``RandomSampler``, ``DistributedSampler``.
+
+        Items are dicts (numeric values as tensors), passed through ``transform`` if given.
+        ``__getitems__`` reads a whole sampler batch at once, each row group once.
+        """
+
+        def __init__(self, url: Any, schema_fields: Any = None, transform: Callable[[dict[str, Any]], Any] | None = None,
+                     **dataset_kwargs: Any) -> None:
+            self.url, self.schema_fields, self.transform = url, schema_fields, transform
+            self.dataset_kwargs = dataset_kwargs
+            self._dataset: Any = None
+            self._len = len(self._open())
+
+        def _open(self) -> Any:
+            if self._dataset is None:
+                from unihub.readers.random_access import Dataset
+
+                self._dataset = Dataset(self.url, self.schema_fields, **self.dataset_kwargs)
+            return self._dataset
+
+        def __getstate__(self) -> dict[str, Any]:
+            return dict(self.__dict__, _dataset=None)  # reopened in each worker process
+
+        def __len__(self) -> int:
+            return self._len
+
+        def __getitem__(self, index: int) -> Any:
+            return self.__getitems__([index])[0]
+
+        def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+            columns = columns_from_numpy(self._open().take(list(indices))._asdict())
+            split = {name: (list(col.unbind(0)) if isinstance(col, torch.Tensor) else col)
+                     for name, col in columns.items()}
+            rows = [{name: split[name][i] for name in split} for i in range(len(indices))]
+            return [self.transform(r) for r in rows] if self.transform is not None else rows
+
+    TorchMapDataset.__module__ = __name__
+    TorchMapDataset.__qualname__ = "TorchMapDataset"
+    return TorchMapDataset
+
+
+_BUILDERS = {"TorchIterableDataset": _build_iterable_dataset, "TorchMapDataset": _build_map_dataset}
+
+
+def __getattr__(name: str) -> Any:
+    """The torch dataset classes subclass torch's, so they are built when first asked for."""
+    builder = _BUILDERS.get(name)
+    if builder is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = builder(_torch())
+    globals()[name] = cls
+    return cls

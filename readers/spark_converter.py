@@ -1,0 +1,310 @@
+"""``make_spark_converter``: a Spark DataFrame cached as Parquet and served to PyTorch or TensorFlow.
+
+Petastorm's ``petastorm.spark`` API. The DataFrame is written once under the parent cache
+directory named by the Spark conf ``petastorm.spark.converter.parentCacheDirUrl`` (or
+``unihub.spark.converter.parentCacheDirUrl``); each conversion gets its own directory::
+
+    {parent}/unihub-converter-{key}/part-*.parquet     Spark's files (row groups of about
+                                                        ``parquet_row_group_size_bytes``)
+    {parent}/unihub-converter-{key}/_SUCCESS            Spark's job marker
+    {parent}/unihub-converter-{key}/_unihub_converter.json
+                                                        written last: the directory is complete
+                                                        (row count, options, the plan's hash)
+
+``key`` hashes the DataFrame's analyzed plan, the Spark application id and the options,
+so converting the same DataFrame again (same plan, same options) in the same application
+reuses the directory instead of writing again. Spark writes into a hidden sibling that is
+renamed into place (atomic on local disks), and the JSON marker is written only after the
+rename, so a half-written directory is never taken as a cache hit.
+
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, "file:///tmp/cache")
+    converter = make_spark_converter(df)
+    with converter.make_torch_dataloader(batch_size=64, num_epochs=1) as loader:
+        for batch in loader:
+            ...
+    converter.delete()
+
+pyspark, torch and tensorflow are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlparse
+
+from unihub.dependencies import require
+from unihub.errors import UnihubError, UnsupportedFormatError
+
+if TYPE_CHECKING:
+    from unihub.readers.reader import Reader
+
+Dtype = Literal["float32", "float64"]
+
+#: Written into a cache directory after everything else: its presence means "complete".
+MARKER = "_unihub_converter.json"
+MARKER_VERSION = 1
+_DIR_PREFIX = "unihub-converter-"
+
+_REGISTRY: dict[str, str] = {}  # conversion key -> cache_dir_url, for this process
+_REGISTRY_LOCK = threading.Lock()
+_KEY_LOCKS: dict[str, threading.Lock] = {}
+
+
+class ConverterConfigError(UnihubError, ValueError):
+    """The Spark converter's cache directory is not configured, or not a usable URL."""
+
+
+class SparkDatasetConverter:
+    """A DataFrame materialized as Parquet: its location, size and framework loaders (Petastorm's class)."""
+
+    PARENT_CACHE_DIR_URL_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+    UNIHUB_PARENT_CACHE_DIR_URL_CONF = "unihub.spark.converter.parentCacheDirUrl"
+
+    def __init__(self, cache_dir_url: str, file_urls: list[str], dataset_size: int) -> None:
+        self.cache_dir_url = cache_dir_url
+        self.file_urls = file_urls
+        self.dataset_size = dataset_size
+
+    def __len__(self) -> int:
+        """Rows in the materialized DataFrame."""
+        return self.dataset_size
+
+    def __repr__(self) -> str:
+        return f"SparkDatasetConverter({self.cache_dir_url!r}, rows={self.dataset_size})"
+
+    def _reader(self, num_epochs: int | None, workers_count: int | None, kwargs: dict[str, Any]) -> Reader:
+        from unihub.readers.reader import make_batch_reader
+
+        return make_batch_reader(self.cache_dir_url, num_epochs=num_epochs, workers_count=workers_count, **kwargs)
+
+    @contextlib.contextmanager
+    def make_torch_dataloader(self, batch_size: int = 32, num_epochs: int | None = None,
+                              workers_count: int | None = None, shuffling_queue_capacity: int = 0,
+                              data_loader_fn: Callable[..., Any] | None = None,
+                              **petastorm_reader_kwargs: Any) -> Iterator[Any]:
+        """A context manager yielding a PyTorch loader over the cached files; the reader stops on exit.
+
+        ``data_loader_fn(reader, batch_size=..., shuffling_queue_capacity=...)`` builds the
+        loader (default :class:`unihub.readers.pytorch.BatchedDataLoader`); other keyword
+        arguments go to :func:`unihub.make_batch_reader` (``schema_fields``, ``cur_shard``,
+        ``shard_count``, ``seed``, ...). ``num_epochs=None`` repeats forever, as in Petastorm.
+        """
+        if data_loader_fn is None:
+            data_loader_fn = _bridge("unihub.readers.pytorch", "BatchedDataLoader", "torch", "torch")
+        reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
+        try:
+            yield data_loader_fn(reader, batch_size=batch_size, shuffling_queue_capacity=shuffling_queue_capacity)
+        finally:
+            reader.stop()
+            reader.join()
+
+    @contextlib.contextmanager
+    def make_tf_dataset(self, batch_size: int = 32, prefetch: int | None = None, num_epochs: int | None = None,
+                        workers_count: int | None = None, shuffling_queue_capacity: int | None = None,
+                        **petastorm_reader_kwargs: Any) -> Iterator[Any]:
+        """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows.
+
+        The reader's batches are unbatched, shuffled in a buffer of ``shuffling_queue_capacity``
+        rows when given, rebatched and prefetched (``prefetch=None`` is ``tf.data.AUTOTUNE``,
+        0 turns it off). Other keyword arguments go to :func:`unihub.make_batch_reader`.
+        """
+        make_petastorm_dataset = _bridge("unihub.readers.tf", "make_petastorm_dataset", "tensorflow", "tf")
+        reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
+        try:
+            dataset = make_petastorm_dataset(reader).unbatch()
+            if shuffling_queue_capacity:
+                dataset = dataset.shuffle(shuffling_queue_capacity)
+            dataset = dataset.batch(batch_size)
+            if prefetch is None:
+                prefetch = require("tensorflow", extra="tf").data.AUTOTUNE
+            if prefetch:
+                dataset = dataset.prefetch(prefetch)
+            yield dataset
+        finally:
+            reader.stop()
+            reader.join()
+
+    def delete(self) -> None:
+        """Remove the cached directory and forget it, so the next conversion writes afresh."""
+        from unihub.formats import filesystem as fsutil
+
+        with _REGISTRY_LOCK:
+            for key in [k for k, url in _REGISTRY.items() if url == self.cache_dir_url]:
+                del _REGISTRY[key]
+        fs, path = fsutil.resolve_filesystem(self.cache_dir_url)
+        fsutil.remove(fs, path)
+
+
+def _bridge(module: str, name: str, framework: str, extra: str) -> Any:
+    """``name`` from a unihub framework bridge module, with an error that says what is missing."""
+    import importlib
+
+    require(framework, extra=extra, purpose=f"{module}.{name}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise UnihubError(f"{module}.{name} is not available in this unihub ({exc}); "
+                          f"pass data_loader_fn= or iterate the reader yourself") from exc
+
+
+# -- converting ---------------------------------------------------------------------------------
+def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = 32 * 1024 * 1024,
+                         compression_codec: str | None = None,
+                         dtype: Dtype | None = "float32") -> SparkDatasetConverter:
+    """Materialize ``df`` as Parquet under the configured cache directory (or reuse it) and wrap it.
+
+    ML ``Vector`` columns become arrays; float and double columns, and arrays of them,
+    become ``dtype`` ('float32', 'float64', or None to keep them as they are).
+    ``compression_codec`` is Spark's Parquet codec name (None: Spark's default, snappy).
+    """
+    if dtype not in ("float32", "float64", None):
+        raise UnsupportedFormatError(f"dtype must be 'float32', 'float64' or None, got {dtype!r}")
+    if not isinstance(parquet_row_group_size_bytes, int) or parquet_row_group_size_bytes <= 0:
+        raise ConverterConfigError(f"parquet_row_group_size_bytes must be a positive integer, "
+                                   f"got {parquet_row_group_size_bytes!r}")
+    spark = df.sparkSession
+    parent = _parent_cache_dir_url(spark)
+    options = {"row_group_size": parquet_row_group_size_bytes, "compression": compression_codec, "dtype": dtype}
+    key = _conversion_key(df, spark, parent, options)
+    with _key_lock(key):
+        with _REGISTRY_LOCK:
+            url = _REGISTRY.get(key) or parent.rstrip("/") + "/" + _DIR_PREFIX + key
+        marker = _read_marker(url)  # also checked on a registry hit: the files may have been removed
+        if marker is None:
+            _write(_prepare(df, dtype), url, parquet_row_group_size_bytes, compression_codec, key, options)
+            marker = _read_marker(url)
+            if marker is None:
+                raise UnihubError(f"{url}: the Spark job finished but {MARKER} is missing")
+        with _REGISTRY_LOCK:
+            _REGISTRY[key] = url
+    return SparkDatasetConverter(url, _file_urls(url), int(marker["rows"]))
+
+
+def _parent_cache_dir_url(spark: Any) -> str:
+    """The parent cache directory from the Spark conf, checked to be a URL with a scheme."""
+    from unihub.formats.spark import _normalize_url
+
+    keys = (SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, SparkDatasetConverter.UNIHUB_PARENT_CACHE_DIR_URL_CONF)
+    url = next((value for value in (spark.conf.get(k, None) for k in keys) if value), None)
+    if not url:
+        raise ConverterConfigError(
+            f"the Spark converter needs a cache directory: set the Spark conf {keys[0]!r} (or {keys[1]!r}), "
+            f"e.g. spark.conf.set({keys[0]!r}, 'file:///tmp/unihub-cache')")
+    url = _normalize_url(url)
+    if not urlparse(url).scheme or "://" not in url:
+        raise ConverterConfigError(f"{keys[0]} must be a URL such as 'file:///tmp/cache' or 's3a://bucket/cache', "
+                                   f"got {url!r}")
+    return url
+
+
+def _conversion_key(df: Any, spark: Any, parent: str, options: dict[str, Any]) -> str:
+    """A hash of the analyzed plan, the application, the parent directory and the options.
+
+    The plan's text names columns by expression ids, which restart in every JVM, and does
+    not show in-memory data (``LocalRelation``), so the application id is part of the key:
+    a new application never mistakes another DataFrame's files for this one's.
+    """
+    try:
+        plan = str(df._jdf.queryExecution().analyzed().toString())
+    except Exception:  # Spark Connect has no _jdf; semanticHash is the canonical plan's hash
+        plan = f"semantic:{df.semanticHash()}"
+    text = json.dumps({"plan": plan, "app": spark.conf.get("spark.app.id", None), "parent": parent,
+                       "options": options,
+                       "schema": df.schema.json()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _key_lock(key: str) -> threading.Lock:
+    with _REGISTRY_LOCK:
+        return _KEY_LOCKS.setdefault(key, threading.Lock())
+
+
+def _prepare(df: Any, dtype: Dtype | None) -> Any:
+    """``df`` with ML vectors as arrays and floating-point columns (and arrays of them) cast to ``dtype``."""
+    types = require("pyspark.sql.types", extra="spark")
+    functions = require("pyspark.sql.functions", extra="spark")
+    columns = []
+    for field in df.schema.fields:
+        column = functions.col(f"`{field.name}`")
+        if _is_vector(field.dataType):
+            ml_functions = require("pyspark.ml.functions", extra="spark", purpose="converting ML vectors")
+            column = ml_functions.vector_to_array(column, dtype or "float64")
+        else:
+            target = _cast_type(field.dataType, dtype, types)
+            if target is not None:
+                column = column.cast(target)
+        columns.append(column.alias(field.name))
+    return df.select(*columns)
+
+
+def _is_vector(data_type: Any) -> bool:
+    """True for ``pyspark.ml.linalg.VectorUDT`` and the older ``pyspark.mllib.linalg.VectorUDT``."""
+    return type(data_type).__name__ == "VectorUDT"
+
+
+def _cast_type(data_type: Any, dtype: Dtype | None, types: Any) -> Any:
+    """The type to cast ``data_type`` to for ``dtype``, or None when it stays as it is."""
+    if dtype is None:
+        return None
+    wanted = types.FloatType() if dtype == "float32" else types.DoubleType()
+    if isinstance(data_type, (types.FloatType, types.DoubleType)):
+        return None if data_type == wanted else wanted
+    if isinstance(data_type, types.ArrayType):
+        element = _cast_type(data_type.elementType, dtype, types)
+        return None if element is None else types.ArrayType(element, data_type.containsNull)
+    return None
+
+
+def _write(df: Any, url: str, row_group_size: int, compression: str | None, key: str,
+           options: dict[str, Any]) -> None:
+    """Write ``df`` into a hidden sibling of ``url``, rename it into place, then write the marker."""
+    from unihub.formats import filesystem as fsutil
+    from unihub.formats.parquet import open_dataset
+
+    fs, path = fsutil.resolve_filesystem(url)
+    temporary_url = url.rsplit("/", 1)[0] + "/" + fsutil.temporary_sibling(path).rsplit("/", 1)[-1]
+    writer = df.write.mode("overwrite").option("parquet.block.size", str(row_group_size))
+    if compression is not None:
+        writer = writer.option("compression", compression)
+    try:
+        writer.parquet(temporary_url)
+        _, temporary = fsutil.resolve_filesystem(temporary_url)
+        fsutil.commit(fs, temporary, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fsutil.remove(fs, fsutil.resolve_filesystem(temporary_url)[1])
+        raise
+    rows = open_dataset(url).num_rows
+    marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options}
+    with fs.open_output_stream(fsutil.join(path, MARKER)) as out:
+        out.write(json.dumps(marker, sort_keys=True).encode())
+
+
+def _read_marker(url: str) -> dict[str, Any] | None:
+    """The completion marker of a cache directory, or None when the directory is absent or incomplete."""
+    from unihub.formats import filesystem as fsutil
+
+    fs, path = fsutil.resolve_filesystem(url)
+    try:
+        with fs.open_input_stream(fsutil.join(path, MARKER)) as handle:
+            marker = json.loads(handle.read())
+    except (OSError, ValueError):  # absent, unreadable or not JSON: not a complete directory
+        return None
+    if not isinstance(marker, dict) or marker.get("version") != MARKER_VERSION or "rows" not in marker:
+        return None
+    return marker
+
+
+def _file_urls(url: str) -> list[str]:
+    """The Parquet data files of a cache directory, as URLs with the directory's scheme."""
+    from unihub.formats import filesystem as fsutil
+    from unihub.formats.parquet import _list_data_files
+
+    fs, path = fsutil.resolve_filesystem(url)
+    base = url.rstrip("/")
+    return sorted(base + "/" + p[len(path):].lstrip("/") for p in _list_data_files(fs, path))

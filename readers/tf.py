@@ -1,0 +1,389 @@
+"""TensorFlow bridge: ``tf.data.Dataset`` s over unihub readers (Petastorm's ``make_petastorm_dataset``).
+
+Columns, not rows, cross into TensorFlow: a reader's batches (or, for a row reader,
+chunks of rows gathered into numpy columns) go through one ``Dataset.from_generator`` as
+flat numpy arrays, and a ``map`` rebuilds the namedtuple of tensors inside the graph.
+So the per-row Python cost of Petastorm's bridge (one generator call per row) is gone;
+:func:`make_tf_dataset` also re-batches and shuffles in numpy, one call per batch.
+
+How values are typed (from the Unischema, see :func:`output_signature`):
+
+- numbers and booleans keep their dtype; ``datetime64``/``timedelta64`` become ``tf.int64``;
+- ``np.str_``, ``np.bytes_`` and ``decimal.Decimal`` become ``tf.string`` (decimals as ``str(d)``);
+- a field whose shape has ``None`` dims is a ``tf.Tensor`` with those dims ``None`` in a row
+  element, and a ``tf.RaggedTensor`` in a batch (rows differ in length; ragged keeps every
+  value without padding; call ``.to_tensor()`` to pad);
+- TensorFlow tensors cannot hold nulls: a null in a nullable field raises a
+  :class:`~unihub.errors.SchemaError` naming the field (fill it with a ``TransformSpec`` or
+  leave it out with ``schema_fields``). It is found while reading, inside ``from_generator``, so
+  TensorFlow raises it as ``tf.errors.InvalidArgumentError`` carrying that message;
+- codec-less ``object`` fields have no TensorFlow type: a SchemaError when the dataset is made.
+
+    with make_reader("file:///data/train", num_epochs=1) as reader:
+        for row in make_petastorm_dataset(reader):        # one namedtuple of tensors per row
+            ...
+    dataset = make_tf_dataset("file:///data/train", batch_size=64, shuffle_buffer=1000, seed=0)
+    model.fit(dataset.map(lambda b: (b.features, b.label)), epochs=2)
+"""
+
+from __future__ import annotations
+
+import decimal
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from unihub.dependencies import require
+from unihub.errors import SchemaError, UnihubError
+from unihub.readers.reader import Reader, make_batch_reader
+
+if TYPE_CHECKING:
+    from unihub.formats.schema import Unischema, UnischemaField
+
+#: rows a row reader's output is gathered into before crossing into TensorFlow
+ROW_CHUNK = 256
+#: ``tf.data.AUTOTUNE`` without importing TensorFlow
+AUTOTUNE = -1
+
+Columns = dict[str, np.ndarray]
+
+
+def _tf() -> Any:
+    return require("tensorflow", extra="tf", purpose="tf.data datasets")
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    """How one field travels: its TF dtype, numpy dtype for numbers (None: tf.string), ragged rank."""
+
+    field: UnischemaField
+    tf_dtype: Any
+    np_dtype: np.dtype | None
+    ragged_rank: int  # 0: dense in a batch; r: the first r dims of a row are ragged
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+
+def _plan_field(field: UnischemaField) -> _FieldPlan:
+    """The transport plan of one field, or a SchemaError when TensorFlow has no type for it."""
+    tf = _tf()
+    kind = field.numpy_dtype
+    if kind is decimal.Decimal or kind in (np.str_, np.bytes_):
+        tf_dtype, np_dtype = tf.string, None
+    elif kind in (np.datetime64, np.timedelta64):
+        tf_dtype, np_dtype = tf.int64, np.dtype(np.int64)
+    elif kind is np.object_:
+        raise SchemaError(f"field {field.name!r} holds Python objects (no codec or a nested Arrow type) and has no "
+                          "TensorFlow type; leave it out with schema_fields= or convert it with a TransformSpec")
+    else:
+        try:
+            np_dtype = np.dtype(kind)
+            tf_dtype = tf.as_dtype(np_dtype)
+        except TypeError as exc:
+            raise SchemaError(f"field {field.name!r}: numpy dtype {np_dtype} has no TensorFlow type; leave it out "
+                              "with schema_fields= or convert it with a TransformSpec") from exc
+    none_dims = [i for i, d in enumerate(field.shape) if d is None]
+    return _FieldPlan(field, tf_dtype, np_dtype, none_dims[-1] + 1 if none_dims else 0)
+
+
+def output_signature(schema: Unischema, *, batched: bool = False) -> Any:
+    """The schema's namedtuple of ``tf.TensorSpec`` (``tf.RaggedTensorSpec`` for variable dims when batched).
+
+    ``None`` dims stay ``None``; ``batched`` adds a leading ``None`` batch dim.
+    """
+    tf = _tf()
+    specs = []
+    for plan in map(_plan_field, schema):
+        shape = ((None,) if batched else ()) + tuple(plan.field.shape)
+        if batched and plan.ragged_rank:
+            ragged_shape = (None,) * (plan.ragged_rank + 1) + shape[plan.ragged_rank + 1:]
+            specs.append(tf.RaggedTensorSpec(ragged_shape, plan.tf_dtype, ragged_rank=plan.ragged_rank))
+        else:
+            specs.append(tf.TensorSpec(shape, plan.tf_dtype, name=plan.name))
+    return schema._get_namedtuple()(*specs)
+
+
+# -- numpy stages: rows -> columns -> shuffled -> re-batched -> flat arrays ---------------------------
+def _null_error(name: str) -> SchemaError:
+    return SchemaError(f"field {name!r} holds a null, and TensorFlow tensors cannot hold nulls; fill it with a "
+                       "TransformSpec (e.g. NaN or a sentinel) or leave the field out with schema_fields=")
+
+
+def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
+    """A chunk of row namedtuples as numpy columns (dense where the field's shape is fixed)."""
+    columns: Columns = {}
+    for plan, values in zip(plans, zip(*rows)):
+        if any(v is None for v in values):
+            raise _null_error(plan.name)
+        if plan.np_dtype is not None and not plan.ragged_rank:
+            columns[plan.name] = np.stack(values) if plan.field.shape else np.asarray(values)
+        else:
+            column = np.empty(len(values), dtype=object)
+            for i, value in enumerate(values):
+                column[i] = value
+            columns[plan.name] = column
+    return columns
+
+
+def _column_batches(reader: Reader, plans: Sequence[_FieldPlan], chunk_rows: int) -> Iterator[Columns]:
+    """The reader's batches as columns; a row reader's rows gathered ``chunk_rows`` at a time."""
+    names = [p.name for p in plans]
+    if reader.batched:
+        for batch in reader:
+            yield dict(zip(names, batch))
+        return
+    while True:
+        rows = list(itertools.islice(reader, chunk_rows))
+        if not rows:
+            return
+        yield _rows_to_columns(plans, rows)
+
+
+def _length(columns: Columns) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def _concat(parts: list[Columns]) -> Columns:
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def _take(columns: Columns, index: Any) -> Columns:
+    return {name: column[index] for name, column in columns.items()}
+
+
+def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
+    """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
+    sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
+    pool: Columns | None = None
+    for columns in batches:
+        pool = columns if pool is None else _concat([pool, columns])
+        extra = _length(pool) - capacity
+        if extra > 0:
+            order = rng.permutation(_length(pool))
+            yield _take(pool, order[:extra])
+            pool = _take(pool, np.sort(order[extra:]))
+    if pool is not None and _length(pool):
+        yield _take(pool, rng.permutation(_length(pool)))
+
+
+def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
+    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``)."""
+    pending: list[Columns] = []
+    count = 0
+    for columns in batches:
+        pending.append(columns)
+        count += _length(columns)
+        if count < size:
+            continue
+        merged, start = _concat(pending), 0
+        while count - start >= size:
+            yield _take(merged, slice(start, start + size))
+            start += size
+        pending = [_take(merged, slice(start, None))] if start < count else []
+        count -= start
+    if count and not drop_remainder:
+        yield _concat(pending)
+
+
+def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
+    """A dense column in the field's transport dtype (tf.string values as an object array)."""
+    if column.dtype == object and any(v is None for v in column):
+        raise _null_error(plan.name)
+    if plan.np_dtype is None:
+        if plan.field.numpy_dtype is decimal.Decimal:
+            return np.array([str(v) for v in column.ravel()], dtype=object).reshape(column.shape)
+        return column
+    if column.dtype.kind in "mM":
+        return column.view(np.int64)
+    if column.dtype == object:  # fixed-shape arrays one per row
+        column = np.stack(list(column)) if len(column) else np.empty((0, *plan.field.shape), plan.np_dtype)
+    return column.astype(plan.np_dtype, copy=False)
+
+
+def _encode(plans: Sequence[_FieldPlan], columns: Columns) -> tuple[np.ndarray, ...]:
+    """Flat arrays for ``from_generator``: a dense column, or flat values + nested row lengths."""
+    out: list[np.ndarray] = []
+    for plan in plans:
+        column = columns[plan.name]
+        if not plan.ragged_rank:
+            values = _encode_values(plan, column)
+            if values.shape[1:] != plan.field.shape:
+                raise SchemaError(f"field {plan.name!r}: values of shape {values.shape[1:]} where the schema "
+                                  f"says {plan.field.shape}")
+            out.append(values)
+            continue
+        rows = list(column)
+        if any(r is None for r in rows):
+            raise _null_error(plan.name)
+        rows = [np.asarray(r) for r in rows]
+        rank, inner = plan.ragged_rank, plan.field.shape[plan.ragged_rank:]
+        shapes = np.array([r.shape[:rank] for r in rows], dtype=np.int64).reshape(len(rows), rank)
+        flat = [r.reshape(-1, *inner) for r in rows]
+        flat_values = np.concatenate(flat) if flat else np.empty((0, *inner), dtype=object)
+        if flat_values.shape[1:] != inner:
+            raise SchemaError(f"field {plan.name!r}: rows of shape {rows[0].shape} where the schema says "
+                              f"{plan.field.shape}")
+        out.append(_encode_values(plan, flat_values))
+        for level in range(rank):
+            out.append(np.repeat(shapes[:, level], np.prod(shapes[:, :level], axis=1)))
+    return tuple(out)
+
+
+def _flat_signature(plans: Sequence[_FieldPlan]) -> tuple[Any, ...]:
+    tf = _tf()
+    specs: list[Any] = []
+    for plan in plans:
+        inner = tuple(plan.field.shape[plan.ragged_rank:])
+        specs.append(tf.TensorSpec((None, *inner), plan.tf_dtype))
+        specs.extend(tf.TensorSpec((None,), tf.int64) for _ in range(plan.ragged_rank))
+    return tuple(specs)
+
+
+def _assembler(plans: Sequence[_FieldPlan], row_type: type) -> Callable[..., Any]:
+    """The graph function that turns the flat arrays back into a namedtuple of (ragged) tensors."""
+    tf = _tf()
+
+    def assemble(*flat: Any) -> Any:
+        values, i = [], 0
+        for plan in plans:
+            if plan.ragged_rank:
+                lengths = flat[i + 1:i + 1 + plan.ragged_rank]
+                values.append(tf.RaggedTensor.from_nested_row_lengths(flat[i], lengths, validate=False))
+            else:
+                values.append(flat[i])
+            i += 1 + plan.ragged_rank
+        return row_type(*values)
+
+    return assemble
+
+
+def _densifier(plans: Sequence[_FieldPlan]) -> Callable[..., Any]:
+    """After ``unbatch``: variable-shape fields back to dense tensors of the field's shape."""
+    tf = _tf()
+
+    def densify(row: Any) -> Any:
+        values = []
+        for plan, value in zip(plans, row):
+            if isinstance(value, tf.RaggedTensor):
+                value = value.to_tensor()  # one row's array is rectangular: no padding is added
+            if plan.ragged_rank:
+                value = tf.ensure_shape(value, plan.field.shape)
+            values.append(value)
+        return type(row)(*values)
+
+    return densify
+
+
+def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type, *,
+             unbatch: bool) -> Any:
+    tf = _tf()
+
+    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+        for columns in source():
+            yield _encode(plans, columns)
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=_flat_signature(plans))
+    dataset = dataset.map(_assembler(plans, row_type))
+    if unbatch:
+        dataset = dataset.unbatch()
+        if any(p.ragged_rank for p in plans):
+            dataset = dataset.map(_densifier(plans))
+    return dataset
+
+
+def _check_reader(reader: Any) -> list[_FieldPlan]:
+    if not isinstance(reader, Reader):
+        raise UnihubError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
+    if reader.ngram is not None:
+        raise UnihubError("NGram readers yield windows of rows, which have no tf.data structure here; "
+                          "read the fields with schema_fields= names instead")
+    return [_plan_field(f) for f in reader.schema]
+
+
+def make_petastorm_dataset(reader: Reader) -> Any:
+    """A ``tf.data.Dataset`` over a reader, as Petastorm's: namedtuples of tensors.
+
+    A row reader gives one element per row (variable dims as ``None`` in the shapes); a batch
+    reader gives one element per reader batch (a leading ``None`` dim; variable-shape fields
+    as ``tf.RaggedTensor``). Rows cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are
+    unbatched in the graph. The reader is read once; the caller owns it (``with reader:``,
+    ``reader.reset()`` to read again).
+
+        with make_reader(url) as reader:
+            for row in make_petastorm_dataset(reader).take(2):
+                print(row.id, row.image.shape)
+    """
+    plans = _check_reader(reader)
+    row_type = reader.schema._get_namedtuple()
+    return _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans, row_type, unbatch=not reader.batched)
+
+
+def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffle_buffer: int = 0,
+                    seed: int | None = None, prefetch: int | None = AUTOTUNE, drop_remainder: bool = False,
+                    **reader_kwargs: Any) -> Any:
+    """A ``tf.data.Dataset`` of namedtuples of ``batch_size``-row batches, re-batched in numpy.
+
+    ``reader_or_url``: a dataset URL (read with :func:`unihub.make_batch_reader` and
+    ``reader_kwargs``: ``schema_fields``, ``num_epochs``, ``workers_count``, ...) or a reader.
+    From a URL, every iteration of the dataset (each Keras epoch) opens a fresh reader, seeded
+    ``seed + k`` on the k-th iteration, and stops and joins it when the iteration ends or is
+    abandoned. A reader passed in is read once and stays the caller's to stop.
+
+    ``shuffle_buffer`` rows are shuffled across reader batches (numpy, seeded by ``seed``);
+    ``batch_size=None`` keeps the reader's own batches (rows for a row reader); variable-shape
+    fields are ``tf.RaggedTensor`` in batches. From a URL with a known row count (no predicate or
+    filters, finite ``num_epochs``) the dataset's cardinality is set. ``prefetch`` is a buffer size
+    (``AUTOTUNE`` = ``tf.data.AUTOTUNE``; 0 or None: no prefetch).
+    """
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise UnihubError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        raise UnihubError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
+    owned = not isinstance(reader_or_url, Reader)
+    if owned:
+        probe = make_batch_reader(reader_or_url, seed=seed, **reader_kwargs)  # validates options and schema
+        try:
+            plans, row_type, batched = _check_reader(probe), probe.schema._get_namedtuple(), True
+            rows_per_epoch, epochs = probe.num_rows_per_epoch, probe.num_epochs
+        finally:
+            probe.stop()
+            probe.join()
+    else:
+        if reader_kwargs:
+            raise UnihubError(f"reader options {sorted(reader_kwargs)} apply to a URL, not to a reader given")
+        plans, row_type, batched = _check_reader(reader_or_url), reader_or_url.schema._get_namedtuple(), \
+            reader_or_url.batched
+        rows_per_epoch = epochs = None  # a reader given may be part way through
+    iterations = itertools.count()
+
+    def source() -> Iterator[Columns]:
+        k = next(iterations)
+        reader = (make_batch_reader(reader_or_url, seed=None if seed is None else seed + k, **reader_kwargs)
+                  if owned else reader_or_url)
+        try:
+            batches = _column_batches(reader, plans, batch_size or ROW_CHUNK)
+            if shuffle_buffer:
+                batches = _shuffled(batches, shuffle_buffer, np.random.default_rng(None if seed is None else [seed, k]))
+            if batch_size:
+                batches = _rebatched(batches, batch_size, drop_remainder)
+            yield from batches
+        finally:
+            if owned:
+                reader.stop()
+                reader.join()
+
+    dataset = _dataset(source, plans, row_type, unbatch=batch_size is None and not batched)
+    if batch_size and rows_per_epoch is not None and epochs is not None:
+        rows = rows_per_epoch * epochs  # known: Keras then shows progress and needs no first pass to count
+        batches = rows // batch_size if drop_remainder else -(-rows // batch_size)
+        dataset = dataset.apply(_tf().data.experimental.assert_cardinality(batches))
+    if prefetch:
+        dataset = dataset.prefetch(prefetch)
+    return dataset

@@ -1,0 +1,253 @@
+"""The DALI bridge on the CPU (``device_id=None``): sources, decode equality, sharding, epochs, iterators."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
+from unihub.dependencies import is_available
+from unihub.formats.images import decode_image
+from unihub.readers.random_access import Dataset
+
+pytestmark = pytest.mark.skipif(not is_available("nvidia.dali"), reason="needs nvidia-dali (unihub[dali])")
+
+N = 60  # rows: 60 = 2 shards x 3 batches x 10, and 7 full batches of 8 + 4 left over
+
+
+def _schema(codec: str) -> Unischema:
+    return Unischema("Dali", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("image", np.uint8, (32, 32, 3), CompressedImageCodec(codec), False),
+        UnischemaField("label", np.int32, (), ScalarCodec(pa.int32()), False),
+    ])
+
+
+def _image(i: int) -> np.ndarray:
+    """Smooth gradients plus noise: JPEG-like content that still exercises every pixel value range."""
+    y, x = np.mgrid[0:32, 0:32]
+    base = np.stack([(x * 8 + i) % 256, (y * 8 + 2 * i) % 256, ((x + y) * 4 + 3 * i) % 256], axis=-1)
+    noise = np.random.default_rng(i).integers(0, 16, (32, 32, 3))
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def _write(path: Path, codec: str, n: int = N) -> Path:
+    rows = ({"id": i, "image": _image(i), "label": np.int32(i % 10)} for i in range(n))
+    write_dataset(path, _schema(codec), rows, row_group_size_mb=0.01)  # several row groups
+    return path
+
+
+@pytest.fixture(scope="module")
+def png_url(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write(tmp_path_factory.mktemp("dali") / "png", "png")
+
+
+@pytest.fixture(scope="module")
+def jpeg_url(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write(tmp_path_factory.mktemp("dali") / "jpeg", "jpeg")
+
+
+def _epoch_ids(pipe) -> list[int]:
+    from unihub.readers.dali import iterate_epoch
+
+    return [int(i) for _, ids, *_ in iterate_epoch(pipe) for i in ids]
+
+
+def _decoded_by_dali(url: Path) -> dict[int, np.ndarray]:
+    from unihub.readers.dali import iterate_epoch, make_dali_pipeline
+
+    pipe = make_dali_pipeline(url, 10, other_fields=("id",))
+    try:
+        return {int(i): img for images, ids in iterate_epoch(pipe) for img, i in zip(images, ids)}
+    finally:
+        pipe.source.close()
+
+
+def test_png_decode_is_bit_exact(png_url: Path) -> None:
+    decoded = _decoded_by_dali(png_url)
+    raw = Dataset(png_url, ["id", "image"], decode_images=False)
+    assert sorted(decoded) == list(range(N))
+    for i, image in decoded.items():
+        expected = decode_image(raw[i].image)
+        assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
+        np.testing.assert_array_equal(image, expected)
+        np.testing.assert_array_equal(image, _image(i))  # PNG is lossless
+
+
+def test_jpeg_decode_matches_unihub(jpeg_url: Path) -> None:
+    decoded = _decoded_by_dali(jpeg_url)
+    raw = Dataset(jpeg_url, ["id", "image"], decode_images=False)
+    worst = 0
+    for i, image in decoded.items():
+        diff = np.abs(image.astype(np.int16) - decode_image(raw[i].image).astype(np.int16))
+        worst = max(worst, int(diff.max()))
+    # measured: DALI's CPU decoder (libjpeg-turbo through nvImageCodec) and unihub's (libjpeg-turbo)
+    # give the same pixels; a GPU (nvJPEG) decode differs by a few levels, which this does not test
+    assert worst == 0, f"JPEG pixels differ by up to {worst}"
+
+
+def test_fixture_has_several_row_groups(png_url: Path) -> None:
+    assert len(Dataset(png_url).store.row_groups) > 2  # so rebatching crosses reader batches
+
+
+@pytest.mark.parametrize("last_batch, sizes, expected_ids", [
+    ("drop", [8] * 7, list(range(56))),
+    ("pad", [8] * 8, list(range(60)) + [0, 1, 2, 3]),
+    ("partial", [8] * 7 + [4], list(range(60))),
+])
+def test_batch_source_rebatches_each_epoch(png_url: Path, last_batch: str, sizes: list[int],
+                                           expected_ids: list[int]) -> None:
+    from unihub.readers.dali import DaliBatchSource
+
+    with DaliBatchSource(png_url, 8, ["id", "image"], last_batch=last_batch) as source:
+        assert len(source) == len(sizes) and source.rows_per_epoch == N
+        for _ in range(2):  # iter() starts each epoch, as DALI's reset() does with cycle="raise"
+            batches = list(iter(source))
+            assert [len(ids) for ids, _ in batches] == sizes
+            assert [int(i) for ids, _ in batches for i in ids] == expected_ids
+            ids, images = batches[0]
+            assert ids[0].shape == () and ids[0].dtype == np.int64
+            assert images[0].dtype == np.uint8 and images[0].ndim == 1
+            np.testing.assert_array_equal(decode_image(images[3].tobytes()), _image(3))
+
+
+def test_batch_source_shuffles_per_epoch(png_url: Path) -> None:
+    from unihub.readers.dali import DaliBatchSource
+
+    with DaliBatchSource(png_url, 10, ["id"], shuffle=True, seed=3) as source:
+        epochs = [[int(i) for (ids,) in iter(source) for i in ids] for _ in range(2)]
+    assert all(sorted(e) == list(range(N)) for e in epochs)
+    assert epochs[0] != epochs[1] and epochs[0] != list(range(N))
+
+
+def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
+    from unihub.readers.dali import make_dali_pipeline
+
+    seen: list[Counter[int]] = [Counter(), Counter()]  # per epoch
+    for shard in range(2):
+        pipe = make_dali_pipeline(png_url, 10, other_fields=("id",), shard_id=shard, num_shards=2, shuffle=True)
+        for epoch in range(2):
+            ids = _epoch_ids(pipe)
+            assert len(ids) == N // 2
+            seen[epoch].update(ids)
+        pipe.source.close()
+    # the reader's plan shuffles row groups before cutting shards, so a shard's rows change
+    # from epoch to epoch; in every epoch the two shards cover the dataset exactly once
+    assert seen[0] == seen[1] == Counter(range(N))
+
+
+def test_sample_indices_is_a_pure_plan() -> None:
+    from unihub.readers.dali import sample_indices
+
+    np.testing.assert_array_equal(sample_indices(10, shard_id=1, num_shards=3), [4, 5, 6, 7])
+    np.testing.assert_array_equal(sample_indices(10, shard_id=2, num_shards=3), [8, 9, 0, 1])  # 'pad' wraps
+    assert len(sample_indices(10, shard_id=2, num_shards=3, shard_remainder="drop")) == 3
+    a = [sample_indices(100, shard_id=s, num_shards=4, epoch=1, shuffle=True, seed=7) for s in range(4)]
+    assert sorted(np.concatenate(a).tolist()) == list(range(100))
+    np.testing.assert_array_equal(a[0], sample_indices(100, shard_id=0, num_shards=4, epoch=1, shuffle=True, seed=7))
+    assert not np.array_equal(a[0], sample_indices(100, shard_id=0, num_shards=4, epoch=2, shuffle=True, seed=7))
+
+
+class _Info:
+    def __init__(self, idx_in_epoch: int, idx_in_batch: int = 0, epoch_idx: int = 0) -> None:
+        self.idx_in_epoch, self.idx_in_batch, self.iteration, self.epoch_idx = idx_in_epoch, idx_in_batch, 0, epoch_idx
+
+
+def test_sample_source_pickles_and_serves_rows(png_url: Path) -> None:
+    from unihub.readers.dali import DaliSampleSource
+
+    source = DaliSampleSource(png_url, ["image", "id"], shard_id=1, num_shards=2, last_batch="pad")
+    image, i = source(_Info(0))
+    assert int(i) == N // 2 and image.dtype == np.uint8 and image.ndim == 1
+    np.testing.assert_array_equal(decode_image(image.tobytes()), _image(N // 2))
+    clone = pickle.loads(pickle.dumps(source))  # after use: the open dataset stays behind
+    assert clone._dataset is None and int(clone(_Info(5))[1]) == N // 2 + 5
+    with pytest.raises(StopIteration):
+        clone(_Info(N // 2, idx_in_batch=0))
+    assert int(clone(_Info(N // 2 + 1, idx_in_batch=3))[1]) == N // 2 + 1  # 'pad' completes a batch
+
+
+def test_parallel_pipeline_every_id_once_per_epoch(png_url: Path) -> None:
+    from unihub.readers.dali import make_dali_pipeline
+
+    seen: list[Counter[int]] = [Counter(), Counter()]  # per epoch
+    for shard in range(2):
+        pipe = make_dali_pipeline(png_url, 10, other_fields=("id", "label"), shard_id=shard, num_shards=2,
+                                  parallel=True, py_num_workers=2, py_start_method="spawn", shuffle=True, seed=5)
+        epochs = [_epoch_ids(pipe) for _ in range(2)]
+        assert [len(e) for e in epochs] == [N // 2] * 2 and epochs[0] != epochs[1]  # reshuffled per epoch
+        for counter, ids in zip(seen, epochs):
+            counter.update(ids)
+        del pipe
+    assert seen[0] == seen[1] == Counter(range(N))  # the shards of each epoch cover the dataset once
+
+
+def test_torch_iterator_shapes(png_url: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    from unihub.readers.dali import make_dali_pipeline, make_dali_torch_iterator
+
+    pipe = make_dali_pipeline(png_url, 8, other_fields=("id", "label"), last_batch="pad")
+    iterator = make_dali_torch_iterator(pipe, size=N, last_batch_policy="partial")
+    for _ in range(2):
+        batches = [b[0] for b in iterator]
+        assert [len(b["id"]) for b in batches] == [8] * 7 + [4]
+        first = batches[0]
+        assert isinstance(first["image"], torch.Tensor) and first["image"].shape == (8, 32, 32, 3)
+        assert first["image"].dtype == torch.uint8 and first["label"].shape == (8,)
+        assert sorted(int(i) for b in batches for i in b["id"]) == list(range(N))
+    pipe.source.close()
+
+
+def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
+    pytest.importorskip("tensorflow")
+    if not is_available("nvidia.dali_tf_plugin"):
+        pytest.skip("needs nvidia-dali-tf-plugin-cuda120 built for this TensorFlow")
+    from unihub.readers.dali import make_dali_tf_dataset
+
+    dataset = make_dali_tf_dataset(jpeg_url, 8, other_fields=("id", "label"))
+    batches = [(images.numpy(), ids.numpy(), labels.numpy()) for images, ids, labels in dataset]
+    assert len(batches) == N // 8 and batches[0][0].shape == (8, 32, 32, 3) and batches[0][2].dtype == np.int32
+    ids = np.concatenate([b[1] for b in batches])
+    assert sorted(ids.tolist()) == list(range(N // 8 * 8))
+    raw = Dataset(jpeg_url, ["image"], decode_images=False)
+    for images, ids, labels in batches[:2]:  # the zero-padded bytes decode to the same pixels
+        for image, i, label in zip(images, ids, labels):
+            np.testing.assert_array_equal(image, decode_image(raw[int(i)].image))
+            assert label == i % 10
+
+
+@pytest.mark.parametrize("layout, shape", [("CHW", (3, 16, 24)), ("HWC", (16, 24, 3))])
+def test_resize_and_normalize(png_url: Path, layout: str, shape: tuple[int, ...]) -> None:
+    from unihub.readers.dali import iterate_epoch, make_dali_pipeline
+
+    pipe = make_dali_pipeline(png_url, 10, resize=(16, 24), normalize=((128.0,) * 3, (64.0,) * 3), layout=layout)
+    (images,), *_ = list(iterate_epoch(pipe))
+    pipe.source.close()
+    assert images[0].shape == shape and images[0].dtype == np.float32
+    assert -2.1 <= float(images[0].min()) and float(images[0].max()) <= 2.1
+
+    pipe = make_dali_pipeline(png_url, 10, resize=(16, 24))
+    (images,), *_ = list(iterate_epoch(pipe))
+    pipe.source.close()
+    assert images[0].shape == (16, 24, 3) and images[0].dtype == np.uint8
+
+
+def test_bad_options_are_refused(png_url: Path) -> None:
+    from unihub.errors import SchemaError
+    from unihub.readers.dali import DaliBridgeError, make_dali_pipeline
+
+    with pytest.raises(DaliBridgeError, match="batch_size"):
+        make_dali_pipeline(png_url, 0)
+    with pytest.raises(DaliBridgeError, match="shard_id"):
+        make_dali_pipeline(png_url, 4, shard_id=2, num_shards=2)
+    with pytest.raises(SchemaError, match="not a compressed image"):
+        make_dali_pipeline(png_url, 4, image_field="label")
+    with pytest.raises(SchemaError, match="no field"):
+        make_dali_pipeline(png_url, 4, other_fields=("nope",))

@@ -1,0 +1,328 @@
+"""PyTorch bridge: values and dtypes, padding, shuffling, exact resume, torch datasets and workers.
+
+The dataset has 61 rows (a prime, so no shard count divides it) in row groups of a few
+rows over several files. Values are compared exactly with the rows that were written.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    CompressedImageCodec,
+    ScalarCodec,
+    TensorCodec,
+    UnihubError,
+    Unischema,
+    UnischemaField,
+    open_dataset,
+    write_dataset,
+)
+from unihub.dependencies import is_available
+from unihub.readers import pytorch as tp
+from unihub.readers.reader import make_batch_reader, make_reader
+
+pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
+torch = pytest.importorskip("torch")
+
+N = 61
+SCHEMA = Unischema("TorchTest", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("price", decimal.Decimal, (), ScalarCodec(pa.decimal128(10, 2)), False),
+    UnischemaField("vec", np.float32, (4,), TensorCodec(), False),
+    UnischemaField("boxes", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("image", np.uint8, (4, 4, 3), CompressedImageCodec("png"), False),
+])
+NUMERIC = ["id", "vec", "image"]
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {"id": i, "name": f"row-{i}", "price": decimal.Decimal(i) / 100,
+            "vec": rng.random(4, dtype=np.float32), "boxes": rng.random((i % 4, 4), dtype=np.float32),
+            "image": rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)}
+
+
+ROWS = [make_row(i) for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("torch") / "ds"
+    write_dataset(path, SCHEMA, (make_row(i) for i in range(N)), row_group_size_mb=0.0005, rows_per_file=20)
+    store = open_dataset(path)
+    assert len(store.row_groups) >= 10 and max(rg.num_rows for rg in store.row_groups) > 1
+    return str(path)
+
+
+def rows(url: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("shuffle_row_groups", False)
+    return make_reader(url, reader_pool_type="dummy", **kwargs)
+
+
+def batches(url: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("shuffle_row_groups", False)
+    return make_batch_reader(url, reader_pool_type="dummy", **kwargs)
+
+
+def ids(loader: Any) -> list[int]:
+    return [i for batch in loader for i in batch["id"].tolist()]
+
+
+def check_batch(batch: dict[str, Any], *, padded: bool = False) -> list[int]:
+    """Every value of ``batch`` equals what was written; returns its ids."""
+    got = batch["id"].tolist()
+    assert batch["id"].dtype == torch.int64 and batch["vec"].dtype == torch.float32
+    assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (len(got), 4, 4, 3)
+    for k, i in enumerate(got):
+        want = ROWS[i]
+        assert np.array_equal(batch["vec"][k].numpy(), want["vec"])
+        assert np.array_equal(batch["image"][k].numpy(), want["image"])
+        assert batch["name"][k] == want["name"] and batch["price"][k] == want["price"]
+        n = len(want["boxes"])
+        if padded:
+            assert batch["boxes_mask"][k, :n].all() and not batch["boxes_mask"][k, n:].any()
+            assert np.array_equal(batch["boxes"][k, :n].numpy(), want["boxes"])
+            assert not batch["boxes"][k, n:].any()
+        else:
+            assert isinstance(batch["boxes"][k], torch.Tensor) and batch["boxes"][k].dtype == torch.float32
+            assert np.array_equal(batch["boxes"][k].numpy(), want["boxes"])
+    if padded:
+        longest = max(len(ROWS[i]["boxes"]) for i in got)
+        assert batch["boxes"].shape == batch["boxes_mask"].shape == (len(got), longest, 4)
+        assert batch["boxes_mask"].dtype == torch.bool
+    return got
+
+
+# -- values -----------------------------------------------------------------------------------------
+def test_import_does_not_import_torch():
+    code = "import sys, unihub.readers.pytorch; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("variable", ["list", "pad"])
+def test_dataloader_values_and_dtypes(url, variable):
+    with rows(url) as reader:
+        loader = tp.DataLoader(reader, batch_size=7, collate_fn=tp.make_collate(variable=variable))
+        assert len(loader) == math.ceil(N / 7)
+        out = list(loader)
+    assert [len(b["id"]) for b in out] == [7] * (N // 7) + [N % 7]
+    assert [i for b in out for i in check_batch(b, padded=variable == "pad")] == list(range(N))
+    assert isinstance(out[0]["name"], list) and isinstance(out[0]["price"][0], decimal.Decimal)
+
+
+@pytest.mark.parametrize("variable", ["list", "pad"])
+def test_batched_loader_values_transform_and_device(url, variable):
+    seen = []
+
+    def transform(batch: dict[str, Any]) -> dict[str, Any]:
+        seen.append(len(batch["id"]))
+        return batch
+
+    with batches(url) as reader:
+        loader = tp.BatchedDataLoader(reader, batch_size=9, transform_fn=transform, device="cpu", variable=variable)
+        assert len(loader) == math.ceil(N / 9)
+        out = list(loader)
+    assert seen == [9] * (N // 9) + [N % 9]
+    assert [i for b in out for i in check_batch(b, padded=variable == "pad")] == list(range(N))
+
+
+def test_batched_loader_over_row_reader(url):
+    with rows(url) as reader:
+        out = list(tp.BatchedDataLoader(reader, batch_size=5))
+    assert [i for b in out for i in check_batch(b)] == list(range(N))
+
+
+def test_collate_pads_and_keeps_lists():
+    a, b = np.ones((1, 2), np.float32), np.full((3, 2), 2, np.float32)
+    batch = tp.make_collate(pad=True)([{"x": a, "s": "p", "n": np.int32(1)}, {"x": b, "s": "q", "n": np.int32(2)}])
+    assert batch["x"].shape == (2, 3, 2) and batch["x_mask"].tolist() == [
+        [[True, True], [False, False], [False, False]], [[True, True]] * 3]
+    assert batch["x"][0].tolist() == [[1, 1], [0, 0], [0, 0]] and batch["x"][1].tolist() == [[2, 2]] * 3
+    assert batch["s"] == ["p", "q"] and batch["n"].dtype == torch.int32 and batch["n"].tolist() == [1, 2]
+    listed = tp.default_collate_like([{"x": a}, {"x": b}])["x"]
+    assert [t.shape for t in listed] == [(1, 2), (3, 2)]
+
+
+def test_reiterating_resets_the_reader(url):
+    with rows(url) as reader:
+        loader = tp.DataLoader(reader, batch_size=8)
+        assert ids(loader) == ids(loader) == list(range(N))
+    with batches(url) as reader:
+        loader = tp.BatchedDataLoader(reader, batch_size=8)
+        assert ids(loader) == ids(loader) == list(range(N))
+
+
+# -- shuffling ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["rows", "batched"])
+def test_shuffling_queue_is_seeded_and_complete(url, kind):
+    def run(seed: int) -> list[int]:
+        if kind == "rows":
+            with rows(url) as reader:
+                return ids(tp.DataLoader(reader, batch_size=4, shuffling_queue_capacity=20, seed=seed))
+        with batches(url) as reader:
+            return ids(tp.BatchedDataLoader(reader, batch_size=4, shuffling_queue_capacity=20, seed=seed))
+
+    first = run(1)
+    assert sorted(first) == list(range(N))
+    assert first != list(range(N))
+    assert run(1) == first
+    assert run(2) != first
+
+
+def test_in_memory_loader_epochs(url):
+    with batches(url) as reader:
+        loader = tp.InMemBatchedDataLoader(reader, batch_size=10, num_epochs=3, shuffle=True, seed=3)
+        out = list(loader)
+    assert len(out) == len(loader) == 3 * math.ceil(N / 10)
+    per_epoch = len(out) // 3
+    epochs = [[i for b in out[e * per_epoch:(e + 1) * per_epoch] for i in check_batch(b)] for e in range(3)]
+    assert all(sorted(e) == list(range(N)) for e in epochs)
+    assert epochs[0] != list(range(N)) and epochs[0] != epochs[1]
+    with rows(url) as reader:
+        capped = list(tp.InMemBatchedDataLoader(reader, batch_size=10, num_epochs=2, rows_capacity=25))
+    assert [b["id"].tolist() for b in capped] == [list(range(10)), list(range(10, 20)), list(range(20, 25))] * 2
+
+
+# -- resume ---------------------------------------------------------------------------------------
+def make_loader(url: str, kind: str, capacity: int) -> Any:
+    options = {"num_epochs": 2, "shuffle_row_groups": True, "shuffle_rows": True, "seed": 5}
+    if kind == "rows":
+        return tp.DataLoader(rows(url, **options), batch_size=6, shuffling_queue_capacity=capacity, seed=9)
+    reader = batches(url, **options) if kind == "batched" else rows(url, **options)
+    return tp.BatchedDataLoader(reader, batch_size=6, shuffling_queue_capacity=capacity, seed=9)
+
+
+def run_with_cuts(url: str, kind: str, capacity: int, cuts: list[int]) -> list[list[int]]:
+    """Ids per batch, restarting with a new reader + loader from ``state_dict()`` after each cut."""
+    out: list[list[int]] = []
+    state = None
+    for stop in [*cuts, None]:
+        loader = make_loader(url, kind, capacity)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        for batch in loader:
+            out.append(check_batch(batch))
+            if stop is not None and len(out) == stop:
+                break
+        state = loader.state_dict()
+        loader.terminate()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["rows", "batched", "batched-over-rows"])
+def test_resume_without_queue_is_exact(url, kind):
+    full = run_with_cuts(url, kind, 0, [])
+    assert Counter(i for b in full for i in b) == Counter({i: 2 for i in range(N)})
+    flat = [i for b in full for i in b]
+    for cuts in ([1], [5], [10, 11], [3, 9, 17], [len(full) - 1]):
+        resumed = run_with_cuts(url, kind, 0, cuts)
+        assert [i for b in resumed for i in b] == flat, cuts
+
+
+@pytest.mark.parametrize("kind", ["rows", "batched"])
+def test_resume_with_queue_delivers_each_remaining_row_once(url, kind):
+    full = run_with_cuts(url, kind, 15, [])
+    assert Counter(i for b in full for i in b) == Counter({i: 2 for i in range(N)})
+    for cuts in ([1], [4, 5], [2, 8, 14], [len(full) - 2]):
+        resumed = run_with_cuts(url, kind, 15, cuts)
+        assert resumed[:cuts[0]] == full[:cuts[0]]
+        assert Counter(i for b in resumed for i in b) == Counter({i: 2 for i in range(N)}), cuts
+
+
+def test_state_after_the_end_resumes_to_nothing(url):
+    loader = make_loader(url, "batched", 0)
+    list(loader)
+    state = loader.state_dict()
+    again = make_loader(url, "batched", 0)
+    again.load_state_dict(state)
+    assert list(again) == []
+
+
+def test_bad_state_and_wrong_reader(url):
+    with rows(url) as reader:
+        loader = tp.DataLoader(reader)
+        with pytest.raises(tp.LoaderStateError, match="version"):
+            loader.load_state_dict({"version": 99})
+    with batches(url) as reader, pytest.raises(UnihubError, match="BatchedDataLoader"):
+        tp.DataLoader(reader)
+    with pytest.raises(UnihubError, match="cur_shard"):
+        tp.TorchIterableDataset(url, cur_shard=0)
+
+
+# -- torch datasets -------------------------------------------------------------------------------
+def epoch_ids(loader: Any) -> list[int]:
+    return [i for batch in loader for i in batch["id"].tolist()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_rows_exactly_once(url, workers):
+    ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy",
+                                 schema_fields=["id", "name", "vec", "image"])
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=workers, pin_memory=False,
+                                         persistent_workers=workers > 0)
+    first, second = epoch_ids(loader), epoch_ids(loader)
+    assert sorted(first) == sorted(second) == list(range(N))
+    assert first != second  # each epoch is shuffled with (seed, epoch)
+
+
+def test_iterable_dataset_batches_with_workers(url):
+    ds = tp.TorchIterableDataset(url, batch_size=5, seed=4, reader_pool_type="dummy", variable="pad")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        got = [i for batch in loader for i in check_batch(batch, padded=True)]
+        assert sorted(got) == list(range(N))
+
+
+def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
+    delivered = []
+    for rank in range(3):
+        monkeypatch.setattr(tp, "_rank_and_world", lambda rank=rank: (rank, 3))
+        ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy", schema_fields=["id"])
+        delivered.append([int(row["id"]) for row in ds])
+    assert sorted(i for share in delivered for i in share) == list(range(N))
+    assert [len(share) for share in delivered] == [21, 21, 19]
+
+
+def test_map_dataset_with_samplers(url, monkeypatch):
+    from unihub.readers.random_access import Dataset
+
+    calls = []
+    take = Dataset.take
+    monkeypatch.setattr(Dataset, "take", lambda self, idx: calls.append(list(idx)) or take(self, idx))
+    ds = tp.TorchMapDataset(url, schema_fields=["id", "name", "vec", "image"])
+    assert len(ds) == N and int(ds[7]["id"]) == 7 and ds[7]["name"] == "row-7"
+    sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0))
+    calls.clear()
+    out = list(torch.utils.data.DataLoader(ds, batch_size=8, sampler=sampler))
+    assert [len(c) for c in calls] == [8] * (N // 8) + [N % 8]  # one batched fetch per batch
+    got = [i for b in out for i in b["id"].tolist()]
+    assert sorted(got) == list(range(N)) and got != list(range(N))
+    for b in out:
+        for k, i in enumerate(b["id"].tolist()):
+            assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"]) and b["name"][k] == f"row-{i}"
+    shares = []
+    for rank in range(2):
+        dist = torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=1)
+        shares.append([i for b in torch.utils.data.DataLoader(ds, batch_size=4, sampler=dist)
+                       for i in b["id"].tolist()])
+    assert len(shares[0]) == len(shares[1]) == 31
+    assert set(shares[0]) | set(shares[1]) == set(range(N))  # DistributedSampler pads one repeat
+
+
+def test_map_dataset_transform_and_workers(url):
+    ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=lambda r: (r["id"] * 2, r["vec"]))
+    out = list(torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2))
+    assert torch.cat([b[0] for b in out]).tolist() == [2 * i for i in range(N)]
+    assert np.array_equal(torch.cat([b[1] for b in out]).numpy(), np.stack([r["vec"] for r in ROWS]))

@@ -1,0 +1,240 @@
+"""``make_spark_converter`` on a local Spark: caching, dtype conversion, and the torch / tf loaders.
+
+One small DataFrame (int, double, string, array<double>, ML vector) serves every test; each
+test points the cache conf at its own ``tmp_path``. The PyTorch and TensorFlow bridges
+(``unihub.readers.pytorch`` / ``unihub.readers.tf``) are used when they exist; until then
+the tests plug in minimal stand-ins, so the converter's own plumbing is still exercised.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import make_batch_reader
+from unihub.dependencies import is_available
+from unihub.errors import UnsupportedFormatError
+from unihub.readers import spark_converter
+from unihub.readers.spark_converter import (
+    MARKER,
+    ConverterConfigError,
+    SparkDatasetConverter,
+    make_spark_converter,
+)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")),
+                       reason="a local Spark needs pyspark and java"),
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
+
+N_ROWS = 20
+KEYS = (SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, SparkDatasetConverter.UNIHUB_PARENT_CACHE_DIR_URL_CONF)
+
+
+def expected_row(i: int) -> dict[str, Any]:
+    return {"id": i, "x": i / 3, "name": f"n{i}", "arr": [i + 0.1] * (i % 3 + 1), "vec": [i / 7, -i / 7, 0.5]}
+
+
+@pytest.fixture(scope="module")
+def df(spark: Any) -> Any:
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("id", T.IntegerType(), False), T.StructField("x", T.DoubleType(), False),
+        T.StructField("name", T.StringType(), False), T.StructField("arr", T.ArrayType(T.DoubleType()), False),
+        T.StructField("vec", VectorUDT(), False),
+    ])
+    rows = []
+    for i in range(N_ROWS):
+        row = expected_row(i)
+        rows.append((row["id"], row["x"], row["name"], row["arr"], Vectors.dense(row["vec"])))
+    return spark.createDataFrame(rows, schema).repartition(2)
+
+
+@pytest.fixture
+def cache_parent(spark: Any, tmp_path: Path) -> Any:
+    """The converter's parent cache directory, set in the Spark conf for one test."""
+    parent = tmp_path / "cache"
+    spark.conf.set(KEYS[0], parent.as_uri())
+    yield parent
+    for key in KEYS:
+        spark.conf.unset(key)
+
+
+def read_columns(url: str) -> dict[str, np.ndarray]:
+    """Every column of a cached directory, rows ordered by id."""
+    with make_batch_reader(url, num_epochs=1, workers_count=1, shuffle_row_groups=False) as reader:
+        batches = list(reader)
+    columns = {name: np.concatenate([getattr(b, name) for b in batches]) for name in batches[0]._fields}
+    order = np.argsort(columns["id"])
+    return {name: values[order] for name, values in columns.items()}
+
+
+def test_values_vectors_and_float32(df: Any, cache_parent: Path) -> None:
+    converter = make_spark_converter(df)
+    assert len(converter) == converter.dataset_size == df.count() == N_ROWS
+    assert converter.cache_dir_url.startswith(cache_parent.as_uri())
+    assert converter.file_urls and all(u.startswith("file://") and u.endswith(".parquet")
+                                       for u in converter.file_urls)
+    assert [p.name for p in cache_parent.iterdir()] == [converter.cache_dir_url.rsplit("/", 1)[1]]  # no temp dir
+    columns = read_columns(converter.cache_dir_url)
+    assert columns["x"].dtype == np.float32
+    for i in range(N_ROWS):
+        row = expected_row(i)
+        assert columns["id"][i] == i and columns["name"][i] == row["name"]
+        assert columns["x"][i] == np.float32(row["x"])
+        for name in ("arr", "vec"):
+            value = columns[name][i]
+            assert value.dtype == np.float32, name
+            np.testing.assert_array_equal(value, np.asarray(row[name], dtype=np.float32))
+
+
+def test_dtype_none_keeps_float64(df: Any, cache_parent: Path) -> None:
+    converter = make_spark_converter(df, dtype=None)
+    columns = read_columns(converter.cache_dir_url)
+    assert columns["x"].dtype == np.float64
+    np.testing.assert_array_equal(columns["x"], [expected_row(i)["x"] for i in range(N_ROWS)])
+    assert columns["arr"][4].dtype == np.float64 and columns["vec"][4].dtype == np.float64
+    np.testing.assert_array_equal(columns["vec"][4], expected_row(4)["vec"])
+    assert converter.cache_dir_url != make_spark_converter(df).cache_dir_url
+
+
+def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = make_spark_converter(df)
+    marker = Path(first.cache_dir_url.removeprefix("file://")) / MARKER
+    written_at = marker.stat().st_mtime_ns
+    other = {make_spark_converter(df, parquet_row_group_size_bytes=1 << 20).cache_dir_url,
+             make_spark_converter(df, compression_codec="gzip").cache_dir_url}
+    assert len(other) == 2 and first.cache_dir_url not in other
+
+    def no_write(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the cached directory should have been reused")
+
+    monkeypatch.setattr(spark_converter, "_write", no_write)
+    again = make_spark_converter(df)
+    assert again.cache_dir_url == first.cache_dir_url and len(again) == N_ROWS
+    monkeypatch.setattr(spark_converter, "_REGISTRY", {})  # a fresh registry finds the complete directory
+    assert make_spark_converter(df).cache_dir_url == first.cache_dir_url
+    assert marker.stat().st_mtime_ns == written_at
+
+
+def test_delete_removes_the_files(df: Any, cache_parent: Path) -> None:
+    converter = make_spark_converter(df)
+    path = Path(converter.cache_dir_url.removeprefix("file://"))
+    assert path.is_dir()
+    converter.delete()
+    assert not path.exists()
+    assert converter.cache_dir_url not in spark_converter._REGISTRY.values()
+    again = make_spark_converter(df)  # written anew
+    assert again.cache_dir_url == converter.cache_dir_url and (path / MARKER).is_file()
+
+
+def test_missing_or_bad_conf_is_a_clear_error(df: Any, spark: Any) -> None:
+    for key in KEYS:
+        spark.conf.unset(key)
+    with pytest.raises(ConverterConfigError, match=KEYS[0].replace(".", r"\.")):
+        make_spark_converter(df)
+    spark.conf.set(KEYS[1], "/tmp/no-scheme")
+    try:
+        with pytest.raises(ConverterConfigError, match="file:///"):
+            make_spark_converter(df)
+    finally:
+        spark.conf.unset(KEYS[1])
+
+
+def test_bad_dtype(df: Any) -> None:
+    with pytest.raises(UnsupportedFormatError, match="float16"):
+        make_spark_converter(df, dtype="float16")
+
+
+def _bridge_or_none(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def minimal_torch_loader(reader: Any, batch_size: int, shuffling_queue_capacity: int = 0) -> Any:
+    """Stand-in for ``unihub.readers.pytorch.BatchedDataLoader``: dicts of tensors of ``batch_size`` rows."""
+    import torch
+
+    def generate() -> Any:
+        pending: dict[str, list[np.ndarray]] = {}
+        for batch in reader:
+            for name, values in batch._asdict().items():
+                pending.setdefault(name, []).append(values)
+            columns = {name: np.concatenate(parts) for name, parts in pending.items()}
+            n = len(next(iter(columns.values())))
+            for start in range(0, n - n % batch_size, batch_size):
+                yield {name: torch.as_tensor(v[start:start + batch_size]) for name, v in columns.items()}
+            pending = {name: [v[n - n % batch_size:]] for name, v in columns.items()}
+        if pending and len(next(iter(pending.values()))[0]):
+            yield {name: torch.as_tensor(parts[0]) for name, parts in pending.items()}
+
+    return generate()
+
+
+@pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
+def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
+    converter = make_spark_converter(df)
+    real = _bridge_or_none("unihub.readers.pytorch", "BatchedDataLoader") is not None
+    fields = ["id", "x", "vec"] if real else ["id", "x"]
+    with converter.make_torch_dataloader(batch_size=8, num_epochs=1, workers_count=1, schema_fields=fields,
+                                         data_loader_fn=None if real else minimal_torch_loader) as loader:
+        batches = list(loader)
+    if real:  # the bridge stacks the fixed-length vectors into (rows, 3) float32 tensors
+        vec = np.concatenate([np.asarray(b["vec"]) for b in batches])
+        ids = np.concatenate([np.asarray(b["id"]) for b in batches])
+        assert vec.dtype == np.float32 and vec.shape == (N_ROWS, 3)
+        np.testing.assert_array_equal(vec, np.float32([expected_row(i)["vec"] for i in ids]))
+    sizes = [len(b["id"]) for b in batches]
+    assert sum(sizes) == N_ROWS and all(s == 8 for s in sizes[:-1])
+    ids = np.concatenate([np.asarray(b["id"]) for b in batches])
+    xs = np.concatenate([np.asarray(b["x"]) for b in batches])
+    assert sorted(ids.tolist()) == list(range(N_ROWS))
+    np.testing.assert_array_equal(xs, np.float32(ids / 3))
+
+
+def _tf_stand_in() -> types.ModuleType:
+    """Stand-in for ``unihub.readers.tf``: the reader's batches as a dataset of dicts of tensors."""
+    import tensorflow as tf
+
+    def make_petastorm_dataset(reader: Any) -> Any:
+        first = reader.schema
+        signature = {f.name: tf.TensorSpec((None,), tf.as_dtype(np.dtype(f.numpy_dtype))) for f in first}
+        return tf.data.Dataset.from_generator(lambda: (b._asdict() for b in reader), output_signature=signature)
+
+    module = types.ModuleType("unihub.readers.tf")
+    module.make_petastorm_dataset = make_petastorm_dataset  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
+def test_tf_dataset(df: Any, cache_parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if _bridge_or_none("unihub.readers.tf", "make_petastorm_dataset") is None:
+        monkeypatch.setitem(sys.modules, "unihub.readers.tf", _tf_stand_in())
+    converter = make_spark_converter(df)
+    with converter.make_tf_dataset(batch_size=8, num_epochs=1, workers_count=1, schema_fields=["id", "x"]) as ds:
+        batches = list(ds)
+
+    def column(batch: Any, name: str) -> np.ndarray:
+        return np.asarray(batch[name] if isinstance(batch, dict) else getattr(batch, name))
+
+    sizes = [len(column(b, "id")) for b in batches]
+    assert sum(sizes) == N_ROWS and all(s == 8 for s in sizes[:-1])
+    ids = np.concatenate([column(b, "id") for b in batches])
+    xs = np.concatenate([column(b, "x") for b in batches])
+    assert sorted(ids.tolist()) == list(range(N_ROWS)) and xs.dtype == np.float32
+    np.testing.assert_array_equal(xs, np.float32(ids / 3))

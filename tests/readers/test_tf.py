@@ -1,0 +1,271 @@
+"""readers/tf.py: make_petastorm_dataset and make_tf_dataset over row and batch readers.
+
+One dataset of 60 rows in row groups of a few rows (scalars, a PNG image, fixed and
+ragged tensors, strings, bytes, decimals) is written once per module; values read back
+through TensorFlow are compared exactly with what was written.
+"""
+
+from __future__ import annotations
+
+import decimal
+import gc
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    CompressedImageCodec,
+    ScalarCodec,
+    SchemaError,
+    TensorCodec,
+    UnihubError,
+    Unischema,
+    UnischemaField,
+    write_dataset,
+)
+from unihub.readers import tf as tf_bridge
+from unihub.readers.reader import make_batch_reader, make_reader
+from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset, output_signature
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+N = 60
+SCHEMA = Unischema("TfTest", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("image", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False),
+    UnischemaField("vec", np.float32, (None, 4), TensorCodec(), False),
+    UnischemaField("feat", np.float32, (4,), TensorCodec(), False),
+    UnischemaField("label", np.float32, (), ScalarCodec(pa.float32()), False),
+    UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+    UnischemaField("raw", np.bytes_, (), ScalarCodec(pa.binary()), False),
+    UnischemaField("price", decimal.Decimal, (), ScalarCodec(pa.decimal128(10, 2)), False),
+])
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    feat = rng.random(4, dtype=np.float32)
+    return {"id": i, "image": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8),
+            "vec": rng.random((i % 3, 4), dtype=np.float32), "feat": feat, "label": np.float32(feat.sum()),
+            "name": f"row-{i}", "raw": bytes([i % 256]) * (i % 4), "price": decimal.Decimal(i) / 4}
+
+
+ROWS = [make_row(i) for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def tf() -> Any:
+    return pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tf") / "data"
+    write_dataset(path, SCHEMA, ROWS, row_group_size_mb=0.002, rows_per_file=25)
+    return path.as_uri()
+
+
+def assert_row(row: Any, i: int | None = None) -> None:
+    """One row of tensors (or numpy values) equals the written row with its id."""
+    i = int(np.asarray(row.id)) if i is None else i
+    want = ROWS[i]
+    np.testing.assert_array_equal(np.asarray(row.image), want["image"])
+    np.testing.assert_array_equal(np.asarray(row.vec), want["vec"])
+    assert np.asarray(row.vec).shape == want["vec"].shape
+    np.testing.assert_array_equal(np.asarray(row.feat), want["feat"])
+    assert np.asarray(row.label) == want["label"]
+    assert np.asarray(row.name).item() == want["name"].encode()
+    assert np.asarray(row.raw).item() == want["raw"]
+    assert decimal.Decimal(np.asarray(row.price).item().decode()) == want["price"]
+
+
+def rows_of_batch(batch: Any) -> list[Any]:
+    """A batch namedtuple of tensors (vec ragged) as row namedtuples of numpy values."""
+    n = len(batch.id)
+    vec = batch.vec.to_list()
+    return [type(batch)(*(np.asarray(vec[j], np.float32).reshape(-1, 4) if name == "vec"
+                          else np.asarray(value[j]) for name, value in batch._asdict().items()))
+            for j in range(n)]
+
+
+def test_row_reader_signature_and_values(tf: Any, url: str) -> None:
+    with make_reader(url, num_epochs=1, workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        spec = dataset.element_spec
+        assert type(spec).__name__ == "TfTest_row"
+        for field in SCHEMA:
+            s = getattr(spec, field.name)
+            assert isinstance(s, tf.TensorSpec) and tuple(s.shape) == field.shape, field.name
+        assert (spec.id.dtype, spec.image.dtype, spec.vec.dtype, spec.label.dtype) == \
+            (tf.int64, tf.uint8, tf.float32, tf.float32)
+        assert spec.name.dtype == spec.raw.dtype == spec.price.dtype == tf.string
+        rows = list(dataset)
+    assert sorted(int(r.id) for r in rows) == list(range(N))
+    for row in rows:
+        assert isinstance(row.vec, tf.Tensor)
+        assert_row(row)
+    # decoded images equal unihub's own decoding
+    with make_reader(url, num_epochs=1, workers_count=1, schema_fields=["id", "image"]) as reader:
+        images = {int(r.id): r.image for r in reader}
+    for row in rows:
+        np.testing.assert_array_equal(row.image.numpy(), images[int(row.id)])
+
+
+def test_batch_reader(tf: Any, url: str) -> None:
+    with make_batch_reader(url, num_epochs=1, workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        spec = dataset.element_spec
+        assert tuple(spec.image.shape) == (None, 8, 8, 3) and tuple(spec.id.shape) == (None,)
+        assert isinstance(spec.vec, tf.RaggedTensorSpec) and tuple(spec.vec.shape) == (None, None, 4)
+        batches = list(dataset)
+    assert len(batches) > 5  # one per row group
+    rows = [r for b in batches for r in rows_of_batch(b)]
+    assert sorted(int(r.id) for r in rows) == list(range(N))
+    for row in rows:
+        assert_row(row)
+
+
+def test_make_tf_dataset_batches(tf: Any, url: str) -> None:
+    dataset = make_tf_dataset(url, 16, workers_count=1)
+    assert tuple(dataset.element_spec.feat.shape) == (None, 4)
+    batches = list(dataset)
+    assert [len(b.id) for b in batches] == [16, 16, 16, 12] and int(dataset.cardinality()) == 4
+    rows = [r for b in batches for r in rows_of_batch(b)]
+    assert sorted(int(r.id) for r in rows) == list(range(N))
+    for row in rows:
+        assert_row(row)
+    # every iteration opens a fresh reader: a second pass yields all rows again
+    assert sum(len(b.id) for b in dataset) == N
+    dropped = make_tf_dataset(url, 16, drop_remainder=True, workers_count=1, schema_fields=["id"])
+    assert [len(b.id) for b in dropped] == [16, 16, 16] and int(dropped.cardinality()) == 3
+
+
+def test_shuffle_buffer_is_seeded(tf: Any, url: str) -> None:
+    def order(seed: int, buffer: int) -> list[int]:
+        ds = make_tf_dataset(url, 8, shuffle_buffer=buffer, seed=seed, workers_count=1, schema_fields=["id"])
+        return [int(i) for b in ds for i in b.id.numpy()]
+
+    plain = order(0, 0)
+    shuffled = order(0, 30)
+    assert sorted(shuffled) == list(range(N)) and shuffled != plain
+    assert order(0, 30) == shuffled and order(1, 30) != shuffled
+
+
+def test_row_reader_through_make_tf_dataset(tf: Any, url: str) -> None:
+    with make_reader(url, num_epochs=1, workers_count=1) as reader:
+        batches = list(make_tf_dataset(reader, 7))
+    assert [len(b.id) for b in batches] == [7] * 8 + [4]
+    for row in (r for b in batches for r in rows_of_batch(b)):
+        assert_row(row)
+    with make_reader(url, num_epochs=1, workers_count=1, schema_fields=["id", "vec"]) as reader:
+        rows = list(make_tf_dataset(reader))  # batch_size=None: rows, as make_petastorm_dataset
+    assert sorted(int(r.id) for r in rows) == list(range(N))
+    assert all(r.vec.shape == ROWS[int(r.id)]["vec"].shape for r in rows)
+
+
+def test_num_epochs_two_yields_twice(tf: Any, url: str) -> None:
+    ids = [int(i) for b in make_tf_dataset(url, 10, num_epochs=2, workers_count=1, schema_fields=["id"])
+           for i in b.id.numpy()]
+    assert sorted(ids) == sorted(list(range(N)) * 2)
+    with make_reader(url, num_epochs=2, workers_count=1, schema_fields=["id"]) as reader:
+        assert sorted(int(r.id) for r in make_petastorm_dataset(reader)) == sorted(list(range(N)) * 2)
+
+
+def test_tf_function_sums_a_column(tf: Any, url: str) -> None:
+    dataset = make_tf_dataset(url, 9, workers_count=1, schema_fields=["id", "vec"])
+
+    @tf.function
+    def total(ds: Any) -> Any:
+        s = tf.constant(0, tf.int64)
+        for batch in ds:
+            s += tf.reduce_sum(batch.id) + tf.cast(tf.reduce_sum(batch.vec.row_lengths()), tf.int64) * 0
+        return s
+
+    assert int(total(dataset)) == N * (N - 1) // 2
+
+
+def test_keras_fit(tf: Any, url: str) -> None:
+    keras = pytest.importorskip("keras")
+    dataset = make_tf_dataset(url, 16, shuffle_buffer=20, seed=0, workers_count=1, schema_fields=["feat", "label"])
+    pairs = dataset.map(lambda b: (b.feat, b.label))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    history = model.fit(pairs, epochs=2, verbose=0, shuffle=False)
+    losses = history.history["loss"]
+    assert len(losses) == 2 and all(np.isfinite(losses)) and losses[1] < losses[0]
+
+
+def test_readers_are_stopped(tf: Any, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[Any] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        opened.append(make_batch_reader(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(tf_bridge, "make_batch_reader", recording)
+    dataset = make_tf_dataset(url, 4, num_epochs=None, workers_count=2, schema_fields=["id"])
+    iterator = iter(dataset)
+    for _ in range(5):  # forever: abandon it part way
+        next(iterator)
+    del iterator
+    gc.collect()
+    assert len(opened) == 2  # the probe for the schema, then the iteration's reader
+    assert all(r._stopped and r._pool is None for r in opened)
+    opened.clear()
+    assert sum(len(b.id) for b in make_tf_dataset(url, 32, workers_count=2, schema_fields=["id"])) == N
+    gc.collect()
+    assert opened and all(r._stopped and r._pool is None for r in opened)
+
+
+@pytest.fixture(scope="module")
+def nulls_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    schema = Unischema("Nulls", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                 UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True)])
+    path = tmp_path_factory.mktemp("tf") / "nulls"
+    write_dataset(path, schema, ({"id": i, "score": None if i == 7 else i / 2} for i in range(20)))
+    return path.as_uri()
+
+
+def test_null_in_a_numeric_field_is_explained(tf: Any, nulls_url: str) -> None:
+    # raised in the generator: TensorFlow re-raises the SchemaError's message as an InvalidArgumentError
+    with pytest.raises(tf.errors.InvalidArgumentError, match="SchemaError: field 'score' holds a null.*TransformSpec"):
+        list(make_tf_dataset(nulls_url, 8, workers_count=1))
+    with make_reader(nulls_url, num_epochs=1, workers_count=1) as reader, \
+            pytest.raises(tf.errors.InvalidArgumentError, match="'score' holds a null"):
+        list(make_petastorm_dataset(reader))
+    # without the nullable field, it reads
+    assert sum(len(b.id) for b in make_tf_dataset(nulls_url, 8, workers_count=1, schema_fields=["id"])) == 20
+
+
+def test_fields_without_a_tf_type(tf: Any) -> None:
+    schema = Unischema("Obj", [UnischemaField("id", np.int64, ()), UnischemaField("blob", np.object_, ())])
+    with pytest.raises(SchemaError, match="'blob' holds Python objects.*schema_fields"):
+        output_signature(schema)
+    with pytest.raises(UnihubError, match="expected a unihub reader"):
+        make_petastorm_dataset(iter([]))
+    with pytest.raises(UnihubError, match="batch_size"):
+        make_tf_dataset("file:///nowhere", 0)
+
+
+def test_numpy_stages_without_tf() -> None:
+    """Re-batching and shuffling are numpy only: exact sizes, every row once, seeded."""
+    batches = [{"x": np.arange(start, start + n)} for start, n in [(0, 5), (5, 1), (6, 11), (17, 3)]]
+    sizes = [len(b["x"]) for b in tf_bridge._rebatched(iter(batches), 4, False)]
+    assert sizes == [4, 4, 4, 4, 4]
+    assert [len(b["x"]) for b in tf_bridge._rebatched(iter(batches), 6, True)] == [6, 6, 6]
+    out = [np.concatenate([b["x"] for b in tf_bridge._shuffled(iter(batches), 8, np.random.default_rng(s))])
+           for s in (0, 0, 1)]
+    assert sorted(out[0].tolist()) == list(range(20)) and out[0].tolist() != list(range(20))
+    assert out[0].tolist() == out[1].tolist() != out[2].tolist()
+
+
+def test_signature_of_variable_dims(tf: Any) -> None:
+    schema = Unischema("V", [UnischemaField("m", np.int32, (3, None)), UnischemaField("t", np.datetime64, ())])
+    rows = output_signature(schema)
+    assert tuple(rows.m.shape) == (3, None) and rows.t.dtype == tf.int64
+    batches = output_signature(schema, batched=True)
+    assert isinstance(batches.m, tf.RaggedTensorSpec) and batches.m.ragged_rank == 2
+
