@@ -41,6 +41,7 @@ from unihub.formats.tfrecord import (
     _next_record,
     _Plan,
     _Stats,
+    add_example,
 )
 
 __all__ = ["read_batches_fast", "scan_fast"]
@@ -648,11 +649,7 @@ def _scan_block(block: _Block, stats: dict[str, _Stats], path: str, on_error: On
             _fail(path, block.indices[i], block.offsets[i], str(exc), on_error, report)
             continue
         good += 1
-        for name, (kind, values) in example.items():
-            stat = stats.setdefault(name, _Stats())
-            stat.add(kind, values)
-            if name.endswith(SHAPE_SUFFIX) and kind == "int64":
-                stat.shapes.add(tuple(int(v) for v in values))
+        add_example(stats, example)
     return good
 
 

@@ -210,12 +210,17 @@ def _scan_files(options: dict[str, Any], files: list[str],
         if sample_records is not None and total >= sample_records:
             break
         total += 1
-        for name, (kind, values) in example.items():
-            stat = stats.setdefault(name, _Stats())
-            stat.add(kind, values)
-            if name.endswith(SHAPE_SUFFIX) and kind == "int64":
-                stat.shapes.add(tuple(int(v) for v in values))
+        add_example(stats, example)
     return stats, total
+
+
+def add_example(stats: dict[str, _Stats], example: dict[str, Feature]) -> None:
+    """Count one parsed Example into the per-feature statistics of a schema scan."""
+    for name, (kind, values) in example.items():
+        stat = stats.setdefault(name, _Stats())
+        stat.add(kind, values)
+        if name.endswith(SHAPE_SUFFIX) and kind == "int64":
+            stat.shapes.add(tuple(int(v) for v in values))
 
 
 def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, _Stats], int]:
