@@ -146,7 +146,9 @@ def test_schema_file_that_does_not_match_the_data_is_a_clear_error(image_folder:
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
 SLOW_CONVERT = """
-import sys, time
+import signal, sys, time
+# as from a terminal: a shell that starts jobs in the background makes them ignore SIGINT
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import unihub.formats.imagefolder as imagefolder
 real_read = imagefolder._read
 def slow_read(path, limit=-1):
