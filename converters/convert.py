@@ -270,11 +270,11 @@ class ProgressMeter:
     terminal unless ``enabled=True``; ``enabled=False`` (``--quiet``) silences it.
     """
 
-    def __init__(self, *, enabled: bool | None = None, total_rows: Any = None, total_bytes: int | None = None,
+    def __init__(self, *, enabled: bool | None = None, total_rows: int | None = None, total_bytes: int | None = None,
                  bytes_read: Callable[[], int] | None = None, stream: Any = None) -> None:
         self.stream = stream or sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)()) if enabled is None else enabled
-        self.total_rows = total_rows if isinstance(total_rows, int) else None
+        self.total_rows = total_rows
         self.total_bytes = total_bytes or None
         self.bytes_read = bytes_read
         self.rows = 0

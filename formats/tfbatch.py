@@ -437,23 +437,46 @@ def _select(value: tuple[bool, Any], keep: np.ndarray) -> tuple[bool, Any]:
     return False, [v for v, k in zip(column, keep.tolist()) if k]
 
 
+@dataclass
+class _Pending:
+    """Numbers (in the block) of the records no template has taken yet."""
+
+    left: np.ndarray
+
+
+def _template_groups(block: _Block, arr: np.ndarray,
+                     pending: _Pending) -> Iterator[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]:
+    """Up to TEMPLATES groups of records laid out like one skeleton: ``(skeleton, ok, leaf starts, leaf sizes)``.
+
+    Each skeleton is taken from the first pending record; ``ok`` marks the pending records that
+    match it. The caller clears ``ok`` for records it rejects; they stay in ``pending.left`` for
+    the next template or, at the end, the per-record path. Stops when a template takes nothing.
+    """
+    for _ in range(TEMPLATES):
+        left = pending.left
+        if not len(left):
+            return
+        first = int(left[0])
+        sk = skeleton(block.data[block.starts[first]:block.ends[first]])
+        if sk is None:
+            return
+        ok, leaf_start, leaf_size = match(arr, block.starts[left], block.ends[left], sk)
+        if not ok.any():
+            return
+        yield sk, ok, leaf_start, leaf_size
+        if not ok.any():  # the caller rejected them all: the next template would be the same
+            return
+        pending.left = left[~ok]
+
+
 def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tuple[bool, Any]], list[_Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
     (numpy or per-row values), and the records that fail, in order (``index`` their number)."""
     arr = np.frombuffer(block.data, np.uint8)
-    left = np.arange(len(block.indices))
+    pending = _Pending(np.arange(len(block.indices)))
     groups: list[tuple[np.ndarray, list[tuple[bool, Any]]]] = []  # (record numbers, columns)
-    for _ in range(TEMPLATES):
-        if not len(left):
-            break
-        first = int(left[0])
-        sk = skeleton(block.data[block.starts[first]:block.ends[first]])
-        if sk is None:
-            break
-        ok, leaf_start, leaf_size = match(arr, block.starts[left], block.ends[left], sk)
+    for sk, ok, leaf_start, leaf_size in _template_groups(block, arr, pending):
         rows = np.flatnonzero(ok)
-        if not len(rows):
-            break
         bad = np.zeros(len(rows), bool)
         columns = [_column(p, sk, block, arr, rows, leaf_start, leaf_size, bad) for p in plans]
         if bad.any():
@@ -462,8 +485,8 @@ def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tu
             ok[rows[bad]] = False
             rows = rows[keep]
         if len(rows):
-            groups.append((left[rows], columns))
-        left = left[~ok]
+            groups.append((pending.left[rows], columns))
+    left = pending.left
     # the rest record by record, like TFRecordFormat.read_batches without the fast path
     slow_at: list[int] = []
     slow_rows: list[list[Any]] = []
@@ -624,25 +647,15 @@ def _scan_group(block: _Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray,
 def _scan_block(block: _Block, stats: dict[str, _Stats], path: str, on_error: OnError, report: ReadReport) -> int:
     """Add the records of ``block`` to ``stats``; returns how many parsed."""
     arr = np.frombuffer(block.data, np.uint8)
-    left = np.arange(len(block.indices))
+    pending = _Pending(np.arange(len(block.indices)))
     good = 0
-    for _ in range(TEMPLATES):
-        if not len(left):
-            break
-        first = int(left[0])
-        sk = skeleton(block.data[block.starts[first]:block.ends[first]])
-        if sk is None:
-            break
-        ok, leaf_start, leaf_size = match(arr, block.starts[left], block.ends[left], sk)
+    for sk, ok, leaf_start, leaf_size in _template_groups(block, arr, pending):
         rows = np.flatnonzero(ok)
         bad = _scan_group(block, arr, sk, rows, leaf_start, leaf_size, stats)
         ok[rows[bad]] = False
         good += int(len(rows) - bad.sum())
-        left = left[~ok]
-        if bad.all():
-            break
     data = block.data
-    for i in left.tolist():  # the rest record by record, like _scan_files
+    for i in pending.left.tolist():  # the rest record by record, like _scan_files
         try:
             example = parse_example(data[block.starts[i]:block.ends[i]])
         except ValueError as exc:

@@ -1,7 +1,12 @@
-"""The schema the reader tests share: scalars, a nullable float, fixed and ragged tensors,
-a Petastorm ``NdarrayCodec`` field and, optionally, a small PNG image."""
+"""What the reader tests share: a schema (scalars, a nullable float, fixed and ragged tensors,
+a Petastorm ``NdarrayCodec`` field and, optionally, a small PNG image), exact row comparison,
+and a guard that fails a test instead of letting it hang."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,3 +26,41 @@ def sample_schema(name: str, *, image_shape: tuple[int, int, int] | None = None)
     if image_shape is not None:
         fields.append(UnischemaField("image", np.uint8, image_shape, CompressedImageCodec("png"), False))
     return Unischema(name, fields)
+
+
+def rows_by_id(reader: Any) -> dict[int, Any]:
+    with reader:
+        return {int(row.id): row for row in reader}
+
+
+def assert_rows_equal(found: dict[int, Any], expected: dict[int, Any]) -> None:
+    assert sorted(found) == sorted(expected)
+    for i, row in expected.items():
+        other = found[i]
+        assert row._fields == other._fields
+        for name in row._fields:
+            a, b = getattr(row, name), getattr(other, name)
+            if isinstance(a, np.ndarray):
+                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{i}.{name}"
+                assert a.tobytes() == b.tobytes(), f"row {i}.{name}"
+            else:
+                assert type(a) is type(b) and (a == b or (a is None and b is None)), f"row {i}.{name}: {a!r} {b!r}"
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a daemon thread; fail (not hang) if it takes longer than ``seconds``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"did not finish within {seconds} s (hang?)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

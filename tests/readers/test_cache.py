@@ -28,7 +28,7 @@ from unihub.readers.cache import make_cache
 from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
 from unihub.readers.reader import make_batch_reader, make_reader
 
-from .sample import sample_schema
+from .sample import assert_rows_equal, rows_by_id, sample_schema
 
 N = 60
 SCHEMA = sample_schema("CacheTest")
@@ -77,25 +77,6 @@ def store_reads(monkeypatch, tmp_path) -> Callable[[], int]:
 def cache_args(location: Path, limit: int = 64 * MB, **settings: Any) -> dict[str, Any]:
     return {"cache_type": "local-disk", "cache_location": str(location), "cache_size_limit": limit,
             "cache_extra_settings": settings or None}
-
-
-def rows_by_id(reader: Any) -> dict[int, Any]:
-    with reader:
-        return {int(row.id): row for row in reader}
-
-
-def assert_rows_equal(found: dict[int, Any], expected: dict[int, Any]) -> None:
-    assert sorted(found) == sorted(expected)
-    for i, row in expected.items():
-        other = found[i]
-        assert row._fields == other._fields
-        for name in row._fields:
-            a, b = getattr(row, name), getattr(other, name)
-            if isinstance(a, np.ndarray):
-                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{i}.{name}"
-                assert a.tobytes() == b.tobytes(), f"row {i}.{name}"
-            else:
-                assert type(a) is type(b) and (a == b or (a is None and b is None)), f"row {i}.{name}: {a!r} {b!r}"
 
 
 def entries(location: Path) -> list[Path]:

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from unihub.formats.images import decode_image
 from unihub.readers.plan import PlanError
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 
-from .sample import sample_schema
+from .sample import sample_schema, within
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 POOLS = ["thread", "process", "dummy"]
@@ -94,25 +93,6 @@ def ids_of(reader: Any) -> list[int]:
 
 def batch_ids(reader: Any) -> list[list[int]]:
     return [batch.id.tolist() for batch in reader]
-
-
-def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in a daemon thread; fail (not hang) if it takes longer than ``seconds``."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"did not finish within {seconds} s (hang?)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 def worker_threads() -> set[threading.Thread]:

@@ -26,7 +26,7 @@ from unihub import (  # noqa: E402
 from unihub.cli import main  # noqa: E402
 from unihub.readers.reader import make_batch_reader, make_reader  # noqa: E402
 
-from .sample import sample_schema  # noqa: E402
+from .sample import assert_rows_equal, rows_by_id, sample_schema  # noqa: E402
 
 N = 40
 SCHEMA = sample_schema("S3Test")
@@ -50,25 +50,6 @@ def access(s3_server: Any, kind: str) -> dict[str, Any]:
         return {"filesystem": s3_server.pyarrow_filesystem()}
     except ImportError:
         pytest.skip("this pyarrow build has no S3 support")
-
-
-def rows_by_id(reader: Any) -> dict[int, Any]:
-    with reader:
-        return {int(row.id): row for row in reader}
-
-
-def assert_rows_equal(found: dict[int, Any], expected: dict[int, Any]) -> None:
-    assert sorted(found) == sorted(expected)
-    for i, row in expected.items():
-        other = found[i]
-        assert row._fields == other._fields
-        for name in row._fields:
-            a, b = getattr(row, name), getattr(other, name)
-            if isinstance(a, np.ndarray):
-                assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f"{i}.{name}"
-                assert a.tobytes() == b.tobytes(), f"row {i}.{name}"
-            else:
-                assert type(a) is type(b) and (a == b or (a is None and b is None)), f"row {i}.{name}: {a!r} {b!r}"
 
 
 @pytest.fixture(scope="module")

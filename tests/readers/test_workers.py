@@ -13,6 +13,8 @@ import pytest
 from unihub.errors import UnihubError
 from unihub.readers.workers import Pool
 
+from .sample import within
+
 POOLS = ["thread", "process", "dummy"]
 
 
@@ -36,25 +38,6 @@ def fail_at(task: int) -> int:
 def slow(task: int) -> int:
     time.sleep(0.2)
     return task
-
-
-def run_with_timeout(fn, timeout: float = 20.0):
-    """Run ``fn`` in a daemon thread; fail (instead of hanging) if it does not finish in time."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"did not finish within {timeout} s (hang?)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.mark.parametrize("pool_type", POOLS)
@@ -121,10 +104,10 @@ def test_exception_in_task_is_reraised_and_pool_stops(pool_type):
         return info
 
     started = time.monotonic()
-    info = run_with_timeout(consume)
+    info = within(20, consume)
     assert consumed == list(range(7)), "results before the failure are delivered in order"
     assert type(info.value) is TaskFailed
-    run_with_timeout(pool.join)
+    within(20, pool.join)
     assert time.monotonic() - started < 10
     assert pool.in_flight == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("unihub-worker")]
@@ -138,12 +121,12 @@ def test_stop_mid_iteration_returns_promptly(pool_type):
     def consume_some():
         return [next(iterator) for _ in range(3)]
 
-    assert run_with_timeout(consume_some) == [0, 1, 2]
+    assert within(20, consume_some) == [0, 1, 2]
     started = time.monotonic()
     pool.stop()
     iterator.close()
     assert time.monotonic() - started < 0.15, "stop() must not wait for running or pending tasks"
-    run_with_timeout(pool.join, timeout=10)
+    within(10, pool.join)
     assert time.monotonic() - started < 5.0
     assert pool.in_flight == 0
     with pytest.raises(StopIteration):
@@ -162,7 +145,7 @@ def test_infinite_task_iterator_is_consumed_lazily(pool_type):
 
     pool = Pool(pool_type, 2)
     iterator = pool.imap(abs, tasks(), window=3)
-    first = run_with_timeout(lambda: [next(iterator) for _ in range(10)])
+    first = within(20, lambda: [next(iterator) for _ in range(10)])
     assert first == list(range(10))
     assert len(pulled) <= 10 + 3 + 1, f"pulled {len(pulled)} tasks for 10 results"
     pool.stop()
