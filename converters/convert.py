@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import DatasetExistsError, SchemaError, UnsupportedFormatError
-from unihub.formats.foreign import FORMATS, ColumnBatch, OnError, SkippedRecord, detect_format, expand_braces
+from unihub.formats.foreign import (
+    FORMATS,
+    ColumnBatch,
+    OnError,
+    SchemaOutgrown,
+    SkippedRecord,
+    detect_format,
+    expand_braces,
+    same_storage,
+)
 from unihub.formats.schema import Unischema
 
 UNIHUB = "unihub"
@@ -137,10 +146,17 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         out_schema = given or provisional or source.infer_schema()
         extra = {"source_format": source_format, "source": src, **source.metadata()}
         if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
-            return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
-                                     observe=provisional is not None, overwrite=overwrite,
-                                     row_group_size_mb=row_group_size_mb, on_error=on_error, progress=progress,
-                                     start=start, input_bytes=input_bytes)
+            options = dict(overwrite=overwrite, row_group_size_mb=row_group_size_mb, on_error=on_error,
+                           progress=progress, start=start, input_bytes=input_bytes)
+            try:
+                return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
+                                         observe=provisional is not None, **options)
+            except SchemaOutgrown as exc:  # the sample's schema did not fit: again with the whole input's
+                if provisional is None:
+                    raise
+                out_schema = exc.schema or source.infer_schema()
+                return _convert_in_tasks(source, files, dst, out_schema, extra, False, workers, observe=False,
+                                         **options)
         batches = source.read_batches(out_schema, batch_size=batch_size, on_error=on_error)
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
@@ -197,7 +213,10 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
             rows, task_skips, seen = tasks.run_task(plan, temporary, 0, files, wrap=watch)
             observed = [seen]
         if observe:
-            schema = source.refine_schema([o for o in observed if o is not None])
+            refined = source.refine_schema([o for o in observed if o is not None])
+            if not same_storage(refined, schema):
+                raise SchemaOutgrown(f"the whole input needs schema {refined}, the sample gave {schema}", refined)
+            schema = refined
         tasks.finish(temporary, schema, extra)
         if overwrite and os.path.lexists(target):
             fsutil.remove(fs, target)
@@ -286,7 +305,8 @@ class ProgressMeter:
     def count(self, batches) -> Iterator[ColumnBatch]:
         for batch in batches:
             self.rows += _batch_rows(batch)
-            self.batch_bytes += _batch_bytes(batch)
+            if self.enabled and self.bytes_read is None:  # the bar's MB, when the source counts none
+                self.batch_bytes += _batch_bytes(batch)
             self._draw()
             yield batch
 

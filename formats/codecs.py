@@ -640,6 +640,26 @@ def _decode_struct_tensors(field: UnischemaField, storage: pa.StructArray, valid
 
 
 # ---------------------------------------------------------------------------------------
+_JPEG_MAGIC = np.frombuffer(b"\xff\xd8\xff", np.uint8)
+_PNG_MAGIC = np.frombuffer(b"\x89PNG\r\n\x1a\n", np.uint8)
+
+
+def _not_images(array: pa.BinaryArray) -> np.ndarray:
+    """Rows of a binary array (no nulls) that start with neither the JPEG nor the PNG magic."""
+    n = len(array)
+    offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset:array.offset + n + 1]
+    data = array.buffers()[2]
+    body = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    if not body.size:
+        return np.arange(n)
+    starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
+    within = np.minimum(np.arange(8), np.maximum(lengths - 1, 0)[:, None])  # short values: no reading past
+    heads = body[np.minimum(starts[:, None] + within, body.size - 1)]
+    jpeg = (lengths >= 3) & (heads[:, :3] == _JPEG_MAGIC).all(1)
+    png = (lengths >= 8) & (heads == _PNG_MAGIC).all(1)
+    return np.flatnonzero(~(jpeg | png))
+
+
 @register_codec("compressed_image")
 class CompressedImageCodec(Codec):
     """PNG (lossless) or JPEG (``quality``) images in a binary column.
@@ -684,11 +704,13 @@ class CompressedImageCodec(Codec):
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """Bytes that are PNG/JPEG go in as they are, in one step; anything else value by value."""
         if len(values) and all(type(v) is bytes for v in values):
-            for row, value in enumerate(values):
-                if value[:3] != b"\xff\xd8\xff" and value[:8] != b"\x89PNG\r\n\x1a\n":
-                    raise CodecError(f"field {field.name!r}, row {row}: {len(value)} bytes are neither PNG nor "
-                                     "JPEG", field=field.name, row=row)
-            return pa.array(values, type=pa.binary())
+            array = pa.array(values, type=pa.binary())
+            bad = _not_images(array)
+            if len(bad):
+                row = int(bad[0])
+                raise CodecError(f"field {field.name!r}, row {row}: {len(values[row])} bytes are neither PNG nor "
+                                 "JPEG", field=field.name, row=row)
+            return array
         return super().encode_column(field, values)
 
     def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray,

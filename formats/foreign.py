@@ -53,6 +53,25 @@ class SkippedRecord:
     reason: str
 
 
+class SchemaOutgrown(Exception):
+    """A single-pass read met records its provisional schema cannot store as the whole input
+    needs (a list longer than the sample's, a feature the sample lacked). Not an input error:
+    ``convert`` starts over with ``schema``, or with a full scan when that is None."""
+
+    def __init__(self, reason: str, schema: Unischema | None = None) -> None:
+        super().__init__(reason, schema)
+        self.reason, self.schema = reason, schema
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def same_storage(a: Unischema, b: Unischema) -> bool:
+    """True when data written with schema ``a`` is stored exactly as ``b`` would store it
+    (same columns, Arrow types and nullability), so a footer restamp turns one into the other."""
+    return a.as_parquet_schema(with_metadata=False).equals(b.as_parquet_schema(with_metadata=False))
+
+
 @dataclass
 class ReadReport:
     """What a read saw: records read and skipped (filled in while batches are produced)."""
@@ -107,9 +126,11 @@ class ForeignFormat(ABC):
     def provisional_schema(self) -> Unischema | None:
         """A schema to start reading with before every record is scanned, or None (infer first).
 
-        A format returns one only when the stored columns cannot depend on the records not yet
-        seen (e.g. images kept as bytes): ``convert`` then reads the input once with
-        :attr:`observe` set and calls :meth:`refine_schema` with every ``report.observed``.
+        ``convert`` then reads the input once with :attr:`observe` set and calls
+        :meth:`refine_schema` with every ``report.observed``. When the refined schema stores
+        data differently (:func:`same_storage`), or a read raises :class:`SchemaOutgrown` on a
+        record the provisional schema cannot hold, the conversion starts over with the full
+        schema, so the result never depends on the sample.
         """
         return None
 

@@ -43,7 +43,7 @@ handle), so all of them are safe to call from many threads at once.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import imagecodecs
 import numpy as np
@@ -105,6 +105,59 @@ def image_size(data: Buffer) -> tuple[int, int, int] | None:
     if fmt == "jpeg":
         return _jpeg_channels(_jpeg_frame(data))
     return None
+
+
+def _size_and_extent(data: Buffer) -> tuple[tuple[int, int, int] | None, int | None]:
+    """:func:`image_size`, and how many leading bytes decide it (None: not known to be a prefix)."""
+    fmt = detect_format(data)
+    if fmt == "png":
+        header, extent = _png_walk(data)
+        return (None if header is None else header[:3]), extent
+    if fmt == "jpeg":
+        frame, extent = _jpeg_walk(data)
+        return _jpeg_channels(frame), extent
+    return None, None
+
+
+#: a header template must match at least this many of the images left, or the rest are parsed one by one
+_MIN_GROUP = 8
+_MAX_EXTENT = 4096
+
+
+def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Iterator[
+        tuple[tuple[int, int, int] | None, str | None, int]]:
+    """``(size, format, count)`` groups covering the images ``buffer[starts[i]:ends[i]]``.
+
+    What :func:`image_size` and :func:`detect_format` say of each image, one header parse
+    per group rather than per image: images from one encoder at one size have byte-equal
+    headers up to the frame size, so the rest of a group is matched with one numpy compare.
+    ``size`` None marks a value that is not a PNG/JPEG (or whose header is corrupt).
+    """
+    buffer = np.asarray(buffer, np.uint8)
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    view = memoryview(buffer)
+    left = np.arange(len(starts))
+    while len(left):
+        first = int(left[0])
+        value = view[starts[first]:ends[first]]
+        size, extent = _size_and_extent(value)
+        fmt = detect_format(value) if size is not None else None
+        if size is None or extent is None or extent > _MAX_EXTENT:
+            yield size, fmt, 1
+            left = left[1:]
+            continue
+        extent = max(extent, 8)  # detect_format reads the first 8 bytes
+        long_enough = left[ends[left] - starts[left] >= extent]
+        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]]
+        same = long_enough[(heads == buffer[starts[first]:starts[first] + extent]).all(1)]
+        yield size, fmt, len(same)
+        left = np.setdiff1d(left, same, assume_unique=True)
+        if len(same) < _MIN_GROUP:  # headers vary: one by one
+            for i in left.tolist():
+                value = view[starts[i]:ends[i]]
+                size = image_size(value)
+                yield size, (detect_format(value) if size is not None else None), 1
+            return
 
 
 def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
@@ -277,12 +330,17 @@ def _bytes_view(data: Buffer) -> memoryview:
 
 def _png_header(data: Buffer) -> tuple[int, int, int, int] | None:
     """``(height, width, decoded channels, bit depth)`` from IHDR and the chunks before IDAT."""
+    return _png_walk(data)[0]
+
+
+def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, int | None]:
+    """:func:`_png_header`, and how many leading bytes it read (None: up to the end)."""
     view = data if isinstance(data, bytes) else _bytes_view(data)
     if len(view) < 33 or view[12:16] != b"IHDR":
-        return None
+        return None, None
     width, height, depth, color_type = struct.unpack_from(">IIBB", view, 16)
     if color_type not in _PNG_CHANNELS or width == 0 or height == 0:
-        return None
+        return None, None
     has_trns = False
     pos = 33
     while pos + 8 <= len(view):  # tRNS, if any, comes before the first IDAT
@@ -293,16 +351,23 @@ def _png_header(data: Buffer) -> tuple[int, int, int, int] | None:
             has_trns = True
             break
         pos += 12 + length
-    return height, width, _PNG_CHANNELS[color_type][has_trns], depth
+    else:
+        return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), None
+    return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), pos + 8
 
 
 def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:
     """``(height, width, components)`` from the SOF segment, walking the markers before it."""
+    return _jpeg_walk(data)[0]
+
+
+def _jpeg_walk(data: Buffer) -> tuple[tuple[int, int, int] | None, int | None]:
+    """:func:`_jpeg_frame`, and how many leading bytes it read (None when it found no frame)."""
     view = data if isinstance(data, bytes) else _bytes_view(data)
     pos, end = 2, len(view)
     while pos + 4 <= end:
         if view[pos] != 0xFF:
-            return None  # not at a marker: corrupt
+            return None, None  # not at a marker: corrupt
         marker = view[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
@@ -310,15 +375,15 @@ def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:
             pos += 2
         elif marker in _JPEG_SOF:
             if pos + 10 > end:
-                return None
+                return None, None
             height, width, components = struct.unpack_from(">HHB", view, pos + 5)
             # height 0 means a DNL marker, which TurboJPEG rejects
-            return (height, width, components) if height and width else None
+            return ((height, width, components) if height and width else None), pos + 10
         elif marker in (0xD9, 0xDA):  # EOI or start of scan before any frame header
-            return None
+            return None, None
         else:
             pos += 2 + ((view[pos + 2] << 8) | view[pos + 3])
-    return None
+    return None, None
 
 
 def _jpeg_channels(frame: tuple[int, int, int] | None) -> tuple[int, int, int] | None:

@@ -25,7 +25,7 @@ from typing import IO, Any
 import numpy as np
 
 from unihub.errors import UnsupportedFormatError
-from unihub.formats.foreign import ColumnBatch, OnError, ReadReport
+from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tfrecord import (
     _MASK_DELTA,
@@ -546,6 +546,10 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     report = source.report
     pieces: list[list[tuple[bool, Any]]] = []
     have = 0
+    stats: dict[str, _Stats] = {}
+    observed = 0
+    if source.observe:
+        report.observed = (stats, 0)
     for path in source.files():
         framer = _Framer(path, source.options.get("compression"))
         try:
@@ -558,6 +562,14 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
                 good_at, columns, failures = _parse_block(item, plans)
+                if source.observe:  # single pass: the statistics a schema scan would gather, and no record
+                    # the provisional schema cannot hold (the scan's own reports are the parse's, dropped)
+                    outgrown = next((f for f in failures if f.feature is not None), None)
+                    if outgrown is not None:
+                        raise SchemaOutgrown(f"{path} record {item.indices[outgrown.index]}: "
+                                             f"{outgrown.feature!r} {outgrown.reason}")
+                    observed += _scan_block(item, stats, path, "skip", ReadReport())
+                    report.observed = (stats, observed)
                 base, row, fired = report.records, 0, 0
                 while True:
                     need = batch_size - have
@@ -632,11 +644,8 @@ def _scan_group(block: _Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray,
         stat.kinds.add(kind)
         stat.lengths.update(np.unique(lengths[name][~bad]).tolist())
         if kind == "bytes" and (stat.all_images or stat.utf8):
-            bounds = [(leaf_start[s][keep].tolist(), (leaf_start[s] + leaf_size[s])[keep].tolist()) for s in slots]
-            if len(bounds) == 1:
-                stat.add_bytes([data[a:b] for a, b in zip(*bounds[0])])
-            else:
-                stat.add_bytes([data[a[i]:b[i]] for i in range(len(keep)) for a, b in bounds])
+            starts = np.concatenate([leaf_start[s][keep] for s in slots])
+            stat.add_byte_spans(arr, data, starts, starts + np.concatenate([leaf_size[s][keep] for s in slots]))
         if kind == "int64" and name.endswith(SHAPE_SUFFIX):
             starts, ends = leaf_start[slots[0]][keep].tolist(), (leaf_start[slots[0]] + leaf_size[slots[0]])[keep]
             for start, end in zip(starts, ends.tolist()):

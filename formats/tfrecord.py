@@ -23,7 +23,7 @@ import gzip
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, Any
@@ -40,6 +40,7 @@ from unihub.formats.foreign import (
     ForeignFormat,
     OnError,
     ReadReport,
+    SchemaOutgrown,
     SkippedRecord,
     map_in_workers,
     register_format,
@@ -60,6 +61,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+#: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
+PROVISIONAL_SAMPLE = 1000
 FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
 
 
@@ -184,6 +187,25 @@ class _Stats:
                     value.decode("utf-8")
                 except UnicodeDecodeError:
                     self.utf8 = False
+
+    def add_byte_spans(self, arr: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+        """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),
+        images grouped by header (:func:`images.image_sizes`) rather than parsed one by one."""
+        if self.all_images:
+            for size, fmt, _ in images.image_sizes(arr, starts, ends):
+                if size is None:
+                    self.all_images = False
+                    break
+                self.images.add(fmt or "png")
+                self.sizes.add(size)
+        if self.utf8:
+            view = memoryview(data)
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                try:
+                    str(view[a:b], "utf-8")
+                except UnicodeDecodeError:
+                    self.utf8 = False
+                    break
 
     def merge(self, other: _Stats) -> None:
         """Add what ``other`` saw (the scans of two sets of records, as if one)."""
@@ -314,6 +336,18 @@ class TFRecordFormat(ForeignFormat):
             stats, total = _merge_scans(parts)
         else:
             stats, total = _scan_files(self.options, files, sample_records)
+        return self._schema_from(stats, total)
+
+    def provisional_schema(self) -> Unischema:
+        """The schema of the first records (:data:`PROVISIONAL_SAMPLE`); read_batches with
+        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`."""
+        return self.infer_schema(sample_records=PROVISIONAL_SAMPLE)
+
+    def refine_schema(self, observations: Sequence[Any]) -> Unischema:
+        """The schema of every record, from the ``(statistics, records)`` each observing read saw."""
+        return self._schema_from(*_merge_scans(list(observations)))
+
+    def _schema_from(self, stats: dict[str, _Stats], total: int) -> Unischema:
         if total == 0:
             raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
         sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
@@ -330,12 +364,20 @@ class TFRecordFormat(ForeignFormat):
             return
         readers = [plan.read for plan in plans]
         columns: list[list[Any]] = [[] for _ in plans]
+        stats: dict[str, _Stats] = {}
+        if self.observe:
+            self.report.observed = (stats, 0)
         for path, index, offset, example in self._examples(on_error, self.report):
             try:
                 row = [read(example) for read in readers]
             except _Mismatch as exc:
+                if self.observe:
+                    raise SchemaOutgrown(f"{path} record {index}: {exc.feature!r} {exc.reason}") from None
                 _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
                 continue
+            if self.observe:
+                add_example(stats, example)
+                self.report.observed = (stats, self.report.observed[1] + 1)
             for column, value in zip(columns, row):
                 column.append(value)
             self.report.records += 1

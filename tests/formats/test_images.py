@@ -23,6 +23,7 @@ from unihub.formats.images import (
     detect_format,
     encode_image,
     image_size,
+    image_sizes,
 )
 
 #: unihub and OpenCV both decode with libjpeg-turbo's accurate IDCT and fancy upsampling;
@@ -352,3 +353,45 @@ def test_concurrent_decoding_matches_sequential(fmt: str) -> None:
 
 def test_decoder_name_names_the_backends() -> None:
     assert "png" in DECODER_NAME.lower() and "jpeg" in DECODER_NAME.lower()
+
+
+def test_image_sizes_of_many_values_equal_image_size_of_each() -> None:
+    """Grouping by header gives what image_size and detect_format say of every value, counted."""
+    from collections import Counter
+
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)
+    jpeg_a = encode_image(smooth_image((8, 8, 3)), "jpeg", 90)
+    jpeg_b = encode_image(smooth_image((16, 8, 3)), "jpeg", 90)
+    values = [jpeg_a] * 20 + [jpeg_b] * 12 + [
+        encode_image(smooth_image((4, 7)), "png"),  # gray
+        pil_bytes(Image.fromarray(rgb).quantize(16), "PNG", transparency=0),  # palette + tRNS: 4 channels
+        jpeg_a[:40],  # truncated before the frame header
+        jpeg_a[:100] + b"\x00" * 5,  # same start, header cut
+        b"",
+        b"not an image at all",
+    ] + [jpeg_a] * 3 + [encode_image(smooth_image((3, 3, 3)), "png")] * 9
+    buffer = np.frombuffer(b"".join(values), np.uint8)
+    ends = np.cumsum([len(v) for v in values])
+    starts = ends - [len(v) for v in values]
+    expected = Counter((image_size(v), detect_format(v) if image_size(v) is not None else None) for v in values)
+    got: Counter = Counter()
+    for size, fmt, count in image_sizes(buffer, starts, ends):
+        got[(size, fmt)] += count
+    assert got == expected
+    assert got[((8, 8, 3), "jpeg")] == 23 and got[((6, 5, 4), "png")] == 1
+
+
+def test_image_sizes_parses_one_header_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import unihub.formats.images as images
+
+    calls = []
+    original = images._size_and_extent
+    monkeypatch.setattr(images, "_size_and_extent", lambda v: calls.append(1) or original(v))
+    blob = encode_image(smooth_image((8, 8, 3)), "jpeg", 90)
+    buffer = np.frombuffer(blob * 500, np.uint8)
+    starts = np.arange(500) * len(blob)
+    assert list(image_sizes(buffer, starts, starts + len(blob))) == [((8, 8, 3), "jpeg", 500)]
+    assert len(calls) == 1
