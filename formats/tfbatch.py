@@ -18,6 +18,7 @@ streaming reader (so a corrupt stream fails at the same record) and parsed here 
 from __future__ import annotations
 
 import gzip
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -58,7 +59,7 @@ _CONST, _OPEN, _CLOSE, _LEAF = range(4)
 class _Block:
     """Consecutive good records: ``data[starts[i]:ends[i]]`` is record ``indices[i]``."""
 
-    data: bytes
+    data: bytes | mmap.mmap
     indices: list[int]
     offsets: list[int]
     starts: np.ndarray
@@ -86,13 +87,25 @@ class _Framer:
         self.gz = _is_gzip(path, compression)
         self.f: IO[bytes] = gzip.open(path, "rb") if self.gz else open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
         self.crc = _crc32c()
-        self.buf = b""
+        self.buf: bytes | mmap.mmap = b""
+        if not self.gz:
+            # a plain file is mapped, not read: records are framed, checked and parsed where the page
+            # cache holds them, with no copy into fresh memory (whose page faults cost more than the read)
+            try:
+                self.buf = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (ValueError, OSError):  # empty, or not mappable: read in chunks
+                pass
         self.pos = self.index = self.offset = 0
         self.pending: _Error | None = None
         self.headers: set[bytes] = set()  # record headers whose length CRC is known to be good
         self.done = False
 
     def close(self) -> None:
+        if isinstance(self.buf, mmap.mmap):
+            try:
+                self.buf.close()
+            except BufferError:  # a block still views it: the map goes when the last view does
+                pass
         self.f.close()
 
     def take(self, k: int) -> _Block | _Error | None:
@@ -113,6 +126,8 @@ class _Framer:
 
     def _fill(self, need: int) -> bool:
         """Read more of the file into the buffer (at least ``need`` bytes in all when there are)."""
+        if isinstance(self.buf, mmap.mmap):
+            return False  # the whole file is mapped
         rest = self.buf[self.pos:]
         more = self.f.read(max(CHUNK, need - len(rest)))
         self.buf, self.pos = rest + more, 0
