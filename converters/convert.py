@@ -367,8 +367,8 @@ def _batch_bytes(batch: Any) -> int:
         return int(batch.nbytes)
     total = 0
     for values in (batch.values() if isinstance(batch, Mapping) else []):
-        if isinstance(values, np.ndarray) and values.dtype.kind != "O":
-            total += int(values.nbytes)
+        if (isinstance(values, np.ndarray) and values.dtype.kind != "O") or hasattr(values, "buffers"):
+            total += int(values.nbytes)  # numpy, or an Arrow array
         else:
             total += sum(len(v) for v in values if isinstance(v, (bytes, str)))
     return total

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from unihub.converters.convert import UNIHUB, _unihub_batches, resolve_source_format
 from unihub.formats.foreign import FORMATS
@@ -49,7 +50,8 @@ def _rows(path: str, fmt: str | None) -> tuple[list[str], Iterator[dict[str, Any
 
     def rows() -> Iterator[dict[str, Any]]:
         for batch in batches:
-            columns = [list(batch[n]) if n in batch else None for n in names]
+            columns = [(batch[n].to_pylist() if isinstance(batch[n], pa.Array) else list(batch[n]))
+                       if n in batch else None for n in names]
             count = max((len(c) for c in columns if c is not None), default=0)
             for i in range(count):
                 yield {n: (c[i] if c is not None else None) for n, c in zip(names, columns)}

@@ -107,6 +107,11 @@ class Codec(ABC):
     def decode(self, field: UnischemaField, value: Any) -> Any:
         """One stored value back to numpy (Petastorm's signature)."""
 
+    def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
+        """:meth:`encode_column` of values given as an Arrow array (a format read them straight
+        from its input buffer); codecs that store such arrays as they are override this."""
+        return self.encode_column(field, array.to_pylist())
+
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """A column of values to one Arrow array (``None`` stays null)."""
         stored = []
@@ -238,6 +243,9 @@ class ScalarCodec(Codec):
         if field.numpy_dtype in (np.str_, np.bytes_, np.object_) or not issubclass(field.numpy_dtype, np.generic):
             return value
         return field.numpy_dtype(value)
+
+    def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
+        return array if array.type == self._arrow_type else super().encode_arrow(field, array)
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         try:
@@ -704,14 +712,19 @@ class CompressedImageCodec(Codec):
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """Bytes that are PNG/JPEG go in as they are, in one step; anything else value by value."""
         if len(values) and all(type(v) is bytes for v in values):
-            array = pa.array(values, type=pa.binary())
-            bad = _not_images(array)
-            if len(bad):
-                row = int(bad[0])
-                raise CodecError(f"field {field.name!r}, row {row}: {len(values[row])} bytes are neither PNG nor "
-                                 "JPEG", field=field.name, row=row)
-            return array
+            return self.encode_arrow(field, pa.array(values, type=pa.binary()))
         return super().encode_column(field, values)
+
+    def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
+        """Binary values that are all PNG/JPEG are stored as they are."""
+        if not pa.types.is_binary(array.type) or array.null_count:
+            return super().encode_arrow(field, array)
+        bad = _not_images(array)
+        if len(bad):
+            row = int(bad[0])
+            raise CodecError(f"field {field.name!r}, row {row}: {len(array[row].as_py())} bytes are neither PNG "
+                             "nor JPEG", field=field.name, row=row)
+        return array
 
     def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray,
                       *, decode: bool = True) -> np.ndarray:

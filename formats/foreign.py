@@ -29,7 +29,8 @@ FORMATS: Registry[type[ForeignFormat]] = Registry("format")
 T = TypeVar("T")
 
 OnError = Literal["raise", "skip"]
-#: A column batch: field name -> one value per row (numpy array, or a list for ragged/bytes/None).
+#: A column batch: field name -> one value per row (numpy array, a list for ragged/bytes/None, or an
+#: Arrow array of bytes/text a format read straight from its input buffer).
 ColumnBatch = Mapping[str, Any]
 
 
@@ -146,6 +147,12 @@ class ForeignFormat(ABC):
     @abstractmethod
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:
         """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
+
+
+def python_columns(batch: ColumnBatch) -> dict[str, Any]:
+    """``batch`` with its Arrow columns as Python lists, for writers that go value by value."""
+    return {name: values.to_pylist() if hasattr(values, "to_pylist") and hasattr(values, "buffers") else values
+            for name, values in batch.items()}
 
 
 def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -> list[T]:

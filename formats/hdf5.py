@@ -52,7 +52,7 @@ from unihub.dependencies import require
 from unihub.errors import DatasetExistsError, FormatError, SchemaError
 from unihub.formats import dtypes
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
-from unihub.formats.foreign import ColumnBatch, ForeignFormat, OnError, SkippedRecord, register_format
+from unihub.formats.foreign import ColumnBatch, ForeignFormat, OnError, SkippedRecord, python_columns, register_format
 from unihub.formats.schema import Unischema, UnischemaField
 
 #: Attribute holding a dataset's Unischema field (JSON) in files unihub exports.
@@ -235,7 +235,7 @@ class HDF5Format(ForeignFormat):
                 handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
                 sinks = [_FieldSink(handle, f, images=images, compression=compression, chunk_rows=chunk_rows)
                          for f in schema]
-                for batch in batches:
+                for batch in map(python_columns, batches):
                     unknown = set(batch) - set(schema.fields)
                     if unknown:
                         raise SchemaError(f"batch columns {sorted(unknown)} are not fields of {schema.name!r}")

@@ -75,6 +75,7 @@ from unihub.formats.foreign import (
     ReadReport,
     SkippedRecord,
     map_in_workers,
+    python_columns,
     register_format,
 )
 from unihub.formats.schema import Unischema, UnischemaField
@@ -467,7 +468,7 @@ def _write_rows(root: str, image: UnischemaField, label: str | None, path: str |
     written: list[str] = []
     seen: set[str] = set()
     for batch in batches:
-        columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else batch
+        columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else python_columns(batch)
         if image.name not in columns:
             raise SchemaError(f"a batch has no {image.name!r} column; it has {list(columns)}")
         values = columns[image.name]

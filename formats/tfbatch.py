@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
+import pyarrow as pa
 
 from unihub.errors import UnsupportedFormatError
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown
@@ -396,14 +397,10 @@ def _column(plan: _Plan, sk: _Skeleton, block: _Block, arr: np.ndarray, rows: np
     if kind is not None and (kind == "bytes") == plan.text:
         starts, sizes = leaf_start[slots[0]][rows], leaf_size[slots[0]][rows]
         if plan.category in ("image", "bytes", "str") and len(slots) == 1:
-            data = block.data
-            blobs = [data[s:e] for s, e in zip(starts.tolist(), (starts + sizes).tolist())]
-            if plan.category != "str":
-                return False, blobs
-            try:
-                return False, [v.decode("utf-8") for v in blobs]
-            except UnicodeDecodeError:
-                pass  # record by record below: the ones that are not UTF-8 fail there
+            column = _binary_column(block.data, arr, starts, sizes, plan.category == "str")
+            if column is not None:
+                return True, column
+            # else record by record below: the values that are not UTF-8 fail there
         numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)
         width = plan.size if plan.category == "tensor" else 1
         if numeric and kind == "float" and dtype.kind == "f":
@@ -440,13 +437,58 @@ def _column(plan: _Plan, sk: _Skeleton, block: _Block, arr: np.ndarray, rows: np
     return False, out
 
 
+def _binary_column(data: Any, arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                   text: bool) -> pa.Array | None:
+    """The values ``data[starts[i]:starts[i] + sizes[i]]`` as one Arrow binary (``text``: UTF-8
+    string) array, copied once by Arrow rather than into a Python object each; None when
+    ``text`` and some value is not UTF-8, or the span is too wide for Arrow's 32-bit views."""
+    n = len(starts)
+    if not n:
+        return pa.array([], pa.string() if text else pa.binary())
+    base = int(starts.min())
+    offsets = starts - base
+    if int((offsets + sizes).max()) >= 2**31:
+        blobs = [data[a:b] for a, b in zip(starts.tolist(), (starts + sizes).tolist())]
+        array = pa.array(blobs, pa.binary())
+    else:
+        # a binary_view array over the buffer (length, 4-byte prefix, buffer 0, offset; values of
+        # up to 12 bytes inline), cast to plain binary: one copy, in C++
+        views = np.zeros((n, 16), np.uint8)
+        views[:, :4] = sizes.astype("<i4")[:, None].view(np.uint8)
+        head = np.minimum(np.arange(12), np.maximum(sizes - 1, 0)[:, None])
+        heads = arr[np.minimum(starts[:, None] + head, len(arr) - 1)] * (np.arange(12) < sizes[:, None])
+        short = sizes <= 12
+        views[short, 4:] = heads[short]
+        views[~short, 4:8] = heads[~short, :4]
+        views[~short, 12:] = offsets[~short].astype("<i4")[:, None].view(np.uint8)
+        buffer = pa.py_buffer(data).slice(base, int((offsets + sizes).max()))
+        array = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views), buffer]).cast(pa.binary())
+    if not text:
+        return array
+    try:
+        return array.cast(pa.string())
+    except pa.ArrowInvalid:
+        return None
+
+
+def _concat(columns: list[Any]) -> Any:
+    """Final columns (numpy or Arrow) end to end."""
+    if isinstance(columns[0], pa.Array):
+        return pa.concat_arrays(columns)
+    return np.concatenate(columns)
+
+
 def _rows(value: tuple[bool, Any]) -> list[Any]:
     final, column = value
+    if isinstance(column, pa.Array):
+        return column.to_pylist()
     return list(column) if final else column
 
 
 def _select(value: tuple[bool, Any], keep: np.ndarray) -> tuple[bool, Any]:
     final, column = value
+    if isinstance(column, pa.Array):
+        return True, column.filter(pa.array(keep))
     if final:
         return True, column[keep]
     return False, [v for v, k in zip(column, keep.tolist()) if k]
@@ -527,7 +569,8 @@ def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tu
     out: list[tuple[bool, Any]] = []
     for j in range(len(plans)):
         if not slow_at and all(columns[j][0] for _, columns in groups):
-            out.append((True, np.concatenate([columns[j][1] for _, columns in groups])[rank]))
+            column = _concat([columns[j][1] for _, columns in groups])
+            out.append((True, column.take(pa.array(rank)) if isinstance(column, pa.Array) else column[rank]))
             continue
         values: list[Any] = []
         for _, columns in groups:
@@ -541,9 +584,10 @@ def _finish(plans: list[_Plan], pieces: list[list[tuple[bool, Any]]]) -> ColumnB
     """One batch from pieces of parsed blocks."""
     batch = {}
     for j, p in enumerate(plans):
-        if all(piece[j][0] for piece in pieces):  # scalars (n,), tensors flat (n, size)
-            column = pieces[0][j][1] if len(pieces) == 1 else np.concatenate([piece[j][1] for piece in pieces])
-            batch[p.field.name] = column if p.category == "scalar" else column.reshape((-1, *p.field.shape))
+        if all(piece[j][0] for piece in pieces):  # scalars (n,), tensors flat (n, size), Arrow bytes/text
+            column = pieces[0][j][1] if len(pieces) == 1 else _concat([piece[j][1] for piece in pieces])
+            keep_shape = p.category == "scalar" or isinstance(column, pa.Array)
+            batch[p.field.name] = column if keep_shape else column.reshape((-1, *p.field.shape))
         else:
             batch[p.field.name] = p.column([v for piece in pieces for v in _rows(piece[j])])
     return batch

@@ -43,6 +43,7 @@ from unihub.formats.foreign import (
     SchemaOutgrown,
     SkippedRecord,
     map_in_workers,
+    python_columns,
     register_format,
 )
 from unihub.formats.schema import Shape, Unischema, UnischemaField
@@ -407,7 +408,7 @@ class TFRecordFormat(ForeignFormat):
         encoders = _encoders(schema)
         writer = _ShardWriter(target, single, gz, records_per_file)
         try:
-            for batch in batches:
+            for batch in map(python_columns, batches):
                 columns = [(batch[name], encode) for name, encode in encoders if name in batch]
                 n = len(columns[0][0]) if columns else 0
                 for row in range(n):

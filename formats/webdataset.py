@@ -45,6 +45,7 @@ from unihub.formats.foreign import (
     SkippedRecord,
     expand_sources,
     map_in_workers,
+    python_columns,
     register_format,
 )
 from unihub.formats.npy import load_npy, parse_header
@@ -346,7 +347,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 def _rows(batches: Iterable[ColumnBatch]) -> Iterator[dict[str, Any]]:
     for batch in batches:
-        columns = dict(batch)
+        columns = python_columns(batch)
         n = len(next(iter(columns.values()))) if columns else 0
         for i in range(n):
             yield {name: values[i] for name, values in columns.items()}

@@ -170,6 +170,8 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
         values = columns.get(f.name)
         if values is None:
             values = [None] * n
+        if isinstance(values, pa.Array) and (validate or f.codec is None):
+            values = values.to_pylist()  # checked and stored value by value
         if validate:
             _validate_column(f, values, first_row)
         if f.codec is None:
@@ -184,6 +186,8 @@ def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Arra
     from unihub.errors import CodecError
 
     try:
+        if isinstance(values, pa.Array):  # bytes a format read straight from its input buffer
+            return f.codec.encode_arrow(f, values)  # type: ignore[union-attr]
         return f.codec.encode_column(f, values)  # type: ignore[union-attr]
     except CodecError as exc:
         if exc.row is not None:

@@ -82,7 +82,7 @@ def _read_all(source: TFRecordFormat, schema: Unischema, **kwargs: Any) -> dict[
     out: dict[str, list[Any]] = {f.name: [] for f in schema}
     for batch in source.read_batches(schema, **kwargs):
         for name, values in batch.items():
-            out[name].extend(list(values))
+            out[name].extend(values.to_pylist() if isinstance(values, pa.Array) else list(values))
     return out
 
 
@@ -389,9 +389,10 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
             import tensorflow  # registers the same protobuf names as tfrecord: fails after it
         except TypeError as exc:
             print("clash:", "duplicate symbol" in str(exc))
-        print([v for b in source.read_batches(schema) for v in b["s"]])
+        print([v for b in source.read_batches(schema) for v in b["s"].to_pylist()])
+        print("back", [v for b in TFRecordFormat({back!r}).read_batches(schema) for v in b["s"].to_pylist()])
     """)
-    assert "[[0, 1], [1, 2], [2, 3]] False" in out and "['s0', 's1', 's2']" in out
+    assert "[[0, 1], [1, 2], [2, 3]] False" in out and "['s0', 's1', 's2']" in out and "back ['s0', 's1', 's2']" in out
     out = _run(f"""
         import tensorflow as tf
         try:
