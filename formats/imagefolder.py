@@ -238,8 +238,9 @@ class ImageFolderFormat(ForeignFormat):
                                                      "outside the class folders (class layout)"))
             others.append(rel)
         batch: dict[str, list[Any]] = {name: [] for name in wanted}
+        prefix = os.path.join(self.root, "")
         for entry in self._listing.entries:
-            full = os.path.join(self.root, entry.path)
+            full = prefix + entry.path
             data = _read(full)
             self.report.bytes_read += len(data)
             probe = _probe(data, entry.path, complete=True, verify=bool(self.options.get("verify")))
@@ -363,26 +364,55 @@ def _walk(root: str, class_dir: str) -> list[str]:
 
 
 def _read(path: str, limit: int = -1) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read(limit)
+    """The file's bytes (the first ``limit``), without a buffered file object (a third of the cost)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if limit >= 0:
+            return os.read(fd, limit)
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)  # one read for the whole file; a second when it grew
+        if len(data) <= size:
+            return data
+        parts = [data]
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+#: the last image header probed, ``(spans, their bytes, fmt, size, depth, scan start)``: files from
+#: one encoder at one size share those bytes, so a compare or two stands in for the header walks
+_last_header: tuple[images.Spans, list[bytes], str, tuple[int, int, int], int, int | None] | None = None
 
 
 def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _Probe:
     """Classify a file's bytes; ``complete``: ``data`` is the whole file, so truncation is checked."""
-    fmt = images.detect_format(data)
-    ext = os.path.splitext(name)[1].lower()
-    if fmt is None:
-        if ext in IMAGE_EXTENSIONS:
-            return _Probe("bad", reason=f"not a PNG or JPEG file despite its {ext} extension "
-                                        f"({len(data)} bytes starting {data[:8]!r})")
-        if ext in OTHER_IMAGE_EXTENSIONS:
-            return _Probe("bad", reason=f"{ext} images are not supported (only PNG and JPEG); convert them first")
-        return _Probe("other")
-    size = images.image_size(data)
-    if size is None:
-        return _Probe("bad", reason=f"corrupt or unsupported {fmt.upper()} header ({len(data)} bytes)")
-    depth = data[24] if fmt == "png" else 8
-    if complete and not _has_end(data, fmt):
+    global _last_header
+    known = _last_header
+    if known is not None and all(data[a:b] == part for (a, b), part in zip(known[0], known[1])):
+        _, _, fmt, size, depth, sos = known
+    else:
+        fmt = images.detect_format(data)
+        if fmt is None:
+            ext = os.path.splitext(name)[1].lower()
+            if ext in IMAGE_EXTENSIONS:
+                return _Probe("bad", reason=f"not a PNG or JPEG file despite its {ext} extension "
+                                            f"({len(data)} bytes starting {data[:8]!r})")
+            if ext in OTHER_IMAGE_EXTENSIONS:
+                return _Probe("bad", reason=f"{ext} images are not supported (only PNG and JPEG); convert them first")
+            return _Probe("other")
+        found, spans = images.image_size_spans(data)
+        if found is None:
+            return _Probe("bad", reason=f"corrupt or unsupported {fmt.upper()} header ({len(data)} bytes)")
+        size = found
+        depth = data[24] if fmt == "png" else 8
+        sos = _jpeg_scan_start(data) if fmt == "jpeg" else None
+        if fmt == "jpeg":  # the scan start's walk reads on from the frame header, through the SOS marker
+            spans = None if sos is None else ((0, sos + 2),)
+        if spans is not None:
+            _last_header = (spans, [data[a:b] for a, b in spans], fmt, size, depth, sos)
+    if complete and not _has_end(data, fmt, sos):
         return _Probe("bad", reason=f"truncated {fmt.upper()} ({len(data)} bytes, no end marker)")
     if verify:
         try:
@@ -392,11 +422,10 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
     return _Probe("image", fmt, size, 16 if depth == 16 else 8)
 
 
-def _has_end(data: bytes, fmt: str) -> bool:
+def _has_end(data: bytes, fmt: str, sos: int | None) -> bool:
     """PNG: ends with the IEND chunk. JPEG: an EOI marker after the first top-level start of scan."""
     if fmt == "png":
         return data.rfind(b"IEND\xaeB`\x82") >= 0
-    sos = _jpeg_scan_start(data)
     return sos is not None and data.rfind(b"\xff\xd9") > sos
 
 

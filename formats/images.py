@@ -107,15 +107,23 @@ def image_size(data: Buffer) -> tuple[int, int, int] | None:
     return None
 
 
-def _size_and_extent(data: Buffer) -> tuple[tuple[int, int, int] | None, int | None]:
-    """:func:`image_size`, and how many leading bytes decide it (None: not known to be a prefix)."""
+#: byte ranges ``(start, end)`` of a value that decide its header: values equal on them have equal sizes
+Spans = tuple[tuple[int, int], ...]
+
+
+def image_size_spans(data: Buffer) -> tuple[tuple[int, int, int] | None, Spans | None]:
+    """:func:`image_size`, and the byte ranges it was decided from (None: not only leading bytes).
+
+    Another value equal to ``data`` on those ranges has the same size and format: the key that
+    lets many images from one encoder share one header parse.
+    """
     fmt = detect_format(data)
     if fmt == "png":
-        header, extent = _png_walk(data)
-        return (None if header is None else header[:3]), extent
+        header, spans = _png_walk(data)
+        return (None if header is None else header[:3]), spans
     if fmt == "jpeg":
-        frame, extent = _jpeg_walk(data)
-        return _jpeg_channels(frame), extent
+        frame, spans = _jpeg_walk(data)
+        return _jpeg_channels(frame), spans
     return None, None
 
 
@@ -140,16 +148,17 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
     while len(left):
         first = int(left[0])
         value = view[starts[first]:ends[first]]
-        size, extent = _size_and_extent(value)
+        size, spans = image_size_spans(value)
         fmt = detect_format(value) if size is not None else None
-        if size is None or extent is None or extent > _MAX_EXTENT:
+        extent = max(b for _, b in spans) if spans else 0
+        if size is None or not spans or extent > _MAX_EXTENT:
             yield size, fmt, 1
             left = left[1:]
             continue
-        extent = max(extent, 8)  # detect_format reads the first 8 bytes
+        columns = np.concatenate([np.arange(a, b) for a, b in spans])
         long_enough = left[ends[left] - starts[left] >= extent]
-        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]]
-        same = long_enough[(heads == buffer[starts[first]:starts[first] + extent]).all(1)]
+        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]][:, columns]
+        same = long_enough[(heads == buffer[starts[first] + columns]).all(1)]
         yield size, fmt, len(same)
         left = np.setdiff1d(left, same, assume_unique=True)
         if len(same) < _MIN_GROUP:  # headers vary: one by one
@@ -333,8 +342,9 @@ def _png_header(data: Buffer) -> tuple[int, int, int, int] | None:
     return _png_walk(data)[0]
 
 
-def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, int | None]:
-    """:func:`_png_header`, and how many leading bytes it read (None: up to the end)."""
+def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, Spans | None]:
+    """:func:`_png_header`, and the bytes it depends on: all before the chunk it stopped at, and
+    that chunk's type, not its length (None: it read to the end)."""
     view = data if isinstance(data, bytes) else _bytes_view(data)
     if len(view) < 33 or view[12:16] != b"IHDR":
         return None, None
@@ -353,7 +363,7 @@ def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, int | Non
         pos += 12 + length
     else:
         return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), None
-    return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), pos + 8
+    return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), ((0, pos), (pos + 4, pos + 8))
 
 
 def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:
@@ -361,8 +371,8 @@ def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:
     return _jpeg_walk(data)[0]
 
 
-def _jpeg_walk(data: Buffer) -> tuple[tuple[int, int, int] | None, int | None]:
-    """:func:`_jpeg_frame`, and how many leading bytes it read (None when it found no frame)."""
+def _jpeg_walk(data: Buffer) -> tuple[tuple[int, int, int] | None, Spans | None]:
+    """:func:`_jpeg_frame`, and the leading bytes it read (None when it found no frame)."""
     view = data if isinstance(data, bytes) else _bytes_view(data)
     pos, end = 2, len(view)
     while pos + 4 <= end:
@@ -378,7 +388,7 @@ def _jpeg_walk(data: Buffer) -> tuple[tuple[int, int, int] | None, int | None]:
                 return None, None
             height, width, components = struct.unpack_from(">HHB", view, pos + 5)
             # height 0 means a DNL marker, which TurboJPEG rejects
-            return ((height, width, components) if height and width else None), pos + 10
+            return ((height, width, components) if height and width else None), ((0, pos + 10),)
         elif marker in (0xD9, 0xDA):  # EOI or start of scan before any frame header
             return None, None
         else:

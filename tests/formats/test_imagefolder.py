@@ -310,3 +310,30 @@ def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) ->
         decoded = {row.path: row.image for row in reader}
     np.testing.assert_array_equal(decoded["cat/b.png"], rgb(seed=1))
     np.testing.assert_array_equal(decoded["dog/x.jpg"], decode_image(files["dog/x.jpg"]))
+
+
+def test_probe_reuses_a_shared_header_but_not_a_wrong_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files probed after others with the same header bytes get the same answer as probed alone."""
+    import unihub.formats.imagefolder as imagefolder
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    jpeg = encode_image(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), "jpeg", 90)
+    pngs = [encode_image(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8) * (rng.random((6, 5, 1)) < k / 4), "png")
+            for k in range(4)]
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).quantize(8).save(buffer, "PNG", transparency=0)
+    files = [jpeg, jpeg[:-2], jpeg, encode_image(rng.integers(0, 255, (16, 8, 3), dtype=np.uint8), "jpeg", 90),
+             *pngs, buffer.getvalue(), pngs[0][:-12], pngs[1], jpeg[:200], b"plain text", jpeg]
+    names = [f"{i}.{'txt' if f == b'plain text' else 'img'}" for i, f in enumerate(files)]
+
+    def alone(data: bytes, name: str) -> imagefolder._Probe:
+        monkeypatch.setattr(imagefolder, "_last_header", None)
+        return imagefolder._probe(data, name, complete=True)
+
+    expected = [alone(f, n) for f, n in zip(files, names)]
+    monkeypatch.setattr(imagefolder, "_last_header", None)
+    assert [imagefolder._probe(f, n, complete=True) for f, n in zip(files, names)] == expected
+    assert [p.kind for p in expected] == ["image", "bad", "image", "image", *["image"] * 4, "image", "bad", "image",
+                                          "bad", "other", "image"]
+    assert expected[8].size == (6, 5, 4) and expected[3].size == (16, 8, 3)

@@ -388,10 +388,27 @@ def test_image_sizes_parses_one_header_per_group(monkeypatch: pytest.MonkeyPatch
     import unihub.formats.images as images
 
     calls = []
-    original = images._size_and_extent
-    monkeypatch.setattr(images, "_size_and_extent", lambda v: calls.append(1) or original(v))
+    original = images.image_size_spans
+    monkeypatch.setattr(images, "image_size_spans", lambda v: calls.append(1) or original(v))
     blob = encode_image(smooth_image((8, 8, 3)), "jpeg", 90)
     buffer = np.frombuffer(blob * 500, np.uint8)
     starts = np.arange(500) * len(blob)
     assert list(image_sizes(buffer, starts, starts + len(blob))) == [((8, 8, 3), "jpeg", 500)]
+    assert len(calls) == 1
+
+
+def test_image_sizes_groups_pngs_whose_data_lengths_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PNG's size does not depend on its first IDAT chunk's length, so noise images group too."""
+    import unihub.formats.images as images
+
+    calls = []
+    original = images.image_size_spans
+    monkeypatch.setattr(images, "image_size_spans", lambda v: calls.append(1) or original(v))
+    rng = np.random.default_rng(1)
+    blobs = [encode_image(rng.integers(0, 255, (6, 7, 3), dtype=np.uint8) * (rng.random((6, 7, 1)) < k / 40),
+                          "png") for k in range(40)]  # more noise, longer data
+    assert len({len(b) for b in blobs}) > 1
+    ends = np.cumsum([len(b) for b in blobs])
+    assert list(image_sizes(np.frombuffer(b"".join(blobs), np.uint8), ends - [len(b) for b in blobs], ends)) == \
+        [((6, 7, 3), "png", 40)]
     assert len(calls) == 1
