@@ -492,31 +492,59 @@ def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
     return candidates[0]
 
 
+#: threads creating the files of an export: file creation is kernel time, which two threads overlap
+_WRITE_THREADS = 2
+
+
 def _write_rows(root: str, image: UnischemaField, label: str | None, path: str | None,
                 classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     written: list[str] = []
     seen: set[str] = set()
-    for batch in batches:
-        columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else python_columns(batch)
-        if image.name not in columns:
-            raise SchemaError(f"a batch has no {image.name!r} column; it has {list(columns)}")
-        values = columns[image.name]
-        labels = columns.get(label) if label else None
-        paths = columns.get(path) if path else None
-        for i in range(len(values)):
-            index = len(written)
-            data, ext = _image_bytes(image, values[i], index)
-            class_dir = None if labels is None else _class_dir(labels[i], classes, index)
-            rel = _destination(None if paths is None else paths[i], class_dir, index, ext)
-            if rel in seen:
-                raise FormatError(f"rows write the same file {rel!r} twice (row {index})", path=rel)
-            seen.add(rel)
-            full = os.path.join(root, *rel.split("/"))
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as handle:
-                handle.write(data)
-            written.append(rel)
+    made: set[str] = set()
+    in_flight: list[Future[None]] = []
+    with ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="unihub-imagefolder-write") as pool:
+        for batch in batches:
+            columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else python_columns(batch)
+            if image.name not in columns:
+                raise SchemaError(f"a batch has no {image.name!r} column; it has {list(columns)}")
+            values = columns[image.name]
+            labels = columns.get(label) if label else None
+            paths = columns.get(path) if path else None
+            jobs: list[tuple[str, Any]] = []
+            for i in range(len(values)):
+                index = len(written)
+                data, ext = _image_bytes(image, values[i], index)
+                class_dir = None if labels is None else _class_dir(labels[i], classes, index)
+                rel = _destination(None if paths is None else paths[i], class_dir, index, ext)
+                if rel in seen:
+                    raise FormatError(f"rows write the same file {rel!r} twice (row {index})", path=rel)
+                seen.add(rel)
+                full = os.path.join(root, *rel.split("/"))
+                directory = os.path.dirname(full)
+                if directory not in made:
+                    os.makedirs(directory, exist_ok=True)
+                    made.add(directory)
+                jobs.append((full, data))
+                written.append(rel)
+            in_flight += [pool.submit(_write_files, jobs[k::_WRITE_THREADS]) for k in range(_WRITE_THREADS)]
+            while len(in_flight) > 2 * _WRITE_THREADS:  # at most two batches' bytes held
+                in_flight.pop(0).result()
+        for future in in_flight:
+            future.result()
     return written
+
+
+def _write_files(jobs: Sequence[tuple[str, Any]]) -> None:
+    for full, data in jobs:
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
 
 
 def _image_bytes(field: UnischemaField, value: Any, row: int) -> tuple[bytes | bytearray | memoryview, str]:

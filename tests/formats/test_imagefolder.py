@@ -314,8 +314,9 @@ def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) ->
 
 def test_probe_reuses_a_shared_header_but_not_a_wrong_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files probed after others with the same header bytes get the same answer as probed alone."""
-    import unihub.formats.imagefolder as imagefolder
     from PIL import Image
+
+    import unihub.formats.imagefolder as imagefolder
 
     rng = np.random.default_rng(4)
     jpeg = encode_image(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), "jpeg", 90)
