@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetExistsError, SchemaError, UnsupportedFormatError
 from unihub.formats.foreign import (
     FORMATS,
@@ -157,7 +158,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                 out_schema = exc.schema or source.infer_schema()
                 return _convert_in_tasks(source, files, dst, out_schema, extra, False, workers, observe=False,
                                          **options)
-        batches = source.read_batches(out_schema, batch_size=batch_size, on_error=on_error)
+        # the source reads its next batches while the writer writes (it releases the GIL)
+        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     counted = meter.count(batches)
