@@ -10,7 +10,8 @@ the only thing written to stdout; everything Petastorm, Spark or TF print goes t
 
 Job keys (defaults in brackets):
 
-* ``kind``: ``make_reader`` | ``make_batch_reader`` | ``pytorch_dataloader`` | ``tf_dataset``
+* ``kind``: ``make_reader`` | ``make_batch_reader`` | ``pytorch_dataloader`` |
+  ``pytorch_batched_dataloader`` | ``tf_dataset``
 * ``url``: dataset URL (``file:///...``); required
 * ``schema_fields`` [null = all]: list of field names (regex patterns, as Petastorm takes them)
 * ``reader_pool_type`` ["process"]: ``thread`` | ``process`` | ``dummy``
@@ -19,7 +20,7 @@ Job keys (defaults in brackets):
 * ``repeats`` [1]: run the whole thing this many times, report the best
 * ``expected_rows`` [null]: when set, a run that yields another count is marked ``ok: false``
 * ``timeout_s`` [600]: a run still going after this is abandoned (``timed_out: true``)
-* ``batch_size`` [64], ``shuffling_queue_capacity`` [0]: for pytorch_dataloader / tf_dataset
+* ``batch_size`` [64], ``shuffling_queue_capacity`` [0]: for the loader kinds
 
 Each run is timed from creating the reader to the end of iteration (reader creation and
 worker start-up included: that is what a user pays; imports are not). No warm-up run.
@@ -130,6 +131,19 @@ def _run_pytorch_dataloader(job: dict) -> int:
     return rows
 
 
+def _run_pytorch_batched_dataloader(job: dict) -> int:
+    from petastorm import make_batch_reader
+    from petastorm.pytorch import BatchedDataLoader
+
+    rows = 0
+    reader = make_batch_reader(job["url"], **_reader_kwargs(job))
+    with BatchedDataLoader(reader, batch_size=job["batch_size"],
+                           shuffling_queue_capacity=job["shuffling_queue_capacity"]) as loader:
+        for batch in loader:
+            rows += len(next(iter(batch.values())))
+    return rows
+
+
 def _run_tf_dataset(job: dict) -> int:
     import tensorflow as tf  # noqa: F401
     from petastorm import make_reader
@@ -149,6 +163,7 @@ KINDS = {
     "make_reader": _run_make_reader,
     "make_batch_reader": _run_make_batch_reader,
     "pytorch_dataloader": _run_pytorch_dataloader,
+    "pytorch_batched_dataloader": _run_pytorch_batched_dataloader,
     "tf_dataset": _run_tf_dataset,
 }
 
@@ -163,7 +178,7 @@ def run_job(job: dict) -> dict:
     # Import outside the timed region (a user's process has them imported already).
     import petastorm  # noqa: F401
     import petastorm.reader  # noqa: F401
-    if job["kind"] == "pytorch_dataloader":
+    if job["kind"] in ("pytorch_dataloader", "pytorch_batched_dataloader"):
         import petastorm.pytorch  # noqa: F401
     if job["kind"] == "tf_dataset":
         import petastorm.tf_utils  # noqa: F401
