@@ -4,7 +4,7 @@ Examples::
 
     unihub inspect /data/train            # schema, rows, files, row groups, bytes
     unihub inspect /data/train --json     # the same as JSON
-    unihub demo /tmp/unihub-demo          # write a small dataset with images, tensors, scalars; inspect it
+    unihub demo /tmp/unihub-demo          # the main job: write, convert TFRecord + images, inspect, train
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,15 +93,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from unihub.demo import write_demo_dataset
+    from unihub.main_job import run
 
-    start = time.perf_counter()
-    result = write_demo_dataset(args.path, rows=args.rows, overwrite=True)
-    seconds = time.perf_counter() - start
-    print(f"wrote {result.num_rows:,} rows to {args.path} in {seconds:.2f} s "
-          f"({result.num_rows / seconds:,.0f} rows/s, {result.bytes_written / seconds / 2**20:.1f} MB/s)\n",
-          file=sys.stderr)
-    print(format_description(describe_dataset(args.path)))
+    run(args.path, rows=args.rows, steps=args.steps, say=lambda line: print(line, flush=True))
     return 0
 
 
@@ -148,11 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=cmd_inspect)
 
-    demo = sub.add_parser("demo", help="write a demo dataset (images, tensors, scalars) and inspect it",
-                          description="Generate a dataset with PNG images, tensors and scalars, write it with "
-                                      "write_dataset and inspect it. Example: unihub demo /tmp/unihub-demo")
+    demo = sub.add_parser("demo", help="the main job on generated data: write, convert, inspect, train",
+                          description="Write a dataset with images, tensors and scalars; generate TFRecord shards "
+                                      "and an image folder and convert them; inspect all three; read them with the "
+                                      "PyTorch loaders and train a tiny model for a few steps; print throughput. "
+                                      "Example: unihub demo /tmp/unihub-demo")
     demo.add_argument("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)")
-    demo.add_argument("--rows", type=int, default=2000, help="rows to generate (default 2000)")
+    demo.add_argument("--rows", type=int, default=2000, help="rows of each dataset (default 2000)")
+    demo.add_argument("--steps", type=int, default=60, help="training steps of batch 64 (default 60)")
     demo.set_defaults(func=cmd_demo)
 
     formats = _format_names()

@@ -77,8 +77,16 @@ def test_usage_errors_exit_2() -> None:
 
 def test_console_script_demo(tmp_path: Path) -> None:
     out_dir = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "unihub.cli", "demo", str(out_dir), "--rows", "64"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "unihub.cli", "demo", str(out_dir), "--rows", "200",
+                           "--steps", "60"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "wrote 64 rows" in proc.stderr
-    assert "rows: 64" in proc.stdout and "compressed_image(image_codec=png, quality=80)" in proc.stdout
+    out = proc.stdout
+    assert f"write_dataset {out_dir / 'demo'}" in out and out.count("rows: 200 ") == 3
+    assert "schema:  TFRecord (unihub metadata)" in out and "schema:  ImageFolder (unihub metadata)" in out
+    assert "compressed_image(image_codec=jpeg" in out and "compressed_image(image_codec=png, quality=80)" in out
+    assert "PyTorch DataLoader, batch 64" in out and "PyTorch BatchedDataLoader" in out
+    trained = next(line for line in out.splitlines() if line.startswith("trained 60 steps"))
+    before, after = (float(x) for x in trained.split("loss ")[1].split(",")[0].split(" -> "))
+    assert after < before * 0.7, trained  # the tiny model learns the classes from what the loader feeds it
+    for name in ("demo", "tfrecord_unihub", "images_unihub"):
+        assert (out_dir / name / "_common_metadata").exists()
