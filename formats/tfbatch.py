@@ -526,9 +526,14 @@ def _template_groups(block: _Block, arr: np.ndarray,
         pending.left = left[~ok]
 
 
-def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tuple[bool, Any]], list[_Error]]:
+def _parse_block(block: _Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None
+                 ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[_Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
-    (numpy or per-row values), and the records that fail, in order (``index`` their number)."""
+    (numpy or per-row values), and the records that fail, in order (``index`` their number).
+
+    With ``stats`` (a single pass), the good records are also counted into a schema scan's
+    statistics, from the same template match.
+    """
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
     groups: list[tuple[np.ndarray, list[tuple[bool, Any]]]] = []  # (record numbers, columns)
@@ -536,6 +541,9 @@ def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tu
         rows = np.flatnonzero(ok)
         bad = np.zeros(len(rows), bool)
         columns = [_column(p, sk, block, arr, rows, leaf_start, leaf_size, bad) for p in plans]
+        if stats is not None and not bad.all():  # records the scan finds malformed go the slow way too
+            fine = np.flatnonzero(~bad)
+            bad[fine[_scan_group(block, arr, sk, rows[fine], leaf_start, leaf_size, stats)]] = True
         if bad.any():
             keep = ~bad
             columns = [_select(c, keep) for c in columns]
@@ -558,6 +566,8 @@ def _parse_block(block: _Block, plans: list[_Plan]) -> tuple[np.ndarray, list[tu
         try:
             slow_rows.append([p.read(example) for p in plans])
             slow_at.append(i)
+            if stats is not None:
+                add_example(stats, example)
         except _Mismatch as exc:
             failures.append(_Error(i, block.offsets[i], exc.reason, exc.feature))
     if not slow_at and len(groups) <= 1:
@@ -620,14 +630,14 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                 if isinstance(item, _Error):
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
-                good_at, columns, failures = _parse_block(item, plans)
+                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None)
                 if source.observe:  # single pass: the statistics a schema scan would gather, and no record
-                    # the provisional schema cannot hold (the scan's own reports are the parse's, dropped)
+                    # the provisional schema cannot hold
                     outgrown = next((f for f in failures if f.feature is not None), None)
                     if outgrown is not None:
                         raise SchemaOutgrown(f"{path} record {item.indices[outgrown.index]}: "
                                              f"{outgrown.feature!r} {outgrown.reason}")
-                    observed += _scan_block(item, stats, path, "skip", ReadReport())
+                    observed += len(good_at)
                     report.observed = (stats, observed)
                 base, row, fired = report.records, 0, 0
                 while True:

@@ -87,7 +87,32 @@ def _check(files: Any, schema: Unischema | None = None, batch_sizes: tuple[int, 
         for mode in on_error:
             fast = _run(files, schema, True, size, mode)
             _same(fast, _run(files, schema, False, size, mode))
+    _check_observed(files, schema)
     return fast
+
+
+def _check_observed(files: Any, schema: Unischema | None) -> None:
+    """A single pass's statistics (both read paths) equal a separate schema scan's, or it says it outgrew."""
+    from unihub.formats.foreign import SchemaOutgrown
+
+    scanned = tfr._scan_files({"on_error": "skip"}, TFRecordFormat(files).files())
+    for fast in (True, False):
+        old = tfr.FAST_PATH
+        tfr.FAST_PATH = fast
+        try:
+            source = TFRecordFormat(files)
+            source.observe = True
+            try:
+                list(source.read_batches(schema or TFRecordFormat(files).infer_schema(), on_error="skip"))
+            except SchemaOutgrown:
+                continue
+            except FormatError:
+                continue  # no schema to read with (nothing readable, or features of two kinds)
+        finally:
+            tfr.FAST_PATH = old
+        stats, total = source.report.observed
+        assert total == scanned[1]
+        assert {k: vars(v) for k, v in stats.items()} == {k: vars(v) for k, v in scanned[0].items()}
 
 
 def _uniform(i: int) -> dict[str, tuple[str, Any]]:
