@@ -116,6 +116,16 @@ def _slice(columns: Columns, start: int, stop: int) -> Columns:
     return {name: col[start:stop] for name, col in columns.items()}
 
 
+def _split(columns: Columns, size: int) -> list[Columns]:
+    """``columns`` cut into consecutive pieces of ``size`` rows: tensor views (one ``torch.split``
+    per column, not a slice per piece), lists sliced."""
+    torch = _torch()
+    n = _length(columns)
+    cut = {name: (torch.split(col, size) if isinstance(col, torch.Tensor) else
+                  [col[i:i + size] for i in range(0, n, size)]) for name, col in columns.items()}
+    return [dict(zip(cut, piece)) for piece in zip(*cut.values())]
+
+
 def _concat(parts: Sequence[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
@@ -492,33 +502,41 @@ class BatchedDataLoader(_LoaderBase):
             yield from self._in_order()
 
     def _in_order(self) -> Iterator[Any]:
+        """Batches in reader order: whole batches are views of a reader batch's tensors (one
+        ``torch.split`` per column), only a batch across two reader batches is concatenated."""
         bs = self.batch_size
-        pieces: deque[tuple[np.ndarray, Columns]] = deque()
-        held = 0
-        self._pending = lambda: np.concatenate([p for p, _ in pieces] or [np.empty(0, np.int64)])
-
-        def cut(n: int) -> Columns:
-            nonlocal held
-            parts = []
-            while n > 0:
-                positions, columns = pieces[0]
-                k = min(n, len(positions))
-                parts.append(_slice(columns, 0, k))
-                if k == len(positions):
-                    pieces.popleft()
-                else:
-                    pieces[0] = (positions[k:], _slice(columns, k, len(positions)))
-                n -= k
-                held -= k
-            return _concat(parts)
+        held: list[tuple[np.ndarray, Columns]] = []  # rows of a batch begun in earlier reader batches
+        held_rows = 0
+        rest = np.empty(0, np.int64)  # positions of the current reader batch not yet delivered
+        self._pending = lambda: np.concatenate([p for p, _ in held] + [rest])
 
         for positions, columns in self._chunks():
-            pieces.append((positions, columns))
-            held += len(positions)
-            while held >= bs:
-                yield self._out(cut(bs))
-        if held:
-            yield self._out(cut(held))
+            n, start = len(positions), 0
+            rest = positions
+            if held_rows:  # complete the batch begun before
+                start = min(bs - held_rows, n)
+                held.append((positions[:start], _slice(columns, 0, start)))
+                held_rows += start
+                rest = positions[start:]
+                if held_rows < bs:
+                    continue
+                batch = _concat([c for _, c in held])
+                held, held_rows = [], 0
+                yield self._out(batch)
+            full = (n - start) // bs
+            if full:
+                pieces = _split(_slice(columns, start, start + full * bs), bs)
+                for i, piece in enumerate(pieces):
+                    rest = positions[start + (i + 1) * bs:]
+                    yield self._out(piece)
+                start += full * bs
+            if start < n:
+                held, held_rows = [(positions[start:], _slice(columns, start, n))], n - start
+                rest = np.empty(0, np.int64)
+        if held_rows:
+            batch = _concat([c for _, c in held])
+            held, held_rows = [], 0
+            yield self._out(batch)
 
     def _shuffled(self) -> Iterator[Any]:
         bs = self.batch_size

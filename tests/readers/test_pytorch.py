@@ -326,3 +326,30 @@ def test_map_dataset_transform_and_workers(url):
     out = list(torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2))
     assert torch.cat([b[0] for b in out]).tolist() == [2 * i for i in range(N)]
     assert np.array_equal(torch.cat([b[1] for b in out]).numpy(), np.stack([r["vec"] for r in ROWS]))
+
+
+def test_batched_loader_splits_big_reader_batches_and_resumes_exactly(tmp_path):
+    """Reader batches of 20 rows into loader batches of 6: views of whole batches, the rest carried over."""
+    path = tmp_path / "big-groups"
+    write_dataset(path, SCHEMA, (make_row(i) for i in range(N)), rows_per_file=20)
+    assert min(rg.num_rows for rg in open_dataset(path).row_groups[:-1]) >= 20
+
+    def loader() -> Any:
+        return tp.BatchedDataLoader(batches(str(path)), batch_size=6)
+
+    full = [check_batch(b) for b in loader()]
+    assert [i for b in full for i in b] == list(range(N))
+    assert [len(b) for b in full] == [6] * (N // 6) + ([N % 6] if N % 6 else [])
+    for cut in (1, 3, 4, 7):
+        first = loader()
+        got = []
+        for batch in first:
+            got.append(check_batch(batch))
+            if len(got) == cut:
+                break
+        state = json.loads(json.dumps(first.state_dict()))
+        first.terminate()
+        again = loader()
+        again.load_state_dict(state)
+        got += [check_batch(b) for b in again]
+        assert [i for b in got for i in b] == list(range(N)), cut
