@@ -266,11 +266,13 @@ def epoch_ids(loader: Any) -> list[int]:
     return [i for batch in loader for i in batch["id"].tolist()]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_iterable_dataset_rows_exactly_once(url, workers):
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+@pytest.mark.parametrize("workers, pin", [(0, False), (2, False), (2, True)])
+def test_iterable_dataset_rows_exactly_once(url, workers, pin):
+    """pin_memory=True pins on a machine with an accelerator; on a CPU-only one torch warns and goes on."""
     ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy",
                                  schema_fields=["id", "name", "vec", "image"])
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=workers, pin_memory=False,
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=workers, pin_memory=pin,
                                          persistent_workers=workers > 0)
     first, second = epoch_ids(loader), epoch_ids(loader)
     assert sorted(first) == sorted(second) == list(range(N))
