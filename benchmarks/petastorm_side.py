@@ -118,30 +118,27 @@ def _run_make_batch_reader(job: dict) -> int:
     return rows
 
 
-def _run_pytorch_dataloader(job: dict) -> int:
-    from petastorm import make_reader
-    from petastorm.pytorch import DataLoader
+def _run_torch_loader(job: dict, batched: bool) -> int:
+    """petastorm.pytorch.DataLoader over make_reader, or BatchedDataLoader over make_batch_reader."""
+    import petastorm
+    import petastorm.pytorch
 
+    make = petastorm.make_batch_reader if batched else petastorm.make_reader
+    loader_class = petastorm.pytorch.BatchedDataLoader if batched else petastorm.pytorch.DataLoader
     rows = 0
-    reader = make_reader(job["url"], **_reader_kwargs(job))
-    with DataLoader(reader, batch_size=job["batch_size"],
-                    shuffling_queue_capacity=job["shuffling_queue_capacity"]) as loader:
+    with loader_class(make(job["url"], **_reader_kwargs(job)), batch_size=job["batch_size"],
+                      shuffling_queue_capacity=job["shuffling_queue_capacity"]) as loader:
         for batch in loader:
             rows += len(next(iter(batch.values())))
     return rows
+
+
+def _run_pytorch_dataloader(job: dict) -> int:
+    return _run_torch_loader(job, batched=False)
 
 
 def _run_pytorch_batched_dataloader(job: dict) -> int:
-    from petastorm import make_batch_reader
-    from petastorm.pytorch import BatchedDataLoader
-
-    rows = 0
-    reader = make_batch_reader(job["url"], **_reader_kwargs(job))
-    with BatchedDataLoader(reader, batch_size=job["batch_size"],
-                           shuffling_queue_capacity=job["shuffling_queue_capacity"]) as loader:
-        for batch in loader:
-            rows += len(next(iter(batch.values())))
-    return rows
+    return _run_torch_loader(job, batched=True)
 
 
 def _run_tf_dataset(job: dict) -> int:
