@@ -98,7 +98,7 @@ class _Framer:
                 pass
         self.pos = self.index = self.offset = 0
         self.pending: _Error | None = None
-        self.headers: set[bytes] = set()  # record headers whose length CRC is known to be good
+        self.headers: dict[bytes, int] = {}  # record headers whose length CRC is good -> length
         self.done = False
 
     def close(self) -> None:
@@ -146,13 +146,14 @@ class _Framer:
             size, view, got = len(buf), memoryview(buf), len(starts)
             while got < k and pos + 12 <= size:
                 header = buf[pos:pos + 12]
-                if header not in known:
+                length = known.get(header)
+                if length is None:
                     if len(known) > 4096:
                         known.clear()
                     if _mask(crc(header[:8])) != u32(header, 8)[0]:
                         break
-                    known.add(header)
-                end = pos + 12 + u64(header)[0]
+                    length = known[header] = u64(header)[0]
+                end = pos + 12 + length
                 if end + 4 > size:
                     break
                 value = crc(view[pos + 12:end])
