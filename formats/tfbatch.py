@@ -11,17 +11,14 @@ A record that differs in any way (another feature order, a missing feature, a le
 another width, anything unusual) falls back to :func:`~unihub.formats.tfexample.parse_example`
 and :meth:`_Plan.read`, so the batches, errors and report are exactly the per-record path's.
 
-Plain files are read in large chunks and framed in a tight loop; GZIP files are framed by the
-streaming reader (so a corrupt stream fails at the same record) and parsed here all the same.
+Records come a block at a time from :mod:`unihub.formats.tframe` (framing and CRC checks).
 """
 
 from __future__ import annotations
 
-import gzip
-import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,18 +26,12 @@ import pyarrow as pa
 from unihub.errors import UnsupportedFormatError
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
+from unihub.formats.tframe import Block, Error, Framer
 from unihub.formats.tfrecord import (
-    _MASK_DELTA,
-    _U32,
-    _U64,
     SHAPE_SUFFIX,
     TFRecordFormat,
-    _crc32c,
     _fail,
-    _is_gzip,
-    _mask,
     _Mismatch,
-    _next_record,
     _Plan,
     _Stats,
     add_example,
@@ -48,190 +39,10 @@ from unihub.formats.tfrecord import (
 
 __all__ = ["read_batches_fast", "scan_fast"]
 
-CHUNK = 16 << 20  # bytes of a plain file read at a time
 SCAN_BLOCK = 2048  # records parsed at a time by the schema scan
 BLOCK = 1024  # about as many records parsed at a time by read_batches (whole batches)
 TEMPLATES = 4  # skeletons tried per block before the rest of it is parsed record by record
 _CONST, _OPEN, _CLOSE, _LEAF = range(4)
-
-
-# -- framing -------------------------------------------------------------------------------
-@dataclass
-class _Block:
-    """Consecutive good records: ``data[starts[i]:ends[i]]`` is record ``indices[i]``."""
-
-    data: bytes | mmap.mmap
-    indices: list[int]
-    offsets: list[int]
-    starts: np.ndarray
-    ends: np.ndarray
-
-
-@dataclass
-class _Error:
-    """A record that cannot be read: where, why, and the feature at fault if any."""
-
-    index: int
-    offset: int
-    reason: str
-    feature: str | None = None
-
-
-class _Framer:
-    """Takes records from one file a block at a time, with :func:`iter_records`' checks and messages.
-
-    An error is returned on its own, after the records before it, so that the caller reports it
-    in file order.
-    """
-
-    def __init__(self, path: str, compression: str | None) -> None:
-        self.gz = _is_gzip(path, compression)
-        self.f: IO[bytes] = gzip.open(path, "rb") if self.gz else open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
-        self.crc = _crc32c()
-        self.buf: bytes | mmap.mmap = b""
-        if not self.gz:
-            # a plain file is mapped, not read: records are framed, checked and parsed where the page
-            # cache holds them, with no copy into fresh memory (whose page faults cost more than the read)
-            try:
-                self.buf = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
-            except (ValueError, OSError):  # empty, or not mappable: read in chunks
-                pass
-        self.pos = self.index = self.offset = 0
-        self.pending: _Error | None = None
-        self.headers: dict[bytes, int] = {}  # record headers whose length CRC is good -> length
-        self.done = False
-
-    def close(self) -> None:
-        if isinstance(self.buf, mmap.mmap):
-            try:
-                self.buf.close()
-            except BufferError:  # a block still views it: the map goes when the last view does
-                pass
-        self.f.close()
-
-    def take(self, k: int) -> _Block | _Error | None:
-        """Up to ``k`` records (fewer at a chunk's end), an error, or None at the end."""
-        if self.pending is not None:
-            error, self.pending = self.pending, None
-            return error
-        if self.done:
-            return None
-        return self._take_gz(k) if self.gz else self._take_plain(k)
-
-    def _stop(self, got: list[int], error: _Error, dead: bool) -> _Error | None:
-        self.done = self.done or dead
-        if got:
-            self.pending = error
-            return None
-        return error
-
-    def _fill(self, need: int) -> bool:
-        """Read more of the file into the buffer (at least ``need`` bytes in all when there are)."""
-        if isinstance(self.buf, mmap.mmap):
-            return False  # the whole file is mapped
-        rest = self.buf[self.pos:]
-        more = self.f.read(max(CHUNK, need - len(rest)))
-        self.buf, self.pos = rest + more, 0
-        return bool(more)
-
-    def _take_plain(self, k: int) -> _Block | _Error | None:
-        crc, u64, u32, known = self.crc, _U64.unpack_from, _U32.unpack_from, self.headers
-        starts: list[int] = []
-        ends: list[int] = []
-        first_pos, first_offset, first_index = self.pos, self.offset, self.index
-        error: _Error | None = None
-        while True:
-            # the usual record, in a tight loop: a header seen before, a good data CRC
-            buf, pos = self.buf, self.pos
-            size, view, got = len(buf), memoryview(buf), len(starts)
-            while got < k and pos + 12 <= size:
-                header = buf[pos:pos + 12]
-                length = known.get(header)
-                if length is None:
-                    if len(known) > 4096:
-                        known.clear()
-                    if _mask(crc(header[:8])) != u32(header, 8)[0]:
-                        break
-                    length = known[header] = u64(header)[0]
-                end = pos + 12 + length
-                if end + 4 > size:
-                    break
-                value = crc(view[pos + 12:end])
-                if (((value >> 15) | (value << 17)) + _MASK_DELTA) & 0xFFFFFFFF != u32(buf, end)[0]:
-                    break
-                starts.append(pos + 12)
-                ends.append(end)
-                pos = end + 4
-                got += 1
-            self.offset += pos - self.pos
-            self.index = first_index + got
-            self.pos = pos
-            if got == k:
-                break
-            # anything else, with iter_records' checks and messages
-            avail = size - pos
-            if avail < 12:
-                if starts:
-                    break
-                if self._fill(12):
-                    first_pos, first_offset, first_index = 0, self.offset, self.index
-                    continue
-                self.done = True
-                if avail == 0:
-                    return None
-                return _Error(self.index, self.offset, f"truncated record header ({avail} of 12 bytes)")
-            if _mask(crc(buf[pos:pos + 8])) != u32(buf, pos + 8)[0]:
-                error = self._stop(starts, _Error(self.index, self.offset,
-                                                  "length CRC mismatch (corrupt file, or not a TFRecord file)"), True)
-                break
-            length = u64(buf, pos)[0]
-            if avail < length + 16:
-                if starts:
-                    break
-                if self._fill(length + 16):
-                    first_pos, first_offset, first_index = 0, self.offset, self.index
-                    continue
-                self.done = True
-                return _Error(self.index, self.offset,
-                              f"truncated record: {avail - 12} of {length + 4} bytes after the header")
-            error = self._stop(starts, _Error(self.index, self.offset, "data CRC mismatch"), False)
-            self.pos = pos + length + 16
-            self.index += 1
-            self.offset += length + 16
-            break
-        if not starts:
-            return error
-        starts_ = np.array(starts, np.int64)
-        return _Block(self.buf, list(range(first_index, first_index + len(starts))),
-                      (starts_ - (12 + first_pos) + first_offset).tolist(), starts_, np.array(ends, np.int64))
-
-    def _take_gz(self, k: int) -> _Block | _Error | None:
-        parts: list[bytes] = []
-        offsets: list[int] = []
-        indices: list[int] = []
-        error: _Error | None = None
-        while len(parts) < k:
-            data, size, reason = _next_record(self.f, self.crc)
-            if reason is not None:
-                error = self._stop(parts, _Error(self.index, self.offset, reason), not size)  # type: ignore[arg-type]
-                if not size:
-                    break
-            elif data is None:
-                self.done = True
-                break
-            else:
-                parts.append(data)
-                offsets.append(self.offset)
-                indices.append(self.index)
-            self.index += 1
-            self.offset += size
-            if reason is not None:
-                break
-        if not parts:
-            return error
-        lengths = np.fromiter(map(len, parts), np.int64, len(parts))
-        ends = np.cumsum(lengths)
-        return _Block(b"".join(parts), indices, offsets, ends - lengths, ends)
 
 
 # -- skeletons -----------------------------------------------------------------------------
@@ -382,7 +193,7 @@ def _feature(data: bytes, kind: str, starts: list[int], sizes: list[int]) -> tup
     return kind, _packed_varints(data, start, start + size)
 
 
-def _column(plan: _Plan, sk: _Skeleton, block: _Block, arr: np.ndarray, rows: np.ndarray,
+def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.ndarray,
             leaf_start: np.ndarray, leaf_size: np.ndarray, bad: np.ndarray) -> tuple[bool, Any]:
     """Field ``plan`` of the records ``rows`` of ``block`` (laid out like ``sk``).
 
@@ -502,7 +313,7 @@ class _Pending:
     left: np.ndarray
 
 
-def _template_groups(block: _Block, arr: np.ndarray,
+def _template_groups(block: Block, arr: np.ndarray,
                      pending: _Pending) -> Iterator[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]:
     """Up to TEMPLATES groups of records laid out like one skeleton: ``(skeleton, ok, leaf starts, leaf sizes)``.
 
@@ -527,8 +338,8 @@ def _template_groups(block: _Block, arr: np.ndarray,
         pending.left = left[~ok]
 
 
-def _parse_block(block: _Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None
-                 ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[_Error]]:
+def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None
+                 ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
     (numpy or per-row values), and the records that fail, in order (``index`` their number).
 
@@ -556,13 +367,13 @@ def _parse_block(block: _Block, plans: list[_Plan], stats: dict[str, _Stats] | N
     # the rest record by record, like TFRecordFormat.read_batches without the fast path
     slow_at: list[int] = []
     slow_rows: list[list[Any]] = []
-    failures: list[_Error] = []
+    failures: list[Error] = []
     data = block.data
     for i in left.tolist():
         try:
             example = parse_example(data[block.starts[i]:block.ends[i]])
         except ValueError as exc:
-            failures.append(_Error(i, block.offsets[i], str(exc)))
+            failures.append(Error(i, block.offsets[i], str(exc)))
             continue
         try:
             slow_rows.append([p.read(example) for p in plans])
@@ -570,7 +381,7 @@ def _parse_block(block: _Block, plans: list[_Plan], stats: dict[str, _Stats] | N
             if stats is not None:
                 add_example(stats, example)
         except _Mismatch as exc:
-            failures.append(_Error(i, block.offsets[i], exc.reason, exc.feature))
+            failures.append(Error(i, block.offsets[i], exc.reason, exc.feature))
     if not slow_at and len(groups) <= 1:
         at, columns = groups[0] if groups else (np.zeros(0, np.int64), [])
         return at, columns, failures
@@ -621,14 +432,14 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     if source.observe:
         report.observed = (stats, 0)
     for path in source.files():
-        framer = _Framer(path, source.options.get("compression"))
+        framer = Framer(path, source.options.get("compression"))
         try:
             while True:
                 need = batch_size - have
                 item = framer.take(need + batch_size * max(0, (BLOCK - need) // batch_size))
                 if item is None:
                     break
-                if isinstance(item, _Error):
+                if isinstance(item, Error):
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
                 good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None)
@@ -689,7 +500,7 @@ def _varint_counts(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     return counts, cut
 
 
-def _scan_group(block: _Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, leaf_start: np.ndarray,
+def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, leaf_start: np.ndarray,
                 leaf_size: np.ndarray, stats: dict[str, _Stats]) -> np.ndarray:
     """Add the records ``rows`` (laid out like ``sk``) to ``stats``, as _Stats.add would one by one;
     returns which of them parse_example finds malformed (not added: they take the slow path)."""
@@ -723,7 +534,7 @@ def _scan_group(block: _Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray,
     return bad
 
 
-def _scan_block(block: _Block, stats: dict[str, _Stats], path: str, on_error: OnError, report: ReadReport) -> int:
+def _scan_block(block: Block, stats: dict[str, _Stats], path: str, on_error: OnError, report: ReadReport) -> int:
     """Add the records of ``block`` to ``stats``; returns how many parsed."""
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
@@ -745,10 +556,10 @@ def _scan_block(block: _Block, stats: dict[str, _Stats], path: str, on_error: On
     return good
 
 
-def _next_good(framer: _Framer, path: str, on_error: OnError, report: ReadReport) -> bool:
+def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport) -> bool:
     """Read on to the next record that parses (True) or the file's end (False), reporting the rest."""
     while (item := framer.take(1)) is not None:
-        if isinstance(item, _Error):
+        if isinstance(item, Error):
             _fail(path, item.index, item.offset, item.reason, on_error, report)
             continue
         try:
@@ -770,7 +581,7 @@ def scan_fast(options: dict[str, Any], files: list[str],
     stats: dict[str, _Stats] = {}
     total = 0
     for path in source.files():
-        framer = _Framer(path, source.options.get("compression"))
+        framer = Framer(path, source.options.get("compression"))
         try:
             while True:
                 limit = SCAN_BLOCK if sample_records is None else min(SCAN_BLOCK, sample_records - total)
@@ -781,7 +592,7 @@ def scan_fast(options: dict[str, Any], files: list[str],
                 item = framer.take(limit)
                 if item is None:
                     break
-                if isinstance(item, _Error):
+                if isinstance(item, Error):
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
                 total += _scan_block(item, stats, path, on_error, report)

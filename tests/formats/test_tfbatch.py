@@ -16,7 +16,7 @@ import pytest
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
-from unihub.formats import images, tfbatch
+from unihub.formats import images, tfbatch, tframe
 from unihub.formats import tfrecord as tfr
 from unihub.formats.tfexample import encode_example, encode_feature, parse_example
 from unihub.formats.tfrecord import TFRecordFormat, iter_records, write_records
@@ -167,11 +167,17 @@ def test_payloads_that_change_the_length_varint_width(tmp_path: Path, size: int)
 def test_gzip_and_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [_uniform(i) for i in range(30)]
     _check(_write(tmp_path / "g.tfrecord.gz", rows, gz=True))
-    monkeypatch.setattr(tfbatch, "CHUNK", 100)  # records straddle the chunks a plain file is read in
-    _check([_write(tmp_path / "a.tfrecord", rows), _write(tmp_path / "b.tfrecord", rows[:4])])
+    files = [_write(tmp_path / "a.tfrecord", rows), _write(tmp_path / "b.tfrecord", rows[:4])]
+    _check(files)  # mapped
+    monkeypatch.setattr(tframe, "MAP_FILES", False)
+    monkeypatch.setattr(tframe, "CHUNK", 100)  # read in chunks that records straddle
+    _check(files)
 
 
-def test_corrupt_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mapped", [True, False])
+def test_corrupt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool) -> None:
+    monkeypatch.setattr(tframe, "MAP_FILES", mapped)
+    monkeypatch.setattr(tframe, "CHUNK", tframe.CHUNK if mapped else 300)
     path = Path(_write(tmp_path / "c.tfrecord", [_uniform(i) for i in range(20)]))
     good = path.read_bytes()
     schema = TFRecordFormat(str(path)).infer_schema()

@@ -1,0 +1,202 @@
+"""TFRecord framing: records from a file a block at a time, with every check ``iter_records`` makes.
+
+A plain file is memory-mapped (records are framed, CRC-checked and later parsed where the page
+cache holds them: copying into fresh memory costs more in page faults than the read itself) or,
+where it cannot be mapped, read in chunks of :data:`CHUNK`; a GZIP file is framed by the
+streaming reader, so a corrupt stream fails at the same record. Known record headers skip the
+length CRC. Errors come in file order, after the records before them, with the same messages.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+
+from unihub.formats.tfrecord import _MASK_DELTA, _U32, _U64, _crc32c, _is_gzip, _mask, _next_record
+
+__all__ = ["Block", "Error", "Framer"]
+
+CHUNK = 16 << 20  # bytes of a plain file read at a time when it is not mapped
+MAP_FILES = True  # map plain files (False: read them in chunks)
+
+
+@dataclass
+class Block:
+    """Consecutive good records: ``data[starts[i]:ends[i]]`` is record ``indices[i]``."""
+
+    data: bytes | mmap.mmap
+    indices: list[int]
+    offsets: list[int]
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+@dataclass
+class Error:
+    """A record that cannot be read: where, why, and the feature at fault if any."""
+
+    index: int
+    offset: int
+    reason: str
+    feature: str | None = None
+
+
+class Framer:
+    """Takes records from one file a block at a time, with :func:`iter_records`' checks and messages.
+
+    An error is returned on its own, after the records before it, so that the caller reports it
+    in file order.
+    """
+
+    def __init__(self, path: str, compression: str | None) -> None:
+        self.gz = _is_gzip(path, compression)
+        self.f: IO[bytes] = gzip.open(path, "rb") if self.gz else open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
+        self.crc = _crc32c()
+        self.buf: bytes | mmap.mmap = b""
+        if not self.gz and MAP_FILES:
+            # a plain file is mapped, not read: records are framed, checked and parsed where the page
+            # cache holds them, with no copy into fresh memory (whose page faults cost more than the read)
+            try:
+                self.buf = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (ValueError, OSError):  # empty, or not mappable: read in chunks
+                pass
+        self.pos = self.index = self.offset = 0
+        self.pending: Error | None = None
+        self.headers: dict[bytes, int] = {}  # record headers whose length CRC is good -> length
+        self.done = False
+
+    def close(self) -> None:
+        if isinstance(self.buf, mmap.mmap):
+            try:
+                self.buf.close()
+            except BufferError:  # a block still views it: the map goes when the last view does
+                pass
+        self.f.close()
+
+    def take(self, k: int) -> Block | Error | None:
+        """Up to ``k`` records (fewer at a chunk's end), an error, or None at the end."""
+        if self.pending is not None:
+            error, self.pending = self.pending, None
+            return error
+        if self.done:
+            return None
+        return self._take_gz(k) if self.gz else self._take_plain(k)
+
+    def _stop(self, got: list[int], error: Error, dead: bool) -> Error | None:
+        self.done = self.done or dead
+        if got:
+            self.pending = error
+            return None
+        return error
+
+    def _fill(self, need: int) -> bool:
+        """Read more of the file into the buffer (at least ``need`` bytes in all when there are)."""
+        if isinstance(self.buf, mmap.mmap):
+            return False  # the whole file is mapped
+        rest = self.buf[self.pos:]
+        more = self.f.read(max(CHUNK, need - len(rest)))
+        self.buf, self.pos = rest + more, 0
+        return bool(more)
+
+    def _take_plain(self, k: int) -> Block | Error | None:
+        crc, u64, u32, known = self.crc, _U64.unpack_from, _U32.unpack_from, self.headers
+        starts: list[int] = []
+        ends: list[int] = []
+        first_pos, first_offset, first_index = self.pos, self.offset, self.index
+        error: Error | None = None
+        while True:
+            # the usual record, in a tight loop: a header seen before, a good data CRC
+            buf, pos = self.buf, self.pos
+            size, view, got = len(buf), memoryview(buf), len(starts)
+            while got < k and pos + 12 <= size:
+                header = buf[pos:pos + 12]
+                length = known.get(header)
+                if length is None:
+                    if len(known) > 4096:
+                        known.clear()
+                    if _mask(crc(header[:8])) != u32(header, 8)[0]:
+                        break
+                    length = known[header] = u64(header)[0]
+                end = pos + 12 + length
+                if end + 4 > size:
+                    break
+                value = crc(view[pos + 12:end])
+                if (((value >> 15) | (value << 17)) + _MASK_DELTA) & 0xFFFFFFFF != u32(buf, end)[0]:
+                    break
+                starts.append(pos + 12)
+                ends.append(end)
+                pos = end + 4
+                got += 1
+            self.offset += pos - self.pos
+            self.index = first_index + got
+            self.pos = pos
+            if got == k:
+                break
+            # anything else, with iter_records' checks and messages
+            avail = size - pos
+            if avail < 12:
+                if starts:
+                    break
+                if self._fill(12):
+                    first_pos, first_offset, first_index = 0, self.offset, self.index
+                    continue
+                self.done = True
+                if avail == 0:
+                    return None
+                return Error(self.index, self.offset, f"truncated record header ({avail} of 12 bytes)")
+            if _mask(crc(buf[pos:pos + 8])) != u32(buf, pos + 8)[0]:
+                error = self._stop(starts, Error(self.index, self.offset,
+                                                  "length CRC mismatch (corrupt file, or not a TFRecord file)"), True)
+                break
+            length = u64(buf, pos)[0]
+            if avail < length + 16:
+                if starts:
+                    break
+                if self._fill(length + 16):
+                    first_pos, first_offset, first_index = 0, self.offset, self.index
+                    continue
+                self.done = True
+                return Error(self.index, self.offset,
+                              f"truncated record: {avail - 12} of {length + 4} bytes after the header")
+            error = self._stop(starts, Error(self.index, self.offset, "data CRC mismatch"), False)
+            self.pos = pos + length + 16
+            self.index += 1
+            self.offset += length + 16
+            break
+        if not starts:
+            return error
+        starts_ = np.array(starts, np.int64)
+        return Block(self.buf, list(range(first_index, first_index + len(starts))),
+                      (starts_ - (12 + first_pos) + first_offset).tolist(), starts_, np.array(ends, np.int64))
+
+    def _take_gz(self, k: int) -> Block | Error | None:
+        parts: list[bytes] = []
+        offsets: list[int] = []
+        indices: list[int] = []
+        error: Error | None = None
+        while len(parts) < k:
+            data, size, reason = _next_record(self.f, self.crc)
+            if reason is not None:
+                error = self._stop(parts, Error(self.index, self.offset, reason), not size)  # type: ignore[arg-type]
+                if not size:
+                    break
+            elif data is None:
+                self.done = True
+                break
+            else:
+                parts.append(data)
+                offsets.append(self.offset)
+                indices.append(self.index)
+            self.index += 1
+            self.offset += size
+            if reason is not None:
+                break
+        if not parts:
+            return error
+        lengths = np.fromiter(map(len, parts), np.int64, len(parts))
+        ends = np.cumsum(lengths)
+        return Block(b"".join(parts), indices, offsets, ends - lengths, ends)
