@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetExistsError, SchemaError, UnsupportedFormatError
@@ -369,8 +370,8 @@ def _batch_bytes(batch: Any) -> int:
         return int(batch.nbytes)
     total = 0
     for values in (batch.values() if isinstance(batch, Mapping) else []):
-        if (isinstance(values, np.ndarray) and values.dtype.kind != "O") or hasattr(values, "buffers"):
-            total += int(values.nbytes)  # numpy, or an Arrow array
+        if (isinstance(values, np.ndarray) and values.dtype.kind != "O") or isinstance(values, pa.Array):
+            total += int(values.nbytes)
         else:
             total += sum(len(v) for v in values if isinstance(v, (bytes, str)))
     return total

@@ -658,11 +658,10 @@ def _not_images(array: pa.BinaryArray) -> np.ndarray:
     offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset:array.offset + n + 1]
     data = array.buffers()[2]
     body = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    if not body.size:
-        return np.arange(n)
+    from unihub.formats.images import leading_bytes
+
     starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
-    within = np.minimum(np.arange(8), np.maximum(lengths - 1, 0)[:, None])  # short values: no reading past
-    heads = body[np.minimum(starts[:, None] + within, body.size - 1)]
+    heads = leading_bytes(body, starts, lengths, 8)
     jpeg = (lengths >= 3) & (heads[:, :3] == _JPEG_MAGIC).all(1)
     png = (lengths >= 8) & (heads == _PNG_MAGIC).all(1)
     return np.flatnonzero(~(jpeg | png))

@@ -151,8 +151,9 @@ class ForeignFormat(ABC):
 
 def python_columns(batch: ColumnBatch) -> dict[str, Any]:
     """``batch`` with its Arrow columns as Python lists, for writers that go value by value."""
-    return {name: values.to_pylist() if hasattr(values, "to_pylist") and hasattr(values, "buffers") else values
-            for name, values in batch.items()}
+    import pyarrow as pa
+
+    return {name: values.to_pylist() if isinstance(values, pa.Array) else values for name, values in batch.items()}
 
 
 def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -> list[T]:

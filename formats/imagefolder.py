@@ -390,7 +390,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
     """Classify a file's bytes; ``complete``: ``data`` is the whole file, so truncation is checked."""
     global _last_header
     known = _last_header
-    if known is not None and all(data[a:b] == part for (a, b), part in zip(known[0], known[1])):
+    if known is not None and all(data.startswith(part, a) for (a, _), part in zip(known[0], known[1])):
         _, _, fmt, size, depth, sos = known
     else:
         fmt = images.detect_format(data)

@@ -127,6 +127,17 @@ def image_size_spans(data: Buffer) -> tuple[tuple[int, int, int] | None, Spans |
     return None, None
 
 
+def leading_bytes(buffer: np.ndarray, starts: np.ndarray, sizes: np.ndarray, width: int) -> np.ndarray:
+    """The first ``width`` bytes of each value ``buffer[starts[i]:starts[i] + sizes[i]]`` as rows of
+    an ``(n, width)`` uint8 array, zeros past a shorter value's end (nothing is read past it)."""
+    if not len(starts) or not len(buffer):
+        return np.zeros((len(starts), width), np.uint8)
+    column = np.arange(width)
+    within = np.minimum(column, np.maximum(sizes - 1, 0)[:, None])
+    heads = buffer[np.minimum(starts[:, None] + within, len(buffer) - 1)]
+    return heads * (column < sizes[:, None])
+
+
 #: a header template must match at least this many of the images left, or the rest are parsed one by one
 _MIN_GROUP = 8
 _MAX_EXTENT = 4096

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import UnsupportedFormatError
+from unihub.formats import images
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tframe import Block, Error, Framer
@@ -267,8 +268,7 @@ def _binary_column(data: Any, arr: np.ndarray, starts: np.ndarray, sizes: np.nda
         # up to 12 bytes inline), cast to plain binary: one copy, in C++
         views = np.zeros((n, 16), np.uint8)
         views[:, :4] = sizes.astype("<i4")[:, None].view(np.uint8)
-        head = np.minimum(np.arange(12), np.maximum(sizes - 1, 0)[:, None])
-        heads = arr[np.minimum(starts[:, None] + head, len(arr) - 1)] * (np.arange(12) < sizes[:, None])
+        heads = images.leading_bytes(arr, starts, sizes, 12)
         short = sizes <= 12
         views[short, 4:] = heads[short]
         views[~short, 4:8] = heads[~short, :4]

@@ -176,18 +176,11 @@ class _Stats:
 
     def add_bytes(self, values: Iterable[bytes]) -> None:
         """Look at bytes values (one feature's or many records'): images? UTF-8 text?"""
-        for value in values:
-            size = images.image_size(value) if self.all_images else None
-            if size is None:
-                self.all_images = False
-            else:
-                self.images.add(images.detect_format(value) or "png")
-                self.sizes.add(size)
-            if self.utf8:
-                try:
-                    value.decode("utf-8")
-                except UnicodeDecodeError:
-                    self.utf8 = False
+        values = list(values)
+        if values and (self.all_images or self.utf8):
+            data = b"".join(values)
+            ends = np.cumsum([len(v) for v in values], dtype=np.int64)
+            self.add_byte_spans(np.frombuffer(data, np.uint8), data, ends - [len(v) for v in values], ends)
 
     def add_byte_spans(self, arr: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
         """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),

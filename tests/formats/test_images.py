@@ -412,3 +412,15 @@ def test_image_sizes_groups_pngs_whose_data_lengths_differ(monkeypatch: pytest.M
     assert list(image_sizes(np.frombuffer(b"".join(blobs), np.uint8), ends - [len(b) for b in blobs], ends)) == \
         [((6, 7, 3), "png", 40)]
     assert len(calls) == 1
+
+
+def test_leading_bytes_of_values_of_any_length() -> None:
+    from unihub.formats.images import leading_bytes
+
+    values = [b"", b"a", b"abcdef", b"0123456789", b"xy"]
+    buffer = np.frombuffer(b"".join(values), np.uint8)
+    sizes = np.array([len(v) for v in values])
+    starts = np.cumsum(sizes) - sizes
+    got = leading_bytes(buffer, starts, sizes, 4)
+    assert [bytes(row) for row in got] == [v[:4].ljust(4, b"\0") for v in values]
+    assert leading_bytes(np.zeros(0, np.uint8), np.array([0]), np.array([0]), 3).tolist() == [[0, 0, 0]]
