@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from make_reference_data import make_petastorm_images, make_plain_1m  # noqa: E402
 from petastorm_env import ensure_petastorm_venv  # noqa: E402
-from reader import best_time, petastorm  # noqa: E402
+from reader import best_time, petastorm, print_ratios  # noqa: E402
 
 from unihub import make_batch_reader, make_reader  # noqa: E402
 
@@ -123,13 +123,8 @@ def main() -> None:
         theirs = petastorm(python, {**pet, "kind": "tf_dataset"})
         rows.append(("tf.data, 64x64 PNG, batch 64", mine, theirs, 2.0, ""))
 
-    print(f"\nunihub loaders vs Petastorm 0.13.1's, {os.cpu_count()} cores, best of {args.repeats}\n")
-    print("| case | unihub rows/s | Petastorm rows/s | ratio | target | | note |")
-    print("|---|---|---|---|---|---|---|")
-    for label, mine, theirs, target, note in rows:
-        ratio = mine / theirs
-        print(f"| {label} | {mine:,.0f} | {theirs:,.0f} | {ratio:.2f}x | >= {target}x | "
-              f"{'ok' if ratio >= target else 'MISSED'} | {note} |")
+    print_ratios(f"unihub loaders vs Petastorm 0.13.1's, {os.cpu_count()} cores, best of {args.repeats}", rows,
+                 peer="Petastorm", note="note")
 
 
 if __name__ == "__main__":
