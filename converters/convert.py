@@ -141,6 +141,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     else:
         source = FORMATS.get(source_format)(src, **dict(format_options or {}))
         source.workers = workers
+        source.on_error = on_error
         files = source.files()
         input_bytes = _total_size(files)
         # single pass where the format allows it: read once with a provisional schema, refine it after
@@ -148,7 +149,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         out_schema = given or provisional or source.infer_schema()
         extra = {"source_format": source_format, "source": src, **source.metadata()}
         if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
-            options = dict(overwrite=overwrite, row_group_size_mb=row_group_size_mb, on_error=on_error,
+            options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error,
                            progress=progress, start=start, input_bytes=input_bytes)
             try:
                 return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
@@ -164,26 +165,28 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     counted = meter.count(batches)
-    if target_format == UNIHUB:
-        from unihub.formats.writer import write_dataset
+    try:
+        if target_format == UNIHUB:
+            from unihub.formats.writer import write_dataset
 
-        # a schema the source inferred from these records fits them; a given one is checked row by row
-        result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
-                               overwrite=overwrite, extra_metadata=extra, validate=report is None or given is not None)
-        rows = result.num_rows
-    else:
-        sink = FORMATS.get(target_format)
-        options = _export_options(target_format, extra, overwrite)
-        sink.write(dst, out_schema, counted, **options)
-        rows = meter.rows
-    meter.close()
+            # a schema the source inferred from these records fits them; a given one is checked row by row
+            result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
+                                   overwrite=overwrite, extra_metadata=extra,
+                                   validate=report is None or given is not None)
+            rows = result.num_rows
+        else:
+            _export(dst, target_format, out_schema, counted, _export_options(target_format, extra, overwrite))
+            rows = meter.rows
+    finally:
+        getattr(batches, "close", lambda: None)()  # a failed write stops the source's read-ahead now
+        meter.close()
     return ConvertResult(src, dst, source_format, target_format, rows, time.perf_counter() - start,
                          bytes_read=input_bytes,
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
 
 
 def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
-                      validate: bool, workers: int, *, observe: bool, overwrite: bool, row_group_size_mb: float,
+                      validate: bool, workers: int, *, observe: bool, row_group_size_mb: float,
                       on_error: OnError, progress: bool | None, start: float, input_bytes: int) -> ConvertResult:
     """Foreign source -> unihub as conversion tasks (:mod:`unihub.converters.tasks`): slices of the
     input files read by forked workers, or one task in this process. With ``observe`` the schema is
@@ -221,9 +224,7 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
                 raise SchemaOutgrown(f"the whole input needs schema {refined}, the sample gave {schema}", refined)
             schema = refined
         tasks.finish(temporary, schema, extra)
-        if overwrite and os.path.lexists(target):
-            fsutil.remove(fs, target)
-        fsutil.commit(fs, temporary, target)
+        fsutil.commit(fs, temporary, target)  # an old target is moved aside, and back if this fails
     except BaseException:
         tasks.remove_tree(temporary)
         raise
@@ -232,6 +233,28 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
     skipped.extend(SkippedRecord(*s) for s in task_skips)
     return ConvertResult(",".join(source.sources), dst, source.format_name, UNIHUB, rows,
                          time.perf_counter() - start, bytes_read=input_bytes, skipped=skipped)
+
+
+def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
+            options: dict[str, Any]) -> None:
+    """Write the export into a hidden directory beside ``dst`` and rename it into place at the end,
+    whatever the format writes (one file or many shards): an error or Ctrl-C leaves neither a
+    partial ``dst`` nor the directory, and an overwrite replaces every old shard."""
+    import shutil
+
+    import pyarrow.fs as pafs
+
+    from unihub.formats import filesystem as fsutil
+
+    target = os.path.abspath(dst)
+    holder = fsutil.temporary_sibling(target)
+    os.makedirs(holder)
+    try:
+        written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
+        FORMATS.get(target_format).write(written, schema, batches, **options)
+        fsutil.commit(pafs.LocalFileSystem(), written, target)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
 
 
 def _export_options(target_format: str, extra: Mapping[str, Any], overwrite: bool) -> dict[str, Any]:
@@ -308,7 +331,7 @@ class ProgressMeter:
     def count(self, batches) -> Iterator[ColumnBatch]:
         for batch in batches:
             self.rows += _batch_rows(batch)
-            if self.enabled and self.bytes_read is None:  # the bar's MB, when the source counts none
+            if self.enabled:  # the bar's MB until the source has counted input bytes
                 self.batch_bytes += _batch_bytes(batch)
             self._draw()
             yield batch

@@ -58,6 +58,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     start = time.perf_counter()
     options = dict(format_options or {})
     source = FORMATS.get(source_format)(src, **options)
+    source.on_error = on_error
     files = source.files()
     out_schema = load_schema(schema) if schema is not None else source.infer_schema()
     extra = {"source_format": source_format, "source": src, **source.metadata()}

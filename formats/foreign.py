@@ -101,6 +101,9 @@ class ForeignFormat(ABC):
         #: processes a format may use for its scans (``convert(workers=N)`` sets it); the results
         #: must not depend on it
         self.workers = 1
+        #: what schema scans do with a bad record: ``'skip'`` leaves it out of the inference (``convert``
+        #: sets it from ``on_error``, so ``--skip-corrupt`` holds before the read too)
+        self.on_error: OnError = "raise"
         #: single pass (see :meth:`provisional_schema`): read_batches does not hold records to the
         #: schema's details but leaves what it saw in ``report.observed`` for :meth:`refine_schema`
         self.observe = False

@@ -16,6 +16,7 @@ Records come a block at a time from :mod:`unihub.formats.tframe` (framing and CR
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -431,6 +432,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     observed = 0
     if source.observe:
         report.observed = (stats, 0)
+    done = report.bytes_read  # input bytes of the files before this one
     for path in source.files():
         framer = Framer(path, source.options.get("compression"))
         try:
@@ -442,6 +444,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                 if isinstance(item, Error):
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
+                report.bytes_read = done + framer.consumed()
                 good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None)
                 if source.observe:  # single pass: the statistics a schema scan would gather, and no record
                     # the provisional schema cannot hold
@@ -473,6 +476,8 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     pieces, have = [], 0
         finally:
             framer.close()
+        done += os.path.getsize(path)
+        report.bytes_read = done
     if have:
         yield _finish(plans, pieces)
 

@@ -77,6 +77,13 @@ class Framer:
                 pass
         self.f.close()
 
+    def consumed(self) -> int:
+        """Bytes of the file (compressed, for GZIP) taken so far: progress against its size."""
+        if self.gz:
+            raw = getattr(self.f, "fileobj", None)
+            return raw.tell() if raw is not None else 0
+        return self.offset
+
     def take(self, k: int) -> Block | Error | None:
         """Up to ``k`` records (fewer at a chunk's end), an error, or None at the end."""
         if self.pending is not None:

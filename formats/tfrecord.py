@@ -323,13 +323,14 @@ class TFRecordFormat(ForeignFormat):
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         files = self.files()
+        options = {"on_error": self.on_error, **self.options}  # bad records: as the read will treat them
         if sample_records is None and self.workers > 1 and len(files) > 1:
             # whole files in forked workers; the statistics merge exactly
             slices = [files[i::self.workers] for i in range(self.workers)]
-            parts = map_in_workers(partial(_scan_files, self.options), slices, self.workers)
+            parts = map_in_workers(partial(_scan_files, options), slices, self.workers)
             stats, total = _merge_scans(parts)
         else:
-            stats, total = _scan_files(self.options, files, sample_records)
+            stats, total = _scan_files(options, files, sample_records)
         return self._schema_from(stats, total)
 
     def provisional_schema(self) -> Unischema:

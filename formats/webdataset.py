@@ -412,6 +412,7 @@ class WebDatasetFormat(ForeignFormat):
         """Every sample of every shard, in shard order; skips land in :attr:`report`."""
         for path in self.files():
             yield from iter_samples(path, on_error=on_error, skipped=self.report.skipped)
+            self.report.bytes_read += os.path.getsize(path)  # progress, a shard at a time
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         """Fields from the extensions of the first ``sample_records`` samples (None: all).

@@ -137,6 +137,7 @@ class DaliBatchSource:
         self.epoch = -1  # the epoch being served; iter() moves to the next one
         self._left = 0  # rows of the current epoch not yet taken from the reader
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
+        self._taken = 0  # samples at the head of _pending already served (dropped a reader batch at a time)
         self._first: list[list[np.ndarray]] | None = None  # the epoch's first batch, for 'pad'
 
     def __len__(self) -> int:
@@ -150,21 +151,23 @@ class DaliBatchSource:
             self._take_reader_batch()
         self.epoch += 1
         self._left = self.rows_per_epoch
-        self._pending = [[] for _ in self.fields]
+        self._pending, self._taken = [[] for _ in self.fields], 0
         self._first = None
         return self
 
     def __next__(self) -> list[list[np.ndarray]]:
         if self.epoch < 0:
             iter(self)
-        while len(self._pending[0]) < self.batch_size and self._left > 0:
+        while len(self._pending[0]) - self._taken < self.batch_size and self._left > 0:
+            self._pending, self._taken = [column[self._taken:] for column in self._pending], 0
             self._take_reader_batch(keep=True)
-        n = min(self.batch_size, len(self._pending[0]))
+        start = self._taken
+        n = min(self.batch_size, len(self._pending[0]) - start)
         if n == 0 or (n < self.batch_size and self.last_batch == "drop"):
-            self._pending = [[] for _ in self.fields]
+            self._pending, self._taken = [[] for _ in self.fields], 0
             raise StopIteration
-        batch = [column[:n] for column in self._pending]
-        self._pending = [column[n:] for column in self._pending]
+        batch = [column[start:start + n] for column in self._pending]
+        self._taken += n
         if self._first is None:
             self._first = batch
         if n < self.batch_size and self.last_batch == "pad":

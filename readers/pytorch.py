@@ -308,6 +308,7 @@ class _LoaderBase:
         return pending() if callable(pending) else pending
 
     def __iter__(self) -> Iterator[Any]:
+        # a generator from the first line: an iterator that is never started claims nothing
         if self._iterating:
             raise UnihubError("this loader is already being iterated; finish or close that iteration first")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
@@ -315,9 +316,6 @@ class _LoaderBase:
             self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
         self._iterated, self._resumed, self._iterating = True, False, True
         self._rng = np.random.default_rng(self.seed)
-        return self._run()
-
-    def _run(self) -> Iterator[Any]:
         try:
             yield from self._batches()
         finally:

@@ -355,3 +355,21 @@ def test_batched_loader_splits_big_reader_batches_and_resumes_exactly(tmp_path):
         again.load_state_dict(state)
         got += [check_batch(b) for b in again]
         assert [i for b in got for i in b] == list(range(N)), cut
+
+
+def test_iterators_never_started_or_closed_early_leave_the_loader_usable(url):
+    """Two iterations at once are refused; one that was never started, or was closed, claims nothing."""
+    loader = tp.BatchedDataLoader(batches(url), batch_size=9)
+    unused = iter(loader)
+    del unused
+    assert list(zip([], loader)) == []
+    first = iter(loader)
+    next(first)
+    with pytest.raises(UnihubError, match="already being iterated"):
+        next(iter(loader))
+    with pytest.raises(UnihubError, match="load_state_dict"):
+        loader.load_state_dict(loader.state_dict())
+    first.close()
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    assert len(ids(loader)) == N - 9
