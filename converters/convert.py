@@ -71,9 +71,10 @@ def is_unihub_dataset(path: str) -> bool:
         return base.endswith((".parquet", ".parq", ".pq"))
     if not os.path.isdir(base):
         return "://" in base and not base.startswith("file://")
-    for _root, _, names in os.walk(base):
+    for _root, dirs, names in os.walk(base):
         if any(n == "_common_metadata" or n.endswith(".parquet") for n in names):
             return True
+        dirs[:] = [d for d in dirs if "=" in d]  # only hive partitions hold a dataset's files: not every image
     return False
 
 

@@ -109,22 +109,16 @@ class SparkDatasetConverter:
                         **petastorm_reader_kwargs: Any) -> Iterator[Any]:
         """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows.
 
-        The reader's batches are unbatched, shuffled in a buffer of ``shuffling_queue_capacity``
-        rows when given, rebatched and prefetched (``prefetch=None`` is ``tf.data.AUTOTUNE``,
-        0 turns it off). Other keyword arguments go to :func:`unihub.make_batch_reader`.
+        Built by :func:`unihub.readers.tf.make_tf_dataset`: the reader's batches are re-batched in
+        numpy, shuffled across them in a buffer of ``shuffling_queue_capacity`` rows when given,
+        and prefetched (``prefetch=None`` is ``tf.data.AUTOTUNE``, 0 turns it off). Other keyword
+        arguments go to :func:`unihub.make_batch_reader`.
         """
-        make_petastorm_dataset = _bridge("unihub.readers.tf", "make_petastorm_dataset", "tensorflow", "tf")
+        make_tf_dataset = _bridge("unihub.readers.tf", "make_tf_dataset", "tensorflow", "tf")
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
-            dataset = make_petastorm_dataset(reader).unbatch()
-            if shuffling_queue_capacity:
-                dataset = dataset.shuffle(shuffling_queue_capacity)
-            dataset = dataset.batch(batch_size)
-            if prefetch is None:
-                prefetch = require("tensorflow", extra="tf").data.AUTOTUNE
-            if prefetch:
-                dataset = dataset.prefetch(prefetch)
-            yield dataset
+            yield make_tf_dataset(reader, batch_size, shuffle_buffer=shuffling_queue_capacity or 0,
+                                  **({} if prefetch is None else {"prefetch": prefetch}))
         finally:
             reader.stop()
             reader.join()

@@ -116,3 +116,28 @@ def test_cli_convert_and_verify(image_folder: Path, tmp_path: Path, capsys: pyte
     assert out.startswith("DIFFERENT") and "fields differ" in out
     assert main(["verify", str(image_folder), str(tmp_path / "ds")]) == 0
     assert capsys.readouterr().out.startswith("equal: 12 rows")
+
+
+def test_unihub_datasets_are_told_from_folders_without_walking_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parquet at the top or under hive partitions is a unihub dataset; an image folder is not, and
+    only its top level is looked at."""
+    import pyarrow as pa
+
+    from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
+    from unihub.converters import convert as convert_module
+
+    schema = Unischema("P", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("part", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(tmp_path / "parted", schema, [{"id": i, "part": i % 2} for i in range(6)], partition_by=["part"])
+    os.remove(tmp_path / "parted" / "_common_metadata")
+    assert convert_module.is_unihub_dataset(str(tmp_path / "parted"))
+    folder = tmp_path / "images"
+    for c in range(3):
+        (folder / f"c{c}").mkdir(parents=True)
+        (folder / f"c{c}" / "0.png").write_bytes(encode_image(np.zeros((2, 2, 3), np.uint8), "png"))
+    listed = []
+    walk = os.walk
+    monkeypatch.setattr(convert_module.os, "walk", lambda p: (listed.append(r) or (r, d, n) for r, d, n in walk(p)))
+    assert not convert_module.is_unihub_dataset(str(folder))
+    assert listed == [str(folder)]

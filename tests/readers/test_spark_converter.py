@@ -1,18 +1,13 @@
 """``make_spark_converter`` on a local Spark: caching, dtype conversion, and the torch / tf loaders.
 
 One small DataFrame (int, double, string, array<double>, ML vector) serves every test; each
-test points the cache conf at its own ``tmp_path``. The PyTorch and TensorFlow bridges
-(``unihub.readers.pytorch`` / ``unihub.readers.tf``) are used when they exist; until then
-the tests plug in minimal stand-ins, so the converter's own plumbing is still exercised.
+test points the cache conf at its own ``tmp_path``. The loaders go through the real PyTorch and TensorFlow bridges.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -158,83 +153,50 @@ def test_bad_dtype(df: Any) -> None:
         make_spark_converter(df, dtype="float16")
 
 
-def _bridge_or_none(module: str, name: str) -> Any:
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def minimal_torch_loader(reader: Any, batch_size: int, shuffling_queue_capacity: int = 0) -> Any:
-    """Stand-in for ``unihub.readers.pytorch.BatchedDataLoader``: dicts of tensors of ``batch_size`` rows."""
-    import torch
-
-    def generate() -> Any:
-        pending: dict[str, list[np.ndarray]] = {}
-        for batch in reader:
-            for name, values in batch._asdict().items():
-                pending.setdefault(name, []).append(values)
-            columns = {name: np.concatenate(parts) for name, parts in pending.items()}
-            n = len(next(iter(columns.values())))
-            for start in range(0, n - n % batch_size, batch_size):
-                yield {name: torch.as_tensor(v[start:start + batch_size]) for name, v in columns.items()}
-            pending = {name: [v[n - n % batch_size:]] for name, v in columns.items()}
-        if pending and len(next(iter(pending.values()))[0]):
-            yield {name: torch.as_tensor(parts[0]) for name, parts in pending.items()}
-
-    return generate()
-
-
 @pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
 def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df)
-    real = _bridge_or_none("unihub.readers.pytorch", "BatchedDataLoader") is not None
-    fields = ["id", "x", "vec"] if real else ["id", "x"]
-    with converter.make_torch_dataloader(batch_size=8, num_epochs=1, workers_count=1, schema_fields=fields,
-                                         data_loader_fn=None if real else minimal_torch_loader) as loader:
+    with converter.make_torch_dataloader(batch_size=8, num_epochs=1, workers_count=1,
+                                         schema_fields=["id", "x", "vec"]) as loader:
         batches = list(loader)
-    if real:  # the bridge stacks the fixed-length vectors into (rows, 3) float32 tensors
-        vec = np.concatenate([np.asarray(b["vec"]) for b in batches])
-        ids = np.concatenate([np.asarray(b["id"]) for b in batches])
-        assert vec.dtype == np.float32 and vec.shape == (N_ROWS, 3)
-        np.testing.assert_array_equal(vec, np.float32([expected_row(i)["vec"] for i in ids]))
     sizes = [len(b["id"]) for b in batches]
     assert sum(sizes) == N_ROWS and all(s == 8 for s in sizes[:-1])
     ids = np.concatenate([np.asarray(b["id"]) for b in batches])
-    xs = np.concatenate([np.asarray(b["x"]) for b in batches])
     assert sorted(ids.tolist()) == list(range(N_ROWS))
-    np.testing.assert_array_equal(xs, np.float32(ids / 3))
-
-
-def _tf_stand_in() -> types.ModuleType:
-    """Stand-in for ``unihub.readers.tf``: the reader's batches as a dataset of dicts of tensors."""
-    import tensorflow as tf
-
-    def make_petastorm_dataset(reader: Any) -> Any:
-        first = reader.schema
-        signature = {f.name: tf.TensorSpec((None,), tf.as_dtype(np.dtype(f.numpy_dtype))) for f in first}
-        return tf.data.Dataset.from_generator(lambda: (b._asdict() for b in reader), output_signature=signature)
-
-    module = types.ModuleType("unihub.readers.tf")
-    module.make_petastorm_dataset = make_petastorm_dataset  # type: ignore[attr-defined]
-    return module
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b["x"]) for b in batches]), np.float32(ids / 3))
+    vec = np.concatenate([np.asarray(b["vec"]) for b in batches])  # fixed-length vectors: (rows, 3) float32
+    assert vec.dtype == np.float32 and vec.shape == (N_ROWS, 3)
+    np.testing.assert_array_equal(vec, np.float32([expected_row(i)["vec"] for i in ids]))
 
 
 @pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
-def test_tf_dataset(df: Any, cache_parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shuffle", [None, 64])
+def test_tf_dataset(df: Any, cache_parent: Path, shuffle: int | None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if _bridge_or_none("unihub.readers.tf", "make_petastorm_dataset") is None:
-        monkeypatch.setitem(sys.modules, "unihub.readers.tf", _tf_stand_in())
     converter = make_spark_converter(df)
-    with converter.make_tf_dataset(batch_size=8, num_epochs=1, workers_count=1, schema_fields=["id", "x"]) as ds:
+    with converter.make_tf_dataset(batch_size=8, num_epochs=1, workers_count=1, schema_fields=["id", "x"],
+                                   shuffling_queue_capacity=shuffle, shuffle_row_groups=False) as ds:
         batches = list(ds)
-
-    def column(batch: Any, name: str) -> np.ndarray:
-        return np.asarray(batch[name] if isinstance(batch, dict) else getattr(batch, name))
-
-    sizes = [len(column(b, "id")) for b in batches]
+    sizes = [int(b.id.shape[0]) for b in batches]
     assert sum(sizes) == N_ROWS and all(s == 8 for s in sizes[:-1])
-    ids = np.concatenate([column(b, "id") for b in batches])
-    xs = np.concatenate([column(b, "x") for b in batches])
+    ids = np.concatenate([b.id.numpy() for b in batches])
+    xs = np.concatenate([b.x.numpy() for b in batches])
     assert sorted(ids.tolist()) == list(range(N_ROWS)) and xs.dtype == np.float32
     np.testing.assert_array_equal(xs, np.float32(ids / 3))
+    with make_batch_reader(converter.cache_dir_url, schema_fields=["id"], shuffle_row_groups=False) as reader:
+        stored = [i for batch in reader for i in batch.id.tolist()]
+    assert (ids.tolist() == stored) == (shuffle is None)  # the queue shuffles across the reader's batches
+
+
+def test_compression_codec_reaches_the_files(df: Any, cache_parent: Path) -> None:
+    import pyarrow.parquet as pq
+
+    def files(converter: SparkDatasetConverter) -> list[Any]:
+        root = Path(converter.cache_dir_url.removeprefix("file://"))
+        return [pq.ParquetFile(p) for p in sorted(root.rglob("*.parquet"))]
+
+    default = files(make_spark_converter(df))
+    assert {f.metadata.row_group(0).column(0).compression for f in default} == {"SNAPPY"}
+    gzip = files(make_spark_converter(df, compression_codec="gzip"))
+    assert {f.metadata.row_group(i).column(0).compression for f in gzip for i in range(f.num_row_groups)} == {"GZIP"}
+    assert sum(f.metadata.num_rows for f in gzip) == N_ROWS
