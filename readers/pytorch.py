@@ -226,6 +226,7 @@ class _Tracker:
                  drop: Iterable[int] = ()) -> None:
         self.consumed = 0
         self.marks: deque[tuple[int, dict[str, Any]]] = deque([(0, reader_state)])
+        self.prune_at = 64
         self.pending = pending
         self.skip = skip
         self.drop = set(drop)
@@ -236,10 +237,12 @@ class _Tracker:
             self.marks[-1] = (self.consumed, reader_state)
         else:
             self.marks.append((self.consumed, reader_state))
-        if len(self.marks) > 64:
+        if len(self.marks) > self.prune_at:
             base = self._base()
             while len(self.marks) > 1 and self.marks[1][0] <= base:
                 self.marks.popleft()
+            # marks still needed (a shuffling queue holds old rows) are not looked at again until they double
+            self.prune_at = max(64, 2 * len(self.marks))
 
     def advance(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions of the next ``n`` rows read, and a keep mask (None: keep all)."""
@@ -254,6 +257,17 @@ class _Tracker:
             keep &= ~np.isin(positions, np.fromiter(self.drop, np.int64, len(self.drop)))
             self.drop = {d for d in self.drop if d >= self.consumed}
         return positions, keep
+
+    def advance_one(self) -> tuple[int, bool]:
+        """:meth:`advance` of one row, without arrays: its position, and whether to keep it."""
+        position = self.consumed
+        self.consumed += 1
+        if position < self.skip:
+            return position, False
+        if self.drop and position in self.drop:
+            self.drop.discard(position)
+            return position, False
+        return position, True
 
     def _base(self) -> int:
         pending = self.pending()
@@ -395,9 +409,9 @@ class DataLoader(_LoaderBase):
             except StopIteration:
                 tracker.mark(reader.state_dict())
                 return
-            positions, keep = tracker.advance(1)
-            if keep is None or keep[0]:
-                yield int(positions[0]), row
+            position, keep = tracker.advance_one()
+            if keep:
+                yield position, row
 
     def _batches(self) -> Iterator[Any]:
         bs, capacity = self.batch_size, self.shuffling_queue_capacity
@@ -412,8 +426,12 @@ class DataLoader(_LoaderBase):
             positions.clear()
             return batch
 
+        draws: list[float] = []  # uniform numbers drawn a thousand at a time: one numpy call each
+
         def take_random() -> None:
-            i = int(self._rng.integers(len(buffer)))
+            if not draws:
+                draws.extend(self._rng.random(1024).tolist())
+            i = int(draws.pop() * len(buffer))
             buffer[i], buffer[-1] = buffer[-1], buffer[i]
             position, row = buffer.pop()
             rows.append(row)
