@@ -583,13 +583,15 @@ class BatchedDataLoader(_LoaderBase):
 class InMemBatchedDataLoader(_LoaderBase):
     """Loads up to ``rows_capacity`` rows into memory once, then serves ``num_epochs`` epochs of batches.
 
-    ``shuffle=True`` permutes the rows every epoch (seeded by ``seed``). ``num_epochs=None``
-    serves forever. The reader must be finite or ``rows_capacity`` given.
+    Petastorm's arguments in Petastorm's order. ``shuffle=True`` permutes the rows every epoch
+    (seeded by ``seed``); ``transform_fn`` maps each batch dict; ``num_epochs=None`` serves
+    forever. ``rows_capacity=None`` loads every row (Petastorm's default, 1,024, silently
+    truncated larger datasets); the reader must then be finite.
     """
 
-    def __init__(self, reader: Any, batch_size: int = 1, num_epochs: int | None = 1, rows_capacity: int | None = None,
-                 shuffle: bool = False, seed: int | None = None, *, variable: Variable = "list",
-                 device: Any = None) -> None:
+    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
+                 num_epochs: int | None = 1, seed: int | None = None, rows_capacity: int | None = None,
+                 shuffle: bool = False, *, variable: Variable = "list", device: Any = None) -> None:
         super().__init__(reader, batch_size, 0, seed)
         if num_epochs is not None and num_epochs < 1:
             raise UnihubError(f"num_epochs must be >= 1 or None, got {num_epochs}")
@@ -598,7 +600,7 @@ class InMemBatchedDataLoader(_LoaderBase):
         self.num_epochs, self.rows_capacity, self.shuffle = num_epochs, rows_capacity, shuffle
         self._loader = BatchedDataLoader(reader, batch_size=batch_size, variable=variable)
         self._loader._max_rows = rows_capacity
-        self.variable, self.device = variable, device
+        self.variable, self.device, self.transform_fn = variable, device, transform_fn
         self._data: Columns | None = None
 
     def _load(self) -> Columns:
@@ -619,7 +621,8 @@ class InMemBatchedDataLoader(_LoaderBase):
             for start in range(0, n, self.batch_size):
                 stop = min(start + self.batch_size, n)
                 columns = _take(data, order[start:stop]) if order is not None else _slice(data, start, stop)
-                yield finalize(columns, self.variable, self.device)
+                batch = finalize(columns, self.variable, self.device)
+                yield self.transform_fn(batch) if self.transform_fn is not None else batch
 
     def __len__(self) -> int:
         if self.num_epochs is None:

@@ -193,6 +193,9 @@ def test_in_memory_loader_epochs(url):
     with rows(url) as reader:
         capped = list(tp.InMemBatchedDataLoader(reader, batch_size=10, num_epochs=2, rows_capacity=25))
     assert [b["id"].tolist() for b in capped] == [list(range(10)), list(range(10, 20)), list(range(20, 25))] * 2
+    with rows(url) as reader:  # Petastorm's positional order: reader, batch_size, transform_fn, num_epochs, seed
+        doubled = list(tp.InMemBatchedDataLoader(reader, 10, lambda b: {"twice": b["id"] * 2}, 1, 0, 25))
+    assert [b["twice"].tolist() for b in doubled] == [[2 * i for i in range(k, min(k + 10, 25))] for k in (0, 10, 20)]
 
 
 # -- resume ---------------------------------------------------------------------------------------
