@@ -300,6 +300,18 @@ def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
     assert [len(share) for share in delivered] == [21, 21, 19]
 
 
+def test_iterable_dataset_ranks_and_workers_together(url, monkeypatch):
+    """2 ranks x 2 workers: four shards (rank * workers + worker), every row exactly once overall."""
+    delivered = []
+    for rank in range(2):
+        monkeypatch.setattr(tp, "_rank_and_world", lambda rank=rank: (rank, 2))
+        ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy", schema_fields=["id"])
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        delivered.append([int(row["id"]) for row in loader])
+    assert sorted(i for share in delivered for i in share) == list(range(N))
+    assert not set(delivered[0]) & set(delivered[1])
+
+
 def test_map_dataset_with_samplers(url, monkeypatch):
     from unihub.readers.random_access import Dataset
 
