@@ -27,9 +27,9 @@ import pyarrow.fs as pafs
 
 from unihub.converters.convert import UNIHUB, ConvertResult, load_schema, resolve_source_format
 from unihub.converters.tasks import TaskPlan, driver_skips, finish, layout_of, remove_tree, run_task
-from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import DatasetExistsError, FormatError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
-from unihub.formats.foreign import FORMATS, OnError, SkippedRecord
+from unihub.formats.foreign import FORMATS, OnError, SkippedRecord, check_on_error
 from unihub.formats.schema import Unischema
 
 
@@ -51,8 +51,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     if source_format == UNIHUB:
         raise UnsupportedFormatError(f"{src} is already a unihub dataset; the Spark engine converts foreign "
                                      "formats into unihub (use the local engine to rewrite it)")
-    if on_error not in ("raise", "skip"):
-        raise SchemaError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    check_on_error(on_error)
     if os.path.exists(dst) and not overwrite:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()

@@ -153,18 +153,12 @@ def run_local(plan: TaskPlan, files: list[str], temporary: str, workers: int,
     running workers to exit before returning the error, so the caller can remove
     ``temporary`` without a worker writing into it afterwards.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     import unihub.formats.formats_all  # noqa: F401  (imported once here, not in every forked worker)
     import unihub.formats.writer  # noqa: F401
-    from unihub.formats.foreign import warm_before_fork
-
-    warm_before_fork()
+    from unihub.formats.foreign import process_pool
 
     slices = file_slices(files, workers * 4)
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+    pool = process_pool(workers)
     rows, skipped, observed = 0, [], []
     try:
         futures = [pool.submit(run_task, plan, temporary, index, part) for index, part in enumerate(slices)]

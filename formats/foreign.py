@@ -152,6 +152,14 @@ class ForeignFormat(ABC):
         """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
 
 
+def check_on_error(on_error: Any) -> None:
+    """Refuse an ``on_error`` other than ``'raise'`` or ``'skip'``."""
+    if on_error not in ("raise", "skip"):
+        from unihub.errors import SchemaError
+
+        raise SchemaError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+
+
 def python_columns(batch: ColumnBatch) -> dict[str, Any]:
     """``batch`` with its Arrow columns as Python lists, for writers that go value by value."""
     import pyarrow as pa
@@ -161,15 +169,21 @@ def python_columns(batch: ColumnBatch) -> dict[str, Any]:
 
 def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -> list[T]:
     """``[fn(item) for item in items]`` in ``workers`` forked processes (``fn`` and items picklable)."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with process_pool(min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def process_pool(workers: int) -> Any:
+    """A ``ProcessPoolExecutor`` of ``workers`` forked processes (spawned where fork is missing),
+    forked after :func:`warm_before_fork` so that each does not pay pyarrow's first-use costs."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    if workers <= 1 or len(items) <= 1:
-        return [fn(item) for item in items]
     warm_before_fork()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(min(workers, len(items)), mp_context=multiprocessing.get_context(method)) as pool:
-        return list(pool.map(fn, items))
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
 
 
 def warm_before_fork() -> None:

@@ -74,6 +74,7 @@ from unihub.formats.foreign import (
     OnError,
     ReadReport,
     SkippedRecord,
+    check_on_error,
     map_in_workers,
     python_columns,
     register_format,
@@ -217,8 +218,7 @@ class ImageFolderFormat(ForeignFormat):
         """Batches of ``{"image": [bytes], "label": int64 array, "path": [str]}`` (the fields of ``schema``)."""
         if batch_size <= 0:
             raise SchemaError(f"batch_size must be positive, got {batch_size}")
-        if on_error not in ("raise", "skip"):
-            raise SchemaError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        check_on_error(on_error)
         wanted = [f.name for f in schema]
         if not wanted:
             raise SchemaError("the schema has no fields to read")

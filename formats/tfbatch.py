@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import UnsupportedFormatError
 from unihub.formats import images
-from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown
+from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tframe import Block, Error, Framer
 from unihub.formats.tfrecord import (
@@ -423,8 +422,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     A block may hold more records than a batch; its failures are reported (or raised) and
     ``report.records`` counted in between the batches exactly where the per-record reader does.
     """
-    if on_error not in ("raise", "skip"):
-        raise UnsupportedFormatError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    check_on_error(on_error)
     report = source.report
     pieces: list[list[tuple[bool, Any]]] = []
     have = 0
@@ -580,8 +578,7 @@ def scan_fast(options: dict[str, Any], files: list[str],
     """What :func:`unihub.formats.tfrecord._scan_files` returns, a block of records at a time."""
     source = TFRecordFormat(files, **options)
     on_error = options.get("on_error", "raise")
-    if on_error not in ("raise", "skip"):
-        raise UnsupportedFormatError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    check_on_error(on_error)
     report = ReadReport()
     stats: dict[str, _Stats] = {}
     total = 0

@@ -42,6 +42,7 @@ from unihub.formats.foreign import (
     ReadReport,
     SchemaOutgrown,
     SkippedRecord,
+    check_on_error,
     map_in_workers,
     python_columns,
     register_format,
@@ -309,8 +310,7 @@ class TFRecordFormat(ForeignFormat):
 
     def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
         """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
-        if on_error not in ("raise", "skip"):
-            raise UnsupportedFormatError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        check_on_error(on_error)
         for path in self.files():
             for index, offset, data in iter_records(path, compression=self.options.get("compression"),
                                                     on_error=on_error, report=report):

@@ -107,3 +107,18 @@ def test_progress_counts_tfrecord_input_bytes(tmp_path: Path, monkeypatch: pytes
     last = stream.getvalue().strip().split("\r")[-1]
     assert last.startswith("3,000 rows") and f"{total:,.1f}/{total:,.1f} MB" in last and "ETA 0 s" in last
     assert open_dataset(tmp_path / "ds").num_rows == 3000
+
+
+def test_an_unknown_on_error_is_refused_by_every_reader(tmp_path: Path) -> None:
+    from unihub.errors import SchemaError
+    from unihub.formats.imagefolder import ImageFolderFormat
+
+    src = _tfrecord(tmp_path / "in.tfrecord", 3)
+    source = tfr.TFRecordFormat(src)
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    for reader in (source.read_batches(source.infer_schema(), on_error="maybe"),
+                   ImageFolderFormat(str(tmp_path / "images")).read_batches(None, on_error="maybe")):  # type: ignore[arg-type]
+        with pytest.raises(SchemaError, match="on_error must be 'raise' or 'skip', got 'maybe'"):
+            next(iter(reader))
+    with pytest.raises(SchemaError, match="on_error must be"):
+        convert(src, tmp_path / "ds", on_error="maybe", progress=False)  # type: ignore[arg-type]
