@@ -99,13 +99,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs, typed by the format they are for: the foreign source's reading
+    options, or for an export (and for verify, the foreign side's) the target's."""
+    if not args.option:
+        return {}
+    from unihub.converters.convert import UNIHUB, resolve_source_format, resolve_target_format
+    from unihub.formats.foreign import FORMATS, parse_options
+
+    source = resolve_source_format(args.src, args.from_format)
+    if verifying:
+        target = resolve_source_format(args.dst, args.to_format)
+        name, writing = (source if source != UNIHUB else target), False
+    else:
+        target = resolve_target_format(args.dst, args.to_format)
+        name, writing = (source, False) if source != UNIHUB else (target, True)
+    if name == UNIHUB or (not verifying and source != UNIHUB and target != UNIHUB):
+        raise UnihubError(f"--option is for a foreign format's reading or writing; {source} -> {target} "
+                          "has none to give it to" if name == UNIHUB else
+                          "--option would be ambiguous between two foreign formats: convert to unihub first")
+    return parse_options(FORMATS.get(name), args.option, writing=writing)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from unihub.converters.convert import convert
 
     result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                      schema=args.schema, overwrite=args.overwrite, row_group_size_mb=args.row_group_size_mb,
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
-                     engine=args.engine, master=args.master, workers=args.workers)
+                     engine=args.engine, master=args.master, workers=args.workers,
+                     format_options=_format_options(args))
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -115,7 +138,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from unihub.converters.verify import verify
 
     report = verify(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
-                    max_differences=args.max_differences)
+                    max_differences=args.max_differences, options=_format_options(args, verifying=True))
     print(report.summary())
     return 0 if report.equal else 1
 
@@ -125,6 +148,22 @@ def _format_names() -> list[str]:
     from unihub.formats.foreign import FORMATS
 
     return ["unihub", "parquet", *FORMATS.names()]
+
+
+def _options_help() -> str:
+    """Every format's options, for ``unihub convert --help``."""
+    import unihub.formats.formats_all  # noqa: F401
+    from unihub.formats.foreign import FORMATS
+
+    lines = ["format options (--option KEY=VALUE, repeatable; reading options when the format is the source,",
+             "writing options when it is the target):"]
+    for name in FORMATS:
+        fmt = FORMATS.get(name)
+        for title, declared in (("reading", fmt.OPTIONS), ("writing", fmt.WRITE_OPTIONS)):
+            if declared:
+                lines.append(f"  {name}, {title}:")
+                lines.extend(f"    {key:<18} {option.help}" for key, option in declared.items())
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     formats = _format_names()
     convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
                              "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
-                             "beside DST and renamed on success. Example: unihub convert 'train-*.tfrecord' /data/train")
+                             "beside DST and renamed on success. Example: unihub convert 'train-*.tfrecord' /data/train",
+                             epilog=_options_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_argument("src", help="source files, directory, glob or brace pattern")
     convert.add_argument("dst", help="target path")
     convert.add_argument("--from", dest="from_format", choices=formats, help="source format (default: detected)")
@@ -165,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--row-group-size-mb", type=float, default=32, help="Parquet row-group size (default 32)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    convert.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a format option (repeatable), e.g. --option compression=gzip; listed below")
     convert.add_argument("--workers", type=int, default=1,
                          help="processes reading the input files in parallel (default 1; 0: one per core)")
     convert.add_argument("--engine", choices=("local", "spark"), default="local",
@@ -181,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--from", dest="from_format", choices=formats, help="SRC's format (default: detected)")
     verify.add_argument("--to", dest="to_format", choices=formats, help="DST's format (default: detected)")
     verify.add_argument("--max-differences", type=int, default=10, help="differences to report (default 10)")
+    verify.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a reading option of the foreign side (repeatable), as for convert")
     verify.set_defaults(func=cmd_verify)
     return parser
 

@@ -134,13 +134,19 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
+    options = dict(format_options or {})
+    if source_format != UNIHUB and target_format != UNIHUB and options:
+        raise UnsupportedFormatError(f"format options are ambiguous between {source_format} and {target_format}; "
+                                     "convert to unihub first, then export")
+    if source_format == UNIHUB and target_format == UNIHUB and options:
+        raise UnsupportedFormatError(f"a unihub -> unihub conversion takes no format options, got {sorted(options)}")
     if source_format == UNIHUB:
         batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size)
         meter = ProgressMeter(enabled=progress, total_rows=total_rows)
         report = None
         input_bytes = 0
     else:
-        source = FORMATS.get(source_format)(src, **dict(format_options or {}))
+        source = FORMATS.get(source_format)(src, **options)
         source.workers = workers
         source.on_error = on_error
         files = source.files()
@@ -165,6 +171,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
+    if target_format != UNIHUB:  # checked before anything is written
+        write_options = _export_options(target_format, extra, overwrite, options if source_format == UNIHUB else {})
     counted = meter.count(batches)
     try:
         if target_format == UNIHUB:
@@ -176,7 +184,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                                    validate=report is None or given is not None)
             rows = result.num_rows
         else:
-            _export(dst, target_format, out_schema, counted, _export_options(target_format, extra, overwrite))
+            _export(dst, target_format, out_schema, counted, write_options)
             rows = meter.rows
     finally:
         getattr(batches, "close", lambda: None)()  # a failed write stops the source's read-ahead now
@@ -258,17 +266,19 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
         shutil.rmtree(holder, ignore_errors=True)
 
 
-def _export_options(target_format: str, extra: Mapping[str, Any], overwrite: bool) -> dict[str, Any]:
-    """Options the sink needs from the source's metadata (class names for image folders)."""
+def _export_options(target_format: str, extra: Mapping[str, Any], overwrite: bool,
+                    given: Mapping[str, Any]) -> dict[str, Any]:
+    """The sink's write options: what the source's metadata implies (class names, a TFRecord
+    payload kind), then the options the user gave (checked: a format never ignores one)."""
     import inspect
 
-    write = FORMATS.get(target_format).write
-    params = inspect.signature(write).parameters
-    options: dict[str, Any] = {}
-    if "overwrite" in params:
+    from unihub.formats.foreign import check_options
+
+    sink = FORMATS.get(target_format)
+    check_options(sink, given, writing=True)
+    options: dict[str, Any] = {**sink.export_options(extra), **given}
+    if "overwrite" in inspect.signature(sink.write).parameters:
         options["overwrite"] = overwrite
-    if "classes" in params and extra.get("classes"):
-        options["classes"] = list(extra["classes"])
     return options
 
 

@@ -1,15 +1,25 @@
-"""``unihub verify SRC DST``: compare two datasets row by row (values, shapes, dtypes).
+"""``unihub verify SRC DST``: is DST everything SRC holds, value for value?
 
-Either side may be a unihub dataset or a foreign one (read with its inferred schema). Rows
-are compared in storage order; images are compared as their encoded bytes, so a lossless
-conversion verifies exactly. The report lists the first differences.
+When one side is a foreign format (TFRecord, HDF5, WebDataset, an image folder) and the other a
+unihub dataset, the foreign side is read by **the format's own library**
+(:meth:`~unihub.formats.foreign.ForeignFormat.reference_records`: TensorFlow or the protobuf
+runtime, h5py, tarfile, the file bytes), never by the parser the conversion used, and the unihub
+rows are put in that same native form
+(:meth:`~unihub.formats.foreign.ForeignFormat.native_records`: what an export would write). So a
+field, a record, a feature list or a bit that the conversion lost shows up as a difference, even
+where unihub's own reading of the source would have lost it the same way. Both directions work:
+``verify source.tfrecord ds/`` checks an ingest, ``verify ds/ export.tfrecord`` an export.
+
+Two unihub datasets, or two foreign ones, are compared row by row after reading each with unihub.
+Every difference names the record, the field, what was expected and what was found.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.converters.convert import UNIHUB, _unihub_batches, resolve_source_format
-from unihub.formats.foreign import FORMATS
+from unihub.formats.foreign import FORMATS, ForeignFormat
 
 
 @dataclass
@@ -28,35 +38,38 @@ class VerifyReport:
     rows_source: int
     rows_target: int
     differences: list[str] = field(default_factory=list)
+    #: how the foreign side was read ("tfrecord's own reader"), or "" for a row-by-row comparison
+    reference: str = ""
 
     def summary(self) -> str:
+        how = f" (checked against {self.reference})" if self.reference else ""
         if self.equal:
-            return f"equal: {self.rows_source:,} rows, every value identical"
-        head = f"DIFFERENT: {self.rows_source:,} rows vs {self.rows_target:,} rows"
+            return f"equal: {self.rows_source:,} rows, every value identical{how}"
+        head = f"DIFFERENT: {self.rows_source:,} rows vs {self.rows_target:,} rows{how}"
         return "\n".join([head, *(f"  {d}" for d in self.differences)])
 
 
-def _rows(path: str, fmt: str | None) -> tuple[list[str], Iterator[dict[str, Any]]]:
+def _rows(path: str, fmt: str | None, options: Mapping[str, Any]) -> tuple[list[str], Iterator[dict[str, Any]]]:
     import unihub.formats.formats_all  # noqa: F401
 
     name = resolve_source_format(path, fmt)
     if name == UNIHUB:
         batches, schema, _, _ = _unihub_batches(path, None, 256)
     else:
-        source = FORMATS.get(name)(path)
+        source = FORMATS.get(name)(path, **options)
         schema = source.infer_schema()
         batches = source.read_batches(schema)
     names = list(schema.fields)
+    return names, _batch_rows(names, batches)
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for batch in batches:
-            columns = [(batch[n].to_pylist() if isinstance(batch[n], pa.Array) else list(batch[n]))
-                       if n in batch else None for n in names]
-            count = max((len(c) for c in columns if c is not None), default=0)
-            for i in range(count):
-                yield {n: (c[i] if c is not None else None) for n, c in zip(names, columns)}
 
-    return names, rows()
+def _batch_rows(names: list[str], batches: Any) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        columns = [(batch[n].to_pylist() if isinstance(batch[n], pa.Array) else list(batch[n]))
+                   if n in batch else None for n in names]
+        count = max((len(c) for c in columns if c is not None), default=0)
+        for i in range(count):
+            yield {n: (c[i] if c is not None else None) for n, c in zip(names, columns)}
 
 
 def values_equal(a: Any, b: Any) -> tuple[bool, str]:
@@ -81,6 +94,79 @@ def values_equal(a: Any, b: Any) -> tuple[bool, str]:
     return bool(a == b), f"{a!r} vs {b!r}"
 
 
+# -- native records: exact, recursive comparison -------------------------------------------------
+def first_difference(expected: Any, found: Any, where: str = "") -> str | None:
+    """The first way ``found`` differs from ``expected`` (``"field 'x': expected ..., found ..."``),
+    or None when they are identical: same types, dtypes, shapes, and bits (NaN equals a NaN of the
+    same bits; -0.0 differs from 0.0). Dicts are compared key by key, lists item by item."""
+    if isinstance(expected, Mapping) and isinstance(found, Mapping):
+        for key in expected:
+            if key not in found:
+                return f"{_at(where, key)}: expected {_show(expected[key])}, found nothing (missing)"
+        for key in found:
+            if key not in expected:
+                return f"{_at(where, key)}: expected nothing, found {_show(found[key])} (not in the source)"
+        for key in expected:
+            difference = first_difference(expected[key], found[key], _at(where, key))
+            if difference is not None:
+                return difference
+        return None
+    if isinstance(expected, (list, tuple)) and isinstance(found, (list, tuple)):
+        if len(expected) != len(found):
+            return f"{where or 'record'}: expected {len(expected)} items, found {len(found)}"
+        for i, (a, b) in enumerate(zip(expected, found)):
+            difference = first_difference(a, b, f"{where}[{i}]")
+            if difference is not None:
+                return difference
+        return None
+    if _same_leaf(expected, found):
+        return None
+    return f"{where or 'record'}: expected {_show(expected)}, found {_show(found)}"
+
+
+def _same_leaf(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype == object:
+            return all(first_difference(x, y) is None for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
+        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    if isinstance(a, (bytes, bytearray, memoryview)) and isinstance(b, (bytes, bytearray, memoryview)):
+        return bytes(a) == bytes(b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if isinstance(a, float):
+        return math.copysign(1.0, a) == math.copysign(1.0, b) and (a == b or (math.isnan(a) and math.isnan(b)))
+    return bool(a == b)
+
+
+def _at(where: str, key: Any) -> str:
+    return f"{where}/{key}" if where else f"field {key!r}" if isinstance(key, str) else f"[{key}]"
+
+
+def _show(value: Any) -> str:
+    """A short description of a value for messages (bounded: values can be megabytes)."""
+    if isinstance(value, np.ndarray):
+        body = np.array2string(value.ravel()[:8], threshold=8, edgeitems=4)
+        more = ", ..." if value.size > 8 else ""
+        return f"{value.dtype}{list(value.shape)} {body[:120]}{more}"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return f"{len(data)} bytes {data[:24]!r}{'...' if len(data) > 24 else ''}"
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)} items [" + ", ".join(_show(v) for v in value[:3]) + (", ...]" if len(value) > 3 else "]")
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(map(repr, list(value)[:6])) + (", ...}" if len(value) > 6 else "}")
+    if isinstance(value, np.generic):
+        return f"{value.dtype.name}({value.item()!r})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "None"
@@ -89,11 +175,62 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def _own_reader(fmt: type[ForeignFormat]) -> bool:
+    return fmt.reference_records is not ForeignFormat.reference_records
+
+
 def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
-           to_format: str | None = None, max_differences: int = 10) -> VerifyReport:
-    """Compare ``src`` and ``dst`` row by row; ``equal`` only when every field of every row matches."""
-    src_names, src_rows = _rows(os.fspath(src), from_format)
-    dst_names, dst_rows = _rows(os.fspath(dst), to_format)
+           to_format: str | None = None, max_differences: int = 10,
+           options: Mapping[str, Any] | None = None) -> VerifyReport:
+    """Compare ``src`` and ``dst``; ``equal`` only when every field of every record matches.
+
+    ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``).
+    """
+    import unihub.formats.formats_all  # noqa: F401
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    src_format, dst_format = resolve_source_format(src, from_format), resolve_source_format(dst, to_format)
+    options = dict(options or {})
+    if (src_format == UNIHUB) != (dst_format == UNIHUB):
+        foreign_format = dst_format if src_format == UNIHUB else src_format
+        if _own_reader(FORMATS.get(foreign_format)):
+            return _verify_native(src, dst, foreign_format, src_format == UNIHUB, options, max_differences)
+    return _verify_rows(src, dst, from_format, to_format, options, max_differences)
+
+
+def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dict[str, Any],
+                   max_differences: int) -> VerifyReport:
+    """One foreign side read by its own library, the unihub side projected into that form."""
+    fmt = FORMATS.get(fmt_name)
+    foreign_path, unihub_path = (dst, src) if export else (src, dst)
+    source = fmt(foreign_path, **options)
+    batches, schema, extra, _ = _unihub_batches(unihub_path, None, 256)
+    reference = source.reference_records()
+    projected = fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options)
+    differences: list[str] = []
+    counts = [0, 0]
+    for index, (theirs, ours) in enumerate(itertools.zip_longest(reference, projected)):
+        counts[0] += theirs is not None
+        counts[1] += ours is not None
+        if theirs is None or ours is None or len(differences) >= max_differences:
+            continue
+        where, record = theirs
+        expected, found = (ours, record) if export else (record, ours)
+        difference = first_difference(expected, found)
+        if difference is not None:
+            differences.append(f"record {index} ({where}), {difference}")
+    rows_source, rows_target = (counts[1], counts[0]) if export else (counts[0], counts[1])
+    if rows_source != rows_target:
+        differences.insert(0, f"record counts differ: {rows_source:,} in the source vs {rows_target:,} in the target")
+    return VerifyReport(not differences, rows_source, rows_target, differences[:max_differences],
+                        reference=f"{fmt_name}'s own reader")
+
+
+def _verify_rows(src: str, dst: str, from_format: str | None, to_format: str | None, options: dict[str, Any],
+                 max_differences: int) -> VerifyReport:
+    """Both sides read by unihub and compared row by row (two unihub datasets, or two foreign ones)."""
+    src_names, src_rows = _rows(src, from_format, options)
+    dst_names, dst_rows = _rows(dst, to_format, options)
     differences: list[str] = []
     missing = [n for n in src_names if n not in dst_names]
     extra = [n for n in dst_names if n not in src_names]

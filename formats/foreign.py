@@ -7,7 +7,16 @@ in ``formats/`` defining a :class:`ForeignFormat` subclass decorated with
 - :meth:`ForeignFormat.infer_schema`: a Unischema for the source, found by scanning records;
 - :meth:`ForeignFormat.read_batches`: the records as column batches of that schema
   (image fields keep their encoded bytes; nothing is re-encoded);
-- :meth:`ForeignFormat.write`: export column batches of a Unischema back to the format.
+- :meth:`ForeignFormat.write`: export column batches of a Unischema back to the format;
+- :meth:`ForeignFormat.reference_records` / :meth:`ForeignFormat.native_records`: the records
+  as the format's own library reads them, and a unihub dataset's rows in that same form, so
+  that ``unihub verify`` checks a conversion against the source itself, not against unihub's
+  own reading of it.
+
+Each format declares the options it takes in :attr:`ForeignFormat.OPTIONS` (for reading) and
+:attr:`ForeignFormat.WRITE_OPTIONS` (for :meth:`~ForeignFormat.write`): the CLI's
+``--option KEY=VALUE`` parses them with these declarations, ``unihub convert --help`` lists
+them, and an option a format does not take is refused, never silently ignored.
 
 ``converters/`` composes these with :func:`unihub.write_dataset` and the readers.
 """
@@ -21,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-from unihub.errors import FormatError
+from unihub.errors import FormatError, UnsupportedFormatError
 from unihub.formats.schema import Unischema
 from unihub.registry import Registry
 
@@ -43,6 +52,70 @@ def register_format(name: str, *, aliases: tuple[str, ...] = (), extensions: tup
         return cls
 
     return add
+
+
+@dataclass(frozen=True)
+class FormatOption:
+    """One option a format takes: its help line, and how the CLI's ``KEY=VALUE`` text becomes a value."""
+
+    help: str
+    parse: Callable[[str], Any] = str
+
+
+def parse_bool(text: str) -> bool:
+    """``true/yes/1/on`` or ``false/no/0/off`` (any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_list(text: str) -> list[str]:
+    """Comma-separated items, blanks dropped: ``a,b/c`` -> ``['a', 'b/c']``."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_choice(*choices: str) -> Callable[[str], str]:
+    """A parser accepting one of ``choices`` (case-insensitive), returned as spelled in ``choices``."""
+
+    def parse(text: str) -> str:
+        for choice in choices:
+            if text.strip().lower() == choice.lower():
+                return choice
+        raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+
+    parse.__name__ = "|".join(choices)
+    return parse
+
+
+def check_options(fmt: type[ForeignFormat], options: Mapping[str, Any], *, writing: bool) -> None:
+    """Refuse options ``fmt`` does not take (for writing, or reading), naming the ones it does."""
+    declared = fmt.WRITE_OPTIONS if writing else fmt.OPTIONS
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        verb = "writing" if writing else "reading"
+        valid = ", ".join(sorted(declared)) or "none"
+        raise UnsupportedFormatError(f"{fmt.format_name} takes no option {', '.join(map(repr, unknown))} when "
+                                     f"{verb}; its {verb} options: {valid}")
+
+
+def parse_options(fmt: type[ForeignFormat], pairs: Iterable[str], *, writing: bool) -> dict[str, Any]:
+    """``['KEY=VALUE', ...]`` (the CLI's ``--option``) -> typed options of ``fmt``, each checked."""
+    declared = fmt.WRITE_OPTIONS if writing else fmt.OPTIONS
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UnsupportedFormatError(f"--option takes KEY=VALUE, got {pair!r}")
+        check_options(fmt, {key: None}, writing=writing)
+        try:
+            options[key] = declared[key].parse(text)
+        except ValueError as exc:
+            raise UnsupportedFormatError(f"{fmt.format_name} option {key}: {exc}") from None
+    return options
 
 
 @dataclass
@@ -93,8 +166,13 @@ class ForeignFormat(ABC):
     """
 
     format_name: ClassVar[str] = ""
+    #: the options reading takes (the constructor's ``**options``): name -> :class:`FormatOption`
+    OPTIONS: ClassVar[Mapping[str, FormatOption]] = {}
+    #: the options :meth:`write` takes
+    WRITE_OPTIONS: ClassVar[Mapping[str, FormatOption]] = {}
 
     def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        check_options(type(self), options, writing=False)
         self.sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
         self.options = options
         self.report = ReadReport()
@@ -150,6 +228,33 @@ class ForeignFormat(ABC):
     @abstractmethod
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:
         """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
+
+    @classmethod
+    def export_options(cls, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Write options that follow from a dataset's ``unihub.extra`` metadata (what its source was:
+        class names, a TFRecord payload kind), so that an ingest exported back gives the source again.
+        Options the user gives override these."""
+        return {}
+
+    # -- verify: the format's own reading ---------------------------------------------------
+    def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every record as the format's *own* library reads it (TensorFlow or the protobuf runtime,
+        h5py, tarfile, the file bytes), never through unihub's parsers: ``(where, record)`` in the
+        order :meth:`read_batches` gives rows, ``where`` naming file and record for messages.
+
+        A record is a dict of plain values (bytes, str, numbers, numpy arrays, lists and dicts of
+        them) keyed by the source's own names. ``unihub verify`` compares these with
+        :meth:`native_records` of the converted dataset, value by value and bit by bit.
+        """
+        raise UnsupportedFormatError(f"{self.format_name} cannot be verified against its own reader yet")
+
+    @classmethod
+    def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]],
+                       extra: Mapping[str, Any], **options: Any) -> Iterator[dict[str, Any]]:
+        """The rows of a unihub dataset (``{field name: value}``, images as stored bytes) as
+        :meth:`reference_records` would give the records an export of them holds; ``extra`` is the
+        dataset's ``unihub.extra`` metadata, ``options`` the reading options of the other side."""
+        raise UnsupportedFormatError(f"{cls.format_name} cannot be verified against its own reader yet")
 
 
 def check_on_error(on_error: Any) -> None:

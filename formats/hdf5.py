@@ -52,7 +52,18 @@ from unihub.dependencies import require
 from unihub.errors import DatasetExistsError, FormatError, SchemaError
 from unihub.formats import dtypes
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
-from unihub.formats.foreign import ColumnBatch, ForeignFormat, OnError, SkippedRecord, python_columns, register_format
+from unihub.formats.foreign import (
+    ColumnBatch,
+    ForeignFormat,
+    FormatOption,
+    OnError,
+    SkippedRecord,
+    parse_bool,
+    parse_choice,
+    parse_list,
+    python_columns,
+    register_format,
+)
 from unihub.formats.schema import Unischema, UnischemaField
 
 #: Attribute holding a dataset's Unischema field (JSON) in files unihub exports.
@@ -94,6 +105,19 @@ class HDF5Format(ForeignFormat):
         schema = source.infer_schema()
         for batch in source.read_batches(schema, batch_size=512): ...
     """
+
+    OPTIONS = {
+        "fields": FormatOption("dataset paths or group names to ingest, comma-separated", parse_list),
+        "ignore_mismatched": FormatOption("keep the datasets of the most common length, warn about the others",
+                                          parse_bool),
+        "slice_mb": FormatOption("megabytes read at a time (default 8)", float),
+    }
+    WRITE_OPTIONS = {
+        "images": FormatOption("image fields as their encoded bytes or as decoded pixels (default bytes)",
+                               parse_choice("bytes", "pixels")),
+        "compression": FormatOption("h5py compression of every dataset (default none)", parse_choice("gzip", "lzf")),
+        "chunk_rows": FormatOption("rows per chunk (default: about 1 MB chunks)", int),
+    }
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -55,7 +55,7 @@ import shutil
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any
@@ -71,11 +71,14 @@ from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
+    FormatOption,
     OnError,
     ReadReport,
     SkippedRecord,
     check_on_error,
     map_in_workers,
+    parse_bool,
+    parse_list,
     python_columns,
     register_format,
 )
@@ -134,9 +137,6 @@ class ImageFolderFormat(ForeignFormat):
 
     def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
         super().__init__(sources, **options)
-        unknown = set(options) - {"verify"}
-        if unknown:
-            raise SchemaError(f"unknown image folder options {sorted(unknown)}; valid: ['verify']")
         if len(self.sources) != 1:
             raise FormatError(f"an image folder is one root directory, got {len(self.sources)} sources: "
                               f"{self.sources}")
@@ -144,6 +144,17 @@ class ImageFolderFormat(ForeignFormat):
         if not os.path.isdir(self.root):
             raise DatasetNotFoundError(f"{self.root}: not a directory; an image folder is a directory of "
                                        "class folders holding PNG/JPEG files, or of the files themselves")
+
+    OPTIONS = {
+        "verify": FormatOption("decode every image while reading, to catch corrupt pixel data (slower)", parse_bool),
+    }
+    WRITE_OPTIONS = {
+        "image_field": FormatOption("the field written as the image files (default: the only image field)"),
+        "label_field": FormatOption("the field naming each row's class folder (default 'label')"),
+        "path_field": FormatOption("the field holding each file's path (default 'path')"),
+        "classes": FormatOption("class folder names by label index, comma-separated (default: the source's)",
+                                parse_list),
+    }
 
     # -------------------------------------------------------------------- contract
     @classmethod
@@ -312,6 +323,11 @@ class ImageFolderFormat(ForeignFormat):
             shutil.rmtree(temporary, ignore_errors=True)
             raise
         return [os.path.join(target, rel) for rel in written]
+
+    @classmethod
+    def export_options(cls, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The source's class names, so labels map back to the same folders."""
+        return {"classes": list(extra["classes"])} if extra.get("classes") else {}
 
     # -------------------------------------------------------------------- listing
     @cached_property

@@ -576,7 +576,7 @@ def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport)
 def scan_fast(options: dict[str, Any], files: list[str],
               sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
     """What :func:`unihub.formats.tfrecord._scan_files` returns, a block of records at a time."""
-    source = TFRecordFormat(files, **options)
+    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
     on_error = options.get("on_error", "raise")
     check_on_error(on_error)
     report = ReadReport()

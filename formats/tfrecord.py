@@ -38,6 +38,7 @@ from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
+    FormatOption,
     OnError,
     ReadReport,
     SchemaOutgrown,
@@ -220,7 +221,7 @@ def _scan_files(options: dict[str, Any], files: list[str],
     if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
         from unihub.formats.tfbatch import scan_fast
         return scan_fast(options, files, sample_records)
-    source = TFRecordFormat(files, **options)
+    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
     stats: dict[str, _Stats] = {}
     total = 0
     for _, _, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
@@ -296,6 +297,14 @@ class TFRecordFormat(ForeignFormat):
         for batch in source.read_batches(schema, batch_size=256):
             ...
     """
+
+    OPTIONS = {
+        "compression": FormatOption("auto (detected from each file's content), none or gzip (default auto)"),
+    }
+    WRITE_OPTIONS = {
+        "compression": FormatOption("none or gzip (default none)"),
+        "records_per_file": FormatOption("records per shard (default: one file, or one shard)", int),
+    }
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -41,6 +41,7 @@ from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
+    FormatOption,
     OnError,
     SkippedRecord,
     expand_sources,
@@ -391,6 +392,11 @@ class WebDatasetFormat(ForeignFormat):
             ...
         WebDatasetFormat.write("out/", schema, batches, samples_per_shard=5000)
     """
+
+    WRITE_OPTIONS = {
+        "samples_per_shard": FormatOption("samples per tar shard (default 10000)", int),
+        "pattern": FormatOption("shard file names, with one %d for the shard number (default shard-%06d.tar)"),
+    }
 
     @classmethod
     def detect(cls, path: str) -> bool:
