@@ -342,6 +342,8 @@ def detect_format(path: str) -> str | None:
     import unihub.formats.formats_all  # noqa: F401  (registers every format module)
 
     base = expand_braces(os.fspath(path))[0]
+    if any(c in base for c in "*?["):  # a glob: judge by the first file it matches
+        base = next(iter(sorted(glob.glob(base))), base)
     parts = os.path.basename(base).split(".")
     for ext in (os.path.splitext(base)[1], "." + ".".join(parts[-2:]) if len(parts) > 2 else ""):
         name = FORMATS.by_extension(ext) if ext else None

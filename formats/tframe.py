@@ -2,21 +2,21 @@
 
 A plain file is memory-mapped (records are framed, CRC-checked and later parsed where the page
 cache holds them: copying into fresh memory costs more in page faults than the read itself) or,
-where it cannot be mapped, read in chunks of :data:`CHUNK`; a GZIP file is framed by the
+where it cannot be mapped, read in chunks of :data:`CHUNK`; a GZIP or zlib file is framed by the
 streaming reader, so a corrupt stream fails at the same record. Known record headers skip the
 length CRC. Errors come in file order, after the records before them, with the same messages.
 """
 
 from __future__ import annotations
 
-import gzip
 import mmap
 from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
 
-from unihub.formats.tfrecord import _MASK_DELTA, _U32, _U64, _crc32c, _is_gzip, _mask, _next_record
+from unihub.formats.tfio import open_records
+from unihub.formats.tfrecord import _MASK_DELTA, _U32, _U64, _crc32c, _mask, _next_record, file_compression
 
 __all__ = ["Block", "Error", "Framer"]
 
@@ -53,8 +53,9 @@ class Framer:
     """
 
     def __init__(self, path: str, compression: str | None) -> None:
-        self.gz = _is_gzip(path, compression)
-        self.f: IO[bytes] = gzip.open(path, "rb") if self.gz else open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
+        kind = file_compression(path, compression)
+        self.gz = kind != "none"  # a GZIP or zlib stream: framed as it is decompressed, in order
+        self.f: IO[bytes] = open_records(path, kind)
         self.crc = _crc32c()
         self.buf: bytes | mmap.mmap = b""
         if not self.gz and MAP_FILES:
@@ -78,7 +79,7 @@ class Framer:
         self.f.close()
 
     def consumed(self) -> int:
-        """Bytes of the file (compressed, for GZIP) taken so far: progress against its size."""
+        """Bytes of the file (compressed, for GZIP and zlib) taken so far: progress against its size."""
         if self.gz:
             raw = getattr(self.f, "fileobj", None)
             return raw.tell() if raw is not None else 0

@@ -25,7 +25,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import IO, Any
 
 import numpy as np
@@ -58,9 +58,10 @@ from unihub.formats.tfexample import (
     ld,
     parse_example,
 )
+from unihub.formats.tffiles import Listing, list_files, named_like_tfrecord
+from unihub.formats.tfio import Compression, ZlibWriter, compression_of, normalize_compression, open_records
 
 SHAPE_SUFFIX = "/shape"
-_GZIP_MAGIC = b"\x1f\x8b"
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -83,20 +84,18 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def _is_gzip(path: str, compression: str | None) -> bool:
-    if compression is not None and compression.upper() not in ("", "NONE", "GZIP", "AUTO"):
-        raise UnsupportedFormatError(f"TFRecord compression must be None, 'GZIP' or 'auto', not {compression!r}")
-    if compression is not None and compression.upper() in ("", "NONE", "GZIP"):
-        return compression.upper() == "GZIP"
-    with open(path, "rb") as f:
-        head = f.read(12)
-    if len(head) == 12 and masked_crc(head[:8]) == _U32.unpack(head[8:])[0]:
-        return False  # a valid plain header, even if it happens to start like gzip
-    return head[:2] == _GZIP_MAGIC
+def _header_ok(header: bytes) -> bool:
+    """True when 12 bytes are a record header whose length CRC holds."""
+    return masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
+
+
+def file_compression(path: str, compression: str | None) -> Compression:
+    """The compression of ``path``: the option's, or found from the file's bytes (see :mod:`tfio`)."""
+    return compression_of(path, compression, _header_ok)
 
 
 def _open(path: str, compression: str | None) -> IO[bytes]:
-    return gzip.open(path, "rb") if _is_gzip(path, compression) else open(path, "rb")  # noqa: SIM115
+    return open_records(path, file_compression(path, compression))
 
 
 def iter_records(path: str, *, compression: str | None = None, on_error: OnError = "raise",
@@ -135,7 +134,7 @@ def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]
             return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
         length = _U64.unpack_from(header)[0]
         body = f.read(length + 4)
-    except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip/zlib stream cut short or corrupt
         return None, 0, f"unreadable compressed stream ({exc})"
     if len(body) < length + 4:
         return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
@@ -299,23 +298,57 @@ class TFRecordFormat(ForeignFormat):
     """
 
     OPTIONS = {
-        "compression": FormatOption("auto (detected from each file's content), none or gzip (default auto)"),
+        "compression": FormatOption("auto (found from each file's bytes), none, gzip or zlib (default auto)"),
+        "split": FormatOption("the shard set to convert where a directory holds several (train, validation, ...)"),
     }
     WRITE_OPTIONS = {
-        "compression": FormatOption("none or gzip (default none)"),
+        "compression": FormatOption("none, gzip or zlib (default none)"),
         "records_per_file": FormatOption("records per shard (default: one file, or one shard)", int),
     }
 
     @classmethod
     def detect(cls, path: str) -> bool:
+        """A file whose first record header is valid (any compression), or a directory holding such
+        files or files named like TFRecord shards (``train-00000-of-00004``, ``x.tfrecord``)."""
+        if os.path.isdir(path):
+            seen = 0
+            for directory, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                for name in sorted(n for n in names if not n.startswith((".", "_"))):
+                    if named_like_tfrecord(name) or cls.detect(os.path.join(directory, name)):
+                        return True
+                    seen += 1
+                    if seen >= 16:
+                        return False
+            return False
         try:
             if os.path.isfile(path):
                 with _open(path, None) as f:
                     head = f.read(12)
-                return len(head) == 12 and masked_crc(head[:8]) == _U32.unpack(head[8:])[0]
-        except (OSError, EOFError, ImportError):
+                return len(head) == 12 and _header_ok(head)
+        except (OSError, EOFError, ImportError, zlib.error, FormatError):
             pass
         return False
+
+    def files(self) -> list[str]:
+        """The record files: paths and patterns as given; from directories, the TFRecord files
+        (TF shard names, TFDS layouts, any file holding records); see :mod:`unihub.formats.tffiles`."""
+        return self._listing.files
+
+    @cached_property
+    def _listing(self) -> Listing:
+        return list_files(self.sources, split=self.options.get("split"), is_record_file=type(self).detect)
+
+    def metadata(self) -> dict[str, Any]:
+        """What the source held besides records: files that are not records, TFDS's JSON files."""
+        listing = self._listing
+        info: dict[str, Any] = {}
+        if listing.ignored:
+            info["not_records"] = [os.path.relpath(p, os.path.dirname(self.sources[0].rstrip("/")) or ".")
+                                   for p in listing.ignored[:1000]]
+        if listing.tfds:
+            info["tfds"] = listing.tfds
+        return {"tfrecord": info} if info else {}
 
     def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
         """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
@@ -400,16 +433,14 @@ class TFRecordFormat(ForeignFormat):
         """
         if options:
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
-        gz = compression is not None and compression.upper() == "GZIP"
-        if compression is not None and compression.upper() not in ("", "NONE", "GZIP"):
-            raise UnsupportedFormatError(f"TFRecord compression must be None or 'GZIP', not {compression!r}")
+        kind = normalize_compression(compression) or "none"
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         target = os.fspath(target)
-        single = records_per_file is None and os.path.splitext(target.removesuffix(".gz"))[1] in \
+        single = records_per_file is None and os.path.splitext(_stem(target))[1] in \
             (".tfrecord", ".tfrecords", ".tfrec")
         encoders = _encoders(schema)
-        writer = _ShardWriter(target, single, gz, records_per_file)
+        writer = _ShardWriter(target, single, kind, records_per_file)
         try:
             for batch in map(python_columns, batches):
                 columns = [(batch[name], encode) for name, encode in encoders if name in batch]
@@ -559,7 +590,7 @@ def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
 
 def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:
     """Frame serialized records (any payload) into one TFRecord file, atomically; returns ``path``."""
-    writer = _ShardWriter(path, True, compression is not None and compression.upper() == "GZIP", None)
+    writer = _ShardWriter(path, True, normalize_compression(compression) or "none", None)
     try:
         for record in records:
             writer.write(record)
@@ -569,11 +600,19 @@ def write_records(path: str, records: Iterable[bytes], *, compression: str | Non
         raise
 
 
+_SUFFIXES = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
+
+
+def _stem(path: str) -> str:
+    """``path`` without a compression suffix (``.gz``, ``.zlib``)."""
+    return path.removesuffix(".gz").removesuffix(".zlib")
+
+
 class _ShardWriter:
     """Writes framed records into shards, each via a temporary sibling renamed on close."""
 
-    def __init__(self, target: str, single: bool, gz: bool, per_file: int | None) -> None:
-        self.target, self.single, self.gz, self.per_file = target, single, gz, per_file
+    def __init__(self, target: str, single: bool, compression: Compression, per_file: int | None) -> None:
+        self.target, self.single, self.compression, self.per_file = target, single, compression, per_file
         self.done: list[str] = []
         self.final = self.temp = ""
         self.raw: IO[bytes] | None = None
@@ -584,12 +623,12 @@ class _ShardWriter:
             os.makedirs(target, exist_ok=True)
 
     def _name(self, shard: int) -> str:
-        suffix = ".gz" if self.gz else ""
+        suffix = _SUFFIXES[self.compression]
         if not self.single:
             return os.path.join(self.target, f"part-{shard:05d}.tfrecord{suffix}")
         if self.per_file is None:
             return self.target
-        stem, ext = os.path.splitext(self.target.removesuffix(".gz"))
+        stem, ext = os.path.splitext(_stem(self.target))
         return f"{stem}-{shard:05d}{ext}{suffix}"
 
     def _open(self) -> None:
@@ -597,7 +636,10 @@ class _ShardWriter:
         self.temp = os.path.join(os.path.dirname(self.final) or ".",
                                  f".{os.path.basename(self.final)}.tmp-{os.getpid()}")
         self.raw = open(self.temp, "wb")  # noqa: SIM115
-        self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0) if self.gz else self.raw
+        if self.compression == "gzip":
+            self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0)
+        else:
+            self.stream = ZlibWriter(self.raw) if self.compression == "zlib" else self.raw  # type: ignore[assignment]
 
     def write(self, data: bytes) -> None:
         if self.stream is None:

@@ -1,0 +1,158 @@
+"""Which files of a TFRecord source hold records: shard names, TFDS layouts, splits, missing shards.
+
+TFRecord files carry no fixed extension. What real datasets look like::
+
+    imagenet/train-00000-of-01024            TensorFlow's shard names, no extension
+    imagenet/validation-00000-of-00128       (a second split in the same folder)
+    mnist/3.0.1/mnist-train.tfrecord-00000-of-00001    TFDS: <name>-<split>.tfrecord-<i>-of-<n>
+    mnist/3.0.1/dataset_info.json, features.json      TFDS metadata beside them (not records)
+    data/part-0.tfrecord.gz, data/part-1.tfrecords    plain names, any compression
+
+A file named by the user (a path, or a glob or brace pattern) is read as given. A directory
+contributes the files that are named like TFRecord files (``.tfrecord``/``.tfrecords``/``.tfrec``,
+or ``-NNNNN-of-NNNNN``) or whose first bytes are a TFRecord record (any compression); other
+files (JSON, text, images) are not records and are listed in the dataset's metadata.
+
+Files named ``<stem>-<i>-of-<n><suffix>`` form a *shard set*: a set with a shard missing is an
+error naming it (the missing shard's records would otherwise vanish without a word), and a
+directory holding several sets (``train`` and ``validation``) converts one, chosen with the
+``split`` option, rather than mixing them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from unihub.errors import FormatError
+from unihub.formats.foreign import expand_braces, expand_sources
+
+TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfrec")
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d+)-of-(?P<count>\d+)(?P<suffix>(?:\.[A-Za-z0-9]+)*)$")
+TFDS_METADATA = ("dataset_info.json", "features.json")
+_METADATA_LIMIT = 1 << 20  # bytes of a TFDS JSON file kept in the dataset's metadata
+
+
+@dataclass
+class Listing:
+    """The record files of a source, and what was seen beside them."""
+
+    files: list[str]
+    ignored: list[str] = field(default_factory=list)  # files in the directories that hold no records
+    splits: dict[str, list[str]] = field(default_factory=dict)  # shard set ('dir/stem-*-of-n') -> its files
+    tfds: dict[str, Any] = field(default_factory=dict)  # TFDS JSON files found beside the records
+
+
+def named_like_tfrecord(name: str) -> bool:
+    """True for ``x.tfrecord``, ``x.tfrecords.gz``, ``x.tfrecord-00000-of-00004``, ``train-00000-of-01024``."""
+    base = name.removesuffix(".gz").removesuffix(".zlib").removesuffix(".zz")
+    return base.endswith(TFRECORD_EXTENSIONS) or _SHARD.match(base) is not None or \
+        any(ext + "-" in base for ext in TFRECORD_EXTENSIONS)
+
+
+def split_name(key: str) -> str:
+    """The split a shard set names: ``d/mnist-train.tfrecord-*-of-4`` -> ``train``, ``d/validation-*-of-8`` -> itself."""
+    stem = _stem(key)
+    for ext in TFRECORD_EXTENSIONS:
+        stem = stem.removesuffix(ext)
+    return stem.rsplit("-", 1)[-1]
+
+
+def _stem(key: str) -> str:
+    return os.path.basename(key).split("-*-of-")[0]
+
+
+def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Callable[[str], bool]) -> Listing:
+    """The record files named by ``sources`` (sorted), checked for missing shards; see the module docstring."""
+    listing = Listing([])
+    named: list[str] = []  # files named one by one (a task's slice, say): their sets need not be whole
+    for source in sources:
+        for pattern in expand_braces(source):
+            if os.path.isdir(pattern):
+                _add_directory(listing, pattern, is_record_file)
+            else:
+                matched = expand_sources([pattern])
+                listing.files.extend(matched)
+                _note_sets(listing, matched)
+                if not any(c in pattern for c in "*?["):
+                    named.extend(matched)
+    listing.files = sorted(dict.fromkeys(listing.files))
+    if split is not None:
+        _choose_split(listing, split, sources)
+    elif len(listing.splits) > 1:
+        sets = "; ".join(f"{name!r} ({len(files)} files)" for name, files in sorted(listing.splits.items())[:6])
+        raise FormatError(f"{sources[0]}: holds {len(listing.splits)} shard sets ({sets}); converting them together "
+                          "would mix splits: choose one with --option split=NAME (e.g. split="
+                          f"{split_name(sorted(listing.splits)[0])}), or convert each", path=sources[0])
+    _check_complete(listing, set(named))
+    return listing
+
+
+def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], bool]) -> None:
+    records: list[str] = []
+    for directory, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if name.startswith((".", "_")):
+                continue
+            if name in TFDS_METADATA:
+                _keep_tfds(listing, path, name)
+                listing.ignored.append(path)
+            elif named_like_tfrecord(name) or is_record_file(path):
+                records.append(path)
+            else:
+                listing.ignored.append(path)
+    listing.files.extend(records)
+    _note_sets(listing, records)
+
+
+def _keep_tfds(listing: Listing, path: str, name: str) -> None:
+    try:
+        if os.path.getsize(path) <= _METADATA_LIMIT:
+            with open(path, encoding="utf-8") as handle:
+                listing.tfds[name.removesuffix(".json")] = json.load(handle)
+    except (OSError, ValueError):
+        pass  # provenance only: an unreadable JSON file changes no record
+
+
+def _note_sets(listing: Listing, paths: Sequence[str]) -> None:
+    for path in paths:
+        match = _SHARD.match(os.path.basename(path))
+        if match is not None:
+            key = os.path.join(os.path.dirname(path), f"{match['stem']}-*-of-{match['count']}{match['suffix']}")
+            listing.splits.setdefault(key, []).append(path)
+
+
+def _choose_split(listing: Listing, split: str, sources: Sequence[str]) -> None:
+    chosen = {key: files for key, files in listing.splits.items() if split in (_stem(key), split_name(key))}
+    if not chosen:
+        names = sorted({split_name(key) for key in listing.splits})
+        raise FormatError(f"{sources[0]}: no shard set named {split!r}; its splits: {', '.join(names) or 'none'}",
+                          path=sources[0])
+    keep = {path for files in chosen.values() for path in files}
+    listing.files = [f for f in listing.files if f in keep]
+    listing.splits = chosen
+
+
+def _check_complete(listing: Listing, named: set[str]) -> None:
+    for key, files in sorted(listing.splits.items()):
+        if named.issuperset(files):
+            continue
+        numbers = set()
+        count = 0
+        for path in files:
+            match = _SHARD.match(os.path.basename(path))
+            if match is not None:  # always: only shard names were noted
+                numbers.add(int(match["index"]))
+                count = int(match["count"])
+        missing = sorted(set(range(count)) - numbers)
+        if missing:
+            shown = ", ".join(str(i) for i in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise FormatError(f"{key}: shard set of {count} files lacks {len(missing)} (shard {shown}): their "
+                              "records would be missing; restore them, or name the files you want explicitly",
+                              path=key)
