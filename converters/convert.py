@@ -172,7 +172,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     if target_format != UNIHUB:  # checked before anything is written
-        write_options = _export_options(target_format, extra, overwrite, options if source_format == UNIHUB else {})
+        write_options = _export_options(target_format, extra, out_schema, overwrite,
+                                        options if source_format == UNIHUB else {})
     counted = meter.count(batches)
     try:
         if target_format == UNIHUB:
@@ -232,6 +233,7 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
             if not same_storage(refined, schema):
                 raise SchemaOutgrown(f"the whole input needs schema {refined}, the sample gave {schema}", refined)
             schema = refined
+            extra = {**extra, **source.metadata()}  # what the source knows after seeing every record
         tasks.finish(temporary, schema, extra)
         fsutil.commit(fs, temporary, target)  # an old target is moved aside, and back if this fails
     except BaseException:
@@ -266,7 +268,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
         shutil.rmtree(holder, ignore_errors=True)
 
 
-def _export_options(target_format: str, extra: Mapping[str, Any], overwrite: bool,
+def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unischema, overwrite: bool,
                     given: Mapping[str, Any]) -> dict[str, Any]:
     """The sink's write options: what the source's metadata implies (class names, a TFRecord
     payload kind), then the options the user gave (checked: a format never ignores one)."""
@@ -276,7 +278,7 @@ def _export_options(target_format: str, extra: Mapping[str, Any], overwrite: boo
 
     sink = FORMATS.get(target_format)
     check_options(sink, given, writing=True)
-    options: dict[str, Any] = {**sink.export_options(extra), **given}
+    options: dict[str, Any] = {**sink.export_options(extra, schema), **given}
     if "overwrite" in inspect.signature(sink.write).parameters:
         options["overwrite"] = overwrite
     return options

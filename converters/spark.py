@@ -61,7 +61,8 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     files = source.files()
     out_schema = load_schema(schema) if schema is not None else source.infer_schema()
     extra = {"source_format": source_format, "source": src, **source.metadata()}
-    plan = TaskPlan(source_format, src, options, out_schema, extra, row_group_size_mb, on_error,
+    # the source's options after inference: it may have added what its tasks need (feature lists)
+    plan = TaskPlan(source_format, src, dict(source.options), out_schema, extra, row_group_size_mb, on_error,
                     layout_of(source), validate=schema is not None)
     skipped = driver_skips(source)
     bytes_read = sum(os.path.getsize(f) for f in files if os.path.isfile(f))

@@ -151,14 +151,16 @@ def _at(where: str, key: Any) -> str:
 def _show(value: Any) -> str:
     """A short description of a value for messages (bounded: values can be megabytes)."""
     if isinstance(value, np.ndarray):
-        body = np.array2string(value.ravel()[:8], threshold=8, edgeitems=4)
+        body = np.array2string(value.ravel()[:8], threshold=8, edgeitems=4, separator=", ")
         more = ", ..." if value.size > 8 else ""
         return f"{value.dtype}{list(value.shape)} {body[:120]}{more}"
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
-        return f"{len(data)} bytes {data[:24]!r}{'...' if len(data) > 24 else ''}"
+        return repr(data) if len(data) <= 24 else f"{len(data)} bytes {data[:24]!r}..."
     if isinstance(value, (list, tuple)):
-        return f"{len(value)} items [" + ", ".join(_show(v) for v in value[:3]) + (", ...]" if len(value) > 3 else "]")
+        open_, close = "[]" if isinstance(value, list) else "()"
+        items = ", ".join(_show(v) for v in value[:4])
+        return f"{open_}{items}{close}" if len(value) <= 4 else f"{len(value)} items {open_}{items}, ...{close}"
     if isinstance(value, Mapping):
         return "{" + ", ".join(map(repr, list(value)[:6])) + (", ...}" if len(value) > 6 else "}")
     if isinstance(value, np.generic):
@@ -223,7 +225,7 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
     if rows_source != rows_target:
         differences.insert(0, f"record counts differ: {rows_source:,} in the source vs {rows_target:,} in the target")
     return VerifyReport(not differences, rows_source, rows_target, differences[:max_differences],
-                        reference=f"{fmt_name}'s own reader")
+                        reference=fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
 
 
 def _verify_rows(src: str, dst: str, from_format: str | None, to_format: str | None, options: dict[str, Any],

@@ -170,6 +170,8 @@ class ForeignFormat(ABC):
     OPTIONS: ClassVar[Mapping[str, FormatOption]] = {}
     #: the options :meth:`write` takes
     WRITE_OPTIONS: ClassVar[Mapping[str, FormatOption]] = {}
+    #: what :meth:`reference_records` reads with, for verify's report ("h5py", "tarfile", ...)
+    REFERENCE_READER: ClassVar[str] = ""
 
     def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
         check_options(type(self), options, writing=False)
@@ -230,9 +232,10 @@ class ForeignFormat(ABC):
         """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
 
     @classmethod
-    def export_options(cls, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """Write options that follow from a dataset's ``unihub.extra`` metadata (what its source was:
         class names, a TFRecord payload kind), so that an ingest exported back gives the source again.
+        ``schema`` is what is being written (metadata may name fields a narrower schema dropped).
         Options the user gives override these."""
         return {}
 

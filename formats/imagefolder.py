@@ -325,7 +325,7 @@ class ImageFolderFormat(ForeignFormat):
         return [os.path.join(target, rel) for rel in written]
 
     @classmethod
-    def export_options(cls, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """The source's class names, so labels map back to the same folders."""
         return {"classes": list(extra["classes"])} if extra.get("classes") else {}
 

@@ -18,9 +18,26 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Feature", "encode_entries", "encode_example", "encode_feature", "encode_scalar", "ld", "parse_example"]
+__all__ = ["Feature", "NotAnExample", "encode_entries", "encode_example", "encode_feature", "encode_scalar", "ld",
+           "message_fields", "parse_example", "parse_feature", "parse_features"]
 
 Feature = tuple[str | None, Any]  # ("bytes", [b"..."]) | ("float", f32 array) | ("int64", i64 array)
+
+
+class NotAnExample(ValueError):
+    """A well-formed record that is another message: a SequenceExample, a TensorProto, other bytes."""
+
+
+def describe_other(number: int, wire: int) -> str:
+    """Why a record whose top level holds field ``number`` (of ``wire`` type) is not an Example."""
+    if number == 2 and wire == 2:
+        return ("a tf.train.SequenceExample (it has feature_lists), among tf.train.Examples: a dataset mixing "
+                "the two cannot be converted as one; convert them apart, or pass --option "
+                "payload=sequence_example if every record is a SequenceExample")
+    if number == 1 and wire == 0:
+        return ("not a tf.train.Example: it starts like a TensorProto (tf.io.serialize_tensor), among "
+                "tf.train.Examples")
+    return f"not a tf.train.Example: it holds protobuf field {number} (wire type {wire}), which Examples do not have"
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -177,11 +194,36 @@ def parse_example(buf: bytes) -> dict[str, Feature]:
                 key, pos, stop = _field(buf, pos)
             if key == 0x0A:  # Example.features
                 _parse_features(buf, pos, stop, out)
+            elif stop <= end:  # another message (SequenceExample, TensorProto ...): its data would be lost
+                raise NotAnExample(describe_other(key >> 3, key & 7))
             pos = stop
         if pos != end:
             raise ValueError("a field runs past the end of its message")
+    except NotAnExample:
+        raise
     except (IndexError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"malformed tf.train.Example: {exc}") from exc
+    return out
+
+
+def parse_features(buf: bytes, pos: int, end: int) -> dict[str, Feature]:
+    """The ``Features`` message in ``buf[pos:end]`` (an Example's, a SequenceExample's context)."""
+    out: dict[str, Feature] = {}
+    _parse_features(buf, pos, end, out)
+    return out
+
+
+def message_fields(buf: bytes, pos: int = 0, end: int | None = None) -> list[tuple[int, int, int, int]]:
+    """``(field number, wire type, start, stop)`` of each top-level field of a message: ``buf[start:stop]``
+    is a length-delimited field's payload; for other wire types ``start == stop`` (value skipped)."""
+    end = len(buf) if end is None else end
+    out = []
+    while pos < end:
+        key, start, stop = _field(buf, pos)
+        if stop > end:
+            raise ValueError("a field runs past the end of its message")
+        out.append((key >> 3, key & 7, start, stop))
+        pos = stop
     return out
 
 
@@ -221,27 +263,7 @@ def _parse_features(buf: bytes, pos: int, end: int, out: dict[str, Feature]) -> 
                 if key3 == 0x0A:
                     name = buf[pos3:stop3].decode("utf-8")
                 elif key3 == 0x12:  # Feature: bytes_list = 1, float_list = 2, int64_list = 3
-                    feature = (None, [])
-                    pos4 = pos3
-                    while pos4 < stop3:
-                        key4 = buf[pos4]
-                        if key4 & 0x87 == 2:
-                            size = buf[pos4 + 1]
-                            pos4 += 2
-                            if size >= 0x80:  # two bytes inline, longer ones by _varint
-                                if buf[pos4] < 0x80:
-                                    size = (size & 0x7F) | buf[pos4] << 7
-                                    pos4 += 1
-                                else:
-                                    size, pos4 = _varint(buf, pos4 - 1)
-                            stop4 = pos4 + size
-                        else:
-                            key4, pos4, stop4 = _field(buf, pos4)
-                        if key4 == 0x0A or key4 == 0x12 or key4 == 0x1A:
-                            feature = _parse_list(buf, key4, pos4, stop4)
-                        pos4 = stop4
-                    if pos4 != stop3:
-                        raise ValueError("a field runs past the end of its message")
+                    feature = parse_feature(buf, pos3, stop3)
                 pos3 = stop3
             if pos3 != stop:
                 raise ValueError("a field runs past the end of its message")
@@ -249,6 +271,31 @@ def _parse_features(buf: bytes, pos: int, end: int, out: dict[str, Feature]) -> 
         pos = stop
     if pos != end:
         raise ValueError("a field runs past the end of its message")
+
+
+def parse_feature(buf: bytes, pos: int, end: int) -> Feature:
+    """The ``Feature`` message in ``buf[pos:end]``: ``(kind, values)``, ``(None, [])`` when no list is set."""
+    feature: Feature = (None, [])
+    while pos < end:
+        key = buf[pos]
+        if key & 0x87 == 2:
+            size = buf[pos + 1]
+            pos += 2
+            if size >= 0x80:  # two bytes inline, longer ones by _varint
+                if buf[pos] < 0x80:
+                    size = (size & 0x7F) | buf[pos] << 7
+                    pos += 1
+                else:
+                    size, pos = _varint(buf, pos - 1)
+            stop = pos + size
+        else:
+            key, pos, stop = _field(buf, pos)
+        if key == 0x0A or key == 0x12 or key == 0x1A:
+            feature = _parse_list(buf, key, pos, stop)
+        pos = stop
+    if pos != end:
+        raise ValueError("a field runs past the end of its message")
+    return feature
 
 
 # -- serializing -----------------------------------------------------------------------------

@@ -23,10 +23,10 @@ import gzip
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +45,8 @@ from unihub.formats.foreign import (
     SkippedRecord,
     check_on_error,
     map_in_workers,
+    parse_choice,
+    parse_list,
     python_columns,
     register_format,
 )
@@ -251,13 +253,31 @@ def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, 
     return stats, sum(total for _, total in parts)
 
 
+def empty_means_null(stats: _Stats, total: int) -> bool:
+    """True when a feature holds one value or an empty list in every record (never absent): its field
+    is a nullable single value whose None stands for the empty list."""
+    return stats.lengths == {0, 1} and stats.present == total
+
+
+def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
+    """The fields of features seen with ``stats`` in ``total`` records, sorted by name; a ``<name>/shape``
+    feature beside ``<name>`` gives that field's shapes instead of being a field."""
+    sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
+    return [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
+            if n not in sidecars]
+
+
 def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
     if len(stats.kinds) > 1:
         raise SchemaError(f"TFRecord feature {name!r} holds {sorted(stats.kinds)} lists in different records; "
                           f"give a schema file that says which to read")
     kind = next(iter(stats.kinds), "bytes")
-    nullable = stats.present < total or (stats.lengths == {0, 1})
-    lengths = stats.lengths - {0} if stats.lengths == {0, 1} else stats.lengths
+    # one value or an empty list in every record: a nullable single value, None for the empty list
+    # (export writes it back as one); absent in some records and empty in others: a list, so that
+    # absent (None) and empty stay apart
+    empty_as_null = empty_means_null(stats, total)
+    nullable = stats.present < total or empty_as_null
+    lengths = stats.lengths - {0} if empty_as_null else stats.lengths
     constant = next(iter(lengths)) if len(lengths) == 1 else None
     if kind == "bytes":
         if constant == 1 and stats.all_images and stats.images:
@@ -285,9 +305,12 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
 # -- the format ------------------------------------------------------------------------------
 @register_format("tfrecord", aliases=("tfrecords",), extensions=(".tfrecord", ".tfrecords", ".tfrec"))
 class TFRecordFormat(ForeignFormat):
-    """``tf.train.Example`` TFRecord files (plain or GZIP, any number of shards).
+    """TFRecord files (plain, GZIP or ZLIB, any number of shards) of ``tf.train.Example``,
+    ``tf.train.SequenceExample``, ``TensorProto`` or opaque records (see :mod:`unihub.formats.tfpayload`).
 
-    Options: ``compression`` (None/'auto': detected from the content, 'GZIP', '' for plain).
+    Options: ``compression`` (auto: found from each file's bytes), ``payload`` (auto: the first
+    record's kind), ``split`` (the shard set of a directory holding several), ``feature_lists``
+    (the fields read from a SequenceExample's feature lists; set by the schema inference).
 
     Example::
 
@@ -297,14 +320,34 @@ class TFRecordFormat(ForeignFormat):
             ...
     """
 
-    OPTIONS = {
+    OPTIONS: ClassVar[dict[str, FormatOption]] = {
         "compression": FormatOption("auto (found from each file's bytes), none, gzip or zlib (default auto)"),
         "split": FormatOption("the shard set to convert where a directory holds several (train, validation, ...)"),
+        "payload": FormatOption("what records hold: auto (the first record's kind), example, sequence_example, "
+                                "tensor, or bytes (each record kept whole in a 'record' field)",
+                                parse_choice("auto", "example", "sequence_example", "tensor", "bytes")),
+        "feature_lists": FormatOption("SequenceExample: the fields read from feature lists, comma-separated "
+                                      "(default: inferred)", parse_list),
     }
-    WRITE_OPTIONS = {
+    WRITE_OPTIONS: ClassVar[dict[str, FormatOption]] = {
         "compression": FormatOption("none, gzip or zlib (default none)"),
         "records_per_file": FormatOption("records per shard (default: one file, or one shard)", int),
+        "payload": FormatOption("what each record holds: example (default), sequence_example, tensor (the one "
+                                "field as a TensorProto) or bytes (the one bytes field as is)",
+                                parse_choice("example", "sequence_example", "tensor", "bytes")),
+        "feature_lists": FormatOption("sequence_example: the fields written as feature lists, comma-separated "
+                                      "(default: the source's)", parse_list),
+        "empty_as_null": FormatOption("fields whose nulls are written as empty lists, not left out "
+                                      "(default: as in the source)", parse_list),
     }
+
+    REFERENCE_READER = "TensorFlow's TFRecordDataset and protobuf messages"
+
+    def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        super().__init__(sources, **options)
+        #: features whose empty lists read as None (one value or none in every record): written back
+        #: as empty lists (found by the schema inference)
+        self.empty_as_null: list[str] = list(options.get("empty_as_null") or ())
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -348,22 +391,71 @@ class TFRecordFormat(ForeignFormat):
                                    for p in listing.ignored[:1000]]
         if listing.tfds:
             info["tfds"] = listing.tfds
+        if self.payload != "example":
+            info["payload"] = self.payload
+        if self.options.get("feature_lists"):
+            info["feature_lists"] = list(self.options["feature_lists"])
+        if self.empty_as_null:
+            info["empty_as_null"] = list(self.empty_as_null)
         return {"tfrecord": info} if info else {}
 
-    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
-        """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
+    @classmethod
+    def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
+        """A TFRecord source's payload kind, feature lists and empty lists (of the fields ``schema``
+        still has), so an export gives the source back."""
+        info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
+        options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
+        for key in ("feature_lists", "empty_as_null"):
+            names = [name for name in info.get(key) or () if name in schema]
+            if names:
+                options[key] = names
+        return options
+
+    def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfverify`)."""
+        from unihub.formats.tfverify import reference_records
+
+        return reference_records(self)
+
+    @classmethod
+    def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                       **options: Any) -> Iterator[dict[str, Any]]:
+        """Rows of a unihub dataset as TensorFlow would read an export of them (see tfverify)."""
+        from unihub.formats.tfverify import native_records
+
+        return native_records(schema, rows, extra, **options)
+
+    @cached_property
+    def payload(self) -> str:
+        """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
+        from unihub.formats.tfpayload import detect
+
+        chosen = self.options.get("payload") or "auto"
+        return detect(self) if chosen == "auto" else chosen
+
+    def records(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, bytes]]:
+        """``(path, record index, byte offset, data)`` for each well-framed record of every file."""
         check_on_error(on_error)
         for path in self.files():
             for index, offset, data in iter_records(path, compression=self.options.get("compression"),
                                                     on_error=on_error, report=report):
-                try:
-                    example = parse_example(data)
-                except ValueError as exc:
-                    _fail(path, index, offset, str(exc), on_error, report)
-                    continue
-                yield path, index, offset, example
+                yield path, index, offset, data
+
+    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
+        """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
+        for path, index, offset, data in self.records(on_error, report):
+            try:
+                example = parse_example(data)
+            except ValueError as exc:
+                _fail(path, index, offset, str(exc), on_error, report)
+                continue
+            yield path, index, offset, example
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
+        if self.payload != "example":
+            from unihub.formats.tfpayload import infer_schema
+
+            return infer_schema(self, self.payload, sample_records)
         files = self.files()
         options = {"on_error": self.on_error, **self.options}  # bad records: as the read will treat them
         if sample_records is None and self.workers > 1 and len(files) > 1:
@@ -375,10 +467,11 @@ class TFRecordFormat(ForeignFormat):
             stats, total = _scan_files(options, files, sample_records)
         return self._schema_from(stats, total)
 
-    def provisional_schema(self) -> Unischema:
+    def provisional_schema(self) -> Unischema | None:
         """The schema of the first records (:data:`PROVISIONAL_SAMPLE`); read_batches with
-        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`."""
-        return self.infer_schema(sample_records=PROVISIONAL_SAMPLE)
+        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`.
+        Examples only: other payloads are scanned whole first."""
+        return self.infer_schema(sample_records=PROVISIONAL_SAMPLE) if self.payload == "example" else None
 
     def refine_schema(self, observations: Sequence[Any]) -> Unischema:
         """The schema of every record, from the ``(statistics, records)`` each observing read saw."""
@@ -387,13 +480,20 @@ class TFRecordFormat(ForeignFormat):
     def _schema_from(self, stats: dict[str, _Stats], total: int) -> Unischema:
         if total == 0:
             raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
-        sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
-        fields = [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
-                  if n not in sidecars]
+        fields = fields_from_stats(stats, total)
+        if not fields:
+            raise FormatError(f"{self.sources}: all {total:,} records are empty tf.train.Examples (no features): "
+                              "nothing to convert", path=str(self.sources))
+        self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
         return Unischema("TFRecord", fields)
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
+        if self.payload != "example":
+            from unihub.formats.tfpayload import read_batches
+
+            yield from read_batches(self, self.payload, schema, batch_size, on_error)
+            return
         plans = [_Plan.of(f) for f in schema]
         if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
             from unihub.formats.tfbatch import read_batches_fast
@@ -426,28 +526,37 @@ class TFRecordFormat(ForeignFormat):
 
     @classmethod
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
-              compression: str | None = None, records_per_file: int | None = None, **options: Any) -> list[str]:
-        """Write Examples to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
+              compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
+              feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
+              **options: Any) -> list[str]:
+        """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
-        Each file appears atomically (written to a temporary sibling, then renamed).
+        ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
+        (``feature_lists`` names the fields written as feature lists, the rest is the context), a
+        ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
+        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each file
+        appears atomically (written to a temporary sibling, then renamed).
         """
         if options:
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
         kind = normalize_compression(compression) or "none"
+        if payload == "example":
+            encode = example_encoder(schema, empty_as_null or ())
+        else:
+            from unihub.formats.tfpayload import row_encoder
+
+            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         target = os.fspath(target)
         single = records_per_file is None and os.path.splitext(_stem(target))[1] in \
             (".tfrecord", ".tfrecords", ".tfrec")
-        encoders = _encoders(schema)
         writer = _ShardWriter(target, single, kind, records_per_file)
         try:
             for batch in map(python_columns, batches):
-                columns = [(batch[name], encode) for name, encode in encoders if name in batch]
-                n = len(columns[0][0]) if columns else 0
+                n = len(next(iter(batch.values()))) if batch else 0
                 for row in range(n):
-                    writer.write(encode_entries(entry for column, encode in columns if (value := column[row]) is not None
-                                          for entry in encode(value)))
+                    writer.write(encode(batch, row))
             return writer.close()
         except BaseException:
             writer.abort()
@@ -491,7 +600,7 @@ class _Plan:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
         f = self.field
         kind, values = example.get(f.name, _ABSENT)
-        if values is None or (not len(values) and (kind is None or f.shape == ())):
+        if values is None or (not len(values) and (kind is None or self.single)):
             if f.nullable:
                 return None
             if values is None:
@@ -555,11 +664,33 @@ def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) 
 
 
 # -- writing helpers -------------------------------------------------------------------------
-def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
-    """``(field name, value -> [(encoded key, feature), ...])`` for each field, checked up front."""
+RowEncoder = Callable[[Mapping[str, Any], int], bytes]
+
+
+def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = ()) -> RowEncoder:
+    """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
+    write None as an empty list, other None values leave their feature out."""
+    encoders = _encoders(schema, empty_as_null)
+
+    def encode(batch: Mapping[str, Any], row: int) -> bytes:
+        return encode_entries(entry for name, empty, enc in encoders if name in batch
+                              and ((value := batch[name][row]) is not None or empty) for entry in enc(value))
+
+    return encode
+
+
+def _encoders(schema: Unischema, empty_as_null: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
+    """``(field name, None is an empty list, value -> [(encoded key, feature), ...])`` for each field,
+    checked up front."""
     out = []
     for f in schema:
         key = ld(1, f.name.encode())
+        if f.name in empty_as_null:
+            kind = "bytes" if not _numeric(f.numpy_dtype) or isinstance(f.codec, CompressedImageCodec) else \
+                "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
+            empty = [(key, encode_feature(kind, []))]
+        else:
+            empty = []
         if isinstance(f.codec, CompressedImageCodec):
             def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
                 return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
@@ -584,8 +715,16 @@ def _encoders(schema: Unischema) -> list[tuple[str, Any]]:
                 array = np.asarray(v)
                 entries = [(key, encode_feature(kind, array.ravel()))]
                 return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
-        out.append((f.name, encode))
+        out.append((f.name, bool(empty), _or_empty(encode, empty)))
     return out
+
+
+def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
+              empty: list[tuple[bytes, bytes]]) -> Callable[[Any], list[tuple[bytes, bytes]]]:
+    """``encode``, with None encoded as ``empty`` (an empty list feature)."""
+    if not empty:
+        return encode
+    return lambda value: empty if value is None else encode(value)
 
 
 def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:

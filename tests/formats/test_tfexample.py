@@ -5,19 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unihub.formats.tfexample import encode_example, encode_feature, parse_example
+from unihub.formats.tfexample import NotAnExample, encode_example, encode_feature, parse_example
 
 
 def test_wire_format_edge_cases() -> None:
     values = np.array([0, 1, 127, 128, 300, -1, -(2**63), 2**63 - 1], np.int64)
     parsed = parse_example(encode_example({"v": encode_feature("int64", values)}))
     assert parsed["v"][0] == "int64" and parsed["v"][1].tolist() == values.tolist()
-    # unpacked repeated values (proto2 writers) and an unknown field are read too
+    # unpacked repeated values (proto2 writers) are read too
     unpacked = bytes([0x08, 0x05, 0x08, 0x7F])  # Int64List{value: 5, value: 127}, not packed
     feature = bytes([0x1A, len(unpacked)]) + unpacked
     entry = bytes([0x0A, 1]) + b"u" + bytes([0x12, len(feature)]) + feature
     features = bytes([0x0A, len(entry)]) + entry
-    assert parse_example(bytes([0x0A, len(features)]) + features + b"\x10\x01")["u"][1].tolist() == [5, 127]
+    assert parse_example(bytes([0x0A, len(features)]) + features)["u"][1].tolist() == [5, 127]
+    # a field an Example does not have would be lost: refused, saying what the record looks like
+    with pytest.raises(NotAnExample, match="holds protobuf field 2 \\(wire type 0\\)"):
+        parse_example(bytes([0x0A, len(features)]) + features + b"\x10\x01")
+    with pytest.raises(NotAnExample, match="SequenceExample \\(it has feature_lists\\)"):
+        parse_example(bytes([0x0A, len(features)]) + features + b"\x12\x00")
+    with pytest.raises(NotAnExample, match="starts like a TensorProto"):
+        parse_example(b"\x08\x01\x12\x00")
     with pytest.raises(ValueError, match="malformed"):
         parse_example(b"\x0a\x05\x0a")
 

@@ -1,0 +1,124 @@
+"""``unihub verify`` for TFRecord: the files as TensorFlow itself reads them, never unihub's parser.
+
+The reference side frames records with ``tf.data.TFRecordDataset`` and parses each with
+TensorFlow's protobuf messages: ``tf.train.SequenceExample`` (whose ``context`` is an Example's
+``features``, so one parse reads both kinds and sees feature lists an Example parse would drop),
+else ``TensorProto`` through ``tf.make_ndarray``, else the record is opaque bytes. The unihub side
+is encoded back into records exactly as an export would write them, then parsed the same way, so
+the two meet in one form:
+
+    {"features": {name: (kind, values)}, "feature_lists": {name: [(kind, values), ...]}}
+                                      an Example (no feature lists) or a SequenceExample (its context)
+    {"tensor": ndarray}               a TensorProto
+    {"record": bytes}                 anything else
+
+``values`` is a list of bytes, a float32 or an int64 array, compared bit for bit. Two things are
+the same record in TensorFlow's reading and compare equal: an empty list of any kind (or a feature
+with no list set), and a SequenceExample without feature lists and an Example with its features.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from unihub.dependencies import require
+from unihub.errors import FormatError
+from unihub.formats.schema import Unischema
+
+_TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
+
+
+def _tensorflow() -> Any:
+    return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
+
+
+def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every record of ``source`` (a TFRecordFormat) as TensorFlow reads it; see the module docstring."""
+    from unihub.formats.tfrecord import file_compression
+
+    tf = _tensorflow()
+    forced = source.options.get("payload") or "auto"
+    for path in source.files():
+        compression = _TF_COMPRESSION[file_compression(path, source.options.get("compression"))]
+        records = iter(tf.data.TFRecordDataset(path, compression_type=compression))
+        index = 0
+        while True:
+            try:
+                record = next(records)
+            except StopIteration:
+                break
+            except tf.errors.OpError as exc:
+                raise FormatError(f"{path}: TensorFlow cannot read record {index}: {exc.message}", path=path) from None
+            yield f"{os.path.basename(path)} record {index}", native(record.numpy(), forced)
+            index += 1
+
+
+def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                   **options: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a unihub dataset as :func:`reference_records` gives the records an export writes."""
+    from unihub.formats.tfrecord import TFRecordFormat, example_encoder
+
+    written = TFRecordFormat.export_options(extra, schema)
+    forced = options.get("payload") or "auto"
+    payload = forced if forced not in ("auto", None) else written.get("payload", "example")
+    if payload == "example":
+        encode = example_encoder(schema, written.get("empty_as_null", ()))
+    else:
+        from unihub.formats.tfpayload import row_encoder
+
+        lists = options.get("feature_lists") or written.get("feature_lists", ())
+        encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()))
+    for row in rows:
+        yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
+
+
+def native(data: bytes, payload: str = "auto") -> dict[str, Any]:
+    """One record in the comparison form, parsed by TensorFlow's messages (``payload`` forces a kind)."""
+    tf = _tensorflow()
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.framework import tensor_pb2
+
+    if payload == "bytes":
+        return {"record": bytes(data)}
+    if payload in ("auto", "example", "sequence_example"):
+        try:
+            message = tf.train.SequenceExample.FromString(data)
+            if not _unknown_fields(message):
+                return _example_form(message)
+        except DecodeError:
+            pass
+    if payload in ("auto", "tensor"):
+        try:
+            proto = tensor_pb2.TensorProto.FromString(data)
+            if proto.dtype and not _unknown_fields(proto):
+                return {"tensor": tf.make_ndarray(proto)}
+        except (DecodeError, TypeError, ValueError):
+            pass
+    return {"record": bytes(data)}
+
+
+def _unknown_fields(message: Any) -> int:
+    from google.protobuf import unknown_fields
+
+    return len(unknown_fields.UnknownFieldSet(message))
+
+
+def _example_form(message: Any) -> dict[str, Any]:
+    return {"features": {name: _feature(f) for name, f in sorted(message.context.feature.items())},
+            "feature_lists": {name: [_feature(f) for f in fl.feature]
+                              for name, fl in sorted(message.feature_lists.feature_list.items())}}
+
+
+def _feature(feature: Any) -> tuple[str, Any]:
+    kind = feature.WhichOneof("kind")
+    if kind == "bytes_list" and len(feature.bytes_list.value):
+        return "bytes", list(feature.bytes_list.value)
+    if kind == "float_list" and len(feature.float_list.value):
+        return "float", np.array(feature.float_list.value, dtype=np.float32)
+    if kind == "int64_list" and len(feature.int64_list.value):
+        return "int64", np.array(feature.int64_list.value, dtype=np.int64)
+    return "empty", []

@@ -1,0 +1,287 @@
+"""TFRecord records that are not plain Examples: SequenceExamples, serialized tensors, opaque bytes;
+and Examples whose empty lists and absent features must stay apart. Every input is written by
+TensorFlow itself; every conversion is checked value by value, exported back, and verified against
+TensorFlow's own reading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import make_reader
+from unihub.cli import main
+from unihub.converters.convert import convert
+from unihub.converters.verify import verify
+from unihub.errors import FormatError
+from unihub.formats.parquet import open_dataset
+
+tf = pytest.importorskip("tensorflow")
+
+
+def _records(path: Path, records: list[bytes], compression: str | None = None) -> Path:
+    with tf.io.TFRecordWriter(str(path), options=compression) as writer:
+        for record in records:
+            writer.write(record)
+    return path
+
+
+def _read(path: Path) -> list[bytes]:
+    return [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+
+
+def _rows(dataset: Path) -> list[Any]:
+    with make_reader(str(dataset), shuffle_row_groups=False) as reader:
+        return list(reader)
+
+
+def _left(tmp_path: Path, name: str) -> list[str]:
+    return [p.name for p in tmp_path.iterdir() if name in p.name]
+
+
+def _f(values: Any, kind: str) -> Any:
+    if kind == "int64":
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    if kind == "float":
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+
+
+# -- SequenceExample ------------------------------------------------------------------------------
+def _sequence(i: int) -> bytes:
+    context = {"id": _f([i], "int64"), "video": _f([f"clip-{i}".encode()], "bytes"),
+               "length": _f([i % 4], "int64")}
+    lists = {
+        "frames": [_f([i + s, -s, 0.5], "float") for s in range(i % 4)],      # k = 3, some with 0 steps
+        "labels": [_f([s * i], "int64") for s in range(i % 4 + 1)],          # one value a step
+        "boxes": [_f([0.25] * (2 * (s % 3)), "float") for s in range(i % 3 + 1)],  # ragged
+        "words": [_f([b"w%d" % j for j in range(s + 1)], "bytes") for s in range(i % 3)],  # ragged text
+        "length": [_f([s], "int64") for s in range(2)],                       # collides with a context name
+    }
+    if i % 5 != 2:
+        lists["raw"] = [_f([bytes([255, s, i % 256])], "bytes") for s in range(2)]  # not UTF-8; some records lack it
+    return tf.train.SequenceExample(
+        context=tf.train.Features(feature=context),
+        feature_lists=tf.train.FeatureLists(feature_list={k: tf.train.FeatureList(feature=v) for k, v in lists.items()}),
+    ).SerializeToString()
+
+
+@pytest.fixture
+def sequences(tmp_path: Path) -> Path:
+    return _records(tmp_path / "video.tfrecord", [_sequence(i) for i in range(23)])
+
+
+def test_sequence_examples_keep_their_feature_lists(sequences: Path, tmp_path: Path) -> None:
+    convert(sequences, tmp_path / "ds")
+    schema = open_dataset(str(tmp_path / "ds")).schema
+    shapes = {f.name: (np.dtype(f.numpy_dtype).name if f.numpy_dtype not in (np.str_, np.bytes_) else
+                       f.numpy_dtype.__name__, f.shape, f.nullable) for f in schema}
+    assert shapes == {
+        "id": ("int64", (), False), "video": ("str_", (), False), "length": ("int64", (), False),
+        "frames": ("float32", (None, 3), False), "labels": ("int64", (None,), False),
+        "boxes": ("float32", (None, None), False), "words": ("str_", (None, None), False),
+        "feature_lists/length": ("int64", (None,), False), "raw": ("bytes_", (None,), True),
+    }
+    rows = _rows(tmp_path / "ds")
+    assert len(rows) == 23
+    for i, row in enumerate(rows):
+        source = tf.train.SequenceExample.FromString(_sequence(i))
+        lists = source.feature_lists.feature_list
+        assert row.id == i and row.video == f"clip-{i}" and row.length == i % 4
+        expected_frames = np.array([list(f.float_list.value) for f in lists["frames"].feature], np.float32)
+        assert row.frames.dtype == np.float32 and row.frames.shape == (i % 4, 3)
+        np.testing.assert_array_equal(row.frames, expected_frames.reshape(-1, 3))
+        assert row.labels.dtype == np.int64 and row.labels.tolist() == [s * i for s in range(i % 4 + 1)]
+        assert [list(step) for step in row.boxes] == [[0.25] * (2 * (s % 3)) for s in range(i % 3 + 1)]
+        assert row.words == [[f"w{j}" for j in range(s + 1)] for s in range(i % 3)]
+        assert list(row.feature_lists_length) == [0, 1]
+        assert row.raw == (None if i % 5 == 2 else [bytes([255, s, i]) for s in range(2)])
+    report = verify(sequences, tmp_path / "ds")
+    assert report.equal, report.summary()
+    assert "TensorFlow" in report.summary()
+
+
+def test_sequence_examples_export_back_equal(sequences: Path, tmp_path: Path) -> None:
+    convert(sequences, tmp_path / "ds")
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "back.tfrecord"), "--quiet"]) == 0
+    back = [tf.train.SequenceExample.FromString(r) for r in _read(tmp_path / "back.tfrecord")]
+    source = [tf.train.SequenceExample.FromString(r) for r in _read(sequences)]
+    assert back == source
+    report = verify(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert report.equal, report.summary()
+
+
+def test_sequence_examples_in_workers(tmp_path: Path) -> None:
+    for part in range(3):
+        _records(tmp_path / f"part-{part}.tfrecord", [_sequence(i) for i in range(part * 7, part * 7 + 7)], "GZIP")
+    assert main(["convert", str(tmp_path / "part-*.tfrecord"), str(tmp_path / "ds"), "--workers", "2",
+                 "--quiet"]) == 0
+    assert [r.id for r in _rows(tmp_path / "ds")] == list(range(21))
+    report = verify(str(tmp_path / "part-*.tfrecord"), tmp_path / "ds")
+    assert report.equal, report.summary()
+
+
+def _example(i: int) -> bytes:
+    return tf.train.Example(features=tf.train.Features(feature={"id": _f([i], "int64")})).SerializeToString()
+
+
+def test_a_file_mixing_examples_and_sequence_examples_is_refused(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    mixed = _records(tmp_path / "mixed.tfrecord", [_example(0), _example(1), _sequence(2), _example(3)])
+    assert main(["convert", str(mixed), str(tmp_path / "ds"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mixed.tfrecord: record 2 at byte offset" in err
+    assert "tf.train.SequenceExample (it has feature_lists), among tf.train.Examples" in err
+    other = _records(tmp_path / "other.tfrecord", [_sequence(0), _sequence(1), _example(2)])
+    with pytest.raises(FormatError, match=r"other\.tfrecord: record 2 at byte offset \d+: a tf\.train\.Example "
+                                          r"\(no feature_lists\), among tf\.train\.SequenceExamples"):
+        convert(other, tmp_path / "ds")
+    assert not _left(tmp_path, "ds")
+    # said explicitly: an Example is a SequenceExample without feature lists
+    convert(other, tmp_path / "ds", format_options={"payload": "sequence_example"})
+    rows = _rows(tmp_path / "ds")
+    assert [r.id for r in rows] == [0, 1, 2] and rows[2].frames is None and rows[1].frames.shape == (1, 3)
+    report = verify(other, tmp_path / "ds", options={"payload": "sequence_example"})
+    assert report.equal, report.summary()
+
+
+def test_verify_notices_lost_feature_lists(sequences: Path, tmp_path: Path) -> None:
+    # what converting a SequenceExample file as Examples used to give: the context only
+    schema = open_dataset(str(_converted(sequences, tmp_path / "full"))).schema
+    context_only = schema.create_schema_view(["id", "video", "length"])
+    (tmp_path / "schema.json").write_text(context_only.to_json())
+    convert(tmp_path / "full", tmp_path / "lossy", schema=tmp_path / "schema.json")
+    report = verify(sequences, tmp_path / "lossy")
+    assert not report.equal
+    assert report.differences[0] == ("record 0 (video.tfrecord record 0), field 'feature_lists'/boxes: "
+                                     "expected [('empty', [])], found nothing (missing)")
+
+
+def _converted(src: Path, dst: Path) -> Path:
+    convert(src, dst)
+    return dst
+
+
+# -- TensorProto ----------------------------------------------------------------------------------
+def _tensor(value: Any, dtype: Any = None) -> bytes:
+    return tf.io.serialize_tensor(tf.constant(value, dtype=dtype)).numpy()
+
+
+@pytest.mark.parametrize("make, dtype, shape", [
+    (lambda i: np.arange(6, dtype=np.float32).reshape(2, 3) * i, "float32", (2, 3)),
+    (lambda i: np.full((i % 3 + 1, 4), i, np.int64), "int64", (None, 4)),
+    (lambda i: np.uint8(i), "uint8", ()),
+    (lambda i: np.array([i % 2 == 0, True]), "bool", (2,)),
+    (lambda i: np.float16(i) / 3, "float16", ()),
+])
+def test_serialized_tensors_become_a_tensor_field(tmp_path: Path, make: Any, dtype: str, shape: tuple) -> None:
+    values = [make(i) for i in range(12)]
+    src = _records(tmp_path / "t.tfrecord", [_tensor(v) for v in values])
+    convert(src, tmp_path / "ds")
+    field = open_dataset(str(tmp_path / "ds")).schema.tensor
+    assert np.dtype(field.numpy_dtype).name == dtype and field.shape == shape
+    for row, value in zip(_rows(tmp_path / "ds"), values):
+        got = np.asarray(row.tensor)
+        assert got.dtype == np.asarray(value).dtype and got.shape == np.shape(value)
+        assert got.tobytes() == np.asarray(value).tobytes()
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == _read(src)  # byte for byte what TensorFlow wrote
+
+
+def test_string_tensors(tmp_path: Path) -> None:
+    values = [[[b"a", b"bc"], [f"{i}".encode(), b""]] for i in range(5)]
+    src = _records(tmp_path / "s.tfrecord", [_tensor(v) for v in values])
+    convert(src, tmp_path / "ds")
+    field = open_dataset(str(tmp_path / "ds")).schema.tensor
+    assert field.numpy_dtype is np.str_ and field.shape == (2, 2)
+    assert [r.tensor for r in _rows(tmp_path / "ds")][3] == [["a", "bc"], ["3", ""]]
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == _read(src)
+
+
+def test_tensors_of_different_dtypes_or_unstorable_ones_are_refused(tmp_path: Path) -> None:
+    mixed = _records(tmp_path / "m.tfrecord", [_tensor([1.0]), _tensor([1.0]), _tensor([1], tf.int32)])
+    with pytest.raises(FormatError, match=r"m\.tfrecord: record 2 at byte offset \d+ holds a int32 rank-1 tensor, "
+                                          r"record 0 of .*m\.tfrecord a float32 rank-1 one"):
+        convert(mixed, tmp_path / "ds")
+    complex_ = _records(tmp_path / "c.tfrecord", [_tensor([1 + 2j])])
+    with pytest.raises(FormatError, match=r"c\.tfrecord: record 0 at byte offset 0 is not a tf.train.Example, "
+                                          r"SequenceExample or TensorProto"):
+        convert(complex_, tmp_path / "ds")
+    with pytest.raises(FormatError, match="complex128, which has no exact numpy/Arrow equivalent"):
+        convert(complex_, tmp_path / "ds", format_options={"payload": "tensor"})
+    assert not _left(tmp_path, "ds")
+
+
+# -- opaque records -------------------------------------------------------------------------------
+def test_records_that_are_no_known_message_are_refused_or_kept_as_bytes(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    payloads = [b"plain text %d" % i for i in range(5)] + [bytes(range(256)), b""]
+    src = _records(tmp_path / "raw.tfrecord", payloads)
+    assert main(["convert", str(src), str(tmp_path / "ds"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "raw.tfrecord: record 0 at byte offset 0 is not a tf.train.Example, SequenceExample or TensorProto" in err
+    assert "--option payload=bytes" in err and err.count("\n") == 1
+    assert not _left(tmp_path, "ds")
+
+    assert main(["convert", str(src), str(tmp_path / "ds"), "--option", "payload=bytes", "--quiet"]) == 0
+    assert [r.record for r in _rows(tmp_path / "ds")] == payloads
+    report = verify(src, tmp_path / "ds", options={"payload": "bytes"})
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == payloads
+
+
+def test_empty_examples_are_never_a_silent_zero_row_dataset(tmp_path: Path) -> None:
+    src = _records(tmp_path / "empty.tfrecord", [tf.train.Example().SerializeToString()] * 4)
+    with pytest.raises(FormatError, match="all 4 records are empty tf.train.Examples"):
+        convert(src, tmp_path / "ds")
+    assert not _left(tmp_path, "ds")
+
+
+# -- Examples: empty lists and absent features -----------------------------------------------------
+def test_empty_lists_and_absent_features_stay_apart(tmp_path: Path) -> None:
+    def example(i: int) -> bytes:
+        feature = {"id": _f([i], "int64"),
+                   "label": _f([i] if i % 3 else [], "int64"),       # one value or an empty list
+                   "score": _f([i / 2] if i % 4 else [], "float")}   # ... and below, sometimes absent too
+        if i % 5 == 0:
+            del feature["score"]
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    src = _records(tmp_path / "e.tfrecord", [example(i) for i in range(20)])
+    convert(src, tmp_path / "ds")
+    schema = open_dataset(str(tmp_path / "ds")).schema
+    assert schema.label.shape == () and schema.label.nullable
+    assert schema.score.shape == (None,) and schema.score.nullable  # absent (None) and empty ([]) differ
+    rows = _rows(tmp_path / "ds")
+    assert [r.label for r in rows[:4]] == [None, 1, 2, None]
+    assert rows[0].score is None and rows[4].score.tolist() == [] and rows[1].score.tolist() == [0.5]
+    extra = open_dataset(str(tmp_path / "ds")).extra_metadata["tfrecord"]
+    assert extra["empty_as_null"] == ["label"]
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    back = [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")]
+    assert back == [tf.train.Example.FromString(r) for r in _read(src)]
+
+
+def test_verify_names_a_lost_field(tmp_path: Path) -> None:
+    src = _records(tmp_path / "a.tfrecord", [tf.train.Example(features=tf.train.Features(feature={
+        "id": _f([i], "int64"), "text": _f([b"x" * i], "bytes")})).SerializeToString() for i in range(3)])
+    schema = {"format": "unihub.unischema", "version": 1, "name": "S", "fields": [
+        {"name": "id", "dtype": "int64", "shape": [], "codec": {"type": "scalar", "arrow_type": "int64"},
+         "nullable": False}]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    convert(src, tmp_path / "ds", schema=tmp_path / "s.json")
+    report = verify(src, tmp_path / "ds")
+    assert not report.equal
+    assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/text: "
+                                     "expected ('bytes', [b'']), found nothing (missing)")
