@@ -19,6 +19,7 @@ versioned JSON (never pickle). Names and arguments are Petastorm's::
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from collections import OrderedDict, namedtuple
 from collections.abc import Iterable, Mapping, Sequence
@@ -234,11 +235,43 @@ class Unischema:
         ])
 
     @cached_property
+    def attribute_names(self) -> dict[str, str]:
+        """Field name -> the attribute of row namedtuples that holds it, distinct for every field.
+
+        A name that is already an identifier keeps it (``a_b``). Any other (HDF5 ``group/x``,
+        WebDataset ``seg.png``, ``__key__``, ``class``) is cleaned (``group_x``, ``seg_png``, ``key``,
+        ``class_``); a cleaned name that another field has, or an earlier cleaned one took, gets a
+        suffix (``a/b`` beside ``a_b`` -> ``a_b_2``). Dicts (loaders, ``make_tf_dataset``) use the
+        field names themselves; ``schema_fields`` accepts either.
+        """
+        taken = {name for name in self._fields if _is_attribute(name)}
+        out: dict[str, str] = {}
+        for name in self._fields:
+            if _is_attribute(name):
+                out[name] = name
+                continue
+            base = _field_identifier(name)
+            attribute, n = base, 2
+            while attribute in taken:
+                attribute, n = f"{base}_{n}", n + 1
+            taken.add(attribute)
+            out[name] = attribute
+        return out
+
+    @cached_property
     def _namedtuple(self) -> type:
-        """Field names that are not identifiers (HDF5 ``group/x``, WebDataset ``seg.png``, ``__key__``)
-        become ``group_x`` / ``seg_png`` / ``key``; keywords and clashes fall back to ``_i`` names."""
-        names = [_field_identifier(name) for name in self._fields]
-        return namedtuple(f"{_identifier(self._name)}_row", names, rename=True)  # type: ignore[misc]
+        """The row type: one attribute per field, named by :attr:`attribute_names`; its ``_asdict()``
+        is keyed by the field names themselves (``{'a/b': ..., 'a_b': ...}``)."""
+        name = f"{_identifier(self._name)}_row"
+        base = namedtuple(name, list(self.attribute_names.values()))  # type: ignore[misc]
+        if all(attribute == field for field, attribute in self.attribute_names.items()):
+            return base
+        names = tuple(self._fields)
+
+        def as_dict(row: Any) -> dict[str, Any]:
+            return dict(zip(names, row))
+
+        return type(name, (base,), {"__slots__": (), "_asdict": as_dict, "field_names": names})
 
     def _get_namedtuple(self) -> type:
         """The namedtuple type rows of this schema are returned as (Petastorm's name)."""
@@ -349,6 +382,10 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
         if pattern in schema:
             wanted.add(pattern)
             continue
+        by_attribute = {attribute: name for name, attribute in schema.attribute_names.items()}
+        if pattern in by_attribute:  # a row's attribute name for a field named otherwise (``group_x``)
+            wanted.add(by_attribute[pattern])
+            continue
         try:
             regex = re.compile(pattern)
         except re.error as exc:
@@ -366,9 +403,14 @@ def _identifier(name: str) -> str:
     return cleaned if not cleaned[0].isdigit() else f"_{cleaned}"
 
 
+def _is_attribute(name: str) -> bool:
+    """True when ``name`` can be a namedtuple attribute as it is."""
+    return name.isidentifier() and not name.startswith("_") and not keyword.iskeyword(name)
+
+
 def _field_identifier(name: str) -> str:
-    """A namedtuple-safe attribute name: ``group/x`` -> ``group_x``, ``__key__`` -> ``key``, ``1x`` -> ``x1x``."""
-    if name.isidentifier() and not name.startswith("_"):
-        return name  # keywords are left to namedtuple's rename
+    """A namedtuple-safe attribute name: ``group/x`` -> ``group_x``, ``__key__`` -> ``key``, ``1x`` -> ``x1x``,
+    ``class`` -> ``class_``."""
     cleaned = re.sub(r"\W", "_", name).strip("_") or "field"
-    return cleaned if not cleaned[0].isdigit() else f"x{cleaned}"
+    cleaned = cleaned if not cleaned[0].isdigit() else f"x{cleaned}"
+    return f"{cleaned}_" if keyword.iskeyword(cleaned) else cleaned

@@ -118,6 +118,7 @@ class SparkDatasetConverter:
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
             yield make_tf_dataset(reader, batch_size, shuffle_buffer=shuffling_queue_capacity or 0,
+                                  structure="namedtuple",  # Petastorm's converter yields namedtuples
                                   **({} if prefetch is None else {"prefetch": prefetch}))
         finally:
             reader.stop()

@@ -32,7 +32,7 @@ import decimal
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -246,8 +246,9 @@ def _flat_signature(plans: Sequence[_FieldPlan]) -> tuple[Any, ...]:
     return tuple(specs)
 
 
-def _assembler(plans: Sequence[_FieldPlan], row_type: type) -> Callable[..., Any]:
-    """The graph function that turns the flat arrays back into a namedtuple of (ragged) tensors."""
+def _assembler(plans: Sequence[_FieldPlan], row_type: type | None) -> Callable[..., Any]:
+    """The graph function that turns the flat arrays back into a namedtuple of (ragged) tensors,
+    or with no ``row_type`` a dict keyed by the fields' own names."""
     tf = _tf()
 
     def assemble(*flat: Any) -> Any:
@@ -259,6 +260,8 @@ def _assembler(plans: Sequence[_FieldPlan], row_type: type) -> Callable[..., Any
             else:
                 values.append(flat[i])
             i += 1 + plan.ragged_rank
+        if row_type is None:
+            return {plan.field.name: value for plan, value in zip(plans, values)}
         return row_type(*values)
 
     return assemble
@@ -270,18 +273,20 @@ def _densifier(plans: Sequence[_FieldPlan]) -> Callable[..., Any]:
 
     def densify(row: Any) -> Any:
         values = []
-        for plan, value in zip(plans, row):
+        for plan, value in zip(plans, row.values() if isinstance(row, dict) else row):
             if isinstance(value, tf.RaggedTensor):
                 value = value.to_tensor()  # one row's array is rectangular: no padding is added
             if plan.ragged_rank:
                 value = tf.ensure_shape(value, plan.field.shape)
             values.append(value)
+        if isinstance(row, dict):
+            return dict(zip(row, values))
         return type(row)(*values)
 
     return densify
 
 
-def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type, *,
+def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type | None, *,
              unbatch: bool) -> Any:
     tf = _tf()
 
@@ -327,8 +332,9 @@ def make_petastorm_dataset(reader: Reader) -> Any:
 
 def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffle_buffer: int = 0,
                     seed: int | None = None, prefetch: int | None = AUTOTUNE, drop_remainder: bool = False,
-                    **reader_kwargs: Any) -> Any:
-    """A ``tf.data.Dataset`` of namedtuples of ``batch_size``-row batches, re-batched in numpy.
+                    structure: Literal["dict", "namedtuple"] = "dict", **reader_kwargs: Any) -> Any:
+    """A ``tf.data.Dataset`` of ``batch_size``-row batches, re-batched in numpy: dicts keyed by the
+    schema's own field names (``structure="namedtuple"``: the row namedtuples, as Petastorm's).
 
     ``reader_or_url``: a dataset URL (read with :func:`unihub.make_batch_reader` and
     ``reader_kwargs``: ``schema_fields``, ``num_epochs``, ``workers_count``, ...) or a reader.
@@ -346,6 +352,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         raise UnihubError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise UnihubError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
+    if structure not in ("dict", "namedtuple"):
+        raise UnihubError(f"structure must be 'dict' or 'namedtuple', got {structure!r}")
     owned = not isinstance(reader_or_url, Reader)
     if owned:
         probe = make_batch_reader(reader_or_url, seed=seed, **reader_kwargs)  # validates options and schema
@@ -379,7 +387,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
                 reader.stop()
                 reader.join()
 
-    dataset = _dataset(source, plans, row_type, unbatch=batch_size is None and not batched)
+    dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None,
+                       unbatch=batch_size is None and not batched)
     if batch_size and rows_per_epoch is not None and epochs is not None:
         rows = rows_per_epoch * epochs  # known: Keras then shows progress and needs no first pass to count
         batches = rows // batch_size if drop_remainder else -(-rows // batch_size)

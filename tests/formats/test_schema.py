@@ -591,6 +591,11 @@ def test_row_namedtuple_names_fields_that_are_not_identifiers():
     names = ["id", "group/a", "seg.png", "__key__", "class", "1x", "group_a"]
     schema = Unischema("odd", [UnischemaField(n, np.int64, (), ScalarCodec(pa.int64()), False) for n in names])
     row_type = schema._get_namedtuple()
-    assert row_type._fields == ("id", "group_a", "seg_png", "key", "_4", "x1x", "_6")
+    # a name that is an identifier keeps it; a cleaned name that clashes gets a suffix
+    assert row_type._fields == ("id", "group_a_2", "seg_png", "key", "class_", "x1x", "group_a")
     row = schema.make_namedtuple(**{n: i for i, n in enumerate(names)})
-    assert row.group_a == 1 and row.seg_png == 2 and row.key == 3 and tuple(row) == tuple(range(7))
+    assert row.group_a == 6 and row.group_a_2 == 1 and row.seg_png == 2 and row.key == 3 and row.class_ == 4
+    assert tuple(row) == tuple(range(7))
+    assert row._asdict() == {n: i for i, n in enumerate(names)}  # dicts use the fields' own names
+    assert schema.attribute_names["group/a"] == "group_a_2"
+    assert [f.name for f in schema.create_schema_view(["group_a_2", "class_", "class"])] == ["group/a", "class"]

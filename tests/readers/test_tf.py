@@ -10,6 +10,7 @@ from __future__ import annotations
 import decimal
 import gc
 import os
+import types
 from typing import Any
 
 import numpy as np
@@ -83,11 +84,12 @@ def assert_row(row: Any, i: int | None = None) -> None:
 
 
 def rows_of_batch(batch: Any) -> list[Any]:
-    """A batch namedtuple of tensors (vec ragged) as row namedtuples of numpy values."""
-    n = len(batch.id)
-    vec = batch.vec.to_list()
-    return [type(batch)(*(np.asarray(vec[j], np.float32).reshape(-1, 4) if name == "vec"
-                          else np.asarray(value[j]) for name, value in batch._asdict().items()))
+    """A batch (a namedtuple, or make_tf_dataset's dict) of tensors (vec ragged) as row namespaces of numpy values."""
+    columns = batch if isinstance(batch, dict) else batch._asdict()
+    n = len(columns["id"])
+    vec = columns["vec"].to_list()
+    return [types.SimpleNamespace(**{name: np.asarray(vec[j], np.float32).reshape(-1, 4) if name == "vec"
+                                     else np.asarray(value[j]) for name, value in columns.items()})
             for j in range(n)]
 
 
@@ -130,23 +132,23 @@ def test_batch_reader(tf: Any, url: str) -> None:
 
 def test_make_tf_dataset_batches(tf: Any, url: str) -> None:
     dataset = make_tf_dataset(url, 16, workers_count=1)
-    assert tuple(dataset.element_spec.feat.shape) == (None, 4)
+    assert tuple(dataset.element_spec["feat"].shape) == (None, 4)
     batches = list(dataset)
-    assert [len(b.id) for b in batches] == [16, 16, 16, 12] and int(dataset.cardinality()) == 4
+    assert [len(b["id"]) for b in batches] == [16, 16, 16, 12] and int(dataset.cardinality()) == 4
     rows = [r for b in batches for r in rows_of_batch(b)]
     assert sorted(int(r.id) for r in rows) == list(range(N))
     for row in rows:
         assert_row(row)
     # every iteration opens a fresh reader: a second pass yields all rows again
-    assert sum(len(b.id) for b in dataset) == N
+    assert sum(len(b["id"]) for b in dataset) == N
     dropped = make_tf_dataset(url, 16, drop_remainder=True, workers_count=1, schema_fields=["id"])
-    assert [len(b.id) for b in dropped] == [16, 16, 16] and int(dropped.cardinality()) == 3
+    assert [len(b["id"]) for b in dropped] == [16, 16, 16] and int(dropped.cardinality()) == 3
 
 
 def test_shuffle_buffer_is_seeded(tf: Any, url: str) -> None:
     def order(seed: int, buffer: int) -> list[int]:
         ds = make_tf_dataset(url, 8, shuffle_buffer=buffer, seed=seed, workers_count=1, schema_fields=["id"])
-        return [int(i) for b in ds for i in b.id.numpy()]
+        return [int(i) for b in ds for i in b["id"].numpy()]
 
     plain = order(0, 0)
     shuffled = order(0, 30)
@@ -157,18 +159,18 @@ def test_shuffle_buffer_is_seeded(tf: Any, url: str) -> None:
 def test_row_reader_through_make_tf_dataset(tf: Any, url: str) -> None:
     with make_reader(url, num_epochs=1, workers_count=1) as reader:
         batches = list(make_tf_dataset(reader, 7))
-    assert [len(b.id) for b in batches] == [7] * 8 + [4]
+    assert [len(b["id"]) for b in batches] == [7] * 8 + [4]
     for row in (r for b in batches for r in rows_of_batch(b)):
         assert_row(row)
     with make_reader(url, num_epochs=1, workers_count=1, schema_fields=["id", "vec"]) as reader:
         rows = list(make_tf_dataset(reader))  # batch_size=None: rows, as make_petastorm_dataset
-    assert sorted(int(r.id) for r in rows) == list(range(N))
-    assert all(r.vec.shape == ROWS[int(r.id)]["vec"].shape for r in rows)
+    assert sorted(int(r["id"]) for r in rows) == list(range(N))
+    assert all(r["vec"].shape == ROWS[int(r["id"])]["vec"].shape for r in rows)
 
 
 def test_num_epochs_two_yields_twice(tf: Any, url: str) -> None:
     ids = [int(i) for b in make_tf_dataset(url, 10, num_epochs=2, workers_count=1, schema_fields=["id"])
-           for i in b.id.numpy()]
+           for i in b["id"].numpy()]
     assert sorted(ids) == sorted(list(range(N)) * 2)
     with make_reader(url, num_epochs=2, workers_count=1, schema_fields=["id"]) as reader:
         assert sorted(int(r.id) for r in make_petastorm_dataset(reader)) == sorted(list(range(N)) * 2)
@@ -181,7 +183,7 @@ def test_tf_function_sums_a_column(tf: Any, url: str) -> None:
     def total(ds: Any) -> Any:
         s = tf.constant(0, tf.int64)
         for batch in ds:
-            s += tf.reduce_sum(batch.id) + tf.cast(tf.reduce_sum(batch.vec.row_lengths()), tf.int64) * 0
+            s += tf.reduce_sum(batch["id"]) + tf.cast(tf.reduce_sum(batch["vec"].row_lengths()), tf.int64) * 0
         return s
 
     assert int(total(dataset)) == N * (N - 1) // 2
@@ -190,7 +192,7 @@ def test_tf_function_sums_a_column(tf: Any, url: str) -> None:
 def test_keras_fit(tf: Any, url: str) -> None:
     keras = pytest.importorskip("keras")
     dataset = make_tf_dataset(url, 16, shuffle_buffer=20, seed=0, workers_count=1, schema_fields=["feat", "label"])
-    pairs = dataset.map(lambda b: (b.feat, b.label))
+    pairs = dataset.map(lambda b: (b["feat"], b["label"]))
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     history = model.fit(pairs, epochs=2, verbose=0, shuffle=False)
@@ -215,7 +217,7 @@ def test_readers_are_stopped(tf: Any, url: str, monkeypatch: pytest.MonkeyPatch)
     assert len(opened) == 2  # the probe for the schema, then the iteration's reader
     assert all(r._stopped and r._pool is None for r in opened)
     opened.clear()
-    assert sum(len(b.id) for b in make_tf_dataset(url, 32, workers_count=2, schema_fields=["id"])) == N
+    assert sum(len(b["id"]) for b in make_tf_dataset(url, 32, workers_count=2, schema_fields=["id"])) == N
     gc.collect()
     assert opened and all(r._stopped and r._pool is None for r in opened)
 
@@ -237,7 +239,7 @@ def test_null_in_a_numeric_field_is_explained(tf: Any, nulls_url: str) -> None:
             pytest.raises(tf.errors.InvalidArgumentError, match="'score' holds a null"):
         list(make_petastorm_dataset(reader))
     # without the nullable field, it reads
-    assert sum(len(b.id) for b in make_tf_dataset(nulls_url, 8, workers_count=1, schema_fields=["id"])) == 20
+    assert sum(len(b["id"]) for b in make_tf_dataset(nulls_url, 8, workers_count=1, schema_fields=["id"])) == 20
 
 
 def test_fields_without_a_tf_type(tf: Any) -> None:
