@@ -34,11 +34,12 @@ def _human_bytes(n: float) -> str:
 
 def describe_dataset(url: str) -> dict[str, Any]:
     """What ``unihub inspect`` reports, as a JSON-able dict."""
-    from unihub.formats.dtypes import dtype_name
     from unihub.formats.parquet import open_dataset
 
     store = open_dataset(url)
     return {
+        # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
+        **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
         "url": url,
         "schema_name": store.schema.name,
         "schema_source": store.schema_source,
@@ -47,11 +48,7 @@ def describe_dataset(url: str) -> dict[str, Any]:
         "row_groups": len(store.row_groups),
         "bytes": store.total_bytes,
         "partitions": list(store.partition_names),
-        "fields": [
-            {"name": f.name, "dtype": dtype_name(f.numpy_dtype), "shape": list(f.shape),
-             "codec": None if f.codec is None else f.codec.to_json(), "nullable": f.nullable}
-            for f in store.schema
-        ],
+        "fields": [f.to_json() for f in store.schema],
     }
 
 
@@ -229,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (captured): nothing to flush into a closed pipe
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unihub`` console script."""
     parser = build_parser()
@@ -243,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("unihub: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``unihub inspect DS | head``): stop quietly
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a program the pipe killed
 
 
 if __name__ == "__main__":

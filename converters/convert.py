@@ -154,6 +154,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         # single pass where the format allows it: read once with a provisional schema, refine it after
         provisional = source.provisional_schema() if given is None and target_format == UNIHUB else None
         out_schema = given or provisional or source.infer_schema()
+        source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
         if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
             options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error,

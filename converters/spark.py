@@ -60,6 +60,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     source.on_error = on_error
     files = source.files()
     out_schema = load_schema(schema) if schema is not None else source.infer_schema()
+    source.prepare(out_schema)
     extra = {"source_format": source_format, "source": src, **source.metadata()}
     # the source's options after inference: it may have added what its tasks need (feature lists)
     plan = TaskPlan(source_format, src, dict(source.options), out_schema, extra, row_group_size_mb, on_error,

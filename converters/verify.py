@@ -207,6 +207,7 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
     foreign_path, unihub_path = (dst, src) if export else (src, dst)
     source = fmt(foreign_path, **options)
     batches, schema, extra, _ = _unihub_batches(unihub_path, None, 256)
+    source.prepare(schema)
     reference = source.reference_records()
     projected = fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options)
     differences: list[str] = []

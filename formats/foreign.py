@@ -207,6 +207,12 @@ class ForeignFormat(ABC):
         """Extra JSON-able metadata to keep with the converted dataset (class names, attributes)."""
         return {}
 
+    def prepare(self, schema: Unischema) -> None:
+        """Called once with the schema a conversion reads with (inferred or given), before
+        :meth:`metadata` and the read: a format settles here what reading with it needs and records
+        it in :attr:`options` (conversion tasks get those), e.g. TFRecord's feature-list fields."""
+        return None
+
     def provisional_schema(self) -> Unischema | None:
         """A schema to start reading with before every record is scanned, or None (infer first).
 

@@ -31,6 +31,7 @@ from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import encode_feature, ld, message_fields
 from unihub.formats.tfrecord import RowEncoder, _fail, _Mismatch, _Plan, _Stats, add_example, fields_from_stats
 from unihub.formats.tfsequence import (
+    LIST_PREFIX,
     ListStats,
     Mismatch,
     StepsPlan,
@@ -236,7 +237,8 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
         return (lambda data: [_tensor_value(f, parse_tensor(data))]), (lambda rows: {f.name: plan.column(
             [r[0] for r in rows])})
     explicit = source.options.get("payload") == "sequence_example"
-    listed = set(source.options.get("feature_lists") or ())
+    source.prepare(schema)  # a schema given without saying which fields are feature lists: as the records say
+    listed = set(source.options["feature_lists"])
     context_names = {f.name for f in fields if f.name not in listed}
     plans: list[Any] = [StepsPlan.of(f, list_name(f.name, context_names)) if f.name in listed else _Plan.of(f)
                         for f in fields]
@@ -250,6 +252,21 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
                 for j, p in enumerate(plans)}
 
     return read, columns
+
+
+def list_fields(source: TFRecordFormat, fields: list[UnischemaField]) -> list[str]:
+    """The fields that name a feature list in some record (``feature_lists/<name>`` or ``<name>``)."""
+    names: set[str] = set()
+    context: set[str] = set()
+    for _, _, _, data in source.records("skip", ReadReport()):
+        try:
+            ctx, steps = parse_sequence(data)
+        except ValueError:
+            continue  # the read reports it
+        names.update(steps or ())
+        context.update(ctx)
+    return [f.name for f in fields if list_name(f.name, context) in names and
+            (f.name.startswith(LIST_PREFIX) or f.name not in context)]
 
 
 def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:

@@ -411,6 +411,13 @@ class TFRecordFormat(ForeignFormat):
                 options[key] = names
         return options
 
+    def prepare(self, schema: Unischema) -> None:
+        """SequenceExamples: which fields of ``schema`` are feature lists, when no option said."""
+        if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
+            from unihub.formats.tfpayload import list_fields
+
+            self.options["feature_lists"] = list_fields(self, list(schema))
+
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfverify`)."""
         from unihub.formats.tfverify import reference_records

@@ -88,6 +88,9 @@ def _int_fits(value: int, dtype: Any) -> bool:
 
 
 def _validate_array(field: UnischemaField, value: Any, row: int | None) -> None:
+    if field.codec is None and isinstance(value, (list, tuple)):
+        _validate_nested(field, value, field.shape, row)  # Arrow's nested lists: ragged is fine
+        return
     if not isinstance(value, np.ndarray):
         raise ValidationError(f"{_where(field, row)}: expected a numpy array of dtype "
                               f"{_dtype_label(field.numpy_dtype)} and shape {field.shape}, found "
@@ -105,6 +108,22 @@ def _validate_array(field: UnischemaField, value: Any, row: int | None) -> None:
     if not shape_matches(value.shape, field.shape):
         raise ValidationError(f"{_where(field, row)}: expected shape {_shape_label(field.shape)}, "
                               f"found {value.shape}", field=field.name, row=row)
+
+
+def _validate_nested(field: UnischemaField, value: Any, shape: tuple[int | None, ...], row: int | None) -> None:
+    """A codec-less field's value given as nested lists (each level one dimension; sizes may differ
+    between items where the dimension is None); arrays stand for the dimensions left."""
+    if not shape:
+        _validate_scalar(field._replace(shape=()), value, row)
+        return
+    if isinstance(value, np.ndarray):
+        _validate_array(field._replace(shape=shape, codec=None), value, row)
+        return
+    if not isinstance(value, (list, tuple)) or (shape[0] is not None and len(value) != shape[0]):
+        raise ValidationError(f"{_where(field, row)}: expected nested lists of shape {_shape_label(field.shape)}, "
+                              f"found {_describe(value)} where {_shape_label(shape)} was due", field=field.name, row=row)
+    for item in value:
+        _validate_nested(field, item, shape[1:], row)
 
 
 def _validate_encoded_image(field: UnischemaField, value: bytes | bytearray | memoryview, row: int | None) -> None:

@@ -174,8 +174,9 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
             values = values.to_pylist()  # checked and stored value by value
         if validate:
             _validate_column(f, values, first_row)
-        if f.codec is None:
-            array = pa.array(list(values), type=f.arrow_type())
+        if f.codec is None:  # Arrow's nested lists: arrays of 2 or more dims go in as lists of lists
+            array = pa.array([v.tolist() if isinstance(v, np.ndarray) and v.ndim > 1 else v for v in values],
+                             type=f.arrow_type())
         else:
             array = _encode_with_rows(f, values, first_row)
         arrays.append(array)

@@ -48,6 +48,32 @@ def test_inspect_json(small_dataset: Path, capsys: pytest.CaptureFixture) -> Non
                                  "codec": {"type": "tensor"}, "nullable": True}
 
 
+def test_inspect_json_is_a_schema_file(small_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(small_dataset), "--json"]) == 0
+    (tmp_path / "schema.json").write_text(capsys.readouterr().out)
+    assert main(["convert", str(small_dataset), str(tmp_path / "again"), "--schema", str(tmp_path / "schema.json"),
+                 "--quiet"]) == 0
+    from unihub.formats.parquet import open_dataset
+
+    assert open_dataset(str(tmp_path / "again")).schema == Small
+    assert main(["verify", str(small_dataset), str(tmp_path / "again")]) == 0
+
+
+def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    wide = Unischema("Wide", [UnischemaField(f"f{i:04d}", np.int64, (), ScalarCodec(pa.int64()), False)
+                              for i in range(2000)])
+    write_dataset(tmp_path / "wide", wide, [{f"f{i:04d}": i for i in range(2000)}])
+    for extra in ([], ["--json"]):  # `unihub inspect DS | head -c 20`: far more than a pipe buffer
+        process = subprocess.Popen([sys.executable, "-m", "unihub.cli", "inspect", str(tmp_path / "wide"), *extra],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout is not None and process.stderr is not None
+        head = process.stdout.read(20)
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        assert process.wait(timeout=60) == 141
+        assert head and err == ""
+
+
 def test_inspect_petastorm_dataset(capsys: pytest.CaptureFixture) -> None:
     assert main(["inspect", str(FIXTURES / "unischema")]) == 0
     out = capsys.readouterr().out

@@ -534,3 +534,25 @@ def test_a_column_array_encodes_without_per_row_work(tmp_path):
         out = next(iter(reader))
     np.testing.assert_array_equal(out.pixels, pixels)
     np.testing.assert_array_equal(np.stack(list(out.mat)), mat)
+
+
+def test_codec_less_fields_take_nested_lists_ragged_or_not(tmp_path: Path) -> None:
+    schema = Unischema("Nested", [
+        UnischemaField("ragged", np.float32, (None, None), None, False),
+        UnischemaField("grid", np.bytes_, (2, 3), None, False),
+        UnischemaField("pairs", np.str_, (None, 2), None, True),
+    ])
+    rows = [{"ragged": [np.array([1, 2], np.float32), [3.5]], "pairs": [["x", "y"], ["z", "w"]],
+             "grid": np.array([[b"a", b"b", b"c"], [b"d", b"", b"\xff"]], dtype=object)},
+            {"ragged": [], "pairs": None, "grid": [[b"1", b"2", b"3"], [b"4", b"5", b"6"]]}]
+    write_dataset(tmp_path / "ds", schema, rows)
+    with make_reader(str(tmp_path / "ds"), shuffle_row_groups=False) as reader:
+        got = [r._asdict() for r in reader]
+    assert got == [{"ragged": [[1.0, 2.0], [3.5]], "grid": [[b"a", b"b", b"c"], [b"d", b"", b"\xff"]],
+                    "pairs": [["x", "y"], ["z", "w"]]},
+                   {"ragged": [], "grid": [[b"1", b"2", b"3"], [b"4", b"5", b"6"]], "pairs": None}]
+    with pytest.raises(ValidationError, match=r"field 'grid', row 0: expected nested lists of shape \(2, 3\)"):
+        write_dataset(tmp_path / "bad", schema, [{"ragged": [], "pairs": None, "grid": [[b"a"], [b"b"]]}])
+    with pytest.raises(ValidationError, match=r"field 'ragged', row 0: expected a scalar of dtype float32"):
+        write_dataset(tmp_path / "bad", schema, [{"ragged": [["x"]], "pairs": None, "grid": [[b""] * 3] * 2}])
+    assert not (tmp_path / "bad").exists()
