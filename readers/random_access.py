@@ -20,7 +20,7 @@ import pyarrow as pa
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
 from unihub.readers.loader import decode_column
-from unihub.readers.reader import _resolve_fields
+from unihub.readers.reader import FloatNulls, _resolve_fields
 
 
 class Dataset:
@@ -28,9 +28,10 @@ class Dataset:
 
     def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
                  decode_images: bool = True, cached_row_groups: int = 4, storage_options: dict[str, Any] | None = None,
-                 filesystem: Any = None) -> None:
+                 filesystem: Any = None, float_nulls: FloatNulls = "auto") -> None:
         self.store = url if isinstance(url, ParquetStore) else open_dataset(
             url, storage_options=storage_options, filesystem=filesystem)
+        self._nan_nulls = float_nulls == "nan" or (float_nulls == "auto" and self.store.schema_source == "petastorm")
         fields, ngram = _resolve_fields(self.store.schema, schema_fields)
         if ngram is not None:
             raise TypeError("random access takes field names, not an NGram")
@@ -67,7 +68,8 @@ class Dataset:
             where = np.flatnonzero(groups == group)
             local = idx[where] - offsets[group]
             table = self._row_group(int(group)).take(pa.array(local))
-            pieces.append({f.name: decode_column(f, table.column(f.name), decode_images=self.decode_images)
+            pieces.append({f.name: decode_column(f, table.column(f.name), decode_images=self.decode_images,
+                                                 null_floats_as_nan=self._nan_nulls)
                            for f in self.schema})
             order.append(where)
         positions = np.argsort(np.concatenate(order)) if order else np.empty(0, np.int64)

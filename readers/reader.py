@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,11 @@ from unihub.readers.workers import Pool, PoolType
 STATE_VERSION = 1
 
 
+#: how a null in a float scalar field is read: "auto" is NaN (of the field's dtype) in datasets
+#: Petastorm wrote, as Petastorm reads them, and None in unihub's own; "nan" and "none" force one
+FloatNulls = Literal["auto", "nan", "none"]
+
+
 class ReaderStateError(UnihubError, ValueError):
     """A saved reader state that does not belong to this reader's dataset and options."""
 
@@ -53,9 +58,11 @@ class Reader:
                  shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
-                 resume_from: dict[str, Any] | None = None) -> None:
+                 resume_from: dict[str, Any] | None = None, float_nulls: FloatNulls = "auto") -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
             raise UnihubError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+        if float_nulls not in ("auto", "nan", "none"):
+            raise UnihubError(f"float_nulls must be 'auto', 'nan' or 'none', got {float_nulls!r}")
         self.store = store
         self.batched = batched
         self.ngram = ngram
@@ -81,7 +88,9 @@ class Reader:
         self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
-                                      cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0)
+                                      cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
+                                      null_floats_as_nan=float_nulls == "nan" or (
+                                          float_nulls == "auto" and store.schema_source == "petastorm"))
         if workers_count is None:
             workers_count = default_workers_count(store)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
@@ -424,7 +433,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           cache_location: str | None = None, cache_size_limit: int | None = None,
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
-          decode_images: bool = True, resume_from: dict[str, Any] | None = None, **ignored: Any) -> Reader:
+          decode_images: bool = True, resume_from: dict[str, Any] | None = None, float_nulls: FloatNulls = "auto",
+          **ignored: Any) -> Reader:
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
@@ -451,7 +461,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   cur_shard=cur_shard, shard_count=shard_count, shard_by=shard_by, shard_remainder=shard_remainder,
                   reader_pool_type=reader_pool_type, workers_count=workers_count,
                   results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
-                  resume_from=resume_from)
+                  resume_from=resume_from, float_nulls=float_nulls)
 
 
 def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
@@ -465,7 +475,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
-    ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI).
+    ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
+    ``float_nulls`` (a null float scalar: ``'auto'`` NaN in datasets Petastorm wrote, as Petastorm
+    reads them, None in unihub's; ``'nan'`` or ``'none'`` to choose).
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 

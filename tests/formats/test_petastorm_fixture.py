@@ -29,14 +29,11 @@ JPEG_MEAN_ABS_DIFF = 0.1
 
 
 def _decoded_rows(url: Path) -> dict[int, dict[str, object]]:
-    store = open_dataset(url)
-    rows: dict[int, dict[str, object]] = {}
-    for i in range(len(store.row_groups)):
-        table = store.read_row_group(i)
-        columns = {f.name: f.codec.decode_column(f, table.column(f.name)) for f in store.schema}
-        for j in range(table.num_rows):
-            rows[int(columns["id"][j])] = {name: values[j] for name, values in columns.items()}
-    return rows
+    """Every row as ``make_reader`` decodes it, by id."""
+    from unihub import make_reader
+
+    with make_reader(str(url), shuffle_row_groups=False, workers_count=1) as reader:
+        return {int(row.id): row._asdict() for row in reader}
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +74,8 @@ def test_every_value_decodes_equal_to_petastorm(expected: dict[str, np.ndarray])
                 continue
             want = expected[key]
             if name == "score" and np.isnan(want):
-                # Petastorm went through pandas, which turns a null float into NaN; unihub keeps None.
-                assert value is None, key
+                # a null float: NaN of the field's dtype, as Petastorm decodes it
+                assert isinstance(value, np.float64) and np.isnan(value), key
                 continue
             if name == "image_jpeg":
                 assert value.shape == want.shape and value.dtype == want.dtype, key
@@ -106,3 +103,31 @@ def test_plain_spark_parquet_gets_an_inferred_schema() -> None:
     table = store.read_row_group(0)
     pairs = s.pair.codec.decode_column(s.pair, table.column("pair"))
     assert pairs[0].dtype == np.float32
+
+
+def test_null_floats_read_as_petastorm_reads_them(tmp_path: Path) -> None:
+    from unihub import Dataset, make_batch_reader, make_reader
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    url = str(FIXTURES / "unischema")
+    with make_batch_reader(url, schema_fields=["id", "score"], shuffle_row_groups=False) as reader:
+        batches = list(reader)
+    scores = np.concatenate([b.score for b in batches])
+    ids = np.concatenate([b.id for b in batches])
+    assert scores.dtype == np.float64 and np.isnan(scores[ids % 5 == 0]).all() and not np.isnan(scores[ids % 5 != 0]).any()
+    assert np.isnan(Dataset(url).take([0]).score[0])
+    with make_reader(url, schema_fields=["id", "score"], float_nulls="none", workers_count=1) as reader:
+        assert all((r.score is None) == (r.id % 5 == 0) for r in reader)
+    # a conversion keeps the nulls as nulls, not NaN
+    convert(url, tmp_path / "copy")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "copy", columns=["id", "score"])
+    assert table.column("score").null_count == 12 and not np.isnan(table.column("score").drop_null().to_numpy()).any()
+    assert verify(url, tmp_path / "copy").equal
+    # unihub's own datasets keep None; float_nulls='nan' reads them the Petastorm way
+    with make_reader(str(tmp_path / "copy"), schema_fields=["id", "score"], workers_count=1) as reader:
+        assert all((r.score is None) == (r.id % 5 == 0) for r in reader)
+    with make_reader(str(tmp_path / "copy"), schema_fields=["id", "score"], workers_count=1, float_nulls="nan") as reader:
+        assert all(np.isnan(r.score) == (r.id % 5 == 0) for r in reader)

@@ -623,7 +623,7 @@ def test_batch_reader_matches_make_reader_on_fixtures(fixture):
             elif isinstance(a, list):
                 assert list(a) == list(b), (i, name)
             else:
-                assert (a is None and b is None) or a == b, (i, name, a, b)
+                assert (a is None and b is None) or a == b or (np.isnan(a) and np.isnan(b)), (i, name, a, b)
 
 
 def test_petastorm_fixture_values_match_petastorm(tmp_path):
