@@ -324,6 +324,49 @@ class ImageFolderFormat(ForeignFormat):
             raise
         return [os.path.join(target, rel) for rel in written]
 
+    REFERENCE_READER = "the files' bytes, listed as torchvision's ImageFolder lists them"
+
+    def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each PNG/JPEG file as ``{"image": its bytes, "class": its class folder, "path": its path}``,
+        listed as torchvision's ``ImageFolder`` lists them (sorted class folders, then
+        ``sorted(os.walk(...))``, then sorted names), with none of unihub's listing or probing code.
+        Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
+        not images."""
+        root = self.root
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            walks = [(root, None, sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n))))]
+        else:
+            walks = [(dirpath, name, sorted(files)) for name in classes
+                     for dirpath, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True))]
+        for dirpath, name, files in walks:
+            rel_dir = os.path.relpath(dirpath, root)
+            if any(part.startswith(".") for part in rel_dir.split(os.sep) if part != "."):
+                continue
+            for file in files:
+                path = os.path.join(dirpath, file)
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                if file.startswith(".") or not data.startswith(_MAGIC_BYTES):
+                    continue
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                yield rel, ({"image": data, "path": rel} if name is None else {"image": data, "class": name, "path": rel})
+
+    @classmethod
+    def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                       **options: Any) -> Iterator[dict[str, Any]]:
+        """Rows as the files an export writes: the image bytes, the class folder of the label, the path."""
+        image = _pick_image_field(schema, None).name
+        classes = list(extra.get("classes") or ())
+        for row in rows:
+            record: dict[str, Any] = {"image": bytes(row[image])}
+            label = row.get("label")
+            if label is not None:
+                record["class"] = classes[int(label)] if classes else str(label)
+            if row.get("path") is not None:
+                record["path"] = row["path"]
+            yield record
+
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """The source's class names, so labels map back to the same folders."""
@@ -493,6 +536,9 @@ def _finish(batch: dict[str, list[Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ writing
+_MAGIC_BYTES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
+
+
 def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
     if name is not None:
         if name not in schema:

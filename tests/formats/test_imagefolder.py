@@ -338,3 +338,35 @@ def test_probe_reuses_a_shared_header_but_not_a_wrong_answer(monkeypatch: pytest
     assert [p.kind for p in expected] == ["image", "bad", "image", "image", *["image"] * 4, "image", "bad", "image",
                                           "bad", "other", "image"]
     assert expected[8].size == (6, 5, 4) and expected[3].size == (16, 8, 3)
+
+
+def test_verify_reads_the_files_themselves(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "pets"
+    for name, (cls, ext) in {"a": ("cat", "png"), "b": ("cat", "jpg"), "sub/c": ("cat", "png"),
+                             "d": ("dog", "png"), "e": ("dog", "jpeg")}.items():
+        path = root / cls / f"{name}.{ext}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8)).save(path)
+    (root / "dog" / "notes.txt").write_text("not an image")
+    (root / "empty").mkdir()
+    with pytest.warns(UserWarning):
+        convert(root, tmp_path / "ds")
+    report = verify(root, tmp_path / "ds")
+    assert report.equal and "torchvision" in report.summary(), report.summary()
+    # the export is checked the same way, and its files are the source's bytes
+    convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
+    assert verify(tmp_path / "ds", tmp_path / "back").equal
+    assert (tmp_path / "back" / "cat" / "sub" / "c.png").read_bytes() == (root / "cat" / "sub" / "c.png").read_bytes()
+    # a changed byte in a source file is a difference naming the file
+    data = bytearray((root / "dog" / "d.png").read_bytes())
+    data[-20] ^= 0xFF
+    (root / "dog" / "d.png").write_bytes(bytes(data))
+    report = verify(root, tmp_path / "ds")
+    assert not report.equal
+    assert report.differences[0].startswith("record 3 (dog/d.png), field 'image': expected ")
