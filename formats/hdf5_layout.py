@@ -116,14 +116,20 @@ def plan_file(path: str, handle: Any, options: Mapping[str, Any], *, only: Itera
     else:
         plan = _plan_units(path, handle, kind, container, units, key)
     _keep_constants(plan, handle)
-    if only is not None:
-        wanted = set(only)
-        plan.leaves = {name: leaf for name, leaf in plan.leaves.items() if name in wanted}
-        plan.refused = {}
-    _select(plan, options)
+    _select(plan, options, strict=only is None)
     _select_splits(plan, options.get("split"))
-    _check_lengths(plan, bool(options.get("ignore_mismatched", False)))
+    ignore_mismatched = bool(options.get("ignore_mismatched", False))
+    if only is not None and not ignore_mismatched:
+        _keep_only(plan, only)
+    _check_lengths(plan, ignore_mismatched, warn=only is None)
+    if only is not None:
+        _keep_only(plan, only)
     return plan
+
+
+def _keep_only(plan: Plan, names: Iterable[str]) -> None:
+    wanted = set(names)
+    plan.leaves = {name: leaf for name, leaf in plan.leaves.items() if name in wanted}
 
 
 # -- detection ----------------------------------------------------------------------------------
@@ -299,7 +305,7 @@ def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[s
                 plan.lengths[unit, rel] = dataset.shape[0]
                 _note(seen, ("d", rel), unit, dataset.dtype, dataset.shape[1:])
     recorded.update(_recorded_schema(handle))
-    for key_, entry in sorted(seen.items()):
+    for key_, entry in sorted(seen.items(), key=lambda item: (item[0][0] == "a", item[0][1:])):  # datasets first
         _add_seen(plan, key_, entry, entry.units < len(units), recorded)
     return plan
 
@@ -423,8 +429,9 @@ def matches(name: str, item: str) -> bool:
     return name == item or name.startswith((item + "/", item + ".", item + "@"))
 
 
-def _select(plan: Plan, options: Mapping[str, Any]) -> None:
-    """Option ``fields`` (names or prefixes of fields) and ``ignore_unsupported``; refuse the rest."""
+def _select(plan: Plan, options: Mapping[str, Any], *, strict: bool) -> None:
+    """Option ``fields`` (names or prefixes of fields) and ``ignore_unsupported``; refuse the rest
+    (``strict``: nothing else chose the fields)."""
     wanted = options.get("fields")
     if wanted is not None:
         chosen: set[str] = set()
@@ -444,12 +451,13 @@ def _select(plan: Plan, options: Mapping[str, Any]) -> None:
         plan.left_out.update({n: f"not selected by fields= ({r})" for n, r in plan.refused.items()})
         plan.leaves = {n: leaf for n, leaf in plan.leaves.items() if n in chosen}
         plan.refused = {}
-    elif plan.refused:
-        if not options.get("ignore_unsupported", False):
-            raise FormatError(refusal_message(plan.path, plan.refused), path=plan.path)
-        warnings.warn(f"{plan.path}: left out (ignore_unsupported): {some(plan.refused)}", stacklevel=4)
+    elif plan.refused and options.get("ignore_unsupported", False):
+        if strict:
+            warnings.warn(f"{plan.path}: left out (ignore_unsupported): {some(plan.refused)}", stacklevel=4)
         plan.ignored.update(plan.refused)
         plan.refused = {}
+    elif plan.refused and strict:
+        raise FormatError(refusal_message(plan.path, plan.refused), path=plan.path)
 
 
 def refusal_message(path: str, refused: Mapping[str, str]) -> str:
@@ -480,7 +488,7 @@ def _select_splits(plan: Plan, split: Any) -> None:
     plan.units = [unit for unit in plan.units if unit in names]
 
 
-def _check_lengths(plan: Plan, ignore_mismatched: bool) -> None:
+def _check_lengths(plan: Plan, ignore_mismatched: bool, *, warn: bool = True) -> None:
     """Columns: the selected datasets must share one length (``ignore_mismatched`` keeps the most
     common); splits: within each split."""
     if plan.kind == "groups":
@@ -497,8 +505,9 @@ def _check_lengths(plan: Plan, ignore_mismatched: bool) -> None:
                               f"fields=[...]{hint}", path=plan.path)
         rows = Counter(lengths.values()).most_common(1)[0][0]
         skipped = {n: k for n, k in lengths.items() if k != rows}
-        warnings.warn(f"{plan.path}: skipping datasets whose length is not {rows}: "
-                      f"{', '.join(f'{n!r}: {k}' for n, k in list(skipped.items())[:10])}", stacklevel=4)
+        if warn:
+            warnings.warn(f"{plan.path}: skipping datasets whose length is not {rows}: "
+                          f"{', '.join(f'{n!r}: {k}' for n, k in list(skipped.items())[:10])}", stacklevel=4)
         for name, leaf in list(plan.leaves.items()):
             if leaf.path in skipped:
                 plan.ignored[name] = f"{skipped[leaf.path]} rows, not {rows} (ignore_mismatched)"

@@ -306,7 +306,7 @@ def native(cell: np.ndarray, dt: np.dtype) -> Any:
         items = [_native_object(v) for v in np.asarray(cell).ravel()]
         return items[0] if np.ndim(cell) == 0 else object_array(items).reshape(np.shape(cell))
     if dt.kind in "SV" or np.ndim(cell):
-        return np.ascontiguousarray(cell)
+        return np.array(cell, order="C")  # a copy that keeps 0-d cells 0-d (ascontiguousarray would not)
     return np.asarray(cell)[()]
 
 
