@@ -69,10 +69,12 @@ from unihub.formats.foreign import (
     parse_list,
     register_format,
 )
+from unihub.formats.hdf5_detect import LAYOUTS
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR, write_file
-from unihub.formats.hdf5_layout import LAYOUTS, Plan, plan_file
+from unihub.formats.hdf5_layout import Plan, discover
 from unihub.formats.hdf5_meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
+from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
 from unihub.formats.hdf5_types import h5py_module
 from unihub.formats.schema import Unischema
@@ -124,6 +126,7 @@ class HDF5Format(ForeignFormat):
 
     def __init__(self, sources: Any, **options: Any) -> None:
         super().__init__(sources, **options)
+        self._discovered: dict[str, Plan] = {}
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
 
     @classmethod
@@ -140,13 +143,16 @@ class HDF5Format(ForeignFormat):
         return False
 
     def _plan(self, path: str, handle: Any, only: Sequence[str] | None = None) -> Plan:
-        """The file's :class:`Plan` (cached: inference, metadata and reading share it)."""
-        key = (path, tuple(only) if only is not None else None)
-        if key not in self._plans:
+        """The file's :class:`Plan` with the options applied (its structure is discovered once:
+        inference, metadata and reading share it)."""
+        if path not in self._discovered:
             try:
-                self._plans[key] = plan_file(path, handle, self.options, only=only)
+                self._discovered[path] = discover(path, handle, self.options)
             except (OSError, KeyError, RuntimeError) as exc:  # h5py on a damaged file
                 raise FormatError(f"{path}: cannot read the file's structure ({exc})", path=path) from exc
+        key = (path, tuple(only) if only is not None else None)
+        if key not in self._plans:  # once: selecting warns about what it leaves out
+            self._plans[key] = select(self._discovered[path], self.options, only=only)
         return self._plans[key]
 
     # -- ingest -------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import numpy as np
 
 from unihub.errors import DatasetExistsError, SchemaError
 from unihub.formats.foreign import ColumnBatch, python_columns
-from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, LAYOUT_ATTR, SCHEMA_ATTR, SHAPE_SUFFIX
+from unihub.formats.hdf5_detect import LAYOUT_ATTR
+from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5_storage import (
     ExportSpec,
     Storage,

@@ -1,24 +1,15 @@
-"""Which layout an HDF5 file has, and where each field's values live in it (layouts: ``formats/hdf5.py``).
+"""Where each field's values live in an HDF5 file (the layouts are described in ``formats/hdf5.py``).
 
-:func:`plan_file` reads only the file's structure (names, dtypes, shapes, attributes), never its
-data, and returns a :class:`Plan`: the layout, its *units* (the file itself, one group per split,
-or one group per sample), the :class:`Leaf` each field is read from, the datasets that are not rows
-(*constants*, kept in the metadata) and what was refused or left out, and why.
-
-Detection (``layout='auto'``): a unihub export says its layout in the root attribute
-``unihub.layout``. Otherwise unihub looks for sibling groups with datasets in common (at the root,
-or below a chain of single child groups). They are samples when there are more than
-:data:`MAX_SPLITS` of them, their names are numbered (``sample_0017``), or a member is a scalar
-or members differ in length within a group; otherwise, when every dataset of the file has the
-same length, the file is plain columns; otherwise the groups are splits.
+:func:`discover` reads only the file's structure (names, dtypes, shapes, attributes), never its
+data, and returns a :class:`Plan`: the layout (``hdf5_detect.py``), its *units* (the file itself,
+one group per split, or one group per sample), the :class:`Leaf` each field is read from, the
+datasets that are not rows (*constants*, kept in the metadata) and what is refused, and why. The
+reading options then select from it (``hdf5_select.py``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import warnings
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
+from unihub.formats.hdf5_detect import datasets_below, detect_layout
 from unihub.formats.hdf5_types import (
     Member,
     dtype_to_json,
@@ -36,14 +28,10 @@ from unihub.formats.hdf5_types import (
 )
 from unihub.formats.schema import Unischema, UnischemaField
 
-LAYOUTS = ("auto", "columns", "groups", "splits")
-#: more sibling groups than this are samples, never splits
-MAX_SPLITS = 16
 #: datasets that are not rows are kept exactly in the metadata up to this many bytes in all
 CONSTANT_BYTES = 1 << 20
 KEY_FIELDS = {"groups": "group", "splits": "split"}
 FIELD_ATTR = "unihub.field"
-LAYOUT_ATTR = "unihub.layout"
 SCHEMA_ATTR = "unihub.schema"
 SHAPE_SUFFIX = "__shape"
 ISNULL_SUFFIX = "__isnull"
@@ -105,10 +93,9 @@ def some(names: Iterable[Any], limit: int = 5) -> str:
     return text + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def plan_file(path: str, handle: Any, options: Mapping[str, Any], *, only: Iterable[str] | None = None) -> Plan:
-    """The :class:`Plan` of the open file ``handle``, with the options ``fields``, ``split``,
-    ``ignore_unsupported`` and ``ignore_mismatched`` applied: what cannot be ingested is refused.
-    ``only``: the fields of a given schema; the plan keeps just those and refuses nothing else."""
+def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
+    """The file's structure as a :class:`Plan` (options ``layout`` and ``key_field``): every leaf,
+    constant and refusal, before the options that select (``hdf5_select.select``)."""
     kind, container, units = detect_layout(path, handle, options.get("layout") or "auto")
     key = options.get("key_field") or KEY_FIELDS.get(kind)
     if kind == "columns":
@@ -116,112 +103,14 @@ def plan_file(path: str, handle: Any, options: Mapping[str, Any], *, only: Itera
     else:
         plan = _plan_units(path, handle, kind, container, units, key)
     _keep_constants(plan, handle)
-    _select(plan, options, strict=only is None)
-    _select_splits(plan, options.get("split"))
-    ignore_mismatched = bool(options.get("ignore_mismatched", False))
-    if only is not None and not ignore_mismatched:
-        _keep_only(plan, only)
-    _check_lengths(plan, ignore_mismatched, warn=only is None)
-    if only is not None:
-        _keep_only(plan, only)
     return plan
-
-
-def _keep_only(plan: Plan, names: Iterable[str]) -> None:
-    wanted = set(names)
-    plan.leaves = {name: leaf for name, leaf in plan.leaves.items() if name in wanted}
-
-
-# -- detection ----------------------------------------------------------------------------------
-def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[str]]:
-    """``(kind, container, unit names)``; see the module docstring."""
-    if layout not in LAYOUTS:
-        raise FormatError(f"{path}: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}", path=path)
-    recorded = _recorded_layout(handle)
-    if layout == "auto" and recorded is not None:
-        kind, container = recorded.get("kind", "columns"), recorded.get("container", "")
-        if kind == "columns":
-            return "columns", "", [""]
-        base = handle[container] if container else handle
-        return kind, container, [n for n in base if base.get(n, getclass=True) is h5py_module().Group]
-    if layout == "columns":
-        return "columns", "", [""]
-    found = _sibling_groups(handle)
-    if found is None:
-        if layout != "auto":
-            raise FormatError(f"{path}: layout={layout} needs sibling groups with datasets in common "
-                              "(one per sample or per split); found none", path=path)
-        return "columns", "", [""]
-    container, units = found
-    if layout != "auto":
-        return layout, container, units
-    base = handle[container] if container else handle
-    if _looks_like_samples(base, units):
-        return "groups", container, units
-    if len(_first_axes(handle)) <= 1:
-        return "columns", "", [""]
-    return "splits", container, units
-
-
-def _recorded_layout(handle: Any) -> dict[str, Any] | None:
-    text = handle.attrs.get(LAYOUT_ATTR)
-    if text is None:
-        return None
-    try:
-        return json.loads(text.decode() if isinstance(text, bytes) else text)
-    except ValueError:
-        return None
-
-
-def _sibling_groups(handle: Any) -> tuple[str, list[str]] | None:
-    """The first group (the root, or down a chain of single child groups) with at least two child
-    groups that share datasets: ``(its path, the alike groups' names in h5py's order)``."""
-    h5py = h5py_module()
-    group, path = handle, ""
-    while True:
-        children = [name for name in group if group.get(name, getclass=True) is h5py.Group]
-        if len(children) == 1:
-            group, path = group[children[0]], "/".join(p for p in (path, children[0]) if p)
-            continue
-        if len(children) < 2:
-            return None
-        members = {name: frozenset(_datasets(group[name])) for name in children}
-        common = Counter(members.values()).most_common(1)[0][0]
-        alike = [name for name in children if members[name] & common]
-        return (path, alike) if len(alike) >= 2 and common else None
-
-
-def _looks_like_samples(base: Any, units: list[str]) -> bool:
-    """Many groups, numbered names, a scalar member or members of different lengths: samples."""
-    if len(units) > MAX_SPLITS:
-        return True
-    numbered = [re.fullmatch(r"(.*?)(\d+)", name) for name in units]
-    if all(numbered) and len({m.group(1) for m in numbered if m}) == 1:
-        return True
-    for name in units:
-        shapes = [d.shape for d in _datasets(base[name]).values()]
-        if any(not shape for shape in shapes) or len({shape[0] for shape in shapes}) > 1:
-            return True
-    return False
-
-
-def _first_axes(handle: Any) -> set[int]:
-    return {d.shape[0] for d in _datasets(handle).values() if d.shape}
-
-
-def _datasets(group: Any) -> dict[str, Any]:
-    """Every dataset below ``group`` by relative path, in h5py's name order."""
-    h5py = h5py_module()
-    found: dict[str, Any] = {}
-    group.visititems(lambda name, obj: found.__setitem__(name, obj) if isinstance(obj, h5py.Dataset) else None)
-    return found
 
 
 # -- columns ------------------------------------------------------------------------------------
 def _plan_columns(path: str, handle: Any) -> Plan:
     """Every dataset whose first axis is the row count; scalars are constants."""
     plan = Plan(path, "columns")
-    found = _datasets(handle)
+    found = datasets_below(handle)
     recorded = _recorded_fields(found)
     companions = {name + suffix for name in recorded for suffix in (SHAPE_SUFFIX, ISNULL_SUFFIX)}
     for name, dataset in found.items():
@@ -288,7 +177,7 @@ def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[s
     seen: dict[tuple[str, ...], _Seen] = {}
     recorded: dict[str, UnischemaField] = {}
     for unit in units:
-        found = _datasets(base[unit])
+        found = datasets_below(base[unit])
         recorded.update(_recorded_fields(found))
         if kind == "groups":
             _note_attributes(seen, unit, "", base[unit].attrs)
@@ -322,7 +211,7 @@ def _note(seen: dict[tuple[str, ...], _Seen], key: tuple[str, ...], unit: str, d
         return
     if shape is None:
         entry.conflict = f"an empty dataspace in {unit!r}"
-    elif _dtype_key(dt) != _dtype_key(entry.dtype):
+    elif not _same_dtype(dt, entry.dtype):
         entry.conflict = f"dtype {_dtype_text(entry.dtype)} in {entry.first!r} but {_dtype_text(dt)} in {unit!r}"
     elif len(shape) != len(entry.shape):
         entry.conflict = f"{len(entry.shape)} dimensions in {entry.first!r} but {len(shape)} in {unit!r}"
@@ -335,6 +224,13 @@ def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, at
         if not name.startswith("unihub."):
             attr = attrs.get_id(name)
             _note(seen, ("a", rel, name), unit, attr.dtype, attr.shape)
+
+
+def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """The same HDF5 type (numpy's ``==`` ignores h5py's metadata: enum mappings, string encodings)."""
+    if a.names is None and a.metadata is None and b.metadata is None:
+        return a == b and a.str == b.str
+    return _dtype_key(a) == _dtype_key(b)
 
 
 def _dtype_key(dt: np.dtype) -> str:
@@ -378,7 +274,7 @@ def _recorded_schema(handle: Any) -> dict[str, UnischemaField]:
 
 
 
-# -- constants, selection, lengths ----------------------------------------------------------------
+# -- constants ----------------------------------------------------------------------------------
 def _keep_constants(plan: Plan, handle: Any) -> None:
     """Datasets that are not rows (scalars; in groups and splits layouts, everything outside the units)
     become constants, kept exactly in the metadata; too many bytes of them, or a dtype that cannot
@@ -419,108 +315,9 @@ def _outside_units(handle: Any, plan: Plan) -> list[str]:
             if isinstance(obj, h5py.Dataset):
                 found.append(prefix + name)
             elif isinstance(obj, h5py.Group):
-                found.extend(f"{prefix}{name}/{rel}" for rel in _datasets(obj))
+                found.extend(f"{prefix}{name}/{rel}" for rel in datasets_below(obj))
         if depth < len(chain):
             group, prefix = group[chain[depth]], f"{prefix}{chain[depth]}/"
     return found
 
 
-def matches(name: str, item: str) -> bool:
-    return name == item or name.startswith((item + "/", item + ".", item + "@"))
-
-
-def _select(plan: Plan, options: Mapping[str, Any], *, strict: bool) -> None:
-    """Option ``fields`` (names or prefixes of fields) and ``ignore_unsupported``; refuse the rest
-    (``strict``: nothing else chose the fields)."""
-    wanted = options.get("fields")
-    if wanted is not None:
-        chosen: set[str] = set()
-        for raw in [wanted] if isinstance(wanted, str) else wanted:
-            item = raw.strip("/")
-            if item == plan.key_field:
-                continue
-            refused = {n: r for n, r in plan.refused.items() if matches(n, item)}
-            if refused:
-                raise FormatError(refusal_message(plan.path, refused), path=plan.path)
-            hits = [n for n in plan.leaves if matches(n, item)]
-            if not hits:
-                raise FormatError(f"{plan.path}: no dataset or group {item!r}; fields: {some(plan.leaves, 10)}",
-                                  path=plan.path)
-            chosen.update(hits)
-        plan.left_out.update({n: "not selected by fields=" for n in plan.leaves if n not in chosen})
-        plan.left_out.update({n: f"not selected by fields= ({r})" for n, r in plan.refused.items()})
-        plan.leaves = {n: leaf for n, leaf in plan.leaves.items() if n in chosen}
-        plan.refused = {}
-    elif plan.refused and options.get("ignore_unsupported", False):
-        if strict:
-            warnings.warn(f"{plan.path}: left out (ignore_unsupported): {some(plan.refused)}", stacklevel=4)
-        plan.ignored.update(plan.refused)
-        plan.refused = {}
-    elif plan.refused and strict:
-        raise FormatError(refusal_message(plan.path, plan.refused), path=plan.path)
-
-
-def refusal_message(path: str, refused: Mapping[str, str]) -> str:
-    """What cannot be ingested and why (a few named, then how many more), and the ways out."""
-    items = list(refused.items())
-    text = "; ".join(f"{name!r}: {reason}" for name, reason in items[:5])
-    if len(items) > 5:
-        text += f"; and {len(items) - 5} more"
-    return (f"{path}: cannot convert {len(items)} HDF5 value(s) exactly ({text}); leave them out with "
-            "ignore_unsupported=true (they are then listed), or choose fields with fields=...")
-
-
-def _select_splits(plan: Plan, split: Any) -> None:
-    """Option ``split``: the splits to read (in the file's order)."""
-    if split is None:
-        return
-    names = [split] if isinstance(split, str) else list(split)
-    if plan.kind != "splits":
-        raise FormatError(f"{plan.path}: split= selects groups of a file with one group per split, but this "
-                          f"file's layout is {plan.kind!r}", path=plan.path)
-    unknown = [n for n in names if n not in plan.units]
-    if unknown:
-        raise FormatError(f"{plan.path}: no split {some(unknown)}; its splits: {some(plan.units, 10)}",
-                          path=plan.path)
-    dropped = [plan.unit_path(unit) + "/" for unit in plan.units if unit not in names]
-    plan.left_out.update({c: "not selected by split=" for c in plan.constants if c.startswith(tuple(dropped))})
-    plan.constants = [c for c in plan.constants if not c.startswith(tuple(dropped))]
-    plan.units = [unit for unit in plan.units if unit in names]
-
-
-def _check_lengths(plan: Plan, ignore_mismatched: bool, *, warn: bool = True) -> None:
-    """Columns: the selected datasets must share one length (``ignore_mismatched`` keeps the most
-    common); splits: within each split."""
-    if plan.kind == "groups":
-        return
-    for unit in plan.units:
-        lengths = {leaf.path: plan.lengths[unit, leaf.path] for leaf in plan.leaves.values()
-                   if (unit, leaf.path) in plan.lengths}
-        if len(set(lengths.values())) <= 1:
-            continue
-        where = plan.path if plan.kind == "columns" else f"{plan.path}, split {unit!r}"
-        if plan.kind == "splits" or not ignore_mismatched:
-            hint = " or skip the others with ignore_mismatched=True" if plan.kind == "columns" else ""
-            raise FormatError(mismatch_message(where, lengths) + f"; choose datasets of one length with "
-                              f"fields=[...]{hint}", path=plan.path)
-        rows = Counter(lengths.values()).most_common(1)[0][0]
-        skipped = {n: k for n, k in lengths.items() if k != rows}
-        if warn:
-            warnings.warn(f"{plan.path}: skipping datasets whose length is not {rows}: "
-                          f"{', '.join(f'{n!r}: {k}' for n, k in list(skipped.items())[:10])}", stacklevel=4)
-        for name, leaf in list(plan.leaves.items()):
-            if leaf.path in skipped:
-                plan.ignored[name] = f"{skipped[leaf.path]} rows, not {rows} (ignore_mismatched)"
-                del plan.leaves[name]
-
-
-def mismatch_message(where: str, lengths: Mapping[str, int]) -> str:
-    """``x.h5: HDF5 datasets differ in length along the first axis (10 rows: 'a', 'b'; 7 rows: 'c')``."""
-    by_length: dict[int, list[str]] = {}
-    for name, n in lengths.items():
-        by_length.setdefault(n, []).append(name)
-    groups = sorted(by_length.items())
-    parts = "; ".join(f"{n} rows: {some(names)}" for n, names in groups[:6])
-    if len(groups) > 6:
-        parts += f"; and {len(groups) - 6} more lengths"
-    return f"{where}: HDF5 datasets differ in length along the first axis ({parts})"

@@ -93,18 +93,18 @@ def _group(handle: Any, plan: Plan, unit: str) -> Any:
 
 def _group_value(group: Any, leaf: Leaf, cache: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
     """A groups-layout leaf's whole value in one group (dataset or attribute), or None where absent."""
-    if leaf.attr is not None:
-        if leaf.path and leaf.path not in group:
-            return None
+    if cache is not None and leaf.attr is None and leaf.path in cache:
+        return cache[leaf.path]
+    try:  # one lookup: "in" and then [] would look twice, for every member of every group
         owner = group[leaf.path] if leaf.path else group
-        return attribute_array(owner.attrs, leaf.attr) if leaf.attr in owner.attrs else None
-    if leaf.path not in group:
+    except KeyError:
         return None
-    if cache is None:
-        return read_whole(group[leaf.path])
-    if leaf.path not in cache:
-        cache[leaf.path] = read_whole(group[leaf.path])
-    return cache[leaf.path]
+    if leaf.attr is not None:
+        return attribute_array(owner.attrs, leaf.attr) if leaf.attr in owner.attrs else None
+    value = read_whole(owner)
+    if cache is not None:
+        cache[leaf.path] = value
+    return value
 
 
 # -- slices ---------------------------------------------------------------------------------------

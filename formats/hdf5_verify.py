@@ -16,8 +16,9 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from unihub.formats.hdf5_layout import Plan, matches, plan_file
+from unihub.formats.hdf5_layout import Plan
 from unihub.formats.hdf5_read import attribute_array
+from unihub.formats.hdf5_select import matches, plan_file
 from unihub.formats.hdf5_storage import ExportSpec, export_spec, generic_value, storage_of, storage_rows
 from unihub.formats.hdf5_types import extract, h5py_module, member_dtype, native, to_h5
 from unihub.formats.schema import Unischema

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not in
 h5py = pytest.importorskip("h5py")
 
 from unihub.formats.hdf5 import HDF5Format  # noqa: E402
-from unihub.formats.hdf5_layout import CONSTANT_BYTES, MAX_SPLITS  # noqa: E402
+from unihub.formats.hdf5_detect import MAX_SPLITS  # noqa: E402
+from unihub.formats.hdf5_layout import CONSTANT_BYTES  # noqa: E402
 
 
 def rows(fmt: HDF5Format, schema: Unischema | None = None) -> dict[str, list]:
