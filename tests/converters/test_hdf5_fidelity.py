@@ -401,3 +401,31 @@ def test_several_files_of_one_layout_merge_their_shapes(tmp_path: Path) -> None:
     assert rows["group"] == ["s00", "s01", "s02", "s10", "s11", "s12"]
     assert [r.shape for r in rows["image"]] == [(2, 2)] * 3 + [(3, 2)] * 3
     assert verify(str(tmp_path / "part*.h5"), tmp_path / "ds", from_format="hdf5").equal
+
+
+def test_compounds_with_string_and_enum_members_in_groups_and_attributes(tmp_path: Path) -> None:
+    record = np.dtype([("s", h5py.string_dtype()), ("e", h5py.enum_dtype({"A": 1, "B": 2}, basetype="u1")),
+                       ("z", "<c8")])
+    src = tmp_path / "comp.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(3):
+            values = np.zeros(2 + i, record)
+            values["s"], values["e"], values["z"] = [b"x%d" % k for k in range(2 + i)], 1 + i % 2, 1j * i
+            f[f"s{i}/rec"] = values
+            f[f"s{i}"].attrs.create("meta", data=np.array((b"hi", 2, 3j), dtype=record), dtype=record)
+            f[f"s{i}"].attrs["fixed"] = np.bytes_(b"ab\x00")
+    convert(src, tmp_path / "ds", progress=False)
+    schema = open_dataset(tmp_path / "ds").schema
+    assert list(schema.fields) == ["group", "rec.s", "rec.e", "rec.z", "@fixed", "@meta.s", "@meta.e", "@meta.z"]
+    rows = read_back(tmp_path / "ds")
+    assert [list(v) for v in rows["rec.s"]] == [[f"x{k}" for k in range(2 + i)] for i in range(3)]
+    assert rows["@meta.z"][0].tolist() == [0.0, 3.0] and rows["@fixed"] == ["ab"] * 3
+    assert verify(src, tmp_path / "ds").equal
+    convert(tmp_path / "ds", tmp_path / "back.h5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        for i in range(3):
+            x, y = a[f"s{i}/rec"], b[f"s{i}/rec"]
+            assert y.dtype == x.dtype and h5py.check_enum_dtype(y.dtype["e"]) == {"A": 1, "B": 2}
+            assert x[...].tolist() == y[...].tolist()
+            assert b[f"s{i}"].attrs.get_id("fixed").dtype == np.dtype("S3")
+    assert verify(tmp_path / "ds", tmp_path / "back.h5").equal
