@@ -101,6 +101,7 @@ class HDF5Format(ForeignFormat):
         for batch in source.read_batches(schema, batch_size=512): ...
     """
 
+    REFERENCE_READER = "h5py"
     OPTIONS = {
         "fields": FormatOption("fields to ingest: dataset paths, group names or prefixes, comma-separated",
                                parse_list),
@@ -228,9 +229,9 @@ class HDF5Format(ForeignFormat):
 
     # -- export -------------------------------------------------------------------------
     @classmethod
-    def export_options(cls, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """A dataset ingested from HDF5 is written back in its layout and dtypes (``source``: its
-        ``hdf5`` metadata)."""
+        ``hdf5`` metadata; fields ``schema`` lacks, or holds changed, are written unihub's way)."""
         source = extra.get("hdf5") if extra.get("source_format") == "hdf5" else None
         layout = (source or {}).get("layout") if isinstance(source, Mapping) else None
         return {"layout": layout.get("kind", "columns"), "source": source} if layout else {}
