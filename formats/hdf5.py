@@ -25,9 +25,11 @@ members as separate columns anyway. Values convert exactly both ways (``hdf5_typ
 as their integers, complex numbers as trailing ``(2,)`` float pairs, fixed-length strings as
 str/bytes re-padded to their length on export. Datasets that are not rows (scalars, and in the
 groups and splits layouts anything outside the units) are kept exactly in the metadata
-(``constants``, 1 MB in all) and written back on export; attributes outside the units are kept
-as metadata too. Anything else is refused with a :class:`FormatError` naming file and datasets,
-unless ``ignore_unsupported=True`` leaves it out, listed as skipped and in ``left_out``.
+(``constants``, 1 MB in all), and so are the attributes outside the rows (``attribute_values``;
+as JSON values too); export writes both back. Anything else is refused with a
+:class:`FormatError` naming file and datasets, unless ``ignore_unsupported=True`` leaves it out,
+listed as skipped and in ``left_out`` (attributes that cannot be kept, e.g. references, are listed
+there too).
 Data is read in slices of whole chunks (about ``slice_mb``), never a whole file at once; several
 files are read one after the other, the schema covers them all.
 

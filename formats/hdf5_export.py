@@ -61,6 +61,7 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
                     raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
                 writer.append(batch, next(iter(lengths.values()), 0))
             _write_constants(handle, spec.constants)
+            _write_attributes(handle, spec.attributes)
         os.replace(temporary, target)
     except BaseException:
         if os.path.exists(temporary):
@@ -97,6 +98,18 @@ def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) -> None:
+    """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
+    h5py = h5py_module()
+    for path, values in attributes.items():
+        owner = handle.get(path) if path else handle
+        if owner is None:
+            continue
+        for name, record in values.items():
+            value, dt = decode_constant(record)
+            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
 
 
 def _append(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:

@@ -4,7 +4,8 @@ The metadata keeps the attributes of the file, of its groups and of its datasets
 in a groups layout, the attributes inside the sample groups are fields instead), the scalar
 datasets as JSON values (``scalars``), and what export and verify need to give the source back
 exactly: ``layout`` (kind, container, key field, the dtype of every source dataset and where each
-field comes from), ``constants`` (every dataset that is not rows, bit for bit) and ``left_out``.
+field comes from), ``constants`` (every dataset that is not rows) and ``attribute_values`` (every
+attribute outside the rows), both bit for bit with their dtypes, and ``left_out``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from unihub.errors import FormatError
+from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
 from unihub.formats.hdf5_layout import Plan
+from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
 
@@ -34,14 +36,34 @@ def file_metadata(handle: Any, plan: Plan, *, constants_only: bool = False) -> d
         return {"constants": constants}
     h5py = h5py_module()
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
-    groups, datasets = {}, {}
-    for path, obj in _walk(handle, "", units):
+    groups, datasets, exact = {}, {}, {}
+    left_out = {**plan.left_out, **plan.ignored}
+    for path, obj in [("", handle), *_walk(handle, "", units)]:
         attrs = _attributes(obj.attrs)
-        if attrs:
+        if attrs and path:
             (datasets if isinstance(obj, h5py.Dataset) else groups)[path] = attrs
+        values, failed = _exact_attributes(obj.attrs)
+        exact.update({path: values} if values else {})
+        left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
     return {"attributes": _attributes(handle.attrs), "groups": groups, "datasets": datasets, "scalars": scalars,
-            "layout": layout_record(plan), "constants": constants, "left_out": {**plan.left_out, **plan.ignored}}
+            "layout": layout_record(plan), "constants": constants, "attribute_values": exact, "left_out": left_out}
+
+
+def _exact_attributes(attrs: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """An object's attributes encoded exactly (dtype and bytes, as constants are), and the ones that
+    cannot be (object references, ...) with why; unihub's own attributes left out."""
+    values, failed = {}, {}
+    for name in attrs:
+        if name.startswith("unihub."):
+            continue
+        try:
+            attr = attrs.get_id(name)
+            value = None if attr.shape is None else attribute_array(attrs, name)
+            values[name] = encode_constant(value, attr.dtype if value is None else value.dtype)
+        except (SchemaError, OSError, TypeError, ValueError) as exc:
+            failed[name] = f"an attribute that cannot be kept exactly ({exc})"
+    return values, failed
 
 
 def _walk(group: Any, prefix: str, skip: set[str]) -> Iterator[tuple[str, Any]]:

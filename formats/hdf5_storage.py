@@ -57,7 +57,8 @@ class ExportSpec:
     key_field: str | None = None
     typed: list[Typed] = field(default_factory=list)
     generic: list[UnischemaField] = field(default_factory=list)
-    constants: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)  #: path -> a dataset that is not rows
+    attributes: dict[str, Any] = field(default_factory=dict)  #: object path -> {name: attribute}
     images: str = "bytes"
 
 
@@ -72,6 +73,7 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
     key = key_field or recorded.get("key_field") or KEY_FIELDS.get(layout)
     spec = ExportSpec(layout, recorded.get("container", ""), key if layout != "columns" else None, images=images)
     spec.constants = dict((source or {}).get("constants") or {}) if same else {}
+    spec.attributes = dict((source or {}).get("attribute_values") or {}) if same else {}
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)

@@ -429,3 +429,35 @@ def test_compounds_with_string_and_enum_members_in_groups_and_attributes(tmp_pat
             assert x[...].tolist() == y[...].tolist()
             assert b[f"s{i}"].attrs.get_id("fixed").dtype == np.dtype("S3")
     assert verify(tmp_path / "ds", tmp_path / "back.h5").equal
+
+
+def test_attributes_and_datasets_outside_the_rows_are_kept_exactly_and_written_back(tmp_path: Path) -> None:
+    src = tmp_path / "attrs.h5"
+    with h5py.File(src, "w") as f:
+        f.attrs["version"] = np.int32(3)
+        f.attrs["tag"] = np.bytes_(b"v1\x00")
+        f.attrs.create("name", "zoë", dtype=h5py.string_dtype())
+        f["train/x"], f["val/x"] = np.arange(3.0), np.arange(2.0)
+        f["train"].attrs["n"] = np.uint16(3)
+        f["train/x"].attrs["scale"] = np.array([0.5, 2], dtype=np.float16)
+        f["train/count"] = np.int64(3)  # a scalar inside a split: a constant
+        f.create_dataset("nothing", data=h5py.Empty("<f4"))
+        f.attrs["self"] = f["train"].ref  # a reference: cannot be kept, and said so
+    result = convert(src, tmp_path / "ds", progress=False, format_options={"layout": "splits"})
+    assert result.rows == 5
+    meta = open_dataset(tmp_path / "ds").extra_metadata["hdf5"]
+    assert meta["attributes"]["version"] == 3 and set(meta["constants"]) == {"train/count", "nothing"}
+    assert "@self" in meta["left_out"] and "reference" in meta["left_out"]["@self"]
+    convert(tmp_path / "ds", tmp_path / "back.h5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        for path in ("", "train", "train/x"):
+            x, y = (a[path] if path else a).attrs, (b[path] if path else b).attrs
+            for name in x:
+                if name == "self":
+                    assert name not in y
+                    continue
+                assert y.get_id(name).dtype == x.get_id(name).dtype, (path, name)
+                assert np.asarray(y[name]).tobytes() == np.asarray(x[name]).tobytes() or y[name] == x[name]
+        assert b["train/count"].dtype == np.int64 and b["train/count"][()] == 3
+        assert b["nothing"].shape is None and b["nothing"].dtype == np.dtype("<f4")
+    assert verify(tmp_path / "ds", tmp_path / "back.h5").equal
