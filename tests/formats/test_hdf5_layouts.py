@@ -208,3 +208,25 @@ def test_export_layouts_of_a_plain_dataset(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="field 'part'"):
         HDF5Format.write(str(tmp_path / "bad.h5"), schema, [batch], layout="splits", key_field="part")
     assert not (tmp_path / "bad.h5").exists()
+
+
+def test_skips_of_ignore_mismatched_are_listed(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.h5"
+    with h5py.File(path, "w") as f:
+        f["a"], f["b"], f["c"] = np.arange(5), np.arange(5.0), np.arange(2)
+    with pytest.warns(UserWarning, match="'c': 2"):
+        fmt = HDF5Format(path, ignore_mismatched=True)
+        schema = fmt.infer_schema()
+    assert rows(fmt, schema)["a"] == [0, 1, 2, 3, 4]
+    assert [(s.location, s.reason) for s in fmt.report.skipped] == [("dataset 'c'", "2 rows, not 5 (ignore_mismatched)")]
+    assert fmt.metadata()["hdf5"]["left_out"] == {"c": "2 rows, not 5 (ignore_mismatched)"}
+
+
+def test_constants_that_differ_between_files_are_kept_per_file(tmp_path: Path) -> None:
+    for k in range(3):
+        with h5py.File(tmp_path / f"shard{k}.h5", "w") as f:
+            f["x"] = np.arange(2) + k
+            f["shard"] = np.int32(k if k < 2 else 0)
+    meta = HDF5Format(str(tmp_path / "shard*.h5")).metadata()["hdf5"]
+    assert meta["scalars"] == {"shard": 0}
+    assert list(meta["constants_by_file"]) == [str(tmp_path / "shard1.h5")]
