@@ -15,7 +15,7 @@ import pytest
 from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, FormatError
-from unihub.formats import hdf5 as hdf5_module
+from unihub.formats import hdf5_read
 from unihub.formats.foreign import FORMATS
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
@@ -140,13 +140,13 @@ def test_reads_chunk_sized_slices_never_the_whole_file(tmp_path: Path, monkeypat
         f.create_dataset("chunked", data=np.arange(n * 4, dtype=np.float64).reshape(n, 4), chunks=(500, 4))
         f.create_dataset("contiguous", data=np.arange(n, dtype=np.int32))  # no chunks
     requests: dict[str, list[tuple[int, int]]] = {"chunked": [], "contiguous": []}
-    real = hdf5_module._read_rows
+    real = hdf5_read._read_rows
 
     def watched(dataset, start, stop):
         requests[dataset.name.lstrip("/")].append((start, stop))
         return real(dataset, start, stop)
 
-    monkeypatch.setattr(hdf5_module, "_read_rows", watched)
+    monkeypatch.setattr(hdf5_read, "_read_rows", watched)
     fmt = HDF5Format(path, slice_mb=0.01)  # ~10 KB slices: 327 rows of 32 B, 2621 rows of 4 B
     schema = fmt.infer_schema()
     total = {"chunked": 0, "contiguous": 0}
@@ -185,17 +185,6 @@ def test_mismatched_lengths_name_file_datasets_and_lengths(tmp_path: Path) -> No
     schema = Unischema("s", [UnischemaField("a", np.int64, ()), UnischemaField("c", np.int64, ())])
     with pytest.raises(FormatError, match="7 rows: 'c'"):
         next(HDF5Format(path).read_batches(schema))
-
-
-def test_unsupported_dtypes_are_left_out_with_a_warning(tmp_path: Path) -> None:
-    path = tmp_path / "compound.h5"
-    with h5py.File(path, "w") as f:
-        f["x"] = np.arange(4)
-        f["pairs"] = np.zeros(4, dtype=[("a", "i4"), ("b", "f4")])
-    with pytest.warns(UserWarning, match="pairs"):
-        assert list(HDF5Format(path).infer_schema().fields) == ["x"]
-    with pytest.raises(FormatError, match="pairs"):
-        HDF5Format(path, fields=["pairs"]).infer_schema()
 
 
 def test_corrupt_or_foreign_file_is_a_format_error_naming_it(tmp_path: Path, sample: Path) -> None:
@@ -378,14 +367,14 @@ def test_exports_the_shared_sample_schema(tmp_path: Path, schema: Unischema, row
 
 
 def test_read_errors_raise_or_are_skipped(sample: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = hdf5_module._read_rows
+    real = hdf5_read._read_rows
 
     def flaky(dataset, start, stop):
         if dataset.name == "/i8" and start <= 10 < stop:
             raise OSError("Can't read data (inflate() failed)")
         return real(dataset, start, stop)
 
-    monkeypatch.setattr(hdf5_module, "_read_rows", flaky)
+    monkeypatch.setattr(hdf5_read, "_read_rows", flaky)
     fmt = HDF5Format(sample, fields=["i8", "f16"], slice_mb=1e-5)  # 10-byte slices: 10 rows of int8
     schema = fmt.infer_schema()
     with pytest.raises(FormatError, match=r"sample.h5: cannot read rows 10\.\.14: .*inflate"):

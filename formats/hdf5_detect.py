@@ -1,0 +1,116 @@
+"""Which layout an HDF5 file has: columns, splits (a group per split) or groups (a group per sample).
+
+A unihub export says its layout in the root attribute ``unihub.layout``. Otherwise
+(``layout='auto'``) unihub looks for sibling groups with members in common, at the root or below a
+chain of single child groups. They are samples when there are more than :data:`MAX_SPLITS` of
+them, their names are numbered alike (``sample_0017``), or a member is a scalar or members differ
+in length within a group; otherwise, when every dataset of the file has the same length, the file
+is plain columns (``/images/data``, ``/labels/data``); otherwise the groups are splits. A wrong
+guess loses nothing (each reading keeps every value), and ``layout=...`` overrides it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from unihub.errors import FormatError
+from unihub.formats.hdf5_types import h5py_module
+
+LAYOUTS = ("auto", "columns", "groups", "splits")
+#: more sibling groups than this are samples, never splits
+MAX_SPLITS = 16
+LAYOUT_ATTR = "unihub.layout"
+
+
+def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[str]]:
+    """``(kind, container, unit names)``; see the module docstring."""
+    if layout not in LAYOUTS:
+        raise FormatError(f"{path}: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}", path=path)
+    recorded = _recorded_layout(handle)
+    if layout == "auto" and recorded is not None:
+        kind, container = recorded.get("kind", "columns"), recorded.get("container", "")
+        if kind == "columns":
+            return "columns", "", [""]
+        base = handle[container] if container else handle
+        return kind, container, [n for n in base if base.get(n, getclass=True) is h5py_module().Group]
+    if layout == "columns":
+        return "columns", "", [""]
+    found = _sibling_groups(handle)
+    if found is None:
+        if layout != "auto":
+            raise FormatError(f"{path}: layout={layout} needs sibling groups with datasets in common "
+                              "(one per sample or per split); found none", path=path)
+        return "columns", "", [""]
+    container, units = found
+    if layout != "auto":
+        return layout, container, units
+    base = handle[container] if container else handle
+    if _looks_like_samples(base, units):
+        return "groups", container, units
+    if len(_first_axes(handle)) <= 1:
+        return "columns", "", [""]
+    return "splits", container, units
+
+
+def _recorded_layout(handle: Any) -> dict[str, Any] | None:
+    text = handle.attrs.get(LAYOUT_ATTR)
+    if text is None:
+        return None
+    try:
+        return json.loads(text.decode() if isinstance(text, bytes) else text)
+    except ValueError:
+        return None
+
+
+def _sibling_groups(handle: Any) -> tuple[str, list[str]] | None:
+    """The first group (the root, or down a chain of single child groups) with at least two child
+    groups that share datasets: ``(its path, the alike groups' names in h5py's order)``."""
+    h5py = h5py_module()
+    group, path = handle, ""
+    while True:
+        children = [name for name in group if group.get(name, getclass=True) is h5py.Group]
+        if len(children) == 1:
+            group, path = group[children[0]], "/".join(p for p in (path, children[0]) if p)
+            continue
+        if len(children) < 2:
+            return None
+        members = {name: _member_names(group[name]) for name in children}
+        common = Counter(members.values()).most_common(1)[0][0]
+        alike = [name for name in children if members[name] & common]
+        return (path, alike) if len(alike) >= 2 and common else None
+
+
+def _looks_like_samples(base: Any, units: list[str]) -> bool:
+    """Many groups, numbered names, a scalar member or members of different lengths: samples."""
+    if len(units) > MAX_SPLITS:
+        return True
+    numbered = [re.fullmatch(r"(.*?)(\d+)", name) for name in units]
+    if all(numbered) and len({m.group(1) for m in numbered if m}) == 1:
+        return True
+    for name in units:
+        shapes = [d.shape for d in datasets_below(base[name]).values()]
+        if any(not shape for shape in shapes) or len({shape[0] for shape in shapes}) > 1:
+            return True
+    return False
+
+
+def _first_axes(handle: Any) -> set[int]:
+    return {d.shape[0] for d in datasets_below(handle).values() if d.shape}
+
+
+def _member_names(group: Any) -> frozenset[str]:
+    """The names of everything below ``group`` (h5py objects are not opened: this runs on every group)."""
+    names: list[str] = []
+    group.visit(names.append)
+    return frozenset(names)
+
+
+def datasets_below(group: Any) -> dict[str, Any]:
+    """Every dataset below ``group`` by relative path, in h5py's name order."""
+    h5py = h5py_module()
+    found: dict[str, Any] = {}
+    group.visititems(lambda name, obj: found.__setitem__(name, obj) if isinstance(obj, h5py.Dataset) else None)
+    return found

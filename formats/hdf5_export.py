@@ -1,0 +1,257 @@
+"""Writing an HDF5 file from column batches, by an :class:`~unihub.formats.hdf5_storage.ExportSpec`.
+
+One writer per layout: columns (datasets grown with ``resize`` along axis 0, chunked), splits (the
+same inside one group per split, in order of first appearance) and groups (one group per row,
+named by the key field, its members whole). Containers of splits and groups track creation order,
+so h5py lists them in the order written. The file is written beside the target and renamed into
+place only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from unihub.errors import DatasetExistsError, SchemaError
+from unihub.formats.foreign import ColumnBatch, python_columns
+from unihub.formats.hdf5_detect import LAYOUT_ATTR
+from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
+from unihub.formats.hdf5_storage import (
+    ExportSpec,
+    Storage,
+    Typed,
+    assemble,
+    chunk_rows_for,
+    sample_values,
+    storage_of,
+    storage_rows,
+)
+from unihub.formats.hdf5_types import decode_constant, h5py_module
+from unihub.formats.schema import Unischema
+
+SCHEMA_NAME_ATTR = "unihub.schema_name"
+FIELD_ORDER_ATTR = "unihub.field_order"
+
+
+def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], spec: ExportSpec, *,
+               compression: str | None, chunk_rows: int | None, overwrite: bool) -> list[str]:
+    """Write ``batches`` to ``target`` (a temporary sibling renamed on success); see the module docstring."""
+    target = os.fspath(target)
+    if os.path.exists(target) and not overwrite:
+        raise DatasetExistsError(f"{target} exists; pass overwrite=True to replace it")
+    _check_names(schema)
+    h5py = h5py_module()
+    parent, base = os.path.split(os.path.abspath(target))
+    temporary = os.path.join(parent, f".{base}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container) as handle:
+            _root_attributes(handle, schema, spec)
+            writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
+            for batch in map(python_columns, batches):
+                unknown = set(batch) - set(schema.fields)
+                if unknown:
+                    raise SchemaError(f"batch columns {sorted(unknown)} are not fields of {schema.name!r}")
+                lengths = {k: len(v) for k, v in batch.items()}
+                if len(set(lengths.values())) > 1:
+                    raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
+                writer.append(batch, next(iter(lengths.values()), 0))
+            _write_constants(handle, spec.constants)
+            _write_attributes(handle, spec.attributes)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    return [target]
+
+
+def _check_names(schema: Unischema) -> None:
+    names = {f.name for f in schema}
+    for name in names:
+        for other in names:
+            if other.startswith(name + "/"):
+                raise SchemaError(f"fields {name!r} and {other!r} cannot both be HDF5 datasets "
+                                  f"({name!r} would be a group)")
+        if name.endswith((SHAPE_SUFFIX, ISNULL_SUFFIX)) and name.rsplit("__", 1)[0] in names:
+            raise SchemaError(f"field {name!r} clashes with a companion dataset of another field")
+
+
+def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
+    handle.attrs[SCHEMA_NAME_ATTR] = schema.name
+    handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
+    handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
+                                            "key_field": spec.key_field})
+    if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
+        handle.attrs[SCHEMA_ATTR] = schema.to_json()
+
+
+def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
+    """Datasets that were not rows, back where they were (after the rows: units keep their order)."""
+    h5py = h5py_module()
+    for path, record in constants.items():
+        if path in handle:
+            raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
+        value, dt = decode_constant(record)
+        handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) -> None:
+    """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
+    h5py = h5py_module()
+    for path, values in attributes.items():
+        owner = handle.get(path) if path else handle
+        if owner is None:
+            continue
+        for name, record in values.items():
+            value, dt = decode_constant(record)
+            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _append(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
+    """Grow ``dataset`` by ``n`` rows and write them."""
+    if not n:
+        return
+    h5py = h5py_module()
+    dataset.resize(start + n, axis=0)
+    if h5py.check_vlen_dtype(dataset.dtype) is not None and h5py.check_string_dtype(dataset.dtype) is None:
+        # h5py's __setitem__ turns equal-length rows into a 2-D array: write them as typed
+        typed = np.empty(n, dtype=dataset.dtype)
+        typed[:] = rows
+        dataset.write_direct(typed, dest_sel=np.s_[start:start + n])
+    else:
+        dataset[start:start + n] = rows
+
+
+def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:
+    rows = chunk_rows_for(dtype, shape, options["chunk_rows"])
+    return group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), chunks=(rows, *shape),
+                                dtype=dtype, compression=options["compression"])
+
+
+class _FieldSink:
+    """One field stored unihub's way: its dataset and companions, grown batch by batch."""
+
+    def __init__(self, group: Any, storage: Storage, options: Mapping[str, Any]) -> None:
+        self.storage, self.size = storage, 0
+        self.datasets = {name: _create(group, name, dtype, shape, options)
+                         for name, (dtype, shape) in storage.datasets().items()}
+        self.datasets[storage.field.name].attrs[FIELD_ATTR] = json.dumps(storage.recorded().to_json())
+
+    def append(self, values: Any, n: int) -> None:
+        for name, rows in storage_rows(self.storage, values, n, self.size).items():
+            _append(self.datasets[name], rows, self.size, n)
+        self.size += n
+
+
+class _TypedSink:
+    """A source dataset rebuilt from its fields, created at its first row (its cell shape then known).
+    A source dataset that is absent (every row None) stays absent; a null among values is refused."""
+
+    def __init__(self, group: Any, typed: Typed, options: Mapping[str, Any]) -> None:
+        self.group, self.typed, self.options = group, typed, options
+        self.dataset: Any = None
+        self.size = 0
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        if not n:
+            return
+        columns = {name: batch.get(name) for name, _ in self.typed.members}
+        present = np.ones(n, dtype=bool)
+        for values in columns.values():
+            if values is None:
+                present[:] = False
+            elif not (isinstance(values, np.ndarray) and values.dtype != object):
+                present &= np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        written = 0 if self.dataset is None else self.dataset.shape[0]
+        if present.any() and (not present.all() or written != self.size) or (self.dataset is not None
+                                                                            and not present.any()):
+            row = self.size + int(np.argmin(present)) if present.any() and written == self.size else written
+            raise SchemaError(f"field {self.typed.members[0][0]!r}, row {row}: HDF5 dataset {self.typed.path!r} "
+                              "holds a value in every row or in none; a null cannot be stored in its dtype")
+        if present.all():
+            rows = assemble(self.typed, columns, "")
+            if self.dataset is None:
+                self.dataset = _create(self.group, self.typed.path, self.typed.dtype, rows.shape[1:], self.options)
+            _append(self.dataset, rows, written, n)
+        self.size += n
+
+
+class _ColumnsWriter:
+    """Every field a dataset of the file (or of one split's group) along axis 0."""
+
+    def __init__(self, group: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        self.generic = [_FieldSink(group, storage_of(f, spec.images), options) for f in spec.generic]
+        self.typed = [_TypedSink(group, t, options) for t in spec.typed if t.attr is None]
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        for sink in self.generic:
+            sink.append(batch.get(sink.storage.field.name), n)
+        for typed in self.typed:
+            typed.append(batch, n)
+
+
+class _SplitsWriter:
+    """One group per split (the key field's value), each written like columns."""
+
+    def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        if spec.key_field not in schema.fields:
+            raise SchemaError(f"layout='splits' writes one group per value of field {spec.key_field!r}, "
+                              f"which {schema.name!r} lacks; name the field with key_field=...")
+        self.schema, self.spec, self.options = schema, spec, options
+        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+        self.splits: dict[str, _ColumnsWriter] = {}
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        names = list(batch[self.spec.key_field])
+        start = 0
+        while start < n:
+            stop = start + 1
+            while stop < n and names[stop] == names[start]:
+                stop += 1
+            writer = self.splits.get(names[start]) or self._open(names[start])
+            writer.append({k: v[start:stop] for k, v in batch.items() if k != self.spec.key_field}, stop - start)
+            start = stop
+
+    def _open(self, name: Any) -> _ColumnsWriter:
+        if not isinstance(name, str) or not name or "/" in name or name in self.container:
+            raise SchemaError(f"split name {name!r} (field {self.spec.key_field!r}) cannot name a new HDF5 group")
+        group = self.container.create_group(name, track_order=True)
+        self.splits[name] = _ColumnsWriter(group, self.schema, self.spec, self.options)
+        return self.splits[name]
+
+
+class _GroupsWriter:
+    """One group per row, named by the key field (``sample_00000000``, ... without one)."""
+
+    def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        self.spec, self.count = spec, 0
+        self.key = spec.key_field if spec.key_field in schema.fields else None
+        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        for i in range(n):
+            row = {name: values[i] for name, values in batch.items()}
+            name = row.get(self.key) if self.key else f"sample_{self.count:08d}"
+            if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
+                raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
+            group = self.container.create_group(name)
+            for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
+                if attr is None:
+                    group.create_dataset(path, data=value, dtype=value.dtype)
+                elif path and path not in group:
+                    raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
+                else:
+                    (group[path] if path else group).attrs.create(attr, data=value, dtype=value.dtype)
+            self.count += 1
+
+
+_WRITERS: dict[str, Any] = {
+    "columns": lambda handle, schema, spec, options: _ColumnsWriter(handle, schema, spec, options),
+    "splits": _SplitsWriter,
+    "groups": _GroupsWriter,
+}

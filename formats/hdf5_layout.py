@@ -1,0 +1,323 @@
+"""Where each field's values live in an HDF5 file (the layouts are described in ``formats/hdf5.py``).
+
+:func:`discover` reads only the file's structure (names, dtypes, shapes, attributes), never its
+data, and returns a :class:`Plan`: the layout (``hdf5_detect.py``), its *units* (the file itself,
+one group per split, or one group per sample), the :class:`Leaf` each field is read from, the
+datasets that are not rows (*constants*, kept in the metadata) and what is refused, and why. The
+reading options then select from it (``hdf5_select.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unihub.errors import FormatError, SchemaError
+from unihub.formats.hdf5_detect import datasets_below, detect_layout
+from unihub.formats.hdf5_types import (
+    Member,
+    dtype_to_json,
+    h5py_module,
+    leaves_of,
+    member_dtype,
+    refusal,
+)
+from unihub.formats.schema import Unischema, UnischemaField
+
+#: datasets that are not rows are kept exactly in the metadata up to this many bytes in all
+CONSTANT_BYTES = 1 << 20
+KEY_FIELDS = {"groups": "group", "splits": "split"}
+FIELD_ATTR = "unihub.field"
+SCHEMA_ATTR = "unihub.schema"
+SHAPE_SUFFIX = "__shape"
+ISNULL_SUFFIX = "__isnull"
+Shape = tuple[int | None, ...]
+
+
+@dataclass
+class Leaf:
+    """Where one field's values live inside a unit: a dataset, a member of a compound one, or an attribute."""
+
+    field: str
+    path: str  #: dataset path relative to the unit; for an attribute, its object's ('' = the unit itself)
+    dtype: np.dtype  #: the dataset's dtype (a whole compound), or the attribute's
+    member: Member = ()
+    attr: str | None = None
+    cell: Shape = ()  #: one row's shape (None: varies), array-member dims included
+    nullable: bool = False  #: absent from some units
+    recorded: UnischemaField | None = None  #: the field a unihub export recorded for this dataset
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The leaf's own dtype (a compound member's, an array's base)."""
+        return member_dtype(self.dtype, self.member)
+
+
+@dataclass
+class Plan:
+    """How one file maps to rows; see the module docstring."""
+
+    path: str
+    kind: str  #: 'columns', 'groups' or 'splits'
+    container: str = ""  #: the group holding the units ('' = the root)
+    units: list[str] = field(default_factory=lambda: [""])
+    key_field: str | None = None
+    leaves: dict[str, Leaf] = field(default_factory=dict)
+    #: columns and splits: (unit, dataset path) -> rows
+    lengths: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: recorded field -> its companion datasets (``x__shape``, ``x__isnull``) in unihub's own exports
+    companions: dict[str, list[str]] = field(default_factory=dict)
+    constants: list[str] = field(default_factory=list)  #: absolute paths of datasets that are not rows
+    refused: dict[str, str] = field(default_factory=dict)  #: leaf -> why it cannot be ingested
+    #: leaf -> why: left out by ``ignore_unsupported`` / ``ignore_mismatched`` (listed as skipped)
+    ignored: dict[str, str] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  #: leaf -> not selected by ``fields=``
+
+    def unit_path(self, unit: str) -> str:
+        return "/".join(p for p in (self.container, unit) if p)
+
+    def rows(self, unit: str) -> int:
+        """Rows of a columns or splits unit (of its selected datasets; 0 when it has none)."""
+        paths = {leaf.path for leaf in self.leaves.values()}
+        return next((n for (u, p), n in self.lengths.items() if u == unit and p in paths), 0)
+
+
+def some(names: Iterable[Any], limit: int = 5) -> str:
+    """``'a', 'b', 'c' and 12 more``: a bounded list for messages."""
+    items = list(names)
+    text = ", ".join(repr(n) for n in items[:limit])
+    return text + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
+    """The file's structure as a :class:`Plan` (options ``layout`` and ``key_field``): every leaf,
+    constant and refusal, before the options that select (``hdf5_select.select``)."""
+    kind, container, units = detect_layout(path, handle, options.get("layout") or "auto")
+    key = options.get("key_field") or KEY_FIELDS.get(kind)
+    if kind == "columns":
+        plan = _plan_columns(path, handle)
+    else:
+        plan = _plan_units(path, handle, kind, container, units, key)
+    _keep_constants(plan, handle)
+    return plan
+
+
+# -- columns ------------------------------------------------------------------------------------
+def _plan_columns(path: str, handle: Any) -> Plan:
+    """Every dataset whose first axis is the row count; scalars are constants."""
+    plan = Plan(path, "columns")
+    found = datasets_below(handle)
+    recorded = _recorded_fields(found)
+    companions = {name + suffix for name in recorded for suffix in (SHAPE_SUFFIX, ISNULL_SUFFIX)}
+    for name, dataset in found.items():
+        if name in companions:
+            plan.companions.setdefault(name.rsplit("__", 1)[0], []).append(name)
+        elif not dataset.shape:
+            plan.constants.append(name)
+        else:
+            plan.lengths["", name] = dataset.shape[0]
+            _add_dataset(plan, name, dataset.dtype, dataset.shape[1:], recorded.get(name))
+    return plan
+
+
+def _recorded_fields(datasets: Mapping[str, Any]) -> dict[str, UnischemaField]:
+    """The Unischema fields unihub's exports record on their datasets (attribute ``unihub.field``)."""
+    out = {}
+    for name, dataset in datasets.items():
+        text = dataset.attrs.get(FIELD_ATTR)
+        if text is not None:
+            data = json.loads(text.decode() if isinstance(text, bytes) else text)
+            out[name] = UnischemaField.from_json({**data, "name": name})
+    return out
+
+
+def _add_dataset(plan: Plan, rel: str, dt: np.dtype, cell: Shape, recorded: UnischemaField | None,
+                 nullable: bool = False) -> None:
+    """The leaves of one dataset (one per compound member), or why they are refused."""
+    if recorded is not None:
+        _add_leaf(plan, Leaf(rel, rel, dt, cell=tuple(cell), nullable=nullable, recorded=recorded))
+        return
+    for member, leaf_dtype, dims in leaves_of(dt):
+        name = rel + "".join("." + m for m in member)
+        reason = refusal(leaf_dtype, len(cell) + len(dims))
+        if reason is not None:
+            plan.refused[name] = reason
+        else:
+            _add_leaf(plan, Leaf(name, rel, dt, member, cell=(*cell, *dims), nullable=nullable))
+
+
+def _add_leaf(plan: Plan, leaf: Leaf) -> None:
+    if leaf.field in plan.leaves or leaf.field == plan.key_field:
+        what = "the key field (choose another with key_field=...)" if leaf.field == plan.key_field else "another"
+        raise FormatError(f"{plan.path}: {leaf.field!r} names both a value in {leaf.path or '/'!r} and {what}",
+                          path=plan.path)
+    plan.leaves[leaf.field] = leaf
+
+
+# -- groups and splits ----------------------------------------------------------------------------
+@dataclass
+class _Seen:
+    """One member (dataset or attribute) across the units: its dtype, merged shape and where it is."""
+
+    dtype: np.dtype
+    shape: Shape
+    first: str
+    units: int = 1
+    conflict: str | None = None
+
+
+def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[str], key: str | None) -> Plan:
+    """Groups (one row per unit, each member whole) or splits (rows along each member's first axis)."""
+    plan = Plan(path, kind, container, units, key)
+    base = handle[container] if container else handle
+    seen: dict[tuple[str, ...], _Seen] = {}
+    recorded: dict[str, UnischemaField] = {}
+    for unit in units:
+        found = datasets_below(base[unit])
+        recorded.update(_recorded_fields(found))
+        if kind == "groups":
+            _note_attributes(seen, unit, "", base[unit].attrs)
+        for rel, dataset in found.items():
+            if kind == "groups":
+                _note(seen, ("d", rel), unit, dataset.dtype, dataset.shape)
+                _note_attributes(seen, unit, rel, dataset.attrs)
+            elif rel.rsplit("__", 1)[0] in recorded and rel.endswith((SHAPE_SUFFIX, ISNULL_SUFFIX)):
+                companions = plan.companions.setdefault(rel.rsplit("__", 1)[0], [])
+                companions.extend([rel] if rel not in companions else [])
+            elif not dataset.shape:
+                plan.constants.append(f"{plan.unit_path(unit)}/{rel}")
+            else:
+                plan.lengths[unit, rel] = dataset.shape[0]
+                _note(seen, ("d", rel), unit, dataset.dtype, dataset.shape[1:])
+    recorded.update(_recorded_schema(handle))
+    for key_, entry in sorted(seen.items(), key=lambda item: (item[0][0] == "a", item[0][1:])):  # datasets first
+        _add_seen(plan, key_, entry, entry.units < len(units), recorded)
+    return plan
+
+
+def _note(seen: dict[tuple[str, ...], _Seen], key: tuple[str, ...], unit: str, dt: np.dtype,
+          shape: tuple[int, ...] | None) -> None:
+    entry = seen.get(key)
+    if entry is None:
+        seen[key] = _Seen(dt, tuple(shape) if shape is not None else (), unit,
+                          conflict=f"an empty dataspace in {unit!r}" if shape is None else None)
+        return
+    entry.units += 1
+    if entry.conflict is not None:
+        return
+    if shape is None:
+        entry.conflict = f"an empty dataspace in {unit!r}"
+    elif not _same_dtype(dt, entry.dtype):
+        entry.conflict = f"dtype {_dtype_text(entry.dtype)} in {entry.first!r} but {_dtype_text(dt)} in {unit!r}"
+    elif len(shape) != len(entry.shape):
+        entry.conflict = f"{len(entry.shape)} dimensions in {entry.first!r} but {len(shape)} in {unit!r}"
+    else:
+        entry.shape = tuple(a if a == b else None for a, b in zip(entry.shape, shape))
+
+
+def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, attrs: Any) -> None:
+    for name in attrs:
+        if not name.startswith("unihub."):
+            attr = attrs.get_id(name)
+            _note(seen, ("a", rel, name), unit, attr.dtype, attr.shape)
+
+
+def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """The same HDF5 type (numpy's ``==`` ignores h5py's metadata: enum mappings, string encodings)."""
+    if a.names is None and a.metadata is None and b.metadata is None:
+        return a == b and a.str == b.str
+    return _dtype_key(a) == _dtype_key(b)
+
+
+def _dtype_key(dt: np.dtype) -> str:
+    try:
+        return json.dumps(dtype_to_json(dt))
+    except SchemaError:
+        return str(dt)
+
+
+def _dtype_text(dt: np.dtype) -> str:
+    key = _dtype_key(dt)
+    return key if len(key) <= 60 else key[:57] + "..."
+
+
+def _add_seen(plan: Plan, key: tuple[str, ...], entry: _Seen, nullable: bool,
+              recorded: Mapping[str, UnischemaField]) -> None:
+    rel = key[1]
+    name = rel if key[0] == "d" else f"{rel}@{key[2]}"
+    if entry.conflict is not None:
+        plan.refused[name] = f"{entry.conflict} (one field needs one dtype and rank)"
+        return
+    if key[0] == "d":
+        _add_dataset(plan, rel, entry.dtype, entry.shape, recorded.get(rel), nullable)
+        return
+    for member, leaf_dtype, dims in leaves_of(entry.dtype):
+        leaf_name = name + "".join("." + m for m in member)
+        reason = refusal(leaf_dtype, len(entry.shape) + len(dims))
+        if reason is not None:
+            plan.refused[leaf_name] = reason
+        else:
+            _add_leaf(plan, Leaf(leaf_name, rel, entry.dtype, member, key[2], (*entry.shape, *dims), nullable))
+
+
+def _recorded_schema(handle: Any) -> dict[str, UnischemaField]:
+    """The fields a unihub groups export recorded at the root (attribute ``unihub.schema``)."""
+    text = handle.attrs.get(SCHEMA_ATTR)
+    if text is None:
+        return {}
+    schema = Unischema.from_json(text.decode() if isinstance(text, bytes) else text)
+    return dict(schema.fields)
+
+
+
+# -- constants ----------------------------------------------------------------------------------
+def _keep_constants(plan: Plan, handle: Any) -> None:
+    """Datasets that are not rows (scalars; in groups and splits layouts, everything outside the units)
+    become constants, kept exactly in the metadata; too many bytes of them, or a dtype that cannot
+    be kept, are refused."""
+    if plan.kind != "columns":
+        plan.constants.extend(_outside_units(handle, plan))
+    total = 0
+    for name in plan.constants:
+        dataset = handle[name]
+        dt = dataset.dtype
+        size = int(np.prod(dataset.shape)) * dt.itemsize if dataset.shape is not None else 0
+        total += size
+        try:
+            dtype_to_json(dt)
+            kept = not dt.hasobject or h5py_module().check_string_dtype(dt) is not None
+        except SchemaError:
+            kept = False
+        if not kept:
+            plan.refused[name] = f"dtype {dt} (a dataset that is not rows, kept in the metadata) cannot be kept"
+        elif total > CONSTANT_BYTES:
+            plan.refused[name] = (f"{size:,} bytes: datasets that are not rows are kept in the metadata, "
+                                  f"{CONSTANT_BYTES:,} bytes at most")
+    plan.constants = [name for name in plan.constants if name not in plan.refused]
+
+
+def _outside_units(handle: Any, plan: Plan) -> list[str]:
+    """Datasets outside the units: beside the container (at every level above it), and in the
+    container's other children."""
+    h5py = h5py_module()
+    chain = plan.container.split("/") if plan.container else []
+    group, prefix, found = handle, "", []
+    for depth in range(len(chain) + 1):
+        skip = {chain[depth]} if depth < len(chain) else set(plan.units)
+        for name in group:
+            if name in skip:
+                continue
+            obj = group[name]
+            if isinstance(obj, h5py.Dataset):
+                found.append(prefix + name)
+            elif isinstance(obj, h5py.Group):
+                found.extend(f"{prefix}{name}/{rel}" for rel in datasets_below(obj))
+        if depth < len(chain):
+            group, prefix = group[chain[depth]], f"{prefix}{chain[depth]}/"
+    return found
+
+
