@@ -57,7 +57,7 @@ class ConvertResult:
         text = (f"converted {self.rows:,} rows {self.from_format} -> {self.to_format} in {self.seconds:.1f} s "
                 f"({rate:,.0f} rows/s): {self.target}")
         if self.skipped:
-            text += f"; skipped {len(self.skipped)} bad records: " + "; ".join(
+            text += f"; skipped {len(self.skipped)} (bad records, datasets left out): " + "; ".join(
                 f"{s.path} {s.location}: {s.reason}" for s in self.skipped[:10])
             if len(self.skipped) > 10:
                 text += f"; ... {len(self.skipped) - 10} more"

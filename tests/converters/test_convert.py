@@ -101,7 +101,7 @@ def test_corrupt_record_errors_name_the_file_or_are_skipped(image_folder: Path, 
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ds")] == []
     result = convert(image_folder, tmp_path / "ds", on_error="skip", progress=False)
     assert result.rows == 11 and len(result.skipped) == 1 and "1.png" in result.skipped[0].path
-    assert "skipped 1 bad records" in result.summary()
+    assert "skipped 1 (bad records, datasets left out)" in result.summary()
 
 
 def test_cli_convert_and_verify(image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
