@@ -103,7 +103,26 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
     else:
         plan = _plan_units(path, handle, kind, container, units, key)
     _keep_constants(plan, handle)
+    plan.refused.update(external_links(handle))
     return plan
+
+
+def external_links(handle: Any) -> dict[str, str]:
+    """Links into other files, by path: their data is not in this file, and a conversion of this file
+    alone would lose it without a word (soft links are aliases of objects read anyway)."""
+    h5py = h5py_module()
+    groups = [""]
+    handle.visititems(lambda name, obj: groups.append(name) if isinstance(obj, h5py.Group) else None)
+    found = {}
+    for group in groups:
+        parent = handle[group] if group else handle
+        for name in parent:
+            link = parent.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                path = f"{group}/{name}" if group else name
+                found[path] = (f"an external link to {link.filename}:{link.path}, whose data is in another file; "
+                               "convert that file too")
+    return found
 
 
 # -- columns ------------------------------------------------------------------------------------

@@ -461,3 +461,19 @@ def test_attributes_and_datasets_outside_the_rows_are_kept_exactly_and_written_b
         assert b["train/count"].dtype == np.int64 and b["train/count"][()] == 3
         assert b["nothing"].shape is None and b["nothing"].dtype == np.dtype("<f4")
     assert verify(tmp_path / "ds", tmp_path / "back.h5").equal
+
+
+def test_an_external_link_is_refused_by_name_or_left_out_when_asked(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("labels", data=np.arange(5))
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(5.0))
+        f["labels"] = h5py.ExternalLink("other.h5", "/labels")
+        f["alias"] = h5py.SoftLink("/x")  # an alias of data read anyway: no loss
+    with pytest.raises(FormatError, match=r"main\.h5.*'labels'.*external link to other\.h5:/labels"):
+        convert(tmp_path / "main.h5", tmp_path / "ds")
+    assert not [p for p in tmp_path.iterdir() if "ds" in p.name]
+    result = convert(tmp_path / "main.h5", tmp_path / "ds", format_options={"ignore_unsupported": True})
+    assert [s.location for s in result.skipped] == ["dataset 'labels'"]
