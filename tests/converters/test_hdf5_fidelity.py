@@ -475,5 +475,6 @@ def test_an_external_link_is_refused_by_name_or_left_out_when_asked(tmp_path: Pa
     with pytest.raises(FormatError, match=r"main\.h5.*'labels'.*external link to other\.h5:/labels"):
         convert(tmp_path / "main.h5", tmp_path / "ds")
     assert not [p for p in tmp_path.iterdir() if "ds" in p.name]
-    result = convert(tmp_path / "main.h5", tmp_path / "ds", format_options={"ignore_unsupported": True})
+    with pytest.warns(UserWarning, match="left out .ignore_unsupported.: 'labels'"):
+        result = convert(tmp_path / "main.h5", tmp_path / "ds", format_options={"ignore_unsupported": True})
     assert [s.location for s in result.skipped] == ["dataset 'labels'"]
