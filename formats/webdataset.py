@@ -10,7 +10,8 @@ as webdataset does; directory entries are skipped too. A key whose members are n
 is an error naming both runs (``--option group_keys=true`` gathers them instead).
 
 Fields by extension (the last dot-component decides; see :mod:`.webdataset_fields`):
-``png``/``jpg``/``jpeg`` are images kept as their encoded bytes; ``npy`` are tensors (dtype
+``png``/``jpg``/``jpeg`` are images kept as their encoded bytes (uint8, or uint16 for 16-bit
+PNGs; one bit depth per field); ``npy`` are tensors (dtype
 and shape from the ``.npy`` header, never unpickled; one dtype and rank per field, else an
 error naming two members); ``cls``, ``idx``, ... are integers written as text (float64 where
 every text reads back as the same number); ``txt`` is text, ``json`` JSON kept as text (UTF-8,
@@ -32,17 +33,16 @@ where unihub must report them with the shard and offset (bad header checksums in
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import CodecError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import CodecError, FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.foreign import (
     ColumnBatch,
@@ -54,29 +54,25 @@ from unihub.formats.foreign import (
     map_in_workers,
     parse_bool,
     parse_choice,
-    python_columns,
     register_format,
 )
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
-from unihub.formats.webdataset_fields import FieldStats, column, decoder, member_encoder
+from unihub.formats.webdataset_fields import FieldStats, column, decoder
 from unihub.formats.webdataset_tar import (
     KEY_FIELD,
     Sample,
     ShardHeader,
-    is_meta,
     iter_samples,
     read_header,
     row_key,
     split_name,
 )
 from unihub.formats.webdataset_verify import native_records, tarfile_records
+from unihub.formats.webdataset_write import write_shards
 
 __all__ = ["KEY_FIELD", "Sample", "WebDatasetFormat", "iter_samples", "split_name"]
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
-#: the one member of an export of no rows (a ``__name__`` member: metadata, which every reader skips)
-EMPTY_MEMBER = "__empty__"
-
 
 
 def _scan_shards(job: tuple[list[str], int | None, bool]) -> tuple[dict[str, FieldStats], int]:
@@ -148,7 +144,20 @@ class WebDatasetFormat(ForeignFormat):
         return os.path.isfile(path) and tarfile.is_tarfile(path)
 
     def files(self) -> list[str]:
-        """Shards named by the sources; a directory contributes only its tar files."""
+        """Shards named by the sources (a directory contributes only its tar files), sorted by name,
+        or in export order where every shard holds a unihub export's header."""
+        return list(self._files)
+
+    @cached_property
+    def _files(self) -> list[str]:
+        named = self._named_files
+        headers = self.headers
+        if headers and len(headers) == len(named) and all(h is not None for h in headers.values()):
+            return sorted(named, key=lambda path: headers[path].first_row)  # type: ignore[union-attr]
+        return named
+
+    @cached_property
+    def _named_files(self) -> list[str]:
         found: list[str] = []
         for source in self.sources:
             shards = expand_sources([source])
@@ -175,7 +184,7 @@ class WebDatasetFormat(ForeignFormat):
         if not self.options.get("unihub_schema", True):
             return {}
         found: dict[str, ShardHeader | None] = {}
-        for path in self.files():
+        for path in self._named_files:
             try:
                 found[path] = read_header(path)
             except TarFormatError:
@@ -185,16 +194,16 @@ class WebDatasetFormat(ForeignFormat):
     @cached_property
     def header(self) -> ShardHeader | None:
         """The header every shard shares (a unihub export), or None (name fields by extension)."""
-        headed = [(path, h) for path, h in self.headers.items() if h is not None]
+        headed = [(path, self.headers[path]) for path in self.files() if self.headers.get(path) is not None]
         if not headed:
             return None
         first_path, first = headed[0]
-        plain = next((path for path, h in self.headers.items() if h is None), None)
+        plain = next((path for path in self.files() if path in self.headers and self.headers[path] is None), None)
         if plain is not None:
             raise FormatError(f"{first_path} holds the Unischema of a unihub export but {plain} does not; convert "
                               "them apart, or pass --option unihub_schema=false to name every field by member "
                               "extension", path=plain, offset=0)
-        other = next((path for path, h in headed if not h.same_dataset(first)), None)
+        other = next((path for path, h in headed if not h.same_dataset(first)), None)  # type: ignore[union-attr]
         if other is not None:
             raise FormatError(f"{first_path} and {other} come from different unihub exports (their schemas differ); "
                               "convert them apart, or pass --option unihub_schema=false", path=other, offset=0)
@@ -202,8 +211,9 @@ class WebDatasetFormat(ForeignFormat):
 
     def _keys_are_rows(self, per_shard: int) -> bool:
         """True when the shards' generated keys are exactly the row numbers of this read (a whole
-        export, in order), so a dataset without ``__key__`` loses nothing by dropping them."""
-        return all(h is not None and h.first_row == i * per_shard for i, h in enumerate(self.headers.values()))
+        export), so a dataset without ``__key__`` loses nothing by dropping them."""
+        firsts = [self.headers.get(path) for path in self.files()]
+        return all(h is not None and h.first_row == i * per_shard for i, h in enumerate(firsts))
 
     # ------------------------------------------------------------------------- schema
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
@@ -214,7 +224,7 @@ class WebDatasetFormat(ForeignFormat):
         """
         header = self.header
         if header is not None:
-            if header.first_row is None or self._keys_are_rows(header.samples_per_shard or 0):
+            if not header.row_keys or self._keys_are_rows(header.samples_per_shard):
                 return header.schema
             key = UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)
             return Unischema(header.schema.name, [key, *header.schema])  # a subset of the shards: keep the keys
@@ -299,29 +309,8 @@ class WebDatasetFormat(ForeignFormat):
         Each shard starts with the header that gives ingest the schema back, is written beside
         its final name and renamed into place when complete; no rows still write one shard.
         """
-        _check_write_options(options, samples_per_shard, pattern, image_extensions)
-        encoders, members = _encoders(schema, image_extensions)
-        if KEY_FIELD in schema and (schema[KEY_FIELD].numpy_dtype is not np.str_ or schema[KEY_FIELD].shape != ()):
-            raise SchemaError(f"field {KEY_FIELD!r} of {schema.name!r} is {schema[KEY_FIELD].numpy_dtype.__name__} "
-                              f"of shape {schema[KEY_FIELD].shape}; a WebDataset key is a str")
-        header = ShardHeader(schema, members, image_extensions, None if KEY_FIELD in schema else 0, samples_per_shard)
-        os.makedirs(target, exist_ok=True)
-        writer = _ShardSet(target, pattern, samples_per_shard, header)
-        try:
-            previous_key = None
-            for index, row in enumerate(_rows(batches)):
-                shard = writer.shard_for(index)
-                key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
-                previous_key = key
-                for name, encode in encoders.items():
-                    value = row.get(name)
-                    if value is not None:
-                        extension, data = encode(value)
-                        shard.add(f"{key}.{extension}", data)
-            return writer.close()
-        except BaseException:
-            writer.abort()
-            raise
+        return write_shards(target, schema, batches, samples_per_shard=samples_per_shard, pattern=pattern,
+                            image_extensions=image_extensions, **options)
 
 
 class _SampleReader:
@@ -334,8 +323,7 @@ class _SampleReader:
         self.decoders = {f.name: decoder(f) for f in schema if f.name != KEY_FIELD}
         self.fields = header.members if header is not None else None  # extension -> field name
         self.first_rows = ({path: h.first_row for path, h in headers.items() if h is not None}
-                           if header is not None and header.first_row is not None and KEY_FIELD not in schema
-                           else None)
+                           if header is not None and header.row_keys and KEY_FIELD not in schema else None)
 
     def row(self, sample: Sample) -> dict[str, Any]:
         members = sample.members if self.fields is None else self._by_field(sample)
@@ -398,118 +386,3 @@ class _SampleReader:
             return f"{sample.key}.{field_name}"
         extension = next((e for e in sample.members if self.fields.get(e) == field_name), field_name)
         return f"{sample.key}.{extension}"
-
-
-# --------------------------------------------------------------------------- writing
-def _check_write_options(options: Mapping[str, Any], samples_per_shard: int, pattern: str,
-                         image_extensions: str) -> None:
-    if options:
-        raise UnsupportedFormatError(f"unknown WebDataset write options: {sorted(options)}")
-    if not isinstance(samples_per_shard, int) or samples_per_shard <= 0:
-        raise SchemaError(f"samples_per_shard must be a positive whole number, got {samples_per_shard!r}")
-    if image_extensions not in ("content", "name"):
-        raise UnsupportedFormatError(f"image_extensions must be 'content' or 'name', got {image_extensions!r}")
-    try:
-        pattern % 0
-    except TypeError as exc:
-        raise SchemaError(f"pattern must hold one %d-style field for the shard number, got {pattern!r}") from exc
-
-
-def _encoders(schema: Unischema, image_extensions: str) -> tuple[dict[str, Callable[[Any], tuple[str, bytes]]],
-                                                                  dict[str, str]]:
-    """Each field's encoder, and ``member extension -> field`` (checked: one field per extension)."""
-    encoders, members = {}, {}
-    for f in schema:
-        if f.name == KEY_FIELD:
-            continue
-        extensions, encoders[f.name] = member_encoder(f, image_extensions)
-        for extension in extensions:
-            lowered = extension.lower()  # as webdataset and ingest read it
-            if lowered.startswith("_") or lowered in members:
-                taken = f"field {members[lowered]!r}" if lowered in members else "webdataset metadata"
-                raise SchemaError(f"field {f.name!r} of {schema.name!r} maps to the member extension {extension!r}, "
-                                  f"which {taken} takes too; rename the field")
-            members[lowered] = f.name
-    return encoders, members
-
-
-def _rows(batches: Iterable[ColumnBatch]) -> Iterator[dict[str, Any]]:
-    for batch in batches:
-        columns = python_columns(batch)
-        n = len(next(iter(columns.values()))) if columns else 0
-        for i in range(n):
-            yield {name: values[i] for name, values in columns.items()}
-
-
-def _checked_key(value: Any, index: int, previous: str | None, keyed: bool) -> str:
-    """The sample key: ``__key__`` or the zero-padded row index, checked to read back alike."""
-    if keyed and value is None:
-        raise SchemaError(f"row {index}: {KEY_FIELD!r} is null; a sample needs a key (an export would make one up "
-                          "that ingest could not tell from a real one)")
-    key = row_key(index) if not keyed else str(value)
-    if split_name(f"{key}.x") != (key, "x") or is_meta(f"{key}.x"):
-        raise SchemaError(f"row {index}: key {key!r} would not read back: a key's last path component must be "
-                          "non-empty and hold no dot, and no component may be a __name__ (webdataset metadata)")
-    if key == previous:
-        raise SchemaError(f"row {index}: key {key!r} repeats the previous row's; webdataset would merge the two")
-    return key
-
-
-class _ShardWriter:
-    """One shard written to a hidden temporary sibling and renamed into place on close."""
-
-    def __init__(self, path: str, header: str) -> None:
-        self.path = path
-        self.temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-        self.file = open(self.temporary, "wb")  # noqa: SIM115 (closed in commit/abort)
-        self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": header})
-
-    def add(self, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = len(data), 0o444, 0  # reproducible shards
-        self.tar.addfile(info, io.BytesIO(data))  # shares data's buffer (no copy)
-
-    def commit(self) -> None:
-        self.tar.close()
-        self.file.close()
-        os.replace(self.temporary, self.path)
-
-    def abort(self) -> None:
-        self.file.close()
-        if os.path.exists(self.temporary):
-            os.remove(self.temporary)
-
-
-class _ShardSet:
-    """The shards of one export: a new one every ``per_shard`` rows, each with its header."""
-
-    def __init__(self, target: str, pattern: str, per_shard: int, header: ShardHeader) -> None:
-        self.target, self.pattern, self.per_shard, self.header = target, pattern, per_shard, header
-        self.current: _ShardWriter | None = None
-        self.written: list[str] = []
-
-    def shard_for(self, index: int) -> _ShardWriter:
-        if index % self.per_shard == 0:
-            self._commit()
-            number = index // self.per_shard
-            first_row = None if self.header.first_row is None else index
-            header = ShardHeader(self.header.schema, self.header.members, self.header.image_extensions, first_row,
-                                 self.header.samples_per_shard)
-            self.current = _ShardWriter(os.path.join(self.target, self.pattern % number), header.to_text())
-        return self.current  # type: ignore[return-value]
-
-    def _commit(self) -> None:
-        if self.current is not None:
-            self.current.commit()
-            self.written.append(self.current.path)
-            self.current = None
-
-    def close(self) -> list[str]:
-        if not self.written and self.current is None:  # no rows: one shard, so the schema still reads back,
-            self.shard_for(0).add(EMPTY_MEMBER, b"")  # with a metadata member (tarfile fails on a header alone)
-        self._commit()
-        return self.written
-
-    def abort(self) -> None:
-        if self.current is not None:
-            self.current.abort()

@@ -60,23 +60,29 @@ class ShardHeader:
 
     ``members`` maps each member extension the export may write to its field (an image field
     has two: ``image.png`` and ``image.jpg``, by each cell's bytes); ``image_extensions`` is
-    the export's rule for them. ``first_row`` is set when the dataset had no ``__key__`` field
-    and the keys are row numbers (:func:`row_key`): the shard's first sample is that row.
+    the export's rule for them. ``first_row`` is the dataset row of the shard's first sample
+    (shards read back in export order, whatever their names sort as); ``row_keys`` says the
+    dataset had no ``__key__`` field, so the keys are row numbers (:func:`row_key`).
     """
 
     schema: Unischema
     members: dict[str, str]
-    image_extensions: str = "content"
-    first_row: int | None = None
-    samples_per_shard: int | None = None
+    image_extensions: str
+    row_keys: bool
+    samples_per_shard: int
+    first_row: int = 0
 
     def to_text(self) -> str:
-        body: dict[str, Any] = {"format": HEADER_FORMAT, "version": HEADER_VERSION,
-                                "schema": json.loads(self.schema.to_json()), "members": self.members,
-                                "image_extensions": self.image_extensions}
-        if self.first_row is not None:
-            body["row_keys"] = {"first_row": self.first_row, "samples_per_shard": self.samples_per_shard}
-        return json.dumps(body, separators=(",", ":"), sort_keys=False)
+        return json.dumps({"format": HEADER_FORMAT, "version": HEADER_VERSION,
+                           "schema": json.loads(self.schema.to_json()), "members": self.members,
+                           "image_extensions": self.image_extensions, "keys": "rows" if self.row_keys else KEY_FIELD,
+                           "samples_per_shard": self.samples_per_shard, "first_row": self.first_row},
+                          separators=(",", ":"))
+
+    def at(self, first_row: int) -> ShardHeader:
+        """This header for the shard starting at row ``first_row``."""
+        return ShardHeader(self.schema, self.members, self.image_extensions, self.row_keys, self.samples_per_shard,
+                           first_row)
 
     @classmethod
     def from_text(cls, text: str, path: str) -> ShardHeader | None:
@@ -85,25 +91,26 @@ class ShardHeader:
             return None
         try:
             body = json.loads(text)
-            if body.get("version") != HEADER_VERSION:
-                raise FormatError(f"{path}: unihub header version {body.get('version')!r} is not supported "
-                                  f"(this unihub reads version {HEADER_VERSION}); upgrade unihub", path=path, offset=0)
-            keys = body.get("row_keys") or {}
+        except ValueError as exc:
+            raise _corrupt(path, exc) from exc
+        if body.get("version") != HEADER_VERSION:
+            raise FormatError(f"{path}: unihub header version {body.get('version')!r} is not supported (this unihub "
+                              f"reads version {HEADER_VERSION}); upgrade unihub", path=path, offset=0)
+        try:
             return cls(Unischema.from_json(json.dumps(body["schema"])), dict(body["members"]),
-                       str(body.get("image_extensions", "content")), keys.get("first_row"),
-                       keys.get("samples_per_shard"))
-        except (ValueError, KeyError, TypeError, AttributeError, SchemaError) as exc:
-            if isinstance(exc, FormatError):
-                raise
-            raise FormatError(f"{path}: the unihub header (PAX global comment) is corrupt: {exc}; read the shard "
-                              "with --option unihub_schema=false to name fields by member extension",
-                              path=path, offset=0) from exc
+                       str(body["image_extensions"]), body["keys"] == "rows", int(body["samples_per_shard"]),
+                       int(body["first_row"]))
+        except (ValueError, KeyError, TypeError, SchemaError) as exc:
+            raise _corrupt(path, exc) from exc
 
     def same_dataset(self, other: ShardHeader) -> bool:
-        """True when both shards come from one export (all but the first row number agree)."""
-        return (self.schema, self.members, self.image_extensions, self.samples_per_shard,
-                self.first_row is None) == (other.schema, other.members, other.image_extensions,
-                                            other.samples_per_shard, other.first_row is None)
+        """True when both shards come from one export (all but the first row agree)."""
+        return self.at(0) == other.at(0)
+
+
+def _corrupt(path: str, exc: Exception) -> FormatError:
+    return FormatError(f"{path}: the unihub header (PAX global comment) is corrupt: {exc}; read the shard with "
+                       "--option unihub_schema=false to name fields by member extension", path=path, offset=0)
 
 
 def _header_of(member: TarMember, path: str) -> ShardHeader | None:

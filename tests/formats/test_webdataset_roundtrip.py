@@ -259,3 +259,17 @@ def test_no_header_member_or_sample_for_third_party_readers(tmp_path: Path) -> N
     joined.write_bytes(raw[:end] + raw)  # tar -A style: the second archive's headers follow the first's members
     with pytest.raises(FormatError, match=r"j\.tar: a unihub header at offset \d+ follows samples"):
         list(WebDatasetFormat(str(joined)).samples())
+
+
+def test_shards_read_back_in_export_order_whatever_their_names(tmp_path: Path) -> None:
+    """``p-10.tar`` sorts before ``p-2.tar``; the header's first row puts it back in its place."""
+    schema = Unischema("S", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(str(tmp_path / "ds"), schema, [{"x": i} for i in range(12)])
+    convert(str(tmp_path / "ds"), str(tmp_path / "shards"), to_format="webdataset",
+            format_options={"samples_per_shard": 1, "pattern": "p-%d.tar"}, progress=False)
+    assert sorted(os.listdir(tmp_path / "shards"))[:3] == ["p-0.tar", "p-1.tar", "p-10.tar"]
+    for workers in (1, 2):
+        convert(str(tmp_path / "shards"), str(tmp_path / f"back{workers}"), workers=workers, progress=False)
+        assert open_dataset(str(tmp_path / f"back{workers}")).schema == schema
+        assert [r["x"] for r in reader_rows(tmp_path / f"back{workers}")] == list(range(12))
+    assert verify(str(tmp_path / "shards"), str(tmp_path / "back1")).equal
