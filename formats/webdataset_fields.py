@@ -101,15 +101,30 @@ class FieldStats:
             if len(shape) not in self.ranks:
                 self.ranks[len(shape)] = (url, offset, key)
             self.shapes.add(shape)
+        elif self.kind == "int" and (self.all_int or self.all_float):
+            self._add_number(data)
         elif self.kind in ("int", "text", "json") and self.all_utf8:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                self.all_utf8 = self.all_int = self.all_float = False
-                return
-            if self.kind == "int" and (self.all_int or self.all_float):
-                self.all_int = self.all_int and _is_int64(text)
-                self.all_float = self.all_float and exact_float(text, np.float64) is not None
+            self._add_text(data)
+
+    def _add_number(self, data: bytes) -> None:
+        try:
+            value = int(data)  # ASCII digits only: UTF-8 too
+        except ValueError:
+            self.all_int = False
+            if self._add_text(data):
+                self.all_float = self.all_float and exact_float(data.decode("utf-8"), np.float64) is not None
+            return
+        self.all_int = self.all_int and _INT64[0] <= value <= _INT64[1]
+        self.all_float = self.all_float and (abs(value) <= 2**53 or exact_float(str(value), np.float64) is not None)
+
+    def _add_text(self, data: bytes) -> bool:
+        """False (and no typed field) when ``data`` is not UTF-8."""
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            self.all_utf8 = self.all_int = self.all_float = False
+            return False
+        return True
 
     def merge(self, other: FieldStats) -> None:
         """Add what ``other`` saw (the scans of two sets of shards, as if one)."""
@@ -167,14 +182,6 @@ def merge_shapes(shapes: set[tuple[int, ...]], *, pad: bool) -> tuple[int | None
     return tuple(d if all(s[i] == d for s in shapes) else None for i, d in enumerate(first))
 
 
-def _is_int64(text: str) -> bool:
-    try:
-        value = int(text)
-    except ValueError:
-        return False
-    return _INT64[0] <= value <= _INT64[1]
-
-
 def exact_float(text: str, dtype: Any) -> Any:
     """``text`` as a ``dtype`` float when that float prints back as the same number (``'2.50'``,
     ``'1e3'``, ``'nan'``), else None (``'0.1000000000000000000001'`` would lose digits)."""
@@ -196,7 +203,8 @@ def exact_float(text: str, dtype: Any) -> Any:
 def decoder(f: UnischemaField) -> Callable[[bytes], Any]:
     """How one member's bytes become a value of field ``f`` (raises ValueError/CodecError)."""
     if isinstance(f.codec, CompressedImageCodec):
-        return lambda data: _checked_image(f, data)
+        depth = 16 if f.dtype == np.uint16 else 8
+        return lambda data: _checked_image(f, depth, data)
     if f.numpy_dtype is np.bytes_ and f.shape == ():
         return bytes
     if f.numpy_dtype is np.str_ and f.shape == ():
@@ -204,7 +212,8 @@ def decoder(f: UnischemaField) -> Callable[[bytes], Any]:
     if f.numpy_dtype is decimal.Decimal and f.shape == ():
         return lambda data: _decimal(f, data)
     if _array_kind(f):
-        return (lambda data: _scalar(f, data)) if f.shape == () else (lambda data: _tensor(f, data))
+        dtype = f.dtype
+        return _scalar_decoder(f, dtype) if f.shape == () else (lambda data: _tensor(f, dtype, data))
     raise SchemaError(f"field {f.name!r} ({f.numpy_dtype.__name__} of shape {f.shape}) has no WebDataset member "
                       "form: members hold images, .npy arrays of numbers, booleans or datetimes, numbers, text "
                       "or bytes")
@@ -215,7 +224,7 @@ def _array_kind(f: UnischemaField) -> bool:
     return f.dtype.kind in "biufcmM"
 
 
-def _checked_image(f: UnischemaField, data: bytes) -> bytes:
+def _checked_image(f: UnischemaField, depth: int, data: bytes) -> bytes:
     size = images.image_size(data)
     if size is None:
         raise CodecError(f"field {f.name!r}: {len(data)} bytes are not a readable PNG or JPEG image")
@@ -223,9 +232,8 @@ def _checked_image(f: UnischemaField, data: bytes) -> bytes:
     found = (height, width) if channels == 1 and len(f.shape) == 2 else (height, width, channels)
     if not shape_matches(found, f.shape):
         raise CodecError(f"field {f.name!r}: image is {found}, the schema says {f.shape}")
-    depth = bit_depth(data)
-    if depth != (16 if f.dtype == np.uint16 else 8):
-        raise CodecError(f"field {f.name!r}: a {depth}-bit image, the field is {f.dtype}")
+    if bit_depth(data) != depth:
+        raise CodecError(f"field {f.name!r}: a {bit_depth(data)}-bit image, the field is {f.dtype}")
     return data
 
 
@@ -236,38 +244,46 @@ def _decimal(f: UnischemaField, data: bytes) -> decimal.Decimal:
         raise CodecError(f"field {f.name!r}: {data[:40]!r} is not a decimal number") from exc
 
 
-def _loaded(f: UnischemaField, data: bytes) -> np.ndarray:
-    """A ``.npy`` member as an array of exactly ``f``'s dtype (a byte-order swap is the only change)."""
+def _loaded(f: UnischemaField, dtype: np.dtype, data: bytes) -> np.ndarray:
+    """A ``.npy`` member as an array of exactly ``dtype`` (a byte-order swap is the only change)."""
     array = load_npy(data)
+    if array.dtype == dtype:
+        return array
     found = native_order(array.dtype)
-    same = found == f.dtype or (f.dtype.kind in "mM" and found.kind == f.dtype.kind and
-                                np.datetime_data(f.dtype)[0] == "generic")
-    if not same:
-        raise CodecError(f"field {f.name!r}: the .npy holds {array.dtype}, the field is {f.dtype}; converting would "
+    if not (found == dtype or (dtype.kind in "mM" and found.kind == dtype.kind and
+                               np.datetime_data(dtype)[0] == "generic")):
+        raise CodecError(f"field {f.name!r}: the .npy holds {array.dtype}, the field is {dtype}; converting would "
                          "change values (pass a schema with the member's dtype, or one storing the field as bytes)")
     return array if found == array.dtype else array.astype(found)
 
 
-def _scalar(f: UnischemaField, data: bytes) -> Any:
-    if data.startswith(_NPY_MAGIC):
-        array = _loaded(f, data)
-        if array.shape != ():
-            raise CodecError(f"field {f.name!r}: expected a scalar, the .npy holds shape {array.shape}")
-        return array[()]
-    text = data.decode("utf-8")
-    kind = f.dtype.kind
-    if kind in "iu" or (kind == "b" and text.strip() in ("0", "1")):
-        return f.dtype.type(int(text))
-    if kind == "f":
-        value = exact_float(text, f.dtype)
-        if value is None:
-            raise CodecError(f"field {f.name!r}: {text.strip()[:40]!r} does not fit {f.dtype} exactly")
-        return value
-    raise CodecError(f"field {f.name!r}: {f.dtype} values come in .npy members, not as text {text[:20]!r}")
+def _scalar_decoder(f: UnischemaField, dtype: np.dtype) -> Callable[[bytes], Any]:
+    """A scalar from a 0-d ``.npy`` member, or from text: an integer, or a float that reads back as that text."""
+    cast, kind = dtype.type, dtype.kind
+
+    def decode(data: bytes) -> Any:
+        if data.startswith(_NPY_MAGIC):
+            array = _loaded(f, dtype, data)
+            if array.shape != ():
+                raise CodecError(f"field {f.name!r}: expected a scalar, the .npy holds shape {array.shape}")
+            return array[()]
+        if kind in "iu":
+            return cast(int(data))
+        if kind == "b" and data.strip() in (b"0", b"1"):
+            return cast(int(data))
+        text = data.decode("utf-8")
+        if kind == "f":
+            value = exact_float(text, dtype)
+            if value is None:
+                raise CodecError(f"field {f.name!r}: {text.strip()[:40]!r} does not fit {dtype} exactly")
+            return value
+        raise CodecError(f"field {f.name!r}: {dtype} values come in .npy members, not as text {text[:20]!r}")
+
+    return decode
 
 
-def _tensor(f: UnischemaField, data: bytes) -> np.ndarray:
-    array = _loaded(f, data)
+def _tensor(f: UnischemaField, dtype: np.dtype, data: bytes) -> np.ndarray:
+    array = _loaded(f, dtype, data)
     if not shape_matches(array.shape, f.shape):
         raise CodecError(f"field {f.name!r}: the .npy holds shape {array.shape}, the schema says {f.shape}")
     return array
@@ -349,9 +365,10 @@ def member_value(extension: str, data: bytes) -> Any:
     and values, in native byte order and C order, so an export that saves an identical array
     again (another header padding, byte order or memory order) is equal, and one that changes a
     dtype, a shape or a bit is not. Integer-text members (``.cls``, ``.idx``, ...) compare as
-    the number they spell, as webdataset decodes them (``int(data)``, else ``float(data)``; a
-    float that is a whole number as that int): ``3``, ``3\\n`` and ``003`` are one class.
-    Anything that does not load or parse compares as bytes.
+    the decimal number they spell, digit for digit: ``3``, ``3\\n``, ``003`` and ``3.0`` are one
+    number (an int field writes ``3``, a float64 one the shortest text that reads back as its
+    value), ``0.1`` and ``0.10000000000000000001`` two. Anything that does not load or parse
+    compares as bytes.
     """
     last = last_component(extension)
     if last in NPY_EXTENSIONS:
@@ -368,14 +385,33 @@ def member_value(extension: str, data: bytes) -> Any:
 
 
 def _number(data: bytes) -> Any:
+    """The decimal number integer text spells, exactly (``'2.50'`` and ``'2.5'`` alike, ``'-0'`` apart
+    from ``'0'``), as text: ``'2.5'``, ``'1000'``, ``'nan'``, ``'-inf'``; bytes when it spells none."""
     try:
-        return int(data)
-    except ValueError:
-        pass
-    try:
-        value = float(data)
-    except ValueError:
-        return data
-    if value.is_integer() and not (value == 0 and np.signbit(value)):
-        return int(value)
-    return value
+        number = decimal.Decimal(data.decode("utf-8").strip())
+    except (UnicodeDecodeError, decimal.InvalidOperation):
+        return bytes(data)
+    if number.is_nan():
+        return "nan"
+    if number.is_infinite():
+        return "-inf" if number < 0 else "inf"
+    return _canonical(number)
+
+
+def _canonical(number: decimal.Decimal) -> str:
+    """One text per decimal value: no leading or trailing zeros, plain within 20 places, else ``<digits>e<n>``
+    (computed on the digits: a context's precision or exponent limits never round or overflow it)."""
+    sign, digits, exponent = number.as_tuple()
+    text = "".join(map(str, digits)).lstrip("0")
+    if not text:
+        return "-0" if sign else "0"
+    stripped = text.rstrip("0")
+    exponent = int(exponent) + len(text) - len(stripped)
+    if 0 <= exponent <= 20:
+        body = stripped + "0" * exponent
+    elif -20 <= exponent < 0:
+        padded = stripped.rjust(1 - exponent, "0")
+        body = f"{padded[:exponent]}.{padded[exponent:]}"
+    else:
+        body = f"{stripped}e{exponent}"
+    return ("-" if sign else "") + body

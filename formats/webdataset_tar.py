@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.foreign import OnError, SkippedRecord
@@ -29,6 +28,8 @@ from unihub.formats.schema import Unischema
 from unihub.formats.tarstream import TarFormatError, TarMember, iter_members, pax_records
 
 KEY_FIELD = "__key__"
+#: reports a malformed member: raises, or records the skip (``on_error``)
+Fail = Callable[[str, int | None], None]
 #: webdataset.tariterators.base_plus_ext: key = up to the first dot of the base name.
 _KEY_RULE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META_RULE = re.compile(r"__[^/]*__($|/)")
@@ -146,7 +147,7 @@ class _Grouper:
     """Members -> samples for one shard: adjacent runs (a repeated key is an error), or with
     ``group_keys`` every member of a key, wherever it is, held until the shard ends."""
 
-    def __init__(self, path: str, group_keys: bool, fail: Any) -> None:
+    def __init__(self, path: str, group_keys: bool, fail: Fail) -> None:
         self.path, self.group_keys, self.fail = path, group_keys, fail
         self.current: Sample | None = None
         self.runs: dict[str, int] = {}  # key -> offset of its first member (a run's, or the group's)
@@ -236,7 +237,7 @@ def iter_samples(path: str, *, on_error: OnError = "raise", skipped: list[Skippe
         yield done
 
 
-def _member_parts(member: TarMember, fail: Any) -> tuple[str, str] | None:
+def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
     """``(key, extension)`` of a regular member, or None (reported) for links and keyless names."""
     if not member.isreg:
         fail(f"member {member.name!r} at offset {member.offset} is not a regular file (link or device); "
@@ -249,7 +250,7 @@ def _member_parts(member: TarMember, fail: Any) -> tuple[str, str] | None:
     return parts
 
 
-def _after_damage(exc: Exception, grouper: _Grouper, offset: int | None, fail: Any) -> Iterator[Sample]:
+def _after_damage(exc: Exception, grouper: _Grouper, offset: int | None, fail: Fail) -> Iterator[Sample]:
     """A corrupt or cut shard: yield the samples proven complete, report the rest."""
     current = None if grouper.group_keys else grouper.current
     if isinstance(exc, TarFormatError):

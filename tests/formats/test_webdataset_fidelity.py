@@ -111,16 +111,19 @@ def test_text_numbers_are_typed_only_where_exact(tmp_path: Path) -> None:
     texts = {"a.cls": [b"3", b" 7\n", b"-2"], "b.cls": [b"2.5", b"3", b"1e3"],
              "c.cls": [b"2.5", b"9007199254740993", b"1"],  # 2**53 + 1 is no float64
              "d.cls": [b"1", b"99999999999999999999", b"2"],  # no int64
+             "g.cls": [b"2.5", b"10000000000000000", b"-1"],  # 1e16 > 2**53, but a float64 prints it back
              "e.idx": [b"1", b"x", b"2"], "f.txt": [b"ok", b"\xff\xfe not utf-8", b"ok"]}
     samples = [keyed(i, **{m: t[i] for m, t in texts.items()}) for i in range(3)]
     tar_writer_shards(tmp_path / "wds", samples)
     convert(str(tmp_path / "wds"), str(tmp_path / "ds"), progress=False)
     schema = open_dataset(str(tmp_path / "ds")).schema
     assert {m: schema[m].numpy_dtype for m in texts} == {"a.cls": np.int64, "b.cls": np.float64, "c.cls": np.str_,
-                                                         "d.cls": np.str_, "e.idx": np.str_, "f.txt": np.bytes_}
+                                                         "d.cls": np.str_, "e.idx": np.str_, "f.txt": np.bytes_,
+                                                         "g.cls": np.float64}
     rows = reader_rows(tmp_path / "ds")
     assert [r["a.cls"] for r in rows] == [3, 7, -2] and [r["b.cls"] for r in rows] == [2.5, 3.0, 1000.0]
     assert [r["c.cls"] for r in rows] == ["2.5", "9007199254740993", "1"]
+    assert [r["g.cls"] for r in rows] == [2.5, 1e16, -1.0]
     assert [r["f.txt"] for r in rows] == texts["f.txt"]
     assert verify(str(tmp_path / "wds"), str(tmp_path / "ds")).equal
 

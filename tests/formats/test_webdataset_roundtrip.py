@@ -241,7 +241,7 @@ def test_exports_that_would_not_read_back_are_refused(tmp_path: Path, capsys: py
     schema = Unischema("R", [UnischemaField("a/b", np.int64, (), ScalarCodec(pa.int64()), False), field])
     write_dataset(str(tmp_path / "ds"), schema, [{"a/b": 1, field.name: value}])
     line = refused(["convert", str(tmp_path / "ds"), str(tmp_path / "out"), "--to", "webdataset"], capsys,
-                   tmp_path / "out")
+                   tmp_path / "out", SchemaError)
     with pytest.raises(SchemaError, match=message) as info:
         WebDatasetFormat.write(str(tmp_path / "direct"), schema, [{"a/b": [1], field.name: [value]}])
     assert line == f"unihub: error: {info.value}"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unihub import make_batch_reader, make_reader
+from unihub import FormatError, make_batch_reader, make_reader
 from unihub.cli import main
 from unihub.formats.parquet import open_dataset
 
@@ -81,8 +81,13 @@ def batch_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def refused(argv: list[str], capsys: pytest.CaptureFixture, dst: Path) -> str:
-    """Run the CLI expecting exit 1 with one ``unihub: error:`` line and nothing at or beside ``dst``."""
+def refused(argv: list[str], capsys: pytest.CaptureFixture, dst: Path, error: type[Exception] = FormatError) -> str:
+    """Run the CLI expecting ``error`` (seen with ``--verbose``), then exit 1 with one ``unihub: error:``
+    line, and nothing at or beside ``dst`` either time."""
+    with pytest.raises(error):
+        main(["--verbose", *argv])
+    assert not dst.exists() and not [n for n in os.listdir(dst.parent) if n.startswith(".")]
+    capsys.readouterr()
     assert main(argv) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
