@@ -327,7 +327,7 @@ def member_encoder(f: UnischemaField, image_extensions: str = "content") -> tupl
         ext = name if last in INT_EXTENSIONS else f"{name}.cls"
         return (ext,), lambda value: (ext, str(int(value)).encode("ascii"))
     if f.shape == () and f.dtype == np.float64 and last in INT_EXTENSIONS:  # as ingest read it: text
-        return (name,), lambda value: (name, repr(float(value)).encode("ascii"))
+        return (name,), lambda value: (name, float_text(value).encode("ascii"))
     if _array_kind(f):
         ext = f"{name}.npy"
         return (ext,), lambda value: (ext, _npy_bytes(f, value))
@@ -336,6 +336,12 @@ def member_encoder(f: UnischemaField, image_extensions: str = "content") -> tupl
         return (ext,), lambda value: (ext, str(value).encode("ascii"))
     raise SchemaError(f"field {f.name!r} ({f.numpy_dtype.__name__} of shape {f.shape}) has no WebDataset member "
                       "form that reads back exactly (lists of text or bytes, objects); leave it out of the export")
+
+
+def float_text(value: Any) -> str:
+    """A float64 as the shortest text that reads back as it, the sign of a NaN included (``-nan``)."""
+    value = float(value)
+    return "-nan" if value != value and np.signbit(value) else repr(value)
 
 
 def _image_encoder(f: UnischemaField, name: str, last: str, mode: str) -> tuple[tuple[str, ...], Encode]:
@@ -367,8 +373,8 @@ def member_value(extension: str, data: bytes) -> Any:
     dtype, a shape or a bit is not. Integer-text members (``.cls``, ``.idx``, ...) compare as
     the decimal number they spell, digit for digit: ``3``, ``3\\n``, ``003`` and ``3.0`` are one
     number (an int field writes ``3``, a float64 one the shortest text that reads back as its
-    value), ``0.1`` and ``0.10000000000000000001`` two. Anything that does not load or parse
-    compares as bytes.
+    value), ``0.1`` and ``0.10000000000000000001`` two, ``-0`` and ``0`` two, ``nan`` and
+    ``-nan`` two. Anything that does not load or parse compares as bytes.
     """
     last = last_component(extension)
     if last in NPY_EXTENSIONS:
@@ -392,7 +398,7 @@ def _number(data: bytes) -> Any:
     except (UnicodeDecodeError, decimal.InvalidOperation):
         return bytes(data)
     if number.is_nan():
-        return "nan"
+        return "-nan" if number.is_signed() else "nan"
     if number.is_infinite():
         return "-inf" if number < 0 else "inf"
     return _canonical(number)

@@ -70,7 +70,7 @@ def row(i: int) -> dict[str, Any]:
         "boxes": np.arange(4 * (i % 3), dtype=np.float32).reshape(-1, 4) / 3,
         "empty": np.zeros((3, 0), np.int16), "ragged0": None if i == 2 else np.zeros((i, 0), np.float64),
         "emb": np.array([i, -0.0, np.inf], np.float16), "label": np.int32(-i), "huge": np.uint64(2**64 - 1 - i),
-        "score": None if i == 1 else np.float32(i / 3), "cls": [np.nan, -0.0, 0.1, 2.5, 1e300, -np.inf, 7.0][i],
+        "score": None if i == 1 else np.float32(i / 3), "cls": [np.nan, -0.0, 0.1, 2.5, 1e300, -np.inf, -np.nan][i],
         "flag": bool(i % 2), "caption": None if i == 4 else f"caption {i} ü\n", "group/blob": bytes([i, 0, 255]),
         "price": decimal.Decimal(i * 1001) / 1000, "when": np.datetime64(1_600_000_000_000_000 + i, "us"),
     }

@@ -79,6 +79,7 @@ def test_normal_forms_lose_nothing() -> None:
     assert member_value("a.cls", b"1e3") == "1000" and member_value("a.cls", b"NaN") == "nan"
     assert member_value("a.cls", b"0.10000000000000000001") != member_value("a.cls", b"0.1")
     assert member_value("a.cls", b"-0.0") == "-0" != member_value("a.cls", b"0")
+    assert member_value("a.cls", b"-nan") == "-nan" != member_value("a.cls", b"NaN")
     assert member_value("a.cls", b"x") == b"x" and member_value("a.cls", b"\xff") == b"\xff"
     assert member_value("t.txt", b"3\n") == b"3\n"  # text is bytes, exactly
 
