@@ -151,9 +151,8 @@ def _at(where: str, key: Any) -> str:
 def _show(value: Any) -> str:
     """A short description of a value for messages (bounded: values can be megabytes)."""
     if isinstance(value, np.ndarray):
-        body = np.array2string(value.ravel()[:8], threshold=8, edgeitems=4, separator=", ")
-        more = ", ..." if value.size > 8 else ""
-        return f"{value.dtype}{list(value.shape)} {body[:120]}{more}"
+        body = ", ".join(str(v) for v in value.ravel()[:8])[:120]
+        return f"{value.dtype}{list(value.shape)} [{body}{', ...' if value.size > 8 else ''}]"
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         return repr(data) if len(data) <= 24 else f"{len(data)} bytes {data[:24]!r}..."

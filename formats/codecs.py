@@ -316,18 +316,21 @@ class TensorCodec(Codec):
     INT32) wrote ~10x and read ~20x slower. Reading turns them back into ``fixed_shape_tensor``
     without a copy (:func:`tensor_from_parquet`); list-stored tensors still decode.
     Only the first dimension ``None`` (``(None, 4)``): a list of the flat values, the first
-    dimension follows from the length. Other ``None`` dims: a struct of the flat values
-    (``data``) and the row's shape (``shape``). Lists that Spark or others wrote
+    dimension follows from the length. Other ``None`` dims, and any shape with a zero
+    dimension (``(0,)``, ``(3, 0)``, ``(None, 0)``: Arrow has no fixed-size list of size 0,
+    and an empty list does not tell the other dims): a struct of the flat values (``data``)
+    and the row's shape (``shape``). Lists that Spark or others wrote
     (``list<T>``, ``fixed_size_list<T>``, nested lists) decode too.
     """
 
     def arrow_type(self, field: UnischemaField) -> pa.DataType:
         value_type = self._value_type(field)
-        if field.shape == ():
+        layout = _tensor_layout(field)
+        if layout == "scalar":
             return value_type
-        if field.is_fixed_shape:
+        if layout == "fixed":
             return pa.fixed_shape_tensor(value_type, list(field.shape))
-        if field.shape[0] is None and None not in field.shape[1:]:
+        if layout == "list":
             return pa.list_(value_type)
         return pa.struct([pa.field("data", pa.list_(value_type)),
                           pa.field("shape", pa.list_(pa.int32(), len(field.shape)))])
@@ -341,7 +344,7 @@ class TensorCodec(Codec):
 
     def encode(self, field: UnischemaField, value: Any) -> Any:
         array = np.asarray(value, dtype=field.dtype)
-        if field.is_fixed_shape or (field.shape[0] is None and None not in field.shape[1:]):
+        if _tensor_layout(field) in ("fixed", "list"):
             return array.ravel().tolist()
         return {"data": array.ravel().tolist(), "shape": list(array.shape)}
 
@@ -355,7 +358,8 @@ class TensorCodec(Codec):
         if field.shape == ():
             return pa.array(np.asarray(values, dtype=field.dtype) if not _has_none(values) else list(values),
                             type=arrow_type)
-        if (field.is_fixed_shape and isinstance(values, np.ndarray) and values.dtype == field.dtype
+        layout = _tensor_layout(field)
+        if (layout == "fixed" and isinstance(values, np.ndarray) and values.dtype == field.dtype
                 and values.shape[1:] == field.shape):
             # a whole column as one array (HDF5 slices, numpy batches): no per-row work
             flat_column = pa.array(np.ascontiguousarray(values).reshape(-1))
@@ -367,7 +371,7 @@ class TensorCodec(Codec):
         if len(present) != len(values):
             mask = np.ones(len(values), dtype=bool)
             mask[present] = False
-        if field.is_fixed_shape:
+        if layout == "fixed":
             size = int(np.prod(field.shape))
             flat = _fill_rows(arrays, present, len(values), size, field.dtype)
             storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size,
@@ -435,6 +439,22 @@ class TensorCodec(Codec):
         if isinstance(arrow_type, pa.FixedShapeTensorType):
             arrow_type = pa.list_(arrow_type.value_type)
         return arrow_to_spark_type(arrow_type)
+
+
+def _tensor_layout(field: UnischemaField) -> str:
+    """How :class:`TensorCodec` stores ``field``: ``'scalar'``, ``'fixed'`` (fixed_shape_tensor),
+    ``'list'`` (only the first dim varies) or ``'struct'`` (flat values and each row's shape).
+
+    A zero dimension always takes the struct: Arrow refuses (or crashes on) fixed-size lists of
+    size 0, and an empty list cannot tell ``(None, 0)``'s first dimension.
+    """
+    if field.shape == ():
+        return "scalar"
+    if 0 in field.shape:
+        return "struct"
+    if field.is_fixed_shape:
+        return "fixed"
+    return "list" if field.shape[0] is None and None not in field.shape[1:] else "struct"
 
 
 def parquet_tensor_type(field: UnischemaField) -> pa.DataType | None:

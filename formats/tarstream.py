@@ -9,6 +9,10 @@ archives are streamed through their decompressor. Every header's checksum is ver
 (by ``zlib.adler32`` over three spans, each short enough that its byte sum cannot wrap),
 and a bad header or a truncated member raises :class:`TarFormatError` with the file and
 the byte offset, where tarfile would stop silently or report neither.
+
+PAX global headers (typeflag ``g``, which tarfile keeps in ``TarFile.pax_headers``) are not
+members; with ``regular_only=False`` they come as members of type ``"g"`` whose data is the
+header's records, read with :func:`pax_records` (a unihub export keeps its schema in one).
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ _REGULAR = frozenset(b"0\x007")  # typeflags of regular files: '0', old '\0', co
 _NO_DATA = frozenset(b"12345")  # hard/symbolic links, devices, directories: no data blocks follow
 _EXTENDED = frozenset(b"xXLgK")  # headers about the next member: PAX (X: Solaris), GNU long name, skipped
 _SKIPPED = frozenset(b"gK")  # PAX global header, GNU long link name: not needed to read files
-_LONGNAME, _DIRECTORY, _SPARSE = ord("L"), ord("5"), ord("S")
+_LONGNAME, _DIRECTORY, _SPARSE, _GLOBAL = ord("L"), ord("5"), ord("S"), ord("g")
 
 
 class TarMember(NamedTuple):
     """One member: its name, the offset of its first header (its PAX or GNU long-name header
     when it has one, as tarfile's ``TarInfo.offset``), its bytes (empty unless a regular
-    file) and its typeflag (``"0"`` for regular files, ``"5"`` directories, ``"2"`` symlinks)."""
+    file; a PAX global header's records) and its typeflag (``"0"`` for regular files, ``"5"``
+    directories, ``"2"`` symlinks, ``"g"`` PAX global headers)."""
 
     name: str
     offset: int
@@ -134,6 +139,8 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             if len(body) < size:
                 raise TarFormatError(path, here, f"truncated {chr(kind)!r} extended header at offset {here}")
             if kind in _SKIPPED:
+                if kind == _GLOBAL and not regular_only:
+                    yield TarMember(_header_name(header), here, bytes(body[:size]), "g")
                 continue
             first = here if first is None else first
             if kind == _LONGNAME:
@@ -213,6 +220,13 @@ def _check_signed(path: str, offset: int, header: bytes, unsigned: int) -> None:
         raise TarFormatError(path, offset, f"bad tar header at offset {offset}: checksum field {found} "
                                            f"(raw {header[148:156]!r}) does not match the header, whose sum is "
                                            f"{unsigned} (or {signed} as signed bytes); the file is corrupt or not a tar")
+
+
+def pax_records(member: TarMember, path: str) -> dict[str, str]:
+    """The records of a PAX global header member (type ``"g"``) of ``path``, as text."""
+    records = _pax_records(member.data, path, member.offset)
+    return {key.decode("utf-8", "surrogateescape"): value.decode("utf-8", "surrogateescape")
+            for key, value in records.items()}
 
 
 def _pax_records(body: bytes, path: str, offset: int) -> dict[bytes, bytes]:

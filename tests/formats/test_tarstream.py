@@ -115,3 +115,20 @@ def test_webdataset_reads_what_webdataset_reads(tmp_path: Path) -> None:
               for s in wds.WebDataset(pattern, shardshuffle=False)]
     ours = [{"__key__": s.key, **s.members} for s in WebDatasetFormat(pattern).samples()]
     assert len(ours) == 40 and ours == theirs
+
+
+def test_pax_global_header_on_request(tmp_path: Path) -> None:
+    """A PAX global header is no member; asked for, it comes as type 'g' with its records (tarfile's pax_headers)."""
+    from unihub.formats.tarstream import pax_records
+
+    path = tmp_path / "g.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "ünï {\"a\": 1}"}) as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    with tarfile.open(path) as tar:
+        expected = tar.pax_headers
+    assert [(m.name, m.data) for m in iter_members(str(path))] == [("a.txt", b"hello")]
+    members = list(iter_members(str(path), regular_only=False))
+    assert [m.type for m in members] == ["g", "0"] and members[0].offset == 0
+    assert pax_records(members[0], str(path)) == expected == {"comment": "ünï {\"a\": 1}"}

@@ -71,7 +71,7 @@ def read_rows(source: WebDatasetFormat, schema: Unischema | None = None, **kwarg
     schema = schema or source.infer_schema()
     rows = []
     for batch in source.read_batches(schema, **kwargs):
-        n = len(batch["__key__"])
+        n = len(next(iter(batch.values())))
         rows.extend({name: values[i] for name, values in batch.items()} for i in range(n))
     return rows
 
@@ -120,7 +120,7 @@ def test_infer_from_a_sample_of_records(shards: Path) -> None:
 
 
 def test_text_classes_that_are_not_ints(tmp_path: Path) -> None:
-    write_tar(tmp_path / "a.tar", [("0.cls", b"1.5"), ("1.cls", b"2"), ("0.idx", b"x"), ("1.idx", b"7")])
+    write_tar(tmp_path / "a.tar", [("0.cls", b"1.5"), ("0.idx", b"x"), ("1.cls", b"2"), ("1.idx", b"7")])
     schema = WebDatasetFormat(str(tmp_path / "a.tar")).infer_schema()
     assert schema["cls"].numpy_dtype is np.float64 and schema["idx"].numpy_dtype is np.str_
 
@@ -165,7 +165,8 @@ def test_sources_directory_glob_and_list(shards: Path) -> None:
     assert WebDatasetFormat(str(shards / "*.tar")).files() == names
     assert WebDatasetFormat(names[::-1]).files() == names
     assert WebDatasetFormat.detect(str(shards)) and WebDatasetFormat.detect(names[0])
-    assert WebDatasetFormat(str(shards)).metadata() == {"webdataset": {"shards": [os.path.basename(n) for n in names]}}
+    assert WebDatasetFormat(str(shards)).metadata() == {"webdataset": {"shards": [os.path.basename(n) for n in names],
+                                                                       "image_extensions": "name"}}
 
 
 def test_gzipped_shard(tmp_path: Path) -> None:
@@ -244,7 +245,7 @@ def test_corrupt_npy_and_image(tmp_path: Path) -> None:
     shard = str(tmp_path / "shard-00000.tar")
     schema = WebDatasetFormat(shard).infer_schema()  # corrupt values do not change the schema
     assert schema["npy"].shape == (4,) and schema["png"].shape == (8, 6, 3)
-    with pytest.raises(FormatError, match=r"shard-00000\.tar: sample '000001' \(offset \d+\), member \.npy"):
+    with pytest.raises(FormatError, match=r"shard-00000\.tar: sample '000001' \(offset \d+\), member '000001\.npy'"):
         read_rows(WebDatasetFormat(shard), schema)
     source = WebDatasetFormat(shard)
     assert [r["__key__"] for r in read_rows(source, schema, on_error="skip")] == ["000000"]
@@ -256,7 +257,7 @@ def test_missing_member_of_a_required_field(shards: Path) -> None:
     source = WebDatasetFormat(str(shards))
     inferred = source.infer_schema()
     schema = Unischema("S", [f._replace(nullable=False) if f.name == "txt" else f for f in inferred])
-    with pytest.raises(FormatError, match=r"sample '000001' .* has no \.txt member"):
+    with pytest.raises(FormatError, match=r"sample '000001' .* has no member for field 'txt', which is not nullable"):
         read_rows(source, schema)
 
 
@@ -333,7 +334,16 @@ def test_export_of_other_field_names(tmp_path: Path) -> None:
     with tarfile.open(files[0]) as tar:
         assert sorted(tar.getnames())[:6] == ["000000000.boxes.npy", "000000000.caption.txt", "000000000.group.blob",
                                               "000000000.image.jpg", "000000000.label.cls", "000000000.score.npy"]
-    rows = read_rows(WebDatasetFormat(str(tmp_path / "o")))
+    source = WebDatasetFormat(str(tmp_path / "o"))
+    assert source.infer_schema() == schema  # the export's header gives the schema back, names included
+    rows = read_rows(source)
+    assert [r["label"] for r in rows] == [0, 1, 2] and all(type(r["label"]) is np.int32 for r in rows)
+    assert [r["score"] for r in rows] == [0.5, None, 1.5] and type(rows[0]["score"]) is np.float32
+    assert [r["boxes"].shape for r in rows] == [(0, 4), (1, 4), (2, 4)]
+    assert [r["group/blob"] for r in rows] == [b"x", b"y", b"z"]
+    assert images.decode_image(rows[0]["image"]).shape == (4, 4, 3)
+    by_extension = WebDatasetFormat(str(tmp_path / "o"), unihub_schema=False)  # as any WebDataset
+    rows = read_rows(by_extension)
     assert [r["label.cls"] for r in rows] == [0, 1, 2]
     assert [r["score.npy"] for r in rows] == [0.5, None, 1.5]
     assert [r["boxes.npy"].shape for r in rows] == [(0, 4), (1, 4), (2, 4)]
@@ -355,7 +365,7 @@ def test_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
     color = images.encode_image(np.zeros((5, 6, 3), np.uint8), "png")
     paths = [
         write_tar(tmp_path / "a.tar", [("k0.png", color), ("k0.cls", b"3"), ("k0.npy", npy(np.zeros(4, np.int32)))]),
-        write_tar(tmp_path / "b.tar", [("k1.png", gray), ("k1.cls", b"2.5"), ("k1.npy", npy(np.zeros(7, np.float32)))]),
+        write_tar(tmp_path / "b.tar", [("k1.png", gray), ("k1.cls", b"2.5"), ("k1.npy", npy(np.zeros(7, np.int32)))]),
         write_tar(tmp_path / "c.tar", [("k2.png", color), ("k2.txt", b"hello")]),
     ]
     serial = WebDatasetFormat([str(p) for p in paths]).infer_schema()
@@ -364,5 +374,5 @@ def test_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
     assert parallel.infer_schema() == serial
     by_name = {f.name: f for f in serial}
     assert by_name["cls"].numpy_dtype is np.float64 and by_name["cls"].nullable  # "2.5"; missing in c
-    assert by_name["npy"].shape == (None,) and by_name["npy"].numpy_dtype is np.float64
+    assert by_name["npy"].shape == (None,) and by_name["npy"].numpy_dtype is np.int32
     assert by_name["png"].shape == (None, 6, None) and by_name["txt"].nullable

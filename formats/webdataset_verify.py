@@ -1,0 +1,88 @@
+"""``unihub verify`` for WebDataset: the shards as Python's :mod:`tarfile` reads them, and a
+unihub dataset's rows as an export of them would hold them.
+
+The reference never goes through :mod:`unihub.formats.tarstream` or the sample stage that the
+conversion used: members come from ``tarfile.open(path, "r|*")`` (as webdataset streams them),
+are grouped into samples by webdataset's key rule (adjacent runs; with ``group_keys`` every
+member of a key in its shard), and each becomes ``{"__key__": key, extension: value}`` where the
+value is the member's bytes except for two normal forms that lose nothing
+(:func:`~unihub.formats.webdataset_fields.member_value`): ``.npy`` members compare as arrays
+(dtype, shape, values) and integer-text members as the number they spell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from unihub.errors import FormatError
+from unihub.formats.schema import Unischema
+from unihub.formats.webdataset_fields import member_encoder, member_value
+from unihub.formats.webdataset_tar import KEY_FIELD, row_key
+
+Record = dict[str, Any]
+_BASE_PLUS_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
+_SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset.tariterators.tar_file_iterator's skip_meta
+
+
+def tarfile_records(files: Iterable[str], *, group_keys: bool = False) -> Iterator[tuple[str, Record]]:
+    """``(where, record)`` for every sample of ``files``, in order, read with :mod:`tarfile`."""
+    for path in files:
+        records: dict[str, Record] = {}  # with group_keys: the shard's samples, in first-seen order
+        current: Record | None = None
+        for name, data in _tar_members(path):
+            match = _BASE_PLUS_EXT.match(name)
+            if match is None:
+                continue  # webdataset skips names without a key
+            key, extension = match.group(1), match.group(2).lower()
+            if group_keys:
+                record = records.setdefault(key, {KEY_FIELD: key})
+            else:
+                if current is not None and current[KEY_FIELD] != key:
+                    yield _where(path, current[KEY_FIELD]), current
+                    current = None
+                record = current = current or {KEY_FIELD: key}
+            if extension in record:
+                raise FormatError(f"{path}: key {key!r} has two .{extension} members", path=path)
+            record[extension] = member_value(extension, data)
+        if current is not None:
+            yield _where(path, current[KEY_FIELD]), current
+        for key, record in records.items():
+            yield _where(path, key), record
+
+
+def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
+    """``(name, bytes)`` of the regular, non-metadata members, as webdataset's tar_file_iterator."""
+    with tarfile.open(path, mode="r|*") as stream:
+        for info in stream:
+            name = info.name
+            if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):
+                continue
+            if _SKIP_META.match(name):
+                continue
+            handle = stream.extractfile(info)
+            yield name, handle.read() if handle is not None else b""
+            stream.members = []  # streaming: keep no TarInfo list
+
+
+def _where(path: str, key: str) -> str:
+    return f"{os.path.basename(path)} key {key!r}"
+
+
+def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], *,
+                   image_extensions: str = "content") -> Iterator[Record]:
+    """Rows of a unihub dataset as :func:`tarfile_records` would read an export of them: each
+    value encoded as the export encodes it, then put in the same normal form."""
+    encoders = [(f.name, member_encoder(f, image_extensions)[1]) for f in schema if f.name != KEY_FIELD]
+    keyed = KEY_FIELD in schema
+    for index, row in enumerate(rows):
+        record: Record = {KEY_FIELD: str(row[KEY_FIELD]) if keyed else row_key(index)}
+        for name, encode in encoders:
+            value = row.get(name)
+            if value is not None:
+                extension, data = encode(value)
+                record[extension.lower()] = member_value(extension, data)
+        yield record
