@@ -33,6 +33,7 @@ from unihub.formats.hdf5_storage import (
 )
 from unihub.formats.hdf5_types import decode_constant, h5py_module
 from unihub.formats.schema import Unischema
+from unihub.formats.writer import column_length
 
 SCHEMA_NAME_ATTR = "unihub.schema_name"
 FIELD_ORDER_ATTR = "unihub.field_order"
@@ -53,13 +54,7 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
             _root_attributes(handle, schema, spec)
             writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
             for batch in map(python_columns, batches):
-                unknown = set(batch) - set(schema.fields)
-                if unknown:
-                    raise SchemaError(f"batch columns {sorted(unknown)} are not fields of {schema.name!r}")
-                lengths = {k: len(v) for k, v in batch.items()}
-                if len(set(lengths.values())) > 1:
-                    raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
-                writer.append(batch, next(iter(lengths.values()), 0))
+                writer.append(batch, column_length(schema, batch))
             _write_constants(handle, spec.constants)
             _write_attributes(handle, spec.attributes)
         os.replace(temporary, target)

@@ -129,7 +129,7 @@ def _batches(schema: Unischema, data: Any, *, batched: bool, validate: bool) -> 
             yield from _conform_table(table, storage_schema, first_row).to_batches()
             first_row += table.num_rows
         elif isinstance(item, Mapping):
-            n = _column_length(schema, item)
+            n = column_length(schema, item)
             yield _encode_columns(schema, item, storage_schema, first_row, n, validate)
             first_row += n
         else:
@@ -211,7 +211,8 @@ def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
         f.validate(value, row=first_row + i)
 
 
-def _column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
+def column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
+    """Rows of a column batch of ``schema``; unknown columns and unequal lengths are SchemaErrors."""
     unknown = set(columns) - set(schema.fields)
     if unknown:
         raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")

@@ -21,6 +21,8 @@ from unihub.formats.writer import write_dataset
 
 wds = pytest.importorskip("webdataset")
 
+from .wds_helpers import tar_writer_shards  # noqa: E402  (after the skip: it imports webdataset)
+
 SHARDS, PER_SHARD = 3, 5
 
 
@@ -50,15 +52,7 @@ def make_sample(i: int) -> dict[str, Any]:
 
 
 def write_shards(root: Path, samples: list[dict[str, Any]], per_shard: int = PER_SHARD) -> list[Path]:
-    root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for s in range(0, len(samples), per_shard):
-        path = root / f"shard-{s // per_shard:05d}.tar"
-        with wds.TarWriter(str(path), encoder=False) as writer:
-            for sample in samples[s:s + per_shard]:
-                writer.write(sample)
-        paths.append(path)
-    return paths
+    return tar_writer_shards(root, samples, per_shard)
 
 
 @pytest.fixture()
@@ -99,7 +93,7 @@ def test_registered_by_name_alias_and_extension() -> None:
 
 # ------------------------------------------------------------------------ inference
 def test_infer_schema(shards: Path) -> None:
-    schema = WebDatasetFormat(str(shards / "shard-{00000..00002}.tar")).infer_schema()
+    schema = WebDatasetFormat(str(shards / "shard-{000000..000002}.tar")).infer_schema()
     fields = schema.fields
     assert list(fields) == ["__key__", "bin", "boxes.npy", "cls", "jpg", "json", "npy", "png", "seg.png", "txt"]
     assert fields["__key__"] == UnischemaField("__key__", np.str_, (), ScalarCodec(np.str_), False)
@@ -127,7 +121,7 @@ def test_text_classes_that_are_not_ints(tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------- reading
 def test_read_values(shards: Path) -> None:
-    source = WebDatasetFormat(str(shards / "shard-{00000..00002}.tar"))
+    source = WebDatasetFormat(str(shards / "shard-{000000..000002}.tar"))
     schema = source.infer_schema()
     batches = list(source.read_batches(schema, batch_size=4))
     assert [len(b["__key__"]) for b in batches] == [4, 4, 4, 3]
@@ -149,7 +143,7 @@ def test_read_values(shards: Path) -> None:
 
 
 def test_reads_what_webdataset_reads(shards: Path) -> None:
-    pattern = str(shards / "shard-{00000..00002}.tar")
+    pattern = str(shards / "shard-{000000..000002}.tar")
     theirs = list(wds.WebDataset(pattern, shardshuffle=False))
     ours = read_rows(WebDatasetFormat(pattern))
     assert [s["__key__"] for s in theirs] == [r["__key__"] for r in ours]
@@ -242,10 +236,10 @@ def test_corrupt_npy_and_image(tmp_path: Path) -> None:
     good = make_sample(0)
     samples = [good, {**make_sample(1), "npy": b"\x93NUMPY garbage"}, {**make_sample(2), "png": b"\x89PNG\r\n\x1a\nxx"}]
     write_shards(tmp_path, samples, per_shard=3)
-    shard = str(tmp_path / "shard-00000.tar")
+    shard = str(tmp_path / "shard-000000.tar")
     schema = WebDatasetFormat(shard).infer_schema()  # corrupt values do not change the schema
     assert schema["npy"].shape == (4,) and schema["png"].shape == (8, 6, 3)
-    with pytest.raises(FormatError, match=r"shard-00000\.tar: sample '000001' \(offset \d+\), member '000001\.npy'"):
+    with pytest.raises(FormatError, match=r"shard-000000\.tar: sample '000001' \(offset \d+\), member '000001\.npy'"):
         read_rows(WebDatasetFormat(shard), schema)
     source = WebDatasetFormat(shard)
     assert [r["__key__"] for r in read_rows(source, schema, on_error="skip")] == ["000000"]
