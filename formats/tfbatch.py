@@ -27,16 +27,10 @@ import pyarrow as pa
 from unihub.formats import images
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
+from unihub.formats.tfio import _fail
 from unihub.formats.tframe import Block, Error, Framer
-from unihub.formats.tfrecord import (
-    SHAPE_SUFFIX,
-    TFRecordFormat,
-    _fail,
-    _Mismatch,
-    _Plan,
-    _Stats,
-    add_example,
-)
+from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfschema import SHAPE_SUFFIX, _Mismatch, _Plan, _Stats, add_example
 
 __all__ = ["read_batches_fast", "scan_fast"]
 

@@ -1,20 +1,32 @@
-"""Opening TFRecord files: which compression each file uses, found from its bytes, and a reader for it.
+"""TFRecord files as records: framing, checksums and compression, reading and writing.
 
-TensorFlow writes TFRecord files plain, as one GZIP stream (``compression_type='GZIP'``) or as one
+On disk a TFRecord file is a sequence of records, each framed as::
+
+    uint64 length (little endian) | uint32 masked_crc32c(length bytes) | data[length] | uint32 masked_crc32c(data)
+
+TensorFlow writes such a file plain, as one GZIP stream (``compression_type='GZIP'``) or as one
 zlib stream (``'ZLIB'``: a 2-byte zlib header, deflate data, an Adler-32 trailer). Nothing in a
 file's name says which, and one directory may mix them, so each file's compression is found from
 its first bytes: a valid plain record header (its length CRC holds) means plain; otherwise the
 GZIP magic, or a zlib header whose first decompressed record header is valid, decide.
+
+What the records hold (Examples, SequenceExamples, tensors) is for :mod:`unihub.formats.tfrecord`;
+the fast block framing for :mod:`unihub.formats.tframe`. Only ``crc32c`` is needed, for the checksums.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import os
+import struct
 import zlib
-from typing import IO, Literal
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, Literal
 
+from unihub.dependencies import require
 from unihub.errors import FormatError, UnsupportedFormatError
+from unihub.formats.foreign import OnError, ReadReport, SkippedRecord
 
 Compression = Literal["none", "gzip", "zlib"]
 #: what users may pass as the ``compression`` option (TensorFlow's spellings included)
@@ -37,10 +49,9 @@ def _looks_like_zlib(head: bytes) -> bool:
     return len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0
 
 
-def detect_compression(head: bytes, header_ok: object) -> Compression:
-    """The compression of a file starting with ``head`` (its first KBs); ``header_ok(b12)`` tells
-    whether 12 bytes are a valid record header (length CRC holds)."""
-    if len(head) >= 12 and header_ok(head[:12]):  # type: ignore[operator]
+def detect_compression(head: bytes) -> Compression:
+    """The compression of a file starting with ``head`` (its first KBs)."""
+    if len(head) >= 12 and _header_ok(head[:12]):
         return "none"  # a valid plain header, even if it happens to start like gzip or zlib
     if head[:2] == _GZIP_MAGIC:
         return "gzip"
@@ -49,12 +60,12 @@ def detect_compression(head: bytes, header_ok: object) -> Compression:
             first = zlib.decompressobj().decompress(head, 12)
         except zlib.error:
             return "none"
-        if not first or (len(first) == 12 and header_ok(first)):  # type: ignore[operator]
+        if not first or (len(first) == 12 and _header_ok(first)):
             return "zlib"
     return "none"
 
 
-def compression_of(path: str, option: str | None, header_ok: object) -> Compression:
+def file_compression(path: str, option: str | None) -> Compression:
     """``option`` when it names a compression, else the one :func:`detect_compression` finds in ``path``."""
     named = normalize_compression(option)
     if named is not None:
@@ -64,7 +75,7 @@ def compression_of(path: str, option: str | None, header_ok: object) -> Compress
             head = f.read(4096)
     except OSError as exc:
         raise FormatError(f"{path}: cannot read ({exc})", path=path) from exc
-    return detect_compression(head, header_ok)
+    return detect_compression(head)
 
 
 class ZlibReader(io.RawIOBase):
@@ -129,3 +140,175 @@ class ZlibWriter(io.RawIOBase):
         if not self.closed:
             self.raw.write(self._deflate.flush())
         super().close()
+
+
+_MASK_DELTA = 0xA282EAD8
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+
+# -- framing -------------------------------------------------------------------------------
+def _crc32c() -> Any:
+    return require("crc32c", extra="tfrecord", purpose="TFRecord checksums").crc32c
+
+
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    return _mask(_crc32c()(data))
+
+
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _header_ok(header: bytes) -> bool:
+    """True when 12 bytes are a record header whose length CRC holds."""
+    return masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
+
+
+def _open(path: str, compression: str | None) -> IO[bytes]:
+    return open_records(path, file_compression(path, compression))
+
+
+def iter_records(path: str, *, compression: str | None = None, on_error: OnError = "raise",
+                 report: ReadReport | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """``(record index, byte offset, data)`` for each record of one TFRecord file.
+
+    Offsets count uncompressed bytes. A bad data CRC skips one record; a truncated record or
+    a bad length CRC ends the file (nothing after it can be framed) -- with ``on_error='skip'``
+    both are noted in ``report``, otherwise they raise :class:`FormatError`.
+    """
+    crc = _crc32c()
+    index = offset = 0
+    with _open(path, compression) as f:
+        while True:
+            data, size, error = _next_record(f, crc)
+            if error is not None:
+                _fail(path, index, offset, error, on_error, report)
+                if not size:
+                    return  # the rest of the file cannot be framed
+            elif data is None:
+                return
+            else:
+                yield index, offset, data
+            index, offset = index + 1, offset + size
+
+
+def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]:
+    """``(data, framed size, error)``: ``(None, 0, None)`` at the end, size 0 when unframeable."""
+    try:
+        header = f.read(12)
+        if not header:
+            return None, 0, None
+        if len(header) < 12:
+            return None, 0, f"truncated record header ({len(header)} of 12 bytes)"
+        if _mask(crc(header[:8])) != _U32.unpack_from(header, 8)[0]:
+            return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
+        length = _U64.unpack_from(header)[0]
+        body = f.read(length + 4)
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip/zlib stream cut short or corrupt
+        return None, 0, f"unreadable compressed stream ({exc})"
+    if len(body) < length + 4:
+        return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
+    data = body[:length]
+    if _mask(crc(data)) != _U32.unpack_from(body, length)[0]:
+        return None, 16 + length, "data CRC mismatch"
+    return data, 16 + length, None
+
+
+def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
+          report: ReadReport | None, feature: str | None = None) -> None:
+    where = f"record {index} at byte offset {offset}" + (f", feature {feature!r}" if feature else "")
+    if on_error == "skip":
+        if report is not None:
+            report.skipped.append(SkippedRecord(path, where, reason))
+        return
+    raise FormatError(f"{path}: {where}: {reason}", path=path, offset=offset)
+
+
+def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:
+    """Frame serialized records (any payload) into one TFRecord file, atomically; returns ``path``."""
+    writer = _ShardWriter(path, True, normalize_compression(compression) or "none", None)
+    try:
+        for record in records:
+            writer.write(record)
+        return writer.close()[0]
+    except BaseException:
+        writer.abort()
+        raise
+
+
+_SUFFIXES = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
+
+
+def _stem(path: str) -> str:
+    """``path`` without a compression suffix (``.gz``, ``.zlib``)."""
+    return path.removesuffix(".gz").removesuffix(".zlib")
+
+
+class _ShardWriter:
+    """Writes framed records into shards, each via a temporary sibling renamed on close."""
+
+    def __init__(self, target: str, single: bool, compression: Compression, per_file: int | None) -> None:
+        self.target, self.single, self.compression, self.per_file = target, single, compression, per_file
+        self.done: list[str] = []
+        self.final = self.temp = ""
+        self.raw: IO[bytes] | None = None
+        self.stream: IO[bytes] | None = None
+        self.count = 0
+        self.crc = _crc32c()
+        if not single:
+            os.makedirs(target, exist_ok=True)
+
+    def _name(self, shard: int) -> str:
+        suffix = _SUFFIXES[self.compression]
+        if not self.single:
+            return os.path.join(self.target, f"part-{shard:05d}.tfrecord{suffix}")
+        if self.per_file is None:
+            return self.target
+        stem, ext = os.path.splitext(_stem(self.target))
+        return f"{stem}-{shard:05d}{ext}{suffix}"
+
+    def _open(self) -> None:
+        self.final = self._name(len(self.done))
+        self.temp = os.path.join(os.path.dirname(self.final) or ".",
+                                 f".{os.path.basename(self.final)}.tmp-{os.getpid()}")
+        self.raw = open(self.temp, "wb")  # noqa: SIM115
+        if self.compression == "gzip":
+            self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0)
+        else:
+            self.stream = ZlibWriter(self.raw) if self.compression == "zlib" else self.raw  # type: ignore[assignment]
+
+    def write(self, data: bytes) -> None:
+        if self.stream is None:
+            self._open()
+        length = _U64.pack(len(data))
+        self.stream.write(length + _U32.pack(_mask(self.crc(length))) + data  # type: ignore[union-attr]
+                          + _U32.pack(_mask(self.crc(data))))
+        self.count += 1
+        if self.per_file is not None and self.count == self.per_file:
+            self._finish()
+
+    def _close_streams(self) -> None:
+        for stream in (self.stream, self.raw):
+            if stream is not None:
+                stream.close()
+        self.stream = self.raw = None
+
+    def _finish(self) -> None:
+        self._close_streams()
+        os.replace(self.temp, self.final)
+        self.done.append(self.final)
+        self.count = 0
+
+    def close(self) -> list[str]:
+        if self.stream is None and not self.done:
+            self._open()  # no records: still write one (empty) file
+        if self.stream is not None:
+            self._finish()
+        return self.done
+
+    def abort(self) -> None:
+        if self.stream is not None:
+            self._close_streams()
+            os.remove(self.temp)

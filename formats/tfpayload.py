@@ -29,7 +29,8 @@ from unihub.formats.codecs import ScalarCodec, TensorCodec
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, check_on_error
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import encode_feature, ld, message_fields
-from unihub.formats.tfrecord import RowEncoder, _fail, _Mismatch, _Plan, _Stats, add_example, fields_from_stats
+from unihub.formats.tfio import _fail
+from unihub.formats.tfschema import RowEncoder, _Mismatch, _Plan, _Stats, add_example, fields_from_stats
 from unihub.formats.tfsequence import (
     LIST_PREFIX,
     ListStats,
@@ -329,7 +330,7 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
 
 def _context_encoders(context: Unischema, empty_as_null: Sequence[str]
                       ) -> Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]:
-    from unihub.formats.tfrecord import _encoders
+    from unihub.formats.tfschema import _encoders
 
     encoders = _encoders(context, empty_as_null)
     return lambda batch, row: [entry for name, empty, enc in encoders if name in batch

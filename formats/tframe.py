@@ -15,8 +15,7 @@ from typing import IO
 
 import numpy as np
 
-from unihub.formats.tfio import open_records
-from unihub.formats.tfrecord import _MASK_DELTA, _U32, _U64, _crc32c, _mask, _next_record, file_compression
+from unihub.formats.tfio import _MASK_DELTA, _U32, _U64, _crc32c, _mask, _next_record, file_compression, open_records
 
 __all__ = ["Block", "Error", "Framer"]
 

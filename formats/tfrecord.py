@@ -1,11 +1,10 @@
-"""TFRecord files of ``tf.train.Example`` records: infer a Unischema, read batches, write back.
+"""TFRecord files as a foreign format: infer a Unischema, read batches, write back.
 
-On disk a TFRecord file is a sequence of records, each framed as::
-
-    uint64 length (little endian) | uint32 masked_crc32c(length bytes) | data[length] | uint32 masked_crc32c(data)
-
-optionally inside one GZIP stream (TensorFlow's ``compression_type='GZIP'``). ``data`` is a
-serialized ``tf.train.Example``, parsed and written by :mod:`unihub.formats.tfexample`.
+Records are framed, checksummed and (de)compressed by :mod:`unihub.formats.tfio`; the files of a
+source are found by :mod:`unihub.formats.tffiles`. A record is a serialized ``tf.train.Example``
+(parsed and written by :mod:`unihub.formats.tfexample`, read a block at a time by
+:mod:`unihub.formats.tfbatch`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
+opaque bytes (:mod:`unihub.formats.tfpayload`).
 
 Neither TensorFlow nor the ``tfrecord`` package is imported (they clash in one process, see
 :mod:`unihub.formats.tfexample`), so this module works with either, both or neither
@@ -18,23 +17,13 @@ holding each row's shape, which :meth:`TFRecordFormat.infer_schema` and ``read_b
 
 from __future__ import annotations
 
-import decimal
-import gzip
 import os
-import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, partial
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
-import numpy as np
-import pyarrow as pa
-
-from unihub.dependencies import require
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
-from unihub.formats import dtypes, images
-from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
@@ -42,7 +31,6 @@ from unihub.formats.foreign import (
     OnError,
     ReadReport,
     SchemaOutgrown,
-    SkippedRecord,
     check_on_error,
     map_in_workers,
     parse_choice,
@@ -50,172 +38,38 @@ from unihub.formats.foreign import (
     python_columns,
     register_format,
 )
-from unihub.formats.schema import Shape, Unischema, UnischemaField
+from unihub.formats.schema import Unischema
 from unihub.formats.tfexample import (
     Feature,
-    encode_entries,
-    encode_example,  # noqa: F401  (re-exported: part of this module's API)
-    encode_feature,
-    encode_scalar,
-    ld,
     parse_example,
 )
 from unihub.formats.tffiles import Listing, list_files, named_like_tfrecord
-from unihub.formats.tfio import Compression, ZlibWriter, compression_of, normalize_compression, open_records
+from unihub.formats.tfio import (
+    _fail,
+    _header_ok,
+    _open,
+    _ShardWriter,
+    _stem,
+    iter_records,
+    normalize_compression,
+)
+from unihub.formats.tfschema import (
+    _merge_scans,
+    _Mismatch,
+    _Plan,
+    _Stats,
+    add_example,
+    empty_means_null,
+    example_encoder,
+    fields_from_stats,
+)
 
-SHAPE_SUFFIX = "/shape"
-_MASK_DELTA = 0xA282EAD8
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
 FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
 
 
-# -- framing -------------------------------------------------------------------------------
-def _crc32c() -> Any:
-    return require("crc32c", extra="tfrecord", purpose="TFRecord checksums").crc32c
-
-
-def masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of ``data``."""
-    return _mask(_crc32c()(data))
-
-
-def _mask(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def _header_ok(header: bytes) -> bool:
-    """True when 12 bytes are a record header whose length CRC holds."""
-    return masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
-
-
-def file_compression(path: str, compression: str | None) -> Compression:
-    """The compression of ``path``: the option's, or found from the file's bytes (see :mod:`tfio`)."""
-    return compression_of(path, compression, _header_ok)
-
-
-def _open(path: str, compression: str | None) -> IO[bytes]:
-    return open_records(path, file_compression(path, compression))
-
-
-def iter_records(path: str, *, compression: str | None = None, on_error: OnError = "raise",
-                 report: ReadReport | None = None) -> Iterator[tuple[int, int, bytes]]:
-    """``(record index, byte offset, data)`` for each record of one TFRecord file.
-
-    Offsets count uncompressed bytes. A bad data CRC skips one record; a truncated record or
-    a bad length CRC ends the file (nothing after it can be framed) -- with ``on_error='skip'``
-    both are noted in ``report``, otherwise they raise :class:`FormatError`.
-    """
-    crc = _crc32c()
-    index = offset = 0
-    with _open(path, compression) as f:
-        while True:
-            data, size, error = _next_record(f, crc)
-            if error is not None:
-                _fail(path, index, offset, error, on_error, report)
-                if not size:
-                    return  # the rest of the file cannot be framed
-            elif data is None:
-                return
-            else:
-                yield index, offset, data
-            index, offset = index + 1, offset + size
-
-
-def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]:
-    """``(data, framed size, error)``: ``(None, 0, None)`` at the end, size 0 when unframeable."""
-    try:
-        header = f.read(12)
-        if not header:
-            return None, 0, None
-        if len(header) < 12:
-            return None, 0, f"truncated record header ({len(header)} of 12 bytes)"
-        if _mask(crc(header[:8])) != _U32.unpack_from(header, 8)[0]:
-            return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
-        length = _U64.unpack_from(header)[0]
-        body = f.read(length + 4)
-    except (OSError, EOFError, zlib.error) as exc:  # a gzip/zlib stream cut short or corrupt
-        return None, 0, f"unreadable compressed stream ({exc})"
-    if len(body) < length + 4:
-        return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
-    data = body[:length]
-    if _mask(crc(data)) != _U32.unpack_from(body, length)[0]:
-        return None, 16 + length, "data CRC mismatch"
-    return data, 16 + length, None
-
-
-def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
-          report: ReadReport | None, feature: str | None = None) -> None:
-    where = f"record {index} at byte offset {offset}" + (f", feature {feature!r}" if feature else "")
-    if on_error == "skip":
-        if report is not None:
-            report.skipped.append(SkippedRecord(path, where, reason))
-        return
-    raise FormatError(f"{path}: {where}: {reason}", path=path, offset=offset)
-
-
 # -- schema inference ------------------------------------------------------------------------
-@dataclass
-class _Stats:
-    kinds: set[str] = field(default_factory=set)
-    present: int = 0
-    lengths: set[int] = field(default_factory=set)
-    images: set[str] = field(default_factory=set)
-    sizes: set[tuple[int, int, int]] = field(default_factory=set)
-    all_images: bool = True
-    utf8: bool = True
-    shapes: set[tuple[int, ...]] = field(default_factory=set)
-
-    def add(self, kind: str | None, values: Any) -> None:
-        self.present += 1
-        self.lengths.add(len(values))
-        if kind is None:
-            return
-        self.kinds.add(kind)
-        if kind == "bytes":
-            self.add_bytes(values)
-
-    def add_bytes(self, values: Iterable[bytes]) -> None:
-        """Look at bytes values (one feature's or many records'): images? UTF-8 text?"""
-        values = list(values)
-        if values and (self.all_images or self.utf8):
-            data = b"".join(values)
-            ends = np.cumsum([len(v) for v in values], dtype=np.int64)
-            self.add_byte_spans(np.frombuffer(data, np.uint8), data, ends - [len(v) for v in values], ends)
-
-    def add_byte_spans(self, arr: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
-        """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),
-        images grouped by header (:func:`images.image_sizes`) rather than parsed one by one."""
-        if self.all_images:
-            for size, fmt, _ in images.image_sizes(arr, starts, ends):
-                if size is None:
-                    self.all_images = False
-                    break
-                self.images.add(fmt or "png")
-                self.sizes.add(size)
-        if self.utf8:
-            view = memoryview(data)
-            for a, b in zip(starts.tolist(), ends.tolist()):
-                try:
-                    str(view[a:b], "utf-8")
-                except UnicodeDecodeError:
-                    self.utf8 = False
-                    break
-
-    def merge(self, other: _Stats) -> None:
-        """Add what ``other`` saw (the scans of two sets of records, as if one)."""
-        self.kinds |= other.kinds
-        self.present += other.present
-        self.lengths |= other.lengths
-        self.images |= other.images
-        self.sizes |= other.sizes
-        self.all_images = self.all_images and other.all_images
-        self.utf8 = self.utf8 and other.utf8
-        self.shapes |= other.shapes
-
-
 def _scan_files(options: dict[str, Any], files: list[str],
                 sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
     """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
@@ -231,75 +85,6 @@ def _scan_files(options: dict[str, Any], files: list[str],
         total += 1
         add_example(stats, example)
     return stats, total
-
-
-def add_example(stats: dict[str, _Stats], example: dict[str, Feature]) -> None:
-    """Count one parsed Example into the per-feature statistics of a schema scan."""
-    for name, (kind, values) in example.items():
-        stat = stats.setdefault(name, _Stats())
-        stat.add(kind, values)
-        if name.endswith(SHAPE_SUFFIX) and kind == "int64":
-            stat.shapes.add(tuple(int(v) for v in values))
-
-
-def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, _Stats], int]:
-    stats: dict[str, _Stats] = {}
-    for part, _ in parts:
-        for name, stat in part.items():
-            if name in stats:
-                stats[name].merge(stat)
-            else:
-                stats[name] = stat
-    return stats, sum(total for _, total in parts)
-
-
-def empty_means_null(stats: _Stats, total: int) -> bool:
-    """True when a feature holds one value or an empty list in every record (never absent): its field
-    is a nullable single value whose None stands for the empty list."""
-    return stats.lengths == {0, 1} and stats.present == total
-
-
-def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
-    """The fields of features seen with ``stats`` in ``total`` records, sorted by name; a ``<name>/shape``
-    feature beside ``<name>`` gives that field's shapes instead of being a field."""
-    sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
-    return [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
-            if n not in sidecars]
-
-
-def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
-    if len(stats.kinds) > 1:
-        raise SchemaError(f"TFRecord feature {name!r} holds {sorted(stats.kinds)} lists in different records; "
-                          f"give a schema file that says which to read")
-    kind = next(iter(stats.kinds), "bytes")
-    # one value or an empty list in every record: a nullable single value, None for the empty list
-    # (export writes it back as one); absent in some records and empty in others: a list, so that
-    # absent (None) and empty stay apart
-    empty_as_null = empty_means_null(stats, total)
-    nullable = stats.present < total or empty_as_null
-    lengths = stats.lengths - {0} if empty_as_null else stats.lengths
-    constant = next(iter(lengths)) if len(lengths) == 1 else None
-    if kind == "bytes":
-        if constant == 1 and stats.all_images and stats.images:
-            heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
-            dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
-            shape = dims[:2] if dims[2] == 1 else dims
-            codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
-            return UnischemaField(name, np.uint8, tuple(shape), codec, nullable)
-        dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
-        if constant == 1:
-            return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
-        return UnischemaField(name, dtype, (constant if constant else None,), None, nullable)
-    dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
-    if shape_stats is not None and shape_stats.kinds == {"int64"} and len(shape_stats.lengths) == 1:
-        shapes = shape_stats.shapes
-        rank = next(iter(shape_stats.lengths))
-        shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
-            dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(rank))
-        return UnischemaField(name, dtype, shape, TensorCodec(), nullable)
-    if constant == 1:
-        return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
-    return UnischemaField(name, dtype, (constant if constant else None,), TensorCodec(), nullable)
 
 
 # -- the format ------------------------------------------------------------------------------
@@ -568,255 +353,3 @@ class TFRecordFormat(ForeignFormat):
         except BaseException:
             writer.abort()
             raise
-
-
-# -- reading helpers -------------------------------------------------------------------------
-_ABSENT: Feature = (None, None)
-
-
-class _Mismatch(Exception):
-    def __init__(self, feature: str, reason: str) -> None:
-        super().__init__(reason)
-        self.feature, self.reason = feature, reason
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How one field is read from Examples: worked out once per read, not per record."""
-
-    field: UnischemaField
-    category: str  # "image" | "str" | "bytes" (scalars), "text" (lists), "scalar" | "tensor" (numbers)
-    dtype: np.dtype
-    size: int | None  # values per row for fixed shapes
-    text: bool = False  # read from a bytes list (category image, str, bytes or text)
-    single: bool = False  # one value per row (category image, str, bytes or scalar)
-
-    @classmethod
-    def of(cls, f: UnischemaField) -> _Plan:
-        text = f.numpy_dtype in (np.str_, np.bytes_) or not _numeric(f.numpy_dtype)
-        if isinstance(f.codec, CompressedImageCodec):
-            category = "image"
-        elif text:
-            category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
-        else:
-            category = "scalar" if f.shape == () else "tensor"
-        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None,
-                   category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"))
-
-    def read(self, example: dict[str, Feature]) -> Any:
-        """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
-        f = self.field
-        kind, values = example.get(f.name, _ABSENT)
-        if values is None or (not len(values) and (kind is None or self.single)):
-            if f.nullable:
-                return None
-            if values is None:
-                raise _Mismatch(f.name, "missing, and the field is not nullable")
-        category = self.category
-        if kind is not None and (kind == "bytes") != self.text:
-            raise _Mismatch(f.name, f"holds a {kind} list, the schema says {dtypes.dtype_name(f.numpy_dtype)}")
-        if self.single:
-            if len(values) != 1:
-                raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
-            if category != "str":
-                return values[0]
-        try:
-            if category == "str":
-                return values[0].decode("utf-8")
-            if category == "text":
-                array = np.empty(len(values), dtype=object)  # object, not "S": numpy strips trailing NULs
-                array[:] = [v.decode("utf-8") for v in values] if f.numpy_dtype is np.str_ else values
-            else:
-                array = np.asarray(values, dtype=self.dtype)
-        except UnicodeDecodeError as exc:
-            raise _Mismatch(f.name, f"not UTF-8 text: {exc}") from None
-        if self.size is not None:
-            if array.size != self.size:
-                raise _Mismatch(f.name, f"expected {self.size} values for shape {f.shape}, found {array.size}")
-            return array if category == "tensor" else array.reshape(f.shape)
-        return _reshape(f, array, example)
-
-    def column(self, values: list[Any]) -> Any:
-        """One batch's column from the values :meth:`read` returned."""
-        f = self.field
-        if self.category == "scalar":
-            if any(v is None for v in values):
-                return [None if v is None else f.numpy_dtype(v) for v in values]
-            return np.asarray(values, dtype=self.dtype)
-        if self.category == "tensor" and self.size is not None:
-            if any(v is None for v in values):
-                return [None if v is None else v.reshape(f.shape) for v in values]
-            return (np.concatenate(values) if values else np.empty(0, self.dtype)).reshape((-1, *f.shape))
-        return values
-
-
-def _numeric(dtype: Any) -> bool:
-    return isinstance(dtype, type) and issubclass(dtype, np.generic) and np.dtype(dtype).kind in "biuf"
-
-
-def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) -> np.ndarray:
-    sidecar = example.get(f.name + SHAPE_SUFFIX)
-    if sidecar is not None and sidecar[0] == "int64":
-        shape = tuple(int(d) for d in sidecar[1])
-        if len(shape) != len(f.shape) or any(d is not None and d != s for d, s in zip(f.shape, shape)) or \
-                int(np.prod(shape)) != array.size:
-            raise _Mismatch(f.name, f"{array.size} values with shape {shape} do not fit {f.shape}")
-        return array.reshape(shape)
-    if f.shape[0] is None and None not in f.shape[1:]:
-        inner = int(np.prod(f.shape[1:]))
-        if inner and array.size % inner == 0:
-            return array.reshape((-1, *f.shape[1:]))
-        raise _Mismatch(f.name, f"{array.size} values do not fill rows of shape {f.shape[1:]}")
-    raise _Mismatch(f.name, f"shape {f.shape} needs a {f.name + SHAPE_SUFFIX!r} feature with each row's shape")
-
-
-# -- writing helpers -------------------------------------------------------------------------
-RowEncoder = Callable[[Mapping[str, Any], int], bytes]
-
-
-def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = ()) -> RowEncoder:
-    """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
-    write None as an empty list, other None values leave their feature out."""
-    encoders = _encoders(schema, empty_as_null)
-
-    def encode(batch: Mapping[str, Any], row: int) -> bytes:
-        return encode_entries(entry for name, empty, enc in encoders if name in batch
-                              and ((value := batch[name][row]) is not None or empty) for entry in enc(value))
-
-    return encode
-
-
-def _encoders(schema: Unischema, empty_as_null: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
-    """``(field name, None is an empty list, value -> [(encoded key, feature), ...])`` for each field,
-    checked up front."""
-    out = []
-    for f in schema:
-        key = ld(1, f.name.encode())
-        if f.name in empty_as_null:
-            kind = "bytes" if not _numeric(f.numpy_dtype) or isinstance(f.codec, CompressedImageCodec) else \
-                "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
-            empty = [(key, encode_feature(kind, []))]
-        else:
-            empty = []
-        if isinstance(f.codec, CompressedImageCodec):
-            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
-                return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
-        elif not _numeric(f.numpy_dtype):
-            if f.numpy_dtype not in (np.str_, np.bytes_, decimal.Decimal):
-                raise SchemaError(f"field {f.name!r}: TFRecord stores numbers, bytes and strings, "
-                                  f"not {dtypes.dtype_name(f.numpy_dtype)}")
-
-            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
-                items = [v] if f.shape == () else list(np.asarray(v, dtype=object).ravel())
-                blobs = [bytes(i) if isinstance(i, (bytes, bytearray, memoryview)) else str(i).encode() for i in items]
-                return [(key, encode_feature("bytes", blobs))]
-        else:
-            kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
-            sidecar = ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
-                else None
-
-            def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
-                       sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
-                if shape == ():
-                    return [(key, encode_scalar(kind, v))]
-                array = np.asarray(v)
-                entries = [(key, encode_feature(kind, array.ravel()))]
-                return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
-        out.append((f.name, bool(empty), _or_empty(encode, empty)))
-    return out
-
-
-def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
-              empty: list[tuple[bytes, bytes]]) -> Callable[[Any], list[tuple[bytes, bytes]]]:
-    """``encode``, with None encoded as ``empty`` (an empty list feature)."""
-    if not empty:
-        return encode
-    return lambda value: empty if value is None else encode(value)
-
-
-def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:
-    """Frame serialized records (any payload) into one TFRecord file, atomically; returns ``path``."""
-    writer = _ShardWriter(path, True, normalize_compression(compression) or "none", None)
-    try:
-        for record in records:
-            writer.write(record)
-        return writer.close()[0]
-    except BaseException:
-        writer.abort()
-        raise
-
-
-_SUFFIXES = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
-
-
-def _stem(path: str) -> str:
-    """``path`` without a compression suffix (``.gz``, ``.zlib``)."""
-    return path.removesuffix(".gz").removesuffix(".zlib")
-
-
-class _ShardWriter:
-    """Writes framed records into shards, each via a temporary sibling renamed on close."""
-
-    def __init__(self, target: str, single: bool, compression: Compression, per_file: int | None) -> None:
-        self.target, self.single, self.compression, self.per_file = target, single, compression, per_file
-        self.done: list[str] = []
-        self.final = self.temp = ""
-        self.raw: IO[bytes] | None = None
-        self.stream: IO[bytes] | None = None
-        self.count = 0
-        self.crc = _crc32c()
-        if not single:
-            os.makedirs(target, exist_ok=True)
-
-    def _name(self, shard: int) -> str:
-        suffix = _SUFFIXES[self.compression]
-        if not self.single:
-            return os.path.join(self.target, f"part-{shard:05d}.tfrecord{suffix}")
-        if self.per_file is None:
-            return self.target
-        stem, ext = os.path.splitext(_stem(self.target))
-        return f"{stem}-{shard:05d}{ext}{suffix}"
-
-    def _open(self) -> None:
-        self.final = self._name(len(self.done))
-        self.temp = os.path.join(os.path.dirname(self.final) or ".",
-                                 f".{os.path.basename(self.final)}.tmp-{os.getpid()}")
-        self.raw = open(self.temp, "wb")  # noqa: SIM115
-        if self.compression == "gzip":
-            self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0)
-        else:
-            self.stream = ZlibWriter(self.raw) if self.compression == "zlib" else self.raw  # type: ignore[assignment]
-
-    def write(self, data: bytes) -> None:
-        if self.stream is None:
-            self._open()
-        length = _U64.pack(len(data))
-        self.stream.write(length + _U32.pack(_mask(self.crc(length))) + data  # type: ignore[union-attr]
-                          + _U32.pack(_mask(self.crc(data))))
-        self.count += 1
-        if self.per_file is not None and self.count == self.per_file:
-            self._finish()
-
-    def _close_streams(self) -> None:
-        for stream in (self.stream, self.raw):
-            if stream is not None:
-                stream.close()
-        self.stream = self.raw = None
-
-    def _finish(self) -> None:
-        self._close_streams()
-        os.replace(self.temp, self.final)
-        self.done.append(self.final)
-        self.count = 0
-
-    def close(self) -> list[str]:
-        if self.stream is None and not self.done:
-            self._open()  # no records: still write one (empty) file
-        if self.stream is not None:
-            self._finish()
-        return self.done
-
-    def abort(self) -> None:
-        if self.stream is not None:
-            self._close_streams()
-            os.remove(self.temp)

@@ -38,7 +38,7 @@ def _tensorflow() -> Any:
 
 def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every record of ``source`` (a TFRecordFormat) as TensorFlow reads it; see the module docstring."""
-    from unihub.formats.tfrecord import file_compression
+    from unihub.formats.tfio import file_compression
 
     tf = _tensorflow()
     forced = source.options.get("payload") or "auto"
@@ -60,7 +60,8 @@ def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
 def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                    **options: Any) -> Iterator[dict[str, Any]]:
     """The rows of a unihub dataset as :func:`reference_records` gives the records an export writes."""
-    from unihub.formats.tfrecord import TFRecordFormat, example_encoder
+    from unihub.formats.tfrecord import TFRecordFormat
+    from unihub.formats.tfschema import example_encoder
 
     written = TFRecordFormat.export_options(extra, schema)
     forced = options.get("payload") or "auto"

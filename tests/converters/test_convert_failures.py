@@ -14,17 +14,18 @@ from unihub import make_reader, open_dataset
 from unihub.converters import convert as convert_module
 from unihub.converters.convert import ProgressMeter, convert
 from unihub.errors import FormatError
+from unihub.formats import tfio
 from unihub.formats import tfrecord as tfr
 from unihub.formats.tfexample import encode_example, encode_feature
 
 
 def _tfrecord(path: Path, rows: int, bad: int | None = None) -> str:
     """``rows`` records of id + vec; record ``bad`` gets a data CRC that does not match."""
-    tfr.write_records(str(path), [encode_example({"id": encode_feature("int64", [i]),
+    tfio.write_records(str(path), [encode_example({"id": encode_feature("int64", [i]),
                                                   "vec": encode_feature("float", [i * 0.5] * 3)})
                                   for i in range(rows)])
     if bad is not None:
-        offsets = [offset for _, offset, _ in tfr.iter_records(str(path))]
+        offsets = [offset for _, offset, _ in tfio.iter_records(str(path))]
         data = bytearray(path.read_bytes())
         data[offsets[bad] + 14] ^= 0xFF  # inside the record's payload
         path.write_bytes(bytes(data))

@@ -18,7 +18,7 @@ import pytest
 from unihub import Unischema, open_dataset
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.formats import images
+from unihub.formats import images, tfio
 from unihub.formats import tfrecord as tfr
 from unihub.formats.schema import SCHEMA_METADATA_KEY
 from unihub.formats.tfexample import encode_example, encode_feature
@@ -56,7 +56,7 @@ def _write(directory: Path, rows: list[dict[str, tuple[str, Any]]], shards: int 
     for s in range(shards):
         examples = [encode_example({k: encode_feature(kind, v) for k, (kind, v) in row.items()})
                     for row in rows[s * per:(s + 1) * per]]
-        tfr.write_records(str(directory / f"part-{s:03d}.tfrecord"), examples)
+        tfio.write_records(str(directory / f"part-{s:03d}.tfrecord"), examples)
     return str(directory / "*.tfrecord")
 
 

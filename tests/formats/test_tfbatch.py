@@ -19,7 +19,8 @@ from unihub.errors import FormatError
 from unihub.formats import images, tfbatch, tframe
 from unihub.formats import tfrecord as tfr
 from unihub.formats.tfexample import encode_example, encode_feature, parse_example
-from unihub.formats.tfrecord import TFRecordFormat, iter_records, write_records
+from unihub.formats.tfio import iter_records, write_records
+from unihub.formats.tfrecord import TFRecordFormat
 
 REPO = Path(__file__).resolve().parents[2]
 

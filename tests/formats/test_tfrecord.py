@@ -20,13 +20,9 @@ from unihub.errors import CodecError, FormatError, SchemaError
 from unihub.formats import images
 from unihub.formats.codecs import CompressedImageCodec
 from unihub.formats.foreign import FORMATS, detect_format
-from unihub.formats.tfrecord import (
-    TFRecordFormat,
-    encode_example,
-    encode_feature,
-    iter_records,
-    write_records,
-)
+from unihub.formats.tfexample import encode_example, encode_feature
+from unihub.formats.tfio import iter_records, write_records
+from unihub.formats.tfrecord import TFRecordFormat
 
 REPO = Path(__file__).resolve().parents[2]
 needs_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")

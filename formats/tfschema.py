@@ -1,0 +1,320 @@
+"""``tf.train.Example`` features <-> Unischema fields: what a scan saw, the fields it implies, how a
+field is read from a parsed Example and written back as features.
+
+A scan counts, per feature, its kinds, lengths, presence, image headers and UTF-8-ness
+(:class:`_Stats`); :func:`fields_from_stats` turns that into fields (one value -> a scalar or an
+image, k values -> ``(k,)``, varying -> ``(None,)``, a ``<name>/shape`` feature -> each row's
+shape). :class:`_Plan` reads one field from a parsed Example; :func:`example_encoder` writes a row
+back as an Example. SequenceExample contexts use all of it too (:mod:`unihub.formats.tfsequence`).
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import SchemaError
+from unihub.formats import dtypes, images
+from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.formats.schema import Shape, Unischema, UnischemaField
+from unihub.formats.tfexample import Feature, encode_entries, encode_feature, encode_scalar, ld
+
+SHAPE_SUFFIX = "/shape"
+
+
+# -- what a scan saw ----------------------------------------------------------------------------
+@dataclass
+class _Stats:
+    kinds: set[str] = field(default_factory=set)
+    present: int = 0
+    lengths: set[int] = field(default_factory=set)
+    images: set[str] = field(default_factory=set)
+    sizes: set[tuple[int, int, int]] = field(default_factory=set)
+    all_images: bool = True
+    utf8: bool = True
+    shapes: set[tuple[int, ...]] = field(default_factory=set)
+
+    def add(self, kind: str | None, values: Any) -> None:
+        self.present += 1
+        self.lengths.add(len(values))
+        if kind is None:
+            return
+        self.kinds.add(kind)
+        if kind == "bytes":
+            self.add_bytes(values)
+
+    def add_bytes(self, values: Iterable[bytes]) -> None:
+        """Look at bytes values (one feature's or many records'): images? UTF-8 text?"""
+        values = list(values)
+        if values and (self.all_images or self.utf8):
+            data = b"".join(values)
+            ends = np.cumsum([len(v) for v in values], dtype=np.int64)
+            self.add_byte_spans(np.frombuffer(data, np.uint8), data, ends - [len(v) for v in values], ends)
+
+    def add_byte_spans(self, arr: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+        """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),
+        images grouped by header (:func:`images.image_sizes`) rather than parsed one by one."""
+        if self.all_images:
+            for size, fmt, _ in images.image_sizes(arr, starts, ends):
+                if size is None:
+                    self.all_images = False
+                    break
+                self.images.add(fmt or "png")
+                self.sizes.add(size)
+        if self.utf8:
+            view = memoryview(data)
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                try:
+                    str(view[a:b], "utf-8")
+                except UnicodeDecodeError:
+                    self.utf8 = False
+                    break
+
+    def merge(self, other: _Stats) -> None:
+        """Add what ``other`` saw (the scans of two sets of records, as if one)."""
+        self.kinds |= other.kinds
+        self.present += other.present
+        self.lengths |= other.lengths
+        self.images |= other.images
+        self.sizes |= other.sizes
+        self.all_images = self.all_images and other.all_images
+        self.utf8 = self.utf8 and other.utf8
+        self.shapes |= other.shapes
+
+
+def add_example(stats: dict[str, _Stats], example: dict[str, Feature]) -> None:
+    """Count one parsed Example into the per-feature statistics of a schema scan."""
+    for name, (kind, values) in example.items():
+        stat = stats.setdefault(name, _Stats())
+        stat.add(kind, values)
+        if name.endswith(SHAPE_SUFFIX) and kind == "int64":
+            stat.shapes.add(tuple(int(v) for v in values))
+
+
+def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, _Stats], int]:
+    stats: dict[str, _Stats] = {}
+    for part, _ in parts:
+        for name, stat in part.items():
+            if name in stats:
+                stats[name].merge(stat)
+            else:
+                stats[name] = stat
+    return stats, sum(total for _, total in parts)
+
+
+def empty_means_null(stats: _Stats, total: int) -> bool:
+    """True when a feature holds one value or an empty list in every record (never absent): its field
+    is a nullable single value whose None stands for the empty list."""
+    return stats.lengths == {0, 1} and stats.present == total
+
+
+def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
+    """The fields of features seen with ``stats`` in ``total`` records, sorted by name; a ``<name>/shape``
+    feature beside ``<name>`` gives that field's shapes instead of being a field."""
+    sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
+    return [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
+            if n not in sidecars]
+
+
+def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
+    if len(stats.kinds) > 1:
+        raise SchemaError(f"TFRecord feature {name!r} holds {sorted(stats.kinds)} lists in different records; "
+                          f"give a schema file that says which to read")
+    kind = next(iter(stats.kinds), "bytes")
+    # one value or an empty list in every record: a nullable single value, None for the empty list
+    # (export writes it back as one); absent in some records and empty in others: a list, so that
+    # absent (None) and empty stay apart
+    empty_as_null = empty_means_null(stats, total)
+    nullable = stats.present < total or empty_as_null
+    lengths = stats.lengths - {0} if empty_as_null else stats.lengths
+    constant = next(iter(lengths)) if len(lengths) == 1 else None
+    if kind == "bytes":
+        if constant == 1 and stats.all_images and stats.images:
+            heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
+            dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
+            shape = dims[:2] if dims[2] == 1 else dims
+            codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
+            return UnischemaField(name, np.uint8, tuple(shape), codec, nullable)
+        dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
+        if constant == 1:
+            return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
+        return UnischemaField(name, dtype, (constant if constant else None,), None, nullable)
+    dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
+    if shape_stats is not None and shape_stats.kinds == {"int64"} and len(shape_stats.lengths) == 1:
+        shapes = shape_stats.shapes
+        rank = next(iter(shape_stats.lengths))
+        shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
+            dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(rank))
+        return UnischemaField(name, dtype, shape, TensorCodec(), nullable)
+    if constant == 1:
+        return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
+    return UnischemaField(name, dtype, (constant if constant else None,), TensorCodec(), nullable)
+
+
+# -- reading helpers -------------------------------------------------------------------------
+_ABSENT: Feature = (None, None)
+
+
+class _Mismatch(Exception):
+    def __init__(self, feature: str, reason: str) -> None:
+        super().__init__(reason)
+        self.feature, self.reason = feature, reason
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one field is read from Examples: worked out once per read, not per record."""
+
+    field: UnischemaField
+    category: str  # "image" | "str" | "bytes" (scalars), "text" (lists), "scalar" | "tensor" (numbers)
+    dtype: np.dtype
+    size: int | None  # values per row for fixed shapes
+    text: bool = False  # read from a bytes list (category image, str, bytes or text)
+    single: bool = False  # one value per row (category image, str, bytes or scalar)
+
+    @classmethod
+    def of(cls, f: UnischemaField) -> _Plan:
+        text = f.numpy_dtype in (np.str_, np.bytes_) or not _numeric(f.numpy_dtype)
+        if isinstance(f.codec, CompressedImageCodec):
+            category = "image"
+        elif text:
+            category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
+        else:
+            category = "scalar" if f.shape == () else "tensor"
+        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None,
+                   category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"))
+
+    def read(self, example: dict[str, Feature]) -> Any:
+        """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
+        f = self.field
+        kind, values = example.get(f.name, _ABSENT)
+        if values is None or (not len(values) and (kind is None or self.single)):
+            if f.nullable:
+                return None
+            if values is None:
+                raise _Mismatch(f.name, "missing, and the field is not nullable")
+        category = self.category
+        if kind is not None and (kind == "bytes") != self.text:
+            raise _Mismatch(f.name, f"holds a {kind} list, the schema says {dtypes.dtype_name(f.numpy_dtype)}")
+        if self.single:
+            if len(values) != 1:
+                raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
+            if category != "str":
+                return values[0]
+        try:
+            if category == "str":
+                return values[0].decode("utf-8")
+            if category == "text":
+                array = np.empty(len(values), dtype=object)  # object, not "S": numpy strips trailing NULs
+                array[:] = [v.decode("utf-8") for v in values] if f.numpy_dtype is np.str_ else values
+            else:
+                array = np.asarray(values, dtype=self.dtype)
+        except UnicodeDecodeError as exc:
+            raise _Mismatch(f.name, f"not UTF-8 text: {exc}") from None
+        if self.size is not None:
+            if array.size != self.size:
+                raise _Mismatch(f.name, f"expected {self.size} values for shape {f.shape}, found {array.size}")
+            return array if category == "tensor" else array.reshape(f.shape)
+        return _reshape(f, array, example)
+
+    def column(self, values: list[Any]) -> Any:
+        """One batch's column from the values :meth:`read` returned."""
+        f = self.field
+        if self.category == "scalar":
+            if any(v is None for v in values):
+                return [None if v is None else f.numpy_dtype(v) for v in values]
+            return np.asarray(values, dtype=self.dtype)
+        if self.category == "tensor" and self.size is not None:
+            if any(v is None for v in values):
+                return [None if v is None else v.reshape(f.shape) for v in values]
+            return (np.concatenate(values) if values else np.empty(0, self.dtype)).reshape((-1, *f.shape))
+        return values
+
+
+def _numeric(dtype: Any) -> bool:
+    return isinstance(dtype, type) and issubclass(dtype, np.generic) and np.dtype(dtype).kind in "biuf"
+
+
+def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) -> np.ndarray:
+    sidecar = example.get(f.name + SHAPE_SUFFIX)
+    if sidecar is not None and sidecar[0] == "int64":
+        shape = tuple(int(d) for d in sidecar[1])
+        if len(shape) != len(f.shape) or any(d is not None and d != s for d, s in zip(f.shape, shape)) or \
+                int(np.prod(shape)) != array.size:
+            raise _Mismatch(f.name, f"{array.size} values with shape {shape} do not fit {f.shape}")
+        return array.reshape(shape)
+    if f.shape[0] is None and None not in f.shape[1:]:
+        inner = int(np.prod(f.shape[1:]))
+        if inner and array.size % inner == 0:
+            return array.reshape((-1, *f.shape[1:]))
+        raise _Mismatch(f.name, f"{array.size} values do not fill rows of shape {f.shape[1:]}")
+    raise _Mismatch(f.name, f"shape {f.shape} needs a {f.name + SHAPE_SUFFIX!r} feature with each row's shape")
+
+
+# -- writing helpers -------------------------------------------------------------------------
+RowEncoder = Callable[[Mapping[str, Any], int], bytes]
+
+
+def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = ()) -> RowEncoder:
+    """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
+    write None as an empty list, other None values leave their feature out."""
+    encoders = _encoders(schema, empty_as_null)
+
+    def encode(batch: Mapping[str, Any], row: int) -> bytes:
+        return encode_entries(entry for name, empty, enc in encoders if name in batch
+                              and ((value := batch[name][row]) is not None or empty) for entry in enc(value))
+
+    return encode
+
+
+def _encoders(schema: Unischema, empty_as_null: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
+    """``(field name, None is an empty list, value -> [(encoded key, feature), ...])`` for each field,
+    checked up front."""
+    out = []
+    for f in schema:
+        key = ld(1, f.name.encode())
+        if f.name in empty_as_null:
+            kind = "bytes" if not _numeric(f.numpy_dtype) or isinstance(f.codec, CompressedImageCodec) else \
+                "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
+            empty = [(key, encode_feature(kind, []))]
+        else:
+            empty = []
+        if isinstance(f.codec, CompressedImageCodec):
+            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+                return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
+        elif not _numeric(f.numpy_dtype):
+            if f.numpy_dtype not in (np.str_, np.bytes_, decimal.Decimal):
+                raise SchemaError(f"field {f.name!r}: TFRecord stores numbers, bytes and strings, "
+                                  f"not {dtypes.dtype_name(f.numpy_dtype)}")
+
+            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+                items = [v] if f.shape == () else list(np.asarray(v, dtype=object).ravel())
+                blobs = [bytes(i) if isinstance(i, (bytes, bytearray, memoryview)) else str(i).encode() for i in items]
+                return [(key, encode_feature("bytes", blobs))]
+        else:
+            kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
+            sidecar = ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
+                else None
+
+            def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
+                       sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
+                if shape == ():
+                    return [(key, encode_scalar(kind, v))]
+                array = np.asarray(v)
+                entries = [(key, encode_feature(kind, array.ravel()))]
+                return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
+        out.append((f.name, bool(empty), _or_empty(encode, empty)))
+    return out
+
+
+def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
+              empty: list[tuple[bytes, bytes]]) -> Callable[[Any], list[tuple[bytes, bytes]]]:
+    """``encode``, with None encoded as ``empty`` (an empty list feature)."""
+    if not empty:
+        return encode
+    return lambda value: empty if value is None else encode(value)
