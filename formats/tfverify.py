@@ -33,6 +33,8 @@ _TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 
 def _tensorflow() -> Any:
+    # TensorFlow's C++ info and warning lines would fill verify's output; a level the user set wins
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
 
 
