@@ -296,7 +296,7 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
 
     def batches() -> Iterator[ColumnBatch]:
         with make_batch_reader(store, schema_fields=list(schema.fields), shuffle_row_groups=False,
-                               decode_images=False, workers_count=2, float_nulls="none") as reader:
+                               decode_images=False, workers_count=2, petastorm_types=False) as reader:
             names = list(reader.schema.fields)  # field names need not be identifiers (``image.png``)
             for batch in reader:
                 yield dict(zip(names, batch))

@@ -240,6 +240,8 @@ class ScalarCodec(Codec):
         return value
 
     def decode(self, field: UnischemaField, value: Any) -> Any:
+        if field.numpy_dtype is np.bytes_ and isinstance(value, str):  # bytes stored as a Spark string
+            return value.encode("utf-8")
         if field.numpy_dtype in (np.str_, np.bytes_, np.object_) or not issubclass(field.numpy_dtype, np.generic):
             return value
         return field.numpy_dtype(value)
@@ -266,6 +268,8 @@ class ScalarCodec(Codec):
         array = column_as_array(column)
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
+        if field.numpy_dtype is np.bytes_ and pa.types.is_string(array.type):
+            array = array.cast(pa.binary())  # np.bytes_ as a Spark string (Petastorm's np.string_): bytes
         if pa.types.is_decimal(array.type):
             if field.dtype == object:
                 return _with_nulls(array.to_pylist(), None)

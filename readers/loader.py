@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
-from unihub.formats.codecs import CompressedImageCodec, column_as_array
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
+from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
 from unihub.readers.plan import ReadTask, task_rows
 
 if TYPE_CHECKING:
@@ -44,29 +44,6 @@ class Batch:
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
         return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group)
-
-
-def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, decode_images: bool = True,
-                  null_floats_as_nan: bool = False) -> Any:
-    """One stored column to numpy through the field's codec (codec-less fields as lists).
-
-    A null is None (in an object array), except with ``null_floats_as_nan`` (datasets Petastorm
-    wrote) in a floating-point scalar field: NaN of the field's dtype, as Petastorm decodes it.
-    """
-    if null_floats_as_nan and f.shape == () and f.dtype.kind == "f" and f.codec is not None:
-        values = f.codec.decode_column(f, column)
-        if values.dtype == object:  # some null: None -> NaN, the field's dtype kept
-            values[np.equal(values, None)] = np.nan
-            values = values.astype(f.dtype)
-        return values
-    if f.codec is None:
-        array = column_as_array(column)
-        values = np.empty(len(array), dtype=object)
-        values[:] = array.to_pylist() if len(array) else []
-        return values
-    if isinstance(f.codec, CompressedImageCodec) and not decode_images:
-        return f.codec.decode_column(f, column, decode=False)
-    return f.codec.decode_column(f, column)
 
 
 def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
@@ -94,8 +71,8 @@ class RowGroupLoader:
     #: rows read past the end of a task cut from a row group in natural order (NGram length - 1),
     #: so that windows starting in the task are whole; Petastorm does the same
     window_overlap: int = 0
-    #: a null in a float scalar field as NaN (Petastorm's decoding) rather than None
-    null_floats_as_nan: bool = False
+    #: Petastorm's types or unihub's (nulls, uniform lists; see readers/decode.py)
+    policy: DecodePolicy = UNIHUB
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
@@ -129,7 +106,7 @@ class RowGroupLoader:
             assert table is not None
             try:
                 columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images,
-                                                null_floats_as_nan=self.null_floats_as_nan)
+                                                policy=self.policy)
             except CodecError as exc:
                 raise _located(exc, info, rows) from exc
         batch = Batch(columns, num_rows, task.row_group, own_rows)
@@ -160,8 +137,7 @@ class RowGroupLoader:
                 if name not in by_name:
                     raise SchemaError(f"predicate uses field {name!r}, which is not in the dataset; "
                                       f"fields: {list(by_name)}")
-                decoded[name] = decode_column(by_name[name], pre.column(name),
-                                              null_floats_as_nan=self.null_floats_as_nan)
+                decoded[name] = decode_column(by_name[name], pre.column(name), policy=self.policy)
             keep &= np.asarray(self.predicate.evaluate(decoded, pre.num_rows), dtype=bool)
         wanted = {f.name for f in self.fields}
         for name in list(decoded):

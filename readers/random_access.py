@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
-from unihub.readers.loader import decode_column
-from unihub.readers.reader import FloatNulls, _resolve_fields
+from unihub.readers.decode import DecodePolicy, decode_column
+from unihub.readers.reader import _resolve_fields
 
 
 class Dataset:
@@ -28,10 +28,10 @@ class Dataset:
 
     def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
                  decode_images: bool = True, cached_row_groups: int = 4, storage_options: dict[str, Any] | None = None,
-                 filesystem: Any = None, float_nulls: FloatNulls = "auto") -> None:
+                 filesystem: Any = None, petastorm_types: bool | None = None) -> None:
         self.store = url if isinstance(url, ParquetStore) else open_dataset(
             url, storage_options=storage_options, filesystem=filesystem)
-        self._nan_nulls = float_nulls == "nan" or (float_nulls == "auto" and self.store.schema_source == "petastorm")
+        self._policy = DecodePolicy.for_store(self.store.schema_source, petastorm_types, batched=True)
         fields, ngram = _resolve_fields(self.store.schema, schema_fields)
         if ngram is not None:
             raise TypeError("random access takes field names, not an NGram")
@@ -69,7 +69,7 @@ class Dataset:
             local = idx[where] - offsets[group]
             table = self._row_group(int(group)).take(pa.array(local))
             pieces.append({f.name: decode_column(f, table.column(f.name), decode_images=self.decode_images,
-                                                 null_floats_as_nan=self._nan_nulls)
+                                                 policy=self._policy)
                            for f in self.schema})
             order.append(where)
         positions = np.argsort(np.concatenate(order)) if order else np.empty(0, np.int64)

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,17 +30,13 @@ from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, make_cache
+from unihub.readers.decode import DecodePolicy
 from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType
 
 STATE_VERSION = 1
-
-
-#: how a null in a float scalar field is read: "auto" is NaN (of the field's dtype) in datasets
-#: Petastorm wrote, as Petastorm reads them, and None in unihub's own; "nan" and "none" force one
-FloatNulls = Literal["auto", "nan", "none"]
 
 
 class ReaderStateError(UnihubError, ValueError):
@@ -58,11 +54,9 @@ class Reader:
                  shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
-                 resume_from: dict[str, Any] | None = None, float_nulls: FloatNulls = "auto") -> None:
+                 resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None) -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
             raise UnihubError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
-        if float_nulls not in ("auto", "nan", "none"):
-            raise UnihubError(f"float_nulls must be 'auto', 'nan' or 'none', got {float_nulls!r}")
         self.store = store
         self.batched = batched
         self.ngram = ngram
@@ -89,8 +83,8 @@ class Reader:
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
                                       cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
-                                      null_floats_as_nan=float_nulls == "nan" or (
-                                          float_nulls == "auto" and store.schema_source == "petastorm"))
+                                      policy=DecodePolicy.for_store(store.schema_source, petastorm_types,
+                                                                    batched=batched))
         if workers_count is None:
             workers_count = default_workers_count(store)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
@@ -341,6 +335,11 @@ class Reader:
         return self.batched
 
     @property
+    def petastorm_types(self) -> bool:
+        """True when this reader decodes with Petastorm's types (nulls as NaN, uniform lists stacked)."""
+        return self._loader.policy.petastorm
+
+    @property
     def num_rows_per_epoch(self) -> int | None:
         """Rows one epoch delivers, when known (no predicate, filters or n-grams)."""
         if self._predicate is not None or self._filters is not None or self.ngram is not None:
@@ -433,8 +432,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           cache_location: str | None = None, cache_size_limit: int | None = None,
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
-          decode_images: bool = True, resume_from: dict[str, Any] | None = None, float_nulls: FloatNulls = "auto",
-          **ignored: Any) -> Reader:
+          decode_images: bool = True, resume_from: dict[str, Any] | None = None,
+          petastorm_types: bool | None = None, **ignored: Any) -> Reader:
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
@@ -461,7 +460,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   cur_shard=cur_shard, shard_count=shard_count, shard_by=shard_by, shard_remainder=shard_remainder,
                   reader_pool_type=reader_pool_type, workers_count=workers_count,
                   results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
-                  resume_from=resume_from, float_nulls=float_nulls)
+                  resume_from=resume_from, petastorm_types=petastorm_types)
 
 
 def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
@@ -476,8 +475,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
-    ``float_nulls`` (a null float scalar: ``'auto'`` NaN in datasets Petastorm wrote, as Petastorm
-    reads them, None in unihub's; ``'nan'`` or ``'none'`` to choose).
+    ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
+    wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``).
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 

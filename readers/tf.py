@@ -38,6 +38,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import SchemaError, UnihubError
+from unihub.formats.validation import shape_matches
 from unihub.readers.reader import Reader, make_batch_reader
 
 if TYPE_CHECKING:
@@ -69,8 +70,11 @@ class _FieldPlan:
         return self.field.name
 
 
-def _plan_field(field: UnischemaField) -> _FieldPlan:
-    """The transport plan of one field, or a SchemaError when TensorFlow has no type for it."""
+def _plan_field(field: UnischemaField, dense_lists: bool = False) -> _FieldPlan:
+    """The transport plan of one field, or a SchemaError when TensorFlow has no type for it.
+
+    ``dense_lists`` (a reader with Petastorm's types): a 1-D list of numbers travels as a dense
+    ``(n, k)`` tensor, as Petastorm's datasets give it, not a RaggedTensor."""
     tf = _tf()
     kind = field.numpy_dtype
     if kind is decimal.Decimal or kind in (np.str_, np.bytes_):
@@ -88,6 +92,8 @@ def _plan_field(field: UnischemaField) -> _FieldPlan:
             raise SchemaError(f"field {field.name!r}: numpy dtype {np_dtype} has no TensorFlow type; leave it out "
                               "with schema_fields= or convert it with a TransformSpec") from exc
     none_dims = [i for i, d in enumerate(field.shape) if d is None]
+    if dense_lists and field.shape == (None,) and np_dtype is not None:
+        none_dims = []
     return _FieldPlan(field, tf_dtype, np_dtype, none_dims[-1] + 1 if none_dims else 0)
 
 
@@ -121,7 +127,7 @@ def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
         if any(v is None for v in values):
             raise _null_error(plan.name)
         if plan.np_dtype is not None and not plan.ragged_rank:
-            columns[plan.name] = np.stack(values) if plan.field.shape else np.asarray(values)
+            columns[plan.name] = _stacked(plan, values) if plan.field.shape else np.asarray(values)
         else:
             column = np.empty(len(values), dtype=object)
             for i, value in enumerate(values):
@@ -203,8 +209,19 @@ def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
     if column.dtype.kind in "mM":
         return column.view(np.int64)
     if column.dtype == object:  # fixed-shape arrays one per row
-        column = np.stack(list(column)) if len(column) else np.empty((0, *plan.field.shape), plan.np_dtype)
+        column = _stacked(plan, list(column)) if len(column) else np.empty(
+            (0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
     return column.astype(plan.np_dtype, copy=False)
+
+
+def _stacked(plan: _FieldPlan, values: Sequence[Any]) -> np.ndarray:
+    """One array of the rows' arrays; rows of different shapes are a SchemaError saying what to do."""
+    try:
+        return np.stack(values)
+    except ValueError:
+        raise SchemaError(f"field {plan.name!r}: rows of different lengths ({sorted({np.shape(v) for v in values})[:4]}) "
+                          "in a field read as a dense tensor, as Petastorm reads lists; read with "
+                          "petastorm_types=False to get a RaggedTensor") from None
 
 
 def _encode(plans: Sequence[_FieldPlan], columns: Columns) -> tuple[np.ndarray, ...]:
@@ -214,7 +231,7 @@ def _encode(plans: Sequence[_FieldPlan], columns: Columns) -> tuple[np.ndarray, 
         column = columns[plan.name]
         if not plan.ragged_rank:
             values = _encode_values(plan, column)
-            if values.shape[1:] != plan.field.shape:
+            if not shape_matches(values.shape[1:], plan.field.shape):
                 raise SchemaError(f"field {plan.name!r}: values of shape {values.shape[1:]} where the schema "
                                   f"says {plan.field.shape}")
             out.append(values)
@@ -309,7 +326,7 @@ def _check_reader(reader: Any) -> list[_FieldPlan]:
     if reader.ngram is not None:
         raise UnihubError("NGram readers yield windows of rows, which have no tf.data structure here; "
                           "read the fields with schema_fields= names instead")
-    return [_plan_field(f) for f in reader.schema]
+    return [_plan_field(f, dense_lists=getattr(reader, "petastorm_types", False)) for f in reader.schema]
 
 
 def make_petastorm_dataset(reader: Reader) -> Any:

@@ -117,7 +117,7 @@ def test_null_floats_read_as_petastorm_reads_them(tmp_path: Path) -> None:
     ids = np.concatenate([b.id for b in batches])
     assert scores.dtype == np.float64 and np.isnan(scores[ids % 5 == 0]).all() and not np.isnan(scores[ids % 5 != 0]).any()
     assert np.isnan(Dataset(url).take([0]).score[0])
-    with make_reader(url, schema_fields=["id", "score"], float_nulls="none", workers_count=1) as reader:
+    with make_reader(url, schema_fields=["id", "score"], petastorm_types=False, workers_count=1) as reader:
         assert all((r.score is None) == (r.id % 5 == 0) for r in reader)
     # a conversion keeps the nulls as nulls, not NaN
     convert(url, tmp_path / "copy")
@@ -126,8 +126,9 @@ def test_null_floats_read_as_petastorm_reads_them(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "copy", columns=["id", "score"])
     assert table.column("score").null_count == 12 and not np.isnan(table.column("score").drop_null().to_numpy()).any()
     assert verify(url, tmp_path / "copy").equal
-    # unihub's own datasets keep None; float_nulls='nan' reads them the Petastorm way
+    # unihub's own datasets keep None; petastorm_types=True reads them the Petastorm way
     with make_reader(str(tmp_path / "copy"), schema_fields=["id", "score"], workers_count=1) as reader:
         assert all((r.score is None) == (r.id % 5 == 0) for r in reader)
-    with make_reader(str(tmp_path / "copy"), schema_fields=["id", "score"], workers_count=1, float_nulls="nan") as reader:
+    with make_reader(str(tmp_path / "copy"), schema_fields=["id", "score"], workers_count=1,
+                     petastorm_types=True) as reader:
         assert all(np.isnan(r.score) == (r.id % 5 == 0) for r in reader)

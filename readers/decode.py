@@ -1,0 +1,100 @@
+"""One stored Arrow column -> the numpy values readers hand out, with Petastorm's types where asked.
+
+Every field decodes through its codec. A field *without* a codec (common in Petastorm schemas:
+``UnischemaField('id', np.int64, ())``) decodes as Petastorm decodes it too: scalars as arrays of
+the field's numpy dtype (``uint8`` stored as a Spark short comes back ``uint8``), ``np.bytes_``
+as bytes, one level of numbers as typed arrays; deeper lists stay Python lists.
+
+**Petastorm's types** (:class:`DecodePolicy` ``petastorm=True``: the default for datasets Petastorm
+wrote and plain Parquet, which is what Petastorm's readers read) differ in two places, both
+from Petastorm reading through pandas:
+
+- nulls: a null float is NaN of the field's dtype (rows and batches); in batches a nullable
+  integer column with nulls is float64 with NaN (rows keep None, as Petastorm's rows do);
+- lists: in batches, a variable-length 1-D list column whose rows all have one length is one
+  ``(n, k)`` array (Petastorm stacks them), not an object array of arrays.
+
+unihub's own datasets keep None for nulls and object arrays for ``None`` dims, so a value's type
+never depends on its batch's contents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
+from unihub.formats.schema import UnischemaField
+
+
+@dataclass(frozen=True)
+class DecodePolicy:
+    """How a reader decodes: Petastorm's types or unihub's (see the module docstring)."""
+
+    petastorm: bool = False
+    #: the columns are the output (batches, random access), not rows cut from them
+    batched: bool = False
+
+    @classmethod
+    def for_store(cls, schema_source: str, petastorm_types: bool | None, *, batched: bool) -> DecodePolicy:
+        """``petastorm_types=None``: Petastorm's types for datasets Petastorm wrote and plain Parquet."""
+        petastorm = schema_source in ("petastorm", "inferred") if petastorm_types is None else bool(petastorm_types)
+        return cls(petastorm, batched)
+
+
+UNIHUB = DecodePolicy()
+
+
+def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, decode_images: bool = True,
+                  policy: DecodePolicy = UNIHUB) -> Any:
+    """One stored column as numpy values of field ``f`` (see the module docstring)."""
+    if f.codec is None:
+        values = _codecless(f, column)
+    elif isinstance(f.codec, CompressedImageCodec) and not decode_images:
+        return f.codec.decode_column(f, column, decode=False)
+    else:
+        values = f.codec.decode_column(f, column)
+    return _as_petastorm(f, values, policy) if policy.petastorm else values
+
+
+def _codecless(f: UnischemaField, column: pa.Array | pa.ChunkedArray) -> Any:
+    array = column_as_array(column)
+    if f.shape == () and _is_scalar_type(f.numpy_dtype) and not pa.types.is_nested(array.type):
+        return ScalarCodec(array.type).decode_column(f, array)  # typed, as Petastorm's numpy_dtype(value)
+    values = np.empty(len(array), dtype=object)
+    values[:] = array.to_pylist() if len(array) else []
+    if len(f.shape) == 1 and f.dtype.kind in "biuf" and _is_flat_list(array.type):
+        values[:] = [None if v is None else np.asarray(v, dtype=f.dtype) for v in values]
+    return values
+
+
+def _is_scalar_type(numpy_dtype: Any) -> bool:
+    return isinstance(numpy_dtype, type) and (issubclass(numpy_dtype, np.generic) or numpy_dtype.__name__ == "Decimal")
+
+
+def _is_flat_list(arrow_type: pa.DataType) -> bool:
+    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or
+            pa.types.is_fixed_size_list(arrow_type)) and not pa.types.is_nested(arrow_type.value_type)
+
+
+def _as_petastorm(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:
+    """Petastorm's types: NaN for null floats (and, in batches, ints), stacked uniform 1-D lists."""
+    if not isinstance(values, np.ndarray) or values.dtype != object or not len(values):
+        return values
+    if f.shape == () and f.dtype.kind in "fiu":
+        nulls = np.equal(values, None)
+        if not nulls.any():
+            return values.astype(f.dtype)
+        if f.dtype.kind == "f" or policy.batched:
+            values = values.copy()
+            values[nulls] = np.nan
+            return values.astype(f.dtype if f.dtype.kind == "f" else np.float64)
+        return values
+    if policy.batched and len(f.shape) == 1 and f.dtype.kind in "biuf":
+        lengths = {len(v) if isinstance(v, np.ndarray) and v.ndim == 1 else -1 for v in values}
+        if len(lengths) == 1 and -1 not in lengths:
+            return np.stack(list(values)).astype(f.dtype, copy=False)
+    return values

@@ -1,0 +1,139 @@
+"""Types as Petastorm gives them, on a dataset real Petastorm 0.13.1 wrote (``fixtures/petastorm/codecless``,
+made by ``make_codecless.py``): scalars declared without a codec, ``np.bytes_`` with and without
+``ScalarCodec(StringType())``, nullable numbers, and what Petastorm's own readers and PyTorch loaders
+returned for it (``codecless_expected.pkl``)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import Dataset, make_batch_reader, make_reader
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+URL = str(FIXTURES / "codecless")
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, Any]:
+    with open(FIXTURES / "codecless_expected.pkl", "rb") as handle:
+        return pickle.load(handle)
+
+
+def _same(found: Any, described: tuple, where: str) -> None:
+    """``found`` is what Petastorm's ``described`` value was: type, dtype and value (NaN equal to NaN)."""
+    kind, dtype, *value = described
+    if kind == "NoneType":
+        assert found is None, where
+    elif kind == "ndarray":
+        shape, items = value
+        assert isinstance(found, np.ndarray) and found.shape == tuple(shape), where
+        assert found.dtype.kind == np.dtype(dtype).kind and found.tolist() == items, where
+    else:
+        assert isinstance(found, np.generic) and found.dtype == np.dtype(dtype), (where, found, dtype)
+        item = value[0]
+        assert found.item() == item or (isinstance(item, float) and np.isnan(item) and np.isnan(found)), where
+
+
+def test_rows_have_petastorms_types(expected: dict[str, Any]) -> None:
+    with make_reader(URL, shuffle_row_groups=False, workers_count=1) as reader:
+        rows = {int(r.id): r._asdict() for r in reader}
+    assert sorted(rows) == sorted(expected["rows"])
+    for row_id, fields in expected["rows"].items():
+        for name, described in fields.items():
+            found, text = rows[row_id][name], described[0] == "generic" and described[1][1] in "US"
+            if text:  # Petastorm's np.str_ / np.bytes_ scalars: str / bytes of the same value
+                assert isinstance(found, str if described[1][1] == "U" else bytes), (row_id, name)
+                assert found == described[2], (row_id, name)
+            else:
+                _same(found, described, f"{row_id}/{name}")
+
+
+def _columns(reader: Any) -> dict[str, np.ndarray]:
+    batches = [b._asdict() for b in reader]
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def test_batches_have_petastorms_types_where_they_keep_the_declared_type(expected: dict[str, Any]) -> None:
+    with make_batch_reader(URL, shuffle_row_groups=False, workers_count=1) as reader:
+        got = _columns(reader)
+    petastorm = {name: np.concatenate([np.array(part[3], dtype=np.dtype(part[1]) if part[1] != "|O" else object)
+                                       for part in parts]) for name, parts in expected["batches"].items()}
+    for name in ("id", "i16", "f32", "f64n", "i32n", "flag", "label"):  # the same dtype and values, NaN included
+        assert got[name].dtype == petastorm[name].dtype, name
+        np.testing.assert_array_equal(got[name], petastorm[name], err_msg=name)
+    # documented differences: the declared dtype where Petastorm's pandas path lost it
+    assert petastorm["u8"].dtype == np.int16 and got["u8"].dtype == np.uint8
+    np.testing.assert_array_equal(got["u8"], petastorm["u8"])
+    assert got["sb"].tolist() == [s.encode() for s in petastorm["sb"].tolist()]  # np.bytes_: bytes, not str
+    assert got["name"].dtype == object and got["name"].tolist() == petastorm["name"].tolist()  # str objects
+    assert got["words"].shape == (40, 2)  # NdarrayCodec decoded (Petastorm's batches keep the npy bytes)
+
+
+def test_random_access_and_unihub_types(expected: dict[str, Any]) -> None:
+    taken = Dataset(URL).take([1, 4])
+    assert taken.i32n.dtype == np.float64 and np.isnan(taken.i32n[0]) and taken.i32n[1] == 4000
+    with make_batch_reader(URL, shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        got = _columns(reader)
+    assert got["i32n"].dtype == object and got["i32n"][1] is None and got["i32n"][2] == np.int32(2000)
+    assert got["f64n"].dtype == object and got["f64n"][0] is None
+
+
+def test_torch_loaders_give_matching_tensors(expected: dict[str, Any]) -> None:
+    torch = pytest.importorskip("torch")
+    from unihub.readers.pytorch import BatchedDataLoader, DataLoader
+
+    fields = ["id", "u8", "i16", "f32", "flag", "label"]
+    with DataLoader(make_reader(URL, schema_fields=fields, shuffle_row_groups=False), batch_size=8) as loader:
+        rows = next(iter(loader))
+    with BatchedDataLoader(make_batch_reader(URL, schema_fields=fields, shuffle_row_groups=False),
+                           batch_size=8) as loader:
+        batches = next(iter(loader))
+    for name in fields:
+        petastorm = expected["torch"]["DataLoader"][name]
+        want = "torch.bool" if name == "flag" else petastorm  # Petastorm turns bool into uint8 (old torch)
+        assert str(rows[name].dtype) == want and str(batches[name].dtype) == want, name
+    assert rows["u8"].tolist() == list(range(200, 208)) and isinstance(batches["f32"], torch.Tensor)
+
+
+PLAIN = str(FIXTURES / "plain")
+
+
+def test_plain_parquet_batches_as_petastorm_gives_them() -> None:
+    with open(FIXTURES / "plain_expected.pkl", "rb") as handle:
+        petastorm = pickle.load(handle)
+    with make_batch_reader(PLAIN, shuffle_row_groups=False, workers_count=1) as reader:
+        got = _columns(reader)
+    order, theirs = np.argsort(got["id"]), np.argsort(petastorm["id"]["values"])
+    for name, column in petastorm.items():
+        values = np.array(column["values"], dtype=np.dtype(column["dtype"]))[theirs]
+        mine = got[name][order]
+        assert mine.shape == tuple(column["shape"]), name  # pair: one (n, 2) array, not ragged
+        if name == "name":
+            assert mine.tolist() == values.tolist()  # str objects (Petastorm: a '<U' array)
+        else:
+            assert mine.dtype == values.dtype, name
+            np.testing.assert_array_equal(mine, values, err_msg=name)
+
+
+def test_plain_parquet_lists_are_dense_in_the_bridges() -> None:
+    torch = pytest.importorskip("torch")
+    from unihub.readers.pytorch import BatchedDataLoader
+
+    with BatchedDataLoader(make_batch_reader(PLAIN, workers_count=1), batch_size=16) as loader:
+        pair = next(iter(loader))["pair"]
+    assert isinstance(pair, torch.Tensor) and tuple(pair.shape) == (16, 2) and pair.dtype == torch.float32
+    tf = pytest.importorskip("tensorflow")
+    from unihub import make_petastorm_dataset, make_tf_dataset
+
+    batch = next(iter(make_tf_dataset(PLAIN, 16, workers_count=1)))
+    assert isinstance(batch["pair"], tf.Tensor) and tuple(batch["pair"].shape) == (16, 2)
+    with make_reader(PLAIN, workers_count=1) as reader:
+        row = next(iter(make_petastorm_dataset(reader)))
+    assert tuple(row.pair.shape) == (2,) and row.pair.dtype == tf.float32
+    with make_batch_reader(PLAIN, workers_count=1, petastorm_types=False) as reader:
+        assert isinstance(next(iter(make_petastorm_dataset(reader))).pair, tf.RaggedTensor)
