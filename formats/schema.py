@@ -226,10 +226,12 @@ class Unischema:
         """A pyspark ``StructType`` of the stored columns (imports pyspark)."""
         from unihub.dependencies import require
         from unihub.formats.spark import arrow_to_spark_type
+        from unihub.formats.validation import stored_as_text
 
         types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")
         return types.StructType([
             types.StructField(f.name, f.codec.spark_dtype(f) if f.codec is not None
+                              else types.StringType() if stored_as_text(f)  # np.bytes_: Petastorm's mapping
                               else arrow_to_spark_type(f.arrow_type()), f.nullable)
             for f in self._fields.values()
         ])

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from unihub.dependencies import require
 from unihub.errors import CodecError, SchemaError
+from unihub.formats.validation import stored_as_text
 
 if TYPE_CHECKING:
     from unihub.formats.schema import Unischema, UnischemaField
@@ -154,6 +155,8 @@ def _row_plan(unischema: Unischema) -> list[tuple[UnischemaField, _Converter]]:
 
 
 def _field_converter(field: UnischemaField) -> _Converter:
+    if stored_as_text(field):  # np.bytes_ as a Spark string (Petastorm's np.string_): str or UTF-8 bytes
+        return lambda value: _as_text(field, value)
     arrow_type = field.arrow_type()
     to_spark = _value_converter(arrow_type)
     codec = field.codec
@@ -176,6 +179,16 @@ def _field_converter(field: UnischemaField) -> _Converter:
                              field=field.name) from exc
 
     return convert
+
+
+def _as_text(field: UnischemaField, value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CodecError(f"field {field.name!r}: {bytes(value)[:20]!r} is not UTF-8, and the field is stored as a "
+                         "Spark string; give it ScalarCodec(BinaryType()) to store any bytes", field=field.name) from exc
 
 
 def _value_converter(arrow_type: pa.DataType) -> _Converter:

@@ -63,8 +63,8 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
         value = value[()]
     if dtype is np.str_:
         ok = isinstance(value, str)
-    elif dtype is np.bytes_:
-        ok = isinstance(value, (bytes, bytearray, memoryview))
+    elif dtype is np.bytes_:  # str too where the bytes are stored as text (Petastorm's np.string_ idiom)
+        ok = isinstance(value, (bytes, bytearray, memoryview)) or (isinstance(value, str) and stored_as_text(field))
     elif dtype is decimal.Decimal:
         ok = isinstance(value, (decimal.Decimal, str, int))
     elif dtype is np.object_:
@@ -80,6 +80,17 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
     if not ok:
         raise ValidationError(f"{_where(field, row)}: expected a scalar of dtype "
                               f"{_dtype_label(dtype)}, found {_describe(value)}", field=field.name, row=row)
+
+
+def stored_as_text(field: UnischemaField) -> bool:
+    """A ``np.bytes_`` scalar kept as a string: ``ScalarCodec(StringType())``, or no codec (which
+    Spark stores as a string, as Petastorm maps ``np.string_``)."""
+    if field.numpy_dtype is not np.bytes_ or field.shape != ():
+        return False
+    if field.codec is None:
+        return True
+    storage = getattr(field.codec, "storage_type", None)
+    return storage is not None and (str(storage) in ("string", "large_string"))
 
 
 def _int_fits(value: int, dtype: Any) -> bool:

@@ -541,3 +541,25 @@ def test_widening_and_unsupported_types() -> None:
         spark_to_arrow_type(T.CalendarIntervalType())
     # a Spark type in ScalarCodec is stored as its Arrow type: the schema JSON never holds pyspark
     assert ScalarCodec(T.IntegerType()) == ScalarCodec(pa.int32())
+
+
+@pytest.mark.spark
+def test_bytes_stored_as_text_as_petastorm_does(spark: Any, tmp_path: Path) -> None:
+    """Petastorm's np.string_ idiom: ScalarCodec(StringType()) or no codec, given str; read back as bytes."""
+    from pyspark.sql import types as T
+
+    schema = Unischema("Text", [
+        UnischemaField("id", np.int64, (), ScalarCodec(T.LongType()), False),
+        UnischemaField("sb", np.bytes_, (), ScalarCodec(T.StringType()), False),
+        UnischemaField("plain", np.bytes_, (), None, True),
+    ])
+    fields = {f.name: f.dataType for f in schema.as_spark_schema().fields}
+    assert fields["sb"] == T.StringType() and fields["plain"] == T.StringType()  # Petastorm's mapping
+    rows = [{"id": i, "sb": f"s{i}" if i % 2 else f"s{i}".encode(), "plain": None if i == 3 else f"p{i}"}
+            for i in range(6)]
+    spark_write(spark, "file://" + str(tmp_path / "ds"), schema, rows, files=1)
+    with unihub.make_reader(str(tmp_path / "ds"), shuffle_row_groups=False, workers_count=1) as reader:
+        got = sorted((int(r.id), r.sb, r.plain) for r in reader)
+    assert got == [(i, f"s{i}".encode(), None if i == 3 else f"p{i}".encode()) for i in range(6)]
+    with pytest.raises(CodecError, match=r"field 'sb': b'\\xff' is not UTF-8.*ScalarCodec\(BinaryType\(\)\)"):
+        dict_to_spark_row(schema, {"id": 1, "sb": b"\xff", "plain": None})
