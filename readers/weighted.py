@@ -4,7 +4,7 @@ Petastorm's ``petastorm.weighted_sampling_reader.WeightedSamplingReader`` with i
 checks and end (the mix ends when a drawn reader has nothing left), plus ``seed`` and exact
 resume. Which reader the ``k``-th draw takes is a pure function of ``(seed, k)``
 (:func:`draw_choices`): uniforms come in blocks of :data:`BLOCK` from a generator seeded
-``(seed, block)``, so the sampler's whole state is its seed and draw count, and
+``(seed, block, stream tag)``, so the sampler's whole state is its seed and draw count, and
 :meth:`WeightedSamplingReader.state_dict` is that plus each reader's own ``state_dict()``.
 
     evens = make_reader(url, predicate=in_lambda(["id"], lambda i: i % 2 == 0), num_epochs=None)
@@ -32,6 +32,9 @@ from unihub.readers.reader import ReaderStateError
 
 #: draws whose uniforms one seeded generator makes at once
 BLOCK = 1024
+#: the last word of the draws' seed: without it, ``(seed, block)`` would be the stream a reader
+#: seeded alike shuffles with (``plan.py`` seeds ``(seed, epoch)``), and the draws would follow its order
+_STREAM = 0x57535231
 STATE_VERSION = 1
 STATE_KIND = "weighted_sampling"
 
@@ -71,7 +74,7 @@ def _cumulative(probabilities: np.ndarray) -> np.ndarray:
 
 def _block_choices(seed: int, bounds: np.ndarray, block: int) -> np.ndarray:
     """Reader index of draws ``block * BLOCK`` to ``(block + 1) * BLOCK - 1``."""
-    uniforms = np.random.default_rng([seed, block]).random(BLOCK)
+    uniforms = np.random.default_rng([seed, block, _STREAM]).random(BLOCK)
     return np.searchsorted(bounds, uniforms, side="right")  # Petastorm's rule: first bound > u
 
 

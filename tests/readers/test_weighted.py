@@ -186,6 +186,13 @@ def test_draws_are_a_pure_function_of_seed_and_index(urls):
         assert [source_of(i) for i in ids(itertools.islice(mixer, 2 * BLOCK + 5))] == whole[:2 * BLOCK + 5].tolist()
 
 
+def test_draws_are_not_a_readers_stream_seeded_alike():
+    """A reader seeded 7 shuffles epoch 0 with default_rng([7, 0]); a mixer seeded 7 must not draw from it."""
+    bounds = np.array([0.5, 1.0])
+    readers_stream = np.searchsorted(bounds, np.random.default_rng([7, 0]).random(BLOCK), side="right")
+    assert not np.array_equal(draw_choices(7, [0.5, 0.5], 0, BLOCK), readers_stream)
+
+
 def test_same_seed_same_rows(urls):
     def run(seed: int | None) -> list[int]:
         with make_reader(urls[0], seed=1, shuffle_rows=True, workers_count=2) as a, \
