@@ -411,6 +411,21 @@ def test_rows_follow_the_first_readers_field_order(urls, tmp_path):
     assert any(type(r) is row_type for r in rows if r.id >= 2000)
 
 
+def test_ngram_windows_follow_the_first_readers_field_order(urls, tmp_path):
+    swapped = Unischema("Swapped", [SCHEMA.label, SCHEMA.vec, SCHEMA.id])
+    url = write(tmp_path / "swapped", range(2000, 2012), swapped)
+
+    def ngram() -> NGram:
+        return NGram({0: ["id", "vec", "label"], 1: ["label", "id"]}, delta_threshold=1, timestamp_field="id")
+
+    with make_reader(urls[0], schema_fields=ngram()) as a, make_reader(url, schema_fields=ngram()) as b:
+        windows = list(WeightedSamplingReader([a, b], [0.5, 0.5], seed=0))
+    assert any(w[0].id >= 2000 for w in windows)
+    for w in windows:
+        assert w[0]._fields == ("id", "vec", "label") and w[1]._fields == ("id", "label")
+        assert w[0][0] == w[0].id and float(w[0][1][0]) == w[0].id and w[1][0] == w[0].id + 1
+
+
 def test_a_field_nullable_in_any_reader_is_nullable_in_the_mix(urls, tmp_path):
     strict = Unischema("Strict", [SCHEMA.id, SCHEMA.vec, UnischemaField("label", np.int32, (), ScalarCodec(pa.int32()),
                                                                          False)])
