@@ -59,6 +59,7 @@ from unihub.readers.predicates import (
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_batch_reader, make_reader
 from unihub.readers.transform import TransformSpec
+from unihub.readers.weighted import WeightedSamplingReader
 
 __version__ = "0.1.0"
 
@@ -69,7 +70,7 @@ __all__ = [
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
-    "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
+    "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader", "WeightedSamplingReader",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

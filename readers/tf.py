@@ -40,6 +40,7 @@ from unihub.dependencies import require
 from unihub.errors import SchemaError, UnihubError
 from unihub.formats.validation import shape_matches
 from unihub.readers.reader import Reader, make_batch_reader
+from unihub.readers.weighted import WeightedSamplingReader
 
 if TYPE_CHECKING:
     from unihub.formats.schema import Unischema, UnischemaField
@@ -321,7 +322,7 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
 
 
 def _check_reader(reader: Any) -> list[_FieldPlan]:
-    if not isinstance(reader, Reader):
+    if not isinstance(reader, (Reader, WeightedSamplingReader)):
         raise UnihubError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
     if reader.ngram is not None:
         raise UnihubError("NGram readers yield windows of rows, which have no tf.data structure here; "
@@ -371,7 +372,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         raise UnihubError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
     if structure not in ("dict", "namedtuple"):
         raise UnihubError(f"structure must be 'dict' or 'namedtuple', got {structure!r}")
-    owned = not isinstance(reader_or_url, Reader)
+    owned = not isinstance(reader_or_url, (Reader, WeightedSamplingReader))
     if owned:
         probe = make_batch_reader(reader_or_url, seed=seed, **reader_kwargs)  # validates options and schema
         try:
