@@ -44,6 +44,21 @@ class FormatError(UnihubError, ValueError):
         self.offset = offset
 
 
+class InvalidArgumentError(UnihubError, ValueError):
+    """An argument of the wrong value or type (``num_epochs=-10``, ``cur_shard='0'``, ``make_reader(None)``);
+    Petastorm raised ValueError for these."""
+
+
+class NoDataAvailableError(InvalidArgumentError):
+    """Shards that would be empty: more shards than row groups to deal out (Petastorm's error of this
+    name). Sharding by row (``shard_by='row'``) gives every rank rows even then."""
+
+
+class UsageError(UnihubError, RuntimeError):
+    """A reader or loader used out of turn: read after ``stop()``, iterated by two loops at once
+    (Petastorm raised RuntimeError for these)."""
+
+
 class UnsupportedFormatError(UnihubError, ValueError):
     """A format, codec or option name that unihub does not know."""
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import decimal
 import os
+import posixpath
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -209,9 +210,12 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
 
 
-def open_dataset(url: str | os.PathLike[str], *, filesystem: Any = None,
+def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
                  storage_options: dict[str, Any] | None = None) -> ParquetStore:
-    """Open a dataset (a directory of Parquet files, or one file) and index its row groups."""
+    """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
+    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups."""
+    if not isinstance(url, (str, os.PathLike)):
+        return _open_files([os.fspath(u) for u in url], filesystem, storage_options)
     url = os.fspath(url)
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     info = fs.get_file_info(root)
@@ -230,6 +234,34 @@ def open_dataset(url: str | os.PathLike[str], *, filesystem: Any = None,
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
+    return _store(url, fs, root, base, paths, sizes, common)
+
+
+def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any] | None) -> ParquetStore:
+    """Several Parquet files (of one dataset, on one filesystem) as one store, in the order given."""
+    if not urls:
+        raise DatasetNotFoundError("an empty list of dataset URLs: nothing to read")
+    schemes = {(urlparse(u).scheme if "://" in u else "") or "file" for u in urls}
+    if len(schemes) > 1:
+        raise DatasetNotFoundError(f"dataset URLs must share one scheme (filesystem), got {sorted(schemes)}")
+    fs, _ = fsutil.resolve_filesystem(urls[0], filesystem, storage_options)
+    paths = [fsutil.resolve_filesystem(u, filesystem, storage_options)[1] for u in urls]
+    sizes = {}
+    for url, path in zip(urls, paths):
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            raise DatasetNotFoundError(f"{url}: not a Parquet file (a list of URLs names files; pass a directory "
+                                       "alone to read all of it)")
+        sizes[path] = info
+    base = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
+    common_path = fsutil.join(base, COMMON_METADATA)
+    common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+    return _store(urls[0], fs, base, base, list(dict.fromkeys(paths)), sizes, common)
+
+
+def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
+           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None) -> ParquetStore:
+    """The store of data files ``paths`` (their partitions relative to ``base``)."""
     footers = _read_footers(fs, paths)
     partitions = [_partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()

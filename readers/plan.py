@@ -24,13 +24,13 @@ from typing import Literal
 
 import numpy as np
 
-from unihub.errors import UnihubError
+from unihub.errors import InvalidArgumentError, NoDataAvailableError
 
 ShardBy = Literal["row_group", "row"]
 ShardRemainder = Literal["pad", "drop"]
 
 
-class PlanError(UnihubError, ValueError):
+class PlanError(InvalidArgumentError):
     """Options that cannot make a plan (a bad shard, a negative size, ...)."""
 
 
@@ -79,13 +79,11 @@ class PlanConfig:
             raise PlanError(f"shard_by must be 'row_group' or 'row', got {self.shard_by!r}")
         if self.shard_remainder not in ("pad", "drop"):
             raise PlanError(f"shard_remainder must be 'pad' or 'drop', got {self.shard_remainder!r}")
-
-    @property
-    def effective_shard_by(self) -> ShardBy:
-        """``'row'`` when there are more shards than row groups (else some ranks get nothing)."""
-        if self.shard_count is not None and self.shard_count > len(self.row_group_sizes):
-            return "row"
-        return self.shard_by
+        if self.shard_by == "row_group" and self.shard_count is not None and \
+                self.shard_count > len(self.row_group_sizes):
+            raise NoDataAvailableError(
+                f"{self.shard_count} shards of {len(self.row_group_sizes)} row groups: some shards would be empty "
+                "(shards own whole row groups); use fewer shards, write smaller row groups, or shard_by='row'")
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -111,7 +109,7 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
     sizes = config.row_group_sizes
     rng = epoch_rng(config.seed, epoch)
     sharded = config.shard_count is not None and config.shard_count > 1
-    if sharded and config.effective_shard_by == "row_group":
+    if sharded and config.shard_by == "row_group":
         groups = np.arange(config.cur_shard, len(sizes), config.shard_count)  # type: ignore[arg-type]
     else:
         groups = np.arange(len(sizes))
@@ -119,7 +117,7 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
     if config.shuffle_row_groups and len(tasks) > 1:
         tasks = [tasks[i] for i in rng.permutation(len(tasks))]
     tasks = [t for t in tasks if t.num_rows > 0]
-    if sharded and config.effective_shard_by == "row":
+    if sharded and config.shard_by == "row":
         tasks = _row_shard(tasks, config.cur_shard, config.shard_count, config.shard_remainder)  # type: ignore[arg-type]
     return tasks
 

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError, UnihubError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
 from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.readers import plan as planning
@@ -56,7 +57,15 @@ class Reader:
                  cache: Cache | None = None, decode_images: bool = True,
                  resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None) -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-            raise UnihubError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+            raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+        for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
+                raise InvalidArgumentError(f"{name} must be an int or None, got {value!r}")
+        if shard_by == "row" and shard_count is not None and shard_count > 1 and seed is None and \
+                (shuffle_row_groups or shuffle_rows):
+            raise InvalidArgumentError(
+                "shard_by='row' cuts each epoch's shuffled order into blocks, so every rank must shuffle alike: "
+                "pass the same seed= on every rank (or shuffle_row_groups=False, shuffle_rows=False)")
         self.store = store
         self.batched = batched
         self.ngram = ngram
@@ -101,6 +110,7 @@ class Reader:
         self._pool: Pool | None = None
         self._finished = False
         self._stopped = False
+        self._lock = threading.Lock()  # next(): one caller at a time, so shared readers neither drop nor repeat
         self._delivered = 0
         self._batches = 0
         self._row_type = self.schema._get_namedtuple()
@@ -174,16 +184,19 @@ class Reader:
         self._skip = offset
 
     def __next__(self) -> Any:
-        # the per-row path: one index and one counter; the position is derived when asked for
-        cursor = self._cursor
-        if cursor < len(self._items) and not self._stopped:
-            self._cursor = cursor + 1
-            return self._items[cursor]
-        return self._next_from_new_batch()
+        # the per-row path: one index and one counter under a lock (threads sharing a reader get
+        # every row once); the position is derived when asked for
+        with self._lock:
+            cursor = self._cursor
+            if cursor < len(self._items) and not self._stopped:
+                self._cursor = cursor + 1
+                return self._items[cursor]
+            if self._stopped:
+                raise UsageError("next() on a reader that was stopped (its with-block ended, or stop() was "
+                                 "called); reset() or load_state_dict() make it readable again")
+            return self._next_from_new_batch()
 
     def _next_from_new_batch(self) -> Any:
-        if self._stopped:
-            raise StopIteration
         while self._cursor >= len(self._items):
             if self._finished:
                 raise StopIteration
@@ -282,9 +295,11 @@ class Reader:
     def stop(self) -> None:
         """Stop the workers (pending tasks are cancelled) and end the iteration.
 
-        May be called from another thread while one iterates: its ``next()`` then raises
-        StopIteration. The position stays at the last delivered item (``state_dict()``);
-        ``reset()`` or ``load_state_dict()`` make the reader usable again.
+        May be called from another thread while one iterates: the ``next()`` under way then raises
+        StopIteration, which ends its loop; a ``next()`` called after ``stop()`` raises
+        :class:`~unihub.errors.UsageError` (a RuntimeError, as Petastorm's). The position stays at
+        the last delivered item (``state_dict()``); ``reset()`` or ``load_state_dict()`` make the
+        reader usable again.
         """
         self._stopped = True
         self._halt()
@@ -390,12 +405,14 @@ def _resolve_fields(schema: Unischema, schema_fields: Any) -> tuple[list[Unische
 def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any) -> ParquetStore:
     if isinstance(dataset_url, ParquetStore):
         return dataset_url
-    if isinstance(dataset_url, (list, tuple)):
-        if len(dataset_url) != 1:
-            raise UnihubError("reading several dataset URLs at once is not supported; pass one directory")
-        dataset_url = dataset_url[0]
-    store = open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
-    return store
+    if isinstance(dataset_url, (list, tuple)):  # Petastorm's list of Parquet file URLs, or one URL in a list
+        urls = [os.fspath(u) for u in dataset_url]
+        return open_dataset(urls[0] if len(urls) == 1 else urls, filesystem=filesystem,
+                            storage_options=storage_options)
+    if not isinstance(dataset_url, (str, os.PathLike)):
+        raise InvalidArgumentError(f"dataset_url must be a URL or path (or a list of Parquet file URLs), "
+                                   f"got {type(dataset_url).__name__}")
+    return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
 
 
 _IGNORED = ("pyarrow_serialize", "hdfs_driver", "zmq_copy_buffers", "shard_seed", "cache_row_size_estimate")
@@ -446,7 +463,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
     fields, ngram = _resolve_fields(store.schema, schema_fields)
     if ngram is not None and batched:
-        raise UnihubError("NGram schema_fields work with make_reader, not make_batch_reader")
+        raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     if predicate is not None:
         unknown_fields = sorted(predicate.get_fields() - set(store.schema.fields))
         if unknown_fields:

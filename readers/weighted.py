@@ -324,7 +324,8 @@ class WeightedSamplingReader:
         self._draws = 0
 
     def stop(self) -> None:
-        """Stop every reader; a ``next()`` then raises StopIteration."""
+        """Stop every reader; a ``next()`` then raises :class:`~unihub.errors.UsageError` (a RuntimeError,
+        as Petastorm's readers raise after ``stop()``)."""
         for reader in self._readers:
             reader.stop()
 

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from unihub.errors import NoDataAvailableError
 from unihub.readers.plan import PlanConfig, PlanError, ReadTask, epoch_plan, rows_per_epoch, task_rows
 
 SIZES = (7, 3, 10, 1, 0, 8, 5, 9, 4, 6, 2, 11)  # uneven, with an empty row group
@@ -133,9 +134,12 @@ def test_row_shards_are_equal_and_contiguous(remainder, shard_count, options):
 
 @pytest.mark.parametrize("shard_count", [len(SIZES) + 1, 40, TOTAL + 3])
 def test_more_shards_than_row_groups_gives_equal_counts(shard_count):
+    with pytest.raises(NoDataAvailableError, match=f"{shard_count} shards of {len(SIZES)} row groups"):
+        PlanConfig(SIZES, seed=1, cur_shard=0, shard_count=shard_count)  # row-group shards: some would be empty
     counts, union = [], set()
     for shard in range(shard_count):
-        config = PlanConfig(SIZES, seed=1, cur_shard=shard, shard_count=shard_count, shuffle_row_groups=True)
+        config = PlanConfig(SIZES, seed=1, cur_shard=shard, shard_count=shard_count, shuffle_row_groups=True,
+                            shard_by="row")
         rows = delivered(config, 0)
         counts.append(len(rows))
         union |= set(rows.tolist())

@@ -441,7 +441,8 @@ def test_stop_ends_the_iteration(urls):
         next(mixer)
         mixer.stop()
         mixer.join()
-        assert next(mixer, None) is None
+        with pytest.raises(RuntimeError, match="stopped"):
+            next(mixer)
         assert mixer.diagnostics["draws"] == 1
 
 
