@@ -145,3 +145,28 @@ def arrow_type_from_json(text: str) -> pa.DataType:
 def _empty_numpy_dtype(arrow_type: pa.DataType) -> np.dtype:
     """The numpy dtype pyarrow converts ``arrow_type`` to, found without importing pandas."""
     return pa.array([], type=arrow_type).to_numpy(zero_copy_only=False).dtype
+
+
+class InexactCast(ValueError):
+    """A value that the target dtype cannot hold exactly (overflow, lost precision, NaN as an int)."""
+
+
+def cast_exactly(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """``values`` as ``dtype`` when every value survives the cast, else :class:`InexactCast` naming the
+    first that does not (a schema asking for int32 must not wrap 2**40, nor float16 make 1e9 inf)."""
+    target = np.dtype(dtype)
+    values = np.asarray(values)
+    if values.dtype == target or values.dtype.kind == "O" or target.kind == "O":
+        return values.astype(target, copy=False)
+    with np.errstate(all="ignore"):
+        out = values.astype(target)
+        back = out.astype(values.dtype)
+        # both ways: the round trip misses a sign flip (uint8 200 -> int8 -56 -> uint8 200), the
+        # promoted comparison misses rounding both sides share (int64 2**60 + 1 vs float32)
+        same = (back == values) & (out == values)
+    if values.dtype.kind in "fc":
+        same |= np.isnan(values) & np.isnan(back)
+    if not same.all():
+        bad = values[~same].ravel()[0]
+        raise InexactCast(f"{bad!r} ({values.dtype}) does not fit dtype {target} exactly")
+    return out

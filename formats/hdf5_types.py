@@ -35,6 +35,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import SchemaError
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.formats.dtypes import cast_exactly
 from unihub.formats.schema import UnischemaField
 
 Member = tuple[str, ...]
@@ -201,11 +202,11 @@ def to_unihub(values: np.ndarray, dt: np.dtype, field: UnischemaField) -> Any:
     if leaf_kind == "vlen" or (wants_bytes and values.dtype != object):
         if wants_bytes:  # unihub's own export: bytes and encoded images as uint8 rows
             return object_array([np.ascontiguousarray(v).tobytes() for v in values])
-        return object_array([np.asarray(v).astype(field.dtype, copy=False) for v in values])
+        return object_array([cast_exactly(np.asarray(v), field.dtype) for v in values])
     if leaf_kind == "complex":
         values = np.ascontiguousarray(values).view(_pair_dtype(dt)).reshape(*values.shape, 2)
     if values.dtype != field.dtype or values.dtype.metadata:
-        values = values.astype(field.dtype)
+        values = cast_exactly(values, field.dtype)  # a given schema's narrower dtype: refused, never wrapped
     if not field.is_fixed_shape and values.ndim > 1:  # fixed rows of a field whose shape varies elsewhere
         return object_array(list(values))
     return values

@@ -17,7 +17,7 @@ Records come a block at a time from :mod:`unihub.formats.tframe` (framing and CR
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgr
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tfio import _fail
 from unihub.formats.tframe import Block, Error, Framer
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfrecord import UNLISTED, TFRecordFormat, unlisted_check
 from unihub.formats.tfschema import SHAPE_SUFFIX, _Mismatch, _Plan, _Stats, add_example
 
 __all__ = ["read_batches_fast", "scan_fast"]
@@ -210,7 +210,7 @@ def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.
             # else record by record below: the values that are not UTF-8 fail there
         numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)
         width = plan.size if plan.category == "tensor" else 1
-        if numeric and kind == "float" and dtype.kind == "f":
+        if numeric and kind == "float" and dtype in (np.float32, np.float64):  # exact; narrower: checked below
             bad |= sizes != 4 * width
             values = _gather(arr, np.where(bad, 0, starts), 4 * width).view("<f4").astype(dtype)
             return True, values[:, 0] if plan.category == "scalar" else values
@@ -332,19 +332,24 @@ def _template_groups(block: Block, arr: np.ndarray,
         pending.left = left[~ok]
 
 
-def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None
+def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None,
+                 unlisted: Callable[[Iterable[str]], str | None] | None = None
                  ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
     (numpy or per-row values), and the records that fail, in order (``index`` their number).
 
     With ``stats`` (a single pass), the good records are also counted into a schema scan's
-    statistics, from the same template match.
+    statistics, from the same template match. ``unlisted(feature names)`` names a feature the
+    schema would lose (see :func:`unihub.formats.tfrecord.unlisted_check`): its records fail.
     """
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
     groups: list[tuple[np.ndarray, list[tuple[bool, Any]]]] = []  # (record numbers, columns)
     for sk, ok, leaf_start, leaf_size in _template_groups(block, arr, pending):
         rows = np.flatnonzero(ok)
+        if unlisted is not None and unlisted(sk.features) is not None:
+            ok[rows] = False  # the record-by-record path below says which feature, record by record
+            continue
         bad = np.zeros(len(rows), bool)
         columns = [_column(p, sk, block, arr, rows, leaf_start, leaf_size, bad) for p in plans]
         if stats is not None and not bad.all():  # records the scan finds malformed go the slow way too
@@ -368,6 +373,10 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
             example = parse_example(data[block.starts[i]:block.ends[i]])
         except ValueError as exc:
             failures.append(Error(i, block.offsets[i], str(exc)))
+            continue
+        lost = unlisted(example) if unlisted is not None else None
+        if lost is not None:
+            failures.append(Error(i, block.offsets[i], UNLISTED, lost))
             continue
         try:
             slow_rows.append([p.read(example) for p in plans])
@@ -418,6 +427,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     """
     check_on_error(on_error)
     report = source.report
+    unlisted = unlisted_check([p.field for p in plans], source.options.get("fields"))
     pieces: list[list[tuple[bool, Any]]] = []
     have = 0
     stats: dict[str, _Stats] = {}
@@ -437,7 +447,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
                 report.bytes_read = done + framer.consumed()
-                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None)
+                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None, unlisted)
                 if source.observe:  # single pass: the statistics a schema scan would gather, and no record
                     # the provisional schema cannot hold
                     outgrown = next((f for f in failures if f.feature is not None), None)

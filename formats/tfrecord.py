@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, ClassVar
 
@@ -38,7 +38,7 @@ from unihub.formats.foreign import (
     python_columns,
     register_format,
 )
-from unihub.formats.schema import Unischema
+from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import (
     Feature,
     parse_example,
@@ -54,6 +54,7 @@ from unihub.formats.tfio import (
     normalize_compression,
 )
 from unihub.formats.tfschema import (
+    SHAPE_SUFFIX,
     _merge_scans,
     _Mismatch,
     _Plan,
@@ -67,6 +68,27 @@ from unihub.formats.tfschema import (
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
 FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
+
+
+# -- what a schema would lose --------------------------------------------------------------------
+UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
+            "features to convert with --option fields=...")
+
+
+def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
+                   ) -> Callable[[Iterable[str]], str | None]:
+    """``check(feature names)``: the first feature of a record that no field reads (its values would
+    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields}
+    chosen = None if selected is None else set(selected)
+
+    def check(names: Iterable[str]) -> str | None:
+        for name in names:
+            if name not in known and (chosen is None or name in chosen):
+                return name
+        return None
+
+    return check
 
 
 # -- schema inference ------------------------------------------------------------------------
@@ -85,6 +107,18 @@ def _scan_files(options: dict[str, Any], files: list[str],
         total += 1
         add_example(stats, example)
     return stats, total
+
+
+def _selected(stats: dict[str, _Stats], fields: Sequence[str] | None, sources: Sequence[str]) -> dict[str, _Stats]:
+    """The statistics of the features ``fields`` names (with their ``/shape`` features); all without it."""
+    if fields is None:
+        return stats
+    missing = [name for name in fields if name not in stats]
+    if missing:
+        raise FormatError(f"{', '.join(sources)}: no feature {missing[0]!r} in the records (--option fields); "
+                          f"features: {sorted(stats)[:20]}", path=sources[0])
+    wanted = set(fields) | {name + SHAPE_SUFFIX for name in fields}
+    return {name: stat for name, stat in stats.items() if name in wanted}
 
 
 # -- the format ------------------------------------------------------------------------------
@@ -113,6 +147,8 @@ class TFRecordFormat(ForeignFormat):
                                 parse_choice("auto", "example", "sequence_example", "tensor", "bytes")),
         "feature_lists": FormatOption("SequenceExample: the fields read from feature lists, comma-separated "
                                       "(default: inferred)", parse_list),
+        "fields": FormatOption("the features to convert, comma-separated; the others are left out (default: all, "
+                               "and a feature a given --schema lacks is refused)", parse_list),
     }
     WRITE_OPTIONS: ClassVar[dict[str, FormatOption]] = {
         "compression": FormatOption("none, gzip or zlib (default none)"),
@@ -270,6 +306,7 @@ class TFRecordFormat(ForeignFormat):
         return self._schema_from(*_merge_scans(list(observations)))
 
     def _schema_from(self, stats: dict[str, _Stats], total: int) -> Unischema:
+        stats = _selected(stats, self.options.get("fields"), self.sources)
         if total == 0:
             raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
         fields = fields_from_stats(stats, total)
@@ -296,8 +333,12 @@ class TFRecordFormat(ForeignFormat):
         stats: dict[str, _Stats] = {}
         if self.observe:
             self.report.observed = (stats, 0)
+        unlisted = unlisted_check(list(schema), self.options.get("fields"))
         for path, index, offset, example in self._examples(on_error, self.report):
             try:
+                lost = unlisted(example)
+                if lost is not None:
+                    raise _Mismatch(lost, UNLISTED)
                 row = [read(example) for read in readers]
             except _Mismatch as exc:
                 if self.observe:

@@ -204,6 +204,8 @@ class _Plan:
         if self.single:
             if len(values) != 1:
                 raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
+            if category == "scalar" and self.dtype not in _EXACT_FROM_PROTO.get(kind, ()):
+                return _exact(self, np.asarray(values[:1]))[0]  # another dtype than the proto's: checked here
             if category != "str":
                 return values[0]
         try:
@@ -213,7 +215,7 @@ class _Plan:
                 array = np.empty(len(values), dtype=object)  # object, not "S": numpy strips trailing NULs
                 array[:] = [v.decode("utf-8") for v in values] if f.numpy_dtype is np.str_ else values
             else:
-                array = np.asarray(values, dtype=self.dtype)
+                array = _exact(self, values)
         except UnicodeDecodeError as exc:
             raise _Mismatch(f.name, f"not UTF-8 text: {exc}") from None
         if self.size is not None:
@@ -228,12 +230,24 @@ class _Plan:
         if self.category == "scalar":
             if any(v is None for v in values):
                 return [None if v is None else f.numpy_dtype(v) for v in values]
-            return np.asarray(values, dtype=self.dtype)
+            return np.asarray(values, dtype=self.dtype)  # read() checked each value fits
         if self.category == "tensor" and self.size is not None:
             if any(v is None for v in values):
                 return [None if v is None else v.reshape(f.shape) for v in values]
             return (np.concatenate(values) if values else np.empty(0, self.dtype)).reshape((-1, *f.shape))
         return values
+
+
+#: the dtypes every value of a proto list kind converts to exactly
+_EXACT_FROM_PROTO = {"int64": (np.dtype(np.int64),), "float": (np.dtype(np.float32), np.dtype(np.float64))}
+
+
+def _exact(plan: _Plan, values: Any) -> np.ndarray:
+    """``values`` in the field's dtype, or :class:`_Mismatch` when one would change (a narrower dtype)."""
+    try:
+        return dtypes.cast_exactly(np.asarray(values), plan.dtype)
+    except dtypes.InexactCast as exc:
+        raise _Mismatch(plan.field.name, str(exc)) from None
 
 
 def _numeric(dtype: Any) -> bool:
