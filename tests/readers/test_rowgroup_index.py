@@ -33,6 +33,7 @@ from unihub import (
     make_reader,
     open_dataset,
 )
+from unihub.cli import main
 from unihub.formats.legacy import PETASTORM_ROWGROUPS_INDEX_KEY
 from unihub.readers.reader import ReaderStateError
 from unihub.readers.rowgroup_index import ROWGROUP_INDEX_KEY, read_rowgroup_indexes
@@ -233,6 +234,7 @@ def test_a_malicious_index_pickle_is_refused_without_running_it(tmp_path: Path, 
     path = _with_index_pickle(tmp_path, pickle.dumps(attack, protocol=protocol))
     with pytest.raises(UnsafeMetadataError, match="nothing from the pickle was executed"):
         make_reader(path, rowgroup_selector=SingleIndexSelector("animal_idx", ["cat"]))
+    assert main(["inspect", str(path)]) == 0  # the dataset still opens; the index is reported unreadable
     assert len(ids(path)) == 240  # and reads without a selector
     assert not marker.exists()
 
@@ -247,6 +249,37 @@ def test_a_stale_index_is_refused(tmp_path: Path) -> None:
     assert stored.stale is not None and "6 files" in stored.stale
     with pytest.raises(RowGroupIndexError, match="stale.*rebuild"):
         make_reader(path, rowgroup_selector=SingleIndexSelector("animal_idx", ["cat"]))
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def test_inspect_lists_petastorm_indexes(capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(DATASET)]) == 0
+    out = capsys.readouterr().out
+    assert "row-group indexes (Petastorm pickle, allow-listed):" in out
+    rows = {line.split()[0]: line.split() for line in out.split("row-group indexes")[1].splitlines()[2:]}
+    assert rows["tags_idx"] == ["tags_idx", "single_field", "tags", "29", "19"]
+    assert rows["caption_notnull"] == ["caption_notnull", "field_not_null", "caption", "-", "13"]
+    assert main(["inspect", str(DATASET), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rowgroup_index_source"] == "petastorm" and info["rowgroup_index_problem"] is None
+    listed = {i["name"]: i for i in info["rowgroup_indexes"]}
+    for name, expected in EXPECTED["indexes"].items():
+        assert listed[name]["field"] == expected["field"]
+        if listed[name]["kind"] == "single_field":
+            assert listed[name]["values"] == expected["values"]
+
+
+def test_inspect_without_indexes(capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(FIXTURES / "unischema")]) == 0
+    assert "row-group indexes" not in capsys.readouterr().out
+    assert main(["inspect", str(FIXTURES / "unischema"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rowgroup_indexes"] == [] and info["rowgroup_index_source"] is None
+
+
+def test_inspect_shows_unihub_indexes(unihub_indexed: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(unihub_indexed)]) == 0
+    assert "row-group indexes (unihub JSON):" in capsys.readouterr().out
 
 
 # -- on Spark ---------------------------------------------------------------------------------------
