@@ -293,3 +293,28 @@ def test_built_on_spark_equals_built_in_process(spark: Any, tmp_path: Path, unih
         open_dataset(unihub_indexed)).indexes
     stored = pq.read_metadata(path / "_common_metadata").metadata[ROWGROUP_INDEX_KEY]
     assert stored == pq.read_metadata(unihub_indexed / "_common_metadata").metadata[ROWGROUP_INDEX_KEY]
+
+
+# -- on S3 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
+def test_built_and_selected_on_s3(s3_server: Any, kind: str) -> None:
+    if kind == "fsspec":
+        pytest.importorskip("s3fs")
+        access: dict[str, Any] = {"storage_options": s3_server.storage_options()}
+    else:
+        try:
+            access = {"filesystem": s3_server.pyarrow_filesystem()}
+        except ImportError:
+            pytest.skip("this pyarrow build has no S3 support")
+    prefix = f"indexed-{kind}"
+    client = s3_server.client()
+    for path in sorted(DATASET.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(DATASET).as_posix()}")
+    url = f"s3://{s3_server.bucket}/{prefix}"
+    build_rowgroup_index(url, None, INDEXERS, **access)
+    keys = sorted(e["Key"] for e in client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)["Contents"])
+    assert [k for k in keys if "/_" in k] == [f"{prefix}/_common_metadata"]  # no temporary left
+    assert read_rowgroup_indexes(open_dataset(url, **access)).source == "unihub"
+    expected = SELECTORS["cat_and_label_3_7"]
+    assert sorted(ids(url, rowgroup_selector=selector(expected["selector"]), **access)) == expected["ids"]
