@@ -58,6 +58,19 @@ from unihub.readers.predicates import (
 )
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_batch_reader, make_reader
+from unihub.readers.rowgroup_index import build_rowgroup_index, get_row_group_indexes
+from unihub.readers.rowgroup_indexers import (
+    FieldNotNullIndexer,
+    RowGroupIndexerBase,
+    RowGroupIndexError,
+    SingleFieldIndexer,
+)
+from unihub.readers.selectors import (
+    IntersectIndexSelector,
+    RowGroupSelectorBase,
+    SingleIndexSelector,
+    UnionIndexSelector,
+)
 from unihub.readers.transform import TransformSpec
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -71,6 +84,9 @@ __all__ = [
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader", "WeightedSamplingReader",
+    "FieldNotNullIndexer", "IntersectIndexSelector", "RowGroupIndexError", "RowGroupIndexerBase",
+    "RowGroupSelectorBase", "SingleFieldIndexer", "SingleIndexSelector", "UnionIndexSelector",
+    "build_rowgroup_index", "get_row_group_indexes",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

@@ -35,6 +35,7 @@ def _human_bytes(n: float) -> str:
 def describe_dataset(url: str) -> dict[str, Any]:
     """What ``unihub inspect`` reports, as a JSON-able dict."""
     from unihub.formats.parquet import open_dataset
+    from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 
     store = open_dataset(url)
     return {
@@ -49,6 +50,7 @@ def describe_dataset(url: str) -> dict[str, Any]:
         "bytes": store.total_bytes,
         "partitions": list(store.partition_names),
         "fields": [f.to_json() for f in store.schema],
+        **describe_rowgroup_indexes(store),
     }
 
 
@@ -75,7 +77,25 @@ def format_description(info: dict[str, Any]) -> str:
         shape = "(" + ", ".join("None" if d is None else str(d) for d in f["shape"]) + \
             ("," if len(f["shape"]) == 1 else "") + ")"
         table.append([f["name"], f["dtype"], shape, codec, "yes" if f["nullable"] else "no"])
-    return "\n".join(lines) + "\n\n" + _format_table(table)
+    return "\n".join(lines) + "\n\n" + _format_table(table) + _format_indexes(info)
+
+
+def _format_indexes(info: dict[str, Any]) -> str:
+    """The row-group indexes section of :func:`format_description` ('' when there are none)."""
+    indexes, problem = info.get("rowgroup_indexes") or [], info.get("rowgroup_index_problem")
+    if not indexes and not problem:
+        return ""
+    source = {"unihub": "unihub JSON", "petastorm": "Petastorm pickle, allow-listed"}.get(
+        info.get("rowgroup_index_source") or "", "")
+    text = f"\n\nrow-group indexes ({source}):" if source else "\n\nrow-group indexes:"
+    if problem:
+        text += f"\n{problem}"
+    if indexes:
+        table = [["index", "kind", "field", "values", "row groups"]]
+        table += [[i["name"], i["kind"], i["field"], "-" if i["values"] is None else str(i["values"]),
+                   str(i["row_groups"])] for i in indexes]
+        text += "\n" + _format_table(table)
+    return text
 
 
 def _codec_label(codec: dict[str, Any]) -> str:

@@ -17,6 +17,14 @@ key-value metadata of a dataset's ``_common_metadata`` Parquet file:
 * :data:`PETASTORM_ROW_GROUPS_KEY` (``dataset-toolkit.num_row_groups_per_file.v1``): JSON,
   ``{relative file path: number of row groups}``; no pickle involved.
 
+``petastorm.etl.rowgroup_indexing.build_rowgroup_index`` adds a third:
+
+* :data:`PETASTORM_ROWGROUPS_INDEX_KEY` (``dataset-toolkit.rowgroups_index.v1``): ``pickle.dumps``
+  of ``{index name: indexer}``, each a ``petastorm.etl.rowgroup_indexers.SingleFieldIndexer``
+  (state ``_index_data``: a ``collections.defaultdict(builtins.set)`` of value -> row-group
+  numbers; values are numpy scalars, ``str`` or ``decimal.Decimal``) or ``FieldNotNullIndexer``
+  (``_index_data``: a set). :mod:`unihub.readers.rowgroup_index` converts the stand-ins.
+
 Why the allow-list is exact
 ---------------------------
 Unpickling calls whatever callables the pickle names, so a dataset downloaded from
@@ -73,6 +81,9 @@ __all__ = [
     "convert_unischema",
     "spark_to_arrow_type",
     "PETASTORM_ROW_GROUPS_KEY",
+    "PETASTORM_ROWGROUPS_INDEX_KEY",
+    "PetastormFieldNotNullIndexer",
+    "PetastormSingleFieldIndexer",
     "PETASTORM_UNISCHEMA_KEY",
     "PetastormMetadataError",
     "UnsafeMetadataError",
@@ -84,6 +95,8 @@ __all__ = [
 PETASTORM_UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 #: Key of the JSON ``{file: number of row groups}`` map in ``_common_metadata``.
 PETASTORM_ROW_GROUPS_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
+#: Key of the pickled ``{index name: indexer}`` that Petastorm's ``build_rowgroup_index`` writes.
+PETASTORM_ROWGROUPS_INDEX_KEY = b"dataset-toolkit.rowgroups_index.v1"
 
 
 def _refusal(what: str) -> UnsafeMetadataError:
@@ -261,7 +274,38 @@ class NumpyDtype(StandIn):
         state = self.state
         if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">") and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(state[1])
+        if dtype.kind in "Mm" and code in ("M8", "m8") and isinstance(state, tuple) and len(state) > 8:
+            dtype = self._with_unit(dtype, state[8])  # the unit: state[8] is (None, (b'D', 1, 1, 1))
         return dtype
+
+    _UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as"})
+
+    @classmethod
+    def _with_unit(cls, dtype: np.dtype, metadata: Any) -> np.dtype:
+        if isinstance(metadata, tuple) and len(metadata) == 2 and isinstance(metadata[1], tuple):
+            metadata = metadata[1]  # (dtype metadata, (unit, count, 1, 1))
+        if not (isinstance(metadata, tuple) and len(metadata) >= 2):
+            return dtype
+        unit, count = metadata[0], metadata[1]
+        unit = unit.decode("ascii", "replace") if isinstance(unit, bytes) else unit
+        if unit not in cls._UNITS or isinstance(count, bool) or not isinstance(count, int) or not 0 < count < 2**31:
+            raise PetastormMetadataError(f"unsupported pickled datetime unit {metadata!r:.60}")
+        return np.dtype(f"{dtype.str[:-1]}8[{count if count > 1 else ''}{unit}]")
+
+
+class PetastormSingleFieldIndexer(StandIn):
+    """``petastorm.etl.rowgroup_indexers.SingleFieldIndexer``: state ``{'_index_name', '_column_name',
+    '_index_data': {value: set of row groups}}``."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.etl.rowgroup_indexers.SingleFieldIndexer"
+
+
+class PetastormFieldNotNullIndexer(StandIn):
+    """``petastorm.etl.rowgroup_indexers.FieldNotNullIndexer``: ``_index_data`` is a set of row groups."""
+
+    __slots__ = ()
+    petastorm_name = "petastorm.etl.rowgroup_indexers.FieldNotNullIndexer"
 
 
 class NumpyScalar(StandIn):
@@ -272,6 +316,10 @@ class NumpyScalar(StandIn):
 
     def to_python(self) -> Any:
         """The value as a Python ``int``/``float``/``bool``/``str``/``bytes``."""
+        return self.to_numpy().item()
+
+    def to_numpy(self) -> np.generic:
+        """The value as a numpy scalar (``np.datetime64`` keeps its unit, which ``item()`` may lose)."""
         if len(self.args) != 2 or not isinstance(self.args[0], NumpyDtype):
             raise PetastormMetadataError(f"malformed pickled numpy scalar {self!r}")
         dtype = self.args[0].to_numpy()
@@ -280,7 +328,7 @@ class NumpyScalar(StandIn):
             data = data.encode("latin-1")
         if not isinstance(data, bytes) or len(data) != dtype.itemsize:
             raise PetastormMetadataError(f"malformed pickled numpy scalar {self!r}")
-        return np.frombuffer(data, dtype=dtype, count=1)[0].item()
+        return np.frombuffer(data, dtype=dtype, count=1)[0]
 
 
 class _Inert:
@@ -324,6 +372,18 @@ class _TypeTag(_Inert):
         raise _refusal(f"a call of '{self.qualname}' (allowed only as a dtype, not called)")
 
 
+class _DecimalTag(_TypeTag):
+    """``decimal.Decimal``: a dtype tag, and callable with one short string, as a pickled Decimal
+    value is rebuilt (the values of an index on a Decimal field). Nothing else is accepted."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != 1 or not isinstance(args[0], str) or len(args[0]) > 128:
+            raise _refusal(f"a call of '{self.qualname}' other than with one decimal string")
+        return decimal.Decimal(args[0])
+
+
 class _SafeFunction(_Inert):
     """A local, argument-checking replacement for a function a pickle may call."""
 
@@ -356,6 +416,24 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> StandIn:
     if base is _TUPLE and isinstance(state, tuple):
         return cls(*state)
     raise _refusal(f"copyreg._reconstructor of '{cls.petastorm_name}' with base {_global_name(base)}")
+
+
+def _make_set(items: Any = ()) -> set[Any]:
+    """``builtins.set`` as protocols 0-3 pickle a set: ``set([items])``; only from a list or tuple."""
+    if not isinstance(items, (list, tuple)):
+        raise _refusal(f"'builtins.set' called with {type(items).__name__}")
+    return set(items)
+
+
+def _defaultdict(factory: Any = None) -> dict[Any, Any]:
+    """``collections.defaultdict(set)`` (an index's values) as a plain dict: nothing is called later."""
+    if factory is not _SET:
+        raise _refusal(f"'collections.defaultdict' with the factory {_global_name(factory)}")
+    return {}
+
+
+#: ``builtins.set``: the defaultdict factory of an index, and how old protocols pickle a set
+_SET = _SafeFunction("builtins.set", _make_set)
 
 
 def _latin1_encode(text: Any, encoding: Any = "utf-8") -> bytes:
@@ -403,7 +481,7 @@ def _build_allow_list() -> dict[tuple[str, str], Any]:
     allowed[("numpy", "dtype")] = NumpyDtype
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
         allowed[(module, "scalar")] = NumpyScalar
-    allowed[("decimal", "Decimal")] = _TypeTag("decimal.Decimal", decimal.Decimal)
+    allowed[("decimal", "Decimal")] = _DecimalTag("decimal.Decimal", decimal.Decimal)
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
     for module in ("copyreg", "copy_reg"):
         allowed[(module, "_reconstructor")] = _SafeFunction(f"{module}._reconstructor", _reconstructor)
@@ -411,6 +489,12 @@ def _build_allow_list() -> dict[tuple[str, str], Any]:
         allowed[(module, "object")] = _OBJECT
         allowed[(module, "tuple")] = _TUPLE
     allowed[("_codecs", "encode")] = _SafeFunction("_codecs.encode", _latin1_encode)
+    # row-group indexes (petastorm.etl.rowgroup_indexing), pickled without legacy package names
+    for indexer in (PetastormSingleFieldIndexer, PetastormFieldNotNullIndexer):
+        allowed[("petastorm.etl.rowgroup_indexers", indexer.petastorm_name.rsplit(".", 1)[1])] = indexer
+    allowed[("collections", "defaultdict")] = _SafeFunction("collections.defaultdict", _defaultdict)
+    for module in ("builtins", "__builtin__"):
+        allowed[(module, "set")] = _SET
     return allowed
 
 

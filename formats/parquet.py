@@ -13,7 +13,8 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 :mod:`unihub.formats.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
 
 :func:`open_dataset` reads only footers: the schema and a row-group index
-(file, row group, rows), never data pages.
+(file, row group, rows), never data pages. :func:`update_common_metadata` changes entries of
+``_common_metadata`` in place, atomically (row-group indexes are kept there).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import decimal
 import os
 import posixpath
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -275,6 +277,39 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)))
+
+
+def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
+    """Set (or, for a None value, remove) key-value entries of ``store``'s ``_common_metadata``.
+
+    The new file is written beside the old one, under a name starting with '_' so no reader
+    takes it for data, and renamed onto it: readers see the old file or the new one, never a
+    part. Without ``_common_metadata`` one is made from the first data file's schema, as
+    Petastorm does; Hadoop's checksum of the old file (``._common_metadata.crc``) is removed.
+    """
+    fs, root = store.filesystem, store.path
+    if not fsutil.is_dir(fs, root):
+        raise FormatError(f"{store.url}: a single Parquet file has no _common_metadata to keep metadata in; "
+                          "use a dataset directory", path=root)
+    target = fsutil.join(root, COMMON_METADATA)
+    if fsutil.exists(fs, target):
+        arrow_schema = _read_metadata(fs, target).schema.to_arrow_schema()
+    else:
+        arrow_schema = store._footers[store.files[0].path].schema.to_arrow_schema()
+    metadata = dict(arrow_schema.metadata or {})
+    for key, value in entries.items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    temporary = fsutil.join(root, f"{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        pq.write_metadata(arrow_schema.with_metadata(metadata), temporary, filesystem=fs)
+        fs.move(temporary, target)
+    except BaseException:
+        fsutil.remove(fs, temporary)
+        raise
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
 
 
 def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:

@@ -55,7 +55,8 @@ class Reader:
                  shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
-                 resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None) -> None:
+                 resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None,
+                 rowgroup_selector: Any = None) -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
             raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
         for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
@@ -83,6 +84,10 @@ class Reader:
         if expression is not None and not filter_columns:
             filter_columns = tuple(f.name for f in store.schema)
         self._groups = self._select_row_groups(predicate, expression, filter_columns)
+        if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
+            from unihub.readers.rowgroup_index import apply_rowgroup_selector
+
+            self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
@@ -454,9 +459,6 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
-    if rowgroup_selector is not None:
-        raise UnihubError("rowgroup_selector (Petastorm's row-group indexes) is not supported; use predicate= "
-                          "or filters= instead")
     _choose_memory_pool()
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
@@ -477,7 +479,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   cur_shard=cur_shard, shard_count=shard_count, shard_by=shard_by, shard_remainder=shard_remainder,
                   reader_pool_type=reader_pool_type, workers_count=workers_count,
                   results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
-                  resume_from=resume_from, petastorm_types=petastorm_types)
+                  resume_from=resume_from, petastorm_types=petastorm_types, rowgroup_selector=rowgroup_selector)
 
 
 def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
@@ -489,7 +491,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     forever), ``cur_shard``/``shard_count``, ``reader_pool_type`` ('thread', 'process',
     'dummy'), ``workers_count`` (default one per core for local data, four per core for
     remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
-    ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``. Added:
+    ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
+    ``rowgroup_selector`` (read only the row groups a selector picks from the dataset's
+    row-group indexes; see :mod:`unihub.readers.selectors`). Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
     ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
