@@ -280,7 +280,10 @@ def test_verify_names_a_lost_field(tmp_path: Path) -> None:
         {"name": "id", "dtype": "int64", "shape": [], "codec": {"type": "scalar", "arrow_type": "int64"},
          "nullable": False}]}
     (tmp_path / "s.json").write_text(json.dumps(schema))
-    convert(src, tmp_path / "ds", schema=tmp_path / "s.json")
+    with pytest.raises(FormatError, match="feature 'text': has no field in the schema, and its values would be lost"):
+        convert(src, tmp_path / "ds", schema=tmp_path / "s.json")
+    # left out on purpose (--option fields=id): converted, and verify names what the dataset lacks
+    convert(src, tmp_path / "ds", schema=tmp_path / "s.json", format_options={"fields": ["id"]})
     report = verify(src, tmp_path / "ds")
     assert not report.equal
     assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/text: "
