@@ -27,6 +27,7 @@ from unihub.errors import (
     DatasetNotFoundError,
     FormatError,
     MissingDependencyError,
+    PetastormCompatibilityError,
     SchemaError,
     UnihubError,
     UnsafeMetadataError,
@@ -65,6 +66,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
+    "PetastormCompatibilityError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
