@@ -21,6 +21,7 @@ import sys as _sys
 if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMORY_POOL"):
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
+from unihub.converters.copy import copy_dataset
 from unihub.errors import (
     CodecError,
     DatasetExistsError,
@@ -72,6 +73,8 @@ __all__ = [
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
+    # Petastorm's tools: petastorm-copy-dataset.py
+    "copy_dataset",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

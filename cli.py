@@ -8,6 +8,7 @@ Examples::
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
+    unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -140,6 +141,59 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.equal else 1
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    from unihub.converters.convert import ProgressMeter
+    from unihub.converters.copy import copy_dataset
+
+    meter = ProgressMeter(enabled=False if args.quiet else None)
+
+    def progress(rows: int, total: int) -> None:
+        meter.total_rows = total
+        meter.advance(rows - meter.rows, 0)
+
+    try:
+        result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
+                              args.partition_count, args.row_group_size_mb,
+                              petastorm_compatible=args.petastorm_compatible, engine=args.engine, master=args.master,
+                              progress=progress)
+    finally:
+        meter.close()
+    if not args.quiet:
+        print(result.summary(), file=sys.stderr)
+    return 0
+
+
+def _add_tool_parsers(sub: Any) -> None:
+    """Petastorm's command-line tools: ``copy``."""
+    copy = sub.add_parser("copy", help="copy a dataset, keeping some fields and dropping rows with nulls "
+                          "(petastorm-copy-dataset.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written "
+                                      "beside DST and renamed on success.",
+                          epilog="examples:\n"
+                                 "  unihub copy /data/train /data/small --field-regex id 'image.*' "
+                                 "--not-null-fields label\n"
+                                 "  unihub copy /data/train /data/train4 --partition-count 4 --row-group-size-mb 64\n"
+                                 "  unihub copy /data/train /data/copy --engine spark --master spark://host:7077")
+    copy.add_argument("src", help="source dataset (unihub, Petastorm or plain Parquet)")
+    copy.add_argument("dst", help="target dataset directory")
+    copy.add_argument("--field-regex", nargs="+", metavar="REGEX",
+                      help="copy only the fields whose names fully match one of these (names or regexes)")
+    copy.add_argument("--not-null-fields", nargs="+", metavar="FIELD",
+                      help="drop the rows where any of these fields is null")
+    copy.add_argument("--partition-count", "--partitions-count", type=int, metavar="N",
+                      help="write N files of equal rows (default: one per source file, partitions kept)")
+    copy.add_argument("--row-group-size-mb", type=float, help="Parquet row-group size (default 32)")
+    copy.add_argument("--overwrite", "--overwrite-output", action="store_true", help="replace DST if it exists")
+    copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
+                      help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
+    copy.add_argument("--engine", choices=("local", "spark"), default="local",
+                      help="copy in this process (local) or as Spark tasks, one per source file or partition")
+    copy.add_argument("--master", default="local[2]",
+                      help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
+    copy.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    copy.set_defaults(func=cmd_copy)
+
+
 def _format_names() -> list[str]:
     import unihub.formats.formats_all  # noqa: F401
     from unihub.formats.foreign import FORMATS
@@ -223,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a reading option of the foreign side (repeatable), as for convert")
     verify.set_defaults(func=cmd_verify)
+    _add_tool_parsers(sub)
     return parser
 
 
