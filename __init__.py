@@ -21,6 +21,7 @@ import sys as _sys
 if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMORY_POOL"):
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
+from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
 from unihub.converters.copy import copy_dataset
 from unihub.errors import (
     CodecError,
@@ -30,6 +31,7 @@ from unihub.errors import (
     MissingDependencyError,
     PetastormCompatibilityError,
     SchemaError,
+    SchemaMismatchError,
     UnihubError,
     UnsafeMetadataError,
     UnsupportedFormatError,
@@ -67,14 +69,14 @@ __version__ = "0.1.0"
 __all__ = [
     "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
-    "PetastormCompatibilityError",
+    "PetastormCompatibilityError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
-    # Petastorm's tools: petastorm-copy-dataset.py
-    "copy_dataset",
+    # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py
+    "add_schema", "copy_dataset", "generate_petastorm_metadata",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

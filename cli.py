@@ -9,6 +9,7 @@ Examples::
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
     unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
+    unihub add-schema /data/spark_out --schema schema.json --petastorm-compatible
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -163,8 +164,20 @@ def cmd_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_schema(args: argparse.Namespace) -> int:
+    from unihub.converters.add_schema import add_schema
+
+    unischema_class = args.unischema_class
+    if unischema_class is not None and "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # 'module.attr' in the current directory, as with python -m
+    result = add_schema(args.url, args.schema, unischema_class=unischema_class,
+                        petastorm_compatible=args.petastorm_compatible, use_summary_metadata=args.use_summary_metadata)
+    print(result.summary())
+    return 0
+
+
 def _add_tool_parsers(sub: Any) -> None:
-    """Petastorm's command-line tools: ``copy``."""
+    """Petastorm's command-line tools: ``copy`` and ``add-schema``."""
     copy = sub.add_parser("copy", help="copy a dataset, keeping some fields and dropping rows with nulls "
                           "(petastorm-copy-dataset.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written "
@@ -192,6 +205,27 @@ def _add_tool_parsers(sub: Any) -> None:
                       help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
     copy.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     copy.set_defaults(func=cmd_copy)
+
+    add = sub.add_parser("add-schema", help="write a Unischema into an existing Parquet store "
+                         "(petastorm-generate-metadata.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Write a Unischema into URL's _common_metadata (atomically; data files are "
+                                     "not touched): the one given, else the one the store has, else one inferred "
+                                     "from the Parquet types. It must match the store's columns.",
+                         epilog="examples:\n"
+                                "  unihub add-schema /data/spark_out                      # inferred\n"
+                                "  unihub add-schema /data/spark_out --schema schema.json\n"
+                                "  unihub add-schema /data/spark_out --unischema-class my_pkg.schemas.TrainSchema\n"
+                                "  unihub add-schema /data/train --petastorm-compatible   # for Petastorm readers too")
+    add.add_argument("url", help="dataset directory or URL")
+    given = add.add_mutually_exclusive_group()
+    given.add_argument("--schema", metavar="FILE", help="a Unischema JSON file (as unihub inspect --json writes)")
+    given.add_argument("--unischema-class", "--unischema_class", metavar="MODULE.ATTR",
+                       help="an importable unihub or Petastorm Unischema, e.g. my_pkg.schemas.TrainSchema")
+    add.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
+                     help="also write the metadata Petastorm 0.13.1 reads (default: when the store has Petastorm's)")
+    add.add_argument("--use-summary-metadata", action="store_true",
+                     help="also write _metadata with every file's row groups")
+    add.set_defaults(func=cmd_add_schema)
 
 
 def _format_names() -> list[str]:

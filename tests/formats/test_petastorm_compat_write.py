@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pickletools
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,10 @@ from unihub import (
     TensorCodec,
     Unischema,
     UnischemaField,
+    add_schema,
+    copy_dataset,
     dict_to_spark_row,
+    make_reader,
     materialize_dataset,
     open_dataset,
     write_dataset,
@@ -297,6 +301,39 @@ def test_petastorm_reads_what_write_dataset_wrote(petastorm_python, tmp_path):
         assert columns["price"][j] == row["price"], where
         for name in ("image", "gray", "photo", "emb", "boxes", "mask"):  # Petastorm's batches are not decoded
             assert columns[name][j] == raw[i][name], f"{where} {name}"
+
+
+@pytest.mark.slow
+def test_petastorm_reads_a_store_given_a_schema_and_a_copy(petastorm_python, tmp_path):
+    """``add-schema --petastorm-compatible`` on plain Parquet Spark wrote, and ``copy`` of Petastorm's own
+    dataset: Petastorm reads both, the copy exactly as it read the original (``expected.npz``)."""
+    plain = Path(shutil.copytree(FIXTURES / "plain", tmp_path / "plain"))
+    add_schema(plain, petastorm_compatible=True)
+    copy_dataset(None, FIXTURES / "unischema", tmp_path / "copy", ["id", "label", "score", "image_png", "gray",
+                                                                    "boxes", "mask"], ["label"], False, 2, 0.5)
+    plain_result, copy_result = read_with_petastorm(petastorm_python, [
+        {"url": plain, "reader": "make_reader"}, {"url": tmp_path / "copy", "reader": "make_reader"}], tmp_path)
+
+    with make_reader(FIXTURES / "plain", shuffle_row_groups=False, workers_count=1) as reader:
+        expected = {int(row.id): row for row in reader}
+    rows = petastorm_rows(plain_result)
+    assert rows.keys() == expected.keys()
+    for i, got in rows.items():
+        assert_exact(got["label"], expected[i].label, f"row {i}")
+        assert_exact(got["x"], expected[i].x, f"row {i}")
+        assert str(got["name"]) == expected[i].name
+        assert_exact(got["pair"], expected[i].pair, f"row {i} pair")
+
+    original = np.load(FIXTURES / "expected.npz")
+    rows = petastorm_rows(copy_result)
+    assert sorted(rows) == list(range(60))
+    for i, got in rows.items():
+        assert set(got) == {"id", "label", "score", "image_png", "gray", "boxes", "mask"}
+        for name, value in got.items():
+            if value is None:
+                assert f"{i}/{name}.isnull" in original, f"row {i} {name}"
+            else:
+                assert_exact(value, original[f"{i}/{name}"], f"row {i} {name}")
 
 
 @pytest.mark.spark
