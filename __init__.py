@@ -62,6 +62,7 @@ from unihub.readers.predicates import (
 )
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_batch_reader, make_reader
+from unihub.readers.throughput import reader_throughput
 from unihub.readers.transform import TransformSpec
 
 __version__ = "0.1.0"
@@ -75,8 +76,8 @@ __all__ = [
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader",
-    # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py
-    "add_schema", "copy_dataset", "generate_petastorm_metadata",
+    # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
+    "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

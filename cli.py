@@ -10,6 +10,7 @@ Examples::
     unihub verify /data/images /data/train                 # exit 0 only when equal
     unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
     unihub add-schema /data/spark_out --schema schema.json --petastorm-compatible
+    unihub throughput /data/train --field-regex image label -w 4 -n 2000
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -176,8 +177,32 @@ def cmd_add_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_throughput(args: argparse.Namespace) -> int:
+    from unihub.readers.throughput import reader_throughput
+
+    if not args.quiet:
+        fields = " ".join(args.field_regex) if args.field_regex else "all fields"
+        print(f"reading {args.url} ({fields}) with {args.workers_count} {args.pool_type} worker(s), "
+              f"{args.read_method}: {args.warmup_cycles:,} warmup rows, then {args.measure_cycles:,} measured",
+              file=sys.stderr, flush=True)
+    result = reader_throughput(args.url, args.field_regex, warmup_cycles_count=args.warmup_cycles,
+                               measure_cycles_count=args.measure_cycles, pool_type=args.pool_type,
+                               loaders_count=args.workers_count, profile_threads=args.profile_threads,
+                               read_method=args.read_method, shuffling_queue_size=args.shuffling_queue_size,
+                               min_after_dequeue=args.min_after_dequeue or int(0.8 * args.shuffling_queue_size),
+                               spawn_new_process=not args.in_process, progress=not args.quiet)
+    if args.json:
+        print(json.dumps({"url": args.url, "time_mean": result.time_mean,
+                          "samples_per_second": result.samples_per_second,
+                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu}, indent=2))
+    else:  # Petastorm's result line, word for word
+        print(f"Average sample read rate: {result.samples_per_second:1.2f} samples/sec; "
+              f"RAM {result.memory_info.rss / 2 ** 20:1.2f} MB (rss); CPU {result.cpu:1.2f}%")
+    return 0
+
+
 def _add_tool_parsers(sub: Any) -> None:
-    """Petastorm's command-line tools: ``copy`` and ``add-schema``."""
+    """``copy``, ``add-schema`` and ``throughput``: Petastorm's three command-line tools."""
     copy = sub.add_parser("copy", help="copy a dataset, keeping some fields and dropping rows with nulls "
                           "(petastorm-copy-dataset.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written "
@@ -226,6 +251,37 @@ def _add_tool_parsers(sub: Any) -> None:
     add.add_argument("--use-summary-metadata", action="store_true",
                      help="also write _metadata with every file's row groups")
     add.set_defaults(func=cmd_add_schema)
+
+    from unihub.readers.throughput import ReadMethod, WorkerPoolType
+
+    bench = sub.add_parser("throughput", help="measure a reader's rows per second (petastorm-throughput.py)",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Read URL with make_reader (num_epochs=None) and time one row per cycle "
+                                       "after the warmup cycles; prints Petastorm's result line (or --json) and "
+                                       "a progress line on stderr.",
+                           epilog="examples:\n"
+                                  "  unihub throughput /data/train\n"
+                                  "  unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process\n"
+                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json")
+    bench.add_argument("url", help="dataset directory or URL")
+    bench.add_argument("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)")
+    bench.add_argument("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)")
+    bench.add_argument("-p", "--pool-type", "--reader-pool-type", choices=[str(t) for t in WorkerPoolType],
+                       default="thread", help="the reader's worker pool (default thread)")
+    bench.add_argument("-m", "--warmup-cycles", type=int, default=200, help="rows read before timing (default 200)")
+    bench.add_argument("-n", "--measure-cycles", type=int, default=1000, help="rows timed (default 1000)")
+    bench.add_argument("--profile-threads", action="store_true", help="accepted for Petastorm's CLI; no effect")
+    bench.add_argument("-d", "--read-method", choices=[str(m) for m in ReadMethod], default="python",
+                       help="python: next(reader); tf: through make_petastorm_dataset (default python)")
+    bench.add_argument("-q", "--shuffling-queue-size", type=int, default=500,
+                       help="tf: rows in the tf.data shuffle buffer (default 500)")
+    bench.add_argument("--min-after-dequeue", type=int, help="accepted for Petastorm's CLI; tf.data has no such "
+                       "setting")
+    bench.add_argument("--in-process", action="store_true",
+                       help="measure in this process (default: a fresh one, so memory is the reader's alone)")
+    bench.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench.add_argument("--quiet", action="store_true", help="no progress line")
+    bench.set_defaults(func=cmd_throughput)
 
 
 def _format_names() -> list[str]:
