@@ -21,13 +21,17 @@ import sys as _sys
 if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMORY_POOL"):
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
+from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
+from unihub.converters.copy import copy_dataset
 from unihub.errors import (
     CodecError,
     DatasetExistsError,
     DatasetNotFoundError,
     FormatError,
     MissingDependencyError,
+    PetastormCompatibilityError,
     SchemaError,
+    SchemaMismatchError,
     UnihubError,
     UnsafeMetadataError,
     UnsupportedFormatError,
@@ -71,6 +75,7 @@ from unihub.readers.selectors import (
     SingleIndexSelector,
     UnionIndexSelector,
 )
+from unihub.readers.throughput import reader_throughput
 from unihub.readers.transform import TransformSpec
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -79,6 +84,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
+    "PetastormCompatibilityError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
@@ -87,6 +93,8 @@ __all__ = [
     "FieldNotNullIndexer", "IntersectIndexSelector", "RowGroupIndexError", "RowGroupIndexerBase",
     "RowGroupSelectorBase", "SingleFieldIndexer", "SingleIndexSelector", "UnionIndexSelector",
     "build_rowgroup_index", "get_row_group_indexes",
+    # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
+    "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

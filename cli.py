@@ -8,6 +8,9 @@ Examples::
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
+    unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
+    unihub add-schema /data/spark_out --schema schema.json --petastorm-compatible
+    unihub throughput /data/train --field-regex image label -w 4 -n 2000
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -160,6 +163,147 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.equal else 1
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    from unihub.converters.convert import ProgressMeter
+    from unihub.converters.copy import copy_dataset
+
+    meter = ProgressMeter(enabled=False if args.quiet else None)
+
+    def progress(rows: int, total: int) -> None:
+        meter.total_rows = total
+        meter.advance(rows - meter.rows, 0)
+
+    try:
+        result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
+                              args.partition_count, args.row_group_size_mb,
+                              petastorm_compatible=args.petastorm_compatible, engine=args.engine, master=args.master,
+                              progress=progress)
+    finally:
+        meter.close()
+    if not args.quiet:
+        print(result.summary(), file=sys.stderr)
+    return 0
+
+
+def cmd_add_schema(args: argparse.Namespace) -> int:
+    from unihub.converters.add_schema import add_schema
+
+    unischema_class = args.unischema_class
+    if unischema_class is not None and "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # 'module.attr' in the current directory, as with python -m
+    result = add_schema(args.url, args.schema, unischema_class=unischema_class,
+                        petastorm_compatible=args.petastorm_compatible, use_summary_metadata=args.use_summary_metadata)
+    print(result.summary())
+    return 0
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    from unihub.readers.throughput import reader_throughput
+
+    if not args.quiet:
+        fields = " ".join(args.field_regex) if args.field_regex else "all fields"
+        print(f"reading {args.url} ({fields}) with {args.workers_count} {args.pool_type} worker(s), "
+              f"{args.read_method}: {args.warmup_cycles:,} warmup rows, then {args.measure_cycles:,} measured",
+              file=sys.stderr, flush=True)
+    result = reader_throughput(args.url, args.field_regex, warmup_cycles_count=args.warmup_cycles,
+                               measure_cycles_count=args.measure_cycles, pool_type=args.pool_type,
+                               loaders_count=args.workers_count, profile_threads=args.profile_threads,
+                               read_method=args.read_method, shuffling_queue_size=args.shuffling_queue_size,
+                               min_after_dequeue=args.min_after_dequeue or int(0.8 * args.shuffling_queue_size),
+                               spawn_new_process=not args.in_process, progress=not args.quiet)
+    if args.json:
+        print(json.dumps({"url": args.url, "time_mean": result.time_mean,
+                          "samples_per_second": result.samples_per_second,
+                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu}, indent=2))
+    else:  # Petastorm's result line, word for word
+        print(f"Average sample read rate: {result.samples_per_second:1.2f} samples/sec; "
+              f"RAM {result.memory_info.rss / 2 ** 20:1.2f} MB (rss); CPU {result.cpu:1.2f}%")
+    return 0
+
+
+def _add_tool_parsers(sub: Any) -> None:
+    """``copy``, ``add-schema`` and ``throughput``: Petastorm's three command-line tools."""
+    copy = sub.add_parser("copy", help="copy a dataset, keeping some fields and dropping rows with nulls "
+                          "(petastorm-copy-dataset.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written "
+                                      "beside DST and renamed on success.",
+                          epilog="examples:\n"
+                                 "  unihub copy /data/train /data/small --field-regex id 'image.*' "
+                                 "--not-null-fields label\n"
+                                 "  unihub copy /data/train /data/train4 --partition-count 4 --row-group-size-mb 64\n"
+                                 "  unihub copy /data/train /data/copy --engine spark --master spark://host:7077")
+    copy.add_argument("src", help="source dataset (unihub, Petastorm or plain Parquet)")
+    copy.add_argument("dst", help="target dataset directory")
+    copy.add_argument("--field-regex", nargs="+", metavar="REGEX",
+                      help="copy only the fields whose names fully match one of these (names or regexes)")
+    copy.add_argument("--not-null-fields", nargs="+", metavar="FIELD",
+                      help="drop the rows where any of these fields is null")
+    copy.add_argument("--partition-count", "--partitions-count", type=int, metavar="N",
+                      help="write N files of equal rows (default: one per source file, partitions kept)")
+    copy.add_argument("--row-group-size-mb", type=float, help="Parquet row-group size (default 32)")
+    copy.add_argument("--overwrite", "--overwrite-output", action="store_true", help="replace DST if it exists")
+    copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
+                      help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
+    copy.add_argument("--engine", choices=("local", "spark"), default="local",
+                      help="copy in this process (local) or as Spark tasks, one per source file or partition")
+    copy.add_argument("--master", default="local[2]",
+                      help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
+    copy.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    copy.set_defaults(func=cmd_copy)
+
+    add = sub.add_parser("add-schema", help="write a Unischema into an existing Parquet store "
+                         "(petastorm-generate-metadata.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Write a Unischema into URL's _common_metadata (atomically; data files are "
+                                     "not touched): the one given, else the one the store has, else one inferred "
+                                     "from the Parquet types. It must match the store's columns.",
+                         epilog="examples:\n"
+                                "  unihub add-schema /data/spark_out                      # inferred\n"
+                                "  unihub add-schema /data/spark_out --schema schema.json\n"
+                                "  unihub add-schema /data/spark_out --unischema-class my_pkg.schemas.TrainSchema\n"
+                                "  unihub add-schema /data/train --petastorm-compatible   # for Petastorm readers too")
+    add.add_argument("url", help="dataset directory or URL")
+    given = add.add_mutually_exclusive_group()
+    given.add_argument("--schema", metavar="FILE", help="a Unischema JSON file (as unihub inspect --json writes)")
+    given.add_argument("--unischema-class", "--unischema_class", metavar="MODULE.ATTR",
+                       help="an importable unihub or Petastorm Unischema, e.g. my_pkg.schemas.TrainSchema")
+    add.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
+                     help="also write the metadata Petastorm 0.13.1 reads (default: when the store has Petastorm's)")
+    add.add_argument("--use-summary-metadata", action="store_true",
+                     help="also write _metadata with every file's row groups")
+    add.set_defaults(func=cmd_add_schema)
+
+    from unihub.readers.throughput import ReadMethod, WorkerPoolType
+
+    bench = sub.add_parser("throughput", help="measure a reader's rows per second (petastorm-throughput.py)",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Read URL with make_reader (num_epochs=None) and time one row per cycle "
+                                       "after the warmup cycles; prints Petastorm's result line (or --json) and "
+                                       "a progress line on stderr.",
+                           epilog="examples:\n"
+                                  "  unihub throughput /data/train\n"
+                                  "  unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process\n"
+                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json")
+    bench.add_argument("url", help="dataset directory or URL")
+    bench.add_argument("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)")
+    bench.add_argument("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)")
+    bench.add_argument("-p", "--pool-type", "--reader-pool-type", choices=[str(t) for t in WorkerPoolType],
+                       default="thread", help="the reader's worker pool (default thread)")
+    bench.add_argument("-m", "--warmup-cycles", type=int, default=200, help="rows read before timing (default 200)")
+    bench.add_argument("-n", "--measure-cycles", type=int, default=1000, help="rows timed (default 1000)")
+    bench.add_argument("--profile-threads", action="store_true", help="accepted for Petastorm's CLI; no effect")
+    bench.add_argument("-d", "--read-method", choices=[str(m) for m in ReadMethod], default="python",
+                       help="python: next(reader); tf: through make_petastorm_dataset (default python)")
+    bench.add_argument("-q", "--shuffling-queue-size", type=int, default=500,
+                       help="tf: rows in the tf.data shuffle buffer (default 500)")
+    bench.add_argument("--min-after-dequeue", type=int, help="accepted for Petastorm's CLI; tf.data has no such "
+                       "setting")
+    bench.add_argument("--in-process", action="store_true",
+                       help="measure in this process (default: a fresh one, so memory is the reader's alone)")
+    bench.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench.add_argument("--quiet", action="store_true", help="no progress line")
+    bench.set_defaults(func=cmd_throughput)
+
+
 def _format_names() -> list[str]:
     import unihub.formats.formats_all  # noqa: F401
     from unihub.formats.foreign import FORMATS
@@ -243,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a reading option of the foreign side (repeatable), as for convert")
     verify.set_defaults(func=cmd_verify)
+    _add_tool_parsers(sub)
     return parser
 
 

@@ -79,6 +79,14 @@ class PetastormMetadataError(SchemaError):
     """Petastorm's pickled metadata is corrupt or holds something unihub cannot convert."""
 
 
+class SchemaMismatchError(SchemaError):
+    """A Unischema does not describe the columns of the Parquet store it is given for."""
+
+
+class PetastormCompatibilityError(SchemaError):
+    """A field cannot be written in a form Petastorm 0.13.1 reads (a fixed-shape TensorCodec, RGBA images)."""
+
+
 class MissingDependencyError(UnihubError, ImportError):
     """An optional framework is not installed; the message names the extra to install."""
 

@@ -43,7 +43,7 @@ PETASTORM_PINS = [
     "pyarrow==14.0.2",
     "numpy<2",
     "pandas<3",
-    "opencv-python-headless<5",
+    "opencv-python-headless<4.12",  # newer ones need numpy 2: a looser pin makes pip download and discard several
     "setuptools<70",
     "pyspark==4.3.0",
 ]

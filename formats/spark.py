@@ -290,7 +290,8 @@ def _to_bytearray(value: Any) -> Any:
 # -- writing ---------------------------------------------------------------------------------
 @contextmanager
 def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_group_size_mb: float | None = None,
-                        use_summary_metadata: bool = False, filesystem_factory: Any = None) -> Iterator[None]:
+                        use_summary_metadata: bool = False, filesystem_factory: Any = None,
+                        petastorm_compatible: bool = False) -> Iterator[None]:
     """Context manager around a Spark Parquet write that makes it a Unischema dataset.
 
     For the job it sets ``parquet.block.size`` to ``row_group_size_mb`` (and lowers the row
@@ -302,10 +303,16 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
     ``_metadata`` file with every file's row groups (written by pyarrow, as Petastorm's
     option asked of parquet-mr). ``filesystem_factory`` (Petastorm's argument) returns the
     pyarrow or fsspec filesystem to write the metadata with; by default it is resolved
-    from ``dataset_url``.
+    from ``dataset_url``. ``petastorm_compatible=True`` also writes what Petastorm 0.13.1 needs
+    to open the dataset (its pickled Unischema and the row groups per file), so readers not yet
+    moved to unihub keep working; a field Petastorm cannot read is refused before the job runs.
     """
     if row_group_size_mb is not None and row_group_size_mb <= 0:
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
+    if petastorm_compatible:
+        from unihub.formats.petastorm_pickle import check_petastorm_compatible
+
+        check_petastorm_compatible(schema)
     job_hadoop = {_SUMMARY_LEVEL: "NONE"}
     if row_group_size_mb:
         job_hadoop[_BLOCK_SIZE] = str(int(row_group_size_mb * 2**20))
@@ -338,7 +345,7 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
                 spark.conf.set(key, value)
     filesystem = filesystem_factory() if filesystem_factory is not None else None
     write_common_metadata(_normalize_url(dataset_url), schema, filesystem=filesystem,
-                          summary=use_summary_metadata)
+                          summary=use_summary_metadata, petastorm_compatible=petastorm_compatible)
 
 
 def _hadoop_conf(spark: Any) -> Any:
@@ -358,10 +365,11 @@ def _normalize_url(url: str) -> str:
 
 
 def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: Any = None,
-                          summary: bool = False) -> None:
+                          summary: bool = False, petastorm_compatible: bool = False) -> None:
     """Write ``_common_metadata`` with the data files' Arrow schema plus the Unischema JSON.
 
     With ``summary``, also ``_metadata``: the same schema and every data file's row groups.
+    With ``petastorm_compatible``, also Petastorm's pickled Unischema and row groups per file.
     """
     from unihub.formats import filesystem as fsutil
     from unihub.formats.parquet import COMMON_METADATA, _list_data_files, _read_metadata
@@ -377,6 +385,10 @@ def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: An
     arrow_schema = first.schema.to_arrow_schema()
     metadata = dict(arrow_schema.metadata or {})
     metadata[SCHEMA_METADATA_KEY] = schema.to_json().encode()
+    if petastorm_compatible:
+        from unihub.formats.petastorm_write import petastorm_metadata
+
+        metadata.update(petastorm_metadata(schema, fs, root, paths))
     arrow_schema = arrow_schema.with_metadata(metadata)
     pq.write_metadata(arrow_schema, fsutil.join(root, COMMON_METADATA), filesystem=fs)
     if summary:

@@ -67,14 +67,18 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
                   overwrite: bool = False, validate: bool = True, filesystem: Any = None,
                   storage_options: dict[str, Any] | None = None,
-                  extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
+                  extra_metadata: Mapping[str, Any] | None = None,
+                  petastorm_compatible: bool = False) -> WriteResult:
     """Write rows (mappings of field -> value) or column batches as a Unischema dataset.
 
     ``rows_or_batches`` is an iterable of row mappings; with ``batched=True`` an iterable of
     column mappings (field -> array or sequence, one entry per row) or Arrow record
     batches/tables already in storage form; a single column mapping or table also works.
     ``extra_metadata`` (JSON-able) is kept under ``unihub.extra`` beside the schema, e.g. the
-    class names of a converted image folder.
+    class names of a converted image folder. ``petastorm_compatible=True`` also writes the
+    metadata Petastorm 0.13.1 needs to open the dataset (its pickled Unischema and the row
+    groups per file; see :mod:`unihub.formats.petastorm_write`), for readers not yet moved to
+    unihub; a field Petastorm cannot read is refused before anything is written.
 
     Example::
 
@@ -92,6 +96,10 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         if schema[key].numpy_dtype is np.bytes_:
             raise SchemaError(f"partition_by field {key!r} holds bytes, which have no text form for a "
                               "directory name; partition by a str or number field")
+    if petastorm_compatible:
+        from unihub.formats.petastorm_pickle import check_petastorm_compatible
+
+        check_petastorm_compatible(schema)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
     if fsutil.exists(fs, target) and not overwrite:
@@ -103,6 +111,10 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
             writer.add(batch)
         result = writer.close()
+        if petastorm_compatible:
+            from unihub.formats.petastorm_write import add_petastorm_metadata
+
+            add_petastorm_metadata(fs, writer.root, schema)
         fsutil.commit(fs, writer.root, target)
     except BaseException:
         writer.abort()

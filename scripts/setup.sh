@@ -15,3 +15,13 @@ missing = [m for m in ('torch', 'tensorflow', 'pyspark', 'h5py', 'webdataset', '
            if importlib.util.find_spec(m) is None]
 sys.exit('missing: ' + ', '.join(missing) if missing else 0)" \
   || { echo "setup: an install step failed (see above)" >&2; exit 1; }
+# Petastorm 0.13.1 in its own venv (.venv-petastorm: it needs pyarrow 14 and numpy 1): the tests read
+# the datasets unihub writes with petastorm_compatible=True with real Petastorm. About 2 minutes and
+# 1.8 GB the first time, a few seconds after (an import check). Its pip output goes to a log, shown on failure.
+log=$(mktemp)
+if ! .venv/bin/python benchmarks/petastorm_env.py --no-tf >/dev/null 2>"$log"; then
+  tail -n 40 "$log" >&2; rm -f "$log"
+  echo "setup: building the Petastorm venv failed (see above)" >&2; exit 1
+fi
+grep '^\[petastorm_env\] installed' "$log" || true
+rm -f "$log"
