@@ -196,6 +196,10 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
         foreign_format = dst_format if src_format == UNIHUB else src_format
         if _own_reader(FORMATS.get(foreign_format)):
             return _verify_native(src, dst, foreign_format, src_format == UNIHUB, options, max_differences)
+    if src_format == dst_format != UNIHUB and _own_reader(FORMATS.get(src_format)):
+        fmt = FORMATS.get(src_format)  # two files of one format: both through its own reader
+        return _compare(fmt(src, **options).reference_records(), fmt(dst, **options).reference_records(),
+                        max_differences, fmt.REFERENCE_READER or f"{src_format}'s own reader")
     return _verify_rows(src, dst, from_format, to_format, options, max_differences)
 
 
@@ -208,24 +212,30 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
     batches, schema, extra, _ = _unihub_batches(unihub_path, None, 256)
     source.prepare(schema)
     reference = source.reference_records()
-    projected = fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options)
+    projected = ((None, record) for record in
+                 fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options))
+    expected, found = (projected, reference) if export else (reference, projected)
+    return _compare(expected, found, max_differences, fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
+
+
+def _compare(expected: Iterator[tuple[str | None, Any]], found: Iterator[tuple[str | None, Any]],
+             max_differences: int, reference: str) -> VerifyReport:
+    """Records of the source and the target, ``(where, record)`` each (``where`` None for unihub rows),
+    compared in order; the report names each difference by record and by where the reader found it."""
     differences: list[str] = []
     counts = [0, 0]
-    for index, (theirs, ours) in enumerate(itertools.zip_longest(reference, projected)):
+    for index, (theirs, ours) in enumerate(itertools.zip_longest(expected, found)):
         counts[0] += theirs is not None
         counts[1] += ours is not None
         if theirs is None or ours is None or len(differences) >= max_differences:
             continue
-        where, record = theirs
-        expected, found = (ours, record) if export else (record, ours)
-        difference = first_difference(expected, found)
+        where = theirs[0] or ours[0]
+        difference = first_difference(theirs[1], ours[1])
         if difference is not None:
-            differences.append(f"record {index} ({where}), {difference}")
-    rows_source, rows_target = (counts[1], counts[0]) if export else (counts[0], counts[1])
-    if rows_source != rows_target:
-        differences.insert(0, f"record counts differ: {rows_source:,} in the source vs {rows_target:,} in the target")
-    return VerifyReport(not differences, rows_source, rows_target, differences[:max_differences],
-                        reference=fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
+            differences.append(f"record {index} ({where}), {difference}" if where else f"record {index}, {difference}")
+    if counts[0] != counts[1]:
+        differences.insert(0, f"record counts differ: {counts[0]:,} in the source vs {counts[1]:,} in the target")
+    return VerifyReport(not differences, counts[0], counts[1], differences[:max_differences], reference=reference)
 
 
 def _verify_rows(src: str, dst: str, from_format: str | None, to_format: str | None, options: dict[str, Any],

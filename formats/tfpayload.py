@@ -30,7 +30,15 @@ from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, check_on_er
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import encode_feature, ld, message_fields
 from unihub.formats.tfio import _fail
-from unihub.formats.tfschema import RowEncoder, _Mismatch, _Plan, _Stats, add_example, fields_from_stats
+from unihub.formats.tfschema import (
+    RowEncoder,
+    _Mismatch,
+    _Plan,
+    _Stats,
+    add_example,
+    fields_from_stats,
+    shape_features,
+)
 from unihub.formats.tfsequence import (
     LIST_PREFIX,
     ListStats,
@@ -135,8 +143,10 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
         fields += [list_field(names[name], stats, total) for name, stats in sorted(lists.items())]
     except ValueError as exc:
         raise SchemaError(f"{source.sources}: {exc}; give a schema file that says which to read") from None
-    source.options["feature_lists"] = [names[name] for name in sorted(lists)]
+    source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
     source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
+    source.shape_features = shape_features(context)
+    source._scanned = True
     return total, fields
 
 
@@ -293,7 +303,7 @@ def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:
 
 # -- writing --------------------------------------------------------------------------------------
 def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
-                empty_as_null: Sequence[str]) -> RowEncoder:
+                empty_as_null: Sequence[str], shape_features: Sequence[str] = ()) -> RowEncoder:
     """``(column batch, row) -> record bytes`` for the payloads other than ``example``."""
     fields = list(schema)
     if payload in ("tensor", "bytes"):
@@ -314,7 +324,7 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
         raise SchemaError(f"feature_lists names {unknown}, which are not fields of {schema.name!r}")
     context = schema.create_schema_view([f for f in fields if f.name not in feature_lists]) \
         if len(feature_lists) < len(fields) else Unischema(schema.name, [])
-    encode_context = _context_encoders(context, empty_as_null)
+    encode_context = _context_encoders(context, empty_as_null, shape_features)
     context_names = set(context.fields)
     lists = [(f.name, ld(1, list_name(f.name, context_names).encode()), StepsPlan.of(f, f.name).kind)
              for f in fields if f.name in feature_lists]
@@ -328,11 +338,11 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
     return encode
 
 
-def _context_encoders(context: Unischema, empty_as_null: Sequence[str]
+def _context_encoders(context: Unischema, empty_as_null: Sequence[str], shape_features: Sequence[str]
                       ) -> Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]:
     from unihub.formats.tfschema import _encoders
 
-    encoders = _encoders(context, empty_as_null)
+    encoders = _encoders(context, empty_as_null, shape_features)
     return lambda batch, row: [entry for name, empty, enc in encoders if name in batch
                                and ((value := batch[name][row]) is not None or empty) for entry in enc(value)]
 

@@ -63,6 +63,7 @@ from unihub.formats.tfschema import (
     empty_means_null,
     example_encoder,
     fields_from_stats,
+    shape_features,
 )
 
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
@@ -79,7 +80,7 @@ def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | N
                    ) -> Callable[[Iterable[str]], str | None]:
     """``check(feature names)``: the first feature of a record that no field reads (its values would
     be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
-    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields}
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
     chosen = None if selected is None else set(selected)
 
     def check(names: Iterable[str]) -> str | None:
@@ -160,6 +161,8 @@ class TFRecordFormat(ForeignFormat):
                                       "(default: the source's)", parse_list),
         "empty_as_null": FormatOption("fields whose nulls are written as empty lists, not left out "
                                       "(default: as in the source)", parse_list),
+        "shape_features": FormatOption("fields written with a <name>/shape feature holding each row's shape "
+                                       "(default: as in the source)", parse_list),
     }
 
     REFERENCE_READER = "TensorFlow's TFRecordDataset and protobuf messages"
@@ -167,8 +170,11 @@ class TFRecordFormat(ForeignFormat):
     def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
         super().__init__(sources, **options)
         #: features whose empty lists read as None (one value or none in every record): written back
-        #: as empty lists (found by the schema inference)
-        self.empty_as_null: list[str] = list(options.get("empty_as_null") or ())
+        #: as empty lists; and features a ``<name>/shape`` feature gave the shapes of: written back with
+        #: it (both found by the schema inference)
+        self.empty_as_null: list[str] = []
+        self.shape_features: list[str] = []
+        self._scanned = False
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -218,6 +224,8 @@ class TFRecordFormat(ForeignFormat):
             info["feature_lists"] = list(self.options["feature_lists"])
         if self.empty_as_null:
             info["empty_as_null"] = list(self.empty_as_null)
+        if self.shape_features:
+            info["shape_features"] = list(self.shape_features)
         return {"tfrecord": info} if info else {}
 
     @classmethod
@@ -226,18 +234,27 @@ class TFRecordFormat(ForeignFormat):
         still has), so an export gives the source back."""
         info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
         options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
-        for key in ("feature_lists", "empty_as_null"):
+        for key in ("feature_lists", "empty_as_null", "shape_features"):
             names = [name for name in info.get(key) or () if name in schema]
             if names:
                 options[key] = names
         return options
 
     def prepare(self, schema: Unischema) -> None:
-        """SequenceExamples: which fields of ``schema`` are feature lists, when no option said."""
+        """What the records say beyond a given schema: which fields are feature lists (SequenceExamples,
+        when no option said), which nulls were empty lists and which fields had ``/shape`` features
+        (a scan, when no inference ran), so that the metadata and an export keep them."""
         if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
             from unihub.formats.tfpayload import list_fields
 
             self.options["feature_lists"] = list_fields(self, list(schema))
+        if self.payload == "example" and not self._scanned:
+            stats, total = _scan_files({"on_error": self.on_error, **self.options}, self.files())
+            self._note(stats, total)
+        elif self.payload == "sequence_example" and not self._scanned:
+            from unihub.formats.tfpayload import infer_schema
+
+            infer_schema(self, self.payload, None)  # the context's empty lists and shape features
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfverify`)."""
@@ -313,8 +330,14 @@ class TFRecordFormat(ForeignFormat):
         if not fields:
             raise FormatError(f"{self.sources}: all {total:,} records are empty tf.train.Examples (no features): "
                               "nothing to convert", path=str(self.sources))
-        self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
+        self._note(stats, total)
         return Unischema("TFRecord", fields)
+
+    def _note(self, stats: dict[str, _Stats], total: int) -> None:
+        """Keep what the export needs from a scan: empty lists read as None, ``/shape`` features."""
+        self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
+        self.shape_features = shape_features(stats)
+        self._scanned = True
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
@@ -361,7 +384,7 @@ class TFRecordFormat(ForeignFormat):
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
               compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
-              **options: Any) -> list[str]:
+              shape_features: Sequence[str] | None = None, **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
@@ -374,11 +397,11 @@ class TFRecordFormat(ForeignFormat):
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
         kind = normalize_compression(compression) or "none"
         if payload == "example":
-            encode = example_encoder(schema, empty_as_null or ())
+            encode = example_encoder(schema, empty_as_null or (), shape_features or ())
         else:
             from unihub.formats.tfpayload import row_encoder
 
-            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or ())
+            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         target = os.fspath(target)

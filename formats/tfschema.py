@@ -113,12 +113,27 @@ def empty_means_null(stats: _Stats, total: int) -> bool:
     return stats.lengths == {0, 1} and stats.present == total
 
 
+def shape_features(stats: dict[str, _Stats]) -> list[str]:
+    """The features whose ``<name>/shape`` feature holds each record's shape: an int64 list of one
+    length (the rank) and no negative size, beside numbers, in the same records. Any other
+    ``<name>/shape`` is a feature like the rest (kept as a field)."""
+    bases = []
+    for name, stat in stats.items():
+        base = stats.get(name[:-len(SHAPE_SUFFIX)]) if name.endswith(SHAPE_SUFFIX) else None
+        if base is None or stat.kinds != {"int64"} or len(stat.lengths) != 1 or stat.present != base.present:
+            continue
+        if base.kinds and base.kinds <= {"float", "int64"} and all(min(s, default=0) >= 0 for s in stat.shapes):
+            bases.append(name[:-len(SHAPE_SUFFIX)])
+    return sorted(bases)
+
+
 def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
     """The fields of features seen with ``stats`` in ``total`` records, sorted by name; a ``<name>/shape``
-    feature beside ``<name>`` gives that field's shapes instead of being a field."""
-    sidecars = {n for n in stats if n.endswith(SHAPE_SUFFIX) and n[:-len(SHAPE_SUFFIX)] in stats}
-    return [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX)) for n, s in sorted(stats.items())
-            if n not in sidecars]
+    feature that holds ``<name>``'s shapes (:func:`shape_features`) gives them instead of being a field."""
+    shaped = set(shape_features(stats))
+    sidecars = {name + SHAPE_SUFFIX for name in shaped}
+    return [_infer_field(n, s, total, stats.get(n + SHAPE_SUFFIX) if n in shaped else None)
+            for n, s in sorted(stats.items()) if n not in sidecars]
 
 
 def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
@@ -145,7 +160,7 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
             return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
         return UnischemaField(name, dtype, (constant if constant else None,), None, nullable)
     dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
-    if shape_stats is not None and shape_stats.kinds == {"int64"} and len(shape_stats.lengths) == 1:
+    if shape_stats is not None:
         shapes = shape_stats.shapes
         rank = next(iter(shape_stats.lengths))
         shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
@@ -274,10 +289,11 @@ def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) 
 RowEncoder = Callable[[Mapping[str, Any], int], bytes]
 
 
-def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = ()) -> RowEncoder:
+def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = ()) -> RowEncoder:
     """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
-    write None as an empty list, other None values leave their feature out."""
-    encoders = _encoders(schema, empty_as_null)
+    write None as an empty list, other None values leave their feature out; fields in ``shapes`` write
+    a ``<name>/shape`` feature (as do those whose shape the flat values do not determine)."""
+    encoders = _encoders(schema, empty_as_null, shapes)
 
     def encode(batch: Mapping[str, Any], row: int) -> bytes:
         return encode_entries(entry for name, empty, enc in encoders if name in batch
@@ -286,7 +302,8 @@ def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = ()) -> Row
     return encode
 
 
-def _encoders(schema: Unischema, empty_as_null: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
+def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
+              shapes: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
     """``(field name, None is an empty list, value -> [(encoded key, feature), ...])`` for each field,
     checked up front."""
     out = []
@@ -313,7 +330,7 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = ()) -> list[tupl
         else:
             kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
             sidecar = ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
-                else None
+                or (f.name in shapes and f.shape) else None
 
             def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
                        sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:

@@ -288,3 +288,57 @@ def test_verify_names_a_lost_field(tmp_path: Path) -> None:
     assert not report.equal
     assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/text: "
                                      "expected ('bytes', [b'']), found nothing (missing)")
+
+
+# -- <name>/shape features ------------------------------------------------------------------------
+def test_shape_features_are_kept_and_written_back(tmp_path: Path) -> None:
+    def example(h: int) -> bytes:
+        return tf.train.Example(features=tf.train.Features(feature={
+            "img/data": _f(list(range(h * 6)), "float"), "img/data/shape": _f([h, 2, 3], "int64"),
+            "fixed": _f([1, 2, 3, 4], "int64"), "fixed/shape": _f([2, 2], "int64"),     # always one shape
+            "x": _f([1.0, 2.0, 3.0, 4.0], "float"), "x/shape": _f([2.0, 2.0], "float"),  # not int64: a field
+            "b": _f([b"a", b"b"], "bytes"), "b/shape": _f([2], "int64"),                 # beside bytes: a field
+            "n": _f([1, 2], "int64"), "n/shape": _f([-1, 2], "int64"),                   # negative: a field
+        })).SerializeToString()
+
+    src = _records(tmp_path / "shape.tfrecord", [example(h) for h in (1, 2, 3)])
+    convert(src, tmp_path / "ds")
+    schema = open_dataset(str(tmp_path / "ds")).schema
+    assert schema["img/data"].shape == (None, 2, 3) and schema.fixed.shape == (2, 2)
+    assert {"x/shape", "b/shape", "n/shape"} <= set(schema.fields) and "img/data/shape" not in schema.fields
+    rows = _rows(tmp_path / "ds")
+    assert rows[1]._asdict()["img/data"].shape == (2, 2, 3) and rows[0]._asdict()["x/shape"].tolist() == [2.0, 2.0]
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    back = [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")]
+    assert back == [tf.train.Example.FromString(r) for r in _read(src)]  # the /shape features included
+    assert verify(src, tmp_path / "back.tfrecord").equal  # two TFRecord files: both read by TensorFlow
+
+
+def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path) -> None:
+    a = _records(tmp_path / "a.tfrecord", [tf.train.Example(features=tf.train.Features(feature={
+        "x": _f([1.0, 2.0], "float"), "x/shape": _f([2], "int64")})).SerializeToString()])
+    b = _records(tmp_path / "b.tfrecord", [tf.train.Example(features=tf.train.Features(feature={
+        "x": _f([1.0, 2.0], "float")})).SerializeToString()])
+    report = verify(a, b)
+    assert not report.equal and "TensorFlow" in report.summary()
+    assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/x/shape: "
+                                     "expected ('int64', int64[1] [2]), found nothing (missing)")
+
+
+def test_a_given_schema_keeps_empty_lists_and_shape_features(tmp_path: Path) -> None:
+    def example(i: int) -> bytes:
+        return tf.train.Example(features=tf.train.Features(feature={
+            "emp": _f([] if i % 2 == 0 else [1.0], "float"),
+            "img": _f(list(range(i * 2)), "int64"), "img/shape": _f([i, 2], "int64")})).SerializeToString()
+
+    src = _records(tmp_path / "e.tfrecord", [example(i) for i in range(4)])
+    convert(src, tmp_path / "ds")
+    (tmp_path / "s.json").write_text(open_dataset(str(tmp_path / "ds")).schema.to_json())
+    convert(src, tmp_path / "given", schema=tmp_path / "s.json")
+    extra = open_dataset(str(tmp_path / "given")).extra_metadata["tfrecord"]
+    assert extra["empty_as_null"] == ["emp"] and extra["shape_features"] == ["img"]
+    convert(tmp_path / "given", tmp_path / "back.tfrecord")
+    assert [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")] == \
+        [tf.train.Example.FromString(r) for r in _read(src)]
