@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.converters.readahead import read_ahead
-from unihub.errors import DatasetExistsError, SchemaError, UnsupportedFormatError
+from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats.foreign import (
     FORMATS,
     ColumnBatch,
@@ -176,6 +176,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         write_options = _export_options(target_format, extra, out_schema, overwrite,
                                         options if source_format == UNIHUB else {})
     counted = meter.count(batches)
+    if report is not None:  # every record skipped as bad: an error before anything is committed
+        counted = _refuse_all_skipped(counted, meter, lambda: report.report.skipped)
     try:
         if target_format == UNIHUB:
             from unihub.formats.writer import write_dataset
@@ -229,6 +231,8 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
         else:
             rows, task_skips, seen = tasks.run_task(plan, temporary, 0, files, wrap=watch)
             observed = [seen]
+        if rows == 0 and (task_skips or skipped):
+            raise _all_skipped([*skipped, *(SkippedRecord(*s) for s in task_skips)])
         if observe:
             refined = source.refine_schema([o for o in observed if o is not None])
             if not same_storage(refined, schema):
@@ -245,6 +249,21 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
     skipped.extend(SkippedRecord(*s) for s in task_skips)
     return ConvertResult(",".join(source.sources), dst, source.format_name, UNIHUB, rows,
                          time.perf_counter() - start, bytes_read=input_bytes, skipped=skipped)
+
+
+def _all_skipped(skipped: list[SkippedRecord]) -> FormatError:
+    first = skipped[0]
+    return FormatError(f"every record was skipped as bad ({len(skipped):,}), so nothing was converted; the first: "
+                       f"{first.path} {first.location}: {first.reason}", path=first.path)
+
+
+def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
+                        skipped: Callable[[], list[SkippedRecord]]) -> Iterator[ColumnBatch]:
+    """``batches``, raising at their end when none had a row and records were skipped (never 0 rows
+    with exit 0 from a source whose every record was bad)."""
+    yield from batches
+    if meter.rows == 0 and skipped():
+        raise _all_skipped(list(skipped()))
 
 
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],

@@ -232,6 +232,12 @@ class ForeignFormat(ABC):
         """The input files, expanded from :attr:`sources` (sorted, deterministic)."""
         return expand_sources(self.sources)
 
+    @property
+    def where(self) -> str:
+        """The sources for messages: ``a.tfrecord``, or ``a.tfrecord, b.tfrecord and 8 more``."""
+        shown = ", ".join(self.sources[:2])
+        return shown + (f" and {len(self.sources) - 2} more" if len(self.sources) > 2 else "")
+
     @classmethod
     @abstractmethod
     def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:

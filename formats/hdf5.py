@@ -226,7 +226,7 @@ class HDF5Format(ForeignFormat):
     def _files(self) -> list[str]:
         files = self.files()
         if not files:
-            raise FormatError(f"no HDF5 files in {self.sources}", path=self.sources[0] if self.sources else None)
+            raise FormatError(f"no HDF5 files in {self.where}", path=self.sources[0] if self.sources else None)
         return files
 
     # -- export -------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class ImageFolderFormat(ForeignFormat):
         super().__init__(sources, **options)
         if len(self.sources) != 1:
             raise FormatError(f"an image folder is one root directory, got {len(self.sources)} sources: "
-                              f"{self.sources}")
+                              f"{self.where}")
         self.root = self.sources[0]
         if not os.path.isdir(self.root):
             raise DatasetNotFoundError(f"{self.root}: not a directory; an image folder is a directory of "

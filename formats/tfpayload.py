@@ -117,7 +117,8 @@ def infer_schema(source: TFRecordFormat, kind: str, sample_records: int | None) 
     else:
         total, fields = _infer_sequence(source, records, report)
     if total == 0:
-        raise FormatError(f"{source.sources}: no TFRecord records to infer a schema from", path=str(source.sources))
+        raise FormatError(f"{source.where}: no readable TFRecord records to infer a schema from (empty files, or "
+                          "every record skipped as bad)", path=source.sources[0])
     return Unischema("TFRecord", fields)
 
 
@@ -142,7 +143,7 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
     try:
         fields += [list_field(names[name], stats, total) for name, stats in sorted(lists.items())]
     except ValueError as exc:
-        raise SchemaError(f"{source.sources}: {exc}; give a schema file that says which to read") from None
+        raise SchemaError(f"{source.where}: {exc}; give a schema file that says which to read") from None
     source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
     source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
     source.shape_features = shape_features(context)

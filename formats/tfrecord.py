@@ -325,11 +325,15 @@ class TFRecordFormat(ForeignFormat):
     def _schema_from(self, stats: dict[str, _Stats], total: int) -> Unischema:
         stats = _selected(stats, self.options.get("fields"), self.sources)
         if total == 0:
-            raise FormatError(f"{self.sources}: no TFRecord records to infer a schema from", path=str(self.sources))
-        fields = fields_from_stats(stats, total)
+            raise FormatError(f"{self.where}: no readable TFRecord records to infer a schema from (empty files, "
+                              "or every record skipped as bad)", path=self.sources[0])
+        try:
+            fields = fields_from_stats(stats, total)
+        except SchemaError as exc:
+            raise SchemaError(f"{self.where}: {exc}") from None
         if not fields:
-            raise FormatError(f"{self.sources}: all {total:,} records are empty tf.train.Examples (no features): "
-                              "nothing to convert", path=str(self.sources))
+            raise FormatError(f"{self.where}: all {total:,} records are empty tf.train.Examples (no features): "
+                              "nothing to convert", path=self.sources[0])
         self._note(stats, total)
         return Unischema("TFRecord", fields)
 

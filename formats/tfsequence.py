@@ -184,4 +184,4 @@ class StepsPlan:
         if self.k is None:
             return [np.asarray(step, dtype) for step in values]
         flat = np.concatenate([np.asarray(step, dtype) for step in values]) if values else np.empty(0, dtype)
-        return flat if self.k == 1 else flat.reshape(-1, self.k)
+        return flat if self.k == 1 else flat.reshape(len(values), self.k)  # k = 0: (steps, 0)

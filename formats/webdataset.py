@@ -236,7 +236,7 @@ class WebDatasetFormat(ForeignFormat):
         else:
             stats, seen = _scan_shards((files, sample_records, self.group_keys))
         if seen == 0:
-            raise FormatError(f"no samples in {self.sources}: the shards are empty or hold no <key>.<ext> "
+            raise FormatError(f"no samples in {self.where}: the shards are empty or hold no <key>.<ext> "
                               "members", path=self.sources[0] if self.sources else None)
         fields = [UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)]
         fields += [stats[ext].field(nullable=stats[ext].count < seen) for ext in sorted(stats)]

@@ -173,7 +173,7 @@ def test_conflicting_kinds_and_empty_input(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="'a'"):
         TFRecordFormat(str(path)).infer_schema()
     empty = _write_own(tmp_path / "empty.tfrecord", [])
-    with pytest.raises(FormatError, match="no TFRecord records"):
+    with pytest.raises(FormatError, match="no readable TFRecord records"):
         TFRecordFormat(str(empty)).infer_schema()
 
 

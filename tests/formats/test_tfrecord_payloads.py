@@ -342,3 +342,41 @@ def test_a_given_schema_keeps_empty_lists_and_shape_features(tmp_path: Path) -> 
     convert(tmp_path / "given", tmp_path / "back.tfrecord")
     assert [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")] == \
         [tf.train.Example.FromString(r) for r in _read(src)]
+
+
+def test_feature_lists_whose_steps_are_all_empty(tmp_path: Path) -> None:
+    records = [tf.train.SequenceExample(
+        context=tf.train.Features(feature={"id": _f([r], "int64")}),
+        feature_lists=tf.train.FeatureLists(feature_list={"x": tf.train.FeatureList(feature=[_f([], "int64")] * 2)}),
+    ).SerializeToString() for r in range(3)]
+    src = _records(tmp_path / "c.tfrecord", records)
+    convert(src, tmp_path / "ds")
+    assert all(r.x.shape == (2, 0) and r.x.dtype == np.int64 for r in _rows(tmp_path / "ds"))
+    assert verify(src, tmp_path / "ds").equal
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert [tf.train.SequenceExample.FromString(r) for r in _read(tmp_path / "back.tfrecord")] == \
+        [tf.train.SequenceExample.FromString(r) for r in records]
+
+
+def test_every_record_skipped_is_an_error_not_an_empty_dataset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    good = tf.train.Example(features=tf.train.Features(feature={"id": _f([1], "int64")})).SerializeToString()
+    src = _records(tmp_path / "bad.tfrecord", [good, good])
+    data = bytearray(src.read_bytes())
+    data[20] ^= 0xFF  # record 0's data CRC
+    data[-6] ^= 0xFF  # record 1's
+    src.write_bytes(bytes(data))
+    for workers in ("1", "2"):
+        assert main(["convert", str(src), str(tmp_path / "ds"), "--skip-corrupt", "--quiet",
+                     "--workers", workers]) == 1
+        err = capsys.readouterr().err
+        assert "unihub: error:" in err and ("every record was skipped as bad" in err or "no readable" in err)
+        assert not _left(tmp_path, "ds")
+    # records that parse, none of which fits a given schema: skipped, then refused before the commit
+    src = _records(tmp_path / "other.tfrecord", [good, good])
+    schema = {"format": "unihub.unischema", "version": 1, "name": "S", "fields": [
+        {"name": "x", "dtype": "int64", "shape": [], "codec": {"type": "scalar", "arrow_type": "int64"},
+         "nullable": False}]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    with pytest.raises(FormatError, match=r"every record was skipped as bad \(2\).*feature 'x': missing"):
+        convert(src, tmp_path / "ds", schema=tmp_path / "s.json", on_error="skip", format_options={"fields": ["x"]})
+    assert not _left(tmp_path, "ds")
