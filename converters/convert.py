@@ -314,6 +314,8 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
     extra = dict(store.extra_metadata)
 
     def batches() -> Iterator[ColumnBatch]:
+        if store.num_rows == 0:  # an empty dataset exports (and verifies) as empty
+            return
         with make_batch_reader(store, schema_fields=list(schema.fields), shuffle_row_groups=False,
                                decode_images=False, workers_count=2, petastorm_types=False) as reader:
             names = list(reader.schema.fields)  # field names need not be identifiers (``image.png``)

@@ -124,7 +124,11 @@ def _append(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
 
 def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:
     rows = chunk_rows_for(dtype, shape, options["chunk_rows"])
-    return group.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), chunks=(rows, *shape),
+    # a zero-size dimension cannot hold a chunk of size 0: chunk it by 1 and leave its extent open
+    # (HDF5 allows a chunk larger than the data only along an unlimited dimension)
+    chunks = (rows, *(d or 1 for d in shape))
+    maxshape = (None, *(d if d else None for d in shape))
+    return group.create_dataset(name, shape=(0, *shape), maxshape=maxshape, chunks=chunks,
                                 dtype=dtype, compression=options["compression"])
 
 

@@ -478,3 +478,23 @@ def test_an_external_link_is_refused_by_name_or_left_out_when_asked(tmp_path: Pa
     with pytest.warns(UserWarning, match="left out .ignore_unsupported.: 'labels'"):
         result = convert(tmp_path / "main.h5", tmp_path / "ds", format_options={"ignore_unsupported": True})
     assert [s.location for s in result.skipped] == ["dataset 'labels'"]
+
+
+def test_zero_size_dimensions_and_zero_rows_export_and_verify(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "zerodim.h5", "w") as f:
+        f.create_dataset("x", data=np.zeros((4, 0), "f4"))
+        f.create_dataset("y", data=np.arange(4))
+    with h5py.File(tmp_path / "zero.h5", "w") as f:
+        f.create_dataset("x", data=np.zeros((0, 3), "f4"))
+        f.create_dataset("y", data=np.zeros(0, "i8"))
+    for name, rows in (("zerodim", 4), ("zero", 0)):
+        src, ds, back = tmp_path / f"{name}.h5", tmp_path / f"{name}_ds", tmp_path / f"{name}_back.h5"
+        convert(src, ds)
+        convert(ds, back)
+        for a, b in ((src, ds), (ds, back), (src, back)):
+            report = verify(a, b)
+            assert report.equal and report.rows_source == rows, report.summary()
+        with h5py.File(back) as f:
+            assert f["x"].shape == h5py.File(src)["x"].shape and f["x"].dtype == np.float32
