@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from unihub.formats.tfrecord import TFRecordFormat
 
 PAYLOADS = ("auto", "example", "sequence_example", "tensor", "bytes")
+_TENSOR_FIELDS = 18  # TensorProto's field numbers run from 1 (dtype) to 18 (float8_val)
 TENSOR_FIELD = "tensor"
 BYTES_FIELD = "record"
 _WHAT = {"example": "tf.train.Example", "sequence_example": "tf.train.SequenceExample",
@@ -74,11 +75,9 @@ def classify(data: bytes) -> str | None:
         return "example"
     if fields <= {(1, 2), (2, 2)}:
         return "sequence_example"
-    try:
-        parse_tensor(data)
-    except TensorProtoError:
-        return None
-    return "tensor"
+    if (1, 0) in fields and all(number <= _TENSOR_FIELDS for number, _ in fields):
+        return "tensor"  # a TensorProto's layout: one unihub cannot store is refused by its dtype, by name
+    return None
 
 
 def detect(source: TFRecordFormat) -> str:
@@ -172,7 +171,8 @@ def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnEr
         try:
             array = parse_tensor(data)
         except TensorProtoError as exc:
-            _fail(path, index, offset, f"not a TensorProto like the records before it: {exc}", on_error, report)
+            _fail(path, index, offset, str(exc) if first is None else f"{exc} (the records before it are "
+                  "TensorProtos)", on_error, report)
             continue
         if first is None:
             first = (path, index, array)

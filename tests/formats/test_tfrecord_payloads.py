@@ -212,11 +212,13 @@ def test_tensors_of_different_dtypes_or_unstorable_ones_are_refused(tmp_path: Pa
                                           r"record 0 of .*m\.tfrecord a float32 rank-1 one"):
         convert(mixed, tmp_path / "ds")
     complex_ = _records(tmp_path / "c.tfrecord", [_tensor([1 + 2j])])
-    with pytest.raises(FormatError, match=r"c\.tfrecord: record 0 at byte offset 0 is not a tf.train.Example, "
-                                          r"SequenceExample or TensorProto"):
-        convert(complex_, tmp_path / "ds")
-    with pytest.raises(FormatError, match="complex128, which has no exact numpy/Arrow equivalent"):
-        convert(complex_, tmp_path / "ds", format_options={"payload": "tensor"})
+    for options in ({}, {"payload": "tensor"}):  # refused by its dtype, by name
+        with pytest.raises(FormatError, match=r"c\.tfrecord: record 0 at byte offset 0: a tensor of dtype complex128, "
+                                              "which has no exact numpy/Arrow equivalent"):
+            convert(complex_, tmp_path / "ds", format_options=options)
+    bfloat = _records(tmp_path / "bf.tfrecord", [_tensor([1.0], tf.bfloat16)])
+    with pytest.raises(FormatError, match="record 0 at byte offset 0: a tensor of dtype bfloat16"):
+        convert(bfloat, tmp_path / "ds")
     assert not _left(tmp_path, "ds")
 
 
