@@ -142,8 +142,12 @@ def _default_arrow_type(field: UnischemaField) -> pa.DataType:
 class Unischema:
     """A named, ordered collection of :class:`UnischemaField`; fields are attributes too."""
 
-    def __init__(self, name: str, fields: Iterable[UnischemaField]) -> None:
+    def __init__(self, name: str, fields: Iterable[UnischemaField], *,
+                 attributes: Mapping[str, str] | None = None) -> None:
+        """``attributes``: row attribute names to keep (a view's parent's), so that an attribute means
+        the same field whichever fields a reader selects (see :attr:`attribute_names`)."""
         self._name = name
+        self._inherited = dict(attributes or {})
         self._fields: OrderedDict[str, UnischemaField] = OrderedDict()
         for field in fields:
             if not isinstance(field, UnischemaField):
@@ -198,7 +202,7 @@ class Unischema:
     def create_schema_view(self, fields: Iterable[UnischemaField | str]) -> Unischema:
         """A schema with only ``fields``: fields, exact names or regular expressions."""
         selected = match_unischema_fields(self, fields)
-        return Unischema(f"{self._name}_view", selected)
+        return Unischema(f"{self._name}_view", selected, attributes=self.attribute_names)
 
     def select(self, fields: Iterable[UnischemaField | str]) -> Unischema:
         """Alias of :meth:`create_schema_view`."""
@@ -243,12 +247,20 @@ class Unischema:
         A name that is already an identifier keeps it (``a_b``). Any other (HDF5 ``group/x``,
         WebDataset ``seg.png``, ``__key__``, ``class``) is cleaned (``group_x``, ``seg_png``, ``key``,
         ``class_``); a cleaned name that another field has, or an earlier cleaned one took, gets a
-        suffix (``a/b`` beside ``a_b`` -> ``a_b_2``). Dicts (loaders, ``make_tf_dataset``) use the
-        field names themselves; ``schema_fields`` accepts either.
+        suffix (``a/b`` beside ``a_b`` -> ``a_b_2``). A view (a reader's ``schema_fields``) keeps the
+        names of the schema it was cut from, so ``row.a_b_2`` is ``a/b`` whatever else is selected.
+        Dicts (loaders, ``make_tf_dataset``) use the field names themselves; ``schema_fields`` accepts either.
         """
         taken = {name for name in self._fields if _is_attribute(name)}
         out: dict[str, str] = {}
+        for name in self._fields:  # names inherited from the schema this one was cut from, where free
+            inherited = self._inherited.get(name)
+            if inherited is not None and not _is_attribute(name) and inherited not in taken:
+                out[name] = inherited
+                taken.add(inherited)
         for name in self._fields:
+            if name in out:
+                continue
             if _is_attribute(name):
                 out[name] = name
                 continue
@@ -258,7 +270,7 @@ class Unischema:
                 attribute, n = f"{base}_{n}", n + 1
             taken.add(attribute)
             out[name] = attribute
-        return out
+        return {name: out[name] for name in self._fields}  # in field order: the namedtuple's order
 
     @cached_property
     def _namedtuple(self) -> type:

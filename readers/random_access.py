@@ -35,7 +35,7 @@ class Dataset:
         fields, ngram = _resolve_fields(self.store.schema, schema_fields)
         if ngram is not None:
             raise TypeError("random access takes field names, not an NGram")
-        self.schema = Unischema(self.store.schema.name, fields)
+        self.schema = Unischema(self.store.schema.name, fields, attributes=self.store.schema.attribute_names)
         self.decode_images = decode_images
         self._row_type = self.schema._get_namedtuple()
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()

@@ -75,7 +75,7 @@ class Reader:
         self._predicate = predicate
         self._transform_spec = transform_spec
         self._filters = filters
-        read_schema = Unischema(store.schema.name, self._read_fields)
+        read_schema = Unischema(store.schema.name, self._read_fields, attributes=store.schema.attribute_names)
         self.schema = transform_schema(read_schema, transform_spec)
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (2**63))

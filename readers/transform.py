@@ -80,7 +80,7 @@ def transform_schema(schema: Unischema, spec: TransformSpec | None) -> Unischema
                           f"(it produces {[f.name for f in fields]}); they are ignored", stacklevel=3)
         by_name = {f.name: f for f in fields}
         fields = [by_name[n] for n in dict.fromkeys(selected) if n in by_name]
-    return Unischema(f"{schema.name}_transformed", fields)
+    return Unischema(f"{schema.name}_transformed", fields, attributes=schema.attribute_names)
 
 
 def apply_to_rows(spec: TransformSpec, out_schema: Unischema, columns: dict[str, Any], num_rows: int) -> dict[str, Any]:

@@ -66,3 +66,20 @@ def test_make_tf_dataset_keys_by_field_name(dataset: str) -> None:
     assert {k: int(v[0]) for k, v in batch.items()} == EXPECTED
     rows = make_tf_dataset(dataset, 6, workers_count=1, structure="namedtuple")
     assert int(next(iter(rows)).a_b_2[0]) == 0
+
+
+def test_an_attribute_means_one_field_whatever_is_selected(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
+
+    schema = Unischema("S", [UnischemaField(n, np.int64, (), ScalarCodec(pa.int64()), False)
+                             for n in ("a/b", "a_b", "a.b")])
+    url = str(tmp_path_factory.mktemp("views") / "ds")
+    write_dataset(url, schema, [{"a/b": 100, "a_b": 200, "a.b": 0}])
+    for selected in (None, ["a/b"], ["a_b_2"], ["a.b"], ["a_b", "a.b"], ["a.b", "a/b"]):
+        with make_reader(url, schema_fields=selected, workers_count=1) as reader:
+            row = next(iter(reader))
+        values = {"a_b_2": 100, "a_b": 200, "a_b_3": 0}
+        assert all(getattr(row, attribute) == values[attribute] for attribute in row._fields), (selected, row)
