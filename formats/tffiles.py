@@ -21,6 +21,7 @@ directory holding several sets (``train`` and ``validation``) converts one, chos
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -44,6 +45,8 @@ class Listing:
     files: list[str]
     ignored: list[str] = field(default_factory=list)  # files in the directories that hold no records
     splits: dict[str, list[str]] = field(default_factory=dict)  # shard set ('dir/stem-*-of-n') -> its files
+    #: shard set -> the globs that listed it (None: a directory, which lists every file)
+    globs: dict[str, set[str | None]] = field(default_factory=dict)
     tfds: dict[str, Any] = field(default_factory=dict)  # TFDS JSON files found beside the records
 
 
@@ -69,17 +72,14 @@ def _stem(key: str) -> str:
 def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Callable[[str], bool]) -> Listing:
     """The record files named by ``sources`` (sorted), checked for missing shards; see the module docstring."""
     listing = Listing([])
-    named: list[str] = []  # files named one by one (a task's slice, say): their sets need not be whole
     for source in sources:
         for pattern in expand_braces(source):
             if os.path.isdir(pattern):
                 _add_directory(listing, pattern, is_record_file)
-            else:
+            else:  # a file named one by one (a task's slice, say) is what was chosen; a glob is checked
                 matched = expand_sources([pattern])
                 listing.files.extend(matched)
-                _note_sets(listing, matched)
-                if not any(c in pattern for c in "*?["):
-                    named.extend(matched)
+                _note_sets(listing, matched, pattern if any(c in pattern for c in "*?[") else "")
     listing.files = sorted(dict.fromkeys(listing.files))
     if split is not None:
         _choose_split(listing, split, sources)
@@ -88,7 +88,7 @@ def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Cal
         raise FormatError(f"{sources[0]}: holds {len(listing.splits)} shard sets ({sets}); converting them together "
                           "would mix splits: choose one with --option split=NAME (e.g. split="
                           f"{split_name(sorted(listing.splits)[0])}), or convert each", path=sources[0])
-    _check_complete(listing, set(named))
+    _check_complete(listing)
     return listing
 
 
@@ -108,7 +108,7 @@ def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], 
             else:
                 listing.ignored.append(path)
     listing.files.extend(records)
-    _note_sets(listing, records)
+    _note_sets(listing, records, None)
 
 
 def _keep_tfds(listing: Listing, path: str, name: str) -> None:
@@ -120,12 +120,15 @@ def _keep_tfds(listing: Listing, path: str, name: str) -> None:
         pass  # provenance only: an unreadable JSON file changes no record
 
 
-def _note_sets(listing: Listing, paths: Sequence[str]) -> None:
+def _note_sets(listing: Listing, paths: Sequence[str], glob: str | None) -> None:
+    """Group shard-named ``paths`` into sets; ``glob`` lists them (None: a directory, '': named one by one)."""
     for path in paths:
         match = _SHARD.match(os.path.basename(path))
         if match is not None:
             key = os.path.join(os.path.dirname(path), f"{match['stem']}-*-of-{match['count']}{match['suffix']}")
             listing.splits.setdefault(key, []).append(path)
+            if glob != "":
+                listing.globs.setdefault(key, set()).add(glob)
 
 
 def _choose_split(listing: Listing, split: str, sources: Sequence[str]) -> None:
@@ -139,18 +142,21 @@ def _choose_split(listing: Listing, split: str, sources: Sequence[str]) -> None:
     listing.splits = chosen
 
 
-def _check_complete(listing: Listing, named: set[str]) -> None:
+def _check_complete(listing: Listing) -> None:
+    """Refuse a shard set that lacks a shard its directory or glob would have listed (files named one by
+    one, or a glob for some shards only, are what the user chose)."""
     for key, files in sorted(listing.splits.items()):
-        if named.issuperset(files):
+        globs = listing.globs.get(key)
+        if not globs:
             continue
-        numbers = set()
-        count = 0
-        for path in files:
-            match = _SHARD.match(os.path.basename(path))
-            if match is not None:  # always: only shard names were noted
-                numbers.add(int(match["index"]))
-                count = int(match["count"])
-        missing = sorted(set(range(count)) - numbers)
+        present = {os.path.basename(p) for p in files}
+        match = _SHARD.match(os.path.basename(files[0]))
+        if match is None:  # never: only shard names were noted
+            continue
+        width, count = len(match["index"]), int(match["count"])
+        names = {i: f"{match['stem']}-{i:0{width}d}-of-{match['count']}{match['suffix']}" for i in range(count)}
+        missing = [i for i, name in names.items() if name not in present and
+                   any(g is None or fnmatch.fnmatch(os.path.join(os.path.dirname(files[0]), name), g) for g in globs)]
         if missing:
             shown = ", ".join(str(i) for i in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
             raise FormatError(f"{key}: shard set of {count} files lacks {len(missing)} (shard {shown}): their "

@@ -160,9 +160,12 @@ def test_a_missing_shard_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match="lacks 1"):
         convert(str(tmp_path / "src" / "train-*"), tmp_path / "ds")
     assert not _left(tmp_path, "ds")
-    # named one by one, the files are what the user chose
+    # named one by one, or by a glob for some shards only, the files are what the user chose
     named = [str(tmp_path / "src" / f"train-{s:05d}-of-00004") for s in (0, 1)]
     assert TFRecordFormat(named).files() == named
+    assert TFRecordFormat(str(tmp_path / "src" / "train-0000[01]-of-00004")).files() == named
+    with pytest.raises(FormatError, match=r"lacks 1 \(shard 2\)"):  # a glob that would list shard 2
+        TFRecordFormat(str(tmp_path / "src" / "train-0000[0-3]-of-00004")).files()
 
 
 def test_files_that_hold_no_records_are_left_out_by_content(tmp_path: Path) -> None:
