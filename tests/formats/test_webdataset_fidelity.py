@@ -239,3 +239,18 @@ def test_sixteen_bit_pngs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     tar_writer_shards(tmp_path / "mixed", [keyed(0, png=images.encode_image(deep[0], "png")), keyed(1, png=shallow)])
     line = refused(["convert", str(tmp_path / "mixed"), str(tmp_path / "ds2")], capsys, tmp_path / "ds2")
     assert "images of different bit depths: 16-bit in" in line and "8-bit in" in line and "key '000001'" in line
+
+
+@pytest.mark.parametrize(("texts", "dtype"), [
+    ([b"1", b"3\n", b" 7 "], "int64"),       # whitespace around an integer: webdataset's int() reads it too
+    ([b"1", b"003", b"7"], "str_"),          # not canonical: an int field would write "3" back
+    ([b"1", b"+3", b"3_000"], "str_"),
+])
+def test_integer_text_is_an_int_only_when_it_writes_back_the_same(tmp_path: Path, texts: list[bytes],
+                                                                   dtype: str) -> None:
+    tar_writer_shards(tmp_path / "src", [{"__key__": f"{i:04d}", "cls": t} for i, t in enumerate(texts)])
+    convert(tmp_path / "src", tmp_path / "ds")
+    field = open_dataset(str(tmp_path / "ds")).schema["cls"]
+    assert getattr(field.numpy_dtype, "__name__", "") == dtype or np.dtype(field.numpy_dtype).name == dtype
+    report = verify(tmp_path / "src", tmp_path / "ds")
+    assert report.equal, report.summary()
