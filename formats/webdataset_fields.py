@@ -114,9 +114,9 @@ class FieldStats:
             if self._add_text(data):
                 self.all_float = self.all_float and exact_float(data.decode("utf-8"), np.float64) is not None
             return
-        # int64 only for canonical integers (around them whitespace, as webdataset's int() reads them):
-        # '-0', '003', '+3' or '3_000' read as ints would be written back as other bytes
-        self.all_int = self.all_int and _INT64[0] <= value <= _INT64[1] and data.strip() == str(value).encode()
+        # integer text is compared as the number it spells ('003' is 3), but '-0' is a number an int
+        # cannot hold: such a field is float64 (which keeps -0.0 and writes it back as '-0')
+        self.all_int = self.all_int and _INT64[0] <= value <= _INT64[1] and not (value == 0 and b"-" in data)
         self.all_float = self.all_float and (abs(value) <= 2**53 or exact_float(str(value), np.float64) is not None)
 
     def _add_text(self, data: bytes) -> bool:
