@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unihub", description=__doc__.split("\n\n")[0],
                                      epilog="\n".join(__doc__.split("\n\n")[1:2]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors (also after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",
@@ -402,10 +402,44 @@ def _silence_stdout() -> None:
         pass
 
 
+def _one_line_warnings(verbose: bool) -> Any:
+    """Warnings printed as ``unihub: warning: ...`` lines (with ``--verbose``, Python's usual form with the
+    source line); only their format changes, so a caller's recorder (pytest, a notebook) still gets them.
+    Returns the previous ``warnings.formatwarning`` to restore."""
+    import warnings
+
+    previous = warnings.formatwarning
+    if not verbose:
+        def one_line(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
+            return f"unihub: warning: {message}\n"
+
+        warnings.formatwarning = one_line  # type: ignore[assignment]
+    return previous
+
+
+def _accept_verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """``unihub convert A B --verbose`` as well as ``unihub --verbose convert A B``."""
+    for action in parser._subparsers._group_actions if parser._subparsers else []:  # noqa: SLF001
+        for sub in getattr(action, "choices", {}).values():
+            sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="show tracebacks of errors")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``unihub`` console script."""
+    import warnings
+
     parser = build_parser()
+    _accept_verbose_after_the_command(parser)
     args = parser.parse_args(argv)
+    previous = _one_line_warnings(args.verbose)
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = previous
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except UnihubError as exc:

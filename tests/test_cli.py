@@ -116,3 +116,23 @@ def test_console_script_demo(tmp_path: Path) -> None:
     assert after < before * 0.7, trained  # the tiny model learns the classes from what the loader feeds it
     for name in ("demo", "tfrecord_unihub", "images_unihub"):
         assert (out_dir / name / "_common_metadata").exists()
+
+
+def test_warnings_are_one_line_and_verbose_goes_after_the_command(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("labels", data=np.arange(3))
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(3.0))
+        f["labels"] = h5py.ExternalLink("other.h5", "/labels")
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", "convert", str(tmp_path / "main.h5"),
+                           str(tmp_path / "ds"), "--option", "ignore_unsupported=true", "--quiet"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    warning_lines = [line for line in done.stderr.splitlines() if "labels" in line]
+    assert warning_lines and all(line.startswith("unihub: warning: ") for line in warning_lines), done.stderr
+    assert "UserWarning" not in done.stderr
+    failed = subprocess.run([sys.executable, "-m", "unihub.cli", "inspect", str(tmp_path / "missing"), "--verbose"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 1 and "Traceback" in failed.stderr  # --verbose after the command shows it
