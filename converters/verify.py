@@ -121,7 +121,31 @@ def first_difference(expected: Any, found: Any, where: str = "") -> str | None:
         return None
     if _same_leaf(expected, found):
         return None
-    return f"{where or 'record'}: expected {_show(expected)}, found {_show(found)}"
+    return f"{where or 'record'}: expected {_show(expected)}, found {_show(found)}{_where_they_differ(expected, found)}"
+
+
+def _where_they_differ(a: Any, b: Any) -> str:
+    """``', first at index (2, 1): 3 vs 4'`` for arrays of one shape and dtype, ``', first at byte 57'``
+    for bytes: the descriptions alone may show the same leading values."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype \
+            and a.dtype != object and a.size:
+        diff = np.flatnonzero(~_bitwise_equal(a, b))
+        if diff.size:
+            at = np.unravel_index(int(diff[0]), a.shape)
+            return f", first at index {tuple(int(i) for i in at)}: {a[at]} vs {b[at]}"
+    if isinstance(a, (bytes, bytearray, memoryview)) and isinstance(b, (bytes, bytearray, memoryview)):
+        x, y = bytes(a), bytes(b)
+        offset = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        return f", first at byte {offset}"
+    return ""
+
+
+def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise: the same bits (NaN equal to the same NaN, -0.0 unlike 0.0)."""
+    width = a.dtype.itemsize
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, width)
+    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8).reshape(-1, width)
+    return (x == y).all(1)
 
 
 def _same_leaf(a: Any, b: Any) -> bool:

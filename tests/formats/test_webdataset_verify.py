@@ -94,7 +94,7 @@ def test_faithful_ingest_is_equal(shards: Path, tmp_path: Path, capsys: pytest.C
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda name, data: npy(np.array([0.25, 1.25, 2.2500002], np.float32)) if name == "000001.x.npy" else data,
      "record 1 (shard-000000.tar key '000001'), field 'x.npy': expected float32[3] [0.25, 1.25, 2.2500002], "
-     "found float32[3] [0.25, 1.25, 2.25]"),
+     "found float32[3] [0.25, 1.25, 2.25], first at index (2,): 2.2500002 vs 2.25"),
     (lambda name, data: None if name == "000002.txt" else data,
      "record 2 (shard-000000.tar key '000002'), field 'txt': expected nothing, found b'text 2' "
      "(not in the source)"),
