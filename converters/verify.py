@@ -132,7 +132,7 @@ def _where_they_differ(a: Any, b: Any) -> str:
         diff = np.flatnonzero(~_bitwise_equal(a, b))
         if diff.size:
             at = np.unravel_index(int(diff[0]), a.shape)
-            return f", first at index {tuple(int(i) for i in at)}: {a[at]} vs {b[at]}"
+            return f", first at index {tuple(int(i) for i in at)}: {str(a[at])} vs {str(b[at])}"
     if isinstance(a, (bytes, bytearray, memoryview)) and isinstance(b, (bytes, bytearray, memoryview)):
         x, y = bytes(a), bytes(b)
         offset = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
