@@ -24,6 +24,7 @@ from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
 from unihub.readers.plan import ReadTask, task_rows
+from unihub.readers.predicates import predicate_fields
 
 if TYPE_CHECKING:
     from unihub.readers.cache import Cache
@@ -117,7 +118,7 @@ class RowGroupLoader:
     def _pre_columns(self) -> list[str]:
         names: list[str] = list(self.filter_columns)
         if self.predicate is not None:
-            names += [n for n in self.predicate.get_fields() if n not in names]
+            names += [n for n in predicate_fields(self.predicate) if n not in names]
         return names
 
     def _read(self, row_group: int, columns: list[str]) -> pa.Table:
@@ -133,7 +134,7 @@ class RowGroupLoader:
             keep &= np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
         if self.predicate is not None:
             by_name = {f.name: f for f in self.store.schema}
-            for name in self.predicate.get_fields():
+            for name in predicate_fields(self.predicate):
                 if name not in by_name:
                     raise SchemaError(f"predicate uses field {name!r}, which is not in the dataset; "
                                       f"fields: {list(by_name)}")

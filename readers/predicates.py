@@ -33,13 +33,22 @@ class PredicateBase:
 
     def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
         """Boolean mask over ``num_rows`` rows given decoded ``columns`` (at least :meth:`get_fields`)."""
-        names = sorted(self.get_fields())
+        names = sorted(predicate_fields(self))
         missing = [n for n in names if n not in columns]
         if missing:
             raise SchemaError(f"predicate needs fields {missing}, which were not read")
         cols = [columns[n] for n in names]
         return np.fromiter((bool(self.do_include(dict(zip(names, vals)))) for vals in zip(*cols)),
                            dtype=bool, count=num_rows) if names else np.ones(num_rows, dtype=bool)
+
+
+def predicate_fields(predicate: PredicateBase) -> set[str]:
+    """The fields ``predicate.get_fields()`` names, as a set (a user's predicate may return a list or
+    tuple, as Petastorm's documentation examples do)."""
+    fields = predicate.get_fields()
+    if isinstance(fields, str) or not isinstance(fields, Iterable):
+        raise SchemaError(f"{type(predicate).__name__}.get_fields() must return field names, got {fields!r}")
+    return {_check_field(name) for name in fields}
 
 
 def _check_predicate(predicate: Any) -> PredicateBase:
@@ -140,7 +149,7 @@ class in_negate(PredicateBase):  # noqa: N801
         self._predicate = _check_predicate(predicate)
 
     def get_fields(self) -> set[str]:
-        return self._predicate.get_fields()
+        return predicate_fields(self._predicate)
 
     def do_include(self, values: Mapping[str, Any]) -> bool:
         return not self._predicate.do_include(values)
@@ -159,7 +168,7 @@ class in_reduce(PredicateBase):  # noqa: N801
     def get_fields(self) -> set[str]:
         fields: set[str] = set()
         for predicate in self._predicate_list:
-            fields |= predicate.get_fields()
+            fields |= predicate_fields(predicate)
         return fields
 
     def do_include(self, values: Mapping[str, Any]) -> bool:

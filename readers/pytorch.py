@@ -24,6 +24,7 @@ torch is imported when a loader or dataset is used, never when this module is im
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import math
 from collections import deque
@@ -33,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import UnihubError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -52,7 +53,7 @@ def _torch() -> Any:
 
 def _check_variable(variable: str) -> None:
     if variable not in ("list", "pad"):
-        raise UnihubError(f"variable must be 'list' or 'pad', got {variable!r}")
+        raise InvalidArgumentError(f"variable must be 'list' or 'pad', got {variable!r}")
 
 
 # -- columns -> tensors ----------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:
     torch = _torch()
     ranks = {t.dim() for t in tensors}
     if len(ranks) != 1:
-        raise UnihubError(f"cannot pad tensors of different ranks {sorted(ranks)} into one batch")
+        raise SchemaError(f"cannot pad tensors of different ranks {sorted(ranks)} into one batch")
     shape = tuple(max(t.shape[d] for t in tensors) for d in range(ranks.pop()))
     out = torch.zeros((len(tensors), *shape), dtype=tensors[0].dtype)
     mask = torch.zeros((len(tensors), *shape), dtype=torch.bool)
@@ -300,9 +301,9 @@ class _LoaderBase:
 
     def __init__(self, reader: Any, batch_size: int, shuffling_queue_capacity: int, seed: int | None) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise UnihubError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
         if shuffling_queue_capacity < 0:
-            raise UnihubError(f"shuffling_queue_capacity must be >= 0, got {shuffling_queue_capacity}")
+            raise InvalidArgumentError(f"shuffling_queue_capacity must be >= 0, got {shuffling_queue_capacity}")
         _torch()
         self.reader = reader
         self.batch_size = batch_size
@@ -324,7 +325,8 @@ class _LoaderBase:
     def __iter__(self) -> Iterator[Any]:
         # a generator from the first line: an iterator that is never started claims nothing
         if self._iterating:
-            raise UnihubError("this loader is already being iterated; finish or close that iteration first")
+            raise UsageError("this loader is already being iterated; finish or close that iteration first "
+                             "(Petastorm: you must finish a full pass before making another)")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
             self.reader.reset()
             self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
@@ -345,7 +347,7 @@ class _LoaderBase:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it."""
         if self._iterating:
-            raise UnihubError("load_state_dict() while the loader is being iterated; call it before iterating")
+            raise UsageError("load_state_dict() while the loader is being iterated; call it before iterating")
         reader_state, skip, exclude = _parse_state(state)
         self.reader.load_state_dict(reader_state)
         self._pending = np.empty(0, dtype=np.int64)
@@ -379,39 +381,63 @@ class _LoaderBase:
         self.terminate()
 
 
-class DataLoader(_LoaderBase):
-    """Petastorm's row loader: rows from ``make_reader`` collated into batches of ``batch_size``.
+def _rows_of(batch: Any) -> Iterator[Any]:
+    """A batch namedtuple of columns as row namedtuples of the same type."""
+    return (batch._make(values) for values in zip(*batch))
 
-    ``shuffling_queue_capacity > 0`` passes rows through a buffer of that many rows and
-    takes a random one (seeded by ``seed``) each time it is full. ``collate_fn`` receives
-    a list of row namedtuples; the default stacks numeric fields and keeps variable-shape
-    fields as lists of tensors (``make_collate(variable="pad")`` pads them).
+
+def decimal_friendly_collate(batch: Sequence[Any]) -> Any:
+    """Petastorm's default collate: torch's ``default_collate``, with ``decimal.Decimal`` values and
+    strings kept as lists (torch cannot stack them), mappings and sequences collated item by item."""
+    torch = _torch()
+    first = batch[0]
+    if isinstance(first, decimal.Decimal) or isinstance(first, (str, bytes)):
+        return list(batch)
+    if isinstance(first, Mapping):
+        return {key: decimal_friendly_collate([row[key] for row in batch]) for key in first}
+    if hasattr(first, "_asdict"):  # a row namedtuple: a dict of its fields, as Petastorm's loaders give
+        return decimal_friendly_collate([row._asdict() for row in batch])
+    if isinstance(first, Sequence):
+        return [decimal_friendly_collate(list(samples)) for samples in zip(*batch)]
+    return torch.utils.data.default_collate(list(batch))
+
+
+class DataLoader(_LoaderBase):
+    """Petastorm's row loader: rows collated into batches of ``batch_size``.
+
+    The reader is a row reader (``make_reader``) or, as Petastorm allows, a batch reader
+    (``make_batch_reader``), whose batches are cut into rows (``BatchedDataLoader`` collates them
+    faster, as tensors). ``shuffling_queue_capacity > 0`` passes rows through a buffer of that
+    many rows and takes a random one (seeded by ``seed``) each time it is full. ``collate_fn``
+    receives a list of row namedtuples; the default stacks numeric fields and keeps
+    variable-shape fields as lists of tensors (``make_collate(variable="pad")`` pads them;
+    :func:`decimal_friendly_collate` is Petastorm's default).
     """
 
     def __init__(self, reader: Any, batch_size: int = 1, collate_fn: Callable[[list[Any]], Any] = default_collate_like,
                  shuffling_queue_capacity: int = 0, seed: int | None = None) -> None:
         super().__init__(reader, batch_size, shuffling_queue_capacity, seed)
-        if getattr(reader, "is_batched_reader", False):
-            raise UnihubError("DataLoader takes a row reader (make_reader); use BatchedDataLoader for "
-                              "make_batch_reader")
         if isinstance(collate_fn, Collate):
             collate_fn = collate_fn.with_schema(reader.schema)
         self.collate_fn = collate_fn
 
     def _rows(self) -> Iterator[tuple[int, Any]]:
-        """(position, row) for every row read and not dropped by a loaded state."""
+        """(position, row) for every row read and not dropped by a loaded state; a batch reader's
+        batches cut into rows, with a resume mark at each of its batches."""
         reader, tracker, bs = self.reader, self._tracker, self.batch_size
+        batched = getattr(reader, "is_batched_reader", False)
         while True:
-            if tracker.consumed - tracker.marks[-1][0] >= bs:
+            if batched or tracker.consumed - tracker.marks[-1][0] >= bs:
                 tracker.mark(reader.state_dict())
             try:
-                row = next(reader)
+                item = next(reader)
             except StopIteration:
                 tracker.mark(reader.state_dict())
                 return
-            position, keep = tracker.advance_one()
-            if keep:
-                yield position, row
+            for row in (_rows_of(item) if batched else (item,)):
+                position, keep = tracker.advance_one()
+                if keep:
+                    yield position, row
 
     def _batches(self) -> Iterator[Any]:
         bs, capacity = self.batch_size, self.shuffling_queue_capacity
@@ -594,9 +620,9 @@ class InMemBatchedDataLoader(_LoaderBase):
                  shuffle: bool = False, *, variable: Variable = "list", device: Any = None) -> None:
         super().__init__(reader, batch_size, 0, seed)
         if num_epochs is not None and num_epochs < 1:
-            raise UnihubError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+            raise InvalidArgumentError(f"num_epochs must be >= 1 or None, got {num_epochs}")
         if rows_capacity is None and getattr(reader, "num_epochs", 1) is None:
-            raise UnihubError("the reader never ends (num_epochs=None): pass rows_capacity to bound what is loaded")
+            raise InvalidArgumentError("the reader never ends (num_epochs=None): pass rows_capacity to bound what is loaded")
         self.num_epochs, self.rows_capacity, self.shuffle = num_epochs, rows_capacity, shuffle
         self._loader = BatchedDataLoader(reader, batch_size=batch_size, variable=variable)
         self._loader._max_rows = rows_capacity
@@ -630,7 +656,7 @@ class InMemBatchedDataLoader(_LoaderBase):
         return math.ceil(_length(self._load()) / self.batch_size) * self.num_epochs
 
     def state_dict(self) -> dict[str, Any]:
-        raise UnihubError("InMemBatchedDataLoader has no resumable state; it re-serves its rows each epoch")
+        raise UsageError("InMemBatchedDataLoader has no resumable state; it re-serves its rows each epoch")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state_dict()
@@ -662,7 +688,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 def _exact_share(reader: Any, shard: int, count: int) -> int:
     """Rows of a ``shard_remainder='pad'`` row shard that are not wrap-around repeats."""
     if reader.num_rows_per_epoch is None:
-        raise UnihubError("TorchIterableDataset with several workers or ranks needs the row count to shard "
+        raise InvalidArgumentError("TorchIterableDataset with several workers or ranks needs the row count to shard "
                           "rows exactly once; predicate=, filters= and batch transforms are not supported there")
     total = reader.store.num_rows
     per = math.ceil(total / count)
@@ -689,7 +715,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             super().__init__()
             reserved = sorted(set(reader_kwargs) & set(_RESERVED))
             if reserved:
-                raise UnihubError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
+                raise InvalidArgumentError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
                                   "by torch worker and rank); leave them out")
             _check_variable(variable)
             self.url, self.batch_size, self.variable = url, batch_size, variable

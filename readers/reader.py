@@ -33,7 +33,7 @@ from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, make_cache
 from unihub.readers.decode import DecodePolicy
 from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
-from unihub.readers.predicates import PredicateBase
+from unihub.readers.predicates import PredicateBase, predicate_fields
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType
 
@@ -137,7 +137,7 @@ class Reader:
                 continue
             values = {k: partition_value(store.schema[k], v) for k, v in rg.partition}
             keep = True
-            if predicate is not None and predicate.get_fields() <= parts:
+            if predicate is not None and predicate_fields(predicate) <= parts:
                 keep = bool(predicate.do_include(values))
             if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
                 table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
@@ -467,7 +467,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     if predicate is not None:
-        unknown_fields = sorted(predicate.get_fields() - set(store.schema.fields))
+        unknown_fields = sorted(predicate_fields(predicate) - set(store.schema.fields))
         if unknown_fields:
             raise SchemaError(f"predicate uses fields {unknown_fields}, which are not in {store.url}; "
                               f"fields: {list(store.schema.fields)}")

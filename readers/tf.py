@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import SchemaError, UnihubError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
 from unihub.formats.validation import shape_matches
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
@@ -323,7 +323,7 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
 
 def _check_reader(reader: Any) -> list[_FieldPlan]:
     if not isinstance(reader, (Reader, WeightedSamplingReader)):
-        raise UnihubError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
+        raise InvalidArgumentError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
     if reader.ngram is not None:
         raise UnihubError("NGram readers yield windows of rows, which have no tf.data structure here; "
                           "read the fields with schema_fields= names instead")
@@ -367,11 +367,11 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     (``AUTOTUNE`` = ``tf.data.AUTOTUNE``; 0 or None: no prefetch).
     """
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise UnihubError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        raise InvalidArgumentError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-        raise UnihubError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
+        raise InvalidArgumentError(f"shuffle_buffer must be a non-negative integer, got {shuffle_buffer!r}")
     if structure not in ("dict", "namedtuple"):
-        raise UnihubError(f"structure must be 'dict' or 'namedtuple', got {structure!r}")
+        raise InvalidArgumentError(f"structure must be 'dict' or 'namedtuple', got {structure!r}")
     owned = not isinstance(reader_or_url, (Reader, WeightedSamplingReader))
     if owned:
         probe = make_batch_reader(reader_or_url, seed=seed, **reader_kwargs)  # validates options and schema
@@ -383,7 +383,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             probe.join()
     else:
         if reader_kwargs:
-            raise UnihubError(f"reader options {sorted(reader_kwargs)} apply to a URL, not to a reader given")
+            raise InvalidArgumentError(f"reader options {sorted(reader_kwargs)} apply to a URL, not to a reader given")
         plans, row_type, batched = _check_reader(reader_or_url), reader_or_url.schema._get_namedtuple(), \
             reader_or_url.batched
         rows_per_epoch = epochs = None  # a reader given may be part way through

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
-from unihub.errors import UnihubError
+from unihub.errors import InvalidArgumentError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,9 +46,9 @@ class Pool:
 
     def __init__(self, pool_type: PoolType = "thread", workers_count: int = 4) -> None:
         if pool_type not in ("thread", "process", "dummy"):
-            raise UnihubError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
+            raise InvalidArgumentError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
         if workers_count < 1:
-            raise UnihubError(f"workers_count must be >= 1, got {workers_count}")
+            raise InvalidArgumentError(f"workers_count must be >= 1, got {workers_count}")
         self.pool_type = pool_type
         self.workers_count = workers_count
         self._executor: Executor | None = None

@@ -258,10 +258,38 @@ def test_bad_state_and_wrong_reader(url):
         loader = tp.DataLoader(reader)
         with pytest.raises(tp.LoaderStateError, match="version"):
             loader.load_state_dict({"version": 99})
-    with batches(url) as reader, pytest.raises(UnihubError, match="BatchedDataLoader"):
-        tp.DataLoader(reader)
     with pytest.raises(UnihubError, match="cur_shard"):
         tp.TorchIterableDataset(url, cur_shard=0)
+
+
+def test_data_loader_takes_a_batch_reader_as_petastorm_does(url):
+    with rows(url) as reader:
+        expected = [i for batch in tp.DataLoader(reader, batch_size=7) for i in batch["id"].tolist()]
+    with batches(url) as reader:
+        loader = tp.DataLoader(reader, batch_size=7)
+        got = [b["id"].tolist() for b in loader]
+    assert [i for b in got for i in b] == expected and {len(b) for b in got[:-1]} == {7}
+    for cut in (1, 3, len(got) - 1):  # exact resume inside the reader's batches
+        with batches(url) as reader:
+            loader = tp.DataLoader(reader, batch_size=7)
+            iterator = iter(loader)
+            head = [next(iterator)["id"].tolist() for _ in range(cut)]
+            state = loader.state_dict()
+        with batches(url) as reader:
+            loader = tp.DataLoader(reader, batch_size=7)
+            loader.load_state_dict(state)
+            tail = [b["id"].tolist() for b in loader]
+        assert head + tail == got
+
+
+def test_decimal_friendly_collate_is_petastorms():
+    import decimal
+
+    collated = tp.decimal_friendly_collate([{"d": decimal.Decimal("1.5"), "s": "a", "x": np.float64(1), "v": [1, 2]},
+                                            {"d": decimal.Decimal("2"), "s": "b", "x": np.float64(2), "v": [3, 4]}])
+    assert collated["d"] == [decimal.Decimal("1.5"), decimal.Decimal("2")] and collated["s"] == ["a", "b"]
+    assert collated["x"].dtype == torch.float64 and collated["x"].tolist() == [1.0, 2.0]
+    assert [t.tolist() for t in collated["v"]] == [[1, 3], [2, 4]]
 
 
 # -- torch datasets -------------------------------------------------------------------------------
