@@ -34,11 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 from unihub.errors import UnihubError
 from unihub.formats.parquet import FileInfo, ParquetStore
+from unihub.readers.cache import CacheBase
 
 try:
     import fcntl
@@ -62,7 +64,8 @@ _STALE_TEMP_SECONDS = 3600
 _POLICIES = ("least-recently-used", "least-recently-stored", "none")
 _COMPRESSIONS = (None, "lz4", "zstd")
 # Petastorm's own arguments and diskcache settings it passed through: accepted and unused.
-_IGNORED_SETTINGS = {"shards", "cleanup", "disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
+_IGNORED_SETTINGS = {"shards", "disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
+_KIND_KEY = b"unihub.cache.kind"  # entries of get(key, fill_cache_func): an Arrow table, or a pickled value
 _IGNORED_PREFIXES = ("sqlite_", "disk_")
 
 
@@ -81,19 +84,22 @@ class CacheStats:
     discarded: int = 0
 
 
-class LocalDiskCache:
+class LocalDiskCache(CacheBase):
     """Row groups cached on local disk; see the module docstring for the layout and policies.
 
     ``location`` is a local directory (created if missing); ``size_limit_bytes`` bounds the
     entries' total size. ``row_size_estimate`` (Petastorm's ``expected_row_size_bytes``) only
     checks that the limit holds more than a few rows. ``settings``: ``compression`` (None,
-    ``'lz4'``, ``'zstd'``) and ``eviction_policy``; Petastorm's diskcache settings
-    (``shards``, ``cleanup``, ``sqlite_*``, ...) are accepted and ignored.
+    ``'lz4'``, ``'zstd'``), ``eviction_policy`` and Petastorm's ``cleanup`` (True, its default:
+    :meth:`cleanup` -- which a reader calls when its with-block ends -- removes the entries; False
+    keeps them for later readers); Petastorm's diskcache settings (``shards``, ``sqlite_*``, ...)
+    are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase`` contract.
     """
 
     def __init__(self, location: str | os.PathLike[str] | None, size_limit_bytes: int | None,
                  row_size_estimate: int | None = None, *, compression: str | None = None,
-                 eviction_policy: EvictionPolicy = "least-recently-used", **settings: Any) -> None:
+                 eviction_policy: EvictionPolicy = "least-recently-used", cleanup: bool = True,
+                 **settings: Any) -> None:
         self.location = _local_directory(location)
         if isinstance(size_limit_bytes, bool) or not isinstance(size_limit_bytes, (int, float)) \
                 or not 0 < size_limit_bytes < float("inf"):
@@ -115,6 +121,7 @@ class LocalDiskCache:
                                    f"'eviction_policy' (and Petastorm's diskcache settings, which are ignored)")
         self.size_limit_bytes = int(size_limit_bytes)
         self.row_size_estimate = row_size_estimate
+        self.cleanup_on_exit = bool(cleanup)
         self.compression = compression
         self.eviction_policy: EvictionPolicy = eviction_policy
         self.stats = CacheStats()
@@ -143,6 +150,27 @@ class LocalDiskCache:
         self._store(path, digest, table)
         return table
 
+    def get(self, key: Any, fill_cache_func: Callable[[], Any]) -> Any:
+        """Petastorm's contract: the value cached under ``key``, else ``fill_cache_func()`` cached and
+        returned. Arrow tables are stored as they are, other values pickled (the cache directory is
+        this process's own working data: keep it where only you write)."""
+        digest = hashlib.sha256(json.dumps(["value", repr(key)]).encode()).hexdigest()
+        path = os.path.join(self.location, digest[:40] + _SUFFIX)
+        table = self._load(path, digest)
+        if table is not None:
+            self.stats.hits += 1
+            kind = (table.schema.metadata or {}).get(_KIND_KEY)
+            return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else table
+        self.stats.misses += 1
+        value = fill_cache_func()
+        if isinstance(value, pa.Table):
+            entry = value.replace_schema_metadata({**(value.schema.metadata or {}), _KIND_KEY: b"table"})
+        else:
+            entry = pa.table({"value": pa.array([pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)])})
+            entry = entry.replace_schema_metadata({_KIND_KEY: b"pickle"})
+        self._store(path, digest, entry)
+        return value
+
     def key(self, store: ParquetStore, row_group: int, columns: Sequence[str]) -> str:
         """The identity of (dataset file, row group, column selection), as a JSON string."""
         info = store.row_groups[row_group]
@@ -157,7 +185,10 @@ class LocalDiskCache:
         return sum(size for _, _, size in self._entries())
 
     def cleanup(self) -> None:
-        """Remove every entry, temporary file and the lock, then the directory if nothing else is in it."""
+        """Remove every entry, temporary file and the lock, then the directory if nothing else is in it
+        (unless the cache was made with ``cleanup=False``, as Petastorm's)."""
+        if not self.cleanup_on_exit:
+            return
         try:
             names = os.listdir(self.location)
         except FileNotFoundError:
@@ -192,7 +223,8 @@ class LocalDiskCache:
             self._files[id(store)] = known
         return known[1].get(path)
 
-    def _load(self, path: str, digest: str, columns: list[str], num_rows: int) -> pa.Table | None:
+    def _load(self, path: str, digest: str, columns: list[str] | None = None,
+              num_rows: int | None = None) -> pa.Table | None:
         try:
             with pa.memory_map(path, "r") as source:
                 reader = pa.ipc.open_file(source)
@@ -200,7 +232,8 @@ class LocalDiskCache:
                 table = reader.read_all()
             if metadata.pop(_DIGEST_KEY, None) != digest.encode():
                 raise ValueError("the entry belongs to another key")
-            if table.num_rows != num_rows or sorted(table.column_names) != sorted(set(columns)):
+            if columns is not None and (table.num_rows != num_rows or
+                                        sorted(table.column_names) != sorted(set(columns))):
                 raise ValueError(f"{table.num_rows} rows of {table.column_names}, expected {num_rows} of {columns}")
             table.validate()
         except FileNotFoundError:
@@ -212,7 +245,7 @@ class LocalDiskCache:
         if self.eviction_policy == "least-recently-used":
             _touch(path)
         table = table.replace_schema_metadata(metadata or None)
-        return table if table.column_names == columns else table.select(columns)
+        return table if columns is None or table.column_names == columns else table.select(columns)
 
     def _store(self, path: str, digest: str, table: pa.Table) -> None:
         if table.nbytes > self.size_limit_bytes and self.compression is None:

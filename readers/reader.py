@@ -30,7 +30,7 @@ from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageE
 from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.readers import plan as planning
-from unihub.readers.cache import Cache, make_cache
+from unihub.readers.cache import Cache, NullCache, make_cache
 from unihub.readers.decode import DecodePolicy
 from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase, predicate_fields
@@ -68,6 +68,8 @@ class Reader:
                 "shard_by='row' cuts each epoch's shuffled order into blocks, so every rank must shuffle alike: "
                 "pass the same seed= on every rank (or shuffle_row_groups=False, shuffle_rows=False)")
         self.store = store
+        #: Petastorm's ``Reader.cache``: the local-disk cache, or a NullCache
+        self.cache: Any = cache if cache is not None else NullCache()
         self.batched = batched
         self.ngram = ngram
         self.num_epochs = num_epochs
@@ -331,9 +333,15 @@ class Reader:
     def __enter__(self) -> Reader:
         return self
 
+    def cleanup_cache(self) -> None:
+        """Remove what the local-disk cache holds (unless made with ``cleanup=False``), as Petastorm's
+        reader does when its with-block ends."""
+        self.cache.cleanup()
+
     def __exit__(self, *exc: Any) -> None:
         self.stop()
         self.join()
+        self.cleanup_cache()
 
     def __del__(self) -> None:
         try:

@@ -75,8 +75,9 @@ def store_reads(monkeypatch, tmp_path) -> Callable[[], int]:
 
 
 def cache_args(location: Path, limit: int = 64 * MB, **settings: Any) -> dict[str, Any]:
+    """A local-disk cache that outlives its reader (``cleanup=False``), so tests can look into it."""
     return {"cache_type": "local-disk", "cache_location": str(location), "cache_size_limit": limit,
-            "cache_extra_settings": settings or None}
+            "cache_extra_settings": {"cleanup": False, **settings}}
 
 
 def entries(location: Path) -> list[Path]:
@@ -369,3 +370,29 @@ def test_cache_is_picklable(tmp_path):
     cache = pickle.loads(pickle.dumps(LocalDiskCache(tmp_path / "cache", MB, compression="lz4")))
     assert cache.location == str(tmp_path / "cache") and cache.compression == "lz4"
 
+
+
+def test_petastorms_cache_contract(dataset, tmp_path):
+    """Reader.cache, cleanup_cache(), the cache removed when the with-block ends (Petastorm's default
+    cleanup=True), and get(key, fill_cache_func) for any value."""
+    from unihub.readers.cache import CacheBase, NullCache
+
+    with make_reader(dataset, cache_type="local-disk", cache_location=str(tmp_path / "c"),
+                     cache_size_limit=64 * MB) as reader:
+        assert isinstance(reader.cache, LocalDiskCache) and isinstance(reader.cache, CacheBase)
+        assert len(list(reader)) == N and entries(tmp_path / "c")
+    assert not (tmp_path / "c").exists()  # removed as the reader ended
+    with make_reader(dataset) as reader:
+        assert isinstance(reader.cache, NullCache) and reader.cache.get("k", lambda: 7) == 7
+        reader.cleanup_cache()  # nothing to remove
+    cache = LocalDiskCache(tmp_path / "g", 64 * MB)
+    calls = []
+    value = {"a": np.arange(3), "b": "text"}
+    for _ in range(2):
+        got = cache.get(("key", 1), lambda: calls.append(1) or value)
+        assert got["b"] == "text" and got["a"].tolist() == [0, 1, 2]
+    table = pa.table({"x": [1, 2]})
+    assert cache.get("t", lambda: table).equals(table) and cache.get("t", lambda: None).equals(table)
+    assert calls == [1] and cache.stats.hits == 2
+    cache.cleanup()
+    assert not (tmp_path / "g").exists()

@@ -155,7 +155,8 @@ def test_write_dataset_to_s3(s3_server, local_rows, kind):
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_cache_second_epoch_makes_no_remote_reads(s3_server, s3_url, local_rows, tmp_path, kind):
     key_prefix = s3_url[len("s3://"):]
-    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26}
+    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26,
+             "cache_extra_settings": {"cleanup": False}}  # kept after the reader, for the next one
     reader = make_reader(s3_url, reader_pool_type="dummy", num_epochs=2, shuffle_row_groups=False, **cache,
                          **access(s3_server, kind))
     s3_server.requests.clear()
@@ -177,7 +178,8 @@ def test_cache_second_epoch_makes_no_remote_reads(s3_server, s3_url, local_rows,
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_cache_with_process_pool_on_s3(s3_server, s3_url, local_rows, tmp_path, kind):
     """The pool forks: s3fs refuses a forked instance (re-created from its options), the AWS SDK is re-used."""
-    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26}
+    cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26,
+             "cache_extra_settings": {"cleanup": False}}  # kept after the reader, for the next one
     options = access(s3_server, kind)
     key_prefix = s3_url[len("s3://"):]
     cold = rows_by_id(make_reader(s3_url, reader_pool_type="process", workers_count=2, **cache, **options))
