@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
+from unihub.formats.validation import shape_matches
 from unihub.registry import Registry
 
 if TYPE_CHECKING:
@@ -233,6 +234,18 @@ class ScalarCodec(Codec):
         return arrow_to_spark_type(self._arrow_type)
 
     def encode(self, field: UnischemaField, value: Any) -> Any:
+        if not pa.types.is_nested(self._arrow_type):  # one value per cell, as Petastorm checked
+            if field.shape != ():
+                raise CodecError(f"field {field.name!r}: ScalarCodec({self._arrow_type}) stores scalars, but the "
+                                 f"field's shape is {field.shape}; use shape () or a list type", field=field.name)
+            if isinstance(value, np.ndarray):
+                if value.ndim:
+                    raise CodecError(f"field {field.name!r}: expected a scalar, found an array of shape {value.shape}",
+                                     field=field.name)
+                value = value[()]
+            elif isinstance(value, (list, tuple, dict, set)):
+                raise CodecError(f"field {field.name!r}: expected a scalar, found a {type(value).__name__}",
+                                 field=field.name)
         if isinstance(value, (np.datetime64, np.timedelta64)):
             return pa.scalar(value, type=self._arrow_type).as_py()  # .item() would lose the unit
         if isinstance(value, np.generic):
@@ -725,6 +738,9 @@ class CompressedImageCodec(Codec):
         if array.dtype != field.dtype:
             raise CodecError(f"field {field.name!r}: expected an image of dtype {field.dtype}, found {array.dtype}",
                              field=field.name)
+        if not shape_matches(array.shape, field.shape):
+            raise CodecError(f"field {field.name!r}: expected an image of shape {field.shape}, found {array.shape}",
+                             field=field.name)
         return images.encode_image(array, self.image_codec, self.quality)
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
@@ -862,8 +878,6 @@ class CompressedNdarrayCodec(Codec):
 
 
 def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:
-    from unihub.formats.validation import shape_matches
-
     if not isinstance(value, np.ndarray):
         raise CodecError(f"field {field.name!r}: expected a numpy array of {field.dtype}, found {type(value).__name__}",
                          field=field.name)

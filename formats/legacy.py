@@ -432,6 +432,18 @@ def _defaultdict(factory: Any = None) -> dict[Any, Any]:
     return {}
 
 
+def _pyspark_restore(name: Any, fields: Any, values: Any) -> PetastormUnischemaField:
+    """``pyspark.serializers._restore``: how a UnischemaField is pickled when pyspark's namedtuple
+    patch was on in the writing process (pyspark < 3.4, or ``PYSPARK_ENABLE_NAMEDTUPLE_PATCH=1``),
+    as in many datasets written from Spark jobs. Only that namedtuple, with its own field names."""
+    names = PetastormUnischemaField._names
+    if name != "UnischemaField" or not isinstance(fields, tuple) or fields not in (names, names[:4]) \
+            or not isinstance(values, tuple) or len(values) != len(fields):
+        raise _refusal(f"'pyspark.serializers._restore' of a namedtuple other than UnischemaField "
+                       f"({str(name)[:64]!r}, {str(fields)[:128]})")
+    return PetastormUnischemaField(*values)
+
+
 #: ``builtins.set``: the defaultdict factory of an index, and how old protocols pickle a set
 _SET = _SafeFunction("builtins.set", _make_set)
 
@@ -483,6 +495,7 @@ def _build_allow_list() -> dict[tuple[str, str], Any]:
         allowed[(module, "scalar")] = NumpyScalar
     allowed[("decimal", "Decimal")] = _DecimalTag("decimal.Decimal", decimal.Decimal)
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    allowed[("pyspark.serializers", "_restore")] = _SafeFunction("pyspark.serializers._restore", _pyspark_restore)
     for module in ("copyreg", "copy_reg"):
         allowed[(module, "_reconstructor")] = _SafeFunction(f"{module}._reconstructor", _reconstructor)
     for module in ("builtins", "__builtin__"):

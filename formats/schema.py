@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError, ValidationError
+from unihub.errors import InvalidArgumentError, SchemaError, ValidationError
 from unihub.formats import dtypes
 from unihub.formats.validation import validate_value
 
@@ -361,11 +361,15 @@ class Unischema:
 
     # -- inference ---------------------------------------------------------------------------
     @classmethod
-    def from_arrow_schema(cls, schema: pa.Schema, *, name: str = "inferred",
-                          omit_unsupported_fields: bool = True) -> Unischema:
-        """Infer a Unischema from a plain Arrow/Parquet schema (native types, lists, tensors)."""
+    def from_arrow_schema(cls, schema: Any, omit_unsupported_fields: bool = True, *,
+                          name: str = "inferred") -> Unischema:
+        """Infer a Unischema from a plain Arrow/Parquet schema (native types, lists, tensors).
+
+        ``schema``: a ``pa.Schema``, or what carries one: a ``pq.ParquetDataset`` (Petastorm's
+        argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``."""
         from unihub.formats.inference import infer_field
 
+        schema = _arrow_schema_of(schema)
         fields = []
         for arrow_field in schema:
             field = infer_field(arrow_field)
@@ -376,6 +380,18 @@ class Unischema:
                                   "has no Unischema equivalent")
             fields.append(field)
         return cls(name, fields)
+
+
+def _arrow_schema_of(value: Any) -> pa.Schema:
+    """The Arrow schema of a schema, dataset, file or table (see :meth:`Unischema.from_arrow_schema`)."""
+    if isinstance(value, pa.Schema):
+        return value
+    for attribute in ("schema_arrow", "schema"):  # pq.ParquetFile's .schema is a Parquet schema
+        candidate = getattr(value, attribute, None)
+        if isinstance(candidate, pa.Schema):
+            return candidate
+    raise InvalidArgumentError(f"expected a pyarrow Schema, ParquetDataset, ParquetFile or Table, "
+                               f"got {type(value).__name__}")
 
 
 def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:

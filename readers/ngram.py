@@ -83,6 +83,25 @@ class NGram:
         ts = self._timestamp_field
         return ts.name if isinstance(ts, UnischemaField) else ts
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when they ask for the same fields at the same offsets (in any order), with the
+        same timestamp field, threshold and overlap rule (Petastorm compared the fields only)."""
+        if not isinstance(other, NGram):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        """What the NGram was made of (fields and regexes as given, by name), not what they resolved to,
+        so that its hash does not change when a reader resolves it."""
+        def name(spec: FieldSpec) -> str:
+            return spec.name if isinstance(spec, UnischemaField) else spec
+
+        fields = frozenset((k, frozenset(map(name, specs))) for k, specs in self._field_specs.items())
+        return fields, name(self._timestamp_spec), self._delta_threshold, self.timestamp_overlap
+
     # -- resolution against a dataset's schema -----------------------------------------------
     def resolve_regex_field_names(self, schema: Unischema) -> None:
         """Turn names and regexes into ``schema``'s fields; called by the reader on open.

@@ -428,7 +428,11 @@ def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: 
     return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
 
 
-_IGNORED = ("pyarrow_serialize", "hdfs_driver", "zmq_copy_buffers", "shard_seed", "cache_row_size_estimate")
+#: Petastorm's arguments that change nothing here: transport and driver knobs of its worker pools,
+#: its deprecated ``shard_seed`` (shards here are fixed by ``cur_shard``/``shard_count`` and ``seed``),
+#: and ``convert_early_to_numpy`` (batches are converted to numpy in the workers already)
+_IGNORED = ("pyarrow_serialize", "hdfs_driver", "zmq_copy_buffers", "shard_seed", "cache_row_size_estimate",
+            "convert_early_to_numpy")
 
 
 _MEMORY_POOL_CHOSEN = False

@@ -6,6 +6,7 @@ import datetime
 import decimal
 import io
 import pickle
+import re
 import zipfile
 
 import numpy as np
@@ -181,6 +182,19 @@ def test_scalar_encode_errors_name_the_field():
     with pytest.raises(CodecError, match="field 'count': cannot store values as int8") as info:
         field.codec.encode_column(field, [1, 1000])
     assert info.value.field == "count"
+
+
+def test_scalar_encode_refuses_what_is_not_one_scalar_as_petastorm_did():
+    field = UnischemaField("count", np.int64, (), ScalarCodec(pa.int64()), False)
+    assert field.codec.encode(field, np.array(7)) == 7 and field.codec.encode(field, np.int64(8)) == 8
+    for value, found in [([1, 2], "a list"), ((1,), "a tuple"), (np.array([1]), r"an array of shape \(1,\)")]:
+        with pytest.raises(CodecError, match=f"field 'count': expected a scalar, found {found}"):
+            field.codec.encode(field, value)
+    shaped = UnischemaField("count", np.int64, (1,), ScalarCodec(pa.int64()), False)
+    with pytest.raises(CodecError, match=r"stores scalars, but the field's shape is \(1,\)"):
+        shaped.codec.encode(shaped, 1)
+    listed = UnischemaField("tags", np.str_, (None,), ScalarCodec(pa.list_(pa.string())), False)
+    assert listed.codec.encode(listed, ["a", "b"]) == ["a", "b"]  # a list type holds lists
 
 
 # -- TensorCodec ------------------------------------------------------------------------------
@@ -580,6 +594,18 @@ def test_png_round_trip_is_lossless(shape):
     assert sliced.shape == (2, *shape) and sliced.tobytes() == np.stack(values[3:5]).tobytes()
     whole = field.codec.decode_column(field, chunked(array, 2, 4))
     assert whole.tobytes() == np.stack(values).tobytes()
+
+
+def test_image_encode_refuses_an_image_that_does_not_fit_the_field():
+    _images_module()
+    field = UnischemaField("img", np.uint8, (4, 4, 3), CompressedImageCodec("png"), False)
+    assert field.codec.encode(field, np.zeros((4, 4, 3), np.uint8)).startswith(b"\x89PNG")
+    for shape in [(5, 4, 3), (4, 4), (4, 4, 1)]:
+        with pytest.raises(CodecError, match=rf"field 'img': expected an image of shape \(4, 4, 3\), found "
+                                             rf"{re.escape(str(shape))}"):
+            field.codec.encode(field, np.zeros(shape, np.uint8))
+    any_size = UnischemaField("img", np.uint8, (None, None, 3), CompressedImageCodec("png"), False)
+    assert any_size.codec.encode(any_size, np.zeros((5, 9, 3), np.uint8)).startswith(b"\x89PNG")
 
 
 def test_png_nulls_and_variable_shapes():

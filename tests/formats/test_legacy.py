@@ -319,6 +319,41 @@ def test_every_allowed_global_is_inert() -> None:
                 or (isinstance(value, type) and issubclass(value, legacy.StandIn))), (module, name, value)
 
 
+RESTORE_FIXTURE = FIXTURE.parents[1] / "pyspark_restore" / "_common_metadata"
+
+
+def test_fields_pickled_by_pyspark_namedtuple_patch(fixture_bytes: bytes, tmp_path: Path) -> None:
+    # Written by Petastorm with pyspark's namedtuple patch on (make_pyspark_restore.py): every
+    # UnischemaField is a call of pyspark.serializers._restore, as in datasets of older Spark jobs.
+    import shutil
+
+    import unihub
+
+    data = pq.read_metadata(RESTORE_FIXTURE).metadata[PETASTORM_UNISCHEMA_KEY]
+    unpickler = _RecordingUnpickler(io.BytesIO(data))
+    unpickler.load()
+    assert "pyspark.serializers._restore" in unpickler.seen
+    assert "petastorm.unischema.UnischemaField" not in unpickler.seen
+    assert load_petastorm_unischema(data) == load_petastorm_unischema(fixture_bytes)
+    dataset = tmp_path / "dataset"
+    shutil.copytree(FIXTURE.parent, dataset)
+    shutil.copy(RESTORE_FIXTURE, dataset / "_common_metadata")
+    with unihub.make_reader(str(dataset), schema_fields=["id", "embedding"], shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    with unihub.make_reader(str(FIXTURE.parent), schema_fields=["id", "embedding"], shuffle_row_groups=False) as reader:
+        assert [(r.id, r.embedding.tobytes()) for r in rows] == [(r.id, r.embedding.tobytes()) for r in reader]
+
+
+@pytest.mark.parametrize("arguments", [
+    b"(S'Popen'\n(S'args'\ntp0\n(S'ls'\ntp1\ntp2\n",  # another namedtuple
+    b"(S'UnischemaField'\n(S'name'\nS'cmd'\ntp0\n(S'x'\nS'y'\ntp1\ntp2\n",  # other field names
+    b"(S'UnischemaField'\n(S'name'\nS'numpy_dtype'\nS'shape'\nS'codec'\nS'nullable'\ntp0\n(S'x'\ntp1\ntp2\n",
+])
+def test_pyspark_restore_is_refused_for_anything_but_a_unischema_field(arguments: bytes) -> None:
+    with pytest.raises(UnsafeMetadataError, match="_restore"):
+        safe_unpickle(b"cpyspark.serializers\n_restore\n" + arguments + b"R.")
+
+
 # ------------------------------------------------------------------------------------------
 # Older Petastorm / Python 2 pickles, made with look-alike classes
 # ------------------------------------------------------------------------------------------

@@ -491,6 +491,24 @@ def test_from_arrow_schema_unsupported_fields():
         Unischema.from_arrow_schema(arrow, omit_unsupported_fields=False)
 
 
+def test_from_arrow_schema_takes_what_carries_a_schema_as_petastorm_did(tmp_path):
+    import pyarrow.parquet as pq
+
+    from unihub.errors import InvalidArgumentError
+
+    table = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "city": ["a", "a", "b", "b"],
+                      "score": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32())})
+    pq.write_to_dataset(table, str(tmp_path / "parted"), partition_cols=["city"])
+    pq.write_table(table, str(tmp_path / "one.parquet"))
+    from_dataset = Unischema.from_arrow_schema(pq.ParquetDataset(str(tmp_path / "parted")))
+    assert list(from_dataset.fields) == ["id", "score", "city"]  # the partition column too
+    assert from_dataset.city.numpy_dtype is np.str_ and from_dataset.score.numpy_dtype is np.float32
+    from_file = Unischema.from_arrow_schema(pq.ParquetFile(str(tmp_path / "one.parquet")))
+    assert from_file == Unischema.from_arrow_schema(table.schema) == Unischema.from_arrow_schema(table)
+    with pytest.raises(InvalidArgumentError, match="got dict"):
+        Unischema.from_arrow_schema({"id": "int64"})
+
+
 # -- validation --------------------------------------------------------------------------------
 def validation_schema() -> Unischema:
     return Unischema("V", [

@@ -116,6 +116,22 @@ def test_attributes_and_timesteps():
     assert list(ngram.get_schema_at_timestep(ts_only_schema(), 0).fields) == []
 
 
+def test_equality_is_by_fields_per_offset_timestamp_threshold_and_overlap():
+    schema = ts_only_schema()
+    ngram = NGram({0: ["ts", "x"], 1: ["x"]}, 5, "ts")
+    same = NGram({1: [schema.x], 0: ["x", schema.ts]}, 5, schema.ts)
+    assert ngram == same and hash(ngram) == hash(same) and not ngram != same
+    before = hash(ngram)
+    ngram.resolve_regex_field_names(schema)
+    assert hash(ngram) == before and ngram == same  # resolving changes neither
+    assert ngram != NGram({0: ["ts", "x"], 1: ["ts"]}, 5, "ts")
+    assert ngram != NGram({0: ["ts", "x"], 2: ["x"]}, 5, "ts")
+    assert ngram != NGram({0: ["ts", "x"], 1: ["x"]}, 6, "ts")
+    assert ngram != NGram({0: ["ts", "x"], 1: ["x"]}, 5, "ts", timestamp_overlap=False)
+    assert ngram != {0: ["ts", "x"], 1: ["x"]}
+    assert len({ngram, same}) == 1
+
+
 def test_timestamp_field_is_read_even_when_no_offset_lists_it():
     ngram = resolved({0: ["x"], 1: ["x"]}, 1)
     assert sorted(ngram.get_field_names_at_all_timesteps()) == ["ts", "x"]
