@@ -509,6 +509,41 @@ def test_stop_from_another_thread_ends_iteration_and_keeps_the_position(dataset,
         assert ids_of(resumed) == full_order[len(delivered):]
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+@pytest.mark.parametrize("batched", [False, True], ids=["rows", "batches"])
+def test_eight_threads_sharing_one_reader_get_every_row_once(dataset, pool, batched):
+    # Petastorm's readers were shared by the threads of a feeding loop: each next() hands out one
+    # item to one thread, none twice or lost, and the position counts every item handed out.
+    make = make_batch_reader if batched else make_reader
+    reader = make(dataset, reader_pool_type=pool, workers_count=2, **RESUME_OPTIONS)
+    taken: list[list[int]] = [[] for _ in range(8)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def consume(mine: list[int]) -> None:
+        start.wait()
+        try:
+            for item in reader:
+                mine.extend(np.atleast_1d(item.id).tolist())
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(mine,), daemon=True) for mine in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    every = sorted(i for mine in taken for i in mine)
+    assert every == sorted(list(range(N)) * 2)
+    assert sum(1 for mine in taken if mine) > 1  # the threads really shared the work
+    state = reader.state_dict()
+    reader.stop()
+    reader.join()
+    with make(dataset, resume_from=state, **RESUME_OPTIONS) as resumed:
+        assert list(resumed) == []  # everything handed out was counted
+
+
 def test_a_stopped_reader_stays_stopped_until_reset(dataset):
     reader = make_reader(dataset, schema_fields=["id"], seed=0)
     first = [int(next(reader).id) for _ in range(5)]
