@@ -35,7 +35,7 @@ from unihub.readers.decode import DecodePolicy
 from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase, predicate_fields
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
-from unihub.readers.workers import Pool, PoolType
+from unihub.readers.workers import Pool, PoolType, check_pool_arguments
 
 STATE_VERSION = 1
 
@@ -103,7 +103,10 @@ class Reader:
                                                                     batched=batched))
         if workers_count is None:
             workers_count = default_workers_count(store)
-        self._pool_type, self._workers_count = reader_pool_type, workers_count
+        check_pool_arguments(reader_pool_type, workers_count)
+        if not isinstance(results_queue_size, int) or isinstance(results_queue_size, bool) or results_queue_size < 1:
+            raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
+        self._pool_type, self._workers_count = reader_pool_type, int(workers_count)
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)

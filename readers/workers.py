@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
+import numpy as np
+
 from unihub.errors import InvalidArgumentError
 
 T = TypeVar("T")
@@ -41,14 +43,20 @@ def _call_installed(task: Any) -> Any:
     return _PROCESS_FUNCTION(task)
 
 
+def check_pool_arguments(pool_type: Any, workers_count: Any) -> None:
+    """Refuse a pool that cannot be made, when the reader is made (not at its first row)."""
+    if pool_type not in ("thread", "process", "dummy"):
+        raise InvalidArgumentError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
+    if not isinstance(workers_count, (int, np.integer)) or isinstance(workers_count, bool) or workers_count < 1:
+        raise InvalidArgumentError(f"workers_count must be an int >= 1 (or None: chosen for the dataset), "
+                                   f"got {workers_count!r}")
+
+
 class Pool:
     """Ordered, bounded parallel map over a task iterator."""
 
     def __init__(self, pool_type: PoolType = "thread", workers_count: int = 4) -> None:
-        if pool_type not in ("thread", "process", "dummy"):
-            raise InvalidArgumentError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
-        if workers_count < 1:
-            raise InvalidArgumentError(f"workers_count must be >= 1, got {workers_count}")
+        check_pool_arguments(pool_type, workers_count)
         self.pool_type = pool_type
         self.workers_count = workers_count
         self._executor: Executor | None = None
