@@ -271,6 +271,21 @@ class ForeignFormat(ABC):
         dataset's ``unihub.extra`` metadata, ``options`` the reading options of the other side."""
         raise UnsupportedFormatError(f"{cls.format_name} cannot be verified against its own reader yet")
 
+    def reference_extras(self) -> dict[str, Any]:
+        """What the source holds beside its records (attributes, datasets that are not rows, empty
+        groups, dtypes that the records' form does not show), read by the format's own library:
+        ``{name: value}``, each name saying what and where (``"attribute 'version' of '/'"``). ``unihub
+        verify`` compares these with :meth:`native_extras` after the records, name by name, so that
+        what a conversion keeps in ``unihub.extra`` is checked too. Default: nothing beside the records."""
+        return {}
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """What an export of a unihub dataset (``schema``, ``unihub.extra`` metadata ``extra``) writes
+        beside its records, in the form of :meth:`reference_extras`; ``options`` as for
+        :meth:`native_records`. Default: nothing."""
+        return {}
+
 
 def check_on_error(on_error: Any) -> None:
     """Refuse an ``on_error`` other than ``'raise'`` or ``'skip'``."""

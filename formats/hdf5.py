@@ -26,7 +26,9 @@ as their integers, complex numbers as trailing ``(2,)`` float pairs, fixed-lengt
 str/bytes re-padded to their length on export. Datasets that are not rows (scalars, and in the
 groups and splits layouts anything outside the units) are kept exactly in the metadata
 (``constants``, 1 MB in all), and so are the attributes outside the rows (``attribute_values``;
-as JSON values too); export writes both back. Anything else is refused with a
+as JSON values too); export writes both back, and the groups outside the rows (``group_paths``:
+an empty one too). A unit of 0 rows (an empty split, a file of 0 rows) keeps its datasets, their
+dtypes and shapes, in ``empty_datasets``, written back on export. Anything else is refused with a
 :class:`FormatError` naming file and datasets, unless ``ignore_unsupported=True`` leaves it out,
 listed as skipped and in ``left_out`` (attributes that cannot be kept, e.g. references, are listed
 there too).
@@ -50,7 +52,9 @@ Each such dataset carries its Unischema field as JSON in the attribute ``unihub.
 groups layout records the schema once, in the root attribute ``unihub.schema``), and the root
 attribute ``unihub.layout`` names the layout, so ingesting an export gives back the same schema.
 
-``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``).
+``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``), and beside the rows compares what
+the file holds outside them (``hdf5_extras.py``: datasets that are not rows, attributes, empty groups,
+the datasets of units of 0 rows, the dtypes of the rows' datasets).
 """
 
 from __future__ import annotations
@@ -212,15 +216,17 @@ class HDF5Format(ForeignFormat):
         """``{"hdf5": {...}}``: the attributes of the file, its groups and datasets, its scalars as
         JSON values, and what export and verify need: ``layout`` (kind, key field, the dtype of every
         source dataset, where each field comes from), ``constants`` (datasets that are not rows,
-        exactly; ``constants_by_file`` where other files differ) and ``left_out``."""
+        exactly), ``empty_datasets``, ``attribute_values``, ``group_paths`` (``<key>_by_file`` where
+        other files differ) and ``left_out``."""
         files = self._files()
         with _open(files[0]) as handle:
             meta = file_metadata(handle, self._plan(files[0], handle))
         for path in files[1:]:
             with _open(path) as handle:
-                other = file_metadata(handle, self._plan(path, handle), constants_only=True)
-            if other["constants"] != meta["constants"]:
-                meta.setdefault("constants_by_file", {})[path] = other["constants"]
+                other = file_metadata(handle, self._plan(path, handle), per_file=True)
+            for key, value in other.items():
+                if value != meta[key]:
+                    meta.setdefault(f"{key}_by_file", {})[path] = value
         return {"hdf5": meta}
 
     def _files(self) -> list[str]:
@@ -276,3 +282,17 @@ class HDF5Format(ForeignFormat):
         from unihub.formats.hdf5_verify import native_records
 
         yield from native_records(schema, rows, extra, options)
+
+    def reference_extras(self) -> dict[str, Any]:
+        """What the files hold beside their rows, as h5py reads it (see ``hdf5_extras.py``)."""
+        from unihub.formats.hdf5_extras import reference_extras
+
+        return reference_extras(self._files(), self.options)
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """What an export of a unihub dataset writes beside its rows (see ``hdf5_extras.py``)."""
+        from unihub.formats.hdf5_extras import native_extras
+        from unihub.formats.hdf5_verify import verify_spec
+
+        return native_extras(schema, extra, verify_spec(schema, extra, options), options)

@@ -55,7 +55,10 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
             writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
             for batch in map(python_columns, batches):
                 writer.append(batch, column_length(schema, batch))
+            _write_empty(handle, spec.empty, {"compression": compression, "chunk_rows": chunk_rows})
             _write_constants(handle, spec.constants)
+            for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
+                handle.require_group(path)
             _write_attributes(handle, spec.attributes)
         os.replace(temporary, target)
     except BaseException:
@@ -93,6 +96,17 @@ def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    """The datasets of units of 0 rows (an empty split, a file of 0 rows), with their dtypes and shapes,
+    created as the rows' datasets are (chunked, growable); one the rows made already is left as it is."""
+    for path, record in empty.items():
+        if path in handle:
+            continue
+        value, dt = decode_constant(record)
+        parent, _, name = path.rpartition("/")
+        _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
 
 
 def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) -> None:

@@ -76,6 +76,7 @@ class Plan:
     #: leaf -> why: left out by ``ignore_unsupported`` / ``ignore_mismatched`` (listed as skipped)
     ignored: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)  #: leaf -> not selected by ``fields=``
+    dropped: list[str] = field(default_factory=list)  #: splits not selected by ``split=``
 
     def unit_path(self, unit: str) -> str:
         return "/".join(p for p in (self.container, unit) if p)
@@ -84,6 +85,15 @@ class Plan:
         """Rows of a columns or splits unit (of its selected datasets; 0 when it has none)."""
         paths = {leaf.path for leaf in self.leaves.values()}
         return next((n for (u, p), n in self.lengths.items() if u == unit and p in paths), 0)
+
+    def empty_datasets(self) -> list[str]:
+        """Absolute paths of the source's datasets in the units of 0 rows (columns and splits): no
+        row holds their dtype and shape, so the metadata keeps them (and export writes them back)."""
+        if self.kind == "groups":
+            return []
+        paths = sorted({leaf.path for leaf in self.leaves.values() if leaf.attr is None and leaf.recorded is None})
+        return ["/".join(p for p in (self.unit_path(unit), rel) if p) for unit in self.units if not self.rows(unit)
+                for rel in paths if (unit, rel) in self.lengths]
 
 
 def some(names: Iterable[Any], limit: int = 5) -> str:
