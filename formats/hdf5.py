@@ -16,7 +16,9 @@ Layouts recognised on ingest (option ``layout``: ``auto`` detects them, see ``hd
   groups lack are nullable), and the attributes of the group and of its members as fields
   ``@name`` and ``member@name``. Rows come in h5py's order of the groups: by name (byte order:
   ``sample_10`` before ``sample_2`` unless zero-padded), or by creation where the file tracks it.
-  The groups may sit below a chain of single groups (``/data/sample_00000/...``).
+  The groups may sit below a chain of single groups (``/data/sample_00000/...``). A sibling group
+  holding nothing at all is a sample with no members: a row of nulls (its attributes as fields),
+  exported back as an empty group.
 
 In every layout a compound dataset gives one field per member, named ``dataset.member``
 (``tracks.x``; nested ``tracks.pos.x``; array members add their dims): Unischema fields are
@@ -50,7 +52,8 @@ groups), chunked and grown with ``resize``:
 
 Each such dataset carries its Unischema field as JSON in the attribute ``unihub.field`` (the
 groups layout records the schema once, in the root attribute ``unihub.schema``), and the root
-attribute ``unihub.layout`` names the layout, so ingesting an export gives back the same schema.
+attribute ``unihub.layout`` names the layout (and the groups beside the units that are no split or
+sample), so ingesting an export gives back the same schema.
 
 ``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``), and beside the rows compares what
 the file holds outside them (``hdf5_extras.py``: datasets that are not rows, attributes, empty groups,

@@ -60,6 +60,8 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
             for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
                 handle.require_group(path)
             _write_attributes(handle, spec.attributes)
+            if spec.kind != "columns":
+                _record_units(handle, spec, set(writer.units) | set(spec.units))
         os.replace(temporary, target)
     except BaseException:
         if os.path.exists(temporary):
@@ -96,6 +98,16 @@ def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _record_units(handle: Any, spec: ExportSpec, units: set[str]) -> None:
+    """Name in ``unihub.layout`` the container's groups that are no split or sample (the source's groups
+    written back beside them), so that an ingest of the export reads the units it wrote, no more."""
+    h5py = h5py_module()
+    base = handle[spec.container] if spec.container else handle
+    outside = [n for n in base if n not in units and base.get(n, getclass=True) is h5py.Group]
+    if outside:
+        handle.attrs[LAYOUT_ATTR] = json.dumps({**json.loads(handle.attrs[LAYOUT_ATTR]), "not_units": outside})
 
 
 def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, Any]) -> None:
@@ -219,6 +231,10 @@ class _SplitsWriter:
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
         self.splits: dict[str, _ColumnsWriter] = {}
 
+    @property
+    def units(self) -> list[str]:
+        return list(self.splits)
+
     def append(self, batch: Mapping[str, Any], n: int) -> None:
         names = list(batch[self.spec.key_field])
         start = 0
@@ -244,6 +260,7 @@ class _GroupsWriter:
     def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
         self.spec, self.count = spec, 0
         self.key = spec.key_field if spec.key_field in schema.fields else None
+        self.units: set[str] = set()
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
@@ -253,6 +270,7 @@ class _GroupsWriter:
             if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
                 raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
             group = self.container.create_group(name)
+            self.units.add(name)
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
                 if attr is None:
                     group.create_dataset(path, data=value, dtype=value.dtype)

@@ -61,6 +61,7 @@ class ExportSpec:
     attributes: dict[str, Any] = field(default_factory=dict)  #: object path -> {name: attribute}
     empty: dict[str, Any] = field(default_factory=dict)  #: path -> a dataset of a unit of 0 rows
     groups: list[str] = field(default_factory=list)  #: the groups outside the rows (empty ones included)
+    units: list[str] = field(default_factory=list)  #: the source's splits (an empty one has no rows)
     images: str = "bytes"
 
 
@@ -78,6 +79,7 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
     spec.attributes = dict((source or {}).get("attribute_values") or {}) if same else {}
     spec.empty = dict((source or {}).get("empty_datasets") or {}) if same else {}
     spec.groups = list((source or {}).get("group_paths") or ()) if same else []
+    spec.units = list(recorded.get("units") or ()) if same else []
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)

@@ -1,5 +1,5 @@
-"""What HDF5 keeps beside its rows, and verify checking it (formats/hdf5_extras.py): empty splits,
-exports of 0 rows, constants and attributes."""
+"""What HDF5 keeps beside its rows, and verify checking it (formats/hdf5_extras.py): empty sample groups,
+empty splits, exports of 0 rows, constants and attributes."""
 
 from __future__ import annotations
 
@@ -55,6 +55,58 @@ def differences(a: Path, b: Path, **options: Any) -> list[str]:
 def assert_equal(a: Path, b: Path, **options: Any) -> None:
     report = verify(a, b, options=options or None)
     assert report.equal, report.summary()
+
+
+# -- finding 1: a sample group with no datasets -----------------------------------------------------------
+def test_an_empty_sample_group_is_a_row_of_nulls_and_goes_back_as_an_empty_group(tmp_path: Path) -> None:
+    src, ds, out = tmp_path / "g.h5", tmp_path / "ds", tmp_path / "out.h5"
+    with h5py.File(src, "w") as f:
+        for name in ("s0", "s2"):
+            f[f"{name}/x"] = np.arange(3, dtype=np.float32) + int(name[1])
+            f[f"{name}/y"] = np.int64(int(name[1]))
+        f.create_group("s1").attrs["note"] = "empty"
+    assert convert(src, ds, progress=False).rows == 3
+    schema = open_dataset(ds).schema
+    assert list(schema.fields) == ["group", "x", "y", "@note"] and schema["x"].nullable and schema["y"].nullable
+    rows = rows_of(ds)
+    assert rows["group"] == ["s0", "s1", "s2"] and rows["y"] == [0, None, 2] and rows["@note"] == [None, "empty", None]
+    assert rows["x"][1] is None and rows["x"][2].tolist() == [2.0, 3.0, 4.0]
+    assert_equal(src, ds)
+    assert main(["convert", str(ds), str(out), "--quiet"]) == 0
+    with h5py.File(out) as f:
+        assert [n for n in f] == ["s0", "s1", "s2"] and len(f["s1"]) == 0 and f["s1"].attrs["note"] == "empty"
+        assert f["s2/x"].dtype == np.float32 and f["s2/x"][...].tolist() == [2.0, 3.0, 4.0]
+    assert_equal(ds, out)
+    convert(out, tmp_path / "again", progress=False)
+    assert_equal(ds, tmp_path / "again")
+
+    rewrite(ds, tmp_path / "lost", keep=lambda i: i != 1)  # the row of the empty group lost
+    assert differences(src, tmp_path / "lost")[0] == "record counts differ: 3 in the source vs 2 in the target"
+    with h5py.File(out, "a") as f:
+        del f["s1"]
+    assert "record counts differ: 3 in the source vs 2 in the target" in differences(ds, out)
+
+
+def test_a_group_beside_the_samples_stays_outside_the_rows_after_an_export(tmp_path: Path) -> None:
+    src = tmp_path / "a.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(3):
+            f[f"s{i}/x"], f[f"s{i}/y"] = np.arange(i + 1), np.int8(i)
+        f["meta/classes"] = np.array([b"cat", b"dog"])  # holds other datasets: not a sample
+        f["meta"].attrs["k"] = np.int16(1)
+        f.create_group("tree/leaf")  # only a group in it: not a sample, kept as a group
+    convert(src, tmp_path / "ds", progress=False)
+    convert(tmp_path / "ds", tmp_path / "out.h5", progress=False)
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert json.loads(f.attrs["unihub.layout"])["not_units"] == ["meta", "tree"]
+        assert f["meta/classes"][...].tolist() == [b"cat", b"dog"] and "tree/leaf" in f
+    assert convert(tmp_path / "out.h5", tmp_path / "again", progress=False).rows == 3
+    for a, b in (("a.h5", "ds"), ("ds", "out.h5"), ("out.h5", "again"), ("ds", "again")):
+        assert_equal(tmp_path / a, tmp_path / b)
+    with h5py.File(tmp_path / "out.h5", "a") as f:
+        del f["tree/leaf"]
+    assert differences(tmp_path / "ds", tmp_path / "out.h5") == [
+        "group '/tree/leaf': expected 'empty', found nothing (missing)"]
 
 
 # -- finding 2 and 5: units of 0 rows ---------------------------------------------------------------------
