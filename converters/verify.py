@@ -213,12 +213,13 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
     source = fmt(foreign_path, **options)
     batches, schema, extra, _ = _unihub_batches(unihub_path, None, 256)
     source.prepare(schema)
+    native_options = {**source.written_options(), **options}  # the file's own say, under the user's
     reference = source.reference_records()
     projected = ((None, record) for record in
-                 fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options))
+                 fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **native_options))
     expected, found = (projected, reference) if export else (reference, projected)
     report = _compare(expected, found, max_differences, fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
-    theirs, ours = source.reference_extras(), fmt.native_extras(schema, extra, **options)
+    theirs, ours = source.reference_extras(), fmt.native_extras(schema, extra, **native_options)
     return _with_extras(report, *((ours, theirs) if export else (theirs, ours)), max_differences)
 
 

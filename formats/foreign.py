@@ -286,6 +286,13 @@ class ForeignFormat(ABC):
         :meth:`native_records`. Default: nothing."""
         return {}
 
+    def written_options(self) -> dict[str, Any]:
+        """The write options the source says it was written with (unihub's own exports record them),
+        called after :meth:`prepare`: verify passes them to :meth:`native_records` and
+        :meth:`native_extras` (under the reading options given), so that a dataset is projected the
+        way *that* file was written. Default: none."""
+        return {}
+
 
 def check_on_error(on_error: Any) -> None:
     """Refuse an ``on_error`` other than ``'raise'`` or ``'skip'``."""

@@ -52,12 +52,13 @@ groups), chunked and grown with ``resize``:
 
 Each such dataset carries its Unischema field as JSON in the attribute ``unihub.field`` (the
 groups layout records the schema once, in the root attribute ``unihub.schema``), and the root
-attribute ``unihub.layout`` names the layout (and the groups beside the units that are no split or
-sample), so ingesting an export gives back the same schema.
+attribute ``unihub.layout`` names the layout (and ``images``, and the groups beside the units that are
+no split or sample), so ingesting an export gives back the same schema.
 
 ``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``), and beside the rows compares what
 the file holds outside them (``hdf5_extras.py``: datasets that are not rows, attributes, empty groups,
-the datasets of units of 0 rows, the dtypes of the rows' datasets).
+the datasets of units of 0 rows, the dtypes of the rows' datasets). Verifying an export follows how
+that file says it was written (layout, key field, images as pixels), with no option needed.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class HDF5Format(ForeignFormat):
         super().__init__(sources, **options)
         self._discovered: dict[str, Plan] = {}
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
+        self._prepared: Unischema | None = None
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -299,3 +301,31 @@ class HDF5Format(ForeignFormat):
         from unihub.formats.hdf5_verify import verify_spec
 
         return native_extras(schema, extra, verify_spec(schema, extra, options), options)
+
+    def prepare(self, schema: Unischema) -> None:
+        """Keep the schema read with: :meth:`written_options` compares it with the fields a unihub export
+        recorded."""
+        self._prepared = schema
+
+    def written_options(self) -> dict[str, Any]:
+        """How a unihub export says it was written (root attribute ``unihub.layout``): its ``layout``,
+        ``key_field`` and ``images`` (where an older export did not record ``images``: ``pixels`` when
+        it recorded as a tensor a field the schema read with holds as an image)."""
+        from unihub.formats.codecs import CompressedImageCodec
+        from unihub.formats.hdf5_detect import recorded_layout
+
+        path = self._files()[0]
+        with _open(path) as handle:
+            recorded = recorded_layout(handle)
+            if recorded is None:
+                return {}
+            options = {"layout": recorded.get("kind", "columns"), "key_field": recorded.get("key_field"),
+                       "images": recorded.get("images")}
+            schema = self._prepared
+            if options["images"] is None and schema is not None:
+                plan = self._plan(path, handle)
+                pixels = [leaf.field for leaf in plan.leaves.values() if leaf.recorded is not None
+                          and not isinstance(leaf.recorded.codec, CompressedImageCodec) and leaf.field in schema.fields
+                          and isinstance(schema[leaf.field].codec, CompressedImageCodec)]
+                options["images"] = "pixels" if pixels else None
+        return {key: value for key, value in options.items() if value is not None}

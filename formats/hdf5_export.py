@@ -85,7 +85,7 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
     handle.attrs[SCHEMA_NAME_ATTR] = schema.name
     handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
     handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
-                                            "key_field": spec.key_field})
+                                            "key_field": spec.key_field, "images": spec.images})
     if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 

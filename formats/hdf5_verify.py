@@ -98,6 +98,8 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
     spec = verify_spec(schema, extra, options)
     splits = options.get("split")
     splits = [splits] if isinstance(splits, str) else splits
+    if spec.kind == "groups" and spec.key_field not in schema.fields:  # the writer names the groups itself
+        rows = ({**row, spec.key_field: f"sample_{i:08d}"} for i, row in enumerate(rows))
     chunk: list[Mapping[str, Any]] = []
     for row in rows:
         if splits is None or row.get(spec.key_field) in splits:

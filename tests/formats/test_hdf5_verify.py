@@ -1,5 +1,5 @@
 """What HDF5 keeps beside its rows, and verify checking it (formats/hdf5_extras.py): empty sample groups,
-empty splits, exports of 0 rows, constants and attributes."""
+empty splits, exports of 0 rows, constants and attributes, and exports written with other options."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import ScalarCodec, Unischema, UnischemaField, open_dataset, write_dataset
+from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, open_dataset, write_dataset
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
@@ -269,6 +269,39 @@ def test_left_out_datasets_take_their_attributes_and_empty_groups_stay(tmp_path:
         assert "g/y" not in f and f["g"].attrs["v"] == 2 and f["e/f"].attrs["w"] == 3
     assert_equal(ds, out)
     assert_equal(src, out, fields=["x"])
+
+
+# -- finding 4: exports written with other options ----------------------------------------------------------
+def image_dataset(path: Path) -> None:
+    from unihub.formats.images import encode_image
+
+    schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("image", np.uint8, (6, 7, 3), CompressedImageCodec("png"), False)])
+    write_dataset(path, schema, [{"id": i, "image": encode_image(np.full((6, 7, 3), 9 * i, np.uint8), "png", 0)}
+                                 for i in range(3)])
+
+
+@pytest.mark.parametrize("option", ["images=pixels", "layout=groups"])
+def test_verify_projects_a_dataset_the_way_its_export_was_written(tmp_path: Path, option: str) -> None:
+    ds, out = tmp_path / "ds", tmp_path / "out.h5"
+    image_dataset(ds)
+    assert main(["convert", str(ds), str(out), "--option", option, "--quiet"]) == 0
+    assert main(["verify", str(ds), str(out)]) == 0
+    with h5py.File(out, "a") as f:
+        if option == "images=pixels":
+            assert f["image"].shape == (3, 6, 7, 3) and f["image"].dtype == np.uint8
+            layout = json.loads(f.attrs["unihub.layout"])
+            assert layout["images"] == "pixels"
+            del layout["images"]  # as an older export recorded it: told by the recorded field
+            f.attrs["unihub.layout"] = json.dumps(layout)
+            assert verify(ds, out).equal
+            f["image"][2, 0, 0, 0] = 1
+            where = "record 2 (out.h5 row 2), field 'image': expected uint8[6, 7, 3] [18, 18"
+        else:
+            assert list(f) == ["sample_00000000", "sample_00000001", "sample_00000002"]
+            f["sample_00000001/id"][()] = 5
+            where = "record 1 (out.h5 group 'sample_00000001'), field 'id': expected int64(1), found int64(5)"
+    assert differences(ds, out)[0].startswith(where)
 
 
 @pytest.mark.parametrize("kind", ["groups", "splits"])
