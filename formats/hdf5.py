@@ -13,8 +13,8 @@ Layouts recognised on ingest (option ``layout``: ``auto`` detects them, see ``hd
 - **groups**: one group per sample (``/sample_00000/image``, ``/sample_00000/label``, ...): one
   row per group, its name in a string field ``group`` (option ``key_field``), every member whole
   (0-d datasets are scalars; shapes that vary between samples are ``None`` dims; members some
-  groups lack are nullable), and the attributes of the group and of its members as fields
-  ``@name`` and ``member@name``. Rows come in h5py's order of the groups: by name (byte order:
+  groups lack are nullable), and the attributes of the group, of its members and of the groups
+  inside it as fields ``@name``, ``member@name`` and ``inner/group@name``. Rows come in h5py's order of the groups: by name (byte order:
   ``sample_10`` before ``sample_2`` unless zero-padded), or by creation where the file tracks it.
   The groups may sit below a chain of single groups (``/data/sample_00000/...``). A sibling group
   holding nothing at all is a sample with no members: a row of nulls (its attributes as fields),

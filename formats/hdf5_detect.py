@@ -117,6 +117,22 @@ def _member_names(group: Any) -> frozenset[str]:
     return frozenset(names)
 
 
+def members_below(group: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every dataset and every group below ``group`` by relative path, in h5py's name order (one visit)."""
+    h5py = h5py_module()
+    datasets: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+
+    def note(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            datasets[name] = obj
+        elif isinstance(obj, h5py.Group):
+            groups[name] = obj
+
+    group.visititems(note)
+    return datasets, groups
+
+
 def datasets_below(group: Any) -> dict[str, Any]:
     """Every dataset below ``group`` by relative path, in h5py's name order."""
     h5py = h5py_module()

@@ -261,6 +261,7 @@ class _GroupsWriter:
         self.spec, self.count = spec, 0
         self.key = spec.key_field if spec.key_field in schema.fields else None
         self.units: set[str] = set()
+        self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
@@ -274,10 +275,11 @@ class _GroupsWriter:
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
                 if attr is None:
                     group.create_dataset(path, data=value, dtype=value.dtype)
-                elif path and path not in group:
+                elif path and path not in group and path not in self.inner:
                     raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
-                else:
-                    (group[path] if path else group).attrs.create(attr, data=value, dtype=value.dtype)
+                else:  # the group's own, a member's, or a group's inside it (made when no dataset made it)
+                    owner = group if not path else group[path] if path in group else group.require_group(path)
+                    owner.attrs.create(attr, data=value, dtype=value.dtype)
             self.count += 1
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.hdf5_detect import datasets_below, detect_layout
+from unihub.formats.hdf5_detect import datasets_below, detect_layout, members_below
 from unihub.formats.hdf5_types import (
     Member,
     dtype_to_json,
@@ -50,6 +50,7 @@ class Leaf:
     cell: Shape = ()  #: one row's shape (None: varies), array-member dims included
     nullable: bool = False  #: absent from some units
     recorded: UnischemaField | None = None  #: the field a unihub export recorded for this dataset
+    group_owner: bool = False  #: an attribute of a group inside each sample group (not of a dataset)
 
     @property
     def value_dtype(self) -> np.dtype:
@@ -197,6 +198,7 @@ class _Seen:
     first: str
     units: int = 1
     conflict: str | None = None
+    group: bool = False  #: an attribute of a group inside the units
 
 
 def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[str], key: str | None) -> Plan:
@@ -206,10 +208,12 @@ def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[s
     seen: dict[tuple[str, ...], _Seen] = {}
     recorded: dict[str, UnischemaField] = {}
     for unit in units:
-        found = datasets_below(base[unit])
+        found, inner = members_below(base[unit]) if kind == "groups" else (datasets_below(base[unit]), {})
         recorded.update(_recorded_fields(found))
         if kind == "groups":
             _note_attributes(seen, unit, "", base[unit].attrs)
+            for rel, group in inner.items():  # a group inside a sample: its attributes are fields too
+                _note_attributes(seen, unit, rel, group.attrs, group=True)
         for rel, dataset in found.items():
             if kind == "groups":
                 _note(seen, ("d", rel), unit, dataset.dtype, dataset.shape)
@@ -248,11 +252,13 @@ def _note(seen: dict[tuple[str, ...], _Seen], key: tuple[str, ...], unit: str, d
         entry.shape = tuple(a if a == b else None for a, b in zip(entry.shape, shape))
 
 
-def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, attrs: Any) -> None:
+def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, attrs: Any,
+                     group: bool = False) -> None:
     for name in attrs:
         if not name.startswith("unihub."):
             attr = attrs.get_id(name)
             _note(seen, ("a", rel, name), unit, attr.dtype, attr.shape)
+            seen["a", rel, name].group |= group
 
 
 def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
@@ -290,7 +296,8 @@ def _add_seen(plan: Plan, key: tuple[str, ...], entry: _Seen, nullable: bool,
         if reason is not None:
             plan.refused[leaf_name] = reason
         else:
-            _add_leaf(plan, Leaf(leaf_name, rel, entry.dtype, member, key[2], (*entry.shape, *dims), nullable))
+            _add_leaf(plan, Leaf(leaf_name, rel, entry.dtype, member, key[2], (*entry.shape, *dims), nullable,
+                                 group_owner=entry.group))
 
 
 def _recorded_schema(handle: Any) -> dict[str, UnischemaField]:

@@ -106,7 +106,7 @@ def layout_record(plan: Plan) -> dict[str, Any]:
             continue
         if leaf.attr is not None:
             fields[leaf.field] = {"object": leaf.path, "attr": leaf.attr, "member": list(leaf.member),
-                                  "dtype": dtype_to_json(leaf.dtype)}
+                                  "dtype": dtype_to_json(leaf.dtype), **({"group": True} if leaf.group_owner else {})}
         else:
             fields[leaf.field] = {"dataset": leaf.path, "member": list(leaf.member)}
             datasets[leaf.path] = dtype_to_json(leaf.dtype)

@@ -46,6 +46,7 @@ class Typed:
     dtype: np.dtype
     attr: str | None = None
     members: list[tuple[str, Member]] = field(default_factory=list)  #: (field name, member path)
+    group: bool = False  #: an attribute of a group inside each sample group (made when no dataset made it)
 
 
 @dataclass
@@ -90,7 +91,8 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
             continue
         path, attr = entry.get("dataset", entry.get("object", "")), entry.get("attr")
         dt = dtype_from_json(entry["dtype"] if attr is not None else recorded["datasets"][path])
-        typed.setdefault((path, attr), Typed(path, dt, attr)).members.append((f.name, tuple(entry.get("member", ()))))
+        typed.setdefault((path, attr), Typed(path, dt, attr, group=bool(entry.get("group")))).members.append(
+            (f.name, tuple(entry.get("member", ()))))
     for t in typed.values():
         if _complete(schema, t):
             spec.typed.append(t)
