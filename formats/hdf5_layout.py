@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.hdf5_detect import datasets_below, detect_layout, members_below
+from unihub.formats.hdf5_detect import datasets_below, detect_layout, members_below, recorded_layout
 from unihub.formats.hdf5_types import (
     Member,
     dtype_to_json,
@@ -108,7 +108,9 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
     """The file's structure as a :class:`Plan` (options ``layout`` and ``key_field``): every leaf,
     constant and refusal, before the options that select (``hdf5_select.select``)."""
     kind, container, units = detect_layout(path, handle, options.get("layout") or "auto")
-    key = options.get("key_field") or KEY_FIELDS.get(kind)
+    recorded = recorded_layout(handle) or {}  # a unihub export's key field, as it was written
+    key = options.get("key_field") or (recorded.get("key_field") if recorded.get("kind") == kind else None) \
+        or KEY_FIELDS.get(kind)
     if kind == "columns":
         plan = _plan_columns(path, handle)
     else:

@@ -343,3 +343,18 @@ def test_units_below_a_container_verify_with_the_container_kept(tmp_path: Path, 
     with h5py.File(out, "a") as f:
         f["data"].attrs["source"] = "other"
     assert differences(ds, out) == ["attribute 'source' of '/data': expected b'sensor', found b'other'"]
+
+
+def test_an_export_named_by_another_key_field_ingests_and_verifies_with_it(tmp_path: Path) -> None:
+    schema = Unischema("S", [UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False),
+                             UnischemaField("v", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(tmp_path / "ds", schema, [{"name": f"n{i}", "v": i} for i in range(3)])
+    out = tmp_path / "out.h5"
+    assert main(["convert", str(tmp_path / "ds"), str(out), "--option", "layout=groups", "--option",
+                 "key_field=name", "--quiet"]) == 0
+    with h5py.File(out) as f:
+        assert list(f) == ["n0", "n1", "n2"] and f["n2/v"][()] == 2
+    assert_equal(tmp_path / "ds", out)
+    convert(out, tmp_path / "again", progress=False)
+    assert open_dataset(tmp_path / "again").schema == schema
+    assert_equal(tmp_path / "ds", tmp_path / "again")
