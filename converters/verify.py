@@ -222,8 +222,10 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
             return _verify_native(src, dst, foreign_format, src_format == UNIHUB, options, max_differences)
     if src_format == dst_format != UNIHUB and _own_reader(FORMATS.get(src_format)):
         fmt = FORMATS.get(src_format)  # two files of one format: both through its own reader
-        return _compare(fmt(src, **options).reference_records(), fmt(dst, **options).reference_records(),
-                        max_differences, fmt.REFERENCE_READER or f"{src_format}'s own reader")
+        first, second = fmt(src, **options), fmt(dst, **options)
+        report = _compare(first.reference_records(), second.reference_records(), max_differences,
+                          fmt.REFERENCE_READER or f"{src_format}'s own reader")
+        return _with_extras(report, first.reference_extras(), second.reference_extras(), max_differences)
     return _verify_rows(src, dst, from_format, to_format, options, max_differences)
 
 
@@ -235,11 +237,32 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
     source = fmt(foreign_path, **options)
     batches, schema, extra, _ = _unihub_batches(unihub_path, None, 256)
     source.prepare(schema)
+    native_options = {**source.written_options(), **options}  # the file's own say, under the user's
     reference = source.reference_records()
     projected = ((None, record) for record in
-                 fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **options))
+                 fmt.native_records(schema, _batch_rows(list(schema.fields), batches), extra, **native_options))
     expected, found = (projected, reference) if export else (reference, projected)
-    return _compare(expected, found, max_differences, fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
+    report = _compare(expected, found, max_differences, fmt.REFERENCE_READER or f"{fmt_name}'s own reader")
+    theirs, ours = source.reference_extras(), fmt.native_extras(schema, extra, **native_options)
+    return _with_extras(report, *((ours, theirs) if export else (theirs, ours)), max_differences)
+
+
+def _with_extras(report: VerifyReport, expected: Mapping[str, Any], found: Mapping[str, Any],
+                 max_differences: int) -> VerifyReport:
+    """``report`` with the differences of what the two sides hold beside their records
+    (:meth:`~unihub.formats.foreign.ForeignFormat.reference_extras`), compared name by name after them."""
+    differences = list(report.differences)
+    for name in [*expected, *(n for n in found if n not in expected)]:
+        if name not in found:
+            difference: str | None = f"{name}: expected {_show(expected[name])}, found nothing (missing)"
+        elif name not in expected:
+            difference = f"{name}: expected nothing, found {_show(found[name])} (not in the source)"
+        else:
+            difference = first_difference(expected[name], found[name], name)
+        if difference is not None:
+            differences.append(difference)
+    return VerifyReport(not differences, report.rows_source, report.rows_target, differences[:max_differences],
+                        reference=report.reference)
 
 
 def _compare(expected: Iterator[tuple[str | None, Any]], found: Iterator[tuple[str | None, Any]],

@@ -271,6 +271,28 @@ class ForeignFormat(ABC):
         dataset's ``unihub.extra`` metadata, ``options`` the reading options of the other side."""
         raise UnsupportedFormatError(f"{cls.format_name} cannot be verified against its own reader yet")
 
+    def reference_extras(self) -> dict[str, Any]:
+        """What the source holds beside its records (attributes, datasets that are not rows, empty
+        groups, dtypes that the records' form does not show), read by the format's own library:
+        ``{name: value}``, each name saying what and where (``"attribute 'version' of '/'"``). ``unihub
+        verify`` compares these with :meth:`native_extras` after the records, name by name, so that
+        what a conversion keeps in ``unihub.extra`` is checked too. Default: nothing beside the records."""
+        return {}
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """What an export of a unihub dataset (``schema``, ``unihub.extra`` metadata ``extra``) writes
+        beside its records, in the form of :meth:`reference_extras`; ``options`` as for
+        :meth:`native_records`. Default: nothing."""
+        return {}
+
+    def written_options(self) -> dict[str, Any]:
+        """The write options the source says it was written with (unihub's own exports record them),
+        called after :meth:`prepare`: verify passes them to :meth:`native_records` and
+        :meth:`native_extras` (under the reading options given), so that a dataset is projected the
+        way *that* file was written. Default: none."""
+        return {}
+
 
 def check_on_error(on_error: Any) -> None:
     """Refuse an ``on_error`` other than ``'raise'`` or ``'skip'``."""

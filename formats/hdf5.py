@@ -13,10 +13,12 @@ Layouts recognised on ingest (option ``layout``: ``auto`` detects them, see ``hd
 - **groups**: one group per sample (``/sample_00000/image``, ``/sample_00000/label``, ...): one
   row per group, its name in a string field ``group`` (option ``key_field``), every member whole
   (0-d datasets are scalars; shapes that vary between samples are ``None`` dims; members some
-  groups lack are nullable), and the attributes of the group and of its members as fields
-  ``@name`` and ``member@name``. Rows come in h5py's order of the groups: by name (byte order:
+  groups lack are nullable), and the attributes of the group, of its members and of the groups
+  inside it as fields ``@name``, ``member@name`` and ``inner/group@name``. Rows come in h5py's order of the groups: by name (byte order:
   ``sample_10`` before ``sample_2`` unless zero-padded), or by creation where the file tracks it.
-  The groups may sit below a chain of single groups (``/data/sample_00000/...``).
+  The groups may sit below a chain of single groups (``/data/sample_00000/...``). A sibling group
+  holding nothing at all is a sample with no members: a row of nulls (its attributes as fields),
+  exported back as an empty group.
 
 In every layout a compound dataset gives one field per member, named ``dataset.member``
 (``tracks.x``; nested ``tracks.pos.x``; array members add their dims): Unischema fields are
@@ -26,7 +28,9 @@ as their integers, complex numbers as trailing ``(2,)`` float pairs, fixed-lengt
 str/bytes re-padded to their length on export. Datasets that are not rows (scalars, and in the
 groups and splits layouts anything outside the units) are kept exactly in the metadata
 (``constants``, 1 MB in all), and so are the attributes outside the rows (``attribute_values``;
-as JSON values too); export writes both back. Anything else is refused with a
+as JSON values too); export writes both back, and the groups outside the rows (``group_paths``:
+an empty one too). A unit of 0 rows (an empty split, a file of 0 rows) keeps its datasets, their
+dtypes and shapes, in ``empty_datasets``, written back on export. Anything else is refused with a
 :class:`FormatError` naming file and datasets, unless ``ignore_unsupported=True`` leaves it out,
 listed as skipped and in ``left_out`` (attributes that cannot be kept, e.g. references, are listed
 there too).
@@ -48,9 +52,13 @@ groups), chunked and grown with ``resize``:
 
 Each such dataset carries its Unischema field as JSON in the attribute ``unihub.field`` (the
 groups layout records the schema once, in the root attribute ``unihub.schema``), and the root
-attribute ``unihub.layout`` names the layout, so ingesting an export gives back the same schema.
+attribute ``unihub.layout`` names the layout (and ``images``, and the groups beside the units that are
+no split or sample), so ingesting an export gives back the same schema.
 
-``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``).
+``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``), and beside the rows compares what
+the file holds outside them (``hdf5_extras.py``: datasets that are not rows, attributes, empty groups,
+the datasets of units of 0 rows, the dtypes of the rows' datasets). Verifying an export follows how
+that file says it was written (layout, key field, images as pixels), with no option needed.
 """
 
 from __future__ import annotations
@@ -131,6 +139,7 @@ class HDF5Format(ForeignFormat):
         super().__init__(sources, **options)
         self._discovered: dict[str, Plan] = {}
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
+        self._prepared: Unischema | None = None
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -212,15 +221,17 @@ class HDF5Format(ForeignFormat):
         """``{"hdf5": {...}}``: the attributes of the file, its groups and datasets, its scalars as
         JSON values, and what export and verify need: ``layout`` (kind, key field, the dtype of every
         source dataset, where each field comes from), ``constants`` (datasets that are not rows,
-        exactly; ``constants_by_file`` where other files differ) and ``left_out``."""
+        exactly), ``empty_datasets``, ``attribute_values``, ``group_paths`` (``<key>_by_file`` where
+        other files differ) and ``left_out``."""
         files = self._files()
         with _open(files[0]) as handle:
             meta = file_metadata(handle, self._plan(files[0], handle))
         for path in files[1:]:
             with _open(path) as handle:
-                other = file_metadata(handle, self._plan(path, handle), constants_only=True)
-            if other["constants"] != meta["constants"]:
-                meta.setdefault("constants_by_file", {})[path] = other["constants"]
+                other = file_metadata(handle, self._plan(path, handle), per_file=True)
+            for key, value in other.items():
+                if value != meta[key]:
+                    meta.setdefault(f"{key}_by_file", {})[path] = value
         return {"hdf5": meta}
 
     def _files(self) -> list[str]:
@@ -276,3 +287,45 @@ class HDF5Format(ForeignFormat):
         from unihub.formats.hdf5_verify import native_records
 
         yield from native_records(schema, rows, extra, options)
+
+    def reference_extras(self) -> dict[str, Any]:
+        """What the files hold beside their rows, as h5py reads it (see ``hdf5_extras.py``)."""
+        from unihub.formats.hdf5_extras import reference_extras
+
+        return reference_extras(self._files(), self.options)
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """What an export of a unihub dataset writes beside its rows (see ``hdf5_extras.py``)."""
+        from unihub.formats.hdf5_extras import native_extras
+        from unihub.formats.hdf5_verify import verify_spec
+
+        return native_extras(schema, extra, verify_spec(schema, extra, options), options)
+
+    def prepare(self, schema: Unischema) -> None:
+        """Keep the schema read with: :meth:`written_options` compares it with the fields a unihub export
+        recorded."""
+        self._prepared = schema
+
+    def written_options(self) -> dict[str, Any]:
+        """How a unihub export says it was written (root attribute ``unihub.layout``): its ``layout``,
+        ``key_field`` and ``images`` (where an older export did not record ``images``: ``pixels`` when
+        it recorded as a tensor a field the schema read with holds as an image)."""
+        from unihub.formats.codecs import CompressedImageCodec
+        from unihub.formats.hdf5_detect import recorded_layout
+
+        path = self._files()[0]
+        with _open(path) as handle:
+            recorded = recorded_layout(handle)
+            if recorded is None:
+                return {}
+            options = {"layout": recorded.get("kind", "columns"), "key_field": recorded.get("key_field"),
+                       "images": recorded.get("images")}
+            schema = self._prepared
+            if options["images"] is None and schema is not None:
+                plan = self._plan(path, handle)
+                pixels = [leaf.field for leaf in plan.leaves.values() if leaf.recorded is not None
+                          and not isinstance(leaf.recorded.codec, CompressedImageCodec) and leaf.field in schema.fields
+                          and isinstance(schema[leaf.field].codec, CompressedImageCodec)]
+                options["images"] = "pixels" if pixels else None
+        return {key: value for key, value in options.items() if value is not None}

@@ -5,7 +5,8 @@ A unihub export says its layout in the root attribute ``unihub.layout``. Otherwi
 chain of single child groups. They are samples when there are more than :data:`MAX_SPLITS` of
 them, their names are numbered alike (``sample_0017``), or a member is a scalar or members differ
 in length within a group; otherwise, when every dataset of the file has the same length, the file
-is plain columns (``/images/data``, ``/labels/data``); otherwise the groups are splits. A wrong
+is plain columns (``/images/data``, ``/labels/data``); otherwise the groups are splits. Sibling
+groups holding nothing at all are samples too (with no members), never splits. A wrong
 guess loses nothing (each reading keeps every value), and ``layout=...`` overrides it.
 """
 
@@ -29,13 +30,15 @@ def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[s
     """``(kind, container, unit names)``; see the module docstring."""
     if layout not in LAYOUTS:
         raise FormatError(f"{path}: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}", path=path)
-    recorded = _recorded_layout(handle)
+    recorded = recorded_layout(handle)
     if layout == "auto" and recorded is not None:
         kind, container = recorded.get("kind", "columns"), recorded.get("container", "")
         if kind == "columns":
             return "columns", "", [""]
         base = handle[container] if container else handle
-        return kind, container, [n for n in base if base.get(n, getclass=True) is h5py_module().Group]
+        outside = set(recorded.get("not_units") or ())  # groups the export wrote beside its units
+        return kind, container, [n for n in base if base.get(n, getclass=True) is h5py_module().Group
+                                 and n not in outside]
     if layout == "columns":
         return "columns", "", [""]
     found = _sibling_groups(handle)
@@ -45,17 +48,23 @@ def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[s
                               "(one per sample or per split); found none", path=path)
         return "columns", "", [""]
     container, units = found
-    if layout != "auto":
-        return layout, container, units
     base = handle[container] if container else handle
-    if _looks_like_samples(base, units):
-        return "groups", container, units
-    if len(_first_axes(handle)) <= 1:
-        return "columns", "", [""]
-    return "splits", container, units
+    if layout == "splits" or (layout == "auto" and not _looks_like_samples(base, units)):
+        if layout == "auto" and len(_first_axes(handle)) <= 1:
+            return "columns", "", [""]
+        return "splits", container, units
+    return "groups", container, _with_empty_samples(base, units)
 
 
-def _recorded_layout(handle: Any) -> dict[str, Any] | None:
+def _with_empty_samples(base: Any, units: list[str]) -> list[str]:
+    """The samples and, in their order, the sibling groups holding nothing at all: samples with no
+    members (a row of nulls, their attributes as fields), never left out."""
+    h5py = h5py_module()
+    return [n for n in base if n in units or (base.get(n, getclass=True) is h5py.Group and not len(base[n]))]
+
+
+def recorded_layout(handle: Any) -> dict[str, Any] | None:
+    """What a unihub export recorded of its layout (kind, container, key field, images), or None."""
     text = handle.attrs.get(LAYOUT_ATTR)
     if text is None:
         return None
@@ -106,6 +115,22 @@ def _member_names(group: Any) -> frozenset[str]:
     names: list[str] = []
     group.visit(names.append)
     return frozenset(names)
+
+
+def members_below(group: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every dataset and every group below ``group`` by relative path, in h5py's name order (one visit)."""
+    h5py = h5py_module()
+    datasets: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+
+    def note(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            datasets[name] = obj
+        elif isinstance(obj, h5py.Group):
+            groups[name] = obj
+
+    group.visititems(note)
+    return datasets, groups
 
 
 def datasets_below(group: Any) -> dict[str, Any]:

@@ -55,8 +55,13 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
             writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
             for batch in map(python_columns, batches):
                 writer.append(batch, column_length(schema, batch))
+            _write_empty(handle, spec.empty, {"compression": compression, "chunk_rows": chunk_rows})
             _write_constants(handle, spec.constants)
+            for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
+                handle.require_group(path)
             _write_attributes(handle, spec.attributes)
+            if spec.kind != "columns":
+                _record_units(handle, spec, set(writer.units) | set(spec.units))
         os.replace(temporary, target)
     except BaseException:
         if os.path.exists(temporary):
@@ -80,7 +85,7 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
     handle.attrs[SCHEMA_NAME_ATTR] = schema.name
     handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
     handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
-                                            "key_field": spec.key_field})
+                                            "key_field": spec.key_field, "images": spec.images})
     if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 
@@ -93,6 +98,27 @@ def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _record_units(handle: Any, spec: ExportSpec, units: set[str]) -> None:
+    """Name in ``unihub.layout`` the container's groups that are no split or sample (the source's groups
+    written back beside them), so that an ingest of the export reads the units it wrote, no more."""
+    h5py = h5py_module()
+    base = handle[spec.container] if spec.container else handle
+    outside = [n for n in base if n not in units and base.get(n, getclass=True) is h5py.Group]
+    if outside:
+        handle.attrs[LAYOUT_ATTR] = json.dumps({**json.loads(handle.attrs[LAYOUT_ATTR]), "not_units": outside})
+
+
+def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    """The datasets of units of 0 rows (an empty split, a file of 0 rows), with their dtypes and shapes,
+    created as the rows' datasets are (chunked, growable); one the rows made already is left as it is."""
+    for path, record in empty.items():
+        if path in handle:
+            continue
+        value, dt = decode_constant(record)
+        parent, _, name = path.rpartition("/")
+        _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
 
 
 def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) -> None:
@@ -205,6 +231,10 @@ class _SplitsWriter:
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
         self.splits: dict[str, _ColumnsWriter] = {}
 
+    @property
+    def units(self) -> list[str]:
+        return list(self.splits)
+
     def append(self, batch: Mapping[str, Any], n: int) -> None:
         names = list(batch[self.spec.key_field])
         start = 0
@@ -230,6 +260,8 @@ class _GroupsWriter:
     def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
         self.spec, self.count = spec, 0
         self.key = spec.key_field if spec.key_field in schema.fields else None
+        self.units: set[str] = set()
+        self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
@@ -239,13 +271,15 @@ class _GroupsWriter:
             if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
                 raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
             group = self.container.create_group(name)
+            self.units.add(name)
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
                 if attr is None:
                     group.create_dataset(path, data=value, dtype=value.dtype)
-                elif path and path not in group:
+                elif path and path not in group and path not in self.inner:
                     raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
-                else:
-                    (group[path] if path else group).attrs.create(attr, data=value, dtype=value.dtype)
+                else:  # the group's own, a member's, or a group's inside it (made when no dataset made it)
+                    owner = group if not path else group[path] if path in group else group.require_group(path)
+                    owner.attrs.create(attr, data=value, dtype=value.dtype)
             self.count += 1
 
 

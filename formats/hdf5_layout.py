@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.hdf5_detect import datasets_below, detect_layout
+from unihub.formats.hdf5_detect import datasets_below, detect_layout, members_below, recorded_layout
 from unihub.formats.hdf5_types import (
     Member,
     dtype_to_json,
@@ -50,6 +50,7 @@ class Leaf:
     cell: Shape = ()  #: one row's shape (None: varies), array-member dims included
     nullable: bool = False  #: absent from some units
     recorded: UnischemaField | None = None  #: the field a unihub export recorded for this dataset
+    group_owner: bool = False  #: an attribute of a group inside each sample group (not of a dataset)
 
     @property
     def value_dtype(self) -> np.dtype:
@@ -76,6 +77,7 @@ class Plan:
     #: leaf -> why: left out by ``ignore_unsupported`` / ``ignore_mismatched`` (listed as skipped)
     ignored: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)  #: leaf -> not selected by ``fields=``
+    dropped: list[str] = field(default_factory=list)  #: splits not selected by ``split=``
 
     def unit_path(self, unit: str) -> str:
         return "/".join(p for p in (self.container, unit) if p)
@@ -84,6 +86,15 @@ class Plan:
         """Rows of a columns or splits unit (of its selected datasets; 0 when it has none)."""
         paths = {leaf.path for leaf in self.leaves.values()}
         return next((n for (u, p), n in self.lengths.items() if u == unit and p in paths), 0)
+
+    def empty_datasets(self) -> list[str]:
+        """Absolute paths of the source's datasets in the units of 0 rows (columns and splits): no
+        row holds their dtype and shape, so the metadata keeps them (and export writes them back)."""
+        if self.kind == "groups":
+            return []
+        paths = sorted({leaf.path for leaf in self.leaves.values() if leaf.attr is None and leaf.recorded is None})
+        return ["/".join(p for p in (self.unit_path(unit), rel) if p) for unit in self.units if not self.rows(unit)
+                for rel in paths if (unit, rel) in self.lengths]
 
 
 def some(names: Iterable[Any], limit: int = 5) -> str:
@@ -97,7 +108,9 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
     """The file's structure as a :class:`Plan` (options ``layout`` and ``key_field``): every leaf,
     constant and refusal, before the options that select (``hdf5_select.select``)."""
     kind, container, units = detect_layout(path, handle, options.get("layout") or "auto")
-    key = options.get("key_field") or KEY_FIELDS.get(kind)
+    recorded = recorded_layout(handle) or {}  # a unihub export's key field, as it was written
+    key = options.get("key_field") or (recorded.get("key_field") if recorded.get("kind") == kind else None) \
+        or KEY_FIELDS.get(kind)
     if kind == "columns":
         plan = _plan_columns(path, handle)
     else:
@@ -187,6 +200,7 @@ class _Seen:
     first: str
     units: int = 1
     conflict: str | None = None
+    group: bool = False  #: an attribute of a group inside the units
 
 
 def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[str], key: str | None) -> Plan:
@@ -196,10 +210,12 @@ def _plan_units(path: str, handle: Any, kind: str, container: str, units: list[s
     seen: dict[tuple[str, ...], _Seen] = {}
     recorded: dict[str, UnischemaField] = {}
     for unit in units:
-        found = datasets_below(base[unit])
+        found, inner = members_below(base[unit]) if kind == "groups" else (datasets_below(base[unit]), {})
         recorded.update(_recorded_fields(found))
         if kind == "groups":
             _note_attributes(seen, unit, "", base[unit].attrs)
+            for rel, group in inner.items():  # a group inside a sample: its attributes are fields too
+                _note_attributes(seen, unit, rel, group.attrs, group=True)
         for rel, dataset in found.items():
             if kind == "groups":
                 _note(seen, ("d", rel), unit, dataset.dtype, dataset.shape)
@@ -238,11 +254,13 @@ def _note(seen: dict[tuple[str, ...], _Seen], key: tuple[str, ...], unit: str, d
         entry.shape = tuple(a if a == b else None for a, b in zip(entry.shape, shape))
 
 
-def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, attrs: Any) -> None:
+def _note_attributes(seen: dict[tuple[str, ...], _Seen], unit: str, rel: str, attrs: Any,
+                     group: bool = False) -> None:
     for name in attrs:
         if not name.startswith("unihub."):
             attr = attrs.get_id(name)
             _note(seen, ("a", rel, name), unit, attr.dtype, attr.shape)
+            seen["a", rel, name].group |= group
 
 
 def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
@@ -280,7 +298,8 @@ def _add_seen(plan: Plan, key: tuple[str, ...], entry: _Seen, nullable: bool,
         if reason is not None:
             plan.refused[leaf_name] = reason
         else:
-            _add_leaf(plan, Leaf(leaf_name, rel, entry.dtype, member, key[2], (*entry.shape, *dims), nullable))
+            _add_leaf(plan, Leaf(leaf_name, rel, entry.dtype, member, key[2], (*entry.shape, *dims), nullable,
+                                 group_owner=entry.group))
 
 
 def _recorded_schema(handle: Any) -> dict[str, UnischemaField]:

@@ -4,8 +4,10 @@ The metadata keeps the attributes of the file, of its groups and of its datasets
 in a groups layout, the attributes inside the sample groups are fields instead), the scalar
 datasets as JSON values (``scalars``), and what export and verify need to give the source back
 exactly: ``layout`` (kind, container, key field, the dtype of every source dataset and where each
-field comes from), ``constants`` (every dataset that is not rows) and ``attribute_values`` (every
-attribute outside the rows), both bit for bit with their dtypes, and ``left_out``.
+field comes from, the splits), ``constants`` (every dataset that is not rows), ``empty_datasets``
+(the datasets of units of 0 rows: an empty split, a file of 0 rows), ``attribute_values`` (every
+attribute outside the rows), all bit for bit with their dtypes, ``group_paths`` (every group outside
+the rows, so that an empty one is written back too) and ``left_out``.
 """
 
 from __future__ import annotations
@@ -25,29 +27,45 @@ from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
 
+#: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
+PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths")
 
-def file_metadata(handle: Any, plan: Plan, *, constants_only: bool = False) -> dict[str, Any]:
-    """The ``hdf5`` metadata of one open file; see the module docstring."""
-    constants = {}
-    for path in plan.constants:
-        dataset = handle[path]
-        constants[path] = encode_constant(None if dataset.shape is None else dataset[...], dataset.dtype)
-    if constants_only:
-        return {"constants": constants}
+
+def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[str, Any]:
+    """The ``hdf5`` metadata of one open file; see the module docstring. ``per_file``: only what
+    every file has of its own (:data:`PER_FILE`)."""
+    constants = {path: encode_dataset(handle[path]) for path in plan.constants}
+    empty = {path: encode_dataset(handle[path]) for path in plan.empty_datasets()}
     h5py = h5py_module()
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
-    groups, datasets, exact = {}, {}, {}
+    dropped = tuple(plan.unit_path(u) for u in plan.dropped)
+    groups, datasets, exact, group_paths = {}, {}, {}, []
     left_out = {**plan.left_out, **plan.ignored}
-    for path, obj in [("", handle), *_walk(handle, "", units)]:
+    for path, obj in [("", handle), *walk_objects(handle, "", units)]:
+        if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
+            group_paths.append(path)
         attrs = _attributes(obj.attrs)
         if attrs and path:
             (datasets if isinstance(obj, h5py.Dataset) else groups)[path] = attrs
         values, failed = _exact_attributes(obj.attrs)
         exact.update({path: values} if values else {})
         left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
+    own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths}
+    if per_file:
+        return own
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
     return {"attributes": _attributes(handle.attrs), "groups": groups, "datasets": datasets, "scalars": scalars,
-            "layout": layout_record(plan), "constants": constants, "attribute_values": exact, "left_out": left_out}
+            "layout": layout_record(plan), **own, "left_out": left_out}
+
+
+def encode_dataset(dataset: Any) -> dict[str, Any]:
+    """A whole dataset exactly (:func:`encode_constant`)."""
+    return encode_constant(None if dataset.shape is None else dataset[...], dataset.dtype)
+
+
+def in_any(path: str, prefixes: tuple[str, ...]) -> bool:
+    """True when ``path`` is one of ``prefixes`` or below one."""
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 def _exact_attributes(attrs: Any) -> tuple[dict[str, Any], dict[str, str]]:
@@ -66,7 +84,7 @@ def _exact_attributes(attrs: Any) -> tuple[dict[str, Any], dict[str, str]]:
     return values, failed
 
 
-def _walk(group: Any, prefix: str, skip: set[str]) -> Iterator[tuple[str, Any]]:
+def walk_objects(group: Any, prefix: str, skip: set[str]) -> Iterator[tuple[str, Any]]:
     """Every object below ``group`` by path (name order), not descending into ``skip``."""
     h5py = h5py_module()
     for name in sorted(group):
@@ -76,7 +94,7 @@ def _walk(group: Any, prefix: str, skip: set[str]) -> Iterator[tuple[str, Any]]:
         obj = group[name]
         yield path, obj
         if isinstance(obj, h5py.Group):
-            yield from _walk(obj, path + "/", skip)
+            yield from walk_objects(obj, path + "/", skip)
 
 
 def layout_record(plan: Plan) -> dict[str, Any]:
@@ -88,12 +106,13 @@ def layout_record(plan: Plan) -> dict[str, Any]:
             continue
         if leaf.attr is not None:
             fields[leaf.field] = {"object": leaf.path, "attr": leaf.attr, "member": list(leaf.member),
-                                  "dtype": dtype_to_json(leaf.dtype)}
+                                  "dtype": dtype_to_json(leaf.dtype), **({"group": True} if leaf.group_owner else {})}
         else:
             fields[leaf.field] = {"dataset": leaf.path, "member": list(leaf.member)}
             datasets[leaf.path] = dtype_to_json(leaf.dtype)
-    return {"kind": plan.kind, "container": plan.container, "key_field": plan.key_field,
-            "datasets": datasets, "fields": fields}
+    record = {"kind": plan.kind, "container": plan.container, "key_field": plan.key_field,
+              "datasets": datasets, "fields": fields}
+    return {**record, "units": list(plan.units)} if plan.kind == "splits" else record
 
 
 def schema_name(path: str, handle: Any) -> tuple[str, list[str]]:

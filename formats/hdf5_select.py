@@ -106,6 +106,7 @@ def _select_splits(plan: Plan, split: Any) -> None:
     dropped = [plan.unit_path(unit) + "/" for unit in plan.units if unit not in names]
     plan.left_out.update({c: "not selected by split=" for c in plan.constants if c.startswith(tuple(dropped))})
     plan.constants = [c for c in plan.constants if not c.startswith(tuple(dropped))]
+    plan.dropped = [unit for unit in plan.units if unit not in names]
     plan.units = [unit for unit in plan.units if unit in names]
 
 

@@ -46,6 +46,7 @@ class Typed:
     dtype: np.dtype
     attr: str | None = None
     members: list[tuple[str, Member]] = field(default_factory=list)  #: (field name, member path)
+    group: bool = False  #: an attribute of a group inside each sample group (made when no dataset made it)
 
 
 @dataclass
@@ -59,6 +60,9 @@ class ExportSpec:
     generic: list[UnischemaField] = field(default_factory=list)
     constants: dict[str, Any] = field(default_factory=dict)  #: path -> a dataset that is not rows
     attributes: dict[str, Any] = field(default_factory=dict)  #: object path -> {name: attribute}
+    empty: dict[str, Any] = field(default_factory=dict)  #: path -> a dataset of a unit of 0 rows
+    groups: list[str] = field(default_factory=list)  #: the groups outside the rows (empty ones included)
+    units: list[str] = field(default_factory=list)  #: the source's splits (an empty one has no rows)
     images: str = "bytes"
 
 
@@ -74,6 +78,9 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
     spec = ExportSpec(layout, recorded.get("container", ""), key if layout != "columns" else None, images=images)
     spec.constants = dict((source or {}).get("constants") or {}) if same else {}
     spec.attributes = dict((source or {}).get("attribute_values") or {}) if same else {}
+    spec.empty = dict((source or {}).get("empty_datasets") or {}) if same else {}
+    spec.groups = list((source or {}).get("group_paths") or ()) if same else []
+    spec.units = list(recorded.get("units") or ()) if same else []
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)
@@ -84,7 +91,8 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
             continue
         path, attr = entry.get("dataset", entry.get("object", "")), entry.get("attr")
         dt = dtype_from_json(entry["dtype"] if attr is not None else recorded["datasets"][path])
-        typed.setdefault((path, attr), Typed(path, dt, attr)).members.append((f.name, tuple(entry.get("member", ()))))
+        typed.setdefault((path, attr), Typed(path, dt, attr, group=bool(entry.get("group")))).members.append(
+            (f.name, tuple(entry.get("member", ()))))
     for t in typed.values():
         if _complete(schema, t):
             spec.typed.append(t)
@@ -238,6 +246,15 @@ def generic_value(f: UnischemaField, value: Any, images: str = "bytes") -> np.nd
         return to_h5([value], h5py.string_dtype("utf-8"), f"field {f.name!r}")[0, ...]
     storage_of(f)  # refuses what HDF5 cannot hold
     return np.asarray(value, dtype=f.dtype)
+
+
+def generic_dtype(f: UnischemaField, images: str = "bytes") -> np.dtype:
+    """The dtype of the datasets :func:`generic_value` gives for a field."""
+    if isinstance(f.codec, CompressedImageCodec) or f.numpy_dtype is np.bytes_:
+        return np.dtype(np.uint8)
+    if f.numpy_dtype is np.str_ or f.numpy_dtype is decimal.Decimal:
+        return h5py_module().string_dtype("utf-8")
+    return np.dtype(f.dtype)
 
 
 def chunk_rows_for(dtype: np.dtype, shape: tuple[int, ...], chunk_rows: int | None) -> int:

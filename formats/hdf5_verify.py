@@ -79,17 +79,27 @@ def _group_records(name: str, handle: Any, plan: Plan) -> Iterator[tuple[str, Re
 
 
 # -- unihub rows in the same form ------------------------------------------------------------------
-def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
-                   options: Mapping[str, Any]) -> Iterator[Record]:
-    """The rows of a unihub dataset as :func:`reference_records` reads an export of them."""
+def verify_spec(schema: Unischema, extra: Mapping[str, Any], options: Mapping[str, Any]) -> ExportSpec:
+    """How an export of the dataset is written (the options: the reading options of the HDF5 side and
+    what that file says it was written with), narrowed to the fields the reading options select."""
     source = extra.get("hdf5") if extra.get("source_format") == "hdf5" else None
     layout = options.get("layout") if options.get("layout") not in (None, "auto") else \
         ((source or {}).get("layout") or {}).get("kind", "columns")
-    spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source)
+    spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source,
+                       images=options.get("images") or "bytes")
     spec.generic = [f for f in spec.generic if _wanted(f.name, options)]
     spec.typed = [t for t in spec.typed if all(_wanted(name, options) for name, _ in t.members)]
+    return spec
+
+
+def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                   options: Mapping[str, Any]) -> Iterator[Record]:
+    """The rows of a unihub dataset as :func:`reference_records` reads an export of them."""
+    spec = verify_spec(schema, extra, options)
     splits = options.get("split")
     splits = [splits] if isinstance(splits, str) else splits
+    if spec.kind == "groups" and spec.key_field not in schema.fields:  # the writer names the groups itself
+        rows = ({**row, spec.key_field: f"sample_{i:08d}"} for i, row in enumerate(rows))
     chunk: list[Mapping[str, Any]] = []
     for row in rows:
         if splits is None or row.get(spec.key_field) in splits:
