@@ -241,7 +241,7 @@ def test_verify_compares_constants_and_attributes_by_name(tmp_path: Path, capsys
         "attribute 'version' of '/': expected int32(4), found int32(3)",
         "attribute 'units' of '/grp': expected float32[2] [1.5, 2.5], found >f4[2] [1.5, 2.5]",
         "dtype of attribute 'units' of '/grp': expected '\"<f4\"', found '\">f4\"'",
-        "attribute 'note' of '/grp/img': expected b'b', found b'a'",
+        "attribute 'note' of '/grp/img': expected b'b', found b'a', first at byte 0",
         "dtype of the rows of '/names': expected '{\"string\": null, \"encoding\": \"utf-8\"}', "
         "found '{\"string\": null, \"encoding\": \"ascii\"}'",
         "attribute 'why' of '/empty': expected nothing, found uint8(7) (not in the source)",
@@ -342,7 +342,7 @@ def test_units_below_a_container_verify_with_the_container_kept(tmp_path: Path, 
         assert_equal(a, b, **options)
     with h5py.File(out, "a") as f:
         f["data"].attrs["source"] = "other"
-    assert differences(ds, out) == ["attribute 'source' of '/data': expected b'sensor', found b'other'"]
+    assert differences(ds, out) == ["attribute 'source' of '/data': expected b'sensor', found b'other', first at byte 0"]
 
 
 def test_an_export_named_by_another_key_field_ingests_and_verifies_with_it(tmp_path: Path) -> None:
