@@ -127,8 +127,10 @@ def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
     for plan, values in zip(plans, zip(*rows)):
         if any(v is None for v in values):
             raise _null_error(plan.name)
-        if plan.np_dtype is not None and not plan.ragged_rank:
-            columns[plan.name] = _stacked(plan, values) if plan.field.shape else np.asarray(values)
+        if plan.field.shape and not plan.ragged_rank:  # fixed shape (numbers or strings): one dense array
+            columns[plan.name] = _stacked(plan, values)
+        elif plan.np_dtype is not None and not plan.ragged_rank:
+            columns[plan.name] = np.asarray(values)
         else:
             column = np.empty(len(values), dtype=object)
             for i, value in enumerate(values):
@@ -203,15 +205,18 @@ def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
     """A dense column in the field's transport dtype (tf.string values as an object array)."""
     if column.dtype == object and any(v is None for v in column):
         raise _null_error(plan.name)
+    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column):
+        column = _stacked(plan, list(column))  # fixed-shape arrays one per row
     if plan.np_dtype is None:
         if plan.field.numpy_dtype is decimal.Decimal:
             return np.array([str(v) for v in column.ravel()], dtype=object).reshape(column.shape)
         return column
     if column.dtype.kind in "mM":
         return column.view(np.int64)
-    if column.dtype == object:  # fixed-shape arrays one per row
-        column = _stacked(plan, list(column)) if len(column) else np.empty(
-            (0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
+    if column.dtype == object and not len(column):
+        column = np.empty((0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
+    if column.dtype.kind == "f" and plan.np_dtype.kind in "biu" and np.isnan(column).any():
+        raise _null_error(plan.name)  # a batch reader with Petastorm's types gives nulls of int fields as NaN
     return column.astype(plan.np_dtype, copy=False)
 
 
