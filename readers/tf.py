@@ -22,6 +22,7 @@ How values are typed (from the Unischema, see :func:`output_signature`):
 An NGram reader (``make_reader(url, schema_fields=NGram(...))``) gives one element per window,
 as Petastorm's: a dict ``{offset: namedtuple of tensors}`` for every offset from the smallest to
 the largest (an offset with no fields: an empty namedtuple). Windows cross in chunks too.
+Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
 
     with make_reader("file:///data/train", num_epochs=1) as reader:
         for row in make_petastorm_dataset(reader):        # one namedtuple of tensors per row
