@@ -100,6 +100,7 @@ __all__ = [
 #: framework bridges, imported on first use so ``import unihub`` loads no framework
 _BRIDGES = {
     "make_petastorm_dataset": "unihub.readers.tf", "make_tf_dataset": "unihub.readers.tf",
+    "tf_tensors": "unihub.readers.tf_graph",
     "make_spark_converter": "unihub.readers.spark_converter",
     "SparkDatasetConverter": "unihub.readers.spark_converter",
     "make_dali_pipeline": "unihub.readers.dali",

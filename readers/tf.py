@@ -19,6 +19,11 @@ How values are typed (from the Unischema, see :func:`output_signature`):
   TensorFlow raises it as ``tf.errors.InvalidArgumentError`` carrying that message;
 - codec-less ``object`` fields have no TensorFlow type: a SchemaError when the dataset is made.
 
+An NGram reader (``make_reader(url, schema_fields=NGram(...))``) gives one element per window,
+as Petastorm's: a dict ``{offset: namedtuple of tensors}`` for every offset from the smallest to
+the largest (an offset with no fields: an empty namedtuple). Windows cross in chunks too.
+Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
+
     with make_reader("file:///data/train", num_epochs=1) as reader:
         for row in make_petastorm_dataset(reader):        # one namedtuple of tensors per row
             ...
@@ -37,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
+from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
@@ -127,8 +132,10 @@ def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
     for plan, values in zip(plans, zip(*rows)):
         if any(v is None for v in values):
             raise _null_error(plan.name)
-        if plan.np_dtype is not None and not plan.ragged_rank:
-            columns[plan.name] = _stacked(plan, values) if plan.field.shape else np.asarray(values)
+        if plan.field.shape and not plan.ragged_rank:  # fixed shape (numbers or strings): one dense array
+            columns[plan.name] = _stacked(plan, values)
+        elif plan.np_dtype is not None and not plan.ragged_rank:
+            columns[plan.name] = np.asarray(values)
         else:
             column = np.empty(len(values), dtype=object)
             for i, value in enumerate(values):
@@ -203,15 +210,18 @@ def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
     """A dense column in the field's transport dtype (tf.string values as an object array)."""
     if column.dtype == object and any(v is None for v in column):
         raise _null_error(plan.name)
+    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column):
+        column = _stacked(plan, list(column))  # fixed-shape arrays one per row
     if plan.np_dtype is None:
         if plan.field.numpy_dtype is decimal.Decimal:
             return np.array([str(v) for v in column.ravel()], dtype=object).reshape(column.shape)
         return column
     if column.dtype.kind in "mM":
         return column.view(np.int64)
-    if column.dtype == object:  # fixed-shape arrays one per row
-        column = _stacked(plan, list(column)) if len(column) else np.empty(
-            (0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
+    if column.dtype == object and not len(column):
+        column = np.empty((0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
+    if column.dtype.kind == "f" and plan.np_dtype.kind in "biu" and np.isnan(column).any():
+        raise _null_error(plan.name)  # a batch reader with Petastorm's types gives nulls of int fields as NaN
     return column.astype(plan.np_dtype, copy=False)
 
 
@@ -322,12 +332,69 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
 
 
 def _check_reader(reader: Any) -> list[_FieldPlan]:
+    """The reader's field plans; an NGram reader's are per offset (:func:`_ngram_plans`)."""
     if not isinstance(reader, (Reader, WeightedSamplingReader)):
         raise InvalidArgumentError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
     if reader.ngram is not None:
-        raise UnihubError("NGram readers yield windows of rows, which have no tf.data structure here; "
-                          "read the fields with schema_fields= names instead")
+        return []
     return [_plan_field(f, dense_lists=getattr(reader, "petastorm_types", False)) for f in reader.schema]
+
+
+@dataclass(frozen=True)
+class _Offset:
+    """One offset of an NGram window: its fields' plans and the namedtuple type its rows take."""
+
+    offset: int
+    plans: list[_FieldPlan]
+    row_type: type
+
+
+def _ngram_plans(reader: Any) -> list[_Offset]:
+    """Every offset from the smallest to the largest, in order (an offset with no fields: no plans)."""
+    ngram, dense = reader.ngram, getattr(reader, "petastorm_types", False)
+    offsets = []
+    for offset in range(min(ngram.fields), max(ngram.fields) + 1):
+        view = ngram.get_schema_at_timestep(reader.schema, offset)
+        offsets.append(_Offset(offset, [_plan_field(f, dense_lists=dense) for f in view], view._get_namedtuple()))
+    if not any(o.plans for o in offsets):
+        raise InvalidArgumentError(f"{ngram!r} asks for no fields at any offset; a window would hold nothing")
+    return offsets
+
+
+def _ngram_dataset(reader: Any) -> Any:
+    """Windows as dicts ``{offset: namedtuple of tensors}``: ``ROW_CHUNK`` windows cross into
+    TensorFlow at once as one flat tuple of columns (each offset's fields in turn), are rebuilt
+    per offset in the graph and unbatched, as rows are."""
+    tf = _tf()
+    offsets = _ngram_plans(reader)
+    widths = [len(_flat_signature(o.plans)) for o in offsets]
+    assemblers = [_assembler(o.plans, o.row_type) for o in offsets]
+
+    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+        while True:
+            windows = list(itertools.islice(reader, ROW_CHUNK))
+            if not windows:
+                return
+            flat: list[np.ndarray] = []
+            for o in offsets:
+                if o.plans:
+                    flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in windows])))
+            yield tuple(flat)
+
+    def assemble(*flat: Any) -> dict[int, Any]:
+        window, start = {}, 0
+        for o, width, assembler in zip(offsets, widths, assemblers):
+            window[o.offset] = assembler(*flat[start:start + width])
+            start += width
+        return window
+
+    signature = tuple(spec for o in offsets for spec in _flat_signature(o.plans))
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).map(assemble).unbatch()
+    if any(p.ragged_rank for o in offsets for p in o.plans):
+        densifiers = [_densifier(o.plans) for o in offsets]
+        dataset = dataset.map(lambda window: {o.offset: densify(window[o.offset])
+                                              for o, densify in zip(offsets, densifiers)})
+    return dataset
 
 
 def make_petastorm_dataset(reader: Reader) -> Any:
@@ -335,8 +402,8 @@ def make_petastorm_dataset(reader: Reader) -> Any:
 
     A row reader gives one element per row (variable dims as ``None`` in the shapes); a batch
     reader gives one element per reader batch (a leading ``None`` dim; variable-shape fields
-    as ``tf.RaggedTensor``). Rows cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are
-    unbatched in the graph. The reader is read once; the caller owns it (``with reader:``,
+    as ``tf.RaggedTensor``); an NGram reader one dict ``{offset: namedtuple}`` per window. Rows
+    (windows) cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are unbatched in the graph. The reader is read once; the caller owns it (``with reader:``,
     ``reader.reset()`` to read again).
 
         with make_reader(url) as reader:
@@ -344,6 +411,8 @@ def make_petastorm_dataset(reader: Reader) -> Any:
                 print(row.id, row.image.shape)
     """
     plans = _check_reader(reader)
+    if reader.ngram is not None:
+        return _ngram_dataset(reader)
     row_type = reader.schema._get_namedtuple()
     return _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans, row_type, unbatch=not reader.batched)
 
@@ -384,6 +453,10 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     else:
         if reader_kwargs:
             raise InvalidArgumentError(f"reader options {sorted(reader_kwargs)} apply to a URL, not to a reader given")
+        if reader_or_url.ngram is not None:
+            raise InvalidArgumentError("make_tf_dataset re-batches rows, and an NGram reader yields windows of rows: "
+                                       "use make_petastorm_dataset(reader) (one {offset: namedtuple} per window), "
+                                       "then .batch() it")
         plans, row_type, batched = _check_reader(reader_or_url), reader_or_url.schema._get_namedtuple(), \
             reader_or_url.batched
         rows_per_epoch = epochs = None  # a reader given may be part way through

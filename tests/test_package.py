@@ -199,8 +199,8 @@ def test_registry_unavailable_entries_explain_how_to_install():
 
 def test_bridges_are_exported_lazily():
     code = ("import unihub, json, sys\n"
-            "names = ['make_petastorm_dataset', 'make_tf_dataset', 'make_spark_converter', 'SparkDatasetConverter',"
-            " 'make_dali_pipeline']\n"
+            "names = ['make_petastorm_dataset', 'make_tf_dataset', 'tf_tensors', 'make_spark_converter',"
+            " 'SparkDatasetConverter', 'make_dali_pipeline']\n"
             "found = [callable(getattr(unihub, n)) for n in names]\n"
             "print(json.dumps([all(found), 'tensorflow' in sys.modules]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -19,6 +19,7 @@ import pytest
 
 from unihub import (
     CompressedImageCodec,
+    NdarrayCodec,
     ScalarCodec,
     SchemaError,
     TensorCodec,
@@ -30,6 +31,8 @@ from unihub import (
 from unihub.readers import tf as tf_bridge
 from unihub.readers.reader import make_batch_reader, make_reader
 from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset, output_signature
+
+from .tf_expected import CODECLESS_FIELDS, STRING_FIELDS, URL, petastorm_expected, structure, value
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -271,3 +274,119 @@ def test_signature_of_variable_dims(tf: Any) -> None:
     batches = output_signature(schema, batched=True)
     assert isinstance(batches.m, tf.RaggedTensorSpec) and batches.m.ragged_rank == 2
 
+
+
+STRINGS = Unischema("Strings", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("one", np.str_, (1,), NdarrayCodec(), False),
+    UnischemaField("two", np.str_, (2,), NdarrayCodec(), False),
+    UnischemaField("raw", np.bytes_, (2,), NdarrayCodec(), False),
+])
+
+
+def string_row(i: int) -> dict[str, Any]:
+    return {"id": i, "one": np.array([f"é{i}"]), "two": np.array([f"x{i}", "日本" * (i % 3)]),
+            "raw": np.array([bytes([255, i]), b"a\x00b" * (i % 2)])}
+
+
+@pytest.fixture(scope="module")
+def strings_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("tf") / "strings"
+    write_dataset(path, STRINGS, [string_row(i) for i in range(23)], rows_per_file=10)
+    return path.as_uri()
+
+
+def assert_string_row(tf: Any, row: Any) -> None:
+    """One row's string tensors: tf.string of the field's shape, holding what the unihub reader yields."""
+    i = int(np.asarray(row["id"] if isinstance(row, dict) else row.id))
+    want = string_row(i)
+    for name in ("one", "two", "raw"):
+        value = row[name] if isinstance(row, dict) else getattr(row, name)
+        assert value.dtype == tf.string and tuple(value.shape) == STRINGS.fields[name].shape, name
+        expected = [v.encode() if isinstance(v, str) else v for v in want[name].tolist()]
+        assert value.numpy().tolist() == expected, (name, i)
+
+
+def test_fixed_shape_strings(tf: Any, strings_url: str) -> None:
+    with make_reader(strings_url, num_epochs=1, workers_count=1) as reader:
+        read = {int(r.id): r for r in reader}
+    for i, row in read.items():  # the unihub reader's own values are what TensorFlow must carry
+        for name in ("one", "two", "raw"):
+            np.testing.assert_array_equal(getattr(row, name), string_row(i)[name])
+    with make_reader(strings_url, num_epochs=1, workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert tuple(dataset.element_spec.two.shape) == (2,) and dataset.element_spec.one.dtype == tf.string
+        rows = list(dataset)
+    assert sorted(int(r.id) for r in rows) == list(range(23))
+    for row in rows:
+        assert_string_row(tf, row)
+    with make_batch_reader(strings_url, num_epochs=1, workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert tuple(dataset.element_spec.raw.shape) == (None, 2)
+        batches = list(dataset)
+    assert sorted(len(b.id) for b in batches) == [3, 10, 10]
+    for batch in batches:
+        for j in range(len(batch.id)):
+            assert_string_row(tf, {name: value[j] for name, value in batch._asdict().items()})
+    for source in (strings_url, make_reader(strings_url, num_epochs=1, workers_count=1)):  # a URL, a row reader
+        batches = list(make_tf_dataset(source, 4, workers_count=1) if isinstance(source, str)
+                       else make_tf_dataset(source, 4))
+        assert [len(b["id"]) for b in batches] == [4] * 5 + [3]
+        assert tuple(batches[0]["two"].shape) == (4, 2)
+        for batch in batches:
+            for j in range(len(batch["id"])):
+                assert_string_row(tf, {name: value[j] for name, value in batch.items()})
+
+
+def test_fixed_shape_strings_match_petastorm(tf: Any) -> None:
+    """codecless/ (written by Petastorm): ``words`` (np.str_, (2,), NdarrayCodec) and string scalars, row by row."""
+    expected = petastorm_expected()["string_rows"]
+    with make_reader(URL["codecless"], schema_fields=STRING_FIELDS, workers_count=2) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert structure(dataset.element_spec) == expected["structure"]
+        rows = {int(r.id): {f: value(v) for f, v in r._asdict().items()} for r in dataset}
+    assert rows == {r["id"]: r for r in expected["rows"]}
+
+
+def by_id(batches: list[Any]) -> dict[str, np.ndarray]:
+    """A batch dataset's columns, concatenated and put in id order."""
+    columns = {f: np.concatenate([np.asarray(getattr(b, f)) for b in batches]) for f in batches[0]._fields}
+    order = np.argsort(columns["id"])
+    return {f: c[order] for f, c in columns.items()}
+
+
+def test_batch_readers_match_petastorm(tf: Any) -> None:
+    """Petastorm's make_petastorm_dataset over its make_batch_reader on plain/ and codecless/: same dtypes,
+    static shapes and values (the list column ``pair`` dense, as Petastorm stacks it)."""
+    expected = petastorm_expected()["batches"]
+    for name, fields in (("plain", None), ("codecless", CODECLESS_FIELDS)):
+        with make_batch_reader(URL[name], schema_fields=fields, workers_count=2) as reader:
+            dataset = make_petastorm_dataset(reader)
+            assert structure(dataset.element_spec) == expected[name]["structure"], name
+            got = by_id(list(dataset))
+        want = by_id([types.SimpleNamespace(**b, _fields=list(b)) for b in expected[name]["batches"]])
+        assert sorted(got) == sorted(want)
+        for field, column in want.items():
+            np.testing.assert_array_equal(got[field], column, err_msg=f"{name}.{field}")
+    assert got["f64n"].dtype == np.float64 and np.isnan(got["f64n"][0])  # a null float is NaN, as Petastorm's
+
+
+def test_batch_reader_fields_petastorm_could_not_carry(tf: Any) -> None:
+    """codecless/'s ``words`` (np.str_ (2,), NdarrayCodec) reaches TensorFlow decoded (Petastorm's batch reader
+    passes the np.save blobs and TensorFlow refused their shape); a null in the int field ``i32n`` is the
+    null error (Petastorm cast its NaN to int32, giving -2147483648)."""
+    expected = petastorm_expected()["batches"]
+    assert expected["codecless_words_error"] == "InvalidArgumentError"
+    assert -2147483648 in expected["codecless_i32n"][0]
+    with make_batch_reader(URL["codecless"], schema_fields=["id", "words"], workers_count=1) as reader:
+        own = by_id(list(reader))
+    with make_batch_reader(URL["codecless"], schema_fields=["id", "words"], workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert dataset.element_spec.words.dtype == tf.string and tuple(dataset.element_spec.words.shape) == (None, 2)
+        got = by_id(list(dataset))
+    assert got["words"].shape == (40, 2)
+    assert got["words"].tolist() == np.char.encode(own["words"], "utf-8").tolist()
+    assert got["words"][7].tolist() == [b"w7", b"x7"]
+    with make_batch_reader(URL["codecless"], schema_fields=["id", "i32n"], workers_count=1) as reader, \
+            pytest.raises(tf.errors.InvalidArgumentError, match="'i32n' holds a null"):
+        list(make_petastorm_dataset(reader))
