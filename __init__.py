@@ -102,6 +102,7 @@ _BRIDGES = {
     "make_petastorm_dataset": "unihub.readers.tf", "make_tf_dataset": "unihub.readers.tf",
     "make_spark_converter": "unihub.readers.spark_converter",
     "SparkDatasetConverter": "unihub.readers.spark_converter",
+    "register_delete_dir_handler": "unihub.readers.spark_converter",
     "make_dali_pipeline": "unihub.readers.dali",
 }
 
