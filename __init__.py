@@ -113,6 +113,7 @@ _BRIDGES = {
     "SparkDatasetConverter": "unihub.readers.spark_converter",
     "register_delete_dir_handler": "unihub.readers.spark_converter",
     "make_dali_pipeline": "unihub.readers.dali",
+    "dataset_as_rdd": "unihub.readers.spark_rdd",
 }
 
 
