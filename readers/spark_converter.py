@@ -139,7 +139,7 @@ class SparkDatasetConverter:
         and forget it, so the next conversion writes afresh.
 
         A converter made from a URL (``make_spark_converter(url)``) never deletes: those files are
-        the caller's data, not a cache (Petastorm removed them), so it only warns.
+        the caller's data, not a cache (Petastorm's delete() removed them), so it only warns.
         """
         if not self.owns_files:
             warnings.warn(f"{self.cache_dir_url} was given to make_spark_converter as existing Parquet, not "

@@ -54,6 +54,8 @@ def dataset_as_rdd(dataset_url: Any, spark_session: Any, schema_fields: Iterable
             raise InvalidArgumentError(f"schema_fields is a list of fields, names or patterns; got {schema_fields!r} "
                                        f"(write [{schema_fields!r}])")
         schema = schema.create_schema_view(schema_fields)
+        if not schema.fields:
+            raise InvalidArgumentError("schema_fields selects no field; pass None for every field")
     count = len(store.row_groups)
     slices = max(1, min(count, max(context.defaultParallelism, math.ceil(store.total_bytes / _PARTITION_BYTES))))
     shared = context.broadcast(store)  # lives as long as the RDD that refers to it

@@ -79,6 +79,8 @@ def test_what_is_not_an_rdd_source(plain_parquet: Path) -> None:
         dataset_as_rdd(str(plain_parquet), _FakeContext())
     with pytest.raises(InvalidArgumentError, match=r"\['id'\]"):
         dataset_as_rdd(str(FIXTURES / "unischema"), _FakeContext(), schema_fields="id")
+    with pytest.raises(InvalidArgumentError, match="no field"):
+        dataset_as_rdd(str(FIXTURES / "unischema"), _FakeContext(), schema_fields=[])
 
 
 class _FakeContext:
