@@ -30,6 +30,7 @@ from unihub.errors import (
     FormatError,
     MissingDependencyError,
     PetastormCompatibilityError,
+    PetastormMetadataError,
     SchemaError,
     SchemaMismatchError,
     UnihubError,
@@ -46,7 +47,13 @@ from unihub.formats.codecs import (
     ScalarCodec,
     TensorCodec,
 )
-from unihub.formats.parquet import ParquetStore, RowGroupInfo, open_dataset
+from unihub.formats.parquet import (
+    ParquetStore,
+    RowGroupInfo,
+    get_schema_from_dataset_url,
+    infer_or_load_unischema,
+    open_dataset,
+)
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.formats.spark import dict_to_spark_row, materialize_dataset
 from unihub.formats.writer import WriteResult, write_dataset
@@ -84,7 +91,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
-    "PetastormCompatibilityError", "SchemaMismatchError",
+    "PetastormCompatibilityError", "PetastormMetadataError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
@@ -95,6 +102,8 @@ __all__ = [
     "build_rowgroup_index", "get_row_group_indexes",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
+    # petastorm.etl.dataset_metadata's schema look-ups
+    "get_schema_from_dataset_url", "infer_or_load_unischema",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework
@@ -103,7 +112,9 @@ _BRIDGES = {
     "tf_tensors": "unihub.readers.tf_graph",
     "make_spark_converter": "unihub.readers.spark_converter",
     "SparkDatasetConverter": "unihub.readers.spark_converter",
+    "register_delete_dir_handler": "unihub.readers.spark_converter",
     "make_dali_pipeline": "unihub.readers.dali",
+    "dataset_as_rdd": "unihub.readers.spark_rdd",
 }
 
 

@@ -76,7 +76,9 @@ class UnsafeMetadataError(UnihubError):
 
 
 class PetastormMetadataError(SchemaError):
-    """Petastorm's pickled metadata is corrupt or holds something unihub cannot convert."""
+    """A dataset's metadata holds no Unischema where one is needed (``get_schema_from_dataset_url`` on
+    plain Parquet), or Petastorm's pickled metadata is corrupt or holds something unihub cannot convert
+    (Petastorm's error of this name)."""
 
 
 class SchemaMismatchError(SchemaError):

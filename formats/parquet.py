@@ -13,7 +13,9 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 :mod:`unihub.formats.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
 
 :func:`open_dataset` reads only footers: the schema and a row-group index
-(file, row group, rows), never data pages. :func:`update_common_metadata` changes entries of
+(file, row group, rows), never data pages. Petastorm's look-ups are here too:
+:func:`get_schema_from_dataset_url` (the stored Unischema, an error for plain Parquet) and
+:func:`infer_or_load_unischema` (the stored one, else one inferred from the Parquet types). :func:`update_common_metadata` changes entries of
 ``_common_metadata`` in place, atomically (row-group indexes are kept there).
 """
 
@@ -35,7 +37,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetNotFoundError, FormatError, SchemaError
+from unihub.errors import DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError
 from unihub.formats import filesystem as fsutil
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -237,6 +239,50 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
     return _store(url, fs, root, base, paths, sizes, common)
+
+
+def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
+                                storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> Unischema:
+    """The Unischema stored in a dataset's metadata, unihub's or Petastorm's (Petastorm's function).
+
+    Takes what :func:`open_dataset` takes: a directory URL or a list of file URLs. Plain
+    Parquet, with no Unischema stored, is a :class:`~unihub.errors.PetastormMetadataError`,
+    as in Petastorm (:func:`infer_or_load_unischema` infers one instead). ``hdfs_driver`` is
+    accepted for Petastorm's signature; pyarrow picks the HDFS client::
+
+        fields = match_unischema_fields(get_schema_from_dataset_url("file:///data/ds"), ["image.*"])
+    """
+    return stored_schema(open_dataset(dataset_url_or_urls, filesystem=filesystem, storage_options=storage_options))
+
+
+def stored_schema(store: ParquetStore) -> Unischema:
+    """``store``'s Unischema if its metadata holds one; for plain Parquet an error that says what to do."""
+    if store.schema_source != "inferred":
+        return store.schema
+    raise PetastormMetadataError(
+        f"{store.url}: no Unischema in the dataset's metadata (plain Parquet: neither unihub's "
+        f"{SCHEMA_METADATA_KEY!r} nor Petastorm's 'dataset-toolkit.unischema.v1'). Store one with "
+        f"`unihub add-schema {store.url}` (unihub.add_schema, which infers it from the Parquet types unless "
+        "given one), or read the files as they are with make_batch_reader")
+
+
+def infer_or_load_unischema(dataset: Any) -> Unischema:
+    """The dataset's stored Unischema, or one inferred from its Parquet types (Petastorm's function).
+
+    ``dataset``: an open :class:`ParquetStore`, a ``pyarrow.parquet.ParquetDataset``, or what
+    :func:`open_dataset` takes (a URL, a path, a list of file URLs).
+    """
+    if isinstance(dataset, ParquetStore):
+        return dataset.schema
+    if isinstance(dataset, pq.ParquetDataset):
+        return open_dataset([_absolute(dataset.filesystem, f) for f in dataset.files],
+                            filesystem=dataset.filesystem).schema
+    return open_dataset(dataset).schema
+
+
+def _absolute(fs: pafs.FileSystem, path: str) -> str:
+    """A local file's absolute path (a ``ParquetDataset`` keeps paths as given); other paths as they are."""
+    return os.path.abspath(path) if isinstance(fs, pafs.LocalFileSystem) else path
 
 
 def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any] | None) -> ParquetStore:

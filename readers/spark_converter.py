@@ -24,6 +24,11 @@ rename, so a half-written directory is never taken as a cache hit.
             ...
     converter.delete()
 
+``make_spark_converter("file:///data/parquet_dir")`` (a URL or path string, as in Petastorm) wraps
+Parquet that is already written: nothing is cached or converted, no cache directory is needed,
+and ``delete()`` leaves those files alone. ``register_delete_dir_handler(fn)`` makes ``delete()``
+remove the cache directories it wrote with ``fn(url)`` (None: back to unihub's own removal).
+
 pyspark, torch and tensorflow are imported inside the functions that need them.
 """
 
@@ -32,13 +37,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import threading
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 from unihub.dependencies import require
-from unihub.errors import UnihubError, UnsupportedFormatError
+from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
 
 if TYPE_CHECKING:
     from unihub.readers.reader import Reader
@@ -69,6 +76,9 @@ class SparkDatasetConverter:
         self.cache_dir_url = cache_dir_url
         self.file_urls = file_urls
         self.dataset_size = dataset_size
+        #: False for a converter over Parquet the caller wrote (``make_spark_converter(url)``):
+        #: ``delete()`` keeps those files
+        self.owns_files = True
 
     def __len__(self) -> int:
         """Rows in the materialized DataFrame."""
@@ -125,14 +135,47 @@ class SparkDatasetConverter:
             reader.join()
 
     def delete(self) -> None:
-        """Remove the cached directory and forget it, so the next conversion writes afresh."""
-        from unihub.formats import filesystem as fsutil
+        """Remove the cached directory (through the handler of :func:`register_delete_dir_handler`)
+        and forget it, so the next conversion writes afresh.
 
+        A converter made from a URL (``make_spark_converter(url)``) never deletes: those files are
+        the caller's data, not a cache (Petastorm's delete() removed them), so it only warns.
+        """
+        if not self.owns_files:
+            warnings.warn(f"{self.cache_dir_url} was given to make_spark_converter as existing Parquet, not "
+                          "written as a cache: delete() leaves it in place", UserWarning, stacklevel=2)
+            return
         with _REGISTRY_LOCK:
             for key in [k for k, url in _REGISTRY.items() if url == self.cache_dir_url]:
                 del _REGISTRY[key]
-        fs, path = fsutil.resolve_filesystem(self.cache_dir_url)
-        fsutil.remove(fs, path)
+        _delete_dir_handler(self.cache_dir_url)
+
+
+# -- deleting cache directories -----------------------------------------------------------------
+def _default_delete_dir_handler(dataset_url: str) -> None:
+    """Remove ``dataset_url`` and everything under it, on whatever filesystem its scheme names."""
+    from unihub.formats import filesystem as fsutil
+
+    fs, path = fsutil.resolve_filesystem(dataset_url)
+    fsutil.remove(fs, path)
+
+
+_delete_dir_handler: Callable[[str], Any] = _default_delete_dir_handler
+
+
+def register_delete_dir_handler(handler: Callable[[str], Any] | None) -> None:
+    """Have :meth:`SparkDatasetConverter.delete` remove cache directories with ``handler(url)`` (Petastorm's API).
+
+    For filesystems pyarrow and fsspec cannot delete on (a cluster's own client, DBFS through
+    ``dbutils``). ``handler`` takes the directory's URL; None restores the default handler::
+
+        register_delete_dir_handler(lambda url: dbutils.fs.rm(url, recurse=True))
+    """
+    global _delete_dir_handler
+    if handler is not None and not callable(handler):
+        raise InvalidArgumentError(f"register_delete_dir_handler takes a function of a directory URL, or None "
+                                   f"for the default; got {handler!r}")
+    _delete_dir_handler = _default_delete_dir_handler if handler is None else handler
 
 
 def _bridge(module: str, name: str, framework: str, extra: str) -> Any:
@@ -156,7 +199,16 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = 32 * 1024 
     ML ``Vector`` columns become arrays; float and double columns, and arrays of them,
     become ``dtype`` ('float32', 'float64', or None to keep them as they are).
     ``compression_codec`` is Spark's Parquet codec name (None: Spark's default, snappy).
+
+    ``df`` may also be the URL (or local path) of a directory of Parquet files, as Petastorm
+    allows: the converter then reads those files as they are; the other arguments are ignored
+    (no cache is written, so nothing is converted) and ``delete()`` does not remove them.
     """
+    if isinstance(df, (str, os.PathLike)):
+        return _converter_over(os.fspath(df))
+    if not hasattr(df, "sparkSession"):
+        raise InvalidArgumentError(f"make_spark_converter takes a pyspark.sql.DataFrame or the URL of a directory "
+                                   f"of Parquet files (e.g. 'file:///data/train'), got {type(df).__name__}")
     if dtype not in ("float32", "float64", None):
         raise UnsupportedFormatError(f"dtype must be 'float32', 'float64' or None, got {dtype!r}")
     if not isinstance(parquet_row_group_size_bytes, int) or parquet_row_group_size_bytes <= 0:
@@ -178,6 +230,18 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = 32 * 1024 
         with _REGISTRY_LOCK:
             _REGISTRY[key] = url
     return SparkDatasetConverter(url, _file_urls(url), int(marker["rows"]))
+
+
+def _converter_over(url: str) -> SparkDatasetConverter:
+    """A converter over Parquet files the caller wrote: counted from the footers, no Spark job."""
+    from unihub.formats.parquet import open_dataset
+    from unihub.formats.spark import _normalize_url
+
+    url = _normalize_url(url)  # Hadoop's 'file:/x'
+    store = open_dataset(url)  # a DatasetNotFoundError names a missing or empty directory
+    converter = SparkDatasetConverter(url, _as_urls(url, store.path, (f.path for f in store.files)), store.num_rows)
+    converter.owns_files = False
+    return converter
 
 
 def _parent_cache_dir_url(spark: Any) -> str:
@@ -301,5 +365,10 @@ def _file_urls(url: str) -> list[str]:
     from unihub.formats.parquet import _list_data_files
 
     fs, path = fsutil.resolve_filesystem(url)
+    return _as_urls(url, path, _list_data_files(fs, path))
+
+
+def _as_urls(url: str, root: str, paths: Iterable[str]) -> list[str]:
+    """Filesystem paths under ``root`` (the path of ``url``) as URLs spelled like ``url``, sorted."""
     base = url.rstrip("/")
-    return sorted(base + "/" + p[len(path):].lstrip("/") for p in _list_data_files(fs, path))
+    return sorted(base + "/" + p[len(root):].lstrip("/") if p != root else url for p in paths)

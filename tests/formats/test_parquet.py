@@ -1,8 +1,10 @@
-"""open_dataset: locations, the row-group index, errors for what is not a dataset, plain Parquet, fsspec."""
+"""open_dataset: locations, the row-group index, errors for what is not a dataset, plain Parquet, fsspec;
+Petastorm's schema look-ups (get_schema_from_dataset_url, infer_or_load_unischema)."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -11,13 +13,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from unihub import (
+    CompressedImageCodec,
+    CompressedNdarrayCodec,
     DatasetNotFoundError,
     FormatError,
+    NdarrayCodec,
+    PetastormMetadataError,
     ScalarCodec,
     SchemaError,
     TensorCodec,
     Unischema,
     UnischemaField,
+    add_schema,
+    get_schema_from_dataset_url,
+    infer_or_load_unischema,
+    match_unischema_fields,
     open_dataset,
     write_dataset,
 )
@@ -328,3 +338,60 @@ def test_schema_metadata_survives_schema_view(write_sample, schema):
     view = store.schema.create_schema_view(["id", "v.*"])
     assert list(view.fields) == ["id", "vec"]
     assert isinstance(store.schema, Unischema)
+
+
+# -- Petastorm's schema look-ups ------------------------------------------------------------------------
+PETASTORM_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+
+
+def test_get_schema_from_dataset_url_of_a_petastorm_dataset():
+    root = PETASTORM_FIXTURES / "unischema"
+    files = sorted(p.as_uri() for p in root.glob("part-*.parquet"))
+    for source in (root.as_uri(), str(root), files):
+        schema = get_schema_from_dataset_url(source)
+        assert schema.name == "FixtureSchema"
+        assert list(schema.fields) == ["id", "split", "label", "score", "image_png", "image_jpeg", "gray",
+                                       "embedding", "boxes", "mask", "temps"]
+        assert schema.id == UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)
+        assert schema.score == UnischemaField("score", np.float64, (), ScalarCodec(pa.float64()), True)
+        assert schema.image_jpeg == UnischemaField("image_jpeg", np.uint8, (32, 48, 3),
+                                                   CompressedImageCodec("jpeg", quality=90), False)
+        assert schema.boxes == UnischemaField("boxes", np.float32, (None, 4), NdarrayCodec(), False)
+        assert schema.mask == UnischemaField("mask", np.uint8, (8, 8), CompressedNdarrayCodec(), True)
+    picked = match_unischema_fields(get_schema_from_dataset_url(root.as_uri(), hdfs_driver="libhdfs"), ["image_.*"])
+    assert [f.name for f in picked] == ["image_png", "image_jpeg"]
+
+
+def test_get_schema_from_dataset_url_of_a_unihub_dataset(write_sample, schema):
+    path, _ = write_sample(5)
+    assert get_schema_from_dataset_url(path.as_uri()) == schema
+    assert get_schema_from_dataset_url(str(path), filesystem=pafs.LocalFileSystem()) == schema
+
+
+def test_get_schema_from_dataset_url_of_plain_parquet_says_what_to_do(plain_parquet):
+    for source in (PETASTORM_FIXTURES / "plain", plain_parquet):
+        with pytest.raises(PetastormMetadataError, match=r"no Unischema.*unihub add-schema .*make_batch_reader"):
+            get_schema_from_dataset_url(str(source))
+    assert issubclass(PetastormMetadataError, SchemaError) and issubclass(PetastormMetadataError, ValueError)
+    with pytest.raises(DatasetNotFoundError):
+        get_schema_from_dataset_url(str(plain_parquet / "missing"))
+    add_schema(plain_parquet)  # what the message advises
+    schema = get_schema_from_dataset_url(str(plain_parquet))
+    assert list(schema.fields) == ["id", "name", "pair"]
+    assert schema.pair == UnischemaField("pair", np.float32, (None,), TensorCodec(), True)
+
+
+def test_infer_or_load_unischema(plain_parquet, write_sample, schema, monkeypatch):
+    inferred = infer_or_load_unischema(str(plain_parquet))
+    assert list(inferred.fields) == ["id", "name", "pair"]
+    assert inferred.id == UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), True)
+    assert inferred["name"] == UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)
+    assert infer_or_load_unischema(open_dataset(plain_parquet)) == inferred
+    from_files = infer_or_load_unischema(pq.ParquetDataset(str(plain_parquet)))  # named after its first file
+    assert list(from_files) == list(inferred)
+    path, _ = write_sample(3)
+    assert infer_or_load_unischema(path) == schema  # stored: loaded, not inferred
+    monkeypatch.chdir(PETASTORM_FIXTURES)  # ParquetDataset keeps relative paths as given
+    stored = infer_or_load_unischema(pq.ParquetDataset("unischema"))
+    assert stored == get_schema_from_dataset_url(str(PETASTORM_FIXTURES / "unischema"))
+    assert stored.image_png.codec == CompressedImageCodec("png")

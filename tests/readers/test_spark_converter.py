@@ -1,36 +1,36 @@
 """``make_spark_converter`` on a local Spark: caching, dtype conversion, and the torch / tf loaders.
 
-One small DataFrame (int, double, string, array<double>, ML vector) serves every test; each
+One small DataFrame (int, double, string, array<double>, ML vector) serves every Spark test; each
 test points the cache conf at its own ``tmp_path``. The loaders go through the real PyTorch and TensorFlow bridges.
+Converters over existing Parquet (a URL for ``df``) and ``register_delete_dir_handler`` need no Spark.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+import unihub
 from unihub import make_batch_reader
 from unihub.dependencies import is_available
-from unihub.errors import UnsupportedFormatError
+from unihub.errors import DatasetNotFoundError, InvalidArgumentError, UnsupportedFormatError
 from unihub.readers import spark_converter
 from unihub.readers.spark_converter import (
     MARKER,
     ConverterConfigError,
     SparkDatasetConverter,
     make_spark_converter,
+    register_delete_dir_handler,
 )
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")),
-                       reason="a local Spark needs pyspark and java"),
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
+#: tests that start the local Spark session (its fixture skips them without pyspark and java)
+spark_test = pytest.mark.spark
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 
 N_ROWS = 20
 KEYS = (SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, SparkDatasetConverter.UNIHUB_PARENT_CACHE_DIR_URL_CONF)
@@ -76,6 +76,7 @@ def read_columns(url: str) -> dict[str, np.ndarray]:
     return {name: values[order] for name, values in columns.items()}
 
 
+@spark_test
 def test_values_vectors_and_float32(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df)
     assert len(converter) == converter.dataset_size == df.count() == N_ROWS
@@ -95,6 +96,7 @@ def test_values_vectors_and_float32(df: Any, cache_parent: Path) -> None:
             np.testing.assert_array_equal(value, np.asarray(row[name], dtype=np.float32))
 
 
+@spark_test
 def test_dtype_none_keeps_float64(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df, dtype=None)
     columns = read_columns(converter.cache_dir_url)
@@ -105,6 +107,7 @@ def test_dtype_none_keeps_float64(df: Any, cache_parent: Path) -> None:
     assert converter.cache_dir_url != make_spark_converter(df).cache_dir_url
 
 
+@spark_test
 def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = make_spark_converter(df)
     marker = Path(first.cache_dir_url.removeprefix("file://")) / MARKER
@@ -124,6 +127,7 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
     assert marker.stat().st_mtime_ns == written_at
 
 
+@spark_test
 def test_delete_removes_the_files(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df)
     path = Path(converter.cache_dir_url.removeprefix("file://"))
@@ -135,6 +139,7 @@ def test_delete_removes_the_files(df: Any, cache_parent: Path) -> None:
     assert again.cache_dir_url == converter.cache_dir_url and (path / MARKER).is_file()
 
 
+@spark_test
 def test_missing_or_bad_conf_is_a_clear_error(df: Any, spark: Any) -> None:
     for key in KEYS:
         spark.conf.unset(key)
@@ -148,12 +153,14 @@ def test_missing_or_bad_conf_is_a_clear_error(df: Any, spark: Any) -> None:
         spark.conf.unset(KEYS[1])
 
 
+@spark_test
 def test_bad_dtype(df: Any) -> None:
     with pytest.raises(UnsupportedFormatError, match="float16"):
         make_spark_converter(df, dtype="float16")
 
 
 @pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
+@spark_test
 def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df)
     with converter.make_torch_dataloader(batch_size=8, num_epochs=1, workers_count=1,
@@ -171,6 +178,7 @@ def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
 
 @pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
 @pytest.mark.parametrize("shuffle", [None, 64])
+@spark_test
 def test_tf_dataset(df: Any, cache_parent: Path, shuffle: int | None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     converter = make_spark_converter(df)
@@ -188,6 +196,7 @@ def test_tf_dataset(df: Any, cache_parent: Path, shuffle: int | None) -> None:
     assert (ids.tolist() == stored) == (shuffle is None)  # the queue shuffles across the reader's batches
 
 
+@spark_test
 def test_compression_codec_reaches_the_files(df: Any, cache_parent: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -200,3 +209,78 @@ def test_compression_codec_reaches_the_files(df: Any, cache_parent: Path) -> Non
     gzip = files(make_spark_converter(df, compression_codec="gzip"))
     assert {f.metadata.row_group(i).column(0).compression for f in gzip for i in range(f.num_row_groups)} == {"GZIP"}
     assert sum(f.metadata.num_rows for f in gzip) == N_ROWS
+
+
+# -- a URL for df: Parquet that is already written (no Spark) ------------------------------------------
+def batches_of(converter: SparkDatasetConverter, **reader_kwargs: Any) -> dict[str, np.ndarray]:
+    """Every column the converter's loader reads, rows ordered by id (the reader itself as the loader)."""
+    with converter.make_torch_dataloader(num_epochs=1, workers_count=1, shuffle_row_groups=False,
+                                         data_loader_fn=lambda reader, **_: reader, **reader_kwargs) as reader:
+        batches = list(reader)
+    columns = {name: np.concatenate([getattr(b, name) for b in batches]) for name in batches[0]._fields}
+    order = np.argsort(columns["id"], kind="stable")
+    return {name: values[order] for name, values in columns.items()}
+
+
+@pytest.mark.parametrize("spelling", ["uri", "path", "hadoop"])
+def test_a_url_wraps_existing_parquet(spelling: str) -> None:
+    import pickle
+
+    root = FIXTURES / "plain"
+    url = {"uri": root.as_uri(), "path": str(root), "hadoop": "file:" + str(root)}[spelling]
+    converter = make_spark_converter(url, dtype="float64", compression_codec="gzip")  # ignored, as in Petastorm
+    assert converter.cache_dir_url == (root.as_uri() if spelling == "hadoop" else url)
+    parts = sorted(p.name for p in root.glob("part-*.parquet"))
+    assert converter.file_urls == [converter.cache_dir_url + "/" + name for name in parts]
+    expected = pickle.loads((FIXTURES / "plain_expected.pkl").read_bytes())  # Petastorm's make_batch_reader
+    assert len(converter) == converter.dataset_size == len(expected["id"]["values"]) == 600
+    columns = batches_of(converter, schema_fields=["id", "x", "name"])
+    order = np.argsort(expected["id"]["values"], kind="stable")
+    for name in ("id", "x", "name"):
+        if name != "name":  # strings are str objects here, a '<U' array in Petastorm
+            assert columns[name].dtype.str == expected[name]["dtype"], name
+        assert columns[name].tolist() == np.asarray(expected[name]["values"], dtype=object)[order].tolist(), name
+
+
+def test_a_url_of_a_unihub_dataset_and_delete_keeps_it(write_sample: Any, sample_row: Any) -> None:
+    path, _ = write_sample(12)
+    before = sorted(p.name for p in path.iterdir())
+    converter = unihub.make_spark_converter(path)
+    assert converter.cache_dir_url == str(path) and len(converter) == 12
+    columns = batches_of(converter, schema_fields=["id", "vec", "split"])
+    assert columns["id"].tolist() == list(range(12))
+    for i in range(12):
+        np.testing.assert_array_equal(columns["vec"][i], sample_row(i)["vec"])
+        assert columns["split"][i] == sample_row(i)["split"]
+    with pytest.warns(UserWarning, match="leaves it in place"):
+        converter.delete()
+    assert sorted(p.name for p in path.iterdir()) == before and len(unihub.make_spark_converter(path)) == 12
+
+
+def test_a_url_that_is_not_a_dataset_or_not_a_url(tmp_path: Path) -> None:
+    with pytest.raises(DatasetNotFoundError, match="no such file"):
+        make_spark_converter((tmp_path / "missing").as_uri())
+    with pytest.raises(InvalidArgumentError, match="DataFrame or the URL"):
+        make_spark_converter(42)
+
+
+# -- register_delete_dir_handler -----------------------------------------------------------------------
+def test_register_delete_dir_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unihub.register_delete_dir_handler is register_delete_dir_handler
+    cache = tmp_path / "unihub-converter-abc"
+    cache.mkdir()
+    (cache / "part-0.parquet").write_bytes(b"x")
+    url = cache.as_uri()
+    monkeypatch.setattr(spark_converter, "_REGISTRY", {"abc": url, "other": "file:///elsewhere"})
+    deleted: list[str] = []
+    register_delete_dir_handler(deleted.append)
+    try:
+        SparkDatasetConverter(url, [url + "/part-0.parquet"], 1).delete()
+        assert deleted == [url] and cache.is_dir()  # the handler decides; the default did not run
+        assert spark_converter._REGISTRY == {"other": "file:///elsewhere"}  # forgotten all the same
+        with pytest.raises(InvalidArgumentError, match="function of a directory URL"):
+            register_delete_dir_handler("rm -rf")
+    finally:
+        register_delete_dir_handler(None)
+    SparkDatasetConverter(url, [], 1).delete()  # the default handler again
+    assert not cache.exists() and deleted == [url]
