@@ -134,3 +134,31 @@ def test_errors() -> None:
     # a null cannot be a tensor: the reader's SchemaError, carried by TensorFlow's error
     with pytest.raises(tf.errors.InvalidArgumentError, match="'mask' holds a null"):
         run_all(lambda: make_reader(URL["unischema"], schema_fields=["id", "mask"], **ORDERED))
+
+
+def test_tf1_dataset_idioms_on_petastorm_datasets() -> None:
+    """Code written for Petastorm under TF1 graphs: a one-shot iterator over make_petastorm_dataset, and
+    the dataset's output shapes and types through tf.compat.v1, give what tf_tensors gives."""
+    from unihub import make_petastorm_dataset
+
+    expected = petastorm_expected()["tf_tensors_rows"]
+    with tf.Graph().as_default(), make_reader(URL["unischema"], schema_fields=ROW_FIELDS, **ORDERED) as reader:
+        dataset = make_petastorm_dataset(reader)
+        shapes, types = tf.compat.v1.data.get_output_shapes(dataset), tf.compat.v1.data.get_output_types(dataset)
+        assert sorted((f, types._asdict()[f].name, tuple(s.as_list())) for f, s in shapes._asdict().items()) \
+            == expected["structure"][None]
+        next_row = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        samples = []
+        with tf.compat.v1.Session() as session, pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                samples.append(as_values(session.run(next_row)))
+    assert len(samples) == expected["total"] == 60 and samples[:5] == expected["samples"]
+    with tf.Graph().as_default(), make_batch_reader(URL["plain"], **ORDERED) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert tuple(tf.compat.v1.data.get_output_shapes(dataset).pair.as_list()) == (None, None)
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        ids = []
+        with tf.compat.v1.Session() as session, pytest.raises(tf.errors.OutOfRangeError):
+            while True:
+                ids.extend(session.run(next_batch).id.tolist())
+    assert sorted(ids) == list(range(600))
