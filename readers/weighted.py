@@ -28,7 +28,7 @@ import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
 from unihub.formats.schema import Unischema, UnischemaField
-from unihub.readers.reader import ReaderStateError
+from unihub.readers.reader import ReaderStateError, random_seed
 
 #: draws whose uniforms one seeded generator makes at once
 BLOCK = 1024
@@ -94,7 +94,7 @@ def draw_choices(seed: int, probabilities: Sequence[float], start: int, stop: in
 
 def _check_seed(seed: Any) -> int:
     if seed is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
+        return random_seed()
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise WeightedSamplingError(f"seed must be a non-negative integer or None, got {seed!r}")
     return int(seed)
@@ -173,7 +173,7 @@ def _reorder(source: Unischema, target: Unischema) -> Callable[[Any], Any] | Non
     if names == list(target.fields):
         return None
     index = [names.index(name) for name in target.fields]
-    row_type = target._get_namedtuple()
+    row_type: type[Any] = target._get_namedtuple()  # a namedtuple class made for the schema
     return lambda row: row_type._make([row[i] for i in index])
 
 
