@@ -190,15 +190,16 @@ class Reader:
     def __iter__(self) -> Reader:
         return self
 
-    def _start(self) -> None:
+    def _start(self) -> Iterator[tuple[int, int, Batch]]:
         epoch, task, offset = self._where()
         if self._pool is not None:  # a pool left by an error: release its workers first
             self._pool.stop()
             self._pool.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs = self._jobs(epoch, task)
-        self._iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
+        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
         self._skip = offset
+        return iterator
 
     def __next__(self) -> Any:
         # the per-row path: one index and one counter under a lock (threads sharing a reader get
@@ -217,10 +218,11 @@ class Reader:
         while self._cursor >= len(self._items):
             if self._finished:
                 raise StopIteration
-            if self._iterator is None:
-                self._start()
+            iterator = self._iterator  # a local: stop() from another thread may set self._iterator to None
+            if iterator is None:
+                iterator = self._start()
             try:
-                epoch, index, batch = next(self._iterator)  # type: ignore[arg-type]
+                epoch, index, batch = next(iterator)
             except StopIteration:
                 if self._stopped:  # stop() from another thread: the position stays where it was
                     raise
