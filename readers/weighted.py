@@ -182,9 +182,9 @@ def _converter(reader: Any, schema: Unischema, ngram: Any) -> Callable[[Any], An
     consumers that read rows by position (the TensorFlow bridge) never swap columns."""
     if ngram is None:
         return _reorder(reader.schema, schema)
-    per_offset = {offset: _reorder(reader.ngram.get_schema_at_timestep(reader.schema, offset),
-                                   ngram.get_schema_at_timestep(schema, offset)) for offset in ngram.fields}
-    per_offset = {offset: fn for offset, fn in per_offset.items() if fn is not None}
+    reorders = {offset: _reorder(reader.ngram.get_schema_at_timestep(reader.schema, offset),
+                                 ngram.get_schema_at_timestep(schema, offset)) for offset in ngram.fields}
+    per_offset = {offset: fn for offset, fn in reorders.items() if fn is not None}
     if not per_offset:
         return None
     return lambda window: {k: per_offset[k](v) if k in per_offset else v for k, v in window.items()}
