@@ -413,7 +413,7 @@ def _one_line_warnings(verbose: bool) -> Any:
         def one_line(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
             return f"unihub: warning: {message}\n"
 
-        warnings.formatwarning = one_line  # type: ignore[assignment]
+        warnings.formatwarning = one_line
     return previous
 
 

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -130,8 +131,7 @@ def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], No
     datasets = {}
     for name, src in (("tfrecord", tfrecords), ("images", folder)):
         dst = os.path.join(root, f"{name}_unihub")
-        timed(f"convert {src} -> {dst}", lambda src=src, dst=dst: convert(src, dst, workers=0, progress=False),
-              rows)
+        timed(f"convert {src} -> {dst}", partial(convert, src, dst, workers=0, progress=False), rows)
         datasets[name] = dst
     for url in (demo, *datasets.values()):
         say("\n" + format_description(describe_dataset(url)) + "\n")

@@ -91,6 +91,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     common = dict(_read_metadata(fs, common_path).metadata or {}) if fsutil.exists(fs, common_path) else {}
 
     given = schema if schema is not None else unischema_class
+    origin: SchemaOrigin
     if given is not None:
         chosen, origin = (load_unischema(given) if unischema_class is None else locate_unischema(given)), "given"
     else:

@@ -357,13 +357,14 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
     """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize."""
     from nvidia.dali import fn, types
 
-    images = fn.decoders.image(encoded, device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
+    images = fn.decoders.image(encoded, device="mixed" if device_id is not None else "cpu",
+                               output_type=types.DALIImageType.RGB)
     if resize is not None:
         h, w = resize
         images = fn.resize(images, resize_y=h, resize_x=w)
     if normalize is not None:
         mean, std = normalize
-        images = fn.crop_mirror_normalize(images, mean=list(mean), std=list(std), dtype=types.FLOAT,
+        images = fn.crop_mirror_normalize(images, mean=list(mean), std=list(std), dtype=types.DALIDataType.FLOAT,
                                           output_layout=layout)
     return images
 

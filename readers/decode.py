@@ -85,7 +85,8 @@ def _as_petastorm(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:
     if not isinstance(values, np.ndarray) or values.dtype != object or not len(values):
         return values
     if f.shape == () and f.dtype.kind in "fiu":
-        nulls = np.equal(values, None)
+        # an object array compared with None elementwise; numpy's stubs do not take None as an operand
+        nulls = np.equal(values, None)  # type: ignore[call-overload]
         if not nulls.any():
             return values.astype(f.dtype)
         if f.dtype.kind == "f" or policy.batched:

@@ -190,7 +190,7 @@ class NGram:
         per_offset = []
         for offset in range(base, base + self.length):
             view = self.get_schema_at_timestep(schema, offset)
-            row_type = view._get_namedtuple()
+            row_type: type[Any] = view._get_namedtuple()  # a namedtuple class made for the schema
             positions = rows[starts + (offset - base)]
             if len(view) == 0:
                 per_offset.append([row_type()] * len(starts))

@@ -178,9 +178,10 @@ class in_reduce(PredicateBase):  # noqa: N801
         masks = np.stack([np.asarray(p.evaluate(columns, num_rows), dtype=bool) for p in self._predicate_list]) \
             if self._predicate_list else np.ones((0, num_rows), dtype=bool)
         if self._reduce_func is all:
-            return masks.all(axis=0)
+            # np.all, not masks.all: the method's stub cannot see that a 2-D reduction is an array
+            return np.all(masks, axis=0)
         if self._reduce_func is any:
-            return masks.any(axis=0)
+            return np.any(masks, axis=0)
         return np.fromiter((bool(self._reduce_func(list(col))) for col in masks.T), dtype=bool, count=num_rows)
 
 

@@ -719,7 +719,11 @@ def _build_iterable_dataset(torch: Any) -> type:
                                   "by torch worker and rank); leave them out")
             _check_variable(variable)
             self.url, self.batch_size, self.variable = url, batch_size, variable
-            self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+            if seed is None:
+                from unihub.readers.reader import random_seed
+
+                seed = random_seed()
+            self.seed = int(seed)
             self.reader_kwargs = reader_kwargs
             self.epoch = 0
 

@@ -37,7 +37,7 @@ class Dataset:
             raise TypeError("random access takes field names, not an NGram")
         self.schema = Unischema(self.store.schema.name, fields, attributes=self.store.schema.attribute_names)
         self.decode_images = decode_images
-        self._row_type = self.schema._get_namedtuple()
+        self._row_type: type[Any] = self.schema._get_namedtuple()  # a namedtuple class made for the schema
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cached_row_groups
         self._lock = threading.Lock()

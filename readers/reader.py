@@ -44,6 +44,13 @@ class ReaderStateError(UnihubError, ValueError):
     """A saved reader state that does not belong to this reader's dataset and options."""
 
 
+def random_seed() -> int:
+    """A fresh seed in ``[0, 2**63)`` from the OS's entropy (what ``seed=None`` means)."""
+    entropy = np.random.SeedSequence().entropy
+    assert isinstance(entropy, int)  # a SeedSequence made without entropy draws an int
+    return entropy % (2**63)
+
+
 class Reader:
     """Iterates rows or batches of a dataset; see :func:`make_reader` and :func:`make_batch_reader`."""
 
@@ -80,7 +87,7 @@ class Reader:
         read_schema = Unischema(store.schema.name, self._read_fields, attributes=store.schema.attribute_names)
         self.schema = transform_schema(read_schema, transform_spec)
         if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (2**63))
+            seed = random_seed()
         self.seed = int(seed)
         expression, filter_columns = filters_to_expression(filters)
         if expression is not None and not filter_columns:
@@ -116,14 +123,14 @@ class Reader:
         self._first = 0  # the cursor where the loaded batch started (a resumed offset)
         self._current: tuple[int, int] | None = None
         self._skip = 0
-        self._iterator: Iterator[Batch] | None = None
+        self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
         self._pool: Pool | None = None
         self._finished = False
         self._stopped = False
         self._lock = threading.Lock()  # next(): one caller at a time, so shared readers neither drop nor repeat
         self._delivered = 0
         self._batches = 0
-        self._row_type = self.schema._get_namedtuple()
+        self._row_type: type[Any] = self.schema._get_namedtuple()  # a namedtuple class made for the schema
         if resume_from is not None:
             self.load_state_dict(resume_from)
 
@@ -183,15 +190,16 @@ class Reader:
     def __iter__(self) -> Reader:
         return self
 
-    def _start(self) -> None:
+    def _start(self) -> Iterator[tuple[int, int, Batch]]:
         epoch, task, offset = self._where()
         if self._pool is not None:  # a pool left by an error: release its workers first
             self._pool.stop()
             self._pool.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs = self._jobs(epoch, task)
-        self._iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
+        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
         self._skip = offset
+        return iterator
 
     def __next__(self) -> Any:
         # the per-row path: one index and one counter under a lock (threads sharing a reader get
@@ -210,10 +218,11 @@ class Reader:
         while self._cursor >= len(self._items):
             if self._finished:
                 raise StopIteration
-            if self._iterator is None:
-                self._start()
+            iterator = self._iterator  # a local: stop() from another thread may set self._iterator to None
+            if iterator is None:
+                iterator = self._start()
             try:
-                epoch, index, batch = next(self._iterator)  # type: ignore[arg-type]
+                epoch, index, batch = next(iterator)
             except StopIteration:
                 if self._stopped:  # stop() from another thread: the position stays where it was
                     raise

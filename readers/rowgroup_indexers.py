@@ -20,7 +20,7 @@ import datetime
 import decimal
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -63,7 +63,7 @@ def encode_key(key: Any) -> Any:
     raise RowGroupIndexError(f"cannot store an index value of type {type(key).__name__}")
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[str], Any]] = {
     "float": float,
     "bytes": lambda text: base64.b64decode(text.encode("ascii"), validate=True),
     "decimal": decimal.Decimal,
@@ -158,7 +158,7 @@ class RowGroupIndexerBase(ABC):
         return self._index_data  # type: ignore[attr-defined]
 
     def __eq__(self, other: object) -> bool:
-        return (type(other) is type(self) and other.to_json() == self.to_json())  # type: ignore[attr-defined]
+        return (type(other) is type(self) and other.to_json() == self.to_json())
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -65,7 +65,7 @@ def dataset_as_rdd(dataset_url: Any, spark_session: Any, schema_fields: Iterable
 def _decoded_rows(shared: Any, schema: Unischema, groups: Iterator[int]) -> Iterator[Any]:
     """The rows of row groups ``groups``, one namedtuple each (runs in the Spark tasks)."""
     store: ParquetStore = shared.value
-    row_type = schema._get_namedtuple()
+    row_type: type[Any] = schema._get_namedtuple()  # a namedtuple class made for the schema
     names = list(schema.fields)
     for group in groups:
         table = store.read_row_group(group, names)

@@ -251,7 +251,9 @@ def _encode(plans: Sequence[_FieldPlan], columns: Columns) -> tuple[np.ndarray, 
         if any(r is None for r in rows):
             raise _null_error(plan.name)
         rows = [np.asarray(r) for r in rows]
-        rank, inner = plan.ragged_rank, plan.field.shape[plan.ragged_rank:]
+        rank = plan.ragged_rank
+        inner = tuple(d for d in plan.field.shape[rank:] if d is not None)
+        assert len(inner) == len(plan.field.shape) - rank  # ragged_rank is past the field's last None dim
         shapes = np.array([r.shape[:rank] for r in rows], dtype=np.int64).reshape(len(rows), rank)
         flat = [r.reshape(-1, *inner) for r in rows]
         flat_values = np.concatenate(flat) if flat else np.empty((0, *inner), dtype=object)

@@ -111,7 +111,8 @@ def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue
                          "cannot run; call it inside `with tf.Graph().as_default():`, or use "
                          "make_petastorm_dataset(reader).shuffle(n) in TensorFlow 2")
     if reader.ngram is not None:
-        groups = [(o.offset, o.plans, o.row_type) for o in _ngram_plans(reader)]
+        groups: list[tuple[int | None, list[_FieldPlan], type]] = [
+            (o.offset, o.plans, o.row_type) for o in _ngram_plans(reader)]
     else:
         groups = [(None, plans, reader.schema._get_namedtuple())]
         ragged = [p.name for p in plans if p.ragged_rank]
@@ -135,7 +136,8 @@ def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue
     leading = (None,) if reader.batched else ()
     for tensor, plan in zip(tensors, flat_plans):
         tensor.set_shape(leading + tuple(plan.field.shape))
-    out, start = {}, 0
+    out: dict[int | None, Any] = {}
+    start = 0
     for offset, group, row_type in groups:
         out[offset] = row_type(*tensors[start:start + len(group)])
         start += len(group)

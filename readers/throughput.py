@@ -23,6 +23,7 @@ import time
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from unihub.errors import UnihubError
@@ -72,19 +73,20 @@ def reader_throughput(dataset_url: str, field_regex: Sequence[str] | None = None
                                ("measure_cycles_count", measure_cycles_count, 1), ("loaders_count", loaders_count, 1)):
         if not isinstance(value, int) or value < least:
             raise UnihubError(f"{name} must be an integer >= {least}, got {value!r}")
-    arguments = dict(dataset_url=os.fspath(dataset_url), field_regex=list(field_regex) if field_regex else None,
-                     warmup_cycles_count=warmup_cycles_count, measure_cycles_count=measure_cycles_count,
-                     pool_type=pool_type, loaders_count=loaders_count, read_method=read_method,
-                     shuffling_queue_size=shuffling_queue_size, reader_extra_args=dict(reader_extra_args or {}),
-                     progress=progress)
+    measure = partial(_measure, dataset_url=os.fspath(dataset_url),
+                      field_regex=list(field_regex) if field_regex else None,
+                      warmup_cycles_count=warmup_cycles_count, measure_cycles_count=measure_cycles_count,
+                      pool_type=pool_type, loaders_count=loaders_count, read_method=read_method,
+                      shuffling_queue_size=shuffling_queue_size, reader_extra_args=dict(reader_extra_args or {}),
+                      progress=progress)
     if not spawn_new_process:
-        return _measure(**arguments)
+        return measure()
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     # a fresh interpreter (not a fork of this one): its memory is the reader's alone
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as executor:
-        return executor.submit(_measure, **arguments).result()
+        return executor.submit(measure).result()
 
 
 def _measure(dataset_url: str, field_regex: list[str] | None, warmup_cycles_count: int, measure_cycles_count: int,

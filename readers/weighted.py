@@ -28,7 +28,7 @@ import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
 from unihub.formats.schema import Unischema, UnischemaField
-from unihub.readers.reader import ReaderStateError
+from unihub.readers.reader import ReaderStateError, random_seed
 
 #: draws whose uniforms one seeded generator makes at once
 BLOCK = 1024
@@ -94,7 +94,7 @@ def draw_choices(seed: int, probabilities: Sequence[float], start: int, stop: in
 
 def _check_seed(seed: Any) -> int:
     if seed is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
+        return random_seed()
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise WeightedSamplingError(f"seed must be a non-negative integer or None, got {seed!r}")
     return int(seed)
@@ -173,7 +173,7 @@ def _reorder(source: Unischema, target: Unischema) -> Callable[[Any], Any] | Non
     if names == list(target.fields):
         return None
     index = [names.index(name) for name in target.fields]
-    row_type = target._get_namedtuple()
+    row_type: type[Any] = target._get_namedtuple()  # a namedtuple class made for the schema
     return lambda row: row_type._make([row[i] for i in index])
 
 
@@ -182,9 +182,9 @@ def _converter(reader: Any, schema: Unischema, ngram: Any) -> Callable[[Any], An
     consumers that read rows by position (the TensorFlow bridge) never swap columns."""
     if ngram is None:
         return _reorder(reader.schema, schema)
-    per_offset = {offset: _reorder(reader.ngram.get_schema_at_timestep(reader.schema, offset),
-                                   ngram.get_schema_at_timestep(schema, offset)) for offset in ngram.fields}
-    per_offset = {offset: fn for offset, fn in per_offset.items() if fn is not None}
+    reorders = {offset: _reorder(reader.ngram.get_schema_at_timestep(reader.schema, offset),
+                                 ngram.get_schema_at_timestep(schema, offset)) for offset in ngram.fields}
+    per_offset = {offset: fn for offset, fn in reorders.items() if fn is not None}
     if not per_offset:
         return None
     return lambda window: {k: per_offset[k](v) if k in per_offset else v for k, v in window.items()}

@@ -544,6 +544,28 @@ def test_eight_threads_sharing_one_reader_get_every_row_once(dataset, pool, batc
         assert list(resumed) == []  # everything handed out was counted
 
 
+def test_stop_from_another_thread_as_the_workers_start_ends_the_iteration(dataset, full_order, monkeypatch):
+    # stop() in another thread may come between next() starting the workers and taking their first
+    # batch: that next() ends the iteration (StopIteration), as stop() promises, rather than failing
+    # on the iterator stop() dropped
+    reader = make_reader(dataset, reader_pool_type="thread", workers_count=2, **RESUME_OPTIONS)
+    start = reader._start
+
+    def start_then_stop() -> Any:
+        started = start()
+        reader.stop()  # what the other thread's stop() does at that moment
+        return started
+
+    monkeypatch.setattr(reader, "_start", start_then_stop)
+    with pytest.raises(StopIteration):
+        next(reader)
+    state = reader.state_dict()
+    reader.join()
+    assert (state["epoch"], state["task"], state["offset"]) == (0, 0, 0)
+    with make_reader(dataset, resume_from=state, **RESUME_OPTIONS) as resumed:
+        assert ids_of(resumed) == full_order
+
+
 def test_a_stopped_reader_stays_stopped_until_reset(dataset):
     reader = make_reader(dataset, schema_fields=["id"], seed=0)
     first = [int(next(reader).id) for _ in range(5)]
