@@ -1,0 +1,404 @@
+"""Fuzzing every hand-written parser of untrusted bytes, for a bounded time.
+
+Each target starts from files written by the format's own library (TensorFlow's ``TFRecordWriter``,
+webdataset's ``TarWriter``, ``np.save``, Petastorm's pickled metadata, PIL) and applies a few
+mutations (bit flips, extreme integers, cuts, insertions; some with the format's checksums made
+good again, so that the mutation reaches the parser behind them). Whatever the bytes, a parser
+may only succeed or raise the named error it documents, within a few seconds; a conversion of a
+mutated file either succeeds or raises a :class:`UnihubError` and leaves nothing at the destination.
+
+Examples per target: ``UNIHUB_FUZZ_EXAMPLES`` (default 60, deterministic, for CI). For a deep run:
+``UNIHUB_FUZZ_EXAMPLES=20000 UNIHUB_FUZZ_RANDOM=1 pytest tests/test_fuzz.py -m fuzz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import struct
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from unihub.errors import (  # noqa: E402
+    CodecError,
+    FormatError,
+    PetastormMetadataError,
+    UnihubError,
+    UnsafeMetadataError,
+)
+
+pytestmark = pytest.mark.fuzz
+
+EXAMPLES = int(os.environ.get("UNIHUB_FUZZ_EXAMPLES", "60"))
+SECONDS_PER_INPUT = 10.0  # generous: the machine is shared; a bomb takes minutes or never ends
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                derandomize=not os.environ.get("UNIHUB_FUZZ_RANDOM"),
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+FIXTURES = Path(__file__).parent / "fixtures" / "petastorm"
+
+# ------------------------------------------------------------------ mutations
+
+#: integers that break parsers: zero, signs, powers of two and their neighbours, all ones
+EXTREMES = [0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF,
+            2**50, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+def _apply(seed: bytes, ops: list[tuple[Any, ...]]) -> bytes:
+    data = bytearray(seed)
+    for op in ops:
+        kind, at = op[0], op[1] % (len(data) + 1)
+        if kind == "flip" and at < len(data):
+            data[at] ^= 1 << op[2]
+        elif kind == "byte" and at < len(data):
+            data[at] = op[2]
+        elif kind == "int":
+            width, value = op[2], op[3] & ((1 << (8 * op[2])) - 1)
+            data[at:at + width] = value.to_bytes(width, op[4])
+        elif kind == "varint":  # protobuf lengths and tags
+            data[at:at + 1] = _varint(op[2])
+        elif kind == "cut":
+            del data[at:]
+        elif kind == "insert":
+            data[at:at] = op[2]
+        elif kind == "delete":
+            del data[at:at + op[2]]
+    return bytes(data)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+_positions = st.integers(0, 1 << 20)
+_op = st.one_of(
+    st.tuples(st.just("flip"), _positions, st.integers(0, 7)),
+    st.tuples(st.just("byte"), _positions, st.integers(0, 255)),
+    st.tuples(st.just("int"), _positions, st.sampled_from([1, 2, 4, 8]), st.sampled_from(EXTREMES),
+              st.sampled_from(["little", "big"])),
+    st.tuples(st.just("varint"), _positions, st.sampled_from(EXTREMES)),
+    st.tuples(st.just("cut"), _positions),
+    st.tuples(st.just("insert"), _positions, st.binary(min_size=1, max_size=24)),
+    st.tuples(st.just("delete"), _positions, st.integers(1, 64)),
+)
+
+
+def mutated(seeds: list[bytes]) -> st.SearchStrategy[bytes]:
+    """One of ``seeds`` with one to four mutations at positions spread over it, or random bytes."""
+    def place(seed: bytes, ops: list[tuple[Any, ...]]) -> bytes:
+        scale = max(len(seed), 1)
+        return _apply(seed, [(o[0], o[1] * scale >> 20, *o[2:]) for o in ops])
+    return st.one_of(
+        st.builds(place, st.sampled_from(seeds), st.lists(_op, min_size=1, max_size=4)),
+        st.binary(max_size=256),
+    )
+
+
+def bounded(call: Callable[[], Any], allowed: tuple[type[BaseException], ...]) -> Any:
+    """Run ``call``: it returns, or raises one of ``allowed``, within :data:`SECONDS_PER_INPUT`."""
+    start = time.monotonic()
+    try:
+        return call()
+    except allowed:
+        return None
+    finally:
+        assert time.monotonic() - start < SECONDS_PER_INPUT, "a parser took too long on fuzzed bytes"
+
+
+# ------------------------------------------------------------------ seeds, written by the formats' libraries
+
+def _tf() -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return pytest.importorskip("tensorflow")
+
+
+def _examples() -> list[bytes]:
+    tf = _tf()
+    f = tf.train.Feature
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "id": f(int64_list=tf.train.Int64List(value=[7, -1])),
+        "x": f(float_list=tf.train.FloatList(value=[1.5, -0.0, float("nan")])),
+        "name": f(bytes_list=tf.train.BytesList(value=[b"abc", b""])),
+    })).SerializeToString()
+    sequence = tf.train.SequenceExample(
+        context=tf.train.Features(feature={"id": f(int64_list=tf.train.Int64List(value=[3]))}),
+        feature_lists=tf.train.FeatureLists(feature_list={"steps": tf.train.FeatureList(feature=[
+            f(float_list=tf.train.FloatList(value=[1.0, 2.0])), f(float_list=tf.train.FloatList(value=[3.0, 4.0]))])}),
+    ).SerializeToString()
+    tensor = tf.io.serialize_tensor(tf.constant(np.arange(6, dtype=np.int32).reshape(2, 3))).numpy()
+    strings = tf.io.serialize_tensor(tf.constant([b"a", b"bc"])).numpy()
+    return [example, sequence, tensor, strings]
+
+
+@pytest.fixture(scope="module")
+def tf_payloads() -> list[bytes]:
+    return _examples()
+
+
+def _framed(records: list[bytes]) -> bytes:
+    """TFRecord framing with good CRCs, as TFRecordWriter writes it."""
+    from unihub.formats.tfio import masked_crc
+
+    out = bytearray()
+    for record in records:
+        length = struct.pack("<Q", len(record))
+        out += length + struct.pack("<I", masked_crc(length)) + record + struct.pack("<I", masked_crc(record))
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def tfrecord_files(tmp_path_factory: pytest.TempPathFactory, tf_payloads: list[bytes]) -> list[bytes]:
+    """TFRecord files as TensorFlow writes them: plain, GZIP and ZLIB."""
+    tf = _tf()
+    root = tmp_path_factory.mktemp("tfrecord-seeds")
+    files = []
+    for compression in ("", "GZIP", "ZLIB"):
+        path = root / f"seed-{compression or 'plain'}.tfrecord"
+        with tf.io.TFRecordWriter(str(path), options=compression or None) as writer:
+            for _ in range(3):
+                writer.write(tf_payloads[0])
+        files.append(path.read_bytes())
+    return files
+
+
+@pytest.fixture(scope="module")
+def tar_files(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """WebDataset shards written by webdataset's TarWriter, and a PAX/GNU tar written by tarfile."""
+    wds = pytest.importorskip("webdataset")
+    root = tmp_path_factory.mktemp("tar-seeds")
+    path = root / "shard.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for i in range(3):
+            sink.write({"__key__": f"s{i:03d}", "cls": str(i).encode(), "txt": "é" * i,
+                        "npy": np.arange(i + 1, dtype=np.int16)})
+    files = [path.read_bytes()]
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+            for name, data in ((f"{'d/' * 60}s000.cls", b"1"), ("s000.txt", b"x" * 600)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1.5
+                tar.addfile(info, io.BytesIO(data))
+        files.append(buffer.getvalue())
+    return files
+
+
+def _fix_tar_checksums(data: bytes) -> bytes:
+    """Make every header's checksum good again, walking headers as a reader would."""
+    out, at = bytearray(data), 0
+    while at + 512 <= len(out):
+        block = out[at:at + 512]
+        if not any(block):
+            break
+        block[148:156] = b"        "
+        out[at + 148:at + 156] = b"%06o\0 " % (sum(block) & 0o777777)
+        try:
+            size = int(bytes(block[124:136]).split(b"\0")[0].strip() or b"0", 8)
+        except ValueError:
+            break
+        at += 512 + (size + 511) // 512 * 512
+    return bytes(out)
+
+
+# ------------------------------------------------------------------ targets
+
+def _consume_records(path: Path) -> None:
+    from unihub.formats.tfio import iter_records
+
+    for _ in iter_records(str(path)):
+        pass
+
+
+def test_tfrecord_framing(tmp_path: Path, tfrecord_files: list[bytes]) -> None:
+    path = tmp_path / "fuzzed.tfrecord"
+
+    @FUZZ
+    @given(mutated(tfrecord_files))
+    def check(data: bytes) -> None:
+        path.write_bytes(data)
+        bounded(lambda: _consume_records(path), (FormatError,))
+
+    check()
+
+
+def test_example_protobufs(tf_payloads: list[bytes]) -> None:
+    from unihub.formats.tfexample import parse_example
+    from unihub.formats.tfsequence import Mismatch, parse_sequence_example
+    from unihub.formats.tftensor import TensorProtoError, parse_tensor
+
+    @FUZZ
+    @given(mutated(tf_payloads))
+    def check(data: bytes) -> None:
+        # their contract: ValueError (NotAnExample and TensorProtoError are ValueErrors), which the
+        # format turns into a FormatError naming file and record (test_tfrecord_conversion)
+        bounded(lambda: parse_example(data), (ValueError,))
+        bounded(lambda: parse_sequence_example(data), (ValueError, Mismatch))
+        bounded(lambda: parse_tensor(data), (TensorProtoError,))
+
+    check()
+
+
+def _nothing_left(root: Path, keep: set[str]) -> None:
+    assert sorted(p.name for p in root.iterdir()) == sorted(keep), "a failed conversion left something behind"
+
+
+def _convert_or_refuse(src: Path, dst: Path, **options: Any) -> None:
+    from unihub.converters.convert import convert
+
+    start = time.monotonic()
+    try:
+        convert(src, dst, progress=False, **options)
+    except UnihubError:
+        _nothing_left(dst.parent, {src.name})
+    else:
+        import shutil
+
+        shutil.rmtree(dst)
+    assert time.monotonic() - start < SECONDS_PER_INPUT * 3
+
+
+def test_tfrecord_conversion(tmp_path: Path, tf_payloads: list[bytes]) -> None:
+    """Records with good framing but fuzzed payloads, converted: a dataset or a UnihubError."""
+    src, dst = tmp_path / "records.tfrecord", tmp_path / "out"
+    seeds = [tf_payloads[0], tf_payloads[1], tf_payloads[2]]
+
+    @FUZZ
+    @given(st.sampled_from(seeds), mutated(seeds), st.integers(0, 2))
+    def check(good: bytes, bad: bytes, where: int) -> None:
+        records = [good, good]
+        records.insert(where, bad)
+        src.write_bytes(_framed(records))
+        _convert_or_refuse(src, dst)
+
+    check()
+
+
+def test_tar_members(tmp_path: Path, tar_files: list[bytes]) -> None:
+    from unihub.formats.tarstream import iter_members
+
+    path = tmp_path / "fuzzed.tar"
+
+    @FUZZ
+    @given(mutated(tar_files), st.booleans(), st.booleans())
+    def check(data: bytes, fix_checksums: bool, gzipped: bool) -> None:
+        if fix_checksums:
+            data = _fix_tar_checksums(data)
+        target = path.with_suffix(".tar.gz") if gzipped else path
+        target.write_bytes(gzip.compress(data, mtime=0) if gzipped else data)
+
+        def read_all() -> None:
+            for member in iter_members(str(target), require_end=False):
+                assert len(member.data) >= 0 and member.name is not None
+
+        bounded(read_all, (FormatError,))
+
+    check()
+
+
+def test_webdataset_conversion(tmp_path: Path, tar_files: list[bytes]) -> None:
+    src, dst = tmp_path / "shard.tar", tmp_path / "out"
+
+    @FUZZ
+    @given(mutated(tar_files[:1]))
+    def check(data: bytes) -> None:
+        src.write_bytes(_fix_tar_checksums(data))
+        _convert_or_refuse(src, dst, from_format="webdataset")
+
+    check()
+
+
+def test_npy_headers() -> None:
+    from unihub.formats.npy import load_npy
+
+    seeds = []
+    for array in (np.arange(6, dtype="<i4").reshape(2, 3), np.array([1.5], dtype=">f8"), np.zeros((0, 2), np.uint8),
+                  np.asfortranarray(np.arange(4, dtype=np.int16).reshape(2, 2)), np.array(["ab"], dtype="<U2")):
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        seeds.append(buffer.getvalue())
+
+    @FUZZ
+    @given(mutated(seeds))
+    def check(data: bytes) -> None:
+        bounded(lambda: load_npy(data), (FormatError, CodecError))
+
+    check()
+
+
+def test_petastorm_pickles() -> None:
+    import pyarrow.parquet as pq
+
+    from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
+
+    seeds = [pq.read_metadata(FIXTURES / name / "_common_metadata").metadata[PETASTORM_UNISCHEMA_KEY]
+             for name in ("unischema", "codecless", "pyspark_restore")]
+
+    @FUZZ
+    @given(mutated(seeds))
+    def check(data: bytes) -> None:
+        bounded(lambda: load_petastorm_unischema(data), (UnsafeMetadataError, PetastormMetadataError))
+
+    check()
+
+
+def _images() -> Iterator[bytes]:
+    from unihub.formats.images import encode_image
+
+    rgb = np.random.default_rng(0).integers(0, 255, (12, 10, 3), dtype=np.uint8)
+    yield encode_image(rgb, "png")
+    yield encode_image(rgb, "jpeg")
+    yield encode_image(rgb[..., 0], "jpeg")
+    yield encode_image(rgb[..., 0].astype(np.uint16) * 257, "png")
+
+
+def test_images() -> None:
+    from unihub.formats.images import decode_image, image_size
+
+    seeds = list(_images())
+
+    @FUZZ
+    @given(mutated(seeds))
+    def check(data: bytes) -> None:
+        size = bounded(lambda: image_size(data), (CodecError,))
+        image = bounded(lambda: decode_image(data), (CodecError,))
+        if image is not None and size is not None:
+            assert image.shape[:2] == size[:2]
+
+    check()
+
+
+def test_mutations_reach_past_the_checksums(tmp_path: Path, tf_payloads: list[bytes], tar_files: list[bytes]) -> None:
+    """The harness itself: re-framed records and re-summed tar headers read as valid, so mutations
+    behind the checksums reach the parsers."""
+    from unihub.formats.tarstream import iter_members
+
+    records = tmp_path / "framed.tfrecord"
+    records.write_bytes(_framed(tf_payloads[:2]))
+    from unihub.formats.tfio import iter_records
+
+    assert [data for _, _, data in iter_records(str(records))] == tf_payloads[:2]
+    original, renamed = tmp_path / "original.tar", tmp_path / "renamed.tar"
+    original.write_bytes(tar_files[0])
+    with tarfile.open(original) as tar:
+        header = tar.getmembers()[0].offset_data - 512  # the first member's own header, after any PAX header
+    altered = bytearray(tar_files[0])
+    altered[header] = ord("t")  # its name: its checksum no longer holds ...
+    renamed.write_bytes(_fix_tar_checksums(bytes(altered)))  # ... until it is summed again
+    names = [m.name for m in iter_members(str(original))]
+    assert [m.name for m in iter_members(str(renamed))] == ["t" + names[0][1:], *names[1:]]
