@@ -28,7 +28,10 @@ from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
+#: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
+#: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
 _ENCODE_CHUNK_ROWS = 256
+_ENCODE_CHUNK_BYTES = 8 * 2**20
 #: Key of ``extra_metadata`` (JSON: where a converted dataset came from, class names, attributes).
 EXTRA_METADATA_KEY = b"unihub.extra"
 
@@ -150,8 +153,11 @@ def _batches(schema: Unischema, data: Any, *, batched: bool, validate: bool) -> 
 
 def _row_chunks(schema: Unischema, rows: Iterable[Any], storage_schema: pa.Schema,
                 validate: bool) -> Iterator[pa.RecordBatch]:
+    """Encoded batches of rows; the first holds one row, later ones as many as fit
+    :data:`_ENCODE_CHUNK_BYTES` at the encoded size per row seen so far (rows of 6 MB are not
+    gathered 256 at a time)."""
     chunk: list[Mapping[str, Any]] = []
-    first_row = 0
+    first_row, chunk_rows = 0, 1
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             row = row._asdict() if hasattr(row, "_asdict") else row
@@ -161,10 +167,13 @@ def _row_chunks(schema: Unischema, rows: Iterable[Any], storage_schema: pa.Schem
         if validate:
             schema.validate(row, row_index=index)
         chunk.append(row)
-        if len(chunk) == _ENCODE_CHUNK_ROWS:
-            yield _encode_rows(schema, chunk, storage_schema, first_row)
+        if len(chunk) >= chunk_rows:
+            batch = _encode_rows(schema, chunk, storage_schema, first_row)
             first_row += len(chunk)
             chunk = []
+            yield batch
+            row_bytes = max(1, batch.nbytes // max(1, batch.num_rows))
+            chunk_rows = max(1, min(_ENCODE_CHUNK_ROWS, _ENCODE_CHUNK_BYTES // row_bytes))
     if chunk:
         yield _encode_rows(schema, chunk, storage_schema, first_row)
 
