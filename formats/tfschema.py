@@ -256,7 +256,8 @@ class _Plan:
 
 
 #: the dtypes every value of a proto list kind converts to exactly
-_EXACT_FROM_PROTO: dict[str | None, tuple[np.dtype, ...]] = {"int64": (np.dtype(np.int64),), "float": (np.dtype(np.float32), np.dtype(np.float64))}
+_EXACT_FROM_PROTO: dict[str | None, tuple[np.dtype, ...]] = {
+    "int64": (np.dtype(np.int64),), "float": (np.dtype(np.float32), np.dtype(np.float64))}
 
 
 def _exact(plan: _Plan, values: Any) -> np.ndarray:
