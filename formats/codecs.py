@@ -22,14 +22,14 @@ import io
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
-from unihub.formats.validation import shape_matches
+from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Codec(ABC):
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """A column of values to one Arrow array (``None`` stays null)."""
-        stored = []
+        stored: list[Any] = []
         for row, value in enumerate(values):
             if value is None:
                 stored.append(None)
@@ -167,7 +167,7 @@ class Codec(ABC):
         return {"type": self.json_name, **self.config()}
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.config() == self.config()  # type: ignore[attr-defined]
+        return type(other) is type(self) and other.config() == self.config()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, tuple(sorted((k, repr(v)) for k, v in self.config().items()))))
@@ -381,7 +381,7 @@ class TensorCodec(Codec):
             # a whole column as one array (HDF5 slices, numpy batches): no per-row work
             flat_column = pa.array(np.ascontiguousarray(values).reshape(-1))
             return pa.ExtensionArray.from_storage(
-                arrow_type, pa.FixedSizeListArray.from_arrays(flat_column, math.prod(field.shape)))
+                arrow_type, pa.FixedSizeListArray.from_arrays(flat_column, math.prod(fixed_dims(field.shape))))
         present = [i for i, v in enumerate(values) if v is not None]
         arrays = [_as_array(field, values[i], i) for i in present]
         mask = None
@@ -389,7 +389,7 @@ class TensorCodec(Codec):
             mask = np.ones(len(values), dtype=bool)
             mask[present] = False
         if layout == "fixed":
-            size = int(np.prod(field.shape))
+            size = int(np.prod(fixed_dims(field.shape)))
             flat = _fill_rows(arrays, present, len(values), size, field.dtype)
             storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size,
                                                         mask=pa.array(mask) if mask is not None else None)
@@ -422,7 +422,7 @@ class TensorCodec(Codec):
             return _decode_struct_tensors(field, storage, valid)
         if field.is_fixed_shape and valid is None:
             flat, offsets = _flatten_lists(storage)
-            size = int(np.prod(field.shape))
+            size = int(np.prod(fixed_dims(field.shape)))
             if offsets is not None and not np.all(np.diff(offsets) == size):
                 bad = int(np.argmax(np.diff(offsets) != size))
                 raise CodecError(f"field {field.name!r}, row {bad}: expected {size} values for shape "
@@ -664,6 +664,8 @@ def _decode_struct_tensors(field: UnischemaField, storage: pa.StructArray, valid
     data = storage.field("data")
     shapes_arr = storage.field("shape")
     flat, offsets = _flatten_lists(data)
+    if offsets is None:  # data as a null-free fixed_size_list: list_size values a row
+        offsets = np.arange(len(storage) + 1, dtype=np.int64) * data.type.list_size
     values = _numpy_values(flat, field)
     # Spark writes the shapes as array<int> (a list, empty in null rows), unihub as fixed_size_list
     shape_flat, shape_offsets = _flatten_lists(shapes_arr)
@@ -777,11 +779,11 @@ class CompressedImageCodec(Codec):
             return _with_nulls(array.to_pylist(), None)
         blobs = binary_views(array)
         fixed = field.is_fixed_shape and valid is None and n > 0
-        out = arrow_backed_empty((n, *field.shape), field.dtype) if fixed else np.empty(n, dtype=object)
+        out = arrow_backed_empty((n, *fixed_dims(field.shape)), field.dtype) if fixed else np.empty(n, dtype=object)
         row = 0
         try:
-            if fixed:
-                images.decode_images_into(blobs, out)
+            if fixed:  # no nulls (valid is None): no None among the blobs
+                images.decode_images_into(cast("list[memoryview]", blobs), out)
                 return out
             for row, blob in enumerate(blobs):
                 out[row] = None if blob is None else images.decode_image(blob)

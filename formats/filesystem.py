@@ -55,7 +55,10 @@ class _FSSpecHandler(pafs.FSSpecHandler):
     pool forks), so a child re-creates it from its storage options on first use.
     """
 
-    @property  # type: ignore[override]
+    _fs: Any  # the fsspec filesystem
+    _pid: int  # the process that made or re-created it
+
+    @property
     def fs(self) -> Any:
         if self._pid != os.getpid():
             self._fs, self._pid = _reopen(self._fs), os.getpid()

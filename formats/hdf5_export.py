@@ -117,6 +117,8 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
         if path in handle:
             continue
         value, dt = decode_constant(record)
+        if value is None:  # an ingest records the datasets of 0 rows, which have a shape
+            raise SchemaError(f"the source's empty dataset {path!r} is recorded without a shape")
         parent, _, name = path.rpartition("/")
         _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
 
@@ -224,9 +226,10 @@ class _SplitsWriter:
     """One group per split (the key field's value), each written like columns."""
 
     def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
-        if spec.key_field not in schema.fields:
+        if spec.key_field is None or spec.key_field not in schema.fields:
             raise SchemaError(f"layout='splits' writes one group per value of field {spec.key_field!r}, "
                               f"which {schema.name!r} lacks; name the field with key_field=...")
+        self.key: str = spec.key_field
         self.schema, self.spec, self.options = schema, spec, options
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
         self.splits: dict[str, _ColumnsWriter] = {}
@@ -236,19 +239,19 @@ class _SplitsWriter:
         return list(self.splits)
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
-        names = list(batch[self.spec.key_field])
+        names = list(batch[self.key])
         start = 0
         while start < n:
             stop = start + 1
             while stop < n and names[stop] == names[start]:
                 stop += 1
             writer = self.splits.get(names[start]) or self._open(names[start])
-            writer.append({k: v[start:stop] for k, v in batch.items() if k != self.spec.key_field}, stop - start)
+            writer.append({k: v[start:stop] for k, v in batch.items() if k != self.key}, stop - start)
             start = stop
 
     def _open(self, name: Any) -> _ColumnsWriter:
         if not isinstance(name, str) or not name or "/" in name or name in self.container:
-            raise SchemaError(f"split name {name!r} (field {self.spec.key_field!r}) cannot name a new HDF5 group")
+            raise SchemaError(f"split name {name!r} (field {self.key!r}) cannot name a new HDF5 group")
         group = self.container.create_group(name, track_order=True)
         self.splits[name] = _ColumnsWriter(group, self.schema, self.spec, self.options)
         return self.splits[name]

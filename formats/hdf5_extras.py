@@ -213,7 +213,7 @@ def native_extras(schema: Unischema, extra: Mapping[str, Any], spec: ExportSpec,
     recorded = dict((source or {}).get("layout") or {})
     same = source is not None and recorded.get("kind", "columns") == spec.kind
     out: Entries = {}
-    if same:
+    if source is not None and same:
         out = _native_files(source, spec, recorded, options)
     rows: dict[str, list[Any]] = {}
     for typed in spec.typed:

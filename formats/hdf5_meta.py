@@ -39,7 +39,10 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
     h5py = h5py_module()
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
-    groups, datasets, exact, group_paths = {}, {}, {}, []
+    groups: dict[str, dict[str, Any]] = {}
+    datasets: dict[str, dict[str, Any]] = {}
+    exact: dict[str, dict[str, Any]] = {}
+    group_paths: list[str] = []
     left_out = {**plan.left_out, **plan.ignored}
     for path, obj in [("", handle), *walk_objects(handle, "", units)]:
         if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
@@ -133,7 +136,8 @@ def merge_fields(merged: dict[str, UnischemaField], fields: list[UnischemaField]
     out = {}
     for name in [*merged, *(n for n in new if n not in merged)]:
         a, b = merged.get(name), new.get(name)
-        out[name] = (a or b)._replace(nullable=True) if a is None or b is None else _merge_two(a, b, path)
+        out[name] = (a if a is not None else new[name])._replace(nullable=True) if a is None or b is None \
+            else _merge_two(a, b, path)
     return out
 
 

@@ -225,7 +225,8 @@ class _GroupsReader:
     def rows(self, start: int, stop: int) -> dict[str, Any]:
         columns: dict[str, list[Any]] = {field.name: [] for field in self.schema}
         for unit in self.plan.units[start:stop]:
-            group, cache = self.base[unit], {}
+            group = self.base[unit]
+            cache: dict[str, np.ndarray] = {}
             for field in self.schema:
                 columns[field.name].append(self._value(unit, group, field, cache))
         return {field.name: _column(field, columns[field.name]) for field in self.schema}
@@ -235,7 +236,7 @@ class _GroupsReader:
             return unit
         leaf = self.plan.leaves.get(field.name)
         raw = _group_value(group, leaf, cache) if leaf is not None else None
-        if raw is None:
+        if leaf is None or raw is None:
             if not field.nullable:
                 raise FormatError(f"{self.path}: group {unit!r} has no {field.name!r}, and field "
                                   f"{field.name!r} is not nullable", path=self.path)

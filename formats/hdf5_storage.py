@@ -34,6 +34,7 @@ from unihub.formats.hdf5_types import (
     to_h5,
 )
 from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.validation import fixed_dims
 
 _VLEN_ROW_BYTES = 64
 
@@ -174,11 +175,11 @@ def storage_of(f: UnischemaField, images: str = "bytes") -> Storage:
     if dtype is np.str_ or dtype is decimal.Decimal:  # decimals as their exact text
         if not f.is_fixed_shape or (dtype is decimal.Decimal and f.shape):
             raise SchemaError(f"field {f.name!r}: HDF5 export cannot store strings of shape {f.shape}")
-        return Storage(f, "str", h5py.string_dtype("utf-8"), f.shape)
+        return Storage(f, "str", h5py.string_dtype("utf-8"), fixed_dims(f.shape))
     if isinstance(dtype, type) and issubclass(dtype, np.generic) and dtypes.is_numeric(dtype) \
             and np.dtype(dtype).kind != "c":
         if f.is_fixed_shape:
-            return Storage(f, "fixed", np.dtype(dtype), f.shape, decode_images=image)
+            return Storage(f, "fixed", np.dtype(dtype), fixed_dims(f.shape), decode_images=image)
         base = np.uint8 if np.dtype(dtype) == np.bool_ else dtype
         return Storage(f, "ragged", h5py.vlen_dtype(np.dtype(base)), (), decode_images=image)
     raise SchemaError(f"field {f.name!r}: HDF5 export cannot store dtype {dtypes.dtype_name(dtype)}")
@@ -210,14 +211,14 @@ def _stored(storage: Storage, values: Any, n: int) -> Any:
     f = storage.field
     if storage.kind == "fixed":
         if isinstance(values, np.ndarray) and values.dtype != object:
-            return values.astype(f.dtype, copy=False).reshape((n, *f.shape))
-        out = np.zeros((n, *f.shape), dtype=f.dtype)
+            return values.astype(f.dtype, copy=False).reshape((n, *storage.shape))
+        out = np.zeros((n, *storage.shape), dtype=f.dtype)
         for i, v in enumerate(values):
             if v is not None:
                 out[i] = v
         return out
     if storage.kind == "str":
-        out = np.full((n, *f.shape), "", dtype=object)
+        out = np.full((n, *storage.shape), "", dtype=object)
         for i, v in enumerate(values):
             if v is not None:
                 out[i] = np.asarray(v, dtype=object) if f.shape else v.decode("utf-8") if isinstance(v, bytes) else str(v)
@@ -227,7 +228,9 @@ def _stored(storage: Storage, values: Any, n: int) -> Any:
         return object_array([np.empty(0, np.uint8) if v is None
                              else np.frombuffer(encode(f, v), dtype=np.uint8) for v in values])
     arrays = [np.zeros((0,) * len(f.shape), f.dtype) if v is None else np.asarray(v, dtype=f.dtype) for v in values]
-    base = storage.dtype.metadata["vlen"]
+    metadata = storage.dtype.metadata
+    assert metadata is not None, "a ragged field's dtype is h5py's vlen dtype"
+    base = metadata["vlen"]
     flat = object_array([a.ravel().astype(base, copy=False) for a in arrays])
     return flat, np.array([a.shape for a in arrays], dtype=np.int64).reshape(n, len(f.shape))
 

@@ -50,7 +50,7 @@ def dtype_to_json(dt: np.dtype) -> Any:
     """A JSON form of an h5py dtype that :func:`dtype_from_json` turns back into the same HDF5 type."""
     h5py = h5py_module()
     if dt.names is not None:
-        return {"compound": [[name, dtype_to_json(dt.fields[name][0]), dt.fields[name][1]] for name in dt.names],
+        return {"compound": [[name, dtype_to_json(_member(dt, name)[0]), _member(dt, name)[1]] for name in dt.names],
                 "itemsize": dt.itemsize}
     if dt.subdtype is not None:
         base, shape = dt.subdtype
@@ -94,7 +94,7 @@ def leaves_of(dt: np.dtype, prefix: Member = ()) -> list[tuple[Member, np.dtype,
     """The leaves of a dtype: ``(member path, leaf dtype, dims an array member adds)``; ``[((), dt, ())]``
     for a plain dtype. Nested compounds give longer paths, in the compound's member order."""
     if dt.names is not None:
-        return [leaf for name in dt.names for leaf in leaves_of(dt.fields[name][0], (*prefix, name))]
+        return [leaf for name in dt.names for leaf in leaves_of(_member(dt, name)[0], (*prefix, name))]
     if dt.subdtype is not None:
         base, shape = dt.subdtype
         return [(path, leaf, (*shape, *dims)) for path, leaf, dims in leaves_of(base, prefix)]
@@ -106,8 +106,17 @@ def member_dtype(dt: np.dtype, member: Member) -> np.dtype:
     for name in member:
         while dt.subdtype is not None:
             dt = dt.subdtype[0]
-        dt = dt.fields[name][0]
+        dt = _member(dt, name)[0]
     return dt.subdtype[0] if dt.subdtype is not None else dt
+
+
+def _member(dt: np.dtype, name: str) -> tuple[np.dtype, int]:
+    """``(dtype, byte offset)`` of the member ``name`` of the compound ``dt`` (member paths come
+    from :func:`leaves_of`, so ``dt`` is a compound)."""
+    fields = dt.fields
+    assert fields is not None, f"{dt} has no member {name!r}: not a compound dtype"
+    member, offset = fields[name][:2]
+    return member, offset
 
 
 def extract(values: np.ndarray, member: Member) -> np.ndarray:

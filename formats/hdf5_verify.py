@@ -83,8 +83,8 @@ def verify_spec(schema: Unischema, extra: Mapping[str, Any], options: Mapping[st
     """How an export of the dataset is written (the options: the reading options of the HDF5 side and
     what that file says it was written with), narrowed to the fields the reading options select."""
     source = extra.get("hdf5") if extra.get("source_format") == "hdf5" else None
-    layout = options.get("layout") if options.get("layout") not in (None, "auto") else \
-        ((source or {}).get("layout") or {}).get("kind", "columns")
+    recorded = dict((source or {}).get("layout") or {})
+    layout = options["layout"] if options.get("layout") not in (None, "auto") else recorded.get("kind", "columns")
     spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source,
                        images=options.get("images") or "bytes")
     spec.generic = [f for f in spec.generic if _wanted(f.name, options)]
@@ -98,11 +98,12 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
     spec = verify_spec(schema, extra, options)
     splits = options.get("split")
     splits = [splits] if isinstance(splits, str) else splits
-    if spec.kind == "groups" and spec.key_field not in schema.fields:  # the writer names the groups itself
-        rows = ({**row, spec.key_field: f"sample_{i:08d}"} for i, row in enumerate(rows))
+    key = spec.key_field  # None for the columns layout, which split= does not apply to
+    if spec.kind == "groups" and key is not None and key not in schema.fields:  # the writer names the groups
+        rows = ({**row, key: f"sample_{i:08d}"} for i, row in enumerate(rows))
     chunk: list[Mapping[str, Any]] = []
     for row in rows:
-        if splits is None or row.get(spec.key_field) in splits:
+        if splits is None or (key is not None and row.get(key) in splits):
             chunk.append(row)
         if len(chunk) == _ROWS:
             yield from _chunk_records(spec, chunk)

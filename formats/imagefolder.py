@@ -334,6 +334,7 @@ class ImageFolderFormat(ForeignFormat):
         not images."""
         root = self.root
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        walks: list[tuple[str, str | None, list[str]]]  # (folder, class folder or None, file names)
         if not classes:
             walks = [(root, None, sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n))))]
         else:
@@ -452,8 +453,8 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
     if known is not None and all(data.startswith(part, a) for (a, _), part in zip(known[0], known[1])):
         _, _, fmt, size, depth, sos = known
     else:
-        fmt = images.detect_format(data)
-        if fmt is None:
+        detected = images.detect_format(data)
+        if detected is None:
             ext = os.path.splitext(name)[1].lower()
             if ext in IMAGE_EXTENSIONS:
                 return _Probe("bad", reason=f"not a PNG or JPEG file despite its {ext} extension "
@@ -461,6 +462,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
             if ext in OTHER_IMAGE_EXTENSIONS:
                 return _Probe("bad", reason=f"{ext} images are not supported (only PNG and JPEG); convert them first")
             return _Probe("other")
+        fmt = detected
         found, spans = images.image_size_spans(data)
         if found is None:
             return _Probe("bad", reason=f"corrupt or unsupported {fmt.upper()} header ({len(data)} bytes)")

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import imagecodecs
 import numpy as np
@@ -154,7 +155,7 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
     """
     buffer = np.asarray(buffer, np.uint8)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-    view = memoryview(buffer)
+    view = buffer.data  # memoryview(buffer); numpy's stubs give ndarray no __buffer__ before Python 3.12
     left = np.arange(len(starts))
     while len(left):
         first = int(left[0])
@@ -220,7 +221,7 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
         try:
             if blob[:8] == _PNG_SIGNATURE:
                 try:
-                    png_decode(blob, out=target)
+                    png_decode(blob, out=target)  # type: ignore[arg-type]  # any buffer; the stub says bytes/mmap
                     continue
                 except (ValueError, RuntimeError):
                     pass  # decode_image below raises with the details
@@ -254,12 +255,13 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
             raise ValueError(
                 f"PNG needs uint8 or uint16 with 1-4 channels, got {image.dtype} {image.shape}"
             )
-        return imagecodecs.png_encode(
+        # bytes: the stub's bytearray is for an ``out`` buffer, not given here
+        return cast(bytes, imagecodecs.png_encode(
             np.ascontiguousarray(image),
             level=_PNG_LEVEL,
             strategy=_PNG_STRATEGY_RLE,
             filter=_PNG_FILTER_SUB,
-        )
+        ))
     if fmt in ("jpeg", "jpg"):
         if image.dtype != np.uint8 or channels not in (1, 3):
             hint = " (JPEG has no alpha: pass array[..., :3] or use PNG)" if channels == 4 else ""
@@ -281,7 +283,7 @@ def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     """libpng into ``out`` directly when it is contiguous, else decode and copy."""
     direct = out is not None and out.flags.c_contiguous and out.flags.writeable
     try:
-        image = imagecodecs.png_decode(data, out=out if direct else None)
+        image = imagecodecs.png_decode(data, out=out if direct else None)  # type: ignore[arg-type]  # any buffer
     except (ValueError, RuntimeError) as exc:  # PngError is a RuntimeError
         if out is not None:
             header = _png_header(data)

@@ -430,7 +430,8 @@ def _check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expecte
 
 def _index(paths: list[str], footers: list[pq.FileMetaData], partitions: list[tuple[tuple[str, str], ...]],
            sizes: dict[str, pafs.FileInfo]) -> tuple[list[FileInfo], list[RowGroupInfo], np.ndarray]:
-    files, groups = [], []
+    files: list[FileInfo] = []
+    groups: list[RowGroupInfo] = []
     first = 0
     for path, footer, partition in zip(paths, footers, partitions):
         entry = sizes.get(path)

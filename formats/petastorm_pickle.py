@@ -23,6 +23,7 @@ import collections
 import decimal
 import io
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,10 @@ _GLOBALS: dict[Any, tuple[str, str]] = {
 
 class _Pickler(pickle._Pickler):  # the pure-Python pickler: its save_global can be replaced
     """Writes the stand-ins as the globals they name; any other global is refused."""
+
+    # pickle._Pickler's own (set in its __init__, a method), which typeshed leaves out as undocumented
+    write: Callable[[bytes], Any]
+    memoize: Callable[[Any], None]
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
         try:

@@ -16,6 +16,7 @@ Records come a block at a time from :mod:`unihub.formats.tframe` (framing and CR
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ def _gather(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     return arr[starts[:, None] + np.arange(width)]
 
 
-def _feature(data: bytes, kind: str, starts: list[int], sizes: list[int]) -> tuple[str, Any]:
+def _feature(data: bytes | mmap.mmap, kind: str, starts: list[int], sizes: list[int]) -> tuple[str, Any]:
     """One record's feature as parse_example gives it, from its leaves' bounds."""
     if kind == "bytes":
         return kind, [data[s:s + z] for s, z in zip(starts, sizes)]
@@ -209,7 +210,7 @@ def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.
                 return True, column
             # else record by record below: the values that are not UTF-8 fail there
         numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)
-        width = plan.size if plan.category == "tensor" else 1
+        width = (plan.size or 0) if plan.category == "tensor" else 1  # a tensor is numeric when size is set
         if numeric and kind == "float" and dtype in (np.float32, np.float64):  # exact; narrower: checked below
             bad |= sizes != 4 * width
             values = _gather(arr, np.where(bad, 0, starts), 4 * width).view("<f4").astype(dtype)
@@ -486,7 +487,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
 
 # -- schema inference ----------------------------------------------------------------------
 def _varint_counts(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
-                   data: bytes) -> tuple[np.ndarray, np.ndarray]:
+                   data: bytes | mmap.mmap) -> tuple[np.ndarray, np.ndarray]:
     """How many varints each packed run ``arr[starts[i]:starts[i] + sizes[i]]`` holds, and
     which runs end inside a varint (parse_example finds those malformed)."""
     n = len(starts)

@@ -12,6 +12,7 @@ which works with either, both or neither installed.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -84,7 +85,7 @@ def _field(buf: bytes, pos: int) -> tuple[int, int, int]:
     return key, pos, pos + size
 
 
-def _packed_varints(buf: bytes, start: int, end: int) -> np.ndarray | list[int]:
+def _packed_varints(buf: bytes | mmap.mmap, start: int, end: int) -> np.ndarray | list[int]:
     chunk = buf[start:end]
     if not chunk or max(chunk) < 0x80:  # every value below 128: one byte each
         return list(chunk) if len(chunk) <= 16 else np.frombuffer(chunk, np.uint8).astype(np.int64)
@@ -244,7 +245,8 @@ def _parse_features(buf: bytes, pos: int, end: int, out: dict[str, Feature]) -> 
         else:
             key, pos, stop = _field(buf, pos)
         if key == 0x0A:  # Features.feature map entry: key (name) = 1, value (Feature) = 2
-            name, feature = "", (None, [])
+            name = ""
+            feature: Feature = (None, [])
             pos3 = pos
             while pos3 < stop:
                 key3 = buf[pos3]

@@ -90,7 +90,7 @@ class ZlibReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, size: int = -1) -> bytes:
         """Up to ``size`` decompressed bytes (all of them for -1); never more than ``size`` in memory."""
         out = bytearray(self._pending)
         self._pending = b""
@@ -254,7 +254,7 @@ class _ShardWriter:
         self.done: list[str] = []
         self.final = self.temp = ""
         self.raw: IO[bytes] | None = None
-        self.stream: IO[bytes] | None = None
+        self.stream: IO[bytes] | gzip.GzipFile | ZlibWriter | None = None
         self.count = 0
         self.crc = _crc32c()
         if not single:
@@ -277,7 +277,7 @@ class _ShardWriter:
         if self.compression == "gzip":
             self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0)
         else:
-            self.stream = ZlibWriter(self.raw) if self.compression == "zlib" else self.raw  # type: ignore[assignment]
+            self.stream = ZlibWriter(self.raw) if self.compression == "zlib" else self.raw
 
     def write(self, data: bytes) -> None:
         if self.stream is None:

@@ -11,6 +11,7 @@ back as an Example. SequenceExample contexts use all of it too (:mod:`unihub.for
 from __future__ import annotations
 
 import decimal
+import mmap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from unihub.formats import dtypes, images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.schema import Shape, Unischema, UnischemaField
 from unihub.formats.tfexample import Feature, encode_entries, encode_feature, encode_scalar, ld
+from unihub.formats.validation import fixed_dims
 
 SHAPE_SUFFIX = "/shape"
 
@@ -56,7 +58,7 @@ class _Stats:
             ends = np.cumsum([len(v) for v in values], dtype=np.int64)
             self.add_byte_spans(np.frombuffer(data, np.uint8), data, ends - [len(v) for v in values], ends)
 
-    def add_byte_spans(self, arr: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+    def add_byte_spans(self, arr: np.ndarray, data: bytes | mmap.mmap, starts: np.ndarray, ends: np.ndarray) -> None:
         """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),
         images grouped by header (:func:`images.image_sizes`) rather than parsed one by one."""
         if self.all_images:
@@ -152,19 +154,19 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
         if constant == 1 and stats.all_images and stats.images:
             heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
             dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
-            shape = dims[:2] if dims[2] == 1 else dims
+            image_shape = dims[:2] if dims[2] == 1 else dims
             codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
-            return UnischemaField(name, np.uint8, tuple(shape), codec, nullable)
-        dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
+            return UnischemaField(name, np.uint8, tuple(image_shape), codec, nullable)
+        text_dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
         if constant == 1:
-            return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
-        return UnischemaField(name, dtype, (constant if constant else None,), None, nullable)
+            return UnischemaField(name, text_dtype, (), ScalarCodec(arrow), nullable)
+        return UnischemaField(name, text_dtype, (constant if constant else None,), None, nullable)
     dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
     if shape_stats is not None:
         shapes = shape_stats.shapes
         rank = next(iter(shape_stats.lengths))
-        shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
-            dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(rank))
+        shape: Shape = next(iter(shapes)) if len(shapes) == 1 else tuple(
+            seen.pop() if len(seen := {s[i] for s in shapes}) == 1 else None for i in range(rank))
         return UnischemaField(name, dtype, shape, TensorCodec(), nullable)
     if constant == 1:
         return UnischemaField(name, dtype, (), ScalarCodec(arrow), nullable)
@@ -201,10 +203,10 @@ class _Plan:
             category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
         else:
             category = "scalar" if f.shape == () else "tensor"
-        return cls(f, category, f.dtype, int(np.prod(f.shape)) if f.is_fixed_shape else None,
+        return cls(f, category, f.dtype, int(np.prod(fixed_dims(f.shape))) if f.is_fixed_shape else None,
                    category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"))
 
-    def read(self, example: dict[str, Feature]) -> Any:
+    def read(self, example: Mapping[str, Feature]) -> Any:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
         f = self.field
         kind, values = example.get(f.name, _ABSENT)
@@ -254,7 +256,8 @@ class _Plan:
 
 
 #: the dtypes every value of a proto list kind converts to exactly
-_EXACT_FROM_PROTO = {"int64": (np.dtype(np.int64),), "float": (np.dtype(np.float32), np.dtype(np.float64))}
+_EXACT_FROM_PROTO: dict[str | None, tuple[np.dtype, ...]] = {
+    "int64": (np.dtype(np.int64),), "float": (np.dtype(np.float32), np.dtype(np.float64))}
 
 
 def _exact(plan: _Plan, values: Any) -> np.ndarray:
@@ -269,7 +272,7 @@ def _numeric(dtype: Any) -> bool:
     return isinstance(dtype, type) and issubclass(dtype, np.generic) and np.dtype(dtype).kind in "biuf"
 
 
-def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) -> np.ndarray:
+def _reshape(f: UnischemaField, array: np.ndarray, example: Mapping[str, Feature]) -> np.ndarray:
     sidecar = example.get(f.name + SHAPE_SUFFIX)
     if sidecar is not None and sidecar[0] == "int64":
         shape = tuple(int(d) for d in sidecar[1])
@@ -278,7 +281,7 @@ def _reshape(f: UnischemaField, array: np.ndarray, example: dict[str, Feature]) 
             raise _Mismatch(f.name, f"{array.size} values with shape {shape} do not fit {f.shape}")
         return array.reshape(shape)
     if f.shape[0] is None and None not in f.shape[1:]:
-        inner = int(np.prod(f.shape[1:]))
+        inner = int(np.prod(fixed_dims(f.shape[1:])))
         if inner and array.size % inner == 0:
             return array.reshape((-1, *f.shape[1:]))
         raise _Mismatch(f.name, f"{array.size} values do not fill rows of shape {f.shape[1:]}")
@@ -315,30 +318,34 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
             empty = [(key, encode_feature(kind, []))]
         else:
             empty = []
+        encode: Callable[[Any], list[tuple[bytes, bytes]]]
         if isinstance(f.codec, CompressedImageCodec):
-            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+            def encode_image(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
                 return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
+            encode = encode_image
         elif not _numeric(f.numpy_dtype):
             if f.numpy_dtype not in (np.str_, np.bytes_, decimal.Decimal):
                 raise SchemaError(f"field {f.name!r}: TFRecord stores numbers, bytes and strings, "
                                   f"not {dtypes.dtype_name(f.numpy_dtype)}")
 
-            def encode(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
+            def encode_text(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
                 items = [v] if f.shape == () else list(np.asarray(v, dtype=object).ravel())
                 blobs = [bytes(i) if isinstance(i, (bytes, bytearray, memoryview)) else str(i).encode() for i in items]
                 return [(key, encode_feature("bytes", blobs))]
+            encode = encode_text
         else:
             kind = "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
             sidecar = ld(1, (f.name + SHAPE_SUFFIX).encode()) if f.shape.count(None) > 1 or None in f.shape[1:] \
                 or (f.name in shapes and f.shape) else None
 
-            def encode(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
-                       sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
+            def encode_numbers(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
+                               sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
                 if shape == ():
                     return [(key, encode_scalar(kind, v))]
                 array = np.asarray(v)
                 entries = [(key, encode_feature(kind, array.ravel()))]
                 return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
+            encode = encode_numbers
         out.append((f.name, bool(empty), _or_empty(encode, empty)))
     return out
 

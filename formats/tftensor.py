@@ -49,7 +49,7 @@ def dtype_name(number: int) -> str:
 
 def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
     """``(field number, wire type, value)`` of a message: ints for varints, ``(start, end)`` for the rest."""
-    out = []
+    out: list[tuple[int, int, Any]] = []
     pos, end = 0, len(buf)
     while pos < end:
         key, pos = _varint(buf, pos)

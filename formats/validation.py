@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from unihub.errors import ValidationError
+from unihub.errors import SchemaError, ValidationError
 
 if TYPE_CHECKING:
     from unihub.formats.schema import UnischemaField
@@ -35,6 +35,15 @@ def _where(field: UnischemaField, row: int | None) -> str:
 def shape_matches(found: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
     """True when ``found`` has the rank of ``expected`` and equal sizes where not ``None``."""
     return len(found) == len(expected) and all(e is None or e == f for f, e in zip(found, expected))
+
+
+def fixed_dims(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    """``shape`` typed as having no ``None`` dimension, for code that checked it has none
+    (``field.is_fixed_shape``); a SchemaError when it has one."""
+    dims = tuple(d for d in shape if d is not None)
+    if len(dims) != len(shape):
+        raise SchemaError(f"shape {shape} has dimensions that vary by row, expected a fixed shape")
+    return dims
 
 
 def validate_value(field: UnischemaField, value: Any, *, row: int | None = None) -> None:

@@ -194,7 +194,7 @@ class WebDatasetFormat(ForeignFormat):
     @cached_property
     def header(self) -> ShardHeader | None:
         """The header every shard shares (a unihub export), or None (name fields by extension)."""
-        headed = [(path, self.headers[path]) for path in self.files() if self.headers.get(path) is not None]
+        headed = [(path, header) for path in self.files() if (header := self.headers.get(path)) is not None]
         if not headed:
             return None
         first_path, first = headed[0]
@@ -203,7 +203,7 @@ class WebDatasetFormat(ForeignFormat):
             raise FormatError(f"{first_path} holds the Unischema of a unihub export but {plain} does not; convert "
                               "them apart, or pass --option unihub_schema=false to name every field by member "
                               "extension", path=plain, offset=0)
-        other = next((path for path, h in headed if not h.same_dataset(first)), None)  # type: ignore[union-attr]
+        other = next((path for path, h in headed if not h.same_dataset(first)), None)
         if other is not None:
             raise FormatError(f"{first_path} and {other} come from different unihub exports (their schemas differ); "
                               "convert them apart, or pass --option unihub_schema=false", path=other, offset=0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import decimal
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -132,9 +132,9 @@ class FieldStats:
         """Add what ``other`` saw (the scans of two sets of shards, as if one)."""
         self.count += other.count
         self.shapes |= other.shapes
-        for mine, theirs in ((self.dtypes, other.dtypes), (self.ranks, other.ranks), (self.depths, other.depths)):
-            for value, where in theirs.items():  # the first in shard order, as one scan finds it
-                mine[value] = min(mine.get(value, where), where)  # type: ignore[type-var]
+        _merge_first(self.dtypes, other.dtypes)
+        _merge_first(self.ranks, other.ranks)
+        _merge_first(self.depths, other.depths)
         self.all_int = self.all_int and other.all_int
         self.all_float = self.all_float and other.all_float
         self.all_utf8 = self.all_utf8 and other.all_utf8
@@ -149,8 +149,8 @@ class FieldStats:
         if self.kind == "npy" and self.dtypes and all(d.kind in "biuf" for d in self.dtypes):
             self._refuse_mixed(self.dtypes, "dtypes", ".npy members")
             self._refuse_mixed(self.ranks, "ranks", ".npy members")
-            dtype = next(iter(self.dtypes))
-            return UnischemaField(name, dtype.type, merge_shapes(self.shapes, pad=False), TensorCodec(), nullable)
+            npy_dtype = next(iter(self.dtypes))
+            return UnischemaField(name, npy_dtype.type, merge_shapes(self.shapes, pad=False), TensorCodec(), nullable)
         if self.kind == "int" and self.all_int:
             return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), nullable)
         if self.kind == "int" and self.all_float:
@@ -164,11 +164,22 @@ class FieldStats:
         if len(seen) < 2:
             return
         (a, (url_a, _, key_a)), (b, (url_b, offset_b, key_b)) = sorted(seen.items(), key=lambda item: item[1])[:2]
-        show = {"dtypes": str, "ranks": lambda rank: f"rank {rank}", "bit depths": lambda bits: f"{bits}-bit"}[what]
+        shows: dict[str, Callable[[Any], str]] = {
+            "dtypes": str, "ranks": lambda rank: f"rank {rank}", "bit depths": lambda bits: f"{bits}-bit"}
+        show = shows[what]
         raise FormatError(f"field {self.extension!r}: {members} of different {what}: {show(a)} in {url_a} key "
                           f"{key_a!r}, {show(b)} in {url_b} key {key_b!r}; one field would change them. Pass a "
                           "schema (--schema) that stores this field as bytes to keep each member as it is",
                           path=url_b, offset=offset_b)
+
+
+_K = TypeVar("_K")
+
+
+def _merge_first(mine: dict[_K, Where], theirs: dict[_K, Where]) -> None:
+    """Add ``theirs`` to ``mine``, keeping the first in shard order of each value (as one scan finds it)."""
+    for value, where in theirs.items():
+        mine[value] = min(mine.get(value, where), where)
 
 
 def bit_depth(data: bytes) -> int:

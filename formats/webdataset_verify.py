@@ -65,7 +65,7 @@ def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
                 continue
             handle = stream.extractfile(info)
             yield name, handle.read() if handle is not None else b""
-            stream.members = []  # streaming: keep no TarInfo list
+            stream.members = []  # type: ignore[attr-defined]  # streaming: keep no TarInfo list (typeshed lacks it)
 
 
 def _where(path: str, key: str) -> str:

@@ -73,7 +73,8 @@ def _check_write_options(options: Mapping[str, Any], samples_per_shard: int, pat
 def _encoders(schema: Unischema, image_extensions: str) -> tuple[dict[str, Callable[[Any], tuple[str, bytes]]],
                                                                   dict[str, str]]:
     """Each field's encoder, and ``member extension -> field`` (checked: one field per extension)."""
-    encoders, members = {}, {}
+    encoders: dict[str, Callable[[Any], tuple[str, bytes]]] = {}
+    members: dict[str, str] = {}
     for f in schema:
         if f.name == KEY_FIELD:
             continue

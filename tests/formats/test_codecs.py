@@ -699,3 +699,15 @@ def test_tensor_decodes_spark_struct_with_list_shapes_and_null_rows():
     bad = pa.array([{"data": [1, 2, 3, 4, 5], "shape": [2, 3]}], type=struct)
     with pytest.raises(CodecError, match=r"field 'r', row 0: 5 values do not fit the stored shape \(2, 3\)"):
         field.codec.decode_column(field, bad)
+
+
+def test_tensor_decodes_struct_with_fixed_size_list_data():
+    # struct<data: fixed_size_list<T, n>, shape: ...> (another writer's layout): n values a row,
+    # reshaped to each row's stored shape (the data's offsets were None and crashed the decode)
+    field = UnischemaField("r", np.float32, (None, None), TensorCodec(), False)
+    data = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8, dtype=np.float32)), 4)
+    shapes = pa.FixedSizeListArray.from_arrays(pa.array([2, 2, 1, 4], pa.int32()), 2)
+    stored = pa.StructArray.from_arrays([data, shapes], names=["data", "shape"])
+    expected = [np.arange(4, dtype=np.float32).reshape(2, 2), np.arange(4, 8, dtype=np.float32).reshape(1, 4)]
+    assert_rows_equal(field.codec.decode_column(field, stored), expected)
+    assert_rows_equal(field.codec.decode_column(field, stored.slice(1)), expected[1:])
