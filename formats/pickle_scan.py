@@ -128,8 +128,9 @@ class _StackPlay:
         }
         self.tuple_sizes = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
         self.name = ""
+        self.max_depth, self.floor = limits.max_depth, limits.expansion_floor
 
-    # -- bookkeeping ------------------------------------------------------------------------
+    # -- the loop, and bookkeeping ----------------------------------------------------------
     def run(self, data: bytes, allowed: Container[tuple[str, str]]) -> None:
         """Play every opcode of ``data``; the hot loop, so scalars take a short path."""
         stack, marks, memo, handlers = self.stack, self.marks, self.memo, self.handlers
@@ -161,8 +162,10 @@ class _StackPlay:
         return self.limits.expansion * self.opcodes + self.limits.expansion_floor
 
     def _check(self, node: _Node) -> _Node:
-        if node.depth > self.limits.max_depth:
-            raise _over_limit(f"values nested more than {self.limits.max_depth} deep", self.pos)
+        if node.depth <= self.max_depth and node.size <= self.floor:
+            return node  # the common case, in two comparisons
+        if node.depth > self.max_depth:
+            raise _over_limit(f"values nested more than {self.max_depth} deep", self.pos)
         if node.size > self._budget():
             raise _over_limit(f"a value of more than {self._budget():,} parts (shared parts counted once per "
                               f"use) from {self.opcodes:,} opcodes", self.pos)
@@ -171,7 +174,7 @@ class _StackPlay:
     def _charge(self, size: int) -> None:
         """Count the work of hashing (or passing to a call) values of ``size`` nodes."""
         self.hashed += size
-        if self.hashed > self._budget():
+        if self.hashed > self.floor and self.hashed > self._budget():
             raise _over_limit(f"hashing more than {self._budget():,} parts (shared parts counted once per use) "
                               f"for {self.opcodes:,} opcodes", self.pos)
 
@@ -320,10 +323,13 @@ class _StackPlay:
         self.stack.append(_ATOM)
 
     def _call_2(self, arg: Any) -> None:  # REDUCE(callable, args), NEWOBJ(cls, args)
-        args = self._pop()
-        func = self._pop()
+        stack = self.stack
+        if len(stack) - 2 < (self.marks[-1] if self.marks else 0):
+            raise _Malformed(f"{self.name} with nothing on the stack")
+        args = stack.pop()
+        func = stack.pop()
         self._charge(args.size)
-        self.stack.append(self._new([func, args]))
+        stack.append(self._new([func, args]))
 
     def _newobj_ex(self, arg: Any) -> None:
         kwargs, args, cls = self._pop(), self._pop(), self._pop()
