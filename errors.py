@@ -72,7 +72,8 @@ class DatasetExistsError(UnihubError, FileExistsError):
 
 
 class UnsafeMetadataError(UnihubError):
-    """Dataset metadata tried to reach code outside the allow-list; nothing was run."""
+    """Dataset metadata tried to reach code outside the allow-list, or to exhaust memory or time
+    (a pickle bomb); nothing was run."""
 
 
 class PetastormMetadataError(SchemaError):

@@ -847,18 +847,18 @@ class NdarrayCodec(Codec):
         return memfile.getvalue()
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
-        return npy.load_npy(value)
+        return _load_cell(field, value, None)
 
     def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         array = column_as_array(column)
         if pa.types.is_large_binary(array.type):
             array = array.cast(pa.binary())
         fast = npy.load_npy_column(array) if array.null_count == 0 and len(array) else None
-        if fast is not None and field.is_fixed_shape:
-            return fast
         if fast is not None:
-            return _with_nulls(list(fast), None)
-        return super().decode_column(field, array)
+            _check_stored(field, fast.dtype, fast.shape[1:], 0)  # one header for the whole column
+            return fast if field.is_fixed_shape else _with_nulls(list(fast), None)
+        return stack_if_fixed(field, [None if v is None else _load_cell(field, v, row)
+                                      for row, v in enumerate(array.to_pylist())])
 
 
 @register_codec("compressed_ndarray")
@@ -875,8 +875,32 @@ class CompressedNdarrayCodec(Codec):
         return memfile.getvalue()
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
-        with np.load(io.BytesIO(value), allow_pickle=False) as archive:
-            return archive["arr"]
+        return _load_cell(field, value, None, npz=True)
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        return stack_if_fixed(field, [None if v is None else _load_cell(field, v, row, npz=True)
+                                      for row, v in enumerate(column_as_array(column).to_pylist())])
+
+
+def _load_cell(field: UnischemaField, value: Any, row: int | None, *, npz: bool = False) -> np.ndarray:
+    """One ``np.save`` (or, with ``npz``, ``np.savez_compressed``) cell of ``field``, its header checked
+    against the field before any data is copied; errors name the field and ``row``."""
+    try:
+        load = npy.load_npz_member if npz else npy.load_npy
+        return load(value, expected_dtype=field.dtype, expected_shape=field.shape)
+    except (CodecError, ValueError, TypeError) as exc:
+        where = f"field {field.name!r}" + ("" if row is None else f", row {row}")
+        raise CodecError(f"{where}: {exc}", field=field.name, row=row) from exc
+
+
+def _check_stored(field: UnischemaField, dtype: np.dtype, shape: tuple[int, ...], row: int | None) -> None:
+    """Refuse an ``np.save`` cell whose dtype or shape contradicts ``field`` (header values: no per-element work)."""
+    if (dtype == field.dtype or field.dtype.kind == "O") and shape_matches(shape, field.shape):
+        return  # the common case, decided without building a message
+    reason = npy.header_mismatch(dtype, shape, field.dtype, field.shape)
+    if reason is not None:
+        where = f"field {field.name!r}" + ("" if row is None else f", row {row}")
+        raise CodecError(f"{where}: {reason}", field=field.name, row=row)
 
 
 def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:

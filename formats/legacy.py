@@ -39,20 +39,23 @@ that validates its arguments (``copyreg._reconstructor``), or, for numpy scalar 
 a terabyte) and is swapped for the real type once unpickling is over. Nothing from
 ``petastorm``, ``pyspark`` or ``numpy`` is imported or called. Any other global, a persistent
 id, an extension-registry opcode, or pickled state applied to an allowed global raises
-:class:`UnsafeMetadataError` before it can do anything. The stand-ins are then converted
+:class:`UnsafeMetadataError` before it can do anything. Before unpickling,
+:func:`unihub.formats.pickle_scan.scan_pickle` also refuses resource bombs (a huge memo index,
+deep nesting, values shared until hashing or printing them takes exponential time), and error
+messages show pickled values through :func:`brief`, which is bounded whatever the graph. The stand-ins are then converted
 to unihub's own :class:`~unihub.formats.schema.Unischema` by :func:`load_petastorm_unischema`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import decimal
 import io
+import itertools
 import pickle
-import pickletools
 import re
-import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -60,6 +63,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import PetastormMetadataError, UnsafeMetadataError
+from unihub.formats.pickle_scan import DEFAULT_LIMITS, PickleLimits, refusal, scan_pickle
 
 if TYPE_CHECKING:
     from unihub.formats.codecs import Codec
@@ -87,6 +91,7 @@ __all__ = [
     "PETASTORM_UNISCHEMA_KEY",
     "PetastormMetadataError",
     "UnsafeMetadataError",
+    "brief",
     "load_petastorm_unischema",
     "safe_unpickle",
 ]
@@ -99,11 +104,64 @@ PETASTORM_ROW_GROUPS_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 PETASTORM_ROWGROUPS_INDEX_KEY = b"dataset-toolkit.rowgroups_index.v1"
 
 
-def _refusal(what: str) -> UnsafeMetadataError:
-    return UnsafeMetadataError(
-        f"refused to load pickled Petastorm metadata: it references {what}, which is not on "
-        f"unihub's allow-list of Petastorm schema classes; nothing from the pickle was executed"
-    )
+_refusal = refusal
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded descriptions of pickled content, for error messages
+# --------------------------------------------------------------------------------------------
+
+_BRIEF_ITEMS = 4
+_BRIEF_LEVELS = 3
+_BRIEF_CHARS = 160
+_BRIEF_ATOMS = (bool, float, complex, type(None), decimal.Decimal, type, np.generic, np.dtype)
+
+
+def brief(obj: Any) -> str:
+    """``repr`` of unpickled content for an error message: at most 160 characters, in bounded time.
+
+    A plain ``repr`` of a pickled graph can be exponential in the pickle's size (a shared value is
+    printed once per reference); this one shows four items per container, three levels deep.
+    """
+    text = _brief(obj, _BRIEF_LEVELS)
+    return text if len(text) <= _BRIEF_CHARS else text[:_BRIEF_CHARS - 3] + "..."
+
+
+def _brief_items(items: Any, level: int) -> str:
+    shown = [_brief(item, level - 1) for item in itertools.islice(items, _BRIEF_ITEMS + 1)]
+    return ", ".join(shown[:_BRIEF_ITEMS] + (["..."] if len(shown) > _BRIEF_ITEMS else []))
+
+
+def _brief(obj: Any, level: int) -> str:
+    if isinstance(obj, (str, bytes, bytearray)):
+        return repr(obj[:60]) + ("..." if len(obj) > 60 else "")
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return repr(obj) if obj.bit_length() <= 128 else f"<int of {obj.bit_length()} bits>"
+    if isinstance(obj, (_Inert, *_BRIEF_ATOMS)):
+        return repr(obj)[:_BRIEF_CHARS]
+    name = type(obj).__name__
+    if isinstance(obj, StandIn):
+        name = obj.petastorm_name
+    elif not isinstance(obj, (tuple, list, dict, set, frozenset)):
+        return f"<{name}>"
+    if level <= 0:
+        return f"<{name}>"
+    if isinstance(obj, StandIn):
+        parts = [_brief_items(obj.args, level)] if obj.args else []
+        parts += [f"{k}={_brief(v, level - 1)}" for k, v in itertools.islice(obj.kwargs.items(), _BRIEF_ITEMS)]
+        parts += [f"state={_brief(obj.state, level - 1)}"] if obj.state is not None else []
+        return f"<{name}({', '.join(parts)})>"
+    if isinstance(obj, dict):
+        pairs = (f"{_brief(k, level - 1)}: {_brief(v, level - 1)}" for k, v in obj.items())
+        shown = list(itertools.islice(pairs, _BRIEF_ITEMS + 1))
+        text = "{" + ", ".join(shown[:_BRIEF_ITEMS] + (["..."] if len(shown) > _BRIEF_ITEMS else [])) + "}"
+        return text if type(obj) is dict else f"{name}({text})"
+    inner = _brief_items(obj, level)
+    if isinstance(obj, list):
+        return f"[{inner}]"
+    if isinstance(obj, tuple):
+        return f"({inner},)" if len(obj) == 1 else f"({inner})"
+    return f"{name}({{{inner}}})" if obj else f"{name}()"
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,16 +204,11 @@ class StandIn:
         if state is None:
             return {}
         if not isinstance(state, Mapping):
-            raise PetastormMetadataError(f"pickled {self.petastorm_name} has state {state!r}, expected a dict")
+            raise PetastormMetadataError(f"pickled {self.petastorm_name} has state {brief(state)}, expected a dict")
         return dict(state)
 
-    @reprlib.recursive_repr()
     def __repr__(self) -> str:
-        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
-        if self.state is not None:
-            parts.append(f"state={self.state!r}")
-        text = f"<{self.petastorm_name}({', '.join(parts)})>"
-        return text if len(text) <= 500 else text[:497] + "...>"
+        return brief(self)
 
 
 class PetastormUnischema(StandIn):
@@ -193,7 +246,7 @@ class PetastormUnischemaField(StandIn):
             return self.kwargs[key]
         if key in self._defaults:
             return self._defaults[key]
-        raise PetastormMetadataError(f"pickled UnischemaField {self.args!r} has no {key!r}")
+        raise PetastormMetadataError(f"pickled UnischemaField {brief(self.args)} has no {key!r}")
 
     name = property(lambda self: self._get("name"))
     numpy_dtype = property(lambda self: self._get("numpy_dtype"))
@@ -269,7 +322,7 @@ class NumpyDtype(StandIn):
         """The real ``np.dtype``; only plain numeric, bool, string, bytes and datetime dtypes."""
         code = self.args[0] if self.args else None
         if not isinstance(code, str) or not self._CODE.fullmatch(code):
-            raise PetastormMetadataError(f"unsupported pickled numpy dtype {code!r}")
+            raise PetastormMetadataError(f"unsupported pickled numpy dtype {brief(code)}")
         dtype = np.dtype(code)
         state = self.state
         if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">") and dtype.itemsize > 1:
@@ -289,7 +342,7 @@ class NumpyDtype(StandIn):
         unit, count = metadata[0], metadata[1]
         unit = unit.decode("ascii", "replace") if isinstance(unit, bytes) else unit
         if unit not in cls._UNITS or isinstance(count, bool) or not isinstance(count, int) or not 0 < count < 2**31:
-            raise PetastormMetadataError(f"unsupported pickled datetime unit {metadata!r:.60}")
+            raise PetastormMetadataError(f"unsupported pickled datetime unit {brief(metadata)}")
         return np.dtype(f"{dtype.str[:-1]}8[{count if count > 1 else ''}{unit}]")
 
 
@@ -440,7 +493,7 @@ def _pyspark_restore(name: Any, fields: Any, values: Any) -> PetastormUnischemaF
     if name != "UnischemaField" or not isinstance(fields, tuple) or fields not in (names, names[:4]) \
             or not isinstance(values, tuple) or len(values) != len(fields):
         raise _refusal(f"'pyspark.serializers._restore' of a namedtuple other than UnischemaField "
-                       f"({str(name)[:64]!r}, {str(fields)[:128]})")
+                       f"({brief(name)}, {brief(fields)})")
     return PetastormUnischemaField(*values)
 
 
@@ -452,7 +505,7 @@ def _latin1_encode(text: Any, encoding: Any = "utf-8") -> bytes:
     """``_codecs.encode`` as Python 3 uses it to pickle ``bytes`` at protocol 2, and nothing else."""
     if isinstance(text, str) and encoding in ("latin1", "latin-1"):
         return text.encode("latin-1")
-    raise _refusal(f"'_codecs.encode' with encoding {encoding!r}")
+    raise _refusal(f"'_codecs.encode' with encoding {brief(encoding)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,10 +582,6 @@ def _global_name(obj: Any) -> str:
 # Unpickling
 # --------------------------------------------------------------------------------------------
 
-#: Opcodes that bypass ``find_class``: extension codes are served from a process-wide cache.
-_FORBIDDEN_OPCODES = {"EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}
-
-
 class _SafeUnpickler(pickle.Unpickler):
     """An Unpickler that resolves only :data:`ALLOWED_GLOBALS` and has no persistent ids."""
 
@@ -543,23 +592,7 @@ class _SafeUnpickler(pickle.Unpickler):
             raise _refusal(f"the global '{module}.{name}'") from None
 
     def persistent_load(self, pid: Any) -> Any:
-        raise _refusal(f"the persistent id {pid!r}")
-
-
-def _prescan(data: bytes) -> None:
-    """Refuse forbidden opcodes and ``GLOBAL``/``INST`` names before anything is unpickled."""
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name in _FORBIDDEN_OPCODES:
-                raise _refusal(f"the {opcode.name} opcode (argument {arg!r})")
-            if opcode.name in ("GLOBAL", "INST"):
-                module, _, name = str(arg).partition(" ")
-                if (module, name) not in ALLOWED_GLOBALS:
-                    raise _refusal(f"the global '{module}.{name}'")
-    except UnsafeMetadataError:
-        raise
-    except Exception as exc:
-        raise PetastormMetadataError(f"pickled Petastorm metadata is malformed: {exc}") from exc
+        raise _refusal(f"the persistent id {brief(pid)}")
 
 
 def _resolve_tags(obj: Any, memo: dict[int, Any]) -> Any:
@@ -596,23 +629,42 @@ def _resolve_tags(obj: Any, memo: dict[int, Any]) -> Any:
     return obj
 
 
-def safe_unpickle(data: bytes) -> Any:
+def _brief_exception(exc: BaseException) -> str:
+    """``repr(exc)`` bounded: an error raised inside the unpickler may carry a pickled value (a KeyError's key)."""
+    return f"{type(exc).__name__}({_brief_items(exc.args, _BRIEF_LEVELS)})"[:2 * _BRIEF_CHARS]
+
+
+@contextlib.contextmanager
+def _named(source: str | None) -> Iterator[None]:
+    """Put ``source`` (where the pickle was read from) in front of the message of a metadata error."""
+    try:
+        yield
+    except (UnsafeMetadataError, PetastormMetadataError) as exc:
+        if source is None:
+            raise
+        raise type(exc)(f"{source}: {exc}") from exc
+
+
+def safe_unpickle(data: bytes, *, source: str | None = None, limits: PickleLimits = DEFAULT_LIMITS) -> Any:
     """Unpickle Petastorm metadata into stand-ins (:class:`PetastormUnischema` and friends).
 
     Raises :class:`UnsafeMetadataError` if the pickle names anything outside
-    :data:`ALLOWED_GLOBALS` and :class:`PetastormMetadataError` if it is malformed.
+    :data:`ALLOWED_GLOBALS` or would exceed ``limits`` (memo size, opcodes, nesting, sharing;
+    see :mod:`unihub.formats.pickle_scan`), and :class:`PetastormMetadataError` if it is
+    malformed; ``source``, the file it was read from, leads their messages.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected the pickled metadata as bytes, got {type(data).__name__}")
     data = bytes(data)
-    _prescan(data)
-    try:
-        # latin-1: Python 2 ``str`` objects (numpy scalar bytes, ASCII names) come back intact.
-        return _resolve_tags(_SafeUnpickler(io.BytesIO(data), encoding="latin1").load(), {})
-    except UnsafeMetadataError:
-        raise
-    except Exception as exc:
-        raise PetastormMetadataError(f"could not unpickle Petastorm metadata: {exc!r}") from exc
+    with _named(source):
+        scan_pickle(data, allowed=ALLOWED_GLOBALS, limits=limits)
+        try:
+            # latin-1: Python 2 ``str`` objects (numpy scalar bytes, ASCII names) come back intact.
+            return _resolve_tags(_SafeUnpickler(io.BytesIO(data), encoding="latin1").load(), {})
+        except UnsafeMetadataError:
+            raise
+        except Exception as exc:
+            raise PetastormMetadataError(f"could not unpickle Petastorm metadata: {_brief_exception(exc)}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,14 +690,14 @@ def _plain(value: Any) -> Any:
 def _int(value: Any, what: str) -> int:
     value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PetastormMetadataError(f"{what} must be an int, got {value!r}")
+        raise PetastormMetadataError(f"{what} must be an int, got {brief(value)}")
     return value
 
 
 def spark_to_arrow_type(spark_type: Any, *, _depth: int = 0) -> pa.DataType:
     """The pyarrow type for a pickled ``pyspark.sql.types`` stand-in."""
     if not isinstance(spark_type, SparkDataType) or _depth > 32:
-        raise PetastormMetadataError(f"expected a pyspark.sql.types type in ScalarCodec, got {spark_type!r}")
+        raise PetastormMetadataError(f"expected a pyspark.sql.types type in ScalarCodec, got {brief(spark_type)}")
     name = spark_type.spark_name
     if name in _SIMPLE_SPARK_TO_ARROW:
         return _SIMPLE_SPARK_TO_ARROW[name]
@@ -667,15 +719,15 @@ def _convert_dtype(dtype: Any, field: str) -> Any:
         return dtype.to_numpy().type
     if isinstance(dtype, type) and dtype in _DTYPE_TYPES:
         return dtype
-    raise PetastormMetadataError(f"field {field!r}: unsupported numpy_dtype {dtype!r}")
+    raise PetastormMetadataError(f"field {brief(field)}: unsupported numpy_dtype {brief(dtype)}")
 
 
 def _convert_shape(shape: Any, field: str) -> tuple[int | None, ...]:
     if not isinstance(shape, (tuple, list)):
-        raise PetastormMetadataError(f"field {field!r}: shape must be a tuple, got {shape!r}")
-    dims = tuple(None if d is None else _int(d, f"field {field!r}: a shape dimension") for d in shape)
+        raise PetastormMetadataError(f"field {brief(field)}: shape must be a tuple, got {brief(shape)}")
+    dims = tuple(None if d is None else _int(d, f"field {brief(field)}: a shape dimension") for d in shape)
     if any(d is not None and d < 0 for d in dims):
-        raise PetastormMetadataError(f"field {field!r}: negative dimension in shape {dims!r}")
+        raise PetastormMetadataError(f"field {brief(field)}: negative dimension in shape {brief(dims)}")
     return dims
 
 
@@ -690,27 +742,27 @@ def _convert_codec(codec: Any, field: str) -> Codec | None:
         state = codec.state_dict()
         image_codec = _plain(state.get("_image_codec", ".png"))
         if not isinstance(image_codec, str):
-            raise PetastormMetadataError(f"field {field!r}: image codec {image_codec!r} is not a string")
-        quality = _int(state.get("_quality", 80), f"field {field!r}: JPEG quality")
+            raise PetastormMetadataError(f"field {brief(field)}: image codec {brief(image_codec)} is not a string")
+        quality = _int(state.get("_quality", 80), f"field {brief(field)}: JPEG quality")
         return CompressedImageCodec(image_codec.lstrip(".").lower(), quality)
     if isinstance(codec, PetastormNdarrayCodec):
         return NdarrayCodec()
     if isinstance(codec, PetastormCompressedNdarrayCodec):
         return CompressedNdarrayCodec()
-    raise PetastormMetadataError(f"field {field!r}: unsupported codec {codec!r}")
+    raise PetastormMetadataError(f"field {brief(field)}: unsupported codec {brief(codec)}")
 
 
 def _convert_field(field: Any) -> UnischemaField:
     from unihub.formats.schema import UnischemaField
 
     if not isinstance(field, PetastormUnischemaField):
-        raise PetastormMetadataError(f"expected a pickled UnischemaField, got {field!r}")
+        raise PetastormMetadataError(f"expected a pickled UnischemaField, got {brief(field)}")
     name = _plain(field.name)
     if not isinstance(name, str):
-        raise PetastormMetadataError(f"field name must be a string, got {name!r}")
+        raise PetastormMetadataError(f"field name must be a string, got {brief(name)}")
     nullable = _plain(field.nullable)
     if nullable not in (True, False):  # also admits 0/1 from old pickles
-        raise PetastormMetadataError(f"field {name!r}: nullable must be a bool, got {nullable!r}")
+        raise PetastormMetadataError(f"field {brief(name)}: nullable must be a bool, got {brief(nullable)}")
     return UnischemaField(name, _convert_dtype(field.numpy_dtype, name), _convert_shape(field.shape, name),
                           _convert_codec(field.codec, name), bool(nullable))
 
@@ -720,23 +772,26 @@ def convert_unischema(schema: Any) -> Unischema:
     from unihub.formats.schema import Unischema
 
     if not isinstance(schema, PetastormUnischema):
-        raise PetastormMetadataError(f"expected a pickled petastorm Unischema, got {schema!r}")
+        raise PetastormMetadataError(f"expected a pickled petastorm Unischema, got {brief(schema)}")
     name = _plain(schema.name)
     if not isinstance(name, str):
-        raise PetastormMetadataError(f"Unischema name must be a string, got {name!r}")
+        raise PetastormMetadataError(f"Unischema name must be a string, got {brief(name)}")
     fields = schema.fields
     if isinstance(fields, Mapping):
         fields = list(fields.values())
     if not isinstance(fields, (list, tuple)):
-        raise PetastormMetadataError(f"Unischema {name!r} has no field map (got {fields!r})")
+        raise PetastormMetadataError(f"Unischema {brief(name)} has no field map (got {brief(fields)})")
     return Unischema(name, [_convert_field(f) for f in fields])
 
 
-def load_petastorm_unischema(data: bytes) -> Unischema:
+def load_petastorm_unischema(data: bytes, *, source: str | None = None) -> Unischema:
     """Safely read the value stored under :data:`PETASTORM_UNISCHEMA_KEY` as a unihub Unischema.
+
+    ``source``, the file ``data`` was read from, leads the message of any error.
 
     >>> import pyarrow.parquet as pq
     >>> meta = pq.read_metadata("dataset/_common_metadata").metadata
     >>> schema = load_petastorm_unischema(meta[PETASTORM_UNISCHEMA_KEY])  # doctest: +SKIP
     """
-    return convert_unischema(safe_unpickle(data))
+    with _named(source):
+        return convert_unischema(safe_unpickle(data))

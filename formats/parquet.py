@@ -314,9 +314,11 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     partitions = [_partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
     kv = dict(common.metadata or {}) if common is not None else {}
+    found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
     for key, value in (footers[0].metadata or {}).items():
         kv.setdefault(key, value)
-    schema, source = _resolve_schema(kv, file_schema, partitions, url)
+        found_in.setdefault(key, paths[0])
+    schema, source = _resolve_schema(kv, file_schema, partitions, url, found_in)
     _check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
@@ -391,8 +393,10 @@ def _partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
     return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
 
 
-def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema,
-                    partitions: list[tuple[tuple[str, str], ...]], url: str) -> tuple[Unischema, SchemaSource]:
+def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],
+                    url: str, found_in: dict[bytes, str] | None = None) -> tuple[Unischema, SchemaSource]:
+    """The stored Unischema (unihub's JSON, else Petastorm's pickle), else one inferred; ``found_in`` names
+    the file each metadata key was read from, for errors."""
     if SCHEMA_METADATA_KEY in kv:
         try:
             return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
@@ -401,7 +405,9 @@ def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema,
     from unihub.formats import legacy
 
     if legacy.PETASTORM_UNISCHEMA_KEY in kv:
-        return legacy.load_petastorm_unischema(kv[legacy.PETASTORM_UNISCHEMA_KEY]), "petastorm"
+        key = legacy.PETASTORM_UNISCHEMA_KEY
+        where = (found_in or {}).get(key, url)
+        return legacy.load_petastorm_unischema(kv[key], source=f"{where} ({key.decode()})"), "petastorm"
     inferred = Unischema.from_arrow_schema(file_schema, name=os.path.basename(url.rstrip("/")) or "dataset")
     extra = [_infer_partition_field(k, [dict(p).get(k, "") for p in partitions])
              for k, _ in (partitions[0] if partitions else ()) if k not in inferred]

@@ -380,7 +380,7 @@ def _npy_bytes(f: UnischemaField, value: Any) -> bytes:
 def member_value(extension: str, data: bytes) -> Any:
     """A member as ``unihub verify`` compares it: its bytes, except two forms that lose nothing.
 
-    ``.npy`` members compare as the array numpy loads (``allow_pickle=False``): dtype, shape
+    ``.npy`` members compare as the array they hold (no pickle; see :mod:`unihub.formats.npy`): dtype, shape
     and values, in native byte order and C order, so an export that saves an identical array
     again (another header padding, byte order or memory order) is equal, and one that changes a
     dtype, a shape or a bit is not. Integer-text members (``.cls``, ``.idx``, ...) compare as
@@ -392,10 +392,8 @@ def member_value(extension: str, data: bytes) -> Any:
     last = last_component(extension)
     if last in NPY_EXTENSIONS:
         try:
-            array = np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, OSError, EOFError, TypeError):
-            return bytes(data)
-        if not isinstance(array, np.ndarray):
+            array = load_npy(data)  # checked before allocating: np.load trusts a header's shape
+        except CodecError:
             return bytes(data)
         return np.ascontiguousarray(array.astype(native_order(array.dtype), copy=False))
     if last in INT_EXTENSIONS:

@@ -238,13 +238,16 @@ def _from_json(store: ParquetStore, raw: bytes) -> StoredIndexes:
 
 def _from_petastorm(store: ParquetStore, raw: bytes) -> StoredIndexes:
     """Petastorm's pickled ``{name: indexer}``, read into stand-ins (nothing run) and converted."""
-    loaded = legacy.safe_unpickle(raw)
+    loaded = legacy.safe_unpickle(raw, source=f"{store.url} ({legacy.PETASTORM_ROWGROUPS_INDEX_KEY.decode()})")
     if not isinstance(loaded, dict):
         raise PetastormMetadataError(f"{store.url}: Petastorm's row-group index is a {type(loaded).__name__}, "
                                      "expected a dict of indexers")
     indexes: dict[str, RowGroupIndexerBase] = {}
     for name, stand_in in loaded.items():
-        name = str(_plain(name))
+        name = _plain(name)
+        if not isinstance(name, str):
+            raise PetastormMetadataError(f"{store.url}: Petastorm's row-group index is named {legacy.brief(name)}, "
+                                         "not a string")
         indexes[name] = _convert_petastorm_indexer(name, stand_in)
     top = max((max(i.get_row_group_indexes(v), default=-1) for i in indexes.values() for v in i.indexed_values),
               default=-1)
@@ -256,19 +259,22 @@ def _from_petastorm(store: ParquetStore, raw: bytes) -> StoredIndexes:
 
 def _convert_petastorm_indexer(name: str, stand_in: Any) -> RowGroupIndexerBase:
     if not isinstance(stand_in, (legacy.PetastormSingleFieldIndexer, legacy.PetastormFieldNotNullIndexer)):
-        raise PetastormMetadataError(f"Petastorm's row-group index {name!r} is {stand_in!r:.80}, not an indexer")
+        raise PetastormMetadataError(f"Petastorm's row-group index {legacy.brief(name)} is {legacy.brief(stand_in)}, "
+                                     "not an indexer")
     state = stand_in.state_dict()
     column, data = _plain(state.get("_column_name")), state.get("_index_data")
     if isinstance(stand_in, legacy.PetastormFieldNotNullIndexer):
         indexer: RowGroupIndexerBase = FieldNotNullIndexer(name, column)
         if not isinstance(data, set):
-            raise PetastormMetadataError(f"Petastorm's row-group index {name!r} holds {data!r:.80}, expected a set")
+            raise PetastormMetadataError(f"Petastorm's row-group index {legacy.brief(name)} holds "
+                                         f"{legacy.brief(data)}, expected a set")
         for group in _groups(data, name):
             indexer.add(group, [True])
         return indexer
     indexer = SingleFieldIndexer(name, column)
     if not isinstance(data, dict):
-        raise PetastormMetadataError(f"Petastorm's row-group index {name!r} holds {data!r:.80}, expected a dict")
+        raise PetastormMetadataError(f"Petastorm's row-group index {legacy.brief(name)} holds {legacy.brief(data)}, "
+                                     "expected a dict")
     for key, groups in data.items():
         for group in _groups(groups, name):
             indexer.add(group, [_plain(key)])
@@ -283,8 +289,8 @@ def _plain(value: Any) -> Any:
 def _groups(items: Any, name: str) -> list[int]:
     if not isinstance(items, (set, frozenset, list, tuple)) or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in items):
-        raise PetastormMetadataError(f"Petastorm's row-group index {name!r}: row groups {items!r:.80} "
-                                     "are not a set of non-negative ints")
+        raise PetastormMetadataError(f"Petastorm's row-group index {legacy.brief(name)}: row groups "
+                                     f"{legacy.brief(items)} are not a set of non-negative ints")
     return sorted(items)
 
 

@@ -7,6 +7,7 @@ import decimal
 import io
 import pickle
 import re
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -475,9 +476,99 @@ def test_compressed_ndarray_refuses_pickled_objects():
     field = UnischemaField("m", np.float32, (2,), CompressedNdarrayCodec(), False)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, arr=np.array([{"evil": 1}, None], dtype=object))
-    with pytest.raises(CodecError, match="field 'm', row 0: cannot decode"):
+    with pytest.raises(CodecError, match="field 'm', row 0: .npy holds Python objects, which would need pickle"):
         field.codec.decode_column(field, pa.array([buffer.getvalue()], type=pa.binary()))
 
+
+
+# -- cells that contradict their field (Petastorm returned them as they were) ----------------------
+def npz_bytes(array) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, arr=array)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("cells, message", [
+    # one header for the column: the vectorised path checks it once
+    ([np.zeros(4, np.float64)] * 3, "field 'x', row 0: the stored array is float64, the field is float32"),
+    ([np.zeros(5, np.float32)] * 3, r"field 'x', row 0: the stored array has shape \(5,\), the field \(4,\)"),
+    ([np.zeros((2, 2), np.float32)] * 3, r"field 'x', row 0: the stored array has shape \(2, 2\), the field \(4,\)"),
+    # headers differ: cell by cell, the first bad row named
+    ([np.zeros(4, np.float32), np.ones(4, np.float32), np.zeros(4, np.int32)],
+     "field 'x', row 2: the stored array is int32, the field is float32"),
+    ([np.zeros(4, np.float32), np.zeros(3, np.float32)], r"field 'x', row 1: the stored array has shape \(3,\)"),
+])
+def test_ndarray_cells_that_contradict_the_field_are_codec_errors(cells, message):
+    field = UnischemaField("x", np.float32, (4,), NdarrayCodec(), True)
+    column = pa.array([npy_bytes(c) for c in cells], type=pa.binary())
+    with pytest.raises(CodecError, match=message) as info:
+        field.codec.decode_column(field, column)
+    assert info.value.field == "x" and info.value.row == int(re.search(r"row (\d+)", message).group(1))
+    with pytest.raises(CodecError, match="field 'x': the stored array"):
+        field.codec.decode(field, npy_bytes(cells[-1]))
+
+
+def test_ndarray_free_dims_take_any_size_but_not_another_rank():
+    field = UnischemaField("v", np.int16, (None, 3), NdarrayCodec(), True)
+    good = [np.zeros((n, 3), np.int16) for n in (0, 1, 5)]
+    assert_rows_equal(field.codec.decode_column(field, pa.array([npy_bytes(v) for v in good] + [None])), good + [None])
+    bad = pa.array([npy_bytes(good[1]), npy_bytes(np.zeros((2, 4), np.int16))])
+    with pytest.raises(CodecError, match=r"row 1: the stored array has shape \(2, 4\), the field \(None, 3\)"):
+        field.codec.decode_column(field, bad)
+    with pytest.raises(CodecError, match=r"row 0: the stored array has shape \(3,\)"):
+        field.codec.decode_column(field, pa.array([npy_bytes(np.zeros(3, np.int16))]))
+
+
+def test_ndarray_cell_with_a_giant_declared_shape_is_refused_before_allocating():
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000,), }".ljust(117) + b"\n"
+    cell = b"\x93NUMPY\x01\x00v\x00" + header + b"\0" * 8
+    assert len(cell) == 136
+    field = UnischemaField("x", np.float64, (None,), NdarrayCodec(), False)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError, match=r"field 'x', row 1: .npy data at byte 128 is truncated: shape "
+                                             r"\(1000000000,\) of float64 is 8,000,000,000 bytes, found 8"):
+            field.codec.decode_column(field, pa.array([npy_bytes(np.zeros(1)), cell]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2**20
+
+
+def test_compressed_ndarray_cells_that_contradict_the_field():
+    field = UnischemaField("m", np.uint8, (8, 8), CompressedNdarrayCodec(), False)
+    good = np.arange(64, dtype=np.uint8).reshape(8, 8)
+    assert_rows_equal(field.codec.decode_column(field, pa.array([npz_bytes(good)])), [good])
+    assert field.codec.decode(field, npz_bytes(good)).flags.writeable
+    for value, message in ((np.zeros((8, 9), np.uint8), r"the stored array has shape \(8, 9\), the field \(8, 8\)"),
+                           (np.zeros((8, 8), np.int64), "the stored array is int64, the field is uint8")):
+        with pytest.raises(CodecError, match=f"field 'm', row 1: {message}") as info:
+            field.codec.decode_column(field, pa.array([npz_bytes(good), npz_bytes(value)]))
+        assert info.value.row == 1
+
+
+def test_compressed_ndarray_hostile_archives_are_codec_errors():
+    field = UnischemaField("m", np.float64, (None,), CompressedNdarrayCodec(), False)
+    giant = io.BytesIO()
+    with zipfile.ZipFile(giant, "w", zipfile.ZIP_DEFLATED) as archive:  # a header claiming 8 GB, 8 bytes of data
+        archive.writestr("arr.npy", b"\x93NUMPY\x01\x00v\x00" +
+                         b"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000,), }".ljust(117) + b"\n" +
+                         b"\0" * 8)
+    other = io.BytesIO()
+    np.savez_compressed(other, data=np.zeros(3))
+    cases = [(giant.getvalue(), "truncated: shape \\(1000000000,\\) of float64 is 8,000,000,000 bytes"),
+             (other.getvalue(), "the .npz holds no array 'arr'"),
+             (b"PK\x03\x04 not really a zip", "not a readable .npz"),
+             (npz_bytes(np.zeros(4))[:-30], "not a readable .npz")]
+    for cell, message in cases:
+        tracemalloc.start()
+        try:
+            with pytest.raises(CodecError, match=f"field 'm', row 0: .*{message}"):
+                field.codec.decode_column(field, pa.array([cell]))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 10 * 2**20, message
 
 # -- registry, equality, JSON ---------------------------------------------------------------------
 ALL_CODECS = [
