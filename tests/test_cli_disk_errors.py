@@ -55,7 +55,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
 
-@pytest.mark.parametrize("target", ["out", "out.tfrecord", "shards.tar"])
+@pytest.mark.parametrize("target", ["out.h5", "out", "out.tfrecord", "shards.tar"])
 def test_a_file_too_large_is_one_line_and_leaves_nothing(frames: Path, tmp_path: Path, target: str) -> None:
     dst = tmp_path / target
     done = subprocess.run([sys.executable, "-m", "unihub.cli", "convert", str(frames), str(dst), "--quiet"],
