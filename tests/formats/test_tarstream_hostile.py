@@ -196,3 +196,15 @@ def test_a_shard_whose_every_sample_is_damaged_names_the_first_fault(tmp_path: P
                                           r"header at offset 0 \(member '0001\.cls'\): negative"):
         convert(path, tmp_path / "ds", progress=False)  # not 'no samples in ...: the shards are empty'
     assert _left(tmp_path) == []
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_verify_against_a_damaged_shard_is_a_format_error(tmp_path: Path, compressed: bool) -> None:
+    """verify's reference reader (Python's tarfile) fails on the same bytes with a ReadError: a FormatError."""
+    from unihub.converters.verify import verify
+
+    convert(_tar(tmp_path / "intact.tar", [_member(n, d) for n, d in SAMPLES]), tmp_path / "ds", progress=False)
+    path = _store(tmp_path, _size_damaged(tmp_path, b"\x80" + b"\xff" * 11)[0], compressed)
+    with pytest.raises(FormatError, match=rf"{path.name}: Python's tarfile cannot read the archive at or after the "
+                                          r"member at offset 2048 \(ReadError: .*\): it is corrupt or truncated"):
+        verify(path, tmp_path / "ds", from_format="webdataset")
