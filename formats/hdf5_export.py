@@ -49,25 +49,54 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     h5py = h5py_module()
     parent, base = os.path.split(os.path.abspath(target))
     temporary = os.path.join(parent, f".{base}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    handle = None
     try:
-        with h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container) as handle:
-            _root_attributes(handle, schema, spec)
-            writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
-            for batch in map(python_columns, batches):
-                writer.append(batch, column_length(schema, batch))
-            _write_empty(handle, spec.empty, {"compression": compression, "chunk_rows": chunk_rows})
-            _write_constants(handle, spec.constants)
-            for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
-                handle.require_group(path)
-            _write_attributes(handle, spec.attributes)
-            if spec.kind != "columns":
-                _record_units(handle, spec, set(writer.units) | set(spec.units))
+        handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)
+        _root_attributes(handle, schema, spec)
+        writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
+        for batch in map(python_columns, batches):
+            writer.append(batch, column_length(schema, batch))
+        _write_empty(handle, spec.empty, {"compression": compression, "chunk_rows": chunk_rows})
+        _write_constants(handle, spec.constants)
+        for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
+            handle.require_group(path)
+        _write_attributes(handle, spec.attributes)
+        if spec.kind != "columns":
+            _record_units(handle, spec, set(writer.units) | set(spec.units))
+        handle.close()
         os.replace(temporary, target)
     except BaseException:
+        if handle is not None:
+            _discard(handle)
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
     return [target]
+
+
+def _discard(handle: Any) -> None:
+    """Close an HDF5 file that a failed write leaves behind, so that it can be removed.
+
+    HDF5 cannot close a file whose writes fail (a full disk, a file-size limit): its objects stay
+    open, a second close crashes, and the library crashes the interpreter at exit flushing them.
+    So the file's descriptor is first pointed at /dev/null, where the remaining writes succeed
+    into nothing, and the close that follows is clean. The first error is the one raised.
+    """
+    if not handle.id.valid:  # closed already
+        return
+    try:
+        descriptor = handle.id.get_vfd_handle()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, descriptor)
+        finally:
+            os.close(null)
+    except (OSError, ValueError, TypeError):  # no POSIX descriptor: close it as it is
+        pass
+    try:
+        handle.close()
+    except (OSError, RuntimeError, ValueError):  # the write already failed with the error to report
+        pass
 
 
 def _check_names(schema: Unischema) -> None:

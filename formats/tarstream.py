@@ -8,7 +8,11 @@ type. Plain archives are memory-mapped and read member by member; gzip, bzip2 an
 archives are streamed through their decompressor. Every header's checksum is verified
 (by ``zlib.adler32`` over three spans, each short enough that its byte sum cannot wrap),
 and a bad header or a truncated member raises :class:`TarFormatError` with the file and
-the byte offset, where tarfile would stop silently or report neither.
+the byte offset, where tarfile would stop silently or report neither. A size field no file can
+have (negative, past 2^63, a 5,000-digit PAX size) is such an error too; a size larger than
+the rest of a plain archive is one before anything is read, and a compressed archive's members
+are read a piece at a time, so memory follows the bytes really there. Links, directories,
+devices and FIFOs have no data blocks whatever their size field says, as tarfile reads them.
 
 PAX global headers (typeflag ``g``, which tarfile keeps in ``TarFile.pax_headers``) are not
 members; with ``regular_only=False`` they come as members of type ``"g"`` whose data is the
@@ -32,7 +36,9 @@ _ZERO = bytes(BLOCK)
 _COMPRESSED: tuple[tuple[bytes, Callable[..., Any]], ...] = (
     (b"\x1f\x8b", gzip.open), (b"BZh", bz2.open), (b"\xfd7zXZ\x00", lzma.open))
 _REGULAR = frozenset(b"0\x007")  # typeflags of regular files: '0', old '\0', contiguous '7'
-_NO_DATA = frozenset(b"12345")  # hard/symbolic links, devices, directories: no data blocks follow
+_NO_DATA = frozenset(b"123456")  # hard/symbolic links, devices, directories, FIFOs: no data blocks follow
+_MAX_SIZE = (1 << 63) - 1  # no file is larger: a larger size field is corrupt
+_PIECE = 64 << 20  # a member larger than this is read a piece at a time
 _EXTENDED = frozenset(b"xXLgK")  # headers about the next member: PAX (X: Solaris), GNU long name, skipped
 _SKIPPED = frozenset(b"gK")  # PAX global header, GNU long link name: not needed to read files
 _LONGNAME, _DIRECTORY, _SPARSE, _GLOBAL = ord("L"), ord("5"), ord("S"), ord("g")
@@ -82,7 +88,7 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
                 yield from _parse(_guarded(stream, path), path, regular_only, require_end)
         elif head:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                yield from _parse(mapped.read, path, regular_only, require_end)
+                yield from _parse(mapped.read, path, regular_only, require_end, len(mapped))
         elif require_end:
             raise TarFormatError(path, 0, "empty file: not a tar archive")
 
@@ -100,9 +106,11 @@ def _guarded(stream: IO[bytes], path: str) -> Callable[[int], bytes]:
     return read
 
 
-def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_end: bool) -> Iterator[TarMember]:
-    """The header loop over a forward-only ``read`` (of a mmap or a decompressing file)."""
-    adler32 = zlib.adler32
+def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_end: bool,
+           total: int | None = None) -> Iterator[TarMember]:
+    """The header loop over a forward-only ``read`` (of a mmap of ``total`` bytes, or a decompressing
+    file, whose size is unknown: None)."""
+    adler32, no_data, piece, max_size = zlib.adler32, _NO_DATA, _PIECE, _MAX_SIZE
     offset = 0  # of the next header
     first: int | None = None  # offset of the first header of the member being assembled
     name: str | None = None  # from a GNU 'L' header or a PAX 'path'
@@ -129,13 +137,16 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
         except ValueError:
             size = _number(header[124:136])
-        if size < 0:
-            raise TarFormatError(path, offset, f"bad size in the tar header at offset {offset}")
+        if not 0 <= size <= max_size:
+            named = None if kind in _EXTENDED else name or _header_name(header)
+            raise TarFormatError(path, offset, f"bad size in the tar header at offset {offset}"
+                                               f"{'' if named is None else f' (member {named!r})'}: "
+                                               f"{'negative' if size < 0 else f'{size}, larger than any file'}", named)
         here = offset
         if kind in _EXTENDED:
             padded = size + (-size % BLOCK)
             offset += BLOCK + padded
-            body = read(padded)
+            body = b"" if total is not None and size > total - here - BLOCK else _read(read, padded)
             if len(body) < size:
                 raise TarFormatError(path, here, f"truncated {chr(kind)!r} extended header at offset {here}")
             if kind in _SKIPPED:
@@ -148,21 +159,37 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             elif b" path=" in body or b" size=" in body or b" GNU.sparse." in body:  # else (mtime...) unneeded
                 pax.update(_pax_records(body[:size], path, here))
             continue
+        start = here if first is None else first
         if pax:
-            size = _decimal(pax[b"size"]) if b"size" in pax else size
             name = pax[b"path"].decode("utf-8", "surrogateescape") if b"path" in pax else name
-            if size < 0 or b"GNU.sparse" in pax:
-                raise TarFormatError(path, here, f"member {name!r} at offset {first}: bad PAX size or a sparse "
-                                                 "file, which is not supported", name)
-        padded = 0 if kind in _NO_DATA else size + (-size % BLOCK)
+            name = _header_name(header) if name is None else name
+            if b"size" in pax:
+                size = _decimal(pax[b"size"])
+                if not 0 <= size <= _MAX_SIZE:
+                    raise TarFormatError(path, start, f"member {name!r} at offset {start}: PAX size "
+                                                      f"{_clip(pax[b'size'])!r} is not the size of a file", name)
+            if b"GNU.sparse" in pax:
+                raise TarFormatError(path, start, f"member {name!r} at offset {start} is a sparse file (PAX), "
+                                                  "which is not supported", name)
+        # tarfile's rules: an old-style ('\0') name ending in '/' is a directory; whatever the size field
+        # says, links, directories, devices and FIFOs have no data blocks (else they would swallow members)
+        v7dir = kind == 0 and _nts(header[:100]).endswith(b"/")
+        if kind in no_data or v7dir:
+            size = 0
+        padded = size + (-size % BLOCK)
         offset += BLOCK + padded
         name = _header_name(header) if name is None else name
-        start = here if first is None else first
         if kind == _SPARSE:
             raise TarFormatError(path, start, f"member {name!r} at offset {start} is a sparse file, "
                                               "which is not supported", name)
-        regular = kind in _REGULAR and not (kind == 0 and name.endswith("/"))
-        data = read(size)
+        regular = kind in _REGULAR and not v7dir
+        if size <= piece:
+            data = read(size)
+        elif total is not None and size > total - offset + padded:  # a mapped file: refused before reading
+            raise TarFormatError(path, start, f"member {name!r} at offset {start} is truncated: the file holds "
+                                              f"{total - offset + padded} of its {size} bytes", name)
+        else:
+            data = _read(read, size)
         if len(data) < size:
             raise TarFormatError(path, start, f"member {name!r} at offset {start} is truncated: the file holds "
                                               f"{len(data)} of its {size} bytes", name)
@@ -170,7 +197,7 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         if regular:
             yield TarMember(name, start, data)
         elif not regular_only:
-            directory = kind == _DIRECTORY or kind == 0
+            directory = kind == _DIRECTORY or v7dir
             yield TarMember(name.rstrip("/") if directory else name, start, b"", "5" if directory else chr(kind))
         if cut:
             raise TarFormatError(path, offset, f"the archive ends inside the padding of member {name!r}, "
@@ -192,8 +219,31 @@ def _number(field: bytes) -> int:
 
 
 def _decimal(text: bytes) -> int:
-    """A PAX number (decimal text), or -1."""
-    return int(text) if text.isdigit() else -1
+    """A PAX number (decimal text), or -1; more than :data:`_MAX_SIZE` for more digits than a size has
+    (never parsed: Python refuses to parse over 4,300 digits)."""
+    if not text.isdigit():
+        return -1
+    return int(text) if len(text.lstrip(b"0")) <= 19 else _MAX_SIZE + 1
+
+
+def _clip(text: bytes, limit: int = 40) -> bytes:
+    """``text``, cut to ``limit`` bytes for a message."""
+    return text if len(text) <= limit else text[:limit] + b"..."
+
+
+def _read(read: Callable[[int], bytes], size: int) -> bytes:
+    """``size`` bytes (fewer where the file ends first), a piece at a time past :data:`_PIECE`, so that
+    a corrupt size in a compressed archive costs only the bytes really there."""
+    if size <= _PIECE:
+        return read(size)
+    parts: list[bytes] = []
+    while size > 0:
+        part = read(min(size, _PIECE))
+        if not part:
+            break
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
 
 
 def _nts(field: bytes) -> bytes:

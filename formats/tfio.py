@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,10 @@ Compression = Literal["none", "gzip", "zlib"]
 COMPRESSION_NAMES = {"": "none", "none": "none", "gzip": "gzip", "zlib": "zlib", "auto": None}
 _GZIP_MAGIC = b"\x1f\x8b"
 _RAW_CHUNK = 1 << 20
+#: a record longer than this is checked against what its stream can hold, then read a piece at a time
+LONG_RECORD = 16 << 20
+#: deflate (GZIP, ZLIB) gives at most 1032 bytes per compressed byte (a 258-byte match in 2 bits)
+_DEFLATE_MAX_RATIO = 1032
 
 
 def normalize_compression(option: str | None) -> Compression | None:
@@ -205,15 +210,56 @@ def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]
         if _mask(crc(header[:8])) != _U32.unpack_from(header, 8)[0]:
             return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
         length = _U64.unpack_from(header)[0]
-        body = f.read(length + 4)
+        body: bytes | str = f.read(length + 4) if length < LONG_RECORD else _read_long(f, length + 4)
     except (OSError, EOFError, zlib.error) as exc:  # a gzip/zlib stream cut short or corrupt
         return None, 0, f"unreadable compressed stream ({exc})"
+    if isinstance(body, str):
+        return None, 0, body
     if len(body) < length + 4:
         return None, 0, f"truncated record: {len(body)} of {length + 4} bytes after the header"
     data = body[:length]
     if _mask(crc(data)) != _U32.unpack_from(body, length)[0]:
         return None, 16 + length, "data CRC mismatch"
     return data, 16 + length, None
+
+
+def room_left(f: IO[bytes]) -> tuple[int, bool] | None:
+    """``(bound, exact)``: the bytes a record stream has left to give -- exactly, for a plain file; at
+    most, for a GZIP or zlib one (deflate's largest ratio times the compressed file's size) -- or None
+    where nothing bounds them (not a regular file)."""
+    raw = getattr(f, "fileobj", None)
+    try:
+        info = os.fstat((f if raw is None else raw).fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if raw is None:
+            return info.st_size - f.tell(), True
+        return _DEFLATE_MAX_RATIO * info.st_size, False
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _read_long(f: IO[bytes], size: int) -> bytes | str:
+    """``size`` bytes of ``f`` for a record longer than :data:`LONG_RECORD`, or why it cannot hold them.
+
+    A corrupt length (2^64-1, 2^50) must not become an allocation: it is first checked against what
+    the stream has left, then read a piece at a time, so memory follows the bytes really there.
+    """
+    room = room_left(f)
+    if room is not None and size > room[0]:
+        left, exact = room
+        return (f"truncated record: {left} of {size} bytes after the header" if exact else
+                f"record length {size - 4} is more than the whole compressed stream can hold "
+                f"(at most {left} bytes): the length is corrupt")
+    parts: list[bytes] = []
+    have = 0
+    while have < size:
+        part = f.read(min(LONG_RECORD, size - have))
+        if not part:
+            break
+        parts.append(part)
+        have += len(part)
+    return b"".join(parts)
 
 
 def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,

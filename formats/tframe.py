@@ -4,12 +4,15 @@ A plain file is memory-mapped (records are framed, CRC-checked and later parsed 
 cache holds them: copying into fresh memory costs more in page faults than the read itself) or,
 where it cannot be mapped, read in chunks of :data:`CHUNK`; a GZIP or zlib file is framed by the
 streaming reader, so a corrupt stream fails at the same record. Known record headers skip the
-length CRC. Errors come in file order, after the records before them, with the same messages.
+length CRC. Errors come in file order, after the records before them, with the same messages. A
+record length longer than the rest of the file is an error before anything is read or allocated.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
+import stat
 from dataclasses import dataclass
 from typing import IO
 
@@ -21,6 +24,7 @@ __all__ = ["Block", "Error", "Framer"]
 
 CHUNK = 16 << 20  # bytes of a plain file read at a time when it is not mapped
 MAP_FILES = True  # map plain files (False: read them in chunks)
+_UNKNOWN = 1 << 64  # what is left of a stream whose size is unknown: more than any record length
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Framer:
                 self.buf = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
             except (ValueError, OSError):  # empty, or not mappable: read in chunks
                 pass
+        self.size = _regular_size(self.f) if not self.gz else None  # None: unknown (not a regular file)
         self.pos = self.index = self.offset = 0
         self.pending: Error | None = None
         self.headers: dict[bytes, int] = {}  # record headers whose length CRC is good -> length
@@ -101,13 +106,26 @@ class Framer:
         return error
 
     def _fill(self, need: int) -> bool:
-        """Read more of the file into the buffer (at least ``need`` bytes in all when there are)."""
+        """Read more of the file into the buffer (at least ``need`` bytes in all when there are); where
+        the file's size is unknown, a chunk at a time, so memory follows the bytes really there."""
         if isinstance(self.buf, mmap.mmap):
             return False  # the whole file is mapped
-        rest = self.buf[self.pos:]
-        more = self.f.read(max(CHUNK, need - len(rest)))
-        self.buf, self.pos = rest + more, 0
-        return bool(more)
+        parts = [self.buf[self.pos:]]
+        have = start = len(parts[0])
+        while True:
+            more = self.f.read(CHUNK if self.size is None else max(CHUNK, need - have))
+            parts.append(more)
+            have += len(more)
+            if not more or have >= need:
+                break
+        self.buf, self.pos = b"".join(parts), 0
+        return have > start
+
+    def _left(self, avail: int) -> int:
+        """Bytes of the file from the current record on, ``avail`` of them in the buffer."""
+        if isinstance(self.buf, mmap.mmap):
+            return avail
+        return _UNKNOWN if self.size is None else self.size - self.offset
 
     def _take_plain(self, k: int) -> Block | Error | None:
         crc, u64, u32, known = self.crc, _U64.unpack_from, _U32.unpack_from, self.headers
@@ -163,12 +181,14 @@ class Framer:
             if avail < length + 16:
                 if starts:
                     break
-                if self._fill(length + 16):
+                left = self._left(avail)  # a corrupt length (2^64-1) is refused here, before any read
+                if length + 16 <= left and self._fill(length + 16):
                     first_pos, first_offset, first_index = 0, self.offset, self.index
                     continue
                 self.done = True
+                held = left if length + 16 > left else avail
                 return Error(self.index, self.offset,
-                              f"truncated record: {avail - 12} of {length + 4} bytes after the header")
+                              f"truncated record: {held - 12} of {length + 4} bytes after the header")
             error = self._stop(starts, Error(self.index, self.offset, "data CRC mismatch"), False)
             self.pos = pos + length + 16
             self.index += 1
@@ -207,3 +227,12 @@ class Framer:
         lengths = np.fromiter(map(len, parts), np.int64, len(parts))
         ends = np.cumsum(lengths)
         return Block(b"".join(parts), indices, offsets, ends - lengths, ends)
+
+
+def _regular_size(f: IO[bytes]) -> int | None:
+    """The size of a regular file, else None."""
+    try:
+        info = os.fstat(f.fileno())
+    except (OSError, ValueError):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None

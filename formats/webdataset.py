@@ -236,6 +236,9 @@ class WebDatasetFormat(ForeignFormat):
         else:
             stats, seen = _scan_shards((files, sample_records, self.group_keys))
         if seen == 0:
+            for path in files:  # every sample was malformed: the first fault (file, offset) says why
+                for _ in iter_samples(path, group_keys=self.group_keys):
+                    pass
             raise FormatError(f"no samples in {self.where}: the shards are empty or hold no <key>.<ext> "
                               "members", path=self.sources[0] if self.sources else None)
         fields = [UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)]

@@ -243,11 +243,25 @@ def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
         fail(f"member {member.name!r} at offset {member.offset} is not a regular file (link or device); "
              "a WebDataset member holds the bytes of one field", member.offset)
         return None
+    if not member.name.isascii() and not _is_utf8(member.name):
+        fail(f"member {member.name.encode('utf-8', 'surrogateescape')!r} at offset {member.offset}: its name is not "
+             "UTF-8, and a WebDataset key and extension are text; rename the member (convmv -f <charset> -t utf8)",
+             member.offset)
+        return None
     parts = split_name(member.name)
     if parts is None:
         fail(f"member {member.name!r} at offset {member.offset} has no key: a member is named "
              "<key>.<extension>, with a key before the first dot", member.offset)
     return parts
+
+
+def _is_utf8(name: str) -> bool:
+    """False for a name tarstream decoded with surrogate escapes: its bytes are not UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _after_damage(exc: Exception, grouper: _Grouper, offset: int | None, fail: Fail) -> Iterator[Sample]:

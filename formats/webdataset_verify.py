@@ -12,9 +12,11 @@ value is the member's bytes except for two normal forms that lose nothing
 
 from __future__ import annotations
 
+import lzma
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -55,17 +57,25 @@ def tarfile_records(files: Iterable[str], *, group_keys: bool = False) -> Iterat
 
 
 def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
-    """``(name, bytes)`` of the regular, non-metadata members, as webdataset's tar_file_iterator."""
-    with tarfile.open(path, mode="r|*") as stream:
-        for info in stream:
-            name = info.name
-            if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):
-                continue
-            if _SKIP_META.match(name):
-                continue
-            handle = stream.extractfile(info)
-            yield name, handle.read() if handle is not None else b""
-            stream.members = []  # type: ignore[attr-defined]  # streaming: keep no TarInfo list (typeshed lacks it)
+    """``(name, bytes)`` of the regular, non-metadata members, as webdataset's tar_file_iterator;
+    what tarfile cannot read (a corrupt header or stream, a size past what it can seek) is a
+    FormatError naming the file and the last member read."""
+    last: int | None = None  # offset of the last member tarfile read
+    try:
+        with tarfile.open(path, mode="r|*") as stream:
+            for info in stream:
+                name, last = info.name, info.offset
+                if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):
+                    continue
+                if _SKIP_META.match(name):
+                    continue
+                handle = stream.extractfile(info)
+                yield name, handle.read() if handle is not None else b""
+                stream.members = []  # type: ignore[attr-defined]  # streaming: keep no TarInfo list (typeshed lacks it)
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, OverflowError, ValueError) as exc:
+        where = "at its first header" if last is None else f"at or after the member at offset {last}"
+        raise FormatError(f"{path}: Python's tarfile cannot read the archive {where} ({type(exc).__name__}: "
+                          f"{exc}): it is corrupt or truncated", path=path, offset=last) from exc
 
 
 def _where(path: str, key: str) -> str:
