@@ -224,7 +224,11 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
-        raise DatasetNotFoundError(f"{url}: no such file or directory")
+        left = fsutil.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
+        info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
+        raise DatasetNotFoundError(f"{url}: no such file or directory{hint}")
     if info.type == pafs.FileType.File:
         paths, common = [root], None
         sizes = {root: info}
