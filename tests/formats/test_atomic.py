@@ -197,3 +197,29 @@ def test_owner_liveness(tmp_path: Path) -> None:
     assert dead_where == where
     assert not atomic.owner_alive(where, int(dead_pid), int(dead_start))
     assert atomic.owner_alive("00000000", int(dead_pid), int(dead_start))  # another host: not ours to judge
+
+
+def test_a_filesystem_refusing_the_swap_falls_back_to_two_renames(tmp_path: Path, monkeypatch) -> None:
+    """renameat2 answering EINVAL (a filesystem without RENAME_EXCHANGE) or ENOSYS: the two-step commit."""
+    import ctypes
+    import errno
+
+    for code in (errno.EINVAL, errno.ENOSYS):
+        def refusing(*args, code=code):
+            ctypes.set_errno(code)
+            return -1
+
+        monkeypatch.setattr(atomic, "_libc_renameat2", lambda refusing=refusing: refusing)
+        write_ids(tmp_path / "ds", range(3), overwrite=True)
+        write_ids(tmp_path / "ds", range(10, 13), overwrite=True)
+        assert ids_of(tmp_path / "ds") == [10, 11, 12] and hidden(tmp_path) == []
+
+    def failing(*args):
+        ctypes.set_errno(errno.EXDEV)
+        return -1
+
+    monkeypatch.setattr(atomic, "_libc_renameat2", lambda: failing)
+    with pytest.raises(OSError, match="cross-device"):  # a real failure is not taken for "unsupported"
+        write_ids(tmp_path / "ds", range(5), overwrite=True)
+    monkeypatch.undo()
+    assert ids_of(tmp_path / "ds") == [10, 11, 12] and hidden(tmp_path) == []
