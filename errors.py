@@ -96,3 +96,13 @@ class MissingDependencyError(UnihubError, ImportError):
 
 class ImageDecodeError(CodecError):
     """Bytes that should hold a PNG or JPEG image could not be decoded."""
+
+
+class DatasetChangedError(UnihubError, RuntimeError):
+    """A file of a dataset changed or vanished after the dataset was opened (an overwrite while a
+    reader was reading): rows read from it would mix two versions, so none are given. Open the
+    dataset again (a new reader) to read what is there now."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

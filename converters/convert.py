@@ -114,6 +114,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
     src, dst = os.fspath(src), os.fspath(dst)
+    _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
     if engine not in ("local", "spark"):
@@ -249,6 +250,16 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
     skipped.extend(SkippedRecord(*s) for s in task_skips)
     return ConvertResult(",".join(source.sources), dst, source.format_name, UNIHUB, rows,
                          time.perf_counter() - start, bytes_read=input_bytes, skipped=skipped)
+
+
+def _settle(src: str, dst: str) -> None:
+    """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
+    removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.formats.atomic`)."""
+    from unihub.formats import filesystem as fsutil
+
+    fsutil.settle_url(dst)
+    if "://" not in src and not os.path.lexists(src):
+        fsutil.settle_url(src)
 
 
 def _all_skipped(skipped: list[SkippedRecord]) -> FormatError:

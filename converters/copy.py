@@ -116,6 +116,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
 
         check_petastorm_compatible(schema)
     fs, target = fsutil.resolve_filesystem(target_url, None, storage_options)
+    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     if fsutil.exists(fs, target) and not overwrite_output:
         raise DatasetExistsError(f"{target_url} already exists; pass overwrite_output=True (--overwrite) to "
                                  "replace it")

@@ -52,6 +52,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         raise UnsupportedFormatError(f"{src} is already a unihub dataset; the Spark engine converts foreign "
                                      "formats into unihub (use the local engine to rewrite it)")
     check_on_error(on_error)
+    fsutil.settle_url(dst)  # a killed run's old dataset back in place, its temporaries removed
     if os.path.exists(dst) and not overwrite:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
@@ -68,9 +69,8 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     skipped = driver_skips(source)
     bytes_read = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
 
-    parent, name = os.path.split(dst)
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    temporary = fsutil.temporary_sibling(dst)
     os.makedirs(temporary)
     session, created = _session(spark, master)
     try:

@@ -8,13 +8,13 @@ Local paths and ``file://`` use pyarrow's local filesystem; ``s3://``, ``gs://``
 from __future__ import annotations
 
 import os
-import uuid
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
+from unihub.formats import atomic
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
 
@@ -155,18 +155,25 @@ def move(fs: pafs.FileSystem, src: str, dest: str) -> None:
 
 
 def temporary_sibling(target: str) -> str:
-    """A hidden, unique path beside ``target`` to write into before :func:`commit`."""
-    parent, name = os.path.split(target.rstrip("/"))
-    hidden = f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}"
-    return join(parent, hidden) if parent else hidden
+    """A hidden, unique path beside ``target`` to write into before :func:`commit`, named after this
+    process so that the next run on ``target`` can tell it from one a killed run left (:func:`settle`)."""
+    return atomic.sibling(target, "tmp")
 
 
 def commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
-    """Rename ``temporary`` onto ``target`` (atomic on local disks); an existing target is moved
-    aside first and restored if the rename fails, then removed."""
+    """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
+
+    On a local disk the two are swapped atomically where the system can (Linux), else the old
+    target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
+    (:mod:`unihub.formats.atomic`). Elsewhere (object stores have no rename) the old target is
+    moved aside first, restored if the move fails, then removed.
+    """
+    if _local(fs):
+        atomic.replace(temporary, target)
+        return
     old = None
     if exists(fs, target):
-        old = temporary_sibling(target).replace("unihub-tmp", "unihub-old")
+        old = atomic.sibling(target, "old")
         move(fs, target, old)
     try:
         move(fs, temporary, target)
@@ -176,6 +183,27 @@ def commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
         raise
     if old is not None:
         remove(fs, old)
+
+
+def settle(fs: pafs.FileSystem, target: str) -> str | None:
+    """On a local disk, finish what runs killed while writing ``target`` left: the old dataset put
+    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`).
+    Returns an old copy that could not be put back; nothing happens on other filesystems."""
+    return atomic.settle(target) if _local(fs) else None
+
+
+def settle_url(url: str) -> str | None:
+    """:func:`settle` for a URL or path; only local ones (no scheme, ``file://``) have anything to settle."""
+    scheme = urlparse(url).scheme if "://" in url else ""
+    return atomic.settle(os.path.abspath(strip_scheme(url))) if scheme in ("", "file") else None
+
+
+def _local(fs: pafs.FileSystem) -> bool:
+    """Paths on ``fs`` are this machine's paths (pyarrow's local filesystem, or fsspec's wrapped)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return True
+    handler = getattr(fs, "handler", None)
+    return isinstance(handler, _FSSpecHandler) and _is_local(handler.fs)
 
 
 def remove(fs: pafs.FileSystem, path: str) -> None:

@@ -319,13 +319,17 @@ def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -
 
 def process_pool(workers: int) -> Any:
     """A ``ProcessPoolExecutor`` of ``workers`` forked processes (spawned where fork is missing),
-    forked after :func:`warm_before_fork` so that each does not pay pyarrow's first-use costs."""
+    forked after :func:`warm_before_fork` so that each does not pay pyarrow's first-use costs.
+    The workers die with this process (:mod:`unihub.lifeline`): a killed conversion leaves none."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from unihub.lifeline import die_with_parent
+
     warm_before_fork()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def warm_before_fork() -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from unihub.errors import DatasetExistsError, SchemaError
+from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import ColumnBatch, python_columns
 from unihub.formats.hdf5_detect import LAYOUT_ATTR
 from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
@@ -48,7 +48,7 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     _check_names(schema)
     h5py = h5py_module()
     parent, base = os.path.split(os.path.abspath(target))
-    temporary = os.path.join(parent, f".{base}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    temporary = fsutil.temporary_sibling(os.path.join(parent, base))
     handle = None
     try:
         handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -308,11 +307,11 @@ class ImageFolderFormat(ForeignFormat):
         image = _pick_image_field(schema, image_field)
         label = label_field if label_field and label_field in schema else None
         path = path_field if path_field and path_field in schema else None
+        fsutil.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
         if os.path.lexists(target) and not overwrite:
             raise DatasetExistsError(f"{target} already exists; pass overwrite=True to replace it")
-        parent, base = os.path.split(target)
-        os.makedirs(parent, exist_ok=True)
-        temporary = os.path.join(parent, f".{base}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        temporary = fsutil.temporary_sibling(target)
         os.makedirs(temporary)
         try:
             for name in classes or ():

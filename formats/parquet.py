@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError
+from unihub.errors import DatasetChangedError, DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError
 from unihub.formats import filesystem as fsutil
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -92,6 +92,11 @@ class ParquetStore:
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
     #: each thread's open file (see _open_file); not pickled
     _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    #: path -> its FileInfo, to check at each open that the file is still the one indexed
+    _indexed: dict[str, FileInfo] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._indexed = {f.path: f for f in self.files}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -171,14 +176,41 @@ class ParquetStore:
         if current == path and held.bytes_read < _MAPPED_BYTES_BEFORE_REOPEN:
             return held.file
         self._close_file()
-        if self._is_local:
-            handle = pa.memory_map(path)
-        else:
-            handle = self.filesystem.open_input_file(path)
+        try:
+            if self._is_local:
+                handle = pa.memory_map(path)
+            else:
+                handle = self.filesystem.open_input_file(path)
+        except FileNotFoundError as exc:
+            raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
+                                      "removed while it was read); open the dataset again to read what is there "
+                                      "now", path=path) from exc
+        self._check_unchanged(path, handle)
         # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
         held.file = pq.ParquetFile(handle, metadata=self._footers.get(path), pre_buffer=not self._is_local)
         held.handle, held.path, held.bytes_read = handle, path, 0
         return held.file
+
+    def _check_unchanged(self, path: str, handle: Any) -> None:
+        """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
+        offsets) would be applied to other bytes. One ``stat`` per open on a local disk (size and
+        modification time); elsewhere the size the open file reports (no extra request)."""
+        indexed = self._indexed.get(path)
+        if indexed is None or not indexed.size_bytes:  # a listing that gave no size: nothing to compare
+            return
+        if self._is_local:
+            stat = os.stat(path)
+            now: tuple[int, int | None] = (stat.st_size, stat.st_mtime_ns if indexed.mtime_ns is not None else None)
+        else:
+            now = (handle.size(), indexed.mtime_ns)
+        if now == (indexed.size_bytes, indexed.mtime_ns):
+            return
+        handle.close()
+        change = (f"{indexed.size_bytes:,} bytes then, {now[0]:,} now" if now[0] != indexed.size_bytes
+                  else "same size, modified since")
+        raise DatasetChangedError(f"{path}: the file changed since {self.url} was opened ({change}): it was "
+                                  "overwritten while it was read, and rows of two versions would mix; open the "
+                                  "dataset again to read what is there now", path=path)
 
     def _close_file(self) -> None:
         held = self._open
@@ -224,7 +256,11 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
-        raise DatasetNotFoundError(f"{url}: no such file or directory")
+        left = fsutil.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
+        info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
+        raise DatasetNotFoundError(f"{url}: no such file or directory{hint}")
     if info.type == pafs.FileType.File:
         paths, common = [root], None
         sizes = {root: info}

@@ -105,6 +105,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         check_petastorm_compatible(schema)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     if fsutil.exists(fs, target) and not overwrite:
         raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
     writer = _DatasetWriter(fs, fsutil.temporary_sibling(target), schema, partition_by=tuple(partition_by),

@@ -17,9 +17,18 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import (
+    BrokenExecutor,
+    CancelledError,
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -29,13 +38,21 @@ from unihub.errors import InvalidArgumentError
 T = TypeVar("T")
 R = TypeVar("R")
 PoolType = Literal["thread", "process", "dummy"]
+#: how long :meth:`Pool.join` lets process workers finish their task before terminating them
+JOIN_TIMEOUT_SECONDS = 30.0
 
 _PROCESS_FUNCTION: Callable[[Any], Any] | None = None
 
 
-def _install_function(fn: Callable[[Any], Any]) -> None:
+def _install_function(fn: Callable[[Any], Any], parent: int | None = None) -> None:
+    """A process worker's initializer: keep ``fn``, and end with the reader's process ``parent``
+    (polled: the thread that forked the workers may end before the reader is done)."""
     global _PROCESS_FUNCTION
     _PROCESS_FUNCTION = fn
+    if parent is not None:
+        from unihub.lifeline import die_with_parent
+
+        die_with_parent(parent, kernel=False)
 
 
 def _call_installed(task: Any) -> Any:
@@ -62,6 +79,10 @@ class Pool:
         self._executor: Executor | None = None
         self._pending: deque[Future[Any]] = deque()
         self._stopped = False
+        #: what join() waits for: the worker processes and the executor's manager thread, noted
+        #: before a shutdown without waiting drops the executor's own references to them
+        self._processes: list[Any] = []
+        self._threads: list[threading.Thread] = []
 
     def _start(self, fn: Callable[[Any], Any]) -> Executor | None:
         if self.pool_type == "thread":
@@ -69,7 +90,7 @@ class Pool:
         if self.pool_type == "process":
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             return ProcessPoolExecutor(self.workers_count, mp_context=multiprocessing.get_context(method),
-                                       initializer=_install_function, initargs=(fn,))
+                                       initializer=_install_function, initargs=(fn, os.getpid()))
         return None
 
     def imap(self, fn: Callable[[T], R], tasks: Iterable[T], window: int) -> Iterator[R]:
@@ -93,9 +114,9 @@ class Pool:
                 future = self._pending.popleft()
                 try:
                     result = future.result()
-                except CancelledError:
+                except (CancelledError, BrokenExecutor):
                     if self._stopped:  # stop() from another thread cancelled the task we waited for
-                        return
+                        return  # (or join() terminated the worker that ran it)
                     raise
                 if not self._stopped:
                     for task in task_iter:
@@ -119,13 +140,40 @@ class Pool:
             future.cancel()
         self._pending.clear()
         if self._executor is not None:
+            self._note_workers(self._executor)
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def join(self) -> None:
-        """Wait for the workers to exit."""
+    def join(self, timeout: float = JOIN_TIMEOUT_SECONDS) -> None:
+        """Wait for the workers to exit: threads, and processes, which finish the task they run.
+
+        Process workers still running after ``timeout`` seconds (a transform that never returns)
+        are terminated, so that this returns only when none is left.
+        """
         if self._executor is not None:
+            self._note_workers(self._executor)
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.terminate()
+                process.join(1.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._processes, self._threads = [], []
+
+    def _note_workers(self, executor: Executor) -> None:
+        """Remember a process pool's workers and manager thread (CPython keeps them in private
+        attributes and forgets them at a shutdown that does not wait)."""
+        processes = getattr(executor, "_processes", None) or {}
+        self._processes.extend(p for p in list(processes.values()) if p not in self._processes)
+        manager = getattr(executor, "_executor_manager_thread", None)
+        if manager is not None and manager not in self._threads:
+            self._threads.append(manager)
 
     @property
     def in_flight(self) -> int:

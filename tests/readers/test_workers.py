@@ -165,3 +165,65 @@ def test_bad_pool_options():
         Pool("fiber", 2)  # type: ignore[arg-type]
     with pytest.raises(UnihubError, match="workers_count"):
         Pool("thread", 0)
+
+
+# -- join: returns once the workers have exited ----------------------------------------------------------
+def stuck(task: int) -> int:
+    time.sleep(120)
+    return task
+
+
+def worker_processes() -> list:
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def test_join_after_stop_returns_once_process_workers_exited():
+    """Issue 12: join() after stop() returned at once, the workers still running."""
+    pool = Pool("process", 2)
+    iterator = pool.imap(slow, itertools.count(), window=4)
+    assert within(20, lambda: next(iterator)) == 0
+    workers = worker_processes()
+    assert len(workers) == 2
+    pool.stop()
+    within(20, pool.join)
+    assert [p.pid for p in workers if p.is_alive()] == []
+    iterator.close()
+
+
+def test_join_terminates_process_workers_stuck_past_its_timeout():
+    pool = Pool("process", 1)
+    iterator = pool.imap(stuck, itertools.count(), window=2)
+    threading.Thread(target=lambda: next(iterator, None), daemon=True).start()
+    deadline = time.monotonic() + 20
+    while not worker_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = worker_processes()
+    time.sleep(0.3)  # the worker is inside its two-minute task
+    pool.stop()
+    started = time.monotonic()
+    within(20, lambda: pool.join(timeout=0.5))
+    assert time.monotonic() - started < 5
+    assert workers and [p.pid for p in workers if p.is_alive()] == []
+
+
+@pytest.mark.parametrize("ending", ["stop-join", "with-block"])
+def test_reader_join_returns_once_process_workers_exited(tmp_path, ending):
+    import numpy as np
+    import pyarrow as pa
+
+    from unihub import ScalarCodec, Unischema, UnischemaField, make_reader, write_dataset
+
+    schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(tmp_path / "ds", schema, [{"id": np.arange(2000)}], batched=True, row_group_size_mb=0.001)
+    reader = make_reader(tmp_path / "ds", reader_pool_type="process", workers_count=2, num_epochs=None)
+    with reader:
+        next(reader)
+        workers = worker_processes()
+        assert len(workers) == 2
+        if ending == "stop-join":
+            reader.stop()
+            within(20, reader.join)
+            assert [p.pid for p in workers if p.is_alive()] == []
+    assert [p.pid for p in workers if p.is_alive()] == []
