@@ -25,6 +25,7 @@ from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
 from unihub.converters.copy import copy_dataset
 from unihub.errors import (
     CodecError,
+    DatasetChangedError,
     DatasetExistsError,
     DatasetNotFoundError,
     FormatError,
@@ -89,7 +90,7 @@ from unihub.readers.weighted import WeightedSamplingReader
 __version__ = "0.1.0"
 
 __all__ = [
-    "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetExistsError",
+    "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetChangedError", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
     "PetastormCompatibilityError", "PetastormMetadataError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
