@@ -53,6 +53,7 @@ from unihub.errors import ImageDecodeError
 
 __all__ = [
     "DECODER_NAME",
+    "MAX_IMAGE_PIXELS",
     "ImageDecodeError",
     "decode_image",
     "detect_format",
@@ -74,6 +75,13 @@ _JPEG_STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}  # RSTn, SOI, TEM: no l
 _PNG_LEVEL, _PNG_STRATEGY_RLE, _PNG_FILTER_SUB = 1, 3, 16
 
 Buffer = bytes | bytearray | memoryview
+
+#: The most pixels (width x height) an image's header may claim before it is decoded; more raises
+#: :class:`ImageDecodeError` at once. Decoders allocate the pixels a header claims before reading
+#: any data, so a 631-byte JPEG claiming 65000 x 65000 would take 11.8 GiB. Pillow's threshold for
+#: its ``DecompressionBombError`` (twice ``PIL.Image.MAX_IMAGE_PIXELS``); set it at run time
+#: (``unihub.formats.images.MAX_IMAGE_PIXELS = 10**9``), or to None to turn the check off.
+MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 
 def detect_format(data: Buffer) -> str | None:
@@ -152,6 +160,15 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
     headers up to the frame size, so the rest of a group is matched with one numpy compare.
     ``size`` None marks a value that is not a PNG/JPEG (or whose header is corrupt).
     """
+    for size, fmt, rows in image_size_groups(buffer, starts, ends):
+        yield size, fmt, len(rows)
+
+
+def image_size_groups(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Iterator[
+        tuple[tuple[int, int, int] | None, str | None, np.ndarray]]:
+    """:func:`image_sizes` with each group's members: ``(size, format, rows)``, ``rows`` ascending
+    indices into ``starts``. The images of a group are byte-equal on every byte their header was
+    read from (:func:`image_size_spans`), so whatever the header of ``rows[0]`` says holds for all."""
     buffer = np.asarray(buffer, np.uint8)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     view = memoryview(buffer)
@@ -163,21 +180,38 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
         fmt = detect_format(value) if size is not None else None
         extent = max(b for _, b in spans) if spans else 0
         if size is None or not spans or extent > _MAX_EXTENT:
-            yield size, fmt, 1
+            yield size, fmt, left[:1]
             left = left[1:]
             continue
         columns = np.concatenate([np.arange(a, b) for a, b in spans])
         long_enough = left[ends[left] - starts[left] >= extent]
         heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]][:, columns]
         same = long_enough[(heads == buffer[starts[first] + columns]).all(1)]
-        yield size, fmt, len(same)
+        yield size, fmt, same
         left = np.setdiff1d(left, same, assume_unique=True)
         if len(same) < _MIN_GROUP:  # headers vary: one by one
             for i in left.tolist():
                 value = view[starts[i]:ends[i]]
                 size = image_size(value)
-                yield size, (detect_format(value) if size is not None else None), 1
+                yield size, (detect_format(value) if size is not None else None), np.array([i])
             return
+
+
+def pixel_limit_problem(height: int, width: int, fmt: str) -> str | None:
+    """Why an image of ``width x height`` pixels is refused under :data:`MAX_IMAGE_PIXELS`, or None."""
+    limit = MAX_IMAGE_PIXELS
+    if limit is None or height * width <= limit:
+        return None
+    return (f"{fmt.upper()} header claims {width}x{height} pixels ({height * width:,}), more than the limit of "
+            f"{limit:,} (a decompression bomb?); raise unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, "
+            "to decode images this large")
+
+
+def check_pixels(height: int, width: int, fmt: str) -> None:
+    """Raise :class:`ImageDecodeError` for an image above :data:`MAX_IMAGE_PIXELS`, before any decoding."""
+    problem = pixel_limit_problem(height, width, fmt)
+    if problem is not None:
+        raise ImageDecodeError(problem)
 
 
 def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
@@ -280,8 +314,14 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
 def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     """libpng into ``out`` directly when it is contiguous, else decode and copy."""
     direct = out is not None and out.flags.c_contiguous and out.flags.writeable
+    if not direct:  # libpng allocates what the header claims (into ``out`` it checks the shape first)
+        header = _png_header(data)
+        if header is not None:
+            check_pixels(header[0], header[1], "png")
     try:
         image = imagecodecs.png_decode(data, out=out if direct else None)
+    except MemoryError as exc:
+        raise ImageDecodeError(f"PNG ({len(data)} bytes): out of memory decoding it: {exc}") from None
     except (ValueError, RuntimeError) as exc:  # PngError is a RuntimeError
         if out is not None:
             header = _png_header(data)
@@ -303,6 +343,8 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     height, width, channels = size
     if out is not None:
         _check_out(out, size, np.uint8, "JPEG")
+    else:
+        check_pixels(height, width, "jpeg")
     # simplejpeg converts CMYK to RGB itself, through a 4-channel temporary
     direct = out is not None and out.flags.c_contiguous and frame[2] != 4
     try:
@@ -312,6 +354,9 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
             buffer=out if direct else None,
             strict=True,
         )
+    except MemoryError as exc:
+        raise ImageDecodeError(f"JPEG ({len(data)} bytes) of {width}x{height} pixels: out of memory decoding it: "
+                               f"{exc}") from None
     except (ValueError, RuntimeError) as exc:
         raise ImageDecodeError(f"corrupt or truncated JPEG ({len(data)} bytes): {exc}") from exc
     if channels == 1:
