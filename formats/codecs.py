@@ -784,10 +784,9 @@ class CompressedImageCodec(Codec):
             if fixed:  # the decoders check each header against the row of ``out`` before decoding
                 images.decode_images_into(blobs, out)
                 return out
+            shape = field.shape if partly_fixed else None  # checked against each header before decoding
             for row, blob in enumerate(blobs):
-                if blob is not None and partly_fixed:
-                    _check_fits(field, blob)
-                out[row] = None if blob is None else images.decode_image(blob)
+                out[row] = None if blob is None else images.decode_image(blob, shape=shape)
         except images.ImageDecodeError as exc:
             row = row if exc.row is None else exc.row
             raise images.ImageDecodeError(f"field {field.name!r}, row {row}: corrupt or mismatched "
@@ -815,20 +814,6 @@ def _image_column(field: UnischemaField, n: int) -> np.ndarray:
     except MemoryError as exc:
         raise images.ImageDecodeError(f"field {field.name!r}: out of memory for {n} images of shape {field.shape}: "
                                       f"{exc}", field=field.name) from None
-
-
-def _check_fits(field: UnischemaField, blob: memoryview) -> None:
-    """ImageDecodeError unless the header of ``blob`` fits the fixed dimensions of ``field`` (before decoding)."""
-    from unihub.formats import images
-
-    size = images.image_size(blob)
-    if size is None:
-        return  # decode_image says what is wrong with it
-    height, width, channels = size
-    found = (height, width) if channels == 1 and len(field.shape) == 2 else size
-    if not shape_matches(found, field.shape):
-        raise images.ImageDecodeError(f"{images.detect_format(blob).upper()} image of shape {found}, "  # type: ignore[union-attr]
-                                      f"expected {field.shape}")
 
 
 def arrow_backed_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -185,9 +185,12 @@ def image_size_groups(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) 
             continue
         columns = np.concatenate([np.arange(a, b) for a, b in spans])
         long_enough = left[ends[left] - starts[left] >= extent]
-        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]][:, columns]
+        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]]
+        heads = heads[:, spans[0][0]:extent] if len(spans) == 1 else heads[:, columns]  # JPEG: one span, a view
         same = long_enough[(heads == buffer[starts[first] + columns]).all(1)]
         yield size, fmt, same
+        if len(same) == len(left):  # the usual case: one encoder, one size
+            return
         left = np.setdiff1d(left, same, assume_unique=True)
         if len(same) < _MIN_GROUP:  # headers vary: one by one
             for i in left.tolist():
@@ -214,15 +217,19 @@ def check_pixels(height: int, width: int, fmt: str) -> None:
         raise ImageDecodeError(problem)
 
 
-def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
+def decode_image(data: Buffer, out: np.ndarray | None = None, *,
+                 shape: tuple[int | None, ...] | None = None) -> np.ndarray:
     """Decode PNG or JPEG bytes to an RGB / RGBA / gray ``(H, W)`` array.
 
     The dtype is uint8, or uint16 for a 16-bit PNG. With ``out`` (a row of a
     column array, say) the pixels are decoded into it and ``out`` is returned;
     its shape and dtype must be the image's (see :func:`image_size`), no
-    conversion is made. Raises :class:`ImageDecodeError` for data that is not
-    PNG / JPEG, is corrupt or truncated, uses an unsupported variant (12-bit
-    JPEG, say), or does not fit ``out``.
+    conversion is made. Without ``out``, ``shape`` (a field's, ``None`` dims
+    for any size) is what the image must be. Raises :class:`ImageDecodeError`
+    for data that is not PNG / JPEG, is corrupt or truncated, uses an
+    unsupported variant (12-bit JPEG, say), claims more than
+    :data:`MAX_IMAGE_PIXELS`, or does not fit ``out`` or ``shape`` (all
+    checked from the header, before decoding).
 
     >>> decode_image(encode_image(np.full((2, 3), 7, np.uint8), "png"))
     array([[7, 7, 7],
@@ -232,9 +239,9 @@ def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
         data = _bytes_view(data)  # the backends want unsigned bytes; Arrow buffers are signed
     fmt = detect_format(data)
     if fmt == "png":
-        return _decode_png(data, out)
+        return _decode_png(data, out, shape)
     if fmt == "jpeg":
-        return _decode_jpeg(data, out)
+        return _decode_jpeg(data, out, shape)
     raise ImageDecodeError(
         f"not a PNG or JPEG image: {len(data)} bytes starting {bytes(data[:8])!r}"
     )
@@ -311,13 +318,15 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
 
 
 # --------------------------------------------------------------------- decoding
-def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
+def _decode_png(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, ...] | None) -> np.ndarray:
     """libpng into ``out`` directly when it is contiguous, else decode and copy."""
     direct = out is not None and out.flags.c_contiguous and out.flags.writeable
     if not direct:  # libpng allocates what the header claims (into ``out`` it checks the shape first)
         header = _png_header(data)
         if header is not None:
             check_pixels(header[0], header[1], "png")
+            if shape is not None and out is None:
+                _check_shape(header[:3], shape, "PNG")
     try:
         image = imagecodecs.png_decode(data, out=out if direct else None)
     except MemoryError as exc:
@@ -333,7 +342,7 @@ def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     return _copy_into(image, out, "PNG")
 
 
-def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
+def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, ...] | None) -> np.ndarray:
     """TurboJPEG (strict: warnings such as a truncated stream are errors)."""
     frame = _jpeg_frame(data)
     size = _jpeg_channels(frame)
@@ -345,6 +354,8 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
         _check_out(out, size, np.uint8, "JPEG")
     else:
         check_pixels(height, width, "jpeg")
+        if shape is not None:
+            _check_shape(size, shape, "JPEG")
     # simplejpeg converts CMYK to RGB itself, through a 4-channel temporary
     direct = out is not None and out.flags.c_contiguous and frame[2] != 4
     try:
@@ -364,6 +375,14 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     if out is None:
         return image
     return out if direct else _copy_into(image, out, "JPEG")
+
+
+def _check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:
+    """Raise ImageDecodeError unless an image of ``size`` (from its header) has the fixed dims of ``shape``."""
+    height, width, channels = size
+    found = (height, width) if channels == 1 and len(shape) == 2 else size
+    if len(found) != len(shape) or any(e is not None and e != f for f, e in zip(found, shape)):
+        raise ImageDecodeError(f"{fmt} image of shape {found}, expected {shape}")
 
 
 def _check_out(out: np.ndarray, size: tuple[int, int, int], dtype: type, fmt: str) -> None:

@@ -116,6 +116,10 @@ def test_partly_fixed_dimensions_are_checked_too() -> None:
         CompressedImageCodec("jpeg").decode_column(_field((None, None, 3)), column)
     values = CompressedImageCodec("jpeg").decode_column(_field((None, None, None)), column)
     assert values[1].shape == (8, 8)
+    rgba = images.encode_image(np.zeros((4, 8, 4), np.uint8), "png")
+    with pytest.raises(ImageDecodeError, match=r"PNG image of shape \(4, 8, 4\), expected \(None, 8, 3\)"):
+        decode_image(rgba, shape=(None, 8, 3))
+    assert decode_image(rgba, shape=(4, None, 4)).shape == (4, 8, 4)
 
 
 def test_a_reader_names_the_file_and_row_of_a_bomb(tmp_path: Path) -> None:
