@@ -102,8 +102,11 @@ def bad_images(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray, field: 
     for code, marker in ((1, _PNG_END), (2, _JPEG_EOI)):
         rows = np.flatnonzero(fmts == code)  # a header parsed: longer than the marker
         if len(rows):
-            tails = buffer[(ends[rows] - len(marker))[:, None] + np.arange(len(marker))]
-            ended[rows[(tails == np.frombuffer(marker, np.uint8)).all(1)]] = True
+            last = ends[rows] - len(marker)
+            same = buffer[last] == marker[0]
+            for k in range(1, len(marker)):
+                same &= buffer[last + k] == marker[k]
+            ended[rows[same]] = True
     for i in np.flatnonzero(~bad & ((mode == "full") | ~ended)).tolist():  # trailing bytes, truncation; decodes
         bad[i] = image_problem(view[starts[i]:ends[i]], field, mode, fit=fit) is not None
     return bad
