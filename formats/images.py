@@ -381,8 +381,13 @@ def _check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt:
     """Raise ImageDecodeError unless an image of ``size`` (from its header) has the fixed dims of ``shape``."""
     height, width, channels = size
     found = (height, width) if channels == 1 and len(shape) == 2 else size
-    if len(found) != len(shape) or any(e is not None and e != f for f, e in zip(found, shape)):
-        raise ImageDecodeError(f"{fmt} image of shape {found}, expected {shape}")
+    if len(found) == len(shape):
+        for dim, expected in zip(found, shape):
+            if expected is not None and expected != dim:
+                break
+        else:
+            return
+    raise ImageDecodeError(f"{fmt} image of shape {found}, expected {shape}")
 
 
 def _check_out(out: np.ndarray, size: tuple[int, int, int], dtype: type, fmt: str) -> None:
