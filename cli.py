@@ -151,7 +151,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                      schema=args.schema, overwrite=args.overwrite, row_group_size_mb=args.row_group_size_mb,
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
                      engine=args.engine, master=args.master, workers=args.workers,
-                     format_options=_format_options(args))
+                     format_options=_format_options(args), validate_images=args.validate_images)
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -355,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     formats = _format_names()
+    from unihub.formats.image_checks import VALIDATE_IMAGES
+
     convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
                              "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
                              "beside DST and renamed on success. Example: unihub convert 'train-*.tfrecord' /data/train",
@@ -368,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     convert.add_argument("--row-group-size-mb", type=float, default=32, help="Parquet row-group size (default 32)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
+    convert.add_argument("--validate-images", choices=VALIDATE_IMAGES, default="header",
+                         help="check each source image before storing it: header (default: header, pixel limit, "
+                              "shape, end marker), full (also decode it) or none")
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     convert.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="a format option (repeatable), e.g. --option compression=gzip; listed below")

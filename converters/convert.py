@@ -34,6 +34,7 @@ from unihub.formats.foreign import (
     expand_braces,
     same_storage,
 )
+from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
 
 UNIHUB = "unihub"
@@ -104,12 +105,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
-            engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1) -> ConvertResult:
+            engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
+            validate_images: ValidateImages = "header") -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
     each writing the part files of its slice of the input (0: one per core); a single
     input file, an export or a unihub source is converted in this process.
+
+    ``validate_images`` says how a foreign source's images are checked before they are stored
+    (:mod:`unihub.formats.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
+    marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
+    the file and record, or with ``on_error='skip'`` a skipped record.
     """
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
@@ -122,6 +129,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     if not isinstance(workers, int) or workers < 0:
         raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
     workers = workers or (os.cpu_count() or 1)
+    validate_images = check_mode(validate_images)
     if engine == "spark":
         if source_format == UNIHUB or target_format != UNIHUB:
             raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
@@ -130,7 +138,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
 
         return convert_with_spark(src, dst, from_format=source_format, schema=schema, overwrite=overwrite,
                                   master=master, spark=spark, row_group_size_mb=row_group_size_mb,
-                                  on_error=on_error, format_options=format_options)
+                                  on_error=on_error, format_options=format_options,
+                                  validate_images=validate_images)
     if os.path.exists(dst) and not overwrite:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
@@ -150,6 +159,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         source = FORMATS.get(source_format)(src, **options)
         source.workers = workers
         source.on_error = on_error
+        source.validate_images = validate_images
         files = source.files()
         input_bytes = _total_size(files)
         # single pass where the format allows it: read once with a provisional schema, refine it after
@@ -158,7 +168,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
         if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
-            options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error,
+            options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error, validate_images=validate_images,
                            progress=progress, start=start, input_bytes=input_bytes)
             try:
                 return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
@@ -201,7 +211,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
 
 def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
                       validate: bool, workers: int, *, observe: bool, row_group_size_mb: float,
-                      on_error: OnError, progress: bool | None, start: float, input_bytes: int) -> ConvertResult:
+                      on_error: OnError, validate_images: ValidateImages, progress: bool | None, start: float,
+                      input_bytes: int) -> ConvertResult:
     """Foreign source -> unihub as conversion tasks (:mod:`unihub.converters.tasks`): slices of the
     input files read by forked workers, or one task in this process. With ``observe`` the schema is
     the source's provisional one, refined from what the tasks saw before the files are committed."""
@@ -209,7 +220,8 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
     from unihub.formats import filesystem as fsutil
 
     plan = tasks.TaskPlan(source.format_name, ",".join(source.sources), dict(source.options), schema, extra,
-                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe)
+                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe,
+                          validate_images=validate_images)
     skipped = tasks.driver_skips(source)
     meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
 

@@ -30,6 +30,7 @@ from unihub.converters.tasks import TaskPlan, driver_skips, finish, layout_of, r
 from unihub.errors import DatasetExistsError, FormatError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import FORMATS, OnError, SkippedRecord, check_on_error
+from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
 
 
@@ -37,7 +38,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                        schema: Unischema | str | os.PathLike[str] | None = None, overwrite: bool = False,
                        master: str = "local[2]", spark: Any = None, row_group_size_mb: float = 32,
                        on_error: OnError = "raise", format_options: Mapping[str, Any] | None = None,
-                       ) -> ConvertResult:
+                       validate_images: ValidateImages = "header") -> ConvertResult:
     """Convert the foreign dataset ``src`` into the unihub dataset ``dst`` with Spark.
 
     ``spark`` is an existing SparkSession (left running); without one a session is started
@@ -59,13 +60,14 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     options = dict(format_options or {})
     source = FORMATS.get(source_format)(src, **options)
     source.on_error = on_error
+    source.validate_images = check_mode(validate_images)
     files = source.files()
     out_schema = load_schema(schema) if schema is not None else source.infer_schema()
     source.prepare(out_schema)
     extra = {"source_format": source_format, "source": src, **source.metadata()}
     # the source's options after inference: it may have added what its tasks need (feature lists)
     plan = TaskPlan(source_format, src, dict(source.options), out_schema, extra, row_group_size_mb, on_error,
-                    layout_of(source), validate=schema is not None)
+                    layout_of(source), validate=schema is not None, validate_images=validate_images)
     skipped = driver_skips(source)
     bytes_read = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
 

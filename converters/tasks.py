@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, SkippedRecord
+from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
 
 TASK_DIR = "_task-{:05d}"
@@ -32,13 +33,14 @@ class TaskPlan:
 
     def __init__(self, fmt: str, src: str, options: dict[str, Any], schema: Unischema, extra: dict[str, Any],
                  row_group_size_mb: float, on_error: OnError, layout: Any, validate: bool = True,
-                 observe: bool = False) -> None:
+                 observe: bool = False, validate_images: ValidateImages = "header") -> None:
         self.fmt, self.src, self.options = fmt, src, options
         self.schema, self.extra = schema, extra
         self.row_group_size_mb, self.on_error = row_group_size_mb, on_error
         self.layout = layout  # image folders: (root, classes) to label files without listing the root
         self.validate = validate  # False when the source inferred the schema it is read with
         self.observe = observe  # single pass: the schema is provisional, the read observes
+        self.validate_images = validate_images  # how the source checks images (formats/image_checks.py)
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -82,6 +84,7 @@ def run_task(plan: TaskPlan, temporary: str, index: int, files: Iterable[str],
     os.mkdir(work)  # not makedirs: a job being torn down must not recreate the temporary directory
     source = task_source(plan, files)
     source.observe = plan.observe
+    source.validate_images = plan.validate_images
     batches = source.read_batches(plan.schema, on_error=plan.on_error)
     if wrap is not None:
         batches = wrap(source, batches)

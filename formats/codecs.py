@@ -779,22 +779,45 @@ class CompressedImageCodec(Codec):
             return _with_nulls(array.to_pylist(), None)
         blobs = binary_views(array)
         fixed = field.is_fixed_shape and valid is None and n > 0
-        out = arrow_backed_empty((n, *fixed_dims(field.shape)), field.dtype) if fixed else np.empty(n, dtype=object)
+        out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
+        partly_fixed = not fixed and any(d is not None for d in field.shape)
         row = 0
         try:
-            if fixed:  # no nulls (valid is None): no None among the blobs
+            if fixed:  # the decoders check each header against the row of ``out`` before decoding
+                # no nulls (valid is None): no None among the blobs
                 images.decode_images_into(cast("list[memoryview]", blobs), out)
                 return out
+            shape = field.shape if partly_fixed else None  # checked against each header before decoding
             for row, blob in enumerate(blobs):
-                out[row] = None if blob is None else images.decode_image(blob)
+                out[row] = None if blob is None else images.decode_image(blob, shape=shape)
         except images.ImageDecodeError as exc:
             row = row if exc.row is None else exc.row
-            raise CodecError(f"field {field.name!r}, row {row}: corrupt or mismatched "
-                             f"{self.image_codec.upper()} image: {exc}", field=field.name, row=row) from exc
+            raise images.ImageDecodeError(f"field {field.name!r}, row {row}: corrupt or mismatched "
+                                          f"{self.image_codec.upper()} image (the field holds {field.shape} "
+                                          f"{np.dtype(field.dtype).name}): {exc}", field=field.name, row=row) from exc
         return out
 
     def config(self) -> dict[str, Any]:
         return {"image_codec": self.image_codec, "quality": self.quality}
+
+
+def _image_column(field: UnischemaField, n: int) -> np.ndarray:
+    """The ``(n, *shape)`` array a fixed-shape image column decodes into, refused (ImageDecodeError)
+    when the field's images are above ``images.MAX_IMAGE_PIXELS`` or the column does not fit in memory."""
+    from unihub.formats import images
+
+    shape = fixed_dims(field.shape)
+    height, width = (list(shape) + [1, 1])[:2]
+    limit = images.MAX_IMAGE_PIXELS
+    if limit is not None and height * width > limit:
+        raise images.ImageDecodeError(
+            f"field {field.name!r} holds images of {width}x{height} pixels, more than the limit of {limit:,}; raise "
+            "unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, to decode images this large", field=field.name)
+    try:
+        return arrow_backed_empty((n, *shape), field.dtype)
+    except MemoryError as exc:
+        raise images.ImageDecodeError(f"field {field.name!r}: out of memory for {n} images of shape {field.shape}: "
+                                      f"{exc}", field=field.name) from None
 
 
 def arrow_backed_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -28,11 +28,14 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from unihub.errors import FormatError, UnsupportedFormatError
 from unihub.formats.schema import Unischema
 from unihub.registry import Registry
+
+if TYPE_CHECKING:
+    from unihub.formats.image_checks import ValidateImages
 
 FORMATS: Registry[type[ForeignFormat]] = Registry("format")
 T = TypeVar("T")
@@ -187,6 +190,9 @@ class ForeignFormat(ABC):
         #: single pass (see :meth:`provisional_schema`): read_batches does not hold records to the
         #: schema's details but leaves what it saw in ``report.observed`` for :meth:`refine_schema`
         self.observe = False
+        #: how image values are checked before they are stored, ``'header'``, ``'full'`` or ``'none'``
+        #: (:mod:`unihub.formats.image_checks`; ``convert(validate_images=...)`` sets it)
+        self.validate_images: ValidateImages = "header"
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -87,7 +87,7 @@ from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
 from unihub.formats.hdf5_types import h5py_module
-from unihub.formats.schema import Unischema
+from unihub.formats.schema import Unischema, UnischemaField
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
@@ -194,9 +194,10 @@ class HDF5Format(ForeignFormat):
                 self.report.skipped.extend(SkippedRecord(path, f"dataset {name!r}", reason)
                                            for name, reason in plan.ignored.items())
                 yield from self._read_file(path, unit_readers(path, handle, plan, schema, slice_bytes),
-                                           batch_size, on_error)
+                                           batch_size, on_error, list(schema))
 
-    def _read_file(self, path: str, readers: list[Any], batch_size: int, on_error: OnError) -> Iterator[ColumnBatch]:
+    def _read_file(self, path: str, readers: list[Any], batch_size: int, on_error: OnError,
+                   fields: Sequence[UnischemaField] = ()) -> Iterator[ColumnBatch]:
         total = sum(reader.length for reader in readers) or 1
         base, size, done = self.report.bytes_read, os.path.getsize(path), 0
         for reader in readers:
@@ -213,9 +214,29 @@ class HDF5Format(ForeignFormat):
                     continue
                 finally:
                     done += stop - start
-                self.report.records += stop - start
+                batch, rows = self._checked_images(path, reader, start, batch, fields, on_error)
+                self.report.records += rows
                 self.report.bytes_read = base + size * done // total  # rows read, as a share of the file
-                yield batch
+                if rows:
+                    yield batch
+
+    def _checked_images(self, path: str, reader: Any, start: int, batch: dict[str, Any],
+                        fields: Sequence[UnischemaField], on_error: OnError) -> tuple[dict[str, Any], int]:
+        """``batch`` (rows ``start``.. of ``reader``) and its row count, rows whose encoded image fails its
+        check (:mod:`unihub.formats.image_checks`) raised as a FormatError, or left out when skipping."""
+        from unihub.formats.image_checks import batch_problems, drop_rows
+
+        rows = len(next(iter(batch.values()))) if batch else 0
+        problems = batch_problems(batch, fields, self.validate_images)
+        for row, name, reason in problems:
+            location = reader.where(start + row, start + row + 1)
+            if on_error != "skip":
+                raise FormatError(f"{path}: {location}, field {name!r}: {reason}", path=path)
+            self.report.skipped.append(SkippedRecord(path, location, f"field {name!r}: {reason}"))
+        if not problems:
+            return batch, rows
+        bad = {row for row, _, _ in problems}
+        return drop_rows(batch, bad), rows - len(bad)
 
     def metadata(self) -> dict[str, Any]:
         """``{"hdf5": {...}}``: the attributes of the file, its groups and datasets, its scalars as

@@ -28,10 +28,12 @@ is a JPEG), and kept as the bytes on disk, never re-encoded. Only PNG and JPEG a
 - a file that is no image (``labels.txt``) is left out with a warning and recorded in the
   report, whatever ``on_error`` says;
 - a corrupt image (bad header; a PNG without its ``IEND`` chunk or a JPEG without its
-  end-of-image marker, i.e. truncated; with ``verify=True`` also any that fails to decode),
-  a ``.png/.jpg/.jpeg`` file holding something else, or another image format (``.gif``,
-  ``.webp``, ...) raises :class:`~unihub.errors.FormatError` naming the file, or with
-  ``on_error='skip'`` is skipped and recorded.
+  end-of-image marker, i.e. truncated; a header claiming more than
+  :data:`~unihub.formats.images.MAX_IMAGE_PIXELS`; with ``verify=True`` or
+  ``convert(validate_images='full')`` also any that fails to decode), a ``.png/.jpg/.jpeg``
+  file holding something else, or another image format (``.gif``, ``.webp``, ...) raises
+  :class:`~unihub.errors.FormatError` naming the file, or with ``on_error='skip'`` is skipped
+  and recorded. ``validate_images='none'`` checks only that a file is a PNG/JPEG.
 
 Schema inference reads only the headers (the first 64 KiB of each file):
 
@@ -81,6 +83,7 @@ from unihub.formats.foreign import (
     python_columns,
     register_format,
 )
+from unihub.formats.image_checks import jpeg_scan_start
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
@@ -238,6 +241,8 @@ class ImageFolderFormat(ForeignFormat):
         if "label" in wanted and self._listing.classes is None:
             raise SchemaError(f"{self.root} is a flat image folder (no class folders), so it has no 'label'")
         image_field = schema["image"] if "image" in schema and not self.observe else None
+        check = self.validate_images != "none"  # header: pixel limit, fit, end marker; full: decode too
+        verify = bool(self.options.get("verify")) or self.validate_images == "full"
         self.report = ReadReport()
         seen: tuple[Counter[str], set[tuple[int, int, int]], set[int]] = (Counter(), set(), set())
         if self.observe:
@@ -253,11 +258,11 @@ class ImageFolderFormat(ForeignFormat):
             full = prefix + entry.path
             data = _read(full)
             self.report.bytes_read += len(data)
-            probe = _probe(data, entry.path, complete=True, verify=bool(self.options.get("verify")))
+            probe = _probe(data, entry.path, complete=check, verify=verify)
             if probe.kind == "image":
-                if image_field is not None:
-                    probe = _check_fits(probe, image_field)
-                else:  # observing: the schema is refined from these afterwards
+                if check:
+                    probe = _checked(probe, image_field)
+                if image_field is None and probe.kind == "image":  # observing: the schema is refined from these
                     seen[0][probe.fmt] += 1  # type: ignore[index]
                     seen[1].add(probe.size)  # type: ignore[arg-type]
                     seen[2].add(probe.depth)
@@ -467,7 +472,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
             return _Probe("bad", reason=f"corrupt or unsupported {fmt.upper()} header ({len(data)} bytes)")
         size = found
         depth = data[24] if fmt == "png" else 8
-        sos = _jpeg_scan_start(data) if fmt == "jpeg" else None
+        sos = jpeg_scan_start(data) if fmt == "jpeg" else None
         if fmt == "jpeg":  # the scan start's walk reads on from the frame header, through the SOS marker
             spans = None if sos is None else ((0, sos + 2),)
         if spans is not None:
@@ -489,22 +494,13 @@ def _has_end(data: bytes, fmt: str, sos: int | None) -> bool:
     return sos is not None and data.rfind(b"\xff\xd9") > sos
 
 
-def _jpeg_scan_start(data: bytes) -> int | None:
-    """Offset of the first top-level SOS marker, walking segment lengths (skips EXIF thumbnails)."""
-    pos, end = 2, len(data)
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xDA:
-            return pos
-        if marker == 0xFF:
-            pos += 1
-        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:
-            pos += 2
-        else:
-            pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
-    return None
+def _checked(probe: _Probe, field: UnischemaField | None) -> _Probe:
+    """A 'bad' probe for an image above the pixel limit, or (``field`` given) one that does not fit it."""
+    height, width, _ = probe.size  # type: ignore[misc]
+    problem = images.pixel_limit_problem(height, width, probe.fmt)  # type: ignore[arg-type]
+    if problem is not None:
+        return _Probe("bad", reason=problem)
+    return probe if field is None else _check_fits(probe, field)
 
 
 def _check_fits(probe: _Probe, field: UnischemaField) -> _Probe:

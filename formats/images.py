@@ -54,6 +54,7 @@ from unihub.errors import ImageDecodeError
 
 __all__ = [
     "DECODER_NAME",
+    "MAX_IMAGE_PIXELS",
     "ImageDecodeError",
     "decode_image",
     "detect_format",
@@ -75,6 +76,13 @@ _JPEG_STANDALONE = frozenset(range(0xD0, 0xD9)) | {0x01}  # RSTn, SOI, TEM: no l
 _PNG_LEVEL, _PNG_STRATEGY_RLE, _PNG_FILTER_SUB = 1, 3, 16
 
 Buffer = bytes | bytearray | memoryview
+
+#: The most pixels (width x height) an image's header may claim before it is decoded; more raises
+#: :class:`ImageDecodeError` at once. Decoders allocate the pixels a header claims before reading
+#: any data, so a 631-byte JPEG claiming 65000 x 65000 would take 11.8 GiB. Pillow's threshold for
+#: its ``DecompressionBombError`` (twice ``PIL.Image.MAX_IMAGE_PIXELS``); set it at run time
+#: (``unihub.formats.images.MAX_IMAGE_PIXELS = 10**9``), or to None to turn the check off.
+MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 
 def detect_format(data: Buffer) -> str | None:
@@ -153,6 +161,15 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
     headers up to the frame size, so the rest of a group is matched with one numpy compare.
     ``size`` None marks a value that is not a PNG/JPEG (or whose header is corrupt).
     """
+    for size, fmt, rows in image_size_groups(buffer, starts, ends):
+        yield size, fmt, len(rows)
+
+
+def image_size_groups(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Iterator[
+        tuple[tuple[int, int, int] | None, str | None, np.ndarray]]:
+    """:func:`image_sizes` with each group's members: ``(size, format, rows)``, ``rows`` ascending
+    indices into ``starts``. The images of a group are byte-equal on every byte their header was
+    read from (:func:`image_size_spans`), so whatever the header of ``rows[0]`` says holds for all."""
     buffer = np.asarray(buffer, np.uint8)
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     view = buffer.data  # memoryview(buffer); numpy's stubs give ndarray no __buffer__ before Python 3.12
@@ -164,32 +181,56 @@ def image_sizes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Ite
         fmt = detect_format(value) if size is not None else None
         extent = max(b for _, b in spans) if spans else 0
         if size is None or not spans or extent > _MAX_EXTENT:
-            yield size, fmt, 1
+            yield size, fmt, left[:1]
             left = left[1:]
             continue
         columns = np.concatenate([np.arange(a, b) for a, b in spans])
         long_enough = left[ends[left] - starts[left] >= extent]
-        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]][:, columns]
+        heads = np.lib.stride_tricks.sliding_window_view(buffer, extent)[starts[long_enough]]
+        heads = heads[:, spans[0][0]:extent] if len(spans) == 1 else heads[:, columns]  # JPEG: one span, a view
         same = long_enough[(heads == buffer[starts[first] + columns]).all(1)]
-        yield size, fmt, len(same)
+        yield size, fmt, same
+        if len(same) == len(left):  # the usual case: one encoder, one size
+            return
         left = np.setdiff1d(left, same, assume_unique=True)
         if len(same) < _MIN_GROUP:  # headers vary: one by one
             for i in left.tolist():
                 value = view[starts[i]:ends[i]]
                 size = image_size(value)
-                yield size, (detect_format(value) if size is not None else None), 1
+                yield size, (detect_format(value) if size is not None else None), np.array([i])
             return
 
 
-def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
+def pixel_limit_problem(height: int, width: int, fmt: str) -> str | None:
+    """Why an image of ``width x height`` pixels is refused under :data:`MAX_IMAGE_PIXELS`, or None."""
+    limit = MAX_IMAGE_PIXELS
+    if limit is None or height * width <= limit:
+        return None
+    return (f"{fmt.upper()} header claims {width}x{height} pixels ({height * width:,}), more than the limit of "
+            f"{limit:,} (a decompression bomb?); raise unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, "
+            "to decode images this large")
+
+
+def check_pixels(height: int, width: int, fmt: str) -> None:
+    """Raise :class:`ImageDecodeError` for an image above :data:`MAX_IMAGE_PIXELS`, before any decoding."""
+    problem = pixel_limit_problem(height, width, fmt)
+    if problem is not None:
+        raise ImageDecodeError(problem)
+
+
+def decode_image(data: Buffer, out: np.ndarray | None = None, *,
+                 shape: tuple[int | None, ...] | None = None) -> np.ndarray:
     """Decode PNG or JPEG bytes to an RGB / RGBA / gray ``(H, W)`` array.
 
     The dtype is uint8, or uint16 for a 16-bit PNG. With ``out`` (a row of a
     column array, say) the pixels are decoded into it and ``out`` is returned;
     its shape and dtype must be the image's (see :func:`image_size`), no
-    conversion is made. Raises :class:`ImageDecodeError` for data that is not
-    PNG / JPEG, is corrupt or truncated, uses an unsupported variant (12-bit
-    JPEG, say), or does not fit ``out``.
+    conversion is made. Without ``out``, ``shape`` (a field's, ``None`` dims
+    for any size) is what the image must be. Raises :class:`ImageDecodeError`
+    for data that is not PNG / JPEG, is corrupt or truncated, uses an
+    unsupported variant (12-bit JPEG, say), claims more than
+    :data:`MAX_IMAGE_PIXELS`, or does not fit ``out`` or ``shape`` (all
+    checked from the header, before decoding).
 
     >>> decode_image(encode_image(np.full((2, 3), 7, np.uint8), "png"))
     array([[7, 7, 7],
@@ -199,9 +240,9 @@ def decode_image(data: Buffer, out: np.ndarray | None = None) -> np.ndarray:
         data = _bytes_view(data)  # the backends want unsigned bytes; Arrow buffers are signed
     fmt = detect_format(data)
     if fmt == "png":
-        return _decode_png(data, out)
+        return _decode_png(data, out, shape)
     if fmt == "jpeg":
-        return _decode_jpeg(data, out)
+        return _decode_jpeg(data, out, shape)
     raise ImageDecodeError(
         f"not a PNG or JPEG image: {len(data)} bytes starting {bytes(data[:8])!r}"
     )
@@ -279,11 +320,19 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
 
 
 # --------------------------------------------------------------------- decoding
-def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
+def _decode_png(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, ...] | None) -> np.ndarray:
     """libpng into ``out`` directly when it is contiguous, else decode and copy."""
     direct = out is not None and out.flags.c_contiguous and out.flags.writeable
+    if not direct:  # libpng allocates what the header claims (into ``out`` it checks the shape first)
+        header = _png_header(data)
+        if header is not None:
+            check_pixels(header[0], header[1], "png")
+            if shape is not None and out is None:
+                _check_shape(header[:3], shape, "PNG")
     try:
         image = imagecodecs.png_decode(data, out=out if direct else None)  # type: ignore[arg-type]  # any buffer
+    except MemoryError as exc:
+        raise ImageDecodeError(f"PNG ({len(data)} bytes): out of memory decoding it: {exc}") from None
     except (ValueError, RuntimeError) as exc:  # PngError is a RuntimeError
         if out is not None:
             header = _png_header(data)
@@ -295,7 +344,7 @@ def _decode_png(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     return _copy_into(image, out, "PNG")
 
 
-def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
+def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, ...] | None) -> np.ndarray:
     """TurboJPEG (strict: warnings such as a truncated stream are errors)."""
     frame = _jpeg_frame(data)
     size = _jpeg_channels(frame)
@@ -305,6 +354,10 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     height, width, channels = size
     if out is not None:
         _check_out(out, size, np.uint8, "JPEG")
+    else:
+        check_pixels(height, width, "jpeg")
+        if shape is not None:
+            _check_shape(size, shape, "JPEG")
     # simplejpeg converts CMYK to RGB itself, through a 4-channel temporary
     direct = out is not None and out.flags.c_contiguous and frame[2] != 4
     try:
@@ -314,6 +367,9 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
             buffer=out if direct else None,
             strict=True,
         )
+    except MemoryError as exc:
+        raise ImageDecodeError(f"JPEG ({len(data)} bytes) of {width}x{height} pixels: out of memory decoding it: "
+                               f"{exc}") from None
     except (ValueError, RuntimeError) as exc:
         raise ImageDecodeError(f"corrupt or truncated JPEG ({len(data)} bytes): {exc}") from exc
     if channels == 1:
@@ -321,6 +377,19 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None) -> np.ndarray:
     if out is None:
         return image
     return out if direct else _copy_into(image, out, "JPEG")
+
+
+def _check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:
+    """Raise ImageDecodeError unless an image of ``size`` (from its header) has the fixed dims of ``shape``."""
+    height, width, channels = size
+    found = (height, width) if channels == 1 and len(shape) == 2 else size
+    if len(found) == len(shape):
+        for dim, expected in zip(found, shape):
+            if expected is not None and expected != dim:
+                break
+        else:
+            return
+    raise ImageDecodeError(f"{fmt} image of shape {found}, expected {shape}")
 
 
 def _check_out(out: np.ndarray, size: tuple[int, int, int], dtype: type, fmt: str) -> None:

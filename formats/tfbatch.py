@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.formats import images
+from unihub.formats import image_checks, images
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tfio import _fail
@@ -207,6 +207,8 @@ def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.
         if plan.category in ("image", "bytes", "str") and len(slots) == 1:
             column = _binary_column(block.data, arr, starts, sizes, plan.category == "str")
             if column is not None:
+                if plan.validate != "none":  # failing images take the per-record path, which says why
+                    bad |= image_checks.bad_images(arr, starts, starts + sizes, f, plan.validate, fit=plan.fit)
                 return True, column
             # else record by record below: the values that are not UTF-8 fail there
         numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)

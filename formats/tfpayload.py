@@ -240,9 +240,10 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
                 ) -> tuple[Callable[[bytes], list[Any]], Callable[[list[list[Any]]], ColumnBatch]]:
     """``(record bytes -> row values, rows -> column batch)`` for payload ``kind``."""
     fields = list(schema)
-    if kind == "bytes":
-        return (lambda data: [bytes(data)]), (lambda rows: {fields[0].name: pa.array([r[0] for r in rows],
-                                                                                      pa.binary())})
+    if kind == "bytes":  # an image field checks each record's image
+        check = _Plan.of(fields[0], source.validate_images).checked_image
+        return (lambda data: [check(bytes(data))]), (lambda rows: {fields[0].name: pa.array([r[0] for r in rows],
+                                                                                             pa.binary())})
     if kind == "tensor":
         f = fields[0]
         plan = _Plan.of(f)
@@ -252,8 +253,8 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
     source.prepare(schema)  # a schema given without saying which fields are feature lists: as the records say
     listed = set(source.options["feature_lists"])
     context_names = {f.name for f in fields if f.name not in listed}
-    plans: list[Any] = [StepsPlan.of(f, list_name(f.name, context_names)) if f.name in listed else _Plan.of(f)
-                        for f in fields]
+    plans: list[Any] = [StepsPlan.of(f, list_name(f.name, context_names)) if f.name in listed
+                        else _Plan.of(f, source.validate_images) for f in fields]
 
     def read(data: bytes) -> list[Any]:
         ctx, steps = _sequence(data, explicit)

@@ -350,7 +350,7 @@ class TFRecordFormat(ForeignFormat):
 
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
-        plans = [_Plan.of(f) for f in schema]
+        plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
         if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
             from unihub.formats.tfbatch import read_batches_fast
             yield from read_batches_fast(self, plans, batch_size, on_error)
@@ -368,7 +368,7 @@ class TFRecordFormat(ForeignFormat):
                     raise _Mismatch(lost, UNLISTED)
                 row = [read(example) for read in readers]
             except _Mismatch as exc:
-                if self.observe:
+                if self.observe and exc.feature is not None:  # not a bad image (_BadImage): the schema is outgrown
                     raise SchemaOutgrown(f"{path} record {index}: {exc.feature!r} {exc.reason}") from None
                 _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
                 continue

@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import SchemaError
-from unihub.formats import dtypes, images
+from unihub.formats import dtypes, image_checks, images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Shape, Unischema, UnischemaField
 from unihub.formats.tfexample import Feature, encode_entries, encode_feature, encode_scalar, ld
 from unihub.formats.validation import fixed_dims
@@ -178,9 +179,17 @@ _ABSENT: Feature = (None, None)
 
 
 class _Mismatch(Exception):
-    def __init__(self, feature: str, reason: str) -> None:
+    def __init__(self, feature: str | None, reason: str) -> None:
         super().__init__(reason)
         self.feature, self.reason = feature, reason
+
+
+class _BadImage(_Mismatch):
+    """An image that fails its check (:mod:`unihub.formats.image_checks`): a bad record, never a
+    sign that a provisional schema was outgrown, so it names no feature (its reason does)."""
+
+    def __init__(self, feature: str, reason: str) -> None:
+        super().__init__(None, f"feature {feature!r}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -193,9 +202,11 @@ class _Plan:
     size: int | None  # values per row for fixed shapes
     text: bool = False  # read from a bytes list (category image, str, bytes or text)
     single: bool = False  # one value per row (category image, str, bytes or scalar)
+    validate: ValidateImages = "none"  # category image: how each image is checked (image_checks)
+    fit: bool = True  # ... and whether against the field's shape (False: a provisional schema's)
 
     @classmethod
-    def of(cls, f: UnischemaField) -> _Plan:
+    def of(cls, f: UnischemaField, validate: ValidateImages = "none", fit: bool = True) -> _Plan:
         text = f.numpy_dtype in (np.str_, np.bytes_) or not _numeric(f.numpy_dtype)
         if isinstance(f.codec, CompressedImageCodec):
             category = "image"
@@ -204,7 +215,16 @@ class _Plan:
         else:
             category = "scalar" if f.shape == () else "tensor"
         return cls(f, category, f.dtype, int(np.prod(fixed_dims(f.shape))) if f.is_fixed_shape else None,
-                   category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"))
+                   category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"),
+                   validate if category == "image" else "none", fit)
+
+    def checked_image(self, value: bytes) -> bytes:
+        """``value``, or :class:`_BadImage` when it fails this plan's image check."""
+        if self.validate != "none":
+            problem = image_checks.image_problem(value, self.field, self.validate, fit=self.fit)
+            if problem is not None:
+                raise _BadImage(self.field.name, problem)
+        return value
 
     def read(self, example: Mapping[str, Feature]) -> Any:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
@@ -223,6 +243,8 @@ class _Plan:
                 raise _Mismatch(f.name, f"expected 1 value, found {len(values)}")
             if category == "scalar" and self.dtype not in _EXACT_FROM_PROTO.get(kind, ()):
                 return _exact(self, np.asarray(values[:1]))[0]  # another dtype than the proto's: checked here
+            if category == "image":
+                return self.checked_image(values[0])
             if category != "str":
                 return values[0]
         try:

@@ -56,6 +56,7 @@ from unihub.formats.foreign import (
     parse_choice,
     register_format,
 )
+from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
 from unihub.formats.webdataset_fields import FieldStats, column, decoder
@@ -251,7 +252,7 @@ class WebDatasetFormat(ForeignFormat):
         """Column batches of ``schema``: images as encoded bytes, ``.npy`` as arrays, ints, text."""
         if batch_size <= 0:
             raise SchemaError(f"batch_size must be positive, got {batch_size}")
-        read = _SampleReader(schema, self.header, self.headers)
+        read = _SampleReader(schema, self.header, self.headers, self.validate_images)
         columns: dict[str, list[Any]] = {f.name: [] for f in schema}
         for sample in self.samples(on_error=on_error):
             try:
@@ -323,9 +324,9 @@ class _SampleReader:
     decoded, and checked (a member the schema lacks, a key the export did not write)."""
 
     def __init__(self, schema: Unischema, header: ShardHeader | None,
-                 headers: Mapping[str, ShardHeader | None]) -> None:
+                 headers: Mapping[str, ShardHeader | None], validate_images: ValidateImages = "header") -> None:
         self.schema = schema
-        self.decoders = {f.name: decoder(f) for f in schema if f.name != KEY_FIELD}
+        self.decoders = {f.name: decoder(f, validate_images) for f in schema if f.name != KEY_FIELD}
         self.fields = header.members if header is not None else None  # extension -> field name
         self.first_rows = ({path: h.first_row for path, h in headers.items() if h is not None}
                            if header is not None and header.row_keys and KEY_FIELD not in schema else None)

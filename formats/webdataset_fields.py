@@ -25,8 +25,9 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, FormatError, SchemaError
-from unihub.formats import images
+from unihub.formats import image_checks, images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.formats.image_checks import ValidateImages
 from unihub.formats.npy import load_npy, parse_header
 from unihub.formats.schema import UnischemaField
 from unihub.formats.validation import shape_matches
@@ -213,11 +214,12 @@ def exact_float(text: str, dtype: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- decoding
-def decoder(f: UnischemaField) -> Callable[[bytes], Any]:
-    """How one member's bytes become a value of field ``f`` (raises ValueError/CodecError)."""
+def decoder(f: UnischemaField, validate_images: ValidateImages = "header") -> Callable[[bytes], Any]:
+    """How one member's bytes become a value of field ``f`` (raises ValueError/CodecError); images
+    are checked as ``validate_images`` says (:mod:`unihub.formats.image_checks`)."""
     if isinstance(f.codec, CompressedImageCodec):
         depth = 16 if f.dtype == np.uint16 else 8
-        return lambda data: _checked_image(f, depth, data)
+        return lambda data: _checked_image(f, depth, data, validate_images)
     if f.numpy_dtype is np.bytes_ and f.shape == ():
         return bytes
     if f.numpy_dtype is np.str_ and f.shape == ():
@@ -237,7 +239,7 @@ def _array_kind(f: UnischemaField) -> bool:
     return f.dtype.kind in "biufcmM"
 
 
-def _checked_image(f: UnischemaField, depth: int, data: bytes) -> bytes:
+def _checked_image(f: UnischemaField, depth: int, data: bytes, validate_images: ValidateImages) -> bytes:
     size = images.image_size(data)
     if size is None:
         raise CodecError(f"field {f.name!r}: {len(data)} bytes are not a readable PNG or JPEG image")
@@ -247,6 +249,11 @@ def _checked_image(f: UnischemaField, depth: int, data: bytes) -> bytes:
         raise CodecError(f"field {f.name!r}: image is {found}, the schema says {f.shape}")
     if bit_depth(data) != depth:
         raise CodecError(f"field {f.name!r}: a {bit_depth(data)}-bit image, the field is {f.dtype}")
+    if validate_images != "none":  # the pixel limit, the end marker, a decode ('full')
+        fmt = "png" if data[:1] == b"\x89" else "jpeg"
+        problem = images.pixel_limit_problem(height, width, fmt) or image_checks.body_problem(data, fmt, validate_images)
+        if problem is not None:
+            raise CodecError(f"field {f.name!r}: {problem}")
     return data
 
 

@@ -67,11 +67,28 @@ def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
                               "leave it out of other_fields")
 
 
-def _to_sample(value: Any, is_image: bool) -> np.ndarray:
+def _to_sample(value: Any, is_image: bool, name: str = "") -> np.ndarray:
     if is_image:
+        _check_image(value, name)
         return np.frombuffer(value, dtype=np.uint8)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
+
+
+def _check_image(value: Any, name: str) -> None:
+    """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
+    read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
+    the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data."""
+    from unihub.formats import images
+
+    size = images.image_size(value) if value is not None else None
+    if size is None:
+        raise images.ImageDecodeError(f"field {name!r}: not a readable PNG or JPEG header, DALI would not decode it "
+                                      f"({'null' if value is None else f'{len(value)} bytes'})", field=name)
+    try:
+        images.check_pixels(size[0], size[1], images.detect_format(value) or "image")
+    except images.ImageDecodeError as exc:
+        raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
@@ -182,7 +199,7 @@ class DaliBatchSource:
             by_name = columns._asdict()
             for out, name, is_image in zip(self._pending, self.fields, self._is_image):
                 column = by_name[name]
-                out.extend(_to_sample(column[i], is_image) for i in range(n))
+                out.extend(_to_sample(column[i], is_image, name) for i in range(n))
 
     def close(self) -> None:
         """Stop the reader's workers."""
@@ -291,7 +308,7 @@ class DaliSampleSource:
             i = i % len(indices)
         row = self.dataset.take([int(indices[i])])
         images = self.image_fields or ()
-        return tuple(_to_sample(getattr(row, name)[0], name in images) for name in self.fields)
+        return tuple(_to_sample(getattr(row, name)[0], name in images, name) for name in self.fields)
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------
