@@ -30,16 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from unihub.errors import SchemaError
 from unihub.formats.hdf5_layout import Plan
-from unihub.formats.hdf5_meta import PER_FILE, in_any, walk_objects
-from unihub.formats.hdf5_read import attribute_array
+from unihub.formats.hdf5_meta import PER_FILE, exact_attributes, in_any, walk_objects
 from unihub.formats.hdf5_select import plan_file
 from unihub.formats.hdf5_storage import ExportSpec, Typed, generic_dtype, storage_of
 from unihub.formats.hdf5_types import (
     decode_constant,
     dtype_to_json,
-    encode_constant,
     h5py_module,
     kind,
     leaves_of,
@@ -141,19 +138,7 @@ def _read(dataset: Any) -> Value:
 def _attributes(attrs: Any) -> dict[str, Value]:
     """An object's attributes as h5py reads them (unihub's own left out, and those that cannot be kept
     exactly, which the conversion lists as left out)."""
-    out = {}
-    for name in attrs:
-        if name.startswith("unihub."):
-            continue
-        try:
-            attr = attrs.get_id(name)
-            value = None if attr.shape is None else attribute_array(attrs, name)
-            dt = attr.dtype if value is None else value.dtype
-            encode_constant(value, dt)  # raises for what the metadata cannot hold
-        except (SchemaError, OSError, TypeError, ValueError):
-            continue
-        out[name] = (value, dt)
-    return out
+    return {name: (value, dtype) for name, (value, dtype, _) in exact_attributes(attrs)[0].items()}
 
 
 def _row_datasets(handle: Any, plan: Plan, out: dict[str, list[Any]]) -> None:

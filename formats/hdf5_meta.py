@@ -50,8 +50,8 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
         attrs = _attributes(obj.attrs)
         if attrs and path:
             (datasets if isinstance(obj, h5py.Dataset) else groups)[path] = attrs
-        values, failed = _exact_attributes(obj.attrs)
-        exact.update({path: values} if values else {})
+        values, failed = exact_attributes(obj.attrs)
+        exact.update({path: {name: v[2] for name, v in values.items()}} if values else {})
         left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
     own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths}
     if per_file:
@@ -71,9 +71,10 @@ def in_any(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
-def _exact_attributes(attrs: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """An object's attributes encoded exactly (dtype and bytes, as constants are), and the ones that
-    cannot be (object references, ...) with why; unihub's own attributes left out."""
+def exact_attributes(attrs: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[str, str]]:
+    """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
+    bytes, as constants are; unihub's own left out), and the ones that cannot be kept exactly (object
+    references, ...) with why. The ingest keeps the encodings; verify compares the values."""
     values, failed = {}, {}
     for name in attrs:
         if name.startswith("unihub."):
@@ -81,7 +82,8 @@ def _exact_attributes(attrs: Any) -> tuple[dict[str, Any], dict[str, str]]:
         try:
             attr = attrs.get_id(name)
             value = None if attr.shape is None else attribute_array(attrs, name)
-            values[name] = encode_constant(value, attr.dtype if value is None else value.dtype)
+            dtype = attr.dtype if value is None else value.dtype
+            values[name] = (value, dtype, encode_constant(value, dtype))
         except (SchemaError, OSError, TypeError, ValueError) as exc:
             failed[name] = f"an attribute that cannot be kept exactly ({exc})"
     return values, failed
