@@ -21,8 +21,8 @@ import pyarrow as pa
 import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
-from unihub.demo import make_image
-from unihub.formats.images import encode_image
+
+from .image_folders import write_image_folder
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds processes through /proc")
 
@@ -110,13 +110,7 @@ def survivors(pids: list[int], within: float = 5.0) -> list[int]:
 @pytest.fixture()
 def image_folder(tmp_path: Path) -> Path:
     """4 classes x 30 PNGs: about 2.5 s of (slowed) reading in two workers."""
-    rng = np.random.default_rng(1)
-    root = tmp_path / "folder"
-    for c in range(4):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(30):
-            (root / f"class{c}" / f"{i:02d}.png").write_bytes(encode_image(make_image(rng, 16, 12), "png"))
-    return root
+    return write_image_folder(tmp_path / "folder", classes=4, per_class=30, height=16, width=12)
 
 
 @pytest.mark.parametrize("trial", range(5))

@@ -23,26 +23,13 @@ from unihub.demo import make_image
 from unihub.errors import FormatError
 from unihub.formats.images import encode_image
 
+from ..image_folders import rows_of, write_image_folder
+
 
 @pytest.fixture()
 def image_folder(tmp_path: Path) -> Path:
     """5 classes x 6 PNGs of 12x10x3."""
-    rng = np.random.default_rng(1)
-    root = tmp_path / "folder"
-    for c in range(5):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(6):
-            (root / f"class{c}" / f"{i:02d}.png").write_bytes(encode_image(make_image(rng, 12, 10), "png"))
-    return root
-
-
-def rows_of(path: Path) -> list[tuple]:
-    store = open_dataset(path)
-    out = []
-    for i in range(len(store.row_groups)):
-        table = store.read_row_group(i)
-        out.extend(zip(*(table.column(n).to_pylist() for n in ("path", "label", "image"))))
-    return out
+    return write_image_folder(tmp_path / "folder")
 
 
 # -- workers -------------------------------------------------------------------------------------------

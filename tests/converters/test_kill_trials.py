@@ -19,13 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from unihub import DatasetExistsError, open_dataset
+from unihub import DatasetExistsError
 from unihub.converters.convert import convert
-from unihub.demo import make_image
-from unihub.formats.images import encode_image
+
+from ..image_folders import rows_of, write_image_folder
 
 CHILD = r"""
 import os, shutil, sys, time
@@ -73,21 +72,7 @@ sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--overwrite", "--quiet", *s
 
 
 def image_folder(root: Path, seed: int, classes: int = 3, per_class: int = 4) -> Path:
-    rng = np.random.default_rng(seed)
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            (root / f"class{c}" / f"{i:03d}.png").write_bytes(encode_image(make_image(rng, 12, 10), "png"))
-    return root
-
-
-def rows_of(path: Path) -> list[tuple]:
-    store = open_dataset(path)
-    rows = []
-    for i in range(len(store.row_groups)):
-        table = store.read_row_group(i)
-        rows.extend(zip(*(table.column(n).to_pylist() for n in ("path", "label", "image"))))
-    return rows
+    return write_image_folder(root, seed=seed, classes=classes, per_class=per_class)
 
 
 def leftovers(parent: Path) -> list[str]:
