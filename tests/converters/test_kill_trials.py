@@ -122,20 +122,27 @@ def check_after_kill(sources: dict[str, object], *, never_missing: bool) -> str:
     return "old" if rows == sources["old_rows"] else "new"
 
 
+def kill_at_each_step(sources: dict[str, object], env: dict[str, str], args: list[str], steps: int) -> list[str]:
+    """Over the old dataset, a run killed at step 1, 2, ... until a run gets through: what each kill left
+    (``check_after_kill``); a run that never gets through in ``steps`` steps fails the test."""
+    dst = sources["dst"]
+    assert isinstance(dst, Path)
+    seen = []
+    for step in range(1, steps):
+        convert(sources["old"], dst, progress=False, overwrite=True)
+        paused, _ = run_child(sources["new"], dst, {**env, "KILL_AT": str(step)}, args)
+        if not paused:
+            return seen
+        seen.append(check_after_kill(sources, never_missing=env["NO_EXCHANGE"] == "0"))
+    pytest.fail("the conversion never finished")
+
+
 @pytest.mark.parametrize("swap", ["exchange", "two-step"])
 def test_kill_at_every_step_of_the_commit(sources: dict[str, object], swap: str) -> None:
     dst = sources["dst"]
     assert isinstance(dst, Path)
     env = {"KILL_IN_COMMIT": "1", "NO_EXCHANGE": "1" if swap == "two-step" else "0"}
-    seen = []
-    for step in range(1, 30):
-        convert(sources["old"], dst, progress=False, overwrite=True)
-        paused, _ = run_child(sources["new"], dst, {**env, "KILL_AT": str(step)}, [])
-        if not paused:
-            break
-        seen.append(check_after_kill(sources, never_missing=swap == "exchange"))
-    else:
-        pytest.fail("the conversion never finished")
+    seen = kill_at_each_step(sources, env, [], 30)
     assert rows_of(dst) == sources["new_rows"]
     assert "old" in seen and "new" in seen and len(seen) >= 2, seen
     assert leftovers(dst.parent) == []
@@ -148,13 +155,7 @@ def test_kill_at_every_step_of_a_run_with_workers(sources: dict[str, object], sw
     dst = sources["dst"]
     assert isinstance(dst, Path)
     env = {"KILL_IN_COMMIT": "0", "NO_EXCHANGE": "1" if swap == "two-step" else "0"}
-    seen = []
-    for step in range(1, 200):
-        convert(sources["old"], dst, progress=False, overwrite=True)
-        paused, _ = run_child(sources["new"], dst, {**env, "KILL_AT": str(step)}, ["--workers", "2"])
-        if not paused:
-            break
-        seen.append(check_after_kill(sources, never_missing=swap == "exchange"))
+    seen = kill_at_each_step(sources, env, ["--workers", "2"], 200)
     assert rows_of(dst) == sources["new_rows"]
     # each process counts its own calls, so the kills land in the workers' steps (the parent commits
     # after they are done): the old dataset every time, and whatever they left removed by the next run
