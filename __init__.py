@@ -22,7 +22,9 @@ if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMO
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
+from unihub.converters.convert import ConvertResult, convert
 from unihub.converters.copy import copy_dataset
+from unihub.converters.verify import verify
 from unihub.errors import (
     CodecError,
     DatasetChangedError,
@@ -95,7 +97,7 @@ __all__ = [
     "PetastormCompatibilityError", "PetastormMetadataError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
-    "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
+    "ConvertResult", "convert", "verify", "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",
     "Dataset", "NGram", "PredicateBase", "Reader", "TransformSpec", "in_intersection", "in_lambda", "in_negate",
     "in_pseudorandom_split", "in_reduce", "in_set", "make_batch_reader", "make_reader", "WeightedSamplingReader",
     "FieldNotNullIndexer", "IntersectIndexSelector", "RowGroupIndexError", "RowGroupIndexerBase",

@@ -71,7 +71,7 @@ def test_public_api_resolves():
         assert getattr(unihub, name) is not None, name
     for name in ("Unischema", "UnischemaField", "ScalarCodec", "CompressedImageCodec", "NdarrayCodec",
                  "CompressedNdarrayCodec", "TensorCodec", "write_dataset", "open_dataset", "materialize_dataset",
-                 "dict_to_spark_row"):
+                 "dict_to_spark_row", "convert", "verify", "DatasetChangedError"):
         assert name in unihub.__all__
     assert isinstance(unihub.__version__, str) and unihub.__version__.count(".") == 2
 
