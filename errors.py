@@ -95,3 +95,16 @@ class MissingDependencyError(UnihubError, ImportError):
 
 class ImageDecodeError(CodecError):
     """Bytes that should hold a PNG or JPEG image could not be decoded."""
+
+
+class DataCorruptionError(FormatError):
+    """Stored bytes no longer match the checksum or counts written with them (a Parquet data page whose
+    CRC-32 fails, a page that decodes to fewer values than its column chunk holds): the file was damaged
+    after it was written. Nothing of the damaged row group is returned."""
+
+    def __init__(self, message: str, *, path: str | None = None, row_group: int | None = None,
+                 column: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.row_group = row_group
+        self.column = column
+

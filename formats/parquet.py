@@ -13,7 +13,9 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 :mod:`unihub.formats.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
 
 :func:`open_dataset` reads only footers: the schema and a row-group index
-(file, row group, rows), never data pages. Petastorm's look-ups are here too:
+(file, row group, rows), never data pages. The first read of each row group verifies the CRC-32
+of every page that has one and the value counts of nested columns (:mod:`unihub.formats.integrity`):
+damaged bytes are a ``DataCorruptionError``. Petastorm's look-ups are here too:
 :func:`get_schema_from_dataset_url` (the stored Unischema, an error for plain Parquet) and
 :func:`infer_or_load_unischema` (the stored one, else one inferred from the Parquet types). :func:`update_common_metadata` changes entries of
 ``_common_metadata`` in place, atomically (row-group indexes are kept there).
@@ -37,8 +39,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError
+from unihub.errors import DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError, UnihubError
 from unihub.formats import filesystem as fsutil
+from unihub.formats import integrity
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -92,6 +95,10 @@ class ParquetStore:
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
     #: each thread's open file (see _open_file); not pickled
     _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    #: when page checksums and value counts are checked (see unihub.formats.integrity)
+    _verify: integrity.Verification = field(default="once", repr=False, compare=False)
+    #: row group -> its columns read and checked (with _verify "once", not checked again)
+    _verified: dict[int, set[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -132,15 +139,40 @@ class ParquetStore:
         """The stored (encoded) columns of one row group, partition columns included."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        verify = self._needs_check(index, stored)
         try:
-            parquet_file = self._open_file(info.path)
+            parquet_file = self._open_file(info.path, verify)
             # one thread per read: readers parallelise across row groups already
             table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
             self._open.bytes_read += info.total_byte_size
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowException) as exc:
+            error = self._read_error(exc, info, stored)
             self._close_file()
-            raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
+            raise error from exc
+        if verify:
+            if self._open.leaves:  # nested columns: their value counts against the footer's
+                integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
+                                             info.path)
+            if self._verify == "once":
+                self._verified.setdefault(index, set()).update(table.column_names)
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
+        """Whether this read verifies page checksums and value counts (see ``_verify``)."""
+        if self._verify != "once":
+            return self._verify == "always"
+        checked = self._verified.get(index)
+        if checked is None:
+            return True
+        return any(name not in checked for name in (self.arrow_schema.names if stored is None else stored))
+
+    def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
+        """What a failed row-group read raises: a page that fails its checksum, or a file that is not
+        readable Parquet."""
+        parquet_file = (getattr(self._open, "files", None) or {}).get(True)
+        if integrity.is_checksum_failure(exc) and parquet_file is not None:
+            return integrity.checksum_error(parquet_file, info.path, info.row_group, stored, exc)
+        return FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path)
 
     def _restore_tensors(self, table: pa.Table) -> pa.Table:
         """Tensors stored as fixed-size bytes (see TensorCodec) back as ``fixed_shape_tensor`` columns."""
@@ -157,8 +189,9 @@ class ParquetStore:
                                      pa.chunked_array(chunks, type=tensor_type))
         return table
 
-    def _open_file(self, path: str) -> pq.ParquetFile:
-        """This thread's open ``ParquetFile`` for ``path``, kept between reads of the same file.
+    def _open_file(self, path: str, verify: bool) -> pq.ParquetFile:
+        """This thread's open ``ParquetFile`` for ``path`` (verifying page checksums or not), kept
+        between reads of the same file.
 
         Opening costs about as much as reading a small row group (the Arrow schema is
         rebuilt from the footer), so each thread keeps its last file open. Local files are
@@ -168,23 +201,27 @@ class ParquetStore:
         """
         held = self._open
         current = getattr(held, "path", None)
-        if current == path and held.bytes_read < _MAPPED_BYTES_BEFORE_REOPEN:
-            return held.file
-        self._close_file()
-        if self._is_local:
-            handle = pa.memory_map(path)
-        else:
-            handle = self.filesystem.open_input_file(path)
-        # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
-        held.file = pq.ParquetFile(handle, metadata=self._footers.get(path), pre_buffer=not self._is_local)
-        held.handle, held.path, held.bytes_read = handle, path, 0
-        return held.file
+        if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
+            self._close_file()
+            if self._is_local:
+                held.handle = pa.memory_map(path)
+            else:
+                held.handle = self.filesystem.open_input_file(path)
+            held.path, held.bytes_read, held.files, held.leaves = path, 0, {}, None
+        found = held.files.get(verify)
+        if found is None:
+            # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
+            found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
+                                                        pre_buffer=not self._is_local, page_checksum_verification=verify)
+            if held.leaves is None:
+                held.leaves = integrity.nested_leaves(found.schema_arrow)
+        return found
 
     def _close_file(self) -> None:
         held = self._open
         if getattr(held, "path", None) is not None:
             held.handle.close()
-            held.file = held.handle = held.path = None
+            held.files, held.handle, held.path = {}, None, None
 
     def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
                         columns: Sequence[str] | None) -> pa.Table:
@@ -322,7 +359,8 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
-                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)))
+                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
+                        _verify=integrity.verification())
 
 
 def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
