@@ -108,3 +108,12 @@ class DataCorruptionError(FormatError):
         self.row_group = row_group
         self.column = column
 
+
+class RemoteStorageError(UnihubError, OSError):
+    """A remote store (S3 and others, through pyarrow or fsspec) did not answer in time, refused the
+    connection or cut a response short, after the configured retries (``UNIHUB_REMOTE_TIMEOUT``,
+    ``UNIHUB_REMOTE_RETRIES``); the message names the URL."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url

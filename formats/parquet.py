@@ -15,7 +15,8 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 :func:`open_dataset` reads only footers: the schema and a row-group index
 (file, row group, rows), never data pages. The first read of each row group verifies the CRC-32
 of every page that has one and the value counts of nested columns (:mod:`unihub.formats.integrity`):
-damaged bytes are a ``DataCorruptionError``. Petastorm's look-ups are here too:
+damaged bytes are a ``DataCorruptionError``, a remote failure a ``RemoteStorageError`` naming the
+URL. Petastorm's look-ups are here too:
 :func:`get_schema_from_dataset_url` (the stored Unischema, an error for plain Parquet) and
 :func:`infer_or_load_unischema` (the stored one, else one inferred from the Parquet types). :func:`update_common_metadata` changes entries of
 ``_common_metadata`` in place, atomically (row-group indexes are kept there).
@@ -41,7 +42,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError, UnihubError
 from unihub.formats import filesystem as fsutil
-from unihub.formats import integrity
+from unihub.formats import integrity, remote
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -167,8 +168,11 @@ class ParquetStore:
         return any(name not in checked for name in (self.arrow_schema.names if stored is None else stored))
 
     def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
-        """What a failed row-group read raises: a page that fails its checksum, or a file that is not
-        readable Parquet."""
+        """What a failed row-group read raises: the remote store's failure, a page that fails its
+        checksum, or a file that is not readable Parquet."""
+        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path))
+        if failure is not None:
+            return failure
         parquet_file = (getattr(self._open, "files", None) or {}).get(True)
         if integrity.is_checksum_failure(exc) and parquet_file is not None:
             return integrity.checksum_error(parquet_file, info.path, info.row_group, stored, exc)
@@ -251,6 +255,7 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
 
 
+@remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
                  storage_options: dict[str, Any] | None = None) -> ParquetStore:
     """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
@@ -371,6 +376,11 @@ def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | 
     part. Without ``_common_metadata`` one is made from the first data file's schema, as
     Petastorm does; Hadoop's checksum of the old file (``._common_metadata.crc``) is removed.
     """
+    with remote.remote_errors(store.url):
+        _update_common_metadata(store, entries)
+
+
+def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
     fs, root = store.filesystem, store.path
     if not fsutil.is_dir(fs, root):
         raise FormatError(f"{store.url}: a single Parquet file has no _common_metadata to keep metadata in; "
@@ -413,6 +423,9 @@ def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
         with fs.open_input_file(path) as handle:
             return pq.read_metadata(handle)
     except (OSError, pa.ArrowInvalid) as exc:
+        failure = remote.as_remote_error(exc, remote.display_url(fs, path))
+        if failure is not None:
+            raise failure from exc
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
 

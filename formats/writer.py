@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
-from unihub.formats import integrity
+from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -64,6 +64,7 @@ class _PartitionSink:
     file_count: int = 0
 
 
+@remote.naming_url("url")
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = 32, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
