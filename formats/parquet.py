@@ -98,8 +98,10 @@ class ParquetStore:
     _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     #: when page checksums and value counts are checked (see unihub.formats.integrity)
     _verify: integrity.Verification = field(default="once", repr=False, compare=False)
-    #: row group -> its columns read and checked (with _verify "once", not checked again)
-    _verified: dict[int, set[str]] = field(default_factory=dict, repr=False, compare=False)
+    #: row group -> its columns read and checked (with _verify "once", not checked again); the
+    #: column sets are shared between row groups (_column_sets), so memory stays one entry per group
+    _verified: dict[int, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    _column_sets: dict[frozenset[str], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -155,7 +157,8 @@ class ParquetStore:
                 integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
                                              info.path)
             if self._verify == "once":
-                self._verified.setdefault(index, set()).update(table.column_names)
+                checked = self._verified.get(index, frozenset()) | frozenset(table.column_names)
+                self._verified[index] = self._column_sets.setdefault(checked, checked)
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
 
     def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
