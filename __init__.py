@@ -27,6 +27,7 @@ from unihub.converters.copy import copy_dataset
 from unihub.converters.verify import verify
 from unihub.errors import (
     CodecError,
+    DataCorruptionError,
     DatasetChangedError,
     DatasetExistsError,
     DatasetNotFoundError,
@@ -34,6 +35,7 @@ from unihub.errors import (
     MissingDependencyError,
     PetastormCompatibilityError,
     PetastormMetadataError,
+    RemoteStorageError,
     SchemaError,
     SchemaMismatchError,
     UnihubError,
@@ -92,9 +94,9 @@ from unihub.readers.weighted import WeightedSamplingReader
 __version__ = "0.1.0"
 
 __all__ = [
-    "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DatasetChangedError", "DatasetExistsError",
+    "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DataCorruptionError", "DatasetChangedError", "DatasetExistsError",
     "DatasetNotFoundError", "FormatError", "MissingDependencyError", "NdarrayCodec", "ParquetStore",
-    "PetastormCompatibilityError", "PetastormMetadataError", "SchemaMismatchError",
+    "PetastormCompatibilityError", "PetastormMetadataError", "RemoteStorageError", "SchemaMismatchError",
     "RowGroupInfo", "ScalarCodec", "SchemaError", "TensorCodec", "UnihubError", "Unischema", "UnischemaField",
     "UnsafeMetadataError", "UnsupportedFormatError", "ValidationError", "WriteResult", "__version__",
     "ConvertResult", "convert", "verify", "dict_to_spark_row", "match_unischema_fields", "materialize_dataset", "open_dataset", "write_dataset",

@@ -106,3 +106,25 @@ class DatasetChangedError(UnihubError, RuntimeError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class DataCorruptionError(FormatError):
+    """Stored bytes no longer match the checksum or counts written with them (a Parquet data page whose
+    CRC-32 fails, a page that decodes to fewer values than its column chunk holds): the file was damaged
+    after it was written. Nothing of the damaged row group is returned."""
+
+    def __init__(self, message: str, *, path: str | None = None, row_group: int | None = None,
+                 column: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.row_group = row_group
+        self.column = column
+
+
+class RemoteStorageError(UnihubError, OSError):
+    """A remote store (S3 and others, through pyarrow or fsspec) did not answer in time, refused the
+    connection or cut a response short, after the configured retries (``UNIHUB_REMOTE_TIMEOUT``,
+    ``UNIHUB_REMOTE_RETRIES``); the message names the URL."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url

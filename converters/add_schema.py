@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import DatasetNotFoundError, SchemaError, SchemaMismatchError
 from unihub.formats import filesystem as fsutil
+from unihub.formats import remote
 from unihub.formats.codecs import TensorCodec, parquet_tensor_type
 from unihub.formats.dtypes import numpy_to_arrow_type
 from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY
@@ -64,6 +65,7 @@ class AddSchemaResult:
                f"{fsutil.join(self.url, COMMON_METADATA)}"
 
 
+@remote.naming_url("dataset_url")
 def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os.PathLike[str] | None = None, *,
                unischema_class: Any = None, petastorm_compatible: bool | None = None,
                use_summary_metadata: bool = False, storage_options: dict[str, Any] | None = None,

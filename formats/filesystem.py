@@ -2,7 +2,9 @@
 
 Local paths and ``file://`` use pyarrow's local filesystem; ``s3://``, ``gs://``,
 ``hdfs://`` use pyarrow's own where it has one; anything else, or any URL given
-``storage_options``, goes through fsspec wrapped as a pyarrow filesystem.
+``storage_options``, goes through fsspec wrapped as a pyarrow filesystem. Filesystems made here
+get unihub's remote timeouts and retries, and a remote failure through either is a
+``RemoteStorageError`` naming the URL (:mod:`unihub.formats.remote`).
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
-from unihub.formats import atomic
+from unihub.formats import atomic, remote
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
 
 
 def resolve_filesystem(url: str, filesystem: Any = None,
                        storage_options: dict[str, Any] | None = None) -> tuple[pafs.FileSystem, str]:
-    """``(filesystem, path)`` for ``url``; ``filesystem`` may be pyarrow's or fsspec's."""
+    """``(filesystem, path)`` for ``url``; ``filesystem`` may be pyarrow's or fsspec's.
+
+    ``storage_options`` go to fsspec, except unihub's remote settings (``unihub_timeout``,
+    ``unihub_retries``: see :mod:`unihub.formats.remote`)."""
     url = os.fspath(url)
     scheme = urlparse(url).scheme if "://" in url else ""
     if filesystem is not None:
@@ -29,19 +34,24 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     if scheme in ("", "file"):
         path = strip_scheme(url)
         return pafs.LocalFileSystem(), os.path.abspath(path)
+    settings, storage_options = remote.split_settings(storage_options)
     if scheme in _PYARROW_SCHEMES and not storage_options:
-        fs, path = pafs.FileSystem.from_uri(url)
-        return fs, path
+        with remote.remote_errors(url):  # a region look-up may go to the network
+            fs, path = pafs.FileSystem.from_uri(url)
+        return remote.configure_pyarrow(fs, settings), path
     fsspec = require("fsspec", extra="fsspec", purpose=f"{scheme}:// URLs")
-    fs = fsspec.filesystem(scheme, **(storage_options or {}))
-    return as_pyarrow_filesystem(fs), strip_scheme(url, keep_netloc=True)
+    fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
+    return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
 
 
-def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:
-    """A pyarrow filesystem for a pyarrow or fsspec filesystem object."""
+def as_pyarrow_filesystem(filesystem: Any, settings: remote.RemoteSettings | None = None) -> pafs.FileSystem:
+    """A pyarrow filesystem for a pyarrow or fsspec filesystem object (``settings``: how often
+    an fsspec read cut short is repeated; by default from the environment)."""
     if isinstance(filesystem, pafs.FileSystem):
         return filesystem
-    return pafs.PyFileSystem(_FSSpecHandler(filesystem))
+    handler = _FSSpecHandler(filesystem)
+    handler.retries = (settings or remote.split_settings(None)[0]).retries
+    return pafs.PyFileSystem(handler)
 
 
 class _FSSpecHandler(pafs.FSSpecHandler):
@@ -52,11 +62,15 @@ class _FSSpecHandler(pafs.FSSpecHandler):
     batch and the source removed afterwards. s3fs and gcsfs report modification times as
     ``LastModified`` / ``updated`` rather than ``mtime``; they are passed on to pyarrow.
     An async fsspec filesystem (s3fs, gcsfs) refuses to run in a forked process (the process
-    pool forks), so a child re-creates it from its storage options on first use.
+    pool forks), so a child re-creates it from its storage options on first use. Every call, and
+    every read or write of a file it opens, turns a network failure or timeout into a
+    ``RemoteStorageError`` naming the URL.
     """
 
     _fs: Any  # the fsspec filesystem
     _pid: int  # the process that made or re-created it
+
+    retries = 0  #: how many times a read cut short is repeated (see remote.read_retrying)
 
     @property
     def fs(self) -> Any:
@@ -92,13 +106,89 @@ class _FSSpecHandler(pafs.FSSpecHandler):
             return found
         return pafs.FileInfo(path, found.type, size=found.size, mtime=mtime)
 
+    def url(self, path: str) -> str:
+        """``path`` as a URL of this filesystem (``s3://bucket/key``), for error messages."""
+        protocol = self.fs.protocol
+        scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+        return path if scheme in ("file", "local") else f"{scheme}://{path}"
+
+    def open_input_stream(self, path: str) -> Any:
+        return self._open(path, "rb")
+
+    def open_input_file(self, path: str) -> Any:
+        return self._open(path, "rb")
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return self._open(path, "wb")
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self._open(path, "ab")
+
+    def _open(self, path: str, mode: str) -> Any:
+        """pyarrow's file over the fsspec file, each of whose calls translates remote failures."""
+        from pyarrow import PythonFile
+
+        url = self.url(path)
+        with remote.remote_errors(url, broad=True):
+            if mode == "rb" and not self.fs.isfile(path):
+                raise FileNotFoundError(path)
+            if mode != "rb":
+                remote.before_upload(self.fs)
+            handle = self.fs.open(path, mode=mode)
+        return PythonFile(_TranslatingFile(handle, url, self.retries), mode=mode[0])
+
+
+def _translating(method: Any) -> Any:
+    """``method`` of the handler, turning remote failures into ``RemoteStorageError`` naming its path."""
+
+    def call(self: _FSSpecHandler, target: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(target, list):  # get_file_info(paths)
+            where = target[0] if target else ""
+        else:
+            where = target if isinstance(target, str) else getattr(target, "base_dir", "")
+        with remote.remote_errors(self.url(where), broad=True):
+            return method(self, target, *args, **kwargs)
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
+for _name in ("get_file_info", "get_file_info_selector", "create_dir", "delete_dir", "delete_dir_contents",
+              "delete_file", "move", "copy_file"):
+    setattr(_FSSpecHandler, _name, _translating(getattr(_FSSpecHandler, _name)))
+
+
+class _TranslatingFile:
+    """An fsspec file whose calls (read, seek, write, close...) turn remote failures into
+    ``RemoteStorageError``, and whose reads are repeated when an answer is cut short;
+    pyarrow's ``PythonFile`` wraps it."""
+
+    def __init__(self, handle: Any, url: str, retries: int) -> None:
+        self._handle, self._url, self._retries = handle, url, retries
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._handle, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with remote.remote_errors(self._url, broad=True):
+                if name in ("read", "readinto"):
+                    return remote.read_retrying(lambda: value(*args, **kwargs), self._retries)
+                return value(*args, **kwargs)
+
+        return call
+
 
 def _reopen(fs: Any) -> Any:
     """A fresh instance of an fsspec filesystem in this process (sync ones are reused as they are)."""
     if not getattr(fs, "async_impl", False):
         return fs
     make, args = fs.__reduce__()[:2]  # fsspec: (make_instance, (cls, storage_args, storage_options))
-    return make(*args)
+    fresh = make(*args)
+    if hasattr(fs, "retries"):
+        fresh.retries = fs.retries  # set by remote.configure_fsspec, not among the storage options
+    return fresh
 
 
 def _is_local(fs: Any) -> bool:

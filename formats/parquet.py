@@ -13,7 +13,10 @@ Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow
 :mod:`unihub.formats.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
 
 :func:`open_dataset` reads only footers: the schema and a row-group index
-(file, row group, rows), never data pages. Petastorm's look-ups are here too:
+(file, row group, rows), never data pages. The first read of each row group verifies the CRC-32
+of every page that has one and the value counts of nested columns (:mod:`unihub.formats.integrity`):
+damaged bytes are a ``DataCorruptionError``, a remote failure a ``RemoteStorageError`` naming the
+URL. Petastorm's look-ups are here too:
 :func:`get_schema_from_dataset_url` (the stored Unischema, an error for plain Parquet) and
 :func:`infer_or_load_unischema` (the stored one, else one inferred from the Parquet types). :func:`update_common_metadata` changes entries of
 ``_common_metadata`` in place, atomically (row-group indexes are kept there).
@@ -37,8 +40,16 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetChangedError, DatasetNotFoundError, FormatError, PetastormMetadataError, SchemaError
+from unihub.errors import (
+    DatasetChangedError,
+    DatasetNotFoundError,
+    FormatError,
+    PetastormMetadataError,
+    SchemaError,
+    UnihubError,
+)
 from unihub.formats import filesystem as fsutil
+from unihub.formats import integrity, remote
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -94,6 +105,12 @@ class ParquetStore:
     _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     #: path -> its FileInfo, to check at each open that the file is still the one indexed
     _indexed: dict[str, FileInfo] = field(default_factory=dict, repr=False, compare=False)
+    #: when page checksums and value counts are checked (see unihub.formats.integrity)
+    _verify: integrity.Verification = field(default="once", repr=False, compare=False)
+    #: row group -> its columns read and checked (with _verify "once", not checked again); the
+    #: column sets are shared between row groups (_column_sets), so memory stays one entry per group
+    _verified: dict[int, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    _column_sets: dict[frozenset[str], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
@@ -137,15 +154,44 @@ class ParquetStore:
         """The stored (encoded) columns of one row group, partition columns included."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        verify = self._needs_check(index, stored)
         try:
-            parquet_file = self._open_file(info.path)
+            parquet_file = self._open_file(info.path, verify)
             # one thread per read: readers parallelise across row groups already
             table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
             self._open.bytes_read += info.total_byte_size
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowException) as exc:
+            error = self._read_error(exc, info, stored)
             self._close_file()
-            raise FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path) from exc
+            raise error from exc
+        if verify:
+            if self._open.leaves:  # nested columns: their value counts against the footer's
+                integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
+                                             info.path)
+            if self._verify == "once":
+                checked = self._verified.get(index, frozenset()) | frozenset(table.column_names)
+                self._verified[index] = self._column_sets.setdefault(checked, checked)
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
+        """Whether this read verifies page checksums and value counts (see ``_verify``)."""
+        if self._verify != "once":
+            return self._verify == "always"
+        checked = self._verified.get(index)
+        if checked is None:
+            return True
+        return any(name not in checked for name in (self.arrow_schema.names if stored is None else stored))
+
+    def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
+        """What a failed row-group read raises: the remote store's failure, a page that fails its
+        checksum, or a file that is not readable Parquet."""
+        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path))
+        if failure is not None:
+            return failure
+        parquet_file = (getattr(self._open, "files", None) or {}).get(True)
+        if integrity.is_checksum_failure(exc) and parquet_file is not None:
+            return integrity.checksum_error(parquet_file, info.path, info.row_group, stored, exc)
+        return FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path)
 
     def _restore_tensors(self, table: pa.Table) -> pa.Table:
         """Tensors stored as fixed-size bytes (see TensorCodec) back as ``fixed_shape_tensor`` columns."""
@@ -162,8 +208,9 @@ class ParquetStore:
                                      pa.chunked_array(chunks, type=tensor_type))
         return table
 
-    def _open_file(self, path: str) -> pq.ParquetFile:
-        """This thread's open ``ParquetFile`` for ``path``, kept between reads of the same file.
+    def _open_file(self, path: str, verify: bool) -> pq.ParquetFile:
+        """This thread's open ``ParquetFile`` for ``path`` (verifying page checksums or not), kept
+        between reads of the same file.
 
         Opening costs about as much as reading a small row group (the Arrow schema is
         rebuilt from the footer), so each thread keeps its last file open. Local files are
@@ -173,23 +220,27 @@ class ParquetStore:
         """
         held = self._open
         current = getattr(held, "path", None)
-        if current == path and held.bytes_read < _MAPPED_BYTES_BEFORE_REOPEN:
-            return held.file
-        self._close_file()
-        try:
-            if self._is_local:
-                handle = pa.memory_map(path)
-            else:
-                handle = self.filesystem.open_input_file(path)
-        except FileNotFoundError as exc:
-            raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
-                                      "removed while it was read); open the dataset again to read what is there "
-                                      "now", path=path) from exc
-        self._check_unchanged(path, handle)
-        # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
-        held.file = pq.ParquetFile(handle, metadata=self._footers.get(path), pre_buffer=not self._is_local)
-        held.handle, held.path, held.bytes_read = handle, path, 0
-        return held.file
+        if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
+            self._close_file()
+            try:
+                if self._is_local:
+                    handle = pa.memory_map(path)
+                else:
+                    handle = self.filesystem.open_input_file(path)
+            except FileNotFoundError as exc:
+                raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
+                                          "removed while it was read); open the dataset again to read what is "
+                                          "there now", path=path) from exc
+            self._check_unchanged(path, handle)
+            held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
+        found = held.files.get(verify)
+        if found is None:
+            # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
+            found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
+                                                        pre_buffer=not self._is_local, page_checksum_verification=verify)
+            if held.leaves is None:
+                held.leaves = integrity.nested_leaves(found.schema_arrow)
+        return found
 
     def _check_unchanged(self, path: str, handle: Any) -> None:
         """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
@@ -216,7 +267,7 @@ class ParquetStore:
         held = self._open
         if getattr(held, "path", None) is not None:
             held.handle.close()
-            held.file = held.handle = held.path = None
+            held.files, held.handle, held.path = {}, None, None
 
     def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
                         columns: Sequence[str] | None) -> pa.Table:
@@ -246,6 +297,7 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
 
 
+@remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
                  storage_options: dict[str, Any] | None = None) -> ParquetStore:
     """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
@@ -360,7 +412,8 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
-                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)))
+                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
+                        _verify=integrity.verification())
 
 
 def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
@@ -371,6 +424,11 @@ def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | 
     part. Without ``_common_metadata`` one is made from the first data file's schema, as
     Petastorm does; Hadoop's checksum of the old file (``._common_metadata.crc``) is removed.
     """
+    with remote.remote_errors(store.url):
+        _update_common_metadata(store, entries)
+
+
+def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
     fs, root = store.filesystem, store.path
     if not fsutil.is_dir(fs, root):
         raise FormatError(f"{store.url}: a single Parquet file has no _common_metadata to keep metadata in; "
@@ -413,6 +471,9 @@ def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
         with fs.open_input_file(path) as handle:
             return pq.read_metadata(handle)
     except (OSError, pa.ArrowInvalid) as exc:
+        failure = remote.as_remote_error(exc, remote.display_url(fs, path))
+        if failure is not None:
+            raise failure from exc
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
 

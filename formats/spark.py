@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from unihub.dependencies import require
 from unihub.errors import CodecError, SchemaError
+from unihub.formats.integrity import SPARK_CHECKSUM_CONF
 from unihub.formats.validation import stored_as_text
 
 if TYPE_CHECKING:
@@ -313,7 +314,7 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
         from unihub.formats.petastorm_pickle import check_petastorm_compatible
 
         check_petastorm_compatible(schema)
-    job_hadoop = {_SUMMARY_LEVEL: "NONE"}
+    job_hadoop = {_SUMMARY_LEVEL: "NONE", SPARK_CHECKSUM_CONF: "true"}  # a CRC-32 in every page header
     if row_group_size_mb:
         job_hadoop[_BLOCK_SIZE] = str(int(row_group_size_mb * 2**20))
         job_hadoop[_ROW_CHECK_MIN] = str(_ROW_CHECK_MIN_VALUE)

@@ -4,7 +4,8 @@ Rows (mappings) or column batches are validated against the Unischema, encoded c
 by column by each field's codec, gathered into row groups of about ``row_group_size_mb``
 of Arrow memory and written as they fill, so memory stays bounded by one row group per
 open partition. Everything goes to a hidden sibling directory that is renamed onto
-``url`` only when every file is complete: a failure (or Ctrl-C) leaves nothing behind.
+``url`` only when every file is complete: a failure (or Ctrl-C) leaves nothing behind. Every
+data page carries a CRC-32 of its bytes, verified on read (:mod:`unihub.formats.integrity`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
+from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -65,6 +67,7 @@ class _PartitionSink:
     file_count: int = 0
 
 
+@remote.naming_url("url")
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = 32, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
@@ -351,7 +354,8 @@ class _DatasetWriter:
         path = fsutil.join(sink.directory, f"part-{sink.file_count:05d}.parquet")
         sink.file_count += 1
         writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs, store_schema=True,
-                                  compression=self._column_compression(), use_dictionary=self._dictionary_columns())
+                                  compression=self._column_compression(), use_dictionary=self._dictionary_columns(),
+                                  **integrity.WRITE_OPTIONS)
         sink.current = _OpenFile(writer, path)
         self.files.append(path)
         return sink.current
@@ -407,7 +411,7 @@ def restamp_schema(path: str, schema: Unischema) -> bool:
     stored columns are the same, only the Unischema in the metadata changes. Row groups,
     compression and dictionary use are kept; the file is replaced atomically.
     """
-    parquet_file = pq.ParquetFile(path)
+    parquet_file = pq.ParquetFile(path, **integrity.READ_OPTIONS)
     metadata = dict(parquet_file.schema_arrow.metadata or {})
     text = schema.to_json().encode()
     if metadata.get(SCHEMA_METADATA_KEY) == text:
@@ -426,7 +430,7 @@ def restamp_schema(path: str, schema: Unischema) -> bool:
     temporary = f"{path}.restamp-tmp"
     try:
         with pq.ParquetWriter(temporary, arrow_schema, compression=compression or "snappy",
-                              use_dictionary=dictionary, store_schema=True) as writer:
+                              use_dictionary=dictionary, store_schema=True, **integrity.WRITE_OPTIONS) as writer:
             for i in range(parquet_file.metadata.num_row_groups):
                 table = parquet_file.read_row_group(i)
                 writer.write_table(table.replace_schema_metadata(metadata), row_group_size=table.num_rows)

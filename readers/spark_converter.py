@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
+from unihub.formats.integrity import SPARK_CHECKSUM_CONF
 
 if TYPE_CHECKING:
     from unihub.readers.reader import Reader
@@ -327,7 +328,8 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
 
     fs, path = fsutil.resolve_filesystem(url)
     temporary_url = url.rsplit("/", 1)[0] + "/" + fsutil.temporary_sibling(path).rsplit("/", 1)[-1]
-    writer = df.write.mode("overwrite").option("parquet.block.size", str(row_group_size))
+    writer = (df.write.mode("overwrite").option("parquet.block.size", str(row_group_size))
+              .option(SPARK_CHECKSUM_CONF, "true"))  # a CRC-32 in every page header, verified on read
     if compression is not None:
         writer = writer.option("compression", compression)
     try:

@@ -142,10 +142,10 @@ def test_reads_keep_one_file_open_per_thread_and_reopen_after_the_budget(write_s
     opened = []
     real_open = store._open_file.__func__
 
-    def counting_open(self, file_path):
-        before = getattr(self._open, "file", None)
-        result = real_open(self, file_path)
-        if result is not before:
+    def counting_open(self, file_path, verify):
+        before = getattr(self._open, "handle", None)
+        result = real_open(self, file_path, verify)
+        if self._open.handle is not before:
             opened.append(file_path)
         return result
 

@@ -1,0 +1,317 @@
+"""Remote storage faults: a bounded wait per request, bounded retries, one error that names the URL.
+
+By their defaults, S3 through fsspec (s3fs on botocore) waits minutes on a server that accepts
+and never answers (s3fs's retry loop, nested twice for a read, around botocore's: up to 5 x 5 x 5
+attempts of 15 s), and both it and
+pyarrow's own S3FileSystem (the AWS SDK) raise their own exceptions: botocore's
+``EndpointConnectionError``, aiohttp's ``ClientPayloadError``, pyarrow's ``OSError`` "AWS Error
+NETWORK_CONNECTION ...". unihub sets up the filesystems it makes from a URL with two settings and
+turns a remote failure into :class:`~unihub.errors.RemoteStorageError` naming the URL:
+
+``timeout`` (``UNIHUB_REMOTE_TIMEOUT``, default 10 s)
+    the most a request waits to connect, and then for each next part of the answer (s3fs's
+    ``connect_timeout``/``read_timeout``; pyarrow's ``connect_timeout``/``request_timeout``);
+``retries`` (``UNIHUB_REMOTE_RETRIES``, default 2)
+    how many times a failed request is tried again, by the AWS rules of what is transient
+    (connection errors, timeouts, 5xx, throttling): botocore's "standard" retry mode under s3fs
+    (s3fs's own loops are turned off: they multiply with it and with each other) and the AWS SDK's
+    standard retry strategy under pyarrow. An answer cut short after its headers, which botocore
+    cannot retry, is read again by unihub as many times (:func:`read_retrying`).
+
+A frozen or dead server is so reported within about ``(retries + 1) * timeout`` seconds plus
+backoff. Two waits that
+aiohttp (under s3fs) never times out are closed as well: an upload waiting for "100 Continue"
+(the ``Expect`` header is dropped) and an upload blocked on a server that stopped reading (on
+Linux, ``TCP_USER_TIMEOUT`` on its sockets: unacknowledged data for ``timeout`` closes them). Per call:
+``storage_options={"unihub_timeout": 2, "unihub_retries": 1}`` (taken out before the rest reach
+fsspec; an ``s3://`` URL given only these still goes to pyarrow's filesystem); for a process: the
+environment variables. Settings already in ``storage_options`` (``config_kwargs``) or in a
+filesystem object passed as ``filesystem=`` are kept; their failures are translated all the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import pyarrow.fs as pafs
+
+from unihub.errors import InvalidArgumentError, RemoteStorageError
+
+TIMEOUT_ENV = "UNIHUB_REMOTE_TIMEOUT"
+RETRIES_ENV = "UNIHUB_REMOTE_RETRIES"
+TIMEOUT_OPTION = "unihub_timeout"
+RETRIES_OPTION = "unihub_retries"
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_RETRIES = 2
+
+#: packages whose exceptions are network failures (HTTP clients and the S3 SDKs under fsspec)
+_NETWORK_PACKAGES = frozenset({"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "http"})
+#: what pyarrow's S3 and GCS filesystems (C++ SDKs) put in the OSError of a failed request
+_PYARROW_MARKERS = ("AWS Error", "curlCode", "google::cloud::Status", "GCS Error")
+_MESSAGE_LIMIT = 400
+F = TypeVar("F", bound=Callable[..., Any])
+_CUT_SHORT = frozenset({"ClientPayloadError", "IncompleteRead", "IncompleteReadError", "ResponseStreamingError"})
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """How long a remote request may wait (seconds) and how many times it is tried again."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    retries: int = DEFAULT_RETRIES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool) or not self.timeout > 0:
+            raise InvalidArgumentError(f"the remote timeout must be a number of seconds > 0, got {self.timeout!r} "
+                                       f"({TIMEOUT_OPTION} / {TIMEOUT_ENV})")
+        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
+            raise InvalidArgumentError(f"the remote retries must be a whole number >= 0, got {self.retries!r} "
+                                       f"({RETRIES_OPTION} / {RETRIES_ENV})")
+
+
+def split_settings(storage_options: Mapping[str, Any] | None) -> tuple[RemoteSettings, dict[str, Any]]:
+    """unihub's remote settings (from ``storage_options``, else the environment, else the defaults)
+    and the storage options left for fsspec."""
+    options = dict(storage_options or {})
+    timeout = options.pop(TIMEOUT_OPTION, None)
+    retries = options.pop(RETRIES_OPTION, None)
+    if timeout is None:
+        timeout = _from_env(TIMEOUT_ENV, float, DEFAULT_TIMEOUT)
+    if retries is None:
+        retries = _from_env(RETRIES_ENV, int, DEFAULT_RETRIES)
+    return RemoteSettings(timeout, retries), options
+
+
+def _from_env(name: str, kind: type, default: Any) -> Any:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={text!r} is not a {'number' if kind is float else 'whole number'}") from None
+
+
+def fsspec_options(protocol: str, options: dict[str, Any], settings: RemoteSettings) -> dict[str, Any]:
+    """``options`` for ``fsspec.filesystem(protocol, ...)`` with the timeouts and botocore's retries
+    filled in (s3fs), where the caller did not set them."""
+    if protocol not in ("s3", "s3a"):
+        return options
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", settings.timeout)
+    config.setdefault("read_timeout", settings.timeout)
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": settings.retries + 1})
+    if _supports_socket_factory():
+        connector = dict(config.get("connector_args") or {})
+        connector.setdefault("socket_factory", UnacknowledgedTimeout(int(settings.timeout * 1000)))
+        config["connector_args"] = connector
+    return {**options, "config_kwargs": config}
+
+
+def configure_fsspec(fs: Any) -> Any:
+    """Turn s3fs's own retry loop off (one attempt: botocore retries, see the module docstring); ``fs`` back."""
+    if _is_s3fs(fs) and hasattr(fs, "retries"):
+        fs.retries = 1
+    return fs
+
+
+def read_retrying(read: Any, retries: int) -> Any:
+    """``read()``, again up to ``retries`` times while the answer is cut short after its headers (a
+    read of an fsspec file moves its position only when it succeeds, so it can be repeated)."""
+    for attempt in range(retries + 1):
+        try:
+            return read()
+        except Exception as exc:
+            if attempt == retries or not is_cut_short(exc):
+                raise
+            time.sleep(min(0.1 * 2**attempt, 2.0))
+
+
+def is_cut_short(exc: BaseException) -> bool:
+    """True for an HTTP answer whose body ended before its length (aiohttp's, botocore's or http.client's)."""
+    return any(cls.__name__ in _CUT_SHORT for cls in type(exc).__mro__)
+
+
+def before_upload(fs: Any) -> None:
+    """Have s3fs send request bodies without waiting for "100 Continue" (botocore asks for it on
+    every upload, and aiohttp waits for it with no timeout: a frozen server hangs the upload)."""
+    if not _is_s3fs(fs) or not callable(getattr(fs, "connect", None)):
+        return
+    client = fs.connect()  # s3fs's client (made on first use, no request sent)
+    client.meta.events.register("before-send.s3", _drop_expect_header, unique_id="unihub-no-expect-continue")
+
+
+def _drop_expect_header(request: Any, **_: Any) -> None:
+    request.headers.pop("Expect", None)
+
+
+def _is_s3fs(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "s3" in protocol
+
+
+class UnacknowledgedTimeout:
+    """aiohttp's socket factory: TCP sockets that close when sent data stays unacknowledged, or
+    cannot be sent to a peer that stopped reading, for ``milliseconds`` (Linux ``TCP_USER_TIMEOUT``;
+    aiohttp has no timeout for writing a request body)."""
+
+    def __init__(self, milliseconds: int) -> None:
+        self.milliseconds = milliseconds
+
+    def __call__(self, addr_info: Any) -> socket.socket:
+        family, kind, proto = addr_info[:3]
+        sock = socket.socket(family, kind, proto)
+        if family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.milliseconds)
+        return sock
+
+    def __repr__(self) -> str:  # fsspec keys its instance cache on the options' text
+        return f"UnacknowledgedTimeout({self.milliseconds})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnacknowledgedTimeout) and other.milliseconds == self.milliseconds
+
+    def __hash__(self) -> int:
+        return hash(self.milliseconds)
+
+
+@functools.lru_cache(maxsize=1)
+def _supports_socket_factory() -> bool:
+    """True where the OS has ``TCP_USER_TIMEOUT`` and aiobotocore passes a socket factory to aiohttp."""
+    if not hasattr(socket, "TCP_USER_TIMEOUT"):
+        return False
+    try:
+        from aiobotocore.config import AioConfig
+
+        AioConfig(connector_args={"socket_factory": UnacknowledgedTimeout(1000)})
+    except Exception:  # not installed, or a version without the option
+        return False
+    return True
+
+
+def configure_pyarrow(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.FileSystem:
+    """pyarrow's S3 filesystem made from a URL, again with the timeouts (where the URL set none)
+    and the AWS SDK's standard retry strategy; any other filesystem as it is."""
+    if not isinstance(fs, getattr(pafs, "S3FileSystem", ())):
+        return fs
+    reduced: Any = fs.__reduce__()
+    options = dict(reduced[1][0])  # the constructor's keyword arguments, as pickling uses them
+    for key in ("connect_timeout", "request_timeout"):
+        if options.get(key) is None or options[key] < 0:
+            options[key] = settings.timeout
+    options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=settings.retries + 1)
+    return pafs.S3FileSystem(**options)
+
+
+def is_remote_failure(exc: BaseException) -> bool:
+    """True for an exception that says the remote store failed (unreachable, timed out, cut off),
+    as fsspec's HTTP clients or pyarrow's cloud SDKs raise it; False for a missing file."""
+    if isinstance(exc, RemoteStorageError):
+        return True
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if type(exc).__name__ == "FSTimeoutError":  # fsspec.exceptions: a sync call into an async filesystem timed out
+        return True
+    cause: BaseException | None = exc
+    for _ in range(4):  # s3fs raises OSError(EIO) from botocore's error for a 5xx answer retried in vain
+        if cause is None:
+            break
+        if any(cls.__module__.split(".")[0] in _NETWORK_PACKAGES for cls in type(cause).__mro__):
+            return True
+        cause = cause.__cause__
+    return is_sdk_failure(exc)
+
+
+def is_sdk_failure(exc: BaseException) -> bool:
+    """True for the ``OSError`` of a failed request in pyarrow's S3 or GCS filesystem (a C++ SDK)."""
+    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and \
+        any(marker in str(exc) for marker in _PYARROW_MARKERS)
+
+
+def as_remote_error(exc: BaseException, url: str, *, broad: bool = False) -> RemoteStorageError | None:
+    """``exc`` as a :class:`RemoteStorageError` naming ``url``, or None when it is no remote failure.
+
+    Only pyarrow's SDK errors count, unless ``broad`` (for calls that go to an fsspec filesystem
+    and nowhere else: there any network or timeout error is the store's)."""
+    if isinstance(exc, RemoteStorageError):
+        return exc
+    if not (is_remote_failure(exc) if broad else is_sdk_failure(exc)):
+        return None
+    url = public_url(url)
+    text = " ".join(str(exc).split()) or "no message"
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[:_MESSAGE_LIMIT] + " ..."
+    return RemoteStorageError(
+        f"{url}: the remote store failed ({type(exc).__name__}: {text}); gave up after the retries "
+        f"(how long a request waits and how often it is retried: {TIMEOUT_ENV}, {RETRIES_ENV} or "
+        f"storage_options {TIMEOUT_OPTION!r}, {RETRIES_OPTION!r})", url=url)
+
+
+@contextmanager
+def remote_errors(url: str, *, broad: bool = False) -> Iterator[None]:
+    """Turn a remote failure raised inside the block into :class:`RemoteStorageError` naming ``url``
+    (``broad``: see :func:`as_remote_error`)."""
+    try:
+        yield
+    except RemoteStorageError as exc:
+        outer = public_url(url)
+        if exc.url is None or exc.url.startswith(outer):
+            raise
+        raise RemoteStorageError(f"{outer}: {exc}", url=outer) from exc  # a temporary or part file failed
+    except Exception as exc:
+        error = as_remote_error(exc, url, broad=broad)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def naming_url(argument: str) -> Callable[[F], F]:
+    """Decorator: a remote failure inside the function is a :class:`RemoteStorageError` naming the URL
+    its ``argument`` holds (for a list of URLs, the first)."""
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            url = signature.bind_partial(*args, **kwargs).arguments.get(argument, "")
+            if not isinstance(url, (str, os.PathLike)):
+                url = next(iter(url), "") if isinstance(url, (list, tuple)) else ""
+            with remote_errors(os.fspath(url)):
+                return function(*args, **kwargs)
+
+        return cast(F, call)
+
+    return decorate
+
+
+def public_url(url: str) -> str:
+    """``url`` without its query and user part, which may hold credentials (``s3://KEY:SECRET@bucket``,
+    ``?secret_key=``): what an error message may show."""
+    if "://" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    rest = rest.split("?")[0].split("#")[0]
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+
+def display_url(fs: pafs.FileSystem, path: str) -> str:
+    """``path`` on ``fs`` as a URL a user recognises: ``s3://bucket/key``; local paths as they are."""
+    if isinstance(fs, pafs.LocalFileSystem) or "://" in path:
+        return path
+    scheme = fs.type_name
+    if isinstance(fs, pafs.PyFileSystem):
+        protocol = getattr(getattr(fs.handler, "fs", None), "protocol", "")
+        scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+    return f"{scheme}://{path.lstrip('/')}" if scheme and scheme not in ("file", "local") else path
