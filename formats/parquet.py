@@ -318,9 +318,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         sizes = {root: info}
         base = os.path.dirname(root)
     else:
-        sizes = _list_data_files(fs, root)
-        paths = sorted(sizes)
-        common_path = fsutil.join(root, COMMON_METADATA)
+        paths, sizes, common_path = _published_files(fs, root)
         common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         base = root
         if not paths:
@@ -452,6 +450,24 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
         fsutil.remove(fs, temporary)
         raise
     fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
+    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.formats.publish`),
+    else every data file. A manifest replaced while this runs is read again."""
+    from unihub.formats import publish
+
+    for _attempt in range(3):
+        sizes = _list_data_files(fs, root)
+        manifest = publish.read_manifest(fs, root)
+        if manifest is None:
+            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
+        paths = [fsutil.join(root, p) for p in manifest.parts]
+        if all(p in sizes for p in paths):
+            common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
+            return paths, {p: sizes[p] for p in paths}, common
+    raise publish.missing_part(next(p for p in paths if p not in sizes))
 
 
 def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
