@@ -54,6 +54,7 @@ class Manifest:
 def read_manifest(fs: pafs.FileSystem, root: str) -> Manifest | None:
     """The manifest published at ``root``, or None where there is none (a dataset read as before)."""
     path = f"{root.rstrip('/')}/{MANIFEST}"
+    fresh(fs, root)
     try:
         with fs.open_input_stream(path) as handle:
             data = handle.read()
@@ -82,12 +83,22 @@ def _write_manifest(fs: pafs.FileSystem, root: str, manifest: Manifest) -> None:
 def _files(fs: pafs.FileSystem, root: str) -> list[str]:
     """Every file under ``root``, relative to it (one recursive listing)."""
     root = root.rstrip("/")
+    fresh(fs, root)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     return sorted(e.path[len(root):].lstrip("/") for e in fs.get_file_info(selector) if e.type == pafs.FileType.File)
 
 
 def _is_data(rel: str) -> bool:
     return not any(part.startswith(("_", ".")) for part in rel.split("/"))
+
+
+def fresh(fs: pafs.FileSystem, root: str) -> None:
+    """Forget what an fsspec filesystem cached about ``root`` (s3fs keeps listings and ETags: a manifest
+    replaced since would read as "no longer exists", a listing would miss new parts)."""
+    handler = getattr(fs, "handler", None)
+    invalidate = getattr(getattr(handler, "fs", None), "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate(root)
 
 
 def is_dataset(fs: pafs.FileSystem, staged: str) -> bool:

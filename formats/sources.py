@@ -100,7 +100,12 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
     cache_key = (os.getpid(), parsed.scheme, parsed.netloc, repr(sorted((options or {}).items())))
     fs = _CACHE.get(cache_key)
     if fs is None:
-        fs, _ = fsutil.resolve_filesystem(_ORIGINS[key], None, options)
+        from unihub.errors import UnsupportedFilesystemError
+
+        try:
+            fs, _ = fsutil.resolve_filesystem(_ORIGINS[key], None, options)
+        except UnsupportedFilesystemError as exc:
+            raise UnsupportedFilesystemError(str(exc).replace(_ORIGINS[key], bare, 1)) from None
         _CACHE[cache_key] = fs
     return fs, fsutil.strip_scheme(bare)
 
