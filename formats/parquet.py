@@ -459,15 +459,17 @@ def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[st
     from unihub.formats import publish
 
     for _attempt in range(3):
+        manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
         sizes = _list_data_files(fs, root)
-        manifest = publish.read_manifest(fs, root)
         if manifest is None:
             return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
-        paths = [fsutil.join(root, p) for p in manifest.parts]
-        if all(p in sizes for p in paths):
+        listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
+        wanted = [fsutil.join(root, p).lstrip("/") for p in manifest.parts]
+        if all(p in listed for p in wanted):
+            paths = [listed[p] for p in wanted]
             common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
             return paths, {p: sizes[p] for p in paths}, common
-    raise publish.missing_part(next(p for p in paths if p not in sizes))
+    raise publish.missing_part(next(p for p in wanted if p not in listed))
 
 
 def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:

@@ -44,14 +44,18 @@ _CACHE: dict[tuple[int, str, str, str], pafs.FileSystem] = {}
 
 @contextmanager
 def using(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
-    """Within this block, URLs are opened with ``storage_options`` (fsspec's, plus unihub's remote settings)."""
+    """Within this block, URLs are opened with ``storage_options`` (fsspec's, plus unihub's remote settings),
+    through filesystems made for this block."""
     global _OPTIONS
-    before = _OPTIONS
+    before, cached = _OPTIONS, dict(_CACHE)
     _OPTIONS = dict(storage_options) if storage_options else None
+    _CACHE.clear()  # filesystems live for one conversion: a store that was down is asked afresh
     try:
         yield
     finally:
         _OPTIONS = before
+        _CACHE.clear()
+        _CACHE.update(cached)
 
 
 def current_options() -> dict[str, Any] | None:
@@ -296,7 +300,7 @@ _OWNING: list[type] = []
 def _owning_file(h5py: Any) -> type:
     """An ``h5py.File`` subclass that closes the Python file object it reads (made once, lazily)."""
     if not _OWNING:
-        class OwningFile(h5py.File):  # type: ignore[misc,name-defined]
+        class OwningFile(h5py.File):
             unihub_raw: IO[bytes] | None = None
 
             def close(self) -> None:

@@ -123,7 +123,7 @@ def open_records(path: str, compression: Compression) -> IO[bytes]:
     """A binary stream of the decompressed bytes of ``path``."""
     if compression == "gzip":
         stream = gzip.GzipFile(fileobj=sources.open_input(path), mode="rb")
-        stream.myfileobj = stream.fileobj  # closed with the stream, as gzip.open's own file is
+        stream.myfileobj = stream.fileobj  # type: ignore[assignment]  # closed with the stream, as gzip.open's is
         return stream  # type: ignore[return-value]
     if compression == "zlib":
         return ZlibReader(path)  # type: ignore[return-value]
