@@ -449,7 +449,18 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
     except BaseException:
         fsutil.remove(fs, temporary)
         raise
+    _update_published_copy(fs, root, target)
     fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
+    """Where a manifest names its run's own ``_common_metadata`` (object stores), that copy is what readers
+    read: it gets the new entries too (one object copy, atomic)."""
+    from unihub.formats import publish
+
+    manifest = publish.read_manifest(fs, root)
+    if manifest is not None and manifest.common_metadata not in (None, COMMON_METADATA):
+        fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
 
 
 def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:

@@ -402,3 +402,15 @@ def test_unpublished_parts_are_invisible_and_removed(s3_server: Any) -> None:
     left = keys(s3_server, f"{run}/ds/")
     assert dead not in left and live in left
     assert [int(r["id"]) for r in rows_of(url, **options)] == list(range(100, 130))
+
+
+def test_metadata_updates_reach_the_published_copy(s3_server: Any) -> None:
+    """Entries set in ``_common_metadata`` (row-group indexes, add-schema) are read back on S3, where
+    readers read the copy the manifest names."""
+    from unihub.formats.parquet import update_common_metadata
+
+    url = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:8]}/ds"
+    options = {"storage_options": s3_server.storage_options()}
+    write_dataset(url, _schema(), _dataset(10, 0), **options)
+    update_common_metadata(open_dataset(url, **options), {b"unihub.test": b"kept"})
+    assert open_dataset(url, **options).metadata[b"unihub.test"] == b"kept"
