@@ -128,3 +128,8 @@ class RemoteStorageError(UnihubError, OSError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         super().__init__(message)
         self.url = url
+
+
+class UnsupportedFilesystemError(UnihubError, ValueError):
+    """A URL whose scheme no filesystem unihub can reach handles (not pyarrow's, not an installed
+    fsspec protocol); the message names the URL. unihub never takes ``scheme://...`` for a local path."""

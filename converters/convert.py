@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats import remote, sources
 from unihub.formats.foreign import (
     FORMATS,
     ColumnBatch,
@@ -66,8 +67,10 @@ class ConvertResult:
 
 
 def is_unihub_dataset(path: str) -> bool:
-    """A directory holding Parquet files (or ``_common_metadata``), or a ``.parquet`` file."""
+    """A directory holding Parquet files (or ``_common_metadata``, a manifest), or a ``.parquet`` file."""
     base = expand_braces(os.fspath(path))[0]
+    if sources.is_url(base):
+        return _is_remote_dataset(base)
     if os.path.isfile(base):
         return base.endswith((".parquet", ".parq", ".pq"))
     if not os.path.isdir(base):
@@ -77,6 +80,28 @@ def is_unihub_dataset(path: str) -> bool:
             return True
         dirs[:] = [d for d in dirs if "=" in d]  # only hive partitions hold a dataset's files: not every image
     return False
+
+
+def _is_remote_dataset(url: str) -> bool:
+    """:func:`is_unihub_dataset` for a URL, from one listing of it (a glob is never a dataset)."""
+    url = sources.without_query(url)
+    if any(c in url for c in "*?["):
+        return False
+    if sources.isfile(url):
+        return url.endswith((".parquet", ".parq", ".pq"))
+    try:
+        entries = sources.scandir(url)
+    except FileNotFoundError:
+        return False
+    names = {name for name, _ in entries}
+    if names & {"_common_metadata", "_unihub_manifest.json"} or any(n.endswith(".parquet") for n in names):
+        return True
+    return any("=" in name and is_dir and _is_remote_dataset(f"{url.rstrip('/')}/{name}") for name, is_dir in entries)
+
+
+def _exists(path: str) -> bool:
+    """Whether ``path`` (a local path or URL) names anything."""
+    return sources.exists(path) if sources.is_url(path) else os.path.exists(path)
 
 
 def resolve_source_format(src: str, from_format: str | None) -> str:
@@ -106,7 +131,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
-            validate_images: ValidateImages = "header") -> ConvertResult:
+            validate_images: ValidateImages = "header",
+            storage_options: Mapping[str, Any] | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
@@ -117,10 +143,24 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     (:mod:`unihub.formats.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
+
+    ``src`` and ``dst`` may be URLs of any filesystem pyarrow or fsspec reaches (``s3://bucket/x``);
+    ``storage_options`` (fsspec's, and unihub's remote settings) hold for every file either side opens,
+    in forked workers too (:mod:`unihub.formats.sources`).
     """
+    with sources.using(storage_options):
+        return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
+                        overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
+                        on_error=on_error, progress=progress, format_options=format_options, engine=engine,
+                        master=master, spark=spark, workers=workers, validate_images=validate_images)
+
+
+def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
+             schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, row_group_size_mb: float,
+             batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
+             engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages) -> ConvertResult:
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
-    src, dst = os.fspath(src), os.fspath(dst)
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
@@ -140,7 +180,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                                   master=master, spark=spark, row_group_size_mb=row_group_size_mb,
                                   on_error=on_error, format_options=format_options,
                                   validate_images=validate_images)
-    if os.path.exists(dst) and not overwrite:
+    if _exists(dst) and not overwrite:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
@@ -163,11 +203,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         files = source.files()
         input_bytes = _total_size(files)
         # single pass where the format allows it: read once with a provisional schema, refine it after
-        provisional = source.provisional_schema() if given is None and target_format == UNIHUB else None
+        # (the conversion tasks stage on a local disk: into a URL, one pass of write_dataset does)
+        in_tasks = target_format == UNIHUB and not sources.is_url(dst)
+        provisional = source.provisional_schema() if given is None and in_tasks else None
         out_schema = given or provisional or source.infer_schema()
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
-        if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
+        if in_tasks and (provisional is not None or (workers > 1 and len(files) > 1)):
             options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error, validate_images=validate_images,
                            progress=progress, start=start, input_bytes=input_bytes)
             try:
@@ -300,6 +342,9 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
 
     from unihub.formats import filesystem as fsutil
 
+    if sources.is_url(dst):
+        _export_remote(dst, target_format, schema, batches, options)
+        return
     target = os.path.abspath(dst)
     holder = fsutil.temporary_sibling(target)
     os.makedirs(holder)
@@ -309,6 +354,36 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
         fsutil.commit(pafs.LocalFileSystem(), written, target)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def _export_remote(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
+                   options: dict[str, Any]) -> None:
+    """An export to a URL: written into a local temporary directory (the format writers write local
+    files; HDF5 needs a seekable one), uploaded to a hidden prefix beside ``dst``, then put in place
+    (:func:`unihub.formats.filesystem.commit`). Every local and remote temporary is removed, whatever happens."""
+    import tempfile
+
+    from unihub.formats import filesystem as fsutil
+
+    fs, target = fsutil.resolve_filesystem(dst)
+    staged = fsutil.temporary_sibling(target)
+    with tempfile.TemporaryDirectory(prefix="unihub-export-") as spool:
+        written = os.path.join(spool, os.path.basename(target.rstrip("/")))
+        FORMATS.get(target_format).write(written, schema, batches, **options)
+        try:
+            with remote.remote_errors(dst):
+                _upload(fs, written, staged)
+                fsutil.commit(fs, staged, target)
+        except BaseException:
+            fsutil.remove(fs, staged)
+            raise
+
+
+def _upload(fs: Any, local: str, remote_path: str) -> None:
+    """Copy a local file or directory tree to ``remote_path`` on ``fs``."""
+    import pyarrow.fs as pafs
+
+    pafs.copy_files(local, remote_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
 def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unischema, overwrite: bool,

@@ -206,11 +206,22 @@ def _own_reader(fmt: type[ForeignFormat]) -> bool:
 
 def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
            to_format: str | None = None, max_differences: int = 10,
-           options: Mapping[str, Any] | None = None) -> VerifyReport:
+           options: Mapping[str, Any] | None = None,
+           storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compare ``src`` and ``dst``; ``equal`` only when every field of every record matches.
 
-    ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``).
+    ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``);
+    ``storage_options`` reach every file of either side on a remote filesystem (as for ``convert``).
     """
+    from unihub.formats import sources
+
+    with sources.using(storage_options):
+        return _verify(src, dst, from_format=from_format, to_format=to_format, max_differences=max_differences,
+                       options=options)
+
+
+def _verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None,
+            to_format: str | None, max_differences: int, options: Mapping[str, Any] | None) -> VerifyReport:
     import unihub.formats.formats_all  # noqa: F401
 
     src, dst = os.fspath(src), os.fspath(dst)

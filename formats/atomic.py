@@ -73,6 +73,12 @@ def sibling(target: str, kind: Kind = "tmp") -> str:
     return f"{parent.rstrip('/')}/{hidden}" if parent else hidden
 
 
+def run_id() -> str:
+    """A name for one run of this process, ``<where>-<pid>-<start>-<random>``, that :func:`owner_alive`
+    can judge (object stores name the files of a run with it: :mod:`unihub.formats.publish`)."""
+    return f"{_owner()}-{uuid.uuid4().hex[:6]}"
+
+
 def replace(temporary: str, target: str) -> None:
     """Put ``temporary`` (a file or directory) at ``target``, replacing what is there, atomically
     where the system can swap the two; the old ``target`` is removed afterwards."""

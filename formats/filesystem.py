@@ -29,6 +29,10 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     ``unihub_retries``: see :mod:`unihub.formats.remote`)."""
     url = os.fspath(url)
     scheme = urlparse(url).scheme if "://" in url else ""
+    if storage_options is None and filesystem is None and scheme not in ("", "file"):
+        from unihub.formats import sources  # what a conversion under way was given (sources.using)
+
+        storage_options = sources.current_options()
     if filesystem is not None:
         return as_pyarrow_filesystem(filesystem), strip_scheme(url)
     if scheme in ("", "file"):
@@ -40,6 +44,13 @@ def resolve_filesystem(url: str, filesystem: Any = None,
             fs, path = pafs.FileSystem.from_uri(url)
         return remote.configure_pyarrow(fs, settings), path
     fsspec = require("fsspec", extra="fsspec", purpose=f"{scheme}:// URLs")
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ValueError, ImportError) as exc:
+        from unihub.errors import UnsupportedFilesystemError
+
+        raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
+                                         "a path with a scheme is never taken for a local one") from None
     fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
     return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
 
@@ -250,42 +261,48 @@ def temporary_sibling(target: str) -> str:
     return atomic.sibling(target, "tmp")
 
 
-def commit(fs: pafs.FileSystem, temporary: str, target: str) -> None:
+def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None:
     """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
 
     On a local disk the two are swapped atomically where the system can (Linux), else the old
     target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
-    (:mod:`unihub.formats.atomic`). Elsewhere (object stores have no rename) the old target is
-    moved aside first, restored if the move fails, then removed.
+    (:mod:`unihub.formats.atomic`). Elsewhere (object stores have no rename) a Parquet dataset is
+    published by a manifest written last, and readers read only what it lists; an export's files are
+    copied into place one by one (:mod:`unihub.formats.publish`). Returns the data files published
+    under new names on an object store, else None (their names inside ``temporary`` hold).
     """
     if _local(fs):
         atomic.replace(temporary, target)
-        return
-    old = None
-    if exists(fs, target):
-        old = atomic.sibling(target, "old")
-        move(fs, target, old)
-    try:
-        move(fs, temporary, target)
-    except BaseException:
-        if old is not None:
-            move(fs, old, target)
-        raise
-    if old is not None:
-        remove(fs, old)
+        return None
+    from unihub.formats import publish
+
+    if is_dir(fs, temporary) and publish.is_dataset(fs, temporary):
+        return publish.publish(fs, temporary, target)
+    publish.publish_files(fs, temporary, target)
+    return None
 
 
 def settle(fs: pafs.FileSystem, target: str) -> str | None:
-    """On a local disk, finish what runs killed while writing ``target`` left: the old dataset put
-    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`).
-    Returns an old copy that could not be put back; nothing happens on other filesystems."""
-    return atomic.settle(target) if _local(fs) else None
+    """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
+    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
+    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
+    published manifest lists removed (:func:`unihub.formats.publish.settle`)."""
+    if _local(fs):
+        return atomic.settle(target)
+    from unihub.formats import publish
+
+    with remote.remote_errors(remote.display_url(fs, target)):
+        publish.settle(fs, target)
+    return None
 
 
-def settle_url(url: str) -> str | None:
-    """:func:`settle` for a URL or path; only local ones (no scheme, ``file://``) have anything to settle."""
+def settle_url(url: str, storage_options: dict[str, Any] | None = None) -> str | None:
+    """:func:`settle` for a URL or path."""
     scheme = urlparse(url).scheme if "://" in url else ""
-    return atomic.settle(os.path.abspath(strip_scheme(url))) if scheme in ("", "file") else None
+    if scheme in ("", "file"):
+        return atomic.settle(os.path.abspath(strip_scheme(url)))
+    fs, path = resolve_filesystem(url, None, storage_options)
+    return settle(fs, path)
 
 
 def _local(fs: pafs.FileSystem) -> bool:

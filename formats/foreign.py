@@ -23,7 +23,6 @@ them, and an option a format does not take is refused, never silently ignored.
 
 from __future__ import annotations
 
-import glob
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -350,16 +349,24 @@ def warm_before_fork() -> None:
 
 
 def expand_sources(sources: Sequence[str]) -> list[str]:
-    """Files named by paths, directories (their files, recursively), globs and ``{a..b}`` braces."""
+    """Files named by paths, directories (their files, recursively), globs and ``{a..b}`` braces, on
+    any filesystem (:mod:`unihub.formats.sources`: URLs are listed through theirs and returned as URLs)."""
+    from unihub.formats import sources as fsrc
+
     files: list[str] = []
     for source in sources:
-        for pattern in expand_braces(source):
-            if os.path.isdir(pattern):
-                for root, _, names in os.walk(pattern):
-                    files.extend(os.path.join(root, n) for n in names if not n.startswith((".", "_")))
+        for pattern in expand_braces(fsrc.without_query(source)):  # a query holds for the files listed
+            if fsrc.isdir(pattern):
+                for root, dirs, names in fsrc.walk(pattern):
+                    dirs[:] = [d for d in dirs if not d.startswith((".", "_"))] if fsrc.is_url(pattern) else dirs
+                    files.extend(f"{root.rstrip('/')}/{n}" if fsrc.is_url(root) else os.path.join(root, n)
+                                 for n in names if not n.startswith((".", "_")))
             elif any(c in pattern for c in "*?["):
-                files.extend(glob.glob(pattern))
-            elif os.path.exists(pattern):
+                matched = fsrc.glob(pattern)
+                if not matched and fsrc.is_url(pattern):
+                    raise FormatError(f"{pattern}: no file matches", path=pattern)
+                files.extend(matched)
+            elif fsrc.exists(pattern):
                 files.append(pattern)
             else:
                 raise FormatError(f"{pattern}: no such file or directory", path=pattern)
@@ -387,10 +394,11 @@ def expand_braces(pattern: str) -> list[str]:
 def detect_format(path: str) -> str | None:
     """The registered format name that claims ``path``, by extension first, then by content."""
     import unihub.formats.formats_all  # noqa: F401  (registers every format module)
+    from unihub.formats import sources as fsrc
 
-    base = expand_braces(os.fspath(path))[0]
+    base = expand_braces(fsrc.split_query(os.fspath(path))[0])[0]
     if any(c in base for c in "*?["):  # a glob: judge by the first file it matches
-        base = next(iter(sorted(glob.glob(base))), base)
+        base = next(iter(fsrc.glob(base)), base)
     parts = os.path.basename(base).split(".")
     for ext in (os.path.splitext(base)[1], "." + ".".join(parts[-2:]) if len(parts) > 2 else ""):
         name = FORMATS.by_extension(ext) if ext else None

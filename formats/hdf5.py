@@ -63,11 +63,11 @@ that file says it was written (layout, key field, images as pixels), with no opt
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from unihub.errors import FormatError, SchemaError, UnihubError
+from unihub.formats import sources
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
@@ -86,7 +86,6 @@ from unihub.formats.hdf5_meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
-from unihub.formats.hdf5_types import h5py_module
 from unihub.formats.schema import Unischema, UnischemaField
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -95,7 +94,7 @@ __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
 
 def _open(path: str) -> Any:
     try:
-        return h5py_module().File(path, "r")
+        return sources.open_hdf5(path)
     except OSError as exc:
         raise FormatError(f"{path}: not a readable HDF5 file ({exc})", path=path) from exc
 
@@ -145,7 +144,7 @@ class HDF5Format(ForeignFormat):
     def detect(cls, path: str) -> bool:
         """True for a file that starts with the HDF5 signature (at 0 or after a user block)."""
         try:
-            with open(path, "rb") as handle:
+            with sources.open_input(path) as handle:
                 for offset in (0, 512, 1024, 2048):
                     handle.seek(offset)
                     if handle.read(8) == _SIGNATURE:
@@ -199,7 +198,7 @@ class HDF5Format(ForeignFormat):
     def _read_file(self, path: str, readers: list[Any], batch_size: int, on_error: OnError,
                    fields: Sequence[UnischemaField] = ()) -> Iterator[ColumnBatch]:
         total = sum(reader.length for reader in readers) or 1
-        base, size, done = self.report.bytes_read, os.path.getsize(path), 0
+        base, size, done = self.report.bytes_read, sources.getsize(path), 0
         for reader in readers:
             for start, stop in batches_of(reader, batch_size):
                 try:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.formats import sources
 from unihub.formats.hdf5_layout import Plan
 from unihub.formats.hdf5_meta import PER_FILE, exact_attributes, in_any, walk_objects
 from unihub.formats.hdf5_select import plan_file
@@ -100,11 +101,10 @@ def _with_files(first: dict[str, Entries], others: Iterable[tuple[str, dict[str,
 # -- the files, read with h5py ------------------------------------------------------------------
 def reference_extras(files: list[str], options: Mapping[str, Any]) -> Entries:
     """What ``files`` hold beside their rows, read with h5py; see the module docstring."""
-    h5py = h5py_module()
     all_sections: list[tuple[str, dict[str, Entries]]] = []
     rows: dict[str, list[Any]] = {}
     for path in files:
-        with h5py.File(path, "r") as handle:
+        with sources.open_hdf5(path) as handle:
             plan = plan_file(path, handle, options)
             all_sections.append((path, _file_sections(handle, plan)))
             _row_datasets(handle, plan, rows)

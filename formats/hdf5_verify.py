@@ -16,11 +16,12 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from unihub.formats import sources
 from unihub.formats.hdf5_layout import Plan
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_select import matches, plan_file
 from unihub.formats.hdf5_storage import ExportSpec, export_spec, generic_value, storage_of, storage_rows
-from unihub.formats.hdf5_types import extract, h5py_module, member_dtype, native, to_h5
+from unihub.formats.hdf5_types import extract, member_dtype, native, to_h5
 from unihub.formats.schema import Unischema
 
 _ROWS = 256  # rows read or converted at a time
@@ -29,9 +30,8 @@ Record = dict[str, Any]
 
 def reference_records(files: Iterable[str], options: Mapping[str, Any]) -> Iterator[tuple[str, Record]]:
     """Every row of ``files`` as h5py reads it, in ingest order: ``(where, record)``."""
-    h5py = h5py_module()
     for path in files:
-        with h5py.File(path, "r") as handle:
+        with sources.open_hdf5(path) as handle:
             plan = plan_file(path, handle, options)
             name = os.path.basename(path)
             if plan.kind == "groups":

@@ -68,6 +68,7 @@ import pyarrow.fs as pafs
 from unihub.errors import DatasetExistsError, DatasetNotFoundError, FormatError, SchemaError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import images
+from unihub.formats import sources as fsrc
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
 from unihub.formats.foreign import (
     ColumnBatch,
@@ -143,7 +144,7 @@ class ImageFolderFormat(ForeignFormat):
             raise FormatError(f"an image folder is one root directory, got {len(self.sources)} sources: "
                               f"{self.where}")
         self.root = self.sources[0]
-        if not os.path.isdir(self.root):
+        if not fsrc.isdir(self.root):
             raise DatasetNotFoundError(f"{self.root}: not a directory; an image folder is a directory of "
                                        "class folders holding PNG/JPEG files, or of the files themselves")
 
@@ -162,15 +163,14 @@ class ImageFolderFormat(ForeignFormat):
     @classmethod
     def detect(cls, path: str) -> bool:
         """True for a directory whose first files (directly or one level down) are mostly PNG/JPEG."""
-        if not os.path.isdir(path):
+        if not fsrc.isdir(path):
             return False
         sample: list[str] = []
-        for name in _visible(path):
+        for name, is_dir in _visible_typed(path):
             full = os.path.join(path, name)
-            if os.path.isdir(full):
-                sample.extend(os.path.join(full, n) for n in _visible(full)[:_DETECT_SAMPLE]
-                              if os.path.isfile(os.path.join(full, n)))
-            elif os.path.isfile(full):
+            if is_dir:
+                sample.extend(os.path.join(full, n) for n, sub in _visible_typed(full)[:_DETECT_SAMPLE] if not sub)
+            else:
                 sample.append(full)
             if len(sample) >= _DETECT_SAMPLE:
                 break
@@ -337,24 +337,25 @@ class ImageFolderFormat(ForeignFormat):
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
         not images."""
         root = self.root
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
+        classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith("."))
         walks: list[tuple[str, str | None, list[str]]]  # (folder, class folder or None, file names)
         if not classes:
-            walks = [(root, None, sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n))))]
+            walks = [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
         else:
             walks = [(dirpath, name, sorted(files)) for name in classes
-                     for dirpath, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True))]
+                     for dirpath, _, files in sorted(fsrc.walk(os.path.join(root, name), followlinks=True))]
         for dirpath, name, files in walks:
-            rel_dir = os.path.relpath(dirpath, root)
-            if any(part.startswith(".") for part in rel_dir.split(os.sep) if part != "."):
+            rel_dir = fsrc.relative(dirpath, root)
+            if any(part.startswith(".") for part in rel_dir.split("/") if part != "."):
                 continue
             for file in files:
                 path = os.path.join(dirpath, file)
-                with open(path, "rb") as handle:
+                with fsrc.open_input(path) as handle:
                     data = handle.read()
                 if file.startswith(".") or not data.startswith(_MAGIC_BYTES):
                     continue
-                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                rel = fsrc.relative(path, root)
                 yield rel, ({"image": data, "path": rel} if name is None else {"image": data, "class": name, "path": rel})
 
     @classmethod
@@ -380,9 +381,9 @@ class ImageFolderFormat(ForeignFormat):
     # -------------------------------------------------------------------- listing
     @cached_property
     def _listing(self) -> _Listing:
-        names = _visible(self.root)
-        dirs = [n for n in names if os.path.isdir(os.path.join(self.root, n))]
-        files = [n for n in names if not os.path.isdir(os.path.join(self.root, n))]
+        typed = _visible_typed(self.root)
+        dirs = [n for n, is_dir in typed if is_dir]
+        files = [n for n, is_dir in typed if not is_dir]
         if not dirs:
             return _Listing(None, tuple(_Entry(n, None) for n in files), ())
         entries = [_Entry(rel, label) for label, name in enumerate(dirs)
@@ -413,22 +414,25 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
     return formats, sizes, depths
 
 
-def _visible(directory: str) -> list[str]:
-    return sorted(n for n in os.listdir(directory) if not n.startswith("."))
+def _visible_typed(directory: str) -> list[tuple[str, bool]]:
+    """``(name, is a directory)`` of the entries not hidden, sorted by name (one listing)."""
+    return sorted((n, d) for n, d in fsrc.scandir(directory) if not n.startswith("."))
 
 
 def _walk(root: str, class_dir: str) -> list[str]:
     """Files under ``root/class_dir`` (hidden ones pruned), relative to root, in torchvision's order."""
     found: list[tuple[str, str]] = []
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, class_dir), followlinks=True):
+    for dirpath, dirnames, filenames in fsrc.walk(os.path.join(root, class_dir), followlinks=True):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        rel_dir = fsrc.relative(dirpath, root)
         found.extend((rel_dir, f) for f in filenames if not f.startswith("."))
     return [f"{d}/{f}" for d, f in sorted(found)]
 
 
 def _read(path: str, limit: int = -1) -> bytes:
     """The file's bytes (the first ``limit``), without a buffered file object (a third of the cost)."""
+    if fsrc.is_url(path):
+        return fsrc.read_bytes(path, limit)
     fd = os.open(path, os.O_RDONLY)
     try:
         if limit >= 0:

@@ -318,9 +318,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         sizes = {root: info}
         base = os.path.dirname(root)
     else:
-        sizes = _list_data_files(fs, root)
-        paths = sorted(sizes)
-        common_path = fsutil.join(root, COMMON_METADATA)
+        paths, sizes, common_path = _published_files(fs, root)
         common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         base = root
         if not paths:
@@ -451,7 +449,38 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
     except BaseException:
         fsutil.remove(fs, temporary)
         raise
+    _update_published_copy(fs, root, target)
     fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
+    """Where a manifest names its run's own ``_common_metadata`` (object stores), that copy is what readers
+    read: it gets the new entries too (one object copy, atomic)."""
+    from unihub.formats import publish
+
+    manifest = publish.read_manifest(fs, root)
+    if manifest is not None and manifest.common_metadata not in (None, COMMON_METADATA):
+        fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
+
+
+def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
+    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.formats.publish`),
+    else every data file. A manifest replaced while this runs is read again."""
+    from unihub.formats import publish
+
+    for _attempt in range(3):
+        manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
+        sizes = _list_data_files(fs, root)
+        if manifest is None:
+            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
+        listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
+        wanted = [fsutil.join(root, p).lstrip("/") for p in manifest.parts]
+        if all(p in listed for p in wanted):
+            paths = [listed[p] for p in wanted]
+            common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
+            return paths, {p: sizes[p] for p in paths}, common
+    raise publish.missing_part(next(p for p in wanted if p not in listed))
 
 
 def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:

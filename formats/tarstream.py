@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
 
 from unihub.errors import FormatError
+from unihub.formats import sources
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
@@ -80,12 +81,16 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
     The archive ends at a zero block, or at end of file on a block boundary unless
     ``require_end`` (then a missing end-of-archive marker means the file was cut short).
     """
-    with open(path, "rb") as raw:
+    with sources.open_input(path) as raw:
         head = raw.read(6)
         opener = next((o for magic, o in _COMPRESSED if head.startswith(magic)), None)
         if opener is not None:
-            with opener(path) as stream:
+            raw.seek(0)
+            with opener(raw) as stream:
                 yield from _parse(_guarded(stream, path), path, regular_only, require_end)
+        elif head and sources.is_url(path):  # a remote file: read through its buffer
+            raw.seek(0)
+            yield from _parse(raw.read, path, regular_only, require_end, sources.getsize(path))
         elif head:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 yield from _parse(mapped.read, path, regular_only, require_end, len(mapped))

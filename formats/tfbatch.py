@@ -17,7 +17,6 @@ Records come a block at a time from :mod:`unihub.formats.tframe` (framing and CR
 from __future__ import annotations
 
 import mmap
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.formats import image_checks, images
+from unihub.formats import image_checks, images, sources
 from unihub.formats.foreign import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tfio import _fail
@@ -481,7 +480,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     pieces, have = [], 0
         finally:
             framer.close()
-        done += os.path.getsize(path)
+        done += sources.getsize(path)
         report.bytes_read = done
     if have:
         yield _finish(plans, pieces)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unihub.errors import FormatError
+from unihub.formats import sources as fsrc
 from unihub.formats.foreign import expand_braces, expand_sources
 
 TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfrec")
@@ -73,8 +74,8 @@ def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Cal
     """The record files named by ``sources`` (sorted), checked for missing shards; see the module docstring."""
     listing = Listing([])
     for source in sources:
-        for pattern in expand_braces(source):
-            if os.path.isdir(pattern):
+        for pattern in expand_braces(fsrc.without_query(source)):
+            if fsrc.isdir(pattern):
                 _add_directory(listing, pattern, is_record_file)
             else:  # a file named one by one (a task's slice, say) is what was chosen; a glob is checked
                 matched = expand_sources([pattern])
@@ -94,10 +95,10 @@ def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Cal
 
 def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], bool]) -> None:
     records: list[str] = []
-    for directory, dirs, names in os.walk(root):
+    for directory, dirs, names in fsrc.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
         for name in sorted(names):
-            path = os.path.join(directory, name)
+            path = fsrc.join(directory, name)
             if name.startswith((".", "_")):
                 continue
             if name in TFDS_METADATA:
@@ -113,9 +114,9 @@ def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], 
 
 def _keep_tfds(listing: Listing, path: str, name: str) -> None:
     try:
-        if os.path.getsize(path) <= _METADATA_LIMIT:
-            with open(path, encoding="utf-8") as handle:
-                listing.tfds[name.removesuffix(".json")] = json.load(handle)
+        if fsrc.getsize(path) <= _METADATA_LIMIT:
+            with fsrc.open_input(path) as handle:
+                listing.tfds[name.removesuffix(".json")] = json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError):
         pass  # provenance only: an unreadable JSON file changes no record
 

@@ -27,6 +27,7 @@ from typing import IO, Any, Literal
 
 from unihub.dependencies import require
 from unihub.errors import FormatError, UnsupportedFormatError
+from unihub.formats import sources
 from unihub.formats.foreign import OnError, ReadReport, SkippedRecord
 
 Compression = Literal["none", "gzip", "zlib"]
@@ -76,7 +77,7 @@ def file_compression(path: str, option: str | None) -> Compression:
     if named is not None:
         return named
     try:
-        with open(path, "rb") as f:
+        with sources.open_input(path) as f:
             head = f.read(4096)
     except OSError as exc:
         raise FormatError(f"{path}: cannot read ({exc})", path=path) from exc
@@ -87,7 +88,7 @@ class ZlibReader(io.RawIOBase):
     """A zlib stream (TensorFlow's ``ZLIB`` TFRecord compression) read as its decompressed bytes."""
 
     def __init__(self, path: str) -> None:
-        self.fileobj: IO[bytes] = open(path, "rb")  # noqa: SIM115  (closed by close())
+        self.fileobj: IO[bytes] = sources.open_input(path)  # closed by close()
         self._inflate = zlib.decompressobj()
         self._pending = b""
         self._eof = False
@@ -121,10 +122,12 @@ class ZlibReader(io.RawIOBase):
 def open_records(path: str, compression: Compression) -> IO[bytes]:
     """A binary stream of the decompressed bytes of ``path``."""
     if compression == "gzip":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        stream = gzip.GzipFile(fileobj=sources.open_input(path), mode="rb")
+        stream.myfileobj = stream.fileobj  # type: ignore[assignment]  # closed with the stream, as gzip.open's is
+        return stream  # type: ignore[return-value]
     if compression == "zlib":
         return ZlibReader(path)  # type: ignore[return-value]
-    return open(path, "rb")  # noqa: SIM115
+    return sources.open_input(path)
 
 
 class ZlibWriter(io.RawIOBase):

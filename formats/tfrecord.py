@@ -24,6 +24,7 @@ from functools import cached_property, partial
 from typing import Any, ClassVar
 
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats import sources
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
@@ -180,19 +181,19 @@ class TFRecordFormat(ForeignFormat):
     def detect(cls, path: str) -> bool:
         """A file whose first record header is valid (any compression), or a directory holding such
         files or files named like TFRecord shards (``train-00000-of-00004``, ``x.tfrecord``)."""
-        if os.path.isdir(path):
+        if sources.isdir(path):
             seen = 0
-            for directory, dirs, names in os.walk(path):
+            for directory, dirs, names in sources.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
                 for name in sorted(n for n in names if not n.startswith((".", "_"))):
-                    if named_like_tfrecord(name) or cls.detect(os.path.join(directory, name)):
+                    if named_like_tfrecord(name) or cls.detect(sources.join(directory, name)):
                         return True
                     seen += 1
                     if seen >= 16:
                         return False
             return False
         try:
-            if os.path.isfile(path):
+            if sources.isfile(path):
                 with _open(path, None) as f:
                     head = f.read(12)
                 return len(head) == 12 and _header_ok(head)

@@ -27,6 +27,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import FormatError
+from unihub.formats import sources
 from unihub.formats.schema import Unischema
 
 _TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
@@ -46,17 +47,23 @@ def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     forced = source.options.get("payload") or "auto"
     for path in source.files():
         compression = _TF_COMPRESSION[file_compression(path, source.options.get("compression"))]
-        records = iter(tf.data.TFRecordDataset(path, compression_type=compression))
-        index = 0
-        while True:
-            try:
-                record = next(records)
-            except StopIteration:
-                break
-            except tf.errors.OpError as exc:
-                raise FormatError(f"{path}: TensorFlow cannot read record {index}: {exc.message}", path=path) from None
-            yield f"{os.path.basename(path)} record {index}", native(record.numpy(), forced)
-            index += 1
+        with sources.local_copy(path) as local:  # TensorFlow reads no s3:// (it dropped its S3 filesystem)
+            yield from _tf_records(tf, path, local, compression, forced)
+
+
+def _tf_records(tf: Any, path: str, local: str, compression: str, forced: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records of one file (``local``: where TensorFlow reads ``path`` from) as TensorFlow reads them."""
+    records = iter(tf.data.TFRecordDataset(local, compression_type=compression))
+    index = 0
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            break
+        except tf.errors.OpError as exc:
+            raise FormatError(f"{path}: TensorFlow cannot read record {index}: {exc.message}", path=path) from None
+        yield f"{os.path.basename(path)} record {index}", native(record.numpy(), forced)
+        index += 1
 
 
 def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],

@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, FormatError, SchemaError
+from unihub.formats import sources
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.foreign import (
     ColumnBatch,
@@ -140,9 +141,12 @@ class WebDatasetFormat(ForeignFormat):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        if os.path.isdir(path):
-            return any(name.endswith(SHARD_SUFFIXES) for name in os.listdir(path))
-        return os.path.isfile(path) and tarfile.is_tarfile(path)
+        if sources.isdir(path):
+            return any(name.endswith(SHARD_SUFFIXES) for name in sources.listdir(path))
+        if not sources.isfile(path):
+            return False
+        with sources.open_input(path) as handle:
+            return tarfile.is_tarfile(handle)
 
     def files(self) -> list[str]:
         """Shards named by the sources (a directory contributes only its tar files), sorted by name,
@@ -162,7 +166,7 @@ class WebDatasetFormat(ForeignFormat):
         found: list[str] = []
         for source in self.sources:
             shards = expand_sources([source])
-            if os.path.isdir(source):
+            if sources.isdir(source):
                 shards = [s for s in shards if s.endswith(SHARD_SUFFIXES)]
             found.extend(shards)
         return sorted(dict.fromkeys(found))
@@ -175,7 +179,7 @@ class WebDatasetFormat(ForeignFormat):
         """Every sample of every shard, in shard order; skips land in :attr:`report`."""
         for path in self.files():
             yield from iter_samples(path, on_error=on_error, skipped=self.report.skipped, group_keys=self.group_keys)
-            self.report.bytes_read += os.path.getsize(path)  # progress, a shard at a time
+            self.report.bytes_read += sources.getsize(path)  # progress, a shard at a time
 
     # ------------------------------------------------------------------ the export's header
     @cached_property

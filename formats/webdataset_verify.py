@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from unihub.errors import FormatError
+from unihub.formats import sources
 from unihub.formats.schema import Unischema
 from unihub.formats.webdataset_fields import member_encoder, member_value
 from unihub.formats.webdataset_tar import KEY_FIELD, row_key
@@ -62,7 +63,7 @@ def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
     FormatError naming the file and the last member read."""
     last: int | None = None  # offset of the last member tarfile read
     try:
-        with tarfile.open(path, mode="r|*") as stream:
+        with sources.open_input(path) as raw, tarfile.open(fileobj=raw, mode="r|*") as stream:
             for info in stream:
                 name, last = info.name, info.offset
                 if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):

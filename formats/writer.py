@@ -122,12 +122,13 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
             from unihub.formats.petastorm_write import add_petastorm_metadata
 
             add_petastorm_metadata(fs, writer.root, schema)
-        fsutil.commit(fs, writer.root, target)
+        published = fsutil.commit(fs, writer.root, target)  # new names on an object store
     except BaseException:
         writer.abort()
         fsutil.remove(fs, writer.root)
         raise
-    files = tuple(fsutil.join(target, p[len(writer.root):].lstrip("/")) for p in result.files)
+    files = tuple(published if published is not None else
+                  (fsutil.join(target, p[len(writer.root):].lstrip("/")) for p in result.files))
     return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
 
 
