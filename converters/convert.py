@@ -106,7 +106,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
-            validate_images: ValidateImages = "header") -> ConvertResult:
+            validate_images: ValidateImages = "header",
+            storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
@@ -117,6 +118,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     (:mod:`unihub.formats.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
+
+    A foreign source converted into unihub goes through the one ingest pipeline
+    (:mod:`unihub.converters.pipeline`) on the engine named (``'local'`` or ``'spark'``, on ``master``
+    or the session ``spark``); ``dst`` may then be a URL of any filesystem, ``storage_options``
+    going to fsspec.
     """
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
@@ -130,18 +136,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
     workers = workers or (os.cpu_count() or 1)
     validate_images = check_mode(validate_images)
-    if engine == "spark":
-        if source_format == UNIHUB or target_format != UNIHUB:
-            raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
-                                         f"use the local engine for {source_format} -> {target_format}")
-        from unihub.converters.spark import convert_with_spark  # imports this module: keep it local
-
-        return convert_with_spark(src, dst, from_format=source_format, schema=schema, overwrite=overwrite,
-                                  master=master, spark=spark, row_group_size_mb=row_group_size_mb,
-                                  on_error=on_error, format_options=format_options,
-                                  validate_images=validate_images)
-    if os.path.exists(dst) and not overwrite:
-        raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
+        raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
+                                     f"use the local engine for {source_format} -> {target_format}")
+    if target_format != UNIHUB or source_format == UNIHUB:
+        if os.path.exists(dst) and not overwrite:
+            raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
     options = dict(format_options or {})
@@ -160,25 +160,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
+        if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
+            from unihub.converters.pipeline import ingest  # imports this module: keep it local
+
+            return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
+                          overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
+                          on_error=on_error, validate_images=validate_images, progress=progress,
+                          storage_options=storage_options)
         files = source.files()
         input_bytes = _total_size(files)
-        # single pass where the format allows it: read once with a provisional schema, refine it after
-        provisional = source.provisional_schema() if given is None and target_format == UNIHUB else None
-        out_schema = given or provisional or source.infer_schema()
+        out_schema = given or source.infer_schema()
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
-        if target_format == UNIHUB and (provisional is not None or (workers > 1 and len(files) > 1)):
-            options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error, validate_images=validate_images,
-                           progress=progress, start=start, input_bytes=input_bytes)
-            try:
-                return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
-                                         observe=provisional is not None, **options)
-            except SchemaOutgrown as exc:  # the sample's schema did not fit: again with the whole input's
-                if provisional is None:
-                    raise
-                out_schema = exc.schema or source.infer_schema()
-                return _convert_in_tasks(source, files, dst, out_schema, extra, False, workers, observe=False,
-                                         **options)
         # the source reads its next batches while the writer writes (it releases the GIL)
         batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
         report = source
@@ -207,61 +200,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     return ConvertResult(src, dst, source_format, target_format, rows, time.perf_counter() - start,
                          bytes_read=input_bytes,
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
-
-
-def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
-                      validate: bool, workers: int, *, observe: bool, row_group_size_mb: float,
-                      on_error: OnError, validate_images: ValidateImages, progress: bool | None, start: float,
-                      input_bytes: int) -> ConvertResult:
-    """Foreign source -> unihub as conversion tasks (:mod:`unihub.converters.tasks`): slices of the
-    input files read by forked workers, or one task in this process. With ``observe`` the schema is
-    the source's provisional one, refined from what the tasks saw before the files are committed."""
-    from unihub.converters import tasks
-    from unihub.formats import filesystem as fsutil
-
-    plan = tasks.TaskPlan(source.format_name, ",".join(source.sources), dict(source.options), schema, extra,
-                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe,
-                          validate_images=validate_images)
-    skipped = tasks.driver_skips(source)
-    meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
-
-    def task_done(rows: int, part: list[str]) -> None:
-        meter.advance(rows, _total_size(part))
-
-    def watch(task_source: Any, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
-        meter.bytes_read = lambda: task_source.report.bytes_read
-        return meter.count(batches)
-
-    import pyarrow.fs as pafs
-
-    fs = pafs.LocalFileSystem()
-    target = os.path.abspath(dst)
-    temporary = fsutil.temporary_sibling(target)
-    os.makedirs(temporary)
-    try:
-        if workers > 1 and len(files) > 1:
-            rows, task_skips, observed = tasks.run_local(plan, files, temporary, workers, on_done=task_done)
-        else:
-            rows, task_skips, seen = tasks.run_task(plan, temporary, 0, files, wrap=watch)
-            observed = [seen]
-        if rows == 0 and (task_skips or skipped):
-            raise _all_skipped([*skipped, *(SkippedRecord(*s) for s in task_skips)])
-        if observe:
-            refined = source.refine_schema([o for o in observed if o is not None])
-            if not same_storage(refined, schema):
-                raise SchemaOutgrown(f"the whole input needs schema {refined}, the sample gave {schema}", refined)
-            schema = refined
-            extra = {**extra, **source.metadata()}  # what the source knows after seeing every record
-        tasks.finish(temporary, schema, extra)
-        fsutil.commit(fs, temporary, target)  # an old target is moved aside, and back if this fails
-    except BaseException:
-        tasks.remove_tree(temporary)
-        raise
-    finally:
-        meter.close()
-    skipped.extend(SkippedRecord(*s) for s in task_skips)
-    return ConvertResult(",".join(source.sources), dst, source.format_name, UNIHUB, rows,
-                         time.perf_counter() - start, bytes_read=input_bytes, skipped=skipped)
 
 
 def _settle(src: str, dst: str) -> None:
