@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from .s3_server import s3_server  # noqa: F401  (a session fixture: moto's S3 server on 127.0.0.1)
+
 from unihub import (
     CompressedNdarrayCodec,
     NdarrayCodec,
@@ -188,3 +190,15 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    """A Spark standalone master and one worker on 127.0.0.1 (tests/spark_cluster.py), stopped at the end
+    of the session; skipped without pyspark or java."""
+    from .spark_cluster import spark_home, start_spark_cluster
+
+    if spark_home() is None:
+        pytest.skip("a Spark standalone cluster needs pyspark and java")
+    with start_spark_cluster(workers=1) as cluster:
+        yield cluster

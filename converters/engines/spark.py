@@ -15,6 +15,8 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
@@ -79,7 +81,22 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     builder = sql.SparkSession.builder.master(master).appName("unihub-convert")
     for key, value in executor_settings().items():
         builder = builder.config(key, value)
-    return builder.getOrCreate(), True
+    with python_for_executors():
+        return builder.getOrCreate(), True
+
+
+@contextmanager
+def python_for_executors() -> Iterator[None]:
+    """While a SparkContext starts: ``PYSPARK_PYTHON`` set to this interpreter unless the user set it
+    (PySpark takes its executors' Python from that variable alone, when the context starts)."""
+    if os.environ.get("PYSPARK_PYTHON"):
+        yield
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        yield
+    finally:
+        os.environ.pop("PYSPARK_PYTHON", None)
 
 
 def executor_settings() -> dict[str, str]:
@@ -89,7 +106,7 @@ def executor_settings() -> dict[str, str]:
 
     settings = {"spark.ui.showConsoleProgress": "false"}
     if not os.environ.get("PYSPARK_PYTHON"):
-        settings["spark.pyspark.python"] = sys.executable
+        settings["spark.pyspark.python"] = sys.executable  # for spark-submit; PySpark: python_for_executors
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(unihub.__file__)))
     paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

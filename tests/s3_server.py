@@ -1,4 +1,5 @@
-"""S3 fixtures: moto's S3 server on 127.0.0.1, started once per session, with a request log.
+"""S3 fixtures: moto's S3 server on 127.0.0.1, started once per session, with a request log
+(``s3_server``, made a fixture of every test by tests/conftest.py).
 
 Tests that use ``s3_server`` are skipped when moto or boto3 is not installed. The server
 runs in a thread of the test process; every HTTP request it answers is recorded, so a
