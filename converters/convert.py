@@ -28,11 +28,9 @@ from unihub.formats.foreign import (
     FORMATS,
     ColumnBatch,
     OnError,
-    SchemaOutgrown,
     SkippedRecord,
     detect_format,
     expand_braces,
-    same_storage,
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema

@@ -20,6 +20,7 @@ from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, ReadReport, 
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
 
+
 def part_name(task: int) -> str:
     """The name template of task ``task``'s part files: ``part-<task>-{n}.parquet``."""
     return f"part-{task:05d}-{{:05d}}.parquet"
@@ -59,6 +60,10 @@ class TaskPlan:
     staging: str = ""
     storage_options: dict[str, Any] | None = None
     batch_size: int = 256
+    #: in this process, read the next batches in a thread while the writer writes (h5py, tar parsing
+    #: release the GIL); off for a single pass's observing read, whose Python-bound parsing only
+    #: contends with the writer (TFRecord: measured slower)
+    read_ahead: bool = True
 
 
 def layout_of(source: ForeignFormat) -> Any:

@@ -27,7 +27,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
-from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
+from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,21 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             except ProcessLookupError:
                 pass
             process.wait()
+
+
+def cluster_session(master: str, **conf: str) -> Any:
+    """A SparkSession on ``master`` whose executors run this interpreter with unihub importable (as the
+    Spark engine starts its own), with the extra settings ``conf``; the caller stops it."""
+    from pyspark.sql import SparkSession
+
+    from unihub.converters.engines.spark import executor_settings, python_for_executors
+
+    builder = SparkSession.builder.master(master).appName("unihub-test")
+    for key, value in {**executor_settings(), **conf}.items():
+        builder = builder.config(key, value)
+    with python_for_executors():
+        session = builder.getOrCreate()
+    if session.sparkContext.master != master:
+        session.stop()
+        raise RuntimeError(f"a session on {session.sparkContext.master} was running; stop it first")
+    return session

@@ -41,7 +41,8 @@ class Engine(ABC):
         A failed task raises its own error, after every task of this run has stopped."""
 
     def close(self) -> None:
-        """Release what the engine started."""
+        """Release what the engine started (nothing, unless it started something)."""
+        return None
 
     def __enter__(self) -> Engine:
         return self

@@ -1,4 +1,5 @@
-"""The in-process engine: one task over every input file, in this process, reading ahead in a thread."""
+"""The in-process engine: one task over every input file, in this process, reading ahead in a thread
+where that pays (see :attr:`~unihub.converters.tasks.TaskPlan.read_ahead`)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ class InProcessEngine(Engine):
     def run(self, plan: TaskPlan, files: list[str], *, source: ForeignFormat | None = None,
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         def watched(task_source: ForeignFormat, batches: Iterator[Any]) -> Iterator[Any]:
-            ahead = read_ahead(batches)
+            ahead = read_ahead(batches) if plan.read_ahead else iter(batches)
             try:
                 yield from (wrap(task_source, ahead) if wrap is not None else ahead)
             finally:
-                ahead.close()  # type: ignore[attr-defined]  (a generator: stops the reading thread)
+                getattr(ahead, "close", lambda: None)()  # a generator: stops the reading thread
 
         return [run_task(plan, 0, files, source=source, wrap=watched)]  # ``wrap`` counts its rows, not on_done

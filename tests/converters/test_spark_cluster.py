@@ -26,6 +26,7 @@ from unihub.converters.verify import verify
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
 
+from ..spark_cluster import cluster_session as start_session
 from ..spark_cluster import spark_home
 
 pytestmark = [
@@ -138,16 +139,7 @@ def test_convert_in_python_starts_a_session_on_the_master(spark_cluster: Any, so
 @pytest.fixture()
 def cluster_session(spark_cluster: Any) -> Iterator[Any]:
     """A session on the cluster that tries each task twice at most (spark.task.maxFailures=2)."""
-    from pyspark.sql import SparkSession
-
-    from unihub.converters.engines.spark import executor_settings, python_for_executors
-
-    builder = SparkSession.builder.master(spark_cluster.master).appName("unihub-test").config(
-        "spark.task.maxFailures", "2")
-    for key, value in executor_settings().items():
-        builder = builder.config(key, value)
-    with python_for_executors():
-        session = builder.getOrCreate()
+    session = start_session(spark_cluster.master, **{"spark.task.maxFailures": "2"})
     yield session
     session.stop()
 
