@@ -29,11 +29,9 @@ from unihub.formats.foreign import (
     FORMATS,
     ColumnBatch,
     OnError,
-    SchemaOutgrown,
     SkippedRecord,
     detect_format,
     expand_braces,
-    same_storage,
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
@@ -146,19 +144,23 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
 
     ``src`` and ``dst`` may be URLs of any filesystem pyarrow or fsspec reaches (``s3://bucket/x``);
     ``storage_options`` (fsspec's, and unihub's remote settings) hold for every file either side opens,
-    in forked workers too (:mod:`unihub.formats.sources`).
+    in forked workers too (:mod:`unihub.formats.sources`). A foreign source converted into unihub goes
+    through the one ingest pipeline (:mod:`unihub.converters.pipeline`) on the engine named (``'local'``
+    or ``'spark'``, on ``master`` or the session ``spark``).
     """
     with sources.using(storage_options):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
                         overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
                         on_error=on_error, progress=progress, format_options=format_options, engine=engine,
-                        master=master, spark=spark, workers=workers, validate_images=validate_images)
+                        master=master, spark=spark, workers=workers, validate_images=validate_images,
+                        storage_options=storage_options)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
              schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, row_group_size_mb: float,
              batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
-             engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages) -> ConvertResult:
+             engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
+             storage_options: Mapping[str, Any] | None) -> ConvertResult:
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
     _settle(src, dst)
@@ -170,18 +172,12 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
     workers = workers or (os.cpu_count() or 1)
     validate_images = check_mode(validate_images)
-    if engine == "spark":
-        if source_format == UNIHUB or target_format != UNIHUB:
-            raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
-                                         f"use the local engine for {source_format} -> {target_format}")
-        from unihub.converters.spark import convert_with_spark  # imports this module: keep it local
-
-        return convert_with_spark(src, dst, from_format=source_format, schema=schema, overwrite=overwrite,
-                                  master=master, spark=spark, row_group_size_mb=row_group_size_mb,
-                                  on_error=on_error, format_options=format_options,
-                                  validate_images=validate_images)
-    if _exists(dst) and not overwrite:
-        raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
+        raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
+                                     f"use the local engine for {source_format} -> {target_format}")
+    if target_format != UNIHUB or source_format == UNIHUB:
+        if _exists(dst) and not overwrite:
+            raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
     options = dict(format_options or {})
@@ -200,27 +196,18 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
+        if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
+            from unihub.converters.pipeline import ingest  # imports this module: keep it local
+
+            return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
+                          overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
+                          on_error=on_error, validate_images=validate_images, progress=progress,
+                          storage_options=dict(storage_options) if storage_options else None)
         files = source.files()
         input_bytes = _total_size(files)
-        # single pass where the format allows it: read once with a provisional schema, refine it after
-        # (the conversion tasks stage on a local disk: into a URL, one pass of write_dataset does)
-        in_tasks = target_format == UNIHUB and not sources.is_url(dst)
-        provisional = source.provisional_schema() if given is None and in_tasks else None
-        out_schema = given or provisional or source.infer_schema()
+        out_schema = given or source.infer_schema()
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
-        if in_tasks and (provisional is not None or (workers > 1 and len(files) > 1)):
-            options = dict(row_group_size_mb=row_group_size_mb, on_error=on_error, validate_images=validate_images,
-                           progress=progress, start=start, input_bytes=input_bytes)
-            try:
-                return _convert_in_tasks(source, files, dst, out_schema, extra, given is not None, workers,
-                                         observe=provisional is not None, **options)
-            except SchemaOutgrown as exc:  # the sample's schema did not fit: again with the whole input's
-                if provisional is None:
-                    raise
-                out_schema = exc.schema or source.infer_schema()
-                return _convert_in_tasks(source, files, dst, out_schema, extra, False, workers, observe=False,
-                                         **options)
         # the source reads its next batches while the writer writes (it releases the GIL)
         batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
         report = source
@@ -249,61 +236,6 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     return ConvertResult(src, dst, source_format, target_format, rows, time.perf_counter() - start,
                          bytes_read=input_bytes,
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
-
-
-def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema, extra: dict[str, Any],
-                      validate: bool, workers: int, *, observe: bool, row_group_size_mb: float,
-                      on_error: OnError, validate_images: ValidateImages, progress: bool | None, start: float,
-                      input_bytes: int) -> ConvertResult:
-    """Foreign source -> unihub as conversion tasks (:mod:`unihub.converters.tasks`): slices of the
-    input files read by forked workers, or one task in this process. With ``observe`` the schema is
-    the source's provisional one, refined from what the tasks saw before the files are committed."""
-    from unihub.converters import tasks
-    from unihub.formats import filesystem as fsutil
-
-    plan = tasks.TaskPlan(source.format_name, ",".join(source.sources), dict(source.options), schema, extra,
-                          row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe,
-                          validate_images=validate_images)
-    skipped = tasks.driver_skips(source)
-    meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
-
-    def task_done(rows: int, part: list[str]) -> None:
-        meter.advance(rows, _total_size(part))
-
-    def watch(task_source: Any, batches: Iterator[ColumnBatch]) -> Iterator[ColumnBatch]:
-        meter.bytes_read = lambda: task_source.report.bytes_read
-        return meter.count(batches)
-
-    import pyarrow.fs as pafs
-
-    fs = pafs.LocalFileSystem()
-    target = os.path.abspath(dst)
-    temporary = fsutil.temporary_sibling(target)
-    os.makedirs(temporary)
-    try:
-        if workers > 1 and len(files) > 1:
-            rows, task_skips, observed = tasks.run_local(plan, files, temporary, workers, on_done=task_done)
-        else:
-            rows, task_skips, seen = tasks.run_task(plan, temporary, 0, files, wrap=watch)
-            observed = [seen]
-        if rows == 0 and (task_skips or skipped):
-            raise _all_skipped([*skipped, *(SkippedRecord(*s) for s in task_skips)])
-        if observe:
-            refined = source.refine_schema([o for o in observed if o is not None])
-            if not same_storage(refined, schema):
-                raise SchemaOutgrown(f"the whole input needs schema {refined}, the sample gave {schema}", refined)
-            schema = refined
-            extra = {**extra, **source.metadata()}  # what the source knows after seeing every record
-        tasks.finish(temporary, schema, extra)
-        fsutil.commit(fs, temporary, target)  # an old target is moved aside, and back if this fails
-    except BaseException:
-        tasks.remove_tree(temporary)
-        raise
-    finally:
-        meter.close()
-    skipped.extend(SkippedRecord(*s) for s in task_skips)
-    return ConvertResult(",".join(source.sources), dst, source.format_name, UNIHUB, rows,
-                         time.perf_counter() - start, bytes_read=input_bytes, skipped=skipped)
 
 
 def _settle(src: str, dst: str) -> None:

@@ -234,7 +234,8 @@ def _run_on_spark(spark: Any, master: str, plan: _Plan, ranges: list[tuple[int, 
     """One Spark task per row range; the executors read the source and write beside the target."""
     import uuid
 
-    from unihub.converters.spark import _session, _task_error
+    from unihub.converters.engines.spark import session as _session
+    from unihub.converters.engines.spark import task_error_text as _task_error
 
     session, created = _session(spark, master)
     sc = session.sparkContext

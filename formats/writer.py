@@ -27,7 +27,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
-from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
+from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
@@ -111,25 +111,87 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     if fsutil.exists(fs, target) and not overwrite:
         raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
-    writer = _DatasetWriter(fs, fsutil.temporary_sibling(target), schema, partition_by=tuple(partition_by),
+    staging = fsutil.temporary_sibling(target)
+    fs.create_dir(staging, recursive=True)
+    try:
+        result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
+                             row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
+                             compression=compression, partition_by=partition_by, validate=validate,
+                             extra_metadata=extra_metadata)
+        empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
+                             empty=not result.files, petastorm_compatible=petastorm_compatible)
+        published = fsutil.commit(fs, staging, target)  # new names on an object store
+    except BaseException:
+        fsutil.remove(fs, staging)
+        raise
+    files = tuple(published if published is not None else
+                  (fsutil.join(target, p[len(staging):].lstrip("/")) for p in (result.files or empty)))
+    return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
+
+
+#: the name of the n-th part file one writer writes; conversion tasks put their index in it too
+PART_NAME = "part-{:05d}.parquet"
+
+
+def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_batches: Any, *,
+                batched: bool = False, part_name: str = PART_NAME, row_group_size_mb: float = 32,
+                rows_per_file: int | None = None, compression: str | None = "snappy",
+                partition_by: Sequence[str] = (), validate: bool = True,
+                extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
+    """Write rows or column batches as part files into ``directory`` (a staging area), under their
+    final names (``part_name.format(n)``), and nothing else: :func:`finish_parts` then writes the
+    dataset's metadata once, and :func:`~unihub.formats.filesystem.commit` publishes it. The same
+    steps serve :func:`write_dataset` and every conversion task. A failure removes what this call
+    wrote, so that a retried task starts from a clean slate."""
+    writer = _DatasetWriter(fs, directory, schema, partition_by=tuple(partition_by),
                             row_group_bytes=int(row_group_size_mb * 2**20), rows_per_file=rows_per_file,
-                            compression=compression, validate=validate, extra_metadata=extra_metadata)
+                            compression=compression, validate=validate, extra_metadata=extra_metadata,
+                            part_name=part_name)
     try:
         for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
             writer.add(batch)
-        result = writer.close()
-        if petastorm_compatible:
-            from unihub.formats.petastorm_write import add_petastorm_metadata
-
-            add_petastorm_metadata(fs, writer.root, schema)
-        published = fsutil.commit(fs, writer.root, target)  # new names on an object store
+        return writer.close()
     except BaseException:
         writer.abort()
-        fsutil.remove(fs, writer.root)
+        for path in writer.files:
+            fsutil.remove(fs, path)
         raise
-    files = tuple(published if published is not None else
-                  (fsutil.join(target, p[len(writer.root):].lstrip("/")) for p in result.files))
-    return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
+
+
+def finish_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, *,
+                 extra_metadata: Mapping[str, Any] | None = None, partition_by: Sequence[str] = (),
+                 empty: bool = False, empty_part: str = PART_NAME.format(0), restamp: Sequence[str] = (),
+                 petastorm_compatible: bool = False) -> tuple[str, ...]:
+    """Make the part files in ``directory`` a dataset: with ``empty`` (no part was written) one empty
+    part file named ``empty_part``, the files of ``restamp`` given ``schema`` and ``extra_metadata`` in their footers
+    where they were written with others (a single pass's provisional schema), then
+    ``_common_metadata``, written once. Returns the empty file's path, if one was written."""
+    file_schema = _file_schema(schema, extra_metadata, tuple(partition_by))
+    written: tuple[str, ...] = ()
+    if empty:
+        path = fsutil.join(directory, empty_part)
+        with pq.ParquetWriter(path, file_schema, filesystem=fs, store_schema=True, **integrity.WRITE_OPTIONS):
+            pass
+        written = (path,)
+    for path in restamp:
+        restamp_schema(fs, path, file_schema.metadata or {})
+    pq.write_metadata(file_schema, fsutil.join(directory, COMMON_METADATA), filesystem=fs)
+    if petastorm_compatible:
+        from unihub.formats.petastorm_write import add_petastorm_metadata
+
+        add_petastorm_metadata(fs, directory, schema)
+    return written
+
+
+def _file_schema(schema: Unischema, extra_metadata: Mapping[str, Any] | None,
+                 partition_by: tuple[str, ...]) -> pa.Schema:
+    """The Arrow schema of the data files: storage columns (numeric fixed-shape tensors as fixed-size
+    bytes, see TensorCodec; no partition keys), the Unischema JSON and ``extra_metadata``."""
+    full = schema.as_parquet_schema()
+    metadata = dict(full.metadata or {})
+    if extra_metadata:
+        metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+    return pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
 
 
 # -- input -> validated column chunks ------------------------------------------------------
@@ -265,24 +327,20 @@ class _DatasetWriter:
 
     def __init__(self, fs: pafs.FileSystem, root: str, schema: Unischema, *, partition_by: tuple[str, ...],
                  row_group_bytes: int, rows_per_file: int | None, compression: str | None, validate: bool,
-                 extra_metadata: Mapping[str, Any] | None = None) -> None:
+                 extra_metadata: Mapping[str, Any] | None = None, part_name: str = PART_NAME) -> None:
         self.fs, self.root, self.schema = fs, root, schema
         self.partition_by = partition_by
         self.row_group_bytes = row_group_bytes
         self.rows_per_file = rows_per_file
         self.compression = compression
-        full = schema.as_parquet_schema()  # numeric fixed-shape tensors as fixed-size bytes (see TensorCodec)
-        metadata = dict(full.metadata or {})
-        if extra_metadata:
-            metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+        self.part_name = part_name
         self.tensor_columns = {f.name: f for f in schema
                                if f.name not in partition_by and parquet_tensor_type(f) is not None}
-        self.file_schema = pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
+        self.file_schema = _file_schema(schema, extra_metadata, partition_by)
         self.sinks: dict[tuple[Any, ...], _PartitionSink] = {}
         self.files: list[str] = []
         self.num_rows = 0
-        self.num_row_groups = 0
-        fs.create_dir(root, recursive=True)
+        self.num_row_groups = 0  # the root exists already: a task being torn down must not make it again
 
     def add(self, batch: pa.RecordBatch) -> None:
         if not self.partition_by:
@@ -351,8 +409,9 @@ class _DatasetWriter:
         sink.pending_bytes = table.nbytes if table.num_rows else 0
 
     def _open(self, sink: _PartitionSink) -> _OpenFile:
-        self.fs.create_dir(sink.directory, recursive=True)
-        path = fsutil.join(sink.directory, f"part-{sink.file_count:05d}.parquet")
+        if sink.directory != self.root:
+            self.fs.create_dir(sink.directory, recursive=True)
+        path = fsutil.join(sink.directory, self.part_name.format(sink.file_count))
         sink.file_count += 1
         writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs, store_schema=True,
                                   compression=self._column_compression(), use_dictionary=self._dictionary_columns(),
@@ -388,10 +447,6 @@ class _DatasetWriter:
             if sink.current is not None:
                 sink.current.writer.close()
                 sink.current = None
-        if not self.files:  # an empty dataset still gets one (empty) file with the schema
-            self._open(self._sink(())).writer.close()
-            self.sinks[()].current = None
-        pq.write_metadata(self.file_schema, fsutil.join(self.root, COMMON_METADATA), filesystem=self.fs)
         size = sum(self.fs.get_file_info(p).size or 0 for p in self.files)
         return WriteResult(self.root, self.num_rows, tuple(self.files), self.num_row_groups, size)
 
@@ -405,39 +460,43 @@ class _DatasetWriter:
                 sink.current = None
 
 
-def restamp_schema(path: str, schema: Unischema) -> bool:
-    """Rewrite one Parquet file of a dataset with ``schema``'s JSON in its footer; False if already so.
+def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, bytes]) -> bool:
+    """Rewrite one Parquet file of a staged dataset with ``metadata`` (the Unischema JSON and the extra
+    metadata) in its footer; False if it already holds it.
 
     For a single-pass conversion whose schema was refined after the files were written: the
-    stored columns are the same, only the Unischema in the metadata changes. Row groups,
-    compression and dictionary use are kept; the file is replaced atomically.
+    stored columns are the same, only the metadata changes. Row groups, compression and
+    dictionary use are kept. The file is rewritten beside itself and moved over it (inside a
+    staging area that nothing reads before the commit).
     """
-    parquet_file = pq.ParquetFile(path, **integrity.READ_OPTIONS)
-    metadata = dict(parquet_file.schema_arrow.metadata or {})
-    text = schema.to_json().encode()
-    if metadata.get(SCHEMA_METADATA_KEY) == text:
-        return False
-    metadata[SCHEMA_METADATA_KEY] = text
-    arrow_schema = parquet_file.schema_arrow.with_metadata(metadata)
-    compression, dictionary = {}, []
-    if parquet_file.metadata.num_row_groups:
-        first = parquet_file.metadata.row_group(0)
-        for j in range(first.num_columns):
-            column = first.column(j)
-            name = column.path_in_schema.split(".")[0]
-            compression[name] = column.compression.lower() if column.compression != "UNCOMPRESSED" else "none"
-            if any("DICTIONARY" in e for e in column.encodings):
-                dictionary.append(name)
-    temporary = f"{path}.restamp-tmp"
-    try:
-        with pq.ParquetWriter(temporary, arrow_schema, compression=compression or "snappy",
-                              use_dictionary=dictionary, store_schema=True, **integrity.WRITE_OPTIONS) as writer:
-            for i in range(parquet_file.metadata.num_row_groups):
-                table = parquet_file.read_row_group(i)
-                writer.write_table(table.replace_schema_metadata(metadata), row_group_size=table.num_rows)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    with fs.open_input_file(path) as handle:
+        parquet_file = pq.ParquetFile(handle, **integrity.READ_OPTIONS)
+        old = dict(parquet_file.schema_arrow.metadata or {})
+        wanted = {**old, **metadata}
+        if not metadata.get(EXTRA_METADATA_KEY):
+            wanted.pop(EXTRA_METADATA_KEY, None)
+        if wanted == old:
+            return False
+        arrow_schema = parquet_file.schema_arrow.with_metadata(wanted)
+        compression, dictionary = {}, []
+        if parquet_file.metadata.num_row_groups:
+            first = parquet_file.metadata.row_group(0)
+            for j in range(first.num_columns):
+                column = first.column(j)
+                name = column.path_in_schema.split(".")[0]
+                compression[name] = column.compression.lower() if column.compression != "UNCOMPRESSED" else "none"
+                if any("DICTIONARY" in e for e in column.encodings):
+                    dictionary.append(name)
+        temporary = f"{path}.restamp-tmp"
+        try:
+            with pq.ParquetWriter(temporary, arrow_schema, filesystem=fs, compression=compression or "snappy",
+                                  use_dictionary=dictionary, store_schema=True,
+                                  **integrity.WRITE_OPTIONS) as writer:
+                for i in range(parquet_file.metadata.num_row_groups):
+                    table = parquet_file.read_row_group(i)
+                    writer.write_table(table.replace_schema_metadata(wanted), row_group_size=table.num_rows)
+        except BaseException:
+            fsutil.remove(fs, temporary)
+            raise
+    fsutil.move(fs, temporary, path)
     return True

@@ -294,3 +294,25 @@ def _record_requests(server: Any, log: RequestLog) -> None:
         return app(environ, start_response)
 
     wsgi_server.app = recording_app
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    """A Spark standalone master and one worker on 127.0.0.1 (tests/spark_cluster.py), stopped at the end
+    of the session; skipped without pyspark or java. A process holds one SparkContext: the tests that use
+    the cluster run last (see pytest_collection_modifyitems), and the local session is stopped first."""
+    from .spark_cluster import spark_home, start_spark_cluster
+
+    if spark_home() is None:
+        pytest.skip("a Spark standalone cluster needs pyspark and java")
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    with start_spark_cluster(workers=1) as cluster:
+        yield cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the Spark cluster after every other (the local ``spark`` session is stopped for them)."""
+    items.sort(key=lambda item: "spark_cluster" in getattr(item, "fixturenames", ()))

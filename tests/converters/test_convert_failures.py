@@ -85,11 +85,11 @@ def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pyte
 
     src = _tfrecord(tmp_path / "in.tfrecord", 2000)  # many more batches than the read-ahead holds
 
-    def broken(url: str, schema: Any, rows: Any, **kwargs: Any) -> None:
+    def broken(fs: Any, directory: str, schema: Any, rows: Any, **kwargs: Any) -> None:
         next(iter(rows))
         raise RuntimeError("writer broke")
 
-    monkeypatch.setattr(writer, "write_dataset", broken)
+    monkeypatch.setattr(writer, "write_parts", broken)  # what every conversion task writes with
     monkeypatch.setattr(tfr, "PROVISIONAL_SAMPLE", 10)
     monkeypatch.setattr(tfr.TFRecordFormat, "provisional_schema", lambda self: None)  # the direct path
     with pytest.raises(RuntimeError, match="writer broke") as caught:  # the traceback keeps convert's frame

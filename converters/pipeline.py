@@ -1,0 +1,131 @@
+"""The one ingest pipeline: foreign source -> plan of file slices -> an engine runs the tasks -> one commit.
+
+Every engine (in this process, forked workers, Spark; :mod:`unihub.converters.engines`) goes through
+:func:`ingest`: the driver lists the input files and settles the schema (a single pass's provisional
+one where the format has it), the engine's tasks write part files straight into a staging area beside
+the target (:func:`unihub.formats.filesystem.temporary_sibling`, on the filesystem the target's URL
+names), the driver refines the schema from what the tasks saw, writes ``_common_metadata`` once and
+commits (:func:`unihub.formats.filesystem.commit`). A failure or Ctrl-C removes the staging area;
+the source is only read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+from urllib.parse import urlparse
+
+from unihub.converters.convert import UNIHUB, ConvertResult, ProgressMeter, _all_skipped, _total_size
+from unihub.converters.engines import Engine, engine_for
+from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
+from unihub.errors import DatasetExistsError
+from unihub.formats import filesystem as fsutil
+from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
+from unihub.formats.image_checks import ValidateImages
+from unihub.formats.schema import Unischema
+
+
+def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine: str = "local", workers: int = 1,
+           master: str = "local[2]", spark: Any = None, overwrite: bool = False, row_group_size_mb: float = 32,
+           batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
+           progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
+    """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``
+    (``'local'``: forked workers for ``workers`` > 1 and several files, else this process; ``'spark'``).
+    ``schema`` is the given one (records checked against it) or None (the source's)."""
+    start = time.perf_counter()
+    fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
+    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    if fsutil.exists(fs, target) and not overwrite:
+        raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    files = [absolute(f) for f in source.files()]  # tasks run in other working directories
+    input_bytes = _total_size(files)
+    provisional = source.provisional_schema() if schema is None else None  # single pass where the format can
+    out_schema = schema or provisional or source.infer_schema()
+    source.prepare(out_schema)
+    extra = {"source_format": source.format_name, "source": ",".join(source.sources), **source.metadata()}
+    # the source's options after prepare: it may have added what its tasks need (feature lists)
+    plan = TaskPlan(type(source), ",".join(source.sources), dict(source.options), out_schema, extra,
+                    row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
+                    observe=provisional is not None, validate_images=validate_images,
+                    storage_options=storage_options, batch_size=batch_size, read_ahead=provisional is None)
+    with engine_for(engine, workers=workers, files=files, master=master, spark=spark) as runner:
+        try:
+            rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes)
+        except SchemaOutgrown as exc:  # the sample's schema did not fit: again with the whole input's
+            if not plan.observe:
+                raise
+            full = exc.schema or source.infer_schema()
+            rows, skipped = _run(runner, source, files, fs, dst, target, replace(plan, schema=full, observe=False),
+                                 progress, input_bytes)
+    return ConvertResult(plan.src, dst, source.format_name, UNIHUB, rows, time.perf_counter() - start,
+                         bytes_read=input_bytes, skipped=skipped)
+
+
+def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,
+         progress: bool | None, input_bytes: int) -> tuple[int, list[SkippedRecord]]:
+    """Stage, run the tasks, finish and commit; the staging area is removed on any failure."""
+    from unihub.formats.writer import finish_parts
+
+    staging = fsutil.temporary_sibling(target)
+    plan = replace(plan, staging=_url_of(dst, staging))
+    meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
+
+    def watch(task_source: ForeignFormat, batches: Any) -> Any:
+        meter.bytes_read = lambda: task_source.report.bytes_read
+        return meter.count(batches)
+
+    def task_done(result: TaskResult, part: list[str]) -> None:
+        meter.advance(result.rows, _total_size(part))
+
+    fs.create_dir(staging, recursive=True)
+    try:
+        results = runner.run(plan, files, source=source, wrap=watch, on_done=task_done)
+        rows = sum(r.rows for r in results)
+        skipped = driver_skips(source) + [SkippedRecord(*s) for r in results for s in r.skipped]
+        if rows == 0 and skipped:  # never 0 rows with exit 0 from a source whose every record was bad
+            raise _all_skipped(skipped)
+        schema, extra = plan.schema, plan.extra
+        if plan.observe:
+            schema = source.refine_schema([r.observed for r in results if r.observed is not None])
+            if not same_storage(schema, plan.schema):
+                raise SchemaOutgrown(f"the whole input needs schema {schema}, the sample gave {plan.schema}", schema)
+            extra = {**extra, **source.metadata()}  # what the source knows after seeing every record
+        parts = [fsutil.join(staging, name) for r in results for name in r.parts]
+        _drop_strays(fs, staging, set(parts))
+        changed = schema.to_json() != plan.schema.to_json() or extra != plan.extra
+        finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
+                     empty_part=part_name(0).format(0), restamp=parts if changed else ())
+        fsutil.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
+    except BaseException:
+        _remove(fs, staging)
+        raise
+    finally:
+        meter.close()
+    return rows, skipped
+
+
+def _url_of(dst: str, staging: str) -> str:
+    """The staging area as a URL the tasks resolve to the same filesystem: an absolute local path, or
+    ``dst``'s scheme (and query: an endpoint may be given there) around the path on its filesystem."""
+    parsed = urlparse(dst) if "://" in dst else None
+    if parsed is None or parsed.scheme in ("", "file"):
+        return staging
+    return f"{parsed.scheme}://{staging}" + (f"?{parsed.query}" if parsed.query else "")
+
+
+def _drop_strays(fs: Any, staging: str, parts: set[str]) -> None:
+    """Remove data files no task reported (what a failed attempt of a Spark task left beside the retry's)."""
+    from unihub.formats.parquet import _list_data_files
+
+    for path in _list_data_files(fs, staging):
+        if path not in parts:
+            fsutil.remove(fs, path)
+
+
+def _remove(fs: Any, path: str) -> None:
+    """Remove the staging area; a cancelled task still stopping may write into it once more, so look again."""
+    fsutil.remove(fs, path)
+    if fsutil.exists(fs, path):
+        time.sleep(0.2)
+        fsutil.remove(fs, path)
