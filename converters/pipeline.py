@@ -21,11 +21,13 @@ from unihub.converters.engines import Engine, engine_for
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
 from unihub.errors import DatasetExistsError
 from unihub.formats import filesystem as fsutil
+from unihub.formats import remote
 from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
 
 
+@remote.naming_url("dst")
 def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine: str = "local", workers: int = 1,
            master: str = "local[2]", spark: Any = None, overwrite: bool = False, row_group_size_mb: float = 32,
            batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",

@@ -26,7 +26,7 @@ from unihub.formats.foreign import ForeignFormat, SchemaOutgrown
 
 #: ``unihub.errors.FormatError: message`` or ``unihub.formats.foreign.SchemaOutgrown: reason`` in a
 #: Python traceback that Spark passes on as text
-_PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w+(?:Error|SchemaOutgrown)): (?P<message>.*)$")
+_PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w*(?:Error|SchemaOutgrown)): (?P<message>.*)$")
 
 
 @ENGINES.register("spark")

@@ -151,3 +151,28 @@ def test_cli_engine_spark_verifies_equal_to_local(spark: Any, image_folder: Path
     assert main(["convert", str(tmp_path / "local"), str(tmp_path / "x"), "--to", "webdataset",
                  "--engine", "spark"]) == 1
     assert "engine='spark' converts a foreign format into unihub" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("late", [{}, {45: {"vec": ("float", [1.0] * 5)}}], ids=["sample-fits", "sample-outgrown"])
+def test_spark_engine_reads_once_with_the_sample_schema(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        late: dict[int, Any]) -> None:
+    """The single pass the local engine makes: the sample's schema, refined from what the tasks saw;
+    a record the sample's schema cannot hold converts again with the whole input's (as locally)."""
+    from unihub.formats import tfrecord as tfr
+
+    from .test_single_pass import SAMPLE, _rows, _write
+
+    monkeypatch.setattr(tfr, "PROVISIONAL_SAMPLE", SAMPLE)
+    scans: list[int | None] = []
+    original = tfr.TFRecordFormat.infer_schema
+    monkeypatch.setattr(tfr.TFRecordFormat, "infer_schema",
+                        lambda self, *, sample_records=None: scans.append(sample_records) or original(
+                            self, sample_records=sample_records))
+    src = _write(tmp_path / "in", _rows(60, late), shards=3)
+    result = convert_with_spark(src, tmp_path / "spark", spark=spark)
+    assert scans == ([SAMPLE] if not late else [SAMPLE, None])  # no full scan unless the sample was outgrown
+    full = original(tfr.TFRecordFormat(src), sample_records=None)
+    assert open_dataset(tmp_path / "spark").schema == full and result.rows == 60
+    assert verify(src, tmp_path / "spark").equal
+    _check_same(Path(str(convert(src, tmp_path / "local", progress=False).target)), tmp_path / "spark")
+    assert _leftovers(tmp_path) == []

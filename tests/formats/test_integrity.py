@@ -218,7 +218,12 @@ def test_every_writer_puts_a_checksum_in_every_page(write_sample, tmp_path):
     converted = tmp_path / "converted"
     convert(source, converted, progress=False)
     restamped = data_file(copied / "split=train")
-    assert restamp_schema(str(restamped), open_dataset(copied).schema.create_schema_view(["id", "vec", "boxes"]))
+    import pyarrow.fs as pafs
+
+    from unihub.formats.schema import SCHEMA_METADATA_KEY
+
+    view = open_dataset(copied).schema.create_schema_view(["id", "vec", "boxes"])
+    assert restamp_schema(pafs.LocalFileSystem(), str(restamped), {SCHEMA_METADATA_KEY: view.to_json().encode()})
     outputs = [sorted(root.rglob("*.parquet")) for root in (source, copied, converted)]
     assert all(outputs) and restamped in outputs[1]
     for path in (p for files in outputs for p in files):
