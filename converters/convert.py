@@ -36,6 +36,7 @@ from unihub.formats.foreign import (
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
+from unihub.memory import MemoryBudget, batch_nbytes, memory_budget, rows_for
 
 UNIHUB = "unihub"
 
@@ -106,7 +107,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
-            validate_images: ValidateImages = "header") -> ConvertResult:
+            validate_images: ValidateImages = "header", memory_budget_mb: float | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
@@ -117,6 +118,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     (:mod:`unihub.formats.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
+
+    ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512) bounds what waits between the stages
+    in bytes (:mod:`unihub.memory`): a batch ends at ``batch_size`` rows or at 1/32 of it, whichever
+    comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
+    than small ones.
     """
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
@@ -130,6 +136,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
     workers = workers or (os.cpu_count() or 1)
     validate_images = check_mode(validate_images)
+    budget = memory_budget(memory_budget_mb)
     if engine == "spark":
         if source_format == UNIHUB or target_format != UNIHUB:
             raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
@@ -151,7 +158,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     if source_format == UNIHUB and target_format == UNIHUB and options:
         raise UnsupportedFormatError(f"a unihub -> unihub conversion takes no format options, got {sorted(options)}")
     if source_format == UNIHUB:
-        batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size)
+        batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size, budget)
         meter = ProgressMeter(enabled=progress, total_rows=total_rows)
         report = None
         input_bytes = 0
@@ -160,6 +167,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
+        source.batch_bytes = budget.batch_bytes
         files = source.files()
         input_bytes = _total_size(files)
         # single pass where the format allows it: read once with a provisional schema, refine it after
@@ -180,7 +188,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                 return _convert_in_tasks(source, files, dst, out_schema, extra, False, workers, observe=False,
                                          **options)
         # the source reads its next batches while the writer writes (it releases the GIL)
-        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
+        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error),
+                             max_bytes=budget.read_ahead_bytes)
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     if target_format != UNIHUB:  # checked before anything is written
@@ -222,6 +231,7 @@ def _convert_in_tasks(source: Any, files: list[str], dst: str, schema: Unischema
     plan = tasks.TaskPlan(source.format_name, ",".join(source.sources), dict(source.options), schema, extra,
                           row_group_size_mb, on_error, tasks.layout_of(source), validate=validate, observe=observe,
                           validate_images=validate_images)
+    plan.batch_bytes = source.batch_bytes
     skipped = tasks.driver_skips(source)
     meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
 
@@ -327,11 +337,14 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     return options
 
 
-def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
-    """Column batches of a unihub dataset, images as their stored bytes, in storage order."""
+def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: MemoryBudget | None = None):
+    """Column batches of a unihub dataset, images as their stored bytes, in storage order: row groups
+    read within ``budget``, cut into batches of at most ``batch_size`` rows and about
+    ``budget.batch_bytes`` (slices: no copy), so that an export converts a little at a time."""
     from unihub.formats.parquet import open_dataset
     from unihub.readers.reader import make_batch_reader
 
+    budget = budget or memory_budget()
     store = open_dataset(src)
     schema = given or store.schema
     extra = dict(store.extra_metadata)
@@ -340,10 +353,19 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
         if store.num_rows == 0:  # an empty dataset exports (and verifies) as empty
             return
         with make_batch_reader(store, schema_fields=list(schema.fields), shuffle_row_groups=False,
-                               decode_images=False, workers_count=2, petastorm_types=False) as reader:
+                               decode_images=False, workers_count=2, petastorm_types=False,
+                               memory_budget_mb=budget.total_bytes / 2**20) as reader:
             names = list(reader.schema.fields)  # field names need not be identifiers (``image.png``)
             for batch in reader:
-                yield dict(zip(names, batch))
+                columns = dict(zip(names, batch))
+                rows = len(batch[0]) if len(batch) else 0
+                step = rows_for(batch_size, budget.batch_bytes, batch_nbytes(columns) / max(1, rows))
+                if step >= rows:
+                    yield columns
+                else:
+                    for start in range(0, rows, step):
+                        yield {name: values[start:start + step] for name, values in columns.items()}
+                del batch, columns  # the row group goes before the next is read
 
     return batches(), schema, extra, store.num_rows
 

@@ -41,6 +41,7 @@ class TaskPlan:
         self.validate = validate  # False when the source inferred the schema it is read with
         self.observe = observe  # single pass: the schema is provisional, the read observes
         self.validate_images = validate_images  # how the source checks images (formats/image_checks.py)
+        self.batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.memory's default)
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -85,6 +86,8 @@ def run_task(plan: TaskPlan, temporary: str, index: int, files: Iterable[str],
     source = task_source(plan, files)
     source.observe = plan.observe
     source.validate_images = plan.validate_images
+    if getattr(plan, "batch_bytes", None):  # (plans pickled by an older driver lack it)
+        source.batch_bytes = plan.batch_bytes  # type: ignore[assignment]
     batches = source.read_batches(plan.schema, on_error=plan.on_error)
     if wrap is not None:
         batches = wrap(source, batches)

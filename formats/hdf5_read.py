@@ -18,6 +18,7 @@ from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_layout import Leaf, Plan
 from unihub.formats.hdf5_types import extract, field_for, h5py_module, is_text, kind, object_array, to_unihub
 from unihub.formats.schema import Unischema, UnischemaField
+from unihub.memory import rows_for
 
 _VLEN_ROW_BYTES = 64  # a guess at one variable-length row, to size slices
 
@@ -251,6 +252,21 @@ def _column(field: UnischemaField, values: list[Any]) -> Any:
     return object_array(values)
 
 
-def batches_of(reader: Any, batch_size: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, reader.length, batch_size):
-        yield start, min(start + batch_size, reader.length)
+class batches_of:  # noqa: N801  (used as a function: ``for start, stop in batches_of(...)``)
+    """``(start, stop)`` row ranges of ``reader``: ``batch_size`` rows, or fewer when the rows seen so
+    far (:meth:`seen`) say that many would hold more than ``batch_bytes``. The first range is one row."""
+
+    def __init__(self, reader: Any, batch_size: int, batch_bytes: int) -> None:
+        self.length, self.batch_size, self.batch_bytes = reader.length, batch_size, batch_bytes
+        self.step = 1
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        start = 0
+        while start < self.length:
+            stop = min(start + self.step, self.length)
+            yield start, stop
+            start = stop
+
+    def seen(self, rows: int, nbytes: int) -> None:
+        """The last range read held ``rows`` rows of ``nbytes`` bytes."""
+        self.step = rows_for(self.batch_size, self.batch_bytes, nbytes / max(1, rows))
