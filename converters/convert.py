@@ -352,9 +352,13 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: 
     def batches() -> Iterator[ColumnBatch]:
         if store.num_rows == 0:  # an empty dataset exports (and verifies) as empty
             return
+        # An export's Python encoding is far slower than reading Parquet: one worker reads ahead, within
+        # the read-ahead's share of the budget; row groups bigger than a batch are read when needed, so
+        # that one is held at a time, not two
+        big = store.total_bytes > budget.batch_bytes * max(1, len(store.row_groups))
         with make_batch_reader(store, schema_fields=list(schema.fields), shuffle_row_groups=False,
-                               decode_images=False, workers_count=2, petastorm_types=False,
-                               memory_budget_mb=budget.total_bytes / 2**20) as reader:
+                               decode_images=False, workers_count=1, reader_pool_type="dummy" if big else "thread",
+                               petastorm_types=False, memory_budget_mb=4 * budget.read_ahead_bytes / 2**20) as reader:
             names = list(reader.schema.fields)  # field names need not be identifiers (``image.png``)
             for batch in reader:
                 columns = dict(zip(names, batch))
