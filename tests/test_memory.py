@@ -316,3 +316,17 @@ def test_the_probe_sees_memory_held_by_the_work() -> None:
     held = peak_growth_mib("import numpy as np", "kept = np.ones(200 * 2**20 // 8)")
     assert 190 < held < 260, held
 
+
+
+@pytest.mark.slow
+@needs_proc
+def test_scale_benchmark_quick_runs_the_local_contenders(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+    out = subprocess.run([sys.executable, str(script), "--quick", "--only", "local1,local2"], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "local, workers=" in line]
+    assert len(rows) == 6 and not any("failed" in line for line in rows), out.stdout
+    sizes = [line for line in out.stdout.splitlines() if line.startswith(("| 1 KB", "| 100 KB", "| 6 MB"))]
+    assert len(sizes) == 9, out.stdout  # 6 conversion rows, then 3 rows of peak RSS against row size
+    assert list(tmp_path.iterdir()) == []  # the benchmark leaves nothing behind
