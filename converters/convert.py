@@ -35,6 +35,7 @@ from unihub.formats.foreign import (
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
+from unihub.memory import MemoryBudget, batch_nbytes, memory_budget, rows_for
 
 UNIHUB = "unihub"
 
@@ -130,7 +131,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header",
-            storage_options: Mapping[str, Any] | None = None) -> ConvertResult:
+            storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
@@ -147,20 +148,25 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     in forked workers too (:mod:`unihub.formats.sources`). A foreign source converted into unihub goes
     through the one ingest pipeline (:mod:`unihub.converters.pipeline`) on the engine named (``'local'``
     or ``'spark'``, on ``master`` or the session ``spark``).
+
+    ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512) bounds what waits between the stages
+    in bytes (:mod:`unihub.memory`): a batch ends at ``batch_size`` rows or at 1/32 of it, whichever
+    comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
+    than small ones.
     """
     with sources.using(storage_options):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
                         overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
                         on_error=on_error, progress=progress, format_options=format_options, engine=engine,
                         master=master, spark=spark, workers=workers, validate_images=validate_images,
-                        storage_options=storage_options)
+                        storage_options=storage_options, memory_budget_mb=memory_budget_mb)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
              schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, row_group_size_mb: float,
              batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
-             storage_options: Mapping[str, Any] | None) -> ConvertResult:
+             storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
 
     _settle(src, dst)
@@ -172,6 +178,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
     workers = workers or (os.cpu_count() or 1)
     validate_images = check_mode(validate_images)
+    budget = memory_budget(memory_budget_mb)
     if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
         raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
                                      f"use the local engine for {source_format} -> {target_format}")
@@ -187,7 +194,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     if source_format == UNIHUB and target_format == UNIHUB and options:
         raise UnsupportedFormatError(f"a unihub -> unihub conversion takes no format options, got {sorted(options)}")
     if source_format == UNIHUB:
-        batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size)
+        batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size, budget)
         meter = ProgressMeter(enabled=progress, total_rows=total_rows)
         report = None
         input_bytes = 0
@@ -196,6 +203,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
+        source.batch_bytes = budget.batch_bytes
         if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
             from unihub.converters.pipeline import ingest  # imports this module: keep it local
 
@@ -209,7 +217,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
         # the source reads its next batches while the writer writes (it releases the GIL)
-        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error))
+        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error),
+                             max_bytes=budget.read_ahead_bytes)
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     if target_format != UNIHUB:  # checked before anything is written
@@ -334,11 +343,14 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     return options
 
 
-def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
-    """Column batches of a unihub dataset, images as their stored bytes, in storage order."""
+def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: MemoryBudget | None = None):
+    """Column batches of a unihub dataset, images as their stored bytes, in storage order: row groups
+    read within ``budget``, cut into batches of at most ``batch_size`` rows and about
+    ``budget.batch_bytes`` (slices: no copy), so that an export converts a little at a time."""
     from unihub.formats.parquet import open_dataset
     from unihub.readers.reader import make_batch_reader
 
+    budget = budget or memory_budget()
     store = open_dataset(src)
     schema = given or store.schema
     extra = dict(store.extra_metadata)
@@ -346,11 +358,24 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int):
     def batches() -> Iterator[ColumnBatch]:
         if store.num_rows == 0:  # an empty dataset exports (and verifies) as empty
             return
+        # An export's Python encoding is far slower than reading Parquet: one worker reads ahead, within
+        # the read-ahead's share of the budget; row groups bigger than a batch are read when needed, so
+        # that one is held at a time, not two
+        big = store.total_bytes > budget.batch_bytes * max(1, len(store.row_groups))
         with make_batch_reader(store, schema_fields=list(schema.fields), shuffle_row_groups=False,
-                               decode_images=False, workers_count=2, petastorm_types=False) as reader:
+                               decode_images=False, workers_count=1, reader_pool_type="dummy" if big else "thread",
+                               petastorm_types=False, memory_budget_mb=4 * budget.read_ahead_bytes / 2**20) as reader:
             names = list(reader.schema.fields)  # field names need not be identifiers (``image.png``)
             for batch in reader:
-                yield dict(zip(names, batch))
+                columns = dict(zip(names, batch))
+                rows = len(batch[0]) if len(batch) else 0
+                step = rows_for(batch_size, budget.batch_bytes, batch_nbytes(columns) / max(1, rows))
+                if step >= rows:
+                    yield columns
+                else:
+                    for start in range(0, rows, step):
+                        yield {name: values[start:start + step] for name, values in columns.items()}
+                del batch, columns  # the row group goes before the next is read
 
     return batches(), schema, extra, store.num_rows
 

@@ -50,7 +50,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     plan = TaskPlan(type(source), ",".join(source.sources), dict(source.options), out_schema, extra,
                     row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
                     observe=provisional is not None, validate_images=validate_images,
-                    storage_options=storage_options, batch_size=batch_size, read_ahead=provisional is None)
+                    storage_options=storage_options, batch_size=batch_size, read_ahead=provisional is None,
+                    batch_bytes=source.batch_bytes)
     with engine_for(engine, workers=workers, files=files, master=master, spark=spark) as runner:
         try:
             rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes)

@@ -2,18 +2,21 @@
 
 Conversions alternate reading the source (h5py, a tar parser) and writing the target
 (pyarrow's Parquet writer, file creation), and the writing side releases the GIL. Pulling
-the source's batches from a background thread overlaps the two.
+the source's batches from a background thread overlaps the two. What waits between the two
+is bounded by items and by bytes, so batches of camera frames do not pile up:
 
-    for batch in read_ahead(source.read_batches(schema), depth=2):
+    for batch in read_ahead(source.read_batches(schema), depth=2, max_bytes=64 << 20):
         writer.write(batch)
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from unihub.memory import batch_nbytes
 
 T = TypeVar("T")
 
@@ -25,33 +28,43 @@ class _Failed:
         self.error = error
 
 
-def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """``items``, produced up to ``depth`` ahead in a daemon thread.
+def read_ahead(items: Iterable[T], depth: int = 2, max_bytes: int | None = None,
+               size_of: Callable[[Any], int] = batch_nbytes) -> Iterator[T]:
+    """``items``, produced up to ``depth`` items and ``max_bytes`` bytes ahead in a daemon thread.
 
-    An exception in the producer is raised here, at the point it happened in the sequence.
-    Closing this iterator early (a writer error, Ctrl-C) stops the producer after the item
-    it is working on, and waits for it, so nothing reads the source afterwards.
+    The bytes of an item are ``size_of(item)`` (a column batch's bytes by default); one item is
+    always let through, however big. An exception in the producer is raised here, at the point
+    it happened in the sequence. Closing this iterator early (a writer error, Ctrl-C) stops the
+    producer after the item it is working on, and waits for it, so nothing reads the source
+    afterwards.
     """
-    handoff: queue.Queue[object] = queue.Queue(maxsize=max(1, depth))
+    depth = max(1, depth)
+    ready: deque[tuple[object, int]] = deque()
+    held = [0]  # bytes of the items in ``ready``
+    changed = threading.Condition()
     stop = threading.Event()
 
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                handoff.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def put(item: object, nbytes: int) -> bool:
+        with changed:
+            while ready and (len(ready) >= depth or (max_bytes is not None and held[0] + nbytes > max_bytes)):
+                if stop.is_set():
+                    return False
+                changed.wait(0.1)
+            if stop.is_set():
+                return False
+            ready.append((item, nbytes))
+            held[0] += nbytes
+            changed.notify_all()
+            return True
 
     def produce() -> None:
         try:
             for item in items:
-                if not put(item):
+                if not put(item, size_of(item) if max_bytes is not None else 0):
                     return
-            put(_DONE)
+            put(_DONE, 0)
         except BaseException as exc:  # noqa: BLE001  (handed to the consumer, raised there)
-            put(_Failed(exc))
+            put(_Failed(exc), 0)
         finally:
             close = getattr(items, "close", None)
             if close is not None and stop.is_set():
@@ -61,7 +74,12 @@ def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     thread.start()
     try:
         while True:
-            item = handoff.get()
+            with changed:
+                while not ready:
+                    changed.wait()
+                item, nbytes = ready.popleft()
+                held[0] -= nbytes
+                changed.notify_all()
             if item is _DONE:
                 return
             if isinstance(item, _Failed):
@@ -69,4 +87,6 @@ def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
             yield item  # type: ignore[misc]
     finally:
         stop.set()
+        with changed:
+            changed.notify_all()
         thread.join()

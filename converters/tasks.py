@@ -64,6 +64,7 @@ class TaskPlan:
     #: release the GIL); off for a single pass's observing read, whose Python-bound parsing only
     #: contends with the writer (TFRecord: measured slower)
     read_ahead: bool = True
+    batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.memory's default)
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -118,6 +119,8 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     source.on_error = plan.on_error
     source.observe = plan.observe
     source.validate_images = plan.validate_images
+    if plan.batch_bytes:
+        source.batch_bytes = plan.batch_bytes
     batches = source.read_batches(plan.schema, batch_size=plan.batch_size, on_error=plan.on_error)
     if wrap is not None:
         batches = wrap(source, batches)

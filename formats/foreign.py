@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from unihub.errors import FormatError, UnsupportedFormatError
 from unihub.formats.schema import Unischema
+from unihub.memory import memory_budget
 from unihub.registry import Registry
 
 if TYPE_CHECKING:
@@ -192,6 +193,9 @@ class ForeignFormat(ABC):
         #: how image values are checked before they are stored, ``'header'``, ``'full'`` or ``'none'``
         #: (:mod:`unihub.formats.image_checks`; ``convert(validate_images=...)`` sets it)
         self.validate_images: ValidateImages = "header"
+        #: most bytes of rows :meth:`read_batches` gathers into one batch: a batch ends at ``batch_size``
+        #: rows or at this many bytes, whichever comes first (:mod:`unihub.memory`; ``convert`` sets it)
+        self.batch_bytes: int = memory_budget().batch_bytes
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -205,8 +209,10 @@ class ForeignFormat(ABC):
     @abstractmethod
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
-        """Column batches of ``schema``; bad records raise :class:`FormatError` naming file and
-        record/offset/key, or with ``on_error='skip'`` are counted in :attr:`report`."""
+        """Column batches of ``schema``, each of at most ``batch_size`` rows and about
+        :attr:`batch_bytes` bytes (a batch ends at either; a row is never split); bad records raise
+        :class:`FormatError` naming file and record/offset/key, or with ``on_error='skip'`` are
+        counted in :attr:`report`."""
 
     def metadata(self) -> dict[str, Any]:
         """Extra JSON-able metadata to keep with the converted dataset (class names, attributes)."""

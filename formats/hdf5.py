@@ -87,6 +87,7 @@ from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
 from unihub.formats.schema import Unischema, UnischemaField
+from unihub.memory import batch_nbytes
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
@@ -200,9 +201,11 @@ class HDF5Format(ForeignFormat):
         total = sum(reader.length for reader in readers) or 1
         base, size, done = self.report.bytes_read, sources.getsize(path), 0
         for reader in readers:
-            for start, stop in batches_of(reader, batch_size):
+            ranges = batches_of(reader, batch_size, self.batch_bytes)
+            for start, stop in ranges:
                 try:
                     batch = reader.rows(start, stop)
+                    ranges.seen(stop - start, batch_nbytes(batch))
                 except UnihubError:
                     raise
                 except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:

@@ -18,6 +18,7 @@ from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_layout import Leaf, Plan
 from unihub.formats.hdf5_types import extract, field_for, h5py_module, is_text, kind, object_array, to_unihub
 from unihub.formats.schema import Unischema, UnischemaField
+from unihub.memory import rows_for
 
 _VLEN_ROW_BYTES = 64  # a guess at one variable-length row, to size slices
 
@@ -108,11 +109,15 @@ def _group_value(group: Any, leaf: Leaf, cache: dict[str, np.ndarray] | None = N
 
 
 # -- slices ---------------------------------------------------------------------------------------
+def row_bytes(dataset: Any) -> int:
+    """Bytes of one row of ``dataset`` (a guess for variable-length values)."""
+    variable = dataset.dtype.hasobject
+    return max(1, (_VLEN_ROW_BYTES if variable else dataset.dtype.itemsize) * math.prod(dataset.shape[1:]))
+
+
 def slice_rows(dataset: Any, target_bytes: int) -> int:
     """Rows per read: whole chunks adding up to about ``target_bytes`` (at least one chunk)."""
-    variable = dataset.dtype.hasobject
-    row_bytes = max(1, (_VLEN_ROW_BYTES if variable else dataset.dtype.itemsize) * math.prod(dataset.shape[1:]))
-    rows = max(1, target_bytes // row_bytes)
+    rows = max(1, target_bytes // row_bytes(dataset))
     if dataset.chunks:
         chunk = dataset.chunks[0]
         rows = max(chunk, rows // chunk * chunk)
@@ -163,6 +168,8 @@ class _SlicesReader:
         self.length = plan.rows(unit)
         slices: dict[str, _Slices] = {}
         self.columns: dict[str, Any] = {}
+        #: bytes of a row, from the datasets' shapes and dtypes (what batches_of starts from)
+        self.row_nbytes = 0
         for field in schema:
             leaf = plan.leaves.get(field.name)
             if field.name == plan.key_field:
@@ -174,6 +181,7 @@ class _SlicesReader:
             else:
                 if leaf.path not in slices:
                     slices[leaf.path] = _Slices(group[leaf.path], slice_bytes)
+                    self.row_nbytes += row_bytes(group[leaf.path])
                 self.columns[field.name] = _column_reader(group, leaf, field, slices[leaf.path], slice_bytes)
 
     def where(self, start: int, stop: int) -> str:
@@ -251,6 +259,23 @@ def _column(field: UnischemaField, values: list[Any]) -> Any:
     return object_array(values)
 
 
-def batches_of(reader: Any, batch_size: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, reader.length, batch_size):
-        yield start, min(start + batch_size, reader.length)
+class batches_of:  # noqa: N801  (used as a function: ``for start, stop in batches_of(...)``)
+    """``(start, stop)`` row ranges of ``reader``: ``batch_size`` rows, or fewer when the rows seen so
+    far (:meth:`seen`), or the reader's ``row_nbytes`` before any, say that many would hold more than
+    ``batch_bytes``. Without either, the first range is one row."""
+
+    def __init__(self, reader: Any, batch_size: int, batch_bytes: int) -> None:
+        self.length, self.batch_size, self.batch_bytes = reader.length, batch_size, batch_bytes
+        known = getattr(reader, "row_nbytes", 0)
+        self.step = rows_for(batch_size, batch_bytes, known) if known else 1
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        start = 0
+        while start < self.length:
+            stop = min(start + self.step, self.length)
+            yield start, stop
+            start = stop
+
+    def seen(self, rows: int, nbytes: int) -> None:
+        """The last range read held ``rows`` rows of ``nbytes`` bytes."""
+        self.step = rows_for(self.batch_size, self.batch_bytes, nbytes / max(1, rows))

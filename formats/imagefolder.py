@@ -87,6 +87,7 @@ from unihub.formats.foreign import (
 from unihub.formats.image_checks import jpeg_scan_start
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
+from unihub.memory import BatchCut
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 #: Image formats unihub does not read: errors (or skips), never silently dropped as non-images.
@@ -253,6 +254,7 @@ class ImageFolderFormat(ForeignFormat):
                                                      "outside the class folders (class layout)"))
             others.append(rel)
         batch: dict[str, list[Any]] = {name: [] for name in wanted}
+        cut = BatchCut(batch_size, self.batch_bytes)
         prefix = os.path.join(self.root, "")
         for entry in self._listing.entries:
             full = prefix + entry.path
@@ -279,9 +281,10 @@ class ImageFolderFormat(ForeignFormat):
             for name, value in (("image", data), ("label", entry.label), ("path", entry.path)):
                 if name in batch:
                     batch[name].append(value)
-            if len(batch[wanted[0]]) == batch_size:
+            if cut.add(len(data)):
                 yield _finish(batch)
                 batch = {name: [] for name in wanted}
+                cut.reset()
         if batch[wanted[0]]:
             yield _finish(batch)
         if others:

@@ -58,7 +58,7 @@ SchemaSource = Literal["unihub", "petastorm", "inferred"]
 
 
 #: bytes read through one kept-open file before it is reopened (see ParquetStore._open_file)
-_MAPPED_BYTES_BEFORE_REOPEN = 32 * 2**20
+_MAPPED_BYTES_BEFORE_REOPEN = 8 * 2**20
 
 
 @dataclass(frozen=True)

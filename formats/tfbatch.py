@@ -422,7 +422,8 @@ def _finish(plans: list[_Plan], pieces: list[list[tuple[bool, Any]]]) -> ColumnB
 
 def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: int,
                       on_error: OnError) -> Iterator[ColumnBatch]:
-    """What :meth:`TFRecordFormat.read_batches` yields, a block of records at a time.
+    """What :meth:`TFRecordFormat.read_batches` yields, a block of records at a time (a block of at most
+    ``source.batch_bytes`` of records, less what the batch being gathered already holds).
 
     A block may hold more records than a batch; its failures are reported (or raised) and
     ``report.records`` counted in between the batches exactly where the per-record reader does.
@@ -431,7 +432,8 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     report = source.report
     unlisted = unlisted_check([p.field for p in plans], source.options.get("fields"))
     pieces: list[list[tuple[bool, Any]]] = []
-    have = 0
+    have = held = 0  # rows and record bytes of the batch being gathered
+    budget = source.batch_bytes
     stats: dict[str, _Stats] = {}
     observed = 0
     if source.observe:
@@ -442,7 +444,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
         try:
             while True:
                 need = batch_size - have
-                item = framer.take(need + batch_size * max(0, (BLOCK - need) // batch_size))
+                item = framer.take(need + batch_size * max(0, (BLOCK - need) // batch_size), budget - held)
                 if item is None:
                     break
                 if isinstance(item, Error):
@@ -459,6 +461,8 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     observed += len(good_at)
                     report.observed = (stats, observed)
                 base, row, fired = report.records, 0, 0
+                # a block ends at ``budget - held`` bytes, so only its last batch can fill by bytes
+                row_bytes = (int(item.ends[-1]) - int(item.starts[0])) / len(item.indices)
                 while True:
                     need = batch_size - have
                     cut = int(good_at[row + need - 1]) if len(good_at) - row >= need else len(item.indices)
@@ -473,11 +477,12 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                         pieces.append([(final, values[row:row + take]) for final, values in columns])
                     row += take
                     have += take
+                    held += int(take * row_bytes)
                     report.records = base + row
-                    if have < batch_size:
+                    if have < batch_size and held < budget:
                         break
                     yield _finish(plans, pieces)
-                    pieces, have = [], 0
+                    pieces, have, held = [], 0, 0
         finally:
             framer.close()
         done += sources.getsize(path)
@@ -597,7 +602,7 @@ def scan_fast(options: dict[str, Any], files: list[str],
                     if _next_good(framer, path, on_error, report):
                         return stats, total
                     break
-                item = framer.take(limit)
+                item = framer.take(limit, source.batch_bytes)  # big records: a few at a time
                 if item is None:
                     break
                 if isinstance(item, Error):

@@ -51,6 +51,7 @@ from unihub.formats.tfsequence import (
 )
 from unihub.formats.tfsequence import parse_sequence_example as parse_sequence
 from unihub.formats.tftensor import TensorProtoError, encode_tensor, parse_tensor
+from unihub.memory import BatchCut
 
 if TYPE_CHECKING:
     from unihub.formats.tfrecord import TFRecordFormat
@@ -218,6 +219,7 @@ def read_batches(source: TFRecordFormat, kind: str, schema: Unischema, batch_siz
     read_row, columns = _row_reader(source, kind, schema)
     rows: list[list[Any]] = []
     report = source.report
+    cut = BatchCut(batch_size, source.batch_bytes)
     for path, index, offset, data in source.records(on_error, report):
         try:
             rows.append(read_row(data))
@@ -229,9 +231,10 @@ def read_batches(source: TFRecordFormat, kind: str, schema: Unischema, batch_siz
             _fail(path, index, offset, getattr(exc, "reason", str(exc)), on_error, report, feature)
             continue
         report.records += 1
-        if len(rows) == batch_size:
+        if cut.add(len(data)):
             yield columns(rows)
             rows = []
+            cut.reset()
     if rows:
         yield columns(rows)
 

@@ -25,6 +25,7 @@ __all__ = ["Block", "Error", "Framer"]
 CHUNK = 16 << 20  # bytes of a plain file read at a time when it is not mapped
 MAP_FILES = True  # map plain files (False: read them in chunks)
 _UNKNOWN = 1 << 64  # what is left of a stream whose size is unknown: more than any record length
+_RELEASE_BYTES = 8 << 20  # mapped bytes read between two releases of their pages (Framer._release)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Framer:
                 pass
         self.size = _regular_size(self.f) if not self.gz else None  # None: unknown (not a regular file)
         self.pos = self.index = self.offset = 0
+        self.released = 0  # the mapped bytes before this offset are dropped from the process (_release)
         self.pending: Error | None = None
         self.headers: dict[bytes, int] = {}  # record headers whose length CRC is good -> length
         self.done = False
@@ -89,14 +91,32 @@ class Framer:
             return raw.tell() if raw is not None else 0
         return self.offset
 
-    def take(self, k: int) -> Block | Error | None:
-        """Up to ``k`` records (fewer at a chunk's end), an error, or None at the end."""
+    def take(self, k: int, max_bytes: int = _UNKNOWN) -> Block | Error | None:
+        """Up to ``k`` records (fewer at a chunk's end), an error, or None at the end.
+
+        A block ends early once its records hold ``max_bytes`` (it still has at least one record).
+        """
         if self.pending is not None:
             error, self.pending = self.pending, None
             return error
         if self.done:
             return None
-        return self._take_gz(k) if self.gz else self._take_plain(k)
+        self._release()
+        return self._take_gz(k, max_bytes) if self.gz else self._take_plain(k, max_bytes)
+
+    def _release(self) -> None:
+        """Drop the mapped pages of records already taken from this process's memory (the page cache
+        keeps them): a mapped file read to its end would otherwise stay resident as a whole. The
+        blocks taken before stay valid (their pages read back from the cache if touched again)."""
+        if not isinstance(self.buf, mmap.mmap) or self.pos - self.released < _RELEASE_BYTES:
+            return
+        end = self.pos - self.pos % mmap.PAGESIZE
+        try:
+            self.buf.madvise(mmap.MADV_DONTNEED, self.released, end - self.released)
+        except (AttributeError, OSError, ValueError):  # no madvise here: the pages stay until the file closes
+            self.released = len(self.buf)
+            return
+        self.released = end
 
     def _stop(self, got: list[int], error: Error, dead: bool) -> Error | None:
         self.done = self.done or dead
@@ -127,17 +147,19 @@ class Framer:
             return avail
         return _UNKNOWN if self.size is None else self.size - self.offset
 
-    def _take_plain(self, k: int) -> Block | Error | None:
+    def _take_plain(self, k: int, max_bytes: int) -> Block | Error | None:
         crc, u64, u32, known = self.crc, _U64.unpack_from, _U32.unpack_from, self.headers
         starts: list[int] = []
         ends: list[int] = []
         first_pos, first_offset, first_index = self.pos, self.offset, self.index
+        end_offset = self.offset + max_bytes  # the block ends at the first record past this offset
         error: Error | None = None
         while True:
             # the usual record, in a tight loop: a header seen before, a good data CRC
             buf, pos = self.buf, self.pos
             size, view, got = len(buf), memoryview(buf), len(starts)
-            while got < k and pos + 12 <= size:
+            limit = pos + (end_offset - self.offset)
+            while got < k and pos + 12 <= size and pos < limit:
                 header = buf[pos:pos + 12]
                 length = known.get(header)
                 if length is None:
@@ -159,7 +181,7 @@ class Framer:
             self.offset += pos - self.pos
             self.index = first_index + got
             self.pos = pos
-            if got == k:
+            if got == k or pos >= limit:
                 break
             # anything else, with iter_records' checks and messages
             avail = size - pos
@@ -200,12 +222,13 @@ class Framer:
         return Block(self.buf, list(range(first_index, first_index + len(starts))),
                       (starts_ - (12 + first_pos) + first_offset).tolist(), starts_, np.array(ends, np.int64))
 
-    def _take_gz(self, k: int) -> Block | Error | None:
+    def _take_gz(self, k: int, max_bytes: int) -> Block | Error | None:
         parts: list[bytes] = []
         offsets: list[int] = []
         indices: list[int] = []
         error: Error | None = None
-        while len(parts) < k:
+        held = 0
+        while len(parts) < k and held < max_bytes:
             data, size, reason = _next_record(self.f, self.crc)
             if reason is not None:
                 error = self._stop(parts, Error(self.index, self.offset, reason), not size)  # type: ignore[arg-type]
@@ -216,6 +239,7 @@ class Framer:
                 break
             else:
                 parts.append(data)
+                held += len(data)
                 offsets.append(self.offset)
                 indices.append(self.index)
             self.index += 1

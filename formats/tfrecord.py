@@ -66,6 +66,7 @@ from unihub.formats.tfschema import (
     fields_from_stats,
     shape_features,
 )
+from unihub.memory import BatchCut, value_nbytes
 
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
@@ -362,6 +363,7 @@ class TFRecordFormat(ForeignFormat):
         if self.observe:
             self.report.observed = (stats, 0)
         unlisted = unlisted_check(list(schema), self.options.get("fields"))
+        cut = BatchCut(batch_size, self.batch_bytes)
         for path, index, offset, example in self._examples(on_error, self.report):
             try:
                 lost = unlisted(example)
@@ -379,9 +381,10 @@ class TFRecordFormat(ForeignFormat):
             for column, value in zip(columns, row):
                 column.append(value)
             self.report.records += 1
-            if plans and len(columns[0]) == batch_size:
+            if plans and cut.add(value_nbytes(row)):
                 yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
                 columns = [[] for _ in plans]
+                cut.reset()
         if columns and columns[0]:
             yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
 

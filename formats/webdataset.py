@@ -72,6 +72,7 @@ from unihub.formats.webdataset_tar import (
 )
 from unihub.formats.webdataset_verify import native_records, tarfile_records
 from unihub.formats.webdataset_write import write_shards
+from unihub.memory import BatchCut, value_nbytes
 
 __all__ = ["KEY_FIELD", "Sample", "WebDatasetFormat", "iter_samples", "split_name"]
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
@@ -258,6 +259,7 @@ class WebDatasetFormat(ForeignFormat):
             raise SchemaError(f"batch_size must be positive, got {batch_size}")
         read = _SampleReader(schema, self.header, self.headers, self.validate_images)
         columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+        cut = BatchCut(batch_size, self.batch_bytes)
         for sample in self.samples(on_error=on_error):
             try:
                 row = read.row(sample)
@@ -269,9 +271,10 @@ class WebDatasetFormat(ForeignFormat):
             for name, value in row.items():
                 columns[name].append(value)
             self.report.records += 1
-            if len(columns[next(iter(columns))]) >= batch_size:
+            if cut.add(value_nbytes(row)):
                 yield {f.name: column(f, columns[f.name]) for f in schema}
                 columns = {f.name: [] for f in schema}
+                cut.reset()
         if columns and columns[next(iter(columns))]:
             yield {f.name: column(f, columns[f.name]) for f in schema}
 

@@ -415,7 +415,7 @@ class _DatasetWriter:
         sink.file_count += 1
         writer = pq.ParquetWriter(path, self.file_schema, filesystem=self.fs, store_schema=True,
                                   compression=self._column_compression(), use_dictionary=self._dictionary_columns(),
-                                  **integrity.WRITE_OPTIONS)
+                                  write_statistics=self._dictionary_columns(), **integrity.WRITE_OPTIONS)
         sink.current = _OpenFile(writer, path)
         self.files.append(path)
         return sink.current
@@ -427,7 +427,8 @@ class _DatasetWriter:
         return {f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)}
 
     def _no_dictionary(self) -> set[str]:
-        """Image bytes, and tensors as bytes: whole tensors rarely repeat, and trying costs time."""
+        """Image bytes, and tensors as bytes: whole tensors rarely repeat, and trying costs time; nor do
+        their min/max statistics serve a filter (they took 2-4x the write time of 6.9 MB camera frames)."""
         return self._already_compressed() | set(self.tensor_columns)
 
     def _column_compression(self) -> dict[str, str] | str:

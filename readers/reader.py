@@ -29,6 +29,7 @@ import pyarrow as pa
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
 from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.memory import batch_nbytes, memory_budget
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache, make_cache
 from unihub.readers.decode import DecodePolicy
@@ -63,7 +64,7 @@ class Reader:
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
                  resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None,
-                 rowgroup_selector: Any = None) -> None:
+                 rowgroup_selector: Any = None, memory_budget_mb: float | None = None) -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
             raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
         for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
@@ -115,6 +116,8 @@ class Reader:
             raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
         self._pool_type, self._workers_count = reader_pool_type, int(workers_count)
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
+        #: decoded results in flight are held to about this many bytes too (unihub.memory)
+        self._max_bytes = memory_budget(memory_budget_mb).queue_bytes
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
@@ -197,7 +200,8 @@ class Reader:
             self._pool.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs = self._jobs(epoch, task)
-        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window)
+        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window,
+                                                    max_bytes=self._max_bytes, size_of=_job_nbytes)
         self._skip = offset
         return iterator
 
@@ -413,6 +417,11 @@ def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -
     return job[0], job[1], loader(job)
 
 
+def _job_nbytes(result: tuple[int, int, Batch]) -> int:
+    """Bytes of a loaded task's decoded columns (what the results in flight hold)."""
+    return batch_nbytes(result[2].columns)
+
+
 def _resolve_fields(schema: Unischema, schema_fields: Any) -> tuple[list[UnischemaField], Any]:
     """The fields to read (and the NGram, if ``schema_fields`` is one)."""
     if schema_fields is None:
@@ -479,7 +488,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | None = None,
-          petastorm_types: bool | None = None, **ignored: Any) -> Reader:
+          petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
@@ -503,7 +512,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   cur_shard=cur_shard, shard_count=shard_count, shard_by=shard_by, shard_remainder=shard_remainder,
                   reader_pool_type=reader_pool_type, workers_count=workers_count,
                   results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
-                  resume_from=resume_from, petastorm_types=petastorm_types, rowgroup_selector=rowgroup_selector)
+                  resume_from=resume_from, petastorm_types=petastorm_types, rowgroup_selector=rowgroup_selector,
+                  memory_budget_mb=memory_budget_mb)
 
 
 def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
@@ -521,7 +531,10 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
     ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
-    wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``).
+    wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``),
+    ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512): the decoded row groups waiting
+    for the consumer are held to a quarter of it in bytes, as well as to ``results_queue_size``
+    (never fewer than one per worker; see :mod:`unihub.memory`).
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 

@@ -3,7 +3,8 @@
 :meth:`Pool.imap` runs a function over an iterator of tasks with at most ``window`` tasks
 in flight and yields results **in task order**, so the delivery order never depends on
 the pool type or worker count. Memory is bounded by the window, however long (or
-endless) the task iterator is. An exception in a worker is re-raised in the consumer
+endless) the task iterator is, and by bytes where ``max_bytes`` is given: big results (row
+groups of camera frames) keep fewer tasks in flight, never fewer than one per worker. An exception in a worker is re-raised in the consumer
 with its original traceback; :meth:`Pool.stop` cancels what has not started.
 
 - ``thread``: pyarrow reads and the image decoders release the GIL, so threads scale.
@@ -42,6 +43,7 @@ PoolType = Literal["thread", "process", "dummy"]
 JOIN_TIMEOUT_SECONDS = 30.0
 
 _PROCESS_FUNCTION: Callable[[Any], Any] | None = None
+_NO_TASK: Any = object()
 
 
 def _install_function(fn: Callable[[Any], Any], parent: int | None = None) -> None:
@@ -93,9 +95,17 @@ class Pool:
                                        initializer=_install_function, initargs=(fn, os.getpid()))
         return None
 
-    def imap(self, fn: Callable[[T], R], tasks: Iterable[T], window: int) -> Iterator[R]:
-        """Yield ``fn(task)`` for each task, in order, keeping at most ``window`` in flight."""
+    def imap(self, fn: Callable[[T], R], tasks: Iterable[T], window: int, *, max_bytes: int | None = None,
+             size_of: Callable[[R], int] | None = None) -> Iterator[R]:
+        """Yield ``fn(task)`` for each task, in order, keeping at most ``window`` in flight.
+
+        With ``max_bytes`` and ``size_of`` (a result's bytes), tasks in flight are also held to
+        about ``max_bytes`` at the largest result size seen so far, never fewer than one per worker;
+        until a result is seen, one per worker.
+        """
         window = max(1, window)
+        limit = window if max_bytes is None or size_of is None else min(window, self.workers_count)
+        largest = 0
         self._executor = self._start(fn)
         task_iter = iter(tasks)
         if self._executor is None:
@@ -108,7 +118,7 @@ class Pool:
         try:
             for task in task_iter:
                 self._pending.append(submit(task))
-                if len(self._pending) >= window:
+                if len(self._pending) >= limit:
                     break
             while self._pending and not self._stopped:
                 future = self._pending.popleft()
@@ -118,10 +128,14 @@ class Pool:
                     if self._stopped:  # stop() from another thread cancelled the task we waited for
                         return  # (or join() terminated the worker that ran it)
                     raise
-                if not self._stopped:
-                    for task in task_iter:
-                        self._pending.append(submit(task))
+                if size_of is not None and max_bytes is not None:
+                    largest = max(largest, size_of(result))
+                    limit = max(min(self.workers_count, window), min(window, max_bytes // max(1, largest)))
+                while not self._stopped and len(self._pending) < limit:
+                    task = next(task_iter, _NO_TASK)
+                    if task is _NO_TASK:
                         break
+                    self._pending.append(submit(task))
                 yield result
         finally:
             self.stop()

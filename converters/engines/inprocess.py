@@ -10,6 +10,7 @@ from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.readahead import read_ahead
 from unihub.converters.tasks import TaskPlan, TaskResult, run_task
 from unihub.formats.foreign import ForeignFormat
+from unihub.memory import memory_budget
 
 
 @ENGINES.register("inprocess")
@@ -22,7 +23,8 @@ class InProcessEngine(Engine):
     def run(self, plan: TaskPlan, files: list[str], *, source: ForeignFormat | None = None,
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         def watched(task_source: ForeignFormat, batches: Iterator[Any]) -> Iterator[Any]:
-            ahead = read_ahead(batches) if plan.read_ahead else iter(batches)
+            ahead = (read_ahead(batches, max_bytes=memory_budget().read_ahead_bytes) if plan.read_ahead
+                     else iter(batches))
             try:
                 yield from (wrap(task_source, ahead) if wrap is not None else ahead)
             finally:
