@@ -128,3 +128,13 @@ class RemoteStorageError(UnihubError, OSError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         super().__init__(message)
         self.url = url
+
+
+class CacheError(UnihubError):
+    """A cache of a data loader (``unihub.cacheable``) cannot be built, opened, listed or removed as
+    asked; the message names the cache."""
+
+
+class CacheTimeoutError(CacheError, TimeoutError):
+    """Waited longer than ``wait_timeout`` for another process to build a cache; the message names the
+    cache and who holds its build lease."""
