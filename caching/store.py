@@ -87,6 +87,7 @@ class CacheRoot:
 
     def info(self, dataset_id: str, version: str) -> CacheInfo | None:
         """The published cache's record, or None while there is none."""
+        self._forget_listings()  # a listing cached before another process published it would hide it
         record = self.files.read(self.record_path(dataset_id, version))
         if not record:
             return None
@@ -98,6 +99,7 @@ class CacheRoot:
     def caches(self) -> list[CacheInfo]:
         """Every published cache under this root, by id then version."""
         found = []
+        self._forget_listings()
         try:
             entries = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True, allow_not_found=True))
         except FileNotFoundError:
@@ -132,6 +134,15 @@ class CacheRoot:
                 self.fs.delete_dir(self.dataset_path(dataset_id, v))
             self.files.delete(self.lease_path(dataset_id, v))
         return versions
+
+
+    def _forget_listings(self) -> None:
+        """Drop fsspec's cached listings (s3fs keeps them per instance): other processes change the root."""
+        handler = getattr(self.fs, "handler", None)
+        for fs in (self.files.fsspec_fs, getattr(handler, "fs", None)):
+            invalidate = getattr(fs, "invalidate_cache", None)
+            if invalidate is not None:
+                invalidate()
 
 
 def _exists(fs: pafs.FileSystem, path: str) -> bool:
