@@ -26,12 +26,13 @@ import json, os, sys, time
 import numpy as np
 from unihub import cacheable, make_reader
 root, log, delay, options = sys.argv[1], sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4]) or None
+n = int(sys.argv[5])
 
 def rows():
     with open(log, "a") as handle:
         handle.write(f"{os.getpid()}\\n")
-    for i in range(%(rows)d):
-        if delay and i %% 100 == 0:
+    for i in range(n):
+        if delay and i % 100 == 0:
             time.sleep(delay)
         yield {"id": i, "v": np.full(4, i, np.int32)}
 
@@ -39,12 +40,12 @@ ds = cacheable(root, dataset_id="shared", version="1", storage_options=options, 
                row_group_size_mb=0.01)(rows)()
 with make_reader(ds.url, storage_options=options, workers_count=1) as reader:
     ids = sorted(int(r.id) for r in reader)
-print(json.dumps({"rows": len(ds), "exact": ids == list(range(%(rows)d))}))
-""" % {"rows": ROWS}
+print(json.dumps({"rows": len(ds), "exact": ids == list(range(n))}))
+"""
 
 
 def _call(root: str, log: Path, *, delay: float = 0.0, options: dict[str, Any] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CALLER, root, str(log), str(delay), json.dumps(options)],
+    return subprocess.Popen([sys.executable, "-c", _CALLER, root, str(log), str(delay), json.dumps(options), str(ROWS)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
