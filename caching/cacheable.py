@@ -181,7 +181,8 @@ def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any
     url = root.dataset_url(dataset_id, version)
     counter = _Counter(url, progress)
     meta = {"cache": {"dataset_id": dataset_id, "version": version, "source_type": source.kind, "built_at": started}}
-    result = write_dataset(url, schema, counter.count(rows), row_group_size_mb=row_group_size_mb,
+    data = counter.count(rows) if source.batches is None else counter.count_batches(source.batches)
+    result = write_dataset(url, schema, data, batched=source.batches is not None, row_group_size_mb=row_group_size_mb,
                            rows_per_file=rows_per_file, overwrite=True, storage_options=root.storage_options,
                            filesystem=root.filesystem, extra_metadata=meta)
     counter.report(final=True)
@@ -201,6 +202,13 @@ class _Counter:
         for row in rows:
             self.rows += 1
             yield row
+            if self.progress and time.monotonic() - self.last >= 1.0:
+                self.report()
+
+    def count_batches(self, batches: Iterator[Row]) -> Iterator[Row]:
+        for batch in batches:
+            self.rows += len(next(iter(batch.values()))) if batch else 0
+            yield batch
             if self.progress and time.monotonic() - self.last >= 1.0:
                 self.report()
 

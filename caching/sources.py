@@ -28,6 +28,8 @@ Row = dict[str, Any]
 #: rows looked at to infer a schema (dimensions that vary among them become None)
 SAMPLE_ROWS = 64
 _KERAS_NAMES = ("x", "y", "sample_weight")
+#: about how many bytes of a tf.data pipeline's output are converted at a time
+BATCH_BYTES = 8 << 20
 
 
 @dataclass
@@ -37,6 +39,8 @@ class Source:
     kind: str
     rows: Iterator[Row]
     schema: Unischema | None = None
+    #: set instead of ``rows`` where the loader can hand over whole columns (tf.data, fixed shapes)
+    batches: Iterator[Row] | None = None
 
 
 def adapt(loader: Any, *, names: Sequence[str] | None = None) -> Source:
@@ -121,6 +125,16 @@ def _tf_source(ds: Any, names: Sequence[str] | None) -> Source:
     fields: list[UnischemaField] = []
     _spec_fields(fields, ds.element_spec, "", names)
     schema = Unischema("cache", fields)
+    import tensorflow as tf
+
+    specs = tf.nest.flatten(ds.element_spec)
+    if all(type(s).__name__ == "TensorSpec" and s.shape.is_fully_defined() for s in specs):
+        # fixed shapes: tf batches the elements and numpy columns go to the writer whole, about
+        # BATCH_BYTES at a time (per element, conversion costs more than a fast pipeline)
+        row_bytes = sum(1024 if s.dtype.name == "string" else s.shape.num_elements() * s.dtype.size for s in specs)
+        size = max(1, min(1024, BATCH_BYTES // max(row_bytes, 1)))
+        batches = (flatten(b, names) for b in ds.batch(size).as_numpy_iterator())
+        return Source("tf.data", iter(()), schema, batches=batches)
     return Source("tf.data", (flatten(element, names) for element in ds), schema)
 
 

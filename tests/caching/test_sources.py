@@ -138,3 +138,17 @@ def test_loaders_that_cannot_be_cached_are_named_errors_and_leave_nothing(tmp_pa
     with pytest.raises(SchemaError, match=message):
         cacheable(tmp_path / "root", dataset_id="bad", version="1", names=names)(loader)()
     assert _left(tmp_path / "root" / "bad") == []
+
+
+def test_tf_data_decoded_images_stored_as_png_when_asked(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    images = np.random.default_rng(0).integers(0, 255, (300, 6, 5, 3), dtype=np.uint8)
+    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(300)})
+    cached = cacheable(tmp_path, dataset_id="png", version="1", image_format={"image": "png"})(lambda: ds)()
+    schema = open_dataset(cached.url).schema
+    assert isinstance(schema.image.codec, CompressedImageCodec) and schema.image.codec.image_codec == "png"
+    rows = _rows(cached.url)
+    assert len(rows) == 300
+    for i in (0, 149, 299):
+        np.testing.assert_array_equal(rows[i]["image"], images[i])
+        assert rows[i]["label"] == i
