@@ -21,11 +21,14 @@ import sys as _sys
 if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMORY_POOL"):
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
+from unihub.caching import CachedDataset, cacheable
 from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
 from unihub.converters.convert import ConvertResult, convert
 from unihub.converters.copy import copy_dataset
 from unihub.converters.verify import verify
 from unihub.errors import (
+    CacheError,
+    CacheTimeoutError,
     CodecError,
     DataCorruptionError,
     DatasetChangedError,
@@ -109,6 +112,8 @@ __all__ = [
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups
     "get_schema_from_dataset_url", "infer_or_load_unischema",
+    # yogadl-style caching of any data loader
+    "CacheError", "CacheTimeoutError", "CachedDataset", "cacheable",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
 from unihub.errors import UnihubError
 
 
@@ -57,6 +58,7 @@ def describe_dataset(url: str) -> dict[str, Any]:
         "partitions": list(store.partition_names),
         "fields": [f.to_json() for f in store.schema],
         **describe_rowgroup_indexes(store),
+        **describe_cache(store),
     }
 
 
@@ -75,6 +77,7 @@ def format_description(info: dict[str, Any]) -> str:
         f"rows: {info['rows']:,}   files: {info['files']}   row groups: {info['row_groups']}   "
         f"bytes: {_human_bytes(info['bytes'])}",
     ]
+    lines += format_cache(info)
     if info["partitions"]:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
     table = [["field", "dtype", "shape", "codec", "nullable"]]
@@ -376,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors (also after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_cache_commands(sub)
 
     inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",
                              description="Show a dataset's schema (field, dtype, shape, codec, nullable), rows, "

@@ -133,3 +133,13 @@ class RemoteStorageError(UnihubError, OSError):
 class UnsupportedFilesystemError(UnihubError, ValueError):
     """A URL whose scheme no filesystem unihub can reach handles (not pyarrow's, not an installed
     fsspec protocol); the message names the URL. unihub never takes ``scheme://...`` for a local path."""
+
+
+class CacheError(UnihubError):
+    """A cache of a data loader (``unihub.cacheable``) cannot be built, opened, listed or removed as
+    asked; the message names the cache."""
+
+
+class CacheTimeoutError(CacheError, TimeoutError):
+    """Waited longer than ``wait_timeout`` for another process to build a cache; the message names the
+    cache and who holds its build lease."""

@@ -1,0 +1,72 @@
+"""``unihub cache list URL`` and ``unihub cache rm URL ID [VERSION]``, and the cache line of ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+
+def add_cache_commands(sub: Any) -> None:
+    """Register ``unihub cache ...`` on the CLI's subparsers."""
+    cache = sub.add_parser("cache", help="list or remove caches made by unihub.cacheable",
+                           description="List or remove the caches unihub.cacheable built under a cache root. "
+                                       "Examples: unihub cache list s3://bucket/cache; "
+                                       "unihub cache rm /data/cache mnist-train 3")
+    verbs = cache.add_subparsers(dest="cache_command", required=True)
+    listing = verbs.add_parser("list", help="the caches under a root: id, version, source, build time, rows")
+    listing.add_argument("url", help="cache root (folder or s3://...)")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(func=cmd_cache_list)
+    rm = verbs.add_parser("rm", help="remove one version of a cache, or all its versions")
+    rm.add_argument("url", help="cache root (folder or s3://...)")
+    rm.add_argument("dataset_id")
+    rm.add_argument("version", nargs="?", help="the version to remove (all versions when left out)")
+    rm.set_defaults(func=cmd_cache_rm)
+
+
+def cmd_cache_list(args: argparse.Namespace) -> int:
+    from unihub.caching.store import list_caches
+
+    caches = list_caches(args.url)
+    if args.json:
+        print(json.dumps([asdict(c) for c in caches], indent=2))
+        return 0
+    rows = [["id", "version", "source", "built", "rows"]]
+    rows += [[c.dataset_id, c.version, c.source_type, _when(c.built_at), f"{c.num_rows:,}"] for c in caches]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows))
+    return 0
+
+
+def cmd_cache_rm(args: argparse.Namespace) -> int:
+    from unihub.caching.store import remove_cache
+
+    for version in remove_cache(args.url, args.dataset_id, args.version):
+        print(f"removed {args.url.rstrip('/')}/{args.dataset_id}/{version}")
+    return 0
+
+
+def describe_cache(store: Any) -> dict[str, Any]:
+    """``{"cache": {...}}`` for ``unihub inspect`` of a cache (id, version, source, build time), else {}."""
+    found = store.extra_metadata.get("cache")
+    if not isinstance(found, dict):
+        return {}
+    return {"cache": {k: found.get(k) for k in ("dataset_id", "version", "source_type", "built_at")}}
+
+
+def format_cache(info: dict[str, Any]) -> list[str]:
+    """The ``cache:`` line of ``unihub inspect``'s table ([] for other datasets)."""
+    cache = info.get("cache")
+    if not cache:
+        return []
+    built = cache.get("built_at")
+    when = _when(built) if isinstance(built, (int, float)) else "?"
+    return [f"cache: {cache.get('dataset_id')} version {cache.get('version')}, from {cache.get('source_type')}, "
+            f"built {when}, {info['rows']:,} rows"]
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))

@@ -1,0 +1,178 @@
+"""Where caches live, and listing and removing them.
+
+Layout under a cache root (a local folder or an object-store prefix)::
+
+    ROOT/<dataset_id>/<version>/        the cache: a unihub dataset (write_dataset's atomic output)
+    ROOT/<dataset_id>/<version>.lease   while a build runs (unihub.caching.lease)
+    ROOT/<dataset_id>/<version>.json    written last: the cache is published; id, version,
+                                        source type, build time, rows
+
+A cache counts only once its ``.json`` record is there, so a builder killed at any moment
+(also in the middle of copying objects on S3) leaves nothing that is read, and the next call
+builds again over what it left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from unihub.caching.lease import LeaseFiles, describe, is_stale
+from unihub.errors import CacheError
+from unihub.formats.filesystem import resolve_filesystem
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What the ``.json`` record of a published cache says."""
+
+    dataset_id: str
+    version: str
+    source_type: str
+    built_at: float
+    build_seconds: float
+    num_rows: int
+    url: str
+
+    def describe(self) -> str:
+        import time
+
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.built_at))
+        return (f"{self.dataset_id} {self.version}: {self.num_rows:,} rows from {self.source_type}, "
+                f"built {when} in {self.build_seconds:.1f} s")
+
+
+def check_name(kind: str, value: Any) -> str:
+    """A dataset id or version as a path component: letters, digits, ``._=+-``; not hidden."""
+    text = str(value)
+    if not _NAME.fullmatch(text):
+        raise CacheError(f"{kind} {value!r} must be letters, digits and . _ = + - (not starting with . or -), "
+                         "as it names a folder")
+    return text
+
+
+class CacheRoot:
+    """One cache root: paths of its caches and the small records beside them."""
+
+    def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                 filesystem: Any = None) -> None:
+        self.url = os.fspath(url).rstrip("/")
+        self.storage_options = storage_options
+        self.filesystem = filesystem
+        fs, self.path = resolve_filesystem(self.url, filesystem, storage_options)
+        self.fs = fs
+        self.files = LeaseFiles(fs, None if isinstance(fs, pafs.LocalFileSystem) else _fsspec_for(self.url, filesystem,
+                                                                                                  storage_options))
+
+    def dataset_url(self, dataset_id: str, version: str) -> str:
+        return f"{self.url}/{dataset_id}/{version}"
+
+    def _path(self, dataset_id: str, version: str, suffix: str = "") -> str:
+        return f"{self.path.rstrip('/')}/{dataset_id}/{version}{suffix}"
+
+    def dataset_path(self, dataset_id: str, version: str) -> str:
+        return self._path(dataset_id, version)
+
+    def lease_path(self, dataset_id: str, version: str) -> str:
+        return self._path(dataset_id, version, ".lease")
+
+    def record_path(self, dataset_id: str, version: str) -> str:
+        return self._path(dataset_id, version, ".json")
+
+    def info(self, dataset_id: str, version: str) -> CacheInfo | None:
+        """The published cache's record, or None while there is none."""
+        self._forget_listings()  # a listing cached before another process published it would hide it
+        record = self.files.read(self.record_path(dataset_id, version))
+        if not record:
+            return None
+        return CacheInfo(**{k: record[k] for k in CacheInfo.__dataclass_fields__ if k in record})
+
+    def publish(self, info: CacheInfo) -> None:
+        self.files.write(self.record_path(info.dataset_id, info.version), asdict(info))
+
+    def caches(self) -> list[CacheInfo]:
+        """Every published cache under this root, by id then version."""
+        found = []
+        self._forget_listings()
+        try:
+            entries = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True, allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            rel = entry.path[len(self.path.rstrip("/")) + 1:]
+            parts = rel.split("/")
+            if len(parts) == 2 and parts[1].endswith(".json") and entry.type == pafs.FileType.File:
+                info = self.info(parts[0], parts[1][:-5])
+                if info is not None:
+                    found.append(info)
+        return sorted(found, key=lambda i: (i.dataset_id, i.version))
+
+    def remove(self, dataset_id: str, version: str | None = None) -> list[str]:
+        """Remove one version of a cache, or all of them; the versions removed."""
+        dataset_id = check_name("dataset_id", dataset_id)
+        versions = [check_name("version", version)] if version is not None else \
+            [i.version for i in self.caches() if i.dataset_id == dataset_id]
+        if version is not None and self.info(dataset_id, versions[0]) is None and \
+                not _exists(self.fs, self.dataset_path(dataset_id, versions[0])):
+            raise CacheError(f"no cache {dataset_id!r} version {version!r} under {self.url}")
+        if not versions:
+            raise CacheError(f"no cache {dataset_id!r} under {self.url}")
+        for v in versions:
+            lease = self.files.read(self.lease_path(dataset_id, v))
+            if lease and not is_stale(lease, float("inf")):
+                raise CacheError(f"cache {self.dataset_url(dataset_id, v)} is being built ({describe(lease)}); "
+                                 "remove it when the build ends")
+        for v in versions:
+            self.files.delete(self.record_path(dataset_id, v))  # unpublished first: nobody opens it now
+            if _exists(self.fs, self.dataset_path(dataset_id, v)):
+                self.fs.delete_dir(self.dataset_path(dataset_id, v))
+            self.files.delete(self.lease_path(dataset_id, v))
+        return versions
+
+
+    def _forget_listings(self) -> None:
+        """Drop fsspec's cached listings (s3fs keeps them per instance): other processes change the root."""
+        handler = getattr(self.fs, "handler", None)
+        for fs in (self.files.fsspec_fs, getattr(handler, "fs", None)):
+            invalidate = getattr(fs, "invalidate_cache", None)
+            if invalidate is not None:
+                invalidate()
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def _fsspec_for(url: str, filesystem: Any, storage_options: dict[str, Any] | None) -> Any:
+    """An fsspec filesystem for ``url`` (conditional PUTs), or None where fsspec cannot serve it."""
+    if filesystem is not None:
+        return None if isinstance(filesystem, pafs.FileSystem) else filesystem
+    try:
+        import fsspec
+    except ImportError:
+        return None
+    options = {k: v for k, v in (storage_options or {}).items() if not k.startswith("unihub_")}
+    try:
+        return fsspec.core.url_to_fs(url, **options)[0]
+    except (ImportError, ValueError):
+        return None
+
+
+def list_caches(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                filesystem: Any = None) -> list[CacheInfo]:
+    """Every published cache under the cache root ``url``."""
+    return CacheRoot(url, storage_options=storage_options, filesystem=filesystem).caches()
+
+
+def remove_cache(url: str | os.PathLike[str], dataset_id: str, version: str | None = None, *,
+                 storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> list[str]:
+    """Remove version ``version`` of cache ``dataset_id`` under ``url`` (all versions when None);
+    the versions removed. A cache being built is refused with :class:`~unihub.errors.CacheError`."""
+    root = CacheRoot(url, storage_options=storage_options, filesystem=filesystem)
+    return root.remove(dataset_id, version)

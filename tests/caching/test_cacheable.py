@@ -1,0 +1,155 @@
+"""cacheable: built once, versions, failures that leave nothing, stream() on the reader's exact plan, bridges, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unihub import cacheable, make_reader
+from unihub.caching import list_caches, remove_cache
+from unihub.cli import main
+from unihub.errors import CacheError, InvalidArgumentError
+
+N = 1000
+
+
+def _rows(n: int = N):
+    return ({"id": i, "vec": np.full(3, i, np.float32)} for i in range(n))
+
+
+@pytest.fixture
+def cached(tmp_path: Path):
+    return cacheable(tmp_path, dataset_id="toy", version="1", row_group_size_mb=0.005)(_rows)()
+
+
+def test_the_loader_runs_once_and_later_calls_open_the_cache(tmp_path: Path) -> None:
+    calls = []
+
+    @cacheable(tmp_path, dataset_id="once", version="1")
+    def make():
+        calls.append(1)
+        return _rows(10)
+
+    first, second = make(), make()
+    assert calls == [1] and len(first) == len(second) == 10 and first.url == second.url
+    assert first.take([5, 9]).id.tolist() == [5, 9]
+    assert cacheable(tmp_path, dataset_id="once", version="2")(make.__wrapped__)().url.endswith("/once/2")
+    assert calls == [1, 1]  # another version builds a new cache
+    assert [(c.dataset_id, c.version, c.num_rows) for c in list_caches(tmp_path)] == [("once", "1", 10), ("once", "2", 10)]
+
+
+def test_a_loader_that_fails_midway_leaves_no_cache_and_the_next_call_builds(tmp_path: Path) -> None:
+    def broken():
+        for row in _rows(100):
+            if row["id"] == 60:
+                raise RuntimeError("source went away")
+            yield row
+
+    with pytest.raises(RuntimeError, match="source went away"):
+        cacheable(tmp_path, dataset_id="ds", version="1")(broken)()
+    assert os.listdir(tmp_path / "ds") == []  # no dataset, no temporary, no lease, no record
+    assert len(cacheable(tmp_path, dataset_id="ds", version="1")(_rows)()) == N
+
+
+def test_progress_reports_rows_and_rate(tmp_path: Path) -> None:
+    seen: list[tuple[int, float]] = []
+    cacheable(tmp_path, dataset_id="p", version="1", progress=lambda rows, rate: seen.append((rows, rate)))(_rows)()
+    assert seen[-1][0] == N and seen[-1][1] > 0
+
+
+@pytest.mark.parametrize("bad", ["../up", ".hidden", "a/b", ""])
+def test_ids_and_versions_must_be_folder_names(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(CacheError, match="must be letters"):
+        cacheable(tmp_path, dataset_id=bad, version="1")
+    with pytest.raises(CacheError, match="must be letters"):
+        cacheable(tmp_path, dataset_id="ok", version=bad)
+
+
+def _ids(reader) -> list[int]:
+    with reader:
+        return [int(r.id) for r in reader]
+
+
+@pytest.mark.parametrize("shuffle, world, drop", [(False, 1, False), (True, 1, False), (True, 3, False),
+                                                  (True, 3, True), (False, 7, True)])
+def test_stream_start_offset_continues_the_exact_order(cached, shuffle: bool, world: int, drop: bool) -> None:
+    shards = []
+    for rank in range(world):
+        full = _ids(cached.stream(shuffle=shuffle, seed=7, shard_rank=rank, num_shards=world, drop_shard_remainder=drop))
+        stream = cached.stream(shuffle=shuffle, seed=7, shard_rank=rank, num_shards=world, drop_shard_remainder=drop)
+        assert len(stream) == len(full) == (N // world if drop else -(-N // world))
+        for offset in (1, 37, len(full) // 2, len(full) - 1):
+            assert _ids(cached.stream(offset, shuffle=shuffle, seed=7, shard_rank=rank, num_shards=world,
+                                      drop_shard_remainder=drop)) == full[offset:]
+        shards.append(full)
+    if drop:
+        assert len(set().union(*map(set, shards))) == sum(map(len, shards))  # disjoint
+    else:
+        assert set().union(*map(set, shards)) == set(range(N))  # every row
+    if shuffle:
+        assert shards[0] != sorted(shards[0])
+
+
+def test_stream_is_reshuffled_per_epoch_and_offset_applies_to_the_first(cached) -> None:
+    ids = _ids(cached.stream(10, shuffle=True, seed=3, num_epochs=2))
+    assert len(ids) == 2 * N - 10 and sorted(ids[N - 10:]) == list(range(N)) and ids[:N - 10] != ids[N:2 * N - 10]
+
+
+def test_stream_refuses_bad_arguments(cached) -> None:
+    with pytest.raises(InvalidArgumentError, match="shard_rank"):
+        cached.stream(shard_rank=3, num_shards=3)
+    with pytest.raises(InvalidArgumentError, match="beyond"):
+        cached.stream(start_offset=N)
+
+
+def test_stream_works_with_every_bridge(cached) -> None:
+    pytest.importorskip("torch")
+    from unihub.readers.pytorch import BatchedDataLoader, DataLoader, TorchIterableDataset
+
+    expected = _ids(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2))
+    got = [int(i) for b in DataLoader(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2),
+                                      batch_size=64) for i in b["id"]]
+    assert got == expected
+    got = [int(i) for b in BatchedDataLoader(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2),
+                                             batch_size=64) for i in b["id"]]
+    assert got == expected
+    got = sorted(int(r["id"]) for r in TorchIterableDataset(cached.url, seed=0))
+    assert got == list(range(N))
+    pytest.importorskip("tensorflow")
+    from unihub.readers.tf import make_tf_dataset
+
+    tf_ds = make_tf_dataset(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2), batch_size=64)
+    assert [int(i) for b in tf_ds for i in b["id"].numpy()] == expected
+
+
+def test_a_cache_reads_with_make_reader_sharding_and_shuffling(cached) -> None:
+    seen = []
+    for rank in range(2):
+        with make_reader(cached.url, shuffle_rows=True, seed=0, cur_shard=rank, shard_count=2) as reader:
+            seen += [int(r.id) for r in reader]
+    assert sorted(seen) == list(range(N))
+
+
+def test_cli_cache_list_rm_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for version in ("1", "2"):
+        cacheable(tmp_path, dataset_id="cli", version=version)(lambda: _rows(5))()
+    assert main(["cache", "list", str(tmp_path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(c["dataset_id"], c["version"], c["num_rows"], c["source_type"]) for c in listed] == \
+        [("cli", "1", 5, "iterable"), ("cli", "2", 5, "iterable")]
+    assert main(["inspect", str(tmp_path / "cli" / "2")]) == 0
+    assert "cache: cli version 2, from iterable, built " in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "cli" / "2"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache"]["dataset_id"] == "cli"
+    assert main(["cache", "rm", str(tmp_path), "cli", "1"]) == 0
+    assert sorted(os.listdir(tmp_path / "cli")) == ["2", "2.json"]
+    assert main(["cache", "rm", str(tmp_path), "cli", "9"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"unihub: error: no cache 'cli' version '9' under {tmp_path}"]
+    assert main(["cache", "rm", str(tmp_path), "cli"]) == 0
+    assert os.listdir(tmp_path / "cli") == []
+    with pytest.raises(CacheError, match="no cache 'cli'"):
+        remove_cache(tmp_path, "cli")

@@ -1,0 +1,154 @@
+"""Every kind of loader cached and read back bit-exactly, with its values, names and shapes."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unihub import SchemaError, cacheable, make_reader, open_dataset
+from unihub.formats.codecs import CompressedImageCodec
+
+
+def _jpeg(seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def _rows(url: str) -> dict[int, dict]:
+    with make_reader(url, shuffle_row_groups=False, workers_count=1) as reader:
+        return {i: row._asdict() for i, row in enumerate(reader)}
+
+
+def _left(root: Path) -> list[str]:
+    return sorted(os.listdir(root)) if root.exists() else []
+
+
+def test_tf_data_nested_dicts_ragged_and_strings_round_trip(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    jpegs = [_jpeg(i) for i in range(6)]
+    boxes = tf.ragged.constant([[1.5] * (i % 3) for i in range(6)], dtype=tf.float32)
+    ds = tf.data.Dataset.from_tensor_slices({"image": {"encoded": jpegs, "label": np.arange(6, dtype=np.int64)},
+                                             "boxes": boxes,
+                                             "pixels": np.arange(6 * 4, dtype=np.float32).reshape(6, 2, 2)})
+
+    cached = cacheable(tmp_path, dataset_id="tf", version="1")(lambda: ds)()
+    schema = open_dataset(cached.url).schema
+    assert set(schema.fields) == {"image_encoded", "image_label", "boxes", "pixels"}
+    assert schema.boxes.shape == (None,) and schema.pixels.shape == (2, 2) and schema.image_encoded.numpy_dtype is np.bytes_
+    rows = _rows(cached.url)
+    assert len(cached) == 6 and cached.info.source_type == "tf.data"
+    for i in range(6):
+        assert rows[i]["image_encoded"] == jpegs[i]  # encoded bytes stay encoded, bit for bit
+        assert rows[i]["image_label"] == i
+        assert rows[i]["boxes"].tolist() == [1.5] * (i % 3)
+        np.testing.assert_array_equal(rows[i]["pixels"], np.arange(i * 4, i * 4 + 4, dtype=np.float32).reshape(2, 2))
+
+
+def test_tf_data_tuples_named_by_position_or_names(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(4, dtype=np.int32), np.array([b"a", b"b", b"c", b"d"])))
+    by_position = cacheable(tmp_path, dataset_id="pos", version="1")(lambda: ds)()
+    assert list(open_dataset(by_position.url).schema.fields) == ["field_0", "field_1"]
+    named = cacheable(tmp_path, dataset_id="named", version="1", names=["x", "label"])(lambda: ds)()
+    rows = _rows(named.url)
+    assert [rows[i]["x"] for i in range(4)] == [0, 1, 2, 3] and rows[3]["label"] == b"d"
+
+
+def test_torch_map_style_dataset_with_tensors_numpy_and_pil_images_as_png(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from PIL import Image
+
+    images = [np.random.default_rng(i).integers(0, 255, (5, 7, 3), dtype=np.uint8) for i in range(10)]
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int):
+            return Image.fromarray(images[i]), torch.tensor([i, -i], dtype=torch.int16), np.float64(i) / 3
+
+    cached = cacheable(tmp_path, dataset_id="torch", version="1", names=["image", "pair", "score"],
+                       image_format="png")(Pairs)()
+    schema = open_dataset(cached.url).schema
+    assert isinstance(schema.image.codec, CompressedImageCodec) and schema.pair.numpy_dtype == np.int16
+    rows = _rows(cached.url)
+    assert cached.info.source_type == "torch Dataset"
+    for i in range(10):
+        np.testing.assert_array_equal(rows[i]["image"], images[i])  # PNG: lossless
+        assert rows[i]["pair"].tolist() == [i, -i] and rows[i]["score"] == np.float64(i) / 3
+
+
+def test_torch_iterable_dataset(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(7):
+                yield {"id": torch.tensor(i), "text": f"row {i}"}
+
+    cached = cacheable(tmp_path, dataset_id="it", version="1")(Stream)()
+    rows = _rows(cached.url)
+    assert cached.info.source_type == "torch IterableDataset"
+    assert [(rows[i]["id"], rows[i]["text"]) for i in range(7)] == [(i, f"row {i}") for i in range(7)]
+
+
+def test_keras_pydataset_batches_become_rows_x_y(tmp_path: Path) -> None:
+    keras = pytest.importorskip("keras")
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int):
+            x = np.arange(i * 8, i * 8 + 8, dtype=np.float32).reshape(4, 2)
+            return x, np.arange(i * 4, i * 4 + 4)
+
+    cached = cacheable(tmp_path, dataset_id="keras", version="1")(Batches)()
+    rows = _rows(cached.url)
+    assert len(cached) == 12 and cached.info.source_type == "keras PyDataset"
+    assert [int(rows[i]["y"]) for i in range(12)] == list(range(12))
+    np.testing.assert_array_equal(rows[5]["x"], [10.0, 11.0])
+
+
+def test_iterable_of_dicts_varying_dimensions_become_none(tmp_path: Path) -> None:
+    cached = cacheable(tmp_path, dataset_id="dicts", version="1")(
+        lambda: ({"id": i, "points": np.full((i % 4 + 1, 3), i, np.float32), "raw": bytes([i])} for i in range(50)))()
+    schema = open_dataset(cached.url).schema
+    assert schema.points.shape == (None, 3)
+    rows = _rows(cached.url)
+    assert all(rows[i]["points"].shape == (i % 4 + 1, 3) and rows[i]["raw"] == bytes([i]) for i in range(50))
+
+
+@pytest.mark.parametrize("loader, message", [
+    (lambda: 42, "cannot cache a int"),
+    (lambda: iter(()), "yielded no rows"),
+    (lambda: ({"a": object()} for _ in range(3)), "Python objects"),
+    (lambda: ((1, 2) for _ in range(3)), "names= gives 1 names"),
+])
+def test_loaders_that_cannot_be_cached_are_named_errors_and_leave_nothing(tmp_path: Path, loader, message) -> None:
+    names = ["only"] if "names=" in message else None
+    with pytest.raises(SchemaError, match=message):
+        cacheable(tmp_path / "root", dataset_id="bad", version="1", names=names)(loader)()
+    assert _left(tmp_path / "root" / "bad") == []
+
+
+def test_tf_data_decoded_images_stored_as_png_when_asked(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    images = np.random.default_rng(0).integers(0, 255, (300, 6, 5, 3), dtype=np.uint8)
+    ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(300)})
+    cached = cacheable(tmp_path, dataset_id="png", version="1", image_format={"image": "png"})(lambda: ds)()
+    schema = open_dataset(cached.url).schema
+    assert isinstance(schema.image.codec, CompressedImageCodec) and schema.image.codec.image_codec == "png"
+    rows = _rows(cached.url)
+    assert len(rows) == 300
+    for i in (0, 149, 299):
+        np.testing.assert_array_equal(rows[i]["image"], images[i])
+        assert rows[i]["label"] == i
