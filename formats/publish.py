@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 
 from unihub.errors import DatasetChangedError
 from unihub.formats import atomic
+from unihub.formats import filesystem as fsutil
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
@@ -126,12 +127,12 @@ def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
         _write_manifest(fs, target, Manifest(run, tuple(parts), common))  # the one step that publishes
     except BaseException:
         for rel in [*parts, *([common] if common else [])]:  # this live run's files: no settle removes them
-            _remove(fs, f"{target}/{rel}")
+            fsutil.remove(fs, f"{target}/{rel}")
         raise
     if common is not None:
         fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
     _remove_unlisted(fs, target, replaced=previous.run)
-    _remove(fs, staged)
+    fsutil.remove(fs, staged)
     return [f"{target}/{p}" for p in parts]
 
 
@@ -155,7 +156,7 @@ def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
     for rel in _files(fs, target):
         if rel not in keep:
             fs.delete_file(f"{target}/{rel}")
-    _remove(fs, staged)
+    fsutil.remove(fs, staged)
 
 
 def settle(fs: pafs.FileSystem, target: str) -> None:
@@ -169,12 +170,12 @@ def settle(fs: pafs.FileSystem, target: str) -> None:
         for entry in fs.get_file_info(selector):
             base = posixpath.basename(entry.path.rstrip("/"))
             if base.startswith(prefix) and not _alive(base[len(prefix):]):
-                _remove(fs, entry.path)
+                fsutil.remove(fs, entry.path)
     manifest = read_manifest(fs, target)
     if manifest is None:
         return
     if _remove_unlisted(fs, target) and not manifest.parts:
-        _remove(fs, target)  # a first write that was never published: nothing is left of it
+        fsutil.remove(fs, target)  # a first write that was never published: nothing is left of it
 
 
 def _adopt(fs: pafs.FileSystem, target: str) -> Manifest:
@@ -215,14 +216,6 @@ def _alive(run: str) -> bool:
     if match is None:
         return True  # not a name unihub makes: never touched
     return atomic.owner_alive(match[1], int(match[2]), int(match[3]))
-
-
-def _remove(fs: pafs.FileSystem, path: str) -> None:
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif info.type == pafs.FileType.File:
-        fs.delete_file(path)
 
 
 def missing_part(path: str) -> DatasetChangedError:
