@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
+from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.errors import UnihubError
 
 
@@ -125,13 +126,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_storage_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an fsspec storage option for s3://, gs://... paths (repeatable; JSON values allowed; "
-                             "client_kwargs.endpoint_url=http://127.0.0.1:9000 sets a nested one). The endpoint "
-                             "can also come from AWS_ENDPOINT_URL or the URL (s3://b/p?endpoint_override=HOST:PORT)")
-
-
 def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dict[str, Any]:
     """``--option KEY=VALUE`` pairs, typed by the format they are for: the foreign source's reading
     options, or for an export (and for verify, the foreign side's) the target's."""
@@ -154,32 +148,10 @@ def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dic
     return parse_options(FORMATS.get(name), args.option, writing=writing)
 
 
-def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``--storage-option KEY=VALUE`` pairs: a value is JSON where it parses as JSON (``{"endpoint_url":
-    ...}``, numbers, true), else text; a dotted key sets a nested one (``client_kwargs.endpoint_url=URL``)."""
-    options: dict[str, Any] = {}
-    for pair in getattr(args, "storage_option", None) or []:
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            raise UnihubError(f"--storage-option takes KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        *parents, last = key.strip().split(".")
-        level = options
-        for name in parents:
-            level = level.setdefault(name, {})
-            if not isinstance(level, dict):
-                raise UnihubError(f"--storage-option {key}: {name} is set to a value, not options")
-        level[last] = value
-    return options or None
-
-
 def cmd_convert(args: argparse.Namespace) -> int:
     from unihub.formats import sources
 
-    with sources.using(_storage_options(args)):
+    with sources.using(storage_options_of(args)):
         return _cmd_convert(args)
 
 
@@ -191,7 +163,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
                      engine=args.engine, master=args.master, workers=args.workers,
                      format_options=_format_options(args), validate_images=args.validate_images,
-                     storage_options=_storage_options(args))
+                     storage_options=storage_options_of(args))
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -201,10 +173,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from unihub.converters.verify import verify
     from unihub.formats import sources
 
-    with sources.using(_storage_options(args)):
+    with sources.using(storage_options_of(args)):
         report = verify(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                         max_differences=args.max_differences, options=_format_options(args, verifying=True),
-                        storage_options=_storage_options(args))
+                        storage_options=storage_options_of(args))
     print(report.summary())
     return 0 if report.equal else 1
 
@@ -426,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run in this process (local) or as Spark tasks, one or more input files each")
     convert.add_argument("--master", default="local[2]",
                          help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
-    _add_storage_option(convert)
+    add_storage_option(convert)
     convert.set_defaults(func=cmd_convert)
 
     verify = sub.add_parser("verify", help="compare two datasets row by row; exit 0 only when equal",
@@ -439,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--max-differences", type=int, default=10, help="differences to report (default 10)")
     verify.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a reading option of the foreign side (repeatable), as for convert")
-    _add_storage_option(verify)
+    add_storage_option(verify)
     verify.set_defaults(func=cmd_verify)
     _add_tool_parsers(sub)
     return parser

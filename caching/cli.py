@@ -8,6 +8,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from unihub.cli_storage import add_storage_option, storage_options_of
+
 
 def add_cache_commands(sub: Any) -> None:
     """Register ``unihub cache ...`` on the CLI's subparsers."""
@@ -19,18 +21,20 @@ def add_cache_commands(sub: Any) -> None:
     listing = verbs.add_parser("list", help="the caches under a root: id, version, source, build time, rows")
     listing.add_argument("url", help="cache root (folder or s3://...)")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_storage_option(listing)
     listing.set_defaults(func=cmd_cache_list)
     rm = verbs.add_parser("rm", help="remove one version of a cache, or all its versions")
     rm.add_argument("url", help="cache root (folder or s3://...)")
     rm.add_argument("dataset_id")
     rm.add_argument("version", nargs="?", help="the version to remove (all versions when left out)")
+    add_storage_option(rm)
     rm.set_defaults(func=cmd_cache_rm)
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
     from unihub.caching.store import list_caches
 
-    caches = list_caches(args.url)
+    caches = list_caches(args.url, storage_options=storage_options_of(args))
     if args.json:
         print(json.dumps([asdict(c) for c in caches], indent=2))
         return 0
@@ -44,7 +48,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 def cmd_cache_rm(args: argparse.Namespace) -> int:
     from unihub.caching.store import remove_cache
 
-    for version in remove_cache(args.url, args.dataset_id, args.version):
+    for version in remove_cache(args.url, args.dataset_id, args.version,
+                                storage_options=storage_options_of(args)):
         print(f"removed {args.url.rstrip('/')}/{args.dataset_id}/{version}")
     return 0
 

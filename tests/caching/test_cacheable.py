@@ -153,3 +153,18 @@ def test_cli_cache_list_rm_and_inspect(tmp_path: Path, capsys: pytest.CaptureFix
     assert os.listdir(tmp_path / "cli") == []
     with pytest.raises(CacheError, match="no cache 'cli'"):
         remove_cache(tmp_path, "cli")
+
+
+def test_cli_cache_list_and_rm_on_s3_with_storage_options(s3_server, capsys: pytest.CaptureFixture[str]) -> None:
+    """The endpoint only in ``--storage-option`` (the fixture clears AWS_ENDPOINT_URL): without it, no listing."""
+    import uuid
+
+    root = f"s3://{s3_server.bucket}/cli-{uuid.uuid4().hex[:8]}"
+    cacheable(root, dataset_id="remote", version=1, storage_options=s3_server.storage_options())(lambda: _rows(4))()
+    endpoint = ["--storage-option", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]
+    assert main(["cache", "list", root, "--json", *endpoint]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(c["dataset_id"], c["version"], c["num_rows"]) for c in listed] == [("remote", "1", 4)]
+    assert main(["cache", "rm", root, "remote", *endpoint]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {root}/remote/1"
+    assert list_caches(root, storage_options=s3_server.storage_options()) == []
