@@ -49,15 +49,18 @@ BUCKET = "unihub-scale"
 CONTENDERS = {"local1": "local, workers=1", "local2": "local, workers=2", "s3": "S3 (moto), workers=1",
               "spark1": "Spark standalone, 1 worker", "spark2": "Spark standalone, 2 workers"}
 
-CHILD = textwrap.dedent("""
-    import json, os, resource, sys, time
-    from unihub import convert
-
+#: what both child scripts read their memory with: a /proc/self/status field in KiB
+KIB = textwrap.dedent("""
     def kib(key):
         with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
+""")
+
+CHILD = KIB + textwrap.dedent("""
+    import json, os, resource, sys, time
+    from unihub import convert
 
     job = json.loads(sys.argv[1])
     with open("/proc/self/clear_refs", "w") as f:
@@ -70,17 +73,11 @@ CHILD = textwrap.dedent("""
                       "children_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """)
 
-PROBE = textwrap.dedent("""
+PROBE = KIB + textwrap.dedent("""
     import json, sys
     import numpy as np
     from unihub import ScalarCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
     import pyarrow as pa
-
-    def kib(key):
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
 
     def reset():
         with open("/proc/self/clear_refs", "w") as f:
