@@ -37,8 +37,6 @@ from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema, match_unischema_fields
 
 DEFAULT_ROW_GROUP_SIZE_MB = 32
-_TASK_DIR = "_task-{:05d}"
-_PART = "part-{:05d}-{:05d}.parquet"
 
 
 @dataclass(frozen=True)
@@ -187,33 +185,24 @@ def _tables(plan: _Plan, start: int, stop: int, counted: Callable[[int], None]) 
 def copy_task(plan: _Plan, index: int, start: int, stop: int,
               counted: Callable[[int], None] = lambda rows: None) -> tuple[int, int]:
     """Copy rows ``[start, stop)`` into ``part-<index>-<n>.parquet`` files of ``plan.temporary``
-    (under their partition directories); returns (rows read, rows written)."""
-    from unihub.formats.writer import write_dataset
+    (under their partition directories), as a conversion task writes its parts; returns (rows read,
+    rows written)."""
+    from unihub.converters.tasks import part_name
+    from unihub.formats.writer import write_parts
 
-    fs = plan.filesystem
     read = [0]
 
     def count(rows: int) -> None:
         read[0] += rows
         counted(rows)
 
-    out = fsutil.join(plan.temporary, _TASK_DIR.format(index))
     try:
-        result = write_dataset(out, plan.schema, _tables(plan, start, stop, count), batched=True,
-                               row_group_size_mb=plan.row_group_size_mb, partition_by=plan.partition_by,
-                               validate=False, filesystem=fs, extra_metadata=plan.store.extra_metadata or None)
+        result = write_parts(plan.filesystem, plan.temporary, plan.schema, _tables(plan, start, stop, count),
+                             batched=True, part_name=part_name(index), row_group_size_mb=plan.row_group_size_mb,
+                             partition_by=plan.partition_by, validate=False,
+                             extra_metadata=plan.store.extra_metadata or None)
     finally:
         plan.store._close_file()  # this thread's open source file
-    if result.num_rows:
-        numbers: dict[str, int] = {}
-        for path in sorted(result.files):
-            directory = os.path.dirname(path[len(out):].lstrip("/"))
-            n = numbers[directory] = numbers.get(directory, -1) + 1
-            destination = fsutil.join(plan.temporary, directory, _PART.format(index, n))
-            if directory:
-                fs.create_dir(fsutil.join(plan.temporary, directory), recursive=True)
-            fs.move(path, destination)
-    fsutil.remove(fs, out)
     return read[0], result.num_rows
 
 
@@ -256,17 +245,12 @@ def _run_on_spark(spark: Any, master: str, plan: _Plan, ranges: list[tuple[int, 
 
 def _finish(plan: _Plan, petastorm_compatible: bool, extra: dict[str, Any]) -> int:
     """``_common_metadata`` (and an empty part file when no row was kept); returns the data files."""
+    from unihub.converters.tasks import part_name
     from unihub.formats.parquet import _list_data_files
-    from unihub.formats.spark import write_common_metadata
-    from unihub.formats.writer import write_dataset
+    from unihub.formats.writer import finish_parts
 
     fs = plan.filesystem
-    files = _list_data_files(fs, plan.temporary)
-    if not files:
-        empty = fsutil.join(plan.temporary, "_empty")
-        write_dataset(empty, plan.schema, [], batched=True, filesystem=fs, extra_metadata=extra or None)
-        fs.move(fsutil.join(empty, "part-00000.parquet"), fsutil.join(plan.temporary, _PART.format(0, 0)))
-        fsutil.remove(fs, empty)
-        files = _list_data_files(fs, plan.temporary)
-    write_common_metadata(plan.temporary, plan.schema, filesystem=fs, petastorm_compatible=petastorm_compatible)
-    return len(files)
+    empty = not _list_data_files(fs, plan.temporary)
+    finish_parts(fs, plan.temporary, plan.schema, extra_metadata=extra or None, partition_by=plan.partition_by,
+                 empty=empty, empty_part=part_name(0).format(0), petastorm_compatible=petastorm_compatible)
+    return len(_list_data_files(fs, plan.temporary))
