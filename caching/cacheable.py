@@ -32,7 +32,6 @@ from unihub.caching.store import CacheInfo, CacheRoot, check_name
 from unihub.errors import CacheTimeoutError, InvalidArgumentError
 from unihub.formats.schema import Unischema
 from unihub.formats.writer import write_dataset
-from unihub.readers import plan as planning
 from unihub.readers.reader import Reader, make_reader
 
 Progress = Callable[[int, float], None]
@@ -70,8 +69,11 @@ class CachedDataset:
         (wrapping around), or ``floor`` with ``drop_shard_remainder=True``; pass the same ``seed`` on
         every rank. ``start_offset`` positions the first epoch without reading the rows before it
         (the reader's exact resume); later epochs are whole, reshuffled by ``(seed, epoch)``. The
-        result is a :class:`~unihub.Reader`, so every bridge takes it (``make_tf_dataset``,
-        ``DataLoader``, ``BatchedDataLoader``); ``reader_kwargs`` go to :func:`~unihub.make_reader`.
+        result is a :class:`~unihub.Reader`, so the bridges take it (``make_tf_dataset``,
+        ``DataLoader``, ``BatchedDataLoader``, ``TorchIterableDataset`` with torch's ``num_workers=0``);
+        DALI's sources take the same arguments on the same plan (``DaliBatchSource(ds.url, ...,
+        shuffle=, seed=, shard_id=, num_shards=, start_offset=)``). ``reader_kwargs`` go to
+        :func:`~unihub.make_reader`.
         """
         if not isinstance(num_shards, int) or num_shards < 1 or not 0 <= shard_rank < num_shards:
             raise InvalidArgumentError(f"need 0 <= shard_rank < num_shards, got shard_rank={shard_rank}, "
@@ -84,23 +86,12 @@ class CachedDataset:
                              shard_by="row", shard_remainder="drop" if drop_shard_remainder else "pad",
                              num_epochs=num_epochs, **self._options(), **reader_kwargs)
         if start_offset:
-            _seek(reader, start_offset, planning.PlanConfig(
-                row_group_sizes=tuple(g.num_rows for g in reader.store.row_groups), seed=reader.seed,
-                shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_rank if sharded else None,
-                shard_count=num_shards if sharded else None, shard_by="row",
-                shard_remainder="drop" if drop_shard_remainder else "pad"))
+            try:
+                reader.seek(start_offset)
+            except BaseException:
+                reader.stop()
+                raise
         return reader
-
-
-def _seek(reader: Reader, offset: int, config: planning.PlanConfig) -> None:
-    """Put ``reader`` at row ``offset`` of its first epoch, reading nothing."""
-    state = reader.state_dict()
-    for index, task in enumerate(planning.epoch_plan(config, 0)):
-        if offset < task.num_rows:
-            reader.load_state_dict(dict(state, task=index, offset=offset))
-            return
-        offset -= task.num_rows
-    raise InvalidArgumentError(f"start_offset is beyond this shard's {planning.rows_per_epoch(config)} rows")
 
 
 def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, *,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import SchemaError, UnihubError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
 from unihub.formats.schema import UnischemaField
 
 if TYPE_CHECKING:
@@ -98,6 +98,11 @@ def _check_batch(batch_size: int, last_batch: str) -> None:
         raise DaliBridgeError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
 
 
+def _check_offset(start_offset: int) -> None:
+    if not isinstance(start_offset, (int, np.integer)) or isinstance(start_offset, bool) or start_offset < 0:
+        raise InvalidArgumentError(f"start_offset must be an int >= 0, got {start_offset!r}")
+
+
 def _check_shard(shard_id: int, num_shards: int) -> None:
     if num_shards < 1 or not 0 <= shard_id < num_shards:
         raise DaliBridgeError(f"shard_id must be in [0, num_shards), got shard_id={shard_id}, num_shards={num_shards}")
@@ -122,13 +127,17 @@ class DaliBatchSource:
 
     One unihub reader runs across all epochs (``num_epochs=None``) so each epoch gets its
     own shuffle from ``(seed, epoch)``; ``shard_id``/``num_shards`` shard by row
-    (``shard_by='row'``, equal contiguous blocks). :meth:`close` stops its workers.
+    (``shard_by='row'``, equal contiguous blocks). ``start_offset`` starts the first epoch at
+    that row of the shard's order without reading the rows before it (exact resume: pass the
+    samples already consumed; ``CachedDataset.stream``'s contract); later epochs are whole.
+    :meth:`close` stops its workers.
     """
 
     def __init__(self, url: Any, batch_size: int, fields: Sequence[str], *, image_fields: Sequence[str] | None = None,
                  last_batch: LastBatch = "drop", shard_id: int = 0, num_shards: int = 1,
                  shard_remainder: ShardRemainder = "pad", shuffle: bool = False, seed: int | None = 0,
-                 workers_count: int | None = None, storage_options: dict[str, Any] | None = None) -> None:
+                 workers_count: int | None = None, storage_options: dict[str, Any] | None = None,
+                 start_offset: int = 0) -> None:
         from unihub.formats.codecs import CompressedImageCodec
         from unihub.readers.reader import make_batch_reader
 
@@ -151,6 +160,13 @@ class DaliBatchSource:
             image_fields = [f.name for f in self._reader.schema if isinstance(f.codec, CompressedImageCodec)]
         self._is_image = tuple(name in image_fields for name in self.fields)
         self.rows_per_epoch: int = self._reader.num_rows_per_epoch or 0
+        self.start_offset = start_offset
+        if start_offset:
+            try:
+                self._reader.seek(start_offset)
+            except BaseException:
+                self.close()
+                raise
         self.epoch = -1  # the epoch being served; iter() moves to the next one
         self._left = 0  # rows of the current epoch not yet taken from the reader
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
@@ -167,7 +183,7 @@ class DaliBatchSource:
         while self._left > 0:  # rows of an unfinished epoch still in the reader
             self._take_reader_batch()
         self.epoch += 1
-        self._left = self.rows_per_epoch
+        self._left = self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
         self._pending, self._taken = [[] for _ in self.fields], 0
         self._first = None
         return self
@@ -245,6 +261,9 @@ class DaliSampleSource:
     batch with the shard's first rows (a batch that would start past the end still
     stops), ``'drop'`` (default) stops at once so the incomplete batch is left out.
 
+    ``start_offset`` starts the first epoch at that sample of the shard's order (exact resume);
+    later epochs are whole.
+
     DALI pickles the source to its worker processes, so it holds only the URL and
     options; the dataset opens on first call in each process.
     """
@@ -252,8 +271,9 @@ class DaliSampleSource:
     def __init__(self, url: Any, fields: Sequence[str], *, image_fields: Sequence[str] | None = None,
                  batch_size: int | None = None, last_batch: Literal["drop", "pad"] = "drop", shard_id: int = 0,
                  num_shards: int = 1, shard_remainder: ShardRemainder = "pad", shuffle: bool = False,
-                 seed: int = 0, storage_options: dict[str, Any] | None = None) -> None:
+                 seed: int = 0, storage_options: dict[str, Any] | None = None, start_offset: int = 0) -> None:
         _check_shard(shard_id, num_shards)
+        _check_offset(start_offset)
         if last_batch not in ("drop", "pad"):
             raise DaliBridgeError(f"a sample source's last_batch must be 'drop' or 'pad', got {last_batch!r}")
         self.url = os.fspath(url) if isinstance(url, os.PathLike) else url
@@ -264,6 +284,7 @@ class DaliSampleSource:
         self.shard_id, self.num_shards, self.shard_remainder = shard_id, num_shards, shard_remainder
         self.shuffle, self.seed = shuffle, int(seed)
         self.storage_options = storage_options
+        self.start_offset = start_offset
         self._dataset: Any = None
         self._indices: tuple[int, np.ndarray] | None = None  # (epoch, indices) of the last epoch asked
 
@@ -288,16 +309,24 @@ class DaliSampleSource:
         return self._dataset
 
     def indices(self, epoch: int) -> np.ndarray:
-        """This shard's global row indices in ``epoch``."""
+        """This shard's global row indices in ``epoch`` (the first epoch from ``start_offset``)."""
         if self._indices is None or self._indices[0] != epoch:
-            self._indices = (epoch, sample_indices(len(self.dataset), shard_id=self.shard_id,
-                                                   num_shards=self.num_shards, epoch=epoch, shuffle=self.shuffle,
-                                                   seed=self.seed, shard_remainder=self.shard_remainder))
+            full = self._epoch_indices(epoch)
+            if epoch == 0 and self.start_offset:
+                if self.start_offset >= len(full):
+                    raise InvalidArgumentError(f"start_offset {self.start_offset} is beyond this shard's "
+                                               f"{len(full)} rows per epoch")
+                full = full[self.start_offset:]
+            self._indices = (epoch, full)
         return self._indices[1]
 
+    def _epoch_indices(self, epoch: int) -> np.ndarray:
+        return sample_indices(len(self.dataset), shard_id=self.shard_id, num_shards=self.num_shards, epoch=epoch,
+                              shuffle=self.shuffle, seed=self.seed, shard_remainder=self.shard_remainder)
+
     def __len__(self) -> int:
-        """Rows in this shard per epoch."""
-        return len(self.indices(0))
+        """Rows in this shard per (whole) epoch."""
+        return len(self._epoch_indices(0))
 
     def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
         indices = self.indices(int(sample_info.epoch_idx))
@@ -320,7 +349,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
                        shuffle: bool = False, parallel: bool = False, py_num_workers: int = 2,
                        py_start_method: Literal["fork", "spawn"] = "spawn", last_batch: LastBatch = "drop",
                        seed: int = 0, prefetch_queue_depth: int = 2, storage_options: dict[str, Any] | None = None,
-                       ) -> Pipeline:
+                       start_offset: int = 0) -> Pipeline:
     """A DALI pipeline: unihub source -> ``fn.decoders.image`` (RGB) -> resize -> normalize.
 
     Outputs, in order: the decoded images (``uint8`` HWC; ``float32`` in ``layout`` after
@@ -330,7 +359,8 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     channel on the 0-255 scale (DALI's convention). ``parallel=True`` reads through a
     :class:`DaliSampleSource` in ``py_num_workers`` processes (``last_batch`` 'drop'
     or 'pad'), else a :class:`DaliBatchSource` in this process (kept as ``pipeline.source``;
-    close it when done). The pipeline is built.
+    close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
+    The pipeline is built.
     """
     dali = _dali("DALI pipelines")
     from nvidia.dali import fn
@@ -344,14 +374,16 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
             raise DaliBridgeError("a parallel (sample) source cannot deliver a partial batch; use 'drop' or 'pad'")
         source: Any = DaliSampleSource(url, fields, image_fields=[image_field], batch_size=batch_size,
                                        last_batch=last_batch, shard_id=shard_id, num_shards=num_shards,
-                                       shuffle=shuffle, seed=seed, storage_options=storage_options)
+                                       shuffle=shuffle, seed=seed, storage_options=storage_options,
+                                       start_offset=start_offset)
+        source.indices(0)  # a start_offset beyond the shard is refused here, not in a DALI worker
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       py_num_workers=py_num_workers, py_start_method=py_start_method,
                                       prefetch_queue_depth=prefetch_queue_depth)
     else:
         source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], last_batch=last_batch,
                                  shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, seed=seed,
-                                 storage_options=storage_options)
+                                 storage_options=storage_options, start_offset=start_offset)
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       prefetch_queue_depth=prefetch_queue_depth)
     with pipe:
@@ -425,7 +457,8 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
                          device_id: int | None = None, num_threads: int = 2, resize: tuple[int, int] | None = None,
                          normalize: tuple[Sequence[float], Sequence[float]] | None = None,
                          layout: Literal["CHW", "HWC"] = "CHW", shard_id: int = 0, num_shards: int = 1,
-                         shuffle: bool = False, seed: int = 0, storage_options: dict[str, Any] | None = None) -> Any:
+                         shuffle: bool = False, seed: int = 0, storage_options: dict[str, Any] | None = None,
+                         start_offset: int = 0) -> Any:
     """One epoch as a ``tf.data.Dataset`` (``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``).
 
     Yields ``(images, *other_fields)`` of exactly ``batch_size`` rows (the incomplete last
@@ -447,7 +480,8 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     fields = [image_field, *other_fields]
     _check_schema(url, fields, image_field, storage_options)
     source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
-                             num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options)
+                             num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
+                             start_offset=start_offset)
     feed = _FanOut(iter(source), len(fields), on_end=source.close)  # one epoch: then free the workers
     pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
     with pipe:

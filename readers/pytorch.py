@@ -708,6 +708,10 @@ def _build_iterable_dataset(torch: Any) -> type:
         ``(seed, epoch)``, and ``set_epoch`` sets the epoch (needed when workers are not
         persistent). Pass the same ``seed`` on every rank. With ``batch_size``, use torch's
         ``DataLoader(ds, batch_size=None)``. ``reader_kwargs`` go to ``make_reader``/``make_batch_reader``.
+
+        ``url`` may also be a row reader, such as ``CachedDataset.stream(...)``: it is served as it is
+        (its shard, order, offset and epochs), once, in the process that iterates (torch's
+        ``num_workers=0``): one position in one order cannot be split among torch workers.
         """
 
         def __init__(self, url: Any, batch_size: int | None = None, *, seed: int | None = None,
@@ -718,6 +722,12 @@ def _build_iterable_dataset(torch: Any) -> type:
                 raise InvalidArgumentError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
                                   "by torch worker and rank); leave them out")
             _check_variable(variable)
+            from unihub.readers.reader import Reader
+
+            self.stream = url if isinstance(url, Reader) else None
+            if self.stream is not None and (reader_kwargs or self.stream.batched):
+                raise InvalidArgumentError("a reader given to TorchIterableDataset is served as it is: pass a row "
+                                           "reader (make_reader, CachedDataset.stream) and no reader options")
             self.url, self.batch_size, self.variable = url, batch_size, variable
             if seed is None:
                 from unihub.readers.reader import random_seed
@@ -734,6 +744,9 @@ def _build_iterable_dataset(torch: Any) -> type:
             from unihub.readers.reader import make_batch_reader, make_reader
 
             info = torch.utils.data.get_worker_info()
+            if self.stream is not None:
+                yield from self._serve_stream(info)
+                return
             worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
             rank, world = _rank_and_world()
             shard, count = rank * workers + worker, world * workers
@@ -751,6 +764,18 @@ def _build_iterable_dataset(torch: Any) -> type:
                     loader = BatchedDataLoader(reader, batch_size=self.batch_size, variable=self.variable)
                     loader._max_rows = limit
                     yield from loader
+
+        def _serve_stream(self, info: Any) -> Iterator[Any]:
+            if info is not None:
+                raise InvalidArgumentError("a reader (a stream) is one position in one order and cannot be split "
+                                           "among torch workers: use num_workers=0, or pass the dataset's URL so "
+                                           "that each worker reads its own shard")
+            assert self.stream is not None
+            if self.batch_size is None:
+                for row in self.stream:
+                    yield row_to_tensors(row)
+            else:
+                yield from BatchedDataLoader(self.stream, batch_size=self.batch_size, variable=self.variable)
 
     TorchIterableDataset.__module__ = __name__
     TorchIterableDataset.__qualname__ = "TorchIterableDataset"

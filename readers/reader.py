@@ -126,6 +126,7 @@ class Reader:
         self._first = 0  # the cursor where the loaded batch started (a resumed offset)
         self._current: tuple[int, int] | None = None
         self._skip = 0
+        self._skip_rows = 0  # a batch reader's seek(): rows cut off the front of the next batch
         self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
         self._pool: Pool | None = None
         self._finished = False
@@ -257,13 +258,17 @@ class Reader:
         self._delivered += self._cursor - self._first
         self._position, self._current = position, None
         self._items, self._cursor, self._first = [], 0, 0
+        self._skip_rows = 0
 
     def _to_items(self, batch: Batch) -> list[Any]:
         if self.ngram is not None:
             return self.ngram.form_windows(batch, self.schema)
         columns = [batch.columns[name] for name in self.schema.fields]
         if self.batched:
-            if batch.num_rows == 0:
+            rows = batch.num_rows
+            if self._skip_rows:  # seek() into the middle of this batch's task
+                columns, rows, self._skip_rows = [c[self._skip_rows:] for c in columns], rows - self._skip_rows, 0
+            if rows <= 0:
                 return []
             self._batches += 1
             return [self._row_type(*columns)]
@@ -391,6 +396,29 @@ class Reader:
         if self._transform_spec is not None and self.batched:
             return None
         return planning.rows_per_epoch(self._plan)
+
+    def seek(self, row: int) -> None:
+        """Go to row ``row`` of the current epoch (as this reader orders and shards it), reading nothing.
+
+        The rows before it are skipped without being read or decoded: the plan says which task
+        holds the row, and only that task is read. A batch reader's next batch then starts at
+        that row. Refused where an epoch's rows are not known in advance (a predicate, filters,
+        n-grams, a batch transform) and for a row beyond this shard's epoch.
+        """
+        if self.num_rows_per_epoch is None:
+            raise InvalidArgumentError("seek() needs the rows of an epoch known in advance: not with a predicate, "
+                                       "filters, n-grams or a batch transform")
+        if not isinstance(row, (int, np.integer)) or isinstance(row, bool) or row < 0:
+            raise InvalidArgumentError(f"seek() takes a row number >= 0, got {row!r}")
+        epoch, left = self._where()[0], int(row)
+        for index, task in enumerate(planning.epoch_plan(self._plan, epoch)):
+            if left < task.num_rows:
+                self.load_state_dict(dict(self.state_dict(), epoch=epoch, task=index,
+                                          offset=0 if self.batched else left))
+                self._skip_rows = left if self.batched else 0
+                return
+            left -= task.num_rows
+        raise InvalidArgumentError(f"seek({row}) is beyond this shard's {self.num_rows_per_epoch} rows per epoch")
 
     def __len__(self) -> int:
         """Items (rows, or batches for a batch reader) over all epochs, where known."""

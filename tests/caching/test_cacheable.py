@@ -119,6 +119,26 @@ def test_stream_works_with_every_bridge(cached) -> None:
     assert got == expected
     got = sorted(int(r["id"]) for r in TorchIterableDataset(cached.url, seed=0))
     assert got == list(range(N))
+    got = [int(r["id"]) for r in TorchIterableDataset(cached.stream(100, shuffle=True, seed=1, shard_rank=1,
+                                                                     num_shards=2))]
+    assert got == expected
+    import torch
+
+    stream = cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2)
+    batches = torch.utils.data.DataLoader(TorchIterableDataset(stream, batch_size=64), batch_size=None)
+    assert [int(i) for b in batches for i in b["id"]] == expected
+    with pytest.raises(InvalidArgumentError, match="cannot be split among torch workers"):
+        list(torch.utils.data.DataLoader(TorchIterableDataset(cached.stream()), num_workers=1))
+    with pytest.raises(InvalidArgumentError, match="served as it is"):
+        TorchIterableDataset(cached.stream(), seed=3, shuffle_rows=True)
+    from unihub.dependencies import is_available
+
+    if is_available("nvidia.dali"):  # DALI's source takes the same arguments, on the same plan
+        from unihub.readers.dali import DaliBatchSource
+
+        with DaliBatchSource(cached.url, 64, ["id"], shuffle=True, seed=1, shard_id=1, num_shards=2,
+                             start_offset=100, last_batch="partial") as source:
+            assert [int(i) for (ids,) in source for i in ids] == expected  # one iter(): the first epoch
     pytest.importorskip("tensorflow")
     from unihub.readers.tf import make_tf_dataset
 

@@ -141,6 +141,46 @@ def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     assert seen[0] == seen[1] == Counter(range(N))
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_start_offset_resumes_the_first_epoch_exactly(png_url: Path, parallel: bool) -> None:
+    """A pipeline at ``start_offset=k`` serves what a whole one serves after its first k samples,
+    then whole epochs; every shard alike."""
+    from unihub.readers.dali import make_dali_pipeline
+
+    options = dict(other_fields=("id",), shard_id=1, num_shards=2, shuffle=True, seed=4, parallel=parallel,
+                   py_num_workers=1, last_batch="pad" if parallel else "partial")
+    whole = make_dali_pipeline(png_url, 10, **options)
+    try:
+        epochs = [_epoch_ids(whole) for _ in range(2)]
+    finally:
+        getattr(whole.source, "close", lambda: None)()
+        del whole
+    for offset in (10, 13):
+        pipe = make_dali_pipeline(png_url, 10, start_offset=offset, **options)
+        try:
+            first = _epoch_ids(pipe)
+            assert first[:N // 2 - offset] == epochs[0][offset:]
+            if not parallel:  # partial batches: nothing else
+                assert first == epochs[0][offset:]
+            assert _epoch_ids(pipe) == epochs[1]
+        finally:
+            getattr(pipe.source, "close", lambda: None)()
+            del pipe
+
+
+def test_start_offset_beyond_the_shard_is_refused(png_url: Path) -> None:
+    from unihub.errors import InvalidArgumentError
+    from unihub.readers.dali import DaliBatchSource, make_dali_pipeline
+
+    with pytest.raises(InvalidArgumentError, match="beyond this shard's 30 rows"):
+        DaliBatchSource(png_url, 10, ["id"], shard_id=0, num_shards=2, start_offset=30)
+    with pytest.raises(InvalidArgumentError, match="beyond this shard's 30 rows"):
+        make_dali_pipeline(png_url, 10, other_fields=("id",), shard_id=0, num_shards=2, parallel=True,
+                           start_offset=30)
+    with pytest.raises(InvalidArgumentError, match="start_offset must be an int"):
+        make_dali_pipeline(png_url, 10, parallel=True, start_offset=-1)
+
+
 def test_sample_indices_is_a_pure_plan() -> None:
     from unihub.readers.dali import sample_indices
 

@@ -37,7 +37,7 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.errors import NoDataAvailableError, UsageError
+from unihub.errors import InvalidArgumentError, NoDataAvailableError, UsageError
 from unihub.formats.images import decode_image
 from unihub.readers.plan import PlanError
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
@@ -333,6 +333,54 @@ def test_exact_resume_of_batch_reader(dataset, cut_batches):
         state = first.state_dict()
     with make_batch_reader(dataset, resume_from=state, **options) as second:
         assert batch_ids(second) == full[cut_batches:]
+
+
+@pytest.mark.parametrize("shards", [None, (1, 3)])
+@pytest.mark.parametrize("row", [0, 1, 13, 37, 49])
+def test_seek_goes_to_a_row_of_the_epoch_reading_only_its_task(dataset, row, shards, monkeypatch):
+    from unihub.readers.loader import RowGroupLoader
+
+    options = dict(RESUME_OPTIONS, num_epochs=2, shard_by="row")
+    if shards:
+        options.update(cur_shard=shards[0], shard_count=shards[1])
+    with make_reader(dataset, **options) as reader:
+        full = ids_of(reader)
+        per_epoch = reader.num_rows_per_epoch
+    with make_batch_reader(dataset, **options) as reader:
+        full_batches = batch_ids(reader)
+    assert list(itertools.chain.from_iterable(full_batches)) == full
+    loaded = []
+    original = RowGroupLoader.__call__
+    monkeypatch.setattr(RowGroupLoader, "__call__", lambda self, job: loaded.append(job) or original(self, job))
+    with make_reader(dataset, **options) as reader:
+        reader.seek(row)
+        assert next(reader).id == full[row]
+        assert len(loaded) <= 2 * reader._workers_count + 2  # the task of the row and read-ahead, not the ones before
+        state = reader.state_dict()
+        rest = ids_of(reader)
+    assert rest == full[row + 1:]
+    with make_reader(dataset, resume_from=state, **options) as reader:
+        assert ids_of(reader) == full[row + 1:]
+    with make_batch_reader(dataset, **options) as reader:
+        reader.seek(row)
+        got = batch_ids(reader)
+    assert list(itertools.chain.from_iterable(got)) == full[row:]
+    assert len(got) <= len(full_batches)
+    assert per_epoch is not None and row < per_epoch
+
+
+def test_seek_is_refused_beyond_the_epoch_and_where_rows_are_not_known(dataset):
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        with pytest.raises(InvalidArgumentError, match=f"beyond this shard's {N} rows"):
+            reader.seek(N)
+        with pytest.raises(InvalidArgumentError, match="row number"):
+            reader.seek(-1)
+        first = int(next(reader).id)
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        assert ids_of(reader)[0] == first
+    with make_reader(dataset, filters=[("id", ">", 3)], **RESUME_OPTIONS) as reader:
+        with pytest.raises(InvalidArgumentError, match="known in advance"):
+            reader.seek(1)
 
 
 def test_state_of_another_dataset_or_options_is_refused(dataset, tmp_path):
