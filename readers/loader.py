@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,12 +51,51 @@ class Batch:
 
 
 def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
-    """``table`` restricted to ``rows`` (in that order); ``None`` keeps it whole."""
+    """``table`` restricted to ``rows`` (in that order); ``None`` keeps it whole, and a run of
+    consecutive rows is a slice (no copy)."""
     if rows is None:
         return table
-    if len(rows) == table.num_rows and np.array_equal(rows, np.arange(table.num_rows)):
-        return table
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)):
+        return table.slice(int(rows[0]), len(rows))
     return table.take(pa.array(rows, type=pa.int64()))
+
+
+class RecentReads:
+    """The last few row groups read, shared by the threads of one reader.
+
+    A row group cut into several tasks (``PlanConfig.task_rows``) is read once: the first task
+    to ask reads it and the others wait for that read. Only partial tasks come here, so whole
+    row groups are never held longer than their task. A process worker gets its own, empty.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._reads: OrderedDict[tuple[int, tuple[str, ...]], Future[pa.Table]] = OrderedDict()
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        return RecentReads, (self.keep,)
+
+    def get(self, row_group: int, columns: Sequence[str], read: Callable[[], pa.Table]) -> pa.Table:
+        key = (row_group, tuple(columns))
+        with self._lock:
+            pending = self._reads.get(key)
+            mine = pending is None
+            if pending is None:
+                pending = self._reads[key] = Future()
+                while len(self._reads) > self.keep:
+                    self._reads.popitem(last=False)
+            else:
+                self._reads.move_to_end(key)
+        if mine:
+            try:
+                pending.set_result(read())
+            except BaseException as exc:
+                pending.set_exception(exc)
+                with self._lock:
+                    if self._reads.get(key) is pending:
+                        del self._reads[key]  # the next task tries again
+        return pending.result()
 
 
 @dataclass
@@ -74,6 +116,8 @@ class RowGroupLoader:
     window_overlap: int = 0
     #: Petastorm's types or unihub's (nulls, uniform lists; see readers/decode.py)
     policy: DecodePolicy = UNIHUB
+    #: row groups that tasks cut from one row group share (read once)
+    recent: RecentReads = field(default_factory=RecentReads, repr=False, compare=False)
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
@@ -83,10 +127,11 @@ class RowGroupLoader:
             own_rows = task.num_rows
             task = dataclasses.replace(task, stop=min(info.num_rows, task.stop + self.window_overlap))
         rows = task_rows(task, self.seed, epoch, info.num_rows)
+        partial = task.num_rows < info.num_rows
         pre_columns = self._pre_columns()
         decoded: dict[str, Any] = {}
         if pre_columns:
-            pre = take_rows(self._read(task.row_group, pre_columns), rows)
+            pre = take_rows(self._read(task.row_group, pre_columns, partial), rows)
             try:
                 keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
             except CodecError as exc:
@@ -97,7 +142,7 @@ class RowGroupLoader:
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
         rest = [f.name for f in self.fields if f.name not in decoded]
-        table = take_rows(self._read(task.row_group, rest), rows) if rest else None
+        table = take_rows(self._read(task.row_group, rest, partial), rows) if rest else None
         num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
         columns: dict[str, Any] = {}
         for f in self.fields:
@@ -121,7 +166,10 @@ class RowGroupLoader:
             names += [n for n in predicate_fields(self.predicate) if n not in names]
         return names
 
-    def _read(self, row_group: int, columns: list[str]) -> pa.Table:
+    def _read(self, row_group: int, columns: list[str], partial: bool = False) -> pa.Table:
+        """The row group's ``columns``; through :class:`RecentReads` for a task that is part of one."""
+        if partial:
+            return self.recent.get(row_group, columns, lambda: self._read(row_group, columns))
         if self.cache is not None:
             return self.cache.get_row_group(self.store, row_group, columns)
         return self.store.read_row_group(row_group, columns)

@@ -61,6 +61,9 @@ class PlanConfig:
     shard_count: int | None = None
     shard_by: ShardBy = "row_group"
     shard_remainder: ShardRemainder = "pad"
+    #: cut tasks longer than this into consecutive pieces (None: a task per row group): the
+    #: rows and their order stay the same, but decoding a big row group spreads over the workers
+    task_rows: int | None = None
 
     def __post_init__(self) -> None:
         if any(n < 0 for n in self.row_group_sizes):
@@ -79,6 +82,8 @@ class PlanConfig:
             raise PlanError(f"shard_by must be 'row_group' or 'row', got {self.shard_by!r}")
         if self.shard_remainder not in ("pad", "drop"):
             raise PlanError(f"shard_remainder must be 'pad' or 'drop', got {self.shard_remainder!r}")
+        if self.task_rows is not None and self.task_rows < 1:
+            raise PlanError(f"task_rows must be >= 1 or None, got {self.task_rows}")
         if self.shard_by == "row_group" and self.shard_count is not None and \
                 self.shard_count > len(self.row_group_sizes):
             raise NoDataAvailableError(
@@ -119,7 +124,23 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
     tasks = [t for t in tasks if t.num_rows > 0]
     if sharded and config.shard_by == "row":
         tasks = _row_shard(tasks, config.cur_shard, config.shard_count, config.shard_remainder)  # type: ignore[arg-type]
+    if config.task_rows is not None:
+        tasks = _cut_long_tasks(tasks, config.task_rows)
     return tasks
+
+
+def _cut_long_tasks(tasks: list[ReadTask], most: int) -> list[ReadTask]:
+    """Each task of more than ``most`` rows as consecutive near-equal pieces of at most ``most``:
+    the epoch's rows and their order are unchanged (a task is a slice of a delivery order)."""
+    out: list[ReadTask] = []
+    for task in tasks:
+        if task.num_rows <= most:
+            out.append(task)
+            continue
+        pieces = math.ceil(task.num_rows / most)
+        bounds = [task.start + (task.num_rows * k) // pieces for k in range(pieces + 1)]
+        out.extend(ReadTask(task.row_group, a, b, task.shuffle_rows) for a, b in zip(bounds[:-1], bounds[1:]))
+    return out
 
 
 def _split_for_drop_partitions(groups: np.ndarray, sizes: tuple[int, ...], config: PlanConfig) -> list[ReadTask]:

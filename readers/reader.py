@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +103,8 @@ class Reader:
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
-            shard_by=shard_by, shard_remainder=shard_remainder)
+            shard_by=shard_by, shard_remainder=shard_remainder,
+            task_rows=decode_task_rows(self._read_fields, decode_images) if ngram is None else None)
         self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
@@ -277,6 +279,8 @@ class Reader:
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:
         plan = dataclasses.asdict(self._plan if config is None else config)
+        if plan["task_rows"] is None:
+            del plan["task_rows"]  # states saved before tasks were cut stay valid where none are
         plan["row_groups"] = self._groups
         plan["batched"] = self.batched
         plan["num_epochs"] = self.num_epochs
@@ -430,6 +434,27 @@ class Reader:
             per_epoch = sum(1 for t in self._epoch_tasks(0) if t.num_rows > 0)
             return per_epoch * self.num_epochs
         return rows * self.num_epochs
+
+
+#: pixels a decode task aims at when a big row group is cut into several tasks
+DECODE_TASK_BYTES = 8 * 2**20
+_UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
+
+
+def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> int | None:
+    """Rows per read task when images are decoded: about :data:`DECODE_TASK_BYTES` of pixels, 64 to
+    2,048 rows, so that one big row group spreads over every worker and its first rows come soon;
+    None (a task per row group) when nothing heavy is decoded."""
+    from unihub.formats.codecs import CompressedImageCodec
+
+    if not decode_images:
+        return None
+    sizes = [math.prod(cast("tuple[int, ...]", f.shape)) * np.dtype(f.numpy_dtype).itemsize
+             if f.is_fixed_shape else _UNKNOWN_IMAGE_BYTES
+             for f in fields if isinstance(f.codec, CompressedImageCodec)]
+    if not sizes:
+        return None
+    return max(64, min(2048, DECODE_TASK_BYTES // max(1, sum(sizes))))
 
 
 def default_workers_count(store: ParquetStore) -> int:

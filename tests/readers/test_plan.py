@@ -195,6 +195,7 @@ def test_empty_plan():
     (dict(shuffle_row_drop_partitions=-1), ["shuffle_row_drop_partitions", "-1"]),
     (dict(shard_by="file"), ["shard_by", "file"]),
     (dict(shard_remainder="wrap"), ["shard_remainder", "wrap"]),
+    (dict(task_rows=0), ["task_rows", "0"]),
 ])
 def test_bad_options_raise_plan_error(options, words):
     with pytest.raises(PlanError) as info:
@@ -207,3 +208,21 @@ def test_bad_options_raise_plan_error(options, words):
 def test_negative_row_group_size():
     with pytest.raises(PlanError, match="negative"):
         PlanConfig((3, -1))
+
+
+@pytest.mark.parametrize("most", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("options", SHUFFLES + [dict(shuffle_row_groups=True, cur_shard=1, shard_count=3, shard_by="row"),
+                                                dict(shuffle_rows=True, cur_shard=2, shard_count=3)])
+def test_task_rows_cuts_long_tasks_without_changing_the_rows_or_their_order(options, most):
+    whole = PlanConfig(SIZES, seed=3, **options)
+    cut = PlanConfig(SIZES, seed=3, task_rows=most, **options)
+    for epoch in (0, 2):
+        np.testing.assert_array_equal(delivered(cut, epoch), delivered(whole, epoch))
+        tasks = epoch_plan(cut, epoch)
+        assert all(0 < t.num_rows <= most for t in tasks)
+        longest = max(t.num_rows for t in epoch_plan(whole, epoch))
+        assert len(tasks) >= sum(math.ceil(t.num_rows / most) for t in epoch_plan(whole, epoch))
+        if longest > most:  # pieces of one task are near-equal: no tiny tail
+            pieces = [t.num_rows for t in tasks]
+            assert min(pieces) >= min(most // 2, min(t.num_rows for t in epoch_plan(whole, epoch)))
+    assert rows_per_epoch(cut) == rows_per_epoch(whole)
