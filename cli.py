@@ -182,8 +182,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from unihub.converters.convert import ProgressMeter
     from unihub.converters.copy import copy_dataset
+    from unihub.converters.meter import ProgressMeter
 
     meter = ProgressMeter(enabled=False if args.quiet else None)
 
