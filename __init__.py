@@ -65,6 +65,7 @@ from unihub.formats.parquet import (
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.formats.spark import dict_to_spark_row, materialize_dataset
 from unihub.formats.writer import WriteResult, write_dataset
+from unihub.progress import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 from unihub.readers.ngram import NGram
 from unihub.readers.predicates import (
     PredicateBase,
@@ -93,8 +94,9 @@ from unihub.readers.selectors import (
 from unihub.readers.throughput import reader_throughput
 from unihub.readers.transform import TransformSpec
 from unihub.readers.weighted import WeightedSamplingReader
+from unihub.version import package_version
 
-__version__ = "0.1.0"
+__version__ = package_version()
 
 __all__ = [
     "CODECS", "Codec", "CodecError", "CompressedImageCodec", "CompressedNdarrayCodec", "DataCorruptionError", "DatasetChangedError", "DatasetExistsError",
@@ -114,6 +116,8 @@ __all__ = [
     "get_schema_from_dataset_url", "infer_or_load_unischema",
     # yogadl-style caching of any data loader
     "CacheError", "CacheTimeoutError", "CachedDataset", "cacheable",
+    # one switch for every progress bar (HuggingFace datasets' names)
+    "disable_progress_bar", "enable_progress_bar", "is_progress_bar_enabled",
 ]
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework

@@ -11,6 +11,8 @@ Examples::
     unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
     unihub add-schema /data/spark_out --schema schema.json --petastorm-compatible
     unihub throughput /data/train --field-regex image label -w 4 -n 2000
+    unihub COMMAND --help                  # each command's options and examples
+    eval "$(unihub completion bash)"       # complete commands, options and formats (pip install 'unihub[cli]')
 
 A :class:`~unihub.errors.UnihubError` prints as one line and exits 1 (``--verbose`` shows the
 traceback); usage errors exit 2.
@@ -28,8 +30,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
+from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.errors import UnihubError
+from unihub.version import package_version
 
 
 def _human_bytes(n: float) -> str:
@@ -182,8 +186,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from unihub.converters.convert import ProgressMeter
     from unihub.converters.copy import copy_dataset
+    from unihub.converters.meter import ProgressMeter
 
     meter = ProgressMeter(enabled=False if args.quiet else None)
 
@@ -345,17 +349,43 @@ def _options_help() -> str:
     return "\n".join(lines)
 
 
+_CONVERT_EXAMPLES = """examples:
+  unihub convert 'data/train-{0000..0099}.tfrecord' /data/train    # TFRecord -> unihub (format detected)
+  unihub convert data/h5/train.h5 /data/train --overwrite           # HDF5
+  unihub convert 'shards/shard-{00000..00009}.tar' /data/train      # WebDataset tar shards
+  unihub convert images/ /data/train --skip-corrupt                 # root/<class>/<file>.png|jpg
+  unihub convert /data/train export/ --to webdataset                # and back
+  unihub convert 'tfrecords/*.tfrecord' /data/train --workers 0     # one process per core
+  unihub convert 'gz/*.tfrecord' /data/train --option compression=gzip    # GZIP-compressed TFRecord
+  unihub convert 'tfrecords/*.tfrecord' /data/train --engine spark --master spark://host:7077"""
+
+
+def _top_examples() -> str:
+    """The examples of this module's docstring, as ``unihub --help`` shows them."""
+    import textwrap
+
+    block = (__doc__ or "").split("Examples::\n\n", 1)[-1].split("\n\n", 1)[0]
+    return "examples:\n" + textwrap.indent(textwrap.dedent(block), "  ")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unihub", description=__doc__.split("\n\n")[0],
-                                     epilog="\n".join(__doc__.split("\n\n")[1:2]),
+                                     epilog=_top_examples(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors (also after the command)")
+    parser.add_argument("--version", action="version", version=f"unihub {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(sub)
+    add_completion_command(sub)
 
     inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
                              description="Show a dataset's schema (field, dtype, shape, codec, nullable), rows, "
-                                         "files, row groups and bytes. Example: unihub inspect /data/train --json")
+                                         "files, row groups and bytes.",
+                             epilog="examples:\n"
+                                    "  unihub inspect /data/train\n"
+                                    "  unihub inspect /data/train --json > schema.json   # a --schema file for convert\n"
+                                    "  unihub inspect s3://bucket/train --storage-option endpoint_url=http://host:9000")
     inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=cmd_inspect)
@@ -363,8 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job on generated data: write, convert, inspect, train",
                           description="Write a dataset with images, tensors and scalars; generate TFRecord shards "
                                       "and an image folder and convert them; inspect all three; read them with the "
-                                      "PyTorch loaders and train a tiny model for a few steps; print throughput. "
-                                      "Example: unihub demo /tmp/unihub-demo")
+                                      "PyTorch loaders and train a tiny model for a few steps; print throughput.",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="examples:\n"
+                                 "  unihub demo /tmp/unihub-demo\n"
+                                 "  unihub demo /tmp/unihub-demo --rows 500 --steps 10   # a quicker run")
     demo.add_argument("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)")
     demo.add_argument("--rows", type=int, default=2000, help="rows of each dataset (default 2000)")
     demo.add_argument("--steps", type=int, default=60, help="training steps of batch 64 (default 60)")
@@ -375,8 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
                              "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
-                             "beside DST and renamed on success. Example: unihub convert 'train-*.tfrecord' /data/train",
-                             epilog=_options_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                             "beside DST and renamed on success.",
+                             epilog=_CONVERT_EXAMPLES + "\n\n" + _options_help(),
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_argument("src", help="source files, directory, glob or brace pattern")
     convert.add_argument("dst", help="target path")
     convert.add_argument("--from", dest="from_format", choices=formats, help="source format (default: detected)")
@@ -402,8 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(func=cmd_convert)
 
     verify = sub.add_parser("verify", help="compare two datasets row by row; exit 0 only when equal",
-                            description="Compare SRC and DST row by row (values, shapes, dtypes; images as bytes). "
-                                        "Example: unihub verify shards/ /data/train")
+                            description="Compare SRC and DST row by row (values, shapes, dtypes; images as bytes).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="examples:\n"
+                                   "  unihub verify train-00000.tfrecord /data/train   # against TensorFlow's own reading\n"
+                                   "  unihub verify shards/ /data/train --max-differences 50\n"
+                                   "  unihub verify data.h5 /data/train --option layout=groups")
     verify.add_argument("src")
     verify.add_argument("dst")
     verify.add_argument("--from", dest="from_format", choices=formats, help="SRC's format (default: detected)")
@@ -457,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     _accept_verbose_after_the_command(parser)
+    autocomplete(parser)  # answers the shell and exits, when the shell is asking
     args = parser.parse_args(argv)
     previous = _one_line_warnings(args.verbose)
     try:

@@ -19,8 +19,8 @@ EXTRAS: dict[str, str] = {
     "tensorflow": "tf",
     "pyspark": "spark",
     "h5py": "hdf5",
-    "tfrecord": "tfrecord",
-    "webdataset": "webdataset",
+    "tqdm": "cli",
+    "argcomplete": "cli",
     "nvidia.dali": "dali",
     "fsspec": "fsspec",
 }

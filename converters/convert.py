@@ -13,15 +13,12 @@ unihub dataset. Formats are detected from paths and contents unless given. Outpu
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
+from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats import remote, sources
@@ -396,76 +393,6 @@ def load_schema(schema: Unischema | str | os.PathLike[str]) -> Unischema:
         raise SchemaError(f"schema file {path}: {exc}") from exc
 
 
-class ProgressMeter:
-    """Counts rows (and bytes) through the pipeline; a one-line progress bar on a terminal (stderr).
-
-    Shows rows, MB, rows/s and an ETA. MB is input bytes when the source reports them
-    (``bytes_read()``, or :meth:`advance` from the worker engine) against
-    ``total_bytes``, else the in-memory size of the batches. Off when stderr is not a
-    terminal unless ``enabled=True``; ``enabled=False`` (``--quiet``) silences it.
-    """
-
-    def __init__(self, *, enabled: bool | None = None, total_rows: int | None = None, total_bytes: int | None = None,
-                 bytes_read: Callable[[], int] | None = None, stream: Any = None) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)()) if enabled is None else enabled
-        self.total_rows = total_rows
-        self.total_bytes = total_bytes or None
-        self.bytes_read = bytes_read
-        self.rows = 0
-        self.batch_bytes = 0
-        self.input_bytes = 0
-        self.start = time.perf_counter()
-        self._last = 0.0
-
-    def count(self, batches) -> Iterator[ColumnBatch]:
-        for batch in batches:
-            self.rows += _batch_rows(batch)
-            if self.enabled:  # the bar's MB until the source has counted input bytes
-                self.batch_bytes += _batch_bytes(batch)
-            self._draw()
-            yield batch
-
-    def advance(self, rows: int, input_bytes: int) -> None:
-        """Record work done elsewhere (a finished worker task)."""
-        self.rows += rows
-        self.input_bytes += input_bytes
-        self._draw()
-
-    def line(self) -> str:
-        """``'12,288 rows, 48.0/120.5 MB, 9,812 rows/s, ETA 8 s'``."""
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        rate = self.rows / elapsed
-        done_bytes = max(self.input_bytes, self.bytes_read() if self.bytes_read is not None else 0)
-        text = f"{self.rows:,} rows"
-        eta = None
-        if done_bytes and self.total_bytes:
-            text += f", {done_bytes / 2**20:,.1f}/{self.total_bytes / 2**20:,.1f} MB"
-            eta = (self.total_bytes - done_bytes) / (done_bytes / elapsed)
-        else:
-            text += f", {self.batch_bytes / 2**20:,.1f} MB"
-        if self.total_rows and rate:
-            eta = (self.total_rows - self.rows) / rate
-        text += f", {rate:,.0f} rows/s"
-        if eta is not None:
-            text += f", ETA {max(0.0, eta):,.0f} s"
-        return text
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not self.enabled or (not force and now - self._last < 0.2):
-            return
-        self._last = now
-        self.stream.write(f"\r{self.line()}   ")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(force=True)
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 def _total_size(files: list[str]) -> int:
     """Bytes of the input files (one stat each: image folders have many)."""
     total = 0
@@ -475,24 +402,3 @@ def _total_size(files: list[str]) -> int:
         except OSError:
             pass
     return total
-
-
-def _batch_bytes(batch: Any) -> int:
-    """In-memory bytes of a column batch (numpy arrays, lists of bytes/str, Arrow)."""
-    if hasattr(batch, "nbytes"):
-        return int(batch.nbytes)
-    total = 0
-    for values in (batch.values() if isinstance(batch, Mapping) else []):
-        if (isinstance(values, np.ndarray) and values.dtype.kind != "O") or isinstance(values, pa.Array):
-            total += int(values.nbytes)
-        else:
-            total += sum(len(v) for v in values if isinstance(v, (bytes, str)))
-    return total
-
-
-def _batch_rows(batch: Any) -> int:
-    if hasattr(batch, "num_rows"):
-        return int(batch.num_rows)
-    for values in (batch.values() if isinstance(batch, Mapping) else []):
-        return len(values)
-    return 0

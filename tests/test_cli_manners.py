@@ -1,0 +1,106 @@
+"""The command line's manners: --help with examples everywhere, --version, shell completion."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import unihub
+from unihub.cli import build_parser, main
+from unihub.version import UNKNOWN, checkout_version, package_version
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name)
+                yield from _subcommands(sub, (*path, name))
+
+
+SUBCOMMANDS = list(_subcommands(build_parser()))
+
+
+def test_the_subcommands_are_all_found() -> None:
+    assert {"inspect", "convert", "verify", "copy", "add-schema", "throughput", "demo", "cache", "completion",
+            ("cache", "list"), ("cache", "rm")} <= {c[0] if len(c) == 1 else c for c in SUBCOMMANDS}
+
+
+@pytest.mark.parametrize("command", [(), *SUBCOMMANDS], ids=lambda c: " ".join(c) or "unihub")
+def test_every_help_exits_0_and_shows_examples(command: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "\nexamples:\n  " in out, out
+    examples = out.split("\nexamples:\n", 1)[1]
+    assert f"unihub {' '.join(command)}".rstrip() in examples, examples  # examples of this very command
+
+
+def test_version_is_the_package_version(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"unihub {unihub.__version__}\n"
+    assert unihub.__version__ == package_version() and unihub.__version__ != UNKNOWN
+
+
+def test_version_of_a_source_checkout_comes_from_pyproject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    pyproject = Path(unihub.__file__).with_name("pyproject.toml")
+    assert package_version() == checkout_version(pyproject) != UNKNOWN
+    (tmp_path / "p.toml").write_text('[build-system]\nversion = "9"\n[project]\nname = "unihub"\nversion = "1.2.3"\n'
+                                     '[tool.x]\nversion = "7"\n')
+    assert checkout_version(tmp_path / "p.toml") == "1.2.3"
+    assert checkout_version(tmp_path / "missing.toml") == UNKNOWN
+
+
+def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
+    """What ``unihub`` answers when the shell asks to complete ``line`` (as argcomplete's bash code asks)."""
+    out = tmp_path / "completions"
+    environ = {**os.environ, "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line,
+               "COMP_POINT": str(len(line)), "_ARGCOMPLETE_STDOUT_FILENAME": str(out), **env}
+    done = subprocess.run([sys.executable, "-m", "unihub.cli"], env=environ, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [word.rstrip(" ") for word in out.read_text().split("\n")]  # a single answer ends with a space
+
+
+def test_completion_offers_subcommands_formats_options_and_format_options(tmp_path: Path) -> None:
+    from unihub.formats.foreign import FORMATS
+
+    assert {"convert", "inspect", "verify", "copy", "cache", "completion"} <= set(_complete("unihub ", tmp_path))
+    formats = set(_complete("unihub convert a b --to ", tmp_path))
+    assert formats == {"unihub", "parquet", *FORMATS.names()} and {"tfrecord", "webdataset", "hdf5"} <= formats
+    assert set(_complete("unihub verify a b --from t", tmp_path)) == {"tfrecord"}
+    assert {"--overwrite", "--skip-corrupt", "--workers"} <= set(_complete("unihub convert --", tmp_path))
+    assert set(_complete("unihub convert a b --option comp", tmp_path)) == {"compression="}
+
+
+def test_completion_prints_shell_code(capsys: pytest.CaptureFixture) -> None:
+    assert main(["completion", "bash"]) == 0
+    code = capsys.readouterr().out
+    assert "complete " in code and "unihub" in code and "_ARGCOMPLETE" in code
+
+
+def test_without_argcomplete_unihub_runs_and_completion_names_the_extra(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "argcomplete", None)  # ``import argcomplete`` now raises ImportError
+    assert main(["completion", "zsh"]) == 1
+    assert capsys.readouterr().err == ("unihub: error: argcomplete is needed for shell completion but is not "
+                                       "installed: pip install 'unihub[cli]'\n")
+    monkeypatch.setenv("_ARGCOMPLETE", "1")  # a shell asking, but nothing to answer with: the command runs
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("unihub ")
