@@ -35,6 +35,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
+from unihub.readers.batching import ShuffleBuffer
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -583,7 +584,7 @@ class BatchedDataLoader(_LoaderBase):
     def _shuffled(self) -> Iterator[Any]:
         bs = self.batch_size
         capacity = max(self.shuffling_queue_capacity, bs)
-        buffer = _ShuffleBuffer()
+        buffer = ShuffleBuffer()
 
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)
@@ -598,85 +599,6 @@ class BatchedDataLoader(_LoaderBase):
                 yield from draw(((buffer.size - capacity) // bs + 1) * bs)
         if buffer.size:
             yield from draw(buffer.size)
-
-
-class _ShuffleBuffer:
-    """Rows waiting in a shuffling queue, as columns with room to grow.
-
-    Adding copies only the new rows in; drawing ``k`` random rows copies those ``k`` out and
-    moves at most ``k`` rows from the end into their places: the work per batch does not grow
-    with the queue's capacity (concatenating and re-taking the whole queue per reader batch
-    did). Tensor columns live in tensors of spare length; other columns (ragged, strings) in lists.
-    """
-
-    def __init__(self) -> None:
-        self.columns: Columns = {}
-        self._positions = np.empty(0, np.int64)
-        self.size = 0
-
-    def positions(self) -> np.ndarray:
-        """Stream positions of the rows held, for the loader's state."""
-        return self._positions[:self.size]
-
-    def add(self, columns: Columns, positions: np.ndarray) -> None:
-        torch = _torch()
-        end = self.size + len(positions)
-        if end > len(self._positions):
-            self._grow(columns, max(end, 2 * len(self._positions)))
-        for name, new in columns.items():
-            held = self.columns[name]
-            if isinstance(held, torch.Tensor) and not (isinstance(new, torch.Tensor) and new.dtype == held.dtype
-                                                       and new.shape[1:] == held.shape[1:]):
-                held = self.columns[name] = list(held[:self.size]) + [None] * (len(held) - self.size)
-            if isinstance(held, torch.Tensor):
-                held[self.size:end] = new
-            else:
-                held[self.size:end] = list(new)
-        self._positions[self.size:end] = positions
-        self.size = end
-
-    def _grow(self, columns: Columns, rows: int) -> None:
-        torch = _torch()
-        for name, new in columns.items():
-            held = self.columns.get(name)
-            if held is None:
-                held = new[:0] if isinstance(new, torch.Tensor) else []
-            if isinstance(held, torch.Tensor):
-                grown = torch.empty((rows, *held.shape[1:]), dtype=held.dtype)
-                grown[:self.size] = held[:self.size]
-            else:
-                grown = list(held[:self.size]) + [None] * (rows - self.size)
-            self.columns[name] = grown
-        positions = np.empty(rows, np.int64)
-        positions[:self.size] = self._positions[:self.size]
-        self._positions = positions
-
-    def take_random(self, count: int, rng: np.random.Generator) -> tuple[Columns, np.ndarray]:
-        """``count`` rows drawn at random (seeded by ``rng``), removed from the buffer."""
-        torch = _torch()
-        chosen = rng.permutation(self.size)[:count]
-        keep_end = self.size - count
-        holes = np.sort(chosen[chosen < keep_end])  # places below the new end to fill
-        tail = np.arange(keep_end, self.size)
-        movers = tail[~np.isin(tail, chosen)]  # rows past the new end that stay
-        index = torch.from_numpy(chosen.astype(np.int64))
-        out: Columns = {}
-        for name, held in self.columns.items():
-            if isinstance(held, torch.Tensor):
-                out[name] = held[index]
-                if len(holes):
-                    held[torch.from_numpy(holes)] = held[torch.from_numpy(movers)]
-            else:
-                out[name] = [held[i] for i in chosen.tolist()]
-                for hole, mover in zip(holes.tolist(), movers.tolist()):
-                    held[hole] = held[mover]
-                for i in range(keep_end, self.size):
-                    held[i] = None  # the rows handed out are not kept alive here
-        positions = self._positions[chosen]
-        if len(holes):
-            self._positions[holes] = self._positions[movers]
-        self.size = keep_end
-        return out, positions
 
 
 class InMemBatchedDataLoader(_LoaderBase):

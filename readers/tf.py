@@ -44,6 +44,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
+from unihub.readers.batching import ShuffleBuffer
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -175,16 +176,14 @@ def _take(columns: Columns, index: Any) -> Columns:
 def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
     """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
     sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
-    pool: Columns | None = None
+    buffer = ShuffleBuffer()
     for columns in batches:
-        pool = columns if pool is None else _concat([pool, columns])
-        extra = _length(pool) - capacity
+        buffer.add(columns)
+        extra = buffer.size - capacity
         if extra > 0:
-            order = rng.permutation(_length(pool))
-            yield _take(pool, order[:extra])
-            pool = _take(pool, np.sort(order[extra:]))
-    if pool is not None and _length(pool):
-        yield _take(pool, rng.permutation(_length(pool)))
+            yield buffer.take_random(extra, rng)[0]
+    if buffer.size:
+        yield buffer.take_random(buffer.size, rng)[0]
 
 
 def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:

@@ -417,35 +417,3 @@ def test_iterators_never_started_or_closed_early_leave_the_loader_usable(url):
     loader.load_state_dict(state)
     assert len(ids(loader)) == N - 9
 
-
-def test_shuffle_buffer_hands_out_every_row_once_with_its_own_values():
-    """Random adds and draws, tensor and list columns (a column turning ragged midway): each row
-    comes out once, its columns still together, and a draw copies only the rows it takes."""
-    import torch
-
-    from unihub.readers.pytorch import _ShuffleBuffer
-
-    rng = np.random.default_rng(0)
-    buffer, seen, next_position = _ShuffleBuffer(), [], 0
-    for step in range(60):
-        n = int(rng.integers(1, 40))
-        positions = np.arange(next_position, next_position + n)
-        next_position += n
-        ids = torch.from_numpy(positions.copy())
-        vec = torch.from_numpy(np.repeat(positions[:, None], 3, axis=1).astype(np.float32))
-        names = [f"r{p}" for p in positions]
-        ragged = ([torch.full((int(p % 3) + 1,), float(p)) for p in positions] if step >= 30 else
-                  torch.from_numpy(np.full((n, 2), positions[:, None], np.float64)))
-        buffer.add({"id": ids, "vec": vec, "name": names, "ragged": ragged}, positions)
-        if buffer.size > 50:
-            count = int(rng.integers(1, buffer.size))
-            out, taken = buffer.take_random(count, rng)
-            assert out["id"].tolist() == taken.tolist()
-            assert all((row == p).all() for row, p in zip(out["vec"], taken))
-            assert out["name"] == [f"r{p}" for p in taken]
-            assert all((torch.as_tensor(r) == float(p)).all() for r, p in zip(out["ragged"], taken))
-            seen += taken.tolist()
-            assert sorted(buffer.positions().tolist()) == sorted(set(range(next_position)) - set(seen))
-    out, taken = buffer.take_random(buffer.size, rng)
-    seen += taken.tolist()
-    assert sorted(seen) == list(range(next_position)) and buffer.size == 0

@@ -1,0 +1,144 @@
+"""One shuffling buffer for every bridge: columns of numpy arrays, torch tensors or lists.
+
+A shuffling queue holds rows between the reader and the batches. Concatenating each arriving
+reader batch onto the queue and re-taking what stays copies the whole queue per reader batch,
+which grows with the capacity (and with smaller row groups). Here adding copies only the new
+rows in, and drawing ``k`` random rows copies those ``k`` out and moves at most ``k`` rows
+from the end into their places: the work per row is constant. ``make_tf_dataset`` (numpy) and
+``BatchedDataLoader`` (torch) both draw from it; torch is imported only for torch columns.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+Columns = dict[str, Any]
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _room(like: Any, rows: int) -> Any:
+    """An empty column of ``rows`` rows shaped and typed as ``like``'s rows."""
+    if _is_tensor(like):
+        import torch
+
+        return torch.empty((rows, *like.shape[1:]), dtype=like.dtype)
+    if isinstance(like, np.ndarray):
+        return np.empty((rows, *like.shape[1:]), dtype=like.dtype)
+    return [None] * rows
+
+
+def _fits(held: Any, new: Any) -> bool:
+    """Whether ``new``'s rows can be stored in ``held`` as they are."""
+    if _is_tensor(held):
+        return _is_tensor(new) and new.dtype == held.dtype and tuple(new.shape[1:]) == tuple(held.shape[1:])
+    if isinstance(held, np.ndarray):
+        return held.dtype == object and held.ndim == 1 or (
+            isinstance(new, np.ndarray) and new.dtype == held.dtype and new.shape[1:] == held.shape[1:])
+    return True
+
+
+def _as_rows(held: Any, size: int, capacity: int) -> Any:
+    """``held`` turned into a column that takes any row: an object array for numpy, else a list."""
+    if isinstance(held, np.ndarray):
+        out = np.empty(capacity, dtype=object)
+        for i in range(size):
+            out[i] = held[i]
+        return out
+    return list(held[:size]) + [None] * (capacity - size)
+
+
+def _take(column: Any, index: np.ndarray) -> Any:
+    if _is_tensor(column):
+        import torch
+
+        return column[torch.from_numpy(index)]
+    if isinstance(column, np.ndarray):
+        return column[index]
+    return [column[i] for i in index.tolist()]
+
+
+def _move(column: Any, to: np.ndarray, source: np.ndarray) -> None:
+    """``column[to] = column[source]``, rows one for one."""
+    if _is_tensor(column):
+        import torch
+
+        column[torch.from_numpy(to)] = column[torch.from_numpy(source)]
+    elif isinstance(column, np.ndarray):
+        column[to] = column[source]
+    else:
+        for t, s in zip(to.tolist(), source.tolist()):
+            column[t] = column[s]
+
+
+class ShuffleBuffer:
+    """Rows waiting in a shuffling queue, with their stream positions (for exact resume)."""
+
+    def __init__(self) -> None:
+        self.columns: Columns = {}
+        self._positions = np.empty(0, np.int64)
+        self.size = 0
+
+    def positions(self) -> np.ndarray:
+        """Stream positions of the rows held."""
+        return self._positions[:self.size]
+
+    def add(self, columns: Mapping[str, Any], positions: np.ndarray | None = None) -> None:
+        """Hold ``columns`` (equal lengths); ``positions`` default to consecutive numbers."""
+        n = len(next(iter(columns.values()))) if columns else 0
+        if positions is None:
+            start = int(self._positions[self.size - 1]) + 1 if self.size else 0
+            positions = np.arange(start, start + n, dtype=np.int64)
+        end = self.size + n
+        if end > len(self._positions):
+            self._grow(columns, max(end, 2 * len(self._positions)))
+        for name, new in columns.items():
+            held = self.columns[name]
+            if not _fits(held, new):
+                held = self.columns[name] = _as_rows(held, self.size, len(self._positions))
+            if isinstance(held, list):
+                held[self.size:end] = list(new)
+            elif held.dtype == object and not (isinstance(new, np.ndarray) and new.dtype == object):
+                for i, value in enumerate(new):
+                    held[self.size + i] = value
+            else:
+                held[self.size:end] = new
+        self._positions[self.size:end] = positions
+        self.size = end
+
+    def _grow(self, columns: Mapping[str, Any], rows: int) -> None:
+        for name, new in columns.items():
+            held = self.columns.get(name)
+            grown = _room(held if held is not None else new, rows)
+            if held is not None and self.size:
+                grown[:self.size] = held[:self.size]
+            self.columns[name] = grown
+        positions = np.empty(rows, np.int64)
+        positions[:self.size] = self._positions[:self.size]
+        self._positions = positions
+
+    def take_random(self, count: int, rng: np.random.Generator) -> tuple[Columns, np.ndarray]:
+        """``count`` rows drawn at random (seeded by ``rng``) and removed: ``(columns, positions)``."""
+        chosen = rng.permutation(self.size)[:count]
+        keep_end = self.size - count
+        holes = np.sort(chosen[chosen < keep_end])  # places below the new end to fill
+        tail = np.arange(keep_end, self.size)
+        movers = tail[~np.isin(tail, chosen)]  # rows past the new end that stay
+        out = {name: _take(held, chosen) for name, held in self.columns.items()}
+        for held in self.columns.values():
+            if len(holes):
+                _move(held, holes, movers)
+            if isinstance(held, list) or (isinstance(held, np.ndarray) and held.dtype == object):
+                held[keep_end:self.size] = [None] * count  # rows handed out are not kept alive here
+        positions = self._positions[chosen]
+        if len(holes):
+            self._positions[holes] = self._positions[movers]
+        self.size = keep_end
+        return out, positions

@@ -1,0 +1,60 @@
+"""The one shuffling buffer (readers/batching.py) on numpy and torch columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unihub.readers.batching import ShuffleBuffer
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_shuffle_buffer_hands_out_every_row_once_with_its_own_values(backend: str) -> None:
+    """Random adds and draws, array and list columns (a column turning ragged midway): each row
+    comes out once with its columns still together, and nothing else is lost or repeated."""
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        array = torch.from_numpy
+    else:
+        def array(values: np.ndarray) -> np.ndarray:
+            return values
+
+    rng = np.random.default_rng(0)
+    buffer, seen, next_position = ShuffleBuffer(), [], 0
+    for step in range(60):
+        n = int(rng.integers(1, 40))
+        positions = np.arange(next_position, next_position + n)
+        next_position += n
+        ragged_rows = [np.full(int(p % 3) + 1, float(p)) for p in positions]
+        ragged = ([array(r) for r in ragged_rows] if backend == "torch" else np.array(ragged_rows + [None],
+                                                                                          dtype=object)[:-1])
+        columns = {"id": array(positions.copy()),
+                   "vec": array(np.repeat(positions[:, None], 3, axis=1).astype(np.float32)),
+                   "name": [f"r{p}" for p in positions],
+                   "ragged": ragged if step >= 30 else array(np.full((n, 2), positions[:, None], np.float64))}
+        buffer.add(columns, positions)
+        if buffer.size > 50:
+            count = int(rng.integers(1, buffer.size))
+            out, taken = buffer.take_random(count, rng)
+            assert [int(i) for i in out["id"]] == taken.tolist()
+            assert all((np.asarray(row) == p).all() for row, p in zip(out["vec"], taken))
+            assert list(out["name"]) == [f"r{p}" for p in taken]
+            assert all((np.asarray(r) == float(p)).all() for r, p in zip(out["ragged"], taken))
+            seen += taken.tolist()
+            assert sorted(buffer.positions().tolist()) == sorted(set(range(next_position)) - set(seen))
+    out, taken = buffer.take_random(buffer.size, rng)
+    seen += taken.tolist()
+    assert sorted(seen) == list(range(next_position)) and buffer.size == 0
+
+
+def test_positions_default_to_consecutive_numbers_and_draws_are_seeded() -> None:
+    def draws(seed: int) -> list[int]:
+        buffer = ShuffleBuffer()
+        buffer.add({"x": np.arange(10)})
+        buffer.add({"x": np.arange(10, 15)})
+        assert buffer.positions().tolist() == list(range(15))
+        out, positions = buffer.take_random(6, np.random.default_rng(seed))
+        assert out["x"].tolist() == positions.tolist()
+        return positions.tolist()
+
+    assert draws(1) == draws(1) != draws(2)
