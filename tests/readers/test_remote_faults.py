@@ -148,6 +148,8 @@ def test_storage_options_set_the_timeout_and_retries(s3_server, proxy, key):
     url, _ = through(proxy, s3_server, "pyarrow", key)
     fs, _ = fsutil.resolve_filesystem(url, storage_options={"unihub_timeout": 5})
     assert isinstance(fs, pafs.S3FileSystem)
+    options = fs.__reduce__()[1][0]  # type: ignore[index]
+    assert options["request_timeout"] == 5 and options["background_writes"] is False  # uploads in bounded memory
     for bad in ({"unihub_timeout": 0}, {"unihub_timeout": "soon"}, {"unihub_retries": -1}):
         with pytest.raises(InvalidArgumentError, match="unihub_"):
             fsutil.resolve_filesystem(url, storage_options=bad)
