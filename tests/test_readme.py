@@ -25,7 +25,7 @@ import pytest
 import unihub
 
 README = Path(unihub.__file__).resolve().parent / "README.md"
-_BLOCK = re.compile(r"(?:<!-- test: skip \((?P<why>.+?)\) -->\n)?```python\n(?P<code>.*?)^```", re.S | re.M)
+_BLOCK = re.compile(r"(?:^<!-- test: skip \((?P<why>[^\n]+?)\) -->\n)?```python\n(?P<code>.*?)^```", re.S | re.M)
 
 
 @dataclass(frozen=True)
