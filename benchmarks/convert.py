@@ -395,6 +395,10 @@ def main() -> None:
         print(f"| {names[fmt]} | {mb:,.0f} | {raw:,.0f} | {ingest:,.0f} ({mb / r['ingest_s']:,.0f}) "
               f"| {ingest / raw:.2f} | {export:,.0f} ({r['export_bytes'] / 2**20 / r['export_s']:,.0f}) "
               f"| {export / raw:.2f} | {lib_write:,.0f} | {export / lib_write:.2f} | >= {TARGET}x: {verdict} |")
+    if "tfrecord" in results and "webdataset" in results:  # the same rows: WebDataset's target is 1/1.5 of TFRecord's
+        tfr, tar = (results[f]["rows"] / results[f]["ingest_s"] for f in ("tfrecord", "webdataset"))
+        print(f"\nWebDataset ingest / TFRecord ingest (the same rows; target >= {1 / 1.5:.2f}): "
+              f"{tar:,.0f} / {tfr:,.0f} rows/s = {tar / tfr:.2f}")
     if "copy_s" in results.get("hdf5", {}):
         r = results["hdf5"]
         print(f"\nHDF5: a plain copy of the input file (shutil.copyfile) runs at {r['rows'] / r['copy_s']:,.0f} rows/s, "

@@ -49,11 +49,15 @@ class ConvertResult:
     seconds: float
     bytes_read: int = 0
     skipped: list[SkippedRecord] = field(default_factory=list)
+    #: how the conversion ran where that differs from what was asked (fewer workers: too little input)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else float("inf")
         text = (f"converted {self.rows:,} rows {self.from_format} -> {self.to_format} in {self.seconds:.1f} s "
                 f"({rate:,.0f} rows/s): {self.target}")
+        if self.notes:
+            text += "; " + "; ".join(self.notes)
         if self.skipped:
             text += f"; skipped {len(self.skipped)} (bad records, datasets left out): " + "; ".join(
                 f"{s.path} {s.location}: {s.reason}" for s in self.skipped[:10])

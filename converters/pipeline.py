@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from unihub.converters.convert import UNIHUB, ConvertResult, ProgressMeter, _all_skipped, _total_size
-from unihub.converters.engines import Engine, engine_for
+from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
 from unihub.errors import DatasetExistsError
 from unihub.formats import filesystem as fsutil
@@ -33,7 +33,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
            batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
            progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``
-    (``'local'``: forked workers for ``workers`` > 1 and several files, else this process; ``'spark'``).
+    (``'local'``: forked workers for ``workers`` > 1 and several files holding enough bytes to pay for
+    them, else this process, as ``notes`` in the result says; ``'spark'``).
     ``schema`` is the given one (records checked against it) or None (the source's)."""
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
@@ -42,6 +43,11 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
         raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
     files = [absolute(f) for f in source.files()]  # tasks run in other working directories
     input_bytes = _total_size(files)
+    notes: list[str] = []
+    if engine == "local":  # forked workers only where the input pays for them
+        workers, note = local_workers(workers, files, input_bytes)
+        source.workers = min(source.workers, max(1, workers))
+        notes += [note] if note else []
     provisional = source.provisional_schema() if schema is None else None  # single pass where the format can
     out_schema = schema or provisional or source.infer_schema()
     source.prepare(out_schema)
@@ -62,7 +68,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
             rows, skipped = _run(runner, source, files, fs, dst, target, replace(plan, schema=full, observe=False),
                                  progress, input_bytes)
     return ConvertResult(plan.src, dst, source.format_name, UNIHUB, rows, time.perf_counter() - start,
-                         bytes_read=input_bytes, skipped=skipped)
+                         bytes_read=input_bytes, skipped=skipped, notes=notes)
 
 
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,

@@ -74,9 +74,11 @@ class TarFormatError(FormatError):
         self.member = member
 
 
-def iter_members(path: str, *, regular_only: bool = True, require_end: bool = False) -> Iterator[TarMember]:
+def iter_members(path: str, *, regular_only: bool = True, require_end: bool = False,
+                 globals_only: bool = False) -> Iterator[TarMember]:
     """The members of tar file ``path``, in order: regular files only unless ``regular_only``
     is False (then other members come with empty data, directory names without their slash).
+    ``globals_only``: only the PAX global headers before the first member (none of its data is read).
 
     The archive ends at a zero block, or at end of file on a block boundary unless
     ``require_end`` (then a missing end-of-archive marker means the file was cut short).
@@ -87,13 +89,13 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
         if opener is not None:
             raw.seek(0)
             with opener(raw) as stream:
-                yield from _parse(_guarded(stream, path), path, regular_only, require_end)
+                yield from _parse(_guarded(stream, path), path, regular_only, require_end, None, globals_only)
         elif head and sources.is_url(path):  # a remote file: read through its buffer
             raw.seek(0)
-            yield from _parse(raw.read, path, regular_only, require_end, sources.getsize(path))
+            yield from _parse(raw.read, path, regular_only, require_end, sources.getsize(path), globals_only)
         elif head:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                yield from _parse(mapped.read, path, regular_only, require_end, len(mapped))
+                yield from _parse(mapped.read, path, regular_only, require_end, len(mapped), globals_only)
         elif require_end:
             raise TarFormatError(path, 0, "empty file: not a tar archive")
 
@@ -112,9 +114,9 @@ def _guarded(stream: IO[bytes], path: str) -> Callable[[int], bytes]:
 
 
 def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_end: bool,
-           total: int | None = None) -> Iterator[TarMember]:
+           total: int | None = None, globals_only: bool = False) -> Iterator[TarMember]:
     """The header loop over a forward-only ``read`` (of a mmap of ``total`` bytes, or a decompressing
-    file, whose size is unknown: None)."""
+    file, whose size is unknown: None); ``globals_only`` stops at the first member's header."""
     adler32, no_data, piece, max_size = zlib.adler32, _NO_DATA, _PIECE, _MAX_SIZE
     offset = 0  # of the next header
     first: int | None = None  # offset of the first header of the member being assembled
@@ -164,6 +166,8 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             elif b" path=" in body or b" size=" in body or b" GNU.sparse." in body:  # else (mtime...) unneeded
                 pax.update(_pax_records(body[:size], path, here))
             continue
+        if globals_only:
+            return
         start = here if first is None else first
         if pax:
             name = pax[b"path"].decode("utf-8", "surrogateescape") if b"path" in pax else name

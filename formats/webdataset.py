@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -44,12 +44,13 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, FormatError, SchemaError
 from unihub.formats import sources
-from unihub.formats.codecs import ScalarCodec
+from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
 from unihub.formats.foreign import (
     ColumnBatch,
     ForeignFormat,
     FormatOption,
     OnError,
+    SchemaOutgrown,
     SkippedRecord,
     expand_sources,
     map_in_workers,
@@ -60,6 +61,7 @@ from unihub.formats.foreign import (
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
+from unihub.formats.webdataset_columns import ColumnReader, observe
 from unihub.formats.webdataset_fields import FieldStats, column, decoder
 from unihub.formats.webdataset_tar import (
     KEY_FIELD,
@@ -72,10 +74,12 @@ from unihub.formats.webdataset_tar import (
 )
 from unihub.formats.webdataset_verify import native_records, tarfile_records
 from unihub.formats.webdataset_write import write_shards
-from unihub.memory import BatchCut, value_nbytes
+from unihub.memory import BatchCut
 
 __all__ = ["KEY_FIELD", "Sample", "WebDatasetFormat", "iter_samples", "split_name"]
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
+#: samples scanned for the schema a single-pass conversion starts with (see provisional_schema)
+PROVISIONAL_SAMPLE = 1000
 
 
 def _scan_shards(job: tuple[list[str], int | None, bool]) -> tuple[dict[str, FieldStats], int]:
@@ -241,8 +245,24 @@ class WebDatasetFormat(ForeignFormat):
             stats, seen = _merged(map_in_workers(_scan_shards, jobs, self.workers))
         else:
             stats, seen = _scan_shards((files, sample_records, self.group_keys))
+        return self._schema_from(stats, seen)
+
+    def provisional_schema(self) -> Unischema | None:
+        """The schema of the first :data:`PROVISIONAL_SAMPLE` samples, for a single pass: read_batches
+        with :attr:`observe` set gathers the statistics of every sample for :meth:`refine_schema`.
+        None for a unihub export's shards, whose header holds the schema (no scan needed)."""
+        if self.header is not None:
+            return None
+        return self.infer_schema(sample_records=PROVISIONAL_SAMPLE)
+
+    def refine_schema(self, observations: Sequence[Any]) -> Unischema:
+        """The schema of every sample, from the ``(statistics, samples)`` each observing read saw."""
+        parts = [part for part in observations if part is not None]
+        return self._schema_from(*_merged(parts)) if parts else self._schema_from({}, 0)
+
+    def _schema_from(self, stats: dict[str, FieldStats], seen: int) -> Unischema:
         if seen == 0:
-            for path in files:  # every sample was malformed: the first fault (file, offset) says why
+            for path in self.files():  # every sample was malformed: the first fault (file, offset) says why
                 for _ in iter_samples(path, group_keys=self.group_keys):
                     pass
             raise FormatError(f"no samples in {self.where}: the shards are empty or hold no <key>.<ext> "
@@ -257,10 +277,41 @@ class WebDatasetFormat(ForeignFormat):
         """Column batches of ``schema``: images as encoded bytes, ``.npy`` as arrays, ints, text."""
         if batch_size <= 0:
             raise SchemaError(f"batch_size must be positive, got {batch_size}")
-        read = _SampleReader(schema, self.header, self.headers, self.validate_images)
-        columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+        read = _SampleReader(schema, self.header, self.headers, self.validate_images, observe=self.observe)
+        stats: dict[str, FieldStats] = {}
+        seen = 0
+        if self.observe:
+            self.report.observed = (stats, 0)
+        pending: list[Sample] = []
         cut = BatchCut(batch_size, self.batch_bytes)
         for sample in self.samples(on_error=on_error):
+            pending.append(sample)
+            if cut.add(sum(map(len, sample.members.values()))):
+                if self.observe:
+                    seen += len(pending)
+                    self.report.observed = (stats, seen)
+                yield from self._batch(read, pending, stats, on_error)
+                pending = []
+                cut.reset()
+        if pending:
+            if self.observe:
+                self.report.observed = (stats, seen + len(pending))
+            yield from self._batch(read, pending, stats, on_error)
+
+    def _batch(self, read: _SampleReader, samples: list[Sample], stats: dict[str, FieldStats],
+               on_error: OnError) -> Iterator[ColumnBatch]:
+        """One column batch of ``samples``: a field at a time where the columns allow
+        (:mod:`.webdataset_columns`), else row by row (bad samples raise or are skipped)."""
+        cache: dict[str, Any] = {}
+        if self.observe:
+            observe(stats, samples, cache)
+        columns = read.columns(samples, cache)
+        if columns is not None:
+            self.report.records += len(samples)
+            yield columns
+            return
+        rows: dict[str, list[Any]] = {f.name: [] for f in read.schema}
+        for sample in samples:
             try:
                 row = read.row(sample)
             except FormatError as exc:
@@ -269,14 +320,10 @@ class WebDatasetFormat(ForeignFormat):
                 self.report.skipped.append(SkippedRecord(sample.url, f"key {sample.key}", str(exc)))
                 continue
             for name, value in row.items():
-                columns[name].append(value)
+                rows[name].append(value)
             self.report.records += 1
-            if cut.add(value_nbytes(row)):
-                yield {f.name: column(f, columns[f.name]) for f in schema}
-                columns = {f.name: [] for f in schema}
-                cut.reset()
-        if columns and columns[next(iter(columns))]:
-            yield {f.name: column(f, columns[f.name]) for f in schema}
+        if rows and rows[next(iter(rows))]:
+            yield {f.name: column(f, rows[f.name]) for f in read.schema}
 
     def metadata(self) -> dict[str, Any]:
         """The shard names, and how an export of this dataset names image members so that it gives
@@ -331,14 +378,32 @@ class _SampleReader:
     decoded, and checked (a member the schema lacks, a key the export did not write)."""
 
     def __init__(self, schema: Unischema, header: ShardHeader | None,
-                 headers: Mapping[str, ShardHeader | None], validate_images: ValidateImages = "header") -> None:
+                 headers: Mapping[str, ShardHeader | None], validate_images: ValidateImages = "header", *,
+                 observe: bool = False) -> None:
         self.schema = schema
-        self.decoders = {f.name: decoder(f, validate_images) for f in schema if f.name != KEY_FIELD}
+        self.observe = observe  # a provisional schema: what it does not hold is SchemaOutgrown, not bad input
+        self.decoders = {f.name: decoder(f, validate_images, fit=not observe) for f in schema if f.name != KEY_FIELD}
+        self.images = {f.name for f in schema if isinstance(f.codec, CompressedImageCodec)}
         self.fields = header.members if header is not None else None  # extension -> field name
         self.first_rows = ({path: h.first_row for path, h in headers.items() if h is not None}
                            if header is not None and header.row_keys and KEY_FIELD not in schema else None)
+        #: the fast path, where fields are named by extension
+        self.fast = ColumnReader(list(schema), validate_images, fit=not observe) if header is None else None
+
+    def columns(self, samples: list[Sample], cache: dict[str, Any]) -> dict[str, Any] | None:
+        """The columns of ``samples`` a field at a time, or None (read them with :meth:`row`)."""
+        return None if self.fast is None else self.fast.columns(samples, cache)
 
     def row(self, sample: Sample) -> dict[str, Any]:
+        """One sample as a row; a provisional schema that does not hold it raises SchemaOutgrown."""
+        try:
+            return self._row(sample)
+        except _Outgrown as exc:
+            if self.observe:
+                raise SchemaOutgrown(str(exc)) from None
+            raise FormatError(str(exc), path=exc.path, offset=exc.offset) from exc.__cause__  # its own class
+
+    def _row(self, sample: Sample) -> dict[str, Any]:
         members = sample.members if self.fields is None else self._by_field(sample)
         if self.first_rows is not None:
             self._check_key(sample)
@@ -352,7 +417,7 @@ class _SampleReader:
             used += data is not None
             if data is None:
                 if not f.nullable:
-                    raise FormatError(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}) has no member "
+                    raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}) has no member "
                                       f"for field {f.name!r}, which is not nullable; infer the schema from more "
                                       "samples or make the field nullable", path=sample.url, offset=sample.offset)
                 row[f.name] = None
@@ -360,13 +425,14 @@ class _SampleReader:
             try:
                 row[f.name] = self.decoders[f.name](data)
             except (ValueError, OverflowError, CodecError) as exc:
-                raise FormatError(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}), member "
+                kind = FormatError if f.name in self.images else _Outgrown  # a bad image is bad input anyway
+                raise kind(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}), member "
                                   f"{self._member_name(sample, f.name)!r}: {exc}", path=sample.url,
                                   offset=sample.offset) from exc
         if used != len(members):
             extra = next(name for name in members if name not in self.decoders)
-            raise FormatError(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): member "
-                              f"'{sample.key}.{extra}' has no field in the schema, and would be lost; add a field "
+            raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): member "
+                            f"'{sample.key}.{extra}' has no field in the schema, and would be lost; add a field "
                               f"{extra!r} to the schema", path=sample.url, offset=sample.offset)
         return row
 
@@ -399,3 +465,7 @@ class _SampleReader:
             return f"{sample.key}.{field_name}"
         extension = next((e for e in sample.members if self.fields.get(e) == field_name), field_name)
         return f"{sample.key}.{extension}"
+
+
+class _Outgrown(FormatError):
+    """A sample the schema does not hold: bad input under a final schema, SchemaOutgrown under a provisional one."""

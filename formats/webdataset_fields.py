@@ -214,12 +214,13 @@ def exact_float(text: str, dtype: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- decoding
-def decoder(f: UnischemaField, validate_images: ValidateImages = "header") -> Callable[[bytes], Any]:
+def decoder(f: UnischemaField, validate_images: ValidateImages = "header", *, fit: bool = True) -> Callable[[bytes], Any]:
     """How one member's bytes become a value of field ``f`` (raises ValueError/CodecError); images
-    are checked as ``validate_images`` says (:mod:`unihub.formats.image_checks`)."""
+    are checked as ``validate_images`` says (:mod:`unihub.formats.image_checks`), and against the
+    field's shape and bit depth unless ``fit`` is False (a provisional schema's are not final)."""
     if isinstance(f.codec, CompressedImageCodec):
         depth = 16 if f.dtype == np.uint16 else 8
-        return lambda data: _checked_image(f, depth, data, validate_images)
+        return lambda data: _checked_image(f, depth, data, validate_images, fit)
     if f.numpy_dtype is np.bytes_ and f.shape == ():
         return bytes
     if f.numpy_dtype is np.str_ and f.shape == ():
@@ -239,15 +240,16 @@ def _array_kind(f: UnischemaField) -> bool:
     return f.dtype.kind in "biufcmM"
 
 
-def _checked_image(f: UnischemaField, depth: int, data: bytes, validate_images: ValidateImages) -> bytes:
+def _checked_image(f: UnischemaField, depth: int, data: bytes, validate_images: ValidateImages,
+                   fit: bool = True) -> bytes:
     size = images.image_size(data)
     if size is None:
         raise CodecError(f"field {f.name!r}: {len(data)} bytes are not a readable PNG or JPEG image")
     height, width, channels = size
     found = (height, width) if channels == 1 and len(f.shape) == 2 else (height, width, channels)
-    if not shape_matches(found, f.shape):
+    if fit and not shape_matches(found, f.shape):
         raise CodecError(f"field {f.name!r}: image is {found}, the schema says {f.shape}")
-    if bit_depth(data) != depth:
+    if fit and bit_depth(data) != depth:
         raise CodecError(f"field {f.name!r}: a {bit_depth(data)}-bit image, the field is {f.dtype}")
     if validate_images != "none":  # the pixel limit, the end marker, a decode ('full')
         fmt = "png" if data[:1] == b"\x89" else "jpeg"

@@ -120,10 +120,9 @@ def _header_of(member: TarMember, path: str) -> ShardHeader | None:
 
 
 def read_header(path: str) -> ShardHeader | None:
-    """The unihub header of shard ``path`` (a PAX global header before its first member), or None."""
-    for member in iter_members(path, regular_only=False):
-        if member.type != "g":
-            return None
+    """The unihub header of shard ``path`` (a PAX global header before its first member), or None;
+    reads no member's data (ingest reads each shard once)."""
+    for member in iter_members(path, regular_only=False, globals_only=True):
         header = _header_of(member, path)
         if header is not None:
             return header
@@ -219,9 +218,14 @@ def iter_samples(path: str, *, on_error: OnError = "raise", skipped: list[Skippe
                          "tar; split them, or pass --option unihub_schema=false", offset)
                 continue
             started = True
-            if member.isdir or is_meta(member.name):
+            name = member.name
+            if member.type == "0" and "/" not in name and name[:2] != "__" and name.isascii():
+                key, dot, extension = name.partition(".")  # the key rule, for the usual plain names
+                parts = (key, extension.lower()) if dot and key else _member_parts(member, fail)
+            elif member.isdir or is_meta(name):
                 continue
-            parts = _member_parts(member, fail)
+            else:
+                parts = _member_parts(member, fail)
             if parts is not None:
                 done = grouper.add(member.name, parts[0], parts[1], offset, member.data)
                 if done is not None:

@@ -87,6 +87,13 @@ def assert_value_equal(found: Any, expected: Any, *, where: str = "") -> None:
     assert found == expected, f"{where}: {found!r} != {expected!r}"
 
 
+@pytest.fixture(autouse=True)
+def _fork_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests convert small inputs: forked workers start whenever a test asks for them (the break-even
+    that keeps small conversions in-process has its own tests, which set UNIHUB_FORK_MIN_MB)."""
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", "0")
+
+
 @pytest.fixture
 def schema() -> Unischema:
     return make_schema()

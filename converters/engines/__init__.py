@@ -9,11 +9,13 @@ Each engine is one module here that registers its class in :data:`ENGINES` (``in
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from unihub.converters.tasks import TaskPlan, TaskResult
+from unihub.errors import InvalidArgumentError
 from unihub.formats.foreign import ForeignFormat
 from unihub.registry import Registry
 
@@ -52,6 +54,45 @@ class Engine(ABC):
 
 
 ENGINES: Registry[type[Engine]] = Registry("engine")
+
+#: MiB of input each forked worker must have to read before workers pay for their start (a fork, pyarrow's
+#: first use, one more Parquet writer) and for the result's extra part files; measured on 2 cores with
+#: 20k-80k rows of a 64x64 JPEG + int + float32[16] (TFRecord and WebDataset ingest): see README.
+#: ``UNIHUB_FORK_MIN_MB`` overrides it (0: always fork when asked to)
+FORK_MIN_MB = 256.0
+FORK_MIN_ENV = "UNIHUB_FORK_MIN_MB"
+
+
+def fork_min_bytes() -> int:
+    """Input bytes per forked worker below which a local conversion runs in-process (see FORK_MIN_MB)."""
+    text = os.environ.get(FORK_MIN_ENV, "").strip()
+    try:
+        mb = float(text) if text else FORK_MIN_MB
+    except ValueError:
+        raise InvalidArgumentError(f"{FORK_MIN_ENV}={text!r} is not a number of MiB") from None
+    if mb < 0:
+        raise InvalidArgumentError(f"{FORK_MIN_ENV}={text!r} must be >= 0")
+    return int(mb * 2**20)
+
+
+def local_workers(workers: int, files: list[str], input_bytes: int) -> tuple[int, str | None]:
+    """The workers a local conversion of ``files`` (``input_bytes`` in all) runs with: ``workers``, or 1
+    where the input is too small to pay for forked workers (:func:`fork_min_bytes` each) or is
+    one file; with the reason, for the result, when that is fewer than asked for."""
+    if workers <= 1:
+        return workers, None
+    if len(files) <= 1:
+        return 1, f"ran in-process, not in {workers} workers: the input is one file"
+    least = fork_min_bytes()
+    fit = min(workers, input_bytes // least) if least else workers
+    if fit >= 2:
+        return fit, None if fit == workers else f"ran in {fit} workers, not {workers}: " + _why(input_bytes, least)
+    return 1, f"ran in-process, not in {workers} workers: " + _why(input_bytes, least)
+
+
+def _why(input_bytes: int, least: int) -> str:
+    return (f"{input_bytes / 2**20:,.0f} MiB of input is too little to pay for more (a worker pays off from "
+            f"{least / 2**20:,.0f} MiB; {FORK_MIN_ENV} sets that)")
 
 
 def engine_for(engine: str, *, workers: int, files: list[str], master: str = "local[2]",

@@ -14,8 +14,9 @@ import pytest
 from unihub import open_dataset
 from unihub.converters import tasks
 from unihub.converters.convert import convert
-from unihub.converters.engines import ENGINES, engine_for
-from unihub.errors import UnsupportedFormatError
+from unihub.converters.engines import ENGINES, engine_for, local_workers
+from unihub.converters.engines.forked import ForkedEngine
+from unihub.errors import InvalidArgumentError, UnsupportedFormatError
 from unihub.formats.tfrecord import TFRecordFormat
 
 
@@ -49,6 +50,43 @@ def test_every_engine_is_one_registered_module() -> None:
     assert {"inprocess", "forked", "spark"} <= set(ENGINES.names())
     with pytest.raises(UnsupportedFormatError, match="valid names: forked, inprocess, spark"):
         engine_for("dask", workers=1, files=[])
+
+
+def test_workers_start_only_where_the_input_pays_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", "100")
+    mib = 2**20
+    assert local_workers(1, ["a", "b"], 10**12) == (1, None)
+    assert local_workers(2, ["a", "b"], 200 * mib) == (2, None)
+    assert local_workers(4, ["a"] * 8, 1000 * mib) == (4, None)
+    workers, note = local_workers(2, ["a", "b"], 150 * mib)
+    assert workers == 1 and note is not None and note.startswith("ran in-process, not in 2 workers: 150 MiB")
+    workers, note = local_workers(4, ["a"] * 8, 250 * mib)
+    assert workers == 2 and note is not None and note.startswith("ran in 2 workers, not 4")
+    assert local_workers(2, ["a"], 10**12) == (1, "ran in-process, not in 2 workers: the input is one file")
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", "0")
+    assert local_workers(2, ["a", "b"], 1) == (2, None)
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", "lots")
+    with pytest.raises(InvalidArgumentError, match="UNIHUB_FORK_MIN_MB='lots' is not a number of MiB"):
+        local_workers(2, ["a", "b"], 1)
+
+
+@pytest.mark.parametrize("least_mb, forked", [("1000", False), ("0.001", True)])
+def test_small_inputs_convert_in_process_and_say_so(tfrecords: list[str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, least_mb: str,
+                                                    forked: bool) -> None:
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", least_mb)
+    ran: list[str] = []
+    real_run = ForkedEngine.run
+    monkeypatch.setattr(ForkedEngine, "run", lambda self, *a, **k: (ran.append("forked"), real_run(self, *a, **k))[1])
+    result = convert(os.path.dirname(tfrecords[0]), tmp_path / "ds", workers=2, progress=False)
+    assert result.rows == 90 and ran == (["forked"] if forked else [])
+    if forked:
+        assert result.notes == []
+    else:
+        assert result.notes == ["ran in-process, not in 2 workers: 0 MiB of input is too little to pay for more "
+                                "(a worker pays off from 1,000 MiB; UNIHUB_FORK_MIN_MB sets that)"]
+        assert result.notes[0] in result.summary()
+    assert sorted(r["id"] for r in _rows(tmp_path / "ds")) == sorted(n * 100 + i for n in range(3) for i in range(30))
 
 
 @pytest.mark.parametrize("workers", [1, 2])

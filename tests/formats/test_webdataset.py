@@ -14,7 +14,7 @@ import pytest
 
 from unihub import CompressedImageCodec, FormatError, ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.formats import images
-from unihub.formats.foreign import FORMATS
+from unihub.formats.foreign import FORMATS, python_columns
 from unihub.formats.parquet import open_dataset
 from unihub.formats.webdataset import WebDatasetFormat, split_name
 from unihub.formats.writer import write_dataset
@@ -64,7 +64,7 @@ def shards(tmp_path: Path) -> Path:
 def read_rows(source: WebDatasetFormat, schema: Unischema | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     schema = schema or source.infer_schema()
     rows = []
-    for batch in source.read_batches(schema, **kwargs):
+    for batch in map(python_columns, source.read_batches(schema, **kwargs)):  # Arrow columns as lists
         n = len(next(iter(batch.values())))
         rows.extend({name: values[i] for name, values in batch.items()} for i in range(n))
     return rows

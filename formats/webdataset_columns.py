@@ -1,0 +1,218 @@
+"""WebDataset samples -> column batches a field at a time, and the statistics of a single pass.
+
+:class:`~unihub.formats.webdataset.WebDatasetFormat` gathers a batch of samples, then turns each
+field's members into one column in a few vectorised steps rather than value by value: keys,
+text and bytes become one Arrow array; integer text is checked by one regular expression and
+parsed by one Arrow cast; ``.npy`` members of one header are read as one ``(n, *shape)`` array
+(:func:`unihub.formats.npy.load_npy_column`); images are checked a header group at a time
+(:func:`unihub.formats.image_checks.bad_images`). What this fast path cannot vouch for (a value
+it would have to look at alone, a missing or extra member, a failed check) makes it give the
+batch up: :class:`~unihub.formats.webdataset._SampleReader` then reads it row by row, so every
+error and skip is exactly the row reader's.
+
+A single-pass conversion (``observe``) also gathers per extension the :class:`FieldStats` a
+schema scan would, from the same arrays (:func:`observe`), so the shards are read once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from unihub.formats import image_checks, images
+from unihub.formats.codecs import CompressedImageCodec
+from unihub.formats.image_checks import ValidateImages
+from unihub.formats.npy import load_npy_column
+from unihub.formats.schema import UnischemaField
+from unihub.formats.validation import shape_matches
+from unihub.formats.webdataset_fields import FieldStats, Where, native_order
+from unihub.formats.webdataset_tar import KEY_FIELD, Sample
+
+#: integer text every parser reads alike: ASCII digits, an optional minus, short enough for float64 too
+_PLAIN_INT = r"^-?[0-9]{1,15}$"
+_MINUS_ZERO = r"^-0+$"  # '-0' is a number an int field cannot hold (see FieldStats._add_number)
+_MAX_BINARY = 2**31 - 1  # bytes one Arrow binary array (int32 offsets) holds
+
+
+class _Values:
+    """One extension's members in a batch (none missing), as one Arrow binary array; what the
+    column and the statistics both need is computed once."""
+
+    def __init__(self, values: list[bytes]) -> None:
+        self.values = values
+        self._array: pa.Array | None = None
+
+    @property
+    def array(self) -> pa.Array:
+        if self._array is None:
+            self._array = pa.array(self.values, type=pa.binary())
+        return self._array
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buffer, starts, ends)`` of the values in the array's data buffer."""
+        array = self.array
+        offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
+        data = array.buffers()[2]
+        buffer = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return buffer, offsets[:-1], offsets[1:]
+
+    def plain_ints(self) -> bool:
+        """True when every value is integer text that int64 and float64 both hold exactly."""
+        array = self.array
+        return bool(pc.all(pc.match_substring_regex(array, _PLAIN_INT)).as_py()) and \
+            not bool(pc.any(pc.match_substring_regex(array, _MINUS_ZERO)).as_py())
+
+    def npy(self) -> np.ndarray | None:
+        """The values as one array when they share one ``.npy`` header (else None)."""
+        if not hasattr(self, "_npy"):
+            try:
+                self._npy = load_npy_column(self.array) if sum(map(len, self.values)) <= _MAX_BINARY else None
+            except Exception:  # a corrupt header: the row reader says which and why
+                self._npy = None
+        return self._npy
+
+
+def _gather(samples: Sequence[Sample], extension: str) -> _Values | None:
+    """The ``extension`` members of every sample, or None when one lacks it."""
+    values = [s.members.get(extension) for s in samples]
+    return None if any(v is None for v in values) else _Values(values)  # type: ignore[arg-type]
+
+
+def observe(stats: dict[str, FieldStats], samples: Sequence[Sample],
+            cache: dict[str, _Values | None]) -> None:
+    """Add ``samples`` to ``stats`` as :func:`~unihub.formats.webdataset._scan_shards` would, sample by
+    sample: a whole column at a time where its values allow, else member by member."""
+    extensions: dict[str, None] = {}
+    for sample in samples:
+        extensions.update(dict.fromkeys(sample.members))
+    for extension in extensions:
+        stat = stats.get(extension)
+        if stat is None:
+            stat = stats[extension] = FieldStats(extension)
+        values = cache.setdefault(extension, _gather(samples, extension))
+        if values is None or not _observe_column(stat, values, lambda i: _where(samples[i])):
+            for sample in samples:
+                data = sample.members.get(extension)
+                if data is not None:
+                    stat.add(data, sample.url, sample.offset, sample.key)
+
+
+def _where(sample: Sample) -> Where:
+    return sample.url, sample.offset, sample.key
+
+
+def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Where]) -> bool:
+    """Add a full column to ``stat`` in a few steps; False (nothing added) where it must go member by member."""
+    n = len(values.values)
+    if stat.kind == "int" and stat.all_int and values.plain_ints():
+        stat.count += n  # every value is an int64, a float64 and UTF-8 alike: nothing else changes
+        return True
+    if stat.kind == "npy":
+        array = values.npy()
+        if array is None:
+            return False
+        dtype = native_order(array.dtype)
+        stat.dtypes.setdefault(dtype, where(0))
+        stat.ranks.setdefault(array.ndim - 1, where(0))
+        stat.shapes.add(array.shape[1:])
+        stat.count += n
+        return True
+    if stat.kind == "image" and sum(map(len, values.values)) <= _MAX_BINARY:
+        buffer, starts, ends = values.spans()
+        for size, _, _ in images.image_size_groups(buffer, starts, ends):
+            if size is None:
+                continue  # corrupt: counted, no shape (as FieldStats.add)
+            height, width, channels = size
+            stat.shapes.add((height, width) if channels == 1 else (height, width, channels))
+        for depth, rows in _depths(buffer, starts, ends).items():
+            stat.depths.setdefault(depth, where(int(rows[0])))
+        stat.count += n
+        return True
+    return False
+
+
+def _depths(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict[int, np.ndarray]:
+    """``{bit depth: rows}`` (:func:`~unihub.formats.webdataset_fields.bit_depth` of each value)."""
+    heads = images.leading_bytes(buffer, starts, ends - starts, 25)
+    sixteen = (heads[:, 0] == 0x89) & (heads[:, 1] == ord("P")) & (heads[:, 2] == ord("N")) & \
+        (heads[:, 3] == ord("G")) & (ends - starts > 24) & (heads[:, 24] == 16)
+    return {depth: rows for depth, rows in ((8, np.flatnonzero(~sixteen)), (16, np.flatnonzero(sixteen)))
+            if len(rows)}
+
+
+class ColumnReader:
+    """Batches of samples -> columns of one schema, fields named by extension (no export header).
+
+    :meth:`columns` returns None where any value needs the row reader: a missing or extra member, a
+    value the fast checks refuse or cannot vouch for.
+    """
+
+    def __init__(self, fields: Sequence[UnischemaField], validate_images: ValidateImages, *, fit: bool) -> None:
+        self.fields = [f for f in fields if f.name != KEY_FIELD]
+        self.keys = any(f.name == KEY_FIELD for f in fields)
+        self.order = [f.name for f in fields]
+        self.validate_images, self.fit = validate_images, fit
+
+    def columns(self, samples: Sequence[Sample], cache: dict[str, _Values | None]) -> dict[str, Any] | None:
+        if sum(len(s.members) for s in samples) != len(self.fields) * len(samples):
+            return None  # a member missing (null, or an error) or one no field reads
+        out: dict[str, Any] = {}
+        if self.keys:
+            out[KEY_FIELD] = pa.array([s.key for s in samples], type=pa.string())
+        for f in self.fields:
+            if f.name not in cache:
+                cache[f.name] = _gather(samples, f.name)
+            values = cache[f.name]
+            column = None if values is None else self._column(f, values)
+            if column is None:
+                return None
+            out[f.name] = column
+        return {name: out[name] for name in self.order}
+
+    def _column(self, f: UnischemaField, values: _Values) -> Any:
+        """One field's column, or None (the row reader decides)."""
+        if sum(map(len, values.values)) > _MAX_BINARY:
+            return None
+        if isinstance(f.codec, CompressedImageCodec):
+            return values.array if self._images_fit(f, values) else None
+        kind = f.dtype.kind
+        if f.shape == () and f.numpy_dtype is np.bytes_:
+            return values.array
+        if f.shape == () and f.numpy_dtype is np.str_:
+            try:
+                return values.array.cast(pa.string())  # checks UTF-8
+            except pa.ArrowInvalid:
+                return None
+        if f.shape == () and f.dtype == np.int64 and values.plain_ints():
+            return pc.cast(values.array.cast(pa.string()), pa.int64()).to_numpy()
+        if f.shape != () and kind in "biufc":
+            array = values.npy()
+            if array is None or native_order(array.dtype) != f.dtype or not shape_matches(array.shape[1:], f.shape):
+                return None
+            array = array if array.dtype == f.dtype else array.astype(f.dtype)
+            return array if f.is_fixed_shape else list(array)
+        return None
+
+    def _images_fit(self, f: UnischemaField, values: _Values) -> bool:
+        """True when every image passes what the row reader's image check would: a readable header, the
+        field's shape and bit depth (unless ``fit`` is off: a provisional schema), the pixel limit and
+        end marker (as ``validate_images`` says)."""
+        buffer, starts, ends = values.spans()
+        if self.fit:
+            depth = 16 if f.dtype == np.uint16 else 8
+            if set(_depths(buffer, starts, ends)) != {depth}:
+                return False
+        for size, _, _ in images.image_size_groups(buffer, starts, ends):
+            if size is None:
+                return False
+            height, width, channels = size
+            found = (height, width) if channels == 1 and len(f.shape) == 2 else (height, width, channels)
+            if self.fit and not shape_matches(found, f.shape):
+                return False
+        if self.validate_images == "none":
+            return True
+        return not image_checks.bad_images(buffer, starts, ends, f, self.validate_images, fit=False).any()
