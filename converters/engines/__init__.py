@@ -56,10 +56,11 @@ class Engine(ABC):
 ENGINES: Registry[type[Engine]] = Registry("engine")
 
 #: MiB of input each forked worker must have to read before workers pay for their start (a fork, pyarrow's
-#: first use, one more Parquet writer) and for the result's extra part files; measured on 2 cores with
-#: 20k-80k rows of a 64x64 JPEG + int + float32[16] (TFRecord and WebDataset ingest): see README.
+#: first use, one more Parquet writer) and for the result's extra part files. On 2 cores, ~70 MB of
+#: 64x64 JPEG rows (20k) converted slower with 2 workers than with 1, and 256 MB of TFRecord 1.25-1.45x
+#: faster (benchmarks/scale.py); a judgement between the two, to measure again on a quiet machine.
 #: ``UNIHUB_FORK_MIN_MB`` overrides it (0: always fork when asked to)
-FORK_MIN_MB = 256.0
+FORK_MIN_MB = 64.0
 FORK_MIN_ENV = "UNIHUB_FORK_MIN_MB"
 
 
