@@ -13,10 +13,13 @@ unihub dataset. Formats are detected from paths and contents unless given. Outpu
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow.fs as pafs
 
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
@@ -275,57 +278,51 @@ def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
 
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
             options: dict[str, Any]) -> None:
-    """Write the export into a hidden directory beside ``dst`` and rename it into place at the end,
-    whatever the format writes (one file or many shards): an error or Ctrl-C leaves neither a
-    partial ``dst`` nor the directory, and an overwrite replaces every old shard."""
-    import shutil
-
-    import pyarrow.fs as pafs
-
-    from unihub.formats import filesystem as fsutil
-
-    if sources.is_url(dst):
-        _export_remote(dst, target_format, schema, batches, options)
-        return
-    target = os.path.abspath(dst)
-    holder = fsutil.temporary_sibling(target)
-    os.makedirs(holder)
-    try:
-        written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
-        FORMATS.get(target_format).write(written, schema, batches, **options)
-        fsutil.commit(pafs.LocalFileSystem(), written, target)
-    finally:
-        shutil.rmtree(holder, ignore_errors=True)
-
-
-def _export_remote(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
-                   options: dict[str, Any]) -> None:
-    """An export to a URL: written into a local temporary directory (the format writers write local
-    files; HDF5 needs a seekable one), uploaded to a hidden prefix beside ``dst``, then put in place
-    (:func:`unihub.formats.filesystem.commit`). Every local and remote temporary is removed, whatever happens."""
-    import tempfile
+    """Write the export into a hidden place beside ``dst`` (a directory, or a prefix on an object store)
+    and put it in place at the end (:func:`unihub.formats.filesystem.commit`), whatever the format writes
+    (one file or many shards): an error or Ctrl-C leaves neither a partial ``dst`` nor the staged files,
+    and an overwrite replaces every old shard. The writers stream into it through
+    :class:`~unihub.formats.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
+    which h5py needs as a local file: see ``HDF5Format.write``)."""
+    import posixpath
 
     from unihub.formats import filesystem as fsutil
+    from unihub.formats.outputs import FileSystemOutputs, LocalOutputs, Outputs
 
-    fs, target = fsutil.resolve_filesystem(dst)
-    staged = fsutil.temporary_sibling(target)
-    with tempfile.TemporaryDirectory(prefix="unihub-export-") as spool:
-        written = os.path.join(spool, os.path.basename(target.rstrip("/")))
-        FORMATS.get(target_format).write(written, schema, batches, **options)
+    if not sources.is_url(dst):
+        target = os.path.abspath(dst)
+        holder = fsutil.temporary_sibling(target)
+        os.makedirs(holder)
         try:
-            with remote.remote_errors(dst):
-                _upload(fs, written, staged)
-                fsutil.commit(fs, staged, target)
-        except BaseException:
-            fsutil.remove(fs, staged)
-            raise
+            written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
+            FORMATS.get(target_format).write(LocalOutputs(written), schema, batches, **options)
+            fsutil.commit(pafs.LocalFileSystem(), written, target)
+        finally:
+            shutil.rmtree(holder, ignore_errors=True)
+        return
+    fs, target = fsutil.resolve_filesystem(dst)
+    target = target.rstrip("/")
+    holder = fsutil.temporary_sibling(target)
+    written = fsutil.join(holder, posixpath.basename(target))
+    outputs: Outputs = FileSystemOutputs(fs, written)
+    try:
+        with remote.remote_errors(dst):
+            FORMATS.get(target_format).write(outputs, schema, batches, **options)
+            fsutil.commit(fs, written, target)
+    except BaseException:
+        _remove_quietly(fs, holder)  # the export's own error is the one to report, not a failed clean-up's
+        raise
+    with remote.remote_errors(dst):
+        fsutil.remove(fs, holder)  # what the commit's copies leave of it (empty directories)
 
 
-def _upload(fs: Any, local: str, remote_path: str) -> None:
-    """Copy a local file or directory tree to ``remote_path`` on ``fs``."""
-    import pyarrow.fs as pafs
+def _remove_quietly(fs: Any, path: str) -> None:
+    from unihub.formats import filesystem as fsutil
 
-    pafs.copy_files(local, remote_path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    try:
+        fsutil.remove(fs, path)
+    except Exception:  # noqa: BLE001 (a server that failed the export may fail this too)
+        pass
 
 
 def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unischema, overwrite: bool,

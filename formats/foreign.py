@@ -36,6 +36,7 @@ from unihub.registry import Registry
 
 if TYPE_CHECKING:
     from unihub.formats.image_checks import ValidateImages
+    from unihub.formats.outputs import Outputs
 
 FORMATS: Registry[type[ForeignFormat]] = Registry("format")
 T = TypeVar("T")
@@ -251,8 +252,11 @@ class ForeignFormat(ABC):
 
     @classmethod
     @abstractmethod
-    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], **options: Any) -> list[str]:
-        """Export column batches of ``schema`` to ``target`` in this format; returns the files written."""
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch],
+              **options: Any) -> list[str]:
+        """Export column batches of ``schema`` to ``target`` in this format; returns the files written.
+        ``target`` is a local path, or :class:`~unihub.formats.outputs.Outputs` on any filesystem
+        (what ``convert`` gives: an export staged there and committed as one)."""
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:

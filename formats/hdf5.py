@@ -86,6 +86,7 @@ from unihub.formats.hdf5_meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
+from unihub.formats.outputs import Outputs
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.memory import batch_nbytes
 
@@ -273,11 +274,15 @@ class HDF5Format(ForeignFormat):
         return {"layout": layout.get("kind", "columns"), "source": source} if layout else {}
 
     @classmethod
-    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
               images: Literal["bytes", "pixels"] = "bytes", compression: str | None = None,
               chunk_rows: int | None = None, layout: str = "columns", key_field: str | None = None,
               source: Mapping[str, Any] | None = None, overwrite: bool = False, **options: Any) -> list[str]:
         """Write ``batches`` to the HDF5 file ``target`` (atomically: a temp sibling renamed on success).
+
+        Given :class:`~unihub.formats.outputs.Outputs` on a remote filesystem, the file is written in a
+        temporary directory in ``$TMPDIR`` and then streamed there: h5py needs a seekable, readable
+        file, so this is the one export that writes locally (and needs local disk for the whole file).
 
         ``layout``: ``columns``, ``splits`` or ``groups`` (``key_field`` names each row's split or
         group); ``source``: the ``hdf5`` metadata of an HDF5 ingest, whose datasets are rebuilt
@@ -293,8 +298,13 @@ class HDF5Format(ForeignFormat):
         if layout not in ("columns", "splits", "groups"):
             raise SchemaError(f"layout must be 'columns', 'splits' or 'groups', got {layout!r}")
         spec = export_spec(schema, layout=layout, key_field=key_field, source=source, images=images)
-        return write_file(target, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
-                          overwrite=overwrite)
+        if not isinstance(target, Outputs):
+            return write_file(target, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
+                              overwrite=overwrite)
+        with target.local_file() as local:  # h5py seeks and reads back: a remote target is spooled locally
+            write_file(local, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
+                       overwrite=overwrite)
+        return [target.path()]
 
     # -- verify: h5py's own reading -----------------------------------------------------
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:

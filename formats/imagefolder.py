@@ -85,6 +85,7 @@ from unihub.formats.foreign import (
     register_format,
 )
 from unihub.formats.image_checks import jpeg_scan_start
+from unihub.formats.outputs import LocalOutputs, Outputs
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
 from unihub.memory import BatchCut
@@ -294,7 +295,7 @@ class ImageFolderFormat(ForeignFormat):
                           f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=2)
 
     @classmethod
-    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
               image_field: str | None = None, label_field: str | None = "label", path_field: str | None = "path",
               classes: Sequence[str] | None = None, overwrite: bool = False, **options: Any) -> list[str]:
         """Write ``target/<class>/<file>`` (or ``target/<file>`` without labels); returns the files written.
@@ -305,31 +306,32 @@ class ImageFolderFormat(ForeignFormat):
         re-ingesting sorts the folder names as strings: pass ``classes`` for faithful labels).
         The file name is the row's ``path`` when present (prefixed with the class folder unless
         it already starts with it), else ``<row index>.png|jpg``. With ``classes`` every class
-        folder is created, empty ones too. Written into a hidden sibling directory renamed
-        onto ``target`` at the end: a failure leaves nothing behind; an existing ``target`` is
-        refused unless ``overwrite=True``.
+        folder is created, empty ones too (not on an object store, which has no directories).
+        Given a path, written into a hidden sibling directory renamed onto ``target`` at the end:
+        a failure leaves nothing behind; an existing ``target`` is refused unless ``overwrite=True``.
+        Given :class:`~unihub.formats.outputs.Outputs` (what ``convert`` stages and commits as one,
+        on any filesystem), each file is written straight to its place there.
         """
         if options:
             raise SchemaError(f"unknown image folder write options {sorted(options)}")
-        target = os.path.abspath(os.fspath(target))
         image = _pick_image_field(schema, image_field)
         label = label_field if label_field and label_field in schema else None
         path = path_field if path_field and path_field in schema else None
+        if isinstance(target, Outputs):  # staged by the caller, on any filesystem
+            return _write_tree(target, image, label, path, classes, batches)
+        target = os.path.abspath(os.fspath(target))
         fsutil.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
         if os.path.lexists(target) and not overwrite:
             raise DatasetExistsError(f"{target} already exists; pass overwrite=True to replace it")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         temporary = fsutil.temporary_sibling(target)
-        os.makedirs(temporary)
         try:
-            for name in classes or ():
-                os.makedirs(os.path.join(temporary, _safe_component(name, "class name")), exist_ok=True)
-            written = _write_rows(temporary, image, label, path, classes, batches)
+            written = _write_tree(LocalOutputs(temporary), image, label, path, classes, batches)
             fsutil.commit(pafs.LocalFileSystem(), temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-        return [os.path.join(target, rel) for rel in written]
+        return [os.path.join(target, os.path.relpath(p, temporary)) for p in written]
 
     REFERENCE_READER = "the files' bytes, listed as torchvision's ImageFolder lists them"
 
@@ -558,19 +560,26 @@ def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
     return candidates[0]
 
 
-#: threads creating the files of an export: file creation is kernel time, which two threads overlap
-_WRITE_THREADS = 2
-
-
-def _write_rows(root: str, image: UnischemaField, label: str | None, path: str | None,
+def _write_tree(outputs: Outputs, image: UnischemaField, label: str | None, path: str | None,
                 classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
+    """The class folders (empty ones too) and every row's file under ``outputs``; their full paths."""
+    outputs.makedirs()
+    for name in classes or ():
+        outputs.makedirs(_safe_component(name, "class name"))
+    return [outputs.path(rel) for rel in _write_rows(outputs, image, label, path, classes, batches)]
+
+
+def _write_rows(outputs: Outputs, image: UnischemaField, label: str | None, path: str | None,
+                classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
+    """Write each row's image as one file of ``outputs``, in ``outputs.parallel_files`` threads (file creation
+    is kernel time locally, a request's latency remotely: both overlap); returns the relative paths."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
+    threads = outputs.parallel_files
     written: list[str] = []
     seen: set[str] = set()
-    made: set[str] = set()
     in_flight: list[Future[None]] = []
-    with ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="unihub-imagefolder-write") as pool:
+    with ThreadPoolExecutor(threads, thread_name_prefix="unihub-imagefolder-write") as pool:
         for batch in batches:
             columns = batch.to_pydict() if isinstance(batch, (pa.RecordBatch, pa.Table)) else python_columns(batch)
             if image.name not in columns:
@@ -587,30 +596,19 @@ def _write_rows(root: str, image: UnischemaField, label: str | None, path: str |
                 if rel in seen:
                     raise FormatError(f"rows write the same file {rel!r} twice (row {index})", path=rel)
                 seen.add(rel)
-                full = os.path.join(root, *rel.split("/"))
-                directory = os.path.dirname(full)
-                if directory not in made:
-                    os.makedirs(directory, exist_ok=True)
-                    made.add(directory)
-                jobs.append((full, data))
+                jobs.append((rel, data))
                 written.append(rel)
-            in_flight += [pool.submit(_write_files, jobs[k::_WRITE_THREADS]) for k in range(_WRITE_THREADS)]
-            while len(in_flight) > 2 * _WRITE_THREADS:  # at most two batches' bytes held
+            in_flight += [pool.submit(_write_files, outputs, jobs[k::threads]) for k in range(threads)]
+            while len(in_flight) > 2 * threads:  # at most two batches' bytes held
                 in_flight.pop(0).result()
         for future in in_flight:
             future.result()
     return written
 
 
-def _write_files(jobs: Sequence[tuple[str, Any]]) -> None:
-    for full, data in jobs:
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+def _write_files(outputs: Outputs, jobs: Sequence[tuple[str, Any]]) -> None:
+    for rel, data in jobs:
+        outputs.write_file(rel, data)
 
 
 def _image_bytes(field: UnischemaField, value: Any, row: int) -> tuple[bytes | bytearray | memoryview, str]:

@@ -29,6 +29,7 @@ from unihub.dependencies import require
 from unihub.errors import FormatError, UnsupportedFormatError
 from unihub.formats import sources
 from unihub.formats.foreign import OnError, ReadReport, SkippedRecord
+from unihub.formats.outputs import Outputs, outputs_for
 
 Compression = Literal["none", "gzip", "zlib"]
 #: what users may pass as the ``compression`` option (TensorFlow's spellings included)
@@ -277,7 +278,7 @@ def _fail(path: str, index: int, offset: int, reason: str, on_error: OnError,
 
 def write_records(path: str, records: Iterable[bytes], *, compression: str | None = None) -> str:
     """Frame serialized records (any payload) into one TFRecord file, atomically; returns ``path``."""
-    writer = _ShardWriter(path, True, normalize_compression(compression) or "none", None)
+    writer = _ShardWriter(outputs_for(path), True, normalize_compression(compression) or "none", None)
     try:
         for record in records:
             writer.write(record)
@@ -296,33 +297,27 @@ def _stem(path: str) -> str:
 
 
 class _ShardWriter:
-    """Writes framed records into shards, each via a temporary sibling renamed on close."""
+    """Writes framed records into one file (``single``: the root of ``outputs``) or into ``part-NNNNN``
+    shards of ``per_file`` records in it, each a stream of ``outputs`` (a local file, or an upload
+    straight to an object store: see :mod:`unihub.formats.outputs`)."""
 
-    def __init__(self, target: str, single: bool, compression: Compression, per_file: int | None) -> None:
-        self.target, self.single, self.compression, self.per_file = target, single, compression, per_file
+    def __init__(self, outputs: Outputs, single: bool, compression: Compression, per_file: int | None) -> None:
+        self.outputs, self.single, self.compression, self.per_file = outputs, single, compression, per_file
         self.done: list[str] = []
-        self.final = self.temp = ""
+        self.name = ""
         self.raw: IO[bytes] | None = None
         self.stream: IO[bytes] | gzip.GzipFile | ZlibWriter | None = None
         self.count = 0
         self.crc = _crc32c()
         if not single:
-            os.makedirs(target, exist_ok=True)
+            outputs.makedirs()
 
     def _name(self, shard: int) -> str:
-        suffix = _SUFFIXES[self.compression]
-        if not self.single:
-            return os.path.join(self.target, f"part-{shard:05d}.tfrecord{suffix}")
-        if self.per_file is None:
-            return self.target
-        stem, ext = os.path.splitext(_stem(self.target))
-        return f"{stem}-{shard:05d}{ext}{suffix}"
+        return "" if self.single else f"part-{shard:05d}.tfrecord{_SUFFIXES[self.compression]}"
 
     def _open(self) -> None:
-        self.final = self._name(len(self.done))
-        self.temp = os.path.join(os.path.dirname(self.final) or ".",
-                                 f".{os.path.basename(self.final)}.tmp-{os.getpid()}")
-        self.raw = open(self.temp, "wb")  # noqa: SIM115
+        self.name = self._name(len(self.done))
+        self.raw = self.outputs.open(self.name)
         if self.compression == "gzip":
             self.stream = gzip.GzipFile(fileobj=self.raw, mode="wb", mtime=0)
         else:
@@ -338,16 +333,12 @@ class _ShardWriter:
         if self.per_file is not None and self.count == self.per_file:
             self._finish()
 
-    def _close_streams(self) -> None:
-        for stream in (self.stream, self.raw):
-            if stream is not None:
-                stream.close()
-        self.stream = self.raw = None
-
     def _finish(self) -> None:
-        self._close_streams()
-        os.replace(self.temp, self.final)
-        self.done.append(self.final)
+        if self.stream is not self.raw:
+            self.stream.close()  # type: ignore[union-attr]  # its trailer (gzip, zlib) into raw
+        self.raw.close()  # type: ignore[union-attr]
+        self.stream = self.raw = None
+        self.done.append(self.outputs.path(self.name))
         self.count = 0
 
     def close(self) -> list[str]:
@@ -358,6 +349,6 @@ class _ShardWriter:
         return self.done
 
     def abort(self) -> None:
-        if self.stream is not None:
-            self._close_streams()
-            os.remove(self.temp)
+        if self.raw is not None:
+            self.outputs.discard(self.raw, self.name)
+            self.stream = self.raw = None

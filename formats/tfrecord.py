@@ -39,6 +39,7 @@ from unihub.formats.foreign import (
     python_columns,
     register_format,
 )
+from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import (
     Feature,
@@ -389,7 +390,7 @@ class TFRecordFormat(ForeignFormat):
             yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
 
     @classmethod
-    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
               compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
               shape_features: Sequence[str] | None = None, **options: Any) -> list[str]:
@@ -398,8 +399,10 @@ class TFRecordFormat(ForeignFormat):
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
         (``feature_lists`` names the fields written as feature lists, the rest is the context), a
         ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
-        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each file
-        appears atomically (written to a temporary sibling, then renamed).
+        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Given a
+        path, each file appears atomically (written to a temporary sibling, then renamed); given
+        :class:`~unihub.formats.outputs.Outputs` (what ``convert`` stages and commits as one, on any
+        filesystem), each is streamed straight to its place there.
         """
         if options:
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
@@ -412,10 +415,10 @@ class TFRecordFormat(ForeignFormat):
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
-        target = os.fspath(target)
-        single = records_per_file is None and os.path.splitext(_stem(target))[1] in \
+        outputs = outputs_for(target)
+        single = records_per_file is None and os.path.splitext(_stem(outputs.root))[1] in \
             (".tfrecord", ".tfrecords", ".tfrec")
-        writer = _ShardWriter(target, single, kind, records_per_file)
+        writer = _ShardWriter(outputs, single, kind, records_per_file)
         try:
             for batch in map(python_columns, batches):
                 n = len(next(iter(batch.values()))) if batch else 0

@@ -59,6 +59,7 @@ from unihub.formats.foreign import (
     register_format,
 )
 from unihub.formats.image_checks import ValidateImages
+from unihub.formats.outputs import Outputs
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
 from unihub.formats.webdataset_columns import ColumnReader, observe
@@ -357,7 +358,7 @@ class WebDatasetFormat(ForeignFormat):
 
     # ------------------------------------------------------------------------ writing
     @classmethod
-    def write(cls, target: str, schema: Unischema, batches: Iterable[ColumnBatch], *,
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
               samples_per_shard: int = 10000, pattern: str = "shard-%06d.tar", image_extensions: str = "content",
               **options: Any) -> list[str]:
         """Tar shards in directory ``target``, ``samples_per_shard`` samples each; returns their paths.
@@ -366,8 +367,10 @@ class WebDatasetFormat(ForeignFormat):
         index, zero-padded), the extension from the field name, with a suffix added where the
         name does not already say the encoding (``image`` -> ``image.png`` or ``image.jpg`` by
         the cell's bytes, ``boxes`` -> ``boxes.npy``). Null values leave their member out.
-        Each shard starts with the header that gives ingest the schema back, is written beside
-        its final name and renamed into place when complete; no rows still write one shard.
+        Each shard starts with the header that gives ingest the schema back; given a path, it is
+        written beside its final name and renamed into place when complete; given
+        :class:`~unihub.formats.outputs.Outputs` (any filesystem), streamed there. No rows still
+        write one shard.
         """
         return write_shards(target, schema, batches, samples_per_shard=samples_per_shard, pattern=pattern,
                             image_extensions=image_extensions, **options)

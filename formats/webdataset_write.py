@@ -3,14 +3,15 @@
 Each shard is a PAX tar starting with a global header whose ``comment`` is the
 :class:`~unihub.formats.webdataset_tar.ShardHeader` JSON (the Unischema, which extension holds
 which field, the shard's first row), then each sample's members in field order; null values
-leave their member out. Members are reproducible (mode 0444, mtime 0). A shard is written
-beside its final name and renamed into place when complete.
+leave their member out. Members are reproducible (mode 0444, mtime 0). Each shard is a stream of
+:class:`~unihub.formats.outputs.Outputs`: written beside its final name and renamed into place when
+complete where the writer is given a local path, streamed straight to its place in an export that
+``convert`` stages and commits as one (on any filesystem).
 """
 
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from unihub.errors import SchemaError, UnsupportedFormatError
 from unihub.formats.foreign import ColumnBatch, python_columns
+from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema
 from unihub.formats.webdataset_fields import member_encoder
 from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, is_meta, row_key, split_name
@@ -27,7 +29,7 @@ from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, is_meta, row_k
 EMPTY_MEMBER = "__empty__"
 
 
-def write_shards(target: str, schema: Unischema, batches: Iterable[ColumnBatch], *, samples_per_shard: int,
+def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *, samples_per_shard: int,
                  pattern: str, image_extensions: str, **options: Any) -> list[str]:
     """Shards of ``samples_per_shard`` samples in directory ``target``; see
     :meth:`~unihub.formats.webdataset.WebDatasetFormat.write`."""
@@ -37,8 +39,9 @@ def write_shards(target: str, schema: Unischema, batches: Iterable[ColumnBatch],
         raise SchemaError(f"field {KEY_FIELD!r} of {schema.name!r} is {schema[KEY_FIELD].numpy_dtype.__name__} "
                           f"of shape {schema[KEY_FIELD].shape}; a WebDataset key is a str")
     header = ShardHeader(schema, members, image_extensions, KEY_FIELD not in schema, samples_per_shard)
-    os.makedirs(target, exist_ok=True)
-    writer = _ShardSet(target, pattern, samples_per_shard, header)
+    outputs = outputs_for(target)
+    outputs.makedirs()
+    writer = _ShardSet(outputs, pattern, samples_per_shard, header)
     try:
         previous_key = None
         for index, row in enumerate(_rows(batches)):
@@ -112,12 +115,11 @@ def _checked_key(value: Any, index: int, previous: str | None, keyed: bool) -> s
 
 
 class _ShardWriter:
-    """One shard written to a hidden temporary sibling and renamed into place on close."""
+    """One shard, a tar streamed into a file of ``outputs``."""
 
-    def __init__(self, path: str, header: str) -> None:
-        self.path = path
-        self.temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-        self.file = open(self.temporary, "wb")  # noqa: SIM115 (closed in commit/abort)
+    def __init__(self, outputs: Outputs, name: str, header: str) -> None:
+        self.outputs, self.name = outputs, name
+        self.file = outputs.open(name)  # closed in commit/abort
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": header})
 
     def add(self, name: str, data: bytes) -> None:
@@ -125,36 +127,33 @@ class _ShardWriter:
         info.size, info.mode, info.mtime = len(data), 0o444, 0  # reproducible shards
         self.tar.addfile(info, io.BytesIO(data))  # shares data's buffer (no copy)
 
-    def commit(self) -> None:
+    def commit(self) -> str:
         self.tar.close()
         self.file.close()
-        os.replace(self.temporary, self.path)
+        return self.outputs.path(self.name)
 
     def abort(self) -> None:
-        self.file.close()
-        if os.path.exists(self.temporary):
-            os.remove(self.temporary)
+        self.outputs.discard(self.file, self.name)
 
 
 class _ShardSet:
     """The shards of one export: a new one every ``per_shard`` rows, each with its header."""
 
-    def __init__(self, target: str, pattern: str, per_shard: int, header: ShardHeader) -> None:
-        self.target, self.pattern, self.per_shard, self.header = target, pattern, per_shard, header
+    def __init__(self, outputs: Outputs, pattern: str, per_shard: int, header: ShardHeader) -> None:
+        self.outputs, self.pattern, self.per_shard, self.header = outputs, pattern, per_shard, header
         self.current: _ShardWriter | None = None
         self.written: list[str] = []
 
     def shard_for(self, index: int) -> _ShardWriter:
         if index % self.per_shard == 0:
             self._commit()
-            path = os.path.join(self.target, self.pattern % (index // self.per_shard))
-            self.current = _ShardWriter(path, self.header.at(index).to_text())
+            name = self.pattern % (index // self.per_shard)
+            self.current = _ShardWriter(self.outputs, name, self.header.at(index).to_text())
         return self.current  # type: ignore[return-value]
 
     def _commit(self) -> None:
         if self.current is not None:
-            self.current.commit()
-            self.written.append(self.current.path)
+            self.written.append(self.current.commit())
             self.current = None
 
     def close(self) -> list[str]:
@@ -166,3 +165,4 @@ class _ShardSet:
     def abort(self) -> None:
         if self.current is not None:
             self.current.abort()
+            self.current = None
