@@ -12,6 +12,7 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.dependencies import is_available
 
-from ..spark_cluster import spark_home
+from ..spark_cluster import cluster_session, spark_home
 
 pytestmark = [
     pytest.mark.spark,
@@ -76,6 +77,15 @@ def on_s3(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     return objects
 
 
+@pytest.fixture(scope="module")
+def session(spark_cluster: Any) -> Iterator[Any]:
+    """One session on the cluster for this module's conversions in Python (its executors' environment
+    has no endpoint: the s3_server fixture sets none)."""
+    started = cluster_session(spark_cluster.master)
+    yield started
+    started.stop()
+
+
 def _keys(s3_server: Any, prefix: str) -> dict[str, bytes]:
     client = s3_server.client()
     listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", [])
@@ -124,20 +134,19 @@ def test_cli_converts_an_s3_source_on_the_cluster(spark_cluster: Any, s3_server:
 
 @pytest.mark.parametrize("kind, endpoint", [("webdataset", "environment"), ("imagefolder", "url-query")])
 def test_an_endpoint_the_driver_alone_was_given_reaches_the_executors(
-        spark_cluster: Any, s3_server: Any, on_s3: dict[str, bytes], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, kind: str, endpoint: str) -> None:
+        session: Any, s3_server: Any, on_s3: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        kind: str, endpoint: str) -> None:
     src = f"s3://{s3_server.bucket}/{PREFIX}/{'wds' if kind == 'webdataset' else 'images'}"
     out_key = f"spark-s3-out-{kind}/ds"
     dst = f"s3://{s3_server.bucket}/{out_key}"
     local = tmp_path / "local"
     convert(src, local, progress=False, storage_options=s3_server.storage_options())
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     if endpoint == "environment":  # the driver's; the workers were started without it
         monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
     else:  # pyarrow's S3 filesystem, pointed at the server by the URLs' query
         query = f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
         src, dst = src + query, dst + query
-    result = convert(src, dst, engine="spark", master=spark_cluster.master, progress=False)
+    result = convert(src, dst, engine="spark", spark=session, progress=False)
     assert result.rows == (12 if kind == "webdataset" else 8)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     _check(s3_server, on_s3, local, f"s3://{s3_server.bucket}/{out_key}", out_key)

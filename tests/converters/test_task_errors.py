@@ -8,8 +8,14 @@ import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField
 from unihub.converters.task_errors import MARKER, carried, carrier
-from unihub.errors import (DataCorruptionError, DatasetChangedError, FormatError, RemoteStorageError, UnihubError,
-                           ValidationError)
+from unihub.errors import (
+    DataCorruptionError,
+    DatasetChangedError,
+    FormatError,
+    RemoteStorageError,
+    UnihubError,
+    ValidationError,
+)
 from unihub.formats.foreign import SchemaOutgrown
 
 
