@@ -143,3 +143,9 @@ class CacheError(UnihubError):
 class CacheTimeoutError(CacheError, TimeoutError):
     """Waited longer than ``wait_timeout`` for another process to build a cache; the message names the
     cache and who holds its build lease."""
+
+
+class SparkSettingError(UnihubError, ValueError):
+    """A Spark session set up in a way a conversion cannot run safely under (``spark.speculation=true``:
+    two attempts of one task at once would write and delete the same part files); the message names
+    the setting and the value to use."""

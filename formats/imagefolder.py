@@ -145,7 +145,7 @@ class ImageFolderFormat(ForeignFormat):
         if len(self.sources) != 1:
             raise FormatError(f"an image folder is one root directory, got {len(self.sources)} sources: "
                               f"{self.where}")
-        self.root = self.sources[0]
+        self.root = fsrc.without_query(self.sources[0])  # a query holds for the bucket, not in file names
         if not fsrc.isdir(self.root):
             raise DatasetNotFoundError(f"{self.root}: not a directory; an image folder is a directory of "
                                        "class folders holding PNG/JPEG files, or of the files themselves")

@@ -1,12 +1,17 @@
 """The Spark engine: one Spark task per slice of the input files, on executors of a cluster.
 
-The driver ships absolute paths and URLs only (executors run in their own working directory),
-and a session unihub starts runs its executors' Python workers with the driver's interpreter and
-unihub importable, so no ``PYSPARK_PYTHON`` is needed. A task attempt is idempotent (it replaces
-what an earlier attempt of the same task left), and the error a failing task raised reaches the
-caller as that error (its unihub class and message), not as Spark's stack trace or a retry's.
-Speculative execution (``spark.speculation``) must stay off: two attempts of one task at once
-would write the same part files.
+The driver ships absolute paths and URLs only (executors run in their own working directory)
+and how it reaches remote stores (storage options, URL queries, the ``AWS_*`` environment:
+:mod:`unihub.formats.remote_context`), and a session unihub starts runs its executors' Python
+workers with the driver's interpreter and unihub importable, so no ``PYSPARK_PYTHON`` is needed.
+A task attempt is idempotent (it replaces what an earlier attempt of the same task left), and the
+error a failing task raised reaches the caller as that error (its unihub class, message and
+attributes: :mod:`unihub.converters.task_errors`), not as Spark's stack trace or a retry's.
+
+Speculative execution (``spark.speculation=true``) is refused up front
+(:class:`~unihub.errors.SparkSettingError`): two attempts of one task would run at once and write
+the same part names, one deleting the other's files; and a losing attempt, which Spark stops
+only some time after the job has ended, could still add a file to the committed dataset.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from unihub.converters import task_errors
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
-from unihub.errors import FormatError
+from unihub.errors import FormatError, SparkSettingError
+from unihub.formats import remote_context
 from unihub.formats.foreign import ForeignFormat, SchemaOutgrown
 
 #: ``unihub.errors.FormatError: message`` or ``unihub.formats.foreign.SchemaOutgrown: reason`` in a
@@ -47,10 +54,11 @@ class SparkEngine(Engine):
         sc = self.session.sparkContext
         slices = file_slices(files, sc.defaultParallelism * 2)
         group = f"unihub-convert-{uuid.uuid4().hex[:12]}"
+        context = remote_context.capture()  # the driver's way to its stores, for the executors
         sc.setJobGroup(group, f"unihub convert {plan.src}", interruptOnCancel=True)
         try:
             results: list[TaskResult] = sc.parallelize(slices, numSlices=len(slices)).mapPartitionsWithIndex(
-                lambda index, part: [run_task(plan, index, files) for files in part]).collect()
+                lambda index, part: spark_task(plan, context, index, part)).collect()
         except Exception as exc:
             sc.cancelJobGroup(group)
             raise task_error(exc, plan.src) from None
@@ -65,11 +73,25 @@ class SparkEngine(Engine):
             self._created = False
 
 
+def spark_task(plan: TaskPlan, context: remote_context.RemoteContext, index: int,
+               part: Iterator[list[str]]) -> list[TaskResult]:
+    """Task ``index`` on an executor: its slices converted with the driver's way to its stores; a unihub
+    error leaves as a carrier, so that the driver raises it whole (:func:`task_error`)."""
+    try:
+        with remote_context.restored(context):
+            return [run_task(plan, index, files) for files in part]
+    except BaseException as exc:
+        carrier = task_errors.carrier(exc)
+        if carrier is None:
+            raise
+        raise carrier from exc
+
+
 def session(spark: Any, master: str) -> tuple[Any, bool]:
     """``(session, created)``: ``spark``, else this process's running session, else a new one on ``master``
     whose executors run this interpreter with unihub importable."""
     if spark is not None:
-        return spark, False
+        return refuse_speculation(spark, created=False), False
     from unihub.dependencies import require
 
     sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
@@ -77,12 +99,27 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     if running is None and require("pyspark").SparkContext._active_spark_context is not None:
         running = sql.SparkSession.builder.getOrCreate()  # this process's context, started elsewhere
     if running is not None:  # someone else's session: use it, leave it running
-        return running, False
+        return refuse_speculation(running, created=False), False
     builder = sql.SparkSession.builder.master(master).appName("unihub-convert")
     for key, value in executor_settings().items():
         builder = builder.config(key, value)
     with python_for_executors():
-        return builder.getOrCreate(), True
+        started = builder.getOrCreate()
+    return refuse_speculation(started, created=True), True
+
+
+def refuse_speculation(spark: Any, *, created: bool) -> Any:
+    """``spark``, unless it runs speculative attempts (see the module docstring): then a
+    :class:`~unihub.errors.SparkSettingError`, after stopping the session if unihub ``created`` it."""
+    if spark.sparkContext.getConf().get("spark.speculation", "false").strip().lower() != "true":
+        return spark
+    if created:
+        spark.stop()
+    raise SparkSettingError(
+        "spark.speculation=true: a conversion on Spark writes each task's part files straight into the "
+        "target's staging area, and a speculative second attempt of a task would write and delete the "
+        "same files while the first still runs (a losing attempt may even write after the commit); "
+        "run it with spark.speculation=false (Spark's default)")
 
 
 @contextmanager
@@ -119,6 +156,9 @@ def task_error(exc: BaseException, src: str) -> BaseException:
     import unihub.errors
 
     text = str(exc)
+    whole = task_errors.carried(text)  # the task's own error, as it was raised
+    if whole is not None:
+        return whole
     for line in text.splitlines():
         found = _PYTHON_ERROR.match(line.strip())
         if found is None or found["name"].startswith(("Py4J", "Python")):

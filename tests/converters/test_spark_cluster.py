@@ -228,7 +228,10 @@ def test_a_failing_task_raises_its_error_class_in_python(cluster_session: Any, c
     with pytest.raises(type(local_error.value)) as caught:
         convert(str(corrupt / "*.tfrecord"), tmp_path / "spark", engine="spark", spark=cluster_session,
                 progress=False)
+    assert type(caught.value) is type(local_error.value)
     assert str(caught.value) == str(local_error.value)
+    assert vars(caught.value) == vars(local_error.value)  # path, offset: the attributes came too
+    assert caught.value.path == str(corrupt / "part-1.tfrecord") and caught.value.offset is not None
     assert os.listdir(tmp_path) == []
 
 

@@ -176,3 +176,47 @@ def test_spark_engine_reads_once_with_the_sample_schema(spark: Any, tmp_path: Pa
     assert verify(src, tmp_path / "spark").equal
     _check_same(Path(str(convert(src, tmp_path / "local", progress=False).target)), tmp_path / "spark")
     assert _leftovers(tmp_path) == []
+
+
+_SPECULATING = """
+import sys
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+from unihub.cli import main
+from unihub.converters.convert import convert
+from unihub.errors import SparkSettingError
+
+src = sys.argv[1]
+# unihub starts the session (spark.speculation=true from PYSPARK_SUBMIT_ARGS): refused, and stopped
+print("cli:", main(["convert", src, "cli", "--engine", "spark", "--master", "local[2]", "--quiet"]))
+print("stopped:", SparkContext._active_spark_context is None)
+own = SparkSession.builder.master("local[2]").getOrCreate()
+try:  # the caller's session: refused, and left running
+    convert(src, "given", engine="spark", spark=own, progress=False)
+except SparkSettingError as exc:
+    print("given:", type(exc).__name__)
+print("alive:", own.sparkContext.parallelize([1, 2]).count())
+own.stop()
+"""
+
+
+@pytest.mark.slow
+def test_speculative_execution_is_refused_before_anything_is_written(shards: Path, tmp_path: Path) -> None:
+    """Two attempts of one task at once would write and delete the same part files: refused up front,
+    by the CLI with one line, whoever started the session; nothing is written."""
+    import subprocess
+    import sys
+
+    import unihub
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    environ.update(PYTHONPATH=os.path.dirname(os.path.dirname(unihub.__file__)), SPARK_LOCAL_IP="127.0.0.1",
+                   PYSPARK_SUBMIT_ARGS="--conf spark.speculation=true --conf spark.ui.enabled=false pyspark-shell")
+    done = subprocess.run([sys.executable, "-c", _SPECULATING, str(shards)], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["cli: 1", "stopped: True", "given: SparkSettingError", "alive: 2"]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("unihub: error:")]
+    assert len(errors) == 1 and errors[0].startswith("unihub: error: spark.speculation=true: "), done.stderr[-3000:]
+    assert "run it with spark.speculation=false" in errors[0]
+    assert os.listdir(tmp_path) == []  # no target, no staging area
