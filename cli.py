@@ -27,13 +27,16 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.errors import UnihubError
 from unihub.version import package_version
+
+if TYPE_CHECKING:
+    from unihub.formats.parquet import ParquetStore
 
 
 def _human_bytes(n: float) -> str:
@@ -44,12 +47,12 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def describe_dataset(url: str) -> dict[str, Any]:
-    """What ``unihub inspect`` reports, as a JSON-able dict."""
+def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str, Any]:
+    """What ``unihub inspect`` reports, as a JSON-able dict (of ``store`` when given: ``url`` opened)."""
     from unihub.formats.parquet import open_dataset
     from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 
-    store = open_dataset(url)
+    store = store if store is not None else open_dataset(url)
     return {
         # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
         **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
@@ -87,10 +90,8 @@ def format_description(info: dict[str, Any]) -> str:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
     table = [["field", "dtype", "shape", "codec", "nullable"]]
     for f in info["fields"]:
-        codec = "-" if f["codec"] is None else _codec_label(f["codec"])
-        shape = "(" + ", ".join("None" if d is None else str(d) for d in f["shape"]) + \
-            ("," if len(f["shape"]) == 1 else "") + ")"
-        table.append([f["name"], f["dtype"], shape, codec, "yes" if f["nullable"] else "no"])
+        codec = "-" if f["codec"] is None else codec_label(f["codec"])
+        table.append([f["name"], f["dtype"], shape_label(f["shape"]), codec, "yes" if f["nullable"] else "no"])
     return "\n".join(lines) + "\n\n" + _format_table(table) + _format_indexes(info)
 
 
@@ -112,7 +113,13 @@ def _format_indexes(info: dict[str, Any]) -> str:
     return text
 
 
-def _codec_label(codec: dict[str, Any]) -> str:
+def shape_label(shape: Sequence[int | None]) -> str:
+    """A field's shape as Python writes it, ``None`` for any size: ``(None, 4)``, ``(16,)``, ``()``."""
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def codec_label(codec: dict[str, Any]) -> str:
+    """A codec's JSON form as one label: ``CompressedImageCodec(image_codec=png)``."""
     args = ", ".join(f"{k}={v}" for k, v in codec.items() if k != "type" and not str(v).startswith("ipc:"))
     return f"{codec['type']}({args})" if args else codec["type"]
 

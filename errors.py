@@ -143,3 +143,8 @@ class CacheError(UnihubError):
 class CacheTimeoutError(CacheError, TimeoutError):
     """Waited longer than ``wait_timeout`` for another process to build a cache; the message names the
     cache and who holds its build lease."""
+
+
+class FilterExpressionError(InvalidArgumentError):
+    """A filter given as text (``unihub show --where``) is not one unihub can build: not an expression,
+    a construct outside the allow-list, or a name that is not a field; the message quotes the filter."""
