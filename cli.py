@@ -4,6 +4,7 @@ Examples::
 
     unihub inspect /data/train            # schema, rows, files, row groups, bytes
     unihub inspect /data/train --json     # the same as JSON
+    unihub show /data/train --open        # one HTML page: sampled images, statistics, provenance
     unihub demo /tmp/unihub-demo          # the main job: write, convert TFRecord + images, inspect, train
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
@@ -127,6 +128,26 @@ def codec_label(codec: dict[str, Any]) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from unihub.viewer import DEFAULT_REPORT, show
+
+    out = args.out or DEFAULT_REPORT
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):  # before the pass over the dataset, not after
+        raise UnihubError(f"cannot write {out}: {folder} is not a directory")
+    report = show(args.path, rows=args.rows, seed=args.seed, first=args.first, where=args.where,
+                  storage_options=storage_options_of(args))
+    report.save(out)
+    print(f"wrote {out}: {report.report.description['rows']:,} rows, {len(report.report.sample)} shown",
+          file=sys.stderr)
+    if args.open:
+        import pathlib
+        import webbrowser
+
+        webbrowser.open(pathlib.Path(out).resolve().as_uri())
     return 0
 
 
@@ -333,6 +354,35 @@ def _add_tool_parsers(sub: Any) -> None:
     bench.set_defaults(func=cmd_throughput)
 
 
+def _add_show_parser(sub: Any) -> None:
+    """``show``: one self-contained HTML page of a dataset (see :mod:`unihub.viewer`)."""
+    show = sub.add_parser("show", help="write one self-contained HTML page of a dataset: schema, counts, "
+                          "provenance, sampled images, statistics", formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Write one HTML file (no network needed to open it) with the schema and codecs; "
+                                      "rows, files, row groups, bytes and row-group sizes; the conversion's provenance "
+                                      "(source, skipped records); a grid of sampled rows with image thumbnails; and "
+                                      "per-field statistics over every row (or those matching --where), read one row "
+                                      "group at a time.",
+                          epilog="examples:\n"
+                                 "  unihub show /data/train                                   # report.html\n"
+                                 "  unihub show /data/train --rows 48 --seed 7 --out train.html --open\n"
+                                 "  unihub show /data/train --first --where 'label == 3 and split != \"test\"'\n"
+                                 "  unihub show /data/train --where '[[\"label\", \"in\", [1, 2]]]'   # DNF, as filters=\n"
+                                 "  unihub show s3://bucket/train --storage-option client_kwargs.endpoint_url=http://host:9000")
+    show.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
+    show.add_argument("--rows", type=int, default=16, metavar="N", help="rows to show (default 16)")
+    choice = show.add_mutually_exclusive_group()
+    choice.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    choice.add_argument("--first", action="store_true", help="show the first N rows instead of a random sample")
+    show.add_argument("--where", metavar="EXPR",
+                      help="only rows matching this filter, in pyarrow's expression syntax (label >= 3 and "
+                           "pc.field('split') == 'train') or filters='s DNF as JSON; the statistics cover them too")
+    show.add_argument("--out", metavar="FILE", help="the HTML file to write (default report.html; replaced)")
+    show.add_argument("--open", action="store_true", help="open the page in the platform's browser")
+    add_storage_option(show)
+    show.set_defaults(func=cmd_show)
+
+
 def _format_names() -> list[str]:
     import unihub.formats.formats_all  # noqa: F401
     from unihub.formats.foreign import FORMATS
@@ -396,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=cmd_inspect)
+
+    _add_show_parser(sub)
 
     demo = sub.add_parser("demo", help="the main job on generated data: write, convert, inspect, train",
                           description="Write a dataset with images, tensors and scalars; generate TFRecord shards "
@@ -537,7 +589,7 @@ _DISK_ERRORS = {errno.ENOSPC: "free some space, or write elsewhere", errno.EDQUO
                 errno.EFBIG: "a file reached the largest size the file system or this process (ulimit -f) allows",
                 errno.EROFS: "write elsewhere"}
 #: the argument naming what each command writes
-_WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path"}
+_WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path", "show": "out"}
 
 
 def _os_error_line(exc: OSError, args: argparse.Namespace) -> str:

@@ -1,12 +1,15 @@
-"""Look at a dataset before training on it: ``unihub show DATASET`` and :func:`show`.
+"""Look at a dataset before training on it: ``unihub show DATASET`` and ``unihub.show(url)``.
+
+(The package is ``viewer``, not ``show``: ``unihub.show`` is the function, and a subpackage of that
+name would replace it on ``unihub`` once imported.)
 
 One self-contained HTML page (no network needed to open it): the schema with codecs; rows, files,
 row groups, bytes and the row-group sizes; the conversion's provenance (``unihub.extra``: source
 format and files, skipped records with reasons); a grid of sampled rows, their images as thumbnails
-with the row's other values under each; per-field statistics. Modules: :mod:`~unihub.show.sample`
-(the one streaming pass and the choice of rows), :mod:`~unihub.show.stats` (bounded accumulators),
-:mod:`~unihub.show.thumbs` (images -> ``data:`` URIs), :mod:`~unihub.show.report` (gathering) and
-:mod:`~unihub.show.html` (rendering, every data string escaped).
+with the row's other values under each; per-field statistics. Modules: :mod:`~unihub.viewer.sample`
+(the one streaming pass and the choice of rows), :mod:`~unihub.viewer.stats` (bounded accumulators),
+:mod:`~unihub.viewer.thumbs` (images -> ``data:`` URIs), :mod:`~unihub.viewer.report` (gathering) and
+:mod:`~unihub.viewer.html` (rendering, every data string escaped).
 
 >>> report = unihub.show("/data/train", rows=24, where="label == 3")   # doctest: +SKIP
 >>> report.save("train.html")                                            # doctest: +SKIP
@@ -20,14 +23,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unihub.errors import InvalidArgumentError
-from unihub.show.report import Report
-from unihub.show.sample import Sampling
+from unihub.viewer.report import Report
+from unihub.viewer.sample import Sampling
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
 
 #: rows a report shows unless told
 DEFAULT_ROWS = 16
+#: the file ``unihub show`` writes unless told
+DEFAULT_REPORT = "report.html"
 #: the most rows a report shows (each row's images are embedded in the page)
 MAX_ROWS = 1000
 
@@ -69,8 +74,8 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
     ``progress(done, total)`` is called after each row group.
     """
     from unihub.formats.parquet import open_dataset
-    from unihub.show.html import render
-    from unihub.show.report import gather
+    from unihub.viewer.html import render
+    from unihub.viewer.report import gather
 
     if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= MAX_ROWS:
         raise InvalidArgumentError(f"rows must be an integer from 0 to {MAX_ROWS}, got {rows!r}")

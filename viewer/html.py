@@ -1,4 +1,4 @@
-"""A gathered :class:`~unihub.show.report.Report` -> one self-contained HTML page.
+"""A gathered :class:`~unihub.viewer.report.Report` -> one self-contained HTML page.
 
 Everything is inline (CSS, one small script, images as ``data:`` URIs, charts as SVG), so the file
 opens anywhere without a network. Every string that comes from the dataset (names, values, metadata,
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from unihub.show.report import Report, SampleRow
-from unihub.show.stats import MAX_CLASSES, FieldStats, Histogram
+from unihub.viewer.report import Report, SampleRow
+from unihub.viewer.stats import MAX_CLASSES, FieldStats, Histogram
 
 _SCRIPT = """(function () {
   var errors = 0;

@@ -1,5 +1,5 @@
 """Everything a report shows, gathered from a dataset: what ``unihub inspect`` says, the provenance,
-the statistics and the decoded sample. Rendering is :mod:`unihub.show.html`'s job.
+the statistics and the decoded sample. Rendering is :mod:`unihub.viewer.html`'s job.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 from unihub.formats.codecs import CompressedImageCodec
 from unihub.formats.parquet import ParquetStore
 from unihub.formats.schema import UnischemaField
-from unihub.show.sample import Sampling, scan
-from unihub.show.stats import FieldStats, StatsAccumulator
+from unihub.viewer.sample import Sampling, scan
+from unihub.viewer.stats import FieldStats, StatsAccumulator
 
 #: characters of a value shown under a thumbnail or in the sample table
 VALUE_CHARS = 120
@@ -106,7 +106,7 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
 def _thumb(f: UnischemaField, blob: Any) -> Thumb:
     from unihub.errors import UnihubError
     from unihub.formats import images
-    from unihub.show.thumbs import data_uri
+    from unihub.viewer.thumbs import data_uri
 
     if blob is None:
         return Thumb(f.name, None, problem="null")

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.formats.parquet import ParquetStore
-from unihub.show.stats import StatsAccumulator
+from unihub.viewer.stats import StatsAccumulator
 
 
 @dataclass(frozen=True)
