@@ -170,7 +170,7 @@ def _field_stats(s: FieldStats) -> str:
     parts = [f"<div class=\"field\" data-field=\"{escape(s.name)}\"><b>{escape(s.name)}</b> "
              f"<span class=\"muted\">{escape(s.kind)}</span><br>{line}"]
     if s.kind == "image":
-        parts.append("<br><span class=\"muted\">image bytes are read for the sampled rows only</span>")
+        parts.append("<br><span class=\"muted\">images are decoded for the sampled rows only</span>")
     if s.classes is not None and not s.classes.too_many and s.classes.counts:
         parts.append(_class_bars(s.classes.counts.most_common()))
     elif s.histogram is not None:
@@ -178,7 +178,8 @@ def _field_stats(s: FieldStats) -> str:
     if s.classes is not None and s.classes.too_many:
         parts.append(f"<br><span class=\"muted\">more than {MAX_CLASSES} distinct values</span>")
     if s.lengths is not None:
-        parts.append("<br>string length" + _svg_histogram(s.lengths, "length", "strings"))
+        what, unit = ("encoded size (bytes)", "images") if s.kind == "image" else ("string length", "strings")
+        parts.append(f"<br>{what}" + _svg_histogram(s.lengths, what, unit))
     if s.shapes:
         more = " (the most common; there are more)" if s.more_shapes else ""
         parts.append(f"<br>shapes{more}" + _class_bars([(str(k), v) for k, v in s.shapes.most_common()]))

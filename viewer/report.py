@@ -70,11 +70,12 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
     elif where is not None:  # an expression built in Python: which fields it reads is not known
         expression, where_columns = where, None
     stats = StatsAccumulator(list(store.schema), store.arrow_schema)
-    result = scan(store, stats, sampling, expression, where_columns, progress=progress)
     images = tuple(f.name for f in store.schema if isinstance(f.codec, CompressedImageCodec))
-    if expression is None:
-        for name in images:
-            stats.add_image_nulls(name, _footer_nulls(store, name), store.num_rows)
+    for name in images if expression is None else ():
+        nulls = _footer_nulls(store, name)
+        if nulls is not None:
+            stats.skip_image(name, nulls)
+    result = scan(store, stats, sampling, expression, where_columns, progress=progress)
     return Report(url=url, description=describe_dataset(url, store=store), provenance=store.extra_metadata,
                   row_group_rows=[rg.num_rows for rg in store.row_groups], sampling=sampling,
                   where=None if where is None else str(where), matched=result.matched,

@@ -3,8 +3,9 @@
 Each field gets one accumulator by kind: numbers (count, nulls, NaNs, min, max, mean, an exact
 histogram and, for integers and booleans of few values, class counts), strings (class counts while
 there are few distinct values, and a histogram of lengths), tensors (the distribution of shapes where
-the field has ``None`` dims, and a histogram of the values) and images (only null counts: image
-bytes are read for the sampled rows alone). Memory per field is a fixed number of bins and at most
+the field has ``None`` dims, and a histogram of the values) and images (null counts and encoded sizes:
+images are decoded for the sampled rows alone, and their bytes not read at all where the Parquet
+footers give the null counts). Memory per field is a fixed number of bins and at most
 :data:`MAX_CLASSES` distinct values, whatever the dataset's size.
 """
 
@@ -153,11 +154,12 @@ class StatsAccumulator:
     def __init__(self, fields: list[UnischemaField], arrow_schema: pa.Schema) -> None:
         self.fields = fields
         self.stats = {f.name: FieldStats(f.name, kind_of(f, _arrow_type(arrow_schema, f.name))) for f in fields}
+        self.unread: dict[str, int | None] = {}  # image fields whose nulls the footers gave: not read
 
     @property
     def columns(self) -> list[str]:
-        """The stored columns the statistics read: every field's but the images'."""
-        return [f.name for f in self.fields if self.stats[f.name].kind != "image"]
+        """The stored columns the statistics read: every field's but the images the footers described."""
+        return [f.name for f in self.fields if f.name not in self.unread]
 
     def add(self, table: pa.Table) -> None:
         """Fold in the rows of ``table`` (the row group's :attr:`columns`, rows already filtered)."""
@@ -166,23 +168,23 @@ class StatsAccumulator:
         for f in self.fields:
             stats = self.stats[f.name]
             stats.rows += table.num_rows
-            if stats.kind == "image":
-                stats.nulls = None  # counted from the footers (see add_image_nulls), or unknown
+            if f.name in self.unread:
                 continue
             column = column_as_array(table.column(f.name))
             stats.nulls = (stats.nulls or 0) + column.null_count
-            if stats.kind == "number":
+            if stats.kind == "image":  # the encoded sizes; nothing decoded
+                _add_lengths(stats, pc.binary_length(column.drop_null()))
+            elif stats.kind == "number":
                 _add_number_column(stats, column)
             elif stats.kind == "string":
                 _add_string_column(stats, column)
             elif stats.kind == "tensor":
                 _add_tensor_column(stats, f, decode_column(f, column))
 
-    def add_image_nulls(self, name: str, nulls: int | None, rows: int) -> None:
-        """An image field's null count, as the Parquet footers give it (None: unknown)."""
-        stats = self.stats[name]
-        stats.rows = rows
-        stats.nulls = nulls
+    def skip_image(self, name: str, nulls: int) -> None:
+        """Take an image field's null count from the Parquet footers and leave its bytes unread."""
+        self.unread[name] = nulls
+        self.stats[name].nulls = nulls
 
 
 def _arrow_type(schema: pa.Schema, name: str) -> pa.DataType:
@@ -204,10 +206,13 @@ def _add_string_column(stats: FieldStats, column: pa.Array) -> None:
     if stats.classes is None:
         stats.classes = ClassCounts()
     stats.classes.add(valid)
-    lengths = pc.utf8_length(valid).to_numpy(zero_copy_only=False)
+    _add_lengths(stats, pc.utf8_length(valid))
+
+
+def _add_lengths(stats: FieldStats, lengths: pa.Array) -> None:
     if stats.lengths is None:
         stats.lengths = Histogram(integer=True)
-    stats.lengths.add(lengths)
+    stats.lengths.add(lengths.to_numpy(zero_copy_only=False))
 
 
 def _add_tensor_column(stats: FieldStats, f: UnischemaField, values: Any) -> None:
