@@ -71,10 +71,11 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
         expression, where_columns = where, None
     stats = StatsAccumulator(list(store.schema), store.arrow_schema)
     images = tuple(f.name for f in store.schema if isinstance(f.codec, CompressedImageCodec))
-    for name in images if expression is None else ():
-        nulls = _footer_nulls(store, name)
-        if nulls is not None:
-            stats.skip_image(name, nulls)
+    for f in store.schema:  # image bytes unread where the nulls are known without them
+        if f.name in images:
+            nulls = 0 if not f.nullable else _footer_nulls(store, f.name) if expression is None else None
+            if nulls is not None:
+                stats.skip_image(f.name, nulls)
     result = scan(store, stats, sampling, expression, where_columns, progress=progress)
     return Report(url=url, description=describe_dataset(url, store=store), provenance=store.extra_metadata,
                   row_group_rows=[rg.num_rows for rg in store.row_groups], sampling=sampling,
@@ -90,7 +91,7 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
 
     if not len(indices):
         return []
-    batch = Dataset(store, decode_images=False).take(indices)
+    batch = Dataset(store, decode_images=False, cached_row_groups=0).take(indices)  # one row group at a time
     fields = list(store.schema)
     rows = []
     for i, index in enumerate(indices):

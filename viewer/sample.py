@@ -47,6 +47,9 @@ class Reservoir:
                 self.indices = np.concatenate([self.indices, indices[:n - len(self.indices)]])
             return
         keys = np.random.default_rng((self.sampling.seed, group)).random(len(indices))
+        if len(keys) > n:  # the group's n smallest first, in linear time: a row group may hold millions
+            smallest = np.argpartition(keys, n)[:n] if n else np.empty(0, np.int64)
+            keys, indices = keys[smallest], indices[smallest]
         keys = np.concatenate([self.keys, keys])
         both = np.concatenate([self.indices, indices])
         keep = np.argsort(keys, kind="stable")[:n]

@@ -4,8 +4,8 @@ Each field gets one accumulator by kind: numbers (count, nulls, NaNs, min, max, 
 histogram and, for integers and booleans of few values, class counts), strings (class counts while
 there are few distinct values, and a histogram of lengths), tensors (the distribution of shapes where
 the field has ``None`` dims, and a histogram of the values) and images (null counts and encoded sizes:
-images are decoded for the sampled rows alone, and their bytes not read at all where the Parquet
-footers give the null counts). Memory per field is a fixed number of bins and at most
+images are decoded for the sampled rows alone, and their bytes are not read at all where the
+field is not nullable or the Parquet footers count its nulls). Memory per field is a fixed number of bins and at most
 :data:`MAX_CLASSES` distinct values, whatever the dataset's size.
 """
 
@@ -81,8 +81,16 @@ class ClassCounts:
     def add(self, array: pa.Array) -> None:
         if self.too_many:
             return
-        for item in pc.value_counts(array.drop_null()).to_pylist():
-            self.counts[item["values"]] += item["counts"]
+        valid = array.drop_null()
+        if len(valid) > 4 * 1024 and len(pc.value_counts(valid.slice(0, 4 * 1024))) > MAX_CLASSES:
+            self.too_many, self.counts = True, Counter()  # a cheap look at the head: ids, not classes
+            return
+        counted = pc.value_counts(valid)
+        if len(counted) > MAX_CLASSES:  # decided before any value becomes a Python object
+            self.too_many, self.counts = True, Counter()
+            return
+        for value, count in zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist()):
+            self.counts[value] += count
         if len(self.counts) > MAX_CLASSES:
             self.too_many, self.counts = True, Counter()
 
