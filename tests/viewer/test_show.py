@@ -218,3 +218,15 @@ def test_show_is_a_lazy_public_function() -> None:
                           check=True).stdout.strip() == "ok"
     importlib.import_module("unihub.viewer.html")
     assert callable(unihub.show)  # importing the package does not shadow the function
+
+
+def test_a_corrupt_image_is_shown_as_its_reason_and_the_rest_renders(tmp_path: Path) -> None:
+    schema = Unischema("Cut", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                               UnischemaField("image", np.uint8, (24, 32, 3), CompressedImageCodec("png"), False)])
+    blobs = [pil(pixels(i)["rgb"], "PNG") for i in range(3)]
+    blobs[1] = blobs[1][:-40]  # cut short, as a partial copy would be
+    write_dataset(tmp_path / "cut", schema, ({"id": i, "image": blobs[i]} for i in range(3)))
+    report = unihub.show(tmp_path / "cut", rows=3, first=True)
+    assert [len(t) for _, t in sorted(cards(report.html).items())] == [1, 0, 1]
+    problem = report.report.sample[1].thumbs[0].problem
+    assert problem and f'<div class="bad">image: {html.escape(problem)}</div>' in report.html
