@@ -138,11 +138,29 @@ def cmd_show(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):  # before the pass over the dataset, not after
         raise UnihubError(f"cannot write {out}: {folder} is not a directory")
-    report = show(args.path, rows=args.rows, seed=args.seed, first=args.first, where=args.where,
-                  storage_options=storage_options_of(args))
+    from unihub.progress import Display, open_display, should_show
+
+    display: Display | None = None
+    state = (0, 0, "")
+
+    def progress(done: int, total: int) -> None:  # the pass over the row groups, on a terminal
+        nonlocal display, state
+        if display is None:
+            display = open_display(sys.stderr, unit="row group", total=total)
+        state = (done, total, f"{done:,}/{total:,} row groups read")
+        display.show(*state)
+
+    try:
+        report = show(args.path, rows=args.rows, seed=args.seed, first=args.first, where=args.where,
+                      storage_options=storage_options_of(args),
+                      progress=progress if should_show(False if args.quiet else None, sys.stderr) else None)
+    finally:
+        if display is not None:
+            display.close(*state)
     report.save(out)
-    print(f"wrote {out}: {report.report.description['rows']:,} rows, {len(report.report.sample)} shown",
-          file=sys.stderr)
+    if not args.quiet:
+        print(f"wrote {out}: {report.report.description['rows']:,} rows, {len(report.report.sample)} shown",
+              file=sys.stderr)
     if args.open:
         import pathlib
         import webbrowser
@@ -379,6 +397,7 @@ def _add_show_parser(sub: Any) -> None:
                            "pc.field('split') == 'train') or filters='s DNF as JSON; the statistics cover them too")
     show.add_argument("--out", metavar="FILE", help="the HTML file to write (default report.html; replaced)")
     show.add_argument("--open", action="store_true", help="open the page in the platform's browser")
+    show.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     add_storage_option(show)
     show.set_defaults(func=cmd_show)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,16 @@ def test_a_dataset_on_s3_with_storage_options(s3_server: Any, images_dataset: Pa
     assert main(["show", f"s3://{s3_server.bucket}/{prefix}", "--rows", "2", "--out", str(out),
                  "--storage-option", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]) == 0
     assert len(cards(out.read_text(encoding="utf-8"))) == 2
+
+
+def test_progress_when_asked_and_quiet(images_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import unihub.progress
+
+    monkeypatch.setattr(unihub.progress, "is_terminal", lambda stream: True)  # as on a terminal
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # the plain line, whatever is installed
+    assert main(["show", str(images_dataset), "--rows", "1", "--out", str(tmp_path / "a.html")]) == 0
+    err = capsys.readouterr().err
+    assert "4/4 row groups read" in err and err.rstrip().endswith("1 shown")
+    assert main(["show", str(images_dataset), "--rows", "1", "--out", str(tmp_path / "b.html"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
