@@ -129,6 +129,8 @@ _BRIDGES = {
     "register_delete_dir_handler": "unihub.readers.spark_converter",
     "make_dali_pipeline": "unihub.readers.dali",
     "dataset_as_rdd": "unihub.readers.spark_rdd",
+    # ``unihub show``'s report, for notebooks (HTML rendering and image thumbnails load on first use)
+    "show": "unihub.viewer", "ShowReport": "unihub.viewer",
 }
 
 

@@ -4,6 +4,7 @@ Examples::
 
     unihub inspect /data/train            # schema, rows, files, row groups, bytes
     unihub inspect /data/train --json     # the same as JSON
+    unihub show /data/train --open        # one HTML page: sampled images, statistics, provenance
     unihub demo /tmp/unihub-demo          # the main job: write, convert TFRecord + images, inspect, train
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
@@ -27,13 +28,16 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.errors import UnihubError
 from unihub.version import package_version
+
+if TYPE_CHECKING:
+    from unihub.formats.parquet import ParquetStore
 
 
 def _human_bytes(n: float) -> str:
@@ -44,12 +48,12 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def describe_dataset(url: str) -> dict[str, Any]:
-    """What ``unihub inspect`` reports, as a JSON-able dict."""
+def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str, Any]:
+    """What ``unihub inspect`` reports, as a JSON-able dict (of ``store`` when given: ``url`` opened)."""
     from unihub.formats.parquet import open_dataset
     from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 
-    store = open_dataset(url)
+    store = store if store is not None else open_dataset(url)
     return {
         # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
         **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
@@ -87,10 +91,8 @@ def format_description(info: dict[str, Any]) -> str:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
     table = [["field", "dtype", "shape", "codec", "nullable"]]
     for f in info["fields"]:
-        codec = "-" if f["codec"] is None else _codec_label(f["codec"])
-        shape = "(" + ", ".join("None" if d is None else str(d) for d in f["shape"]) + \
-            ("," if len(f["shape"]) == 1 else "") + ")"
-        table.append([f["name"], f["dtype"], shape, codec, "yes" if f["nullable"] else "no"])
+        codec = "-" if f["codec"] is None else codec_label(f["codec"])
+        table.append([f["name"], f["dtype"], shape_label(f["shape"]), codec, "yes" if f["nullable"] else "no"])
     return "\n".join(lines) + "\n\n" + _format_table(table) + _format_indexes(info)
 
 
@@ -112,7 +114,13 @@ def _format_indexes(info: dict[str, Any]) -> str:
     return text
 
 
-def _codec_label(codec: dict[str, Any]) -> str:
+def shape_label(shape: Sequence[int | None]) -> str:
+    """A field's shape as Python writes it, ``None`` for any size: ``(None, 4)``, ``(16,)``, ``()``."""
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def codec_label(codec: dict[str, Any]) -> str:
+    """A codec's JSON form as one label: ``CompressedImageCodec(image_codec=png)``."""
     args = ", ".join(f"{k}={v}" for k, v in codec.items() if k != "type" and not str(v).startswith("ipc:"))
     return f"{codec['type']}({args})" if args else codec["type"]
 
@@ -120,6 +128,44 @@ def _codec_label(codec: dict[str, Any]) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from unihub.viewer import DEFAULT_REPORT, show
+
+    out = args.out or DEFAULT_REPORT
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):  # before the pass over the dataset, not after
+        raise UnihubError(f"cannot write {out}: {folder} is not a directory")
+    from unihub.progress import Display, open_display, should_show
+
+    display: Display | None = None
+    state = (0, 0, "")
+
+    def progress(done: int, total: int) -> None:  # the pass over the row groups, on a terminal
+        nonlocal display, state
+        if display is None:
+            display = open_display(sys.stderr, unit="row group", total=total)
+        state = (done, total, f"{done:,}/{total:,} row groups read")
+        display.show(*state)
+
+    try:
+        report = show(args.path, rows=args.rows, seed=args.seed, first=args.first, where=args.where,
+                      storage_options=storage_options_of(args),
+                      progress=progress if should_show(False if args.quiet else None, sys.stderr) else None)
+    finally:
+        if display is not None:
+            display.close(*state)
+    report.save(out)
+    if not args.quiet:
+        print(f"wrote {out}: {report.report.description['rows']:,} rows, {len(report.report.sample)} shown",
+              file=sys.stderr)
+    if args.open:
+        import pathlib
+        import webbrowser
+
+        webbrowser.open(pathlib.Path(out).resolve().as_uri())
     return 0
 
 
@@ -326,6 +372,36 @@ def _add_tool_parsers(sub: Any) -> None:
     bench.set_defaults(func=cmd_throughput)
 
 
+def _add_show_parser(sub: Any) -> None:
+    """``show``: one self-contained HTML page of a dataset (see :mod:`unihub.viewer`)."""
+    show = sub.add_parser("show", help="write one self-contained HTML page of a dataset: schema, counts, "
+                          "provenance, sampled images, statistics", formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Write one HTML file (no network needed to open it) with the schema and codecs; "
+                                      "rows, files, row groups, bytes and row-group sizes; the conversion's provenance "
+                                      "(source, skipped records); a grid of sampled rows with image thumbnails; and "
+                                      "per-field statistics over every row (or those matching --where), read one row "
+                                      "group at a time.",
+                          epilog="examples:\n"
+                                 "  unihub show /data/train                                   # report.html\n"
+                                 "  unihub show /data/train --rows 48 --seed 7 --out train.html --open\n"
+                                 "  unihub show /data/train --first --where 'label == 3 and split != \"test\"'\n"
+                                 "  unihub show /data/train --where '[[\"label\", \"in\", [1, 2]]]'   # DNF, as filters=\n"
+                                 "  unihub show s3://bucket/train --storage-option client_kwargs.endpoint_url=http://host:9000")
+    show.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
+    show.add_argument("--rows", type=int, default=16, metavar="N", help="rows to show (default 16)")
+    choice = show.add_mutually_exclusive_group()
+    choice.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    choice.add_argument("--first", action="store_true", help="show the first N rows instead of a random sample")
+    show.add_argument("--where", metavar="EXPR",
+                      help="only rows matching this filter, in pyarrow's expression syntax (label >= 3 and "
+                           "pc.field('split') == 'train') or filters='s DNF as JSON; the statistics cover them too")
+    show.add_argument("--out", metavar="FILE", help="the HTML file to write (default report.html; replaced)")
+    show.add_argument("--open", action="store_true", help="open the page in the platform's browser")
+    show.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+    add_storage_option(show)
+    show.set_defaults(func=cmd_show)
+
+
 def _format_names() -> list[str]:
     import unihub.formats.formats_all  # noqa: F401
     from unihub.formats.foreign import FORMATS
@@ -389,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=cmd_inspect)
+
+    _add_show_parser(sub)
 
     demo = sub.add_parser("demo", help="the main job on generated data: write, convert, inspect, train",
                           description="Write a dataset with images, tensors and scalars; generate TFRecord shards "
@@ -530,7 +608,7 @@ _DISK_ERRORS = {errno.ENOSPC: "free some space, or write elsewhere", errno.EDQUO
                 errno.EFBIG: "a file reached the largest size the file system or this process (ulimit -f) allows",
                 errno.EROFS: "write elsewhere"}
 #: the argument naming what each command writes
-_WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path"}
+_WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path", "show": "out"}
 
 
 def _os_error_line(exc: OSError, args: argparse.Namespace) -> str:

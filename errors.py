@@ -149,3 +149,8 @@ class SparkSettingError(UnihubError, ValueError):
     """A Spark session set up in a way a conversion cannot run safely under (``spark.speculation=true``:
     two attempts of one task at once would write and delete the same part files); the message names
     the setting and the value to use."""
+
+
+class FilterExpressionError(InvalidArgumentError):
+    """A filter given as text (``unihub show --where``) is not one unihub can build: not an expression,
+    a construct outside the allow-list, or a name that is not a field; the message quotes the filter."""

@@ -51,7 +51,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     provisional = source.provisional_schema() if schema is None else None  # single pass where the format can
     out_schema = schema or provisional or source.infer_schema()
     source.prepare(out_schema)
-    extra = {"source_format": source.format_name, "source": ",".join(source.sources), **source.metadata()}
+    extra = {"source_format": source.format_name, "source": ",".join(source.sources), "source_files": len(files),
+             **source.metadata()}
     # the source's options after prepare: it may have added what its tasks need (feature lists)
     plan = TaskPlan(type(source), ",".join(source.sources), dict(source.options), out_schema, extra,
                     row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
@@ -103,6 +104,8 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         parts = [fsutil.join(staging, name) for r in results for name in r.parts]
         _drop_strays(fs, staging, set(parts))
         changed = schema.to_json() != plan.schema.to_json() or extra != plan.extra
+        # the skipped records go to _common_metadata only (footers are not rewritten for them)
+        extra = {**extra, **skipped_metadata(skipped)}
         finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
         fsutil.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
@@ -112,6 +115,19 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
     finally:
         meter.close()
     return rows, skipped
+
+
+#: skipped records listed in a dataset's ``unihub.extra`` (all are counted)
+SKIPPED_LISTED = 100
+
+
+def skipped_metadata(skipped: list[SkippedRecord]) -> dict[str, Any]:
+    """What ``unihub.extra`` keeps of the records a conversion skipped (``unihub show`` lists them):
+    their count and the first :data:`SKIPPED_LISTED`, each with file, location and reason."""
+    if not skipped:
+        return {}
+    return {"skipped_count": len(skipped),
+            "skipped": [{"path": s.path, "location": s.location, "reason": s.reason} for s in skipped[:SKIPPED_LISTED]]}
 
 
 def _url_of(dst: str, staging: str) -> str:

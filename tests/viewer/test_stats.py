@@ -1,0 +1,45 @@
+"""The statistics' accumulators: exact counts whatever the order and size of the batches, bounded state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub.viewer.stats import BINS, MAX_CLASSES, ClassCounts, Histogram
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_histogram_counts_are_exact_as_the_bins_grow(integer: bool) -> None:
+    rng = np.random.default_rng(3)
+    values = rng.normal(0, 50, 5000)
+    if integer:
+        values = np.round(values)
+    histogram = Histogram(integer=integer)
+    for batch in np.array_split(values[np.argsort(np.abs(values))], 37):  # small values first: the bins grow
+        histogram.add(batch)
+    bins = histogram.edges_and_counts()
+    assert len(bins) <= BINS
+    assert sum(c for _, _, c in bins) == len(values)
+    for low, high, count in bins:  # each bin holds exactly the values in [low, high)
+        assert count == int(((values >= low) & (values < high)).sum())
+    assert bins[0][0] <= values.min() and bins[-1][1] > values.max()
+
+
+def test_histogram_ignores_nan_and_inf_and_one_value_has_one_bin() -> None:
+    histogram = Histogram()
+    histogram.add(np.array([np.nan, np.inf, -np.inf]))
+    assert histogram.edges_and_counts() == []
+    histogram.add(np.full(7, 2.5))
+    assert [c for _, _, c in histogram.edges_and_counts()] == [7]
+
+
+def test_class_counts_are_exact_until_there_are_too_many() -> None:
+    counts = ClassCounts()
+    counts.add(pa.array(["a", "b", None, "a"]))
+    counts.add(pa.array(["b", "c"]))
+    assert dict(counts.counts) == {"a": 2, "b": 2, "c": 1} and not counts.too_many
+    counts.add(pa.array([str(i) for i in range(MAX_CLASSES)]))
+    assert counts.too_many and not counts.counts  # the memory is given back, the field is not a class field
+    counts.add(pa.array(["x"]))
+    assert not counts.counts
