@@ -253,16 +253,17 @@ class Tally:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=20_000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=None, help="20,000 (2,000 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="5 (1 with --quick)")
     ap.add_argument("--shuffle", type=int, default=4096, help="shuffle buffer rows for every shuffled contender")
     ap.add_argument("--only", default="", help="comma-separated families: unihub, tfdata, " + ", ".join(peers_env.PEERS))
     ap.add_argument("--data", type=Path, default=None, help="cache folder (default benchmarks/data/peers_<rows>)")
     ap.add_argument("--quick", action="store_true", help="2k rows, 1 round, no venv building")
+    ap.add_argument("--unshuffled", action="store_true", help="leave out the shuffled contenders")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.rows, args.rounds = 2_000, 1
+    args.rows = args.rows or (2_000 if args.quick else 20_000)
+    args.rounds = args.rounds or (1 if args.quick else 5)
     only = {f for f in args.only.split(",") if f}
     t_start = time.perf_counter()
     root = args.data or HERE / "data" / f"peers_{args.rows}"
@@ -285,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             pythons[name] = peers_env.ensure_peer_venv(name)
         except peers_env.PeerUnavailable as exc:
             pythons[name] = f"install failed: {exc}"
-    tallies = [Tally(c, []) for c in contenders(args.shuffle) if c.family in pythons and (not only or c.family in only)]
+    tallies = [Tally(c, []) for c in contenders(args.shuffle)
+               if c.family in pythons and (not only or c.family in only) and not (args.unshuffled and c.shuffle)]
     copies: dict[str, Path | str] = {}
     for t in tallies:
         python = pythons[t.contender.family]
