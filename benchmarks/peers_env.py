@@ -45,9 +45,10 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("lance", ("pylance", "pyarrow"), ("lance", "pyarrow")),
     Peer("hf", ("datasets",), ("datasets", "pyarrow")),
     Peer("litdata", ("litdata",), ("litdata",)),
+    # streaming imports torchvision, whose PyPI wheel does not load beside the CPU torch (see the README)
     Peer("mosaic", ("mosaicml-streaming",), ("streaming",)),
     Peer("wds", ("webdataset",), ("webdataset",)),
-    Peer("ray", ("ray[data]", "pyarrow", "pandas"), ("ray", "pyarrow")),
+    Peer("ray", ("ray[data]", "pyarrow", "pandas", "pydantic"), ("ray", "pyarrow")),  # iter_torch_batches needs pydantic
 ]}
 
 
