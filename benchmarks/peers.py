@@ -1,0 +1,432 @@
+"""unihub side by side with today's peers on the same content, in one run (issue 15).
+
+Content: ``--rows`` (20,000) rows of a 64x64 JPEG (quality 90, 4:2:0, gradients + noise so
+that decoding costs what real photos cost) + int64 label + float32[16], written once as
+``content.npz`` and then in each tool's own format, cached under ``--data``
+(``benchmarks/data/peers_<rows>/``, git-ignored). Every contender reads one epoch in batches
+of 64 and delivers decoded uint8 HWC images (torch tensors; tf tensors for the tf.data side),
+decoded by simplejpeg (libjpeg-turbo; tf.data: TensorFlow's libjpeg-turbo, ``INTEGER_ACCURATE``).
+
+Each run is a fresh subprocess in the contender's own venv (``peers_env.py`` builds the peers'
+under ``benchmarks/.venvs/``; unihub and tf.data use this one), driven by ``peers_side.py``;
+this process polls ``/proc`` every 20 ms for the RSS of that process and all its descendants
+(PSS from ``smaps_rollup`` every 100 ms: forked workers share pages that RSS counts twice).
+Rows/s and time to first batch are timed from creating the pipeline (imports, and Ray's
+``ray.init``, excluded). Round 1 tries each peer's worker settings (0/1/2 where it has them);
+later rounds run each peer's best, all contenders alternated; figures are min / median / max.
+The decode limit (one thread of unihub's JPEG decoder on the same images x cores, and one
+thread per core measured) runs as a contender too.
+
+Targets (issue 15), evaluated in the output: each unihub torch path >= 1.3x the fastest peer;
+the fastest unihub path >= 0.6 of the decode limit; ``make_tf_dataset`` >= 1.3x tf.data's own
+pipeline; peak RSS <= the lowest peer's x 1.2; time to first batch <= the fastest peer's.
+
+    python benchmarks/peers.py [--rounds 5] [--rows 20000] [--only unihub,tfdata,lance,...]
+    python benchmarks/peers.py --quick       # 2k rows, 1 round, only the peers whose venvs exist
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import peers_env  # noqa: E402
+from peers_side import decode, load_content, probe_digest  # noqa: E402
+
+SIDE, PROBES, POLL_S = 64, 8, 0.02
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way to read the content: which pipeline, in which venv, on which copy, with which settings."""
+
+    label: str
+    tool: str          # a peers_side.PIPELINES key
+    family: str        # --only key: unihub, tfdata or a peers_env.PEERS name
+    fmt: str           # a peers_side.WRITERS key
+    workers: int = 0
+    shuffle: int = 0
+    sweep: tuple[int, ...] = ()   # worker counts tried in round 1 (a peer's best is kept)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.family != "unihub"
+
+    @property
+    def group(self) -> str:
+        return f"{self.tool}{' shuffled' if self.shuffle else ''}"
+
+
+def contenders(shuffle: int) -> list[Contender]:
+    """All contenders, unshuffled and shuffled (``shuffle`` rows of buffer, or the tool's own shuffle)."""
+    base = [
+        Contender("unihub BatchedDataLoader(make_batch_reader)", "unihub_batched", "unihub", "unihub"),
+        Contender("unihub DataLoader(make_reader)", "unihub_rows", "unihub", "unihub"),
+        Contender("unihub TorchIterableDataset, torch DataLoader(2 workers)", "unihub_iterable", "unihub", "unihub",
+                  workers=2),
+        Contender("unihub TorchMapDataset, torch DataLoader(2 workers)", "unihub_map", "unihub", "unihub",
+                  workers=2),
+        Contender("unihub make_tf_dataset", "unihub_tf", "unihub", "unihub"),
+        Contender("tf.data TFRecord, batched parse_example + decode_jpeg", "tfdata", "tfdata", "tfrecord"),
+        Contender("Lance to_batches + decode", "lance", "lance", "lance"),
+        Contender("Lance torch LanceDataset", "lance_torch", "lance", "lance"),
+        Contender("HF datasets + transform", "hf", "hf", "hf", sweep=(0, 2)),
+        Contender("LitData StreamingDataset", "litdata", "litdata", "litdata", sweep=(0, 1, 2)),
+        Contender("MosaicML StreamingDataset", "mosaic", "mosaic", "mosaic", sweep=(0, 2)),
+        Contender("WebDataset WebLoader", "wds", "wds", "wds", sweep=(0, 1, 2)),
+        Contender("Ray Data map_batches + iter_torch_batches", "ray", "ray", "parquet"),
+    ]
+    no_shuffle = {"lance", "lance_torch"}  # no shuffled scan in Lance's reader
+    return base + [replace(c, label=c.label + ", shuffled", shuffle=shuffle) for c in base if c.tool not in no_shuffle]
+
+
+# --------------------------------------------------------------------------- content and copies
+def make_content(path: Path, rows: int) -> Path:
+    """``rows`` JPEGs with gradients and noise, labels, vectors (``vec[0]`` = the row's index): written once."""
+    if path.exists():
+        return path
+    import simplejpeg
+
+    rng = np.random.default_rng(15)
+    yy, xx = np.mgrid[0:SIDE, 0:SIDE].astype(np.float32) / SIDE
+    blobs = []
+    for _ in range(rows):
+        a, b, c, f = rng.uniform(-1, 1, (4, 3, 1, 1)).astype(np.float32)
+        image = 128 + 90 * (a * xx + b * yy) + 40 * np.sin(6 * f * (xx + c * yy) + c)
+        image = image + rng.normal(0, 12, (3, SIDE, SIDE))
+        hwc = np.ascontiguousarray(np.clip(image, 0, 255).astype(np.uint8).transpose(1, 2, 0))
+        blobs.append(simplejpeg.encode_jpeg(hwc, quality=90, colorspace="RGB", colorsubsampling="420"))
+    offsets = np.zeros(rows + 1, np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blobs])
+    vecs = rng.standard_normal((rows, 16)).astype(np.float32)
+    vecs[:, 0] = np.arange(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, offsets=offsets, blob=np.frombuffer(b"".join(blobs), np.uint8),
+             labels=rng.integers(0, 1000, rows).astype(np.int64), vecs=vecs)
+    tmp.rename(path)
+    return path
+
+
+def child_env(python: Path) -> dict[str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
+               HF_DATASETS_DISABLE_PROGRESS_BARS="1", RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0")
+    if python == Path(sys.executable):
+        import unihub
+
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(unihub.__file__).resolve().parent.parent),
+                                             env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def ensure_copy(fmt: str, python: Path, content: Path, root: Path) -> Path:
+    """The content in ``fmt``, written once by the tool itself into ``root/fmt`` (atomically: a temp folder renamed)."""
+    target = root / fmt
+    if target.exists():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{fmt}-", dir=root))
+    try:
+        with tempfile.TemporaryDirectory(prefix="uh-peers-") as scratch:
+            env = dict(child_env(python), TMPDIR=scratch, HOME=scratch)
+            out = subprocess.run([str(python), str(HERE / "peers_side.py"), "write", fmt, str(content), str(tmp)],
+                                 capture_output=True, text=True, env=env, timeout=1800, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"writing the {fmt} copy failed: {last_line(out.stderr)}")
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+# --------------------------------------------------------------------------- memory of a process tree
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _tree(root: int) -> list[int]:
+    tree, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(tree.get(pid, ()))
+    return out
+
+
+def _kib(pid: int, pss: bool) -> int:
+    try:
+        if pss:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                return next((int(ln.split()[1]) for ln in f if ln.startswith("Pss:")), 0)
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def run_child(python: Path, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one ``peers_side.py`` job; its JSON result with ``peak_rss_mib`` and ``peak_pss_mib`` of the tree."""
+    with tempfile.TemporaryDirectory(prefix="uh-peers-") as scratch:
+        job = dict(job, scratch=scratch)
+        env = dict(child_env(python), TMPDIR=scratch, HOME=scratch)
+        proc = subprocess.Popen([str(python), str(HERE / "peers_side.py"), json.dumps(job)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        peak_rss = peak_pss = 0
+        pids: list[int] = []
+        deadline, tick = time.monotonic() + timeout, 0
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                return {"error": f"timed out after {timeout:.0f}s"}
+            if tick % 5 == 0:  # the tree (a scan of /proc) and PSS every 100 ms, RSS every 20 ms
+                pids = _tree(proc.pid)
+                peak_pss = max(peak_pss, sum(_kib(p, True) for p in pids))
+            peak_rss = max(peak_rss, sum(_kib(p, False) for p in pids))
+            tick += 1
+            time.sleep(POLL_S)
+        stdout, stderr = proc.communicate()
+        try:
+            os.killpg(proc.pid, 9)  # a worker the tool left behind (Ray's, say) goes with its session
+        except ProcessLookupError:
+            pass
+    if proc.returncode != 0 or not stdout.strip():
+        return {"error": f"exit {proc.returncode}: {last_line(stderr)}"}
+    result = dict(json.loads(stdout.strip().splitlines()[-1]))
+    result.update(peak_rss_mib=peak_rss / 1024, peak_pss_mib=peak_pss / 1024)
+    return result
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class Tally:
+    """What the rounds gathered for one contender (or why it could not run)."""
+
+    contender: Contender
+    runs: list[dict[str, Any]]
+    error: str | None = None
+    tried: str = ""
+
+    def stat(self, key: str) -> list[float]:
+        return [float(r[key]) for r in self.runs if r.get(key) is not None]
+
+    def median(self, key: str) -> float:
+        values = self.stat(key)
+        return statistics.median(values) if values else float("nan")
+
+    def rates(self) -> list[float]:
+        return [r["rows"] / r["seconds"] for r in self.runs]
+
+    def rate(self) -> float:
+        return statistics.median(self.rates()) if self.runs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=None, help="20,000 (2,000 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="5 (1 with --quick)")
+    ap.add_argument("--shuffle", type=int, default=4096, help="shuffle buffer rows for every shuffled contender")
+    ap.add_argument("--only", default="", help="comma-separated families: unihub, tfdata, " + ", ".join(peers_env.PEERS))
+    ap.add_argument("--data", type=Path, default=None, help="cache folder (default benchmarks/data/peers_<rows>)")
+    ap.add_argument("--quick", action="store_true", help="2k rows, 1 round, no venv building")
+    ap.add_argument("--unshuffled", action="store_true", help="leave out the shuffled contenders")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    args = ap.parse_args(argv)
+    args.rows = args.rows or (2_000 if args.quick else 20_000)
+    args.rounds = args.rounds or (1 if args.quick else 5)
+    only = {f for f in args.only.split(",") if f}
+    t_start = time.perf_counter()
+    root = args.data or HERE / "data" / f"peers_{args.rows}"
+    root.mkdir(parents=True, exist_ok=True)
+    content = make_content(root / "content.npz", args.rows)
+    blobs, labels, vecs = load_content(content)
+    rng = np.random.default_rng(0)
+    probes = sorted(int(i) for i in rng.choice(args.rows, PROBES, replace=False))
+    expected = {str(i): probe_digest(decode(blobs[i]), vecs[i]) for i in probes}
+    label_sum = int(labels.sum())
+    del blobs
+
+    pythons: dict[str, Path | str] = {"unihub": Path(sys.executable), "tfdata": Path(sys.executable)}
+    for name in peers_env.PEERS:
+        if only and name not in only:
+            continue
+        if args.quick and name not in peers_env.existing_peers():
+            continue
+        try:
+            pythons[name] = peers_env.ensure_peer_venv(name)
+        except peers_env.PeerUnavailable as exc:
+            pythons[name] = f"install failed: {exc}"
+    tallies = [Tally(c, []) for c in contenders(args.shuffle)
+               if c.family in pythons and (not only or c.family in only) and not (args.unshuffled and c.shuffle)]
+    copies: dict[str, Path | str] = {}
+    for t in tallies:
+        python = pythons[t.contender.family]
+        if isinstance(python, str):
+            t.error = python
+            continue
+        if t.contender.fmt not in copies:
+            try:
+                copies[t.contender.fmt] = ensure_copy(t.contender.fmt, python, content, root)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                copies[t.contender.fmt] = f"writing its copy failed: {exc}"
+        if isinstance(copies[t.contender.fmt], str):
+            t.error = str(copies[t.contender.fmt])
+
+    def job(c: Contender) -> dict[str, Any]:
+        url = copies[c.fmt]
+        data = f"file://{url}" if c.family == "unihub" else str(url)
+        return {"tool": c.tool, "data": data, "workers": c.workers, "shuffle": c.shuffle, "probes": probes}
+
+    def once(t: Tally) -> None:
+        python = pythons[t.contender.family]
+        assert isinstance(python, Path)
+        result = run_child(python, job(t.contender), args.timeout)
+        if "error" in result:
+            t.error = result["error"]
+        elif result["rows"] != args.rows or result["label_sum"] != label_sum:
+            t.error = f"wrong content: {result['rows']} rows, label sum {result['label_sum']} (want {label_sum})"
+        else:
+            result["same_pixels"] = result["digests"] == expected
+            t.runs.append(result)
+        print(f"  {t.contender.label}: " + (t.error or f"{result['rows'] / result['seconds']:,.0f} rows/s, "
+              f"first batch {result['ttfb']:.2f}s, peak RSS {result['peak_rss_mib']:.0f} MiB"),
+              file=sys.stderr, flush=True)
+
+    limits: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        limit = run_child(Path(sys.executable), {"tool": "decode_limit", "source": str(content)}, args.timeout)
+        limits.append(limit)
+        # unshuffled first: a peer's best worker count in round 1 is then used for its shuffled runs
+        for t in sorted(tallies, key=lambda t: t.contender.shuffle > 0):
+            if t.error:
+                continue
+            c = t.contender
+            if rnd == 0 and c.sweep:
+                own = next((u for u in tallies if u.contender.tool == c.tool and not u.contender.shuffle), t)
+                sweep = (own.contender.workers,) if c.shuffle else c.sweep
+                best = None
+                for w in sweep:
+                    trial = Tally(replace(c, workers=w), [])
+                    once(trial)
+                    rate = trial.rate()
+                    t.tried += f"{w}: {'failed' if trial.error else f'{rate:,.0f}'}; "
+                    if trial.runs and (best is None or rate > best.rate()):
+                        best = trial
+                if best is None:
+                    t.error = trial.error
+                else:
+                    t.contender, t.runs = best.contender, best.runs
+            else:
+                once(t)
+    print_report(tallies, limits, args, time.perf_counter() - t_start)
+    return 0
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):,.0f} / **{statistics.median(values):,.0f}** / {max(values):,.0f}"
+
+
+def print_report(tallies: list[Tally], limits: list[dict[str, Any]], args: Any, seconds: float) -> None:
+    """The markdown table (ratios vs the fastest peer) and the issue's targets, ok or MISSED."""
+    ok = [t for t in tallies if t.runs]
+    peers = [t for t in ok if t.contender.is_peer]
+    fastest = max(peers, key=Tally.rate) if peers else None
+    lowest_rss = min((t.median("peak_rss_mib") for t in peers), default=float("nan"))
+    good = [lim for lim in limits if "one_core" in lim]
+    one_core = statistics.median([lim["one_core"] for lim in good]) if good else float("nan")
+    every = statistics.median([lim["all_cores"] for lim in good]) if good else float("nan")
+    cores = good[0]["cores"] if good else os.cpu_count() or 1
+    limit = one_core * cores
+    print(f"\n## unihub vs peers: {args.rows:,} rows of 64x64 JPEG + int64 + float32[16], batch 64, one epoch, "
+          f"{cores} cores, {args.rounds} round(s), shuffle buffer {args.shuffle:,}\n")
+    print(f"Decode limit ({good[0]['decoder'] if good else '?'}): one core {one_core:,.0f} images/s x {cores} = "
+          f"**{limit:,.0f}**; measured with one thread per core: {every:,.0f}.\n")
+    print("| contender | rows/s min / **median** / max | vs fastest peer | of decode limit | peak RSS MiB "
+          "(PSS) | first batch s | same content | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t in sorted(tallies, key=lambda t: (t.contender.shuffle > 0, -t.rate() if t.runs else 0)):
+        c = t.contender
+        if not t.runs:
+            print(f"| {c.label} | failed: {t.error} | | | | | | |")
+            continue
+        ratio = f"{t.rate() / fastest.rate():.2f}x" if fastest else "-"
+        same = "yes" if all(r["same_pixels"] for r in t.runs) else "pixels differ"
+        note = (f"{c.workers} workers (round 1 tried {t.tried.rstrip('; ')})" if t.tried
+                else (f"{c.workers} workers" if c.workers else ""))
+        print(f"| {c.label} | {_fmt(t.rates())} | {ratio} | {t.rate() / limit:.2f} | "
+              f"{t.median('peak_rss_mib'):,.0f} ({t.median('peak_pss_mib'):,.0f}) | {t.median('ttfb'):.2f} | {same} "
+              f"| {note} |")
+    print("\nTargets (issue 15):\n")
+    if fastest is None:
+        print("- no peer ran: the targets against peers cannot be evaluated")
+    unihub = [t for t in ok if not t.contender.is_peer]
+
+    def verdict(flag: bool) -> str:
+        return "ok" if flag else "MISSED"
+
+    if fastest is not None:
+        print(f"- fastest peer: {fastest.contender.label}, {fastest.rate():,.0f} rows/s, first batch "
+              f"{fastest.median('ttfb'):.2f}s; lowest peer peak RSS {lowest_rss:,.0f} MiB")
+        for t in unihub:
+            if t.contender.tool == "unihub_tf":
+                continue
+            r = t.rate() / fastest.rate()
+            print(f"- {t.contender.label} >= 1.3x fastest peer: {r:.2f}x {verdict(r >= 1.3)}")
+    if unihub:
+        best = max(unihub, key=Tally.rate)
+        r = best.rate() / limit
+        print(f"- fastest unihub path ({best.contender.label}) >= 0.6 of the decode limit: {r:.2f} {verdict(r >= 0.6)} "
+              f"({best.rate() / every:.2f} of the measured all-cores decode)")
+    for shuffled in (False, True):
+        ours = [t for t in unihub if t.contender.tool == "unihub_tf" and (t.contender.shuffle > 0) == shuffled]
+        theirs = [t for t in ok if t.contender.tool == "tfdata" and (t.contender.shuffle > 0) == shuffled]
+        if ours and theirs:
+            r = ours[0].rate() / theirs[0].rate()
+            print(f"- make_tf_dataset{', shuffled' if shuffled else ''} >= 1.3x tf.data's pipeline: {r:.2f}x "
+                  f"{verdict(r >= 1.3)}")
+    if peers:
+        for t in unihub:
+            rss, ttfb = t.median("peak_rss_mib"), t.median("ttfb")
+            print(f"- {t.contender.label}: peak RSS {rss:,.0f} <= {lowest_rss * 1.2:,.0f} MiB "
+                  f"{verdict(rss <= lowest_rss * 1.2)}; first batch {ttfb:.2f}s <= {fastest.median('ttfb'):.2f}s "  # type: ignore[union-attr]
+                  f"{verdict(ttfb <= fastest.median('ttfb'))}")  # type: ignore[union-attr]
+    print("\nVersions: " + "; ".join(f"{n}: {peers_env.versions(n)}" for n in peers_env.PEERS if peers_env.versions(n)))
+    print(f"\n({seconds:.0f} s; peak RSS: the sum of VmRSS over the run's process tree, polled from /proc every "
+          f"{POLL_S * 1000:.0f} ms; PSS from smaps_rollup every {POLL_S * 5000:.0f} ms)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
