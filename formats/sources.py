@@ -38,8 +38,8 @@ _QUERY = re.compile(r"\?(?=[A-Za-z_][A-Za-z0-9_]*=)")
 _OPTIONS: dict[str, Any] | None = None
 #: (scheme, bucket) -> the URL (with its query) that first named it, to make filesystems from
 _ORIGINS: dict[tuple[str, str], str] = {}
-#: (pid, scheme, bucket, options) -> filesystem made in that process
-_CACHE: dict[tuple[int, str, str, str], pafs.FileSystem] = {}
+#: (pid, origin URL, options) -> filesystem made in that process
+_CACHE: dict[tuple[int, str, str], pafs.FileSystem] = {}
 
 
 @contextmanager
@@ -47,7 +47,7 @@ def using(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
     """Within this block, URLs are opened with ``storage_options`` (fsspec's, plus unihub's remote settings),
     through filesystems made for this block."""
     global _OPTIONS
-    before, cached = _OPTIONS, dict(_CACHE)
+    before, cached, origins = _OPTIONS, dict(_CACHE), dict(_ORIGINS)
     _OPTIONS = dict(storage_options) if storage_options else None
     _CACHE.clear()  # filesystems live for one conversion: a store that was down is asked afresh
     try:
@@ -56,6 +56,8 @@ def using(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
         _OPTIONS = before
         _CACHE.clear()
         _CACHE.update(cached)
+        _ORIGINS.clear()  # a URL's query holds for its bucket until the conversion ends, not for the process
+        _ORIGINS.update(origins)
 
 
 def current_options() -> dict[str, Any] | None:
@@ -101,7 +103,7 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
     if query or key not in _ORIGINS:
         _ORIGINS[key] = f"{parsed.scheme}://{parsed.netloc}/{query}"
     options = _OPTIONS
-    cache_key = (os.getpid(), parsed.scheme, parsed.netloc, repr(sorted((options or {}).items())))
+    cache_key = (os.getpid(), _ORIGINS[key], repr(sorted((options or {}).items())))
     fs = _CACHE.get(cache_key)
     if fs is None:
         from unihub.errors import UnsupportedFilesystemError

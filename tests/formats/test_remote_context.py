@@ -52,3 +52,14 @@ def test_a_task_that_fails_leaves_the_process_as_it_was(monkeypatch: pytest.Monk
         assert os.environ["UNIHUB_REMOTE_TIMEOUT"] == "3"
         raise RuntimeError("the task failed")
     assert "UNIHUB_REMOTE_TIMEOUT" not in os.environ and sources.current_options() is None
+
+
+def test_a_urls_query_holds_for_its_bucket_until_the_conversion_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources, "_ORIGINS", {})
+    monkeypatch.setattr(sources, "_CACHE", {})
+    with sources.using(None):
+        assert sources.without_query("s3://bucket-b/x?endpoint_override=127.0.0.1:9&scheme=http") == "s3://bucket-b/x"
+        assert sources._ORIGINS[("s3", "bucket-b")].endswith("?endpoint_override=127.0.0.1:9&scheme=http")
+        sources.filesystem("s3://bucket-b/y")
+    assert ("s3", "bucket-b") not in sources._ORIGINS  # a later conversion of s3://bucket-b/ is not sent there
+    assert not sources._CACHE
