@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
+from unihub.formats.arrow_numpy import to_numpy
 from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
@@ -293,7 +294,7 @@ class ScalarCodec(Codec):
             return _with_nulls([None if v is None else field.numpy_dtype(cast(v)) for v in array.to_pylist()], None)
         valid = _valid_mask(array)
         if valid is None:
-            out = array.to_numpy(zero_copy_only=False)
+            out = to_numpy(array)
             if field.dtype != object and out.dtype != field.dtype:
                 out = out.astype(field.dtype)
             return out
@@ -567,7 +568,7 @@ def _flatten_lists(storage: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
         inner = storage.values.slice(start, len(storage) * size)
         offsets = np.arange(len(storage) + 1, dtype=np.int64) * size
     elif pa.types.is_list(storage.type) or pa.types.is_large_list(storage.type):
-        offsets = np.asarray(storage.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        offsets = np.asarray(to_numpy(storage.offsets), dtype=np.int64)
         inner = storage.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         offsets = offsets - offsets[0]
     else:
@@ -586,7 +587,7 @@ def _numpy_values(flat: pa.Array, field: UnischemaField) -> np.ndarray:
     """Numpy view of flat tensor values (zero-copy for numbers without nulls)."""
     if flat.null_count:
         raise CodecError(f"field {field.name!r}: tensor values contain {flat.null_count} nulls", field=field.name)
-    values = flat.to_numpy(zero_copy_only=not pa.types.is_boolean(flat.type))
+    values = flat.to_numpy(zero_copy_only=False) if pa.types.is_boolean(flat.type) else to_numpy(flat)
     return values if values.dtype == field.dtype else values.astype(field.dtype)
 
 

@@ -42,15 +42,25 @@ handle), so all of them are safe to call from many threads at once.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import cast
 
-import imagecodecs
 import numpy as np
 import simplejpeg
 
 from unihub.errors import ImageDecodeError
+
+
+@functools.cache
+def _imagecodecs() -> ModuleType:
+    """imagecodecs, imported on the first PNG (~0.1 s, on the way to the first batch of a JPEG dataset otherwise)."""
+    import imagecodecs
+
+    return imagecodecs
+
 
 __all__ = [
     "DECODER_NAME",
@@ -256,13 +266,14 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     so that decoding threads scale. Anything else, and any failure, takes
     :func:`decode_image`'s path for its checks and messages; the error's ``row`` is ``i``.
     """
-    png_decode = imagecodecs.png_decode
+    png_decode = None
     for row, blob in enumerate(blobs):
         target = out[row]
         try:
             if blob[:8] == _PNG_SIGNATURE:
+                png_decode = png_decode or _imagecodecs().png_decode
                 try:
-                    png_decode(blob, out=target)  # type: ignore[arg-type]  # any buffer; the stub says bytes/mmap
+                    png_decode(blob, out=target)
                     continue
                 except (ValueError, RuntimeError):
                     pass  # decode_image below raises with the details
@@ -297,7 +308,7 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
                 f"PNG needs uint8 or uint16 with 1-4 channels, got {image.dtype} {image.shape}"
             )
         # bytes: the stub's bytearray is for an ``out`` buffer, not given here
-        return cast(bytes, imagecodecs.png_encode(
+        return cast(bytes, _imagecodecs().png_encode(
             np.ascontiguousarray(image),
             level=_PNG_LEVEL,
             strategy=_PNG_STRATEGY_RLE,
@@ -330,7 +341,7 @@ def _decode_png(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, .
             if shape is not None and out is None:
                 _check_shape(header[:3], shape, "PNG")
     try:
-        image = imagecodecs.png_decode(data, out=out if direct else None)  # type: ignore[arg-type]  # any buffer
+        image = _imagecodecs().png_decode(data, out=out if direct else None)
     except MemoryError as exc:
         raise ImageDecodeError(f"PNG ({len(data)} bytes): out of memory decoding it: {exc}") from None
     except (ValueError, RuntimeError) as exc:  # PngError is a RuntimeError

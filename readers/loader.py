@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
+from unihub.formats.arrow_numpy import int64_array
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
@@ -57,7 +58,7 @@ def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
         return table
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)):
         return table.slice(int(rows[0]), len(rows))
-    return table.take(pa.array(rows, type=pa.int64()))
+    return table.take(int64_array(rows))
 
 
 class RecentReads:

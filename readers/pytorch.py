@@ -35,7 +35,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
-from unihub.readers.batching import ShuffleBuffer
+from unihub.readers.batching import ShuffleBuffer, concat, take
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -108,10 +108,8 @@ def _length(columns: Columns) -> int:
 
 
 def _take(columns: Columns, index: np.ndarray) -> Columns:
-    torch = _torch()
-    tensor_index = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))
-    return {name: (col[tensor_index] if isinstance(col, torch.Tensor) else [col[i] for i in index.tolist()])
-            for name, col in columns.items()}
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    return {name: take(col, index) for name, col in columns.items()}
 
 
 def _slice(columns: Columns, start: int, stop: int) -> Columns:
@@ -131,14 +129,7 @@ def _split(columns: Columns, size: int) -> list[Columns]:
 def _concat(parts: Sequence[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
-    torch = _torch()
-    out: Columns = {}
-    for name, first in parts[0].items():
-        if isinstance(first, torch.Tensor) and all(isinstance(p[name], torch.Tensor) for p in parts):
-            out[name] = torch.cat([p[name] for p in parts])
-        else:
-            out[name] = [v for p in parts for v in p[name]]
-    return out
+    return {name: concat([p[name] for p in parts]) for name in parts[0]}
 
 
 def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from unihub.formats.arrow_numpy import int64_array
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
 from unihub.readers.decode import DecodePolicy, decode_column
@@ -67,7 +68,7 @@ class Dataset:
         for group in np.unique(groups):
             where = np.flatnonzero(groups == group)
             local = idx[where] - offsets[group]
-            table = self._row_group(int(group)).take(pa.array(local))
+            table = self._row_group(int(group)).take(int64_array(local))
             pieces.append({f.name: decode_column(f, table.column(f.name), decode_images=self.decode_images,
                                                  policy=self._policy)
                            for f in self.schema})

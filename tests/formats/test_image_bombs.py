@@ -88,7 +88,7 @@ def test_no_memory_error_escapes_a_decode(monkeypatch: pytest.MonkeyPatch) -> No
         raise MemoryError("Unable to allocate 11.8 GiB")
 
     monkeypatch.setattr(images.simplejpeg, "decode_jpeg", out_of_memory)
-    monkeypatch.setattr(images.imagecodecs, "png_decode", out_of_memory)
+    monkeypatch.setattr(images._imagecodecs(), "png_decode", out_of_memory)
     for blob, fmt in ((pil_jpeg(image()), "JPEG"), (pil_png(image()), "PNG")):
         with pytest.raises(ImageDecodeError, match=f"{fmt} .* out of memory decoding it: Unable to allocate"):
             decode_image(blob)

@@ -58,3 +58,26 @@ def test_positions_default_to_consecutive_numbers_and_draws_are_seeded() -> None
         return positions.tolist()
 
     assert draws(1) == draws(1) != draws(2)
+
+
+def test_take_and_concat_keep_tensors_tensors_also_where_numpy_cannot_hold_them() -> None:
+    """CPU tensors move through numpy views (no torch threads woken); a dtype numpy lacks (bfloat16)
+    goes through torch itself; the values and dtypes are torch's own either way."""
+    torch = pytest.importorskip("torch")
+    from unihub.readers.batching import concat, take
+
+    index = np.array([4, 0, 2, 2])
+    for dtype in (torch.uint8, torch.int64, torch.float32, torch.bool, torch.bfloat16):
+        a = torch.arange(12).reshape(6, 2).to(dtype)
+        b = torch.arange(100, 104).reshape(2, 2).to(dtype)
+        joined = concat([a, b])
+        assert isinstance(joined, torch.Tensor) and joined.dtype == dtype and torch.equal(joined, torch.cat([a, b]))
+        taken = take(a, index)
+        assert taken.dtype == dtype and torch.equal(taken, a[torch.from_numpy(index)])
+        buffer = ShuffleBuffer()
+        buffer.add({"x": a})
+        buffer.add({"x": b})
+        out, positions = buffer.take_random(8, np.random.default_rng(3))
+        assert out["x"].dtype == dtype and torch.equal(out["x"], joined[torch.from_numpy(positions)])
+    assert concat([np.arange(2), np.arange(3)]).tolist() == [0, 1, 0, 1, 2]
+    assert concat([["a"], torch.arange(2)])[0] == "a"  # mixed columns become lists
