@@ -166,26 +166,25 @@ def _torch_batch(images: np.ndarray, labels: Any, vecs: Any) -> Batch:
     return torch.from_numpy(images), torch.as_tensor(np.asarray(labels)), torch.as_tensor(np.asarray(vecs))
 
 
-def unihub_batched(job: dict[str, Any]) -> Iterator[Batch]:
-    from unihub import make_batch_reader
-    from unihub.readers.pytorch import BatchedDataLoader
+def _unihub_loader(job: dict[str, Any], batched: bool) -> Iterator[Batch]:
+    """unihub's ``BatchedDataLoader(make_batch_reader)`` or its row ``DataLoader(make_reader)``."""
+    from unihub import make_batch_reader, make_reader
+    from unihub.readers.pytorch import BatchedDataLoader, DataLoader
 
     shuffle = job["shuffle"]
-    with BatchedDataLoader(make_batch_reader(job["data"], num_epochs=1, shuffle_row_groups=shuffle > 0, seed=0),
-                           batch_size=64, shuffling_queue_capacity=shuffle, seed=0) as loader:
+    make, loader_class = (make_batch_reader, BatchedDataLoader) if batched else (make_reader, DataLoader)
+    with loader_class(make(job["data"], num_epochs=1, shuffle_row_groups=shuffle > 0, seed=0),
+                      batch_size=64, shuffling_queue_capacity=shuffle, seed=0) as loader:
         for batch in loader:
             yield batch["image"], batch["label"], batch["vec"]
+
+
+def unihub_batched(job: dict[str, Any]) -> Iterator[Batch]:
+    return _unihub_loader(job, batched=True)
 
 
 def unihub_rows(job: dict[str, Any]) -> Iterator[Batch]:
-    from unihub import make_reader
-    from unihub.readers.pytorch import DataLoader
-
-    shuffle = job["shuffle"]
-    with DataLoader(make_reader(job["data"], num_epochs=1, shuffle_row_groups=shuffle > 0, seed=0),
-                    batch_size=64, shuffling_queue_capacity=shuffle, seed=0) as loader:
-        for batch in loader:
-            yield batch["image"], batch["label"], batch["vec"]
+    return _unihub_loader(job, batched=False)
 
 
 def unihub_iterable(job: dict[str, Any]) -> Iterator[Batch]:

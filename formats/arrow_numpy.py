@@ -16,16 +16,58 @@ _NUMBER_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32,
                  pa.float16(): np.float16, pa.float32(): np.float32, pa.float64(): np.float64}
 
 
-def to_numpy(array: pa.Array) -> np.ndarray:
-    """``array.to_numpy(zero_copy_only=False)``: a zero-copy, read-only view for null-free numbers
-    (without importing pandas); pyarrow's conversion for everything else."""
+def numpy_dtype(arrow_type: pa.DataType) -> np.dtype | None:
+    """The numpy dtype :func:`to_numpy` gives a null-free array of ``arrow_type``; None where only
+    pyarrow's own conversion knows."""
+    if arrow_type in _NUMBER_TYPES:
+        return np.dtype(_NUMBER_TYPES[arrow_type])
+    if pa.types.is_boolean(arrow_type):
+        return np.dtype(bool)
+    if _is_text(arrow_type):
+        return np.dtype(object)
+    return None
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type))
+
+
+def to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``array.to_numpy(zero_copy_only=False)`` without importing pandas for strings/bytes and
+    null-free numbers (a zero-copy, read-only view) and booleans; pyarrow's conversion for the rest."""
+    if isinstance(array, pa.ChunkedArray):
+        if array.num_chunks == 1:
+            return to_numpy(array.chunk(0))
+        if array.num_chunks == 0:
+            return array.to_numpy()
+        return np.concatenate([to_numpy(chunk) for chunk in array.chunks])
+    if _is_text(array.type):  # None where null, as pyarrow's conversion gives
+        out = np.empty(len(array), dtype=object)
+        out[:] = array.to_pylist()
+        return out
+    if array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(array.type):
+        bits = array.buffers()[1]
+        if bits is None:
+            return np.empty(0, bool)
+        unpacked = np.unpackbits(np.frombuffer(bits, np.uint8), bitorder="little")
+        return unpacked[array.offset:array.offset + len(array)].astype(bool)
     dtype = _NUMBER_TYPES.get(array.type)
-    if dtype is None or array.null_count:
+    if dtype is None:
         return array.to_numpy(zero_copy_only=False)
     data = array.buffers()[1]
     if data is None:  # an empty array may have no buffer
         return np.empty(0, dtype)
     return np.frombuffer(data, dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
+
+
+def without_validity(array: pa.Array) -> pa.Array:
+    """A number or boolean array's values with its nulls forgotten (whatever its data buffer holds
+    there), sharing the buffer: for callers that put their own null back, as ``fill_null`` would
+    without its ``pa.scalar`` (which imports pandas)."""
+    return pa.Array.from_buffers(array.type, len(array), [None, array.buffers()[1]], offset=array.offset)
 
 
 def int64_array(values: np.ndarray) -> pa.Array:

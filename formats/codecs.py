@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
-from unihub.formats.arrow_numpy import to_numpy
+from unihub.formats.arrow_numpy import numpy_dtype, to_numpy, without_validity
 from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
@@ -89,7 +89,7 @@ def _valid_mask(array: pa.Array) -> np.ndarray | None:
     """Boolean validity per row, or None when the array has no nulls."""
     if array.null_count == 0:
         return None
-    return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(to_numpy(array.is_valid()), dtype=bool)
 
 
 class Codec(ABC):
@@ -298,15 +298,17 @@ class ScalarCodec(Codec):
             if field.dtype != object and out.dtype != field.dtype:
                 out = out.astype(field.dtype)
             return out
-        values = array.to_numpy(zero_copy_only=False)
-        if field.dtype != object and (values.dtype != object or pa.types.is_boolean(array.type)):
-            values = array.fill_null(False if pa.types.is_boolean(array.type) else 0).to_numpy(zero_copy_only=False)
+        known = numpy_dtype(array.type)  # numbers, booleans and text: no pyarrow conversion needed to tell
+        values = None if known is not None else array.to_numpy(zero_copy_only=False)
+        numeric = known.kind != "O" if known is not None else values is not None and values.dtype.kind != "O"
+        if field.dtype != object and numeric:
+            values = to_numpy(without_validity(array) if known is not None else array.fill_null(0))
             values = values.astype(field.dtype)
             out = np.empty(len(values), dtype=object)
             out[:] = list(values)  # numpy scalars of the field's dtype, as without nulls
             out[~valid] = None
             return out
-        return values
+        return values if values is not None else to_numpy(array)
 
     def config(self) -> dict[str, Any]:
         return {"arrow_type": dtypes.arrow_type_to_json(self._arrow_type)}
@@ -523,7 +525,7 @@ def _fill_values_of_null_rows(field: UnischemaField, flat: pa.Array, offsets: np
                               valid: np.ndarray) -> pa.Array:
     """Zeros for the null values that Parquet gives a null fixed-size row; a null inside a row is an error."""
     in_valid_row = np.repeat(valid, np.diff(offsets)[:len(valid)])
-    null_value = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)[:len(in_valid_row)]
+    null_value = ~np.asarray(to_numpy(flat.is_valid()), dtype=bool)[:len(in_valid_row)]
     if np.any(null_value & in_valid_row):
         raise CodecError(f"field {field.name!r}: tensor values contain nulls", field=field.name)
     return flat.fill_null(0)
@@ -587,7 +589,7 @@ def _numpy_values(flat: pa.Array, field: UnischemaField) -> np.ndarray:
     """Numpy view of flat tensor values (zero-copy for numbers without nulls)."""
     if flat.null_count:
         raise CodecError(f"field {field.name!r}: tensor values contain {flat.null_count} nulls", field=field.name)
-    values = flat.to_numpy(zero_copy_only=False) if pa.types.is_boolean(flat.type) else to_numpy(flat)
+    values = to_numpy(flat)
     return values if values.dtype == field.dtype else values.astype(field.dtype)
 
 
@@ -670,7 +672,7 @@ def _decode_struct_tensors(field: UnischemaField, storage: pa.StructArray, valid
     values = _numpy_values(flat, field)
     # Spark writes the shapes as array<int> (a list, empty in null rows), unihub as fixed_size_list
     shape_flat, shape_offsets = _flatten_lists(shapes_arr)
-    shapes = shape_flat.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    shapes = to_numpy(shape_flat.fill_null(0)).astype(np.int64)
     if shape_offsets is None:
         shape_offsets = np.arange(len(storage) + 1, dtype=np.int64) * shapes_arr.type.list_size
     rows: list[Any] = []

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import SchemaError
+from unihub.formats.arrow_numpy import numpy_dtype
 
 #: dtype name used in the JSON form -> numpy scalar type (or Decimal).
 _SPECIAL_NAMES: dict[str, Any] = {
@@ -144,7 +145,8 @@ def arrow_type_from_json(text: str) -> pa.DataType:
 
 def _empty_numpy_dtype(arrow_type: pa.DataType) -> np.dtype:
     """The numpy dtype pyarrow converts ``arrow_type`` to, found without importing pandas."""
-    return pa.array([], type=arrow_type).to_numpy(zero_copy_only=False).dtype
+    known = numpy_dtype(arrow_type)  # without pyarrow's pandas bridge (~0.3 s of import)
+    return known if known is not None else pa.array([], type=arrow_type).to_numpy(zero_copy_only=False).dtype
 
 
 class InexactCast(ValueError):

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unihub.errors import DataCorruptionError, InvalidArgumentError
+from unihub.formats.arrow_numpy import to_numpy
 
 #: ``pq.ParquetWriter`` options: a CRC-32 in every page header.
 WRITE_OPTIONS: dict[str, Any] = {"write_page_checksum": True}
@@ -182,10 +183,10 @@ def _offsets(array: Any) -> np.ndarray:
     if pa.types.is_fixed_size_list(array.type):
         size = array.type.list_size
         return (np.arange(len(array) + 1, dtype=np.int64) + array.offset) * size
-    return np.asarray(array.offsets, dtype=np.int64)
+    return np.asarray(to_numpy(array.offsets), dtype=np.int64)
 
 
 def _null_mask(array: pa.Array) -> np.ndarray | None:
     if not array.null_count:
         return None
-    return np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(to_numpy(array.is_null()), dtype=bool)

@@ -72,8 +72,9 @@ def _room(like: Any, rows: int) -> Any:
     if _is_tensor(like):
         import torch
 
-        if isinstance(_view(like), np.ndarray):
-            return torch.from_numpy(np.empty((rows, *like.shape[1:]), dtype=_view(like).dtype))
+        view = _view(like)
+        if isinstance(view, np.ndarray):
+            return torch.from_numpy(np.empty((rows, *like.shape[1:]), dtype=view.dtype))
         return torch.empty((rows, *like.shape[1:]), dtype=like.dtype)
     if isinstance(like, np.ndarray):
         return np.empty((rows, *like.shape[1:]), dtype=like.dtype)
@@ -117,7 +118,7 @@ def _move(column: Any, to: np.ndarray, source: np.ndarray) -> None:
 def _assign(held: Any, rows: slice, new: Any) -> None:
     """``held[rows] = new``, through numpy views where both are CPU tensors."""
     target, source = _view(held), _view(new)
-    if isinstance(target, np.ndarray) and isinstance(source, np.ndarray) and target is not held:
+    if _is_tensor(held) and isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
         target[rows] = source
     else:
         held[rows] = new

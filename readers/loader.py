@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
-from unihub.formats.arrow_numpy import int64_array
+from unihub.formats.arrow_numpy import int64_array, to_numpy
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
@@ -180,7 +180,7 @@ class RowGroupLoader:
         keep = np.ones(pre.num_rows, dtype=bool)
         if self.filter_expression is not None and pre.num_rows:
             mask = pc.fill_null(_evaluate_expression(pre, self.filter_expression), False)
-            keep &= np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+            keep &= np.asarray(to_numpy(mask), dtype=bool)
         if self.predicate is not None:
             by_name = {f.name: f for f in self.store.schema}
             for name in predicate_fields(self.predicate):

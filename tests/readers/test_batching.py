@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,29 @@ def test_take_and_concat_keep_tensors_tensors_also_where_numpy_cannot_hold_them(
         assert out["x"].dtype == dtype and torch.equal(out["x"], joined[torch.from_numpy(positions)])
     assert concat([np.arange(2), np.arange(3)]).tolist() == [0, 1, 0, 1, 2]
     assert concat([["a"], torch.arange(2)])[0] == "a"  # mixed columns become lists
+
+
+def test_the_loader_moves_cpu_rows_without_torchs_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches across reader batches and a shuffling queue join and draw rows through numpy views:
+    ``torch.cat`` and tensor indexing would wake torch's OpenMP threads, whose spin-waiting took the
+    cores from the decoding threads. The rows still all come, once, with their values."""
+    torch = pytest.importorskip("torch")
+    from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
+    from unihub.readers.pytorch import BatchedDataLoader
+
+    schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(np.int64), False),
+                             UnischemaField("x", np.uint8, (4, 3), TensorCodec(), False)])
+    write_dataset(tmp_path / "ds", schema, ({"id": i, "x": np.full((4, 3), i % 256, np.uint8)} for i in range(500)),
+                  row_group_size_mb=0.002)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.cat called")
+
+    monkeypatch.setattr(torch, "cat", refuse)
+    for capacity in (0, 100):
+        with BatchedDataLoader(make_batch_reader((tmp_path / "ds").as_uri(), num_epochs=1, seed=1), batch_size=37,
+                               shuffling_queue_capacity=capacity, seed=1) as loader:
+            batches = list(loader)
+        got = np.concatenate([b["id"].numpy() for b in batches])
+        assert sorted(got.tolist()) == list(range(500))
+        assert all((b["x"].numpy() == (b["id"].numpy() % 256)[:, None, None]).all() for b in batches)

@@ -29,6 +29,16 @@ with make_reader(sys.argv[1], num_epochs=1, shuffle_rows=True, seed=0) as reader
 print(sorted(name for name in ("pandas", "imagecodecs") if name in sys.modules))
 """
 
+CHILD_ANY = """
+import sys
+from unihub import make_batch_reader, make_reader
+with make_batch_reader(sys.argv[1], num_epochs=1) as reader:
+    assert sum(len(batch[0]) for batch in reader) > 0
+with make_reader(sys.argv[1], num_epochs=1) as reader:
+    assert sum(1 for _ in reader) > 0
+print("pandas" in sys.modules)
+"""
+
 
 @pytest.mark.parametrize("fmt, expected", [("jpeg", "[]"), ("png", "['imagecodecs']")])
 def test_the_first_batch_loads_only_the_decoder_it_needs(tmp_path: Path, fmt: str, expected: str) -> None:
@@ -45,3 +55,13 @@ def test_the_first_batch_loads_only_the_decoder_it_needs(tmp_path: Path, fmt: st
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.parametrize("name", ["unischema", "plain"])
+def test_petastorms_own_datasets_read_without_pandas(name: str) -> None:
+    """Written by Petastorm 0.13.1 (tests/fixtures/petastorm): PNG images, strings, nullable columns,
+    and a plain Parquet store whose schema is inferred."""
+    url = (Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / name).as_uri()
+    done = subprocess.run([sys.executable, "-c", CHILD_ANY, url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"

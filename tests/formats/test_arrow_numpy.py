@@ -1,0 +1,70 @@
+"""formats/arrow_numpy.py gives what pyarrow's ``to_numpy(zero_copy_only=False)`` gives, value for value
+and dtype for dtype, on sliced, chunk-offset, empty and null-holding arrays of every type it handles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub.formats.arrow_numpy import int64_array, numpy_dtype, to_numpy, without_validity
+
+TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
+         pa.float16(), pa.float32(), pa.float64(), pa.bool_(), pa.string(), pa.large_string(), pa.binary(),
+         pa.large_binary(), pa.timestamp("us"), pa.date32(), pa.list_(pa.int32())]
+
+
+def _values(arrow_type: pa.DataType, n: int, rng: np.random.Generator) -> pa.Array:
+    if pa.types.is_floating(arrow_type):
+        data = rng.standard_normal(n).astype(arrow_type.to_pandas_dtype())
+    elif pa.types.is_integer(arrow_type):
+        info = np.iinfo(arrow_type.to_pandas_dtype())
+        data = rng.integers(info.min, info.max, n, dtype=arrow_type.to_pandas_dtype(), endpoint=True)
+    elif pa.types.is_boolean(arrow_type):
+        data = rng.random(n) < 0.5
+    elif pa.types.is_timestamp(arrow_type) or pa.types.is_date(arrow_type):
+        return pa.array(rng.integers(0, 10**6, n).tolist(), pa.int32() if pa.types.is_date(arrow_type) else pa.int64()
+                        ).cast(arrow_type)
+    elif pa.types.is_list(arrow_type):
+        return pa.array([[int(v)] * int(v % 3) for v in rng.integers(0, 9, n)], arrow_type)
+    else:
+        text = [f"s{v}\u00e9" for v in rng.integers(0, 1000, n)]
+        return pa.array([t.encode() for t in text] if "binary" in str(arrow_type) else text, arrow_type)
+    return pa.array(data, arrow_type)
+
+
+@pytest.mark.parametrize("arrow_type", TYPES, ids=str)
+def test_the_same_values_and_dtype_as_pyarrows_conversion(arrow_type: pa.DataType) -> None:
+    rng = np.random.default_rng(7)
+    whole = _values(arrow_type, 37, rng)
+    with_nulls = pa.array([None if i % 4 == 1 else v for i, v in enumerate(whole.to_pylist())], arrow_type)
+    chunked = pa.chunked_array([whole.slice(0, 10), with_nulls.slice(10)])
+    for array in (whole, whole.slice(3, 21), whole.slice(37), with_nulls, with_nulls.slice(5, 9), whole.slice(9, 0),
+                  chunked, pa.chunked_array([whole]), pa.chunked_array([], arrow_type)):
+        ours, theirs = to_numpy(array), array.to_numpy(zero_copy_only=False)
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        if array.null_count == 0 and numpy_dtype(array.type) is not None:
+            assert numpy_dtype(array.type) == ours.dtype
+        for a, b in zip(ours.tolist(), theirs.tolist()):
+            if isinstance(a, float) and np.isnan(a):
+                assert np.isnan(b)
+            elif isinstance(a, list) or hasattr(a, "tolist"):
+                assert np.asarray(a).tolist() == np.asarray(b).tolist()
+            else:
+                assert a == b and type(a) is type(b)
+
+
+def test_int64_array_holds_the_indices() -> None:
+    index = np.array([5, 0, 2**40, 3], dtype=np.int64)[::2]  # not contiguous
+    assert int64_array(index).type == pa.int64() and int64_array(index).to_pylist() == [5, 2**40]
+    assert int64_array(np.array([7, 1], dtype=np.int32)).to_pylist() == [7, 1]
+
+
+@pytest.mark.parametrize("arrow_type", [pa.int16(), pa.float64(), pa.bool_()], ids=str)
+def test_without_validity_keeps_every_valid_value_in_place(arrow_type: pa.DataType) -> None:
+    values = _values(arrow_type, 30, np.random.default_rng(1)).to_pylist()
+    array = pa.array([None if i % 3 == 0 else v for i, v in enumerate(values)], arrow_type).slice(4, 20)
+    bare = without_validity(array)
+    assert bare.null_count == 0 and len(bare) == 20 and bare.type == arrow_type
+    assert [b for a, b in zip(array.to_pylist(), bare.to_pylist()) if a is not None] == \
+        [a for a in array.to_pylist() if a is not None]
