@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
-from unihub.formats.arrow_numpy import numpy_dtype, to_numpy, without_validity
+from unihub.formats.arrow_numpy import arrow_backed_empty, numpy_dtype, to_numpy, without_validity
 from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
@@ -821,19 +821,6 @@ def _image_column(field: UnischemaField, n: int) -> np.ndarray:
     except MemoryError as exc:
         raise images.ImageDecodeError(f"field {field.name!r}: out of memory for {n} images of shape {field.shape}: "
                                       f"{exc}", field=field.name) from None
-
-
-def arrow_backed_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised writable array whose memory comes from Arrow's pool (jemalloc by default).
-
-    Decoded image columns are large and short-lived; numpy's malloc hands back fresh pages
-    each time, and the page faults cost ~10% of decode throughput with two threads, while
-    Arrow's pool keeps recently freed pages (benchmarks/reader.py measures it).
-    """
-    size = math.prod(shape) * np.dtype(dtype).itemsize
-    if size == 0:
-        return np.empty(shape, dtype=dtype)
-    return np.frombuffer(pa.allocate_buffer(size), dtype=dtype).reshape(shape)
 
 
 def binary_views(array: pa.Array) -> list[memoryview | None]:

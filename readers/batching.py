@@ -20,7 +20,26 @@ from typing import Any
 
 import numpy as np
 
+from unihub.formats.arrow_numpy import arrow_backed_empty
+
 Columns = dict[str, Any]
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Room for rows: Arrow's pool (aligned, recycled pages) for numbers, numpy's for objects."""
+    return np.empty(shape, dtype) if np.dtype(dtype).hasobject else arrow_backed_empty(shape, dtype)
+
+
+def _numpy_take(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+    out = _empty((len(index), *array.shape[1:]), array.dtype)
+    return np.take(array, index, axis=0, out=out)
+
+
+def _numpy_concat(parts: list[np.ndarray]) -> np.ndarray:
+    if any(p.ndim == 0 for p in parts):
+        return np.concatenate(parts)  # numpy's own error
+    out = _empty((sum(len(p) for p in parts), *parts[0].shape[1:]), np.result_type(*parts))
+    return np.concatenate(parts, out=out)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -46,10 +65,10 @@ def take(column: Any, index: np.ndarray) -> Any:
 
         view = _view(column)
         if isinstance(view, np.ndarray):
-            return torch.from_numpy(view[index])
+            return torch.from_numpy(_numpy_take(view, index))
         return column[torch.from_numpy(index)]
     if isinstance(column, np.ndarray):
-        return column[index]
+        return _numpy_take(column, index)
     return [column[i] for i in index.tolist()]
 
 
@@ -60,10 +79,10 @@ def concat(parts: list[Any]) -> Any:
 
         views = [_view(p) for p in parts]
         if all(isinstance(v, np.ndarray) for v in views):
-            return torch.from_numpy(np.concatenate(views))
+            return torch.from_numpy(_numpy_concat(views))
         return torch.cat(parts)
     if all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts)
+        return _numpy_concat(parts)
     return [v for p in parts for v in p]
 
 
@@ -74,10 +93,10 @@ def _room(like: Any, rows: int) -> Any:
 
         view = _view(like)
         if isinstance(view, np.ndarray):
-            return torch.from_numpy(np.empty((rows, *like.shape[1:]), dtype=view.dtype))
+            return torch.from_numpy(_empty((rows, *like.shape[1:]), view.dtype))
         return torch.empty((rows, *like.shape[1:]), dtype=like.dtype)
     if isinstance(like, np.ndarray):
-        return np.empty((rows, *like.shape[1:]), dtype=like.dtype)
+        return _empty((rows, *like.shape[1:]), like.dtype)
     return [None] * rows
 
 

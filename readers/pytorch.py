@@ -27,6 +27,7 @@ from __future__ import annotations
 import decimal
 import itertools
 import math
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -187,6 +188,18 @@ class Collate:
             return {}
         return {name: _column([d[name] for d in dicts], name in self.ragged) for name in dicts[0]}
 
+    def from_columns(self, columns: Mapping[str, Sequence[Any]]) -> Columns:
+        """What :meth:`columns` gives for the rows of these columns, without cutting them into
+        rows: a numeric array is the tensor its rows would stack into (sharing its memory)."""
+        out: Columns = {}
+        for name, column in columns.items():
+            ragged = name in self.ragged
+            if not ragged and isinstance(column, np.ndarray) and column.dtype.kind in _NUMERIC and len(column):
+                out[name] = _tensor(column)
+            else:
+                out[name] = _column(list(column), ragged)
+        return out
+
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
         return finalize(self.columns(rows), self.variable)
 
@@ -332,6 +345,118 @@ class _LoaderBase:
     def _batches(self) -> Iterator[Any]:
         raise NotImplementedError
 
+    # -- the columnar path: reader batches (or gathered rows) as columns, cut into batches ----------
+    _collate: Collate
+    _max_rows: int | None = None  # TorchIterableDataset's exact share of a padded shard
+
+    @property
+    def _row_columns(self) -> bool:
+        """Whether rows come from the reader as columns (:meth:`Reader.next_columns`), not one by one."""
+        reader = self.reader
+        return (hasattr(reader, "next_columns") and not getattr(reader, "is_batched_reader", False)
+                and getattr(reader, "ngram", None) is None)
+
+    def _out(self, columns: Columns) -> Any:
+        raise NotImplementedError
+
+    def _columnar_batches(self) -> Iterator[Any]:
+        if self.shuffling_queue_capacity > 0:
+            yield from self._shuffled()
+        else:
+            yield from self._in_order()
+
+    def _chunks(self) -> Iterator[tuple[np.ndarray, Columns]]:
+        """(positions, columns) per reader batch (or per chunk of rows of a row reader)."""
+        reader, tracker = self.reader, self._tracker
+        batched = getattr(reader, "is_batched_reader", False)
+        left = self._max_rows
+        while left is None or left > 0:
+            tracker.mark(reader.state_dict())
+            if batched:
+                try:
+                    item = next(reader)
+                except StopIteration:
+                    break
+                columns = columns_from_numpy(item._asdict())
+            elif self._row_columns:
+                gathered = reader.next_columns(max(self.batch_size, _CHUNK_ROWS))
+                if gathered is None:
+                    break
+                columns = self._collate.from_columns(gathered)
+            else:
+                rows = list(itertools.islice(reader, max(self.batch_size, _CHUNK_ROWS)))
+                if not rows:
+                    break
+                columns = self._collate.columns(rows)
+            n = _length(columns)
+            if left is not None and n > left:
+                columns, n = _slice(columns, 0, left), left
+            if left is not None:
+                left -= n
+            positions, keep = tracker.advance(n)
+            if keep is not None:
+                index = np.flatnonzero(keep)
+                columns, positions = _take(columns, index), positions[index]
+            if len(positions):
+                yield positions, columns
+        tracker.mark(reader.state_dict())
+
+    def _in_order(self) -> Iterator[Any]:
+        """Batches in reader order: whole batches are views of a reader batch's tensors (one
+        ``torch.split`` per column), only a batch across two reader batches is concatenated."""
+        bs = self.batch_size
+        held: list[tuple[np.ndarray, Columns]] = []  # rows of a batch begun in earlier reader batches
+        held_rows = 0
+        rest = np.empty(0, np.int64)  # positions of the current reader batch not yet delivered
+        self._pending = lambda: np.concatenate([p for p, _ in held] + [rest])
+
+        for positions, columns in self._chunks():
+            n, start = len(positions), 0
+            rest = positions
+            if held_rows:  # complete the batch begun before
+                start = min(bs - held_rows, n)
+                held.append((positions[:start], _slice(columns, 0, start)))
+                held_rows += start
+                rest = positions[start:]
+                if held_rows < bs:
+                    continue
+                batch = _concat([c for _, c in held])
+                held, held_rows = [], 0
+                yield self._out(batch)
+            full = (n - start) // bs
+            if full:
+                pieces = _split(_slice(columns, start, start + full * bs), bs)
+                for i, piece in enumerate(pieces):
+                    rest = positions[start + (i + 1) * bs:]
+                    yield self._out(piece)
+                start += full * bs
+            if start < n:
+                held, held_rows = [(positions[start:], _slice(columns, start, n))], n - start
+                rest = np.empty(0, np.int64)
+        if held_rows:
+            batch = _concat([c for _, c in held])
+            held, held_rows = [], 0
+            yield self._out(batch)
+
+    def _shuffled(self) -> Iterator[Any]:
+        bs = self.batch_size
+        capacity = max(self.shuffling_queue_capacity, bs)
+        buffer = ShuffleBuffer()
+
+        def draw(count: int) -> Iterator[Any]:
+            chosen, chosen_positions = buffer.take_random(count, self._rng)
+            for start in range(0, count, bs):
+                self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
+                yield self._out(_slice(chosen, start, start + bs))
+
+        for new_positions, columns in self._chunks():
+            buffer.add(columns, new_positions)
+            self._pending = buffer.positions
+            if buffer.size >= capacity:
+                yield from draw(((buffer.size - capacity) // bs + 1) * bs)
+        if buffer.size:
+            yield from draw(buffer.size)
+
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
         return self._tracker.state()
@@ -404,14 +529,22 @@ class DataLoader(_LoaderBase):
     receives a list of row namedtuples; the default stacks numeric fields and keeps
     variable-shape fields as lists of tensors (``make_collate(variable="pad")`` pads them;
     :func:`decimal_friendly_collate` is Petastorm's default).
+
+    With a row reader and a :func:`make_collate` collate (the default), rows are taken from the
+    reader as columns (:meth:`~unihub.readers.reader.Reader.next_columns`): the same batches
+    without a Python object per row, and a shuffling queue that lets out batches of random rows
+    once it holds ``shuffling_queue_capacity`` (``BatchedDataLoader``'s).
     """
 
     def __init__(self, reader: Any, batch_size: int = 1, collate_fn: Callable[[list[Any]], Any] = default_collate_like,
                  shuffling_queue_capacity: int = 0, seed: int | None = None) -> None:
         super().__init__(reader, batch_size, shuffling_queue_capacity, seed)
         if isinstance(collate_fn, Collate):
-            collate_fn = collate_fn.with_schema(reader.schema)
+            collate_fn = self._collate = collate_fn.with_schema(reader.schema)
         self.collate_fn = collate_fn
+
+    def _out(self, columns: Columns) -> Any:
+        return finalize(columns, self._collate.variable)
 
     def _rows(self) -> Iterator[tuple[int, Any]]:
         """(position, row) for every row read and not dropped by a loaded state; a batch reader's
@@ -432,6 +565,12 @@ class DataLoader(_LoaderBase):
                     yield position, row
 
     def _batches(self) -> Iterator[Any]:
+        if isinstance(self.collate_fn, Collate) and self._row_columns:
+            # a row reader and a column-wise collate: the rows come as columns, no namedtuple each
+            return self._columnar_batches()
+        return self._row_batches()
+
+    def _row_batches(self) -> Iterator[Any]:
         bs, capacity = self.batch_size, self.shuffling_queue_capacity
         rows: list[Any] = []
         positions: list[int] = []
@@ -492,104 +631,13 @@ class BatchedDataLoader(_LoaderBase):
         self.device = device
         self.variable = variable
         self._collate = Collate(variable).with_schema(reader.schema)
-        self._max_rows: int | None = None  # TorchIterableDataset's exact share of a padded shard
-
-    def _chunks(self) -> Iterator[tuple[np.ndarray, Columns]]:
-        """(positions, columns) per reader batch (or per chunk of rows of a row reader)."""
-        reader, tracker = self.reader, self._tracker
-        batched = getattr(reader, "is_batched_reader", False)
-        left = self._max_rows
-        while left is None or left > 0:
-            tracker.mark(reader.state_dict())
-            if batched:
-                try:
-                    item = next(reader)
-                except StopIteration:
-                    break
-                columns = columns_from_numpy(item._asdict())
-            else:
-                rows = list(itertools.islice(reader, max(self.batch_size, _CHUNK_ROWS)))
-                if not rows:
-                    break
-                columns = self._collate.columns(rows)
-            n = _length(columns)
-            if left is not None and n > left:
-                columns, n = _slice(columns, 0, left), left
-            if left is not None:
-                left -= n
-            positions, keep = tracker.advance(n)
-            if keep is not None:
-                index = np.flatnonzero(keep)
-                columns, positions = _take(columns, index), positions[index]
-            if len(positions):
-                yield positions, columns
-        tracker.mark(reader.state_dict())
 
     def _out(self, columns: Columns) -> Any:
         batch = finalize(columns, self.variable, self.device)
         return self.transform_fn(batch) if self.transform_fn is not None else batch
 
     def _batches(self) -> Iterator[Any]:
-        if self.shuffling_queue_capacity > 0:
-            yield from self._shuffled()
-        else:
-            yield from self._in_order()
-
-    def _in_order(self) -> Iterator[Any]:
-        """Batches in reader order: whole batches are views of a reader batch's tensors (one
-        ``torch.split`` per column), only a batch across two reader batches is concatenated."""
-        bs = self.batch_size
-        held: list[tuple[np.ndarray, Columns]] = []  # rows of a batch begun in earlier reader batches
-        held_rows = 0
-        rest = np.empty(0, np.int64)  # positions of the current reader batch not yet delivered
-        self._pending = lambda: np.concatenate([p for p, _ in held] + [rest])
-
-        for positions, columns in self._chunks():
-            n, start = len(positions), 0
-            rest = positions
-            if held_rows:  # complete the batch begun before
-                start = min(bs - held_rows, n)
-                held.append((positions[:start], _slice(columns, 0, start)))
-                held_rows += start
-                rest = positions[start:]
-                if held_rows < bs:
-                    continue
-                batch = _concat([c for _, c in held])
-                held, held_rows = [], 0
-                yield self._out(batch)
-            full = (n - start) // bs
-            if full:
-                pieces = _split(_slice(columns, start, start + full * bs), bs)
-                for i, piece in enumerate(pieces):
-                    rest = positions[start + (i + 1) * bs:]
-                    yield self._out(piece)
-                start += full * bs
-            if start < n:
-                held, held_rows = [(positions[start:], _slice(columns, start, n))], n - start
-                rest = np.empty(0, np.int64)
-        if held_rows:
-            batch = _concat([c for _, c in held])
-            held, held_rows = [], 0
-            yield self._out(batch)
-
-    def _shuffled(self) -> Iterator[Any]:
-        bs = self.batch_size
-        capacity = max(self.shuffling_queue_capacity, bs)
-        buffer = ShuffleBuffer()
-
-        def draw(count: int) -> Iterator[Any]:
-            chosen, chosen_positions = buffer.take_random(count, self._rng)
-            for start in range(0, count, bs):
-                self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
-                yield self._out(_slice(chosen, start, start + bs))
-
-        for new_positions, columns in self._chunks():
-            buffer.add(columns, new_positions)
-            self._pending = buffer.positions
-            if buffer.size >= capacity:
-                yield from draw(((buffer.size - capacity) // bs + 1) * bs)
-        if buffer.size:
-            yield from draw(buffer.size)
+        return self._columnar_batches()
 
 
 class InMemBatchedDataLoader(_LoaderBase):
@@ -681,6 +729,17 @@ def _exact_share(reader: Any, shard: int, count: int) -> int:
     return max(0, min(per, total - shard * per))
 
 
+def _threads_per_worker(workers: int) -> int:
+    """Decoding threads for the reader of each of ``workers`` torch worker processes: their share
+    of the cores (a reader's default is one thread per core, and every worker starting that many
+    had 2 x workers threads contending for the cores)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
 _RESERVED = ("cur_shard", "shard_count", "shard_by", "shard_remainder", "num_epochs", "resume_from")
 
 
@@ -737,6 +796,8 @@ def _build_iterable_dataset(torch: Any) -> type:
             rank, world = _rank_and_world()
             shard, count = rank * workers + worker, world * workers
             kwargs = dict(self.reader_kwargs, seed=_epoch_seed(self.seed, self.epoch), num_epochs=1)
+            if workers > 1 and "workers_count" not in kwargs:
+                kwargs["workers_count"] = _threads_per_worker(workers)
             self.epoch += 1
             if count > 1:
                 kwargs.update(cur_shard=shard, shard_count=count, shard_by="row", shard_remainder="pad")

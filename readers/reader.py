@@ -123,7 +123,7 @@ class Reader:
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
-        self._items: list[Any] = []
+        self._items: Sequence[Any] = []
         self._cursor = 0
         self._first = 0  # the cursor where the loaded batch started (a resumed offset)
         self._current: tuple[int, int] | None = None
@@ -222,6 +222,13 @@ class Reader:
             return self._next_from_new_batch()
 
     def _next_from_new_batch(self) -> Any:
+        self._load_next_batch()
+        item = self._items[self._cursor]
+        self._cursor += 1
+        return item
+
+    def _load_next_batch(self) -> None:
+        """Read batches until one has an item left to deliver; StopIteration at the end."""
         while self._cursor >= len(self._items):
             if self._finished:
                 raise StopIteration
@@ -244,9 +251,31 @@ class Reader:
             self._items = self._to_items(batch)
             self._cursor = self._first = min(self._skip, len(self._items))
             self._skip = 0
-        item = self._items[self._cursor]
-        self._cursor += 1
-        return item
+
+    def next_columns(self, max_rows: int) -> dict[str, Any] | None:
+        """The next rows, at most ``max_rows`` and not past the current batch, as columns (field
+        name -> the sequence of their values); None at the end.
+
+        The same rows, values and positions as that many ``next()`` calls, without a namedtuple
+        per row: the row loaders gather rows this way. Row readers only (not batch or NGram ones).
+        """
+        if self.batched or self.ngram is not None:
+            raise UsageError("next_columns() reads rows of a row reader (make_reader without an NGram)")
+        with self._lock:
+            if self._stopped:
+                raise UsageError("next_columns() on a reader that was stopped; reset() or load_state_dict() "
+                                 "make it readable again")
+            if self._cursor >= len(self._items):
+                try:
+                    self._load_next_batch()
+                except StopIteration:
+                    return None
+            items = self._items
+            start = self._cursor
+            stop = min(len(items), start + max(1, max_rows))
+            self._cursor = stop
+            assert isinstance(items, _Rows)
+            return {name: column[start:stop] for name, column in zip(self.schema.fields, items.columns)}
 
     def _where(self) -> tuple[int, int, int]:
         """(epoch, task, offset) of the next item to deliver."""
@@ -262,7 +291,7 @@ class Reader:
         self._items, self._cursor, self._first = [], 0, 0
         self._skip_rows = 0
 
-    def _to_items(self, batch: Batch) -> list[Any]:
+    def _to_items(self, batch: Batch) -> Sequence[Any]:
         if self.ngram is not None:
             return self.ngram.form_windows(batch, self.schema)
         columns = [batch.columns[name] for name in self.schema.fields]
@@ -274,7 +303,7 @@ class Reader:
                 return []
             self._batches += 1
             return [self._row_type(*columns)]
-        return [self._row_type._make(values) for values in zip(*columns)] if columns else []
+        return _Rows(columns, self._row_type) if columns else []
 
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:
@@ -439,6 +468,28 @@ class Reader:
 #: pixels a decode task aims at when a big row group is cut into several tasks
 DECODE_TASK_BYTES = 8 * 2**20
 _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
+
+
+class _Rows(Sequence[Any]):
+    """A row reader's batch: its columns, and the row namedtuples made from them when the first
+    row is asked for (:meth:`Reader.next_columns` takes the columns and makes none)."""
+
+    __slots__ = ("columns", "_row_type", "_length", "_rows")
+
+    def __init__(self, columns: list[Any], row_type: Any) -> None:
+        self.columns = columns
+        self._row_type = row_type
+        self._length = len(columns[0])
+        self._rows: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = [self._row_type._make(values) for values in zip(*self.columns)]
+        return rows[index]
 
 
 def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> int | None:

@@ -37,14 +37,14 @@ import decimal
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
-from unihub.readers.batching import ShuffleBuffer
+from unihub.readers.batching import ShuffleBuffer, concat
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -166,11 +166,11 @@ def _length(columns: Columns) -> int:
 def _concat(parts: list[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    return {name: concat([p[name] for p in parts]) for name in parts[0]}
 
 
-def _take(columns: Columns, index: Any) -> Columns:
-    return {name: column[index] for name, column in columns.items()}
+def _slice(columns: Columns, start: int, stop: int | None = None) -> Columns:
+    return {name: column[start:stop] for name, column in columns.items()}
 
 
 def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
@@ -187,22 +187,29 @@ def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generato
 
 
 def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
-    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``)."""
-    pending: list[Columns] = []
-    count = 0
+    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``).
+
+    Whole batches are views of the arriving columns; only a batch across two of them is copied
+    (into aligned memory, which TensorFlow then takes without copying again)."""
+    held: list[Columns] = []  # the rows of a batch begun in earlier columns
+    held_rows = 0
     for columns in batches:
-        pending.append(columns)
-        count += _length(columns)
-        if count < size:
-            continue
-        merged, start = _concat(pending), 0
-        while count - start >= size:
-            yield _take(merged, slice(start, start + size))
+        n, start = _length(columns), 0
+        if held_rows:
+            start = min(size - held_rows, n)
+            held.append(_slice(columns, 0, start))
+            held_rows += start
+            if held_rows < size:
+                continue
+            yield _concat(held)
+            held, held_rows = [], 0
+        while n - start >= size:
+            yield _slice(columns, start, start + size)
             start += size
-        pending = [_take(merged, slice(start, None))] if start < count else []
-        count -= start
-    if count and not drop_remainder:
-        yield _concat(pending)
+        if start < n:
+            held, held_rows = [_slice(columns, start)], n - start
+    if held_rows and not drop_remainder:
+        yield _concat(held)
 
 
 def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
@@ -275,6 +282,12 @@ def _flat_signature(plans: Sequence[_FieldPlan]) -> tuple[Any, ...]:
     return tuple(specs)
 
 
+def _graph_only(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` traced as Python, not rewritten by AutoGraph: its loops run over the fields at
+    trace time, and AutoGraph's source transformation took ~0.3 s of the time to first batch."""
+    return cast("Callable[..., Any]", _tf().autograph.experimental.do_not_convert(function))
+
+
 def _assembler(plans: Sequence[_FieldPlan], row_type: type | None) -> Callable[..., Any]:
     """The graph function that turns the flat arrays back into a namedtuple of (ragged) tensors,
     or with no ``row_type`` a dict keyed by the fields' own names."""
@@ -293,7 +306,7 @@ def _assembler(plans: Sequence[_FieldPlan], row_type: type | None) -> Callable[.
             return {plan.field.name: value for plan, value in zip(plans, values)}
         return row_type(*values)
 
-    return assemble
+    return _graph_only(assemble)
 
 
 def _densifier(plans: Sequence[_FieldPlan]) -> Callable[..., Any]:
@@ -312,24 +325,44 @@ def _densifier(plans: Sequence[_FieldPlan]) -> Callable[..., Any]:
             return dict(zip(row, values))
         return type(row)(*values)
 
-    return densify
+    return _graph_only(densify)
+
+
+def _without_autotune(dataset: Any) -> Any:
+    """``dataset`` with tf.data's autotuning off.
+
+    With it on, the end of an iteration waits for the autotune thread's next wake-up, whose period
+    doubles from 10 ms up to a minute: an epoch of 5 s then ends 5 s after its last batch, one of
+    0.65 s 0.62 s after (measured with TF 2.21 on a bare ``from_generator``; a TFRecord pipeline
+    does it too). The reader's own threads already read ahead, so there is nothing to tune here; a
+    later ``with_options`` that turns autotuning on wins over this one.
+    """
+    tf = _tf()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type | None, *,
-             unbatch: bool) -> Any:
+             unbatch: bool, rebatch: tuple[int, bool] | None = None) -> Any:
+    """``source``'s columns as a dataset; ``rebatch=(size, drop_remainder)`` cuts them into batches
+    of ``size`` rows inside TensorFlow (see :func:`make_tf_dataset`)."""
     tf = _tf()
 
     def generate() -> Iterator[tuple[np.ndarray, ...]]:
         for columns in source():
-            yield _encode(plans, columns)
+            if _length(columns):
+                yield _encode(plans, columns)
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=_flat_signature(plans))
+    if rebatch is not None:
+        dataset = dataset.rebatch(rebatch[0], drop_remainder=rebatch[1])
     dataset = dataset.map(_assembler(plans, row_type))
     if unbatch:
         dataset = dataset.unbatch()
         if any(p.ragged_rank for p in plans):
             dataset = dataset.map(_densifier(plans))
-    return dataset
+    return _without_autotune(dataset)
 
 
 def _check_reader(reader: Any) -> list[_FieldPlan]:
@@ -390,12 +423,12 @@ def _ngram_dataset(reader: Any) -> Any:
         return window
 
     signature = tuple(spec for o in offsets for spec in _flat_signature(o.plans))
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).map(assemble).unbatch()
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).map(_graph_only(assemble)).unbatch()
     if any(p.ragged_rank for o in offsets for p in o.plans):
         densifiers = [_densifier(o.plans) for o in offsets]
-        dataset = dataset.map(lambda window: {o.offset: densify(window[o.offset])
-                                              for o, densify in zip(offsets, densifiers)})
-    return dataset
+        dataset = dataset.map(_graph_only(lambda window: {o.offset: densify(window[o.offset])
+                                                          for o, densify in zip(offsets, densifiers)}))
+    return _without_autotune(dataset)
 
 
 def make_petastorm_dataset(reader: Reader) -> Any:
@@ -462,6 +495,11 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             reader_or_url.batched
         rows_per_epoch = epochs = None  # a reader given may be part way through
     iterations = itertools.count()
+    # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
+    # (``rebatch``, in C++): each crossing costs ~1 ms of Python under the GIL, which the
+    # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
+    # only numpy can re-batch
+    in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans)
 
     def source() -> Iterator[Columns]:
         k = next(iterations)
@@ -471,7 +509,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             batches = _column_batches(reader, plans, batch_size or ROW_CHUNK)
             if shuffle_buffer:
                 batches = _shuffled(batches, shuffle_buffer, np.random.default_rng(None if seed is None else [seed, k]))
-            if batch_size:
+            if batch_size and not in_graph:
                 batches = _rebatched(batches, batch_size, drop_remainder)
             yield from batches
         finally:
@@ -480,7 +518,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
                 reader.join()
 
     dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None,
-                       unbatch=batch_size is None and not batched)
+                       unbatch=batch_size is None and not batched,
+                       rebatch=(batch_size, drop_remainder) if in_graph and batch_size else None)
     if batch_size and rows_per_epoch is not None and epochs is not None:
         rows = rows_per_epoch * epochs  # known: Keras then shows progress and needs no first pass to count
         batches = rows // batch_size if drop_remainder else -(-rows // batch_size)

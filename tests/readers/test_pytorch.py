@@ -30,6 +30,7 @@ from unihub import (
 )
 from unihub.dependencies import is_available
 from unihub.readers import pytorch as tp
+from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
 
 pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
@@ -120,6 +121,45 @@ def test_dataloader_values_and_dtypes(url, variable):
     assert [len(b["id"]) for b in out] == [7] * (N // 7) + [N % 7]
     assert [i for b in out for i in check_batch(b, padded=variable == "pad")] == list(range(N))
     assert isinstance(out[0]["name"], list) and isinstance(out[0]["price"][0], decimal.Decimal)
+
+
+def _same_batch(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), name
+        else:
+            assert isinstance(y, list) and len(x) == len(y), name
+            for u, v in zip(x, y):
+                assert (torch.equal(u, v) and u.dtype == v.dtype) if isinstance(u, torch.Tensor) else u == v, name
+
+
+@pytest.mark.parametrize("variable", ["list", "pad"])
+def test_row_loader_takes_rows_as_columns_with_the_row_paths_values(url, variable, monkeypatch):
+    """DataLoader(make_reader) with a make_collate collate takes the reader's rows as columns: the
+    same batches, bit for bit, as collating row namedtuples one by one (which a collate that is
+    a plain function still gets), and no namedtuple is made per row on the way."""
+    collate = tp.make_collate(variable=variable).with_schema(SCHEMA)
+    with rows(url) as reader:
+        by_rows = list(tp.DataLoader(reader, batch_size=7, collate_fn=lambda r: collate(r)))
+
+    def no_rows(self: Any, index: Any) -> Any:
+        raise AssertionError("a row namedtuple was made")
+
+    monkeypatch.setattr(reader_module._Rows, "__getitem__", no_rows)
+    with rows(url) as reader:
+        by_columns = list(tp.DataLoader(reader, batch_size=7, collate_fn=tp.make_collate(variable=variable)))
+    assert len(by_columns) == len(by_rows) == math.ceil(N / 7)
+    for a, b in zip(by_columns, by_rows):
+        _same_batch(a, b)
+    shuffled = []
+    for _ in range(2):  # shuffled: every row once, with its values, the same order for the same seed
+        with rows(url) as reader:
+            shuffled.append(list(tp.DataLoader(reader, batch_size=7, shuffling_queue_capacity=20, seed=1)))
+    got = [i for b in shuffled[0] for i in check_batch(b)]
+    assert sorted(got) == list(range(N)) and got != list(range(N))
+    assert got == ids(shuffled[1])
 
 
 @pytest.mark.parametrize("variable", ["list", "pad"])

@@ -148,6 +148,40 @@ def test_make_tf_dataset_batches(tf: Any, url: str) -> None:
     assert [len(b["id"]) for b in dropped] == [16, 16, 16] and int(dropped.cardinality()) == 3
 
 
+def test_dense_fields_are_cut_into_batches_inside_tensorflow(tf: Any, url: str) -> None:
+    """Without ragged fields the reader's chunks cross whole and ``rebatch`` cuts them: the same
+    batch sizes, every row once with its values, shuffled or not, with or without the remainder."""
+    dense = [name for name in SCHEMA.fields if name != "vec"]
+    for shuffle in (0, 25):
+        dataset = make_tf_dataset(url, 16, shuffle_buffer=shuffle, seed=3, workers_count=2, schema_fields=dense,
+                                  shuffle_row_groups=False)
+        batches = list(dataset)
+        assert [len(b["id"]) for b in batches] == [16, 16, 16, 12] and int(dataset.cardinality()) == 4
+        ids = [int(i) for b in batches for i in b["id"].numpy()]
+        assert sorted(ids) == list(range(N)) and (ids == sorted(ids)) == (shuffle == 0)
+        for b in batches:
+            for j, i in enumerate(b["id"].numpy()):
+                want = ROWS[int(i)]
+                np.testing.assert_array_equal(b["image"][j].numpy(), want["image"])
+                np.testing.assert_array_equal(b["feat"][j].numpy(), want["feat"])
+                assert b["name"][j].numpy() == want["name"].encode() and b["raw"][j].numpy() == want["raw"]
+                assert decimal.Decimal(b["price"][j].numpy().decode()) == want["price"]
+        dropped = make_tf_dataset(url, 16, shuffle_buffer=shuffle, seed=3, drop_remainder=True, schema_fields=dense)
+        assert [len(b["id"]) for b in dropped] == [16, 16, 16]
+
+
+def test_datasets_leave_autotuning_off(tf: Any, url: str) -> None:
+    """tf.data's autotune thread made the end of an iteration wait for its next wake-up (as long
+    as the epoch): the datasets unihub makes turn it off, and a user's later options win."""
+    dataset = make_tf_dataset(url, 16, schema_fields=["id"])
+    assert dataset.options().autotune.enabled is False
+    with make_reader(url, num_epochs=1, schema_fields=["id"]) as reader:
+        assert make_petastorm_dataset(reader).options().autotune.enabled is False
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    assert dataset.with_options(options).options().autotune.enabled is True
+
+
 def test_shuffle_buffer_is_seeded(tf: Any, url: str) -> None:
     def order(seed: int, buffer: int) -> list[int]:
         ds = make_tf_dataset(url, 8, shuffle_buffer=buffer, seed=seed, workers_count=1, schema_fields=["id"])
@@ -265,6 +299,19 @@ def test_numpy_stages_without_tf() -> None:
            for s in (0, 0, 1)]
     assert sorted(out[0].tolist()) == list(range(20)) and out[0].tolist() != list(range(20))
     assert out[0].tolist() == out[1].tolist() != out[2].tolist()
+
+
+def test_rebatching_copies_only_batches_across_two_chunks() -> None:
+    """Whole batches are views of the arriving arrays; a batch across two is a new array on a
+    64-byte boundary (TensorFlow takes such an array without copying it again)."""
+    chunks = [{"x": np.arange(start, start + n, dtype=np.int64).repeat(16).reshape(n, 16)}
+              for start, n in [(0, 10), (10, 7), (17, 1), (18, 9)]]
+    out = list(tf_bridge._rebatched(iter(chunks), 4, False))
+    assert [len(b["x"]) for b in out] == [4, 4, 4, 4, 4, 4, 3]
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in out]), np.concatenate([c["x"] for c in chunks]))
+    shared = [any(np.shares_memory(b["x"], c["x"]) for c in chunks) for b in out]
+    assert shared == [True, True, False, True, False, True, True]
+    assert all(b["x"].ctypes.data % 64 == 0 for b, views in zip(out, shared) if not views)
 
 
 def test_signature_of_variable_dims(tf: Any) -> None:
