@@ -337,6 +337,28 @@ def epoch_ids(loader: Any) -> list[int]:
     return [i for batch in loader for i in batch["id"].tolist()]
 
 
+def test_each_torch_worker_reads_with_its_share_of_the_cores(url, monkeypatch):
+    """A reader decodes with a thread per core; in each of k torch workers it gets cores // k
+    (at least one), unless the user chose workers_count."""
+    import types
+
+    monkeypatch.setattr(tp.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert [tp._threads_per_worker(k) for k in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    chosen: list[Any] = []
+    real = reader_module.make_batch_reader
+
+    def recording(url: Any, **kwargs: Any) -> Any:
+        chosen.append(kwargs.get("workers_count"))
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(reader_module, "make_batch_reader", recording)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=1, num_workers=3))
+    for kwargs in ({}, {"workers_count": 5}):
+        ds = tp.TorchIterableDataset(url, batch_size=8, seed=0, schema_fields=["id"], **kwargs)
+        assert sum(len(b["id"]) for b in ds) == math.ceil(N / 3)  # worker 1 of 3: rows 21..41
+    assert chosen == [2, 5]
+
+
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
 @pytest.mark.parametrize("workers, pin", [(0, False), (2, False), (2, True)])
 def test_iterable_dataset_rows_exactly_once(url, workers, pin):
