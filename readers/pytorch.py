@@ -525,7 +525,7 @@ class DataLoader(_LoaderBase):
     The reader is a row reader (``make_reader``) or, as Petastorm allows, a batch reader
     (``make_batch_reader``), whose batches are cut into rows (``BatchedDataLoader`` collates them
     faster, as tensors). ``shuffling_queue_capacity > 0`` passes rows through a buffer of that
-    many rows and takes a random one (seeded by ``seed``) each time it is full. ``collate_fn``
+    many rows and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn``
     receives a list of row namedtuples; the default stacks numeric fields and keeps
     variable-shape fields as lists of tensors (``make_collate(variable="pad")`` pads them;
     :func:`decimal_friendly_collate` is Petastorm's default).

@@ -124,6 +124,7 @@ class Reader:
         # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
         self._items: Sequence[Any] = []
+        self._batch_columns: list[Any] | None = None  # the loaded batch's columns (a row reader's)
         self._cursor = 0
         self._first = 0  # the cursor where the loaded batch started (a resumed offset)
         self._current: tuple[int, int] | None = None
@@ -223,6 +224,8 @@ class Reader:
 
     def _next_from_new_batch(self) -> Any:
         self._load_next_batch()
+        if isinstance(self._items, _Rows):  # read row by row: a plain list keeps next() an index
+            self._items = self._items.rows()
         item = self._items[self._cursor]
         self._cursor += 1
         return item
@@ -249,6 +252,7 @@ class Reader:
             self._delivered += self._cursor - self._first
             self._current = (epoch, index)
             self._items = self._to_items(batch)
+            self._batch_columns = self._items.columns if isinstance(self._items, _Rows) else None
             self._cursor = self._first = min(self._skip, len(self._items))
             self._skip = 0
 
@@ -270,12 +274,12 @@ class Reader:
                     self._load_next_batch()
                 except StopIteration:
                     return None
-            items = self._items
+            columns = self._batch_columns
+            assert columns is not None  # a row reader's batch always has its columns
             start = self._cursor
-            stop = min(len(items), start + max(1, max_rows))
+            stop = min(len(self._items), start + max(1, max_rows))
             self._cursor = stop
-            assert isinstance(items, _Rows)
-            return {name: column[start:stop] for name, column in zip(self.schema.fields, items.columns)}
+            return {name: column[start:stop] for name, column in zip(self.schema.fields, columns)}
 
     def _where(self) -> tuple[int, int, int]:
         """(epoch, task, offset) of the next item to deliver."""
@@ -289,6 +293,7 @@ class Reader:
         self._delivered += self._cursor - self._first
         self._position, self._current = position, None
         self._items, self._cursor, self._first = [], 0, 0
+        self._batch_columns = None
         self._skip_rows = 0
 
     def _to_items(self, batch: Batch) -> Sequence[Any]:
@@ -472,7 +477,8 @@ _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
 
 class _Rows(Sequence[Any]):
     """A row reader's batch: its columns, and the row namedtuples made from them when the first
-    row is asked for (:meth:`Reader.next_columns` takes the columns and makes none)."""
+    row is asked for (:meth:`Reader.next_columns` takes the columns and makes none; ``next()``
+    swaps this for the plain list of rows)."""
 
     __slots__ = ("columns", "_row_type", "_length", "_rows")
 
@@ -485,11 +491,13 @@ class _Rows(Sequence[Any]):
     def __len__(self) -> int:
         return self._length
 
+    def rows(self) -> list[Any]:
+        if self._rows is None:
+            self._rows = [self._row_type._make(values) for values in zip(*self.columns)]
+        return self._rows
+
     def __getitem__(self, index: Any) -> Any:
-        rows = self._rows
-        if rows is None:
-            rows = self._rows = [self._row_type._make(values) for values in zip(*self.columns)]
-        return rows[index]
+        return self.rows()[index]
 
 
 def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> int | None:

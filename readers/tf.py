@@ -3,8 +3,10 @@
 Columns, not rows, cross into TensorFlow: a reader's batches (or, for a row reader,
 chunks of rows gathered into numpy columns) go through one ``Dataset.from_generator`` as
 flat numpy arrays, and a ``map`` rebuilds the namedtuple of tensors inside the graph.
-So the per-row Python cost of Petastorm's bridge (one generator call per row) is gone;
-:func:`make_tf_dataset` also re-batches and shuffles in numpy, one call per batch.
+So the per-row Python cost of Petastorm's bridge (one generator call per row) is gone.
+:func:`make_tf_dataset` shuffles in numpy; without ragged fields the reader's chunks cross whole
+and TensorFlow cuts the batches (``Dataset.rebatch``), else numpy re-batches, one call per batch.
+The datasets made here leave tf.data's autotuning off (see :func:`_without_autotune`).
 
 How values are typed (from the Unischema, see :func:`output_signature`):
 

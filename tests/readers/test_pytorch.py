@@ -135,6 +135,32 @@ def _same_batch(a: dict[str, Any], b: dict[str, Any]) -> None:
                 assert (torch.equal(u, v) and u.dtype == v.dtype) if isinstance(u, torch.Tensor) else u == v, name
 
 
+def test_next_and_next_columns_share_one_position(url):
+    """Rows taken one by one and as columns from the same reader interleave: each row once, in
+    order, and a state saved between them resumes at the next row."""
+    state, at = None, 0
+    with rows(url) as reader:
+        got = [int(next(reader).id) for _ in range(2)]
+        while True:
+            columns = reader.next_columns(3)
+            if columns is None:
+                break
+            got += [int(i) for i in columns["id"]]
+            assert list(columns) == list(SCHEMA.fields) and len(columns["id"]) <= 3
+            try:
+                got.append(int(next(reader).id))
+            except StopIteration:
+                break
+            if state is None and len(got) >= 20:
+                state, at = reader.state_dict(), len(got)
+    assert got == list(range(N))
+    with rows(url) as reader:
+        reader.load_state_dict(state)
+        assert int(reader.next_columns(1)["id"][0]) == at
+    with batches(url) as reader, pytest.raises(UnihubError, match="row reader"):
+        reader.next_columns(3)
+
+
 @pytest.mark.parametrize("variable", ["list", "pad"])
 def test_row_loader_takes_rows_as_columns_with_the_row_paths_values(url, variable, monkeypatch):
     """DataLoader(make_reader) with a make_collate collate takes the reader's rows as columns: the
