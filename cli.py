@@ -34,6 +34,7 @@ from unihub.caching.cli import add_cache_commands, describe_cache, format_cache
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.errors import UnihubError
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.version import package_version
 
 if TYPE_CHECKING:
@@ -308,7 +309,8 @@ def _add_tool_parsers(sub: Any) -> None:
                       help="drop the rows where any of these fields is null")
     copy.add_argument("--partition-count", "--partitions-count", type=int, metavar="N",
                       help="write N files of equal rows (default: one per source file, partitions kept)")
-    copy.add_argument("--row-group-size-mb", type=float, help="Parquet row-group size (default 32)")
+    copy.add_argument("--row-group-size-mb", type=float,
+                      help=f"Parquet row-group size (default {DEFAULT_ROW_GROUP_SIZE_MB:g})")
     copy.add_argument("--overwrite", "--overwrite-output", action="store_true", help="replace DST if it exists")
     copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
                       help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
@@ -496,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "extension, else unihub)")
     convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    convert.add_argument("--row-group-size-mb", type=float, default=32, help="Parquet row-group size (default 32)")
+    convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
+                         help="Parquet row-group size (default %(default)g)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
     convert.add_argument("--validate-images", choices=VALIDATE_IMAGES, default="header",
                          help="check each source image before storing it: header (default: header, pixel limit, "

@@ -13,8 +13,9 @@ a reader's results in flight      ``total / 4``                 128 MB (at least
                                                                 group per worker)
 ================================  ============================  ========================
 
-The writer's row groups (``row_group_size_mb``, 32 MB by default) are a separate setting: a row
-group is what a reader decodes at once, so peak memory is a small multiple of it plus the budget.
+The writer's row groups (``row_group_size_mb``, :data:`DEFAULT_ROW_GROUP_SIZE_MB` by default) are a
+separate setting: a row group is what a reader reads at once, so peak memory is a small multiple of
+it plus the budget.
 
 The setting is ``UNIHUB_MEMORY_MB`` in the environment (default 512), or ``memory_budget_mb=``
 where a call takes it (``convert``, ``make_reader``, ``make_batch_reader``), which wins.
@@ -29,6 +30,10 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import InvalidArgumentError
+
+#: the writers' default ``row_group_size_mb`` (``write_dataset``, ``convert``, ``copy_dataset``, the
+#: cache, ``make_spark_converter``): chosen by ``benchmarks/row_groups.py`` (README, "Row-group size")
+DEFAULT_ROW_GROUP_SIZE_MB: float = 4
 
 ENV = "UNIHUB_MEMORY_MB"
 DEFAULT_MEMORY_MB = 512.0

@@ -194,12 +194,13 @@ def _kib(pid: int, pss: bool) -> int:
         return 0
 
 
-def run_child(python: Path, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one ``peers_side.py`` job; its JSON result with ``peak_rss_mib`` and ``peak_pss_mib`` of the tree."""
+def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HERE / "peers_side.py") -> dict[str, Any]:
+    """Run one job of ``side`` (``peers_side.py``) in a fresh process; its JSON result with
+    ``peak_rss_mib`` and ``peak_pss_mib`` of the process tree."""
     with tempfile.TemporaryDirectory(prefix="uh-peers-") as scratch:
         job = dict(job, scratch=scratch)
         env = dict(child_env(python), TMPDIR=scratch, HOME=scratch)
-        proc = subprocess.Popen([str(python), str(HERE / "peers_side.py"), json.dumps(job)], env=env,
+        proc = subprocess.Popen([str(python), str(side), json.dumps(job)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         peak_rss = peak_pss = 0
         pids: list[int] = []

@@ -32,6 +32,7 @@ from unihub.caching.store import CacheInfo, CacheRoot, check_name
 from unihub.errors import CacheTimeoutError, InvalidArgumentError
 from unihub.formats.schema import Unischema
 from unihub.formats.writer import write_dataset
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.readers.reader import Reader, make_reader
 
 Progress = Callable[[int, float], None]
@@ -97,7 +98,7 @@ class CachedDataset:
 def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, *,
               storage_options: dict[str, Any] | None = None, filesystem: Any = None,
               names: Sequence[str] | None = None, schema: Unischema | None = None,
-              image_format: str | Mapping[str, str] | None = None, row_group_size_mb: float = 32,
+              image_format: str | Mapping[str, str] | None = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
               rows_per_file: int | None = None, wait_timeout: float = 3600.0, stale_after: float = 60.0,
               progress: bool | Progress = False) -> Callable[[Callable[..., Any]], Callable[..., CachedDataset]]:
     """Decorate a function returning a data loader; calling it returns the :class:`CachedDataset`.
@@ -158,7 +159,7 @@ def get_or_build(root: CacheRoot, dataset_id: str, version: str, make: Callable[
 
 def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any], *,
           names: Sequence[str] | None = None, schema: Unischema | None = None,
-          image_format: str | Mapping[str, str] | None = None, row_group_size_mb: float = 32,
+          image_format: str | Mapping[str, str] | None = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
           rows_per_file: int | None = None, progress: bool | Progress = False) -> CacheInfo:
     """Write the loader's rows as the cache and publish its record (the caller holds the lease)."""
     started = time.time()

@@ -35,7 +35,7 @@ from unihub.formats.foreign import (
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.schema import Unischema
-from unihub.memory import MemoryBudget, batch_nbytes, memory_budget, rows_for
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB, MemoryBudget, batch_nbytes, memory_budget, rows_for
 
 UNIHUB = "unihub"
 
@@ -131,7 +131,7 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
-            overwrite: bool = False, row_group_size_mb: float = 32, batch_size: int = 256,
+            overwrite: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header",

@@ -35,8 +35,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats import remote
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema, match_unischema_fields
-
-DEFAULT_ROW_GROUP_SIZE_MB = 32
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     (``engine="spark"`` without a session starts one on ``master`` and stops it afterwards).
     ``field_regex``: names or full-match regular expressions of the fields to keep (all when
     empty); ``not_null_fields``: rows with a null in any of them are dropped (they need not be
-    kept). ``row_group_size_mb`` defaults to 32. ``petastorm_compatible``: also write the
+    kept). ``row_group_size_mb`` defaults to :data:`~unihub.memory.DEFAULT_ROW_GROUP_SIZE_MB`. ``petastorm_compatible``: also write the
     metadata Petastorm 0.13.1 reads; None (default) does so when the source has Petastorm's.
     ``hdfs_driver`` is accepted for Petastorm's signature; pyarrow picks the HDFS driver.
     ``progress(rows_read, total_rows)`` is called as rows are copied.

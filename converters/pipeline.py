@@ -25,11 +25,12 @@ from unihub.formats import remote
 from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 
 @remote.naming_url("dst")
 def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine: str = "local", workers: int = 1,
-           master: str = "local[2]", spark: Any = None, overwrite: bool = False, row_group_size_mb: float = 32,
+           master: str = "local[2]", spark: Any = None, overwrite: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
            batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
            progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``

@@ -24,11 +24,12 @@ from unihub.converters.convert import ConvertResult, convert
 from unihub.formats.foreign import OnError
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 
 def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
                        schema: Unischema | str | os.PathLike[str] | None = None, overwrite: bool = False,
-                       master: str = "local[2]", spark: Any = None, row_group_size_mb: float = 32,
+                       master: str = "local[2]", spark: Any = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
                        on_error: OnError = "raise", format_options: Mapping[str, Any] | None = None,
                        validate_images: ValidateImages = "header",
                        storage_options: dict[str, Any] | None = None) -> ConvertResult:

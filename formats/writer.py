@@ -29,6 +29,7 @@ from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
 #: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
@@ -69,7 +70,7 @@ class _PartitionSink:
 
 @remote.naming_url("url")
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
-                  batched: bool = False, row_group_size_mb: float = 32, rows_per_file: int | None = None,
+                  batched: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
                   overwrite: bool = False, validate: bool = True, filesystem: Any = None,
                   storage_options: dict[str, Any] | None = None,
@@ -134,7 +135,7 @@ PART_NAME = "part-{:05d}.parquet"
 
 
 def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_batches: Any, *,
-                batched: bool = False, part_name: str = PART_NAME, row_group_size_mb: float = 32,
+                batched: bool = False, part_name: str = PART_NAME, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
                 rows_per_file: int | None = None, compression: str | None = "snappy",
                 partition_by: Sequence[str] = (), validate: bool = True,
                 extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:

@@ -143,13 +143,25 @@ def _assign(held: Any, rows: slice, new: Any) -> None:
         held[rows] = new
 
 
-class ShuffleBuffer:
-    """Rows waiting in a shuffling queue, with their stream positions (for exact resume)."""
+#: rows a shuffling queue sets aside beyond its capacity for the batch that arrives when it is
+#: nearly full (the most rows a decode task delivers); a bigger batch grows the room
+ARRIVAL_ROWS = 2048
 
-    def __init__(self) -> None:
+
+class ShuffleBuffer:
+    """Rows waiting in a shuffling queue, with their stream positions (for exact resume).
+
+    ``reserve``: the rows it will hold at most, if known (a queue's capacity and an arriving
+    batch). The room for them is taken once, when the first rows arrive, so that filling the queue
+    does not copy it into ever bigger room (each copy held the old and the new room at once);
+    room not yet written to costs no resident memory.
+    """
+
+    def __init__(self, reserve: int = 0) -> None:
         self.columns: Columns = {}
         self._positions = np.empty(0, np.int64)
         self.size = 0
+        self._reserve = reserve
 
     def positions(self) -> np.ndarray:
         """Stream positions of the rows held."""
@@ -163,7 +175,7 @@ class ShuffleBuffer:
             positions = np.arange(start, start + n, dtype=np.int64)
         end = self.size + n
         if end > len(self._positions):
-            self._grow(columns, max(end, 2 * len(self._positions)))
+            self._grow(columns, max(end, 2 * len(self._positions), self._reserve))
         for name, new in columns.items():
             held = self.columns[name]
             if not _fits(held, new):

@@ -64,6 +64,10 @@ class PlanConfig:
     #: cut tasks longer than this into consecutive pieces (None: a task per row group): the
     #: rows and their order stay the same, but decoding a big row group spreads over the workers
     task_rows: int | None = None
+    #: with ``task_rows``: the epoch's first task is cut into pieces of this many rows, then twice
+    #: as many, and so on below ``task_rows``, so that the first rows are decoded after a few
+    #: images rather than a whole task's (the rows and their order stay the same)
+    first_task_rows: int | None = None
 
     def __post_init__(self) -> None:
         if any(n < 0 for n in self.row_group_sizes):
@@ -84,6 +88,8 @@ class PlanConfig:
             raise PlanError(f"shard_remainder must be 'pad' or 'drop', got {self.shard_remainder!r}")
         if self.task_rows is not None and self.task_rows < 1:
             raise PlanError(f"task_rows must be >= 1 or None, got {self.task_rows}")
+        if self.first_task_rows is not None and (self.first_task_rows < 1 or self.task_rows is None):
+            raise PlanError(f"first_task_rows must be >= 1 and come with task_rows, got {self.first_task_rows}")
         if self.shard_by == "row_group" and self.shard_count is not None and \
                 self.shard_count > len(self.row_group_sizes):
             raise NoDataAvailableError(
@@ -126,7 +132,19 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
         tasks = _row_shard(tasks, config.cur_shard, config.shard_count, config.shard_remainder)  # type: ignore[arg-type]
     if config.task_rows is not None:
         tasks = _cut_long_tasks(tasks, config.task_rows)
+        if config.first_task_rows is not None and tasks:
+            tasks = _ramp(tasks[0], config.first_task_rows, config.task_rows) + tasks[1:]
     return tasks
+
+
+def _ramp(task: ReadTask, first: int, most: int) -> list[ReadTask]:
+    """``task`` as pieces of ``first``, ``2 * first``, ... rows (each below ``most``) and the rest."""
+    out: list[ReadTask] = []
+    start, size = task.start, first
+    while size < most and task.stop - start > size:
+        out.append(ReadTask(task.row_group, start, start + size, task.shuffle_rows))
+        start, size = start + size, 2 * size
+    return out + [ReadTask(task.row_group, start, task.stop, task.shuffle_rows)]
 
 
 def _cut_long_tasks(tasks: list[ReadTask], most: int) -> list[ReadTask]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
-from unihub.readers.batching import ShuffleBuffer, concat, take
+from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat, take
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -441,7 +441,7 @@ class _LoaderBase:
     def _shuffled(self) -> Iterator[Any]:
         bs = self.batch_size
         capacity = max(self.shuffling_queue_capacity, bs)
-        buffer = ShuffleBuffer()
+        buffer = ShuffleBuffer(reserve=capacity + max(bs, ARRIVAL_ROWS))
 
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)

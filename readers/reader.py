@@ -99,12 +99,13 @@ class Reader:
             from unihub.readers.rowgroup_index import apply_rowgroup_selector
 
             self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
+        cut = decode_task_rows(self._read_fields, decode_images) if ngram is None else None
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
-            task_rows=decode_task_rows(self._read_fields, decode_images) if ngram is None else None)
+            task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
         self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
@@ -313,8 +314,9 @@ class Reader:
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:
         plan = dataclasses.asdict(self._plan if config is None else config)
-        if plan["task_rows"] is None:
-            del plan["task_rows"]  # states saved before tasks were cut stay valid where none are
+        for key in ("task_rows", "first_task_rows"):
+            if plan[key] is None:
+                del plan[key]  # states saved before tasks were cut stay valid where none are
         plan["row_groups"] = self._groups
         plan["batched"] = self.batched
         plan["num_epochs"] = self.num_epochs
@@ -473,6 +475,9 @@ class Reader:
 #: pixels a decode task aims at when a big row group is cut into several tasks
 DECODE_TASK_BYTES = 8 * 2**20
 _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
+#: the epoch's first decode task is this share of a task, the next twice that, ... (the first
+#: batch waits for a few images' decoding, not a whole task's)
+FIRST_TASK_SHARE = 8
 
 
 class _Rows(Sequence[Any]):

@@ -47,6 +47,7 @@ from urllib.parse import urlparse
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
 from unihub.formats.integrity import SPARK_CHECKSUM_CONF
+from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 if TYPE_CHECKING:
     from unihub.readers.reader import Reader
@@ -192,7 +193,7 @@ def _bridge(module: str, name: str, framework: str, extra: str) -> Any:
 
 
 # -- converting ---------------------------------------------------------------------------------
-def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = 32 * 1024 * 1024,
+def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAULT_ROW_GROUP_SIZE_MB * 2**20),
                          compression_codec: str | None = None,
                          dtype: Dtype | None = "float32") -> SparkDatasetConverter:
     """Materialize ``df`` as Parquet under the configured cache directory (or reuse it) and wrap it.

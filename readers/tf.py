@@ -46,7 +46,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
-from unihub.readers.batching import ShuffleBuffer, concat
+from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -178,7 +178,7 @@ def _slice(columns: Columns, start: int, stop: int | None = None) -> Columns:
 def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
     """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
     sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
-    buffer = ShuffleBuffer()
+    buffer = ShuffleBuffer(reserve=capacity + ARRIVAL_ROWS)
     for columns in batches:
         buffer.add(columns)
         extra = buffer.size - capacity

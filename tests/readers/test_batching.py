@@ -62,6 +62,28 @@ def test_positions_default_to_consecutive_numbers_and_draws_are_seeded() -> None
     assert draws(1) == draws(1) != draws(2)
 
 
+def test_a_reserved_buffer_takes_its_room_once() -> None:
+    """Filling a queue whose size is known does not copy it into ever bigger room; a batch bigger
+    than the reserve still fits (the room grows), and every row comes out once with its values."""
+    rng = np.random.default_rng(0)
+    buffer = ShuffleBuffer(reserve=100)
+    buffer.add({"x": np.arange(10, dtype=np.float32), "s": [str(i) for i in range(10)]})
+    room = buffer.columns["x"]
+    assert len(room) == 100
+    for start in range(10, 100, 10):
+        buffer.add({"x": np.arange(start, start + 10, dtype=np.float32), "s": [str(i) for i in range(start, start + 10)]})
+        assert buffer.columns["x"] is room
+    out, positions = buffer.take_random(30, rng)
+    buffer.add({"x": np.arange(100, 150, dtype=np.float32), "s": [str(i) for i in range(100, 150)]},
+               np.arange(100, 150))  # 120 rows > 100
+    assert buffer.columns["x"] is not room and buffer.size == 120
+    rest, rest_positions = buffer.take_random(buffer.size, rng)
+    xs = np.concatenate([out["x"], rest["x"]])
+    assert sorted(xs.tolist()) == list(range(150))
+    assert [int(v) for v in out["s"] + rest["s"]] == xs.astype(int).tolist()
+    np.testing.assert_array_equal(np.concatenate([positions, rest_positions]), xs.astype(np.int64))
+
+
 def test_take_and_concat_keep_tensors_tensors_also_where_numpy_cannot_hold_them() -> None:
     """CPU tensors move through numpy views (no torch threads woken); a dtype numpy lacks (bfloat16)
     goes through torch itself; the values and dtypes are torch's own either way."""

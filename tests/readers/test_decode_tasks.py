@@ -73,7 +73,35 @@ def test_cut_tasks_deliver_the_same_rows_in_the_same_order_reading_the_group_onc
     with make_batch_reader(one_big_group, workers_count=2, **options) as reader:
         batches = [b.id.tolist() for b in reader]
     assert list(itertools.chain.from_iterable(batches)) == expected
-    assert len(batches) == -(-len(expected) // 64) and max(map(len, batches)) <= 64
+    # tasks of 60 rows (ten, five in a shard), the first ramped up as 8 + 16 + 32 + 4 rows (FIRST_TASK_SHARE)
+    assert [len(b) for b in batches] == [8, 16, 32, 4] + [60] * (len(expected) // 60 - 1)
+
+
+def test_the_first_batch_waits_for_a_few_images_not_a_whole_task(one_big_group, monkeypatch) -> None:
+    """An epoch's first task is a share of a task (then twice that, ...): the first rows come after
+    decoding a few images; states saved inside the ramp resume exactly."""
+    from unihub.readers.reader import FIRST_TASK_SHARE
+
+    monkeypatch.setattr("unihub.readers.reader.DECODE_TASK_BYTES", 64 * 768)  # 64-row tasks
+    decoded: list[int] = []
+    import unihub.formats.codecs as codecs
+
+    original = codecs.CompressedImageCodec.decode_column
+    monkeypatch.setattr(codecs.CompressedImageCodec, "decode_column",
+                        lambda self, field, column, **kw: decoded.append(len(column)) or original(self, field, column,
+                                                                                                  **kw))
+    with make_batch_reader(one_big_group, workers_count=1, num_epochs=2) as reader:
+        first = next(reader)
+        assert len(first.id) == 64 // FIRST_TASK_SHARE == decoded[0]
+        state = reader.state_dict()
+        rest = [int(i) for b in reader for i in b.id]
+    assert len(rest) == 2 * N - len(first.id)
+    with make_batch_reader(one_big_group, workers_count=1, num_epochs=2) as reader:
+        reader.load_state_dict(state)
+        assert [int(i) for b in reader for i in b.id] == rest
+    with make_batch_reader(one_big_group, workers_count=1, num_epochs=2) as reader:
+        sizes = [len(b.id) for b in reader]
+    assert sizes[:4] == sizes[13:17] == [8, 16, 32, 4]  # each epoch starts with the ramp
 
 
 def test_resume_inside_a_cut_row_group(one_big_group, monkeypatch) -> None:

@@ -196,6 +196,8 @@ def test_empty_plan():
     (dict(shard_by="file"), ["shard_by", "file"]),
     (dict(shard_remainder="wrap"), ["shard_remainder", "wrap"]),
     (dict(task_rows=0), ["task_rows", "0"]),
+    (dict(task_rows=5, first_task_rows=0), ["first_task_rows", "0"]),
+    (dict(first_task_rows=2), ["first_task_rows", "task_rows"]),
 ])
 def test_bad_options_raise_plan_error(options, words):
     with pytest.raises(PlanError) as info:
@@ -226,3 +228,25 @@ def test_task_rows_cuts_long_tasks_without_changing_the_rows_or_their_order(opti
             pieces = [t.num_rows for t in tasks]
             assert min(pieces) >= min(most // 2, min(t.num_rows for t in epoch_plan(whole, epoch)))
     assert rows_per_epoch(cut) == rows_per_epoch(whole)
+
+
+@pytest.mark.parametrize("first", [1, 2, 3])
+@pytest.mark.parametrize("options", SHUFFLES + [dict(shuffle_row_groups=True, cur_shard=1, shard_count=3, shard_by="row")])
+def test_the_first_task_ramps_up_without_changing_the_rows_or_their_order(options, first):
+    """The epoch's first task comes as pieces of first, 2 x first, ... rows: the first rows are decoded
+    after a few images rather than a whole task; every other task is as task_rows cut it."""
+    cut = PlanConfig(SIZES, seed=3, task_rows=7, **options)
+    ramped = PlanConfig(SIZES, seed=3, task_rows=7, first_task_rows=first, **options)
+    for epoch in (0, 1):
+        np.testing.assert_array_equal(delivered(ramped, epoch), delivered(cut, epoch))
+        plain, tasks = epoch_plan(cut, epoch), epoch_plan(ramped, epoch)
+        head = [t for t in tasks if t.row_group == plain[0].row_group and t.stop <= plain[0].stop
+                and t.start >= plain[0].start]
+        assert tasks[len(head):] == plain[1:]
+        sizes = [t.num_rows for t in head]
+        assert sum(sizes) == plain[0].num_rows
+        growing = sizes[:-1]  # then what is left of the task
+        assert growing == [first * 2 ** k for k in range(len(growing))] and all(n < 7 for n in growing)
+        if plain[0].num_rows > first:
+            assert sizes[0] == first
+    assert rows_per_epoch(ramped) == rows_per_epoch(cut)
