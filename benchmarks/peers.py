@@ -136,9 +136,18 @@ def child_env(python: Path) -> dict[str, str]:
     return env
 
 
+def copy_name(fmt: str) -> str:
+    if fmt != "unihub":
+        return fmt
+    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+
+    return f"unihub-rg{DEFAULT_ROW_GROUP_SIZE_MB:g}mb"
+
+
 def ensure_copy(fmt: str, python: Path, content: Path, root: Path) -> Path:
-    """The content in ``fmt``, written once by the tool itself into ``root/fmt`` (atomically: a temp folder renamed)."""
-    target = root / fmt
+    """The content in ``fmt``, written once by the tool itself into ``root/fmt`` (atomically: a temp folder
+    renamed); unihub's copy is named after the writers' default row-group size, which it is written with."""
+    target = root / copy_name(fmt)
     if target.exists():
         return target
     tmp = Path(tempfile.mkdtemp(prefix=f".{fmt}-", dir=root))
