@@ -472,8 +472,10 @@ class Reader:
         return rows * self.num_epochs
 
 
-#: pixels a decode task aims at when a big row group is cut into several tasks
-DECODE_TASK_BYTES = 8 * 2**20
+#: pixels a decode task aims at when a big row group is cut into several tasks: the reader holds
+#: a few tasks per worker decoded ahead, so this sets most of its memory (4 MiB: 35-40 MiB less
+#: peak RSS than 8 MiB over 64x64 JPEGs, as fast, benchmarks/peers.py)
+DECODE_TASK_BYTES = 4 * 2**20
 _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
 #: the epoch's first decode task is this share of a task, the next twice that, ... (the first
 #: batch waits for a few images' decoding, not a whole task's)
