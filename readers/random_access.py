@@ -3,7 +3,9 @@
 For samplers (torch's ``RandomSampler``, ``DistributedSampler``) and DALI's parallel
 external source, which ask for rows by index. Indices are grouped by row group, each
 row group is read once per call (only the requested rows are decoded), and results come
-back in the order asked. A small LRU of encoded row groups makes neighbouring lookups cheap.
+back in the order asked. An LRU of encoded row groups, bounded in bytes (``cache_mb``), makes
+neighbouring lookups cheap, and a sampler's random indices over a dataset that fits in it read
+each row group once, whatever the row groups' size.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from unihub.errors import InvalidArgumentError
 from unihub.formats.arrow_numpy import int64_array
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
@@ -25,11 +28,16 @@ from unihub.readers.reader import _resolve_fields
 
 
 class Dataset:
-    """Rows of a dataset by global index: ``len()``, ``ds[i]``, ``ds.take(indices)``."""
+    """Rows of a dataset by global index: ``len()``, ``ds[i]``, ``ds.take(indices)``.
+
+    Encoded row groups read are kept up to ``cache_mb`` megabytes (the last one read always), and
+    at most ``cached_row_groups`` of them where given (0: none kept).
+    """
 
     def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
-                 decode_images: bool = True, cached_row_groups: int = 4, storage_options: dict[str, Any] | None = None,
-                 filesystem: Any = None, petastorm_types: bool | None = None) -> None:
+                 decode_images: bool = True, cached_row_groups: int | None = None, cache_mb: float = 128,
+                 storage_options: dict[str, Any] | None = None, filesystem: Any = None,
+                 petastorm_types: bool | None = None) -> None:
         self.store = url if isinstance(url, ParquetStore) else open_dataset(
             url, storage_options=storage_options, filesystem=filesystem)
         self._policy = DecodePolicy.for_store(self.store.schema_source, petastorm_types, batched=True)
@@ -39,8 +47,14 @@ class Dataset:
         self.schema = Unischema(self.store.schema.name, fields, attributes=self.store.schema.attribute_names)
         self.decode_images = decode_images
         self._row_type: type[Any] = self.schema._get_namedtuple()  # a namedtuple class made for the schema
+        if cached_row_groups is not None and cached_row_groups < 0:
+            raise InvalidArgumentError(f"cached_row_groups must be >= 0 or None, got {cached_row_groups}")
+        if not cache_mb >= 0:
+            raise InvalidArgumentError(f"cache_mb must be >= 0, got {cache_mb}")
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cached_row_groups
+        self._cache_bytes = int(cache_mb * 2**20)
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -89,9 +103,14 @@ class Dataset:
                 return table
         table = self.store.read_row_group(group, list(self.schema.fields))
         with self._lock:
-            self._cache[group] = table
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            if group not in self._cache:
+                self._cache[group] = table
+                self._cached_bytes += table.nbytes
+            count = self._cache_size
+            while self._cache and (len(self._cache) > (count if count is not None else len(self._cache)) or
+                                   (len(self._cache) > 1 and self._cached_bytes > self._cache_bytes)):
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_bytes -= dropped.nbytes
         return table
 
 

@@ -151,3 +151,38 @@ def test_neighbouring_lookups_reuse_row_groups(dataset, reader_rows):
 def test_empty_take(dataset):
     batch = Dataset(dataset).take([])
     assert len(batch.id) == 0
+
+
+def test_the_row_group_cache_is_bounded_in_bytes(dataset, monkeypatch):
+    """A sampler's random indices read each row group once while the groups fit in ``cache_mb``,
+    however small they are; a tight ``cache_mb`` keeps only the last group, 0 groups keep none."""
+    from unihub.formats.parquet import ParquetStore
+
+    reads: list[int] = []
+    original = ParquetStore.read_row_group
+    monkeypatch.setattr(ParquetStore, "read_row_group",
+                        lambda self, group, columns=None, **kw: reads.append(group) or original(self, group, columns,
+                                                                                                **kw))
+    ds = Dataset(dataset)
+    groups = len(ds.store.row_groups)
+    assert groups > 4  # more than the old count-bounded cache held
+    order = np.random.default_rng(0).permutation(N)
+    for start in range(0, N, 16):
+        assert ds.take(order[start:start + 16]).id.tolist() == order[start:start + 16].tolist()
+    assert sorted(reads) == list(range(groups))  # each once
+    reads.clear()
+    tight = Dataset(dataset, cache_mb=1e-6)
+    tight.take([0]), tight.take([0]), tight.take([N - 1]), tight.take([N - 1]), tight.take([0])
+    assert reads == [0, groups - 1, 0]  # the last group read stays, nothing more
+    reads.clear()
+    none = Dataset(dataset, cached_row_groups=0)
+    none.take([0]), none.take([0])
+    assert reads == [0, 0]
+
+
+@pytest.mark.parametrize("options, words", [(dict(cache_mb=-1), "cache_mb"), (dict(cached_row_groups=-1), "cached_row_groups")])
+def test_bad_cache_bounds_are_refused(dataset, options, words):
+    from unihub.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=words):
+        Dataset(dataset, **options)
