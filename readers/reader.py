@@ -100,6 +100,7 @@ class Reader:
 
             self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
         cut = decode_task_rows(self._read_fields, decode_images) if ngram is None else None
+        self._fingerprint_of: tuple[planning.PlanConfig, str] | None = None
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
@@ -313,7 +314,16 @@ class Reader:
 
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:
-        plan = dataclasses.asdict(self._plan if config is None else config)
+        config = self._plan if config is None else config
+        cached = self._fingerprint_of
+        if cached is not None and cached[0] is config:  # a loader asks for a state per reader batch
+            return cached[1]
+        fingerprint = self._compute_fingerprint(config)
+        self._fingerprint_of = (config, fingerprint)
+        return fingerprint
+
+    def _compute_fingerprint(self, config: planning.PlanConfig) -> str:
+        plan = dataclasses.asdict(config)
         for key in ("task_rows", "first_task_rows"):
             if plan[key] is None:
                 del plan[key]  # states saved before tasks were cut stay valid where none are

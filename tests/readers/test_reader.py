@@ -417,6 +417,24 @@ def test_refused_state_leaves_the_reader_unchanged(dataset, full_order):
         assert ids_of(reader) == full_order
 
 
+def test_the_plan_fingerprint_is_computed_once_per_plan(dataset, monkeypatch):
+    """A loader asks for a state per reader batch: the fingerprint is worked out once per plan, and a
+    state loaded with another seed (another plan) gets its own, which a fresh reader accepts."""
+    from unihub.readers.reader import Reader
+
+    calls: list[int] = []
+    original = Reader._compute_fingerprint
+    monkeypatch.setattr(Reader, "_compute_fingerprint", lambda self, config: calls.append(1) or original(self, config))
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        states = [reader.state_dict() for _ in range(5)]
+        assert len(calls) == 1 and len({s["plan"] for s in states}) == 1
+        other = dict(states[0], seed=states[0]["seed"] + 1)
+        with make_reader(dataset, **{**RESUME_OPTIONS, "seed": other["seed"]}) as twin:
+            other["plan"] = twin.state_dict()["plan"]
+        reader.load_state_dict(other)
+        assert reader.state_dict()["plan"] == other["plan"] != states[0]["plan"]
+
+
 # -- sharding ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 @pytest.mark.parametrize("ranks", [3, 4, 7])
