@@ -36,7 +36,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
-from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat, take
+from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, _view, concat, take
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -131,6 +131,41 @@ def _concat(parts: Sequence[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
     return {name: concat([p[name] for p in parts]) for name in parts[0]}
+
+
+def in_one_shared_storage(columns: Columns) -> Columns:
+    """Numeric CPU tensor columns as views of one shared-memory storage (copied in once).
+
+    A torch ``DataLoader`` worker hands each tensor of a batch to the main process as a
+    shared-memory file descriptor, passed over a socket with a handshake per descriptor, after
+    copying the tensor's storage into shared memory. Tensors that are views of one shared storage
+    cost one descriptor per batch and no copy (1.35-1.5x the batches per second of three separate
+    tensors on this machine). Columns already in one shared storage come back as they are.
+    """
+    torch = _torch()
+    tensors = {name: col for name, col in columns.items()
+               if isinstance(col, torch.Tensor) and col.device.type == "cpu" and not col.requires_grad}
+    if len(tensors) < 2:
+        return columns  # torch shares a lone tensor in one descriptor anyway
+    storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
+    if len(storages) == 1 and next(iter(tensors.values())).untyped_storage().is_shared():
+        return columns
+    offsets, total = {}, 0
+    for name, tensor in tensors.items():
+        total = -(-total // 64) * 64  # each column 64-byte aligned
+        offsets[name] = total
+        total += tensor.numel() * tensor.element_size()
+    storage = torch.UntypedStorage._new_shared(max(total, 1))
+    out = dict(columns)
+    for name, tensor in tensors.items():
+        view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
+        target, source = _view(view), _view(tensor)
+        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
+            np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
+        else:
+            view.copy_(tensor)
+        out[name] = view
+    return out
 
 
 def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:
@@ -348,6 +383,10 @@ class _LoaderBase:
     # -- the columnar path: reader batches (or gathered rows) as columns, cut into batches ----------
     _collate: Collate
     _max_rows: int | None = None  # TorchIterableDataset's exact share of a padded shard
+    _shared_batches = False  # in a torch worker: each batch's tensors in one shared storage
+
+    def _shareable(self, columns: Columns) -> Columns:
+        return in_one_shared_storage(columns) if self._shared_batches else columns
 
     @property
     def _row_columns(self) -> bool:
@@ -398,7 +437,7 @@ class _LoaderBase:
                 index = np.flatnonzero(keep)
                 columns, positions = _take(columns, index), positions[index]
             if len(positions):
-                yield positions, columns
+                yield positions, self._shareable(columns)
         tracker.mark(reader.state_dict())
 
     def _in_order(self) -> Iterator[Any]:
@@ -422,7 +461,7 @@ class _LoaderBase:
                     continue
                 batch = _concat([c for _, c in held])
                 held, held_rows = [], 0
-                yield self._out(batch)
+                yield self._out(self._shareable(batch))
             full = (n - start) // bs
             if full:
                 pieces = _split(_slice(columns, start, start + full * bs), bs)
@@ -436,7 +475,7 @@ class _LoaderBase:
         if held_rows:
             batch = _concat([c for _, c in held])
             held, held_rows = [], 0
-            yield self._out(batch)
+            yield self._out(self._shareable(batch))
 
     def _shuffled(self) -> Iterator[Any]:
         bs = self.batch_size
@@ -445,6 +484,7 @@ class _LoaderBase:
 
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)
+            chosen = self._shareable(chosen)
             for start in range(0, count, bs):
                 self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
                 yield self._out(_slice(chosen, start, start + bs))
@@ -810,6 +850,7 @@ def _build_iterable_dataset(torch: Any) -> type:
                 else:
                     loader = BatchedDataLoader(reader, batch_size=self.batch_size, variable=self.variable)
                     loader._max_rows = limit
+                    loader._shared_batches = info is not None
                     yield from loader
 
         def _serve_stream(self, info: Any) -> Iterator[Any]:

@@ -406,6 +406,37 @@ def test_iterable_dataset_batches_with_workers(url):
         assert sorted(got) == list(range(N))
 
 
+def test_columns_move_into_one_shared_storage_unchanged():
+    vec = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()  # not contiguous
+    columns = {"id": torch.arange(6), "vec": vec, "half": torch.ones(6, 2, dtype=torch.bfloat16) / 3,
+               "image": torch.randint(0, 256, (6, 4, 4, 3), dtype=torch.uint8), "name": [f"n{i}" for i in range(6)]}
+    out = tp.in_one_shared_storage(columns)
+    for name in ("id", "vec", "half", "image"):
+        assert out[name].dtype == columns[name].dtype and out[name].shape == columns[name].shape
+        assert torch.equal(out[name], columns[name]), name
+        assert out[name].untyped_storage().data_ptr() == out["id"].untyped_storage().data_ptr()
+        assert out[name].data_ptr() % 64 == 0
+    assert out["id"].untyped_storage().is_shared()
+    assert out["name"] is columns["name"]
+    again = tp.in_one_shared_storage(out)
+    assert all(again[name] is out[name] for name in out)  # already shared: not copied again
+    lone = {"id": torch.arange(3), "name": ["a", "b", "c"]}
+    assert tp.in_one_shared_storage(lone) is lone  # torch shares a lone tensor in one descriptor itself
+
+
+@pytest.mark.parametrize("shuffle_rows", [False, True])
+def test_worker_batches_cross_as_one_shared_storage(url, shuffle_rows):
+    """In torch workers each batch's tensors are views of one shared storage (one descriptor per batch
+    instead of one per tensor), with every value as written and every row once."""
+    ds = tp.TorchIterableDataset(url, batch_size=7, seed=4, shuffle_rows=shuffle_rows)
+    got = []
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+        got += check_batch(batch)
+        storages = {batch[name].untyped_storage().data_ptr() for name in NUMERIC}
+        assert len(storages) == 1, storages
+    assert sorted(got) == list(range(N))
+
+
 def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
     delivered = []
     for rank in range(3):
