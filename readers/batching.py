@@ -47,7 +47,7 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _view(value: Any) -> Any:
+def numpy_view(value: Any) -> Any:
     """A CPU tensor's numpy view (sharing its memory); anything else (and a tensor numpy cannot
     hold) as it is."""
     if _is_tensor(value) and value.device.type == "cpu" and not value.requires_grad:
@@ -63,7 +63,7 @@ def take(column: Any, index: np.ndarray) -> Any:
     if _is_tensor(column):
         import torch
 
-        view = _view(column)
+        view = numpy_view(column)
         if isinstance(view, np.ndarray):
             return torch.from_numpy(_numpy_take(view, index))
         return column[torch.from_numpy(index)]
@@ -77,7 +77,7 @@ def concat(parts: list[Any]) -> Any:
     if all(_is_tensor(p) for p in parts):
         import torch
 
-        views = [_view(p) for p in parts]
+        views = [numpy_view(p) for p in parts]
         if all(isinstance(v, np.ndarray) for v in views):
             return torch.from_numpy(_numpy_concat(views))
         return torch.cat(parts)
@@ -91,7 +91,7 @@ def _room(like: Any, rows: int) -> Any:
     if _is_tensor(like):
         import torch
 
-        view = _view(like)
+        view = numpy_view(like)
         if isinstance(view, np.ndarray):
             return torch.from_numpy(_empty((rows, *like.shape[1:]), view.dtype))
         return torch.empty((rows, *like.shape[1:]), dtype=like.dtype)
@@ -122,7 +122,7 @@ def _as_rows(held: Any, size: int, capacity: int) -> Any:
 
 def _move(column: Any, to: np.ndarray, source: np.ndarray) -> None:
     """``column[to] = column[source]``, rows one for one."""
-    view = _view(column)
+    view = numpy_view(column)
     if _is_tensor(view):
         import torch
 
@@ -136,7 +136,7 @@ def _move(column: Any, to: np.ndarray, source: np.ndarray) -> None:
 
 def _assign(held: Any, rows: slice, new: Any) -> None:
     """``held[rows] = new``, through numpy views where both are CPU tensors."""
-    target, source = _view(held), _view(new)
+    target, source = numpy_view(held), numpy_view(new)
     if _is_tensor(held) and isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
         target[rows] = source
     else:

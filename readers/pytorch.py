@@ -36,7 +36,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
-from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, _view, concat, take
+from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat, numpy_view, take
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -159,7 +159,7 @@ def in_one_shared_storage(columns: Columns) -> Columns:
     out = dict(columns)
     for name, tensor in tensors.items():
         view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
-        target, source = _view(view), _view(tensor)
+        target, source = numpy_view(view), numpy_view(tensor)
         if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
             np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
         else:

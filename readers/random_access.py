@@ -106,12 +106,16 @@ class Dataset:
             if group not in self._cache:
                 self._cache[group] = table
                 self._cached_bytes += table.nbytes
-            count = self._cache_size
-            while self._cache and (len(self._cache) > (count if count is not None else len(self._cache)) or
-                                   (len(self._cache) > 1 and self._cached_bytes > self._cache_bytes)):
+            while self._cache_is_over():
                 _, dropped = self._cache.popitem(last=False)
                 self._cached_bytes -= dropped.nbytes
         return table
+
+    def _cache_is_over(self) -> bool:
+        held = len(self._cache)
+        if self._cache_size is not None and held > self._cache_size:
+            return True
+        return held > 1 and self._cached_bytes > self._cache_bytes
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
