@@ -300,8 +300,10 @@ def print_table(inputs: dict[str, tuple[Path, int, int]], results: dict[tuple[st
 
 
 def print_rss_by_row_size(inputs: dict[str, tuple[Path, int, int]], work: Path, timeout: float) -> None:
-    print("\npeak RSS (MiB) against row size: write_dataset of rows given in Python (32 MB row groups), and "
-          "make_batch_reader (2 threads) reading them back\n")
+    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+
+    print(f"\npeak RSS (MiB) against row size: write_dataset of rows given in Python ({DEFAULT_ROW_GROUP_SIZE_MB:g} MB "
+          "row groups, the default), and make_batch_reader (2 threads) reading them back\n")
     print("| rows | write_dataset | make_batch_reader |")
     print("|---|---|---|")
     for size_name, (_, rows, _) in inputs.items():
