@@ -598,3 +598,34 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
     grown_mb = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
                                   text=True).stdout.split()[-1])
     assert grown_mb < 200, f"writing 40 frames grew the process by {grown_mb} MB"
+
+
+def test_every_writer_defaults_to_one_row_group_size():
+    """write_dataset, convert, the Spark and pipeline converters, the cache and make_spark_converter
+    share DEFAULT_ROW_GROUP_SIZE_MB (chosen by benchmarks/row_groups.py), and the CLI says it."""
+    import importlib
+    import inspect
+
+    from unihub.cli import build_parser
+    from unihub.converters import convert, pipeline, spark
+    from unihub.formats import writer
+    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+    from unihub.readers.spark_converter import make_spark_converter
+
+    checked = []
+    cacheable = importlib.import_module("unihub.caching.cacheable")
+    for module in (writer, convert, pipeline, spark, cacheable):
+        for name, member in inspect.getmembers(module):
+            functions = [member] if inspect.isfunction(member) else \
+                [f for _, f in inspect.getmembers(member, inspect.isfunction)] if inspect.isclass(member) else []
+            for fn in functions:
+                parameter = inspect.signature(fn).parameters.get("row_group_size_mb")
+                if parameter is not None and parameter.default not in (inspect.Parameter.empty, None):
+                    assert parameter.default == DEFAULT_ROW_GROUP_SIZE_MB, f"{module.__name__}.{name}"
+                    checked.append(fn.__name__)
+    assert {"write_dataset", "convert", "convert_with_spark", "cacheable", "build"} <= set(checked), checked
+    assert inspect.signature(make_spark_converter).parameters["parquet_row_group_size_bytes"].default == \
+        int(DEFAULT_ROW_GROUP_SIZE_MB * 2**20)
+    for command in ("convert", "copy"):
+        text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+        assert f"(default {DEFAULT_ROW_GROUP_SIZE_MB:g})" in text, command
