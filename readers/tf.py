@@ -35,8 +35,12 @@ Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
 
 from __future__ import annotations
 
+import atexit
 import decimal
 import itertools
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -147,8 +151,105 @@ def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
     return columns
 
 
+# -- readers TensorFlow pulls from, stopped when the program ends --------------------------------
+_served: weakref.WeakSet[Any] = weakref.WeakSet()  # readers the generators are reading
+_generators: weakref.WeakSet[Any] = weakref.WeakSet()  # generators TensorFlow holds
+_last_pull = [0.0]  # when a generator was last resumed or left (monotonic)
+_lock = threading.Lock()
+_exit_hook: list[bool] = []
+EXIT_WAIT_S = 2.0  # the most the exit hook waits for the generators to end
+QUIET_S = 0.05  # no generator resumed for this long: TensorFlow is not pulling
+
+
+def _stop_served_readers() -> None:
+    """At exit, stop the readers TensorFlow's generators read and let the generators end.
+
+    A ``tf.data`` iterator the program leaves unfinished is destroyed while the interpreter
+    finalizes, after waiting for its prefetch thread; when that thread is inside the generator
+    (or about to enter it, or to finalize it) it needs Python, which finalization no longer runs:
+    the process hung at exit. This runs first thing at shutdown (before thread pools are shut
+    down): the readers stop, a generator resumed then ends, and TensorFlow finalizes it while
+    Python still runs. A generator TensorFlow is not pulling from (its prefetch buffer full)
+    stays suspended; the iterator's destruction does not need Python then.
+    """
+    with _lock:
+        readers = list(_served)
+    for reader in readers:
+        reader.stop()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        with _lock:
+            if not len(_generators) or time.monotonic() - _last_pull[0] > QUIET_S:
+                return
+        time.sleep(0.005)
+
+
+def _register_exit_hook() -> None:
+    with _lock:
+        if _exit_hook:
+            return
+        _exit_hook.append(True)
+    # threading's own exit hooks run before the interpreter joins threads and shuts thread pools
+    # down (the reader's among them), atexit's only after
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise AttributeError
+        register(_stop_served_readers)
+    except (AttributeError, RuntimeError):
+        atexit.register(_stop_served_readers)
+
+
+def _pulled() -> None:
+    _last_pull[0] = time.monotonic()
+
+
+def _tracked(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+    """``make`` (a ``from_generator`` generator function), its generators known to the exit hook."""
+    def generator() -> Iterator[Any]:
+        _register_exit_hook()
+        inner = make()
+
+        def pull() -> Iterator[Any]:
+            try:
+                while True:
+                    _pulled()
+                    try:
+                        item = next(inner)
+                    except StopIteration:
+                        return
+                    _pulled()
+                    yield item
+            finally:
+                _pulled()
+                close = getattr(inner, "close", None)
+                if close is not None:
+                    close()
+
+        outer = pull()
+        with _lock:
+            _generators.add(outer)
+        return outer
+    return generator
+
+
+def _serving(reader: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """``batches`` of ``reader``, with the reader known to the exit hook while they are read."""
+    with _lock:
+        _served.add(reader)
+    try:
+        yield from batches
+    finally:
+        with _lock:
+            _served.discard(reader)
+
+
 def _column_batches(reader: Reader, plans: Sequence[_FieldPlan], chunk_rows: int) -> Iterator[Columns]:
     """The reader's batches as columns; a row reader's rows gathered ``chunk_rows`` at a time."""
+    return _serving(reader, _columns_of(reader, plans, chunk_rows))
+
+
+def _columns_of(reader: Reader, plans: Sequence[_FieldPlan], chunk_rows: int) -> Iterator[Columns]:
     names = [p.name for p in plans]
     if reader.batched:
         for batch in reader:
@@ -356,7 +457,7 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
             if _length(columns):
                 yield _encode(plans, columns)
 
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=_flat_signature(plans))
+    dataset = tf.data.Dataset.from_generator(_tracked(generate), output_signature=_flat_signature(plans))
     if rebatch is not None:
         dataset = dataset.rebatch(rebatch[0], drop_remainder=rebatch[1])
     dataset = dataset.map(_assembler(plans, row_type))
@@ -406,16 +507,19 @@ def _ngram_dataset(reader: Any) -> Any:
     widths = [len(_flat_signature(o.plans)) for o in offsets]
     assemblers = [_assembler(o.plans, o.row_type) for o in offsets]
 
-    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+    def windows() -> Iterator[tuple[np.ndarray, ...]]:
         while True:
-            windows = list(itertools.islice(reader, ROW_CHUNK))
-            if not windows:
+            chunk = list(itertools.islice(reader, ROW_CHUNK))
+            if not chunk:
                 return
             flat: list[np.ndarray] = []
             for o in offsets:
                 if o.plans:
-                    flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in windows])))
+                    flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in chunk])))
             yield tuple(flat)
+
+    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+        return _serving(reader, windows())
 
     def assemble(*flat: Any) -> dict[int, Any]:
         window, start = {}, 0
@@ -425,7 +529,7 @@ def _ngram_dataset(reader: Any) -> Any:
         return window
 
     signature = tuple(spec for o in offsets for spec in _flat_signature(o.plans))
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).map(_graph_only(assemble)).unbatch()
+    dataset = tf.data.Dataset.from_generator(_tracked(generate), output_signature=signature).map(_graph_only(assemble)).unbatch()
     if any(p.ragged_rank for o in offsets for p in o.plans):
         densifiers = [_densifier(o.plans) for o in offsets]
         dataset = dataset.map(_graph_only(lambda window: {o.offset: densify(window[o.offset])
