@@ -86,6 +86,29 @@ def concat(parts: list[Any]) -> Any:
     return [v for p in parts for v in p]
 
 
+def columns_length(columns: Mapping[str, Any]) -> int:
+    """Rows of a batch of columns (a dict of equal-length columns)."""
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def slice_columns(columns: Mapping[str, Any], start: int, stop: int | None = None) -> Columns:
+    """Rows ``start:stop`` of every column (views for arrays and tensors)."""
+    return {name: column[start:stop] for name, column in columns.items()}
+
+
+def take_columns(columns: Mapping[str, Any], index: np.ndarray) -> Columns:
+    """Rows ``index`` of every column, each as its own kind (:func:`take`)."""
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    return {name: take(column, index) for name, column in columns.items()}
+
+
+def concat_columns(parts: list[Columns]) -> Columns:
+    """Batches of the same columns joined row-wise (:func:`concat`); one part comes back as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: concat([p[name] for p in parts]) for name in parts[0]}
+
+
 def _room(like: Any, rows: int) -> Any:
     """An empty column of ``rows`` rows shaped and typed as ``like``'s rows."""
     if _is_tensor(like):

@@ -36,7 +36,15 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
-from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat, numpy_view, take
+from unihub.readers.batching import (
+    ARRIVAL_ROWS,
+    ShuffleBuffer,
+    columns_length,
+    concat_columns,
+    numpy_view,
+    slice_columns,
+    take_columns,
+)
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -104,33 +112,14 @@ def columns_from_numpy(columns: Mapping[str, Any]) -> Columns:
     return out
 
 
-def _length(columns: Columns) -> int:
-    return len(next(iter(columns.values()))) if columns else 0
-
-
-def _take(columns: Columns, index: np.ndarray) -> Columns:
-    index = np.ascontiguousarray(index, dtype=np.int64)
-    return {name: take(col, index) for name, col in columns.items()}
-
-
-def _slice(columns: Columns, start: int, stop: int) -> Columns:
-    return {name: col[start:stop] for name, col in columns.items()}
-
-
 def _split(columns: Columns, size: int) -> list[Columns]:
     """``columns`` cut into consecutive pieces of ``size`` rows: tensor views (one ``torch.split``
     per column, not a slice per piece), lists sliced."""
     torch = _torch()
-    n = _length(columns)
+    n = columns_length(columns)
     cut = {name: (torch.split(col, size) if isinstance(col, torch.Tensor) else
                   [col[i:i + size] for i in range(0, n, size)]) for name, col in columns.items()}
     return [dict(zip(cut, piece)) for piece in zip(*cut.values())]
-
-
-def _concat(parts: Sequence[Columns]) -> Columns:
-    if len(parts) == 1:
-        return parts[0]
-    return {name: concat([p[name] for p in parts]) for name in parts[0]}
 
 
 def in_one_shared_storage(columns: Columns) -> Columns:
@@ -427,15 +416,15 @@ class _LoaderBase:
                 if not rows:
                     break
                 columns = self._collate.columns(rows)
-            n = _length(columns)
+            n = columns_length(columns)
             if left is not None and n > left:
-                columns, n = _slice(columns, 0, left), left
+                columns, n = slice_columns(columns, 0, left), left
             if left is not None:
                 left -= n
             positions, keep = tracker.advance(n)
             if keep is not None:
                 index = np.flatnonzero(keep)
-                columns, positions = _take(columns, index), positions[index]
+                columns, positions = take_columns(columns, index), positions[index]
             if len(positions):
                 yield positions, self._shareable(columns)
         tracker.mark(reader.state_dict())
@@ -454,26 +443,26 @@ class _LoaderBase:
             rest = positions
             if held_rows:  # complete the batch begun before
                 start = min(bs - held_rows, n)
-                held.append((positions[:start], _slice(columns, 0, start)))
+                held.append((positions[:start], slice_columns(columns, 0, start)))
                 held_rows += start
                 rest = positions[start:]
                 if held_rows < bs:
                     continue
-                batch = _concat([c for _, c in held])
+                batch = concat_columns([c for _, c in held])
                 held, held_rows = [], 0
                 yield self._out(self._shareable(batch))
             full = (n - start) // bs
             if full:
-                pieces = _split(_slice(columns, start, start + full * bs), bs)
+                pieces = _split(slice_columns(columns, start, start + full * bs), bs)
                 for i, piece in enumerate(pieces):
                     rest = positions[start + (i + 1) * bs:]
                     yield self._out(piece)
                 start += full * bs
             if start < n:
-                held, held_rows = [(positions[start:], _slice(columns, start, n))], n - start
+                held, held_rows = [(positions[start:], slice_columns(columns, start, n))], n - start
                 rest = np.empty(0, np.int64)
         if held_rows:
-            batch = _concat([c for _, c in held])
+            batch = concat_columns([c for _, c in held])
             held, held_rows = [], 0
             yield self._out(self._shareable(batch))
 
@@ -487,7 +476,7 @@ class _LoaderBase:
             chosen = self._shareable(chosen)
             for start in range(0, count, bs):
                 self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
-                yield self._out(_slice(chosen, start, start + bs))
+                yield self._out(slice_columns(chosen, start, start + bs))
 
         for new_positions, columns in self._chunks():
             buffer.add(columns, new_positions)
@@ -706,7 +695,7 @@ class InMemBatchedDataLoader(_LoaderBase):
     def _load(self) -> Columns:
         if self._data is None:
             parts = [columns for _, columns in self._loader._chunks()]
-            self._data = _concat(parts) if parts else {}
+            self._data = concat_columns(parts) if parts else {}
         return self._data
 
     def __iter__(self) -> Iterator[Any]:
@@ -714,20 +703,20 @@ class InMemBatchedDataLoader(_LoaderBase):
 
     def _batches(self) -> Iterator[Any]:
         data = self._load()
-        n = _length(data)
+        n = columns_length(data)
         rng = np.random.default_rng(self.seed)
         for _ in itertools.count() if self.num_epochs is None else range(self.num_epochs):
             order = rng.permutation(n) if self.shuffle else None
             for start in range(0, n, self.batch_size):
                 stop = min(start + self.batch_size, n)
-                columns = _take(data, order[start:stop]) if order is not None else _slice(data, start, stop)
+                columns = take_columns(data, order[start:stop]) if order is not None else slice_columns(data, start, stop)
                 batch = finalize(columns, self.variable, self.device)
                 yield self.transform_fn(batch) if self.transform_fn is not None else batch
 
     def __len__(self) -> int:
         if self.num_epochs is None:
             raise TypeError("len() is unknown for num_epochs=None")
-        return math.ceil(_length(self._load()) / self.batch_size) * self.num_epochs
+        return math.ceil(columns_length(self._load()) / self.batch_size) * self.num_epochs
 
     def state_dict(self) -> dict[str, Any]:
         raise UsageError("InMemBatchedDataLoader has no resumable state; it re-serves its rows each epoch")

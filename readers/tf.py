@@ -41,7 +41,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -50,7 +50,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
-from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, concat
+from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, columns_length, concat_columns, slice_columns
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 
@@ -204,28 +204,22 @@ def _pulled() -> None:
     _last_pull[0] = time.monotonic()
 
 
-def _tracked(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
-    """``make`` (a ``from_generator`` generator function), its generators known to the exit hook."""
+def _tracked(make: Callable[[], Generator[Any, None, None]]) -> Callable[[], Iterator[Any]]:
+    """``make`` (a ``from_generator`` generator function), its generators known to the exit hook,
+    which also sees when TensorFlow last resumed one."""
+    def pull() -> Iterator[Any]:
+        inner = make()
+        try:
+            for item in inner:
+                _pulled()
+                yield item
+                _pulled()
+        finally:
+            _pulled()
+            inner.close()
+
     def generator() -> Iterator[Any]:
         _register_exit_hook()
-        inner = make()
-
-        def pull() -> Iterator[Any]:
-            try:
-                while True:
-                    _pulled()
-                    try:
-                        item = next(inner)
-                    except StopIteration:
-                        return
-                    _pulled()
-                    yield item
-            finally:
-                _pulled()
-                close = getattr(inner, "close", None)
-                if close is not None:
-                    close()
-
         outer = pull()
         with _lock:
             _generators.add(outer)
@@ -233,7 +227,7 @@ def _tracked(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
     return generator
 
 
-def _serving(reader: Any, batches: Iterator[Any]) -> Iterator[Any]:
+def _serving(reader: Any, batches: Iterator[Any]) -> Generator[Any, None, None]:
     """``batches`` of ``reader``, with the reader known to the exit hook while they are read."""
     with _lock:
         _served.add(reader)
@@ -262,20 +256,6 @@ def _columns_of(reader: Reader, plans: Sequence[_FieldPlan], chunk_rows: int) ->
         yield _rows_to_columns(plans, rows)
 
 
-def _length(columns: Columns) -> int:
-    return len(next(iter(columns.values()))) if columns else 0
-
-
-def _concat(parts: list[Columns]) -> Columns:
-    if len(parts) == 1:
-        return parts[0]
-    return {name: concat([p[name] for p in parts]) for name in parts[0]}
-
-
-def _slice(columns: Columns, start: int, stop: int | None = None) -> Columns:
-    return {name: column[start:stop] for name, column in columns.items()}
-
-
 def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
     """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
     sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
@@ -297,22 +277,22 @@ def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> I
     held: list[Columns] = []  # the rows of a batch begun in earlier columns
     held_rows = 0
     for columns in batches:
-        n, start = _length(columns), 0
+        n, start = columns_length(columns), 0
         if held_rows:
             start = min(size - held_rows, n)
-            held.append(_slice(columns, 0, start))
+            held.append(slice_columns(columns, 0, start))
             held_rows += start
             if held_rows < size:
                 continue
-            yield _concat(held)
+            yield concat_columns(held)
             held, held_rows = [], 0
         while n - start >= size:
-            yield _slice(columns, start, start + size)
+            yield slice_columns(columns, start, start + size)
             start += size
         if start < n:
-            held, held_rows = [_slice(columns, start)], n - start
+            held, held_rows = [slice_columns(columns, start)], n - start
     if held_rows and not drop_remainder:
-        yield _concat(held)
+        yield concat_columns(held)
 
 
 def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
@@ -452,9 +432,9 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
     of ``size`` rows inside TensorFlow (see :func:`make_tf_dataset`)."""
     tf = _tf()
 
-    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+    def generate() -> Generator[tuple[np.ndarray, ...], None, None]:
         for columns in source():
-            if _length(columns):
+            if columns_length(columns):
                 yield _encode(plans, columns)
 
     dataset = tf.data.Dataset.from_generator(_tracked(generate), output_signature=_flat_signature(plans))
@@ -518,7 +498,7 @@ def _ngram_dataset(reader: Any) -> Any:
                     flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in chunk])))
             yield tuple(flat)
 
-    def generate() -> Iterator[tuple[np.ndarray, ...]]:
+    def generate() -> Generator[tuple[np.ndarray, ...], None, None]:
         return _serving(reader, windows())
 
     def assemble(*flat: Any) -> dict[int, Any]:
