@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from unihub.readers.predicates import PredicateBase
 
 
+#: the column a loader that hands images out encoded adds (``RowGroupLoader.late_images``): each
+#: row's row number in the dataset, so that whoever decodes them reports a corrupt image where it is
+SOURCE_ROW = "unihub_source_row"
+
+
 @dataclass
 class Batch:
     """Decoded columns of one task, all of length ``num_rows``."""
@@ -117,6 +122,9 @@ class RowGroupLoader:
     window_overlap: int = 0
     #: Petastorm's types or unihub's (nulls, uniform lists; see readers/decode.py)
     policy: DecodePolicy = UNIHUB
+    #: image fields handed out encoded, with :data:`SOURCE_ROW`, for a consumer that decodes them
+    #: after shuffling (readers/late_decode.py)
+    late_images: frozenset[str] = frozenset()
     #: row groups that tasks cut from one row group share (read once)
     recent: RecentReads = field(default_factory=RecentReads, repr=False, compare=False)
 
@@ -136,7 +144,7 @@ class RowGroupLoader:
             try:
                 keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
             except CodecError as exc:
-                raise _located(exc, info, rows) from exc
+                raise located(exc, info, rows) from exc
             idx = np.flatnonzero(keep)
             if own_rows is not None:
                 own_rows = int(np.searchsorted(idx, own_rows))
@@ -152,10 +160,13 @@ class RowGroupLoader:
                 continue
             assert table is not None
             try:
-                columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images,
-                                                policy=self.policy)
+                decode = self.decode_images and f.name not in self.late_images
+                columns[f.name] = decode_column(f, table.column(f.name), decode_images=decode, policy=self.policy)
             except CodecError as exc:
-                raise _located(exc, info, rows) from exc
+                raise located(exc, info, rows) from exc
+        if self.late_images:
+            columns[SOURCE_ROW] = info.first_row + (np.arange(num_rows, dtype=np.int64) if rows is None
+                                                    else np.asarray(rows, dtype=np.int64))
         batch = Batch(columns, num_rows, task.row_group, own_rows)
         if self.transform is not None:
             batch = self.transform(batch)
@@ -196,7 +207,7 @@ class RowGroupLoader:
         return keep
 
 
-def _located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> CodecError:
+def located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> CodecError:
     """``exc`` with its file and row group named and its row counted inside the row group.
 
     A codec counts rows in the batch it decoded, which ``rows`` (shuffled, sliced or

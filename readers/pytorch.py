@@ -24,13 +24,14 @@ torch is imported when a loader or dataset is used, never when this module is im
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import itertools
 import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -45,6 +46,9 @@ from unihub.readers.batching import (
     slice_columns,
     take_columns,
 )
+
+if TYPE_CHECKING:
+    from unihub.readers.late_decode import DecodeAhead, LateImages
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -393,8 +397,19 @@ class _LoaderBase:
         else:
             yield from self._in_order()
 
-    def _chunks(self) -> Iterator[tuple[np.ndarray, Columns]]:
-        """(positions, columns) per reader batch (or per chunk of rows of a row reader)."""
+    def _convert(self, columns: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> Columns:
+        """A reader's numpy columns as the loader's (tensors where numeric; see :meth:`Collate.from_columns`),
+        in the same order; the columns in ``keep`` stay as they are (images still encoded)."""
+        convert = columns_from_numpy if getattr(self.reader, "is_batched_reader", False) else \
+            self._collate.from_columns
+        if not keep:
+            return convert(columns)
+        converted = convert({name: column for name, column in columns.items() if name not in keep})
+        return {name: column if name in keep else converted[name] for name, column in columns.items()}
+
+    def _chunks(self, encoded: frozenset[str] = frozenset()) -> Iterator[tuple[np.ndarray, Columns]]:
+        """(positions, columns) per reader batch (or per chunk of rows of a row reader); the
+        ``encoded`` columns (images decoded later) are left as the reader gives them."""
         reader, tracker = self.reader, self._tracker
         batched = getattr(reader, "is_batched_reader", False)
         left = self._max_rows
@@ -405,12 +420,12 @@ class _LoaderBase:
                     item = next(reader)
                 except StopIteration:
                     break
-                columns = columns_from_numpy(item._asdict())
+                columns = self._convert(item._asdict(), encoded)
             elif self._row_columns:
                 gathered = reader.next_columns(max(self.batch_size, _CHUNK_ROWS))
                 if gathered is None:
                     break
-                columns = self._collate.from_columns(gathered)
+                columns = self._convert(gathered, encoded)
             else:
                 rows = list(itertools.islice(reader, max(self.batch_size, _CHUNK_ROWS)))
                 if not rows:
@@ -426,7 +441,7 @@ class _LoaderBase:
                 index = np.flatnonzero(keep)
                 columns, positions = take_columns(columns, index), positions[index]
             if len(positions):
-                yield positions, self._shareable(columns)
+                yield positions, columns if encoded else self._shareable(columns)
         tracker.mark(reader.state_dict())
 
     def _in_order(self) -> Iterator[Any]:
@@ -466,25 +481,67 @@ class _LoaderBase:
             held, held_rows = [], 0
             yield self._out(self._shareable(batch))
 
+    #: shuffled batches decode their images after the draw where the reader can hand them out
+    #: encoded (readers/late_decode.py); False decodes them in the reader (the same batches)
+    _late_decoding = True
+
     def _shuffled(self) -> Iterator[Any]:
+        later = getattr(self.reader, "images_decoded_later", None)
+        with later() if self._late_decoding and later is not None else contextlib.nullcontext() as late:
+            yield from self._shuffled_batches(late)
+
+    def _shuffled_batches(self, late: LateImages | None) -> Iterator[Any]:
+        """Batches drawn at random from a queue of at least ``shuffling_queue_capacity`` rows; with
+        ``late``, the queue holds the images encoded and each drawn batch is decoded a few ahead."""
         bs = self.batch_size
         capacity = max(self.shuffling_queue_capacity, bs)
         buffer = ShuffleBuffer(reserve=capacity + max(bs, ARRIVAL_ROWS))
+        decoder: DecodeAhead | None = None
+        if late is not None:
+            from unihub.readers.late_decode import DecodeAhead
+
+            decoder = DecodeAhead(late)
+        images = frozenset(f.name for f in late.fields) if late is not None else frozenset()
 
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)
-            chosen = self._shareable(chosen)
+            if decoder is None:
+                chosen = self._shareable(chosen)
+                for start in range(0, count, bs):
+                    self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
+                    yield self._out(slice_columns(chosen, start, start + bs))
+                return
             for start in range(0, count, bs):
-                self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
-                yield self._out(slice_columns(chosen, start, start + bs))
+                decoder.submit(chosen_positions[start:start + bs], slice_columns(chosen, start, start + bs))
+            yield from decoded(2 * decoder.threads)
 
-        for new_positions, columns in self._chunks():
-            buffer.add(columns, new_positions)
-            self._pending = buffer.positions
-            if buffer.size >= capacity:
-                yield from draw(((buffer.size - capacity) // bs + 1) * bs)
-        if buffer.size:
-            yield from draw(buffer.size)
+        def decoded(keep: int) -> Iterator[Any]:
+            assert decoder is not None
+            for _, columns in decoder.ready(keep):
+                yield self._out(self._shareable(self._convert_images(columns, images)))
+
+        if decoder is not None:
+            self._pending = lambda: np.concatenate([*decoder.keys(), buffer.positions()])
+        try:
+            for new_positions, columns in self._chunks(late.columns if late is not None else frozenset()):
+                buffer.add(columns, new_positions)
+                if decoder is None:
+                    self._pending = buffer.positions
+                if buffer.size >= capacity:
+                    yield from draw(((buffer.size - capacity) // bs + 1) * bs)
+            if buffer.size:
+                yield from draw(buffer.size)
+            if decoder is not None:
+                yield from decoded(0)
+        finally:
+            if decoder is not None:  # a loop that broke off: its state must still count the batches decoding
+                self._pending = np.concatenate([*decoder.keys(), buffer.positions()])
+                decoder.close()
+
+    def _convert_images(self, columns: Columns, images: frozenset[str]) -> Columns:
+        """A drawn batch's decoded ``images`` (numpy) converted as the reader's columns are."""
+        converted = self._convert({name: columns[name] for name in images})
+        return {name: converted[name] if name in images else column for name, column in columns.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""

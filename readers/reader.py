@@ -14,6 +14,8 @@ and the rows not yet delivered come next, in the same order.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +36,13 @@ from unihub.memory import batch_nbytes, memory_budget
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache, make_cache
 from unihub.readers.decode import DecodePolicy
-from unihub.readers.loader import Batch, RowGroupLoader, filters_to_expression
+from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase, predicate_fields
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType, check_pool_arguments
+
+if TYPE_CHECKING:
+    from unihub.readers.late_decode import LateImages
 
 STATE_VERSION = 1
 
@@ -140,6 +145,7 @@ class Reader:
         self._delivered = 0
         self._batches = 0
         self._row_type: type[Any] = self.schema._get_namedtuple()  # a namedtuple class made for the schema
+        self._item_names: tuple[str, ...] = tuple(self.schema.fields)  # the columns of an item, in order
         if resume_from is not None:
             self.load_state_dict(resume_from)
 
@@ -281,7 +287,7 @@ class Reader:
             start = self._cursor
             stop = min(len(self._items), start + max(1, max_rows))
             self._cursor = stop
-            return {name: column[start:stop] for name, column in zip(self.schema.fields, columns)}
+            return {name: column[start:stop] for name, column in zip(self._item_names, columns)}
 
     def _where(self) -> tuple[int, int, int]:
         """(epoch, task, offset) of the next item to deliver."""
@@ -301,7 +307,7 @@ class Reader:
     def _to_items(self, batch: Batch) -> Sequence[Any]:
         if self.ngram is not None:
             return self.ngram.form_windows(batch, self.schema)
-        columns = [batch.columns[name] for name in self.schema.fields]
+        columns = [batch.columns[name] for name in self._item_names]
         if self.batched:
             rows = batch.num_rows
             if self._skip_rows:  # seek() into the middle of this batch's task
@@ -311,6 +317,49 @@ class Reader:
             self._batches += 1
             return [self._row_type(*columns)]
         return _Rows(columns, self._row_type) if columns else []
+
+    # -- decoding images after a shuffle ---------------------------------------------------------
+    @contextlib.contextmanager
+    def images_decoded_later(self) -> Iterator[LateImages | None]:
+        """While the block runs, hand the image fields out encoded, with a :data:`SOURCE_ROW`
+        column, for a shuffling loader that decodes the rows it draws (readers/late_decode.py);
+        yields how to decode them, or None where this reader cannot (no images, images off,
+        a transform or n-grams that need them decoded). The rows, their order and the reader's
+        position are the same either way; batches already read are read again in the new form.
+        """
+        from unihub.formats.codecs import CompressedImageCodec
+        from unihub.readers.late_decode import LateImages, usable_cores
+
+        loader = self._loader
+        late = tuple(f for f in self._read_fields if isinstance(f.codec, CompressedImageCodec)
+                     and f.name not in self._decoded_before_filtering())
+        if not late or loader.late_images or not loader.decode_images or self._transform_spec is not None or \
+                self.ngram is not None or SOURCE_ROW in self.schema.fields:
+            yield None
+            return
+        threads = max(1, min(self._workers_count, usable_cores()))
+        self._decode_later(frozenset(f.name for f in late))
+        try:
+            yield LateImages(self.store, late, loader.policy, threads)
+        finally:
+            self._decode_later(frozenset())
+
+    def _decoded_before_filtering(self) -> set[str]:
+        """Fields a predicate decodes to test rows (they come decoded whatever happens later)."""
+        return set(predicate_fields(self._predicate)) if self._predicate is not None else set()
+
+    def _decode_later(self, names: frozenset[str]) -> None:
+        """Hand ``names`` out encoded (with SOURCE_ROW) from the next row on; none: decode all."""
+        with self._lock:
+            if self._iterator is not None or self._current is not None:  # rows already read, in the old form
+                skip_rows = self._skip_rows
+                self._halt()
+                self._set_position(self._where())
+                self._skip_rows = skip_rows
+            self._loader = dataclasses.replace(self._loader, late_images=names)
+            self._item_names = tuple(self.schema.fields) + ((SOURCE_ROW,) if names else ())
+            self._row_type = (self.schema._get_namedtuple() if not names else
+                              collections.namedtuple(self._row_type.__name__, self._item_names))
 
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:

@@ -36,6 +36,7 @@ Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import decimal
 import itertools
 import threading
@@ -51,11 +52,13 @@ from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
 from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, columns_length, concat_columns, slice_columns
+from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 
 if TYPE_CHECKING:
     from unihub.formats.schema import Unischema, UnischemaField
+    from unihub.readers.late_decode import LateImages
 
 #: rows a row reader's output is gathered into before crossing into TensorFlow
 ROW_CHUNK = 256
@@ -247,7 +250,10 @@ def _columns_of(reader: Reader, plans: Sequence[_FieldPlan], chunk_rows: int) ->
     names = [p.name for p in plans]
     if reader.batched:
         for batch in reader:
-            yield dict(zip(names, batch))
+            columns = dict(zip(names, batch))
+            if len(batch) > len(names):  # the reader decodes its images later: the rows' sources
+                columns[SOURCE_ROW] = batch[-1]
+            yield columns
         return
     while True:
         rows = list(itertools.islice(reader, chunk_rows))
@@ -267,6 +273,31 @@ def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generato
             yield buffer.take_random(extra, rng)[0]
     if buffer.size:
         yield buffer.take_random(buffer.size, rng)[0]
+
+
+def _decoded(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
+    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
+    from unihub.readers.late_decode import DecodeAhead
+
+    with DecodeAhead(late) as decoder:
+        for columns in batches:
+            decoder.submit(None, columns)
+            yield from (decoded for _, decoded in decoder.ready(2 * decoder.threads))
+        yield from (decoded for _, decoded in decoder.ready())
+
+
+#: a shuffled dataset's images are decoded after the shuffle where the reader can hand them out
+#: encoded (readers/late_decode.py); False decodes them in the reader (the same batches)
+LATE_DECODING = True
+
+
+def _images_decoded_later(reader: Any, shuffled: bool) -> contextlib.AbstractContextManager[LateImages | None]:
+    """The reader's :meth:`~unihub.readers.reader.Reader.images_decoded_later` where a shuffle comes
+    first (a batch reader's columns; rows are gathered as they are), else nothing."""
+    later = getattr(reader, "images_decoded_later", None)
+    if shuffled and LATE_DECODING and later is not None and reader.batched:
+        return cast("contextlib.AbstractContextManager[LateImages | None]", later())
+    return contextlib.nullcontext()
 
 
 def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
@@ -592,12 +623,16 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         reader = (make_batch_reader(reader_or_url, seed=None if seed is None else seed + k, **reader_kwargs)
                   if owned else reader_or_url)
         try:
-            batches = _column_batches(reader, plans, batch_size or ROW_CHUNK)
-            if shuffle_buffer:
-                batches = _shuffled(batches, shuffle_buffer, np.random.default_rng(None if seed is None else [seed, k]))
-            if batch_size and not in_graph:
-                batches = _rebatched(batches, batch_size, drop_remainder)
-            yield from batches
+            with _images_decoded_later(reader, bool(shuffle_buffer)) as late:
+                batches = _column_batches(reader, plans, batch_size or ROW_CHUNK)
+                if shuffle_buffer:
+                    batches = _shuffled(batches, shuffle_buffer,
+                                        np.random.default_rng(None if seed is None else [seed, k]))
+                if late is not None:
+                    batches = _decoded(batches, late)
+                if batch_size and not in_graph:
+                    batches = _rebatched(batches, batch_size, drop_remainder)
+                yield from batches
         finally:
             if owned:
                 reader.stop()

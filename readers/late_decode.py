@@ -1,0 +1,121 @@
+"""Decoding images after the shuffle: a shuffling queue holds encoded bytes, not pixels.
+
+A shuffling loader keeps thousands of rows waiting so that a batch mixes rows from far apart.
+Decoded, each 64x64 RGB row is 12 KB, the queue must fill with decoded rows before the first
+batch, and every row is copied into the queue and out again. Encoded, a row is its JPEG/PNG file
+(~2 KB here): the queue fills after a read, not after thousands of decodes, and takes a fifth of
+the memory. tf.data shuffles serialized records before parsing them for the same reason.
+
+The reader hands out the image fields encoded (:meth:`unihub.readers.reader.Reader.images_decoded_later`)
+with one more column, :data:`SOURCE_ROW` (each row's row number in the dataset), and the
+loader decodes each batch it draws, a few batches ahead on a small thread pool
+(:class:`DecodeAhead`). The values are those the reader would have decoded, through the same
+:func:`~unihub.readers.decode.decode_column`, and a corrupt image is reported with its file,
+row group and row, as the reader reports it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from unihub.errors import CodecError
+from unihub.formats.arrow_numpy import binary_array
+from unihub.formats.parquet import ParquetStore
+from unihub.formats.schema import UnischemaField
+from unihub.readers.decode import DecodePolicy, decode_column
+from unihub.readers.loader import SOURCE_ROW, located
+
+Columns = dict[str, Any]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LateImages:
+    """Image fields a reader handed out encoded, and how to decode them as the reader would have."""
+
+    store: ParquetStore
+    fields: tuple[UnischemaField, ...]
+    policy: DecodePolicy
+    #: threads to decode with (the reader's workers, at most one per core)
+    threads: int
+
+    @property
+    def columns(self) -> frozenset[str]:
+        """The columns that come encoded, and :data:`SOURCE_ROW`."""
+        return frozenset([f.name for f in self.fields] + [SOURCE_ROW])
+
+    def decode(self, columns: Mapping[str, Any]) -> Columns:
+        """``columns`` with their images decoded and :data:`SOURCE_ROW` dropped."""
+        out = {name: column for name, column in columns.items() if name != SOURCE_ROW}
+        for f in self.fields:
+            encoded = binary_array(columns[f.name])
+            try:
+                out[f.name] = decode_column(f, encoded, policy=self.policy)
+            except CodecError as exc:
+                raise self._located(exc, columns[SOURCE_ROW]) from exc
+        return out
+
+    def _located(self, exc: CodecError, source_rows: Sequence[int]) -> CodecError:
+        """``exc`` (a row of the decoded batch) with the file, row group and row it came from."""
+        if exc.row is None or not 0 <= exc.row < len(source_rows):
+            return exc
+        first_rows = [info.first_row for info in self.store.row_groups]  # only on an error
+        dataset_row = int(source_rows[exc.row])
+        info = self.store.row_groups[bisect.bisect_right(first_rows, dataset_row) - 1]
+        rows = np.asarray(source_rows, dtype=np.int64) - info.first_row
+        return located(exc, info, rows)
+
+
+class DecodeAhead:
+    """Decodes batches' encoded images on :attr:`LateImages.threads` threads, in the order given.
+
+    :meth:`submit` queues a batch (with a key: its rows' positions, say); :meth:`ready` hands
+    back decoded batches, oldest first, while more than ``keep`` are queued, so ``keep`` batches
+    are decoding while the consumer uses one. :meth:`keys` are the queued batches' keys.
+    """
+
+    def __init__(self, late: LateImages) -> None:
+        self._late = late
+        self.threads = max(1, late.threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="unihub-decode")
+        self._jobs: deque[tuple[Any, Future[Columns]]] = deque()
+
+    def submit(self, key: Any, columns: Mapping[str, Any]) -> None:
+        self._jobs.append((key, self._pool.submit(self._late.decode, columns)))
+
+    def keys(self) -> list[Any]:
+        return [key for key, _ in self._jobs]
+
+    def ready(self, keep: int = 0) -> Iterator[tuple[Any, Columns]]:
+        """``(key, decoded columns)`` of the oldest batches until ``keep`` are left queued."""
+        while len(self._jobs) > keep:
+            key, job = self._jobs[0]
+            decoded = job.result()  # a decode error is raised here, in the consumer
+            self._jobs.popleft()
+            yield key, decoded
+
+    def close(self) -> None:
+        """Cancel what has not started and wait for what has (a batch's decode: milliseconds)."""
+        self._jobs.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> DecodeAhead:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

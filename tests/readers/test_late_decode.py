@@ -1,0 +1,266 @@
+"""Shuffled loaders decode images after the shuffle (readers/late_decode.py): the same batches as
+decoding in the reader, bit for bit, the same resume, corrupt images reported where they are, and
+the reader handed back decoding as before."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import (
+    CompressedImageCodec,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    make_batch_reader,
+    make_reader,
+    write_dataset,
+)
+from unihub.errors import CodecError
+from unihub.formats.parquet import open_dataset
+from unihub.readers import late_decode
+from unihub.readers.loader import SOURCE_ROW
+from unihub.readers.predicates import in_lambda
+from unihub.readers.transform import TransformSpec
+
+torch = pytest.importorskip("torch")
+from unihub.readers.pytorch import BatchedDataLoader, DataLoader  # noqa: E402
+
+N = 700
+Images = Unischema("Images", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("photo", np.uint8, (16, 16, 3), CompressedImageCodec("jpeg", 90), False),
+    UnischemaField("mask", np.uint8, (None, None), CompressedImageCodec("png"), True),
+    UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+])
+
+
+def image_rows(corrupt: int | None = None):
+    rng = np.random.default_rng(0)
+    for i in range(N):
+        side = 4 + i % 5
+        mask = None if i % 7 == 3 else rng.integers(0, 255, (side, side + 1), dtype=np.uint8)
+        photo: Any = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
+        if i == corrupt:
+            photo = b"\xff\xd8\xff\xe0" + b"not a jpeg" * 8
+        yield {"id": i, "photo": photo, "mask": mask, "vec": np.full(3, i, np.float32)}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("late") / "ds"
+    write_dataset(path, Images, image_rows(), row_group_size_mb=0.05, rows_per_file=300)
+    assert len(open_dataset(path).row_groups) >= 8, "the tests need rows from many row groups in a queue"
+    return path
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows decoded after a shuffle (a test that expects late decoding checks it happened)."""
+    seen: list[int] = []
+    original = late_decode.LateImages.decode
+
+    def counting(self: Any, columns: Any) -> Any:
+        seen.append(len(columns[SOURCE_ROW]))
+        return original(self, columns)
+
+    monkeypatch.setattr(late_decode.LateImages, "decode", counting)
+    return seen
+
+
+def batches_of(loader: Any) -> list[dict[str, Any]]:
+    with loader:
+        return list(loader)
+
+
+def assert_same_value(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same_value(x, y, f"{where}[{k}]")
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tobytes() == b.tobytes(), where
+    else:
+        assert type(a) is type(b) and (a == b or (a is None and b is None)), where
+
+
+def assert_same_batches(eager: list[dict[str, Any]], late: list[dict[str, Any]]) -> None:
+    assert len(eager) == len(late)
+    for i, (a, b) in enumerate(zip(eager, late)):
+        assert list(a) == list(b), f"batch {i}: the same fields in the same order"
+        for name in a:
+            assert_same_value(a[name], b[name], f"batch {i}, {name}")
+
+
+def loader_batches(dataset: Path, late: bool, monkeypatch: pytest.MonkeyPatch, *, rows: bool = False,
+                   loader_options: dict[str, Any] | None = None, **reader_options: Any) -> list[dict[str, Any]]:
+    kind = DataLoader if rows else BatchedDataLoader
+    monkeypatch.setattr(kind, "_late_decoding", late)
+    reader = (make_reader if rows else make_batch_reader)(dataset, seed=3, workers_count=2, **reader_options)
+    options = dict(batch_size=32, shuffling_queue_capacity=200, seed=9) | (loader_options or {})
+    return batches_of(kind(reader, **options))
+
+
+CASES = [
+    pytest.param({}, {}, id="defaults"),
+    pytest.param(dict(shuffle_rows=True, shuffle_row_groups=True), {}, id="shuffled-rows"),
+    pytest.param(dict(cur_shard=1, shard_count=3, shard_by="row", num_epochs=2), {}, id="row-shard-2-epochs"),
+    pytest.param(dict(predicate=in_lambda(["id"], lambda id: id % 3 != 0)), {}, id="predicate"),
+    pytest.param(dict(petastorm_types=True), {}, id="petastorm-types"),
+    pytest.param(dict(schema_fields=["id", "photo"], reader_pool_type="process"), {}, id="process-pool"),
+    pytest.param({}, dict(variable="pad", batch_size=50, shuffling_queue_capacity=64), id="pad-small-queue"),
+]
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+@pytest.mark.parametrize("reader_options, loader_options", CASES)
+def test_decoding_after_the_shuffle_gives_the_same_batches(dataset, monkeypatch, decodes, rows, reader_options,
+                                                          loader_options) -> None:
+    if rows and "variable" in loader_options:
+        loader_options = {k: v for k, v in loader_options.items() if k != "variable"}
+    eager = loader_batches(dataset, False, monkeypatch, rows=rows, loader_options=loader_options, **reader_options)
+    assert not decodes
+    late = loader_batches(dataset, True, monkeypatch, rows=rows, loader_options=loader_options, **reader_options)
+    assert sum(decodes) == sum(len(b["id"]) for b in late), "every row's images were decoded after the shuffle"
+    assert_same_batches(eager, late)
+    ids = torch.cat([b["id"] for b in late]).tolist()
+    assert len(ids) == len(set(ids)) or reader_options.get("num_epochs") == 2
+    assert all(SOURCE_ROW not in b for b in late)
+
+
+def test_the_images_match_what_was_written(dataset, decodes) -> None:
+    written = {row["id"]: row for row in image_rows()}
+    with make_batch_reader(dataset, seed=1) as reader:
+        batches = list(BatchedDataLoader(reader, batch_size=64, shuffling_queue_capacity=300, seed=2))
+    assert decodes
+    seen = 0
+    for batch in batches:
+        for k, i in enumerate(batch["id"].tolist()):
+            assert batch["photo"][k].shape == (16, 16, 3)  # lossy JPEG: decoded as the reader decodes it
+            mask = batch["mask"][k]
+            expected = written[i]["mask"]
+            assert (mask is None) if expected is None else np.array_equal(mask.numpy(), expected)
+            seen += 1
+    assert seen == N
+
+
+def test_no_late_decoding_where_the_reader_must_decode(dataset, decodes, monkeypatch) -> None:
+    # a transform sees decoded images; decode_images=False hands out bytes; unshuffled needs no queue
+    spec = TransformSpec(lambda frame: frame, selected_fields=["id", "photo"])
+    with make_batch_reader(dataset, transform_spec=spec) as reader:
+        batches = list(BatchedDataLoader(reader, batch_size=40, shuffling_queue_capacity=100))
+    assert batches[0]["photo"].shape[1:] == (16, 16, 3)
+    with make_reader(dataset, decode_images=False, schema_fields=["id", "photo"]) as reader:
+        batches = list(DataLoader(reader, batch_size=40, shuffling_queue_capacity=100))
+    assert isinstance(batches[0]["photo"][0], bytes)
+    with make_batch_reader(dataset) as reader:
+        assert sum(len(b["id"]) for b in BatchedDataLoader(reader, batch_size=40)) == N
+    assert not decodes
+
+
+def test_the_reader_decodes_again_after_the_loader(dataset, decodes) -> None:
+    with make_batch_reader(dataset, schema_fields=["id", "photo"], num_epochs=None) as reader:
+        loader = BatchedDataLoader(reader, batch_size=16, shuffling_queue_capacity=100, seed=0)
+        iterator = iter(loader)
+        for _ in range(5):
+            next(iterator)
+        iterator.close()  # an early break
+        assert decodes
+        batch = next(reader)
+        assert batch._fields == ("id", "photo")
+        assert batch.photo.dtype == np.uint8 and batch.photo.shape[1:] == (16, 16, 3)
+    assert not [t for t in threading.enumerate() if t.name.startswith("unihub-decode")], "decode threads stopped"
+
+
+def test_a_reader_part_read_before_the_loader_delivers_the_rest_once(dataset, decodes) -> None:
+    with make_reader(dataset, shuffle_row_groups=False) as reader:
+        first = [int(next(reader).id) for _ in range(45)]
+        loader = DataLoader(reader, batch_size=20, shuffling_queue_capacity=100, seed=1)
+        rest = [i for batch in loader for i in batch["id"].tolist()]
+        assert decodes
+    assert first == list(range(45))
+    assert sorted(rest) == list(range(45, N))
+
+
+@pytest.mark.parametrize("closed_first", [False, True], ids=["state-then-close", "loop-broken-then-state"])
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+def test_resume_delivers_exactly_the_rest(dataset, decodes, rows, closed_first) -> None:
+    make, kind = (make_reader, DataLoader) if rows else (make_batch_reader, BatchedDataLoader)
+    with make(dataset, seed=5, workers_count=2) as reader:
+        loader = kind(reader, batch_size=25, shuffling_queue_capacity=150, seed=4)
+        iterator = iter(loader)
+        before = [next(iterator) for _ in range(9)]
+        if closed_first:  # as `for batch in loader: ... break` does: batches were still decoding
+            iterator.close()
+        state = loader.state_dict()
+        iterator.close()
+    assert decodes
+    with make(dataset, seed=5, workers_count=2) as reader:
+        loader = kind(reader, batch_size=25, shuffling_queue_capacity=150, seed=4)
+        loader.load_state_dict(state)
+        after = list(loader)
+    ids = [i for b in before + after for i in b["id"].tolist()]
+    assert sorted(ids) == list(range(N)), "every row exactly once"
+    written = {row["id"]: row for row in image_rows()}
+    for batch in after:
+        for k, i in enumerate(batch["id"].tolist()):
+            expected = written[i]["mask"]
+            mask = batch["mask"][k]
+            assert (mask is None) if expected is None else np.array_equal(mask.numpy(), expected)
+
+
+CORRUPT = 321
+
+
+@pytest.fixture(scope="module")
+def corrupt_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("late-corrupt") / "ds"
+    write_dataset(path, Images, image_rows(corrupt=CORRUPT), row_group_size_mb=0.05, rows_per_file=300)
+    return path
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+def test_a_corrupt_image_is_reported_with_its_file_and_row(corrupt_dataset, decodes, rows) -> None:
+    store = open_dataset(corrupt_dataset)
+    info, local = store.row_group_of(CORRUPT)
+    make, kind = (make_reader, DataLoader) if rows else (make_batch_reader, BatchedDataLoader)
+    with make(corrupt_dataset, seed=2) as reader:
+        with pytest.raises(CodecError) as caught:
+            for _ in kind(reader, batch_size=30, shuffling_queue_capacity=400, seed=0):
+                pass
+    assert decodes, "the error came from decoding after the shuffle"
+    error = caught.value
+    message = str(error)
+    assert error.field == "photo" and error.row == local, message
+    assert Path(info.path).name in message and f"row group {info.row_group}" in message, message
+    assert re.search(rf"\brow {local}\b", message) and f"row {CORRUPT} of the dataset" in message, message
+    assert not [t for t in threading.enumerate() if t.name.startswith("unihub-decode")]
+
+
+def test_make_tf_dataset_shuffled_gives_the_same_batches(dataset, decodes, monkeypatch) -> None:
+    pytest.importorskip("tensorflow")
+    from unihub.readers import tf as tf_bridge
+
+    def batches(late: bool) -> list[dict[str, Any]]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, batch_size=32, shuffle_buffer=150, seed=6,
+                                       schema_fields=["id", "photo", "vec"])
+        return [{k: v.numpy() for k, v in b.items()} for b in ds]
+
+    eager = batches(False)
+    assert not decodes
+    late = batches(True)
+    assert sum(decodes) == N
+    assert_same_batches(eager, late)
+    assert sorted(i for b in late for i in b["id"].tolist()) == list(range(N))
