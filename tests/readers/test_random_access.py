@@ -186,3 +186,20 @@ def test_bad_cache_bounds_are_refused(dataset, options, words):
 
     with pytest.raises(InvalidArgumentError, match=words):
         Dataset(dataset, **options)
+
+
+def test_files_that_store_a_column_differently_are_taken_from(tmp_path) -> None:
+    # plain Parquet whose files disagree on a column's type: the rows of several row groups cannot be
+    # joined before decoding, so each group is decoded on its own (the values and dtype are the reader's)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, ids, arrow_type in (("a", range(0, 10), pa.int32()), ("b", range(10, 20), pa.int64())):
+        pq.write_table(pa.table({"id": pa.array(ids, arrow_type), "x": pa.array([i / 2 for i in ids])}),
+                       tmp_path / f"{name}.parquet", row_group_size=4)
+    wanted = [15, 2, 11, 3, 19, 0, 15]
+    batch = Dataset(tmp_path).take(wanted)
+    with make_reader(tmp_path, shuffle_row_groups=False) as reader:
+        rows = {int(r.id): r for r in reader}
+    assert batch.id.tolist() == wanted and batch.id.dtype == rows[0].id.dtype
+    assert batch.x.tolist() == [i / 2 for i in wanted]
