@@ -275,14 +275,22 @@ def _shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generato
         yield buffer.take_random(buffer.size, rng)[0]
 
 
+#: rows decoded in one piece after a shuffle: the queue's last draw (all it holds) is cut so
+#: that every thread decodes a share of it, not one thread the whole of it
+DECODE_PIECE_ROWS = 512
+
+
 def _decoded(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
     """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
     from unihub.readers.late_decode import DecodeAhead
 
     with DecodeAhead(late) as decoder:
         for columns in batches:
-            decoder.submit(None, columns)
-            yield from (decoded for _, decoded in decoder.ready(2 * decoder.threads))
+            n = columns_length(columns)
+            for start in range(0, n, DECODE_PIECE_ROWS):
+                decoder.submit(None, slice_columns(columns, start, start + DECODE_PIECE_ROWS) if n > DECODE_PIECE_ROWS
+                               else columns)
+                yield from (decoded for _, decoded in decoder.ready(2 * decoder.threads))
         yield from (decoded for _, decoded in decoder.ready())
 
 
