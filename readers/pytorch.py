@@ -39,6 +39,7 @@ from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
 from unihub.readers.batching import (
     ARRIVAL_ROWS,
+    Rebatcher,
     ShuffleBuffer,
     columns_length,
     concat_columns,
@@ -55,6 +56,7 @@ Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anythi
 LOADER_STATE_VERSION = 1
 _NUMERIC = "biufc"
 _CHUNK_ROWS = 256  # rows a batched loader gathers from a row reader before converting them
+_POSITIONS = " stream positions"  # the column the loaders carry each row's stream position in (no field's name)
 
 
 class LoaderStateError(UnihubError, ValueError):
@@ -447,39 +449,22 @@ class _LoaderBase:
     def _in_order(self) -> Iterator[Any]:
         """Batches in reader order: whole batches are views of a reader batch's tensors (one
         ``torch.split`` per column), only a batch across two reader batches is concatenated."""
-        bs = self.batch_size
-        held: list[tuple[np.ndarray, Columns]] = []  # rows of a batch begun in earlier reader batches
-        held_rows = 0
-        rest = np.empty(0, np.int64)  # positions of the current reader batch not yet delivered
-        self._pending = lambda: np.concatenate([p for p, _ in held] + [rest])
+        rebatcher = Rebatcher(self.batch_size, split=_split)
 
+        def pending() -> np.ndarray:
+            parts = rebatcher.pending(_POSITIONS)
+            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+        self._pending = pending
+        for batch, joined in rebatcher.batches(self._chunks_with_positions()):
+            del batch[_POSITIONS]
+            yield self._out(self._shareable(batch) if joined else batch)
+
+    def _chunks_with_positions(self) -> Iterator[Columns]:
         for positions, columns in self._chunks():
-            n, start = len(positions), 0
-            rest = positions
-            if held_rows:  # complete the batch begun before
-                start = min(bs - held_rows, n)
-                held.append((positions[:start], slice_columns(columns, 0, start)))
-                held_rows += start
-                rest = positions[start:]
-                if held_rows < bs:
-                    continue
-                batch = concat_columns([c for _, c in held])
-                held, held_rows = [], 0
-                yield self._out(self._shareable(batch))
-            full = (n - start) // bs
-            if full:
-                pieces = _split(slice_columns(columns, start, start + full * bs), bs)
-                for i, piece in enumerate(pieces):
-                    rest = positions[start + (i + 1) * bs:]
-                    yield self._out(piece)
-                start += full * bs
-            if start < n:
-                held, held_rows = [(positions[start:], slice_columns(columns, start, n))], n - start
-                rest = np.empty(0, np.int64)
-        if held_rows:
-            batch = concat_columns([c for _, c in held])
-            held, held_rows = [], 0
-            yield self._out(self._shareable(batch))
+            if _POSITIONS in columns:
+                raise SchemaError(f"a column is named {_POSITIONS!r}, which the loaders use for themselves")
+            yield dict(columns, **{_POSITIONS: positions})
 
     #: shuffled batches decode their images after the draw where the reader can hand them out
     #: encoded (readers/late_decode.py); False decodes them in the reader (the same batches)

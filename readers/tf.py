@@ -51,7 +51,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
-from unihub.readers.batching import ARRIVAL_ROWS, ShuffleBuffer, columns_length, concat_columns, slice_columns
+from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, columns_length, slice_columns
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
@@ -309,29 +309,8 @@ def _images_decoded_later(reader: Any, shuffled: bool) -> contextlib.AbstractCon
 
 
 def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
-    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``).
-
-    Whole batches are views of the arriving columns; only a batch across two of them is copied
-    (into aligned memory, which TensorFlow then takes without copying again)."""
-    held: list[Columns] = []  # the rows of a batch begun in earlier columns
-    held_rows = 0
-    for columns in batches:
-        n, start = columns_length(columns), 0
-        if held_rows:
-            start = min(size - held_rows, n)
-            held.append(slice_columns(columns, 0, start))
-            held_rows += start
-            if held_rows < size:
-                continue
-            yield concat_columns(held)
-            held, held_rows = [], 0
-        while n - start >= size:
-            yield slice_columns(columns, start, start + size)
-            start += size
-        if start < n:
-            held, held_rows = [slice_columns(columns, start)], n - start
-    if held_rows and not drop_remainder:
-        yield concat_columns(held)
+    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``)."""
+    return (batch for batch, _ in Rebatcher(size).batches(batches, drop_remainder))
 
 
 def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unihub.readers.batching import ShuffleBuffer, concat, take
+from unihub.readers.batching import Rebatcher, ShuffleBuffer, concat, take
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
@@ -151,3 +151,37 @@ def test_the_loader_moves_cpu_rows_without_torchs_threads(tmp_path: Path, monkey
         got = np.concatenate([b["id"].numpy() for b in batches])
         assert sorted(got.tolist()) == list(range(500))
         assert all((b["x"].numpy() == (b["id"].numpy() % 256)[:, None, None]).all() for b in batches)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rebatcher_cuts_any_chunks_into_batches_and_knows_what_it_holds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = [int(s) for s in rng.integers(0, 23, 12)]
+    size, drop = int(rng.integers(1, 9)), bool(seed % 2)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    chunks = [{"x": np.arange(a, a + n), "label": [f"r{i}" for i in range(a, a + n)]}
+              for a, n in zip(starts[:-1].tolist(), sizes)]
+    rebatcher = Rebatcher(size)
+    taken = 0  # rows handed in so far, known from the chunks the generator has asked for
+
+    def counted():
+        nonlocal taken
+        for chunk in chunks:
+            taken += len(chunk["x"])
+            yield chunk
+
+    delivered: list[int] = []
+    for batch, joined in rebatcher.batches(counted(), drop_remainder=drop):
+        rows = batch["x"].tolist()
+        assert batch["label"] == [f"r{i}" for i in rows]
+        last = len(delivered) + len(rows) == sum(sizes)
+        assert len(rows) == size or (last and not drop and len(rows) < size)
+        in_one_chunk = any(a <= rows[0] and rows[-1] < a + n for a, n in zip(starts[:-1].tolist(), sizes))
+        assert in_one_chunk or joined, "a batch across chunks is joined"
+        assert joined or (in_one_chunk and len(rows) == size), "a batch not joined is a view of one chunk"
+        delivered += rows
+        pending = rebatcher.pending("x")
+        assert (np.concatenate(pending).tolist() if pending else []) == list(range(len(delivered), taken))
+    total = sum(sizes)
+    assert delivered == list(range(total - (total % size if drop else 0)))
+    assert rebatcher.pending("x") == []
