@@ -14,7 +14,6 @@ and the rows not yet delivered come next, in the same order.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -358,8 +357,13 @@ class Reader:
                 self._skip_rows = skip_rows
             self._loader = dataclasses.replace(self._loader, late_images=names)
             self._item_names = tuple(self.schema.fields) + ((SOURCE_ROW,) if names else ())
-            self._row_type = (self.schema._get_namedtuple() if not names else
-                              collections.namedtuple(self._row_type.__name__, self._item_names))
+            if names:  # the schema's row type and one more field (names that are not identifiers work alike)
+                source = UnischemaField(SOURCE_ROW, np.int64, (), None, False)
+                with_source = Unischema(self.schema.name, [*self.schema, source],
+                                        attributes=self.schema.attribute_names)
+                self._row_type = with_source._get_namedtuple()
+            else:
+                self._row_type = self.schema._get_namedtuple()
 
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:

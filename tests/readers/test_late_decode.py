@@ -264,3 +264,19 @@ def test_make_tf_dataset_shuffled_gives_the_same_batches(dataset, decodes, monke
     assert sum(decodes) == N
     assert_same_batches(eager, late)
     assert sorted(i for b in late for i in b["id"].tolist()) == list(range(N))
+
+
+def test_fields_whose_names_are_not_identifiers(tmp_path, monkeypatch, decodes) -> None:
+    # rows are namedtuples with attribute names made from the field names; the encoded rows carry one
+    # more field, and must be made the same way
+    odd = Unischema("Odd", [UnischemaField("row id", np.int64, (), ScalarCodec(pa.int64()), False),
+                            UnischemaField("cam/left", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False)])
+    write_dataset(tmp_path / "ds", odd, ({"row id": i, "cam/left": np.full((8, 8, 3), i % 251, np.uint8)}
+                                         for i in range(300)), row_group_size_mb=0.01)
+    for rows in (False, True):
+        eager = loader_batches(tmp_path / "ds", False, monkeypatch, rows=rows)
+        late = loader_batches(tmp_path / "ds", True, monkeypatch, rows=rows)
+        assert_same_batches(eager, late)
+        assert list(late[0]) == ["row id", "cam/left"]
+        assert all(bool((b["cam/left"][k] == i % 251).all()) for b in late for k, i in enumerate(b["row id"].tolist()))
+    assert sum(decodes) == 600
