@@ -267,6 +267,10 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     :func:`decode_image`'s path for its checks and messages; the error's ``row`` is ``i``.
     """
     png_decode = None
+    # an RGB column: a JPEG whose frame header says exactly its shape (3 components: YCbCr or RGB)
+    # goes straight to TurboJPEG, as decode_image would send it, without its per-image checks
+    rgb = out.shape[1:] if out.ndim == 4 and out.shape[3] == 3 and out.dtype == np.uint8 and \
+        out.flags.c_contiguous else None
     for row, blob in enumerate(blobs):
         target = out[row]
         try:
@@ -276,6 +280,12 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
                     png_decode(blob, out=target)
                     continue
                 except (ValueError, RuntimeError):
+                    pass  # decode_image below raises with the details
+            elif rgb is not None and blob[:3] == _JPEG_SOI and _jpeg_frame(blob) == rgb:
+                try:
+                    simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=target, strict=True)
+                    continue
+                except (ValueError, RuntimeError, MemoryError):
                     pass  # decode_image below raises with the details
             decode_image(blob, out=target)
         except ImageDecodeError as exc:

@@ -143,6 +143,31 @@ def test_decode_images_into_mixes_formats_and_names_the_bad_row() -> None:
         decode_images_into(gray, column[:1])
 
 
+def test_decode_images_into_takes_jpegs_as_decode_image_does() -> None:
+    # an RGB column's JPEGs whose header says its shape go straight to TurboJPEG; every other JPEG
+    # (and every failure) gets decode_image's checks: the same pixels, the same errors
+    Image = pytest.importorskip("PIL.Image")
+    rgb = [smooth_image((24, 40, 3), seed) for seed in range(3)]
+    good = [encode_image(rgb[0], "jpeg"), memoryview(pil_bytes(Image.fromarray(rgb[1]), "JPEG", quality=90,
+                                                              progressive=True)),
+            pil_bytes(Image.fromarray(rgb[2]).convert("CMYK"), "JPEG", quality=95)]  # 4 components: checked path
+    column = np.zeros((3, 24, 40, 3), np.uint8)
+    decode_images_into(good, column)
+    np.testing.assert_array_equal(column, np.stack([decode_image(blob) for blob in good]))
+    cases = {
+        "truncated after a matching header": (good[0][: len(good[0]) // 2], "corrupt or truncated JPEG"),
+        "gray": (encode_image(rgb[0][:, :, 0], "jpeg"), r"JPEG image is \(24, 40\) uint8 but out is \(24, 40, 3\)"),
+        "another size": (encode_image(rgb[0][:, :20], "jpeg"), r"JPEG image is \(24, 20, 3\) uint8"),
+        "garbage after the SOI": (b"\xff\xd8\xff\xe0" + b"\x00" * 40, "corrupt, truncated or unsupported JPEG"),
+    }
+    for name, (bad, message) in cases.items():
+        with pytest.raises(ImageDecodeError, match=message) as info:
+            decode_images_into([good[0], bad], np.zeros((2, 24, 40, 3), np.uint8))
+        assert info.value.row == 1, name
+        with pytest.raises(ImageDecodeError, match=message):
+            decode_image(bad, out=np.zeros((24, 40, 3), np.uint8))
+
+
 @pytest.mark.parametrize("fmt", ["png", "jpeg"])
 def test_out_is_returned_and_may_be_strided(fmt: str) -> None:
     image = smooth_image((20, 30, 3))
