@@ -280,3 +280,19 @@ def test_fields_whose_names_are_not_identifiers(tmp_path, monkeypatch, decodes) 
         assert list(late[0]) == ["row id", "cam/left"]
         assert all(bool((b["cam/left"][k] == i % 251).all()) for b in late for k, i in enumerate(b["row id"].tolist()))
     assert sum(decodes) == 600
+
+
+@pytest.mark.parametrize("taken_first", [False, True], ids=["seek", "seek-then-next"])
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+def test_a_reader_that_sought_delivers_from_there(dataset, decodes, rows, taken_first) -> None:
+    # CachedDataset.stream(start_offset) hands loaders a reader positioned by seek()
+    make, kind = (make_reader, DataLoader) if rows else (make_batch_reader, BatchedDataLoader)
+    with make(dataset, shuffle_row_groups=False) as reader:
+        reader.seek(250)
+        first: list[int] = []
+        if taken_first:
+            item = next(reader)
+            first = [int(item.id)] if rows else item.id.tolist()
+        rest = [i for b in kind(reader, batch_size=20, shuffling_queue_capacity=64, seed=0) for i in b["id"].tolist()]
+    assert decodes
+    assert sorted(first + rest) == list(range(250, N))
