@@ -110,9 +110,9 @@ def train_a_few_steps(url: str, steps: int, say: Callable[[str], None]) -> None:
 
 def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], None] = print) -> None:
     """Every step of the main job under ``root`` (replaced); ``say`` gets each report line."""
-    from unihub.cli import describe_dataset, format_description
     from unihub.converters.convert import convert
     from unihub.dependencies import is_available
+    from unihub.describe import describe_dataset, format_description
 
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)

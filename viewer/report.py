@@ -60,7 +60,7 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
            progress: Callable[[int, int], None] | None = None) -> Report:
     """Read ``store`` once for the statistics and the sample (rows matching ``where``), then decode
     the sampled rows."""
-    from unihub.cli import describe_dataset
+    from unihub.describe import describe_dataset
     from unihub.readers.filter_text import parse_filter
 
     expression: pc.Expression | None = None

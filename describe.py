@@ -1,0 +1,103 @@
+"""What a dataset holds, as data and as text: ``unihub inspect``'s report, the viewer's header.
+
+:func:`describe_dataset` gathers the schema, counts, sizes, row-group indexes and cache facts of a
+dataset into a JSON-able dict; :func:`format_description` writes it for people. The command line
+(``cli.py``), the HTML viewer and the demo's main job all describe datasets through here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from unihub.caching.cli import describe_cache, format_cache
+
+if TYPE_CHECKING:
+    from unihub.formats.parquet import ParquetStore
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people: ``512 B``, ``3.4 MB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str, Any]:
+    """What ``unihub inspect`` reports, as a JSON-able dict (of ``store`` when given: ``url`` opened)."""
+    from unihub.formats.parquet import open_dataset
+    from unihub.readers.rowgroup_index import describe_rowgroup_indexes
+
+    store = store if store is not None else open_dataset(url)
+    return {
+        # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
+        **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
+        "url": url,
+        "schema_name": store.schema.name,
+        "schema_source": store.schema_source,
+        "rows": store.num_rows,
+        "files": len(store.files),
+        "row_groups": len(store.row_groups),
+        "bytes": store.total_bytes,
+        "partitions": list(store.partition_names),
+        "fields": [f.to_json() for f in store.schema],
+        **describe_rowgroup_indexes(store),
+        **describe_cache(store),
+    }
+
+
+def _format_table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def format_description(info: dict[str, Any]) -> str:
+    """The human-readable form of :func:`describe_dataset`."""
+    source = {"unihub": "unihub metadata", "petastorm": "Petastorm metadata (pickle, allow-listed)",
+              "inferred": "inferred from Parquet types"}[info["schema_source"]]
+    lines = [
+        f"dataset: {info['url']}",
+        f"schema:  {info['schema_name']} ({source})",
+        f"rows: {info['rows']:,}   files: {info['files']}   row groups: {info['row_groups']}   "
+        f"bytes: {human_bytes(info['bytes'])}",
+    ]
+    lines += format_cache(info)
+    if info["partitions"]:
+        lines.append(f"partitions: {', '.join(info['partitions'])}")
+    table = [["field", "dtype", "shape", "codec", "nullable"]]
+    for f in info["fields"]:
+        codec = "-" if f["codec"] is None else codec_label(f["codec"])
+        table.append([f["name"], f["dtype"], shape_label(f["shape"]), codec, "yes" if f["nullable"] else "no"])
+    return "\n".join(lines) + "\n\n" + _format_table(table) + _format_indexes(info)
+
+
+def _format_indexes(info: dict[str, Any]) -> str:
+    """The row-group indexes section of :func:`format_description` ('' when there are none)."""
+    indexes, problem = info.get("rowgroup_indexes") or [], info.get("rowgroup_index_problem")
+    if not indexes and not problem:
+        return ""
+    source = {"unihub": "unihub JSON", "petastorm": "Petastorm pickle, allow-listed"}.get(
+        info.get("rowgroup_index_source") or "", "")
+    text = f"\n\nrow-group indexes ({source}):" if source else "\n\nrow-group indexes:"
+    if problem:
+        text += f"\n{problem}"
+    if indexes:
+        table = [["index", "kind", "field", "values", "row groups"]]
+        table += [[i["name"], i["kind"], i["field"], "-" if i["values"] is None else str(i["values"]),
+                   str(i["row_groups"])] for i in indexes]
+        text += "\n" + _format_table(table)
+    return text
+
+
+def shape_label(shape: Sequence[int | None]) -> str:
+    """A field's shape as Python writes it, ``None`` for any size: ``(None, 4)``, ``(16,)``, ``()``."""
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def codec_label(codec: dict[str, Any]) -> str:
+    """A codec's JSON form as one label: ``CompressedImageCodec(image_codec=png)``."""
+    args = ", ".join(f"{k}={v}" for k, v in codec.items() if k != "type" and not str(v).startswith("ipc:"))
+    return f"{codec['type']}({args})" if args else codec["type"]
