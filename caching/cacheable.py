@@ -33,6 +33,7 @@ from unihub.errors import CacheTimeoutError, InvalidArgumentError
 from unihub.formats.schema import Unischema
 from unihub.formats.writer import write_dataset
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.progress import is_progress_bar_enabled
 from unihub.readers.reader import Reader, make_reader
 
 Progress = Callable[[int, float], None]
@@ -187,7 +188,8 @@ class _Counter:
     """Counts rows on their way to the writer and reports rows and rows/s about once a second."""
 
     def __init__(self, url: str, progress: bool | Progress) -> None:
-        self.url, self.progress = url, progress
+        # a callable is the caller's own; the line on stderr is a display, which the switch turns off
+        self.url, self.progress = url, progress if callable(progress) else bool(progress) and is_progress_bar_enabled()
         self.rows, self.start, self.last = 0, time.monotonic(), time.monotonic()
 
     def count(self, rows: Iterator[Row]) -> Iterator[Row]:

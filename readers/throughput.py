@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 from unihub.errors import UnihubError
+from unihub.progress import is_progress_bar_enabled
 
 BenchmarkResult = namedtuple("BenchmarkResult", ["time_mean", "samples_per_second", "memory_info", "cpu"])
 MemoryInfo = namedtuple("MemoryInfo", ["rss", "vms", "peak_rss"])
@@ -66,7 +67,8 @@ def reader_throughput(dataset_url: str, field_regex: Sequence[str] | None = None
     ``reader_extra_args``: more ``make_reader`` arguments. With ``read_method='tf'`` rows go
     through a ``tf.data`` shuffle buffer of ``shuffling_queue_size`` rows (tf.data has no
     ``min_after_dequeue``; it is accepted and unused, as is ``profile_threads``).
-    ``progress=True`` writes a progress line to stderr about once a second.
+    ``progress=True`` writes a progress line to stderr about once a second (unless progress is
+    switched off: :func:`unihub.progress.disable_progress_bar`).
     """
     pool_type, read_method = WorkerPoolType(str(pool_type)), ReadMethod(str(read_method))
     for name, value, least in (("warmup_cycles_count", warmup_cycles_count, 0),
@@ -78,7 +80,7 @@ def reader_throughput(dataset_url: str, field_regex: Sequence[str] | None = None
                       warmup_cycles_count=warmup_cycles_count, measure_cycles_count=measure_cycles_count,
                       pool_type=pool_type, loaders_count=loaders_count, read_method=read_method,
                       shuffling_queue_size=shuffling_queue_size, reader_extra_args=dict(reader_extra_args or {}),
-                      progress=progress)
+                      progress=bool(progress) and is_progress_bar_enabled())  # decided here: a child has its own switch
     if not spawn_new_process:
         return measure()
     import multiprocessing

@@ -126,6 +126,33 @@ def test_one_switch_turns_every_meter_off(how: str, monkeypatch: pytest.MonkeyPa
     assert progress.is_progress_bar_enabled() and ProgressMeter(stream=stream).enabled is True
 
 
+def test_the_switch_also_silences_the_cache_builder_and_the_throughput_benchmark(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unihub.caching.cacheable import cacheable
+    from unihub.readers.throughput import reader_throughput
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "petastorm" / "unischema"
+
+    def rows() -> Iterator[dict[str, Any]]:
+        yield from ({"id": i, "x": np.full(3, i, np.float32)} for i in range(50))
+
+    def run(version: str, **options: Any) -> str:
+        cacheable(tmp_path, dataset_id="p", version=version, **options)(rows)()
+        reader_throughput(str(fixture), field_regex=["id"], warmup_cycles_count=2, measure_cycles_count=20,
+                          spawn_new_process=False, progress=True)
+        return capsys.readouterr().err
+
+    assert "measured 20 rows" in run("1", progress=True) , "shown when switched on"
+    seen: list[int] = []
+    progress.disable_progress_bar()
+    try:
+        assert run("2", progress=True) == ""
+        assert run("3", progress=lambda rows, rate: seen.append(rows)) == ""
+    finally:
+        progress.enable_progress_bar()
+    assert seen[-1] == 50, "a caller's own callback is not a display: still called"
+
+
 def test_the_switch_is_public() -> None:
     import unihub
 
