@@ -17,12 +17,12 @@ row group and row, as the reader reports it.
 from __future__ import annotations
 
 import bisect
-import os
+import contextlib
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,14 +34,6 @@ from unihub.readers.decode import DecodePolicy, decode_column
 from unihub.readers.loader import SOURCE_ROW, located
 
 Columns = dict[str, Any]
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -81,18 +73,30 @@ class LateImages:
         return located(exc, info, rows)
 
 
+def decoded_later(reader: Any, wanted: bool = True) -> contextlib.AbstractContextManager[LateImages | None]:
+    """``reader.images_decoded_later()`` where ``wanted`` and the reader has it (a unihub
+    :class:`~unihub.readers.reader.Reader`), else a block that yields None: the reader decodes."""
+    later = getattr(reader, "images_decoded_later", None)
+    if wanted and later is not None:
+        return cast("contextlib.AbstractContextManager[LateImages | None]", later())
+    return contextlib.nullcontext()
+
+
 class DecodeAhead:
     """Decodes batches' encoded images on :attr:`LateImages.threads` threads, in the order given.
 
     :meth:`submit` queues a batch (with a key: its rows' positions, say); :meth:`ready` hands
-    back decoded batches, oldest first, while more than ``keep`` are queued, so ``keep`` batches
-    are decoding while the consumer uses one. :meth:`keys` are the queued batches' keys.
+    back decoded batches, oldest first, while more than :attr:`ahead` are queued, so that many are
+    decoding while the consumer uses one; :meth:`drain` hands back the rest. :meth:`keys` are the
+    queued batches' keys.
     """
 
     def __init__(self, late: LateImages) -> None:
         self._late = late
-        self.threads = max(1, late.threads)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="unihub-decode")
+        threads = max(1, late.threads)
+        #: batches kept decoding ahead of the consumer (two per thread)
+        self.ahead = 2 * threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="unihub-decode")
         self._jobs: deque[tuple[Any, Future[Columns]]] = deque()
 
     def submit(self, key: Any, columns: Mapping[str, Any]) -> None:
@@ -101,8 +105,15 @@ class DecodeAhead:
     def keys(self) -> list[Any]:
         return [key for key, _ in self._jobs]
 
-    def ready(self, keep: int = 0) -> Iterator[tuple[Any, Columns]]:
-        """``(key, decoded columns)`` of the oldest batches until ``keep`` are left queued."""
+    def ready(self) -> Iterator[tuple[Any, Columns]]:
+        """``(key, decoded columns)`` of the oldest batches until :attr:`ahead` are left queued."""
+        return self._handed_back(self.ahead)
+
+    def drain(self) -> Iterator[tuple[Any, Columns]]:
+        """``(key, decoded columns)`` of every batch queued, oldest first."""
+        return self._handed_back(0)
+
+    def _handed_back(self, keep: int) -> Iterator[tuple[Any, Columns]]:
         while len(self._jobs) > keep:
             key, job = self._jobs[0]
             decoded = job.result()  # a decode error is raised here, in the consumer

@@ -24,11 +24,9 @@ torch is imported when a loader or dataset is used, never when this module is im
 
 from __future__ import annotations
 
-import contextlib
 import decimal
 import itertools
 import math
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,9 +45,11 @@ from unihub.readers.batching import (
     slice_columns,
     take_columns,
 )
+from unihub.readers.late_decode import DecodeAhead, decoded_later
+from unihub.readers.workers import usable_cores
 
 if TYPE_CHECKING:
-    from unihub.readers.late_decode import DecodeAhead, LateImages
+    from unihub.readers.late_decode import LateImages
 
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
@@ -471,8 +471,7 @@ class _LoaderBase:
     _late_decoding = True
 
     def _shuffled(self) -> Iterator[Any]:
-        later = getattr(self.reader, "images_decoded_later", None)
-        with later() if self._late_decoding and later is not None else contextlib.nullcontext() as late:
+        with decoded_later(self.reader, self._late_decoding) as late:
             yield from self._shuffled_batches(late)
 
     def _shuffled_batches(self, late: LateImages | None) -> Iterator[Any]:
@@ -481,12 +480,12 @@ class _LoaderBase:
         bs = self.batch_size
         capacity = max(self.shuffling_queue_capacity, bs)
         buffer = ShuffleBuffer(reserve=capacity + max(bs, ARRIVAL_ROWS))
-        decoder: DecodeAhead | None = None
-        if late is not None:
-            from unihub.readers.late_decode import DecodeAhead
-
-            decoder = DecodeAhead(late)
+        decoder = DecodeAhead(late) if late is not None else None
         images = frozenset(f.name for f in late.fields) if late is not None else frozenset()
+
+        def pending() -> np.ndarray:  # with a decoder: the rows queued, and those drawn and decoding
+            assert decoder is not None
+            return np.concatenate([*decoder.keys(), buffer.positions()])
 
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)
@@ -498,15 +497,14 @@ class _LoaderBase:
                 return
             for start in range(0, count, bs):
                 decoder.submit(chosen_positions[start:start + bs], slice_columns(chosen, start, start + bs))
-            yield from decoded(2 * decoder.threads)
+            yield from decoded(decoder.ready())
 
-        def decoded(keep: int) -> Iterator[Any]:
-            assert decoder is not None
-            for _, columns in decoder.ready(keep):
-                yield self._out(self._shareable(self._convert_images(columns, images)))
+        def decoded(ready: Iterator[tuple[Any, Columns]]) -> Iterator[Any]:
+            for _, columns in ready:  # the decoded images converted as the reader's columns are
+                yield self._out(self._shareable(self._convert(columns, keep=frozenset(columns) - images)))
 
         if decoder is not None:
-            self._pending = lambda: np.concatenate([*decoder.keys(), buffer.positions()])
+            self._pending = pending
         try:
             for new_positions, columns in self._chunks(late.columns if late is not None else frozenset()):
                 buffer.add(columns, new_positions)
@@ -517,16 +515,11 @@ class _LoaderBase:
             if buffer.size:
                 yield from draw(buffer.size)
             if decoder is not None:
-                yield from decoded(0)
+                yield from decoded(decoder.drain())
         finally:
             if decoder is not None:  # a loop that broke off: its state must still count the batches decoding
-                self._pending = np.concatenate([*decoder.keys(), buffer.positions()])
+                self._pending = pending()
                 decoder.close()
-
-    def _convert_images(self, columns: Columns, images: frozenset[str]) -> Columns:
-        """A drawn batch's decoded ``images`` (numpy) converted as the reader's columns are."""
-        converted = self._convert({name: columns[name] for name in images})
-        return {name: converted[name] if name in images else column for name, column in columns.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
@@ -804,11 +797,7 @@ def _threads_per_worker(workers: int) -> int:
     """Decoding threads for the reader of each of ``workers`` torch worker processes: their share
     of the cores (a reader's default is one thread per core, and every worker starting that many
     had 2 x workers threads contending for the cores)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // workers)
+    return max(1, usable_cores() // workers)
 
 
 _RESERVED = ("cur_shard", "shard_count", "shard_by", "shard_remainder", "num_epochs", "resume_from")

@@ -38,7 +38,7 @@ from unihub.readers.decode import DecodePolicy
 from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase, predicate_fields
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
-from unihub.readers.workers import Pool, PoolType, check_pool_arguments
+from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_cores
 
 if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages
@@ -327,7 +327,7 @@ class Reader:
         position are the same either way; batches already read are read again in the new form.
         """
         from unihub.formats.codecs import CompressedImageCodec
-        from unihub.readers.late_decode import LateImages, usable_cores
+        from unihub.readers.late_decode import LateImages
 
         loader = self._loader
         late = tuple(f for f in self._read_fields if isinstance(f.codec, CompressedImageCodec)
@@ -351,9 +351,9 @@ class Reader:
         """Hand ``names`` out encoded (with SOURCE_ROW) from the next row on; none: decode all."""
         with self._lock:
             if self._iterator is not None or self._current is not None:  # rows already read, in the old form
-                skip_rows = self._skip_rows
-                self._halt()
-                self._set_position(self._where())
+                skip_rows = self._skip_rows  # a seek()'s skip is consumed with the first batch, so
+                self._halt()                   # none is pending here today; if one were, dropping it
+                self._set_position(self._where())  # would deliver rows twice
                 self._skip_rows = skip_rows
             self._loader = dataclasses.replace(self._loader, late_images=names)
             self._item_names = tuple(self.schema.fields) + ((SOURCE_ROW,) if names else ())
@@ -587,11 +587,11 @@ def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> i
 
 
 def default_workers_count(store: ParquetStore) -> int:
-    """One worker per core for local data (decoding is CPU-bound and more threads only contend);
-    four per core for remote filesystems, where workers mostly wait on the network."""
+    """One worker per core this process may run on, for local data (decoding is CPU-bound and more
+    threads only contend); four per core for remote filesystems, where workers mostly wait on the network."""
     import pyarrow.fs as pafs
 
-    cores = os.cpu_count() or 2
+    cores = usable_cores()
     return cores if isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
 
 

@@ -36,7 +36,6 @@ Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import decimal
 import itertools
 import threading
@@ -52,6 +51,7 @@ from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.formats.validation import shape_matches
 from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, columns_length, slice_columns
+from unihub.readers.late_decode import DecodeAhead, decoded_later
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
@@ -282,30 +282,19 @@ DECODE_PIECE_ROWS = 512
 
 def _decoded(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
     """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
-    from unihub.readers.late_decode import DecodeAhead
-
     with DecodeAhead(late) as decoder:
         for columns in batches:
             n = columns_length(columns)
             for start in range(0, n, DECODE_PIECE_ROWS):
                 decoder.submit(None, slice_columns(columns, start, start + DECODE_PIECE_ROWS) if n > DECODE_PIECE_ROWS
                                else columns)
-                yield from (decoded for _, decoded in decoder.ready(2 * decoder.threads))
-        yield from (decoded for _, decoded in decoder.ready())
+                yield from (decoded for _, decoded in decoder.ready())
+        yield from (decoded for _, decoded in decoder.drain())
 
 
 #: a shuffled dataset's images are decoded after the shuffle where the reader can hand them out
 #: encoded (readers/late_decode.py); False decodes them in the reader (the same batches)
 LATE_DECODING = True
-
-
-def _images_decoded_later(reader: Any, shuffled: bool) -> contextlib.AbstractContextManager[LateImages | None]:
-    """The reader's :meth:`~unihub.readers.reader.Reader.images_decoded_later` where a shuffle comes
-    first (a batch reader's columns; rows are gathered as they are), else nothing."""
-    later = getattr(reader, "images_decoded_later", None)
-    if shuffled and LATE_DECODING and later is not None and reader.batched:
-        return cast("contextlib.AbstractContextManager[LateImages | None]", later())
-    return contextlib.nullcontext()
 
 
 def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
@@ -610,7 +599,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         reader = (make_batch_reader(reader_or_url, seed=None if seed is None else seed + k, **reader_kwargs)
                   if owned else reader_or_url)
         try:
-            with _images_decoded_later(reader, bool(shuffle_buffer)) as late:
+            # images decoded after the shuffle: a batch reader's (a row reader's rows are gathered as they are)
+            with decoded_later(reader, bool(shuffle_buffer) and LATE_DECODING and reader.batched) as late:
                 batches = _column_batches(reader, plans, batch_size or ROW_CHUNK)
                 if shuffle_buffer:
                     batches = _shuffled(batches, shuffle_buffer,

@@ -194,5 +194,9 @@ class Pool:
         return len(self._pending)
 
 
-def default_workers_count() -> int:
-    return max(1, min(8, (os.cpu_count() or 2)))
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS says, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

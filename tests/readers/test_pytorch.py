@@ -9,6 +9,7 @@ from __future__ import annotations
 import decimal
 import json
 import math
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -368,7 +369,7 @@ def test_each_torch_worker_reads_with_its_share_of_the_cores(url, monkeypatch):
     (at least one), unless the user chose workers_count."""
     import types
 
-    monkeypatch.setattr(tp.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)  # usable_cores() asks it
     assert [tp._threads_per_worker(k) for k in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     chosen: list[Any] = []
     real = reader_module.make_batch_reader

@@ -227,3 +227,22 @@ def test_reader_join_returns_once_process_workers_exited(tmp_path, ending):
             within(20, reader.join)
             assert [p.pid for p in workers if p.is_alive()] == []
     assert [p.pid for p in workers if p.is_alive()] == []
+
+
+def test_a_reader_starts_one_worker_per_core_it_may_run_on(tmp_path, monkeypatch) -> None:
+    # in a container limited to some cores, the cores it may run on, not every core of the host
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unihub.formats.parquet import open_dataset
+    from unihub.readers.reader import default_workers_count
+    from unihub.readers.workers import usable_cores
+
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "ds" / "part.parquet")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cores() == 3
+    assert default_workers_count(open_dataset(tmp_path / "ds")) == 3
