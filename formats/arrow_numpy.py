@@ -97,22 +97,3 @@ def int64_array(values: np.ndarray) -> pa.Array:
     """``pa.array(values, pa.int64())`` for a numpy array of indices, without importing pandas."""
     data = np.ascontiguousarray(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
-
-
-def binary_array(values: Any) -> pa.Array:
-    """Bytes (and None for nulls) as an Arrow binary array, built from its buffers: ``pa.array`` of
-    Python objects also imports pandas on its first use."""
-    blobs = list(values)
-    nulls = [i for i, blob in enumerate(blobs) if blob is None]
-    validity = None
-    if nulls:
-        valid = np.ones(len(blobs), dtype=bool)
-        valid[nulls] = False
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        blobs = [b"" if blob is None else blob for blob in blobs]
-    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
-    np.cumsum([len(blob) for blob in blobs], out=offsets[1:])
-    large = offsets[-1] >= 2**31
-    return pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(blobs),
-                                 [validity, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                  pa.py_buffer(b"".join(blobs))], null_count=len(nulls))

@@ -22,7 +22,7 @@ import io
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -773,22 +773,24 @@ class CompressedImageCodec(Codec):
     def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray,
                       *, decode: bool = True) -> np.ndarray:
         """Decode every image; ``decode=False`` returns the encoded bytes (e.g. for DALI)."""
-        from unihub.formats import images
-
         array = column_as_array(column)
-        n = len(array)
-        valid = _valid_mask(array)
         if not decode:
             return _with_nulls(array.to_pylist(), None)
-        blobs = binary_views(array)
-        fixed = field.is_fixed_shape and valid is None and n > 0
+        return self.decode_blobs(field, binary_views(array))
+
+    def decode_blobs(self, field: UnischemaField, blobs: Sequence[Any]) -> np.ndarray:
+        """Decode each encoded image of ``blobs`` (bytes-like; None for a null) as :meth:`decode_column`
+        decodes a stored column: the column's views, or the bytes a shuffling queue held."""
+        from unihub.formats import images
+
+        n = len(blobs)
+        fixed = field.is_fixed_shape and n > 0 and not any(blob is None for blob in blobs)
         out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
         partly_fixed = not fixed and any(d is not None for d in field.shape)
         row = 0
         try:
             if fixed:  # the decoders check each header against the row of ``out`` before decoding
-                # no nulls (valid is None): no None among the blobs
-                images.decode_images_into(cast("list[memoryview]", blobs), out)
+                images.decode_images_into(blobs, out)
                 return out
             shape = field.shape if partly_fixed else None  # checked against each header before decoding
             for row, blob in enumerate(blobs):

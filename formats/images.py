@@ -271,21 +271,32 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     # goes straight to TurboJPEG, as decode_image would send it, without its per-image checks
     rgb = out.shape[1:] if out.ndim == 4 and out.shape[3] == 3 and out.dtype == np.uint8 and \
         out.flags.c_contiguous else None
+    # the bytes up to the end of the last such frame header: one encoder's images share them, and
+    # an image that starts with them has that frame (the header walk reads nothing after them)
+    known: bytes | None = None
     for row, blob in enumerate(blobs):
         target = out[row]
         try:
-            if blob[:8] == _PNG_SIGNATURE:
+            jpeg = False
+            if rgb is not None:
+                if known is not None and blob[:len(known)] == known:
+                    jpeg = True
+                else:
+                    leading = _jpeg_frame_bytes(blob, rgb)
+                    if leading is not None:
+                        known, jpeg = leading, True
+            if jpeg:
+                try:
+                    simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=target, strict=True)
+                    continue
+                except (ValueError, RuntimeError, MemoryError):
+                    pass  # decode_image below raises with the details
+            elif blob[:8] == _PNG_SIGNATURE:
                 png_decode = png_decode or _imagecodecs().png_decode
                 try:
                     png_decode(blob, out=target)
                     continue
                 except (ValueError, RuntimeError):
-                    pass  # decode_image below raises with the details
-            elif rgb is not None and blob[:3] == _JPEG_SOI and _jpeg_frame(blob) == rgb:
-                try:
-                    simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=target, strict=True)
-                    continue
-                except (ValueError, RuntimeError, MemoryError):
                     pass  # decode_image below raises with the details
             decode_image(blob, out=target)
         except ImageDecodeError as exc:
@@ -467,6 +478,16 @@ def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, Spans | N
     else:
         return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), None
     return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), ((0, pos), (pos + 4, pos + 8))
+
+
+def _jpeg_frame_bytes(data: Buffer, frame: tuple[int, int, int]) -> bytes | None:
+    """The bytes of JPEG ``data`` up to the end of its frame header, when that header says ``frame``."""
+    if data[:3] != _JPEG_SOI:
+        return None
+    found, spans = _jpeg_walk(data)
+    if found != frame or spans is None:
+        return None
+    return bytes(data[:spans[0][1]])
 
 
 def _jpeg_frame(data: Buffer) -> tuple[int, int, int] | None:

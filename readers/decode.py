@@ -60,6 +60,15 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
+def decode_images(f: UnischemaField, blobs: list[Any], *, policy: DecodePolicy = UNIHUB) -> Any:
+    """Image field ``f``'s encoded values (bytes; None for nulls) decoded as :func:`decode_column`
+    decodes them stored: for a loader that held them encoded (readers/late_decode.py)."""
+    if not isinstance(f.codec, CompressedImageCodec):
+        raise TypeError(f"field {f.name!r} is not an image field")
+    values = f.codec.decode_blobs(f, blobs)
+    return _as_petastorm(f, values, policy) if policy.petastorm else values
+
+
 def _codecless(f: UnischemaField, column: pa.Array | pa.ChunkedArray) -> Any:
     array = column_as_array(column)
     if f.shape == () and _is_scalar_type(f.numpy_dtype) and not pa.types.is_nested(array.type):

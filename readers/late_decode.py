@@ -10,8 +10,9 @@ The reader hands out the image fields encoded (:meth:`unihub.readers.reader.Read
 with one more column, :data:`SOURCE_ROW` (each row's row number in the dataset), and the
 loader decodes each batch it draws, a few batches ahead on a small thread pool
 (:class:`DecodeAhead`). The values are those the reader would have decoded, through the same
-:func:`~unihub.readers.decode.decode_column`, and a corrupt image is reported with its file,
-row group and row, as the reader reports it.
+column loop (:meth:`~unihub.formats.codecs.CompressedImageCodec.decode_blobs`, straight from the
+queued bytes), and a corrupt image is reported with its file, row group and row, as the reader
+reports it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from typing import Any, cast
 import numpy as np
 
 from unihub.errors import CodecError
-from unihub.formats.arrow_numpy import binary_array
 from unihub.formats.parquet import ParquetStore
 from unihub.formats.schema import UnischemaField
-from unihub.readers.decode import DecodePolicy, decode_column
+from unihub.readers.decode import DecodePolicy, decode_images
 from unihub.readers.loader import SOURCE_ROW, located
 
 Columns = dict[str, Any]
@@ -55,9 +55,8 @@ class LateImages:
         """``columns`` with their images decoded and :data:`SOURCE_ROW` dropped."""
         out = {name: column for name, column in columns.items() if name != SOURCE_ROW}
         for f in self.fields:
-            encoded = binary_array(columns[f.name])
             try:
-                out[f.name] = decode_column(f, encoded, policy=self.policy)
+                out[f.name] = decode_images(f, list(columns[f.name]), policy=self.policy)
             except CodecError as exc:
                 raise self._located(exc, columns[SOURCE_ROW]) from exc
         return out

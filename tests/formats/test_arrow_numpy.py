@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub.formats.arrow_numpy import binary_array, int64_array, numpy_dtype, to_numpy, without_validity
+from unihub.formats.arrow_numpy import int64_array, numpy_dtype, to_numpy, without_validity
 
 TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
          pa.float16(), pa.float32(), pa.float64(), pa.bool_(), pa.string(), pa.large_string(), pa.binary(),
@@ -58,15 +58,6 @@ def test_int64_array_holds_the_indices() -> None:
     index = np.array([5, 0, 2**40, 3], dtype=np.int64)[::2]  # not contiguous
     assert int64_array(index).type == pa.int64() and int64_array(index).to_pylist() == [5, 2**40]
     assert int64_array(np.array([7, 1], dtype=np.int32)).to_pylist() == [7, 1]
-
-
-@pytest.mark.parametrize("values", [[], [b""], [b"ab", None, b"", bytes(range(256))], [None] * 9,
-                                    [b"x" * (i % 13) if i % 4 else None for i in range(70)]],
-                         ids=["empty", "one-empty", "mixed", "all-null", "many"])
-def test_binary_array_is_what_pa_array_makes(values: list[bytes | None]) -> None:
-    array = binary_array(np.array(values + [b"z"], dtype=object)[:-1] if values else values)
-    array.validate(full=True)
-    assert array.equals(pa.array(values, pa.binary())) and array.null_count == values.count(None)
 
 
 @pytest.mark.parametrize("arrow_type", [pa.int16(), pa.float64(), pa.bool_()], ids=str)

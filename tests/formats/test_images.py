@@ -8,6 +8,7 @@ Petastorm datasets were decoded with.
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +167,25 @@ def test_decode_images_into_takes_jpegs_as_decode_image_does() -> None:
         assert info.value.row == 1, name
         with pytest.raises(ImageDecodeError, match=message):
             decode_image(bad, out=np.zeros((24, 40, 3), np.uint8))
+
+
+def test_decode_images_into_checks_each_jpeg_header_that_differs() -> None:
+    # one encoder's images share their bytes up to the frame header, which is checked once; a row
+    # whose leading bytes differ anywhere up to the end of that header is checked again
+    images = [smooth_image((24, 40, 3), seed) for seed in range(6)]
+    blobs = [encode_image(image, "jpeg", quality=q) for image, q in zip(images, [80, 80, 95, 80, 95, 80])]
+    column = np.zeros((6, 24, 40, 3), np.uint8)
+    decode_images_into(blobs, column)
+    np.testing.assert_array_equal(column, np.stack([decode_image(blob) for blob in blobs]))
+    for row, height in itertools.product(range(1, 6), [8, 16, 32]):
+        # the same encoder and quality, another height: the leading bytes differ only in the frame
+        # header (TurboJPEG would decode a shorter image into the top of the row and say nothing)
+        other = encode_image(smooth_image((height, 40, 3), row), "jpeg", quality=[80, 80, 95, 80, 95, 80][row])
+        edited = blobs[:row] + [other] + blobs[row + 1:]
+        with pytest.raises(ImageDecodeError, match=rf"JPEG image is \({height}, 40, 3\) uint8 but out is \(24, 40, 3\)") \
+                as info:
+            decode_images_into(edited, np.zeros((6, 24, 40, 3), np.uint8))
+        assert info.value.row == row
 
 
 @pytest.mark.parametrize("fmt", ["png", "jpeg"])
