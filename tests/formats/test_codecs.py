@@ -766,6 +766,26 @@ def test_image_errors_name_field_and_row():
         field.codec.decode_column(field, pa.array([wrong], type=pa.binary()))
 
 
+@pytest.mark.parametrize("shape", [(8, 8, 3), (None, None, 3)], ids=["fixed", "variable"])
+def test_image_decode_blobs_is_decode_column_on_the_bytes(shape):
+    # a shuffling loader decodes the bytes it queued (readers/late_decode.py) with decode_blobs: the
+    # same values, nulls and errors as decode_column on the stored column
+    _images_module()
+    field = UnischemaField("img", np.uint8, shape, CompressedImageCodec("jpeg"), True)
+    rng = np.random.default_rng(3)
+    blobs = [field.codec.encode(field, rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)) for _ in range(4)]
+    for cells in (blobs, [blobs[0], None, blobs[2]]):
+        stored = field.codec.decode_column(field, pa.array(cells, type=pa.binary()))
+        queued = field.codec.decode_blobs(field, list(cells))
+        assert stored.dtype == queued.dtype and stored.shape == queued.shape
+        for a, b in zip(stored, queued):
+            assert (a is None and b is None) or a.tobytes() == b.tobytes()
+    truncated = [blobs[0], blobs[1][: len(blobs[1]) // 2]]
+    with pytest.raises(CodecError, match="field 'img', row 1: corrupt or mismatched JPEG image") as info:
+        field.codec.decode_blobs(field, truncated)
+    assert info.value.row == 1
+
+
 def test_scalar_decodes_spark_decimal_uint64():
     # Spark has no unsigned types: a uint64 field is stored as decimal(20, 0)
     field = UnischemaField("big", np.uint64, (), ScalarCodec(pa.uint64()), True)
