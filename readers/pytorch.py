@@ -46,6 +46,7 @@ from unihub.readers.batching import (
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
+from unihub.readers.shared_batches import StoragePool, worker_pool
 from unihub.readers.workers import usable_cores
 
 if TYPE_CHECKING:
@@ -128,8 +129,9 @@ def _split(columns: Columns, size: int) -> list[Columns]:
     return [dict(zip(cut, piece)) for piece in zip(*cut.values())]
 
 
-def in_one_shared_storage(columns: Columns) -> Columns:
-    """Numeric CPU tensor columns as views of one shared-memory storage (copied in once).
+def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> Columns:
+    """Numeric CPU tensor columns as views of one shared-memory storage (copied in once; from
+    ``pool`` where given: readers/shared_batches.py).
 
     A torch ``DataLoader`` worker hands each tensor of a batch to the main process as a
     shared-memory file descriptor, passed over a socket with a handshake per descriptor, after
@@ -150,7 +152,7 @@ def in_one_shared_storage(columns: Columns) -> Columns:
         total = -(-total // 64) * 64  # each column 64-byte aligned
         offsets[name] = total
         total += tensor.numel() * tensor.element_size()
-    storage = torch.UntypedStorage._new_shared(max(total, 1))
+    storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(max(total, 1))
     out = dict(columns)
     for name, tensor in tensors.items():
         view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
@@ -378,10 +380,11 @@ class _LoaderBase:
     # -- the columnar path: reader batches (or gathered rows) as columns, cut into batches ----------
     _collate: Collate
     _max_rows: int | None = None  # TorchIterableDataset's exact share of a padded shard
-    _shared_batches = False  # in a torch worker: each batch's tensors in one shared storage
+    #: in a torch worker: each batch's tensors in one shared storage, from this pool
+    _shared_batches: StoragePool | None = None
 
     def _shareable(self, columns: Columns) -> Columns:
-        return in_one_shared_storage(columns) if self._shared_batches else columns
+        return in_one_shared_storage(columns, self._shared_batches) if self._shared_batches is not None else columns
 
     @property
     def _row_columns(self) -> bool:
@@ -870,8 +873,12 @@ def _build_iterable_dataset(torch: Any) -> type:
                 else:
                     loader = BatchedDataLoader(reader, batch_size=self.batch_size, variable=self.variable)
                     loader._max_rows = limit
-                    loader._shared_batches = info is not None
-                    yield from loader
+                    if info is None:
+                        yield from loader
+                        return
+                    pool = loader._shared_batches = worker_pool()
+                    for batch in loader:
+                        yield pool.sending(batch)
 
         def _serve_stream(self, info: Any) -> Iterator[Any]:
             if info is not None:

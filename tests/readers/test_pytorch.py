@@ -438,6 +438,48 @@ def test_worker_batches_cross_as_one_shared_storage(url, shuffle_rows):
     assert sorted(got) == list(range(N))
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["dropped", "held"])
+def test_worker_batches_reuse_shared_memory_only_once_the_main_process_freed_them(url, hold):
+    """A worker refills a batch's shared memory (readers/shared_batches.py) only after the main
+    process has freed every batch sent from it: batches held to the end keep every value, and
+    batches dropped at once let the memory be used again."""
+    from unihub.readers import shared_batches
+
+    before = set(shared_batches._COUNTERS)
+    ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    held, got = [], []
+    for _ in range(2):
+        for batch in loader:
+            if hold:
+                held.append(batch)
+            else:
+                got += check_batch(batch)
+    for batch in held:  # values read after every later batch was sent: the held ones were not refilled
+        got += check_batch(batch)
+    assert sorted(got) == sorted(list(range(N)) * 2)
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches._COUNTERS) - before]
+    assert len(pools) == 2  # one per worker, kept over both epochs
+    sent, released, refilled = (sum(int(c[row].sum()) for c in pools) for row in range(3))
+    assert sent > 0
+    if hold:  # (a slot may still be refilled: a chunk whose rows all went into batches joined elsewhere)
+        assert released == 0
+    else:
+        assert refilled > 0 and 0 < released <= sent
+
+
+def test_worker_batches_rebuilt_by_a_collate_fn_keep_their_memory(url):
+    # a collate_fn of the caller's returns plain dicts: the batches cannot report being freed, and
+    # their memory is never refilled
+    from unihub.readers import shared_batches
+
+    before = set(shared_batches._COUNTERS)
+    ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
+    held = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda batch: dict(batch)))
+    assert sorted(i for batch in held for i in check_batch(batch)) == list(range(N))
+    assert set(shared_batches._COUNTERS) == before
+
+
 def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
     delivered = []
     for rank in range(3):
