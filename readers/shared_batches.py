@@ -54,10 +54,14 @@ class StoragePool:
         self._storages: list[Any] = [None] * slots
         self._slots: dict[int, int] = {}  # a storage's data address -> its slot
         self._counters_sent = False
+        #: a torch without the use count of a storage: no slot is ever known free, all memory is new
+        self._reuse = hasattr(torch._C, "_storage_Use_Count")
 
     def storage(self, nbytes: int) -> Any:
         """A shared storage of at least ``nbytes``: a free slot's (refilled by the caller), or new memory."""
         torch = _torch()
+        if not self._reuse:
+            return torch.UntypedStorage._new_shared(max(nbytes, 1))
         free = [i for i, held in enumerate(self._storages) if held is None or self._free(i)]
         for i in free:
             held = self._storages[i]
