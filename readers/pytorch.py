@@ -41,12 +41,11 @@ from unihub.readers.batching import (
     ShuffleBuffer,
     columns_length,
     concat_columns,
-    numpy_view,
     slice_columns,
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
-from unihub.readers.shared_batches import StoragePool, worker_pool
+from unihub.readers.shared_batches import StoragePool, in_one_storage, worker_pool
 from unihub.readers.workers import usable_cores
 
 if TYPE_CHECKING:
@@ -147,22 +146,8 @@ def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> 
     storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
     if len(storages) == 1 and next(iter(tensors.values())).untyped_storage().is_shared():
         return columns
-    offsets, total = {}, 0
-    for name, tensor in tensors.items():
-        total = -(-total // 64) * 64  # each column 64-byte aligned
-        offsets[name] = total
-        total += tensor.numel() * tensor.element_size()
-    storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(max(total, 1))
-    out = dict(columns)
-    for name, tensor in tensors.items():
-        view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
-        target, source = numpy_view(view), numpy_view(tensor)
-        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
-            np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
-        else:
-            view.copy_(tensor)
-        out[name] = view
-    return out
+    return in_one_storage(columns, list(tensors), pool.storage if pool is not None else
+                          lambda nbytes: torch.UntypedStorage._new_shared(max(nbytes, 1)))
 
 
 def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:

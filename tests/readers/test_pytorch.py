@@ -439,45 +439,54 @@ def test_worker_batches_cross_as_one_shared_storage(url, shuffle_rows):
 
 
 @pytest.mark.parametrize("hold", [0, 1, 3], ids=["dropped", "held", "every-third-held"])
-def test_worker_batches_reuse_shared_memory_only_once_the_main_process_freed_them(url, hold):
-    """A worker refills a batch's shared memory (readers/shared_batches.py) only after the main
-    process has freed every batch sent from it: batches held to the end keep every value, and
-    batches dropped at once let the memory be used again."""
+def test_worker_batches_reuse_shared_memory_and_the_main_process_holds_copies(url, hold):
+    """A worker refills a batch's shared memory (readers/shared_batches.py) only after the batch has
+    arrived and been copied into the main process's own memory: batches held to the end keep every
+    value while the workers reuse their storages."""
     from unihub.readers import shared_batches
 
-    before = set(shared_batches._COUNTERS)
+    before = set(shared_batches.pools())
     ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
     held, got = [], []
     for _ in range(2):
         for k, batch in enumerate(loader):
+            assert not any(batch[name].is_shared() for name in NUMERIC)  # the main process's own memory
             if hold and k % hold == 0:
                 held.append(batch)
             else:
                 got += check_batch(batch)
-    for batch in held:  # values read after every later batch was sent: the held ones were not refilled
+    for batch in held:  # values read after every later batch was sent
         got += check_batch(batch)
     assert sorted(got) == sorted(list(range(N)) * 2)
-    pools = [shared_batches.counters(pool) for pool in set(shared_batches._COUNTERS) - before]
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
     assert len(pools) == 2  # one per worker, kept over both epochs
     sent, released, refilled = (sum(int(c[row].sum()) for c in pools) for row in range(3))
-    assert sent > 0
-    if hold == 1:  # (a slot may still be refilled: a chunk whose rows all went into batches joined elsewhere)
-        assert released == 0
-    else:
-        assert refilled > 0 and 0 < released <= sent
+    assert sent > 0 and released == sent  # every batch arrived once
+    assert refilled > 0
+
+
+def test_worker_batches_kept_a_column_at_a_time_keep_their_values(url):
+    # a padded field is new memory in the worker, the other columns view the pool's; keeping only
+    # one column of each batch (a metric, say) must keep its values whatever the others do
+    ds = tp.TorchIterableDataset(url, batch_size=3, seed=4, variable="pad")
+    kept = [(batch["id"].clone(), batch["vec"]) for batch in
+            torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    assert sorted(int(i) for ids, _ in kept for i in ids) == list(range(N))
+    for ids, vec in kept:
+        assert all(np.array_equal(vec[k].numpy(), ROWS[int(i)]["vec"]) for k, i in enumerate(ids))
 
 
 def test_worker_batches_rebuilt_by_a_collate_fn_keep_their_memory(url):
-    # a collate_fn of the caller's returns plain dicts: the batches cannot report being freed, and
+    # a collate_fn of the caller's returns plain dicts: the batches cannot report their arrival, and
     # their memory is never refilled
     from unihub.readers import shared_batches
 
-    before = set(shared_batches._COUNTERS)
+    before = set(shared_batches.pools())
     ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
     held = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda batch: dict(batch)))
     assert sorted(i for batch in held for i in check_batch(batch)) == list(range(N))
-    assert set(shared_batches._COUNTERS) == before
+    assert set(shared_batches.pools()) == before
 
 
 def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
