@@ -117,7 +117,7 @@ class StoragePool:
 
     def sending(self, batch: Any) -> Any:
         """``batch`` as it should leave the worker: counted against the slots its tensors view, and a
-        :class:`PooledBatch` that the main process releases when it frees the batch."""
+        :class:`PooledBatch` that the main process copies, and counts as arrived, when it unpickles it."""
         torch = _torch()
         values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
         addresses = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
