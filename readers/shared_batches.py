@@ -214,9 +214,9 @@ def _received(columns: dict[str, Any], pool: str, slot: int, ticket: int, counte
     torch = _torch()
     if _POOL is not None and _POOL[1].id == pool:
         return columns  # pickled and unpickled in the worker itself: the batch has not left
-    shared = [name for name, value in columns.items() if isinstance(value, torch.Tensor) and value.is_shared()]
+    shared = [name for name, value in columns.items()
+              if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.is_shared()]
     out = in_one_storage(columns, shared, _private_storage)
-    del columns
     with _LOCK:
         _arrivals().arrived(pool, slot, ticket, counters)
     return out

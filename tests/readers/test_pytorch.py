@@ -466,6 +466,37 @@ def test_worker_batches_reuse_shared_memory_and_the_main_process_holds_copies(ur
     assert refilled > 0
 
 
+def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
+    # Petastorm's own files (PNG and OpenCV JPEG fields, a gray image, NaN floats, ndarrays): through
+    # 2 workers and their reused shared memory, every row, field and dtype as in the main process
+    from pathlib import Path
+
+    from unihub.readers import shared_batches
+
+    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    fields = ["id", "score", "image_png", "image_jpeg", "gray"]
+
+    def epochs(workers: int) -> list[dict[int, Any]]:
+        ds = tp.TorchIterableDataset(str(petastorm), batch_size=4, seed=2, schema_fields=fields, shuffle_rows=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                             persistent_workers=workers > 0)
+        held = [list(loader) for _ in range(3)]  # every batch kept while later ones are sent
+        out = []
+        for batches in held:
+            out.append({i: {name: (batch[name].dtype, tuple(batch[name][k].shape), batch[name][k].numpy().tobytes())
+                            for name in fields}
+                        for batch in batches for k, i in enumerate(batch["id"].tolist())})
+        return out
+
+    before = set(shared_batches.pools())
+    alone, with_workers = epochs(0)[0], epochs(2)
+    assert sorted(alone) == list(range(60))
+    assert all(epoch == alone for epoch in with_workers)  # bytes: NaN equals NaN
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
+    assert len(pools) == 2 and all(c[0].sum() == c[1].sum() > 0 for c in pools)
+    assert sum(int(c[2].sum()) for c in pools) > 0  # storages were refilled while batches were held
+
+
 def test_worker_batches_kept_a_column_at_a_time_keep_their_values(url):
     # a padded field is new memory in the worker, the other columns view the pool's; keeping only
     # one column of each batch (a metric, say) must keep its values whatever the others do
