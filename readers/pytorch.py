@@ -136,12 +136,13 @@ def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> 
     shared-memory file descriptor, passed over a socket with a handshake per descriptor, after
     copying the tensor's storage into shared memory. Tensors that are views of one shared storage
     cost one descriptor per batch and no copy (1.35-1.5x the batches per second of three separate
-    tensors on this machine). Columns already in one shared storage come back as they are.
+    tensors on this machine). From ``pool``, a storage's descriptor crosses once, and later
+    batches in it carry only their layout. Columns already in one shared storage come back as they are.
     """
     torch = _torch()
     tensors = {name: col for name, col in columns.items()
                if isinstance(col, torch.Tensor) and col.device.type == "cpu" and not col.requires_grad}
-    if len(tensors) < 2:
+    if not tensors or (len(tensors) < 2 and pool is None):
         return columns  # torch shares a lone tensor in one descriptor anyway
     storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
     if len(storages) == 1 and next(iter(tensors.values())).untyped_storage().is_shared():
@@ -431,7 +432,7 @@ class _LoaderBase:
                 index = np.flatnonzero(keep)
                 columns, positions = take_columns(columns, index), positions[index]
             if len(positions):
-                yield positions, columns if encoded else self._shareable(columns)
+                yield positions, columns
         tracker.mark(reader.state_dict())
 
     def _in_order(self) -> Iterator[Any]:
@@ -444,9 +445,9 @@ class _LoaderBase:
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
         self._pending = pending
-        for batch, joined in rebatcher.batches(self._chunks_with_positions()):
+        for batch, _ in rebatcher.batches(self._chunks_with_positions()):
             del batch[_POSITIONS]
-            yield self._out(self._shareable(batch) if joined else batch)
+            yield self._out(self._shareable(batch))
 
     def _chunks_with_positions(self) -> Iterator[Columns]:
         for positions, columns in self._chunks():
@@ -478,10 +479,9 @@ class _LoaderBase:
         def draw(count: int) -> Iterator[Any]:
             chosen, chosen_positions = buffer.take_random(count, self._rng)
             if decoder is None:
-                chosen = self._shareable(chosen)
                 for start in range(0, count, bs):
                     self._pending = lambda rest=chosen_positions[start + bs:]: np.concatenate([rest, buffer.positions()])
-                    yield self._out(slice_columns(chosen, start, start + bs))
+                    yield self._out(self._shareable(slice_columns(chosen, start, start + bs)))
                 return
             for start in range(0, count, bs):
                 decoder.submit(chosen_positions[start:start + bs], slice_columns(chosen, start, start + bs))
@@ -882,6 +882,81 @@ def _build_iterable_dataset(torch: Any) -> type:
     return TorchIterableDataset
 
 
+class SamplerRow(dict[str, Any]):
+    """A row of a sampler batch that ``TorchMapDataset.__getitems__`` read: a dict that also knows
+    the columns it was cut from, so that torch's default collate can hand those columns over whole
+    (:func:`collate_sampler_rows`) instead of stacking the rows back into new memory. It pickles
+    and copies as a plain dict."""
+
+    __slots__ = ("columns", "cells")
+    columns: Columns  # the batch the row was cut from
+    cells: dict[str, Sequence[Any]]  # its columns cut into rows: the cells every row holds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self),)
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def _rows_of_columns(columns: Columns, count: int, row_type: type[dict[str, Any]]) -> list[Any]:
+    """``count`` rows of ``columns`` as dicts of ``row_type`` (tensor rows are views of the columns)."""
+    cells = {name: (list(col.unbind(0)) if isinstance(col, _torch().Tensor) else col) for name, col in columns.items()}
+    rows = []
+    for i in range(count):
+        row = row_type({name: values[i] for name, values in cells.items()})
+        if isinstance(row, SamplerRow):
+            row.columns, row.cells = columns, cells
+        rows.append(row)
+    return rows
+
+
+def _whole_columns(rows: Sequence[Any]) -> Columns | None:
+    """The columns ``rows`` were cut from, when ``rows`` are all of them, in order, each exactly as
+    cut (the same cell objects, no key added or removed) and every column is a tensor: then
+    stacking the rows would rebuild those columns. Otherwise None."""
+    columns, cells = getattr(rows[0], "columns", None), getattr(rows[0], "cells", None)
+    torch = _torch()
+    if columns is None or cells is None:
+        return None
+    if len(rows) != len(next(iter(cells.values()), ())) or not all(isinstance(c, torch.Tensor) for c in columns.values()):
+        return None
+    for i, row in enumerate(rows):
+        if type(row) is not SamplerRow or row.columns is not columns or len(row) != len(cells):
+            return None
+        for name, values in cells.items():
+            if row.get(name) is not values[i]:
+                return None
+    return columns
+
+
+def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    """torch's default collate for :class:`SamplerRow` batches: the columns the rows were cut from,
+    as they are (they equal the stacked rows: same dtypes, shapes and values); in a torch worker,
+    copied into the worker's reused shared memory (readers/shared_batches.py) rather than the new
+    shared memory torch's collate allocates for every field of every batch. Rows that were changed,
+    mixed or reordered are collated as torch would collate plain dicts."""
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    columns = _whole_columns(rows) if rows else None
+    if columns is None:
+        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map or default_collate_fn_map)
+    if _torch().utils.data.get_worker_info() is None:
+        return dict(columns)
+    pool = worker_pool()
+    return pool.sending(in_one_shared_storage(dict(columns), pool))
+
+
+def _register_sampler_collate() -> None:
+    """Teach torch's ``default_collate`` :class:`SamplerRow` (its documented extension point,
+    ``default_collate_fn_map``); a torch without it collates the rows as plain dicts."""
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:
+        return
+    default_collate_fn_map.setdefault(SamplerRow, collate_sampler_rows)
+
+
 def _build_map_dataset(torch: Any) -> type:
     class TorchMapDataset(torch.utils.data.Dataset):
         """Rows by index (``random_access.Dataset``) for samplers: ``RandomSampler``, ``DistributedSampler``.
@@ -911,14 +986,16 @@ def _build_map_dataset(torch: Any) -> type:
             return self._len
 
         def __getitem__(self, index: int) -> Any:
-            return self.__getitems__([index])[0]
+            row = self.__getitems__([index])[0]
+            return dict(row) if type(row) is SamplerRow else row
 
         def __getitems__(self, indices: Sequence[int]) -> list[Any]:
             columns = columns_from_numpy(self._open().take(list(indices))._asdict())
-            split = {name: (list(col.unbind(0)) if isinstance(col, torch.Tensor) else col)
-                     for name, col in columns.items()}
-            rows = [{name: split[name][i] for name in split} for i in range(len(indices))]
-            return [self.transform(r) for r in rows] if self.transform is not None else rows
+            if self.transform is not None:
+                return [self.transform(row) for row in _rows_of_columns(columns, len(indices), dict)]
+            return _rows_of_columns(columns, len(indices), SamplerRow)
+
+    _register_sampler_collate()
 
     TorchMapDataset.__module__ = __name__
     TorchMapDataset.__qualname__ = "TorchMapDataset"

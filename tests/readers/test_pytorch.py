@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -425,6 +426,52 @@ def test_columns_move_into_one_shared_storage_unchanged():
     assert tp.in_one_shared_storage(lone) is lone  # torch shares a lone tensor in one descriptor itself
 
 
+def _pooled(pool: Any, value: int) -> Any:
+    columns = {"a": torch.full((8,), value, dtype=torch.int64), "b": torch.full((2, 3), value, dtype=torch.uint8)}
+    return pool.sending(tp.in_one_shared_storage(columns, pool))
+
+
+def _arrive(batch: Any) -> Any:
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (torch's reductions of shared storages)
+
+    return ForkingPickler.loads(bytes(ForkingPickler.dumps(batch)))
+
+
+def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_it():
+    """The pool's protocol in one process (a pool that is not this process's own acts as a worker's):
+    a slot is handed out again only when its batches arrived and no tensor views it; a batch
+    carries its storage until the receiver holds it, then only the layout; a batch unpickled twice
+    counts once."""
+    from unihub.readers import shared_batches
+
+    pool = shared_batches.StoragePool(slots=2)
+    first = _pooled(pool, 1)
+    assert isinstance(first, shared_batches.PooledBatch)
+    storage = first.storage
+    assert first.__reduce__()[1][-1] is not None  # the storage and counters travel with the first batch
+    arrived = _arrive(first)
+    assert type(arrived) is dict and int(arrived["a"][0]) == 1 and not arrived["a"].is_shared()
+    held = first["a"]  # a view of the slot, kept in the "worker"
+    del first
+    other = _pooled(pool, 2)
+    assert other.storage.data_ptr() != storage.data_ptr()  # viewed: not refilled
+    assert int(_arrive(other)["a"][0]) == 2
+    del held, other
+    second = _pooled(pool, 3)
+    assert second.storage.data_ptr() == storage.data_ptr()  # arrived, unviewed: refilled
+    assert second.__reduce__()[1][-1] is None  # the receiver holds it: the layout only
+    from multiprocessing.reduction import ForkingPickler
+
+    data = bytes(ForkingPickler.dumps(second))
+    once, twice = ForkingPickler.loads(data), ForkingPickler.loads(data)
+    assert int(once["a"][0]) == int(twice["a"][0]) == 3 and torch.equal(once["b"], torch.full((2, 3), 3, dtype=torch.uint8))
+    counts = shared_batches.counters(pool.id)
+    assert counts[0].tolist() == counts[1].tolist()  # sent == released: the second unpickling not counted
+    assert shared_batches.storages_received(pool.id) == 2  # the first slot's storage, and the second's
+
+
 @pytest.mark.parametrize("shuffle_rows", [False, True])
 def test_worker_batches_cross_as_one_shared_storage(url, shuffle_rows):
     """In torch workers each batch's tensors are views of one shared storage (one descriptor per batch
@@ -464,6 +511,59 @@ def test_worker_batches_reuse_shared_memory_and_the_main_process_holds_copies(ur
     sent, released, refilled = (sum(int(c[row].sum()) for c in pools) for row in range(3))
     assert sent > 0 and released == sent  # every batch arrived once
     assert refilled > 0
+
+
+def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
+    """A pool's storage crosses to the main process with the first batches it holds; later batches
+    carry only their layout. Once a worker has exited with all its batches arrived, the main
+    process lets go of its pool when another pool arrives."""
+    from unihub.readers import shared_batches
+
+    before = set(shared_batches.pools())
+    ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    assert sorted(i for _ in range(3) for batch in loader for i in check_batch(batch)) == sorted(list(range(N)) * 3)
+    first = set(shared_batches.pools()) - before
+    sent = sum(int(shared_batches.counters(pool)[0].sum()) for pool in first)
+    carried = sum(shared_batches.storages_received(pool) for pool in first)
+    assert len(first) == 2 and sent == 3 * math.ceil(N / 2 / 2) * 2 - 3 * (math.ceil(N / 2) % 2)
+    assert carried <= 2 * (shared_batches.SLOTS + 2) < sent // 4
+    del loader  # its workers exit
+    for _ in range(100):
+        if not any(shared_batches._alive(shared_batches._arrivals().pools[pool].pid) for pool in first):
+            break
+        time.sleep(0.05)
+    again = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    assert sorted(i for batch in again for i in check_batch(batch)) == list(range(N))
+    assert not first & set(shared_batches.pools())
+
+
+def test_a_pooled_batch_unpickled_without_its_memory_is_refused():
+    from unihub.errors import UsageError
+    from unihub.readers import shared_batches
+
+    with pytest.raises(UsageError, match="does not hold the shared memory"):
+        shared_batches._received(["a"], {"a": (torch.uint8, (3,), (1,), 0)}, {}, "no-such-pool", 1, 0, 1, 1, None)
+
+
+def test_worker_batches_cross_with_spawned_workers(url):
+    # spawned workers import everything afresh: the pool, the collate registration and the main
+    # process's record work without anything inherited
+    from unihub.readers import shared_batches
+
+    before = set(shared_batches.pools())
+    iterable = tp.TorchIterableDataset(url, batch_size=4, seed=4)
+    got = [check_batch(b) for b in torch.utils.data.DataLoader(iterable, batch_size=None, num_workers=2,
+                                                                multiprocessing_context="spawn")]
+    assert sorted(i for ids in got for i in ids) == list(range(N))
+    mapped = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    out = list(torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=2, multiprocessing_context="spawn"))
+    assert [i for b in out for i in b["id"].tolist()] == list(range(N))
+    for b in out:
+        for k, i in enumerate(b["id"].tolist()):
+            assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"])
+            assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
+    assert len(set(shared_batches.pools()) - before) >= 2  # the map workers' pools at least
 
 
 def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
@@ -573,6 +673,91 @@ def test_map_dataset_transform_and_workers(url):
     out = list(torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2))
     assert torch.cat([b[0] for b in out]).tolist() == [2 * i for i in range(N)]
     assert np.array_equal(torch.cat([b[1] for b in out]).numpy(), np.stack([r["vec"] for r in ROWS]))
+
+
+def _as_plain_rows(rows: list[Any]) -> Any:
+    return torch.utils.data.default_collate([dict(row) for row in rows])
+
+
+def _batch_bytes(batch: dict[str, Any]) -> dict[str, Any]:
+    return {name: (type(value).__name__, value.dtype, tuple(value.shape), value.numpy().tobytes())
+            for name, value in batch.items()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_dataset_batches_are_the_stacked_rows(url, workers):
+    """torch's default collate hands a sampler batch's columns over whole (in a worker, through its
+    reused shared memory): the same keys, dtypes, shapes and bytes as stacking the rows, held or not."""
+    from unihub.readers import shared_batches
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+
+    def run(collate_fn: Any = None) -> list[dict[str, Any]]:
+        sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(3))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=workers,
+                                             persistent_workers=workers > 0, collate_fn=collate_fn)
+        return [batch for _ in range(2) for batch in loader]  # every batch held over two epochs
+
+    before = set(shared_batches.pools())
+    whole, stacked = run(), run(_as_plain_rows)
+    assert [_batch_bytes(b) for b in whole] == [_batch_bytes(b) for b in stacked]
+    assert sorted(i for b in whole for i in b["id"].tolist()) == sorted(list(range(N)) * 2)
+    for batch in whole:
+        assert type(batch) is dict and not any(batch[name].is_shared() for name in NUMERIC)
+        for k, i in enumerate(batch["id"].tolist()):
+            assert np.array_equal(batch["image"][k].numpy(), ROWS[i]["image"])
+            assert np.array_equal(batch["vec"][k].numpy(), ROWS[i]["vec"])
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
+    if workers:
+        assert len(pools) == workers and all(c[0].sum() == c[1].sum() > 0 for c in pools)
+        assert sum(int(c[2].sum()) for c in pools) > 0  # storages refilled while batches were held
+    else:
+        assert not pools
+
+
+def test_map_dataset_rows_changed_before_collate_are_collated_as_changed(url):
+    """A sampler batch whose rows were changed, reordered, repeated or mixed with other rows is
+    collated from the rows as they are, not from the columns they were cut from."""
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    collate = torch.utils.data.default_collate
+
+    def doubled_first(rows: list[Any]) -> list[Any]:
+        rows[0]["id"] = rows[0]["id"] * 2
+        return rows
+
+    def plus_key(rows: list[Any]) -> list[Any]:
+        for row in rows:
+            row["extra"] = torch.tensor(1)
+        return rows
+
+    changes = {"changed value": doubled_first, "reversed": lambda rows: rows[::-1],
+               "repeated": lambda rows: rows[:1] * len(rows), "first row dropped": lambda rows: rows[1:],
+               "last row dropped": lambda rows: rows[:-1],
+               "mixed": lambda rows: rows[:2] + ds.__getitems__([9, 10]), "a key added": plus_key,
+               "plain dicts": lambda rows: [dict(row) for row in rows]}
+    for what, change in changes.items():
+        got = collate(change(ds.__getitems__([5, 6, 7, 8])))
+        want = collate([dict(row) for row in change(ds.__getitems__([5, 6, 7, 8]))])
+        assert _batch_bytes(got) == _batch_bytes(want), what
+    with pytest.raises(TypeError, match="Decimal"):  # what torch's collate says of plain dicts with decimals
+        collate(tp.TorchMapDataset(url, schema_fields=["id", "price"]).__getitems__([1, 2]))
+    rows = ds.__getitems__([5, 6])
+    rows[0]["image"].fill_(7)  # changed in place: the column it views changed with it
+    assert (collate(rows)["image"][0] == 7).all()
+
+
+def test_map_dataset_rows_are_dicts_that_travel_as_plain_dicts(url):
+    import copy
+    import pickle
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    assert type(ds[3]) is dict and int(ds[3]["id"]) == 3
+    row = ds.__getitems__([3, 4])[1]
+    assert isinstance(row, dict) and int(row["id"]) == 4
+    for other in (pickle.loads(pickle.dumps(row)), copy.copy(row)):
+        assert type(other) is dict and other.keys() == row.keys() and int(other["id"]) == 4
+    out = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))  # rows one at a time
+    assert [int(r["id"]) for r in out] == list(range(N)) and all(type(r) is dict for r in out)
 
 
 def test_batched_loader_splits_big_reader_batches_and_resumes_exactly(tmp_path):
