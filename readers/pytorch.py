@@ -931,18 +931,21 @@ def _whole_columns(rows: Sequence[Any]) -> Columns | None:
 
 
 def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
-    """torch's default collate for :class:`SamplerRow` batches: the columns the rows were cut from,
-    as they are (they equal the stacked rows: same dtypes, shapes and values); in a torch worker,
-    copied into the worker's reused shared memory (readers/shared_batches.py) rather than the new
-    shared memory torch's collate allocates for every field of every batch. Rows that were changed,
-    mixed or reordered are collated as torch would collate plain dicts."""
-    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+    """torch's default collate for :class:`SamplerRow` batches: a copy of the columns the rows were
+    cut from (equal to the stacked rows: same dtypes, shapes and values), in a torch worker into the
+    worker's reused shared memory (readers/shared_batches.py) rather than the new shared memory
+    torch's collate allocates for every field of every batch. Rows that were changed, mixed or
+    reordered, and a ``collate_fn_map`` that collates tensors its own way, get torch's collate of
+    plain dicts."""
+    from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
-    columns = _whole_columns(rows) if rows else None
+    torch = _torch()
+    collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
+    columns = _whole_columns(rows) if rows and collate_fn_map.get(torch.Tensor) is collate_tensor_fn else None
     if columns is None:
-        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map or default_collate_fn_map)
-    if _torch().utils.data.get_worker_info() is None:
-        return dict(columns)
+        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+    if torch.utils.data.get_worker_info() is None:
+        return {name: column.clone() for name, column in columns.items()}  # new memory, as stacking gives
     pool = worker_pool()
     return pool.sending(in_one_shared_storage(dict(columns), pool))
 

@@ -21,13 +21,15 @@ A slot is refilled only when
   memory, so keeping batches, passing them to other processes or slicing them is safe.
 
 Both processes write a small shared tensor of counters, each counter with one writer: the worker
-counts the batches it sends from each slot (``sent``), the main process those it received and
-copied (``released``, once per batch: a batch carries its ticket) and the generation of each slot's
+counts the batches it pickles from each slot (``sent``; a batch pickled twice is sent twice), the
+main process those it received and copied (``released``, once per pickling: each carries a ticket)
+and the generation of each slot's
 storage it holds (``known``: until it equals the slot's, batches carry the storage). A slot is free
 when sent equals released. A batch that does not arrive as sent (a ``collate_fn`` of the caller's
 that rebuilds it, an iteration abandoned) leaves its slot busy for good, and the pool allocates
-fresh memory, as torch does. The main process forgets a pool once its worker has exited with every
-batch it sent arrived.
+fresh memory, as torch does. A pool tensor that leaves the worker any other way (a ``collate_fn``
+that returns a batch's column beside the batch, say) is seen by torch's pickler, and its storage is
+given up to its receiver, never refilled. The main process forgets a pool once its worker has exited.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,9 +55,6 @@ SLOTS = 4
 #: worker writes; for tests and tuning), the generation of the slot's storage that the main process
 #: holds (the main process writes; 0: none)
 _SENT, _RELEASED, _REFILLED, _KNOWN = 0, 1, 2, 3
-#: exited workers' pools whose batches did not all arrive (an iteration abandoned), kept in case
-#: they still do; beyond this many, the oldest are forgotten
-_KEEP_UNFINISHED = 64
 
 
 def _torch() -> Any:
@@ -103,14 +103,24 @@ class StoragePool:
         self._storages: list[Any] = [None] * slots
         self._generations = [0] * slots  # of each slot's storage: a new storage, a new generation
         self._slots: dict[int, int] = {}  # a storage's data address -> its slot
+        #: storages a tensor left the worker in other than as a pooled batch: given up, never refilled
+        self._escaped: set[int] = set()
+        self._sent_lock = threading.Lock()  # batches are counted as sent where they are pickled (any thread)
         #: a torch without the use count of a storage: no slot is ever known free, all memory is new
         self._reuse = hasattr(torch._C, "_storage_Use_Count")
+        _watch_tensors_leaving()
+        _POOLS_HERE.add(self)
 
     def storage(self, nbytes: int) -> Any:
         """A shared storage of at least ``nbytes``: a free slot's (refilled by the caller), or new memory."""
         torch = _torch()
         if not self._reuse:
             return torch.UntypedStorage._new_shared(max(nbytes, 1))
+        for i, held in enumerate(self._storages):
+            if held is not None and held.data_ptr() in self._escaped:  # its owner is whoever holds it now
+                self._escaped.discard(held.data_ptr())
+                del self._slots[held.data_ptr()]
+                self._storages[i] = None
         free = [i for i, held in enumerate(self._storages) if held is None or self._free(i)]
         for i in free:
             held = self._storages[i]
@@ -129,26 +139,43 @@ class StoragePool:
         return storage
 
     def _free(self, slot: int) -> bool:
-        sent, released = self._counts[_SENT, slot], self._counts[_RELEASED, slot]
-        return bool(sent == released) and _use_count(self._storages[slot]) == 1
+        storage = self._storages[slot]
+        # the use count first: once nothing in this process views the slot, whatever pickled a view
+        # of it (a pooled batch counting itself sent, torch's reducer giving it up) has done so
+        if _use_count(storage) != 1 or storage.data_ptr() in self._escaped:
+            return False
+        return bool(self._counts[_SENT, slot] == self._counts[_RELEASED, slot])
 
     def known(self, slot: int, generation: int) -> bool:
         """Whether the main process holds generation ``generation`` of ``slot``'s storage."""
         return bool(self._counts[_KNOWN, slot] == generation)
 
+    def count_sent(self, slot: int) -> int:
+        """Count one more batch sent from ``slot`` (busy until it arrives); its ticket."""
+        with self._sent_lock:
+            self._counts[_SENT, slot] += 1
+            return int(self._counts[_SENT, slot])
+
+    def leaving(self, tensor_or_storage: Any) -> None:
+        """A tensor or storage is being pickled other than inside a pooled batch: if it views a slot,
+        that slot's storage is given up (the receiver may keep it) and the slot gets new memory."""
+        torch = _torch()
+        obj = tensor_or_storage
+        storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else getattr(obj, "_untyped_storage", obj)
+        address = storage.data_ptr()
+        if address in self._slots:
+            self._escaped.add(address)
+
     def sending(self, batch: Any) -> Any:
-        """``batch`` as it should leave the worker: counted against the slots its tensors view, and a
-        :class:`PooledBatch` that the main process copies, and counts as arrived, when it unpickles it."""
+        """``batch`` as it should leave the worker: a :class:`PooledBatch` when its tensors view one
+        slot (the main process copies it, and counts it as arrived, when it unpickles it)."""
         torch = _torch()
         values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
         addresses = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
         slots = {self._slots[address] for address in addresses if address in self._slots}
-        for slot in slots:
-            self._counts[_SENT, slot] += 1  # before it leaves: from now on the slot is busy
         if len(slots) != 1 or type(batch) is not dict:
-            return batch  # nothing pooled, or a batch that cannot carry its slot back: it stays busy
-        slot = slots.pop()
-        return PooledBatch(batch, self, slot, int(self._counts[_SENT, slot]))
+            return batch  # nothing pooled, or a batch that cannot carry its slot: its tensors leave as torch's
+        return PooledBatch(batch, self, slots.pop())
 
 
 _POOL: tuple[int, StoragePool] | None = None
@@ -165,17 +192,17 @@ def worker_pool() -> StoragePool:
 class PooledBatch(dict[str, Any]):
     """A batch (dict of columns) some of whose tensors view one slot of a worker's pool: it pickles
     as those tensors' layout in the slot's storage, with the storage itself only until the main
-    process holds it."""
+    process holds it. Each pickling counts as one batch sent, with a ticket of its own."""
 
-    __slots__ = ("pool", "slot", "ticket", "storage", "generation")
+    __slots__ = ("pool", "slot", "storage", "generation")
 
-    def __init__(self, columns: dict[str, Any], pool: StoragePool, slot: int, ticket: int) -> None:
+    def __init__(self, columns: dict[str, Any], pool: StoragePool, slot: int) -> None:
         super().__init__(columns)
-        self.pool, self.slot, self.ticket = pool, slot, ticket
+        self.pool, self.slot = pool, slot
         self.storage, self.generation = pool._storages[slot], pool._generations[slot]
 
     def __copy__(self) -> PooledBatch:  # torch's default_convert copies the batch in the worker
-        return PooledBatch(self, self.pool, self.slot, self.ticket)
+        return PooledBatch(self, self.pool, self.slot)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
         import copy
@@ -192,14 +219,69 @@ class PooledBatch(dict[str, Any]):
             else:
                 others[name] = value
         pool = self.pool
+        ticket = pool.count_sent(self.slot)  # busy until this copy arrives (a batch pickled twice: two)
         # read as it is pickled (in the queue's feeder thread): the latest word from the main process
-        send = None if pool.known(self.slot, self.generation) else (self.storage, pool._counters)
-        return _received, (list(self), layout, others, pool.id, pool.pid, self.slot, self.generation,
-                           self.ticket, send)
+        send = None if pool.known(self.slot, self.generation) else \
+            (_ShippedStorage(self.storage), _ShippedStorage(pool._counters))
+        return _received, (list(self), layout, others, pool.id, pool.pid, self.slot, self.generation, ticket, send)
+
+
+class _ShippedStorage:
+    """A pool's storage (or counters tensor) as a pooled batch ships it: pickled by torch's own
+    reducer directly, not through :func:`_watch_tensors_leaving`'s (which would give it up)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from torch.multiprocessing import reductions
+
+        torch = _torch()
+        reduce = reductions.reduce_tensor if isinstance(self.value, torch.Tensor) else reductions.reduce_storage
+        return reduce(self.value)
+
+
+_WATCHING = False
+_POOLS_HERE: weakref.WeakSet[StoragePool] = weakref.WeakSet()  # the pools this process made
+
+
+def _watch_tensors_leaving() -> None:
+    """In a process with a pool: every tensor or storage pickled for another process (by torch's
+    reducers, which ``ForkingPickler`` calls) is first shown to the pool, so that memory leaving
+    outside a pooled batch (a ``collate_fn`` returning a batch's column beside the batch, say) is
+    never refilled under its receiver."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    torch = _torch()
+    for kind, original in ((torch.Tensor, reductions.reduce_tensor), (torch.UntypedStorage, reductions.reduce_storage),
+                           (torch.TypedStorage, reductions.reduce_typed_storage)):
+        def watched(obj: Any, original: Callable[[Any], Any] = original) -> Any:
+            for pool in list(_POOLS_HERE):
+                if pool.pid == os.getpid():  # not a forked parent's
+                    pool.leaving(obj)
+            return original(obj)
+
+        ForkingPickler.register(kind, watched)
+    _WATCHING = True
 
 
 # ------------------------------------------------------------------------------ the main process
 _LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 class _PoolRecord:
@@ -212,10 +294,6 @@ class _PoolRecord:
         self.tickets: dict[int, deque[int]] = {}
         self.storages_received = 0  # batches that carried their storage (for tests and tuning)
 
-    def finished(self) -> bool:
-        """Its worker has exited and every batch it sent has arrived."""
-        counts = self.counters.numpy()
-        return not _alive(self.pid) and bool((counts[_SENT] == counts[_RELEASED]).all())
 
 
 def _alive(pid: int) -> bool:
@@ -242,7 +320,7 @@ class _Arrivals:
         if send is not None:
             storage, counters = send
             if record is None:
-                self._forget_finished()
+                self._forget_exited()
                 record = self.pools[pool] = _PoolRecord(pid, counters)
             record.storages[slot] = (generation, storage)
             record.storages_received += 1
@@ -263,17 +341,12 @@ class _Arrivals:
             seen.append(ticket)
             record.counters.numpy()[_RELEASED, slot] += 1
 
-    def _forget_finished(self) -> None:
-        """Drop the pools of exited workers whose batches all arrived, and the oldest of the rest
-        beyond ``_KEEP_UNFINISHED`` exited ones."""
-        exited = []
+    def _forget_exited(self) -> None:
+        """Drop the pools of workers that have exited. Nothing more of theirs can arrive: torch
+        reads every batch a worker sent before it stops the worker, or discards its queue."""
         for pool, record in list(self.pools.items()):
-            if record.finished():
+            if not _alive(record.pid):
                 del self.pools[pool]
-            elif not _alive(record.pid):
-                exited.append(pool)
-        for pool in exited[:max(0, len(exited) - _KEEP_UNFINISHED)]:
-            del self.pools[pool]
 
 
 _ARRIVALS = _Arrivals()

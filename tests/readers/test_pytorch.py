@@ -442,17 +442,19 @@ def _arrive(batch: Any) -> Any:
 def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_it():
     """The pool's protocol in one process (a pool that is not this process's own acts as a worker's):
     a slot is handed out again only when its batches arrived and no tensor views it; a batch
-    carries its storage until the receiver holds it, then only the layout; a batch unpickled twice
-    counts once."""
+    carries its storage until the receiver holds it, then only the layout; a batch pickled twice is
+    sent twice, bytes unpickled twice count once."""
+    from multiprocessing.reduction import ForkingPickler
+
     from unihub.readers import shared_batches
 
     pool = shared_batches.StoragePool(slots=2)
     first = _pooled(pool, 1)
     assert isinstance(first, shared_batches.PooledBatch)
     storage = first.storage
-    assert first.__reduce__()[1][-1] is not None  # the storage and counters travel with the first batch
     arrived = _arrive(first)
     assert type(arrived) is dict and int(arrived["a"][0]) == 1 and not arrived["a"].is_shared()
+    assert shared_batches.storages_received(pool.id) == 1  # the storage travelled with the first batch
     held = first["a"]  # a view of the slot, kept in the "worker"
     del first
     other = _pooled(pool, 2)
@@ -461,15 +463,36 @@ def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_i
     del held, other
     second = _pooled(pool, 3)
     assert second.storage.data_ptr() == storage.data_ptr()  # arrived, unviewed: refilled
-    assert second.__reduce__()[1][-1] is None  # the receiver holds it: the layout only
-    from multiprocessing.reduction import ForkingPickler
-
     data = bytes(ForkingPickler.dumps(second))
+    assert shared_batches.storages_received(pool.id) == 2  # the second slot's storage; then layouts only
     once, twice = ForkingPickler.loads(data), ForkingPickler.loads(data)
     assert int(once["a"][0]) == int(twice["a"][0]) == 3 and torch.equal(once["b"], torch.full((2, 3), 3, dtype=torch.uint8))
+    assert shared_batches.storages_received(pool.id) == 2
     counts = shared_batches.counters(pool.id)
     assert counts[0].tolist() == counts[1].tolist()  # sent == released: the second unpickling not counted
-    assert shared_batches.storages_received(pool.id) == 2  # the first slot's storage, and the second's
+    again = bytes(ForkingPickler.dumps(second))  # the same batch sent again: busy until it arrives too
+    assert shared_batches.counters(pool.id)[0].sum() == counts[0].sum() + 1
+    del second
+    assert _pooled(pool, 4).storage.data_ptr() != storage.data_ptr()
+    assert int(ForkingPickler.loads(again)["a"][0]) == 3
+
+
+def test_pool_memory_that_leaves_beside_a_pooled_batch_is_given_up():
+    # a tensor viewing a slot, pickled on its own (a collate_fn returning a batch's column beside
+    # the batch): its storage now belongs to the receiver and is never refilled
+    from unihub.readers import shared_batches
+
+    pool = shared_batches.StoragePool(slots=1)
+    batch = _pooled(pool, 5)
+    column = _arrive({"ids": batch["a"]})["ids"]  # through torch's reducer: the slot's memory itself
+    storage = batch.storage
+    assert int(_arrive(batch)["a"][0]) == 5
+    del batch
+    counts = shared_batches.counters(pool.id)
+    assert counts[0].tolist() == counts[1].tolist() == [1]  # arrived: but given up, not refilled
+    refill = _pooled(pool, 6)
+    assert refill.storage.data_ptr() != storage.data_ptr()
+    assert column.tolist() == [5] * 8
 
 
 @pytest.mark.parametrize("shuffle_rows", [False, True])
@@ -713,6 +736,76 @@ def test_map_dataset_batches_are_the_stacked_rows(url, workers):
         assert sum(int(c[2].sum()) for c in pools) > 0  # storages refilled while batches were held
     else:
         assert not pools
+
+
+def test_map_dataset_batches_keep_their_values_beside_a_column_sent_on_its_own(url):
+    # a collate_fn returning the collated batch and one of its columns: that column crosses as torch
+    # sends tensors (the slot's memory itself), so the slot is given up, never refilled under it
+    def collate(rows: list[Any]) -> dict[str, Any]:
+        batch = torch.utils.data.default_collate(rows)
+        return {"batch": batch, "ids": batch["id"]}
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, shuffle=True, num_workers=2, collate_fn=collate,
+                                         persistent_workers=True, generator=torch.Generator().manual_seed(1))
+    held = [(out["ids"], out["ids"].clone(), out["batch"]) for _ in range(2) for out in loader]
+    assert all(torch.equal(ids, snapshot) for ids, snapshot, _ in held)
+    assert sorted(i for ids, _, _ in held for i in ids.tolist()) == sorted(list(range(N)) * 2)
+    for _, snapshot, batch in held:
+        assert torch.equal(batch["id"], snapshot)
+        assert all(np.array_equal(batch["vec"][k].numpy(), ROWS[i]["vec"]) for k, i in enumerate(snapshot.tolist()))
+
+
+def test_map_dataset_collate_is_torchs_for_a_collate_fn_map_of_its_own_and_in_new_memory(url):
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    halves = {**default_collate_fn_map, torch.Tensor: lambda batch, **_: torch.stack(batch).half()}
+    out = collate(ds.__getitems__([1, 2, 3]), collate_fn_map=halves)
+    assert {out[name].dtype for name in NUMERIC} == {torch.float16}
+    rows = ds.__getitems__([1, 2, 3])
+    first = torch.utils.data.default_collate(rows)
+    first["vec"].sub_(1000)  # the batch is memory of its own, as a stack is: the rows keep their values
+    again = torch.utils.data.default_collate(rows)
+    assert np.array_equal(again["vec"].numpy(), np.stack([ROWS[i]["vec"] for i in (1, 2, 3)]))
+    first["id"].resize_(10)  # resizable, as a stack is
+
+
+def test_worker_batches_sent_twice_arrive_twice_whole(url):
+    # a wrapping dataset that yields each pooled batch twice: each pickling counts as a batch sent,
+    # so the slot waits for both copies, even with many prefetched
+    class Twice(torch.utils.data.IterableDataset):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __iter__(self) -> Any:
+            for batch in self.inner:
+                yield batch
+                yield batch
+
+    ds = Twice(tp.TorchIterableDataset(url, batch_size=3, seed=4, schema_fields=NUMERIC))
+    held = []
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, prefetch_factor=8):
+        held.append(batch)
+        time.sleep(0.002)
+    assert len(held) % 2 == 0 and all(torch.equal(a["id"], b["id"]) for a, b in zip(held[::2], held[1::2]))
+    assert sorted(i for batch in held[::2] for i in batch["id"].tolist()) == list(range(N))
+    for batch in held:
+        assert all(np.array_equal(batch["vec"][k].numpy(), ROWS[i]["vec"]) for k, i in enumerate(batch["id"].tolist()))
+
+
+def test_epochs_stopped_early_leave_no_pools_behind(url):
+    from unihub.readers import shared_batches
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+    before = set(shared_batches.pools())
+    for _ in range(4):
+        for k, _batch in enumerate(loader):
+            if k == 2:
+                break  # the iterator is dropped: its workers stop, their queued batches are discarded
+        time.sleep(0.2)
+    assert len(set(shared_batches.pools()) - before) <= 2  # only the last epoch's workers' pools
 
 
 def test_map_dataset_rows_changed_before_collate_are_collated_as_changed(url):
