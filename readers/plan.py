@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.random  # noqa: F401  (loaded on first use otherwise: ~5 ms of each first batch, and each worker's)
 
 from unihub.errors import InvalidArgumentError, NoDataAvailableError
 
