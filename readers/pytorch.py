@@ -27,6 +27,7 @@ from __future__ import annotations
 import decimal
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -988,9 +989,28 @@ def _build_map_dataset(torch: Any) -> type:
         def __len__(self) -> int:
             return self._len
 
-        def __getitem__(self, index: int) -> Any:
-            row = self.__getitems__([index])[0]
+        def __getitem__(self, index: Any) -> Any:
+            """A row for an int index. For a sequence of indices (a ``BatchSampler`` as the
+            ``sampler`` with ``batch_size=None``, HF's idiom), their batch: columns (numeric ones as
+            tensors), or with ``transform`` the list of transformed rows."""
+            if isinstance(index, bool):
+                raise TypeError("a row index must be an int, not a bool")
+            try:
+                position = operator.index(index)
+            except TypeError:
+                return self._batch(index)
+            row = self.__getitems__([position])[0]
             return dict(row) if type(row) is SamplerRow else row
+
+        def _batch(self, indices: Any) -> Any:
+            indices = indices.tolist() if hasattr(indices, "tolist") else list(indices)
+            if self.transform is not None:
+                return self.__getitems__(indices)
+            columns = columns_from_numpy(self._open().take(indices)._asdict())
+            if torch.utils.data.get_worker_info() is None:
+                return columns
+            pool = worker_pool()
+            return pool.sending(in_one_shared_storage(columns, pool))
 
         def __getitems__(self, indices: Sequence[int]) -> list[Any]:
             columns = columns_from_numpy(self._open().take(list(indices))._asdict())

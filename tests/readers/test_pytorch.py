@@ -808,6 +808,29 @@ def test_epochs_stopped_early_leave_no_pools_behind(url):
     assert len(set(shared_batches.pools()) - before) <= 2  # only the last epoch's workers' pools
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_dataset_serves_a_batch_sampler_without_batch_size(url, workers):
+    # HF's idiom: the sampler yields index lists and the DataLoader (batch_size=None) asks the
+    # dataset for each list at once; every row once, as a batch of columns
+    ds = tp.TorchMapDataset(url, schema_fields=["id", "name", "vec", "image"])
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(
+        ds, generator=torch.Generator().manual_seed(2)), 8, drop_last=False)
+    out = list(torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers))
+    assert [len(b["id"]) for b in out] == [8] * (N // 8) + [N % 8]
+    assert sorted(i for b in out for i in b["id"].tolist()) == list(range(N))
+    for b in out:
+        assert type(b) is dict and b["image"].dtype == torch.uint8
+        for k, i in enumerate(b["id"].tolist()):
+            assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"]) and b["name"][k] == f"row-{i}"
+            assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
+    assert ds[np.array([3, 1])]["id"].tolist() == [3, 1] and int(ds[np.int64(3)]["id"]) == 3
+    assert int(ds[torch.tensor(4)]["id"]) == 4 and ds[torch.tensor([4, 5])]["id"].tolist() == [4, 5]
+    with pytest.raises(TypeError, match="bool"):
+        ds[True]
+    doubled = tp.TorchMapDataset(url, schema_fields=["id"], transform=lambda r: int(r["id"]) * 2)
+    assert doubled[[1, 2]] == [2, 4] and doubled[3] == 6
+
+
 def test_map_dataset_rows_changed_before_collate_are_collated_as_changed(url):
     """A sampler batch whose rows were changed, reordered, repeated or mixed with other rows is
     collated from the rows as they are, not from the columns they were cut from."""
