@@ -49,7 +49,7 @@ from unihub.errors import (
     UnihubError,
 )
 from unihub.formats import filesystem as fsutil
-from unihub.formats import integrity, remote
+from unihub.formats import integrity, publish, remote
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -456,8 +456,6 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
 def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
     """Where a manifest names its run's own ``_common_metadata`` (object stores), that copy is what readers
     read: it gets the new entries too (one object copy, atomic)."""
-    from unihub.formats import publish
-
     manifest = publish.read_manifest(fs, root)
     if manifest is not None and manifest.common_metadata not in (None, COMMON_METADATA):
         fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
@@ -467,8 +465,6 @@ def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[st
     """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
     directory: what its manifest lists where it has one (an object store's: :mod:`unihub.formats.publish`),
     else every data file. A manifest replaced while this runs is read again."""
-    from unihub.formats import publish
-
     for _attempt in range(3):
         manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
         sizes = _list_data_files(fs, root)
