@@ -173,10 +173,24 @@ def stuck(task: int) -> int:
     return task
 
 
-def worker_processes() -> list:
+_CHILDREN_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _note_children_before() -> None:
+    """The child processes alive when a test starts (a torch DataLoader's persistent workers that an
+    earlier test left to the garbage collector, say): not this test's workers."""
     import multiprocessing
 
-    return [p for p in multiprocessing.active_children() if p.is_alive()]
+    _CHILDREN_BEFORE.clear()
+    _CHILDREN_BEFORE.update(p.pid for p in multiprocessing.active_children())
+
+
+def worker_processes() -> list:
+    """The child processes this test started that are alive."""
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.is_alive() and p.pid not in _CHILDREN_BEFORE]
 
 
 def test_join_after_stop_returns_once_process_workers_exited():
