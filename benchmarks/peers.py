@@ -9,8 +9,10 @@ decoded by simplejpeg (libjpeg-turbo; tf.data: TensorFlow's libjpeg-turbo, ``INT
 
 Each run is a fresh subprocess in the contender's own venv (``peers_env.py`` builds the peers'
 under ``benchmarks/.venvs/``; unihub and tf.data use this one), driven by ``peers_side.py``;
-this process polls ``/proc`` every 20 ms for the RSS of that process and all its descendants
-(PSS from ``smaps_rollup`` every 100 ms: forked workers share pages that RSS counts twice).
+this process polls ``/proc`` every 20 ms for the RSS of that process and all its descendants.
+PSS (forked workers share pages that RSS counts twice) comes from one more, untimed run of each
+contender, reading ``smaps_rollup`` every 100 ms: that walks the page tables (~3 ms a process) and
+slowed a 2-worker loader by 3-6% when the timed runs did it.
 Rows/s and time to first batch are timed from creating the pipeline (imports, and Ray's
 ``ray.init``, excluded). Round 1 tries each peer's worker settings (0/1/2 where it has them);
 later rounds run each peer's best, all contenders alternated; figures are min / median / max.
@@ -203,9 +205,12 @@ def _kib(pid: int, pss: bool) -> int:
         return 0
 
 
-def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HERE / "peers_side.py") -> dict[str, Any]:
+def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HERE / "peers_side.py",
+              pss: bool = True) -> dict[str, Any]:
     """Run one job of ``side`` (``peers_side.py``) in a fresh process; its JSON result with
-    ``peak_rss_mib`` and ``peak_pss_mib`` of the process tree."""
+    ``peak_rss_mib`` and (with ``pss``) ``peak_pss_mib`` of the process tree. Reading PSS walks the
+    processes' page tables (~3 ms a process here) and slowed a 2-worker loader by 3-6% at 100 ms:
+    timed runs leave it out."""
     with tempfile.TemporaryDirectory(prefix="uh-peers-") as scratch:
         job = dict(job, scratch=scratch)
         env = dict(child_env(python), TMPDIR=scratch, HOME=scratch)
@@ -221,7 +226,8 @@ def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HE
                 return {"error": f"timed out after {timeout:.0f}s"}
             if tick % 5 == 0:  # the tree (a scan of /proc) and PSS every 100 ms, RSS every 20 ms
                 pids = _tree(proc.pid)
-                peak_pss = max(peak_pss, sum(_kib(p, True) for p in pids))
+                if pss:
+                    peak_pss = max(peak_pss, sum(_kib(p, True) for p in pids))
             peak_rss = max(peak_rss, sum(_kib(p, False) for p in pids))
             tick += 1
             time.sleep(POLL_S)
@@ -233,7 +239,7 @@ def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HE
     if proc.returncode != 0 or not stdout.strip():
         return {"error": f"exit {proc.returncode}: {last_line(stderr)}"}
     result = dict(json.loads(stdout.strip().splitlines()[-1]))
-    result.update(peak_rss_mib=peak_rss / 1024, peak_pss_mib=peak_pss / 1024)
+    result.update(peak_rss_mib=peak_rss / 1024, peak_pss_mib=peak_pss / 1024 if pss else None)
     return result
 
 
@@ -246,6 +252,7 @@ class Tally:
     runs: list[dict[str, Any]]
     error: str | None = None
     tried: str = ""
+    pss_mib: float = float("nan")  # peak PSS, from a run of its own after the timed rounds
 
     def stat(self, key: str) -> list[float]:
         return [float(r[key]) for r in self.runs if r.get(key) is not None]
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     def once(t: Tally) -> None:
         python = pythons[t.contender.family]
         assert isinstance(python, Path)
-        result = run_child(python, job(t.contender), args.timeout)
+        result = run_child(python, job(t.contender), args.timeout, pss=False)
         if "error" in result:
             t.error = result["error"]
         elif result["rows"] != args.rows or result["label_sum"] != label_sum:
@@ -359,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
                     t.contender, t.runs = best.contender, best.runs
             else:
                 once(t)
+    print("memory: a run of each contender reading PSS (untimed)", file=sys.stderr, flush=True)
+    for t in tallies:
+        python = pythons[t.contender.family]
+        if t.runs and isinstance(python, Path):
+            t.pss_mib = float(run_child(python, job(t.contender), args.timeout).get("peak_pss_mib") or float("nan"))
     print_report(tallies, limits, args, time.perf_counter() - t_start)
     return 0
 
@@ -397,7 +409,7 @@ def print_report(tallies: list[Tally], limits: list[dict[str, Any]], args: Any, 
         note = (f"{c.workers} workers (round 1 tried {t.tried.rstrip('; ')})" if t.tried
                 else (f"{c.workers} workers" if c.workers else ""))
         print(f"| {c.label} | {_fmt(t.rates())} | {ratio} | {t.rate() / limit:.2f} | "
-              f"{t.median('peak_rss_mib'):,.0f} ({t.median('peak_pss_mib'):,.0f}) | {t.median('ttfb'):.2f} | {same} "
+              f"{t.median('peak_rss_mib'):,.0f} ({t.pss_mib:,.0f}) | {t.median('ttfb'):.2f} | {same} "
               f"| {note} |")
     print("\nTargets (issue 15):\n")
     if fastest is None:
@@ -441,7 +453,7 @@ def print_report(tallies: list[Tally], limits: list[dict[str, Any]], args: Any, 
                   f"{verdict(ttfb <= fastest.median('ttfb'))}")  # type: ignore[union-attr]
     print("\nVersions: " + "; ".join(f"{n}: {peers_env.versions(n)}" for n in peers_env.PEERS if peers_env.versions(n)))
     print(f"\n({seconds:.0f} s; peak RSS: the sum of VmRSS over the run's process tree, polled from /proc every "
-          f"{POLL_S * 1000:.0f} ms; PSS from smaps_rollup every {POLL_S * 5000:.0f} ms)")
+          f"{POLL_S * 1000:.0f} ms; PSS from smaps_rollup every {POLL_S * 5000:.0f} ms in one more, untimed run)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Only unihub and tf.data (both in this venv): the peers' venvs are never built by
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_quick_run_times_unihub_and_tfdata_on_the_same_content(tmp_path: Path) -
         # every contender delivered all 640 rows with the same labels, and the probe rows' pixels
         # (decoded by simplejpeg, or by TensorFlow's libjpeg-turbo) equal the content's, bit for bit
         assert "failed" not in rows[label] and " | yes | " in rows[label], rows[label]
+        assert re.search(r" \| [\d,]+ \([\d,]+\) \| ", rows[label]), rows[label]  # peak RSS (PSS of its own run)
     assert not any("shuffled" in label for label in rows)
     assert "fastest peer: tf.data TFRecord" in out.stdout
     assert "make_tf_dataset >= 1.3x tf.data's pipeline:" in out.stdout
