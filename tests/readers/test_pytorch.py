@@ -831,6 +831,34 @@ def test_map_dataset_serves_a_batch_sampler_without_batch_size(url, workers):
     assert doubled[[1, 2]] == [2, 4] and doubled[3] == 6
 
 
+def test_map_dataset_batches_of_a_dataset_petastorm_wrote_arrive_whole():
+    # Petastorm's own files (PNG and OpenCV JPEG fields, a gray image, NaN floats) through 2 workers'
+    # pools and the sampler-batch collate: every row, field, dtype and byte as with no workers
+    from pathlib import Path
+
+    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    fields = ["id", "score", "image_png", "image_jpeg", "gray"]
+    ds = tp.TorchMapDataset(str(petastorm), schema_fields=fields)
+
+    def epochs(workers: int) -> list[dict[int, Any]]:
+        sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(5))
+        loader = torch.utils.data.DataLoader(ds, batch_size=7, sampler=sampler, num_workers=workers,
+                                             persistent_workers=workers > 0)
+        held = [list(loader) for _ in range(2)]  # every batch kept while later ones are sent
+        return [{i: {name: (batch[name].dtype, tuple(batch[name][k].shape), batch[name][k].numpy().tobytes())
+                     for name in fields}
+                 for batch in batches for k, i in enumerate(batch["id"].tolist())} for batches in held]
+
+    from unihub.readers import shared_batches
+
+    assert tp._whole_columns(ds.__getitems__([0, 1])) is not None  # the columns handed over whole
+    alone = epochs(0)[0]
+    assert sorted(alone) == list(range(len(ds)))
+    before = set(shared_batches.pools())
+    assert all(epoch == alone for epoch in epochs(2))  # bytes: NaN equals NaN
+    assert len(set(shared_batches.pools()) - before) == 2  # through the workers' pools
+
+
 def test_map_dataset_rows_changed_before_collate_are_collated_as_changed(url):
     """A sampler batch whose rows were changed, reordered, repeated or mixed with other rows is
     collated from the rows as they are, not from the columns they were cut from."""
