@@ -825,21 +825,42 @@ def _image_column(field: UnischemaField, n: int) -> np.ndarray:
                                       f"{exc}", field=field.name) from None
 
 
+def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, memoryview]:
+    """A binary array's value offsets (``len + 1`` of them) and its data as unsigned bytes (Arrow's
+    buffers export signed chars, which the image decoders refuse)."""
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1,
+                            offset=array.offset * np.dtype(offset_type).itemsize)
+    return offsets, (memoryview(data_buf).cast("B") if data_buf is not None else memoryview(b""))
+
+
 def binary_views(array: pa.Array) -> list[memoryview | None]:
     """Zero-copy views of each value of a binary column (None for nulls); ``to_pylist`` would copy."""
     if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
         return array.to_pylist()
-    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1, offset=array.offset * np.dtype(
-        offset_type).itemsize).tolist()
-    # unsigned bytes: Arrow's buffers export signed chars, which the image decoders refuse
-    data = memoryview(data_buf).cast("B") if data_buf is not None else memoryview(b"")
-    views: list[memoryview | None] = [data[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    offsets, data = _binary_buffers(array)
+    bounds = offsets.tolist()
+    views: list[memoryview | None] = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     if array.null_count:
         for i, ok in enumerate(array.is_valid().to_pylist()):
             if not ok:
                 views[i] = None
+    return views
+
+
+def binary_views_at(column: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
+    """Zero-copy views of the values at ``rows`` of a binary column, in that order (None for nulls):
+    what ``binary_views(column.take(rows))`` gives, without copying the values twice."""
+    array = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column
+    if isinstance(array, pa.ChunkedArray) or not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+        return binary_views(column_as_array(column.take(pa.array(rows, pa.int64()))))
+    offsets, data = _binary_buffers(array)
+    views: list[Any] = [data[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+    if array.null_count:
+        valid = np.asarray(array.is_valid())[rows]
+        for i in np.flatnonzero(~valid).tolist():
+            views[i] = None
     return views
 
 

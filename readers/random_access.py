@@ -21,9 +21,10 @@ import pyarrow as pa
 
 from unihub.errors import InvalidArgumentError
 from unihub.formats.arrow_numpy import int64_array
+from unihub.formats.codecs import CompressedImageCodec, binary_views_at
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
-from unihub.readers.decode import DecodePolicy, decode_column
+from unihub.readers.decode import DecodePolicy, decode_column, decode_images
 from unihub.readers.reader import _resolve_fields
 
 
@@ -75,29 +76,49 @@ class Dataset:
         bad = idx[(idx < 0) | (idx >= n)]
         if bad.size:
             raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
+        if not idx.size:
+            return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
         offsets = self.store._offsets
         groups = np.searchsorted(offsets, idx, side="right") - 1
+        # images to decode are gathered as views of the cached row groups' bytes, in the order
+        # asked (Arrow's take would copy every image twice: per group, then into that order)
+        images = {f.name for f in self.schema if self.decode_images and isinstance(f.codec, CompressedImageCodec)}
+        rest = [f for f in self.schema if f.name not in images]
+        blobs: dict[str, list[Any]] = {name: [None] * len(idx) for name in images}
         pieces: list[pa.Table] = []
         order: list[np.ndarray] = []
         for group in np.unique(groups):
             where = np.flatnonzero(groups == group)
-            pieces.append(self._row_group(int(group)).take(int64_array(idx[where] - offsets[group])))
+            local = idx[where] - offsets[group]
+            table = self._row_group(int(group))
+            for name in images:
+                gathered = blobs[name]
+                for k, view in zip(where.tolist(), binary_views_at(table.column(name), local)):
+                    gathered[k] = view
+            if rest:
+                pieces.append(table.select([f.name for f in rest]).take(int64_array(local)))
             order.append(where)
-        if not pieces:
-            return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
+        decoded = dict(zip((f.name for f in rest), self._decode_in_order(rest, pieces, order))) if rest else {}
+        for f in self.schema:
+            if f.name in images:
+                decoded[f.name] = decode_images(f, blobs[f.name], policy=self._policy)
+        return self._row_type(*(decoded[f.name] for f in self.schema))
+
+    def _decode_in_order(self, fields: list[Any], pieces: list[pa.Table], order: list[np.ndarray]) -> list[Any]:
+        """``fields`` of the rows taken from each group (``pieces``, at positions ``order``) put in the
+        order asked, then each column decoded once (a sampler's random batch touches most row groups:
+        a decode per group cost ~2x more)."""
         positions = np.argsort(np.concatenate(order), kind="stable")
         try:
-            # the rows taken from each group put in the order asked, then each column decoded once
-            # (a sampler's random batch touches most row groups: a decode per group cost ~2x more)
             table = pa.concat_tables(pieces).take(int64_array(positions)) if len(pieces) > 1 else pieces[0]
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # files that store a column differently: group by group
-            decoded = [self._decode(piece) for piece in pieces]
-            return self._row_type(*(_concat([d[i] for d in decoded])[positions] for i in range(len(self.schema))))
-        return self._row_type(*self._decode(table))
+            decoded = [self._decode(fields, piece) for piece in pieces]
+            return [_concat([d[i] for d in decoded])[positions] for i in range(len(fields))]
+        return self._decode(fields, table)
 
-    def _decode(self, table: pa.Table) -> list[Any]:
+    def _decode(self, fields: list[Any], table: pa.Table) -> list[Any]:
         return [decode_column(f, table.column(f.name), decode_images=self.decode_images, policy=self._policy)
-                for f in self.schema]
+                for f in fields]
 
     def _row_group(self, group: int) -> pa.Table:
         with self._lock:

@@ -203,3 +203,48 @@ def test_files_that_store_a_column_differently_are_taken_from(tmp_path) -> None:
         rows = {int(r.id): r for r in reader}
     assert batch.id.tolist() == wanted and batch.id.dtype == rows[0].id.dtype
     assert batch.x.tolist() == [i / 2 for i in wanted]
+
+
+def test_binary_views_at_are_the_taken_values_without_a_copy() -> None:
+    import pyarrow as pa
+
+    from unihub.formats.codecs import binary_views, binary_views_at, column_as_array
+
+    values = [b"a", None, b"", b"xyz" * 10, b"\xff\x00", None, b"last"]
+    for kind in (pa.binary(), pa.large_binary()):
+        array = pa.array(values, kind)
+        for column, cells in ((array, values), (array.slice(2, 4), values[2:6]),
+                              (pa.chunked_array([array]), values),
+                              (pa.chunked_array([array.slice(0, 3), array.slice(3)]), values)):
+            rows = np.array([len(cells) - 1, 0, 1, 1, len(cells) // 2], dtype=np.int64)
+            got = [None if v is None else bytes(v) for v in binary_views_at(column, rows)]
+            taken = binary_views(column_as_array(column.take(pa.array(rows))))
+            assert got == [None if v is None else bytes(v) for v in taken] == [cells[r] for r in rows]
+    assert binary_views_at(pa.array(["s", None]), np.array([1, 0])) == [None, "s"]  # not binary: its values
+
+
+def test_take_of_nullable_and_corrupt_images(tmp_path) -> None:
+    import pyarrow as pa
+
+    from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField
+    from unihub.errors import CodecError
+
+    schema = Unischema("Images", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("image", np.uint8, (4, 3, 3), CompressedImageCodec("png"), True)])
+    rng = np.random.default_rng(7)
+    images = [None if i % 3 == 1 else rng.integers(0, 256, (4, 3, 3), dtype=np.uint8) for i in range(30)]
+    write_dataset(tmp_path / "ds", schema, ({"id": i, "image": images[i]} for i in range(30)),
+                  row_group_size_mb=0.0005, rows_per_file=10)
+    ds = Dataset(tmp_path / "ds")
+    asked = [29, 1, 0, 13, 13, 22, 4]
+    batch = ds.take(asked)
+    with make_reader(tmp_path / "ds", shuffle_row_groups=False) as reader:
+        rows = {int(r.id): r.image for r in reader}
+    for k, i in enumerate(asked):
+        assert_same(batch.image[k], rows[i], f"row {i}")
+        assert (batch.image[k] is None) == (images[i] is None)
+    write_dataset(tmp_path / "bad", schema, ({"id": i, "image": b"\x89PNG\r\n\x1a\n" + b"junk" * 5 if i == 12 else
+                                              images[i]} for i in range(30)), row_group_size_mb=0.0005)
+    with pytest.raises(CodecError) as caught:
+        Dataset(tmp_path / "bad").take([3, 12, 5])
+    assert caught.value.field == "image" and caught.value.row == 1
