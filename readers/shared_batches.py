@@ -190,40 +190,55 @@ def worker_pool() -> StoragePool:
 
 
 class PooledBatch(dict[str, Any]):
-    """A batch (dict of columns) some of whose tensors view one slot of a worker's pool: it pickles
-    as those tensors' layout in the slot's storage, with the storage itself only until the main
-    process holds it. Each pickling counts as one batch sent, with a ticket of its own."""
+    """A batch (dict of columns) some of whose tensors view one slot of a worker's pool. Sent to
+    another process (``ForkingPickler``: torch's queues) it travels as those tensors' layout in the
+    slot's storage, with the storage itself only until the main process holds it, and each sending
+    counts as one batch sent, with a ticket of its own. Any other pickling (``pickle``,
+    ``torch.save``) gives a plain dict of copies."""
 
     __slots__ = ("pool", "slot", "storage", "generation")
 
-    def __init__(self, columns: dict[str, Any], pool: StoragePool, slot: int) -> None:
+    def __init__(self, columns: dict[str, Any], pool: StoragePool, slot: int,
+                 storage: Any = None, generation: int | None = None) -> None:
         super().__init__(columns)
         self.pool, self.slot = pool, slot
-        self.storage, self.generation = pool._storages[slot], pool._generations[slot]
+        self.storage = pool._storages[slot] if storage is None else storage
+        self.generation = pool._generations[slot] if generation is None else generation
 
     def __copy__(self) -> PooledBatch:  # torch's default_convert copies the batch in the worker
-        return PooledBatch(self, self.pool, self.slot)
+        return PooledBatch(self, self.pool, self.slot, self.storage, self.generation)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
         import copy
 
         return copy.deepcopy(dict(self), memo)  # new memory, not the slot's (which stays busy)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def _pooled(self) -> list[str]:
+        """The columns that travel as their layout: plain CPU tensors viewing the slot's storage
+        (a tensor subclass, or one that requires grad, travels as torch sends it, with its type)."""
         torch = _torch()
         address = self.storage.data_ptr()
-        layout, others = {}, {}
-        for name, value in self.items():
-            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == address:
-                layout[name] = (value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
-            else:
-                others[name] = value
-        pool = self.pool
-        ticket = pool.count_sent(self.slot)  # busy until this copy arrives (a batch pickled twice: two)
-        # read as it is pickled (in the queue's feeder thread): the latest word from the main process
-        send = None if pool.known(self.slot, self.generation) else \
-            (_ShippedStorage(self.storage), _ShippedStorage(pool._counters))
-        return _received, (list(self), layout, others, pool.id, pool.pid, self.slot, self.generation, ticket, send)
+        return [name for name, value in self.items()
+                if type(value) is torch.Tensor and not value.requires_grad
+                and value.untyped_storage().data_ptr() == address]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        pooled = set(self._pooled())
+        return dict, ({name: value.clone() if name in pooled else value for name, value in self.items()},)
+
+
+def _reduce_pooled_batch(batch: PooledBatch) -> tuple[Any, ...]:
+    """``ForkingPickler``'s reduction of a :class:`PooledBatch` (see the class)."""
+    pooled = set(batch._pooled())
+    layout = {name: (value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
+              for name, value in batch.items() if name in pooled}
+    others = {name: value for name, value in batch.items() if name not in pooled}
+    pool = batch.pool
+    ticket = pool.count_sent(batch.slot)  # busy until this copy arrives (a batch sent twice: two)
+    # read as it is pickled (in the queue's feeder thread): the latest word from the main process
+    send = None if pool.known(batch.slot, batch.generation) else \
+        (_ShippedStorage(batch.storage), _ShippedStorage(pool._counters))
+    return _received, (list(batch), layout, others, pool.id, pool.pid, batch.slot, batch.generation, ticket, send)
 
 
 class _ShippedStorage:
@@ -269,6 +284,7 @@ def _watch_tensors_leaving() -> None:
             return original(obj)
 
         ForkingPickler.register(kind, watched)
+    ForkingPickler.register(PooledBatch, _reduce_pooled_batch)
     _WATCHING = True
 
 
@@ -360,9 +376,15 @@ def _arrivals() -> _Arrivals:
     return _ARRIVALS
 
 
-def _private_storage(nbytes: int) -> Any:
-    """A storage in this process's own memory (Arrow's pool: pages reused, not new)."""
-    return _torch().from_numpy(arrow_backed_empty((max(nbytes, 1),), np.uint8)).untyped_storage()
+def _private_copy(tensor: Any) -> Any:
+    """``tensor`` copied into memory of this process's own (Arrow's pool: pages reused, not new), a
+    storage of its own: keeping one column of a batch keeps only that column, as torch's batches do."""
+    source = numpy_view(tensor)
+    if not isinstance(source, np.ndarray):
+        return tensor.clone()  # a dtype numpy lacks (bfloat16, say)
+    target = arrow_backed_empty(source.shape, source.dtype)
+    np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
+    return _torch().from_numpy(target)
 
 
 def _view(storage: Any, dtype: Any, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> Any:
@@ -379,9 +401,8 @@ def _received(names: list[str], layout: dict[str, tuple[Any, ...]], others: dict
         return {name: views[name] if name in views else others[name] for name in names}
     with _LOCK:
         storage = _arrivals().storage(pool, pid, slot, generation, send)
-    views = {name: _view(storage, *layout[name]) for name in layout}
-    out = in_one_storage({name: views[name] if name in views else others[name] for name in names},
-                         list(layout), _private_storage)
+    copies = {name: _private_copy(_view(storage, *layout[name])) for name in layout}
+    out = {name: copies[name] if name in copies else others[name] for name in names}
     with _LOCK:
         _arrivals().arrived(pool, slot, ticket)
     return out
