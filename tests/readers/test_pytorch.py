@@ -508,18 +508,25 @@ class TaggedTensor(torch.Tensor):
     """A tensor subclass a caller's collate or wrapper may make of a batch's column."""
 
 
+class EachBatch(torch.utils.data.IterableDataset):
+    """A caller's wrapping dataset: what ``each(batch)`` yields for every batch of ``inner``."""
+
+    def __init__(self, inner: Any, each: Any) -> None:
+        self.inner, self.each = inner, each
+
+    def __iter__(self) -> Any:
+        for batch in self.inner:
+            yield from self.each(batch)
+
+
+def _tagged(batch: dict[str, Any]) -> Any:
+    batch["image"] = batch["image"].as_subclass(TaggedTensor)
+    batch["vec"] = batch["vec"].requires_grad_()
+    yield batch
+
+
 def test_worker_batches_keep_tensor_subclasses_and_requires_grad(url):
-    class Tagging(torch.utils.data.IterableDataset):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __iter__(self) -> Any:
-            for batch in self.inner:
-                batch["image"] = batch["image"].as_subclass(TaggedTensor)
-                batch["vec"] = batch["vec"].requires_grad_()
-                yield batch
-
-    ds = Tagging(tp.TorchIterableDataset(url, batch_size=4, seed=4, schema_fields=NUMERIC))
+    ds = EachBatch(tp.TorchIterableDataset(url, batch_size=4, seed=4, schema_fields=NUMERIC), _tagged)
     held = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1))
     assert sorted(i for b in held for i in b["id"].tolist()) == list(range(N))
     for batch in held:
@@ -829,16 +836,7 @@ def test_map_dataset_collate_is_torchs_for_a_collate_fn_map_of_its_own_and_in_ne
 def test_worker_batches_sent_twice_arrive_twice_whole(url):
     # a wrapping dataset that yields each pooled batch twice: each pickling counts as a batch sent,
     # so the slot waits for both copies, even with many prefetched
-    class Twice(torch.utils.data.IterableDataset):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __iter__(self) -> Any:
-            for batch in self.inner:
-                yield batch
-                yield batch
-
-    ds = Twice(tp.TorchIterableDataset(url, batch_size=3, seed=4, schema_fields=NUMERIC))
+    ds = EachBatch(tp.TorchIterableDataset(url, batch_size=3, seed=4, schema_fields=NUMERIC), lambda b: (b, b))
     held = []
     for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, prefetch_factor=8):
         held.append(batch)
