@@ -16,20 +16,21 @@ storage per batch). Two things made that expensive, and a :class:`StoragePool` a
 A slot is refilled only when
 
 - in the worker, no tensor views it any more (the pool holds the only reference), and
-- every batch sent from it has arrived in the main process, which copies a pooled batch's tensors
-  into memory of its own as it unpickles it (:func:`_received`). The caller never holds pool
-  memory, so keeping batches, passing them to other processes or slicing them is safe.
+- every batch sent from it has arrived in the main process, which copies a pooled batch's columns
+  into memory of its own (a column each) as it unpickles it (:func:`_received`). The caller never
+  holds pool memory, so keeping batches, passing them to other processes or slicing them is safe.
 
 Both processes write a small shared tensor of counters, each counter with one writer: the worker
-counts the batches it pickles from each slot (``sent``; a batch pickled twice is sent twice), the
-main process those it received and copied (``released``, once per pickling: each carries a ticket)
-and the generation of each slot's
-storage it holds (``known``: until it equals the slot's, batches carry the storage). A slot is free
-when sent equals released. A batch that does not arrive as sent (a ``collate_fn`` of the caller's
-that rebuilds it, an iteration abandoned) leaves its slot busy for good, and the pool allocates
-fresh memory, as torch does. A pool tensor that leaves the worker any other way (a ``collate_fn``
-that returns a batch's column beside the batch, say) is seen by torch's pickler, and its storage is
-given up to its receiver, never refilled. The main process forgets a pool once its worker has exited.
+counts the batches it sends from each slot (``sent``, as ``ForkingPickler`` pickles them: a batch
+sent twice counts twice), the main process those it received and copied (``released``, once per
+sending: each carries a ticket) and the generation of each slot's storage it holds (``known``: until
+it equals the slot's, batches carry the storage). A slot is free when sent equals released; a batch
+sent and never received (an iteration abandoned) leaves its slot busy for good, and the pool
+allocates fresh memory, as torch does. A pool tensor that leaves the worker outside a pooled batch
+(a ``collate_fn`` that rebuilds the batch, or returns a column beside it) is seen by torch's pickler,
+and its storage is given up to its receiver, never refilled. Any other pickling of a pooled batch
+(``pickle``, ``torch.save``) gives a plain dict of copies. The main process forgets a pool once its
+worker has exited.
 """
 
 from __future__ import annotations
