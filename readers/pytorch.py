@@ -42,11 +42,12 @@ from unihub.readers.batching import (
     ShuffleBuffer,
     columns_length,
     concat_columns,
+    numpy_view,
     slice_columns,
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
-from unihub.readers.shared_batches import StoragePool, in_one_storage, worker_pool
+from unihub.readers.shared_batches import StoragePool, worker_pool
 from unihub.readers.workers import usable_cores
 
 if TYPE_CHECKING:
@@ -148,8 +149,29 @@ def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> 
     storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
     if len(storages) == 1 and next(iter(tensors.values())).untyped_storage().is_shared():
         return columns
-    return in_one_storage(columns, list(tensors), pool.storage if pool is not None else
-                          lambda nbytes: torch.UntypedStorage._new_shared(max(nbytes, 1)))
+    offsets, total = {}, 0
+    for name, tensor in tensors.items():
+        total = -(-total // 64) * 64  # each column 64-byte aligned
+        offsets[name] = total
+        total += tensor.numel() * tensor.element_size()
+    storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(max(total, 1))
+    out = dict(columns)
+    for name, tensor in tensors.items():
+        view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
+        target, source = numpy_view(view), numpy_view(tensor)
+        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
+            np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
+        else:
+            view.copy_(tensor)
+        out[name] = view
+    return out
+
+
+def from_worker(columns: Columns) -> Any:
+    """A batch as a torch worker sends it: in one storage of the worker's pool, which crosses to the
+    main process once (readers/shared_batches.py)."""
+    pool = worker_pool()
+    return pool.sending(in_one_shared_storage(columns, pool))
 
 
 def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:
@@ -947,8 +969,7 @@ def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> 
         return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
     if torch.utils.data.get_worker_info() is None:
         return {name: column.clone() for name, column in columns.items()}  # new memory, as stacking gives
-    pool = worker_pool()
-    return pool.sending(in_one_shared_storage(dict(columns), pool))
+    return from_worker(dict(columns))
 
 
 def _register_sampler_collate() -> None:
@@ -1007,10 +1028,7 @@ def _build_map_dataset(torch: Any) -> type:
             if self.transform is not None:
                 return self.__getitems__(indices)
             columns = columns_from_numpy(self._open().take(indices)._asdict())
-            if torch.utils.data.get_worker_info() is None:
-                return columns
-            pool = worker_pool()
-            return pool.sending(in_one_shared_storage(columns, pool))
+            return columns if torch.utils.data.get_worker_info() is None else from_worker(columns)
 
         def __getitems__(self, indices: Sequence[int]) -> list[Any]:
             columns = columns_from_numpy(self._open().take(list(indices))._asdict())

@@ -40,7 +40,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -62,29 +62,6 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def in_one_storage(columns: dict[str, Any], names: Sequence[str], new_storage: Callable[[int], Any]) -> dict[str, Any]:
-    """``columns`` with the CPU tensors ``names`` copied into views of one storage from
-    ``new_storage(nbytes)``, each 64-byte aligned."""
-    torch = _torch()
-    offsets, total = {}, 0
-    for name in names:
-        total = -(-total // 64) * 64
-        offsets[name] = total
-        total += columns[name].numel() * columns[name].element_size()
-    storage = new_storage(total)
-    out = dict(columns)
-    for name in names:
-        tensor = columns[name]
-        view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
-        target, source = numpy_view(view), numpy_view(tensor)
-        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
-            np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
-        else:
-            view.copy_(tensor)
-        out[name] = view
-    return out
 
 
 def _use_count(storage: Any) -> int:
@@ -312,7 +289,6 @@ class _PoolRecord:
         self.storages_received = 0  # batches that carried their storage (for tests and tuning)
 
 
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -396,10 +372,12 @@ def _received(names: list[str], layout: dict[str, tuple[Any, ...]], others: dict
               slot: int, generation: int, ticket: int, send: tuple[Any, Any] | None) -> dict[str, Any]:
     """Unpickled in the main process: the batch with its pooled tensors copied into private memory,
     then its arrival counted (the worker may refill the slot from then on)."""
-    if _POOL is not None and _POOL[1].id == pool:  # pickled and unpickled in the worker itself: not left
-        storage = _POOL[1]._storages[slot]
-        views = {name: _view(storage, *layout[name]) for name in layout}
-        return {name: views[name] if name in views else others[name] for name in names}
+    if _POOL is not None and _POOL[1].id == pool:  # sent and received in the worker itself: not left
+        own = _POOL[1]
+        if own._generations[slot] != generation or own._storages[slot] is None:  # given up since
+            raise UsageError(f"a batch of this worker's slot {slot} was received here after its memory was given up")
+        views = {name: _view(own._storages[slot], *layout[name]) for name in layout}
+        return {name: views[name] if name in views else others[name] for name in names}  # the slot stays busy
     with _LOCK:
         storage = _arrivals().storage(pool, pid, slot, generation, send)
     copies = {name: _private_copy(_view(storage, *layout[name])) for name in layout}

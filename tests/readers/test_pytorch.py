@@ -495,6 +495,27 @@ def test_a_pooled_batch_pickled_for_anything_else_is_a_plain_dict_of_copies():
     assert isinstance(_pooled(pool, 8), shared_batches.PooledBatch)  # the slot is free again
 
 
+def test_a_pooled_batch_sent_to_its_own_worker_reads_its_slot_or_is_refused():
+    from multiprocessing.reduction import ForkingPickler
+
+    from unihub.errors import UsageError
+    from unihub.readers import shared_batches
+
+    pool = shared_batches.worker_pool()  # this process plays the worker
+    try:
+        batch = _pooled(pool, 1)
+        again = ForkingPickler.loads(bytes(ForkingPickler.dumps(batch)))
+        assert int(again["a"][0]) == 1 and torch.equal(again["b"], batch["b"])
+        data = bytes(ForkingPickler.dumps(batch))
+        ForkingPickler.dumps({"a": batch["a"]})  # the slot's memory leaves on its own: given up
+        del batch, again
+        _pooled(pool, 2)  # the slot gets new memory
+        with pytest.raises(UsageError, match="given up"):
+            ForkingPickler.loads(data)  # not the new memory's values, read as the old batch's
+    finally:
+        shared_batches._POOL = None
+
+
 def _saved(value: Any) -> Any:
     import io
 
