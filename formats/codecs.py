@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
-from unihub.formats.arrow_numpy import arrow_backed_empty, numpy_dtype, to_numpy, without_validity
+from unihub.formats.arrow_numpy import arrow_backed_empty, int64_array, numpy_dtype, to_numpy, without_validity
 from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
@@ -778,14 +778,20 @@ class CompressedImageCodec(Codec):
             return _with_nulls(array.to_pylist(), None)
         return self.decode_blobs(field, binary_views(array))
 
-    def decode_blobs(self, field: UnischemaField, blobs: Sequence[Any]) -> np.ndarray:
+    def decode_blobs(self, field: UnischemaField, blobs: Sequence[Any], into: np.ndarray | None = None) -> np.ndarray:
         """Decode each encoded image of ``blobs`` (bytes-like; None for a null) as :meth:`decode_column`
-        decodes a stored column: the column's views, or the bytes a shuffling queue held."""
+        decodes a stored column: the column's views, or the bytes a shuffling queue held. A fixed-shape
+        column is decoded into ``into`` where given, when it is the ``(n, *shape)`` array of the
+        field's dtype that the column would be (a torch worker's shared memory)."""
         from unihub.formats import images
 
         n = len(blobs)
         fixed = field.is_fixed_shape and n > 0 and not any(blob is None for blob in blobs)
-        out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
+        if fixed and into is not None and into.shape == (n, *fixed_dims(field.shape)) and \
+                into.dtype == np.dtype(field.dtype) and into.flags.c_contiguous and into.flags.writeable:
+            out = into
+        else:
+            out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
         partly_fixed = not fixed and any(d is not None for d in field.shape)
         row = 0
         try:
@@ -849,19 +855,36 @@ def binary_views(array: pa.Array) -> list[memoryview | None]:
     return views
 
 
+class BinaryCells:
+    """A binary column's values by row, as zero-copy views (None for nulls): ``cells.at(rows)`` is
+    what ``binary_views(column.take(rows))`` gives, without copying the values twice. Made once per
+    column, it serves any number of lookups (a row group cached for random access)."""
+
+    def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
+        array = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column
+        self._column = column
+        self._buffers: tuple[np.ndarray, memoryview] | None = None
+        self._valid: np.ndarray | None = None
+        if isinstance(array, pa.Array) and (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            self._buffers = _binary_buffers(array)
+            if array.null_count:
+                self._valid = np.asarray(array.is_valid())
+
+    def at(self, rows: np.ndarray) -> list[Any]:
+        if self._buffers is None:  # several chunks, or not binary: Arrow's take
+            return binary_views(column_as_array(self._column.take(int64_array(rows))))
+        offsets, data = self._buffers
+        views: list[Any] = [data[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+        if self._valid is not None:
+            for i in np.flatnonzero(~self._valid[rows]).tolist():
+                views[i] = None
+        return views
+
+
 def binary_views_at(column: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
     """Zero-copy views of the values at ``rows`` of a binary column, in that order (None for nulls):
     what ``binary_views(column.take(rows))`` gives, without copying the values twice."""
-    array = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column
-    if isinstance(array, pa.ChunkedArray) or not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
-        return binary_views(column_as_array(column.take(pa.array(rows, pa.int64()))))
-    offsets, data = _binary_buffers(array)
-    views: list[Any] = [data[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
-    if array.null_count:
-        valid = np.asarray(array.is_valid())[rows]
-        for i in np.flatnonzero(~valid).tolist():
-            views[i] = None
-    return views
+    return BinaryCells(column).at(rows)
 
 
 # ---------------------------------------------------------------------------------------

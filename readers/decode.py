@@ -60,12 +60,14 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
-def decode_images(f: UnischemaField, blobs: list[Any], *, policy: DecodePolicy = UNIHUB) -> Any:
+def decode_images(f: UnischemaField, blobs: list[Any], *, policy: DecodePolicy = UNIHUB,
+                  into: np.ndarray | None = None) -> Any:
     """Image field ``f``'s encoded values (bytes; None for nulls) decoded as :func:`decode_column`
-    decodes them stored: for a loader that held them encoded (readers/late_decode.py)."""
+    decodes them stored: for a loader that held them encoded (readers/late_decode.py). A fixed-shape
+    column goes into ``into`` where it is the array the column would be (``decode_blobs``)."""
     if not isinstance(f.codec, CompressedImageCodec):
         raise TypeError(f"field {f.name!r} is not an image field")
-    values = f.codec.decode_blobs(f, blobs)
+    values = f.codec.decode_blobs(f, blobs, into)
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 

@@ -82,6 +82,16 @@ def _tensor(array: np.ndarray) -> Any:
     return _torch().from_numpy(array)
 
 
+def _torch_dtype(dtype: Any) -> Any:
+    """The torch dtype of a numeric numpy ``dtype``; None for one torch does not have (or not numeric)."""
+    if np.dtype(dtype).kind not in _NUMERIC:
+        return None
+    try:
+        return _torch().from_numpy(np.empty(0, dtype)).dtype
+    except TypeError:
+        return None
+
+
 def _cell(value: Any) -> Any:
     """One cell of a non-numeric column: a numeric ndarray becomes a tensor, anything else stays."""
     if isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC:
@@ -149,22 +159,42 @@ def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> 
     storages = {t.untyped_storage().data_ptr() for t in tensors.values()}
     if len(storages) == 1 and next(iter(tensors.values())).untyped_storage().is_shared():
         return columns
-    offsets, total = {}, 0
-    for name, tensor in tensors.items():
-        total = -(-total // 64) * 64  # each column 64-byte aligned
-        offsets[name] = total
-        total += tensor.numel() * tensor.element_size()
+    shapes = {name: (tensor.dtype, tuple(tensor.shape)) for name, tensor in tensors.items()}
+    offsets, total = _packed(shapes)
     storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(max(total, 1))
     out = dict(columns)
-    for name, tensor in tensors.items():
-        view = torch.empty(0, dtype=tensor.dtype).set_(storage, offsets[name] // tensor.element_size(), tensor.shape)
-        target, source = numpy_view(view), numpy_view(tensor)
+    for name, view in _views(storage, shapes, offsets).items():
+        target, source = numpy_view(view), numpy_view(tensors[name])
         if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
             np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
         else:
-            view.copy_(tensor)
+            view.copy_(tensors[name])
         out[name] = view
     return out
+
+
+def _packed(shapes: Mapping[str, tuple[Any, tuple[int, ...]]]) -> tuple[dict[str, int], int]:
+    """Where each column of ``shapes`` (name: torch dtype, shape) starts in one storage, each
+    64-byte aligned, and the storage's size in bytes."""
+    offsets, total = {}, 0
+    for name, (dtype, shape) in shapes.items():
+        total = -(-total // 64) * 64
+        offsets[name] = total
+        total += math.prod(shape) * dtype.itemsize
+    return offsets, total
+
+
+def _views(storage: Any, shapes: Mapping[str, tuple[Any, tuple[int, ...]]], offsets: Mapping[str, int]) -> dict[str, Any]:
+    torch = _torch()
+    return {name: torch.empty(0, dtype=dtype).set_(storage, offsets[name] // dtype.itemsize, shape)
+            for name, (dtype, shape) in shapes.items()}
+
+
+def empty_in_pool(shapes: Mapping[str, tuple[Any, tuple[int, ...]]]) -> dict[str, Any]:
+    """Uninitialised tensors (name: torch dtype, shape) in one storage of this worker's pool: a batch
+    written there leaves the worker without a copy (:func:`from_worker` finds them in one storage)."""
+    offsets, total = _packed(shapes)
+    return _views(worker_pool().storage(total), shapes, offsets)
 
 
 def from_worker(columns: Columns) -> Any:
@@ -1027,14 +1057,29 @@ def _build_map_dataset(torch: Any) -> type:
             indices = indices.tolist() if hasattr(indices, "tolist") else list(indices)
             if self.transform is not None:
                 return self.__getitems__(indices)
-            columns = columns_from_numpy(self._open().take(indices)._asdict())
+            columns = self._columns(indices)
             return columns if torch.utils.data.get_worker_info() is None else from_worker(columns)
 
         def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-            columns = columns_from_numpy(self._open().take(list(indices))._asdict())
             if self.transform is not None:
+                columns = columns_from_numpy(self._open().take(list(indices))._asdict())
                 return [self.transform(row) for row in _rows_of_columns(columns, len(indices), dict)]
-            return _rows_of_columns(columns, len(indices), SamplerRow)
+            return _rows_of_columns(self._columns(list(indices)), len(indices), SamplerRow)
+
+        def _columns(self, indices: list[int]) -> Columns:
+            """Rows ``indices`` as columns (numeric ones as tensors). In a torch worker the
+            fixed-shape numeric columns are decoded (or copied) straight into one storage of the
+            worker's pool, in which the batch then leaves the worker without another copy."""
+            dataset = self._open()
+            if not indices or torch.utils.data.get_worker_info() is None:
+                return columns_from_numpy(dataset.take(indices)._asdict())
+            shapes = {f.name: (dtype, (len(indices), *f.shape)) for f in dataset.schema
+                      if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None}
+            tensors = empty_in_pool(shapes)
+            arrays = {name: numpy_view(tensor) for name, tensor in tensors.items()}
+            batch = dataset.take(indices, into=arrays)._asdict()
+            columns = columns_from_numpy({name: v for name, v in batch.items() if v is not arrays.get(name)})
+            return {name: tensors[name] if v is arrays.get(name) else columns[name] for name, v in batch.items()}
 
     _register_sampler_collate()
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from unihub.errors import InvalidArgumentError
-from unihub.formats.arrow_numpy import int64_array
-from unihub.formats.codecs import CompressedImageCodec, binary_views_at
+from unihub.formats.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
+from unihub.formats.codecs import BinaryCells, CompressedImageCodec
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
 from unihub.readers.decode import DecodePolicy, decode_column, decode_images
@@ -52,7 +52,7 @@ class Dataset:
             raise InvalidArgumentError(f"cached_row_groups must be >= 0 or None, got {cached_row_groups}")
         if not cache_mb >= 0:
             raise InvalidArgumentError(f"cache_mb must be >= 0, got {cache_mb}")
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache: OrderedDict[int, _CachedGroup] = OrderedDict()
         self._cache_size = cached_row_groups
         self._cache_bytes = int(cache_mb * 2**20)
         self._cached_bytes = 0
@@ -65,8 +65,13 @@ class Dataset:
         batch = self.take([index])
         return self._row_type._make(column[0] for column in batch)
 
-    def take(self, indices: Sequence[int] | np.ndarray) -> Any:
-        """A batch (namedtuple of column arrays) holding rows ``indices`` in the order given."""
+    def take(self, indices: Sequence[int] | np.ndarray, into: Mapping[str, np.ndarray] | None = None) -> Any:
+        """A batch (namedtuple of column arrays) holding rows ``indices`` in the order given.
+
+        A column is decoded or copied into the array ``into`` names it with, where that array has
+        the column's shape and dtype, and that array is returned (a torch worker's shared memory:
+        the batch leaves the worker without another copy); otherwise the column is new memory.
+        """
         raw = np.asarray(indices)
         if raw.size and raw.dtype.kind not in "iu":  # 1.5 or True would silently become a row number
             raise TypeError(f"row indices must be integers, got {raw.dtype} values")
@@ -80,35 +85,50 @@ class Dataset:
             return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
         offsets = self.store._offsets
         groups = np.searchsorted(offsets, idx, side="right") - 1
-        # images to decode are gathered as views of the cached row groups' bytes, in the order
-        # asked (Arrow's take would copy every image twice: per group, then into that order)
-        images = {f.name for f in self.schema if self.decode_images and isinstance(f.codec, CompressedImageCodec)}
-        rest = [f for f in self.schema if f.name not in images]
-        blobs: dict[str, list[Any]] = {name: [None] * len(idx) for name in images}
-        pieces: list[pa.Table] = []
-        order: list[np.ndarray] = []
-        for group in np.unique(groups):
-            where = np.flatnonzero(groups == group)
-            local = idx[where] - offsets[group]
-            table = self._row_group(int(group))
-            for name in images:
-                gathered = blobs[name]
-                for k, view in zip(where.tolist(), binary_views_at(table.column(name), local)):
-                    gathered[k] = view
-            if rest:
-                pieces.append(table.select([f.name for f in rest]).take(int64_array(local)))
-            order.append(where)
-        decoded = dict(zip((f.name for f in rest), self._decode_in_order(rest, pieces, order))) if rest else {}
+        by_group = np.argsort(groups, kind="stable")  # positions asked, grouped by row group
+        in_order = np.argsort(by_group)  # ...and back: where each position's value lands
+        sorted_groups = groups[by_group]
+        cuts = (np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1).tolist()
+        parts: list[tuple[_CachedGroup, np.ndarray]] = []  # each group read once, with its rows asked
+        for a, b in zip([0, *cuts], [*cuts, len(idx)]):
+            group = int(sorted_groups[a])
+            parts.append((self._row_group(group), idx[by_group[a:b]] - offsets[group]))
+        decoded: dict[str, Any] = {}
+        slow: list[Any] = []
         for f in self.schema:
-            if f.name in images:
-                decoded[f.name] = decode_images(f, blobs[f.name], policy=self._policy)
-        return self._row_type(*(decoded[f.name] for f in self.schema))
+            if self.decode_images and isinstance(f.codec, CompressedImageCodec):
+                # gathered as views of the cached bytes (Arrow's take would copy every image twice)
+                views = [view for entry, local in parts for view in entry.binary(f.name).at(local)]
+                decoded[f.name] = decode_images(f, [views[k] for k in in_order.tolist()], policy=self._policy,
+                                                into=into.get(f.name) if into else None)
+            elif (cells := self._gathered(f, parts, in_order)) is not None:
+                decoded[f.name] = decode_column(f, cells, decode_images=self.decode_images, policy=self._policy)
+            else:
+                slow.append(f)
+        if slow:  # Arrow's take, group by group, then the rows joined in the order asked
+            pieces = [entry.table.select([f.name for f in slow]).take(int64_array(local)) for entry, local in parts]
+            decoded.update(zip((f.name for f in slow), self._decode_in_order(slow, pieces, in_order)))
+        return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
+                                for f in self.schema))
 
-    def _decode_in_order(self, fields: list[Any], pieces: list[pa.Table], order: list[np.ndarray]) -> list[Any]:
-        """``fields`` of the rows taken from each group (``pieces``, at positions ``order``) put in the
-        order asked, then each column decoded once (a sampler's random batch touches most row groups:
-        a decode per group cost ~2x more)."""
-        positions = np.argsort(np.concatenate(order), kind="stable")
+    @staticmethod
+    def _gathered(f: Any, parts: list[tuple[_CachedGroup, np.ndarray]], in_order: np.ndarray) -> pa.Array | None:
+        """Field ``f``'s rows asked, as one Arrow array in the order asked, gathered by numpy from
+        the groups' fixed-width cells; None where a group stores it otherwise (nulls, variable width,
+        another type than the first group's)."""
+        arrow_type = parts[0][0].table.schema.field(f.name).type
+        taken = []
+        for entry, local in parts:
+            cells = entry.fixed_width(f.name)
+            if cells is None or entry.table.schema.field(f.name).type != arrow_type:
+                return None
+            taken.append(cells[local])
+        return from_fixed_width_cells(arrow_type, (taken[0] if len(taken) == 1 else np.concatenate(taken))[in_order])
+
+    def _decode_in_order(self, fields: list[Any], pieces: list[pa.Table], positions: np.ndarray) -> list[Any]:
+        """``fields`` of the rows taken from each group (``pieces``, joined: their rows at ``positions``
+        are the order asked), then each column decoded once (a sampler's random batch touches most row
+        groups: a decode per group cost ~2x more)."""
         try:
             table = pa.concat_tables(pieces).take(int64_array(positions)) if len(pieces) > 1 else pieces[0]
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # files that store a column differently: group by group
@@ -120,27 +140,57 @@ class Dataset:
         return [decode_column(f, table.column(f.name), decode_images=self.decode_images, policy=self._policy)
                 for f in fields]
 
-    def _row_group(self, group: int) -> pa.Table:
+    def _row_group(self, group: int) -> _CachedGroup:
         with self._lock:
-            table = self._cache.get(group)
-            if table is not None:
+            entry = self._cache.get(group)
+            if entry is not None:
                 self._cache.move_to_end(group)
-                return table
-        table = self.store.read_row_group(group, list(self.schema.fields))
+                return entry
+        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields)))
         with self._lock:
             if group not in self._cache:
-                self._cache[group] = table
-                self._cached_bytes += table.nbytes
+                self._cache[group] = entry
+                self._cached_bytes += entry.table.nbytes
             while self._cache_is_over():
                 _, dropped = self._cache.popitem(last=False)
-                self._cached_bytes -= dropped.nbytes
-        return table
+                self._cached_bytes -= dropped.table.nbytes
+        return entry
 
     def _cache_is_over(self) -> bool:
         held = len(self._cache)
         if self._cache_size is not None and held > self._cache_size:
             return True
         return held > 1 and self._cached_bytes > self._cache_bytes
+
+
+class _CachedGroup:
+    """A row group read, with what lookups in it need made once: its columns' fixed-width cells and
+    binary values (views of the table's own buffers, no copies)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self._fixed: dict[str, np.ndarray | None] = {}
+        self._binary: dict[str, BinaryCells] = {}
+
+    def fixed_width(self, name: str) -> np.ndarray | None:
+        if name not in self._fixed:
+            self._fixed[name] = fixed_width_cells(self.table.column(name))
+        return self._fixed[name]
+
+    def binary(self, name: str) -> BinaryCells:
+        cells = self._binary.get(name)
+        if cells is None:
+            cells = self._binary[name] = BinaryCells(self.table.column(name))
+        return cells
+
+
+def _copied_into(values: Any, target: np.ndarray | None) -> Any:
+    """``values`` copied into ``target`` where it is an array of their shape and dtype (and returned)."""
+    if target is None or target is values or not isinstance(values, np.ndarray) or values.dtype == object \
+            or values.shape != target.shape or values.dtype != target.dtype or not target.flags.writeable:
+        return values
+    np.copyto(target, values)
+    return target
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

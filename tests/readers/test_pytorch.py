@@ -1022,3 +1022,36 @@ def test_iterators_never_started_or_closed_early_leave_the_loader_usable(url):
     loader.load_state_dict(state)
     assert len(ids(loader)) == N - 9
 
+
+
+def test_map_dataset_in_a_worker_decodes_into_its_pool_and_sends_that_memory(url, monkeypatch):
+    """In a worker, a sampler batch's fixed-shape numeric columns are decoded (or copied) into one
+    storage of the worker's pool, and the batch leaves in that storage: no copy on the way out. The
+    other columns are as in the main process."""
+    import types
+
+    from unihub.readers import shared_batches
+
+    ds = tp.TorchMapDataset(url)
+    asked = [60, 2, 33, 2, 17]
+    plain = ds._columns(asked)  # the main process: columns of their own
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=1))
+    monkeypatch.setattr(shared_batches, "_POOL", (os.getpid(), shared_batches.StoragePool()))
+    pool = shared_batches.worker_pool()
+    columns = ds._columns(asked)
+    assert list(columns) == list(plain)
+    storages = {columns[name].untyped_storage().data_ptr() for name in NUMERIC}
+    assert len(storages) == 1 and storages <= set(pool._slots)  # one slot holds them all
+    for name in plain:
+        if name in NUMERIC:
+            assert columns[name].dtype == plain[name].dtype and torch.equal(columns[name], plain[name]), name
+        else:
+            assert len(columns[name]) == len(plain[name]) and all(
+                torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(columns[name], plain[name])), name
+    sent = tp.from_worker(columns)
+    assert isinstance(sent, shared_batches.PooledBatch) and sent.storage.data_ptr() in storages
+    assert all(sent[name] is columns[name] for name in NUMERIC)  # the same tensors: nothing copied
+    numeric = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    batch = tp.collate_sampler_rows(numeric.__getitems__(asked))  # torch's collate of the rows
+    assert isinstance(batch, shared_batches.PooledBatch)
+    assert all(torch.equal(batch[name], plain[name]) for name in NUMERIC)

@@ -248,3 +248,66 @@ def test_take_of_nullable_and_corrupt_images(tmp_path) -> None:
     with pytest.raises(CodecError) as caught:
         Dataset(tmp_path / "bad").take([3, 12, 5])
     assert caught.value.field == "image" and caught.value.row == 1
+
+
+@pytest.mark.parametrize("petastorm_types", [False, True])
+def test_columns_gathered_without_arrows_take_are_what_its_take_gives(tmp_path, petastorm_types) -> None:
+    """Fixed-width columns are gathered from the row groups' buffers by numpy; a column with nulls in
+    a group touched, or of another type in another file, is taken by Arrow as before. Either way the
+    values and dtypes are what decoding Arrow's take of the whole dataset gives."""
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unihub.readers.decode import DecodePolicy, decode_column
+
+    def table(first: int, count: int, small_type: pa.DataType) -> pa.Table:
+        ids = list(range(first, first + count))
+        return pa.table({
+            "id": pa.array(ids, pa.int64()),
+            "small": pa.array([i % 100 for i in ids], small_type),
+            "half": pa.array(np.array(ids, np.float16) / 8),
+            "when": pa.array([datetime.datetime(2020, 1, 1) + datetime.timedelta(hours=i) for i in ids], pa.timestamp("ms")),
+            "code": pa.array([i.to_bytes(3, "big") for i in ids], pa.binary(3)),
+            "price": pa.array([decimal.Decimal(i) / 4 for i in ids], pa.decimal128(9, 2)),
+            "maybe": pa.array([None if i == 3 else i for i in ids], pa.int32()),  # a null in the first group only
+            "pair": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * first, 2 * (first + count), dtype=np.float32)), 2),
+        })
+
+    pq.write_table(table(0, 24, pa.int16()), tmp_path / "a.parquet", row_group_size=8)
+    pq.write_table(table(24, 16, pa.int16()), tmp_path / "b.parquet", row_group_size=8)
+    pq.write_table(table(40, 8, pa.int32()), tmp_path / "c.parquet", row_group_size=8)  # "small" stored wider
+    ds = Dataset(tmp_path, petastorm_types=petastorm_types)
+    whole = pa.concat_tables([pq.read_table(tmp_path / f"{name}.parquet") for name in "abc"], promote_options="permissive")
+    policy = DecodePolicy.for_store(ds.store.schema_source, petastorm_types, batched=True)
+    rng = np.random.default_rng(5)
+    for indices in ([0, 5, 7], [9, 30, 12, 9], [41, 2, 47, 10], list(rng.permutation(48)), list(rng.integers(8, 48, 30))):
+        batch = ds.take(indices)
+        taken = whole.take(pa.array(indices))
+        for f in ds.schema:
+            expected = decode_column(f, taken.column(f.name), policy=policy)
+            found = getattr(batch, f.name)
+            assert found.dtype == expected.dtype and found.shape == expected.shape, (f.name, indices)
+            same = found.tolist() == expected.tolist() if found.dtype == object else found.tobytes() == expected.tobytes()
+            assert same, (f.name, indices)  # bytes: NaN for a null in Petastorm's types
+
+
+def test_take_into_arrays_given(dataset, reader_rows) -> None:
+    """Columns go into the arrays ``into`` names where those have the column's shape and dtype (a torch
+    worker's shared memory); the others are new memory, and the arrays given for them are left alone."""
+    ds = Dataset(dataset)
+    asked = [88, 3, 45, 3, 60]
+    plain = ds.take(asked)
+    into = {"id": np.full(5, -1, np.int64), "image": np.zeros((5, 6, 5, 3), np.uint8),
+            "vec": np.full((5, 3), 7, np.float32), "emb": np.full((5, 3), 7.0)}  # emb: the wrong shape
+    batch = ds.take(asked, into=into)
+    assert batch.id is into["id"] and batch.image is into["image"] and batch.vec is into["vec"]
+    assert batch.emb is not into["emb"] and (into["emb"] == 7.0).all()
+    for name in plain._fields:
+        for k in range(len(asked)):
+            assert_same(column_item(batch, name, k), column_item(plain, name, k), f"{name}[{k}]")
+    read_only = np.zeros(5, np.int64)
+    read_only.flags.writeable = False
+    assert ds.take(asked, into={"id": read_only}).id is not read_only
