@@ -25,6 +25,7 @@ URL. Petastorm's look-ups are here too:
 from __future__ import annotations
 
 import decimal
+import mmap
 import os
 import posixpath
 import threading
@@ -111,17 +112,23 @@ class ParquetStore:
     #: column sets are shared between row groups (_column_sets), so memory stays one entry per group
     _verified: dict[int, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
     _column_sets: dict[frozenset[str], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    #: a byte per row group, 1 once all its stored columns were read and checked, in shared memory:
+    #: processes forked from this one (torch workers, new each epoch) see what any of them checked
+    _checked_whole: mmap.mmap | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
+        self._checked_whole = mmap.mmap(-1, max(len(self.row_groups), 1))  # anonymous and shared, zeroed
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_open"] = None
+        state["_checked_whole"] = None  # unpickled elsewhere: that process checks for itself
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _open=threading.local())
+        self._checked_whole = mmap.mmap(-1, max(len(self.row_groups), 1))
 
     @property
     def num_rows(self) -> int:
@@ -171,12 +178,16 @@ class ParquetStore:
             if self._verify == "once":
                 checked = self._verified.get(index, frozenset()) | frozenset(table.column_names)
                 self._verified[index] = self._column_sets.setdefault(checked, checked)
+                if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
+                    self._checked_whole[index] = 1
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
 
     def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
         """Whether this read verifies page checksums and value counts (see ``_verify``)."""
         if self._verify != "once":
             return self._verify == "always"
+        if self._checked_whole is not None and self._checked_whole[index]:
+            return False
         checked = self._verified.get(index)
         if checked is None:
             return True

@@ -8,6 +8,7 @@ image dataset's, decoded silently to other values.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,30 @@ def test_each_row_group_is_checked_once_per_opened_dataset_unless_asked_always(c
     monkeypatch.setenv("UNIHUB_PAGE_CHECKSUMS", "sometimes")
     with pytest.raises(InvalidArgumentError, match="UNIHUB_PAGE_CHECKSUMS='sometimes'"):
         open_dataset(dataset)
+
+
+def test_what_a_forked_process_checked_is_not_checked_again_by_its_siblings(corrupt_later):
+    """torch forks new workers from the process that opened the dataset each epoch: a row group one of
+    them read whole and checked is not checked again by the others or the next epoch's (shared memory);
+    a copy unpickled in another process, or the dataset opened again, checks for itself."""
+    import pickle
+
+    dataset, damage = corrupt_later
+    store = open_dataset(dataset)
+    child = os.fork()
+    if child == 0:  # a worker: reads row group 0 whole (checked), and row group 1's ids only
+        try:
+            store.read_row_group(0)
+            store.read_row_group(1, ["id"])
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert not store._needs_check(0, None) and store._needs_check(1, None)
+    unpickled = pickle.loads(pickle.dumps(store))
+    assert unpickled._needs_check(0, None)
+    damage()
+    with pytest.raises(DataCorruptionError):
+        open_dataset(dataset).read_row_group(0)
 
 
 @pytest.fixture
