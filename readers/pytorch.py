@@ -1071,10 +1071,10 @@ def _build_map_dataset(torch: Any) -> type:
             fixed-shape numeric columns are decoded (or copied) straight into one storage of the
             worker's pool, in which the batch then leaves the worker without another copy."""
             dataset = self._open()
-            if not indices or torch.utils.data.get_worker_info() is None:
-                return columns_from_numpy(dataset.take(indices)._asdict())
             shapes = {f.name: (dtype, (len(indices), *f.shape)) for f in dataset.schema
                       if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None}
+            if not indices or not shapes or torch.utils.data.get_worker_info() is None:
+                return columns_from_numpy(dataset.take(indices)._asdict())
             tensors = empty_in_pool(shapes)
             arrays = {name: numpy_view(tensor) for name, tensor in tensors.items()}
             batch = dataset.take(indices, into=arrays)._asdict()
