@@ -789,6 +789,7 @@ class CompressedImageCodec(Codec):
         fixed = field.is_fixed_shape and n > 0 and not any(blob is None for blob in blobs)
         if fixed and into is not None and into.shape == (n, *fixed_dims(field.shape)) and \
                 into.dtype == np.dtype(field.dtype) and into.flags.c_contiguous and into.flags.writeable:
+            _refuse_too_many_pixels(field)
             out = into
         else:
             out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
@@ -812,20 +813,34 @@ class CompressedImageCodec(Codec):
         return {"image_codec": self.image_codec, "quality": self.quality}
 
 
+def image_pixels_allowed(field: UnischemaField) -> bool:
+    """Whether a fixed-shape image field's images are within ``images.MAX_IMAGE_PIXELS`` (a loader
+    that allocates their memory ahead of decoding asks first)."""
+    from unihub.formats import images
+
+    height, width = (list(fixed_dims(field.shape)) + [1, 1])[:2]
+    return images.MAX_IMAGE_PIXELS is None or height * width <= images.MAX_IMAGE_PIXELS
+
+
+def _refuse_too_many_pixels(field: UnischemaField) -> None:
+    from unihub.formats import images
+
+    if not image_pixels_allowed(field):
+        height, width = (list(fixed_dims(field.shape)) + [1, 1])[:2]
+        raise images.ImageDecodeError(
+            f"field {field.name!r} holds images of {width}x{height} pixels, more than the limit of "
+            f"{images.MAX_IMAGE_PIXELS:,}; raise unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, to decode "
+            "images this large", field=field.name)
+
+
 def _image_column(field: UnischemaField, n: int) -> np.ndarray:
     """The ``(n, *shape)`` array a fixed-shape image column decodes into, refused (ImageDecodeError)
     when the field's images are above ``images.MAX_IMAGE_PIXELS`` or the column does not fit in memory."""
     from unihub.formats import images
 
-    shape = fixed_dims(field.shape)
-    height, width = (list(shape) + [1, 1])[:2]
-    limit = images.MAX_IMAGE_PIXELS
-    if limit is not None and height * width > limit:
-        raise images.ImageDecodeError(
-            f"field {field.name!r} holds images of {width}x{height} pixels, more than the limit of {limit:,}; raise "
-            "unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, to decode images this large", field=field.name)
+    _refuse_too_many_pixels(field)
     try:
-        return arrow_backed_empty((n, *shape), field.dtype)
+        return arrow_backed_empty((n, *fixed_dims(field.shape)), field.dtype)
     except MemoryError as exc:
         raise images.ImageDecodeError(f"field {field.name!r}: out of memory for {n} images of shape {field.shape}: "
                                       f"{exc}", field=field.name) from None

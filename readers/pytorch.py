@@ -36,6 +36,7 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
+from unihub.formats.codecs import CompressedImageCodec, image_pixels_allowed
 from unihub.readers.batching import (
     ARRIVAL_ROWS,
     Rebatcher,
@@ -1072,7 +1073,8 @@ def _build_map_dataset(torch: Any) -> type:
             worker's pool, in which the batch then leaves the worker without another copy."""
             dataset = self._open()
             shapes = {f.name: (dtype, (len(indices), *f.shape)) for f in dataset.schema
-                      if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None}
+                      if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None
+                      and (not isinstance(f.codec, CompressedImageCodec) or image_pixels_allowed(f))}
             if not indices or not shapes or torch.utils.data.get_worker_info() is None:
                 return columns_from_numpy(dataset.take(indices)._asdict())
             tensors = empty_in_pool(shapes)

@@ -71,6 +71,7 @@ class Dataset:
         A column is decoded or copied into the array ``into`` names it with, where that array has
         the column's shape and dtype, and that array is returned (a torch worker's shared memory:
         the batch leaves the worker without another copy); otherwise the column is new memory.
+        Arrays given for two fields must not share memory.
         """
         raw = np.asarray(indices)
         if raw.size and raw.dtype.kind not in "iu":  # 1.5 or True would silently become a row number
@@ -83,6 +84,11 @@ class Dataset:
             raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
         if not idx.size:
             return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
+        targets = list((into or {}).items())
+        for k, (name, target) in enumerate(targets):
+            for other, overlapping in targets[k + 1:]:
+                if np.may_share_memory(target, overlapping):
+                    raise InvalidArgumentError(f"into: the arrays given for {name!r} and {other!r} share memory")
         offsets = self.store._offsets
         groups = np.searchsorted(offsets, idx, side="right") - 1
         by_group = np.argsort(groups, kind="stable")  # positions asked, grouped by row group

@@ -1055,3 +1055,23 @@ def test_map_dataset_in_a_worker_decodes_into_its_pool_and_sends_that_memory(url
     batch = tp.collate_sampler_rows(numeric.__getitems__(asked))  # torch's collate of the rows
     assert isinstance(batch, shared_batches.PooledBatch)
     assert all(torch.equal(batch[name], plain[name]) for name in NUMERIC)
+
+
+def test_map_dataset_in_a_worker_keeps_the_image_pixel_limit(url, monkeypatch):
+    """No pool memory is asked for images above ``MAX_IMAGE_PIXELS``: the batch is refused as with no workers."""
+    import types
+
+    from unihub.errors import ImageDecodeError
+    from unihub.formats import images
+    from unihub.readers import shared_batches
+
+    ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=1))
+    monkeypatch.setattr(shared_batches, "_POOL", (os.getpid(), shared_batches.StoragePool()))
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 15)  # the images are 4x4
+    asked = []
+    real = tp.empty_in_pool
+    monkeypatch.setattr(tp, "empty_in_pool", lambda shapes: asked.append(sorted(shapes)) or real(shapes))
+    with pytest.raises(ImageDecodeError, match="more than the limit of 15"):
+        ds.__getitems__([3, 4])
+    assert asked == [["id", "vec"]]

@@ -311,3 +311,21 @@ def test_take_into_arrays_given(dataset, reader_rows) -> None:
     read_only = np.zeros(5, np.int64)
     read_only.flags.writeable = False
     assert ds.take(asked, into={"id": read_only}).id is not read_only
+
+
+def test_take_into_is_refused_for_arrays_that_overlap_and_keeps_the_pixel_limit(dataset, monkeypatch) -> None:
+    from unihub.errors import ImageDecodeError, InvalidArgumentError
+    from unihub.formats import images
+
+    ds = Dataset(dataset, schema_fields=["id", "vec", "emb", "image"])
+    shared = np.zeros((2, 4))
+    with pytest.raises(InvalidArgumentError, match="'vec' and 'emb' share memory"):
+        ds.take([1, 2], into={"vec": shared.view(np.float32)[:, :3], "emb": shared[:, 2:]})
+    one = np.zeros(64, np.uint8)  # one buffer, apart: as a torch worker's pool storage is cut
+    into = {"id": one[:16].view(np.int64), "emb": one[32:64].view(np.float64).reshape(2, 2)}
+    batch = ds.take([1, 2], into=into)
+    assert batch.id is into["id"] and batch.emb is into["emb"] and batch.id.tolist() == [1, 2]
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 20)  # the images are 6x5
+    for into in (None, {"image": np.zeros((2, 6, 5, 3), np.uint8)}):
+        with pytest.raises(ImageDecodeError, match="more than the limit of 20"):
+            ds.take([1, 2], into=into)
