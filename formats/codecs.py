@@ -818,15 +818,20 @@ def image_pixels_allowed(field: UnischemaField) -> bool:
     that allocates their memory ahead of decoding asks first)."""
     from unihub.formats import images
 
-    height, width = (list(fixed_dims(field.shape)) + [1, 1])[:2]
+    height, width = _height_width(field)
     return images.MAX_IMAGE_PIXELS is None or height * width <= images.MAX_IMAGE_PIXELS
+
+
+def _height_width(field: UnischemaField) -> tuple[int, int]:
+    height, width = (list(fixed_dims(field.shape)) + [1, 1])[:2]
+    return height, width
 
 
 def _refuse_too_many_pixels(field: UnischemaField) -> None:
     from unihub.formats import images
 
     if not image_pixels_allowed(field):
-        height, width = (list(fixed_dims(field.shape)) + [1, 1])[:2]
+        height, width = _height_width(field)
         raise images.ImageDecodeError(
             f"field {field.name!r} holds images of {width}x{height} pixels, more than the limit of "
             f"{images.MAX_IMAGE_PIXELS:,}; raise unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, to decode "
@@ -860,14 +865,7 @@ def binary_views(array: pa.Array) -> list[memoryview | None]:
     """Zero-copy views of each value of a binary column (None for nulls); ``to_pylist`` would copy."""
     if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
         return array.to_pylist()
-    offsets, data = _binary_buffers(array)
-    bounds = offsets.tolist()
-    views: list[memoryview | None] = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    if array.null_count:
-        for i, ok in enumerate(array.is_valid().to_pylist()):
-            if not ok:
-                views[i] = None
-    return views
+    return BinaryCells(array).at()
 
 
 class BinaryCells:
@@ -883,23 +881,24 @@ class BinaryCells:
         if isinstance(array, pa.Array) and (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
             self._buffers = _binary_buffers(array)
             if array.null_count:
-                self._valid = np.asarray(array.is_valid())
+                self._valid = to_numpy(array.is_valid())
 
-    def at(self, rows: np.ndarray) -> list[Any]:
+    def at(self, rows: np.ndarray | None = None) -> list[Any]:
+        """The values at ``rows``, in that order; every value where ``rows`` is None."""
         if self._buffers is None:  # several chunks, or not binary: Arrow's take
-            return binary_views(column_as_array(self._column.take(int64_array(rows))))
+            column = self._column if rows is None else self._column.take(int64_array(rows))
+            return binary_views(column_as_array(column))
         offsets, data = self._buffers
-        views: list[Any] = [data[a:b] for a, b in zip(offsets[rows].tolist(), offsets[rows + 1].tolist())]
+        if rows is None:
+            bounds = offsets.tolist()
+            starts, ends = bounds[:-1], bounds[1:]
+        else:
+            starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
+        views: list[Any] = [data[a:b] for a, b in zip(starts, ends)]
         if self._valid is not None:
-            for i in np.flatnonzero(~self._valid[rows]).tolist():
+            for i in np.flatnonzero(~(self._valid if rows is None else self._valid[rows])).tolist():
                 views[i] = None
         return views
-
-
-def binary_views_at(column: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
-    """Zero-copy views of the values at ``rows`` of a binary column, in that order (None for nulls):
-    what ``binary_views(column.take(rows))`` gives, without copying the values twice."""
-    return BinaryCells(column).at(rows)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1026,6 +1026,7 @@ def _build_map_dataset(torch: Any) -> type:
             self.url, self.schema_fields, self.transform = url, schema_fields, transform
             self.dataset_kwargs = dataset_kwargs
             self._dataset: Any = None
+            self._pool_fields: list[tuple[Any, Any]] | None = None
             self._len = len(self._open())
 
         def _open(self) -> Any:
@@ -1072,16 +1073,23 @@ def _build_map_dataset(torch: Any) -> type:
             fixed-shape numeric columns are decoded (or copied) straight into one storage of the
             worker's pool, in which the batch then leaves the worker without another copy."""
             dataset = self._open()
-            shapes = {f.name: (dtype, (len(indices), *f.shape)) for f in dataset.schema
-                      if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None
-                      and (not isinstance(f.codec, CompressedImageCodec) or image_pixels_allowed(f))}
-            if not indices or not shapes or torch.utils.data.get_worker_info() is None:
+            in_worker = bool(indices) and torch.utils.data.get_worker_info() is not None
+            shapes = {f.name: (dtype, (len(indices), *f.shape)) for f, dtype in self._pooled_fields()
+                      if not isinstance(f.codec, CompressedImageCodec) or image_pixels_allowed(f)} if in_worker else {}
+            if not shapes:
                 return columns_from_numpy(dataset.take(indices)._asdict())
             tensors = empty_in_pool(shapes)
             arrays = {name: numpy_view(tensor) for name, tensor in tensors.items()}
             batch = dataset.take(indices, into=arrays)._asdict()
             columns = columns_from_numpy({name: v for name, v in batch.items() if v is not arrays.get(name)})
             return {name: tensors[name] if v is arrays.get(name) else columns[name] for name, v in batch.items()}
+
+        def _pooled_fields(self) -> list[tuple[Any, Any]]:
+            """(field, torch dtype) of the fixed-shape numeric fields a worker decodes into its pool."""
+            if self._pool_fields is None:
+                self._pool_fields = [(f, dtype) for f in self._open().schema
+                                     if f.is_fixed_shape and (dtype := _torch_dtype(f.dtype)) is not None]
+            return self._pool_fields
 
     _register_sampler_collate()
 

@@ -122,14 +122,16 @@ class Dataset:
         """Field ``f``'s rows asked, as one Arrow array in the order asked, gathered by numpy from
         the groups' fixed-width cells; None where a group stores it otherwise (nulls, variable width,
         another type than the first group's)."""
-        arrow_type = parts[0][0].table.schema.field(f.name).type
-        taken = []
+        taken, types = [], set()
         for entry, local in parts:
-            cells = entry.fixed_width(f.name)
-            if cells is None or entry.table.schema.field(f.name).type != arrow_type:
+            found = entry.fixed_width(f.name)
+            if found is None:
                 return None
-            taken.append(cells[local])
-        return from_fixed_width_cells(arrow_type, (taken[0] if len(taken) == 1 else np.concatenate(taken))[in_order])
+            types.add(found[0])
+            taken.append(found[1][local])
+        if len(types) != 1:
+            return None
+        return from_fixed_width_cells(types.pop(), (taken[0] if len(taken) == 1 else np.concatenate(taken))[in_order])
 
     def _decode_in_order(self, fields: list[Any], pieces: list[pa.Table], positions: np.ndarray) -> list[Any]:
         """``fields`` of the rows taken from each group (``pieces``, joined: their rows at ``positions``
@@ -175,12 +177,15 @@ class _CachedGroup:
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
-        self._fixed: dict[str, np.ndarray | None] = {}
+        self._fixed: dict[str, tuple[pa.DataType, np.ndarray] | None] = {}
         self._binary: dict[str, BinaryCells] = {}
 
-    def fixed_width(self, name: str) -> np.ndarray | None:
+    def fixed_width(self, name: str) -> tuple[pa.DataType, np.ndarray] | None:
+        """Column ``name``'s Arrow type and fixed-width cells; None where it has none."""
         if name not in self._fixed:
-            self._fixed[name] = fixed_width_cells(self.table.column(name))
+            column = self.table.column(name)
+            cells = fixed_width_cells(column)
+            self._fixed[name] = None if cells is None else (column.type, cells)
         return self._fixed[name]
 
     def binary(self, name: str) -> BinaryCells:

@@ -205,10 +205,10 @@ def test_files_that_store_a_column_differently_are_taken_from(tmp_path) -> None:
     assert batch.x.tolist() == [i / 2 for i in wanted]
 
 
-def test_binary_views_at_are_the_taken_values_without_a_copy() -> None:
+def test_binary_cells_at_rows_are_the_taken_values_without_a_copy() -> None:
     import pyarrow as pa
 
-    from unihub.formats.codecs import binary_views, binary_views_at, column_as_array
+    from unihub.formats.codecs import BinaryCells, binary_views, column_as_array
 
     values = [b"a", None, b"", b"xyz" * 10, b"\xff\x00", None, b"last"]
     for kind in (pa.binary(), pa.large_binary()):
@@ -217,10 +217,12 @@ def test_binary_views_at_are_the_taken_values_without_a_copy() -> None:
                               (pa.chunked_array([array]), values),
                               (pa.chunked_array([array.slice(0, 3), array.slice(3)]), values)):
             rows = np.array([len(cells) - 1, 0, 1, 1, len(cells) // 2], dtype=np.int64)
-            got = [None if v is None else bytes(v) for v in binary_views_at(column, rows)]
+            got = [None if v is None else bytes(v) for v in BinaryCells(column).at(rows)]
             taken = binary_views(column_as_array(column.take(pa.array(rows))))
             assert got == [None if v is None else bytes(v) for v in taken] == [cells[r] for r in rows]
-    assert binary_views_at(pa.array(["s", None]), np.array([1, 0])) == [None, "s"]  # not binary: its values
+            whole = binary_views(column_as_array(column))  # every value, in order
+            assert [None if v is None else bytes(v) for v in whole] == cells
+    assert BinaryCells(pa.array(["s", None])).at(np.array([1, 0])) == [None, "s"]  # not binary: its values
 
 
 def test_take_of_nullable_and_corrupt_images(tmp_path) -> None:
@@ -245,9 +247,10 @@ def test_take_of_nullable_and_corrupt_images(tmp_path) -> None:
         assert (batch.image[k] is None) == (images[i] is None)
     write_dataset(tmp_path / "bad", schema, ({"id": i, "image": b"\x89PNG\r\n\x1a\n" + b"junk" * 5 if i == 12 else
                                               images[i]} for i in range(30)), row_group_size_mb=0.0005)
-    with pytest.raises(CodecError) as caught:
-        Dataset(tmp_path / "bad").take([3, 12, 5])
-    assert caught.value.field == "image" and caught.value.row == 1
+    for into in (None, {"image": np.zeros((3, 4, 3, 3), np.uint8)}):  # decoded into memory given too
+        with pytest.raises(CodecError) as caught:
+            Dataset(tmp_path / "bad").take([3, 12, 5], into=into)
+        assert caught.value.field == "image" and caught.value.row == 1
 
 
 @pytest.mark.parametrize("petastorm_types", [False, True])
