@@ -862,25 +862,34 @@ def test_empty_dataset_is_a_clear_error(tmp_path):
 
 
 # -- bounded memory ---------------------------------------------------------------------------------
-MEMORY_CHILD = r'''
-import gc, json, os, sys, time
+MEMORY_CHILD = r"""
+import gc, json, sys, threading, time
 from unihub import open_dataset
 from unihub.readers.reader import make_batch_reader, make_reader
 
 
-def peak_kib():
+def anonymous_kib():
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1])
 
 
 url, pool, batched, keep = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 store = open_dataset(url)
 gc.collect()
-with open("/proc/self/clear_refs", "w") as f:  # reset the peak to the current RSS
-    f.write("5")
-base = peak_kib()
+base = peak = anonymous_kib()
+done = threading.Event()
+
+
+def sample():
+    global peak
+    while not done.wait(0.001):
+        peak = max(peak, anonymous_kib())
+
+
+sampler = threading.Thread(target=sample)
+sampler.start()
 kept = []
 with (make_batch_reader if batched else make_reader)(store, reader_pool_type=pool) as reader:
     for i, item in enumerate(reader):
@@ -888,12 +897,21 @@ with (make_batch_reader if batched else make_reader)(store, reader_pool_type=poo
             kept.append(item)
         if batched or i % 8 == 0:
             time.sleep(0.004)  # a consumer slower than the workers, as in training: the queue fills up
-print(json.dumps({"delta_kib": peak_kib() - base, "items": len(kept)}))
-'''
+done.set()
+sampler.join()
+print(json.dumps({"delta_kib": max(peak, anonymous_kib()) - base, "items": len(kept)}))
+"""
 
 
-def peak_rss_delta(path: Path, pool: str, *, batched: bool = False, keep: bool = False) -> float:
-    """Peak RSS growth (MiB) of a fresh interpreter while it reads ``path`` with default options."""
+def peak_anonymous_delta(path: Path, pool: str, *, batched: bool = False, keep: bool = False) -> float:
+    """Peak growth (MiB) of a fresh interpreter's anonymous memory while it reads ``path`` with default
+    options, sampled every millisecond.
+
+    Anonymous, not all of RSS (VmHWM): file-backed pages in RSS are the memory-mapped Parquet files
+    and the code of libraries loaded on the first read. How many of a file's pages stay mapped
+    depends on how its row groups are spread over files, not on what the reader holds (one 300-row
+    file: +9 MiB; the same rows in 5 files read shuffled: +4 MiB), and it made the comparison flaky.
+    """
     # Default options: the reader picks jemalloc for Arrow (pyarrow's mimalloc keeps per-thread
     # arenas committed, which grew peak RSS ~1.8x with dataset size).
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
@@ -903,9 +921,13 @@ def peak_rss_delta(path: Path, pool: str, *, batched: bool = False, keep: bool =
     return json.loads(out.stdout.strip().splitlines()[-1])["delta_kib"] / 1024
 
 
+DEFAULT_WINDOW = 2 * 10 + 2  # workers_count=10: 22 row groups in flight
+
+
 @pytest.fixture(scope="module")
 def memory_datasets(tmp_path_factory) -> tuple[Path, Path]:
-    """A small dataset (4 row groups) and one of 10x the default queue capacity (> 220 row groups)."""
+    """Two datasets that both fill the reader's window: one of ~2 windows of row groups, one 10x larger
+    (48 MB). A reader whose memory is bounded by its window peaks alike on both."""
     schema = Unischema("Memory", [
         UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
         UnischemaField("x", np.float32, (4096,), TensorCodec(), False),
@@ -918,23 +940,23 @@ def memory_datasets(tmp_path_factory) -> tuple[Path, Path]:
             k = min(64, n - start)
             yield {"id": np.arange(start, start + k), "x": rng.random((k, 4096), dtype=np.float32)}
 
-    for name, n in (("small", 24), ("big", 1500)):
+    for name, n in (("small", 300), ("big", 3000)):
         write_dataset(root / name, schema, batches(n), batched=True, row_group_size_mb=0.1, rows_per_file=300)
     small, big = open_dataset(root / "small"), open_dataset(root / "big")
-    default_window = 2 * 10 + 2  # workers_count=10: 22 tasks in flight
-    assert len(small.row_groups) <= 4 and len(big.row_groups) >= 10 * default_window
-    assert big.total_bytes > 20 * 2**20
+    assert 2 * DEFAULT_WINDOW <= len(small.row_groups) and 10 * len(small.row_groups) <= len(big.row_groups)
+    assert big.total_bytes > 40 * 2**20
     return root / "small", root / "big"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to measure peak RSS")
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc to measure memory")
 def test_peak_memory_does_not_grow_with_dataset_size(memory_datasets):
     small, big = memory_datasets
     for pool, batched in (("thread", False), ("thread", True), ("dummy", False)):
-        base = peak_rss_delta(small, pool, batched=batched)
-        large = peak_rss_delta(big, pool, batched=batched)
-        assert large <= 1.5 * base, f"{pool} pool, batched={batched}: {large:.1f} MiB vs {base:.1f} MiB"
+        base = peak_anonymous_delta(small, pool, batched=batched)
+        large = peak_anonymous_delta(big, pool, batched=batched)
+        # 1 MiB of slack: the peaks are 0.3-2 MiB, and a reader that held a tenth of the big dataset holds 4.8
+        assert large <= 1.5 * base + 1, f"{pool} pool, batched={batched}: {large:.1f} MiB vs {base:.1f} MiB"
     # the measurement itself can see a reader that holds on to what it read
-    hoarded = peak_rss_delta(big, "dummy", keep=True)
-    assert hoarded > 1.5 * peak_rss_delta(small, "dummy", keep=True), "the RSS measurement is not sensitive"
+    hoarded = peak_anonymous_delta(big, "dummy", keep=True)
+    assert hoarded > 5 * peak_anonymous_delta(small, "dummy", keep=True), "the measurement is not sensitive"
