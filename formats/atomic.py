@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from unihub import processes
+
 Kind = Literal["tmp", "old"]
 _KINDS: tuple[Kind, ...] = ("tmp", "old")
 
@@ -196,18 +198,7 @@ def owner_alive(where: str, pid: int, start: int) -> bool:
     """
     if where != _where():
         return True
-    if pid != os.getpid():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # another user's live process
-            pass
-    found = _process_stat(pid)
-    if found is None:  # no /proc: the pid is all there is to go by
-        return True
-    state, started = found
-    return state != "Z" and (start == 0 or started == start)
+    return processes.is_running(pid, start)
 
 
 def _in_use(path: str, suffix: str, kind: Kind) -> bool:
@@ -225,7 +216,7 @@ def _in_use(path: str, suffix: str, kind: Kind) -> bool:
 
 
 def _owner() -> str:
-    return f"{_where()}-{os.getpid()}-{_start_time(os.getpid()) or 0}"
+    return f"{_where()}-{os.getpid()}-{processes.start_time(os.getpid()) or 0}"
 
 
 _WHERE: str | None = None
@@ -243,26 +234,6 @@ def _where() -> str:
                 parts.append("")
         _WHERE = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:8]
     return _WHERE
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (Linux), else None."""
-    found = _process_stat(pid)
-    return None if found is None else found[1]
-
-
-def _process_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of a process from ``/proc/<pid>/stat`` (Linux), else None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    try:
-        fields = stat.rsplit(b")", 1)[1].split()  # the name before ')' may hold spaces
-        return fields[0].decode(), int(fields[19])  # fields 3 and 22 of proc(5)
-    except (IndexError, ValueError):
-        return None
 
 
 def _changed_ns(path: str) -> int:

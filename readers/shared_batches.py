@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub import processes
 from unihub.errors import UsageError
 from unihub.formats.arrow_numpy import arrow_backed_empty
 from unihub.readers.batching import numpy_view
@@ -284,19 +285,16 @@ class _PoolRecord:
 
     def __init__(self, pid: int, counters: Any) -> None:
         self.pid, self.counters = pid, counters
+        # with the pid, the worker's start time names it: a pid given to a later process after the
+        # worker exited does not keep the record (and its storages) alive
+        self.started = processes.start_time(pid)
         self.storages: dict[int, tuple[int, Any]] = {}
         self.tickets: dict[int, deque[int]] = {}
         self.storages_received = 0  # batches that carried their storage (for tests and tuning)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    def running(self) -> bool:
+        """Whether the worker still runs (an exited one, a zombie, or a later process given its pid: no)."""
+        return processes.is_running(self.pid, self.started)
 
 
 class _Arrivals:
@@ -338,7 +336,7 @@ class _Arrivals:
         """Drop the pools of workers that have exited. Nothing more of theirs can arrive: torch
         reads every batch a worker sent before it stops the worker, or discards its queue."""
         for pool, record in list(self.pools.items()):
-            if not _alive(record.pid):
+            if not record.running():
                 del self.pools[pool]
 
 

@@ -636,7 +636,7 @@ def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
     assert carried <= 2 * (shared_batches.SLOTS + 2) < sent // 4
     del loader  # its workers exit
     for _ in range(100):
-        if not any(shared_batches._alive(shared_batches._arrivals().pools[pool].pid) for pool in first):
+        if not any(shared_batches._arrivals().pools[pool].running() for pool in first):
             break
         time.sleep(0.05)
     again = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
