@@ -4,15 +4,18 @@
 checksums byte by byte), which dominates WebDataset ingest. This module parses the
 512-byte headers itself, with only what reading needs: the name (ustar name + prefix, GNU
 ``L`` long names, PAX ``path``), the size (octal, GNU base-256, PAX ``size``) and the
-type. Plain archives are memory-mapped and read member by member; gzip, bzip2 and xz
-archives are streamed through their decompressor. Every header's checksum is verified
-(by ``zlib.adler32`` over three spans, each short enough that its byte sum cannot wrap),
-and a bad header or a truncated member raises :class:`TarFormatError` with the file and
-the byte offset, where tarfile would stop silently or report neither. A size field no file can
-have (negative, past 2^63, a 5,000-digit PAX size) is such an error too; a size larger than
-the rest of a plain archive is one before anything is read, and a compressed archive's members
-are read a piece at a time, so memory follows the bytes really there. Links, directories,
-devices and FIFOs have no data blocks whatever their size field says, as tarfile reads them.
+type. Plain archives are memory-mapped: their usual headers (ustar, GNU, PAX with only times)
+are found with numpy a window of 4 MiB at a time and their checksums checked together, ~2x as
+fast as the header loop, which reads anything else and every damaged header, from that member on
+(:func:`_parse_mapped`); gzip, bzip2 and xz archives are streamed through their decompressor.
+Every header's checksum is verified (in the loop by ``zlib.adler32`` over three spans, each short
+enough that its byte sum cannot wrap), and a bad header or a truncated member raises
+:class:`TarFormatError` with the file and the byte offset, where tarfile would stop silently or
+report neither. A size field no file can have (negative, past 2^63, a 5,000-digit PAX size) is
+such an error too; a size larger than the rest of a plain archive is one before anything is read,
+and a compressed archive's members are read a piece at a time, so memory follows the bytes really
+there. Links, directories, devices and FIFOs have no data blocks whatever their size field says,
+as tarfile reads them.
 
 PAX global headers (typeflag ``g``, which tarfile keeps in ``TarFile.pax_headers``) are not
 members; with ``regular_only=False`` they come as members of type ``"g"`` whose data is the
@@ -28,6 +31,8 @@ import mmap
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
+
+import numpy as np
 
 from unihub.errors import FormatError
 from unihub.formats import sources
@@ -95,7 +100,10 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
             yield from _parse(raw.read, path, regular_only, require_end, sources.getsize(path), globals_only)
         elif head:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                yield from _parse(mapped.read, path, regular_only, require_end, len(mapped), globals_only)
+                if globals_only:
+                    yield from _parse(mapped.read, path, regular_only, require_end, len(mapped), globals_only)
+                else:
+                    yield from _parse_mapped(mapped, path, regular_only, require_end)
         elif require_end:
             raise TarFormatError(path, 0, "empty file: not a tar archive")
 
@@ -114,11 +122,12 @@ def _guarded(stream: IO[bytes], path: str) -> Callable[[int], bytes]:
 
 
 def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_end: bool,
-           total: int | None = None, globals_only: bool = False) -> Iterator[TarMember]:
+           total: int | None = None, globals_only: bool = False, start: int = 0) -> Iterator[TarMember]:
     """The header loop over a forward-only ``read`` (of a mmap of ``total`` bytes, or a decompressing
-    file, whose size is unknown: None); ``globals_only`` stops at the first member's header."""
+    file, whose size is unknown: None); ``globals_only`` stops at the first member's header. ``start``:
+    the offset ``read`` is at, a member's first header (:func:`_parse_mapped` hands over there)."""
     adler32, no_data, piece, max_size = zlib.adler32, _NO_DATA, _PIECE, _MAX_SIZE
-    offset = 0  # of the next header
+    offset = start  # of the next header
     first: int | None = None  # offset of the first header of the member being assembled
     name: str | None = None  # from a GNU 'L' header or a PAX 'path'
     pax: dict[bytes, bytes] = {}
@@ -214,6 +223,150 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         first, name = None, None
         if pax:
             pax = {}
+
+
+#: blocks of the archive :func:`_walk` looks at a time (4 MiB)
+_WINDOW = 8192
+_PAX_KINDS = (ord("x"), ord("X"))
+_FAST_KINDS = np.array([ord("0"), ord("7"), 0, _DIRECTORY, _GLOBAL, *_PAX_KINDS], np.uint8)
+_SIZE_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # an 11-digit octal size field
+_SUM_WEIGHTS = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # a 6-digit octal checksum field
+
+
+class _Run(NamedTuple):
+    """What :func:`_walk` found: its members' first headers (a PAX header, if any), own headers,
+    typeflags and sizes; and where the next run starts. ``rest``: from there on only :func:`_parse`
+    may read."""
+
+    firsts: list[int]
+    owns: list[int]
+    kinds: list[int]
+    sizes: list[int]
+    next: int
+    rest: bool
+
+
+def _parse_mapped(mapped: mmap.mmap, path: str, regular_only: bool, require_end: bool) -> Iterator[TarMember]:
+    """:func:`_parse` over a memory-mapped plain archive, several times faster on the usual headers:
+    ustar, GNU or PAX with only times; regular files, directories and PAX global headers; sizes and
+    checksums as tar writes them. :func:`_walk` finds them with numpy a window at a time. At anything
+    else -- a long name, a PAX path or size, a checksum that does not hold or is laid out otherwise,
+    an odd size field, the end of the archive -- :func:`_parse` reads on from the first header of the
+    member there, so every member and every error is exactly :func:`_parse`'s."""
+    total = len(mapped)
+    offset = 0
+    while True:
+        run = _walk(mapped, offset, total)
+        for first, own, kind, size in zip(run.firsts, run.owns, run.kinds, run.sizes):
+            if kind == _DIRECTORY:
+                if not regular_only:
+                    yield TarMember(_name_at(mapped, own).rstrip("/"), first, b"", "5")
+            elif kind != _GLOBAL:
+                yield TarMember(_name_at(mapped, own), first, mapped[own + BLOCK:own + BLOCK + size])
+            elif not regular_only:
+                yield TarMember(_name_at(mapped, own), own, mapped[own + BLOCK:own + BLOCK + size], "g")
+        if run.rest:
+            mapped.seek(run.next)
+            yield from _parse(mapped.read, path, regular_only, require_end, total, start=run.next)
+            return
+        offset = run.next
+
+
+def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
+    """The usual members from ``offset`` (a member's first header) within one window of the archive.
+
+    Every block of the window is read as if it were a header: its size field says where the next
+    header would be. Following that from the first block costs a few operations a header; only the
+    headers on that chain are then checked (checksums, PAX records, old-style directories)."""
+    count = min(_WINDOW, (total - offset) // BLOCK)
+    if count == 0:
+        return _Run([], [], [], [], offset, True)
+    view = np.frombuffer(mapped, np.uint8, count=count * BLOCK, offset=offset).reshape(count, BLOCK)
+    try:
+        field = view[:, 124:135]
+        usual = np.flatnonzero(((field >= ord("0")) & (field <= ord("7"))).all(axis=1) & (view[:, 135] == 0)
+                               & np.isin(view[:, 156], _FAST_KINDS))
+        kinds = view[usual, 156]
+        sizes = (field[usual].astype(np.int64) - ord("0")) @ _SIZE_WEIGHTS
+        following = np.full(count, -1, np.int64)
+        following[usual] = usual + 1 + np.where(kinds == _DIRECTORY, 0, -(-sizes // BLOCK))  # a directory has no data
+        steps = following.tolist()
+        chain = []
+        i = 0
+        while i < count:
+            after = steps[i]
+            if after < 0:
+                break  # not a usual header: _parse reads from here
+            chain.append(i)
+            i = after
+        at = np.array(chain, np.int64)
+        on_chain = np.searchsorted(usual, at)
+        kinds, sizes = kinds[on_chain], sizes[on_chain]
+        headers = view[at]
+        pax = np.isin(kinds, _PAX_KINDS)
+        short = pax & (sizes <= BLOCK) & (at + 1 < count)  # the records fit in the block after the header
+        longest = int(sizes[short].max()) if short.any() else 0
+        records = view[at[short] + 1, :longest].tobytes()
+    finally:
+        del view, field
+    ends_inside = i < count
+    if chain and not ends_inside and int(following[chain[-1]]) * BLOCK > total - offset:
+        ends_inside = True  # the last member's data (with padding) runs past the end of the file
+        at, headers, kinds, sizes, pax, short = at[:-1], headers[:-1], kinds[:-1], sizes[:-1], pax[:-1], short[:-1]
+    bad = _unusual(headers)
+    if b" path=" in records or b" size=" in records or b" GNU.sparse." in records:
+        bad |= short  # one of them changes what is read: _parse reads them all
+    for k in np.flatnonzero(pax & ~short).tolist():  # PAX records longer than a block
+        here = offset + int(at[k]) * BLOCK
+        body = mapped[here + BLOCK:here + BLOCK + int(sizes[k])]
+        bad[k] |= b" path=" in body or b" size=" in body or b" GNU.sparse." in body
+    for k in np.flatnonzero(kinds == 0).tolist():  # an old-style name ending in '/' is a directory: _parse's
+        here = offset + int(at[k]) * BLOCK
+        bad[k] |= _nts(mapped[here:here + 100]).endswith(b"/")
+    unusual = np.flatnonzero(bad)
+    if len(unusual):
+        keep = int(unusual[0])
+        at, kinds, sizes, pax = at[:keep], kinds[:keep], sizes[:keep], pax[:keep]
+        ends_inside = True
+    return _members(offset, offset + at * BLOCK, kinds, sizes, pax, ends_inside)
+
+
+def _unusual(headers: np.ndarray) -> np.ndarray:
+    """Headers whose checksum does not hold or is not laid out as tar writes it (six octal digits,
+    NUL, space): :func:`_parse` reads those."""
+    field = headers[:, 148:156]
+    sums = headers.sum(axis=1, dtype=np.uint32).astype(np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 32
+    digits = field[:, :6].astype(np.int64) - ord("0")
+    laid_out = ((digits >= 0) & (digits <= 7)).all(axis=1) & (field[:, 6] == 0) & (field[:, 7] == ord(" "))
+    return ~(laid_out & (digits @ _SUM_WEIGHTS == sums))
+
+
+def _members(start: int, offsets: np.ndarray, kinds: np.ndarray, sizes: np.ndarray, pax: np.ndarray,
+             ends_inside: bool) -> _Run:
+    """The members of the checked headers at ``offsets`` (from ``start``), each with the offset of its
+    first header (its PAX header, if any). The run ends before a trailing PAX header whose member
+    did not follow, or before a PAX header followed by a PAX global header (rare: :func:`_parse`'s)."""
+    if not len(offsets):
+        return _Run([], [], [], [], start, True)
+    index = np.arange(len(offsets))
+    first = np.concatenate([[0], np.maximum.accumulate(np.where(pax, -1, index))[:-1] + 1])  # of each member
+    stray = np.flatnonzero((kinds == _GLOBAL) & (first < index))
+    end = int(first[stray[0]]) if len(stray) else int(first[-1]) if pax[-1] else len(offsets)
+    taken = np.flatnonzero(~pax[:end])
+    run = (offsets[first[taken]].tolist(), offsets[taken].tolist(), kinds[taken].tolist(), sizes[taken].tolist())
+    if end < len(offsets):
+        return _Run(*run, int(offsets[end]), ends_inside or bool(len(stray)) or end == 0)
+    last = end - 1
+    after = int(offsets[last]) + BLOCK * (1 + (0 if kinds[last] == _DIRECTORY else -(-int(sizes[last]) // BLOCK)))
+    return _Run(*run, after, ends_inside)
+
+
+def _name_at(mapped: mmap.mmap, offset: int) -> str:
+    """:func:`_header_name` of the header at ``offset``, without copying the whole header."""
+    name = _nts(mapped[offset:offset + 100])
+    if mapped[offset + 257:offset + 263] == b"ustar\x00" and mapped[offset + 345]:
+        name = _nts(mapped[offset + 345:offset + 500]) + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
 
 
 def _number(field: bytes) -> int:

@@ -1,0 +1,174 @@
+"""tarstream's fast path over memory-mapped archives (``_parse_mapped``) gives exactly what its
+header loop (``_parse``) gives: the same members, or the same error at the same offset, on archives
+written by tarfile in every format and by webdataset's TarWriter, whole and damaged, with windows
+small enough that members, PAX headers and their records straddle them."""
+
+from __future__ import annotations
+
+import io
+import mmap
+import random
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub.formats import tarstream
+from unihub.formats.tarstream import TarFormatError, TarMember, iter_members
+
+Outcome = tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]
+
+
+def _outcome(members: Callable[[], Iterator[TarMember]]) -> Outcome:
+    got: list[tuple[Any, ...]] = []
+    try:
+        for member in members():
+            got.append(tuple(member))
+    except TarFormatError as exc:
+        return got, (str(exc), exc.offset, exc.member)
+    return got, None
+
+
+def fast_and_slow(path: Path, regular_only: bool, require_end: bool) -> tuple[Outcome, Outcome]:
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        fast = _outcome(lambda: tarstream._parse_mapped(mapped, str(path), regular_only, require_end))
+        mapped.seek(0)
+        slow = _outcome(lambda: tarstream._parse(mapped.read, str(path), regular_only, require_end, len(mapped)))
+    return fast, slow
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, mtime: float = 0,
+         link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.mtime, info.linkname = kind, mtime, link
+    info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+    tar.addfile(info, io.BytesIO(data) if info.size else None)
+
+
+def random_archive(path: Path, rng: random.Random, members: int) -> Path:
+    """Members of every kind unihub meets, in one of tarfile's formats."""
+    fmt = rng.choice([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+    extra = {"comment": "unihub"} if fmt == tarfile.PAX_FORMAT and rng.random() < 0.5 else {}
+    with tarfile.open(path, "w", format=fmt, pax_headers=extra) as tar:
+        for i in range(members):
+            roll = rng.random()
+            name = f"{i:05d}.{rng.choice(['jpg', 'cls', 'npy', 'seg.png'])}"
+            if roll < 0.06:
+                name = "deep/" * 22 + name  # a GNU long name, a PAX path, a ustar prefix
+            elif roll < 0.09 and fmt != tarfile.USTAR_FORMAT:
+                name = f"ünï/{i}.txt"
+            size = rng.choice([0, 1, 3, 100, 511, 512, 513, 1024, 2300, 9000])
+            mtime = rng.choice([0, 1_700_000_000, 1_700_000_000.25])  # a float: a PAX header in PAX format
+            if roll > 0.95:
+                _add(tar, f"dir{i}", kind=tarfile.DIRTYPE)
+            elif roll > 0.93:
+                _add(tar, f"link{i}", kind=tarfile.SYMTYPE, link="a")
+            else:
+                _add(tar, name, bytes(rng.getrandbits(8) for _ in range(size)), mtime=mtime)
+    return path
+
+
+def webdataset_shard(path: Path, samples: int) -> Path:
+    webdataset = pytest.importorskip("webdataset")
+    with webdataset.TarWriter(str(path)) as sink:
+        for i in range(samples):
+            sink.write({"__key__": f"{i:06d}", "jpg": bytes([i % 256]) * (700 + i % 900), "cls": i % 10,
+                        "npy": np.full(4, i, np.float32)})
+    return path
+
+
+def _rechecksum(raw: bytearray, header: int) -> None:
+    raw[header + 148:header + 156] = b" " * 8
+    raw[header + 148:header + 156] = b"%06o\0 " % sum(raw[header:header + 512])
+
+
+def damaged(raw: bytes, rng: random.Random) -> bytes:
+    """One kind of damage: a byte changed (a header's checksum made good again, half the time),
+    the file cut, or bytes inserted."""
+    out = bytearray(raw)
+    roll = rng.random()
+    if roll < 0.5:
+        header = 512 * rng.randrange(len(out) // 512)
+        spot = header + rng.choice([rng.randrange(512), 124 + rng.randrange(12), 156, 135, 0, 257, 345, 512])
+        if spot < len(out):
+            out[spot] = rng.choice([0, 0x30, 0x37, 0x20, 0x78, 0x67, 0x80, 0xFF, rng.getrandbits(8)])
+        if rng.random() < 0.5 and header + 512 <= len(out):
+            _rechecksum(out, header)
+    elif roll < 0.8:
+        del out[rng.randrange(len(out)):]
+    else:
+        at = rng.randrange(len(out))
+        out[at:at] = bytes(rng.choice([1, 100, 512, 1024]))
+    return bytes(out)
+
+
+@pytest.fixture(params=[2, 7, 64, tarstream._WINDOW], ids=lambda w: f"window{w}")
+def window(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(tarstream, "_WINDOW", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_written_archives_read_alike(tmp_path: Path, window: int, seed: int) -> None:
+    rng = random.Random(seed)
+    path = random_archive(tmp_path / "a.tar", rng, rng.choice([1, 5, 40, 300]))
+    for regular_only in (True, False):
+        for require_end in (True, False):
+            fast, slow = fast_and_slow(path, regular_only, require_end)
+            assert fast == slow
+            assert slow[1] is None  # whole archives read to the end
+
+
+def test_webdataset_shards_read_alike_and_whole(tmp_path: Path, window: int) -> None:
+    path = webdataset_shard(tmp_path / "shard.tar", 700)  # ~4,200 headers: several default windows
+    fast, slow = fast_and_slow(path, False, True)
+    assert fast == slow and slow[1] is None and len(fast[0]) == 3 * 700
+    with tarfile.open(path) as tar:
+        expected = [(m.name, m.offset, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    assert [(m.name, m.offset, m.data) for m in iter_members(str(path))] == expected
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_archives_fail_alike(tmp_path: Path, window: int, seed: int) -> None:
+    rng = random.Random(100 + seed)
+    source = random_archive(tmp_path / "a.tar", rng, 60) if seed % 2 else webdataset_shard(tmp_path / "w.tar", 40)
+    raw = source.read_bytes()
+    path = tmp_path / "damaged.tar"
+    failures = 0
+    for _ in range(60):
+        data = damaged(raw, rng)
+        if not data:
+            continue
+        path.write_bytes(data)
+        for regular_only in (True, False):
+            fast, slow = fast_and_slow(path, regular_only, True)
+            assert fast == slow, f"case {_}: {fast[1]} != {slow[1]}"
+            failures += slow[1] is not None
+    assert failures > 20  # the damage reached the parser
+
+
+def test_a_member_larger_than_the_window(tmp_path: Path) -> None:
+    path = tmp_path / "big.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, "0.cls", b"1", mtime=1.5)
+        _add(tar, "0.bin", bytes(range(256)) * (tarstream._WINDOW * 3), mtime=1.5)  # 3 windows of data
+        _add(tar, "1.cls", b"2", mtime=1.5)
+    fast, slow = fast_and_slow(path, True, True)
+    assert fast == slow and [m[0] for m in fast[0]] == ["0.cls", "0.bin", "1.cls"]
+
+
+def test_pax_records_that_change_what_is_read_go_to_the_header_loop(tmp_path: Path) -> None:
+    """A PAX path or size after many plain members: the fast path hands over at that member."""
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(50):
+            _add(tar, f"{i:03d}.cls", b"%d" % i, mtime=1.5)
+        info = tarfile.TarInfo("050.cls")
+        info.size, info.pax_headers = 2, {"path": "renamed.cls"}
+        tar.addfile(info, io.BytesIO(b"50"))
+        _add(tar, "051.cls", b"51", mtime=1.5)
+    fast, slow = fast_and_slow(path, True, True)
+    assert fast == slow and [m[0] for m in fast[0]][-3:] == ["049.cls", "renamed.cls", "051.cls"]
