@@ -238,6 +238,7 @@ class _Run(NamedTuple):
     typeflags and sizes; and where the next run starts. ``rest``: from there on only :func:`_parse`
     may read."""
 
+    names: list[str]
     firsts: list[int]
     owns: list[int]
     kinds: list[int]
@@ -257,14 +258,14 @@ def _parse_mapped(mapped: mmap.mmap, path: str, regular_only: bool, require_end:
     offset = 0
     while True:
         run = _walk(mapped, offset, total)
-        for first, own, kind, size in zip(run.firsts, run.owns, run.kinds, run.sizes):
+        for name, first, own, kind, size in zip(run.names, run.firsts, run.owns, run.kinds, run.sizes):
             if kind == _DIRECTORY:
                 if not regular_only:
-                    yield TarMember(_name_at(mapped, own).rstrip("/"), first, b"", "5")
+                    yield TarMember(name.rstrip("/"), first, b"", "5")
             elif kind != _GLOBAL:
-                yield TarMember(_name_at(mapped, own), first, mapped[own + BLOCK:own + BLOCK + size])
+                yield TarMember(name, first, mapped[own + BLOCK:own + BLOCK + size])
             elif not regular_only:
-                yield TarMember(_name_at(mapped, own), own, mapped[own + BLOCK:own + BLOCK + size], "g")
+                yield TarMember(name, own, mapped[own + BLOCK:own + BLOCK + size], "g")
         if run.rest:
             mapped.seek(run.next)
             yield from _parse(mapped.read, path, regular_only, require_end, total, start=run.next)
@@ -280,7 +281,7 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     headers on that chain are then checked (checksums, PAX records, old-style directories)."""
     count = min(_WINDOW, (total - offset) // BLOCK)
     if count == 0:
-        return _Run([], [], [], [], offset, True)
+        return _Run([], [], [], [], [], offset, True)
     view = np.frombuffer(mapped, np.uint8, count=count * BLOCK, offset=offset).reshape(count, BLOCK)
     try:
         field = view[:, 124:135]
@@ -326,9 +327,9 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     unusual = np.flatnonzero(bad)
     if len(unusual):
         keep = int(unusual[0])
-        at, kinds, sizes, pax = at[:keep], kinds[:keep], sizes[:keep], pax[:keep]
+        at, headers, kinds, sizes, pax = at[:keep], headers[:keep], kinds[:keep], sizes[:keep], pax[:keep]
         ends_inside = True
-    return _members(offset, offset + at * BLOCK, kinds, sizes, pax, ends_inside)
+    return _members(offset, offset + at * BLOCK, headers, kinds, sizes, pax, ends_inside)
 
 
 def _unusual(headers: np.ndarray) -> np.ndarray:
@@ -341,19 +342,20 @@ def _unusual(headers: np.ndarray) -> np.ndarray:
     return ~(laid_out & (digits @ _SUM_WEIGHTS == sums))
 
 
-def _members(start: int, offsets: np.ndarray, kinds: np.ndarray, sizes: np.ndarray, pax: np.ndarray,
-             ends_inside: bool) -> _Run:
+def _members(start: int, offsets: np.ndarray, headers: np.ndarray, kinds: np.ndarray, sizes: np.ndarray,
+             pax: np.ndarray, ends_inside: bool) -> _Run:
     """The members of the checked headers at ``offsets`` (from ``start``), each with the offset of its
     first header (its PAX header, if any). The run ends before a trailing PAX header whose member
     did not follow, or before a PAX header followed by a PAX global header (rare: :func:`_parse`'s)."""
     if not len(offsets):
-        return _Run([], [], [], [], start, True)
+        return _Run([], [], [], [], [], start, True)
     index = np.arange(len(offsets))
     first = np.concatenate([[0], np.maximum.accumulate(np.where(pax, -1, index))[:-1] + 1])  # of each member
     stray = np.flatnonzero((kinds == _GLOBAL) & (first < index))
     end = int(first[stray[0]]) if len(stray) else int(first[-1]) if pax[-1] else len(offsets)
     taken = np.flatnonzero(~pax[:end])
-    run = (offsets[first[taken]].tolist(), offsets[taken].tolist(), kinds[taken].tolist(), sizes[taken].tolist())
+    run = (_names(headers[taken]), offsets[first[taken]].tolist(), offsets[taken].tolist(), kinds[taken].tolist(),
+           sizes[taken].tolist())
     if end < len(offsets):
         return _Run(*run, int(offsets[end]), ends_inside or bool(len(stray)) or end == 0)
     last = end - 1
@@ -361,13 +363,19 @@ def _members(start: int, offsets: np.ndarray, kinds: np.ndarray, sizes: np.ndarr
     return _Run(*run, after, ends_inside)
 
 
-def _name_at(mapped: mmap.mmap, offset: int) -> str:
-    """:func:`_header_name` of the header at ``offset``, without copying the whole header."""
-    name = _nts(mapped[offset:offset + 100])
-    if mapped[offset + 257:offset + 263] == b"ustar\x00" and mapped[offset + 345]:
-        name = _nts(mapped[offset + 345:offset + 500]) + b"/" + name
-    return name.decode("utf-8", "surrogateescape")
-
+def _names(headers: np.ndarray) -> list[str]:
+    """:func:`_header_name` of each header, decoded together: the names, each ended by a NUL (which
+    no UTF-8 sequence holds, so decoding them joined is decoding each), as one string split."""
+    count = len(headers)
+    field = np.zeros((count, 101), np.uint8)
+    field[:, :100] = headers[:, :100]
+    lengths = (field == 0).argmax(axis=1)  # the first NUL (the added one where the field has none)
+    names = field[np.arange(101) <= lengths[:, None]].tobytes().decode("utf-8", "surrogateescape").split("\0")
+    prefixed = np.flatnonzero((headers[:, 257:263] == np.frombuffer(b"ustar\0", np.uint8)).all(axis=1)
+                              & (headers[:, 345] != 0))
+    for k in prefixed.tolist():  # a ustar prefix in front (long names in ustar format): rare
+        names[k] = _header_name(headers[k].tobytes())
+    return names[:count]
 
 def _number(field: bytes) -> int:
     """A numeric field: octal text (to a NUL), or GNU base-256; -1 when it is neither."""

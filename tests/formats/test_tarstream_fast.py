@@ -60,6 +60,8 @@ def random_archive(path: Path, rng: random.Random, members: int) -> Path:
                 name = "deep/" * 22 + name  # a GNU long name, a PAX path, a ustar prefix
             elif roll < 0.09 and fmt != tarfile.USTAR_FORMAT:
                 name = f"ünï/{i}.txt"
+            elif roll < 0.12 and fmt != tarfile.PAX_FORMAT:
+                name = f"caf\udce9-{i}.cls"  # the byte 0xE9 alone: not UTF-8 (a PAX archive would hold a PAX path)
             size = rng.choice([0, 1, 3, 100, 511, 512, 513, 1024, 2300, 9000])
             mtime = rng.choice([0, 1_700_000_000, 1_700_000_000.25])  # a float: a PAX header in PAX format
             if roll > 0.95:
