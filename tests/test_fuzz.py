@@ -311,6 +311,26 @@ def test_tar_members(tmp_path: Path, tar_files: list[bytes]) -> None:
     check()
 
 
+def test_tar_fast_path_reads_as_the_header_loop(tmp_path: Path, tar_files: list[bytes]) -> None:
+    """The numpy walk over a mapped archive gives the header loop's members, or its error."""
+    from tests.formats.test_tarstream_fast import fast_and_slow
+
+    path = tmp_path / "fuzzed.tar"
+
+    @FUZZ
+    @given(mutated(tar_files), st.booleans(), st.booleans())
+    def check(data: bytes, fix_checksums: bool, regular_only: bool) -> None:
+        if fix_checksums:
+            data = _fix_tar_checksums(data)
+        if not data:
+            return
+        path.write_bytes(data)
+        fast, slow = bounded(lambda: fast_and_slow(path, regular_only, True), ())
+        assert fast == slow
+
+    check()
+
+
 def test_webdataset_conversion(tmp_path: Path, tar_files: list[bytes]) -> None:
     src, dst = tmp_path / "shard.tar", tmp_path / "out"
 
