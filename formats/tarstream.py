@@ -172,8 +172,10 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             first = here if first is None else first
             if kind == _LONGNAME:
                 name = _nts(body[:size]).decode("utf-8", "surrogateescape")
-            elif b" path=" in body or b" size=" in body or b" GNU.sparse." in body:  # else (mtime...) unneeded
-                pax.update(_pax_records(body[:size], path, here))
+            else:
+                records = body[:size]  # not the padding after them
+                if b" path=" in records or b" size=" in records or b" GNU.sparse." in records:  # else (mtime...) unneeded
+                    pax.update(_pax_records(records, path, here))
             continue
         if globals_only:
             return

@@ -174,3 +174,28 @@ def test_pax_records_that_change_what_is_read_go_to_the_header_loop(tmp_path: Pa
         _add(tar, "051.cls", b"51", mtime=1.5)
     fast, slow = fast_and_slow(path, True, True)
     assert fast == slow and [m[0] for m in fast[0]][-3:] == ["049.cls", "renamed.cls", "051.cls"]
+
+
+def _header(name: bytes, kind: bytes, size: int) -> bytes:
+    block = bytearray(512)
+    block[:len(name)] = name
+    block[100:108], block[108:116], block[116:124] = b"0000644\0", b"0000000\0", b"0000000\0"
+    block[124:136], block[136:148], block[156:157] = b"%011o\0" % size, b"00000000000\0", kind
+    block[257:263], block[263:265] = b"ustar\0", b"00"
+    _rechecksum(block, 0)
+    return bytes(block)
+
+
+@pytest.mark.parametrize("length", [10, 600], ids=["records-in-one-block", "records-past-one-block"])
+def test_a_path_record_in_the_padding_after_pax_records_is_not_one(tmp_path: Path, window: int, length: int) -> None:
+    """Only a PAX header's records count, not the padding after them: the loop searched the padded
+    body too, and read (and refused as malformed) records it otherwise skips."""
+    body = b"g" * length  # not records in PAX's syntax: skipped, as records with only times are
+    padded = bytearray(body + bytes(-length % 512))
+    padded[-20:-9] = b" path=evil\n"
+    data = b"".join([_header(b"PaxHeaders/a", b"x", length), bytes(padded), _header(b"a", b"0", 3),
+                     b"abc" + bytes(509), bytes(1024)])
+    path = tmp_path / "a.tar"
+    path.write_bytes(data)
+    fast, slow = fast_and_slow(path, True, True)
+    assert fast == slow == ([("a", 0, b"abc", "0")], None)
