@@ -9,6 +9,7 @@ so :func:`to_numpy` maps it directly; anything else goes to pyarrow as before.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,38 @@ def without_validity(array: pa.Array) -> pa.Array:
     there), sharing the buffer: for callers that put their own null back, as ``fill_null`` would
     without its ``pa.scalar`` (which imports pandas)."""
     return pa.Array.from_buffers(array.type, len(array), [None, array.buffers()[1]], offset=array.offset)
+
+
+#: bytes one Arrow binary or string array (int32 offsets) holds
+MAX_BINARY = 2**31 - 1
+
+
+def binary_array(values: Sequence[bytes | memoryview], arrow_type: pa.DataType = pa.binary()) -> pa.Array:
+    """``pa.array(values, arrow_type)`` for bytes (``pa.binary()``; ``pa.string()`` for UTF-8 the
+    caller vouches for), without importing pandas; at most :data:`MAX_BINARY` bytes in all."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > MAX_BINARY:
+        raise ValueError(f"{offsets[-1]} bytes do not fit one Arrow array (at most {MAX_BINARY})")
+    data = b"".join(values)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                           pa.py_buffer(data)])
+
+
+def string_array(values: Sequence[str]) -> pa.Array:
+    """``pa.array(values, pa.string())`` without importing pandas."""
+    return binary_array([value.encode() for value in values], pa.string())
+
+
+def numbers_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array | None:
+    """``pa.array(values, arrow_type)`` for a 1-D numpy array of that type's numbers (native order),
+    sharing its memory and without importing pandas; None for anything else."""
+    dtype = _NUMBER_TYPES.get(arrow_type)
+    if dtype is None or values.ndim != 1 or values.dtype != dtype or not values.dtype.isnative:
+        return None
+    data = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
 
 
 def int64_array(values: np.ndarray) -> pa.Array:

@@ -29,7 +29,14 @@ import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
-from unihub.formats.arrow_numpy import arrow_backed_empty, int64_array, numpy_dtype, to_numpy, without_validity
+from unihub.formats.arrow_numpy import (
+    arrow_backed_empty,
+    int64_array,
+    numbers_array,
+    numpy_dtype,
+    to_numpy,
+    without_validity,
+)
 from unihub.formats.validation import fixed_dims, shape_matches
 from unihub.registry import Registry
 
@@ -266,7 +273,8 @@ class ScalarCodec(Codec):
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         try:
             if isinstance(values, np.ndarray) and values.dtype != object:
-                return pa.array(values, type=self._arrow_type, from_pandas=False)
+                shared = numbers_array(values, self._arrow_type)  # pa.array would import pandas
+                return shared if shared is not None else pa.array(values, type=self._arrow_type, from_pandas=False)
             temporal = [v for v in values if isinstance(v, (np.datetime64, np.timedelta64))]
             if temporal and len(temporal) == sum(v is not None for v in values):
                 # np.datetime64.item() gives date, datetime or int by unit: go through numpy instead
@@ -382,7 +390,9 @@ class TensorCodec(Codec):
         if (layout == "fixed" and isinstance(values, np.ndarray) and values.dtype == field.dtype
                 and values.shape[1:] == field.shape):
             # a whole column as one array (HDF5 slices, numpy batches): no per-row work
-            flat_column = pa.array(np.ascontiguousarray(values).reshape(-1))
+            flat = np.ascontiguousarray(values).reshape(-1)
+            flat_column = numbers_array(flat, pa.from_numpy_dtype(flat.dtype))
+            flat_column = pa.array(flat) if flat_column is None else flat_column
             return pa.ExtensionArray.from_storage(
                 arrow_type, pa.FixedSizeListArray.from_arrays(flat_column, math.prod(fixed_dims(field.shape))))
         present = [i for i, v in enumerate(values) if v is not None]

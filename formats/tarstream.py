@@ -24,6 +24,7 @@ header's records, read with :func:`pax_records` (a unihub export keeps its schem
 
 from __future__ import annotations
 
+import bisect
 import bz2
 import gzip
 import lzma
@@ -231,22 +232,87 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
 _WINDOW = 8192
 _PAX_KINDS = (ord("x"), ord("X"))
 _FAST_KINDS = np.array([ord("0"), ord("7"), 0, _DIRECTORY, _GLOBAL, *_PAX_KINDS], np.uint8)
+_FAST_KIND = np.isin(np.arange(256), _FAST_KINDS)  # typeflag byte -> the walk reads it
+_REGULAR_KIND = np.isin(np.arange(256), list(_REGULAR))  # typeflag byte -> a regular file
 _SIZE_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # an 11-digit octal size field
 _SUM_WEIGHTS = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # a 6-digit octal checksum field
 
 
-class _Run(NamedTuple):
-    """What :func:`_walk` found: its members' first headers (a PAX header, if any), own headers,
-    typeflags and sizes; and where the next run starts. ``rest``: from there on only :func:`_parse`
-    may read."""
+class MemberTable(NamedTuple):
+    """The usual members of one window of a memory-mapped plain archive, found by :func:`_walk`, as
+    columns: names, the offset of each one's first header (a PAX header, if any; as
+    :attr:`TarMember.offset`), of its own header, its typeflag byte and size. Its data is
+    ``buffer[own + 512:own + 512 + size]``; ``buffer`` is the mapped archive, valid until the
+    iteration that gave the table goes on (copy what you keep)."""
 
     names: list[str]
-    firsts: list[int]
-    owns: list[int]
-    kinds: list[int]
-    sizes: list[int]
+    firsts: np.ndarray
+    owns: np.ndarray
+    kinds: np.ndarray
+    sizes: np.ndarray
+    buffer: mmap.mmap
+
+    def members(self, regular_only: bool = False) -> Iterator[TarMember]:
+        """The table's members as :func:`iter_members` gives them."""
+        mapped = self.buffer
+        for name, first, own, kind, size in zip(self.names, self.firsts.tolist(), self.owns.tolist(),
+                                                self.kinds.tolist(), self.sizes.tolist()):
+            if kind == _DIRECTORY:
+                if not regular_only:
+                    yield TarMember(name.rstrip("/"), first, b"", "5")
+            elif kind != _GLOBAL:
+                yield TarMember(name, first, mapped[own + BLOCK:own + BLOCK + size])
+            elif not regular_only:
+                yield TarMember(name, own, mapped[own + BLOCK:own + BLOCK + size], "g")
+
+    @property
+    def regular(self) -> bool:
+        """True when every member is a regular file."""
+        return bool(_REGULAR_KIND[self.kinds].all())
+
+
+class _Run(NamedTuple):
+    """What :func:`_walk` found (as a table without its buffer) and where the next run starts.
+    ``rest``: from there on only :func:`_parse` may read."""
+
+    names: list[str]
+    firsts: np.ndarray
+    owns: np.ndarray
+    kinds: np.ndarray
+    sizes: np.ndarray
     next: int
     rest: bool
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def iter_tables(path: str, *, require_end: bool = False) -> Iterator[MemberTable | TarMember]:
+    """:func:`iter_members` (``regular_only=False``) a window at a time where it can: in a plain local
+    archive, the members :func:`_walk` finds come as one :class:`MemberTable` a window, with no object
+    a member; every other member (and every member of a compressed or remote archive) comes alone."""
+    with sources.open_input(path) as raw:
+        head = raw.read(6)
+        if head and not sources.is_url(path) and not any(head.startswith(magic) for magic, _ in _COMPRESSED):
+            with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                yield from _mapped_tables(mapped, path, require_end)
+            return
+    yield from iter_members(path, regular_only=False, require_end=require_end)
+
+
+def _mapped_tables(mapped: mmap.mmap, path: str, require_end: bool) -> Iterator[MemberTable | TarMember]:
+    """The tables of :func:`_walk`, then :func:`_parse`'s members from where it stops."""
+    total = len(mapped)
+    offset = 0
+    while True:
+        run = _walk(mapped, offset, total)
+        if run.names:
+            yield MemberTable(run.names, run.firsts, run.owns, run.kinds, run.sizes, mapped)
+        if run.rest:
+            mapped.seek(run.next)
+            yield from _parse(mapped.read, path, False, require_end, total, start=run.next)
+            return
+        offset = run.next
 
 
 def _parse_mapped(mapped: mmap.mmap, path: str, regular_only: bool, require_end: bool) -> Iterator[TarMember]:
@@ -256,23 +322,11 @@ def _parse_mapped(mapped: mmap.mmap, path: str, regular_only: bool, require_end:
     else -- a long name, a PAX path or size, a checksum that does not hold or is laid out otherwise,
     an odd size field, the end of the archive -- :func:`_parse` reads on from the first header of the
     member there, so every member and every error is exactly :func:`_parse`'s."""
-    total = len(mapped)
-    offset = 0
-    while True:
-        run = _walk(mapped, offset, total)
-        for name, first, own, kind, size in zip(run.names, run.firsts, run.owns, run.kinds, run.sizes):
-            if kind == _DIRECTORY:
-                if not regular_only:
-                    yield TarMember(name.rstrip("/"), first, b"", "5")
-            elif kind != _GLOBAL:
-                yield TarMember(name, first, mapped[own + BLOCK:own + BLOCK + size])
-            elif not regular_only:
-                yield TarMember(name, own, mapped[own + BLOCK:own + BLOCK + size], "g")
-        if run.rest:
-            mapped.seek(run.next)
-            yield from _parse(mapped.read, path, regular_only, require_end, total, start=run.next)
-            return
-        offset = run.next
+    for item in _mapped_tables(mapped, path, require_end):
+        if isinstance(item, MemberTable):
+            yield from item.members(regular_only)
+        elif not regular_only or item.isreg:
+            yield item
 
 
 def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
@@ -283,27 +337,18 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     headers on that chain are then checked (checksums, PAX records, old-style directories)."""
     count = min(_WINDOW, (total - offset) // BLOCK)
     if count == 0:
-        return _Run([], [], [], [], [], offset, True)
+        return _Run([], _NONE, _NONE, _NONE, _NONE, offset, True)
     view = np.frombuffer(mapped, np.uint8, count=count * BLOCK, offset=offset).reshape(count, BLOCK)
     try:
         field = view[:, 124:135]
         usual = np.flatnonzero(((field >= ord("0")) & (field <= ord("7"))).all(axis=1) & (view[:, 135] == 0)
-                               & np.isin(view[:, 156], _FAST_KINDS))
+                               & _FAST_KIND[view[:, 156]])
         kinds = view[usual, 156]
         sizes = (field[usual].astype(np.int64) - ord("0")) @ _SIZE_WEIGHTS
         following = np.full(count, -1, np.int64)
         following[usual] = usual + 1 + np.where(kinds == _DIRECTORY, 0, -(-sizes // BLOCK))  # a directory has no data
-        steps = following.tolist()
-        chain = []
-        i = 0
-        while i < count:
-            after = steps[i]
-            if after < 0:
-                break  # not a usual header: _parse reads from here
-            chain.append(i)
-            i = after
-        at = np.array(chain, np.int64)
-        on_chain = np.searchsorted(usual, at)
+        on_chain, i = _chain(usual, following, count)
+        at = usual[on_chain]
         kinds, sizes = kinds[on_chain], sizes[on_chain]
         headers = view[at]
         pax = np.isin(kinds, _PAX_KINDS)
@@ -313,7 +358,7 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     finally:
         del view, field
     ends_inside = i < count
-    if chain and not ends_inside and int(following[chain[-1]]) * BLOCK > total - offset:
+    if len(at) and not ends_inside and int(following[at[-1]]) * BLOCK > total - offset:
         ends_inside = True  # the last member's data (with padding) runs past the end of the file
         at, headers, kinds, sizes, pax, short = at[:-1], headers[:-1], kinds[:-1], sizes[:-1], pax[:-1], short[:-1]
     bad = _unusual(headers)
@@ -334,6 +379,30 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     return _members(offset, offset + at * BLOCK, headers, kinds, sizes, pax, ends_inside)
 
 
+def _chain(usual: np.ndarray, following: np.ndarray, count: int) -> tuple[np.ndarray, int]:
+    """The headers reached from block 0 by following each one's ``following`` block: their indexes in
+    ``usual`` (the blocks that read as usual headers, ascending), and the block the chain stops at
+    (a block that is not one, or ``count`` or past it: the window's end).
+
+    Usually every usual block is on the chain, each linking to the next, so the chain is found in a
+    few array operations; a block in some member's data that happens to read as a header breaks a
+    link, and the chain goes on from where that link really leads."""
+    if not len(usual):
+        return usual, 0
+    nexts = following[usual]
+    breaks = np.flatnonzero(nexts[:-1] != usual[1:]).tolist() + [len(usual) - 1]  # last in each linked stretch
+    parts: list[np.ndarray] = []
+    i = 0
+    while i < count:
+        k = int(np.searchsorted(usual, i))
+        if k == len(usual) or usual[k] != i:
+            break  # not a usual header: _parse reads from here
+        end = breaks[bisect.bisect_left(breaks, k)]
+        parts.append(np.arange(k, end + 1))
+        i = int(nexts[end])
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), i
+
+
 def _unusual(headers: np.ndarray) -> np.ndarray:
     """Headers whose checksum does not hold or is not laid out as tar writes it (six octal digits,
     NUL, space): :func:`_parse` reads those."""
@@ -350,14 +419,13 @@ def _members(start: int, offsets: np.ndarray, headers: np.ndarray, kinds: np.nda
     first header (its PAX header, if any). The run ends before a trailing PAX header whose member
     did not follow, or before a PAX header followed by a PAX global header (rare: :func:`_parse`'s)."""
     if not len(offsets):
-        return _Run([], [], [], [], [], start, True)
+        return _Run([], _NONE, _NONE, _NONE, _NONE, start, True)
     index = np.arange(len(offsets))
     first = np.concatenate([[0], np.maximum.accumulate(np.where(pax, -1, index))[:-1] + 1])  # of each member
     stray = np.flatnonzero((kinds == _GLOBAL) & (first < index))
     end = int(first[stray[0]]) if len(stray) else int(first[-1]) if pax[-1] else len(offsets)
     taken = np.flatnonzero(~pax[:end])
-    run = (_names(headers[taken]), offsets[first[taken]].tolist(), offsets[taken].tolist(), kinds[taken].tolist(),
-           sizes[taken].tolist())
+    run = (_names(headers[taken]), offsets[first[taken]], offsets[taken], kinds[taken].astype(np.int64), sizes[taken])
     if end < len(offsets):
         return _Run(*run, int(offsets[end]), ends_inside or bool(len(stray)) or end == 0)
     last = end - 1
@@ -369,10 +437,13 @@ def _names(headers: np.ndarray) -> list[str]:
     """:func:`_header_name` of each header, decoded together: the names, each ended by a NUL (which
     no UTF-8 sequence holds, so decoding them joined is decoding each), as one string split."""
     count = len(headers)
-    field = np.zeros((count, 101), np.uint8)
-    field[:, :100] = headers[:, :100]
-    lengths = (field == 0).argmax(axis=1)  # the first NUL (the added one where the field has none)
-    names = field[np.arange(101) <= lengths[:, None]].tobytes().decode("utf-8", "surrogateescape").split("\0")
+    fields = np.ascontiguousarray(headers[:, :100]).view("S100").ravel().tolist()  # trailing NULs dropped
+    names = b"\0".join(fields).decode("utf-8", "surrogateescape").split("\0")
+    if len(names) != count:  # a NUL inside a name field with more bytes after it: cut each at its first NUL
+        field = np.zeros((count, 101), np.uint8)
+        field[:, :100] = headers[:, :100]
+        lengths = (field == 0).argmax(axis=1)  # the first NUL (the added one where the field has none)
+        names = field[np.arange(101) <= lengths[:, None]].tobytes().decode("utf-8", "surrogateescape").split("\0")
     prefixed = np.flatnonzero((headers[:, 257:263] == np.frombuffer(b"ustar\0", np.uint8)).all(axis=1)
                               & (headers[:, 345] != 0))
     for k in prefixed.tolist():  # a ustar prefix in front (long names in ustar format): rare

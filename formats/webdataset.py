@@ -62,6 +62,7 @@ from unihub.formats.image_checks import ValidateImages
 from unihub.formats.outputs import Outputs
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
+from unihub.formats.webdataset_blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset_columns import ColumnReader, observe
 from unihub.formats.webdataset_fields import FieldStats, column, decoder
 from unihub.formats.webdataset_tar import (
@@ -92,15 +93,13 @@ def _scan_shards(job: tuple[list[str], int | None, bool]) -> tuple[dict[str, Fie
     stats: dict[str, FieldStats] = {}
     seen = 0
     for path in files:
-        for sample in iter_samples(path, on_error="skip", skipped=[], group_keys=group_keys):
-            if sample_records is not None and seen >= sample_records:
-                return stats, seen
-            seen += 1
-            for extension, data in sample.members.items():
-                stat = stats.get(extension)
-                if stat is None:
-                    stat = stats[extension] = FieldStats(extension)
-                stat.add(data, sample.url, sample.offset, sample.key)
+        for block in iter_blocks(path, on_error="skip", skipped=[], group_keys=group_keys):
+            if sample_records is not None:
+                if seen >= sample_records:
+                    return stats, seen
+                block = block.slice(0, min(len(block), sample_records - seen))
+            observe(stats, block, {})
+            seen += len(block)
     return stats, seen
 
 
@@ -183,8 +182,13 @@ class WebDatasetFormat(ForeignFormat):
 
     def samples(self, *, on_error: OnError = "raise") -> Iterator[Sample]:
         """Every sample of every shard, in shard order; skips land in :attr:`report`."""
+        for block in self.blocks(on_error=on_error):
+            yield from block.samples()
+
+    def blocks(self, *, on_error: OnError = "raise") -> Iterator[SampleBlock]:
+        """:meth:`samples` in blocks, members as columns where they allow (:mod:`.webdataset_blocks`)."""
         for path in self.files():
-            yield from iter_samples(path, on_error=on_error, skipped=self.report.skipped, group_keys=self.group_keys)
+            yield from iter_blocks(path, on_error=on_error, skipped=self.report.skipped, group_keys=self.group_keys)
             self.report.bytes_read += sources.getsize(path)  # progress, a shard at a time
 
     # ------------------------------------------------------------------ the export's header
@@ -283,36 +287,43 @@ class WebDatasetFormat(ForeignFormat):
         seen = 0
         if self.observe:
             self.report.observed = (stats, 0)
-        pending: list[Sample] = []
+        pending: list[SampleBlock] = []
         cut = BatchCut(batch_size, self.batch_bytes)
-        for sample in self.samples(on_error=on_error):
-            pending.append(sample)
-            if cut.add(sum(map(len, sample.members.values()))):
-                if self.observe:
-                    seen += len(pending)
-                    self.report.observed = (stats, seen)
-                yield from self._batch(read, pending, stats, on_error)
-                pending = []
-                cut.reset()
+        for block in self.blocks(on_error=on_error):
+            start = 0
+            for end, size in enumerate(block.sample_bytes(), start=1):
+                if cut.add(size):
+                    pending.append(block.slice(start, end))
+                    start = end
+                    batch = SampleBlock.concat(pending)
+                    if self.observe:
+                        seen += len(batch)
+                        self.report.observed = (stats, seen)
+                    yield from self._batch(read, batch, stats, on_error)
+                    pending = []
+                    cut.reset()
+            if start < len(block):
+                pending.append(block.slice(start, len(block)))
         if pending:
+            batch = SampleBlock.concat(pending)
             if self.observe:
-                self.report.observed = (stats, seen + len(pending))
-            yield from self._batch(read, pending, stats, on_error)
+                self.report.observed = (stats, seen + len(batch))
+            yield from self._batch(read, batch, stats, on_error)
 
-    def _batch(self, read: _SampleReader, samples: list[Sample], stats: dict[str, FieldStats],
+    def _batch(self, read: _SampleReader, block: SampleBlock, stats: dict[str, FieldStats],
                on_error: OnError) -> Iterator[ColumnBatch]:
-        """One column batch of ``samples``: a field at a time where the columns allow
+        """One column batch of the samples of ``block``: a field at a time where the columns allow
         (:mod:`.webdataset_columns`), else row by row (bad samples raise or are skipped)."""
         cache: dict[str, Any] = {}
         if self.observe:
-            observe(stats, samples, cache)
-        columns = read.columns(samples, cache)
+            observe(stats, block, cache)
+        columns = read.columns(block, cache)
         if columns is not None:
-            self.report.records += len(samples)
+            self.report.records += len(block)
             yield columns
             return
         rows: dict[str, list[Any]] = {f.name: [] for f in read.schema}
-        for sample in samples:
+        for sample in block.samples():
             try:
                 row = read.row(sample)
             except FormatError as exc:
@@ -393,9 +404,9 @@ class _SampleReader:
         #: the fast path, where fields are named by extension
         self.fast = ColumnReader(list(schema), validate_images, fit=not observe) if header is None else None
 
-    def columns(self, samples: list[Sample], cache: dict[str, Any]) -> dict[str, Any] | None:
-        """The columns of ``samples`` a field at a time, or None (read them with :meth:`row`)."""
-        return None if self.fast is None else self.fast.columns(samples, cache)
+    def columns(self, block: SampleBlock, cache: dict[str, Any]) -> dict[str, Any] | None:
+        """The columns of the samples of ``block`` a field at a time, or None (read them with :meth:`row`)."""
+        return None if self.fast is None else self.fast.columns(block, cache)
 
     def row(self, sample: Sample) -> dict[str, Any]:
         """One sample as a row; a provisional schema that does not hold it raises SchemaOutgrown."""

@@ -17,6 +17,7 @@ schema scan would, from the same arrays (:func:`observe`), so the shards are rea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -24,90 +25,100 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.formats import image_checks, images
+from unihub.formats.arrow_numpy import string_array, to_numpy
 from unihub.formats.codecs import CompressedImageCodec
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.npy import load_npy_column
 from unihub.formats.schema import UnischemaField
 from unihub.formats.validation import shape_matches
+from unihub.formats.webdataset_blocks import SampleBlock
 from unihub.formats.webdataset_fields import FieldStats, Where, native_order
-from unihub.formats.webdataset_tar import KEY_FIELD, Sample
+from unihub.formats.webdataset_tar import KEY_FIELD
 
 #: integer text every parser reads alike: ASCII digits, an optional minus, short enough for float64 too
 _PLAIN_INT = r"^-?[0-9]{1,15}$"
 _MINUS_ZERO = r"^-0+$"  # '-0' is a number an int field cannot hold (see FieldStats._add_number)
-_MAX_BINARY = 2**31 - 1  # bytes one Arrow binary array (int32 offsets) holds
 
 
 class _Values:
     """One extension's members in a batch (none missing), as one Arrow binary array; what the
     column and the statistics both need is computed once."""
 
-    def __init__(self, values: list[bytes]) -> None:
-        self.values = values
-        self._array: pa.Array | None = None
+    def __init__(self, array: pa.Array) -> None:
+        self.array = array
 
-    @property
-    def array(self) -> pa.Array:
-        if self._array is None:
-            self._array = pa.array(self.values, type=pa.binary())
-        return self._array
-
-    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(buffer, starts, ends)`` of the values in the array's data buffer."""
+    @cached_property
+    def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         array = self.array
         offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
         data = array.buffers()[2]
         buffer = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
         return buffer, offsets[:-1], offsets[1:]
 
-    def plain_ints(self) -> bool:
-        """True when every value is integer text that int64 and float64 both hold exactly."""
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buffer, starts, ends)`` of the values in the array's data buffer."""
+        return self._spans
+
+    @cached_property
+    def image_sizes(self) -> list[tuple[int, int, int] | None]:
+        """``(height, width, channels)`` of each run of images with one header (None: unreadable)."""
+        return [size for size, _, _ in images.image_size_groups(*self._spans)]
+
+    @cached_property
+    def depths(self) -> dict[int, np.ndarray]:
+        """``{bit depth: rows}`` of the images."""
+        return _depths(*self._spans)
+
+    @cached_property
+    def _plain_ints(self) -> bool:
         array = self.array
         return bool(pc.all(pc.match_substring_regex(array, _PLAIN_INT)).as_py()) and \
             not bool(pc.any(pc.match_substring_regex(array, _MINUS_ZERO)).as_py())
+
+    def plain_ints(self) -> bool:
+        """True when every value is integer text that int64 and float64 both hold exactly."""
+        return self._plain_ints
 
     def npy(self) -> np.ndarray | None:
         """The values as one array when they share one ``.npy`` header (else None)."""
         if not hasattr(self, "_npy"):
             try:
-                self._npy = load_npy_column(self.array) if sum(map(len, self.values)) <= _MAX_BINARY else None
+                self._npy = load_npy_column(self.array)
             except Exception:  # a corrupt header: the row reader says which and why
                 self._npy = None
         return self._npy
 
 
-def _gather(samples: Sequence[Sample], extension: str) -> _Values | None:
+def _gather(block: SampleBlock, extension: str) -> _Values | None:
     """The ``extension`` members of every sample, or None when one lacks it."""
-    values = [s.members.get(extension) for s in samples]
-    return None if any(v is None for v in values) else _Values(values)  # type: ignore[arg-type]
+    array = block.column(extension)
+    return None if array is None else _Values(array)
 
 
-def observe(stats: dict[str, FieldStats], samples: Sequence[Sample],
-            cache: dict[str, _Values | None]) -> None:
-    """Add ``samples`` to ``stats`` as :func:`~unihub.formats.webdataset._scan_shards` would, sample by
-    sample: a whole column at a time where its values allow, else member by member."""
-    extensions: dict[str, None] = {}
-    for sample in samples:
-        extensions.update(dict.fromkeys(sample.members))
-    for extension in extensions:
+def observe(stats: dict[str, FieldStats], block: SampleBlock, cache: dict[str, _Values | None]) -> None:
+    """Add the samples of ``block`` to ``stats`` as :func:`~unihub.formats.webdataset._scan_shards` would,
+    sample by sample: a whole column at a time where its values allow, else member by member."""
+    for extension in block.extensions():
         stat = stats.get(extension)
         if stat is None:
             stat = stats[extension] = FieldStats(extension)
-        values = cache.setdefault(extension, _gather(samples, extension))
-        if values is None or not _observe_column(stat, values, lambda i: _where(samples[i])):
-            for sample in samples:
+        if extension not in cache:
+            cache[extension] = _gather(block, extension)
+        values = cache[extension]
+        if values is None or not _observe_column(stat, values, lambda i: _where(block, i)):
+            for sample in block.samples():
                 data = sample.members.get(extension)
                 if data is not None:
                     stat.add(data, sample.url, sample.offset, sample.key)
 
 
-def _where(sample: Sample) -> Where:
-    return sample.url, sample.offset, sample.key
+def _where(block: SampleBlock, i: int) -> Where:
+    return block.urls[i], block.offsets[i], block.keys[i]
 
 
 def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Where]) -> bool:
     """Add a full column to ``stat`` in a few steps; False (nothing added) where it must go member by member."""
-    n = len(values.values)
+    n = len(values.array)
     if stat.kind == "int" and stat.all_int and values.plain_ints():
         stat.count += n  # every value is an int64, a float64 and UTF-8 alike: nothing else changes
         return True
@@ -121,14 +132,13 @@ def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Wh
         stat.shapes.add(array.shape[1:])
         stat.count += n
         return True
-    if stat.kind == "image" and sum(map(len, values.values)) <= _MAX_BINARY:
-        buffer, starts, ends = values.spans()
-        for size, _, _ in images.image_size_groups(buffer, starts, ends):
+    if stat.kind == "image":
+        for size in values.image_sizes:
             if size is None:
                 continue  # corrupt: counted, no shape (as FieldStats.add)
             height, width, channels = size
             stat.shapes.add((height, width) if channels == 1 else (height, width, channels))
-        for depth, rows in _depths(buffer, starts, ends).items():
+        for depth, rows in values.depths.items():
             stat.depths.setdefault(depth, where(int(rows[0])))
         stat.count += n
         return True
@@ -157,15 +167,15 @@ class ColumnReader:
         self.order = [f.name for f in fields]
         self.validate_images, self.fit = validate_images, fit
 
-    def columns(self, samples: Sequence[Sample], cache: dict[str, _Values | None]) -> dict[str, Any] | None:
-        if sum(len(s.members) for s in samples) != len(self.fields) * len(samples):
+    def columns(self, block: SampleBlock, cache: dict[str, _Values | None]) -> dict[str, Any] | None:
+        if block.member_count() != len(self.fields) * len(block):
             return None  # a member missing (null, or an error) or one no field reads
         out: dict[str, Any] = {}
         if self.keys:
-            out[KEY_FIELD] = pa.array([s.key for s in samples], type=pa.string())
+            out[KEY_FIELD] = string_array(block.keys)
         for f in self.fields:
             if f.name not in cache:
-                cache[f.name] = _gather(samples, f.name)
+                cache[f.name] = _gather(block, f.name)
             values = cache[f.name]
             column = None if values is None else self._column(f, values)
             if column is None:
@@ -175,8 +185,6 @@ class ColumnReader:
 
     def _column(self, f: UnischemaField, values: _Values) -> Any:
         """One field's column, or None (the row reader decides)."""
-        if sum(map(len, values.values)) > _MAX_BINARY:
-            return None
         if isinstance(f.codec, CompressedImageCodec):
             return values.array if self._images_fit(f, values) else None
         kind = f.dtype.kind
@@ -188,7 +196,7 @@ class ColumnReader:
             except pa.ArrowInvalid:
                 return None
         if f.shape == () and f.dtype == np.int64 and values.plain_ints():
-            return pc.cast(values.array.cast(pa.string()), pa.int64()).to_numpy()
+            return to_numpy(pc.cast(values.array.cast(pa.string()), pa.int64()))
         if f.shape != () and kind in "biufc":
             array = values.npy()
             if array is None or native_order(array.dtype) != f.dtype or not shape_matches(array.shape[1:], f.shape):
@@ -204,9 +212,9 @@ class ColumnReader:
         buffer, starts, ends = values.spans()
         if self.fit:
             depth = 16 if f.dtype == np.uint16 else 8
-            if set(_depths(buffer, starts, ends)) != {depth}:
+            if set(values.depths) != {depth}:
                 return False
-        for size, _, _ in images.image_size_groups(buffer, starts, ends):
+        for size in values.image_sizes:
             if size is None:
                 return False
             height, width, channels = size

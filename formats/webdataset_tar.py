@@ -142,16 +142,37 @@ class Sample:
     index: int = 0
 
 
-class _Grouper:
+class Grouper:
     """Members -> samples for one shard: adjacent runs (a repeated key is an error), or with
     ``group_keys`` every member of a key, wherever it is, held until the shard ends."""
 
     def __init__(self, path: str, group_keys: bool, fail: Fail) -> None:
         self.path, self.group_keys, self.fail = path, group_keys, fail
+        self.started = False  # a member (not a PAX global header) was seen
+        self.offset: int | None = 0  # of the last member taken
         self.current: Sample | None = None
         self.runs: dict[str, int] = {}  # key -> offset of its first member (a run's, or the group's)
         self.held: dict[str, Sample] = {}  # group_keys: every sample of the shard, in first-seen order
         self.skipping: str | None = None  # the key of a repeated run being skipped (on_error='skip')
+
+    def take(self, member: TarMember) -> Sample | None:
+        """Add one member of the shard (any kind); returns the sample it completed, if any."""
+        offset = self.offset = member.offset
+        if member.type == "g":
+            if self.started and _header_of(member, self.path) is not None:
+                self.fail(f"a unihub header at offset {offset} follows samples: exports were joined into one "
+                          "tar; split them, or pass --option unihub_schema=false", offset)
+            return None
+        self.started = True
+        name = member.name
+        if member.type == "0" and "/" not in name and name[:2] != "__" and name.isascii():
+            key, dot, extension = name.partition(".")  # the key rule, for the usual plain names
+            parts = (key, extension.lower()) if dot and key else _member_parts(member, self.fail)
+        elif member.isdir or is_meta(name):
+            return None
+        else:
+            parts = _member_parts(member, self.fail)
+        return None if parts is None else self.add(name, parts[0], parts[1], offset, member.data)
 
     def add(self, name: str, key: str, extension: str, offset: int, data: bytes) -> Sample | None:
         """Add a member; returns the sample it completed, if any."""
@@ -197,6 +218,28 @@ class _Grouper:
 def iter_samples(path: str, *, on_error: OnError = "raise", skipped: list[SkippedRecord] | None = None,
                  group_keys: bool = False) -> Iterator[Sample]:
     """The samples of one shard, in order; malformed members raise or are listed in ``skipped``."""
+    grouper = Grouper(path, group_keys, failer(path, on_error, skipped))
+    count = 0
+    try:
+        for member in iter_members(path, regular_only=False, require_end=True):
+            done = grouper.take(member)
+            if done is not None:
+                done.index, count = count, count + 1
+                yield done
+    except (TarFormatError, OSError) as exc:
+        complete, report = after_damage(exc, grouper)
+        for done in complete:
+            done.index = count
+            yield done
+        report()
+        return
+    for index, done in enumerate(grouper.finish(), start=count):
+        done.index = index
+        yield done
+
+
+def failer(path: str, on_error: OnError, skipped: list[SkippedRecord] | None) -> Fail:
+    """What reports a malformed member of shard ``path``: raises, or lists the skip in ``skipped``."""
 
     def fail(message: str, offset: int | None) -> None:
         where = f"offset {offset}" if offset is not None else "shard"
@@ -205,40 +248,7 @@ def iter_samples(path: str, *, on_error: OnError = "raise", skipped: list[Skippe
         if skipped is not None:
             skipped.append(SkippedRecord(path, where, message))
 
-    grouper = _Grouper(path, group_keys, fail)
-    offset: int | None = 0
-    started = False
-    count = 0
-    try:
-        for member in iter_members(path, regular_only=False, require_end=True):
-            offset = member.offset
-            if member.type == "g":
-                if started and _header_of(member, path) is not None:
-                    fail(f"a unihub header at offset {offset} follows samples: exports were joined into one "
-                         "tar; split them, or pass --option unihub_schema=false", offset)
-                continue
-            started = True
-            name = member.name
-            if member.type == "0" and "/" not in name and name[:2] != "__" and name.isascii():
-                key, dot, extension = name.partition(".")  # the key rule, for the usual plain names
-                parts = (key, extension.lower()) if dot and key else _member_parts(member, fail)
-            elif member.isdir or is_meta(name):
-                continue
-            else:
-                parts = _member_parts(member, fail)
-            if parts is not None:
-                done = grouper.add(member.name, parts[0], parts[1], offset, member.data)
-                if done is not None:
-                    done.index, count = count, count + 1
-                    yield done
-    except (TarFormatError, OSError) as exc:
-        for done in _after_damage(exc, grouper, offset, fail):
-            done.index = count
-            yield done
-        return
-    for index, done in enumerate(grouper.finish(), start=count):
-        done.index = index
-        yield done
+    return fail
 
 
 def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
@@ -268,18 +278,22 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-def _after_damage(exc: Exception, grouper: _Grouper, offset: int | None, fail: Fail) -> Iterator[Sample]:
-    """A corrupt or cut shard: yield the samples proven complete, report the rest."""
+def after_damage(exc: Exception, grouper: Grouper) -> tuple[list[Sample], Callable[[], None]]:
+    """A corrupt or cut shard: the samples proven complete (to yield first), and what reports the rest
+    (raises, or lists the skip)."""
+    offset = grouper.offset
+    complete: list[Sample] = []
     current = None if grouper.group_keys else grouper.current
     if isinstance(exc, TarFormatError):
         offset = exc.offset
         parts = None if exc.member is None or is_meta(exc.member) else split_name(exc.member)
         if current is not None and parts is not None and parts[0] != current.key:
-            yield current  # the damaged member starts another key: this sample is complete
+            complete.append(current)  # the damaged member starts another key: this sample is complete
             current = None
     reason = exc.reason if isinstance(exc, TarFormatError) else str(exc)
     pending = f"; sample {current.key!r} is incomplete" if current is not None else ""
     if grouper.group_keys and grouper.held:
         pending = (f"; the {len(grouper.held)} samples read so far are left out (with group_keys a key's "
                    "members may come later)")
-    fail(f"truncated or corrupt tar after offset {offset}: {reason}{pending}", offset)
+    message = f"truncated or corrupt tar after offset {offset}: {reason}{pending}"
+    return complete, lambda: grouper.fail(message, offset)

@@ -15,7 +15,7 @@ import pytest
 
 from unihub import FormatError
 from unihub.converters.convert import convert
-from unihub.formats import webdataset, webdataset_tar
+from unihub.formats import tarstream, webdataset, webdataset_blocks, webdataset_tar
 from unihub.formats.images import encode_image
 from unihub.formats.parquet import open_dataset
 from unihub.formats.tarstream import TarMember
@@ -37,7 +37,8 @@ def samples(n: int, *, start: int = 0) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
-    """Counts, per shard, the full reads, the partial ones (the schema's sample) and the header peeks;
+    """Counts, per shard, the full reads (members one by one or in tables), the partial ones (the
+    schema's sample) and the header peeks;
     a small sample, so that the test's few shards are more than the sample."""
     counted: Counter[tuple[str, str]] = Counter()
     real = webdataset_tar.iter_members
@@ -56,7 +57,19 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
         finally:
             counted[(Path(path).name, "full" if finished else "partial")] += 1
 
+    real_tables = webdataset_blocks.iter_tables
+
+    def counting_tables(path: str, **kwargs: Any) -> Iterator[Any]:
+        finished = False
+        try:
+            yield from real_tables(path, **kwargs)
+            finished = True
+        finally:
+            counted[(Path(path).name, "full" if finished else "partial")] += 1
+
     monkeypatch.setattr(webdataset_tar, "iter_members", counting)
+    monkeypatch.setattr(tarstream, "_WINDOW", 16)  # tables of 8 KiB: the schema's sample ends inside the shard
+    monkeypatch.setattr(webdataset_blocks, "iter_tables", counting_tables)
     monkeypatch.setattr(webdataset, "PROVISIONAL_SAMPLE", SAMPLE)
     return counted
 
