@@ -29,6 +29,9 @@ streamed), not :mod:`tarfile`, which costs ~70 µs a member, nor the ``webdatase
 importing webdataset imports torch (~1.5 s), and its pipeline skips malformed members silently
 where unihub must report them with the shard and offset (bad header checksums included).
 ``unihub verify`` reads the shards with :mod:`tarfile` instead (:mod:`.webdataset_verify`).
+Samples come a window of the shard at a time (:mod:`.webdataset_blocks`): where every sample of a
+window has the same members, they go out as one Arrow array an extension, with no Python object a
+member, and :mod:`.webdataset_columns` turns those into the batch's columns.
 """
 
 from __future__ import annotations

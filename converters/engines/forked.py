@@ -22,13 +22,14 @@ class ForkedEngine(Engine):
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         import unihub.formats.formats_all  # noqa: F401  (imported once here, not in every forked worker)
         import unihub.formats.writer  # noqa: F401
-        from unihub.formats.foreign import process_pool
+        from unihub.formats.foreign import frozen_for_fork, process_pool
 
         slices = file_slices(files, self.workers * 4)
         pool = process_pool(self.workers)
         results = []
         try:
-            futures = [pool.submit(run_task, plan, index, part) for index, part in enumerate(slices)]
+            with frozen_for_fork():  # the workers start at the first submit
+                futures = [pool.submit(run_task, plan, index, part) for index, part in enumerate(slices)]
             for part, future in zip(slices, futures):
                 results.append(future.result())
                 if on_done is not None:

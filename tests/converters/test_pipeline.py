@@ -144,3 +144,21 @@ def test_an_ingest_to_s3_goes_through_the_same_pipeline(tfrecords: list[str], tm
                                                                  Prefix="pipeline/").get("Contents", [])]
     assert keys and all(k.startswith("pipeline/tfr/") for k in keys), keys  # no staging area left
     assert os.listdir(tmp_path) == ["local"]
+
+
+def _frozen_here(_: Any) -> int:
+    import gc
+
+    return gc.get_freeze_count()
+
+
+def test_forked_workers_leave_this_process_objects_out_of_their_collections() -> None:
+    """A worker's garbage collection would touch, and so copy, every page of this process's objects."""
+    import gc
+
+    from unihub.formats.foreign import map_in_workers
+
+    assert gc.get_freeze_count() == 0
+    counts = map_in_workers(_frozen_here, [0, 1], 2)
+    assert all(count > 10_000 for count in counts)  # the objects that existed when they were forked
+    assert gc.get_freeze_count() == 0  # collected here again
