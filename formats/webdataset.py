@@ -85,6 +85,19 @@ __all__ = ["KEY_FIELD", "Sample", "WebDatasetFormat", "iter_samples", "split_nam
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
 #: samples scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
+#: batches whose columns are made in one go (each step's fixed cost shared by more rows), then cut apart
+_UNIT_BATCHES = 4
+
+
+def _cut(batches: Iterable[ColumnBatch], rows: int) -> Iterator[ColumnBatch]:
+    """``batches`` cut into batches of at most ``rows`` rows (slices: nothing copied)."""
+    for batch in batches:
+        count = len(next(iter(batch.values()))) if batch else 0
+        if count <= rows:
+            yield batch
+            continue
+        for start in range(0, count, rows):
+            yield {name: values[start:start + rows] for name, values in batch.items()}
 
 
 def _scan_shards(job: tuple[list[str], int | None, bool]) -> tuple[dict[str, FieldStats], int]:
@@ -291,27 +304,27 @@ class WebDatasetFormat(ForeignFormat):
         if self.observe:
             self.report.observed = (stats, 0)
         pending: list[SampleBlock] = []
-        cut = BatchCut(batch_size, self.batch_bytes)
+        cut = BatchCut(_UNIT_BATCHES * batch_size, self.batch_bytes)  # a unit: the columns made at once
         for block in self.blocks(on_error=on_error):
             start = 0
             for end, size in enumerate(block.sample_bytes(), start=1):
                 if cut.add(size):
                     pending.append(block.slice(start, end))
                     start = end
-                    batch = SampleBlock.concat(pending)
+                    unit = SampleBlock.concat(pending)
                     if self.observe:
-                        seen += len(batch)
+                        seen += len(unit)
                         self.report.observed = (stats, seen)
-                    yield from self._batch(read, batch, stats, on_error)
+                    yield from _cut(self._batch(read, unit, stats, on_error), batch_size)
                     pending = []
                     cut.reset()
             if start < len(block):
                 pending.append(block.slice(start, len(block)))
         if pending:
-            batch = SampleBlock.concat(pending)
+            unit = SampleBlock.concat(pending)
             if self.observe:
-                self.report.observed = (stats, seen + len(batch))
-            yield from self._batch(read, batch, stats, on_error)
+                self.report.observed = (stats, seen + len(unit))
+            yield from _cut(self._batch(read, unit, stats, on_error), batch_size)
 
     def _batch(self, read: _SampleReader, block: SampleBlock, stats: dict[str, FieldStats],
                on_error: OnError) -> Iterator[ColumnBatch]:

@@ -217,3 +217,21 @@ def test_every_sample_with_an_extension_twice_is_refused_alike(tmp_path: Path, s
     rows, error, skips = samples  # on_error='skip': one report a sample, each sample with its first .cls
     assert error is None and len(skips) == 20 and all("already has a .cls member" in s.reason for s in skips)
     assert [dict(r[4]) for r in rows] == [{"cls": b"1"}] * 20
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 256])
+def test_batches_hold_at_most_batch_size_rows_in_order(tmp_path: Path, batch_size: int) -> None:
+    """Columns are made several batches at a time, then cut: every batch still at most ``batch_size``."""
+    from unihub.formats.webdataset import WebDatasetFormat
+
+    path = webdataset_shard(tmp_path / "w.tar", 700)  # several windows, straddling samples included
+    source = WebDatasetFormat(str(path))
+    schema = source.infer_schema()
+    batches = list(source.read_batches(schema, batch_size=batch_size))
+    assert all(0 < len(b["__key__"]) <= batch_size for b in batches)
+    keys = [k for b in batches for k in b["__key__"].to_pylist()]
+    assert keys == [f"{i:06d}" for i in range(700)]
+    images = [bytes(v) for b in batches for v in b["jpg"].to_pylist()]
+    assert images == [bytes([i % 256]) * (700 + i % 900) for i in range(700)]
+    assert [int(v) for b in batches for v in b["cls"]] == [i % 10 for i in range(700)]
+    assert source.report.records == 700
