@@ -43,6 +43,19 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
     counted: Counter[tuple[str, str]] = Counter()
     real = webdataset_tar.iter_members
 
+    def reading(read: Any) -> Any:
+        """``read`` (members or tables of a shard), counted as a full or a partial read."""
+
+        def counting(path: str, **kwargs: Any) -> Iterator[Any]:
+            finished = False
+            try:
+                yield from read(path, **kwargs)
+                finished = True
+            finally:
+                counted[(Path(path).name, "full" if finished else "partial")] += 1
+
+        return counting
+
     def counting(path: str, **kwargs: Any) -> Iterator[TarMember]:
         if kwargs.get("globals_only"):
             data = sum(len(m.data) for m in real(path, **kwargs) if m.type != "g")
@@ -50,22 +63,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, str]]:
             assert data == 0  # a peek reads no member
             yield from real(path, **kwargs)
             return
-        finished = False
-        try:
-            yield from real(path, **kwargs)
-            finished = True
-        finally:
-            counted[(Path(path).name, "full" if finished else "partial")] += 1
+        yield from reading(real)(path, **kwargs)
 
-    real_tables = webdataset_blocks.iter_tables
-
-    def counting_tables(path: str, **kwargs: Any) -> Iterator[Any]:
-        finished = False
-        try:
-            yield from real_tables(path, **kwargs)
-            finished = True
-        finally:
-            counted[(Path(path).name, "full" if finished else "partial")] += 1
+    counting_tables = reading(webdataset_blocks.iter_tables)
 
     monkeypatch.setattr(webdataset_tar, "iter_members", counting)
     monkeypatch.setattr(tarstream, "_WINDOW", 16)  # tables of 8 KiB: the schema's sample ends inside the shard
