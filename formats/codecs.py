@@ -31,9 +31,11 @@ from unihub.errors import CodecError, SchemaError
 from unihub.formats import dtypes, npy
 from unihub.formats.arrow_numpy import (
     arrow_backed_empty,
+    binary_array,
     int64_array,
     numbers_array,
     numpy_dtype,
+    string_array,
     to_numpy,
     without_validity,
 )
@@ -281,7 +283,8 @@ class ScalarCodec(Codec):
                 mask = np.array([v is None for v in values], dtype=bool)
                 stacked = np.array([temporal[0] if v is None else v for v in values])
                 return pa.array(stacked, type=self._arrow_type, mask=mask if mask.any() else None)
-            return pa.array([self.encode(field, v) for v in values], type=self._arrow_type)
+            encoded = [self.encode(field, v) for v in values]
+            return _text_array(encoded, self._arrow_type) or pa.array(encoded, type=self._arrow_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise CodecError(f"field {field.name!r}: cannot store values as {self._arrow_type}: {exc}",
                              field=field.name) from exc
@@ -766,7 +769,7 @@ class CompressedImageCodec(Codec):
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """Bytes that are PNG/JPEG go in as they are, in one step; anything else value by value."""
         if len(values) and all(type(v) is bytes for v in values):
-            return self.encode_arrow(field, pa.array(values, type=pa.binary()))
+            return self.encode_arrow(field, _text_array(values, pa.binary()) or pa.array(values, type=pa.binary()))
         return super().encode_column(field, values)
 
     def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
@@ -995,3 +998,16 @@ def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:
     if not shape_matches(value.shape, field.shape):
         raise CodecError(f"field {field.name!r}: expected shape {field.shape}, found {value.shape}", field=field.name)
     return value
+
+
+def _text_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array | None:
+    """``values`` as a binary (all ``bytes``) or string (all ``str``) array without ``pa.array``, which
+    imports pandas; None where they are anything else or too many bytes for one array."""
+    try:
+        if pa.types.is_binary(arrow_type) and all(type(v) is bytes for v in values):
+            return binary_array(values)
+        if pa.types.is_string(arrow_type) and all(type(v) is str for v in values):
+            return string_array(values)
+    except (ValueError, UnicodeEncodeError):
+        return None
+    return None

@@ -338,14 +338,13 @@ def map_in_workers(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -
 
 def process_pool(workers: int) -> Any:
     """A ``ProcessPoolExecutor`` of ``workers`` forked processes (spawned where fork is missing),
-    forked after :func:`warm_before_fork` so that each does not pay pyarrow's first-use costs.
+    which start at the first submit (submit inside :func:`frozen_for_fork`).
     The workers die with this process (:mod:`unihub.lifeline`): a killed conversion leaves none."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from unihub.lifeline import die_with_parent
 
-    warm_before_fork()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                initializer=die_with_parent, initargs=(os.getpid(),))
@@ -362,17 +361,6 @@ def frozen_for_fork() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def warm_before_fork() -> None:
-    """Pay pyarrow's one-time costs here, not once in every forked worker.
-
-    pyarrow's first ``pa.array`` of Python objects imports pandas (~0.25 s) to look for pandas
-    types; a worker forked before that would import it again.
-    """
-    import pyarrow as pa
-
-    pa.array([b""], type=pa.binary())
 
 
 def expand_sources(sources: Sequence[str]) -> list[str]:
