@@ -284,7 +284,7 @@ class ScalarCodec(Codec):
                 stacked = np.array([temporal[0] if v is None else v for v in values])
                 return pa.array(stacked, type=self._arrow_type, mask=mask if mask.any() else None)
             encoded = [self.encode(field, v) for v in values]
-            return _text_array(encoded, self._arrow_type) or pa.array(encoded, type=self._arrow_type)
+            return _arrow_values(encoded, self._arrow_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise CodecError(f"field {field.name!r}: cannot store values as {self._arrow_type}: {exc}",
                              field=field.name) from exc
@@ -769,7 +769,7 @@ class CompressedImageCodec(Codec):
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         """Bytes that are PNG/JPEG go in as they are, in one step; anything else value by value."""
         if len(values) and all(type(v) is bytes for v in values):
-            return self.encode_arrow(field, _text_array(values, pa.binary()) or pa.array(values, type=pa.binary()))
+            return self.encode_arrow(field, _arrow_values(values, pa.binary()))
         return super().encode_column(field, values)
 
     def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
@@ -1000,14 +1000,14 @@ def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:
     return value
 
 
-def _text_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array | None:
-    """``values`` as a binary (all ``bytes``) or string (all ``str``) array without ``pa.array``, which
-    imports pandas; None where they are anything else or too many bytes for one array."""
+def _arrow_values(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
+    """``pa.array(values, arrow_type)``; all ``bytes`` into binary or all ``str`` into string without
+    it, since it imports pandas (~0.3 s a process)."""
     try:
         if pa.types.is_binary(arrow_type) and all(type(v) is bytes for v in values):
             return binary_array(values)
         if pa.types.is_string(arrow_type) and all(type(v) is str for v in values):
             return string_array(values)
     except (ValueError, UnicodeEncodeError):
-        return None
-    return None
+        pass  # more bytes than one array holds, or text that is not UTF-8: pyarrow's own answer
+    return pa.array(values, type=arrow_type)

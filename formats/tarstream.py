@@ -31,7 +31,7 @@ import lzma
 import mmap
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -89,6 +89,20 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
     The archive ends at a zero block, or at end of file on a block boundary unless
     ``require_end`` (then a missing end-of-archive marker means the file was cut short).
     """
+    return cast(Iterator[TarMember], _items(path, regular_only, require_end, globals_only, tables=False))
+
+
+def iter_tables(path: str, *, require_end: bool = False) -> Iterator[MemberTable | TarMember]:
+    """:func:`iter_members` (``regular_only=False``) a window at a time where it can: in a plain local
+    archive, the members :func:`_walk` finds come as one :class:`MemberTable` a window, with no object
+    a member; every other member (and every member of a compressed or remote archive) comes alone."""
+    return _items(path, False, require_end, False, tables=True)
+
+
+def _items(path: str, regular_only: bool, require_end: bool, globals_only: bool,
+           tables: bool) -> Iterator[MemberTable | TarMember]:
+    """The archive's members through the reader its bytes call for: decompressed, buffered (remote),
+    or memory-mapped and walked with numpy (in tables where ``tables``)."""
     with sources.open_input(path) as raw:
         head = raw.read(6)
         opener = next((o for magic, o in _COMPRESSED if head.startswith(magic)), None)
@@ -103,6 +117,8 @@ def iter_members(path: str, *, regular_only: bool = True, require_end: bool = Fa
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 if globals_only:
                     yield from _parse(mapped.read, path, regular_only, require_end, len(mapped), globals_only)
+                elif tables:
+                    yield from _mapped_tables(mapped, path, require_end)
                 else:
                     yield from _parse_mapped(mapped, path, regular_only, require_end)
         elif require_end:
@@ -252,11 +268,12 @@ class MemberTable(NamedTuple):
     sizes: np.ndarray
     buffer: mmap.mmap
 
-    def members(self, regular_only: bool = False) -> Iterator[TarMember]:
-        """The table's members as :func:`iter_members` gives them."""
+    def members(self, regular_only: bool = False, start: int = 0, stop: int | None = None) -> Iterator[TarMember]:
+        """The table's members (``start:stop``) as :func:`iter_members` gives them."""
         mapped = self.buffer
-        for name, first, own, kind, size in zip(self.names, self.firsts.tolist(), self.owns.tolist(),
-                                                self.kinds.tolist(), self.sizes.tolist()):
+        cut = slice(start, stop)
+        for name, first, own, kind, size in zip(self.names[cut], self.firsts[cut].tolist(), self.owns[cut].tolist(),
+                                                self.kinds[cut].tolist(), self.sizes[cut].tolist()):
             if kind == _DIRECTORY:
                 if not regular_only:
                     yield TarMember(name.rstrip("/"), first, b"", "5")
@@ -272,32 +289,15 @@ class MemberTable(NamedTuple):
 
 
 class _Run(NamedTuple):
-    """What :func:`_walk` found (as a table without its buffer) and where the next run starts.
-    ``rest``: from there on only :func:`_parse` may read."""
+    """What :func:`_walk` found, and where the next run starts. ``rest``: from there on only
+    :func:`_parse` may read."""
 
-    names: list[str]
-    firsts: np.ndarray
-    owns: np.ndarray
-    kinds: np.ndarray
-    sizes: np.ndarray
+    table: MemberTable
     next: int
     rest: bool
 
 
 _NONE = np.zeros(0, np.int64)
-
-
-def iter_tables(path: str, *, require_end: bool = False) -> Iterator[MemberTable | TarMember]:
-    """:func:`iter_members` (``regular_only=False``) a window at a time where it can: in a plain local
-    archive, the members :func:`_walk` finds come as one :class:`MemberTable` a window, with no object
-    a member; every other member (and every member of a compressed or remote archive) comes alone."""
-    with sources.open_input(path) as raw:
-        head = raw.read(6)
-        if head and not sources.is_url(path) and not any(head.startswith(magic) for magic, _ in _COMPRESSED):
-            with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                yield from _mapped_tables(mapped, path, require_end)
-            return
-    yield from iter_members(path, regular_only=False, require_end=require_end)
 
 
 def _mapped_tables(mapped: mmap.mmap, path: str, require_end: bool) -> Iterator[MemberTable | TarMember]:
@@ -306,8 +306,8 @@ def _mapped_tables(mapped: mmap.mmap, path: str, require_end: bool) -> Iterator[
     offset = 0
     while True:
         run = _walk(mapped, offset, total)
-        if run.names:
-            yield MemberTable(run.names, run.firsts, run.owns, run.kinds, run.sizes, mapped)
+        if run.table.names:
+            yield run.table
         if run.rest:
             mapped.seek(run.next)
             yield from _parse(mapped.read, path, False, require_end, total, start=run.next)
@@ -337,7 +337,7 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
     headers on that chain are then checked (checksums, PAX records, old-style directories)."""
     count = min(_WINDOW, (total - offset) // BLOCK)
     if count == 0:
-        return _Run([], _NONE, _NONE, _NONE, _NONE, offset, True)
+        return _Run(MemberTable([], _NONE, _NONE, _NONE, _NONE, mapped), offset, True)
     view = np.frombuffer(mapped, np.uint8, count=count * BLOCK, offset=offset).reshape(count, BLOCK)
     try:
         field = view[:, 124:135]
@@ -376,7 +376,7 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
         keep = int(unusual[0])
         at, headers, kinds, sizes, pax = at[:keep], headers[:keep], kinds[:keep], sizes[:keep], pax[:keep]
         ends_inside = True
-    return _members(offset, offset + at * BLOCK, headers, kinds, sizes, pax, ends_inside)
+    return _members(mapped, offset, offset + at * BLOCK, headers, kinds, sizes, pax, ends_inside)
 
 
 def _chain(usual: np.ndarray, following: np.ndarray, count: int) -> tuple[np.ndarray, int]:
@@ -413,24 +413,25 @@ def _unusual(headers: np.ndarray) -> np.ndarray:
     return ~(laid_out & (digits @ _SUM_WEIGHTS == sums))
 
 
-def _members(start: int, offsets: np.ndarray, headers: np.ndarray, kinds: np.ndarray, sizes: np.ndarray,
-             pax: np.ndarray, ends_inside: bool) -> _Run:
+def _members(mapped: mmap.mmap, start: int, offsets: np.ndarray, headers: np.ndarray, kinds: np.ndarray,
+             sizes: np.ndarray, pax: np.ndarray, ends_inside: bool) -> _Run:
     """The members of the checked headers at ``offsets`` (from ``start``), each with the offset of its
     first header (its PAX header, if any). The run ends before a trailing PAX header whose member
     did not follow, or before a PAX header followed by a PAX global header (rare: :func:`_parse`'s)."""
     if not len(offsets):
-        return _Run([], _NONE, _NONE, _NONE, _NONE, start, True)
+        return _Run(MemberTable([], _NONE, _NONE, _NONE, _NONE, mapped), start, True)
     index = np.arange(len(offsets))
     first = np.concatenate([[0], np.maximum.accumulate(np.where(pax, -1, index))[:-1] + 1])  # of each member
     stray = np.flatnonzero((kinds == _GLOBAL) & (first < index))
     end = int(first[stray[0]]) if len(stray) else int(first[-1]) if pax[-1] else len(offsets)
     taken = np.flatnonzero(~pax[:end])
-    run = (_names(headers[taken]), offsets[first[taken]], offsets[taken], kinds[taken].astype(np.int64), sizes[taken])
+    table = MemberTable(_names(headers[taken]), offsets[first[taken]], offsets[taken], kinds[taken].astype(np.int64),
+                        sizes[taken], mapped)
     if end < len(offsets):
-        return _Run(*run, int(offsets[end]), ends_inside or bool(len(stray)) or end == 0)
+        return _Run(table, int(offsets[end]), ends_inside or bool(len(stray)) or end == 0)
     last = end - 1
     after = int(offsets[last]) + BLOCK * (1 + (0 if kinds[last] == _DIRECTORY else -(-int(sizes[last]) // BLOCK)))
-    return _Run(*run, after, ends_inside)
+    return _Run(table, after, ends_inside)
 
 
 def _names(headers: np.ndarray) -> list[str]:

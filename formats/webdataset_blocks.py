@@ -80,9 +80,12 @@ class SampleBlock:
         if self.columns is not None:
             return self.columns.get(extension)
         values = [s.members.get(extension) for s in self.sample_list or ()]
-        if any(v is None for v in values) or sum(map(len, values)) > MAX_BINARY:  # type: ignore[arg-type]
+        if any(v is None for v in values):
             return None
-        return binary_array(values)  # type: ignore[arg-type]
+        try:
+            return binary_array(values)  # type: ignore[arg-type]
+        except ValueError:  # more bytes than one array holds
+            return None
 
     def sample_bytes(self) -> list[int]:
         """The bytes of each sample's members."""
@@ -127,10 +130,8 @@ class SampleBlock:
             return self.columns if set(self.columns) == set(extensions) else None
         if any(s.members.keys() != set(extensions) for s in self.sample_list or ()):
             return None
-        values = {e: [s.members[e] for s in self.sample_list or ()] for e in extensions}
-        if any(sum(map(len, v)) > MAX_BINARY for v in values.values()):
-            return None
-        return {e: binary_array(v) for e, v in values.items()}
+        columns = {e: self.column(e) for e in extensions}
+        return None if any(c is None for c in columns.values()) else columns
 
 
 def iter_blocks(path: str, *, on_error: OnError = "raise", skipped: list[SkippedRecord] | None = None,
@@ -169,7 +170,7 @@ def iter_blocks(path: str, *, on_error: OnError = "raise", skipped: list[Skipped
                 yield from flush()
             return
         table, head, stop, width, keys = plan
-        take(_members(table, 0, head))  # the end of the sample the last window left open
+        take(table.members(stop=head))  # the end of the sample the last window left open
         if grouper.current is not None:
             waiting.append(grouper.current)  # the next member has another key: it is complete
         grouper.current = grouper.skipping = None
@@ -177,7 +178,7 @@ def iter_blocks(path: str, *, on_error: OnError = "raise", skipped: list[Skipped
         grouper.runs.update(zip(keys, table.firsts[head:stop:width].tolist()))
         yield out(_block(path, table, head, stop, width, keys))
         grouper.started = True
-        take(_members(table, stop, len(table.names)))  # the sample this window leaves open
+        take(table.members(start=stop))  # the sample this window leaves open
 
     try:
         for item in iter_tables(path, require_end=True):
@@ -238,14 +239,6 @@ def _plan(table: MemberTable, grouper: Grouper) -> _Plan | None:
     if int(table.sizes[head:stop].sum()) > MAX_BINARY:
         return None
     return table, head, stop, width, list(firsts)
-
-
-def _members(table: MemberTable, start: int, stop: int) -> Iterator[TarMember]:
-    """Members ``start:stop`` of ``table`` (all regular files)."""
-    mapped = table.buffer
-    for name, first, own, size in zip(table.names[start:stop], table.firsts[start:stop].tolist(),
-                                      table.owns[start:stop].tolist(), table.sizes[start:stop].tolist()):
-        yield TarMember(name, first, mapped[own + BLOCK:own + BLOCK + size])
 
 
 def _block(path: str, table: MemberTable, head: int, stop: int, width: int, keys: list[str]) -> SampleBlock:

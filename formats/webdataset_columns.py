@@ -48,45 +48,38 @@ class _Values:
         self.array = array
 
     @cached_property
-    def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buffer, starts, ends)`` of the values in the array's data buffer."""
         array = self.array
         offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
         data = array.buffers()[2]
         buffer = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
         return buffer, offsets[:-1], offsets[1:]
 
-    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(buffer, starts, ends)`` of the values in the array's data buffer."""
-        return self._spans
-
     @cached_property
     def image_sizes(self) -> list[tuple[int, int, int] | None]:
         """``(height, width, channels)`` of each run of images with one header (None: unreadable)."""
-        return [size for size, _, _ in images.image_size_groups(*self._spans)]
+        return [size for size, _, _ in images.image_size_groups(*self.spans)]
 
     @cached_property
     def depths(self) -> dict[int, np.ndarray]:
         """``{bit depth: rows}`` of the images."""
-        return _depths(*self._spans)
+        return _depths(*self.spans)
 
     @cached_property
-    def _plain_ints(self) -> bool:
+    def plain_ints(self) -> bool:
+        """True when every value is integer text that int64 and float64 both hold exactly."""
         array = self.array
         return bool(pc.all(pc.match_substring_regex(array, _PLAIN_INT)).as_py()) and \
             not bool(pc.any(pc.match_substring_regex(array, _MINUS_ZERO)).as_py())
 
-    def plain_ints(self) -> bool:
-        """True when every value is integer text that int64 and float64 both hold exactly."""
-        return self._plain_ints
-
+    @cached_property
     def npy(self) -> np.ndarray | None:
         """The values as one array when they share one ``.npy`` header (else None)."""
-        if not hasattr(self, "_npy"):
-            try:
-                self._npy = load_npy_column(self.array)
-            except Exception:  # a corrupt header: the row reader says which and why
-                self._npy = None
-        return self._npy
+        try:
+            return load_npy_column(self.array)
+        except Exception:  # a corrupt header: the row reader says which and why
+            return None
 
 
 def _gather(block: SampleBlock, extension: str) -> _Values | None:
@@ -119,11 +112,11 @@ def _where(block: SampleBlock, i: int) -> Where:
 def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Where]) -> bool:
     """Add a full column to ``stat`` in a few steps; False (nothing added) where it must go member by member."""
     n = len(values.array)
-    if stat.kind == "int" and stat.all_int and values.plain_ints():
+    if stat.kind == "int" and stat.all_int and values.plain_ints:
         stat.count += n  # every value is an int64, a float64 and UTF-8 alike: nothing else changes
         return True
     if stat.kind == "npy":
-        array = values.npy()
+        array = values.npy
         if array is None:
             return False
         dtype = native_order(array.dtype)
@@ -195,10 +188,10 @@ class ColumnReader:
                 return values.array.cast(pa.string())  # checks UTF-8
             except pa.ArrowInvalid:
                 return None
-        if f.shape == () and f.dtype == np.int64 and values.plain_ints():
+        if f.shape == () and f.dtype == np.int64 and values.plain_ints:
             return to_numpy(pc.cast(values.array.cast(pa.string()), pa.int64()))
         if f.shape != () and kind in "biufc":
-            array = values.npy()
+            array = values.npy
             if array is None or native_order(array.dtype) != f.dtype or not shape_matches(array.shape[1:], f.shape):
                 return None
             array = array if array.dtype == f.dtype else array.astype(f.dtype)
@@ -209,7 +202,7 @@ class ColumnReader:
         """True when every image passes what the row reader's image check would: a readable header, the
         field's shape and bit depth (unless ``fit`` is off: a provisional schema), the pixel limit and
         end marker (as ``validate_images`` says)."""
-        buffer, starts, ends = values.spans()
+        buffer, starts, ends = values.spans
         if self.fit:
             depth = 16 if f.dtype == np.uint16 else 8
             if set(values.depths) != {depth}:

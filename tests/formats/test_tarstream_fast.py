@@ -107,6 +107,17 @@ def damaged(raw: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
+def damaged_copies(source: Path, rng: random.Random, cases: int) -> Iterator[tuple[int, Path]]:
+    """``cases`` damaged copies of ``source`` (:func:`damaged`), each written over the last one."""
+    raw = source.read_bytes()
+    path = source.with_name("damaged.tar")
+    for case in range(cases):
+        data = damaged(raw, rng)
+        if data:
+            path.write_bytes(data)
+            yield case, path
+
+
 @pytest.fixture(params=[2, 7, 64, tarstream._WINDOW], ids=lambda w: f"window{w}")
 def window(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(tarstream, "_WINDOW", request.param)
@@ -137,17 +148,11 @@ def test_webdataset_shards_read_alike_and_whole(tmp_path: Path, window: int) -> 
 def test_damaged_archives_fail_alike(tmp_path: Path, window: int, seed: int) -> None:
     rng = random.Random(100 + seed)
     source = random_archive(tmp_path / "a.tar", rng, 60) if seed % 2 else webdataset_shard(tmp_path / "w.tar", 40)
-    raw = source.read_bytes()
-    path = tmp_path / "damaged.tar"
     failures = 0
-    for _ in range(60):
-        data = damaged(raw, rng)
-        if not data:
-            continue
-        path.write_bytes(data)
+    for case, path in damaged_copies(source, rng, 60):
         for regular_only in (True, False):
             fast, slow = fast_and_slow(path, regular_only, True)
-            assert fast == slow, f"case {_}: {fast[1]} != {slow[1]}"
+            assert fast == slow, f"case {case}: {fast[1]} != {slow[1]}"
             failures += slow[1] is not None
     assert failures > 20  # the damage reached the parser
 

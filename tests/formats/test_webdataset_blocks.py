@@ -23,7 +23,7 @@ from unihub.formats.foreign import SkippedRecord
 from unihub.formats.webdataset_blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset_tar import Sample, iter_samples
 
-from .test_tarstream_fast import damaged, webdataset_shard
+from .test_tarstream_fast import damaged_copies, webdataset_shard
 
 DEFAULT_WINDOW = tarstream._WINDOW
 Outcome = tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, list[SkippedRecord]]
@@ -121,14 +121,8 @@ def test_hazardous_shards_read_alike(tmp_path: Path, window: int, seed: int) -> 
 def test_damaged_shards_read_alike(tmp_path: Path, window: int, seed: int) -> None:
     rng = random.Random(50 + seed)
     source = hazardous_shard(tmp_path / "h.tar", rng, 40) if seed % 2 else webdataset_shard(tmp_path / "w.tar", 60)
-    raw = source.read_bytes()
-    path = tmp_path / "damaged.tar"
     failures = 0
-    for case in range(40):
-        data = damaged(raw, rng)
-        if not data:
-            continue
-        path.write_bytes(data)
+    for case, path in damaged_copies(source, rng, 40):
         for on_error in ("raise", "skip"):
             blocks, samples = blocks_and_samples(path, on_error=on_error)
             assert blocks == samples, f"case {case}, {on_error}"
