@@ -251,6 +251,7 @@ _FAST_KINDS = np.array([ord("0"), ord("7"), 0, _DIRECTORY, _GLOBAL, *_PAX_KINDS]
 _FAST_KIND = np.isin(np.arange(256), _FAST_KINDS)  # typeflag byte -> the walk reads it
 _REGULAR_KIND = np.isin(np.arange(256), list(_REGULAR))  # typeflag byte -> a regular file
 _SIZE_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # an 11-digit octal size field
+_DIGIT_0 = np.uint8(ord("0"))  # ``byte - _DIGIT_0 < 8`` (uint8, wrapping) for an octal digit
 _SUM_WEIGHTS = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # a 6-digit octal checksum field
 
 
@@ -340,11 +341,14 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
         return _Run(MemberTable([], _NONE, _NONE, _NONE, _NONE, mapped), offset, True)
     view = np.frombuffer(mapped, np.uint8, count=count * BLOCK, offset=offset).reshape(count, BLOCK)
     try:
-        field = view[:, 124:135]
-        usual = np.flatnonzero(((field >= ord("0")) & (field <= ord("7"))).all(axis=1) & (view[:, 135] == 0)
-                               & _FAST_KIND[view[:, 156]])
+        # a size field is 11 octal digits and a NUL: its last two digits and the NUL (one cache line)
+        # rule out most data blocks before the whole field and the type are looked at
+        ends = view[:, 133:136]
+        maybe = np.flatnonzero(((ends[:, 0] - _DIGIT_0) < 8) & ((ends[:, 1] - _DIGIT_0) < 8) & (ends[:, 2] == 0))
+        field = view[maybe, 124:135]
+        usual = maybe[((field - _DIGIT_0) < 8).all(axis=1) & _FAST_KIND[view[maybe, 156]]]
         kinds = view[usual, 156]
-        sizes = (field[usual].astype(np.int64) - ord("0")) @ _SIZE_WEIGHTS
+        sizes = (view[usual, 124:135].astype(np.int64) - _DIGIT_0) @ _SIZE_WEIGHTS
         following = np.full(count, -1, np.int64)
         following[usual] = usual + 1 + np.where(kinds == _DIRECTORY, 0, -(-sizes // BLOCK))  # a directory has no data
         on_chain, i = _chain(usual, following, count)
@@ -356,7 +360,7 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
         longest = int(sizes[short].max()) if short.any() else 0
         records = view[at[short] + 1, :longest].tobytes()
     finally:
-        del view, field
+        del view, ends, field
     ends_inside = i < count
     if len(at) and not ends_inside and int(following[at[-1]]) * BLOCK > total - offset:
         ends_inside = True  # the last member's data (with padding) runs past the end of the file
