@@ -16,6 +16,7 @@ with its original traceback; :meth:`Pool.stop` cancels what has not started.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -143,9 +144,18 @@ class Pool:
     def _submitter(self, fn: Callable[[Any], Any]) -> Callable[[Any], Future[Any]]:
         executor = self._executor
         assert executor is not None
-        if self.pool_type == "process":
-            return lambda task: executor.submit(_call_installed, task)
-        return lambda task: executor.submit(fn, task)
+        target = _call_installed if self.pool_type == "process" else fn
+
+        def submit(task: Any) -> Future[Any]:
+            try:
+                return executor.submit(target, task)
+            except RuntimeError:
+                if not self._stopped:
+                    raise
+                cancelled: Future[Any] = Future()  # stop() from another thread shut the executor down
+                cancelled.cancel()                 # between the consumer's check and this submit
+                return cancelled
+        return submit
 
     def stop(self) -> None:
         """Cancel tasks not yet started and release the workers (does not wait for running ones)."""
@@ -182,10 +192,13 @@ class Pool:
 
     def _note_workers(self, executor: Executor) -> None:
         """Remember a process pool's workers and manager thread (CPython keeps them in private
-        attributes and forgets them at a shutdown that does not wait)."""
-        processes = getattr(executor, "_processes", None) or {}
-        self._processes.extend(p for p in list(processes.values()) if p not in self._processes)
-        manager = getattr(executor, "_executor_manager_thread", None)
+        attributes and forgets them at a shutdown that does not wait). Read under the executor's
+        lock, which a submit holds while it starts workers: a worker started but not yet recorded
+        (a stop() from another thread at that moment) is waited for, not missed."""
+        with getattr(executor, "_shutdown_lock", None) or contextlib.nullcontext():
+            processes = getattr(executor, "_processes", None) or {}
+            self._processes.extend(p for p in list(processes.values()) if p not in self._processes)
+            manager = getattr(executor, "_executor_manager_thread", None)
         if manager is not None and manager not in self._threads:
             self._threads.append(manager)
 

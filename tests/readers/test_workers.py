@@ -214,11 +214,6 @@ def test_join_terminates_process_workers_stuck_past_its_timeout():
     while not worker_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     workers = worker_processes()
-    # the executor records a process just after starting it: on a loaded machine (the whole suite) the
-    # process was seen before its record, and stop() could not note it
-    while {p.pid for p in workers} - set(getattr(pool._executor, "_processes", None) or ()) and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
     time.sleep(0.3)  # the worker is inside its two-minute task
     pool.stop()
     started = time.monotonic()
@@ -227,6 +222,47 @@ def test_join_terminates_process_workers_stuck_past_its_timeout():
     assert time.monotonic() - started < 5
     alive = [(p.name, p.pid) for p in workers if p.is_alive()]
     assert workers and alive == [], f"alive after join: {alive}; the pool's workers: {noted}"
+
+
+def test_stop_while_the_pool_starts_its_workers_still_joins_them(monkeypatch):
+    """A stop() from another thread while the executor is starting a worker (between the process's
+    start and the executor's record of it) still leaves that worker to join(), which terminates it."""
+    import multiprocessing.process
+
+    original_start = multiprocessing.process.BaseProcess.start
+    started = threading.Event()
+
+    def start_then_linger(process) -> None:  # the executor records the process once start() returns
+        original_start(process)
+        started.set()
+        time.sleep(0.5)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_linger)
+    pool = Pool("process", 1)
+    iterator = pool.imap(stuck, itertools.count(), window=2)
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            next(iterator, None)
+        except BaseException as exc:  # noqa: BLE001  (the test asserts there is none)
+            errors.append(exc)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        assert started.wait(20)
+        workers = worker_processes()
+        pool.stop()  # while the executor has not recorded its worker yet
+        started_join = time.monotonic()
+        within(20, lambda: pool.join(timeout=0.5))
+        assert time.monotonic() - started_join < 5
+        consumer.join(20)
+        assert workers and [(p.name, p.pid) for p in workers if p.is_alive()] == []
+        assert errors == []
+    finally:
+        for process in worker_processes():
+            process.kill()
 
 
 @pytest.mark.parametrize("ending", ["stop-join", "with-block"])
