@@ -90,6 +90,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pixel_limit(text: str) -> int | None:
+    """``--max-image-pixels``: a whole number >= 1, or 'none' for no limit."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels or 'none', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels >= 1 or 'none', got {text!r}")
+    return value
+
+
 def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dict[str, Any]:
     """``--option KEY=VALUE`` pairs, typed by the format they are for: the foreign source's reading
     options, or for an export (and for verify, the foreign side's) the target's."""
@@ -127,6 +140,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
                      engine=args.engine, master=args.master, workers=args.workers,
                      format_options=_format_options(args), validate_images=args.validate_images,
+                     max_image_pixels=getattr(args, "max_image_pixels", "current"),
                      storage_options=storage_options_of(args))
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
@@ -417,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--validate-images", choices=VALIDATE_IMAGES, default="header",
                          help="check each source image before storing it: header (default: header, pixel limit, "
                               "shape, end marker), full (also decode it) or none")
+    convert.add_argument("--max-image-pixels", type=_pixel_limit, default=argparse.SUPPRESS, metavar="N|none",
+                         help="the most pixels (width x height) an image may have: more is refused as a likely "
+                              "decompression bomb (default 178,956,970, Pillow's; 'none': no limit)")
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     convert.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="a format option (repeatable), e.g. --option compression=gzip; listed below")

@@ -134,7 +134,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             overwrite: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256,
             on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
-            validate_images: ValidateImages = "header",
+            validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
             storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
 
@@ -147,6 +147,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
 
+    ``max_image_pixels`` is the most pixels an image may have (:data:`unihub.formats.images.MAX_IMAGE_PIXELS`,
+    which guards against decompression bombs) for this conversion, in this process, its workers and
+    Spark's executors alike: a whole number, None for no limit, or ``'current'`` (this process's setting).
+
     ``src`` and ``dst`` may be URLs of any filesystem pyarrow or fsspec reaches (``s3://bucket/x``);
     ``storage_options`` (fsspec's, and unihub's remote settings) hold for every file either side opens,
     in forked workers too (:mod:`unihub.formats.sources`). A foreign source converted into unihub goes
@@ -158,7 +162,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
     than small ones.
     """
-    with sources.using(storage_options):
+    from unihub.formats import images
+
+    limit = images.MAX_IMAGE_PIXELS if max_image_pixels == "current" else images.pixel_limit_of(max_image_pixels)
+    with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
                         overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
                         on_error=on_error, progress=progress, format_options=format_options, engine=engine,

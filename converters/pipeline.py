@@ -21,7 +21,7 @@ from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
 from unihub.errors import DatasetExistsError
 from unihub.formats import filesystem as fsutil
-from unihub.formats import remote
+from unihub.formats import images, remote
 from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
@@ -59,7 +59,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
                     row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
                     observe=provisional is not None, validate_images=validate_images,
                     storage_options=storage_options, batch_size=batch_size, read_ahead=provisional is None,
-                    batch_bytes=source.batch_bytes)
+                    batch_bytes=source.batch_bytes, max_image_pixels=images.MAX_IMAGE_PIXELS)
     with engine_for(engine, workers=workers, files=files, master=master, spark=spark) as runner:
         try:
             rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes)

@@ -31,7 +31,7 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                        schema: Unischema | str | os.PathLike[str] | None = None, overwrite: bool = False,
                        master: str = "local[2]", spark: Any = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
                        on_error: OnError = "raise", format_options: Mapping[str, Any] | None = None,
-                       validate_images: ValidateImages = "header",
+                       validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
                        storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert the foreign dataset ``src`` into the unihub dataset ``dst`` with Spark.
 
@@ -41,4 +41,5 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     """
     return convert(src, dst, from_format=from_format, schema=schema, overwrite=overwrite, engine="spark",
                    master=master, spark=spark, row_group_size_mb=row_group_size_mb, on_error=on_error,
-                   format_options=format_options, validate_images=validate_images, storage_options=storage_options)
+                   format_options=format_options, validate_images=validate_images, max_image_pixels=max_image_pixels,
+                   storage_options=storage_options)

@@ -65,6 +65,9 @@ class TaskPlan:
     #: contends with the writer (TFRecord: measured slower)
     read_ahead: bool = True
     batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.memory's default)
+    #: the image pixel limit the tasks hold images to (formats/images.py), as the driver had it;
+    #: "current": the task's process's own setting
+    max_image_pixels: int | None | str = "current"
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -106,6 +109,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     may watch the batches on their way (a progress bar, read-ahead).
     """
     import unihub.formats.formats_all  # noqa: F401  (registers every format in the worker)
+    from unihub.formats import images
     from unihub.formats.writer import write_parts
 
     files = list(files)
@@ -121,15 +125,17 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     source.validate_images = plan.validate_images
     if plan.batch_bytes:
         source.batch_bytes = plan.batch_bytes
-    batches = source.read_batches(plan.schema, batch_size=plan.batch_size, on_error=plan.on_error)
-    if wrap is not None:
-        batches = wrap(source, batches)
-    try:
-        result = write_parts(fs, staging, plan.schema, batches, batched=True, part_name=part_name(index),
-                             row_group_size_mb=plan.row_group_size_mb, extra_metadata=plan.extra,
-                             validate=plan.validate)
-    finally:
-        getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
+    given = plan.max_image_pixels
+    with images.pixel_limit(images.MAX_IMAGE_PIXELS if given == "current" else images.pixel_limit_of(given)):
+        batches = source.read_batches(plan.schema, batch_size=plan.batch_size, on_error=plan.on_error)
+        if wrap is not None:
+            batches = wrap(source, batches)
+        try:
+            result = write_parts(fs, staging, plan.schema, batches, batched=True, part_name=part_name(index),
+                                 row_group_size_mb=plan.row_group_size_mb, extra_metadata=plan.extra,
+                                 validate=plan.validate)
+        finally:
+            getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
     parts = [p.rsplit("/", 1)[-1] for p in result.files]
     return TaskResult(result.num_rows, [(s.path, s.location, s.reason) for s in source.report.skipped],
                       source.report.observed, parts)

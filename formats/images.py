@@ -42,6 +42,7 @@ handle), so all of them are safe to call from many threads at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import struct
 from collections.abc import Iterator, Sequence
@@ -51,7 +52,7 @@ from typing import cast
 import numpy as np
 import simplejpeg
 
-from unihub.errors import ImageDecodeError
+from unihub.errors import ImageDecodeError, InvalidArgumentError
 
 
 @functools.cache
@@ -66,6 +67,7 @@ __all__ = [
     "DECODER_NAME",
     "MAX_IMAGE_PIXELS",
     "ImageDecodeError",
+    "pixel_limit",
     "decode_image",
     "detect_format",
     "encode_image",
@@ -93,6 +95,29 @@ Buffer = bytes | bytearray | memoryview
 #: its ``DecompressionBombError`` (twice ``PIL.Image.MAX_IMAGE_PIXELS``); set it at run time
 #: (``unihub.formats.images.MAX_IMAGE_PIXELS = 10**9``), or to None to turn the check off.
 MAX_IMAGE_PIXELS: int | None = 178_956_970
+
+
+def pixel_limit_of(limit: object) -> int | None:
+    """``limit`` checked as a :data:`MAX_IMAGE_PIXELS` value: a whole number >= 1, or None (no limit)."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise InvalidArgumentError(f"max_image_pixels must be a whole number >= 1, or None for no limit; got {limit!r}")
+    return int(limit)
+
+
+@contextlib.contextmanager
+def pixel_limit(limit: int | None) -> Iterator[None]:
+    """:data:`MAX_IMAGE_PIXELS` set to ``limit`` while the block runs, then put back (a setting of this
+    process: its threads, and workers it forks meanwhile, see it too)."""
+    global MAX_IMAGE_PIXELS
+    limit = pixel_limit_of(limit)
+    before = MAX_IMAGE_PIXELS
+    MAX_IMAGE_PIXELS = limit
+    try:
+        yield
+    finally:
+        MAX_IMAGE_PIXELS = before
 
 
 def detect_format(data: Buffer) -> str | None:
@@ -217,8 +242,8 @@ def pixel_limit_problem(height: int, width: int, fmt: str) -> str | None:
     if limit is None or height * width <= limit:
         return None
     return (f"{fmt.upper()} header claims {width}x{height} pixels ({height * width:,}), more than the limit of "
-            f"{limit:,} (a decompression bomb?); raise unihub.formats.images.MAX_IMAGE_PIXELS, or set it to None, "
-            "to decode images this large")
+            f"{limit:,} (a decompression bomb?); to read images this large, raise the limit or set it to None: "
+            "unihub.formats.images.MAX_IMAGE_PIXELS, or for a conversion --max-image-pixels (max_image_pixels=)")
 
 
 def check_pixels(height: int, width: int, fmt: str) -> None:

@@ -23,6 +23,7 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
 from unihub.errors import FormatError, ImageDecodeError, InvalidArgumentError
+from unihub.formats import images
 
 from ..formats.image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
 
@@ -138,6 +139,59 @@ def test_validation_none_reaches_worker_tasks(tf: Any, tmp_path: Path) -> None:
     result = convert(str(tmp_path / "*.tfrecord"), tmp_path / "unchecked", workers=2, validate_images="none",
                      progress=False)
     assert result.rows == 8
+
+
+@needs_tf
+def test_the_pixel_limit_is_the_conversions_in_forked_workers_too(
+        tf: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-image-pixels``: a lower limit refuses images, 'none' takes a header over the default
+    limit; the workers of a two-file conversion hold the same; this process's setting is left as it was."""
+    blobs = [pil_png(image(seed=i)) for i in range(8)]
+    blobs[6] = png_bomb(20_000, 15_000)  # 300,000,000 pixels: above the default limit, a sound header
+    _tfrecord(tf, tmp_path / "a.tfrecord", blobs[:4])
+    _tfrecord(tf, tmp_path / "b.tfrecord", blobs[4:], start=4)
+    src = str(tmp_path / "*.tfrecord")
+    before = images.MAX_IMAGE_PIXELS
+    line = _refused(["convert", src, str(tmp_path / "out"), "--workers", "2"], capsys, tmp_path / "out")
+    assert "b.tfrecord: record 2 at byte offset " in line and "more than the limit of 178,956,970" in line
+    assert "--max-image-pixels" in line
+    line = _refused(["convert", src, str(tmp_path / "out"), "--workers", "2", "--max-image-pixels", "200"], capsys,
+                    tmp_path / "out")
+    assert "a.tfrecord: record 0 at byte offset " in line and "16x16 pixels (256), more than the limit of 200" in line
+    assert main(["convert", src, str(tmp_path / "out"), "--workers", "2", "--max-image-pixels", "none", "--quiet"]) == 0
+    with make_reader(str(tmp_path / "out"), schema_fields=["label"], shuffle_row_groups=False) as reader:
+        assert [row.label for row in reader] == list(range(8))
+    assert images.MAX_IMAGE_PIXELS == before
+    with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a whole number >= 1, or None"):
+        convert(src, tmp_path / "zero", max_image_pixels=0, progress=False)
+    for bad in ("0", "-5", "lots"):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            main(["convert", src, str(tmp_path / "bad"), "--max-image-pixels", bad])
+        assert "--max-image-pixels" in capsys.readouterr().err
+
+
+@needs_tf
+def test_a_task_holds_images_to_the_limit_its_plan_carries(tf: Any, tmp_path: Path) -> None:
+    """The driver's limit travels in the task plan: a task in a spawned process (nothing inherited, as on
+    a Spark executor) refuses images over it, and one whose plan says no limit takes the bomb's header."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from unihub.converters.tasks import TaskPlan, run_task
+    from unihub.formats.tfrecord import TFRecordFormat
+
+    blobs = [pil_png(image(seed=i)) for i in range(4)] + [png_bomb(20_000, 15_000)]
+    src = str(_tfrecord(tf, tmp_path / "a.tfrecord", blobs))
+    schema = TFRecordFormat(src).infer_schema()
+    plans = {limit: TaskPlan("tfrecord", src, {}, schema, {}, 4, "raise", staging=str(tmp_path / f"staging-{limit}"),
+                             max_image_pixels=limit) for limit in (200, None)}
+    for plan in plans.values():
+        os.makedirs(plan.staging)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with pytest.raises(FormatError, match="record 0 at byte offset .*more than the limit of 200"):
+            pool.submit(run_task, plans[200], 0, [src]).result()
+        assert pool.submit(run_task, plans[None], 0, [src]).result().rows == 5
 
 
 def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
