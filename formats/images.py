@@ -109,10 +109,14 @@ def pixel_limit_of(limit: object) -> int | None:
 @contextlib.contextmanager
 def pixel_limit(limit: int | None) -> Iterator[None]:
     """:data:`MAX_IMAGE_PIXELS` set to ``limit`` while the block runs, then put back (a setting of this
-    process: its threads, and workers it forks meanwhile, see it too)."""
+    process: its threads, and workers it forks meanwhile, see it too). The setting it has already is
+    left alone, not set and put back: blocks in other threads that keep it never undo each other."""
     global MAX_IMAGE_PIXELS
     limit = pixel_limit_of(limit)
     before = MAX_IMAGE_PIXELS
+    if limit == before:
+        yield
+        return
     MAX_IMAGE_PIXELS = limit
     try:
         yield

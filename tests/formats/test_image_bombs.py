@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
+from unihub.errors import InvalidArgumentError
 from unihub.formats import codecs, images
 from unihub.formats.images import ImageDecodeError, decode_image, decode_images_into, image_size
 
@@ -73,6 +74,25 @@ def test_max_image_pixels_is_settable_and_none_turns_it_off(monkeypatch: pytest.
     assert decode_image(png).shape == (8, 8, 3)
     monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", None)
     assert decode_image(png).shape == (8, 8, 3)
+
+
+def test_pixel_limit_holds_for_its_block_and_puts_the_setting_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 1000)
+    small = pil_png(image(8, 8))  # 64 pixels
+    with images.pixel_limit(63):
+        with pytest.raises(ImageDecodeError, match="more than the limit of 63"):
+            decode_image(small)
+    assert images.MAX_IMAGE_PIXELS == 1000
+    with pytest.raises(RuntimeError), images.pixel_limit(None):
+        assert images.MAX_IMAGE_PIXELS is None
+        raise RuntimeError("the block fails")
+    assert images.MAX_IMAGE_PIXELS == 1000  # put back after an error too
+    with images.pixel_limit(1000):  # the setting it has: left alone, so another thread's change stays
+        images.MAX_IMAGE_PIXELS = 5
+    assert images.MAX_IMAGE_PIXELS == 5
+    for bad in (0, -1, True, 2.5, "many"):
+        with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a whole number >= 1, or None"):
+            images.pixel_limit_of(bad)
 
 
 def test_a_fixed_shape_field_larger_than_the_limit_is_refused_before_its_column_is_allocated(
