@@ -24,7 +24,8 @@ Both processes write a small shared tensor of counters, each counter with one wr
 counts the batches it sends from each slot (``sent``, as ``ForkingPickler`` pickles them: a batch
 sent twice counts twice), the main process those it received and copied (``released``, once per
 sending: each carries a ticket) and the generation of each slot's storage it holds (``known``: until
-it equals the slot's, batches carry the storage). A slot is free when sent equals released; a batch
+it equals the slot's, batches carry the storage; the counters themselves cross with the storages only
+until the main process says it holds one). A slot is free when sent equals released; a batch
 sent and never received (an iteration abandoned) leaves its slot busy for good, and the pool
 allocates fresh memory, as torch does. A pool tensor that leaves the worker outside a pooled batch
 (a ``collate_fn`` that rebuilds the batch, or returns a column beside it) is seen by torch's pickler,
@@ -129,6 +130,10 @@ class StoragePool:
         """Whether the main process holds generation ``generation`` of ``slot``'s storage."""
         return bool(self._counts[_KNOWN, slot] == generation)
 
+    def counters_known(self) -> bool:
+        """Whether the main process holds this pool's counters (it has said it holds some storage)."""
+        return bool((self._counts[_KNOWN] > 0).any())
+
     def count_sent(self, slot: int) -> int:
         """Count one more batch sent from ``slot`` (busy until it arrives); its ticket."""
         with self._sent_lock:
@@ -214,9 +219,11 @@ def _reduce_pooled_batch(batch: PooledBatch) -> tuple[Any, ...]:
     others = {name: value for name, value in batch.items() if name not in pooled}
     pool = batch.pool
     ticket = pool.count_sent(batch.slot)  # busy until this copy arrives (a batch sent twice: two)
-    # read as it is pickled (in the queue's feeder thread): the latest word from the main process
+    # read as it is pickled (in the queue's feeder thread): the latest word from the main process. The
+    # counters cross with the storages until the main process holds some (each crossing is a descriptor
+    # handed over a new connection)
     send = None if pool.known(batch.slot, batch.generation) else \
-        (_ShippedStorage(batch.storage), _ShippedStorage(pool._counters))
+        (_ShippedStorage(batch.storage), None if pool.counters_known() else _ShippedStorage(pool._counters))
     return _received, (list(batch), layout, others, pool.id, pool.pid, batch.slot, batch.generation, ticket, send)
 
 
@@ -291,6 +298,7 @@ class _PoolRecord:
         self.storages: dict[int, tuple[int, Any]] = {}
         self.tickets: dict[int, deque[int]] = {}
         self.storages_received = 0  # batches that carried their storage (for tests and tuning)
+        self.counters_received = 0  # batches that carried the counters too
 
     def running(self) -> bool:
         """Whether the worker still runs (an exited one, a zombie, or a later process given its pid: no)."""
@@ -310,9 +318,15 @@ class _Arrivals:
         record = self.pools.get(pool)
         if send is not None:
             storage, counters = send
-            if record is None:
+            if record is None and counters is not None:
                 self._forget_exited()
                 record = self.pools[pool] = _PoolRecord(pid, counters)
+            if record is None:
+                raise UsageError(f"a batch from torch worker {pid} was unpickled in process {os.getpid()}, which "
+                                 "does not hold its pool: a worker's batch is received by the process that "
+                                 "iterates its DataLoader")
+            if counters is not None:
+                record.counters_received += 1
             record.storages[slot] = (generation, storage)
             record.storages_received += 1
             record.counters.numpy()[_KNOWN, slot] = generation  # from now on it sends the layout only
@@ -401,3 +415,10 @@ def storages_received(pool: str) -> int:
     """How many of a pool's batches carried their storage (the others carried only its layout)."""
     with _LOCK:
         return _arrivals().pools[pool].storages_received
+
+
+def counters_received(pool: str) -> int:
+    """How many of a pool's batches carried its counters (the first storage's batch, and any sent before the
+    worker heard it arrived)."""
+    with _LOCK:
+        return _arrivals().pools[pool].counters_received

@@ -465,6 +465,7 @@ def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_i
     assert second.storage.data_ptr() == storage.data_ptr()  # arrived, unviewed: refilled
     data = bytes(ForkingPickler.dumps(second))
     assert shared_batches.storages_received(pool.id) == 2  # the second slot's storage; then layouts only
+    assert shared_batches.counters_received(pool.id) == 1  # the counters crossed with the first storage only
     once, twice = ForkingPickler.loads(data), ForkingPickler.loads(data)
     assert int(once["a"][0]) == int(twice["a"][0]) == 3 and torch.equal(once["b"], torch.full((2, 3), 3, dtype=torch.uint8))
     assert shared_batches.storages_received(pool.id) == 2
@@ -634,6 +635,8 @@ def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
     carried = sum(shared_batches.storages_received(pool) for pool in first)
     assert len(first) == 2 and sent == 3 * math.ceil(N / 2 / 2) * 2 - 3 * (math.ceil(N / 2) % 2)
     assert carried <= 2 * (shared_batches.SLOTS + 2) < sent // 4
+    # the counters cross with a worker's first storages only: those pickled before it heard one arrived
+    assert all(1 <= shared_batches.counters_received(pool) <= shared_batches.storages_received(pool) for pool in first)
     del loader  # its workers exit
     for _ in range(100):
         if not any(shared_batches._arrivals().pools[pool].running() for pool in first):
