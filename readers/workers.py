@@ -163,9 +163,10 @@ class Pool:
         for future in list(self._pending):  # a snapshot: the consumer may be popping in another thread
             future.cancel()
         self._pending.clear()
-        if self._executor is not None:
-            self._note_workers(self._executor)
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        executor = self._executor  # once: join() in another thread may be letting go of it
+        if executor is not None:
+            self._note_workers(executor)
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def join(self, timeout: float = JOIN_TIMEOUT_SECONDS) -> None:
         """Wait for the workers to exit: threads, and processes, which finish the task they run.
@@ -173,21 +174,20 @@ class Pool:
         Process workers still running after ``timeout`` seconds (a transform that never returns)
         are terminated, so that this returns only when none is left.
         """
-        if self._executor is not None:
-            self._note_workers(self._executor)
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        executor = self._executor
+        if executor is not None:
+            self._note_workers(executor)
+            executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         for process in self._processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
+            if not _exits(process, max(0.0, deadline - time.monotonic())):
                 process.terminate()
-                process.join(1.0)
-            if process.is_alive():
-                process.kill()
-                process.join()
+                if not _exits(process, 1.0):
+                    process.kill()
+                    _exits(process, None)
         self._processes, self._threads = [], []
 
     def _note_workers(self, executor: Executor) -> None:
@@ -205,6 +205,22 @@ class Pool:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+
+def _exits(process: Any, timeout: float | None) -> bool:
+    """Whether ``process`` has exited within ``timeout`` seconds (None: wait for it). Its sentinel
+    says so without reaping it: the executor's manager thread may be joining it at the same moment,
+    and two threads waiting on one child race (one reaps it, the other sees no such child and takes
+    it for running)."""
+    from multiprocessing.connection import wait
+
+    try:
+        if not wait([process.sentinel], timeout):
+            return False
+        process.join(0)  # reaped here, unless the manager thread got to it first
+    except ValueError:  # closed: it was joined and released
+        pass
+    return True
 
 
 def usable_cores() -> int:

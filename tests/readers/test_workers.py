@@ -193,6 +193,14 @@ def worker_processes() -> list:
     return [p for p in multiprocessing.active_children() if p.is_alive() and p.pid not in _CHILDREN_BEFORE]
 
 
+def exited(process) -> bool:
+    """Whether ``process`` has exited, from its sentinel: ``is_alive()`` reaps it, and races the pool
+    executor's manager thread, which may be reaping it too (the loser sees no child, and says alive)."""
+    from multiprocessing.connection import wait
+
+    return bool(wait([process.sentinel], 0))
+
+
 def test_join_after_stop_returns_once_process_workers_exited():
     """Issue 12: join() after stop() returned at once, the workers still running."""
     pool = Pool("process", 2)
@@ -202,7 +210,7 @@ def test_join_after_stop_returns_once_process_workers_exited():
     assert len(workers) == 2
     pool.stop()
     within(20, pool.join)
-    assert [p.pid for p in workers if p.is_alive()] == []
+    assert [p.pid for p in workers if not exited(p)] == []
     iterator.close()
 
 
@@ -220,7 +228,7 @@ def test_join_terminates_process_workers_stuck_past_its_timeout():
     noted = [p.pid for p in pool._processes]
     within(20, lambda: pool.join(timeout=0.5))
     assert time.monotonic() - started < 5
-    alive = [(p.name, p.pid) for p in workers if p.is_alive()]
+    alive = [(p.name, p.pid) for p in workers if not exited(p)]
     assert workers and alive == [], f"alive after join: {alive}; the pool's workers: {noted}"
 
 
@@ -258,7 +266,7 @@ def test_stop_while_the_pool_starts_its_workers_still_joins_them(monkeypatch):
         within(20, lambda: pool.join(timeout=0.5))
         assert time.monotonic() - started_join < 5
         consumer.join(20)
-        assert workers and [(p.name, p.pid) for p in workers if p.is_alive()] == []
+        assert workers and [(p.name, p.pid) for p in workers if not exited(p)] == []
         assert errors == []
     finally:
         for process in worker_processes():
@@ -282,8 +290,8 @@ def test_reader_join_returns_once_process_workers_exited(tmp_path, ending):
         if ending == "stop-join":
             reader.stop()
             within(20, reader.join)
-            assert [p.pid for p in workers if p.is_alive()] == []
-    assert [p.pid for p in workers if p.is_alive()] == []
+            assert [p.pid for p in workers if not exited(p)] == []
+    assert [p.pid for p in workers if not exited(p)] == []
 
 
 def test_a_reader_starts_one_worker_per_core_it_may_run_on(tmp_path, monkeypatch) -> None:
