@@ -186,8 +186,8 @@ class Pool:
             if not _exits(process, max(0.0, deadline - time.monotonic())):
                 process.terminate()
                 if not _exits(process, 1.0):
-                    process.kill()
-                    _exits(process, None)
+                    process.kill()  # gone now: reaped here, or by the manager thread
+                    process.join()
         self._processes, self._threads = [], []
 
     def _note_workers(self, executor: Executor) -> None:
@@ -207,20 +207,24 @@ class Pool:
         return len(self._pending)
 
 
-def _exits(process: Any, timeout: float | None) -> bool:
-    """Whether ``process`` has exited within ``timeout`` seconds (None: wait for it). Its sentinel
-    says so without reaping it: the executor's manager thread may be joining it at the same moment,
-    and two threads waiting on one child race (one reaps it, the other sees no such child and takes
-    it for running)."""
+def _exits(process: Any, timeout: float) -> bool:
+    """Whether ``process`` has exited within ``timeout`` seconds. Its sentinel says so without reaping
+    it (the executor's manager thread may be joining it at the same moment, and two threads waiting on
+    one child race: one reaps it, the other sees no such child and takes it for running); its exit code,
+    where the sentinel cannot (a child it forked holds the sentinel's pipe open after it is gone)."""
     from multiprocessing.connection import wait
 
+    deadline = time.monotonic() + timeout
     try:
-        if not wait([process.sentinel], timeout):
-            return False
-        process.join(0)  # reaped here, unless the manager thread got to it first
+        while True:
+            if wait([process.sentinel], min(0.05, max(0.0, deadline - time.monotonic()))) or \
+                    process.exitcode is not None:
+                process.join(0)  # reaped here, unless the manager thread got to it first
+                return True
+            if time.monotonic() >= deadline:
+                return False
     except ValueError:  # closed: it was joined and released
-        pass
-    return True
+        return True
 
 
 def usable_cores() -> int:

@@ -273,6 +273,57 @@ def test_stop_while_the_pool_starts_its_workers_still_joins_them(monkeypatch):
             process.kill()
 
 
+def forks_then_sticks(pid_file: str) -> None:
+    """A task that forks a helper of its own (no exec: it holds the worker's sentinel pipe open) and
+    never returns."""
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(60)
+        os._exit(0)
+    with open(pid_file, "w") as handle:
+        handle.write(str(helper))
+    time.sleep(120)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (exited, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_join_ends_a_stuck_worker_whose_own_child_holds_its_sentinel(tmp_path):
+    """join() waits on a worker's sentinel, which a child the task forked keeps open after the worker
+    is gone: join still sees the worker end, and returns."""
+    pid_file = str(tmp_path / "helper.pid")
+    pool = Pool("process", 1)
+    iterator = pool.imap(forks_then_sticks, itertools.repeat(pid_file, 1), window=1)
+    threading.Thread(target=lambda: next(iterator, None), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(pid_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)
+        workers = worker_processes()
+        pool.stop()
+        started = time.monotonic()
+        within(20, lambda: pool.join(timeout=0.5))
+        assert time.monotonic() - started < 5
+        assert workers and all(_gone(p.pid) for p in workers)
+    finally:
+        if os.path.exists(pid_file):
+            with open(pid_file) as handle:
+                text = handle.read()
+            if text:
+                try:
+                    os.kill(int(text), 9)
+                except ProcessLookupError:
+                    pass
+
+
 @pytest.mark.parametrize("ending", ["stop-join", "with-block"])
 def test_reader_join_returns_once_process_workers_exited(tmp_path, ending):
     import numpy as np
