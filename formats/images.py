@@ -98,12 +98,13 @@ MAX_IMAGE_PIXELS: int | None = 178_956_970
 
 
 def pixel_limit_of(limit: object) -> int | None:
-    """``limit`` checked as a :data:`MAX_IMAGE_PIXELS` value: a whole number >= 1, or None (no limit)."""
+    """``limit`` checked as a :data:`MAX_IMAGE_PIXELS` value: a number >= 1 (``10**9`` or ``1e9``), or
+    None (no limit)."""
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-        raise InvalidArgumentError(f"max_image_pixels must be a whole number >= 1, or None for no limit; got {limit!r}")
-    return int(limit)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float, np.integer, np.floating)) or not limit >= 1:
+        raise InvalidArgumentError(f"max_image_pixels must be a number >= 1, or None for no limit; got {limit!r}")
+    return None if limit == float("inf") else int(limit)  # a float setting (1e9) as the whole number it stands for
 
 
 @contextlib.contextmanager

@@ -108,6 +108,9 @@ class Pool:
         limit = window if max_bytes is None or size_of is None else min(window, self.workers_count)
         largest = 0
         self._executor = self._start(fn)
+        if self._stopped:  # stop() came before the first next(): start nothing (join() may be over)
+            self.stop()
+            return
         task_iter = iter(tasks)
         if self._executor is None:
             for task in task_iter:
@@ -122,7 +125,10 @@ class Pool:
                 if len(self._pending) >= limit:
                     break
             while self._pending and not self._stopped:
-                future = self._pending.popleft()
+                try:
+                    future = self._pending.popleft()
+                except IndexError:  # stop() from another thread emptied it since the check
+                    return
                 try:
                     result = future.result()
                 except (CancelledError, BrokenExecutor):

@@ -162,8 +162,13 @@ def test_the_pixel_limit_is_the_conversions_in_forked_workers_too(
     with make_reader(str(tmp_path / "out"), schema_fields=["label"], shuffle_row_groups=False) as reader:
         assert [row.label for row in reader] == list(range(8))
     assert images.MAX_IMAGE_PIXELS == before
-    with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a whole number >= 1, or None"):
+    with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a number >= 1, or None"):
         convert(src, tmp_path / "zero", max_image_pixels=0, progress=False)
+    images.MAX_IMAGE_PIXELS = 1e9  # a setting made as a float, as Pillow's users write it, is taken as it is
+    try:
+        assert convert(src, tmp_path / "float", workers=2, progress=False).rows == 8
+    finally:
+        images.MAX_IMAGE_PIXELS = before
     for bad in ("0", "-5", "lots"):
         capsys.readouterr()
         with pytest.raises(SystemExit):

@@ -90,9 +90,10 @@ def test_pixel_limit_holds_for_its_block_and_puts_the_setting_back(monkeypatch: 
     with images.pixel_limit(1000):  # the setting it has: left alone, so another thread's change stays
         images.MAX_IMAGE_PIXELS = 5
     assert images.MAX_IMAGE_PIXELS == 5
-    for bad in (0, -1, True, 2.5, "many"):
-        with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a whole number >= 1, or None"):
+    for bad in (0, -1, 0.5, True, float("nan"), "many"):
+        with pytest.raises(InvalidArgumentError, match="max_image_pixels must be a number >= 1, or None"):
             images.pixel_limit_of(bad)
+    assert images.pixel_limit_of(1e9) == 10**9 and images.pixel_limit_of(float("inf")) is None  # float settings
 
 
 def test_a_fixed_shape_field_larger_than_the_limit_is_refused_before_its_column_is_allocated(

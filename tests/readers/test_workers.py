@@ -273,6 +273,20 @@ def test_stop_while_the_pool_starts_its_workers_still_joins_them(monkeypatch):
             process.kill()
 
 
+def test_stop_and_join_before_the_first_next_start_no_worker():
+    """stop() and join() (from another thread, say) before the consumer's first next(): the iteration
+    ends at once, and no worker is started that nothing would join."""
+    pool = Pool("process", 2)
+    iterator = pool.imap(stuck, itertools.count(), window=4)
+    pool.stop()
+    pool.join()
+    assert next(iterator, None) is None
+    started = worker_processes()
+    for process in started:
+        process.kill()
+    assert started == []
+
+
 def forks_then_sticks(pid_file: str) -> None:
     """A task that forks a helper of its own (no exec: it holds the worker's sentinel pipe open) and
     never returns."""
