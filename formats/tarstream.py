@@ -346,9 +346,10 @@ def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
         ends = view[:, 133:136]
         maybe = np.flatnonzero(((ends[:, 0] - _DIGIT_0) < 8) & ((ends[:, 1] - _DIGIT_0) < 8) & (ends[:, 2] == 0))
         field = view[maybe, 124:135]
-        usual = maybe[((field - _DIGIT_0) < 8).all(axis=1) & _FAST_KIND[view[maybe, 156]]]
+        octal = ((field - _DIGIT_0) < 8).all(axis=1) & _FAST_KIND[view[maybe, 156]]
+        usual = maybe[octal]
         kinds = view[usual, 156]
-        sizes = (view[usual, 124:135].astype(np.int64) - _DIGIT_0) @ _SIZE_WEIGHTS
+        sizes = (field[octal].astype(np.int64) - _DIGIT_0) @ _SIZE_WEIGHTS
         following = np.full(count, -1, np.int64)
         following[usual] = usual + 1 + np.where(kinds == _DIRECTORY, 0, -(-sizes // BLOCK))  # a directory has no data
         on_chain, i = _chain(usual, following, count)

@@ -194,11 +194,18 @@ def worker_processes() -> list:
 
 
 def exited(process) -> bool:
-    """Whether ``process`` has exited, from its sentinel: ``is_alive()`` reaps it, and races the pool
-    executor's manager thread, which may be reaping it too (the loser sees no child, and says alive)."""
+    """Whether ``process`` has exited, from its sentinel (``is_alive()`` reaps it, and races the pool
+    executor's manager thread, which may be reaping it too: the loser sees no child, and says alive),
+    or where /proc exists from its state there (a child the task forked may hold the sentinel open)."""
     from multiprocessing.connection import wait
 
-    return bool(wait([process.sentinel], 0))
+    if wait([process.sentinel], 0):
+        return True
+    try:
+        with open(f"/proc/{process.pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie: exited, not yet reaped
+    except FileNotFoundError:
+        return os.path.exists("/proc/self/stat")  # no such process (where /proc would show it)
 
 
 def test_join_after_stop_returns_once_process_workers_exited():
@@ -299,15 +306,6 @@ def forks_then_sticks(pid_file: str) -> None:
     time.sleep(120)
 
 
-def _gone(pid: int) -> bool:
-    """No such process, or a zombie (exited, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
 def test_join_ends_a_stuck_worker_whose_own_child_holds_its_sentinel(tmp_path):
     """join() waits on a worker's sentinel, which a child the task forked keeps open after the worker
@@ -326,7 +324,7 @@ def test_join_ends_a_stuck_worker_whose_own_child_holds_its_sentinel(tmp_path):
         started = time.monotonic()
         within(20, lambda: pool.join(timeout=0.5))
         assert time.monotonic() - started < 5
-        assert workers and all(_gone(p.pid) for p in workers)
+        assert workers and all(exited(p) for p in workers)
     finally:
         if os.path.exists(pid_file):
             with open(pid_file) as handle:
