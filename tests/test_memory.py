@@ -1,28 +1,22 @@
 """Memory bounded by bytes (:mod:`unihub.memory`): the one setting, batches cut by bytes in every
-source, and the peak RSS of writing, ingest, export and reading rows of camera frames (1200x1920x3
-uint8, 6.9 MB) and lidar clouds ((N, 4) float32, N ~ 100k), measured in fresh interpreters."""
+source, and the peak RSS of writing camera frames (1200x1920x3 uint8, 6.9 MB) with lidar clouds
+((N, 4) float32, N ~ 100k), measured in a fresh interpreter. Writing and reading frames alone is in
+``test_memory_frames.py``, ingest and export of 4 MB records in ``test_memory_records.py``: each module's
+data is removed when it ends, so that the suite never holds more than one of them on disk."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import tarfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.memory_probe import needs_proc, peak_growth_mib
-from unihub.dependencies import is_available
+from tests.memory_probe import CAMERA_SETUP, LIMIT_MB, MB, needs_proc, needs_room, peak_growth_mib, tensorflow_writes
 from unihub.errors import InvalidArgumentError
 from unihub.memory import BatchCut, batch_nbytes, memory_budget, rows_for, value_nbytes
-
-MB = 2**20
-ROW_GROUP_MB = 32
-#: what a process grows by whatever it reads or writes: Arrow's and the allocators' pools, threads
-OVERHEAD_MB = 64
 
 
 # -- the setting ------------------------------------------------------------------------------
@@ -82,37 +76,11 @@ def _payload(i: int) -> bytes:
     return np.random.default_rng(i).integers(0, 255, VALUE, dtype=np.uint8).tobytes()
 
 
-def _tensorflow_writes(path: Path, count: int, size: int) -> Path:
-    """``count`` tf.train.Examples (``id``, ``data``: ``size`` random bytes) written by TensorFlow."""
-    if not is_available("tensorflow"):
-        pytest.skip("tensorflow is not installed")
-    script = textwrap.dedent(f"""
-        import os
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        import numpy as np
-        import tensorflow as tf
-
-        with tf.io.TFRecordWriter({str(path)!r}) as w:
-            for i in range({count}):
-                data = np.random.default_rng(i).integers(0, 255, {size}, dtype=np.uint8).tobytes()
-                w.write(tf.train.Example(features=tf.train.Features(feature={{
-                    "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-                    "data": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))}})).SerializeToString())
-    """)
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=300)
-    return path
-
 
 @pytest.fixture(scope="module")
 def tf_small(tmp_path_factory) -> Path:
     """20 records of 1 MB, written by TensorFlow."""
-    return _tensorflow_writes(tmp_path_factory.mktemp("tf") / "small.tfrecord", ROWS, VALUE)
-
-
-@pytest.fixture(scope="module")
-def tf_big(tmp_path_factory) -> Path:
-    """75 records of 4 MB (300 MB), written by TensorFlow."""
-    return _tensorflow_writes(tmp_path_factory.mktemp("tf") / "big.tfrecord", 75, 4 * MB)
+    return tensorflow_writes(tmp_path_factory.mktemp("tf") / "small.tfrecord", ROWS, VALUE)
 
 
 def _webdataset_shard(root: Path) -> Path:
@@ -181,45 +149,12 @@ def test_tfrecord_batches_hold_the_same_records_whatever_the_budget(tf_small: Pa
 
 
 # -- peak RSS: a small multiple of the row group, whatever the rows ----------------------------
-LIMIT_MB = 6 * ROW_GROUP_MB + OVERHEAD_MB  # 256 MB
-WRITE_SETUP = """
-import numpy as np
-from unihub import TensorCodec, Unischema, UnischemaField, write_dataset
-rng = np.random.default_rng(0)
-frame = rng.integers(0, 255, (1200, 1920, 3), dtype=np.uint8)
-cloud = rng.random((102_000, 4), dtype=np.float32)
-FIELDS = [UnischemaField("id", np.int64, ()), UnischemaField("frame", np.uint8, (1200, 1920, 3), TensorCodec(), False)]
-LIDAR = UnischemaField("lidar", np.float32, (None, 4), TensorCodec(), False)
-"""
-
-
-@pytest.fixture(scope="module")
-def frames(tmp_path_factory) -> tuple[Path, float]:
-    """240 camera frames (1.6 GB) written by write_dataset, and how much the writing process grew."""
-    path = tmp_path_factory.mktemp("frames") / "frames"
-    grown = peak_growth_mib(WRITE_SETUP, f"""
-        write_dataset({str(path)!r}, Unischema("Frames", FIELDS),
-                      ({{"id": i, "frame": frame.copy()}} for i in range(240)), compression=None)
-    """)
-    return path, grown
-
-
-@pytest.mark.slow
-@needs_proc
-def test_writing_240_camera_frames_grows_by_a_few_row_groups(frames: tuple[Path, float]) -> None:
-    path, grown = frames
-    from unihub import open_dataset
-
-    assert open_dataset(path).num_rows == 240
-    print(f"writing 240 frames (1.6 GB) grew the process by {grown:.0f} MB")
-    assert grown < LIMIT_MB, f"writing 240 frames (1.6 GB) grew the process by {grown:.0f} MB"
-
-
 @pytest.mark.slow
 @needs_proc
 def test_writing_frames_with_lidar_clouds_grows_by_a_few_row_groups(tmp_path: Path) -> None:
+    needs_room(tmp_path, 2500)
     path = tmp_path / "log"
-    grown = peak_growth_mib(WRITE_SETUP, f"""
+    grown = peak_growth_mib(CAMERA_SETUP, f"""
         write_dataset({str(path)!r}, Unischema("Log", FIELDS + [LIDAR]),
                       ({{"id": i, "frame": frame.copy(), "lidar": cloud[: 90_000 + 37 * i].copy()}}
                        for i in range(300)), compression=None)
@@ -239,83 +174,9 @@ def test_writing_frames_with_lidar_clouds_grows_by_a_few_row_groups(tmp_path: Pa
     assert grown < LIMIT_MB, f"writing 300 frames + lidar clouds (2.4 GB) grew the process by {grown:.0f} MB"
 
 
-@pytest.fixture(scope="module")
-def ingested(tf_big: Path, tmp_path_factory) -> tuple[Path, float]:
-    """The 300 MB TFRecord of 4 MB records converted, and how much the converting process grew."""
-    path = tmp_path_factory.mktemp("ingest") / "big"
-    grown = peak_growth_mib("from unihub import convert", f"""
-        result = convert({str(tf_big)!r}, {str(path)!r}, row_group_size_mb={ROW_GROUP_MB})
-        assert result.rows == 75, result
-    """)
-    return path, grown
-
-
-@pytest.mark.slow
-@needs_proc
-def test_tfrecord_ingest_of_4mb_records_grows_by_a_few_row_groups(ingested: tuple[Path, float]) -> None:
-    path, grown = ingested
-    from unihub import open_dataset
-
-    store = open_dataset(path)
-    table = store.read_row_group(0)
-    assert store.num_rows == 75 and table.column("id").to_pylist()[0] == 0
-    assert table.column("data")[0].as_py() == np.random.default_rng(0).integers(
-        0, 255, 4 * MB, dtype=np.uint8).tobytes()
-    print(f"ingesting 300 MB of 4 MB records grew the process by {grown:.0f} MB (was ~800)")
-    assert grown < LIMIT_MB, f"ingesting 300 MB of 4 MB records grew the process by {grown:.0f} MB (was ~800)"
-
-
-@pytest.mark.slow
-@needs_proc
-@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
-def test_export_of_4mb_records_grows_by_a_few_row_groups(fmt: str, ingested: tuple[Path, float],
-                                                         tmp_path: Path) -> None:
-    source, _ = ingested
-    target = tmp_path / ("out.tfrecord" if fmt == "tfrecord" else "shards")
-    grown = peak_growth_mib("from unihub import convert", f"""
-        result = convert({str(source)!r}, {str(target)!r}, to_format={fmt!r})
-        assert result.rows == 75, result
-    """)
-    if fmt == "webdataset":
-        with tarfile.open(next(target.glob("*.tar"))) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith(".data"))
-            first = tar.extractfile(member).read()  # type: ignore[union-attr]
-        assert first == np.random.default_rng(0).integers(0, 255, 4 * MB, dtype=np.uint8).tobytes()
-    else:
-        assert target.stat().st_size > 300 * MB
-    print(f"exporting 300 MB of 4 MB records to {fmt} grew the process by {grown:.0f} MB")
-    assert grown < LIMIT_MB, f"exporting 300 MB of 4 MB records to {fmt} grew the process by {grown:.0f} MB"
-
-
-@pytest.mark.slow
-@needs_proc
-@pytest.mark.parametrize("batched", [False, True], ids=["make_reader", "make_batch_reader"])
-@pytest.mark.parametrize("pool", ["thread", "process"])
-def test_reading_camera_frames_grows_by_a_few_row_groups(frames: tuple[Path, float], batched: bool,
-                                                         pool: str) -> None:
-    """A consumer slower than the workers (as in training) lets the results queue fill: it holds
-    32 MB of decoded frames (UNIHUB_MEMORY_MB=128), never fewer than one row group per worker, where
-    it held 2 x workers + 2 row groups whatever their size (~370 MB with threads, ~280 MB with processes)."""
-    path, _ = frames
-    make = "make_batch_reader" if batched else "make_reader"
-    slow = (20, 0.05) if batched else (64, 0.02)  # the first items come slower than the workers read them
-    grown = peak_growth_mib(f"import time; from unihub import {make}", f"""
-        total = 0
-        with {make}({str(path)!r}, reader_pool_type={pool!r}, workers_count=2) as reader:
-            for i, item in enumerate(reader):
-                total += len(item.id) if {batched} else 1
-                if i < {slow[0]}:
-                    time.sleep({slow[1]})
-        assert total == 240, total
-    """, env={"UNIHUB_MEMORY_MB": "128"})
-    print(f"{make} ({pool} pool) over 240 frames grew the process by {grown:.0f} MB")
-    assert grown < LIMIT_MB, f"{make} ({pool} pool) over 240 frames grew the process by {grown:.0f} MB"
-
-
 def test_the_probe_sees_memory_held_by_the_work() -> None:
     held = peak_growth_mib("import numpy as np", "kept = np.ones(200 * 2**20 // 8)")
     assert 190 < held < 260, held
-
 
 
 @pytest.mark.slow
