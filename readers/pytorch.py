@@ -48,7 +48,7 @@ from unihub.readers.batching import (
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
-from unihub.readers.shared_batches import StoragePool, worker_pool
+from unihub.readers.shared_batches import StoragePool, in_torch_worker, receive_here, worker_pool
 from unihub.readers.workers import usable_cores
 
 if TYPE_CHECKING:
@@ -864,6 +864,7 @@ def _build_iterable_dataset(torch: Any) -> type:
         def __init__(self, url: Any, batch_size: int | None = None, *, seed: int | None = None,
                      variable: Variable = "list", **reader_kwargs: Any) -> None:
             super().__init__()
+            receive_here()  # the workers torch forks hand this process their shared memory
             reserved = sorted(set(reader_kwargs) & set(_RESERVED))
             if reserved:
                 raise InvalidArgumentError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
@@ -891,6 +892,8 @@ def _build_iterable_dataset(torch: Any) -> type:
             from unihub.readers.reader import make_batch_reader, make_reader
 
             info = torch.utils.data.get_worker_info()
+            if info is not None:
+                in_torch_worker()
             if self.stream is not None:
                 yield from self._serve_stream(info)
                 return
@@ -1023,6 +1026,7 @@ def _build_map_dataset(torch: Any) -> type:
 
         def __init__(self, url: Any, schema_fields: Any = None, transform: Callable[[dict[str, Any]], Any] | None = None,
                      **dataset_kwargs: Any) -> None:
+            receive_here()  # the workers torch forks hand this process their shared memory
             self.url, self.schema_fields, self.transform = url, schema_fields, transform
             self.dataset_kwargs = dataset_kwargs
             self._dataset: Any = None
@@ -1063,6 +1067,8 @@ def _build_map_dataset(torch: Any) -> type:
             return columns if torch.utils.data.get_worker_info() is None else from_worker(columns)
 
         def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+            if torch.utils.data.get_worker_info() is not None:
+                in_torch_worker()
             if self.transform is not None:
                 columns = columns_from_numpy(self._open().take(list(indices))._asdict())
                 return [self.transform(row) for row in _rows_of_columns(columns, len(indices), dict)]
