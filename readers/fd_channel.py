@@ -3,31 +3,45 @@
 torch hands a shared storage's descriptor to another process through ``multiprocessing``'s
 resource sharer: the receiver opens a new connection to a thread the sender starts for it, with an
 HMAC challenge each way, and waits while that thread waits for the GIL in a worker busy decoding
-(1-2 ms each, 6-14 ms in the main process over an epoch of 20,000 rows with 2 workers). A process
-that will iterate a torch ``DataLoader`` opens a channel first (:func:`open_here`: a datagram
-socket pair, which the workers it forks inherit); a worker whose parent opened it sends each
-descriptor as one datagram with a token (:func:`send`, ``SCM_RIGHTS``), before the batch that needs
-it is written to torch's queue, and the parent picks it up by that token as it unpickles the batch
-(:func:`receive`). No connection, no thread, no wait on the worker.
+(1-2 ms each, 6-14 ms in the main process over an epoch of 20,000 rows with 2 workers, and one per
+field of every batch that torch's collate makes). A process that will iterate a torch ``DataLoader``
+opens a channel first (:func:`open_here`: a datagram socket pair, which the workers it forks
+inherit); a worker whose parent opened it sends each descriptor as one datagram with a token
+(:func:`send`, ``SCM_RIGHTS``), before the batch that needs it is written to torch's queue, and the
+parent takes it by that token as it unpickles the batch (:func:`receive`). No connection, no
+thread, no wait on the worker.
 
-A worker without its parent's channel (spawned, forked from another process) or whose send fails
-(the parent stopped reading: the socket's queue is full) uses torch's way, so this is only ever
-faster. Descriptors the parent never asked for (the batches in flight when an iteration was
-abandoned) are closed once their sender has exited, at the parent's next receive.
+- Only a worker whose parent opened the channel and is the process it works for sends on it (not a
+  forkserver's child, not a process the dataset was built in and forked from); and only what goes
+  to that parent (the caller decides: :mod:`~unihub.readers.shared_batches` marks torch's result
+  queue). Anything else, and a send that fails (the socket's queue is full), goes torch's way.
+- The parent takes datagrams off the socket in order until it has the one asked for; those ahead of
+  it (another worker's, whose batch comes next) wait in ``pending``, in its descriptor table. The
+  rest stay in the kernel, so the parent holds about a batch's descriptors per worker, not every
+  descriptor in flight.
+- Descriptors nobody will ask for (the batches in flight when an iteration was abandoned, or whose
+  worker was killed) are closed once their sender has exited: looked for at most every
+  :data:`REAP_SECONDS`, at a receive or after a garbage collection, so not only when another batch comes.
 """
 
 from __future__ import annotations
 
 import errno
+import gc
+import multiprocessing
 import os
 import socket
 import threading
+import time
+from typing import Any
 
 from unihub import processes
 from unihub.errors import UsageError
 
 #: bytes of a token at most: the sender's pid and 16 random hex digits
 _TOKEN_BYTES = 64
+#: how often, at most, descriptors whose sender has exited are looked for
+REAP_SECONDS = 1.0
 
 
 class _Channel:
@@ -38,9 +52,10 @@ class _Channel:
         self.parent, self.child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.parent.setblocking(False)
         self.child.setblocking(False)
-        self.pending: dict[bytes, int] = {}  # token -> descriptor received and not yet asked for
-        self.lost: set[bytes] = set()  # tokens that came without their descriptor
+        self.pending: dict[bytes, int] = {}  # token -> descriptor taken off the socket, not yet asked for
+        self.lost: set[bytes] = set()  # tokens that came without their descriptor (this process's table was full)
         self.lock = threading.Lock()
+        self.reaped_at = time.monotonic()
 
 
 _CHANNEL: _Channel | None = None
@@ -60,24 +75,31 @@ def open_here() -> None:
     global _CHANNEL
     with _OPEN_LOCK:
         if _CHANNEL is None or _CHANNEL.pid != os.getpid():
+            if _CHANNEL is None:
+                gc.callbacks.append(_after_collection)  # inherited by forked children, where it does nothing
             _CHANNEL = _Channel()
 
 
 def to_parent() -> bool:
-    """Whether this process can send descriptors to its parent: the parent opened a channel before forking it."""
+    """Whether this process can send descriptors to the process it works for: its parent, which
+    opened a channel before forking it (a forkserver's children have the forkserver as their parent
+    but work for the process that asked for them: those use torch's way)."""
     channel = _CHANNEL
-    return channel is not None and channel.pid == os.getppid()
+    if channel is None or channel.pid != os.getppid():
+        return False
+    for_whom = multiprocessing.parent_process()
+    return for_whom is None or for_whom.pid == channel.pid
 
 
 def send(fd: int) -> bytes | None:
     """Send a duplicate of ``fd`` to the parent: the token it is received by, or None where it could not go."""
     channel = _CHANNEL
-    if channel is None or channel.pid != os.getppid():
+    if channel is None or not to_parent():
         return None
     token = f"{os.getpid()}:{os.urandom(8).hex()}".encode()  # never one a dead worker with this pid sent
     try:
         socket.send_fds(channel.child, [token], [fd])
-    except OSError:  # the queue is full (the parent is not reading), or descriptors cannot pass here
+    except OSError:  # the queue is full (the parent is not reading), too many in flight, or no fd passing here
         return None
     return token
 
@@ -89,48 +111,100 @@ def receive(token: bytes) -> int:
         raise UsageError("a torch worker's batch was unpickled in a process that did not fork the worker: a "
                          "worker's batch is received by the process that iterates its DataLoader")
     with channel.lock:
-        _drain(channel)
         fd = channel.pending.pop(token, None)
+        if fd is None:
+            fd = _take_until(channel, token)
         lost = token in channel.lost
         channel.lost.discard(token)
-        _close_orphans(channel)
+        if time.monotonic() - channel.reaped_at >= REAP_SECONDS:
+            _reap(channel)
+    if fd is not None:
+        return fd
     if lost:
         raise OSError(errno.EMFILE, "the shared memory of a torch worker's batch could not be received: this "
                                     "process has too many open files (raise `ulimit -n`)")
-    if fd is None:
-        raise UsageError(f"the shared memory a torch worker's batch was sent in (token {token.decode()}) did not "
-                         "reach this process: a worker's batch is received by the process that iterates its DataLoader")
-    return fd
+    sender = _sender(token)
+    if not processes.is_running(sender):
+        raise UsageError(f"the torch worker (pid {sender}) that sent a batch exited before the batch was received; "
+                         "its shared memory is gone")
+    raise UsageError(f"the shared memory a torch worker's batch was sent in (token {token.decode()}) did not "
+                     "reach this process: a worker's batch is received by the process that iterates its DataLoader")
 
 
 def pending() -> int:
-    """Descriptors received and not yet asked for, from senders still running (for tests)."""
+    """Descriptors taken off the socket and not yet asked for, once those of exited senders are
+    closed (for tests: it looks for them now)."""
     channel = _CHANNEL
     if channel is None or channel.pid != os.getpid():
         return 0
     with channel.lock:
-        _drain(channel)
-        _close_orphans(channel)
+        _reap(channel)
         return len(channel.pending)
 
 
-def _drain(channel: _Channel) -> None:
-    """Move every datagram waiting on the socket into ``pending``."""
+def _sender(token: bytes) -> int:
+    return int(token.split(b":", 1)[0])
+
+
+def _take_until(channel: _Channel, token: bytes) -> int | None:
+    """Take datagrams off the socket until ``token``'s: its descriptor (None if the socket runs dry
+    first, or it came without one); the others wait in ``pending``."""
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
         except BlockingIOError:
-            return
+            return None
         if not fds:  # its descriptor did not fit in this process's table (EMFILE): asked for, it is an error
             channel.lost.add(data)
-            continue
-        if data in channel.pending:  # a token is never sent twice; keep the first
+            if data == token:
+                return None
+        elif data == token:
+            return fds[0]
+        elif data in channel.pending:  # a token is never sent twice; keep the first
             os.close(fds[0])
-            continue
-        channel.pending[data] = fds[0]
+        else:
+            channel.pending[data] = fds[0]
 
 
-def _close_orphans(channel: _Channel) -> None:
-    """Close the descriptors whose sender has exited: nothing will ask for them."""
-    for token in [t for t in channel.pending if not processes.is_running(int(t.split(b":")[0]))]:
+def _reap(channel: _Channel) -> None:
+    """Close the descriptors of senders that have exited: those taken off the socket, then those at
+    its head (peeked at without taking their descriptors), up to the first from a running sender."""
+    channel.reaped_at = time.monotonic()
+    running: dict[int, bool] = {}
+
+    def exited(token: bytes) -> bool:
+        pid = _sender(token)
+        if pid not in running:
+            running[pid] = processes.is_running(pid)
+        return not running[pid]
+
+    for token in [t for t in channel.pending if exited(t)]:
         os.close(channel.pending.pop(token))
+    channel.lost = {t for t in channel.lost if not exited(t)}
+    while True:
+        try:
+            head = channel.parent.recv(_TOKEN_BYTES, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        if not exited(head):
+            return
+        try:
+            _, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
+        except BlockingIOError:
+            return
+        for fd in fds:
+            os.close(fd)
+
+
+def _after_collection(phase: str, info: dict[str, Any]) -> None:
+    """A garbage collection (``gc.callbacks``): now and then, close what exited senders left, so
+    that an iteration abandoned for good does not hold its shared memory until the next receive."""
+    channel = _CHANNEL
+    if phase != "stop" or channel is None or channel.pid != os.getpid() \
+            or time.monotonic() - channel.reaped_at < REAP_SECONDS:
+        return
+    if channel.lock.acquire(blocking=False):  # never waits (a collection may run inside a receive)
+        try:
+            _reap(channel)
+        finally:
+            channel.lock.release()

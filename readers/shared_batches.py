@@ -39,6 +39,7 @@ worker has exited.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 import weakref
@@ -179,6 +180,7 @@ def worker_pool() -> StoragePool:
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
         _POOL = (os.getpid(), StoragePool())
+        _mark_result_queue()
     return _POOL[1]
 
 
@@ -255,12 +257,14 @@ class _ShippedStorage:
 
 
 def _reduce_storage(storage: Any) -> tuple[Any, ...]:
-    """torch's reduction of an untyped storage, with its descriptor sent over this worker's channel to its
-    parent where there is one (:mod:`~unihub.readers.fd_channel`): no connection, no handshake."""
+    """torch's reduction of an untyped storage; pickled for torch's result queue (by its feeder thread,
+    see :func:`_mark_result_queue`), its descriptor goes over the channel to the parent where there is
+    one (:mod:`~unihub.readers.fd_channel`): no connection, no handshake."""
     import torch.multiprocessing
     from torch.multiprocessing import reductions
 
-    if fd_channel.to_parent() and storage.device.type == "cpu" and storage.nbytes() > 0 \
+    if getattr(_FOR_PARENT, "on", False) and fd_channel.to_parent() and storage.device.type == "cpu" \
+            and storage.nbytes() > 0 \
             and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         fd, nbytes = storage._share_fd_cpu_()  # moves it into shared memory first, as torch's reduction does
         token = fd_channel.send(fd)
@@ -290,11 +294,60 @@ _POOLS_HERE: weakref.WeakSet[StoragePool] = weakref.WeakSet()  # the pools this 
 
 
 def in_torch_worker() -> None:
-    """Called by the datasets in a torch worker: every storage the worker sends its parent crosses on
-    the parent's channel (:mod:`~unihub.readers.fd_channel`), pooled or not (a ``transform``'s rows,
-    which torch's collate puts in new shared memory for each field of each batch: a handshake each,
-    0.35-0.58 s of the main process's time over 20,000 rows)."""
+    """Called by the datasets in a torch worker: every storage the worker sends its parent in torch's
+    result queue crosses on the parent's channel (:mod:`~unihub.readers.fd_channel`), pooled or not
+    (a ``transform``'s rows, which torch's collate puts in new shared memory for each field of each
+    batch: a handshake each, 0.35-0.58 s of the main process's time over 20,000 rows)."""
     _watch_tensors_leaving()
+    _mark_result_queue()
+
+
+#: ``on`` in the thread that pickles torch's result queue (its feeder thread), and only there: what
+#: it pickles goes to the parent, so storages may cross on the parent's channel
+_FOR_PARENT = threading.local()
+_MARKED_IN = 0  # the process whose result queue is marked
+
+
+def _mark_result_queue() -> None:
+    """Wrap what this torch worker puts on its result queue (``data_queue`` of torch's worker loop,
+    found on the stack, once per process) so that the thread pickling it says so (:class:`_ForParent`).
+    Storages pickled for anything else (a queue of the user's own, a child) go torch's way, as does
+    everything where torch's loop is not found."""
+    global _MARKED_IN
+    if _MARKED_IN == os.getpid():
+        return
+    frame: Any = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "_worker_loop" and "data_queue" in frame.f_locals):
+        frame = frame.f_back
+    if frame is None or threading.current_thread() is threading.main_thread():
+        _MARKED_IN = os.getpid()  # found, or not to be found (torch's loop runs in the main thread)
+    if frame is None:
+        return
+    result_queue = frame.f_locals["data_queue"]
+    put = result_queue.put
+
+    def put_for_parent(obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        put(_ForParent(obj), block, timeout)
+
+    result_queue.put = put_for_parent
+
+
+class _ForParent:
+    """An item of torch's result queue: pickled, it marks the pickling thread (the queue's own
+    feeder) as the one whose storages go to the parent, and unpickles as the item itself."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _FOR_PARENT.on = True
+        return _same, (self.item,)
+
+
+def _same(item: Any) -> Any:
+    return item
 
 
 def _watch_tensors_leaving() -> None:

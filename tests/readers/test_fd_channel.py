@@ -91,11 +91,13 @@ def test_a_forked_child_hands_its_parent_the_files_it_opened(files: list[str]) -
         finally:
             os.close(fd)
     assert _open_fds() == before  # each received once, and closed by its receiver
+    with pytest.raises(UsageError, match=rf"token {tokens[0].decode()}\) did not reach this process"):
+        fd_channel.receive(tokens[0])  # each descriptor is received once
     here.send("done")
     child.join(10)
     assert child.exitcode == 0 and fd_channel.pending() == 0
-    with pytest.raises(UsageError, match=rf"token {tokens[0].decode()}\) did not reach this process"):
-        fd_channel.receive(tokens[0])  # each descriptor is received once
+    with pytest.raises(UsageError, match=rf"torch worker \(pid {child.pid}\) that sent a batch exited before"):
+        fd_channel.receive(tokens[0])
 
 
 def test_a_child_whose_parent_opened_no_channel_sends_nothing(files: list[str], monkeypatch) -> None:

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections import Counter
 from typing import Any
@@ -732,6 +733,160 @@ def test_batches_torch_collates_in_forked_workers_cross_without_a_handshake(url,
             got += b["id"].tolist()
         assert sorted(got) == list(range(N))
     assert handshakes[0] == 0 and fd_channel.pending() == 0
+
+
+def _many_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {f"f{k}": row["vec"] + k for k in range(16)}
+
+
+def test_the_main_process_looks_for_exited_senders_now_and_then_not_per_storage(url, monkeypatch):
+    """16 storages a batch, 2 workers: the check for exited senders' descriptors (a /proc read each)
+    runs at most every REAP_SECONDS, not for every pending descriptor at every receive."""
+    from unihub import processes
+    from unihub.readers import fd_channel
+
+    checks = [0]
+    is_running = processes.is_running
+
+    def counted(*args: Any, **kwargs: Any) -> bool:
+        checks[0] += 1
+        return is_running(*args, **kwargs)
+
+    monkeypatch.setattr(processes, "is_running", counted)
+    handshakes = _handshakes(monkeypatch)
+    ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=_many_fields)
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, prefetch_factor=4)
+    start = time.monotonic()
+    batches = list(loader)
+    assert len(batches) == math.ceil(N / 2) and handshakes[0] == 0
+    assert np.array_equal(torch.cat([b["f3"] for b in batches]).numpy(), np.stack([r["vec"] + 3 for r in ROWS]))
+    assert checks[0] <= 4 * (1 + (time.monotonic() - start) / fd_channel.REAP_SECONDS), checks[0]
+
+
+def _put_twice(row: dict[str, Any]) -> dict[str, Any]:
+    if _SIDE_QUEUE is not None:
+        _SIDE_QUEUE.put(torch.as_tensor(row["vec"]) * 2)  # a side process logs some statistics
+    return {"id": row["id"], "vec": row["vec"]}
+
+
+_SIDE_QUEUE: Any = None
+
+
+def _side_consumer(queue: Any, out: Any) -> None:
+    got = []
+    while (item := queue.get(timeout=60)) is not None:
+        got.append(item.numpy().copy())
+    out.put(got)
+
+
+def test_tensors_a_worker_sends_elsewhere_still_cross_torch_s_way(url, monkeypatch):
+    """Only what goes on torch's result queue, to the main process, crosses on its channel: a
+    tensor a transform puts on a queue of its own, for another process, crosses as torch sends it."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    queue, out = fork.Queue(), fork.Queue()
+    monkeypatch.setattr(sys.modules[__name__], "_SIDE_QUEUE", queue)
+    side = fork.Process(target=_side_consumer, args=(queue, out))
+    side.start()
+    try:
+        ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=_put_twice)
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+        assert [i for b in loader for i in b["id"].tolist()] == list(range(N))
+        queue.put(None)
+        got = out.get(timeout=60)  # while the workers (persistent) still run, as torch's way needs
+        assert len(got) == N
+        assert sorted(v.tobytes() for v in got) == sorted((r["vec"] * 2).tobytes() for r in ROWS)
+        del loader
+    finally:
+        side.join(30)
+    assert side.exitcode == 0
+
+
+def test_an_abandoned_iteration_leaves_no_descriptor_behind(url, monkeypatch):
+    """Batches in flight when an iteration is abandoned are never asked for: once their workers have
+    exited, a garbage collection closes their descriptors (and frees their shared memory), though no
+    batch comes again."""
+    import gc
+    import socket
+
+    from unihub.readers import fd_channel
+
+    monkeypatch.setattr(fd_channel, "REAP_SECONDS", 0.05)
+    ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=_many_fields)
+
+    def shared_memory_held() -> int:  # descriptors of torch's shared memory ("/dev/shm/torch_..." and deleted)
+        return sum("torch_" in os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                   if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    held = shared_memory_held()
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, prefetch_factor=4)
+    iterator = iter(loader)
+    next(iterator)
+    time.sleep(0.5)  # the workers fill their prefetch: 7 batches of 16 storages in flight
+    workers = list(iterator._workers)
+    del iterator, loader
+    for worker in workers:
+        worker.join(10)
+    time.sleep(0.1)
+    gc.collect()
+    channel = fd_channel._CHANNEL
+    assert channel is not None and not channel.pending
+    with pytest.raises(BlockingIOError):
+        channel.parent.recv(64, socket.MSG_PEEK)  # nothing left queued
+    assert shared_memory_held() <= held  # (earlier tests' pools may be let go of meanwhile)
+
+
+@pytest.mark.slow
+def test_a_dataset_built_in_a_preloaded_forkserver_hands_over_torch_s_way(url, tmp_path):
+    """A forkserver that imported a module building a dataset opened a channel of its own: the
+    workers it forks work for the process that asked for them, so they use torch's way."""
+    (tmp_path / "data_module.py").write_text(textwrap.dedent(f"""
+        from unihub.readers.pytorch import TorchMapDataset
+
+        def numeric(row):
+            return {{"id": row["id"], "vec": row["vec"]}}
+
+        train = TorchMapDataset({url!r}, schema_fields=["id", "vec"], transform=numeric)
+    """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""
+        import multiprocessing
+        import torch
+
+        if __name__ == "__main__":
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["data_module"])
+            from data_module import train
+            loader = torch.utils.data.DataLoader(train, batch_size=4, num_workers=2, multiprocessing_context=context)
+            print(sorted(i for b in loader for i in b["id"].tolist()))
+    """))
+    out = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(list(range(N)))
+
+
+@pytest.mark.slow
+def test_a_low_open_file_limit_holds_with_many_storages_in_flight(url, tmp_path):
+    """The main process takes descriptors off the socket only up to the one it needs: 40 storages a
+    batch, prefetch 8 and 2 workers (640 in flight) under a limit of 512 open files."""
+    script = tmp_path / "limit.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        import torch
+        from unihub.readers.pytorch import TorchMapDataset
+
+        def fields(row):
+            return {{f"f{{k}}": row["vec"] + k for k in range(40)}}
+
+        ds = TorchMapDataset({url!r}, schema_fields=["vec"], transform=fields)
+        loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2, prefetch_factor=8)
+        print(sum(1 for _ in loader))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(N)
 
 
 def test_worker_batches_cross_with_spawned_workers(url):
