@@ -30,6 +30,7 @@ import errno
 import gc
 import multiprocessing
 import os
+import resource
 import socket
 import threading
 import time
@@ -52,39 +53,72 @@ class _Channel:
         self.parent, self.child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.parent.setblocking(False)
         self.child.setblocking(False)
+        try:  # room for many datagrams in flight (the kernel caps it at net.core.wmem_max)
+            self.child.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        except OSError:
+            pass
         self.pending: dict[bytes, int] = {}  # token -> descriptor taken off the socket, not yet asked for
         self.lost: set[bytes] = set()  # tokens that came without their descriptor (this process's table was full)
         self.lock = threading.Lock()
         self.reaped_at = time.monotonic()
 
 
-_CHANNEL: _Channel | None = None
+#: bytes the sending end may hold in flight (each datagram is charged ~1 KB: ~4,000 of them)
+_SEND_BUFFER = 4 * 2**20
+#: this process's own channel (it receives on it), and the one it inherited from its parent (it sends on it)
+_OWN: _Channel | None = None
+_INHERITED: _Channel | None = None
 _OPEN_LOCK = threading.Lock()
 
 
-def _new_lock_after_fork() -> None:
-    global _OPEN_LOCK
+def _before_fork() -> None:
+    """A process that sends to its parent and forks workers of its own (a rank forked from a process
+    that built the dataset, say) opens a channel for them first."""
+    if _INHERITED is not None and (_OWN is None or _OWN.pid != os.getpid()) and _OPEN_LOCK.acquire(blocking=False):
+        try:
+            _open()
+        finally:
+            _OPEN_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    """The parent's own channel is the child's way to it; what the parent had taken off it is not
+    the child's (its copies of those descriptors would keep their memory for the child's lifetime)."""
+    global _OWN, _INHERITED, _OPEN_LOCK
     _OPEN_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+    parent = _OWN
+    _OWN, _INHERITED = None, parent
+    if parent is not None:
+        for fd in parent.pending.values():
+            os.close(fd)
+        parent.pending = {}
+        parent.lost = set()
+        parent.lock = threading.Lock()
+        parent.parent.close()  # the receiving end is the parent's alone
 
 
-os.register_at_fork(after_in_child=_new_lock_after_fork)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def open_here() -> None:
     """Open this process's channel (once): the workers it forks from now on send descriptors on it."""
-    global _CHANNEL
     with _OPEN_LOCK:
-        if _CHANNEL is None or _CHANNEL.pid != os.getpid():
-            if _CHANNEL is None:
-                gc.callbacks.append(_after_collection)  # inherited by forked children, where it does nothing
-            _CHANNEL = _Channel()
+        _open()
+
+
+def _open() -> None:
+    global _OWN
+    if _OWN is None or _OWN.pid != os.getpid():
+        if _OWN is None:
+            gc.callbacks.append(_after_collection)  # inherited by forked children, where it does nothing
+        _OWN = _Channel()
 
 
 def to_parent() -> bool:
     """Whether this process can send descriptors to the process it works for: its parent, which
     opened a channel before forking it (a forkserver's children have the forkserver as their parent
     but work for the process that asked for them: those use torch's way)."""
-    channel = _CHANNEL
+    channel = _INHERITED
     if channel is None or channel.pid != os.getppid():
         return False
     for_whom = multiprocessing.parent_process()
@@ -93,7 +127,7 @@ def to_parent() -> bool:
 
 def send(fd: int) -> bytes | None:
     """Send a duplicate of ``fd`` to the parent: the token it is received by, or None where it could not go."""
-    channel = _CHANNEL
+    channel = _INHERITED
     if channel is None or not to_parent():
         return None
     token = f"{os.getpid()}:{os.urandom(8).hex()}".encode()  # never one a dead worker with this pid sent
@@ -106,15 +140,16 @@ def send(fd: int) -> bytes | None:
 
 def receive(token: bytes) -> int:
     """The descriptor sent with ``token`` (the caller closes it), from this process's channel."""
-    channel = _CHANNEL
+    channel = _OWN
     if channel is None or channel.pid != os.getpid():
         raise UsageError("a torch worker's batch was unpickled in a process that did not fork the worker: a "
                          "worker's batch is received by the process that iterates its DataLoader")
     with channel.lock:
         fd = channel.pending.pop(token, None)
-        if fd is None:
-            fd = _take_until(channel, token)
         lost = token in channel.lost
+        if fd is None and not lost:
+            fd = _take_until(channel, token)
+            lost = token in channel.lost
         channel.lost.discard(token)
         if time.monotonic() - channel.reaped_at >= REAP_SECONDS:
             _reap(channel)
@@ -134,7 +169,7 @@ def receive(token: bytes) -> int:
 def pending() -> int:
     """Descriptors taken off the socket and not yet asked for, once those of exited senders are
     closed (for tests: it looks for them now)."""
-    channel = _CHANNEL
+    channel = _OWN
     if channel is None or channel.pid != os.getpid():
         return 0
     with channel.lock:
@@ -155,6 +190,8 @@ def _take_until(channel: _Channel, token: bytes) -> int | None:
         except BlockingIOError:
             return None
         if not fds:  # its descriptor did not fit in this process's table (EMFILE): asked for, it is an error
+            if not processes.is_running(_sender(data)):
+                continue
             channel.lost.add(data)
             if data == token:
                 return None
@@ -167,8 +204,9 @@ def _take_until(channel: _Channel, token: bytes) -> int | None:
 
 
 def _reap(channel: _Channel) -> None:
-    """Close the descriptors of senders that have exited: those taken off the socket, then those at
-    its head (peeked at without taking their descriptors), up to the first from a running sender."""
+    """Close the descriptors of senders that have exited: those taken off the socket, then those
+    still on it, taking a running sender's into ``pending`` on the way while the descriptor table
+    has room for them (a live loader's batch waiting at the head hides nothing behind it)."""
     channel.reaped_at = time.monotonic()
     running: dict[int, bool] = {}
 
@@ -181,25 +219,35 @@ def _reap(channel: _Channel) -> None:
     for token in [t for t in channel.pending if exited(t)]:
         os.close(channel.pending.pop(token))
     channel.lost = {t for t in channel.lost if not exited(t)}
+    room = _pending_room()
     while True:
         try:
             head = channel.parent.recv(_TOKEN_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
             return
-        if not exited(head):
+        if not exited(head) and len(channel.pending) >= room:
             return
         try:
-            _, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
+            data, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
         except BlockingIOError:
             return
-        for fd in fds:
-            os.close(fd)
+        if fds and not exited(data) and data not in channel.pending:
+            channel.pending[data] = fds[0]
+        else:
+            for fd in fds:
+                os.close(fd)
+
+
+def _pending_room() -> int:
+    """How many descriptors a reap may hold in ``pending``: an eighth of the open-file limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 4096 if soft == resource.RLIM_INFINITY else max(16, soft // 8)
 
 
 def _after_collection(phase: str, info: dict[str, Any]) -> None:
     """A garbage collection (``gc.callbacks``): now and then, close what exited senders left, so
     that an iteration abandoned for good does not hold its shared memory until the next receive."""
-    channel = _CHANNEL
+    channel = _OWN
     if phase != "stop" or channel is None or channel.pid != os.getpid() \
             or time.monotonic() - channel.reaped_at < REAP_SECONDS:
         return

@@ -316,11 +316,12 @@ def _mark_result_queue() -> None:
     global _MARKED_IN
     if _MARKED_IN == os.getpid():
         return
-    frame: Any = sys._getframe(1)
+    # torch's loop runs in the worker's main thread; a dataset method may run in another
+    frame: Any = sys._getframe(1) if threading.current_thread() is threading.main_thread() else \
+        sys._current_frames().get(threading.main_thread().ident or 0)
     while frame is not None and not (frame.f_code.co_name == "_worker_loop" and "data_queue" in frame.f_locals):
         frame = frame.f_back
-    if frame is None or threading.current_thread() is threading.main_thread():
-        _MARKED_IN = os.getpid()  # found, or not to be found (torch's loop runs in the main thread)
+    _MARKED_IN = os.getpid()
     if frame is None:
         return
     result_queue = frame.f_locals["data_queue"]

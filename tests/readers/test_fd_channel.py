@@ -42,7 +42,7 @@ def _send_files_and_wait(paths: list[str], conn: Any) -> None:
 def _send_until_refused(path: str, conn: Any) -> None:
     with open(path, "rb") as file:
         tokens = []
-        while len(tokens) < 10_000:
+        while len(tokens) < 100_000:
             token = fd_channel.send(file.fileno())
             if token is None:
                 break
@@ -51,7 +51,10 @@ def _send_until_refused(path: str, conn: Any) -> None:
 
 
 def _grandchild_sends(paths: list[str], conn: Any) -> None:
-    conn.send(_in_child(_send_files, paths))
+    could, tokens = _in_child(_send_files, paths)  # this child opened a channel of its own as it forked
+    fd = fd_channel.receive(tokens[0])
+    conn.send((could, tokens, os.pread(fd, 100, 0)))
+    os.close(fd)
 
 
 def _in_child(target: Any, *args: Any) -> Any:
@@ -59,6 +62,7 @@ def _in_child(target: Any, *args: Any) -> Any:
     here, there = FORK.Pipe()
     child = FORK.Process(target=target, args=(*args, there))
     child.start()
+    assert here.poll(60), f"the child sent nothing (exit code {child.exitcode})"
     got = here.recv()
     child.join(10)
     assert child.exitcode == 0
@@ -101,26 +105,28 @@ def test_a_forked_child_hands_its_parent_the_files_it_opened(files: list[str]) -
 
 
 def test_a_child_whose_parent_opened_no_channel_sends_nothing(files: list[str], monkeypatch) -> None:
-    monkeypatch.setattr(fd_channel, "_CHANNEL", None)
+    monkeypatch.setattr(fd_channel, "_OWN", None)
     could, tokens = _in_child(_send_files, files[:1])
     assert not could and tokens == [None]  # the caller falls back to torch's way
     with pytest.raises(UsageError, match="did not fork the worker"):
         fd_channel.receive(b"1:00")
 
 
-def test_a_grandchild_does_not_send_to_its_grandparent(files: list[str]) -> None:
-    """The channel is its opener's: a child that forks without opening its own gives its children none."""
+def test_a_grandchild_sends_to_its_parent_not_to_its_grandparent(files: list[str]) -> None:
+    """A child that inherited a channel and forks opens one of its own first (a rank forked from the
+    process that built the dataset, forking its own DataLoader workers): its children send to it."""
     fd_channel.open_here()
-    could, tokens = _in_child(_grandchild_sends, files[:1])
-    assert not could and tokens == [None]
+    could, tokens, contents = _in_child(_grandchild_sends, files[:1])
+    assert could and contents == b"contents of file 0"
+    assert fd_channel.pending() == 0  # nothing reached the grandparent
 
 
 def test_a_full_queue_refuses_the_descriptor_instead_of_blocking(files: list[str]) -> None:
     fd_channel.open_here()
     before = _open_fds()
     tokens = _in_child(_send_until_refused, files[0])
-    assert 10 <= len(tokens) < 10_000  # the parent read none of them: the sender was refused, never blocked
-    fd = fd_channel.receive(tokens[-1])  # what was queued still arrives
+    assert 1000 <= len(tokens) < 100_000  # the parent read none: the sender was refused at last, never blocked
+    fd = fd_channel.receive(tokens[0])  # what was queued still arrives
     os.close(fd)
     assert fd_channel.pending() == 0  # the rest, whose sender has exited, are closed
     assert _open_fds() == before
@@ -167,3 +173,61 @@ def test_a_descriptor_that_does_not_fit_in_the_table_is_an_error_naming_the_limi
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "refused", out.stderr[-2000:]
+
+
+def _held(paths: list[str]) -> list[str]:
+    """Which of ``paths`` this process has a descriptor of."""
+    inodes = {os.stat(path).st_ino: path for path in paths}
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.add(inodes.get(os.fstat(int(fd)).st_ino))
+        except OSError:
+            pass
+    return sorted(p for p in held if p)
+
+
+def _fds_open_on(paths: list[str], conn: Any) -> None:
+    conn.send(_held(paths))
+
+
+def test_descriptors_waiting_in_the_parent_are_not_inherited_by_its_later_children(files: list[str]) -> None:
+    """What the parent took off the socket ahead of need is its own: a child forked meanwhile
+    (another loader's worker) would keep that memory for its whole life."""
+    fd_channel.open_here()
+    assert FORK is not None
+    here, there = FORK.Pipe()
+    sender = FORK.Process(target=_send_files_and_wait, args=(files, there))
+    sender.start()
+    _, tokens = here.recv()
+    fd = fd_channel.receive(tokens[2])  # the first two wait in pending
+    os.close(fd)
+    try:
+        assert fd_channel.pending() == 2
+        assert _in_child(_fds_open_on, files) == []
+    finally:
+        here.send("done")
+        sender.join(10)
+    assert fd_channel.pending() == 0
+
+
+def test_an_exited_sender_s_descriptors_behind_a_running_one_s_are_closed(files: list[str]) -> None:
+    """A datagram of a running sender (a persistent loader's prefetched batch) at the head of the
+    socket does not keep those of exited senders behind it: they are closed, it waits in pending."""
+    fd_channel.open_here()
+    assert FORK is not None
+    here, there = FORK.Pipe()
+    live = FORK.Process(target=_send_files_and_wait, args=(files[:1], there))
+    live.start()
+    _, live_tokens = here.recv()
+    _, dead_tokens = _in_child(_send_files, files[1:])  # sent behind, and exited
+    try:
+        assert fd_channel.pending() == 1  # the running sender's, taken off on the way
+        assert _held(files) == [files[0]] and len(dead_tokens) == 2
+        fd = fd_channel.receive(live_tokens[0])
+        assert os.pread(fd, 100, 0) == b"contents of file 0"
+        os.close(fd)
+    finally:
+        here.send("done")
+        live.join(10)
+    assert fd_channel.pending() == 0

@@ -683,7 +683,7 @@ def test_forked_workers_hand_their_storages_over_the_inherited_channel(url, monk
     iterable = tp.TorchIterableDataset(url, batch_size=4, seed=4, schema_fields=NUMERIC)
     mapped = tp.TorchMapDataset(url, schema_fields=NUMERIC)  # columns of other types cross as torch sends them
     if not channel:
-        monkeypatch.setattr(fd_channel, "_CHANNEL", None)
+        monkeypatch.setattr(fd_channel, "_OWN", None)
     carried = 0
 
     def new_pools_carried(before: set[str]) -> int:
@@ -830,7 +830,7 @@ def test_an_abandoned_iteration_leaves_no_descriptor_behind(url, monkeypatch):
         worker.join(10)
     time.sleep(0.1)
     gc.collect()
-    channel = fd_channel._CHANNEL
+    channel = fd_channel._OWN
     assert channel is not None and not channel.pending
     with pytest.raises(BlockingIOError):
         channel.parent.recv(64, socket.MSG_PEEK)  # nothing left queued
@@ -887,6 +887,49 @@ def test_a_low_open_file_limit_holds_with_many_storages_in_flight(url, tmp_path)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == str(N)
+
+
+class _InAThread(torch.utils.data.Dataset):
+    """A dataset whose batches are read in a thread of the worker (a prefetching wrapper, say)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.pool = inner, None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1)
+        return self.pool.submit(self.inner.__getitems__, indices).result()
+
+
+def _aux_dataset(url: str) -> Any:
+    def init(worker_id: int) -> None:
+        tp.TorchMapDataset(url, schema_fields=["id"])  # a dataset of the worker's own (lookups, say)
+
+    return init
+
+
+def test_workers_that_build_datasets_or_read_in_threads_still_send_on_the_channel(url, monkeypatch):
+    """A worker that builds a dataset of its own (in worker_init_fn, or lazily) opens a channel for
+    its own children but still sends to its parent on the one it inherited; a dataset method run
+    in a thread of the worker still finds torch's result queue."""
+    handshakes = _handshakes(monkeypatch)
+    cases = [(tp.TorchMapDataset(url, schema_fields=NUMERIC), {"worker_init_fn": _aux_dataset(url)}),
+             (_InAThread(tp.TorchMapDataset(url, schema_fields=NUMERIC, transform=_numeric_only)), {}),
+             (_InAThread(tp.TorchMapDataset(url, schema_fields=NUMERIC)), {})]
+    for ds, options in cases:
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, **options)
+        got = []
+        for b in loader:
+            for k, i in enumerate(b["id"].tolist()):
+                assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
+            got += b["id"].tolist()
+        assert got == list(range(N))
+    assert handshakes[0] == 0
 
 
 def test_worker_batches_cross_with_spawned_workers(url):
