@@ -39,6 +39,17 @@ def _send_files_and_wait(paths: list[str], conn: Any) -> None:
     conn.recv()  # runs until the parent has received them, as a torch worker does
 
 
+def _waiting_sender(paths: list[str]) -> tuple[Any, Any, bool, list[bytes]]:
+    """A child that sends ``paths`` and runs until told (``conn.send``): (child, conn, could, tokens)."""
+    assert FORK is not None
+    here, there = FORK.Pipe()
+    child = FORK.Process(target=_send_files_and_wait, args=(paths, there))
+    child.start()
+    assert here.poll(60), "the sender sent nothing"
+    could, tokens = here.recv()
+    return child, here, could, tokens
+
+
 def _send_until_refused(path: str, conn: Any) -> None:
     with open(path, "rb") as file:
         tokens = []
@@ -81,11 +92,7 @@ def files(tmp_path: Path) -> list[str]:
 
 def test_a_forked_child_hands_its_parent_the_files_it_opened(files: list[str]) -> None:
     fd_channel.open_here()
-    assert FORK is not None
-    here, there = FORK.Pipe()
-    child = FORK.Process(target=_send_files_and_wait, args=(files, there))
-    child.start()
-    could, tokens = here.recv()
+    child, here, could, tokens = _waiting_sender(files)
     assert could and all(tokens) and len(set(tokens)) == 3
     before = _open_fds()
     for i, token in reversed(list(enumerate(tokens))):  # in any order
@@ -195,11 +202,7 @@ def test_descriptors_waiting_in_the_parent_are_not_inherited_by_its_later_childr
     """What the parent took off the socket ahead of need is its own: a child forked meanwhile
     (another loader's worker) would keep that memory for its whole life."""
     fd_channel.open_here()
-    assert FORK is not None
-    here, there = FORK.Pipe()
-    sender = FORK.Process(target=_send_files_and_wait, args=(files, there))
-    sender.start()
-    _, tokens = here.recv()
+    sender, here, _, tokens = _waiting_sender(files)
     fd = fd_channel.receive(tokens[2])  # the first two wait in pending
     os.close(fd)
     try:
@@ -215,11 +218,7 @@ def test_an_exited_sender_s_descriptors_behind_a_running_one_s_are_closed(files:
     """A datagram of a running sender (a persistent loader's prefetched batch) at the head of the
     socket does not keep those of exited senders behind it: they are closed, it waits in pending."""
     fd_channel.open_here()
-    assert FORK is not None
-    here, there = FORK.Pipe()
-    live = FORK.Process(target=_send_files_and_wait, args=(files[:1], there))
-    live.start()
-    _, live_tokens = here.recv()
+    live, here, _, live_tokens = _waiting_sender(files[:1])
     _, dead_tokens = _in_child(_send_files, files[1:])  # sent behind, and exited
     try:
         assert fd_channel.pending() == 1  # the running sender's, taken off on the way

@@ -672,6 +672,18 @@ def _handshakes(monkeypatch) -> list[int]:
     return count
 
 
+def _checked_ids(loader: Any) -> list[int]:
+    """The ids of every batch ``loader`` gives, each row's ``vec`` (and ``image``, where loaded) checked."""
+    got = []
+    for b in loader:
+        for k, i in enumerate(b["id"].tolist()):
+            assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
+            if "image" in b:
+                assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"])
+        got += b["id"].tolist()
+    return got
+
+
 @pytest.mark.parametrize("channel", [True, False], ids=["channel", "torch-handshakes"])
 def test_forked_workers_hand_their_storages_over_the_inherited_channel(url, monkeypatch, channel):
     """The process that built the dataset opened a channel its forked workers inherit: their storages'
@@ -694,13 +706,7 @@ def test_forked_workers_hand_their_storages_over_the_inherited_channel(url, monk
     for loader in (torch.utils.data.DataLoader(iterable, batch_size=None, num_workers=2),
                    torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=2)):
         before = set(shared_batches.pools())
-        got = []
-        for b in loader:
-            for k, i in enumerate(b["id"].tolist()):
-                assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"])
-                assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
-            got += b["id"].tolist()
-        assert sorted(got) == list(range(N))
+        assert sorted(_checked_ids(loader)) == list(range(N))
         carried += new_pools_carried(before)
     assert carried >= 4
     if channel:
@@ -725,13 +731,7 @@ def test_batches_torch_collates_in_forked_workers_cross_without_a_handshake(url,
     rows = tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC)
     for loader in (torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=2, shuffle=True),
                    torch.utils.data.DataLoader(rows, batch_size=4, num_workers=2)):
-        got = []
-        for b in loader:
-            for k, i in enumerate(b["id"].tolist()):
-                assert np.array_equal(b["image"][k].numpy(), ROWS[i]["image"])
-                assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
-            got += b["id"].tolist()
-        assert sorted(got) == list(range(N))
+        assert sorted(_checked_ids(loader)) == list(range(N))
     assert handshakes[0] == 0 and fd_channel.pending() == 0
 
 
@@ -923,12 +923,7 @@ def test_workers_that_build_datasets_or_read_in_threads_still_send_on_the_channe
              (_InAThread(tp.TorchMapDataset(url, schema_fields=NUMERIC)), {})]
     for ds, options in cases:
         loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, **options)
-        got = []
-        for b in loader:
-            for k, i in enumerate(b["id"].tolist()):
-                assert np.array_equal(b["vec"][k].numpy(), ROWS[i]["vec"])
-            got += b["id"].tolist()
-        assert got == list(range(N))
+        assert _checked_ids(loader) == list(range(N))
     assert handshakes[0] == 0
 
 
