@@ -63,7 +63,8 @@ class _Channel:
         self.reaped_at = time.monotonic()
 
 
-#: bytes the sending end may hold in flight (each datagram is charged ~1 KB: ~4,000 of them)
+#: bytes asked for the sending end's buffer (the kernel doubles it, up to net.core.wmem_max; each datagram is
+#: charged ~770 bytes: ~10,900 in flight here, against 278 at the default)
 _SEND_BUFFER = 4 * 2**20
 #: this process's own channel (it receives on it), and the one it inherited from its parent (it sends on it)
 _OWN: _Channel | None = None
@@ -109,8 +110,8 @@ def open_here() -> None:
 def _open() -> None:
     global _OWN
     if _OWN is None or _OWN.pid != os.getpid():
-        if _OWN is None:
-            gc.callbacks.append(_after_collection)  # inherited by forked children, where it does nothing
+        if _after_collection not in gc.callbacks:  # (a forked child inherits the list)
+            gc.callbacks.append(_after_collection)
         _OWN = _Channel()
 
 
