@@ -101,6 +101,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+#: set to 0 to hand every storage over torch's way (an escape hatch, and the baseline of
+#: benchmarks/torch_handover.py)
+ENVIRONMENT = "UNIHUB_FD_CHANNEL"
+
+
 def open_here() -> None:
     """Open this process's channel (once): the workers it forks from now on send descriptors on it."""
     with _OPEN_LOCK:
@@ -109,6 +114,8 @@ def open_here() -> None:
 
 def _open() -> None:
     global _OWN
+    if os.environ.get(ENVIRONMENT, "1").strip() == "0":
+        return
     if _OWN is None or _OWN.pid != os.getpid():
         if _after_collection not in gc.callbacks:  # (a forked child inherits the list)
             gc.callbacks.append(_after_collection)

@@ -230,3 +230,14 @@ def test_an_exited_sender_s_descriptors_behind_a_running_one_s_are_closed(files:
         here.send("done")
         live.join(10)
     assert fd_channel.pending() == 0
+
+
+def test_the_environment_can_turn_the_channel_off(monkeypatch) -> None:
+    """UNIHUB_FD_CHANNEL=0: no channel is opened, so workers hand their storages over torch's way."""
+    monkeypatch.setattr(fd_channel, "_OWN", None)
+    monkeypatch.setenv(fd_channel.ENVIRONMENT, "0")
+    fd_channel.open_here()
+    assert fd_channel._OWN is None
+    monkeypatch.setenv(fd_channel.ENVIRONMENT, "1")
+    fd_channel.open_here()
+    assert fd_channel._OWN is not None and fd_channel._OWN.pid == os.getpid()
