@@ -17,8 +17,8 @@ thread, no wait on the worker.
   queue). Anything else, and a send that fails (the socket's queue is full), goes torch's way.
 - The parent takes datagrams off the socket in order until it has the one asked for; those ahead of
   it (another worker's, whose batch comes next) wait in ``pending``, in its descriptor table. The
-  rest stay in the kernel, so the parent holds about a batch's descriptors per worker, not every
-  descriptor in flight.
+  rest stay in the kernel, so the parent holds about a batch's descriptors per worker (and a sweep's
+  :data:`SWEEP_ROOM` at most), not every descriptor in flight.
 - Descriptors nobody will ask for (the batches in flight when an iteration was abandoned, or whose
   worker was killed) are closed once their sender has exited: looked for at most every
   :data:`REAP_SECONDS`, at a receive or after a garbage collection, so not only when another batch comes.
@@ -26,6 +26,7 @@ thread, no wait on the worker.
 
 from __future__ import annotations
 
+import array
 import errno
 import gc
 import multiprocessing
@@ -43,6 +44,11 @@ from unihub.errors import UsageError
 _TOKEN_BYTES = 64
 #: how often, at most, descriptors whose sender has exited are looked for
 REAP_SECONDS = 1.0
+#: descriptors a sweep takes into ``pending`` past a running sender's, to reach exited senders' behind them
+SWEEP_ROOM = 64
+#: received descriptors are closed on exec (a child started by ``os.system`` keeps none)
+_CLOEXEC = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+_FD = array.array("i")
 
 
 class _Channel:
@@ -72,21 +78,40 @@ _INHERITED: _Channel | None = None
 _OPEN_LOCK = threading.Lock()
 
 
+_HELD_FOR_FORK: threading.Lock | None = None  # the receiving lock, held across a fork in the parent
+
+
 def _before_fork() -> None:
     """A process that sends to its parent and forks workers of its own (a rank forked from a process
-    that built the dataset, say) opens a channel for them first."""
+    that built the dataset, say) opens a channel for them first. A receive in another thread is let
+    finish, so that no descriptor is in this process's table and not yet in ``pending`` (which the
+    child closes) as it forks."""
+    global _HELD_FOR_FORK
     if _INHERITED is not None and (_OWN is None or _OWN.pid != os.getpid()) and _OPEN_LOCK.acquire(blocking=False):
         try:
             _open()
+        except OSError:  # no socket to be had (EMFILE): the children go torch's way
+            pass
         finally:
             _OPEN_LOCK.release()
+    own = _OWN
+    if own is not None and own.pid == os.getpid() and own.lock.acquire(timeout=1.0):
+        _HELD_FOR_FORK = own.lock
+
+
+def _after_fork_in_parent() -> None:
+    global _HELD_FOR_FORK
+    if _HELD_FOR_FORK is not None:
+        _HELD_FOR_FORK.release()
+        _HELD_FOR_FORK = None
 
 
 def _after_fork_in_child() -> None:
     """The parent's own channel is the child's way to it; what the parent had taken off it is not
     the child's (its copies of those descriptors would keep their memory for the child's lifetime)."""
-    global _OWN, _INHERITED, _OPEN_LOCK
+    global _OWN, _INHERITED, _OPEN_LOCK, _HELD_FOR_FORK
     _OPEN_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+    _HELD_FOR_FORK = None  # (the parent's receiving lock: replaced below)
     parent = _OWN
     _OWN, _INHERITED = None, parent
     if parent is not None:
@@ -98,7 +123,7 @@ def _after_fork_in_child() -> None:
         parent.parent.close()  # the receiving end is the parent's alone
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 #: set to 0 to hand every storage over torch's way (an escape hatch, and the baseline of
@@ -185,6 +210,17 @@ def pending() -> int:
         return len(channel.pending)
 
 
+def _recv_one(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One datagram and its descriptor (none where it did not fit), received close-on-exec
+    (``socket.recv_fds`` drops its ``flags`` before Python 3.13)."""
+    data, ancillary, _, _ = sock.recvmsg(_TOKEN_BYTES, socket.CMSG_LEN(_FD.itemsize), _CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
 def _sender(token: bytes) -> int:
     return int(token.split(b":", 1)[0])
 
@@ -194,7 +230,7 @@ def _take_until(channel: _Channel, token: bytes) -> int | None:
     first, or it came without one); the others wait in ``pending``."""
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
+            data, fds = _recv_one(channel.parent)
         except BlockingIOError:
             return None
         if not fds:  # its descriptor did not fit in this process's table (EMFILE): asked for, it is an error
@@ -213,8 +249,9 @@ def _take_until(channel: _Channel, token: bytes) -> int | None:
 
 def _reap(channel: _Channel) -> None:
     """Close the descriptors of senders that have exited: those taken off the socket, then those
-    still on it, taking a running sender's into ``pending`` on the way while the descriptor table
-    has room for them (a live loader's batch waiting at the head hides nothing behind it)."""
+    still on it, taking up to :func:`_sweep_room` of running senders' into ``pending`` on the way (a
+    live loader's batch waiting at the head hides nothing behind it). A datagram that comes without
+    its descriptor (the table is full) is noted as lost and ends the sweep."""
     channel.reaped_at = time.monotonic()
     running: dict[int, bool] = {}
 
@@ -227,29 +264,35 @@ def _reap(channel: _Channel) -> None:
     for token in [t for t in channel.pending if exited(t)]:
         os.close(channel.pending.pop(token))
     channel.lost = {t for t in channel.lost if not exited(t)}
-    room = _pending_room()
+    room = _sweep_room()
+    taken = 0
     while True:
         try:
             head = channel.parent.recv(_TOKEN_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
             return
-        if not exited(head) and len(channel.pending) >= room:
+        if not exited(head) and taken >= room:
             return
         try:
-            data, fds, _, _ = socket.recv_fds(channel.parent, _TOKEN_BYTES, 1)
+            data, fds = _recv_one(channel.parent)
         except BlockingIOError:
             return
-        if fds and not exited(data) and data not in channel.pending:
-            channel.pending[data] = fds[0]
-        else:
+        if exited(data) or data in channel.pending:
             for fd in fds:
                 os.close(fd)
+        elif not fds:  # this process's table is full: asked for, the batch says so; no more now
+            channel.lost.add(data)
+            return
+        else:
+            channel.pending[data] = fds[0]
+            taken += 1
 
 
-def _pending_room() -> int:
-    """How many descriptors a reap may hold in ``pending``: an eighth of the open-file limit."""
+def _sweep_room() -> int:
+    """How many running senders' descriptors a sweep may take: :data:`SWEEP_ROOM`, and at most a
+    sixteenth of the open-file limit."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 4096 if soft == resource.RLIM_INFINITY else max(16, soft // 8)
+    return SWEEP_ROOM if soft == resource.RLIM_INFINITY else max(1, min(SWEEP_ROOM, soft // 16))
 
 
 def _after_collection(phase: str, info: dict[str, Any]) -> None:

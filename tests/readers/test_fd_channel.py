@@ -171,6 +171,7 @@ def test_a_descriptor_that_does_not_fit_in_the_table_is_an_error_naming_the_limi
         resource.setrlimit(resource.RLIMIT_NOFILE, (spare, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         os.close(spare)
         try:
+            fd_channel.pending()  # a sweep that meets it first notes it lost, as a receive would
             fd_channel.receive(token)
         except OSError as exc:
             assert exc.errno == errno.EMFILE and "too many open files" in str(exc), exc
@@ -241,3 +242,25 @@ def test_the_environment_can_turn_the_channel_off(monkeypatch) -> None:
     monkeypatch.setenv(fd_channel.ENVIRONMENT, "1")
     fd_channel.open_here()
     assert fd_channel._OWN is not None and fd_channel._OWN.pid == os.getpid()
+
+
+def test_a_sweep_takes_a_bounded_number_of_running_senders_descriptors(files: list[str]) -> None:
+    """Past a running sender's datagrams a sweep takes at most SWEEP_ROOM of them into pending (the
+    rest stay in the kernel), each closed on exec."""
+    import fcntl
+
+    fd_channel.open_here()
+    sender, here, _, tokens = _waiting_sender(files * 70)  # 210 descriptors, the sender still running
+    try:
+        held = fd_channel.pending()
+        assert 1 <= held <= fd_channel.SWEEP_ROOM < len(tokens)
+        own = fd_channel._OWN
+        assert own is not None
+        assert all(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in own.pending.values())
+        fd = fd_channel.receive(tokens[-1])  # behind the rest: taken off in order, as a receive does
+        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        os.close(fd)
+    finally:
+        here.send("done")
+        sender.join(10)
+    assert fd_channel.pending() == 0
