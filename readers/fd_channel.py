@@ -12,7 +12,8 @@ parent takes it by that token as it unpickles the batch (:func:`receive`). No co
 thread, no wait on the worker.
 
 - Only a worker whose parent opened the channel and is the process it works for sends on it (not a
-  forkserver's child, not a process the dataset was built in and forked from); and only what goes
+  forkserver's child, nor a spawned one; a process that inherited a channel opens its own before it
+  forks, so its children send to it); and only what goes
   to that parent (the caller decides: :mod:`~unihub.readers.shared_batches` marks torch's result
   queue). Anything else, and a send that fails (the socket's queue is full), goes torch's way.
 - The parent takes datagrams off the socket in order until it has the one asked for; those ahead of
@@ -191,10 +192,9 @@ def receive(token: bytes) -> int:
     if lost:
         raise OSError(errno.EMFILE, "the shared memory of a torch worker's batch could not be received: this "
                                     "process has too many open files (raise `ulimit -n`)")
-    sender = _sender(token)
-    if not processes.is_running(sender):
-        raise UsageError(f"the torch worker (pid {sender}) that sent a batch exited before the batch was received; "
-                         "its shared memory is gone")
+    if not _sender_running(token):
+        raise UsageError(f"the torch worker (pid {token.split(b':', 1)[0].decode(errors='replace')}) that sent a "
+                         "batch exited before the batch was received; its shared memory is gone")
     raise UsageError(f"the shared memory a torch worker's batch was sent in (token {token.decode()}) did not "
                      "reach this process: a worker's batch is received by the process that iterates its DataLoader")
 
@@ -221,8 +221,30 @@ def _recv_one(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def _sender(token: bytes) -> int:
-    return int(token.split(b":", 1)[0])
+def _names_a_sender(data: bytes) -> bool:
+    """Whether ``data`` is a token (``<pid>:<hex>``) at all."""
+    pid = data.split(b":", 1)[0]
+    return pid.isdigit() and int(pid) > 0
+
+
+def _sender_running(token: bytes) -> bool:
+    """Whether the process a token names still runs (bytes that are not a token name none)."""
+    return _names_a_sender(token) and processes.is_running(int(token.split(b":", 1)[0]))
+
+
+def _file(channel: _Channel, data: bytes, fds: list[int], exited: bool) -> bool:
+    """Put a datagram taken off the socket (not the one asked for) where it belongs: closed (its
+    sender has exited, or a token seen before), lost (it came without its descriptor: the table was
+    full), or waiting in ``pending``; True for the last."""
+    if exited or data in channel.pending:
+        for fd in fds:
+            os.close(fd)
+    elif not fds:
+        channel.lost.add(data)
+    else:
+        channel.pending[data] = fds[0]
+        return True
+    return False
 
 
 def _take_until(channel: _Channel, token: bytes) -> int | None:
@@ -233,18 +255,12 @@ def _take_until(channel: _Channel, token: bytes) -> int | None:
             data, fds = _recv_one(channel.parent)
         except BlockingIOError:
             return None
-        if not fds:  # its descriptor did not fit in this process's table (EMFILE): asked for, it is an error
-            if not processes.is_running(_sender(data)):
-                continue
-            channel.lost.add(data)
-            if data == token:
-                return None
-        elif data == token:
+        if data == token and fds:
             return fds[0]
-        elif data in channel.pending:  # a token is never sent twice; keep the first
-            os.close(fds[0])
-        else:
-            channel.pending[data] = fds[0]
+        # without its descriptor (EMFILE), a running sender's datagram is lost: asked for, that is an error
+        _file(channel, data, fds, exited=not _names_a_sender(data) or (not fds and not _sender_running(data)))
+        if data == token:
+            return None
 
 
 def _reap(channel: _Channel) -> None:
@@ -253,12 +269,12 @@ def _reap(channel: _Channel) -> None:
     live loader's batch waiting at the head hides nothing behind it). A datagram that comes without
     its descriptor (the table is full) is noted as lost and ends the sweep."""
     channel.reaped_at = time.monotonic()
-    running: dict[int, bool] = {}
+    running: dict[bytes, bool] = {}
 
     def exited(token: bytes) -> bool:
-        pid = _sender(token)
+        pid = token.split(b":", 1)[0]
         if pid not in running:
-            running[pid] = processes.is_running(pid)
+            running[pid] = _sender_running(token)
         return not running[pid]
 
     for token in [t for t in channel.pending if exited(t)]:
@@ -277,15 +293,10 @@ def _reap(channel: _Channel) -> None:
             data, fds = _recv_one(channel.parent)
         except BlockingIOError:
             return
-        if exited(data) or data in channel.pending:
-            for fd in fds:
-                os.close(fd)
-        elif not fds:  # this process's table is full: asked for, the batch says so; no more now
-            channel.lost.add(data)
-            return
-        else:
-            channel.pending[data] = fds[0]
+        if _file(channel, data, fds, exited(data)):
             taken += 1
+        elif not fds and not exited(data):  # lost: this process's table is full; no more now
+            return
 
 
 def _sweep_room() -> int:

@@ -263,8 +263,7 @@ def _reduce_storage(storage: Any) -> tuple[Any, ...]:
     import torch.multiprocessing
     from torch.multiprocessing import reductions
 
-    if getattr(_FOR_PARENT, "on", False) and fd_channel.to_parent() and storage.device.type == "cpu" \
-            and storage.nbytes() > 0 \
+    if getattr(_FOR_PARENT, "on", False) and storage.device.type == "cpu" and storage.nbytes() > 0 \
             and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
         fd, nbytes = storage._share_fd_cpu_()  # moves it into shared memory first, as torch's reduction does
         token = fd_channel.send(fd)

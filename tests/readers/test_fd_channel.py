@@ -264,3 +264,26 @@ def test_a_sweep_takes_a_bounded_number_of_running_senders_descriptors(files: li
         here.send("done")
         sender.join(10)
     assert fd_channel.pending() == 0
+
+
+def _send_junk_then_a_file(path: str, conn: Any) -> None:
+    import socket
+
+    channel = fd_channel._INHERITED
+    assert channel is not None
+    with open(path, "rb") as file:
+        socket.send_fds(channel.child, [b"not a token"], [file.fileno()])
+        socket.send_fds(channel.child, [b":"], [file.fileno()])
+        conn.send(fd_channel.send(file.fileno()))
+
+
+def test_datagrams_that_are_not_tokens_are_closed_not_fatal(files: list[str]) -> None:
+    """Bytes on the socket that name no sender are taken for an exited sender's: their descriptors
+    are closed, and the batch behind them still arrives."""
+    fd_channel.open_here()
+    before = _open_fds()
+    token = _in_child(_send_junk_then_a_file, files[0])
+    fd = fd_channel.receive(token)
+    assert os.pread(fd, 100, 0) == b"contents of file 0"
+    os.close(fd)
+    assert fd_channel.pending() == 0 and _open_fds() == before
