@@ -18,9 +18,16 @@ storage per batch). Two things made that expensive, and a :class:`StoragePool` a
 A slot is refilled only when
 
 - in the worker, no tensor views it any more (the pool holds the only reference), and
-- every batch sent from it has arrived in the main process, which copies a pooled batch's columns
-  into memory of its own (a column each) as it unpickles it (:func:`_received`). The caller never
-  holds pool memory, so keeping batches, passing them to other processes or slicing them is safe.
+- every batch sent from it has arrived in the main process and is done with there. As it unpickles
+  a pooled batch (:func:`_received`), the main process copies the batch's columns into memory of its
+  own (a column each), all but the biggest: that one (at least :data:`LEND_BYTES`) is *lent*, a view
+  of the slot. The slot is released when nothing in the main process views it any more, which the
+  main process checks as each later batch arrives (:meth:`_Arrivals.settle`). So keeping batches or
+  slicing them is safe (the slot stays lent while anything views it: the worker takes new memory),
+  and keeping one small column (a metric's labels) keeps only that column. A lent slot that could
+  reach another process is *given up* instead (:meth:`_Arrivals.give_up`): when the main process
+  forks, or pickles a tensor viewing it for another process (``ForkingPickler``: torch's queues). The
+  worker then puts new memory in that slot and never writes the old one again.
 
 Both processes write a small shared tensor of counters, each counter with one writer: the worker
 counts the batches it sends from each slot (``sent``, as ``ForkingPickler`` pickles them: a batch
@@ -38,6 +45,7 @@ worker has exited.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -55,13 +63,17 @@ from unihub.formats.arrow_numpy import arrow_backed_empty
 from unihub.readers import fd_channel
 from unihub.readers.batching import numpy_view
 
-#: storages a worker keeps: the batches torch prefetches, and the one being filled
-SLOTS = 4
+#: storages a worker keeps: the batches torch prefetches, the one being filled, and the one or two
+#: the main process is still reading (lent)
+SLOTS = 6
+#: a pooled batch's biggest column is lent to the main process rather than copied from this size
+#: on (a copy of a batch of 64x64 JPEGs was ~40% of the main process's time with 2 workers)
+LEND_BYTES = 64 * 2**10
 #: rows of a pool's counters, a column per slot: batches sent (the worker writes), batches
-#: received and copied (the main process writes), times a slot's storage was handed out again (the
+#: received and done with (the main process writes), times a slot's storage was handed out again (the
 #: worker writes; for tests and tuning), the generation of the slot's storage that the main process
-#: holds (the main process writes; 0: none)
-_SENT, _RELEASED, _REFILLED, _KNOWN = 0, 1, 2, 3
+#: holds (the main process writes; 0: none), the generation the main process gave up (it writes)
+_SENT, _RELEASED, _REFILLED, _KNOWN, _GIVEN_UP = 0, 1, 2, 3, 4
 
 
 def _torch() -> Any:
@@ -82,10 +94,12 @@ class StoragePool:
         torch = _torch()
         self.id = uuid.uuid4().hex
         self.pid = os.getpid()
-        self._counters = torch.zeros((4, slots), dtype=torch.int64).share_memory_()
+        self._counters = torch.zeros((5, slots), dtype=torch.int64).share_memory_()
         self._counts = self._counters.numpy()
         self._storages: list[Any] = [None] * slots
         self._generations = [0] * slots  # of each slot's storage: a new storage, a new generation
+        #: batches sent from each slot that will never count as released (lent, then given up)
+        self._lost = [0] * slots
         self._slots: dict[int, int] = {}  # a storage's data address -> its slot
         #: storages a tensor left the worker in other than as a pooled batch: given up, never refilled
         self._escaped: set[int] = set()
@@ -101,7 +115,12 @@ class StoragePool:
         if not self._reuse:
             return torch.UntypedStorage._new_shared(max(nbytes, 1))
         for i, held in enumerate(self._storages):
-            if held is not None and held.data_ptr() in self._escaped:  # its owner is whoever holds it now
+            if held is None:
+                continue
+            given_up = bool(self._counts[_GIVEN_UP, i] == self._generations[i])  # by the main process
+            if given_up or held.data_ptr() in self._escaped:  # its owner is whoever holds it now
+                if given_up:
+                    self._lost[i] = int(self._counts[_SENT, i] - self._counts[_RELEASED, i])
                 self._escaped.discard(held.data_ptr())
                 del self._slots[held.data_ptr()]
                 self._storages[i] = None
@@ -128,7 +147,10 @@ class StoragePool:
         # of it (a pooled batch counting itself sent, torch's reducer giving it up) has done so
         if _use_count(storage) != 1 or storage.data_ptr() in self._escaped:
             return False
-        return bool(self._counts[_SENT, slot] == self._counts[_RELEASED, slot])
+        if self._counts[_SENT, slot] - self._counts[_RELEASED, slot] != self._lost[slot]:
+            return False
+        # read after the release: the main process says it gave a slot up before it would release it
+        return bool(self._counts[_GIVEN_UP, slot] != self._generations[slot])
 
     def known(self, slot: int, generation: int) -> bool:
         """Whether the main process holds generation ``generation`` of ``slot``'s storage."""
@@ -355,7 +377,8 @@ def _watch_tensors_leaving() -> None:
     pickled for another process (by torch's reducers, which ``ForkingPickler`` calls) is first shown
     to this process's pools, so that memory leaving outside a pooled batch (a ``collate_fn`` returning
     a batch's column beside the batch, say) is never refilled under its receiver; storages then cross
-    as :func:`_reduce_storage` sends them."""
+    as :func:`_reduce_storage` sends them. In the main process (once a slot was lent) it is shown to
+    the lent slots the same way (:func:`_lent_leaving`)."""
     global _WATCHING
     if _WATCHING:
         return
@@ -370,6 +393,7 @@ def _watch_tensors_leaving() -> None:
             for pool in list(_POOLS_HERE):
                 if pool.pid == os.getpid():  # not a forked parent's
                     pool.leaving(obj)
+            _lent_leaving(obj)
             return original(obj)
 
         ForkingPickler.register(kind, watched)
@@ -400,6 +424,8 @@ class _PoolRecord:
         self.started = processes.start_time(pid)
         self.storages: dict[int, tuple[int, Any]] = {}
         self.tickets: dict[int, deque[int]] = {}
+        #: slot -> batches of it that arrived with a column lent (released once nothing views the slot)
+        self.lent: dict[int, int] = {}
         self.storages_received = 0  # batches that carried their storage (for tests and tuning)
         self.counters_received = 0  # batches that carried the counters too
 
@@ -430,6 +456,9 @@ class _Arrivals:
                                  "iterates its DataLoader")
             if counters is not None:
                 record.counters_received += 1
+            if slot in record.lent and record.storages[slot][0] != generation:
+                # the worker gave the old storage up (a tensor left with it): it never writes it again
+                record.counters.numpy()[_RELEASED, slot] += record.lent.pop(slot)
             record.storages[slot] = (generation, storage)
             record.storages_received += 1
             record.counters.numpy()[_KNOWN, slot] = generation  # from now on it sends the layout only
@@ -441,13 +470,42 @@ class _Arrivals:
                              "received by the process that iterates its DataLoader")
         return held[1]
 
-    def arrived(self, pool: str, slot: int, ticket: int) -> None:
-        """Count a batch's arrival once (a batch unpickled twice is one arrival)."""
+    def arrived(self, pool: str, slot: int, ticket: int, lent: bool) -> None:
+        """Count a batch's arrival once (a batch unpickled twice is one arrival): released now, or,
+        with a column ``lent``, once nothing views the slot (:meth:`settle`)."""
         record = self.pools[pool]
         seen = record.tickets.setdefault(slot, deque(maxlen=64))
         if ticket not in seen:
             seen.append(ticket)
-            record.counters.numpy()[_RELEASED, slot] += 1
+            if lent:
+                record.lent[slot] = record.lent.get(slot, 0) + 1
+                _watch_tensors_leaving()  # a lent slot pickled for another process is given up
+            else:
+                record.counters.numpy()[_RELEASED, slot] += 1
+
+    def settle(self) -> None:
+        """Release every lent slot that nothing in this process views any more (the record's own
+        storage object is its only user)."""
+        for record in self.pools.values():
+            for slot, count in list(record.lent.items()):
+                if _use_count(record.storages[slot][1]) == 1:
+                    record.counters.numpy()[_RELEASED, slot] += count
+                    del record.lent[slot]
+
+    def give_up(self, storage: Any = None) -> None:
+        """Give up the lent slots still viewed (``storage``'s only, if given): something may read them
+        from another process, so the worker never refills them (it puts new memory in the slot)."""
+        self.settle()
+        address = None if storage is None else storage.data_ptr()
+        for record in self.pools.values():
+            for slot in list(record.lent):
+                generation, held = record.storages[slot]
+                if address is None or held.data_ptr() == address:
+                    record.counters.numpy()[_GIVEN_UP, slot] = generation
+                    del record.lent[slot]
+
+    def lending(self) -> bool:
+        return any(record.lent for record in self.pools.values())
 
     def _forget_exited(self) -> None:
         """Drop the pools of workers that have exited. Nothing more of theirs can arrive: torch
@@ -483,10 +541,18 @@ def _view(storage: Any, dtype: Any, shape: tuple[int, ...], stride: tuple[int, .
     return _torch().empty(0, dtype=dtype).set_(storage, offset, shape, stride)
 
 
+def _lent_column(layout: dict[str, tuple[Any, ...]]) -> str | None:
+    """The pooled column a batch lends rather than copies: its biggest, from :data:`LEND_BYTES` on."""
+    sizes = {name: math.prod(shape) * dtype.itemsize for name, (dtype, shape, *_) in layout.items()}
+    biggest = max(sizes, key=sizes.__getitem__, default=None)
+    return biggest if biggest is not None and sizes[biggest] >= LEND_BYTES else None
+
+
 def _received(names: list[str], layout: dict[str, tuple[Any, ...]], others: dict[str, Any], pool: str, pid: int,
               slot: int, generation: int, ticket: int, send: tuple[Any, Any] | None) -> dict[str, Any]:
-    """Unpickled in the main process: the batch with its pooled tensors copied into private memory,
-    then its arrival counted (the worker may refill the slot from then on)."""
+    """Unpickled in the main process: the batch with its pooled tensors copied into private memory
+    but the biggest, which is lent (a view of the slot), then its arrival counted (the worker may
+    refill the slot once nothing views it)."""
     if _POOL is not None and _POOL[1].id == pool:  # sent and received in the worker itself: not left
         own = _POOL[1]
         if own._generations[slot] != generation or own._storages[slot] is None:  # given up since
@@ -494,12 +560,41 @@ def _received(names: list[str], layout: dict[str, tuple[Any, ...]], others: dict
         views = {name: _view(own._storages[slot], *layout[name]) for name in layout}
         return {name: views[name] if name in views else others[name] for name in names}  # the slot stays busy
     with _LOCK:
+        _arrivals().settle()
         storage = _arrivals().storage(pool, pid, slot, generation, send)
-    copies = {name: _private_copy(_view(storage, *layout[name])) for name in layout}
-    out = {name: copies[name] if name in copies else others[name] for name in names}
+    lent = _lent_column(layout)
+    columns = {name: _view(storage, *layout[name]) if name == lent else _private_copy(_view(storage, *layout[name]))
+               for name in layout}
+    out = {name: columns[name] if name in columns else others[name] for name in names}
     with _LOCK:
-        _arrivals().arrived(pool, slot, ticket)
+        _arrivals().arrived(pool, slot, ticket, lent is not None)
     return out
+
+
+def _give_up_before_fork() -> None:
+    """A forked child would see a lent slot's memory change under it once the slot is released:
+    the slots lent at a fork are given up (the worker puts new memory in them)."""
+    if _ARRIVALS.pid != os.getpid() or not _ARRIVALS.lending():
+        return
+    if _LOCK.acquire(timeout=1.0):
+        try:
+            _ARRIVALS.give_up()
+        finally:
+            _LOCK.release()
+
+
+def _lent_leaving(tensor_or_storage: Any) -> None:
+    """A tensor or storage pickled for another process in the main process: a lent slot it views is given up."""
+    if _ARRIVALS.pid != os.getpid() or not _ARRIVALS.lending():
+        return
+    torch = _torch()
+    obj = tensor_or_storage
+    storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else getattr(obj, "_untyped_storage", obj)
+    with _LOCK:
+        _ARRIVALS.give_up(storage)
+
+
+os.register_at_fork(before=_give_up_before_fork)
 
 
 def counters(pool: str) -> Any:

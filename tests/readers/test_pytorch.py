@@ -479,6 +479,73 @@ def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_i
     assert int(ForkingPickler.loads(again)["a"][0]) == 3
 
 
+def test_a_lent_column_holds_its_slot_until_nothing_in_the_main_process_views_it(monkeypatch):
+    """A pooled batch's biggest column (from LEND_BYTES on) arrives as a view of its slot, the others
+    as copies; the slot is released, and refilled, only once nothing views it, as seen when a later
+    batch arrives."""
+    from unihub.readers import shared_batches
+
+    monkeypatch.setattr(shared_batches, "LEND_BYTES", 64)  # "a": 8 int64 (64 bytes), "b": 6 bytes
+    pool = shared_batches.StoragePool(slots=2)
+    first = _pooled(pool, 1)
+    slot_memory = first.storage.data_ptr()
+    arrived = _arrive(first)
+    assert arrived["a"].is_shared() and not arrived["b"].is_shared()  # lent; copied
+    assert arrived["a"].tolist() == [1] * 8
+    kept = arrived["a"][2:5]  # a view of the lent column holds the slot too
+    del first, arrived
+    second = _pooled(pool, 2)
+    assert second.storage.data_ptr() != slot_memory  # still viewed in the "main process": not refilled
+    assert _arrive(second)["a"].tolist() == [2] * 8  # arrives (and settles): the first slot stays lent
+    del second
+    assert kept.tolist() == [1] * 3
+    counts = shared_batches.counters(pool.id)
+    assert counts[0].tolist() == [1, 1] and counts[1].tolist() == [0, 0]  # neither slot released yet
+    del kept
+    third = _pooled(pool, 3)  # nothing was released since: new memory, outside the slots
+    assert not isinstance(third, shared_batches.PooledBatch)
+    assert _arrive(_pooled(pool, 4)).keys() == {"a", "b"}  # no free slot: unpooled, torch's way
+    shared_batches._arrivals().settle()  # what the next pooled arrival does first
+    assert shared_batches.counters(pool.id)[1].tolist() == [1, 1]
+    again = _pooled(pool, 5)
+    assert again.storage.data_ptr() == slot_memory and _arrive(again)["a"].tolist() == [5] * 8
+
+
+@pytest.mark.parametrize("how", ["fork", "pickled"])
+def test_a_lent_slot_another_process_may_read_is_given_up(monkeypatch, how):
+    """A lent column's memory that could reach another process (the main process forks, or pickles a
+    tensor viewing it for another process) is never refilled: the worker puts new memory in the slot."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from unihub.readers import shared_batches
+
+    monkeypatch.setattr(shared_batches, "LEND_BYTES", 64)
+    pool = shared_batches.StoragePool(slots=1)
+    first = _pooled(pool, 1)
+    slot_memory = first.storage.data_ptr()
+    column = _arrive(first)["a"]
+    del first
+    if how == "fork":
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    else:
+        ForkingPickler.dumps(column[:3])
+    del column
+    shared_batches._arrivals().settle()
+    counts = shared_batches.counters(pool.id)
+    assert counts[1].tolist() == [0] and counts[4].tolist() == [1]  # not released: given up (generation 1)
+    second = _pooled(pool, 2)
+    assert isinstance(second, shared_batches.PooledBatch) and second.storage.data_ptr() != slot_memory
+    assert _arrive(second)["a"].tolist() == [2] * 8
+    new_memory = second.storage.data_ptr()
+    del second
+    shared_batches._arrivals().settle()
+    third = _pooled(pool, 3)  # the slot's new memory is reused as before
+    assert third.storage.data_ptr() == new_memory
+
+
 def test_a_pooled_batch_pickled_for_anything_else_is_a_plain_dict_of_copies():
     # pickle or torch.save in a worker (a checkpoint of a batch, say): a plain dict of new tensors,
     # and nothing counted as sent (the slot is not held for an arrival that will never come)
@@ -619,6 +686,79 @@ def test_worker_batches_reuse_shared_memory_and_the_main_process_holds_copies(ur
     sent, released, refilled = (sum(int(c[row].sum()) for c in pools) for row in range(3))
     assert sent > 0 and released == sent  # every batch arrived once
     assert refilled > 0
+
+
+@pytest.mark.parametrize("hold", [0, 1, 3], ids=["dropped", "held", "every-third-held"])
+def test_worker_batches_lend_their_biggest_column_and_keep_every_value(url, monkeypatch, hold):
+    """With a column big enough to lend, each batch's biggest column is a view of the worker's slot
+    (the others copies): batches held to the end keep every value while the workers reuse the slots
+    of the batches that were dropped."""
+    from unihub.readers import shared_batches
+
+    monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)  # the images, the biggest column here
+    before = set(shared_batches.pools())
+    ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    held, got, lent, unpooled = [], [], 0, 0
+    for _ in range(2):
+        for k, batch in enumerate(loader):
+            image_memory = batch["image"].untyped_storage().data_ptr()
+            if batch["id"].is_shared():  # every slot lent to a held batch: new memory, torch's way
+                assert batch["id"].untyped_storage().data_ptr() == image_memory
+                unpooled += 1
+            else:
+                assert batch["image"].is_shared() and not batch["vec"].is_shared()
+                lent += 1
+            if hold and k % hold == 0:
+                held.append(batch)
+            else:
+                got += check_batch(batch)
+    for batch in held:  # values read after every later batch was sent
+        got += check_batch(batch)
+    assert sorted(got) == sorted(list(range(N)) * 2)
+    assert lent > 0 and (unpooled == 0 if not hold else unpooled > 0 if hold == 1 else True)
+    pools = [p for p in set(shared_batches.pools()) - before]
+    assert len(pools) == 2
+    del batch, held
+    with shared_batches._LOCK:
+        shared_batches._arrivals().settle()
+    counts = [shared_batches.counters(p) for p in pools]
+    sent, released, refilled = (sum(int(c[row].sum()) for c in counts) for row in range(3))
+    assert sent > 0 and released == sent  # every lent slot released once nothing viewed it
+    assert refilled == 0 if hold == 1 else refilled > 0  # a slot is refilled only once nothing views it
+
+
+def test_a_batch_held_across_a_fork_keeps_its_values_in_the_child(url, monkeypatch):
+    """A child forked while the main process holds a lent column sees that column's values, however
+    far the iteration goes on (the slot is given up at the fork, never refilled)."""
+    import multiprocessing
+
+    from unihub.readers import shared_batches
+
+    monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)
+    ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
+    loader = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1))
+    batch = next(loader)
+    assert batch["image"].is_shared()
+    ids = batch["id"].tolist()
+    context = multiprocessing.get_context("fork")
+    go, result = context.Event(), context.Queue()
+
+    held = [batch]  # the child's copy of this list keeps the batch; the parent's is emptied
+    del batch
+
+    def child() -> None:
+        go.wait(60)
+        result.put(all(np.array_equal(held[0]["image"][k].numpy(), ROWS[i]["image"]) for k, i in enumerate(ids)))
+
+    process = context.Process(target=child)
+    process.start()
+    held.clear()
+    rest = [i for b in loader for i in check_batch(b)]  # the worker goes on, refilling free slots
+    go.set()
+    assert result.get(timeout=60) is True
+    process.join(60)
+    assert sorted(ids + rest) == list(range(N))
 
 
 def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
