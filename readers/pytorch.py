@@ -24,6 +24,7 @@ torch is imported when a loader or dataset is used, never when this module is im
 
 from __future__ import annotations
 
+import ctypes
 import decimal
 import itertools
 import math
@@ -806,12 +807,14 @@ class InMemBatchedDataLoader(_LoaderBase):
 def row_to_tensors(row: Any) -> dict[str, Any]:
     """One row as a dict: numeric values as tensors, others unchanged (for torch's default_collate)."""
     values = row._asdict() if hasattr(row, "_asdict") else dict(row)
-    out = {}
-    for name, value in values.items():
-        if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _NUMERIC:
-            value = _tensor(np.asarray(value))
-        out[name] = value
-    return out
+    return {name: _row_value(value) for name, value in values.items()}
+
+
+def _row_value(value: Any) -> Any:
+    """A row's value as :func:`row_to_tensors` gives it: a numeric array or scalar as a tensor."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _NUMERIC:
+        return _tensor(np.asarray(value))
+    return value
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -909,7 +912,9 @@ def _build_iterable_dataset(torch: Any) -> type:
             make = make_reader if self.batch_size is None else make_batch_reader
             with make(self.url, **kwargs) as reader:
                 limit = _exact_share(reader, shard, count) if count > 1 else None
-                if self.batch_size is None:
+                if self.batch_size is None and reader.ngram is None:
+                    yield from _cut_rows(reader, limit)
+                elif self.batch_size is None:  # an n-gram a row: torch collates them as they are
                     for row in itertools.islice(reader, limit):
                         yield row_to_tensors(row)
                 else:
@@ -934,20 +939,23 @@ def _build_iterable_dataset(torch: Any) -> type:
             else:
                 yield from BatchedDataLoader(self.stream, batch_size=self.batch_size, variable=self.variable)
 
+    _register_sampler_collate()
+
     TorchIterableDataset.__module__ = __name__
     TorchIterableDataset.__qualname__ = "TorchIterableDataset"
     return TorchIterableDataset
 
 
 class SamplerRow(dict[str, Any]):
-    """A row of a sampler batch that ``TorchMapDataset.__getitems__`` read: a dict that also knows
-    the columns it was cut from, so that torch's default collate can hand those columns over whole
-    (:func:`collate_sampler_rows`) instead of stacking the rows back into new memory. It pickles
-    and copies as a plain dict."""
+    """A row cut from a batch's columns (``TorchMapDataset``'s sampler batch, ``TorchIterableDataset``'s
+    reader batch): a dict that also knows the columns it was cut from and where, so that torch's
+    default collate can hand those columns over in runs (:func:`collate_sampler_rows`) instead of
+    stacking the rows back into new memory. It pickles and copies as a plain dict."""
 
-    __slots__ = ("columns", "cells")
+    __slots__ = ("columns", "cells", "index")
     columns: Columns  # the batch the row was cut from
     cells: dict[str, Sequence[Any]]  # its columns cut into rows: the cells every row holds
+    index: int  # the row's place in them
 
     def __reduce__(self) -> tuple[Any, ...]:
         return dict, (dict(self),)
@@ -963,47 +971,117 @@ def _rows_of_columns(columns: Columns, count: int, row_type: type[dict[str, Any]
     for i in range(count):
         row = row_type({name: values[i] for name, values in cells.items()})
         if isinstance(row, SamplerRow):
-            row.columns, row.cells = columns, cells
+            row.columns, row.cells, row.index = columns, cells, i
         rows.append(row)
     return rows
 
 
-def _whole_columns(rows: Sequence[Any]) -> Columns | None:
-    """The columns ``rows`` were cut from, when ``rows`` are all of them, in order, each exactly as
-    cut (the same cell objects, no key added or removed) and every column is a tensor: then
-    stacking the rows would rebuild those columns. Otherwise None."""
-    columns, cells = getattr(rows[0], "columns", None), getattr(rows[0], "cells", None)
+def _cut_rows(reader: Any, limit: int | None) -> Iterator[Any]:
+    """A row reader's rows as :func:`row_to_tensors` gives them (at most ``limit``), cut from its
+    columns (:meth:`~unihub.readers.reader.Reader.next_columns`) as :class:`SamplerRow`: torch's
+    collate hands runs of them over as slices of those columns, not stacked row by row."""
+    left = limit
+    while left is None or left > 0:
+        columns = reader.next_columns(left if left is not None else 2**31)
+        if columns is None:
+            return
+        converted = {name: [_row_value(v) for v in column] if isinstance(column, list) else column
+                     for name, column in columns_from_numpy(columns).items()}
+        count = columns_length(converted)
+        if left is not None:
+            left -= count
+        yield from _rows_of_columns(converted, count, SamplerRow)
+
+
+Run = tuple[Columns, int, int]  # columns, first row, row after the last
+
+
+def _row_runs(rows: Sequence[Any]) -> list[Run] | None:
+    """``rows`` as runs of consecutive rows of tensor columns, when each row is a :class:`SamplerRow`
+    exactly as cut (the same cell objects, no key added or removed) and every run's columns have the
+    first's names, dtypes and row shapes: then stacking the rows would rebuild those slices. Otherwise None."""
     torch = _torch()
-    if columns is None or cells is None:
-        return None
-    if len(rows) != len(next(iter(cells.values()), ())) or not all(isinstance(c, torch.Tensor) for c in columns.values()):
-        return None
-    for i, row in enumerate(rows):
-        if type(row) is not SamplerRow or row.columns is not columns or len(row) != len(cells):
+    runs: list[list[Any]] = []
+    first: Columns | None = None
+    for row in rows:
+        if type(row) is not SamplerRow:
+            return None
+        columns, cells, index = row.columns, row.cells, row.index
+        if not runs or columns is not runs[-1][0] or index != runs[-1][2]:
+            if not all(isinstance(c, torch.Tensor) for c in columns.values()):
+                return None
+            if first is None:
+                first = columns
+            elif list(columns) != list(first) or any(
+                    columns[n].dtype != first[n].dtype or columns[n].shape[1:] != first[n].shape[1:] for n in first):
+                return None
+            runs.append([columns, index, index])
+        if len(row) != len(cells):
             return None
         for name, values in cells.items():
-            if row.get(name) is not values[i]:
+            if row.get(name) is not values[index]:
                 return None
-    return columns
+        runs[-1][2] += 1
+    return [(columns, start, stop) for columns, start, stop in runs]
+
+
+def _whole_columns(rows: Sequence[Any]) -> Columns | None:
+    """The columns ``rows`` were cut from, when ``rows`` are all of them, in order (see :func:`_row_runs`)."""
+    runs = _row_runs(rows) if rows else None
+    if runs is None or len(runs) != 1:
+        return None
+    columns, start, stop = runs[0]
+    return columns if start == 0 and stop == columns_length(columns) else None
+
+
+def _joined_runs(runs: list[Run]) -> Columns:
+    """The runs' rows as columns: in a torch worker, in one storage of its pool (one copy, and the
+    batch leaves the worker without another); elsewhere in new memory, as stacking gives."""
+    torch = _torch()
+    total = sum(stop - start for _, start, stop in runs)
+    first = runs[0][0]
+    shapes = {name: (first[name].dtype, (total, *first[name].shape[1:])) for name in first}
+    in_worker = torch.utils.data.get_worker_info() is not None
+    out = empty_in_pool(shapes) if in_worker else {name: torch.empty(shape, dtype=dtype)
+                                                   for name, (dtype, shape) in shapes.items()}
+    for name, tensor in out.items():
+        at = 0
+        for columns, start, stop in runs:
+            _copy_rows(tensor, at, columns[name][start:stop])
+            at += stop - start
+    return worker_pool().sending(out) if in_worker else out
+
+
+def _copy_rows(target: Any, at: int, source: Any) -> None:
+    """``source``'s rows into ``target`` from row ``at``: one ``memmove`` where both are contiguous
+    (torch's copy spreads a big one over its threads, which then spin beside the decoders; a numpy
+    view would make ``target``'s storage unresizable, unlike a stack's)."""
+    rows = target[at:at + len(source)]
+    if rows.is_contiguous() and source.is_contiguous() and rows.dtype == source.dtype and rows.shape == source.shape:
+        ctypes.memmove(rows.data_ptr(), source.data_ptr(), source.nbytes)
+    else:
+        rows.copy_(source)
 
 
 def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
-    """torch's default collate for :class:`SamplerRow` batches: a copy of the columns the rows were
-    cut from (equal to the stacked rows: same dtypes, shapes and values), in a torch worker into the
-    worker's reused shared memory (readers/shared_batches.py) rather than the new shared memory
-    torch's collate allocates for every field of every batch. Rows that were changed, mixed or
-    reordered, and a ``collate_fn_map`` that collates tensors its own way, get torch's collate of
-    plain dicts."""
+    """torch's default collate for :class:`SamplerRow` batches: the slices of the columns the rows
+    were cut from, joined (equal to the stacked rows: same dtypes, shapes and values), in a torch
+    worker into the worker's reused shared memory (readers/shared_batches.py) rather than the new
+    shared memory torch's collate allocates for every field of every batch. Rows that were changed,
+    mixed or reordered, and a ``collate_fn_map`` that collates tensors its own way, get torch's
+    collate of plain dicts."""
     from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
     torch = _torch()
     collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
-    columns = _whole_columns(rows) if rows and collate_fn_map.get(torch.Tensor) is collate_tensor_fn else None
-    if columns is None:
+    runs = _row_runs(rows) if rows and collate_fn_map.get(torch.Tensor) is collate_tensor_fn else None
+    if runs is None:
         return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
-    if torch.utils.data.get_worker_info() is None:
-        return {name: column.clone() for name, column in columns.items()}  # new memory, as stacking gives
-    return from_worker(dict(columns))
+    columns, start, stop = runs[0]
+    if len(runs) == 1 and start == 0 and stop == columns_length(columns) and \
+            torch.utils.data.get_worker_info() is not None:
+        return from_worker(dict(columns))  # whole columns (a sampler batch): copied into the pool once
+    return _joined_runs(runs)
 
 
 def _register_sampler_collate() -> None:

@@ -1236,6 +1236,77 @@ def test_map_dataset_batches_are_the_stacked_rows(url, workers):
         assert not pools
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [1, 5, 13])
+def test_iterable_dataset_rows_collate_as_their_columns_slices(url, monkeypatch, workers, batch_size):
+    """Rows of a TorchIterableDataset are cut from the reader's columns: torch's default collate joins
+    the runs of them (a batch across reader batches has several) instead of stacking rows, and gives
+    the same keys, dtypes, shapes and bytes as stacking the rows (each as row_to_tensors gives it)."""
+    from unihub.readers import shared_batches
+
+    joins: list[int] = []
+    join = tp._joined_runs
+    monkeypatch.setattr(tp, "_joined_runs", lambda runs: joins.append(len(runs)) or join(runs))
+
+    def run(collate_fn: Any = None) -> list[dict[str, Any]]:
+        ds = tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate_fn)
+        return list(loader)  # every batch held
+
+    before = set(shared_batches.pools())
+    joined, stacked = run(), run(_as_plain_rows)
+    assert [_batch_bytes(b) for b in joined] == [_batch_bytes(b) for b in stacked]
+    assert sorted(i for b in joined for i in b["id"].tolist()) == list(range(N))
+    for batch in joined:
+        for k, i in enumerate(batch["id"].tolist()):
+            assert np.array_equal(batch["image"][k].numpy(), ROWS[i]["image"])
+            assert np.array_equal(batch["vec"][k].numpy(), ROWS[i]["vec"])
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
+    assert len(pools) == workers  # in a worker the batch goes out through its reused shared memory
+    assert all(c[0].sum() == c[1].sum() > 0 for c in pools)
+    if not workers:  # (a worker's calls happen in the worker)
+        assert len(joins) == len(joined) and (max(joins) > 1 if batch_size > 1 else max(joins) == 1)
+
+
+def test_iterable_dataset_rows_are_dicts_like_row_to_tensors(url):
+    """What a collate_fn of one's own sees: each row equal to row_to_tensors of the reader's row
+    (numeric values as tensors, others as they are); a row changed before collating is collated as it is."""
+    ds = tp.TorchIterableDataset(url, seed=4, shuffle_row_groups=False)
+    rows_seen = list(ds)
+    with make_reader(url, seed=_first_epoch_seed(ds), num_epochs=1, shuffle_row_groups=False) as reader:
+        expected = [tp.row_to_tensors(row) for row in reader]
+    assert len(rows_seen) == len(expected) == N
+    for got, want in zip(rows_seen, expected):
+        assert isinstance(got, dict) and list(got) == list(want)
+        for name, value in want.items():
+            assert type(got[name]) is type(value), name
+            if isinstance(value, torch.Tensor):
+                assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+            else:
+                assert got[name] == value, name
+    numeric = [{name: row[name] for name in NUMERIC} for row in list(tp.TorchIterableDataset(url, seed=4))[:4]]
+    plain = torch.utils.data.default_collate([dict(row) for row in numeric])
+    changed = list(tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC))[:4]
+    changed[1]["vec"] = changed[1]["vec"] * 0  # no longer the column's cell: stacked as it is
+    batch = torch.utils.data.default_collate(changed)
+    assert torch.equal(batch["image"], plain["image"]) and not batch["vec"][1].any()
+    assert torch.equal(batch["vec"][0], plain["vec"][0])
+    assert tp._row_runs(changed) is None
+
+
+def test_iterable_dataset_of_ngrams_yields_them_as_the_reader_does(url):
+    from unihub.readers.ngram import NGram
+
+    ngram = NGram({0: ["id", "vec"], 1: ["id"]}, 1, "id")
+    windows = list(tp.TorchIterableDataset(url, seed=4, schema_fields=ngram, shuffle_row_groups=False))
+    assert windows and all(set(w) == {0, 1} and int(w[1].id) == int(w[0].id) + 1 for w in windows)
+    assert all(np.array_equal(w[0].vec, ROWS[int(w[0].id)]["vec"]) for w in windows)
+
+
+def _first_epoch_seed(ds: Any) -> int:
+    return tp._epoch_seed(ds.seed, 0)
+
+
 def test_map_dataset_batches_keep_their_values_beside_a_column_sent_on_its_own(url):
     # a collate_fn returning the collated batch and one of its columns: that column crosses as torch
     # sends tensors (the slot's memory itself), so the slot is given up, never refilled under it
