@@ -912,10 +912,12 @@ def _put_twice(row: dict[str, Any]) -> dict[str, Any]:
 _SIDE_QUEUE: Any = None
 
 
-def _side_consumer(queue: Any, out: Any) -> None:
+def _side_consumer(queue: Any, out: Any, expected: int) -> None:
+    # counted, not ended by a sentinel: each worker's queue flushes from a thread of its own, so the
+    # main process's sentinel could overtake a worker's last tensor
     got = []
-    while (item := queue.get(timeout=60)) is not None:
-        got.append(item.numpy().copy())
+    while len(got) < expected:
+        got.append(queue.get(timeout=60).numpy().copy())
     out.put(got)
 
 
@@ -927,14 +929,13 @@ def test_tensors_a_worker_sends_elsewhere_still_cross_torch_s_way(url, monkeypat
     fork = multiprocessing.get_context("fork")
     queue, out = fork.Queue(), fork.Queue()
     monkeypatch.setattr(sys.modules[__name__], "_SIDE_QUEUE", queue)
-    side = fork.Process(target=_side_consumer, args=(queue, out))
+    side = fork.Process(target=_side_consumer, args=(queue, out, N))
     side.start()
     try:
         ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=_put_twice)
         loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
         assert [i for b in loader for i in b["id"].tolist()] == list(range(N))
-        queue.put(None)
-        got = out.get(timeout=60)  # while the workers (persistent) still run, as torch's way needs
+        got = out.get(timeout=90)  # while the workers (persistent) still run, as torch's way needs
         assert len(got) == N
         assert sorted(v.tobytes() for v in got) == sorted((r["vec"] * 2).tobytes() for r in ROWS)
         del loader
