@@ -958,10 +958,29 @@ class SamplerRow(dict[str, Any]):
     index: int  # the row's place in them
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (dict(self),)
+        return dict, (_compact_row(self),)
 
     def __copy__(self) -> dict[str, Any]:
-        return dict(self)
+        # torch's default_convert copies each item a worker sends without collating it
+        # (``batch_size=None``), then puts the row's values back into the copy, which is pickled next
+        return _RowCopy(self) if _torch().utils.data.get_worker_info() is not None else dict(self)
+
+
+class _RowCopy(dict[str, Any]):
+    """A copy of a :class:`SamplerRow` in a torch worker: a plain dict that pickles compact."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (_compact_row(self),)
+
+
+def _compact_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` as a plain dict whose tensors hold only their own values: a row's tensors view its
+    batch's whole columns, and pickled for another process torch would send those whole storages."""
+    torch = _torch()
+    return {name: value.clone() if isinstance(value, torch.Tensor) and
+            value.untyped_storage().nbytes() > value.nbytes else value for name, value in row.items()}
 
 
 def _rows_of_columns(columns: Columns, count: int, row_type: type[dict[str, Any]]) -> list[Any]:

@@ -31,12 +31,15 @@ A slot is refilled only when
 
 Both processes write a small shared tensor of counters, each counter with one writer: the worker
 counts the batches it sends from each slot (``sent``, as ``ForkingPickler`` pickles them: a batch
-sent twice counts twice), the main process those it received and copied (``released``, once per
-sending: each carries a ticket) and the generation of each slot's storage it holds (``known``: until
+sent twice counts twice), the main process those it received and is done with (``released``, once
+per sending: each carries a ticket), the generation of each slot's storage it holds (``known``: until
 it equals the slot's, batches carry the storage; the counters themselves cross with the storages only
-until the main process says it holds one). A slot is free when sent equals released; a batch
-sent and never received (an iteration abandoned) leaves its slot busy for good, and the pool
-allocates fresh memory, as torch does. A pool tensor that leaves the worker outside a pooled batch
+until the main process says it holds one) and the generation it gave up (``given up``: the worker
+counts what was lent of it as never to be released). A slot is free when sent equals released (less
+what was given up); a batch sent and never received (an iteration abandoned) leaves its slot busy for
+good, and the pool allocates fresh memory, as torch does. The main process releases lent slots as any
+item of a worker's arrives (:func:`_same`), pooled or not: a worker whose slots were all lent sends
+new memory until one is released. A pool tensor that leaves the worker outside a pooled batch
 (a ``collate_fn`` that rebuilds the batch, or returns a column beside it) is seen by torch's pickler,
 and its storage is given up to its receiver, never refilled. Any other pickling of a pooled batch
 (``pickle``, ``torch.save``) gives a plain dict of copies. The main process forgets a pool once its
@@ -178,7 +181,7 @@ class StoragePool:
 
     def sending(self, batch: Any) -> Any:
         """``batch`` as it should leave the worker: a :class:`PooledBatch` when its tensors view one
-        slot (the main process copies it, and counts it as arrived, when it unpickles it)."""
+        slot (the main process copies or borrows its columns, and counts it, when it unpickles it)."""
         torch = _torch()
         values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
         addresses = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)}
@@ -369,6 +372,12 @@ class _ForParent:
 
 
 def _same(item: Any) -> Any:
+    """An item of a worker's result queue, unpickled in the main process: lent slots nothing views
+    any more are released here too, not only when a pooled batch arrives (a worker whose slots were
+    all lent sends unpooled batches until one is released)."""
+    if _ARRIVALS.pid == os.getpid() and _ARRIVALS.lending():
+        with _LOCK:
+            _ARRIVALS.settle()
     return item
 
 
@@ -408,6 +417,7 @@ _LOCK = threading.Lock()
 def _new_lock_after_fork() -> None:
     global _LOCK
     _LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+    _HELD_ACROSS_FORK.lock = None
 
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
@@ -494,7 +504,12 @@ class _Arrivals:
 
     def give_up(self, storage: Any = None) -> None:
         """Give up the lent slots still viewed (``storage``'s only, if given): something may read them
-        from another process, so the worker never refills them (it puts new memory in the slot)."""
+        from another process, so the worker never refills them (it puts new memory in the slot).
+
+        Not released, so that the worker's only word is the generation (one counter: no ordering to
+        trust between two). The worker counts a give-up of the slot's current storage as never to be
+        released; one of a storage it had already dropped (a tensor left with it) before its next
+        storage arrived here leaves that slot busy for good (new memory each batch instead)."""
         self.settle()
         address = None if storage is None else storage.data_ptr()
         for record in self.pools.values():
@@ -505,7 +520,7 @@ class _Arrivals:
                     del record.lent[slot]
 
     def lending(self) -> bool:
-        return any(record.lent for record in self.pools.values())
+        return any(record.lent for record in list(self.pools.values()))  # list(): one step, no switch
 
     def _forget_exited(self) -> None:
         """Drop the pools of workers that have exited. Nothing more of theirs can arrive: torch
@@ -571,16 +586,27 @@ def _received(names: list[str], layout: dict[str, tuple[Any, ...]], others: dict
     return out
 
 
+_HELD_ACROSS_FORK = threading.local()
+
+
 def _give_up_before_fork() -> None:
     """A forked child would see a lent slot's memory change under it once the slot is released:
-    the slots lent at a fork are given up (the worker puts new memory in them)."""
+    the slots lent at a fork are given up (the worker puts new memory in them). The lock is held
+    until the fork is done, so that nothing is lent between the give-up and the fork (other hooks
+    may wait in between)."""
     if _ARRIVALS.pid != os.getpid() or not _ARRIVALS.lending():
         return
-    if _LOCK.acquire(timeout=1.0):
-        try:
-            _ARRIVALS.give_up()
-        finally:
-            _LOCK.release()
+    if not _LOCK.acquire(timeout=1.0):  # another thread holds it for more than a second: not ours to wait on
+        return
+    _HELD_ACROSS_FORK.lock = _LOCK
+    _ARRIVALS.give_up()
+
+
+def _release_after_fork_in_parent() -> None:
+    lock = getattr(_HELD_ACROSS_FORK, "lock", None)
+    if lock is not None:
+        _HELD_ACROSS_FORK.lock = None
+        lock.release()
 
 
 def _lent_leaving(tensor_or_storage: Any) -> None:
@@ -594,11 +620,12 @@ def _lent_leaving(tensor_or_storage: Any) -> None:
         _ARRIVALS.give_up(storage)
 
 
-os.register_at_fork(before=_give_up_before_fork)
+os.register_at_fork(before=_give_up_before_fork, after_in_parent=_release_after_fork_in_parent)
 
 
 def counters(pool: str) -> Any:
-    """A pool's counters as the main process sees them (rows: sent, released, refilled, known; a column per slot)."""
+    """A pool's counters as the main process sees them (rows: sent, released, refilled, known, given up;
+    a column per slot)."""
     with _LOCK:
         return _arrivals().pools[pool].counters.numpy().copy()
 

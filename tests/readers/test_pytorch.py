@@ -728,6 +728,27 @@ def test_worker_batches_lend_their_biggest_column_and_keep_every_value(url, monk
     assert refilled == 0 if hold == 1 else refilled > 0  # a slot is refilled only once nothing views it
 
 
+def test_a_worker_whose_slots_were_all_lent_gets_them_back_once_they_are_dropped(url, monkeypatch):
+    """Batches kept past the pool's size leave every slot lent (the worker sends new memory meanwhile);
+    once they are dropped, the next batch to arrive, pooled or not, releases the slots, and the worker
+    reuses them."""
+    from unihub.readers import shared_batches
+
+    monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)
+    ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, persistent_workers=True)
+
+    def lent(batch: Any) -> bool:  # pooled: the images lent, the ids copied
+        return batch["image"].is_shared() and not batch["id"].is_shared()
+
+    kept = list(loader)  # every batch held: past SLOTS of them, unpooled
+    assert sorted(i for b in kept for i in check_batch(b)) == list(range(N))
+    assert sum(map(lent, kept)) == shared_batches.SLOTS < len(kept)
+    del kept
+    again = [lent(b) for b in loader]
+    assert sum(again) >= len(again) - 2  # from the first batch or two on, pooled again
+
+
 def test_a_batch_held_across_a_fork_keeps_its_values_in_the_child(url, monkeypatch):
     """A child forked while the main process holds a lent column sees that column's values, however
     far the iteration goes on (the slot is given up at the fork, never refilled)."""
@@ -1267,6 +1288,25 @@ def test_iterable_dataset_rows_collate_as_their_columns_slices(url, monkeypatch,
     assert all(c[0].sum() == c[1].sum() > 0 for c in pools)
     if not workers:  # (a worker's calls happen in the worker)
         assert len(joins) == len(joined) and (max(joins) > 1 if batch_size > 1 else max(joins) == 1)
+
+
+def test_iterable_dataset_rows_sent_one_by_one_carry_only_their_own_values(url):
+    """With batch_size=None each row crosses from the worker on its own: its tensors hold the row's
+    values only, not the reader batch's whole columns they were cut from (as pickling a row does)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    ds = tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC)
+    got = []
+    for row in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+        assert row["image"].untyped_storage().nbytes() == row["image"].nbytes
+        assert np.array_equal(row["image"].numpy(), ROWS[int(row["id"])]["image"])
+        got.append(int(row["id"]))
+    assert sorted(got) == list(range(N))
+    row = next(iter(ds))
+    assert row["image"].untyped_storage().nbytes() > row["image"].nbytes  # a view of the batch's column
+    again = ForkingPickler.loads(bytes(ForkingPickler.dumps(row)))
+    assert type(again) is dict and again["image"].untyped_storage().nbytes() == again["image"].nbytes
+    assert torch.equal(again["image"], row["image"])
 
 
 def test_iterable_dataset_rows_are_dicts_like_row_to_tensors(url):
