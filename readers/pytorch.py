@@ -1103,6 +1103,51 @@ def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> 
     return _joined_runs(runs)
 
 
+class TransformedRow(dict[str, Any]):
+    """A row a ``TorchMapDataset``'s ``transform`` returned (a dict), in a torch worker: torch's
+    default collate stacks its same-shaped tensors into one storage of the worker's reused shared
+    memory (:func:`collate_transformed_rows`), not into new shared memory per field. It pickles and
+    copies as a plain dict."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self),)
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def collate_transformed_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    """torch's default collate for :class:`TransformedRow` batches in a worker: the fields whose
+    values are CPU tensors of one dtype and shape are stacked (``torch.stack``, as torch does) into one
+    storage of the worker's pool; the others are torch's collate of them. Equal to torch's collate of
+    plain dicts, which rows of different keys, other collate maps and the main process get."""
+    from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+
+    torch = _torch()
+    collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
+    keys = list(rows[0]) if rows else []
+    if (not rows or collate_fn_map.get(torch.Tensor) is not collate_tensor_fn
+            or torch.utils.data.get_worker_info() is None or any(list(row) != keys for row in rows)):
+        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+    shapes = {}
+    for key in keys:
+        first = rows[0][key]
+        if type(first) is torch.Tensor and first.device.type == "cpu" and not first.requires_grad and \
+                first.layout == torch.strided and all(
+                    type(row[key]) is torch.Tensor and row[key].dtype == first.dtype and row[key].shape == first.shape
+                    and row[key].device.type == "cpu" and not row[key].requires_grad for row in rows):
+            shapes[key] = (first.dtype, (len(rows), *first.shape))
+    if not shapes:
+        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+    stacked = empty_in_pool(shapes)
+    for key, out in stacked.items():
+        torch.stack([row[key] for row in rows], 0, out=out)
+    return worker_pool().sending({key: stacked[key] if key in stacked else
+                                  collate([row[key] for row in rows], collate_fn_map=collate_fn_map) for key in keys})
+
+
 def _register_sampler_collate() -> None:
     """Teach torch's ``default_collate`` :class:`SamplerRow` (its documented extension point,
     ``default_collate_fn_map``); a torch without it collates the rows as plain dicts."""
@@ -1111,6 +1156,7 @@ def _register_sampler_collate() -> None:
     except ImportError:
         return
     default_collate_fn_map.setdefault(SamplerRow, collate_sampler_rows)
+    default_collate_fn_map.setdefault(TransformedRow, collate_transformed_rows)
 
 
 def _build_map_dataset(torch: Any) -> type:
@@ -1168,7 +1214,11 @@ def _build_map_dataset(torch: Any) -> type:
                 in_torch_worker()
             if self.transform is not None:
                 columns = columns_from_numpy(self._open().take(list(indices))._asdict())
-                return [self.transform(row) for row in _rows_of_columns(columns, len(indices), dict)]
+                rows = [self.transform(row) for row in _rows_of_columns(columns, len(indices), dict)]
+                if torch.utils.data.get_worker_info() is None:
+                    return rows
+                # dicts the transform made: collated into the worker's reused shared memory
+                return [TransformedRow(row) if type(row) is dict else row for row in rows]
             return _rows_of_columns(self._columns(list(indices)), len(indices), SamplerRow)
 
         def _columns(self, indices: list[int]) -> Columns:

@@ -1218,6 +1218,44 @@ def test_map_dataset_transform_and_workers(url):
     assert np.array_equal(torch.cat([b[1] for b in out]).numpy(), np.stack([r["vec"] for r in ROWS]))
 
 
+def _mixed_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "double": row["vec"] * 2, "image": row["image"], "name": row["name"],
+            "n": int(row["id"]), "array": row["vec"].numpy() + 1, "pair": (row["id"], row["vec"])}
+
+
+def _transformed_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """The tensors of a batch of _mixed_fields rows (the names apart)."""
+    return {"id": batch["id"], "double": batch["double"], "image": batch["image"], "n": batch["n"],
+            "array": batch["array"], "pair0": batch["pair"][0], "pair1": batch["pair"][1]}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_dataset_transformed_rows_collate_into_the_worker_pool_as_torch_collates_them(url, workers):
+    """In a worker, the dicts a transform returns are collated with their same-shaped tensor fields
+    stacked into the worker's reused shared memory, and every other field as torch collates it: the
+    same batches, value for value, as torch's collate of plain dicts."""
+    from unihub.readers import shared_batches
+
+    ds = tp.TorchMapDataset(url, transform=_mixed_fields)
+
+    def run(collate_fn: Any = None) -> list[dict[str, Any]]:
+        sampler = torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(3))
+        return list(torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=workers,
+                                                collate_fn=collate_fn))
+
+    before = set(shared_batches.pools())
+    pooled, plain = run(), run(_as_plain_rows)
+    assert len(pooled) == len(plain) == math.ceil(N / 4)
+    for got, want in zip(pooled, plain):
+        assert got.keys() == want.keys() and got["name"] == want["name"]
+        assert _batch_bytes(_transformed_batch(got)) == _batch_bytes(_transformed_batch(want))
+        for k, i in enumerate(got["id"].tolist()):
+            assert np.array_equal(got["image"][k].numpy(), ROWS[i]["image"])
+            assert np.array_equal(got["double"][k].numpy(), ROWS[i]["vec"] * 2)
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
+    assert len(pools) == workers and all(c[0].sum() == c[1].sum() > 0 for c in pools)
+
+
 def _as_plain_rows(rows: list[Any]) -> Any:
     return torch.utils.data.default_collate([dict(row) for row in rows])
 
