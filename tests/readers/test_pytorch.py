@@ -660,42 +660,17 @@ def test_worker_batches_arrive_with_a_storage_per_column(url, shuffle_rows):
     assert sorted(got) == list(range(N))
 
 
+@pytest.mark.parametrize("lend", [False, True], ids=["copied", "lent"])
 @pytest.mark.parametrize("hold", [0, 1, 3], ids=["dropped", "held", "every-third-held"])
-def test_worker_batches_reuse_shared_memory_and_the_main_process_holds_copies(url, hold):
-    """A worker refills a batch's shared memory (readers/shared_batches.py) only after the batch has
-    arrived and been copied into the main process's own memory: batches held to the end keep every
-    value while the workers reuse their storages."""
+def test_worker_batches_reuse_shared_memory_and_keep_every_value(url, monkeypatch, hold, lend):
+    """A worker refills a batch's shared memory (readers/shared_batches.py) only once the batch has
+    arrived and nothing in the main process views it: each column copied into the main process's own
+    memory, or (with a column big enough to lend) the biggest one a view of the worker's slot.
+    Batches held to the end keep every value while the workers reuse the slots of those dropped."""
     from unihub.readers import shared_batches
 
-    before = set(shared_batches.pools())
-    ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
-    held, got = [], []
-    for _ in range(2):
-        for k, batch in enumerate(loader):
-            assert not any(batch[name].is_shared() for name in NUMERIC)  # the main process's own memory
-            if hold and k % hold == 0:
-                held.append(batch)
-            else:
-                got += check_batch(batch)
-    for batch in held:  # values read after every later batch was sent
-        got += check_batch(batch)
-    assert sorted(got) == sorted(list(range(N)) * 2)
-    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
-    assert len(pools) == 2  # one per worker, kept over both epochs
-    sent, released, refilled = (sum(int(c[row].sum()) for c in pools) for row in range(3))
-    assert sent > 0 and released == sent  # every batch arrived once
-    assert refilled > 0
-
-
-@pytest.mark.parametrize("hold", [0, 1, 3], ids=["dropped", "held", "every-third-held"])
-def test_worker_batches_lend_their_biggest_column_and_keep_every_value(url, monkeypatch, hold):
-    """With a column big enough to lend, each batch's biggest column is a view of the worker's slot
-    (the others copies): batches held to the end keep every value while the workers reuse the slots
-    of the batches that were dropped."""
-    from unihub.readers import shared_batches
-
-    monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)  # the images, the biggest column here
+    if lend:
+        monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)  # the images, the biggest column here
     before = set(shared_batches.pools())
     ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
@@ -703,7 +678,9 @@ def test_worker_batches_lend_their_biggest_column_and_keep_every_value(url, monk
     for _ in range(2):
         for k, batch in enumerate(loader):
             image_memory = batch["image"].untyped_storage().data_ptr()
-            if batch["id"].is_shared():  # every slot lent to a held batch: new memory, torch's way
+            if not lend:
+                assert not any(batch[name].is_shared() for name in NUMERIC)  # the main process's own memory
+            elif batch["id"].is_shared():  # every slot lent to a held batch: new memory, torch's way
                 assert batch["id"].untyped_storage().data_ptr() == image_memory
                 unpooled += 1
             else:
@@ -716,16 +693,17 @@ def test_worker_batches_lend_their_biggest_column_and_keep_every_value(url, monk
     for batch in held:  # values read after every later batch was sent
         got += check_batch(batch)
     assert sorted(got) == sorted(list(range(N)) * 2)
-    assert lent > 0 and (unpooled == 0 if not hold else unpooled > 0 if hold == 1 else True)
+    if lend:
+        assert lent > 0 and (unpooled == 0 if not hold else unpooled > 0 if hold == 1 else True)
     pools = [p for p in set(shared_batches.pools()) - before]
-    assert len(pools) == 2
+    assert len(pools) == 2  # one per worker, kept over both epochs
     del batch, held
     with shared_batches._LOCK:
         shared_batches._arrivals().settle()
     counts = [shared_batches.counters(p) for p in pools]
     sent, released, refilled = (sum(int(c[row].sum()) for c in counts) for row in range(3))
-    assert sent > 0 and released == sent  # every lent slot released once nothing viewed it
-    assert refilled == 0 if hold == 1 else refilled > 0  # a slot is refilled only once nothing views it
+    assert sent > 0 and released == sent  # every batch arrived once; every lent slot released once unviewed
+    assert refilled == 0 if lend and hold == 1 else refilled > 0  # a slot is refilled only once nothing views it
 
 
 def test_a_worker_whose_slots_were_all_lent_gets_them_back_once_they_are_dropped(url, monkeypatch):
@@ -896,8 +874,10 @@ def test_batches_torch_collates_in_forked_workers_cross_without_a_handshake(url,
     assert handshakes[0] == 0 and fd_channel.pending() == 0
 
 
-def _many_fields(row: dict[str, Any]) -> dict[str, Any]:
-    return {f"f{k}": row["vec"] + k for k in range(16)}
+def _many_fields(row: dict[str, Any]) -> list[Any]:
+    # a list, not a dict (whose tensors a worker stacks into one pooled storage): torch's collate puts
+    # each of the 16 fields of each batch in new shared memory, 16 descriptors a batch
+    return [row["vec"] + k for k in range(16)]
 
 
 def test_the_main_process_looks_for_exited_senders_now_and_then_not_per_storage(url, monkeypatch):
@@ -920,7 +900,7 @@ def test_the_main_process_looks_for_exited_senders_now_and_then_not_per_storage(
     start = time.monotonic()
     batches = list(loader)
     assert len(batches) == math.ceil(N / 2) and handshakes[0] == 0
-    assert np.array_equal(torch.cat([b["f3"] for b in batches]).numpy(), np.stack([r["vec"] + 3 for r in ROWS]))
+    assert np.array_equal(torch.cat([b[3] for b in batches]).numpy(), np.stack([r["vec"] + 3 for r in ROWS]))
     assert checks[0] <= 4 * (1 + (time.monotonic() - start) / fd_channel.REAP_SECONDS), checks[0]
 
 
