@@ -859,19 +859,35 @@ def _numeric_only(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row[name] for name in NUMERIC}
 
 
+def _numeric_mapping(row: dict[str, Any]) -> Any:
+    from collections import OrderedDict
+
+    return OrderedDict((name, row[name]) for name in NUMERIC)  # not a dict: torch collates it field by field
+
+
 def test_batches_torch_collates_in_forked_workers_cross_without_a_handshake(url, monkeypatch):
-    """Rows collated by torch in a worker (a ``transform``'s, or ``TorchIterableDataset``'s rows) are
-    in new shared memory, a storage per field per batch: each crosses on the channel, not over a
-    connection of its own (939 handshakes an epoch of 20,000 rows before, 0.35-0.58 s of the main process)."""
+    """Rows collated by torch in a worker (a ``transform``'s mapping other than a dict, or
+    ``TorchIterableDataset``'s rows with a text field) are in new shared memory, a storage per field
+    per batch: each crosses on the channel, not over a connection of its own (939 handshakes an epoch
+    of 20,000 rows before, 0.35-0.58 s of the main process)."""
     from unihub.readers import fd_channel
 
     handshakes = _handshakes(monkeypatch)
-    mapped = tp.TorchMapDataset(url, transform=_numeric_only)
-    rows = tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC)
+    received = [0]
+    receive = fd_channel.receive
+
+    def counted(token: bytes) -> int:
+        received[0] += 1
+        return receive(token)
+
+    monkeypatch.setattr(fd_channel, "receive", counted)
+    mapped = tp.TorchMapDataset(url, transform=_numeric_mapping)
+    rows = tp.TorchIterableDataset(url, seed=4, schema_fields=[*NUMERIC, "name"])
     for loader in (torch.utils.data.DataLoader(mapped, batch_size=4, num_workers=2, shuffle=True),
                    torch.utils.data.DataLoader(rows, batch_size=4, num_workers=2)):
         assert sorted(_checked_ids(loader)) == list(range(N))
     assert handshakes[0] == 0 and fd_channel.pending() == 0
+    assert received[0] >= 2 * len(NUMERIC) * math.ceil(N / 4)  # a storage per field per batch
 
 
 def _many_fields(row: dict[str, Any]) -> list[Any]:
@@ -1019,8 +1035,8 @@ def test_a_low_open_file_limit_holds_with_many_storages_in_flight(url, tmp_path)
         import torch
         from unihub.readers.pytorch import TorchMapDataset
 
-        def fields(row):
-            return {{f"f{{k}}": row["vec"] + k for k in range(40)}}
+        def fields(row):  # a list: torch collates each field into new shared memory (a dict's: one pooled storage)
+            return [row["vec"] + k for k in range(40)]
 
         ds = TorchMapDataset({url!r}, schema_fields=["vec"], transform=fields)
         loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2, prefetch_factor=8)
