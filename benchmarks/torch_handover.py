@@ -2,13 +2,15 @@
 channel the main process opened (``readers/fd_channel.py``), or torch's way (a connection per
 storage to the worker's resource-sharer thread), side by side in one run.
 
-Four paths over the peers benchmark's 20,000 rows (64x64 JPEG, label, float32[16]; written by
+Five paths over the peers benchmark's 20,000 rows (64x64 JPEG, label, float32[16]; written by
 ``peers.py`` first), 2 workers, batch 64, each run a fresh process timed from building the dataset
 to the last batch; the two ways alternated, min / median / max of ``--rounds``:
 
-- ``TorchMapDataset`` with a ``transform`` (rows collated by torch: new shared memory for every
-  field of every batch), shuffled;
-- ``TorchIterableDataset`` of rows (``batch_size=None``: torch collates);
+- ``TorchMapDataset`` with a ``transform`` returning a tuple, shuffled: torch collates it field by
+  field, into new shared memory for every field of every batch (what the channel is for);
+- the same returning a dict: stacked into the worker's pooled shared memory;
+- ``TorchIterableDataset`` of rows (``batch_size=None``: torch's collate joins slices of the columns
+  into pooled memory);
 - ``TorchIterableDataset`` and ``TorchMapDataset`` of batches (pooled shared memory, sent once).
 
     python benchmarks/torch_handover.py [--rounds 5] [--rows 20000]
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PATHS = ("map+transform", "iterable rows", "iterable batches", "map batches")
+PATHS = ("map+transform tuple", "map+transform dict", "iterable rows", "iterable batches", "map batches")
 
 _CHILD = r"""
 import json, sys, time
@@ -35,10 +37,14 @@ from unihub.readers.pytorch import TorchIterableDataset, TorchMapDataset
 def numeric(row):
     return {"image": row["image"], "label": row["label"], "vec": row["vec"]}
 
+def as_tuple(row):
+    return row["image"], row["label"], row["vec"]
+
 path, url = sys.argv[1], sys.argv[2]
 start = time.perf_counter()
-if path == "map+transform":
-    loader = torch.utils.data.DataLoader(TorchMapDataset(url, transform=numeric), batch_size=64, shuffle=True,
+if path.startswith("map+transform"):
+    transform = as_tuple if path.endswith("tuple") else numeric
+    loader = torch.utils.data.DataLoader(TorchMapDataset(url, transform=transform), batch_size=64, shuffle=True,
                                          num_workers=2, generator=torch.Generator().manual_seed(0))
 elif path == "iterable rows":
     loader = torch.utils.data.DataLoader(TorchIterableDataset(url, seed=0), batch_size=64, num_workers=2)
@@ -49,7 +55,7 @@ else:
     loader = torch.utils.data.DataLoader(TorchMapDataset(url), batch_size=64, num_workers=2)
 rows, first = 0, None
 for batch in loader:
-    rows += len(batch["label"])
+    rows += len(batch[1] if isinstance(batch, list) else batch["label"])
     first = first if first is not None else time.perf_counter() - start
 print(json.dumps({"rows": rows, "seconds": time.perf_counter() - start, "first": first}))
 """
