@@ -1200,7 +1200,7 @@ def _build_map_dataset(torch: Any) -> type:
             except TypeError:
                 return self._batch(index)
             row = self.__getitems__([position])[0]
-            return dict(row) if type(row) is SamplerRow else row
+            return dict(row) if type(row) in (SamplerRow, TransformedRow) else row
 
         def _batch(self, indices: Any) -> Any:
             indices = indices.tolist() if hasattr(indices, "tolist") else list(indices)

@@ -1252,6 +1252,25 @@ def test_map_dataset_transformed_rows_collate_into_the_worker_pool_as_torch_coll
     assert len(pools) == workers and all(c[0].sum() == c[1].sum() > 0 for c in pools)
 
 
+class _TypeNames(torch.utils.data.Dataset):
+    """The type of each item another dataset gives, as seen in the worker."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> str:
+        return type(self.inner[index]).__name__
+
+
+def test_map_dataset_items_read_one_at_a_time_in_a_worker_are_plain_dicts(url):
+    for ds in (tp.TorchMapDataset(url, schema_fields=NUMERIC), tp.TorchMapDataset(url, transform=_mixed_fields)):
+        names = list(torch.utils.data.DataLoader(_TypeNames(ds), batch_size=None, num_workers=1))
+        assert names == ["dict"] * N
+
+
 def _as_plain_rows(rows: list[Any]) -> Any:
     return torch.utils.data.default_collate([dict(row) for row in rows])
 
