@@ -121,14 +121,15 @@ def _column(values: Sequence[Any], ragged: bool) -> Any:
     return [_cell(v) for v in values]
 
 
-def columns_from_numpy(columns: Mapping[str, Any]) -> Columns:
-    """Reader columns as tensors (numeric arrays, no per-row work) or lists (everything else)."""
+def columns_from_numpy(columns: Mapping[str, Any], cell: Callable[[Any], Any] = _cell) -> Columns:
+    """Reader columns as tensors (numeric arrays, no per-row work) or lists (everything else, each
+    value through ``cell``)."""
     out: Columns = {}
     for name, column in columns.items():
         if isinstance(column, np.ndarray) and column.dtype.kind in _NUMERIC:
             out[name] = _tensor(column)
         else:
-            out[name] = [_cell(v) for v in column]
+            out[name] = [cell(v) for v in column]
     return out
 
 
@@ -166,13 +167,24 @@ def in_one_shared_storage(columns: Columns, pool: StoragePool | None = None) -> 
     storage = pool.storage(total) if pool is not None else torch.UntypedStorage._new_shared(max(total, 1))
     out = dict(columns)
     for name, view in _views(storage, shapes, offsets).items():
-        target, source = numpy_view(view), numpy_view(tensors[name])
-        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
-            np.copyto(target, source)  # not torch's copy: its threads would spin beside the decoders
-        else:
-            view.copy_(tensors[name])
+        _copy_into(view, tensors[name])
         out[name] = view
     return out
+
+
+def _copy_into(target: Any, source: Any) -> None:
+    """``source``'s values into ``target`` (same shape), not by torch's copy, whose threads would spin
+    beside the decoders: one ``memmove`` where both are contiguous, else numpy's copy where
+    ``target`` is shared memory (a numpy view would make new memory unresizable, unlike a stack)."""
+    if target.is_contiguous() and source.is_contiguous() and target.dtype == source.dtype and \
+            target.shape == source.shape:
+        ctypes.memmove(target.data_ptr(), source.data_ptr(), source.nbytes)
+        return
+    into, values = numpy_view(target), numpy_view(source)
+    if target.untyped_storage().is_shared() and isinstance(into, np.ndarray) and isinstance(values, np.ndarray):
+        np.copyto(into, values)
+    else:
+        target.copy_(source)
 
 
 def _packed(shapes: Mapping[str, tuple[Any, tuple[int, ...]]]) -> tuple[dict[str, int], int]:
@@ -946,7 +958,28 @@ def _build_iterable_dataset(torch: Any) -> type:
     return TorchIterableDataset
 
 
-class SamplerRow(dict[str, Any]):
+class _CompactWhenPickled(dict[str, Any]):
+    """A dict whose tensors may view a whole batch's columns: pickled, a plain dict of tensors that
+    hold only their own values (torch would send a view's whole storage)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (_compact_row(self),)
+
+
+class _Row(_CompactWhenPickled):
+    """A row the datasets hand torch's collate; copied, a plain dict, or in a torch worker one that
+    pickles compact: torch's ``default_convert`` copies each item a worker sends without collating
+    it (``batch_size=None``), puts the row's values back into the copy, and pickles that."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> dict[str, Any]:
+        return _CompactWhenPickled(self) if _torch().utils.data.get_worker_info() is not None else dict(self)
+
+
+class SamplerRow(_Row):
     """A row cut from a batch's columns (``TorchMapDataset``'s sampler batch, ``TorchIterableDataset``'s
     reader batch): a dict that also knows the columns it was cut from and where, so that torch's
     default collate can hand those columns over in runs (:func:`collate_sampler_rows`) instead of
@@ -956,23 +989,6 @@ class SamplerRow(dict[str, Any]):
     columns: Columns  # the batch the row was cut from
     cells: dict[str, Sequence[Any]]  # its columns cut into rows: the cells every row holds
     index: int  # the row's place in them
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (_compact_row(self),)
-
-    def __copy__(self) -> dict[str, Any]:
-        # torch's default_convert copies each item a worker sends without collating it
-        # (``batch_size=None``), then puts the row's values back into the copy, which is pickled next
-        return _RowCopy(self) if _torch().utils.data.get_worker_info() is not None else dict(self)
-
-
-class _RowCopy(dict[str, Any]):
-    """A copy of a :class:`SamplerRow` in a torch worker: a plain dict that pickles compact."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (_compact_row(self),)
 
 
 def _compact_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -1004,8 +1020,7 @@ def _cut_rows(reader: Any, limit: int | None) -> Iterator[Any]:
         columns = reader.next_columns(left if left is not None else 2**31)
         if columns is None:
             return
-        converted = {name: [_row_value(v) for v in column] if isinstance(column, list) else column
-                     for name, column in columns_from_numpy(columns).items()}
+        converted = columns_from_numpy(columns, cell=_row_value)
         count = columns_length(converted)
         if left is not None:
             left -= count
@@ -1066,20 +1081,9 @@ def _joined_runs(runs: list[Run]) -> Columns:
     for name, tensor in out.items():
         at = 0
         for columns, start, stop in runs:
-            _copy_rows(tensor, at, columns[name][start:stop])
+            _copy_into(tensor[at:at + stop - start], columns[name][start:stop])
             at += stop - start
     return worker_pool().sending(out) if in_worker else out
-
-
-def _copy_rows(target: Any, at: int, source: Any) -> None:
-    """``source``'s rows into ``target`` from row ``at``: one ``memmove`` where both are contiguous
-    (torch's copy spreads a big one over its threads, which then spin beside the decoders; a numpy
-    view would make ``target``'s storage unresizable, unlike a stack's)."""
-    rows = target[at:at + len(source)]
-    if rows.is_contiguous() and source.is_contiguous() and rows.dtype == source.dtype and rows.shape == source.shape:
-        ctypes.memmove(rows.data_ptr(), source.data_ptr(), source.nbytes)
-    else:
-        rows.copy_(source)
 
 
 def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
@@ -1089,13 +1093,11 @@ def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> 
     shared memory torch's collate allocates for every field of every batch. Rows that were changed,
     mixed or reordered, and a ``collate_fn_map`` that collates tensors its own way, get torch's
     collate of plain dicts."""
-    from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
-
-    torch = _torch()
-    collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
-    runs = _row_runs(rows) if rows and collate_fn_map.get(torch.Tensor) is collate_tensor_fn else None
+    collate_fn_map, tensors_as_torch = _collate_map(collate_fn_map)
+    runs = _row_runs(rows) if rows and tensors_as_torch else None
     if runs is None:
-        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+        return _torch_collate(rows, collate_fn_map)
+    torch = _torch()
     columns, start, stop = runs[0]
     if len(runs) == 1 and start == 0 and stop == columns_length(columns) and \
             torch.utils.data.get_worker_info() is not None:
@@ -1103,7 +1105,7 @@ def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> 
     return _joined_runs(runs)
 
 
-class TransformedRow(dict[str, Any]):
+class TransformedRow(_Row):
     """A row a ``TorchMapDataset``'s ``transform`` returned (a dict), in a torch worker: torch's
     default collate stacks its same-shaped tensors into one storage of the worker's reused shared
     memory (:func:`collate_transformed_rows`), not into new shared memory per field. It pickles and
@@ -1111,26 +1113,20 @@ class TransformedRow(dict[str, Any]):
 
     __slots__ = ()
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return dict, (dict(self),)
-
-    def __copy__(self) -> dict[str, Any]:
-        return dict(self)
-
 
 def collate_transformed_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
     """torch's default collate for :class:`TransformedRow` batches in a worker: the fields whose
     values are CPU tensors of one dtype and shape are stacked (``torch.stack``, as torch does) into one
     storage of the worker's pool; the others are torch's collate of them. Equal to torch's collate of
     plain dicts, which rows of different keys, other collate maps and the main process get."""
-    from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+    from torch.utils.data._utils.collate import collate
 
     torch = _torch()
-    collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
+    collate_fn_map, tensors_as_torch = _collate_map(collate_fn_map)
     keys = list(rows[0]) if rows else []
-    if (not rows or collate_fn_map.get(torch.Tensor) is not collate_tensor_fn
-            or torch.utils.data.get_worker_info() is None or any(list(row) != keys for row in rows)):
-        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+    if (not rows or not tensors_as_torch or torch.utils.data.get_worker_info() is None
+            or any(not isinstance(row, dict) or list(row) != keys for row in rows)):
+        return _torch_collate(rows, collate_fn_map)
     shapes = {}
     for key in keys:
         first = rows[0][key]
@@ -1140,12 +1136,28 @@ def collate_transformed_rows(rows: Sequence[Any], *, collate_fn_map: Any = None)
                     and row[key].device.type == "cpu" and not row[key].requires_grad for row in rows):
             shapes[key] = (first.dtype, (len(rows), *first.shape))
     if not shapes:
-        return collate([dict(row) for row in rows], collate_fn_map=collate_fn_map)
+        return _torch_collate(rows, collate_fn_map)
     stacked = empty_in_pool(shapes)
     for key, out in stacked.items():
         torch.stack([row[key] for row in rows], 0, out=out)
     return worker_pool().sending({key: stacked[key] if key in stacked else
                                   collate([row[key] for row in rows], collate_fn_map=collate_fn_map) for key in keys})
+
+
+def _collate_map(collate_fn_map: Any) -> tuple[Any, bool]:
+    """The collate map torch's collate was called with (its default for None), and whether it collates
+    tensors as torch's default does (otherwise the rows are left to it)."""
+    from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
+
+    collate_fn_map = default_collate_fn_map if collate_fn_map is None else collate_fn_map
+    return collate_fn_map, collate_fn_map.get(_torch().Tensor) is collate_tensor_fn
+
+
+def _torch_collate(rows: Sequence[Any], collate_fn_map: Any) -> Any:
+    """torch's own collate of ``rows``, this module's rows as the plain dicts they stand for."""
+    from torch.utils.data._utils.collate import collate
+
+    return collate([dict(row) if isinstance(row, _Row) else row for row in rows], collate_fn_map=collate_fn_map)
 
 
 def _register_sampler_collate() -> None:

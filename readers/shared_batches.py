@@ -85,6 +85,12 @@ def _torch() -> Any:
     return torch
 
 
+def _storage_of(tensor_or_storage: Any) -> Any:
+    """The untyped storage a tensor views, or a (typed or untyped) storage's own."""
+    obj = tensor_or_storage
+    return obj.untyped_storage() if isinstance(obj, _torch().Tensor) else getattr(obj, "_untyped_storage", obj)
+
+
 def _use_count(storage: Any) -> int:
     """References to ``storage``'s memory: 1 when only the pool's own storage object holds it."""
     return int(_torch()._C._storage_Use_Count(storage._cdata))
@@ -172,10 +178,7 @@ class StoragePool:
     def leaving(self, tensor_or_storage: Any) -> None:
         """A tensor or storage is being pickled other than inside a pooled batch: if it views a slot,
         that slot's storage is given up (the receiver may keep it) and the slot gets new memory."""
-        torch = _torch()
-        obj = tensor_or_storage
-        storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else getattr(obj, "_untyped_storage", obj)
-        address = storage.data_ptr()
+        address = _storage_of(tensor_or_storage).data_ptr()
         if address in self._slots:
             self._escaped.add(address)
 
@@ -375,7 +378,7 @@ def _same(item: Any) -> Any:
     """An item of a worker's result queue, unpickled in the main process: lent slots nothing views
     any more are released here too, not only when a pooled batch arrives (a worker whose slots were
     all lent sends unpooled batches until one is released)."""
-    if _ARRIVALS.pid == os.getpid() and _ARRIVALS.lending():
+    if _lending_here():
         with _LOCK:
             _ARRIVALS.settle()
     return item
@@ -533,6 +536,11 @@ class _Arrivals:
 _ARRIVALS = _Arrivals()
 
 
+def _lending_here() -> bool:
+    """Whether this process (not a forked parent) has slots lent to it right now."""
+    return _ARRIVALS.pid == os.getpid() and _ARRIVALS.lending()
+
+
 def _arrivals() -> _Arrivals:
     """This process's record (a process forked from one that had a record starts its own)."""
     global _ARRIVALS
@@ -594,7 +602,7 @@ def _give_up_before_fork() -> None:
     the slots lent at a fork are given up (the worker puts new memory in them). The lock is held
     until the fork is done, so that nothing is lent between the give-up and the fork (other hooks
     may wait in between)."""
-    if _ARRIVALS.pid != os.getpid() or not _ARRIVALS.lending():
+    if not _lending_here():
         return
     if not _LOCK.acquire(timeout=1.0):  # another thread holds it for more than a second: not ours to wait on
         return
@@ -611,13 +619,9 @@ def _release_after_fork_in_parent() -> None:
 
 def _lent_leaving(tensor_or_storage: Any) -> None:
     """A tensor or storage pickled for another process in the main process: a lent slot it views is given up."""
-    if _ARRIVALS.pid != os.getpid() or not _ARRIVALS.lending():
-        return
-    torch = _torch()
-    obj = tensor_or_storage
-    storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else getattr(obj, "_untyped_storage", obj)
-    with _LOCK:
-        _ARRIVALS.give_up(storage)
+    if _lending_here():
+        with _LOCK:
+            _ARRIVALS.give_up(_storage_of(tensor_or_storage))
 
 
 os.register_at_fork(before=_give_up_before_fork, after_in_parent=_release_after_fork_in_parent)

@@ -1136,6 +1136,45 @@ def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
     assert sum(int(c[2].sum()) for c in pools) > 0  # storages were refilled while batches were held
 
 
+def _petastorm_rows_dataset(transform: Any = None) -> Any:
+    from pathlib import Path
+
+    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    fields = ["id", "score", "image_png", "image_jpeg", "gray"]
+    if transform is None:
+        return tp.TorchIterableDataset(str(petastorm), seed=2, schema_fields=fields, shuffle_rows=True)
+    return tp.TorchMapDataset(str(petastorm), schema_fields=fields, transform=transform)
+
+
+def _by_id(batches: list[dict[str, Any]]) -> dict[int, Any]:
+    return {i: {name: (value.dtype, tuple(value[k].shape), value[k].numpy().tobytes()) for name, value in batch.items()}
+            for batch in batches for k, i in enumerate(batch["id"].tolist())}
+
+
+def _petastorm_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "score": row["score"] * 2, "image_png": row["image_png"], "gray": row["gray"]}
+
+
+@pytest.mark.parametrize("kind", ["iterable rows", "map transform"])
+def test_rows_of_a_dataset_petastorm_wrote_collate_as_torch_stacks_them(kind):
+    """Petastorm's own files (PNG and OpenCV JPEG fields, a gray image, NaN floats): rows cut from the
+    reader's columns, and a transform's dicts, collated into 2 workers' pools give every row, field,
+    dtype and byte that torch's stacking of plain dicts gives with no workers."""
+    from unihub.readers import shared_batches
+
+    ds = _petastorm_rows_dataset(None if kind == "iterable rows" else _petastorm_fields)
+
+    def run(workers: int, collate_fn: Any = None) -> dict[int, Any]:
+        loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=workers, collate_fn=collate_fn)
+        return _by_id(list(loader))  # every batch held
+
+    before = set(shared_batches.pools())
+    stacked, pooled = run(0, _as_plain_rows), run(2)
+    assert sorted(stacked) == list(range(60)) and pooled == stacked  # bytes: NaN equals NaN
+    pools = [shared_batches.counters(pool) for pool in set(shared_batches.pools()) - before]
+    assert len(pools) == 2 and all(c[0].sum() == c[1].sum() > 0 for c in pools)
+
+
 def test_worker_batches_kept_a_column_at_a_time_keep_their_values(url):
     # a padded field is new memory in the worker, the other columns view the pool's; keeping only
     # one column of each batch (a metric, say) must keep its values whatever the others do
