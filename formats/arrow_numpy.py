@@ -192,3 +192,44 @@ def _from_values(arrow_type: pa.DataType, length: int, data: pa.Buffer) -> pa.Ar
         values = _from_values(arrow_type.value_type, length * arrow_type.list_size, data)
         return pa.Array.from_buffers(arrow_type, length, [None], children=[values])
     return pa.Array.from_buffers(arrow_type, length, [None, data])
+
+
+def is_view(arrow_type: pa.DataType) -> bool:
+    """Arrow's ``binary_view`` and ``string_view`` (values referenced by 16-byte views)."""
+    return pa.types.is_binary_view(arrow_type) or pa.types.is_string_view(arrow_type)
+
+
+def view_records(array: pa.Array) -> np.ndarray:
+    """A view array's views as ``(len, 4)`` int32: length, 4-byte prefix, data buffer, offset (the
+    last two for values of over 12 bytes; shorter ones are inline in the view's last 12 bytes)."""
+    views = array.buffers()[1]
+    count = 4 * (array.offset + len(array))
+    return np.frombuffer(views, dtype=np.int32, count=count).reshape(-1, 4)[array.offset:]
+
+
+def take_views(array: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """Arrow's ``take`` of a view array (pyarrow has no kernel for them): the views gathered,
+    the values' buffers shared, not copied."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(array)):
+        raise IndexError(f"row {int(rows.max() if rows.max() >= len(array) else rows.min())} is out of range "
+                         f"for an array of {len(array)}")
+    taken = np.ascontiguousarray(view_records(array)[rows])
+    validity = None
+    if array.null_count:
+        validity = pa.py_buffer(np.packbits(to_numpy(array.is_valid())[rows], bitorder="little"))
+    return pa.Array.from_buffers(array.type, len(rows), [validity, pa.py_buffer(taken), *array.buffers()[2:]])
+
+
+def take_table(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)``, view columns included (see :func:`take_views`)."""
+    viewed = {i for i, kind in enumerate(table.schema.types) if is_view(kind)}
+    if not viewed:
+        return table.take(int64_array(rows))
+    names = table.column_names
+    kept = [name for i, name in enumerate(names) if i not in viewed]
+    taken = dict(zip(kept, table.select(kept).take(int64_array(rows)).columns)) if kept else {}
+    columns = [take_views(table.column(i), rows) if i in viewed else taken[name] for i, name in enumerate(names)]
+    return pa.Table.from_arrays(columns, schema=table.schema)

@@ -33,10 +33,13 @@ from unihub.formats.arrow_numpy import (
     arrow_backed_empty,
     binary_array,
     int64_array,
+    is_view,
     numbers_array,
     numpy_dtype,
     string_array,
+    take_views,
     to_numpy,
+    view_records,
     without_validity,
 )
 from unihub.formats.validation import fixed_dims, shape_matches
@@ -864,19 +867,37 @@ def _image_column(field: UnischemaField, n: int) -> np.ndarray:
                                       f"{exc}", field=field.name) from None
 
 
-def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, memoryview]:
-    """A binary array's value offsets (``len + 1`` of them) and its data as unsigned bytes (Arrow's
-    buffers export signed chars, which the image decoders refuse)."""
-    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1,
-                            offset=array.offset * np.dtype(offset_type).itemsize)
-    return offsets, (memoryview(data_buf).cast("B") if data_buf is not None else memoryview(b""))
+def _binary_spans(array: pa.Array) -> tuple[list[memoryview], np.ndarray | None, np.ndarray, np.ndarray] | None:
+    """Where each value of a binary array lies: (buffers as unsigned bytes, each value's buffer
+    (None: all in the first), start, end); None for other types. Arrow's buffers export signed
+    chars, which the image decoders refuse."""
+    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type):
+        offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+        _, offsets_buf, data_buf = array.buffers()
+        offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1,
+                                offset=array.offset * np.dtype(offset_type).itemsize)
+        data = memoryview(data_buf).cast("B") if data_buf is not None else memoryview(b"")
+        return [data], None, offsets[:-1], offsets[1:]
+    if not pa.types.is_binary_view(array.type):
+        return None
+    views = view_records(array)  # a read at formats/parquet_pages.py: one buffer, no value inline
+    lengths = views[:, 0].astype(np.int64)
+    referenced = lengths > 12
+    buffers = [memoryview(b).cast("B") for b in array.buffers()[2:]]
+    if referenced.all():
+        starts = views[:, 3].astype(np.int64)
+        return buffers, (None if len(buffers) == 1 else views[:, 2]), starts, starts + lengths
+    # a short value lies in its own view, 4 bytes in: the views are the first buffer
+    inline = 16 * np.arange(array.offset, array.offset + len(array), dtype=np.int64) + 4
+    starts = np.where(referenced, views[:, 3], inline)
+    which = np.where(referenced, views[:, 2] + 1, 0)
+    return [memoryview(array.buffers()[1]).cast("B"), *buffers], which, starts, starts + lengths
 
 
 def binary_views(array: pa.Array) -> list[memoryview | None]:
     """Zero-copy views of each value of a binary column (None for nulls); ``to_pylist`` would copy."""
-    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)
+            or pa.types.is_binary_view(array.type)):
         return array.to_pylist()
     return BinaryCells(array).at()
 
@@ -884,30 +905,37 @@ def binary_views(array: pa.Array) -> list[memoryview | None]:
 class BinaryCells:
     """A binary column's values by row, as zero-copy views (None for nulls): ``cells.at(rows)`` is
     what ``binary_views(column.take(rows))`` gives, without copying the values twice. Made once per
-    column, it serves any number of lookups (a row group cached for random access)."""
+    column, it serves any number of lookups (a row group cached for random access). Binary, large
+    binary and ``binary_view`` columns (images read without a copy: formats/parquet_pages.py)."""
 
     def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
         array = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column
         self._column = column
-        self._buffers: tuple[np.ndarray, memoryview] | None = None
+        self._spans = _binary_spans(array) if isinstance(array, pa.Array) else None
         self._valid: np.ndarray | None = None
-        if isinstance(array, pa.Array) and (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
-            self._buffers = _binary_buffers(array)
-            if array.null_count:
-                self._valid = to_numpy(array.is_valid())
+        if self._spans is not None and array.null_count:
+            self._valid = to_numpy(array.is_valid())
 
     def at(self, rows: np.ndarray | None = None) -> list[Any]:
         """The values at ``rows``, in that order; every value where ``rows`` is None."""
-        if self._buffers is None:  # several chunks, or not binary: Arrow's take
-            column = self._column if rows is None else self._column.take(int64_array(rows))
+        if self._spans is None:  # several chunks, or not binary: Arrow's take
+            if rows is None:
+                column = self._column
+            elif is_view(self._column.type):
+                column = take_views(self._column, rows)
+            else:
+                column = self._column.take(int64_array(rows))
             return binary_views(column_as_array(column))
-        offsets, data = self._buffers
-        if rows is None:
-            bounds = offsets.tolist()
-            starts, ends = bounds[:-1], bounds[1:]
+        buffers, which, starts, ends = self._spans
+        if rows is not None:
+            starts, ends = starts[rows], ends[rows]
+            which = None if which is None else which[rows]
+        views: list[Any]
+        if which is None:
+            data = buffers[0]
+            views = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
         else:
-            starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
-        views: list[Any] = [data[a:b] for a, b in zip(starts, ends)]
+            views = [buffers[k][a:b] for k, a, b in zip(which.tolist(), starts.tolist(), ends.tolist())]
         if self._valid is not None:
             for i in np.flatnonzero(~(self._valid if rows is None else self._valid[rows])).tolist():
                 views[i] = None

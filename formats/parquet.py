@@ -30,7 +30,7 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,7 +50,7 @@ from unihub.errors import (
     UnihubError,
 )
 from unihub.formats import filesystem as fsutil
-from unihub.formats import integrity, publish, remote
+from unihub.formats import integrity, parquet_pages, publish, remote
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -157,15 +157,25 @@ class ParquetStore:
         i = int(np.searchsorted(self._offsets, row, side="right") - 1)
         return self.row_groups[i], row - int(self._offsets[i])
 
-    def read_row_group(self, index: int, columns: Sequence[str] | None = None) -> pa.Table:
-        """The stored (encoded) columns of one row group, partition columns included."""
+    def read_row_group(self, index: int, columns: Sequence[str] | None = None, *,
+                       views: Collection[str] = ()) -> pa.Table:
+        """The stored (encoded) columns of one row group, partition columns included.
+
+        Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
+        viewing the memory-mapped file, not copied, where the file is local and their pages are
+        plain and uncompressed (formats/parquet_pages.py); otherwise as stored."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         verify = self._needs_check(index, stored)
         try:
             parquet_file = self._open_file(info.path, verify)
+            viewed = self._viewed_columns(parquet_file, info, stored, views, verify) if views else {}
+            names = stored if stored is not None else parquet_file.schema_arrow.names
+            rest = [c for c in names if c not in viewed] if viewed else stored
             # one thread per read: readers parallelise across row groups already
-            table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+            table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
+            if viewed:
+                table = _with_viewed(table, names, viewed, parquet_file.schema_arrow)
             self._open.bytes_read += info.total_byte_size
         except (OSError, pa.ArrowException) as exc:
             error = self._read_error(exc, info, stored)
@@ -181,6 +191,27 @@ class ParquetStore:
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, stored: Sequence[str] | None,
+                        views: Collection[str], verify: bool) -> dict[str, pa.Array]:
+        """The columns of ``views`` that :func:`parquet_pages.plain_binary_column` reads from this
+        thread's memory map of the file (only local files are mapped)."""
+        held = self._open
+        if not self._is_local:
+            return {}
+        if held.mapped is None:
+            held.mapped = held.handle.read_buffer(held.handle.size())  # the whole map, not copied
+            held.binary_leaves = parquet_pages.binary_leaves(parquet_file)
+        names = stored if stored is not None else parquet_file.schema_arrow.names
+        found = {}
+        for name in names:
+            leaf = held.binary_leaves.get(name) if name in views else None
+            if leaf is not None:
+                array = parquet_pages.plain_binary_column(held.mapped, parquet_file.metadata, info.row_group, leaf,
+                                                          verify=verify)
+                if array is not None:
+                    found[name] = array
+        return found
 
     def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
         """Whether this read verifies page checksums and value counts (see ``_verify``)."""
@@ -244,6 +275,7 @@ class ParquetStore:
                                           "there now", path=path) from exc
             self._check_unchanged(path, handle)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
+            held.mapped = held.binary_leaves = None
         found = held.files.get(verify)
         if found is None:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
@@ -278,7 +310,7 @@ class ParquetStore:
         held = self._open
         if getattr(held, "path", None) is not None:
             held.handle.close()
-            held.files, held.handle, held.path = {}, None, None
+            held.files, held.handle, held.path, held.mapped = {}, None, None, None
 
     def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
                         columns: Sequence[str] | None) -> pa.Table:
@@ -290,6 +322,17 @@ class ParquetStore:
             table = table.append_column(field_.arrow_field(), pa.array([value] * table.num_rows,
                                                                        type=field_.arrow_type()))
         return table
+
+
+def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.Array],
+                 file_schema: pa.Schema) -> pa.Table:
+    """``table`` (the columns read by pyarrow) with the ``viewed`` ones put back in ``names``' order."""
+    for position, name in enumerate(names):
+        if name in viewed:
+            stored = file_schema.field(name)
+            table = table.add_column(position, pa.field(name, pa.binary_view(), stored.nullable, stored.metadata),
+                                     viewed[name])
+    return table
 
 
 def partition_value(field_: UnischemaField, raw: str) -> Any:

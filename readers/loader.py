@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
-from unihub.formats.arrow_numpy import int64_array, to_numpy
+from unihub.formats.arrow_numpy import take_table, to_numpy
+from unihub.formats.codecs import CompressedImageCodec
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
@@ -63,7 +64,7 @@ def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
         return table
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)):
         return table.slice(int(rows[0]), len(rows))
-    return table.take(int64_array(rows))
+    return take_table(table, rows)
 
 
 class RecentReads:
@@ -151,7 +152,7 @@ class RowGroupLoader:
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
         rest = [f.name for f in self.fields if f.name not in decoded]
-        table = take_rows(self._read(task.row_group, rest, partial), rows) if rest else None
+        table = take_rows(self._read(task.row_group, rest, partial, self._decoded_images()), rows) if rest else None
         num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
         columns: dict[str, Any] = {}
         for f in self.fields:
@@ -178,13 +179,22 @@ class RowGroupLoader:
             names += [n for n in predicate_fields(self.predicate) if n not in names]
         return names
 
-    def _read(self, row_group: int, columns: list[str], partial: bool = False) -> pa.Table:
-        """The row group's ``columns``; through :class:`RecentReads` for a task that is part of one."""
+    def _read(self, row_group: int, columns: list[str], partial: bool = False,
+              views: frozenset[str] = frozenset()) -> pa.Table:
+        """The row group's ``columns``; through :class:`RecentReads` for a task that is part of one.
+        Image columns in ``views`` may come as views of the file (``ParquetStore.read_row_group``)."""
         if partial:
-            return self.recent.get(row_group, columns, lambda: self._read(row_group, columns))
+            return self.recent.get(row_group, columns, lambda: self._read(row_group, columns, views=views))
         if self.cache is not None:
             return self.cache.get_row_group(self.store, row_group, columns)
-        return self.store.read_row_group(row_group, columns)
+        return self.store.read_row_group(row_group, columns, views=views)
+
+    def _decoded_images(self) -> frozenset[str]:
+        """The image fields this loader decodes: only decoded, so they can be read as views of the file."""
+        if not self.decode_images:
+            return frozenset()
+        return frozenset(f.name for f in self.fields
+                         if isinstance(f.codec, CompressedImageCodec) and f.name not in self.late_images)
 
     def _filter_mask(self, pre: pa.Table, decoded: dict[str, Any], rows_hint: int) -> np.ndarray:
         """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""

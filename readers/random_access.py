@@ -154,7 +154,9 @@ class Dataset:
             if entry is not None:
                 self._cache.move_to_end(group)
                 return entry
-        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields)))
+        images = frozenset(f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)) \
+            if self.decode_images else frozenset()  # only decoded: read as views of the file where it allows
+        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields), views=images))
         with self._lock:
             if group not in self._cache:
                 self._cache[group] = entry

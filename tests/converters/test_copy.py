@@ -154,11 +154,11 @@ def test_a_failure_midway_leaves_nothing_behind(tmp_path, monkeypatch):
     calls = []
     original = ParquetStore.read_row_group
 
-    def failing(self, index, columns=None):
+    def failing(self, index, columns=None, **kwargs):
         calls.append(index)
         if len(calls) == 2:
             raise FormatError("disk on fire")
-        return original(self, index, columns)
+        return original(self, index, columns, **kwargs)
 
     monkeypatch.setattr(ParquetStore, "read_row_group", failing)
     with pytest.raises(FormatError, match="disk on fire"):

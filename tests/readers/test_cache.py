@@ -62,13 +62,13 @@ def store_reads(monkeypatch, tmp_path) -> Callable[[], int]:
     log.touch()
     original = ParquetStore.read_row_group
 
-    def counting(self: ParquetStore, index: int, columns: Any = None) -> pa.Table:
+    def counting(self: ParquetStore, index: int, columns: Any = None, **kwargs: Any) -> pa.Table:
         fd = os.open(log, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, f"{index}\n".encode())
         finally:
             os.close(fd)
-        return original(self, index, columns)
+        return original(self, index, columns, **kwargs)
 
     monkeypatch.setattr(ParquetStore, "read_row_group", counting)
     return lambda: len(log.read_text().split())

@@ -102,9 +102,9 @@ def test_images_are_decoded_for_the_sampled_rows_only_and_unread_where_footers_c
     decode, read = images.decode_image, ParquetStore.read_row_group
     monkeypatch.setattr(images, "decode_image", lambda data, *a, **k: decodes.append(1) or decode(data, *a, **k))
 
-    def logged(self: ParquetStore, index: int, columns: Any = None) -> pa.Table:
+    def logged(self: ParquetStore, index: int, columns: Any = None, **kwargs: Any) -> pa.Table:
         reads.append((index, tuple(columns or self.arrow_schema.names)))
-        return read(self, index, columns)
+        return read(self, index, columns, **kwargs)
 
     monkeypatch.setattr(ParquetStore, "read_row_group", logged)
     report = unihub.show(images_dataset, rows=3, seed=0)

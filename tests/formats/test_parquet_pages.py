@@ -1,0 +1,240 @@
+"""Binary columns read as views of the memory-mapped file (formats/parquet_pages.py): the same
+values as pyarrow reads, from files pyarrow, Spark (Petastorm's) and unihub wrote; declined (None)
+wherever the layout is another, including hostile bytes; never a value pyarrow would not give."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unihub.errors import DataCorruptionError
+from unihub.formats.arrow_numpy import take_table, take_views
+from unihub.formats.codecs import BinaryCells, CompressedImageCodec, binary_views
+from unihub.formats.parquet import open_dataset
+from unihub.formats.parquet_pages import binary_leaves, chunk_span, plain_binary_column, read_struct
+from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.writer import write_dataset
+
+PETASTORM = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "petastorm" / "unischema"
+
+
+def _values(n: int, seed: int = 0) -> list[bytes]:
+    """Lengths 0 to 40 (inline in a view up to 12) and a few long ones, random bytes."""
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.choice([0, 1, 4, 11, 12, 13, 16, 40, 3000])) for _ in range(n)]
+
+
+def _viewed(path: Path, column: str = "b", *, verify: bool = False, mapped: list[pa.Buffer] | None = None
+            ) -> list[pa.Array | None]:
+    """Each row group's ``column`` as plain_binary_column reads it (None: declined); the file's
+    map is appended to ``mapped`` where given."""
+    handle = pa.memory_map(str(path))
+    parquet_file = pq.ParquetFile(handle)
+    whole = handle.read_buffer(handle.size())
+    if mapped is not None:
+        mapped.append(whole)
+    leaf = binary_leaves(parquet_file).get(column)
+    assert leaf is not None
+    return [plain_binary_column(whole, parquet_file.metadata, g, leaf, verify=verify)
+            for g in range(parquet_file.metadata.num_row_groups)]
+
+
+def _write(path: Path, values: list[Any], *, nullable: bool = False, kind: pa.DataType = pa.binary(),
+           **options: Any) -> Path:
+    table = pa.table({"b": pa.array(values, kind), "i": pa.array(range(len(values)), pa.int64())},
+                     schema=pa.schema([pa.field("b", kind, nullable), pa.field("i", pa.int64())]))
+    settings = {"compression": "none", "use_dictionary": False, "row_group_size": 100, **options}
+    pq.write_table(table, str(path), **settings)
+    return path
+
+
+LAYOUTS_READ = {
+    "v1 pages": {},
+    "v2 pages": {"data_page_version": "2.0"},
+    "many small pages": {"data_page_size": 512},
+    "page checksums": {"write_page_checksum": True},
+    "no Arrow schema stored": {"store_schema": False},
+}
+
+
+@pytest.mark.parametrize("options", LAYOUTS_READ.values(), ids=LAYOUTS_READ.keys())
+@pytest.mark.parametrize("nullable", [False, True], ids=["required", "optional, no nulls"])
+def test_plain_uncompressed_columns_read_as_views_of_the_file(tmp_path, options, nullable):
+    values = _values(250)
+    path = _write(tmp_path / "f.parquet", values, nullable=nullable, **options)
+    maps: list[pa.Buffer] = []
+    arrays = _viewed(path, verify=True, mapped=maps)
+    assert all(a is not None for a in arrays)
+    assert [v for a in arrays for v in a.to_pylist()] == values  # type: ignore[union-attr]
+    mapped = maps[0]
+    for array in arrays:
+        assert array.type == pa.binary_view()
+        data = array.buffers()[2]  # type: ignore[union-attr]
+        assert mapped.address <= data.address < mapped.address + mapped.size  # the file's own pages
+        assert [bytes(v) for v in BinaryCells(array).at()] == array.to_pylist()  # type: ignore[union-attr]
+
+
+LAYOUTS_DECLINED = {
+    "compressed": {"compression": "snappy"},
+    "dictionary": {"use_dictionary": True},
+    "delta encoded": {"column_encoding": {"b": "DELTA_LENGTH_BYTE_ARRAY"}},
+}
+
+
+@pytest.mark.parametrize("options", LAYOUTS_DECLINED.values(), ids=LAYOUTS_DECLINED.keys())
+def test_other_layouts_are_declined(tmp_path, options):
+    path = _write(tmp_path / "f.parquet", _values(250) if "use_dictionary" not in options else [b"x" * 20] * 250,
+                  **options)
+    assert _viewed(path) == [None, None, None]
+
+
+def test_nulls_are_declined_and_a_group_without_them_is_not(tmp_path):
+    values: list[bytes | None] = _values(200)
+    values[150] = None
+    arrays = _viewed(_write(tmp_path / "f.parquet", values, nullable=True))
+    assert arrays[1] is None
+    assert arrays[0] is not None and arrays[0].to_pylist() == values[:100]
+
+
+def test_spark_and_petastorm_files_read_the_same_through_the_store():
+    """Petastorm's fixture (Spark wrote it, snappy): declined, and the store's reads with views
+    asked equal those without."""
+    store = open_dataset(PETASTORM)
+    images = {f.name for f in store.schema if isinstance(f.codec, CompressedImageCodec)}
+    assert images
+    for g in range(len(store.row_groups)):
+        plain = store.read_row_group(g)
+        viewed = store.read_row_group(g, views=images)
+        assert viewed.column_names == plain.column_names
+        for name in plain.column_names:
+            assert viewed.column(name).to_pylist() == plain.column(name).to_pylist()
+
+
+def _image_dataset(tmp_path: Path, n: int = 120) -> Path:
+    schema = Unischema("Images", [
+        UnischemaField("id", np.int64, ()),
+        UnischemaField("image", np.uint8, (8, 8, 3), CompressedImageCodec("png"), False),
+    ])
+    rng = np.random.default_rng(0)
+    rows = ({"id": i, "image": rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)} for i in range(n))
+    write_dataset(tmp_path / "ds", schema, rows, row_group_size_mb=0.01)
+    return tmp_path / "ds"
+
+
+def test_unihub_s_images_come_as_views_and_equal_pyarrow_s_read(tmp_path):
+    store = open_dataset(_image_dataset(tmp_path))
+    assert len(store.row_groups) > 2
+    for g in range(len(store.row_groups)):
+        plain = store.read_row_group(g, ["image", "id"])
+        viewed = store.read_row_group(g, ["image", "id"], views={"image"})
+        assert viewed.schema.field("image").type == pa.binary_view()
+        assert viewed.column_names == ["image", "id"] and viewed.column("id") == plain.column("id")
+        assert viewed.column("image").to_pylist() == plain.column("image").to_pylist()
+        assert store.read_row_group(g, ["id"], views={"image"}).column_names == ["id"]
+
+
+def test_views_outlive_the_file_s_mapping(tmp_path):
+    store = open_dataset(_image_dataset(tmp_path))
+    kept = [store.read_row_group(g, ["image"], views={"image"}) for g in range(len(store.row_groups))]
+    store._close_file()
+    expected = [store.read_row_group(g, ["image"]).column("image").to_pylist() for g in range(len(kept))]
+    assert [t.column("image").to_pylist() for t in kept] == expected
+
+
+def test_a_page_that_fails_its_checksum_is_declined_and_the_store_names_it(tmp_path):
+    path = _write(tmp_path / "f.parquet", _values(100, seed=1), write_page_checksum=True)
+    column = pq.ParquetFile(str(path)).metadata.row_group(0).column(0)
+    start, end = chunk_span(column)
+    data = bytearray(path.read_bytes())
+    data[end - 2] ^= 0xFF  # the last value's last byte
+    path.write_bytes(bytes(data))
+    assert _viewed(path, verify=True) == [None]
+    assert _viewed(path, verify=False)[0] is not None  # as pyarrow, unchecked: the bytes as they are
+    store = open_dataset(tmp_path)
+    with pytest.raises(DataCorruptionError, match="f.parquet"):
+        store.read_row_group(0, views={"b"})
+
+
+HOSTILE_LAYOUTS = {
+    "required, v1": {},
+    "optional, v1": {"nullable": True},
+    "optional, v2, checksums": {"nullable": True, "data_page_version": "2.0", "write_page_checksum": True},
+}
+
+
+@pytest.mark.parametrize("options", HOSTILE_LAYOUTS.values(), ids=HOSTILE_LAYOUTS.keys())
+def test_hostile_bytes_are_declined_or_read_as_pyarrow_reads_them(tmp_path, options):
+    """Random bytes flipped in the chunk (headers, levels, lengths, values): the reader returns in
+    bounded time, and anything it returns is what pyarrow reads of the same bytes (a header pyarrow
+    refuses, levels that do not match, are declined)."""
+    clean = _write(tmp_path / "clean.parquet", _values(60, seed=2), data_page_size=256, row_group_size=60,
+                   **options)
+    start, end = chunk_span(pq.ParquetFile(str(clean)).metadata.row_group(0).column(0))
+    original = clean.read_bytes()
+    rng = random.Random(3)
+    returned = declined = 0
+    for trial in range(300):
+        data = bytearray(original)
+        for _ in range(rng.choice([1, 2, 8])):
+            data[rng.randrange(start, min(end, start + 400) if trial % 2 else end)] = rng.randrange(256)
+        path = tmp_path / f"t{trial}.parquet"
+        path.write_bytes(bytes(data))
+        array = _viewed(path)[0]
+        if array is None:
+            declined += 1
+        else:
+            returned += 1
+            assert array.to_pylist() == pq.read_table(str(path), columns=["b"]).column("b").to_pylist()
+        path.unlink()
+    assert returned and declined  # both kinds of damage met
+
+
+def test_a_page_header_is_parsed_as_thrift_compact():
+    """A hand-made header: nested structs, a boolean field, a skipped list and binary."""
+    header = bytes([0x15, 0x00,  # 1: i32 0 (DATA_PAGE)
+                    0x15, 0x08,  # 2: i32 4
+                    0x11,  # 3: boolean true
+                    0x19, 0x25, 0x02, 0x04,  # 4: list of two i32
+                    0x18, 0x02, 0x61, 0x62,  # 5: binary "ab"
+                    0x1C, 0x15, 0x06, 0x00,  # 6: struct {1: i32 3}
+                    0x00])
+    fields, end = read_struct(header, 0)
+    assert end == len(header)
+    assert fields[1][0] == 0 and fields[2][0] == 4 and fields[3][0] is True and fields[6][0] == {1: (3, 15, 5)}
+    assert 4 not in fields and 5 not in fields
+
+
+def test_binary_cells_read_views_made_by_arrow_too():
+    """Arrow's own binary_view arrays: inline and referenced values, several data buffers, slices
+    and nulls."""
+    values = [b"short", None, b"a long value past twelve bytes", b"", b"x" * 5000] * 20
+    array = pa.array(values, pa.binary()).cast(pa.binary_view())
+    joined = pa.concat_arrays([array, pa.array(values[::-1], pa.binary()).cast(pa.binary_view())])
+    for candidate in (array, array.slice(3, 50), joined):
+        expected = candidate.to_pylist()
+        assert [None if v is None else bytes(v) for v in binary_views(candidate)] == expected
+        rows = np.random.default_rng(0).permutation(len(candidate))[:30]
+        got = BinaryCells(candidate).at(rows)
+        assert [None if v is None else bytes(v) for v in got] == [expected[i] for i in rows]
+        taken = take_views(candidate, rows)
+        taken.validate(full=True)
+        assert taken.to_pylist() == [expected[i] for i in rows]
+    with pytest.raises(IndexError):
+        take_views(array, np.array([len(array)]))
+
+
+def test_a_table_with_views_is_taken_column_by_column():
+    table = pa.table({"n": [1, 2, 3], "b": pa.array([b"a" * 20, b"b", None]).cast(pa.binary_view()),
+                      "s": ["x", "y", "z"]})
+    taken = take_table(table, np.array([2, 0, 0]))
+    assert taken.schema == table.schema
+    assert taken.to_pylist() == [table.to_pylist()[i] for i in (2, 0, 0)]
+    only_views = take_table(table.select(["b"]), np.array([1]))
+    assert only_views.num_rows == 1 and only_views.column("b").to_pylist() == [b"b"]
+

@@ -1,0 +1,107 @@
+"""Readers decode images read as views of the memory-mapped file (formats/parquet_pages.py) to the
+same values as images pyarrow copied: rows, shuffled rows (taken from views), batches, random
+access; and the views are what they read, not a silent fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import make_batch_reader, make_reader
+from unihub.formats import parquet_pages
+from unihub.formats.codecs import CompressedImageCodec
+from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.writer import write_dataset
+from unihub.readers.random_access import Dataset
+
+N = 300
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PNG and JPEG fields (one nullable, no nulls: definition levels), several row groups."""
+    schema = Unischema("Views", [
+        UnischemaField("id", np.int64, ()),
+        UnischemaField("png", np.uint8, (16, 16, 3), CompressedImageCodec("png"), False),
+        UnischemaField("jpeg", np.uint8, (16, 16), CompressedImageCodec("jpeg", quality=90), True),
+    ])
+    rng = np.random.default_rng(0)
+    rows = ({"id": i, "png": rng.integers(0, 255, (16, 16, 3), dtype=np.uint8),
+             "jpeg": rng.integers(0, 255, (16, 16), dtype=np.uint8)} for i in range(N))
+    path = tmp_path_factory.mktemp("views") / "ds"
+    write_dataset(path, schema, rows, row_group_size_mb=0.1)
+    return path
+
+
+@pytest.fixture
+def viewed_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the columns read as views (in this process)."""
+    read = parquet_pages.plain_binary_column
+    made: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        array = read(*args, **kwargs)
+        made.extend([] if array is None else [len(array)])
+        return array
+
+    monkeypatch.setattr(parquet_pages, "plain_binary_column", counting)
+    return made
+
+
+def _copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parquet_pages, "plain_binary_column", lambda *args, **kwargs: None)
+
+
+def _by_id(rows: list[Any]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    return {int(r.id): (r.png, r.jpeg) for r in rows}
+
+
+def _same(found: dict[int, Any], expected: dict[int, Any]) -> None:
+    assert found.keys() == expected.keys() and len(found) == N
+    for key, values in expected.items():
+        for got, want in zip(found[key], values):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+OPTIONS = {
+    "in order": {"shuffle_row_groups": False},
+    "shuffled rows (taken from views)": {"shuffle_rows": True, "seed": 3},
+    "decode tasks of a row group": {"shuffle_rows": True, "seed": 3, "workers_count": 2},
+}
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_rows_decode_the_same_from_views(images, monkeypatch, viewed_reads, options):
+    with make_reader(images, **options) as reader:
+        viewed = _by_id(list(reader))
+    assert sum(viewed_reads) == 2 * N  # both image fields of every row group came as views
+    with monkeypatch.context() as patch:
+        _copied(patch)
+        with make_reader(images, **options) as reader:
+            copied = _by_id(list(reader))
+    _same(viewed, copied)
+
+
+def test_batches_and_random_access_decode_the_same_from_views(images, monkeypatch, viewed_reads):
+    with make_batch_reader(images, shuffle_row_groups=False) as reader:
+        batches = [(b.id, b.png, b.jpeg) for b in reader]
+    order = np.random.default_rng(1).permutation(N)
+    taken = Dataset(images).take(order)
+    assert sum(viewed_reads) == 4 * N
+    _copied(monkeypatch)
+    with make_batch_reader(images, shuffle_row_groups=False) as reader:
+        for (ids, png, jpeg), b in zip(batches, reader, strict=True):
+            assert np.array_equal(ids, b.id) and np.array_equal(png, b.png) and np.array_equal(jpeg, b.jpeg)
+    copied = Dataset(images).take(order)
+    for name in ("id", "png", "jpeg"):
+        assert np.array_equal(getattr(taken, name), getattr(copied, name))
+
+
+def test_images_not_decoded_are_not_read_as_views(images, viewed_reads):
+    """``decode_images=False`` hands out the stored bytes: read as pyarrow reads them."""
+    with make_reader(images, decode_images=False, shuffle_row_groups=False) as reader:
+        first = next(iter(reader))
+    assert isinstance(first.png, bytes) and viewed_reads == []
