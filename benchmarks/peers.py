@@ -238,7 +238,10 @@ def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HE
             pass
     if proc.returncode != 0 or not stdout.strip():
         return {"error": f"exit {proc.returncode}: {last_line(stderr)}"}
-    result = dict(json.loads(stdout.strip().splitlines()[-1]))
+    try:
+        result = dict(json.loads(stdout.strip().splitlines()[-1]))
+    except ValueError:  # a tool that printed after the result (Ray did once): a failed run, not a failed benchmark
+        return {"error": f"no result after exit 0: {last_line(stdout)}"}
     result.update(peak_rss_mib=peak_rss / 1024, peak_pss_mib=peak_pss / 1024 if pss else None)
     return result
 
@@ -408,6 +411,8 @@ def print_report(tallies: list[Tally], limits: list[dict[str, Any]], args: Any, 
         same = "yes" if all(r["same_pixels"] for r in t.runs) else "pixels differ"
         note = (f"{c.workers} workers (round 1 tried {t.tried.rstrip('; ')})" if t.tried
                 else (f"{c.workers} workers" if c.workers else ""))
+        if t.error:  # rounds after a failed one are not run
+            note = f"{note}; {len(t.runs)} round(s), then failed: {t.error}".lstrip("; ")
         print(f"| {c.label} | {_fmt(t.rates())} | {ratio} | {t.rate() / limit:.2f} | "
               f"{t.median('peak_rss_mib'):,.0f} ({t.pss_mib:,.0f}) | {t.median('ttfb'):.2f} | {same} "
               f"| {note} |")
