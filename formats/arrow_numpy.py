@@ -194,9 +194,18 @@ def _from_values(arrow_type: pa.DataType, length: int, data: pa.Buffer) -> pa.Ar
     return pa.Array.from_buffers(arrow_type, length, [None, data])
 
 
+#: Arrow's view types (values referenced by 16-byte views), where this pyarrow has them (16 and later)
+_VIEW_TYPES = {kind().id: kind() for kind in (getattr(pa, "binary_view", None), getattr(pa, "string_view", None))
+               if kind is not None}
+
+
 def is_view(arrow_type: pa.DataType) -> bool:
-    """Arrow's ``binary_view`` and ``string_view`` (values referenced by 16-byte views)."""
-    return pa.types.is_binary_view(arrow_type) or pa.types.is_string_view(arrow_type)
+    """Arrow's ``binary_view`` and ``string_view``."""
+    return arrow_type.id in _VIEW_TYPES
+
+
+def is_binary_view(arrow_type: pa.DataType) -> bool:
+    return is_view(arrow_type) and not pa.types.is_string_view(arrow_type)
 
 
 def view_records(array: pa.Array) -> np.ndarray:

@@ -33,6 +33,7 @@ from unihub.formats.arrow_numpy import (
     arrow_backed_empty,
     binary_array,
     int64_array,
+    is_binary_view,
     is_view,
     numbers_array,
     numpy_dtype,
@@ -878,9 +879,9 @@ def _binary_spans(array: pa.Array) -> tuple[list[memoryview], np.ndarray | None,
                                 offset=array.offset * np.dtype(offset_type).itemsize)
         data = memoryview(data_buf).cast("B") if data_buf is not None else memoryview(b"")
         return [data], None, offsets[:-1], offsets[1:]
-    if not pa.types.is_binary_view(array.type):
+    if not is_binary_view(array.type):
         return None
-    views = view_records(array)  # a read at formats/parquet_pages.py: one buffer, no value inline
+    views = view_records(array)  # a read at formats/parquet_pages.py: one buffer, few values inline
     lengths = views[:, 0].astype(np.int64)
     referenced = lengths > 12
     buffers = [memoryview(b).cast("B") for b in array.buffers()[2:]]
@@ -896,8 +897,7 @@ def _binary_spans(array: pa.Array) -> tuple[list[memoryview], np.ndarray | None,
 
 def binary_views(array: pa.Array) -> list[memoryview | None]:
     """Zero-copy views of each value of a binary column (None for nulls); ``to_pylist`` would copy."""
-    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)
-            or pa.types.is_binary_view(array.type)):
+    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type) or is_binary_view(array.type)):
         return array.to_pylist()
     return BinaryCells(array).at()
 

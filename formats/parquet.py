@@ -169,8 +169,9 @@ class ParquetStore:
         verify = self._needs_check(index, stored)
         try:
             parquet_file = self._open_file(info.path, verify)
-            viewed = self._viewed_columns(parquet_file, info, stored, views, verify) if views else {}
             names = stored if stored is not None else parquet_file.schema_arrow.names
+            viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], verify) \
+                if views else {}
             rest = [c for c in names if c not in viewed] if viewed else stored
             # one thread per read: readers parallelise across row groups already
             table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
@@ -192,20 +193,20 @@ class ParquetStore:
                     self._checked_whole[index] = 1
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
 
-    def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, stored: Sequence[str] | None,
-                        views: Collection[str], verify: bool) -> dict[str, pa.Array]:
-        """The columns of ``views`` that :func:`parquet_pages.plain_binary_column` reads from this
+    def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
+                        verify: bool) -> dict[str, pa.Array]:
+        """The columns of ``names`` that :func:`parquet_pages.plain_binary_column` reads from this
         thread's memory map of the file (only local files are mapped)."""
         held = self._open
-        if not self._is_local:
+        if not self._is_local or not names:
             return {}
         if held.mapped is None:
+            held.handle.seek(0)
             held.mapped = held.handle.read_buffer(held.handle.size())  # the whole map, not copied
             held.binary_leaves = parquet_pages.binary_leaves(parquet_file)
-        names = stored if stored is not None else parquet_file.schema_arrow.names
         found = {}
         for name in names:
-            leaf = held.binary_leaves.get(name) if name in views else None
+            leaf = held.binary_leaves.get(name)
             if leaf is not None:
                 array = parquet_pages.plain_binary_column(held.mapped, parquet_file.metadata, info.row_group, leaf,
                                                           verify=verify)

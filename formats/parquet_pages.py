@@ -1,4 +1,4 @@
-"""Parquet page headers (the Thrift compact protocol), and binary columns read without a copy.
+"""Binary columns of a memory-mapped Parquet file read as views of it, without a copy.
 
 pyarrow copies every value of a binary (``BYTE_ARRAY``) column into new memory as it reads a row
 group. For image columns that is the whole row group, and new memory is dear: a process that reads
@@ -13,9 +13,9 @@ only pages touched are the file's own, already in the page cache. Page checksums
 asked, as pyarrow checks them.
 
 It declines (returns None) whatever else it meets: compression, a dictionary, nulls, another
-encoding, a header it does not expect, sizes that do not add up. pyarrow then reads the column as
-before, with its own checks and errors, so this reader never accepts a chunk pyarrow would refuse
-for its layout, and never rejects one.
+encoding, short values, a header it does not expect (formats/thrift_compact.py is stricter than
+Thrift), sizes that do not add up. pyarrow then reads the column as before, with its own checks and
+errors, so this reader never accepts a chunk pyarrow would refuse for its layout, and never rejects one.
 """
 
 from __future__ import annotations
@@ -29,109 +29,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
+from unihub.errors import FormatError
+from unihub.formats.thrift_compact import I32, STRUCT, Fields, read_struct, varint
+
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = range(4)
 _PLAIN, _RLE, _BIT_PACKED = 0, 3, 4
 _LEVEL_ENCODINGS = (_RLE, _BIT_PACKED)
-_MAX_DEPTH = 16  # Thrift structs nested deeper than any Parquet header
 _INLINE = 12  # binary_view keeps values of up to 12 bytes in the view itself
+_MAX_HEADER = 64 * 1024  # bytes of a page header (Arrow's own limit is 16 MiB)
+_MIN_AVERAGE = 16  # bytes a value and its length take on average: fewer, and pyarrow's copy is cheaper
 _LENGTH = struct.Struct("<i")
-
-#: a field of a parsed struct: (value, offset of the value's first byte, wire type); a struct's value
-#: is its fields
-Fields = dict[int, tuple[Any, int, int]]
+#: this pyarrow has view arrays (16 and later)
+SUPPORTED = hasattr(pa, "binary_view")
 
 
-class _Declined(Exception):
-    """The chunk is not one this reader takes: pyarrow reads it."""
-
-
-def varint(data: Any, position: int) -> tuple[int, int]:
-    """The unsigned varint at ``position`` and the offset after it (at most 10 bytes)."""
-    shift = value = 0
-    for _ in range(10):
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-    raise _Declined("a varint longer than 10 bytes")
-
-
-def read_struct(data: Any, position: int, depth: int = 0) -> tuple[Fields, int]:
-    """The Thrift compact struct at ``position``: its fields (integers, booleans and nested structs
-    decoded, other values skipped) and the offset after it. Raises IndexError past ``data``'s end;
-    every count is bounded by the bytes left, so the time taken is bounded by ``len(data)``."""
-    if depth > _MAX_DEPTH:
-        raise _Declined("Thrift structs nested too deep")
-    fields: Fields = {}
-    field_id = 0
-    while True:
-        head = data[position]
-        position += 1
-        if head == _STOP:
-            return fields, position
-        delta, kind = head >> 4, head & 0x0F
-        if delta:
-            field_id += delta
-        else:
-            zigzag, position = varint(data, position)
-            field_id = (zigzag >> 1) ^ -(zigzag & 1)
-        start = position
-        if kind in (_I16, _I32, _I64):
-            zigzag, position = varint(data, position)
-            fields[field_id] = ((zigzag >> 1) ^ -(zigzag & 1), start, kind)
-        elif kind in (_TRUE, _FALSE):
-            fields[field_id] = (kind == _TRUE, start, _TRUE)
-        elif kind == _STRUCT:
-            nested, position = read_struct(data, position, depth + 1)
-            fields[field_id] = (nested, start, kind)
-        else:
-            position = _skip(data, position, kind, depth)
-
-
-def _skip(data: Any, position: int, kind: int, depth: int) -> int:
-    if kind in (_TRUE, _FALSE):  # a boolean element of a list (a field's boolean has no bytes)
-        return position + 1
-    if kind == _BYTE:
-        return position + 1
-    if kind in (_I16, _I32, _I64):
-        return varint(data, position)[1]
-    if kind == _DOUBLE:
-        return position + 8
-    if kind == _BINARY:
-        length, position = varint(data, position)
-        return _within(data, position + length)
-    if kind in (_LIST, _SET):
-        head = data[position]
-        position += 1
-        count, element = head >> 4, head & 0x0F
-        if count == 15:
-            count, position = varint(data, position)
-        _within(data, position + count)  # every element takes a byte at least
-        for _ in range(count):
-            position = _skip(data, position, element, depth + 1)
-        return position
-    if kind == _STRUCT:
-        return read_struct(data, position, depth + 1)[1]
-    if kind == _MAP:
-        count, position = varint(data, position)
-        if count:
-            types = data[position]
-            position += 1
-            _within(data, position + 2 * count)
-            for _ in range(count):
-                position = _skip(data, position, types >> 4, depth + 1)
-                position = _skip(data, position, types & 0x0F, depth + 1)
-        return position
-    raise _Declined(f"unknown Thrift compact type {kind} at byte {position}")
-
-
-def _within(data: Any, end: int) -> int:
-    if end > len(data):
-        raise IndexError("past the end")
-    return end
+_REQUIRED = object()
 
 
 def chunk_span(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
@@ -168,9 +80,10 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
     """
     column = metadata.row_group(row_group).column(leaf)
     descriptor = metadata.schema.column(leaf)
-    if (column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED" or column.has_dictionary_page
-            or descriptor.max_repetition_level != 0 or descriptor.max_definition_level > 1):
-        return None
+    if (not SUPPORTED or column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED"
+            or column.has_dictionary_page or column.file_path or descriptor.max_repetition_level != 0
+            or descriptor.max_definition_level > 1):
+        return None  # file_path: the chunk lies in another file
     start, end = chunk_span(column)
     num_rows = metadata.row_group(row_group).num_rows
     if (start < 0 or end > mapped.size or end - start >= 2**31 or num_rows <= 0 or column.num_values != num_rows
@@ -179,7 +92,7 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
     chunk = memoryview(mapped).cast("B")[start:end]
     try:
         starts, lengths = _value_spans(chunk, num_rows, descriptor.max_definition_level, verify)
-    except (_Declined, IndexError, TypeError, struct.error):
+    except (FormatError, IndexError, TypeError, struct.error):
         return None
     return _binary_view(mapped.slice(start, end - start), chunk, starts, lengths)
 
@@ -194,59 +107,63 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
     position = 0
     while position < len(chunk):
         header, body = read_struct(chunk, position)
+        if body - position > _MAX_HEADER:
+            raise FormatError("a page header of more than 64 KiB")
         kind, uncompressed, compressed = (_i32(header, k) for k in (1, 2, 3))
         if compressed < 0 or compressed != uncompressed:
-            raise _Declined("page sizes")
-        end = _within(chunk, body + compressed)
+            raise FormatError("page sizes")
+        end = body + compressed
+        if end > len(chunk):
+            raise FormatError("a page past its chunk")
         crc = _i32(header, 4, None)
         if verify and crc is not None and zlib.crc32(chunk[body:end]) != crc & 0xFFFFFFFF:
-            raise _Declined("a page fails its checksum")
+            raise FormatError("a page fails its checksum")
         if kind == _DATA_PAGE:
             page = _struct(header, 5)
             count, encoding, definition, repetition = (_i32(page, k) for k in (1, 2, 3, 4))
             if definition not in _LEVEL_ENCODINGS or repetition not in _LEVEL_ENCODINGS:
-                raise _Declined("level encodings")
+                raise FormatError("level encodings")
             body = _past_levels_v1(chunk, body, end, count, max_definition_level, definition)
         elif kind == _DATA_PAGE_V2:
             page = _struct(header, 8)
             count, nulls, rows, encoding, definition, repetition = (_i32(page, k) for k in range(1, 7))
             if nulls != 0 or rows != count or repetition != 0 or definition < 0 or body + definition > end:
-                raise _Declined("nulls or repetition in a v2 page")
+                raise FormatError("nulls or repetition in a v2 page")
             if max_definition_level:
                 _all_defined(chunk, body, body + definition, count)
             elif definition:
-                raise _Declined("definition levels in a page of a required column")
+                raise FormatError("definition levels in a page of a required column")
             body += definition
         else:
-            raise _Declined(f"a page of type {kind}")  # a dictionary or index page
-        if encoding != _PLAIN or count < 0 or count > (end - body) // 4:
-            raise _Declined("not PLAIN, or a count the page cannot hold")
+            raise FormatError(f"a page of type {kind}")  # a dictionary or index page
+        if encoding != _PLAIN or count < 0 or count > (end - body) // _MIN_AVERAGE:
+            raise FormatError("not PLAIN, or more (short) values than are worth viewing")
         spans = _walk_values(lengths_at, body, end, count)
         starts.append(spans[0])
         lengths.append(spans[1])
         position = end
     if sum(len(s) for s in starts) != num_rows:
-        raise _Declined("values do not add up to the row group's rows")
+        raise FormatError("values do not add up to the row group's rows")
     return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])
 
 
-def _i32(fields: Fields, field_id: int, default: Any = _Declined) -> Any:
+def _i32(fields: Fields, field_id: int, default: Any = _REQUIRED) -> Any:
     """Field ``field_id``, an i32; ``default`` where it is absent or of another type (as Thrift
     skips it), or a missing required field declined, as pyarrow refuses the header."""
     found = fields.get(field_id)
-    if found is None or found[2] != _I32:
-        if default is _Declined:
-            raise _Declined(f"no i32 field {field_id}")
+    if found is None or found[2] != I32:
+        if default is _REQUIRED:
+            raise FormatError(f"no i32 field {field_id}")
         return default
     if not -2**31 <= found[0] < 2**31:
-        raise _Declined(f"field {field_id} out of the i32 range")
+        raise FormatError(f"field {field_id} out of the i32 range")
     return found[0]
 
 
 def _struct(fields: Fields, field_id: int) -> Fields:
     found = fields.get(field_id)
-    if found is None or found[2] != _STRUCT:
-        raise _Declined(f"no struct field {field_id}")
+    if found is None or found[2] != STRUCT:
+        raise FormatError(f"no struct field {field_id}")
     return found[0]
 
 
@@ -257,10 +174,10 @@ def _past_levels_v1(chunk: memoryview, body: int, end: int, count: int, max_defi
     if max_definition_level == 0:
         return body
     if level_encoding != _RLE:
-        raise _Declined("definition levels not RLE")
+        raise FormatError("definition levels not RLE")
     size = _LENGTH.unpack_from(chunk, body)[0]
     if size < 0 or body + 4 + size > end:
-        raise _Declined("definition levels past the page")
+        raise FormatError("definition levels past the page")
     _all_defined(chunk, body + 4, body + 4 + size, count)
     return body + 4 + size
 
@@ -268,9 +185,9 @@ def _past_levels_v1(chunk: memoryview, body: int, end: int, count: int, max_defi
 def _all_defined(chunk: memoryview, start: int, end: int, count: int) -> None:
     """The definition levels in ``chunk[start:end]`` (bit width 1) must be one RLE run of ``count``
     1s, every value there; anything else (nulls, bit-packed runs) is declined."""
-    run, at = varint(chunk, start)
+    run, at = varint(chunk, start, 5)  # Arrow reads a run's header in at most 5 bytes
     if run & 1 or run >> 1 != count or at + 1 != end or chunk[at] != 1:
-        raise _Declined("nulls in the page")
+        raise FormatError("nulls in the page")
 
 
 def _walk_values(lengths_at: list[memoryview], position: int, end: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -278,8 +195,9 @@ def _walk_values(lengths_at: list[memoryview], position: int, end: int, count: i
     4-byte little-endian length, then the bytes), which must end exactly at ``end``.
 
     ``lengths_at[k]`` is the chunk as int32 from byte ``k``: the length at ``p`` is
-    ``lengths_at[p % 4][p // 4]``, twice as fast as ``struct``. A negative length would step back
-    (an index past the end raises IndexError): the spans are checked once the walk is done."""
+    ``lengths_at[p % 4][p // 4]`` (faster than ``struct``, and only positions are kept). A negative
+    length would step back (an index past the end raises IndexError): the spans are checked once the
+    walk is done."""
     marks = [position]
     mark = marks.append
     for _ in range(count):
@@ -288,7 +206,7 @@ def _walk_values(lengths_at: list[memoryview], position: int, end: int, count: i
     bounds = np.array(marks, dtype=np.int64)
     lengths = np.diff(bounds) - 4
     if position != end or (count and lengths.min() < 0):
-        raise _Declined("values that do not fill their page")
+        raise FormatError("values that do not fill their page")
     return bounds[:-1] + 4, lengths
 
 

@@ -24,10 +24,9 @@ import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats.arrow_numpy import take_table, to_numpy
-from unihub.formats.codecs import CompressedImageCodec
 from unihub.formats.parquet import ParquetStore, RowGroupInfo
 from unihub.formats.schema import UnischemaField
-from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column  # noqa: F401  (decode_column: API)
+from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column, decoded_images  # noqa: F401  (decode_column: API)
 from unihub.readers.plan import ReadTask, task_rows
 from unihub.readers.predicates import predicate_fields
 
@@ -78,13 +77,16 @@ class RecentReads:
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self._lock = threading.Lock()
-        self._reads: OrderedDict[tuple[int, tuple[str, ...]], Future[pa.Table]] = OrderedDict()
+        self._reads: OrderedDict[tuple[int, tuple[str, ...], frozenset[str]], Future[pa.Table]] = OrderedDict()
 
     def __reduce__(self) -> tuple[type, tuple[int]]:
         return RecentReads, (self.keep,)
 
-    def get(self, row_group: int, columns: Sequence[str], read: Callable[[], pa.Table]) -> pa.Table:
-        key = (row_group, tuple(columns))
+    def get(self, row_group: int, columns: Sequence[str], read: Callable[[], pa.Table],
+            views: frozenset[str] = frozenset()) -> pa.Table:
+        """The table ``read()`` gives, read once for every task that asks for the same columns
+        (and the same ``views``: a table with views is for decoding only)."""
+        key = (row_group, tuple(columns), views)
         with self._lock:
             pending = self._reads.get(key)
             mine = pending is None
@@ -152,7 +154,8 @@ class RowGroupLoader:
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
         rest = [f.name for f in self.fields if f.name not in decoded]
-        table = take_rows(self._read(task.row_group, rest, partial, self._decoded_images()), rows) if rest else None
+        views = decoded_images(self.fields, self.decode_images, self.late_images)
+        table = take_rows(self._read(task.row_group, rest, partial, views), rows) if rest else None
         num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
         columns: dict[str, Any] = {}
         for f in self.fields:
@@ -184,17 +187,12 @@ class RowGroupLoader:
         """The row group's ``columns``; through :class:`RecentReads` for a task that is part of one.
         Image columns in ``views`` may come as views of the file (``ParquetStore.read_row_group``)."""
         if partial:
-            return self.recent.get(row_group, columns, lambda: self._read(row_group, columns, views=views))
+            return self.recent.get(row_group, columns, lambda: self._read(row_group, columns, views=views), views)
         if self.cache is not None:
             return self.cache.get_row_group(self.store, row_group, columns)
         return self.store.read_row_group(row_group, columns, views=views)
 
-    def _decoded_images(self) -> frozenset[str]:
-        """The image fields this loader decodes: only decoded, so they can be read as views of the file."""
-        if not self.decode_images:
-            return frozenset()
-        return frozenset(f.name for f in self.fields
-                         if isinstance(f.codec, CompressedImageCodec) and f.name not in self.late_images)
+
 
     def _filter_mask(self, pre: pa.Table, decoded: dict[str, Any], rows_hint: int) -> np.ndarray:
         """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""

@@ -24,7 +24,7 @@ from unihub.formats.arrow_numpy import fixed_width_cells, from_fixed_width_cells
 from unihub.formats.codecs import BinaryCells, CompressedImageCodec
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
-from unihub.readers.decode import DecodePolicy, decode_column, decode_images
+from unihub.readers.decode import DecodePolicy, decode_column, decode_images, decoded_images
 from unihub.readers.reader import _resolve_fields
 
 
@@ -154,9 +154,8 @@ class Dataset:
             if entry is not None:
                 self._cache.move_to_end(group)
                 return entry
-        images = frozenset(f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)) \
-            if self.decode_images else frozenset()  # only decoded: read as views of the file where it allows
-        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields), views=images))
+        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields),
+                                                       views=decoded_images(self.schema, self.decode_images)))
         with self._lock:
             if group not in self._cache:
                 self._cache[group] = entry

@@ -1,6 +1,6 @@
 """Where the pages of a Parquet file lie, for the integrity tests (pyarrow does not expose them).
 
-Page headers are parsed by unihub.formats.parquet_pages. Each column
+Page headers are parsed by unihub.formats.thrift_compact. Each column
 chunk runs from its dictionary (or first data) page for ``total_compressed_size`` bytes, and is a
 sequence of (PageHeader, page bytes); a header's ``compressed_page_size`` (field 3) gives the
 length of the bytes after it, ``crc`` (field 4) is the checksum, and a data page header (field 5)
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from unihub.formats.parquet_pages import chunk_span, read_struct
+from unihub.formats.parquet_pages import chunk_span
+from unihub.formats.thrift_compact import read_struct
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from unihub.errors import DataCorruptionError
+from unihub.errors import DataCorruptionError, FormatError
 from unihub.formats.arrow_numpy import take_table, take_views
 from unihub.formats.codecs import BinaryCells, CompressedImageCodec, binary_views
 from unihub.formats.parquet import open_dataset
-from unihub.formats.parquet_pages import binary_leaves, chunk_span, plain_binary_column, read_struct
+from unihub.formats.parquet_pages import _value_spans, binary_leaves, chunk_span, plain_binary_column
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.writer import write_dataset
 
@@ -173,6 +173,7 @@ def test_hostile_bytes_are_declined_or_read_as_pyarrow_reads_them(tmp_path, opti
     """Random bytes flipped in the chunk (headers, levels, lengths, values): the reader returns in
     bounded time, and anything it returns is what pyarrow reads of the same bytes (a header pyarrow
     refuses, levels that do not match, are declined)."""
+    verify = bool(options.get("write_page_checksum"))  # checked as pyarrow checks them, then
     clean = _write(tmp_path / "clean.parquet", _values(60, seed=2), data_page_size=256, row_group_size=60,
                    **options)
     start, end = chunk_span(pq.ParquetFile(str(clean)).metadata.row_group(0).column(0))
@@ -185,29 +186,83 @@ def test_hostile_bytes_are_declined_or_read_as_pyarrow_reads_them(tmp_path, opti
             data[rng.randrange(start, min(end, start + 400) if trial % 2 else end)] = rng.randrange(256)
         path = tmp_path / f"t{trial}.parquet"
         path.write_bytes(bytes(data))
-        array = _viewed(path)[0]
+        array = _viewed(path, verify=verify)[0]
         if array is None:
             declined += 1
         else:
             returned += 1
-            assert array.to_pylist() == pq.read_table(str(path), columns=["b"]).column("b").to_pylist()
+            expected = pq.read_table(str(path), columns=["b"], page_checksum_verification=verify).column("b")
+            assert array.to_pylist() == expected.to_pylist()
         path.unlink()
     assert returned and declined  # both kinds of damage met
 
 
-def test_a_page_header_is_parsed_as_thrift_compact():
-    """A hand-made header: nested structs, a boolean field, a skipped list and binary."""
-    header = bytes([0x15, 0x00,  # 1: i32 0 (DATA_PAGE)
-                    0x15, 0x08,  # 2: i32 4
-                    0x11,  # 3: boolean true
-                    0x19, 0x25, 0x02, 0x04,  # 4: list of two i32
-                    0x18, 0x02, 0x61, 0x62,  # 5: binary "ab"
-                    0x1C, 0x15, 0x06, 0x00,  # 6: struct {1: i32 3}
-                    0x00])
-    fields, end = read_struct(header, 0)
-    assert end == len(header)
-    assert fields[1][0] == 0 and fields[2][0] == 4 and fields[3][0] is True and fields[6][0] == {1: (3, 15, 5)}
-    assert 4 not in fields and 5 not in fields
+def _i32(value: int) -> bytes:
+    return _varint((value << 1) ^ (value >> 63))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def _page(values: list[bytes], *, extra: bytes = b"", levels: bytes | None = None) -> bytes:
+    """A v1 PLAIN data page (header + body) by hand: ``extra`` goes in the header before its stop
+    byte; ``levels``: an optional column's RLE definition levels (after their 4-byte length)."""
+    body = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    if levels is not None:
+        body = len(levels).to_bytes(4, "little") + levels + body
+    data_page = b"\x15" + _i32(len(values)) + b"\x15" + _i32(0) + b"\x15" + _i32(3) + b"\x15" + _i32(3) + b"\x00"
+    header = (b"\x15" + _i32(0) + b"\x15" + _i32(len(body)) + b"\x15" + _i32(len(body)) + b"\x2c" + data_page
+              + extra + b"\x00")
+    return header + body
+
+
+IMAGES = [bytes([i]) * (100 + i) for i in range(5)]
+
+
+def test_a_page_made_by_hand_is_walked_value_by_value():
+    chunk = _page(IMAGES) + _page(IMAGES[:2])
+    starts, lengths = _value_spans(memoryview(chunk), 7, 0, verify=True)
+    assert [chunk[a:a + n] for a, n in zip(starts.tolist(), lengths.tolist())] == IMAGES + IMAGES[:2]
+    levels = _varint(5 << 1) + b"\x01"  # one RLE run: 5 values, all there
+    starts, lengths = _value_spans(memoryview(_page(IMAGES, levels=levels)), 5, 1, verify=False)
+    assert lengths.tolist() == [len(v) for v in IMAGES]
+
+
+HOSTILE_HEADERS = {
+    # the data page header again, under an id Thrift keeps as int16 5 (65541): pyarrow reads this one
+    "a field id past int16": b"\x0c" + _varint(65541 << 1) + b"\x15" + _i32(999) + b"\x00",
+    "a field given twice": b"\x04" + _varint(4 << 1) + b"\x04" + _varint(4 << 1),  # crc, i32 then bool
+    "lists nested 5,000 deep": b"\x09" + _varint(15 << 1) + b"\x19" * 5000,
+    "a list of 20,000 elements": b"\x09" + _varint(15 << 1) + b"\xf3" + _varint(20_000) + b"\x00" * 20_000,
+    "an empty list of an unknown type": b"\x09" + _varint(15 << 1) + b"\x0e",
+    "a header of over 64 KiB": b"\x08" + _varint(15 << 1) + _varint(70_000) + b"x" * 70_000,
+}
+
+
+@pytest.mark.parametrize("extra", HOSTILE_HEADERS.values(), ids=HOSTILE_HEADERS.keys())
+def test_headers_thrift_or_pyarrow_would_read_otherwise_are_declined(extra):
+    with pytest.raises(FormatError):
+        _value_spans(memoryview(_page(IMAGES, extra=extra)), 5, 0, verify=True)
+
+
+HOSTILE_PAGES = {
+    "a run header of 6 bytes (Arrow reads 5 at most)": _page(IMAGES, levels=b"\x8a\x80\x80\x80\x80\x00\x01"),
+    "a run of 4 of 5 values": _page(IMAGES, levels=_varint(4 << 1) + b"\x01"),
+    "a null in the levels": _page(IMAGES, levels=_varint(5 << 1) + b"\x00"),
+    "values under 16 bytes on average": _page([b"tiny"] * 5, levels=_varint(5 << 1) + b"\x01"),
+}
+
+
+@pytest.mark.parametrize("chunk", HOSTILE_PAGES.values(), ids=HOSTILE_PAGES.keys())
+def test_levels_that_are_not_one_run_of_values_are_declined(chunk):
+    with pytest.raises(FormatError):
+        _value_spans(memoryview(chunk), 5, 1, verify=False)
 
 
 def test_binary_cells_read_views_made_by_arrow_too():
