@@ -21,7 +21,7 @@ from unihub.formats.parquet_pages import _value_spans, binary_leaves, chunk_span
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.writer import write_dataset
 
-PETASTORM = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "petastorm" / "unischema"
+PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
 
 
 def _values(n: int, seed: int = 0) -> list[bytes]:
