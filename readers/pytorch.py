@@ -1179,9 +1179,12 @@ def _straight_to_default_collate(caller: Any) -> bool:
     fetcher = caller.f_locals.get("self") if caller.f_code.co_name == "fetch" else None
     if type(fetcher).__name__ != "_MapDatasetFetcher" or not getattr(fetcher, "auto_collation", False):
         return False
-    from torch.utils.data._utils.collate import default_collate
-
-    return getattr(fetcher, "collate_fn", None) is default_collate and _collate_map(None)[1]
+    try:
+        from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
+    except ImportError:  # a torch without the collate map: rows, which its collate takes as dicts
+        return False
+    return (getattr(fetcher, "collate_fn", None) is default_collate and _collate_map(None)[1]
+            and default_collate_fn_map.get(_SamplerBatch) is collate_sampler_batch)
 
 
 def collate_sampler_batch(markers: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
