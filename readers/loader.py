@@ -192,8 +192,6 @@ class RowGroupLoader:
             return self.cache.get_row_group(self.store, row_group, columns)
         return self.store.read_row_group(row_group, columns, views=views)
 
-
-
     def _filter_mask(self, pre: pa.Table, decoded: dict[str, Any], rows_hint: int) -> np.ndarray:
         """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""
         keep = np.ones(pre.num_rows, dtype=bool)

@@ -1063,7 +1063,12 @@ def _row_runs(rows: Sequence[Any]) -> list[Run] | None:
 def _whole_columns(rows: Sequence[Any]) -> Columns | None:
     """The columns ``rows`` were cut from, when ``rows`` are all of them, in order (see :func:`_row_runs`)."""
     runs = _row_runs(rows) if rows else None
-    if runs is None or len(runs) != 1:
+    return None if runs is None else _whole(runs)
+
+
+def _whole(runs: list[Run]) -> Columns | None:
+    """The columns of ``runs`` when they are one run of all their rows, in order."""
+    if len(runs) != 1:
         return None
     columns, start, stop = runs[0]
     return columns if start == 0 and stop == columns_length(columns) else None
@@ -1098,11 +1103,9 @@ def collate_sampler_rows(rows: Sequence[Any], *, collate_fn_map: Any = None) -> 
     runs = _row_runs(rows) if rows and tensors_as_torch else None
     if runs is None:
         return _torch_collate(rows, collate_fn_map)
-    torch = _torch()
-    columns, start, stop = runs[0]
-    if len(runs) == 1 and start == 0 and stop == columns_length(columns) and \
-            torch.utils.data.get_worker_info() is not None:
-        return from_worker(dict(columns))  # whole columns (a sampler batch): copied into the pool once
+    whole = _whole(runs)
+    if whole is not None and _torch().utils.data.get_worker_info() is not None:
+        return from_worker(dict(whole))  # whole columns (a sampler batch): copied into the pool once
     return _joined_runs(runs)
 
 
@@ -1196,7 +1199,7 @@ def collate_sampler_batch(markers: Sequence[Any], *, collate_fn_map: Any = None)
     if all(m is first for m in markers) and len(markers) == columns_length(first.columns) \
             and all(isinstance(c, torch.Tensor) for c in first.columns.values()) \
             and _collate_map(collate_fn_map)[1] and torch.utils.data.get_worker_info() is not None:
-        return from_worker(dict(first.columns))  # as collate_sampler_rows gives a whole batch of tensor columns
+        return from_worker(dict(first.columns))  # what collate_sampler_rows gives a whole batch's rows
     cut: dict[int, list[Any]] = {}  # each batch's rows, cut once
     rows = []
     for i, marker in enumerate(markers):

@@ -293,3 +293,21 @@ def test_a_table_with_views_is_taken_column_by_column():
     only_views = take_table(table.select(["b"]), np.array([1]))
     assert only_views.num_rows == 1 and only_views.column("b").to_pylist() == [b"b"]
 
+
+
+def test_a_column_parquet_mr_wrote_reads_as_views(spark, tmp_path):
+    """Spark's parquet-mr (v1 pages with statistics, an optional column's RLE levels): the same
+    values as pyarrow reads, as views, not declined."""
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    values = [bytes([i % 256]) * (200 + 37 * i) for i in range(300)]
+    schema = StructType([StructField("i", LongType(), False), StructField("b", BinaryType(), True)])
+    frame = spark.createDataFrame([(i, bytearray(v)) for i, v in enumerate(values)], schema).coalesce(1)
+    frame.write.option("compression", "none").option("parquet.enable.dictionary", "false").parquet(
+        (tmp_path / "spark").as_uri())
+    (path,) = sorted((tmp_path / "spark").glob("*.parquet"))
+    arrays = _viewed(path, verify=True)
+    assert arrays and all(a is not None for a in arrays)
+    read = [v for a in arrays for v in a.to_pylist()]  # type: ignore[union-attr]
+    assert read == pq.read_table(str(path), columns=["b"]).column("b").to_pylist()
+    assert sorted(read) == sorted(values)
