@@ -58,6 +58,10 @@ COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
 
 
+#: field metadata of a column ``read_row_group(views=...)`` read as views of the memory-mapped file
+#: (its values are the file's pages: holding one pins no memory of its own)
+VIEWS_OF_FILE = b"unihub.views_of_file"
+
 #: bytes read through one kept-open file before it is reopened (see ParquetStore._open_file)
 _MAPPED_BYTES_BEFORE_REOPEN = 8 * 2**20
 
@@ -327,13 +331,20 @@ class ParquetStore:
 
 def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.Array],
                  file_schema: pa.Schema) -> pa.Table:
-    """``table`` (the columns read by pyarrow) with the ``viewed`` ones put back in ``names``' order."""
+    """``table`` (the columns read by pyarrow) with the ``viewed`` ones put back in ``names``' order,
+    each marked :data:`VIEWS_OF_FILE`."""
     for position, name in enumerate(names):
         if name in viewed:
             stored = file_schema.field(name)
-            table = table.add_column(position, pa.field(name, pa.binary_view(), stored.nullable, stored.metadata),
+            metadata = {**(stored.metadata or {}), VIEWS_OF_FILE: b"1"}
+            table = table.add_column(position, pa.field(name, pa.binary_view(), stored.nullable, metadata),
                                      viewed[name])
     return table
+
+
+def views_the_file(column_field: pa.Field) -> bool:
+    """Whether a column of a table ``read_row_group`` returned is views of the file (:data:`VIEWS_OF_FILE`)."""
+    return bool(column_field.metadata) and VIEWS_OF_FILE in column_field.metadata
 
 
 def partition_value(field_: UnischemaField, raw: str) -> Any:

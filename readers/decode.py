@@ -20,7 +20,7 @@ never depends on its batch's contents.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,14 +72,13 @@ def decode_images(f: UnischemaField, blobs: list[Any], *, policy: DecodePolicy =
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
-def decoded_images(fields: Iterable[UnischemaField], decode_images: bool = True,
-                   encoded: Collection[str] = ()) -> frozenset[str]:
-    """The image fields of ``fields`` a reader decodes (all but ``encoded``, none where it does not
-    decode): only decoded, never handed out, so they can be read as views of the file
-    (``ParquetStore.read_row_group(views=...)``)."""
+def decoded_images(fields: Iterable[UnischemaField], decode_images: bool = True) -> frozenset[str]:
+    """The image fields of ``fields`` a reader decodes, now or after a shuffle (readers/late_decode.py;
+    none where it does not decode): only decoded, never handed out, so they can be read as views of
+    the file (``ParquetStore.read_row_group(views=...)``)."""
     if not decode_images:
         return frozenset()
-    return frozenset(f.name for f in fields if isinstance(f.codec, CompressedImageCodec) and f.name not in encoded)
+    return frozenset(f.name for f in fields if isinstance(f.codec, CompressedImageCodec))
 
 
 def _codecless(f: UnischemaField, column: pa.Array | pa.ChunkedArray) -> Any:

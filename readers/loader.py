@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
 from unihub.formats.arrow_numpy import take_table, to_numpy
-from unihub.formats.parquet import ParquetStore, RowGroupInfo
+from unihub.formats.codecs import BinaryCells
+from unihub.formats.parquet import ParquetStore, RowGroupInfo, views_the_file
 from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column, decoded_images  # noqa: F401  (decode_column: API)
 from unihub.readers.plan import ReadTask, task_rows
@@ -54,6 +55,18 @@ class Batch:
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
         return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a process pool's result): images handed out as views of the file (:func:`encoded_images`)
+        go as bytes, which pickle can carry."""
+        return dict(self.__dict__, columns={name: _without_memoryviews(values) for name, values in self.columns.items()})
+
+
+def _without_memoryviews(values: Any) -> Any:
+    if not (isinstance(values, np.ndarray) and values.dtype == object and
+            any(type(value) is memoryview for value in values)):
+        return values
+    return np.fromiter((bytes(v) if type(v) is memoryview else v for v in values), dtype=object, count=len(values))
 
 
 def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
@@ -154,7 +167,7 @@ class RowGroupLoader:
             rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
             decoded = {name: values[idx] for name, values in decoded.items()}
         rest = [f.name for f in self.fields if f.name not in decoded]
-        views = decoded_images(self.fields, self.decode_images, self.late_images)
+        views = decoded_images(self.fields, self.decode_images)
         table = take_rows(self._read(task.row_group, rest, partial, views), rows) if rest else None
         num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
         columns: dict[str, Any] = {}
@@ -163,9 +176,12 @@ class RowGroupLoader:
                 columns[f.name] = decoded[f.name]
                 continue
             assert table is not None
+            if f.name in self.late_images:
+                columns[f.name] = encoded_images(table, f.name)
+                continue
             try:
-                decode = self.decode_images and f.name not in self.late_images
-                columns[f.name] = decode_column(f, table.column(f.name), decode_images=decode, policy=self.policy)
+                columns[f.name] = decode_column(f, table.column(f.name), decode_images=self.decode_images,
+                                                policy=self.policy)
             except CodecError as exc:
                 raise located(exc, info, rows) from exc
         if self.late_images:
@@ -211,6 +227,16 @@ class RowGroupLoader:
             if name not in wanted:
                 del decoded[name]
         return keep
+
+
+def encoded_images(table: pa.Table, name: str) -> np.ndarray:
+    """An image column handed out encoded (``RowGroupLoader.late_images``): an object array of its
+    values (None for nulls). Views of the memory-mapped file stay views (a row held in a shuffling
+    queue pins nothing but the file's pages); values pyarrow read into memory are copied out one by
+    one, so that a few rows held do not keep their whole row group's bytes alive."""
+    column = table.column(name)
+    values = BinaryCells(column).at() if views_the_file(table.schema.field(name)) else column.to_pylist()
+    return np.fromiter(values, dtype=object, count=len(values))  # a memoryview is one value, not an array
 
 
 def located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> CodecError:

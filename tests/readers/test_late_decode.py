@@ -328,3 +328,29 @@ def test_make_tf_dataset_over_a_dataset_petastorm_wrote(monkeypatch, decodes) ->
     late = batches(True)
     assert_same_batches(eager, late)
     assert sum(decodes) == 60
+
+
+def test_queued_images_are_views_of_the_file_or_their_own_bytes(dataset) -> None:
+    """A shuffling queue holds encoded images as the reader read them: views of the memory-mapped
+    file (no copy; held, they pin only the file's pages) where the pages allow it, else each value's
+    own bytes (holding a few rows does not keep their row group's copy alive)."""
+    import pyarrow.parquet as pq
+
+    store = open_dataset(dataset)
+    with make_batch_reader(dataset, shuffle_row_groups=False, workers_count=1) as reader:
+        with reader.images_decoded_later() as late:
+            assert late is not None and {f.name for f in late.fields} == {"photo", "mask"}
+            batches = list(reader)
+    seen = {"photo": set(), "mask": set()}
+    for batch in batches:
+        rows = getattr(batch, SOURCE_ROW)
+        info = next(i for i in store.row_groups if i.first_row <= rows[0] < i.first_row + i.num_rows)
+        stored = pq.ParquetFile(info.path).read_row_group(info.row_group, columns=["photo", "mask"])
+        for name in seen:
+            values = getattr(batch, name)
+            assert values.dtype == object and values.shape == rows.shape
+            seen[name] |= {type(v).__name__ for v in values if v is not None}
+            expected = stored.column(name).take(pa.array(rows - info.first_row)).to_pylist()
+            assert [None if v is None else bytes(v) for v in values] == expected
+    # the JPEGs are plain pages without nulls: views; the PNG masks have nulls, which pyarrow reads
+    assert seen == {"photo": {"memoryview"}, "mask": {"bytes"}}
