@@ -51,6 +51,8 @@ class Batch:
     #: rows of the task itself; the rest were read past its end so NGram windows that start
     #: in the task can finish (None: every row is the task's)
     own_rows: int | None = None
+    #: the rows of each task of the plan this batch's task stood for (``ReadTask.pieces``)
+    pieces: tuple[int, ...] = ()
 
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
@@ -187,7 +189,7 @@ class RowGroupLoader:
         if self.late_images:
             columns[SOURCE_ROW] = info.first_row + (np.arange(num_rows, dtype=np.int64) if rows is None
                                                     else np.asarray(rows, dtype=np.int64))
-        batch = Batch(columns, num_rows, task.row_group, own_rows)
+        batch = Batch(columns, num_rows, task.row_group, own_rows, task.pieces)
         if self.transform is not None:
             batch = self.transform(batch)
         return batch

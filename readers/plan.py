@@ -19,6 +19,7 @@ row group's *delivery order* (``arange(n)``, or a permutation seeded by
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,10 +44,18 @@ class ReadTask:
     start: int
     stop: int
     shuffle_rows: bool = False
+    #: a task that stands for consecutive tasks of the plan (:func:`merged_tasks`): their rows, in
+    #: order (empty: it is one task of the plan)
+    pieces: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
         return self.stop - self.start
+
+    @property
+    def plan_tasks(self) -> int:
+        """How many tasks of the plan this task is."""
+        return max(1, len(self.pieces))
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,31 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
         if config.first_task_rows is not None and tasks:
             tasks = _ramp(tasks[0], config.first_task_rows, config.task_rows) + tasks[1:]
     return tasks
+
+
+def merged_tasks(tasks: list[ReadTask], start: int) -> Iterator[tuple[int, ReadTask]]:
+    """``(index, task)`` from ``tasks[start]`` on, each run of consecutive pieces of one row group's
+    delivery order (as :func:`_cut_long_tasks` cuts them) joined into one task that reads the same
+    rows in the same order, with ``pieces`` saying which tasks of the plan it stands for: for a
+    reader whose tasks are cheap (images decoded later), where cutting only costs."""
+    index = start
+    while index < len(tasks):
+        first = end = tasks[index]
+        count = 1
+        while index + count < len(tasks) and _continues(end, tasks[index + count]):
+            end = tasks[index + count]
+            count += 1
+        if count == 1:
+            yield index, first
+        else:
+            yield index, ReadTask(first.row_group, first.start, end.stop, first.shuffle_rows,
+                                  tuple(t.num_rows for t in tasks[index:index + count]))
+        index += count
+
+
+def _continues(task: ReadTask, following: ReadTask) -> bool:
+    return (following.row_group == task.row_group and following.start == task.stop
+            and following.shuffle_rows == task.shuffle_rows)
 
 
 def _ramp(task: ReadTask, first: int, most: int) -> list[ReadTask]:

@@ -134,6 +134,7 @@ class Reader:
         self._cursor = 0
         self._first = 0  # the cursor where the loaded batch started (a resumed offset)
         self._current: tuple[int, int] | None = None
+        self._current_pieces: tuple[int, ...] = ()  # the loaded batch's tasks of the plan (Batch.pieces)
         self._skip = 0
         self._skip_rows = 0  # a batch reader's seek(): rows cut off the front of the next batch
         self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
@@ -194,11 +195,25 @@ class Reader:
         return [dataclasses.replace(t, row_group=self._groups[t.row_group]) for t in tasks]
 
     def _jobs(self, epoch: int, task: int) -> Iterator[tuple[int, int, planning.ReadTask]]:
+        merge = self._merges_tasks()
         while self.num_epochs is None or epoch < self.num_epochs:
             tasks = self._epoch_tasks(epoch)
-            for index in range(task, len(tasks)):
-                yield epoch, index, tasks[index]
+            if merge:
+                for index, merged in planning.merged_tasks(tasks, task):
+                    yield epoch, index, merged
+            else:
+                for index in range(task, len(tasks)):
+                    yield epoch, index, tasks[index]
             epoch, task = epoch + 1, 0
+
+    def _merges_tasks(self) -> bool:
+        """Whether a row group's tasks are read as one: where its images are decoded later, the
+        tasks are cut for decoding that no longer happens in them, and every piece only costs (one
+        more read of its row group, one more batch for the loader). Not where a predicate or filters
+        drop rows: a position counts the rows a task delivers, which are then known only per task."""
+        loader = self._loader
+        return bool(loader.late_images) and loader.predicate is None and loader.filter_expression is None \
+            and loader.transform is None and not loader.window_overlap
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Reader:
@@ -211,7 +226,11 @@ class Reader:
             self._pool.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs = self._jobs(epoch, task)
-        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, self._window,
+        # merged tasks read whole row groups of encoded images, cheaply: reading further ahead than
+        # one each and one more only takes the cores from the first batches' decoding (first shuffled
+        # batch 25 -> 22 ms, benchmarks/peers.py's data)
+        window = min(self._window, self._workers_count + 1) if self._merges_tasks() else self._window
+        self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, window,
                                                     max_bytes=self._max_bytes, size_of=_job_nbytes)
         self._skip = offset
         return iterator
@@ -257,7 +276,7 @@ class Reader:
                 self._halt()  # the next call retries the failed task
                 raise
             self._delivered += self._cursor - self._first
-            self._current = (epoch, index)
+            self._current, self._current_pieces = (epoch, index), batch.pieces
             self._items = self._to_items(batch)
             self._batch_columns = self._items.columns if isinstance(self._items, _Rows) else None
             self._cursor = self._first = min(self._skip, len(self._items))
@@ -293,12 +312,22 @@ class Reader:
         if self._current is None:
             return self._position
         epoch, index = self._current
-        return (epoch, index, self._cursor) if self._cursor < len(self._items) else (epoch, index + 1, 0)
+        pieces = self._current_pieces
+        if self._cursor >= len(self._items):
+            return epoch, index + max(1, len(pieces)), 0
+        if not pieces or self.batched:  # a batch reader's batch is delivered whole or not at all
+            return epoch, index, self._cursor
+        offset = self._cursor  # rows into the batch: into which task of the plan?
+        for k, rows in enumerate(pieces):
+            if offset < rows:
+                return epoch, index + k, offset
+            offset -= rows
+        raise AssertionError("a cursor past the batch's pieces")
 
     def _set_position(self, position: tuple[int, int, int]) -> None:
         """Forget the current batch; the next item is at ``position``."""
         self._delivered += self._cursor - self._first
-        self._position, self._current = position, None
+        self._position, self._current, self._current_pieces = position, None, ()
         self._items, self._cursor, self._first = [], 0, 0
         self._batch_columns = None
         self._skip_rows = 0

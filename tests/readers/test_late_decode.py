@@ -4,6 +4,7 @@ the reader handed back decoding as before."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from pathlib import Path
@@ -354,3 +355,73 @@ def test_queued_images_are_views_of_the_file_or_their_own_bytes(dataset) -> None
             assert [None if v is None else bytes(v) for v in values] == expected
     # the JPEGs are plain pages without nulls: views; the PNG masks have nulls, which pyarrow reads
     assert seen == {"photo": {"memoryview"}, "mask": {"bytes"}}
+
+
+@pytest.fixture(scope="module")
+def cut_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Row groups of ~230 rows, which readers cut into decode tasks (with DECODE_TASK_BYTES lowered)."""
+    path = tmp_path_factory.mktemp("late-cut") / "ds"
+    write_dataset(path, Images, image_rows(), row_group_size_mb=0.2)
+    assert len(open_dataset(path).row_groups) >= 3
+    return path
+
+
+@pytest.mark.parametrize("options", [dict(shuffle_row_groups=False), dict(seed=2, shuffle_rows=True),
+                                     dict(seed=2, cur_shard=1, shard_count=2, shard_by="row")],
+                         ids=["in-order", "shuffled-rows", "row-shard"])
+def test_a_reader_decoding_later_reads_a_row_group_once_and_keeps_its_positions(cut_dataset, monkeypatch,
+                                                                                options) -> None:
+    """Its images decoded later, a reader reads a row group's decode tasks as one (they are cut for
+    decoding, which no longer happens in them), and every position it gives (state_dict after each
+    row) is the one the reader decoding itself gives: a state saved either way resumes either way."""
+    from unihub.readers import loader as loader_module
+    from unihub.readers import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)  # tasks of 64 rows or so
+    calls: list[int] = []
+    original = loader_module.RowGroupLoader.__call__
+    monkeypatch.setattr(loader_module.RowGroupLoader, "__call__",
+                        lambda self, job: calls.append(job[2].num_rows) or original(self, job))
+
+    def positions(late: bool) -> tuple[list[int], list[dict[str, Any]]]:
+        with make_reader(cut_dataset, workers_count=2, **options) as reader:
+            with reader.images_decoded_later() if late else contextlib.nullcontext():
+                ids, states = [], [reader.state_dict()]
+                for row in reader:
+                    ids.append(int(row.id))
+                    states.append(reader.state_dict())
+        return ids, states
+
+    eager_ids, eager_states = positions(False)
+    tasks = len(calls)
+    calls.clear()
+    late_ids, late_states = positions(True)
+    groups = len(open_dataset(cut_dataset).row_groups)
+    assert tasks > groups + 2, "the dataset's row groups were cut into decode tasks"
+    assert len(calls) <= groups + 2  # a row group once (a row shard may end part-way through two)
+    assert late_ids == eager_ids
+    assert [(s["epoch"], s["task"], s["offset"]) for s in late_states] == \
+        [(s["epoch"], s["task"], s["offset"]) for s in eager_states]
+    for k in (1, 70, len(late_ids) // 2, len(late_ids) - 1):  # a late state resumes an eager reader exactly
+        with make_reader(cut_dataset, workers_count=2, **options) as reader:
+            reader.load_state_dict(late_states[k])
+            assert [int(r.id) for r in reader] == eager_ids[k:]
+
+
+def test_a_batch_reader_decoding_later_delivers_the_same_rows_at_the_same_positions(cut_dataset,
+                                                                                  monkeypatch) -> None:
+    from unihub.readers import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
+    with make_batch_reader(cut_dataset, seed=4, shuffle_rows=True) as reader:
+        eager = [(b.id.tolist(), reader.state_dict()) for b in reader]
+    with make_batch_reader(cut_dataset, seed=4, shuffle_rows=True) as reader:
+        with reader.images_decoded_later():
+            late = [(b.id.tolist(), reader.state_dict()) for b in reader]
+    assert len(late) < len(eager)
+    assert [i for ids, _ in late for i in ids] == [i for ids, _ in eager for i in ids]
+    eager_after = {len([i for ids, _ in eager[:k + 1] for i in ids]): s for k, (_, s) in enumerate(eager)}
+    delivered = 0
+    for ids, state in late:  # after each late batch: the position the eager reader has after the same rows
+        delivered += len(ids)
+        assert state == eager_after[delivered]

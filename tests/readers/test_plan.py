@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from unihub.errors import NoDataAvailableError
-from unihub.readers.plan import PlanConfig, PlanError, ReadTask, epoch_plan, rows_per_epoch, task_rows
+from unihub.readers.plan import PlanConfig, PlanError, ReadTask, epoch_plan, merged_tasks, rows_per_epoch, task_rows
 
 SIZES = (7, 3, 10, 1, 0, 8, 5, 9, 4, 6, 2, 11)  # uneven, with an empty row group
 TOTAL = sum(SIZES)
@@ -250,3 +250,38 @@ def test_the_first_task_ramps_up_without_changing_the_rows_or_their_order(option
         if plain[0].num_rows > first:
             assert sizes[0] == first
     assert rows_per_epoch(ramped) == rows_per_epoch(cut)
+
+
+def _rows_of(tasks: list[ReadTask], config: PlanConfig, epoch: int) -> list[np.ndarray]:
+    out = []
+    for task in tasks:
+        n = config.row_group_sizes[task.row_group]
+        rows = task_rows(task, config.seed, epoch, n)
+        out.append(np.arange(n) if rows is None else rows)
+    return out
+
+
+@pytest.mark.parametrize("options", SHUFFLES + [dict(shuffle_row_groups=True, cur_shard=1, shard_count=3, shard_by="row"),
+                                                dict(shuffle_rows=True, cur_shard=2, shard_count=3)])
+def test_merged_tasks_read_each_run_of_pieces_as_one_task_with_the_same_rows(options):
+    """A reader whose tasks are cheap reads a row group's consecutive pieces as one task: the same rows
+    in the same order, and ``pieces`` saying which tasks of the plan it stands for (its position)."""
+    config = PlanConfig(SIZES, seed=3, task_rows=3, first_task_rows=1, **options)
+    for epoch in (0, 1):
+        plan = epoch_plan(config, epoch)
+        for start in (0, 1, 2, len(plan) // 2):  # from a resumed position too: mid-way through a row group
+            merged = list(merged_tasks(plan, start))
+            indices = [index for index, _ in merged]
+            assert indices[0] == start and all(
+                b == a + task.plan_tasks for (a, task), b in zip(merged, indices[1:] + [len(plan)]))
+            for index, task in merged:
+                parts = plan[index:index + task.plan_tasks]
+                assert task.num_rows == sum(p.num_rows for p in parts)
+                assert task.pieces == (tuple(p.num_rows for p in parts) if len(parts) > 1 else ())
+                assert {p.row_group for p in parts} == {task.row_group}
+                np.testing.assert_array_equal(np.concatenate(_rows_of([task], config, epoch)),
+                                              np.concatenate(_rows_of(parts, config, epoch)))
+            for (_, a), (_, b) in zip(merged, merged[1:]):  # nothing left to join
+                assert not (a.row_group == b.row_group and a.stop == b.start)
+        assert len(list(merged_tasks(plan, 0))) < len(plan)  # pieces were joined
+    assert list(merged_tasks([], 0)) == []
