@@ -916,6 +916,11 @@ class BinaryCells:
         if self._spans is not None and array.null_count:
             self._valid = to_numpy(array.is_valid())
 
+    def spans(self) -> tuple[list[memoryview], np.ndarray | None, np.ndarray, np.ndarray] | None:
+        """Where each value lies, ``(buffers, each value's buffer or None: the first, starts, ends)``;
+        None where :meth:`at` takes with Arrow (several chunks, not binary) or a value is null."""
+        return self._spans if self._valid is None else None
+
     def at(self, rows: np.ndarray | None = None) -> list[Any]:
         """The values at ``rows``, in that order; every value where ``rows`` is None."""
         if self._spans is None:  # several chunks, or not binary: Arrow's take

@@ -57,6 +57,9 @@ class Dataset:
         self._cache_bytes = int(cache_mb * 2**20)
         self._cached_bytes = 0
         self._lock = threading.Lock()
+        #: every row group cached: the whole dataset's cells (see _whole_dataset); refused: cannot be
+        self._whole: _WholeDataset | None = None
+        self._whole_refused = False
 
     def __len__(self) -> int:
         return self.store.num_rows
@@ -89,6 +92,10 @@ class Dataset:
             for other, overlapping in targets[k + 1:]:
                 if np.may_share_memory(target, overlapping):
                     raise InvalidArgumentError(f"into: the arrays given for {name!r} and {other!r} share memory")
+        whole = self._whole_dataset()
+        if whole is not None:
+            return self._row_type(*(_copied_into(self._from_whole(whole, f, idx, into), into.get(f.name) if into else None)
+                                    for f in self.schema))
         offsets = self.store._offsets
         groups = np.searchsorted(offsets, idx, side="right") - 1
         by_group = np.argsort(groups, kind="stable")  # positions asked, grouped by row group
@@ -116,6 +123,27 @@ class Dataset:
             decoded.update(zip((f.name for f in slow), self._decode_in_order(slow, pieces, in_order)))
         return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
                                 for f in self.schema))
+
+    def _from_whole(self, whole: _WholeDataset, f: Any, idx: np.ndarray, into: Mapping[str, np.ndarray] | None) -> Any:
+        """Field ``f`` of rows ``idx`` decoded from the whole dataset's cells."""
+        if f.name in whole.images:
+            return decode_images(f, whole.views(f.name, idx), policy=self._policy, into=into.get(f.name) if into else None)
+        arrow_type, cells = whole.fixed[f.name]
+        return decode_column(f, from_fixed_width_cells(arrow_type, cells[idx]), decode_images=self.decode_images,
+                             policy=self._policy)
+
+    def _whole_dataset(self) -> _WholeDataset | None:
+        """The whole dataset's cells, where every row group is cached and each field has cells
+        :class:`_WholeDataset` can gather; made once (None until then, or where it cannot be)."""
+        whole = self._whole
+        if whole is not None or self._whole_refused or len(self._cache) < len(self.store.row_groups):
+            return whole
+        with self._lock:
+            if self._whole is None and not self._whole_refused and len(self._cache) == len(self.store.row_groups):
+                entries = [self._cache[g] for g in range(len(self.store.row_groups))]
+                self._whole = _WholeDataset.of(entries, self.schema, self.decode_images, self._cache_bytes // 4)
+                self._whole_refused = self._whole is None
+            return self._whole
 
     @staticmethod
     def _gathered(f: Any, parts: list[tuple[_CachedGroup, np.ndarray]], in_order: np.ndarray) -> pa.Array | None:
@@ -163,6 +191,7 @@ class Dataset:
             while self._cache_is_over():
                 _, dropped = self._cache.popitem(last=False)
                 self._cached_bytes -= dropped.table.nbytes
+                self._whole, self._whole_refused = None, False
         return entry
 
     def _cache_is_over(self) -> bool:
@@ -170,6 +199,54 @@ class Dataset:
         if self._cache_size is not None and held > self._cache_size:
             return True
         return held > 1 and self._cached_bytes > self._cache_bytes
+
+
+class _WholeDataset:
+    """Every row group's cells as one array per field, by global row: a take of rows from all over
+    the dataset (a sampler's random batch) is one gather per field, not one per row group (64 random
+    rows of benchmarks/peers.py's 11 row groups: ~130 -> ~30 us a batch besides decoding). Images are
+    the cached groups' spans (no bytes copied); fixed-width fields' cells are copied together, which
+    is refused above ``limit`` bytes."""
+
+    def __init__(self, images: dict[str, tuple[list[memoryview], np.ndarray, np.ndarray, np.ndarray]],
+                 fixed: dict[str, tuple[pa.DataType, np.ndarray]]) -> None:
+        self.images, self.fixed = images, fixed
+
+    @classmethod
+    def of(cls, entries: list[_CachedGroup], schema: Unischema, decode_images: bool, limit: int) -> _WholeDataset | None:
+        images: dict[str, tuple[list[memoryview], np.ndarray, np.ndarray, np.ndarray]] = {}
+        fixed: dict[str, tuple[pa.DataType, np.ndarray]] = {}
+        copied = 0
+        for f in schema:
+            if decode_images and isinstance(f.codec, CompressedImageCodec):
+                spans = [entry.binary(f.name).spans() for entry in entries]
+                if any(found is None for found in spans):
+                    return None
+                buffers: list[memoryview] = []
+                which, starts, ends = [], [], []
+                for group_buffers, group_which, group_starts, group_ends in spans:  # type: ignore[misc]
+                    first = len(buffers)
+                    buffers.extend(group_buffers)
+                    which.append(np.full(len(group_starts), first, np.int64) if group_which is None
+                                 else np.asarray(group_which, np.int64) + first)
+                    starts.append(group_starts)
+                    ends.append(group_ends)
+                images[f.name] = (buffers, np.concatenate(which), np.concatenate(starts), np.concatenate(ends))
+                continue
+            cells = [entry.fixed_width(f.name) for entry in entries]
+            if any(found is None for found in cells) or len({found[0] for found in cells}) != 1:  # type: ignore[index]
+                return None
+            joined = np.concatenate([found[1] for found in cells])  # type: ignore[index]
+            copied += joined.nbytes
+            if copied > limit:
+                return None
+            fixed[f.name] = (cells[0][0], joined)  # type: ignore[index]
+        return cls(images, fixed)
+
+    def views(self, name: str, rows: np.ndarray) -> list[memoryview]:
+        """Image field ``name``'s values at ``rows``, as views of the cached groups' buffers."""
+        buffers, which, starts, ends = self.images[name]
+        return [buffers[k][a:b] for k, a, b in zip(which[rows].tolist(), starts[rows].tolist(), ends[rows].tolist())]
 
 
 class _CachedGroup:

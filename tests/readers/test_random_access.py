@@ -332,3 +332,60 @@ def test_take_into_is_refused_for_arrays_that_overlap_and_keeps_the_pixel_limit(
     for into in (None, {"image": np.zeros((2, 6, 5, 3), np.uint8)}):
         with pytest.raises(ImageDecodeError, match="more than the limit of 20"):
             ds.take([1, 2], into=into)
+
+
+def test_a_take_over_the_whole_cached_dataset_is_what_the_row_groups_give(tmp_path) -> None:
+    """Once every row group is cached, a take gathers each field over the whole dataset at once
+    (images as views of the cached bytes, fixed-width cells copied together): the same values,
+    dtypes and decoding into given arrays as taking group by group; a dataset with a field it cannot
+    gather, or whose fixed-width cells are above a quarter of the cache, is taken group by group."""
+    import pyarrow as pa
+
+    from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField
+
+    schema = Unischema("Whole", [
+        UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+        UnischemaField("jpeg", np.uint8, (8, 6, 3), CompressedImageCodec("jpeg", 90), False),
+        UnischemaField("png", np.uint8, (5, 7), CompressedImageCodec("png"), False),
+        UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+        UnischemaField("half", np.float16, (), ScalarCodec(pa.float16()), False),
+    ])
+    rng = np.random.default_rng(11)
+    rows = [{"id": i, "jpeg": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+             "png": rng.integers(0, 256, (5, 7), dtype=np.uint8), "vec": rng.random(3, dtype=np.float32),
+             "half": np.float16(i / 8)} for i in range(60)]
+    write_dataset(tmp_path / "ds", schema, iter(rows), row_group_size_mb=0.002, rows_per_file=25)
+    whole, by_group = Dataset(tmp_path / "ds"), Dataset(tmp_path / "ds", cached_row_groups=2)
+    assert len(whole.store.row_groups) >= 6
+    whole.take(list(range(60)))  # every row group read and cached: the next take gathers over them all
+    whole.take([0])
+    assert whole._whole is not None and set(whole._whole.images) == {"jpeg", "png"}
+    for indices in ([0], [59, 0, 31], [7, 7, 40, 7, -1, -60], list(rng.permutation(60)), list(rng.integers(0, 60, 90))):
+        found, expected = whole.take(indices), by_group.take(indices)
+        for f in schema:
+            a, b = getattr(found, f.name), getattr(expected, f.name)
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), (f.name, indices)
+        into = {"jpeg": np.zeros((len(indices), 8, 6, 3), np.uint8), "vec": np.zeros((len(indices), 3), np.float32)}
+        given = whole.take(indices, into=into)
+        assert given.jpeg is into["jpeg"] and given.vec is into["vec"]
+        assert into["jpeg"].tobytes() == expected.jpeg.tobytes() and into["vec"].tobytes() == expected.vec.tobytes()
+    assert by_group._whole is None
+
+    fields = ["id", "vec", "half"]
+    roomy = Dataset(tmp_path / "ds", schema_fields=fields)
+    roomy.take(list(range(60)))
+    held, cells = roomy._cached_bytes, 60 * (8 + 12 + 2)
+    assert held < 4 * cells  # so a cache that just holds it has less than 4x its cells
+    tight = Dataset(tmp_path / "ds", schema_fields=fields, cache_mb=(held + 1) / 2**20)
+    tight.take(list(range(60)))
+    tight.take([0])
+    assert len(tight._cache) == len(tight.store.row_groups) and tight._whole is None and tight._whole_refused
+    encoded = Dataset(tmp_path / "ds", decode_images=False)  # encoded images are not gathered this way
+    encoded.take(list(range(60)))
+    encoded.take([0])
+    assert encoded._whole is None and encoded._whole_refused
+    assert encoded.take([3, 50]).jpeg.tolist() == by_group_bytes(tmp_path / "ds", [3, 50])
+
+
+def by_group_bytes(path: Path, indices: list[int]) -> list[bytes]:
+    return list(Dataset(path, decode_images=False, cached_row_groups=1).take(indices).jpeg)
