@@ -425,3 +425,19 @@ def test_a_batch_reader_decoding_later_delivers_the_same_rows_at_the_same_positi
     for ids, state in late:  # after each late batch: the position the eager reader has after the same rows
         delivered += len(ids)
         assert state == eager_after[delivered]
+
+
+@pytest.mark.parametrize("stop_after", [1, 100, 231])
+def test_leaving_late_decoding_part_way_through_a_merged_row_group_delivers_the_rest_once(cut_dataset, monkeypatch,
+                                                                                      stop_after) -> None:
+    from unihub.readers import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
+    with make_reader(cut_dataset, shuffle_row_groups=False, seed=6, shuffle_rows=True) as reader:
+        expected = [int(r.id) for r in reader]
+    with make_reader(cut_dataset, shuffle_row_groups=False, seed=6, shuffle_rows=True) as reader:
+        with reader.images_decoded_later():
+            first = [int(next(reader).id) for _ in range(stop_after)]
+        rest = [r for r in reader]
+    assert first + [int(r.id) for r in rest] == expected
+    assert isinstance(rest[0].photo, np.ndarray) and rest[0].photo.shape == (16, 16, 3)  # decoded again
