@@ -304,6 +304,9 @@ class Reader:
             assert columns is not None  # a row reader's batch always has its columns
             start = self._cursor
             stop = min(len(self._items), start + max(1, max_rows))
+            if self._current_pieces:  # not past a task of the plan: the rows come as if read task by task
+                ends = np.cumsum(self._current_pieces)
+                stop = min(stop, int(ends[np.searchsorted(ends, start, side="right")]))
             self._cursor = stop
             return {name: column[start:stop] for name, column in zip(self._item_names, columns)}
 
@@ -315,8 +318,10 @@ class Reader:
         pieces = self._current_pieces
         if self._cursor >= len(self._items):
             return epoch, index + max(1, len(pieces)), 0
-        if not pieces or self.batched:  # a batch reader's batch is delivered whole or not at all
+        if not pieces:
             return epoch, index, self._cursor
+        if self.batched:  # an item per task of the plan (_to_items)
+            return epoch, index + self._cursor, 0
         offset = self._cursor  # rows into the batch: into which task of the plan?
         for k, rows in enumerate(pieces):
             if offset < rows:
@@ -336,6 +341,12 @@ class Reader:
         if self.ngram is not None:
             return self.ngram.form_windows(batch, self.schema)
         columns = [batch.columns[name] for name in self._item_names]
+        if self.batched and batch.pieces:  # a batch per task of the plan, as if read one by one
+            skip, self._skip_rows = self._skip_rows, 0  # seek() into the first task
+            bounds = np.cumsum((0, *batch.pieces)).tolist()
+            bounds[0] = min(skip, bounds[1] - 1)
+            self._batches += len(batch.pieces)
+            return [self._row_type(*(c[a:b] for c in columns)) for a, b in zip(bounds[:-1], bounds[1:])]
         if self.batched:
             rows = batch.num_rows
             if self._skip_rows:  # seek() into the middle of this batch's task

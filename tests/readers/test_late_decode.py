@@ -408,23 +408,34 @@ def test_a_reader_decoding_later_reads_a_row_group_once_and_keeps_its_positions(
             assert [int(r.id) for r in reader] == eager_ids[k:]
 
 
-def test_a_batch_reader_decoding_later_delivers_the_same_rows_at_the_same_positions(cut_dataset,
-                                                                                  monkeypatch) -> None:
+def test_a_batch_reader_decoding_later_delivers_the_same_batches_at_the_same_positions(cut_dataset,
+                                                                                      monkeypatch) -> None:
+    """Its row groups read as one task, a batch reader still delivers a batch per task of the plan
+    (a shuffling queue then fills as it would), each followed by the decoding reader's position."""
+    from unihub.readers import loader as loader_module
     from unihub.readers import reader as reader_module
 
     monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
+    calls: list[int] = []
+    original = loader_module.RowGroupLoader.__call__
+    monkeypatch.setattr(loader_module.RowGroupLoader, "__call__",
+                        lambda self, job: calls.append(1) or original(self, job))
     with make_batch_reader(cut_dataset, seed=4, shuffle_rows=True) as reader:
         eager = [(b.id.tolist(), reader.state_dict()) for b in reader]
+    tasks = len(calls)
+    calls.clear()
     with make_batch_reader(cut_dataset, seed=4, shuffle_rows=True) as reader:
         with reader.images_decoded_later():
             late = [(b.id.tolist(), reader.state_dict()) for b in reader]
-    assert len(late) < len(eager)
-    assert [i for ids, _ in late for i in ids] == [i for ids, _ in eager for i in ids]
-    eager_after = {len([i for ids, _ in eager[:k + 1] for i in ids]): s for k, (_, s) in enumerate(eager)}
-    delivered = 0
-    for ids, state in late:  # after each late batch: the position the eager reader has after the same rows
-        delivered += len(ids)
-        assert state == eager_after[delivered]
+    assert len(calls) < tasks / 2
+    assert late == eager
+    with make_batch_reader(cut_dataset, seed=4, shuffle_rows=True) as reader:  # seek() into a merged row group
+        reader.seek(70)
+        with reader.images_decoded_later():
+            after_seek = [b.id.tolist() for b in reader]
+    flat = [i for ids, _ in eager for i in ids]
+    assert [i for ids in after_seek for i in ids] == flat[70:]
+
 
 
 @pytest.mark.parametrize("stop_after", [1, 100, 231])
@@ -441,3 +452,44 @@ def test_leaving_late_decoding_part_way_through_a_merged_row_group_delivers_the_
         rest = [r for r in reader]
     assert first + [int(r.id) for r in rest] == expected
     assert isinstance(rest[0].photo, np.ndarray) and rest[0].photo.shape == (16, 16, 3)  # decoded again
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+@pytest.mark.parametrize("options", [dict(shuffle_rows=True), dict(shuffle_row_groups=False)],
+                         ids=["shuffled-rows", "in-order"])
+def test_row_groups_read_as_one_task_give_the_same_batches(cut_dataset, monkeypatch, decodes, rows, options) -> None:
+    """A late-decoding reader reads a row group's tasks as one, but hands its rows to the loader task by
+    task (a batch reader's batches, a row reader's columns): the shuffling queue fills as it does when the
+    reader decodes, so the batches are the same, bit for bit."""
+    from unihub.readers import loader as loader_module
+    from unihub.readers import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
+    calls: list[int] = []
+    original = loader_module.RowGroupLoader.__call__
+    monkeypatch.setattr(loader_module.RowGroupLoader, "__call__",
+                        lambda self, job: calls.append(1) or original(self, job))
+    loader_options = dict(batch_size=16, shuffling_queue_capacity=150)
+    eager = loader_batches(cut_dataset, False, monkeypatch, rows=rows, loader_options=loader_options, **options)
+    eager_tasks = len(calls)
+    calls.clear()
+    late = loader_batches(cut_dataset, True, monkeypatch, rows=rows, loader_options=loader_options, **options)
+    assert len(calls) < eager_tasks / 2 and decodes  # read as merged tasks, decoded after the shuffle
+    assert_same_batches(eager, late)
+
+
+def test_make_tf_dataset_over_row_groups_read_as_one_task(cut_dataset, monkeypatch, decodes) -> None:
+    pytest.importorskip("tensorflow")
+    from unihub.readers import reader as reader_module
+    from unihub.readers import tf as tf_bridge
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
+
+    def batches(late: bool) -> list[dict[str, Any]]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(cut_dataset, batch_size=16, shuffle_buffer=150, seed=3,
+                                       schema_fields=["id", "photo", "vec"])
+        return [{k: v.numpy() for k, v in b.items()} for b in ds]
+
+    assert_same_batches(batches(False), batches(True))
+    assert decodes
