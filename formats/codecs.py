@@ -868,7 +868,7 @@ def _image_column(field: UnischemaField, n: int) -> np.ndarray:
                                       f"{exc}", field=field.name) from None
 
 
-def _binary_spans(array: pa.Array) -> tuple[list[memoryview], np.ndarray | None, np.ndarray, np.ndarray] | None:
+def _binary_spans(array: pa.Array) -> Spans | None:
     """Where each value of a binary array lies: (buffers as unsigned bytes, each value's buffer
     (None: all in the first), start, end); None for other types. Arrow's buffers export signed
     chars, which the image decoders refuse."""
@@ -902,6 +902,23 @@ def binary_views(array: pa.Array) -> list[memoryview | None]:
     return BinaryCells(array).at()
 
 
+#: where a binary column's values lie: (buffers, each value's buffer or None: the first, starts, ends)
+Spans = tuple[list[memoryview], np.ndarray | None, np.ndarray, np.ndarray]
+
+
+def spans_at(spans: Spans, rows: np.ndarray | None = None) -> list[memoryview]:
+    """The values ``spans`` (``(buffers, each value's buffer or None: the first, starts, ends)``) place
+    at ``rows`` (every value where None), as zero-copy views of their buffers."""
+    buffers, which, starts, ends = spans
+    if rows is not None:
+        starts, ends = starts[rows], ends[rows]
+        which = None if which is None else which[rows]
+    if which is None:
+        data = buffers[0]
+        return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+    return [buffers[k][a:b] for k, a, b in zip(which.tolist(), starts.tolist(), ends.tolist())]
+
+
 class BinaryCells:
     """A binary column's values by row, as zero-copy views (None for nulls): ``cells.at(rows)`` is
     what ``binary_views(column.take(rows))`` gives, without copying the values twice. Made once per
@@ -916,7 +933,7 @@ class BinaryCells:
         if self._spans is not None and array.null_count:
             self._valid = to_numpy(array.is_valid())
 
-    def spans(self) -> tuple[list[memoryview], np.ndarray | None, np.ndarray, np.ndarray] | None:
+    def spans(self) -> Spans | None:
         """Where each value lies, ``(buffers, each value's buffer or None: the first, starts, ends)``;
         None where :meth:`at` takes with Arrow (several chunks, not binary) or a value is null."""
         return self._spans if self._valid is None else None
@@ -931,16 +948,7 @@ class BinaryCells:
             else:
                 column = self._column.take(int64_array(rows))
             return binary_views(column_as_array(column))
-        buffers, which, starts, ends = self._spans
-        if rows is not None:
-            starts, ends = starts[rows], ends[rows]
-            which = None if which is None else which[rows]
-        views: list[Any]
-        if which is None:
-            data = buffers[0]
-            views = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
-        else:
-            views = [buffers[k][a:b] for k, a, b in zip(which.tolist(), starts.tolist(), ends.tolist())]
+        views: list[Any] = spans_at(self._spans, rows)
         if self._valid is not None:
             for i in np.flatnonzero(~(self._valid if rows is None else self._valid[rows])).tolist():
                 views[i] = None

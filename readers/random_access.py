@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from unihub.errors import InvalidArgumentError
 from unihub.formats.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
-from unihub.formats.codecs import BinaryCells, CompressedImageCodec
+from unihub.formats.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
 from unihub.readers.decode import DecodePolicy, decode_column, decode_images, decoded_images
@@ -208,13 +208,13 @@ class _WholeDataset:
     the cached groups' spans (no bytes copied); fixed-width fields' cells are copied together, which
     is refused above ``limit`` bytes."""
 
-    def __init__(self, images: dict[str, tuple[list[memoryview], np.ndarray, np.ndarray, np.ndarray]],
+    def __init__(self, images: dict[str, Spans],
                  fixed: dict[str, tuple[pa.DataType, np.ndarray]]) -> None:
         self.images, self.fixed = images, fixed
 
     @classmethod
     def of(cls, entries: list[_CachedGroup], schema: Unischema, decode_images: bool, limit: int) -> _WholeDataset | None:
-        images: dict[str, tuple[list[memoryview], np.ndarray, np.ndarray, np.ndarray]] = {}
+        images: dict[str, Spans] = {}
         fixed: dict[str, tuple[pa.DataType, np.ndarray]] = {}
         copied = 0
         for f in schema:
@@ -245,8 +245,7 @@ class _WholeDataset:
 
     def views(self, name: str, rows: np.ndarray) -> list[memoryview]:
         """Image field ``name``'s values at ``rows``, as views of the cached groups' buffers."""
-        buffers, which, starts, ends = self.images[name]
-        return [buffers[k][a:b] for k, a, b in zip(which[rows].tolist(), starts[rows].tolist(), ends[rows].tolist())]
+        return spans_at(self.images[name], rows)
 
 
 class _CachedGroup:

@@ -389,3 +389,20 @@ def test_a_take_over_the_whole_cached_dataset_is_what_the_row_groups_give(tmp_pa
 
 def by_group_bytes(path: Path, indices: list[int]) -> list[bytes]:
     return list(Dataset(path, decode_images=False, cached_row_groups=1).take(indices).jpeg)
+
+
+@pytest.mark.parametrize("petastorm_types", [False, True])
+def test_the_whole_cached_dataset_of_files_petastorm_wrote(petastorm_types) -> None:
+    """Petastorm's own files (snappy pages, OpenCV's JPEGs, a gray PNG): gathered over the whole cached
+    dataset where every field allows it, and the same values and dtypes as group by group."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    fields = ["id", "label", "image_png", "image_jpeg", "gray"]
+    whole = Dataset(path, schema_fields=fields, petastorm_types=petastorm_types)
+    by_group = Dataset(path, schema_fields=fields, petastorm_types=petastorm_types, cached_row_groups=1)
+    whole.take(list(range(len(whole))))
+    indices = list(np.random.default_rng(0).integers(0, len(whole), 50)) + [-1, 0]
+    found, expected = whole.take(indices), by_group.take(indices)
+    assert whole._whole is not None and set(whole._whole.images) == {"image_png", "image_jpeg", "gray"}
+    for name in fields:
+        a, b = getattr(found, name), getattr(expected, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
