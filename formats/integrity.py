@@ -78,15 +78,19 @@ def checksum_error(parquet_file: pq.ParquetFile, path: str, row_group: int, colu
         path=path, row_group=row_group, column=damaged[0] if damaged else None)
 
 
-def nested_leaves(schema: pa.Schema) -> dict[str, tuple[int, int]]:
-    """Top-level field name -> (index of its first Parquet leaf column, number of leaves), for nested fields."""
+def leaf_ranges(schema: pa.Schema) -> dict[str, tuple[int, int]]:
+    """Top-level field name -> (index of its first Parquet leaf column, number of leaves)."""
     found, first = {}, 0
     for field in schema:
         count = _leaf_count(field.type)
-        if _is_nested(field.type):
-            found[field.name] = (first, count)
+        found[field.name] = (first, count)
         first += count
     return found
+
+
+def nested_leaves(schema: pa.Schema) -> dict[str, tuple[int, int]]:
+    """:func:`leaf_ranges` of the nested fields."""
+    return {name: where for name, where in leaf_ranges(schema).items() if _is_nested(schema.field(name).type)}
 
 
 def check_value_counts(table: pa.Table, footer: pq.FileMetaData, row_group: int,

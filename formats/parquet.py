@@ -172,9 +172,10 @@ class ParquetStore:
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         verify = self._needs_check(index, stored)
         try:
-            parquet_file = self._open_file(info.path, verify)
+            arrow_checks = verify and not self._checksums_pass(info, stored)
+            parquet_file = self._open_file(info.path, arrow_checks)
             names = stored if stored is not None else parquet_file.schema_arrow.names
-            viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], verify) \
+            viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks) \
                 if views else {}
             rest = [c for c in names if c not in viewed] if viewed else stored
             # one thread per read: readers parallelise across row groups already
@@ -201,22 +202,49 @@ class ParquetStore:
                         verify: bool) -> dict[str, pa.Array]:
         """The columns of ``names`` that :func:`parquet_pages.plain_binary_column` reads from this
         thread's memory map of the file (only local files are mapped)."""
-        held = self._open
         if not self._is_local or not names:
             return {}
-        if held.mapped is None:
-            held.handle.seek(0)
-            held.mapped = held.handle.read_buffer(held.handle.size())  # the whole map, not copied
+        mapped = self._mapped()
+        held = self._open
+        if held.binary_leaves is None:
             held.binary_leaves = parquet_pages.binary_leaves(parquet_file)
         found = {}
         for name in names:
             leaf = held.binary_leaves.get(name)
             if leaf is not None:
-                array = parquet_pages.plain_binary_column(held.mapped, parquet_file.metadata, info.row_group, leaf,
+                array = parquet_pages.plain_binary_column(mapped, parquet_file.metadata, info.row_group, leaf,
                                                           verify=verify)
                 if array is not None:
                     found[name] = array
         return found
+
+    def _checksums_pass(self, info: RowGroupInfo, stored: Sequence[str] | None) -> bool:
+        """Whether the pages of the ``stored`` columns (None: all) of a row group of a local file
+        were checked here, against their CRCs at memory speed (parquet_pages.checksums_pass), and
+        pass; Arrow's own check (~2 GB/s) then need not run. False elsewhere: Arrow checks, and
+        names a damaged page in its error."""
+        if not self._is_local:
+            return False
+        parquet_file = self._open_file(info.path, False)
+        held = self._open
+        if held.leaf_ranges is None:
+            held.leaf_ranges = _leaf_ranges(parquet_file)
+        leaves: list[int] = []
+        for name in stored if stored is not None else parquet_file.schema_arrow.names:
+            where = held.leaf_ranges.get(name)
+            if where is None:
+                return False
+            leaves.extend(range(where[0], where[0] + where[1]))
+        data = memoryview(self._mapped()).cast("B")
+        return parquet_pages.checksums_pass(data, parquet_file.metadata, info.row_group, leaves)
+
+    def _mapped(self) -> pa.Buffer:
+        """This thread's open local file as one buffer of its memory map (not copied)."""
+        held = self._open
+        if held.mapped is None:
+            held.handle.seek(0)
+            held.mapped = held.handle.read_buffer(held.handle.size())
+        return held.mapped
 
     def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
         """Whether this read verifies page checksums and value counts (see ``_verify``)."""
@@ -280,7 +308,7 @@ class ParquetStore:
                                           "there now", path=path) from exc
             self._check_unchanged(path, handle)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
-            held.mapped = held.binary_leaves = None
+            held.mapped = held.binary_leaves = held.leaf_ranges = None
         found = held.files.get(verify)
         if found is None:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
@@ -340,6 +368,21 @@ def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.
             table = table.add_column(position, pa.field(name, pa.binary_view(), stored.nullable, metadata),
                                      viewed[name])
     return table
+
+
+def _leaf_ranges(parquet_file: pq.ParquetFile) -> dict[str, tuple[int, int]]:
+    """Each top-level column's Parquet leaf columns, (first, count), where they agree with the
+    file's own leaf paths; none (so nothing is checked by leaf) where they do not, or names repeat."""
+    schema, leaves = parquet_file.schema_arrow, parquet_file.metadata.schema
+    ranges = integrity.leaf_ranges(schema)
+    if len(ranges) != len(schema) or sum(count for _, count in ranges.values()) != len(leaves):
+        return {}
+    for name, (first, count) in ranges.items():
+        for leaf in range(first, first + count):
+            path = leaves.column(leaf).path
+            if path != name and not path.startswith(name + "."):
+                return {}
+    return ranges
 
 
 def views_the_file(column_field: pa.Field) -> bool:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import struct
 import sys
-import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unihub.errors import FormatError
+from unihub.formats.crc import crc32
 from unihub.formats.thrift_compact import I32, STRUCT, Fields, read_struct, varint
 
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = range(4)
+_DATA_PAGES = (_DATA_PAGE, _DATA_PAGE_V2)
+_CHECKED = (_DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2)  # the pages whose CRC Arrow verifies
 _PLAIN, _RLE, _BIT_PACKED = 0, 3, 4
 _LEVEL_ENCODINGS = (_RLE, _BIT_PACKED)
 _INLINE = 12  # binary_view keeps values of up to 12 bytes in the view itself
@@ -47,9 +51,75 @@ _REQUIRED = object()
 
 
 def chunk_span(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
-    """Where a column chunk's pages lie in its file: (first byte, byte after the last)."""
-    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    """Where a column chunk's pages lie in its file: (first byte, byte after the last), as Arrow's
+    page reader takes them (a dictionary page's offset only where it is before the data's)."""
+    start = column.data_page_offset
+    if column.has_dictionary_page and 0 < column.dictionary_page_offset < start:
+        start = column.dictionary_page_offset
     return start, start + column.total_compressed_size
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a column chunk: where its header and bytes lie in the file, and what the header says."""
+
+    header: int  # offset of the page header
+    body: int  # offset of the page's bytes (what its CRC covers)
+    end: int  # offset after them
+    kind: int  # Parquet's PageType: 0 data, 1 index, 2 dictionary, 3 data v2
+    crc: int | None  # the CRC-32 in the header (unsigned), if it has one
+    num_values: int | None  # a data page's count of values (levels included); None for other pages
+    fields: Fields  # the whole parsed header
+
+
+def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) -> Iterator[Page]:
+    """The pages of the column chunk at ``data[position:end_of_chunk]`` (bytes-like; see
+    :func:`chunk_span`), in order, until their values add up to ``num_values`` (the chunk's, from
+    the footer), where Arrow's page reader stops too. FormatError where a header cannot be parsed
+    (see formats/thrift_compact.py), a page runs past the chunk, or the chunk ends before its values do."""
+    if position < 0 or end_of_chunk > len(data):
+        raise FormatError("a column chunk past the end of its file")
+    seen = 0
+    while seen < num_values:
+        if position >= end_of_chunk:
+            raise FormatError("a column chunk that ends before its values")
+        fields, body = read_struct(data, position)
+        if body - position > _MAX_HEADER:
+            raise FormatError("a page header of more than 64 KiB")
+        kind, compressed = _i32(fields, 1), _i32(fields, 3)
+        end = body + compressed
+        if compressed < 0 or _i32(fields, 2) < 0 or end > end_of_chunk:
+            raise FormatError("a page past its chunk")
+        crc = _i32(fields, 4, None)
+        count = _i32(_struct(fields, 5 if kind == _DATA_PAGE else 8), 1) if kind in _DATA_PAGES else None
+        if count is not None and count < 0:
+            raise FormatError("a negative count of values")
+        yield Page(position, body, end, kind, None if crc is None else crc & 0xFFFFFFFF, count, fields)
+        seen += count or 0
+        position = end
+
+
+def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves: Iterable[int]) -> bool:
+    """Whether every page Arrow would read of these leaf columns of ``row_group`` matches the CRC in
+    its header (data and dictionary pages, as Arrow checks them; pages without one have nothing to
+    check), computed here at memory speed (formats/crc.py) instead of by Arrow's slower CRC.
+
+    False where a page fails, and also where this walk cannot vouch for the pages Arrow would read
+    (a header it cannot parse, a chunk in another file, sizes that do not add up): the caller then
+    reads with Arrow's own checks, which raise its error for a damaged page. So a read checked here
+    is never refused where Arrow accepts it, and a damaged one still fails with Arrow's error."""
+    group = metadata.row_group(row_group)
+    try:
+        for leaf in leaves:
+            column = group.column(leaf)
+            if column.file_path:
+                return False  # the chunk lies in another file
+            for page in chunk_pages(data, *chunk_span(column), column.num_values):
+                if page.crc is not None and page.kind in _CHECKED and crc32(data[page.body:page.end]) != page.crc:
+                    return False
+    except (FormatError, IndexError, TypeError, struct.error):
+        return False
+    return True
 
 
 def binary_leaves(parquet_file: pq.ParquetFile) -> dict[str, int]:
@@ -104,29 +174,21 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
     lengths: list[np.ndarray] = []
     size = len(chunk)
     lengths_at = [chunk[k:k + (size - k) // 4 * 4].cast("i") for k in range(4)]
-    position = 0
-    while position < len(chunk):
-        header, body = read_struct(chunk, position)
-        if body - position > _MAX_HEADER:
-            raise FormatError("a page header of more than 64 KiB")
-        kind, uncompressed, compressed = (_i32(header, k) for k in (1, 2, 3))
-        if compressed < 0 or compressed != uncompressed:
+    for page in chunk_pages(chunk, 0, size, num_rows):
+        body, end, header = page.body, page.end, page.fields
+        if _i32(header, 2) != end - body:
             raise FormatError("page sizes")
-        end = body + compressed
-        if end > len(chunk):
-            raise FormatError("a page past its chunk")
-        crc = _i32(header, 4, None)
-        if verify and crc is not None and zlib.crc32(chunk[body:end]) != crc & 0xFFFFFFFF:
+        if verify and page.crc is not None and crc32(chunk[body:end]) != page.crc:
             raise FormatError("a page fails its checksum")
-        if kind == _DATA_PAGE:
-            page = _struct(header, 5)
-            count, encoding, definition, repetition = (_i32(page, k) for k in (1, 2, 3, 4))
+        if page.kind == _DATA_PAGE:
+            fields = _struct(header, 5)
+            count, encoding, definition, repetition = (_i32(fields, k) for k in (1, 2, 3, 4))
             if definition not in _LEVEL_ENCODINGS or repetition not in _LEVEL_ENCODINGS:
                 raise FormatError("level encodings")
             body = _past_levels_v1(chunk, body, end, count, max_definition_level, definition)
-        elif kind == _DATA_PAGE_V2:
-            page = _struct(header, 8)
-            count, nulls, rows, encoding, definition, repetition = (_i32(page, k) for k in range(1, 7))
+        elif page.kind == _DATA_PAGE_V2:
+            fields = _struct(header, 8)
+            count, nulls, rows, encoding, definition, repetition = (_i32(fields, k) for k in range(1, 7))
             if nulls != 0 or rows != count or repetition != 0 or definition < 0 or body + definition > end:
                 raise FormatError("nulls or repetition in a v2 page")
             if max_definition_level:
@@ -135,13 +197,12 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
                 raise FormatError("definition levels in a page of a required column")
             body += definition
         else:
-            raise FormatError(f"a page of type {kind}")  # a dictionary or index page
+            raise FormatError(f"a page of type {page.kind}")  # a dictionary or index page
         if encoding != _PLAIN or count < 0 or count > (end - body) // _MIN_AVERAGE:
             raise FormatError("not PLAIN, or more (short) values than are worth viewing")
         spans = _walk_values(lengths_at, body, end, count)
         starts.append(spans[0])
         lengths.append(spans[1])
-        position = end
     if sum(len(s) for s in starts) != num_rows:
         raise FormatError("values do not add up to the row group's rows")
     return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])

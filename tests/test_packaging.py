@@ -44,11 +44,11 @@ def test_pyproject_lists_every_subpackage() -> None:
     assert set(config["tool"]["setuptools"]["packages"]) == _repo_packages()
 
 
-def test_core_dependencies_are_the_array_and_image_libraries_only() -> None:
+def test_core_dependencies_are_the_array_image_and_checksum_libraries_only() -> None:
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in project["dependencies"]}
-    assert names == {"numpy", "pyarrow", "imagecodecs", "simplejpeg"}
+    assert names == {"numpy", "pyarrow", "imagecodecs", "simplejpeg", "isal"}
     extras = project["optional-dependencies"]
     assert "tfrecord" not in extras and "webdataset" not in extras  # never imported by unihub; both pull torch
     assert any(d.startswith("tfrecord") for d in extras["test"]) and any(d.startswith("webdataset")
@@ -116,7 +116,7 @@ def test_wheel_ships_every_subpackage_and_works_in_a_clean_venv(tmp_path: Path) 
     assert "unihub/py.typed" in names and "unihub/cli.py" in names and not any("tests" in n for n in names)
 
     core = _core_requirements(wheel)
-    assert {"numpy", "pyarrow", "imagecodecs", "simplejpeg"} <= core and not core & {"tqdm", "argcomplete", "torch"}
+    assert {"numpy", "pyarrow", "imagecodecs", "simplejpeg", "isal"} <= core and not core & {"tqdm", "argcomplete", "torch"}
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"

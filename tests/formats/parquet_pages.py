@@ -1,10 +1,10 @@
 """Where the pages of a Parquet file lie, for the integrity tests (pyarrow does not expose them).
 
-Page headers are parsed by unihub.formats.thrift_compact. Each column
-chunk runs from its dictionary (or first data) page for ``total_compressed_size`` bytes, and is a
-sequence of (PageHeader, page bytes); a header's ``compressed_page_size`` (field 3) gives the
-length of the bytes after it, ``crc`` (field 4) is the checksum, and a data page header (field 5)
-holds ``num_values`` (its field 1).
+Pages are walked by unihub.formats.parquet_pages.chunk_pages (headers parsed by
+unihub.formats.thrift_compact): each column chunk runs from its dictionary (or first data) page for
+``total_compressed_size`` bytes, and is a sequence of (PageHeader, page bytes); a header's
+``compressed_page_size`` (field 3) gives the length of the bytes after it, ``crc`` (field 4) is the
+checksum, and a v1 data page header (field 5) holds ``num_values`` (its field 1).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from unihub.formats.parquet_pages import chunk_span
-from unihub.formats.thrift_compact import read_struct
+from unihub.formats.parquet_pages import chunk_pages, chunk_span
 
 
 @dataclass(frozen=True)
@@ -38,13 +37,9 @@ def pages(path: str) -> list[Page]:
         group = metadata.row_group(g)
         for c in range(group.num_columns):
             column = group.column(c)
-            position, end_of_chunk = chunk_span(column)
-            while position < end_of_chunk:
-                fields, body = read_struct(data, position)
-                end = body + fields[3][0]
-                data_page = fields.get(5)
+            for page in chunk_pages(data, *chunk_span(column), column.num_values):
+                data_page = page.fields.get(5)
                 num_values = data_page[0].get(1) if data_page else None
-                found.append(Page(g, column.path_in_schema, position, body, end, 4 in fields,
+                found.append(Page(g, column.path_in_schema, page.header, page.body, page.end, page.crc is not None,
                                   num_values[0] if num_values else None, num_values[1] if num_values else None))
-                position = end
     return found
