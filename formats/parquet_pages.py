@@ -1,4 +1,5 @@
-"""Binary columns of a memory-mapped Parquet file read as views of it, without a copy.
+"""Pages of a memory-mapped Parquet file: binary columns read as views of it, and page checksums
+checked, without pyarrow's copies and at memory speed.
 
 pyarrow copies every value of a binary (``BYTE_ARRAY``) column into new memory as it reads a row
 group. For image columns that is the whole row group, and new memory is dear: a process that reads
@@ -12,9 +13,13 @@ without nulls (what unihub writes for images: JPEG and PNG do not compress) as a
 only pages touched are the file's own, already in the page cache. Page checksums are checked when
 asked, as pyarrow checks them.
 
-It declines (returns None) whatever else it meets: compression, a dictionary, nulls, another
-encoding, short values, a header it does not expect (formats/thrift_compact.py is stricter than
-Thrift), sizes that do not add up. pyarrow then reads the column as before, with its own checks and
+:func:`checksums_pass` walks a row group's pages (:func:`chunk_pages`, as Arrow's page reader
+walks them) and checks their CRCs at memory speed (formats/crc.py), so that pyarrow reads them
+without its own, slower check.
+
+The view reader declines (returns None) whatever else it meets: compression, a dictionary, nulls,
+another encoding, short values, a header it does not expect (formats/thrift_compact.py is stricter
+than Thrift), sizes that do not add up. pyarrow then reads the column as before, with its own checks and
 errors, so this reader never accepts a chunk pyarrow would refuse for its layout, and never rejects one.
 """
 
