@@ -192,7 +192,9 @@ class ParquetStore:
                 integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
                                              info.path)
             if self._verify == "once":
-                checked = self._verified.get(index, frozenset()) | frozenset(table.column_names)
+                # the names asked for: a nested path ("p.x") comes back as column "p", but checked only its leaf
+                checked = self._verified.get(index, frozenset()) | frozenset(table.column_names if stored is None
+                                                                              else stored)
                 self._verified[index] = self._column_sets.setdefault(checked, checked)
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
@@ -226,15 +228,13 @@ class ParquetStore:
         if not self._is_local:
             return False
         parquet_file = self._open_file(info.path, False)
-        held = self._open
-        if held.leaf_ranges is None:
-            held.leaf_ranges = _leaf_ranges(parquet_file)
-        leaves: list[int] = []
-        for name in stored if stored is not None else parquet_file.schema_arrow.names:
-            where = held.leaf_ranges.get(name)
-            if where is None:
-                return False
-            leaves.extend(range(where[0], where[0] + where[1]))
+        if stored is None:
+            leaves: Collection[int] = range(parquet_file.metadata.num_columns)
+        else:
+            held = self._open
+            if held.leaves_by_name is None:
+                held.leaves_by_name = _leaves_by_name(parquet_file)
+            leaves = {leaf for name in stored for leaf in held.leaves_by_name.get(name, ())}
         data = memoryview(self._mapped()).cast("B")
         return parquet_pages.checksums_pass(data, parquet_file.metadata, info.row_group, leaves)
 
@@ -308,7 +308,7 @@ class ParquetStore:
                                           "there now", path=path) from exc
             self._check_unchanged(path, handle)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
-            held.mapped = held.binary_leaves = held.leaf_ranges = None
+            held.mapped = held.binary_leaves = held.leaves_by_name = None
         found = held.files.get(verify)
         if found is None:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
@@ -370,19 +370,22 @@ def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.
     return table
 
 
-def _leaf_ranges(parquet_file: pq.ParquetFile) -> dict[str, tuple[int, int]]:
-    """Each top-level column's Parquet leaf columns, (first, count), where they agree with the
-    file's own leaf paths; none (so nothing is checked by leaf) where they do not, or names repeat."""
-    schema, leaves = parquet_file.schema_arrow, parquet_file.metadata.schema
-    ranges = integrity.leaf_ranges(schema)
-    if len(ranges) != len(schema) or sum(count for _, count in ranges.values()) != len(leaves):
-        return {}
-    for name, (first, count) in ranges.items():
-        for leaf in range(first, first + count):
-            path = leaves.column(leaf).path
-            if path != name and not path.startswith(name + "."):
-                return {}
-    return ranges
+def _leaves_by_name(parquet_file: pq.ParquetFile) -> dict[str, list[int]]:
+    """The Parquet leaf columns pyarrow may read for each name it is asked for: every leaf whose
+    dotted path is the name or starts with the name and a dot. pyarrow selects leaves by the same
+    prefixes, taken at its path's component boundaries, so this is that selection or more (a
+    top-level name with a dot in it: ``a.b`` beside a struct ``a`` with a field ``b`` names both),
+    and checking what it names never leaves out a leaf pyarrow reads."""
+    found: dict[str, list[int]] = {}
+    schema = parquet_file.metadata.schema
+    for leaf in range(len(schema)):
+        path = schema.column(leaf).path
+        found.setdefault(path, []).append(leaf)
+        dot = path.find(".")
+        while dot >= 0:
+            found.setdefault(path[:dot], []).append(leaf)
+            dot = path.find(".", dot + 1)
+    return found
 
 
 def views_the_file(column_field: pa.Field) -> bool:

@@ -20,7 +20,7 @@ import pytest
 from unihub import open_dataset
 from unihub.errors import DataCorruptionError
 from unihub.formats import crc, parquet_pages
-from unihub.formats.parquet import _leaf_ranges
+from unihub.formats.parquet import _leaves_by_name
 
 from .parquet_pages import pages
 
@@ -66,9 +66,10 @@ def written_layout(path: Path) -> dict[str, object]:
 
 
 def _leaves(path: Path, name: str | None = None) -> list[int]:
-    ranges = _leaf_ranges(pq.ParquetFile(path))
-    picked = ranges.values() if name is None else [ranges[name]]
-    return [leaf for first, count in picked for leaf in range(first, first + count)]
+    parquet_file = pq.ParquetFile(path)
+    if name is None:
+        return list(range(parquet_file.metadata.num_columns))
+    return _leaves_by_name(parquet_file)[name]
 
 
 def _arrow_refuses(path: Path, row_group: int, column: str) -> bool:
@@ -88,15 +89,12 @@ def test_crc32_is_zlibs():
     assert crc.IMPLEMENTATION == "isal"  # a dependency: the fast one is what runs here
 
 
-def test_leaf_ranges_follow_the_files_leaves(written):
+def test_the_leaves_checked_for_a_name_hold_every_leaf_pyarrow_reads_for_it(written):
     parquet_file = pq.ParquetFile(written)
-    ranges = _leaf_ranges(parquet_file)
-    assert list(ranges) == parquet_file.schema_arrow.names
-    paths = [parquet_file.metadata.schema.column(i).path for i in range(parquet_file.metadata.num_columns)]
-    for name, (first, count) in ranges.items():
-        assert all(p == name or p.startswith(name + ".") for p in paths[first:first + count])
-    assert sum(count for _, count in ranges.values()) == len(paths)
-    assert ranges["point"][1] == 2 and ranges["tags"][1] == 2 and ranges["a.b"][1] == 1
+    by_name = _leaves_by_name(parquet_file)
+    for name in [*parquet_file.schema_arrow.names, "point.x", "values.list", "tags.key_value.key", "a"]:
+        assert set(parquet_file._get_column_indices([name])) <= set(by_name.get(name, ()))  # pyarrow's selection
+    assert by_name["point"] == [5, 6] and by_name["tags"] == [7, 8] and by_name["a.b"] == [9]
 
 
 def test_every_damaged_page_fails_here_as_it_fails_in_arrow(written):
@@ -113,8 +111,7 @@ def test_every_damaged_page_fails_here_as_it_fails_in_arrow(written):
     dictionary = written_layout(written)["use_dictionary"]
     assert kinds == ({2} if dictionary else set()) | {0 if written_layout(written)["data_page_version"] == "1.0" else 3}
     names = pq.ParquetFile(written).schema_arrow.names
-    column_of = {metadata.schema.column(i).path: n for n in names for i in range(metadata.num_columns)
-                 if i in _leaves(written, n)}
+    column_of = {metadata.schema.column(i).path: n for n in names for i in _leaves(written, n)}
     assert parquet_pages.checksums_pass(memoryview(original), metadata, 0, _leaves(written))
     rng = np.random.default_rng(3)
     for page in found:
@@ -219,3 +216,58 @@ def test_files_petastorm_and_spark_wrote_pass_as_they_pass_in_arrow():
                 assert not parquet_pages.checksums_pass(memoryview(damaged), metadata, page.row_group,
                                                         range(metadata.num_columns))
     assert len(files) >= 4 and with_crc > 10
+
+
+OVERLAPS = {
+    # a top-level name with a dot beside a nested field of that path: pyarrow reads both for it
+    "a.b beside struct a": (pa.table({"a": pa.array([{"b": i, "c": i} for i in range(ROWS)]),
+                                      "a.b": pa.array(np.arange(ROWS))}), ["a.b", "a", "a.c"]),
+    "v.list beside list v": (pa.table({"v": pa.array([[i, i] for i in range(ROWS)]),
+                                       "v.list": pa.array(np.arange(ROWS))}), ["v.list", "v"]),
+    "m.key_value beside map m": (pa.table({"m": pa.array([[("k", i)] for i in range(ROWS)],
+                                                         pa.map_(pa.string(), pa.int64())),
+                                           "m.key_value": pa.array(np.arange(ROWS))}), ["m.key_value", "m"]),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERLAPS), ids=list(OVERLAPS))
+def test_a_damaged_leaf_behind_a_dotted_name_is_never_read_unchecked(case, tmp_path):
+    """Every leaf damaged in turn, every name read: unihub refuses exactly where pyarrow's verified read
+    does (before this walk named leaves by prefix, ``a.b`` checked its own leaf and read struct a's
+    unchecked: 199 came back as 1099511627975)."""
+    table, names = OVERLAPS[case]
+    file = tmp_path / "part-0.parquet"
+    pq.write_table(table, file, write_page_checksum=True, use_dictionary=False, compression="NONE")
+    original = file.read_bytes()
+    metadata = pq.read_metadata(file)
+    for leaf in range(metadata.num_columns):
+        chunk = metadata.row_group(0).column(leaf)
+        damaged = bytearray(original)
+        damaged[chunk.data_page_offset + chunk.total_compressed_size - 3] ^= 0x01  # in its last value
+        file.write_bytes(damaged)
+        for name in names:
+            refused = _arrow_refuses(file, 0, name)
+            store = open_dataset(tmp_path)  # a new store: nothing checked yet
+            if refused:
+                with pytest.raises(DataCorruptionError):
+                    store.read_row_group(0, [name])
+            else:
+                assert store.read_row_group(0, [name]).equals(pq.ParquetFile(file).read_row_group(0, columns=[name]))
+    file.write_bytes(original)
+
+
+def test_a_nested_path_read_marks_only_what_it_checked(tmp_path, monkeypatch):
+    """Reading ``p.x`` checks the leaf ``p.x`` and returns a column ``p``; a later read of ``p`` must
+    still check ``p.y`` (it was counted as checked with the column ``p`` once)."""
+    monkeypatch.delenv("UNIHUB_PAGE_CHECKSUMS", raising=False)  # "once", the default
+    file = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"p": pa.array([{"x": i, "y": i} for i in range(ROWS)])}), file,
+                   write_page_checksum=True, use_dictionary=False, compression="NONE")
+    chunk = pq.read_metadata(file).row_group(0).column(1)  # leaf p.y
+    damaged = bytearray(file.read_bytes())
+    damaged[chunk.data_page_offset + chunk.total_compressed_size - 3] ^= 0x01
+    file.write_bytes(damaged)
+    store = open_dataset(tmp_path)
+    assert store.read_row_group(0, ["p.x"]).column("p").to_pylist()[-1] == {"x": ROWS - 1}
+    with pytest.raises(DataCorruptionError, match="column 'p'"):
+        store.read_row_group(0, ["p"])
