@@ -100,8 +100,8 @@ def check_value_counts(table: pa.Table, footer: pq.FileMetaData, row_group: int,
     group = None
     for name in table.column_names:
         where = leaves.get(name)
-        if where is None:
-            continue
+        if where is None or _leaf_count(table.schema.field(name).type) != where[1]:
+            continue  # not nested, or a part of it read by a nested path ("p.x"): its leaves are not these
         if group is None:
             group = footer.row_group(row_group)
         totals = np.zeros(where[1], dtype=np.int64)

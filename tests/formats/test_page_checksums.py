@@ -271,3 +271,13 @@ def test_a_nested_path_read_marks_only_what_it_checked(tmp_path, monkeypatch):
     assert store.read_row_group(0, ["p.x"]).column("p").to_pylist()[-1] == {"x": ROWS - 1}
     with pytest.raises(DataCorruptionError, match="column 'p'"):
         store.read_row_group(0, ["p"])
+
+
+def test_a_nested_path_of_a_struct_of_lists_reads_without_a_false_count_error(tmp_path):
+    """``p.x`` of a struct of two lists comes back as a column ``p`` holding ``x`` only: its values
+    are not counted against ``p.y``'s chunk (they were, and a healthy file was refused)."""
+    table = pa.table({"p": pa.array([{"x": [1, 2, 3], "y": [i]} for i in range(ROWS)])})
+    pq.write_table(table, tmp_path / "part-0.parquet", write_page_checksum=True)
+    store = open_dataset(tmp_path)
+    assert store.read_row_group(0, ["p.x"]).column("p").to_pylist()[0] == {"x": [1, 2, 3]}
+    assert store.read_row_group(0, ["p"]).equals(table)
