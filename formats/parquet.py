@@ -64,6 +64,10 @@ VIEWS_OF_FILE = b"unihub.views_of_file"
 
 #: bytes read through one kept-open file before it is reopened (see ParquetStore._open_file)
 _MAPPED_BYTES_BEFORE_REOPEN = 8 * 2**20
+#: a row group's page checksums are checked here only where its column chunks average this many
+#: bytes: the walk costs ~40 us a chunk in Python, Arrow's CRC ~0.5 ns a byte (a table of 2,000
+#: float columns in 5 MB groups read 2x slower walked than checked by Arrow; 4 MB of images 1.8x faster)
+WALK_MIN_CHUNK_BYTES = 64 * 2**10
 
 
 @dataclass(frozen=True)
@@ -227,16 +231,27 @@ class ParquetStore:
         names a damaged page in its error."""
         if not self._is_local:
             return False
+        footer = self._footers.get(info.path)
+        if footer is not None and not self._worth_walking(footer, info.row_group):
+            return False
         parquet_file = self._open_file(info.path, False)
+        metadata = parquet_file.metadata
+        if not self._worth_walking(metadata, info.row_group):
+            return False
         if stored is None:
-            leaves: Collection[int] = range(parquet_file.metadata.num_columns)
+            leaves: Collection[int] = range(metadata.num_columns)
         else:
             held = self._open
             if held.leaves_by_name is None:
                 held.leaves_by_name = _leaves_by_name(parquet_file)
             leaves = {leaf for name in stored for leaf in held.leaves_by_name.get(name, ())}
         data = memoryview(self._mapped()).cast("B")
-        return parquet_pages.checksums_pass(data, parquet_file.metadata, info.row_group, leaves)
+        return parquet_pages.checksums_pass(data, metadata, info.row_group, leaves)
+
+    @staticmethod
+    def _worth_walking(metadata: pq.FileMetaData, row_group: int) -> bool:
+        """Whether a row group's chunks are big enough for the walk to cost less than Arrow's CRC."""
+        return metadata.row_group(row_group).total_byte_size >= WALK_MIN_CHUNK_BYTES * metadata.num_columns
 
     def _mapped(self) -> pa.Buffer:
         """This thread's open local file as one buffer of its memory map (not copied)."""

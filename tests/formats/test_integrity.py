@@ -32,11 +32,19 @@ from unihub import (
 from unihub.cli import main
 from unihub.errors import DataCorruptionError, InvalidArgumentError
 from unihub.formats import integrity
+from unihub.formats import parquet as parquet_module
 from unihub.readers.random_access import Dataset
 
 from .parquet_pages import Page, pages
 
 FLIPS = 150
+
+
+@pytest.fixture(autouse=True, params=["walked here", "checked by Arrow"])
+def page_checks(request, monkeypatch):
+    """Every test both ways: pages walked and checked by unihub (the small test files' chunks too),
+    and left to Arrow's check (formats/parquet.py WALK_MIN_CHUNK_BYTES)."""
+    monkeypatch.setattr(parquet_module, "WALK_MIN_CHUNK_BYTES", 0 if request.param == "walked here" else 2**62)
 
 ImageSchema = Unischema("Images", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),

@@ -20,11 +20,18 @@ import pytest
 from unihub import open_dataset
 from unihub.errors import DataCorruptionError
 from unihub.formats import crc, parquet_pages
+from unihub.formats import parquet as parquet_module
 from unihub.formats.parquet import _leaves_by_name
 
 from .parquet_pages import pages
 
 ROWS = 600
+
+
+@pytest.fixture(autouse=True)
+def walk_small_chunks(monkeypatch):
+    """These files' chunks are small: the store walks them anyway, so that the walk is what is tested."""
+    monkeypatch.setattr(parquet_module, "WALK_MIN_CHUNK_BYTES", 0)
 PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 
 
@@ -281,3 +288,31 @@ def test_a_nested_path_of_a_struct_of_lists_reads_without_a_false_count_error(tm
     store = open_dataset(tmp_path)
     assert store.read_row_group(0, ["p.x"]).column("p").to_pylist()[0] == {"x": [1, 2, 3]}
     assert store.read_row_group(0, ["p"]).equals(table)
+
+
+def test_row_groups_of_small_chunks_are_left_to_arrows_check(tmp_path, monkeypatch):
+    """Where a row group's chunks average under WALK_MIN_CHUNK_BYTES (a wide table of small columns),
+    the walk would cost more than Arrow's CRC: Arrow checks, and a damaged page is still named."""
+    monkeypatch.setattr(parquet_module, "WALK_MIN_CHUNK_BYTES", 64 * 2**10)
+    calls: list[bool] = []
+    real = parquet_pages.checksums_pass
+    monkeypatch.setattr(parquet_pages, "checksums_pass", lambda *args: calls.append(real(*args)) or calls[-1])
+    rng = np.random.default_rng(5)
+    wide = pa.table({f"c{i}": rng.random(2_000, dtype=np.float32) for i in range(50)})  # 8 KB chunks
+    narrow = pa.table({"blob": [rng.bytes(4_000) for _ in range(2_000)]})  # one 8 MB chunk
+    for name, table in (("wide", wide), ("narrow", narrow)):
+        (tmp_path / name).mkdir()
+        pq.write_table(table, tmp_path / name / "part-0.parquet", write_page_checksum=True)
+    store = open_dataset(tmp_path / "wide")
+    assert store.read_row_group(0).equals(wide)
+    assert calls == [] and True in store._open.files  # Arrow checked
+    store = open_dataset(tmp_path / "narrow")
+    assert store.read_row_group(0).equals(narrow)
+    assert calls == [True] and True not in store._open.files  # walked
+    file = tmp_path / "wide" / "part-0.parquet"
+    page = next(p for p in pages(str(file)) if p.column == "c7")
+    damaged = bytearray(file.read_bytes())
+    damaged[(page.body + page.end) // 2] ^= 0x04
+    file.write_bytes(damaged)
+    with pytest.raises(DataCorruptionError, match="column 'c7'"):
+        open_dataset(tmp_path / "wide").read_row_group(0)
