@@ -231,12 +231,12 @@ class ParquetStore:
         names a damaged page in its error."""
         if not self._is_local:
             return False
-        footer = self._footers.get(info.path)
+        footer = self._footers.get(info.path)  # decided before opening: a group left to Arrow opens one file
         if footer is not None and not self._worth_walking(footer, info.row_group):
             return False
         parquet_file = self._open_file(info.path, False)
         metadata = parquet_file.metadata
-        if not self._worth_walking(metadata, info.row_group):
+        if footer is None and not self._worth_walking(metadata, info.row_group):
             return False
         if stored is None:
             leaves: Collection[int] = range(metadata.num_columns)

@@ -76,6 +76,10 @@ class Page:
     num_values: int | None  # a data page's count of values (levels included); None for other pages
     fields: Fields  # the whole parsed header
 
+    def fails_its_crc(self, data: Any) -> bool:
+        """Whether the page's bytes in ``data`` (what its offsets index) differ from the CRC in its header."""
+        return self.crc is not None and crc32(data[self.body:self.end]) != self.crc
+
 
 def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) -> Iterator[Page]:
     """The pages of the column chunk at ``data[position:end_of_chunk]`` (bytes-like; see
@@ -120,7 +124,7 @@ def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves:
             if column.file_path:
                 return False  # the chunk lies in another file
             for page in chunk_pages(data, *chunk_span(column), column.num_values):
-                if page.crc is not None and page.kind in _CHECKED and crc32(data[page.body:page.end]) != page.crc:
+                if page.kind in _CHECKED and page.fails_its_crc(data):
                     return False
     except (FormatError, IndexError, TypeError, struct.error):
         return False
@@ -183,7 +187,7 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
         body, end, header = page.body, page.end, page.fields
         if _i32(header, 2) != end - body:
             raise FormatError("page sizes")
-        if verify and page.crc is not None and crc32(chunk[body:end]) != page.crc:
+        if verify and page.fails_its_crc(chunk):
             raise FormatError("a page fails its checksum")
         if page.kind == _DATA_PAGE:
             fields = _struct(header, 5)

@@ -3,7 +3,7 @@ instead of by Arrow: the same pages as Arrow checks, the same verdict on every d
 Arrow's own check (and error) wherever the walk cannot vouch for a page.
 
 Files are written by pyarrow itself in every page layout it writes (v1 and v2 data pages,
-dictionaries, compression, nesting), and by Petastorm (no checksums).
+dictionaries, compression, nesting), and by Petastorm through Spark (parquet-mr, with checksums).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from unihub.formats.parquet import _leaves_by_name
 from .parquet_pages import pages
 
 ROWS = 600
+PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 
 
 @pytest.fixture(autouse=True)
 def walk_small_chunks(monkeypatch):
     """These files' chunks are small: the store walks them anyway, so that the walk is what is tested."""
     monkeypatch.setattr(parquet_module, "WALK_MIN_CHUNK_BYTES", 0)
-PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 
 
 def _table() -> pa.Table:
