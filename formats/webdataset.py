@@ -68,6 +68,7 @@ from unihub.formats.tarstream import TarFormatError
 from unihub.formats.webdataset_blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset_columns import ColumnReader, observe
 from unihub.formats.webdataset_fields import FieldStats, column, decoder
+from unihub.formats.webdataset_spelling import SPELLING_FIELD, RowSpeller, Spelling, spelling_field, spellings_text
 from unihub.formats.webdataset_tar import (
     KEY_FIELD,
     Sample,
@@ -290,6 +291,8 @@ class WebDatasetFormat(ForeignFormat):
                               "members", path=self.sources[0] if self.sources else None)
         fields = [UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)]
         fields += [stats[ext].field(nullable=stats[ext].count < seen) for ext in sorted(stats)]
+        if any(stats[f.name].spelled(f) for f in fields[1:]):
+            fields.append(spelling_field())  # members an export would spell otherwise: each row keeps how
         return Unischema("WebDataset", fields)
 
     # ------------------------------------------------------------------------ reading
@@ -412,7 +415,10 @@ class _SampleReader:
                  observe: bool = False) -> None:
         self.schema = schema
         self.observe = observe  # a provisional schema: what it does not hold is SchemaOutgrown, not bad input
-        self.decoders = {f.name: decoder(f, validate_images, fit=not observe) for f in schema if f.name != KEY_FIELD}
+        self.decoders = {f.name: decoder(f, validate_images, fit=not observe) for f in schema
+                         if f.name not in (KEY_FIELD, SPELLING_FIELD)}
+        #: how each field's export writes a member, so that a member spelled otherwise keeps its spelling
+        self.spellers = RowSpeller(schema, header.image_extensions if header is not None else "name")
         self.images = {f.name for f in schema if isinstance(f.codec, CompressedImageCodec)}
         self.fields = header.members if header is not None else None  # extension -> field name
         self.first_rows = ({path: h.first_row for path, h in headers.items() if h is not None}
@@ -434,16 +440,19 @@ class _SampleReader:
             raise FormatError(str(exc), path=exc.path, offset=exc.offset) from exc.__cause__  # its own class
 
     def _row(self, sample: Sample) -> dict[str, Any]:
-        members = sample.members if self.fields is None else self._by_field(sample)
+        members = self._by_extension(sample) if self.fields is None else self._by_field(sample)
         if self.first_rows is not None:
             self._check_key(sample)
         row: dict[str, Any] = {}
+        spellings: dict[str, Spelling] = {}
         used = 0
         for f in self.schema:
             if f.name == KEY_FIELD:
                 row[f.name] = sample.key
                 continue
-            data = members.get(f.name)
+            if f.name == SPELLING_FIELD:
+                continue
+            extension, data = members.get(f.name, (f.name, None))
             used += data is not None
             if data is None:
                 if not f.nullable:
@@ -453,22 +462,41 @@ class _SampleReader:
                 row[f.name] = None
                 continue
             try:
-                row[f.name] = self.decoders[f.name](data)
+                row[f.name] = value = self.decoders[f.name](data)
+                spelling = self.spellers.fields[f.name].spelling(extension, data, value)
             except (ValueError, OverflowError, CodecError) as exc:
                 kind = FormatError if f.name in self.images else _Outgrown  # a bad image is bad input anyway
                 raise kind(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}), member "
-                                  f"{self._member_name(sample, f.name)!r}: {exc}", path=sample.url,
+                                  f"'{sample.key}.{extension}': {exc}", path=sample.url,
                                   offset=sample.offset) from exc
+            if spelling is not None:
+                spellings[f.name] = spelling
         if used != len(members):
             extra = next(name for name in members if name not in self.decoders)
             raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): member "
-                            f"'{sample.key}.{extra}' has no field in the schema, and would be lost; add a field "
-                              f"{extra!r} to the schema", path=sample.url, offset=sample.offset)
+                            f"'{sample.key}.{members[extra][0]}' has no field in the schema, and would be lost; add "
+                            f"a field {extra!r} to the schema", path=sample.url, offset=sample.offset)
+        if spellings and not self.spellers.keeps:
+            name = next(iter(spellings))
+            raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): member "
+                            f"'{sample.key}.{members[name][0]}' would not come back byte for byte from field {name!r} "
+                            f"alone (its {' and '.join(sorted(spellings[name]))} differ from what an export writes); "
+                            f"the schema needs the nullable str field {SPELLING_FIELD!r} that keeps each row's "
+                            "spelling (infer the schema, or add it), or a bytes field", path=sample.url,
+                            offset=sample.offset)
+        if self.spellers.keeps:
+            row[SPELLING_FIELD] = spellings_text(spellings)
         return row
 
-    def _by_field(self, sample: Sample) -> dict[str, bytes]:
-        """``field -> bytes`` by the export's header; a member it does not name is an error."""
-        out: dict[str, bytes] = {}
+    @staticmethod
+    def _by_extension(sample: Sample) -> dict[str, tuple[str, bytes]]:
+        """``field -> (extension as spelled, bytes)``, fields named by extension (in lower case)."""
+        return {extension: (sample.spelled.get(extension, extension), data)
+                for extension, data in sample.members.items()}
+
+    def _by_field(self, sample: Sample) -> dict[str, tuple[str, bytes]]:
+        """``field -> (extension as spelled, bytes)`` by the export's header; a member it does not name is an error."""
+        out: dict[str, tuple[str, bytes]] = {}
         for extension, data in sample.members.items():
             name = self.fields.get(extension)  # type: ignore[union-attr]
             if name is None or name in out:
@@ -478,7 +506,7 @@ class _SampleReader:
                                   f"'{sample.key}.{extension}' {why} (the shard was changed after export); pass "
                                   "--option unihub_schema=false to name fields by member extension",
                                   path=sample.url, offset=sample.offset)
-            out[name] = data
+            out[name] = (sample.spelled.get(extension, extension), data)
         return out
 
     def _check_key(self, sample: Sample) -> None:
@@ -489,12 +517,6 @@ class _SampleReader:
                               f"row key {expected!r}, and the recorded Unischema has no {KEY_FIELD!r} field to keep "
                               "it (samples were added, removed or renamed after export); pass --option "
                               "unihub_schema=false to keep the keys", path=sample.url, offset=sample.offset)
-
-    def _member_name(self, sample: Sample, field_name: str) -> str:
-        if self.fields is None:
-            return f"{sample.key}.{field_name}"
-        extension = next((e for e in sample.members if self.fields.get(e) == field_name), field_name)
-        return f"{sample.key}.{extension}"
 
 
 class _Outgrown(FormatError):

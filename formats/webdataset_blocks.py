@@ -3,7 +3,8 @@
 :func:`iter_blocks` gives what :func:`~unihub.formats.webdataset_tar.iter_samples` gives -- the same
 samples in the same order, the same errors and skips -- as :class:`SampleBlock` s. Where tarstream
 found a window of a shard with numpy (:class:`~unihub.formats.tarstream.MemberTable`) and its members
-are the usual ones -- regular files named ``<key>.<ext>`` in plain ASCII, every sample with the same
+are the usual ones -- regular files named ``<key>.<ext>`` in plain ASCII, extensions in lower case
+(capitals are kept in :attr:`Sample.spelled <unihub.formats.webdataset_tar.Sample.spelled>`), every sample with the same
 extensions in the same order, no key seen before in the shard -- the samples wholly inside the window
 become one block whose members are copied from the mapped shard into one Arrow binary array an
 extension, with no Python object a member or a sample. Everything else (the samples that straddle
@@ -232,8 +233,8 @@ def _plan(table: MemberTable, grouper: Grouper) -> _Plan | None:
     for j in range(width):  # every sample: ``width`` members of one key, the layout's extensions in order
         if (j and keys[head + j:stop:width] != firsts) or extensions[head + j:stop:width] != (layout[j],) * samples:
             return None
-    if len({extension.lower() for extension in layout}) < width:
-        return None  # two members of one extension
+    if len({extension.lower() for extension in layout}) < width or any(e != e.lower() for e in layout):
+        return None  # two members of one extension; an extension spelled in capitals (kept in Sample.spelled)
     if len(set(firsts)) < samples or not grouper.runs.keys().isdisjoint(firsts):
         return None  # a key repeated: the grouper says where
     if int(table.sizes[head:stop].sum()) > MAX_BINARY:
@@ -248,6 +249,6 @@ def _block(path: str, table: MemberTable, head: int, stop: int, width: int, keys
         for j in range(width):
             starts = (table.owns[head + j:stop:width] + BLOCK).tolist()
             ends = (table.owns[head + j:stop:width] + BLOCK + table.sizes[head + j:stop:width]).tolist()
-            extension = table.names[head + j].partition(".")[2].lower()
+            extension = table.names[head + j].partition(".")[2]  # lower case (see _plan)
             columns[extension] = binary_array([whole[start:end] for start, end in zip(starts, ends)])
     return SampleBlock([path] * len(keys), keys, table.firsts[head:stop:width].tolist(), [], columns)

@@ -32,12 +32,13 @@ from unihub.formats.npy import load_npy_column
 from unihub.formats.schema import UnischemaField
 from unihub.formats.validation import shape_matches
 from unihub.formats.webdataset_blocks import SampleBlock
-from unihub.formats.webdataset_fields import FieldStats, Where, native_order
+from unihub.formats.webdataset_fields import FieldStats, Where, native_order, npy_header
+from unihub.formats.webdataset_spelling import SPELLING_FIELD
 from unihub.formats.webdataset_tar import KEY_FIELD
 
-#: integer text every parser reads alike: ASCII digits, an optional minus, short enough for float64 too
-_PLAIN_INT = r"^-?[0-9]{1,15}$"
-_MINUS_ZERO = r"^-0+$"  # '-0' is a number an int field cannot hold (see FieldStats._add_number)
+#: integer text as an int64 field writes it back (no sign but a minus, no leading zero or space, no
+#: newline: '-0', '007', '+3' and '3\n' keep their spelling, row by row), short enough for float64 too
+_PLAIN_INT = r"^(0|-?[1-9][0-9]{0,14})$"
 
 
 class _Values:
@@ -69,9 +70,7 @@ class _Values:
     @cached_property
     def plain_ints(self) -> bool:
         """True when every value is integer text that int64 and float64 both hold exactly."""
-        array = self.array
-        return bool(pc.all(pc.match_substring_regex(array, _PLAIN_INT)).as_py()) and \
-            not bool(pc.any(pc.match_substring_regex(array, _MINUS_ZERO)).as_py())
+        return bool(pc.all(pc.match_substring_regex(self.array, _PLAIN_INT)).as_py())
 
     @cached_property
     def npy(self) -> np.ndarray | None:
@@ -80,6 +79,18 @@ class _Values:
             return load_npy_column(self.array)
         except Exception:  # a corrupt header: the row reader says which and why
             return None
+
+    @cached_property
+    def plain_npy(self) -> bool:
+        """True when the shared ``.npy`` header is the one an export writes for the values (native byte
+        order, C order, np.save's padding): the members come back from the values alone."""
+        array = self.npy
+        if array is None:
+            return False
+        header = npy_header(array.dtype, array.shape[1:])
+        buffer, starts, ends = self.spans
+        first = int(starts[0])
+        return array.dtype.isnative and buffer[first:first + len(header)].tobytes() == header
 
 
 def _gather(block: SampleBlock, extension: str) -> _Values | None:
@@ -102,7 +113,7 @@ def observe(stats: dict[str, FieldStats], block: SampleBlock, cache: dict[str, _
             for sample in block.samples():
                 data = sample.members.get(extension)
                 if data is not None:
-                    stat.add(data, sample.url, sample.offset, sample.key)
+                    stat.add(data, sample.url, sample.offset, sample.key, respelled=extension in sample.spelled)
 
 
 def _where(block: SampleBlock, i: int) -> Where:
@@ -113,7 +124,8 @@ def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Wh
     """Add a full column to ``stat`` in a few steps; False (nothing added) where it must go member by member."""
     n = len(values.array)
     if stat.kind == "int" and stat.all_int and values.plain_ints:
-        stat.count += n  # every value is an int64, a float64 and UTF-8 alike: nothing else changes
+        stat.count += n  # every value is an int64, a float64 and UTF-8 alike, printed as an int64 prints it
+        stat.plain_float_text = False  # a float64 field would print '2.0'
         return True
     if stat.kind == "npy":
         array = values.npy
@@ -121,6 +133,7 @@ def _observe_column(stat: FieldStats, values: _Values, where: Callable[[int], Wh
             return False
         dtype = native_order(array.dtype)
         stat.dtypes.setdefault(dtype, where(0))
+        stat.plain_npy = stat.plain_npy and values.plain_npy
         stat.ranks.setdefault(array.ndim - 1, where(0))
         stat.shapes.add(array.shape[1:])
         stat.count += n
@@ -155,8 +168,9 @@ class ColumnReader:
     """
 
     def __init__(self, fields: Sequence[UnischemaField], validate_images: ValidateImages, *, fit: bool) -> None:
-        self.fields = [f for f in fields if f.name != KEY_FIELD]
+        self.fields = [f for f in fields if f.name not in (KEY_FIELD, SPELLING_FIELD)]
         self.keys = any(f.name == KEY_FIELD for f in fields)
+        self.spellings = any(f.name == SPELLING_FIELD for f in fields)  # null here: every member is canonical
         self.order = [f.name for f in fields]
         self.validate_images, self.fit = validate_images, fit
 
@@ -166,6 +180,8 @@ class ColumnReader:
         out: dict[str, Any] = {}
         if self.keys:
             out[KEY_FIELD] = string_array(block.keys)
+        if self.spellings:
+            out[SPELLING_FIELD] = pa.nulls(len(block), pa.string())
         for f in self.fields:
             if f.name not in cache:
                 cache[f.name] = _gather(block, f.name)
@@ -192,9 +208,9 @@ class ColumnReader:
             return to_numpy(pc.cast(values.array.cast(pa.string()), pa.int64()))
         if f.shape != () and kind in "biufc":
             array = values.npy
-            if array is None or native_order(array.dtype) != f.dtype or not shape_matches(array.shape[1:], f.shape):
-                return None
-            array = array if array.dtype == f.dtype else array.astype(f.dtype)
+            if array is None or array.dtype != f.dtype or not shape_matches(array.shape[1:], f.shape) or \
+                    not values.plain_npy:
+                return None  # another byte order or header: the row reader keeps its spelling
             return array if f.is_fixed_shape else list(array)
         return None
 

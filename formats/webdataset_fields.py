@@ -10,13 +10,14 @@
 - :func:`decoder`: a member's bytes as a value of a field (no dtype conversion but byte order;
   text numbers only where they fit the field exactly);
 - :func:`member_encoder`: a value as ``(member extension, bytes)``, the extension saying the
-  encoding (an image's by its bytes: ``.png`` or ``.jpg``);
-- :func:`member_value`: the normal form ``unihub verify`` compares members in.
+  encoding (an image's by its bytes: ``.png`` or ``.jpg``): the canonical member of a value, which
+  :mod:`.webdataset_spelling` keeps the source's other spellings of (``007``, a big-endian ``.npy``).
 """
 
 from __future__ import annotations
 
 import decimal
+import functools
 import io
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -79,9 +80,14 @@ class FieldStats:
         self.ranks: dict[int, Where] = {}  # first member of each rank
         self.depths: dict[int, Where] = {}  # first image of each bit depth (8, or 16: a 16-bit PNG)
         self.all_int = self.all_float = self.all_utf8 = True
+        #: every member is what the field's export writes for its value (else rows keep their spelling):
+        #: the extension in lower case, integer or float text as printed back, np.save's own .npy header
+        self.respelled = False
+        self.plain_int_text = self.plain_float_text = self.plain_npy = True
 
-    def add(self, data: bytes, url: str, offset: int, key: str) -> None:
+    def add(self, data: bytes, url: str, offset: int, key: str, *, respelled: bool = False) -> None:
         self.count += 1
+        self.respelled = self.respelled or respelled
         if self.kind == "image":
             size = images.image_size(data)
             if size is None:
@@ -93,10 +99,11 @@ class FieldStats:
                 self.depths[depth] = (url, offset, key)
         elif self.kind == "npy":
             try:
-                dtype, shape, _, _ = parse_header(data)
+                dtype, shape, _, end = parse_header(data)
             except CodecError:
                 return
             dtype = native_order(dtype)
+            self.plain_npy = self.plain_npy and bytes(data[:end]) == npy_header(dtype, shape)
             if dtype not in self.dtypes:
                 self.dtypes[dtype] = (url, offset, key)
             if len(shape) not in self.ranks:
@@ -113,8 +120,13 @@ class FieldStats:
         except ValueError:
             self.all_int = False
             if self._add_text(data):
-                self.all_float = self.all_float and exact_float(data.decode("utf-8"), np.float64) is not None
+                number = exact_float(data.decode("utf-8"), np.float64)
+                self.all_float = self.all_float and number is not None
+                self.plain_float_text = self.all_float and self.plain_float_text and \
+                    float_text(number).encode("ascii") == data
             return
+        self.plain_int_text = self.plain_int_text and str(value).encode("ascii") == data
+        self.plain_float_text = False  # a float64 field writes '2.0'
         # integer text is compared as the number it spells ('003' is 3), but '-0' is a number an int
         # cannot hold: such a field is float64 (which keeps -0.0 and writes it back as '-0')
         self.all_int = self.all_int and _INT64[0] <= value <= _INT64[1] and not (value == 0 and b"-" in data)
@@ -139,6 +151,23 @@ class FieldStats:
         self.all_int = self.all_int and other.all_int
         self.all_float = self.all_float and other.all_float
         self.all_utf8 = self.all_utf8 and other.all_utf8
+        self.respelled = self.respelled or other.respelled
+        self.plain_int_text = self.plain_int_text and other.plain_int_text
+        self.plain_float_text = self.plain_float_text and other.plain_float_text
+        self.plain_npy = self.plain_npy and other.plain_npy
+
+    def spelled(self, f: UnischemaField) -> bool:
+        """True when some member of field ``f`` (made by :meth:`field`) is not what its export writes
+        back for the value: the rows must keep the spelling (:mod:`.webdataset_spelling`)."""
+        if self.respelled:
+            return True
+        if isinstance(f.codec, TensorCodec) or (self.kind == "npy" and f.numpy_dtype is not np.bytes_):
+            return not self.plain_npy
+        if f.numpy_dtype is np.int64:
+            return not self.plain_int_text
+        if f.numpy_dtype is np.float64:
+            return not self.plain_float_text
+        return False
 
     def field(self, nullable: bool) -> UnischemaField:
         name = self.extension
@@ -379,65 +408,18 @@ def _image_encoder(f: UnischemaField, name: str, last: str, mode: str) -> tuple[
 
 
 def _npy_bytes(f: UnischemaField, value: Any) -> bytes:
-    array = np.asarray(value) if f.dtype.kind in "mM" else np.asarray(value, dtype=f.dtype)
+    return npy_bytes(np.asarray(value) if f.dtype.kind in "mM" else np.asarray(value, dtype=f.dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The header ``np.save`` writes for a C-order array of ``dtype`` and ``shape`` (magic to padding)."""
     buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buffer, header)
     return buffer.getvalue()
 
 
-# ----------------------------------------------------------------------------- verify
-def member_value(extension: str, data: bytes) -> Any:
-    """A member as ``unihub verify`` compares it: its bytes, except two forms that lose nothing.
-
-    ``.npy`` members compare as the array they hold (no pickle; see :mod:`unihub.formats.npy`): dtype, shape
-    and values, in native byte order and C order, so an export that saves an identical array
-    again (another header padding, byte order or memory order) is equal, and one that changes a
-    dtype, a shape or a bit is not. Integer-text members (``.cls``, ``.idx``, ...) compare as
-    the decimal number they spell, digit for digit: ``3``, ``3\\n``, ``003`` and ``3.0`` are one
-    number (an int field writes ``3``, a float64 one the shortest text that reads back as its
-    value), ``0.1`` and ``0.10000000000000000001`` two, ``-0`` and ``0`` two, ``nan`` and
-    ``-nan`` two. Anything that does not load or parse compares as bytes.
-    """
-    last = last_component(extension)
-    if last in NPY_EXTENSIONS:
-        try:
-            array = load_npy(data)  # checked before allocating: np.load trusts a header's shape
-        except CodecError:
-            return bytes(data)
-        return np.ascontiguousarray(array.astype(native_order(array.dtype), copy=False))
-    if last in INT_EXTENSIONS:
-        return _number(bytes(data))
-    return bytes(data)
-
-
-def _number(data: bytes) -> Any:
-    """The decimal number integer text spells, exactly (``'2.50'`` and ``'2.5'`` alike, ``'-0'`` apart
-    from ``'0'``), as text: ``'2.5'``, ``'1000'``, ``'nan'``, ``'-inf'``; bytes when it spells none."""
-    try:
-        number = decimal.Decimal(data.decode("utf-8").strip())
-    except (UnicodeDecodeError, decimal.InvalidOperation):
-        return bytes(data)
-    if number.is_nan():
-        return "-nan" if number.is_signed() else "nan"
-    if number.is_infinite():
-        return "-inf" if number < 0 else "inf"
-    return _canonical(number)
-
-
-def _canonical(number: decimal.Decimal) -> str:
-    """One text per decimal value: no leading or trailing zeros, plain within 20 places, else ``<digits>e<n>``
-    (computed on the digits: a context's precision or exponent limits never round or overflow it)."""
-    sign, digits, exponent = number.as_tuple()
-    text = "".join(map(str, digits)).lstrip("0")
-    if not text:
-        return "-0" if sign else "0"
-    stripped = text.rstrip("0")
-    exponent = int(exponent) + len(text) - len(stripped)
-    if 0 <= exponent <= 20:
-        body = stripped + "0" * exponent
-    elif -20 <= exponent < 0:
-        padded = stripped.rjust(1 - exponent, "0")
-        body = f"{padded[:exponent]}.{padded[exponent:]}"
-    else:
-        body = f"{stripped}e{exponent}"
-    return ("-" if sign else "") + body
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``np.save``'s bytes of ``array`` in C order: the one ``.npy`` member an export writes for a value."""
+    return npy_header(array.dtype, array.shape) + np.ascontiguousarray(array).tobytes()

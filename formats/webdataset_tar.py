@@ -132,7 +132,8 @@ def read_header(path: str) -> ShardHeader | None:
 # ----------------------------------------------------------------------------- samples
 @dataclass
 class Sample:
-    """One sample: its shard, key, the offset of its first member, and ``extension -> bytes``."""
+    """One sample: its shard, key, the offset of its first member, and ``extension -> bytes`` (the
+    extension in lower case, as webdataset names it; ``spelled`` holds the ones spelled otherwise)."""
 
     url: str
     key: str
@@ -140,6 +141,8 @@ class Sample:
     members: dict[str, bytes] = field(default_factory=dict)
     #: the sample's position in its shard (0, 1, ...)
     index: int = 0
+    #: ``extension -> the extension as the member's name spells it``, where not in lower case (``JPG``)
+    spelled: dict[str, str] = field(default_factory=dict)
 
 
 class Grouper:
@@ -203,10 +206,15 @@ class Grouper:
 
     def _put(self, sample: Sample, name: str, extension: str, offset: int, data: bytes) -> None:
         if extension in sample.members:
+            first = f"{sample.key}.{sample.spelled.get(extension, extension)}"
             self.fail(f"member {name!r} at offset {offset}: key {sample.key!r} already has a .{extension} "
-                      "member (samples are runs of members with one key)", offset)
+                      f"member ({first!r}; samples are runs of members with one key, and webdataset reads "
+                      "extensions in lower case)", offset)
             return
         sample.members[extension] = data
+        spelled = name[len(sample.key) + 1:]
+        if spelled != extension:
+            sample.spelled[extension] = spelled
 
     def finish(self) -> list[Sample]:
         """The samples still open at the end of the shard."""

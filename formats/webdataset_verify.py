@@ -1,13 +1,17 @@
 """``unihub verify`` for WebDataset: the shards as Python's :mod:`tarfile` reads them, and a
-unihub dataset's rows as an export of them would hold them.
+unihub dataset's rows as an export of them would hold them -- member names and bytes, exactly.
 
-The reference never goes through :mod:`unihub.formats.tarstream` or the sample stage that the
-conversion used: members come from ``tarfile.open(path, "r|*")`` (as webdataset streams them),
-are grouped into samples by webdataset's key rule (adjacent runs; with ``group_keys`` every
-member of a key in its shard), and each becomes ``{"__key__": key, extension: value}`` where the
-value is the member's bytes except for two normal forms that lose nothing
-(:func:`~unihub.formats.webdataset_fields.member_value`): ``.npy`` members compare as arrays
-(dtype, shape, values) and integer-text members as the number they spell.
+The reference never goes through :mod:`unihub.formats.tarstream`, the sample stage or the decoders
+the conversion used: members come from ``tarfile.open(path, "r|*")`` (as webdataset streams them),
+are grouped into samples by webdataset's key rule (adjacent runs; with ``group_keys`` every member
+of a key in its shard), and each sample becomes ``{"__key__": key, ext: {member name: bytes}}``,
+``ext`` being the extension in lower case (the name webdataset gives the field) and the member name
+exactly as the tar holds it. The unihub side is each row as the export writes it
+(:class:`~unihub.formats.webdataset_spelling.RowSpeller`: the values, spelled as the source had them),
+in the same form. Nothing is normalised: ``007`` is not ``7``, a big-endian ``.npy`` is not its
+little-endian twin, ``b.JPG`` is not ``b.jpg``. A difference names the shard, the key, the field and
+the member: ``record 1 (shard-000000.tar key '000001'), field 'jpg'/000001.JPG: expected ..., found
+nothing (missing)``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from unihub.errors import FormatError
 from unihub.formats import sources
 from unihub.formats.schema import Unischema
-from unihub.formats.webdataset_fields import member_encoder, member_value
+from unihub.formats.webdataset_spelling import RowSpeller
 from unihub.formats.webdataset_tar import KEY_FIELD, row_key
 
 Record = dict[str, Any]
@@ -48,9 +52,10 @@ def tarfile_records(files: Iterable[str], *, group_keys: bool = False) -> Iterat
                     yield _where(path, current[KEY_FIELD]), current
                     current = None
                 record = current = current or {KEY_FIELD: key}
-            if extension in record:
-                raise FormatError(f"{path}: key {key!r} has two .{extension} members", path=path)
-            record[extension] = member_value(extension, data)
+            members = record.setdefault(extension, {})
+            if name in members:
+                raise FormatError(f"{path}: key {key!r} has two members named {name!r}", path=path)
+            members[name] = data
         if current is not None:
             yield _where(path, current[KEY_FIELD]), current
         for key, record in records.items():
@@ -85,15 +90,13 @@ def _where(path: str, key: str) -> str:
 
 def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], *,
                    image_extensions: str = "content") -> Iterator[Record]:
-    """Rows of a unihub dataset as :func:`tarfile_records` would read an export of them: each
-    value encoded as the export encodes it, then put in the same normal form."""
-    encoders = [(f.name, member_encoder(f, image_extensions)[1]) for f in schema if f.name != KEY_FIELD]
+    """Rows of a unihub dataset as :func:`tarfile_records` would read an export of them: each member
+    named and encoded as the export writes it (:class:`~unihub.formats.webdataset_spelling.RowSpeller`)."""
+    speller = RowSpeller(schema, image_extensions)
     keyed = KEY_FIELD in schema
     for index, row in enumerate(rows):
-        record: Record = {KEY_FIELD: str(row[KEY_FIELD]) if keyed else row_key(index)}
-        for name, encode in encoders:
-            value = row.get(name)
-            if value is not None:
-                extension, data = encode(value)
-                record[extension.lower()] = member_value(extension, data)
+        key = str(row[KEY_FIELD]) if keyed else row_key(index)
+        record: Record = {KEY_FIELD: key}
+        for _, extension, data in speller.members(row):
+            record.setdefault(extension.lower(), {})[f"{key}.{extension}"] = data
         yield record

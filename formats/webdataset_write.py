@@ -3,7 +3,9 @@
 Each shard is a PAX tar starting with a global header whose ``comment`` is the
 :class:`~unihub.formats.webdataset_tar.ShardHeader` JSON (the Unischema, which extension holds
 which field, the shard's first row), then each sample's members in field order; null values
-leave their member out. Members are reproducible (mode 0444, mtime 0). Each shard is a stream of
+leave their member out; a row's :data:`~unihub.formats.webdataset_spelling.SPELLING_FIELD` (an ingest's record
+of members spelled otherwise than the export would write them) is no member, but spells the row's members
+back as the source had them. Members are reproducible (mode 0444, mtime 0). Each shard is a stream of
 :class:`~unihub.formats.outputs.Outputs`: written beside its final name and renamed into place when
 complete where the writer is given a local path, streamed straight to its place in an export that
 ``convert`` stages and commits as one (on any filesystem).
@@ -13,16 +15,17 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from unihub.errors import SchemaError, UnsupportedFormatError
+from unihub.errors import CodecError, SchemaError, UnsupportedFormatError
 from unihub.formats.foreign import ColumnBatch, python_columns
 from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema
 from unihub.formats.webdataset_fields import member_encoder
+from unihub.formats.webdataset_spelling import SPELLING_FIELD, RowSpeller
 from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, is_meta, row_key, split_name
 
 #: the one member of an export of no rows (a ``__name__`` member: metadata, which every reader skips)
@@ -34,7 +37,8 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
     """Shards of ``samples_per_shard`` samples in directory ``target``; see
     :meth:`~unihub.formats.webdataset.WebDatasetFormat.write`."""
     _check_write_options(options, samples_per_shard, pattern, image_extensions)
-    encoders, members = _encoders(schema, image_extensions)
+    members = _member_fields(schema, image_extensions)
+    speller = RowSpeller(schema, image_extensions)
     if KEY_FIELD in schema and (schema[KEY_FIELD].numpy_dtype is not np.str_ or schema[KEY_FIELD].shape != ()):
         raise SchemaError(f"field {KEY_FIELD!r} of {schema.name!r} is {schema[KEY_FIELD].numpy_dtype.__name__} "
                           f"of shape {schema[KEY_FIELD].shape}; a WebDataset key is a str")
@@ -48,11 +52,11 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
             shard = writer.shard_for(index)
             key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
             previous_key = key
-            for name, encode in encoders.items():
-                value = row.get(name)
-                if value is not None:
-                    extension, data = encode(value)
+            try:
+                for _, extension, data in speller.members(row):
                     shard.add(f"{key}.{extension}", data)
+            except CodecError as exc:
+                raise CodecError(f"row {index} (key {key!r}): {exc}", field=exc.field, row=index) from exc
         return writer.close()
     except BaseException:
         writer.abort()
@@ -73,15 +77,13 @@ def _check_write_options(options: Mapping[str, Any], samples_per_shard: int, pat
         raise SchemaError(f"pattern must hold one %d-style field for the shard number, got {pattern!r}") from exc
 
 
-def _encoders(schema: Unischema, image_extensions: str) -> tuple[dict[str, Callable[[Any], tuple[str, bytes]]],
-                                                                  dict[str, str]]:
-    """Each field's encoder, and ``member extension -> field`` (checked: one field per extension)."""
-    encoders: dict[str, Callable[[Any], tuple[str, bytes]]] = {}
+def _member_fields(schema: Unischema, image_extensions: str) -> dict[str, str]:
+    """``member extension -> field`` (checked: one field per extension, in lower case as ingest reads it)."""
     members: dict[str, str] = {}
     for f in schema:
-        if f.name == KEY_FIELD:
+        if f.name in (KEY_FIELD, SPELLING_FIELD):
             continue
-        extensions, encoders[f.name] = member_encoder(f, image_extensions)
+        extensions, _ = member_encoder(f, image_extensions)
         for extension in extensions:
             lowered = extension.lower()  # as webdataset and ingest read it
             if lowered.startswith("_") or lowered in members:
@@ -89,7 +91,7 @@ def _encoders(schema: Unischema, image_extensions: str) -> tuple[dict[str, Calla
                 raise SchemaError(f"field {f.name!r} of {schema.name!r} maps to the member extension {extension!r}, "
                                   f"which {taken} takes too; rename the field")
             members[lowered] = f.name
-    return encoders, members
+    return members
 
 
 def _rows(batches: Iterable[ColumnBatch]) -> Iterator[dict[str, Any]]:

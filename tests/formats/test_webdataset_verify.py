@@ -1,6 +1,7 @@
 """``unihub verify`` for WebDataset: the shards read by Python's tarfile (never by unihub's tar
-reader), the unihub rows as an export would hold them; equal for faithful conversions, and a
-difference naming record, field, expected and found when something was lost (issue 10)."""
+reader), the unihub rows as an export would hold them, member names and bytes compared exactly; equal
+for faithful conversions, and a difference naming shard, key, field, member, expected and found when
+something was lost (issues 10 and 36)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.formats import images
 from unihub.formats.webdataset import WebDatasetFormat
-from unihub.formats.webdataset_fields import member_value
 
-from .wds_helpers import npy, tar_writer_shards
+from .wds_helpers import npy, tar_writer_shards, tarfile_shard
 
 N = 6
 
@@ -49,6 +49,7 @@ def rewrite(path: Path, change) -> None:
 
 
 def test_reference_records_come_from_tarfile(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members by exact name and bytes, under the extension webdataset names the field by: nothing parsed."""
     import unihub.formats.tarstream as tarstream
     import unihub.formats.webdataset_tar as stage
 
@@ -60,28 +61,29 @@ def test_reference_records_come_from_tarfile(shards: Path, monkeypatch: pytest.M
     records = list(WebDatasetFormat(str(shards), unihub_schema=False).reference_records())
     assert [where for where, _ in records] == [f"shard-00000{i // 3}.tar key '{i:06d}'" for i in range(N)]
     where, first = records[1]
-    assert first.keys() == {"__key__", "x.npy", "jpg", "cls", "txt"}
-    assert first["cls"] == "1" and first["txt"] == b"text 1" and first["jpg"] == sample(1)["jpg"]
-    np.testing.assert_array_equal(first["x.npy"], np.arange(3, dtype=np.float32) + 0.25)
+    assert first == {"__key__": "000001", "x.npy": {"000001.x.npy": sample(1)["x.npy"]},
+                     "jpg": {"000001.jpg": sample(1)["jpg"]}, "cls": {"000001.cls": b"1\n"},
+                     "txt": {"000001.txt": b"text 1"}}
 
 
-def test_normal_forms_lose_nothing() -> None:
-    """Re-saved arrays and re-printed numbers are equal; another dtype, shape, bit or number is not."""
+def test_members_are_compared_as_bytes_never_as_values(tmp_path: Path) -> None:
+    """Another spelling of the same value is a difference: ``3`` is not ``003``, a big-endian .npy is not
+    its little-endian twin, ``a.JPG`` is not ``a.jpg``; two members one sample spells in two cases are two."""
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
-    for again in (npy(np.asfortranarray(a)), npy(a.astype(">i4"))):
-        assert member_value("x.npy", again).tobytes() == member_value("x.npy", npy(a)).tobytes()
-        assert member_value("x.npy", again).dtype == np.int32
-    assert member_value("x.npy", npy(a.astype(np.int64))).dtype == np.int64
-    assert member_value("x.npy", npy(a.reshape(3, 2))).shape == (3, 2)
-    assert member_value("x.npy", b"\x93NUMPY broken") == b"\x93NUMPY broken"
-    assert member_value("a.cls", b"3\n") == member_value("a.cls", b"003") == member_value("a.cls", b"3.0") == "3"
-    assert member_value("a.cls", b"2.50") == member_value("a.cls", b"2.5") == "2.5"
-    assert member_value("a.cls", b"1e3") == "1000" and member_value("a.cls", b"NaN") == "nan"
-    assert member_value("a.cls", b"0.10000000000000000001") != member_value("a.cls", b"0.1")
-    assert member_value("a.cls", b"-0.0") == "-0" != member_value("a.cls", b"0")
-    assert member_value("a.cls", b"-nan") == "-nan" != member_value("a.cls", b"NaN")
-    assert member_value("a.cls", b"x") == b"x" and member_value("a.cls", b"\xff") == b"\xff"
-    assert member_value("t.txt", b"3\n") == b"3\n"  # text is bytes, exactly
+    base = {"__key__": "a", "cls": b"3", "x.npy": npy(a), "jpg": b"\xff\xd8\xff"}
+    for changed, named in (({"cls": b"003"}, "'cls'/a.cls"), ({"cls": b"3\n"}, "'cls'/a.cls"),
+                           ({"x.npy": npy(a.astype(">i4"))}, "'x.npy'/a.x.npy"),
+                           ({"x.npy": npy(np.asfortranarray(a))}, "'x.npy'/a.x.npy"),
+                           ({"jpg": None, "JPG": b"\xff\xd8\xff"}, "'jpg'/a.jpg: expected b'\\xff\\xd8\\xff', found nothing")):
+        other = {k: v for k, v in {**base, **changed}.items() if v is not None}
+        tar_writer_shards(tmp_path / "a", [base])
+        tar_writer_shards(tmp_path / "b", [other])
+        report = verify(str(tmp_path / "a"), str(tmp_path / "b"))
+        assert not report.equal, changed
+        assert report.differences[0].startswith(f"record 0 (shard-000000.tar key 'a'), field {named}"), report.summary()
+    tarfile_shard(tmp_path / "c" / "c.tar", [("a.jpg", b"1"), ("a.JPG", b"1")])
+    (record,) = [r for _, r in WebDatasetFormat(str(tmp_path / "c")).reference_records()]
+    assert record == {"__key__": "a", "jpg": {"a.jpg": b"1", "a.JPG": b"1"}}
 
 
 def test_faithful_ingest_is_equal(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -93,13 +95,15 @@ def test_faithful_ingest_is_equal(shards: Path, tmp_path: Path, capsys: pytest.C
 
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda name, data: npy(np.array([0.25, 1.25, 2.2500002], np.float32)) if name == "000001.x.npy" else data,
-     "record 1 (shard-000000.tar key '000001'), field 'x.npy': expected float32[3] [0.25, 1.25, 2.2500002], "
-     "found float32[3] [0.25, 1.25, 2.25], first at index (2,): 2.2500002 vs 2.25"),
+     "record 1 (shard-000000.tar key '000001'), field 'x.npy'/000001.x.npy: expected 140 bytes "
+     "b\"\\x93NUMPY\\x01\\x00v\\x00{'descr': '<f4\"..., found 140 bytes b\"\\x93NUMPY\\x01\\x00v\\x00{'descr': "
+     "'<f4\"..., first at byte 136"),
     (lambda name, data: None if name == "000002.txt" else data,
-     "record 2 (shard-000000.tar key '000002'), field 'txt': expected nothing, found b'text 2' "
+     "record 2 (shard-000000.tar key '000002'), field 'txt': expected nothing, found {'000002.txt'} "
      "(not in the source)"),
     (lambda name, data: b"7" if name == "000000.cls" else data,
-     "record 0 (shard-000000.tar key '000000'), field 'cls': expected '7', found '0'"),
+     "record 0 (shard-000000.tar key '000000'), field 'cls'/000000.cls: expected b'7', found b'0\\n', "
+     "first at byte 0"),
 ])
 def test_a_source_that_differs_is_reported(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                            change, expected: str) -> None:
@@ -129,4 +133,5 @@ def test_export_check(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     capsys.readouterr()
     rewrite(tmp_path / "out" / "shard-000000.tar", lambda name, data: b"2" if name == "000003.cls" else data)
     report = verify(str(tmp_path / "ds"), str(tmp_path / "out"))
-    assert report.differences == ["record 3 (shard-000000.tar key '000003'), field 'cls': expected '0', found '2'"]
+    assert report.differences == ["record 3 (shard-000000.tar key '000003'), field 'cls'/000003.cls: expected "
+                                  "b'0\\n', found b'2', first at byte 0"]
