@@ -136,7 +136,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from unihub.converters.convert import convert
 
     result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
-                     schema=args.schema, overwrite=args.overwrite, row_group_size_mb=args.row_group_size_mb,
+                     schema=args.schema, overwrite=args.overwrite,
+                     overwrite_foreign=args.overwrite_foreign, row_group_size_mb=args.row_group_size_mb,
                      on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
                      engine=args.engine, master=args.master, workers=args.workers,
                      format_options=_format_options(args), validate_images=args.validate_images,
@@ -173,7 +174,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
         result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
                               args.partition_count, args.row_group_size_mb,
                               petastorm_compatible=args.petastorm_compatible, engine=args.engine, master=args.master,
-                              progress=progress)
+                              overwrite_foreign=args.overwrite_foreign, progress=progress)
     finally:
         meter.close()
     if not args.quiet:
@@ -238,7 +239,9 @@ def _add_tool_parsers(sub: Any) -> None:
                       help="write N files of equal rows (default: one per source file, partitions kept)")
     copy.add_argument("--row-group-size-mb", type=float,
                       help=f"Parquet row-group size (default {DEFAULT_ROW_GROUP_SIZE_MB:g})")
-    copy.add_argument("--overwrite", "--overwrite-output", action="store_true", help="replace DST if it exists")
+    copy.add_argument("--overwrite", "--overwrite-output", action="store_true",
+                      help="replace DST if it exists and is a dataset unihub wrote")
+    copy.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is")
     copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
                       help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
     copy.add_argument("--engine", choices=("local", "spark"), default="local",
@@ -424,7 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", dest="to_format", choices=formats, help="target format (default: from DST's "
                          "extension, else unihub)")
     convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
-    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists and unihub wrote it "
+                         "(a unihub dataset, an HDF5 export); anything else is refused")
+    convert.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is (a file or "
+                         "folder unihub did not write, such as another tool's TFRecord shards)")
     convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
                          help="Parquet row-group size (default %(default)g)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
@@ -507,12 +513,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     _accept_verbose_after_the_command(parser)
     autocomplete(parser)  # answers the shell and exits, when the shell is asking
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_extra_arguments(parser, args, extra, argv)
     previous = _one_line_warnings(args.verbose)
     try:
         return _run(args)
     finally:
         warnings.formatwarning = previous
+
+
+#: the commands that take exactly two paths, SRC then DST
+_TWO_PATHS = ("convert", "verify")
+
+
+def _refuse_extra_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str],
+                            argv: Sequence[str] | None) -> None:
+    """argparse's usage error (exit 2) for arguments no command takes; for paths past SRC and DST,
+    one that says why it happens: a glob the shell expanded, which must be quoted."""
+    paths = [arg for arg in extra if not arg.startswith("-")]
+    if getattr(args, "command", None) in _TWO_PATHS and paths:
+        given = [args.src, args.dst, *paths]
+        shown = " ".join(given[:4]) + (" ..." if len(given) > 4 else "")
+        parser.exit(2, f"unihub: error: {args.command} takes one SRC and one DST, but {len(given)} paths were given "
+                       f"({shown}): the shell expanded an unquoted glob; quote it so that unihub expands it, e.g. "
+                       f"unihub {args.command} '{_glob_of(given)}' DST\n")
+    parser.parse_args(argv)  # argparse's own message for the rest (it exits)
+
+
+def _glob_of(paths: list[str]) -> str:
+    """A glob matching what the shell listed, to show in the message: their directory and extension."""
+    folder = os.path.dirname(paths[0])
+    exts = {os.path.splitext(p)[1] for p in paths}
+    pattern = "*" + (exts.pop() if len(exts) == 1 else "")
+    return os.path.join(folder, pattern) if folder else pattern
 
 
 def _run(args: argparse.Namespace) -> int:

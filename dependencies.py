@@ -2,7 +2,7 @@
 
 ``import unihub`` needs only numpy, pyarrow and the image decoder; every framework
 (torch, tensorflow, pyspark, h5py, DALI, ...) is imported where it is used through
-:func:`require`, which names the ``pip install 'unihub[extra]'`` that provides it.
+:func:`require`, which names the ``pip install 'unihub[<extra>]'`` that provides it.
 """
 
 from __future__ import annotations

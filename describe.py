@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from unihub.caching.cli import describe_cache, format_cache
+from unihub.errors import DatasetNotFoundError, FormatError, UnihubError, UnsupportedFormatError
 
 if TYPE_CHECKING:
     from unihub.formats.parquet import ParquetStore
@@ -31,7 +32,14 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
     from unihub.formats.parquet import open_dataset
     from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 
-    store = store if store is not None else open_dataset(url)
+    if store is None:
+        try:
+            store = open_dataset(url)
+        except (FormatError, DatasetNotFoundError) as exc:
+            foreign = _foreign_source(url)
+            if foreign is None:
+                raise
+            raise UnsupportedFormatError(foreign) from exc
     return {
         # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
         **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
@@ -47,6 +55,25 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         **describe_rowgroup_indexes(store),
         **describe_cache(store),
     }
+
+
+def _foreign_source(url: str) -> str | None:
+    """What a path that is no unihub dataset is, when a foreign format claims it, and how to convert it."""
+    import os
+
+    from unihub.formats import sources
+    from unihub.formats.foreign import detect_format
+
+    try:
+        name = detect_format(url)
+    except (OSError, UnihubError):
+        return None
+    if name is None:
+        return None
+    what = "folder" if sources.isdir(url) else "file"
+    stem = os.path.splitext(os.path.basename(url.rstrip("/")))[0] or "dataset"
+    return (f"{url}: a {what} in the {name} format, not a unihub dataset; convert it first, e.g. "
+            f"unihub convert {url} {stem}_unihub, then inspect that")
 
 
 def _format_table(rows: list[list[str]]) -> str:

@@ -71,6 +71,12 @@ class DatasetExistsError(UnihubError, FileExistsError):
     """An output path already exists and overwriting was not asked for."""
 
 
+class ForeignOutputError(DatasetExistsError):
+    """An overwrite would replace something unihub did not write (a source file, another tool's data, a
+    folder of one's own): ``--overwrite`` replaces only unihub's own datasets and exports it can recognise;
+    ``--overwrite-foreign`` (``overwrite_foreign=True``) says to replace anything. The message names the path."""
+
+
 class UnsafeMetadataError(UnihubError):
     """Dataset metadata tried to reach code outside the allow-list, or to exhaust memory or time
     (a pickle bomb); nothing was run."""

@@ -335,7 +335,7 @@ def bench(fmt: str, data: Data, tmp: Path, profile: bool, workers: int) -> dict:
     export_s, export_rows, export_prof = timed_convert(str(tmp / f"{fmt}_unihub"), str(dst), to_format=fmt,
                                                        profile=profile)
     if not profile:  # best of 2, as the library's own write
-        again_s, _, _ = timed_convert(str(tmp / f"{fmt}_unihub"), str(dst), to_format=fmt, overwrite=True)
+        again_s, _, _ = timed_convert(str(tmp / f"{fmt}_unihub"), str(dst), to_format=fmt, overwrite_foreign=True)
         export_s = min(export_s, again_s)
     if export_rows != len(data):
         raise AssertionError(f"{fmt}: exported {export_rows} rows, expected {len(data)}")

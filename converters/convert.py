@@ -23,7 +23,8 @@ import pyarrow.fs as pafs
 
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
-from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import DatasetNotFoundError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats import filesystem as fsutil
 from unihub.formats import remote, sources
 from unihub.formats.foreign import (
     FORMATS,
@@ -34,6 +35,7 @@ from unihub.formats.foreign import (
     expand_braces,
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
+from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB, MemoryBudget, batch_nbytes, memory_budget, rows_for
 
@@ -102,12 +104,12 @@ def _is_remote_dataset(url: str) -> bool:
     return any("=" in name and is_dir and _is_remote_dataset(f"{url.rstrip('/')}/{name}") for name, is_dir in entries)
 
 
-def _exists(path: str) -> bool:
-    """Whether ``path`` (a local path or URL) names anything."""
-    return sources.exists(path) if sources.is_url(path) else os.path.exists(path)
-
-
 def resolve_source_format(src: str, from_format: str | None) -> str:
+    """The format of ``src``: ``from_format`` when given, else unihub's own or the foreign format that
+    claims it; a path that names nothing is a :class:`DatasetNotFoundError` saying so."""
+    missing = _names_nothing(src)
+    if missing is not None:
+        raise DatasetNotFoundError(missing)
     if from_format:
         return UNIHUB if from_format in (UNIHUB, "parquet") else FORMATS.canonical(from_format)
     if is_unihub_dataset(src):
@@ -117,6 +119,17 @@ def resolve_source_format(src: str, from_format: str | None) -> str:
         raise UnsupportedFormatError(f"{src}: cannot tell its format from the name or contents; pass --from "
                                      f"(one of: {', '.join([UNIHUB, *FORMATS.names()])})")
     return name
+
+
+def _names_nothing(src: str) -> str | None:
+    """Why ``src`` (paths, a brace list, globs, URLs) names no file, or None when every part names one."""
+    for part in expand_braces(sources.split_query(os.fspath(src))[0]):
+        if any(c in part for c in "*?["):
+            if not sources.glob(part):
+                return f"{part}: the glob matches no file" + (f" (in {src})" if part != src else "")
+        elif not sources.exists(part):
+            return f"{part}: no such file or directory" + (f" (in {src})" if part != src else "")
+    return None
 
 
 def resolve_target_format(dst: str, to_format: str | None) -> str:
@@ -131,8 +144,8 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
-            overwrite: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256,
-            on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
+            overwrite: bool = False, overwrite_foreign: bool = False,
+            row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
             storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
@@ -167,14 +180,15 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     limit = images.MAX_IMAGE_PIXELS if max_image_pixels == "current" else images.pixel_limit_of(max_image_pixels)
     with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
-                        overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
-                        on_error=on_error, progress=progress, format_options=format_options, engine=engine,
+                        overwrite=overwrite, overwrite_foreign=overwrite_foreign,
+                        row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error, progress=progress, format_options=format_options, engine=engine,
                         master=master, spark=spark, workers=workers, validate_images=validate_images,
                         storage_options=storage_options, memory_budget_mb=memory_budget_mb)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
-             schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, row_group_size_mb: float,
+             schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, overwrite_foreign: bool,
+             row_group_size_mb: float,
              batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
@@ -193,9 +207,9 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
         raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
                                      f"use the local engine for {source_format} -> {target_format}")
-    if target_format != UNIHUB or source_format == UNIHUB:
-        if _exists(dst) and not overwrite:
-            raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
+        fs, target = fsutil.resolve_filesystem(dst)
+        check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
     options = dict(format_options or {})
@@ -219,8 +233,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
             from unihub.converters.pipeline import ingest  # imports this module: keep it local
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
-                          overwrite=overwrite, row_group_size_mb=row_group_size_mb, batch_size=batch_size,
-                          on_error=on_error, validate_images=validate_images, progress=progress,
+                          overwrite=overwrite, overwrite_foreign=overwrite_foreign,
+                          row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error, validate_images=validate_images, progress=progress,
                           storage_options=dict(storage_options) if storage_options else None)
         files = source.files()
         input_bytes = _total_size(files)
@@ -244,7 +258,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
-                                   overwrite=overwrite, extra_metadata=extra,
+                                   overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
                                    validate=report is None or given is not None)
             rows = result.num_rows
         else:
@@ -261,7 +275,6 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
     removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.formats.atomic`)."""
-    from unihub.formats import filesystem as fsutil
 
     fsutil.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
@@ -293,7 +306,6 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     which h5py needs as a local file: see ``HDF5Format.write``)."""
     import posixpath
 
-    from unihub.formats import filesystem as fsutil
     from unihub.formats.outputs import FileSystemOutputs, LocalOutputs, Outputs
 
     if not sources.is_url(dst):
@@ -324,7 +336,6 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
 
 
 def _remove_quietly(fs: Any, path: str) -> None:
-    from unihub.formats import filesystem as fsutil
 
     try:
         fsutil.remove(fs, path)

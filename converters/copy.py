@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from unihub.errors import DatasetExistsError, FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import remote
+from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema, match_unischema_fields
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
@@ -78,7 +79,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
                  overwrite_output: bool = False, partitions_count: int | None = None,
                  row_group_size_mb: float | None = None, hdfs_driver: str = "libhdfs3", *,
                  petastorm_compatible: bool | None = None, engine: str | None = None, master: str = "local[2]",
-                 storage_options: dict[str, Any] | None = None,
+                 storage_options: dict[str, Any] | None = None, overwrite_foreign: bool = False,
                  progress: Callable[[int, int], None] | None = None) -> CopyResult:
     """Copy ``source_url`` to ``target_url`` with Petastorm's arguments; see the module docstring.
 
@@ -89,7 +90,8 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     kept). ``row_group_size_mb`` defaults to :data:`~unihub.memory.DEFAULT_ROW_GROUP_SIZE_MB`. ``petastorm_compatible``: also write the
     metadata Petastorm 0.13.1 reads; None (default) does so when the source has Petastorm's.
     ``hdfs_driver`` is accepted for Petastorm's signature; pyarrow picks the HDFS driver.
-    ``progress(rows_read, total_rows)`` is called as rows are copied.
+    ``progress(rows_read, total_rows)`` is called as rows are copied. ``overwrite_output`` replaces
+    only a dataset unihub wrote; ``overwrite_foreign`` anything (:mod:`unihub.formats.ownership`).
     """
     start = time.perf_counter()
     engine = engine or ("spark" if spark is not None else "local")
@@ -116,9 +118,8 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
         check_petastorm_compatible(schema)
     fs, target = fsutil.resolve_filesystem(target_url, None, storage_options)
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
-    if fsutil.exists(fs, target) and not overwrite_output:
-        raise DatasetExistsError(f"{target_url} already exists; pass overwrite_output=True (--overwrite) to "
-                                 "replace it")
+    check_replaceable(fs, target, target_url, overwrite=overwrite_output, overwrite_foreign=overwrite_foreign,
+                      what="overwrite_output=True (--overwrite)")
     partition_by = () if partitions_count else tuple(k for k in store.partition_names if k in schema)
     temporary = fsutil.temporary_sibling(target)
     plan = _Plan(store, schema, not_null, partition_by, row_group_size_mb, fs, temporary)

@@ -19,18 +19,19 @@ from urllib.parse import urlparse
 from unihub.converters.convert import UNIHUB, ConvertResult, ProgressMeter, _all_skipped, _total_size
 from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
-from unihub.errors import DatasetExistsError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import images, remote
 from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.formats.image_checks import ValidateImages
+from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 
 @remote.naming_url("dst")
 def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine: str = "local", workers: int = 1,
-           master: str = "local[2]", spark: Any = None, overwrite: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
+           master: str = "local[2]", spark: Any = None, overwrite: bool = False,
+           overwrite_foreign: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
            batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
            progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``
@@ -40,8 +41,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
-    if fsutil.exists(fs, target) and not overwrite:
-        raise DatasetExistsError(f"{dst} already exists; pass --overwrite (overwrite=True) to replace it")
+    check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     files = [absolute(f) for f in source.files()]  # tasks run in other working directories
     input_bytes = _total_size(files)
     notes: list[str] = []

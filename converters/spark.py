@@ -29,7 +29,7 @@ from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
                        schema: Unischema | str | os.PathLike[str] | None = None, overwrite: bool = False,
-                       master: str = "local[2]", spark: Any = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
+                       overwrite_foreign: bool = False, master: str = "local[2]", spark: Any = None, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
                        on_error: OnError = "raise", format_options: Mapping[str, Any] | None = None,
                        validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
                        storage_options: dict[str, Any] | None = None) -> ConvertResult:
@@ -39,7 +39,8 @@ def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     else one is started on ``master`` and stopped at the end. The other arguments are those of
     :func:`unihub.converters.convert.convert`.
     """
-    return convert(src, dst, from_format=from_format, schema=schema, overwrite=overwrite, engine="spark",
+    return convert(src, dst, from_format=from_format, schema=schema, overwrite=overwrite,
+                   overwrite_foreign=overwrite_foreign, engine="spark",
                    master=master, spark=spark, row_group_size_mb=row_group_size_mb, on_error=on_error,
                    format_options=format_options, validate_images=validate_images, max_image_pixels=max_image_pixels,
                    storage_options=storage_options)

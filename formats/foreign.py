@@ -268,6 +268,13 @@ class ForeignFormat(ABC):
         Options the user gives override these."""
         return {}
 
+    @classmethod
+    def written_by_unihub(cls, fs: Any, path: str) -> bool:
+        """Whether the file at ``path`` (on the pyarrow filesystem ``fs``) is an export unihub wrote, told
+        from a mark the format keeps (an attribute, a header): ``--overwrite`` replaces only such files
+        (:mod:`unihub.formats.ownership`). Formats whose files record no writer say False."""
+        return False
+
     # -- verify: the format's own reading ---------------------------------------------------
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every record as the format's *own* library reads it (TensorFlow or the protobuf runtime,

@@ -214,13 +214,17 @@ class ImageFolderFormat(ForeignFormat):
         """The schema from header statistics ``(formats, sizes, depths)`` of some or all images."""
         formats: Counter[str] = sum((p[0] for p in observations), Counter())
         sizes = set().union(*(p[1] for p in observations))
-        depths = set().union(*(p[2] for p in observations))
+        depths: dict[int, str] = {}  # bit depth -> the first image of it, to name in a refusal
+        for part in observations:
+            for depth, path in part[2].items():
+                depths.setdefault(depth, path)
         if not formats:
             raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
         if len(depths) > 1:
-            raise FormatError(f"{self.root}: mixes 8-bit and 16-bit PNG images, which one field cannot hold "
-                              "without re-encoding; convert them to one bit depth first", path=self.root)
-        fields = [UnischemaField("image", np.uint16 if depths == {16} else np.uint8, _image_shape(sizes),
+            examples = ", ".join(f"{depth}-bit: {path}" for depth, path in sorted(depths.items()))
+            raise FormatError(f"{self.root}: mixes 8-bit and 16-bit PNG images ({examples}), which one field "
+                              "cannot hold without re-encoding; convert them to one bit depth first", path=self.root)
+        fields = [UnischemaField("image", np.uint16 if set(depths) == {16} else np.uint8, _image_shape(sizes),
                                  CompressedImageCodec("jpeg" if formats["jpeg"] > formats["png"] else "png"),
                                  False)]
         if self._listing.classes is not None:
@@ -246,7 +250,7 @@ class ImageFolderFormat(ForeignFormat):
         check = self.validate_images != "none"  # header: pixel limit, fit, end marker; full: decode too
         verify = bool(self.options.get("verify")) or self.validate_images == "full"
         self.report = ReadReport()
-        seen: tuple[Counter[str], set[tuple[int, int, int]], set[int]] = (Counter(), set(), set())
+        seen: tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]] = (Counter(), set(), {})
         if self.observe:
             self.report.observed = seen
         others: list[str] = []
@@ -268,14 +272,15 @@ class ImageFolderFormat(ForeignFormat):
                 if image_field is None and probe.kind == "image":  # observing: the schema is refined from these
                     seen[0][probe.fmt] += 1  # type: ignore[index]
                     seen[1].add(probe.size)  # type: ignore[arg-type]
-                    seen[2].add(probe.depth)
+                    seen[2].setdefault(probe.depth, entry.path)
             if probe.kind == "other":
                 self.report.skipped.append(SkippedRecord(full, "file", "not a PNG or JPEG image"))
                 others.append(entry.path)
                 continue
             if probe.kind == "bad":
                 if on_error == "raise":
-                    raise FormatError(f"{full}: {probe.reason} (pass on_error='skip' to leave it out)", path=full)
+                    raise FormatError(f"{full}: {probe.reason} (--skip-corrupt, on_error='skip' in Python, leaves "
+                                      "it out)", path=full)
                 self.report.skipped.append(SkippedRecord(full, "file", probe.reason))
                 continue
             self.report.records += 1
@@ -322,7 +327,7 @@ class ImageFolderFormat(ForeignFormat):
         target = os.path.abspath(os.fspath(target))
         fsutil.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
         if os.path.lexists(target) and not overwrite:
-            raise DatasetExistsError(f"{target} already exists; pass overwrite=True to replace it")
+            raise DatasetExistsError(f"{target} already exists; pass --overwrite (overwrite=True) to replace it")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         temporary = fsutil.temporary_sibling(target)
         try:
@@ -398,11 +403,12 @@ class ImageFolderFormat(ForeignFormat):
 
 # ------------------------------------------------------------------------ reading
 def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
-                  ) -> tuple[Counter[str], set[tuple[int, int, int]], set[int]]:
-    """(image formats counted, sizes, bit depths) from the headers of ``entries``, up to ``limit`` images."""
+                  ) -> tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]]:
+    """(image formats counted, sizes, bit depths with the first image of each) from the headers of
+    ``entries``, up to ``limit`` images."""
     formats: Counter[str] = Counter()
     sizes: set[tuple[int, int, int]] = set()
-    depths: set[int] = set()
+    depths: dict[int, str] = {}
     for entry in entries:
         if limit is not None and sum(formats.values()) >= limit:
             break
@@ -415,7 +421,7 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
             continue  # non-images and corrupt files are reported by read_batches
         formats[probe.fmt] += 1  # type: ignore[index]
         sizes.add(probe.size)  # type: ignore[arg-type]
-        depths.add(probe.depth)
+        depths.setdefault(probe.depth, entry.path)
     return formats, sizes, depths
 
 

@@ -11,7 +11,8 @@ its first bytes: a valid plain record header (its length CRC holds) means plain;
 GZIP magic, or a zlib header whose first decompressed record header is valid, decide.
 
 What the records hold (Examples, SequenceExamples, tensors) is for :mod:`unihub.formats.tfrecord`;
-the fast block framing for :mod:`unihub.formats.tframe`. Only ``crc32c`` is needed, for the checksums.
+the fast block framing for :mod:`unihub.formats.tframe`. Only ``crc32c`` (a core dependency) is needed, for the
+checksums.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, Literal
 
-from unihub.dependencies import require
+from crc32c import crc32c  # a core dependency: TFRecord's checksums need nothing more than pip install unihub
+
 from unihub.errors import FormatError, UnsupportedFormatError
 from unihub.formats import sources
 from unihub.formats.foreign import OnError, ReadReport, SkippedRecord
@@ -157,13 +159,9 @@ _U32 = struct.Struct("<I")
 
 
 # -- framing -------------------------------------------------------------------------------
-def _crc32c() -> Any:
-    return require("crc32c", extra="tfrecord", purpose="TFRecord checksums").crc32c
-
-
 def masked_crc(data: bytes) -> int:
     """TFRecord's masked CRC-32C of ``data``."""
-    return _mask(_crc32c()(data))
+    return _mask(crc32c(data))
 
 
 def _mask(crc: int) -> int:
@@ -187,7 +185,7 @@ def iter_records(path: str, *, compression: str | None = None, on_error: OnError
     a bad length CRC ends the file (nothing after it can be framed) -- with ``on_error='skip'``
     both are noted in ``report``, otherwise they raise :class:`FormatError`.
     """
-    crc = _crc32c()
+    crc = crc32c
     index = offset = 0
     with _open(path, compression) as f:
         while True:
@@ -308,7 +306,7 @@ class _ShardWriter:
         self.raw: IO[bytes] | None = None
         self.stream: IO[bytes] | gzip.GzipFile | ZlibWriter | None = None
         self.count = 0
-        self.crc = _crc32c()
+        self.crc = crc32c
         if not single:
             outputs.makedirs()
 

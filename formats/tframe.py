@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
+from crc32c import crc32c
 
-from unihub.formats.tfio import _MASK_DELTA, _U32, _U64, _crc32c, _mask, _next_record, file_compression, open_records
+from unihub.formats.tfio import _MASK_DELTA, _U32, _U64, _mask, _next_record, file_compression, open_records
 
 __all__ = ["Block", "Error", "Framer"]
 
@@ -60,7 +61,7 @@ class Framer:
         kind = file_compression(path, compression)
         self.gz = kind != "none"  # a GZIP or zlib stream: framed as it is decompressed, in order
         self.f: IO[bytes] = open_records(path, kind)
-        self.crc = _crc32c()
+        self.crc = crc32c
         self.buf: bytes | mmap.mmap = b""
         if not self.gz and MAP_FILES:
             # a plain file is mapped, not read: records are framed, checked and parsed where the page

@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetExistsError, SchemaError, ValidationError
+from unihub.errors import SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
+from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
@@ -72,7 +73,7 @@ class _PartitionSink:
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
-                  overwrite: bool = False, validate: bool = True, filesystem: Any = None,
+                  overwrite: bool = False, overwrite_foreign: bool = False, validate: bool = True, filesystem: Any = None,
                   storage_options: dict[str, Any] | None = None,
                   extra_metadata: Mapping[str, Any] | None = None,
                   petastorm_compatible: bool = False) -> WriteResult:
@@ -86,6 +87,9 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     metadata Petastorm 0.13.1 needs to open the dataset (its pickled Unischema and the row
     groups per file; see :mod:`unihub.formats.petastorm_write`), for readers not yet moved to
     unihub; a field Petastorm cannot read is refused before anything is written.
+    ``overwrite=True`` replaces an existing ``url`` only when unihub wrote it (its schema metadata
+    is there) or it is an empty folder; ``overwrite_foreign=True`` replaces anything
+    (:mod:`unihub.formats.ownership`).
 
     Example::
 
@@ -110,8 +114,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
-    if fsutil.exists(fs, target) and not overwrite:
-        raise DatasetExistsError(f"{url} already exists; pass overwrite=True to replace it")
+    check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     staging = fsutil.temporary_sibling(target)
     fs.create_dir(staging, recursive=True)
     try:

@@ -48,7 +48,7 @@ def test_core_dependencies_are_the_array_image_and_checksum_libraries_only() -> 
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in project["dependencies"]}
-    assert names == {"numpy", "pyarrow", "imagecodecs", "simplejpeg", "isal"}
+    assert names == {"numpy", "pyarrow", "imagecodecs", "simplejpeg", "isal", "crc32c"}
     extras = project["optional-dependencies"]
     assert "tfrecord" not in extras and "webdataset" not in extras  # never imported by unihub; both pull torch
     assert any(d.startswith("tfrecord") for d in extras["test"]) and any(d.startswith("webdataset")
@@ -165,3 +165,82 @@ print(json.dumps({{"file": unihub.__file__, "loaded": sorted(m for m in ("tqdm",
     no_completion = subprocess.run([str(venv / "bin" / "unihub"), "completion", "bash"], capture_output=True,
                                    text=True, env=clean, cwd=tmp_path, timeout=120)
     assert no_completion.returncode == 1 and "pip install 'unihub[cli]'" in no_completion.stderr
+
+
+def _package_sources() -> list[Path]:
+    """Every shipped module of the checkout (not tests, benchmarks or scripts)."""
+    return [p for p in ROOT.rglob("*.py") if not (set(p.relative_to(ROOT).parts[:-1]) & NOT_SHIPPED)
+            and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+
+
+def _extras() -> set[str]:
+    tomllib = pytest.importorskip("tomllib")
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def _hints_of_require_calls() -> list[tuple[str, str]]:
+    """``(where, extra)`` for every ``require(...)`` call in the package: the extra its error would name
+    (``extra=`` when given, else the module's entry in :data:`unihub.dependencies.EXTRAS`)."""
+    import ast
+
+    from unihub.dependencies import EXTRAS
+
+    found = []
+    for path in _package_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "require"):
+                continue
+            given = {k.arg: k.value for k in node.keywords}
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            if "extra" in given and isinstance(given["extra"], ast.Constant):
+                found.append((where, given["extra"].value))
+            elif node.args and isinstance(node.args[0], ast.Constant):
+                module = node.args[0].value
+                found.append((where, EXTRAS.get(module.split(".")[0]) or EXTRAS.get(module, "all")))
+            else:  # a computed module or extra: its values must be checked where they are computed
+                found.append((where, "<computed>"))
+    return found
+
+
+def test_every_install_hint_names_an_extra_that_exists() -> None:
+    """What ``require()`` and every "pip install 'unihub[x]'" text in the package can print names a real
+    extra (a hint once said ``unihub[tfrecord]``, which never existed)."""
+    from unihub.dependencies import EXTRAS
+
+    extras = _extras()
+    assert set(EXTRAS.values()) <= extras, set(EXTRAS.values()) - extras
+    calls = _hints_of_require_calls()
+    assert len(calls) >= 20  # the scan sees the package's calls
+    wrong = [(where, extra) for where, extra in calls if extra not in extras and extra != "<computed>"]
+    assert not wrong, f"require() hints naming extras pyproject lacks: {wrong}"
+    texts = [(str(p.relative_to(ROOT)), m) for p in _package_sources()
+             for m in re.findall(r"unihub\[([A-Za-z0-9_,-]+)\]", p.read_text())]
+    assert texts and not [(where, m) for where, m in texts if not set(m.split(",")) <= extras]
+    # the computed ones pass their extra on from a call of their own (spark_converter._bridge)
+    computed = [where for where, extra in calls if extra == "<computed>"]
+    assert [where.split(":")[0] for where in computed] == ["readers/spark_converter.py"], computed
+    import ast
+
+    bridged = [node.args[3].value for node in ast.walk(ast.parse((ROOT / "readers/spark_converter.py").read_text()))
+               if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_bridge"]
+    assert bridged and set(bridged) <= extras
+
+
+def test_missing_dependency_error_names_an_existing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error itself, raised for each optional framework the package maps, names an extra pyproject has."""
+    import importlib
+
+    from unihub.dependencies import EXTRAS, require
+    from unihub.errors import MissingDependencyError
+
+    extras = _extras()
+
+    def not_installed(name: str, package: str | None = None) -> object:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(importlib, "import_module", not_installed)
+    for module in EXTRAS:
+        with pytest.raises(MissingDependencyError) as raised:
+            require(module)
+        named = re.search(r"pip install 'unihub\[([a-z0-9_-]+)\]'", str(raised.value))
+        assert named and named.group(1) in extras, str(raised.value)

@@ -74,7 +74,7 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
     else:
         old.mkdir()
         (old / "shard-000099.tar").write_bytes(b"stale")
-    convert(tmp_path / "uh", old, to_format=to_format, progress=False, overwrite=True)
+    convert(tmp_path / "uh", old, to_format=to_format, progress=False, overwrite_foreign=True)  # not unihub's
     assert not (old / "shard-000099.tar").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.tfrecord", "uh", target])
     assert convert(old, tmp_path / "back", from_format=to_format, progress=False).rows == 40

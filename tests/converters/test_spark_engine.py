@@ -21,7 +21,7 @@ from unihub.converters.spark import convert_with_spark
 from unihub.converters.verify import verify
 from unihub.demo import make_image
 from unihub.dependencies import is_available
-from unihub.errors import DatasetExistsError, FormatError
+from unihub.errors import DatasetExistsError, ForeignOutputError, FormatError
 from unihub.formats.images import encode_image
 
 pytestmark = [
@@ -112,8 +112,11 @@ def test_existing_target_is_refused_unless_overwrite(spark: Any, shards: Path, t
     (dst / "old.txt").write_text("old")
     with pytest.raises(DatasetExistsError):
         convert_with_spark(shards, dst, spark=spark)
-    result = convert_with_spark(shards, dst, spark=spark, overwrite=True)
+    with pytest.raises(ForeignOutputError):  # a folder unihub did not write
+        convert_with_spark(shards, dst, spark=spark, overwrite=True)
+    result = convert_with_spark(shards, dst, spark=spark, overwrite_foreign=True)
     assert result.rows == 42 and not (dst / "old.txt").exists()
+    assert convert_with_spark(shards, dst, spark=spark, overwrite=True).rows == 42  # now unihub's own
     assert _leftovers(tmp_path) == []
 
 

@@ -147,6 +147,25 @@ def test_sixteen_bit_png(tmp_path: Path) -> None:
         ImageFolderFormat(tmp_path).infer_schema()
 
 
+def test_mixed_bit_depths_name_an_image_of_each(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The refusal names files, so a user can find the odd ones out (PIL writes both, as a user's tools would)."""
+    from PIL import Image
+
+    from unihub.cli import main
+
+    for name in ("cat", "dog"):
+        (tmp_path / "src" / name).mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(np.full((4, 5), i, np.uint8)).save(tmp_path / "src" / "cat" / f"{i}.png")
+    Image.fromarray(np.full((4, 5), 40_000, np.uint16)).save(tmp_path / "src" / "dog" / "deep.png")
+    with pytest.raises(FormatError, match=r"mixes 8-bit and 16-bit PNG images \(8-bit: cat/0.png, 16-bit: "
+                                          r"dog/deep.png\)"):
+        ImageFolderFormat(tmp_path / "src").infer_schema()
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "ds"), "--quiet"]) == 1  # the one-pass ingest
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "8-bit: cat/0.png, 16-bit: dog/deep.png" in err
+
+
 def test_format_by_content_not_extension(tmp_path: Path) -> None:
     data = put(tmp_path, "c/actually_jpeg.png", encode_image(rgb(), "jpeg"))
     put(tmp_path, "c/no_extension", encode_image(rgb(seed=9), "png"))

@@ -1,0 +1,114 @@
+"""What an overwrite may replace: only what unihub wrote (DESIGN decision 19).
+
+``unihub convert data/*.tfrecord --overwrite`` with two files once took the second input for DST and
+replaced it. An output path that exists is now replaced only when unihub can tell it wrote it: a
+Parquet dataset whose metadata holds a Unischema in unihub's JSON form (a manifest it published, or
+``_common_metadata`` / a file footer with ``unihub.unischema``), an export whose format marks its writer
+(:meth:`~unihub.formats.foreign.ForeignFormat.written_by_unihub`: HDF5's root attributes), or an empty
+folder. Anything else — a TFRecord or tar file (neither records its writer), an image folder, Spark's or
+Petastorm's Parquet — needs ``overwrite_foreign=True`` (``--overwrite-foreign``) as well.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import DatasetExistsError, ForeignOutputError, UnihubError
+from unihub.formats import filesystem as fsutil
+from unihub.formats.publish import COMMON_METADATA, MANIFEST
+from unihub.formats.schema import SCHEMA_METADATA_KEY
+
+#: the most entries of a folder looked at before it is called foreign (a dataset is told in the first few)
+_LOOK_AT = 10_000
+
+
+def check_replaceable(fs: pafs.FileSystem, target: str, url: str, *, overwrite: bool, overwrite_foreign: bool,
+                      what: str = "overwrite=True (--overwrite)") -> None:
+    """Raise unless writing ``url`` (``target`` on ``fs``) may go ahead: it does not exist, or it may be
+    replaced (``overwrite``, and unihub wrote it or ``overwrite_foreign``)."""
+    if not fsutil.exists(fs, target):
+        return
+    if not (overwrite or overwrite_foreign):
+        raise DatasetExistsError(f"{url} already exists; pass {what} to replace it")
+    if overwrite_foreign:
+        return
+    why = not_unihubs(fs, target)
+    if why is not None:
+        glob = ("if the shell expanded an unquoted glob into SRC and DST, quote it; "
+                if fs.get_file_info(target).type == pafs.FileType.File else "")
+        raise ForeignOutputError(
+            f"{url} exists and {why}: --overwrite replaces only what unihub wrote, so it was left as it is; "
+            f"{glob}to replace it anyway, pass --overwrite-foreign (overwrite_foreign=True)")
+
+
+def not_unihubs(fs: pafs.FileSystem, path: str) -> str | None:
+    """None when unihub wrote what is at ``path`` (or it is an empty folder), else why it is not known to be."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    if info.type == pafs.FileType.Directory:
+        return _folder(fs, path.rstrip("/"))
+    if path.endswith((".parquet", ".parq", ".pq")):
+        return None if _has_unischema(fs, path) else "is a Parquet file without unihub's schema metadata"
+    return _foreign_file(fs, path)
+
+
+def _folder(fs: pafs.FileSystem, root: str) -> str | None:
+    entries = fs.get_file_info(pafs.FileSelector(root, recursive=False, allow_not_found=True))
+    if not entries:
+        return None
+    names = {posixpath.basename(e.path): e for e in entries[:_LOOK_AT]}
+    if MANIFEST in names:
+        return None
+    if COMMON_METADATA in names:
+        return None if _has_unischema(fs, names[COMMON_METADATA].path) else \
+            "is a Parquet dataset without unihub's schema metadata (Petastorm's, Spark's or another tool's)"
+    parquet = _first_parquet(fs, root)
+    if parquet is not None:
+        return None if _has_unischema(fs, parquet) else \
+            "is a Parquet dataset without unihub's schema metadata (Spark's or another tool's)"
+    return f"is a folder of {len(entries):,}{'+' if len(entries) > _LOOK_AT else ''} entries that is not a unihub dataset"
+
+
+def _first_parquet(fs: pafs.FileSystem, root: str) -> str | None:
+    """The first Parquet file of a dataset at ``root``: at its top, or under Hive partition folders."""
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=False, allow_not_found=True)):
+        name = posixpath.basename(entry.path)
+        if name.startswith(("_", ".")):
+            continue
+        if entry.type == pafs.FileType.File and name.endswith(".parquet"):
+            return str(entry.path)
+        if entry.type == pafs.FileType.Directory and "=" in name:
+            found = _first_parquet(fs, entry.path)
+            if found is not None:
+                return found
+    return None
+
+
+def _has_unischema(fs: pafs.FileSystem, path: str) -> bool:
+    try:
+        metadata = pq.read_schema(path, filesystem=fs).metadata or {}
+    except (OSError, ValueError):  # not Parquet at all (pyarrow's ArrowInvalid is a ValueError)
+        return False
+    return SCHEMA_METADATA_KEY in metadata
+
+
+def _foreign_file(fs: pafs.FileSystem, path: str) -> str | None:
+    """Ask the format the file's extension names whether unihub wrote it."""
+    import unihub.formats.formats_all  # noqa: F401  (registers every format)
+    from unihub.formats.foreign import FORMATS
+
+    extension = os.path.splitext(path)[1]
+    name = FORMATS.by_extension(extension) if extension else None
+    if name is None:
+        return "is a file that unihub did not write"
+    try:
+        if FORMATS.get(name).written_by_unihub(fs, path):
+            return None
+    except (OSError, UnihubError):
+        pass
+    return f"is a {name} file that unihub cannot tell it wrote ({name} files do not record their writer)"
