@@ -37,8 +37,7 @@ def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[s
             return "columns", "", [""]
         base = handle[container] if container else handle
         outside = set(recorded.get("not_units") or ())  # groups the export wrote beside its units
-        return kind, container, [n for n in base if base.get(n, getclass=True) is h5py_module().Group
-                                 and n not in outside]
+        return kind, container, [n for n in child_groups(base) if n not in outside]
     if layout == "columns":
         return "columns", "", [""]
     found = _sibling_groups(handle)
@@ -59,8 +58,16 @@ def detect_layout(path: str, handle: Any, layout: str) -> tuple[str, str, list[s
 def _with_empty_samples(base: Any, units: list[str]) -> list[str]:
     """The samples and, in their order, the sibling groups holding nothing at all: samples with no
     members (a row of nulls, their attributes as fields), never left out."""
+    groups = set(child_groups(base))
+    return [n for n in base if n in units or (n in groups and not len(base[n]))]
+
+
+def child_groups(group: Any) -> list[str]:
+    """The names of the groups in ``group`` (h5py's order) reached by hard links: a soft link to a
+    group is another name of it, kept as a link, never a second unit."""
     h5py = h5py_module()
-    return [n for n in base if n in units or (base.get(n, getclass=True) is h5py.Group and not len(base[n]))]
+    return [n for n in group if group.get(n, getclass=True, getlink=True) is h5py.HardLink
+            and group.get(n, getclass=True) is h5py.Group]
 
 
 def recorded_layout(handle: Any) -> dict[str, Any] | None:
@@ -77,10 +84,9 @@ def recorded_layout(handle: Any) -> dict[str, Any] | None:
 def _sibling_groups(handle: Any) -> tuple[str, list[str]] | None:
     """The first group (the root, or down a chain of single child groups) with at least two child
     groups that share datasets: ``(its path, the alike groups' names in h5py's order)``."""
-    h5py = h5py_module()
     group, path = handle, ""
     while True:
-        children = [name for name in group if group.get(name, getclass=True) is h5py.Group]
+        children = child_groups(group)
         if len(children) == 1:
             group, path = group[children[0]], "/".join(p for p in (path, children[0]) if p)
             continue

@@ -5,6 +5,12 @@ same inside one group per split, in order of first appearance) and groups (one g
 named by the key field, its members whole). Containers of splits and groups track creation order,
 so h5py lists them in the order written. The file is written beside the target and renamed into
 place only when complete.
+
+A dataset the source's metadata describes is stored as the source stored it (:func:`create_stored`:
+layout, chunk shape, filters with their options, fill value): grown in place where the source's
+layout can grow (chunked, unlimited along the rows), else staged in a scratch file beside the target
+and copied into a dataset of its final size (contiguous, compact, fixed-size chunked). Then the
+source's links and dimension scales are made again.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import ColumnBatch, python_columns
 from unihub.formats.hdf5_detect import LAYOUT_ATTR
 from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
+from unihub.formats.hdf5_read import slice_rows
 from unihub.formats.hdf5_storage import (
     ExportSpec,
     Storage,
@@ -44,25 +51,30 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     """Write ``batches`` to ``target`` (a temporary sibling renamed on success); see the module docstring."""
     target = os.fspath(target)
     if os.path.exists(target) and not overwrite:
-        raise DatasetExistsError(f"{target} exists; pass overwrite=True to replace it")
+        raise DatasetExistsError(f"{target} exists; pass --overwrite (overwrite=True) to replace it")
     _check_names(schema)
     h5py = h5py_module()
     parent, base = os.path.split(os.path.abspath(target))
     temporary = fsutil.temporary_sibling(os.path.join(parent, base))
     handle = None
+    staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)))
+    options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec}
     try:
         handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)
         _root_attributes(handle, schema, spec)
-        writer = _WRITERS[spec.kind](handle, schema, spec, {"compression": compression, "chunk_rows": chunk_rows})
+        writer = _WRITERS[spec.kind](handle, schema, spec, options)
         for batch in map(python_columns, batches):
             writer.append(batch, column_length(schema, batch))
-        _write_empty(handle, spec.empty, {"compression": compression, "chunk_rows": chunk_rows})
-        _write_constants(handle, spec.constants)
+        staging.finish()
+        _write_empty(handle, spec.empty, options)
+        _write_constants(handle, spec.constants, spec.storage)
         for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
             handle.require_group(path)
         _write_attributes(handle, spec.attributes)
         if spec.kind != "columns":
             _record_units(handle, spec, set(writer.units) | set(spec.units))
+        _write_links(handle, spec.links)
+        _write_scales(handle, spec.scales)
         handle.close()
         os.replace(temporary, target)
     except BaseException:
@@ -71,6 +83,8 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+    finally:
+        staging.close()
     return [target]
 
 
@@ -119,14 +133,51 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 
 
-def _write_constants(handle: Any, constants: Mapping[str, Any]) -> None:
-    """Datasets that were not rows, back where they were (after the rows: units keep their order)."""
+def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping[str, Any]) -> None:
+    """Datasets that were not rows, back where they were (after the rows: units keep their order),
+    stored as the source stored them."""
     h5py = h5py_module()
     for path, record in constants.items():
         if path in handle:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
+        if path in storage:
+            dataset = create_stored(handle, path, dt, None if value is None else value.shape, storage[path])
+            if value is not None and value.size:
+                _write_rows(dataset, value, 0, len(value)) if value.ndim else dataset.write_direct(value)
+            continue
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _write_links(handle: Any, links: Mapping[str, Mapping[str, str]]) -> None:
+    """The source's other names of its objects: hard links to the object's first name, soft links as
+    written (an object the export left out takes its links with it)."""
+    h5py = h5py_module()
+    for path, link in links.items():
+        target = link.get("hard", link.get("object", ""))
+        if path in handle or (target and target not in handle):
+            continue
+        parent, _, name = path.rpartition("/")
+        group = handle.require_group(parent) if parent else handle
+        group[name] = handle[target] if "hard" in link else h5py.SoftLink(link["soft"])
+
+
+def _write_scales(handle: Any, scales: Mapping[str, Any]) -> None:
+    """The source's dimension scales (``make_scale`` with their names), then each dataset's dimensions:
+    the scales attached in their order, and the labels."""
+    for path, name in (scales.get("scales") or {}).items():
+        if path in handle:
+            handle[path].make_scale(name)
+    for path, dims in (scales.get("dims") or {}).items():
+        if path not in handle:
+            continue
+        dataset = handle[path]
+        for dim, (label, attached) in zip(dataset.dims, dims):
+            for scale in attached:
+                if scale in handle:
+                    dim.attach_scale(handle[scale])
+            if label:
+                dim.label = label
 
 
 def _record_units(handle: Any, spec: ExportSpec, units: set[str]) -> None:
@@ -148,6 +199,10 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
         value, dt = decode_constant(record)
         if value is None:  # an ingest records the datasets of 0 rows, which have a shape
             raise SchemaError(f"the source's empty dataset {path!r} is recorded without a shape")
+        stored = options["spec"].storage.get(path)
+        if stored is not None:
+            create_stored(handle, path, dt, value.shape, stored)
+            continue
         parent, _, name = path.rpartition("/")
         _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
 
@@ -168,8 +223,13 @@ def _append(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
     """Grow ``dataset`` by ``n`` rows and write them."""
     if not n:
         return
-    h5py = h5py_module()
     dataset.resize(start + n, axis=0)
+    _write_rows(dataset, rows, start, n)
+
+
+def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
+    """Write ``n`` rows at ``start`` (the dataset holds them already)."""
+    h5py = h5py_module()
     if h5py.check_vlen_dtype(dataset.dtype) is not None and h5py.check_string_dtype(dataset.dtype) is None:
         # h5py's __setitem__ turns equal-length rows into a 2-D array: write them as typed
         typed = np.empty(n, dtype=dataset.dtype)
@@ -187,6 +247,81 @@ def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], opti
     maxshape = (None, *(d if d else None for d in shape))
     return group.create_dataset(name, shape=(0, *shape), maxshape=maxshape, chunks=chunks,
                                 dtype=dtype, compression=options["compression"])
+
+
+def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...] | None,
+                  record: Mapping[str, Any]) -> Any:
+    """A new dataset ``path`` of ``group`` stored as ``record`` says (``hdf5_meta.storage_record``: layout,
+    chunks, maximum shape, filter pipeline, fill value and times), of ``shape`` (None: an empty
+    dataspace). A chunk longer than a fixed dimension is cut to it (fewer rows than the source's);
+    a fixed dimension of 0 rows is left unlimited, as no chunk fits it."""
+    h5py = h5py_module()
+    h5d, h5p, h5s = h5py.h5d, h5py.h5p, h5py.h5s
+    parent, _, name = path.rpartition("/")
+    owner = group.require_group(parent) if parent else group
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    if shape is None:
+        space = h5s.create(h5s.NULL)
+    elif not shape:
+        space = h5s.create(h5s.SCALAR)
+    else:
+        recorded = list(record.get("maxshape") or ["="] * len(shape))
+        maxshape = tuple(h5s.UNLIMITED if m is None else d if m == "=" else max(int(m), d)
+                         for m, d in zip(recorded, shape))
+        if record["layout"] == "chunked":
+            chunks = tuple(max(1, c if m == h5s.UNLIMITED else min(c, m)) for c, m in zip(record["chunks"], maxshape))
+            maxshape = tuple(h5s.UNLIMITED if m == 0 else m for m in maxshape)
+            dcpl.set_chunk(chunks)
+        space = h5s.create_simple(tuple(shape), maxshape)
+    if record["layout"] == "compact":
+        dcpl.set_layout(h5d.COMPACT)
+    for code, flags, values in record.get("filters") or ():
+        dcpl.set_filter(code, flags, tuple(values))
+    dcpl.set_fill_time(record["fill_time"])
+    dcpl.set_alloc_time(record["alloc_time"])
+    dcpl.set_obj_track_times(bool(record.get("track_times")))
+    if record.get("fillvalue") is not None:
+        value, fill_dtype = decode_constant(record["fillvalue"])
+        dcpl.set_fill_value(np.asarray(value, dtype=fill_dtype).reshape(1))
+    type_id = h5py.h5t.py_create(dtype, logical=1)
+    return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
+
+
+class _Staging:
+    """Rows of datasets that cannot grow as the source stored them (contiguous, compact, or chunked
+    with a fixed number of rows): written to a scratch file beside the target as they come, then
+    copied, a slice at a time, into a dataset of the final size stored as the source's was."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.scratch: Any = None
+        self.staged: list[tuple[Any, str, np.dtype, Any, Mapping[str, Any]]] = []
+
+    def stage(self, group: Any, path: str, dtype: np.dtype, cell: tuple[int, ...], record: Mapping[str, Any]) -> Any:
+        """A growable dataset in the scratch file for ``path`` of ``group``, copied there by :meth:`finish`."""
+        if self.scratch is None:
+            self.scratch = h5py_module().File(self.path, "w")
+        staged = _create(self.scratch, str(len(self.staged)), dtype, cell, {"chunk_rows": None, "compression": None})
+        self.staged.append((group, path, dtype, staged, record))
+        return staged
+
+    def finish(self) -> None:
+        """Every staged dataset into its place, stored as its record says."""
+        for group, path, dtype, staged, record in self.staged:
+            final = create_stored(group, path, dtype, staged.shape, record)
+            step = slice_rows(staged, 8 << 20)
+            for start in range(0, staged.shape[0], step):
+                stop = min(start + step, staged.shape[0])
+                _write_rows(final, staged[start:stop], start, stop - start)
+        self.staged = []
+
+    def close(self) -> None:
+        """Close and remove the scratch file."""
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
 
 class _FieldSink:
@@ -232,9 +367,20 @@ class _TypedSink:
         if present.all():
             rows = assemble(self.typed, columns, "")
             if self.dataset is None:
-                self.dataset = _create(self.group, self.typed.path, self.typed.dtype, rows.shape[1:], self.options)
+                self.dataset = self._open(rows.shape[1:])
             _append(self.dataset, rows, written, n)
         self.size += n
+
+    def _open(self, cell: tuple[int, ...]) -> Any:
+        """The dataset the rows grow: the source's own where it can grow (chunked, unlimited along the
+        rows), else a staged one that :class:`_Staging` copies into one stored as the source's was."""
+        path = "/".join(p for p in (self.group.name.strip("/"), self.typed.path) if p)
+        record = self.options["spec"].storage.get(path)
+        if record is None:
+            return _create(self.group, self.typed.path, self.typed.dtype, cell, self.options)
+        if record["layout"] == "chunked" and record["maxshape"][:1] == [None]:
+            return create_stored(self.group, self.typed.path, self.typed.dtype, (0, *cell), record)
+        return self.options["staging"].stage(self.group, self.typed.path, self.typed.dtype, cell, record)
 
 
 class _ColumnsWriter:
@@ -294,6 +440,7 @@ class _GroupsWriter:
         self.key = spec.key_field if spec.key_field in schema.fields else None
         self.units: set[str] = set()
         self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
+        self.typed = {t.path for t in spec.typed if t.attr is None}  # the source's datasets: stored as they were
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
@@ -305,7 +452,12 @@ class _GroupsWriter:
             group = self.container.create_group(name)
             self.units.add(name)
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
-                if attr is None:
+                stored = self.spec.storage.get(f"{group.name.strip('/')}/{path}", self.spec.member_storage.get(path))
+                if attr is None and stored is not None and path in self.typed:
+                    dataset = create_stored(group, path, value.dtype, value.shape, stored)
+                    if value.size:
+                        _write_rows(dataset, value, 0, len(value)) if value.ndim else dataset.write_direct(value)
+                elif attr is None:
                     group.create_dataset(path, data=value, dtype=value.dtype)
                 elif path and path not in group and path not in self.inner:
                     raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")

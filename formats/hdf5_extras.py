@@ -15,7 +15,15 @@ compound layouts: what a value's numpy dtype does not show):
   ``... of 'x' in the splits``, merged over the splits: ``None`` where they differ) and ``dtype of
   member 'x' in the groups`` (and of their attributes): every dataset of every field and its
   companions, so that one is missed even where no row shows it (no rows; a field that is None in
-  every row, which an ingest of the export would lose).
+  every row, which an ingest of the export would lose);
+- ``storage of dataset '/p'`` (and ``storage of member 'x' in the groups``, where not h5py's default):
+  how each of the source's datasets is stored, as h5py's own properties describe it
+  (:func:`storage_description`: layout, chunks, maximum shape, compression and its options,
+  shuffle, fletcher32, scale-offset, the filter pipeline, fill value and times); on the unihub
+  side, from a dataset made in memory from the metadata's record the way an export makes it;
+- ``link '/p'``: every other name of an object (a second hard link, a soft link) and what it names;
+- ``dimension scale '/p'`` (its name) and ``dimensions of '/p'`` (each dimension's label and the
+  scales attached to it, in order), as h5py's ``dims`` API reads them.
 
 Several files: the first file's entries, then another file's (prefixed ``name.h5: ``), a kind at a
 time, where they differ from the first file's.
@@ -25,14 +33,16 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from unihub.formats import sources
-from unihub.formats.hdf5_layout import Plan
-from unihub.formats.hdf5_meta import PER_FILE, exact_attributes, in_any, walk_objects
+from unihub.formats.hdf5_export import create_stored
+from unihub.formats.hdf5_layout import Plan, find_links
+from unihub.formats.hdf5_meta import PER_FILE, dimension_scales, exact_attributes, in_any, walk_objects
 from unihub.formats.hdf5_select import plan_file
 from unihub.formats.hdf5_storage import ExportSpec, Typed, generic_dtype, storage_of
 from unihub.formats.hdf5_types import (
@@ -52,16 +62,41 @@ Entries = dict[str, Any]
 
 # -- what both sides share ----------------------------------------------------------------------
 def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[str, Value]],
-              group_paths: Iterable[str], written: set[str], implied: set[str]) -> dict[str, Entries]:
+              group_paths: Iterable[str], written: set[str], implied: set[str],
+              structure: Mapping[str, Any] | None = None) -> dict[str, Entries]:
     """One file's entries by kind: its whole datasets, the attributes of the objects an export writes
-    (``written`` datasets and every group), and the groups no written dataset (nor ``implied`` group) makes."""
+    (``written`` datasets and every group), the groups no written dataset (nor ``implied`` group) makes,
+    and its ``structure``: ``storage`` (named entries, :func:`storage_description`), ``links`` and
+    ``scales`` (as ``hdf5_meta`` records them), of the objects written (below ``implied`` in a groups
+    layout: its samples)."""
     groups = list(group_paths)
     made = set(implied)
     for path in {*written, *implied}:
         parts = path.split("/")
         made.update("/".join(parts[:i]) for i in range(1, len(parts)))
     kept = {"", *groups, *written}
-    out: dict[str, Entries] = {"datasets": {}, "attributes": {}, "groups": {}}
+    structure = structure or {}
+
+    below = structure.get("units_below")  # a groups layout's container: its samples are written
+
+    def is_kept(path: str) -> bool:
+        return path in kept or (below is not None and (below == "" or path.startswith(below + "/")))
+
+    out: dict[str, Entries] = {"datasets": {}, "attributes": {}, "groups": {}, "storage": dict(structure.get("storage") or {}),
+                               "links": {}, "scales": {}}
+    for path, link in sorted((structure.get("links") or {}).items()):
+        target = link.get("hard", link.get("object", ""))
+        if is_kept(target):
+            out["links"][f"link '/{path}'"] = f"hard link to '/{target}'" if "hard" in link \
+                else f"soft link to {link['soft']!r} ('/{target}')"
+    scales = structure.get("scales") or {}
+    for path, name in sorted((scales.get("scales") or {}).items()):
+        if is_kept(path):
+            out["scales"][f"dimension scale '/{path}'"] = name
+    for path, dims in sorted((scales.get("dims") or {}).items()):
+        found = [[label, [f"/{scale}" for scale in attached if is_kept(scale)]] for label, attached in dims]
+        if is_kept(path) and any(label or attached for label, attached in found):
+            out["scales"][f"dimensions of '/{path}'"] = found
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
@@ -72,6 +107,63 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
             out["attributes"][f"attribute {name!r} of '/{owner}'"] = _native(value, dt)
             out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = dtype_text(dt)
     out["groups"] = {f"group '/{path}'": "empty" for path in groups if path not in made}
+    return out
+
+
+_LAYOUT_NAMES = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
+
+
+def storage_description(dataset: Any) -> dict[str, Any]:
+    """How h5py says ``dataset`` is stored: its public properties (chunks, compression and its options,
+    shuffle, fletcher32, scale-offset, fill value) and from its creation property list the layout, the
+    filter pipeline as HDF5 runs it, when it is filled and allocated (not whether times are tracked, which
+    h5py sets by its own defaults). The maximum shape is ``"="`` where
+    it is the dataset's own dim (None: unlimited), so that datasets of other row counts compare."""
+    h5py = h5py_module()
+    dcpl = dataset.id.get_create_plist()
+    filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+    fill: Any = "default"
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+        fill = _native(np.asarray(dataset.fillvalue, dtype=dataset.dtype), dataset.dtype)
+    return {"layout": _LAYOUT_NAMES.get(dcpl.get_layout(), str(dcpl.get_layout())),
+            "chunks": list(dataset.chunks) if dataset.chunks else None,
+            "maxshape": ["=" if m == d else m for m, d in zip(dataset.maxshape or (), dataset.shape or ())],
+            "compression": dataset.compression, "compression_opts": dataset.compression_opts,
+            "shuffle": dataset.shuffle, "fletcher32": dataset.fletcher32, "scaleoffset": dataset.scaleoffset,
+            "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values]]
+                        for _, flags, values, name in filters],
+            "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time())}
+
+
+def _is_default(description: Mapping[str, Any]) -> bool:
+    """True for the storage h5py gives a dataset created with no storage options (contiguous, no filters,
+    no fill value set), of any shape."""
+    h5py = h5py_module()
+    global _DEFAULT
+    if _DEFAULT is None:
+        with h5py.File(f"unihub-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False) as memory:
+            _DEFAULT = storage_description(memory.create_dataset("dataset", shape=(1,), dtype="u1"))
+    return all(m == "=" for m in description["maxshape"]) and all(
+        description[k] == v for k, v in _DEFAULT.items() if k != "maxshape")
+
+
+_DEFAULT: dict[str, Any] | None = None
+
+
+def _storage_entries(datasets: Mapping[str, Any], members: Mapping[str, Any],
+                     exceptions: Mapping[str, tuple[str, Any]]) -> Entries:
+    """Named entries of storage descriptions: each dataset's by path; in a groups layout each member's
+    (in the first group holding it) unless it is h5py's default (the groups of an export hold fields
+    stored unihub's way too, which are, and which the file does not tell apart), and ``exceptions``
+    (``path: (member, description)``) where they differ from their member's."""
+    from unihub.converters.verify import first_difference
+
+    out = {f"storage of dataset '/{path}'": d for path, d in sorted(datasets.items())}
+    out.update({f"storage of member {rel!r} in the groups": d for rel, d in sorted(members.items())
+                if not _is_default(d)})
+    for path, (rel, description) in sorted(exceptions.items()):
+        if rel not in members or first_difference(members[rel], description) is not None:
+            out[f"storage of dataset '/{path}'"] = description
     return out
 
 
@@ -124,21 +216,46 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
             written.update("/".join(p for p in (plan.unit_path(unit), n) if p) for n in names if n in group)
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
-    walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, "", units)] if not in_any(p, dropped)]
+    walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, units)] if not in_any(p, dropped)]
     datasets = {p: _read(handle[p]) for p in sorted(set(plan.constants) | set(plan.empty_datasets()))}
-    attributes = {p: _attributes(obj.attrs) for p, obj in walked}
+    attributes = {p: _attributes(obj) for p, obj in walked}
     groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
-    return _sections(datasets, attributes, groups, written, implied)
+    skipped = {*plan.refused, *plan.ignored, *plan.left_out}  # listed as left out by the conversion
+    links = {p: link for p, link in find_links(handle)[0].items() if p not in skipped and not in_any(p, dropped)}
+    structure = {"storage": _file_storage(handle, plan), "links": links,
+                 "scales": dimension_scales(handle, walked),
+                 "units_below": plan.container if plan.kind == "groups" else None}
+    return _sections(datasets, attributes, groups, written, implied, structure)
+
+
+def _file_storage(handle: Any, plan: Plan) -> Entries:
+    """The storage entries of the source's datasets an export writes back (the rows' datasets, not
+    unihub's own; the constants; those of units of 0 rows), as h5py describes them."""
+    datasets = {p: storage_description(handle[p]) for p in (*plan.constants, *plan.empty_datasets())}
+    members: dict[str, Any] = {}
+    exceptions: dict[str, tuple[str, Any]] = {}
+    rows = sorted({leaf.path for leaf in plan.leaves.values()  # a groups export records all its fields
+                   if leaf.attr is None and (leaf.recorded is None or plan.kind == "groups")})
+    for unit in plan.units:
+        group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
+        for rel in (r for r in rows if r in group):
+            path = "/".join(p for p in (plan.unit_path(unit), rel) if p)
+            description = storage_description(group[rel])
+            if plan.kind != "groups":
+                datasets[path] = description
+            elif members.setdefault(rel, description) is not description:
+                exceptions[path] = (rel, description)
+    return _storage_entries(datasets, members, exceptions)
 
 
 def _read(dataset: Any) -> Value:
     return (None if dataset.shape is None else dataset[...]), dataset.dtype
 
 
-def _attributes(attrs: Any) -> dict[str, Value]:
-    """An object's attributes as h5py reads them (unihub's own left out, and those that cannot be kept
-    exactly, which the conversion lists as left out)."""
-    return {name: (value, dtype) for name, (value, dtype, _) in exact_attributes(attrs)[0].items()}
+def _attributes(owner: Any) -> dict[str, Value]:
+    """An object's attributes as h5py reads them (unihub's own left out, those of the dimension-scale
+    API, compared as scales, and those that cannot be kept exactly, which the conversion lists)."""
+    return {name: (value, dtype) for name, (value, dtype, _) in exact_attributes(owner)[0].items()}
 
 
 def _row_datasets(handle: Any, plan: Plan, out: dict[str, list[Any]]) -> None:
@@ -240,12 +357,58 @@ def _native_files(source: Mapping[str, Any], spec: ExportSpec, recorded: Mapping
                       for p, values in (own.get("attribute_values") or {}).items() if not in_any(p, dropped)}
         # metadata from before the splits were recorded: every attribute's owner taken as written
         written = set(attributes) if spec.kind == "splits" and units is None else rows
-        return _sections(datasets, attributes, groups, written | set(datasets), implied)
+        structure = {"storage": _recorded_storage(own, spec, datasets, rows, dropped),
+                     "links": {p: link for p, link in (own.get("links") or {}).items() if not in_any(p, dropped)},
+                     "scales": own.get("dimension_scales") or {},
+                     "units_below": spec.container if spec.kind == "groups" else None}
+        return _sections(datasets, attributes, groups, written | set(datasets), implied, structure)
 
     first = {key: source.get(key) for key in PER_FILE}
     others = {path for key in PER_FILE for path in (source.get(f"{key}_by_file") or {})}
     return _with_files(sections(first), [(path, sections({key: (source.get(f"{key}_by_file") or {}).get(
         path, first[key]) for key in PER_FILE})) for path in sorted(others)])
+
+
+def _recorded_storage(own: Mapping[str, Any], spec: ExportSpec, datasets: Mapping[str, Value], rows: set[str],
+                      dropped: tuple[str, ...]) -> Entries:
+    """The storage entries of what an export writes as its source stored it (``storage`` and
+    ``member_storage`` of the metadata): each record made into a dataset in memory, the way the export
+    makes it, and described as h5py describes the file's (:func:`storage_description`)."""
+    recorded = {p: r for p, r in (own.get("storage") or {}).items() if not in_any(p, dropped)}
+    typed = {t.path: t.dtype for t in spec.typed if t.attr is None}
+    described: dict[str, Any] = {}
+    exceptions: dict[str, tuple[str, Any]] = {}
+    for path, record in recorded.items():
+        if path in datasets:
+            value, dt = datasets[path]
+            described[path] = _described(record, dt, None if value is None else value.shape)
+            continue
+        rel = _member_of(spec, path)
+        if rel in typed and (spec.kind == "groups" or path in rows):
+            if spec.kind == "groups":
+                exceptions[path] = (rel, _described(record, typed[rel]))
+            else:
+                described[path] = _described(record, typed[rel])
+    members = {rel: _described(record, typed[rel]) for rel, record in (own.get("member_storage") or {}).items()
+               if rel in typed} if spec.kind == "groups" else {}
+    return _storage_entries(described, members, exceptions)
+
+
+def _member_of(spec: ExportSpec, path: str) -> str:
+    """The path of a dataset inside its unit (columns: the file)."""
+    inside = path[len(spec.container) + 1:] if spec.container else path
+    return inside if spec.kind == "columns" else inside.split("/", 1)[-1]
+
+
+def _described(record: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...] | None | str = "rows") -> Any:
+    """:func:`storage_description` of a dataset an export creates from ``record`` (in a file in memory):
+    of ``shape``, or for rows a chunk's shape (a dim where it is fixed)."""
+    h5py = h5py_module()
+    if shape == "rows":
+        chunks = record.get("chunks") or [1] * len(record.get("maxshape") or ())
+        shape = tuple(c if m in ("=", None) else min(c, int(m)) for c, m in zip(chunks, record.get("maxshape") or ()))
+    with h5py.File(f"unihub-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False) as memory:
+        return storage_description(create_stored(memory, "dataset", dtype, shape, record))  # type: ignore[arg-type]
 
 
 def _join(*parts: str) -> str:

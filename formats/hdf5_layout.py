@@ -78,6 +78,8 @@ class Plan:
     ignored: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)  #: leaf -> not selected by ``fields=``
     dropped: list[str] = field(default_factory=list)  #: splits not selected by ``split=``
+    #: every other name of an object (:func:`find_links`): path -> ``{"hard": path}`` or ``{"soft": ..., "object": ...}``
+    links: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def unit_path(self, unit: str) -> str:
         return "/".join(p for p in (self.container, unit) if p)
@@ -115,27 +117,97 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
         plan = _plan_columns(path, handle)
     else:
         plan = _plan_units(path, handle, kind, container, units, key)
+    links, refused = find_links(handle)
+    units = [plan.unit_path(u) for u in plan.units] if plan.kind != "columns" else []
+    for path, link in links.items():  # a unit's members are read by h5py's visit of it: a link there would be read twice
+        if any(path.startswith(u + "/") for u in units if u):
+            refused[path] = (f"a link inside {plan.kind} unit /{path.rsplit('/', 1)[0]} "
+                             f"({'hard link to' if 'hard' in link else 'soft link to'} /{link.get('hard') or link['soft']}); "
+                             "links are kept only outside the units")
+        else:
+            plan.links[path] = link
+    plan.refused.update(refused)
+    plan.refused.update(reference_attributes(handle, units if plan.kind == "groups" else []))
     _keep_constants(plan, handle)
-    plan.refused.update(external_links(handle))
     return plan
 
 
-def external_links(handle: Any) -> dict[str, str]:
-    """Links into other files, by path: their data is not in this file, and a conversion of this file
-    alone would lose it without a word (soft links are aliases of objects read anyway)."""
+#: attributes the HDF5 dimension-scale API writes: kept as scales and attachments, not as attributes
+SCALE_ATTRIBUTES = ("REFERENCE_LIST", "DIMENSION_LIST", "DIMENSION_LABELS")
+
+
+def object_paths(handle: Any) -> tuple[dict[int, str], list[str]]:
+    """The first name h5py's ``visititems`` gives each object (``''``: the root), by ``hash(obj.id)``,
+    which names two hard links to one object alike; and the groups among them. Every other name of
+    an object is a link (:func:`find_links`)."""
     h5py = h5py_module()
-    groups = [""]
-    handle.visititems(lambda name, obj: groups.append(name) if isinstance(obj, h5py.Group) else None)
-    found = {}
+    paths, groups = {hash(handle.id): ""}, [""]
+
+    def note(name: str, obj: Any) -> None:
+        paths.setdefault(hash(obj.id), name)
+        if isinstance(obj, h5py.Group):
+            groups.append(name)
+
+    handle.visititems(note)
+    return paths, groups
+
+
+def find_links(handle: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Every name that is not an object's first (:func:`object_paths`): ``(links, refused)``. A hard
+    link is recorded as ``{"hard": first name}``, a soft link to an object of the file as ``{"soft":
+    its target as written, "object": the object's first name}``; a link into another file, a dangling
+    one and a user-defined one are refused by path (a conversion of this file alone would lose them)."""
+    h5py = h5py_module()
+    paths, groups = object_paths(handle)
+    first = set(paths.values())
+    links: dict[str, dict[str, str]] = {}
+    refused: dict[str, str] = {}
     for group in groups:
         parent = handle[group] if group else handle
         for name in parent:
+            path = f"{group}/{name}" if group else name
+            kind_ = parent.get(name, getclass=True, getlink=True)
+            if kind_ is h5py.HardLink:
+                if path not in first:
+                    links[path] = {"hard": paths[hash(parent[name].id)]}
+                continue
             link = parent.get(name, getlink=True)
-            if isinstance(link, h5py.ExternalLink):
-                path = f"{group}/{name}" if group else name
-                found[path] = (f"an external link to {link.filename}:{link.path}, whose data is in another file; "
-                               "convert that file too")
-    return found
+            if kind_ is h5py.ExternalLink:
+                refused[path] = (f"an external link to {link.filename}:{link.path}, whose data is in another file; "
+                                 "convert that file too")
+            elif kind_ is not h5py.SoftLink:
+                refused[path] = "a user-defined link, which h5py cannot follow"
+            else:
+                target = parent.get(name)
+                reached = None if target is None else paths.get(hash(target.id))
+                if reached is None:
+                    where = "does not exist (a dangling link)" if target is None else "is outside the file"
+                    refused[path] = f"a soft link to {link.path}, which {where}"
+                else:
+                    links[path] = {"soft": link.path, "object": reached}
+    return links, refused
+
+
+def reference_attributes(handle: Any, skip: Iterable[str]) -> dict[str, str]:
+    """Attributes holding object or region references (outside ``skip``, the units whose attributes
+    are fields), by ``path@name``: a reference points into this file's structure, and no exact
+    JSON or Arrow value holds it. The dimension-scale API's own are kept as scales instead."""
+    h5py = h5py_module()
+    paths, _ = object_paths(handle)
+    prefixes = tuple(skip)
+    refused = {}
+    for path in sorted(set(paths.values())):
+        if any(path == p or path.startswith(p + "/") for p in prefixes):
+            continue
+        obj = handle[path] if path else handle
+        for name in obj.attrs:
+            if name in SCALE_ATTRIBUTES:
+                continue
+            dt = obj.attrs.get_id(name).dtype
+            if any(h5py.check_ref_dtype(leaf) is not None for _, leaf, _ in leaves_of(dt)):
+                refused[f"{path}@{name}"] = (f"attribute {name!r} of /{path} holds object or region references "
+                                             f"(h5py.ref_dtype), which point into the file and cannot be kept")
+    return refused
 
 
 # -- columns ------------------------------------------------------------------------------------
@@ -319,6 +391,7 @@ def _keep_constants(plan: Plan, handle: Any) -> None:
     be kept, are refused."""
     if plan.kind != "columns":
         plan.constants.extend(_outside_units(handle, plan))
+    plan.constants = [name for name in plan.constants if name not in plan.links]  # another name, kept as a link
     total = 0
     for name in plan.constants:
         dataset = handle[name]
@@ -347,7 +420,7 @@ def _outside_units(handle: Any, plan: Plan) -> list[str]:
     for depth in range(len(chain) + 1):
         skip = {chain[depth]} if depth < len(chain) else set(plan.units)
         for name in group:
-            if name in skip:
+            if name in skip or prefix + name in plan.links or prefix + name in plan.refused:
                 continue
             obj = group[name]
             if isinstance(obj, h5py.Dataset):

@@ -7,14 +7,17 @@ exactly: ``layout`` (kind, container, key field, the dtype of every source datas
 field comes from, the splits), ``constants`` (every dataset that is not rows), ``empty_datasets``
 (the datasets of units of 0 rows: an empty split, a file of 0 rows), ``attribute_values`` (every
 attribute outside the rows), all bit for bit with their dtypes, ``group_paths`` (every group outside
-the rows, so that an empty one is written back too) and ``left_out``.
+the rows, so that an empty one is written back too), ``storage`` and ``member_storage`` (how each
+source dataset is stored: layout, chunks, filters, fill value), ``links`` (every other name of an
+object: hard and soft links), ``dimension_scales`` (scales, their names, what each dimension has
+attached and its label) and ``left_out``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,13 +25,16 @@ import numpy as np
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
-from unihub.formats.hdf5_layout import Plan
+from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, object_paths
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
 
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
-PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths")
+PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
+            "dimension_scales")
+#: a dimension scale's own attributes (beside :data:`SCALE_ATTRIBUTES`), kept as the scale itself
+_SCALE_OWN = ("CLASS", "NAME")
 
 
 def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[str, Any]:
@@ -44,16 +50,21 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
     exact: dict[str, dict[str, Any]] = {}
     group_paths: list[str] = []
     left_out = {**plan.left_out, **plan.ignored}
-    for path, obj in [("", handle), *walk_objects(handle, "", units)]:
+    walked = [("", handle), *walk_objects(handle, units)]
+    for path, obj in walked:
         if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
             group_paths.append(path)
         attrs = _attributes(obj.attrs)
         if attrs and path:
             (datasets if isinstance(obj, h5py.Dataset) else groups)[path] = attrs
-        values, failed = exact_attributes(obj.attrs)
+        values, failed = exact_attributes(obj)
         exact.update({path: {name: v[2] for name, v in values.items()}} if values else {})
         left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
-    own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths}
+    storage, member_storage = storage_records(handle, plan)
+    own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths,
+           "storage": storage, "member_storage": member_storage,
+           "links": {p: link for p, link in plan.links.items() if not in_any(p, dropped)},
+           "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)])}
     if per_file:
         return own
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
@@ -71,13 +82,17 @@ def in_any(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
-def exact_attributes(attrs: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[str, str]]:
+def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[str, str]]:
     """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
-    bytes, as constants are; unihub's own left out), and the ones that cannot be kept exactly (object
-    references, ...) with why. The ingest keeps the encodings; verify compares the values."""
+    bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
+    :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
+    are refused before: ``hdf5_layout.reference_attributes``). The ingest keeps the encodings; verify
+    compares the values."""
+    attrs = owner.attrs
+    scale = is_scale(owner)
     values, failed = {}, {}
     for name in attrs:
-        if name.startswith("unihub."):
+        if name.startswith("unihub.") or name in SCALE_ATTRIBUTES or (scale and name in _SCALE_OWN):
             continue
         try:
             attr = attrs.get_id(name)
@@ -89,17 +104,108 @@ def exact_attributes(attrs: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     return values, failed
 
 
-def walk_objects(group: Any, prefix: str, skip: set[str]) -> Iterator[tuple[str, Any]]:
-    """Every object below ``group`` by path (name order), not descending into ``skip``."""
+def walk_objects(handle: Any, skip: set[str]) -> Iterator[tuple[str, Any]]:
+    """Every object of the file but the root, by its first name (:func:`object_paths`: another name
+    of it is a link), in name order, none in or below ``skip``."""
+    prefixes = tuple(skip)
+    for path in sorted(set(object_paths(handle)[0].values()) - {""}):
+        if not in_any(path, prefixes):
+            yield path, handle[path]
+
+
+def is_scale(obj: Any) -> bool:
+    """True for a dataset made a dimension scale (``make_scale``)."""
     h5py = h5py_module()
-    for name in sorted(group):
-        path = f"{prefix}{name}"
-        if path in skip:
+    return isinstance(obj, h5py.Dataset) and bool(h5py.h5ds.is_scale(obj.id))
+
+
+def dimension_scales(handle: Any, objects: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The dimension scales among ``objects`` (``{"scales": {path: name}}``) and every dataset's dimensions
+    that have a label or scales attached (``{"dims": {path: [[label, [scale paths in order]], ...]}}``),
+    by the objects' first names, as h5py's ``dims`` API reads them."""
+    h5py = h5py_module()
+    paths = object_paths(handle)[0]
+    scales: dict[str, str] = {}
+    dims: dict[str, list[Any]] = {}
+    for path, obj in objects:
+        if not isinstance(obj, h5py.Dataset):
             continue
-        obj = group[name]
-        yield path, obj
-        if isinstance(obj, h5py.Group):
-            yield from walk_objects(obj, path + "/", skip)
+        if is_scale(obj):
+            name = h5py.h5ds.get_scale_name(obj.id)
+            scales[path] = (name or b"").decode("utf-8", "surrogateescape")
+        if not obj.shape or not ({"DIMENSION_LIST", "DIMENSION_LABELS"} & set(obj.attrs)):
+            continue
+        found = [[dim.label, _attached(dim, paths)] for dim in obj.dims]
+        if any(label or attached for label, attached in found):
+            dims[path] = found
+    return {"scales": scales, "dims": dims} if scales or dims else {}
+
+
+def _attached(dim: Any, paths: dict[int, str]) -> list[str]:
+    """The first names of the scales attached to a dimension, in order (one that cannot be opened, as a
+    file whose scale was deleted holds, is named so: it never matches a scale)."""
+    try:
+        return [paths.get(hash(scale.id), f"<outside the file: {scale.name}>") for scale in dim.values()]
+    except (RuntimeError, KeyError, OSError, ValueError) as exc:
+        return [f"<a scale h5py cannot open: {exc}>"]
+
+
+# -- how each dataset is stored: layout, chunks, filters, fill value --------------------------------
+_LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
+
+
+def storage_record(dataset: Any) -> dict[str, Any]:
+    """How ``dataset`` is stored, from its creation property list, so that an export creates it alike
+    (``hdf5_export.create_stored``): layout, chunk shape, maximum shape (``"="`` where it is the
+    dataset's own dim, None unlimited), the filter pipeline as HDF5 runs it (``[id, flags, [values]]``:
+    gzip, lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
+    set (exactly: :func:`encode_constant`), when it is written, when space is allocated, and whether
+    times are tracked."""
+    h5py = h5py_module()
+    dcpl = dataset.id.get_create_plist()
+    layout = dcpl.get_layout()
+    shape = dataset.shape or ()
+    maxshape = dataset.maxshape or ()
+    record: dict[str, Any] = {
+        "layout": _LAYOUTS.get(layout, str(layout)),
+        "chunks": list(dcpl.get_chunk()) if layout == h5py.h5d.CHUNKED else None,
+        "maxshape": ["=" if m == d else m for m, d in zip(maxshape, shape)],
+        "filters": [[int(code), int(flags), [int(v) for v in values]]
+                    for code, flags, values, _ in (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))],
+        "fill_time": int(dcpl.get_fill_time()),
+        "alloc_time": int(dcpl.get_alloc_time()),
+        "track_times": bool(dcpl.get_obj_track_times()),
+    }
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+        value = np.zeros((1,), dtype=dataset.dtype)
+        dcpl.get_fill_value(value)
+        record["fillvalue"] = encode_constant(value.reshape(()), dataset.dtype)
+    return record
+
+
+def storage_records(handle: Any, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(storage, member_storage)``: the :func:`storage_record` of every source dataset an export
+    writes back, by path (the rows' datasets, not unihub's own; the constants; those of units of 0
+    rows), and in a groups layout each member's in the first group holding it (by its path in the
+    group), the groups where it differs by their own path in ``storage``."""
+    storage: dict[str, Any] = {}
+    members: dict[str, Any] = {}
+    paths = [*plan.constants, *plan.empty_datasets()]
+    rows = sorted({leaf.path for leaf in plan.leaves.values() if leaf.attr is None and leaf.recorded is None})
+    for unit in plan.units:
+        group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
+        for rel in rows:
+            if rel not in group:
+                continue
+            path = "/".join(p for p in (plan.unit_path(unit), rel) if p)
+            if plan.kind != "groups":
+                paths.append(path)
+                continue
+            record = storage_record(group[rel])
+            if members.setdefault(rel, record) != record:
+                storage[path] = record
+    storage.update({path: storage_record(handle[path]) for path in paths})
+    return storage, members
 
 
 def layout_record(plan: Plan) -> dict[str, Any]:

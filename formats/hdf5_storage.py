@@ -65,6 +65,12 @@ class ExportSpec:
     groups: list[str] = field(default_factory=list)  #: the groups outside the rows (empty ones included)
     units: list[str] = field(default_factory=list)  #: the source's splits (an empty one has no rows)
     images: str = "bytes"
+    #: path -> how the source stored that dataset (``hdf5_meta.storage_record``); a groups layout's members
+    #: by their path in the group (``member_storage``), the groups where one differs by their own path
+    storage: dict[str, Any] = field(default_factory=dict)
+    member_storage: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, Any] = field(default_factory=dict)  #: path -> the source's other name of an object
+    scales: dict[str, Any] = field(default_factory=dict)  #: the source's dimension scales and attachments
 
 
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,
@@ -82,6 +88,11 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
     spec.empty = dict((source or {}).get("empty_datasets") or {}) if same else {}
     spec.groups = list((source or {}).get("group_paths") or ()) if same else []
     spec.units = list(recorded.get("units") or ()) if same else []
+    if same:
+        spec.storage = dict((source or {}).get("storage") or {})
+        spec.member_storage = dict((source or {}).get("member_storage") or {})
+        spec.links = dict((source or {}).get("links") or {})
+        spec.scales = dict((source or {}).get("dimension_scales") or {})
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)

@@ -442,12 +442,15 @@ def test_attributes_and_datasets_outside_the_rows_are_kept_exactly_and_written_b
         f["train/x"].attrs["scale"] = np.array([0.5, 2], dtype=np.float16)
         f["train/count"] = np.int64(3)  # a scalar inside a split: a constant
         f.create_dataset("nothing", data=h5py.Empty("<f4"))
-        f.attrs["self"] = f["train"].ref  # a reference: cannot be kept, and said so
-    result = convert(src, tmp_path / "ds", progress=False, format_options={"layout": "splits"})
-    assert result.rows == 5
+        f.attrs["self"] = f["train"].ref  # a reference: refused by name, or left out and listed when asked
+    with pytest.raises(FormatError, match=r"attrs\.h5.*'@self': attribute 'self' of / holds object or region refer"):
+        convert(src, tmp_path / "ds", progress=False, format_options={"layout": "splits"})
+    with pytest.warns(UserWarning, match="left out .ignore_unsupported.: '@self'"):
+        result = convert(src, tmp_path / "ds", progress=False,
+                         format_options={"layout": "splits", "ignore_unsupported": True})
+    assert result.rows == 5 and [s.location for s in result.skipped] == ["dataset '@self'"]
     meta = open_dataset(tmp_path / "ds").extra_metadata["hdf5"]
     assert meta["attributes"]["version"] == 3 and set(meta["constants"]) == {"train/count", "nothing"}
-    assert "@self" in meta["left_out"] and "reference" in meta["left_out"]["@self"]
     convert(tmp_path / "ds", tmp_path / "back.h5", progress=False)
     with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
         for path in ("", "train", "train/x"):

@@ -169,7 +169,9 @@ def test_an_empty_split_is_kept_and_written_back(tmp_path: Path) -> None:
         "dataset '/test/y': expected int64[0] [], found nothing (missing)",
         "dtype of dataset '/test/y': expected '\"<i8\"', found nothing (missing)",
         "attribute 'count' of '/test': expected int32(0), found nothing (missing)",
-        "dtype of attribute 'count' of '/test': expected '\"<i4\"', found nothing (missing)"]
+        "dtype of attribute 'count' of '/test': expected '\"<i4\"', found nothing (missing)",
+        "storage of dataset '/test/y': expected {'layout', 'chunks', 'maxshape', 'compression', 'compression_opts', "
+        "'shuffle', ...}, found nothing (missing)"]
 
 
 def test_an_export_of_no_rows_keeps_its_datasets_and_verify_misses_one(tmp_path: Path) -> None:
