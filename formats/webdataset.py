@@ -480,7 +480,7 @@ class _SampleReader:
             name = next(iter(spellings))
             raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): member "
                             f"'{sample.key}.{members[name][0]}' would not come back byte for byte from field {name!r} "
-                            f"alone (its {' and '.join(sorted(spellings[name]))} differ from what an export writes); "
+                            f"alone (an export would write another {_SPELT[min(spellings[name])]}); "
                             f"the schema needs the nullable str field {SPELLING_FIELD!r} that keeps each row's "
                             "spelling (infer the schema, or add it), or a bytes field", path=sample.url,
                             offset=sample.offset)
@@ -517,6 +517,10 @@ class _SampleReader:
                               f"row key {expected!r}, and the recorded Unischema has no {KEY_FIELD!r} field to keep "
                               "it (samples were added, removed or renamed after export); pass --option "
                               "unihub_schema=false to keep the keys", path=sample.url, offset=sample.offset)
+
+
+#: what a spelling keeps, in words
+_SPELT = {"ext": "extension", "npy": ".npy header", "text": "text"}
 
 
 class _Outgrown(FormatError):

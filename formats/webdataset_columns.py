@@ -109,6 +109,8 @@ def observe(stats: dict[str, FieldStats], block: SampleBlock, cache: dict[str, _
         if extension not in cache:
             cache[extension] = _gather(block, extension)
         values = cache[extension]
+        if block.columns is None and any(extension in sample.spelled for sample in block.samples()):
+            stat.respelled = True  # a member named in capitals (blocks of columns hold none)
         if values is None or not _observe_column(stat, values, lambda i: _where(block, i)):
             for sample in block.samples():
                 data = sample.members.get(extension)
@@ -177,6 +179,8 @@ class ColumnReader:
     def columns(self, block: SampleBlock, cache: dict[str, _Values | None]) -> dict[str, Any] | None:
         if block.member_count() != len(self.fields) * len(block):
             return None  # a member missing (null, or an error) or one no field reads
+        if block.columns is None and any(sample.spelled for sample in block.samples()):
+            return None  # a member named in capitals: the row reader keeps its spelling
         out: dict[str, Any] = {}
         if self.keys:
             out[KEY_FIELD] = string_array(block.keys)
