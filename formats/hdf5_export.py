@@ -282,7 +282,12 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
     dcpl.set_obj_track_times(bool(record.get("track_times")))
     if record.get("fillvalue") is not None:
         value, fill_dtype = decode_constant(record["fillvalue"])
-        dcpl.set_fill_value(np.asarray(value, dtype=fill_dtype).reshape(1))
+        string = h5py.check_string_dtype(fill_dtype)
+        if string is not None and string.length is not None:  # as h5py sets one: through a vlen string
+            fill = np.array(np.asarray(value).item(), dtype=h5py.string_dtype(string.encoding)).reshape(1)
+        else:
+            fill = np.asarray(value, dtype=fill_dtype).reshape(1)
+        dcpl.set_fill_value(fill)
     type_id = h5py.h5t.py_create(dtype, logical=1)
     return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
 

@@ -116,7 +116,8 @@ _LAYOUT_NAMES = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
 def storage_description(dataset: Any) -> dict[str, Any]:
     """How h5py says ``dataset`` is stored: its public properties (chunks, compression and its options,
     shuffle, fletcher32, scale-offset, fill value) and from its creation property list the layout, the
-    filter pipeline as HDF5 runs it, when it is filled and allocated (not whether times are tracked, which
+    filter pipeline as HDF5 runs it (scale-offset's two parameters given, not the ones HDF5 derives
+    at creation), when it is filled and allocated (not whether times are tracked, which
     h5py sets by its own defaults). The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), so that datasets of other row counts compare."""
     h5py = h5py_module()
@@ -130,8 +131,9 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "maxshape": ["=" if m == d else m for m, d in zip(dataset.maxshape or (), dataset.shape or ())],
             "compression": dataset.compression, "compression_opts": dataset.compression_opts,
             "shuffle": dataset.shuffle, "fletcher32": dataset.fletcher32, "scaleoffset": dataset.scaleoffset,
-            "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values]]
-                        for _, flags, values, name in filters],
+            "filters": [[name.decode("ascii", "replace"), int(flags),
+                         [int(v) for v in (values[:2] if code == h5py.h5z.FILTER_SCALEOFFSET else values)]]
+                        for code, flags, values, name in filters],
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time())}
 
 

@@ -1,0 +1,281 @@
+"""Issue 36, HDF5 structure beside the values: how each dataset is stored (filters, chunks, fill value,
+layout), hard and soft links, dimension scales and labels, and references. Each is kept and written
+back, or refused by name; and verify, reading the files with h5py, fails where it is lost (the old
+behaviour is reached by a monkeypatched export, by metadata without the new records, or by h5py
+changing the exported file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.formats.test_hdf5_verify import assert_equal, differences, rewrite
+from unihub.cli import main
+from unihub.converters.convert import convert
+from unihub.dependencies import is_available
+from unihub.errors import FormatError
+from unihub.formats import hdf5_export
+
+pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
+h5py = pytest.importorskip("h5py")
+
+ROWS = 4_000
+PROPERTIES = ("compression", "compression_opts", "shuffle", "fletcher32", "scaleoffset", "chunks", "maxshape",
+              "dtype")
+
+
+def old_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export as it was: every source dataset grown in unihub's own ~1 MB chunks, uncompressed."""
+    monkeypatch.setattr(hdf5_export._TypedSink, "_open", lambda self, cell: hdf5_export._create(
+        self.group, self.typed.path, self.typed.dtype, cell, self.options))
+
+
+def layout_of(dataset: Any) -> int:
+    return dataset.id.get_create_plist().get_layout()
+
+
+# -- storage: filters, chunks, fill values, layout ---------------------------------------------------
+def make_stored(path: Path) -> None:
+    """Datasets written by h5py with the storage options people use."""
+    values = (np.arange(ROWS) % 50).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("gz", data=values, compression="gzip", compression_opts=6, shuffle=True, fletcher32=True,
+                         chunks=(500,), fillvalue=-1.0)
+        f.create_dataset("lzf", data=np.arange(ROWS, dtype=np.int64) // 7, compression="lzf", chunks=(1000,))
+        f.create_dataset("so", data=np.arange(ROWS, dtype=np.int32) % 100, scaleoffset=0, compression="gzip")
+        f.create_dataset("big_endian", data=(np.arange(ROWS) % 300).astype(">i2"))  # contiguous
+        f.create_dataset("grow", data=np.ones((ROWS, 3), np.uint8), maxshape=(None, 3), chunks=(4096, 3),
+                         compression="gzip", compression_opts=9)
+        f.create_dataset("names", data=np.array([b"ab"] * ROWS, dtype="S3"), compression="gzip", fillvalue=b"zz")
+        f.create_dataset("scalar", data=np.float64(2.5))
+        f.create_dataset("outside/table", data=np.arange(12).reshape(3, 4), compression="gzip", chunks=(1, 4))
+
+
+def test_filters_chunks_and_fill_values_come_back_and_the_file_stays_small(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    src, ds, back = tmp_path / "stored.h5", tmp_path / "ds", tmp_path / "back.h5"
+    make_stored(src)
+    with h5py.File(src, "a") as f:  # a table of another length: a constant, kept whole with its storage
+        f["outside/table"].attrs["unit"] = "m"
+    convert(src, ds, progress=False, format_options={"ignore_mismatched": True, "fields": [
+        "gz", "lzf", "so", "big_endian", "grow", "names"]})
+    convert(ds, back, progress=False)
+    with h5py.File(src) as a, h5py.File(back) as b:
+        for name in ("gz", "lzf", "so", "big_endian", "grow", "names", "scalar"):
+            for prop in PROPERTIES:
+                assert getattr(b[name], prop) == getattr(a[name], prop), (name, prop)
+            assert b[name].fillvalue == a[name].fillvalue and layout_of(b[name]) == layout_of(a[name]), name
+            assert np.array_equal(b[name][()], a[name][()]), name
+        assert layout_of(b["big_endian"]) == h5py.h5d.CONTIGUOUS and b["big_endian"].dtype.str == ">i2"
+        assert b["gz"].fillvalue == -1.0 and b["names"].fillvalue == b"zz"
+    assert os.path.getsize(back) <= 1.3 * os.path.getsize(src), (os.path.getsize(back), os.path.getsize(src))
+    for a_, b_ in ((src, ds), (ds, back), (src, back)):
+        assert_equal(a_, b_, fields=["gz", "lzf", "so", "big_endian", "grow", "names"])
+    assert main(["verify", str(ds), str(back)]) == 0
+
+    old_export(monkeypatch)  # the export before the fix: verify names each dataset whose storage it lost
+    convert(ds, tmp_path / "old.h5", progress=False)
+    assert os.path.getsize(tmp_path / "old.h5") > 5 * os.path.getsize(src)
+    found = differences(ds, tmp_path / "old.h5")
+    for name, what in (("gz", "chunks[0]: expected 500, found"), ("lzf", "chunks[0]: expected 1000, found"),
+                       ("big_endian", "layout: expected 'contiguous', found 'chunked'"),
+                       ("so", "chunks[0]: expected ")):
+        assert any(d.startswith(f"storage of dataset '/{name}'/{what}") for d in found), (name, found)
+    assert main(["verify", str(ds), str(tmp_path / "old.h5")]) == 1
+
+    rewrite(ds, tmp_path / "lost", extra=lambda meta: meta.pop("storage"))  # an ingest that kept no storage
+    found = differences(src, tmp_path / "lost", fields=["gz", "lzf", "so", "big_endian", "grow", "names"])
+    assert "storage of dataset '/gz': expected {'layout', 'chunks', 'maxshape', 'compression', 'compression_opts', " \
+           "'shuffle', ...}, found nothing (missing)" in found
+
+
+def test_verify_names_a_byte_order_a_fill_value_and_a_filter_changed_in_the_file(tmp_path: Path) -> None:
+    src, ds, back = tmp_path / "stored.h5", tmp_path / "ds", tmp_path / "back.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("x", data=np.arange(100, dtype=">f8"), compression="gzip", fillvalue=7.0, chunks=(10,))
+        f.create_dataset("y", data=np.arange(100, dtype="<u2"))
+        f.create_dataset("z", data=np.arange(100, dtype="<i4"), compression="gzip")
+    convert(src, ds, progress=False)
+    convert(ds, back, progress=False)
+    assert_equal(ds, back)
+    with h5py.File(back, "a") as f:
+        x, y, z = f["x"][...], f["y"][...], f["z"][...]
+        del f["x"], f["y"], f["z"]
+        f.create_dataset("x", data=x, compression="gzip", fillvalue=8.0, chunks=(10,))
+        f.create_dataset("y", data=y.astype(">u2"))
+        f.create_dataset("z", data=z, compression="gzip", shuffle=True)
+    found = differences(ds, back)
+    assert "storage of dataset '/z'/shuffle: expected False, found True" in found
+    assert "storage of dataset '/x'/fillvalue: expected float64(7.0), found float64(8.0)" in found
+    assert any(d.startswith("dtype of the rows of '/y': expected '\"<u2\"', found '\"") for d in found), found
+
+
+def test_a_splits_file_keeps_each_splits_storage_and_a_groups_file_each_members(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    splits, groups = tmp_path / "splits.h5", tmp_path / "groups.h5"
+    with h5py.File(splits, "w") as f:
+        f.create_dataset("train/x", data=np.arange(300.0), compression="gzip", chunks=(30,))
+        f.create_dataset("train/y", data=np.arange(300), compression="lzf")
+        f.create_dataset("val/x", data=np.arange(40.0))  # contiguous in this split
+        f.create_dataset("val/y", data=np.arange(40), compression="gzip", compression_opts=1)
+    with h5py.File(groups, "w") as f:
+        for i in range(6):
+            f.create_dataset(f"sample_{i}/image", data=np.full((16, 16), i, np.uint8), compression="gzip",
+                             chunks=(8, 8) if i != 3 else (4, 16))
+            f[f"sample_{i}/label"] = np.int64(i)
+    for src in (splits, groups):
+        ds, back = tmp_path / f"{src.stem}_ds", tmp_path / f"{src.stem}_back.h5"
+        convert(src, ds, progress=False)
+        convert(ds, back, progress=False)
+        with h5py.File(src) as a, h5py.File(back) as b:
+            for name in a["sample_0" if src == groups else "train"]:
+                for unit in (a if src == groups else ("train", "val")):
+                    path = f"{unit}/{name}"
+                    assert [getattr(b[path], p) for p in PROPERTIES] == [getattr(a[path], p) for p in PROPERTIES]
+                    assert layout_of(b[path]) == layout_of(a[path]), path
+        for a_, b_ in ((src, ds), (ds, back), (src, back)):
+            assert_equal(a_, b_)
+    with monkeypatch.context() as patch:
+        old_export(patch)
+        convert(tmp_path / "splits_ds", tmp_path / "old.h5", progress=False)
+    assert any(d.startswith("storage of dataset '/val/x'/layout: expected 'contiguous', found 'chunked'")
+               for d in differences(tmp_path / "splits_ds", tmp_path / "old.h5"))
+    with h5py.File(tmp_path / "groups_back.h5", "a") as f:  # one member stored as the old export stored it
+        image = f["sample_3/image"][...]
+        del f["sample_3/image"]
+        f["sample_3/image"] = image
+    assert any(d.startswith("storage of dataset '/sample_3/image'/layout: expected 'chunked', found 'contig")
+               for d in differences(tmp_path / "groups_ds", tmp_path / "groups_back.h5"))
+
+
+# -- links -------------------------------------------------------------------------------------------
+def make_links(path: Path) -> None:
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(10.0)
+        f["x_again"] = f["x"]  # a hard link: one dataset, two names
+        f["latest"] = h5py.SoftLink("/x")
+        f.create_group("meta").attrs["note"] = "kept"
+        f["meta/inner"] = np.int8(3)
+        f["meta/to_inner"] = h5py.SoftLink("inner")  # relative to its group, kept as written
+        f["meta_link"] = h5py.SoftLink("/meta")
+
+
+def test_hard_and_soft_links_are_kept_and_made_again(tmp_path: Path) -> None:
+    src, ds, back = tmp_path / "links.h5", tmp_path / "ds", tmp_path / "back.h5"
+    make_links(src)
+    convert(src, ds, progress=False)
+    with h5py.File(src) as f:
+        assert len(f["x"]) == 10
+    convert(ds, back, progress=False)
+    with h5py.File(back) as f:
+        assert f["x"] == f["x_again"] and f["x"][...].tolist() == list(np.arange(10.0))
+        assert f.get("latest", getlink=True).path == "/x" and f.get("meta_link", getlink=True).path == "/meta"
+        assert f["meta"].get("to_inner", getlink=True).path == "inner" and f["meta/to_inner"] == f["meta/inner"]
+        assert list(f["latest"][...]) == list(np.arange(10.0))
+    for a, b in ((src, ds), (ds, back), (src, back)):
+        assert_equal(a, b)
+
+    with h5py.File(back, "a") as f:  # what the export wrote before: the second name and the soft links lost
+        del f["x_again"], f["latest"]
+    found = differences(ds, back)
+    assert found == ["link '/latest': expected \"soft link to '/x' ('/x')\", found nothing (missing)",
+                     "link '/x_again': expected \"hard link to '/x'\", found nothing (missing)"]
+    rewrite(ds, tmp_path / "lost", extra=lambda meta: meta.pop("links"))  # an ingest that kept no links
+    assert len(differences(src, tmp_path / "lost")) == 4
+
+
+def test_a_dangling_or_outside_link_is_refused_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "broken.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(4)
+        f["group/ds"] = np.arange(4)
+        f["group/gone"] = h5py.SoftLink("/nowhere")
+    with pytest.raises(FormatError, match=r"broken\.h5.*'group/gone': a soft link to /nowhere, which does not "
+                                          r"exist \(a dangling link\)"):
+        convert(src, tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
+    with pytest.warns(UserWarning, match="left out .ignore_unsupported.: 'group/gone'"):
+        result = convert(src, tmp_path / "ds", progress=False, format_options={"ignore_unsupported": True})
+    assert [s.location for s in result.skipped] == ["dataset 'group/gone'"]
+    with pytest.warns(UserWarning, match="left out"):
+        assert_equal(src, tmp_path / "ds", ignore_unsupported=True)
+
+
+def test_a_link_inside_a_sample_group_is_refused_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "samples.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(20):
+            f[f"sample_{i:02d}/image"] = np.full(4, i, np.uint8)
+        f["sample_05/copy"] = f["sample_04/image"]
+    with pytest.raises(FormatError, match=r"'sample_05/copy': a link inside groups unit /sample_05 "
+                                          r"\(hard link to /sample_04/image\)"):
+        convert(src, tmp_path / "ds", progress=False)
+
+
+# -- dimension scales --------------------------------------------------------------------------------
+def make_scales(path: Path) -> None:
+    with h5py.File(path, "w") as f:
+        data = f.create_dataset("data", data=np.arange(60, dtype=np.float32).reshape(20, 3))
+        time = f.create_dataset("time", data=np.arange(20, dtype=">f8"))
+        index = f.create_dataset("index", data=np.arange(20))
+        time.make_scale("time (s)")
+        index.make_scale()
+        data.dims[0].attach_scale(time)
+        data.dims[0].attach_scale(index)
+        data.dims[0].label = "t"
+        data.dims[1].label = "channel"
+        f.create_dataset("other", data=np.zeros(20, np.int8)).dims[0].label = "row"
+
+
+def test_dimension_scales_and_labels_are_kept_and_attached_again(tmp_path: Path) -> None:
+    src, ds, back = tmp_path / "scales.h5", tmp_path / "ds", tmp_path / "back.h5"
+    make_scales(src)
+    convert(src, ds, progress=False)
+    convert(ds, back, progress=False)
+    with h5py.File(back) as f:
+        data = f["data"]
+        assert [d.label for d in data.dims] == ["t", "channel"] and f["other"].dims[0].label == "row"
+        assert [s.name for s in data.dims[0].values()] == ["/time", "/index"] and not data.dims[1].values()
+        assert f["time"].is_scale and h5py.h5ds.get_scale_name(f["time"].id) == b"time (s)"
+        assert f["index"].is_scale and not f["data"].is_scale
+        assert list(data.dims[0].keys()) == ["time (s)", ""]
+    for a, b in ((src, ds), (ds, back), (src, back)):
+        assert_equal(a, b)
+
+    with h5py.File(back, "a") as f:  # what the export wrote before: no scale attached, no labels
+        f["data"].dims[0].detach_scale(f["index"])
+        f["data"].dims[1].label = ""
+    assert differences(ds, back) == [
+        "dimensions of '/data'[0][1]: expected 2 items, found 1"]
+    rewrite(ds, tmp_path / "lost", extra=lambda meta: meta.pop("dimension_scales"))  # an ingest that kept none
+    found = differences(src, tmp_path / "lost")
+    assert "dimension scale '/time': expected 'time (s)', found nothing (missing)" in found
+    assert "dimensions of '/other': expected [['row', []]], found nothing (missing)" in found
+
+
+# -- references ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["attribute", "region", "dataset", "constant"])
+def test_references_are_refused_by_name(tmp_path: Path, where: str) -> None:
+    src = tmp_path / "refs.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(5.0)
+        f["group/ds"] = np.arange(5)
+        if where == "attribute":
+            f["group/ds"].attrs["points_to"] = f["x"].ref
+        elif where == "region":
+            f["group/ds"].attrs["points_to"] = f["x"].regionref[1:3]
+        elif where == "dataset":
+            f.create_dataset("group/refs", data=[f["x"].ref] * 5, dtype=h5py.ref_dtype)
+        else:
+            f.create_dataset("group/refs", data=f["x"].ref, dtype=h5py.ref_dtype)
+    name, reason = {"attribute": ("group/ds@points_to", "attribute 'points_to' of /group/ds holds object or region"),
+                    "region": ("group/ds@points_to", "attribute 'points_to' of /group/ds holds object or region"),
+                    "dataset": ("group/refs", "object or region references"),
+                    "constant": ("group/refs", "dtype object")}[where]
+    with pytest.raises(FormatError, match=rf"refs\.h5: cannot convert .*'{name}': {reason}"):
+        convert(src, tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
