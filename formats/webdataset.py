@@ -36,6 +36,7 @@ member, and :mod:`.webdataset_columns` turns those into the batch's columns.
 
 from __future__ import annotations
 
+import copy
 import os
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -67,7 +68,7 @@ from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tarstream import TarFormatError
 from unihub.formats.webdataset_blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset_columns import ColumnReader, observe
-from unihub.formats.webdataset_fields import FieldStats, column, decoder
+from unihub.formats.webdataset_fields import FieldStats, column, decoder, field_extension
 from unihub.formats.webdataset_spelling import SPELLING_FIELD, RowSpeller, Spelling, spelling_field, spellings_text
 from unihub.formats.webdataset_tar import (
     KEY_FIELD,
@@ -130,6 +131,21 @@ def _merged(parts: list[tuple[dict[str, FieldStats], int]]) -> tuple[dict[str, F
             else:
                 stats[extension] = stat
     return stats, seen
+
+
+def _folded(stats: dict[str, FieldStats]) -> dict[str, FieldStats]:
+    """``stats`` with each alias extension (``seg.jpeg``) read into the field of its main one (``seg.jpg``) where
+    both occur and never in one sample: one image field, the alias members keeping their spelling."""
+    folded = dict(stats)
+    for extension, stat in stats.items():
+        main = field_extension(extension)
+        if main != extension and main in folded and not stat.beside_alias:
+            merged = copy.deepcopy(folded[main])
+            merged.merge(stat)
+            merged.respelled = True
+            folded[main] = merged
+            del folded[extension]
+    return folded
 
 
 @register_format("webdataset", aliases=("wds", "tar"), extensions=(".tar", ".tgz"))
@@ -289,6 +305,7 @@ class WebDatasetFormat(ForeignFormat):
                     pass
             raise FormatError(f"no samples in {self.where}: the shards are empty or hold no <key>.<ext> "
                               "members", path=self.sources[0] if self.sources else None)
+        stats = _folded(stats)
         fields = [UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)]
         fields += [stats[ext].field(nullable=stats[ext].count < seen) for ext in sorted(stats)]
         if any(stats[f.name].spelled(f) for f in fields[1:]):
@@ -488,11 +505,21 @@ class _SampleReader:
             row[SPELLING_FIELD] = spellings_text(spellings)
         return row
 
-    @staticmethod
-    def _by_extension(sample: Sample) -> dict[str, tuple[str, bytes]]:
-        """``field -> (extension as spelled, bytes)``, fields named by extension (in lower case)."""
-        return {extension: (sample.spelled.get(extension, extension), data)
-                for extension, data in sample.members.items()}
+    def _by_extension(self, sample: Sample) -> dict[str, tuple[str, bytes]]:
+        """``field -> (extension as spelled, bytes)``, fields named by extension (in lower case), an alias's
+        member (``a.jpeg``) in the field of its main extension (``jpg``) where the schema has no field of its own."""
+        out: dict[str, tuple[str, bytes]] = {}
+        for extension, data in sample.members.items():
+            name = extension if extension in self.decoders else field_extension(extension)
+            if name not in self.decoders:
+                name = extension  # no field: refused by _row, naming the member
+            if name in out:
+                raise _Outgrown(f"{sample.url}: sample {sample.key!r} (offset {sample.offset}): members "
+                                f"'{sample.key}.{out[name][0]}' and '{sample.key}.{sample.spelled.get(extension, extension)}'"
+                                f" both belong to field {name!r}; infer the schema from more samples (two fields)",
+                                path=sample.url, offset=sample.offset)
+            out[name] = (sample.spelled.get(extension, extension), data)
+        return out
 
     def _by_field(self, sample: Sample) -> dict[str, tuple[str, bytes]]:
         """``field -> (extension as spelled, bytes)`` by the export's header; a member it does not name is an error."""

@@ -32,7 +32,7 @@ from unihub.formats.npy import load_npy_column
 from unihub.formats.schema import UnischemaField
 from unihub.formats.validation import shape_matches
 from unihub.formats.webdataset_blocks import SampleBlock
-from unihub.formats.webdataset_fields import FieldStats, Where, native_order, npy_header
+from unihub.formats.webdataset_fields import FieldStats, Where, field_extension, native_order, npy_header
 from unihub.formats.webdataset_spelling import SPELLING_FIELD
 from unihub.formats.webdataset_tar import KEY_FIELD
 
@@ -111,11 +111,20 @@ def observe(stats: dict[str, FieldStats], block: SampleBlock, cache: dict[str, _
         values = cache[extension]
         if block.columns is None and any(extension in sample.spelled for sample in block.samples()):
             stat.respelled = True  # a member named in capitals (blocks of columns hold none)
+        if field_extension(extension) != extension and _beside(block, extension, field_extension(extension)):
+            stat.beside_alias = True  # 'a.jpeg' and 'a.jpg' in one sample: two fields
         if values is None or not _observe_column(stat, values, lambda i: _where(block, i)):
             for sample in block.samples():
                 data = sample.members.get(extension)
                 if data is not None:
                     stat.add(data, sample.url, sample.offset, sample.key, respelled=extension in sample.spelled)
+
+
+def _beside(block: SampleBlock, extension: str, other: str) -> bool:
+    """True when a sample of ``block`` holds members of both extensions."""
+    if block.columns is not None:
+        return extension in block.columns and other in block.columns
+    return any(extension in sample.members and other in sample.members for sample in block.samples())
 
 
 def _where(block: SampleBlock, i: int) -> Where:

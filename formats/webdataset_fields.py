@@ -48,6 +48,24 @@ def last_component(extension: str) -> str:
     return extension.rsplit(".", 1)[-1].lower()
 
 
+#: extensions that name one kind of member: a field reads both (``b.jpeg`` beside ``a.jpg``: one ``jpg`` field,
+#: the member's own extension kept as its spelling)
+ALIASES = {"jpeg": "jpg"}
+
+
+def field_extension(extension: str) -> str:
+    """The extension of the field a member of (lower-case) ``extension`` belongs to where both spellings
+    occur: ``seg.jpeg`` -> ``seg.jpg``; any other extension is its own."""
+    head, dot, last = extension.rpartition(".")
+    alias = ALIASES.get(last)
+    return extension if alias is None else f"{head}{dot}{alias}"
+
+
+def same_member_kind(spelled: str, extension: str) -> bool:
+    """True when member extension ``spelled`` may stand for ``extension`` (case apart, or an alias)."""
+    return field_extension(spelled.lower()) == field_extension(extension.lower())
+
+
 def kind_of(extension: str) -> str:
     """'image', 'npy', 'int', 'text', 'json' or 'bytes', from the last dot-component."""
     last = last_component(extension)
@@ -84,6 +102,8 @@ class FieldStats:
         #: the extension in lower case, integer or float text as printed back, np.save's own .npy header
         self.respelled = False
         self.plain_int_text = self.plain_float_text = self.plain_npy = True
+        #: a sample holds a member of this extension and one of its alias (``a.jpg`` and ``a.jpeg``): two fields
+        self.beside_alias = False
 
     def add(self, data: bytes, url: str, offset: int, key: str, *, respelled: bool = False) -> None:
         self.count += 1
@@ -152,6 +172,7 @@ class FieldStats:
         self.all_float = self.all_float and other.all_float
         self.all_utf8 = self.all_utf8 and other.all_utf8
         self.respelled = self.respelled or other.respelled
+        self.beside_alias = self.beside_alias or other.beside_alias
         self.plain_int_text = self.plain_int_text and other.plain_int_text
         self.plain_float_text = self.plain_float_text and other.plain_float_text
         self.plain_npy = self.plain_npy and other.plain_npy

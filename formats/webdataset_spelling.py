@@ -5,12 +5,13 @@ C-order array, a ``jpg`` field for ``b.JPG``), and an export writes each value i
 (:func:`~unihub.formats.webdataset_fields.member_encoder`: ``7``, ``np.save``'s header, ``b.jpg``).
 Where a source member is spelled otherwise -- ``007``, ``+3``, `` 4``, ``3\\n`` or ``2`` in a float64
 field; a big-endian or Fortran-order ``.npy``, or another header padding or version; an extension in
-other case, ``b.JPG`` -- ingest records the spelling in the row's :data:`SPELLING_FIELD`, a nullable
+other case, ``b.JPG``, or ``c.jpeg`` in a ``jpg`` field -- ingest records the spelling in the row's :data:`SPELLING_FIELD`, a nullable
 string holding JSON ``{field: {"ext": "JPG", "text": "007", "npy": "<header>"}}`` (null where every
 member is canonical, so most rows hold nothing), and the export writes the member back from the value
 and its spelling, byte for byte:
 
-- ``ext``: the member extension as spelled (it differs from the canonical one in case only);
+- ``ext``: the member extension as spelled (it differs from the canonical one in case, or is an alias:
+  ``jpeg`` in a ``jpg`` field);
 - ``text``: the member's text (UTF-8), which the field's decoder reads back as the row's value;
 - ``npy``: the ``.npy`` header (Latin-1 for its bytes), whose dtype and memory order the value's data
   is written in (a byte swap and a transposition: the same values).
@@ -40,6 +41,7 @@ from unihub.formats.webdataset_fields import (
     member_encoder,
     native_order,
     npy_header,
+    same_member_kind,
 )
 
 #: the row field that holds the spellings of its members (never a member itself)
@@ -92,7 +94,7 @@ class FieldSpeller:
             return self.encode(value)
         extension = self.canonical_extension(value)
         spelled = spelling.get("ext", extension)
-        if spelled.lower() != extension.lower():
+        if not same_member_kind(spelled, extension):
             raise CodecError(f"field {self.field.name!r}: the recorded extension {spelled!r} is not the value's "
                              f"{extension!r} (the value changed after ingest)")
         if "npy" in spelling:
@@ -130,7 +132,7 @@ class FieldSpeller:
                     raise CodecError(f"field {self.field.name!r} would write this member as {written[:40]!r}, "
                                      "and its bytes are not text that could be kept beside the value") from None
         if extension != canonical:
-            if extension.lower() != canonical.lower():
+            if not same_member_kind(extension, canonical):
                 raise CodecError(f"field {self.field.name!r} writes its members as {canonical!r}, not {extension!r}")
             spelling["ext"] = extension
         if spelling and self.member(value, spelling) != (extension, bytes(data)):

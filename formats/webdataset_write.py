@@ -24,7 +24,7 @@ from unihub.errors import CodecError, SchemaError, UnsupportedFormatError
 from unihub.formats.foreign import ColumnBatch, python_columns
 from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema
-from unihub.formats.webdataset_fields import member_encoder
+from unihub.formats.webdataset_fields import ALIASES, member_encoder
 from unihub.formats.webdataset_spelling import SPELLING_FIELD, RowSpeller
 from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, is_meta, row_key, split_name
 
@@ -91,6 +91,10 @@ def _member_fields(schema: Unischema, image_extensions: str) -> dict[str, str]:
                 raise SchemaError(f"field {f.name!r} of {schema.name!r} maps to the member extension {extension!r}, "
                                   f"which {taken} takes too; rename the field")
             members[lowered] = f.name
+    for extension, name in list(members.items()):  # a member spelled as an alias (c.jpeg) of its field's (jpg)
+        for alias, main in ALIASES.items():
+            if extension.rpartition(".")[2] == main:
+                members.setdefault(f"{extension[:len(extension) - len(main)]}{alias}", name)
     return members
 
 
