@@ -335,13 +335,13 @@ def _template_groups(block: Block, arr: np.ndarray,
 
 
 def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None,
-                 unlisted: Callable[[Iterable[str]], str | None] | None = None
+                 unlisted: Callable[[Iterable[str]], str | None] | None = None, path: str = ""
                  ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
     (numpy or per-row values), and the records that fail, in order (``index`` their number).
 
-    With ``stats`` (a single pass), the good records are also counted into a schema scan's
-    statistics, from the same template match. ``unlisted(feature names)`` names a feature the
+    With ``stats`` (a single pass), the good records (of the file ``path``) are also counted into a
+    schema scan's statistics, from the same template match. ``unlisted(feature names)`` names a feature the
     schema would lose (see :func:`unihub.formats.tfrecord.unlisted_check`): its records fail.
     """
     arr = np.frombuffer(block.data, np.uint8)
@@ -356,7 +356,8 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
         columns = [_column(p, sk, block, arr, rows, leaf_start, leaf_size, bad) for p in plans]
         if stats is not None and not bad.all():  # records the scan finds malformed go the slow way too
             fine = np.flatnonzero(~bad)
-            bad[fine[_scan_group(block, arr, sk, rows[fine], leaf_start, leaf_size, stats)]] = True
+            bad[fine[_scan_group(block, arr, sk, rows[fine], leaf_start, leaf_size, stats, path,
+                                 pending.left[rows[fine]])]] = True
         if bad.any():
             keep = ~bad
             columns = [_select(c, keep) for c in columns]
@@ -384,7 +385,7 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
             slow_rows.append([p.read(example) for p in plans])
             slow_at.append(i)
             if stats is not None:
-                add_example(stats, example)
+                add_example(stats, example, f"{path} record {block.indices[i]}")
         except _Mismatch as exc:
             failures.append(Error(i, block.offsets[i], exc.reason, exc.feature))
     if not slow_at and len(groups) <= 1:
@@ -451,7 +452,8 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                     _fail(path, item.index, item.offset, item.reason, on_error, report)
                     continue
                 report.bytes_read = done + framer.consumed()
-                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None, unlisted)
+                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None, unlisted,
+                                                           path)
                 if source.observe:  # single pass: the statistics a schema scan would gather, and no record
                     # the provisional schema cannot hold
                     outgrown = next((f for f in failures if f.feature is not None), None)
@@ -515,9 +517,10 @@ def _varint_counts(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
 
 
 def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, leaf_start: np.ndarray,
-                leaf_size: np.ndarray, stats: dict[str, _Stats]) -> np.ndarray:
-    """Add the records ``rows`` (laid out like ``sk``) to ``stats``, as _Stats.add would one by one;
-    returns which of them parse_example finds malformed (not added: they take the slow path)."""
+                leaf_size: np.ndarray, stats: dict[str, _Stats], path: str, numbers: np.ndarray) -> np.ndarray:
+    """Add the records ``rows`` (laid out like ``sk``; ``numbers``: theirs in the block) of ``path`` to
+    ``stats``, as _Stats.add would one by one; returns which of them parse_example finds malformed (not
+    added: they take the slow path)."""
     bad = np.zeros(len(rows), bool)
     lengths: dict[str, Any] = {}
     for name, (kind, slots) in sk.features.items():
@@ -533,10 +536,11 @@ def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, 
     if not len(keep):
         return bad
     data = block.data
+    where = f"{path} record {block.indices[int(numbers[~bad][0])]}"
     for name, (kind, slots) in sk.features.items():
         stat = stats.setdefault(name, _Stats())
         stat.present += len(keep)
-        stat.kinds.add(kind)
+        stat.add_kind(kind, where)
         stat.lengths.update(np.unique(lengths[name][~bad]).tolist())
         if kind == "bytes" and (stat.all_images or stat.utf8):
             starts = np.concatenate([leaf_start[s][keep] for s in slots])
@@ -555,7 +559,7 @@ def _scan_block(block: Block, stats: dict[str, _Stats], path: str, on_error: OnE
     good = 0
     for sk, ok, leaf_start, leaf_size in _template_groups(block, arr, pending):
         rows = np.flatnonzero(ok)
-        bad = _scan_group(block, arr, sk, rows, leaf_start, leaf_size, stats)
+        bad = _scan_group(block, arr, sk, rows, leaf_start, leaf_size, stats, path, pending.left[rows])
         ok[rows[bad]] = False
         good += int(len(rows) - bad.sum())
     data = block.data
@@ -566,7 +570,7 @@ def _scan_block(block: Block, stats: dict[str, _Stats], path: str, on_error: OnE
             _fail(path, block.indices[i], block.offsets[i], str(exc), on_error, report)
             continue
         good += 1
-        add_example(stats, example)
+        add_example(stats, example, f"{path} record {block.indices[i]}")
     return good
 
 

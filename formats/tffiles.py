@@ -13,8 +13,9 @@ contributes the files that are named like TFRecord files (``.tfrecord``/``.tfrec
 or ``-NNNNN-of-NNNNN``) or whose first bytes are a TFRecord record (any compression); other
 files (JSON, text, images) are not records and are listed in the dataset's metadata.
 
-Files named ``<stem>-<i>-of-<n><suffix>`` form a *shard set*: a set with a shard missing is an
-error naming it (the missing shard's records would otherwise vanish without a word), and a
+Files named ``<stem>-<i>-of-<n><suffix>`` form a *shard set* (its stem and ``n``, whatever each
+file's compression suffix: ``train-00000-of-00002.tfrecord`` and ``train-00001-of-00002.tfrecord.gz``
+are one set). A set that a directory or glob lists with a shard missing is an error naming it (the missing shard's records would otherwise vanish without a word), and a
 directory holding several sets (``train`` and ``validation``) converts one, chosen with the
 ``split`` option, rather than mixing them.
 """
@@ -34,8 +35,10 @@ from unihub.formats import sources as fsrc
 from unihub.formats.foreign import expand_braces, expand_sources
 
 TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfrec")
+COMPRESSION_SUFFIXES = (".gz", ".gzip", ".zlib", ".zz")  # what a shard's name may end with, one file not another
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d+)-of-(?P<count>\d+)(?P<suffix>(?:\.[A-Za-z0-9]+)*)$")
 TFDS_METADATA = ("dataset_info.json", "features.json")
+TFDS_LABELS = ".labels.txt"  # a ClassLabel's names, one a line: ``label.labels.txt``, ``objects-kind.labels.txt``
 _METADATA_LIMIT = 1 << 20  # bytes of a TFDS JSON file kept in the dataset's metadata
 
 
@@ -49,13 +52,23 @@ class Listing:
     #: shard set -> the globs that listed it (None: a directory, which lists every file)
     globs: dict[str, set[str | None]] = field(default_factory=dict)
     tfds: dict[str, Any] = field(default_factory=dict)  # TFDS JSON files found beside the records
+    #: TFDS ClassLabel names found beside the records: file stem (``objects-kind``) -> names
+    class_names: dict[str, list[str]] = field(default_factory=dict)
 
 
 def named_like_tfrecord(name: str) -> bool:
     """True for ``x.tfrecord``, ``x.tfrecords.gz``, ``x.tfrecord-00000-of-00004``, ``train-00000-of-01024``."""
-    base = name.removesuffix(".gz").removesuffix(".zlib").removesuffix(".zz")
+    base = _uncompressed(name)
     return base.endswith(TFRECORD_EXTENSIONS) or _SHARD.match(base) is not None or \
         any(ext + "-" in base for ext in TFRECORD_EXTENSIONS)
+
+
+def _uncompressed(name: str) -> str:
+    """``name`` without its compression suffix (``x.tfrecord.gz`` -> ``x.tfrecord``)."""
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def split_name(key: str) -> str:
@@ -84,11 +97,12 @@ def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Cal
     listing.files = sorted(dict.fromkeys(listing.files))
     if split is not None:
         _choose_split(listing, split, sources)
-    elif len(listing.splits) > 1:
-        sets = "; ".join(f"{name!r} ({len(files)} files)" for name, files in sorted(listing.splits.items())[:6])
-        raise FormatError(f"{sources[0]}: holds {len(listing.splits)} shard sets ({sets}); converting them together "
+    elif len(listed := {key: files for key, files in listing.splits.items() if listing.globs.get(key)}) > 1:
+        # files named one by one are what the user chose; a directory or glob mixing splits is refused
+        sets = "; ".join(f"{name!r} ({len(files)} files)" for name, files in sorted(listed.items())[:6])
+        raise FormatError(f"{sources[0]}: holds {len(listed)} shard sets ({sets}); converting them together "
                           "would mix splits: choose one with --option split=NAME (e.g. split="
-                          f"{split_name(sorted(listing.splits)[0])}), or convert each", path=sources[0])
+                          f"{split_name(sorted(listed)[0])}), or convert each", path=sources[0])
     _check_complete(listing)
     return listing
 
@@ -101,7 +115,7 @@ def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], 
             path = fsrc.join(directory, name)
             if name.startswith((".", "_")):
                 continue
-            if name in TFDS_METADATA:
+            if name in TFDS_METADATA or name.endswith(TFDS_LABELS):
                 _keep_tfds(listing, path, name)
                 listing.ignored.append(path)
             elif named_like_tfrecord(name) or is_record_file(path):
@@ -113,12 +127,18 @@ def _add_directory(listing: Listing, root: str, is_record_file: Callable[[str], 
 
 
 def _keep_tfds(listing: Listing, path: str, name: str) -> None:
+    """Keep a TFDS JSON file (``features.json`` -> ``tfds["features"]``) or a ClassLabel's names (read as
+    TFDS reads them: one a line, stripped, blank lines left out)."""
     try:
         if fsrc.getsize(path) <= _METADATA_LIMIT:
             with fsrc.open_input(path) as handle:
-                listing.tfds[name.removesuffix(".json")] = json.loads(handle.read().decode("utf-8"))
+                text = handle.read().decode("utf-8")
+            if name.endswith(TFDS_LABELS):
+                listing.class_names[name.removesuffix(TFDS_LABELS)] = [n.strip() for n in text.split("\n") if n.strip()]
+            else:
+                listing.tfds[name.removesuffix(".json")] = json.loads(text)
     except (OSError, ValueError):
-        pass  # provenance only: an unreadable JSON file changes no record
+        pass  # an unreadable file changes no record: the fields are inferred from the records
 
 
 def _note_sets(listing: Listing, paths: Sequence[str], glob: str | None) -> None:
@@ -126,7 +146,8 @@ def _note_sets(listing: Listing, paths: Sequence[str], glob: str | None) -> None
     for path in paths:
         match = _SHARD.match(os.path.basename(path))
         if match is not None:
-            key = os.path.join(os.path.dirname(path), f"{match['stem']}-*-of-{match['count']}{match['suffix']}")
+            key = os.path.join(os.path.dirname(path), f"{match['stem']}-*-of-{match['count']}"
+                               f"{_uncompressed(match['suffix'])}")
             listing.splits.setdefault(key, []).append(path)
             if glob != "":
                 listing.globs.setdefault(key, set()).add(glob)
@@ -145,21 +166,38 @@ def _choose_split(listing: Listing, split: str, sources: Sequence[str]) -> None:
 
 def _check_complete(listing: Listing) -> None:
     """Refuse a shard set that lacks a shard its directory or glob would have listed (files named one by
-    one, or a glob for some shards only, are what the user chose)."""
+    one, or a glob for some shards only, are what the user chose), or holds one twice."""
     for key, files in sorted(listing.splits.items()):
         globs = listing.globs.get(key)
         if not globs:
             continue
-        present = {os.path.basename(p) for p in files}
-        match = _SHARD.match(os.path.basename(files[0]))
-        if match is None:  # never: only shard names were noted
-            continue
-        width, count = len(match["index"]), int(match["count"])
-        names = {i: f"{match['stem']}-{i:0{width}d}-of-{match['count']}{match['suffix']}" for i in range(count)}
-        missing = [i for i, name in names.items() if name not in present and
-                   any(g is None or fnmatch.fnmatch(os.path.join(os.path.dirname(files[0]), name), g) for g in globs)]
+        shards = [m for m in (_SHARD.match(os.path.basename(p)) for p in files) if m is not None]
+        indices = [int(m["index"]) for m in shards]
+        if len(set(indices)) < len(indices):  # x-00001-of-00002.tfrecord beside x-00001-of-00002.tfrecord.gz
+            twice = sorted(m.string for m, i in zip(shards, indices) if indices.count(i) > 1)
+            raise FormatError(f"{key}: a shard is there under two names ({', '.join(twice[:4])}): its records "
+                              "would be read twice; remove one, or name the files you want explicitly", path=key)
+        missing = _missing(shards, os.path.dirname(files[0]), globs)
         if missing:
             shown = ", ".join(str(i) for i in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            raise FormatError(f"{key}: shard set of {count} files lacks {len(missing)} (shard {shown}): their "
-                              "records would be missing; restore them, or name the files you want explicitly",
-                              path=key)
+            raise FormatError(f"{key}: shard set of {int(shards[0]['count'])} files lacks "
+                              f"{len(missing)} (shard {shown}): their records would be missing; restore them, or "
+                              "name the files you want explicitly", path=key)
+
+
+def _missing(shards: list[re.Match[str]], directory: str, globs: set[str | None]) -> list[int]:
+    """The shards of a set (``shards``: its files' name matches) that are absent although a directory
+    or one of ``globs`` would list them, under any of the names the set's files have
+    (``x-00001-of-00002.tfrecord`` or ``x-00001-of-00002.tfrecord.gz``)."""
+    if not shards:  # never: only shard names were noted
+        return []
+    first = shards[0]
+    present = {int(m["index"]) for m in shards}
+    suffixes = sorted({m["suffix"] for m in shards})
+    width, count = len(first["index"]), first["count"]
+    missing = []
+    for i in range(int(count)):
+        names = [os.path.join(directory, f"{first['stem']}-{i:0{width}d}-of-{count}{suffix}") for suffix in suffixes]
+        if i not in present and any(g is None or any(fnmatch.fnmatch(n, g) for n in names) for g in globs):
+            missing.append(i)
+    return missing

@@ -134,7 +134,7 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
         except ValueError as exc:
             _fail(path, index, offset, str(exc), source.on_error, report)
             continue
-        add_example(context, ctx)
+        add_example(context, ctx, f"{path} record {index}")
         for name, value in (steps or {}).items():
             lists.setdefault(name, ListStats()).add(value)
         total += 1

@@ -41,6 +41,7 @@ from unihub.formats.foreign import (
 )
 from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.tfds import Declared, apply_declared, declared_features
 from unihub.formats.tfexample import (
     Feature,
     parse_example,
@@ -105,11 +106,11 @@ def _scan_files(options: dict[str, Any], files: list[str],
     source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
     stats: dict[str, _Stats] = {}
     total = 0
-    for _, _, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
+    for path, index, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
         if sample_records is not None and total >= sample_records:
             break
         total += 1
-        add_example(stats, example)
+        add_example(stats, example, f"{path} record {index}")
     return stats, total
 
 
@@ -221,6 +222,8 @@ class TFRecordFormat(ForeignFormat):
                                    for p in listing.ignored[:1000]]
         if listing.tfds:
             info["tfds"] = listing.tfds
+        if self.tfds_features:  # the TFDS type of each field it declares, a ClassLabel's classes
+            info["tfds_features"] = {name: spec.describe() for name, spec in sorted(self.tfds_features.items())}
         if self.payload != "example":
             info["payload"] = self.payload
         if self.options.get("feature_lists"):
@@ -272,6 +275,13 @@ class TFRecordFormat(ForeignFormat):
         from unihub.formats.tfverify import native_records
 
         return native_records(schema, rows, extra, **options)
+
+    @cached_property
+    def tfds_features(self) -> dict[str, Declared]:
+        """The features a TFDS directory's ``features.json`` declares (see :mod:`unihub.formats.tfds`)."""
+        listing = self._listing
+        return declared_features(listing.tfds.get("features"), listing.class_names) if self.payload == "example" \
+            else {}
 
     @cached_property
     def payload(self) -> str:
@@ -331,7 +341,7 @@ class TFRecordFormat(ForeignFormat):
             raise FormatError(f"{self.where}: no readable TFRecord records to infer a schema from (empty files, "
                               "or every record skipped as bad)", path=self.sources[0])
         try:
-            fields = fields_from_stats(stats, total)
+            fields = apply_declared(fields_from_stats(stats, total), stats, self.tfds_features)
         except SchemaError as exc:
             raise SchemaError(f"{self.where}: {exc}") from None
         if not fields:
@@ -377,7 +387,7 @@ class TFRecordFormat(ForeignFormat):
                 _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
                 continue
             if self.observe:
-                add_example(stats, example)
+                add_example(stats, example, f"{path} record {index}")
                 self.report.observed = (stats, self.report.observed[1] + 1)
             for column, value in zip(columns, row):
                 column.append(value)

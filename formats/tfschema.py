@@ -41,15 +41,23 @@ class _Stats:
     all_images: bool = True
     utf8: bool = True
     shapes: set[tuple[int, ...]] = field(default_factory=set)
+    #: list kind -> the first record that held it ("path record i"), so a mixed feature names both
+    seen_at: dict[str, str] = field(default_factory=dict)
 
-    def add(self, kind: str | None, values: Any) -> None:
+    def add(self, kind: str | None, values: Any, where: str | None = None) -> None:
         self.present += 1
         self.lengths.add(len(values))
         if kind is None:
             return
-        self.kinds.add(kind)
+        self.add_kind(kind, where)
         if kind == "bytes":
             self.add_bytes(values)
+
+    def add_kind(self, kind: str, where: str | None) -> None:
+        """Note that a record (``where``, if known) held a ``kind`` list."""
+        self.kinds.add(kind)
+        if where is not None:
+            self.seen_at.setdefault(kind, where)
 
     def add_bytes(self, values: Iterable[bytes]) -> None:
         """Look at bytes values (one feature's or many records'): images? UTF-8 text?"""
@@ -88,13 +96,15 @@ class _Stats:
         self.all_images = self.all_images and other.all_images
         self.utf8 = self.utf8 and other.utf8
         self.shapes |= other.shapes
+        for kind, where in other.seen_at.items():
+            self.seen_at.setdefault(kind, where)
 
 
-def add_example(stats: dict[str, _Stats], example: dict[str, Feature]) -> None:
-    """Count one parsed Example into the per-feature statistics of a schema scan."""
+def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: str | None = None) -> None:
+    """Count one parsed Example (``where``: ``"path record i"``) into the per-feature statistics of a scan."""
     for name, (kind, values) in example.items():
         stat = stats.setdefault(name, _Stats())
-        stat.add(kind, values)
+        stat.add(kind, values, where)
         if name.endswith(SHAPE_SUFFIX) and kind == "int64":
             stat.shapes.add(tuple(int(v) for v in values))
 
@@ -139,10 +149,18 @@ def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaFie
             for n, s in sorted(stats.items()) if n not in sidecars]
 
 
+def mixed_kinds(stats: _Stats) -> str:
+    """``int64 in some records (a.tfrecord record 0) and float in others (b.tfrecord record 7)``."""
+    kinds = sorted(stats.kinds)
+    first = [f"{kind} in {'some records' if i == 0 else 'others'}"
+             + (f" ({stats.seen_at[kind]})" if kind in stats.seen_at else "") for i, kind in enumerate(kinds)]
+    return ", ".join(first[:-1]) + " and " + first[-1]
+
+
 def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
     if len(stats.kinds) > 1:
-        raise SchemaError(f"TFRecord feature {name!r} holds {sorted(stats.kinds)} lists in different records; "
-                          f"give a schema file that says which to read")
+        raise SchemaError(f"TFRecord feature {name!r} holds {mixed_kinds(stats)}; give a schema file that says "
+                          "which to read")
     kind = next(iter(stats.kinds), "bytes")
     # one value or an empty list in every record: a nullable single value, None for the empty list
     # (export writes it back as one); absent in some records and empty in others: a list, so that

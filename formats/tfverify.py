@@ -7,14 +7,17 @@ else ``TensorProto`` through ``tf.make_ndarray``, else the record is opaque byte
 is encoded back into records exactly as an export would write them, then parsed the same way, so
 the two meet in one form:
 
-    {"features": {name: (kind, values)}, "feature_lists": {name: [(kind, values), ...]}}
+    {"features": {name: values}, "feature_lists": {name: [values, ...]}}
                                       an Example (no feature lists) or a SequenceExample (its context)
     {"tensor": ndarray}               a TensorProto
     {"record": bytes}                 anything else
 
-``values`` is a list of bytes, a float32 or an int64 array, compared bit for bit. Two things are
-the same record in TensorFlow's reading and compare equal: an empty list of any kind (or a feature
-with no list set), and a SequenceExample without feature lists and an Example with its features.
+``values`` is a list of bytes, a float32 or an int64 array (the list's kind is in the type), compared
+bit for bit, so a difference is named by record (file and index) and feature: ``record 6
+(part-1.tfrecord record 2), field 'features'/x: expected float32[2] [...], found ...``. Two things
+are the same record in TensorFlow's reading and compare equal: an empty list of any kind (``[]``, as
+is a feature with no list set), and a SequenceExample without feature lists and an Example with its
+features.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ _TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 def _tensorflow() -> Any:
     # TensorFlow's C++ info and warning lines would fill verify's output; a level the user set wins
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
 
 
@@ -124,12 +127,14 @@ def _example_form(message: Any) -> dict[str, Any]:
                               for name, fl in sorted(message.feature_lists.feature_list.items())}}
 
 
-def _feature(feature: Any) -> tuple[str, Any]:
+def _feature(feature: Any) -> Any:
+    """A feature's values: a list of bytes, a float32 or an int64 array (the kind is in the type, so a
+    difference names the feature and no more), or ``[]`` for an empty list of any kind."""
     kind = feature.WhichOneof("kind")
     if kind == "bytes_list" and len(feature.bytes_list.value):
-        return "bytes", list(feature.bytes_list.value)
+        return list(feature.bytes_list.value)
     if kind == "float_list" and len(feature.float_list.value):
-        return "float", np.array(feature.float_list.value, dtype=np.float32)
+        return np.array(feature.float_list.value, dtype=np.float32)
     if kind == "int64_list" and len(feature.int64_list.value):
-        return "int64", np.array(feature.int64_list.value, dtype=np.int64)
-    return "empty", []
+        return np.array(feature.int64_list.value, dtype=np.int64)
+    return []

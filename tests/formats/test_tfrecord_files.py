@@ -175,3 +175,53 @@ def test_files_that_hold_no_records_are_left_out_by_content(tmp_path: Path) -> N
     source = TFRecordFormat(str(tmp_path / "src"))
     assert [os.path.basename(f) for f in source.files()] == ["part-a"]
     assert sorted(source.metadata()["tfrecord"]["not_records"]) == ["src/README.md", "src/stats.npy"]
+
+
+# -- a shard set is its stem and -of-N, whatever each file's compression ---------------------------
+def _mixed_set(root: Path) -> Path:
+    """``train-00000-of-00002.tfrecord`` (plain) and ``train-00001-of-00002.tfrecord.gz`` (GZIP)."""
+    _write(root / "train-00000-of-00002.tfrecord", range(0, 12))
+    _write(root / "train-00001-of-00002.tfrecord.gz", range(12, 20), "GZIP")
+    return root
+
+
+def _tf_records(paths: list[Path]) -> list[bytes]:
+    """Every record of ``paths`` as TensorFlow reads them (the compression from the name)."""
+    return [r.numpy() for p in paths for r in tf.data.TFRecordDataset(
+        str(p), compression_type="GZIP" if p.name.endswith(".gz") else "")]
+
+
+@pytest.mark.parametrize("how", ["directory", "split", "braces"])
+def test_a_set_with_one_shard_compressed_converts_whole(tmp_path: Path, how: str) -> None:
+    src = _mixed_set(tmp_path / "src")
+    given, options = {
+        "directory": (str(src), {}),
+        "split": (str(src), {"split": "train"}),
+        "braces": (str(src / "train-0000{0-of-00002.tfrecord,1-of-00002.tfrecord.gz}"), {}),
+    }[how]
+    convert(given, tmp_path / "ds", format_options=options)
+    assert _ids(tmp_path / "ds") == list(range(20))
+    report = verify(given, tmp_path / "ds", options=options)  # every record against TensorFlow's parse
+    assert report.equal and report.rows_source == 20, report.summary()
+    # and back: the export holds the very records TensorFlow reads from the two shards
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "out.tfrecord"), "--quiet"]) == 0
+    originals = _tf_records(sorted(src.iterdir()))
+    assert [tf.train.Example.FromString(r) for r in _tf_records([tmp_path / "out.tfrecord"])] == \
+        [tf.train.Example.FromString(r) for r in originals]
+
+
+def test_a_set_with_one_shard_compressed_still_needs_every_shard(tmp_path: Path) -> None:
+    src = _mixed_set(tmp_path / "src")
+    (src / "train-00000-of-00002.tfrecord").unlink()
+    with pytest.raises(FormatError, match=r"train-\*-of-00002\.tfrecord: shard set of 2 files lacks 1 \(shard 0\)"):
+        convert(src, tmp_path / "ds")
+    # a shard there under two names would be read twice
+    _write(src / "train-00001-of-00002.tfrecord", range(12, 20))
+    _write(src / "train-00000-of-00002.tfrecord", range(0, 12))
+    with pytest.raises(FormatError, match=r"a shard is there under two names \(train-00001-of-00002\.tfrecord, "
+                                          r"train-00001-of-00002\.tfrecord\.gz\)"):
+        convert(src, tmp_path / "ds")
+    assert not _left(tmp_path, "ds")
+    # named one by one, the files are what the user chose
+    named = [str(src / "train-00000-of-00002.tfrecord"), str(src / "train-00001-of-00002.tfrecord.gz")]
+    assert TFRecordFormat(named).files() == named

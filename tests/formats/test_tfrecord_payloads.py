@@ -157,7 +157,7 @@ def test_verify_notices_lost_feature_lists(sequences: Path, tmp_path: Path) -> N
     report = verify(sequences, tmp_path / "lossy")
     assert not report.equal
     assert report.differences[0] == ("record 0 (video.tfrecord record 0), field 'feature_lists'/boxes: "
-                                     "expected [('empty', [])], found nothing (missing)")
+                                     "expected [[]], found nothing (missing)")
 
 
 def _converted(src: Path, dst: Path) -> Path:
@@ -289,7 +289,7 @@ def test_verify_names_a_lost_field(tmp_path: Path) -> None:
     report = verify(src, tmp_path / "ds")
     assert not report.equal
     assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/text: "
-                                     "expected ('bytes', [b'']), found nothing (missing)")
+                                     "expected [b''], found nothing (missing)")
 
 
 # -- <name>/shape features ------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path)
     report = verify(a, b)
     assert not report.equal and "TensorFlow" in report.summary()
     assert report.differences[0] == ("record 0 (a.tfrecord record 0), field 'features'/x/shape: "
-                                     "expected ('int64', int64[1] [2]), found nothing (missing)")
+                                     "expected int64[1] [2], found nothing (missing)")
 
 
 def test_a_given_schema_keeps_empty_lists_and_shape_features(tmp_path: Path) -> None:
