@@ -55,9 +55,10 @@ class Declared:
         """The proto list kind TFDS writes the values as."""
         return "bytes" if self.tfds_type == "Image" else _KINDS[self.dtype]
 
-    def field(self, name: str, inferred: UnischemaField) -> UnischemaField:
-        """The field TFDS declares, nullable where the records are (``inferred``: from the records)."""
-        nullable = inferred.nullable
+    def field(self, name: str, inferred: UnischemaField, absent: bool) -> UnischemaField:
+        """The field TFDS declares (``inferred``: from the records; ``absent``: some record lacks it),
+        nullable where a record lacks it, or a single value is an empty list in some."""
+        nullable = absent or (inferred.nullable and self.shape == ())
         if self.tfds_type == "Image":
             image = inferred.codec if isinstance(inferred.codec, CompressedImageCodec) else \
                 CompressedImageCodec(self.image_format or "png")
@@ -96,10 +97,10 @@ def declared_features(features_json: Mapping[str, Any] | None,
         return {}  # a features.json unihub cannot read: the fields are inferred from the records
 
 
-def apply_declared(fields: list[UnischemaField], stats: Mapping[str, Any],
+def apply_declared(fields: list[UnischemaField], stats: Mapping[str, Any], total: int,
                    declared: Mapping[str, Declared]) -> list[UnischemaField]:
-    """``fields`` (inferred from the records, whose statistics are ``stats``), each declared one as
-    TFDS declares it; SchemaError where the records hold another list kind than TFDS writes."""
+    """``fields`` (inferred from the ``total`` records, whose statistics are ``stats``), each declared one
+    as TFDS declares it; SchemaError where the records hold another list kind than TFDS writes."""
     out = []
     for inferred in fields:
         spec = declared.get(inferred.name)
@@ -114,7 +115,7 @@ def apply_declared(fields: list[UnischemaField], stats: Mapping[str, Any],
                               f"({spec.dtype}, written as {spec.kind} lists), but "
                               f"{where or 'a record'} holds {other[0]} lists; give a schema file that says "
                               "which to read")
-        out.append(spec.field(inferred.name, inferred))
+        out.append(spec.field(inferred.name, inferred, stat.present < total))
     return out
 
 

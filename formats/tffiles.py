@@ -54,6 +54,7 @@ class Listing:
     tfds: dict[str, Any] = field(default_factory=dict)  # TFDS JSON files found beside the records
     #: TFDS ClassLabel names found beside the records: file stem (``objects-kind``) -> names
     class_names: dict[str, list[str]] = field(default_factory=dict)
+    looked_beside: bool = False  # tfds_beside ran
 
 
 def named_like_tfrecord(name: str) -> bool:
@@ -139,6 +140,28 @@ def _keep_tfds(listing: Listing, path: str, name: str) -> None:
                 listing.tfds[name.removesuffix(".json")] = json.loads(text)
     except (OSError, ValueError):
         pass  # an unreadable file changes no record: the fields are inferred from the records
+
+
+def tfds_beside(listing: Listing) -> None:
+    """Record files named one by one or by a glob (``mnist/3.0.1/mnist-train.tfrecord-*``): keep the TFDS
+    files of their one directory too (features.json, dataset_info.json, labels), as a directory's listing
+    does. Looked for once, when the schema or the metadata needs them, not by every slice of a conversion."""
+    if listing.looked_beside or listing.tfds or not listing.files:
+        return
+    listing.looked_beside = True
+    directories = {os.path.dirname(path) for path in listing.files}
+    if len(directories) != 1:
+        return
+    directory = directories.pop()
+    try:
+        if not fsrc.isfile(fsrc.join(directory, "features.json")):
+            return
+        names = fsrc.listdir(directory)
+    except OSError:
+        return  # no TFDS files to be read: the fields are inferred from the records
+    for name in sorted(names):
+        if name in TFDS_METADATA or name.endswith(TFDS_LABELS):
+            _keep_tfds(listing, fsrc.join(directory, name), name)
 
 
 def _note_sets(listing: Listing, paths: Sequence[str], glob: str | None) -> None:

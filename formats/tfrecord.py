@@ -46,7 +46,7 @@ from unihub.formats.tfexample import (
     Feature,
     parse_example,
 )
-from unihub.formats.tffiles import Listing, list_files, named_like_tfrecord
+from unihub.formats.tffiles import Listing, list_files, named_like_tfrecord, tfds_beside
 from unihub.formats.tfio import (
     _fail,
     _header_ok,
@@ -216,6 +216,7 @@ class TFRecordFormat(ForeignFormat):
     def metadata(self) -> dict[str, Any]:
         """What the source held besides records: files that are not records, TFDS's JSON files."""
         listing = self._listing
+        tfds_beside(listing)
         info: dict[str, Any] = {}
         if listing.ignored:
             info["not_records"] = [os.path.relpath(p, os.path.dirname(self.sources[0].rstrip("/")) or ".")
@@ -280,6 +281,7 @@ class TFRecordFormat(ForeignFormat):
     def tfds_features(self) -> dict[str, Declared]:
         """The features a TFDS directory's ``features.json`` declares (see :mod:`unihub.formats.tfds`)."""
         listing = self._listing
+        tfds_beside(listing)
         return declared_features(listing.tfds.get("features"), listing.class_names) if self.payload == "example" \
             else {}
 
@@ -341,7 +343,7 @@ class TFRecordFormat(ForeignFormat):
             raise FormatError(f"{self.where}: no readable TFRecord records to infer a schema from (empty files, "
                               "or every record skipped as bad)", path=self.sources[0])
         try:
-            fields = apply_declared(fields_from_stats(stats, total), stats, self.tfds_features)
+            fields = apply_declared(fields_from_stats(stats, total), stats, total, self.tfds_features)
         except SchemaError as exc:
             raise SchemaError(f"{self.where}: {exc}") from None
         if not fields:

@@ -50,6 +50,7 @@ class UnihubProbe(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             "objects": tfds.features.Sequence({"bbox": tfds.features.BBoxFeature(),
                                                "kind": tfds.features.ClassLabel(names=["a", "b"])}),
             "pair": tfds.features.Sequence(tfds.features.BBoxFeature(), length=2),
+            "tags": tfds.features.Sequence(tfds.features.ClassLabel(num_classes=5)),  # 0 or 1 in each record
             "t": tfds.features.Tensor(shape=(2, 3), dtype=np.float32),
             "u8": tfds.features.Tensor(shape=(4,), dtype=np.uint8),
             "rows": tfds.features.Tensor(shape=(None, 3), dtype=np.int32),
@@ -69,7 +70,7 @@ class UnihubProbe(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                       "gray": rng.integers(0, 255, (5, 4, 1), dtype=np.uint8),
                       "label": ["cat", "dog", "bird"][i % 3], "text": f"héllo {i}" * (i % 3),
                       "boxes": [box] * i, "objects": {"bbox": [box] * (i % 3), "kind": [i % 2] * (i % 3)},
-                      "pair": [box, box], "t": np.arange(6, dtype=np.float32).reshape(2, 3) / (i + 1),
+                      "pair": [box, box], "tags": [i % 5] * (i % 2), "t": np.arange(6, dtype=np.float32).reshape(2, 3) / (i + 1),
                       "u8": np.array([1, 2, 250, i], np.uint8), "rows": np.full((i % 4, 3), i, np.int32),
                       "flag": bool(i % 2), "meta": {"id": 10 * i, "score": i / 3}, "raw": np.array([i, -i / 7])}
 
@@ -103,11 +104,12 @@ def test_tfds_features_give_the_declared_fields(tfds_dir: Path, tmp_path: Path) 
     assert got == {
         "image": ("uint8", (8, 6, 3)), "gray": ("uint8", (5, 4, 1)), "label": ("int64", ()), "text": ("str", ()),
         "boxes": ("float32", (None, 4)), "objects/bbox": ("float32", (None, 4)), "objects/kind": ("int64", (None,)),
-        "pair": ("float32", (2, 4)), "t": ("float32", (2, 3)), "u8": ("uint8", (4,)), "rows": ("int32", (None, 3)),
+        "pair": ("float32", (2, 4)), "tags": ("int64", (None,)), "t": ("float32", (2, 3)), "u8": ("uint8", (4,)), "rows": ("int32", (None, 3)),
         "flag": ("bool", ()), "meta/id": ("int64", ()), "meta/score": ("float64", ()),
         "raw": ("bytes", ()),  # TFDS's own byte encoding: kept as the bytes it wrote
     }
     assert isinstance(schema.image.codec, CompressedImageCodec) and isinstance(schema.gray.codec, CompressedImageCodec)
+    assert not any(f.nullable for f in schema)  # an empty Sequence is an empty array, not None
     info = dataset.extra_metadata["tfrecord"]
     assert info["tfds_features"]["label"] == {"type": "ClassLabel", "num_classes": 3, "names": ["cat", "dog", "bird"]}
     assert info["tfds_features"]["objects/kind"] == {"type": "ClassLabel", "num_classes": 2, "names": ["a", "b"]}
@@ -124,7 +126,7 @@ def test_tfds_values_are_what_tfds_reads(tfds_dir: Path, tmp_path: Path) -> None
     for ours, ex in zip(rows, theirs):
         pairs = [("image", ex["image"]), ("gray", ex["gray"]), ("label", ex["label"]), ("boxes", ex["boxes"]),
                  ("objects/bbox", ex["objects"]["bbox"]), ("objects/kind", ex["objects"]["kind"]),
-                 ("pair", ex["pair"]), ("t", ex["t"]), ("u8", ex["u8"]), ("rows", ex["rows"]),
+                 ("pair", ex["pair"]), ("tags", ex["tags"]), ("t", ex["t"]), ("u8", ex["u8"]), ("rows", ex["rows"]),
                  ("flag", ex["flag"]), ("meta/id", ex["meta"]["id"]), ("meta/score", ex["meta"]["score"])]
         for name, value in pairs:
             value = np.asarray(value)
@@ -183,3 +185,10 @@ def test_features_json_of_tfds_before_4_6(tfds_dir: Path, tmp_path: Path) -> Non
     assert (schema.boxes.shape, schema.image.shape, schema.t.shape, schema.label.shape) == ((None, 4), (8, 6, 3),
                                                                                            (2, 3), ())
     assert schema["objects/bbox"].shape == (None,)  # not declared here: as the records alone say
+
+
+def test_tfds_files_named_by_a_glob_find_features_json_beside_them(tfds_dir: Path) -> None:
+    source = TFRecordFormat(str(tfds_dir / "*-train.tfrecord-*"))
+    schema = source.infer_schema()
+    assert (schema.boxes.shape, schema.t.shape, schema.u8.numpy_dtype) == ((None, 4), (2, 3), np.uint8)
+    assert source.metadata()["tfrecord"]["tfds_features"]["label"]["names"] == ["cat", "dog", "bird"]
