@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,9 @@ import pyarrow as pa
 from unihub.errors import SchemaError
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.schema import Shape, UnischemaField
+
+if TYPE_CHECKING:
+    from unihub.formats.tfschema import _Stats
 
 #: TFDS dtype names unihub keeps as declared, with the proto list kind TFDS writes them as
 _KINDS = {"bool": "int64", "int8": "int64", "int16": "int64", "int32": "int64", "int64": "int64",
@@ -97,7 +100,7 @@ def declared_features(features_json: Mapping[str, Any] | None,
         return {}  # a features.json unihub cannot read: the fields are inferred from the records
 
 
-def apply_declared(fields: list[UnischemaField], stats: Mapping[str, Any], total: int,
+def apply_declared(fields: list[UnischemaField], stats: Mapping[str, _Stats], total: int,
                    declared: Mapping[str, Declared]) -> list[UnischemaField]:
     """``fields`` (inferred from the ``total`` records, whose statistics are ``stats``), each declared one
     as TFDS declares it; SchemaError where the records hold another list kind than TFDS writes."""

@@ -5,7 +5,8 @@ TFRecord files carry no fixed extension. What real datasets look like::
     imagenet/train-00000-of-01024            TensorFlow's shard names, no extension
     imagenet/validation-00000-of-00128       (a second split in the same folder)
     mnist/3.0.1/mnist-train.tfrecord-00000-of-00001    TFDS: <name>-<split>.tfrecord-<i>-of-<n>
-    mnist/3.0.1/dataset_info.json, features.json      TFDS metadata beside them (not records)
+    mnist/3.0.1/dataset_info.json, features.json      TFDS metadata beside them (not records): the
+    mnist/3.0.1/label.labels.txt                      fields TFDS declares (:mod:`unihub.formats.tfds`)
     data/part-0.tfrecord.gz, data/part-1.tfrecords    plain names, any compression
 
 A file named by the user (a path, or a glob or brace pattern) is read as given. A directory
@@ -15,9 +16,10 @@ files (JSON, text, images) are not records and are listed in the dataset's metad
 
 Files named ``<stem>-<i>-of-<n><suffix>`` form a *shard set* (its stem and ``n``, whatever each
 file's compression suffix: ``train-00000-of-00002.tfrecord`` and ``train-00001-of-00002.tfrecord.gz``
-are one set). A set that a directory or glob lists with a shard missing is an error naming it (the missing shard's records would otherwise vanish without a word), and a
-directory holding several sets (``train`` and ``validation``) converts one, chosen with the
-``split`` option, rather than mixing them.
+are one set). A set that a directory or glob lists with a shard missing (or one shard under two
+names) is an error naming it: the missing shard's records would otherwise vanish without a word. A
+directory or glob holding several sets (``train`` and ``validation``) converts one, chosen with the
+``split`` option, rather than mixing them; files named one by one are taken as named.
 """
 
 from __future__ import annotations

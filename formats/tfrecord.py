@@ -4,7 +4,8 @@ Records are framed, checksummed and (de)compressed by :mod:`unihub.formats.tfio`
 source are found by :mod:`unihub.formats.tffiles`. A record is a serialized ``tf.train.Example``
 (parsed and written by :mod:`unihub.formats.tfexample`, read a block at a time by
 :mod:`unihub.formats.tfbatch`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
-opaque bytes (:mod:`unihub.formats.tfpayload`).
+opaque bytes (:mod:`unihub.formats.tfpayload`). Where TFDS wrote the records, the fields are
+what its ``features.json`` declares (:mod:`unihub.formats.tfds`).
 
 Neither TensorFlow nor the ``tfrecord`` package is imported (they clash in one process, see
 :mod:`unihub.formats.tfexample`), so this module works with either, both or neither

@@ -46,6 +46,7 @@ class UnihubProbe(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             "gray": tfds.features.Image(shape=(5, 4, 1)),  # MNIST's kind: one channel
             "label": tfds.features.ClassLabel(names=["cat", "dog", "bird"]),
             "text": tfds.features.Text(),
+            "words": tfds.features.Sequence(tfds.features.Text()),
             "boxes": tfds.features.Sequence(tfds.features.BBoxFeature()),
             "objects": tfds.features.Sequence({"bbox": tfds.features.BBoxFeature(),
                                                "kind": tfds.features.ClassLabel(names=["a", "b"])}),
@@ -69,6 +70,7 @@ class UnihubProbe(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             yield i, {"image": rng.integers(0, 255, (8, 6, 3), dtype=np.uint8),
                       "gray": rng.integers(0, 255, (5, 4, 1), dtype=np.uint8),
                       "label": ["cat", "dog", "bird"][i % 3], "text": f"héllo {i}" * (i % 3),
+                      "words": [f"w{j}é" for j in range(i % 3)],
                       "boxes": [box] * i, "objects": {"bbox": [box] * (i % 3), "kind": [i % 2] * (i % 3)},
                       "pair": [box, box], "tags": [i % 5] * (i % 2), "t": np.arange(6, dtype=np.float32).reshape(2, 3) / (i + 1),
                       "u8": np.array([1, 2, 250, i], np.uint8), "rows": np.full((i % 4, 3), i, np.int32),
@@ -103,6 +105,7 @@ def test_tfds_features_give_the_declared_fields(tfds_dir: Path, tmp_path: Path) 
                     f.shape) for f in schema}
     assert got == {
         "image": ("uint8", (8, 6, 3)), "gray": ("uint8", (5, 4, 1)), "label": ("int64", ()), "text": ("str", ()),
+        "words": ("str", (None,)),
         "boxes": ("float32", (None, 4)), "objects/bbox": ("float32", (None, 4)), "objects/kind": ("int64", (None,)),
         "pair": ("float32", (2, 4)), "tags": ("int64", (None,)), "t": ("float32", (2, 3)), "u8": ("uint8", (4,)), "rows": ("int32", (None, 3)),
         "flag": ("bool", ()), "meta/id": ("int64", ()), "meta/score": ("float64", ()),
@@ -134,6 +137,7 @@ def test_tfds_values_are_what_tfds_reads(tfds_dir: Path, tmp_path: Path) -> None
             np.testing.assert_array_equal(ours[name], value, err_msg=name)
             assert np.asarray(ours[name]).shape == value.shape, name
         assert ours["text"] == ex["text"].decode()
+        assert list(ours["words"]) == [w.decode() for w in ex["words"]]
 
 
 def test_tfds_round_trip_gives_the_records_back(tfds_dir: Path, tmp_path: Path) -> None:
