@@ -442,6 +442,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     done = report.bytes_read  # input bytes of the files before this one
     for path in source.files():
         framer = Framer(path, source.options.get("compression"))
+        skipped = len(report.skipped)
         try:
             while True:
                 need = batch_size - have
@@ -485,6 +486,8 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
                         break
                     yield _finish(plans, pieces)
                     pieces, have, held = [], 0, 0
+            if len(report.skipped) == skipped:  # a bad record skipped is reported already
+                source.check_count(path, framer.index)
         finally:
             framer.close()
         done += sources.getsize(path)

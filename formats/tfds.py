@@ -16,6 +16,9 @@ a ``Sequence(BBoxFeature())`` is ``(None, 4)`` float32 rather than a flat ``(Non
 ``ClassLabel`` is an int64 with names. Every such field is written back as the same proto list
 kind (int64, float or bytes) with the same values, so an export gives the records back.
 
+``dataset_info.json`` says how many records each shard holds: a shard that frames fewer (a file cut
+at a record's end reads cleanly) is an error, not a dataset short of them (:func:`shard_lengths`).
+
 What unihub does not map (Audio, Video, a Sequence of a Sequence, a Tensor TFDS stores as encoded
 bytes, uint64, bfloat16, ...) is left to the inference from the records, which keeps every value.
 """
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
 _KINDS = {"bool": "int64", "int8": "int64", "int16": "int64", "int32": "int64", "int64": "int64",
           "uint8": "int64", "uint16": "int64", "uint32": "int64",
           "float16": "float", "float32": "float", "float64": "float", "string": "bytes"}
+
+
+_FILE_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"  # TFDS's, where dataset_info.json names none
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,29 @@ def apply_declared(fields: list[UnischemaField], stats: Mapping[str, _Stats], to
                               f"{where or 'a record'} holds {other[0]} lists; give a schema file that says "
                               "which to read")
         out.append(spec.field(inferred.name, inferred, stat.present < total))
+    return out
+
+
+def shard_lengths(dataset_info: Any) -> dict[str, int]:
+    """Shard file (its path in the TFDS directory) -> the records TFDS wrote to it, from the splits of
+    ``dataset_info.json`` (``shardLengths``, named by ``filepathTemplate`` as TFDS names them)."""
+    if not isinstance(dataset_info, Mapping):
+        return {}
+    out: dict[str, int] = {}
+    try:
+        for split in dataset_info.get("splits", []):
+            lengths = [int(n) for n in split.get("shardLengths", [])]
+            digits = max(5, len(str(len(lengths))))
+            count = f"{len(lengths):0{digits}d}"
+            for i, n in enumerate(lengths):
+                index = f"{i:0{digits}d}"
+                name = (split.get("filepathTemplate") or _FILE_TEMPLATE).format(
+                    DATASET=dataset_info["name"], SPLIT=split["name"], FILEFORMAT=dataset_info.get(
+                        "fileFormat") or "tfrecord", SHARD_INDEX=index, NUM_SHARDS=count,
+                    SHARD_X_OF_Y=f"{index}-of-{count}")
+                out[name] = n
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return {}  # a dataset_info.json unihub cannot read: no count to check against
     return out
 
 

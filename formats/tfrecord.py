@@ -42,7 +42,7 @@ from unihub.formats.foreign import (
 )
 from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema, UnischemaField
-from unihub.formats.tfds import Declared, apply_declared, declared_features
+from unihub.formats.tfds import Declared, apply_declared, declared_features, shard_lengths
 from unihub.formats.tfexample import (
     Feature,
     parse_example,
@@ -287,6 +287,24 @@ class TFRecordFormat(ForeignFormat):
             else {}
 
     @cached_property
+    def _shard_lengths(self) -> dict[str, int]:
+        """TFDS shard file -> its records, where a ``dataset_info.json`` is beside the records."""
+        listing = self._listing
+        tfds_beside(listing)
+        return shard_lengths(listing.tfds.get("dataset_info"))
+
+    def check_count(self, path: str, framed: int) -> None:
+        """FormatError where TFDS's ``dataset_info.json`` says ``path`` holds more records than the
+        ``framed`` ones: a file cut at a record's end frames cleanly, and its lost records would vanish."""
+        expected = next((n for name, n in self._shard_lengths.items() if path == name or path.endswith("/" + name)),
+                        None)
+        if expected is not None and framed < expected:
+            raise FormatError(f"{path}: holds {framed:,} records, but TFDS's dataset_info.json says this shard "
+                              f"holds {expected:,}: {expected - framed:,} would be missing (a cut or replaced "
+                              "file?); restore it (to convert the records there are, move dataset_info.json away)",
+                              path=path)
+
+    @cached_property
     def payload(self) -> str:
         """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
         from unihub.formats.tfpayload import detect
@@ -298,9 +316,13 @@ class TFRecordFormat(ForeignFormat):
         """``(path, record index, byte offset, data)`` for each well-framed record of every file."""
         check_on_error(on_error)
         for path in self.files():
+            framed, skipped = 0, len(report.skipped)
             for index, offset, data in iter_records(path, compression=self.options.get("compression"),
                                                     on_error=on_error, report=report):
+                framed = index + 1
                 yield path, index, offset, data
+            if len(report.skipped) == skipped:  # a bad record skipped is reported already
+                self.check_count(path, framed)
 
     def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
         """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
