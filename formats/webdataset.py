@@ -16,7 +16,14 @@ and shape from the ``.npy`` header, never unpickled; one dtype and rank per fiel
 error naming two members); ``cls``, ``idx``, ... are integers written as text (float64 where
 every text reads back as the same number); ``txt`` is text, ``json`` JSON kept as text (UTF-8,
 else bytes); anything else is raw bytes. ``__key__`` is a ``str`` field. An extension missing
-from some samples makes a nullable field.
+from some samples makes a nullable field. ``.jpeg`` members join the ``.jpg`` field where both occur
+(never in one sample).
+
+Every member comes back from an export byte for byte, name included: where a member is not what the
+export would write for its value (``007`` or ``3\n`` as a class, ``2`` in a float64 field, a
+big-endian or Fortran-order ``.npy``, ``b.JPG``, ``c.jpeg`` in the ``jpg`` field), the row's
+``__spelling__`` field keeps the difference (:mod:`.webdataset_spelling`); shards that need none
+have no such field.
 
 A unihub export writes the same layout and starts each shard with a PAX global header whose
 ``comment`` holds the dataset's Unischema and which member extension holds which field

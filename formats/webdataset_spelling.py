@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
+from unihub.formats import images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec
 from unihub.formats.npy import parse_header
 from unihub.formats.schema import Unischema, UnischemaField
@@ -83,10 +84,16 @@ class FieldSpeller:
         self.image = isinstance(f.codec, CompressedImageCodec)
         self.npy = not self.image and f.dtype.kind in "biufcmM" and \
             last_component(self.extensions[0]) in NPY_EXTENSIONS  # values the export writes with np.save
+        #: the value is the member's bytes (images, bytes) or their UTF-8 text: only the name can differ
+        self.verbatim = self.image or (f.shape == () and f.numpy_dtype in (np.bytes_, np.str_))
         self._decode: Callable[[bytes], Any] | None = None
 
     def canonical_extension(self, value: Any) -> str:
-        return self.encode(value)[0] if self.image else self.extensions[0]
+        """The extension the export gives ``value`` (an image's says its bytes' format)."""
+        if not self.image:
+            return self.extensions[0]
+        png, jpg = self.extensions[0], self.extensions[-1]  # one, where the field's name keeps its extension
+        return jpg if images.detect_format(value) == "jpeg" else png
 
     def member(self, value: Any, spelling: Spelling | None) -> tuple[str, bytes]:
         """``(extension, bytes)`` of the member of ``value``: the canonical one, or as ``spelling`` says."""
@@ -119,10 +126,13 @@ class FieldSpeller:
         spelling: Spelling = {}
         if self.npy:
             canonical = self.extensions[0]
-            _, _, _, offset = parse_header(data)
             array = np.asarray(value)
-            if bytes(data[:offset]) != npy_header(array.dtype, array.shape):
+            header = npy_header(array.dtype, array.shape)
+            if data[:len(header)] != header or len(data) != len(header) + array.nbytes:
+                _, _, _, offset = parse_header(data)
                 spelling["npy"] = bytes(data[:offset]).decode("latin-1")
+        elif self.verbatim:
+            canonical = self.canonical_extension(value)
         else:
             canonical, written = self.encode(value)
             if written != data:
