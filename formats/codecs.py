@@ -810,13 +810,13 @@ class CompressedImageCodec(Codec):
             out = into
         else:
             out = _image_column(field, n) if fixed else np.empty(n, dtype=object)
-        partly_fixed = not fixed and any(d is not None for d in field.shape)
         row = 0
         try:
             if fixed:  # the decoders check each header against the row of ``out`` before decoding
                 images.decode_images_into(blobs, out)
                 return out
-            shape = field.shape if partly_fixed else None  # checked against each header before decoding
+            # checked against each header before decoding; a gray image takes the field's rank
+            shape = field.shape or None
             for row, blob in enumerate(blobs):
                 out[row] = None if blob is None else images.decode_image(blob, shape=shape)
         except images.ImageDecodeError as exc:

@@ -265,9 +265,10 @@ def decode_image(data: Buffer, out: np.ndarray | None = None, *,
     The dtype is uint8, or uint16 for a 16-bit PNG. With ``out`` (a row of a
     column array, say) the pixels are decoded into it and ``out`` is returned;
     its shape and dtype must be the image's (see :func:`image_size`), no
-    conversion is made. Without ``out``, ``shape`` (a field's, ``None`` dims
-    for any size) is what the image must be. Raises :class:`ImageDecodeError`
-    for data that is not PNG / JPEG, is corrupt or truncated, uses an
+    conversion is made (a gray image also goes into ``(H, W, 1)``). Without
+    ``out``, ``shape`` (a field's, ``None`` dims for any size) is what the
+    image must be, and a gray image takes its rank (:func:`gray_in_rank_3`).
+    Raises :class:`ImageDecodeError` for data that is not PNG / JPEG, is corrupt or truncated, uses an
     unsupported variant (12-bit JPEG, say), claims more than
     :data:`MAX_IMAGE_PIXELS`, or does not fit ``out`` or ``shape`` (all
     checked from the header, before decoding).
@@ -280,12 +281,22 @@ def decode_image(data: Buffer, out: np.ndarray | None = None, *,
         data = _bytes_view(data)  # the backends want unsigned bytes; Arrow buffers are signed
     fmt = detect_format(data)
     if fmt == "png":
-        return _decode_png(data, out, shape)
-    if fmt == "jpeg":
-        return _decode_jpeg(data, out, shape)
-    raise ImageDecodeError(
-        f"not a PNG or JPEG image: {len(data)} bytes starting {bytes(data[:8])!r}"
-    )
+        image = _decode_png(data, out, shape)
+    elif fmt == "jpeg":
+        image = _decode_jpeg(data, out, shape)
+    else:
+        raise ImageDecodeError(
+            f"not a PNG or JPEG image: {len(data)} bytes starting {bytes(data[:8])!r}"
+        )
+    return image[..., np.newaxis] if out is None and image.ndim == 2 and gray_in_rank_3(shape) else image
+
+
+def gray_in_rank_3(shape: tuple[int | None, ...] | None) -> bool:
+    """Whether a gray image is ``(H, W, 1)`` in ``shape`` (a field's, or an ``out`` array's): a rank-3
+    shape whose channel dim is 1, or None (a folder mixing gray and colour images), so that every
+    value of the field has its rank. Elsewhere it is ``(H, W)``; a gray image where 3 channels are
+    asked for is refused, as converting an image folder refuses it (to RGB is the caller's choice)."""
+    return shape is not None and len(shape) == 3 and shape[2] in (None, 1)
 
 
 def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
@@ -445,6 +456,8 @@ def _check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt:
     """Raise ImageDecodeError unless an image of ``size`` (from its header) has the fixed dims of ``shape``."""
     height, width, channels = size
     found = (height, width) if channels == 1 and len(shape) == 2 else size
+    if channels == 1 and gray_in_rank_3(shape):
+        found = (height, width, 1)
     if len(found) == len(shape):
         for dim, expected in zip(found, shape):
             if expected is not None and expected != dim:
@@ -458,6 +471,8 @@ def _check_out(out: np.ndarray, size: tuple[int, int, int], dtype: type, fmt: st
     """Raise ImageDecodeError unless ``out`` has exactly the decoded shape and dtype."""
     height, width, channels = size
     shape = (height, width) if channels == 1 else size
+    if channels == 1 and gray_in_rank_3(out.shape):
+        shape = (height, width, 1)
     if out.shape != shape or out.dtype != dtype:
         raise ImageDecodeError(
             f"{fmt} image is {shape} {np.dtype(dtype).name} but out is {out.shape} {out.dtype}"
@@ -470,7 +485,7 @@ def _copy_into(image: np.ndarray, out: np.ndarray, fmt: str) -> np.ndarray:
     """Copy a decoded image into a non-contiguous ``out`` after checking it fits."""
     channels = 1 if image.ndim == 2 else image.shape[2]
     _check_out(out, (image.shape[0], image.shape[1], channels), image.dtype.type, fmt)
-    np.copyto(out, image)
+    np.copyto(out, image.reshape(out.shape))  # a gray (H, W) into (H, W, 1) too
     return out
 
 

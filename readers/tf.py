@@ -15,11 +15,21 @@ How values are typed (from the Unischema, see :func:`output_signature`):
 - a field whose shape has ``None`` dims is a ``tf.Tensor`` with those dims ``None`` in a row
   element, and a ``tf.RaggedTensor`` in a batch (rows differ in length; ragged keeps every
   value without padding; call ``.to_tensor()`` to pad);
-- TensorFlow tensors cannot hold nulls: a null in a nullable field raises a
-  :class:`~unihub.errors.SchemaError` naming the field (fill it with a ``TransformSpec`` or
-  leave it out with ``schema_fields``). It is found while reading, inside ``from_generator``, so
-  TensorFlow raises it as ``tf.errors.InvalidArgumentError`` carrying that message;
+- TensorFlow tensors cannot hold nulls, so a nullable field (``nullable=True``: every TFRecord
+  feature some records lack, once converted) comes as two: its values with each null filled
+  (:func:`fill_value`: NaN for floats, 0 for other numbers and booleans, ``b""`` for strings and
+  decimals, zeros of the field's shape; an empty array for a field with ``None`` dims), and a
+  ``tf.bool`` feature ``<field>_is_present``, False where the row held a null. The masks follow
+  the schema's fields, in their order (dict keys, or namedtuple fields). Readers with Petastorm's
+  types (``petastorm_types``, the default for datasets Petastorm wrote) keep Petastorm's
+  structure instead: a null float is NaN there, and any other null a
+  :class:`~unihub.errors.ValidationError` naming the field and row;
 - codec-less ``object`` fields have no TensorFlow type: a SchemaError when the dataset is made.
+
+A unihub error met while reading (a corrupt image, a null Petastorm's types cannot carry) is
+raised as itself, naming the field and row, by the iterators of the datasets made here;
+TensorFlow carries it as a ``tf.errors.InvalidArgumentError`` holding its message wherever
+TensorFlow iterates on its own (a ``Dataset.map`` of them, ``model.fit``, a ``tf.function``).
 
 An NGram reader (``make_reader(url, schema_fields=NGram(...))``) gives one element per window,
 as Petastorm's: a dict ``{offset: namedtuple of tensors}`` for every offset from the smallest to
@@ -36,7 +46,9 @@ Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
 from __future__ import annotations
 
 import atexit
+import collections
 import decimal
+import functools
 import itertools
 import threading
 import time
@@ -48,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, SchemaError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, ValidationError
 from unihub.formats.validation import shape_matches
 from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, columns_length, slice_columns
 from unihub.readers.late_decode import DecodeAhead, decoded_later
@@ -64,6 +76,8 @@ if TYPE_CHECKING:
 ROW_CHUNK = 256
 #: ``tf.data.AUTOTUNE`` without importing TensorFlow
 AUTOTUNE = -1
+#: the name of the ``tf.bool`` feature beside each nullable field: ``<field>_is_present``
+PRESENT_SUFFIX = "_is_present"
 
 Columns = dict[str, np.ndarray]
 
@@ -80,17 +94,24 @@ class _FieldPlan:
     tf_dtype: Any
     np_dtype: np.dtype | None
     ragged_rank: int  # 0: dense in a batch; r: the first r dims of a row are ragged
+    #: nulls filled (:func:`fill_value`) and a ``<name>_is_present`` mask beside the values
+    masked: bool = False
 
     @property
     def name(self) -> str:
         return self.field.name
 
+    @property
+    def mask_name(self) -> str:
+        return self.field.name + PRESENT_SUFFIX
 
-def _plan_field(field: UnischemaField, dense_lists: bool = False) -> _FieldPlan:
+
+def _plan_field(field: UnischemaField, petastorm_types: bool = False) -> _FieldPlan:
     """The transport plan of one field, or a SchemaError when TensorFlow has no type for it.
 
-    ``dense_lists`` (a reader with Petastorm's types): a 1-D list of numbers travels as a dense
-    ``(n, k)`` tensor, as Petastorm's datasets give it, not a RaggedTensor."""
+    ``petastorm_types`` (a reader with Petastorm's types): a 1-D list of numbers travels as a dense
+    ``(n, k)`` tensor, as Petastorm's datasets give it, not a RaggedTensor, and a nullable field
+    has no mask (Petastorm's structure)."""
     tf = _tf()
     kind = field.numpy_dtype
     if kind is decimal.Decimal or kind in (np.str_, np.bytes_):
@@ -108,43 +129,93 @@ def _plan_field(field: UnischemaField, dense_lists: bool = False) -> _FieldPlan:
             raise SchemaError(f"field {field.name!r}: numpy dtype {np_dtype} has no TensorFlow type; leave it out "
                               "with schema_fields= or convert it with a TransformSpec") from exc
     none_dims = [i for i, d in enumerate(field.shape) if d is None]
-    if dense_lists and field.shape == (None,) and np_dtype is not None:
+    if petastorm_types and field.shape == (None,) and np_dtype is not None:
         none_dims = []
-    return _FieldPlan(field, tf_dtype, np_dtype, none_dims[-1] + 1 if none_dims else 0)
+    return _FieldPlan(field, tf_dtype, np_dtype, none_dims[-1] + 1 if none_dims else 0,
+                      masked=field.nullable and not petastorm_types)
 
 
-def output_signature(schema: Unischema, *, batched: bool = False) -> Any:
+def _plans(fields: Sequence[UnischemaField], petastorm_types: bool = False) -> list[_FieldPlan]:
+    """The fields' plans; a SchemaError where a nullable field's mask would take a field's name."""
+    plans = [_plan_field(f, petastorm_types) for f in fields]
+    names = {p.name for p in plans}
+    taken = [p.mask_name for p in plans if p.masked and p.mask_name in names]
+    if taken:
+        raise SchemaError(f"fields {taken} have the names of the masks of nullable fields ('<field>{PRESENT_SUFFIX}', "
+                          "True where the field holds a value); leave one out with schema_fields=")
+    return plans
+
+
+def _row_type(row_type: type, plans: Sequence[_FieldPlan]) -> type:
+    """``row_type`` (a schema's namedtuple) with the nullable fields' masks after its fields."""
+    masks = tuple(p.mask_name for p in plans if p.masked)
+    return _namedtuple(row_type.__name__, tuple(row_type._fields) + masks) if masks else row_type  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _namedtuple(name: str, fields: tuple[str, ...]) -> type:
+    return collections.namedtuple(name, fields)
+
+
+def output_signature(schema: Unischema, *, batched: bool = False, petastorm_types: bool = False) -> Any:
     """The schema's namedtuple of ``tf.TensorSpec`` (``tf.RaggedTensorSpec`` for variable dims when batched).
 
-    ``None`` dims stay ``None``; ``batched`` adds a leading ``None`` batch dim.
+    ``None`` dims stay ``None``; ``batched`` adds a leading ``None`` batch dim. A nullable field's
+    ``<field>_is_present`` mask (``tf.bool``) follows the fields, unless ``petastorm_types``.
     """
     tf = _tf()
     specs = []
-    for plan in map(_plan_field, schema):
+    plans = _plans(list(schema), petastorm_types)
+    for plan in plans:
         shape = ((None,) if batched else ()) + tuple(plan.field.shape)
         if batched and plan.ragged_rank:
             ragged_shape = (None,) * (plan.ragged_rank + 1) + shape[plan.ragged_rank + 1:]
             specs.append(tf.RaggedTensorSpec(ragged_shape, plan.tf_dtype, ragged_rank=plan.ragged_rank))
         else:
             specs.append(tf.TensorSpec(shape, plan.tf_dtype, name=plan.name))
-    return schema._get_namedtuple()(*specs)
+    specs.extend(tf.TensorSpec((None,) if batched else (), tf.bool, name=p.mask_name) for p in plans if p.masked)
+    return _row_type(schema._get_namedtuple(), plans)(*specs)
 
 
 # -- numpy stages: rows -> columns -> shuffled -> re-batched -> flat arrays ---------------------------
-def _null_error(name: str) -> SchemaError:
-    return SchemaError(f"field {name!r} holds a null, and TensorFlow tensors cannot hold nulls; fill it with a "
-                       "TransformSpec (e.g. NaN or a sentinel) or leave the field out with schema_fields=")
+def fill_value(field: UnischemaField) -> np.ndarray:
+    """What a null of ``field`` becomes in TensorFlow, beside its ``<field>_is_present`` mask.
+
+    NaN for floats (a null float is NaN in Petastorm's types too), 0 for other numbers, dates and
+    booleans (False), ``b""`` for strings and decimals; an array of it in the field's shape, its
+    ``None`` dims 0 long (a ragged row of no values). The dtype is the one TensorFlow is given.
+    """
+    kind = field.numpy_dtype
+    shape = tuple(0 if d is None else d for d in field.shape)
+    if kind is decimal.Decimal or kind in (np.str_, np.bytes_):
+        return np.full(shape, b"", dtype=object)
+    dtype = np.dtype(np.int64) if kind in (np.datetime64, np.timedelta64) else np.dtype(kind)
+    return np.full(shape, np.nan if dtype.kind in "fc" else 0, dtype=dtype)
+
+
+def _null_error(name: str, row: int) -> ValidationError:
+    return ValidationError(f"field {name!r}, row {row} of a batch read: a null, which TensorFlow tensors cannot hold, "
+                           "and Petastorm's types (petastorm_types=True) give it no mask; read with "
+                           f"petastorm_types=False (nulls filled, and a '{name}{PRESENT_SUFFIX}' mask), fill it with a "
+                           "TransformSpec, or leave the field out with schema_fields=", field=name, row=row)
+
+
+def _present(column: Any) -> np.ndarray:
+    """Where ``column`` holds a value: only an object column holds nulls (None)."""
+    if isinstance(column, np.ndarray) and column.dtype == object:
+        return np.fromiter((v is not None for v in column), dtype=bool, count=len(column))
+    return np.ones(len(column), dtype=bool)
 
 
 def _rows_to_columns(plans: Sequence[_FieldPlan], rows: list[Any]) -> Columns:
-    """A chunk of row namedtuples as numpy columns (dense where the field's shape is fixed)."""
+    """A chunk of row namedtuples as numpy columns (dense where the field's shape is fixed; nulls as
+    None in an object column)."""
     columns: Columns = {}
     for plan, values in zip(plans, zip(*rows)):
-        if any(v is None for v in values):
-            raise _null_error(plan.name)
-        if plan.field.shape and not plan.ragged_rank:  # fixed shape (numbers or strings): one dense array
+        dense = not plan.ragged_rank and not any(v is None for v in values)
+        if plan.field.shape and dense:  # fixed shape (numbers or strings): one dense array
             columns[plan.name] = _stacked(plan, values)
-        elif plan.np_dtype is not None and not plan.ragged_rank:
+        elif plan.np_dtype is not None and dense:
             columns[plan.name] = np.asarray(values)
         else:
             column = np.empty(len(values), dtype=object)
@@ -207,9 +278,10 @@ def _pulled() -> None:
     _last_pull[0] = time.monotonic()
 
 
-def _tracked(make: Callable[[], Generator[Any, None, None]]) -> Callable[[], Iterator[Any]]:
+def _tracked(make: Callable[[], Generator[Any, None, None]], failures: _Failures) -> Callable[[], Iterator[Any]]:
     """``make`` (a ``from_generator`` generator function), its generators known to the exit hook,
-    which also sees when TensorFlow last resumed one."""
+    which also sees when TensorFlow last resumed one, and the unihub errors they raise recorded in
+    ``failures`` for the dataset's iterators (:func:`_bridged`)."""
     def pull() -> Iterator[Any]:
         inner = make()
         try:
@@ -217,6 +289,9 @@ def _tracked(make: Callable[[], Generator[Any, None, None]]) -> Callable[[], Ite
                 _pulled()
                 yield item
                 _pulled()
+        except UnihubError as exc:
+            failures.record(exc)
+            raise
         finally:
             _pulled()
             inner.close()
@@ -228,6 +303,75 @@ def _tracked(make: Callable[[], Generator[Any, None, None]]) -> Callable[[], Ite
             _generators.add(outer)
         return outer
     return generator
+
+
+# -- unihub's errors across the bridge ---------------------------------------------------------------
+class _Failures:
+    """The unihub errors a dataset's generators raised, kept for its iterators to raise in place of
+    the ``tf.errors.InvalidArgumentError`` TensorFlow makes of each (which keeps only its text)."""
+
+    def __init__(self) -> None:
+        self._errors: collections.deque[UnihubError] = collections.deque(maxlen=16)
+        self._lock = threading.Lock()
+
+    def record(self, error: UnihubError) -> None:
+        with self._lock:
+            self._errors.append(error)
+
+    def take(self, message: str) -> UnihubError | None:
+        """The latest error recorded whose text TensorFlow's ``message`` holds; None where none does."""
+        with self._lock:
+            for error in reversed(self._errors):
+                if str(error) in message:
+                    self._errors.remove(error)
+                    return error
+        return None
+
+
+@functools.cache
+def _bridge_types() -> tuple[type, type]:
+    """A dataset type whose Python iterators raise the unihub errors its generators raised, and its
+    iterator type. TensorFlow has no public hook for this: they extend tf.data's own classes
+    (``tensorflow.python.data.ops``), and the dataset is its input's graph under another Python type."""
+    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    from tensorflow.python.framework import ops
+
+    tf = _tf()
+
+    class BridgedIterator(iterator_ops.OwnedIterator):
+        def __init__(self, dataset: Any, failures: _Failures) -> None:
+            self._failures = failures
+            super().__init__(dataset)
+
+        def _next_internal(self) -> Any:
+            try:
+                return super()._next_internal()
+            except tf.errors.OutOfRangeError:
+                raise
+            except tf.errors.OpError as exc:
+                error = self._failures.take(exc.message)
+                if error is None:
+                    raise
+                raise error from exc
+
+    class BridgedDataset(dataset_ops.UnaryUnchangedStructureDataset):
+        def __init__(self, dataset: Any, failures: _Failures) -> None:
+            self._failures = failures
+            super().__init__(dataset, dataset._variant_tensor)
+
+        def __iter__(self) -> Any:
+            if not tf.executing_eagerly():  # inside a tf.function: tf.data's own iterator (and errors)
+                return super().__iter__()
+            with ops.colocate_with(self._variant_tensor):
+                return BridgedIterator(self, self._failures)
+
+    return BridgedDataset, BridgedIterator
+
+
+def _bridged(dataset: Any, failures: _Failures) -> Any:
+    """``dataset`` (the same graph), its iterators raising the unihub errors recorded in ``failures``
+    rather than TensorFlow's InvalidArgumentError that carries their text."""
+    return _bridge_types()[0](dataset, failures)
 
 
 def _serving(reader: Any, batches: Iterator[Any]) -> Generator[Any, None, None]:
@@ -304,20 +448,23 @@ def _rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> I
 
 def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
     """A dense column in the field's transport dtype (tf.string values as an object array)."""
-    if column.dtype == object and any(v is None for v in column):
-        raise _null_error(plan.name)
+    if column.dtype == object and not (present := _present(column)).all():
+        raise _null_error(plan.name, int(np.flatnonzero(~present)[0]))
     if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column):
         column = _stacked(plan, list(column))  # fixed-shape arrays one per row
     if plan.np_dtype is None:
         if plan.field.numpy_dtype is decimal.Decimal:
             return np.array([str(v) for v in column.ravel()], dtype=object).reshape(column.shape)
         return column
+    if column.dtype == object and plan.field.numpy_dtype in (np.datetime64, np.timedelta64) and len(column):
+        column = np.asarray(list(column))  # their scalars as one typed array: its int64 ticks below
     if column.dtype.kind in "mM":
         return column.view(np.int64)
     if column.dtype == object and not len(column):
         column = np.empty((0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
-    if column.dtype.kind == "f" and plan.np_dtype.kind in "biu" and np.isnan(column).any():
-        raise _null_error(plan.name)  # a batch reader with Petastorm's types gives nulls of int fields as NaN
+    if column.dtype.kind == "f" and plan.np_dtype.kind in "biu" and (nan := np.isnan(column)).any():
+        # a batch reader with Petastorm's types gives nulls of int fields as NaN
+        raise _null_error(plan.name, int(np.flatnonzero(nan.reshape(len(column), -1).any(axis=1))[0]))
     return column.astype(plan.np_dtype, copy=False)
 
 
@@ -332,34 +479,73 @@ def _stacked(plan: _FieldPlan, values: Sequence[Any]) -> np.ndarray:
 
 
 def _encode(plans: Sequence[_FieldPlan], columns: Columns) -> tuple[np.ndarray, ...]:
-    """Flat arrays for ``from_generator``: a dense column, or flat values + nested row lengths."""
+    """Flat arrays for ``from_generator``: a dense column, or flat values + nested row lengths, for
+    each field, then the nullable fields' masks. Values TensorFlow cannot take are a ValidationError
+    naming the field."""
     out: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
     for plan in plans:
         column = columns[plan.name]
-        if not plan.ragged_rank:
-            values = _encode_values(plan, column)
-            if not shape_matches(values.shape[1:], plan.field.shape):
-                raise SchemaError(f"field {plan.name!r}: values of shape {values.shape[1:]} where the schema "
-                                  f"says {plan.field.shape}")
-            out.append(values)
-            continue
-        rows = list(column)
-        if any(r is None for r in rows):
-            raise _null_error(plan.name)
-        rows = [np.asarray(r) for r in rows]
-        rank = plan.ragged_rank
-        inner = tuple(d for d in plan.field.shape[rank:] if d is not None)
-        assert len(inner) == len(plan.field.shape) - rank  # ragged_rank is past the field's last None dim
-        shapes = np.array([r.shape[:rank] for r in rows], dtype=np.int64).reshape(len(rows), rank)
-        flat = [r.reshape(-1, *inner) for r in rows]
-        flat_values = np.concatenate(flat) if flat else np.empty((0, *inner), dtype=object)
-        if flat_values.shape[1:] != inner:
-            raise SchemaError(f"field {plan.name!r}: rows of shape {rows[0].shape} where the schema says "
-                              f"{plan.field.shape}")
-        out.append(_encode_values(plan, flat_values))
-        for level in range(rank):
-            out.append(np.repeat(shapes[:, level], np.prod(shapes[:, :level], axis=1)))
-    return tuple(out)
+        present = _present(column)
+        if not plan.masked and not present.all():
+            raise _null_error(plan.name, int(np.flatnonzero(~present)[0]))
+        try:
+            if plan.ragged_rank:
+                out.extend(_ragged(plan, column))
+            else:
+                out.append(_dense(plan, column, present))
+        except UnihubError:
+            raise
+        except (ValueError, TypeError, OverflowError) as exc:  # numpy's, on values the schema does not describe
+            raise ValidationError(f"field {plan.name!r}: values that do not make a {plan.field.shape} "
+                                  f"{plan.tf_dtype.name} tensor ({type(exc).__name__}: {exc})", field=plan.name) from exc
+        if plan.masked:
+            masks.append(present)
+    return tuple(out + masks)
+
+
+def _dense(plan: _FieldPlan, column: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """A field of fixed shape as one array, its nulls filled."""
+    if present.all():
+        values = _encode_values(plan, column)
+    else:
+        fill = fill_value(plan.field)
+        kept = _encode_values(plan, column[present]) if present.any() else fill[np.newaxis]
+        values = np.empty((len(column), *kept.shape[1:]), dtype=kept.dtype)
+        values[~present] = fill
+        values[present] = kept
+    if not shape_matches(values.shape[1:], plan.field.shape):
+        raise SchemaError(f"field {plan.name!r}: values of shape {values.shape[1:]} where the schema "
+                          f"says {plan.field.shape}")
+    return values
+
+
+def _ragged(plan: _FieldPlan, column: np.ndarray) -> list[np.ndarray]:
+    """A field with ``None`` dims as its flat values and the row lengths of each ragged dim; a null
+    is a row of no values."""
+    given = [None if r is None else np.asarray(r) for r in column]
+    ndim = len(plan.field.shape)
+    for row, value in enumerate(given):
+        if value is not None and value.ndim != ndim:
+            raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: a value of shape {value.shape} "
+                                  f"where the schema says {plan.field.shape}", field=plan.name, row=row)
+    empty = fill_value(plan.field)
+    like = next((r for r in given if r is not None), None)
+    empty = empty if like is None else empty.astype(like.dtype)
+    rows = [empty if r is None else r for r in given]
+    rank = plan.ragged_rank
+    inner = tuple(d for d in plan.field.shape[rank:] if d is not None)
+    assert len(inner) == len(plan.field.shape) - rank  # ragged_rank is past the field's last None dim
+    shapes = np.array([r.shape[:rank] for r in rows], dtype=np.int64).reshape(len(rows), rank)
+    flat = [r.reshape(-1, *inner) for r in rows]
+    flat_values = np.concatenate(flat) if flat else np.empty((0, *inner), dtype=object)
+    if flat_values.shape[1:] != inner:
+        raise SchemaError(f"field {plan.name!r}: rows of shape {rows[0].shape} where the schema says "
+                          f"{plan.field.shape}")
+    out = [_encode_values(plan, flat_values)]
+    for level in range(rank):
+        out.append(np.repeat(shapes[:, level], np.prod(shapes[:, :level], axis=1)))
+    return out
 
 
 def _flat_signature(plans: Sequence[_FieldPlan]) -> tuple[Any, ...]:
@@ -369,6 +555,7 @@ def _flat_signature(plans: Sequence[_FieldPlan]) -> tuple[Any, ...]:
         inner = tuple(plan.field.shape[plan.ragged_rank:])
         specs.append(tf.TensorSpec((None, *inner), plan.tf_dtype))
         specs.extend(tf.TensorSpec((None,), tf.int64) for _ in range(plan.ragged_rank))
+    specs.extend(tf.TensorSpec((None,), tf.bool) for plan in plans if plan.masked)
     return tuple(specs)
 
 
@@ -380,7 +567,8 @@ def _graph_only(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _assembler(plans: Sequence[_FieldPlan], row_type: type | None) -> Callable[..., Any]:
     """The graph function that turns the flat arrays back into a namedtuple of (ragged) tensors,
-    or with no ``row_type`` a dict keyed by the fields' own names."""
+    or with no ``row_type`` a dict keyed by the fields' own names; the nullable fields' masks follow
+    the fields (``row_type`` has them: :func:`_row_type`)."""
     tf = _tf()
 
     def assemble(*flat: Any) -> Any:
@@ -392,9 +580,11 @@ def _assembler(plans: Sequence[_FieldPlan], row_type: type | None) -> Callable[.
             else:
                 values.append(flat[i])
             i += 1 + plan.ragged_rank
+        masks = list(flat[i:])
         if row_type is None:
-            return {plan.field.name: value for plan, value in zip(plans, values)}
-        return row_type(*values)
+            names = [p.name for p in plans] + [p.mask_name for p in plans if p.masked]
+            return dict(zip(names, values + masks))
+        return row_type(*values, *masks)
 
     return _graph_only(assemble)
 
@@ -404,13 +594,12 @@ def _densifier(plans: Sequence[_FieldPlan]) -> Callable[..., Any]:
     tf = _tf()
 
     def densify(row: Any) -> Any:
-        values = []
-        for plan, value in zip(plans, row.values() if isinstance(row, dict) else row):
-            if isinstance(value, tf.RaggedTensor):
-                value = value.to_tensor()  # one row's array is rectangular: no padding is added
+        values = list(row.values() if isinstance(row, dict) else row)  # the fields, then their masks
+        for i, plan in enumerate(plans):
+            if isinstance(values[i], tf.RaggedTensor):
+                values[i] = values[i].to_tensor()  # one row's array is rectangular: no padding is added
             if plan.ragged_rank:
-                value = tf.ensure_shape(value, plan.field.shape)
-            values.append(value)
+                values[i] = tf.ensure_shape(values[i], plan.field.shape)
         if isinstance(row, dict):
             return dict(zip(row, values))
         return type(row)(*values)
@@ -433,10 +622,10 @@ def _without_autotune(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
-def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type | None, *,
-             unbatch: bool, rebatch: tuple[int, bool] | None = None) -> Any:
+def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type | None,
+             failures: _Failures, *, unbatch: bool, rebatch: tuple[int, bool] | None = None) -> Any:
     """``source``'s columns as a dataset; ``rebatch=(size, drop_remainder)`` cuts them into batches
-    of ``size`` rows inside TensorFlow (see :func:`make_tf_dataset`)."""
+    of ``size`` rows inside TensorFlow (see :func:`make_tf_dataset`); unihub errors recorded in ``failures``."""
     tf = _tf()
 
     def generate() -> Generator[tuple[np.ndarray, ...], None, None]:
@@ -444,7 +633,7 @@ def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan
             if columns_length(columns):
                 yield _encode(plans, columns)
 
-    dataset = tf.data.Dataset.from_generator(_tracked(generate), output_signature=_flat_signature(plans))
+    dataset = tf.data.Dataset.from_generator(_tracked(generate, failures), output_signature=_flat_signature(plans))
     if rebatch is not None:
         dataset = dataset.rebatch(rebatch[0], drop_remainder=rebatch[1])
     dataset = dataset.map(_assembler(plans, row_type))
@@ -461,12 +650,13 @@ def _check_reader(reader: Any) -> list[_FieldPlan]:
         raise InvalidArgumentError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
     if reader.ngram is not None:
         return []
-    return [_plan_field(f, dense_lists=getattr(reader, "petastorm_types", False)) for f in reader.schema]
+    return _plans(list(reader.schema), getattr(reader, "petastorm_types", False))
 
 
 @dataclass(frozen=True)
 class _Offset:
-    """One offset of an NGram window: its fields' plans and the namedtuple type its rows take."""
+    """One offset of an NGram window: its fields' plans and the namedtuple type its rows take (the
+    fields, then the masks of the nullable ones)."""
 
     offset: int
     plans: list[_FieldPlan]
@@ -475,11 +665,12 @@ class _Offset:
 
 def _ngram_plans(reader: Any) -> list[_Offset]:
     """Every offset from the smallest to the largest, in order (an offset with no fields: no plans)."""
-    ngram, dense = reader.ngram, getattr(reader, "petastorm_types", False)
+    ngram, petastorm_types = reader.ngram, getattr(reader, "petastorm_types", False)
     offsets = []
     for offset in range(min(ngram.fields), max(ngram.fields) + 1):
         view = ngram.get_schema_at_timestep(reader.schema, offset)
-        offsets.append(_Offset(offset, [_plan_field(f, dense_lists=dense) for f in view], view._get_namedtuple()))
+        plans = _plans(list(view), petastorm_types)
+        offsets.append(_Offset(offset, plans, _row_type(view._get_namedtuple(), plans)))
     if not any(o.plans for o in offsets):
         raise InvalidArgumentError(f"{ngram!r} asks for no fields at any offset; a window would hold nothing")
     return offsets
@@ -491,6 +682,7 @@ def _ngram_dataset(reader: Any) -> Any:
     per offset in the graph and unbatched, as rows are."""
     tf = _tf()
     offsets = _ngram_plans(reader)
+    failures = _Failures()
     widths = [len(_flat_signature(o.plans)) for o in offsets]
     assemblers = [_assembler(o.plans, o.row_type) for o in offsets]
 
@@ -516,12 +708,13 @@ def _ngram_dataset(reader: Any) -> Any:
         return window
 
     signature = tuple(spec for o in offsets for spec in _flat_signature(o.plans))
-    dataset = tf.data.Dataset.from_generator(_tracked(generate), output_signature=signature).map(_graph_only(assemble)).unbatch()
+    dataset = tf.data.Dataset.from_generator(_tracked(generate, failures), output_signature=signature)
+    dataset = dataset.map(_graph_only(assemble)).unbatch()
     if any(p.ragged_rank for o in offsets for p in o.plans):
         densifiers = [_densifier(o.plans) for o in offsets]
         dataset = dataset.map(_graph_only(lambda window: {o.offset: densify(window[o.offset])
                                                           for o, densify in zip(offsets, densifiers)}))
-    return _without_autotune(dataset)
+    return _bridged(_without_autotune(dataset), failures)
 
 
 def make_petastorm_dataset(reader: Reader) -> Any:
@@ -529,9 +722,10 @@ def make_petastorm_dataset(reader: Reader) -> Any:
 
     A row reader gives one element per row (variable dims as ``None`` in the shapes); a batch
     reader gives one element per reader batch (a leading ``None`` dim; variable-shape fields
-    as ``tf.RaggedTensor``); an NGram reader one dict ``{offset: namedtuple}`` per window. Rows
-    (windows) cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are unbatched in the graph. The reader is read once; the caller owns it (``with reader:``,
-    ``reader.reset()`` to read again).
+    as ``tf.RaggedTensor``); an NGram reader one dict ``{offset: namedtuple}`` per window. A
+    nullable field's ``<field>_is_present`` mask follows the fields (see the module docstring). Rows
+    (windows) cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are unbatched in the graph.
+    The reader is read once; the caller owns it (``with reader:``, ``reader.reset()`` to read again).
 
         with make_reader(url) as reader:
             for row in make_petastorm_dataset(reader).take(2):
@@ -540,8 +734,10 @@ def make_petastorm_dataset(reader: Reader) -> Any:
     plans = _check_reader(reader)
     if reader.ngram is not None:
         return _ngram_dataset(reader)
-    row_type = reader.schema._get_namedtuple()
-    return _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans, row_type, unbatch=not reader.batched)
+    failures = _Failures()
+    dataset = _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans,
+                       _row_type(reader.schema._get_namedtuple(), plans), failures, unbatch=not reader.batched)
+    return _bridged(dataset, failures)
 
 
 def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffle_buffer: int = 0,
@@ -558,7 +754,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
 
     ``shuffle_buffer`` rows are shuffled across reader batches (numpy, seeded by ``seed``);
     ``batch_size=None`` keeps the reader's own batches (rows for a row reader); variable-shape
-    fields are ``tf.RaggedTensor`` in batches. From a URL with a known row count (no predicate or
+    fields are ``tf.RaggedTensor`` in batches; a nullable field's ``<field>_is_present`` mask
+    follows the fields (see the module docstring). From a URL with a known row count (no predicate or
     filters, finite ``num_epochs``) the dataset's cardinality is set. ``prefetch`` is a buffer size
     (``AUTOTUNE`` = ``tf.data.AUTOTUNE``; 0 or None: no prefetch).
     """
@@ -572,7 +769,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     if owned:
         probe = make_batch_reader(reader_or_url, seed=seed, **reader_kwargs)  # validates options and schema
         try:
-            plans, row_type, batched = _check_reader(probe), probe.schema._get_namedtuple(), True
+            plans, batched = _check_reader(probe), True
+            row_type = _row_type(probe.schema._get_namedtuple(), plans)
             rows_per_epoch, epochs = probe.num_rows_per_epoch, probe.num_epochs
         finally:
             probe.stop()
@@ -584,8 +782,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             raise InvalidArgumentError("make_tf_dataset re-batches rows, and an NGram reader yields windows of rows: "
                                        "use make_petastorm_dataset(reader) (one {offset: namedtuple} per window), "
                                        "then .batch() it")
-        plans, row_type, batched = _check_reader(reader_or_url), reader_or_url.schema._get_namedtuple(), \
-            reader_or_url.batched
+        plans, batched = _check_reader(reader_or_url), reader_or_url.batched
+        row_type = _row_type(reader_or_url.schema._get_namedtuple(), plans)
         rows_per_epoch = epochs = None  # a reader given may be part way through
     iterations = itertools.count()
     # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
@@ -615,7 +813,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
                 reader.stop()
                 reader.join()
 
-    dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None,
+    failures = _Failures()
+    dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None, failures,
                        unbatch=batch_size is None and not batched,
                        rebatch=(batch_size, drop_remainder) if in_graph and batch_size else None)
     if batch_size and rows_per_epoch is not None and epochs is not None:
@@ -624,4 +823,4 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         dataset = dataset.apply(_tf().data.experimental.assert_cardinality(batches))
     if prefetch:
         dataset = dataset.prefetch(prefetch)
-    return dataset
+    return _bridged(dataset, failures)

@@ -3,7 +3,8 @@
 ``tf_tensors(reader)`` puts one ``tf.numpy_function`` (``tf.compat.v1.py_func`` without its
 deprecation warning) in the default graph; each ``session.run`` of its outputs calls
 ``next(reader)`` once and converts the item as :mod:`unihub.readers.tf` does (same dtypes,
-static shapes from the Unischema, nulls refused).
+static shapes from the Unischema, a nullable field's null filled beside its ``<field>_is_present``
+mask, or refused with Petastorm's types).
 The end of the reader is ``tf.errors.OutOfRangeError``. With ``shuffling_queue_capacity > 0``
 the items go through a ``tf.compat.v1.RandomShuffleQueue`` fed by one queue-runner thread (start
 it with ``tf.compat.v1.train.start_queue_runners``); the queue's size op is named
@@ -33,33 +34,55 @@ import numpy as np
 
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 from unihub.formats.validation import shape_matches
-from unihub.readers.tf import _check_reader, _encode, _encode_values, _FieldPlan, _ngram_plans, _rows_to_columns, _tf
+from unihub.readers.tf import (
+    _check_reader,
+    _encode,
+    _encode_values,
+    _FieldPlan,
+    _ngram_plans,
+    _null_error,
+    _present,
+    _row_type,
+    _rows_to_columns,
+    _tf,
+    fill_value,
+)
 
 #: the name of the shuffling queue's size op (``graph.get_tensor_by_name(NAME + ":0")``), Petastorm's
 RANDOM_SHUFFLING_QUEUE_SIZE = "random_shuffling_queue_size"
 
 
 def _as_transport(plan: _FieldPlan, value: np.ndarray) -> np.ndarray:
-    """``numpy_function`` encodes numpy unicode arrays as ASCII: strings go as object arrays (str or bytes)."""
+    """``numpy_function`` encodes numpy unicode arrays as ASCII: strings go as object arrays (str or bytes).
+    A single ``bytes`` goes in as it is: numpy's ``S`` dtype would cut its trailing NUL bytes."""
     if plan.np_dtype is None:
-        return np.asarray(value).astype(object)
+        return value.astype(object) if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
     return value
 
 
 def _row_values(plans: Sequence[_FieldPlan], row: Any) -> list[np.ndarray]:
-    """One row namedtuple (or a window's offset) as the function's arrays, checked against the schema."""
+    """One row namedtuple (or a window's offset) as the function's arrays, checked against the schema:
+    the fields, then the nullable fields' masks."""
     columns = _rows_to_columns(plans, [row])
-    out = []
+    out, masks = [], []
     for plan in plans:
         column = columns[plan.name]
-        if plan.ragged_rank:  # one row of a variable-shape field is a dense array of its own shape
-            column = np.asarray(column[0])[np.newaxis]
-        value = _encode_values(plan, column)[0]
+        present = bool(_present(column)[0])
+        if not present and not plan.masked:
+            raise _null_error(plan.name, 0)
+        if not present:
+            value = fill_value(plan.field)
+        else:
+            if plan.ragged_rank:  # one row of a variable-shape field is a dense array of its own shape
+                column = np.asarray(column[0])[np.newaxis]
+            value = _encode_values(plan, column)[0]
         if not shape_matches(np.shape(value), plan.field.shape):
             raise SchemaError(f"field {plan.name!r}: a value of shape {np.shape(value)} where the schema says "
                               f"{plan.field.shape}")
         out.append(_as_transport(plan, value))
-    return out
+        if plan.masked:
+            masks.append(np.array(present))
+    return out + masks
 
 
 def _check_options(reader: Any, capacity: Any, min_after_dequeue: Any) -> None:
@@ -88,7 +111,8 @@ def _shuffled(tensors: list[Any], capacity: int, min_after_dequeue: int) -> list
 def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue: int = 0) -> Any:
     """Tensors that yield the reader's next item each time they are run (Petastorm's ``tf_tensors``).
 
-    A row reader gives a namedtuple of tensors with the fields' shapes (``None`` dims unknown);
+    A row reader gives a namedtuple of tensors with the fields' shapes (``None`` dims unknown), a
+    nullable field's ``<field>_is_present`` mask after them (as :mod:`unihub.readers.tf` gives it);
     a batch reader one with a leading ``None`` batch dim (a field with variable dims cannot be a
     dense batch: a SchemaError, use ``make_petastorm_dataset`` for RaggedTensors); an NGram
     reader a dict ``{offset: namedtuple of tensors}`` for every offset from min to max.
@@ -114,31 +138,34 @@ def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue
         groups: list[tuple[int | None, list[_FieldPlan], type]] = [
             (o.offset, o.plans, o.row_type) for o in _ngram_plans(reader)]
     else:
-        groups = [(None, plans, reader.schema._get_namedtuple())]
+        groups = [(None, plans, _row_type(reader.schema._get_namedtuple(), plans))]
         ragged = [p.name for p in plans if p.ragged_rank]
         if reader.batched and ragged:
             raise SchemaError(f"fields {ragged} have variable dims, so a batch of them is not a dense tensor; read "
                               "them with make_reader, or use make_petastorm_dataset (tf.RaggedTensor batches)")
-    flat_plans = [p for _, group, _ in groups for p in group]
+    leading = (None,) if reader.batched else ()
+    # (dtype, static shape) of each tensor a group's namedtuple holds: its fields, then their masks
+    specs = [[(p.tf_dtype, leading + tuple(p.field.shape)) for p in group] +
+             [(tf.bool, leading) for p in group if p.masked] for _, group, _ in groups]
+    flat_specs = [spec for group_specs in specs for spec in group_specs]
 
     def next_item(_: Any) -> list[np.ndarray]:
         item = next(reader)  # StopIteration: TensorFlow raises OutOfRangeError
         if reader.ngram is not None:
             return [v for offset, group, _ in groups for v in _row_values(group, item[offset])]
         if reader.batched:
-            columns = dict(zip(reader.schema.fields, item))
-            return [_as_transport(p, v) for p, v in zip(plans, _encode(plans, columns))]
+            encoded = _encode(plans, dict(zip(reader.schema.fields, item)))  # no ragged fields: one array each
+            return [_as_transport(p, v) for p, v in zip(plans, encoded)] + list(encoded[len(plans):])
         return _row_values(plans, item)
 
-    tensors = list(tf.numpy_function(next_item, [tf.constant(1)], [p.tf_dtype for p in flat_plans], stateful=True))
+    tensors = list(tf.numpy_function(next_item, [tf.constant(1)], [dtype for dtype, _ in flat_specs], stateful=True))
     if shuffling_queue_capacity > 0:
         tensors = _shuffled(tensors, shuffling_queue_capacity, min_after_dequeue)
-    leading = (None,) if reader.batched else ()
-    for tensor, plan in zip(tensors, flat_plans):
-        tensor.set_shape(leading + tuple(plan.field.shape))
+    for tensor, (_, shape) in zip(tensors, flat_specs):
+        tensor.set_shape(shape)
     out: dict[int | None, Any] = {}
     start = 0
-    for offset, group, row_type in groups:
-        out[offset] = row_type(*tensors[start:start + len(group)])
-        start += len(group)
+    for (offset, _, row_type), group_specs in zip(groups, specs):
+        out[offset] = row_type(*tensors[start:start + len(group_specs)])
+        start += len(group_specs)
     return out[None] if reader.ngram is None else out

@@ -26,6 +26,7 @@ from unihub import (
     UnihubError,
     Unischema,
     UnischemaField,
+    ValidationError,
     write_dataset,
 )
 from unihub.readers import tf as tf_bridge
@@ -268,15 +269,22 @@ def nulls_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path.as_uri()
 
 
-def test_null_in_a_numeric_field_is_explained(tf: Any, nulls_url: str) -> None:
-    # raised in the generator: TensorFlow re-raises the SchemaError's message as an InvalidArgumentError
-    with pytest.raises(tf.errors.InvalidArgumentError, match="SchemaError: field 'score' holds a null.*TransformSpec"):
-        list(make_tf_dataset(nulls_url, 8, workers_count=1))
-    with make_reader(nulls_url, num_epochs=1, workers_count=1) as reader, \
-            pytest.raises(tf.errors.InvalidArgumentError, match="'score' holds a null"):
-        list(make_petastorm_dataset(reader))
-    # without the nullable field, it reads
-    assert sum(len(b["id"]) for b in make_tf_dataset(nulls_url, 8, workers_count=1, schema_fields=["id"])) == 20
+def test_null_in_a_numeric_field_is_filled_and_masked(tf: Any, nulls_url: str) -> None:
+    """A nullable field comes with its ``<field>_is_present`` mask, the null filled (NaN for a
+    float); with Petastorm's types, Petastorm's structure (no mask, the null float NaN)."""
+    batches = list(make_tf_dataset(nulls_url, 8, workers_count=1))
+    assert list(batches[0]) == ["id", "score", "score_is_present"]
+    ids = np.concatenate([b["id"].numpy() for b in batches])
+    scores = np.concatenate([b["score"].numpy() for b in batches])
+    present = np.concatenate([b["score_is_present"].numpy() for b in batches])
+    assert ids.tolist() == list(range(20)) and present.tolist() == [i != 7 for i in range(20)]
+    assert np.isnan(scores[7]) and scores[ids != 7].tolist() == [i / 2 for i in range(20) if i != 7]
+    with make_reader(nulls_url, num_epochs=1, workers_count=1) as reader:
+        rows = list(make_petastorm_dataset(reader))
+    assert type(rows[0]).__name__ == "Nulls_row" and rows[0]._fields == ("id", "score", "score_is_present")
+    assert [bool(r.score_is_present) for r in rows] == [i != 7 for i in range(20)] and np.isnan(rows[7].score)
+    batches = list(make_tf_dataset(nulls_url, 8, workers_count=1, petastorm_types=True))
+    assert list(batches[0]) == ["id", "score"] and np.isnan(batches[0]["score"][7])
 
 
 def test_fields_without_a_tf_type(tf: Any) -> None:
@@ -435,8 +443,9 @@ def test_batch_reader_fields_petastorm_could_not_carry(tf: Any) -> None:
     assert got["words"].tolist() == np.char.encode(own["words"], "utf-8").tolist()
     assert got["words"][7].tolist() == [b"w7", b"x7"]
     with make_batch_reader(URL["codecless"], schema_fields=["id", "i32n"], workers_count=1) as reader, \
-            pytest.raises(tf.errors.InvalidArgumentError, match="'i32n' holds a null"):
-        list(make_petastorm_dataset(reader))
+            pytest.raises(ValidationError, match=r"field 'i32n', row \d+ .*a null.*petastorm_types=False") as caught:
+        list(make_petastorm_dataset(reader))  # raised as unihub's error, not TensorFlow's InvalidArgumentError
+    assert caught.value.field == "i32n" and not isinstance(caught.value, tf.errors.OpError)
 
 
 @pytest.fixture(scope="module")
@@ -471,3 +480,53 @@ def test_a_program_that_leaves_an_iterator_unfinished_exits(thumbnails: str, how
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "first batch" in out.stdout, out.stderr[-2000:]
+
+
+NULLABLE = Unischema("Nullable", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("price", decimal.Decimal, (), ScalarCodec(pa.decimal128(10, 2)), True),
+    UnischemaField("when", np.datetime64, (), ScalarCodec(pa.timestamp("us")), True),
+    UnischemaField("flag", np.bool_, (), ScalarCodec(pa.bool_()), True),
+    UnischemaField("grid", np.float32, (2, 2), TensorCodec(), True),
+    UnischemaField("pair", np.str_, (2,), NdarrayCodec(), True),
+    UnischemaField("points", np.int16, (None, 2), TensorCodec(), True),
+])
+
+
+def nullable_row(i: int) -> dict[str, Any]:
+    """Every field but ``id`` null in the even rows."""
+    if i % 2 == 0:
+        return {"id": i, **{name: None for name in NULLABLE.fields if name != "id"}}
+    return {"id": i, "price": decimal.Decimal(i) / 4, "when": np.datetime64(1000 + i, "us"), "flag": bool(i % 3),
+            "grid": np.full((2, 2), i, np.float32), "pair": np.array([f"a{i}", "b"]),
+            "points": np.full((i % 4, 2), i, np.int16)}
+
+
+def test_nullable_fields_of_every_kind(tf: Any, tmp_path: Any) -> None:
+    """A null becomes its fill value (tf_bridge.fill_value) beside a False ``<field>_is_present``:
+    decimals and strings b"", dates 0, booleans False, a float tensor NaN, a ragged field no rows;
+    the values beside them are the reader's, in batches and rows alike."""
+    write_dataset(tmp_path / "ds", NULLABLE, [nullable_row(i) for i in range(12)], rows_per_file=5)
+    url = (tmp_path / "ds").as_uri()
+    with make_reader(url, num_epochs=1, workers_count=1) as reader:
+        rows = [{k: v.numpy() for k, v in r._asdict().items()} for r in make_petastorm_dataset(reader)]
+    batches = list(make_tf_dataset(url, 5, workers_count=1))
+    rows += [{k: v[j].numpy() for k, v in b.items()} for b in batches for j in range(len(b["id"]))]  # points: ragged
+    assert sorted(int(r["id"]) for r in rows) == sorted(list(range(12)) * 2)
+    for row in rows:
+        i = int(row["id"])
+        want = nullable_row(i)
+        for name in NULLABLE.fields:
+            if name == "id":
+                continue
+            assert bool(row[name + "_is_present"]) == (i % 2 == 1), (name, i)
+        if i % 2 == 0:
+            assert row["price"] == b"" and row["when"] == 0 and row["flag"] == np.False_
+            assert row["grid"].shape == (2, 2) and np.isnan(row["grid"]).all()
+            assert row["pair"].tolist() == [b"", b""] and row["points"].shape == (0, 2)
+            continue
+        assert decimal.Decimal(row["price"].decode()) == want["price"] and row["when"] == 1000 + i
+        assert row["flag"] == want["flag"] and row["grid"].tobytes() == want["grid"].tobytes()
+        assert row["pair"].tolist() == [f"a{i}".encode(), b"b"]
+        assert row["points"].dtype == np.int16 and row["points"].tobytes() == want["points"].tobytes()
+        assert row["points"].shape == want["points"].shape
