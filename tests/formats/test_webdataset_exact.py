@@ -246,6 +246,12 @@ def test_a_given_schema_without_the_spelling_field_refuses_what_it_would_change(
     assert f"'{SPELLING_FIELD}'" in line
 
 
+def test_a_member_named_like_the_spelling_field_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tarfile_shard(tmp_path / "wds" / "a.tar", [("a.cls", b"1"), (f"a.{SPELLING_FIELD}", b"{}")])  # TarWriter skips it
+    line = refused(["convert", str(tmp_path / "wds"), str(tmp_path / "ds")], capsys, tmp_path / "ds")
+    assert f"holds members named <key>.{SPELLING_FIELD}: that extension is the field unihub keeps" in line
+
+
 def test_a_value_changed_after_ingest_is_not_written_with_a_stale_spelling(tmp_path: Path) -> None:
     """A spelling that no longer reads back as its value is refused: never '007' for an 8."""
     from unihub.formats.webdataset import WebDatasetFormat
