@@ -17,10 +17,10 @@ How values are typed (from the Unischema, see :func:`output_signature`):
   value without padding; call ``.to_tensor()`` to pad);
 - TensorFlow tensors cannot hold nulls, so a nullable field (``nullable=True``: every TFRecord
   feature some records lack, once converted) comes as two: its values with each null filled
-  (:func:`fill_value`: NaN for floats, 0 for other numbers and booleans, ``b""`` for strings and
-  decimals, zeros of the field's shape; an empty array for a field with ``None`` dims), and a
-  ``tf.bool`` feature ``<field>_is_present``, False where the row held a null. The masks follow
-  the schema's fields, in their order (dict keys, or namedtuple fields). Readers with Petastorm's
+  (:func:`fill_value`: NaN for floats, 0 for other numbers, dates and booleans, ``b""`` for
+  strings and decimals, in the field's shape; no values along ``None`` dims), and a ``tf.bool``
+  feature ``<field>_is_present``, False where the row held a null. The masks come after all the
+  fields, in the fields' order (dict keys, or namedtuple fields). Readers with Petastorm's
   types (``petastorm_types``, the default for datasets Petastorm wrote) keep Petastorm's
   structure instead: a null float is NaN there, and any other null a
   :class:`~unihub.errors.ValidationError` naming the field and row;
@@ -40,7 +40,7 @@ Petastorm's TF1 graph-mode ``tf_tensors`` is in :mod:`unihub.readers.tf_graph`.
         for row in make_petastorm_dataset(reader):        # one namedtuple of tensors per row
             ...
     dataset = make_tf_dataset("file:///data/train", batch_size=64, shuffle_buffer=1000, seed=0)
-    model.fit(dataset.map(lambda b: (b.features, b.label)), epochs=2)
+    model.fit(dataset.map(lambda b: (b["features"], b["label"])), epochs=2)
 """
 
 from __future__ import annotations

@@ -530,3 +530,22 @@ def test_nullable_fields_of_every_kind(tf: Any, tmp_path: Any) -> None:
         assert row["pair"].tolist() == [f"a{i}".encode(), b"b"]
         assert row["points"].dtype == np.int16 and row["points"].tobytes() == want["points"].tobytes()
         assert row["points"].shape == want["points"].shape
+
+
+def test_ngram_windows_mask_their_nullable_fields(tf: Any, tmp_path: Any) -> None:
+    """Each offset's namedtuple has the masks of its own nullable fields, after its fields."""
+    from unihub import NGram
+
+    write_dataset(tmp_path / "ds", NULLABLE, [nullable_row(i) for i in range(12)], rows_per_file=5)
+    ngram = NGram(fields={0: ["id", "flag", "points"], 1: ["id", "when"]}, delta_threshold=1, timestamp_field="id")
+    with make_reader((tmp_path / "ds").as_uri(), schema_fields=ngram, num_epochs=1, workers_count=1) as reader:
+        windows = list(make_petastorm_dataset(reader))
+    assert windows and all(int(w[1].id) == int(w[0].id) + 1 for w in windows)
+    assert windows[0][0]._fields == ("id", "flag", "points", "flag_is_present", "points_is_present")
+    assert windows[0][1]._fields == ("id", "when", "when_is_present")
+    for window in windows:
+        first, second = int(window[0].id), int(window[1].id)
+        assert bool(window[0].flag_is_present) == bool(window[0].points_is_present) == (first % 2 == 1)
+        assert bool(window[1].when_is_present) == (second % 2 == 1)
+        assert int(window[1].when) == (1000 + second if second % 2 else 0)
+        assert window[0].points.numpy().tobytes() == (nullable_row(first)["points"].tobytes() if first % 2 else b"")
