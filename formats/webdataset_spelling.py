@@ -52,6 +52,7 @@ Spelling = dict[str, str]
 
 
 def spelling_field() -> UnischemaField:
+    """The field an ingest adds where some member needs its spelling kept (null in the rows that need none)."""
     return UnischemaField(SPELLING_FIELD, np.str_, (), ScalarCodec(pa.string()), True)
 
 
