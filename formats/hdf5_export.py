@@ -253,7 +253,8 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
                   record: Mapping[str, Any]) -> Any:
     """A new dataset ``path`` of ``group`` stored as ``record`` says (``hdf5_meta.storage_record``: layout,
     chunks, maximum shape, filter pipeline, fill value and times), of ``shape`` (None: an empty
-    dataspace). A chunk longer than a fixed dimension is cut to it (fewer rows than the source's);
+    dataspace). A chunk that spanned a dimension spans it again; one longer than a fixed dimension
+    is cut to it (fewer rows than the source's);
     a fixed dimension of 0 rows is left unlimited, as no chunk fits it."""
     h5py = h5py_module()
     h5d, h5p, h5s = h5py.h5d, h5py.h5p, h5py.h5s
@@ -269,7 +270,8 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
         maxshape = tuple(h5s.UNLIMITED if m is None else d if m == "=" else max(int(m), d)
                          for m, d in zip(recorded, shape))
         if record["layout"] == "chunked":
-            chunks = tuple(max(1, c if m == h5s.UNLIMITED else min(c, m)) for c, m in zip(record["chunks"], maxshape))
+            chunks = tuple(max(1, d if c == "=" else c if m == h5s.UNLIMITED else min(c, m))
+                           for c, m, d in zip(record["chunks"], maxshape, shape))
             maxshape = tuple(h5s.UNLIMITED if m == 0 else m for m in maxshape)
             dcpl.set_chunk(chunks)
         space = h5s.create_simple(tuple(shape), maxshape)

@@ -42,7 +42,14 @@ import numpy as np
 from unihub.formats import sources
 from unihub.formats.hdf5_export import create_stored
 from unihub.formats.hdf5_layout import Plan, find_links
-from unihub.formats.hdf5_meta import PER_FILE, dimension_scales, exact_attributes, in_any, walk_objects
+from unihub.formats.hdf5_meta import (
+    GIVEN_PARAMETERS,
+    PER_FILE,
+    dimension_scales,
+    exact_attributes,
+    in_any,
+    walk_objects,
+)
 from unihub.formats.hdf5_select import plan_file
 from unihub.formats.hdf5_storage import ExportSpec, Typed, generic_dtype, storage_of
 from unihub.formats.hdf5_types import (
@@ -113,13 +120,16 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
 _LAYOUT_NAMES = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
 
 
+
 def storage_description(dataset: Any) -> dict[str, Any]:
     """How h5py says ``dataset`` is stored: its public properties (chunks, compression and its options,
     shuffle, fletcher32, scale-offset, fill value) and from its creation property list the layout, the
-    filter pipeline as HDF5 runs it (scale-offset's two parameters given, not the ones HDF5 derives
-    at creation), when it is filled and allocated (not whether times are tracked, which
+    filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
+    :data:`~unihub.formats.hdf5_meta.GIVEN_PARAMETERS`),
+    when it is filled and allocated (not whether times are tracked, which
     h5py sets by its own defaults). The maximum shape is ``"="`` where
-    it is the dataset's own dim (None: unlimited), so that datasets of other row counts compare."""
+    it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
+    counts compare."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
     filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
@@ -127,12 +137,12 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
         fill = _native(np.asarray(dataset.fillvalue, dtype=dataset.dtype), dataset.dtype)
     return {"layout": _LAYOUT_NAMES.get(dcpl.get_layout(), str(dcpl.get_layout())),
-            "chunks": list(dataset.chunks) if dataset.chunks else None,
+            "chunks": [("=" if c == d else c) for c, d in zip(dataset.chunks, dataset.shape)] if dataset.chunks
+            else None,
             "maxshape": ["=" if m == d else m for m, d in zip(dataset.maxshape or (), dataset.shape or ())],
             "compression": dataset.compression, "compression_opts": dataset.compression_opts,
             "shuffle": dataset.shuffle, "fletcher32": dataset.fletcher32, "scaleoffset": dataset.scaleoffset,
-            "filters": [[name.decode("ascii", "replace"), int(flags),
-                         [int(v) for v in (values[:2] if code == h5py.h5z.FILTER_SCALEOFFSET else values)]]
+            "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values[:GIVEN_PARAMETERS.get(code)]]]
                         for code, flags, values, name in filters],
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time())}
 
@@ -404,11 +414,26 @@ def _member_of(spec: ExportSpec, path: str) -> str:
 
 def _described(record: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...] | None | str = "rows") -> Any:
     """:func:`storage_description` of a dataset an export creates from ``record`` (in a file in memory):
-    of ``shape``, or for rows a chunk's shape (a dim where it is fixed)."""
+    of ``shape``, or for rows one longer than a chunk in each dim. Alike records (the members of
+    thousands of sample groups) are made once."""
+    key = json.dumps([record, dtype_text(dtype), shape], sort_keys=True)
+    if key not in _DESCRIBED:
+        if len(_DESCRIBED) >= 4096:
+            _DESCRIBED.clear()
+        _DESCRIBED[key] = _describe_new(record, dtype, shape)
+    return _DESCRIBED[key]
+
+
+_DESCRIBED: dict[str, Any] = {}
+
+
+def _describe_new(record: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...] | None | str) -> Any:
     h5py = h5py_module()
     if shape == "rows":
-        chunks = record.get("chunks") or [1] * len(record.get("maxshape") or ())
-        shape = tuple(c if m in ("=", None) else min(c, int(m)) for c, m in zip(chunks, record.get("maxshape") or ()))
+        # a dim longer than its chunk (a chunk that spans its dim: 1), within a fixed maximum
+        chunks = [0 if c == "=" else c for c in record.get("chunks") or [0] * len(record.get("maxshape") or ())]
+        shape = tuple(c + 1 if m in ("=", None) else min(c + 1, int(m))
+                      for c, m in zip(chunks, record.get("maxshape") or ()))
     with h5py.File(f"unihub-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False) as memory:
         return storage_description(create_stored(memory, "dataset", dtype, shape, record))  # type: ignore[arg-type]
 

@@ -136,20 +136,38 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
 SCALE_ATTRIBUTES = ("REFERENCE_LIST", "DIMENSION_LIST", "DIMENSION_LABELS")
 
 
-def object_paths(handle: Any) -> tuple[dict[int, str], list[str]]:
-    """The first name h5py's ``visititems`` gives each object (``''``: the root), by ``hash(obj.id)``,
-    which names two hard links to one object alike; and the groups among them. Every other name of
-    an object is a link (:func:`find_links`)."""
-    h5py = h5py_module()
-    paths, groups = {hash(handle.id): ""}, [""]
+def object_key(obj: Any) -> int:
+    """What names one object of a file whatever hard link reaches it: its address."""
+    return int(h5py_module().h5o.get_info(obj.id).addr)
 
-    def note(name: str, obj: Any) -> None:
-        paths.setdefault(hash(obj.id), name)
-        if isinstance(obj, h5py.Group):
-            groups.append(name)
 
-    handle.visititems(note)
-    return paths, groups
+def visit_links(handle: Any) -> list[tuple[str, int, int]]:
+    """Every link of the file, ``(path, link type, address of the object for a hard link)``, in the
+    order of HDF5's visit (by name, a group's links before the next link of its parent), which h5py's
+    ``visititems`` follows too; a group reached by two names is walked once. One pass, nothing opened:
+    this runs on every link of files of many thousand samples."""
+    out: list[tuple[str, int, int]] = []
+    handle.id.links.visit(lambda name, info: out.append(
+        (name.decode("utf-8", "surrogateescape"), info.type, info.u)) and None, info=True)
+    return out
+
+
+def object_paths(handle: Any, links: list[tuple[str, int, int]] | None = None) -> dict[int, str]:
+    """The first name each object has in :func:`visit_links` (``''``: the root), by :func:`object_key`:
+    the name h5py's ``visititems`` gives it. Every other name of an object is a link (:func:`find_links`)."""
+    h5l = h5py_module().h5l
+    paths = {object_key(handle): ""}
+    for path, kind_, address in visit_links(handle) if links is None else links:
+        if kind_ == h5l.TYPE_HARD:
+            paths.setdefault(address, path)
+    return paths
+
+
+def below_any(path: str, roots: set[str]) -> bool:
+    """True when ``path`` is one of ``roots`` or below one (one set lookup per level: ``roots`` may be
+    thousands of sample groups)."""
+    parts = path.split("/")
+    return any("/".join(parts[:i]) in roots for i in range(1, len(parts) + 1))
 
 
 def find_links(handle: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -158,33 +176,31 @@ def find_links(handle: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     its target as written, "object": the object's first name}``; a link into another file, a dangling
     one and a user-defined one are refused by path (a conversion of this file alone would lose them)."""
     h5py = h5py_module()
-    paths, groups = object_paths(handle)
-    first = set(paths.values())
+    h5l = h5py.h5l
+    links_found = visit_links(handle)
+    paths = object_paths(handle, links_found)
+    own_file = h5py.h5o.get_info(handle.id).fileno
     links: dict[str, dict[str, str]] = {}
     refused: dict[str, str] = {}
-    for group in groups:
-        parent = handle[group] if group else handle
-        for name in parent:
-            path = f"{group}/{name}" if group else name
-            kind_ = parent.get(name, getclass=True, getlink=True)
-            if kind_ is h5py.HardLink:
-                if path not in first:
-                    links[path] = {"hard": paths[hash(parent[name].id)]}
-                continue
-            link = parent.get(name, getlink=True)
-            if kind_ is h5py.ExternalLink:
-                refused[path] = (f"an external link to {link.filename}:{link.path}, whose data is in another file; "
-                                 "convert that file too")
-            elif kind_ is not h5py.SoftLink:
-                refused[path] = "a user-defined link, which h5py cannot follow"
+    for path, kind_, address in links_found:
+        if kind_ == h5l.TYPE_HARD:
+            if paths[address] != path:
+                links[path] = {"hard": paths[address]}
+            continue
+        link = handle.get(path, getlink=True)
+        if kind_ == h5l.TYPE_EXTERNAL:
+            refused[path] = (f"an external link to {link.filename}:{link.path}, whose data is in another file; "
+                             "convert that file too")
+        elif kind_ != h5l.TYPE_SOFT:
+            refused[path] = "a user-defined link, which h5py cannot follow"
+        else:
+            target = handle.get(path)
+            info = None if target is None else h5py.h5o.get_info(target.id)
+            if info is None or info.fileno != own_file:
+                where = "does not exist (a dangling link)" if target is None else "is outside the file"
+                refused[path] = f"a soft link to {link.path}, which {where}"
             else:
-                target = parent.get(name)
-                reached = None if target is None else paths.get(hash(target.id))
-                if reached is None:
-                    where = "does not exist (a dangling link)" if target is None else "is outside the file"
-                    refused[path] = f"a soft link to {link.path}, which {where}"
-                else:
-                    links[path] = {"soft": link.path, "object": reached}
+                links[path] = {"soft": link.path, "object": paths[info.addr]}
     return links, refused
 
 
@@ -193,11 +209,11 @@ def reference_attributes(handle: Any, skip: Iterable[str]) -> dict[str, str]:
     are fields), by ``path@name``: a reference points into this file's structure, and no exact
     JSON or Arrow value holds it. The dimension-scale API's own are kept as scales instead."""
     h5py = h5py_module()
-    paths, _ = object_paths(handle)
-    prefixes = tuple(skip)
+    paths = object_paths(handle)
+    roots = set(skip)
     refused = {}
     for path in sorted(set(paths.values())):
-        if any(path == p or path.startswith(p + "/") for p in prefixes):
+        if below_any(path, roots):
             continue
         obj = handle[path] if path else handle
         for name in obj.attrs:

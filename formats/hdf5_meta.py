@@ -25,7 +25,7 @@ import numpy as np
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
-from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, object_paths
+from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, below_any, object_key, object_paths
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
@@ -107,9 +107,8 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
 def walk_objects(handle: Any, skip: set[str]) -> Iterator[tuple[str, Any]]:
     """Every object of the file but the root, by its first name (:func:`object_paths`: another name
     of it is a link), in name order, none in or below ``skip``."""
-    prefixes = tuple(skip)
-    for path in sorted(set(object_paths(handle)[0].values()) - {""}):
-        if not in_any(path, prefixes):
+    for path in sorted(set(object_paths(handle).values()) - {""}):
+        if not below_any(path, skip):
             yield path, handle[path]
 
 
@@ -124,7 +123,7 @@ def dimension_scales(handle: Any, objects: Iterable[tuple[str, Any]]) -> dict[st
     that have a label or scales attached (``{"dims": {path: [[label, [scale paths in order]], ...]}}``),
     by the objects' first names, as h5py's ``dims`` API reads them."""
     h5py = h5py_module()
-    paths = object_paths(handle)[0]
+    paths = object_paths(handle)
     scales: dict[str, str] = {}
     dims: dict[str, list[Any]] = {}
     for path, obj in objects:
@@ -145,20 +144,24 @@ def _attached(dim: Any, paths: dict[int, str]) -> list[str]:
     """The first names of the scales attached to a dimension, in order (one that cannot be opened, as a
     file whose scale was deleted holds, is named so: it never matches a scale)."""
     try:
-        return [paths.get(hash(scale.id), f"<outside the file: {scale.name}>") for scale in dim.values()]
+        return [paths.get(object_key(scale), f"<outside the file: {scale.name}>") for scale in dim.values()]
     except (RuntimeError, KeyError, OSError, ValueError) as exc:
         return [f"<a scale h5py cannot open: {exc}>"]
 
 
 # -- how each dataset is stored: layout, chunks, filters, fill value --------------------------------
 _LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
+#: filter id -> how many of its parameters are the ones given; HDF5 derives the others when a dataset is
+#: created, from its chunk and dtype (scale-offset, SZIP, h5py's LZF: the chunk's size in bytes)
+GIVEN_PARAMETERS = {6: 2, 4: 2, 32000: 2}
 
 
 def storage_record(dataset: Any) -> dict[str, Any]:
     """How ``dataset`` is stored, from its creation property list, so that an export creates it alike
-    (``hdf5_export.create_stored``): layout, chunk shape, maximum shape (``"="`` where it is the
-    dataset's own dim, None unlimited), the filter pipeline as HDF5 runs it (``[id, flags, [values]]``:
-    gzip, lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
+    (``hdf5_export.create_stored``): layout, chunk shape and maximum shape (``"="`` where they are the
+    dataset's own dim, so that samples of other shapes share a record; None: unlimited), the filter
+    pipeline as HDF5 runs it (``[id, flags, [parameters given]]``, :data:`GIVEN_PARAMETERS`: gzip,
+    lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
     set (exactly: :func:`encode_constant`), when it is written, when space is allocated, and whether
     times are tracked."""
     h5py = h5py_module()
@@ -168,9 +171,10 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     maxshape = dataset.maxshape or ()
     record: dict[str, Any] = {
         "layout": _LAYOUTS.get(layout, str(layout)),
-        "chunks": list(dcpl.get_chunk()) if layout == h5py.h5d.CHUNKED else None,
+        "chunks": [("=" if c == d else c) for c, d in zip(dcpl.get_chunk(), shape)] if layout == h5py.h5d.CHUNKED
+        else None,
         "maxshape": ["=" if m == d else m for m, d in zip(maxshape, shape)],
-        "filters": [[int(code), int(flags), [int(v) for v in values]]
+        "filters": [[int(code), int(flags), [int(v) for v in values[:GIVEN_PARAMETERS.get(code)]]]
                     for code, flags, values, _ in (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))],
         "fill_time": int(dcpl.get_fill_time()),
         "alloc_time": int(dcpl.get_alloc_time()),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.formats.test_hdf5_verify import assert_equal, differences, rewrite
+from unihub import open_dataset
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
@@ -126,6 +127,7 @@ def test_a_splits_file_keeps_each_splits_storage_and_a_groups_file_each_members(
         for i in range(6):
             f.create_dataset(f"sample_{i}/image", data=np.full((16, 16), i, np.uint8), compression="gzip",
                              chunks=(8, 8) if i != 3 else (4, 16))
+            f.create_dataset(f"sample_{i}/mask", data=np.ones((10 + i, 3), bool), compression="lzf")  # chunks: whole
             f[f"sample_{i}/label"] = np.int64(i)
     for src in (splits, groups):
         ds, back = tmp_path / f"{src.stem}_ds", tmp_path / f"{src.stem}_back.h5"
@@ -139,6 +141,8 @@ def test_a_splits_file_keeps_each_splits_storage_and_a_groups_file_each_members(
                     assert layout_of(b[path]) == layout_of(a[path]), path
         for a_, b_ in ((src, ds), (ds, back), (src, back)):
             assert_equal(a_, b_)
+    meta = open_dataset(tmp_path / "groups_ds").extra_metadata["hdf5"]  # samples of other shapes share a record
+    assert set(meta["member_storage"]) == {"image", "mask", "label"} and list(meta["storage"]) == ["sample_3/image"]
     with monkeypatch.context() as patch:
         old_export(patch)
         convert(tmp_path / "splits_ds", tmp_path / "old.h5", progress=False)
