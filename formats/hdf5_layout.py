@@ -147,8 +147,11 @@ def visit_links(handle: Any) -> list[tuple[str, int, int]]:
     ``visititems`` follows too; a group reached by two names is walked once. One pass, nothing opened:
     this runs on every link of files of many thousand samples."""
     out: list[tuple[str, int, int]] = []
-    handle.id.links.visit(lambda name, info: out.append(
-        (name.decode("utf-8", "surrogateescape"), info.type, info.u)) and None, info=True)
+
+    def note(name: bytes, info: Any) -> None:  # returning None goes on with the visit
+        out.append((name.decode("utf-8", "surrogateescape"), info.type, info.u))
+
+    handle.id.links.visit(note, info=True)
     return out
 
 
