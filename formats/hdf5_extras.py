@@ -41,7 +41,7 @@ import numpy as np
 
 from unihub.formats import sources
 from unihub.formats.hdf5_export import create_stored
-from unihub.formats.hdf5_layout import Plan, find_links
+from unihub.formats.hdf5_layout import Plan, find_links, unit_roots
 from unihub.formats.hdf5_meta import (
     GIVEN_PARAMETERS,
     PER_FILE,
@@ -228,14 +228,15 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
             written.update("/".join(p for p in (plan.unit_path(unit), n) if p) for n in names if n in group)
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
-    walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, units)] if not in_any(p, dropped)]
+    roots = unit_roots(plan)
+    walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, units, roots)] if not in_any(p, dropped)]
     datasets = {p: _read(handle[p]) for p in sorted(set(plan.constants) | set(plan.empty_datasets()))}
     attributes = {p: _attributes(obj) for p, obj in walked}
     groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}  # listed as left out by the conversion
-    links = {p: link for p, link in find_links(handle)[0].items() if p not in skipped and not in_any(p, dropped)}
+    links = {p: link for p, link in find_links(handle, roots)[0].items() if p not in skipped and not in_any(p, dropped)}
     structure = {"storage": _file_storage(handle, plan), "links": links,
-                 "scales": dimension_scales(handle, walked),
+                 "scales": dimension_scales(handle, walked, roots),
                  "units_below": plan.container if plan.kind == "groups" else None}
     return _sections(datasets, attributes, groups, written, implied, structure)
 

@@ -117,17 +117,17 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
         plan = _plan_columns(path, handle)
     else:
         plan = _plan_units(path, handle, kind, container, units, key)
-    links, refused = find_links(handle)
-    units = [plan.unit_path(u) for u in plan.units] if plan.kind != "columns" else []
+    roots = unit_roots(plan)
+    links, refused = find_links(handle, roots)
     for path, link in links.items():  # a unit's members are read by h5py's visit of it: a link there would be read twice
-        if any(path.startswith(u + "/") for u in units if u):
+        if below_any(path, roots):
             refused[path] = (f"a link inside {plan.kind} unit /{path.rsplit('/', 1)[0]} "
                              f"({'hard link to' if 'hard' in link else 'soft link to'} /{link.get('hard') or link['soft']}); "
                              "links are kept only outside the units")
         else:
             plan.links[path] = link
     plan.refused.update(refused)
-    plan.refused.update(reference_attributes(handle, units if plan.kind == "groups" else []))
+    plan.refused.update(reference_attributes(handle, roots if plan.kind == "groups" else [], roots))
     _keep_constants(plan, handle)
     return plan
 
@@ -155,15 +155,25 @@ def visit_links(handle: Any) -> list[tuple[str, int, int]]:
     return out
 
 
-def object_paths(handle: Any, links: list[tuple[str, int, int]] | None = None) -> dict[int, str]:
-    """The first name each object has in :func:`visit_links` (``''``: the root), by :func:`object_key`:
-    the name h5py's ``visititems`` gives it. Every other name of an object is a link (:func:`find_links`)."""
+def object_paths(handle: Any, units: set[str], links: list[tuple[str, int, int]] | None = None) -> dict[int, str]:
+    """The first name each object has (``''``: the root), by :func:`object_key`: its first in
+    :func:`visit_links` below one of ``units`` (the splits or samples, whose members are read as rows
+    by their names there), else its first (the name h5py's ``visititems`` gives it). Every other name
+    of an object is a link (:func:`find_links`)."""
     h5l = h5py_module().h5l
     paths = {object_key(handle): ""}
     for path, kind_, address in visit_links(handle) if links is None else links:
-        if kind_ == h5l.TYPE_HARD:
-            paths.setdefault(address, path)
+        if kind_ != h5l.TYPE_HARD:
+            continue
+        first = paths.setdefault(address, path)
+        if first != path and units and below_any(path, units) and not below_any(first, units):
+            paths[address] = path
     return paths
+
+
+def unit_roots(plan: Plan) -> set[str]:
+    """The paths of a plan's splits or sample groups, selected or not (none for columns)."""
+    return set() if plan.kind == "columns" else {plan.unit_path(u) for u in (*plan.units, *plan.dropped)}
 
 
 def below_any(path: str, roots: set[str]) -> bool:
@@ -173,15 +183,15 @@ def below_any(path: str, roots: set[str]) -> bool:
     return any("/".join(parts[:i]) in roots for i in range(1, len(parts) + 1))
 
 
-def find_links(handle: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Every name that is not an object's first (:func:`object_paths`): ``(links, refused)``. A hard
+def find_links(handle: Any, units: set[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Every name that is not an object's first (:func:`object_paths` of ``units``): ``(links, refused)``. A hard
     link is recorded as ``{"hard": first name}``, a soft link to an object of the file as ``{"soft":
     its target as written, "object": the object's first name}``; a link into another file, a dangling
     one and a user-defined one are refused by path (a conversion of this file alone would lose them)."""
     h5py = h5py_module()
     h5l = h5py.h5l
     links_found = visit_links(handle)
-    paths = object_paths(handle, links_found)
+    paths = object_paths(handle, units, links_found)
     own_file = h5py.h5o.get_info(handle.id).fileno
     links: dict[str, dict[str, str]] = {}
     refused: dict[str, str] = {}
@@ -207,12 +217,12 @@ def find_links(handle: Any) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     return links, refused
 
 
-def reference_attributes(handle: Any, skip: Iterable[str]) -> dict[str, str]:
+def reference_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> dict[str, str]:
     """Attributes holding object or region references (outside ``skip``, the units whose attributes
-    are fields), by ``path@name``: a reference points into this file's structure, and no exact
+    are fields; objects by their first names among ``units``), by ``path@name``: a reference points into this file's structure, and no exact
     JSON or Arrow value holds it. The dimension-scale API's own are kept as scales instead."""
     h5py = h5py_module()
-    paths = object_paths(handle)
+    paths = object_paths(handle, units)
     roots = set(skip)
     refused = {}
     for path in sorted(set(paths.values())):

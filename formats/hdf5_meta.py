@@ -25,7 +25,7 @@ import numpy as np
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
-from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, below_any, object_key, object_paths
+from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, below_any, object_key, object_paths, unit_roots
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
@@ -50,7 +50,7 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
     exact: dict[str, dict[str, Any]] = {}
     group_paths: list[str] = []
     left_out = {**plan.left_out, **plan.ignored}
-    walked = [("", handle), *walk_objects(handle, units)]
+    walked = [("", handle), *walk_objects(handle, units, unit_roots(plan))]
     for path, obj in walked:
         if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
             group_paths.append(path)
@@ -64,7 +64,8 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
     own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths,
            "storage": storage, "member_storage": member_storage,
            "links": {p: link for p, link in plan.links.items() if not in_any(p, dropped)},
-           "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)])}
+           "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)],
+                                                unit_roots(plan))}
     if per_file:
         return own
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
@@ -104,10 +105,10 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     return values, failed
 
 
-def walk_objects(handle: Any, skip: set[str]) -> Iterator[tuple[str, Any]]:
-    """Every object of the file but the root, by its first name (:func:`object_paths`: another name
-    of it is a link), in name order, none in or below ``skip``."""
-    for path in sorted(set(object_paths(handle).values()) - {""}):
+def walk_objects(handle: Any, skip: set[str], units: set[str]) -> Iterator[tuple[str, Any]]:
+    """Every object of the file but the root, by its first name (:func:`object_paths` of ``units``:
+    another name of it is a link), in name order, none in or below ``skip``."""
+    for path in sorted(set(object_paths(handle, units).values()) - {""}):
         if not below_any(path, skip):
             yield path, handle[path]
 
@@ -118,12 +119,12 @@ def is_scale(obj: Any) -> bool:
     return isinstance(obj, h5py.Dataset) and bool(h5py.h5ds.is_scale(obj.id))
 
 
-def dimension_scales(handle: Any, objects: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+def dimension_scales(handle: Any, objects: Iterable[tuple[str, Any]], units: set[str]) -> dict[str, Any]:
     """The dimension scales among ``objects`` (``{"scales": {path: name}}``) and every dataset's dimensions
     that have a label or scales attached (``{"dims": {path: [[label, [scale paths in order]], ...]}}``),
-    by the objects' first names, as h5py's ``dims`` API reads them."""
+    by the objects' first names (:func:`object_paths` of ``units``), as h5py's ``dims`` API reads them."""
     h5py = h5py_module()
-    paths = object_paths(handle)
+    paths = object_paths(handle, units)
     scales: dict[str, str] = {}
     dims: dict[str, list[Any]] = {}
     for path, obj in objects:

@@ -283,3 +283,34 @@ def test_references_are_refused_by_name(tmp_path: Path, where: str) -> None:
     with pytest.raises(FormatError, match=rf"refs\.h5: cannot convert .*'{name}': {reason}"):
         convert(src, tmp_path / "ds", progress=False)
     assert not (tmp_path / "ds").exists()
+
+
+def test_links_to_splits_and_samples_stay_links_and_the_units_keep_their_members(tmp_path: Path) -> None:
+    """A soft link to a split or a sample group is no further unit, and a second name outside the units
+    of a unit's dataset is the link (the unit's member is read as rows), whichever name h5py visits first."""
+    splits, groups = tmp_path / "splits.h5", tmp_path / "groups.h5"
+    with h5py.File(splits, "w") as f:
+        for split, n in (("train", 30), ("val", 10)):
+            x = f.create_dataset(f"{split}/x", data=np.arange(n * 2.0).reshape(n, 2), compression="gzip")
+            t = f.create_dataset(f"{split}/t", data=np.arange(n))
+            t.make_scale("t")
+            x.dims[0].attach_scale(t)
+        f["latest"] = h5py.SoftLink("/train")
+        f["meta/best"] = f["val/x"]  # visited before /val/x
+    with h5py.File(groups, "w") as f:
+        for i in range(20):
+            f[f"sample_{i:02d}/v"] = np.arange(3) + i
+        f["best"] = h5py.SoftLink("/sample_07")
+        f["a_first_v"] = f["sample_00/v"]
+    for src, rows in ((splits, 40), (groups, 20)):
+        ds, back = tmp_path / f"{src.stem}_ds", tmp_path / f"{src.stem}_back.h5"
+        assert convert(src, ds, progress=False).rows == rows
+        assert not open_dataset(ds).extra_metadata["hdf5"]["constants"]
+        convert(ds, back, progress=False)
+        for a, b in ((src, ds), (ds, back), (src, back)):
+            assert_equal(a, b)
+    with h5py.File(tmp_path / "splits_back.h5") as f:
+        assert f.get("latest", getlink=True).path == "/train" and f["meta/best"] == f["val/x"]
+        assert [s.name for s in f["val/x"].dims[0].values()] == ["/val/t"]
+    with h5py.File(tmp_path / "groups_back.h5") as f:
+        assert f.get("best", getlink=True).path == "/sample_07" and f["a_first_v"] == f["sample_00/v"]
