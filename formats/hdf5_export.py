@@ -38,7 +38,7 @@ from unihub.formats.hdf5_storage import (
     storage_of,
     storage_rows,
 )
-from unihub.formats.hdf5_types import decode_constant, h5py_module
+from unihub.formats.hdf5_types import decode_constant, dtype_from_json, h5py_module
 from unihub.formats.schema import Unischema
 from unihub.formats.writer import column_length
 
@@ -70,6 +70,9 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
         _write_constants(handle, spec.constants, spec.storage)
         for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
             handle.require_group(path)
+        for path, dtype in spec.named_types.items():  # before the attributes: they may have their own
+            parent = path.rpartition("/")[0]
+            (handle.require_group(parent) if parent else handle)[path.rpartition("/")[2]] = dtype_from_json(dtype)
         _write_attributes(handle, spec.attributes)
         if spec.kind != "columns":
             _record_units(handle, spec, set(writer.units) | set(spec.units))

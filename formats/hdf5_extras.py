@@ -23,7 +23,9 @@ compound layouts: what a value's numpy dtype does not show):
   side, from a dataset made in memory from the metadata's record the way an export makes it;
 - ``link '/p'``: every other name of an object (a second hard link, a soft link) and what it names;
 - ``dimension scale '/p'`` (its name) and ``dimensions of '/p'`` (each dimension's label and the
-  scales attached to it, in order), as h5py's ``dims`` API reads them.
+  scales attached to it, in order), as h5py's ``dims`` API reads them; ``named datatype '/p'``;
+- ``dataset '/p'`` of the file that the conversion holds nowhere nor lists as left out (read from
+  the file: no unihub dataset has such an entry, so a dataset dropped without a word shows).
 
 Several files: the first file's entries, then another file's (prefixed ``name.h5: ``), a kind at a
 time, where they differ from the first file's.
@@ -91,6 +93,8 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
 
     out: dict[str, Entries] = {"datasets": {}, "attributes": {}, "groups": {}, "storage": dict(structure.get("storage") or {}),
                                "links": {}, "scales": {}}
+    out["types"] = {f"named datatype '/{path}'": json.dumps(dt)
+                    for path, dt in sorted((structure.get("named_types") or {}).items())}
     for path, link in sorted((structure.get("links") or {}).items()):
         target = link.get("hard", link.get("object", ""))
         if is_kept(target):
@@ -237,8 +241,34 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
     links = {p: link for p, link in find_links(handle, roots)[0].items() if p not in skipped and not in_any(p, dropped)}
     structure = {"storage": _file_storage(handle, plan), "links": links,
                  "scales": dimension_scales(handle, walked, roots),
-                 "units_below": plan.container if plan.kind == "groups" else None}
-    return _sections(datasets, attributes, groups, written, implied, structure)
+                 "units_below": plan.container if plan.kind == "groups" else None,
+                 "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
+                                 and p not in skipped}}
+    sections = _sections(datasets, attributes, groups, written, implied, structure)
+    sections["unconverted"] = _unconverted(plan, walked, written, skipped)
+    return sections
+
+
+def _unconverted(plan: Plan, walked: list[tuple[str, Any]], written: set[str], skipped: set[str]) -> Entries:
+    """Every dataset h5py finds (outside the sample groups, whose every member is a
+    field or refused) that the conversion neither holds (rows, their companions, constants, datasets
+    of empty units) nor lists as left out (refused, ignored, not selected): an entry no unihub
+    dataset has, so that verify names what an ingest dropped without a word."""
+    h5py = h5py_module()
+    units = sorted(unit_roots(plan), key=len, reverse=True)
+
+    def listed(name: str) -> bool:
+        return any(s == name or s.startswith((name + ".", name + "@")) for s in skipped)
+
+    out: Entries = {}
+    for path, obj in walked:
+        if not isinstance(obj, h5py.Dataset) or path in written or listed(path):
+            continue
+        unit = next((u for u in units if u and path.startswith(u + "/")), None)
+        if unit is not None and listed(path[len(unit) + 1:]):
+            continue
+        out[f"dataset '/{path}'"] = "in the file, but in no row, constant or link of the conversion, nor listed as left out"
+    return out
 
 
 def _file_storage(handle: Any, plan: Plan) -> Entries:
@@ -373,7 +403,8 @@ def _native_files(source: Mapping[str, Any], spec: ExportSpec, recorded: Mapping
         structure = {"storage": _recorded_storage(own, spec, datasets, rows, dropped),
                      "links": {p: link for p, link in (own.get("links") or {}).items() if not in_any(p, dropped)},
                      "scales": own.get("dimension_scales") or {},
-                     "units_below": spec.container if spec.kind == "groups" else None}
+                     "units_below": spec.container if spec.kind == "groups" else None,
+                     "named_types": {p: t for p, t in (own.get("named_types") or {}).items() if not in_any(p, dropped)}}
         return _sections(datasets, attributes, groups, written | set(datasets), implied, structure)
 
     first = {key: source.get(key) for key in PER_FILE}

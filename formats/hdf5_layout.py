@@ -128,6 +128,7 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
             plan.links[path] = link
     plan.refused.update(refused)
     plan.refused.update(reference_attributes(handle, roots if plan.kind == "groups" else [], roots))
+    plan.refused.update(_unkept_types(handle, roots))
     _keep_constants(plan, handle)
     return plan
 
@@ -215,6 +216,20 @@ def find_links(handle: Any, units: set[str]) -> tuple[dict[str, dict[str, str]],
             else:
                 links[path] = {"soft": link.path, "object": paths[info.addr]}
     return links, refused
+
+
+def _unkept_types(handle: Any, units: set[str]) -> dict[str, str]:
+    """Named (committed) datatypes outside ``units`` (whose every member is a field) whose dtype has no
+    exact record (references, ...), by path."""
+    h5py = h5py_module()
+    refused = {}
+    for path in sorted(set(object_paths(handle, units).values()) - {""}):
+        if not below_any(path, units) and handle.get(path, getclass=True) is h5py.Datatype:
+            try:
+                dtype_to_json(handle[path].dtype)
+            except SchemaError as exc:
+                refused[path] = f"a named datatype that cannot be kept ({exc})"
+    return refused
 
 
 def reference_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> dict[str, str]:

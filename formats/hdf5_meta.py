@@ -10,7 +10,7 @@ attribute outside the rows), all bit for bit with their dtypes, ``group_paths`` 
 the rows, so that an empty one is written back too), ``storage`` and ``member_storage`` (how each
 source dataset is stored: layout, chunks, filters, fill value), ``links`` (every other name of an
 object: hard and soft links), ``dimension_scales`` (scales, their names, what each dimension has
-attached and its label) and ``left_out``.
+attached and its label), ``named_types`` (committed datatypes) and ``left_out``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from unihub.formats.schema import UnischemaField
 
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
 PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
-            "dimension_scales")
+            "dimension_scales", "named_types")
 #: a dimension scale's own attributes (beside :data:`SCALE_ATTRIBUTES`), kept as the scale itself
 _SCALE_OWN = ("CLASS", "NAME")
 
@@ -65,7 +65,8 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
            "storage": storage, "member_storage": member_storage,
            "links": {p: link for p, link in plan.links.items() if not in_any(p, dropped)},
            "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)],
-                                                unit_roots(plan))}
+                                                unit_roots(plan)),
+           "named_types": named_types(walked)}
     if per_file:
         return own
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
@@ -111,6 +112,13 @@ def walk_objects(handle: Any, skip: set[str], units: set[str]) -> Iterator[tuple
     for path in sorted(set(object_paths(handle, units).values()) - {""}):
         if not below_any(path, skip):
             yield path, handle[path]
+
+
+def named_types(objects: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """The named (committed) datatypes among ``objects``, by path: their dtypes as JSON
+    (:func:`dtype_to_json`), which an export commits again."""
+    h5py = h5py_module()
+    return {path: dtype_to_json(obj.dtype) for path, obj in objects if isinstance(obj, h5py.Datatype)}
 
 
 def is_scale(obj: Any) -> bool:

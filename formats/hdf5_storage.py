@@ -71,6 +71,7 @@ class ExportSpec:
     member_storage: dict[str, Any] = field(default_factory=dict)
     links: dict[str, Any] = field(default_factory=dict)  #: path -> the source's other name of an object
     scales: dict[str, Any] = field(default_factory=dict)  #: the source's dimension scales and attachments
+    named_types: dict[str, Any] = field(default_factory=dict)  #: path -> a named datatype's dtype (JSON)
 
 
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,
@@ -93,6 +94,7 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
         spec.member_storage = dict((source or {}).get("member_storage") or {})
         spec.links = dict((source or {}).get("links") or {})
         spec.scales = dict((source or {}).get("dimension_scales") or {})
+        spec.named_types = dict((source or {}).get("named_types") or {})
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)

@@ -314,3 +314,44 @@ def test_links_to_splits_and_samples_stay_links_and_the_units_keep_their_members
         assert [s.name for s in f["val/x"].dims[0].values()] == ["/val/t"]
     with h5py.File(tmp_path / "groups_back.h5") as f:
         assert f.get("best", getlink=True).path == "/sample_07" and f["a_first_v"] == f["sample_00/v"]
+
+
+def test_named_datatypes_are_committed_again(tmp_path: Path) -> None:
+    src, ds, back = tmp_path / "types.h5", tmp_path / "ds", tmp_path / "back.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(4)
+        f["types/point"] = np.dtype([("x", "<f4"), ("y", ">i2")])
+        f["types/point"].attrs["doc"] = "a 2-D point"
+        h5py.h5t.STD_REF_OBJ.copy().commit(f["types"].id, b"bad")  # a named reference type
+    with pytest.raises(FormatError, match=r"'types/bad': a named datatype that cannot be kept"):
+        convert(src, ds, progress=False)
+    with h5py.File(src, "a") as f:
+        del f["types/bad"]
+    convert(src, ds, progress=False)
+    convert(ds, back, progress=False)
+    with h5py.File(back) as f:
+        assert isinstance(f["types/point"], h5py.Datatype) and f["types/point"].attrs["doc"] == "a 2-D point"
+        assert f["types/point"].dtype == np.dtype([("x", "<f4"), ("y", ">i2")])
+    for a, b in ((src, ds), (ds, back), (src, back)):
+        assert_equal(a, b)
+    rewrite(ds, tmp_path / "lost", extra=lambda meta: meta.pop("named_types"))  # an ingest that kept none
+    assert differences(src, tmp_path / "lost")[0].startswith("named datatype '/types/point': expected '{\"compound\"")
+
+
+def test_verify_names_a_dataset_the_ingest_dropped_without_a_word(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net under every record: a dataset of the file that the conversion holds nowhere and
+    does not list as left out is named by verify, whatever part of unihub lost it."""
+    from unihub.formats import hdf5_layout
+
+    src = tmp_path / "splits.h5"
+    with h5py.File(src, "w") as f:
+        f["train/x"], f["val/x"] = np.arange(6.0), np.arange(2.0)
+        f["meta/classes"] = np.array([b"cat", b"dog"])
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    monkeypatch.setattr(hdf5_layout, "_outside_units", lambda handle, plan: [])  # a planner that forgets them
+    convert(src, tmp_path / "lost", progress=False)
+    found = differences(src, tmp_path / "lost")
+    assert len(found) == 1 and found[0].startswith("dataset '/meta/classes': expected 'in the file, but in no row, "
+                                                   "constant or link of the conversion"), found
