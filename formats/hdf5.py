@@ -30,16 +30,21 @@ groups and splits layouts anything outside the units) are kept exactly in the me
 (``constants``, 1 MB in all), and so are the attributes outside the rows (``attribute_values``;
 as JSON values too); export writes both back, and the groups outside the rows (``group_paths``:
 an empty one too). A unit of 0 rows (an empty split, a file of 0 rows) keeps its datasets, their
-dtypes and shapes, in ``empty_datasets``, written back on export. Anything else is refused with a
-:class:`FormatError` naming file and datasets, unless ``ignore_unsupported=True`` leaves it out,
-listed as skipped and in ``left_out`` (attributes that cannot be kept, e.g. references, are listed
-there too).
+dtypes and shapes, in ``empty_datasets``, written back on export. The file's structure is kept
+too, and made again on export (``hdf5_meta.py``): how each source dataset is stored (layout, chunk
+shape, maximum shape, filters with their options, fill value: ``storage``), every other name of an
+object (a second hard link, a soft link to an object of the file: ``links``), dimension scales with
+their names, attachments and labels (``dimension_scales``) and named datatypes (``named_types``).
+Anything else is refused with a :class:`FormatError` naming file and object (references in
+attributes, an external, dangling or user-defined link, a link inside a split or sample group ...),
+unless ``ignore_unsupported=True`` leaves it out, listed as skipped and in ``left_out``.
 Data is read in slices of whole chunks (about ``slice_mb``), never a whole file at once; several
 files are read one after the other, the schema covers them all.
 
 Export (:meth:`HDF5Format.write`, option ``layout``): a dataset ingested from HDF5 goes back to
 its own layout and dtypes (:meth:`HDF5Format.export_options`), so that ingest -> export -> ingest
-is exact. Any other field is stored unihub's way, one dataset per field (``group/name`` making
+is exact, each source dataset stored as it was (a contiguous one contiguous, compressed ones with
+their filters and chunks). Any other field is stored unihub's way, one dataset per field (``group/name`` making
 groups), chunked and grown with ``resize``:
 
 - fixed shapes -> ``(n, *shape)`` datasets of the field's dtype; strings (and decimals, as
@@ -57,7 +62,8 @@ no split or sample), so ingesting an export gives back the same schema.
 
 ``unihub verify`` reads HDF5 with h5py itself (``hdf5_verify.py``), and beside the rows compares what
 the file holds outside them (``hdf5_extras.py``: datasets that are not rows, attributes, empty groups,
-the datasets of units of 0 rows, the dtypes of the rows' datasets). Verifying an export follows how
+the datasets of units of 0 rows, the dtypes of the rows' datasets, how each dataset is stored, links,
+dimension scales, named datatypes, and any dataset of the file the conversion holds nowhere). Verifying an export follows how
 that file says it was written (layout, key field, images as pixels), with no option needed.
 """
 
