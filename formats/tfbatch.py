@@ -540,8 +540,12 @@ def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, 
         return bad
     data = block.data
     where = f"{path} record {block.indices[int(numbers[~bad][0])]}"
-    for name, (kind, slots) in sk.features.items():
+    previous = None
+    for name, (kind, slots) in sk.features.items():  # in wire order, as add_example notes it
         stat = stats.setdefault(name, _Stats())
+        if previous is not None:
+            stat.after.add(previous)
+        previous = name
         stat.present += len(keep)
         stat.add_kind(kind, where)
         stat.lengths.update(np.unique(lengths[name][~bad]).tolist())

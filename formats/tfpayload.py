@@ -36,7 +36,9 @@ from unihub.formats.tfschema import (
     _Plan,
     _Stats,
     add_example,
+    features_encoder,
     fields_from_stats,
+    order_on_wire,
     shape_features,
 )
 from unihub.formats.tfsequence import (
@@ -135,8 +137,13 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
             _fail(path, index, offset, str(exc), source.on_error, report)
             continue
         add_example(context, ctx, f"{path} record {index}")
-        for name, value in (steps or {}).items():
-            lists.setdefault(name, ListStats()).add(value)
+        previous = None
+        for name, value in (steps or {}).items():  # in wire order, as add_example notes the context's
+            stat = lists.setdefault(name, ListStats())
+            stat.add(value)
+            if previous is not None:
+                stat.after.add(previous)
+            previous = name
         total += 1
     fields = fields_from_stats(context, total)
     names = field_names([f.name for f in fields], sorted(lists))
@@ -147,6 +154,10 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
     source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
     source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
     source.shape_features = shape_features(context)
+    source.feature_order, context_differs = order_on_wire({name: stat.after for name, stat in context.items()})
+    source.feature_list_order, lists_differ = order_on_wire({name: stat.after for name, stat in lists.items()},
+                                                            "feature lists")
+    source.feature_order_differs = "; ".join(filter(None, [context_differs, lists_differ])) or None
     source._scanned = True
     return total, fields
 
@@ -308,8 +319,11 @@ def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:
 
 # -- writing --------------------------------------------------------------------------------------
 def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
-                empty_as_null: Sequence[str], shape_features: Sequence[str] = ()) -> RowEncoder:
-    """``(column batch, row) -> record bytes`` for the payloads other than ``example``."""
+                empty_as_null: Sequence[str], shape_features: Sequence[str] = (),
+                feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = ()) -> RowEncoder:
+    """``(column batch, row) -> record bytes`` for the payloads other than ``example``; a SequenceExample's
+    context features in ``feature_order`` and feature lists in ``feature_list_order`` (names on the wire;
+    others after them), as the source had them (see :func:`~unihub.formats.tfschema.order_on_wire`)."""
     fields = list(schema)
     if payload in ("tensor", "bytes"):
         if len(fields) != 1:
@@ -329,10 +343,13 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
         raise SchemaError(f"feature_lists names {unknown}, which are not fields of {schema.name!r}")
     context = schema.create_schema_view([f for f in fields if f.name not in feature_lists]) \
         if len(feature_lists) < len(fields) else Unischema(schema.name, [])
-    encode_context = _context_encoders(context, empty_as_null, shape_features)
+    encode_context = features_encoder(context, empty_as_null, shape_features, feature_order)
     context_names = set(context.fields)
-    lists = [(f.name, ld(1, list_name(f.name, context_names).encode()), StepsPlan.of(f, f.name).kind)
-             for f in fields if f.name in feature_lists]
+    wire_names = {f.name: list_name(f.name, context_names) for f in fields if f.name in feature_lists}
+    place = {name: i for i, name in enumerate(feature_list_order)}
+    lists = [(f.name, ld(1, wire_names[f.name].encode()), StepsPlan.of(f, f.name).kind)
+             for f in sorted((f for f in fields if f.name in feature_lists),
+                             key=lambda f: place.get(wire_names[f.name], len(place)))]
 
     def encode(batch: Mapping[str, Any], row: int) -> bytes:
         steps = [(key, [encode_feature(kind, _utf8(step) if kind == "bytes" else step)
@@ -341,15 +358,6 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
         return encode_sequence_example(encode_context(batch, row), steps)
 
     return encode
-
-
-def _context_encoders(context: Unischema, empty_as_null: Sequence[str], shape_features: Sequence[str]
-                      ) -> Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]:
-    from unihub.formats.tfschema import _encoders
-
-    encoders = _encoders(context, empty_as_null, shape_features)
-    return lambda batch, row: [entry for name, empty, enc in encoders if name in batch
-                               and ((value := batch[name][row]) is not None or empty) for entry in enc(value)]
 
 
 def _steps(value: Any) -> list[list[Any]]:

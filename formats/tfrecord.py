@@ -67,6 +67,7 @@ from unihub.formats.tfschema import (
     empty_means_null,
     example_encoder,
     fields_from_stats,
+    order_on_wire,
     shape_features,
 )
 from unihub.memory import BatchCut, value_nbytes
@@ -168,6 +169,10 @@ class TFRecordFormat(ForeignFormat):
                                       "(default: as in the source)", parse_list),
         "shape_features": FormatOption("fields written with a <name>/shape feature holding each row's shape "
                                        "(default: as in the source)", parse_list),
+        "feature_order": FormatOption("the order of each record's features, comma-separated; the others after "
+                                      "them in the schema's order (default: the source's)", parse_list),
+        "feature_list_order": FormatOption("sequence_example: the order of the feature lists, likewise",
+                                           parse_list),
     }
 
     REFERENCE_READER = "TensorFlow's TFRecordDataset and protobuf messages"
@@ -179,6 +184,11 @@ class TFRecordFormat(ForeignFormat):
         #: it (both found by the schema inference)
         self.empty_as_null: list[str] = []
         self.shape_features: list[str] = []
+        #: the order of the features on the wire, and why some records differ from it (None: none does);
+        #: see :func:`~unihub.formats.tfschema.order_on_wire`
+        self.feature_order: list[str] = []
+        self.feature_order_differs: str | None = None
+        self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
         self._scanned = False
 
     @classmethod
@@ -234,18 +244,27 @@ class TFRecordFormat(ForeignFormat):
             info["empty_as_null"] = list(self.empty_as_null)
         if self.shape_features:
             info["shape_features"] = list(self.shape_features)
+        if self.feature_order:
+            info["feature_order"] = list(self.feature_order)
+        if self.feature_list_order:
+            info["feature_list_order"] = list(self.feature_list_order)
+        if self.feature_order_differs:
+            info["feature_order_differs"] = self.feature_order_differs
         return {"tfrecord": info} if info else {}
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
-        """A TFRecord source's payload kind, feature lists and empty lists (of the fields ``schema``
-        still has), so an export gives the source back."""
+        """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
+        still has) and feature order, so an export gives the source back, record for record."""
         info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
         options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
         for key in ("feature_lists", "empty_as_null", "shape_features"):
             names = [name for name in info.get(key) or () if name in schema]
             if names:
                 options[key] = names
+        for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
+            if info.get(key):
+                options[key] = list(info[key])
         return options
 
     def prepare(self, schema: Unischema) -> None:
@@ -360,8 +379,8 @@ class TFRecordFormat(ForeignFormat):
         """The schema of every record, from the ``(statistics, records)`` each observing read saw."""
         return self._schema_from(*_merge_scans(list(observations)))
 
-    def _schema_from(self, stats: dict[str, _Stats], total: int) -> Unischema:
-        stats = _selected(stats, self.options.get("fields"), self.sources)
+    def _schema_from(self, every: dict[str, _Stats], total: int) -> Unischema:
+        stats = _selected(every, self.options.get("fields"), self.sources)
         if total == 0:
             raise FormatError(f"{self.where}: no readable TFRecord records to infer a schema from (empty files, "
                               "or every record skipped as bad)", path=self.sources[0])
@@ -372,13 +391,16 @@ class TFRecordFormat(ForeignFormat):
         if not fields:
             raise FormatError(f"{self.where}: all {total:,} records are empty tf.train.Examples (no features): "
                               "nothing to convert", path=self.sources[0])
-        self._note(stats, total)
+        self._note(stats, total, every)
         return Unischema("TFRecord", fields)
 
-    def _note(self, stats: dict[str, _Stats], total: int) -> None:
-        """Keep what the export needs from a scan: empty lists read as None, ``/shape`` features."""
+    def _note(self, stats: dict[str, _Stats], total: int, every: dict[str, _Stats] | None = None) -> None:
+        """Keep what the export needs from a scan: empty lists read as None, ``/shape`` features, the
+        features' order on the wire (of ``every`` feature, the unselected ones too: they link the others)."""
         self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
         self.shape_features = shape_features(stats)
+        self.feature_order, self.feature_order_differs = order_on_wire(
+            {name: stat.after for name, stat in (stats if every is None else every).items()})
         self._scanned = True
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
@@ -428,13 +450,16 @@ class TFRecordFormat(ForeignFormat):
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
               compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
-              shape_features: Sequence[str] | None = None, **options: Any) -> list[str]:
+              shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
+              feature_list_order: Sequence[str] | None = None, **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
         (``feature_lists`` names the fields written as feature lists, the rest is the context), a
         ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
-        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Given a
+        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each record's
+        features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
+        the source's), the others after them. Given a
         path, each file appears atomically (written to a temporary sibling, then renamed); given
         :class:`~unihub.formats.outputs.Outputs` (what ``convert`` stages and commits as one, on any
         filesystem), each is streamed straight to its place there.
@@ -443,11 +468,12 @@ class TFRecordFormat(ForeignFormat):
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
         kind = normalize_compression(compression) or "none"
         if payload == "example":
-            encode = example_encoder(schema, empty_as_null or (), shape_features or ())
+            encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or ())
         else:
             from unihub.formats.tfpayload import row_encoder
 
-            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or ())
+            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
+                                 feature_order or (), feature_list_order or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         outputs = outputs_for(target)

@@ -11,6 +11,7 @@ back as an Example. SequenceExample contexts use all of it too (:mod:`unihub.for
 from __future__ import annotations
 
 import decimal
+import heapq
 import mmap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class _Stats:
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     #: list kind -> the first record that held it ("path record i"), so a mixed feature names both
     seen_at: dict[str, str] = field(default_factory=dict)
+    #: the features right before this one on the wire in some record (see :func:`order_on_wire`)
+    after: set[str] = field(default_factory=set)
 
     def add(self, kind: str | None, values: Any, where: str | None = None) -> None:
         self.present += 1
@@ -98,13 +101,19 @@ class _Stats:
         self.shapes |= other.shapes
         for kind, where in other.seen_at.items():
             self.seen_at.setdefault(kind, where)
+        self.after |= other.after
 
 
 def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: str | None = None) -> None:
-    """Count one parsed Example (``where``: ``"path record i"``) into the per-feature statistics of a scan."""
+    """Count one parsed Example (``where``: ``"path record i"``) into the per-feature statistics of a scan;
+    ``example`` in wire order (as parse_example gives it), whose neighbours :func:`order_on_wire` orders."""
+    previous = None
     for name, (kind, values) in example.items():
         stat = stats.setdefault(name, _Stats())
         stat.add(kind, values, where)
+        if previous is not None:
+            stat.after.add(previous)
+        previous = name
         if name.endswith(SHAPE_SUFFIX) and kind == "int64":
             stat.shapes.add(tuple(int(v) for v in values))
 
@@ -138,6 +147,50 @@ def shape_features(stats: dict[str, _Stats]) -> list[str]:
         if base.kinds and base.kinds <= {"float", "int64"} and all(min(s, default=0) >= 0 for s in stat.shapes):
             bases.append(name[:-len(SHAPE_SUFFIX)])
     return sorted(bases)
+
+
+def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") -> tuple[list[str], str | None]:
+    """``(order, None)``: the one order of features on the wire that every scanned record follows; or,
+    where records disagree, ``(the first seen first, why an export is not byte-exact)``.
+
+    ``after``: each feature (first seen first) -> the features right before it in some record
+    (:attr:`_Stats.after`); ``what`` they are (features, feature lists), for the reason.
+
+    Why: ``Features.feature`` is a protobuf map, serialized in the writer's order; TensorFlow's (upb's)
+    is a hash order, neither insertion nor name order, seeded per process. An export writes features
+    in this order (:func:`example_encoder`), so a record that follows it comes back byte for byte. The
+    records agree on one order exactly when these links have no cycle; then any order keeping every
+    link (here: the first seen first, where they leave a choice) is every record's. Records that disagree
+    (shards written by different processes, a writer ordering each record its own way) cannot all come
+    back as they were: the first records' order is kept, and the reason goes to the dataset's metadata
+    (``feature_order_differs``), so that nothing claims an exactness it lacks.
+    """
+    names = list(after)  # first seen first
+    before = {name: {a for a in after[name] if a in after and a != name} for name in names}
+    followers: dict[str, list[str]] = {name: [] for name in names}
+    for name in names:
+        for previous in before[name]:
+            followers[previous].append(name)
+    rank = {name: i for i, name in enumerate(names)}
+    waiting = {name: len(before[name]) for name in names}
+    ready = [rank[name] for name in names if not waiting[name]]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:  # Kahn's topological sort, the first seen first where the links leave a choice
+        name = names[heapq.heappop(ready)]
+        order.append(name)
+        for follower in followers[name]:
+            waiting[follower] -= 1
+            if not waiting[follower]:
+                heapq.heappush(ready, rank[follower])
+    placed = set(order)
+    left = [name for name in names if name not in placed]
+    if not left:
+        return order, None
+    shown = ", ".join(repr(n) for n in left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+    return names, (f"records order the {what} {shown} differently (TensorFlow's writer orders them by a hash "
+                   "seeded per process: files written by different processes differ), so an export writes some "
+                   f"records' {what} in another order: the same messages, other bytes")
 
 
 def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
@@ -332,24 +385,68 @@ def _reshape(f: UnischemaField, array: np.ndarray, example: Mapping[str, Feature
 RowEncoder = Callable[[Mapping[str, Any], int], bytes]
 
 
-def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = ()) -> RowEncoder:
+def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
+                    order: Sequence[str] = ()) -> RowEncoder:
     """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
     write None as an empty list, other None values leave their feature out; fields in ``shapes`` write
-    a ``<name>/shape`` feature (as do those whose shape the flat values do not determine)."""
-    encoders = _encoders(schema, empty_as_null, shapes)
+    a ``<name>/shape`` feature (as do those whose shape the flat values do not determine). Features
+    are written in ``order`` (the source's, see :func:`order_on_wire`), those it lacks after them in
+    the schema's."""
+    entries = features_encoder(schema, empty_as_null, shapes, order)
+    return lambda batch, row: encode_entries(entries(batch, row))
 
-    def encode(batch: Mapping[str, Any], row: int) -> bytes:
-        return encode_entries(entry for name, empty, enc in encoders if name in batch
-                              and ((value := batch[name][row]) is not None or empty) for entry in enc(value))
 
-    return encode
+def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
+                     order: Sequence[str] = ()) -> Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]:
+    """``(column batch, row) -> [(encoded name, serialized Feature), ...]``: the ``Features`` map of
+    :func:`example_encoder` (an Example's, a SequenceExample's context), in ``order``."""
+    encoders = in_order(_encoders(schema, empty_as_null, shapes), order)
+    if isinstance(encoders, tuple):  # a /shape feature apart from its field: each row's entries sorted
+        encoders, rank = encoders
+
+        def sorted_entries(batch: Mapping[str, Any], row: int) -> list[tuple[bytes, bytes]]:
+            return sorted((entry for name, empty, enc, _ in encoders if name in batch
+                           and ((value := batch[name][row]) is not None or empty) for entry in enc(value)),
+                          key=lambda entry: rank[entry[0]])
+
+        return sorted_entries
+
+    def entries(batch: Mapping[str, Any], row: int) -> list[tuple[bytes, bytes]]:
+        return [entry for name, empty, enc, _ in encoders if name in batch
+                and ((value := batch[name][row]) is not None or empty) for entry in enc(value)]
+
+    return entries
+
+
+_Encoder = tuple[str, bool, Callable[[Any], list[tuple[bytes, bytes]]], tuple[str, ...]]
+
+
+def in_order(encoders: list[_Encoder], order: Sequence[str]
+             ) -> list[_Encoder] | tuple[list[_Encoder], dict[bytes, float]]:
+    """``encoders`` (see :func:`_encoders`) sorted so that their features follow ``order`` (features it
+    lacks after it, in the schema's order; a ``/shape`` feature it lacks right after its field). Where
+    sorting the fields cannot do it (a ``/shape`` feature apart from its field in ``order``), also each
+    encoded key's rank, to sort each row's entries by."""
+    if not order:
+        return encoders
+    place = {name: float(i) for i, name in enumerate(order)}
+    for i, (name, *_) in enumerate(encoders):
+        place.setdefault(name, len(order) + i)
+    for _, _, _, written in encoders:
+        for name in written[1:]:
+            place.setdefault(name, place[written[0]] + 0.5)
+    encoders = sorted(encoders, key=lambda encoder: place[encoder[0]])
+    ranks = [place[name] for *_, written in encoders for name in written]
+    if ranks == sorted(ranks):
+        return encoders
+    return encoders, {ld(1, name.encode()): rank for name, rank in place.items()}
 
 
 def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
-              shapes: Sequence[str] = ()) -> list[tuple[str, bool, Any]]:
-    """``(field name, None is an empty list, value -> [(encoded key, feature), ...])`` for each field,
-    checked up front."""
-    out = []
+              shapes: Sequence[str] = ()) -> list[_Encoder]:
+    """``(field name, None is an empty list, value -> [(encoded key, feature), ...], the features it writes)``
+    for each field, checked up front."""
+    out: list[_Encoder] = []
     for f in schema:
         key = ld(1, f.name.encode())
         if f.name in empty_as_null:
@@ -359,6 +456,7 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
         else:
             empty = []
         encode: Callable[[Any], list[tuple[bytes, bytes]]]
+        sidecar: bytes | None = None
         if isinstance(f.codec, CompressedImageCodec):
             def encode_image(v: Any, f: UnischemaField = f, key: bytes = key) -> list[tuple[bytes, bytes]]:
                 return [(key, ld(1, ld(1, f.codec.encode(f, v))))]  # type: ignore[union-attr]
@@ -386,7 +484,8 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
                 entries = [(key, encode_feature(kind, array.ravel()))]
                 return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
             encode = encode_numbers
-        out.append((f.name, bool(empty), _or_empty(encode, empty)))
+        written: tuple[str, ...] = (f.name,) if sidecar is None else (f.name, f.name + SHAPE_SUFFIX)
+        out.append((f.name, bool(empty), _or_empty(encode, empty), written))
     return out
 
 

@@ -96,6 +96,8 @@ class ListStats:
     present: int = 0
     step_lengths: set[int] = field(default_factory=set)
     utf8: bool = True
+    #: the feature lists right before this one on the wire in some record (see tfschema.order_on_wire)
+    after: set[str] = field(default_factory=set)
 
     def add(self, steps: list[Feature]) -> None:
         self.present += 1

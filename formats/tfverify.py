@@ -78,14 +78,15 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
     written = TFRecordFormat.export_options(extra, schema)
     forced = options.get("payload") or "auto"
     payload = forced if forced not in ("auto", None) else written.get("payload", "example")
-    shapes = written.get("shape_features", ())
+    shapes, order = written.get("shape_features", ()), written.get("feature_order", ())
     if payload == "example":
-        encode = example_encoder(schema, written.get("empty_as_null", ()), shapes)
+        encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order)
     else:
         from unihub.formats.tfpayload import row_encoder
 
         lists = options.get("feature_lists") or written.get("feature_lists", ())
-        encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes)
+        encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
+                             written.get("feature_list_order", ()))
     for row in rows:
         yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
 
