@@ -66,8 +66,62 @@ def child_groups(group: Any) -> list[str]:
     """The names of the groups in ``group`` (h5py's order) reached by hard links: a soft link to a
     group is another name of it, kept as a link, never a second unit."""
     h5g = h5py_module().h5g  # one call a name, not following links: this runs on every sample group
-    return [n for n in group
-            if h5g.get_objinfo(group.id, n.encode("utf-8", "surrogateescape"), follow_link=False).type == h5g.GROUP]
+    found = []
+    for name in group:
+        info = h5g.get_objinfo(group.id, name.encode("utf-8", "surrogateescape"), follow_link=False)
+        if info.type == h5g.GROUP and (info.nlink == 1 or _first_name(group, name)):
+            found.append(name)
+    return found
+
+
+def _first_name(group: Any, name: str) -> bool:
+    """True when ``name`` in ``group`` is the first name of a group that has several (a second hard link
+    to a group is another name of it, kept as a link, never a second unit)."""
+    path = "/".join(p for p in (group.name.strip("/"), name) if p)
+    return object_paths(group.file, set()).get(object_key(group[name])) == path
+
+
+# -- objects and their names: one visit of the file's links ---------------------------------------
+def object_key(obj: Any) -> int:
+    """What names one object of a file whatever hard link reaches it: its address."""
+    return int(h5py_module().h5o.get_info(obj.id).addr)
+
+
+def visit_links(handle: Any) -> list[tuple[str, int, int]]:
+    """Every link of the file, ``(path, link type, address of the object for a hard link)``, in the
+    order of HDF5's visit (by name, a group's links before the next link of its parent), which h5py's
+    ``visititems`` follows too; a group reached by two names is walked once. One pass, nothing opened:
+    this runs on every link of files of many thousand samples."""
+    out: list[tuple[str, int, int]] = []
+
+    def note(name: bytes, info: Any) -> None:  # returning None goes on with the visit
+        out.append((name.decode("utf-8", "surrogateescape"), info.type, info.u))
+
+    handle.id.links.visit(note, info=True)
+    return out
+
+
+def object_paths(handle: Any, units: set[str], links: list[tuple[str, int, int]] | None = None) -> dict[int, str]:
+    """The first name each object has (``''``: the root), by :func:`object_key`: its first in
+    :func:`visit_links` below one of ``units`` (the splits or samples, whose members are read as rows
+    by their names there), else its first (the name h5py's ``visititems`` gives it). Every other name
+    of an object is a link (``hdf5_layout.find_links``)."""
+    h5l = h5py_module().h5l
+    paths = {object_key(handle): ""}
+    for path, kind_, address in visit_links(handle) if links is None else links:
+        if kind_ != h5l.TYPE_HARD:
+            continue
+        first = paths.setdefault(address, path)
+        if first != path and units and below_any(path, units) and not below_any(first, units):
+            paths[address] = path
+    return paths
+
+
+def below_any(path: str, roots: set[str]) -> bool:
+    """True when ``path`` is one of ``roots`` or below one (one set lookup per level: ``roots`` may be
+    thousands of sample groups)."""
+    parts = path.split("/")
+    return any("/".join(parts[:i]) in roots for i in range(1, len(parts) + 1))
 
 
 def recorded_layout(handle: Any) -> dict[str, Any] | None:

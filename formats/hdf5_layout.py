@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.hdf5_detect import datasets_below, detect_layout, members_below, recorded_layout
+from unihub.formats.hdf5_detect import (
+    below_any,
+    datasets_below,
+    detect_layout,
+    members_below,
+    object_paths,
+    recorded_layout,
+    visit_links,
+)
 from unihub.formats.hdf5_types import (
     Member,
     dtype_to_json,
@@ -137,51 +145,9 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
 SCALE_ATTRIBUTES = ("REFERENCE_LIST", "DIMENSION_LIST", "DIMENSION_LABELS")
 
 
-def object_key(obj: Any) -> int:
-    """What names one object of a file whatever hard link reaches it: its address."""
-    return int(h5py_module().h5o.get_info(obj.id).addr)
-
-
-def visit_links(handle: Any) -> list[tuple[str, int, int]]:
-    """Every link of the file, ``(path, link type, address of the object for a hard link)``, in the
-    order of HDF5's visit (by name, a group's links before the next link of its parent), which h5py's
-    ``visititems`` follows too; a group reached by two names is walked once. One pass, nothing opened:
-    this runs on every link of files of many thousand samples."""
-    out: list[tuple[str, int, int]] = []
-
-    def note(name: bytes, info: Any) -> None:  # returning None goes on with the visit
-        out.append((name.decode("utf-8", "surrogateescape"), info.type, info.u))
-
-    handle.id.links.visit(note, info=True)
-    return out
-
-
-def object_paths(handle: Any, units: set[str], links: list[tuple[str, int, int]] | None = None) -> dict[int, str]:
-    """The first name each object has (``''``: the root), by :func:`object_key`: its first in
-    :func:`visit_links` below one of ``units`` (the splits or samples, whose members are read as rows
-    by their names there), else its first (the name h5py's ``visititems`` gives it). Every other name
-    of an object is a link (:func:`find_links`)."""
-    h5l = h5py_module().h5l
-    paths = {object_key(handle): ""}
-    for path, kind_, address in visit_links(handle) if links is None else links:
-        if kind_ != h5l.TYPE_HARD:
-            continue
-        first = paths.setdefault(address, path)
-        if first != path and units and below_any(path, units) and not below_any(first, units):
-            paths[address] = path
-    return paths
-
-
 def unit_roots(plan: Plan) -> set[str]:
     """The paths of a plan's splits or sample groups, selected or not (none for columns)."""
     return set() if plan.kind == "columns" else {plan.unit_path(u) for u in (*plan.units, *plan.dropped)}
-
-
-def below_any(path: str, roots: set[str]) -> bool:
-    """True when ``path`` is one of ``roots`` or below one (one set lookup per level: ``roots`` may be
-    thousands of sample groups)."""
-    parts = path.split("/")
-    return any("/".join(parts[:i]) in roots for i in range(1, len(parts) + 1))
 
 
 def find_links(handle: Any, units: set[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:

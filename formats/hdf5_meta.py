@@ -24,8 +24,9 @@ import numpy as np
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
+from unihub.formats.hdf5_detect import below_any, object_key, object_paths
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
-from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, below_any, object_key, object_paths, unit_roots
+from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, unit_roots
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField

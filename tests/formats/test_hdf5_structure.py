@@ -297,6 +297,7 @@ def test_links_to_splits_and_samples_stay_links_and_the_units_keep_their_members
             x.dims[0].attach_scale(t)
         f["latest"] = h5py.SoftLink("/train")
         f["meta/best"] = f["val/x"]  # visited before /val/x
+        f["validation"] = f["val"]  # a second name of a split: no third split
     with h5py.File(groups, "w") as f:
         for i in range(20):
             f[f"sample_{i:02d}/v"] = np.arange(3) + i
@@ -311,6 +312,7 @@ def test_links_to_splits_and_samples_stay_links_and_the_units_keep_their_members
             assert_equal(a, b)
     with h5py.File(tmp_path / "splits_back.h5") as f:
         assert f.get("latest", getlink=True).path == "/train" and f["meta/best"] == f["val/x"]
+        assert f["validation"] == f["val"] and sorted(f) == ["latest", "meta", "train", "val", "validation"]
         assert [s.name for s in f["val/x"].dims[0].values()] == ["/val/t"]
     with h5py.File(tmp_path / "groups_back.h5") as f:
         assert f.get("best", getlink=True).path == "/sample_07" and f["a_first_v"] == f["sample_00/v"]
