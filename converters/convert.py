@@ -123,12 +123,13 @@ def resolve_source_format(src: str, from_format: str | None) -> str:
 
 def _names_nothing(src: str) -> str | None:
     """Why ``src`` (paths, a brace list, globs, URLs) names no file, or None when every part names one."""
-    for part in expand_braces(sources.split_query(os.fspath(src))[0]):
+    bare = sources.without_query(os.fspath(src))  # a URL's query holds for its bucket from now on
+    for part in expand_braces(bare):
         if any(c in part for c in "*?["):
             if not sources.glob(part):
-                return f"{part}: the glob matches no file" + (f" (in {src})" if part != src else "")
+                return f"{part}: the glob matches no file" + (f" (in {bare})" if part != bare else "")
         elif not sources.exists(part):
-            return f"{part}: no such file or directory" + (f" (in {src})" if part != src else "")
+            return f"{part}: no such file or directory" + (f" (in {bare})" if part != bare else "")
     return None
 
 
@@ -208,7 +209,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
                                      f"use the local engine for {source_format} -> {target_format}")
     if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
-        fs, target = fsutil.resolve_filesystem(dst)
+        fs, target = sources.filesystem(dst) if sources.is_url(dst) else (pafs.LocalFileSystem(), os.path.abspath(dst))
         check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None

@@ -92,6 +92,7 @@ from unihub.formats.hdf5_meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5_read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5_select import select
 from unihub.formats.hdf5_storage import export_spec
+from unihub.formats.hdf5_types import h5py_module
 from unihub.formats.outputs import Outputs
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.memory import batch_nbytes
@@ -147,6 +148,12 @@ class HDF5Format(ForeignFormat):
         self._discovered: dict[str, Plan] = {}
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._prepared: Unischema | None = None
+
+    @classmethod
+    def written_by_unihub(cls, fs: Any, path: str) -> bool:
+        """An export of unihub's: its root holds the schema name and field order unihub writes."""
+        with fs.open_input_file(path) as raw, h5py_module().File(raw, "r") as handle:
+            return SCHEMA_NAME_ATTR in handle.attrs and FIELD_ORDER_ATTR in handle.attrs
 
     @classmethod
     def detect(cls, path: str) -> bool:

@@ -88,7 +88,7 @@ def refusal_message(path: str, refused: Mapping[str, str]) -> str:
     if len(items) > 5:
         text += f"; and {len(items) - 5} more"
     return (f"{path}: cannot convert {len(items)} HDF5 value(s) exactly ({text}); leave them out with "
-            "ignore_unsupported=true (they are then listed), or choose fields with fields=...")
+            "--option ignore_unsupported=true (they are then listed), or choose fields with --option fields=...")
 
 
 def _select_splits(plan: Plan, split: Any) -> None:
@@ -122,9 +122,10 @@ def _check_lengths(plan: Plan, ignore_mismatched: bool, *, warn: bool = True) ->
             continue
         where = plan.path if plan.kind == "columns" else f"{plan.path}, split {unit!r}"
         if plan.kind == "splits" or not ignore_mismatched:
-            hint = " or skip the others with ignore_mismatched=True" if plan.kind == "columns" else ""
-            raise FormatError(mismatch_message(where, lengths) + f"; choose datasets of one length with "
-                              f"fields=[...]{hint}", path=plan.path)
+            hint = (" or skip the others with --option ignore_mismatched=true (ignore_mismatched=True in "
+                    "Python)") if plan.kind == "columns" else ""
+            raise FormatError(mismatch_message(where, lengths) + "; choose datasets of one length with "
+                              f"--option fields=...{hint}", path=plan.path)
         rows = Counter(lengths.values()).most_common(1)[0][0]
         skipped = {n: k for n, k in lengths.items() if k != rows}
         if warn:

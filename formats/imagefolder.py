@@ -42,8 +42,9 @@ Schema inference reads only the headers (the first 64 KiB of each file):
   of each cell, so such a column decodes correctly whatever the codec says;
 - shape ``(H, W, C)``, each dimension ``None`` where images differ; ``(H, W)`` when every
   image is gray. When gray and colour images are mixed the shape is ``(H, W, None)`` and the
-  gray rows decode to ``(H, W)`` arrays (what :func:`~unihub.formats.images.decode_image`
-  returns; re-encoding them as RGB would break the "bytes as given" promise);
+  gray rows decode to ``(H, W, 1)`` arrays, so every value has the field's rank
+  (:func:`~unihub.formats.images.gray_in_rank_3`); the files' bytes are stored as given, never
+  re-encoded as RGB;
 - dtype uint8, or uint16 when every image is a 16-bit PNG (mixing 8- and 16-bit is refused).
 
 :meth:`ImageFolderFormat.write` exports any dataset with an image field back to such a tree,

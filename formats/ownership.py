@@ -2,11 +2,12 @@
 
 ``unihub convert data/*.tfrecord --overwrite`` with two files once took the second input for DST and
 replaced it. An output path that exists is now replaced only when unihub can tell it wrote it: a
-Parquet dataset whose metadata holds a Unischema in unihub's JSON form (a manifest it published, or
-``_common_metadata`` / a file footer with ``unihub.unischema``), an export whose format marks its writer
+Parquet dataset whose metadata holds a Unischema (a manifest it published, ``_common_metadata`` or a file
+footer with ``unihub.unischema``, or Petastorm's pickled one: unihub is Petastorm's successor, and
+``copy_dataset(overwrite_output=True)`` over a Petastorm dataset replaced it there too), an export whose format marks its writer
 (:meth:`~unihub.formats.foreign.ForeignFormat.written_by_unihub`: HDF5's root attributes), or an empty
 folder. Anything else — a TFRecord or tar file (neither records its writer), an image folder, Spark's or
-Petastorm's Parquet — needs ``overwrite_foreign=True`` (``--overwrite-foreign``) as well.
+pandas' Parquet — needs ``overwrite_foreign=True`` (``--overwrite-foreign``) as well.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, ForeignOutputError, UnihubError
 from unihub.formats import filesystem as fsutil
+from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY
 from unihub.formats.publish import COMMON_METADATA, MANIFEST
 from unihub.formats.schema import SCHEMA_METADATA_KEY
 
@@ -53,7 +55,7 @@ def not_unihubs(fs: pafs.FileSystem, path: str) -> str | None:
     if info.type == pafs.FileType.Directory:
         return _folder(fs, path.rstrip("/"))
     if path.endswith((".parquet", ".parq", ".pq")):
-        return None if _has_unischema(fs, path) else "is a Parquet file without unihub's schema metadata"
+        return None if _has_unischema(fs, path) else "is a Parquet file without a Unischema in its metadata"
     return _foreign_file(fs, path)
 
 
@@ -66,11 +68,11 @@ def _folder(fs: pafs.FileSystem, root: str) -> str | None:
         return None
     if COMMON_METADATA in names:
         return None if _has_unischema(fs, names[COMMON_METADATA].path) else \
-            "is a Parquet dataset without unihub's schema metadata (Petastorm's, Spark's or another tool's)"
+            "is a Parquet dataset without a Unischema in its metadata (Spark's or another tool's)"
     parquet = _first_parquet(fs, root)
     if parquet is not None:
         return None if _has_unischema(fs, parquet) else \
-            "is a Parquet dataset without unihub's schema metadata (Spark's or another tool's)"
+            "is a Parquet dataset without a Unischema in its metadata (Spark's or another tool's)"
     return f"is a folder of {len(entries):,}{'+' if len(entries) > _LOOK_AT else ''} entries that is not a unihub dataset"
 
 
@@ -94,7 +96,7 @@ def _has_unischema(fs: pafs.FileSystem, path: str) -> bool:
         metadata = pq.read_schema(path, filesystem=fs).metadata or {}
     except (OSError, ValueError):  # not Parquet at all (pyarrow's ArrowInvalid is a ValueError)
         return False
-    return SCHEMA_METADATA_KEY in metadata
+    return SCHEMA_METADATA_KEY in metadata or PETASTORM_UNISCHEMA_KEY in metadata
 
 
 def _foreign_file(fs: pafs.FileSystem, path: str) -> str | None:

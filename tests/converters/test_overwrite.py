@@ -124,7 +124,7 @@ def test_overwrite_refuses_parquet_another_tool_wrote(tmp_path: Path, capsys: py
     before = _digest(theirs)
     source = _tfrecord(tmp_path / "a.tfrecord", 2)
     assert main(["convert", str(source), str(theirs), "--overwrite"]) == 1
-    assert "without unihub's schema metadata" in capsys.readouterr().err
+    assert "without a Unischema in its metadata" in capsys.readouterr().err
     assert _digest(theirs) == before
     assert main(["convert", str(source), str(theirs), "--overwrite-foreign", "--quiet"]) == 0
     assert pq.read_table(theirs).column("id").to_pylist() == [0, 1]
