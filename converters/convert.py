@@ -206,7 +206,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     validate_images = check_mode(validate_images)
     budget = memory_budget(memory_budget_mb)
     if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
-        raise UnsupportedFormatError("engine='spark' converts a foreign format into unihub; "
+        raise UnsupportedFormatError("--engine spark (engine='spark') converts a foreign format into unihub; "
                                      f"use the local engine for {source_format} -> {target_format}")
     if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
         fs, target = sources.filesystem(dst) if sources.is_url(dst) else (pafs.LocalFileSystem(), os.path.abspath(dst))

@@ -412,8 +412,8 @@ class _SplitsWriter:
 
     def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
         if spec.key_field is None or spec.key_field not in schema.fields:
-            raise SchemaError(f"layout='splits' writes one group per value of field {spec.key_field!r}, "
-                              f"which {schema.name!r} lacks; name the field with key_field=...")
+            raise SchemaError(f"--option layout=splits writes one group per value of field {spec.key_field!r}, "
+                              f"which {schema.name!r} lacks; name the field with --option key_field=...")
         self.key: str = spec.key_field
         self.schema, self.spec, self.options = schema, spec, options
         self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle

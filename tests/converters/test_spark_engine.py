@@ -153,7 +153,7 @@ def test_cli_engine_spark_verifies_equal_to_local(spark: Any, image_folder: Path
     assert main(["verify", str(tmp_path / "local"), str(tmp_path / "spark")]) == 0
     assert main(["convert", str(tmp_path / "local"), str(tmp_path / "x"), "--to", "webdataset",
                  "--engine", "spark"]) == 1
-    assert "engine='spark' converts a foreign format into unihub" in capsys.readouterr().err
+    assert "--engine spark (engine='spark') converts a foreign format into unihub" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("late", [{}, {45: {"vec": ("float", [1.0] * 5)}}], ids=["sample-fits", "sample-outgrown"])
