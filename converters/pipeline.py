@@ -52,8 +52,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     provisional = source.provisional_schema() if schema is None else None  # single pass where the format can
     out_schema = schema or provisional or source.infer_schema()
     source.prepare(out_schema)
-    extra = {"source_format": source.format_name, "source": ",".join(source.sources), "source_files": len(files),
-             **source.metadata()}
+    provenance = {"source_format": source.format_name, "source": ",".join(source.sources), "source_files": len(files)}
+    extra = {**provenance, **source.metadata()}
     # the source's options after prepare: it may have added what its tasks need (feature lists)
     plan = TaskPlan(type(source), ",".join(source.sources), dict(source.options), out_schema, extra,
                     row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
@@ -67,7 +67,9 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
             if not plan.observe:
                 raise
             full = exc.schema or source.infer_schema()
-            rows, skipped = _run(runner, source, files, fs, dst, target, replace(plan, schema=full, observe=False),
+            # the metadata of every record (the sample's would miss what only later records hold)
+            rows, skipped = _run(runner, source, files, fs, dst, target,
+                                 replace(plan, schema=full, observe=False, extra={**provenance, **source.metadata()}),
                                  progress, input_bytes)
     return ConvertResult(plan.src, dst, source.format_name, UNIHUB, rows, time.perf_counter() - start,
                          bytes_read=input_bytes, skipped=skipped, notes=notes)

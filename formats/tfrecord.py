@@ -14,6 +14,11 @@ installed; only ``crc32c`` is needed, for the checksums.
 Tensors are written flattened; a field whose shape the flat length does not determine (more
 than one ``None`` dim, or one that is not the first) also gets a ``<name>/shape`` int64 feature
 holding each row's shape, which :meth:`TFRecordFormat.infer_schema` and ``read_batches`` use.
+
+An export gives each record back byte for byte (DESIGN decision 18): the scan notes the features'
+order on the wire (a map's, which TensorFlow writes in a hash order), the dataset's metadata keeps it
+(``feature_order``), and the export writes it. Where records disagree on it, the metadata says why
+(``feature_order_differs``; see :func:`~unihub.formats.tfschema.order_on_wire`).
 """
 
 from __future__ import annotations

@@ -157,13 +157,14 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
     (:attr:`_Stats.after`); ``what`` they are (features, feature lists), for the reason.
 
     Why: ``Features.feature`` is a protobuf map, serialized in the writer's order; TensorFlow's (upb's)
-    is a hash order, neither insertion nor name order, seeded per process. An export writes features
+    is a hash order, neither insertion nor name order, seeded per process (and another once the table
+    grows: records with more features may order the common ones otherwise). An export writes features
     in this order (:func:`example_encoder`), so a record that follows it comes back byte for byte. The
     records agree on one order exactly when these links have no cycle; then any order keeping every
-    link (here: the first seen first, where they leave a choice) is every record's. Records that disagree
-    (shards written by different processes, a writer ordering each record its own way) cannot all come
-    back as they were: the first records' order is kept, and the reason goes to the dataset's metadata
-    (``feature_order_differs``), so that nothing claims an exactness it lacks.
+    link (here: the first seen first, where they leave a choice) is every record's. Records that
+    disagree (shards written by different processes, maps of other sizes, a writer ordering each record
+    its own way) cannot all come back as they were: the first records' order is kept, and the reason goes
+    to the dataset's metadata (``feature_order_differs``), so that nothing claims an exactness it lacks.
     """
     names = list(after)  # first seen first
     before = {name: {a for a in after[name] if a in after and a != name} for name in names}
@@ -188,9 +189,10 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
     if not left:
         return order, None
     shown = ", ".join(repr(n) for n in left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
-    return names, (f"records order the {what} {shown} differently (TensorFlow's writer orders them by a hash "
-                   "seeded per process: files written by different processes differ), so an export writes some "
-                   f"records' {what} in another order: the same messages, other bytes")
+    return names, (f"records order the {what} {shown} differently (TensorFlow's writer orders a map by a hash "
+                   "seeded per process, and by its size: files written by different processes, or records holding "
+                   f"more features, differ), so an export writes some records' {what} in another order: the same "
+                   "messages, other bytes")
 
 
 def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
