@@ -72,7 +72,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
                                  replace(plan, schema=full, observe=False, extra={**provenance, **source.metadata()}),
                                  progress, input_bytes)
     return ConvertResult(plan.src, dst, source.format_name, UNIHUB, rows, time.perf_counter() - start,
-                         bytes_read=input_bytes, skipped=skipped, notes=notes)
+                         bytes_read=input_bytes, skipped=skipped, notes=notes + source.caveats())
 
 
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,

@@ -268,6 +268,11 @@ class ForeignFormat(ABC):
         Options the user gives override these."""
         return {}
 
+    def caveats(self) -> list[str]:
+        """What an export of this ingest will not give back exactly, known once the records are read
+        (a TFRecord's records disagreeing on their features' order): said in the conversion's summary."""
+        return []
+
     @classmethod
     def written_by_unihub(cls, fs: Any, path: str) -> bool:
         """Whether the file at ``path`` (on the pyarrow filesystem ``fs``) is an export unihub wrote, told

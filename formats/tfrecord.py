@@ -257,6 +257,12 @@ class TFRecordFormat(ForeignFormat):
             info["feature_order_differs"] = self.feature_order_differs
         return {"tfrecord": info} if info else {}
 
+    def caveats(self) -> list[str]:
+        if not self.feature_order_differs:
+            return []
+        return [f"the records disagree on their features' order ({self.feature_order_differs}): an export holds "
+                "the same Examples, but not every record's bytes"]
+
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from unihub import convert
 from unihub.cli import main
 from unihub.formats import tfrecord
 from unihub.formats.parquet import open_dataset
@@ -177,6 +178,9 @@ def test_files_whose_orders_disagree_are_reported(tmp_path: Path) -> None:
     exported = _records(back)
     assert exported[:20] == source[:20] and exported[20:] != source[20:]
     assert [tf.train.Example.FromString(r) for r in exported] == [tf.train.Example.FromString(r) for r in source]
+    again = convert(tmp_path / "src", tmp_path / "again", progress=False)  # and the conversion's summary says so
+    assert any("disagree on their features' order" in note for note in again.notes), again.summary()
+    assert "not every record's bytes" in again.summary()
 
 
 def _sequence_example(i: int) -> bytes:
