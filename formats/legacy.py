@@ -12,7 +12,9 @@ key-value metadata of a dataset's ``_common_metadata`` Parquet file:
   ``decimal.Decimal`` as field dtypes, the codec classes of ``petastorm.codecs`` and, inside
   ``ScalarCodec``, a ``pyspark.sql.types`` instance (``LongType()``, ``DecimalType(10, 2)``...).
   Python 2 writers used protocol 0, which adds ``copy_reg._reconstructor`` and
-  ``__builtin__.object`` / ``__builtin__.tuple``; very old datasets name the package
+  ``__builtin__.object`` / ``__builtin__.tuple``, and ``cPickle`` numbered the memo from 1
+  (every dataset of Petastorm 0.4.0-0.7.6 that Petastorm keeps for its legacy tests was written
+  so; ``tests/fixtures/petastorm_legacy``); very old datasets name the package
   ``av.ml.dataset_toolkit`` or ``av.experimental.deepdrive.dataset_toolkit``.
 * :data:`PETASTORM_ROW_GROUPS_KEY` (``dataset-toolkit.num_row_groups_per_file.v1``): JSON,
   ``{relative file path: number of row groups}``; no pickle involved.

@@ -11,7 +11,9 @@ only sizes, so such a pickle is refused at the byte where it goes too far, befor
 * a global (``GLOBAL``, ``INST``) off the allow-list, or an opcode that bypasses ``find_class``
   (persistent ids, the extension registry);
 * more bytes or opcodes than a Petastorm schema or index needs (:class:`PickleLimits`);
-* a memo index beyond the number of values memoized so far (picklers number them 0, 1, 2, ...);
+* a memo index beyond the number of values memoized so far: picklers number them 0, 1, 2, ...,
+  except Python 2's ``cPickle``, which numbers them 1, 2, 3, ... (every Petastorm dataset written
+  under Python 2 has such a pickle), so a first ``PUT 1`` sets the numbering to start at 1;
 * values nested deeper than ``max_depth``;
 * sharing that multiplies work: counting a shared value once per reference, no value may be
   larger than ``expansion`` nodes per opcode read (plus ``expansion_floor``), and neither may
@@ -109,6 +111,7 @@ class _StackPlay:
         self.marks: list[int] = []
         self.memo: dict[int, _Node] = {}
         self.memo_writes = 0
+        self.memo_base = 0  # the first memo index: 0, or 1 in the pickles of Python 2's cPickle
         self.opcodes = 0
         self.hashed = 0
         self.pos = 0
@@ -307,9 +310,12 @@ class _StackPlay:
     def _put(self, arg: Any) -> None:
         if not isinstance(arg, int) or arg < 0:
             raise _Malformed(f"{self.name} with the memo index {arg!r:.40}")
-        if arg > self.memo_writes:
-            raise _over_limit(f"{self.name} of memo index {arg:,} after {self.memo_writes:,} memoized values "
-                              "(an unpickler would allocate a memo table that large)", self.pos)
+        if arg == 1 and self.memo_writes == 0:
+            self.memo_base = 1  # Python 2's cPickle: 'PUT 1' is its first
+        if arg > self.memo_writes + self.memo_base:
+            numbered = " numbered from 1" if self.memo_base else ""
+            raise _over_limit(f"{self.name} of memo index {arg:,} after {self.memo_writes:,} memoized values"
+                              f"{numbered} (an unpickler would allocate a memo table that large)", self.pos)
         self.memo[arg] = self._top()
         self.memo_writes += 1
 

@@ -9,6 +9,7 @@ import decimal
 import io
 import os
 import pickle
+import pickletools
 import re
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from unihub.formats.legacy import (
 )
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema" / "_common_metadata"
+#: Petastorm 0.4.0's own legacy test dataset: its Unischema pickled by Python 2's cPickle at protocol 0
+LEGACY_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm_legacy" / "0.4.0" / "_common_metadata"
 
 #: (name, dtype, shape, codec kind, codec setting, nullable) of the fixture, from its README.
 EXPECTED_FIELDS = [
@@ -529,12 +532,60 @@ def test_older_field_without_nullable(fake: types.SimpleNamespace) -> None:
     assert (field.name, field.numpy_dtype, field.shape, field.codec, field.nullable) == ("x", np.int32, (2,), None, False)
 
 
+def cpickle_numbering(data: bytes) -> bytes:
+    """A protocol-0 pickle of Python 3 (memo 0, 1, 2, ...) as Python 2's cPickle wrote it (memo 1, 2, 3, ...)."""
+    out, start = bytearray(), 0
+    for opcode, arg, pos in pickletools.genops(data):
+        if opcode.name in ("PUT", "GET"):
+            out += data[start:pos] + opcode.code.encode() + f"{arg + 1}\n".encode()
+            start = pos + 2 + len(str(arg))
+    return bytes(out + data[start:])
+
+
+def test_python2_cpickle_numbering(fake: types.SimpleNamespace) -> None:
+    data = cpickle_numbering(pickle.dumps(fake.schema, protocol=0))
+    assert b"\np1\n" in data and b"\np0\n" not in data
+    _check_old_schema(safe_unpickle(data))
+    _check_converted(load_petastorm_unischema(data))
+
+
 def test_malicious_global_inside_a_valid_schema(fake: types.SimpleNamespace, marker: Path) -> None:
     fake.schema._fields["id"].codec._spark_type = _Reduce(os.system, (f"touch {marker}",))
     for protocol in (0, 2, 4, 5):
         data = pickle.dumps(fake.schema, protocol=protocol)
         with pytest.raises(UnsafeMetadataError, match=r"'(posix|nt)\.system'"):
             load_petastorm_unischema(data)
+    with pytest.raises(UnsafeMetadataError, match=r"'(posix|nt)\.system'"):
+        load_petastorm_unischema(cpickle_numbering(pickle.dumps(fake.schema, protocol=0)))
+
+
+@pytest.fixture(scope="module")
+def legacy_bytes() -> bytes:
+    return pq.read_metadata(LEGACY_FIXTURE).metadata[PETASTORM_UNISCHEMA_KEY]
+
+
+def test_petastorm_0_4_0_unischema_reads(legacy_bytes: bytes) -> None:
+    assert legacy_bytes.startswith(b"ccopy_reg\n_reconstructor\np1\n")  # cPickle: the memo starts at 1
+    schema = load_petastorm_unischema(legacy_bytes)
+    assert schema.name == "TestSchema" and len(schema.fields) == 13
+    assert schema.fields["matrix"].shape == (32, 16, 3)
+
+
+@pytest.mark.parametrize("old, new, message", [
+    (b"cpetastorm.codecs\nNdarrayCodec\n", b"cposix\nsystem\n", "'posix.system'"),
+    (b"cpyspark.sql.types\nStringType\n", b"cbuiltins\neval\n", "'builtins.eval'"),
+    (b"c__builtin__\nobject\n", b"csubprocess\nPopen\n", "'subprocess.Popen'"),
+    (b"ccopy_reg\n_reconstructor\np1\n", b"ccopy_reg\n_reconstructor\np999999999\n",
+     "PUT of memo index 999,999,999 after 0 memoized values"),
+    (b"cpetastorm.unischema\nUnischema\np2\n", b"cpetastorm.unischema\nUnischema\np99999999\n",
+     "PUT of memo index 99,999,999 after 1 memoized values numbered from 1"),
+], ids=["posix.system", "builtins.eval", "subprocess.Popen", "first memo index", "memo gap"])
+def test_hostile_edits_of_a_python2_pickle_are_refused(legacy_bytes: bytes, old: bytes, new: bytes,
+                                                       message: str) -> None:
+    data = legacy_bytes.replace(old, new, 1)
+    assert data != legacy_bytes
+    with pytest.raises(UnsafeMetadataError, match=re.escape(message)):
+        load_petastorm_unischema(data)
 
 
 def test_unconvertible_content_is_a_value_error(fake: types.SimpleNamespace) -> None:

@@ -23,6 +23,7 @@ from unihub.formats.pickle_scan import PickleLimits, scan_pickle
 from unihub.readers.rowgroup_index import read_rowgroup_indexes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+LEGACY_FIXTURES = FIXTURES.parent / "petastorm_legacy"  # Petastorm 0.4.0-0.7.6, pickled by Python 2's cPickle
 PICKLE_KEYS = (legacy.PETASTORM_UNISCHEMA_KEY, legacy.PETASTORM_ROWGROUPS_INDEX_KEY)
 
 
@@ -114,6 +115,26 @@ def test_memo_indexes_in_picklers_order_are_accepted_and_gaps_refused() -> None:
         safe_unpickle(b"Np999999999\n.")
 
 
+def test_python2_cpickle_numbers_its_memo_from_1_and_gaps_are_still_refused() -> None:
+    # Python 2's cPickle (every Petastorm dataset written under Python 2) numbers its memo 1, 2, 3, ...
+    assert safe_unpickle(b"(Np1\nNp2\nt.") == (None, None)  # protocol 0
+    assert safe_unpickle(b"\x80\x02Nq\x01Nq\x02\x86.") == (None, None)  # protocol 2
+    with pytest.raises(UnsafeMetadataError, match="PUT of memo index 3 after 1 memoized values numbered from 1"):
+        safe_unpickle(b"(Np1\nNp3\nt.")
+    with pytest.raises(UnsafeMetadataError, match="PUT of memo index 2 after 0 memoized values"):
+        safe_unpickle(b"Np2\n.")  # only a first index of 1 starts the numbering at 1
+    with pytest.raises(UnsafeMetadataError, match="BINPUT of memo index 2 after 1 memoized values \\("):
+        safe_unpickle(b"\x80\x02Nq\x00Nq\x02\x86.")  # numbered from 0: no gap of one allowed either
+
+
+@pytest.mark.parametrize("index", [2**24, 2**27, 2**32 - 1])
+def test_memo_index_bomb_after_cpickle_numbering_is_refused_fast_and_small(index: int) -> None:
+    data = b"\x80\x02Nq\x01" + b"r" + struct.pack("<I", index) + b"."  # BINPUT 1, then LONG_BINPUT index
+    with fast_and_small(), pytest.raises(UnsafeMetadataError,
+                                         match=f"memo index {index:,} after 1 memoized values numbered from 1"):
+        safe_unpickle(data)
+
+
 @pytest.mark.parametrize("data, message", [
     (b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\x7fN.", "FRAME of 9223372036854775807 bytes, longer than the pickle"),
     (b"\x80\x04h\x05.", "BINGET of memo index 5, which was never set"),
@@ -138,7 +159,7 @@ def test_limits_on_bytes_and_opcodes() -> None:
 
 def _fixture_pickles() -> list[tuple[str, bytes]]:
     found = []
-    for path in sorted(FIXTURES.glob("*/_common_metadata")):
+    for path in sorted(FIXTURES.glob("*/_common_metadata")) + sorted(LEGACY_FIXTURES.glob("*/_common_metadata")):
         metadata = pq.read_metadata(path).metadata
         found += [(f"{path.parent.name}:{key.decode()}", metadata[key]) for key in PICKLE_KEYS if key in metadata]
     return found
@@ -146,8 +167,9 @@ def _fixture_pickles() -> list[tuple[str, bytes]]:
 
 @pytest.mark.parametrize("name, data", _fixture_pickles())
 def test_real_petastorm_pickles_are_far_below_the_limits(name: str, data: bytes) -> None:
-    # a tenth of the default depth, no more parts than two per opcode: the real pickles still pass
-    scan_pickle(data, allowed=legacy.ALLOWED_GLOBALS, limits=PickleLimits(max_depth=12, expansion=2, expansion_floor=0))
+    # a fifth of the default depth (Python 2's protocol-0 Unischemas nest 13 deep), no more parts than two per
+    # opcode: the real pickles still pass
+    scan_pickle(data, allowed=legacy.ALLOWED_GLOBALS, limits=PickleLimits(max_depth=20, expansion=2, expansion_floor=0))
     safe_unpickle(data)
 
 
