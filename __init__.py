@@ -30,14 +30,19 @@ from unihub.errors import (
     CacheError,
     CacheTimeoutError,
     CodecError,
+    CodecTypeError,
     DataCorruptionError,
     DatasetChangedError,
     DatasetExistsError,
     DatasetNotFoundError,
+    DatasetUrlListError,
+    FieldTypeError,
     FormatError,
     MissingDependencyError,
+    NoMatchingFieldsError,
     PetastormCompatibilityError,
     PetastormMetadataError,
+    ReaderResetError,
     RemoteStorageError,
     SchemaError,
     SchemaMismatchError,
@@ -62,7 +67,7 @@ from unihub.formats.parquet import (
     infer_or_load_unischema,
     open_dataset,
 )
-from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.formats.schema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
 from unihub.formats.spark import dict_to_spark_row, materialize_dataset
 from unihub.formats.writer import WriteResult, write_dataset
 from unihub.progress import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
@@ -110,6 +115,9 @@ __all__ = [
     "FieldNotNullIndexer", "IntersectIndexSelector", "RowGroupIndexError", "RowGroupIndexerBase",
     "RowGroupSelectorBase", "SingleFieldIndexer", "SingleIndexSelector", "UnionIndexSelector",
     "build_rowgroup_index", "get_row_group_indexes",
+    # petastorm.unischema's helper, and unihub's classes that are also the built-ins Petastorm raised
+    "insert_explicit_nulls", "CodecTypeError", "DatasetUrlListError", "FieldTypeError", "NoMatchingFieldsError",
+    "ReaderResetError",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups

@@ -160,3 +160,33 @@ class SparkSettingError(UnihubError, ValueError):
 class FilterExpressionError(InvalidArgumentError):
     """A filter given as text (``unihub show --where``) is not one unihub can build: not an expression,
     a construct outside the allow-list, or a name that is not a field; the message quotes the filter."""
+
+
+# -- Petastorm's built-in exception types, kept under unihub's classes ------------------------------
+# Where Petastorm 0.13.1 raised TypeError or RuntimeError, unihub raises its own class that is also
+# that built-in, so ``except TypeError`` / ``except RuntimeError`` in migrated code still catches it.
+
+class CodecTypeError(CodecError, TypeError):
+    """A value of the wrong kind for its codec: a list or an array where ``ScalarCodec`` stores one
+    scalar (Petastorm raised TypeError)."""
+
+
+class FieldTypeError(ValidationError, TypeError):
+    """A row's value of the wrong type for its field (a list in a string field), found by
+    ``dict_to_spark_row`` or validation (Petastorm raised TypeError)."""
+
+
+class NoMatchingFieldsError(SchemaError, RuntimeError):
+    """A field name or regular expression of ``schema_fields`` names no field of the dataset (Petastorm
+    raised RuntimeError when none matched); the message names the pattern, the dataset and its fields."""
+
+
+class DatasetUrlListError(DatasetNotFoundError, ValueError):
+    """A list of dataset URLs that names no dataset: an empty list, or URLs of different filesystems
+    (Petastorm raised ValueError)."""
+
+
+class ReaderResetError(UsageError, NotImplementedError):
+    """``reset()`` in the middle of an epoch (Petastorm raised NotImplementedError): rows already in
+    flight would be neither delivered nor dropped in a defined way. Read to the end, or call
+    ``start_over()``, which starts from the first epoch wherever the reader is."""

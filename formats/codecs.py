@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import CodecError, SchemaError
+from unihub.errors import CodecError, CodecTypeError, SchemaError
 from unihub.formats import dtypes, npy
 from unihub.formats.arrow_numpy import (
     arrow_backed_empty,
@@ -232,6 +232,7 @@ class ScalarCodec(Codec):
             from unihub.formats.spark import spark_to_arrow_type
 
             self._arrow_type = spark_to_arrow_type(spec)
+            self._spark_repr = repr(spec)  # Petastorm's str(): ScalarCodec(FloatType())
         else:
             self._arrow_type = dtypes.numpy_to_arrow_type(dtypes.normalize_dtype(spec))
 
@@ -249,17 +250,19 @@ class ScalarCodec(Codec):
 
     def encode(self, field: UnischemaField, value: Any) -> Any:
         if not pa.types.is_nested(self._arrow_type):  # one value per cell, as Petastorm checked
-            if field.shape != ():
-                raise CodecError(f"field {field.name!r}: ScalarCodec({self._arrow_type}) stores scalars, but the "
-                                 f"field's shape is {field.shape}; use shape () or a list type", field=field.name)
+            # Petastorm's order and words: the value's kind (TypeError), then the field's shape (ValueError)
             if isinstance(value, np.ndarray):
                 if value.ndim:
-                    raise CodecError(f"field {field.name!r}: expected a scalar, found an array of shape {value.shape}",
-                                     field=field.name)
+                    raise CodecTypeError(f"Expected a scalar as a value for field {field.name!r}: found an array "
+                                         f"of shape {value.shape}", field=field.name)
                 value = value[()]
             elif isinstance(value, (list, tuple, dict, set)):
-                raise CodecError(f"field {field.name!r}: expected a scalar, found a {type(value).__name__}",
-                                 field=field.name)
+                raise CodecTypeError(f"Expected a scalar as a value for field {field.name!r}: found a "
+                                     f"{type(value).__name__}", field=field.name)
+            if field.shape != ():
+                raise CodecError(f"The shape field of unischema_field {field.name!r} must be an empty tuple (i.e. "
+                                 f"'()') to indicate a scalar: ScalarCodec({self._arrow_type}) stores scalars, but "
+                                 f"the field's shape is {field.shape}; use shape () or a list type", field=field.name)
         if isinstance(value, (np.datetime64, np.timedelta64)):
             return pa.scalar(value, type=self._arrow_type).as_py()  # .item() would lose the unit
         if isinstance(value, np.generic):
@@ -289,6 +292,8 @@ class ScalarCodec(Codec):
                 return pa.array(stacked, type=self._arrow_type, mask=mask if mask.any() else None)
             encoded = [self.encode(field, v) for v in values]
             return _arrow_values(encoded, self._arrow_type)
+        except CodecError:
+            raise  # encode()'s own, a CodecTypeError kept as the TypeError it is
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise CodecError(f"field {field.name!r}: cannot store values as {self._arrow_type}: {exc}",
                              field=field.name) from exc
@@ -327,6 +332,11 @@ class ScalarCodec(Codec):
 
     def config(self) -> dict[str, Any]:
         return {"arrow_type": dtypes.arrow_type_to_json(self._arrow_type)}
+
+    def __repr__(self) -> str:
+        """``ScalarCodec(FloatType())`` for a Spark type, as Petastorm wrote it; others by their config."""
+        spark_repr = self.__dict__.get("_spark_repr")
+        return f"ScalarCodec({spark_repr})" if spark_repr else super().__repr__()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ScalarCodec:
@@ -757,12 +767,12 @@ class CompressedImageCodec(Codec):
                                  field=field.name)
             return bytes(value)
         array = np.asarray(value)
-        if array.dtype != field.dtype:
-            raise CodecError(f"field {field.name!r}: expected an image of dtype {field.dtype}, found {array.dtype}",
-                             field=field.name)
+        if array.dtype != field.dtype:  # Petastorm's words first
+            raise CodecError(f"Unexpected type of {field.name!r} feature: expected an image of dtype {field.dtype}, "
+                             f"found {array.dtype}", field=field.name)
         if not shape_matches(array.shape, field.shape):
-            raise CodecError(f"field {field.name!r}: expected an image of shape {field.shape}, found {array.shape}",
-                             field=field.name)
+            raise CodecError(f"Unexpected dimensions of {field.name!r} feature: expected an image of shape "
+                             f"{field.shape}, found {array.shape}", field=field.name)
         return images.encode_image(array, self.image_codec, self.quality)
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
@@ -828,6 +838,10 @@ class CompressedImageCodec(Codec):
 
     def config(self) -> dict[str, Any]:
         return {"image_codec": self.image_codec, "quality": self.quality}
+
+    def __repr__(self) -> str:
+        """``CompressedImageCodec('png', 80)``: Petastorm's form, itself the call that makes this codec."""
+        return f"{type(self).__name__}({self.image_codec!r}, {self.quality})"
 
 
 def image_pixels_allowed(field: UnischemaField) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import keyword
 import re
+import warnings
 from collections import OrderedDict, namedtuple
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import InvalidArgumentError, SchemaError, ValidationError
+from unihub.errors import InvalidArgumentError, NoMatchingFieldsError, SchemaError, ValidationError
 from unihub.formats import dtypes
 from unihub.formats.validation import validate_value
 
@@ -130,6 +131,23 @@ class UnischemaField(_FieldTuple):
         return (f"UnischemaField({self.name!r}, {dtypes.dtype_name(self.numpy_dtype)}, {self.shape!r}, "
                 f"{self.codec!r}, {self.nullable})")
 
+    def __eq__(self, other: object) -> bool:
+        """Equal name, dtype, shape and nullability, and equal codecs where both name one: a field
+        written without a codec (``codec=None``, the default storage) matches the same field read back
+        with the codec it was stored with, as Petastorm's fields (which ignored codecs) did."""
+        if not isinstance(other, UnischemaField):
+            return NotImplemented
+        return (self.name, self.numpy_dtype, self.shape, self.nullable) == \
+            (other.name, other.numpy_dtype, other.shape, other.nullable) and \
+            (self.codec is None or other.codec is None or self.codec == other.codec)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.numpy_dtype, self.shape, self.nullable))  # no codec: see __eq__
+
 
 def _default_arrow_type(field: UnischemaField) -> pa.DataType:
     """Codec-less fields: the scalar type, nested in one list per dimension."""
@@ -137,6 +155,12 @@ def _default_arrow_type(field: UnischemaField) -> pa.DataType:
     for _ in field.shape:
         arrow_type = pa.list_(arrow_type)
     return arrow_type
+
+
+#: The attributes of Petastorm's Unischema: a field named so was no attribute there either, and
+#: Petastorm warned (its words are kept); reach such a field as ``schema['fields']``.
+_PETASTORM_ATTRIBUTES = frozenset({"fields", "create_schema_view", "as_spark_schema", "make_namedtuple",
+                                   "make_namedtuple_tf", "from_arrow_schema", "_get_namedtuple", "_name", "_fields"})
 
 
 class Unischema:
@@ -154,6 +178,12 @@ class Unischema:
                 raise SchemaError(f"Unischema {name!r}: {field!r} is not a UnischemaField")
             if field.name in self._fields:
                 raise SchemaError(f"Unischema {name!r}: field {field.name!r} appears twice")
+            if attributes is None and field.name in _PETASTORM_ATTRIBUTES:
+                # Petastorm's warning (a view, made with its parent's ``attributes``, was warned about with its parent)
+                warnings.warn(f"Can not create dynamic property {field.name} because it conflicts with an existing "
+                              f"property of Unischema: schema.{field.name} is the Unischema's own; reach the field "
+                              f"as schema[{field.name!r}] or schema.fields[{field.name!r}]", UserWarning,
+                              stacklevel=2)
             self._fields[field.name] = field
 
     # -- access -----------------------------------------------------------------------
@@ -233,12 +263,23 @@ class Unischema:
         from unihub.formats.validation import stored_as_text
 
         types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")
-        return types.StructType([
-            types.StructField(f.name, f.codec.spark_dtype(f) if f.codec is not None
-                              else types.StringType() if stored_as_text(f)  # np.bytes_: Petastorm's mapping
-                              else arrow_to_spark_type(f.arrow_type()), f.nullable)
-            for f in self._fields.values()
-        ])
+
+        def spark_type(f: UnischemaField) -> Any:
+            if f.codec is not None:
+                return f.codec.spark_dtype(f)
+            if f.shape != ():  # as Petastorm: a tensor's Spark form depends on the codec that encodes it
+                raise SchemaError(f"An instance of non-scalar UnischemaField {f.name!r} has codec set to None. "
+                                  f"Don't know how to guess a Spark type for it: give the field a codec "
+                                  f"(NdarrayCodec(), TensorCodec(), CompressedImageCodec('png'))")
+            if stored_as_text(f):  # np.bytes_: Petastorm's mapping
+                return types.StringType()
+            try:
+                return arrow_to_spark_type(f.arrow_type())
+            except SchemaError as exc:
+                raise SchemaError(f"Was not able to map type {f.numpy_dtype} to a spark type (field {f.name!r}): "
+                                  f"{exc}") from exc
+
+        return types.StructType([types.StructField(f.name, spark_type(f), f.nullable) for f in self._fields.values()])
 
     @cached_property
     def attribute_names(self) -> dict[str, str]:
@@ -397,18 +438,25 @@ def _arrow_schema_of(value: Any) -> pa.Schema:
 def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:
     """Fields of ``schema`` named by fields, exact names or full-match regexes, in schema order.
 
-    A pattern that matches nothing is an error naming it and the available fields.
+    A pattern that matches nothing is an error naming it and the available fields
+    (:class:`~unihub.errors.NoMatchingFieldsError`, a RuntimeError as Petastorm's reader raised). Where
+    Petastorm's old prefix matching (``re.match``) would have chosen other fields than the full match,
+    a warning names them, in Petastorm's words.
     """
+    patterns = list(patterns)
+    _warn_if_prefix_match_differs(schema, [p for p in patterns if isinstance(p, str)])
     wanted: set[str] = set()
     for pattern in patterns:
         if isinstance(pattern, UnischemaField):
             if pattern.name not in schema:
-                raise SchemaError(f"field {pattern.name!r} is not in Unischema {schema.name!r}; "
+                raise SchemaError(f"field {pattern.name!r} does not belong to the schema {schema.name!r}; "
                                   f"fields: {list(schema.fields)}")
             wanted.add(pattern.name)
             continue
         if not isinstance(pattern, str):
-            raise SchemaError(f"select fields by UnischemaField, name or regex, not {pattern!r}")
+            raise SchemaError(f'Elements of "fields" must be either a string (regular expressions) or an instance '
+                              f"of UnischemaField class: select fields by UnischemaField, name or regex, not "
+                              f"{pattern!r}")
         if pattern in schema:
             wanted.add(pattern)
             continue
@@ -422,10 +470,39 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
             raise SchemaError(f"{pattern!r} is neither a field of {schema.name!r} nor a valid regex: {exc}") from exc
         matched = [name for name in schema.fields if regex.fullmatch(name)]
         if not matched:
-            raise SchemaError(f"no field of Unischema {schema.name!r} matches {pattern!r}; "
-                              f"fields: {list(schema.fields)}")
+            raise NoMatchingFieldsError(f"No fields matching the criteria {pattern!r} were found in Unischema "
+                                        f"{schema.name!r}: no field is named so or fully matches it as a regex; "
+                                        f"fields: {list(schema.fields)}")
         wanted.update(matched)
     return [f for name, f in schema.fields.items() if name in wanted]
+
+
+def _warn_if_prefix_match_differs(schema: Unischema, patterns: list[str]) -> None:
+    """Petastorm's warning where a pattern's full match picks other fields than its old prefix match."""
+    full: set[str] = set()
+    prefix: set[str] = set()
+    for pattern in patterns:
+        try:
+            regex = re.compile(pattern)
+        except re.error:
+            continue  # an exact name that is no regex: match_unischema_fields judges it
+        full.update(name for name in schema.fields if name == pattern or regex.fullmatch(name))
+        prefix.update(name for name in schema.fields if name == pattern or regex.match(name))
+    if full != prefix:
+        warnings.warn("schema_fields behavior has changed. Now, regular expression pattern must match the entire "
+                      "field name. The change in the behavior affects the following fields: "
+                      f"{', '.join(sorted(full ^ prefix))}", UserWarning, stacklevel=3)
+
+
+def insert_explicit_nulls(unischema: Unischema, row_dict: dict[str, Any]) -> None:
+    """Add the nullable fields that ``row_dict`` lacks, as None, in place (Petastorm's function of this
+    name); a missing field that is not nullable is a :class:`~unihub.errors.ValidationError` naming it."""
+    for name, field in unischema.fields.items():
+        if name not in row_dict:
+            if not field.nullable:
+                raise ValidationError(f"Field {name} is not found in the row_dict, but is not nullable "
+                                      f"(Unischema {unischema.name!r})", field=name)
+            row_dict[name] = None
 
 
 def _identifier(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from unihub.errors import SchemaError, ValidationError
+from unihub.errors import FieldTypeError, SchemaError, ValidationError
 
 if TYPE_CHECKING:
     from unihub.formats.schema import UnischemaField
@@ -66,9 +66,9 @@ def validate_value(field: UnischemaField, value: Any, *, row: int | None = None)
 def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None:
     dtype = field.numpy_dtype
     if isinstance(value, np.ndarray):
-        if value.shape != ():
-            raise ValidationError(f"{_where(field, row)}: expected a scalar of {np.dtype(field.dtype)}, "
-                                  f"found an array of shape {value.shape}", field=field.name, row=row)
+        if value.shape != ():  # not a scalar at all: Petastorm's TypeError
+            raise FieldTypeError(f"{_where(field, row)}: expected a scalar of {np.dtype(field.dtype)}, "
+                                 f"found an array of shape {value.shape}", field=field.name, row=row)
         value = value[()]
     if dtype is np.str_:
         ok = isinstance(value, str)
@@ -87,8 +87,10 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
         elif ok and isinstance(value, int) and kind in "iu":
             ok = _int_fits(value, dtype)
     if not ok:
-        raise ValidationError(f"{_where(field, row)}: expected a scalar of dtype "
-                              f"{_dtype_label(dtype)}, found {_describe(value)}", field=field.name, row=row)
+        # a list or a dict where one scalar belongs is the wrong kind of value (Petastorm's TypeError)
+        error = FieldTypeError if isinstance(value, (list, tuple, dict, set)) else ValidationError
+        raise error(f"{_where(field, row)}: expected a scalar of dtype "
+                    f"{_dtype_label(dtype)}, found {_describe(value)}", field=field.name, row=row)
 
 
 def stored_as_text(field: UnischemaField) -> bool:

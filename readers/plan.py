@@ -103,7 +103,9 @@ class PlanConfig:
         if self.shard_by == "row_group" and self.shard_count is not None and \
                 self.shard_count > len(self.row_group_sizes):
             raise NoDataAvailableError(
-                f"{self.shard_count} shards of {len(self.row_group_sizes)} row groups: some shards would be empty "
+                "Number of row-groups in the dataset must be greater or equal to the number of requested shards. "
+                f"Otherwise, some of the shards will end up being empty: {self.shard_count} shards of "
+                f"{len(self.row_group_sizes)} row groups, some shards would be empty "
                 "(shards own whole row groups); use fewer shards, write smaller row groups, or shard_by='row'")
 
 

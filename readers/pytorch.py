@@ -419,7 +419,10 @@ class _LoaderBase:
             raise UsageError("this loader is already being iterated; finish or close that iteration first "
                              "(Petastorm: you must finish a full pass before making another)")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
-            self.reader.reset()
+            if hasattr(self.reader, "start_over"):  # also after a pass broken off mid-epoch
+                self.reader.start_over()
+            else:
+                self.reader.reset()
             self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
         self._iterated, self._resumed, self._iterating = True, False, True
         self._rng = np.random.default_rng(self.seed)
@@ -793,16 +796,27 @@ class InMemBatchedDataLoader(_LoaderBase):
         return self._batches()
 
     def _batches(self) -> Iterator[Any]:
-        data = self._load()
-        n = columns_length(data)
-        rng = np.random.default_rng(self.seed)
-        for _ in itertools.count() if self.num_epochs is None else range(self.num_epochs):
-            order = rng.permutation(n) if self.shuffle else None
-            for start in range(0, n, self.batch_size):
-                stop = min(start + self.batch_size, n)
-                columns = take_columns(data, order[start:stop]) if order is not None else slice_columns(data, start, stop)
-                batch = finalize(columns, self.variable, self.device)
-                yield self.transform_fn(batch) if self.transform_fn is not None else batch
+        # one pass at a time, as Petastorm's (its RuntimeError's words); a finished or closed pass may be
+        # followed by another, which serves the rows again
+        if self._iterating:
+            raise UsageError("InMemBatchedDataLoader couldn't be used multiple times, please specify total number "
+                             "of epochs using num_epochs in constructor: another iteration of this loader is under "
+                             "way; finish or close it (or use one iterator) before starting another")
+        self._iterating = True
+        try:
+            data = self._load()
+            n = columns_length(data)
+            rng = np.random.default_rng(self.seed)
+            for _ in itertools.count() if self.num_epochs is None else range(self.num_epochs):
+                order = rng.permutation(n) if self.shuffle else None
+                for start in range(0, n, self.batch_size):
+                    stop = min(start + self.batch_size, n)
+                    columns = take_columns(data, order[start:stop]) if order is not None \
+                        else slice_columns(data, start, stop)
+                    batch = finalize(columns, self.variable, self.device)
+                    yield self.transform_fn(batch) if self.transform_fn is not None else batch
+        finally:
+            self._iterating = False
 
     def __len__(self) -> int:
         if self.num_epochs is None:

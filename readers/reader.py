@@ -21,6 +21,7 @@ import json
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -28,7 +29,15 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import InvalidArgumentError, SchemaError, UnihubError, UsageError
+from unihub.errors import (
+    DatasetUrlListError,
+    InvalidArgumentError,
+    NoMatchingFieldsError,
+    ReaderResetError,
+    SchemaError,
+    UnihubError,
+    UsageError,
+)
 from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
 from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
 from unihub.memory import batch_nbytes, memory_budget
@@ -140,6 +149,7 @@ class Reader:
         self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
         self._pool: Pool | None = None
         self._finished = False
+        self._reading = False  # rows of the current run were loaded (reset() mid-epoch is refused)
         self._stopped = False
         self._lock = threading.Lock()  # next(): one caller at a time, so shared readers neither drop nor repeat
         self._delivered = 0
@@ -244,8 +254,9 @@ class Reader:
                 self._cursor = cursor + 1
                 return self._items[cursor]
             if self._stopped:
-                raise UsageError("next() on a reader that was stopped (its with-block ended, or stop() was "
-                                 "called); reset() or load_state_dict() make it readable again")
+                raise UsageError("Trying to read a sample after a reader created by make_reader/make_batch_reader "
+                                 "has stopped: next() on a reader that was stopped (its with-block ended, or stop() "
+                                 "was called); reset() or load_state_dict() make it readable again")
             return self._next_from_new_batch()
 
     def _next_from_new_batch(self) -> Any:
@@ -276,6 +287,7 @@ class Reader:
                 self._halt()  # the next call retries the failed task
                 raise
             self._delivered += self._cursor - self._first
+            self._reading = True
             self._current, self._current_pieces = (epoch, index), batch.pieces
             self._items = self._to_items(batch)
             self._batch_columns = self._items.columns if isinstance(self._items, _Rows) else None
@@ -451,16 +463,35 @@ class Reader:
         self._halt()
         self.seed, self._plan, self._loader.seed = seed, config, seed
         self._set_position((int(state["epoch"]), int(state["task"]), int(state["offset"])))
-        self._iterator, self._finished = None, False
+        self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def stopped(self) -> bool:
+        """True after :meth:`stop` (the with-block's end) until :meth:`reset` or :meth:`start_over`
+        (Petastorm's ``Reader.stopped``)."""
+        return self._stopped
+
     def reset(self) -> None:
-        """Start over from the first epoch (Petastorm's ``reset``), also after :meth:`stop`."""
+        """Start over from the first epoch once all rows were read, or after :meth:`stop` (Petastorm's
+        ``reset``).
+
+        In the middle of an epoch it raises :class:`~unihub.errors.ReaderResetError`, a
+        NotImplementedError as Petastorm's; :meth:`start_over` starts over from anywhere.
+        """
+        if self._reading and not self._finished and not self._stopped:
+            raise ReaderResetError("Currently do not support resetting a reader while in the middle of iteration. "
+                                   "You can call reset only after all samples were consumed (or after stop()); "
+                                   "start_over() starts from the first epoch wherever the reader is")
+        self.start_over()
+
+    def start_over(self) -> None:
+        """Start over from the first epoch wherever the reader is: mid-epoch, at the end or after :meth:`stop`."""
         self._halt()
         self.join()
         self._set_position((0, 0, 0))
-        self._iterator, self._finished = None, False
+        self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
 
     def stop(self) -> None:
@@ -663,6 +694,9 @@ def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: 
         return dataset_url
     if isinstance(dataset_url, (list, tuple)):  # Petastorm's list of Parquet file URLs, or one URL in a list
         urls = [os.fspath(u) for u in dataset_url]
+        if not urls:  # Petastorm's words and type (ValueError)
+            raise DatasetUrlListError("dataset url list must be non-empty: an empty list of dataset URLs has "
+                                      "nothing to read")
         return open_dataset(urls[0] if len(urls) == 1 else urls, filesystem=filesystem,
                             storage_options=storage_options)
     if not isinstance(dataset_url, (str, os.PathLike)):
@@ -714,11 +748,18 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
+    if ignored.get("shard_seed"):
+        warnings.warn("shard_seed was deprecated and will be removed in future versions. Use seed to apply "
+                      "randomization effects on sharding row groups. (unihub ignores shard_seed: shards are dealt "
+                      "by cur_shard, shard_count and seed)", UserWarning, stacklevel=3)
     _choose_memory_pool()
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    fields, ngram = _resolve_fields(store.schema, schema_fields)
+    try:
+        fields, ngram = _resolve_fields(store.schema, schema_fields)
+    except NoMatchingFieldsError as exc:  # Petastorm's message names the dataset
+        raise NoMatchingFieldsError(f"{exc} (the dataset {store.url})") from None
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     if predicate is not None:

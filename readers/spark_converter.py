@@ -200,7 +200,9 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
 
     ML ``Vector`` columns become arrays; float and double columns, and arrays of them,
     become ``dtype`` ('float32', 'float64', or None to keep them as they are).
-    ``compression_codec`` is Spark's Parquet codec name (None: Spark's default, snappy).
+    ``compression_codec`` is Spark's Parquet codec name; None writes uncompressed files, as
+    Petastorm 0.13.1's converter did (its ``option("compression", None)`` left them uncompressed,
+    whatever ``spark.sql.parquet.compression.codec`` says).
 
     ``df`` may also be the URL (or local path) of a directory of Parquet files, as Petastorm
     allows: the converter then reads those files as they are; the other arguments are ignored
@@ -331,8 +333,7 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
     temporary_url = url.rsplit("/", 1)[0] + "/" + fsutil.temporary_sibling(path).rsplit("/", 1)[-1]
     writer = (df.write.mode("overwrite").option("parquet.block.size", str(row_group_size))
               .option(SPARK_CHECKSUM_CONF, "true"))  # a CRC-32 in every page header, verified on read
-    if compression is not None:
-        writer = writer.option("compression", compression)
+    writer = writer.option("compression", "uncompressed" if compression is None else compression)  # Petastorm's
     try:
         writer.parquet(temporary_url)
         _, temporary = fsutil.resolve_filesystem(temporary_url)

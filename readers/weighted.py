@@ -319,8 +319,11 @@ class WeightedSamplingReader:
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start every reader and the draws over (what the PyTorch loaders call to iterate again)."""
-        for reader in self._readers:
-            reader.reset()
+        for reader in self._readers:  # the others stopped mid-epoch when one ran out: start_over(), not reset()
+            if hasattr(reader, "start_over"):
+                reader.start_over()
+            else:
+                reader.reset()
         self._draws = 0
 
     def stop(self) -> None:

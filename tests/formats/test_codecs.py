@@ -17,6 +17,7 @@ import pytest
 from unihub import (
     CODECS,
     CodecError,
+    CodecTypeError,
     CompressedImageCodec,
     CompressedNdarrayCodec,
     NdarrayCodec,
@@ -189,10 +190,14 @@ def test_scalar_encode_refuses_what_is_not_one_scalar_as_petastorm_did():
     field = UnischemaField("count", np.int64, (), ScalarCodec(pa.int64()), False)
     assert field.codec.encode(field, np.array(7)) == 7 and field.codec.encode(field, np.int64(8)) == 8
     for value, found in [([1, 2], "a list"), ((1,), "a tuple"), (np.array([1]), r"an array of shape \(1,\)")]:
-        with pytest.raises(CodecError, match=f"field 'count': expected a scalar, found {found}"):
+        # Petastorm's TypeError and words, unihub's class and detail
+        with pytest.raises(CodecTypeError, match=f"Expected a scalar as a value for field 'count': found {found}"):
             field.codec.encode(field, value)
+        with pytest.raises(TypeError):
+            field.codec.encode_column(field, [7, value])  # the column path keeps the type
     shaped = UnischemaField("count", np.int64, (1,), ScalarCodec(pa.int64()), False)
-    with pytest.raises(CodecError, match=r"stores scalars, but the field's shape is \(1,\)"):
+    with pytest.raises(CodecError, match=r"The shape field of unischema_field 'count' must be an empty tuple .*"
+                                         r"stores scalars, but the field's shape is \(1,\)"):
         shaped.codec.encode(shaped, 1)
     listed = UnischemaField("tags", np.str_, (None,), ScalarCodec(pa.list_(pa.string())), False)
     assert listed.codec.encode(listed, ["a", "b"]) == ["a", "b"]  # a list type holds lists
@@ -623,7 +628,7 @@ def test_codecs_equal_and_hash_by_config():
     assert NdarrayCodec() != CompressedNdarrayCodec()
     assert TensorCodec() != NdarrayCodec()
     assert len({*ALL_CODECS, *[codec_from_json(c.to_json()) for c in ALL_CODECS]}) == len(ALL_CODECS)
-    assert repr(CompressedImageCodec("jpeg", 73)) == "CompressedImageCodec(image_codec='jpeg', quality=73)"
+    assert repr(CompressedImageCodec("jpeg", 73)) == "CompressedImageCodec('jpeg', 73)"  # Petastorm's str()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -692,8 +697,8 @@ def test_image_encode_refuses_an_image_that_does_not_fit_the_field():
     field = UnischemaField("img", np.uint8, (4, 4, 3), CompressedImageCodec("png"), False)
     assert field.codec.encode(field, np.zeros((4, 4, 3), np.uint8)).startswith(b"\x89PNG")
     for shape in [(5, 4, 3), (4, 4), (4, 4, 1)]:
-        with pytest.raises(CodecError, match=rf"field 'img': expected an image of shape \(4, 4, 3\), found "
-                                             rf"{re.escape(str(shape))}"):
+        with pytest.raises(CodecError, match=rf"Unexpected dimensions of 'img' feature: expected an image of shape "
+                                             rf"\(4, 4, 3\), found {re.escape(str(shape))}"):
             field.codec.encode(field, np.zeros(shape, np.uint8))
     any_size = UnischemaField("img", np.uint8, (None, None, 3), CompressedImageCodec("png"), False)
     assert any_size.codec.encode(any_size, np.zeros((5, 9, 3), np.uint8)).startswith(b"\x89PNG")
@@ -750,7 +755,8 @@ def test_image_errors_name_field_and_row():
     assert bad_bytes.value.row == 1
     with pytest.raises(CodecError, match="field 'img': 4 bytes are neither PNG nor JPEG"):
         field.codec.encode_column(field, [bytearray(b"GIF8")])  # not bytes: the value-by-value path
-    with pytest.raises(CodecError, match="field 'img': expected an image of dtype uint8, found float32"):
+    with pytest.raises(CodecError, match="Unexpected type of 'img' feature: expected an image of dtype uint8, "
+                                         "found float32"):
         field.codec.encode_column(field, [np.zeros((8, 8, 3), np.float32)])
     good = field.codec.encode(field, np.zeros((8, 8, 3), np.uint8))
     cells = pa.array([good, good[: len(good) // 2]], type=pa.binary())

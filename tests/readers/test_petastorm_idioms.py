@@ -159,10 +159,10 @@ def test_eight_threads_share_a_reader(pool: str) -> None:
 def test_codecs_refuse_values_that_do_not_fit_the_field() -> None:
     with make_reader(WITH_SCHEMA) as reader:
         ident, image = reader.schema.fields["id"], reader.schema.fields["image_png"]
-    with pytest.raises(CodecError, match="expected a scalar"):
+    with pytest.raises(CodecError, match="Expected a scalar"):
         ident.codec.encode(ident, [1, 2])
-    with pytest.raises(CodecError, match="expected a scalar"):
+    with pytest.raises(TypeError, match="Expected a scalar"):
         ident.codec.encode(ident, np.array([1]))
-    with pytest.raises(CodecError, match=r"expected an image of shape \(32, 48, 3\)"):
+    with pytest.raises(CodecError, match=r"Unexpected dimensions.*expected an image of shape \(32, 48, 3\)"):
         image.codec.encode(image, np.zeros((16, 48, 3), np.uint8))
     assert image.codec.encode(image, np.zeros((32, 48, 3), np.uint8))[:4] == b"\x89PNG"

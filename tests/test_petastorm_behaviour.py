@@ -1,0 +1,250 @@
+"""Petastorm 0.13.1's exception types, message words, warnings and small behaviours, as its own tests
+assert them (``petastorm/tests/test_unischema.py``, ``test_codec_*.py``, ``test_end_to_end.py``,
+``test_parquet_reader.py``, ``test_reader.py``, ``test_pytorch_dataloader.py``).
+
+Each check asserts both: the built-in Petastorm raised (so ``except TypeError`` in migrated code still
+catches it) and unihub's own class (so ``except unihub.CodecError`` does too). Datasets are the ones
+real Petastorm wrote (``tests/fixtures/petastorm``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import unihub
+from unihub import (
+    CodecError,
+    CodecTypeError,
+    CompressedImageCodec,
+    DatasetNotFoundError,
+    DatasetUrlListError,
+    FieldTypeError,
+    NoMatchingFieldsError,
+    ReaderResetError,
+    ScalarCodec,
+    SchemaError,
+    Unischema,
+    UnischemaField,
+    ValidationError,
+    dict_to_spark_row,
+    insert_explicit_nulls,
+    make_batch_reader,
+    make_reader,
+    match_unischema_fields,
+)
+from unihub.errors import NoDataAvailableError, UsageError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "petastorm"
+WITH_SCHEMA = f"file://{FIXTURES / 'unischema'}"  # 60 rows in 3 row groups, Petastorm's Unischema
+PLAIN = f"file://{FIXTURES / 'plain'}"  # 600 rows in 2 row groups, Spark's Parquet without a Unischema
+
+
+def spark_types():
+    return pytest.importorskip("pyspark.sql.types")
+
+
+# -- codecs (test_codec_scalar.py, test_codec_compressed_image.py) ------------------------------------
+@pytest.mark.parametrize("value", [[1.2], np.asarray([3.4]), [5, 6]])
+def test_a_scalar_codec_given_a_list_raises_petastorms_type_error(value) -> None:
+    codec = ScalarCodec(spark_types().FloatType())
+    field = UnischemaField("field_float", np.float32, (), codec, False)
+    with pytest.raises(TypeError, match="Expected a scalar") as info:
+        codec.encode(field, value)
+    assert isinstance(info.value, CodecTypeError) and isinstance(info.value, CodecError)
+    with pytest.raises(CodecTypeError, match="Expected a scalar as a value for field 'field_float'"):
+        codec.encode_column(field, [1.0, value])  # the column path keeps the type (not a re-wrapped error)
+
+
+def test_a_scalar_codec_on_a_shaped_field_keeps_petastorms_words() -> None:
+    codec = ScalarCodec(spark_types().IntegerType())
+    field = UnischemaField("field_int", np.int32, (1,), codec, False)
+    with pytest.raises(ValueError, match="must be an empty tuple") as info:
+        codec.encode(field, np.int32(1))
+    assert isinstance(info.value, CodecError) and not isinstance(info.value, TypeError)
+
+
+def test_an_image_codec_keeps_petastorms_words() -> None:
+    codec = CompressedImageCodec("png")
+    field = UnischemaField("field_image", np.uint8, (10, 20), codec, False)
+    with pytest.raises(CodecError, match=r"Unexpected dimensions.*\(10, 20\), found \(100, 200\)"):
+        codec.encode(field, np.zeros((100, 200), dtype=np.uint8))
+    with pytest.raises(CodecError, match="Unexpected type.*dtype uint8, found uint16"):
+        codec.encode(field, np.zeros((10, 20), dtype=np.uint16))
+
+
+def test_codecs_print_as_petastorm_printed_them() -> None:
+    types = spark_types()
+    assert str(ScalarCodec(types.FloatType())) == "ScalarCodec(FloatType())"
+    assert str(CompressedImageCodec("png", 80)) == "CompressedImageCodec('png', 80)"
+    assert ScalarCodec(types.FloatType()) == ScalarCodec(np.float32)  # the repr changes nothing else
+    assert repr(ScalarCodec(pa.int64())) == "ScalarCodec(arrow_type='int64')"
+
+
+# -- Unischema (test_unischema.py) --------------------------------------------------------------------
+def test_dict_to_spark_row_given_a_list_for_a_string_raises_petastorms_type_error() -> None:
+    types = spark_types()
+    schema = Unischema("TestSchema", [UnischemaField("string_field", np.bytes_, (), ScalarCodec(types.StringType()),
+                                                     False)])
+    with pytest.raises(TypeError) as info:
+        dict_to_spark_row(schema, {"string_field": []})
+    assert isinstance(info.value, FieldTypeError) and isinstance(info.value, ValidationError)
+    assert "field 'string_field'" in str(info.value)
+    with pytest.raises(ValidationError) as null:  # None in a non-nullable field stays a ValueError only
+        dict_to_spark_row(schema, {"string_field": None})
+    assert not isinstance(null.value, TypeError)
+
+
+def test_as_spark_schema_refuses_a_tensor_without_a_codec() -> None:
+    spark_types()
+    schema = Unischema("TestSchema", [UnischemaField("int_vector_unspecified_codec", np.int8, (1,))])
+    with pytest.raises(SchemaError, match="non-scalar UnischemaField 'int_vector_unspecified_codec' has codec "
+                                          "set to None"):
+        schema.as_spark_schema()
+    unknown = Unischema("TestSchema", [UnischemaField("x", object, ())])
+    with pytest.raises(ValueError, match="Was not able to map type") as info:
+        unknown.as_spark_schema()
+    assert isinstance(info.value, SchemaError)
+
+
+def test_schema_views_keep_petastorms_words() -> None:
+    types = spark_types()
+    schema = Unischema("TestSchema", [
+        UnischemaField("int_field", np.int8, (), ScalarCodec(types.IntegerType()), False),
+        UnischemaField("string_field", np.bytes_, (), ScalarCodec(types.StringType()), False),
+    ])
+    with pytest.raises(SchemaError, match="does not belong to the schema"):
+        schema.create_schema_view([UnischemaField("id", np.int64, (), ScalarCodec(types.LongType()), False)])
+    with pytest.raises(SchemaError, match="must be either a string"):
+        schema.create_schema_view([42])
+
+
+def test_a_field_named_like_a_unischema_attribute_is_warned_about() -> None:
+    with pytest.warns(UserWarning, match="Can not create dynamic property fields"):
+        schema = Unischema("TestSchema", [UnischemaField("fields", np.int32, (), None, True)])
+    assert schema["fields"].name == "fields"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schema.create_schema_view(["fields"])  # a view is not warned about again
+
+
+def test_a_regex_whose_prefix_match_differs_is_warned_about() -> None:
+    schema = Unischema("TestSchema", [UnischemaField("int32", np.int32, (), None, False),
+                                      UnischemaField("uint8", np.uint8, (), None, False),
+                                      UnischemaField("uint16", np.uint16, (), None, False)])
+    # 'uint8|uint1' matches uint16's first five characters, not all of it
+    with pytest.warns(UserWarning, match=r"schema_fields behavior has changed.*following fields: uint16$"):
+        assert match_unischema_fields(schema, ["uint8|uint1"]) == [schema["uint8"]]
+    with pytest.warns(UserWarning, match=r"schema_fields behavior has changed.*uint16, uint8"), \
+            pytest.raises(RuntimeError, match="No fields matching the criteria 'uint'"):
+        match_unischema_fields(schema, ["uint"])  # Petastorm's case: warned, and (unihub) refused, not []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same fields either way: no warning
+        assert match_unischema_fields(schema, ["uint16", "int32", "uint8"]) == list(schema)
+
+
+def test_fields_without_a_codec_equal_the_same_fields_with_one() -> None:
+    bare = UnischemaField("id", np.int64, (), None, False)
+    coded = UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)
+    assert bare == coded and coded == bare and hash(bare) == hash(coded) and not bare != coded
+    assert {bare: 1}[coded] == 1
+    assert coded != UnischemaField("id", np.int64, (), ScalarCodec(pa.int32()), False)  # two codecs still differ
+    assert bare != UnischemaField("id", np.int64, (), None, True)
+    assert bare != UnischemaField("id", np.int32, (), None, False)
+
+
+def test_insert_explicit_nulls_as_petastorm() -> None:
+    from unihub.formats import schema as schema_module
+
+    assert unihub.insert_explicit_nulls is schema_module.insert_explicit_nulls  # petastorm.unischema's name
+    schema = Unischema("TestSchema", [UnischemaField("nullable", np.int32, (), None, True),
+                                      UnischemaField("not_nullable", np.int32, (), None, False)])
+    row = {"not_nullable": 1}
+    insert_explicit_nulls(schema, row)
+    assert row == {"not_nullable": 1, "nullable": None}
+    full = {"nullable": 0, "not_nullable": 1}
+    insert_explicit_nulls(schema, full)
+    assert full == {"nullable": 0, "not_nullable": 1}
+    with pytest.raises(ValueError, match="Field not_nullable is not found in the row_dict, but is not nullable") \
+            as info:
+        insert_explicit_nulls(schema, {"nullable": 0})
+    assert isinstance(info.value, ValidationError)
+
+
+# -- readers (test_reader.py, test_end_to_end.py, test_parquet_reader.py) ----------------------------
+def test_an_empty_url_list_is_petastorms_value_error() -> None:
+    for factory in (make_reader, make_batch_reader):
+        with pytest.raises(ValueError, match="dataset url list must be non-empty") as info:
+            factory([])
+        assert isinstance(info.value, DatasetUrlListError) and isinstance(info.value, DatasetNotFoundError)
+
+
+def test_schema_fields_that_match_nothing_are_petastorms_runtime_error() -> None:
+    for factory, url in ((make_reader, WITH_SCHEMA), (make_batch_reader, PLAIN)):
+        with pytest.raises(RuntimeError, match="No fields matching the criteria.*bogus_field.*") as info:
+            factory(url, schema_fields=["bogus_field"])
+        assert isinstance(info.value, NoMatchingFieldsError) and isinstance(info.value, SchemaError)
+        assert url in str(info.value) and "'id'" in str(info.value)  # the dataset and its fields
+
+
+def test_too_many_shards_keep_petastorms_words() -> None:
+    with pytest.raises(NoDataAvailableError, match="Number of row-groups in the dataset"):
+        make_reader(WITH_SCHEMA, cur_shard=0, shard_count=10)
+
+
+def test_shard_seed_is_warned_about_as_deprecated() -> None:
+    with pytest.warns(UserWarning, match="shard_seed was deprecated and will be removed in future versions."):
+        make_reader(WITH_SCHEMA, shard_seed=123, workers_count=1).stop()
+
+
+def test_reading_after_stop_keeps_petastorms_words_and_stopped_is_public() -> None:
+    reader = make_reader(WITH_SCHEMA, workers_count=1)
+    assert reader.stopped is False
+    next(reader)
+    reader.stop()
+    reader.join()
+    assert reader.stopped is True
+    with pytest.raises(RuntimeError, match="Trying to read a sample.*") as info:
+        next(reader)
+    assert isinstance(info.value, UsageError)
+    reader.reset()  # after stop(): allowed, as Petastorm's
+    assert reader.stopped is False
+    assert len(list(reader)) == 60
+    reader.stop()
+    reader.join()
+
+
+@pytest.mark.parametrize("pool", ["dummy", "thread", "process"])
+def test_reset_in_the_middle_of_an_epoch_is_petastorms_not_implemented_error(pool: str) -> None:
+    with make_reader(WITH_SCHEMA, reader_pool_type=pool, num_epochs=5, workers_count=1,
+                     shuffle_row_groups=False) as reader:
+        first = [int(next(reader).id) for _ in range(20)]
+        with pytest.raises(NotImplementedError, match="in the middle of iteration") as info:
+            reader.reset()
+        assert isinstance(info.value, ReaderResetError) and isinstance(info.value, UsageError)
+        rest = [int(row.id) for row in reader]  # the refused reset changed nothing
+        assert len(first) + len(rest) == 5 * 60
+        reader.reset()  # after the last row: allowed
+        assert [int(next(reader).id) for _ in range(20)] == first
+        reader.start_over()  # unihub's start from anywhere
+        assert [int(next(reader).id) for _ in range(20)] == first
+
+
+def test_a_second_concurrent_pass_of_the_in_memory_loader_raises() -> None:
+    pytest.importorskip("torch")
+    from unihub.readers.pytorch import InMemBatchedDataLoader
+
+    with make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1) as reader:
+        loader = InMemBatchedDataLoader(reader, batch_size=2, rows_capacity=100, shuffle=False)
+        first = iter(loader)
+        next(first)
+        second = iter(loader)
+        with pytest.raises(RuntimeError, match="InMemBatchedDataLoader couldn't be used multiple times") as info:
+            next(second)
+        assert isinstance(info.value, UsageError)
+        assert sum(len(batch["id"]) for batch in first) == 58  # the first pass goes on
+        assert sum(len(batch["id"]) for batch in loader) == 60  # and a finished one may be followed by another
