@@ -1,0 +1,441 @@
+"""Petastorm's own test suite, run against real Petastorm 0.13.1 and against unihub.
+
+Petastorm's wheel ships its tests (``petastorm/tests/*.py``). This script copies them out of the
+Petastorm venv (``.venv-petastorm``, built by ``benchmarks/petastorm_env.py``) and runs them twice
+with pytest, one process per test file:
+
+1. in ``.venv-petastorm``, against real Petastorm;
+2. in the project's ``.venv``, against unihub through ``benchmarks/petastorm_shim/petastorm``, a
+   package of pure re-exports of unihub's public names under Petastorm's module paths (no logic:
+   ``tests/test_petastorm_shim.py`` guards that). The copied tests become its ``petastorm.tests``.
+
+A test is *applicable* when it passes on real Petastorm and tests public behaviour (the excluded
+files and tests of Petastorm's private internals are listed below, each with its reason). The
+table gives how many applicable tests pass on unihub and every failure's cause (exception type and
+the first line of its message), grouped::
+
+    python benchmarks/petastorm_conformance.py                      # everything (~15 min on 2 cores)
+    python benchmarks/petastorm_conformance.py --only test_unischema.py --only test_predicates.py
+    python benchmarks/petastorm_conformance.py --json out.json --markdown out.md
+
+Petastorm's legacy datasets (``petastorm/tests/data/legacy``) are not in the wheel; the copies in
+``tests/fixtures/petastorm_legacy`` are put there when present. The real run's results are kept in
+``benchmarks/results/petastorm_conformance_real.json`` and reused (``--rerun-real`` to redo them).
+One test may run ``--timeout`` seconds (default 180); a test past it fails as ``Timeout`` and the
+rest of its file runs on in a new process. Spark tests run when a local Spark starts
+(``SPARK_LOCAL_IP=127.0.0.1``); otherwise they are listed as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIM_ROOT = Path(__file__).resolve().parent / "petastorm_shim"
+PETASTORM_PYTHON = REPO_ROOT / ".venv-petastorm" / "bin" / "python"
+UNIHUB_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+LEGACY_DATASETS = REPO_ROOT / "tests" / "fixtures" / "petastorm_legacy"
+REAL_RESULTS_CACHE = REPO_ROOT / "benchmarks" / "results" / "petastorm_conformance_real.json"
+FILE_TIMEOUT_S = 900  # one pytest process, a backstop behind the per-test timeout
+
+#: Test files of Petastorm's private internals: not applicable, never run.
+EXCLUDED_FILES: dict[str, str] = {
+    "test_arrow_table_serializer.py": "petastorm.reader_impl.arrow_table_serializer: the process pool's transport",
+    "test_pickle_serializer.py": "petastorm.reader_impl.pickle_serializer: the process pool's transport",
+    "test_shuffling_buffer.py": "petastorm.reader_impl.*shuffling_buffer classes: the readers' internals",
+    "test_fs_utils.py": "petastorm.fs_utils.FilesystemResolver and petastorm.hdfs mocks: URL-resolution internals",
+    "test_spark_session_cli.py": "petastorm.tools.spark_session_cli: argparse helpers of Petastorm's CLIs",
+    "test_benchmark.py": "petastorm.benchmark.throughput CLI internals (_time_warmup_and_work, its argparse _main)",
+    "test_run_in_subprocess.py": "petastorm.utils.run_in_subprocess: an internal helper",
+    "test_decode_row.py": "petastorm.utils.decode_row / DecodeFieldError: the row decoder's internals",
+    "test_reader_mock.py": "petastorm.test_util.reader_mock: Petastorm's test utility, not its API",
+}
+
+#: Single tests of private internals (``file::name``, any parameters), each with its reason.
+EXCLUDED_TESTS: dict[str, str] = {
+    # patches petastorm.unischema._UNISCHEMA_FIELD_ORDER, a module-private switch
+    "test_end_to_end.py::test_reading_subset_of_columns_alphabetical_order": "patches unischema._UNISCHEMA_FIELD_ORDER",
+    "test_ngram_end_to_end.py::test_ngram_basic_alphabetical": "patches unischema._UNISCHEMA_FIELD_ORDER",
+    "test_unischema.py::test_fields_alphabetical_order": "patches unischema._UNISCHEMA_FIELD_ORDER",
+    "test_unischema.py::test_create_schema_view_using_regex_and_unischema_fields_with_duplicate_alphabetical":
+        "patches unischema._UNISCHEMA_FIELD_ORDER",
+    "test_unischema.py::test_new_gt_255_compatible_namedtuple": "unischema._new_gt_255_compatible_namedtuple",
+    "test_unischema.py::test_fullmatch": "unischema._fullmatch",
+    # private helpers of petastorm.pytorch / petastorm.tf_utils
+    "test_pytorch_dataloader.py::test_sanitize_pytorch_types_int8": "pytorch._sanitize_pytorch_types",
+    "test_pytorch_dataloader.py::test_load_rows_into_mem": "pytorch._load_rows_into_mem",
+    "test_tf_utils.py::test_sanitize_field_tf_types": "tf_utils._sanitize_field_tf_types",
+    "test_tf_utils.py::test_decimal_conversion": "tf_utils._sanitize_field_tf_types",
+    "test_tf_utils.py::test_uint16_promotion_to_int32": "tf_utils._sanitize_field_tf_types",
+    "test_tf_utils.py::test_unknown_type": "tf_utils._sanitize_field_tf_types",
+    "test_tf_utils.py::test_schema_to_tf_dtypes": "tf_utils._schema_to_tf_dtypes / _numpy_to_tf_dtypes",
+    "test_tf_utils.py::test_schema_to_tf_dtypes_ngram": "tf_utils._schema_to_tf_dtypes / _ngrams_generator",
+    "test_tf_utils.py::test_unflatten_and_set_shape": "tf_utils._unflatten_and_set_shape",
+    # petastorm.arrow_reader_worker: the batch reader's worker
+    "test_parquet_reader.py::test_convert_arrow_table_to_numpy_dict": "arrow_reader_worker internals",
+    "test_parquet_reader.py::test_asymetric_parquet_pieces": "arrow_reader_worker internals",
+    # petastorm.spark.spark_dataset_converter's private helpers (_check_url, _make_sub_dir_url, ...)
+    "test_spark_dataset_converter.py::test_check_url": "spark_dataset_converter._check_url",
+    "test_spark_dataset_converter.py::test_make_sub_dir_url": "spark_dataset_converter._make_sub_dir_url",
+    "test_spark_dataset_converter.py::test_check_parent_cache_dir_url": "_check_parent_cache_dir_url",
+    "test_spark_dataset_converter.py::test_get_horovod_rank_and_size": "_get_horovod_rank_and_size",
+    "test_spark_dataset_converter.py::test_check_rank_and_size_consistent_with_horovod":
+        "_check_rank_and_size_consistent_with_horovod",
+    "test_spark_dataset_converter.py::test_wait_file_available": "_wait_file_available",
+    "test_spark_dataset_converter.py::test_check_dataset_file_median_size": "_check_dataset_file_median_size",
+    "test_spark_dataset_converter.py::test_normalize_databricks_dbfs_url": "_normalize_databricks_dbfs_url",
+    "test_spark_dataset_converter.py::test_get_spark_session_safe_check": "_get_spark_session",
+    "test_spark_dataset_converter.py::test_df_caching": "_cache_df_meta_list",
+    "test_spark_dataset_converter.py::test_df_delete_caching_meta": "_cache_df_meta_list",
+    "test_spark_dataset_converter.py::test_torch_dataloader_advanced_params": "patches spark_dataset_converter.make_batch_reader",
+    "test_spark_dataset_converter.py::test_tf_dataset_petastorm_args": "patches spark_dataset_converter.make_batch_reader",
+    "test_spark_dataset_converter.py::test_dbfs_local_path_with_databricks_runtime_version":
+        "patches spark_dataset_converter internals (Databricks paths)",
+    # petastorm.tools.copy_dataset._main: the CLI's argparse entry
+    "test_copy_dataset.py::test_copy_and_overwrite_cli": "tools.copy_dataset._main",
+    "test_copy_dataset.py::test_copy_some_fields_with_repartition_cli": "tools.copy_dataset._main",
+    "test_copy_dataset.py::test_copy_not_null_rows_cli": "tools.copy_dataset._main",
+    "test_copy_dataset.py::test_bad_regex": "tools.copy_dataset._main",
+    # petastorm.etl.petastorm_generate_metadata._main: the CLI's argparse entry
+    "test_generate_metadata.py::": "etl.petastorm_generate_metadata._main (the CLI entry) and its internals",
+}
+
+
+@dataclass
+class RunResult:
+    """Outcome of every test of one run: ``{test id: (outcome, cause)}``, plus collection errors."""
+
+    outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    collect_errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcomes": self.outcomes, "collect_errors": self.collect_errors, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        outcomes = {key: (value[0], value[1]) for key, value in data["outcomes"].items()}
+        return cls(outcomes, dict(data["collect_errors"]), float(data["seconds"]))
+
+
+def exclusion_reason(test_id: str) -> str | None:
+    """Why ``test_id`` (``file::name[params]``) is not applicable, or None."""
+    file_name, _, name = test_id.partition("::")
+    if file_name in EXCLUDED_FILES:
+        return EXCLUDED_FILES[file_name]
+    base = f"{file_name}::{name.split('[')[0]}"
+    return EXCLUDED_TESTS.get(base) or EXCLUDED_TESTS.get(f"{file_name}::")
+
+
+def petastorm_tests_dir(python: Path = PETASTORM_PYTHON) -> Path:
+    """The ``petastorm/tests`` folder inside the Petastorm venv (found without importing Petastorm)."""
+    code = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('petastorm').origin))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip()) / "tests"
+
+
+def prepare_tree(workdir: Path, tests_source: Path, *, shim: bool) -> Path:
+    """Lay out one run's folder; returns the folder the copied tests are in."""
+    workdir.mkdir(parents=True)
+    (workdir / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest's search for an ini
+    (workdir / "_harness").mkdir()  # the plugin alone on PYTHONPATH: SHIM_ROOT would shadow real Petastorm
+    shutil.copy2(SHIM_ROOT / "conformance_plugin.py", workdir / "_harness" / "conformance_plugin.py")
+    if shim:  # NumPy 1 aliases the tests spell (np.unicode_, np.string_), in every process of the run
+        shutil.copy2(SHIM_ROOT / "sitecustomize.py", workdir / "_harness" / "sitecustomize.py")
+    if shim:
+        shutil.copytree(SHIM_ROOT / "petastorm", workdir / "petastorm", ignore=shutil.ignore_patterns("__pycache__"))
+        tests = workdir / "petastorm" / "tests"
+    else:  # a package of another name: ``petastorm`` must stay the installed one
+        tests = workdir / "petastorm_tests"
+    shutil.copytree(tests_source, tests, ignore=shutil.ignore_patterns("__pycache__"))
+    if LEGACY_DATASETS.is_dir():
+        shutil.copytree(LEGACY_DATASETS, tests / "data" / "legacy")
+    return tests
+
+
+def spark_starts(python: Path, env: dict[str, str]) -> bool:
+    code = ("from pyspark.sql import SparkSession\n"
+            "s = SparkSession.builder.master('local[1]').getOrCreate()\n"
+            "assert s.range(3).count() == 3\ns.stop()\n")
+    try:
+        return subprocess.run([str(python), "-c", code], env=env, capture_output=True, timeout=240).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def run_environment(python: Path, workdir: Path, *, shim: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    path = [str(workdir / "_harness")] + ([str(workdir)] if shim else [])
+    env.update(PYTHONPATH=os.pathsep.join(path), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=str(python),
+               PYSPARK_DRIVER_PYTHON=str(python), CONFORMANCE_PLACEHOLDERS="1" if shim else "0",
+               PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+_RANK = {"failed": 4, "passed": 3, "xpassed": 3, "xfailed": 2, "skipped": 2, "deselected": 1}
+
+
+def run_file(python: Path, workdir: Path, test_file: Path, env: dict[str, str], deselect: dict[str, str],
+             timeout_s: float) -> RunResult:
+    """Run one test file until every collected test has an outcome (restarting after a timeout)."""
+    result = RunResult()
+    started = time.monotonic()
+    for attempt in range(50):
+        records = workdir / f"{test_file.stem}.{attempt}.jsonl"
+        skip = workdir / f"{test_file.stem}.{attempt}.deselect.json"
+        skip.write_text(json.dumps({**deselect, **{key: "done" for key in result.outcomes}}), encoding="utf-8")
+        run_env = dict(env, CONFORMANCE_RESULTS=str(records), CONFORMANCE_DESELECT=str(skip),
+                       CONFORMANCE_TIMEOUT_S=str(timeout_s))
+        command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-p", "conformance_plugin", "-q",
+                   "--no-header", "-rN", "-W", "ignore::DeprecationWarning", str(test_file)]
+        try:
+            proc = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True,
+                                  timeout=FILE_TIMEOUT_S)
+            output = (proc.stdout + proc.stderr).strip().splitlines()
+            returncode, tail = proc.returncode, output[-1:]
+        except subprocess.TimeoutExpired:
+            output, returncode, tail = [], -1, [f"Timeout: the file ran past {FILE_TIMEOUT_S} s"]
+        if not records.exists():  # pytest stopped before collecting (e.g. conftest.py failed to import)
+            errors = [line[1:].strip() for line in output if line.startswith("E ")]
+            result.collect_errors[test_file.name] = (errors or tail or ["?"])[-1][:300]
+            break
+        collected: list[str] = []
+        running: str | None = None
+        for entry in _read_lines(records):
+            if entry.get("event") == "collected":
+                collected = entry["ids"]
+            elif entry.get("event") == "collect_error":
+                result.collect_errors[entry["file"]] = entry["cause"]
+            elif entry.get("event") == "start":
+                running = entry["id"]
+            elif "outcome" in entry:
+                old = result.outcomes.get(entry["id"])
+                if old is None or _RANK[entry["outcome"]] >= _RANK[old[0]]:
+                    result.outcomes[entry["id"]] = (entry["outcome"], entry.get("cause", ""))
+        missing = [test_id for test_id in collected if test_id not in result.outcomes]
+        if not missing:
+            break
+        if running in missing:  # the process died inside this test
+            cause = f"Crash: pytest ended ({returncode}) during the test: {' '.join(tail)[:200]}"
+            result.outcomes[running] = ("failed", cause)
+        elif returncode in (0, 1):  # pytest ended normally yet some collected tests were never reported
+            for test_id in missing:
+                result.outcomes[test_id] = ("failed", "not reported by pytest")
+            break
+        else:
+            for test_id in missing:
+                result.outcomes[test_id] = ("failed", f"Crash: pytest ended ({returncode}): {' '.join(tail)[:200]}")
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def run_suite(python: Path, tests_source: Path, files: Sequence[str], workdir: Path, *, shim: bool,
+              timeout_s: float, log: Any) -> tuple[RunResult, bool]:
+    """Run ``files`` (names in Petastorm's tests folder) in one venv; returns the results and whether Spark ran."""
+    tests = prepare_tree(workdir, tests_source, shim=shim)
+    env = run_environment(python, workdir, shim=shim)
+    spark = spark_starts(python, env)
+    if not spark:
+        env["CONFORMANCE_NO_SPARK"] = "1"
+    total = RunResult()
+    for name in files:
+        excluded = {test_id: f"excluded: {reason}" for test_id, reason in EXCLUDED_TESTS.items()
+                    if test_id.startswith(f"{name}::")}
+        one = run_file(python, workdir, tests / name, env, excluded, timeout_s)
+        total.outcomes.update(one.outcomes)
+        total.collect_errors.update(one.collect_errors)
+        total.seconds += one.seconds
+        passed = sum(outcome == "passed" for outcome, _ in one.outcomes.values())
+        log(f"  {'unihub' if shim else 'petastorm'} {name}: {passed}/{len(one.outcomes)} passed, {one.seconds:.0f} s")
+    return total, spark
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+|/tmp/[^\s'\"]*")
+
+
+def cause_key(cause: str) -> str:
+    """A failure's cause with addresses and temporary paths blanked, so equal causes group."""
+    return _ADDRESS.sub("…", cause)
+
+
+def build_table(real: RunResult, unihub: RunResult, files: Sequence[str], spark: dict[str, bool]) -> dict[str, Any]:
+    applicable, excluded, not_applicable = [], {}, Counter()
+    for test_id, (outcome, _) in sorted(real.outcomes.items()):
+        reason = exclusion_reason(test_id)
+        if reason is not None:
+            excluded[test_id] = reason
+        elif outcome == "passed":
+            applicable.append(test_id)
+        else:
+            not_applicable[outcome] += 1
+    passing, failures = [], []
+    for test_id in applicable:
+        outcome, cause = unihub.outcomes.get(test_id, ("failed", ""))
+        if outcome == "passed":
+            passing.append(test_id)
+            continue
+        if test_id not in unihub.outcomes:
+            cause = unihub.collect_errors.get(test_id.split("::")[0], "not collected on unihub (test id differs)")
+        elif outcome != "failed":
+            cause = f"{outcome} on unihub: {cause}"
+        failures.append({"test": test_id, "cause": cause})
+    groups: dict[str, list[str]] = defaultdict(list)
+    for failure in failures:
+        groups[cause_key(failure["cause"])].append(failure["test"])
+    not_run = sorted(test_id for test_id, (outcome, cause) in real.outcomes.items()
+                     if outcome == "deselected" and "Spark" in cause)
+    return {
+        "files": list(files),
+        "applicable": len(applicable),
+        "passing": len(passing),
+        "percent": round(100.0 * len(passing) / len(applicable), 1) if applicable else 0.0,
+        "failing": len(failures),
+        "excluded_private": len(excluded),
+        "not_passing_on_petastorm": dict(not_applicable),
+        "spark": spark,
+        "not_run_no_spark": not_run,
+        "seconds": {"petastorm": round(real.seconds), "unihub": round(unihub.seconds)},
+        "collect_errors": {"petastorm": real.collect_errors, "unihub": unihub.collect_errors},
+        "failure_groups": [{"cause": cause, "count": len(tests), "tests": tests}
+                           for cause, tests in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))],
+        "excluded": excluded,
+    }
+
+
+def format_text(table: dict[str, Any]) -> str:
+    lines = [
+        "Petastorm 0.13.1's own tests on unihub (through benchmarks/petastorm_shim)",
+        f"  applicable (pass on Petastorm, public behaviour): {table['applicable']}",
+        f"  passing on unihub: {table['passing']} ({table['percent']}%)",
+        f"  failing on unihub: {table['failing']}",
+        f"  excluded (Petastorm's private internals): {table['excluded_private']}",
+        f"  not passing on Petastorm itself: {table['not_passing_on_petastorm']}",
+        f"  Spark ran: {table['spark']}" + (f"; not run without Spark: {len(table['not_run_no_spark'])}"
+                                            if table["not_run_no_spark"] else ""),
+    ]
+    for run, errors in table["collect_errors"].items():
+        lines.extend(f"  {run}: {name} did not collect: {cause}" for name, cause in errors.items())
+    lines += ["", "Failures by cause:"]
+    for group in table["failure_groups"]:
+        lines.append(f"  [{group['count']}] {group['cause']}")
+        lines.extend(f"        {test}" for test in group["tests"])
+    return "\n".join(lines)
+
+
+def format_markdown(table: dict[str, Any]) -> str:
+    lines = [
+        "| applicable | passing on unihub | % | failing | excluded (private) |",
+        "|---|---|---|---|---|",
+        f"| {table['applicable']} | {table['passing']} | {table['percent']}% | {table['failing']} "
+        f"| {table['excluded_private']} |",
+        "",
+        "| failures | cause | tests |",
+        "|---|---|---|",
+    ]
+    for group in table["failure_groups"]:
+        cause = group["cause"].replace("|", "\\|")
+        tests = ", ".join(f"`{test}`" for test in group["tests"][:5]) + (" …" if group["count"] > 5 else "")
+        lines.append(f"| {group['count']} | {cause} | {tests} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def select_files(tests_source: Path, only: Iterable[str]) -> list[str]:
+    every = sorted(path.name for path in tests_source.glob("test_*.py"))
+    chosen = [name for name in every if name not in EXCLUDED_FILES and name != "test_common.py"]
+    wanted = list(only)
+    if wanted:
+        unknown = [name for name in wanted if name not in every]
+        if unknown:
+            raise SystemExit(f"not among Petastorm's tests: {', '.join(unknown)}")
+        chosen = [name for name in wanted if name in every]
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="FILE",
+                        help="run only this test file (repeatable), e.g. test_unischema.py")
+    parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the table as markdown here")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds one test may run (default 180)")
+    parser.add_argument("--rerun-real", action="store_true", help="run real Petastorm again, not its cached results")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (printed)")
+    args = parser.parse_args(argv)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    if not PETASTORM_PYTHON.exists():
+        raise SystemExit(f"{PETASTORM_PYTHON} is missing: build it with python benchmarks/petastorm_env.py")
+    if subprocess.run([str(PETASTORM_PYTHON), "-c", "import pytest"], capture_output=True).returncode != 0:
+        raise SystemExit(f"pytest is missing in the Petastorm venv: {PETASTORM_PYTHON} -m pip install pytest pillow")
+    for python in (PETASTORM_PYTHON, UNIHUB_PYTHON):  # Petastorm's test_common.py needs pytz
+        if subprocess.run([str(python), "-c", "import pytz, six"], capture_output=True).returncode != 0:
+            raise SystemExit(f"pytz or six is missing: {python} -m pip install pytz six")
+    tests_source = petastorm_tests_dir()
+    files = select_files(tests_source, args.only)
+    scratch = Path(tempfile.mkdtemp(prefix="petastorm_conformance_"))
+    try:
+        cached = json.loads(REAL_RESULTS_CACHE.read_text()) if REAL_RESULTS_CACHE.exists() else {}
+        cached_files = cached.get("files", {})
+        to_run = files if args.rerun_real else [name for name in files if name not in cached_files]
+        if to_run:
+            log(f"real Petastorm: {len(to_run)} file(s)")
+            real_new, spark_real = run_suite(PETASTORM_PYTHON, tests_source, to_run, scratch / "petastorm",
+                                             shim=False, timeout_s=args.timeout, log=log)
+            for name in to_run:
+                cached_files[name] = {key: value for key, value in real_new.outcomes.items()
+                                      if key.split("::")[0] == name}
+            cached_errors = dict(cached.get("collect_errors", {}), **real_new.collect_errors)
+            cached = {"files": cached_files, "spark": spark_real, "collect_errors": cached_errors,
+                      "seconds": cached.get("seconds", 0) + real_new.seconds}
+            REAL_RESULTS_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            REAL_RESULTS_CACHE.write_text(json.dumps(cached, indent=1))
+        real = RunResult({key: tuple(value) for name in files for key, value in cached_files[name].items()},
+                         {name: cause for name, cause in cached.get("collect_errors", {}).items() if name in files},
+                         float(cached.get("seconds", 0)))  # type: ignore[misc]
+        log(f"unihub: {len(files)} file(s)")
+        unihub, spark_unihub = run_suite(UNIHUB_PYTHON, tests_source, files, scratch / "unihub", shim=True,
+                                         timeout_s=args.timeout, log=log)
+    finally:
+        if args.keep:
+            log(f"kept {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    table = build_table(real, unihub, files, {"petastorm": bool(cached.get("spark")), "unihub": spark_unihub})
+    print(format_text(table))
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1), encoding="utf-8")
+    if args.markdown:
+        args.markdown.write_text(format_markdown(table) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""``petastorm.benchmark``: unihub's reader throughput benchmark."""

@@ -1,0 +1,1 @@
+"""``petastorm.etl``: the dataset-writing side of unihub under Petastorm's package."""

@@ -1,0 +1,1 @@
+"""``petastorm.tools``: unihub's dataset tools under Petastorm's package."""
