@@ -51,7 +51,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
         notes += [note] if note else []
     provisional = source.provisional_schema() if schema is None else None  # single pass where the format can
     out_schema = schema or provisional or source.infer_schema()
-    source.prepare(out_schema)
+    out_schema = source.prepare(out_schema) or out_schema  # a field more the source needs (TFRecord's order)
     provenance = {"source_format": source.format_name, "source": ",".join(source.sources), "source_files": len(files)}
     extra = {**provenance, **source.metadata()}
     # the source's options after prepare: it may have added what its tasks need (feature lists)

@@ -221,10 +221,12 @@ class ForeignFormat(ABC):
         """Extra JSON-able metadata to keep with the converted dataset (class names, attributes)."""
         return {}
 
-    def prepare(self, schema: Unischema) -> None:
+    def prepare(self, schema: Unischema) -> Unischema | None:
         """Called once with the schema a conversion reads with (inferred or given), before
         :meth:`metadata` and the read: a format settles here what reading with it needs and records
-        it in :attr:`options` (conversion tasks get those), e.g. TFRecord's feature-list fields."""
+        it in :attr:`options` (conversion tasks get those), e.g. TFRecord's feature-list fields.
+        Returns the schema to read with instead where the source needs a field more to give itself
+        back (TFRecord's ``__feature_order__``), else None."""
         return None
 
     def provisional_schema(self) -> Unischema | None:

@@ -30,7 +30,7 @@ from unihub.formats.tfexample import _packed_varints, _varint, parse_example
 from unihub.formats.tfio import _fail
 from unihub.formats.tframe import Block, Error, Framer
 from unihub.formats.tfrecord import UNLISTED, TFRecordFormat, unlisted_check
-from unihub.formats.tfschema import SHAPE_SUFFIX, _Mismatch, _Plan, _Stats, add_example
+from unihub.formats.tfschema import SHAPE_SUFFIX, Scan, _Mismatch, _OrderPlan, _Plan, _Stats, add_example, order_id
 
 __all__ = ["read_batches_fast", "scan_fast"]
 
@@ -197,6 +197,8 @@ def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.
     """
     f = plan.field
     n = len(rows)
+    if isinstance(plan, _OrderPlan):  # not a feature: the order of the skeleton's, every row's
+        return True, np.full(n, order_id(tuple(sk.features)), np.int64)
     kind, slots = sk.features.get(f.name, (None, []))
     dtype = plan.dtype
     if kind is None and f.nullable:
@@ -435,7 +437,7 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     pieces: list[list[tuple[bool, Any]]] = []
     have = held = 0  # rows and record bytes of the batch being gathered
     budget = source.batch_bytes
-    stats: dict[str, _Stats] = {}
+    stats = Scan()
     observed = 0
     if source.observe:
         report.observed = (stats, 0)
@@ -540,6 +542,8 @@ def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, 
         return bad
     data = block.data
     where = f"{path} record {block.indices[int(numbers[~bad][0])]}"
+    if isinstance(stats, Scan):
+        stats.add_order(tuple(sk.features))
     previous = None
     for name, (kind, slots) in sk.features.items():  # in wire order, as add_example notes it
         stat = stats.setdefault(name, _Stats())
@@ -596,13 +600,13 @@ def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport)
 
 
 def scan_fast(options: dict[str, Any], files: list[str],
-              sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
+              sample_records: int | None = None) -> tuple[Scan, int]:
     """What :func:`unihub.formats.tfrecord._scan_files` returns, a block of records at a time."""
     source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
     on_error = options.get("on_error", "raise")
     check_on_error(on_error)
     report = ReadReport()
-    stats: dict[str, _Stats] = {}
+    stats = Scan()
     total = 0
     for path in source.files():
         framer = Framer(path, source.options.get("compression"))

@@ -17,8 +17,11 @@ holding each row's shape, which :meth:`TFRecordFormat.infer_schema` and ``read_b
 
 An export gives each record back byte for byte (DESIGN decision 18): the scan notes the features'
 order on the wire (a map's, which TensorFlow writes in a hash order), the dataset's metadata keeps it
-(``feature_order``), and the export writes it. Where records disagree on it, the metadata says why
-(``feature_order_differs``; see :func:`~unihub.formats.tfschema.order_on_wire`).
+(``feature_order``), and the export writes it. Where records disagree on it (shards of several writing
+processes), each row names its own in one more field, ``__feature_order__`` (null: the one order),
+a hash of the order that the metadata's table ``feature_orders`` maps back to the names (see
+:func:`~unihub.formats.tfschema.order_id`); past :data:`~unihub.formats.tfschema.ORDERS_KEPT` orders,
+the metadata says why an export is not exact (``feature_order_differs``).
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ from unihub.formats.tfio import (
     normalize_compression,
 )
 from unihub.formats.tfschema import (
+    ORDER_FIELD,
     SHAPE_SUFFIX,
+    Scan,
     _merge_scans,
     _Mismatch,
     _Plan,
@@ -72,7 +77,9 @@ from unihub.formats.tfschema import (
     empty_means_null,
     example_encoder,
     fields_from_stats,
+    order_field,
     order_on_wire,
+    order_table,
     shape_features,
 )
 from unihub.memory import BatchCut, value_nbytes
@@ -105,13 +112,13 @@ def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | N
 
 # -- schema inference ------------------------------------------------------------------------
 def _scan_files(options: dict[str, Any], files: list[str],
-                sample_records: int | None = None) -> tuple[dict[str, _Stats], int]:
+                sample_records: int | None = None) -> tuple[Scan, int]:
     """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
     if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
         from unihub.formats.tfbatch import scan_fast
         return scan_fast(options, files, sample_records)
     source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
-    stats: dict[str, _Stats] = {}
+    stats = Scan()
     total = 0
     for path, index, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
         if sample_records is not None and total >= sample_records:
@@ -194,6 +201,8 @@ class TFRecordFormat(ForeignFormat):
         self.feature_order: list[str] = []
         self.feature_order_differs: str | None = None
         self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
+        #: where records disagree on the order: each distinct one by its number (the rows' ORDER_FIELD)
+        self.feature_orders: dict[str, list[str]] = {}
         self._scanned = False
 
     @classmethod
@@ -253,6 +262,8 @@ class TFRecordFormat(ForeignFormat):
             info["feature_order"] = list(self.feature_order)
         if self.feature_list_order:
             info["feature_list_order"] = list(self.feature_list_order)
+        if self.feature_orders:
+            info["feature_orders"] = dict(self.feature_orders)
         if self.feature_order_differs:
             info["feature_order_differs"] = self.feature_order_differs
         return {"tfrecord": info} if info else {}
@@ -276,12 +287,15 @@ class TFRecordFormat(ForeignFormat):
         for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
             if info.get(key):
                 options[key] = list(info[key])
+        if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
+            options["feature_orders"] = dict(info["feature_orders"])
         return options
 
-    def prepare(self, schema: Unischema) -> None:
+    def prepare(self, schema: Unischema) -> Unischema | None:
         """What the records say beyond a given schema: which fields are feature lists (SequenceExamples,
         when no option said), which nulls were empty lists and which fields had ``/shape`` features
-        (a scan, when no inference ran), so that the metadata and an export keep them."""
+        (a scan, when no inference ran), so that the metadata and an export keep them. Where the records
+        disagree on their features' order, ``schema`` with the field that keeps each row's."""
         if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
             from unihub.formats.tfpayload import list_fields
 
@@ -293,6 +307,9 @@ class TFRecordFormat(ForeignFormat):
             from unihub.formats.tfpayload import infer_schema
 
             infer_schema(self, self.payload, None)  # the context's empty lists and shape features
+        if self.feature_orders and ORDER_FIELD not in schema.fields:
+            return Unischema(schema.name, [*schema, order_field()])
+        return None
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfverify`)."""
@@ -403,15 +420,24 @@ class TFRecordFormat(ForeignFormat):
             raise FormatError(f"{self.where}: all {total:,} records are empty tf.train.Examples (no features): "
                               "nothing to convert", path=self.sources[0])
         self._note(stats, total, every)
-        return Unischema("TFRecord", fields)
+        return Unischema("TFRecord", fields + [order_field()] if self.feature_orders else fields)
 
     def _note(self, stats: dict[str, _Stats], total: int, every: dict[str, _Stats] | None = None) -> None:
         """Keep what the export needs from a scan: empty lists read as None, ``/shape`` features, the
         features' order on the wire (of ``every`` feature, the unselected ones too: they link the others)."""
         self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
         self.shape_features = shape_features(stats)
+        every = stats if every is None else every
+        if ORDER_FIELD in every:
+            raise FormatError(f"{self.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
+                              "keeps each record's order of features in; rename it", path=self.sources[0])
         self.feature_order, self.feature_order_differs = order_on_wire(
-            {name: stat.after for name, stat in (stats if every is None else every).items()})
+            {name: stat.after for name, stat in every.items()})
+        # records that disagree: each row keeps its own order (the ORDER_FIELD), unless too many differ
+        self.feature_orders = order_table(every.orders) if self.feature_order_differs and \
+            isinstance(every, Scan) else {}
+        if self.feature_orders:
+            self.feature_order_differs = None
         self._scanned = True
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
@@ -428,7 +454,7 @@ class TFRecordFormat(ForeignFormat):
             return
         readers = [plan.read for plan in plans]
         columns: list[list[Any]] = [[] for _ in plans]
-        stats: dict[str, _Stats] = {}
+        stats = Scan()
         if self.observe:
             self.report.observed = (stats, 0)
         unlisted = unlisted_check(list(schema), self.options.get("fields"))
@@ -462,7 +488,8 @@ class TFRecordFormat(ForeignFormat):
               compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
               shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
-              feature_list_order: Sequence[str] | None = None, **options: Any) -> list[str]:
+              feature_list_order: Sequence[str] | None = None,
+              feature_orders: Mapping[str, Sequence[str]] | None = None, **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
@@ -470,7 +497,8 @@ class TFRecordFormat(ForeignFormat):
         ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
         ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each record's
         features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
-        the source's), the others after them. Given a
+        the source's), the others after them; a row whose ``__feature_order__`` names another order (an
+        ingest's of records that disagreed), in that one, from ``feature_orders``. Given a
         path, each file appears atomically (written to a temporary sibling, then renamed); given
         :class:`~unihub.formats.outputs.Outputs` (what ``convert`` stages and commits as one, on any
         filesystem), each is streamed straight to its place there.
@@ -479,7 +507,8 @@ class TFRecordFormat(ForeignFormat):
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
         kind = normalize_compression(compression) or "none"
         if payload == "example":
-            encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or ())
+            encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
+                                     feature_orders)
         else:
             from unihub.formats.tfpayload import row_encoder
 

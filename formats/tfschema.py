@@ -11,7 +11,10 @@ back as an Example. SequenceExample contexts use all of it too (:mod:`unihub.for
 from __future__ import annotations
 
 import decimal
+import functools
+import hashlib
 import heapq
+import json
 import mmap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError
+from unihub.errors import FormatError, SchemaError
 from unihub.formats import dtypes, image_checks, images
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.formats.image_checks import ValidateImages
@@ -29,6 +32,11 @@ from unihub.formats.tfexample import Feature, encode_entries, encode_feature, en
 from unihub.formats.validation import fixed_dims
 
 SHAPE_SUFFIX = "/shape"
+#: the row field that names each record's order of features on the wire, where records disagree on it
+#: (see :func:`order_id`); null (or no such field): the dataset's one order, ``feature_order``
+ORDER_FIELD = "__feature_order__"
+#: distinct orders a dataset keeps (``feature_orders``); past them, records keep the one order, flagged
+ORDERS_KEPT = 1024
 
 
 # -- what a scan saw ----------------------------------------------------------------------------
@@ -104,9 +112,25 @@ class _Stats:
         self.after |= other.after
 
 
+class Scan(dict[str, _Stats]):
+    """A scan's statistics per feature, and the distinct orders its records had their features in
+    (up to one past :data:`ORDERS_KEPT`): what an export needs to write each record as it was."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.orders: set[tuple[str, ...]] = set()
+
+    def add_order(self, names: tuple[str, ...]) -> None:
+        if len(self.orders) <= ORDERS_KEPT:
+            self.orders.add(names)
+
+
 def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: str | None = None) -> None:
     """Count one parsed Example (``where``: ``"path record i"``) into the per-feature statistics of a scan;
-    ``example`` in wire order (as parse_example gives it), whose neighbours :func:`order_on_wire` orders."""
+    ``example`` in wire order (as parse_example gives it), whose neighbours :func:`order_on_wire` orders
+    (and, for a :class:`Scan`, whose order it keeps)."""
+    if isinstance(stats, Scan):
+        stats.add_order(tuple(example))
     previous = None
     for name, (kind, values) in example.items():
         stat = stats.setdefault(name, _Stats())
@@ -118,9 +142,12 @@ def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: st
             stat.shapes.add(tuple(int(v) for v in values))
 
 
-def _merge_scans(parts: list[tuple[dict[str, _Stats], int]]) -> tuple[dict[str, _Stats], int]:
-    stats: dict[str, _Stats] = {}
+def _merge_scans(parts: Sequence[tuple[dict[str, _Stats], int]]) -> tuple[Scan, int]:
+    stats = Scan()
     for part, _ in parts:
+        if isinstance(part, Scan):
+            for names in part.orders:
+                stats.add_order(names)
         for name, stat in part.items():
             if name in stats:
                 stats[name].merge(stat)
@@ -163,8 +190,8 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
     records agree on one order exactly when these links have no cycle; then any order keeping every
     link (here: the first seen first, where they leave a choice) is every record's. Records that
     disagree (shards written by different processes, maps of other sizes, a writer ordering each record
-    its own way) cannot all come back as they were: the first records' order is kept, and the reason goes
-    to the dataset's metadata (``feature_order_differs``), so that nothing claims an exactness it lacks.
+    its own way) cannot all come back in one order: the first seen first is kept, and the reason is
+    returned; each row then names its own order (:func:`order_table`, :data:`ORDER_FIELD`).
     """
     names = list(after)  # first seen first
     before = {name: {a for a in after[name] if a in after and a != name} for name in names}
@@ -193,6 +220,31 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
                    "seeded per process, and by its size: files written by different processes, or records holding "
                    f"more features, differ), so an export writes some records' {what} in another order: the same "
                    "messages, other bytes")
+
+
+@functools.lru_cache(maxsize=4 * ORDERS_KEPT)
+def order_id(names: tuple[str, ...]) -> int:
+    """A record's order of features (its names on the wire) as the number its row's :data:`ORDER_FIELD`
+    holds: 8 bytes of a hash of the names, a signed int64. A hash, not an index into a table: the same in
+    every process and dataset, so rows read by forked workers, copied or appended from another dataset
+    name their order in any table that holds it, and an export checks a table against its keys
+    (:func:`features_encoder`): a lost or foreign table is refused, never written wrong."""
+    digest = hashlib.blake2b(json.dumps(names).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def order_table(orders: Iterable[tuple[str, ...]]) -> dict[str, list[str]]:
+    """The ``feature_orders`` a dataset keeps: each distinct order of its records by its
+    :func:`order_id` (a string: JSON's keys are); empty past :data:`ORDERS_KEPT` orders."""
+    orders = list(orders)
+    if len(orders) > ORDERS_KEPT:
+        return {}
+    return {str(order_id(names)): list(names) for names in sorted(orders)}
+
+
+def order_field() -> UnischemaField:
+    """The field an ingest adds where records disagree on their features' order (see :func:`order_id`)."""
+    return UnischemaField(ORDER_FIELD, np.int64, (), ScalarCodec(pa.int64()), True)
 
 
 def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
@@ -287,6 +339,8 @@ class _Plan:
             category = ("str" if f.numpy_dtype is np.str_ else "bytes") if f.shape == () else "text"
         else:
             category = "scalar" if f.shape == () else "tensor"
+        if f.name == ORDER_FIELD:
+            cls = _OrderPlan
         return cls(f, category, f.dtype, int(np.prod(fixed_dims(f.shape))) if f.is_fixed_shape else None,
                    category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"),
                    validate if category == "image" else "none", fit)
@@ -383,25 +437,67 @@ def _reshape(f: UnischemaField, array: np.ndarray, example: Mapping[str, Feature
     raise _Mismatch(f.name, f"shape {f.shape} needs a {f.name + SHAPE_SUFFIX!r} feature with each row's shape")
 
 
+class _OrderPlan(_Plan):
+    """:data:`ORDER_FIELD`: not a feature, each record's order of features (:func:`order_id`)."""
+
+    def read(self, example: Mapping[str, Feature]) -> Any:
+        return order_id(tuple(example))
+
+
 # -- writing helpers -------------------------------------------------------------------------
 RowEncoder = Callable[[Mapping[str, Any], int], bytes]
 
 
 def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                    order: Sequence[str] = ()) -> RowEncoder:
+                    order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> RowEncoder:
     """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
     write None as an empty list, other None values leave their feature out; fields in ``shapes`` write
     a ``<name>/shape`` feature (as do those whose shape the flat values do not determine). Features
     are written in ``order`` (the source's, see :func:`order_on_wire`), those it lacks after them in
-    the schema's."""
-    entries = features_encoder(schema, empty_as_null, shapes, order)
+    the schema's; rows with an :data:`ORDER_FIELD` in theirs, from ``orders`` (see :func:`features_encoder`)."""
+    entries = features_encoder(schema, empty_as_null, shapes, order, orders)
     return lambda batch, row: encode_entries(entries(batch, row))
 
 
+EntriesEncoder = Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]
+
+
 def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                     order: Sequence[str] = ()) -> Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]:
+                     order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> EntriesEncoder:
     """``(column batch, row) -> [(encoded name, serialized Feature), ...]``: the ``Features`` map of
-    :func:`example_encoder` (an Example's, a SequenceExample's context), in ``order``."""
+    :func:`example_encoder` (an Example's, a SequenceExample's context), in ``order``; where ``schema``
+    has :data:`ORDER_FIELD`, each row with one in its own, from ``orders`` (``feature_orders``, see
+    :func:`order_table`). A row naming an order ``orders`` lacks (or holds under another number: a
+    table not this dataset's) is a FormatError: its bytes cannot be told."""
+    if ORDER_FIELD not in schema.fields:
+        return _entries_in(schema, empty_as_null, shapes, order)
+    features = schema.create_schema_view([f for f in schema if f.name != ORDER_FIELD])
+    default = _entries_in(features, empty_as_null, shapes, order)
+    table = dict(orders or {})
+    by_order: dict[int, EntriesEncoder] = {}
+
+    def entries(batch: Mapping[str, Any], row: int) -> list[tuple[bytes, bytes]]:
+        number = batch[ORDER_FIELD][row] if ORDER_FIELD in batch else None
+        if number is None:
+            return default(batch, row)
+        encode = by_order.get(number)
+        if encode is None:
+            names = table.get(str(number))
+            if names is None or order_id(tuple(names)) != number:
+                problem = "lacks it" if names is None else "holds another order under it (a table not this dataset's)"
+                raise FormatError(f"row {row} of a batch: its {ORDER_FIELD} {number} names an order of features "
+                                  f"that the dataset's tfrecord.feature_orders ({len(table)} orders) {problem}; "
+                                  f"keep the metadata with the rows (a copy, an append), or drop {ORDER_FIELD} "
+                                  "to write the features in the dataset's one order")
+            encode = by_order[number] = _entries_in(features, empty_as_null, shapes, names)
+        return encode(batch, row)
+
+    return entries
+
+
+def _entries_in(schema: Unischema, empty_as_null: Sequence[str], shapes: Sequence[str],
+                order: Sequence[str]) -> EntriesEncoder:
+    """:func:`features_encoder` of features only, in one ``order``."""
     encoders = in_order(_encoders(schema, empty_as_null, shapes), order)
     if isinstance(encoders, tuple):  # a /shape feature apart from its field: each row's entries sorted
         encoders, rank = encoders

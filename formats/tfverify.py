@@ -80,7 +80,8 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
     payload = forced if forced not in ("auto", None) else written.get("payload", "example")
     shapes, order = written.get("shape_features", ()), written.get("feature_order", ())
     if payload == "example":
-        encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order)
+        encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order,
+                                 written.get("feature_orders"))
     else:
         from unihub.formats.tfpayload import row_encoder
 

@@ -5,7 +5,7 @@
 Why this needs care: ``Features.feature`` is a protobuf map, and TensorFlow (upb) serializes it in a
 hash order seeded per process, neither the order the features were given in nor name order. The ingest
 notes that order (``feature_order`` in the dataset's metadata) and the export writes it. Where records
-disagree (files written by different processes), the metadata says so (``feature_order_differs``).
+disagree (files written by different processes), each row keeps its own (``__feature_order__``).
 
 Every source is written by TensorFlow's ``tf.io.TFRecordWriter``.
 """
@@ -142,45 +142,160 @@ def test_several_files_and_both_read_paths(tmp_path: Path, monkeypatch: pytest.M
 _WRITER = """
 import sys
 import tensorflow as tf
-names = sys.argv[2:]
-with tf.io.TFRecordWriter(sys.argv[1]) as writer:
-    for i in range(20):
-        feature = {n: tf.train.Feature(int64_list=tf.train.Int64List(value=[i])) for n in names}
+path, start, count, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+with tf.io.TFRecordWriter(path) as writer:
+    for i in range(start, start + count):
+        feature = {n: tf.train.Feature(int64_list=tf.train.Int64List(value=[i * 100 + k])) for k, n in enumerate(names)}
+        if i % 7 == 3:  # some records lack a feature: another layout, the same order
+            del feature[names[1]]
         writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 """
+NAMES = [f"f{i:02d}" for i in range(12)]
 
 
-def test_files_whose_orders_disagree_are_reported(tmp_path: Path) -> None:
-    """TensorFlow seeds its map order per process: shards written by two processes order their features
-    differently, and no one order gives both back. The metadata says so, rather than claim exactness."""
-    names = [f"f{i:02d}" for i in range(12)]
-    (tmp_path / "src").mkdir()
-    orders = []
-    for attempt in range(8):  # another process, another seed: nearly always another order
-        path = tmp_path / "src" / f"part-{attempt}.tfrecord"
-        subprocess.run([sys.executable, "-c", textwrap.dedent(_WRITER), str(path), *names], check=True,
-                       capture_output=True)
+def _two_writers(directory: Path, counts: tuple[int, int] = (20, 20)) -> tuple[Path, Path]:
+    """Two files of records TensorFlow wrote in two processes that order the features differently
+    (another process, another seed: nearly always another order); record ids go on from one to the other."""
+    directory.mkdir(parents=True, exist_ok=True)
+    first: tuple[Path, list[str]] | None = None
+    for attempt in range(8):
+        path = directory / f"part-{attempt}.tfrecord"
+        start = 0 if first is None else counts[0]
+        count = counts[0] if first is None else counts[1]
+        subprocess.run([sys.executable, "-c", textwrap.dedent(_WRITER), str(path), str(start), str(count), *NAMES],
+                       check=True, capture_output=True)
         order = list(parse_example(_records(path)[0]))
-        if orders and order != orders[0]:
-            orders.append(order)
-            break
-        if orders:
-            path.unlink()
+        if first is None:
+            first = (path, order)
+        elif order != first[1]:
+            return first[0], path
         else:
-            orders.append(order)
-    else:
-        pytest.skip("TensorFlow wrote the features in one order in every process here")
+            path.unlink()
+    pytest.skip("TensorFlow wrote the features in one order in every process here")
+
+
+def _interleaved(path: Path, parts: list[list[bytes]]) -> Path:
+    """One file of the raw records of ``parts``, taken in turn (TF's writer, the bytes as they are)."""
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(max(map(len, parts))):
+            for part in parts:
+                if i < len(part):
+                    writer.write(part[i])
+    return path
+
+
+def _assert_exact(source: list[bytes], back: Path) -> None:
+    exported = _records(back)
+    assert len(exported) == len(source)
+    assert [i for i, (a, b) in enumerate(zip(source, exported)) if a != b] == []
+
+
+def _assert_orders_kept(ds: Path, orders: int = 2) -> None:
+    """The dataset keeps each row's order: the field, and a table of the distinct orders."""
+    info = _tfrecord_metadata(ds)
+    assert "feature_order_differs" not in info
+    assert len({tuple(names) for names in info["feature_orders"].values()} - {()}) >= orders
+    assert tfrecord.ORDER_FIELD in open_dataset(str(ds)).schema.fields
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_files_whose_orders_disagree_come_back_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            fast: bool) -> None:
+    """TensorFlow seeds its map order per process: shards written by two processes order their features
+    differently, and no one order gives both back. Each row keeps its own (``__feature_order__``, a
+    table in the metadata), and every record comes back byte for byte (it came back as an equal Example
+    with other bytes, flagged ``feature_order_differs``); nothing in the summary says otherwise."""
+    monkeypatch.setattr(tfrecord, "FAST_PATH", fast)
+    _two_writers(tmp_path / "src")
     source = _records(tmp_path / "src")
     ds, back = _round_trip(tmp_path / "src", tmp_path)
-    info = _tfrecord_metadata(ds)
-    assert "differently" in info["feature_order_differs"]
-    assert info["feature_order"] == orders[0]  # the first file's records come back exactly
-    exported = _records(back)
-    assert exported[:20] == source[:20] and exported[20:] != source[20:]
-    assert [tf.train.Example.FromString(r) for r in exported] == [tf.train.Example.FromString(r) for r in source]
-    again = convert(tmp_path / "src", tmp_path / "again", progress=False)  # and the conversion's summary says so
-    assert any("disagree on their features' order" in note for note in again.notes), again.summary()
-    assert "not every record's bytes" in again.summary()
+    _assert_exact(source, back)
+    _assert_orders_kept(ds)
+    again = convert(tmp_path / "src", tmp_path / "again", progress=False)
+    assert not any("disagree" in note for note in again.notes), again.summary()
+    assert main(["verify", str(tmp_path / "src"), str(ds)]) == 0
+
+
+@pytest.mark.parametrize("where", ["from the start", "past the sample"])
+def test_one_file_whose_records_disagree(tmp_path: Path, where: str) -> None:
+    """One file whose records two processes wrote, taken in turn: from its first records (the single
+    pass's sample sees both orders), or only past the 1,000-record sample (the conversion starts over
+    with the field): every record comes back byte for byte."""
+    early = where == "from the start"
+    a, b = _two_writers(tmp_path / "parts", (40, 40) if early else (1100, 60))
+    first, second = _records(a), _records(b)
+    parts = [first, second] if early else [first[1050:], second]
+    src = _interleaved(tmp_path / "src.tfrecord", parts)
+    if not early:  # 1,050 records of one order, then both in turn
+        src = _interleaved(tmp_path / "joined.tfrecord", [first[:1050] + _records(src)])
+    source = _records(src)
+    ds, back = _round_trip(src, tmp_path)
+    _assert_exact(source, back)
+    _assert_orders_kept(ds)
+
+
+def test_forked_workers(tmp_path: Path) -> None:
+    """``--workers 2``: each worker reads its files and numbers their orders the same way (a hash of
+    the names), so the rows of both name theirs in the dataset's one table."""
+    _two_writers(tmp_path / "src")
+    source = _records(tmp_path / "src")
+    result = convert(tmp_path / "src", tmp_path / "ds", workers=2, progress=False)
+    assert not any("in-process" in note for note in result.notes), result.notes
+    back = tmp_path / "back.tfrecord"
+    assert main(["convert", str(tmp_path / "ds"), str(back), "--to", "tfrecord", "--quiet"]) == 0
+    _assert_exact(source, back)
+    _assert_orders_kept(tmp_path / "ds")
+
+
+def test_a_given_schema(tmp_path: Path) -> None:
+    """A schema given (without the order field: the records' own fields) gets the field where the
+    records disagree, and every record comes back byte for byte."""
+    _two_writers(tmp_path / "src")
+    one = tmp_path / "one"
+    one.mkdir()
+    first = sorted((tmp_path / "src").iterdir())[0]
+    agreed, _ = _round_trip(first, one)  # records that agree: a schema without the field
+    schema = tmp_path / "schema.json"
+    schema.write_text(open_dataset(str(agreed)).schema.to_json())
+    assert "__feature_order__" not in schema.read_text()
+    ds, back = _round_trip(tmp_path / "src", tmp_path, "--schema", str(schema))
+    _assert_exact(_records(tmp_path / "src"), back)
+    _assert_orders_kept(ds)
+
+
+def test_a_copy_then_export(tmp_path: Path) -> None:
+    """A dataset converted to another one (``unihub convert ds ds2``) keeps the rows' orders and their
+    table: its export gives every record back byte for byte."""
+    _two_writers(tmp_path / "src")
+    ds, _ = _round_trip(tmp_path / "src", tmp_path)
+    copy, back = tmp_path / "copy", tmp_path / "copy.tfrecord"
+    assert main(["convert", str(ds), str(copy), "--quiet"]) == 0
+    assert main(["convert", str(copy), str(back), "--to", "tfrecord", "--quiet"]) == 0
+    _assert_exact(_records(tmp_path / "src"), back)
+
+
+def test_an_order_the_table_lacks_is_refused(tmp_path: Path) -> None:
+    """A row naming an order that the table lacks (metadata lost, rows of another dataset) or holds
+    under another number (another dataset's table) is a named error, never a record written otherwise."""
+    from unihub.errors import FormatError
+    from unihub.formats.schema import Unischema
+    from unihub.formats.tfschema import order_field, order_id
+
+    _two_writers(tmp_path / "src")
+    ds, _ = _round_trip(tmp_path / "src", tmp_path)
+    store = open_dataset(str(ds))
+    table = _tfrecord_metadata(ds)["feature_orders"]
+    rows = store.read_row_group(0).to_pydict()
+    assert set(map(str, rows[tfrecord.ORDER_FIELD])) <= set(table)
+    schema = Unischema("TFRecord", list(store.schema))
+    assert order_field().name in schema.fields
+    number = rows[tfrecord.ORDER_FIELD][0]
+    wrong = {**table, str(number): list(reversed(table[str(number)]))}
+    assert order_id(tuple(wrong[str(number)])) != number
+    for orders in (None, {}, {k: v for k, v in table.items() if k != str(number)}, wrong):
+        with pytest.raises(FormatError, match="feature_orders"):
+            tfrecord.TFRecordFormat.write(str(tmp_path / "out.tfrecord"), schema, [rows], feature_orders=orders)
+    tfrecord.TFRecordFormat.write(str(tmp_path / "out.tfrecord"), schema, [rows], feature_orders=table)
 
 
 def _sequence_example(i: int) -> bytes:
