@@ -470,9 +470,9 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
             raise SchemaError(f"{pattern!r} is neither a field of {schema.name!r} nor a valid regex: {exc}") from exc
         matched = [name for name in schema.fields if regex.fullmatch(name)]
         if not matched:
-            raise NoMatchingFieldsError(f"No fields matching the criteria {pattern!r} were found in Unischema "
-                                        f"{schema.name!r}: no field is named so or fully matches it as a regex; "
-                                        f"fields: {list(schema.fields)}")
+            raise NoMatchingFieldsError(f"No fields matching the criteria {pattern!r} were found: no field of "
+                                        f"Unischema {schema.name!r} matches {pattern!r} (by name, or as a regex "
+                                        f"matching the whole name); fields: {list(schema.fields)}")
         wanted.update(matched)
     return [f for name, f in schema.fields.items() if name in wanted]
 

@@ -51,4 +51,4 @@ def make_cache(cache_type: str | None, cache_location: str | None = None, cache_
         from unihub.readers.local_disk_cache import LocalDiskCache
 
         return LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate, **(cache_extra_settings or {}))
-    raise UnsupportedFormatError(f"unknown cache_type {cache_type!r}; valid: 'null', 'local-disk'")
+    raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's

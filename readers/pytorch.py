@@ -764,7 +764,8 @@ class BatchedDataLoader(_LoaderBase):
 
 
 class InMemBatchedDataLoader(_LoaderBase):
-    """Loads up to ``rows_capacity`` rows into memory once, then serves ``num_epochs`` epochs of batches.
+    """Loads up to ``rows_capacity`` rows into memory when made and stops the reader (as Petastorm's),
+    then serves ``num_epochs`` epochs of batches, one pass at a time.
 
     Petastorm's arguments in Petastorm's order. ``shuffle=True`` permutes the rows every epoch
     (seeded by ``seed``); ``transform_fn`` maps each batch dict; ``num_epochs=None`` serves
@@ -785,11 +786,17 @@ class InMemBatchedDataLoader(_LoaderBase):
         self._loader._max_rows = rows_capacity
         self.variable, self.device, self.transform_fn = variable, device, transform_fn
         self._data: Columns | None = None
+        self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
 
     def _load(self) -> Columns:
         if self._data is None:
             parts = [columns for _, columns in self._loader._chunks()]
             self._data = concat_columns(parts) if parts else {}
+            stop, join = getattr(self.reader, "stop", None), getattr(self.reader, "join", None)
+            if stop is not None:  # every row needed is in memory: the workers go (Petastorm: reader.stopped)
+                stop()
+                if join is not None:
+                    join()
         return self._data
 
     def __iter__(self) -> Iterator[Any]:

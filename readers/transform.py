@@ -67,8 +67,9 @@ def transform_schema(schema: Unischema, spec: TransformSpec | None) -> Unischema
     removed = set(spec.removed_fields or ())
     unknown = sorted(removed - set(schema.fields))
     if unknown:
-        warnings.warn(f"TransformSpec removed_fields names {unknown}, which are not among the read fields "
-                      f"{list(schema.fields)}; they are ignored", stacklevel=3)
+        warnings.warn("remove_fields specified some field names that are not part of the schema. These field "
+                      f"names will be ignored: TransformSpec removed_fields names {unknown}, which are not among "
+                      f"the read fields {list(schema.fields)}", stacklevel=3)
     edits = [_as_field(edit) for edit in spec.edit_fields or ()]
     excluded = removed | {f.name for f in edits}
     fields = [f for f in schema if f.name not in excluded] + edits
@@ -76,8 +77,9 @@ def transform_schema(schema: Unischema, spec: TransformSpec | None) -> Unischema
         selected = list(spec.selected_fields)
         unknown = sorted(set(selected) - {f.name for f in fields})
         if unknown:
-            warnings.warn(f"TransformSpec selected_fields names {unknown}, which the transform does not produce "
-                          f"(it produces {[f.name for f in fields]}); they are ignored", stacklevel=3)
+            warnings.warn("selected_fields specified some field names that are not part of the schema. These "
+                          f"field names will be ignored: TransformSpec selected_fields names {unknown}, which the "
+                          f"transform does not produce (it produces {[f.name for f in fields]})", stacklevel=3)
         by_name = {f.name: f for f in fields}
         fields = [by_name[n] for n in dict.fromkeys(selected) if n in by_name]
     return Unischema(f"{schema.name}_transformed", fields, attributes=schema.attribute_names)

@@ -66,7 +66,8 @@ def _call_installed(task: Any) -> Any:
 def check_pool_arguments(pool_type: Any, workers_count: Any) -> None:
     """Refuse a pool that cannot be made, when the reader is made (not at its first row)."""
     if pool_type not in ("thread", "process", "dummy"):
-        raise InvalidArgumentError(f"reader_pool_type must be 'thread', 'process' or 'dummy', got {pool_type!r}")
+        raise InvalidArgumentError(f"Unknown reader_pool_type: {pool_type!r}; reader_pool_type must be 'thread', "
+                                   "'process' or 'dummy'")  # Petastorm's words first
     if not isinstance(workers_count, (int, np.integer)) or isinstance(workers_count, bool) or workers_count < 1:
         raise InvalidArgumentError(f"workers_count must be an int >= 1 (or None: chosen for the dataset), "
                                    f"got {workers_count!r}")

@@ -240,6 +240,7 @@ def test_a_second_concurrent_pass_of_the_in_memory_loader_raises() -> None:
 
     with make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1) as reader:
         loader = InMemBatchedDataLoader(reader, batch_size=2, rows_capacity=100, shuffle=False)
+        assert reader.stopped  # the rows are in memory: the reader was read and stopped, as Petastorm's
         first = iter(loader)
         next(first)
         second = iter(loader)
@@ -248,3 +249,24 @@ def test_a_second_concurrent_pass_of_the_in_memory_loader_raises() -> None:
         assert isinstance(info.value, UsageError)
         assert sum(len(batch["id"]) for batch in first) == 58  # the first pass goes on
         assert sum(len(batch["id"]) for batch in loader) == 60  # and a finished one may be followed by another
+
+
+def test_unknown_fields_of_a_transform_spec_are_warned_about_in_petastorms_words() -> None:
+    from unihub import TransformSpec
+    from unihub.readers.transform import transform_schema
+
+    schema = Unischema("TestSchema", [UnischemaField("string", np.str_, (), None, False),
+                                      UnischemaField("int", np.int32, (), None, False)])
+    with pytest.warns(UserWarning, match="not part of the schema.*unknown_1"):
+        kept = transform_schema(schema, TransformSpec(lambda x: x, removed_fields=["int", "unknown_1"]))
+    assert list(kept.fields) == ["string"]
+    with pytest.warns(UserWarning, match="selected_fields specified some field names that are not part of the "
+                                         "schema.*unknown_2"):
+        transform_schema(schema, TransformSpec(lambda x: x, selected_fields=["int", "unknown_2"]))
+
+
+def test_unknown_cache_and_pool_types_keep_petastorms_words() -> None:
+    with pytest.raises(ValueError, match="Unknown cache_type"):
+        make_reader(WITH_SCHEMA, cache_type="bogus_cache_type")
+    with pytest.raises(ValueError, match="Unknown reader_pool_type"):
+        make_reader(WITH_SCHEMA, reader_pool_type="bogus_pool_type")
