@@ -35,7 +35,7 @@ from unihub.errors import (
     DatasetChangedError,
     DatasetExistsError,
     DatasetNotFoundError,
-    DatasetUrlListError,
+    DatasetUrlError,
     FieldTypeError,
     FormatError,
     MissingDependencyError,
@@ -116,7 +116,7 @@ __all__ = [
     "RowGroupSelectorBase", "SingleFieldIndexer", "SingleIndexSelector", "UnionIndexSelector",
     "build_rowgroup_index", "get_row_group_indexes",
     # petastorm.unischema's helper, and unihub's classes that are also the built-ins Petastorm raised
-    "insert_explicit_nulls", "CodecTypeError", "DatasetUrlListError", "FieldTypeError", "NoMatchingFieldsError",
+    "insert_explicit_nulls", "CodecTypeError", "DatasetUrlError", "FieldTypeError", "NoMatchingFieldsError",
     "ReaderResetError",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",

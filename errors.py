@@ -181,9 +181,10 @@ class NoMatchingFieldsError(SchemaError, RuntimeError):
     raised RuntimeError when none matched); the message names the pattern, the dataset and its fields."""
 
 
-class DatasetUrlListError(DatasetNotFoundError, ValueError):
-    """A list of dataset URLs that names no dataset: an empty list, or URLs of different filesystems
-    (Petastorm raised ValueError)."""
+class DatasetUrlError(DatasetNotFoundError, ValueError):
+    """A dataset URL that names no dataset where Petastorm refused the URL itself with ValueError: an
+    empty list of URLs, or a path without a scheme (which Petastorm refused and unihub reads as a
+    local path) that does not exist."""
 
 
 class ReaderResetError(UsageError, NotImplementedError):

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from unihub.errors import (
     DatasetChangedError,
     DatasetNotFoundError,
+    DatasetUrlError,
     FormatError,
     PetastormMetadataError,
     SchemaError,
@@ -439,7 +440,9 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
         hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
-        raise DatasetNotFoundError(f"{url}: no such file or directory{hint}")
+        # a path without a scheme: also Petastorm's ValueError (it refused scheme-less URLs)
+        missing = DatasetNotFoundError if "://" in url else DatasetUrlError
+        raise missing(f"{url}: no such file or directory{hint}")
     if info.type == pafs.FileType.File:
         paths, common = [root], None
         sizes = {root: info}
@@ -501,7 +504,8 @@ def _absolute(fs: pafs.FileSystem, path: str) -> str:
 def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any] | None) -> ParquetStore:
     """Several Parquet files (of one dataset, on one filesystem) as one store, in the order given."""
     if not urls:
-        raise DatasetNotFoundError("an empty list of dataset URLs: nothing to read")
+        raise DatasetUrlError("dataset url list must be non-empty: an empty list of dataset URLs has nothing to "
+                              "read")  # Petastorm's words and ValueError
     schemes = {(urlparse(u).scheme if "://" in u else "") or "file" for u in urls}
     if len(schemes) > 1:
         raise DatasetNotFoundError(f"dataset URLs must share one scheme (filesystem), got {sorted(schemes)}")

@@ -30,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import (
-    DatasetUrlListError,
     InvalidArgumentError,
     NoMatchingFieldsError,
     ReaderResetError,
@@ -694,9 +693,6 @@ def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: 
         return dataset_url
     if isinstance(dataset_url, (list, tuple)):  # Petastorm's list of Parquet file URLs, or one URL in a list
         urls = [os.fspath(u) for u in dataset_url]
-        if not urls:  # Petastorm's words and type (ValueError)
-            raise DatasetUrlListError("dataset url list must be non-empty: an empty list of dataset URLs has "
-                                      "nothing to read")
         return open_dataset(urls[0] if len(urls) == 1 else urls, filesystem=filesystem,
                             storage_options=storage_options)
     if not isinstance(dataset_url, (str, os.PathLike)):

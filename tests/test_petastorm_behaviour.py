@@ -22,7 +22,7 @@ from unihub import (
     CodecTypeError,
     CompressedImageCodec,
     DatasetNotFoundError,
-    DatasetUrlListError,
+    DatasetUrlError,
     FieldTypeError,
     NoMatchingFieldsError,
     ReaderResetError,
@@ -180,7 +180,7 @@ def test_an_empty_url_list_is_petastorms_value_error() -> None:
     for factory in (make_reader, make_batch_reader):
         with pytest.raises(ValueError, match="dataset url list must be non-empty") as info:
             factory([])
-        assert isinstance(info.value, DatasetUrlListError) and isinstance(info.value, DatasetNotFoundError)
+        assert isinstance(info.value, DatasetUrlError) and isinstance(info.value, DatasetNotFoundError)
 
 
 def test_schema_fields_that_match_nothing_are_petastorms_runtime_error() -> None:
@@ -270,3 +270,15 @@ def test_unknown_cache_and_pool_types_keep_petastorms_words() -> None:
         make_reader(WITH_SCHEMA, cache_type="bogus_cache_type")
     with pytest.raises(ValueError, match="Unknown reader_pool_type"):
         make_reader(WITH_SCHEMA, reader_pool_type="bogus_pool_type")
+
+
+def test_a_missing_path_without_a_scheme_is_also_petastorms_value_error(tmp_path: Path) -> None:
+    from unihub import get_schema_from_dataset_url
+
+    with pytest.raises(ValueError, match="no such file or directory") as info:
+        get_schema_from_dataset_url(str(tmp_path / "invalid_url"))  # Petastorm refused any scheme-less URL
+    assert isinstance(info.value, DatasetUrlError) and isinstance(info.value, FileNotFoundError)
+    with pytest.raises(FileNotFoundError) as with_scheme:
+        get_schema_from_dataset_url(f"file://{tmp_path / 'non-existing-path'}")
+    assert not isinstance(with_scheme.value, ValueError)  # Petastorm's IOError only
+    assert get_schema_from_dataset_url(str(FIXTURES / "unischema")).name  # an existing local path is read
