@@ -416,8 +416,9 @@ class _LoaderBase:
     def __iter__(self) -> Iterator[Any]:
         # a generator from the first line: an iterator that is never started claims nothing
         if self._iterating:
-            raise UsageError("this loader is already being iterated; finish or close that iteration first "
-                             "(Petastorm: you must finish a full pass before making another)")
+            raise UsageError("You must finish a full pass of Petastorm DataLoader before making another pass from "
+                             "the beginning: this loader is already being iterated; finish or close that "
+                             "iteration first")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
             if hasattr(self.reader, "start_over"):  # also after a pass broken off mid-epoch
                 self.reader.start_over()

@@ -529,13 +529,21 @@ class Reader:
 
     def cleanup_cache(self) -> None:
         """Remove what the local-disk cache holds (unless made with ``cleanup=False``), as Petastorm's
-        reader does when its with-block ends."""
-        self.cache.cleanup()
+        reader does when its with-block ends; prints Petastorm's lines ("Error cleaning cache: ...",
+        "Cache cleanup complete.") instead of raising an OSError of the cache, as Petastorm did."""
+        try:
+            self.cache.cleanup()
+        except OSError as exc:
+            print(f"Error cleaning cache: {exc}")
+        print("Cache cleanup complete.")
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
         self.join()
-        self.cleanup_cache()
+        try:  # as cleanup_cache(), without its printed lines at every with-block's end
+            self.cache.cleanup()
+        except OSError as error:
+            warnings.warn(f"Error cleaning cache: {error}", stacklevel=2)
 
     def __del__(self) -> None:
         try:

@@ -282,3 +282,40 @@ def test_a_missing_path_without_a_scheme_is_also_petastorms_value_error(tmp_path
         get_schema_from_dataset_url(f"file://{tmp_path / 'non-existing-path'}")
     assert not isinstance(with_scheme.value, ValueError)  # Petastorm's IOError only
     assert get_schema_from_dataset_url(str(FIXTURES / "unischema")).name  # an existing local path is read
+
+
+def test_a_second_concurrent_pass_of_the_data_loader_keeps_petastorms_words() -> None:
+    pytest.importorskip("torch")
+    from unihub.readers.pytorch import DataLoader
+
+    with DataLoader(make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1), batch_size=2) as loader:
+        first = iter(loader)
+        next(first)
+        with pytest.raises(RuntimeError, match="You must finish a full pass of Petastorm DataLoader before making "
+                                               "another pass from the beginning") as info:
+            next(iter(loader))
+        assert isinstance(info.value, UsageError)
+        first.close()
+
+
+def test_cleanup_cache_prints_petastorms_lines_instead_of_raising(tmp_path: Path, capsys, monkeypatch) -> None:
+    with make_reader(WITH_SCHEMA, cache_type="null", workers_count=1) as reader:
+        next(reader)
+        reader.cleanup_cache()
+    assert "Cache cleanup complete." in capsys.readouterr().out
+
+    with make_reader(WITH_SCHEMA, cache_type="local-disk", cache_location=str(tmp_path / "cache"),
+                     cache_size_limit=10**9, workers_count=1) as reader:
+        next(reader)
+
+        def failing_cleanup() -> None:
+            raise OSError("Simulated cleanup error")
+
+        monkeypatch.setattr(reader.cache, "cleanup", failing_cleanup)
+        reader.cleanup_cache()
+        out = capsys.readouterr().out
+        assert "Error cleaning cache: Simulated cleanup error" in out and "Cache cleanup complete." in out
+        with pytest.warns(UserWarning, match="Error cleaning cache: Simulated cleanup error"):
+            reader.__exit__(None, None, None)  # the with-block's end warns, and prints nothing
+        monkeypatch.undo()
+    assert capsys.readouterr().out == ""
