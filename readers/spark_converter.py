@@ -214,7 +214,8 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
         raise InvalidArgumentError(f"make_spark_converter takes a pyspark.sql.DataFrame or the URL of a directory "
                                    f"of Parquet files (e.g. 'file:///data/train'), got {type(df).__name__}")
     if dtype not in ("float32", "float64", None):
-        raise UnsupportedFormatError(f"dtype must be 'float32', 'float64' or None, got {dtype!r}")
+        raise UnsupportedFormatError(f"dtype {dtype} is not supported. Use 'float32' or float64 (or None, which "
+                                     f"keeps every type); got {dtype!r}")  # Petastorm's words first
     if not isinstance(parquet_row_group_size_bytes, int) or parquet_row_group_size_bytes <= 0:
         raise ConverterConfigError(f"parquet_row_group_size_bytes must be a positive integer, "
                                    f"got {parquet_row_group_size_bytes!r}")

@@ -319,3 +319,13 @@ def test_cleanup_cache_prints_petastorms_lines_instead_of_raising(tmp_path: Path
             reader.__exit__(None, None, None)  # the with-block's end warns, and prints nothing
         monkeypatch.undo()
     assert capsys.readouterr().out == ""
+
+
+def test_an_unsupported_converter_dtype_keeps_petastorms_words() -> None:
+    from unihub.readers.spark_converter import make_spark_converter
+
+    class FakeDataFrame:  # the dtype is checked before Spark is used
+        sparkSession = None
+
+    with pytest.raises(ValueError, match="dtype float16 is not supported. Use 'float32' or float64"):
+        make_spark_converter(FakeDataFrame(), dtype="float16")
