@@ -86,6 +86,8 @@ from unihub.memory import BatchCut, value_nbytes
 
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
+#: files whose first record a single pass also looks at for another order of features (provisional_schema)
+ORDER_PEEKS = 16
 FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
 
 
@@ -203,6 +205,7 @@ class TFRecordFormat(ForeignFormat):
         self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
         #: where records disagree on the order: each distinct one by its number (the rows' ORDER_FIELD)
         self.feature_orders: dict[str, list[str]] = {}
+        self._links: dict[str, set[str]] = {}  # the last scan's features -> those right before them
         self._scanned = False
 
     @classmethod
@@ -399,9 +402,32 @@ class TFRecordFormat(ForeignFormat):
 
     def provisional_schema(self) -> Unischema | None:
         """The schema of the first records (:data:`PROVISIONAL_SAMPLE`); read_batches with
-        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`.
+        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`; with
+        the order field where other files' first records order the features otherwise.
         Examples only: other payloads are scanned whole first."""
-        return self.infer_schema(sample_records=PROVISIONAL_SAMPLE) if self.payload == "example" else None
+        if self.payload != "example":
+            return None
+        schema = self.infer_schema(sample_records=PROVISIONAL_SAMPLE)
+        if ORDER_FIELD not in schema.fields and self._other_files_disagree():
+            return Unischema(schema.name, [*schema, order_field()])
+        return schema
+
+    def _other_files_disagree(self) -> bool:
+        """Whether the first records of other files (:data:`ORDER_PEEKS` of them, spread over the list)
+        order their features otherwise than the sample did: shards of several writing processes, the
+        common case. Then the single pass keeps each row's order from the start, rather than start over
+        once it has read everything (a guess only: :meth:`refine_schema` decides, from every record)."""
+        files = self.files()[1:]
+        links = {name: set(after) for name, after in self._links.items()}
+        for path in files[::max(1, len(files) // ORDER_PEEKS)][:ORDER_PEEKS]:
+            try:
+                first = next(iter_records(path, compression=self.options.get("compression")), None)
+                names = list(parse_example(first[2])) if first is not None else []
+            except (ValueError, OSError, EOFError, zlib.error):  # the read says what, where
+                continue
+            for previous, name in zip([None, *names], names):
+                links.setdefault(name, set()).update([previous] if previous is not None else [])
+        return order_on_wire(links)[1] is not None
 
     def refine_schema(self, observations: Sequence[Any]) -> Unischema:
         """The schema of every record, from the ``(statistics, records)`` each observing read saw."""
@@ -431,8 +457,8 @@ class TFRecordFormat(ForeignFormat):
         if ORDER_FIELD in every:
             raise FormatError(f"{self.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
                               "keeps each record's order of features in; rename it", path=self.sources[0])
-        self.feature_order, self.feature_order_differs = order_on_wire(
-            {name: stat.after for name, stat in every.items()})
+        self._links = {name: stat.after for name, stat in every.items()}
+        self.feature_order, self.feature_order_differs = order_on_wire(self._links)
         # records that disagree: each row keeps its own order (the ORDER_FIELD), unless too many differ
         self.feature_orders = order_table(every.orders) if self.feature_order_differs and \
             isinstance(every, Scan) else {}

@@ -234,6 +234,17 @@ def test_one_file_whose_records_disagree(tmp_path: Path, where: str) -> None:
     _assert_orders_kept(ds)
 
 
+def test_shards_past_the_sample_in_one_pass(tmp_path: Path) -> None:
+    """Shards of two processes, the first longer than the single pass's sample: the first record of the
+    other shard already shows another order, so the provisional schema keeps each row's from the start
+    (no second pass over the input), and every record comes back byte for byte."""
+    _two_writers(tmp_path / "src", (1100, 30))
+    assert tfrecord.ORDER_FIELD in tfrecord.TFRecordFormat(str(tmp_path / "src")).provisional_schema().fields
+    ds, back = _round_trip(tmp_path / "src", tmp_path)
+    _assert_exact(_records(tmp_path / "src"), back)
+    _assert_orders_kept(ds)
+
+
 def test_forked_workers(tmp_path: Path) -> None:
     """``--workers 2``: each worker reads its files and numbers their orders the same way (a hash of
     the names), so the rows of both name theirs in the dataset's one table."""
