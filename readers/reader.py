@@ -111,6 +111,11 @@ class Reader:
             from unihub.readers.rowgroup_index import apply_rowgroup_selector
 
             self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
+        if not self._groups:  # Petastorm's warning: an empty reader is not an error, but never a silent one
+            warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
+                          f"data was sharded: the predicate, filters or rowgroup_selector left none of the "
+                          f"{len(store.row_groups)} row groups of {store.url}; the reader yields nothing",
+                          UserWarning, stacklevel=4)
         cut = decode_task_rows(self._read_fields, decode_images) if ngram is None else None
         self._fingerprint_of: tuple[planning.PlanConfig, str] | None = None
         self._plan = planning.PlanConfig(

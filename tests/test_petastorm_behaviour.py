@@ -329,3 +329,21 @@ def test_an_unsupported_converter_dtype_keeps_petastorms_words() -> None:
 
     with pytest.raises(ValueError, match="dtype float16 is not supported. Use 'float32' or float64"):
         make_spark_converter(FakeDataFrame(), dtype="float16")
+
+
+def test_a_predicate_that_leaves_no_row_group_is_warned_about(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from unihub import in_set
+
+    table = pa.table({"id": list(range(6)), "split": ["train", "test"] * 3})
+    pq.write_to_dataset(table, str(tmp_path), partition_cols=["split"])  # Hive partitions, as Spark writes them
+    with pytest.warns(UserWarning, match="No matching data is available for loading.*none of the 2 row groups"):
+        reader = make_batch_reader(f"file://{tmp_path}", predicate=in_set({"non existing value"}, "split"),
+                                   workers_count=1)
+    with reader:
+        assert list(reader) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with make_batch_reader(f"file://{tmp_path}", predicate=in_set({"test"}, "split"), workers_count=1) as kept:
+            assert sorted(int(i) for batch in kept for i in batch.id) == [1, 3, 5]

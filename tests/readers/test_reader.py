@@ -522,9 +522,11 @@ def test_len(dataset):
 def test_petastorm_transport_arguments_are_accepted_and_change_nothing(dataset):
     knobs = dict(pyarrow_serialize=True, hdfs_driver="libhdfs", zmq_copy_buffers=False, shard_seed=7,
                  cache_row_size_estimate=100)
-    with make_reader(dataset, shuffle_row_groups=False, **knobs) as reader:
+    with pytest.warns(UserWarning, match="shard_seed was deprecated"), \
+            make_reader(dataset, shuffle_row_groups=False, **knobs) as reader:
         assert ids_of(reader) == list(range(N))
-    with make_batch_reader(dataset, shuffle_row_groups=False, convert_early_to_numpy=True, **knobs) as reader:
+    with pytest.warns(UserWarning, match="shard_seed was deprecated"), \
+            make_batch_reader(dataset, shuffle_row_groups=False, convert_early_to_numpy=True, **knobs) as reader:
         assert [int(i) for batch in reader for i in batch.id] == list(range(N))
     with pytest.raises(TypeError, match="unexpected arguments.*colour"):
         make_reader(dataset, colour="blue")
