@@ -7,21 +7,27 @@ with pytest, one process per test file:
 1. in ``.venv-petastorm``, against real Petastorm;
 2. in the project's ``.venv``, against unihub through ``benchmarks/petastorm_shim/petastorm``, a
    package of pure re-exports of unihub's public names under Petastorm's module paths (no logic:
-   ``tests/test_petastorm_shim.py`` guards that). The copied tests become its ``petastorm.tests``.
+   ``tests/test_petastorm_shim.py`` guards that). The copied tests become its ``petastorm.tests``
+   (and ``petastorm/test_util``, Petastorm's ``ReaderMock``, is copied beside them). A test name a
+   test file imports that unihub lacks becomes a placeholder raising ``NotInUnihub`` when used
+   (``petastorm_shim/conformance_plugin.py``), so it fails the tests that use it, not its file.
+
+Both runs get ``petastorm_shim/sitecustomize.py``: the tests' spellings that this Python and NumPy 2
+removed (``inspect.getargspec``, ``np.unicode_``, ``np.string_``) as aliases of what they meant.
 
 A test is *applicable* when it passes on real Petastorm and tests public behaviour (the excluded
 files and tests of Petastorm's private internals are listed below, each with its reason). The
 table gives how many applicable tests pass on unihub and every failure's cause (exception type and
 the first line of its message), grouped::
 
-    python benchmarks/petastorm_conformance.py                      # everything (~15 min on 2 cores)
+    python benchmarks/petastorm_conformance.py                      # everything: ~15-30 min on 2 cores
     python benchmarks/petastorm_conformance.py --only test_unischema.py --only test_predicates.py
     python benchmarks/petastorm_conformance.py --json out.json --markdown out.md
 
 Petastorm's legacy datasets (``petastorm/tests/data/legacy``) are not in the wheel; the copies in
 ``tests/fixtures/petastorm_legacy`` are put there when present. The real run's results are kept in
 ``benchmarks/results/petastorm_conformance_real.json`` and reused (``--rerun-real`` to redo them).
-One test may run ``--timeout`` seconds (default 180); a test past it fails as ``Timeout`` and the
+The two runs go side by side. One test may run ``--timeout`` seconds (default 180); a test past it fails as ``Timeout`` and the
 rest of its file runs on in a new process. Spark tests run when a local Spark starts
 (``SPARK_LOCAL_IP=127.0.0.1``); otherwise they are listed as not run.
 """
@@ -39,6 +45,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,59 +65,70 @@ EXCLUDED_FILES: dict[str, str] = {
     "test_shuffling_buffer.py": "petastorm.reader_impl.*shuffling_buffer classes: the readers' internals",
     "test_fs_utils.py": "petastorm.fs_utils.FilesystemResolver and petastorm.hdfs mocks: URL-resolution internals",
     "test_spark_session_cli.py": "petastorm.tools.spark_session_cli: argparse helpers of Petastorm's CLIs",
-    "test_benchmark.py": "petastorm.benchmark.throughput CLI internals (_time_warmup_and_work, its argparse _main)",
+    "test_benchmark.py": "petastorm.benchmark.throughput: the benchmark CLI's pools and _time_warmup_and_work",
     "test_run_in_subprocess.py": "petastorm.utils.run_in_subprocess: an internal helper",
     "test_decode_row.py": "petastorm.utils.decode_row / DecodeFieldError: the row decoder's internals",
-    "test_reader_mock.py": "petastorm.test_util.reader_mock: Petastorm's test utility, not its API",
+    "test_generate_metadata.py": "petastorm.etl.petastorm_generate_metadata._main: the CLI's argparse entry",
 }
+
+_FIELD_ORDER = "patches petastorm.unischema._UNISCHEMA_FIELD_ORDER (a private switch to alphabetical fields)"
 
 #: Single tests of private internals (``file::name``, any parameters), each with its reason.
 EXCLUDED_TESTS: dict[str, str] = {
-    # patches petastorm.unischema._UNISCHEMA_FIELD_ORDER, a module-private switch
-    "test_end_to_end.py::test_reading_subset_of_columns_alphabetical_order": "patches unischema._UNISCHEMA_FIELD_ORDER",
-    "test_ngram_end_to_end.py::test_ngram_basic_alphabetical": "patches unischema._UNISCHEMA_FIELD_ORDER",
-    "test_unischema.py::test_fields_alphabetical_order": "patches unischema._UNISCHEMA_FIELD_ORDER",
-    "test_unischema.py::test_create_schema_view_using_regex_and_unischema_fields_with_duplicate_alphabetical":
-        "patches unischema._UNISCHEMA_FIELD_ORDER",
-    "test_unischema.py::test_new_gt_255_compatible_namedtuple": "unischema._new_gt_255_compatible_namedtuple",
-    "test_unischema.py::test_fullmatch": "unischema._fullmatch",
-    # private helpers of petastorm.pytorch / petastorm.tf_utils
-    "test_pytorch_dataloader.py::test_sanitize_pytorch_types_int8": "pytorch._sanitize_pytorch_types",
-    "test_pytorch_dataloader.py::test_load_rows_into_mem": "pytorch._load_rows_into_mem",
-    "test_tf_utils.py::test_sanitize_field_tf_types": "tf_utils._sanitize_field_tf_types",
-    "test_tf_utils.py::test_decimal_conversion": "tf_utils._sanitize_field_tf_types",
-    "test_tf_utils.py::test_uint16_promotion_to_int32": "tf_utils._sanitize_field_tf_types",
-    "test_tf_utils.py::test_unknown_type": "tf_utils._sanitize_field_tf_types",
-    "test_tf_utils.py::test_schema_to_tf_dtypes": "tf_utils._schema_to_tf_dtypes / _numpy_to_tf_dtypes",
-    "test_tf_utils.py::test_schema_to_tf_dtypes_ngram": "tf_utils._schema_to_tf_dtypes / _ngrams_generator",
-    "test_tf_utils.py::test_unflatten_and_set_shape": "tf_utils._unflatten_and_set_shape",
-    # petastorm.arrow_reader_worker: the batch reader's worker
-    "test_parquet_reader.py::test_convert_arrow_table_to_numpy_dict": "arrow_reader_worker internals",
-    "test_parquet_reader.py::test_asymetric_parquet_pieces": "arrow_reader_worker internals",
-    # petastorm.spark.spark_dataset_converter's private helpers (_check_url, _make_sub_dir_url, ...)
+    "test_copy_dataset.py::test_copy_and_overwrite_cli": "petastorm.tools.copy_dataset._main: the CLI's argparse entry",
+    "test_copy_dataset.py::test_copy_some_fields_with_repartition_cli": "petastorm.tools.copy_dataset._main",
+    "test_copy_dataset.py::test_copy_not_null_rows_cli": "petastorm.tools.copy_dataset._main",
+    "test_end_to_end.py::test_transform_function_batched": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_basic": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_basic_longer": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_basic_shuffle_multi_partition": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_basic_longer_shuffle_multi_partition": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_basic_longer_no_overlap": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_delta_threshold": _FIELD_ORDER,
+    "test_ngram_end_to_end.py::test_ngram_with_regex_fields": _FIELD_ORDER,
+    "test_tf_utils.py::test_schema_to_dtype_list": f"tf_utils._schema_to_tf_dtypes; {_FIELD_ORDER}",
+    "test_tf_utils.py::test_transform_function_new_field": _FIELD_ORDER,
+    "test_tf_utils.py::test_transform_function_new_field_batched": _FIELD_ORDER,
+    "test_tf_utils.py::test_sanitize_field_tf_types": "petastorm.tf_utils._sanitize_field_tf_types",
+    "test_tf_utils.py::test_decimal_conversion": "petastorm.tf_utils._numpy_to_tf_dtypes",
+    "test_tf_utils.py::test_uint16_promotion_to_int32": "petastorm.tf_utils._numpy_to_tf_dtypes",
+    "test_tf_utils.py::test_unknown_type": "petastorm.tf_utils._numpy_to_tf_dtypes",
+    "test_tf_utils.py::test_ngram_generator": "petastorm.tf_utils._ngrams_generator / _unflatten_and_set_shape",
+    "test_reader_mock.py::test_simple_read_tf": "petastorm.tf_utils._numpy_to_tf_dtypes",
+    "test_parquet_reader.py::test_transform_spec_support_return_tensor": "patches arrow_reader_worker.ArrowReaderWorker",
+    "test_parquet_reader.py::test_transform_spec_support_return_tensor_with_convert_early_to_numpy":
+        "patches arrow_reader_worker.ArrowReaderWorker",
+    "test_parquet_reader.py::test_shuffle_cache_num_rows_zero": "patches ArrowReaderWorker._load_rows",
+    "test_parquet_reader.py::test_shuffle_cache_pyarrow_num_rows_zero": "patches ArrowReaderWorker._load_rows",
+    "test_parquet_reader.py::test_convert_arrow_table_to_numpy_dict_inconsistent_list_lengths":
+        "petastorm.arrow_reader_worker.convert_arrow_table_to_numpy_dict: the batch worker's internals",
+    "test_parquet_reader.py::test_convert_arrow_table_to_numpy_dict_consistent_list_lengths":
+        "petastorm.arrow_reader_worker.convert_arrow_table_to_numpy_dict: the batch worker's internals",
+    "test_pytorch_dataloader.py::test_sanitize_pytorch_types_int8": "petastorm.pytorch._sanitize_pytorch_types",
+    "test_pytorch_dataloader.py::test_torch_tensorable_types": "petastorm.pytorch._sanitize_pytorch_types",
+    "test_pytorch_dataloader.py::test_load_rows_into_mem": "petastorm.pytorch._load_rows_into_mem",
+    "test_unischema.py::test_new_gt_255_compatible_namedtuple": "petastorm.unischema._new_gt_255_compatible_namedtuple",
+    "test_unischema.py::test_fullmatch": "petastorm.unischema._fullmatch",
+    # petastorm.spark.spark_dataset_converter's private helpers and mocks of its internals
+    "test_spark_dataset_converter.py::test_atexit": "petastorm.fs_utils.FilesystemResolver",
+    "test_spark_dataset_converter.py::test_set_delete_handler": "spark_dataset_converter._delete_dir_handler",
+    "test_spark_dataset_converter.py::test_df_delete_caching_meta": "spark_dataset_converter._cache_df_meta_list",
     "test_spark_dataset_converter.py::test_check_url": "spark_dataset_converter._check_url",
     "test_spark_dataset_converter.py::test_make_sub_dir_url": "spark_dataset_converter._make_sub_dir_url",
-    "test_spark_dataset_converter.py::test_check_parent_cache_dir_url": "_check_parent_cache_dir_url",
-    "test_spark_dataset_converter.py::test_get_horovod_rank_and_size": "_get_horovod_rank_and_size",
-    "test_spark_dataset_converter.py::test_check_rank_and_size_consistent_with_horovod":
-        "_check_rank_and_size_consistent_with_horovod",
-    "test_spark_dataset_converter.py::test_wait_file_available": "_wait_file_available",
-    "test_spark_dataset_converter.py::test_check_dataset_file_median_size": "_check_dataset_file_median_size",
-    "test_spark_dataset_converter.py::test_normalize_databricks_dbfs_url": "_normalize_databricks_dbfs_url",
-    "test_spark_dataset_converter.py::test_get_spark_session_safe_check": "_get_spark_session",
-    "test_spark_dataset_converter.py::test_df_caching": "_cache_df_meta_list",
-    "test_spark_dataset_converter.py::test_df_delete_caching_meta": "_cache_df_meta_list",
-    "test_spark_dataset_converter.py::test_torch_dataloader_advanced_params": "patches spark_dataset_converter.make_batch_reader",
-    "test_spark_dataset_converter.py::test_tf_dataset_petastorm_args": "patches spark_dataset_converter.make_batch_reader",
-    "test_spark_dataset_converter.py::test_dbfs_local_path_with_databricks_runtime_version":
-        "patches spark_dataset_converter internals (Databricks paths)",
-    # petastorm.tools.copy_dataset._main: the CLI's argparse entry
-    "test_copy_dataset.py::test_copy_and_overwrite_cli": "tools.copy_dataset._main",
-    "test_copy_dataset.py::test_copy_some_fields_with_repartition_cli": "tools.copy_dataset._main",
-    "test_copy_dataset.py::test_copy_not_null_rows_cli": "tools.copy_dataset._main",
-    "test_copy_dataset.py::test_bad_regex": "tools.copy_dataset._main",
-    # petastorm.etl.petastorm_generate_metadata._main: the CLI's argparse entry
-    "test_generate_metadata.py::": "etl.petastorm_generate_metadata._main (the CLI entry) and its internals",
+    "test_spark_dataset_converter.py::test_tf_dataset_petastorm_args":
+        "patches spark_dataset_converter.make_batch_reader",
+    "test_spark_dataset_converter.py::test_torch_dataloader_advanced_params":
+        "patches spark_dataset_converter.make_batch_reader",
+    "test_spark_dataset_converter.py::test_horovod_rank_compatibility":
+        "spark_dataset_converter._get_horovod_rank_and_size / _check_rank_and_size_consistent_with_horovod",
+    "test_spark_dataset_converter.py::test_wait_file_available": "spark_dataset_converter._wait_file_available",
+    "test_spark_dataset_converter.py::test_check_dataset_file_median_size":
+        "spark_dataset_converter._check_dataset_file_median_size",
+    "test_spark_dataset_converter.py::test_check_parent_cache_dir_url":
+        "spark_dataset_converter._check_parent_cache_dir_url / _is_spark_local_mode",
+    "test_spark_dataset_converter.py::test_get_spark_session_safe_check": "spark_dataset_converter._get_spark_session",
+    "test_spark_dataset_converter.py::test_normalize_databricks_dbfs_url":
+        "spark_dataset_converter._normalize_databricks_dbfs_url",
 }
 
 
@@ -122,13 +140,40 @@ class RunResult:
     collect_errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"outcomes": self.outcomes, "collect_errors": self.collect_errors, "seconds": self.seconds}
+
+@dataclass
+class RealResultsCache:
+    """Real Petastorm's outcomes per test file, kept across runs (they only change with the venv)."""
+
+    path: Path
+    files: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    collect_errors: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    spark: bool = True
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunResult:
-        outcomes = {key: (value[0], value[1]) for key, value in data["outcomes"].items()}
-        return cls(outcomes, dict(data["collect_errors"]), float(data["seconds"]))
+    def load(cls, path: Path) -> RealResultsCache:
+        if not path.exists():
+            return cls(path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(path, data["files"], data["collect_errors"], data["seconds"], data["spark"])
+
+    def add(self, name: str, result: RunResult, spark: bool) -> None:
+        """Keep one file's outcomes (called as each file ends, so an interrupted run keeps what it did)."""
+        self.files[name] = {key: list(value) for key, value in result.outcomes.items()}
+        self.collect_errors.pop(name, None)
+        self.collect_errors.update(result.collect_errors)
+        self.seconds[name] = result.seconds
+        self.spark = spark
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"files": self.files, "collect_errors": self.collect_errors, "seconds": self.seconds,
+                "spark": self.spark}
+        self.path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+    def result(self, files: Sequence[str]) -> RunResult:
+        outcomes = {key: (value[0], value[1]) for name in files for key, value in self.files.get(name, {}).items()}
+        errors = {name: cause for name, cause in self.collect_errors.items() if name in files}
+        return RunResult(outcomes, errors, sum(self.seconds.get(name, 0.0) for name in files))
 
 
 def exclusion_reason(test_id: str) -> str | None:
@@ -153,14 +198,17 @@ def prepare_tree(workdir: Path, tests_source: Path, *, shim: bool) -> Path:
     (workdir / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # stops pytest's search for an ini
     (workdir / "_harness").mkdir()  # the plugin alone on PYTHONPATH: SHIM_ROOT would shadow real Petastorm
     shutil.copy2(SHIM_ROOT / "conformance_plugin.py", workdir / "_harness" / "conformance_plugin.py")
-    if shim:  # NumPy 1 aliases the tests spell (np.unicode_, np.string_), in every process of the run
-        shutil.copy2(SHIM_ROOT / "sitecustomize.py", workdir / "_harness" / "sitecustomize.py")
+    # aliases the tests spell (inspect.getargspec, np.unicode_, np.string_), in every process of the run
+    shutil.copy2(SHIM_ROOT / "sitecustomize.py", workdir / "_harness" / "sitecustomize.py")
     if shim:
         shutil.copytree(SHIM_ROOT / "petastorm", workdir / "petastorm", ignore=shutil.ignore_patterns("__pycache__"))
         tests = workdir / "petastorm" / "tests"
     else:  # a package of another name: ``petastorm`` must stay the installed one
         tests = workdir / "petastorm_tests"
     shutil.copytree(tests_source, tests, ignore=shutil.ignore_patterns("__pycache__"))
+    if shim:  # Petastorm's other test helper package (ReaderMock): plain Python over numpy, no Petastorm code
+        shutil.copytree(tests_source.parent / "test_util", workdir / "petastorm" / "test_util",
+                        ignore=shutil.ignore_patterns("__pycache__"))
     if LEGACY_DATASETS.is_dir():
         shutil.copytree(LEGACY_DATASETS, tests / "data" / "legacy")
     return tests
@@ -251,7 +299,7 @@ def run_file(python: Path, workdir: Path, test_file: Path, env: dict[str, str], 
 
 
 def run_suite(python: Path, tests_source: Path, files: Sequence[str], workdir: Path, *, shim: bool,
-              timeout_s: float, log: Any) -> tuple[RunResult, bool]:
+              timeout_s: float, log: Any, after_file: Any = None) -> tuple[RunResult, bool]:
     """Run ``files`` (names in Petastorm's tests folder) in one venv; returns the results and whether Spark ran."""
     tests = prepare_tree(workdir, tests_source, shim=shim)
     env = run_environment(python, workdir, shim=shim)
@@ -268,6 +316,8 @@ def run_suite(python: Path, tests_source: Path, files: Sequence[str], workdir: P
         total.seconds += one.seconds
         passed = sum(outcome == "passed" for outcome, _ in one.outcomes.values())
         log(f"  {'unihub' if shim else 'petastorm'} {name}: {passed}/{len(one.outcomes)} passed, {one.seconds:.0f} s")
+        if after_file is not None:
+            after_file(name, one, spark)
     return total, spark
 
 
@@ -401,34 +451,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     tests_source = petastorm_tests_dir()
     files = select_files(tests_source, args.only)
     scratch = Path(tempfile.mkdtemp(prefix="petastorm_conformance_"))
+    cache = RealResultsCache.load(REAL_RESULTS_CACHE)
+    to_run = files if args.rerun_real else [name for name in files if name not in cache.files]
     try:
-        cached = json.loads(REAL_RESULTS_CACHE.read_text()) if REAL_RESULTS_CACHE.exists() else {}
-        cached_files = cached.get("files", {})
-        to_run = files if args.rerun_real else [name for name in files if name not in cached_files]
-        if to_run:
-            log(f"real Petastorm: {len(to_run)} file(s)")
-            real_new, spark_real = run_suite(PETASTORM_PYTHON, tests_source, to_run, scratch / "petastorm",
-                                             shim=False, timeout_s=args.timeout, log=log)
-            for name in to_run:
-                cached_files[name] = {key: value for key, value in real_new.outcomes.items()
-                                      if key.split("::")[0] == name}
-            cached_errors = dict(cached.get("collect_errors", {}), **real_new.collect_errors)
-            cached = {"files": cached_files, "spark": spark_real, "collect_errors": cached_errors,
-                      "seconds": cached.get("seconds", 0) + real_new.seconds}
-            REAL_RESULTS_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            REAL_RESULTS_CACHE.write_text(json.dumps(cached, indent=1))
-        real = RunResult({key: tuple(value) for name in files for key, value in cached_files[name].items()},
-                         {name: cause for name, cause in cached.get("collect_errors", {}).items() if name in files},
-                         float(cached.get("seconds", 0)))  # type: ignore[misc]
-        log(f"unihub: {len(files)} file(s)")
-        unihub, spark_unihub = run_suite(UNIHUB_PYTHON, tests_source, files, scratch / "unihub", shim=True,
-                                         timeout_s=args.timeout, log=log)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs side by side: mostly Spark and waiting
+            real_run = pool.submit(run_suite, PETASTORM_PYTHON, tests_source, to_run, scratch / "petastorm",
+                                   shim=False, timeout_s=args.timeout, log=log, after_file=cache.add) \
+                if to_run else None
+            unihub, spark_unihub = run_suite(UNIHUB_PYTHON, tests_source, files, scratch / "unihub", shim=True,
+                                             timeout_s=args.timeout, log=log)
+            if real_run is not None:
+                real_run.result()
     finally:
         if args.keep:
             log(f"kept {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    table = build_table(real, unihub, files, {"petastorm": bool(cached.get("spark")), "unihub": spark_unihub})
+    real = cache.result(files)
+    table = build_table(real, unihub, files, {"petastorm": cache.spark, "unihub": spark_unihub})
     print(format_text(table))
     if args.json:
         args.json.write_text(json.dumps(table, indent=1), encoding="utf-8")
