@@ -31,6 +31,8 @@ from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.tfexample import encode_feature, ld, message_fields
 from unihub.formats.tfio import _fail
 from unihub.formats.tfschema import (
+    ORDER_FIELD,
+    ORDERS_KEPT,
     RowEncoder,
     _Mismatch,
     _Plan,
@@ -38,8 +40,13 @@ from unihub.formats.tfschema import (
     add_example,
     features_encoder,
     fields_from_stats,
+    order_field,
+    order_id,
     order_on_wire,
+    ordered_rows,
+    sequence_order_table,
     shape_features,
+    without_order,
 )
 from unihub.formats.tfsequence import (
     LIST_PREFIX,
@@ -128,6 +135,7 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
                     report: ReadReport) -> tuple[int, list[UnischemaField]]:
     context: dict[str, _Stats] = {}
     lists: dict[str, ListStats] = {}
+    orders: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()  # (context, feature lists), distinct
     total = 0
     explicit = source.options.get("payload") == "sequence_example"
     for path, index, offset, data in records:
@@ -137,6 +145,8 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
             _fail(path, index, offset, str(exc), source.on_error, report)
             continue
         add_example(context, ctx, f"{path} record {index}")
+        if len(orders) <= ORDERS_KEPT:
+            orders.add((tuple(ctx), tuple(steps or ())))
         previous = None
         for name, value in (steps or {}).items():  # in wire order, as add_example notes the context's
             stat = lists.setdefault(name, ListStats())
@@ -158,6 +168,14 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
     source.feature_list_order, lists_differ = order_on_wire({name: stat.after for name, stat in lists.items()},
                                                             "feature lists")
     source.feature_order_differs = "; ".join(filter(None, [context_differs, lists_differ])) or None
+    # records that disagree: each row keeps its own orders (the ORDER_FIELD), unless too many differ
+    source.feature_orders = sequence_order_table(orders) if source.feature_order_differs else {}
+    if source.feature_orders:
+        if ORDER_FIELD in context or ORDER_FIELD in lists:
+            raise FormatError(f"{source.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
+                              "keeps each record's order of features in; rename it", path=source.sources[0])
+        source.feature_order_differs = None
+        fields.append(order_field())
     source._scanned = True
     return total, fields
 
@@ -266,17 +284,23 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
     explicit = source.options.get("payload") == "sequence_example"
     source.prepare(schema)  # a schema given without saying which fields are feature lists: as the records say
     listed = set(source.options["feature_lists"])
+    keep_order = ORDER_FIELD in schema.fields  # each row's orders of context and lists (see order_id)
+    fields = list(without_order(schema))
     context_names = {f.name for f in fields if f.name not in listed}
     plans: list[Any] = [StepsPlan.of(f, list_name(f.name, context_names)) if f.name in listed
                         else _Plan.of(f, source.validate_images) for f in fields]
 
     def read(data: bytes) -> list[Any]:
         ctx, steps = _sequence(data, explicit)
-        return [p.read(steps) if isinstance(p, StepsPlan) else p.read(ctx) for p in plans]
+        row = [p.read(steps) if isinstance(p, StepsPlan) else p.read(ctx) for p in plans]
+        return row + [order_id(tuple(ctx), tuple(steps or ()))] if keep_order else row
 
     def columns(rows: list[list[Any]]) -> ColumnBatch:
-        return {p.field.name: [r[j] for r in rows] if isinstance(p, StepsPlan) else p.column([r[j] for r in rows])
-                for j, p in enumerate(plans)}
+        batch = {p.field.name: [r[j] for r in rows] if isinstance(p, StepsPlan) else p.column([r[j] for r in rows])
+                 for j, p in enumerate(plans)}
+        if keep_order:
+            batch[ORDER_FIELD] = np.array([r[-1] for r in rows], np.int64)
+        return batch
 
     return read, columns
 
@@ -320,10 +344,19 @@ def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:
 # -- writing --------------------------------------------------------------------------------------
 def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                 empty_as_null: Sequence[str], shape_features: Sequence[str] = (),
-                feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = ()) -> RowEncoder:
+                feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = (),
+                feature_orders: Mapping[str, Any] | None = None) -> RowEncoder:
     """``(column batch, row) -> record bytes`` for the payloads other than ``example``; a SequenceExample's
     context features in ``feature_order`` and feature lists in ``feature_list_order`` (names on the wire;
-    others after them), as the source had them (see :func:`~unihub.formats.tfschema.order_on_wire`)."""
+    others after them), as the source had them (see :func:`~unihub.formats.tfschema.order_on_wire`); a row
+    with an ``__feature_order__`` in its own, from ``feature_orders`` (see :func:`.tfschema.ordered_rows`)."""
+    if payload == "sequence_example":
+        sequence = without_order(schema)
+        return ordered_rows(schema, lambda entry: _sequence_encoder(
+            sequence, feature_lists, empty_as_null, shape_features,
+            feature_order if entry is None else entry["context"],
+            feature_list_order if entry is None else entry["feature_lists"]), feature_orders,
+            lambda entry: order_id(tuple(entry["context"]), tuple(entry["feature_lists"])))
     fields = list(schema)
     if payload in ("tensor", "bytes"):
         if len(fields) != 1:
@@ -336,8 +369,14 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
             raise SchemaError(f"payload=bytes writes a bytes field as each record; {name!r} is "
                               f"{fields[0].numpy_dtype.__name__} of shape {fields[0].shape}")
         return lambda batch, row: _record_bytes(name, batch[name][row], row)
-    if payload != "sequence_example":
-        raise SchemaError(f"TFRecord payload must be example, sequence_example, tensor or bytes, not {payload!r}")
+    raise SchemaError(f"TFRecord payload must be example, sequence_example, tensor or bytes, not {payload!r}")
+
+
+def _sequence_encoder(schema: Unischema, feature_lists: Sequence[str], empty_as_null: Sequence[str],
+                      shape_features: Sequence[str], feature_order: Sequence[str],
+                      feature_list_order: Sequence[str]) -> RowEncoder:
+    """:func:`row_encoder` of SequenceExamples in one order of context features and feature lists."""
+    fields = list(schema)
     unknown = sorted(set(feature_lists) - set(schema.fields))
     if unknown:
         raise SchemaError(f"feature_lists names {unknown}, which are not fields of {schema.name!r}")

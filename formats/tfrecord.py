@@ -204,7 +204,7 @@ class TFRecordFormat(ForeignFormat):
         self.feature_order_differs: str | None = None
         self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
         #: where records disagree on the order: each distinct one by its number (the rows' ORDER_FIELD)
-        self.feature_orders: dict[str, list[str]] = {}
+        self.feature_orders: dict[str, Any] = {}
         self._links: dict[str, set[str]] = {}  # the last scan's features -> those right before them
         self._scanned = False
 
@@ -515,7 +515,7 @@ class TFRecordFormat(ForeignFormat):
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
               shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
               feature_list_order: Sequence[str] | None = None,
-              feature_orders: Mapping[str, Sequence[str]] | None = None, **options: Any) -> list[str]:
+              feature_orders: Mapping[str, Any] | None = None, **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
@@ -539,7 +539,7 @@ class TFRecordFormat(ForeignFormat):
             from unihub.formats.tfpayload import row_encoder
 
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
-                                 feature_order or (), feature_list_order or ())
+                                 feature_order or (), feature_list_order or (), feature_orders)
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         outputs = outputs_for(target)

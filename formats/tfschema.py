@@ -223,23 +223,66 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
 
 
 @functools.lru_cache(maxsize=4 * ORDERS_KEPT)
-def order_id(names: tuple[str, ...]) -> int:
-    """A record's order of features (its names on the wire) as the number its row's :data:`ORDER_FIELD`
-    holds: 8 bytes of a hash of the names, a signed int64. A hash, not an index into a table: the same in
+def order_id(names: tuple[str, ...], lists: tuple[str, ...] | None = None) -> int:
+    """A record's order of features (its names on the wire; a SequenceExample's: its context's, and its
+    feature ``lists``) as the number its row's :data:`ORDER_FIELD` holds: 8 bytes of a hash of the
+    names, a signed int64. A hash, not an index into a table: the same in
     every process and dataset, so rows read by forked workers, copied or appended from another dataset
     name their order in any table that holds it, and an export checks a table against its keys
     (:func:`features_encoder`): a lost or foreign table is refused, never written wrong."""
-    digest = hashlib.blake2b(json.dumps(names).encode(), digest_size=8).digest()
+    key = names if lists is None else {"context": names, "feature_lists": lists}
+    digest = hashlib.blake2b(json.dumps(key).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
-def order_table(orders: Iterable[tuple[str, ...]]) -> dict[str, list[str]]:
+def order_table(orders: Iterable[tuple[str, ...]]) -> dict[str, Any]:
     """The ``feature_orders`` a dataset keeps: each distinct order of its records by its
     :func:`order_id` (a string: JSON's keys are); empty past :data:`ORDERS_KEPT` orders."""
     orders = list(orders)
     if len(orders) > ORDERS_KEPT:
         return {}
     return {str(order_id(names)): list(names) for names in sorted(orders)}
+
+
+def sequence_order_table(orders: Iterable[tuple[tuple[str, ...], tuple[str, ...]]]) -> dict[str, Any]:
+    """:func:`order_table` of SequenceExamples' ``(context, feature lists)`` orders."""
+    orders = list(orders)
+    if len(orders) > ORDERS_KEPT:
+        return {}
+    return {str(order_id(context, lists)): {"context": list(context), "feature_lists": list(lists)}
+            for context, lists in sorted(orders)}
+
+
+def ordered_rows(schema: Unischema, make: Callable[[Any], Callable[[Mapping[str, Any], int], Any]],
+                 orders: Mapping[str, Any] | None, number_of: Callable[[Any], int]
+                 ) -> Callable[[Mapping[str, Any], int], Any]:
+    """``(column batch, row) -> make(row's order)(batch, row)``: ``make(None)`` for rows without an
+    :data:`ORDER_FIELD` value, else ``make(orders[its number])``, made once per order. An order ``orders``
+    lacks, or holds under another number (``number_of(entry)``: a table not this dataset's), is a
+    FormatError: the row's bytes cannot be told, and a guess would be silently wrong."""
+    default = make(None)
+    if ORDER_FIELD not in schema.fields:
+        return default
+    table = dict(orders or {})
+    made: dict[int, Callable[[Mapping[str, Any], int], Any]] = {}
+
+    def encode(batch: Mapping[str, Any], row: int) -> Any:
+        number = batch[ORDER_FIELD][row] if ORDER_FIELD in batch else None
+        if number is None:
+            return default(batch, row)
+        encoder = made.get(number)
+        if encoder is None:
+            entry = table.get(str(number))
+            if entry is None or number_of(entry) != number:
+                problem = "lacks it" if entry is None else "holds another order under it (a table not this dataset's)"
+                raise FormatError(f"row {row} of a batch: its {ORDER_FIELD} {number} names an order of features "
+                                  f"that the dataset's tfrecord.feature_orders ({len(table)} orders) {problem}; "
+                                  f"keep the metadata with the rows (a copy, an append), or drop {ORDER_FIELD} "
+                                  "to write the features in the dataset's one order")
+            encoder = made[number] = make(entry)
+        return encoder(batch, row)
+
+    return encode
 
 
 def order_field() -> UnischemaField:
@@ -449,7 +492,7 @@ RowEncoder = Callable[[Mapping[str, Any], int], bytes]
 
 
 def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                    order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> RowEncoder:
+                    order: Sequence[str] = (), orders: Mapping[str, Any] | None = None) -> RowEncoder:
     """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
     write None as an empty list, other None values leave their feature out; fields in ``shapes`` write
     a ``<name>/shape`` feature (as do those whose shape the flat values do not determine). Features
@@ -463,36 +506,23 @@ EntriesEncoder = Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]
 
 
 def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                     order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> EntriesEncoder:
+                     order: Sequence[str] = (), orders: Mapping[str, Any] | None = None) -> EntriesEncoder:
     """``(column batch, row) -> [(encoded name, serialized Feature), ...]``: the ``Features`` map of
     :func:`example_encoder` (an Example's, a SequenceExample's context), in ``order``; where ``schema``
     has :data:`ORDER_FIELD`, each row with one in its own, from ``orders`` (``feature_orders``, see
     :func:`order_table`). A row naming an order ``orders`` lacks (or holds under another number: a
     table not this dataset's) is a FormatError: its bytes cannot be told."""
+    features = without_order(schema)
+    return ordered_rows(schema, lambda names: _entries_in(features, empty_as_null, shapes,
+                                                          order if names is None else names),
+                        orders, lambda names: order_id(tuple(names)))
+
+
+def without_order(schema: Unischema) -> Unischema:
+    """``schema`` less its :data:`ORDER_FIELD`, if any: the fields written as features."""
     if ORDER_FIELD not in schema.fields:
-        return _entries_in(schema, empty_as_null, shapes, order)
-    features = schema.create_schema_view([f for f in schema if f.name != ORDER_FIELD])
-    default = _entries_in(features, empty_as_null, shapes, order)
-    table = dict(orders or {})
-    by_order: dict[int, EntriesEncoder] = {}
-
-    def entries(batch: Mapping[str, Any], row: int) -> list[tuple[bytes, bytes]]:
-        number = batch[ORDER_FIELD][row] if ORDER_FIELD in batch else None
-        if number is None:
-            return default(batch, row)
-        encode = by_order.get(number)
-        if encode is None:
-            names = table.get(str(number))
-            if names is None or order_id(tuple(names)) != number:
-                problem = "lacks it" if names is None else "holds another order under it (a table not this dataset's)"
-                raise FormatError(f"row {row} of a batch: its {ORDER_FIELD} {number} names an order of features "
-                                  f"that the dataset's tfrecord.feature_orders ({len(table)} orders) {problem}; "
-                                  f"keep the metadata with the rows (a copy, an append), or drop {ORDER_FIELD} "
-                                  "to write the features in the dataset's one order")
-            encode = by_order[number] = _entries_in(features, empty_as_null, shapes, names)
-        return encode(batch, row)
-
-    return entries
+        return schema
+    return schema.create_schema_view([f for f in schema if f.name != ORDER_FIELD])
 
 
 def _entries_in(schema: Unischema, empty_as_null: Sequence[str], shapes: Sequence[str],

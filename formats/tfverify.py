@@ -87,7 +87,7 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
 
         lists = options.get("feature_lists") or written.get("feature_lists", ())
         encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
-                             written.get("feature_list_order", ()))
+                             written.get("feature_list_order", ()), written.get("feature_orders"))
     for row in rows:
         yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
 

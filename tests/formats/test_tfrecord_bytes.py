@@ -27,7 +27,9 @@ from unihub import convert
 from unihub.cli import main
 from unihub.formats import tfrecord
 from unihub.formats.parquet import open_dataset
+from unihub.formats.schema import Unischema
 from unihub.formats.tfexample import parse_example
+from unihub.formats.tfsequence import parse_sequence_example
 
 tf = pytest.importorskip("tensorflow")
 PIL = pytest.importorskip("PIL.Image")
@@ -151,9 +153,30 @@ with tf.io.TFRecordWriter(path) as writer:
         writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 """
 NAMES = [f"f{i:02d}" for i in range(12)]
+_SEQUENCE_WRITER = """
+import sys
+import tensorflow as tf
+path, start, count, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+with tf.io.TFRecordWriter(path) as writer:
+    for i in range(start, start + count):
+        context = {n: tf.train.Feature(int64_list=tf.train.Int64List(value=[i * 100 + k])) for k, n in enumerate(names)}
+        lists = {"l" + n: tf.train.FeatureList(feature=[tf.train.Feature(float_list=tf.train.FloatList(value=[s]))
+                                                        for s in range(i % 3 + 1)]) for n in names[:8]}
+        writer.write(tf.train.SequenceExample(context=tf.train.Features(feature=context),
+                     feature_lists=tf.train.FeatureLists(feature_list=lists)).SerializeToString())
+"""
 
 
-def _two_writers(directory: Path, counts: tuple[int, int] = (20, 20)) -> tuple[Path, Path]:
+def _order(record: bytes) -> Any:
+    """A record's names on the wire: an Example's features, a SequenceExample's context and lists."""
+    try:
+        return list(parse_example(record))
+    except ValueError:
+        context, lists = parse_sequence_example(record)
+        return list(context), list(lists or ())
+
+
+def _two_writers(directory: Path, counts: tuple[int, int] = (20, 20), script: str = _WRITER) -> tuple[Path, Path]:
     """Two files of records TensorFlow wrote in two processes that order the features differently
     (another process, another seed: nearly always another order); record ids go on from one to the other."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -162,9 +185,9 @@ def _two_writers(directory: Path, counts: tuple[int, int] = (20, 20)) -> tuple[P
         path = directory / f"part-{attempt}.tfrecord"
         start = 0 if first is None else counts[0]
         count = counts[0] if first is None else counts[1]
-        subprocess.run([sys.executable, "-c", textwrap.dedent(_WRITER), str(path), str(start), str(count), *NAMES],
+        subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(path), str(start), str(count), *NAMES],
                        check=True, capture_output=True)
-        order = list(parse_example(_records(path)[0]))
+        order = _order(_records(path)[0])
         if first is None:
             first = (path, order)
         elif order != first[1]:
@@ -262,12 +285,11 @@ def test_a_given_schema(tmp_path: Path) -> None:
     """A schema given (without the order field: the records' own fields) gets the field where the
     records disagree, and every record comes back byte for byte."""
     _two_writers(tmp_path / "src")
-    one = tmp_path / "one"
-    one.mkdir()
-    first = sorted((tmp_path / "src").iterdir())[0]
-    agreed, _ = _round_trip(first, one)  # records that agree: a schema without the field
+    inferred = convert(tmp_path / "src", tmp_path / "inferred", progress=False)
+    assert inferred.rows == 40
     schema = tmp_path / "schema.json"
-    schema.write_text(open_dataset(str(agreed)).schema.to_json())
+    schema.write_text(Unischema("TFRecord", [f for f in open_dataset(str(tmp_path / "inferred")).schema
+                                             if f.name != tfrecord.ORDER_FIELD]).to_json())
     assert "__feature_order__" not in schema.read_text()
     ds, back = _round_trip(tmp_path / "src", tmp_path, "--schema", str(schema))
     _assert_exact(_records(tmp_path / "src"), back)
@@ -289,7 +311,6 @@ def test_an_order_the_table_lacks_is_refused(tmp_path: Path) -> None:
     """A row naming an order that the table lacks (metadata lost, rows of another dataset) or holds
     under another number (another dataset's table) is a named error, never a record written otherwise."""
     from unihub.errors import FormatError
-    from unihub.formats.schema import Unischema
     from unihub.formats.tfschema import order_field, order_id
 
     _two_writers(tmp_path / "src")
@@ -336,6 +357,26 @@ def test_sequence_examples_come_back_byte_for_byte(tmp_path: Path) -> None:
     assert len(_records(back)) == len(source)
     info = _tfrecord_metadata(ds)
     assert info["payload"] == "sequence_example" and "feature_order_differs" not in info
+
+
+def test_sequence_examples_whose_orders_disagree(tmp_path: Path) -> None:
+    """SequenceExamples of two TF processes: their contexts and feature lists come back in each record's
+    own orders, byte for byte, read as a whole too with a given schema (prepare's scan)."""
+    _two_writers(tmp_path / "src", script=_SEQUENCE_WRITER)
+    source = _records(tmp_path / "src")
+    ds, back = _round_trip(tmp_path / "src", tmp_path)
+    _assert_exact(source, back)
+    info = _tfrecord_metadata(ds)
+    assert info["payload"] == "sequence_example" and "feature_order_differs" not in info
+    assert len(info["feature_orders"]) >= 2
+    schema = tmp_path / "schema.json"
+    given = tmp_path / "given"
+    given.mkdir()
+    schema.write_text(Unischema("TFRecord", [f for f in open_dataset(str(ds)).schema
+                                             if f.name != tfrecord.ORDER_FIELD]).to_json())
+    _round_trip(tmp_path / "src", given, "--schema", str(schema))
+    _assert_exact(source, given / "back.tfrecord")
+    assert main(["verify", str(tmp_path / "src"), str(ds)]) == 0
 
 
 def test_an_order_given_for_the_export(tmp_path: Path) -> None:
