@@ -33,7 +33,7 @@ from unihub.formats.validation import fixed_dims
 
 SHAPE_SUFFIX = "/shape"
 #: the row field that names each record's order of features on the wire, where records disagree on it
-#: (see :func:`order_id`); null (or no such field): the dataset's one order, ``feature_order``
+#: (see :func:`order_id`); no such field (or a null in it): the dataset's one order, ``feature_order``
 ORDER_FIELD = "__feature_order__"
 #: distinct orders a dataset keeps (``feature_orders``); past them, records keep the one order, flagged
 ORDERS_KEPT = 1024
@@ -286,8 +286,10 @@ def ordered_rows(schema: Unischema, make: Callable[[Any], Callable[[Mapping[str,
 
 
 def order_field() -> UnischemaField:
-    """The field an ingest adds where records disagree on their features' order (see :func:`order_id`)."""
-    return UnischemaField(ORDER_FIELD, np.int64, (), ScalarCodec(pa.int64()), True)
+    """The field an ingest adds where records disagree on their features' order (see :func:`order_id`):
+    every row it reads has one, so not nullable (a nullable field would also get a ``<name>_is_present``
+    mask in TensorFlow's readers, and no namedtuple field may start with an underscore)."""
+    return UnischemaField(ORDER_FIELD, np.int64, (), ScalarCodec(pa.int64()), False)
 
 
 def fields_from_stats(stats: dict[str, _Stats], total: int) -> list[UnischemaField]:
