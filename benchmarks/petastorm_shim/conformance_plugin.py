@@ -21,6 +21,7 @@ import ast
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import types
@@ -51,16 +52,30 @@ def _deselect_reasons() -> dict[str, str]:
 
 
 def short_id(nodeid: str) -> str:
-    """``petastorm/tests/test_x.py::t[a]`` -> ``test_x.py::t[a]``: one id in both runs."""
+    """``petastorm/tests/test_x.py::t[a]`` -> ``test_x.py::t[a]``: one id in both runs.
+
+    Parameters that hold a path into the run's folder (the legacy datasets' URLs) lose the folder.
+    """
     path, _, rest = nodeid.partition("::")
+    for tests_folder in ("/petastorm/tests/", "/petastorm_tests/"):
+        rest = rest.replace(f"{Path.cwd()}{tests_folder}", "tests/")
     return f"{Path(path).name}::{rest}" if rest else Path(path).name
 
 
 def _cause(report: Any) -> str:
+    """The failure's first line; with the line that says more where the first says little."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0][:300] if lines else "?"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "?"
+    cause = lines[0]
+    if cause.endswith("Regex pattern did not match."):  # pytest.raises(match=...): say what was expected
+        cause += " " + " ".join(lines[1:3])  # pytest's "Expected regex: ..." and "Actual message: ..."
+    elif cause.endswith(":"):  # e.g. Spark's PythonException: the worker's own error comes last
+        errors = [line for line in lines[1:] if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
+        cause += " " + (errors[-1] if errors else lines[-1])
+    return cause[:300]
 
 
 class NotInUnihub(AttributeError):
