@@ -182,7 +182,7 @@ def test_conformance_run_on_a_subset(tmp_path):
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = json.loads(out.read_text())
-    assert table["files"] == ["test_codec_ndarray.py", "test_predicates.py"]
+    assert sorted(table["files"]) == ["test_codec_ndarray.py", "test_predicates.py"]
     assert table["applicable"] >= 10  # both files' tests pass on real Petastorm 0.13.1
     assert 0 <= table["passing"] <= table["applicable"]
     assert table["failing"] == table["applicable"] - table["passing"]
