@@ -46,6 +46,11 @@ PETASTORM_PINS = [
     "opencv-python-headless<4.12",  # newer ones need numpy 2: a looser pin makes pip download and discard several
     "setuptools<70",
     "pyspark==4.3.0",
+    # what Petastorm's own tests need, for the conformance run (benchmarks/petastorm_conformance.py)
+    "pytest>=8",
+    "pillow",
+    "pytz",
+    "six",
 ]
 
 #: tensorflow-cpu releases that still accept numpy < 2, tried newest first.
@@ -55,7 +60,7 @@ TF_CANDIDATES = ["tensorflow-cpu==2.17.*", "tensorflow-cpu==2.16.*"]
 _KEEP = ["numpy<2", "pyarrow==14.0.2", "pandas<3", "setuptools<70", "petastorm==0.13.1"]
 
 _VERIFY = (
-    "import petastorm, pyarrow, numpy, pandas, pyspark, cv2, torch\n"
+    "import petastorm, pyarrow, numpy, pandas, pyspark, cv2, torch, pytest, PIL, pytz, six\n"
     "from petastorm import make_reader, make_batch_reader\n"
     "import petastorm.pytorch\n"
     "v = dict(petastorm=petastorm.__version__, pyarrow=pyarrow.__version__, numpy=numpy.__version__,\n"
