@@ -122,14 +122,18 @@ def resolve_source_format(src: str, from_format: str | None) -> str:
 
 
 def _names_nothing(src: str) -> str | None:
-    """Why ``src`` (paths, a brace list, globs, URLs) names no file, or None when every part names one."""
+    """Why ``src`` (paths, a brace list, globs, URLs) names nothing, or None. Every glob is listed once
+    (a glob matching nothing is said so), but of the plain paths only the first is looked up: a brace list
+    of thousands of objects costs no request each here, and a later missing one fails where it is read,
+    naming it."""
     bare = sources.without_query(os.fspath(src))  # a URL's query holds for its bucket from now on
-    for part in expand_braces(bare):
+    for index, part in enumerate(expand_braces(bare)):
+        within = f" (in {bare})" if part != bare else ""
         if any(c in part for c in "*?["):
             if not sources.glob(part):
-                return f"{part}: the glob matches no file" + (f" (in {bare})" if part != bare else "")
-        elif not sources.exists(part):
-            return f"{part}: no such file or directory" + (f" (in {bare})" if part != bare else "")
+                return f"{part}: the glob matches no file{within}"
+        elif index == 0 and not sources.exists(part):
+            return f"{part}: no such file or directory{within}"
     return None
 
 
@@ -146,7 +150,8 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, overwrite_foreign: bool = False,
-            row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
+            row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise",
+            progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
             storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
@@ -182,15 +187,15 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
                         overwrite=overwrite, overwrite_foreign=overwrite_foreign,
-                        row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error, progress=progress, format_options=format_options, engine=engine,
+                        row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error,
+                        progress=progress, format_options=format_options, engine=engine,
                         master=master, spark=spark, workers=workers, validate_images=validate_images,
                         storage_options=storage_options, memory_budget_mb=memory_budget_mb)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
              schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, overwrite_foreign: bool,
-             row_group_size_mb: float,
-             batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
+             row_group_size_mb: float, batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
@@ -209,7 +214,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         raise UnsupportedFormatError("--engine spark (engine='spark') converts a foreign format into unihub; "
                                      f"use the local engine for {source_format} -> {target_format}")
     if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
-        fs, target = sources.filesystem(dst) if sources.is_url(dst) else (pafs.LocalFileSystem(), os.path.abspath(dst))
+        fs, target = (sources.filesystem(dst) if sources.is_url(dst)
+                      else (pafs.LocalFileSystem(), os.path.abspath(dst)))
         check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
@@ -235,7 +241,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
                           overwrite=overwrite, overwrite_foreign=overwrite_foreign,
-                          row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error, validate_images=validate_images, progress=progress,
+                          row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error,
+                          validate_images=validate_images, progress=progress,
                           storage_options=dict(storage_options) if storage_options else None)
         files = source.files()
         input_bytes = _total_size(files)
@@ -276,7 +283,6 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
     removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.formats.atomic`)."""
-
     fsutil.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
         fsutil.settle_url(src)
@@ -337,7 +343,6 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
 
 
 def _remove_quietly(fs: Any, path: str) -> None:
-
     try:
         fsutil.remove(fs, path)
     except Exception:  # noqa: BLE001 (a server that failed the export may fail this too)

@@ -145,6 +145,13 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
 SCALE_ATTRIBUTES = ("REFERENCE_LIST", "DIMENSION_LIST", "DIMENSION_LABELS")
 
 
+def is_scale_bookkeeping(owner: Any, name: str) -> bool:
+    """Whether attribute ``name`` of ``owner`` is the dimension-scale API's own: one of its names on a
+    dataset with dimensions (where :func:`~unihub.formats.hdf5_meta.dimension_scales` reads them back).
+    The same name on a group or a scalar dataset is a user's attribute, kept or refused like any other."""
+    return name in SCALE_ATTRIBUTES and bool(getattr(owner, "shape", None))
+
+
 def unit_roots(plan: Plan) -> set[str]:
     """The paths of a plan's splits or sample groups, selected or not (none for columns)."""
     return set() if plan.kind == "columns" else {plan.unit_path(u) for u in (*plan.units, *plan.dropped)}
@@ -211,7 +218,7 @@ def reference_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> d
             continue
         obj = handle[path] if path else handle
         for name in obj.attrs:
-            if name in SCALE_ATTRIBUTES:
+            if is_scale_bookkeeping(obj, name):
                 continue
             dt = obj.attrs.get_id(name).dtype
             if any(h5py.check_ref_dtype(leaf) is not None for _, leaf, _ in leaves_of(dt)):

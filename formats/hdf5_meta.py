@@ -26,7 +26,7 @@ from unihub.errors import FormatError, SchemaError
 from unihub.formats.codecs import ScalarCodec
 from unihub.formats.hdf5_detect import below_any, object_key, object_paths
 from unihub.formats.hdf5_export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
-from unihub.formats.hdf5_layout import SCALE_ATTRIBUTES, Plan, unit_roots
+from unihub.formats.hdf5_layout import Plan, is_scale_bookkeeping, unit_roots
 from unihub.formats.hdf5_read import attribute_array
 from unihub.formats.hdf5_types import dtype_to_json, encode_constant, h5py_module
 from unihub.formats.schema import UnischemaField
@@ -34,7 +34,7 @@ from unihub.formats.schema import UnischemaField
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
 PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
             "dimension_scales", "named_types")
-#: a dimension scale's own attributes (beside :data:`SCALE_ATTRIBUTES`), kept as the scale itself
+#: a dimension scale's own attributes (beside :data:`~unihub.formats.hdf5_layout.SCALE_ATTRIBUTES`), kept as the scale itself
 _SCALE_OWN = ("CLASS", "NAME")
 
 
@@ -95,7 +95,7 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     scale = is_scale(owner)
     values, failed = {}, {}
     for name in attrs:
-        if name.startswith("unihub.") or name in SCALE_ATTRIBUTES or (scale and name in _SCALE_OWN):
+        if name.startswith("unihub.") or is_scale_bookkeeping(owner, name) or (scale and name in _SCALE_OWN):
             continue
         try:
             attr = attrs.get_id(name)

@@ -412,8 +412,10 @@ def _decode_png(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, .
             if header is not None:
                 _check_out(out, header[:3], np.uint16 if header[3] == 16 else np.uint8, "PNG")
         raise ImageDecodeError(f"corrupt or truncated PNG ({len(data)} bytes): {exc}") from exc
-    if out is None or direct:
+    if out is None:
         return image
+    if direct:
+        return out  # decoded in place: imagecodecs returns a gray image into (H, W, 1) as (H, W)
     return _copy_into(image, out, "PNG")
 
 

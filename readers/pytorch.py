@@ -50,6 +50,7 @@ from unihub.readers.batching import (
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
+from unihub.readers.reader import start_over
 from unihub.readers.shared_batches import StoragePool, in_torch_worker, receive_here, worker_pool
 from unihub.readers.workers import usable_cores
 
@@ -420,10 +421,7 @@ class _LoaderBase:
                              "the beginning: this loader is already being iterated; finish or close that "
                              "iteration first")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
-            if hasattr(self.reader, "start_over"):  # also after a pass broken off mid-epoch
-                self.reader.start_over()
-            else:
-                self.reader.reset()
+            start_over(self.reader)  # also after a pass broken off mid-epoch
             self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
         self._iterated, self._resumed, self._iterating = True, False, True
         self._rng = np.random.default_rng(self.seed)

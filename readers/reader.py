@@ -491,7 +491,8 @@ class Reader:
         self.start_over()
 
     def start_over(self) -> None:
-        """Start over from the first epoch wherever the reader is: mid-epoch, at the end or after :meth:`stop`."""
+        """Start over from the first epoch wherever the reader is: mid-epoch, at the end or after :meth:`stop`
+        (:func:`start_over` does it for any reader)."""
         self._halt()
         self.join()
         self._set_position((0, 0, 0))
@@ -819,3 +820,12 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
     dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``.
     """
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
+
+
+def start_over(reader: Any) -> None:
+    """Start ``reader`` over from its first epoch, wherever it is: its ``start_over()`` where it has one
+    (unihub's readers, mixed ones), else ``reset()`` (Petastorm's, or a reader of one's own)."""
+    if hasattr(reader, "start_over"):
+        reader.start_over()
+    else:
+        reader.reset()

@@ -28,7 +28,7 @@ import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
 from unihub.formats.schema import Unischema, UnischemaField
-from unihub.readers.reader import ReaderStateError, random_seed
+from unihub.readers.reader import ReaderStateError, random_seed, start_over
 
 #: draws whose uniforms one seeded generator makes at once
 BLOCK = 1024
@@ -319,11 +319,12 @@ class WeightedSamplingReader:
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start every reader and the draws over (what the PyTorch loaders call to iterate again)."""
-        for reader in self._readers:  # the others stopped mid-epoch when one ran out: start_over(), not reset()
-            if hasattr(reader, "start_over"):
-                reader.start_over()
-            else:
-                reader.reset()
+        self.start_over()
+
+    def start_over(self) -> None:
+        """:meth:`reset`, from anywhere: the other readers stopped mid-epoch when one ran out."""
+        for reader in self._readers:
+            start_over(reader)
         self._draws = 0
 
     def stop(self) -> None:

@@ -261,6 +261,27 @@ def test_dimension_scales_and_labels_are_kept_and_attached_again(tmp_path: Path)
     assert "dimensions of '/other': expected [['row', []]], found nothing (missing)" in found
 
 
+def test_a_users_attribute_named_like_the_scale_apis_is_kept_where_that_api_never_writes_it(tmp_path: Path) -> None:
+    """DIMENSION_LABELS on a group or a scalar dataset is the user's own (the scale API writes it on datasets
+    with dimensions only): it comes back, and a reference under such a name is still refused."""
+    src, ds, back = tmp_path / "named.h5", tmp_path / "ds", tmp_path / "back.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(4.0)
+        f.attrs["DIMENSION_LABELS"] = "mine"
+        f["one"] = np.float32(2.5)
+        f["one"].attrs["REFERENCE_LIST"] = np.arange(3)
+    convert(src, ds, progress=False)
+    convert(ds, back, progress=False)
+    with h5py.File(back) as f:
+        assert f.attrs["DIMENSION_LABELS"] == "mine" and list(f["one"].attrs["REFERENCE_LIST"]) == [0, 1, 2]
+    for a, b in ((src, ds), (ds, back), (src, back)):
+        assert_equal(a, b)
+    with h5py.File(src, "a") as f:
+        f.attrs["DIMENSION_LIST"] = f["x"].ref
+    with pytest.raises(FormatError, match=r"attribute 'DIMENSION_LIST' of / holds object or region references"):
+        convert(src, tmp_path / "ds2", progress=False)
+
+
 # -- references ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["attribute", "region", "dataset", "constant"])
 def test_references_are_refused_by_name(tmp_path: Path, where: str) -> None:

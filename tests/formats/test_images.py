@@ -469,3 +469,16 @@ def test_leading_bytes_of_values_of_any_length() -> None:
     got = leading_bytes(buffer, starts, sizes, 4)
     assert [bytes(row) for row in got] == [v[:4].ljust(4, b"\0") for v in values]
     assert leading_bytes(np.zeros(0, np.uint8), np.array([0]), np.array([0]), 3).tolist() == [[0, 0, 0]]
+
+
+def test_a_gray_png_decoded_into_a_channel_axis_returns_that_array() -> None:
+    """Decoded in place into ``out`` of shape (H, W, 1), the call returns ``out`` itself (imagecodecs gives its
+    own (H, W) view back), as the docstring promises and a caller using the result relies on. PIL writes it."""
+    from PIL import Image
+
+    pixels = np.arange(64 * 48, dtype=np.uint32).reshape(64, 48).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    out = np.zeros((64, 48, 1), np.uint8)
+    got = decode_image(buffer.getvalue(), out)
+    assert got is out and got.shape == (64, 48, 1) and np.array_equal(got[..., 0], pixels)
