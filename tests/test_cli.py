@@ -136,3 +136,34 @@ def test_warnings_are_one_line_and_verbose_goes_after_the_command(tmp_path: Path
     failed = subprocess.run([sys.executable, "-m", "unihub.cli", "inspect", str(tmp_path / "missing"), "--verbose"],
                             capture_output=True, text=True)
     assert failed.returncode == 1 and "Traceback" in failed.stderr  # --verbose after the command shows it
+
+
+def test_a_missing_source_and_an_empty_glob_say_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Not "cannot tell its format": what is wrong is that nothing is there."""
+    (tmp_path / "a.tfrecord").write_bytes(b"")
+    cases = {str(tmp_path / "nope.tfrecord"): f"{tmp_path / 'nope.tfrecord'}: no such file or directory",
+             str(tmp_path / "nodir"): f"{tmp_path / 'nodir'}: no such file or directory",
+             str(tmp_path / "data" / "*.tfrecord"): f"{tmp_path / 'data' / '*.tfrecord'}: the glob matches no file",
+             str(tmp_path / "{a,b}.tfrecord"): None,  # b is looked up where it is read
+             str(tmp_path / "{x*,a}.tfrecord"): f"{tmp_path / 'x*.tfrecord'}: the glob matches no file (in "}
+    for src, expected in cases.items():
+        assert main(["convert", src, str(tmp_path / "out"), "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("unihub: error: ") and err.count("\n") == 1, err
+        if expected is not None:
+            assert expected in err, err
+        assert "cannot tell its format" not in err
+    assert main(["verify", str(tmp_path / "nope.h5"), str(tmp_path / "out")]) == 1
+    assert "nope.h5: no such file or directory" in capsys.readouterr().err
+
+
+def test_inspect_of_a_foreign_source_names_its_format_and_how_to_convert_it(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "x.h5", "w") as handle:  # written by h5py, as a user's file is
+        handle["a"] = np.arange(3)
+    assert main(["inspect", str(tmp_path / "x.h5")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"unihub: error: {tmp_path / 'x.h5'}: a file in the hdf5 format, not a unihub dataset; convert it "
+                   f"first, e.g. unihub convert {tmp_path / 'x.h5'} x_unihub, then inspect that\n")
+    assert "Parquet magic bytes" not in err
