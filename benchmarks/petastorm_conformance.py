@@ -229,6 +229,8 @@ def spark_starts(python: Path, env: dict[str, str]) -> bool:
 def run_environment(python: Path, workdir: Path, *, shim: bool) -> dict[str, str]:
     env = dict(os.environ)
     path = [str(workdir / "_harness")] + ([str(workdir)] if shim else [])
+    if shim and os.environ.get("PYTHONPATH"):  # a unihub checkout put first by the caller (a git worktree)
+        path.append(os.environ["PYTHONPATH"])
     env.update(PYTHONPATH=os.pathsep.join(path), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=str(python),
                PYSPARK_DRIVER_PYTHON=str(python), CONFORMANCE_PLACEHOLDERS="1" if shim else "0",
                PYTHONDONTWRITEBYTECODE="1", TF_CPP_MIN_LOG_LEVEL="2")
