@@ -417,8 +417,8 @@ class Unischema:
             if field is None:
                 if omit_unsupported_fields:
                     continue
-                raise SchemaError(f"column {arrow_field.name!r} of Arrow type {arrow_field.type} "
-                                  "has no Unischema equivalent")
+                raise SchemaError(f"Cannot auto-create unischema due to unsupported column type: column "
+                                  f"{arrow_field.name!r} of Arrow type {arrow_field.type} has no Unischema equivalent")
             fields.append(field)
         return cls(name, fields)
 
@@ -431,8 +431,25 @@ def _arrow_schema_of(value: Any) -> pa.Schema:
         candidate = getattr(value, attribute, None)
         if isinstance(candidate, pa.Schema):
             return candidate
+    legacy = _legacy_dataset_schema(value)
+    if legacy is not None:
+        return legacy
     raise InvalidArgumentError(f"expected a pyarrow Schema, ParquetDataset, ParquetFile or Table, "
                                f"got {type(value).__name__}")
+
+
+def _legacy_dataset_schema(value: Any) -> pa.Schema | None:
+    """The schema of a dataset object of pyarrow's legacy ``ParquetDataset`` API (pyarrow < 15, which
+    Petastorm's code was written against: ``pieces[0].get_metadata().schema.to_arrow_schema()``, partition
+    sets with ``name`` and ``dictionary``), partition columns first as Petastorm put them; None for others."""
+    try:
+        schema = value.pieces[0].get_metadata().schema.to_arrow_schema()
+        partitions = [pa.field(partition.name, partition.dictionary.type) for partition in value.partitions or []]
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if not isinstance(schema, pa.Schema):
+        return None
+    return pa.schema(partitions + [field for field in schema if field.name not in {p.name for p in partitions}])
 
 
 def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:

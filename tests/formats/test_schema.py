@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from unihub import (
     ValidationError,
 )
 from unihub.dependencies import is_available
+from unihub.errors import InvalidArgumentError
 from unihub.formats.schema import SCHEMA_JSON_VERSION, SCHEMA_METADATA_KEY, match_unischema_fields
 
 requires_spark = pytest.mark.skipif(not is_available("pyspark"), reason="pyspark is not installed")
@@ -497,7 +499,6 @@ def test_from_arrow_schema_unsupported_fields():
 def test_from_arrow_schema_takes_what_carries_a_schema_as_petastorm_did(tmp_path):
     import pyarrow.parquet as pq
 
-    from unihub.errors import InvalidArgumentError
 
     table = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "city": ["a", "a", "b", "b"],
                       "score": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32())})
@@ -620,3 +621,26 @@ def test_row_namedtuple_names_fields_that_are_not_identifiers():
     assert row._asdict() == {n: i for i, n in enumerate(names)}  # dicts use the fields' own names
     assert schema.attribute_names["group/a"] == "group_a_2"
     assert [f.name for f in schema.create_schema_view(["group_a_2", "class_", "class"])] == ["group/a", "class"]
+
+
+def test_from_arrow_schema_of_a_legacy_parquet_dataset():
+    """Code written for pyarrow < 15 hands over a legacy ``ParquetDataset`` (``pieces``, partition sets);
+    Petastorm read its schema there, partition columns first."""
+    file_schema = pa.schema([pa.field("x", pa.int8()), pa.field("name", pa.string())])
+    piece = SimpleNamespace(get_metadata=lambda: SimpleNamespace(
+        schema=SimpleNamespace(to_arrow_schema=lambda: file_schema)))
+    partitions = [SimpleNamespace(name="split", dictionary=pa.array(["train", "test"])),
+                  SimpleNamespace(name="day", dictionary=pa.array([1, 2], pa.int64()))]
+    legacy = SimpleNamespace(pieces=[piece], partitions=partitions)
+    schema = Unischema.from_arrow_schema(legacy)
+    assert list(schema.fields) == ["split", "day", "x", "name"]
+    assert schema.split.numpy_dtype is np.str_ and schema.day.numpy_dtype is np.int64
+    assert schema.x == UnischemaField("x", np.int8, (), ScalarCodec(pa.int8()), True)
+    with pytest.raises(InvalidArgumentError, match="got SimpleNamespace"):
+        Unischema.from_arrow_schema(SimpleNamespace(pieces=[]))
+
+
+def test_from_arrow_schema_refusal_keeps_petastorms_words():
+    with pytest.raises(ValueError, match="Cannot auto-create unischema due to unsupported column type: column 's'"):
+        Unischema.from_arrow_schema(pa.schema([pa.field("s", pa.struct([pa.field("a", pa.int8())]))]),
+                                    omit_unsupported_fields=False)
