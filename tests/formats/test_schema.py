@@ -499,7 +499,6 @@ def test_from_arrow_schema_unsupported_fields():
 def test_from_arrow_schema_takes_what_carries_a_schema_as_petastorm_did(tmp_path):
     import pyarrow.parquet as pq
 
-
     table = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "city": ["a", "a", "b", "b"],
                       "score": pa.array([0.5, 1.5, 2.5, 3.5], pa.float32())})
     pq.write_to_dataset(table, str(tmp_path / "parted"), partition_cols=["city"])
