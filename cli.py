@@ -27,7 +27,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from unihub.caching.cli import add_cache_commands
@@ -132,17 +133,46 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return _cmd_convert(args)
 
 
+@contextmanager
+def _spark_console(args: argparse.Namespace) -> Iterator[None]:
+    """For ``--engine spark``: the stall timeout given, and Spark's own output in a log file unless
+    ``--verbose``, named on a line of its own when the command fails (see ``engines.spark.console``)."""
+    if args.engine != "spark":
+        yield
+        return
+    from unihub.converters.engines import spark
+
+    previous = os.environ.get(spark.STALL_TIMEOUT_ENV)
+    if args.spark_stall_timeout is not None:
+        os.environ[spark.STALL_TIMEOUT_ENV] = args.spark_stall_timeout
+    try:
+        with spark.console(args.verbose) as log:
+            try:
+                yield
+            except BaseException:
+                if log is not None and os.path.exists(log):
+                    print(f"unihub: Spark's log: {log}", file=sys.stderr)
+                raise
+    finally:
+        if args.spark_stall_timeout is not None:
+            if previous is None:
+                os.environ.pop(spark.STALL_TIMEOUT_ENV, None)
+            else:
+                os.environ[spark.STALL_TIMEOUT_ENV] = previous
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from unihub.converters.convert import convert
 
-    result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
-                     schema=args.schema, overwrite=args.overwrite,
-                     overwrite_foreign=args.overwrite_foreign, row_group_size_mb=args.row_group_size_mb,
-                     on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
-                     engine=args.engine, master=args.master, workers=args.workers,
-                     format_options=_format_options(args), validate_images=args.validate_images,
-                     max_image_pixels=getattr(args, "max_image_pixels", "current"),
-                     storage_options=storage_options_of(args))
+    with _spark_console(args):
+        result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
+                         schema=args.schema, overwrite=args.overwrite,
+                         overwrite_foreign=args.overwrite_foreign, row_group_size_mb=args.row_group_size_mb,
+                         on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
+                         engine=args.engine, master=args.master, workers=args.workers,
+                         format_options=_format_options(args), validate_images=args.validate_images,
+                         max_image_pixels=getattr(args, "max_image_pixels", "current"),
+                         storage_options=storage_options_of(args))
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -171,10 +201,11 @@ def cmd_copy(args: argparse.Namespace) -> int:
         meter.advance(rows - meter.rows, 0)
 
     try:
-        result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
-                              args.partition_count, args.row_group_size_mb,
-                              petastorm_compatible=args.petastorm_compatible, engine=args.engine, master=args.master,
-                              overwrite_foreign=args.overwrite_foreign, progress=progress)
+        with _spark_console(args):
+            result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
+                                  args.partition_count, args.row_group_size_mb,
+                                  petastorm_compatible=args.petastorm_compatible, engine=args.engine,
+                                  master=args.master, overwrite_foreign=args.overwrite_foreign, progress=progress)
     finally:
         meter.close()
     if not args.quiet:
@@ -244,10 +275,7 @@ def _add_tool_parsers(sub: Any) -> None:
     copy.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is")
     copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
                       help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
-    copy.add_argument("--engine", choices=("local", "spark"), default="local",
-                      help="copy in this process (local) or as Spark tasks, one per source file or partition")
-    copy.add_argument("--master", default="local[2]",
-                      help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
+    _add_engine_options(copy, "copy in this process (local) or as Spark tasks, one per source file or partition")
     copy.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     copy.set_defaults(func=cmd_copy)
 
@@ -445,10 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a format option (repeatable), e.g. --option compression=gzip; listed below")
     convert.add_argument("--workers", type=int, default=1,
                          help="processes reading the input files in parallel (default 1; 0: one per core)")
-    convert.add_argument("--engine", choices=("local", "spark"), default="local",
-                         help="run in this process (local) or as Spark tasks, one or more input files each")
-    convert.add_argument("--master", default="local[2]",
-                         help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
+    _add_engine_options(convert, "run in this process (local) or as Spark tasks, one or more input files each")
     add_storage_option(convert)
     convert.set_defaults(func=cmd_convert)
 
@@ -504,6 +529,26 @@ def _accept_verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
         for sub in getattr(action, "choices", {}).values():
             sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks of errors")
+
+
+def _add_engine_options(command: argparse.ArgumentParser, engine_help: str) -> None:
+    """``--engine``, ``--master`` and ``--spark-stall-timeout``, as convert and copy take them."""
+    command.add_argument("--engine", choices=("local", "spark"), default="local", help=engine_help)
+    command.add_argument("--master", default="local[2]",
+                         help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
+    command.add_argument("--spark-stall-timeout", metavar="SECONDS", type=_stall_seconds,
+                         help="give up when no Spark task has run for this long: the cluster lost its workers or "
+                              "has no free cores (default 120, or UNIHUB_SPARK_STALL_TIMEOUT; 0: never)")
+
+
+def _stall_seconds(text: str) -> str:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (>= 0)")
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -157,6 +157,11 @@ class SparkSettingError(UnihubError, ValueError):
     the setting and the value to use."""
 
 
+class SparkStalledError(UnihubError, TimeoutError):
+    """A Spark job of a conversion or copy in which no task ran for the stall timeout (the cluster lost its
+    workers, or has no free cores for it); the message names the master, the executors and the setting."""
+
+
 class FilterExpressionError(InvalidArgumentError):
     """A filter given as text (``unihub show --where``) is not one unihub can build: not an expression,
     a construct outside the allow-list, or a name that is not a field; the message quotes the filter."""

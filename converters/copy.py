@@ -221,21 +221,20 @@ def _run_here(plan: _Plan, ranges: list[tuple[int, int]],
 
 def _run_on_spark(spark: Any, master: str, plan: _Plan, ranges: list[tuple[int, int]]) -> tuple[int, int]:
     """One Spark task per row range; the executors read the source and write beside the target."""
-    import uuid
-
+    from unihub.converters.engines.spark import run_job
     from unihub.converters.engines.spark import session as _session
     from unihub.converters.engines.spark import task_error_text as _task_error
+    from unihub.errors import SparkStalledError
 
     session, created = _session(spark, master)
     sc = session.sparkContext
-    group = f"unihub-copy-{uuid.uuid4().hex[:12]}"
-    sc.setJobGroup(group, f"unihub copy {plan.store.url}", interruptOnCancel=True)
     jobs = list(enumerate(ranges))
     try:
-        results = sc.parallelize(jobs, numSlices=max(1, len(jobs))).map(
-            lambda job: copy_task(plan, job[0], *job[1])).collect()
+        results = run_job(sc, f"unihub copy {plan.store.url}", lambda: sc.parallelize(
+            jobs, numSlices=max(1, len(jobs))).map(lambda job: copy_task(plan, job[0], *job[1])).collect())
+    except SparkStalledError:
+        raise
     except Exception as exc:
-        sc.cancelJobGroup(group)
         raise FormatError(f"Spark copy of {plan.store.url} failed: {_task_error(exc)}", path=plan.store.url) from exc
     finally:
         if created:

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,8 @@ class SparkCluster:
     webui: str
     workers: int
     work_dir: str
+    #: SIGKILLs every worker JVM with its executors and their Python workers (a cluster losing its workers)
+    kill_workers: Callable[[], None]
 
 
 def spark_home() -> str | None:
@@ -83,7 +85,16 @@ def start_spark_cluster(workers: int = 1, *, cores: int = 1, memory: str = "1g",
                    "--memory", memory, "--host", "127.0.0.1", "--webui-port", str(free_port()),
                    "--work-dir", os.path.join(work_dir, f"work-{i}"))
         _wait_for_workers(f"http://127.0.0.1:{webui}/json/", workers, timeout, processes, work_dir)
-        yield SparkCluster(master, f"http://127.0.0.1:{webui}", workers, work_dir)
+
+        def kill_workers() -> None:
+            for process in processes[1:]:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+
+        yield SparkCluster(master, f"http://127.0.0.1:{webui}", workers, work_dir, kill_workers)
     finally:
         _stop(processes)
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -8,6 +8,12 @@ A task attempt is idempotent (it replaces what an earlier attempt of the same ta
 error a failing task raised reaches the caller as that error (its unihub class, message and
 attributes: :mod:`unihub.converters.task_errors`), not as Spark's stack trace or a retry's.
 
+A job in which no task runs for ``UNIHUB_SPARK_STALL_TIMEOUT`` seconds (default 120; ``unihub convert
+--spark-stall-timeout``) is cancelled with :class:`~unihub.errors.SparkStalledError`: a standalone cluster
+that lost all its workers would otherwise keep the job waiting for executors forever, silently. The
+CLI sends the JVM's own output (Spark's log, and in local mode its executors') to a log file unless
+``--verbose`` (:func:`console`), so a failed task is the one ``unihub: error:`` line.
+
 Speculative execution (``spark.speculation=true``) is refused up front
 (:class:`~unihub.errors.SparkSettingError`): two attempts of one task would run at once and write
 the same part names, one deleting the other's files; and a losing attempt, which Spark stops
@@ -16,24 +22,37 @@ only some time after the job has ended, could still add a file to the committed 
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import sys
+import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from unihub.converters import task_errors
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
-from unihub.errors import FormatError, SparkSettingError
+from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
 from unihub.formats import remote_context
 from unihub.formats.foreign import ForeignFormat, SchemaOutgrown
 
 #: ``unihub.errors.FormatError: message`` or ``unihub.formats.foreign.SchemaOutgrown: reason`` in a
 #: Python traceback that Spark passes on as text
 _PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w*(?:Error|SchemaOutgrown)): (?P<message>.*)$")
+
+#: seconds a job may go with no task running before it is given up (see the module docstring); long enough
+#: for executors to start on a loaded cluster, short enough that a lost cluster is named within minutes
+STALL_TIMEOUT_S = 120.0
+STALL_TIMEOUT_ENV = "UNIHUB_SPARK_STALL_TIMEOUT"
+#: where the CLI sends the driver JVM's output while it starts (None: to the terminal); see :func:`console`
+_JVM_LOG: contextvars.ContextVar[str | None] = contextvars.ContextVar("unihub_spark_jvm_log", default=None)
+_Result = TypeVar("_Result")
 
 
 @ENGINES.register("spark")
@@ -53,14 +72,14 @@ class SparkEngine(Engine):
             return []
         sc = self.session.sparkContext
         slices = file_slices(files, sc.defaultParallelism * 2)
-        group = f"unihub-convert-{uuid.uuid4().hex[:12]}"
         context = remote_context.capture()  # the driver's way to its stores, for the executors
-        sc.setJobGroup(group, f"unihub convert {plan.src}", interruptOnCancel=True)
         try:
-            results: list[TaskResult] = sc.parallelize(slices, numSlices=len(slices)).mapPartitionsWithIndex(
-                lambda index, part: spark_task(plan, context, index, part)).collect()
+            results: list[TaskResult] = run_job(sc, f"unihub convert {plan.src}", lambda: sc.parallelize(
+                slices, numSlices=len(slices)).mapPartitionsWithIndex(
+                lambda index, part: spark_task(plan, context, index, part)).collect())
+        except SparkStalledError:
+            raise
         except Exception as exc:
-            sc.cancelJobGroup(group)
             raise task_error(exc, plan.src) from None
         if on_done is not None:
             for result, part in zip(results, slices):
@@ -71,6 +90,151 @@ class SparkEngine(Engine):
         if self._created:
             self.session.stop()
             self._created = False
+
+
+def stall_timeout() -> float | None:
+    """Seconds a job may run no task before it is given up: ``UNIHUB_SPARK_STALL_TIMEOUT`` (``0`` or
+    ``none``: never), else :data:`STALL_TIMEOUT_S`."""
+    text = os.environ.get(STALL_TIMEOUT_ENV, "").strip().lower()
+    if not text:
+        return STALL_TIMEOUT_S
+    if text in ("none", "0"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:  # NaN and negatives too
+        raise InvalidArgumentError(f"{STALL_TIMEOUT_ENV}={text!r} is not a number of seconds (> 0, or 0/none: "
+                                   "never give up)")
+    return seconds
+
+
+def run_job(sc: Any, description: str, action: Callable[[], _Result]) -> _Result:
+    """``action()``, a Spark action, run as a job group of its own that is cancelled when it fails, and
+    given up with :class:`~unihub.errors.SparkStalledError` when no task of it runs for :func:`stall_timeout`
+    seconds (a watcher thread polls Spark's status tracker)."""
+    group = f"unihub-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    watcher = _StallWatcher(sc, group, stall_timeout(), description)
+    watcher.start()
+    try:
+        return action()
+    except Exception:
+        sc.cancelJobGroup(group)
+        if watcher.stalled is not None:
+            raise watcher.stalled from None
+        raise
+    finally:
+        watcher.stop()
+
+
+class _StallWatcher(threading.Thread):
+    """Cancels job group ``group`` when none of its tasks has run for ``timeout`` seconds: no task active
+    and no task ended since the last look (a task that runs long is progress; executors that never come,
+    or were all lost, are not). ``stalled`` then holds the error to raise."""
+
+    def __init__(self, sc: Any, group: str, timeout: float | None, description: str) -> None:
+        super().__init__(name="unihub-spark-stall-watcher", daemon=True)
+        self.sc, self.group, self.timeout, self.description = sc, group, timeout, description
+        self.stalled: SparkStalledError | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        if self.timeout is None:
+            return
+        last_progress, seen = time.monotonic(), None
+        while not self._done.wait(min(1.0, self.timeout / 10)):
+            try:
+                active, ended = self._tasks()
+            except Exception:  # the context is stopping: the job's own error says why
+                return
+            if active or ended != seen:
+                last_progress, seen = time.monotonic(), ended
+            elif time.monotonic() - last_progress > self.timeout:
+                self.stalled = SparkStalledError(
+                    f"{self.description}: no Spark task ran for {self.timeout:g} s on {self.sc.master} "
+                    f"({self._executors()}); the cluster lost its workers or has no free cores for this job, "
+                    f"so it was cancelled (wait longer: --spark-stall-timeout SECONDS or {STALL_TIMEOUT_ENV})")
+                self.sc.cancelJobGroup(self.group)
+                return
+
+    def _tasks(self) -> tuple[int, int]:
+        """Tasks of the group running now, and ended so far (completed or failed)."""
+        tracker = self.sc.statusTracker()
+        active = ended = 0
+        for job_id in tracker.getJobIdsForGroup(self.group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    active += stage.numActiveTasks
+                    ended += stage.numCompletedTasks + stage.numFailedTasks
+        return active, ended
+
+    def _executors(self) -> str:
+        try:  # the driver is listed among the block managers too
+            count = int(self.sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+        except Exception:
+            return "executors unknown"
+        if self.sc.master.startswith("local"):
+            return "local mode"
+        return f"{count} executor{'s' if count != 1 else ''} registered"
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+
+@contextmanager
+def console(verbose: bool) -> Iterator[str | None]:
+    """For the CLI: unless ``verbose``, a Spark session started inside sends its JVM's output (Spark's log
+    at WARN, a failed task's stack traces, and PySpark's pandas warning) to a temporary log file, so that
+    an error is one ``unihub: error:`` line; yields that file's path (None when verbose). The file is
+    removed when the block ends without an error and kept, for the caller to name, when it raises."""
+    if verbose:
+        yield None
+        return
+    handle, path = tempfile.mkstemp(prefix="unihub-spark-", suffix=".log")
+    os.close(handle)
+    token = _JVM_LOG.set(path)
+    try:
+        yield path
+    except BaseException:
+        if os.path.getsize(path) == 0:
+            os.unlink(path)
+        raise
+    else:
+        os.unlink(path)
+    finally:
+        _JVM_LOG.reset(token)
+
+
+@contextmanager
+def _jvm_output() -> Iterator[None]:
+    """While a session starts: file descriptors 1 and 2 (which the JVM, and the Python workers it forks,
+    inherit) to the :func:`console` log, when there is one; this process's own are put back after."""
+    path = _JVM_LOG.get()
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    log = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in zip((1, 2), saved):
+            os.dup2(original, fd)
+            os.close(original)
+        os.close(log)
 
 
 def spark_task(plan: TaskPlan, context: remote_context.RemoteContext, index: int,
@@ -94,7 +258,8 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
         return refuse_speculation(spark, created=False), False
     from unihub.dependencies import require
 
-    sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
+    with _jvm_output():
+        sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
     running = sql.SparkSession.getActiveSession()
     if running is None and require("pyspark").SparkContext._active_spark_context is not None:
         running = sql.SparkSession.builder.getOrCreate()  # this process's context, started elsewhere
@@ -103,7 +268,7 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     builder = sql.SparkSession.builder.master(master).appName("unihub-convert")
     for key, value in executor_settings().items():
         builder = builder.config(key, value)
-    with python_for_executors():
+    with python_for_executors(), _jvm_output():
         started = builder.getOrCreate()
     return refuse_speculation(started, created=True), True
 

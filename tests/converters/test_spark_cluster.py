@@ -218,6 +218,12 @@ def test_a_failing_task_shows_its_own_error(spark_cluster: Any, corrupt: Path, t
     assert errors == [f"unihub: error: {local_error.value}"], done.stderr[-3000:]
     assert "part-1.tfrecord" in errors[0] and "record 3" in errors[0]
     assert "FileExistsError" not in done.stderr
+    # Spark's own output (175 lines of its log and the task's stack traces) went to a log file, named
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("unihub: Spark's log: "), done.stderr[-3000:]
+    log = lines[0].rsplit(": ", 1)[1]
+    assert "PythonException" in Path(log).read_text(errors="replace")
+    os.unlink(log)
     assert sorted(os.listdir(tmp_path)) == []  # nothing left behind: no `out`, no staging area
 
 
