@@ -654,13 +654,14 @@ class DataLoader(_LoaderBase):
     """Petastorm's row loader: rows collated into batches of ``batch_size``.
 
     The reader is a row reader (``make_reader``) or, as Petastorm allows, a batch reader
-    (``make_batch_reader``): with the default collate its batches are cut into batches as tensors
-    (as ``BatchedDataLoader`` does; a list column the reader gives as an ``(n, k)`` array comes as a
-    ``(batch_size, k)`` tensor), with another ``collate_fn`` they are cut into rows for it. ``shuffling_queue_capacity > 0`` passes rows through a buffer of that
-    many rows and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn``
-    receives a list of row namedtuples; the default stacks numeric fields and keeps
-    variable-shape fields as lists of tensors (``make_collate(variable="pad")`` pads them;
-    :func:`decimal_friendly_collate` is Petastorm's default).
+    (``make_batch_reader``): with a :func:`make_collate` collate its batches are re-cut as tensors
+    (as ``BatchedDataLoader`` does; a list column the reader gives as an ``(n, k)`` array comes
+    as a ``(batch_size, k)`` tensor, as in Petastorm), with another ``collate_fn`` they are cut into
+    rows for it. ``shuffling_queue_capacity > 0`` passes rows through a buffer of that many rows
+    and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn`` receives a list
+    of row namedtuples; the default stacks numeric fields and keeps variable-shape fields as lists
+    of tensors (``make_collate(variable="pad")`` pads them; :func:`decimal_friendly_collate` is
+    Petastorm's default).
 
     With a row reader and a :func:`make_collate` collate (the default), rows are taken from the
     reader as columns (:meth:`~unihub.readers.reader.Reader.next_columns`): the same batches
@@ -697,12 +698,12 @@ class DataLoader(_LoaderBase):
                     yield position, row
 
     def _batches(self) -> Iterator[Any]:
-        if isinstance(self.collate_fn, Collate) and (self._row_columns or getattr(self.reader, "is_batched_reader",
-                                                                                  False)):
+        batched = getattr(self.reader, "is_batched_reader", False)
+        if isinstance(self.collate_fn, Collate) and (self._row_columns or batched):
             # a column-wise collate over columns: a row reader's rows gathered as columns, or a batch
             # reader's batches as they are, so a list column the reader gave as an (n, k) array stays a
-            # (batch, k) tensor, as Petastorm's DataLoader stacks it (rows of it would be kept apart
-            # as a field with None dims)
+            # (batch, k) tensor, as Petastorm's DataLoader stacks it (cut into rows, the Collate would
+            # keep them apart as a field with None dims)
             return self._columnar_batches()
         return self._row_batches()
 
