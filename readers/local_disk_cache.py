@@ -36,6 +36,7 @@ import json
 import os
 import pickle
 import secrets
+import shutil
 import threading
 import time
 import warnings
@@ -63,8 +64,8 @@ _SUFFIX = ".arrow"
 _STALE_TEMP_SECONDS = 3600
 _POLICIES = ("least-recently-used", "least-recently-stored", "none")
 _COMPRESSIONS = (None, "lz4", "zstd")
-# Petastorm's own arguments and diskcache settings it passed through: accepted and unused.
-_IGNORED_SETTINGS = {"shards", "disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
+# diskcache settings Petastorm passed through: accepted and unused.
+_IGNORED_SETTINGS = {"disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
 _KIND_KEY = b"unihub.cache.kind"  # entries of get(key, fill_cache_func): an Arrow table, or a pickled value
 _IGNORED_PREFIXES = ("sqlite_", "disk_")
 
@@ -89,25 +90,35 @@ class LocalDiskCache(CacheBase):
 
     ``location`` is a local directory (created if missing); ``size_limit_bytes`` bounds the
     entries' total size. ``row_size_estimate`` (Petastorm's ``expected_row_size_bytes``) only
-    checks that the limit holds more than a few rows. ``settings``: ``compression`` (None,
-    ``'lz4'``, ``'zstd'``), ``eviction_policy`` and Petastorm's ``cleanup`` (True, its default:
-    :meth:`cleanup` -- which a reader calls when its with-block ends -- removes the entries; False
-    keeps them for later readers); Petastorm's diskcache settings (``shards``, ``sqlite_*``, ...)
-    are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase`` contract.
+    checks that the limit holds at least 5 rows per shard (``shards``, Petastorm's diskcache shard
+    count, 1 unless given: unihub's cache is one directory, so the count only divides the limit
+    in this check), as Petastorm's does unless ``eviction_policy='none'``, which never evicts.
+    ``settings``: ``compression`` (None, ``'lz4'``, ``'zstd'``), ``eviction_policy`` and Petastorm's
+    ``cleanup`` (True, its default: :meth:`cleanup` -- which a reader calls when its with-block
+    ends -- removes the entries; False keeps them for later readers); Petastorm's other diskcache
+    settings (``sqlite_*``, ...) are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase``
+    contract.
     """
 
     def __init__(self, location: str | os.PathLike[str] | None, size_limit_bytes: int | None,
-                 row_size_estimate: int | None = None, *, compression: str | None = None,
-                 eviction_policy: EvictionPolicy = "least-recently-used", cleanup: bool = True,
+                 row_size_estimate: int | None = None, shards: int = 1, cleanup: bool = True, *,
+                 compression: str | None = None, eviction_policy: EvictionPolicy = "least-recently-used",
                  **settings: Any) -> None:
         self.location = _local_directory(location)
         if isinstance(size_limit_bytes, bool) or not isinstance(size_limit_bytes, (int, float)) \
                 or not 0 < size_limit_bytes < float("inf"):
             raise CacheConfigError(f"cache_size_limit must be a positive number of bytes for cache_type='local-disk', "
                                    f"got {size_limit_bytes!r} (e.g. cache_size_limit=10 * 2**30 for 10 GiB)")
-        if row_size_estimate is not None and size_limit_bytes < 5 * row_size_estimate:
-            raise CacheConfigError(f"cache_size_limit ({size_limit_bytes} bytes) must hold at least 5 rows of "
-                                   f"cache_row_size_estimate ({row_size_estimate} bytes)")
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise CacheConfigError(f"shards must be a positive integer, got {shards!r}")
+        if row_size_estimate is not None and eviction_policy != "none" \
+                and size_limit_bytes / shards < 5 * row_size_estimate:
+            per_shard = f", {size_limit_bytes / shards:g} per shard of {shards}" if shards > 1 else ""
+            raise CacheConfigError(
+                f"cache_size_limit ({size_limit_bytes} bytes{per_shard}) must hold at least 5 rows of "
+                f"cache_row_size_estimate ({row_size_estimate} bytes), or new entries could be evicted at once: "
+                f"raise cache_size_limit (Petastorm's words: Condition 'size_limit_bytes / shards < "
+                f"5 * expected_row_size_bytes' needs to hold)")
         compression = None if compression in ("none", "uncompressed") else compression
         if compression not in _COMPRESSIONS:
             raise CacheConfigError(f"cache compression must be one of {list(_COMPRESSIONS)}, got {compression!r}")
@@ -185,21 +196,27 @@ class LocalDiskCache(CacheBase):
         return sum(size for _, _, size in self._entries())
 
     def cleanup(self) -> None:
-        """Remove every entry, temporary file and the lock, then the directory if nothing else is in it
-        (unless the cache was made with ``cleanup=False``, as Petastorm's)."""
+        """Remove every entry, temporary file and the lock, and the directory with them when nothing
+        else is in it (unless the cache was made with ``cleanup=False``, as Petastorm's).
+
+        Files that are not the cache's stay, and the directory with them (Petastorm removed the whole
+        directory). A directory already gone is fine; one that cannot be removed prints Petastorm's
+        line ("Error during rmtree: ...") and cleanup goes on, as Petastorm's did, rather than raising.
+        """
         if not self.cleanup_on_exit:
             return
         try:
             names = os.listdir(self.location)
+            own = [name for name in names if _is_own_file(name)]
+            if len(own) == len(names):
+                shutil.rmtree(self.location)
+            else:
+                for name in own:
+                    _remove_quietly(os.path.join(self.location, name))
         except FileNotFoundError:
-            return
-        for name in names:
-            if name.endswith(_SUFFIX) or (name.startswith(".") and name.endswith(".tmp")) or name == ".lock":
-                _remove_quietly(os.path.join(self.location, name))
-        try:
-            os.rmdir(self.location)
-        except OSError:
-            pass  # the directory holds files that are not ours, or is already gone
+            pass  # already gone
+        except OSError as exc:
+            print(f"Error during rmtree: {exc}", flush=True)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -326,6 +343,12 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
     elif "://" in location:
         raise CacheConfigError(f"cache_location must be a local directory, got the URL {location!r}")
     return os.path.abspath(os.path.expanduser(location))
+
+
+def _is_own_file(name: str) -> bool:
+    """Whether a name in the cache directory is the cache's: an entry, a temporary file or the lock."""
+    return (name.endswith(_SUFFIX) and not name.startswith(".")) or \
+        (name.startswith(".") and name.endswith(".tmp")) or name == ".lock"
 
 
 def _touch(path: str) -> None:

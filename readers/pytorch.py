@@ -236,13 +236,19 @@ def pad(tensors: Sequence[Any]) -> tuple[Any, Any]:
     return out, mask
 
 
-def finalize(columns: Columns, variable: Variable = "list", device: Any = None) -> dict[str, Any]:
-    """The batch a loader yields: padding (``variable="pad"``) and the move to ``device``."""
+def finalize(columns: Columns, variable: Variable = "list", device: Any = None,
+             ragged: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The batch a loader yields: padding (``variable="pad"``) and the move to ``device``.
+
+    With ``variable="pad"``, a ``ragged`` field (``None`` dims) that came as one tensor (a batch
+    reader's ``(n, k)`` array) gets an all-True mask, so every batch of it has its ``<field>_mask``."""
     torch = _torch()
     out: dict[str, Any] = {}
     for name, col in columns.items():
         if isinstance(col, torch.Tensor):
             out[name] = col.to(device) if device is not None else col
+            if variable == "pad" and name in ragged:
+                out[f"{name}_mask"] = torch.ones(col.shape, dtype=torch.bool, device=out[name].device)
             continue
         if variable == "pad" and col and all(isinstance(v, torch.Tensor) for v in col):
             padded, mask = pad(col)
@@ -288,7 +294,7 @@ class Collate:
         return out
 
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
-        return finalize(self.columns(rows), self.variable)
+        return finalize(self.columns(rows), self.variable, ragged=self.ragged)
 
 
 def make_collate(*, variable: Variable = "list", pad: bool | None = None) -> Collate:
@@ -627,17 +633,20 @@ def _rows_of(batch: Any) -> Iterator[Any]:
 
 def decimal_friendly_collate(batch: Sequence[Any]) -> Any:
     """Petastorm's default collate: torch's ``default_collate``, with ``decimal.Decimal`` values and
-    strings kept as lists (torch cannot stack them), mappings and sequences collated item by item."""
+    strings kept as they come (torch cannot stack them), mappings and sequences collated item by item.
+
+    Sequences are collated position by position into a list; the decimals or strings at one
+    position come as a tuple (of the rows' values), as Petastorm's do; a list of rows of them as a list."""
     torch = _torch()
     first = batch[0]
     if isinstance(first, decimal.Decimal) or isinstance(first, (str, bytes)):
-        return list(batch)
+        return batch if isinstance(batch, tuple) else list(batch)
     if isinstance(first, Mapping):
         return {key: decimal_friendly_collate([row[key] for row in batch]) for key in first}
     if hasattr(first, "_asdict"):  # a row namedtuple: a dict of its fields, as Petastorm's loaders give
         return decimal_friendly_collate([row._asdict() for row in batch])
     if isinstance(first, Sequence):
-        return [decimal_friendly_collate(list(samples)) for samples in zip(*batch)]
+        return [decimal_friendly_collate(samples) for samples in zip(*batch)]
     return torch.utils.data.default_collate(list(batch))
 
 
@@ -645,12 +654,14 @@ class DataLoader(_LoaderBase):
     """Petastorm's row loader: rows collated into batches of ``batch_size``.
 
     The reader is a row reader (``make_reader``) or, as Petastorm allows, a batch reader
-    (``make_batch_reader``), whose batches are cut into rows (``BatchedDataLoader`` collates them
-    faster, as tensors). ``shuffling_queue_capacity > 0`` passes rows through a buffer of that
-    many rows and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn``
-    receives a list of row namedtuples; the default stacks numeric fields and keeps
-    variable-shape fields as lists of tensors (``make_collate(variable="pad")`` pads them;
-    :func:`decimal_friendly_collate` is Petastorm's default).
+    (``make_batch_reader``): with a :func:`make_collate` collate its batches are re-cut as tensors
+    (as ``BatchedDataLoader`` does; a list column the reader gives as an ``(n, k)`` array comes
+    as a ``(batch_size, k)`` tensor, as in Petastorm), with another ``collate_fn`` they are cut into
+    rows for it. ``shuffling_queue_capacity > 0`` passes rows through a buffer of that many rows
+    and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn`` receives a list
+    of row namedtuples; the default stacks numeric fields and keeps variable-shape fields as lists
+    of tensors (``make_collate(variable="pad")`` pads them; :func:`decimal_friendly_collate` is
+    Petastorm's default).
 
     With a row reader and a :func:`make_collate` collate (the default), rows are taken from the
     reader as columns (:meth:`~unihub.readers.reader.Reader.next_columns`): the same batches
@@ -666,7 +677,7 @@ class DataLoader(_LoaderBase):
         self.collate_fn = collate_fn
 
     def _out(self, columns: Columns) -> Any:
-        return finalize(columns, self._collate.variable)
+        return finalize(columns, self._collate.variable, ragged=self._collate.ragged)
 
     def _rows(self) -> Iterator[tuple[int, Any]]:
         """(position, row) for every row read and not dropped by a loaded state; a batch reader's
@@ -687,8 +698,12 @@ class DataLoader(_LoaderBase):
                     yield position, row
 
     def _batches(self) -> Iterator[Any]:
-        if isinstance(self.collate_fn, Collate) and self._row_columns:
-            # a row reader and a column-wise collate: the rows come as columns, no namedtuple each
+        batched = getattr(self.reader, "is_batched_reader", False)
+        if isinstance(self.collate_fn, Collate) and (self._row_columns or batched):
+            # a column-wise collate over columns: a row reader's rows gathered as columns, or a batch
+            # reader's batches as they are, so a list column the reader gave as an (n, k) array stays a
+            # (batch, k) tensor, as Petastorm's DataLoader stacks it (cut into rows, the Collate would
+            # keep them apart as a field with None dims)
             return self._columnar_batches()
         return self._row_batches()
 
@@ -755,7 +770,7 @@ class BatchedDataLoader(_LoaderBase):
         self._collate = Collate(variable).with_schema(reader.schema)
 
     def _out(self, columns: Columns) -> Any:
-        batch = finalize(columns, self.variable, self.device)
+        batch = finalize(columns, self.variable, self.device, self._collate.ragged)
         return self.transform_fn(batch) if self.transform_fn is not None else batch
 
     def _batches(self) -> Iterator[Any]:
@@ -819,7 +834,7 @@ class InMemBatchedDataLoader(_LoaderBase):
                     stop = min(start + self.batch_size, n)
                     columns = take_columns(data, order[start:stop]) if order is not None \
                         else slice_columns(data, start, stop)
-                    batch = finalize(columns, self.variable, self.device)
+                    batch = finalize(columns, self.variable, self.device, self._loader._collate.ragged)
                     yield self.transform_fn(batch) if self.transform_fn is not None else batch
         finally:
             self._iterating = False

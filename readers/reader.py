@@ -755,9 +755,10 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | None = None,
           petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
-    unknown = set(ignored) - set(_IGNORED)
-    if unknown:
-        raise TypeError(f"unexpected arguments {sorted(unknown)}")
+    unknown = sorted(set(ignored) - set(_IGNORED))
+    if unknown:  # Python's own words for a keyword the function does not take, as Petastorm's raised
+        raise TypeError(f"{'make_batch_reader' if batched else 'make_reader'}() got an unexpected keyword "
+                        f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
     if ignored.get("shard_seed"):
         warnings.warn("shard_seed was deprecated and will be removed in future versions. Use seed to apply "
                       "randomization effects on sharding row groups. (unihub ignores shard_seed: shards are dealt "

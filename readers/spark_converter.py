@@ -225,7 +225,7 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
     key = _conversion_key(df, spark, parent, options)
     with _key_lock(key):
         with _REGISTRY_LOCK:
-            url = _REGISTRY.get(key) or parent.rstrip("/") + "/" + _DIR_PREFIX + key
+            url = _REGISTRY.get(key) or parent + ("" if parent.endswith("/") else "/") + _DIR_PREFIX + key
         marker = _read_marker(url)  # also checked on a registry hit: the files may have been removed
         if marker is None:
             _write(_prepare(df, dtype), url, parquet_row_group_size_bytes, compression_codec, key, options)
@@ -263,7 +263,15 @@ def _parent_cache_dir_url(spark: Any) -> str:
     if not urlparse(url).scheme or "://" not in url:
         raise ConverterConfigError(f"{keys[0]} must be a URL such as 'file:///tmp/cache' or 's3a://bucket/cache', "
                                    f"got {url!r}")
-    return url
+    return _without_trailing_slash(url)
+
+
+def _without_trailing_slash(url: str) -> str:
+    """``url`` without trailing '/' (a root such as ``file:///`` keeps its own), so the same parent
+    directory spelled with and without one gives the same conversion key, as in Petastorm."""
+    scheme, separator, rest = url.partition("://")
+    stripped = rest.rstrip("/")
+    return scheme + separator + stripped if stripped else url
 
 
 def _conversion_key(df: Any, spark: Any, parent: str, options: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -339,6 +340,41 @@ def test_cache_location_is_required(dataset):
         LocalDiskCache("/tmp/unused-cache", MB, compression="gzip")
     with pytest.raises(CacheConfigError, match="5 rows"):
         LocalDiskCache("/tmp/unused-cache", 100, 50)
+
+
+def test_the_size_check_is_petastorms_per_shard_and_off_without_eviction(tmp_path):
+    """Petastorm's check: ``size_limit_bytes / shards >= 5 * expected_row_size_bytes``, a ValueError in
+    its words; skipped with ``eviction_policy='none'``, which never evicts a new entry."""
+    words = "Condition 'size_limit_bytes / shards < 5 \\* expected_row_size_bytes' needs to hold"
+    with pytest.raises(ValueError, match=words) as info:
+        LocalDiskCache(tmp_path / "a", 5000, 200, shards=10)  # 500 bytes a shard < 1000
+    assert isinstance(info.value, CacheConfigError) and "500 per shard of 10" in str(info.value)
+    with pytest.raises(CacheConfigError, match=words):
+        LocalDiskCache(tmp_path / "b", 1000, 500)
+    assert LocalDiskCache(tmp_path / "c", 5000, 200).get("k", lambda: "v") == "v"  # one shard: 5000 >= 1000
+    with pytest.raises(CacheConfigError, match="shards must be a positive integer"):
+        LocalDiskCache(tmp_path / "d", 5000, 200, shards=0)
+    unchecked = LocalDiskCache(tmp_path / "e", 1000, 500, shards=1, eviction_policy="none")
+    assert unchecked.get("k", lambda: "v") == "v" and unchecked.get("k", lambda: "other") == "v"
+    made = make_cache("local-disk", str(tmp_path / "f"), 1000, 500, {"eviction_policy": "none", "shards": 6})
+    assert isinstance(made, LocalDiskCache)
+
+
+def test_cleanup_that_cannot_remove_the_directory_prints_petastorms_line(tmp_path, monkeypatch, capsys):
+    cache = LocalDiskCache(tmp_path / "cache", MB)
+    cache.get("k", lambda: "v")
+
+    def refuse(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError(16, "Device or resource busy", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    cache.cleanup()  # does not raise
+    assert capsys.readouterr().out == f"Error during rmtree: [Errno 16] Device or resource busy: '{tmp_path / 'cache'}'\n"
+    monkeypatch.undo()
+    cache.cleanup()
+    assert not (tmp_path / "cache").exists() and capsys.readouterr().out == ""
+    cache.cleanup()  # already gone: nothing printed
+    assert capsys.readouterr().out == ""
 
 
 def test_petastorm_arguments_are_accepted(dataset, tmp_path):

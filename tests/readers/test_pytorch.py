@@ -361,6 +361,59 @@ def test_decimal_friendly_collate_is_petastorms():
     assert [t.tolist() for t in collated["v"]] == [[1, 3], [2, 4]]
 
 
+def test_decimal_friendly_collate_keeps_a_position_s_decimals_as_a_tuple():
+    """Petastorm's: rows that are sequences collate position by position; decimals stay a tuple."""
+    collated = tp.decimal_friendly_collate(([decimal.Decimal("1.0"), 1], [decimal.Decimal("1.1"), 2]))
+    assert isinstance(collated, list) and len(collated) == 2
+    assert collated[0] == (decimal.Decimal("1.0"), decimal.Decimal("1.1"))
+    assert collated[1].tolist() == [1, 2] and collated[1].dtype == torch.int64
+    assert tp.decimal_friendly_collate([decimal.Decimal("2"), decimal.Decimal("3")]) == [decimal.Decimal("2"),
+                                                                                          decimal.Decimal("3")]
+
+
+def _lists_dataset(directory: Any) -> tuple[str, dict[int, list[int]], dict[int, list[int]]]:
+    """Parquet written by pyarrow (no Unischema): a list column of one length in every row, and a
+    ragged one; row groups of 4 rows, so loader batches of 3 cross them."""
+    fixed = {i: [i, i * 7, -i] for i in range(22)}
+    ragged = {i: list(range(i % 3)) for i in range(22)}
+    table = pa.table({"id": pa.array(range(22), pa.int64()), "fixed": pa.array(list(fixed.values()), pa.list_(pa.int32())),
+                      "ragged": pa.array(list(ragged.values()), pa.list_(pa.int64()))})
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, directory / "part-0.parquet", row_group_size=4)
+    return directory.as_uri(), fixed, ragged
+
+
+@pytest.mark.parametrize("variable", ["list", "pad"])
+@pytest.mark.parametrize("capacity", [0, 5])
+def test_data_loader_over_a_batch_reader_stacks_a_list_column_of_one_length(tmp_path, variable, capacity):
+    """Petastorm's DataLoader(make_batch_reader(...)) gives a list column whose rows have one length
+    as a (batch, k) tensor (its test_with_batch_reader); ragged ones stay lists (or padded)."""
+    dataset, fixed, ragged = _lists_dataset(tmp_path)
+    collate = tp.make_collate(variable=variable)
+    with tp.DataLoader(batches(dataset, seed=1), batch_size=3, collate_fn=collate,
+                       shuffling_queue_capacity=capacity, seed=2) as loader:
+        out = list(loader)
+    seen = []
+    for batch in out:
+        got = batch["id"].tolist()
+        seen += got
+        assert isinstance(batch["fixed"], torch.Tensor) and batch["fixed"].shape == (len(got), 3)
+        assert batch["fixed"].dtype == torch.int32 and batch["fixed"].tolist() == [fixed[i] for i in got]
+        if variable == "pad":
+            assert batch["fixed_mask"].shape == (len(got), 3) and bool(batch["fixed_mask"].all())
+            for k, i in enumerate(got):
+                n = len(ragged[i])
+                assert batch["ragged"][k, :n].tolist() == ragged[i] and bool(batch["ragged_mask"][k, :n].all())
+                assert not batch["ragged_mask"][k, n:].any()
+        else:
+            assert "fixed_mask" not in batch
+            assert [t.tolist() for t in batch["ragged"]] == [ragged[i] for i in got]
+    assert sorted(seen) == list(range(22)) and [len(b["id"]) for b in out] == [3] * 7 + [1]
+    if capacity == 0:
+        assert seen == list(range(22))
+
+
 # -- torch datasets -------------------------------------------------------------------------------
 def epoch_ids(loader: Any) -> list[int]:
     return [i for batch in loader for i in batch["id"].tolist()]

@@ -128,6 +128,24 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
 
 
 @spark_test
+def test_a_parent_url_with_a_trailing_slash_is_the_same_cache(df: Any, spark: Any, cache_parent: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Petastorm's test_df_caching: parents differing only by a trailing '/' share the cache."""
+    first = make_spark_converter(df)
+    assert first.cache_dir_url.startswith(cache_parent.as_uri() + "/unihub-converter-")
+
+    def no_write(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the cached directory should have been reused")
+
+    monkeypatch.setattr(spark_converter, "_write", no_write)
+    for spelling in (cache_parent.as_uri() + "/", cache_parent.as_uri() + "//"):
+        spark.conf.set(KEYS[0], spelling)
+        assert make_spark_converter(df).cache_dir_url == first.cache_dir_url
+    assert spark_converter._without_trailing_slash("file:///") == "file:///"
+    assert spark_converter._without_trailing_slash("s3a://bucket/") == "s3a://bucket"
+
+
+@spark_test
 def test_delete_removes_the_files(df: Any, cache_parent: Path) -> None:
     converter = make_spark_converter(df)
     path = Path(converter.cache_dir_url.removeprefix("file://"))
@@ -258,6 +276,16 @@ def test_a_url_of_a_unihub_dataset_and_delete_keeps_it(write_sample: Any, sample
     with pytest.warns(UserWarning, match="leaves it in place"):
         converter.delete()
     assert sorted(p.name for p in path.iterdir()) == before and len(unihub.make_spark_converter(path)) == 12
+
+
+def test_an_unknown_reader_argument_is_python_s_type_error() -> None:
+    """Petastorm's test_torch_unexpected_param: the reader's TypeError in Python's own words."""
+    converter = make_spark_converter((FIXTURES / "plain").as_uri())
+    with pytest.raises(TypeError, match=r"^make_batch_reader\(\) got an unexpected keyword argument 'xyz'$"):
+        with converter.make_torch_dataloader(xyz=1):
+            pass
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'abc', 'xyz'$"):
+        make_batch_reader(converter.cache_dir_url, xyz=1, abc=2)
 
 
 def test_a_url_that_is_not_a_dataset_or_not_a_url(tmp_path: Path) -> None:
