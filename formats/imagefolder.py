@@ -493,16 +493,20 @@ def _walk(root: str, class_dir: str, follow_links: bool,
     folder (hidden ones pruned), in torchvision's order: by folder, then name. Links are followed as
     :func:`~unihub.formats.sources.tree_entries` says, so the walk ends whatever links the tree holds."""
     found: list[tuple[str, str, str, str]] = []
-    local = not fsrc.is_url(root)
     top = fsrc.join(root, class_dir)
-    pending = [(top, inside | {fsrc.directory_key(top)} if local else inside)]
+    if fsrc.is_url(root):  # an object store: no links, no special files; one listing of the whole prefix
+        for dirpath, dirnames, filenames in fsrc.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            found.extend((fsrc.relative(dirpath, root), f, "file", "") for f in filenames if not f.startswith("."))
+        return [(f"{d}/{f}", status, reason) for d, f, status, reason in sorted(found)]
+    pending = [(top, inside | {fsrc.directory_key(top)})]
     while pending:
         directory, within = pending.pop()
         rel_dir = fsrc.relative(directory, root)
         for entry in fsrc.tree_entries(directory, root, follow_links=follow_links, inside=within):
             if entry.kind == "dir":
                 sub = fsrc.join(directory, entry.name)
-                pending.append((sub, within | {fsrc.directory_key(sub)} if local else within))
+                pending.append((sub, within | {fsrc.directory_key(sub)}))
             else:
                 found.append((rel_dir, entry.name, *_status(entry)))
     return [(f"{d}/{f}", status, reason) for d, f, status, reason in sorted(found)]
