@@ -551,18 +551,9 @@ def _read_and_probe(full: str, rel: str, max_bytes: int | None, *, complete: boo
 
 
 def _reference_walk(top: str, follow: bool) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``os.walk`` as torchvision's ImageFolder walks (``followlinks``), but never into a loop."""
-    if fsrc.is_url(top) or not follow:
-        yield from fsrc.walk(top)
-        return
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        ancestors = {os.path.realpath(dirpath)}
-        parent = dirpath
-        while parent.rstrip("/") != top.rstrip("/") and len(parent) > len(top):
-            parent = os.path.dirname(parent)
-            ancestors.add(os.path.realpath(parent))
-        dirnames[:] = [d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in ancestors]
-        yield dirpath, dirnames, filenames
+    """``os.walk`` as torchvision's ImageFolder walks (``followlinks``, when links are followed), but never
+    into a loop."""
+    return fsrc.walk_following_links(top) if follow and not fsrc.is_url(top) else fsrc.walk(top)
 
 
 def _reference_readable(path: str, real_root: str, follow: bool) -> bool:

@@ -368,6 +368,20 @@ def walk(root: str, *, followlinks: bool = False) -> Iterator[tuple[str, list[st
         pending.extend(f"{rel}/{d}" if rel else d for d in reversed(dirs))
 
 
+def walk_following_links(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` (local), except into a directory the walk is already inside:
+    links are followed as Arrow's recursive listing and torchvision's walk follow them, and a link back
+    up (``a/l -> .``, ``a/l -> ..``) is listed as a name but not descended into, so the walk ends."""
+    for dirpath, dirnames, filenames in os.walk(local_path(top), followlinks=True):
+        inside = {os.path.realpath(dirpath)}
+        parent = dirpath
+        while len(parent) > len(top):
+            parent = os.path.dirname(parent)
+            inside.add(os.path.realpath(parent))
+        dirnames[:] = [d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in inside]
+        yield dirpath, dirnames, filenames
+
+
 def glob(pattern: str) -> list[str]:
     """Files matching a glob (``*``, ``?``, ``[...]`` within one path component), sorted; URLs for URLs."""
     if not is_url(pattern):

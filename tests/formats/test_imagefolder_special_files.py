@@ -142,3 +142,16 @@ def test_file_size_is_bounded_before_reading(folder: Path, tmp_path: Path) -> No
     assert "big.png: 2,097,2" in line and "--option max_file_mb=N raises it" in line
     done = run_cli("convert", str(folder), str(tmp_path / "out"))  # under the default 256 MiB
     assert done.returncode == 0, done.stderr
+
+
+def test_listing_a_dataset_folder_with_a_link_loop_ends(folder: Path, tmp_path: Path) -> None:
+    """``inspect`` opens a folder as a dataset first; Arrow's recursive listing followed a/l -> . forever."""
+    os.symlink(".", folder / "class0" / "l1")
+    os.symlink(".", folder / "class0" / "l2")
+    line = one_error_line(run_cli("inspect", str(folder)))
+    assert line.startswith(f"unihub: error: {folder}: a folder in the imagefolder format, not a unihub dataset")
+    done = run_cli("convert", str(folder), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    os.symlink(".", tmp_path / "out" / "again")  # a loop inside a dataset's own folder
+    shown = run_cli("inspect", str(tmp_path / "out"))
+    assert shown.returncode == 0 and "rows: 6   files: 1" in shown.stdout, shown.stdout + shown.stderr
