@@ -23,6 +23,9 @@ file, row group, row and field; with ``on_decode_error='skip'`` (``make_reader``
 and so the loaders over them) its row is dropped instead, the epoch goes on, and :class:`DecodeSkips`
 counts it for the reader's ``diagnostics`` and warns once. A shuffling loader that decodes after the
 draw (readers/late_decode.py) drops the row from the batch it was drawn into, which is a row short.
+Rows are counted after the drop: a shard (``shard_by='row'``, ``TorchIterableDataset``) holding a
+skipped row delivers one row fewer than the others, so distributed training that needs equal shards
+should keep ``'raise'`` (or drop the last, short batch of every rank).
 """
 
 from __future__ import annotations
