@@ -758,10 +758,10 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           shard_remainder: planning.ShardRemainder = "pad", cache_type: str | None = "null",
           cache_location: str | None = None, cache_size_limit: int | None = None,
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
+          on_decode_error: OnDecodeError = "raise",
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | None = None,
-          petastorm_types: bool | None = None, memory_budget_mb: float | None = None,
-          on_decode_error: OnDecodeError = "raise", **ignored: Any) -> Reader:
+          petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
     unknown = set(ignored) - set(_IGNORED)
     if unknown:
         raise TypeError(f"unexpected arguments {sorted(unknown)}")
