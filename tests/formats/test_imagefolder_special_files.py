@@ -155,3 +155,20 @@ def test_listing_a_dataset_folder_with_a_link_loop_ends(folder: Path, tmp_path: 
     os.symlink(".", tmp_path / "out" / "again")  # a loop inside a dataset's own folder
     shown = run_cli("inspect", str(tmp_path / "out"))
     assert shown.returncode == 0 and "rows: 6   files: 1" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_read_regular_refuses_what_is_not_a_bounded_regular_file(tmp_path: Path) -> None:
+    """Checked on the open file: a FIFO without a writer opens and is refused at once (a file swapped
+    for one after the walk does not block), a device is never read, a file is bounded by bytes."""
+    from unihub.formats import sources
+
+    os.mkfifo(tmp_path / "pipe.png")
+    with pytest.raises(sources.NotReadable, match=r"not a regular file \(a FIFO\)"):
+        sources.read_regular(str(tmp_path / "pipe.png"))
+    with pytest.raises(sources.NotReadable, match=r"not a regular file \(a character device\)"):
+        sources.read_regular("/dev/zero", max_bytes=None)
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 5)
+    with pytest.raises(sources.NotReadable, match="1,280 bytes or more, above the limit of 1,000 bytes"):
+        sources.read_regular(str(tmp_path / "f.bin"), max_bytes=1000)
+    assert sources.read_regular(str(tmp_path / "f.bin"), max_bytes=1280) == bytes(range(256)) * 5
+    assert sources.read_regular(str(tmp_path / "f.bin"), 10, max_bytes=100) == bytes(range(10))
