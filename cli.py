@@ -126,6 +126,11 @@ def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dic
     return parse_options(FORMATS.get(name), args.option, writing=writing)
 
 
+def _with_follow_links(options: dict[str, Any], follow: bool) -> dict[str, Any]:
+    """``--follow-links`` as the image folder's ``follow_links`` option (other formats have no links to follow)."""
+    return {**options, "follow_links": True} if follow else options
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from unihub.formats import sources
 
@@ -170,7 +175,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                          overwrite_foreign=args.overwrite_foreign, row_group_size_mb=args.row_group_size_mb,
                          on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
                          engine=args.engine, master=args.master, workers=args.workers,
-                         format_options=_format_options(args), validate_images=args.validate_images,
+                         format_options=_with_follow_links(_format_options(args), args.follow_links),
+                         validate_images=args.validate_images,
                          max_image_pixels=getattr(args, "max_image_pixels", "current"),
                          storage_options=storage_options_of(args))
     if not args.quiet:
@@ -471,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     convert.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                          help="a format option (repeatable), e.g. --option compression=gzip; listed below")
+    convert.add_argument("--follow-links", action="store_true",
+                         help="image folders: follow symbolic links out of the folder and into folders, as tar -h "
+                              "does (never into a loop); by default only links to files inside it are read")
     convert.add_argument("--workers", type=int, default=1,
                          help="processes reading the input files in parallel (default 1; 0: one per core)")
     _add_engine_options(convert, "run in this process (local) or as Spark tasks, one or more input files each")

@@ -22,6 +22,21 @@ On disk, one root directory in one of two layouts::
 Names starting with ``.`` (``.DS_Store``, ``.ipynb_checkpoints/``) are ignored. Records come
 in torchvision's order: by class, then directory, then file name.
 
+Only regular files are read, and none larger than ``max_file_mb`` (default
+:data:`~unihub.formats.images.MAX_IMAGE_FILE_BYTES`, 256 MiB), checked before reading. Symbolic
+links are treated as ``tar`` and ``rsync`` treat them unless asked to follow (``follow_links=True``,
+``--follow-links``, as ``tar -h`` / ``rsync -L``):
+
+- a link to a regular file inside the folder is read, as the file it names (torchvision reads it too);
+- a link to a folder is not descended into (its files are read where they lie): left out with a warning
+  and recorded in the report; with ``follow_links=True`` it is, unless it leads back into a folder the
+  walk is inside (a loop: left out and recorded), so a walk always ends;
+- a link leading out of the folder raises :class:`~unihub.errors.FormatError` naming it (``on_error='skip'``
+  leaves it out, recorded); ``follow_links=True`` reads through it;
+- a special file (FIFO, socket, device, also through a link) is never opened: named like a corrupt image
+  when its name says PNG/JPEG (or another image format), else left out like any other non-image;
+- a file over the size limit is named like a corrupt image, unless its first bytes show it is no image.
+
 Images are recognised by their magic bytes, not their extension (``x.png`` holding a JPEG
 is a JPEG), and kept as the bytes on disk, never re-encoded. Only PNG and JPEG are read:
 
@@ -106,6 +121,9 @@ FIELDS = ("image", "label", "path")
 class _Entry:
     path: str  # relative to the root, '/'-separated
     label: int | None
+    #: 'file' (read it), 'left out' (recorded, warned) or 'refused' (an error unless skipping)
+    status: str = "file"
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,6 +171,10 @@ class ImageFolderFormat(ForeignFormat):
 
     OPTIONS = {
         "verify": FormatOption("decode every image while reading, to catch corrupt pixel data (slower)", parse_bool),
+        "follow_links": FormatOption("follow symbolic links out of the folder and into folders (loops are "
+                                     "still not followed); the CLI's --follow-links", parse_bool),
+        "max_file_mb": FormatOption("the largest file read, in MiB (default 256; larger ones are refused "
+                                    "before reading)", float),
     }
     WRITE_OPTIONS = {
         "image_field": FormatOption("the field written as the image files (default: the only image field)"),
@@ -177,12 +199,27 @@ class ImageFolderFormat(ForeignFormat):
                 sample.append(full)
             if len(sample) >= _DETECT_SAMPLE:
                 break
-        hits = sum(images.detect_format(_read(f, 8)) is not None for f in sample[:_DETECT_SAMPLE])
+        hits = sum(images.detect_format(_head(f, 8)) is not None for f in sample[:_DETECT_SAMPLE])
         return hits > 0 and 2 * hits >= min(len(sample), _DETECT_SAMPLE)
 
     def files(self) -> list[str]:
-        """Every candidate file (images and any others, not hidden), in reading order."""
-        return [os.path.join(self.root, e.path) for e in self._listing.entries]
+        """Every candidate file (images and any others, not hidden; regular files only), in reading order."""
+        return [os.path.join(self.root, e.path) for e in self._listing.entries if e.status == "file"]
+
+    @property
+    def follow_links(self) -> bool:
+        """Whether links are followed out of the folder and into folders (see the module docstring)."""
+        return bool(self.options.get("follow_links"))
+
+    @property
+    def max_file_bytes(self) -> int | None:
+        """The largest file read: the ``max_file_mb`` option, else :data:`images.MAX_IMAGE_FILE_BYTES`."""
+        mb = self.options.get("max_file_mb")
+        if mb is None:
+            return images.MAX_IMAGE_FILE_BYTES
+        if not mb > 0:
+            raise SchemaError(f"max_file_mb must be a positive number of MiB, got {mb!r}")
+        return int(float(mb) * 2**20)
 
     def metadata(self) -> dict[str, Any]:
         """``{"classes": [...]}`` for the class layout (label ``i`` is ``classes[i]``); ``{}`` when flat."""
@@ -195,9 +232,10 @@ class ImageFolderFormat(ForeignFormat):
         if sample_records is None and self.workers > 1 and len(entries) > 1000:
             # every header, in forked workers (the merge is exact: counts and sets)
             slices = [entries[i::self.workers] for i in range(self.workers)]
-            parts = map_in_workers(partial(_scan_headers, self.root, limit=None), slices, self.workers)
+            parts = map_in_workers(partial(_scan_headers, self.root, limit=None, max_bytes=self.max_file_bytes),
+                                   slices, self.workers)
         else:
-            parts = [_scan_headers(self.root, entries, limit=sample_records)]
+            parts = [_scan_headers(self.root, entries, limit=sample_records, max_bytes=self.max_file_bytes)]
         return self.refine_schema(parts)
 
     def provisional_schema(self) -> Unischema:
@@ -209,7 +247,8 @@ class ImageFolderFormat(ForeignFormat):
         """
         entries = self._listing.entries
         step = max(1, len(entries) // _PROVISIONAL_SAMPLE)
-        return self.refine_schema([_scan_headers(self.root, entries[::step][:_PROVISIONAL_SAMPLE], limit=None)])
+        return self.refine_schema([_scan_headers(self.root, entries[::step][:_PROVISIONAL_SAMPLE], limit=None,
+                                                 max_bytes=self.max_file_bytes)])
 
     def refine_schema(self, observations: Sequence[Any]) -> Unischema:
         """The schema from header statistics ``(formats, sizes, depths)`` of some or all images."""
@@ -262,11 +301,14 @@ class ImageFolderFormat(ForeignFormat):
         batch: dict[str, list[Any]] = {name: [] for name in wanted}
         cut = BatchCut(batch_size, self.batch_bytes)
         prefix = os.path.join(self.root, "")
+        max_bytes = self.max_file_bytes
         for entry in self._listing.entries:
             full = prefix + entry.path
-            data = _read(full)
+            if entry.status == "file":
+                data, probe = _read_and_probe(full, entry.path, max_bytes, complete=check, verify=verify)
+            else:  # a special file or a link the walk did not follow (sources.tree_entries)
+                data, probe = b"", _Probe("bad" if entry.status == "refused" else "other", reason=entry.reason)
             self.report.bytes_read += len(data)
-            probe = _probe(data, entry.path, complete=check, verify=verify)
             if probe.kind == "image":
                 if check:
                     probe = _checked(probe, image_field)
@@ -275,7 +317,7 @@ class ImageFolderFormat(ForeignFormat):
                     seen[1].add(probe.size)  # type: ignore[arg-type]
                     seen[2].setdefault(probe.depth, entry.path)
             if probe.kind == "other":
-                self.report.skipped.append(SkippedRecord(full, "file", "not a PNG or JPEG image"))
+                self.report.skipped.append(SkippedRecord(full, "file", probe.reason or "not a PNG or JPEG image"))
                 others.append(entry.path)
                 continue
             if probe.kind == "bad":
@@ -296,8 +338,8 @@ class ImageFolderFormat(ForeignFormat):
             yield _finish(batch)
         if others:
             shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-            warnings.warn(f"{self.root}: left out {len(others)} file(s) that are not images or lie outside the "
-                          f"class folders: "
+            warnings.warn(f"{self.root}: left out {len(others)} file(s) that are not images, lie outside the "
+                          f"class folders or are links not followed: "
                           f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=2)
 
     @classmethod
@@ -348,20 +390,25 @@ class ImageFolderFormat(ForeignFormat):
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
         not images."""
         root = self.root
+        follow = self.follow_links
         entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
-        classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith("."))
+        classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
+                         (follow or not os.path.islink(os.path.join(root, n))))
         walks: list[tuple[str, str | None, list[str]]]  # (folder, class folder or None, file names)
         if not classes:
             walks = [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
         else:
             walks = [(dirpath, name, sorted(files)) for name in classes
-                     for dirpath, _, files in sorted(fsrc.walk(os.path.join(root, name), followlinks=True))]
+                     for dirpath, _, files in sorted(_reference_walk(os.path.join(root, name), follow))]
+        real_root = os.path.realpath(root)
         for dirpath, name, files in walks:
             rel_dir = fsrc.relative(dirpath, root)
             if any(part.startswith(".") for part in rel_dir.split("/") if part != "."):
                 continue
             for file in files:
                 path = os.path.join(dirpath, file)
+                if not fsrc.is_url(path) and not _reference_readable(path, real_root, follow):
+                    continue  # a special file, or a link out of the folder not followed: no record
                 with fsrc.open_input(path) as handle:
                     data = handle.read()
                 if file.startswith(".") or not data.startswith(_MAGIC_BYTES):
@@ -392,18 +439,22 @@ class ImageFolderFormat(ForeignFormat):
     # -------------------------------------------------------------------- listing
     @cached_property
     def _listing(self) -> _Listing:
-        typed = _visible_typed(self.root)
-        dirs = [n for n, is_dir in typed if is_dir]
-        files = [n for n, is_dir in typed if not is_dir]
+        root, follow = self.root, self.follow_links
+        inside = frozenset() if fsrc.is_url(root) else frozenset([fsrc.directory_key(root)])
+        listed = fsrc.tree_entries(root, root, follow_links=follow, inside=inside)
+        dirs = [e.name for e in listed if e.kind == "dir"]
+        unread = [_Entry(e.name, None, *_status(e)) for e in listed if e.kind not in ("dir", "file")]
+        files = [e.name for e in listed if e.kind == "file"]
         if not dirs:
-            return _Listing(None, tuple(_Entry(n, None) for n in files), ())
-        entries = [_Entry(rel, label) for label, name in enumerate(dirs)
-                   for rel in _walk(self.root, name)]
-        return _Listing(tuple(dirs), tuple(entries), tuple(files))
+            entries = sorted([*(_Entry(n, None) for n in files), *unread], key=lambda e: e.path)
+            return _Listing(None, tuple(entries), ())
+        walked = [_Entry(rel, label, status, reason) for label, name in enumerate(dirs)
+                  for rel, status, reason in _walk(root, name, follow, inside)]
+        return _Listing(tuple(dirs), tuple(unread + walked), tuple(files))
 
 
 # ------------------------------------------------------------------------ reading
-def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
+def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_bytes: int | None = None
                   ) -> tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]]:
     """(image formats counted, sizes, bit depths with the first image of each) from the headers of
     ``entries``, up to ``limit`` images."""
@@ -414,10 +465,15 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None
         if limit is not None and sum(formats.values()) >= limit:
             break
         full = os.path.join(root, entry.path)
-        head = _read(full, _HEAD_BYTES)
-        probe = _probe(head, entry.path, complete=False)
-        if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
-            probe = _probe(_read(full), entry.path, complete=False)
+        if entry.status != "file":
+            continue
+        try:
+            head = fsrc.read_regular(full, _HEAD_BYTES)
+            probe = _probe(head, entry.path, complete=False)
+            if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
+                probe = _probe(fsrc.read_regular(full, max_bytes=max_bytes), entry.path, complete=False)
+        except fsrc.NotReadable:
+            continue
         if probe.kind != "image":
             continue  # non-images and corrupt files are reported by read_batches
         formats[probe.fmt] += 1  # type: ignore[index]
@@ -431,34 +487,81 @@ def _visible_typed(directory: str) -> list[tuple[str, bool]]:
     return sorted((n, d) for n, d in fsrc.scandir(directory) if not n.startswith("."))
 
 
-def _walk(root: str, class_dir: str) -> list[str]:
-    """Files under ``root/class_dir`` (hidden ones pruned), relative to root, in torchvision's order."""
-    found: list[tuple[str, str]] = []
-    for dirpath, dirnames, filenames in fsrc.walk(os.path.join(root, class_dir), followlinks=True):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel_dir = fsrc.relative(dirpath, root)
-        found.extend((rel_dir, f) for f in filenames if not f.startswith("."))
-    return [f"{d}/{f}" for d, f in sorted(found)]
+def _walk(root: str, class_dir: str, follow_links: bool,
+          inside: frozenset[tuple[int, int]]) -> list[tuple[str, str, str]]:
+    """``(path relative to root, status, reason)`` of each entry under ``root/class_dir`` that is not a
+    folder (hidden ones pruned), in torchvision's order: by folder, then name. Links are followed as
+    :func:`~unihub.formats.sources.tree_entries` says, so the walk ends whatever links the tree holds."""
+    found: list[tuple[str, str, str, str]] = []
+    top = fsrc.join(root, class_dir)
+    if fsrc.is_url(root):  # an object store: no links, no special files; one listing of the whole prefix
+        for dirpath, dirnames, filenames in fsrc.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            found.extend((fsrc.relative(dirpath, root), f, "file", "") for f in filenames if not f.startswith("."))
+        return [(f"{d}/{f}", status, reason) for d, f, status, reason in sorted(found)]
+    pending = [(top, inside | {fsrc.directory_key(top)})]
+    while pending:
+        directory, within = pending.pop()
+        rel_dir = fsrc.relative(directory, root)
+        for entry in fsrc.tree_entries(directory, root, follow_links=follow_links, inside=within):
+            if entry.kind == "dir":
+                sub = fsrc.join(directory, entry.name)
+                pending.append((sub, within | {fsrc.directory_key(sub)}))
+            else:
+                found.append((rel_dir, entry.name, *_status(entry)))
+    return [(f"{d}/{f}", status, reason) for d, f, status, reason in sorted(found)]
 
 
-def _read(path: str, limit: int = -1) -> bytes:
-    """The file's bytes (the first ``limit``), without a buffered file object (a third of the cost)."""
-    if fsrc.is_url(path):
-        return fsrc.read_bytes(path, limit)
-    fd = os.open(path, os.O_RDONLY)
+def _status(entry: fsrc.TreeEntry) -> tuple[str, str]:
+    """``(status, reason)`` of a walked entry that is no folder: a special file is refused when its name
+    says it is an image (``x.png``), else left out like any file that is no image."""
+    if entry.kind == "special":
+        return ("refused" if _image_name(entry.name) else "left out"), entry.reason
+    return entry.kind, entry.reason
+
+
+def _image_name(name: str) -> bool:
+    ext = os.path.splitext(name)[1].lower()
+    return ext in IMAGE_EXTENSIONS or ext in OTHER_IMAGE_EXTENSIONS
+
+
+def _head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file; none of anything else (detection must not block)."""
     try:
-        if limit >= 0:
-            return os.read(fd, limit)
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)  # one read for the whole file; a second when it grew
-        if len(data) <= size:
-            return data
-        parts = [data]
-        while chunk := os.read(fd, 1 << 20):
-            parts.append(chunk)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
+        return fsrc.read_regular(path, size)
+    except (fsrc.NotReadable, OSError):
+        return b""
+
+
+def _read_and_probe(full: str, rel: str, max_bytes: int | None, *, complete: bool,
+                    verify: bool) -> tuple[bytes, _Probe]:
+    """A listed file's bytes and what they are (:func:`_probe`); a file that turned out not regular,
+    or larger than ``max_bytes``, is probed by its name or first bytes and not read."""
+    try:
+        data = fsrc.read_regular(full, max_bytes=max_bytes)
+    except fsrc.NotReadable as exc:
+        if exc.reason.startswith("not a regular file"):
+            return b"", _Probe("bad" if _image_name(rel) else "other", reason=exc.reason)
+        head = fsrc.read_regular(full, _HEAD_BYTES)
+        if _probe(head, rel, complete=False).kind == "other":
+            return head, _Probe("other")
+        return head, _Probe("bad", reason=f"{exc.reason} (--option max_file_mb=N raises it; "
+                                          "unihub.formats.images.MAX_IMAGE_FILE_BYTES in Python)")
+    return data, _probe(data, rel, complete=complete, verify=verify)
+
+
+def _reference_walk(top: str, follow: bool) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` as torchvision's ImageFolder walks (``followlinks``, when links are followed), but never
+    into a loop."""
+    return fsrc.walk_following_links(top) if follow and not fsrc.is_url(top) else fsrc.walk(top)
+
+
+def _reference_readable(path: str, real_root: str, follow: bool) -> bool:
+    """A regular file (through links), inside the folder unless links are followed."""
+    if not os.path.isfile(path):
+        return False
+    target = os.path.realpath(path)
+    return follow or target.startswith(os.path.join(real_root, ""))
 
 
 #: the last image header probed, ``(spans, their bytes, fmt, size, depth, scan start)``: files from

@@ -66,6 +66,7 @@ def _imagecodecs() -> ModuleType:
 __all__ = [
     "DECODER_NAME",
     "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_FILE_BYTES",
     "ImageDecodeError",
     "pixel_limit",
     "decode_image",
@@ -95,6 +96,13 @@ Buffer = bytes | bytearray | memoryview
 #: its ``DecompressionBombError`` (twice ``PIL.Image.MAX_IMAGE_PIXELS``); set it at run time
 #: (``unihub.formats.images.MAX_IMAGE_PIXELS = 10**9``), or to None to turn the check off.
 MAX_IMAGE_PIXELS: int | None = 178_956_970
+
+#: The most bytes an image file of a source folder may have: a larger one is refused (or skipped) before
+#: any of it is read, so a link to ``/dev/zero`` or a stray multi-GB file cannot exhaust memory. 256 MiB
+#: holds any image within :data:`MAX_IMAGE_PIXELS` as such files are written (a 100-megapixel photo is
+#: 20-60 MB as JPEG, ~150 MB as PNG). Set it at run time, or per source with the image folder's option
+#: ``max_file_mb`` (``--option max_file_mb=1024``); None turns the check off.
+MAX_IMAGE_FILE_BYTES: int | None = 256 * 2**20
 
 
 def pixel_limit_of(limit: object) -> int | None:

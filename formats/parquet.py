@@ -51,7 +51,7 @@ from unihub.errors import (
     UnihubError,
 )
 from unihub.formats import filesystem as fsutil
-from unihub.formats import integrity, parquet_pages, publish, remote
+from unihub.formats import integrity, parquet_pages, publish, remote, sources
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
@@ -612,14 +612,24 @@ def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[st
 
 def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
     """Data file path -> its listing entry; names starting with '_' or '.' (metadata, CRCs) are skipped."""
-    selector = pafs.FileSelector(root, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):  # Arrow's recursive listing follows links into loops forever
+        listing = fs.get_file_info(_local_tree(root))
+    else:
+        listing = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     paths = {}
-    for entry in fs.get_file_info(selector):
+    for entry in listing:
         rel = entry.path[len(root):].lstrip("/")
         if entry.type != pafs.FileType.File or any(part.startswith(("_", ".")) for part in rel.split("/")):
             continue
         paths[entry.path] = entry
     return paths
+
+
+def _local_tree(root: str) -> list[str]:
+    """Every path under the local directory ``root``, links followed as Arrow follows them, except a
+    link back into a directory the walk is inside (``a/l -> .``): what a loop adds is never data."""
+    return [os.path.join(dirpath, name) for dirpath, dirnames, filenames in sources.walk_following_links(root)
+            for name in dirnames + filenames]
 
 
 def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:

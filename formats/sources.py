@@ -14,6 +14,14 @@ make their own filesystem objects (S3 clients do not survive a fork).
 
 Remote reads are buffered (:data:`READ_BUFFER` bytes): h5py and the tar reader make many small reads,
 which would otherwise be one request each.
+
+Walking a local tree of inputs (:func:`tree_entries`, :func:`read_regular`) reads only regular files and
+follows symbolic links as ``tar`` and ``rsync`` do not by default: a link to a regular file inside the tree
+is read (it names a file of the tree), a link to a directory is not descended into, and a link leading out
+of the tree, a special file (FIFO, socket, device) or a file larger than the limit the caller gives is
+named, never opened for reading (a FIFO would block, ``/dev/zero`` never ends). With ``follow_links=True``
+(``--follow-links``, as ``tar -h`` and ``rsync -L``) links are followed wherever they lead, except into a
+directory the walk is already inside (a loop), so a walk always ends.
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ import io
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import IO, Any, Literal
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -185,6 +195,141 @@ def scandir(path: str) -> list[tuple[str, bool]]:
             for e in _entries(path, recursive=False)]
 
 
+#: what a walked entry is: a directory to descend into, a regular file to read, a special file (FIFO,
+#: socket, device: never opened), a link left out with a word, or a link refused (out of the tree)
+EntryKind = Literal["dir", "file", "special", "left out", "refused"]
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One entry of a directory as :func:`tree_entries` classifies it; ``reason`` says why it is not read."""
+
+    name: str
+    kind: EntryKind
+    reason: str = ""
+
+
+def tree_entries(directory: str, root: str, *, follow_links: bool = False,
+                 inside: frozenset[tuple[int, int]] = frozenset()) -> list[TreeEntry]:
+    """The entries of ``directory`` (a folder of the tree ``root``), sorted, hidden names left out,
+    each classified without opening it (see the module docstring). ``inside``: ``(st_dev, st_ino)``
+    of the directories the walk is in (:func:`directory_key`), so that a followed link back into
+    one is a loop, named and not followed. URLs list as they are (object stores have no links)."""
+    if is_url(directory):
+        return [TreeEntry(n, "dir" if d else "file") for n, d in sorted(scandir(directory)) if not n.startswith(".")]
+    real_root = os.path.realpath(local_path(root))
+    found = []
+    with os.scandir(local_path(directory)) as listing:
+        for entry in listing:
+            if not entry.name.startswith("."):
+                found.append(_classified(entry, real_root, follow_links, inside))
+    return sorted(found, key=lambda e: e.name)
+
+
+def directory_key(path: str) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of the directory ``path`` (links followed): its identity, for loop checks."""
+    info = os.stat(local_path(path))
+    return info.st_dev, info.st_ino
+
+
+def _classified(entry: os.DirEntry[str], real_root: str, follow_links: bool,
+                inside: frozenset[tuple[int, int]]) -> TreeEntry:
+    name = entry.name
+    if not entry.is_symlink():  # the listing's own types: no system call per entry
+        if entry.is_dir(follow_symlinks=False):
+            return TreeEntry(name, "dir")
+        if entry.is_file(follow_symlinks=False):
+            return TreeEntry(name, "file")
+        return TreeEntry(name, "special", _special(entry.stat(follow_symlinks=False).st_mode))
+    target = os.path.realpath(entry.path)
+    try:
+        mode, key = _target(entry.path)
+    except OSError as exc:  # dangling, or a chain of links that loops (ELOOP)
+        return TreeEntry(name, "left out", f"a symbolic link to {os.readlink(entry.path)!r} that leads to no "
+                                           f"file ({exc.strerror})")
+    within = target == real_root or target.startswith(os.path.join(real_root, ""))
+    if not follow_links and not within:
+        return TreeEntry(name, "refused", f"a symbolic link to {target}, outside the folder: not followed "
+                                          "(--follow-links, follow_links=True, reads through it)")
+    if stat.S_ISDIR(mode):
+        if not follow_links:
+            return TreeEntry(name, "left out", f"a symbolic link to the folder {target}: not followed, its files "
+                                               "are read where they lie (--follow-links reads them here too)")
+        if key in inside:
+            return TreeEntry(name, "left out", f"a symbolic link to {target}, a folder it lies in: a loop, "
+                                               "not followed")
+        return TreeEntry(name, "dir")
+    if stat.S_ISREG(mode):
+        return TreeEntry(name, "file")
+    return TreeEntry(name, "special", f"a symbolic link to {target}, {_special(mode)}")
+
+
+def _target(path: str) -> tuple[int, tuple[int, int]]:
+    info = os.stat(path)
+    return info.st_mode, (info.st_dev, info.st_ino)
+
+
+def _special(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    what = next((text for test, text in kinds if test(mode)), "a special file")
+    return f"not a regular file ({what}): never opened"
+
+
+class NotReadable(Exception):
+    """:func:`read_regular` refused a file: ``reason`` says why (not regular, or larger than allowed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_regular(path: str, limit: int = -1, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (the first ``limit``), one read where it can.
+
+    Raises :class:`NotReadable` for anything else (checked on the open file, so a FIFO put in a file's
+    place after the walk neither blocks nor is read) and for a file of more than ``max_bytes`` bytes,
+    checked before reading and while reading (a file that grows is cut off at the limit, not read on).
+    Local files are read without a buffered file object (a third of the cost).
+    """
+    wanted = limit if limit >= 0 else -1
+    if is_url(path):
+        cap = wanted if max_bytes is None or 0 <= wanted <= max_bytes else max_bytes + 1
+        data = read_bytes(path, cap)
+        return _bounded(data, max_bytes, limit)
+    fd = os.open(local_path(path), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotReadable(_special(info.st_mode))
+        if max_bytes is not None and info.st_size > max_bytes and limit < 0:
+            raise NotReadable(_too_large(info.st_size, max_bytes))
+        if limit >= 0:
+            return os.read(fd, limit)
+        data = os.read(fd, info.st_size + 1)  # one read for the whole file; a second when it grew
+        if len(data) <= info.st_size:
+            return data
+        parts, total = [data], len(data)
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+            total += len(chunk)
+            if max_bytes is not None and total > max_bytes:
+                raise NotReadable(_too_large(total, max_bytes))
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _bounded(data: bytes, max_bytes: int | None, limit: int) -> bytes:
+    if limit < 0 and max_bytes is not None and len(data) > max_bytes:
+        raise NotReadable(_too_large(len(data), max_bytes))
+    return data
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"{size:,} bytes or more, above the limit of {max_bytes:,} bytes a file may have"
+
+
 def read_bytes(path: str, limit: int = -1) -> bytes:
     """The bytes of a remote or local file (the first ``limit``)."""
     with open_input(path) as handle:
@@ -221,6 +366,20 @@ def walk(root: str, *, followlinks: bool = False) -> Iterator[tuple[str, list[st
         dirs = sorted(dirs_of.get(rel, ()))
         yield (root.rstrip("/") + ("/" + rel if rel else ""), dirs, sorted(files_of.get(rel, [])))
         pending.extend(f"{rel}/{d}" if rel else d for d in reversed(dirs))
+
+
+def walk_following_links(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` (local), except into a directory the walk is already inside:
+    links are followed as Arrow's recursive listing and torchvision's walk follow them, and a link back
+    up (``a/l -> .``, ``a/l -> ..``) is listed as a name but not descended into, so the walk ends."""
+    for dirpath, dirnames, filenames in os.walk(local_path(top), followlinks=True):
+        inside = {os.path.realpath(dirpath)}
+        parent = dirpath
+        while len(parent) > len(top):
+            parent = os.path.dirname(parent)
+            inside.add(os.path.realpath(parent))
+        dirnames[:] = [d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in inside]
+        yield dirpath, dirnames, filenames
 
 
 def glob(pattern: str) -> list[str]:

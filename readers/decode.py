@@ -16,19 +16,39 @@ from Petastorm reading through pandas:
 
 unihub's own datasets keep None for nulls and object arrays for ``None`` dims, so a value's type
 never depends on its batch's contents.
+
+**An image that fails to decode** (its header and end marker sound, its compressed data corrupt: what
+``--validate-images header`` lets through) raises :class:`~unihub.errors.ImageDecodeError` naming the
+file, row group, row and field; with ``on_decode_error='skip'`` (``make_reader``, ``make_batch_reader``,
+and so the loaders over them) its row is dropped instead, the epoch goes on, and :class:`DecodeSkips`
+counts it for the reader's ``diagnostics`` and warns once. A shuffling loader that decodes after the
+draw (readers/late_decode.py) drops the row from the batch it was drawn into, which is a row short.
+Rows are counted after the drop: a shard (``shard_by='row'``, ``TorchIterableDataset``) holding a
+skipped row delivers one row fewer than the others, so distributed training that needs equal shards
+should keep ``'raise'`` (or drop the last, short batch of every rank).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
+from unihub.errors import CodecError, InvalidArgumentError
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
 from unihub.formats.schema import UnischemaField
+
+#: what a reader does with an image that fails to decode (see the module docstring)
+OnDecodeError = Literal["raise", "skip"]
+ON_DECODE_ERROR: tuple[OnDecodeError, ...] = ("raise", "skip")
+#: the messages of skipped rows a reader keeps for its diagnostics (the count has them all)
+KEPT_SKIP_MESSAGES = 10
 
 
 @dataclass(frozen=True)
@@ -120,3 +140,53 @@ def _as_petastorm(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:
         if len(lengths) == 1 and -1 not in lengths:
             return np.stack(list(values)).astype(f.dtype, copy=False)
     return values
+
+
+def check_on_decode_error(value: object) -> OnDecodeError:
+    """``value`` if it is one of :data:`ON_DECODE_ERROR`, else :class:`InvalidArgumentError`."""
+    if value not in ON_DECODE_ERROR:
+        raise InvalidArgumentError(f"on_decode_error must be one of {', '.join(map(repr, ON_DECODE_ERROR))}, "
+                                   f"got {value!r}")
+    return value
+
+
+def undecodable_rows(fields: Iterable[UnischemaField], blobs_of: Mapping[str, Sequence[Any]]) -> dict[int, CodecError]:
+    """Rows whose images fail to decode each on its own, with the first error of each (its ``row`` and
+    message counting rows of ``blobs_of``): the image fields among ``fields``, their encoded values in
+    ``blobs_of`` (field name -> one value per row). Only asked after a batch failed, so it may be slow."""
+    bad: dict[int, CodecError] = {}
+    for f in fields:
+        if not isinstance(f.codec, CompressedImageCodec) or f.name not in blobs_of:
+            continue
+        for row, blob in enumerate(blobs_of[f.name]):
+            if row in bad or blob is None:
+                continue
+            try:
+                f.codec.decode_blobs(f, [blob])
+            except CodecError as exc:
+                message = re.sub(r"\brow 0\b", f"row {row}", str(exc), count=1)
+                bad[row] = CodecError(message, field=f.name, row=row)
+    return bad
+
+
+class DecodeSkips:
+    """The rows a reader dropped for images that failed to decode (``on_decode_error='skip'``): counted,
+    the first :data:`KEPT_SKIP_MESSAGES` messages kept, one warning for the first. Shared by the threads
+    that decode (a loader's decode-ahead pool), hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.messages: list[str] = []
+
+    def add(self, messages: Sequence[str]) -> None:
+        if not messages:
+            return
+        with self._lock:
+            first = self.count == 0
+            self.count += len(messages)
+            self.messages.extend(messages[:KEPT_SKIP_MESSAGES - len(self.messages)])
+        if first:
+            warnings.warn(f"on_decode_error='skip': dropped a row whose image does not decode ({messages[0]}); "
+                          "further ones are counted in the reader's diagnostics['decode_errors_skipped'] "
+                          "without a warning", UserWarning, stacklevel=2)

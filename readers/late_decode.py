@@ -12,7 +12,8 @@ loader decodes each batch it draws, a few batches ahead on a small thread pool
 (:class:`DecodeAhead`). The values are those the reader would have decoded, through the same
 column loop (:meth:`~unihub.formats.codecs.CompressedImageCodec.decode_blobs`, straight from the
 queued bytes), and a corrupt image is reported with its file, row group and row, as the reader
-reports it.
+reports it; with the reader's ``on_decode_error='skip'`` its row is dropped from the drawn batch
+(a row short) and counted in the reader's diagnostics.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -30,7 +31,8 @@ import numpy as np
 from unihub.errors import CodecError
 from unihub.formats.parquet import ParquetStore
 from unihub.formats.schema import UnischemaField
-from unihub.readers.decode import DecodePolicy, decode_images
+from unihub.readers.batching import take_columns
+from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, decode_images, undecodable_rows
 from unihub.readers.loader import SOURCE_ROW, located
 
 Columns = dict[str, Any]
@@ -45,6 +47,10 @@ class LateImages:
     policy: DecodePolicy
     #: threads to decode with (the reader's workers, at most one per core)
     threads: int
+    #: the reader's: raise on an image that does not decode, or drop its row (readers/decode.py)
+    on_decode_error: OnDecodeError = "raise"
+    #: the reader's count of rows dropped, which this adds to
+    skips: DecodeSkips = field(default_factory=DecodeSkips, compare=False)
 
     @property
     def columns(self) -> frozenset[str]:
@@ -52,7 +58,22 @@ class LateImages:
         return frozenset([f.name for f in self.fields] + [SOURCE_ROW])
 
     def decode(self, columns: Mapping[str, Any]) -> Columns:
-        """``columns`` with their images decoded and :data:`SOURCE_ROW` dropped."""
+        """``columns`` with their images decoded and :data:`SOURCE_ROW` dropped; with
+        ``on_decode_error='skip'``, without the rows whose images do not decode."""
+        try:
+            return self._decode(columns)
+        except CodecError:
+            if self.on_decode_error != "skip":
+                raise
+            bad = undecodable_rows(self.fields, {f.name: list(columns[f.name]) for f in self.fields})
+            if not bad:  # no row fails on its own: not a corrupt image
+                raise
+        dropped = sorted(bad)
+        self.skips.add([str(self._located(bad[row], columns[SOURCE_ROW])) for row in dropped])
+        keep = np.setdiff1d(np.arange(len(columns[SOURCE_ROW]), dtype=np.int64), dropped)
+        return self._decode(take_columns(columns, keep))
+
+    def _decode(self, columns: Mapping[str, Any]) -> Columns:
         out = {name: column for name, column in columns.items() if name != SOURCE_ROW}
         for f in self.fields:
             try:

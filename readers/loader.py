@@ -27,7 +27,14 @@ from unihub.formats.arrow_numpy import take_table, to_numpy
 from unihub.formats.codecs import BinaryCells
 from unihub.formats.parquet import ParquetStore, RowGroupInfo, views_the_file
 from unihub.formats.schema import UnischemaField
-from unihub.readers.decode import UNIHUB, DecodePolicy, decode_column, decoded_images  # noqa: F401  (decode_column: API)
+from unihub.readers.decode import (  # noqa: F401  (decode_column: API)
+    UNIHUB,
+    DecodePolicy,
+    OnDecodeError,
+    decode_column,
+    decoded_images,
+    undecodable_rows,
+)
 from unihub.readers.plan import ReadTask, task_rows
 from unihub.readers.predicates import predicate_fields
 
@@ -53,6 +60,8 @@ class Batch:
     own_rows: int | None = None
     #: the rows of each task of the plan this batch's task stood for (``ReadTask.pieces``)
     pieces: tuple[int, ...] = ()
+    #: where and why rows were dropped for images that do not decode (``on_decode_error='skip'``)
+    skipped: tuple[str, ...] = ()
 
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
@@ -145,6 +154,8 @@ class RowGroupLoader:
     late_images: frozenset[str] = frozenset()
     #: row groups that tasks cut from one row group share (read once)
     recent: RecentReads = field(default_factory=RecentReads, repr=False, compare=False)
+    #: an image that fails to decode: raise (naming where it is), or drop its row (readers/decode.py)
+    on_decode_error: OnDecodeError = "raise"
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
@@ -171,7 +182,30 @@ class RowGroupLoader:
         rest = [f.name for f in self.fields if f.name not in decoded]
         views = decoded_images(self.fields, self.decode_images)
         table = take_rows(self._read(task.row_group, rest, partial, views), rows) if rest else None
+        pieces = task.pieces
+        skipped: tuple[str, ...] = ()
+        try:
+            columns = self._decoded(table, decoded, info, rows)
+        except CodecError:
+            dropped = self._without_undecodable(table, decoded, info, rows, own_rows, pieces) \
+                if self.on_decode_error == "skip" and table is not None else None
+            if dropped is None:  # not asked to skip, or no row fails alone (then not a corrupt image)
+                raise
+            table, decoded, rows, own_rows, pieces, skipped = dropped
+            columns = self._decoded(table, decoded, info, rows)
         num_rows = table.num_rows if table is not None else (len(rows) if rows is not None else info.num_rows)
+        if self.late_images:
+            columns[SOURCE_ROW] = info.first_row + (np.arange(num_rows, dtype=np.int64) if rows is None
+                                                    else np.asarray(rows, dtype=np.int64))
+        batch = Batch(columns, num_rows, task.row_group, own_rows, pieces, skipped)
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+    def _decoded(self, table: pa.Table | None, decoded: dict[str, Any], info: RowGroupInfo,
+                 rows: np.ndarray | None) -> dict[str, Any]:
+        """Every field's values: those decoded to filter, the rest from ``table`` (late images encoded);
+        a decode error names the file, row group and row (:func:`located`)."""
         columns: dict[str, Any] = {}
         for f in self.fields:
             if f.name in decoded:
@@ -186,13 +220,33 @@ class RowGroupLoader:
                                                 policy=self.policy)
             except CodecError as exc:
                 raise located(exc, info, rows) from exc
-        if self.late_images:
-            columns[SOURCE_ROW] = info.first_row + (np.arange(num_rows, dtype=np.int64) if rows is None
-                                                    else np.asarray(rows, dtype=np.int64))
-        batch = Batch(columns, num_rows, task.row_group, own_rows, task.pieces)
-        if self.transform is not None:
-            batch = self.transform(batch)
-        return batch
+        return columns
+
+    def _without_undecodable(self, table: pa.Table, decoded: dict[str, Any], info: RowGroupInfo,
+                             rows: np.ndarray | None, own_rows: int | None, pieces: tuple[int, ...]
+                             ) -> tuple[pa.Table, dict[str, Any], np.ndarray, int | None, tuple[int, ...],
+                                        tuple[str, ...]] | None:
+        """The task's rows without those whose images do not decode (``on_decode_error='skip'``), and
+        where and why each was dropped; what counts rows (NGram's own rows, the plan's pieces) follows.
+        None where no row fails on its own."""
+        fields = [f for f in self.fields if f.name not in decoded and f.name not in self.late_images]
+        blobs = {f.name: table.column(f.name).to_pylist() for f in fields if self.decode_images and
+                 f.name in table.column_names}
+        bad = undecodable_rows(fields, blobs)
+        if not bad:
+            return None
+        dropped = np.asarray(sorted(bad), dtype=np.int64)
+        keep = np.setdiff1d(np.arange(table.num_rows, dtype=np.int64), dropped)
+        skipped = tuple(str(located(bad[row], info, rows)) for row in dropped.tolist())
+        rows = (np.arange(info.num_rows, dtype=np.int64) if rows is None else np.asarray(rows))[keep]
+        if own_rows is not None:
+            own_rows -= int(np.count_nonzero(dropped < own_rows))
+        if pieces:
+            ends = np.cumsum(pieces)
+            lost = np.bincount(np.searchsorted(ends, dropped, side="right"), minlength=len(pieces))
+            pieces = tuple(int(n) for n in np.asarray(pieces) - lost)
+        decoded = {name: values[keep] for name, values in decoded.items()}
+        return take_table(table, keep), decoded, rows, own_rows, pieces, skipped
 
     def _pre_columns(self) -> list[str]:
         names: list[str] = list(self.filter_columns)

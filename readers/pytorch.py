@@ -585,6 +585,12 @@ class _LoaderBase:
                 self._pending = pending()
                 decoder.close()
 
+    @property
+    def diagnostics(self) -> dict[str, Any]:
+        """The reader's (``decode_errors_skipped``: rows dropped for images that do not decode, with
+        ``make_reader(..., on_decode_error='skip')``); empty for a reader that keeps none."""
+        return dict(getattr(self.reader, "diagnostics", {}))
+
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
         return self._tracker.state()

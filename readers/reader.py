@@ -42,7 +42,7 @@ from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fie
 from unihub.memory import batch_nbytes, memory_budget
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache, make_cache
-from unihub.readers.decode import DecodePolicy
+from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
 from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_expression
 from unihub.readers.predicates import PredicateBase, predicate_fields
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
@@ -77,7 +77,8 @@ class Reader:
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
                  resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None,
-                 rowgroup_selector: Any = None, memory_budget_mb: float | None = None) -> None:
+                 rowgroup_selector: Any = None, memory_budget_mb: float | None = None,
+                 on_decode_error: OnDecodeError = "raise") -> None:
         if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
             raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
         for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
@@ -89,6 +90,8 @@ class Reader:
                 "shard_by='row' cuts each epoch's shuffled order into blocks, so every rank must shuffle alike: "
                 "pass the same seed= on every rank (or shuffle_row_groups=False, shuffle_rows=False)")
         self.store = store
+        #: rows dropped for images that do not decode (``on_decode_error='skip'``; readers/decode.py)
+        self._decode_skips = DecodeSkips()
         #: Petastorm's ``Reader.cache``: the local-disk cache, or a NullCache
         self.cache: Any = cache if cache is not None else NullCache()
         self.batched = batched
@@ -129,7 +132,8 @@ class Reader:
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
                                       cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
                                       policy=DecodePolicy.for_store(store.schema_source, petastorm_types,
-                                                                    batched=batched))
+                                                                    batched=batched),
+                                      on_decode_error=check_on_decode_error(on_decode_error))
         if workers_count is None:
             workers_count = default_workers_count(store)
         check_pool_arguments(reader_pool_type, workers_count)
@@ -291,6 +295,7 @@ class Reader:
                 self._halt()  # the next call retries the failed task
                 raise
             self._delivered += self._cursor - self._first
+            self._decode_skips.add(batch.skipped)
             self._reading = True
             self._current, self._current_pieces = (epoch, index), batch.pieces
             self._items = self._to_items(batch)
@@ -395,7 +400,7 @@ class Reader:
         threads = max(1, min(self._workers_count, usable_cores()))
         self._decode_later(frozenset(f.name for f in late))
         try:
-            yield LateImages(self.store, late, loader.policy, threads)
+            yield LateImages(self.store, late, loader.policy, threads, loader.on_decode_error, self._decode_skips)
         finally:
             self._decode_later(frozenset())
 
@@ -564,7 +569,8 @@ class Reader:
                 "in_flight": self._pool.in_flight if self._pool else 0,
                 "items_delivered": self._delivered + self._cursor - self._first,
                 "batches_delivered": self._batches, "epoch": epoch, "task": task, "offset": offset,
-                "row_groups": len(self._groups)}
+                "row_groups": len(self._groups), "decode_errors_skipped": self._decode_skips.count,
+                "decode_errors": list(self._decode_skips.messages)}
 
     @property
     def is_batched_reader(self) -> bool:
@@ -752,6 +758,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           shard_remainder: planning.ShardRemainder = "pad", cache_type: str | None = "null",
           cache_location: str | None = None, cache_size_limit: int | None = None,
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
+          on_decode_error: OnDecodeError = "raise",
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | None = None,
           petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
@@ -787,7 +794,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   reader_pool_type=reader_pool_type, workers_count=workers_count,
                   results_queue_size=results_queue_size, cache=cache, decode_images=decode_images,
                   resume_from=resume_from, petastorm_types=petastorm_types, rowgroup_selector=rowgroup_selector,
-                  memory_budget_mb=memory_budget_mb)
+                  memory_budget_mb=memory_budget_mb, on_decode_error=on_decode_error)
 
 
 def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
@@ -808,7 +815,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``),
     ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512): the decoded row groups waiting
     for the consumer are held to a quarter of it in bytes, as well as to ``results_queue_size``
-    (never fewer than one per worker; see :mod:`unihub.memory`).
+    (never fewer than one per worker; see :mod:`unihub.memory`), ``on_decode_error='raise'|'skip'``:
+    an image that does not decode raises :class:`~unihub.errors.ImageDecodeError` naming its file, row
+    group, row and field, or (``'skip'``) its row is dropped, counted in ``diagnostics`` and warned of once.
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 
