@@ -36,6 +36,7 @@ rest of its file runs on in a new process. Spark tests run when a local Spark st
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -157,20 +158,24 @@ class RunResult:
 
 @dataclass
 class RealResultsCache:
-    """Real Petastorm's outcomes per test file, kept across runs (they only change with the venv)."""
+    """Real Petastorm's outcomes per test file, kept across runs; they only change with the venv, so they
+    are kept for one ``environment`` (the venv's ``pip freeze``: a venv without tensorflow fails its TF tests)."""
 
     path: Path
+    environment: str
     files: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     collect_errors: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     spark: bool = True
 
     @classmethod
-    def load(cls, path: Path) -> RealResultsCache:
+    def load(cls, path: Path, environment: str) -> RealResultsCache:
         if not path.exists():
-            return cls(path)
+            return cls(path, environment)
         data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(path, data["files"], data["collect_errors"], data["seconds"], data["spark"])
+        if data.get("environment") != environment:  # another venv: its results say nothing of this one
+            return cls(path, environment)
+        return cls(path, environment, data["files"], data["collect_errors"], data["seconds"], data["spark"])
 
     def add(self, name: str, result: RunResult, spark: bool) -> None:
         """Keep one file's outcomes (called as each file ends, so an interrupted run keeps what it did)."""
@@ -180,8 +185,8 @@ class RealResultsCache:
         self.seconds[name] = result.seconds
         self.spark = spark
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"files": self.files, "collect_errors": self.collect_errors, "seconds": self.seconds,
-                "spark": self.spark}
+        data = {"environment": self.environment, "files": self.files, "collect_errors": self.collect_errors,
+                "seconds": self.seconds, "spark": self.spark}
         partial = self.path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(partial, self.path)  # whole or not at all, also with two runs at once
@@ -190,6 +195,12 @@ class RealResultsCache:
         outcomes = {key: (value[0], value[1]) for name in files for key, value in self.files.get(name, {}).items()}
         errors = {name: cause for name, cause in self.collect_errors.items() if name in files}
         return RunResult(outcomes, errors, sum(self.seconds.get(name, 0.0) for name in files))
+
+
+def venv_environment(python: Path) -> str:
+    """A digest of what ``python``'s venv has installed (``pip freeze``)."""
+    frozen = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
+    return hashlib.sha256(frozen.encode()).hexdigest()[:16]
 
 
 def exclusion_reason(test_id: str) -> str | None:
@@ -453,6 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the table as markdown here")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds one test may run (default 180)")
     parser.add_argument("--rerun-real", action="store_true", help="run real Petastorm again, not its cached results")
+    parser.add_argument("--real-only", action="store_true",
+                        help="only run real Petastorm on the files its cached results lack (or all, with --rerun-real)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (printed)")
     args = parser.parse_args(argv)
 
@@ -469,9 +482,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     tests_source = petastorm_tests_dir()
     files = select_files(tests_source, args.only)
     scratch = Path(tempfile.mkdtemp(prefix="petastorm_conformance_"))
-    cache = RealResultsCache.load(REAL_RESULTS_CACHE)
+    cache = RealResultsCache.load(REAL_RESULTS_CACHE, venv_environment(PETASTORM_PYTHON))
     to_run = files if args.rerun_real else [name for name in files if name not in cache.files]
     try:
+        if args.real_only:
+            if to_run:
+                run_suite(PETASTORM_PYTHON, tests_source, to_run, scratch / "petastorm", shim=False,
+                          timeout_s=args.timeout, log=log, after_file=cache.add)
+            log(f"real Petastorm's results cached for {len(cache.files)} files in {REAL_RESULTS_CACHE}")
+            return 0
         with ThreadPoolExecutor(max_workers=2) as pool:  # the two runs side by side: mostly Spark and waiting
             real_run = pool.submit(run_suite, PETASTORM_PYTHON, tests_source, to_run, scratch / "petastorm",
                                    shim=False, timeout_s=args.timeout, log=log, after_file=cache.add) \
