@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import InvalidArgumentError, NoMatchingFieldsError, SchemaError, UnihubError, ValidationError
+from unihub.errors import (
+    InvalidArgumentError,
+    NoMatchingFieldsError,
+    SchemaError,
+    UnsupportedFormatError,
+    ValidationError,
+)
 from unihub.formats import dtypes
 from unihub.formats.metadata_json import FIELD_JSON_SCHEMA, UNISCHEMA_JSON_SCHEMA, check, parse_json
 from unihub.formats.validation import validate_value
@@ -125,21 +131,22 @@ class UnischemaField(_FieldTuple):
             check(data, FIELD_JSON_SCHEMA)
         except SchemaError as exc:
             raise SchemaError(f"schema JSON field {_field_label(data)}: {exc}") from None
-        return cls._from_checked_json(data, {})
+        return cls._from_checked_json(data, {}, f"schema JSON field {_field_label(data)}")
 
     @classmethod
-    def _from_checked_json(cls, data: Mapping[str, Any], codecs: dict[Any, Codec]) -> UnischemaField:
-        """A field from JSON that fits :data:`FIELD_JSON_SCHEMA`; ``codecs`` keeps the codecs made so far by
-        their JSON (codecs are immutable), so a schema of many alike fields builds each codec once."""
+    def _from_checked_json(cls, data: Mapping[str, Any], codecs: dict[Any, Codec], where: str) -> UnischemaField:
+        """A field from JSON that fits :data:`FIELD_JSON_SCHEMA` (``where`` names it in errors); ``codecs``
+        keeps the codecs made so far by their JSON (codecs are immutable), so a schema of many alike
+        fields builds each codec once."""
         codec_json = data.get("codec")
         try:
             codec = None if codec_json is None else _codec_from_json(codec_json, codecs)
             return cls(data["name"], dtypes.dtype_from_name(data["dtype"]), tuple(data["shape"]),
                        codec, data.get("nullable", False))
-        except UnihubError:
-            raise
+        except (SchemaError, UnsupportedFormatError) as exc:  # an unknown codec keeps its class
+            raise type(exc)(f"{where}: {exc}") from None
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
-            raise SchemaError(f"schema JSON field {_field_label(data)}: {exc}") from exc
+            raise SchemaError(f"{where}: {exc}") from exc
 
     def __repr__(self) -> str:
         return (f"UnischemaField({self.name!r}, {dtypes.dtype_name(self.numpy_dtype)}, {self.shape!r}, "
@@ -440,7 +447,9 @@ class Unischema:
         except SchemaError as exc:
             raise SchemaError(f"Unischema JSON {exc}") from None
         codecs: dict[Any, Codec] = {}
-        return cls(data.get("name", "unnamed"), [UnischemaField._from_checked_json(f, codecs) for f in data["fields"]])
+        return cls(data.get("name", "unnamed"), [
+            UnischemaField._from_checked_json(f, codecs, f"Unischema JSON $.fields[{i}] (field {f['name']!r})")
+            for i, f in enumerate(data["fields"])])
 
     # -- inference ---------------------------------------------------------------------------
     @classmethod
