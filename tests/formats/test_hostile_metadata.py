@@ -276,3 +276,18 @@ def test_the_description_is_json_schema_that_agrees_with_the_check() -> None:
     assert len(shaped) > 30
     for name, (key, value) in shaped.items():
         assert not validators[key].is_valid(parse_json(value)), name
+
+
+@pytest.mark.parametrize(("stored", "problem"), [
+    (nested(100_000).encode(), "nested past Python's recursion limit"),
+    (b"\xff\xfe{\x00}\x00", "not UTF-8 text"),
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [{"kind": [1]}]}',
+     "a row-group index entry is malformed"),
+])
+def test_a_hostile_rowgroup_index_is_reported_unreadable_by_inspect(
+        stored: bytes, problem: str, good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The row-group index is optional: inspect describes the dataset and says why its index is unreadable."""
+    path = with_metadata(good_dataset, tmp_path / "ds", b"unihub.rowgroup_index", stored)
+    assert main(["inspect", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "unreadable: " in captured.out and problem in captured.out and captured.err == ""
