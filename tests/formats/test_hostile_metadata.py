@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,8 @@ from unihub import (
     write_dataset,
 )
 from unihub.cli import main
-from unihub.errors import SchemaError, SchemaMismatchError
-from unihub.formats.metadata_json import MAX_NESTING
+from unihub.errors import SchemaError, SchemaMismatchError, UnsupportedFormatError
+from unihub.formats.metadata_json import EXTRA_METADATA_KEY, MAX_NESTING, load_metadata_json
 from unihub.formats.parquet import open_dataset
 
 SCHEMA = Unischema("Hostile", [
@@ -41,7 +42,7 @@ EXTRA = {"source_format": "tfrecord", "source": "/data/x.tfrecord", "source_file
          "skipped": [{"path": "/data/x.tfrecord", "location": "record 3", "reason": "truncated"}],
          "user": {"note": "a caller's own key"}}
 UNISCHEMA = b"unihub.unischema"
-EXTRA_KEY = b"unihub.extra"
+EXTRA_KEY = EXTRA_METADATA_KEY
 
 
 def _good_schema() -> dict[str, Any]:
@@ -291,3 +292,61 @@ def test_a_hostile_rowgroup_index_is_reported_unreadable_by_inspect(
     assert main(["inspect", str(path)]) == 0
     captured = capsys.readouterr()
     assert "unreadable: " in captured.out and problem in captured.out and captured.err == ""
+
+
+# -- fuzzed metadata: whatever the JSON, a schema, a SchemaError, or the codec registry's error -------------------
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ = settings(max_examples=int(os.environ.get("UNIHUB_FUZZ_EXAMPLES", "60")) * 5, deadline=None, database=None,
+                derandomize=not os.environ.get("UNIHUB_FUZZ_RANDOM"))
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["scalar", "tensor", "compressed_image", "ndarray", "int64", "ipc:", "png", "str"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "name", "dtype", "shape", "codec", "nullable", "arrow_type", "quality", "x"]),
+        children, max_size=3),
+    max_leaves=8)
+
+
+def mutated(document: Any, steps: list[int], replacement: Any) -> Any:
+    """``document`` with the node that ``steps`` lead to (each an index into a container's children) replaced."""
+    document = json.loads(json.dumps(document))
+    parent: Any = None
+    key: Any = None
+    node = document
+    for step in steps:
+        children = sorted(node) if isinstance(node, dict) else range(len(node)) if isinstance(node, list) else []
+        if not children:
+            break
+        parent, key = node, list(children)[step % len(children)]
+        node = node[key]
+    if parent is None:
+        return replacement
+    parent[key] = replacement
+    return document
+
+
+@FUZZ
+@given(steps=st.lists(st.integers(0, 50), max_size=5), replacement=JSON_VALUES)
+def test_fuzzed_unischema_json_is_a_schema_or_a_named_error(steps: list[int], replacement: Any) -> None:
+    text = json.dumps(mutated(_good_schema(), steps, replacement))
+    try:
+        schema = Unischema.from_json(text)
+    except (SchemaError, UnsupportedFormatError):
+        return
+    assert Unischema.from_json(schema.to_json()) == schema  # what was accepted is a schema that round-trips
+
+
+@FUZZ
+@given(steps=st.lists(st.integers(0, 50), max_size=4), replacement=JSON_VALUES)
+def test_fuzzed_extra_json_is_refused_by_name_or_shown(steps: list[int], replacement: Any) -> None:
+    from unihub.viewer.html import _provenance
+
+    try:
+        extra = load_metadata_json(json.dumps(mutated(EXTRA, steps, replacement)).encode(), EXTRA_KEY, where="f")
+    except SchemaError as exc:
+        assert str(exc).startswith("f: metadata key 'unihub.extra': ")
+        return
+    assert _provenance(extra).startswith('<section id="provenance">')  # what was accepted, show can render
