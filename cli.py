@@ -43,7 +43,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     if info.get("missing_fields"):  # described, and refused as make_reader refuses it
-        raise SchemaMismatchError(info["problem"])
+        raise SchemaMismatchError(info["schema_problem"])
     return 0
 
 

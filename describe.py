@@ -53,7 +53,7 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         "bytes": store.total_bytes,
         "partitions": list(store.partition_names),
         "fields": [f.to_json() for f in store.schema],
-        **({"missing_fields": list(missing), "problem": missing_fields_message(store, missing)} if missing else {}),
+        **({"missing_fields": list(missing), "schema_problem": missing_fields_message(store, missing)} if missing else {}),
         **describe_rowgroup_indexes(store),
         **describe_cache(store),
     }
