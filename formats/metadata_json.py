@@ -82,6 +82,9 @@ UNISCHEMA_JSON_SCHEMA: dict[str, Any] = {
     },
 }
 
+#: the last second of the year 9999, as a Unix time: later times have no calendar date to print
+_YEAR_9999 = 253402300799
+
 _SKIPPED_RECORD = {"type": "object", "properties": {"path": {"type": "string"}, "location": {"type": "string"},
                                                      "reason": {"type": "string"}}}
 
@@ -95,7 +98,9 @@ EXTRA_JSON_SCHEMA: dict[str, Any] = {
         "skipped_count": {"type": "integer", "minimum": 0},
         "skipped": {"type": "array", "items": _SKIPPED_RECORD},
         "classes": {"type": "array", "items": {"type": "string"}},
-        "cache": {"type": "object"},
+        "cache": {"type": "object", "properties": {  # unihub.cacheable's record of a cache it built
+            "dataset_id": {"type": "string"}, "version": {"type": "string"}, "source_type": {"type": "string"},
+            "built_at": {"type": "number", "minimum": 0, "maximum": _YEAR_9999}}},
         "hdf5": {"type": "object"},
         "tfrecord": {"type": "object"},
         "webdataset": {"type": "object"},

@@ -96,6 +96,10 @@ HOSTILE: dict[str, tuple[bytes, bytes, str]] = {
     "source_files-string": (EXTRA_KEY, extra_json(source_files="3"), r'\$\.source_files: expected integer'),
     "classes-numbers": (EXTRA_KEY, extra_json(classes=[1, 2]), r"\$\.classes\[0\]: expected string, got 1"),
     "cache-list": (EXTRA_KEY, extra_json(cache=[1]), r"\$\.cache: expected object"),
+    "cache-built_at-1e300": (EXTRA_KEY, extra_json(cache={"dataset_id": "d", "version": "1", "built_at": 1e300}),
+                             r"\$\.cache\.built_at: expected at most 253402300799, got 1e\+300"),
+    "cache-version-list": (EXTRA_KEY, extra_json(cache={"dataset_id": "d", "version": [1]}),
+                           r"\$\.cache\.version: expected string, got \[1\]"),
     # unihub.unischema
     "schema-utf8-broken": (UNISCHEMA, b"\xff" + SCHEMA.to_json().encode(), r"not valid JSON: not UTF-8 text"),
     "schema-not-json": (UNISCHEMA, SCHEMA.to_json().encode()[:-2], r"not valid JSON"),
