@@ -35,7 +35,7 @@ from unihub.caching.cli import add_cache_commands
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.describe import describe_dataset, format_description
-from unihub.errors import UnihubError
+from unihub.errors import SchemaMismatchError, UnihubError
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.version import package_version
 
@@ -43,6 +43,8 @@ from unihub.version import package_version
 def cmd_inspect(args: argparse.Namespace) -> int:
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
+    if info.get("missing_fields"):  # described, and refused as make_reader refuses it
+        raise SchemaMismatchError(info["schema_problem"])
     return 0
 
 

@@ -29,7 +29,7 @@ def human_bytes(n: float) -> str:
 
 def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str, Any]:
     """What ``unihub inspect`` reports, as a JSON-able dict (of ``store`` when given: ``url`` opened)."""
-    from unihub.formats.parquet import open_dataset
+    from unihub.formats.parquet import missing_fields_message, open_dataset
     from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 
     if store is None:
@@ -40,6 +40,7 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
             if foreign is None:
                 raise
             raise UnsupportedFormatError(foreign) from exc
+    missing = store.missing_fields
     return {
         # the Unischema's own JSON keys first: ``unihub inspect --json DS > s.json`` is a --schema file
         **{k: v for k, v in json.loads(store.schema.to_json()).items() if k != "fields"},
@@ -52,6 +53,7 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         "bytes": store.total_bytes,
         "partitions": list(store.partition_names),
         "fields": [f.to_json() for f in store.schema],
+        **({"missing_fields": list(missing), "schema_problem": missing_fields_message(store, missing)} if missing else {}),
         **describe_rowgroup_indexes(store),
         **describe_cache(store),
     }
@@ -95,9 +97,11 @@ def format_description(info: dict[str, Any]) -> str:
     if info["partitions"]:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
     table = [["field", "dtype", "shape", "codec", "nullable"]]
+    missing = set(info.get("missing_fields", ()))
     for f in info["fields"]:
         codec = "-" if f["codec"] is None else codec_label(f["codec"])
-        table.append([f["name"], f["dtype"], shape_label(f["shape"]), codec, "yes" if f["nullable"] else "no"])
+        name = f"{f['name']} (no column in the files)" if f["name"] in missing else f["name"]
+        table.append([name, f["dtype"], shape_label(f["shape"]), codec, "yes" if f["nullable"] else "no"])
     return "\n".join(lines) + "\n\n" + _format_table(table) + _format_indexes(info)
 
 

@@ -24,6 +24,7 @@ URL. Petastorm's look-ups are here too:
 
 from __future__ import annotations
 
+import copy
 import decimal
 import mmap
 import os
@@ -48,11 +49,13 @@ from unihub.errors import (
     FormatError,
     PetastormMetadataError,
     SchemaError,
+    SchemaMismatchError,
     UnihubError,
 )
 from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, parquet_pages, publish, remote, sources
 from unihub.formats.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
+from unihub.formats.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 
 COMMON_METADATA = "_common_metadata"
@@ -113,6 +116,8 @@ class ParquetStore:
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
     #: each thread's open file (see _open_file); not pickled
     _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    #: the ``unihub.extra`` metadata, parsed and checked by open_dataset (see extra_metadata)
+    _extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: path -> its FileInfo, to check at each open that the file is still the one indexed
     _indexed: dict[str, FileInfo] = field(default_factory=dict, repr=False, compare=False)
     #: when page checksums and value counts are checked (see unihub.formats.integrity)
@@ -145,11 +150,22 @@ class ParquetStore:
 
     @property
     def extra_metadata(self) -> dict[str, Any]:
-        """The JSON ``extra_metadata`` given to write_dataset (source format, class names, ...)."""
-        import json
+        """The JSON ``extra_metadata`` given to write_dataset (source format, class names, ...), as checked
+        when the dataset was opened (a copy: the store's own stays as read)."""
+        return copy.deepcopy(self._extra)
 
-        raw = self.metadata.get(b"unihub.extra")
-        return json.loads(raw) if raw else {}
+    @property
+    def missing_fields(self) -> tuple[str, ...]:
+        """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
+        present = set(self.arrow_schema.names) | set(self.partition_names)
+        return tuple(name for name in self.schema.fields if name not in present)
+
+    def require_fields(self, names: Collection[str]) -> None:
+        """A :class:`~unihub.errors.SchemaMismatchError` naming the file and the fields, unless the files hold
+        every field of ``names`` that the schema lists (the reader reads those columns)."""
+        missing = [name for name in self.missing_fields if name in names]
+        if missing:
+            raise SchemaMismatchError(missing_fields_message(self, missing))
 
     @property
     def _is_local(self) -> bool:
@@ -536,13 +552,27 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
         kv.setdefault(key, value)
         found_in.setdefault(key, paths[0])
     schema, source = _resolve_schema(kv, file_schema, partitions, url, found_in)
+    raw_extra = kv.get(EXTRA_METADATA_KEY)
+    extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
+        if raw_extra else {}
     _check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
-                        _verify=integrity.verification())
+                        _verify=integrity.verification(), _extra=extra)
+
+
+def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:
+    """What a reader (or ``unihub inspect``) says of fields the schema lists but the files lack."""
+    shown = ", ".join(repr(name) for name in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10
+                                                              else "")
+    first = store.files[0].path if store.files else store.url
+    return (f"{store.url}: the schema ({store.schema_source} metadata) lists {len(missing)} field(s) that the data "
+            f"files hold no column for: {shown} (e.g. {first} has columns {store.arrow_schema.names[:8]}); "
+            "read the other fields (schema_fields=), or store a schema that matches the files "
+            "(unihub add-schema)")
 
 
 def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
@@ -661,10 +691,11 @@ def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: 
     """The stored Unischema (unihub's JSON, else Petastorm's pickle), else one inferred; ``found_in`` names
     the file each metadata key was read from, for errors."""
     if SCHEMA_METADATA_KEY in kv:
+        where = (found_in or {}).get(SCHEMA_METADATA_KEY, url)
         try:
             return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
-        except SchemaError as exc:
-            raise SchemaError(f"{url}: {exc}") from exc
+        except UnihubError as exc:  # an unknown codec's name too
+            raise SchemaError(f"{where}: metadata key {SCHEMA_METADATA_KEY.decode()!r}: {exc}") from exc
     from unihub.formats import legacy
 
     if legacy.PETASTORM_UNISCHEMA_KEY in kv:

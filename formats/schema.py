@@ -30,8 +30,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import InvalidArgumentError, NoMatchingFieldsError, SchemaError, ValidationError
+from unihub.errors import (
+    InvalidArgumentError,
+    NoMatchingFieldsError,
+    SchemaError,
+    UnsupportedFormatError,
+    ValidationError,
+)
 from unihub.formats import dtypes
+from unihub.formats.metadata_json import FIELD_JSON_SCHEMA, UNISCHEMA_JSON_SCHEMA, check, parse_json
 from unihub.formats.validation import validate_value
 
 if TYPE_CHECKING:
@@ -118,14 +125,28 @@ class UnischemaField(_FieldTuple):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> UnischemaField:
-        from unihub.formats.codecs import codec_from_json
-
+        """Read :meth:`to_json` output, checked against its description
+        (:data:`~unihub.formats.metadata_json.FIELD_JSON_SCHEMA`)."""
         try:
-            codec = None if data.get("codec") is None else codec_from_json(data["codec"])
+            check(data, FIELD_JSON_SCHEMA)
+        except SchemaError as exc:
+            raise SchemaError(f"schema JSON field {_field_label(data)}: {exc}") from None
+        return cls._from_checked_json(data, {}, f"schema JSON field {_field_label(data)}")
+
+    @classmethod
+    def _from_checked_json(cls, data: Mapping[str, Any], codecs: dict[Any, Codec], where: str) -> UnischemaField:
+        """A field from JSON that fits :data:`FIELD_JSON_SCHEMA` (``where`` names it in errors); ``codecs``
+        keeps the codecs made so far by their JSON (codecs are immutable), so a schema of many alike
+        fields builds each codec once."""
+        codec_json = data.get("codec")
+        try:
+            codec = None if codec_json is None else _codec_from_json(codec_json, codecs)
             return cls(data["name"], dtypes.dtype_from_name(data["dtype"]), tuple(data["shape"]),
                        codec, data.get("nullable", False))
-        except KeyError as exc:
-            raise SchemaError(f"schema JSON field {data!r} lacks the key {exc}") from exc
+        except (SchemaError, UnsupportedFormatError) as exc:  # an unknown codec keeps its class
+            raise type(exc)(f"{where}: {exc}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+            raise SchemaError(f"{where}: {exc}") from exc
 
     def __repr__(self) -> str:
         return (f"UnischemaField({self.name!r}, {dtypes.dtype_name(self.numpy_dtype)}, {self.shape!r}, "
@@ -147,6 +168,27 @@ class UnischemaField(_FieldTuple):
 
     def __hash__(self) -> int:
         return hash((self.name, self.numpy_dtype, self.shape, self.nullable))  # no codec: see __eq__
+
+
+def _field_label(data: Any) -> str:
+    """A field's JSON for a message: its name where it has one, else the start of its JSON."""
+    name = data.get("name") if isinstance(data, Mapping) else None
+    return repr(name) if isinstance(name, str) else repr(data)[:80]
+
+
+def _codec_from_json(data: Mapping[str, Any], made: dict[Any, Codec]) -> Codec:
+    """The codec of JSON ``data``, made once per distinct JSON in ``made``."""
+    from unihub.formats.codecs import codec_from_json
+
+    try:
+        key: Any = tuple(sorted(data.items()))
+        hash(key)
+    except TypeError:  # a registered codec's config holding lists or objects: made each time
+        return codec_from_json(data)
+    found = made.get(key)
+    if found is None:
+        found = made[key] = codec_from_json(data)
+    return found
 
 
 def _default_arrow_type(field: UnischemaField) -> pa.DataType:
@@ -387,18 +429,27 @@ class Unischema:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Unischema:
-        """Read :meth:`to_json` output; an unknown version is a :class:`SchemaError`."""
+        """Read :meth:`to_json` output, checked against its one description
+        (:data:`~unihub.formats.metadata_json.UNISCHEMA_JSON_SCHEMA`): anything else, an unknown
+        version included, is a :class:`SchemaError` saying where in the document it is wrong."""
         try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise SchemaError(f"Unischema metadata is not valid JSON: {exc}") from exc
+            data = parse_json(text)
+        except SchemaError as exc:
+            raise SchemaError(f"Unischema metadata is {exc}") from None
         if not isinstance(data, dict) or data.get("format") != "unihub.unischema":
             raise SchemaError("metadata is not a unihub Unischema (no 'format': 'unihub.unischema')")
         version = data.get("version")
-        if version != SCHEMA_JSON_VERSION:
+        if version != SCHEMA_JSON_VERSION or type(version) is not int:
             raise SchemaError(f"Unischema JSON version {version!r} is not supported by this unihub "
                               f"(it reads version {SCHEMA_JSON_VERSION}); upgrade unihub")
-        return cls(data.get("name", "unnamed"), [UnischemaField.from_json(f) for f in data["fields"]])
+        try:
+            check(data, UNISCHEMA_JSON_SCHEMA)
+        except SchemaError as exc:
+            raise SchemaError(f"Unischema JSON {exc}") from None
+        codecs: dict[Any, Codec] = {}
+        return cls(data.get("name", "unnamed"), [
+            UnischemaField._from_checked_json(f, codecs, f"Unischema JSON $.fields[{i}] (field {f['name']!r})")
+            for i, f in enumerate(data["fields"])])
 
     # -- inference ---------------------------------------------------------------------------
     @classmethod

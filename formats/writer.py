@@ -26,6 +26,7 @@ from unihub.errors import SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
+from unihub.formats.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
@@ -36,8 +37,6 @@ from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 #: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
 _ENCODE_CHUNK_ROWS = 256
 _ENCODE_CHUNK_BYTES = 8 * 2**20
-#: Key of ``extra_metadata`` (JSON: where a converted dataset came from, class names, attributes).
-EXTRA_METADATA_KEY = b"unihub.extra"
 
 
 @dataclass(frozen=True)

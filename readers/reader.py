@@ -785,6 +785,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
         if unknown_fields:
             raise SchemaError(f"predicate uses fields {unknown_fields}, which are not in {store.url}; "
                               f"fields: {list(store.schema.fields)}")
+    store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))
     cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
                        cache_extra_settings)
     return Reader(store, fields=fields, batched=batched, ngram=ngram, predicate=predicate, filters=filters,

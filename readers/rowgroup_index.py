@@ -36,9 +36,10 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.errors import PetastormMetadataError
+from unihub.errors import PetastormMetadataError, SchemaError
 from unihub.formats import legacy
 from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
+from unihub.formats.metadata_json import parse_json
 from unihub.formats.parquet import ParquetStore, open_dataset, update_common_metadata
 from unihub.formats.schema import UnischemaField
 from unihub.readers.rowgroup_indexers import (
@@ -209,9 +210,9 @@ def read_rowgroup_indexes(store: ParquetStore) -> StoredIndexes:
 
 def _from_json(store: ParquetStore, raw: bytes) -> StoredIndexes:
     try:
-        document = json.loads(raw)
-    except ValueError as exc:
-        raise RowGroupIndexError(f"{store.url}: the row-group index metadata is not valid JSON: {exc}") from exc
+        document = parse_json(raw)  # strictly UTF-8, nesting bounded: hostile bytes are a named error
+    except SchemaError as exc:
+        raise RowGroupIndexError(f"{store.url}: the row-group index metadata is {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != ROWGROUP_INDEX_FORMAT:
         raise RowGroupIndexError(f"{store.url}: {ROWGROUP_INDEX_KEY.decode()} does not hold a unihub row-group index")
     if document.get("version") != ROWGROUP_INDEX_VERSION:
@@ -223,7 +224,13 @@ def _from_json(store: ParquetStore, raw: bytes) -> StoredIndexes:
         raise RowGroupIndexError(f"{store.url}: the row-group index has no list of indexes")
     indexes: dict[str, RowGroupIndexerBase] = {}
     for item in items:
-        indexer = indexer_from_json(item)
+        try:
+            indexer = indexer_from_json(item)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a stored index of the wrong shape
+            if isinstance(exc, RowGroupIndexError):
+                raise
+            raise RowGroupIndexError(f"{store.url}: a row-group index entry is malformed ({exc}): "
+                                     f"{json.dumps(item)[:200]}") from exc
         if indexer.index_name in indexes:
             raise RowGroupIndexError(f"{store.url}: the row-group index {indexer.index_name!r} is stored twice")
         indexes[indexer.index_name] = indexer

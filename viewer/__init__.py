@@ -83,6 +83,7 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
         raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
     text = os.fspath(url)
     store = open_dataset(text, storage_options=storage_options)
+    store.require_fields(store.schema.fields)  # before the pass: statistics read every column
     report = gather(store, text, Sampling(rows, seed, first), where=where, progress=progress)
     return ShowReport(report, render(report))
 

@@ -239,7 +239,8 @@ def test_unsupported_schema_version_names_the_dataset(write_sample):
     metadata[b"unihub.unischema"] = metadata[b"unihub.unischema"].replace(b'"version":1', b'"version":7')
     pq.write_table(table.replace_schema_metadata(metadata), file)
     (path / "_common_metadata").unlink()
-    with pytest.raises(SchemaError, match=f"{path}: Unischema JSON version 7 is not supported"):
+    with pytest.raises(SchemaError, match=f"{file}: metadata key 'unihub.unischema': Unischema JSON version 7 is not "
+                                          "supported"):
         open_dataset(path)
 
 

@@ -405,7 +405,8 @@ def test_json_unknown_version_is_schema_error():
     ('{"format": "unihub.unischema", "version": 1, "name": "x", "fields": '
      '[{"name": "a", "dtype": "no_such_dtype", "shape": []}]}', "unknown dtype name 'no_such_dtype'"),
     ('{"format": "unihub.unischema", "version": 1, "name": "x", "fields": '
-     '[{"name": "a", "dtype": "int8", "shape": [], "codec": {"arrow_type": "int8"}}]}', "has no 'type'"),
+     '[{"name": "a", "dtype": "int8", "shape": [], "codec": {"arrow_type": "int8"}}]}',
+     r"fields\[0\]\.codec: lacks the key 'type'"),
     ('{"format": "unihub.unischema", "version": 1, "name": "x", "fields": '
      '[{"name": "a", "dtype": "int8", "shape": [], "codec": {"type": "scalar", "arrow_type": "nonsense"}}]}',
      "cannot read Arrow type 'nonsense'"),
