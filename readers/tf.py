@@ -31,6 +31,10 @@ A unihub error met while reading (a corrupt image, a null Petastorm's types cann
 raised as itself, naming the field and row, by the iterators of the datasets made here;
 TensorFlow carries it as a ``tf.errors.InvalidArgumentError`` holding its message wherever
 TensorFlow iterates on its own (a ``Dataset.map`` of them, ``model.fit``, a ``tf.function``).
+The datasets, and every dataset made from them, also answer TF1's idioms as Petastorm's
+``tf.compat.v1`` datasets did (``make_one_shot_iterator()``, ``make_initializable_iterator()``,
+``output_shapes``/``output_types``/``output_classes``, in ``tf.Graph().as_default()`` with
+``tf.compat.v1.Session``), with TF2's semantics (:mod:`unihub.readers.tf_dataset_type`).
 
 An NGram reader (``make_reader(url, schema_fields=NGram(...))``) gives one element per window,
 as Petastorm's: a dict ``{offset: namedtuple of tensors}`` for every offset from the smallest to
