@@ -57,6 +57,7 @@ import functools
 import itertools
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -644,6 +645,32 @@ def _ngram_plans(reader: Any) -> list[_Offset]:
     return offsets
 
 
+#: warned when a dataset of make_petastorm_dataset is iterated again after it read its reader to the end
+#: (Petastorm's words, which its users' tests match)
+READ_AGAIN_WARNING = ("Running multiple iterations over make_petastorm_dataset is not recommend for performance "
+                      "issue: each iteration resets the reader and reads it again. Use the reader's num_epochs "
+                      "to read it several times, or the dataset's cache() before repeat()")
+
+
+def _read_again(reader: Any) -> Callable[[Callable[[], Iterator[Any]]], Callable[[], Generator[Any, None, None]]]:
+    """A source of ``reader``'s batches that, started again once an earlier start read the reader to the
+    end (a second iteration of the dataset, ``repeat()``), warns and resets the reader first, as
+    Petastorm's ``make_petastorm_dataset`` did: an ended reader would give an empty iteration. A source
+    left part way (``take(n)``) goes on where the reader is."""
+    def wrap(source: Callable[[], Iterator[Any]]) -> Callable[[], Generator[Any, None, None]]:
+        read_to_the_end = [False]
+
+        def read() -> Generator[Any, None, None]:
+            if read_to_the_end[0]:
+                warnings.warn(READ_AGAIN_WARNING, UserWarning, stacklevel=2)
+                reader.reset()
+                read_to_the_end[0] = False
+            yield from source()
+            read_to_the_end[0] = True
+        return read
+    return wrap
+
+
 def _ngram_dataset(reader: Any) -> Any:
     """Windows as dicts ``{offset: namedtuple of tensors}``: ``ROW_CHUNK`` windows cross into
     TensorFlow at once as one flat tuple of columns (each offset's fields in turn), are rebuilt
@@ -665,7 +692,8 @@ def _ngram_dataset(reader: Any) -> Any:
                     flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in chunk])))
             yield tuple(flat)
 
-    def generate() -> Generator[tuple[np.ndarray, ...], None, None]:
+    @_read_again(reader)
+    def generate() -> Iterator[tuple[np.ndarray, ...]]:
         return _serving(reader, windows())
 
     def assemble(*flat: Any) -> dict[int, Any]:
@@ -693,7 +721,9 @@ def make_petastorm_dataset(reader: Reader) -> Any:
     as ``tf.RaggedTensor``); an NGram reader one dict ``{offset: namedtuple}`` per window. A
     nullable field's ``<field>_is_present`` mask follows the fields (see the module docstring). Rows
     (windows) cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are unbatched in the graph.
-    The reader is read once; the caller owns it (``with reader:``, ``reader.reset()`` to read again).
+    The caller owns the reader (``with reader:``). Iterating the dataset again (a second loop,
+    ``repeat()``) after it read the reader to the end resets the reader and reads it again, with
+    Petastorm's UserWarning (:data:`READ_AGAIN_WARNING`): the reader's ``num_epochs`` reads faster.
 
         with make_reader(url) as reader:
             for row in make_petastorm_dataset(reader).take(2):
@@ -703,7 +733,7 @@ def make_petastorm_dataset(reader: Reader) -> Any:
     if reader.ngram is not None:
         return _ngram_dataset(reader)
     failures = Failures()
-    dataset = _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans,
+    dataset = _dataset(_read_again(reader)(lambda: _column_batches(reader, plans, ROW_CHUNK)), plans,
                        _row_type(reader.schema._get_namedtuple(), plans), failures, unbatch=not reader.batched)
     return bridged(dataset, failures)
 

@@ -11,6 +11,7 @@ import decimal
 import gc
 import os
 import types
+import warnings
 from typing import Any
 
 import numpy as np
@@ -597,3 +598,24 @@ def test_dates_beyond_int64_nanoseconds_are_an_error(tf: Any, tmp_path: Any) -> 
             pytest.raises(ValidationError, match=r"field 'day', row 1 .*2262-04-12.*int64 nanoseconds") as caught:
         list(make_petastorm_dataset(reader))
     assert caught.value.field == "day" and caught.value.row == 1
+
+
+def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any) -> None:
+    """As Petastorm's make_petastorm_dataset: a second iteration (or ``repeat``) after the reader's end resets
+    the reader with a UserWarning whose start Petastorm's users match (an ended reader gave an empty
+    iteration); after an iteration left part way the reader is not reset: no row comes twice, no warning."""
+    match = "Running multiple iterations over make_petastorm_dataset is not recommend for performance issue"
+    with make_batch_reader(URL["plain"], schema_fields=["id"], workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert sorted(i for b in dataset for i in b.id.numpy().tolist()) == list(range(600))
+        with pytest.warns(UserWarning, match=match):
+            assert sorted(i for b in dataset for i in b.id.numpy().tolist()) == list(range(600))
+        with pytest.warns(UserWarning, match=match):
+            assert sorted(i for b in dataset.repeat(2) for i in b.id.numpy().tolist()) == sorted(list(range(600)) * 2)
+    with make_reader(URL["unischema"], schema_fields=["id"], workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        first = [int(r.id) for r in dataset.take(10)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            rest = [int(r.id) for r in dataset]  # rows the first iteration took into TensorFlow are not read again
+    assert len(first) == 10 and not set(first) & set(rest)
