@@ -293,7 +293,7 @@ def test_fields_without_a_tf_type(tf: Any) -> None:
     with pytest.raises(SchemaError, match="'blob' holds Python objects.*schema_fields"):
         output_signature(schema)
     with pytest.raises(UnihubError, match="expected a unihub reader"):
-        make_petastorm_dataset(iter([]))
+        make_petastorm_dataset(iter([]))  # type: ignore[arg-type]  # a wrong argument, on purpose
     with pytest.raises(UnihubError, match="batch_size"):
         make_tf_dataset("file:///nowhere", 0)
 
