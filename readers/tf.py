@@ -10,7 +10,8 @@ The datasets made here leave tf.data's autotuning off (see :func:`_without_autot
 
 How values are typed (from the Unischema, see :func:`output_signature`):
 
-- numbers and booleans keep their dtype; ``datetime64``/``timedelta64`` become ``tf.int64``;
+- numbers and booleans keep their dtype; ``datetime64`` becomes ``tf.int64`` nanoseconds since the Unix
+  epoch and ``timedelta64`` ``tf.int64`` nanoseconds, whatever their stored unit (as Petastorm's);
 - ``np.str_``, ``np.bytes_`` and ``decimal.Decimal`` become ``tf.string`` (decimals as ``str(d)``);
 - a field whose shape has ``None`` dims is a ``tf.Tensor`` with those dims ``None`` in a row
   element, and a ``tf.RaggedTensor`` in a batch (rows differ in length; ragged keeps every
@@ -30,6 +31,10 @@ A unihub error met while reading (a corrupt image, a null Petastorm's types cann
 raised as itself, naming the field and row, by the iterators of the datasets made here;
 TensorFlow carries it as a ``tf.errors.InvalidArgumentError`` holding its message wherever
 TensorFlow iterates on its own (a ``Dataset.map`` of them, ``model.fit``, a ``tf.function``).
+The datasets, and every dataset made from them, also answer TF1's idioms as Petastorm's
+``tf.compat.v1`` datasets did (``make_one_shot_iterator()``, ``make_initializable_iterator()``,
+``output_shapes``/``output_types``/``output_classes``, in ``tf.Graph().as_default()`` with
+``tf.compat.v1.Session``), with TF2's semantics (:mod:`unihub.readers.tf_dataset_type`).
 
 An NGram reader (``make_reader(url, schema_fields=NGram(...))``) gives one element per window,
 as Petastorm's: a dict ``{offset: namedtuple of tensors}`` for every offset from the smallest to
@@ -52,6 +57,7 @@ import functools
 import itertools
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -66,6 +72,7 @@ from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, colu
 from unihub.readers.late_decode import DecodeAhead, decoded_later
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader, make_batch_reader
+from unihub.readers.tf_dataset_type import Failures, bridged
 from unihub.readers.weighted import WeightedSamplingReader
 
 if TYPE_CHECKING:
@@ -278,10 +285,10 @@ def _pulled() -> None:
     _last_pull[0] = time.monotonic()
 
 
-def _tracked(make: Callable[[], Generator[Any, None, None]], failures: _Failures) -> Callable[[], Iterator[Any]]:
+def _tracked(make: Callable[[], Generator[Any, None, None]], failures: Failures) -> Callable[[], Iterator[Any]]:
     """``make`` (a ``from_generator`` generator function), its generators known to the exit hook,
     which also sees when TensorFlow last resumed one, and the unihub errors they raise recorded in
-    ``failures`` for the dataset's iterators (:func:`_bridged`)."""
+    ``failures`` for the dataset's iterators (:func:`~unihub.readers.tf_dataset_type.bridged`)."""
     def pull() -> Iterator[Any]:
         inner = make()
         try:
@@ -303,75 +310,6 @@ def _tracked(make: Callable[[], Generator[Any, None, None]], failures: _Failures
             _generators.add(outer)
         return outer
     return generator
-
-
-# -- unihub's errors across the bridge ---------------------------------------------------------------
-class _Failures:
-    """The unihub errors a dataset's generators raised, kept for its iterators to raise in place of
-    the ``tf.errors.InvalidArgumentError`` TensorFlow makes of each (which keeps only its text)."""
-
-    def __init__(self) -> None:
-        self._errors: collections.deque[UnihubError] = collections.deque(maxlen=16)
-        self._lock = threading.Lock()
-
-    def record(self, error: UnihubError) -> None:
-        with self._lock:
-            self._errors.append(error)
-
-    def take(self, message: str) -> UnihubError | None:
-        """The latest error recorded whose text TensorFlow's ``message`` holds; None where none does."""
-        with self._lock:
-            for error in reversed(self._errors):
-                if str(error) in message:
-                    self._errors.remove(error)
-                    return error
-        return None
-
-
-@functools.cache
-def _bridge_types() -> tuple[type, type]:
-    """A dataset type whose Python iterators raise the unihub errors its generators raised, and its
-    iterator type. TensorFlow has no public hook for this: they extend tf.data's own classes
-    (``tensorflow.python.data.ops``), and the dataset is its input's graph under another Python type."""
-    from tensorflow.python.data.ops import dataset_ops, iterator_ops
-    from tensorflow.python.framework import ops
-
-    tf = _tf()
-
-    class BridgedIterator(iterator_ops.OwnedIterator):
-        def __init__(self, dataset: Any, failures: _Failures) -> None:
-            self._failures = failures
-            super().__init__(dataset)
-
-        def _next_internal(self) -> Any:
-            try:
-                return super()._next_internal()
-            except tf.errors.OutOfRangeError:
-                raise
-            except tf.errors.OpError as exc:
-                error = self._failures.take(exc.message)
-                if error is None:
-                    raise
-                raise error from exc
-
-    class BridgedDataset(dataset_ops.UnaryUnchangedStructureDataset):
-        def __init__(self, dataset: Any, failures: _Failures) -> None:
-            self._failures = failures
-            super().__init__(dataset, dataset._variant_tensor)
-
-        def __iter__(self) -> Any:
-            if not tf.executing_eagerly():  # inside a tf.function: tf.data's own iterator (and errors)
-                return super().__iter__()
-            with ops.colocate_with(self._variant_tensor):
-                return BridgedIterator(self, self._failures)
-
-    return BridgedDataset, BridgedIterator
-
-
-def _bridged(dataset: Any, failures: _Failures) -> Any:
-    """``dataset`` (the same graph), its iterators raising the unihub errors recorded in ``failures``
-    rather than TensorFlow's InvalidArgumentError that carries their text."""
-    return _bridge_types()[0](dataset, failures)
 
 
 def _serving(reader: Any, batches: Iterator[Any]) -> Generator[Any, None, None]:
@@ -457,15 +395,46 @@ def _encode_values(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
             return np.array([str(v) for v in column.ravel()], dtype=object).reshape(column.shape)
         return column
     if column.dtype == object and plan.field.numpy_dtype in (np.datetime64, np.timedelta64) and len(column):
-        column = np.asarray(list(column))  # their scalars as one typed array: its int64 ticks below
+        # their scalars (numpy's, or datetime.date/datetime/timedelta) as one typed array, in their own unit
+        column = np.asarray(list(column), dtype=plan.field.numpy_dtype)
     if column.dtype.kind in "mM":
-        return column.view(np.int64)
+        return _nanoseconds(plan, column)
     if column.dtype == object and not len(column):
         column = np.empty((0, *(d or 0 for d in plan.field.shape)), plan.np_dtype)
     if column.dtype.kind == "f" and plan.np_dtype.kind in "biu" and (nan := np.isnan(column)).any():
         # a batch reader with Petastorm's types gives nulls of int fields as NaN
         raise _null_error(plan.name, int(np.flatnonzero(nan.reshape(len(column), -1).any(axis=1))[0]))
     return column.astype(plan.np_dtype, copy=False)
+
+
+#: nanoseconds in one unit of the datetime64/timedelta64 units Arrow's dates, times and durations come in
+NANOSECONDS_PER_UNIT = {"W": 7 * 86_400 * 10**9, "D": 86_400 * 10**9, "h": 3_600 * 10**9, "m": 60 * 10**9,
+                        "s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _nanoseconds(plan: _FieldPlan, column: np.ndarray) -> np.ndarray:
+    """Dates and times as int64 nanoseconds since the Unix epoch, durations as int64 nanoseconds, whatever
+    unit they are stored in (a date32 column's days too), as Petastorm gives them to TensorFlow; NaT stays
+    int64's minimum. A value int64 nanoseconds cannot hold (outside the years 1677-2262, or finer than a
+    nanosecond) is a ValidationError naming the field and row, not a number wrapped by numpy's cast."""
+    unit, count = np.datetime_data(column.dtype)
+    absent = np.isnat(column)
+    if unit in NANOSECONDS_PER_UNIT:  # exact integer arithmetic (numpy's own cast back from ns overflows near the ends)
+        factor = NANOSECONDS_PER_UNIT[unit] * count
+        ticks = column.view(np.int64)
+        lost = (np.abs(ticks) > np.iinfo(np.int64).max // factor) & ~absent
+        nanoseconds = np.where(absent, ticks, ticks * factor) if factor > 1 else ticks
+    else:  # years, months, or finer than ns: numpy's cast, checked by the way back
+        converted = column.astype(f"{column.dtype.kind}8[ns]")
+        lost = (converted.astype(column.dtype) != column) & ~absent
+        nanoseconds = converted.view(np.int64)
+    if lost.any():
+        row = int(np.flatnonzero(lost.reshape(len(column), -1).any(axis=1))[0])
+        raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: {column.reshape(len(column), -1)[row]} "
+                              "cannot be int64 nanoseconds (the unit of dates and durations in TensorFlow: years "
+                              "1677-2262, nothing finer than 1 ns); convert it with a TransformSpec or leave the "
+                              "field out with schema_fields=", field=plan.name, row=row)
+    return nanoseconds
 
 
 def _stacked(plan: _FieldPlan, values: Sequence[Any]) -> np.ndarray:
@@ -623,7 +592,7 @@ def _without_autotune(dataset: Any) -> Any:
 
 
 def _dataset(source: Callable[[], Iterator[Columns]], plans: Sequence[_FieldPlan], row_type: type | None,
-             failures: _Failures, *, unbatch: bool, rebatch: tuple[int, bool] | None = None) -> Any:
+             failures: Failures, *, unbatch: bool, rebatch: tuple[int, bool] | None = None) -> Any:
     """``source``'s columns as a dataset; ``rebatch=(size, drop_remainder)`` cuts them into batches
     of ``size`` rows inside TensorFlow (see :func:`make_tf_dataset`); unihub errors recorded in ``failures``."""
     tf = _tf()
@@ -676,13 +645,39 @@ def _ngram_plans(reader: Any) -> list[_Offset]:
     return offsets
 
 
+#: warned when a dataset of make_petastorm_dataset is iterated again after it read its reader to the end
+#: (Petastorm's words, which its users' tests match)
+READ_AGAIN_WARNING = ("Running multiple iterations over make_petastorm_dataset is not recommend for performance "
+                      "issue: each iteration resets the reader and reads it again. Use the reader's num_epochs "
+                      "to read it several times, or the dataset's cache() before repeat()")
+
+
+def _read_again(reader: Any) -> Callable[[Callable[[], Iterator[Any]]], Callable[[], Generator[Any, None, None]]]:
+    """A source of ``reader``'s batches that, started again once an earlier start read the reader to the
+    end (a second iteration of the dataset, ``repeat()``), warns and resets the reader first, as
+    Petastorm's ``make_petastorm_dataset`` did: an ended reader would give an empty iteration. A source
+    left part way (``take(n)``) goes on where the reader is."""
+    def wrap(source: Callable[[], Iterator[Any]]) -> Callable[[], Generator[Any, None, None]]:
+        read_to_the_end = [False]
+
+        def read() -> Generator[Any, None, None]:
+            if read_to_the_end[0]:
+                warnings.warn(READ_AGAIN_WARNING, UserWarning, stacklevel=2)
+                reader.reset()
+                read_to_the_end[0] = False
+            yield from source()
+            read_to_the_end[0] = True
+        return read
+    return wrap
+
+
 def _ngram_dataset(reader: Any) -> Any:
     """Windows as dicts ``{offset: namedtuple of tensors}``: ``ROW_CHUNK`` windows cross into
     TensorFlow at once as one flat tuple of columns (each offset's fields in turn), are rebuilt
     per offset in the graph and unbatched, as rows are."""
     tf = _tf()
     offsets = _ngram_plans(reader)
-    failures = _Failures()
+    failures = Failures()
     widths = [len(_flat_signature(o.plans)) for o in offsets]
     assemblers = [_assembler(o.plans, o.row_type) for o in offsets]
 
@@ -697,7 +692,8 @@ def _ngram_dataset(reader: Any) -> Any:
                     flat.extend(_encode(o.plans, _rows_to_columns(o.plans, [w[o.offset] for w in chunk])))
             yield tuple(flat)
 
-    def generate() -> Generator[tuple[np.ndarray, ...], None, None]:
+    @_read_again(reader)
+    def generate() -> Iterator[tuple[np.ndarray, ...]]:
         return _serving(reader, windows())
 
     def assemble(*flat: Any) -> dict[int, Any]:
@@ -714,7 +710,7 @@ def _ngram_dataset(reader: Any) -> Any:
         densifiers = [_densifier(o.plans) for o in offsets]
         dataset = dataset.map(_graph_only(lambda window: {o.offset: densify(window[o.offset])
                                                           for o, densify in zip(offsets, densifiers)}))
-    return _bridged(_without_autotune(dataset), failures)
+    return bridged(_without_autotune(dataset), failures)
 
 
 def make_petastorm_dataset(reader: Reader) -> Any:
@@ -725,7 +721,9 @@ def make_petastorm_dataset(reader: Reader) -> Any:
     as ``tf.RaggedTensor``); an NGram reader one dict ``{offset: namedtuple}`` per window. A
     nullable field's ``<field>_is_present`` mask follows the fields (see the module docstring). Rows
     (windows) cross into TensorFlow in chunks of :data:`ROW_CHUNK` and are unbatched in the graph.
-    The reader is read once; the caller owns it (``with reader:``, ``reader.reset()`` to read again).
+    The caller owns the reader (``with reader:``). Iterating the dataset again (a second loop,
+    ``repeat()``) after it read the reader to the end resets the reader and reads it again, with
+    Petastorm's UserWarning (:data:`READ_AGAIN_WARNING`): the reader's ``num_epochs`` reads faster.
 
         with make_reader(url) as reader:
             for row in make_petastorm_dataset(reader).take(2):
@@ -734,10 +732,10 @@ def make_petastorm_dataset(reader: Reader) -> Any:
     plans = _check_reader(reader)
     if reader.ngram is not None:
         return _ngram_dataset(reader)
-    failures = _Failures()
-    dataset = _dataset(lambda: _column_batches(reader, plans, ROW_CHUNK), plans,
+    failures = Failures()
+    dataset = _dataset(_read_again(reader)(lambda: _column_batches(reader, plans, ROW_CHUNK)), plans,
                        _row_type(reader.schema._get_namedtuple(), plans), failures, unbatch=not reader.batched)
-    return _bridged(dataset, failures)
+    return bridged(dataset, failures)
 
 
 def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffle_buffer: int = 0,
@@ -813,7 +811,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
                 reader.stop()
                 reader.join()
 
-    failures = _Failures()
+    failures = Failures()
     dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None, failures,
                        unbatch=batch_size is None and not batched,
                        rebatch=(batch_size, drop_remainder) if in_graph and batch_size else None)
@@ -823,4 +821,4 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         dataset = dataset.apply(_tf().data.experimental.assert_cardinality(batches))
     if prefetch:
         dataset = dataset.prefetch(prefetch)
-    return _bridged(dataset, failures)
+    return bridged(dataset, failures)

@@ -11,6 +11,7 @@ import decimal
 import gc
 import os
 import types
+import warnings
 from typing import Any
 
 import numpy as np
@@ -292,7 +293,7 @@ def test_fields_without_a_tf_type(tf: Any) -> None:
     with pytest.raises(SchemaError, match="'blob' holds Python objects.*schema_fields"):
         output_signature(schema)
     with pytest.raises(UnihubError, match="expected a unihub reader"):
-        make_petastorm_dataset(iter([]))
+        make_petastorm_dataset(iter([]))  # type: ignore[arg-type]  # a wrong argument, on purpose
     with pytest.raises(UnihubError, match="batch_size"):
         make_tf_dataset("file:///nowhere", 0)
 
@@ -525,7 +526,7 @@ def test_nullable_fields_of_every_kind(tf: Any, tmp_path: Any) -> None:
             assert row["grid"].shape == (2, 2) and np.isnan(row["grid"]).all()
             assert row["pair"].tolist() == [b"", b""] and row["points"].shape == (0, 2)
             continue
-        assert decimal.Decimal(row["price"].decode()) == want["price"] and row["when"] == 1000 + i
+        assert decimal.Decimal(row["price"].decode()) == want["price"] and row["when"] == (1000 + i) * 1000  # us as ns
         assert row["flag"] == want["flag"] and row["grid"].tobytes() == want["grid"].tobytes()
         assert row["pair"].tolist() == [f"a{i}".encode(), b"b"]
         assert row["points"].dtype == np.int16 and row["points"].tobytes() == want["points"].tobytes()
@@ -547,5 +548,74 @@ def test_ngram_windows_mask_their_nullable_fields(tf: Any, tmp_path: Any) -> Non
         first, second = int(window[0].id), int(window[1].id)
         assert bool(window[0].flag_is_present) == bool(window[0].points_is_present) == (first % 2 == 1)
         assert bool(window[1].when_is_present) == (second % 2 == 1)
-        assert int(window[1].when) == (1000 + second if second % 2 else 0)
+        assert int(window[1].when) == ((1000 + second) * 1000 if second % 2 else 0)  # us as ns
         assert window[0].points.numpy().tobytes() == (nullable_row(first)["points"].tobytes() if first % 2 else b"")
+
+
+def dates_url(tmp_path: Any, days: list[str]) -> str:
+    """Plain Parquet written by pyarrow: a date32 column (days on disk), timestamps of two units and a duration."""
+    import pyarrow.parquet as pq
+
+    day = np.array(days, "datetime64[D]")
+    table = pa.table({"id": np.arange(len(days)), "day": pa.array(day, pa.date32()),
+                      "stamp_ms": pa.array(day.astype("M8[ms]") + np.timedelta64(7, "s"), pa.timestamp("ms")),
+                      "stamp_us": pa.array(day.astype("M8[us]") - np.timedelta64(3, "us"), pa.timestamp("us")),
+                      "wait": pa.array(np.arange(len(days)) - 1, pa.duration("ms"))})
+    pq.write_table(table, tmp_path / "dates.parquet")
+    return tmp_path.as_uri()
+
+
+def test_dates_and_durations_are_int64_nanoseconds(tf: Any, tmp_path: Any) -> None:
+    """As Petastorm's TensorFlow bridge gives them (its tests read 2019-01-02 as 1546387200000000000): dates
+    and timestamps as nanoseconds since the Unix epoch, durations as nanoseconds, whatever the stored
+    unit (days, ms, us), in make_petastorm_dataset over batches and rows, make_tf_dataset and tf_tensors."""
+    from unihub.readers.tf_graph import tf_tensors
+
+    url = dates_url(tmp_path, ["2019-01-02", "1970-01-01", "1677-09-22", "2262-04-11"])
+    expected = {"id": [0, 1, 2, 3],
+                "day": [1546387200 * 10**9, 0, -9223286400 * 10**9, 9223286400 * 10**9],
+                "stamp_ms": [1546387207 * 10**9, 7 * 10**9, -9223286393 * 10**9, 9223286407 * 10**9],
+                "stamp_us": [1546387200 * 10**9 - 3000, -3000, -9223286400 * 10**9 - 3000, 9223286400 * 10**9 - 3000],
+                "wait": [-10**6, 0, 10**6, 2 * 10**6]}
+    with make_batch_reader(url) as reader:
+        batches = [{k: v.numpy().tolist() for k, v in b._asdict().items()} for b in make_petastorm_dataset(reader)]
+    assert batches == [expected]
+    assert [{k: v.numpy().tolist() for k, v in b.items()} for b in make_tf_dataset(url, 4)] == [expected]
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        rows = [{k: int(v) for k, v in r._asdict().items()} for r in make_petastorm_dataset(reader)]
+    assert rows == [{k: v[i] for k, v in expected.items()} for i in range(4)]
+    with tf.Graph().as_default(), make_batch_reader(url) as reader:
+        tensors = tf_tensors(reader)
+        assert tensors.day.dtype == tf.int64
+        with tf.compat.v1.Session() as session:
+            assert {k: v.tolist() for k, v in session.run(tensors)._asdict().items()} == expected
+
+
+def test_dates_beyond_int64_nanoseconds_are_an_error(tf: Any, tmp_path: Any) -> None:
+    """A date int64 nanoseconds cannot hold is refused naming its field and row (numpy's cast wraps it)."""
+    url = dates_url(tmp_path, ["2019-01-02", "2262-04-12"])
+    with make_batch_reader(url, schema_fields=["id", "day"]) as reader, \
+            pytest.raises(ValidationError, match=r"field 'day', row 1 .*2262-04-12.*int64 nanoseconds") as caught:
+        list(make_petastorm_dataset(reader))
+    assert caught.value.field == "day" and caught.value.row == 1
+
+
+def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any) -> None:
+    """As Petastorm's make_petastorm_dataset: a second iteration (or ``repeat``) after the reader's end resets
+    the reader with a UserWarning whose start Petastorm's users match (an ended reader gave an empty
+    iteration); after an iteration left part way the reader is not reset: no row comes twice, no warning."""
+    match = "Running multiple iterations over make_petastorm_dataset is not recommend for performance issue"
+    with make_batch_reader(URL["plain"], schema_fields=["id"], workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        assert sorted(i for b in dataset for i in b.id.numpy().tolist()) == list(range(600))
+        with pytest.warns(UserWarning, match=match):
+            assert sorted(i for b in dataset for i in b.id.numpy().tolist()) == list(range(600))
+        with pytest.warns(UserWarning, match=match):
+            assert sorted(i for b in dataset.repeat(2) for i in b.id.numpy().tolist()) == sorted(list(range(600)) * 2)
+    with make_reader(URL["unischema"], schema_fields=["id"], workers_count=1) as reader:
+        dataset = make_petastorm_dataset(reader)
+        first = [int(r.id) for r in dataset.take(10)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            rest = [int(r.id) for r in dataset]  # rows the first iteration took into TensorFlow are not read again
+    assert len(first) == 10 and not set(first) & set(rest)
