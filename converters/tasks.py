@@ -68,6 +68,7 @@ class TaskPlan:
     #: the image pixel limit the tasks hold images to (formats/images.py), as the driver had it;
     #: "current": the task's process's own setting
     max_image_pixels: int | None | str = "current"
+    part_size_mb: float | None = None  # the bound of a part file's size (None: the writer's default)
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -126,6 +127,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     if plan.batch_bytes:
         source.batch_bytes = plan.batch_bytes
     given = plan.max_image_pixels
+    part_size = {} if plan.part_size_mb is None else {"part_size_mb": plan.part_size_mb}
     with images.pixel_limit(images.MAX_IMAGE_PIXELS if given == "current" else images.pixel_limit_of(given)):
         batches = source.read_batches(plan.schema, batch_size=plan.batch_size, on_error=plan.on_error)
         if wrap is not None:
@@ -133,7 +135,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
         try:
             result = write_parts(fs, staging, plan.schema, batches, batched=True, part_name=part_name(index),
                                  row_group_size_mb=plan.row_group_size_mb, extra_metadata=plan.extra,
-                                 validate=plan.validate)
+                                 validate=plan.validate, **part_size)
         finally:
             getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
     parts = [p.rsplit("/", 1)[-1] for p in result.files]
