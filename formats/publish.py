@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 from unihub.errors import DatasetChangedError
 from unihub.formats import atomic
 from unihub.formats import filesystem as fsutil
+from unihub.formats.remote_uploads import uploading
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
@@ -160,17 +161,20 @@ def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
 
 
 def settle(fs: pafs.FileSystem, target: str) -> None:
-    """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it, and
-    files inside it that the published manifest does not list (never those of a live run)."""
+    """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it
+    (multipart uploads still open there aborted), and files inside it that the published manifest does
+    not list (never those of a live run)."""
     target = target.rstrip("/")
     parent, name = posixpath.split(target)
     if parent:
         prefix = f".{name}.unihub-tmp-"
         selector = pafs.FileSelector(parent, recursive=False, allow_not_found=True)
-        for entry in fs.get_file_info(selector):
-            base = posixpath.basename(entry.path.rstrip("/"))
+        staged = {posixpath.basename(entry.path.rstrip("/")) for entry in fs.get_file_info(selector)}
+        # a staging area whose only trace is an upload still open (its parts are no listed object)
+        staged |= {path[len(parent) + 1:].split("/")[0] for path in uploading(fs, f"{parent}/{prefix}")}
+        for base in sorted(staged):
             if base.startswith(prefix) and not _alive(base[len(prefix):]):
-                fsutil.remove(fs, entry.path)
+                fsutil.discard(fs, f"{parent}/{base}")  # its open uploads aborted, then its files removed
     manifest = read_manifest(fs, target)
     if manifest is None:
         return

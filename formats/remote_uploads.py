@@ -53,6 +53,16 @@ def abort_uploads(fs: pafs.FileSystem, path: str) -> list[str]:
     return aborted
 
 
+def uploading(fs: pafs.FileSystem, prefix: str) -> set[str]:
+    """The paths (``bucket/key``) of the multipart uploads open on S3 whose key starts with ``prefix``
+    (``bucket/start of a key``): what no listing of objects shows."""
+    client = _client(fs)
+    bucket, _, key = prefix.strip("/").partition("/")
+    if client is None or not bucket or not key:
+        return set()
+    return {f"{bucket}/{upload['Key']}" for upload in _open_uploads(client, bucket, key)}
+
+
 def _open_uploads(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
     uploads: list[dict[str, Any]] = []
     options: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}

@@ -205,8 +205,10 @@ def test_reading_a_large_object_holds_a_bounded_buffer(s3_server, kind):
     data = [size for k, size in objects(s3_server, key + "/").items() if k.endswith(".parquet")]
     assert len(data) == 1 and data[0] > 64 * MB
     setup = f"""
+from unihub import open_dataset
 from unihub.readers.reader import make_reader
 url, options = {url!r}, {options!r}
+open_dataset(url, **options)  # the S3 client made and its API model loaded (tens of MB) before the count
 """
     work = """
 with make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, memory_budget_mb=16, **options) as reader:
@@ -215,3 +217,23 @@ assert count == 256, count
 """
     growth = peak_growth_mib(setup, work, timeout=240)
     assert growth < 32, f"{kind}: reading a 64 MiB object grew RSS by {growth:.0f} MiB"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_next_write_aborts_the_upload_a_killed_run_left_open(s3_server, kind):
+    """A run killed in the middle of an upload leaves it open, its parts in no listing of objects: the
+    next write to the same target aborts it (its run is dead), and leaves a live run's upload alone."""
+    from unihub.formats import atomic
+
+    key = f"killed-{uuid.uuid4().hex[:8]}"
+    url, options = through(s3_server, kind, key)
+    where = atomic.run_id().split("-")[0]  # this machine: a pid that is not running here is dead
+    dead, live = f".{key}.unihub-tmp-{where}-999999999-1-abcdef", f".{key}.unihub-tmp-{atomic.run_id()}"
+    client = s3_server.client()
+    for staging in (dead, live):
+        upload = client.create_multipart_upload(Bucket=s3_server.bucket, Key=f"{staging}/part-00000.parquet")
+        client.upload_part(Bucket=s3_server.bucket, Key=f"{staging}/part-00000.parquet", PartNumber=1,
+                           UploadId=upload["UploadId"], Body=b"\0" * 5 * MB)
+    write_dataset(url, SCHEMA, rows(2), **options)
+    assert open_uploads(s3_server, f".{key}") == [f"{live}/part-00000.parquet"]
+    client.abort_multipart_upload(Bucket=s3_server.bucket, Key=f"{live}/part-00000.parquet", UploadId=upload["UploadId"])
