@@ -37,7 +37,14 @@ from unihub.formats.foreign import (
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB, MemoryBudget, batch_nbytes, memory_budget, rows_for
+from unihub.memory import (
+    DEFAULT_PART_SIZE_MB,
+    DEFAULT_ROW_GROUP_SIZE_MB,
+    MemoryBudget,
+    batch_nbytes,
+    memory_budget,
+    rows_for,
+)
 
 UNIHUB = "unihub"
 

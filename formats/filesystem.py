@@ -336,7 +336,7 @@ def discard(fs: pafs.FileSystem, path: str) -> None:
     :func:`settle` removes the rest."""
     from unihub.formats.remote_uploads import abort_uploads
 
-    for attempt in range(2):
+    for _ in range(2):
         try:
             if not _local(fs):
                 abort_uploads(fs, path)

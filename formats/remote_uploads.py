@@ -91,7 +91,7 @@ def _botocore_client(fs: pafs.FileSystem) -> Any:
         import botocore.session
     except ImportError:  # optional: comes with s3fs (the fsspec extra)
         return None
-    options = dict(fs.__reduce__()[1][0])  # type: ignore[index]  # the constructor's keyword arguments
+    options = dict(fs.__reduce__()[1][0])  # the constructor's keyword arguments, as pickling uses them
     endpoint = options.get("endpoint_override") or None
     if endpoint and "://" not in endpoint:
         endpoint = f"{options.get('scheme') or 'https'}://{endpoint}"
