@@ -64,10 +64,18 @@ def uploading(fs: pafs.FileSystem, prefix: str) -> set[str]:
 
 
 def _open_uploads(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """The uploads open in ``bucket`` under ``prefix``; none where the bucket is missing or the
+    credentials may not list uploads (``s3:ListBucketMultipartUploads``: a cleanup does what it may)."""
     uploads: list[dict[str, Any]] = []
     options: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     while True:
-        page = client("list_multipart_uploads", **options)
+        try:
+            page = client("list_multipart_uploads", **options)
+        except Exception as exc:
+            if isinstance(exc, (FileNotFoundError, PermissionError)) or any(
+                    code in str(exc) for code in ("NoSuchBucket", "AccessDenied")):
+                return uploads
+            raise
         uploads += page.get("Uploads") or []
         if not page.get("IsTruncated"):
             return uploads
