@@ -36,8 +36,9 @@ from unihub.errors import InvalidArgumentError
 DEFAULT_ROW_GROUP_SIZE_MB: float = 4
 #: the writers' default ``part_size_mb``: a data file ends before it would pass this size, so that no
 #: file is one request too long for an object store, nor a copy on publish too slow (issue 37);
-#: chosen by ``benchmarks/part_size.py`` (README, "Part-file size")
-DEFAULT_PART_SIZE_MB: float = 128
+#: chosen by ``benchmarks/part_size.py`` (README, "Part-file size"): reads are as fast from 32 MB up,
+#: and row groups of up to 32 MB (half of it) keep their size
+DEFAULT_PART_SIZE_MB: float = 64
 
 ENV = "UNIHUB_MEMORY_MB"
 DEFAULT_MEMORY_MB = 512.0
