@@ -124,6 +124,19 @@ def test_write_dataset_bounds_part_files_on_a_local_disk(tmp_path):
         write_dataset(tmp_path / "bad", SCHEMA, rows(1), part_size_mb=0)
 
 
+def test_cli_convert_bounds_part_files(tmp_path, capsys):
+    """``unihub convert --part-size-mb``: the same bound from the command line; 0 is one error line."""
+    shard = webdataset_shard(tmp_path / "shard.tar", 24)
+    assert main(["convert", str(shard), str(tmp_path / "out"), "--part-size-mb", "1", "--quiet"]) == 0
+    sizes = [path.stat().st_size for path in (tmp_path / "out").glob("*.parquet")]
+    assert len(sizes) >= 6 and max(sizes) <= MB, sizes
+    capsys.readouterr()
+    assert main(["convert", str(shard), str(tmp_path / "bad"), "--part-size-mb", "0", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("unihub: error: part_size_mb must be a positive number") and err.count("\n") == 1, err
+    assert not (tmp_path / "bad").exists()
+
+
 # -- (b) a slow server: a timeout per request, not per object --------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_slow_server_takes_a_large_file_in_parts(s3_server, proxy, kind, monkeypatch):
