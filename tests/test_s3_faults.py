@@ -188,6 +188,27 @@ def test_a_failing_upload_leaves_no_upload_and_no_object(s3_server, proxy, kind,
     assert objects(s3_server, f".{key}") == {} and objects(s3_server, key) == {}
 
 
+def test_a_manifest_written_late_never_publishes_removed_files(s3_server, proxy, monkeypatch):
+    """An overwrite whose manifest upload (the one step that publishes) reaches the server after the
+    client gave up: the write fails, and the late step must not publish the new run's part files, which
+    its cleanup removed; the old dataset stays whole (before: the late manifest listed removed files)."""
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "1")
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "0")
+    key = f"manifest-{uuid.uuid4().hex[:8]}"
+    url, _ = through(s3_server, "pyarrow", key, ("127.0.0.1", proxy.port))
+    write_dataset(url, SCHEMA, rows(4), overwrite=True)
+    proxy.late = (LATE["pyarrow"], lambda method, target: completes_upload(method, target)
+                  and "_unihub_manifest.json" in target)
+    with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{key}"):
+        write_dataset(url, SCHEMA, ({"id": 100 + i, "blob": blob(i)} for i in range(6)), overwrite=True)
+    proxy.late = None
+    proxy.wait_late()
+    assert proxy.late_requests, "the manifest upload never reached its last step"
+    with make_reader(url, reader_pool_type="dummy") as reader:
+        assert sorted(int(row.id) for row in reader) == [0, 1, 2, 3]
+    assert open_uploads(s3_server, key) == []
+
+
 def test_cli_a_failing_upload_is_one_line_and_leaves_nothing(s3_server, proxy, monkeypatch, tmp_path, capsys):
     """The same through ``unihub convert`` (the one ingest pipeline, pyarrow's filesystem): exit 1, one
     ``unihub: error:`` line naming the target, nothing left on the server."""
