@@ -235,7 +235,7 @@ def test_reading_a_large_object_holds_a_bounded_buffer(s3_server, kind):
     object (before, through s3fs, every ranged read fetched 50 MB ahead, to the end of this file)."""
     key = f"large-{uuid.uuid4().hex[:8]}"
     url, options = through(s3_server, kind, key)
-    write_dataset(url, SCHEMA, rows(256), row_group_size_mb=2, **options)
+    write_dataset(url, SCHEMA, rows(256), row_group_size_mb=2, part_size_mb=128, **options)
     data = [size for k, size in objects(s3_server, key + "/").items() if k.endswith(".parquet")]
     assert len(data) == 1 and data[0] > 64 * MB
     setup = f"""
