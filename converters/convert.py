@@ -352,7 +352,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
 
 def _remove_quietly(fs: Any, path: str) -> None:
     try:
-        fsutil.remove(fs, path)
+        fsutil.discard(fs, path)  # uploads left open by the export aborted first
     except Exception:  # noqa: BLE001 (a server that failed the export may fail this too)
         pass
 
