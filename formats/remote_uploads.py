@@ -19,6 +19,7 @@ botocore, uploads are left to the bucket's lifecycle rule (and a late completion
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -93,7 +94,8 @@ def _client(fs: pafs.FileSystem) -> Any:
 
 
 def _botocore_client(fs: pafs.FileSystem) -> Any:
-    """A botocore S3 client reaching the store of pyarrow's ``fs`` (its endpoint, keys, region, timeouts)."""
+    """A botocore S3 client reaching the store of pyarrow's ``fs`` (its endpoint, keys, region, timeouts);
+    one per store and process (making one loads botocore's S3 model: 0.2-0.5 s)."""
     try:
         import botocore.config
         import botocore.session
@@ -103,18 +105,26 @@ def _botocore_client(fs: pafs.FileSystem) -> Any:
     endpoint = options.get("endpoint_override") or None
     if endpoint and "://" not in endpoint:
         endpoint = f"{options.get('scheme') or 'https'}://{endpoint}"
-    timeout = options.get("request_timeout") or remote.DEFAULT_TIMEOUT
-    config = botocore.config.Config(connect_timeout=max(timeout, 0.1), read_timeout=max(timeout, 0.1),
-                                    retries={"mode": "standard", "total_max_attempts": 2},
-                                    signature_version=botocore.UNSIGNED if options.get("anonymous") else None)
+    timeout = max(options.get("request_timeout") or remote.DEFAULT_TIMEOUT, 0.1)
     keys = {}
     if options.get("access_key"):
         keys = {"aws_access_key_id": options["access_key"], "aws_secret_access_key": options.get("secret_key"),
                 "aws_session_token": options.get("session_token") or None}
-    client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint, config=config,
-                                                          region_name=options.get("region") or None, **keys)
+    anonymous = bool(options.get("anonymous"))
+    cache_key = (os.getpid(), endpoint, options.get("region"), timeout, anonymous, tuple(sorted(keys.items())))
+    client = _CLIENTS.get(cache_key)
+    if client is None:
+        config = botocore.config.Config(connect_timeout=timeout, read_timeout=timeout,
+                                        retries={"mode": "standard", "total_max_attempts": 2},
+                                        signature_version=botocore.UNSIGNED if anonymous else None)
+        client = _CLIENTS[cache_key] = botocore.session.get_session().create_client(
+            "s3", endpoint_url=endpoint, config=config, region_name=options.get("region") or None, **keys)
 
     def call(operation: str, **arguments: Any) -> Any:
         return getattr(client, operation)(**arguments)
 
     return call
+
+
+#: botocore clients made by :func:`_botocore_client`, by process and store
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
