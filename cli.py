@@ -36,7 +36,7 @@ from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
 from unihub.describe import describe_dataset, format_description
 from unihub.errors import SchemaMismatchError, UnihubError
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.version import package_version
 
 
@@ -175,7 +175,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                          schema=args.schema, overwrite=args.overwrite,
                          overwrite_foreign=args.overwrite_foreign, row_group_size_mb=args.row_group_size_mb,
-                         on_error="skip" if args.skip_corrupt else "raise", progress=False if args.quiet else None,
+                         part_size_mb=args.part_size_mb, on_error="skip" if args.skip_corrupt else "raise",
+                         progress=False if args.quiet else None,
                          engine=args.engine, master=args.master, workers=args.workers,
                          format_options=_with_follow_links(_format_options(args), args.follow_links),
                          validate_images=args.validate_images,
@@ -469,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "folder unihub did not write, such as another tool's TFRecord shards)")
     convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
                          help="Parquet row-group size (default %(default)g)")
+    convert.add_argument("--part-size-mb", type=float, default=DEFAULT_PART_SIZE_MB,
+                         help="most megabytes of one Parquet part file (default %(default)g)")
     convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
     convert.add_argument("--validate-images", choices=VALIDATE_IMAGES, default="header",
                          help="check each source image before storing it: header (default: header, pixel limit, "

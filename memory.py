@@ -34,6 +34,11 @@ from unihub.errors import InvalidArgumentError
 #: the writers' default ``row_group_size_mb`` (``write_dataset``, ``convert``, ``copy_dataset``, the
 #: cache, ``make_spark_converter``): chosen by ``benchmarks/row_groups.py`` (README, "Row-group size")
 DEFAULT_ROW_GROUP_SIZE_MB: float = 4
+#: the writers' default ``part_size_mb``: a data file ends before it would pass this size, so that no
+#: file is one request too long for an object store, nor a copy on publish too slow (issue 37);
+#: chosen by ``benchmarks/part_size.py`` (README, "Part-file size"): reads are as fast from 32 MB up,
+#: and row groups of up to 32 MB (half of it) keep their size
+DEFAULT_PART_SIZE_MB: float = 64
 
 ENV = "UNIHUB_MEMORY_MB"
 DEFAULT_MEMORY_MB = 512.0

@@ -37,7 +37,14 @@ from unihub.formats.foreign import (
 from unihub.formats.image_checks import ValidateImages, check_mode
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB, MemoryBudget, batch_nbytes, memory_budget, rows_for
+from unihub.memory import (
+    DEFAULT_PART_SIZE_MB,
+    DEFAULT_ROW_GROUP_SIZE_MB,
+    MemoryBudget,
+    batch_nbytes,
+    memory_budget,
+    rows_for,
+)
 
 UNIHUB = "unihub"
 
@@ -150,8 +157,8 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, overwrite_foreign: bool = False,
-            row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise",
-            progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
+            row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, part_size_mb: float = DEFAULT_PART_SIZE_MB,
+            batch_size: int = 256, on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
             storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
@@ -187,15 +194,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
                         overwrite=overwrite, overwrite_foreign=overwrite_foreign,
-                        row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error,
-                        progress=progress, format_options=format_options, engine=engine,
+                        row_group_size_mb=row_group_size_mb, part_size_mb=part_size_mb, batch_size=batch_size,
+                        on_error=on_error, progress=progress, format_options=format_options, engine=engine,
                         master=master, spark=spark, workers=workers, validate_images=validate_images,
                         storage_options=storage_options, memory_budget_mb=memory_budget_mb)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
              schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, overwrite_foreign: bool,
-             row_group_size_mb: float, batch_size: int, on_error: OnError, progress: bool | None, format_options: Mapping[str, Any] | None,
+             row_group_size_mb: float, part_size_mb: float, batch_size: int, on_error: OnError,
+             progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
     import unihub.formats.formats_all  # noqa: F401  (registers every format)
@@ -241,8 +249,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
                           overwrite=overwrite, overwrite_foreign=overwrite_foreign,
-                          row_group_size_mb=row_group_size_mb, batch_size=batch_size, on_error=on_error,
-                          validate_images=validate_images, progress=progress,
+                          row_group_size_mb=row_group_size_mb, part_size_mb=part_size_mb, batch_size=batch_size,
+                          on_error=on_error, validate_images=validate_images, progress=progress,
                           storage_options=dict(storage_options) if storage_options else None)
         files = source.files()
         input_bytes = _total_size(files)
@@ -266,7 +274,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
-                                   overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
+                                   part_size_mb=part_size_mb, overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
                                    validate=report is None or given is not None)
             rows = result.num_rows
         else:
@@ -344,7 +352,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
 
 def _remove_quietly(fs: Any, path: str) -> None:
     try:
-        fsutil.remove(fs, path)
+        fsutil.discard(fs, path)  # uploads left open by the export aborted first
     except Exception:  # noqa: BLE001 (a server that failed the export may fail this too)
         pass
 

@@ -133,7 +133,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
         files = _finish(plan, petastorm_compatible, store.extra_metadata)
         fsutil.commit(fs, temporary, target)
     except BaseException:
-        fsutil.remove(fs, temporary)
+        fsutil.discard(fs, temporary)  # the last step: open uploads aborted, then the staging area removed
         raise
     return CopyResult(source_url, target_url, rows_read, rows, files, time.perf_counter() - start, schema)
 

@@ -25,19 +25,23 @@ from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, Skipp
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 
 
 @remote.naming_url("dst")
 def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine: str = "local", workers: int = 1,
            master: str = "local[2]", spark: Any = None, overwrite: bool = False,
            overwrite_foreign: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
-           batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
+           part_size_mb: float = DEFAULT_PART_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
            progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
     """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``
     (``'local'``: forked workers for ``workers`` > 1 and several files holding enough bytes to pay for
     them, else this process, as ``notes`` in the result says; ``'spark'``).
-    ``schema`` is the given one (records checked against it) or None (the source's)."""
+    ``schema`` is the given one (records checked against it) or None (the source's). Each task writes
+    part files of at most ``part_size_mb`` (:func:`unihub.formats.writer.write_parts`)."""
+    from unihub.formats.writer import check_part_size
+
+    check_part_size(part_size_mb)
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
@@ -59,7 +63,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
                     row_group_size_mb, on_error, layout_of(source), validate=schema is not None,
                     observe=provisional is not None, validate_images=validate_images,
                     storage_options=storage_options, batch_size=batch_size, read_ahead=provisional is None,
-                    batch_bytes=source.batch_bytes, max_image_pixels=images.MAX_IMAGE_PIXELS)
+                    batch_bytes=source.batch_bytes, max_image_pixels=images.MAX_IMAGE_PIXELS,
+                    part_size_mb=part_size_mb)
     with engine_for(engine, workers=workers, files=files, master=master, spark=spark) as runner:
         try:
             rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes)
@@ -113,7 +118,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
         fsutil.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
     except BaseException:
-        _remove(fs, staging)
+        fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise
     finally:
         meter.close()
@@ -150,10 +155,3 @@ def _drop_strays(fs: Any, staging: str, parts: set[str]) -> None:
         if path not in parts:
             fsutil.remove(fs, path)
 
-
-def _remove(fs: Any, path: str) -> None:
-    """Remove the staging area; a cancelled task still stopping may write into it once more, so look again."""
-    fsutil.remove(fs, path)
-    if fsutil.exists(fs, path):
-        time.sleep(0.2)
-        fsutil.remove(fs, path)

@@ -19,6 +19,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, ReadReport, SkippedRecord
 from unihub.formats.image_checks import ValidateImages
 from unihub.formats.schema import Unischema
+from unihub.memory import DEFAULT_PART_SIZE_MB
 
 
 def part_name(task: int) -> str:
@@ -68,6 +69,7 @@ class TaskPlan:
     #: the image pixel limit the tasks hold images to (formats/images.py), as the driver had it;
     #: "current": the task's process's own setting
     max_image_pixels: int | None | str = "current"
+    part_size_mb: float = DEFAULT_PART_SIZE_MB  # the bound of a part file's size (formats/writer.py)
 
 
 def layout_of(source: ForeignFormat) -> Any:
@@ -133,7 +135,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
         try:
             result = write_parts(fs, staging, plan.schema, batches, batched=True, part_name=part_name(index),
                                  row_group_size_mb=plan.row_group_size_mb, extra_metadata=plan.extra,
-                                 validate=plan.validate)
+                                 validate=plan.validate, part_size_mb=plan.part_size_mb)
         finally:
             getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
     parts = [p.rsplit("/", 1)[-1] for p in result.files]

@@ -10,6 +10,7 @@ get unihub's remote timeouts and retries, and a remote failure through either is
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 from urllib.parse import urlparse
 
@@ -145,8 +146,21 @@ class _FSSpecHandler(pafs.FSSpecHandler):
                 raise FileNotFoundError(path)
             if mode != "rb":
                 remote.before_upload(self.fs)
-            handle = self.fs.open(path, mode=mode)
+            handle = self.fs.open(path, mode=mode, **self._buffering(mode))
         return PythonFile(_TranslatingFile(handle, url, self.retries), mode=mode[0])
+
+    def _buffering(self, mode: str) -> dict[str, Any]:
+        """How an object store's file buffers: uploads in parts of a few MB, each one request with its
+        own timeout (s3fs's default, 50 MB, sent every file under 50 MB in one request that must end
+        within the timeout), reads of what is asked plus a little (its default read 50 MB ahead of
+        every ranged read: 625 MiB RSS to read one 484 MB object; see :mod:`unihub.formats.remote_uploads`)."""
+        if _is_local(self.fs):
+            return {}
+        from unihub.formats.remote_uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES
+
+        if mode == "rb":
+            return {"block_size": READ_AHEAD_BYTES, "cache_type": "readahead"}
+        return {"block_size": UPLOAD_PART_BYTES}
 
 
 def _translating(method: Any) -> Any:
@@ -311,6 +325,29 @@ def _local(fs: pafs.FileSystem) -> bool:
         return True
     handler = getattr(fs, "handler", None)
     return isinstance(handler, _FSSpecHandler) and _is_local(handler.fs)
+
+
+def discard(fs: pafs.FileSystem, path: str) -> None:
+    """Remove what a failed write left at ``path`` (a staging area or one file), as the last thing the
+    write does: on an object store, the multipart uploads still open under it are aborted first, so
+    that a last step the server runs late cannot create a file after the removal, and ``path`` is
+    looked at once more after a moment (a task being cancelled may still write into it). Best effort:
+    where the store fails too, the write's own error is the one to report, and the next run's
+    :func:`settle` removes the rest."""
+    from unihub.formats.remote_uploads import abort_uploads
+
+    for _ in range(2):
+        try:
+            if not _local(fs):
+                abort_uploads(fs, path)
+            remove(fs, path)
+            if not exists(fs, path):
+                return
+        except Exception as exc:
+            if not remote.is_remote_failure(exc):
+                raise
+            return
+        time.sleep(0.2)
 
 
 def remove(fs: pafs.FileSystem, path: str) -> None:

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from unihub.errors import DatasetChangedError
-from unihub.formats import atomic
+from unihub.formats import atomic, remote
 from unihub.formats import filesystem as fsutil
+from unihub.formats.remote_uploads import abort_uploads, uploading
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
@@ -126,6 +127,9 @@ def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
             fs.copy_file(f"{staged}/{COMMON_METADATA}", f"{target}/{common}")
         _write_manifest(fs, target, Manifest(run, tuple(parts), common))  # the one step that publishes
     except BaseException:
+        # an upload of the manifest whose last step the server runs late would publish the files removed
+        # next: aborted first (the old manifest stays published)
+        _abort_quietly(fs, f"{target}/{MANIFEST}")
         for rel in [*parts, *([common] if common else [])]:  # this live run's files: no settle removes them
             fsutil.remove(fs, f"{target}/{rel}")
         raise
@@ -134,6 +138,16 @@ def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
     _remove_unlisted(fs, target, replaced=previous.run)
     fsutil.remove(fs, staged)
     return [f"{target}/{p}" for p in parts]
+
+
+def _abort_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Abort the uploads open at ``path``; where the store fails too, the failure already under way is
+    the one to report."""
+    try:
+        abort_uploads(fs, path)
+    except Exception as exc:
+        if not remote.is_remote_failure(exc):
+            raise
 
 
 def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
@@ -160,17 +174,20 @@ def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
 
 
 def settle(fs: pafs.FileSystem, target: str) -> None:
-    """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it, and
-    files inside it that the published manifest does not list (never those of a live run)."""
+    """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it
+    (multipart uploads still open there aborted), and files inside it that the published manifest does
+    not list (never those of a live run)."""
     target = target.rstrip("/")
     parent, name = posixpath.split(target)
     if parent:
         prefix = f".{name}.unihub-tmp-"
         selector = pafs.FileSelector(parent, recursive=False, allow_not_found=True)
-        for entry in fs.get_file_info(selector):
-            base = posixpath.basename(entry.path.rstrip("/"))
+        staged = {posixpath.basename(entry.path.rstrip("/")) for entry in fs.get_file_info(selector)}
+        # a staging area whose only trace is an upload still open (its parts are no listed object)
+        staged |= {path[len(parent) + 1:].split("/")[0] for path in uploading(fs, f"{parent}/{prefix}")}
+        for base in sorted(staged):
             if base.startswith(prefix) and not _alive(base[len(prefix):]):
-                fsutil.remove(fs, entry.path)
+                fsutil.discard(fs, f"{parent}/{base}")  # its open uploads aborted, then its files removed
     manifest = read_manifest(fs, target)
     if manifest is None:
         return

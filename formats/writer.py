@@ -3,7 +3,9 @@
 Rows (mappings) or column batches are validated against the Unischema, encoded column
 by column by each field's codec, gathered into row groups of about ``row_group_size_mb``
 of Arrow memory and written as they fill, so memory stays bounded by one row group per
-open partition. Everything goes to a hidden sibling directory that is renamed onto
+open partition. A data file ends before it would pass ``part_size_mb`` on disk (the next row
+group's size estimated from the compression seen so far), so a dataset of any size is files of a
+bounded size: each uploaded to an object store in parts, and copied on publish, in bounded time. Everything goes to a hidden sibling directory that is renamed onto
 ``url`` only when every file is complete: a failure (or Ctrl-C) leaves nothing behind. Every
 data page carries a CRC-32 of its bytes, verified on read (:mod:`unihub.formats.integrity`).
 """
@@ -31,12 +33,14 @@ from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
 from unihub.formats.validation import shape_matches
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
 #: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
 _ENCODE_CHUNK_ROWS = 256
 _ENCODE_CHUNK_BYTES = 8 * 2**20
+#: room left in a part file for its footer (a few KB per row group of a wide schema)
+_FOOTER_ALLOWANCE = 64 * 2**10
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class _OpenFile:
     writer: pq.ParquetWriter
     path: str
     rows: int = 0
+    written: int = 0  # bytes in the file so far (its row groups; the footer comes at close)
 
 
 @dataclass
@@ -71,7 +76,7 @@ class _PartitionSink:
 @remote.naming_url("url")
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, rows_per_file: int | None = None,
-                  compression: str | None = "snappy", partition_by: Sequence[str] = (),
+                  part_size_mb: float = DEFAULT_PART_SIZE_MB, compression: str | None = "snappy", partition_by: Sequence[str] = (),
                   overwrite: bool = False, overwrite_foreign: bool = False, validate: bool = True, filesystem: Any = None,
                   storage_options: dict[str, Any] | None = None,
                   extra_metadata: Mapping[str, Any] | None = None,
@@ -86,6 +91,8 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     metadata Petastorm 0.13.1 needs to open the dataset (its pickled Unischema and the row
     groups per file; see :mod:`unihub.formats.petastorm_write`), for readers not yet moved to
     unihub; a field Petastorm cannot read is refused before anything is written.
+    ``part_size_mb`` bounds each data file's size (see the module docstring; a file holds at least one
+    row group, and row groups are at most half of it); ``rows_per_file`` bounds its rows.
     ``overwrite=True`` replaces an existing ``url`` only when unihub wrote it (its schema metadata
     is there) or it is an empty folder; ``overwrite_foreign=True`` replaces anything
     (:mod:`unihub.formats.ownership`).
@@ -98,6 +105,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
     if rows_per_file is not None and rows_per_file <= 0:
         raise SchemaError(f"rows_per_file must be positive, got {rows_per_file}")
+    check_part_size(part_size_mb)
     for key in partition_by:
         if key not in schema:
             raise SchemaError(f"partition_by names {key!r}, which is not a field of {schema.name!r}")
@@ -119,13 +127,13 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     try:
         result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
                              row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
-                             compression=compression, partition_by=partition_by, validate=validate,
-                             extra_metadata=extra_metadata)
+                             part_size_mb=part_size_mb, compression=compression, partition_by=partition_by,
+                             validate=validate, extra_metadata=extra_metadata)
         empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
                              empty=not result.files, petastorm_compatible=petastorm_compatible)
         published = fsutil.commit(fs, staging, target)  # new names on an object store
     except BaseException:
-        fsutil.remove(fs, staging)
+        fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise
     files = tuple(published if published is not None else
                   (fsutil.join(target, p[len(staging):].lstrip("/")) for p in (result.files or empty)))
@@ -138,17 +146,18 @@ PART_NAME = "part-{:05d}.parquet"
 
 def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_batches: Any, *,
                 batched: bool = False, part_name: str = PART_NAME, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
-                rows_per_file: int | None = None, compression: str | None = "snappy",
-                partition_by: Sequence[str] = (), validate: bool = True,
+                rows_per_file: int | None = None, part_size_mb: float = DEFAULT_PART_SIZE_MB,
+                compression: str | None = "snappy", partition_by: Sequence[str] = (), validate: bool = True,
                 extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
     """Write rows or column batches as part files into ``directory`` (a staging area), under their
     final names (``part_name.format(n)``), and nothing else: :func:`finish_parts` then writes the
     dataset's metadata once, and :func:`~unihub.formats.filesystem.commit` publishes it. The same
     steps serve :func:`write_dataset` and every conversion task. A failure removes what this call
     wrote, so that a retried task starts from a clean slate."""
+    part_bytes = int(part_size_mb * 2**20)
     writer = _DatasetWriter(fs, directory, schema, partition_by=tuple(partition_by),
-                            row_group_bytes=int(row_group_size_mb * 2**20), rows_per_file=rows_per_file,
-                            compression=compression, validate=validate, extra_metadata=extra_metadata,
+                            row_group_bytes=max(1, min(int(row_group_size_mb * 2**20), part_bytes // 2)),
+                            rows_per_file=rows_per_file, part_bytes=part_bytes, compression=compression, validate=validate, extra_metadata=extra_metadata,
                             part_name=part_name)
     try:
         for batch in _batches(schema, rows_or_batches, batched=batched, validate=validate):
@@ -157,8 +166,14 @@ def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_
     except BaseException:
         writer.abort()
         for path in writer.files:
-            fsutil.remove(fs, path)
+            fsutil.discard(fs, path)
         raise
+
+
+def check_part_size(part_size_mb: float) -> None:
+    """A ``part_size_mb`` a writer can keep: a number of megabytes > 0 (else ``SchemaError``)."""
+    if isinstance(part_size_mb, bool) or not isinstance(part_size_mb, (int, float)) or not 0 < part_size_mb < float("inf"):
+        raise SchemaError(f"part_size_mb must be a positive number of megabytes, got {part_size_mb!r}")
 
 
 def finish_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, *,
@@ -330,11 +345,14 @@ class _DatasetWriter:
 
     def __init__(self, fs: pafs.FileSystem, root: str, schema: Unischema, *, partition_by: tuple[str, ...],
                  row_group_bytes: int, rows_per_file: int | None, compression: str | None, validate: bool,
-                 extra_metadata: Mapping[str, Any] | None = None, part_name: str = PART_NAME) -> None:
+                 extra_metadata: Mapping[str, Any] | None = None, part_name: str = PART_NAME,
+                 part_bytes: int | None = None) -> None:
         self.fs, self.root, self.schema = fs, root, schema
         self.partition_by = partition_by
         self.row_group_bytes = row_group_bytes
         self.rows_per_file = rows_per_file
+        self.part_bytes = part_bytes
+        self.disk_bytes = self.arrow_bytes = 0  # of the row groups written: their ratio estimates the next's size
         self.compression = compression
         self.part_name = part_name
         self.tensor_columns = {f.name: f for f in schema
@@ -399,8 +417,12 @@ class _DatasetWriter:
             take = min(group_rows, table.num_rows) if room is None else min(group_rows, room, table.num_rows)
             if not final and take == table.num_rows and take < group_rows and (room is None or take < room):
                 break  # a partial row group waits for more rows
+            group = table.slice(0, take)
+            if sink.current is not None and self._would_pass_part_size(sink.current, group.nbytes):
+                sink.current.writer.close()
+                sink.current = None
             current = sink.current or self._open(sink)
-            current.writer.write_table(table.slice(0, take), row_group_size=take)
+            self._write_group(current, group)
             current.rows += take
             self.num_rows += take
             self.num_row_groups += 1
@@ -410,6 +432,23 @@ class _DatasetWriter:
                 sink.current = None
         sink.pending = table.to_batches() if table.num_rows else []
         sink.pending_bytes = table.nbytes if table.num_rows else 0
+
+    def _would_pass_part_size(self, current: _OpenFile, group_bytes: int) -> bool:
+        """Whether a row group of ``group_bytes`` (Arrow memory) would take ``current`` past the part
+        size, at the ratio of bytes on disk to bytes in memory seen so far (1 before any)."""
+        if self.part_bytes is None:
+            return False
+        ratio = self.disk_bytes / self.arrow_bytes if self.arrow_bytes else 1.0
+        return current.written + group_bytes * ratio + _FOOTER_ALLOWANCE > self.part_bytes
+
+    def _write_group(self, current: _OpenFile, group: pa.Table) -> None:
+        """Write one row group and count the bytes it took in the file."""
+        current.writer.write_table(group, row_group_size=group.num_rows)
+        handle = current.writer.file_handle
+        written = handle.tell() if handle is not None else current.written + group.nbytes
+        self.disk_bytes += written - current.written
+        self.arrow_bytes += group.nbytes
+        current.written = written
 
     def _open(self, sink: _PartitionSink) -> _OpenFile:
         if sink.directory != self.root:
@@ -500,7 +539,7 @@ def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, byte
                     table = parquet_file.read_row_group(i)
                     writer.write_table(table.replace_schema_metadata(wanted), row_group_size=table.num_rows)
         except BaseException:
-            fsutil.remove(fs, temporary)
+            fsutil.discard(fs, temporary)
             raise
     fsutil.move(fs, temporary, path)
     return True

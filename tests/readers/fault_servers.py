@@ -10,6 +10,15 @@ Modes (``proxy.mode = ...``, switched at any time, also between an open and a re
   and passes the rest (a transient fault);
 - ``"dead"``: the listening socket and every open connection are closed: connecting is refused
   (a killed server; the port stays unused while the proxy is dead).
+
+Two more faults, in any mode but ``"dead"`` and ``"freeze"``:
+
+- ``bytes_per_second=r``: each request is answered ``len(body) / r`` seconds late (a slow link or a
+  server slow to store what it is sent: time in proportion to the bytes of one request);
+- ``late=(seconds, predicate)``: a request for which ``predicate(method, target)`` holds is passed to
+  the server only ``seconds`` after it came (the client has given up on it by then: a last step the
+  server runs late); ``late_requests`` lists ``(method, target, status)`` of those passed on, and
+  :meth:`wait_late` waits for them.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 MODES = ("pass", "freeze", "cut", "dead")
@@ -28,6 +39,10 @@ class FaultProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.cut_next: int | None = None  # with mode "cut": how many GETs still to cut (None: all)
+        self.bytes_per_second: float | None = None
+        self.late: tuple[float, Callable[[str, str], bool]] | None = None
+        self.late_requests: list[tuple[str, str, int]] = []
+        self._late_pending = 0
         self._mode = "pass"
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
@@ -61,6 +76,13 @@ class FaultProxy:
     def close(self) -> None:
         self.mode = "dead"
 
+    def wait_late(self, timeout: float = 30.0) -> None:
+        """Wait until every request held back by ``late`` has been passed to the server and answered."""
+        deadline = time.monotonic() + timeout
+        while self._late_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not self._late_pending, f"{self._late_pending} late requests still held"
+
     # -- serving ----------------------------------------------------------------------------------
     def _serve_forever(self) -> None:
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
@@ -79,7 +101,7 @@ class FaultProxy:
         try:
             reader = connection.makefile("rb")
             while True:
-                request = _read_request(reader)
+                request = _read_request(reader, connection)
                 if request is None:
                     return
                 if self._mode == "freeze":
@@ -94,13 +116,27 @@ class FaultProxy:
     def _answer(self, connection: socket.socket, method: str, target: str, headers: dict[str, str],
                 body: bytes) -> bool:
         """Forward one request and send the answer back (cut if so asked); False: connection closed."""
+        late = self.late
+        held = late is not None and late[1](method, target)
+        if held:
+            with self._lock:
+                self._late_pending += 1
+            time.sleep(late[0])  # type: ignore[index]
+        elif self.bytes_per_second:
+            time.sleep(len(body) / self.bytes_per_second)
         upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
+        status = 0
         try:
             upstream.request(method, target, body=body, headers=headers)
             response = upstream.getresponse()
             data = response.read()
+            status = response.status
         finally:
             upstream.close()
+            if held:
+                with self._lock:
+                    self.late_requests.append((method, target, status))
+                    self._late_pending -= 1
         cut = self._should_cut(method, target, data)
         head = [f"HTTP/1.1 {response.status} {response.reason}"]
         head += [f"{k}: {v}" for k, v in response.getheaders() if k.lower() not in ("transfer-encoding", "connection")]
@@ -122,7 +158,7 @@ class FaultProxy:
             return True
 
 
-def _read_request(reader: BinaryIO) -> tuple[str, str, dict[str, str], bytes] | None:
+def _read_request(reader: BinaryIO, connection: socket.socket) -> tuple[str, str, dict[str, str], bytes] | None:
     line = reader.readline()
     if not line.strip():
         return None
@@ -135,6 +171,9 @@ def _read_request(reader: BinaryIO) -> tuple[str, str, dict[str, str], bytes] | 
         key, _, value = header.partition(":")
         headers[key.strip()] = value.strip()
     lower = {k.lower(): v for k, v in headers.items()}
+    if lower.get("expect", "").lower() == "100-continue":  # as a server does (curl waits 1 s for it otherwise)
+        connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        headers = {k: v for k, v in headers.items() if k.lower() != "expect"}
     if "chunked" in lower.get("transfer-encoding", ""):  # forwarded as it came, chunk framing and all
         body = b""
         while True:
