@@ -326,6 +326,21 @@ def _convert_or_refuse(src: Path, dst: Path, **options: Any) -> None:
 
 
 @target
+def format_detection(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    """Detection by content, which every format's ``detect`` does on a file whose name says nothing: a format's
+    name, None, or a UnihubError (a GZIP stream cut short once went through tarfile as a raw EOFError)."""
+    from unihub.formats.foreign import detect_format
+
+    path = tmp_path / "data"
+
+    def check(data: bytes, choice: int) -> None:
+        path.write_bytes(gzip.compress(data, mtime=0)[:len(data) + 18 - choice] if choice & 1 else data)
+        bounded(lambda: detect_format(str(path)), (UnihubError,))
+
+    return Target(request.getfixturevalue("tfrecord_files") + request.getfixturevalue("tar_files"), check)
+
+
+@target
 def tfrecord_conversion(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     """Records with good framing but fuzzed payloads, converted: a dataset or a UnihubError."""
     src, dst = tmp_path / "records.tfrecord", tmp_path / "out"
