@@ -131,10 +131,7 @@ def _parse_tensor(buf: bytes) -> np.ndarray:
             raise TensorProtoError(f"tensor_content holds {b - a} bytes, shape {shape} of {dtype.name} needs "
                                    f"{count * dtype.itemsize}")
         return np.frombuffer(buf, dtype, count, a).copy().reshape(shape)
-    if count * dtype.itemsize > max(MAX_PADDED_BYTES, len(buf)):
-        raise TensorProtoError(f"shape {shape} of {dtype_name(dtype_number)} needs {count * dtype.itemsize} bytes "
-                               f"once its {len(buf)} bytes are padded as tf.make_ndarray pads them; unihub pads to "
-                               f"{MAX_PADDED_BYTES} bytes at most")
+    check_padding(shape, dtype_number, len(buf))
     if dtype.kind == "O":
         strings = [buf[v[0]:v[1]] for n, w, v in fields if n == 8 and w == 2]
         array = np.empty(max(count, len(strings)), dtype=object)
@@ -145,6 +142,17 @@ def _parse_tensor(buf: bytes) -> np.ndarray:
     if array.size != count:
         raise TensorProtoError(f"{array.size} values do not fill shape {shape}")
     return array.reshape(shape)
+
+
+def check_padding(shape: tuple[int, ...], dtype_number: int, size: int) -> None:
+    """Refuse a TensorProto of ``size`` bytes whose typed values, padded to ``shape`` as ``tf.make_ndarray`` pads
+    them, would take more than :data:`MAX_PADDED_BYTES` (a few bytes can claim 2**40 values)."""
+    itemsize = DTYPES[dtype_number].itemsize if dtype_number in DTYPES else 16  # complex128 at most
+    needed = math.prod(shape) * itemsize
+    if needed > max(MAX_PADDED_BYTES, size):
+        raise TensorProtoError(f"shape {shape} of {dtype_name(dtype_number)} needs {needed} bytes once its {size} "
+                               f"bytes are padded as tf.make_ndarray pads them; unihub pads to {MAX_PADDED_BYTES} "
+                               "bytes at most")
 
 
 def _typed_values(buf: bytes, fields: list[tuple[int, int, Any]], dtype: np.dtype, dtype_number: int,

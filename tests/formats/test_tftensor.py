@@ -93,3 +93,19 @@ def test_a_shape_padding_would_blow_up_is_refused_at_once(dtype: Any) -> None:
         parse_tensor(data)
     assert time.monotonic() - start < 1.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: nothing was filled
+
+
+def test_verify_reads_the_same_bomb_with_tensorflow_in_bounded_memory(tmp_path: Path) -> None:
+    """verify parses the source with TensorFlow's own messages, whose ``make_ndarray`` would fill the 2**40
+    values: the same bound applies there, as a FormatError naming file and record."""
+    from unihub.converters.verify import verify
+
+    good = _tensor(np.arange(2, dtype=np.float32))
+    convert(_records(tmp_path / "good.tfrecord", [good, good]), tmp_path / "ds", progress=False)
+    bomb = tf.make_tensor_proto([1.5], dtype=tf.float32, shape=[2**20, 2**20]).SerializeToString()
+    src = _records(tmp_path / "bomb.tfrecord", [good, bomb])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(FormatError, match=r"bomb\.tfrecord: record 1: shape \(1048576, 1048576\) of float32 needs "
+                                          r"4398046511104 bytes"):
+        verify(src, tmp_path / "ds")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB
