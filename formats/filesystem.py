@@ -12,14 +12,24 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
+from unihub.errors import InvalidArgumentError
 from unihub.formats import atomic, remote
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
+#: the query parameters pyarrow's filesystems read from an ``s3://`` or ``gs://`` URL
+#: (``s3://bucket/key?region=eu-west-1``); any other is refused by name before pyarrow sees the URL
+URL_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "s3": ("region", "scheme", "endpoint_override", "allow_bucket_creation", "allow_bucket_deletion",
+           "tls_ca_file_path", "tls_verify_certificates"),
+    "gs": ("scheme", "endpoint_override", "retry_limit_seconds", "project_id"),
+}
+URL_PARAMETERS["gcs"] = URL_PARAMETERS["gs"]
 
 
 def resolve_filesystem(url: str, filesystem: Any = None,
@@ -41,8 +51,13 @@ def resolve_filesystem(url: str, filesystem: Any = None,
         return pafs.LocalFileSystem(), os.path.abspath(path)
     settings, storage_options = remote.split_settings(storage_options)
     if scheme in _PYARROW_SCHEMES and not storage_options:
-        with remote.remote_errors(url):  # a region look-up may go to the network
-            fs, path = pafs.FileSystem.from_uri(url)
+        check_url_parameters(url)
+        try:
+            with remote.remote_errors(url):  # a region look-up may go to the network
+                fs, path = pafs.FileSystem.from_uri(url)
+        except pa.ArrowInvalid as exc:  # a parameter's value pyarrow refuses (allow_bucket_creation=maybe)
+            raise InvalidArgumentError(f"{remote.public_url(url)}: a query parameter pyarrow refuses: {exc}"
+                                       f"{_supported(scheme)}") from None
         return remote.configure_pyarrow(fs, settings), path
     fsspec = require("fsspec", extra="fsspec", purpose=f"{scheme}:// URLs")
     try:
@@ -54,6 +69,24 @@ def resolve_filesystem(url: str, filesystem: Any = None,
                                          "a path with a scheme is never taken for a local one") from None
     fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
     return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
+
+
+def check_url_parameters(url: str) -> None:
+    """Refuse query parameters of an ``s3://`` or ``gs://`` URL that pyarrow's filesystem does not take
+    (:data:`URL_PARAMETERS`), naming them (never their values: the query may hold a secret)."""
+    parsed = urlparse(url)
+    supported = URL_PARAMETERS.get(parsed.scheme)
+    if supported is None:
+        return
+    unknown = sorted({name for name, _ in parse_qsl(parsed.query, keep_blank_values=True)} - set(supported))
+    if unknown:
+        raise InvalidArgumentError(f"{remote.public_url(url)}: unsupported query parameter "
+                                   f"{', '.join(map(repr, unknown))}{_supported(parsed.scheme)}")
+
+
+def _supported(scheme: str) -> str:
+    return (f" (pyarrow's {scheme}:// filesystem takes {', '.join(URL_PARAMETERS[scheme])}; other settings go in "
+            "storage_options, or --storage-option KEY=VALUE on the command line)")
 
 
 def as_pyarrow_filesystem(filesystem: Any, settings: remote.RemoteSettings | None = None) -> pafs.FileSystem:

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import PetastormMetadataError, UnsafeMetadataError
+from unihub.errors import PetastormMetadataError, SchemaError, UnsafeMetadataError
 from unihub.formats.pickle_scan import DEFAULT_LIMITS, PickleLimits, refusal, scan_pickle
 
 if TYPE_CHECKING:
@@ -765,8 +765,13 @@ def _convert_field(field: Any) -> UnischemaField:
     nullable = _plain(field.nullable)
     if nullable not in (True, False):  # also admits 0/1 from old pickles
         raise PetastormMetadataError(f"field {brief(name)}: nullable must be a bool, got {brief(nullable)}")
-    return UnischemaField(name, _convert_dtype(field.numpy_dtype, name), _convert_shape(field.shape, name),
-                          _convert_codec(field.codec, name), bool(nullable))
+    try:
+        return UnischemaField(name, _convert_dtype(field.numpy_dtype, name), _convert_shape(field.shape, name),
+                              _convert_codec(field.codec, name), bool(nullable))
+    except PetastormMetadataError:
+        raise
+    except SchemaError as exc:  # what unihub's own field or codec refuses (an image codec '\x7fjpeg')
+        raise PetastormMetadataError(f"field {brief(name)}: {exc}") from None
 
 
 def convert_unischema(schema: Any) -> Unischema:

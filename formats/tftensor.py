@@ -34,6 +34,9 @@ _BY_NUMPY = {dtype: number for number, dtype in DTYPES.items() if dtype.kind != 
 _VALUE_FIELDS = {5: "f4", 6: "f8", 7: "varint", 10: "varint", 11: "varint", 13: "varint", 16: "varint",
                  17: "varint"}
 _KNOWN = {1, 2, 3, 4, 8, *_VALUE_FIELDS}
+#: the most bytes a tensor may grow to when its typed values are padded to its shape (``tf.make_ndarray``
+#: repeats the last value): a dozen bytes can claim a shape of 2**40 values, and would take all memory
+MAX_PADDED_BYTES = 256 << 20
 
 
 class TensorProtoError(ValueError):
@@ -93,12 +96,22 @@ def _shape(buf: bytes, start: int, end: int) -> tuple[int, ...]:
 def parse_tensor(buf: bytes) -> np.ndarray:
     """A serialized TensorProto -> the numpy array ``tf.make_ndarray`` gives (bytes as an object array).
 
-    Raises :class:`TensorProtoError` for malformed bytes, unknown fields and unsupported types.
+    Raises :class:`TensorProtoError` for malformed bytes (wherever they end: in the message, its shape or
+    its packed values), unknown fields, unsupported types and shapes that padding would blow past
+    :data:`MAX_PADDED_BYTES`.
     """
     try:
-        fields = _fields(buf)
-    except (IndexError, ValueError) as exc:
+        return _parse_tensor(buf)
+    except TensorProtoError:
+        raise
+    except IndexError:  # a varint cut short, in the message, its shape or its dimensions
+        raise TensorProtoError("malformed TensorProto: it ends inside a varint") from None
+    except (ValueError, OverflowError) as exc:  # an over-long varint, a shape numpy refuses
         raise TensorProtoError(f"malformed TensorProto: {exc}") from None
+
+
+def _parse_tensor(buf: bytes) -> np.ndarray:
+    fields = _fields(buf)
     dtype_number = next((v for n, w, v in fields if n == 1 and w == 0), 0)
     if dtype_number in _UNSUPPORTED:
         raise TensorProtoError(f"a tensor of dtype {dtype_name(dtype_number)}, which has no exact numpy/Arrow "
@@ -112,23 +125,34 @@ def parse_tensor(buf: bytes) -> np.ndarray:
     shape = next((_shape(buf, *v) for n, w, v in fields if n == 2 and w == 2), ())
     count = math.prod(shape)
     content = [v for n, w, v in fields if n == 4 and w == 2]
-    if dtype.kind == "O":
-        values: Any = [buf[a:b] for n, w, (a, b) in ((n, w, v) for n, w, v in fields if n == 8) if w == 2]
-        if len(values) < count:
-            values += [values[-1] if values else b""] * (count - len(values))
-        array = np.empty(len(values), dtype=object)
-        array[:] = values
-    elif content:
+    if content and dtype.kind != "O":
         a, b = content[-1]
         if (b - a) != count * dtype.itemsize:
             raise TensorProtoError(f"tensor_content holds {b - a} bytes, shape {shape} of {dtype.name} needs "
                                    f"{count * dtype.itemsize}")
-        array = np.frombuffer(buf, dtype, count, a).copy()
+        return np.frombuffer(buf, dtype, count, a).copy().reshape(shape)
+    check_padding(shape, dtype_number, len(buf))
+    if dtype.kind == "O":
+        strings = [buf[v[0]:v[1]] for n, w, v in fields if n == 8 and w == 2]
+        array = np.empty(max(count, len(strings)), dtype=object)
+        array[:len(strings)] = strings
+        array[len(strings):] = strings[-1] if strings else b""
     else:
         array = _typed_values(buf, fields, dtype, dtype_number, count)
     if array.size != count:
         raise TensorProtoError(f"{array.size} values do not fill shape {shape}")
     return array.reshape(shape)
+
+
+def check_padding(shape: tuple[int, ...], dtype_number: int, size: int) -> None:
+    """Refuse a TensorProto of ``size`` bytes whose typed values, padded to ``shape`` as ``tf.make_ndarray`` pads
+    them, would take more than :data:`MAX_PADDED_BYTES` (a few bytes can claim 2**40 values)."""
+    itemsize = DTYPES[dtype_number].itemsize if dtype_number in DTYPES else 16  # complex128 at most
+    needed = math.prod(shape) * itemsize
+    if needed > max(MAX_PADDED_BYTES, size):
+        raise TensorProtoError(f"shape {shape} of {dtype_name(dtype_number)} needs {needed} bytes once its {size} "
+                               f"bytes are padded as tf.make_ndarray pads them; unihub pads to {MAX_PADDED_BYTES} "
+                               "bytes at most")
 
 
 def _typed_values(buf: bytes, fields: list[tuple[int, int, Any]], dtype: np.dtype, dtype_number: int,

@@ -32,6 +32,7 @@ from unihub.dependencies import require
 from unihub.errors import FormatError
 from unihub.formats import sources
 from unihub.formats.schema import Unischema
+from unihub.formats.tftensor import TensorProtoError, check_padding
 
 _TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 
@@ -65,7 +66,11 @@ def _tf_records(tf: Any, path: str, local: str, compression: str, forced: str) -
             break
         except tf.errors.OpError as exc:
             raise FormatError(f"{path}: TensorFlow cannot read record {index}: {exc.message}", path=path) from None
-        yield f"{os.path.basename(path)} record {index}", native(record.numpy(), forced)
+        try:
+            form = native(record.numpy(), forced)
+        except TensorProtoError as exc:
+            raise FormatError(f"{path}: record {index}: {exc}", path=path) from None
+        yield f"{os.path.basename(path)} record {index}", form
         index += 1
 
 
@@ -110,10 +115,15 @@ def native(data: bytes, payload: str = "auto") -> dict[str, Any]:
     if payload in ("auto", "tensor"):
         try:
             proto = tensor_pb2.TensorProto.FromString(data)
-            if proto.dtype and not _unknown_fields(proto):
+        except DecodeError:
+            proto = None
+        if proto is not None and proto.dtype and not _unknown_fields(proto):
+            if not proto.tensor_content:  # typed values, which make_ndarray pads to the shape: bounded first
+                check_padding(tuple(d.size for d in proto.tensor_shape.dim), proto.dtype, len(data))
+            try:
                 return {"tensor": tf.make_ndarray(proto)}
-        except (DecodeError, TypeError, ValueError):
-            pass
+            except (TypeError, ValueError):
+                pass
     return {"record": bytes(data)}
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import os
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -191,7 +192,10 @@ class WebDatasetFormat(ForeignFormat):
         if not sources.isfile(path):
             return False
         with sources.open_input(path) as handle:
-            return tarfile.is_tarfile(handle)
+            try:
+                return tarfile.is_tarfile(handle)
+            except (EOFError, zlib.error):  # a gzip stream cut short or corrupt, which tarfile lets through
+                return False
 
     def files(self) -> list[str]:
         """Shards named by the sources (a directory contributes only its tar files), sorted by name,

@@ -49,6 +49,21 @@ def is_meta(name: str) -> bool:
     return _META_RULE.match(name) is not None
 
 
+def escaping_reason(name: str) -> str | None:
+    """Why a member ``name`` would be written outside the folder a tar is extracted into, by an extractor that
+    does not filter names (``tarfile.extractall`` without a filter, GNU tar without its default checks,
+    extractors on Windows), or None where it stays inside."""
+    if name.startswith("/"):
+        return "it is an absolute path"
+    if ".." in name.split("/"):
+        return "it has a '..' component, which climbs out of the folder"
+    if "\\" in name:
+        return "it holds a backslash, a path separator to Windows extractors"
+    if "\0" in name:
+        return "it holds a NUL byte, where tar headers end a name"
+    return None
+
+
 def row_key(index: int) -> str:
     """The key an export gives row ``index`` of a dataset without a ``__key__`` field."""
     return f"{index:09d}"

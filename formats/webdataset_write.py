@@ -26,7 +26,7 @@ from unihub.formats.outputs import Outputs, outputs_for
 from unihub.formats.schema import Unischema
 from unihub.formats.webdataset_fields import ALIASES, member_encoder
 from unihub.formats.webdataset_spelling import SPELLING_FIELD, RowSpeller
-from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, is_meta, row_key, split_name
+from unihub.formats.webdataset_tar import KEY_FIELD, ShardHeader, escaping_reason, is_meta, row_key, split_name
 
 #: the one member of an export of no rows (a ``__name__`` member: metadata, which every reader skips)
 EMPTY_MEMBER = "__empty__"
@@ -54,7 +54,7 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
             previous_key = key
             try:
                 for _, extension, data in speller.members(row):
-                    shard.add(f"{key}.{extension}", data)
+                    shard.add(_checked_member(f"{key}.{extension}", index, key), data)
             except CodecError as exc:
                 raise CodecError(f"row {index} (key {key!r}): {exc}", field=exc.field, row=index) from exc
         return writer.close()
@@ -118,6 +118,17 @@ def _checked_key(value: Any, index: int, previous: str | None, keyed: bool) -> s
     if key == previous:
         raise SchemaError(f"row {index}: key {key!r} repeats the previous row's; webdataset would merge the two")
     return key
+
+
+def _checked_member(name: str, index: int, key: str) -> str:
+    """``name``, unless an extractor would write it outside its folder: refused, never rewritten, so that what
+    an export writes is what the source held (a key from a hostile shard, ``../../x``, ``/etc/x``)."""
+    reason = escaping_reason(name)
+    if reason is not None:
+        raise SchemaError(f"row {index}: key {key!r} would be written as member {name!r}, outside the folder the "
+                          f"shard is extracted into ({reason}); a WebDataset export refuses it: give the row "
+                          f"another {KEY_FIELD!r}, or export to another format")
+    return name
 
 
 class _ShardWriter:

@@ -7,8 +7,18 @@ good again, so that the mutation reaches the parser behind them). Whatever the b
 may only succeed or raise the named error it documents, within a few seconds; a conversion of a
 mutated file either succeeds or raises a :class:`UnihubError` and leaves nothing at the destination.
 
-Examples per target: ``UNIHUB_FUZZ_EXAMPLES`` (default 60, deterministic, for CI). For a deep run:
-``UNIHUB_FUZZ_EXAMPLES=20000 UNIHUB_FUZZ_RANDOM=1 pytest tests/test_fuzz.py -m fuzz``.
+Three runs of the same targets (:data:`TARGETS`):
+
+- ``test_quick``: ``UNIHUB_FUZZ_EXAMPLES`` inputs per target (default 60) drawn by Hypothesis, which shrinks a
+  failure to a small input; deterministic unless ``UNIHUB_FUZZ_RANDOM`` is set.
+- ``test_deep`` (``slow``, run in CI): ``UNIHUB_FUZZ_DEEP_EXAMPLES`` inputs per target (default 5,000) from the same
+  mutations drawn by a seeded ``random.Random`` (``UNIHUB_FUZZ_SEED``, default 37): Hypothesis' own cost per
+  input is several times what most parsers take. All targets took 42 s of CPU (2026-12-06; 5 minutes of wall
+  time on a shared 2-core host at load 16), two thirds of it in the conversions and format detection.
+- ``test_corpus``: the inputs these runs found that once broke a parser (:data:`CORPUS`), kept as fast tests.
+
+Each target's inputs go to ``<target>.check(data, choice)`` (``choice``: the check's options), so the three runs
+check the same thing.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import random
 import struct
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +53,8 @@ from unihub.errors import (  # noqa: E402
 pytestmark = pytest.mark.fuzz
 
 EXAMPLES = int(os.environ.get("UNIHUB_FUZZ_EXAMPLES", "60"))
+DEEP_EXAMPLES = int(os.environ.get("UNIHUB_FUZZ_DEEP_EXAMPLES", "5000"))
+DEEP_SEED = int(os.environ.get("UNIHUB_FUZZ_SEED", "37"))
 SECONDS_PER_INPUT = 10.0  # generous: the machine is shared; a bomb takes minutes or never ends
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 derandomize=not os.environ.get("UNIHUB_FUZZ_RANDOM"),
@@ -86,28 +100,51 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-_positions = st.integers(0, 1 << 20)
-_op = st.one_of(
-    st.tuples(st.just("flip"), _positions, st.integers(0, 7)),
-    st.tuples(st.just("byte"), _positions, st.integers(0, 255)),
-    st.tuples(st.just("int"), _positions, st.sampled_from([1, 2, 4, 8]), st.sampled_from(EXTREMES),
-              st.sampled_from(["little", "big"])),
-    st.tuples(st.just("varint"), _positions, st.sampled_from(EXTREMES)),
-    st.tuples(st.just("cut"), _positions),
-    st.tuples(st.just("insert"), _positions, st.binary(min_size=1, max_size=24)),
-    st.tuples(st.just("delete"), _positions, st.integers(1, 64)),
-)
+#: a byte string of 1 to 24 random bytes (the argument of an insertion)
+INSERTED = "inserted bytes"
+#: each mutation's arguments after its position: the values each is drawn from
+OPS: dict[str, tuple[Any, ...]] = {
+    "flip": (range(8),),
+    "byte": (range(256),),
+    "int": ((1, 2, 4, 8), EXTREMES, ("little", "big")),
+    "varint": (EXTREMES,),
+    "cut": (),
+    "insert": (INSERTED,),
+    "delete": (range(1, 65),),
+}
+_POSITIONS = 1 << 20  # a position is scaled to the seed's length: this many steps over it
+_RANDOM_BYTES = 256  # an input that is no mutation: up to this many random bytes
+
+
+def _place(seed: bytes, ops: list[tuple[Any, ...]]) -> bytes:
+    """``seed`` with ``ops`` applied, their positions scaled from ``[0, _POSITIONS)`` to its length."""
+    scale = max(len(seed), 1)
+    return _apply(seed, [(o[0], o[1] * scale // _POSITIONS, *o[2:]) for o in ops])
+
+
+def _strategy(values: Any) -> st.SearchStrategy[Any]:
+    return st.binary(min_size=1, max_size=24) if values is INSERTED else st.sampled_from(list(values))
 
 
 def mutated(seeds: list[bytes]) -> st.SearchStrategy[bytes]:
     """One of ``seeds`` with one to four mutations at positions spread over it, or random bytes."""
-    def place(seed: bytes, ops: list[tuple[Any, ...]]) -> bytes:
-        scale = max(len(seed), 1)
-        return _apply(seed, [(o[0], o[1] * scale >> 20, *o[2:]) for o in ops])
-    return st.one_of(
-        st.builds(place, st.sampled_from(seeds), st.lists(_op, min_size=1, max_size=4)),
-        st.binary(max_size=256),
-    )
+    op = st.one_of(*(st.tuples(st.just(kind), st.integers(0, _POSITIONS - 1), *map(_strategy, args))
+                     for kind, args in OPS.items()))
+    return st.one_of(st.builds(_place, st.sampled_from(seeds), st.lists(op, min_size=1, max_size=4)),
+                     st.binary(max_size=_RANDOM_BYTES))
+
+
+def random_mutated(rng: random.Random, seeds: list[bytes]) -> bytes:
+    """What :func:`mutated` draws, drawn by ``rng``: the deep run's inputs."""
+    if rng.random() < 0.1:
+        return rng.randbytes(rng.randrange(_RANDOM_BYTES + 1))
+    ops = []
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(list(OPS))
+        args = [rng.randbytes(rng.randint(1, 24)) if values is INSERTED else rng.choice(values)
+                for values in OPS[kind]]
+        ops.append((kind, rng.randrange(_POSITIONS), *args))
+    return _place(rng.choice(seeds), ops)
 
 
 def bounded(call: Callable[[], Any], allowed: tuple[type[BaseException], ...]) -> Any:
@@ -218,6 +255,24 @@ def _fix_tar_checksums(data: bytes) -> bytes:
 
 # ------------------------------------------------------------------ targets
 
+@dataclass(frozen=True)
+class Target:
+    """One parser under fuzz: the seeds its inputs are mutated from, and the check of one input. ``choice``
+    (0-63) picks the check's options (checksums made good again, gzipped, where a bad record sits, ...)."""
+
+    seeds: list[bytes]
+    check: Callable[[bytes, int], None]
+
+
+#: name -> how to make the target, from the test's fixtures and a folder of its own
+TARGETS: dict[str, Callable[[pytest.FixtureRequest, Path], Target]] = {}
+
+
+def target(make: Callable[[pytest.FixtureRequest, Path], Target]) -> Callable[[pytest.FixtureRequest, Path], Target]:
+    TARGETS[make.__name__] = make
+    return make
+
+
 def _consume_records(path: Path) -> None:
     from unihub.formats.tfio import iter_records
 
@@ -225,33 +280,31 @@ def _consume_records(path: Path) -> None:
         pass
 
 
-def test_tfrecord_framing(tmp_path: Path, tfrecord_files: list[bytes]) -> None:
+@target
+def tfrecord_framing(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     path = tmp_path / "fuzzed.tfrecord"
 
-    @FUZZ
-    @given(mutated(tfrecord_files))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         path.write_bytes(data)
         bounded(lambda: _consume_records(path), (FormatError,))
 
-    check()
+    return Target(request.getfixturevalue("tfrecord_files"), check)
 
 
-def test_example_protobufs(tf_payloads: list[bytes]) -> None:
+@target
+def example_protobufs(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     from unihub.formats.tfexample import parse_example
     from unihub.formats.tfsequence import Mismatch, parse_sequence_example
     from unihub.formats.tftensor import TensorProtoError, parse_tensor
 
-    @FUZZ
-    @given(mutated(tf_payloads))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         # their contract: ValueError (NotAnExample and TensorProtoError are ValueErrors), which the
-        # format turns into a FormatError naming file and record (test_tfrecord_conversion)
+        # format turns into a FormatError naming file and record (tfrecord_conversion)
         bounded(lambda: parse_example(data), (ValueError,))
         bounded(lambda: parse_sequence_example(data), (ValueError, Mismatch))
         bounded(lambda: parse_tensor(data), (TensorProtoError,))
 
-    check()
+    return Target(request.getfixturevalue("tf_payloads"), check)
 
 
 def _nothing_left(root: Path, keep: set[str]) -> None:
@@ -273,31 +326,46 @@ def _convert_or_refuse(src: Path, dst: Path, **options: Any) -> None:
     assert time.monotonic() - start < SECONDS_PER_INPUT * 3
 
 
-def test_tfrecord_conversion(tmp_path: Path, tf_payloads: list[bytes]) -> None:
+@target
+def format_detection(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    """Detection by content, which every format's ``detect`` does on a file whose name says nothing: a format's
+    name, None, or a UnihubError (a GZIP stream cut short once went through tarfile as a raw EOFError)."""
+    from unihub.formats.foreign import detect_format
+
+    path = tmp_path / "data"
+
+    def check(data: bytes, choice: int) -> None:
+        path.write_bytes(gzip.compress(data, mtime=0)[:len(data) + 18 - choice] if choice & 1 else data)
+        bounded(lambda: detect_format(str(path)), (UnihubError,))
+
+    return Target(request.getfixturevalue("tfrecord_files") + request.getfixturevalue("tar_files"), check)
+
+
+@target
+def tfrecord_conversion(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     """Records with good framing but fuzzed payloads, converted: a dataset or a UnihubError."""
     src, dst = tmp_path / "records.tfrecord", tmp_path / "out"
-    seeds = [tf_payloads[0], tf_payloads[1], tf_payloads[2]]
+    seeds = request.getfixturevalue("tf_payloads")[:3]  # an Example, a SequenceExample, a tensor
 
-    @FUZZ
-    @given(st.sampled_from(seeds), mutated(seeds), st.integers(0, 2))
-    def check(good: bytes, bad: bytes, where: int) -> None:
+    def check(bad: bytes, choice: int) -> None:
+        good = seeds[choice % 3]
         records = [good, good]
-        records.insert(where, bad)
+        records.insert(choice // 3 % 3, bad)
         src.write_bytes(_framed(records))
         _convert_or_refuse(src, dst)
 
-    check()
+    return Target(seeds, check)
 
 
-def test_tar_members(tmp_path: Path, tar_files: list[bytes]) -> None:
+@target
+def tar_members(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     from unihub.formats.tarstream import iter_members
 
     path = tmp_path / "fuzzed.tar"
 
-    @FUZZ
-    @given(mutated(tar_files), st.booleans(), st.booleans())
-    def check(data: bytes, fix_checksums: bool, gzipped: bool) -> None:
-        if fix_checksums:
+    def check(data: bytes, choice: int) -> None:
+        gzipped = bool(choice & 2)
+        if choice & 1:
             data = _fix_tar_checksums(data)
         target = path.with_suffix(".tar.gz") if gzipped else path
         target.write_bytes(gzip.compress(data, mtime=0) if gzipped else data)
@@ -308,42 +376,41 @@ def test_tar_members(tmp_path: Path, tar_files: list[bytes]) -> None:
 
         bounded(read_all, (FormatError,))
 
-    check()
+    return Target(request.getfixturevalue("tar_files"), check)
 
 
-def test_tar_fast_path_reads_as_the_header_loop(tmp_path: Path, tar_files: list[bytes]) -> None:
+@target
+def tar_fast_path(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     """The numpy walk over a mapped archive gives the header loop's members, or its error."""
     from tests.formats.test_tarstream_fast import fast_and_slow
 
     path = tmp_path / "fuzzed.tar"
 
-    @FUZZ
-    @given(mutated(tar_files), st.booleans(), st.booleans())
-    def check(data: bytes, fix_checksums: bool, regular_only: bool) -> None:
-        if fix_checksums:
+    def check(data: bytes, choice: int) -> None:
+        if choice & 1:
             data = _fix_tar_checksums(data)
         if not data:
             return
         path.write_bytes(data)
-        fast, slow = bounded(lambda: fast_and_slow(path, regular_only, True), ())
+        fast, slow = bounded(lambda: fast_and_slow(path, bool(choice & 2), True), ())
         assert fast == slow
 
-    check()
+    return Target(request.getfixturevalue("tar_files"), check)
 
 
-def test_webdataset_conversion(tmp_path: Path, tar_files: list[bytes]) -> None:
+@target
+def webdataset_conversion(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     src, dst = tmp_path / "shard.tar", tmp_path / "out"
 
-    @FUZZ
-    @given(mutated(tar_files[:1]))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         src.write_bytes(_fix_tar_checksums(data))
         _convert_or_refuse(src, dst, from_format="webdataset")
 
-    check()
+    return Target(request.getfixturevalue("tar_files")[:1], check)
 
 
-def test_npy_headers() -> None:
+@target
+def npy_headers(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     from unihub.formats.npy import load_npy
 
     seeds = []
@@ -353,15 +420,14 @@ def test_npy_headers() -> None:
         np.save(buffer, array)
         seeds.append(buffer.getvalue())
 
-    @FUZZ
-    @given(mutated(seeds))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         bounded(lambda: load_npy(data), (FormatError, CodecError))
 
-    check()
+    return Target(seeds, check)
 
 
-def test_petastorm_pickles() -> None:
+@target
+def petastorm_pickles(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     import pyarrow.parquet as pq
 
     from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
@@ -369,12 +435,10 @@ def test_petastorm_pickles() -> None:
     seeds = [pq.read_metadata(FIXTURES / name / "_common_metadata").metadata[PETASTORM_UNISCHEMA_KEY]
              for name in ("unischema", "codecless", "pyspark_restore")]
 
-    @FUZZ
-    @given(mutated(seeds))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         bounded(lambda: load_petastorm_unischema(data), (UnsafeMetadataError, PetastormMetadataError))
 
-    check()
+    return Target(seeds, check)
 
 
 def _images() -> Iterator[bytes]:
@@ -387,20 +451,58 @@ def _images() -> Iterator[bytes]:
     yield encode_image(rgb[..., 0].astype(np.uint16) * 257, "png")
 
 
-def test_images() -> None:
+@target
+def images(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     from unihub.formats.images import decode_image, image_size
 
-    seeds = list(_images())
-
-    @FUZZ
-    @given(mutated(seeds))
-    def check(data: bytes) -> None:
+    def check(data: bytes, choice: int) -> None:
         size = bounded(lambda: image_size(data), (CodecError,))
         image = bounded(lambda: decode_image(data), (CodecError,))
         if image is not None and size is not None:
             assert image.shape[:2] == size[:2]
 
+    return Target(list(_images()), check)
+
+
+#: inputs that once broke a target, found by these runs: ``<target>/<what it is>.c<choice>.bin``, each checked on
+#: every run (test_corpus)
+CORPUS = Path(__file__).parent / "fixtures" / "fuzz_corpus"
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_quick(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """:data:`EXAMPLES` inputs, drawn (and a failure shrunk) by Hypothesis."""
+    fuzzed = TARGETS[name](request, tmp_path)
+
+    @FUZZ
+    @given(mutated(fuzzed.seeds), st.integers(0, 63))
+    def check(data: bytes, choice: int) -> None:
+        fuzzed.check(data, choice)
+
     check()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_deep(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """:data:`DEEP_EXAMPLES` inputs, seeded by (:data:`DEEP_SEED`, target): the same inputs on every run."""
+    fuzzed = TARGETS[name](request, tmp_path)
+    rng = random.Random(f"{DEEP_SEED}/{name}")
+    for number in range(DEEP_EXAMPLES):
+        data, choice = random_mutated(rng, fuzzed.seeds), rng.randrange(64)
+        try:
+            fuzzed.check(data, choice)
+        except Exception as exc:
+            kept = tmp_path / f"failing.c{choice}.bin"
+            kept.write_bytes(data)
+            raise AssertionError(f"{name}: input {number} of seed {DEEP_SEED} failed: {exc!r}; the input is {kept}: "
+                                 f"fix the parser, then keep the input in {CORPUS / name}") from exc
+
+
+@pytest.mark.parametrize("found", sorted(CORPUS.glob("*/*.bin")), ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_corpus(found: Path, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    choice = int(found.suffixes[-2].removeprefix(".c"))
+    TARGETS[found.parent.name](request, tmp_path).check(found.read_bytes(), choice)
 
 
 def test_mutations_reach_past_the_checksums(tmp_path: Path, tf_payloads: list[bytes], tar_files: list[bytes]) -> None:

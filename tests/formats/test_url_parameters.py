@@ -1,0 +1,63 @@
+"""Query parameters of ``s3://`` and ``gs://`` URLs: those pyarrow's filesystems take work, any other is
+refused by name (never by value: a query may hold a secret), in Python and on the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unihub import Unischema, UnischemaField, write_dataset
+from unihub.errors import InvalidArgumentError
+from unihub.formats.filesystem import resolve_filesystem
+from unihub.readers.reader import make_reader
+
+SCHEMA = Unischema("UrlParameters", [UnischemaField("id", np.int64, ())])
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/ds?foo=1", "s3://bucket/ds?region=us-east-1&foo=1&access_key=SECRET",
+                                 "gs://bucket/ds?foo=1"])
+def test_an_unsupported_query_parameter_is_named(url: str) -> None:
+    scheme = url.split(":")[0]
+    with pytest.raises(InvalidArgumentError, match=rf"^{scheme}://bucket/ds: unsupported query parameter .*'foo'"
+                                                   rf".*pyarrow's {scheme}:// filesystem takes .*endpoint_override"
+                       ) as info:
+        resolve_filesystem(url)
+    assert "SECRET" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="unsupported query parameter"):
+        make_reader(url)
+
+
+def test_a_value_pyarrow_refuses_is_named() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^s3://bucket/ds: a query parameter pyarrow refuses: .*'maybe'"):
+        resolve_filesystem("s3://bucket/ds?region=us-east-1&allow_bucket_creation=maybe")
+
+
+@pytest.mark.parametrize("command", [["inspect", "s3://bucket/ds?foo=1"],
+                                     ["convert", "s3://bucket/ds?foo=1", "out"],
+                                     ["convert", "SOURCE", "s3://bucket/ds?foo=1"]])
+def test_the_cli_says_so_in_one_line(command: list[str], tmp_path: Any) -> None:
+    source = tmp_path / "source"
+    write_dataset(source, SCHEMA, ({"id": i} for i in range(3)))
+    command = [str(source) if arg == "SOURCE" else str(tmp_path / arg) if arg == "out" else arg for arg in command]
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", *command], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("unihub: error: s3://bucket/"), done.stderr
+    assert "unsupported query parameter 'foo'" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
+def test_supported_parameters_reach_the_server(s3_server: Any) -> None:
+    """A dataset written and read through a URL whose query alone points pyarrow at the server."""
+    url = (f"s3://{s3_server.bucket}/{uuid.uuid4().hex}?endpoint_override={s3_server.host}:{s3_server.port}"
+           "&scheme=http&region=us-east-1")
+    write_dataset(url, SCHEMA, ({"id": i} for i in range(5)))
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert sorted(row.id for row in reader) == [0, 1, 2, 3, 4]
