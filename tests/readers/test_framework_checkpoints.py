@@ -6,6 +6,11 @@ The dataset has 53 rows (a prime) in row groups of a few rows over several files
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from typing import Any
 
@@ -163,3 +168,158 @@ def test_in_memory_loader_resumes_with_another_batch_size_and_reader_seed(url):
             capped.load_state_dict(state)
         with pytest.raises(tp.LoaderStateError, match="InMemBatchedDataLoader"):
             capped.load_state_dict({"version": 1, "reader": {}, "skip": 0, "exclude": []})
+
+
+# -- TensorFlow: tf.train.Checkpoint and Keras' BackupAndRestore -------------------------------------
+tf_only = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
+
+
+def _tf_reader(kind: str, url: str, seed: int | None, num_epochs: int = 2) -> Any:
+    make = make_reader if kind == "rows" else make_batch_reader
+    return make(url, reader_pool_type="dummy", shuffle_rows=True, seed=seed, num_epochs=num_epochs)
+
+
+def _tf_ids(batch: Any) -> list[int]:
+    return batch["id"].numpy().tolist()
+
+
+@tf_only
+@pytest.mark.parametrize("kind", ["rows", "batches"])
+@pytest.mark.parametrize("stop", [1, 4, 12, 21])
+def test_tf_checkpoint_restores_the_reader_on_the_next_row_the_model_did_not_take(url, kind, stop, tmp_path):
+    import tensorflow as tf
+
+    from unihub.readers.tf import make_tf_dataset
+    from unihub.readers.tf_checkpoint import ReaderPosition
+    with _tf_reader(kind, url, seed=3) as reader:
+        full = [i for batch in make_tf_dataset(reader, batch_size=5) for i in _tf_ids(batch)]
+    assert Counter(full) == Counter({i: 2 for i in range(N)})
+    with _tf_reader(kind, url, seed=3) as reader:
+        position = ReaderPosition(reader)
+        iterator = iter(position.track(make_tf_dataset(reader, batch_size=5, prefetch=8)))
+        seen = [i for _ in range(stop) for i in _tf_ids(next(iterator))]
+        assert position.rows_taken == len(seen)  # not the rows prefetched: the reader is further on
+        saved = tf.train.Checkpoint(data=position).save(str(tmp_path / "ckpt"))
+        del iterator
+    with _tf_reader(kind, url, seed=None) as reader:  # another seed: the saved one is restored
+        position = ReaderPosition(reader)
+        tf.train.Checkpoint(data=position).restore(saved).assert_consumed()
+        rest = [i for batch in position.track(make_tf_dataset(reader, batch_size=5)) for i in _tf_ids(batch)]
+    assert seen + rest == full  # each remaining row once, in the order an uninterrupted run gives
+
+
+@tf_only
+def test_position_refuses_what_it_cannot_count(url):
+    from unihub.errors import InvalidArgumentError
+    from unihub.readers.tf_checkpoint import PositionStateError, ReaderPosition
+    with make_reader(url, reader_pool_type="dummy", predicate=None, filters=[("id", "<", 10)]) as reader:
+        with pytest.raises(InvalidArgumentError, match="rows per epoch"):
+            ReaderPosition(reader)
+    with _tf_reader("rows", url, seed=1) as reader:
+        position = ReaderPosition(reader)
+        with pytest.raises(PositionStateError, match="ReaderPosition.state_dict"):
+            position.load_state_dict({"version": 7})
+        other = position.state_dict()
+    with make_reader(url, reader_pool_type="dummy", shuffle_rows=False, num_epochs=1) as reader:
+        with pytest.raises(PositionStateError, match="another reader"):
+            ReaderPosition(reader).load_state_dict(other)
+
+
+def _keras_fit(url: str, backup: str, seen: list[list[int]], interrupt_at: int | None) -> None:
+    """``model.fit`` one epoch over a fresh reader with BackupAndRestore(save_freq=3), recording each
+    batch's ids as the model trains on it; raise at the end of batch ``interrupt_at``."""
+    import keras
+
+    from unihub.readers.tf import make_tf_dataset
+    from unihub.readers.tf_checkpoint import ReaderPosition
+
+    class Recording(keras.Model):
+        def train_step(self, data: Any) -> Any:
+            seen.append(data[0][:, 0].numpy().astype(int).tolist())
+            return super().train_step(data)
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == interrupt_at:
+                raise RuntimeError("interrupted")
+
+    inputs = keras.Input((1,))
+    model = Recording(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(keras.optimizers.SGD(0.001), "mse", run_eagerly=True)
+    with make_reader(url, reader_pool_type="dummy", shuffle_rows=True, num_epochs=1) as reader:
+        position = ReaderPosition(reader)
+        position.attach(model)
+        dataset = make_tf_dataset(reader, batch_size=4).map(
+            lambda b: (keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32"), b["x"][:, :1]))
+        dataset = position.track(dataset)
+        model.fit(dataset, epochs=1, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), Interrupt()])
+
+
+@tf_only
+def test_keras_fit_interrupted_mid_epoch_resumes_with_backup_and_restore_on_the_next_row(url: str, tmp_path: Any) -> None:
+    first: list[list[int]] = []
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _keras_fit(url, str(tmp_path / "backup"), first, interrupt_at=7)
+    assert len(first) == 8
+    resumed: list[list[int]] = []
+    _keras_fit(url, str(tmp_path / "backup"), resumed, interrupt_at=None)
+    # the last backup was after batch 5 (save_freq=3): batches 6 and 7 are trained again, nothing else
+    trained = [i for batch in first[:6] + resumed for i in batch]
+    assert sorted(trained) == list(range(N))
+    assert [i for batch in resumed[:2] for i in batch] == [i for batch in first[6:8] for i in batch]
+
+
+KILLED_FIT = textwrap.dedent("""
+    import json, os, signal, sys
+    import keras
+    from unihub.readers.reader import make_batch_reader
+    from unihub.readers.tf import make_tf_dataset
+    from unihub.readers.tf_checkpoint import ReaderPosition
+
+    url, backup, record, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+    class Recording(keras.Model):
+        def train_step(self, data):
+            with open(record, "a") as f:  # each batch as the model trains on it, before the kill
+                f.write(json.dumps(data[0][:, 0].numpy().astype(int).tolist()) + "\\n")
+            return super().train_step(data)
+
+    class Kill(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    inputs = keras.Input((1,))
+    model = Recording(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(keras.optimizers.SGD(0.001), "mse", run_eagerly=True)
+    with make_batch_reader(url, shuffle_rows=True, num_epochs=1, workers_count=2) as reader:
+        position = ReaderPosition(reader)
+        position.attach(model)
+        dataset = make_tf_dataset(reader, batch_size=4).map(
+            lambda b: (keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32"), b["x"][:, :1]))
+        model.fit(position.track(dataset), epochs=1, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=5), Kill()])
+""")
+
+
+@tf_only
+@pytest.mark.slow
+def test_keras_fit_sigkilled_mid_epoch_resumes_with_backup_and_restore(url, tmp_path):
+    """``model.fit`` over 53 rows in batches of 4 (14 batches), BackupAndRestore(save_freq=5) backing up after
+    batches 4 and 9, SIGKILLed at the end of batch 11; run again, it trains on rows 40 to 52 only."""
+    script, record = tmp_path / "fit.py", tmp_path / "batches.jsonl"
+    script.write_text(KILLED_FIT)
+    args = [sys.executable, str(script), url, str(tmp_path / "backup"), str(record)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    killed = subprocess.run([*args, "11"], capture_output=True, text=True, timeout=600, env=env)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    first = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(first) == 12
+    record.unlink()
+    resumed = subprocess.run([*args, "-1"], capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    second = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [len(batch) for batch in second] == [4, 4, 4, 1]
+    assert sorted(i for batch in first[:10] + second for i in batch) == list(range(N))  # each row once
+    assert second[:2] == first[10:12]  # the rows trained after the last backup, again, in the same order
