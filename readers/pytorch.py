@@ -22,6 +22,9 @@ them, their states being dicts of fixed keys whose values are ints, strings and 
     dcp.save({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)
     dcp.load({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)  # a loader made anew
 
+With several ranks, wrap it as ``PerRank(loader)``: DCP keeps one copy of a non-tensor value that
+all ranks hold under the same key, so each rank's position needs its own.
+
     with make_batch_reader(url, num_epochs=1) as reader:
         for batch in BatchedDataLoader(reader, batch_size=256, shuffling_queue_capacity=4096, seed=0):
             train_step(batch["image"], batch["label"])
@@ -922,6 +925,34 @@ def _row_value(value: Any) -> Any:
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _NUMERIC:
         return _tensor(np.asarray(value))
     return value
+
+
+class PerRank:
+    """A loader's (or reader's) state in ``torch.distributed.checkpoint`` under its rank's own key.
+
+    DCP saves a non-tensor value that every rank has under the same key once, as replicated: with
+    ``{"loader": loader}`` in a group of several ranks, one rank's position is saved and every rank
+    loads it (a sharded reader refuses it; an unsharded one repeats rows). Under
+    ``{"loader": PerRank(loader)}`` each rank's state is kept as ``rank_<k>``, and each loads its own.
+
+        dcp.save({"model": model.state_dict(), "loader": PerRank(loader)}, checkpoint_id=path)
+    """
+
+    def __init__(self, loader: Any, rank: int | None = None) -> None:
+        self.loader = loader
+        self.rank = _rank_and_world()[0] if rank is None else rank
+
+    @property
+    def key(self) -> str:
+        return f"rank_{self.rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.key not in state:
+            raise LoaderStateError(f"the checkpoint holds no state for {self.key} (it has {sorted(state)})")
+        self.loader.load_state_dict(state[self.key])
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -328,3 +328,51 @@ def test_keras_fit_sigkilled_mid_epoch_resumes_with_backup_and_restore(url, tmp_
     assert [len(batch) for batch in second] == [4, 4, 4, 1]
     assert sorted(i for batch in first[:10] + second for i in batch) == list(range(N))  # each row once
     assert second[:2] == first[10:12]  # the rows trained after the last backup, again, in the same order
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from unihub.readers.pytorch import DataLoader, PerRank
+    from unihub.readers.reader import make_reader
+
+    rank, url, checkpoint, phase, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"file://{checkpoint}.{phase}", rank=rank, world_size=2)
+    reader = make_reader(url, reader_pool_type="dummy", cur_shard=rank, shard_count=2, shuffle_rows=True,
+                         num_epochs=1)
+    loader = DataLoader(reader, batch_size=3, shuffling_queue_capacity=5)
+    if phase == "save":
+        iterator = iter(loader)
+        ids = [i for _ in range(2 + 2 * rank) for i in next(iterator)["id"].tolist()]  # ranks at other places
+        dcp.save({"loader": PerRank(loader)}, checkpoint_id=checkpoint)
+    else:
+        dcp.load({"loader": PerRank(loader)}, checkpoint_id=checkpoint)
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+    with open(out, "w") as f:
+        json.dump(ids, f)
+    dist.destroy_process_group()
+""")
+
+
+@torch_only
+@pytest.mark.slow
+def test_dcp_keeps_each_ranks_position_under_per_rank(url: str, tmp_path: Any) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    ids: dict[tuple[str, int], list[int]] = {}
+    for phase in ("save", "load"):
+        runs = [subprocess.Popen([sys.executable, str(script), str(rank), url, str(tmp_path / "checkpoint"), phase,
+                                  str(tmp_path / f"{phase}{rank}.json")], stderr=subprocess.PIPE, text=True)
+                for rank in (0, 1)]
+        for rank, run in enumerate(runs):
+            _, err = run.communicate(timeout=300)
+            assert run.returncode == 0, err[-2000:]
+            ids[phase, rank] = json.loads((tmp_path / f"{phase}{rank}.json").read_text())
+    shards: list[set[int]] = [set(), set()]
+    for rank in (0, 1):
+        assert len(ids["save", rank]) == 6 + 6 * rank
+        shard = ids["save", rank] + ids["load", rank]
+        assert len(shard) == len(set(shard))  # no row twice on a rank
+        shards[rank] = set(shard)
+    assert shards[0] | shards[1] == set(range(N)) and not shards[0] & shards[1]
