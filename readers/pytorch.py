@@ -15,6 +15,16 @@ Without a shuffling queue the remaining rows come in the original order. With on
 that sat in the queue are re-read from the reader and shuffled again, so the order
 differs from an uninterrupted run, but each remaining row still comes exactly once.
 
+The loaders and readers are torch's ``Stateful`` (``torch.distributed.checkpoint.stateful``):
+``torch.distributed.checkpoint`` saves them beside the model and optimizer and ``dcp.load`` resumes
+them, their states being dicts of fixed keys whose values are ints, strings and lists of ints:
+
+    dcp.save({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)
+    dcp.load({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)  # a loader made anew
+
+With several ranks, wrap it as ``PerRank(loader)``: DCP keeps one copy of a non-tensor value that
+all ranks hold under the same key, so each rank's position needs its own.
+
     with make_batch_reader(url, num_epochs=1) as reader:
         for batch in BatchedDataLoader(reader, batch_size=256, shuffling_queue_capacity=4096, seed=0):
             train_step(batch["image"], batch["label"])
@@ -60,6 +70,7 @@ if TYPE_CHECKING:
 Variable = Literal["list", "pad"]
 Columns = dict[str, Any]  # field name -> torch.Tensor (numeric) or list (anything else)
 LOADER_STATE_VERSION = 1
+IN_MEMORY_STATE = "in_memory"  # the "kind" of an InMemBatchedDataLoader's state
 _NUMERIC = "biufc"
 _CHUNK_ROWS = 256  # rows a batched loader gathers from a row reader before converting them
 _POSITIONS = " stream positions"  # the column the loaders carry each row's stream position in (no field's name)
@@ -379,7 +390,8 @@ class _Tracker:
         gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
         exclude = sorted({int(p) - base for p in gone} | {d - base for d in self.drop if d >= base})
         start, reader_state = next(m for m in reversed(self.marks) if m[0] <= base)
-        return {"version": LOADER_STATE_VERSION, "reader": reader_state, "skip": base - start, "exclude": exclude}
+        # a copy: torch.distributed.checkpoint's load writes the saved values into the dict it is given
+        return {"version": LOADER_STATE_VERSION, "reader": dict(reader_state), "skip": base - start, "exclude": exclude}
 
 
 def _parse_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
@@ -790,7 +802,8 @@ class InMemBatchedDataLoader(_LoaderBase):
     Petastorm's arguments in Petastorm's order. ``shuffle=True`` permutes the rows every epoch
     (seeded by ``seed``); ``transform_fn`` maps each batch dict; ``num_epochs=None`` serves
     forever. ``rows_capacity=None`` loads every row (Petastorm's default, 1,024, silently
-    truncated larger datasets); the reader must then be finite.
+    truncated larger datasets); the reader must then be finite. ``state_dict()`` after any batch
+    resumes the pass exactly, also in a loader made anew over a fresh reader (see :meth:`state_dict`).
     """
 
     def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
@@ -806,7 +819,13 @@ class InMemBatchedDataLoader(_LoaderBase):
         self._loader._max_rows = rows_capacity
         self.variable, self.device, self.transform_fn = variable, device, transform_fn
         self._data: Columns | None = None
+        self._loaded_from = reader.state_dict()  # the rows held are the reader's from here: part of the state
         self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
+        # where the pass stands: its shuffling seed, and (epoch, rows of that epoch delivered); a loaded state
+        # sets where the next pass starts
+        self._pass_seed = self._draw_seed()
+        self._served = (0, 0)
+        self._resume_at: tuple[int, int] | None = None
 
     def _load(self) -> Columns:
         if self._data is None:
@@ -833,14 +852,22 @@ class InMemBatchedDataLoader(_LoaderBase):
         try:
             data = self._load()
             n = columns_length(data)
-            rng = np.random.default_rng(self.seed)
-            for _ in itertools.count() if self.num_epochs is None else range(self.num_epochs):
-                order = rng.permutation(n) if self.shuffle else None
-                for start in range(0, n, self.batch_size):
+            if self._resume_at is None:
+                self._pass_seed, first_epoch, first_row = self._draw_seed(), 0, 0
+            else:
+                (first_epoch, first_row), self._resume_at = self._resume_at, None
+            rng = np.random.default_rng(self._pass_seed)
+            self._served = (first_epoch, first_row)
+            for epoch in itertools.count() if self.num_epochs is None else range(self.num_epochs):
+                order = rng.permutation(n) if self.shuffle else None  # drawn for skipped epochs too: the same order
+                if epoch < first_epoch:
+                    continue
+                for start in range(first_row if epoch == first_epoch else 0, n, self.batch_size):
                     stop = min(start + self.batch_size, n)
                     columns = take_columns(data, order[start:stop]) if order is not None \
                         else slice_columns(data, start, stop)
                     batch = finalize(columns, self.variable, self.device, self._loader._collate.ragged)
+                    self._served = (epoch, stop) if stop < n else (epoch + 1, 0)
                     yield self.transform_fn(batch) if self.transform_fn is not None else batch
         finally:
             self._iterating = False
@@ -850,11 +877,40 @@ class InMemBatchedDataLoader(_LoaderBase):
             raise TypeError("len() is unknown for num_epochs=None")
         return math.ceil(columns_length(self._load()) / self.batch_size) * self.num_epochs
 
+    def _draw_seed(self) -> int:
+        """The seed of a pass's shuffling: ``seed``, or a fresh one per pass (kept in the state)."""
+        return int(self.seed) if self.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+
     def state_dict(self) -> dict[str, Any]:
-        raise UsageError("InMemBatchedDataLoader has no resumable state; it re-serves its rows each epoch")
+        """Where to resume: after the last batch delivered (JSON-able). It holds the reader's position when
+        the rows were loaded, the pass's shuffling seed, and the epoch and rows of it delivered, so a
+        loader made anew (another reader seed, another ``batch_size``) serves exactly the rest."""
+        epoch, row = self._resume_at if self._resume_at is not None else self._served
+        # copies: torch.distributed.checkpoint's load writes the saved values into the dicts it is given
+        return {"version": LOADER_STATE_VERSION, "kind": IN_MEMORY_STATE, "loaded_from": dict(self._loaded_from),
+                "rows_capacity": self.rows_capacity, "shuffle_seed": self._pass_seed, "epoch": epoch, "row": row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state_dict()
+        """Continue from ``state``: the next pass serves exactly the batches not delivered before it; the
+        rows are loaded again from the reader where they were loaded from, if this loader's differ."""
+        if self._iterating:
+            raise UsageError("load_state_dict() while the loader is being iterated; call it before iterating")
+        if not isinstance(state, dict) or state.get("kind") != IN_MEMORY_STATE:
+            raise LoaderStateError("not an InMemBatchedDataLoader state: pass what its state_dict() returned")
+        missing = sorted({"version", "loaded_from", "rows_capacity", "shuffle_seed", "epoch", "row"} - set(state))
+        if missing or state["version"] != LOADER_STATE_VERSION:
+            raise LoaderStateError(f"the in-memory loader state lacks {missing} or has version "
+                                   f"{state.get('version')!r}; pass what state_dict() returned")
+        if state["rows_capacity"] != self.rows_capacity:
+            raise LoaderStateError(f"the state was saved with rows_capacity={state['rows_capacity']}, this loader "
+                                   f"has {self.rows_capacity}: the rows held would differ")
+        if state["loaded_from"] != self._loaded_from:  # other rows (another seed or position): load those
+            self._loader.load_state_dict({"version": LOADER_STATE_VERSION, "reader": state["loaded_from"],
+                                          "skip": 0, "exclude": []})
+            self._loaded_from, self._data = state["loaded_from"], None
+            self._load()
+        self._pass_seed = int(state["shuffle_seed"])
+        self._resume_at = (int(state["epoch"]), int(state["row"]))
 
 
 # -- torch datasets --------------------------------------------------------------------------------
@@ -869,6 +925,34 @@ def _row_value(value: Any) -> Any:
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in _NUMERIC:
         return _tensor(np.asarray(value))
     return value
+
+
+class PerRank:
+    """A loader's (or reader's) state in ``torch.distributed.checkpoint`` under its rank's own key.
+
+    DCP saves a non-tensor value that every rank has under the same key once, as replicated: with
+    ``{"loader": loader}`` in a group of several ranks, one rank's position is saved and every rank
+    loads it (a sharded reader refuses it; an unsharded one repeats rows). Under
+    ``{"loader": PerRank(loader)}`` each rank's state is kept as ``rank_<k>``, and each loads its own.
+
+        dcp.save({"model": model.state_dict(), "loader": PerRank(loader)}, checkpoint_id=path)
+    """
+
+    def __init__(self, loader: Any, rank: int | None = None) -> None:
+        self.loader = loader
+        self.rank = _rank_and_world()[0] if rank is None else rank
+
+    @property
+    def key(self) -> str:
+        return f"rank_{self.rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.key not in state:
+            raise LoaderStateError(f"the checkpoint holds no state for {self.key} (it has {sorted(state)})")
+        self.loader.load_state_dict(state[self.key])
 
 
 def _rank_and_world() -> tuple[int, int]:
