@@ -137,14 +137,12 @@ import signal, sys, time
 # as from a terminal: a shell that starts jobs in the background makes them ignore SIGINT
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import unihub.formats.imagefolder as imagefolder
-real_read = imagefolder._read
-def slow_read(path, limit=-1):
-    data = real_read(path, limit)
-    if limit == -1:  # the data pass, after the schema is inferred
-        print("reading", flush=True)
-        time.sleep(0.05)
-    return data
-imagefolder._read = slow_read
+real_read = imagefolder._read_and_probe
+def slow_read(*args, **kwargs):  # the data pass, after the schema is inferred
+    print("reading", flush=True)
+    time.sleep(0.05)
+    return real_read(*args, **kwargs)
+imagefolder._read_and_probe = slow_read
 from unihub.cli import main
 sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--workers", sys.argv[3], "--row-group-size-mb", "0.001"]))
 """
