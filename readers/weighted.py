@@ -1,10 +1,13 @@
 """``WeightedSamplingReader``: rows (or batches) drawn from several readers at given probabilities.
 
 Petastorm's ``petastorm.weighted_sampling_reader.WeightedSamplingReader`` with its arguments,
-checks and end (the mix ends when a drawn reader has nothing left), plus ``seed`` and exact
-resume. Which reader the ``k``-th draw takes is a pure function of ``(seed, k)``
-(:func:`draw_choices`): uniforms come in blocks of :data:`BLOCK` from a generator seeded
-``(seed, block, stream tag)``, so the sampler's whole state is its seed and draw count, and
+checks and end (by default the mix ends when a drawn reader has nothing left), plus ``seed``,
+exact resume, ``on_exhausted="cycle"|"drain"`` (start a reader that ran out over, or take it out
+and renormalise the weights), weights changed mid-run (:meth:`~WeightedSamplingReader.set_weights`)
+and :meth:`~WeightedSamplingReader.skip_rows`. Which reader the ``k``-th draw takes is a pure
+function of ``(seed, k)`` and the weights in force (:func:`draw_choices`): uniforms come in blocks
+of :data:`BLOCK` from a generator seeded ``(seed, block, stream tag)``, so the sampler's whole
+state is its seed, draw count, weights and drained readers, and
 :meth:`WeightedSamplingReader.state_dict` is that plus each reader's own ``state_dict()``.
 
     evens = make_reader(url, predicate=in_lambda(["id"], lambda i: i % 2 == 0), num_epochs=None)
@@ -20,7 +23,6 @@ The mixer has what the loaders and bridges use of a reader (``schema``, ``batche
 
 from __future__ import annotations
 
-import bisect
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple, get_args
@@ -260,8 +262,8 @@ class WeightedSamplingReader:
         self.schema = _mixed_schema(readers[0].schema, [r.schema for r in readers])
         self._convert = [_converter(r, self.schema, self.ngram) for r in readers]
         self._draws = 0
-        self._block = -1
-        self._block_values: list[float] = []
+        self._block = -1  # the block of draws whose choices (with the bounds in force) are in _choices
+        self._choices: list[int] = []
         if resume_from is not None:
             self.load_state_dict(resume_from)
 
@@ -304,7 +306,7 @@ class WeightedSamplingReader:
         """
         normalized = normalize_probabilities(weights, len(self._readers))
         self.probabilities = tuple(float(p) for p in normalized)
-        self._bounds = self._drawable_bounds()
+        self._bounds, self._block = self._drawable_bounds(), -1
 
     def _drawable_bounds(self) -> list[float] | None:
         """The bounds the draws follow now: the weights without drained readers, renormalised (None: none left)."""
@@ -318,38 +320,33 @@ class WeightedSamplingReader:
     def __iter__(self) -> WeightedSamplingReader:
         return self
 
-    def _uniform(self, draw: int) -> float:
-        block, i = divmod(draw, BLOCK)
-        if block != self._block:
-            self._block_values = _block_uniforms(self.seed, block).tolist()
-            self._block = block
-        return self._block_values[i]
-
     def __next__(self) -> Any:
-        restarted = -1
-        while True:
-            bounds = self._bounds
-            if bounds is None:  # "drain": every reader that has weight is drained
+        draw = self._draws
+        block, i = divmod(draw, BLOCK)
+        if block != self._block:  # a new block, or the bounds changed (weights set, a reader drained)
+            if self._bounds is None:  # "drain": every reader that has weight is drained
                 raise StopIteration
-            draw = self._draws
-            source = bisect.bisect_right(bounds, self._uniform(draw))  # Petastorm's rule: first bound > u
+            uniforms = _block_uniforms(self.seed, block)
+            self._choices = np.searchsorted(self._bounds, uniforms, side="right").tolist()  # first bound > u
+            self._block = block
+        source = self._choices[i]
+        try:
+            item = next(self._readers[source])
+        except StopIteration:
+            # "stop" (and a reader stopped from outside) ends the mix; the draw is not used up
+            if self.on_exhausted == "stop" or getattr(self._readers[source], "stopped", False):
+                raise
+            if self.on_exhausted == "drain":
+                self._drain(source)
+                return self.__next__()  # as deep as there are readers to drain
+            self._start_pass(source)
             try:
                 item = next(self._readers[source])
             except StopIteration:
-                # "stop" (and a reader stopped from outside) ends the mix; the draw is not used up
-                if self.on_exhausted == "stop" or getattr(self._readers[source], "stopped", False):
-                    raise
-                if self.on_exhausted == "cycle":
-                    if restarted == source:
-                        raise _empty(source) from None
-                    self._start_pass(source)
-                    restarted = source
-                else:
-                    self._drain(source)
-                continue
-            self._draws = draw + 1
-            convert = self._convert[source]
-            return item if convert is None else convert(item)
+                raise _empty(source) from None
+        self._draws = draw + 1
+        convert = self._convert[source]
+        return item if convert is None else convert(item)
 
     def next(self) -> Any:
         return self.__next__()
@@ -363,7 +360,7 @@ class WeightedSamplingReader:
         """``"drain"``: the reader that ran out leaves the mix; its draw's uniform is used up."""
         self._drained[source] = True
         self._draws += 1
-        self._bounds = self._drawable_bounds()
+        self._bounds, self._block = self._drawable_bounds(), -1
 
     # -- skipping ahead -------------------------------------------------------------------------------
     def skip_rows(self, count: int) -> int:
@@ -459,7 +456,7 @@ class WeightedSamplingReader:
         self.seed, self._draws, self._block = parsed.seed, parsed.draws, -1
         self.probabilities = parsed.weights
         self._drained, self._passes = parsed.drained, parsed.passes
-        self._bounds = self._drawable_bounds()
+        self._bounds, self._block = self._drawable_bounds(), -1
 
     def _parse_state(self, state: Any) -> _Saved:
         if not isinstance(state, dict) or state.get("kind") != STATE_KIND or \
@@ -510,7 +507,7 @@ class WeightedSamplingReader:
         self._draws = 0
         self._drained = [False] * len(self._readers)
         self._passes = [0] * len(self._readers)
-        self._bounds = self._drawable_bounds()
+        self._bounds, self._block = self._drawable_bounds(), -1
 
     def stop(self) -> None:
         """Stop every reader; a ``next()`` then raises :class:`~unihub.errors.UsageError` (a RuntimeError,
