@@ -457,3 +457,24 @@ def test_loader_skip_batches_is_refused_where_it_would_have_to_read(urls):
         iterator.close()
         with pytest.raises(InvalidArgumentError, match="count >= 0"):
             loader.skip_batches(-2)
+
+
+def test_mix_skip_rows_needs_readers_that_skip():
+    from .test_weighted import FakeReader
+
+    mix = WeightedSamplingReader([FakeReader(0), FakeReader(1)], [1, 1], seed=0)
+    with pytest.raises(WeightedSamplingError, match="reader 0 \\(FakeReader\\) has no skip_rows"):
+        mix.skip_rows(5)
+    assert mix.diagnostics["draws"] == 0
+
+
+def test_num_epochs_says_whether_the_mix_ends(urls):
+    def mix(mode: OnExhausted, epochs: list[int | None]) -> WeightedSamplingReader:
+        readers = [source_reader(u, k, epochs=e) for k, (u, e) in enumerate(zip(urls, epochs))]
+        return WeightedSamplingReader(readers, [1, 1, 1], on_exhausted=mode)
+
+    assert mix("stop", [1, None, None]).num_epochs == 1  # the first one ends it
+    assert mix("stop", [None, None, None]).num_epochs is None
+    assert mix("drain", [1, None, 1]).num_epochs is None  # one never drains
+    assert mix("drain", [1, 2, 1]).num_epochs == 1
+    assert mix("cycle", [1, 1, 1]).num_epochs is None
