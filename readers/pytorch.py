@@ -593,7 +593,9 @@ class _LoaderBase:
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
-        return self._tracker.state()
+        state = self._tracker.state()
+        carry = getattr(self.reader, "with_later_changes", None)  # a mix's weights changed since (weighted.py)
+        return dict(state, reader=carry(state["reader"])) if callable(carry) else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it."""

@@ -211,6 +211,7 @@ def _converter(reader: Any, schema: Unischema, ngram: Any) -> Callable[[Any], An
 #: what the mix does when a drawn reader has no row left (``on_exhausted=``)
 OnExhausted = Literal["stop", "cycle", "drain"]
 _MODES: tuple[str, ...] = get_args(OnExhausted)
+_NEVER = 2**63  # the draw of "no weight change to come"
 
 
 class WeightedSamplingReader:
@@ -262,6 +263,11 @@ class WeightedSamplingReader:
         self.schema = _mixed_schema(readers[0].schema, [r.schema for r in readers])
         self._convert = [_converter(r, self.schema, self.ngram) for r in readers]
         self._draws = 0
+        #: this run's weight changes, (draw, weights), in order: those made here by set_weights, and those a
+        #: loaded state brought (made after the position it saved: a loader reads ahead); _due is the next
+        #: one not yet in force, _next_change its draw
+        self._changes: list[tuple[int, tuple[float, ...]]] = []
+        self._due, self._next_change = 0, _NEVER
         self._block = -1  # the block of draws whose choices (with the bounds in force) are in _choices
         self._choices: list[int] = []
         if resume_from is not None:
@@ -302,11 +308,36 @@ class WeightedSamplingReader:
         :class:`WeightsError` (the weights in force stay) for NaN or inf, a negative weight, all 0
         or not one per reader. A weight on a drained reader (``"drain"``) draws nothing; when only
         drained readers have weight, the mix ends. A loader reading ahead of its consumer (its
-        shuffling queue, the rows it gathers) has drawn those rows with the weights of then.
+        shuffling queue, the rows it gathers) has drawn those rows with the weights of then, and its
+        ``state_dict()`` carries the change (:meth:`with_later_changes`), so a resumed loader changes the
+        weights at the same draw. Changes a loaded state brought that are not yet in force are dropped.
         """
-        normalized = normalize_probabilities(weights, len(self._readers))
-        self.probabilities = tuple(float(p) for p in normalized)
+        normalized = tuple(float(p) for p in normalize_probabilities(weights, len(self._readers)))
+        del self._changes[self._due:]
+        self._changes.append((self._draws, normalized))
+        self._due, self._next_change = len(self._changes), _NEVER
+        self._use_weights(normalized)
+
+    def _use_weights(self, weights: tuple[float, ...]) -> None:
+        self.probabilities = weights
         self._bounds, self._block = self._drawable_bounds(), -1
+
+    def _apply_due_changes(self) -> None:
+        """Put in force the changes whose draw has come (those a loaded state brought)."""
+        while self._due < len(self._changes) and self._changes[self._due][0] <= self._draws:
+            self._use_weights(self._changes[self._due][1])
+            self._due += 1
+        self._next_change = self._changes[self._due][0] if self._due < len(self._changes) else _NEVER
+
+    def with_later_changes(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (saved by this mix earlier in this run) with the weight changes made since it was saved:
+        what a loader that read ahead saves, so that its resume changes the weights where this run did."""
+        draws = int(state.get("draws", 0))
+        later = [(draw, weights) for draw, weights in self._changes if draw >= draws]
+        if not later:
+            return state
+        earlier = [change for change in state.get("changes", ()) if int(change[0]) < later[0][0]]
+        return dict(state, changes=earlier + [[draw, list(weights)] for draw, weights in later])
 
     def _drawable_bounds(self) -> list[float] | None:
         """The bounds the draws follow now: the weights without drained readers, renormalised (None: none left)."""
@@ -322,6 +353,8 @@ class WeightedSamplingReader:
 
     def __next__(self) -> Any:
         draw = self._draws
+        if draw >= self._next_change:
+            self._apply_due_changes()
         block, i = divmod(draw, BLOCK)
         if block != self._block:  # a new block, or the bounds changed (weights set, a reader drained)
             if self._bounds is None:  # "drain": every reader that has weight is drained
@@ -383,13 +416,18 @@ class WeightedSamplingReader:
                 raise WeightedSamplingError(f"reader {index} ({type(reader).__name__}) has no skip_rows(); "
                                             "skipping without reading needs unihub readers")
         skipped, left, restarted = 0, int(count), -1
-        while left and self._bounds is not None:
-            choices = np.searchsorted(self._bounds, _uniforms(self.seed, self._draws, self._draws + left),
+        while left:
+            self._apply_due_changes()
+            if self._bounds is None:
+                break
+            span = min(left, self._next_change - self._draws)  # not past a weight change
+            choices = np.searchsorted(self._bounds, _uniforms(self.seed, self._draws, self._draws + span),
                                       side="right")
             short = self._skip_shares(choices)
             if short is None:
-                self._draws += left
-                return skipped + left
+                self._draws += span
+                skipped, left = skipped + span, left - span
+                continue
             ran_out = int(choices[short])  # draw `short` takes a reader that has nothing left
             self._skip_shares(choices[:short])
             self._draws += short
@@ -425,7 +463,8 @@ class WeightedSamplingReader:
     # -- position -------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered item (JSON-able): the draw count, seed, weights in force,
-        drained readers, passes each reader started over, and each reader's own state."""
+        drained readers, passes each reader started over, weight changes still to come (a loaded state's) and
+        each reader's own state."""
         states = []
         for index, reader in enumerate(self._readers):
             if not callable(getattr(reader, "state_dict", None)):
@@ -435,6 +474,7 @@ class WeightedSamplingReader:
         return {"version": STATE_VERSION, "kind": STATE_KIND, "seed": self.seed, "draws": self._draws,
                 "probabilities": list(self._initial), "weights": list(self.probabilities),
                 "on_exhausted": self.on_exhausted, "drained": list(self._drained), "passes": list(self._passes),
+                "changes": [[draw, list(weights)] for draw, weights in self._changes[self._due:]],
                 "readers": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -454,9 +494,10 @@ class WeightedSamplingReader:
                     loaded.load_state_dict(old)
                 raise
         self.seed, self._draws, self._block = parsed.seed, parsed.draws, -1
-        self.probabilities = parsed.weights
         self._drained, self._passes = parsed.drained, parsed.passes
-        self._bounds, self._block = self._drawable_bounds(), -1
+        self._changes, self._due = parsed.changes, 0
+        self._use_weights(parsed.weights)
+        self._apply_due_changes()
 
     def _parse_state(self, state: Any) -> _Saved:
         if not isinstance(state, dict) or state.get("kind") != STATE_KIND or \
@@ -485,6 +526,11 @@ class WeightedSamplingReader:
             weights = normalize_probabilities(state.get("weights", saved), count)
         except WeightsError as exc:
             raise ReaderStateError(f"the state's weights are not usable: {exc}") from None
+        try:
+            changes = [(int(draw), tuple(float(w) for w in normalize_probabilities(weights, count)))
+                       for draw, weights in state.get("changes", ())]
+        except (TypeError, ValueError) as exc:
+            raise ReaderStateError(f"the state's weight changes are not usable: {exc}") from None
         drained = [bool(d) for d in state.get("drained", [False] * count)]
         passes = [int(p) for p in state.get("passes", [0] * count)]
         seed, draws = int(state["seed"]), int(state["draws"])
@@ -492,7 +538,9 @@ class WeightedSamplingReader:
             raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
                                    f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
                                    f"passes={passes}")
-        return _Saved(seed, draws, tuple(float(w) for w in weights), drained, passes, states)
+        if [draw for draw, _ in changes] != sorted(draw for draw, _ in changes):
+            raise ReaderStateError("the state's weight changes are not in draw order; pass what state_dict() returned")
+        return _Saved(seed, draws, tuple(float(w) for w in weights), drained, passes, changes, states)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -505,6 +553,7 @@ class WeightedSamplingReader:
         for reader in self._readers:
             start_over(reader)
         self._draws = 0
+        self._changes, self._due, self._next_change = [], 0, _NEVER  # a new run: its own changes
         self._drained = [False] * len(self._readers)
         self._passes = [0] * len(self._readers)
         self._bounds, self._block = self._drawable_bounds(), -1
@@ -541,6 +590,7 @@ class _Saved(NamedTuple):
     weights: tuple[float, ...]
     drained: list[bool]
     passes: list[int]
+    changes: list[tuple[int, tuple[float, ...]]]
     readers: list[dict[str, Any]]
 
 

@@ -478,3 +478,59 @@ def test_num_epochs_says_whether_the_mix_ends(urls):
     assert mix("drain", [1, None, 1]).num_epochs is None  # one never drains
     assert mix("drain", [1, 2, 1]).num_epochs == 1
     assert mix("cycle", [1, 1, 1]).num_epochs is None
+
+
+@pytest.mark.parametrize("mode, capacity", [("stop", 0), ("cycle", 0), ("drain", 0), ("stop", 40)])
+def test_a_weight_change_through_a_loader_resumes_exactly(urls, mode, capacity):
+    """The loader reads rows ahead of the batch where the weights change (its shuffling queue); its state
+    still carries the change. In order: the same batches. Shuffled (the queue's draws start over on
+    resume, as for any reader): the same rows, which the weights choose."""
+    pytorch = loaders()
+
+    def run(stop_at: int | None, state: dict[str, Any] | None = None) -> tuple[list[list[int]], Any]:
+        mix = mixer(urls, [0.6, 0.3, 0.1], 9, mode)
+        loader = pytorch.DataLoader(mix, batch_size=5, shuffling_queue_capacity=capacity, seed=2)
+        if state is not None:
+            loader.load_state_dict(state)
+        got: list[list[int]] = []
+        with loader:
+            for batch in loader:
+                got.append(batch["id"].tolist())
+                if len(got) == 3 and state is None:
+                    mix.set_weights([0.05, 0.15, 0.8])
+                if len(got) == stop_at:
+                    return got, json.loads(json.dumps(loader.state_dict()))
+                if len(got) == 60:
+                    break
+        return got, None
+
+    full, _ = run(None)
+    head, state = run(7)
+    assert bool(state["reader"]["changes"]) == (capacity > 0), "the change the queue read ahead of is in the state"
+    rest, _ = run(None, state)
+    if capacity == 0:
+        assert (head + rest)[:len(full)] == full
+    else:
+        assert sorted(itertools.chain(*head, *rest)) == sorted(itertools.chain(*full))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_state_saved_before_a_change_carries_it_for_reads_and_skips(urls, row_group_reads, mode):
+    """with_later_changes(): a state saved at row 10, the weights changed at row 30, resumed by reading or by
+    skip_rows() across the change: the rows of the uninterrupted run."""
+    with mixer(urls, [0.5, 0.3, 0.2], 12, mode) as whole:
+        before = take(whole, 10)
+        early = whole.state_dict()
+        middle = take(whole, 20)
+        whole.set_weights([0.1, 0.1, 0.8])
+        after = take(whole, 60)
+        carried = json.loads(json.dumps(whole.with_later_changes(early)))
+    full = before + middle + after
+    assert carried["changes"] == [[30, [0.1, 0.1, 0.8]]] and early.get("changes") == []
+    with mixer(urls, [0.5, 0.3, 0.2], 12, mode, resume_from=carried) as read:
+        assert take(read, 80) == full[10:]
+    with mixer(urls, [0.5, 0.3, 0.2], 12, mode, resume_from=carried) as skipping:
+        reads = len(row_group_reads)
+        assert skipping.skip_rows(40) == 40 and len(row_group_reads) == reads
+        assert skipping.probabilities == pytest.approx((0.1, 0.1, 0.8))
+        assert take(skipping, 40) == full[50:]
