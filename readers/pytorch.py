@@ -605,7 +605,9 @@ class _LoaderBase:
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
-        return self._tracker.state()
+        state = self._tracker.state()
+        carry = getattr(self.reader, "with_later_changes", None)  # a mix's weights changed since (weighted.py)
+        return dict(state, reader=carry(state["reader"])) if callable(carry) else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it."""
@@ -615,6 +617,42 @@ class _LoaderBase:
         self.reader.load_state_dict(reader_state)
         self._pending = np.empty(0, dtype=np.int64)
         self._tracker = _Tracker(reader_state, self._pending_positions, skip, (skip + e for e in exclude))
+        self._resumed = True
+
+    def skip_batches(self, count: int) -> None:
+        """Pass over the next ``count`` batches (after a loss spike, or to replay from a step) at the cost of a
+        resume: from where the loader is (its :meth:`state_dict`), the reader moves ``count * batch_size`` rows
+        on without reading them (its ``skip_rows``), and the next iteration continues there, as after
+        :meth:`load_state_dict` (also after a pass broken off, which would otherwise start over). A batch
+        reader's rows before that point in its batch are read and dropped, as a resume does.
+
+        Not while iterating (break out, skip, iterate again), nor with a shuffling queue, whose batches are
+        known only by drawing them (:class:`~unihub.errors.InvalidArgumentError`: read and drop them there).
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgumentError(f"skip_batches() takes a count >= 0, got {count!r}")
+        if self._iterating:
+            raise UsageError("skip_batches() while the loader is being iterated; break out of the loop, skip, "
+                             "then iterate again")
+        if self.shuffling_queue_capacity > 0:
+            raise InvalidArgumentError("skip_batches() on a loader with a shuffling queue: its batches are known "
+                                       "only by drawing them; read and drop them (itertools.islice)")
+        reader = self.reader
+        reader_state, skip, _ = _parse_state(self.state_dict())  # in reader order, nothing is held out of order
+        reader.load_state_dict(reader_state)
+        rows = skip + count * self.batch_size
+        if callable(getattr(reader, "position_after", None)):
+            target = reader.position_after(rows)
+            reader.load_state_dict(target.state)
+            reader_state, skip = target.state, target.rows_into_task
+        elif callable(getattr(reader, "skip_rows", None)) and not getattr(reader, "is_batched_reader", False):
+            reader.skip_rows(rows)
+            reader_state, skip = reader.state_dict(), 0
+        else:
+            raise InvalidArgumentError(f"skip_batches() needs a reader that skips rows without reading them; "
+                                       f"{type(reader).__name__} has no skip_rows() for its rows")
+        self._pending = np.empty(0, dtype=np.int64)
+        self._tracker = _Tracker(reader_state, self._pending_positions, skip)
         self._resumed = True
 
     def __len__(self) -> int:

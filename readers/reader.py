@@ -24,7 +24,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +56,15 @@ STATE_VERSION = 1
 
 class ReaderStateError(UnihubError, ValueError):
     """A saved reader state that does not belong to this reader's dataset and options."""
+
+
+class SkipTarget(NamedTuple):
+    """Where :meth:`Reader.skip_rows` goes: ``state`` to load, rows of its task still to drop (a batch
+    reader's), and how many rows that skips (fewer than asked where the reader ends first)."""
+
+    state: dict[str, Any]
+    rows_into_task: int
+    rows: int
 
 
 def random_seed() -> int:
@@ -474,6 +483,50 @@ class Reader:
         self._set_position((int(state["epoch"]), int(state["task"]), int(state["offset"])))
         self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
+
+    # -- skipping ahead: a position computed from the plan, no row read ----------------------------------
+    def skip_rows(self, count: int) -> int:
+        """Pass over the next ``count`` rows as if read and dropped, reading none: the plan says where the
+        row ``count`` on is, so this costs a resume, not ``count`` reads. Returns the rows skipped, fewer
+        where the reader ends first (the next ``next()`` then raises StopIteration).
+
+        A row reader's state then resumes after the skipped rows. A batch reader's next batch starts at the
+        row (as after :meth:`seek`), and a state saved before that batch is read resumes at the start of its
+        task. Refused (:class:`~unihub.errors.InvalidArgumentError`) where rows are known only by reading
+        them: a predicate, filters, n-grams or a batch transform (read and drop them there). With
+        ``on_decode_error='skip'`` the count includes rows whose images would not have decoded.
+        """
+        target = self.position_after(count)
+        if target.rows:
+            self.load_state_dict(target.state)
+            self._skip_rows = target.rows_into_task
+        return target.rows
+
+    def position_after(self, count: int) -> SkipTarget:
+        """Where :meth:`skip_rows` goes, without going: a state at most ``count`` rows on (a batch reader's at
+        the start of the task that holds the row), the rows of that task still to drop, and the rows skipped."""
+        if self.num_rows_per_epoch is None:
+            raise InvalidArgumentError("skip_rows() needs the rows of an epoch known in advance: not with a "
+                                       "predicate, filters, n-grams or a batch transform; read and drop the rows")
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+            raise InvalidArgumentError(f"skip_rows() takes a count >= 0, got {count!r}")
+        epoch, task, offset = self._where()
+        per_epoch, left = self.num_rows_per_epoch, int(count)
+        while left and (self.num_epochs is None or epoch < self.num_epochs) and per_epoch:
+            ends = np.cumsum([0] + [t.num_rows for t in planning.epoch_plan(self._plan, epoch)])
+            row = int(ends[task]) + offset + left
+            if row < ends[-1]:
+                index = int(np.searchsorted(ends, row, side="right")) - 1
+                into = row - int(ends[index])
+                state = dict(self.state_dict(), epoch=epoch, task=index, offset=0 if self.batched else into)
+                return SkipTarget(state, into if self.batched else 0, int(count))
+            left -= int(ends[-1]) - (row - left)
+            whole = left // per_epoch if self.num_epochs is None else min(left // per_epoch,
+                                                                          self.num_epochs - epoch - 1)
+            epoch, task, offset, left = epoch + 1 + whole, 0, 0, left - whole * per_epoch
+        moved = (epoch, task, offset) != self._where()
+        state = dict(self.state_dict(), epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
+        return SkipTarget(state, 0, int(count) - left)
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property

@@ -1,10 +1,13 @@
 """``WeightedSamplingReader``: rows (or batches) drawn from several readers at given probabilities.
 
 Petastorm's ``petastorm.weighted_sampling_reader.WeightedSamplingReader`` with its arguments,
-checks and end (the mix ends when a drawn reader has nothing left), plus ``seed`` and exact
-resume. Which reader the ``k``-th draw takes is a pure function of ``(seed, k)``
-(:func:`draw_choices`): uniforms come in blocks of :data:`BLOCK` from a generator seeded
-``(seed, block, stream tag)``, so the sampler's whole state is its seed and draw count, and
+checks and end (by default the mix ends when a drawn reader has nothing left), plus ``seed``,
+exact resume, ``on_exhausted="cycle"|"drain"`` (start a reader that ran out over, or take it out
+and renormalise the weights), weights changed mid-run (:meth:`~WeightedSamplingReader.set_weights`)
+and :meth:`~WeightedSamplingReader.skip_rows`. Which reader the ``k``-th draw takes is a pure
+function of ``(seed, k)`` and the weights in force (:func:`draw_choices`): uniforms come in blocks
+of :data:`BLOCK` from a generator seeded ``(seed, block, stream tag)``, so the sampler's whole
+state is its seed, draw count, weights and drained readers, and
 :meth:`WeightedSamplingReader.state_dict` is that plus each reader's own ``state_dict()``.
 
     evens = make_reader(url, predicate=in_lambda(["id"], lambda i: i % 2 == 0), num_epochs=None)
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -35,7 +38,7 @@ BLOCK = 1024
 #: the last word of the draws' seed: without it, ``(seed, block)`` would be the stream a reader
 #: seeded alike shuffles with (``plan.py`` seeds ``(seed, epoch)``), and the draws would follow its order
 _STREAM = 0x57535231
-STATE_VERSION = 1
+STATE_VERSION = 2
 STATE_KIND = "weighted_sampling"
 
 
@@ -47,49 +50,63 @@ class SchemaMismatchError(WeightedSamplingError, SchemaError):
     """The readers' rows do not share one schema: other field names, dtypes or shapes."""
 
 
+class WeightsError(WeightedSamplingError):
+    """Probabilities (weights) that cannot be drawn from: NaN or inf, negative, all 0, or not one per reader."""
+
+
 # -- the sampling order: pure functions of (seed, draw index) ---------------------------------------
 def normalize_probabilities(probabilities: Sequence[float], count: int) -> np.ndarray:
-    """``probabilities`` scaled to sum to 1, checked: one per reader, finite, >= 0, not all 0."""
+    """``probabilities`` scaled to sum to 1, checked: one per reader, finite, >= 0, not all 0
+    (:class:`WeightsError` naming which)."""
     try:
         p = np.asarray(probabilities, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise WeightedSamplingError(f"probabilities must be numbers, got {probabilities!r}") from exc
+        raise WeightsError(f"probabilities must be numbers, got {probabilities!r}") from exc
     if p.ndim != 1 or len(p) != count:
-        raise WeightedSamplingError(f"readers and probabilities are expected to be lists of the same length: "
-                                    f"{count} readers, probabilities {probabilities!r}")
-    if not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise WeightedSamplingError(f"probabilities must be finite and >= 0, got {probabilities!r}")
+        raise WeightsError(f"readers and probabilities are expected to be lists of the same length: "
+                           f"{count} readers, probabilities {probabilities!r}")
+    if not np.all(np.isfinite(p)):
+        raise WeightsError(f"probabilities must be finite (no NaN or inf), got {probabilities!r}")
+    if np.any(p < 0):
+        raise WeightsError(f"probabilities must be >= 0, got {probabilities!r}")
     total = p.sum()
     if total <= 0:
-        raise WeightedSamplingError(f"probabilities must not all be 0, got {probabilities!r}")
+        raise WeightsError(f"probabilities must not all be 0, got {probabilities!r}")
     return p / total
 
 
 def _cumulative(probabilities: np.ndarray) -> np.ndarray:
-    """Upper bounds of each reader's share of [0, 1); the last is exactly 1 so every uniform lands."""
+    """Upper bounds of each reader's share of [0, 1); the last drawable one's (and those after it, of
+    weight 0) exactly 1, so every uniform lands on a reader that can be drawn."""
     bounds = np.cumsum(probabilities)
-    bounds[-1] = 1.0
+    bounds[int(np.flatnonzero(probabilities > 0)[-1]):] = 1.0
     return bounds
 
 
-def _block_choices(seed: int, bounds: np.ndarray, block: int) -> np.ndarray:
-    """Reader index of draws ``block * BLOCK`` to ``(block + 1) * BLOCK - 1``."""
-    uniforms = np.random.default_rng([seed, block, _STREAM]).random(BLOCK)
-    return np.searchsorted(bounds, uniforms, side="right")  # Petastorm's rule: first bound > u
+def _block_uniforms(seed: int, block: int) -> np.ndarray:
+    """The uniforms of draws ``block * BLOCK`` to ``(block + 1) * BLOCK - 1``."""
+    return np.random.default_rng([seed, block, _STREAM]).random(BLOCK)
+
+
+def _uniforms(seed: int, start: int, stop: int) -> np.ndarray:
+    """The uniforms of draws ``start <= k < stop``."""
+    if stop <= start:
+        return np.empty(0, dtype=np.float64)
+    first, last = start // BLOCK, (stop - 1) // BLOCK
+    values = np.concatenate([_block_uniforms(seed, b) for b in range(first, last + 1)])
+    return values[start - first * BLOCK:stop - first * BLOCK]
 
 
 def draw_choices(seed: int, probabilities: Sequence[float], start: int, stop: int) -> np.ndarray:
     """Reader index of each draw ``start <= k < stop`` for ``seed`` and (normalised) ``probabilities``.
 
-    What the mixer follows; it depends on nothing else (not on the readers, their workers or
-    how often the mixer was resumed).
+    What the mixer follows while the weights stay and no reader runs out; it depends on nothing
+    else (not on the readers, their workers or how often the mixer was resumed). Draw ``k`` takes
+    the reader whose share of [0, 1) holds the ``k``-th uniform, so weights changed at draw ``k``
+    change the choices from ``k`` on and nothing before.
     """
     bounds = _cumulative(normalize_probabilities(probabilities, len(probabilities)))
-    if stop <= start:
-        return np.empty(0, dtype=np.int64)
-    first, last = start // BLOCK, (stop - 1) // BLOCK
-    picks = np.concatenate([_block_choices(seed, bounds, b) for b in range(first, last + 1)])
-    return picks[start - first * BLOCK:stop - first * BLOCK]
+    return np.searchsorted(bounds, _uniforms(seed, start, stop), side="right")  # Petastorm's rule: first bound > u
 
 
 def _check_seed(seed: Any) -> int:
@@ -191,35 +208,67 @@ def _converter(reader: Any, schema: Unischema, ngram: Any) -> Callable[[Any], An
 
 
 # -- the reader ---------------------------------------------------------------------------------------
+#: what the mix does when a drawn reader has no row left (``on_exhausted=``)
+OnExhausted = Literal["stop", "cycle", "drain"]
+_MODES: tuple[str, ...] = get_args(OnExhausted)
+_NEVER = 2**63  # the draw of "no weight change to come"
+
+
 class WeightedSamplingReader:
     """Each ``next()`` draws a reader with the given probabilities and returns its next row (or batch).
 
     Petastorm's class and arguments: ``readers`` (two or more, all row readers or all batch
     readers, with the same fields, and the same NGram layout if any) and ``probabilities``
-    (one per reader, normalised). The iteration ends when the drawn reader has nothing left,
-    as Petastorm's. Added: ``seed`` (the draws are a pure function of ``(seed, draw index)``;
-    None picks one, kept in the state) and exact resume: :meth:`state_dict` after any item,
-    then :meth:`load_state_dict` or ``resume_from=`` on a mixer over new readers made with the
-    same options, and the items not yet delivered come next, in the same order.
+    (one per reader, normalised). Added:
+
+    - ``seed``: the draws are a pure function of ``(seed, draw index)`` (None picks one, kept in the state);
+    - ``on_exhausted``, what happens when the drawn reader has nothing left: ``"stop"`` (Petastorm's, the
+      default) ends the mix; ``"cycle"`` starts that reader over (its ``start_over()``, else ``reset()``: its
+      own seeded order and epochs again, pass after pass) and takes its first row, so the mix never ends;
+      ``"drain"`` takes that reader out and draws again with the weights renormalised over the others, so
+      every row of every reader (of weight > 0) comes exactly once and the mix ends when all are drained;
+    - :meth:`set_weights` mid-run (a curriculum): from the next draw on;
+    - exact resume: :meth:`state_dict` after any item (it holds the weights in force, the drained
+      readers and each reader's position, mid-cycle too), then :meth:`load_state_dict` or ``resume_from=`` on
+      a mixer over new readers made with the same options, and the items not yet delivered come next, in
+      the same order;
+    - :meth:`skip_rows`: pass over rows at the cost of a resume, reading none of them.
+
+        with WeightedSamplingReader([web, books], [0.8, 0.2], seed=0, on_exhausted="cycle") as mixer:
+            for step, row in enumerate(mixer):
+                if step == 10_000:
+                    mixer.set_weights([0.5, 0.5])
     """
 
     def __init__(self, readers: Sequence[Any], probabilities: Sequence[float], seed: int | None = None, *,
-                 resume_from: dict[str, Any] | None = None) -> None:
+                 on_exhausted: OnExhausted = "stop", resume_from: dict[str, Any] | None = None) -> None:
         readers = list(readers)
         if len(readers) <= 1:
             raise WeightedSamplingError(f"Two or more readers must be specified. Got {len(readers)}.")
+        if on_exhausted not in _MODES:
+            raise WeightedSamplingError(f"on_exhausted must be one of {list(_MODES)}, got {on_exhausted!r}")
         normalized = normalize_probabilities(probabilities, len(readers))
         _check_mixable(readers)
         self._readers = readers
-        self.probabilities: tuple[float, ...] = tuple(float(p) for p in normalized)
-        self._bounds = _cumulative(normalized)
+        self.on_exhausted: OnExhausted = on_exhausted
+        #: the constructor's probabilities: a state saved by a mix made with others is refused
+        self._initial: tuple[float, ...] = tuple(float(p) for p in normalized)
+        self.probabilities: tuple[float, ...] = self._initial
+        self._drained = [False] * len(readers)
+        self._passes = [0] * len(readers)
+        self._bounds: list[float] | None = _cumulative(normalized).tolist()
         self.seed = _check_seed(seed)
         self.batched = _is_batched(readers[0])
         self.ngram = getattr(readers[0], "ngram", None)
         self.schema = _mixed_schema(readers[0].schema, [r.schema for r in readers])
         self._convert = [_converter(r, self.schema, self.ngram) for r in readers]
         self._draws = 0
-        self._block = -1
+        #: this run's weight changes, (draw, weights), in order: those made here by set_weights, and those a
+        #: loaded state brought (made after the position it saved: a loader reads ahead); _due is the next
+        #: one not yet in force, _next_change its draw
+        self._changes: list[tuple[int, tuple[float, ...]]] = []
+        self._due, self._next_change = 0, _NEVER
+        self._block = -1  # the block of draws whose choices (with the bounds in force) are in _choices
         self._choices: list[int] = []
         if resume_from is not None:
             self.load_state_dict(resume_from)
@@ -244,9 +293,59 @@ class WeightedSamplingReader:
 
     @property
     def num_epochs(self) -> int | None:
-        """None when the mix never ends (every reader it can draw reads forever), else 1: one pass."""
+        """None when the mix never ends (``"cycle"``, or a reader it can draw reads forever), else 1: one pass."""
+        if self.on_exhausted == "cycle":
+            return None
         drawable = [r for r, p in zip(self._readers, self.probabilities) if p > 0]
-        return None if all(getattr(r, "num_epochs", 1) is None for r in drawable) else 1
+        forever = [getattr(r, "num_epochs", 1) is None for r in drawable]
+        return None if (all(forever) if self.on_exhausted == "stop" else any(forever)) else 1
+
+    # -- the weights ----------------------------------------------------------------------------------
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Draw with ``weights`` (one per reader, normalised) from the next draw on: a curriculum.
+
+        Part of the state: a mix saved after the change resumes with it. Refused with
+        :class:`WeightsError` (the weights in force stay) for NaN or inf, a negative weight, all 0
+        or not one per reader. A weight on a drained reader (``"drain"``) draws nothing; when only
+        drained readers have weight, the mix ends. A loader reading ahead of its consumer (its
+        shuffling queue, the rows it gathers) has drawn those rows with the weights of then, and its
+        ``state_dict()`` carries the change (:meth:`with_later_changes`), so a resumed loader changes the
+        weights at the same draw. Changes a loaded state brought that are not yet in force are dropped.
+        """
+        normalized = tuple(float(p) for p in normalize_probabilities(weights, len(self._readers)))
+        del self._changes[self._due:]
+        self._changes.append((self._draws, normalized))
+        self._due, self._next_change = len(self._changes), _NEVER
+        self._use_weights(normalized)
+
+    def _use_weights(self, weights: tuple[float, ...]) -> None:
+        self.probabilities = weights
+        self._bounds, self._block = self._drawable_bounds(), -1
+
+    def _apply_due_changes(self) -> None:
+        """Put in force the changes whose draw has come (those a loaded state brought)."""
+        while self._due < len(self._changes) and self._changes[self._due][0] <= self._draws:
+            self._use_weights(self._changes[self._due][1])
+            self._due += 1
+        self._next_change = self._changes[self._due][0] if self._due < len(self._changes) else _NEVER
+
+    def with_later_changes(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (saved by this mix earlier in this run) with the weight changes made since it was saved:
+        what a loader that read ahead saves, so that its resume changes the weights where this run did."""
+        draws = int(state.get("draws", 0))
+        later = [(draw, weights) for draw, weights in self._changes if draw >= draws]
+        if not later:
+            return state
+        earlier = [change for change in state.get("changes", ()) if int(change[0]) < later[0][0]]
+        return dict(state, changes=earlier + [[draw, list(weights)] for draw, weights in later])
+
+    def _drawable_bounds(self) -> list[float] | None:
+        """The bounds the draws follow now: the weights without drained readers, renormalised (None: none left)."""
+        weights = np.asarray(self.probabilities, dtype=np.float64)
+        weights[np.asarray(self._drained)] = 0.0
+        if not weights.sum() > 0:
+            return None
+        return _cumulative(weights / weights.sum()).tolist()
 
     # -- iteration ------------------------------------------------------------------------------------
     def __iter__(self) -> WeightedSamplingReader:
@@ -254,12 +353,30 @@ class WeightedSamplingReader:
 
     def __next__(self) -> Any:
         draw = self._draws
+        if draw >= self._next_change:
+            self._apply_due_changes()
         block, i = divmod(draw, BLOCK)
-        if block != self._block:
-            self._choices = _block_choices(self.seed, self._bounds, block).tolist()
+        if block != self._block:  # a new block, or the bounds changed (weights set, a reader drained)
+            if self._bounds is None:  # "drain": every reader that has weight is drained
+                raise StopIteration
+            uniforms = _block_uniforms(self.seed, block)
+            self._choices = np.searchsorted(self._bounds, uniforms, side="right").tolist()  # first bound > u
             self._block = block
         source = self._choices[i]
-        item = next(self._readers[source])  # its StopIteration ends the mix; the draw is not used up
+        try:
+            item = next(self._readers[source])
+        except StopIteration:
+            # "stop" (and a reader stopped from outside) ends the mix; the draw is not used up
+            if self.on_exhausted == "stop" or getattr(self._readers[source], "stopped", False):
+                raise
+            if self.on_exhausted == "drain":
+                self._drain(source)
+                return self.__next__()  # as deep as there are readers to drain
+            self._start_pass(source)
+            try:
+                item = next(self._readers[source])
+            except StopIteration:
+                raise _empty(source) from None
         self._draws = draw + 1
         convert = self._convert[source]
         return item if convert is None else convert(item)
@@ -267,9 +384,87 @@ class WeightedSamplingReader:
     def next(self) -> Any:
         return self.__next__()
 
+    def _start_pass(self, source: int) -> None:
+        """``"cycle"``: the reader that ran out starts over (its own order, its own epochs)."""
+        start_over(self._readers[source])
+        self._passes[source] += 1
+
+    def _drain(self, source: int) -> None:
+        """``"drain"``: the reader that ran out leaves the mix; its draw's uniform is used up."""
+        self._drained[source] = True
+        self._draws += 1
+        self._bounds, self._block = self._drawable_bounds(), -1
+
+    # -- skipping ahead -------------------------------------------------------------------------------
+    def skip_rows(self, count: int) -> int:
+        """Pass over the next ``count`` rows as if read and dropped, reading none of them; returns the rows
+        skipped (fewer where the mix ends first).
+
+        The draws are known from ``(seed, draw index)``, so each reader skips its share with its own
+        ``skip_rows`` (a resume's cost: unihub's readers compute the position from their plan); a reader
+        that runs out in between stops, restarts or leaves the mix as ``next()`` would have it. Row mixers of
+        readers that can skip (unihub's, without predicate, filters or n-grams) only:
+        :class:`WeightedSamplingError` otherwise.
+        """
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise WeightedSamplingError(f"skip_rows() takes a count >= 0, got {count!r}")
+        if self.batched or self.ngram is not None:
+            raise WeightedSamplingError("skip_rows() skips rows of a row mix; this mix draws batches or n-gram "
+                                        "windows, whose rows are known only by reading them")
+        for index, reader in enumerate(self._readers):
+            if not callable(getattr(reader, "skip_rows", None)):
+                raise WeightedSamplingError(f"reader {index} ({type(reader).__name__}) has no skip_rows(); "
+                                            "skipping without reading needs unihub readers")
+        skipped, left, restarted = 0, int(count), -1
+        while left:
+            self._apply_due_changes()
+            if self._bounds is None:
+                break
+            span = min(left, self._next_change - self._draws)  # not past a weight change
+            choices = np.searchsorted(self._bounds, _uniforms(self.seed, self._draws, self._draws + span),
+                                      side="right")
+            short = self._skip_shares(choices)
+            if short is None:
+                self._draws += span
+                skipped, left = skipped + span, left - span
+                continue
+            ran_out = int(choices[short])  # draw `short` takes a reader that has nothing left
+            self._skip_shares(choices[:short])
+            self._draws += short
+            skipped, left = skipped + short, left - short
+            if self.on_exhausted == "stop":
+                break
+            if self.on_exhausted == "cycle":
+                if restarted == ran_out and short == 0:
+                    raise _empty(ran_out)
+                self._start_pass(ran_out)
+                restarted = ran_out
+            else:
+                self._drain(ran_out)
+        return skipped
+
+    def _skip_shares(self, choices: np.ndarray) -> int | None:
+        """Each reader skips the draws ``choices`` give it; None when all could, else (every reader put back
+        where it was) the first draw whose reader had nothing left."""
+        counts = np.bincount(choices, minlength=len(self._readers))
+        before = [reader.state_dict() for reader in self._readers]
+        short: list[int] = []
+        for source, reader in enumerate(self._readers):
+            if counts[source]:
+                got = reader.skip_rows(int(counts[source]))
+                if got < counts[source]:
+                    short.append(int(np.flatnonzero(choices == source)[got]))
+        if not short:
+            return None
+        for reader, state in zip(self._readers, before):
+            reader.load_state_dict(state)
+        return min(short)
+
     # -- position -------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last delivered item: the draw count, seed and each reader's state (JSON-able)."""
+        """The position after the last delivered item (JSON-able): the draw count, seed, weights in force,
+        drained readers, passes each reader started over, weight changes still to come (a loaded state's) and
+        each reader's own state."""
         states = []
         for index, reader in enumerate(self._readers):
             if not callable(getattr(reader, "state_dict", None)):
@@ -277,44 +472,75 @@ class WeightedSamplingReader:
                                             "exact resume needs unihub readers")
             states.append(reader.state_dict())
         return {"version": STATE_VERSION, "kind": STATE_KIND, "seed": self.seed, "draws": self._draws,
-                "probabilities": list(self.probabilities), "readers": states}
+                "probabilities": list(self._initial), "weights": list(self.probabilities),
+                "on_exhausted": self.on_exhausted, "drained": list(self._drained), "passes": list(self._passes),
+                "changes": [[draw, list(weights)] for draw, weights in self._changes[self._due:]],
+                "readers": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next item is the first one not delivered before it was saved.
 
-        A refused state (another version, other probabilities or readers) leaves the mixer as it was.
+        The state's weights (a curriculum's change) replace those in force. A refused state (another
+        version, other probabilities at construction, another ``on_exhausted`` or other readers) leaves
+        the mixer as it was.
         """
-        seed, draws, states = self._parse_state(state)
+        parsed = self._parse_state(state)
         before = [reader.state_dict() for reader in self._readers]
-        for index, (reader, reader_state) in enumerate(zip(self._readers, states)):
+        for index, (reader, reader_state) in enumerate(zip(self._readers, parsed.readers)):
             try:
                 reader.load_state_dict(reader_state)
             except Exception:
                 for loaded, old in zip(self._readers[:index], before):
                     loaded.load_state_dict(old)
                 raise
-        self.seed, self._draws, self._block = seed, draws, -1
+        self.seed, self._draws, self._block = parsed.seed, parsed.draws, -1
+        self._drained, self._passes = parsed.drained, parsed.passes
+        self._changes, self._due = parsed.changes, 0
+        self._use_weights(parsed.weights)
+        self._apply_due_changes()
 
-    def _parse_state(self, state: Any) -> tuple[int, int, list[dict[str, Any]]]:
-        if not isinstance(state, dict) or state.get("kind") != STATE_KIND or state.get("version") != STATE_VERSION:
+    def _parse_state(self, state: Any) -> _Saved:
+        if not isinstance(state, dict) or state.get("kind") != STATE_KIND or \
+                state.get("version") not in (1, STATE_VERSION):
             found = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
             raise ReaderStateError(f"not a WeightedSamplingReader state of version {STATE_VERSION} (found {found!r}); "
                                    "pass what its state_dict() returned")
-        missing = sorted({"seed", "draws", "probabilities", "readers"} - set(state))
+        keys = {"seed", "draws", "probabilities", "readers"} | \
+            ({"weights", "on_exhausted", "drained", "passes"} if state["version"] == STATE_VERSION else set())
+        missing = sorted(keys - set(state))
         if missing:
             raise ReaderStateError(f"the WeightedSamplingReader state lacks {missing}; pass what state_dict() returned")
+        count = len(self._readers)
         states = list(state["readers"])
-        if len(states) != len(self._readers):
-            raise ReaderStateError(f"the state was saved by a mix of {len(states)} readers, this one has "
-                                   f"{len(self._readers)}")
+        if len(states) != count:
+            raise ReaderStateError(f"the state was saved by a mix of {len(states)} readers, this one has {count}")
         saved = np.asarray(state["probabilities"], dtype=np.float64)
-        if saved.shape != (len(self._readers),) or not np.allclose(saved, self.probabilities, rtol=0, atol=1e-12):
+        if saved.shape != (count,) or not np.allclose(saved, self._initial, rtol=0, atol=1e-12):
             raise ReaderStateError(f"the state was saved with probabilities {list(saved)}, this mix has "
-                                   f"{list(self.probabilities)}")
+                                   f"{list(self._initial)}")
+        mode = state.get("on_exhausted", "stop")  # version 1: Petastorm's end, the only one then
+        if mode != self.on_exhausted:
+            raise ReaderStateError(f"the state was saved by a mix with on_exhausted={mode!r}, this one has "
+                                   f"{self.on_exhausted!r}")
+        try:
+            weights = normalize_probabilities(state.get("weights", saved), count)
+        except WeightsError as exc:
+            raise ReaderStateError(f"the state's weights are not usable: {exc}") from None
+        try:
+            changes = [(int(draw), tuple(float(w) for w in normalize_probabilities(weights, count)))
+                       for draw, weights in state.get("changes", ())]
+        except (TypeError, ValueError) as exc:
+            raise ReaderStateError(f"the state's weight changes are not usable: {exc}") from None
+        drained = [bool(d) for d in state.get("drained", [False] * count)]
+        passes = [int(p) for p in state.get("passes", [0] * count)]
         seed, draws = int(state["seed"]), int(state["draws"])
-        if seed < 0 or draws < 0:
-            raise ReaderStateError(f"a state's seed and draws are >= 0, got seed={seed}, draws={draws}")
-        return seed, draws, states
+        if seed < 0 or draws < 0 or len(drained) != count or len(passes) != count or min(passes) < 0:
+            raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
+                                   f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
+                                   f"passes={passes}")
+        if [draw for draw, _ in changes] != sorted(draw for draw, _ in changes):
+            raise ReaderStateError("the state's weight changes are not in draw order; pass what state_dict() returned")
+        return _Saved(seed, draws, tuple(float(w) for w in weights), drained, passes, changes, states)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -322,10 +548,15 @@ class WeightedSamplingReader:
         self.start_over()
 
     def start_over(self) -> None:
-        """:meth:`reset`, from anywhere: the other readers stopped mid-epoch when one ran out."""
+        """:meth:`reset`, from anywhere: the other readers stopped mid-epoch when one ran out. The weights
+        in force stay (a curriculum's change is not undone); drained readers come back."""
         for reader in self._readers:
             start_over(reader)
         self._draws = 0
+        self._changes, self._due, self._next_change = [], 0, _NEVER  # a new run: its own changes
+        self._drained = [False] * len(self._readers)
+        self._passes = [0] * len(self._readers)
+        self._bounds, self._block = self._drawable_bounds(), -1
 
     def stop(self) -> None:
         """Stop every reader; a ``next()`` then raises :class:`~unihub.errors.UsageError` (a RuntimeError,
@@ -346,5 +577,23 @@ class WeightedSamplingReader:
 
     @property
     def diagnostics(self) -> dict[str, Any]:
-        return {"draws": self._draws, "seed": self.seed,
+        return {"draws": self._draws, "seed": self.seed, "weights": list(self.probabilities),
+                "on_exhausted": self.on_exhausted, "drained": list(self._drained), "passes": list(self._passes),
                 "readers": [getattr(r, "diagnostics", None) for r in self._readers]}
+
+
+class _Saved(NamedTuple):
+    """A checked :meth:`WeightedSamplingReader.state_dict`."""
+
+    seed: int
+    draws: int
+    weights: tuple[float, ...]
+    drained: list[bool]
+    passes: list[int]
+    changes: list[tuple[int, tuple[float, ...]]]
+    readers: list[dict[str, Any]]
+
+
+def _empty(source: int) -> WeightedSamplingError:
+    return WeightedSamplingError(f'reader {source} has no rows: on_exhausted="cycle" would start it over forever; '
+                                 "leave it out of the mix, or give it rows")
