@@ -35,6 +35,7 @@ from unihub.formats.foreign import (
     expand_braces,
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
+from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB, MemoryBudget, batch_nbytes, memory_budget, rows_for
@@ -147,6 +148,7 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
     return name or UNIHUB
 
 
+@names_output_errors("dst")  # a full disk, a read-only destination: OutputError naming ``dst``
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, overwrite_foreign: bool = False,

@@ -26,6 +26,7 @@ from unihub.errors import SchemaError, ValidationError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
+from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
@@ -70,6 +71,7 @@ class _PartitionSink:
 
 
 @remote.naming_url("url")
+@names_output_errors("url")  # a full disk, a read-only destination: OutputError naming ``url``
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, rows_per_file: int | None = None,
                   compression: str | None = "snappy", partition_by: Sequence[str] = (),
