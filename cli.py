@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from unihub import interrupts
 from unihub.caching.cli import add_cache_commands
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
@@ -516,7 +517,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_extra_arguments(parser, args, extra, argv)
     previous = _one_line_warnings(args.verbose)
     try:
-        return _run(args)
+        with interrupts.raised():  # Ctrl-C and SIGTERM unwind the command, which removes what it staged
+            return _run(args)
+    except KeyboardInterrupt as stop:  # one landing between _run's own lines
+        print(interrupts.last_line(stop), file=sys.stderr)
+        return interrupts.exit_code(stop)
     finally:
         warnings.formatwarning = previous
 
@@ -555,9 +560,9 @@ def _run(args: argparse.Namespace) -> int:
             raise
         print(f"unihub: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("unihub: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupts.Terminated), once the command unwound
+        print(interrupts.last_line(stop), file=sys.stderr)
+        return interrupts.exit_code(stop)
     except BrokenPipeError:  # the reader went away (``unihub inspect DS | head``): stop quietly
         _silence_stdout()
         return 141  # 128 + SIGPIPE, as a program the pipe killed
