@@ -54,7 +54,7 @@ class DiskRoom:
         """Room for ``nbytes`` more in every tracked file (see the module docstring), else OSError."""
         for handle, path in self._files:
             if handle.id.valid:
-                self._reserve(handle, path, handle.id.get_filesize() + nbytes + _unallocated(handle) + MARGIN_BYTES)
+                self._reserve(handle, path, handle.id.get_filesize() + nbytes + _chunk_caches(handle) + MARGIN_BYTES)
 
     def release(self, path: str) -> None:
         """Give back the blocks reserved beyond the end of the complete file ``path``."""
@@ -62,28 +62,42 @@ class DiskRoom:
             os.truncate(path, os.path.getsize(path))  # drops what lies beyond the end
 
     def _reserve(self, handle: Any, path: str, end: int) -> None:
-        if end <= self._reserved.get(path, 0):
+        """Make the first ``end`` bytes of ``path`` the file's own (reserved, or free on its disk)."""
+        reserved = self._reserved.get(path)  # None: nothing reserved yet, or the filesystem cannot
+        if reserved is not None and end <= reserved:
             return
-        start = self._reserved.get(path, 0)
         descriptor = handle.id.get_vfd_handle()
         try:
             _check_file_size_limit(path, end)
-            if not _fallocate(descriptor, start, end - start, path):
-                _check_free_space(path, end - max(start, os.fstat(descriptor).st_size))
+            if _fallocate(descriptor, reserved or 0, end - (reserved or 0), path):
+                self._reserved[path] = end
+            else:  # what the file does not hold yet must be free
+                _check_free_space(path, end - os.fstat(descriptor).st_blocks * 512)
         except OSError:
             self.refused = True
             raise
-        self._reserved[path] = end
 
 
-def _unallocated(handle: Any) -> int:
-    """What HDF5 may hold for ``handle`` beyond its end of allocated space: the rows in each open
-    dataset's chunk cache, which get their place in the file only when written out (at close)."""
+def _chunk_caches(handle: Any) -> int:
+    """The most that the chunk caches of ``handle``'s open datasets hold: whole chunks, which get their
+    place in the file (beyond HDF5's end of allocated space) only when written out, at the latest at
+    close, however few rows they hold."""
     from unihub.formats.hdf5_types import h5py_module
 
-    h5f = h5py_module().h5f
-    cache_bytes = handle.id.get_access_plist().get_cache()[2]
-    return int(h5f.get_obj_count(handle.id, h5f.OBJ_DATASET | h5f.OBJ_LOCAL)) * int(cache_bytes)
+    h5py = h5py_module()
+    cache_bytes = int(handle.id.get_access_plist().get_cache()[2])
+    total = 0
+    for dataset in h5py.h5f.get_obj_ids(handle.id, h5py.h5f.OBJ_DATASET | h5py.h5f.OBJ_LOCAL):
+        plist = dataset.get_create_plist()
+        if plist.get_layout() != h5py.h5d.CHUNKED:
+            continue
+        chunk = plist.get_chunk()
+        chunk_bytes = int(np.prod(chunk)) * dataset.get_type().get_size()
+        if chunk_bytes > cache_bytes:  # written through, never cached
+            continue
+        chunks = int(np.prod([-(-extent // size) for extent, size in zip(dataset.shape, chunk)]))
+        total += min(cache_bytes, chunks * chunk_bytes)
+    return total
 
 
 def nbytes_of(rows: Any) -> int:
