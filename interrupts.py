@@ -11,8 +11,13 @@ terminated`` (SIGTERM) as its last line and exits 128 + the signal's number, wit
 - while the command runs (:func:`raised`), SIGINT raises ``KeyboardInterrupt`` and SIGTERM
   :class:`Terminated` (a ``KeyboardInterrupt``), so every writer's clean-up runs as the stack unwinds
   and removes its staged output. Later signals are ignored until that is done: a second Ctrl-C
-  does not cut the clean-up short (SIGKILL does, and the next run removes what is left). Processes
-  forked meanwhile (workers) ignore SIGINT and die of SIGTERM: the command stops them.
+  does not cut the clean-up short (SIGKILL does, and the next run removes what is left). Where
+  Python drops the exception (it landed in an at-fork or weakref callback, a ``__del__``: "Exception
+  ignored in ..."), the signal is sent again, to land elsewhere. Processes forked meanwhile
+  (workers) ignore both: the command stops them as it unwinds, and a worker that died of a signal
+  while holding its pool's queue would leave the others, and the command waiting for them, hung.
+  Workers still there when the command has unwound (a signal that landed while their pool was
+  starting leaves them waiting for work) are killed, as Python would otherwise wait for them at exit.
 
 A signal a shell set to be ignored (SIGINT of a job started in the background) stays ignored. A
 signal that arrives before the interpreter runs unihub's first line ends the process as Python
@@ -21,11 +26,12 @@ itself has it (by the signal, with nothing written).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -80,17 +86,23 @@ def raised() -> Iterator[None]:
     before = _install(_raise)
     global _FORKED_IGNORE
     _FORKED_IGNORE = True
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_raise_again, unraisable)
+    _RECEIVED.clear()
     try:
         yield
     finally:
         _FORKED_IGNORE = False
+        sys.unraisablehook = unraisable
         for number, handler in before.items():
             signal.signal(number, handler)
+        if _RECEIVED:
+            _kill_children()
 
 
 def _install(handler: Any) -> dict[int, Any]:
     """``handler`` for SIGINT and SIGTERM where they are not ignored; returns the handlers it replaced."""
-    replaced = {}
+    replaced: dict[int, Any] = {}
     for number in WORDS:
         current = signal.getsignal(number)
         if current is not signal.SIG_IGN:
@@ -110,8 +122,32 @@ def _exit_now(number: int, frame: FrameType | None) -> None:
     os._exit(128 + number)
 
 
+def _raise_again(hook: Callable[[Any], object], unraisable: Any) -> None:
+    """An exception Python drops: when it is one :func:`_raise` raised, send its signal again."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        hook(unraisable)
+        return
+    number = getattr(unraisable.exc_value, "signal_number", signal.SIGINT)
+    signal.signal(number, _raise)
+    # from another thread, a moment later: sent from here, it would be raised (and dropped) in here
+    threading.Timer(0.01, os.kill, (os.getpid(), number)).start()
+
+
+def _kill_children() -> None:
+    """Kill the worker processes this process still has (they ignore SIGINT and SIGTERM)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:  # never imported: no workers
+        return
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=10)
+
+
 def _raise(number: int, frame: FrameType | None) -> None:
     """The first signal raises; the ones after are ignored while the clean-up it starts runs."""
+    _RECEIVED.append(number)
     for other in WORDS:
         signal.signal(other, signal.SIG_IGN)
     if number == signal.SIGTERM:
@@ -121,14 +157,18 @@ def _raise(number: int, frame: FrameType | None) -> None:
 
 #: True while :func:`raised` is in force: a process forked then is a worker of the command
 _FORKED_IGNORE = False
+#: the signals :func:`_raise` raised for while :func:`raised` is in force
+_RECEIVED: list[int] = []
 
 
 def _in_forked_child() -> None:
-    """A worker forked by the command leaves Ctrl-C to it (which stops the workers) and dies of SIGTERM."""
+    """A worker forked by the command leaves SIGINT and SIGTERM to the command, which stops its workers
+    (and whose end ends them: :mod:`unihub.lifeline`)."""
     if _FORKED_IGNORE:
+        sys.unraisablehook = sys.__unraisablehook__
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for number in WORDS:
+                signal.signal(number, signal.SIG_IGN)
         except ValueError:  # not this interpreter's main thread: as Python has it
             pass
 

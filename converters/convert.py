@@ -320,8 +320,8 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     if not sources.is_url(dst):
         target = os.path.abspath(dst)
         holder = fsutil.temporary_sibling(target)
-        os.makedirs(holder)
         try:
+            os.makedirs(holder)  # inside: a Ctrl-C right after it removes it too
             written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
             FORMATS.get(target_format).write(LocalOutputs(written), schema, batches, **options)
             fsutil.commit(pafs.LocalFileSystem(), written, target)

@@ -126,8 +126,8 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     temporary = fsutil.temporary_sibling(target)
     plan = _Plan(store, schema, not_null, partition_by, row_group_size_mb, fs, temporary)
     ranges = _row_ranges(store, partitions_count)
-    fs.create_dir(temporary, recursive=True)
     try:
+        fs.create_dir(temporary, recursive=True)  # inside: a Ctrl-C right after it removes it too
         if engine == "spark":
             rows_read, rows = _run_on_spark(spark, master, plan, ranges)
         else:

@@ -118,8 +118,8 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     staging = fsutil.temporary_sibling(target)
-    fs.create_dir(staging, recursive=True)
     try:
+        fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
         result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
                              row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
                              compression=compression, partition_by=partition_by, validate=validate,
