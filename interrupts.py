@@ -163,14 +163,25 @@ _RECEIVED: list[int] = []
 
 def _in_forked_child() -> None:
     """A worker forked by the command leaves SIGINT and SIGTERM to the command, which stops its workers
-    (and whose end ends them: :mod:`unihub.lifeline`)."""
-    if _FORKED_IGNORE:
+    (and whose end ends them: :mod:`unihub.lifeline`). A program run by ``subprocess`` is left alone:
+    an ignored signal would stay ignored in it."""
+    if _FORKED_IGNORE and _forked_by_multiprocessing():
         sys.unraisablehook = sys.__unraisablehook__
         try:
             for number in WORDS:
                 signal.signal(number, signal.SIG_IGN)
         except ValueError:  # not this interpreter's main thread: as Python has it
             pass
+
+
+def _forked_by_multiprocessing() -> bool:
+    """Whether the fork being finished was asked for by :mod:`multiprocessing` (a pool's worker)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if f"{os.sep}multiprocessing{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 if hasattr(os, "register_at_fork"):

@@ -189,3 +189,28 @@ def test_main_called_from_python_puts_the_handlers_back(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert main(["inspect", str(tmp_path / "missing")]) == 1
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def _dispositions(queue: object) -> None:
+    queue.put((int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN),  # type: ignore[attr-defined]
+               int(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)))
+
+
+def test_workers_leave_signals_to_the_command_and_programs_it_runs_keep_theirs() -> None:
+    """A pool's worker forked while the command runs ignores SIGINT and SIGTERM (the command stops it);
+    a program the command runs through ``subprocess`` (Spark's JVM) does not inherit that."""
+    import multiprocessing
+
+    from unihub import interrupts
+
+    fork = multiprocessing.get_context("fork")
+    with interrupts.raised():
+        queue = fork.Queue()
+        worker = fork.Process(target=_dispositions, args=(queue,))
+        worker.start()
+        ignored = queue.get(timeout=60)
+        worker.join(timeout=60)
+        program = subprocess.run([sys.executable, "-c", "import signal; print(int(signal.getsignal(signal.SIGTERM)))"],
+                                 capture_output=True, text=True, timeout=60, preexec_fn=_as_from_a_terminal)
+    assert ignored == (1, 1)
+    assert program.stdout.strip() == str(int(signal.SIG_DFL))
