@@ -72,7 +72,7 @@ def is_command() -> bool:
 def install_at_start() -> None:
     """End the process at once on SIGINT or SIGTERM, saying so, until :func:`raised` takes over (the
     ``unihub`` command only: see the module docstring)."""
-    _install(_exit_now)
+    _install(_exit_now, {})
 
 
 @contextmanager
@@ -83,13 +83,14 @@ def raised() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = _install(_raise)
     global _FORKED_IGNORE
-    _FORKED_IGNORE = True
+    before: dict[int, Any] = {}
     unraisable = sys.unraisablehook
-    sys.unraisablehook = functools.partial(_raise_again, unraisable)
-    _RECEIVED.clear()
-    try:
+    try:  # a signal may land at any line of these: the finally puts everything back
+        _RECEIVED.clear()
+        _FORKED_IGNORE = True
+        sys.unraisablehook = functools.partial(_raise_again, unraisable)
+        _install(_raise, before)
         yield
     finally:
         _FORKED_IGNORE = False
@@ -100,15 +101,14 @@ def raised() -> Iterator[None]:
             _kill_children()
 
 
-def _install(handler: Any) -> dict[int, Any]:
-    """``handler`` for SIGINT and SIGTERM where they are not ignored; returns the handlers it replaced."""
-    replaced: dict[int, Any] = {}
+def _install(handler: Any, replaced: dict[int, Any]) -> None:
+    """``handler`` for SIGINT and SIGTERM where they are not ignored; the handlers it replaces go to
+    ``replaced`` (each before it is replaced)."""
     for number in WORDS:
         current = signal.getsignal(number)
         if current is not signal.SIG_IGN:
             replaced[number] = current
             signal.signal(number, handler)
-    return replaced
 
 
 def _exit_now(number: int, frame: FrameType | None) -> None:
