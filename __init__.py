@@ -13,6 +13,13 @@ from __future__ import annotations
 import os as _os
 import sys as _sys
 
+# The ``unihub`` command answers Ctrl-C and SIGTERM from here on, before the imports below take their
+# second or more (unihub/interrupts.py); a program that imports unihub keeps its own handlers.
+from unihub import interrupts as _interrupts
+
+if _interrupts.is_command():
+    _interrupts.install_at_start()
+
 # pyarrow's default allocator (mimalloc) keeps arenas committed per worker thread, so a
 # reader's peak memory grew ~1.7x with dataset size; with jemalloc it stays flat (see
 # tests/readers/test_reader.py). The choice is read when pyarrow starts, so it is made here,

@@ -22,15 +22,14 @@ traceback); usage errors exit 2.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from unihub import interrupts
 from unihub.caching.cli import add_cache_commands
 from unihub.cli_completion import add_completion_command, autocomplete
 from unihub.cli_storage import add_storage_option, storage_options_of
@@ -577,7 +576,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_extra_arguments(parser, args, extra, argv)
     previous = _one_line_warnings(args.verbose)
     try:
-        return _run(args)
+        with interrupts.raised():  # Ctrl-C and SIGTERM unwind the command, which removes what it staged
+            return _run(args)
+    except KeyboardInterrupt as stop:  # one landing between _run's own lines
+        print(interrupts.last_line(stop), file=sys.stderr)
+        return interrupts.exit_code(stop)
     finally:
         warnings.formatwarning = previous
 
@@ -616,9 +619,9 @@ def _run(args: argparse.Namespace) -> int:
             raise
         print(f"unihub: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("unihub: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupts.Terminated), once the command unwound
+        print(interrupts.last_line(stop), file=sys.stderr)
+        return interrupts.exit_code(stop)
     except BrokenPipeError:  # the reader went away (``unihub inspect DS | head``): stop quietly
         _silence_stdout()
         return 141  # 128 + SIGPIPE, as a program the pipe killed
@@ -629,42 +632,24 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
-#: errors of a disk that cannot take the output, and what to do about each
-_DISK_ERRORS = {errno.ENOSPC: "free some space, or write elsewhere", errno.EDQUOT: "free some space, or write elsewhere",
-                errno.EFBIG: "a file reached the largest size the file system or this process (ulimit -f) allows",
-                errno.EROFS: "write elsewhere"}
 #: the argument naming what each command writes
 _WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path", "show": "out"}
 
 
 def _os_error_line(exc: OSError, args: argparse.Namespace) -> str:
-    """One line for an OSError: the path (the command's destination when the error is writing it, or
-    when a disk cannot take it, as pyarrow and HDF5 may name no file), the reason, and for a disk
-    error what to do."""
+    """One line for an OSError: as :func:`~unihub.formats.outputs.output_error` words it when it is
+    the command's destination that could not be written, else the path and the reason."""
+    from unihub.formats.outputs import DISK_ERRORS, output_error, path_of
+
     target = getattr(args, _WRITES.get(args.command, ""), None)
-    path = exc.filename if exc.filename is not None else _quoted_path(str(exc))
-    reason = os.strerror(exc.errno) if exc.errno else ""
-    hint = _DISK_ERRORS.get(exc.errno or 0)
-    if target and reason and (hint or (path is not None and _within(str(path), target))):
-        line = f"cannot write {target}: {reason}" + (f" ({path})" if path not in (None, target) else "")
-    elif path is not None and reason:
-        line = f"{path}: {reason}"
-    else:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    named = output_error(exc, target) if target else None
+    if named is not None:
+        return str(named)
+    path, reason = path_of(exc), os.strerror(exc.errno) if exc.errno else ""
+    hint = DISK_ERRORS.get(exc.errno or 0)
+    line = f"{path}: {reason}" if path is not None and reason else \
+        (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return f"{line}; {hint}" if hint else line
-
-
-def _quoted_path(message: str) -> str | None:
-    """The first quoted path in a message: pyarrow names the file in its text, not in ``filename``."""
-    match = re.search(r"'([^']*/[^']*)'", message)
-    return match.group(1) if match else None
-
-
-def _within(path: str, target: str) -> bool:
-    """True when ``path`` is ``target``, inside it, or one of the temporaries written beside it."""
-    name = os.path.basename(os.path.normpath(target))
-    first = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(target))).split(os.sep)[0]
-    return first == name or first.startswith(f".{name}.unihub-")
 
 
 if __name__ == "__main__":

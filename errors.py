@@ -8,6 +8,9 @@ Messages say what went wrong, where (file, field, row, offset) and how to fix it
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 
 class UnihubError(Exception):
     """Root of every error unihub raises on purpose."""
@@ -134,6 +137,25 @@ class RemoteStorageError(UnihubError, OSError):
     def __init__(self, message: str, *, url: str | None = None) -> None:
         super().__init__(message)
         self.url = url
+
+
+class OutputError(UnihubError, OSError):
+    """An output the disk cannot take: no space left, a file too large, a read-only or forbidden
+    destination. The message names the destination, the reason and what to do; ``errno``,
+    ``strerror`` and ``filename`` are those of the system's error, which is the ``__cause__``."""
+
+    def __init__(self, message: str, *, code: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errno, self.filename = code, filename
+        self.strerror = os.strerror(code) if code else None
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno n] ..." form
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to a forked worker's parent, with the system's error
+        return (type(self), (self.message,), {"errno": self.errno, "filename": self.filename,
+                                              "strerror": self.strerror})
 
 
 class UnsupportedFilesystemError(UnihubError, ValueError):

@@ -35,6 +35,7 @@ from unihub.formats.foreign import (
     expand_braces,
 )
 from unihub.formats.image_checks import ValidateImages, check_mode
+from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.schema import Unischema
 from unihub.memory import (
@@ -154,6 +155,7 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
     return name or UNIHUB
 
 
+@names_output_errors("dst")  # a full disk, a read-only destination: OutputError naming ``dst``
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,
             to_format: str | None = None, schema: Unischema | str | os.PathLike[str] | None = None,
             overwrite: bool = False, overwrite_foreign: bool = False,
@@ -326,8 +328,8 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     if not sources.is_url(dst):
         target = os.path.abspath(dst)
         holder = fsutil.temporary_sibling(target)
-        os.makedirs(holder)
         try:
+            os.makedirs(holder)  # inside: a Ctrl-C right after it removes it too
             written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
             FORMATS.get(target_format).write(LocalOutputs(written), schema, batches, **options)
             fsutil.commit(pafs.LocalFileSystem(), written, target)

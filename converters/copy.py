@@ -33,6 +33,7 @@ import pyarrow.fs as pafs
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import remote
+from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema, match_unischema_fields
@@ -74,6 +75,7 @@ class _Plan:
 
 
 @remote.naming_url("target_url")  # the source's failures name the source (open_dataset)
+@names_output_errors("target_url")  # a full disk, a read-only destination: OutputError naming ``target_url``
 def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str | os.PathLike[str],
                  field_regex: Sequence[str] | None = None, not_null_fields: Sequence[str] | None = None,
                  overwrite_output: bool = False, partitions_count: int | None = None,
@@ -124,8 +126,8 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     temporary = fsutil.temporary_sibling(target)
     plan = _Plan(store, schema, not_null, partition_by, row_group_size_mb, fs, temporary)
     ranges = _row_ranges(store, partitions_count)
-    fs.create_dir(temporary, recursive=True)
     try:
+        fs.create_dir(temporary, recursive=True)  # inside: a Ctrl-C right after it removes it too
         if engine == "spark":
             rows_read, rows = _run_on_spark(spark, master, plan, ranges)
         else:

@@ -96,8 +96,8 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
     def task_done(result: TaskResult, part: list[str]) -> None:
         meter.advance(result.rows, _total_size(part))
 
-    fs.create_dir(staging, recursive=True)
     try:
+        fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
         results = runner.run(plan, files, source=source, wrap=watch, on_done=task_done)
         rows = sum(r.rows for r in results)
         skipped = driver_skips(source) + [SkippedRecord(*s) for r in results for s in r.skipped]

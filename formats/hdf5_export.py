@@ -11,23 +11,29 @@ layout, chunk shape, filters with their options, fill value): grown in place whe
 layout can grow (chunked, unlimited along the rows), else staged in a scratch file beside the target
 and copied into a dataset of its final size (contiguous, compact, fixed-size chunked). Then the
 source's links and dimension scales are made again.
+
+Every write is preceded by room reserved on disk for it (:mod:`unihub.formats.hdf5_room`): HDF5
+crashes the interpreter when a write of variable-length values fails, so a full disk is met first
+by a Python error, and the failed file is then closed into nothing (:func:`_discard`) and removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from unihub.errors import DatasetExistsError, SchemaError
+from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats import filesystem as fsutil
 from unihub.formats.foreign import ColumnBatch, python_columns
 from unihub.formats.hdf5_detect import LAYOUT_ATTR
 from unihub.formats.hdf5_layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5_read import slice_rows
+from unihub.formats.hdf5_room import DiskRoom, nbytes_of
 from unihub.formats.hdf5_storage import (
     ExportSpec,
     Storage,
@@ -57,32 +63,39 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     parent, base = os.path.split(os.path.abspath(target))
     temporary = fsutil.temporary_sibling(os.path.join(parent, base))
     handle = None
-    staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)))
-    options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec}
+    room = DiskRoom()
+    staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)), room)
+    options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec, "room": room}
     try:
         handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)
+        room.track(handle)
+        room.ensure(0)
         _root_attributes(handle, schema, spec)
         writer = _WRITERS[spec.kind](handle, schema, spec, options)
         for batch in map(python_columns, batches):
             writer.append(batch, column_length(schema, batch))
         staging.finish()
+        room.ensure(0)
         _write_empty(handle, spec.empty, options)
-        _write_constants(handle, spec.constants, spec.storage)
+        _write_constants(handle, spec.constants, spec.storage, room)
         for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
             handle.require_group(path)
         for path, dtype in spec.named_types.items():  # before the attributes: they may have their own
             parent = path.rpartition("/")[0]
             (handle.require_group(parent) if parent else handle)[path.rpartition("/")[2]] = dtype_from_json(dtype)
-        _write_attributes(handle, spec.attributes)
+        _write_attributes(handle, spec.attributes, room)
         if spec.kind != "columns":
             _record_units(handle, spec, set(writer.units) | set(spec.units))
+        room.ensure(0)  # the links, the scales and what closing flushes
         _write_links(handle, spec.links)
         _write_scales(handle, spec.scales)
         handle.close()
+        room.release(temporary)
         os.replace(temporary, target)
     except BaseException:
         if handle is not None:
-            _discard(handle)
+            # HDF5 met no failure where the disk's room ran out first, or unihub or Ctrl-C stopped it
+            _discard(handle, intact=room.refused or isinstance(sys.exc_info()[1], (UnihubError, KeyboardInterrupt)))
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
@@ -91,15 +104,24 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     return [target]
 
 
-def _discard(handle: Any) -> None:
-    """Close an HDF5 file that a failed write leaves behind, so that it can be removed.
+def _discard(handle: Any, *, intact: bool) -> None:
+    """Close an HDF5 file that a failed export leaves behind, so that it can be removed.
 
-    HDF5 cannot close a file whose writes fail (a full disk, a file-size limit): its objects stay
-    open, a second close crashes, and the library crashes the interpreter at exit flushing them.
-    So the file's descriptor is first pointed at /dev/null, where the remaining writes succeed
-    into nothing, and the close that follows is clean. The first error is the one raised.
+    A file that HDF5 wrote without a failure (``intact``: the export stopped on an error of its own,
+    or on a disk without room for the next write, which :class:`DiskRoom` found first) closes as
+    usual, into the room reserved for it. But HDF5 cannot close a file whose writes fail (a full
+    disk, a file-size limit): its objects stay open, a second close crashes, and the library
+    crashes the interpreter at exit flushing them. So such a file's descriptor is first pointed at
+    /dev/null, where the remaining writes succeed into nothing, and the close that follows is clean.
+    The first error is the one raised.
     """
     if not handle.id.valid:  # closed already
+        return
+    if intact:
+        try:
+            handle.close()
+        except (OSError, RuntimeError, ValueError):  # the export's own error is the one to report
+            pass
         return
     try:
         descriptor = handle.id.get_vfd_handle()
@@ -136,7 +158,7 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 
 
-def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping[str, Any]) -> None:
+def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping[str, Any], room: DiskRoom) -> None:
     """Datasets that were not rows, back where they were (after the rows: units keep their order),
     stored as the source stored them."""
     h5py = h5py_module()
@@ -144,10 +166,11 @@ def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping
         if path in handle:
             raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
         value, dt = decode_constant(record)
+        room.ensure(0 if value is None else nbytes_of(value))
         if path in storage:
             dataset = create_stored(handle, path, dt, None if value is None else value.shape, storage[path])
             if value is not None and value.size:
-                _write_rows(dataset, value, 0, len(value)) if value.ndim else dataset.write_direct(value)
+                _write_rows(dataset, value, 0, len(value), room) if value.ndim else dataset.write_direct(value)
             continue
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
 
@@ -210,7 +233,7 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
         _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
 
 
-def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) -> None:
+def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], room: DiskRoom) -> None:
     """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
     h5py = h5py_module()
     for path, values in attributes.items():
@@ -219,20 +242,22 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]]) 
             continue
         for name, record in values.items():
             value, dt = decode_constant(record)
+            room.ensure(0 if value is None else nbytes_of(value))
             owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
 
 
-def _append(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
+def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
     """Grow ``dataset`` by ``n`` rows and write them."""
     if not n:
         return
     dataset.resize(start + n, axis=0)
-    _write_rows(dataset, rows, start, n)
+    _write_rows(dataset, rows, start, n, room)
 
 
-def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int) -> None:
-    """Write ``n`` rows at ``start`` (the dataset holds them already)."""
+def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
+    """Write ``n`` rows at ``start`` (the dataset holds them already), with room for them on disk."""
     h5py = h5py_module()
+    room.ensure(nbytes_of(rows))
     if h5py.check_vlen_dtype(dataset.dtype) is not None and h5py.check_string_dtype(dataset.dtype) is None:
         # h5py's __setitem__ turns equal-length rows into a 2-D array: write them as typed
         typed = np.empty(n, dtype=dataset.dtype)
@@ -302,8 +327,8 @@ class _Staging:
     with a fixed number of rows): written to a scratch file beside the target as they come, then
     copied, a slice at a time, into a dataset of the final size stored as the source's was."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, room: DiskRoom) -> None:
+        self.path, self.room = path, room
         self.scratch: Any = None
         self.staged: list[tuple[Any, str, np.dtype, Any, Mapping[str, Any]]] = []
 
@@ -311,6 +336,7 @@ class _Staging:
         """A growable dataset in the scratch file for ``path`` of ``group``, copied there by :meth:`finish`."""
         if self.scratch is None:
             self.scratch = h5py_module().File(self.path, "w")
+            self.room.track(self.scratch)
         staged = _create(self.scratch, str(len(self.staged)), dtype, cell, {"chunk_rows": None, "compression": None})
         self.staged.append((group, path, dtype, staged, record))
         return staged
@@ -322,7 +348,7 @@ class _Staging:
             step = slice_rows(staged, 8 << 20)
             for start in range(0, staged.shape[0], step):
                 stop = min(start + step, staged.shape[0])
-                _write_rows(final, staged[start:stop], start, stop - start)
+                _write_rows(final, staged[start:stop], start, stop - start, self.room)
         self.staged = []
 
     def close(self) -> None:
@@ -338,14 +364,14 @@ class _FieldSink:
     """One field stored unihub's way: its dataset and companions, grown batch by batch."""
 
     def __init__(self, group: Any, storage: Storage, options: Mapping[str, Any]) -> None:
-        self.storage, self.size = storage, 0
+        self.storage, self.size, self.room = storage, 0, options["room"]
         self.datasets = {name: _create(group, name, dtype, shape, options)
                          for name, (dtype, shape) in storage.datasets().items()}
         self.datasets[storage.field.name].attrs[FIELD_ATTR] = json.dumps(storage.recorded().to_json())
 
     def append(self, values: Any, n: int) -> None:
         for name, rows in storage_rows(self.storage, values, n, self.size).items():
-            _append(self.datasets[name], rows, self.size, n)
+            _append(self.datasets[name], rows, self.size, n, self.room)
         self.size += n
 
 
@@ -378,7 +404,7 @@ class _TypedSink:
             rows = assemble(self.typed, columns, "")
             if self.dataset is None:
                 self.dataset = self._open(rows.shape[1:])
-            _append(self.dataset, rows, written, n)
+            _append(self.dataset, rows, written, n, self.options["room"])
         self.size += n
 
     def _open(self, cell: tuple[int, ...]) -> Any:
@@ -446,7 +472,7 @@ class _GroupsWriter:
     """One group per row, named by the key field (``sample_00000000``, ... without one)."""
 
     def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
-        self.spec, self.count = spec, 0
+        self.spec, self.count, self.room = spec, 0, options["room"]
         self.key = spec.key_field if spec.key_field in schema.fields else None
         self.units: set[str] = set()
         self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
@@ -459,6 +485,7 @@ class _GroupsWriter:
             name = row.get(self.key) if self.key else f"sample_{self.count:08d}"
             if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
                 raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
+            self.room.ensure(sum(nbytes_of(value) for value in row.values() if value is not None))
             group = self.container.create_group(name)
             self.units.add(name)
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
@@ -466,7 +493,7 @@ class _GroupsWriter:
                 if attr is None and stored is not None and path in self.typed:
                     dataset = create_stored(group, path, value.dtype, value.shape, stored)
                     if value.size:
-                        _write_rows(dataset, value, 0, len(value)) if value.ndim else dataset.write_direct(value)
+                        _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
                 elif attr is None:
                     group.create_dataset(path, data=value, dtype=value.dtype)
                 elif path and path not in group and path not in self.inner:

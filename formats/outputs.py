@@ -12,22 +12,30 @@ export) and never sees where the bytes go:
   written locally, and memory stays bounded (pyarrow's S3 stream uploads in parts as they fill).
 
 A file a failed writer leaves is :meth:`Outputs.discard`-ed: closed and removed (best effort: the
-staged prefix it lies in is removed as a whole after a failure anyway).
+staged prefix it lies in is removed as a whole after a failure anyway). What the disk refused (no
+space left, a file too large, a read-only destination) reaches the caller as
+:class:`~unihub.errors.OutputError` naming the destination (:func:`naming_output_errors`).
 """
 
 from __future__ import annotations
 
+import errno
+import functools
+import inspect
 import io
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import pyarrow.fs as pafs
+
+from unihub.errors import OutputError, UnihubError
 
 #: Python-side buffer in front of a remote stream: one call into pyarrow per MiB, not per record
 _REMOTE_BUFFER = 1 << 20
@@ -239,3 +247,74 @@ def outputs_for(target: str | os.PathLike[str] | Outputs) -> Outputs:
     if isinstance(target, Outputs):
         return target
     return LocalOutputs(target, atomic=True)
+
+
+#: errors of a disk that cannot take an output, and what to do about each
+DISK_ERRORS = {errno.ENOSPC: "free some space, or write elsewhere", errno.EDQUOT: "free some space, or write elsewhere",
+               errno.EFBIG: "a file reached the largest size the file system or this process (ulimit -f) allows",
+               errno.EROFS: "write elsewhere"}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def names_output_errors(target_argument: str) -> Callable[[F], F]:
+    """Decorate a writer so that what the disk refused raises :class:`~unihub.errors.OutputError`
+    naming the writer's argument ``target_argument`` (:func:`naming_output_errors`)."""
+    def decorate(writer: F) -> F:
+        signature = inspect.signature(writer)
+
+        @functools.wraps(writer)
+        def named(*args: Any, **kwargs: Any) -> Any:
+            target = signature.bind_partial(*args, **kwargs).arguments.get(target_argument)
+            if target is None:
+                return writer(*args, **kwargs)
+            with naming_output_errors(target):
+                return writer(*args, **kwargs)
+        return named  # type: ignore[return-value]
+    return decorate
+
+
+@contextmanager
+def naming_output_errors(target: str | os.PathLike[str]) -> Iterator[None]:
+    """Raise what the disk refused while writing ``target`` as :class:`~unihub.errors.OutputError`
+    (see :func:`output_error`); other errors pass as they are."""
+    try:
+        yield
+    except OSError as exc:
+        named = output_error(exc, os.fspath(target))
+        if named is None:
+            raise
+        raise named from exc
+
+
+def output_error(exc: OSError, target: str) -> OutputError | None:
+    """``exc``, met while writing ``target``, as one line naming ``target``, the reason, the file when
+    it is another (pyarrow and HDF5 may name none) and for a disk error what to do: for a disk error
+    anywhere, or any error on ``target``, in it or on a temporary beside it; else None (a source that
+    cannot be read, a unihub error)."""
+    if isinstance(exc, UnihubError):
+        return None
+    path = path_of(exc)
+    reason = os.strerror(exc.errno) if exc.errno else ""
+    hint = DISK_ERRORS.get(exc.errno or 0)
+    if not reason or not (hint or (path is not None and _within(str(path), target))):
+        return None
+    line = f"cannot write {target}: {reason}" + (f" ({path})" if path not in (None, target) else "")
+    return OutputError(f"{line}; {hint}" if hint else line, code=exc.errno, filename=path)
+
+
+def path_of(exc: OSError) -> str | None:
+    """The file ``exc`` is about: its ``filename``, else the first quoted path in its message (pyarrow
+    names the file in its text only)."""
+    if exc.filename is not None:
+        return str(exc.filename)
+    match = re.search(r"'([^']*/[^']*)'", str(exc))
+    return match.group(1) if match else None
+
+
+def _within(path: str, target: str) -> bool:
+    """True when ``path`` is ``target``, inside it, or one of the temporaries written beside it."""
+    name = os.path.basename(os.path.normpath(target))
+    first = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(target))).split(os.sep)[0]
+    return first == name or first.startswith(f".{name}.unihub-")

@@ -29,6 +29,7 @@ from unihub.formats import filesystem as fsutil
 from unihub.formats import integrity, remote
 from unihub.formats.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.formats.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
+from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import COMMON_METADATA
 from unihub.formats.schema import Unischema, UnischemaField
@@ -74,6 +75,7 @@ class _PartitionSink:
 
 
 @remote.naming_url("url")
+@names_output_errors("url")  # a full disk, a read-only destination: OutputError naming ``url``
 def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batches: Any, *,
                   batched: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB, rows_per_file: int | None = None,
                   part_size_mb: float = DEFAULT_PART_SIZE_MB, compression: str | None = "snappy", partition_by: Sequence[str] = (),
@@ -123,8 +125,8 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     staging = fsutil.temporary_sibling(target)
-    fs.create_dir(staging, recursive=True)
     try:
+        fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
         result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
                              row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
                              part_size_mb=part_size_mb, compression=compression, partition_by=partition_by,

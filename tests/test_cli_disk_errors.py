@@ -4,7 +4,8 @@ line naming the destination, exit 1, and nothing left behind -- an HDF5 export i
 crashed the interpreter (SIGSEGV) after HDF5 failed to close the file.
 
 EFBIG is real: the conversion runs in a subprocess under ``RLIMIT_FSIZE`` with SIGXFSZ ignored.
-ENOSPC and EROFS are simulated in-process; EACCES is real where the tests do not run as root.
+ENOSPC and EROFS are simulated in-process here; EACCES is real where the tests do not run as root.
+A real full disk (a tmpfs) for every writer: ``tests/test_full_disk.py``.
 """
 
 from __future__ import annotations
