@@ -7,7 +7,8 @@ checksums byte by byte), which dominates WebDataset ingest. This module parses t
 type. Plain archives are memory-mapped: their usual headers (ustar, GNU, PAX with only times)
 are found with numpy a window of 4 MiB at a time and their checksums checked together, ~2x as
 fast as the header loop, which reads anything else and every damaged header, from that member on
-(:func:`_parse_mapped`); gzip, bzip2 and xz archives are streamed through their decompressor.
+(:func:`_parse_mapped`); gzip, bzip2 and xz archives are streamed through their decompressor, to the
+end of the file after the tar's end (:func:`read_to_end`: a gzip member's CRC-32 is checked there).
 Every header's checksum is verified (in the loop by ``zlib.adler32`` over three spans, each short
 enough that its byte sum cannot wrap), and a bad header or a truncated member raises
 :class:`TarFormatError` with the file and the byte offset, where tarfile would stop silently or
@@ -46,6 +47,7 @@ _REGULAR = frozenset(b"0\x007")  # typeflags of regular files: '0', old '\0', co
 _NO_DATA = frozenset(b"123456")  # hard/symbolic links, devices, directories, FIFOs: no data blocks follow
 _MAX_SIZE = (1 << 63) - 1  # no file is larger: a larger size field is corrupt
 _PIECE = 64 << 20  # a member larger than this is read a piece at a time
+_DRAIN = 1 << 20  # what :func:`read_to_end` reads at a time
 _EXTENDED = frozenset(b"xXLgK")  # headers about the next member: PAX (X: Solaris), GNU long name, skipped
 _SKIPPED = frozenset(b"gK")  # PAX global header, GNU long link name: not needed to read files
 _LONGNAME, _DIRECTORY, _SPARSE, _GLOBAL = ord("L"), ord("5"), ord("S"), ord("g")
@@ -105,13 +107,15 @@ def _items(path: str, regular_only: bool, require_end: bool, globals_only: bool,
     or memory-mapped and walked with numpy (in tables where ``tables``)."""
     with sources.open_input(path) as raw:
         head = raw.read(6)
-        opener = next((o for magic, o in _COMPRESSED if head.startswith(magic)), None)
-        if opener is not None:
-            raw.seek(0)
-            with opener(raw) as stream:
-                yield from _parse(_guarded(stream, path), path, regular_only, require_end, None, globals_only)
+        raw.seek(0)
+        decompressing = decompressor(raw)
+        if decompressing is not None:
+            with decompressing as stream:
+                read = _guarded(stream, path, raw)
+                yield from _parse(read, path, regular_only, require_end, None, globals_only)
+                if not globals_only:  # a whole read: the stream's end (gzip's CRC-32 and size) must be intact
+                    read_to_end(read)
         elif head and sources.is_url(path):  # a remote file: read through its buffer
-            raw.seek(0)
             yield from _parse(raw.read, path, regular_only, require_end, sources.getsize(path), globals_only)
         elif head:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
@@ -125,17 +129,37 @@ def _items(path: str, regular_only: bool, require_end: bool, globals_only: bool,
             raise TarFormatError(path, 0, "empty file: not a tar archive")
 
 
-def _guarded(stream: IO[bytes], path: str) -> Callable[[int], bytes]:
-    """``stream.read`` raising TarFormatError, at the uncompressed offset, for a corrupt stream."""
+def decompressor(raw: IO[bytes]) -> IO[bytes] | None:
+    """A decompressing reader of ``raw`` (at its start) where its first bytes are gzip, bzip2 or xz
+    magic, else None (``raw`` is back at its start)."""
+    head = raw.read(6)
+    raw.seek(0)
+    opener = next((o for magic, o in _COMPRESSED if head.startswith(magic)), None)
+    return None if opener is None else cast(IO[bytes], opener(raw))
+
+
+def _guarded(stream: IO[bytes], path: str, raw: IO[bytes]) -> Callable[[int], bytes]:
+    """``stream.read`` raising TarFormatError, at the uncompressed offset, for a corrupt stream; the
+    message names the compressed file's byte ``raw`` had reached too (where a cut or bad trailer is)."""
 
     def read(size: int) -> bytes:
         try:
             return stream.read(size)
         except (OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
             offset = stream.tell()
-            raise TarFormatError(path, offset, f"corrupt compressed stream near offset {offset}: {exc}") from exc
+            raise TarFormatError(path, offset, f"corrupt compressed stream near offset {offset} (compressed byte "
+                                               f"{raw.tell()}): {exc}") from exc
 
     return read
+
+
+def read_to_end(read: Callable[[int], bytes]) -> None:
+    """Reads and drops what a decompressing ``read`` holds past the tar's end-of-archive marker (a
+    record's zero padding, usually), so that the decompressor checks what only the end of the file
+    holds: each gzip member's CRC-32 and size trailer (gzip checks them only when it reaches them), a
+    cut, garbage after the last member. Every member of a multi-member gzip is read (RFC 1952)."""
+    while read(_DRAIN):
+        pass
 
 
 def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_end: bool,

@@ -1,8 +1,10 @@
 """``unihub verify`` for WebDataset: the shards as Python's :mod:`tarfile` reads them, and a
 unihub dataset's rows as an export of them would hold them -- member names and bytes, exactly.
 
-The reference never goes through :mod:`unihub.formats.tarstream`, the sample stage or the decoders
-the conversion used: members come from ``tarfile.open(path, "r|*")`` (as webdataset streams them),
+The reference never goes through :mod:`unihub.formats.tarstream`'s parser, the sample stage or the
+decoders the conversion used: members come from ``tarfile.open(fileobj, "r|")`` (as webdataset streams
+them; a compressed shard through Python's gzip, bz2 or lzma reader, read to its end so that gzip's
+CRC-32 and size are checked, which tarfile's own ``r|gz`` never does),
 are grouped into samples by webdataset's key rule (adjacent runs; with ``group_keys`` every member
 of a key in its shard), and each sample becomes ``{"__key__": key, ext: {member name: bytes}}``,
 ``ext`` being the extension in lower case (the name webdataset gives the field) and the member name
@@ -22,11 +24,12 @@ import re
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import IO, Any
 
 from unihub.errors import FormatError
 from unihub.formats import sources
 from unihub.formats.schema import Unischema
+from unihub.formats.tarstream import decompressor
 from unihub.formats.webdataset_spelling import RowSpeller
 from unihub.formats.webdataset_tar import KEY_FIELD, row_key
 
@@ -68,7 +71,8 @@ def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
     FormatError naming the file and the last member read."""
     last: int | None = None  # offset of the last member tarfile read
     try:
-        with sources.open_input(path) as raw, tarfile.open(fileobj=raw, mode="r|*") as stream:
+        with sources.open_input(path) as raw, _decompressed(raw) as plain, \
+                tarfile.open(fileobj=plain, mode="r|") as stream:
             for info in stream:
                 name, last = info.name, info.offset
                 if not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):
@@ -78,10 +82,19 @@ def _tar_members(path: str) -> Iterator[tuple[str, bytes]]:
                 handle = stream.extractfile(info)
                 yield name, handle.read() if handle is not None else b""
                 stream.members = []  # type: ignore[attr-defined]  # streaming: keep no TarInfo list (typeshed lacks it)
+            if plain is not raw:  # gzip checks each member's CRC-32 and size only where it reaches them
+                while plain.read(1 << 20):
+                    pass
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, OverflowError, ValueError) as exc:
         where = "at its first header" if last is None else f"at or after the member at offset {last}"
         raise FormatError(f"{path}: Python's tarfile cannot read the archive {where} ({type(exc).__name__}: "
                           f"{exc}): it is corrupt or truncated", path=path, offset=last) from exc
+
+
+def _decompressed(raw: IO[bytes]) -> IO[bytes]:
+    """``raw``, or Python's gzip, bz2 or lzma reader of it where its first bytes say it is compressed
+    (tarfile's own ``r|gz`` never checks the CRC-32)."""
+    return decompressor(raw) or raw
 
 
 def _where(path: str, key: str) -> str:
