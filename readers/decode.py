@@ -3,7 +3,8 @@
 Every field decodes through its codec. A field *without* a codec (common in Petastorm schemas:
 ``UnischemaField('id', np.int64, ())``) decodes as Petastorm decodes it too: scalars as arrays of
 the field's numpy dtype (``uint8`` stored as a Spark short comes back ``uint8``), ``np.bytes_``
-as bytes, one level of numbers as typed arrays; deeper lists stay Python lists.
+as bytes, one level of numbers as typed arrays; deeper lists stay Python lists. In rows, a scalar
+string is a ``np.str_`` (a ``str``), as every other scalar is its field's numpy type.
 
 **Petastorm's types** (:class:`DecodePolicy` ``petastorm=True``: the default for datasets Petastorm
 wrote and plain Parquet, which is what Petastorm's readers read) differ in two places, both
@@ -58,6 +59,8 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
         return f.codec.decode_column(f, column, decode=False)
     else:
         values = f.codec.decode_column(f, column)
+    if not policy.batched and f.shape == () and f.numpy_dtype is np.str_:
+        values = _numpy_strings(values)
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
@@ -90,6 +93,15 @@ def _codecless(f: UnischemaField, column: pa.Array | pa.ChunkedArray) -> Any:
     if len(f.shape) == 1 and f.dtype.kind in "biuf" and _is_flat_list(array.type):
         values[:] = [None if v is None else np.asarray(v, dtype=f.dtype) for v in values]
     return values
+
+
+def _numpy_strings(values: Any) -> Any:
+    """A row reader's string values as ``np.str_``, the field's numpy type, as every other scalar of a
+    row is (Petastorm's rows hold ``numpy_dtype(value)``); None stays None."""
+    if not isinstance(values, np.ndarray) or values.dtype != object:
+        return values
+    return np.fromiter((v if v is None or type(v) is np.str_ else np.str_(v) for v in values), dtype=object,
+                       count=len(values))
 
 
 def _is_scalar_type(numpy_dtype: Any) -> bool:
