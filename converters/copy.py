@@ -147,7 +147,8 @@ def _target_schema(schema: Unischema, field_regex: Sequence[str] | None) -> Unis
     fields, unmatched = select_unischema_fields(schema, field_regex)
     if unmatched:  # Petastorm refused only when none matched; a copy refuses any typo
         raise NoMatchingFieldsError(f"Regular expressions {unmatched} do not match any fields "
-                                    f"({list(schema.fields)}): each field_regex must match a field's whole name")
+                                    f"({list(schema.fields)}): no field of Unischema {schema.name!r} matches "
+                                    f"{', '.join(map(repr, unmatched))} (each field_regex must match a whole name)")
     return Unischema(f"{schema.name}_view", fields)
 
 

@@ -370,6 +370,14 @@ def test_string_scalars_of_rows_are_numpy_strings_as_petastorms(tmp_path: Path) 
         (np.str_, "a", np.str_, "x"), (np.str_, "bb", np.str_, "y"), (np.str_, "", np.str_, "x")]
     with make_batch_reader(f"file://{tmp_path}", workers_count=1) as batches:  # batches keep their columns
         assert all(batch.name.dtype == object for batch in batches)
+    schema = Unischema("Own", [UnischemaField("id", np.int64, (), None, False),
+                               UnischemaField("coded", np.str_, (), ScalarCodec(pa.string()), True),
+                               UnischemaField("bare", np.str_, (), None, True)])
+    unihub.write_dataset(tmp_path / "own", schema, [{"id": 0, "coded": "c", "bare": "b"},
+                                                    {"id": 1, "coded": None, "bare": None}])
+    with make_reader(tmp_path / "own", workers_count=1, shuffle_row_groups=False) as reader:
+        rows = list(reader)  # unihub's own dataset: np.str_ only without a codec (Petastorm's numpy_dtype(value))
+    assert [(type(r.coded), type(r.bare)) for r in rows] == [(str, np.str_), (type(None), type(None))]
 
 
 class EqualPredicate(unihub.PredicateBase):
