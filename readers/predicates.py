@@ -33,7 +33,10 @@ class PredicateBase:
     def get_fields(self) -> set[str]:
         raise NotImplementedError
 
-    def do_include(self, values: Mapping[str, Any]) -> bool:
+    def do_include(self, values: Any) -> Any:
+        """Petastorm's test: ``values`` is a row's dict (``make_reader``: return a bool), or a row group's
+        :class:`RowGroupColumns` (``make_batch_reader``, for a predicate without ``evaluate``: return a
+        boolean mask)."""
         raise NotImplementedError
 
     def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
