@@ -821,7 +821,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
     ``rowgroup_selector`` (read only the row groups a selector picks from the dataset's
-    row-group indexes; see :mod:`unihub.readers.selectors`). Added:
+    row-group indexes; see :mod:`unihub.readers.selectors`). As Petastorm's: ``schema_fields`` that
+    match no field are left out (with a warning; none matching raises ``NoMatchingFieldsError``), and
+    a predicate on fields the dataset lacks raises at the first ``next()``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
     ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
@@ -838,7 +840,9 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
 
     Reads any Parquet store, with or without a Unischema; arguments as :func:`make_reader`.
     A ``transform_spec`` function receives a pandas DataFrame (Petastorm's contract), or a
-    dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``.
+    dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``. A predicate of one's
+    own that defines only ``do_include`` is called once per row group with its columns
+    (:class:`~unihub.readers.predicates.RowGroupColumns`) and returns a boolean mask, as Petastorm's.
     """
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
 
