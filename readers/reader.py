@@ -128,8 +128,10 @@ class Reader:
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
+        row_predicate = None if self._predicate_error or _on_partitions_only(predicate, store) else predicate
         self._loader = RowGroupLoader(store, self._read_fields, self.seed,
-                                      predicate=per_row_group(predicate) if batched and predicate is not None else predicate,
+                                      predicate=per_row_group(row_predicate) if batched and row_predicate is not None
+                                      else row_predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
                                       cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
@@ -183,7 +185,7 @@ class Reader:
                 continue
             values = {k: partition_value(store.schema[k], v) for k, v in rg.partition}
             keep = True
-            if predicate is not None and predicate_fields(predicate) <= parts:
+            if predicate is not None and _on_partitions_only(predicate, store):
                 keep = bool(predicate.do_include(values))
             if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
                 table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
@@ -699,6 +701,14 @@ def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -
 def _job_nbytes(result: tuple[int, int, Batch]) -> int:
     """Bytes of a loaded task's decoded columns (what the results in flight hold)."""
     return batch_nbytes(result[2].columns)
+
+
+def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) -> bool:
+    """Whether ``predicate`` tests only Hive partition values: the row groups it keeps are chosen whole
+    (``Reader._select_row_groups``) and no row of them is tested again, as Petastorm's reader gave such a
+    predicate to no worker (a ``do_include`` written for a row's dict then works in ``make_batch_reader``)."""
+    return predicate is not None and bool(store.partition_names) and \
+        predicate_fields(predicate) <= set(store.partition_names)
 
 
 def _resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:

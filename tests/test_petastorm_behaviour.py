@@ -503,3 +503,25 @@ def test_diagnostics_carry_petastorms_pool_counters(pool: str) -> None:
         assert diagnostics["items_inprocess"] == consumed - produced
         assert diagnostics["output_queue_size"] == produced - 1  # done, not yet handed to the reader
         assert len(list(reader)) == 59 and reader.diagnostics["items_produced"] == 3
+
+
+def test_a_predicate_on_partitions_only_chooses_row_groups_and_tests_no_row() -> None:
+    """test_end_to_end.py::test_predicate_on_partition_batched: a do_include written for a row's dict works
+    in make_batch_reader when it tests only partition values (Petastorm gave it to no worker)."""
+
+    class PartitionKeyInSetPredicate(unihub.PredicateBase):
+        def __init__(self, values: set) -> None:
+            self.values, self.calls = values, []
+
+        def get_fields(self):
+            return {"split"}
+
+        def do_include(self, values):
+            self.calls.append(values["split"])
+            return values["split"] in self.values
+
+    for factory in (make_reader, make_batch_reader):
+        predicate = PartitionKeyInSetPredicate({"test"})
+        with factory(f"file://{INDEXED}", predicate=predicate, workers_count=1) as reader:
+            splits = {str(s) for item in reader for s in np.atleast_1d(item.split)}
+        assert splits == {"test"} and sorted(predicate.calls) == ["test", "train"]  # once per partition
