@@ -30,13 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import FormatError, NoMatchingFieldsError, SchemaError, UnsupportedFormatError
 from unihub.formats import filesystem as fsutil
 from unihub.formats import remote
 from unihub.formats.outputs import names_output_errors
 from unihub.formats.ownership import check_replaceable
 from unihub.formats.parquet import ParquetStore, open_dataset
-from unihub.formats.schema import Unischema, match_unischema_fields
+from unihub.formats.schema import Unischema, select_unischema_fields
 from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
 
@@ -146,7 +146,12 @@ def _target_schema(schema: Unischema, field_regex: Sequence[str] | None) -> Unis
         return schema
     if isinstance(field_regex, str):
         field_regex = [field_regex]
-    return Unischema(f"{schema.name}_view", match_unischema_fields(schema, field_regex))
+    fields, unmatched = select_unischema_fields(schema, field_regex)
+    if unmatched:  # Petastorm refused only when none matched; a copy refuses any typo
+        raise NoMatchingFieldsError(f"Regular expressions {unmatched} do not match any fields "
+                                    f"({list(schema.fields)}): no field of Unischema {schema.name!r} matches "
+                                    f"{', '.join(map(repr, unmatched))} (each field_regex must match a whole name)")
+    return Unischema(f"{schema.name}_view", fields)
 
 
 def _row_ranges(store: ParquetStore, partitions_count: int | None) -> list[tuple[int, int]]:

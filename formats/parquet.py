@@ -537,7 +537,7 @@ def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any
     base = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
     common_path = fsutil.join(base, COMMON_METADATA)
     common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
-    return _store(urls[0], fs, base, base, list(dict.fromkeys(paths)), sizes, common)
+    return _store(urls[0], fs, base, base, paths, sizes, common)  # a file listed twice is read twice (Petastorm)
 
 
 def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],

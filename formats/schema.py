@@ -32,7 +32,6 @@ import pyarrow as pa
 
 from unihub.errors import (
     InvalidArgumentError,
-    NoMatchingFieldsError,
     SchemaError,
     UnsupportedFormatError,
     ValidationError,
@@ -272,8 +271,11 @@ class Unischema:
 
     # -- selection ----------------------------------------------------------------------
     def create_schema_view(self, fields: Iterable[UnischemaField | str]) -> Unischema:
-        """A schema with only ``fields``: fields, exact names or regular expressions."""
-        selected = match_unischema_fields(self, fields)
+        """A schema with only ``fields``: fields, exact names or regular expressions (one that matches no
+        field is left out with a warning, as :func:`match_unischema_fields` does; none matching gives an
+        empty view, as Petastorm's)."""
+        selected, unmatched = select_unischema_fields(self, fields)
+        _warn_unmatched(self, unmatched)
         return Unischema(f"{self._name}_view", selected, attributes=self.attribute_names)
 
     def select(self, fields: Iterable[UnischemaField | str]) -> Unischema:
@@ -506,14 +508,37 @@ def _legacy_dataset_schema(value: Any) -> pa.Schema | None:
 def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:
     """Fields of ``schema`` named by fields, exact names or full-match regexes, in schema order.
 
-    A pattern that matches nothing is an error naming it and the available fields
-    (:class:`~unihub.errors.NoMatchingFieldsError`, a RuntimeError as Petastorm's reader raised). Where
-    Petastorm's old prefix matching (``re.match``) would have chosen other fields than the full match,
-    a warning names them, in Petastorm's words.
+    A pattern that matches no field is left out, as Petastorm left it out, with a warning that names
+    it and the available fields (Petastorm said nothing); :func:`select_unischema_fields` tells the
+    caller which patterns matched nothing, for a reader or a copy to refuse. Where Petastorm's old
+    prefix matching (``re.match``) would have chosen other fields than the full match, a warning
+    names them, in Petastorm's words.
+    """
+    fields, unmatched = select_unischema_fields(schema, patterns)
+    _warn_unmatched(schema, unmatched)
+    return fields
+
+
+def _warn_unmatched(schema: Unischema, unmatched: list[str]) -> None:
+    """The warning for patterns left out because they match no field (at the caller's caller)."""
+    if unmatched:
+        warnings.warn(f"{unmatched} match no field of Unischema {schema.name!r} (by name, or as a regex matching "
+                      f"the whole name) and are left out; fields: {list(schema.fields)}", UserWarning, stacklevel=3)
+
+
+def select_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]
+                            ) -> tuple[list[UnischemaField], list[str]]:
+    """(the fields of ``schema`` that ``patterns`` name, in schema order; the patterns that name none).
+
+    A pattern is a field (which must belong to ``schema``), an exact name, a row attribute name, or a
+    regular expression matching a whole name; anything else, a field of another schema or an invalid
+    regex is a :class:`~unihub.errors.SchemaError`.
     """
     patterns = list(patterns)
     _warn_if_prefix_match_differs(schema, [p for p in patterns if isinstance(p, str)])
     wanted: set[str] = set()
+    unmatched: list[str] = []
+    by_attribute = {attribute: name for name, attribute in schema.attribute_names.items()}
     for pattern in patterns:
         if isinstance(pattern, UnischemaField):
             if pattern.name not in schema:
@@ -528,7 +553,6 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
         if pattern in schema:
             wanted.add(pattern)
             continue
-        by_attribute = {attribute: name for name, attribute in schema.attribute_names.items()}
         if pattern in by_attribute:  # a row's attribute name for a field named otherwise (``group_x``)
             wanted.add(by_attribute[pattern])
             continue
@@ -538,11 +562,9 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
             raise SchemaError(f"{pattern!r} is neither a field of {schema.name!r} nor a valid regex: {exc}") from exc
         matched = [name for name in schema.fields if regex.fullmatch(name)]
         if not matched:
-            raise NoMatchingFieldsError(f"No fields matching the criteria {pattern!r} were found: no field of "
-                                        f"Unischema {schema.name!r} matches {pattern!r} (by name, or as a regex "
-                                        f"matching the whole name); fields: {list(schema.fields)}")
+            unmatched.append(pattern)
         wanted.update(matched)
-    return [f for name, f in schema.fields.items() if name in wanted]
+    return [f for name, f in schema.fields.items() if name in wanted], unmatched
 
 
 def _warn_if_prefix_match_differs(schema: Unischema, patterns: list[str]) -> None:
@@ -559,7 +581,7 @@ def _warn_if_prefix_match_differs(schema: Unischema, patterns: list[str]) -> Non
     if full != prefix:
         warnings.warn("schema_fields behavior has changed. Now, regular expression pattern must match the entire "
                       "field name. The change in the behavior affects the following fields: "
-                      f"{', '.join(sorted(full ^ prefix))}", UserWarning, stacklevel=3)
+                      f"{', '.join(sorted(full ^ prefix))}", UserWarning, stacklevel=4)
 
 
 def insert_explicit_nulls(unischema: Unischema, row_dict: dict[str, Any]) -> None:

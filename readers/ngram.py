@@ -37,8 +37,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from unihub.errors import SchemaError
-from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.errors import NoMatchingFieldsError, SchemaError
+from unihub.formats.schema import Unischema, UnischemaField, select_unischema_fields
 
 FieldSpec: TypeAlias = "UnischemaField | str"
 
@@ -111,9 +111,13 @@ class NGram:
         """
         resolved = {}
         for offset, specs in self._field_specs.items():
-            matched = match_unischema_fields(schema, specs) if specs else []
+            matched, unmatched = select_unischema_fields(schema, specs)
+            if unmatched:  # a window without a field asked for: refused (Petastorm left the field out)
+                raise NoMatchingFieldsError(f"No fields matching the criteria {unmatched} were found: NGram "
+                                            f"fields[{offset}] names no field of Unischema {schema.name!r} (by name, "
+                                            f"or as a regex matching the whole name); fields: {list(schema.fields)}")
             resolved[offset] = [schema[f.name] for f in matched]
-        timestamp = match_unischema_fields(schema, [self._timestamp_spec])
+        timestamp, _ = select_unischema_fields(schema, [self._timestamp_spec])
         if len(timestamp) != 1:
             raise SchemaError(f"NGram timestamp_field {self._timestamp_spec!r} matches {len(timestamp)} fields "
                               f"{[f.name for f in timestamp]}; it must name exactly one")
@@ -258,12 +262,18 @@ def _validate(fields: Any, delta_threshold: Any, timestamp_field: Any, timestamp
             if not isinstance(spec, (UnischemaField, str)):
                 raise SchemaError(f"NGram fields[{offset}] holds {spec!r}; use UnischemaField, names or regexes")
     is_timedelta = isinstance(delta_threshold, (datetime.timedelta, np.timedelta64))
-    if isinstance(delta_threshold, bool) or not (isinstance(delta_threshold, numbers.Real) or is_timedelta):
+    is_number = isinstance(delta_threshold, (numbers.Real, decimal.Decimal))  # Decimal: Petastorm's tests use it
+    if isinstance(delta_threshold, bool) or not (is_number or is_timedelta):
         raise SchemaError(f"NGram delta_threshold must be a number (or a timedelta for datetime timestamps), "
                           f"got {delta_threshold!r}")
-    if not is_timedelta and (math.isnan(delta_threshold) or delta_threshold < 0):
+    if not is_timedelta and (_is_nan(delta_threshold) or delta_threshold < 0):
         raise SchemaError(f"NGram delta_threshold must be >= 0, got {delta_threshold!r}")
     if not isinstance(timestamp_field, (UnischemaField, str)):
         raise SchemaError(f"NGram timestamp_field must be a UnischemaField or a field name, got {timestamp_field!r}")
     if not isinstance(timestamp_overlap, bool):
         raise SchemaError(f"NGram timestamp_overlap must be True or False, got {timestamp_overlap!r}")
+
+
+def _is_nan(number: numbers.Real | decimal.Decimal) -> bool:
+    """NaN, of a float or a Decimal (whose signalling NaN float() refuses)."""
+    return number.is_nan() if isinstance(number, decimal.Decimal) else math.isnan(number)

@@ -2,10 +2,15 @@
 
 A predicate names the fields it needs (:meth:`PredicateBase.get_fields`); the reader reads
 and decodes only those columns first, evaluates the predicate on them, and reads the
-rest only for the rows that pass. :meth:`PredicateBase.do_include` is Petastorm's per-row
-test (a dict of field values); :meth:`PredicateBase.evaluate` is the column-wise form,
-vectorised where the predicate allows (``in_set``, ``in_pseudorandom_split``) and a loop
-over ``do_include`` otherwise.
+rest only for the rows that pass. :meth:`PredicateBase.do_include` is Petastorm's test;
+:meth:`PredicateBase.evaluate` is the column-wise form, vectorised where the predicate allows
+(``in_set``, ``in_pseudorandom_split``) and a loop over ``do_include`` otherwise.
+
+Petastorm's contract for a predicate of one's own, which defines only ``do_include``:
+``make_reader`` calls it per row with a dict of values; ``make_batch_reader`` calls it once per
+row group with the predicate's columns, and takes a boolean mask back (:func:`per_row_group`;
+Petastorm gave a pandas DataFrame, unihub gives numpy columns shaped alike). unihub's own
+predicates define ``evaluate`` and work alike in both.
 
     make_reader(url, predicate=in_lambda(["label"], lambda label: label < 5))
 """
@@ -14,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from unihub.errors import SchemaError
+from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
 
 
 class PredicateBase:
@@ -28,7 +33,10 @@ class PredicateBase:
     def get_fields(self) -> set[str]:
         raise NotImplementedError
 
-    def do_include(self, values: Mapping[str, Any]) -> bool:
+    def do_include(self, values: Any) -> Any:
+        """Petastorm's test: ``values`` is a row's dict (``make_reader``: return a bool), or a row group's
+        :class:`RowGroupColumns` (``make_batch_reader``, for a predicate without ``evaluate``: return a
+        boolean mask)."""
         raise NotImplementedError
 
     def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
@@ -49,6 +57,99 @@ def predicate_fields(predicate: PredicateBase) -> set[str]:
     if isinstance(fields, str) or not isinstance(fields, Iterable):
         raise SchemaError(f"{type(predicate).__name__}.get_fields() must return field names, got {fields!r}")
     return {_check_field(name) for name in fields}
+
+
+def unusable_predicate(predicate: PredicateBase, field_names: Iterable[str], dataset: str) -> UnihubError | None:
+    """Why ``predicate`` cannot select rows of ``dataset`` (fields ``field_names``), or None.
+
+    The reader raises it at the first read, as Petastorm's workers did (a ValueError in its words).
+    """
+    names = list(field_names)
+    wanted = predicate_fields(predicate)
+    kind = type(predicate).__name__
+    if not wanted:
+        return InvalidArgumentError(f"At least one field name must be returned by predicate's get_field() method: "
+                                    f"{kind}.get_fields() names no field of {dataset}, so it cannot test a row")
+    unknown = sorted(wanted - set(names))
+    if unknown:
+        return SchemaError(f"At least some column names requested by the predicate ({', '.join(unknown)}) are not "
+                           f"valid schema names: ({', '.join(names)}): {kind} tests fields that {dataset} "
+                           "does not have")
+    return None
+
+
+def per_row_group(predicate: PredicateBase) -> PredicateBase:
+    """``predicate`` as ``make_batch_reader`` evaluates it: through its own ``evaluate`` where its class
+    defines one (unihub's predicates), else one ``do_include`` call per row group with the columns of
+    the row group, as Petastorm's ``make_batch_reader`` called it (:class:`_ColumnsPredicate`)."""
+    if not isinstance(predicate, PredicateBase) or type(predicate).evaluate is not PredicateBase.evaluate:
+        return predicate
+    return _ColumnsPredicate(predicate)
+
+
+class RowGroupColumns:
+    """The columns a predicate of one's own gets from ``make_batch_reader``, shaped as the pandas DataFrame
+    Petastorm gave it: ``values[name]`` is a column (a numpy array, one entry per row; an object array of
+    arrays for a tensor field), iterating gives the names, and ``len(values)`` is the number of rows."""
+
+    def __init__(self, columns: Mapping[str, Any], names: Sequence[str], num_rows: int) -> None:
+        self._columns = {name: columns[name] for name in names}
+        self._num_rows = num_rows
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        column = self._columns[name]
+        if isinstance(column, np.ndarray) and column.ndim == 1:
+            return column
+        cells = np.empty(self._num_rows, dtype=object)  # a row's tensor is one cell, as in a DataFrame
+        cells[:] = list(column)
+        return cells
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return self._num_rows
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._columns)
+
+
+class _ColumnsPredicate(PredicateBase):
+    """A predicate of one's own that defines only ``do_include``, called once per row group with a
+    :class:`RowGroupColumns`; it returns a boolean mask of the rows to keep (Petastorm's batch contract)."""
+
+    def __init__(self, predicate: PredicateBase) -> None:
+        self.predicate = predicate
+
+    def get_fields(self) -> set[str]:
+        return predicate_fields(self.predicate)
+
+    def do_include(self, values: Mapping[str, Any]) -> Any:
+        return self.predicate.do_include(values)
+
+    def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
+        if not num_rows:
+            return np.zeros(0, dtype=bool)
+        names = sorted(self.get_fields())
+        kind = type(self.predicate).__name__
+        what = (f"make_batch_reader calls {kind}.do_include once per row group with its columns {names} "
+                f"(values[name] a numpy array of {num_rows} rows, len(values) the rows) and takes a boolean "
+                "mask back, as Petastorm's make_batch_reader did; a predicate that tests one row at a time "
+                "works with make_reader, or defines evaluate(columns, num_rows)")
+        try:
+            mask = np.asarray(self.predicate.do_include(RowGroupColumns(columns, names, num_rows)))
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+: the user's own error, with how it was called
+                exc.add_note(what)
+            raise
+        if mask.shape != (num_rows,) or mask.dtype.kind not in "bO":
+            raise InvalidArgumentError(f"{kind}.do_include returned {mask.dtype} of shape {mask.shape}, not "
+                                       f"{num_rows} booleans: {what}")
+        return mask.astype(bool)
 
 
 def _check_predicate(predicate: Any) -> PredicateBase:
@@ -112,6 +213,10 @@ class in_intersection(PredicateBase):  # noqa: N801
         if value is None:
             return False
         return not self._inclusion_values.isdisjoint(np.asarray(value).ravel().tolist())
+
+    def evaluate(self, columns: Mapping[str, Any], num_rows: int) -> np.ndarray:
+        """Row by row in both readers (defined here so that :func:`per_row_group` keeps it)."""
+        return super().evaluate(columns, num_rows)
 
 
 class in_lambda(PredicateBase):  # noqa: N801

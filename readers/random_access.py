@@ -24,7 +24,13 @@ from unihub.formats.arrow_numpy import fixed_width_cells, from_fixed_width_cells
 from unihub.formats.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.formats.parquet import ParquetStore, open_dataset
 from unihub.formats.schema import Unischema
-from unihub.readers.decode import DecodePolicy, decode_column, decode_images, decoded_images
+from unihub.readers.decode import (
+    DecodePolicy,
+    decode_column,
+    decode_images,
+    decoded_images,
+    numpy_strings_in_rows,
+)
 from unihub.readers.reader import _resolve_fields
 
 
@@ -66,7 +72,9 @@ class Dataset:
 
     def __getitem__(self, index: int) -> Any:
         batch = self.take([index])
-        return self._row_type._make(column[0] for column in batch)
+        return self._row_type._make(
+            np.str_(column[0]) if column[0] is not None and numpy_strings_in_rows(f, self._policy) else column[0]
+            for f, column in zip(self.schema, batch))  # a row's strings as make_reader's (readers/decode.py)
 
     def take(self, indices: Sequence[int] | np.ndarray, into: Mapping[str, np.ndarray] | None = None) -> Any:
         """A batch (namedtuple of column arrays) holding rows ``indices`` in the order given.

@@ -38,13 +38,13 @@ from unihub.errors import (
     UsageError,
 )
 from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
-from unihub.formats.schema import Unischema, UnischemaField, match_unischema_fields
+from unihub.formats.schema import Unischema, UnischemaField, select_unischema_fields
 from unihub.memory import batch_nbytes, memory_budget
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache, make_cache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
 from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_expression
-from unihub.readers.predicates import PredicateBase, predicate_fields
+from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_cores
 
@@ -118,7 +118,11 @@ class Reader:
         expression, filter_columns = filters_to_expression(filters)
         if expression is not None and not filter_columns:
             filter_columns = tuple(f.name for f in store.schema)
-        self._groups = self._select_row_groups(predicate, expression, filter_columns)
+        #: a predicate the dataset cannot serve: raised at the first read, as Petastorm's workers raised it
+        self._predicate_error = unusable_predicate(predicate, store.schema.fields, store.url) \
+            if predicate is not None else None
+        self._groups = self._select_row_groups(None if self._predicate_error else predicate, expression,
+                                               filter_columns)
         if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
             from unihub.readers.rowgroup_index import apply_rowgroup_selector
 
@@ -136,7 +140,10 @@ class Reader:
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
-        self._loader = RowGroupLoader(store, self._read_fields, self.seed, predicate=predicate,
+        row_predicate = None if self._predicate_error or _on_partitions_only(predicate, store) else predicate
+        self._loader = RowGroupLoader(store, self._read_fields, self.seed,
+                                      predicate=per_row_group(row_predicate) if batched and row_predicate is not None
+                                      else row_predicate,
                                       filter_expression=expression, filter_columns=filter_columns,
                                       transform=self._make_transform(read_schema), decode_images=decode_images,
                                       cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
@@ -191,7 +198,7 @@ class Reader:
                 continue
             values = {k: partition_value(store.schema[k], v) for k, v in rg.partition}
             keep = True
-            if predicate is not None and predicate_fields(predicate) <= parts:
+            if predicate is not None and _on_partitions_only(predicate, store):
                 keep = bool(predicate.do_include(values))
             if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
                 table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
@@ -247,6 +254,8 @@ class Reader:
         return self
 
     def _start(self) -> Iterator[tuple[int, int, Batch]]:
+        if self._predicate_error is not None:
+            raise self._predicate_error.with_traceback(None)  # each read's own traceback
         epoch, task, offset = self._where()
         if self._pool is not None:  # a pool left by an error: release its workers first
             self._pool.stop()
@@ -617,8 +626,14 @@ class Reader:
 
     @property
     def diagnostics(self) -> dict[str, Any]:
+        """Where the reader is and what its workers do: the pool, tasks in flight, items (rows, or
+        batches) delivered, the position; and Petastorm's pool counters (``items_consumed``,
+        ``items_produced``, ``items_inprocess``, ``output_queue_size``: see :attr:`Pool.diagnostics`)
+        of the workers started last, zeros before the first read."""
         epoch, task, offset = self._where()
-        return {"pool_type": self._pool_type, "workers_count": self._workers_count,
+        pool = self._pool.diagnostics if self._pool else dict.fromkeys(
+            ("items_consumed", "items_produced", "items_inprocess", "output_queue_size"), 0)
+        return {**pool, "pool_type": self._pool_type, "workers_count": self._workers_count,
                 "in_flight": self._pool.in_flight if self._pool else 0,
                 "items_delivered": self._delivered + self._cursor - self._first,
                 "batches_delivered": self._batches, "epoch": epoch, "task": task, "offset": offset,
@@ -747,8 +762,21 @@ def _job_nbytes(result: tuple[int, int, Batch]) -> int:
     return batch_nbytes(result[2].columns)
 
 
-def _resolve_fields(schema: Unischema, schema_fields: Any) -> tuple[list[UnischemaField], Any]:
-    """The fields to read (and the NGram, if ``schema_fields`` is one)."""
+def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) -> bool:
+    """Whether ``predicate`` tests only Hive partition values: the row groups it keeps are chosen whole
+    (``Reader._select_row_groups``) and no row of them is tested again, as Petastorm's reader gave such a
+    predicate to no worker (a ``do_include`` written for a row's dict then works in ``make_batch_reader``)."""
+    return predicate is not None and bool(store.partition_names) and \
+        predicate_fields(predicate) <= set(store.partition_names)
+
+
+def _resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
+    """The fields to read (and the NGram, if ``schema_fields`` is one).
+
+    As Petastorm's readers: names and regexes that match no field are left out (here with a warning
+    naming them), and :class:`~unihub.errors.NoMatchingFieldsError` (a RuntimeError) when none
+    matches at all. ``dataset`` (its URL) is named in both.
+    """
     if schema_fields is None:
         return list(schema), None
     if hasattr(schema_fields, "get_field_names_at_all_timesteps"):  # an NGram
@@ -758,7 +786,18 @@ def _resolve_fields(schema: Unischema, schema_fields: Any) -> tuple[list[Unische
         return [f for f in schema if f.name in names], ngram
     if isinstance(schema_fields, (str, UnischemaField)):
         schema_fields = [schema_fields]
-    return match_unischema_fields(schema, schema_fields), None
+    patterns = list(schema_fields)
+    fields, unmatched = select_unischema_fields(schema, patterns)
+    where = f" in the dataset {dataset}" if dataset else f" in Unischema {schema.name!r}"
+    if patterns and not fields:
+        criteria = [p.name if isinstance(p, UnischemaField) else p for p in patterns]
+        raise NoMatchingFieldsError(f"No fields matching the criteria {criteria} were found{where}: no field "
+                                    f"matches {', '.join(map(repr, criteria))} (by name, or as a regex matching the "
+                                    f"whole name); fields: {list(schema.fields)}")
+    if unmatched:
+        warnings.warn(f"schema_fields {unmatched} match no field{where} and are left out (the other fields are "
+                      f"read); fields: {list(schema.fields)}", UserWarning, stacklevel=4)
+    return fields, None
 
 
 def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any) -> ParquetStore:
@@ -827,17 +866,9 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    try:
-        fields, ngram = _resolve_fields(store.schema, schema_fields)
-    except NoMatchingFieldsError as exc:  # Petastorm's message names the dataset
-        raise NoMatchingFieldsError(f"{exc} (the dataset {store.url})") from None
+    fields, ngram = _resolve_fields(store.schema, schema_fields, store.url)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
-    if predicate is not None:
-        unknown_fields = sorted(predicate_fields(predicate) - set(store.schema.fields))
-        if unknown_fields:
-            raise SchemaError(f"predicate uses fields {unknown_fields}, which are not in {store.url}; "
-                              f"fields: {list(store.schema.fields)}")
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))
     cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
                        cache_extra_settings)
@@ -862,7 +893,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
     ``rowgroup_selector`` (read only the row groups a selector picks from the dataset's
-    row-group indexes; see :mod:`unihub.readers.selectors`). Added:
+    row-group indexes; see :mod:`unihub.readers.selectors`). As Petastorm's: ``schema_fields`` that
+    match no field are left out (with a warning; none matching raises ``NoMatchingFieldsError``), and
+    a predicate on fields the dataset lacks raises at the first ``next()``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
     ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
     ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
@@ -881,7 +914,9 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
 
     Reads any Parquet store, with or without a Unischema; arguments as :func:`make_reader`.
     A ``transform_spec`` function receives a pandas DataFrame (Petastorm's contract), or a
-    dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``.
+    dict of numpy columns with ``TransformSpec(..., batch_format='numpy')``. A predicate of one's
+    own that defines only ``do_include`` is called once per row group with its columns
+    (:class:`~unihub.readers.predicates.RowGroupColumns`) and returns a boolean mask, as Petastorm's.
     """
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
 

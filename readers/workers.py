@@ -83,6 +83,8 @@ class Pool:
         self._executor: Executor | None = None
         self._pending: deque[Future[Any]] = deque()
         self._stopped = False
+        self._submitted = 0  # tasks handed to the workers (counted by the consumer's thread only)
+        self._yielded = 0  # results handed to the consumer
         #: what join() waits for: the worker processes and the executor's manager thread, noted
         #: before a shutdown without waiting drops the executor's own references to them
         self._processes: list[Any] = []
@@ -117,7 +119,10 @@ class Pool:
             for task in task_iter:
                 if self._stopped:
                     return
-                yield fn(task)
+                self._submitted += 1
+                result = fn(task)
+                self._yielded += 1
+                yield result
             return
         submit = self._submitter(fn)
         try:
@@ -144,6 +149,7 @@ class Pool:
                     if task is _NO_TASK:
                         break
                     self._pending.append(submit(task))
+                self._yielded += 1
                 yield result
         finally:
             self.stop()
@@ -155,13 +161,15 @@ class Pool:
 
         def submit(task: Any) -> Future[Any]:
             try:
-                return executor.submit(target, task)
+                future = executor.submit(target, task)
             except RuntimeError:
                 if not self._stopped:
                     raise
                 cancelled: Future[Any] = Future()  # stop() from another thread shut the executor down
                 cancelled.cancel()                 # between the consumer's check and this submit
                 return cancelled
+            self._submitted += 1
+            return future
         return submit
 
     def stop(self) -> None:
@@ -212,6 +220,16 @@ class Pool:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def diagnostics(self) -> dict[str, int]:
+        """Petastorm's pool counters, of this pool's tasks: ``items_consumed`` handed to the workers,
+        ``items_produced`` done by them, ``items_inprocess`` handed out and not done yet,
+        ``output_queue_size`` done and waiting for the consumer."""
+        pending = list(self._pending)  # a snapshot: the consumer may be popping in another thread
+        waiting = sum(1 for future in pending if future.done() and not future.cancelled())
+        return {"items_consumed": self._submitted, "items_produced": self._yielded + waiting,
+                "items_inprocess": self._submitted - self._yielded - waiting, "output_queue_size": waiting}
 
 
 def _exits(process: Any, timeout: float) -> bool:

@@ -60,6 +60,8 @@ def assert_same(found: Any, expected: Any, where: str) -> None:
         assert found.dtype == expected.dtype and found.shape == expected.shape, where
         assert found.tobytes() == expected.tobytes(), where
     else:
+        if type(expected) is np.str_ and type(found) is str:  # a batch's string; a row's is np.str_ (decode.py)
+            found = np.str_(found)
         assert type(found) is type(expected) and found == expected, f"{where}: {found!r} != {expected!r}"
 
 
