@@ -29,14 +29,12 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds p
 SLOW_CONVERT = """
 import sys, time
 import unihub.formats.imagefolder as imagefolder
-real_read = imagefolder._read
-def slow_read(path, limit=-1):
-    data = real_read(path, limit)
-    if limit == -1:  # the data pass: in the workers
-        print("reading", flush=True)
-        time.sleep(0.02)
-    return data
-imagefolder._read = slow_read
+real_read = imagefolder._read_and_probe
+def slow_read(*args, **kwargs):  # the data pass: in the workers
+    print("reading", flush=True)
+    time.sleep(0.02)
+    return real_read(*args, **kwargs)
+imagefolder._read_and_probe = slow_read
 from unihub.cli import main
 sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--workers", "2", "--quiet"]))
 """
