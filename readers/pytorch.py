@@ -332,16 +332,16 @@ class _Tracker:
     positions were delivered before the state was saved and are discarded.
     """
 
-    def __init__(self, reader_state: dict[str, Any], pending: Callable[[], np.ndarray], skip: int = 0,
+    def __init__(self, reader_state: dict[str, Any] | None, pending: Callable[[], np.ndarray], skip: int = 0,
                  drop: Iterable[int] = ()) -> None:
         self.consumed = 0
-        self.marks: deque[tuple[int, dict[str, Any]]] = deque([(0, reader_state)])
+        self.marks: deque[tuple[int, dict[str, Any] | None]] = deque([(0, reader_state)])
         self.prune_at = 64
         self.pending = pending
         self.skip = skip
         self.drop = set(drop)
 
-    def mark(self, reader_state: dict[str, Any]) -> None:
+    def mark(self, reader_state: dict[str, Any] | None) -> None:
         """The reader is at ``reader_state`` and its next row has position ``consumed``."""
         if self.marks[-1][0] == self.consumed:
             self.marks[-1] = (self.consumed, reader_state)
@@ -390,8 +390,20 @@ class _Tracker:
         gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
         exclude = sorted({int(p) - base for p in gone} | {d - base for d in self.drop if d >= base})
         start, reader_state = next(m for m in reversed(self.marks) if m[0] <= base)
+        if reader_state is None:
+            raise LoaderStateError("this loader's reader keeps no state (it has no state_dict(), or mixes readers "
+                                   "that have none), so the loader cannot say where to resume")
         # a copy: torch.distributed.checkpoint's load writes the saved values into the dict it is given
         return {"version": LOADER_STATE_VERSION, "reader": dict(reader_state), "skip": base - start, "exclude": exclude}
+
+
+def _reader_state(reader: Any) -> dict[str, Any] | None:
+    """``reader.state_dict()``, or None for a reader that keeps none (a mock; a mix of such readers, see
+    ``WeightedSamplingReader.keeps_state``): a loader reads it all the same and refuses only its own state."""
+    if not getattr(reader, "keeps_state", True) or not callable(getattr(reader, "state_dict", None)):
+        return None
+    state: dict[str, Any] = reader.state_dict()
+    return state
 
 
 def _parse_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
@@ -423,7 +435,7 @@ class _LoaderBase:
         # positions taken from the reader but not yet delivered: an array, or a function that
         # makes one (computed only when a state is asked for, so batches do no O(buffer) work)
         self._pending: np.ndarray | Callable[[], np.ndarray] = np.empty(0, dtype=np.int64)
-        self._tracker = _Tracker(reader.state_dict(), self._pending_positions)
+        self._tracker = _Tracker(_reader_state(reader), self._pending_positions)
         self._iterated = False
         self._iterating = False
         self._resumed = False
@@ -440,7 +452,7 @@ class _LoaderBase:
                              "iteration first")
         if self._iterated and not self._resumed:  # Petastorm: iterating again starts the reader over
             start_over(self.reader)  # also after a pass broken off mid-epoch
-            self._tracker = _Tracker(self.reader.state_dict(), self._pending_positions)
+            self._tracker = _Tracker(_reader_state(self.reader), self._pending_positions)
         self._iterated, self._resumed, self._iterating = True, False, True
         self._rng = np.random.default_rng(self.seed)
         try:
@@ -493,7 +505,7 @@ class _LoaderBase:
         batched = getattr(reader, "is_batched_reader", False)
         left = self._max_rows
         while left is None or left > 0:
-            tracker.mark(reader.state_dict())
+            tracker.mark(_reader_state(reader))
             if batched:
                 try:
                     item = next(reader)
@@ -521,7 +533,7 @@ class _LoaderBase:
                 columns, positions = take_columns(columns, index), positions[index]
             if len(positions):
                 yield positions, columns
-        tracker.mark(reader.state_dict())
+        tracker.mark(_reader_state(reader))
 
     def _in_order(self) -> Iterator[Any]:
         """Batches in reader order: whole batches are views of a reader batch's tensors (one
@@ -742,11 +754,11 @@ class DataLoader(_LoaderBase):
         batched = getattr(reader, "is_batched_reader", False)
         while True:
             if batched or tracker.consumed - tracker.marks[-1][0] >= bs:
-                tracker.mark(reader.state_dict())
+                tracker.mark(_reader_state(reader))
             try:
                 item = next(reader)
             except StopIteration:
-                tracker.mark(reader.state_dict())
+                tracker.mark(_reader_state(reader))
                 return
             for row in (_rows_of(item) if batched else (item,)):
                 position, keep = tracker.advance_one()

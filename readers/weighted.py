@@ -461,6 +461,12 @@ class WeightedSamplingReader:
         return min(short)
 
     # -- position -------------------------------------------------------------------------------------
+    @property
+    def keeps_state(self) -> bool:
+        """Whether every reader mixed has a ``state_dict()`` (Petastorm's test mocks have none): the PyTorch
+        loaders then track the mix's position; without it they read it, and only their ``state_dict()`` refuses."""
+        return all(callable(getattr(reader, "state_dict", None)) for reader in self._readers)
+
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered item (JSON-able): the draw count, seed, weights in force,
         drained readers, passes each reader started over, weight changes still to come (a loaded state's) and

@@ -31,6 +31,7 @@ from unihub import (
     Unischema,
     UnischemaField,
     ValidationError,
+    WeightedSamplingReader,
     dict_to_spark_row,
     insert_explicit_nulls,
     make_batch_reader,
@@ -525,3 +526,40 @@ def test_a_predicate_on_partitions_only_chooses_row_groups_and_tests_no_row() ->
         with factory(f"file://{INDEXED}", predicate=predicate, workers_count=1) as reader:
             splits = {str(s) for item in reader for s in np.atleast_1d(item.split)}
         assert splits == {"test"} and sorted(predicate.calls) == ["test", "train"]  # once per partition
+
+
+class _RowsWithoutState:
+    """What Petastorm's ``ReaderMock`` is to its tests: rows of a schema, an iterator, no ``state_dict()``."""
+
+    def __init__(self, schema: Unischema, start: int) -> None:
+        self.schema, self.batched_output, self.ngram, self.num_epochs = schema, False, None, None
+        self._next = start
+
+    def __iter__(self) -> _RowsWithoutState:
+        return self
+
+    def __next__(self) -> object:
+        self._next += 1
+        return self.schema.make_namedtuple(f1=np.int32(self._next))
+
+    def stop(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+def test_a_loader_over_a_mix_of_readers_without_state_reads_and_refuses_only_its_state() -> None:
+    """Petastorm's loaders take a mix of mock readers (test_weighted_sampling_reader.py::test_with_torch_api);
+    unihub's loaders track positions through state_dict(), which such readers lack."""
+    from unihub.readers.pytorch import DataLoader, LoaderStateError
+
+    schema = Unischema("Mocked", [UnischemaField("f1", np.int32, (), ScalarCodec(pa.int32()), False)])
+    mixer = WeightedSamplingReader([_RowsWithoutState(schema, 0), _RowsWithoutState(schema, 1000)], [0.5, 0.5],
+                                   seed=0)
+    assert not mixer.keeps_state
+    with DataLoader(mixer, batch_size=2) as loader:
+        batch = next(iter(loader))
+        assert batch["f1"].shape[0] == 2
+        with pytest.raises(LoaderStateError, match="keeps no state"):
+            loader.state_dict()
