@@ -92,7 +92,10 @@ def test_a_cluster_that_loses_its_workers_mid_convert_is_a_named_error(many_file
 
 
 def test_a_cluster_without_workers_is_a_named_error_in_python(many_files: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              spark_cluster: object) -> None:
+    """In this process: ``spark_cluster`` (unused) orders the test with the cluster tests, last, once the
+    suite's local session is stopped (a process holds one SparkContext)."""
     monkeypatch.setenv("UNIHUB_SPARK_STALL_TIMEOUT", "5")
     with start_spark_cluster(workers=0) as cluster:
         session = cluster_session(cluster.master)
