@@ -555,12 +555,13 @@ def _add_engine_options(command: argparse.ArgumentParser, engine_help: str) -> N
 
 
 def _stall_seconds(text: str) -> str:
+    """``--spark-stall-timeout``, checked as the engine checks ``UNIHUB_SPARK_STALL_TIMEOUT``."""
+    from unihub.converters.engines.spark import parse_stall_timeout
+
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (>= 0)")
+        parse_stall_timeout(text, "--spark-stall-timeout")
+    except UnihubError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -95,17 +95,21 @@ class SparkEngine(Engine):
 def stall_timeout() -> float | None:
     """Seconds a job may run no task before it is given up: ``UNIHUB_SPARK_STALL_TIMEOUT`` (``0`` or
     ``none``: never), else :data:`STALL_TIMEOUT_S`."""
-    text = os.environ.get(STALL_TIMEOUT_ENV, "").strip().lower()
-    if not text:
-        return STALL_TIMEOUT_S
-    if text in ("none", "0"):
+    text = os.environ.get(STALL_TIMEOUT_ENV, "").strip()
+    return parse_stall_timeout(text, STALL_TIMEOUT_ENV) if text else STALL_TIMEOUT_S
+
+
+def parse_stall_timeout(text: str, where: str) -> float | None:
+    """Seconds from ``text`` (``0`` or ``none``: None, never give up); an InvalidArgumentError naming ``where``
+    (the variable or option) for anything else. The CLI's ``--spark-stall-timeout`` is checked here too."""
+    if text.strip().lower() in ("none", "0"):
         return None
     try:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:  # NaN and negatives too
-        raise InvalidArgumentError(f"{STALL_TIMEOUT_ENV}={text!r} is not a number of seconds (> 0, or 0/none: "
+        raise InvalidArgumentError(f"{where}={text.strip()!r} is not a number of seconds (> 0, or 0/none: "
                                    "never give up)")
     return seconds
 

@@ -143,3 +143,12 @@ def _remove_named_log(stderr: str) -> None:
     assert len(logs) == 1 and os.path.exists(logs[0]), stderr[-3000:]
     assert "Lost executor" in Path(logs[0]).read_text(errors="replace") or os.path.getsize(logs[0]) > 0
     os.unlink(logs[0])
+
+
+def test_the_stall_timeout_option_is_checked_as_the_variable_is(capsys: pytest.CaptureFixture[str]) -> None:
+    from unihub.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["convert", "a", "b", "--engine", "spark", "--spark-stall-timeout", "-3"])
+    assert done.value.code == 2
+    assert "--spark-stall-timeout='-3' is not a number of seconds" in capsys.readouterr().err
