@@ -15,7 +15,7 @@ import sys as _sys
 
 # The ``unihub`` command answers Ctrl-C and SIGTERM from here on, before the imports below take their
 # second or more (unihub/interrupts.py); a program that imports unihub keeps its own handlers.
-from unihub import interrupts as _interrupts
+from unihub.runtime import interrupts as _interrupts
 
 if _interrupts.is_command():
     _interrupts.install_at_start()
@@ -28,6 +28,7 @@ if _interrupts.is_command():
 if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMORY_POOL"):
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
+from unihub.bridges.spark.writer import dict_to_spark_row, materialize_dataset
 from unihub.caching import CachedDataset, cacheable
 from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
 from unihub.converters.convert import ConvertResult, convert
@@ -58,26 +59,6 @@ from unihub.errors import (
     UnsupportedFormatError,
     ValidationError,
 )
-from unihub.formats.codecs import (
-    CODECS,
-    Codec,
-    CompressedImageCodec,
-    CompressedNdarrayCodec,
-    NdarrayCodec,
-    ScalarCodec,
-    TensorCodec,
-)
-from unihub.formats.parquet import (
-    ParquetStore,
-    RowGroupInfo,
-    get_schema_from_dataset_url,
-    infer_or_load_unischema,
-    open_dataset,
-)
-from unihub.formats.schema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
-from unihub.formats.spark import dict_to_spark_row, materialize_dataset
-from unihub.formats.writer import WriteResult, write_dataset
-from unihub.progress import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 from unihub.readers.ngram import NGram
 from unihub.readers.predicates import (
     PredicateBase,
@@ -106,6 +87,25 @@ from unihub.readers.selectors import (
 from unihub.readers.throughput import reader_throughput
 from unihub.readers.transform import TransformSpec
 from unihub.readers.weighted import WeightedSamplingReader
+from unihub.runtime.progress import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+from unihub.schema.codecs import (
+    CODECS,
+    Codec,
+    CompressedImageCodec,
+    CompressedNdarrayCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+)
+from unihub.schema.unischema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
+from unihub.store.dataset import (
+    ParquetStore,
+    RowGroupInfo,
+    get_schema_from_dataset_url,
+    infer_or_load_unischema,
+    open_dataset,
+)
+from unihub.store.writer import WriteResult, write_dataset
 from unihub.version import package_version
 
 __version__ = package_version()
@@ -137,13 +137,13 @@ __all__ = [
 
 #: framework bridges, imported on first use so ``import unihub`` loads no framework
 _BRIDGES = {
-    "make_petastorm_dataset": "unihub.readers.tf", "make_tf_dataset": "unihub.readers.tf",
-    "tf_tensors": "unihub.readers.tf_graph",
-    "make_spark_converter": "unihub.readers.spark_converter",
-    "SparkDatasetConverter": "unihub.readers.spark_converter",
-    "register_delete_dir_handler": "unihub.readers.spark_converter",
-    "make_dali_pipeline": "unihub.readers.dali",
-    "dataset_as_rdd": "unihub.readers.spark_rdd",
+    "make_petastorm_dataset": "unihub.bridges.tf.dataset", "make_tf_dataset": "unihub.bridges.tf.dataset",
+    "tf_tensors": "unihub.bridges.tf.graph",
+    "make_spark_converter": "unihub.bridges.spark.converter",
+    "SparkDatasetConverter": "unihub.bridges.spark.converter",
+    "register_delete_dir_handler": "unihub.bridges.spark.converter",
+    "make_dali_pipeline": "unihub.bridges.dali",
+    "dataset_as_rdd": "unihub.bridges.spark.rdd",
     # ``unihub show``'s report, for notebooks (HTML rendering and image thumbnails load on first use)
     "show": "unihub.viewer", "ShowReport": "unihub.viewer",
 }

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from unihub.demo import make_image
-from unihub.formats.images import encode_image
+from unihub.cli.demo import make_image
+from unihub.images.decoders import encode_image
 
 FORMATS = ("tfrecord", "hdf5", "webdataset", "imagefolder")
 TARGET = 0.7
@@ -309,7 +309,7 @@ def warm_up() -> None:
     import h5py  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    import unihub.formats.formats_all  # noqa: F401
+    import unihub.formats.builtin  # noqa: F401
     from unihub.converters.convert import convert
 
     rng = np.random.default_rng(1)

@@ -3,7 +3,7 @@
 Writes ``--count`` random-content 256x256 JPEGs with ``write_dataset`` into a temp dir,
 then times one full pass of each decoder over the same dataset and prints a markdown table
 of images/s. unihub's side reads the raw bytes once and decodes them with
-``unihub.formats.images.decode_image`` in a thread pool of one thread per core; DALI's
+``unihub.images.decoders.decode_image`` in a thread pool of one thread per core; DALI's
 side is ``make_dali_pipeline`` (reading included). Without a GPU the DALI CPU decoder is
 timed instead and the GPU row says it was skipped.
 
@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
-from unihub.formats.images import decode_image
+from unihub.images.decoders import decode_image
 from unihub.readers.random_access import Dataset
 
 
@@ -58,7 +58,7 @@ def time_unihub_cpu(url: Path, threads: int) -> tuple[int, float]:
 
 def time_dali(url: Path, batch_size: int, device_id: int | None, threads: int) -> tuple[int, float]:
     """Images and seconds for one epoch of the bridge's pipeline (reading + decode), after a warm-up epoch."""
-    from unihub.readers.dali import iterate_epoch, make_dali_pipeline
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
 
     pipe = make_dali_pipeline(url, batch_size, device_id=device_id, num_threads=threads, last_batch="partial")
     try:

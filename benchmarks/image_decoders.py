@@ -12,7 +12,7 @@ gray) it times every candidate decoding ``N`` encoded rows:
   2x on two cores; one that holds it stays at ~1x.
 
 Every decoder produces RGB / gray channel order (OpenCV pays for its BGR->RGB
-swap), so the numbers compare what :mod:`unihub.formats.images` needs.
+swap), so the numbers compare what :mod:`unihub.images.decoders` needs.
 Variants marked ``out=`` decode into a preallocated ``(n, H, W, C)`` column,
 the way a reader fills a whole batch; ``unihub decode_image`` is the chosen
 backend behind the module's own checks. A second table times the encoders
@@ -151,7 +151,7 @@ def jpeg_decoders(gray: bool) -> dict[str, tuple[Decode, DecodeInto | None]]:
 def _unihub_decoders() -> dict[str, tuple[Decode, DecodeInto | None]]:
     """The chosen backend behind unihub's own checks (format sniffing, header, ``out`` shape)."""
     try:
-        from unihub.formats.images import decode_image
+        from unihub.images.decoders import decode_image
     except ImportError:
         return {}
     return {"unihub decode_image": (decode_image, lambda d, o: decode_image(d, out=o))}

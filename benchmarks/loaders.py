@@ -43,7 +43,7 @@ CASES = ("torch", "shuffled", "batched", "tf")
 
 
 def torch_rows(url: str, shuffling_queue_capacity: int = 0) -> int:
-    from unihub.readers.pytorch import DataLoader
+    from unihub.bridges.torch.loaders import DataLoader
 
     rows = 0
     with DataLoader(make_reader(url, schema_fields=FIELDS, workers_count=2), batch_size=64,
@@ -54,7 +54,7 @@ def torch_rows(url: str, shuffling_queue_capacity: int = 0) -> int:
 
 
 def batched_rows(url: str) -> int:
-    from unihub.readers.pytorch import BatchedDataLoader
+    from unihub.bridges.torch.loaders import BatchedDataLoader
 
     rows = 0
     with BatchedDataLoader(make_batch_reader(url, workers_count=2), batch_size=1024) as loader:
@@ -64,7 +64,7 @@ def batched_rows(url: str) -> int:
 
 
 def tf_rows(url: str) -> int:
-    from unihub.readers.tf import make_tf_dataset
+    from unihub.bridges.tf.dataset import make_tf_dataset
 
     rows = 0
     with make_reader(url, schema_fields=FIELDS, workers_count=2) as reader:
@@ -94,7 +94,7 @@ def main() -> None:
     if "torch" in only or "shuffled" in only:
         import torch  # noqa: F401  (imported before timing, as in a training script)
 
-        import unihub.readers.pytorch  # noqa: F401
+        import unihub.bridges.torch.loaders  # noqa: F401
     plain_rate = None
     if "torch" in only or "shuffled" in only:
         plain_rate = ours(lambda: torch_rows(images_url), IMAGE_ROWS)
@@ -118,7 +118,7 @@ def main() -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         import tensorflow  # noqa: F401
 
-        import unihub.readers.tf  # noqa: F401
+        import unihub.bridges.tf.dataset  # noqa: F401
         mine = ours(lambda: tf_rows(images_url), IMAGE_ROWS)
         theirs = petastorm(python, {**pet, "kind": "tf_dataset"})
         rows.append(("tf.data, 64x64 PNG, batch 64", mine, theirs, 2.0, ""))

@@ -47,7 +47,7 @@ def _log(msg: str) -> None:
 # --------------------------------------------------------------------------------------
 
 def _make_image(rng, height=64, width=64, channels=3):
-    """Same generator as ``unihub.demo.make_image``: a smooth random gradient + mild noise."""
+    """Same generator as ``unihub.cli.demo.make_image``: a smooth random gradient + mild noise."""
     import numpy as np
 
     ys = np.linspace(0, 1, height, dtype=np.float32)[:, None, None]

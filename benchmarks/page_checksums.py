@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_batch_reader, open_dataset, write_dataset
-from unihub.formats import integrity
+from unihub.store import integrity
 
 SCHEMAS = {
     "scalars": Unischema("Scalars", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),

@@ -141,7 +141,7 @@ def child_env(python: Path) -> dict[str, str]:
 def copy_name(fmt: str) -> str:
     if fmt != "unihub":
         return fmt
-    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+    from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
     return f"unihub-rg{DEFAULT_ROW_GROUP_SIZE_MB:g}mb"
 

@@ -169,7 +169,7 @@ def _torch_batch(images: np.ndarray, labels: Any, vecs: Any) -> Batch:
 def _unihub_loader(job: dict[str, Any], batched: bool) -> Iterator[Batch]:
     """unihub's ``BatchedDataLoader(make_batch_reader)`` or its row ``DataLoader(make_reader)``."""
     from unihub import make_batch_reader, make_reader
-    from unihub.readers.pytorch import BatchedDataLoader, DataLoader
+    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
 
     shuffle = job["shuffle"]
     make, loader_class = (make_batch_reader, BatchedDataLoader) if batched else (make_reader, DataLoader)
@@ -190,7 +190,7 @@ def unihub_rows(job: dict[str, Any]) -> Iterator[Batch]:
 def unihub_iterable(job: dict[str, Any]) -> Iterator[Batch]:
     import torch
 
-    from unihub.readers.pytorch import TorchIterableDataset
+    from unihub.bridges.torch.loaders import TorchIterableDataset
 
     ds = TorchIterableDataset(job["data"], batch_size=64, seed=0, shuffle_row_groups=job["shuffle"] > 0)
     workers = job["workers"]
@@ -202,7 +202,7 @@ def unihub_iterable(job: dict[str, Any]) -> Iterator[Batch]:
 def unihub_map(job: dict[str, Any]) -> Iterator[Batch]:
     import torch
 
-    from unihub.readers.pytorch import TorchMapDataset
+    from unihub.bridges.torch.loaders import TorchMapDataset
 
     ds = TorchMapDataset(job["data"])
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=job["shuffle"] > 0,
@@ -372,9 +372,9 @@ PIPELINES: dict[str, Callable[[dict[str, Any]], Iterator[Batch]]] = {
 
 #: what each pipeline imports before the clock starts (imports are not timed)
 IMPORTS: dict[str, str] = {
-    "unihub_batched": "torch unihub.readers.pytorch", "unihub_rows": "torch unihub.readers.pytorch",
-    "unihub_iterable": "torch unihub.readers.pytorch", "unihub_map": "torch unihub.readers.pytorch",
-    "unihub_tf": "tensorflow unihub.readers.tf", "tfdata": "tensorflow", "lance": "torch lance",
+    "unihub_batched": "torch unihub.bridges.torch.loaders", "unihub_rows": "torch unihub.bridges.torch.loaders",
+    "unihub_iterable": "torch unihub.bridges.torch.loaders", "unihub_map": "torch unihub.bridges.torch.loaders",
+    "unihub_tf": "tensorflow unihub.bridges.tf.dataset", "tfdata": "tensorflow", "lance": "torch lance",
     "lance_torch": "torch lance lance.torch.data", "hf": "torch datasets", "litdata": "torch litdata",
     "mosaic": "torch streaming", "wds": "torch webdataset", "ray": "torch ray ray.data",
 }
@@ -385,7 +385,7 @@ def decode_limit(job: dict[str, Any]) -> dict[str, Any]:
     """Images/s of unihub's JPEG decoder (``formats.images.decode_image``) on one thread, and on one thread per core."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     blobs, _, _ = load_content(job["source"])
     cores = os.cpu_count() or 1

@@ -50,7 +50,7 @@ from unihub import (  # noqa: E402
     make_reader,
     write_dataset,
 )
-from unihub.formats import images  # noqa: E402
+from unihub.images import decoders as images  # noqa: E402
 
 UnihubImages = Unischema("UnihubImages", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),

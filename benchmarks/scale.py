@@ -115,8 +115,8 @@ class Outcome:
 
 def write_inputs(root: Path, quick: bool) -> dict[str, tuple[Path, int, int]]:
     """TFRecord shards per row size: name -> (directory, rows, input bytes)."""
-    from unihub.formats.tfexample import encode_example, encode_feature
-    from unihub.formats.tfio import write_records
+    from unihub.formats.tfrecord.example import encode_example, encode_feature
+    from unihub.formats.tfrecord.records import write_records
 
     inputs = {}
     for name, (size, full_mb, quick_mb) in SIZES.items():
@@ -300,7 +300,7 @@ def print_table(inputs: dict[str, tuple[Path, int, int]], results: dict[tuple[st
 
 
 def print_rss_by_row_size(inputs: dict[str, tuple[Path, int, int]], work: Path, timeout: float) -> None:
-    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+    from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
     print(f"\npeak RSS (MiB) against row size: write_dataset of rows given in Python ({DEFAULT_ROW_GROUP_SIZE_MB:g} MB "
           "row groups, the default), and make_batch_reader (2 threads) reading them back\n")

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
-from unihub.demo import make_image
-from unihub.formats.images import encode_image
+from unihub.cli.demo import make_image
+from unihub.images.decoders import encode_image
 
 Schema = Unischema("WriteBench", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),

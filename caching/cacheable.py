@@ -30,11 +30,11 @@ from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, tr
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
 from unihub.errors import CacheTimeoutError, InvalidArgumentError
-from unihub.formats.schema import Unischema
-from unihub.formats.writer import write_dataset
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
-from unihub.progress import is_progress_bar_enabled
 from unihub.readers.reader import Reader, make_reader
+from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.runtime.progress import is_progress_bar_enabled
+from unihub.schema.unischema import Unischema
+from unihub.store.writer import write_dataset
 
 Progress = Callable[[int, float], None]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from unihub.formats import atomic
+from unihub.fs import atomic
 
 #: how often a builder rewrites its lease
 HEARTBEAT_SECONDS = 5.0

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import SchemaError
-from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
-from unihub.formats.schema import Unischema, UnischemaField
+from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.schema.unischema import Unischema, UnischemaField
 
 Row = dict[str, Any]
 

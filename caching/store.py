@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 
 from unihub.caching.lease import LeaseFiles, describe, is_stale
 from unihub.errors import CacheError
-from unihub.formats.filesystem import resolve_filesystem
+from unihub.fs.filesystem import resolve_filesystem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
 

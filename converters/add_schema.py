@@ -28,12 +28,13 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from unihub.errors import DatasetNotFoundError, SchemaError, SchemaMismatchError
-from unihub.formats import filesystem as fsutil
-from unihub.formats import remote
-from unihub.formats.codecs import TensorCodec, parquet_tensor_type
-from unihub.formats.dtypes import numpy_to_arrow_type
-from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY
-from unihub.formats.parquet import (
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote
+from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
+from unihub.schema.codecs import TensorCodec, parquet_tensor_type
+from unihub.schema.dtypes import numpy_to_arrow_type
+from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
+from unihub.store.dataset import (
     COMMON_METADATA,
     _check_files_agree,
     _list_data_files,
@@ -43,7 +44,6 @@ from unihub.formats.parquet import (
     _resolve_schema,
     partition_value,
 )
-from unihub.formats.schema import SCHEMA_METADATA_KEY, Unischema
 
 SchemaOrigin = Literal["given", "unihub", "petastorm", "inferred"]
 
@@ -105,7 +105,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     if petastorm_compatible is None:
         petastorm_compatible = PETASTORM_UNISCHEMA_KEY in common
 
-    from unihub.formats.petastorm_write import petastorm_metadata, replace_common_metadata
+    from unihub.petastorm.metadata import petastorm_metadata, replace_common_metadata
 
     metadata = {**(file_schema.metadata or {}), **common, SCHEMA_METADATA_KEY: chosen.to_json().encode()}
     if petastorm_compatible:
@@ -114,7 +114,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         metadata.pop(PETASTORM_UNISCHEMA_KEY, None)  # it would contradict the new schema
     replace_common_metadata(fs, root, file_schema.with_metadata(metadata))
     if use_summary_metadata:
-        from unihub.formats.spark import _write_summary_metadata
+        from unihub.bridges.spark.writer import _write_summary_metadata
 
         _write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
     return AddSchemaResult(url, chosen, origin, petastorm_compatible)
@@ -176,7 +176,7 @@ def _from_petastorm(schema: Any) -> Unischema:
     """A ``petastorm.unischema.Unischema`` object as unihub's, through the allow-listed unpickler."""
     import pickle
 
-    from unihub.formats.legacy import load_petastorm_unischema
+    from unihub.petastorm.legacy import load_petastorm_unischema
 
     return load_petastorm_unischema(pickle.dumps(schema))
 

@@ -24,21 +24,12 @@ import pyarrow.fs as pafs
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetNotFoundError, FormatError, SchemaError, UnsupportedFormatError
-from unihub.formats import filesystem as fsutil
-from unihub.formats import remote, sources
-from unihub.formats.foreign import (
-    FORMATS,
-    ColumnBatch,
-    OnError,
-    SkippedRecord,
-    detect_format,
-    expand_braces,
-)
-from unihub.formats.image_checks import ValidateImages, check_mode
-from unihub.formats.outputs import names_output_errors
-from unihub.formats.ownership import check_replaceable
-from unihub.formats.schema import Unischema
-from unihub.memory import (
+from unihub.formats.base import FORMATS, ColumnBatch, OnError, SkippedRecord, detect_format, expand_braces
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote, sources
+from unihub.fs.outputs import names_output_errors
+from unihub.images.checks import ValidateImages, check_mode
+from unihub.runtime.memory import (
     DEFAULT_PART_SIZE_MB,
     DEFAULT_ROW_GROUP_SIZE_MB,
     MemoryBudget,
@@ -46,6 +37,8 @@ from unihub.memory import (
     memory_budget,
     rows_for,
 )
+from unihub.schema.unischema import Unischema
+from unihub.store.ownership import check_replaceable
 
 UNIHUB = "unihub"
 
@@ -148,7 +141,7 @@ def _names_nothing(src: str) -> str | None:
 def resolve_target_format(dst: str, to_format: str | None) -> str:
     if to_format:
         return UNIHUB if to_format in (UNIHUB, "parquet") else FORMATS.canonical(to_format)
-    import unihub.formats.formats_all  # noqa: F401
+    import unihub.formats.builtin  # noqa: F401
 
     ext = os.path.splitext(dst)[1]
     name = FORMATS.by_extension(ext) if ext and ext != ".parquet" else None
@@ -171,26 +164,26 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     input file, an export or a unihub source is converted in this process.
 
     ``validate_images`` says how a foreign source's images are checked before they are stored
-    (:mod:`unihub.formats.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
+    (:mod:`unihub.images.checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
 
-    ``max_image_pixels`` is the most pixels an image may have (:data:`unihub.formats.images.MAX_IMAGE_PIXELS`,
+    ``max_image_pixels`` is the most pixels an image may have (:data:`unihub.images.decoders.MAX_IMAGE_PIXELS`,
     which guards against decompression bombs) for this conversion, in this process, its workers and
     Spark's executors alike: a whole number, None for no limit, or ``'current'`` (this process's setting).
 
     ``src`` and ``dst`` may be URLs of any filesystem pyarrow or fsspec reaches (``s3://bucket/x``);
     ``storage_options`` (fsspec's, and unihub's remote settings) hold for every file either side opens,
-    in forked workers too (:mod:`unihub.formats.sources`). A foreign source converted into unihub goes
+    in forked workers too (:mod:`unihub.fs.sources`). A foreign source converted into unihub goes
     through the one ingest pipeline (:mod:`unihub.converters.pipeline`) on the engine named (``'local'``
     or ``'spark'``, on ``master`` or the session ``spark``).
 
     ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512) bounds what waits between the stages
-    in bytes (:mod:`unihub.memory`): a batch ends at ``batch_size`` rows or at 1/32 of it, whichever
+    in bytes (:mod:`unihub.runtime.memory`): a batch ends at ``batch_size`` rows or at 1/32 of it, whichever
     comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
     than small ones.
     """
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     limit = images.MAX_IMAGE_PIXELS if max_image_pixels == "current" else images.pixel_limit_of(max_image_pixels)
     with sources.using(storage_options), images.pixel_limit(limit):
@@ -208,7 +201,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
              progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
-    import unihub.formats.formats_all  # noqa: F401  (registers every format)
+    import unihub.formats.builtin  # noqa: F401  (registers every format)
 
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
@@ -272,7 +265,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         counted = _refuse_all_skipped(counted, meter, lambda: report.report.skipped)
     try:
         if target_format == UNIHUB:
-            from unihub.formats.writer import write_dataset
+            from unihub.store.writer import write_dataset
 
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
@@ -292,7 +285,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
-    removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.formats.atomic`)."""
+    removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.fs.atomic`)."""
     fsutil.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
         fsutil.settle_url(src)
@@ -316,14 +309,14 @@ def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
             options: dict[str, Any]) -> None:
     """Write the export into a hidden place beside ``dst`` (a directory, or a prefix on an object store)
-    and put it in place at the end (:func:`unihub.formats.filesystem.commit`), whatever the format writes
+    and put it in place at the end (:func:`unihub.fs.filesystem.commit`), whatever the format writes
     (one file or many shards): an error or Ctrl-C leaves neither a partial ``dst`` nor the staged files,
     and an overwrite replaces every old shard. The writers stream into it through
-    :class:`~unihub.formats.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
+    :class:`~unihub.fs.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
     which h5py needs as a local file: see ``HDF5Format.write``)."""
     import posixpath
 
-    from unihub.formats.outputs import FileSystemOutputs, LocalOutputs, Outputs
+    from unihub.fs.outputs import FileSystemOutputs, LocalOutputs, Outputs
 
     if not sources.is_url(dst):
         target = os.path.abspath(dst)
@@ -365,7 +358,7 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     payload kind), then the options the user gave (checked: a format never ignores one)."""
     import inspect
 
-    from unihub.formats.foreign import check_options
+    from unihub.formats.base import check_options
 
     sink = FORMATS.get(target_format)
     check_options(sink, given, writing=True)
@@ -379,8 +372,8 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: 
     """Column batches of a unihub dataset, images as their stored bytes, in storage order: row groups
     read within ``budget``, cut into batches of at most ``batch_size`` rows and about
     ``budget.batch_bytes`` (slices: no copy), so that an export converts a little at a time."""
-    from unihub.formats.parquet import open_dataset
     from unihub.readers.reader import make_batch_reader
+    from unihub.store.dataset import open_dataset
 
     budget = budget or memory_budget()
     store = open_dataset(src)

@@ -31,13 +31,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from unihub.errors import FormatError, NoMatchingFieldsError, SchemaError, UnsupportedFormatError
-from unihub.formats import filesystem as fsutil
-from unihub.formats import remote
-from unihub.formats.outputs import names_output_errors
-from unihub.formats.ownership import check_replaceable
-from unihub.formats.parquet import ParquetStore, open_dataset
-from unihub.formats.schema import Unischema, select_unischema_fields
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote
+from unihub.fs.outputs import names_output_errors
+from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.unischema import Unischema, select_unischema_fields
+from unihub.store.dataset import ParquetStore, open_dataset
+from unihub.store.ownership import check_replaceable
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,11 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     (``engine="spark"`` without a session starts one on ``master`` and stops it afterwards).
     ``field_regex``: names or full-match regular expressions of the fields to keep (all when
     empty); ``not_null_fields``: rows with a null in any of them are dropped (they need not be
-    kept). ``row_group_size_mb`` defaults to :data:`~unihub.memory.DEFAULT_ROW_GROUP_SIZE_MB`. ``petastorm_compatible``: also write the
+    kept). ``row_group_size_mb`` defaults to :data:`~unihub.runtime.memory.DEFAULT_ROW_GROUP_SIZE_MB`. ``petastorm_compatible``: also write the
     metadata Petastorm 0.13.1 reads; None (default) does so when the source has Petastorm's.
     ``hdfs_driver`` is accepted for Petastorm's signature; pyarrow picks the HDFS driver.
     ``progress(rows_read, total_rows)`` is called as rows are copied. ``overwrite_output`` replaces
-    only a dataset unihub wrote; ``overwrite_foreign`` anything (:mod:`unihub.formats.ownership`).
+    only a dataset unihub wrote; ``overwrite_foreign`` anything (:mod:`unihub.store.ownership`).
     """
     start = time.perf_counter()
     engine = engine or ("spark" if spark is not None else "local")
@@ -115,7 +115,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     if petastorm_compatible is None:
         petastorm_compatible = store.schema_source == "petastorm"
     if petastorm_compatible:
-        from unihub.formats.petastorm_pickle import check_petastorm_compatible
+        from unihub.petastorm.pickling import check_petastorm_compatible
 
         check_petastorm_compatible(schema)
     fs, target = fsutil.resolve_filesystem(target_url, None, storage_options)
@@ -195,7 +195,7 @@ def copy_task(plan: _Plan, index: int, start: int, stop: int,
     (under their partition directories), as a conversion task writes its parts; returns (rows read,
     rows written)."""
     from unihub.converters.tasks import part_name
-    from unihub.formats.writer import write_parts
+    from unihub.store.writer import write_parts
 
     read = [0]
 
@@ -252,8 +252,8 @@ def _run_on_spark(spark: Any, master: str, plan: _Plan, ranges: list[tuple[int, 
 def _finish(plan: _Plan, petastorm_compatible: bool, extra: dict[str, Any]) -> int:
     """``_common_metadata`` (and an empty part file when no row was kept); returns the data files."""
     from unihub.converters.tasks import part_name
-    from unihub.formats.parquet import _list_data_files
-    from unihub.formats.writer import finish_parts
+    from unihub.store.dataset import _list_data_files
+    from unihub.store.writer import finish_parts
 
     fs = plan.filesystem
     empty = not _list_data_files(fs, plan.temporary)

@@ -1,4 +1,4 @@
-"""What a conversion or copy has done so far (rows, input bytes), shown through :mod:`unihub.progress`."""
+"""What a conversion or copy has done so far (rows, input bytes), shown through :mod:`unihub.runtime.progress`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from unihub import progress as _progress
-from unihub.memory import batch_nbytes
+from unihub.runtime import progress as _progress
+from unihub.runtime.memory import batch_nbytes
 
 
 class ProgressMeter:
@@ -19,7 +19,7 @@ class ProgressMeter:
     tqdm bar then fills by bytes), else the in-memory size of the batches (the bar fills by
     rows against ``total_rows``). Shown on a terminal by default; ``enabled=True`` shows it
     anywhere (plain lines where stderr is not a terminal), ``enabled=False`` (``--quiet``) and
-    :func:`unihub.progress.disable_progress_bar` never.
+    :func:`unihub.runtime.progress.disable_progress_bar` never.
     """
 
     def __init__(self, *, enabled: bool | None = None, total_rows: int | None = None, total_bytes: int | None = None,

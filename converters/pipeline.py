@@ -3,9 +3,9 @@
 Every engine (in this process, forked workers, Spark; :mod:`unihub.converters.engines`) goes through
 :func:`ingest`: the driver lists the input files and settles the schema (a single pass's provisional
 one where the format has it), the engine's tasks write part files straight into a staging area beside
-the target (:func:`unihub.formats.filesystem.temporary_sibling`, on the filesystem the target's URL
+the target (:func:`unihub.fs.filesystem.temporary_sibling`, on the filesystem the target's URL
 names), the driver refines the schema from what the tasks saw, writes ``_common_metadata`` once and
-commits (:func:`unihub.formats.filesystem.commit`). A failure or Ctrl-C removes the staging area;
+commits (:func:`unihub.fs.filesystem.commit`). A failure or Ctrl-C removes the staging area;
 the source is only read.
 """
 
@@ -19,13 +19,14 @@ from urllib.parse import urlparse
 from unihub.converters.convert import UNIHUB, ConvertResult, ProgressMeter, _all_skipped, _total_size
 from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
-from unihub.formats import filesystem as fsutil
-from unihub.formats import images, remote
-from unihub.formats.foreign import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
-from unihub.formats.image_checks import ValidateImages
-from unihub.formats.ownership import check_replaceable
-from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.formats.base import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote
+from unihub.images import decoders as images
+from unihub.images.checks import ValidateImages
+from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.unischema import Unischema
+from unihub.store.ownership import check_replaceable
 
 
 @remote.naming_url("dst")
@@ -38,8 +39,8 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     (``'local'``: forked workers for ``workers`` > 1 and several files holding enough bytes to pay for
     them, else this process, as ``notes`` in the result says; ``'spark'``).
     ``schema`` is the given one (records checked against it) or None (the source's). Each task writes
-    part files of at most ``part_size_mb`` (:func:`unihub.formats.writer.write_parts`)."""
-    from unihub.formats.writer import check_part_size
+    part files of at most ``part_size_mb`` (:func:`unihub.store.writer.write_parts`)."""
+    from unihub.store.writer import check_part_size
 
     check_part_size(part_size_mb)
     start = time.perf_counter()
@@ -83,7 +84,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,
          progress: bool | None, input_bytes: int) -> tuple[int, list[SkippedRecord]]:
     """Stage, run the tasks, finish and commit; the staging area is removed on any failure."""
-    from unihub.formats.writer import finish_parts
+    from unihub.store.writer import finish_parts
 
     staging = fsutil.temporary_sibling(target)
     plan = replace(plan, staging=_url_of(dst, staging))
@@ -149,7 +150,7 @@ def _url_of(dst: str, staging: str) -> str:
 
 def _drop_strays(fs: Any, staging: str, parts: set[str]) -> None:
     """Remove data files no task reported (what a failed attempt of a Spark task left beside the retry's)."""
-    from unihub.formats.parquet import _list_data_files
+    from unihub.store.dataset import _list_data_files
 
     for path in _list_data_files(fs, staging):
         if path not in parts:

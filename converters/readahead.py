@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from unihub.memory import batch_nbytes
+from unihub.runtime.memory import batch_nbytes
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from unihub.converters.convert import ConvertResult, convert
-from unihub.formats.foreign import OnError
-from unihub.formats.image_checks import ValidateImages
-from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.formats.base import OnError
+from unihub.images.checks import ValidateImages
+from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.unischema import Unischema
 
 
 def convert_with_spark(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None = None,

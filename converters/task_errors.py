@@ -18,8 +18,8 @@ import sys
 from typing import Any
 
 from unihub.errors import UnihubError
-from unihub.formats.foreign import SchemaOutgrown
-from unihub.formats.schema import Unischema
+from unihub.formats.base import SchemaOutgrown
+from unihub.schema.unischema import Unischema
 
 MARKER = "unihub-task-error: "
 #: what may be rebuilt in the driver: unihub's errors, and a single pass's request to start over

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from unihub.formats import filesystem as fsutil
-from unihub.formats.foreign import FORMATS, ForeignFormat, OnError, ReadReport, SkippedRecord
-from unihub.formats.image_checks import ValidateImages
-from unihub.formats.schema import Unischema
-from unihub.memory import DEFAULT_PART_SIZE_MB
+from unihub.formats.base import FORMATS, ForeignFormat, OnError, ReadReport, SkippedRecord
+from unihub.fs import filesystem as fsutil
+from unihub.images.checks import ValidateImages
+from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
+from unihub.schema.unischema import Unischema
 
 
 def part_name(task: int) -> str:
@@ -65,7 +65,7 @@ class TaskPlan:
     #: release the GIL); off for a single pass's observing read, whose Python-bound parsing only
     #: contends with the writer (TFRecord: measured slower)
     read_ahead: bool = True
-    batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.memory's default)
+    batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.runtime.memory's default)
     #: the image pixel limit the tasks hold images to (formats/images.py), as the driver had it;
     #: "current": the task's process's own setting
     max_image_pixels: int | None | str = "current"
@@ -74,7 +74,7 @@ class TaskPlan:
 
 def layout_of(source: ForeignFormat) -> Any:
     """An image folder's (absolute root, classes), so a task labels its files without listing the root."""
-    from unihub.formats.imagefolder import ImageFolderFormat
+    from unihub.formats.imagefolder.format import ImageFolderFormat
 
     if isinstance(source, ImageFolderFormat):
         return (absolute(source.root), source._listing.classes)
@@ -88,7 +88,7 @@ def absolute(path: str) -> str:
 
 def driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
     """Files the source leaves out before reading any (image folders: files outside the class folders)."""
-    from unihub.formats.imagefolder import ImageFolderFormat
+    from unihub.formats.imagefolder.format import ImageFolderFormat
 
     if isinstance(source, ImageFolderFormat):
         return [SkippedRecord(os.path.join(source.root, rel), "file", "outside the class folders (class layout)")
@@ -110,9 +110,9 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     ``source`` reads them where the caller has one already (in-process); ``wrap(source, batches)``
     may watch the batches on their way (a progress bar, read-ahead).
     """
-    import unihub.formats.formats_all  # noqa: F401  (registers every format in the worker)
-    from unihub.formats import images
-    from unihub.formats.writer import write_parts
+    import unihub.formats.builtin  # noqa: F401  (registers every format in the worker)
+    from unihub.images import decoders as images
+    from unihub.store.writer import write_parts
 
     files = list(files)
     if not files:
@@ -157,7 +157,7 @@ def task_source(plan: TaskPlan, files: list[str]) -> ForeignFormat:
     fmt = FORMATS.get(plan.fmt) if isinstance(plan.fmt, str) else plan.fmt
     if plan.layout is None:
         return fmt(files, **plan.options)
-    from unihub.formats.imagefolder import _Entry, _Listing
+    from unihub.formats.imagefolder.format import _Entry, _Listing
 
     root, classes = plan.layout
     source = fmt(root, **plan.options)

@@ -2,10 +2,10 @@
 
 When one side is a foreign format (TFRecord, HDF5, WebDataset, an image folder) and the other a
 unihub dataset, the foreign side is read by **the format's own library**
-(:meth:`~unihub.formats.foreign.ForeignFormat.reference_records`: TensorFlow or the protobuf
+(:meth:`~unihub.formats.base.ForeignFormat.reference_records`: TensorFlow or the protobuf
 runtime, h5py, tarfile, the file bytes), never by the parser the conversion used, and the unihub
 rows are put in that same native form
-(:meth:`~unihub.formats.foreign.ForeignFormat.native_records`: what an export would write). So a
+(:meth:`~unihub.formats.base.ForeignFormat.native_records`: what an export would write). So a
 field, a record, a feature list or a bit that the conversion lost shows up as a difference, even
 where unihub's own reading of the source would have lost it the same way. Both directions work:
 ``verify source.tfrecord ds/`` checks an ingest, ``verify ds/ export.tfrecord`` an export.
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.converters.convert import UNIHUB, _unihub_batches, resolve_source_format
-from unihub.formats.foreign import FORMATS, ForeignFormat
+from unihub.formats.base import FORMATS, ForeignFormat
 
 
 @dataclass
@@ -50,7 +50,7 @@ class VerifyReport:
 
 
 def _rows(path: str, fmt: str | None, options: Mapping[str, Any]) -> tuple[list[str], Iterator[dict[str, Any]]]:
-    import unihub.formats.formats_all  # noqa: F401
+    import unihub.formats.builtin  # noqa: F401
 
     name = resolve_source_format(path, fmt)
     if name == UNIHUB:
@@ -213,7 +213,7 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
     ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``);
     ``storage_options`` reach every file of either side on a remote filesystem (as for ``convert``).
     """
-    from unihub.formats import sources
+    from unihub.fs import sources
 
     with sources.using(storage_options):
         return _verify(src, dst, from_format=from_format, to_format=to_format, max_differences=max_differences,
@@ -222,7 +222,7 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
 
 def _verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_format: str | None,
             to_format: str | None, max_differences: int, options: Mapping[str, Any] | None) -> VerifyReport:
-    import unihub.formats.formats_all  # noqa: F401
+    import unihub.formats.builtin  # noqa: F401
 
     src, dst = os.fspath(src), os.fspath(dst)
     src_format, dst_format = resolve_source_format(src, from_format), resolve_source_format(dst, to_format)
@@ -261,7 +261,7 @@ def _verify_native(src: str, dst: str, fmt_name: str, export: bool, options: dic
 def _with_extras(report: VerifyReport, expected: Mapping[str, Any], found: Mapping[str, Any],
                  max_differences: int) -> VerifyReport:
     """``report`` with the differences of what the two sides hold beside their records
-    (:meth:`~unihub.formats.foreign.ForeignFormat.reference_extras`), compared name by name after them."""
+    (:meth:`~unihub.formats.base.ForeignFormat.reference_extras`), compared name by name after them."""
     differences = list(report.differences)
     for name in [*expected, *(n for n in found if n not in expected)]:
         if name not in found:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from unihub.formats.arrow_numpy import arrow_backed_empty
+from unihub.schema.arrow_numpy import arrow_backed_empty
 
 Columns = dict[str, Any]
 

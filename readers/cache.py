@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from unihub.errors import UnsupportedFormatError
-from unihub.formats.parquet import ParquetStore
+from unihub.store.dataset import ParquetStore
 
 
 class Cache(Protocol):

@@ -44,8 +44,8 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, InvalidArgumentError
-from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
-from unihub.formats.schema import UnischemaField
+from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, column_as_array
+from unihub.schema.unischema import UnischemaField
 
 #: what a reader does with an image that fails to decode (see the module docstring)
 OnDecodeError = Literal["raise", "skip"]

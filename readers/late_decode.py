@@ -10,7 +10,7 @@ The reader hands out the image fields encoded (:meth:`unihub.readers.reader.Read
 with one more column, :data:`SOURCE_ROW` (each row's row number in the dataset), and the
 loader decodes each batch it draws, a few batches ahead on a small thread pool
 (:class:`DecodeAhead`). The values are those the reader would have decoded, through the same
-column loop (:meth:`~unihub.formats.codecs.CompressedImageCodec.decode_blobs`, straight from the
+column loop (:meth:`~unihub.schema.codecs.CompressedImageCodec.decode_blobs`, straight from the
 queued bytes), and a corrupt image is reported with its file, row group and row, as the reader
 reports it; with the reader's ``on_decode_error='skip'`` its row is dropped from the drawn batch
 (a row short) and counted in the reader's diagnostics.
@@ -29,11 +29,11 @@ from typing import Any, cast
 import numpy as np
 
 from unihub.errors import CodecError
-from unihub.formats.parquet import ParquetStore
-from unihub.formats.schema import UnischemaField
 from unihub.readers.batching import take_columns
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, decode_images, undecodable_rows
 from unihub.readers.loader import SOURCE_ROW, located
+from unihub.schema.unischema import UnischemaField
+from unihub.store.dataset import ParquetStore
 
 Columns = dict[str, Any]
 

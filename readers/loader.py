@@ -23,10 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import CodecError, SchemaError
-from unihub.formats.arrow_numpy import take_table, to_numpy
-from unihub.formats.codecs import BinaryCells
-from unihub.formats.parquet import ParquetStore, RowGroupInfo, views_the_file
-from unihub.formats.schema import UnischemaField
 from unihub.readers.decode import (  # noqa: F401  (decode_column: API)
     UNIHUB,
     DecodePolicy,
@@ -37,6 +33,10 @@ from unihub.readers.decode import (  # noqa: F401  (decode_column: API)
 )
 from unihub.readers.plan import ReadTask, task_rows
 from unihub.readers.predicates import predicate_fields
+from unihub.schema.arrow_numpy import take_table, to_numpy
+from unihub.schema.codecs import BinaryCells
+from unihub.schema.unischema import UnischemaField
+from unihub.store.dataset import ParquetStore, RowGroupInfo, views_the_file
 
 if TYPE_CHECKING:
     from unihub.readers.cache import Cache

@@ -48,8 +48,8 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from unihub.errors import UnihubError
-from unihub.formats.parquet import FileInfo, ParquetStore
 from unihub.readers.cache import CacheBase
+from unihub.store.dataset import FileInfo, ParquetStore
 
 try:
     import fcntl

@@ -38,7 +38,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from unihub.errors import NoMatchingFieldsError, SchemaError
-from unihub.formats.schema import Unischema, UnischemaField, select_unischema_fields
+from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
 
 FieldSpec: TypeAlias = "UnischemaField | str"
 

@@ -20,10 +20,6 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import InvalidArgumentError
-from unihub.formats.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
-from unihub.formats.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
-from unihub.formats.parquet import ParquetStore, open_dataset
-from unihub.formats.schema import Unischema
 from unihub.readers.decode import (
     DecodePolicy,
     decode_column,
@@ -32,6 +28,10 @@ from unihub.readers.decode import (
     numpy_strings_in_rows,
 )
 from unihub.readers.reader import _resolve_fields
+from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
+from unihub.schema.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
+from unihub.schema.unischema import Unischema
+from unihub.store.dataset import ParquetStore, open_dataset
 
 
 class Dataset:

@@ -37,9 +37,6 @@ from unihub.errors import (
     UnihubError,
     UsageError,
 )
-from unihub.formats.parquet import ParquetStore, open_dataset, partition_value
-from unihub.formats.schema import Unischema, UnischemaField, select_unischema_fields
-from unihub.memory import batch_nbytes, memory_budget
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache, make_cache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
@@ -47,6 +44,9 @@ from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_cores
+from unihub.runtime.memory import batch_nbytes, memory_budget
+from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
+from unihub.store.dataset import ParquetStore, open_dataset, partition_value
 
 if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages
@@ -157,7 +157,7 @@ class Reader:
             raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
         self._pool_type, self._workers_count = reader_pool_type, int(workers_count)
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
-        #: decoded results in flight are held to about this many bytes too (unihub.memory)
+        #: decoded results in flight are held to about this many bytes too (unihub.runtime.memory)
         self._max_bytes = memory_budget(memory_budget_mb).queue_bytes
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)
@@ -405,8 +405,8 @@ class Reader:
         a transform or n-grams that need them decoded). The rows, their order and the reader's
         position are the same either way; batches already read are read again in the new form.
         """
-        from unihub.formats.codecs import CompressedImageCodec
         from unihub.readers.late_decode import LateImages
+        from unihub.schema.codecs import CompressedImageCodec
 
         loader = self._loader
         late = tuple(f for f in self._read_fields if isinstance(f.codec, CompressedImageCodec)
@@ -732,7 +732,7 @@ def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> i
     """Rows per read task when images are decoded: about :data:`DECODE_TASK_BYTES` of pixels, 64 to
     2,048 rows, so that one big row group spreads over every worker and its first rows come soon;
     None (a task per row group) when nothing heavy is decoded."""
-    from unihub.formats.codecs import CompressedImageCodec
+    from unihub.schema.codecs import CompressedImageCodec
 
     if not decode_images:
         return None
@@ -902,7 +902,7 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``),
     ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512): the decoded row groups waiting
     for the consumer are held to a quarter of it in bytes, as well as to ``results_queue_size``
-    (never fewer than one per worker; see :mod:`unihub.memory`), ``on_decode_error='raise'|'skip'``:
+    (never fewer than one per worker; see :mod:`unihub.runtime.memory`), ``on_decode_error='raise'|'skip'``:
     an image that does not decode raises :class:`~unihub.errors.ImageDecodeError` naming its file, row
     group, row and field, or (``'skip'``) its row is dropped, counted in ``diagnostics`` and warned of once.
     """

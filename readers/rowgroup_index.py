@@ -16,7 +16,7 @@ stores the indexes in the dataset's ``_common_metadata``, where Petastorm keeps 
   A build replaces every index stored before (Petastorm's behaviour). If the dataset's files
   change afterwards, the index is *stale* and a selector using it is refused.
 * Indexes Petastorm built are read from its pickle (``dataset-toolkit.rowgroups_index.v1``)
-  through the allow-list unpickler of :mod:`unihub.formats.legacy` (exact class names, nothing
+  through the allow-list unpickler of :mod:`unihub.petastorm.legacy` (exact class names, nothing
   run) when there is no unihub index; unihub never writes that pickle, so Petastorm still reads
   its own index of the dataset.
 
@@ -37,11 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import PetastormMetadataError, SchemaError
-from unihub.formats import legacy
-from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
-from unihub.formats.metadata_json import parse_json
-from unihub.formats.parquet import ParquetStore, open_dataset, update_common_metadata
-from unihub.formats.schema import UnischemaField
+from unihub.petastorm import legacy
 from unihub.readers.rowgroup_indexers import (
     FieldNotNullIndexer,
     RowGroupIndexerBase,
@@ -50,6 +46,10 @@ from unihub.readers.rowgroup_indexers import (
     indexer_from_json,
 )
 from unihub.readers.selectors import check_selector
+from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, column_as_array
+from unihub.schema.metadata_json import parse_json
+from unihub.schema.unischema import UnischemaField
+from unihub.store.dataset import ParquetStore, open_dataset, update_common_metadata
 
 ROWGROUP_INDEX_KEY = b"unihub.rowgroup_index"
 ROWGROUP_INDEX_FORMAT = "unihub.rowgroup_index"

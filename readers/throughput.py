@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any
 
 from unihub.errors import UnihubError
-from unihub.progress import is_progress_bar_enabled
+from unihub.runtime.progress import is_progress_bar_enabled
 
 BenchmarkResult = namedtuple("BenchmarkResult", ["time_mean", "samples_per_second", "memory_info", "cpu"])
 MemoryInfo = namedtuple("MemoryInfo", ["rss", "vms", "peak_rss"])
@@ -68,7 +68,7 @@ def reader_throughput(dataset_url: str, field_regex: Sequence[str] | None = None
     through a ``tf.data`` shuffle buffer of ``shuffling_queue_size`` rows (tf.data has no
     ``min_after_dequeue``; it is accepted and unused, as is ``profile_threads``).
     ``progress=True`` writes a progress line to stderr about once a second (unless progress is
-    switched off: :func:`unihub.progress.disable_progress_bar`).
+    switched off: :func:`unihub.runtime.progress.disable_progress_bar`).
     """
     pool_type, read_method = WorkerPoolType(str(pool_type)), ReadMethod(str(read_method))
     for name, value, least in (("warmup_cycles_count", warmup_cycles_count, 0),
@@ -109,7 +109,7 @@ def _measure(dataset_url: str, field_regex: list[str] | None, warmup_cycles_coun
 
 
 def _tf_rows(reader: Any, shuffling_queue_size: int) -> Iterator[Any]:
-    from unihub.readers.tf import make_petastorm_dataset
+    from unihub.bridges.tf.dataset import make_petastorm_dataset
 
     dataset = make_petastorm_dataset(reader)
     if shuffling_queue_size:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from unihub.errors import SchemaError
-from unihub.formats.schema import Unischema, UnischemaField
+from unihub.schema.unischema import Unischema, UnischemaField
 
 
 @dataclass(frozen=True)

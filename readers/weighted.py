@@ -30,8 +30,8 @@ from typing import Any, Literal, NamedTuple, get_args
 import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
-from unihub.formats.schema import Unischema, UnischemaField
 from unihub.readers.reader import ReaderStateError, random_seed, start_over
+from unihub.schema.unischema import Unischema, UnischemaField
 
 #: draws whose uniforms one seeded generator makes at once
 BLOCK = 1024

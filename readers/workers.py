@@ -53,7 +53,7 @@ def _install_function(fn: Callable[[Any], Any], parent: int | None = None) -> No
     global _PROCESS_FUNCTION
     _PROCESS_FUNCTION = fn
     if parent is not None:
-        from unihub.lifeline import die_with_parent
+        from unihub.runtime.lifeline import die_with_parent
 
         die_with_parent(parent, kernel=False)
 

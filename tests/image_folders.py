@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from unihub import open_dataset
-from unihub.demo import make_image
-from unihub.formats.images import encode_image
+from unihub.cli.demo import make_image
+from unihub.images.decoders import encode_image
 
 
 def write_image_folder(root: Path, *, seed: int = 1, classes: int = 5, per_class: int = 6,

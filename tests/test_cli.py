@@ -53,7 +53,7 @@ def test_inspect_json_is_a_schema_file(small_dataset: Path, tmp_path: Path, caps
     (tmp_path / "schema.json").write_text(capsys.readouterr().out)
     assert main(["convert", str(small_dataset), str(tmp_path / "again"), "--schema", str(tmp_path / "schema.json"),
                  "--quiet"]) == 0
-    from unihub.formats.parquet import open_dataset
+    from unihub.store.dataset import open_dataset
 
     assert open_dataset(str(tmp_path / "again")).schema == Small
     assert main(["verify", str(small_dataset), str(tmp_path / "again")]) == 0

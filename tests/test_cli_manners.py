@@ -78,7 +78,7 @@ def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
 
 
 def test_completion_offers_subcommands_formats_options_and_format_options(tmp_path: Path) -> None:
-    from unihub.formats.foreign import FORMATS
+    from unihub.formats.base import FORMATS
 
     assert {"convert", "inspect", "verify", "copy", "cache", "completion"} <= set(_complete("unihub ", tmp_path))
     formats = set(_complete("unihub convert a b --to ", tmp_path))

@@ -7,7 +7,7 @@ KeyboardInterrupt or ended the process silently (rc -2), and SIGTERM left ``.DST
 
 A signal is sent no earlier than the command's own handlers are in place (``SigCgt`` of
 ``/proc/PID/status`` lists SIGTERM, which Python itself does not catch): before unihub's first line
-runs, the interpreter is Python's (see :mod:`unihub.interrupts`).
+runs, the interpreter is Python's (see :mod:`unihub.runtime.interrupts`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from unihub import convert
-from unihub.demo import write_demo_dataset
+from unihub.cli.demo import write_demo_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status (Linux)")
 
@@ -201,7 +201,7 @@ def test_workers_leave_signals_to_the_command_and_programs_it_runs_keep_theirs()
     a program the command runs through ``subprocess`` (Spark's JVM) does not inherit that."""
     import multiprocessing
 
-    from unihub import interrupts
+    from unihub.runtime import interrupts
 
     fork = multiprocessing.get_context("fork")
     with interrupts.raised():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from unihub import convert, copy_dataset, write_dataset
-from unihub.demo import DemoSchema, demo_rows, write_demo_dataset
+from unihub.cli.demo import DemoSchema, demo_rows, write_demo_dataset
 from unihub.errors import OutputError
 
 DISK_SIZE = "4m"
@@ -150,7 +150,7 @@ def test_convert_and_copy_onto_a_full_disk_raise_output_error(sources: dict[str,
 
 NO_FALLOCATE = """
 import sys
-import unihub.formats.hdf5_room as room
+import unihub.formats.hdf5.room as room
 room._libc_fallocate = lambda: None  # a filesystem that cannot reserve: its free space is checked instead
 from unihub.cli import main
 sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--quiet"]))

@@ -190,7 +190,7 @@ def tf_payloads() -> list[bytes]:
 
 def _framed(records: list[bytes]) -> bytes:
     """TFRecord framing with good CRCs, as TFRecordWriter writes it."""
-    from unihub.formats.tfio import masked_crc
+    from unihub.formats.tfrecord.records import masked_crc
 
     out = bytearray()
     for record in records:
@@ -274,7 +274,7 @@ def target(make: Callable[[pytest.FixtureRequest, Path], Target]) -> Callable[[p
 
 
 def _consume_records(path: Path) -> None:
-    from unihub.formats.tfio import iter_records
+    from unihub.formats.tfrecord.records import iter_records
 
     for _ in iter_records(str(path)):
         pass
@@ -293,9 +293,9 @@ def tfrecord_framing(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 
 @target
 def example_protobufs(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    from unihub.formats.tfexample import parse_example
-    from unihub.formats.tfsequence import Mismatch, parse_sequence_example
-    from unihub.formats.tftensor import TensorProtoError, parse_tensor
+    from unihub.formats.tfrecord.example import parse_example
+    from unihub.formats.tfrecord.sequence import Mismatch, parse_sequence_example
+    from unihub.formats.tfrecord.tensor_proto import TensorProtoError, parse_tensor
 
     def check(data: bytes, choice: int) -> None:
         # their contract: ValueError (NotAnExample and TensorProtoError are ValueErrors), which the
@@ -330,7 +330,7 @@ def _convert_or_refuse(src: Path, dst: Path, **options: Any) -> None:
 def format_detection(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     """Detection by content, which every format's ``detect`` does on a file whose name says nothing: a format's
     name, None, or a UnihubError (a GZIP stream cut short once went through tarfile as a raw EOFError)."""
-    from unihub.formats.foreign import detect_format
+    from unihub.formats.base import detect_format
 
     path = tmp_path / "data"
 
@@ -359,7 +359,7 @@ def tfrecord_conversion(request: pytest.FixtureRequest, tmp_path: Path) -> Targe
 
 @target
 def tar_members(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    from unihub.formats.tarstream import iter_members
+    from unihub.formats.webdataset.tarstream import iter_members
 
     path = tmp_path / "fuzzed.tar"
 
@@ -411,7 +411,7 @@ def webdataset_conversion(request: pytest.FixtureRequest, tmp_path: Path) -> Tar
 
 @target
 def npy_headers(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    from unihub.formats.npy import load_npy
+    from unihub.schema.npy import load_npy
 
     seeds = []
     for array in (np.arange(6, dtype="<i4").reshape(2, 3), np.array([1.5], dtype=">f8"), np.zeros((0, 2), np.uint8),
@@ -430,7 +430,7 @@ def npy_headers(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 def petastorm_pickles(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     import pyarrow.parquet as pq
 
-    from unihub.formats.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
+    from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 
     seeds = [pq.read_metadata(FIXTURES / name / "_common_metadata").metadata[PETASTORM_UNISCHEMA_KEY]
              for name in ("unischema", "codecless", "pyspark_restore")]
@@ -442,7 +442,7 @@ def petastorm_pickles(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 
 
 def _images() -> Iterator[bytes]:
-    from unihub.formats.images import encode_image
+    from unihub.images.decoders import encode_image
 
     rgb = np.random.default_rng(0).integers(0, 255, (12, 10, 3), dtype=np.uint8)
     yield encode_image(rgb, "png")
@@ -453,7 +453,7 @@ def _images() -> Iterator[bytes]:
 
 @target
 def images(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    from unihub.formats.images import decode_image, image_size
+    from unihub.images.decoders import decode_image, image_size
 
     def check(data: bytes, choice: int) -> None:
         size = bounded(lambda: image_size(data), (CodecError,))
@@ -508,11 +508,11 @@ def test_corpus(found: Path, request: pytest.FixtureRequest, tmp_path: Path) -> 
 def test_mutations_reach_past_the_checksums(tmp_path: Path, tf_payloads: list[bytes], tar_files: list[bytes]) -> None:
     """The harness itself: re-framed records and re-summed tar headers read as valid, so mutations
     behind the checksums reach the parsers."""
-    from unihub.formats.tarstream import iter_members
+    from unihub.formats.webdataset.tarstream import iter_members
 
     records = tmp_path / "framed.tfrecord"
     records.write_bytes(_framed(tf_payloads[:2]))
-    from unihub.formats.tfio import iter_records
+    from unihub.formats.tfrecord.records import iter_records
 
     assert [data for _, _, data in iter_records(str(records))] == tf_payloads[:2]
     original, renamed = tmp_path / "original.tar", tmp_path / "renamed.tar"

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds p
 
 SLOW_CONVERT = """
 import sys, time
-import unihub.formats.imagefolder as imagefolder
+import unihub.formats.imagefolder.format as imagefolder
 real_read = imagefolder._read_and_probe
 def slow_read(*args, **kwargs):  # the data pass: in the workers
     print("reading", flush=True)
@@ -50,7 +50,7 @@ time.sleep(600)
 
 FORKED = """
 import os, sys, time
-from unihub.lifeline import die_with_parent
+from unihub.runtime.lifeline import die_with_parent
 parent = os.getpid()
 child = os.fork()
 if child == 0:
@@ -160,7 +160,7 @@ def test_die_with_parent(way: str) -> None:
 
 
 def test_a_parent_gone_before_the_call_ends_the_worker_at_once() -> None:
-    code = ("import os, sys\nfrom unihub.lifeline import die_with_parent\n"
+    code = ("import os, sys\nfrom unihub.runtime.lifeline import die_with_parent\n"
             "die_with_parent(os.getppid() + 1, kernel=sys.argv[1] == 'kernel')\nprint('still here')\n")
     for way in ("kernel", "poll"):
         done = subprocess.run([sys.executable, "-c", code, way], capture_output=True, text=True, timeout=60)

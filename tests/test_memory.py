@@ -1,4 +1,4 @@
-"""Memory bounded by bytes (:mod:`unihub.memory`): the one setting, batches cut by bytes in every
+"""Memory bounded by bytes (:mod:`unihub.runtime.memory`): the one setting, batches cut by bytes in every
 source, and the peak RSS of writing camera frames (1200x1920x3 uint8, 6.9 MB) with lidar clouds
 ((N, 4) float32, N ~ 100k), measured in a fresh interpreter. Writing and reading frames alone is in
 ``test_memory_frames.py``, ingest and export of 4 MB records in ``test_memory_records.py``: each module's
@@ -16,7 +16,7 @@ import pytest
 
 from tests.memory_probe import CAMERA_SETUP, LIMIT_MB, MB, needs_proc, needs_room, peak_growth_mib, tensorflow_writes
 from unihub.errors import InvalidArgumentError
-from unihub.memory import BatchCut, batch_nbytes, memory_budget, rows_for, value_nbytes
+from unihub.runtime.memory import BatchCut, batch_nbytes, memory_budget, rows_for, value_nbytes
 
 
 # -- the setting ------------------------------------------------------------------------------
@@ -115,8 +115,8 @@ def _image_folder(root: Path) -> Path:
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "hdf5", "imagefolder"])
 def test_every_source_cuts_batches_at_its_byte_budget(fmt: str, tf_small: Path, tmp_path: Path) -> None:
-    import unihub.formats.formats_all  # noqa: F401
-    from unihub.formats.foreign import FORMATS
+    import unihub.formats.builtin  # noqa: F401
+    from unihub.formats.base import FORMATS
 
     path = {"tfrecord": lambda: tf_small, "webdataset": lambda: _webdataset_shard(tmp_path),
             "hdf5": lambda: _hdf5_file(tmp_path), "imagefolder": lambda: _image_folder(tmp_path)}[fmt]()
@@ -134,7 +134,7 @@ def test_every_source_cuts_batches_at_its_byte_budget(fmt: str, tf_small: Path, 
 
 
 def test_tfrecord_batches_hold_the_same_records_whatever_the_budget(tf_small: Path) -> None:
-    from unihub.formats.tfrecord import TFRecordFormat
+    from unihub.formats.tfrecord.format import TFRecordFormat
 
     source = TFRecordFormat(str(tf_small))
     schema = source.infer_schema()

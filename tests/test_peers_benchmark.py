@@ -37,7 +37,7 @@ def test_quick_run_times_unihub_and_tfdata_on_the_same_content(tmp_path: Path) -
     assert "make_tf_dataset >= 1.3x tf.data's pipeline:" in out.stdout
     assert "of the decode limit:" in out.stdout
     # the content and each tool's copy are cached, nothing else: no temporary folders left
-    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
+    from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
     unihub_copy = f"unihub-rg{DEFAULT_ROW_GROUP_SIZE_MB:g}mb"  # rewritten when the default changes
     assert sorted(p.name for p in data.iterdir()) == ["content.npz", "tfrecord", unihub_copy]

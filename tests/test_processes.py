@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from unihub import processes
+from unihub.runtime import processes
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 
@@ -51,7 +51,7 @@ def test_a_zombie_does_not_run():
 def test_the_main_process_lets_go_of_a_pool_whose_pid_names_another_process():
     """A torch worker's pool is kept while the worker runs; after it exits its pid may be given to
     another process, which must not keep the pool's shared memory alive."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from unihub import progress
 from unihub.converters.convert import convert
 from unihub.converters.meter import ProgressMeter
-from unihub.formats.parquet import open_dataset
+from unihub.runtime import progress
+from unihub.store.dataset import open_dataset
 
 
 class Terminal(io.StringIO):

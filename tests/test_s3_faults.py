@@ -257,7 +257,7 @@ assert count == 256, count
 def test_the_next_write_aborts_the_upload_a_killed_run_left_open(s3_server, kind):
     """A run killed in the middle of an upload leaves it open, its parts in no listing of objects: the
     next write to the same target aborts it (its run is dead), and leaves a live run's upload alone."""
-    from unihub.formats import atomic
+    from unihub.fs import atomic
 
     key = f"killed-{uuid.uuid4().hex[:8]}"
     url, options = through(s3_server, kind, key)

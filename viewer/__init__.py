@@ -49,7 +49,7 @@ class ShowReport:
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the page to ``path`` (a local file, replaced atomically); returns the path."""
-        from unihub.formats import atomic
+        from unihub.fs import atomic
 
         target = os.fspath(path)
         temporary = atomic.sibling(target)
@@ -73,7 +73,7 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
     ``pyarrow.compute.Expression``). The statistics cover the same rows, read one row group at a time.
     ``progress(done, total)`` is called after each row group.
     """
-    from unihub.formats.parquet import open_dataset
+    from unihub.store.dataset import open_dataset
     from unihub.viewer.html import render
     from unihub.viewer.report import gather
 

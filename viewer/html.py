@@ -92,7 +92,7 @@ def _summary(report: Report) -> str:
 
 
 def _schema(report: Report) -> str:
-    from unihub.describe import codec_label, shape_label
+    from unihub.viewer.describe import codec_label, shape_label
 
     head = "<tr><th>field</th><th>dtype</th><th>shape</th><th>codec</th><th>nullable</th></tr>"
     body = "".join(
@@ -235,7 +235,7 @@ def _num(x: float | None) -> str:
 
 
 def _bytes(n: float) -> str:
-    from unihub.describe import human_bytes
+    from unihub.viewer.describe import human_bytes
 
     return human_bytes(n)
 

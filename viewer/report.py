@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from unihub.formats.codecs import CompressedImageCodec
-from unihub.formats.parquet import ParquetStore
-from unihub.formats.schema import UnischemaField
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.unischema import UnischemaField
+from unihub.store.dataset import ParquetStore
 from unihub.viewer.sample import Sampling, scan
 from unihub.viewer.stats import FieldStats, StatsAccumulator
 
@@ -60,8 +60,8 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
            progress: Callable[[int, int], None] | None = None) -> Report:
     """Read ``store`` once for the statistics and the sample (rows matching ``where``), then decode
     the sampled rows."""
-    from unihub.describe import describe_dataset
     from unihub.readers.filter_text import parse_filter
+    from unihub.viewer.describe import describe_dataset
 
     expression: pc.Expression | None = None
     where_columns: tuple[str, ...] | None = ()
@@ -107,7 +107,7 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
 
 def _thumb(f: UnischemaField, blob: Any) -> Thumb:
     from unihub.errors import UnihubError
-    from unihub.formats import images
+    from unihub.images import decoders as images
     from unihub.viewer.thumbs import data_uri
 
     if blob is None:

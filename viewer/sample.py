@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.formats.parquet import ParquetStore
+from unihub.store.dataset import ParquetStore
 from unihub.viewer.stats import StatsAccumulator
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.formats.codecs import CompressedImageCodec, ScalarCodec, column_as_array
-from unihub.formats.schema import UnischemaField
+from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, column_as_array
+from unihub.schema.unischema import UnischemaField
 
 #: bins of a histogram
 BINS = 24

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from unihub.formats import images
+from unihub.images import decoders as images
 
 #: the longer side of a thumbnail, in pixels
 MAX_SIDE = 128

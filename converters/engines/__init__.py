@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from unihub.converters.tasks import TaskPlan, TaskResult
 from unihub.errors import InvalidArgumentError
-from unihub.formats.foreign import ForeignFormat
+from unihub.formats.base import ForeignFormat
 from unihub.registry import Registry
 
 #: ``wrap(source, batches)``: watches a task's batches in this process (progress)

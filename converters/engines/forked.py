@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
-from unihub.formats.foreign import ForeignFormat
+from unihub.formats.base import ForeignFormat
 
 
 @ENGINES.register("forked")
@@ -13,16 +13,16 @@ class ForkedEngine(Engine):
 
     Ctrl-C or a failing task cancels what has not started and waits for the running workers to
     exit before the error is raised, so the caller can remove the staging area without a worker
-    writing into it afterwards. The workers die with this process (:mod:`unihub.lifeline`).
+    writing into it afterwards. The workers die with this process (:mod:`unihub.runtime.lifeline`).
     """
 
     name = "forked"
 
     def run(self, plan: TaskPlan, files: list[str], *, source: ForeignFormat | None = None,
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
-        import unihub.formats.formats_all  # noqa: F401  (imported once here, not in every forked worker)
-        import unihub.formats.writer  # noqa: F401
-        from unihub.formats.foreign import frozen_for_fork, process_pool
+        import unihub.formats.builtin  # noqa: F401  (imported once here, not in every forked worker)
+        import unihub.store.writer  # noqa: F401
+        from unihub.formats.base import frozen_for_fork, process_pool
 
         slices = file_slices(files, self.workers * 4)
         pool = process_pool(self.workers)

@@ -9,8 +9,8 @@ from typing import Any
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.readahead import read_ahead
 from unihub.converters.tasks import TaskPlan, TaskResult, run_task
-from unihub.formats.foreign import ForeignFormat
-from unihub.memory import memory_budget
+from unihub.formats.base import ForeignFormat
+from unihub.runtime.memory import memory_budget
 
 
 @ENGINES.register("inprocess")

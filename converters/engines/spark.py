@@ -2,7 +2,7 @@
 
 The driver ships absolute paths and URLs only (executors run in their own working directory)
 and how it reaches remote stores (storage options, URL queries, the ``AWS_*`` environment:
-:mod:`unihub.formats.remote_context`), and a session unihub starts runs its executors' Python
+:mod:`unihub.fs.remote_context`), and a session unihub starts runs its executors' Python
 workers with the driver's interpreter and unihub importable, so no ``PYSPARK_PYTHON`` is needed.
 A task attempt is idempotent (it replaces what an earlier attempt of the same task left), and the
 error a failing task raised reaches the caller as that error (its unihub class, message and
@@ -39,10 +39,10 @@ from unihub.converters import task_errors
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
 from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
-from unihub.formats import remote_context
-from unihub.formats.foreign import ForeignFormat, SchemaOutgrown
+from unihub.formats.base import ForeignFormat, SchemaOutgrown
+from unihub.fs import remote_context
 
-#: ``unihub.errors.FormatError: message`` or ``unihub.formats.foreign.SchemaOutgrown: reason`` in a
+#: ``unihub.errors.FormatError: message`` or ``unihub.formats.base.SchemaOutgrown: reason`` in a
 #: Python traceback that Spark passes on as text
 _PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w*(?:Error|SchemaOutgrown)): (?P<message>.*)$")
 

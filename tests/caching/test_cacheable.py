@@ -108,7 +108,7 @@ def test_stream_refuses_bad_arguments(cached) -> None:
 
 def test_stream_works_with_every_bridge(cached) -> None:
     pytest.importorskip("torch")
-    from unihub.readers.pytorch import BatchedDataLoader, DataLoader, TorchIterableDataset
+    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader, TorchIterableDataset
 
     expected = _ids(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2))
     got = [int(i) for b in DataLoader(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2),
@@ -134,13 +134,13 @@ def test_stream_works_with_every_bridge(cached) -> None:
     from unihub.dependencies import is_available
 
     if is_available("nvidia.dali"):  # DALI's source takes the same arguments, on the same plan
-        from unihub.readers.dali import DaliBatchSource
+        from unihub.bridges.dali import DaliBatchSource
 
         with DaliBatchSource(cached.url, 64, ["id"], shuffle=True, seed=1, shard_id=1, num_shards=2,
                              start_offset=100, last_batch="partial") as source:
             assert [int(i) for (ids,) in source for i in ids] == expected  # one iter(): the first epoch
     pytest.importorskip("tensorflow")
-    from unihub.readers.tf import make_tf_dataset
+    from unihub.bridges.tf.dataset import make_tf_dataset
 
     tf_ds = make_tf_dataset(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2), batch_size=64)
     assert [int(i) for b in tf_ds for i in b["id"].numpy()] == expected

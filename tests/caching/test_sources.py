@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from unihub import SchemaError, cacheable, make_reader, open_dataset
-from unihub.formats.codecs import CompressedImageCodec
+from unihub.schema.codecs import CompressedImageCodec
 
 
 def _jpeg(seed: int) -> bytes:

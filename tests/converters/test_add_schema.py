@@ -32,8 +32,8 @@ from unihub import (
 )
 from unihub.cli import main
 from unihub.errors import DatasetNotFoundError, PetastormCompatibilityError, SchemaError, SchemaMismatchError
-from unihub.formats.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
-from unihub.formats.schema import SCHEMA_METADATA_KEY
+from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 

@@ -10,11 +10,11 @@ import pytest
 
 from unihub import open_dataset
 from unihub.cli import main
+from unihub.cli.demo import make_image
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.demo import make_image
 from unihub.errors import DatasetExistsError, FormatError, UnsupportedFormatError
-from unihub.formats.images import encode_image
+from unihub.images.decoders import encode_image
 
 
 @pytest.fixture()

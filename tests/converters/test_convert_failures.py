@@ -14,9 +14,9 @@ from unihub import make_reader, open_dataset
 from unihub.converters import convert as convert_module
 from unihub.converters.convert import ProgressMeter, convert
 from unihub.errors import FormatError
-from unihub.formats import tfio
-from unihub.formats import tfrecord as tfr
-from unihub.formats.tfexample import encode_example, encode_feature
+from unihub.formats.tfrecord import format as tfr
+from unihub.formats.tfrecord import records as tfio
+from unihub.formats.tfrecord.example import encode_example, encode_feature
 
 
 def _tfrecord(path: Path, rows: int, bad: int | None = None) -> str:
@@ -81,7 +81,7 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
 
 
 def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import unihub.formats.writer as writer
+    import unihub.store.writer as writer
 
     src = _tfrecord(tmp_path / "in.tfrecord", 2000)  # many more batches than the read-ahead holds
 
@@ -112,7 +112,7 @@ def test_progress_counts_tfrecord_input_bytes(tmp_path: Path, monkeypatch: pytes
 
 def test_an_unknown_on_error_is_refused_by_every_reader(tmp_path: Path) -> None:
     from unihub.errors import SchemaError
-    from unihub.formats.imagefolder import ImageFolderFormat
+    from unihub.formats.imagefolder.format import ImageFolderFormat
 
     src = _tfrecord(tmp_path / "in.tfrecord", 3)
     source = tfr.TFRecordFormat(src)

@@ -17,11 +17,11 @@ import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, open_dataset
 from unihub.cli import main
+from unihub.cli.demo import make_image
 from unihub.converters.convert import ProgressMeter, convert
 from unihub.converters.verify import verify
-from unihub.demo import make_image
 from unihub.errors import FormatError
-from unihub.formats.images import encode_image
+from unihub.images.decoders import encode_image
 
 from ..image_folders import rows_of, write_image_folder
 
@@ -136,7 +136,7 @@ SLOW_CONVERT = """
 import signal, sys, time
 # as from a terminal: a shell that starts jobs in the background makes them ignore SIGINT
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import unihub.formats.imagefolder as imagefolder
+import unihub.formats.imagefolder.format as imagefolder
 real_read = imagefolder._read_and_probe
 def slow_read(*args, **kwargs):  # the data pass, after the schema is inferred
     print("reading", flush=True)
@@ -171,7 +171,7 @@ def test_ctrl_c_leaves_neither_target_nor_temporary_directory(image_folder: Path
 
 
 def test_image_folder_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
-    from unihub.formats.imagefolder import ImageFolderFormat
+    from unihub.formats.imagefolder.format import ImageFolderFormat
 
     rng = np.random.default_rng(2)
     root = tmp_path / "many"
@@ -195,8 +195,8 @@ def test_single_pass_refines_a_schema_the_sample_got_wrong(tmp_path: Path, worke
     """Image folders are read once with a schema from a sample; files get the schema of every image."""
     import pyarrow.parquet as pq
 
-    from unihub.formats.imagefolder import ImageFolderFormat
-    from unihub.formats.schema import SCHEMA_METADATA_KEY
+    from unihub.formats.imagefolder.format import ImageFolderFormat
+    from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
     rng = np.random.default_rng(3)
     root = tmp_path / "folder"

@@ -18,9 +18,9 @@ import pytest
 from unihub import copy_dataset, make_reader, open_dataset
 from unihub.cli import main
 from unihub.errors import DatasetExistsError, FormatError, PetastormCompatibilityError, SchemaError
-from unihub.formats.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
-from unihub.formats.parquet import ParquetStore
-from unihub.formats.schema import SCHEMA_METADATA_KEY
+from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
+from unihub.store.dataset import ParquetStore
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 PETASTORM = FIXTURES / "unischema"

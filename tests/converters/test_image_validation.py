@@ -23,7 +23,7 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
 from unihub.errors import FormatError, ImageDecodeError, InvalidArgumentError
-from unihub.formats import images
+from unihub.images import decoders as images
 
 from ..formats.image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
 
@@ -184,7 +184,7 @@ def test_a_task_holds_images_to_the_limit_its_plan_carries(tf: Any, tmp_path: Pa
     from concurrent.futures import ProcessPoolExecutor
 
     from unihub.converters.tasks import TaskPlan, run_task
-    from unihub.formats.tfrecord import TFRecordFormat
+    from unihub.formats.tfrecord.format import TFRecordFormat
 
     blobs = [pil_png(image(seed=i)) for i in range(4)] + [png_bomb(20_000, 15_000)]
     src = str(_tfrecord(tf, tmp_path / "a.tfrecord", blobs))
@@ -255,7 +255,7 @@ def test_an_image_folder_checks_bombs_and_with_full_validation_decodes(tmp_path:
 
 # ----------------------------------------------------------------------------------------- HDF5
 def test_hdf5_images_are_checked_naming_file_and_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from unihub.formats.hdf5 import HDF5Format
+    from unihub.formats.hdf5.format import HDF5Format
 
     schema = Unischema("Export", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                                   UnischemaField("image", np.uint8, (16, 16, 3), CompressedImageCodec("png"), False)])

@@ -20,7 +20,7 @@ from unihub import ScalarCodec, Unischema, UnischemaField, convert, write_datase
 from unihub.cli import main
 from unihub.converters.copy import copy_dataset
 from unihub.errors import DatasetExistsError, ForeignOutputError
-from unihub.formats.ownership import not_unihubs
+from unihub.store.ownership import not_unihubs
 
 tf = pytest.importorskip("tensorflow")
 

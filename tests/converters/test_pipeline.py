@@ -17,7 +17,7 @@ from unihub.converters.convert import convert
 from unihub.converters.engines import ENGINES, engine_for, local_workers
 from unihub.converters.engines.forked import ForkedEngine
 from unihub.errors import InvalidArgumentError, UnsupportedFormatError
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfrecord.format import TFRecordFormat
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_forked_workers_leave_this_process_objects_out_of_their_collections() ->
     """A worker's garbage collection would touch, and so copy, every page of this process's objects."""
     import gc
 
-    from unihub.formats.foreign import map_in_workers
+    from unihub.formats.base import map_in_workers
 
     assert gc.get_freeze_count() == 0
     counts = map_in_workers(_frozen_here, [0, 1], 2)

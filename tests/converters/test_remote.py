@@ -349,8 +349,8 @@ def test_overwrite_on_s3_survives_kills(s3_server: Any, tmp_path: Path) -> None:
     assert len(seen) >= 2  # some kills landed before the publish, some after
     write_dataset(url, _schema(), _dataset(400, 99000), rows_per_file=20, overwrite=True, **options)
     assert [int(r["id"]) for r in rows_of(url, **options)] == list(range(99000, 99400))
-    from unihub.formats.filesystem import resolve_filesystem
-    from unihub.formats.publish import read_manifest
+    from unihub.fs.filesystem import resolve_filesystem
+    from unihub.store.publish import read_manifest
 
     fs, path = resolve_filesystem(url, None, s3_server.storage_options())
     manifest = read_manifest(fs, path)
@@ -383,7 +383,7 @@ def test_reader_opened_before_an_s3_overwrite_never_mixes(s3_server: Any) -> Non
 def test_unpublished_parts_are_invisible_and_removed(s3_server: Any) -> None:
     """Parts a dead run copied in without publishing are not read, and the next write removes them;
     parts of a live run stay."""
-    from unihub.formats import atomic
+    from unihub.fs import atomic
 
     run = uuid.uuid4().hex[:8]
     url = f"s3://{s3_server.bucket}/{run}/ds"
@@ -407,7 +407,7 @@ def test_unpublished_parts_are_invisible_and_removed(s3_server: Any) -> None:
 def test_metadata_updates_reach_the_published_copy(s3_server: Any) -> None:
     """Entries set in ``_common_metadata`` (row-group indexes, add-schema) are read back on S3, where
     readers read the copy the manifest names."""
-    from unihub.formats.parquet import update_common_metadata
+    from unihub.store.dataset import update_common_metadata
 
     url = f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:8]}/ds"
     options = {"storage_options": s3_server.storage_options()}

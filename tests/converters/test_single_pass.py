@@ -18,10 +18,11 @@ import pytest
 from unihub import Unischema, open_dataset
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.formats import images, tfio
-from unihub.formats import tfrecord as tfr
-from unihub.formats.schema import SCHEMA_METADATA_KEY
-from unihub.formats.tfexample import encode_example, encode_feature
+from unihub.formats.tfrecord import format as tfr
+from unihub.formats.tfrecord import records as tfio
+from unihub.formats.tfrecord.example import encode_example, encode_feature
+from unihub.images import decoders as images
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 SAMPLE = 10
 

@@ -146,7 +146,7 @@ def cluster_session(spark_cluster: Any) -> Iterator[Any]:
 
 def _flaky_format(marker_dir: Path) -> Any:
     """A TFRecord reader whose first attempt at each file writes a row group, then fails."""
-    from unihub.formats.tfrecord import TFRecordFormat
+    from unihub.formats.tfrecord.format import TFRecordFormat
 
     class FlakyTFRecord(TFRecordFormat):
         def read_batches(self, schema: Any, **kwargs: Any) -> Iterator[Any]:
@@ -163,7 +163,7 @@ def _flaky_format(marker_dir: Path) -> Any:
 def test_a_retried_task_replaces_its_partial_output(cluster_session: Any, sources: Path, tmp_path: Path) -> None:
     from pyspark import cloudpickle
 
-    from unihub.formats.foreign import FORMATS
+    from unihub.formats.base import FORMATS
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test's format travels with the plan
     FORMATS.add("flaky-tfrecord", _flaky_format(tmp_path))

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from unihub import open_dataset
+from unihub.cli.demo import make_image
 from unihub.converters.convert import convert
 from unihub.converters.spark import convert_with_spark
 from unihub.converters.verify import verify
-from unihub.demo import make_image
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, ForeignOutputError, FormatError
-from unihub.formats.images import encode_image
+from unihub.images.decoders import encode_image
 
 pytestmark = [
     pytest.mark.spark,
@@ -161,7 +161,7 @@ def test_spark_engine_reads_once_with_the_sample_schema(spark: Any, tmp_path: Pa
                                                         late: dict[int, Any]) -> None:
     """The single pass the local engine makes: the sample's schema, refined from what the tasks saw;
     a record the sample's schema cannot hold converts again with the whole input's (as locally)."""
-    from unihub.formats import tfrecord as tfr
+    from unihub.formats.tfrecord import format as tfr
 
     from .test_single_pass import SAMPLE, _rows, _write
 

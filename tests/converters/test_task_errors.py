@@ -16,7 +16,7 @@ from unihub.errors import (
     UnihubError,
     ValidationError,
 )
-from unihub.formats.foreign import SchemaOutgrown
+from unihub.formats.base import SchemaOutgrown
 
 
 def _through_text(error: BaseException) -> BaseException | None:

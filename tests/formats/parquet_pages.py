@@ -1,7 +1,7 @@
 """Where the pages of a Parquet file lie, for the integrity tests (pyarrow does not expose them).
 
-Pages are walked by unihub.formats.parquet_pages.chunk_pages (headers parsed by
-unihub.formats.thrift_compact): each column chunk runs from its dictionary (or first data) page for
+Pages are walked by unihub.store._pages.chunk_pages (headers parsed by
+unihub.store._thrift): each column chunk runs from its dictionary (or first data) page for
 ``total_compressed_size`` bytes, and is a sequence of (PageHeader, page bytes); a header's
 ``compressed_page_size`` (field 3) gives the length of the bytes after it, ``crc`` (field 4) is the
 checksum, and a v1 data page header (field 5) holds ``num_values`` (its field 1).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 
-from unihub.formats.parquet_pages import chunk_pages, chunk_span
+from unihub.store._pages import chunk_pages, chunk_span
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub.formats.arrow_numpy import (
+from unihub.schema.arrow_numpy import (
     fixed_width_cells,
     from_fixed_width_cells,
     int64_array,

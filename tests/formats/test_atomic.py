@@ -18,8 +18,8 @@ import pytest
 
 from unihub import DatasetExistsError, DatasetNotFoundError, ScalarCodec, Unischema, UnischemaField, open_dataset
 from unihub import write_dataset as write
-from unihub.formats import atomic
-from unihub.formats import filesystem as fsutil
+from unihub.fs import atomic
+from unihub.fs import filesystem as fsutil
 
 SCHEMA = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 

@@ -28,7 +28,7 @@ from unihub import (
     UnsupportedFormatError,
     ValidationError,
 )
-from unihub.formats.codecs import Codec, codec_from_json
+from unihub.schema.codecs import Codec, codec_from_json
 
 NUMERIC_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
                   np.float16, np.float32, np.float64]
@@ -664,7 +664,7 @@ def test_a_codec_is_one_class():
 # -- CompressedImageCodec (needs formats/images.py and its decoders) ------------------------------
 def _images_module():
     try:
-        from unihub.formats import images
+        from unihub.images import decoders as images
     except ImportError as exc:  # the decoder libraries are missing
         pytest.skip(f"image decoders are not available: {exc}")
     return images

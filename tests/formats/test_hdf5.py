@@ -15,13 +15,13 @@ import pytest
 from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, FormatError
-from unihub.formats import hdf5_read
-from unihub.formats.foreign import FORMATS
+from unihub.formats.base import FORMATS
+from unihub.formats.hdf5 import read as hdf5_read
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
 h5py = pytest.importorskip("h5py")
 
-from unihub.formats.hdf5 import HDF5Format  # noqa: E402
+from unihub.formats.hdf5.format import HDF5Format  # noqa: E402
 
 N = 25
 
@@ -233,7 +233,7 @@ def test_ingest_export_ingest_round_trip(sample: Path, tmp_path: Path) -> None:
 
 
 def png(i: int) -> bytes:
-    from unihub.formats.images import encode_image
+    from unihub.images.decoders import encode_image
 
     return encode_image(np.full((4, 5, 3), i, dtype=np.uint8), "png", 80)
 
@@ -340,7 +340,7 @@ def test_batches_feed_the_parquet_writer(sample: Path, tmp_path: Path) -> None:
 
 def test_module_imports_without_h5py(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['h5py'] = None\n"
-            "from unihub.formats.hdf5 import HDF5Format\n"
+            "from unihub.formats.hdf5.format import HDF5Format\n"
             "from unihub.errors import MissingDependencyError\n"
             f"try:\n    HDF5Format({str(tmp_path / 'x.h5')!r}).infer_schema()\n"
             "except MissingDependencyError as e:\n    print('MISSING', e)\n")

@@ -10,14 +10,14 @@ import pytest
 from unihub import ScalarCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
-from unihub.formats.foreign import parse_options
+from unihub.formats.base import parse_options
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
 h5py = pytest.importorskip("h5py")
 
-from unihub.formats.hdf5 import HDF5Format  # noqa: E402
-from unihub.formats.hdf5_detect import MAX_SPLITS  # noqa: E402
-from unihub.formats.hdf5_layout import CONSTANT_BYTES  # noqa: E402
+from unihub.formats.hdf5.detect import MAX_SPLITS  # noqa: E402
+from unihub.formats.hdf5.format import HDF5Format  # noqa: E402
+from unihub.formats.hdf5.layout import CONSTANT_BYTES  # noqa: E402
 
 
 def rows(fmt: HDF5Format, schema: Unischema | None = None) -> dict[str, list]:
@@ -156,7 +156,7 @@ def test_a_given_schema_reads_its_fields_and_refuses_nothing_else(tmp_path: Path
 
 
 def test_groups_read_errors_name_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from unihub.formats import hdf5_read
+    from unihub.formats.hdf5 import read as hdf5_read
 
     path = tmp_path / "g.h5"
     with h5py.File(path, "w") as f:

@@ -19,7 +19,7 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
-from unihub.formats import hdf5_export
+from unihub.formats.hdf5 import export as hdf5_export
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
 h5py = pytest.importorskip("h5py")
@@ -365,7 +365,7 @@ def test_verify_names_a_dataset_the_ingest_dropped_without_a_word(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The safety net under every record: a dataset of the file that the conversion holds nowhere and
     does not list as left out is named by verify, whatever part of unihub lost it."""
-    from unihub.formats import hdf5_layout
+    from unihub.formats.hdf5 import layout as hdf5_layout
 
     src = tmp_path / "splits.h5"
     with h5py.File(src, "w") as f:

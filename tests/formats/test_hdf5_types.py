@@ -14,7 +14,7 @@ from unihub.errors import SchemaError
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
 h5py = pytest.importorskip("h5py")
 
-from unihub.formats import hdf5_types as t  # noqa: E402
+from unihub.formats.hdf5 import dtypes as t  # noqa: E402
 
 
 def dtypes_to_check() -> list[np.dtype]:

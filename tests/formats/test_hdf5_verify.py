@@ -297,7 +297,7 @@ def test_left_out_datasets_take_their_attributes_and_empty_groups_stay(tmp_path:
 
 # -- finding 4: exports written with other options ----------------------------------------------------------
 def image_dataset(path: Path) -> None:
-    from unihub.formats.images import encode_image
+    from unihub.images.decoders import encode_image
 
     schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                              UnischemaField("image", np.uint8, (6, 7, 3), CompressedImageCodec("png"), False)])

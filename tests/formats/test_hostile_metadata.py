@@ -30,8 +30,8 @@ from unihub import (
 )
 from unihub.cli import main
 from unihub.errors import SchemaError, SchemaMismatchError, UnsupportedFormatError
-from unihub.formats.metadata_json import EXTRA_METADATA_KEY, MAX_NESTING, load_metadata_json
-from unihub.formats.parquet import open_dataset
+from unihub.schema.metadata_json import EXTRA_METADATA_KEY, MAX_NESTING, load_metadata_json
+from unihub.store.dataset import open_dataset
 
 SCHEMA = Unischema("Hostile", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
@@ -269,7 +269,7 @@ def test_the_description_is_json_schema_that_agrees_with_the_check() -> None:
     """The one description is standard JSON Schema: jsonschema's own validator (where installed) accepts
     what unihub writes and refuses every variant that :func:`check` refuses for its shape."""
     jsonschema = pytest.importorskip("jsonschema")
-    from unihub.formats.metadata_json import METADATA_JSON_SCHEMAS, parse_json
+    from unihub.schema.metadata_json import METADATA_JSON_SCHEMAS, parse_json
 
     for description in METADATA_JSON_SCHEMAS.values():
         jsonschema.Draft202012Validator.check_schema(description)

@@ -22,8 +22,9 @@ import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
 from unihub.errors import InvalidArgumentError
-from unihub.formats import codecs, images
-from unihub.formats.images import ImageDecodeError, decode_image, decode_images_into, image_size
+from unihub.images import decoders as images
+from unihub.images.decoders import ImageDecodeError, decode_image, decode_images_into, image_size
+from unihub.schema import codecs
 
 from .image_bombs import image, jpeg_bomb, pil_jpeg, pil_png, png_bomb
 
@@ -154,7 +155,7 @@ def test_a_reader_names_the_file_and_row_of_a_bomb(tmp_path: Path) -> None:
 
 
 def test_the_dali_sources_refuse_a_bomb_before_dali_allocates_it(tmp_path: Path) -> None:
-    from unihub.readers.dali import DaliBatchSource, DaliSampleSource
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource
 
     url = _dataset(tmp_path / "ds", [pil_png(image()), png_bomb()])
     with DaliBatchSource(str(url), batch_size=2, fields=["id", "image"]) as source:
@@ -174,7 +175,7 @@ resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # the bombs claim 11
 sys.path.insert(0, {here!r})
 from image_bombs import jpeg_bomb, png_bomb
 from unihub import make_batch_reader
-from unihub.formats.images import decode_image
+from unihub.images.decoders import decode_image
 
 results = {{}}
 for name, run in [("jpeg", lambda: decode_image(jpeg_bomb())), ("png", lambda: decode_image(png_bomb())),

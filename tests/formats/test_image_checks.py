@@ -8,15 +8,8 @@ import pytest
 
 from unihub import CompressedImageCodec, UnischemaField
 from unihub.errors import InvalidArgumentError
-from unihub.formats import images
-from unihub.formats.image_checks import (
-    bad_images,
-    batch_problems,
-    check_mode,
-    drop_rows,
-    has_end,
-    image_problem,
-)
+from unihub.images import decoders as images
+from unihub.images.checks import bad_images, batch_problems, check_mode, drop_rows, has_end, image_problem
 
 from .image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
 

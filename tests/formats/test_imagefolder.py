@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from unihub.errors import DatasetExistsError, FormatError, SchemaError
-from unihub.formats.codecs import CompressedImageCodec
-from unihub.formats.foreign import FORMATS
-from unihub.formats.imagefolder import ImageFolderFormat
-from unihub.formats.images import decode_image, encode_image
-from unihub.formats.schema import Unischema, UnischemaField
+from unihub.formats.base import FORMATS
+from unihub.formats.imagefolder.format import ImageFolderFormat
+from unihub.images.decoders import decode_image, encode_image
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.unischema import Unischema, UnischemaField
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -335,7 +335,7 @@ def test_probe_reuses_a_shared_header_but_not_a_wrong_answer(monkeypatch: pytest
     """Files probed after others with the same header bytes get the same answer as probed alone."""
     from PIL import Image
 
-    import unihub.formats.imagefolder as imagefolder
+    import unihub.formats.imagefolder.format as imagefolder
 
     rng = np.random.default_rng(4)
     jpeg = encode_image(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), "jpeg", 90)

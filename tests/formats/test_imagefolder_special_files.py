@@ -15,9 +15,9 @@ import pytest
 
 from tests.image_folders import rows_of, write_image_folder
 from unihub.errors import FormatError
-from unihub.formats.imagefolder import ImageFolderFormat
-from unihub.formats.images import encode_image
-from unihub.formats.schema import Unischema
+from unihub.formats.imagefolder.format import ImageFolderFormat
+from unihub.images.decoders import encode_image
+from unihub.schema.unischema import Unischema
 
 TIMEOUT_S = 60  # the runs take ~1-2 s; the bound is for load, a hang takes forever
 MEMORY_BYTES = 2 * 2**30  # /dev/zero read to exhaustion goes past any bound; a run here needs ~300 MB
@@ -160,7 +160,7 @@ def test_listing_a_dataset_folder_with_a_link_loop_ends(folder: Path, tmp_path: 
 def test_read_regular_refuses_what_is_not_a_bounded_regular_file(tmp_path: Path) -> None:
     """Checked on the open file: a FIFO without a writer opens and is refused at once (a file swapped
     for one after the walk does not block), a device is never read, a file is bounded by bytes."""
-    from unihub.formats import sources
+    from unihub.fs import sources
 
     os.mkfifo(tmp_path / "pipe.png")
     with pytest.raises(sources.NotReadable, match=r"not a regular file \(a FIFO\)"):

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from unihub.formats.images import (
+from unihub.images.decoders import (
     DECODER_NAME,
     ImageDecodeError,
     decode_image,
@@ -430,7 +430,7 @@ def test_image_sizes_of_many_values_equal_image_size_of_each() -> None:
 
 
 def test_image_sizes_parses_one_header_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    import unihub.formats.images as images
+    import unihub.images.decoders as images
 
     calls = []
     original = images.image_size_spans
@@ -444,7 +444,7 @@ def test_image_sizes_parses_one_header_per_group(monkeypatch: pytest.MonkeyPatch
 
 def test_image_sizes_groups_pngs_whose_data_lengths_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     """A PNG's size does not depend on its first IDAT chunk's length, so noise images group too."""
-    import unihub.formats.images as images
+    import unihub.images.decoders as images
 
     calls = []
     original = images.image_size_spans
@@ -460,7 +460,7 @@ def test_image_sizes_groups_pngs_whose_data_lengths_differ(monkeypatch: pytest.M
 
 
 def test_leading_bytes_of_values_of_any_length() -> None:
-    from unihub.formats.images import leading_bytes
+    from unihub.images.decoders import leading_bytes
 
     values = [b"", b"a", b"abcdef", b"0123456789", b"xy"]
     buffer = np.frombuffer(b"".join(values), np.uint8)

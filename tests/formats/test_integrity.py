@@ -31,9 +31,9 @@ from unihub import (
 )
 from unihub.cli import main
 from unihub.errors import DataCorruptionError, InvalidArgumentError
-from unihub.formats import integrity
-from unihub.formats import parquet as parquet_module
 from unihub.readers.random_access import Dataset
+from unihub.store import dataset as parquet_module
+from unihub.store import integrity
 
 from .parquet_pages import Page, pages
 
@@ -243,7 +243,7 @@ def test_files_without_page_checksums_read_as_before(tmp_path):
 
 def test_every_writer_puts_a_checksum_in_every_page(write_sample, tmp_path):
     from unihub.converters.convert import convert
-    from unihub.formats.writer import restamp_schema
+    from unihub.store.writer import restamp_schema
 
     source, _ = write_sample(120, row_group_size_mb=0.01, partition_by=["split"])
     copied = tmp_path / "copied"
@@ -253,7 +253,7 @@ def test_every_writer_puts_a_checksum_in_every_page(write_sample, tmp_path):
     restamped = data_file(copied / "split=train")
     import pyarrow.fs as pafs
 
-    from unihub.formats.schema import SCHEMA_METADATA_KEY
+    from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
     view = open_dataset(copied).schema.create_schema_view(["id", "vec", "boxes"])
     assert restamp_schema(pafs.LocalFileSystem(), str(restamped), {SCHEMA_METADATA_KEY: view.to_json().encode()})

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from unihub.formats import legacy
-from unihub.formats.legacy import (
+from unihub.petastorm import legacy
+from unihub.petastorm.legacy import (
     PETASTORM_ROW_GROUPS_KEY,
     PETASTORM_UNISCHEMA_KEY,
     PetastormMetadataError,
@@ -120,8 +120,8 @@ def test_safe_unpickle_fixture(fixture_bytes: bytes) -> None:
 
 
 def test_load_petastorm_unischema_fixture(fixture_bytes: bytes) -> None:
-    from unihub.formats.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
-    from unihub.formats.schema import Unischema, UnischemaField
+    from unihub.schema.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
+    from unihub.schema.unischema import Unischema, UnischemaField
 
     schema = load_petastorm_unischema(fixture_bytes)
     assert isinstance(schema, Unischema)
@@ -464,7 +464,7 @@ def _check_old_schema(stand_in: Any) -> None:
 
 
 def _check_converted(schema: Any) -> None:
-    from unihub.formats.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
+    from unihub.schema.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
 
     f = schema.fields
     assert schema.name == "OldSchema"

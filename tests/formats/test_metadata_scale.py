@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField
-from unihub.formats.parquet import open_dataset
+from unihub.store.dataset import open_dataset
 
 
 def wide_dataset(root: Path, fields: int) -> Path:

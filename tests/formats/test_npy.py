@@ -16,8 +16,8 @@ import pytest
 
 from unihub.cli import main
 from unihub.errors import CodecError
-from unihub.formats import npy
-from unihub.formats.webdataset_verify import tarfile_records
+from unihub.formats.webdataset.verify import tarfile_records
+from unihub.schema import npy
 
 
 def saved(array: np.ndarray, version: tuple[int, int] | None = None) -> bytes:

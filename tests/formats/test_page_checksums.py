@@ -19,9 +19,10 @@ import pytest
 
 from unihub import open_dataset
 from unihub.errors import DataCorruptionError
-from unihub.formats import crc, parquet_pages
-from unihub.formats import parquet as parquet_module
-from unihub.formats.parquet import _leaves_by_name
+from unihub.store import _pages as parquet_pages
+from unihub.store import crc
+from unihub.store import dataset as parquet_module
+from unihub.store.dataset import _leaves_by_name
 
 from .parquet_pages import pages
 

@@ -32,7 +32,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.dependencies import is_available
-from unihub.formats.parquet import RowGroupInfo
+from unihub.store.dataset import RowGroupInfo
 
 requires_fsspec = pytest.mark.skipif(not is_available("fsspec"), reason="fsspec is not installed")
 
@@ -133,7 +133,7 @@ def test_reads_keep_one_file_open_per_thread_and_reopen_after_the_budget(write_s
     import pickle
     from concurrent.futures import ThreadPoolExecutor
 
-    from unihub.formats import parquet
+    from unihub.store import dataset as parquet
 
     path, _ = write_sample(300, rows_per_file=100, row_group_size_mb=0.001)
     store = open_dataset(path)

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from unihub.errors import DataCorruptionError, FormatError
-from unihub.formats.arrow_numpy import take_table, take_views
-from unihub.formats.codecs import BinaryCells, CompressedImageCodec, binary_views
-from unihub.formats.parquet import open_dataset
-from unihub.formats.parquet_pages import _value_spans, binary_leaves, chunk_span, plain_binary_column
-from unihub.formats.schema import Unischema, UnischemaField
-from unihub.formats.writer import write_dataset
+from unihub.schema.arrow_numpy import take_table, take_views
+from unihub.schema.codecs import BinaryCells, CompressedImageCodec, binary_views
+from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.store._pages import _value_spans, binary_leaves, chunk_span, plain_binary_column
+from unihub.store.dataset import open_dataset
+from unihub.store.writer import write_dataset
 
 PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
 

@@ -41,13 +41,13 @@ from unihub import (
     write_dataset,
 )
 from unihub.errors import PetastormCompatibilityError
-from unihub.formats.legacy import (
+from unihub.petastorm.legacy import (
     ALLOWED_GLOBALS,
     PETASTORM_ROW_GROUPS_KEY,
     PETASTORM_UNISCHEMA_KEY,
     load_petastorm_unischema,
 )
-from unihub.formats.petastorm_pickle import dumps_petastorm_unischema
+from unihub.petastorm.pickling import dumps_petastorm_unischema
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "petastorm"
@@ -108,7 +108,7 @@ def test_pickle_reads_back_through_the_allow_list():
 
 def test_pickle_is_petastorms_structure():
     """Field attributes and the OrderedDict, as Petastorm's ``Unischema.__init__`` leaves them."""
-    from unihub.formats.legacy import safe_unpickle
+    from unihub.petastorm.legacy import safe_unpickle
 
     tricky = Unischema("Tricky", [UnischemaField("fields", np.int64, (), ScalarCodec(pa.int64()), False),
                                   UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])

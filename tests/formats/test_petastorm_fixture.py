@@ -19,7 +19,7 @@ from unihub import (
     ScalarCodec,
     open_dataset,
 )
-from unihub.formats import images
+from unihub.images import decoders as images
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 #: Petastorm decoded JPEG with OpenCV (libjpeg-turbo); unihub decodes with simplejpeg (also

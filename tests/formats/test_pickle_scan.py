@@ -16,11 +16,11 @@ import pytest
 
 from unihub.cli import main
 from unihub.errors import PetastormMetadataError, UnsafeMetadataError
-from unihub.formats import legacy
-from unihub.formats.legacy import brief, load_petastorm_unischema, safe_unpickle
-from unihub.formats.parquet import open_dataset
-from unihub.formats.pickle_scan import PickleLimits, scan_pickle
+from unihub.petastorm import legacy
+from unihub.petastorm.legacy import brief, load_petastorm_unischema, safe_unpickle
+from unihub.petastorm.pickle_scan import PickleLimits, scan_pickle
 from unihub.readers.rowgroup_index import read_rowgroup_indexes
+from unihub.store.dataset import open_dataset
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 LEGACY_FIXTURES = FIXTURES.parent / "petastorm_legacy"  # Petastorm 0.4.0-0.7.6, pickled by Python 2's cPickle

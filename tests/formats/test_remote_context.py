@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from unihub.formats import remote_context, sources
+from unihub.fs import remote_context, sources
 
 
 def test_the_drivers_context_is_in_place_within_the_block_and_gone_after(monkeypatch: pytest.MonkeyPatch) -> None:

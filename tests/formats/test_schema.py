@@ -23,7 +23,7 @@ from unihub import (
 )
 from unihub.dependencies import is_available
 from unihub.errors import InvalidArgumentError
-from unihub.formats.schema import SCHEMA_JSON_VERSION, SCHEMA_METADATA_KEY, match_unischema_fields
+from unihub.schema.unischema import SCHEMA_JSON_VERSION, SCHEMA_METADATA_KEY, match_unischema_fields
 
 requires_spark = pytest.mark.skipif(not is_available("pyspark"), reason="pyspark is not installed")
 requires_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")

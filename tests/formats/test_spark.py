@@ -37,10 +37,10 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
+from unihub.bridges.spark.writer import arrow_to_spark_type, spark_to_arrow_type
 from unihub.dependencies import is_available
 from unihub.errors import CodecError, SchemaError
-from unihub.formats.schema import SCHEMA_METADATA_KEY
-from unihub.formats.spark import arrow_to_spark_type, spark_to_arrow_type
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 HAVE_PYSPARK = is_available("pyspark")
 HAVE_JAVA = shutil.which("java") is not None

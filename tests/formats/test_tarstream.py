@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from unihub import FormatError
-from unihub.formats.tarstream import iter_members
-from unihub.formats.webdataset import WebDatasetFormat
+from unihub.formats.webdataset.format import WebDatasetFormat
+from unihub.formats.webdataset.tarstream import iter_members
 
 LONG = "deep/" * 25 + "long-name.bin"  # > 100 characters: a PAX path, a GNU 'L' header, a ustar prefix
 FILES = [("a.txt", b"hello"), (LONG, b"x" * 700), ("ünïcødé/ß.cls", b"7"), ("empty.bin", b""),
@@ -119,7 +119,7 @@ def test_webdataset_reads_what_webdataset_reads(tmp_path: Path) -> None:
 
 def test_pax_global_header_on_request(tmp_path: Path) -> None:
     """A PAX global header is no member; asked for, it comes as type 'g' with its records (tarfile's pax_headers)."""
-    from unihub.formats.tarstream import pax_records
+    from unihub.formats.webdataset.tarstream import pax_records
 
     path = tmp_path / "g.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "ünï {\"a\": 1}"}) as tar:

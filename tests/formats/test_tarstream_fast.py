@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unihub.formats import tarstream
-from unihub.formats.tarstream import TarFormatError, TarMember, iter_members
+from unihub.formats.webdataset import tarstream
+from unihub.formats.webdataset.tarstream import TarFormatError, TarMember, iter_members
 
 Outcome = tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]
 

@@ -22,7 +22,7 @@ import pytest
 
 from unihub.converters.convert import convert
 from unihub.errors import FormatError
-from unihub.formats.tarstream import TarFormatError, iter_members
+from unihub.formats.webdataset.tarstream import TarFormatError, iter_members
 
 SAMPLES = [("0001.cls", b"1"), ("0001.txt", b"one"), ("0002.cls", b"2"), ("0002.txt", b"two"),
            ("0003.cls", b"3"), ("0003.txt", b"three")]

@@ -16,11 +16,13 @@ import pytest
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
-from unihub.formats import images, tfbatch, tframe
-from unihub.formats import tfrecord as tfr
-from unihub.formats.tfexample import encode_example, encode_feature, parse_example
-from unihub.formats.tfio import iter_records, write_records
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfrecord import example_block as tfbatch
+from unihub.formats.tfrecord import format as tfr
+from unihub.formats.tfrecord import framing as tframe
+from unihub.formats.tfrecord.example import encode_example, encode_feature, parse_example
+from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.records import iter_records, write_records
+from unihub.images import decoders as images
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +96,7 @@ def _check(files: Any, schema: Unischema | None = None, batch_sizes: tuple[int, 
 
 def _check_observed(files: Any, schema: Unischema | None) -> None:
     """A single pass's statistics (both read paths) equal a separate schema scan's, or it says it outgrew."""
-    from unihub.formats.foreign import SchemaOutgrown
+    from unihub.formats.base import SchemaOutgrown
 
     scanned = tfr._scan_files({"on_error": "skip"}, TFRecordFormat(files).files())
     for fast in (True, False):
@@ -342,7 +344,7 @@ def test_batches_with_arrow_columns_export_to_every_format(tmp_path: Path) -> No
     assert isinstance(batch["image"], pa.Array) and isinstance(batch["name"], pa.Array)
     for fmt, target in [("tfrecord", "out.tfrecord"), ("hdf5", "out.h5"), ("webdataset", "wds"),
                         ("imagefolder", "folder")]:
-        from unihub.formats.foreign import FORMATS
+        from unihub.formats.base import FORMATS
 
         fields = schema if fmt != "imagefolder" else Unischema("s", [schema.image])
         source = TFRecordFormat(src, fields=list(fields.fields))  # a narrower schema says what it leaves out

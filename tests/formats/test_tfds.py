@@ -21,10 +21,10 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import FormatError, SchemaError
-from unihub.formats import tfrecord
-from unihub.formats.codecs import CompressedImageCodec
-from unihub.formats.parquet import open_dataset
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfrecord import format as tfrecord
+from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.store.dataset import open_dataset
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")

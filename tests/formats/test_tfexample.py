@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unihub.formats.tfexample import NotAnExample, encode_example, encode_feature, parse_example
+from unihub.formats.tfrecord.example import NotAnExample, encode_example, encode_feature, parse_example
 
 
 def test_wire_format_edge_cases() -> None:

@@ -17,12 +17,12 @@ import pytest
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
 from unihub.dependencies import is_available
 from unihub.errors import CodecError, FormatError, SchemaError
-from unihub.formats import images
-from unihub.formats.codecs import CompressedImageCodec
-from unihub.formats.foreign import FORMATS, detect_format
-from unihub.formats.tfexample import encode_example, encode_feature
-from unihub.formats.tfio import iter_records, write_records
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.base import FORMATS, detect_format
+from unihub.formats.tfrecord.example import encode_example, encode_feature
+from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.records import iter_records, write_records
+from unihub.images import decoders as images
+from unihub.schema.codecs import CompressedImageCodec
 
 REPO = Path(__file__).resolve().parents[2]
 needs_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
@@ -372,7 +372,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
         import sys, numpy as np
         from tfrecord.reader import tfrecord_loader
         from tfrecord.writer import TFRecordWriter
-        from unihub.formats.tfrecord import TFRecordFormat
+        from unihub.formats.tfrecord.format import TFRecordFormat
         w = TFRecordWriter({pkg!r})
         for i in range(3):
             w.write({{"x": (np.array([i, i + 1]), "int"), "s": (f"s{{i}}".encode(), "byte")}})
@@ -395,7 +395,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
             import tfrecord  # fails after tensorflow, for the same reason
         except TypeError as exc:
             print("clash:", "duplicate symbol" in str(exc))
-        from unihub.formats.tfrecord import TFRecordFormat
+        from unihub.formats.tfrecord.format import TFRecordFormat
         source = TFRecordFormat({pkg!r})
         schema = source.infer_schema()
         files = TFRecordFormat.write({str(tmp_path / "out")!r}, schema, source.read_batches(schema))

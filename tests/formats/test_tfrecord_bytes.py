@@ -25,11 +25,11 @@ import pytest
 
 from unihub import convert
 from unihub.cli import main
-from unihub.formats import tfrecord
-from unihub.formats.parquet import open_dataset
-from unihub.formats.schema import Unischema
-from unihub.formats.tfexample import parse_example
-from unihub.formats.tfsequence import parse_sequence_example
+from unihub.formats.tfrecord import format as tfrecord
+from unihub.formats.tfrecord.example import parse_example
+from unihub.formats.tfrecord.sequence import parse_sequence_example
+from unihub.schema.unischema import Unischema
+from unihub.store.dataset import open_dataset
 
 tf = pytest.importorskip("tensorflow")
 PIL = pytest.importorskip("PIL.Image")
@@ -311,7 +311,7 @@ def test_an_order_the_table_lacks_is_refused(tmp_path: Path) -> None:
     """A row naming an order that the table lacks (metadata lost, rows of another dataset) or holds
     under another number (another dataset's table) is a named error, never a record written otherwise."""
     from unihub.errors import FormatError
-    from unihub.formats.tfschema import order_field, order_id
+    from unihub.formats.tfrecord.schema import order_field, order_id
 
     _two_writers(tmp_path / "src")
     ds, _ = _round_trip(tmp_path / "src", tmp_path)

@@ -19,8 +19,8 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import FormatError
-from unihub.formats.foreign import detect_format
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.base import detect_format
+from unihub.formats.tfrecord.format import TFRecordFormat
 
 tf = pytest.importorskip("tensorflow")
 
@@ -137,7 +137,7 @@ def test_a_tfds_layout_chooses_a_split_and_keeps_its_json(tmp_path: Path, capsys
 
     assert main(["convert", str(root), str(tmp_path / "ds"), "--option", "split=train", "--quiet"]) == 0
     assert _ids(tmp_path / "ds") == list(range(16))
-    from unihub.formats.parquet import open_dataset
+    from unihub.store.dataset import open_dataset
 
     extra = open_dataset(str(tmp_path / "ds")).extra_metadata["tfrecord"]
     assert extra["tfds"]["dataset_info"] == {"name": "mnist", "version": "3.0.1"}

@@ -23,8 +23,8 @@ import pytest
 
 from unihub.converters.convert import convert
 from unihub.errors import FormatError
-from unihub.formats import tframe
-from unihub.formats.tfio import LONG_RECORD, iter_records, masked_crc
+from unihub.formats.tfrecord import framing as tframe
+from unihub.formats.tfrecord.records import LONG_RECORD, iter_records, masked_crc
 
 tf = pytest.importorskip("tensorflow")
 

@@ -18,8 +18,8 @@ import pytest
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import SchemaError
-from unihub.formats import tfrecord
-from unihub.formats.tfrecord import TFRecordFormat
+from unihub.formats.tfrecord import format as tfrecord
+from unihub.formats.tfrecord.format import TFRecordFormat
 
 tf = pytest.importorskip("tensorflow")
 

@@ -17,7 +17,7 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import FormatError
-from unihub.formats.parquet import open_dataset
+from unihub.store.dataset import open_dataset
 
 tf = pytest.importorskip("tensorflow")
 

@@ -17,7 +17,7 @@ import pytest
 
 from unihub.converters.convert import convert
 from unihub.errors import FormatError
-from unihub.formats.tftensor import MAX_PADDED_BYTES, TensorProtoError, parse_tensor
+from unihub.formats.tfrecord.tensor_proto import MAX_PADDED_BYTES, TensorProtoError, parse_tensor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from unihub.errors import FormatError
-from unihub.formats.thrift_compact import BINARY, I32, LIST, STRUCT, TRUE, read_struct, varint
+from unihub.store._thrift import BINARY, I32, LIST, STRUCT, TRUE, read_struct, varint
 
 
 def test_a_struct_is_parsed_field_by_field():

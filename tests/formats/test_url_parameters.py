@@ -14,7 +14,7 @@ import pytest
 
 from unihub import Unischema, UnischemaField, write_dataset
 from unihub.errors import InvalidArgumentError
-from unihub.formats.filesystem import resolve_filesystem
+from unihub.fs.filesystem import resolve_filesystem
 from unihub.readers.reader import make_reader
 
 SCHEMA = Unischema("UrlParameters", [UnischemaField("id", np.int64, ())])

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from unihub import CompressedImageCodec, FormatError, ScalarCodec, TensorCodec, Unischema, UnischemaField
-from unihub.formats import images
-from unihub.formats.foreign import FORMATS, python_columns
-from unihub.formats.parquet import open_dataset
-from unihub.formats.webdataset import WebDatasetFormat, split_name
-from unihub.formats.writer import write_dataset
+from unihub.formats.base import FORMATS, python_columns
+from unihub.formats.webdataset.format import WebDatasetFormat, split_name
+from unihub.images import decoders as images
+from unihub.store.dataset import open_dataset
+from unihub.store.writer import write_dataset
 
 wds = pytest.importorskip("webdataset")
 

@@ -17,11 +17,11 @@ import pyarrow as pa
 import pytest
 
 from unihub.errors import FormatError
-from unihub.formats import tarstream
-from unihub.formats.arrow_numpy import binary_array, numbers_array, string_array
-from unihub.formats.foreign import SkippedRecord
-from unihub.formats.webdataset_blocks import SampleBlock, iter_blocks
-from unihub.formats.webdataset_tar import Sample, iter_samples
+from unihub.formats.base import SkippedRecord
+from unihub.formats.webdataset import tarstream
+from unihub.formats.webdataset.blocks import SampleBlock, iter_blocks
+from unihub.formats.webdataset.tar import Sample, iter_samples
+from unihub.schema.arrow_numpy import binary_array, numbers_array, string_array
 
 from .test_tarstream_fast import damaged_copies, webdataset_shard
 
@@ -205,7 +205,7 @@ def test_every_sample_with_an_extension_twice_is_refused_alike(tmp_path: Path, s
 @pytest.mark.parametrize("batch_size", [1, 7, 256])
 def test_batches_hold_at_most_batch_size_rows_in_order(tmp_path: Path, batch_size: int) -> None:
     """Columns are made several batches at a time, then cut: every batch still at most ``batch_size``."""
-    from unihub.formats.webdataset import WebDatasetFormat
+    from unihub.formats.webdataset.format import WebDatasetFormat
 
     path = webdataset_shard(tmp_path / "w.tar", 700)  # several windows, straddling samples included
     source = WebDatasetFormat(str(path))

@@ -22,9 +22,11 @@ from unihub import ScalarCodec, SchemaError, TensorCodec, Unischema, UnischemaFi
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import CodecError
-from unihub.formats import images, webdataset_fields, webdataset_spelling
-from unihub.formats.parquet import open_dataset
-from unihub.formats.webdataset_spelling import SPELLING_FIELD
+from unihub.formats.webdataset import fields as webdataset_fields
+from unihub.formats.webdataset import spelling as webdataset_spelling
+from unihub.formats.webdataset.spelling import SPELLING_FIELD
+from unihub.images import decoders as images
+from unihub.store.dataset import open_dataset
 
 from .wds_helpers import batch_rows, npy, reader_rows, refused, same, tar_writer_shards, tarfile_shard
 
@@ -216,7 +218,7 @@ def test_jpeg_and_jpg_members_are_one_field(tmp_path: Path) -> None:
 
 def test_jpeg_and_jpg_in_one_sample_stay_two_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One field cannot hold both; found after the provisional sample, the conversion starts over."""
-    from unihub.formats import webdataset
+    from unihub.formats.webdataset import format as webdataset
 
     monkeypatch.setattr(webdataset, "PROVISIONAL_SAMPLE", 2)
     samples = [{"__key__": "a", "jpg": JPG}, {"__key__": "b", "jpeg": PNG}, {"__key__": "c", "jpg": JPG, "jpeg": PNG}]
@@ -254,7 +256,7 @@ def test_a_member_named_like_the_spelling_field_is_refused(tmp_path: Path, capsy
 
 def test_a_value_changed_after_ingest_is_not_written_with_a_stale_spelling(tmp_path: Path) -> None:
     """A spelling that no longer reads back as its value is refused: never '007' for an 8."""
-    from unihub.formats.webdataset import WebDatasetFormat
+    from unihub.formats.webdataset.format import WebDatasetFormat
 
     schema = Unischema("S", [UnischemaField("cls", np.int64, (), ScalarCodec(np.int64)),
                              UnischemaField("x.npy", np.float32, (2, 3), TensorCodec()),
@@ -273,7 +275,7 @@ def test_a_value_changed_after_ingest_is_not_written_with_a_stale_spelling(tmp_p
 def test_spellings_outside_the_provisional_sample_convert_in_a_full_scan(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The first samples are canonical, a later one is not: the single pass starts over and keeps it."""
-    from unihub.formats import webdataset
+    from unihub.formats.webdataset import format as webdataset
 
     monkeypatch.setattr(webdataset, "PROVISIONAL_SAMPLE", 4)
     samples = [{"__key__": f"{i:04d}", "cls": str(i).encode(), "x.npy": npy(A)} for i in range(12)]

@@ -17,8 +17,8 @@ from unihub import FormatError, ScalarCodec, TensorCodec, Unischema, UnischemaFi
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.formats.parquet import open_dataset
-from unihub.formats.webdataset import WebDatasetFormat
+from unihub.formats.webdataset.format import WebDatasetFormat
+from unihub.store.dataset import open_dataset
 
 from .wds_helpers import batch_rows, npy, reader_rows, refused, same, tar_writer_shards, tarfile_shard
 
@@ -131,7 +131,7 @@ def test_text_numbers_are_typed_only_where_exact(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- keys that are not adjacent
 def scattered(tmp_path: Path) -> Path:
     """All .cls members, then all .jpg ones: what ``tar cf shard.tar *.cls *.jpg`` writes."""
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     jpg = [images.encode_image(np.full((4, 4, 3), 40 * i, np.uint8), "jpeg") for i in range(3)]
     members = [(f"{i:04d}.cls", str(i).encode()) for i in range(3)] + [(f"{i:04d}.jpg", jpg[i]) for i in range(3)]
@@ -226,7 +226,7 @@ def test_a_member_the_given_schema_lacks_is_refused(tmp_path: Path, capsys: pyte
 def test_sixteen_bit_pngs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A 16-bit PNG decodes to uint16: the field says so; 8- and 16-bit members in one field are refused."""
     from unihub import make_reader
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     deep = [np.arange(60, dtype=np.uint16).reshape(4, 5, 3) * 1000 + i for i in range(2)]
     tar_writer_shards(tmp_path / "wds", [keyed(i, png=images.encode_image(deep[i], "png")) for i in range(2)])

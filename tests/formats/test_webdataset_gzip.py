@@ -26,7 +26,7 @@ import pytest
 
 from unihub.converters.convert import convert
 from unihub.errors import FormatError
-from unihub.formats.tarstream import TarFormatError, iter_members
+from unihub.formats.webdataset.tarstream import TarFormatError, iter_members
 
 wds = pytest.importorskip("webdataset")
 

@@ -17,7 +17,7 @@ import pytest
 from unihub import Unischema, UnischemaField, write_dataset
 from unihub.converters.convert import convert
 from unihub.errors import SchemaError
-from unihub.formats.webdataset_tar import escaping_reason
+from unihub.formats.webdataset.tar import escaping_reason
 
 from .wds_helpers import tar_writer_shards
 

@@ -31,9 +31,9 @@ from unihub import (
 )
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.formats import images
-from unihub.formats.parquet import open_dataset
-from unihub.formats.webdataset import WebDatasetFormat
+from unihub.formats.webdataset.format import WebDatasetFormat
+from unihub.images import decoders as images
+from unihub.store.dataset import open_dataset
 
 from .wds_helpers import batch_rows, npy, reader_rows, refused, same, tar_writer_shards, tarfile_shard, wds
 

@@ -15,10 +15,21 @@ import pytest
 
 from unihub import FormatError
 from unihub.converters.convert import convert
-from unihub.formats import tarstream, webdataset, webdataset_blocks, webdataset_tar
-from unihub.formats.images import encode_image
-from unihub.formats.parquet import open_dataset
-from unihub.formats.tarstream import TarMember
+from unihub.formats.webdataset import (
+    blocks as webdataset_blocks,
+)
+from unihub.formats.webdataset import (
+    format as webdataset,
+)
+from unihub.formats.webdataset import (
+    tar as webdataset_tar,
+)
+from unihub.formats.webdataset import (
+    tarstream,
+)
+from unihub.formats.webdataset.tarstream import TarMember
+from unihub.images.decoders import encode_image
+from unihub.store.dataset import open_dataset
 
 from .wds_helpers import npy, tar_writer_shards, wds
 

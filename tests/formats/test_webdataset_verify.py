@@ -15,8 +15,8 @@ import pytest
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.formats import images
-from unihub.formats.webdataset import WebDatasetFormat
+from unihub.formats.webdataset.format import WebDatasetFormat
+from unihub.images import decoders as images
 
 from .wds_helpers import npy, tar_writer_shards, tarfile_shard
 
@@ -50,8 +50,8 @@ def rewrite(path: Path, change) -> None:
 
 def test_reference_records_come_from_tarfile(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Members by exact name and bytes, under the extension webdataset names the field by: nothing parsed."""
-    import unihub.formats.tarstream as tarstream
-    import unihub.formats.webdataset_tar as stage
+    import unihub.formats.webdataset.tar as stage
+    import unihub.formats.webdataset.tarstream as tarstream
 
     def no(*args, **kwargs):
         raise AssertionError("the reference must not use unihub's tar reader")

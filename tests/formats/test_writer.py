@@ -27,7 +27,7 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.formats.schema import SCHEMA_METADATA_KEY
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 
 def data_files(root: Path) -> list[Path]:
@@ -560,7 +560,7 @@ def test_codec_less_fields_take_nested_lists_ragged_or_not(tmp_path: Path) -> No
 
 def test_rows_are_encoded_in_chunks_bounded_by_bytes(tmp_path, monkeypatch):
     """Big rows are not gathered 256 at a time: after the first row, a chunk holds what fits 8 MB."""
-    from unihub.formats import writer
+    from unihub.store import writer
 
     chunks: list[int] = []
     encode = writer._encode_rows
@@ -606,11 +606,11 @@ def test_every_writer_defaults_to_one_row_group_size():
     import importlib
     import inspect
 
+    from unihub.bridges.spark.converter import make_spark_converter
     from unihub.cli import build_parser
     from unihub.converters import convert, pipeline, spark
-    from unihub.formats import writer
-    from unihub.memory import DEFAULT_ROW_GROUP_SIZE_MB
-    from unihub.readers.spark_converter import make_spark_converter
+    from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+    from unihub.store import writer
 
     checked = []
     cacheable = importlib.import_module("unihub.caching.cacheable")

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from unihub import NdarrayCodec, TensorCodec, Unischema, UnischemaField, make_batch_reader, make_reader
-from unihub.formats.parquet import open_dataset
-from unihub.formats.writer import write_dataset
+from unihub.store.dataset import open_dataset
+from unihub.store.writer import write_dataset
 
 CASES = [  # (shape, dtype, the row values: one None where the field is nullable)
     ((0,), np.int16, [np.zeros((0,), np.int16)] * 3),

@@ -14,7 +14,7 @@ import pytest
 
 from unihub import FormatError, make_batch_reader, make_reader
 from unihub.cli import main
-from unihub.formats.parquet import open_dataset
+from unihub.store.dataset import open_dataset
 
 wds = pytest.importorskip("webdataset")
 

@@ -12,7 +12,7 @@ import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
 from unihub.dependencies import is_available
-from unihub.formats.images import decode_image
+from unihub.images.decoders import decode_image
 from unihub.readers.random_access import Dataset
 
 pytestmark = pytest.mark.skipif(not is_available("nvidia.dali"), reason="needs nvidia-dali (unihub[dali])")
@@ -53,13 +53,13 @@ def jpeg_url(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _epoch_ids(pipe) -> list[int]:
-    from unihub.readers.dali import iterate_epoch
+    from unihub.bridges.dali import iterate_epoch
 
     return [int(i) for _, ids, *_ in iterate_epoch(pipe) for i in ids]
 
 
 def _decoded_by_dali(url: Path) -> dict[int, np.ndarray]:
-    from unihub.readers.dali import iterate_epoch, make_dali_pipeline
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
 
     pipe = make_dali_pipeline(url, 10, other_fields=("id",))
     try:
@@ -102,7 +102,7 @@ def test_fixture_has_several_row_groups(png_url: Path) -> None:
 ])
 def test_batch_source_rebatches_each_epoch(png_url: Path, last_batch: str, sizes: list[int],
                                            expected_ids: list[int]) -> None:
-    from unihub.readers.dali import DaliBatchSource
+    from unihub.bridges.dali import DaliBatchSource
 
     with DaliBatchSource(png_url, 8, ["id", "image"], last_batch=last_batch) as source:
         assert len(source) == len(sizes) and source.rows_per_epoch == N
@@ -117,7 +117,7 @@ def test_batch_source_rebatches_each_epoch(png_url: Path, last_batch: str, sizes
 
 
 def test_batch_source_shuffles_per_epoch(png_url: Path) -> None:
-    from unihub.readers.dali import DaliBatchSource
+    from unihub.bridges.dali import DaliBatchSource
 
     with DaliBatchSource(png_url, 10, ["id"], shuffle=True, seed=3) as source:
         epochs = [[int(i) for (ids,) in iter(source) for i in ids] for _ in range(2)]
@@ -126,7 +126,7 @@ def test_batch_source_shuffles_per_epoch(png_url: Path) -> None:
 
 
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
-    from unihub.readers.dali import make_dali_pipeline
+    from unihub.bridges.dali import make_dali_pipeline
 
     seen: list[Counter[int]] = [Counter(), Counter()]  # per epoch
     for shard in range(2):
@@ -145,7 +145,7 @@ def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
 def test_start_offset_resumes_the_first_epoch_exactly(png_url: Path, parallel: bool) -> None:
     """A pipeline at ``start_offset=k`` serves what a whole one serves after its first k samples,
     then whole epochs; every shard alike."""
-    from unihub.readers.dali import make_dali_pipeline
+    from unihub.bridges.dali import make_dali_pipeline
 
     options = dict(other_fields=("id",), shard_id=1, num_shards=2, shuffle=True, seed=4, parallel=parallel,
                    py_num_workers=1, last_batch="pad" if parallel else "partial")
@@ -169,8 +169,8 @@ def test_start_offset_resumes_the_first_epoch_exactly(png_url: Path, parallel: b
 
 
 def test_start_offset_beyond_the_shard_is_refused(png_url: Path) -> None:
+    from unihub.bridges.dali import DaliBatchSource, make_dali_pipeline
     from unihub.errors import InvalidArgumentError
-    from unihub.readers.dali import DaliBatchSource, make_dali_pipeline
 
     with pytest.raises(InvalidArgumentError, match="beyond this shard's 30 rows"):
         DaliBatchSource(png_url, 10, ["id"], shard_id=0, num_shards=2, start_offset=30)
@@ -182,7 +182,7 @@ def test_start_offset_beyond_the_shard_is_refused(png_url: Path) -> None:
 
 
 def test_sample_indices_is_a_pure_plan() -> None:
-    from unihub.readers.dali import sample_indices
+    from unihub.bridges.dali import sample_indices
 
     np.testing.assert_array_equal(sample_indices(10, shard_id=1, num_shards=3), [4, 5, 6, 7])
     np.testing.assert_array_equal(sample_indices(10, shard_id=2, num_shards=3), [8, 9, 0, 1])  # 'pad' wraps
@@ -199,7 +199,7 @@ class _Info:
 
 
 def test_sample_source_pickles_and_serves_rows(png_url: Path) -> None:
-    from unihub.readers.dali import DaliSampleSource
+    from unihub.bridges.dali import DaliSampleSource
 
     source = DaliSampleSource(png_url, ["image", "id"], shard_id=1, num_shards=2, last_batch="pad")
     image, i = source(_Info(0))
@@ -213,7 +213,7 @@ def test_sample_source_pickles_and_serves_rows(png_url: Path) -> None:
 
 
 def test_parallel_pipeline_every_id_once_per_epoch(png_url: Path) -> None:
-    from unihub.readers.dali import make_dali_pipeline
+    from unihub.bridges.dali import make_dali_pipeline
 
     seen: list[Counter[int]] = [Counter(), Counter()]  # per epoch
     for shard in range(2):
@@ -231,7 +231,7 @@ def test_torch_iterator_shapes(png_url: Path) -> None:
     pytest.importorskip("torch")
     import torch
 
-    from unihub.readers.dali import make_dali_pipeline, make_dali_torch_iterator
+    from unihub.bridges.dali import make_dali_pipeline, make_dali_torch_iterator
 
     pipe = make_dali_pipeline(png_url, 8, other_fields=("id", "label"), last_batch="pad")
     iterator = make_dali_torch_iterator(pipe, size=N, last_batch_policy="partial")
@@ -249,7 +249,7 @@ def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
     pytest.importorskip("tensorflow")
     if not is_available("nvidia.dali_tf_plugin"):
         pytest.skip("needs nvidia-dali-tf-plugin-cuda120 built for this TensorFlow")
-    from unihub.readers.dali import make_dali_tf_dataset
+    from unihub.bridges.dali import make_dali_tf_dataset
 
     dataset = make_dali_tf_dataset(jpeg_url, 8, other_fields=("id", "label"))
     batches = [(images.numpy(), ids.numpy(), labels.numpy()) for images, ids, labels in dataset]
@@ -265,7 +265,7 @@ def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
 
 @pytest.mark.parametrize("layout, shape", [("CHW", (3, 16, 24)), ("HWC", (16, 24, 3))])
 def test_resize_and_normalize(png_url: Path, layout: str, shape: tuple[int, ...]) -> None:
-    from unihub.readers.dali import iterate_epoch, make_dali_pipeline
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
 
     pipe = make_dali_pipeline(png_url, 10, resize=(16, 24), normalize=((128.0,) * 3, (64.0,) * 3), layout=layout)
     (images,), *_ = list(iterate_epoch(pipe))
@@ -280,8 +280,8 @@ def test_resize_and_normalize(png_url: Path, layout: str, shape: tuple[int, ...]
 
 
 def test_bad_options_are_refused(png_url: Path) -> None:
+    from unihub.bridges.dali import DaliBridgeError, make_dali_pipeline
     from unihub.errors import SchemaError
-    from unihub.readers.dali import DaliBridgeError, make_dali_pipeline
 
     with pytest.raises(DaliBridgeError, match="batch_size"):
         make_dali_pipeline(png_url, 0)

@@ -19,8 +19,8 @@ from unihub import (
     make_reader,
     write_dataset,
 )
-from unihub.formats.parquet import ParquetStore
 from unihub.readers.reader import decode_task_rows
+from unihub.store.dataset import ParquetStore
 
 N = 600
 Images = Unischema("Images", [
@@ -66,7 +66,7 @@ def test_cut_tasks_deliver_the_same_rows_in_the_same_order_reading_the_group_onc
         rows = list(reader)
     assert [int(r.id) for r in rows] == expected
     assert reads == [0]  # ten tasks, one read
-    from unihub.formats.images import decode_image
+    from unihub.images.decoders import decode_image
 
     for row in rows[::97]:
         np.testing.assert_array_equal(row.image, decode_image(images[int(row.id)]))
@@ -84,7 +84,7 @@ def test_the_first_batch_waits_for_a_few_images_not_a_whole_task(one_big_group, 
 
     monkeypatch.setattr("unihub.readers.reader.DECODE_TASK_BYTES", 64 * 768)  # 64-row tasks
     decoded: list[int] = []
-    import unihub.formats.codecs as codecs
+    import unihub.schema.codecs as codecs
 
     original = codecs.CompressedImageCodec.decode_column
     monkeypatch.setattr(codecs.CompressedImageCodec, "decode_column",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from unihub.bridges.torch import fd_channel
 from unihub.errors import UsageError
-from unihub.readers import fd_channel
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/fd").exists(),
                                 reason="forked children and /proc/self/fd (Linux)")

@@ -43,7 +43,7 @@ torch_only = pytest.mark.skipif(not is_available("torch"), reason="torch is not 
 
 def _torch_loader(kind: str, url: str) -> Any:
     """A loader of ``kind`` over a fresh reader (unseeded: a resumed one must take the saved seed)."""
-    from unihub.readers import pytorch as tp
+    from unihub.bridges.torch import loaders as tp
     if kind == "reader":
         return make_reader(url, reader_pool_type="dummy", shuffle_rows=True, num_epochs=2)
     if kind == "DataLoader":
@@ -148,7 +148,7 @@ def test_dcp_in_a_gloo_group_of_one(url, tmp_path):
 
 @torch_only
 def test_in_memory_loader_resumes_with_another_batch_size_and_reader_seed(url):
-    from unihub.readers import pytorch as tp
+    from unihub.bridges.torch import loaders as tp
     with make_reader(url, reader_pool_type="dummy", shuffle_rows=True, seed=5) as reader:
         loader = tp.InMemBatchedDataLoader(reader, batch_size=4, num_epochs=3, shuffle=True, seed=9)
         full = [i for batch in loader for i in batch["id"].tolist()]
@@ -189,8 +189,8 @@ def _tf_ids(batch: Any) -> list[int]:
 def test_tf_checkpoint_restores_the_reader_on_the_next_row_the_model_did_not_take(url, kind, stop, tmp_path):
     import tensorflow as tf
 
-    from unihub.readers.tf import make_tf_dataset
-    from unihub.readers.tf_checkpoint import ReaderPosition
+    from unihub.bridges.tf.checkpoint import ReaderPosition
+    from unihub.bridges.tf.dataset import make_tf_dataset
     with _tf_reader(kind, url, seed=3) as reader:
         full = [i for batch in make_tf_dataset(reader, batch_size=5) for i in _tf_ids(batch)]
     assert Counter(full) == Counter({i: 2 for i in range(N)})
@@ -215,8 +215,8 @@ def test_tf_checkpoint_restores_the_reader_on_the_next_row_the_model_did_not_tak
 
 @tf_only
 def test_position_refuses_what_it_cannot_count(url):
+    from unihub.bridges.tf.checkpoint import PositionStateError, ReaderPosition
     from unihub.errors import InvalidArgumentError
-    from unihub.readers.tf_checkpoint import PositionStateError, ReaderPosition
     with make_reader(url, reader_pool_type="dummy", predicate=None, filters=[("id", "<", 10)]) as reader:
         with pytest.raises(InvalidArgumentError, match="rows per epoch"):
             ReaderPosition(reader)
@@ -235,8 +235,8 @@ def _keras_fit(url: str, backup: str, seen: list[list[int]], interrupt_at: int |
     batch's ids as the model trains on it; raise at the end of batch ``interrupt_at``."""
     import keras
 
-    from unihub.readers.tf import make_tf_dataset
-    from unihub.readers.tf_checkpoint import ReaderPosition
+    from unihub.bridges.tf.checkpoint import ReaderPosition
+    from unihub.bridges.tf.dataset import make_tf_dataset
 
     class Recording(keras.Model):
         def train_step(self, data: Any) -> Any:
@@ -279,8 +279,8 @@ KILLED_FIT = textwrap.dedent("""
     import json, os, signal, sys
     import keras
     from unihub.readers.reader import make_batch_reader
-    from unihub.readers.tf import make_tf_dataset
-    from unihub.readers.tf_checkpoint import ReaderPosition
+    from unihub.bridges.tf.dataset import make_tf_dataset
+    from unihub.bridges.tf.checkpoint import ReaderPosition
 
     url, backup, record, kill_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
@@ -334,7 +334,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from unihub.readers.pytorch import DataLoader, PerRank
+    from unihub.bridges.torch.loaders import DataLoader, PerRank
     from unihub.readers.reader import make_reader
 
     rank, url, checkpoint, phase, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]

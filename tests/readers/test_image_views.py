@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from unihub import make_batch_reader, make_reader
-from unihub.formats import parquet_pages
-from unihub.formats.codecs import CompressedImageCodec
-from unihub.formats.schema import Unischema, UnischemaField
-from unihub.formats.writer import write_dataset
 from unihub.readers.random_access import Dataset
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.store import _pages as parquet_pages
+from unihub.store.writer import write_dataset
 
 N = 300
 

@@ -25,14 +25,14 @@ from unihub import (
     write_dataset,
 )
 from unihub.errors import CodecError
-from unihub.formats.parquet import open_dataset
 from unihub.readers import late_decode
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.predicates import in_lambda
 from unihub.readers.transform import TransformSpec
+from unihub.store.dataset import open_dataset
 
 torch = pytest.importorskip("torch")
-from unihub.readers.pytorch import BatchedDataLoader, DataLoader  # noqa: E402
+from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader  # noqa: E402
 
 N = 700
 Images = Unischema("Images", [
@@ -251,7 +251,7 @@ def test_a_corrupt_image_is_reported_with_its_file_and_row(corrupt_dataset, deco
 
 def test_make_tf_dataset_shuffled_gives_the_same_batches(dataset, decodes, monkeypatch) -> None:
     pytest.importorskip("tensorflow")
-    from unihub.readers import tf as tf_bridge
+    from unihub.bridges.tf import dataset as tf_bridge
 
     def batches(late: bool) -> list[dict[str, Any]]:
         monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
@@ -317,7 +317,7 @@ def test_a_dataset_petastorm_wrote(monkeypatch, decodes, rows) -> None:
 
 def test_make_tf_dataset_over_a_dataset_petastorm_wrote(monkeypatch, decodes) -> None:
     pytest.importorskip("tensorflow")
-    from unihub.readers import tf as tf_bridge
+    from unihub.bridges.tf import dataset as tf_bridge
 
     def batches(late: bool) -> list[dict[str, Any]]:
         monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
@@ -480,8 +480,8 @@ def test_row_groups_read_as_one_task_give_the_same_batches(cut_dataset, monkeypa
 
 def test_make_tf_dataset_over_row_groups_read_as_one_task(cut_dataset, monkeypatch, decodes) -> None:
     pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
     from unihub.readers import reader as reader_module
-    from unihub.readers import tf as tf_bridge
 
     monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)
 

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unihub.formats.codecs import CompressedImageCodec, TensorCodec
-from unihub.formats.schema import Unischema, UnischemaField
-from unihub.formats.writer import write_dataset
+from unihub.schema.codecs import CompressedImageCodec, TensorCodec
+from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.store.writer import write_dataset
 
 torch = pytest.importorskip("torch")
 
-from unihub.readers import pytorch as unihub_torch  # noqa: E402
-from unihub.readers.pytorch import TorchMapDataset  # noqa: E402
+from unihub.bridges.torch import loaders as unihub_torch  # noqa: E402
+from unihub.bridges.torch.loaders import TorchMapDataset  # noqa: E402
 
 N = 200
 CUTS = multiprocessing.get_context("fork").Value("i", 0)  # rows cut from sampler batches in the workers

@@ -31,8 +31,8 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
+from unihub.bridges.torch import loaders as tp
 from unihub.dependencies import is_available
-from unihub.readers import pytorch as tp
 from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
 
@@ -111,7 +111,7 @@ def check_batch(batch: dict[str, Any], *, padded: bool = False) -> list[int]:
 
 # -- values -----------------------------------------------------------------------------------------
 def test_import_does_not_import_torch():
-    code = "import sys, unihub.readers.pytorch; assert 'torch' not in sys.modules"
+    code = "import sys, unihub.bridges.torch.loaders; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -500,7 +500,7 @@ def test_a_pool_slot_is_refilled_only_once_its_batch_arrived_and_nothing_views_i
     sent twice, bytes unpickled twice count once."""
     from multiprocessing.reduction import ForkingPickler
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     pool = shared_batches.StoragePool(slots=2)
     first = _pooled(pool, 1)
@@ -536,7 +536,7 @@ def test_a_lent_column_holds_its_slot_until_nothing_in_the_main_process_views_it
     """A pooled batch's biggest column (from LEND_BYTES on) arrives as a view of its slot, the others
     as copies; the slot is released, and refilled, only once nothing views it, as seen when a later
     batch arrives."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     monkeypatch.setattr(shared_batches, "LEND_BYTES", 64)  # "a": 8 int64 (64 bytes), "b": 6 bytes
     pool = shared_batches.StoragePool(slots=2)
@@ -570,7 +570,7 @@ def test_a_lent_slot_another_process_may_read_is_given_up(monkeypatch, how):
     tensor viewing it for another process) is never refilled: the worker puts new memory in the slot."""
     from multiprocessing.reduction import ForkingPickler
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     monkeypatch.setattr(shared_batches, "LEND_BYTES", 64)
     pool = shared_batches.StoragePool(slots=1)
@@ -604,7 +604,7 @@ def test_a_pooled_batch_pickled_for_anything_else_is_a_plain_dict_of_copies():
     # and nothing counted as sent (the slot is not held for an arrival that will never come)
     import pickle
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     pool = shared_batches.StoragePool(slots=1)
     batch = _pooled(pool, 7)
@@ -620,8 +620,8 @@ def test_a_pooled_batch_pickled_for_anything_else_is_a_plain_dict_of_copies():
 def test_a_pooled_batch_sent_to_its_own_worker_reads_its_slot_or_is_refused():
     from multiprocessing.reduction import ForkingPickler
 
+    from unihub.bridges.torch import shared_batches
     from unihub.errors import UsageError
-    from unihub.readers import shared_batches
 
     pool = shared_batches.worker_pool()  # this process plays the worker
     try:
@@ -683,7 +683,7 @@ def test_worker_batches_keep_tensor_subclasses_and_requires_grad(url):
 def test_pool_memory_that_leaves_beside_a_pooled_batch_is_given_up():
     # a tensor viewing a slot, pickled on its own (a collate_fn returning a batch's column beside
     # the batch): its storage now belongs to the receiver and is never refilled
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     pool = shared_batches.StoragePool(slots=1)
     batch = _pooled(pool, 5)
@@ -720,7 +720,7 @@ def test_worker_batches_reuse_shared_memory_and_keep_every_value(url, monkeypatc
     arrived and nothing in the main process views it: each column copied into the main process's own
     memory, or (with a column big enough to lend) the biggest one a view of the worker's slot.
     Batches held to the end keep every value while the workers reuse the slots of those dropped."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     if lend:
         monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)  # the images, the biggest column here
@@ -763,7 +763,7 @@ def test_a_worker_whose_slots_were_all_lent_gets_them_back_once_they_are_dropped
     """Batches kept past the pool's size leave every slot lent (the worker sends new memory meanwhile);
     once they are dropped, the next batch to arrive, pooled or not, releases the slots, and the worker
     reuses them."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)
     ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
@@ -785,7 +785,7 @@ def test_a_batch_held_across_a_fork_keeps_its_values_in_the_child(url, monkeypat
     far the iteration goes on (the slot is given up at the fork, never refilled)."""
     import multiprocessing
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     monkeypatch.setattr(shared_batches, "LEND_BYTES", 1)
     ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
@@ -817,7 +817,7 @@ def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
     """A pool's storage crosses to the main process with the first batches it holds; later batches
     carry only their layout. Once a worker has exited with all its batches arrived, the main
     process lets go of its pool when another pool arrives."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     before = set(shared_batches.pools())
     ds = tp.TorchIterableDataset(url, batch_size=2, seed=4)
@@ -841,8 +841,8 @@ def test_worker_storages_cross_once_and_exited_workers_pools_are_forgotten(url):
 
 
 def test_a_pooled_batch_unpickled_without_its_memory_is_refused():
+    from unihub.bridges.torch import shared_batches
     from unihub.errors import UsageError
-    from unihub.readers import shared_batches
 
     with pytest.raises(UsageError, match="does not hold the shared memory"):
         shared_batches._received(["a"], {"a": (torch.uint8, (3,), (1,), 0)}, {}, "no-such-pool", 1, 0, 1, 1, None)
@@ -881,7 +881,7 @@ def test_forked_workers_hand_their_storages_over_the_inherited_channel(url, monk
     """The process that built the dataset opened a channel its forked workers inherit: their storages'
     descriptors cross on it, with no handshake (readers/fd_channel.py). Without it (a dataset built in
     another process) they cross torch's way. Either way every value arrives, and nothing is left over."""
-    from unihub.readers import fd_channel, shared_batches
+    from unihub.bridges.torch import fd_channel, shared_batches
 
     handshakes = _handshakes(monkeypatch)
     iterable = tp.TorchIterableDataset(url, batch_size=4, seed=4, schema_fields=NUMERIC)
@@ -923,7 +923,7 @@ def test_batches_torch_collates_in_forked_workers_cross_without_a_handshake(url,
     ``TorchIterableDataset``'s rows with a text field) are in new shared memory, a storage per field
     per batch: each crosses on the channel, not over a connection of its own (939 handshakes an epoch
     of 20,000 rows before, 0.35-0.58 s of the main process)."""
-    from unihub.readers import fd_channel
+    from unihub.bridges.torch import fd_channel
 
     handshakes = _handshakes(monkeypatch)
     received = [0]
@@ -952,8 +952,8 @@ def _many_fields(row: dict[str, Any]) -> list[Any]:
 def test_the_main_process_looks_for_exited_senders_now_and_then_not_per_storage(url, monkeypatch):
     """16 storages a batch, 2 workers: the check for exited senders' descriptors (a /proc read each)
     runs at most every REAP_SECONDS, not for every pending descriptor at every receive."""
-    from unihub import processes
-    from unihub.readers import fd_channel
+    from unihub.bridges.torch import fd_channel
+    from unihub.runtime import processes
 
     checks = [0]
     is_running = processes.is_running
@@ -1021,7 +1021,7 @@ def test_an_abandoned_iteration_leaves_no_descriptor_behind(url, monkeypatch):
     import gc
     import socket
 
-    from unihub.readers import fd_channel
+    from unihub.bridges.torch import fd_channel
 
     monkeypatch.setattr(fd_channel, "REAP_SECONDS", 0.05)
     ds = tp.TorchMapDataset(url, schema_fields=["id", "vec"], transform=_many_fields)
@@ -1053,7 +1053,7 @@ def test_a_dataset_built_in_a_preloaded_forkserver_hands_over_torch_s_way(url, t
     """A forkserver that imported a module building a dataset opened a channel of its own: the
     workers it forks work for the process that asked for them, so they use torch's way."""
     (tmp_path / "data_module.py").write_text(textwrap.dedent(f"""
-        from unihub.readers.pytorch import TorchMapDataset
+        from unihub.bridges.torch.loaders import TorchMapDataset
 
         def numeric(row):
             return {{"id": row["id"], "vec": row["vec"]}}
@@ -1086,7 +1086,7 @@ def test_a_low_open_file_limit_holds_with_many_storages_in_flight(url, tmp_path)
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         import torch
-        from unihub.readers.pytorch import TorchMapDataset
+        from unihub.bridges.torch.loaders import TorchMapDataset
 
         def fields(row):  # a list: torch collates each field into new shared memory (a dict's: one pooled storage)
             return [row["vec"] + k for k in range(40)]
@@ -1141,7 +1141,7 @@ def test_workers_that_build_datasets_or_read_in_threads_still_send_on_the_channe
 def test_worker_batches_cross_with_spawned_workers(url):
     # spawned workers import everything afresh: the pool, the collate registration and the main
     # process's record work without anything inherited
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     before = set(shared_batches.pools())
     iterable = tp.TorchIterableDataset(url, batch_size=4, seed=4)
@@ -1163,7 +1163,7 @@ def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
     # 2 workers and their reused shared memory, every row, field and dtype as in the main process
     from pathlib import Path
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
     fields = ["id", "score", "image_png", "image_jpeg", "gray"]
@@ -1213,7 +1213,7 @@ def test_rows_of_a_dataset_petastorm_wrote_collate_as_torch_stacks_them(kind):
     """Petastorm's own files (PNG and OpenCV JPEG fields, a gray image, NaN floats): rows cut from the
     reader's columns, and a transform's dicts, collated into 2 workers' pools give every row, field,
     dtype and byte that torch's stacking of plain dicts gives with no workers."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     ds = _petastorm_rows_dataset(None if kind == "iterable rows" else _petastorm_fields)
 
@@ -1242,7 +1242,7 @@ def test_worker_batches_kept_a_column_at_a_time_keep_their_values(url):
 def test_worker_batches_rebuilt_by_a_collate_fn_keep_their_memory(url):
     # a collate_fn of the caller's returns plain dicts: the batches cannot report their arrival, and
     # their memory is never refilled
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     before = set(shared_batches.pools())
     ds = tp.TorchIterableDataset(url, batch_size=3, seed=4)
@@ -1322,7 +1322,7 @@ def test_map_dataset_transformed_rows_collate_into_the_worker_pool_as_torch_coll
     """In a worker, the dicts a transform returns are collated with their same-shaped tensor fields
     stacked into the worker's reused shared memory, and every other field as torch collates it: the
     same batches, value for value, as torch's collate of plain dicts."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     ds = tp.TorchMapDataset(url, transform=_mixed_fields)
 
@@ -1376,7 +1376,7 @@ def _batch_bytes(batch: dict[str, Any]) -> dict[str, Any]:
 def test_map_dataset_batches_are_the_stacked_rows(url, workers):
     """torch's default collate hands a sampler batch's columns over whole (in a worker, through its
     reused shared memory): the same keys, dtypes, shapes and bytes as stacking the rows, held or not."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
 
@@ -1409,7 +1409,7 @@ def test_iterable_dataset_rows_collate_as_their_columns_slices(url, monkeypatch,
     """Rows of a TorchIterableDataset are cut from the reader's columns: torch's default collate joins
     the runs of them (a batch across reader batches has several) instead of stacking rows, and gives
     the same keys, dtypes, shapes and bytes as stacking the rows (each as row_to_tensors gives it)."""
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     joins: list[int] = []
     join = tp._joined_runs
@@ -1541,7 +1541,7 @@ def test_worker_batches_sent_twice_arrive_twice_whole(url):
 
 
 def test_epochs_stopped_early_leave_no_pools_behind(url):
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
@@ -1595,7 +1595,7 @@ def test_map_dataset_batches_of_a_dataset_petastorm_wrote_arrive_whole():
                      for name in fields}
                  for batch in batches for k, i in enumerate(batch["id"].tolist())} for batches in held]
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     assert tp._whole_columns(ds.__getitems__([0, 1])) is not None  # the columns handed over whole
     alone = epochs(0)[0]
@@ -1702,7 +1702,7 @@ def test_map_dataset_in_a_worker_decodes_into_its_pool_and_sends_that_memory(url
     other columns are as in the main process."""
     import types
 
-    from unihub.readers import shared_batches
+    from unihub.bridges.torch import shared_batches
 
     ds = tp.TorchMapDataset(url)
     asked = [60, 2, 33, 2, 17]
@@ -1733,9 +1733,9 @@ def test_map_dataset_in_a_worker_keeps_the_image_pixel_limit(url, monkeypatch):
     """No pool memory is asked for images above ``MAX_IMAGE_PIXELS``: the batch is refused as with no workers."""
     import types
 
+    from unihub.bridges.torch import shared_batches
     from unihub.errors import ImageDecodeError
-    from unihub.formats import images
-    from unihub.readers import shared_batches
+    from unihub.images import decoders as images
 
     ds = tp.TorchMapDataset(url, schema_fields=NUMERIC)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=1))

@@ -158,7 +158,7 @@ def test_empty_take(dataset):
 def test_the_row_group_cache_is_bounded_in_bytes(dataset, monkeypatch):
     """A sampler's random indices read each row group once while the groups fit in ``cache_mb``,
     however small they are; a tight ``cache_mb`` keeps only the last group, 0 groups keep none."""
-    from unihub.formats.parquet import ParquetStore
+    from unihub.store.dataset import ParquetStore
 
     reads: list[int] = []
     original = ParquetStore.read_row_group
@@ -210,7 +210,7 @@ def test_files_that_store_a_column_differently_are_taken_from(tmp_path) -> None:
 def test_binary_cells_at_rows_are_the_taken_values_without_a_copy() -> None:
     import pyarrow as pa
 
-    from unihub.formats.codecs import BinaryCells, binary_views, column_as_array
+    from unihub.schema.codecs import BinaryCells, binary_views, column_as_array
 
     values = [b"a", None, b"", b"xyz" * 10, b"\xff\x00", None, b"last"]
     for kind in (pa.binary(), pa.large_binary()):
@@ -320,7 +320,7 @@ def test_take_into_arrays_given(dataset, reader_rows) -> None:
 
 def test_take_into_is_refused_for_arrays_that_overlap_and_keeps_the_pixel_limit(dataset, monkeypatch) -> None:
     from unihub.errors import ImageDecodeError, InvalidArgumentError
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     ds = Dataset(dataset, schema_fields=["id", "vec", "emb", "image"])
     shared = np.zeros((2, 4))

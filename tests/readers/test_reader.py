@@ -38,7 +38,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.errors import InvalidArgumentError, NoDataAvailableError, UsageError
-from unihub.formats.images import decode_image
+from unihub.images.decoders import decode_image
 from unihub.readers.plan import PlanError
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 

@@ -33,7 +33,7 @@ from unihub import open_dataset, write_dataset  # noqa: E402
 from unihub.cli import main  # noqa: E402
 from unihub.converters.convert import convert  # noqa: E402
 from unihub.errors import InvalidArgumentError, RemoteStorageError  # noqa: E402
-from unihub.formats import filesystem as fsutil  # noqa: E402
+from unihub.fs import filesystem as fsutil  # noqa: E402
 from unihub.readers.reader import make_reader  # noqa: E402
 
 from .fault_servers import FaultProxy  # noqa: E402

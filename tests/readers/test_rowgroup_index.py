@@ -34,7 +34,7 @@ from unihub import (
     open_dataset,
 )
 from unihub.cli import main
-from unihub.formats.legacy import PETASTORM_ROWGROUPS_INDEX_KEY
+from unihub.petastorm.legacy import PETASTORM_ROWGROUPS_INDEX_KEY
 from unihub.readers.reader import ReaderStateError
 from unihub.readers.rowgroup_index import ROWGROUP_INDEX_KEY, read_rowgroup_indexes
 from unihub.readers.rowgroup_indexers import RowGroupIndexError

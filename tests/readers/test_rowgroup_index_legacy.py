@@ -20,8 +20,8 @@ import pytest
 
 from unihub import SingleIndexSelector, make_reader, open_dataset
 from unihub.errors import PetastormMetadataError, UnsafeMetadataError
-from unihub.formats import legacy
-from unihub.formats.legacy import PETASTORM_ROWGROUPS_INDEX_KEY, safe_unpickle
+from unihub.petastorm import legacy
+from unihub.petastorm.legacy import PETASTORM_ROWGROUPS_INDEX_KEY, safe_unpickle
 from unihub.readers.rowgroup_index import read_rowgroup_indexes
 from unihub.readers.rowgroup_indexers import RowGroupIndexError
 

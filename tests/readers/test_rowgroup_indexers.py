@@ -230,7 +230,7 @@ def test_a_failed_write_leaves_the_metadata_as_it_was(dataset: Path, monkeypatch
         filesystem.open_output_stream(where).write(b"PAR1 half")
         raise OSError("disk full")
 
-    monkeypatch.setattr("unihub.formats.parquet.pq.write_metadata", fail)
+    monkeypatch.setattr("unihub.store.dataset.pq.write_metadata", fail)
     with pytest.raises(OSError, match="disk full"):
         build_rowgroup_index(str(dataset), None, INDEXERS[1:2])
     assert (dataset / "_common_metadata").read_bytes() == before
@@ -261,7 +261,7 @@ def test_a_single_file_cannot_hold_an_index(dataset: Path) -> None:
 
 
 def test_an_index_from_a_newer_unihub_is_refused(dataset: Path) -> None:
-    from unihub.formats.parquet import update_common_metadata
+    from unihub.store.dataset import update_common_metadata
 
     update_common_metadata(open_dataset(dataset), {ROWGROUP_INDEX_KEY: json.dumps(
         {"format": "unihub.rowgroup_index", "version": 2, "files": [], "indexes": []}).encode()})

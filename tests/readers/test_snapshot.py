@@ -16,7 +16,7 @@ import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField, make_batch_reader, make_reader, write_dataset
 from unihub.errors import DatasetChangedError
-from unihub.formats import integrity
+from unihub.store import integrity
 
 SCHEMA = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 NEW = 100_000

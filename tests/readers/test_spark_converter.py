@@ -16,16 +16,16 @@ import pytest
 
 import unihub
 from unihub import make_batch_reader
-from unihub.dependencies import is_available
-from unihub.errors import DatasetNotFoundError, InvalidArgumentError, UnsupportedFormatError
-from unihub.readers import spark_converter
-from unihub.readers.spark_converter import (
+from unihub.bridges.spark import converter as spark_converter
+from unihub.bridges.spark.converter import (
     MARKER,
     ConverterConfigError,
     SparkDatasetConverter,
     make_spark_converter,
     register_delete_dir_handler,
 )
+from unihub.dependencies import is_available
+from unihub.errors import DatasetNotFoundError, InvalidArgumentError, UnsupportedFormatError
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 #: tests that start the local Spark session (its fixture skips them without pyspark and java)

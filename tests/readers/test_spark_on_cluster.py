@@ -46,7 +46,7 @@ def test_materialize_dataset_on_the_cluster_reads_back_equal(session: Any, tmp_p
 
 
 def test_spark_converter_on_the_cluster_feeds_torch_and_tf(session: Any, tmp_path: Path) -> None:
-    from unihub.readers.spark_converter import SparkDatasetConverter, make_spark_converter
+    from unihub.bridges.spark.converter import SparkDatasetConverter, make_spark_converter
 
     session.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, (tmp_path / "cache").as_uri())
     df = session.createDataFrame([(i, i / 4, [float(i)] * 3) for i in range(30)], "id int, x double, v array<double>")

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import unihub
+from unihub.bridges.spark.rdd import dataset_as_rdd
 from unihub.errors import InvalidArgumentError, PetastormMetadataError
-from unihub.readers.spark_rdd import dataset_as_rdd
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"

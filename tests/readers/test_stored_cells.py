@@ -12,7 +12,7 @@ import pytest
 
 from unihub import CodecError, NdarrayCodec, ScalarCodec, Unischema, UnischemaField, make_batch_reader, make_reader
 from unihub.cli import main
-from unihub.formats.schema import SCHEMA_METADATA_KEY
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 SCHEMA = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                          UnischemaField("x", np.float32, (4,), NdarrayCodec(), False)])

@@ -30,9 +30,9 @@ from unihub import (
     ValidationError,
     write_dataset,
 )
-from unihub.readers import tf as tf_bridge
+from unihub.bridges.tf import dataset as tf_bridge
+from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset, output_signature
 from unihub.readers.reader import make_batch_reader, make_reader
-from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset, output_signature
 
 from .tf_expected import CODECLESS_FIELDS, STRING_FIELDS, URL, petastorm_expected, structure, value
 
@@ -476,7 +476,7 @@ def test_a_program_that_leaves_an_iterator_unfinished_exits(thumbnails: str, how
             "shuffled": f"make_tf_dataset({thumbnails!r}, batch_size=64, seed=0, shuffle_buffer=1000)",
             "make_petastorm_dataset": f"make_petastorm_dataset(make_reader({thumbnails!r}))"}[how]
     script = ("import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
-              "from unihub import make_reader\nfrom unihub.readers.tf import make_petastorm_dataset, make_tf_dataset\n"
+              "from unihub import make_reader\nfrom unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset\n"
               f"it = iter({make})\nnext(it)\nprint('first batch')\n")
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -569,7 +569,7 @@ def test_dates_and_durations_are_int64_nanoseconds(tf: Any, tmp_path: Any) -> No
     """As Petastorm's TensorFlow bridge gives them (its tests read 2019-01-02 as 1546387200000000000): dates
     and timestamps as nanoseconds since the Unix epoch, durations as nanoseconds, whatever the stored
     unit (days, ms, us), in make_petastorm_dataset over batches and rows, make_tf_dataset and tf_tensors."""
-    from unihub.readers.tf_graph import tf_tensors
+    from unihub.bridges.tf.graph import tf_tensors
 
     url = dates_url(tmp_path, ["2019-01-02", "1970-01-01", "1677-09-22", "2262-04-11"])
     expected = {"id": [0, 1, 2, 3],

@@ -32,11 +32,11 @@ from unihub import (  # noqa: E402
     convert,
     write_dataset,
 )
+from unihub.bridges.tf import dataset as tf_bridge  # noqa: E402
+from unihub.bridges.tf.dataset import PRESENT_SUFFIX, make_petastorm_dataset, make_tf_dataset  # noqa: E402
 from unihub.errors import ImageDecodeError  # noqa: E402
-from unihub.formats.tfschema import ORDER_FIELD  # noqa: E402
-from unihub.readers import tf as tf_bridge  # noqa: E402
+from unihub.formats.tfrecord.schema import ORDER_FIELD  # noqa: E402
 from unihub.readers.reader import make_batch_reader, make_reader  # noqa: E402
-from unihub.readers.tf import PRESENT_SUFFIX, make_petastorm_dataset, make_tf_dataset  # noqa: E402
 
 from .test_tf_graph import run_all  # noqa: E402
 from .tf_expected import structure  # noqa: E402

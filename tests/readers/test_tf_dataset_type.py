@@ -20,7 +20,7 @@ from .tf_expected import URL
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset  # noqa: E402
+from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset  # noqa: E402
 
 ORDERED = {"workers_count": 1, "shuffle_row_groups": False}
 

@@ -16,7 +16,7 @@ from .tf_expected import NGRAM_FIELDS, ROW_FIELDS, STRING_FIELDS, URL, petastorm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-from unihub.readers.tf_graph import RANDOM_SHUFFLING_QUEUE_SIZE, tf_tensors  # noqa: E402
+from unihub.bridges.tf.graph import RANDOM_SHUFFLING_QUEUE_SIZE, tf_tensors  # noqa: E402
 
 ORDERED = {"workers_count": 1, "shuffle_row_groups": False}
 

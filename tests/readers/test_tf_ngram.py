@@ -22,7 +22,7 @@ from .tf_expected import NGRAM_FIELDS, URL, petastorm_expected, structure, value
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset  # noqa: E402
+from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset  # noqa: E402
 
 SEQ = Unischema("Seq", [
     UnischemaField("ts", np.int64, (), ScalarCodec(pa.int64()), False),

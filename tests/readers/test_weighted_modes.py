@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from unihub import WeightedSamplingReader, in_lambda, make_batch_reader, make_reader
 from unihub.errors import InvalidArgumentError, UnihubError, UsageError
-from unihub.formats.parquet import ParquetStore
 from unihub.readers.reader import ReaderStateError
 from unihub.readers.weighted import (
     STATE_KIND,
@@ -28,6 +27,7 @@ from unihub.readers.weighted import (
     WeightsError,
     draw_choices,
 )
+from unihub.store.dataset import ParquetStore
 
 from .test_weighted import write
 
@@ -410,7 +410,7 @@ def test_reader_skip_rows_is_refused_where_rows_are_known_only_by_reading(urls):
 # -- the loaders' skip_batches -----------------------------------------------------------------------------------
 def loaders() -> Any:
     pytest.importorskip("torch")
-    from unihub.readers import pytorch
+    from unihub.bridges.torch import loaders as pytorch
 
     return pytorch
 

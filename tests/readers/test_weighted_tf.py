@@ -16,7 +16,7 @@ from .test_weighted import A_IDS, B_IDS, UNISCHEMA, write
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-from unihub.readers.tf import make_petastorm_dataset, make_tf_dataset  # noqa: E402
+from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -364,9 +364,9 @@ def test_a_reader_starts_one_worker_per_core_it_may_run_on(tmp_path, monkeypatch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from unihub.formats.parquet import open_dataset
     from unihub.readers.reader import default_workers_count
     from unihub.readers.workers import usable_cores
+    from unihub.store.dataset import open_dataset
 
     (tmp_path / "ds").mkdir()
     pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "ds" / "part.parquet")

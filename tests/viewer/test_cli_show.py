@@ -78,9 +78,9 @@ def test_a_dataset_on_s3_with_storage_options(s3_server: Any, images_dataset: Pa
 
 def test_progress_when_asked_and_quiet(images_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import unihub.progress
+    import unihub.runtime.progress
 
-    monkeypatch.setattr(unihub.progress, "is_terminal", lambda stream: True)  # as on a terminal
+    monkeypatch.setattr(unihub.runtime.progress, "is_terminal", lambda stream: True)  # as on a terminal
     monkeypatch.setitem(sys.modules, "tqdm", None)  # the plain line, whatever is installed
     assert main(["show", str(images_dataset), "--rows", "1", "--out", str(tmp_path / "a.html")]) == 0
     err = capsys.readouterr().err

@@ -17,7 +17,7 @@ import pytest
 import unihub
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
 from unihub.errors import DatasetNotFoundError, FilterExpressionError, InvalidArgumentError
-from unihub.formats.parquet import ParquetStore
+from unihub.store.dataset import ParquetStore
 
 from ..conftest import make_row
 from .conftest import FIXTURES, N, cards, decoded, pil, pixels
@@ -96,7 +96,7 @@ def test_seed_chooses_the_sample_and_first_takes_the_first_rows(images_dataset: 
 
 def test_images_are_decoded_for_the_sampled_rows_only_and_unread_where_footers_count_nulls(
         images_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from unihub.formats import images
+    from unihub.images import decoders as images
 
     decodes, reads = [], []
     decode, read = images.decode_image, ParquetStore.read_row_group

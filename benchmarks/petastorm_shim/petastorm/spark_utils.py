@@ -1,5 +1,5 @@
 """``petastorm.spark_utils``: unihub's Spark RDD reader."""
 
-from unihub.readers.spark_rdd import dataset_as_rdd
+from unihub.bridges.spark.rdd import dataset_as_rdd
 
 __all__ = ["dataset_as_rdd"]

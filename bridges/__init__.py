@@ -1,0 +1,1 @@
+"""One subpackage per framework (torch, tf, dali, spark), each importing its framework lazily."""

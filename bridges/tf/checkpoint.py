@@ -1,0 +1,175 @@
+"""A reader's position in TensorFlow's own checkpoints: ``tf.train.Checkpoint`` and Keras' ``BackupAndRestore``.
+
+A :class:`ReaderPosition` counts the rows the model actually took from a dataset over a reader
+(the count runs in the last stage of the dataset, when the model pulls an element, so rows that
+tf.data prefetched but the model never saw are not counted), and turns the count into the reader's
+position: the reader's state when the count began, advanced by that many rows along the reader's
+plan. Restoring it puts the reader on the next row the model had not taken, so training resumed
+from a checkpoint sees each remaining row once.
+
+    with make_reader(url, num_epochs=1, shuffle_rows=True, seed=0) as reader:
+        position = ReaderPosition(reader)                       # before the reader is read
+        dataset = position.track(make_tf_dataset(reader, batch_size=64).map(to_xy))  # the last stage
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, data=position)
+        checkpoint.restore(tf.train.latest_checkpoint(directory))  # a fresh run restores nothing
+        ...  # checkpoint.save(prefix) every few steps
+
+        position.attach(model)  # or: model.fit's BackupAndRestore saves and restores it with the weights
+        model.fit(dataset, callbacks=[keras.callbacks.BackupAndRestore(directory, save_freq=100)])
+
+The rows must reach the model in the reader's order: shuffle in the reader (``shuffle_rows``,
+``shuffle_row_groups`` with a ``seed``), not with ``make_tf_dataset(shuffle_buffer=)`` or
+``Dataset.shuffle``; and the reader's rows per epoch must be known in advance (no predicate,
+filters or n-grams), as for :meth:`~unihub.readers.reader.Reader.seek`. The position is the
+reader's (any number of its epochs), not the dataset's: iterate the dataset once (a reader with
+``num_epochs`` and ``model.fit(..., steps_per_epoch=)``), restore before iterating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import numpy as np
+
+from unihub.dependencies import require
+from unihub.errors import InvalidArgumentError, UnihubError
+from unihub.readers import plan as planning
+
+tf = require("tensorflow", extra="tf", purpose="a reader position in TensorFlow checkpoints")
+
+POSITION_STATE_VERSION = 1
+#: the attribute :meth:`ReaderPosition.attach` sets on a Keras model (its path in a weights file)
+KERAS_ATTRIBUTE = "unihub_reader_position"
+#: what tf.train.Checkpoint saves: an object with its own tensors to serialize (TF >= 2.11's protocol)
+_Trackable: Any = tf.__internal__.tracking.Trackable
+
+
+class PositionStateError(UnihubError, ValueError):
+    """A saved reader position that is malformed or belongs to another reader."""
+
+
+class ReaderPosition(_Trackable):
+    """The position of ``reader`` after the rows a model took from a :meth:`track` ed dataset.
+
+    A TensorFlow trackable: ``tf.train.Checkpoint(data=position)`` saves it (one string tensor,
+    the JSON of :meth:`state_dict`) and restores it into the reader. :meth:`attach` puts it in a
+    Keras model's weights, which ``BackupAndRestore`` saves and restores.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        if not hasattr(reader, "state_dict") or not hasattr(reader, "seek"):
+            raise InvalidArgumentError(f"ReaderPosition takes a unihub reader (make_reader/make_batch_reader), "
+                                       f"got {type(reader).__name__}")
+        if reader.num_rows_per_epoch is None:
+            raise InvalidArgumentError("a reader position counts rows, so the reader's rows per epoch must be known "
+                                       "in advance: not with a predicate, filters, n-grams or a batch transform")
+        self.reader = reader
+        self._start = reader.state_dict()
+        self._taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="unihub_rows_taken")
+
+    # -- counting -----------------------------------------------------------------------------------
+    def track(self, dataset: Any, *, batched: bool = True) -> Any:
+        """``dataset`` with a last stage that counts the rows of each element the model takes (an element's
+        first tensor's leading dim with ``batched``, else one per element). Nothing may follow it that
+        reads ahead (``prefetch``): the count must be of what the model took, not of what was fetched."""
+        taken = self._taken
+
+        def count(*element: Any) -> Any:
+            if batched:
+                first = tf.nest.flatten(element)[0]
+                rows = first.nrows(out_type=tf.int64) if isinstance(first, tf.RaggedTensor) \
+                    else tf.shape(first, out_type=tf.int64)[0]
+            else:
+                rows = tf.constant(1, tf.int64)
+            with tf.control_dependencies([taken.assign_add(rows)]):
+                return tf.nest.map_structure(tf.identity, element[0] if len(element) == 1 else element)
+
+        options = tf.data.Options()  # the stage must run when the model pulls, not ahead of it in parallel
+        options.experimental_optimization.map_parallelization = False
+        options.experimental_optimization.inject_prefetch = False
+        return dataset.map(count).with_options(options)
+
+    @property
+    def rows_taken(self) -> int:
+        """Rows the model took since the position began (was made or restored)."""
+        return int(self._taken.numpy())
+
+    # -- the state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The reader's position after the rows taken (JSON-able): its state at the start of an epoch, and the
+        row of that epoch (in the reader's order) to go on from."""
+        epoch, row = self._advanced(self.rows_taken)
+        return {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
+                "row": row}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the reader on ``state``'s row (reading nothing before it); the count starts again there."""
+        if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
+                or not {"reader", "row"} <= set(state):
+            raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
+                                     "ReaderPosition.state_dict() returned")
+        reader, row = self.reader, int(state["row"])
+        try:
+            reader.load_state_dict(state["reader"])
+        except UnihubError as exc:
+            raise PositionStateError(f"the saved position belongs to another reader: {exc}") from exc
+        if row:
+            reader.seek(row)
+        # the count goes on from the row (a batch reader's state cannot say a row inside a batch)
+        self._start, self._start_row = dict(state["reader"]), row
+        self._taken.assign(0)
+
+    _start_row = 0  # rows of the start state's epoch before the count began, beyond its task and offset
+
+    def _advanced(self, rows: int) -> tuple[int, int]:
+        """(epoch, row of that epoch) ``rows`` rows after the start state; (num_epochs, 0) past the end."""
+        start, reader = self._start, self.reader
+        config = dataclasses.replace(reader._plan, seed=int(start["seed"]))  # the plan the state was saved under
+        epoch = int(start["epoch"])
+        tasks = planning.epoch_plan(config, epoch) if reader.num_epochs is None or epoch < reader.num_epochs else []
+        row = self._start_row + sum(t.num_rows for t in tasks[:int(start["task"])]) + int(start["offset"]) + rows
+        per_epoch = reader.num_rows_per_epoch
+        epoch, row = epoch + row // per_epoch, row % per_epoch
+        if reader.num_epochs is not None and epoch >= reader.num_epochs:
+            return reader.num_epochs, 0
+        return epoch, row
+
+    # -- tf.train.Checkpoint ----------------------------------------------------------------------------
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        return {"state": tf.constant(json.dumps(self.state_dict()))}
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> None:
+        self.load_state_dict(json.loads(restored_tensors["state"].numpy()))
+
+    # -- Keras ----------------------------------------------------------------------------------------------
+    def attach(self, model: Any) -> Any:
+        """Put this position in ``model``'s weights (``save_weights``/``load_weights``, and so Keras'
+        ``BackupAndRestore``), as the attribute :data:`KERAS_ATTRIBUTE`; returns ``model``."""
+        # object.__setattr__: Keras would track it as a sublayer (Sequential.layers); saving finds it all the same
+        object.__setattr__(model, KERAS_ATTRIBUTE, _keras_holder()(self))
+        return model
+
+
+@functools.cache
+def _keras_holder() -> type:
+    """A Keras layer holding a position in a weights file: its JSON state as a uint8 array."""
+    keras = require("keras", extra="tf", purpose="a reader position in Keras weights")
+    layer: Any = keras.layers.Layer
+
+    class ReaderPositionHolder(layer):
+        def __init__(self, position: ReaderPosition) -> None:
+            super().__init__(name=KERAS_ATTRIBUTE, trainable=False)
+            self.position = position
+            self.built = True
+
+        def save_own_variables(self, store: Any) -> None:
+            store["state"] = np.frombuffer(json.dumps(self.position.state_dict()).encode(), np.uint8)
+
+        def load_own_variables(self, store: Any) -> None:
+            if "state" in store.keys():  # a weights file saved before the position was attached has none
+                self.position.load_state_dict(json.loads(bytes(np.asarray(store["state"]))))
+
+    return ReaderPositionHolder

@@ -1,0 +1,511 @@
+"""Writing an HDF5 file from column batches, by an :class:`~unihub.formats.hdf5.storage.ExportSpec`.
+
+One writer per layout: columns (datasets grown with ``resize`` along axis 0, chunked), splits (the
+same inside one group per split, in order of first appearance) and groups (one group per row,
+named by the key field, its members whole). Containers of splits and groups track creation order,
+so h5py lists them in the order written. The file is written beside the target and renamed into
+place only when complete.
+
+A dataset the source's metadata describes is stored as the source stored it (:func:`create_stored`:
+layout, chunk shape, filters with their options, fill value): grown in place where the source's
+layout can grow (chunked, unlimited along the rows), else staged in a scratch file beside the target
+and copied into a dataset of its final size (contiguous, compact, fixed-size chunked). Then the
+source's links and dimension scales are made again.
+
+Every write is preceded by room reserved on disk for it (:mod:`unihub.formats.hdf5.room`): HDF5
+crashes the interpreter when a write of variable-length values fails, so a full disk is met first
+by a Python error, and the failed file is then closed into nothing (:func:`_discard`) and removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from unihub.errors import DatasetExistsError, SchemaError, UnihubError
+from unihub.formats.base import ColumnBatch, python_columns
+from unihub.formats.hdf5.detect import LAYOUT_ATTR
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module
+from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
+from unihub.formats.hdf5.read import slice_rows
+from unihub.formats.hdf5.room import DiskRoom, nbytes_of
+from unihub.formats.hdf5.storage import (
+    ExportSpec,
+    Storage,
+    Typed,
+    assemble,
+    chunk_rows_for,
+    sample_values,
+    storage_of,
+    storage_rows,
+)
+from unihub.fs import filesystem as fsutil
+from unihub.schema.unischema import Unischema
+from unihub.store.writer import column_length
+
+SCHEMA_NAME_ATTR = "unihub.schema_name"
+FIELD_ORDER_ATTR = "unihub.field_order"
+
+
+def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], spec: ExportSpec, *,
+               compression: str | None, chunk_rows: int | None, overwrite: bool) -> list[str]:
+    """Write ``batches`` to ``target`` (a temporary sibling renamed on success); see the module docstring."""
+    target = os.fspath(target)
+    if os.path.exists(target) and not overwrite:
+        raise DatasetExistsError(f"{target} exists; pass --overwrite (overwrite=True) to replace it")
+    _check_names(schema)
+    h5py = h5py_module()
+    parent, base = os.path.split(os.path.abspath(target))
+    temporary = fsutil.temporary_sibling(os.path.join(parent, base))
+    handle = None
+    room = DiskRoom()
+    staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)), room)
+    options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec, "room": room}
+    try:
+        handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)
+        room.track(handle)
+        room.ensure(0)
+        _root_attributes(handle, schema, spec)
+        writer = _WRITERS[spec.kind](handle, schema, spec, options)
+        for batch in map(python_columns, batches):
+            writer.append(batch, column_length(schema, batch))
+        staging.finish()
+        room.ensure(0)
+        _write_empty(handle, spec.empty, options)
+        _write_constants(handle, spec.constants, spec.storage, room)
+        for path in spec.groups:  # groups the datasets did not make: empty ones, an empty split
+            handle.require_group(path)
+        for path, dtype in spec.named_types.items():  # before the attributes: they may have their own
+            parent = path.rpartition("/")[0]
+            (handle.require_group(parent) if parent else handle)[path.rpartition("/")[2]] = dtype_from_json(dtype)
+        _write_attributes(handle, spec.attributes, room)
+        if spec.kind != "columns":
+            _record_units(handle, spec, set(writer.units) | set(spec.units))
+        room.ensure(0)  # the links, the scales and what closing flushes
+        _write_links(handle, spec.links)
+        _write_scales(handle, spec.scales)
+        handle.close()
+        room.release(temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        if handle is not None:
+            # HDF5 met no failure where the disk's room ran out first, or unihub or Ctrl-C stopped it
+            _discard(handle, intact=room.refused or isinstance(sys.exc_info()[1], (UnihubError, KeyboardInterrupt)))
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    finally:
+        staging.close()
+    return [target]
+
+
+def _discard(handle: Any, *, intact: bool) -> None:
+    """Close an HDF5 file that a failed export leaves behind, so that it can be removed.
+
+    A file that HDF5 wrote without a failure (``intact``: the export stopped on an error of its own,
+    or on a disk without room for the next write, which :class:`DiskRoom` found first) closes as
+    usual, into the room reserved for it. But HDF5 cannot close a file whose writes fail (a full
+    disk, a file-size limit): its objects stay open, a second close crashes, and the library
+    crashes the interpreter at exit flushing them. So such a file's descriptor is first pointed at
+    /dev/null, where the remaining writes succeed into nothing, and the close that follows is clean.
+    The first error is the one raised.
+    """
+    if not handle.id.valid:  # closed already
+        return
+    if intact:
+        try:
+            handle.close()
+        except (OSError, RuntimeError, ValueError):  # the export's own error is the one to report
+            pass
+        return
+    try:
+        descriptor = handle.id.get_vfd_handle()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, descriptor)
+        finally:
+            os.close(null)
+    except (OSError, ValueError, TypeError):  # no POSIX descriptor: close it as it is
+        pass
+    try:
+        handle.close()
+    except (OSError, RuntimeError, ValueError):  # the write already failed with the error to report
+        pass
+
+
+def _check_names(schema: Unischema) -> None:
+    names = {f.name for f in schema}
+    for name in names:
+        for other in names:
+            if other.startswith(name + "/"):
+                raise SchemaError(f"fields {name!r} and {other!r} cannot both be HDF5 datasets "
+                                  f"({name!r} would be a group)")
+        if name.endswith((SHAPE_SUFFIX, ISNULL_SUFFIX)) and name.rsplit("__", 1)[0] in names:
+            raise SchemaError(f"field {name!r} clashes with a companion dataset of another field")
+
+
+def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
+    handle.attrs[SCHEMA_NAME_ATTR] = schema.name
+    handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
+    handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
+                                            "key_field": spec.key_field, "images": spec.images})
+    if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
+        handle.attrs[SCHEMA_ATTR] = schema.to_json()
+
+
+def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping[str, Any], room: DiskRoom) -> None:
+    """Datasets that were not rows, back where they were (after the rows: units keep their order),
+    stored as the source stored them."""
+    h5py = h5py_module()
+    for path, record in constants.items():
+        if path in handle:
+            raise SchemaError(f"the source's dataset {path!r} clashes with an exported one")
+        value, dt = decode_constant(record)
+        room.ensure(0 if value is None else nbytes_of(value))
+        if path in storage:
+            dataset = create_stored(handle, path, dt, None if value is None else value.shape, storage[path])
+            if value is not None and value.size:
+                _write_rows(dataset, value, 0, len(value), room) if value.ndim else dataset.write_direct(value)
+            continue
+        handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _write_links(handle: Any, links: Mapping[str, Mapping[str, str]]) -> None:
+    """The source's other names of its objects: hard links to the object's first name, soft links as
+    written (an object the export left out takes its links with it)."""
+    h5py = h5py_module()
+    for path, link in links.items():
+        target = link.get("hard", link.get("object", ""))
+        if path in handle or (target and target not in handle):
+            continue
+        parent, _, name = path.rpartition("/")
+        group = handle.require_group(parent) if parent else handle
+        group[name] = handle[target] if "hard" in link else h5py.SoftLink(link["soft"])
+
+
+def _write_scales(handle: Any, scales: Mapping[str, Any]) -> None:
+    """The source's dimension scales (``make_scale`` with their names), then each dataset's dimensions:
+    the scales attached in their order, and the labels."""
+    for path, name in (scales.get("scales") or {}).items():
+        if path in handle:
+            handle[path].make_scale(name)
+    for path, dims in (scales.get("dims") or {}).items():
+        if path not in handle:
+            continue
+        dataset = handle[path]
+        for dim, (label, attached) in zip(dataset.dims, dims):
+            for scale in attached:
+                if scale in handle:
+                    dim.attach_scale(handle[scale])
+            if label:
+                dim.label = label
+
+
+def _record_units(handle: Any, spec: ExportSpec, units: set[str]) -> None:
+    """Name in ``unihub.layout`` the container's groups that are no split or sample (the source's groups
+    written back beside them), so that an ingest of the export reads the units it wrote, no more."""
+    h5py = h5py_module()
+    base = handle[spec.container] if spec.container else handle
+    outside = [n for n in base if n not in units and base.get(n, getclass=True) is h5py.Group]
+    if outside:
+        handle.attrs[LAYOUT_ATTR] = json.dumps({**json.loads(handle.attrs[LAYOUT_ATTR]), "not_units": outside})
+
+
+def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    """The datasets of units of 0 rows (an empty split, a file of 0 rows), with their dtypes and shapes,
+    created as the rows' datasets are (chunked, growable); one the rows made already is left as it is."""
+    for path, record in empty.items():
+        if path in handle:
+            continue
+        value, dt = decode_constant(record)
+        if value is None:  # an ingest records the datasets of 0 rows, which have a shape
+            raise SchemaError(f"the source's empty dataset {path!r} is recorded without a shape")
+        stored = options["spec"].storage.get(path)
+        if stored is not None:
+            create_stored(handle, path, dt, value.shape, stored)
+            continue
+        parent, _, name = path.rpartition("/")
+        _create(handle.require_group(parent) if parent else handle, name, dt, tuple(value.shape[1:]), options)
+
+
+def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], room: DiskRoom) -> None:
+    """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
+    h5py = h5py_module()
+    for path, values in attributes.items():
+        owner = handle.get(path) if path else handle
+        if owner is None:
+            continue
+        for name, record in values.items():
+            value, dt = decode_constant(record)
+            room.ensure(0 if value is None else nbytes_of(value))
+            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+
+
+def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
+    """Grow ``dataset`` by ``n`` rows and write them."""
+    if not n:
+        return
+    dataset.resize(start + n, axis=0)
+    _write_rows(dataset, rows, start, n, room)
+
+
+def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
+    """Write ``n`` rows at ``start`` (the dataset holds them already), with room for them on disk."""
+    h5py = h5py_module()
+    room.ensure(nbytes_of(rows))
+    if h5py.check_vlen_dtype(dataset.dtype) is not None and h5py.check_string_dtype(dataset.dtype) is None:
+        # h5py's __setitem__ turns equal-length rows into a 2-D array: write them as typed
+        typed = np.empty(n, dtype=dataset.dtype)
+        typed[:] = rows
+        dataset.write_direct(typed, dest_sel=np.s_[start:start + n])
+    else:
+        dataset[start:start + n] = rows
+
+
+def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:
+    rows = chunk_rows_for(dtype, shape, options["chunk_rows"])
+    # a zero-size dimension cannot hold a chunk of size 0: chunk it by 1 and leave its extent open
+    # (HDF5 allows a chunk larger than the data only along an unlimited dimension)
+    chunks = (rows, *(d or 1 for d in shape))
+    maxshape = (None, *(d if d else None for d in shape))
+    return group.create_dataset(name, shape=(0, *shape), maxshape=maxshape, chunks=chunks,
+                                dtype=dtype, compression=options["compression"])
+
+
+def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...] | None,
+                  record: Mapping[str, Any]) -> Any:
+    """A new dataset ``path`` of ``group`` stored as ``record`` says (``hdf5_meta.storage_record``: layout,
+    chunks, maximum shape, filter pipeline, fill value and times), of ``shape`` (None: an empty
+    dataspace). A chunk that spanned a dimension spans it again; one longer than a fixed dimension
+    is cut to it (fewer rows than the source's);
+    a fixed dimension of 0 rows is left unlimited, as no chunk fits it."""
+    h5py = h5py_module()
+    h5d, h5p, h5s = h5py.h5d, h5py.h5p, h5py.h5s
+    parent, _, name = path.rpartition("/")
+    owner = group.require_group(parent) if parent else group
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    if shape is None:
+        space = h5s.create(h5s.NULL)
+    elif not shape:
+        space = h5s.create(h5s.SCALAR)
+    else:
+        recorded = list(record.get("maxshape") or ["="] * len(shape))
+        maxshape = tuple(h5s.UNLIMITED if m is None else d if m == "=" else max(int(m), d)
+                         for m, d in zip(recorded, shape))
+        if record["layout"] == "chunked":
+            chunks = tuple(max(1, d if c == "=" else c if m == h5s.UNLIMITED else min(c, m))
+                           for c, m, d in zip(record["chunks"], maxshape, shape))
+            maxshape = tuple(h5s.UNLIMITED if m == 0 else m for m in maxshape)
+            dcpl.set_chunk(chunks)
+        space = h5s.create_simple(tuple(shape), maxshape)
+    if record["layout"] == "compact":
+        dcpl.set_layout(h5d.COMPACT)
+    for code, flags, values in record.get("filters") or ():
+        dcpl.set_filter(code, flags, tuple(values))
+    dcpl.set_fill_time(record["fill_time"])
+    dcpl.set_alloc_time(record["alloc_time"])
+    dcpl.set_obj_track_times(bool(record.get("track_times")))
+    if record.get("fillvalue") is not None:
+        value, fill_dtype = decode_constant(record["fillvalue"])
+        string = h5py.check_string_dtype(fill_dtype)
+        if string is not None and string.length is not None:  # as h5py sets one: through a vlen string
+            fill = np.array(np.asarray(value).item(), dtype=h5py.string_dtype(string.encoding)).reshape(1)
+        else:
+            fill = np.asarray(value, dtype=fill_dtype).reshape(1)
+        dcpl.set_fill_value(fill)
+    type_id = h5py.h5t.py_create(dtype, logical=1)
+    return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
+
+
+class _Staging:
+    """Rows of datasets that cannot grow as the source stored them (contiguous, compact, or chunked
+    with a fixed number of rows): written to a scratch file beside the target as they come, then
+    copied, a slice at a time, into a dataset of the final size stored as the source's was."""
+
+    def __init__(self, path: str, room: DiskRoom) -> None:
+        self.path, self.room = path, room
+        self.scratch: Any = None
+        self.staged: list[tuple[Any, str, np.dtype, Any, Mapping[str, Any]]] = []
+
+    def stage(self, group: Any, path: str, dtype: np.dtype, cell: tuple[int, ...], record: Mapping[str, Any]) -> Any:
+        """A growable dataset in the scratch file for ``path`` of ``group``, copied there by :meth:`finish`."""
+        if self.scratch is None:
+            self.scratch = h5py_module().File(self.path, "w")
+            self.room.track(self.scratch)
+        staged = _create(self.scratch, str(len(self.staged)), dtype, cell, {"chunk_rows": None, "compression": None})
+        self.staged.append((group, path, dtype, staged, record))
+        return staged
+
+    def finish(self) -> None:
+        """Every staged dataset into its place, stored as its record says."""
+        for group, path, dtype, staged, record in self.staged:
+            final = create_stored(group, path, dtype, staged.shape, record)
+            step = slice_rows(staged, 8 << 20)
+            for start in range(0, staged.shape[0], step):
+                stop = min(start + step, staged.shape[0])
+                _write_rows(final, staged[start:stop], start, stop - start, self.room)
+        self.staged = []
+
+    def close(self) -> None:
+        """Close and remove the scratch file."""
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+class _FieldSink:
+    """One field stored unihub's way: its dataset and companions, grown batch by batch."""
+
+    def __init__(self, group: Any, storage: Storage, options: Mapping[str, Any]) -> None:
+        self.storage, self.size, self.room = storage, 0, options["room"]
+        self.datasets = {name: _create(group, name, dtype, shape, options)
+                         for name, (dtype, shape) in storage.datasets().items()}
+        self.datasets[storage.field.name].attrs[FIELD_ATTR] = json.dumps(storage.recorded().to_json())
+
+    def append(self, values: Any, n: int) -> None:
+        for name, rows in storage_rows(self.storage, values, n, self.size).items():
+            _append(self.datasets[name], rows, self.size, n, self.room)
+        self.size += n
+
+
+class _TypedSink:
+    """A source dataset rebuilt from its fields, created at its first row (its cell shape then known).
+    A source dataset that is absent (every row None) stays absent; a null among values is refused."""
+
+    def __init__(self, group: Any, typed: Typed, options: Mapping[str, Any]) -> None:
+        self.group, self.typed, self.options = group, typed, options
+        self.dataset: Any = None
+        self.size = 0
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        if not n:
+            return
+        columns = {name: batch.get(name) for name, _ in self.typed.members}
+        present = np.ones(n, dtype=bool)
+        for values in columns.values():
+            if values is None:
+                present[:] = False
+            elif not (isinstance(values, np.ndarray) and values.dtype != object):
+                present &= np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        written = 0 if self.dataset is None else self.dataset.shape[0]
+        if present.any() and (not present.all() or written != self.size) or (self.dataset is not None
+                                                                            and not present.any()):
+            row = self.size + int(np.argmin(present)) if present.any() and written == self.size else written
+            raise SchemaError(f"field {self.typed.members[0][0]!r}, row {row}: HDF5 dataset {self.typed.path!r} "
+                              "holds a value in every row or in none; a null cannot be stored in its dtype")
+        if present.all():
+            rows = assemble(self.typed, columns, "")
+            if self.dataset is None:
+                self.dataset = self._open(rows.shape[1:])
+            _append(self.dataset, rows, written, n, self.options["room"])
+        self.size += n
+
+    def _open(self, cell: tuple[int, ...]) -> Any:
+        """The dataset the rows grow: the source's own where it can grow (chunked, unlimited along the
+        rows), else a staged one that :class:`_Staging` copies into one stored as the source's was."""
+        path = "/".join(p for p in (self.group.name.strip("/"), self.typed.path) if p)
+        record = self.options["spec"].storage.get(path)
+        if record is None:
+            return _create(self.group, self.typed.path, self.typed.dtype, cell, self.options)
+        if record["layout"] == "chunked" and record["maxshape"][:1] == [None]:
+            return create_stored(self.group, self.typed.path, self.typed.dtype, (0, *cell), record)
+        return self.options["staging"].stage(self.group, self.typed.path, self.typed.dtype, cell, record)
+
+
+class _ColumnsWriter:
+    """Every field a dataset of the file (or of one split's group) along axis 0."""
+
+    def __init__(self, group: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        self.generic = [_FieldSink(group, storage_of(f, spec.images), options) for f in spec.generic]
+        self.typed = [_TypedSink(group, t, options) for t in spec.typed if t.attr is None]
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        for sink in self.generic:
+            sink.append(batch.get(sink.storage.field.name), n)
+        for typed in self.typed:
+            typed.append(batch, n)
+
+
+class _SplitsWriter:
+    """One group per split (the key field's value), each written like columns."""
+
+    def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        if spec.key_field is None or spec.key_field not in schema.fields:
+            raise SchemaError(f"--option layout=splits writes one group per value of field {spec.key_field!r}, "
+                              f"which {schema.name!r} lacks; name the field with --option key_field=...")
+        self.key: str = spec.key_field
+        self.schema, self.spec, self.options = schema, spec, options
+        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+        self.splits: dict[str, _ColumnsWriter] = {}
+
+    @property
+    def units(self) -> list[str]:
+        return list(self.splits)
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        names = list(batch[self.key])
+        start = 0
+        while start < n:
+            stop = start + 1
+            while stop < n and names[stop] == names[start]:
+                stop += 1
+            writer = self.splits.get(names[start]) or self._open(names[start])
+            writer.append({k: v[start:stop] for k, v in batch.items() if k != self.key}, stop - start)
+            start = stop
+
+    def _open(self, name: Any) -> _ColumnsWriter:
+        if not isinstance(name, str) or not name or "/" in name or name in self.container:
+            raise SchemaError(f"split name {name!r} (field {self.key!r}) cannot name a new HDF5 group")
+        group = self.container.create_group(name, track_order=True)
+        self.splits[name] = _ColumnsWriter(group, self.schema, self.spec, self.options)
+        return self.splits[name]
+
+
+class _GroupsWriter:
+    """One group per row, named by the key field (``sample_00000000``, ... without one)."""
+
+    def __init__(self, handle: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
+        self.spec, self.count, self.room = spec, 0, options["room"]
+        self.key = spec.key_field if spec.key_field in schema.fields else None
+        self.units: set[str] = set()
+        self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
+        self.typed = {t.path for t in spec.typed if t.attr is None}  # the source's datasets: stored as they were
+        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+
+    def append(self, batch: Mapping[str, Any], n: int) -> None:
+        for i in range(n):
+            row = {name: values[i] for name, values in batch.items()}
+            name = row.get(self.key) if self.key else f"sample_{self.count:08d}"
+            if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
+                raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
+            self.room.ensure(sum(nbytes_of(value) for value in row.values() if value is not None))
+            group = self.container.create_group(name)
+            self.units.add(name)
+            for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
+                stored = self.spec.storage.get(f"{group.name.strip('/')}/{path}", self.spec.member_storage.get(path))
+                if attr is None and stored is not None and path in self.typed:
+                    dataset = create_stored(group, path, value.dtype, value.shape, stored)
+                    if value.size:
+                        _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
+                elif attr is None:
+                    group.create_dataset(path, data=value, dtype=value.dtype)
+                elif path and path not in group and path not in self.inner:
+                    raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
+                else:  # the group's own, a member's, or a group's inside it (made when no dataset made it)
+                    owner = group if not path else group[path] if path in group else group.require_group(path)
+                    owner.attrs.create(attr, data=value, dtype=value.dtype)
+            self.count += 1
+
+
+_WRITERS: dict[str, Any] = {
+    "columns": lambda handle, schema, spec, options: _ColumnsWriter(handle, schema, spec, options),
+    "splits": _SplitsWriter,
+    "groups": _GroupsWriter,
+}

@@ -1,0 +1,3 @@
+"""Folders of images (torchvision ``ImageFolder`` style) as a foreign format."""
+
+from . import format as format  # noqa: F401  (registers the format)

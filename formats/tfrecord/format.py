@@ -1,0 +1,554 @@
+"""TFRecord files as a foreign format: infer a Unischema, read batches, write back.
+
+Records are framed, checksummed and (de)compressed by :mod:`unihub.formats.tfrecord.records`; the files of a
+source are found by :mod:`unihub.formats.tfrecord.files`. A record is a serialized ``tf.train.Example``
+(parsed and written by :mod:`unihub.formats.tfrecord.example`, read a block at a time by
+:mod:`unihub.formats.tfrecord.example_block`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
+opaque bytes (:mod:`unihub.formats.tfrecord.payload`). Where TFDS wrote the records, the fields are
+what its ``features.json`` declares (:mod:`unihub.formats.tfrecord.tfds`).
+
+Neither TensorFlow nor the ``tfrecord`` package is imported (they clash in one process, see
+:mod:`unihub.formats.tfrecord.example`), so this module works with either, both or neither
+installed; only ``crc32c`` is needed, for the checksums.
+
+Tensors are written flattened; a field whose shape the flat length does not determine (more
+than one ``None`` dim, or one that is not the first) also gets a ``<name>/shape`` int64 feature
+holding each row's shape, which :meth:`TFRecordFormat.infer_schema` and ``read_batches`` use.
+
+An export gives each record back byte for byte (DESIGN decision 18): the scan notes the features'
+order on the wire (a map's, which TensorFlow writes in a hash order), the dataset's metadata keeps it
+(``feature_order``), and the export writes it. Where records disagree on it (shards of several writing
+processes), each row names its own in one more field, ``__feature_order__`` (null: the one order),
+a hash of the order that the metadata's table ``feature_orders`` maps back to the names (see
+:func:`~unihub.formats.tfrecord.schema.order_id`); past :data:`~unihub.formats.tfrecord.schema.ORDERS_KEPT` orders,
+the metadata says why an export is not exact (``feature_order_differs``).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import cached_property, partial
+from typing import Any, ClassVar
+
+from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
+from unihub.formats.base import (
+    ColumnBatch,
+    ForeignFormat,
+    FormatOption,
+    OnError,
+    ReadReport,
+    SchemaOutgrown,
+    check_on_error,
+    map_in_workers,
+    parse_choice,
+    parse_list,
+    python_columns,
+    register_format,
+)
+from unihub.formats.tfrecord.example import Feature, parse_example
+from unihub.formats.tfrecord.files import Listing, list_files, named_like_tfrecord, tfds_beside
+from unihub.formats.tfrecord.records import (
+    _fail,
+    _header_ok,
+    _open,
+    _ShardWriter,
+    _stem,
+    iter_records,
+    normalize_compression,
+)
+from unihub.formats.tfrecord.schema import (
+    ORDER_FIELD,
+    SHAPE_SUFFIX,
+    Scan,
+    _merge_scans,
+    _Mismatch,
+    _Plan,
+    _Stats,
+    add_example,
+    empty_means_null,
+    example_encoder,
+    fields_from_stats,
+    order_field,
+    order_on_wire,
+    order_table,
+    shape_features,
+)
+from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
+from unihub.fs import sources
+from unihub.fs.outputs import Outputs, outputs_for
+from unihub.runtime.memory import BatchCut, value_nbytes
+from unihub.schema.unischema import Unischema, UnischemaField
+
+#: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
+PROVISIONAL_SAMPLE = 1000
+#: files whose first record a single pass also looks at for another order of features (provisional_schema)
+ORDER_PEEKS = 16
+FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
+
+
+# -- what a schema would lose --------------------------------------------------------------------
+UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
+            "features to convert with --option fields=...")
+
+
+def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
+                   ) -> Callable[[Iterable[str]], str | None]:
+    """``check(feature names)``: the first feature of a record that no field reads (its values would
+    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
+    chosen = None if selected is None else set(selected)
+
+    def check(names: Iterable[str]) -> str | None:
+        for name in names:
+            if name not in known and (chosen is None or name in chosen):
+                return name
+        return None
+
+    return check
+
+
+# -- schema inference ------------------------------------------------------------------------
+def _scan_files(options: dict[str, Any], files: list[str],
+                sample_records: int | None = None) -> tuple[Scan, int]:
+    """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
+    if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
+        from unihub.formats.tfrecord.example_block import scan_fast
+        return scan_fast(options, files, sample_records)
+    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
+    stats = Scan()
+    total = 0
+    for path, index, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
+        if sample_records is not None and total >= sample_records:
+            break
+        total += 1
+        add_example(stats, example, f"{path} record {index}")
+    return stats, total
+
+
+def _selected(stats: dict[str, _Stats], fields: Sequence[str] | None, sources: Sequence[str]) -> dict[str, _Stats]:
+    """The statistics of the features ``fields`` names (with their ``/shape`` features); all without it."""
+    if fields is None:
+        return stats
+    missing = [name for name in fields if name not in stats]
+    if missing:
+        raise FormatError(f"{', '.join(sources)}: no feature {missing[0]!r} in the records (--option fields); "
+                          f"features: {sorted(stats)[:20]}", path=sources[0])
+    wanted = set(fields) | {name + SHAPE_SUFFIX for name in fields}
+    return {name: stat for name, stat in stats.items() if name in wanted}
+
+
+# -- the format ------------------------------------------------------------------------------
+@register_format("tfrecord", aliases=("tfrecords",), extensions=(".tfrecord", ".tfrecords", ".tfrec"))
+class TFRecordFormat(ForeignFormat):
+    """TFRecord files (plain, GZIP or ZLIB, any number of shards) of ``tf.train.Example``,
+    ``tf.train.SequenceExample``, ``TensorProto`` or opaque records (see :mod:`unihub.formats.tfrecord.payload`).
+
+    Options: ``compression`` (auto: found from each file's bytes), ``payload`` (auto: the first
+    record's kind), ``split`` (the shard set of a directory holding several), ``feature_lists``
+    (the fields read from a SequenceExample's feature lists; set by the schema inference).
+
+    Example::
+
+        source = TFRecordFormat("/data/train-*.tfrecord.gz")
+        schema = source.infer_schema(sample_records=1000)
+        for batch in source.read_batches(schema, batch_size=256):
+            ...
+    """
+
+    OPTIONS: ClassVar[dict[str, FormatOption]] = {
+        "compression": FormatOption("auto (found from each file's bytes), none, gzip or zlib (default auto)"),
+        "split": FormatOption("the shard set to convert where a directory holds several (train, validation, ...)"),
+        "payload": FormatOption("what records hold: auto (the first record's kind), example, sequence_example, "
+                                "tensor, or bytes (each record kept whole in a 'record' field)",
+                                parse_choice("auto", "example", "sequence_example", "tensor", "bytes")),
+        "feature_lists": FormatOption("SequenceExample: the fields read from feature lists, comma-separated "
+                                      "(default: inferred)", parse_list),
+        "fields": FormatOption("the features to convert, comma-separated; the others are left out (default: all, "
+                               "and a feature a given --schema lacks is refused)", parse_list),
+    }
+    WRITE_OPTIONS: ClassVar[dict[str, FormatOption]] = {
+        "compression": FormatOption("none, gzip or zlib (default none)"),
+        "records_per_file": FormatOption("records per shard (default: one file, or one shard)", int),
+        "payload": FormatOption("what each record holds: example (default), sequence_example, tensor (the one "
+                                "field as a TensorProto) or bytes (the one bytes field as is)",
+                                parse_choice("example", "sequence_example", "tensor", "bytes")),
+        "feature_lists": FormatOption("sequence_example: the fields written as feature lists, comma-separated "
+                                      "(default: the source's)", parse_list),
+        "empty_as_null": FormatOption("fields whose nulls are written as empty lists, not left out "
+                                      "(default: as in the source)", parse_list),
+        "shape_features": FormatOption("fields written with a <name>/shape feature holding each row's shape "
+                                       "(default: as in the source)", parse_list),
+        "feature_order": FormatOption("the order of each record's features, comma-separated; the others after "
+                                      "them in the schema's order (default: the source's)", parse_list),
+        "feature_list_order": FormatOption("sequence_example: the order of the feature lists, likewise",
+                                           parse_list),
+    }
+
+    REFERENCE_READER = "TensorFlow's TFRecordDataset and protobuf messages"
+
+    def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
+        super().__init__(sources, **options)
+        #: features whose empty lists read as None (one value or none in every record): written back
+        #: as empty lists; and features a ``<name>/shape`` feature gave the shapes of: written back with
+        #: it (both found by the schema inference)
+        self.empty_as_null: list[str] = []
+        self.shape_features: list[str] = []
+        #: the order of the features on the wire, and why some records differ from it (None: none does);
+        #: see :func:`~unihub.formats.tfrecord.schema.order_on_wire`
+        self.feature_order: list[str] = []
+        self.feature_order_differs: str | None = None
+        self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
+        #: where records disagree on the order: each distinct one by its number (the rows' ORDER_FIELD)
+        self.feature_orders: dict[str, Any] = {}
+        self._links: dict[str, set[str]] = {}  # the last scan's features -> those right before them
+        self._scanned = False
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        """A file whose first record header is valid (any compression), or a directory holding such
+        files or files named like TFRecord shards (``train-00000-of-00004``, ``x.tfrecord``)."""
+        if sources.isdir(path):
+            seen = 0
+            for directory, dirs, names in sources.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                for name in sorted(n for n in names if not n.startswith((".", "_"))):
+                    if named_like_tfrecord(name) or cls.detect(sources.join(directory, name)):
+                        return True
+                    seen += 1
+                    if seen >= 16:
+                        return False
+            return False
+        try:
+            if sources.isfile(path):
+                with _open(path, None) as f:
+                    head = f.read(12)
+                return len(head) == 12 and _header_ok(head)
+        except (OSError, EOFError, ImportError, zlib.error, FormatError):
+            pass
+        return False
+
+    def files(self) -> list[str]:
+        """The record files: paths and patterns as given; from directories, the TFRecord files
+        (TF shard names, TFDS layouts, any file holding records); see :mod:`unihub.formats.tfrecord.files`."""
+        return self._listing.files
+
+    @cached_property
+    def _listing(self) -> Listing:
+        return list_files(self.sources, split=self.options.get("split"), is_record_file=type(self).detect)
+
+    def metadata(self) -> dict[str, Any]:
+        """What the source held besides records: files that are not records, TFDS's JSON files."""
+        listing = self._listing
+        tfds_beside(listing)
+        info: dict[str, Any] = {}
+        if listing.ignored:
+            info["not_records"] = [os.path.relpath(p, os.path.dirname(self.sources[0].rstrip("/")) or ".")
+                                   for p in listing.ignored[:1000]]
+        if listing.tfds:
+            info["tfds"] = listing.tfds
+        if self.tfds_features:  # the TFDS type of each field it declares, a ClassLabel's classes
+            info["tfds_features"] = {name: spec.describe() for name, spec in sorted(self.tfds_features.items())}
+        if self.payload != "example":
+            info["payload"] = self.payload
+        if self.options.get("feature_lists"):
+            info["feature_lists"] = list(self.options["feature_lists"])
+        if self.empty_as_null:
+            info["empty_as_null"] = list(self.empty_as_null)
+        if self.shape_features:
+            info["shape_features"] = list(self.shape_features)
+        if self.feature_order:
+            info["feature_order"] = list(self.feature_order)
+        if self.feature_list_order:
+            info["feature_list_order"] = list(self.feature_list_order)
+        if self.feature_orders:
+            info["feature_orders"] = dict(self.feature_orders)
+        if self.feature_order_differs:
+            info["feature_order_differs"] = self.feature_order_differs
+        return {"tfrecord": info} if info else {}
+
+    def caveats(self) -> list[str]:
+        if not self.feature_order_differs:
+            return []
+        return [f"the records disagree on their features' order ({self.feature_order_differs}): an export holds "
+                "the same Examples, but not every record's bytes"]
+
+    @classmethod
+    def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
+        """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
+        still has) and feature order, so an export gives the source back, record for record."""
+        info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
+        options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
+        for key in ("feature_lists", "empty_as_null", "shape_features"):
+            names = [name for name in info.get(key) or () if name in schema]
+            if names:
+                options[key] = names
+        for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
+            if info.get(key):
+                options[key] = list(info[key])
+        if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
+            options["feature_orders"] = dict(info["feature_orders"])
+        return options
+
+    def prepare(self, schema: Unischema) -> Unischema | None:
+        """What the records say beyond a given schema: which fields are feature lists (SequenceExamples,
+        when no option said), which nulls were empty lists and which fields had ``/shape`` features
+        (a scan, when no inference ran), so that the metadata and an export keep them. Where the records
+        disagree on their features' order, ``schema`` with the field that keeps each row's."""
+        if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
+            from unihub.formats.tfrecord.payload import list_fields
+
+            self.options["feature_lists"] = list_fields(self, list(schema))
+        if self.payload == "example" and not self._scanned:
+            stats, total = _scan_files({"on_error": self.on_error, **self.options}, self.files())
+            self._note(stats, total)
+        elif self.payload == "sequence_example" and not self._scanned:
+            from unihub.formats.tfrecord.payload import infer_schema
+
+            infer_schema(self, self.payload, None)  # the context's empty lists and shape features
+        if self.feature_orders and ORDER_FIELD not in schema.fields:
+            return Unischema(schema.name, [*schema, order_field()])
+        return None
+
+    def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfrecord.verify`)."""
+        from unihub.formats.tfrecord.verify import reference_records
+
+        return reference_records(self)
+
+    @classmethod
+    def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                       **options: Any) -> Iterator[dict[str, Any]]:
+        """Rows of a unihub dataset as TensorFlow would read an export of them (see tfverify)."""
+        from unihub.formats.tfrecord.verify import native_records
+
+        return native_records(schema, rows, extra, **options)
+
+    @cached_property
+    def tfds_features(self) -> dict[str, Declared]:
+        """The features a TFDS directory's ``features.json`` declares (see :mod:`unihub.formats.tfrecord.tfds`)."""
+        listing = self._listing
+        tfds_beside(listing)
+        return declared_features(listing.tfds.get("features"), listing.class_names) if self.payload == "example" \
+            else {}
+
+    @cached_property
+    def _shard_lengths(self) -> dict[str, int]:
+        """TFDS shard file -> its records, where a ``dataset_info.json`` is beside the records."""
+        listing = self._listing
+        tfds_beside(listing)
+        return shard_lengths(listing.tfds.get("dataset_info"))
+
+    def check_count(self, path: str, framed: int) -> None:
+        """FormatError where TFDS's ``dataset_info.json`` says ``path`` holds more records than the
+        ``framed`` ones: a file cut at a record's end frames cleanly, and its lost records would vanish."""
+        expected = next((n for name, n in self._shard_lengths.items() if path == name or path.endswith("/" + name)),
+                        None)
+        if expected is not None and framed < expected:
+            raise FormatError(f"{path}: holds {framed:,} records, but TFDS's dataset_info.json says this shard "
+                              f"holds {expected:,}: {expected - framed:,} would be missing (a cut or replaced "
+                              "file?); restore it (to convert the records there are, move dataset_info.json away)",
+                              path=path)
+
+    @cached_property
+    def payload(self) -> str:
+        """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
+        from unihub.formats.tfrecord.payload import detect
+
+        chosen = self.options.get("payload") or "auto"
+        return detect(self) if chosen == "auto" else chosen
+
+    def records(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, bytes]]:
+        """``(path, record index, byte offset, data)`` for each well-framed record of every file."""
+        check_on_error(on_error)
+        for path in self.files():
+            framed, skipped = 0, len(report.skipped)
+            for index, offset, data in iter_records(path, compression=self.options.get("compression"),
+                                                    on_error=on_error, report=report):
+                framed = index + 1
+                yield path, index, offset, data
+            if len(report.skipped) == skipped:  # a bad record skipped is reported already
+                self.check_count(path, framed)
+
+    def _examples(self, on_error: OnError, report: ReadReport) -> Iterator[tuple[str, int, int, dict[str, Feature]]]:
+        """``(path, record index, byte offset, parsed Example)`` for each good record of every file."""
+        for path, index, offset, data in self.records(on_error, report):
+            try:
+                example = parse_example(data)
+            except ValueError as exc:
+                _fail(path, index, offset, str(exc), on_error, report)
+                continue
+            yield path, index, offset, example
+
+    def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
+        if self.payload != "example":
+            from unihub.formats.tfrecord.payload import infer_schema
+
+            return infer_schema(self, self.payload, sample_records)
+        files = self.files()
+        options = {"on_error": self.on_error, **self.options}  # bad records: as the read will treat them
+        if sample_records is None and self.workers > 1 and len(files) > 1:
+            # whole files in forked workers; the statistics merge exactly
+            slices = [files[i::self.workers] for i in range(self.workers)]
+            parts = map_in_workers(partial(_scan_files, options), slices, self.workers)
+            stats, total = _merge_scans(parts)
+        else:
+            stats, total = _scan_files(options, files, sample_records)
+        return self._schema_from(stats, total)
+
+    def provisional_schema(self) -> Unischema | None:
+        """The schema of the first records (:data:`PROVISIONAL_SAMPLE`); read_batches with
+        :attr:`observe` set gathers the statistics of every record for :meth:`refine_schema`; with
+        the order field where other files' first records order the features otherwise.
+        Examples only: other payloads are scanned whole first."""
+        if self.payload != "example":
+            return None
+        schema = self.infer_schema(sample_records=PROVISIONAL_SAMPLE)
+        if ORDER_FIELD not in schema.fields and self._other_files_disagree():
+            return Unischema(schema.name, [*schema, order_field()])
+        return schema
+
+    def _other_files_disagree(self) -> bool:
+        """Whether the first records of other files (:data:`ORDER_PEEKS` of them, spread over the list)
+        order their features otherwise than the sample did: shards of several writing processes, the
+        common case. Then the single pass keeps each row's order from the start, rather than start over
+        once it has read everything (a guess only: :meth:`refine_schema` decides, from every record)."""
+        files = self.files()[1:]
+        links = {name: set(after) for name, after in self._links.items()}
+        for path in files[::max(1, len(files) // ORDER_PEEKS)][:ORDER_PEEKS]:
+            try:
+                first = next(iter_records(path, compression=self.options.get("compression")), None)
+                names = list(parse_example(first[2])) if first is not None else []
+            except (ValueError, OSError, EOFError, zlib.error):  # the read says what, where
+                continue
+            for previous, name in zip([None, *names], names):
+                links.setdefault(name, set()).update([previous] if previous is not None else [])
+        return order_on_wire(links)[1] is not None
+
+    def refine_schema(self, observations: Sequence[Any]) -> Unischema:
+        """The schema of every record, from the ``(statistics, records)`` each observing read saw."""
+        return self._schema_from(*_merge_scans(list(observations)))
+
+    def _schema_from(self, every: dict[str, _Stats], total: int) -> Unischema:
+        stats = _selected(every, self.options.get("fields"), self.sources)
+        if total == 0:
+            raise FormatError(f"{self.where}: no readable TFRecord records to infer a schema from (empty files, "
+                              "or every record skipped as bad)", path=self.sources[0])
+        try:
+            fields = apply_declared(fields_from_stats(stats, total), stats, total, self.tfds_features)
+        except SchemaError as exc:
+            raise SchemaError(f"{self.where}: {exc}") from None
+        if not fields:
+            raise FormatError(f"{self.where}: all {total:,} records are empty tf.train.Examples (no features): "
+                              "nothing to convert", path=self.sources[0])
+        self._note(stats, total, every)
+        return Unischema("TFRecord", fields + [order_field()] if self.feature_orders else fields)
+
+    def _note(self, stats: dict[str, _Stats], total: int, every: dict[str, _Stats] | None = None) -> None:
+        """Keep what the export needs from a scan: empty lists read as None, ``/shape`` features, the
+        features' order on the wire (of ``every`` feature, the unselected ones too: they link the others)."""
+        self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
+        self.shape_features = shape_features(stats)
+        every = stats if every is None else every
+        if ORDER_FIELD in every:
+            raise FormatError(f"{self.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
+                              "keeps each record's order of features in; rename it", path=self.sources[0])
+        self._links = {name: stat.after for name, stat in every.items()}
+        self.feature_order, self.feature_order_differs = order_on_wire(self._links)
+        # records that disagree: each row keeps its own order (the ORDER_FIELD), unless too many differ
+        self.feature_orders = order_table(every.orders) if self.feature_order_differs and \
+            isinstance(every, Scan) else {}
+        if self.feature_orders:
+            self.feature_order_differs = None
+        self._scanned = True
+
+    def read_batches(self, schema: Unischema, *, batch_size: int = 256,
+                     on_error: OnError = "raise") -> Iterator[ColumnBatch]:
+        if self.payload != "example":
+            from unihub.formats.tfrecord.payload import read_batches
+
+            yield from read_batches(self, self.payload, schema, batch_size, on_error)
+            return
+        plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
+        if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
+            from unihub.formats.tfrecord.example_block import read_batches_fast
+            yield from read_batches_fast(self, plans, batch_size, on_error)
+            return
+        readers = [plan.read for plan in plans]
+        columns: list[list[Any]] = [[] for _ in plans]
+        stats = Scan()
+        if self.observe:
+            self.report.observed = (stats, 0)
+        unlisted = unlisted_check(list(schema), self.options.get("fields"))
+        cut = BatchCut(batch_size, self.batch_bytes)
+        for path, index, offset, example in self._examples(on_error, self.report):
+            try:
+                lost = unlisted(example)
+                if lost is not None:
+                    raise _Mismatch(lost, UNLISTED)
+                row = [read(example) for read in readers]
+            except _Mismatch as exc:
+                if self.observe and exc.feature is not None:  # not a bad image (_BadImage): the schema is outgrown
+                    raise SchemaOutgrown(f"{path} record {index}: {exc.feature!r} {exc.reason}") from None
+                _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
+                continue
+            if self.observe:
+                add_example(stats, example, f"{path} record {index}")
+                self.report.observed = (stats, self.report.observed[1] + 1)
+            for column, value in zip(columns, row):
+                column.append(value)
+            self.report.records += 1
+            if plans and cut.add(value_nbytes(row)):
+                yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
+                columns = [[] for _ in plans]
+                cut.reset()
+        if columns and columns[0]:
+            yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
+
+    @classmethod
+    def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
+              compression: str | None = None, records_per_file: int | None = None, payload: str = "example",
+              feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
+              shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
+              feature_list_order: Sequence[str] | None = None,
+              feature_orders: Mapping[str, Any] | None = None, **options: Any) -> list[str]:
+        """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
+
+        ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
+        (``feature_lists`` names the fields written as feature lists, the rest is the context), a
+        ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
+        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each record's
+        features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
+        the source's), the others after them; a row whose ``__feature_order__`` names another order (an
+        ingest's of records that disagreed), in that one, from ``feature_orders``. Given a
+        path, each file appears atomically (written to a temporary sibling, then renamed); given
+        :class:`~unihub.fs.outputs.Outputs` (what ``convert`` stages and commits as one, on any
+        filesystem), each is streamed straight to its place there.
+        """
+        if options:
+            raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
+        kind = normalize_compression(compression) or "none"
+        if payload == "example":
+            encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
+                                     feature_orders)
+        else:
+            from unihub.formats.tfrecord.payload import row_encoder
+
+            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
+                                 feature_order or (), feature_list_order or (), feature_orders)
+        if records_per_file is not None and records_per_file <= 0:
+            raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
+        outputs = outputs_for(target)
+        single = records_per_file is None and os.path.splitext(_stem(outputs.root))[1] in \
+            (".tfrecord", ".tfrecords", ".tfrec")
+        writer = _ShardWriter(outputs, single, kind, records_per_file)
+        try:
+            for batch in map(python_columns, batches):
+                n = len(next(iter(batch.values()))) if batch else 0
+                for row in range(n):
+                    writer.write(encode(batch, row))
+            return writer.close()
+        except BaseException:
+            writer.abort()
+            raise

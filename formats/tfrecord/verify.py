@@ -1,0 +1,152 @@
+"""``unihub verify`` for TFRecord: the files as TensorFlow itself reads them, never unihub's parser.
+
+The reference side frames records with ``tf.data.TFRecordDataset`` and parses each with
+TensorFlow's protobuf messages: ``tf.train.SequenceExample`` (whose ``context`` is an Example's
+``features``, so one parse reads both kinds and sees feature lists an Example parse would drop),
+else ``TensorProto`` through ``tf.make_ndarray``, else the record is opaque bytes. The unihub side
+is encoded back into records exactly as an export would write them, then parsed the same way, so
+the two meet in one form:
+
+    {"features": {name: values}, "feature_lists": {name: [values, ...]}}
+                                      an Example (no feature lists) or a SequenceExample (its context)
+    {"tensor": ndarray}               a TensorProto
+    {"record": bytes}                 anything else
+
+``values`` is a list of bytes, a float32 or an int64 array (the list's kind is in the type), compared
+bit for bit, so a difference is named by record (file and index) and feature: ``record 6
+(part-1.tfrecord record 2), field 'features'/x: expected float32[2] [...], found ...``. Two things
+are the same record in TensorFlow's reading and compare equal: an empty list of any kind (``[]``, as
+is a feature with no list set), and a SequenceExample without feature lists and an Example with its
+features.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from unihub.dependencies import require
+from unihub.errors import FormatError
+from unihub.formats.tfrecord.tensor_proto import TensorProtoError, check_padding
+from unihub.fs import sources
+from unihub.schema.unischema import Unischema
+
+_TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
+
+
+def _tensorflow() -> Any:
+    # TensorFlow's C++ info and warning lines would fill verify's output; a level the user set wins
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
+
+
+def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every record of ``source`` (a TFRecordFormat) as TensorFlow reads it; see the module docstring."""
+    from unihub.formats.tfrecord.records import file_compression
+
+    tf = _tensorflow()
+    forced = source.options.get("payload") or "auto"
+    for path in source.files():
+        compression = _TF_COMPRESSION[file_compression(path, source.options.get("compression"))]
+        with sources.local_copy(path) as local:  # TensorFlow reads no s3:// (it dropped its S3 filesystem)
+            yield from _tf_records(tf, path, local, compression, forced)
+
+
+def _tf_records(tf: Any, path: str, local: str, compression: str, forced: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records of one file (``local``: where TensorFlow reads ``path`` from) as TensorFlow reads them."""
+    records = iter(tf.data.TFRecordDataset(local, compression_type=compression))
+    index = 0
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            break
+        except tf.errors.OpError as exc:
+            raise FormatError(f"{path}: TensorFlow cannot read record {index}: {exc.message}", path=path) from None
+        try:
+            form = native(record.numpy(), forced)
+        except TensorProtoError as exc:
+            raise FormatError(f"{path}: record {index}: {exc}", path=path) from None
+        yield f"{os.path.basename(path)} record {index}", form
+        index += 1
+
+
+def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
+                   **options: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a unihub dataset as :func:`reference_records` gives the records an export writes."""
+    from unihub.formats.tfrecord.format import TFRecordFormat
+    from unihub.formats.tfrecord.schema import example_encoder
+
+    written = TFRecordFormat.export_options(extra, schema)
+    forced = options.get("payload") or "auto"
+    payload = forced if forced not in ("auto", None) else written.get("payload", "example")
+    shapes, order = written.get("shape_features", ()), written.get("feature_order", ())
+    if payload == "example":
+        encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order,
+                                 written.get("feature_orders"))
+    else:
+        from unihub.formats.tfrecord.payload import row_encoder
+
+        lists = options.get("feature_lists") or written.get("feature_lists", ())
+        encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
+                             written.get("feature_list_order", ()), written.get("feature_orders"))
+    for row in rows:
+        yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
+
+
+def native(data: bytes, payload: str = "auto") -> dict[str, Any]:
+    """One record in the comparison form, parsed by TensorFlow's messages (``payload`` forces a kind)."""
+    tf = _tensorflow()
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.framework import tensor_pb2
+
+    if payload == "bytes":
+        return {"record": bytes(data)}
+    if payload in ("auto", "example", "sequence_example"):
+        try:
+            message = tf.train.SequenceExample.FromString(data)
+            if not _unknown_fields(message):
+                return _example_form(message)
+        except DecodeError:
+            pass
+    if payload in ("auto", "tensor"):
+        try:
+            proto = tensor_pb2.TensorProto.FromString(data)
+        except DecodeError:
+            proto = None
+        if proto is not None and proto.dtype and not _unknown_fields(proto):
+            if not proto.tensor_content:  # typed values, which make_ndarray pads to the shape: bounded first
+                check_padding(tuple(d.size for d in proto.tensor_shape.dim), proto.dtype, len(data))
+            try:
+                return {"tensor": tf.make_ndarray(proto)}
+            except (TypeError, ValueError):
+                pass
+    return {"record": bytes(data)}
+
+
+def _unknown_fields(message: Any) -> int:
+    from google.protobuf import unknown_fields
+
+    return len(unknown_fields.UnknownFieldSet(message))
+
+
+def _example_form(message: Any) -> dict[str, Any]:
+    return {"features": {name: _feature(f) for name, f in sorted(message.context.feature.items())},
+            "feature_lists": {name: [_feature(f) for f in fl.feature]
+                              for name, fl in sorted(message.feature_lists.feature_list.items())}}
+
+
+def _feature(feature: Any) -> Any:
+    """A feature's values: a list of bytes, a float32 or an int64 array (the kind is in the type, so a
+    difference names the feature and no more), or ``[]`` for an empty list of any kind."""
+    kind = feature.WhichOneof("kind")
+    if kind == "bytes_list" and len(feature.bytes_list.value):
+        return list(feature.bytes_list.value)
+    if kind == "float_list" and len(feature.float_list.value):
+        return np.array(feature.float_list.value, dtype=np.float32)
+    if kind == "int64_list" and len(feature.int64_list.value):
+        return np.array(feature.int64_list.value, dtype=np.int64)
+    return []

@@ -1,0 +1,1 @@
+"""Filesystems: local paths and URLs (s3://, gs://, hdfs://) as pyarrow filesystems, remote faults, atomic files."""

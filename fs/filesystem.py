@@ -1,0 +1,392 @@
+"""Resolving a dataset URL to a pyarrow filesystem and a path on it.
+
+Local paths and ``file://`` use pyarrow's local filesystem; ``s3://``, ``gs://``,
+``hdfs://`` use pyarrow's own where it has one; anything else, or any URL given
+``storage_options``, goes through fsspec wrapped as a pyarrow filesystem. Filesystems made here
+get unihub's remote timeouts and retries, and a remote failure through either is a
+``RemoteStorageError`` naming the URL (:mod:`unihub.fs.remote`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+from urllib.parse import parse_qsl, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from unihub.dependencies import require
+from unihub.errors import InvalidArgumentError
+from unihub.fs import atomic, remote
+
+_PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
+#: the query parameters pyarrow's filesystems read from an ``s3://`` or ``gs://`` URL
+#: (``s3://bucket/key?region=eu-west-1``); any other is refused by name before pyarrow sees the URL
+URL_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "s3": ("region", "scheme", "endpoint_override", "allow_bucket_creation", "allow_bucket_deletion",
+           "tls_ca_file_path", "tls_verify_certificates"),
+    "gs": ("scheme", "endpoint_override", "retry_limit_seconds", "project_id"),
+}
+URL_PARAMETERS["gcs"] = URL_PARAMETERS["gs"]
+
+
+def resolve_filesystem(url: str, filesystem: Any = None,
+                       storage_options: dict[str, Any] | None = None) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, path)`` for ``url``; ``filesystem`` may be pyarrow's or fsspec's.
+
+    ``storage_options`` go to fsspec, except unihub's remote settings (``unihub_timeout``,
+    ``unihub_retries``: see :mod:`unihub.fs.remote`)."""
+    url = os.fspath(url)
+    scheme = urlparse(url).scheme if "://" in url else ""
+    if storage_options is None and filesystem is None and scheme not in ("", "file"):
+        from unihub.fs import sources  # what a conversion under way was given (sources.using)
+
+        storage_options = sources.current_options()
+    if filesystem is not None:
+        return as_pyarrow_filesystem(filesystem), strip_scheme(url)
+    if scheme in ("", "file"):
+        path = strip_scheme(url)
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    settings, storage_options = remote.split_settings(storage_options)
+    if scheme in _PYARROW_SCHEMES and not storage_options:
+        check_url_parameters(url)
+        try:
+            with remote.remote_errors(url):  # a region look-up may go to the network
+                fs, path = pafs.FileSystem.from_uri(url)
+        except pa.ArrowInvalid as exc:  # a parameter's value pyarrow refuses (allow_bucket_creation=maybe)
+            raise InvalidArgumentError(f"{remote.public_url(url)}: a query parameter pyarrow refuses: {exc}"
+                                       f"{_supported(scheme)}") from None
+        return remote.configure_pyarrow(fs, settings), path
+    fsspec = require("fsspec", extra="fsspec", purpose=f"{scheme}:// URLs")
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ValueError, ImportError) as exc:
+        from unihub.errors import UnsupportedFilesystemError
+
+        raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
+                                         "a path with a scheme is never taken for a local one") from None
+    fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
+    return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
+
+
+def check_url_parameters(url: str) -> None:
+    """Refuse query parameters of an ``s3://`` or ``gs://`` URL that pyarrow's filesystem does not take
+    (:data:`URL_PARAMETERS`), naming them (never their values: the query may hold a secret)."""
+    parsed = urlparse(url)
+    supported = URL_PARAMETERS.get(parsed.scheme)
+    if supported is None:
+        return
+    unknown = sorted({name for name, _ in parse_qsl(parsed.query, keep_blank_values=True)} - set(supported))
+    if unknown:
+        raise InvalidArgumentError(f"{remote.public_url(url)}: unsupported query parameter "
+                                   f"{', '.join(map(repr, unknown))}{_supported(parsed.scheme)}")
+
+
+def _supported(scheme: str) -> str:
+    return (f" (pyarrow's {scheme}:// filesystem takes {', '.join(URL_PARAMETERS[scheme])}; other settings go in "
+            "storage_options, or --storage-option KEY=VALUE on the command line)")
+
+
+def as_pyarrow_filesystem(filesystem: Any, settings: remote.RemoteSettings | None = None) -> pafs.FileSystem:
+    """A pyarrow filesystem for a pyarrow or fsspec filesystem object (``settings``: how often
+    an fsspec read cut short is repeated; by default from the environment)."""
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    handler = _FSSpecHandler(filesystem)
+    handler.retries = (settings or remote.split_settings(None)[0]).retries
+    return pafs.PyFileSystem(handler)
+
+
+class _FSSpecHandler(pafs.FSSpecHandler):
+    """pyarrow's fsspec bridge, with directory moves and modification times that work on object stores.
+
+    ``fsspec``'s recursive ``mv`` of a directory on S3 also tries to copy the directory's own
+    (nonexistent) key and fails after copying the files; here the files are copied as one
+    batch and the source removed afterwards. s3fs and gcsfs report modification times as
+    ``LastModified`` / ``updated`` rather than ``mtime``; they are passed on to pyarrow.
+    An async fsspec filesystem (s3fs, gcsfs) refuses to run in a forked process (the process
+    pool forks), so a child re-creates it from its storage options on first use. Every call, and
+    every read or write of a file it opens, turns a network failure or timeout into a
+    ``RemoteStorageError`` naming the URL.
+    """
+
+    _fs: Any  # the fsspec filesystem
+    _pid: int  # the process that made or re-created it
+
+    retries = 0  #: how many times a read cut short is repeated (see remote.read_retrying)
+
+    @property
+    def fs(self) -> Any:
+        if self._pid != os.getpid():
+            self._fs, self._pid = _reopen(self._fs), os.getpid()
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self._fs, self._pid = value, os.getpid()
+
+    def move(self, src: str, dest: str) -> None:
+        if _is_local(self.fs) or not self.fs.isdir(src):
+            super().move(src, dest)
+            return
+        root = self.fs._strip_protocol(src).rstrip("/")
+        sources = [p for p in self.fs.find(root) if p.startswith(root + "/")]
+        targets = [f"{dest.rstrip('/')}/{p[len(root) + 1:]}" for p in sources]
+        if sources:
+            self.fs.copy(sources, targets)
+        self.fs.rm(root, recursive=True)
+        self.fs.invalidate_cache()
+
+    @staticmethod
+    def _create_file_info(path: str, info: dict[str, Any]) -> pafs.FileInfo:
+        found = pafs.FSSpecHandler._create_file_info(path, info)
+        if found.type != pafs.FileType.File or found.mtime is not None:
+            return found
+        mtime = next((info[k] for k in ("LastModified", "last_modified", "updated", "mtime") if info.get(k)), None)
+        if isinstance(mtime, str):
+            mtime = _parse_time(mtime)
+        if mtime is None:
+            return found
+        return pafs.FileInfo(path, found.type, size=found.size, mtime=mtime)
+
+    def url(self, path: str) -> str:
+        """``path`` as a URL of this filesystem (``s3://bucket/key``), for error messages."""
+        protocol = self.fs.protocol
+        scheme = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+        return path if scheme in ("file", "local") else f"{scheme}://{path}"
+
+    def open_input_stream(self, path: str) -> Any:
+        return self._open(path, "rb")
+
+    def open_input_file(self, path: str) -> Any:
+        return self._open(path, "rb")
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return self._open(path, "wb")
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self._open(path, "ab")
+
+    def _open(self, path: str, mode: str) -> Any:
+        """pyarrow's file over the fsspec file, each of whose calls translates remote failures."""
+        from pyarrow import PythonFile
+
+        url = self.url(path)
+        with remote.remote_errors(url, broad=True):
+            if mode == "rb" and not self.fs.isfile(path):
+                raise FileNotFoundError(path)
+            if mode != "rb":
+                remote.before_upload(self.fs)
+            handle = self.fs.open(path, mode=mode, **self._buffering(mode))
+        return PythonFile(_TranslatingFile(handle, url, self.retries), mode=mode[0])
+
+    def _buffering(self, mode: str) -> dict[str, Any]:
+        """How an object store's file buffers: uploads in parts of a few MB, each one request with its
+        own timeout (s3fs's default, 50 MB, sent every file under 50 MB in one request that must end
+        within the timeout), reads of what is asked plus a little (its default read 50 MB ahead of
+        every ranged read: 625 MiB RSS to read one 484 MB object; see :mod:`unihub.fs.uploads`)."""
+        if _is_local(self.fs):
+            return {}
+        from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES
+
+        if mode == "rb":
+            return {"block_size": READ_AHEAD_BYTES, "cache_type": "readahead"}
+        return {"block_size": UPLOAD_PART_BYTES}
+
+
+def _translating(method: Any) -> Any:
+    """``method`` of the handler, turning remote failures into ``RemoteStorageError`` naming its path."""
+
+    def call(self: _FSSpecHandler, target: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(target, list):  # get_file_info(paths)
+            where = target[0] if target else ""
+        else:
+            where = target if isinstance(target, str) else getattr(target, "base_dir", "")
+        with remote.remote_errors(self.url(where), broad=True):
+            return method(self, target, *args, **kwargs)
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
+for _name in ("get_file_info", "get_file_info_selector", "create_dir", "delete_dir", "delete_dir_contents",
+              "delete_file", "move", "copy_file"):
+    setattr(_FSSpecHandler, _name, _translating(getattr(_FSSpecHandler, _name)))
+
+
+class _TranslatingFile:
+    """An fsspec file whose calls (read, seek, write, close...) turn remote failures into
+    ``RemoteStorageError``, and whose reads are repeated when an answer is cut short;
+    pyarrow's ``PythonFile`` wraps it."""
+
+    def __init__(self, handle: Any, url: str, retries: int) -> None:
+        self._handle, self._url, self._retries = handle, url, retries
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._handle, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with remote.remote_errors(self._url, broad=True):
+                if name in ("read", "readinto"):
+                    return remote.read_retrying(lambda: value(*args, **kwargs), self._retries)
+                return value(*args, **kwargs)
+
+        return call
+
+
+def _reopen(fs: Any) -> Any:
+    """A fresh instance of an fsspec filesystem in this process (sync ones are reused as they are)."""
+    if not getattr(fs, "async_impl", False):
+        return fs
+    make, args = fs.__reduce__()[:2]  # fsspec: (make_instance, (cls, storage_args, storage_options))
+    fresh = make(*args)
+    if hasattr(fs, "retries"):
+        fresh.retries = fs.retries  # set by remote.configure_fsspec, not among the storage options
+    return fresh
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+def _parse_time(text: str) -> Any:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def strip_scheme(url: str, *, keep_netloc: bool = True) -> str:
+    """``s3://bucket/key`` -> ``bucket/key``; ``file:///tmp/x`` -> ``/tmp/x``."""
+    if "://" not in url:
+        return url
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return parsed.path
+    return f"{parsed.netloc}{parsed.path}" if keep_netloc else parsed.path
+
+
+def join(*parts: str) -> str:
+    """Join path parts with '/' (every pyarrow filesystem uses forward slashes)."""
+    return "/".join(p.rstrip("/") if i == 0 else p.strip("/") for i, p in enumerate(parts) if p != "")
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_dir(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def move(fs: pafs.FileSystem, src: str, dest: str) -> None:
+    """Rename ``src`` (a file or directory) to ``dest``.
+
+    pyarrow's S3 and GCS filesystems move only single objects, so a directory there is
+    moved object by object (copy, then delete; not atomic on an object store).
+    """
+    if fs.type_name not in ("s3", "gcs") or not is_dir(fs, src):
+        fs.move(src, dest)
+        return
+    root = src.rstrip("/")
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if entry.type == pafs.FileType.File:
+            fs.copy_file(entry.path, join(dest, entry.path[len(root):]))
+    fs.delete_dir(root)
+
+
+def temporary_sibling(target: str) -> str:
+    """A hidden, unique path beside ``target`` to write into before :func:`commit`, named after this
+    process so that the next run on ``target`` can tell it from one a killed run left (:func:`settle`)."""
+    return atomic.sibling(target, "tmp")
+
+
+def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None:
+    """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
+
+    On a local disk the two are swapped atomically where the system can (Linux), else the old
+    target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
+    (:mod:`unihub.fs.atomic`). Elsewhere (object stores have no rename) a Parquet dataset is
+    published by a manifest written last, and readers read only what it lists; an export's files are
+    copied into place one by one (:mod:`unihub.store.publish`). Returns the data files published
+    under new names on an object store, else None (their names inside ``temporary`` hold).
+    """
+    if _local(fs):
+        atomic.replace(temporary, target)
+        return None
+    from unihub.store import publish
+
+    if is_dir(fs, temporary) and publish.is_dataset(fs, temporary):
+        return publish.publish(fs, temporary, target)
+    publish.publish_files(fs, temporary, target)
+    return None
+
+
+def settle(fs: pafs.FileSystem, target: str) -> str | None:
+    """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
+    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
+    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
+    published manifest lists removed (:func:`unihub.store.publish.settle`)."""
+    if _local(fs):
+        return atomic.settle(target)
+    from unihub.store import publish
+
+    with remote.remote_errors(remote.display_url(fs, target)):
+        publish.settle(fs, target)
+    return None
+
+
+def settle_url(url: str, storage_options: dict[str, Any] | None = None) -> str | None:
+    """:func:`settle` for a URL or path."""
+    scheme = urlparse(url).scheme if "://" in url else ""
+    if scheme in ("", "file"):
+        return atomic.settle(os.path.abspath(strip_scheme(url)))
+    fs, path = resolve_filesystem(url, None, storage_options)
+    return settle(fs, path)
+
+
+def _local(fs: pafs.FileSystem) -> bool:
+    """Paths on ``fs`` are this machine's paths (pyarrow's local filesystem, or fsspec's wrapped)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return True
+    handler = getattr(fs, "handler", None)
+    return isinstance(handler, _FSSpecHandler) and _is_local(handler.fs)
+
+
+def discard(fs: pafs.FileSystem, path: str) -> None:
+    """Remove what a failed write left at ``path`` (a staging area or one file), as the last thing the
+    write does: on an object store, the multipart uploads still open under it are aborted first, so
+    that a last step the server runs late cannot create a file after the removal, and ``path`` is
+    looked at once more after a moment (a task being cancelled may still write into it). Best effort:
+    where the store fails too, the write's own error is the one to report, and the next run's
+    :func:`settle` removes the rest."""
+    from unihub.fs.uploads import abort_uploads
+
+    for _ in range(2):
+        try:
+            if not _local(fs):
+                abort_uploads(fs, path)
+            remove(fs, path)
+            if not exists(fs, path):
+                return
+        except Exception as exc:
+            if not remote.is_remote_failure(exc):
+                raise
+            return
+        time.sleep(0.2)
+
+
+def remove(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a file or a directory tree; a missing path is fine."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(path)

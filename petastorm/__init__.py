@@ -1,0 +1,1 @@
+"""Petastorm compatibility: its pickled Unischema read without running it, and its metadata written back."""

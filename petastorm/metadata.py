@@ -1,0 +1,66 @@
+"""The metadata Petastorm 0.13.1 needs to open a dataset, written into ``_common_metadata``.
+
+Petastorm's ``make_reader``/``make_batch_reader`` read two key-value entries of a dataset's
+``_common_metadata``: the pickled Unischema (``dataset-toolkit.unischema.v1``, built by
+:mod:`unihub.petastorm.pickling`) and the row groups of every data file as JSON
+(``dataset-toolkit.num_row_groups_per_file.v1``, ``{"part-00000.parquet": 3, ...}``, paths
+relative to the dataset root). Without the second, Petastorm fails with "Could not find row
+group metadata". unihub's own reader keeps reading the Unischema JSON beside them.
+
+``_common_metadata`` is replaced atomically (written under a hidden name, then renamed), and a
+stale Hadoop checksum (``._common_metadata.crc``) is removed, as Petastorm does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.fs import filesystem as fsutil
+from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
+from unihub.petastorm.pickling import dumps_petastorm_unischema
+from unihub.schema.unischema import Unischema
+from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_footers, _read_metadata
+
+PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
+
+
+def row_groups_per_file(fs: pafs.FileSystem, root: str, paths: Sequence[str] | None = None) -> dict[str, int]:
+    """``{path relative to root: number of row groups}`` of every data file under ``root``."""
+    paths = sorted(_list_data_files(fs, root)) if paths is None else list(paths)
+    footers = _read_footers(fs, paths)
+    return {path[len(root):].lstrip("/"): footer.num_row_groups for path, footer in zip(paths, footers)}
+
+
+def petastorm_metadata(schema: Unischema, fs: pafs.FileSystem, root: str,
+                       paths: Sequence[str] | None = None) -> dict[bytes, bytes]:
+    """The two ``_common_metadata`` entries Petastorm reads, for the dataset at ``root``."""
+    pickled = dumps_petastorm_unischema(schema)  # refuses what Petastorm cannot read, before any footer is read
+    counts = row_groups_per_file(fs, root, paths)
+    return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(counts).encode()}
+
+
+def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Schema) -> None:
+    """Write ``root/_common_metadata`` (the schema and its key-value metadata, no rows), atomically."""
+    target = fsutil.join(root, COMMON_METADATA)
+    temporary = fsutil.join(root, f".{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with fs.open_output_stream(temporary) as out:
+            pq.write_metadata(arrow_schema, out)
+        fs.move(temporary, target)
+    except BaseException:
+        fsutil.remove(fs, temporary)
+        raise
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) -> None:
+    """Add Petastorm's entries to the ``_common_metadata`` a unihub writer left in ``root``."""
+    entries = petastorm_metadata(schema, fs, root)
+    common = _read_metadata(fs, fsutil.join(root, COMMON_METADATA)).schema.to_arrow_schema()
+    replace_common_metadata(fs, root, common.with_metadata({**(common.metadata or {}), **entries}))

@@ -1,0 +1,1 @@
+"""What every process of unihub needs: memory budgets, progress, signals, worker lifelines."""

@@ -1,0 +1,1 @@
+"""What a dataset holds: the Unischema, field dtypes, codecs, validation, inference and their JSON form."""

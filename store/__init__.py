@@ -1,0 +1,1 @@
+"""The canonical store: Parquet files described by a Unischema, written atomically and read back checked."""

@@ -1,0 +1,747 @@
+"""The canonical store: a directory of Parquet files described by a Unischema.
+
+On disk::
+
+    dataset/
+      _common_metadata          Arrow schema + key-value metadata, no rows
+      part-00000.parquet        row groups; the footer repeats the schema metadata
+      split=train/part-00000.parquet   (Hive partitions, when written with partition_by)
+
+The Unischema is JSON under ``unihub.unischema`` in ``_common_metadata`` and in every
+file footer, so a single file describes itself. Datasets Petastorm wrote carry a pickled
+Unischema under ``dataset-toolkit.unischema.v1`` instead, read through the allow-list of
+:mod:`unihub.petastorm.legacy`; plain Parquet gets a Unischema inferred from Arrow types.
+
+:func:`open_dataset` reads only footers: the schema and a row-group index
+(file, row group, rows), never data pages. The first read of each row group verifies the CRC-32
+of every page that has one and the value counts of nested columns (:mod:`unihub.store.integrity`):
+damaged bytes are a ``DataCorruptionError``, a remote failure a ``RemoteStorageError`` naming the
+URL. Petastorm's look-ups are here too:
+:func:`get_schema_from_dataset_url` (the stored Unischema, an error for plain Parquet) and
+:func:`infer_or_load_unischema` (the stored one, else one inferred from the Parquet types). :func:`update_common_metadata` changes entries of
+``_common_metadata`` in place, atomically (row-group indexes are kept there).
+"""
+
+from __future__ import annotations
+
+import copy
+import decimal
+import mmap
+import os
+import posixpath
+import threading
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import (
+    DatasetChangedError,
+    DatasetNotFoundError,
+    DatasetUrlError,
+    FormatError,
+    PetastormMetadataError,
+    SchemaError,
+    SchemaMismatchError,
+    UnihubError,
+)
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote, sources
+from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
+from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
+from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
+from unihub.store import _pages as parquet_pages
+from unihub.store import integrity, publish
+
+COMMON_METADATA = "_common_metadata"
+SchemaSource = Literal["unihub", "petastorm", "inferred"]
+
+
+#: field metadata of a column ``read_row_group(views=...)`` read as views of the memory-mapped file
+#: (its values are the file's pages: holding one pins no memory of its own)
+VIEWS_OF_FILE = b"unihub.views_of_file"
+
+#: bytes read through one kept-open file before it is reopened (see ParquetStore._open_file)
+_MAPPED_BYTES_BEFORE_REOPEN = 8 * 2**20
+#: a row group's page checksums are checked here only where its column chunks average this many
+#: bytes: the walk costs ~40 us a chunk in Python, Arrow's CRC ~0.5 ns a byte (a table of 2,000
+#: float columns in 5 MB groups read 2x slower walked than checked by Arrow; 4 MB of images 1.8x faster)
+WALK_MIN_CHUNK_BYTES = 64 * 2**10
+
+
+@dataclass(frozen=True)
+class RowGroupInfo:
+    """One row group of the dataset: where it is and how many rows it holds."""
+
+    index: int
+    path: str
+    row_group: int
+    num_rows: int
+    first_row: int
+    total_byte_size: int
+    partition: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    num_rows: int
+    num_row_groups: int
+    size_bytes: int
+    partition: tuple[tuple[str, str], ...] = ()
+    mtime_ns: int | None = None  # when the filesystem reports it (the local-disk cache keys on it)
+
+
+@dataclass
+class ParquetStore:
+    """An opened dataset: its Unischema, files and row-group index."""
+
+    url: str
+    filesystem: pafs.FileSystem
+    path: str
+    schema: Unischema
+    arrow_schema: pa.Schema
+    files: list[FileInfo]
+    row_groups: list[RowGroupInfo]
+    metadata: dict[bytes, bytes]
+    schema_source: SchemaSource
+    partition_names: tuple[str, ...] = ()
+    _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
+    #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
+    _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
+    #: each thread's open file (see _open_file); not pickled
+    _open: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    #: the ``unihub.extra`` metadata, parsed and checked by open_dataset (see extra_metadata)
+    _extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: path -> its FileInfo, to check at each open that the file is still the one indexed
+    _indexed: dict[str, FileInfo] = field(default_factory=dict, repr=False, compare=False)
+    #: when page checksums and value counts are checked (see unihub.store.integrity)
+    _verify: integrity.Verification = field(default="once", repr=False, compare=False)
+    #: row group -> its columns read and checked (with _verify "once", not checked again); the
+    #: column sets are shared between row groups (_column_sets), so memory stays one entry per group
+    _verified: dict[int, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    _column_sets: dict[frozenset[str], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    #: a byte per row group, 1 once all its stored columns were read and checked, in shared memory:
+    #: processes forked from this one (torch workers, new each epoch) see what any of them checked
+    _checked_whole: mmap.mmap | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._indexed = {f.path: f for f in self.files}
+        self._checked_whole = mmap.mmap(-1, max(len(self.row_groups), 1))  # anonymous and shared, zeroed
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = None
+        state["_checked_whole"] = None  # unpickled elsewhere: that process checks for itself
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _open=threading.local())
+        self._checked_whole = mmap.mmap(-1, max(len(self.row_groups), 1))
+
+    @property
+    def num_rows(self) -> int:
+        return sum(rg.num_rows for rg in self.row_groups)
+
+    @property
+    def extra_metadata(self) -> dict[str, Any]:
+        """The JSON ``extra_metadata`` given to write_dataset (source format, class names, ...), as checked
+        when the dataset was opened (a copy: the store's own stays as read)."""
+        return copy.deepcopy(self._extra)
+
+    @property
+    def missing_fields(self) -> tuple[str, ...]:
+        """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
+        present = set(self.arrow_schema.names) | set(self.partition_names)
+        return tuple(name for name in self.schema.fields if name not in present)
+
+    def require_fields(self, names: Collection[str]) -> None:
+        """A :class:`~unihub.errors.SchemaMismatchError` naming the file and the fields, unless the files hold
+        every field of ``names`` that the schema lists (the reader reads those columns)."""
+        missing = [name for name in self.missing_fields if name in names]
+        if missing:
+            raise SchemaMismatchError(missing_fields_message(self, missing))
+
+    @property
+    def _is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+    def row_group_of(self, row: int) -> tuple[RowGroupInfo, int]:
+        """The row group holding global row ``row`` and the row's index inside it."""
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} is out of range for a dataset of {self.num_rows} rows")
+        i = int(np.searchsorted(self._offsets, row, side="right") - 1)
+        return self.row_groups[i], row - int(self._offsets[i])
+
+    def read_row_group(self, index: int, columns: Sequence[str] | None = None, *,
+                       views: Collection[str] = ()) -> pa.Table:
+        """The stored (encoded) columns of one row group, partition columns included.
+
+        Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
+        viewing the memory-mapped file, not copied, where the file is local and their pages are
+        plain and uncompressed (formats/parquet_pages.py); otherwise as stored."""
+        info = self.row_groups[index]
+        stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        verify = self._needs_check(index, stored)
+        try:
+            arrow_checks = verify and not self._checksums_pass(info, stored)
+            parquet_file = self._open_file(info.path, arrow_checks)
+            names = stored if stored is not None else parquet_file.schema_arrow.names
+            viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks) \
+                if views else {}
+            rest = [c for c in names if c not in viewed] if viewed else stored
+            # one thread per read: readers parallelise across row groups already
+            table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
+            if viewed:
+                table = _with_viewed(table, names, viewed, parquet_file.schema_arrow)
+            self._open.bytes_read += info.total_byte_size
+        except (OSError, pa.ArrowException) as exc:
+            error = self._read_error(exc, info, stored)
+            self._close_file()
+            raise error from exc
+        if verify:
+            if self._open.leaves:  # nested columns: their value counts against the footer's
+                integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
+                                             info.path)
+            if self._verify == "once":
+                # the names asked for: a nested path ("p.x") comes back as column "p", but checked only its leaf
+                checked = self._verified.get(index, frozenset()) | frozenset(table.column_names if stored is None
+                                                                              else stored)
+                self._verified[index] = self._column_sets.setdefault(checked, checked)
+                if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
+                    self._checked_whole[index] = 1
+        return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
+                        verify: bool) -> dict[str, pa.Array]:
+        """The columns of ``names`` that :func:`parquet_pages.plain_binary_column` reads from this
+        thread's memory map of the file (only local files are mapped)."""
+        if not self._is_local or not names:
+            return {}
+        mapped = self._mapped()
+        held = self._open
+        if held.binary_leaves is None:
+            held.binary_leaves = parquet_pages.binary_leaves(parquet_file)
+        found = {}
+        for name in names:
+            leaf = held.binary_leaves.get(name)
+            if leaf is not None:
+                array = parquet_pages.plain_binary_column(mapped, parquet_file.metadata, info.row_group, leaf,
+                                                          verify=verify)
+                if array is not None:
+                    found[name] = array
+        return found
+
+    def _checksums_pass(self, info: RowGroupInfo, stored: Sequence[str] | None) -> bool:
+        """Whether the pages of the ``stored`` columns (None: all) of a row group of a local file
+        were checked here, against their CRCs at memory speed (parquet_pages.checksums_pass), and
+        pass; Arrow's own check (~2 GB/s) then need not run. False elsewhere: Arrow checks, and
+        names a damaged page in its error."""
+        if not self._is_local:
+            return False
+        footer = self._footers.get(info.path)  # decided before opening: a group left to Arrow opens one file
+        if footer is not None and not self._worth_walking(footer, info.row_group):
+            return False
+        parquet_file = self._open_file(info.path, False)
+        metadata = parquet_file.metadata
+        if footer is None and not self._worth_walking(metadata, info.row_group):
+            return False
+        if stored is None:
+            leaves: Collection[int] = range(metadata.num_columns)
+        else:
+            held = self._open
+            if held.leaves_by_name is None:
+                held.leaves_by_name = _leaves_by_name(parquet_file)
+            leaves = {leaf for name in stored for leaf in held.leaves_by_name.get(name, ())}
+        data = memoryview(self._mapped()).cast("B")
+        return parquet_pages.checksums_pass(data, metadata, info.row_group, leaves)
+
+    @staticmethod
+    def _worth_walking(metadata: pq.FileMetaData, row_group: int) -> bool:
+        """Whether a row group's chunks are big enough for the walk to cost less than Arrow's CRC."""
+        return metadata.row_group(row_group).total_byte_size >= WALK_MIN_CHUNK_BYTES * metadata.num_columns
+
+    def _mapped(self) -> pa.Buffer:
+        """This thread's open local file as one buffer of its memory map (not copied)."""
+        held = self._open
+        if held.mapped is None:
+            held.handle.seek(0)
+            held.mapped = held.handle.read_buffer(held.handle.size())
+        return held.mapped
+
+    def _needs_check(self, index: int, stored: Sequence[str] | None) -> bool:
+        """Whether this read verifies page checksums and value counts (see ``_verify``)."""
+        if self._verify != "once":
+            return self._verify == "always"
+        if self._checked_whole is not None and self._checked_whole[index]:
+            return False
+        checked = self._verified.get(index)
+        if checked is None:
+            return True
+        return any(name not in checked for name in (self.arrow_schema.names if stored is None else stored))
+
+    def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
+        """What a failed row-group read raises: the remote store's failure, a page that fails its
+        checksum, or a file that is not readable Parquet."""
+        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path))
+        if failure is not None:
+            return failure
+        parquet_file = (getattr(self._open, "files", None) or {}).get(True)
+        if integrity.is_checksum_failure(exc) and parquet_file is not None:
+            return integrity.checksum_error(parquet_file, info.path, info.row_group, stored, exc)
+        return FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path)
+
+    def _restore_tensors(self, table: pa.Table) -> pa.Table:
+        """Tensors stored as fixed-size bytes (see TensorCodec) back as ``fixed_shape_tensor`` columns."""
+        for i, name in enumerate(table.column_names):
+            column = table.column(i)
+            if not pa.types.is_fixed_size_binary(column.type) or name not in self.schema.fields:
+                continue
+            field_ = self.schema[name]
+            if parquet_tensor_type(field_) != column.type:
+                continue
+            chunks = [tensor_from_parquet(field_, chunk) for chunk in column.chunks]
+            tensor_type = field_.codec.arrow_type(field_)  # type: ignore[union-attr]
+            table = table.set_column(i, pa.field(name, tensor_type, table.schema.field(i).nullable),
+                                     pa.chunked_array(chunks, type=tensor_type))
+        return table
+
+    def _open_file(self, path: str, verify: bool) -> pq.ParquetFile:
+        """This thread's open ``ParquetFile`` for ``path`` (verifying page checksums or not), kept
+        between reads of the same file.
+
+        Opening costs about as much as reading a small row group (the Arrow schema is
+        rebuilt from the footer), so each thread keeps its last file open. Local files are
+        memory-mapped (one copy fewer per read); the mapping is renewed after
+        ``_MAPPED_BYTES_BEFORE_REOPEN`` bytes so mapped pages do not pile up in the
+        process's resident memory over an epoch.
+        """
+        held = self._open
+        current = getattr(held, "path", None)
+        if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
+            self._close_file()
+            try:
+                if self._is_local:
+                    handle = pa.memory_map(path)
+                else:
+                    handle = self.filesystem.open_input_file(path)
+            except FileNotFoundError as exc:
+                raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
+                                          "removed while it was read); open the dataset again to read what is "
+                                          "there now", path=path) from exc
+            self._check_unchanged(path, handle)
+            held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
+            held.mapped = held.binary_leaves = held.leaves_by_name = None
+        found = held.files.get(verify)
+        if found is None:
+            # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
+            found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
+                                                        pre_buffer=not self._is_local, page_checksum_verification=verify)
+            if held.leaves is None:
+                held.leaves = integrity.nested_leaves(found.schema_arrow)
+        return found
+
+    def _check_unchanged(self, path: str, handle: Any) -> None:
+        """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
+        offsets) would be applied to other bytes. One ``stat`` per open on a local disk (size and
+        modification time); elsewhere the size the open file reports (no extra request)."""
+        indexed = self._indexed.get(path)
+        if indexed is None or not indexed.size_bytes:  # a listing that gave no size: nothing to compare
+            return
+        if self._is_local:
+            stat = os.stat(path)
+            now: tuple[int, int | None] = (stat.st_size, stat.st_mtime_ns if indexed.mtime_ns is not None else None)
+        else:
+            now = (handle.size(), indexed.mtime_ns)
+        if now == (indexed.size_bytes, indexed.mtime_ns):
+            return
+        handle.close()
+        change = (f"{indexed.size_bytes:,} bytes then, {now[0]:,} now" if now[0] != indexed.size_bytes
+                  else "same size, modified since")
+        raise DatasetChangedError(f"{path}: the file changed since {self.url} was opened ({change}): it was "
+                                  "overwritten while it was read, and rows of two versions would mix; open the "
+                                  "dataset again to read what is there now", path=path)
+
+    def _close_file(self) -> None:
+        held = self._open
+        if getattr(held, "path", None) is not None:
+            held.handle.close()
+            held.files, held.handle, held.path, held.mapped = {}, None, None, None
+
+    def _add_partitions(self, table: pa.Table, partition: tuple[tuple[str, str], ...],
+                        columns: Sequence[str] | None) -> pa.Table:
+        for key, raw in partition:
+            if columns is not None and key not in columns:
+                continue
+            field_ = self.schema[key]
+            value = partition_value(field_, raw)
+            table = table.append_column(field_.arrow_field(), pa.array([value] * table.num_rows,
+                                                                       type=field_.arrow_type()))
+        return table
+
+
+def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.Array],
+                 file_schema: pa.Schema) -> pa.Table:
+    """``table`` (the columns read by pyarrow) with the ``viewed`` ones put back in ``names``' order,
+    each marked :data:`VIEWS_OF_FILE`."""
+    for position, name in enumerate(names):
+        if name in viewed:
+            stored = file_schema.field(name)
+            metadata = {**(stored.metadata or {}), VIEWS_OF_FILE: b"1"}
+            table = table.add_column(position, pa.field(name, pa.binary_view(), stored.nullable, metadata),
+                                     viewed[name])
+    return table
+
+
+def _leaves_by_name(parquet_file: pq.ParquetFile) -> dict[str, list[int]]:
+    """The Parquet leaf columns pyarrow may read for each name it is asked for: every leaf whose
+    dotted path is the name or starts with the name and a dot. pyarrow selects leaves by the same
+    prefixes, taken at its path's component boundaries, so this is that selection or more (a
+    top-level name with a dot in it: ``a.b`` beside a struct ``a`` with a field ``b`` names both),
+    and checking what it names never leaves out a leaf pyarrow reads."""
+    found: dict[str, list[int]] = {}
+    schema = parquet_file.metadata.schema
+    for leaf in range(len(schema)):
+        path = schema.column(leaf).path
+        found.setdefault(path, []).append(leaf)
+        dot = path.find(".")
+        while dot >= 0:
+            found.setdefault(path[:dot], []).append(leaf)
+            dot = path.find(".", dot + 1)
+    return found
+
+
+def views_the_file(column_field: pa.Field) -> bool:
+    """Whether a column of a table ``read_row_group`` returned is views of the file (:data:`VIEWS_OF_FILE`)."""
+    return bool(column_field.metadata) and VIEWS_OF_FILE in column_field.metadata
+
+
+def partition_value(field_: UnischemaField, raw: str) -> Any:
+    """A Hive partition directory's value (``key=raw``) as the field's Python value."""
+    if raw == "__HIVE_DEFAULT_PARTITION__":
+        return None
+    if field_.numpy_dtype is np.str_:
+        return raw
+    if field_.numpy_dtype is decimal.Decimal:
+        return decimal.Decimal(raw)
+    if field_.numpy_dtype is np.bool_ and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"  # np.bool_("False") is True
+    try:
+        return field_.numpy_dtype(raw).item()
+    except (ValueError, TypeError) as exc:
+        raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
+
+
+@remote.naming_url("url")
+def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
+                 storage_options: dict[str, Any] | None = None) -> ParquetStore:
+    """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
+    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups."""
+    if not isinstance(url, (str, os.PathLike)):
+        return _open_files([os.fspath(u) for u in url], filesystem, storage_options)
+    url = os.fspath(url)
+    fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        left = fsutil.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
+        info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
+        # a path without a scheme: also Petastorm's ValueError (it refused scheme-less URLs)
+        missing = DatasetNotFoundError if "://" in url else DatasetUrlError
+        raise missing(f"{url}: no such file or directory{hint}")
+    if info.type == pafs.FileType.File:
+        paths, common = [root], None
+        sizes = {root: info}
+        base = os.path.dirname(root)
+    else:
+        paths, sizes, common_path = _published_files(fs, root)
+        common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+        base = root
+        if not paths:
+            raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
+                                       "(is it a dataset? files starting with '_' or '.' are ignored)")
+    return _store(url, fs, root, base, paths, sizes, common)
+
+
+def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
+                                storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> Unischema:
+    """The Unischema stored in a dataset's metadata, unihub's or Petastorm's (Petastorm's function).
+
+    Takes what :func:`open_dataset` takes: a directory URL or a list of file URLs. Plain
+    Parquet, with no Unischema stored, is a :class:`~unihub.errors.PetastormMetadataError`,
+    as in Petastorm (:func:`infer_or_load_unischema` infers one instead). ``hdfs_driver`` is
+    accepted for Petastorm's signature; pyarrow picks the HDFS client::
+
+        fields = match_unischema_fields(get_schema_from_dataset_url("file:///data/ds"), ["image.*"])
+    """
+    return stored_schema(open_dataset(dataset_url_or_urls, filesystem=filesystem, storage_options=storage_options))
+
+
+def stored_schema(store: ParquetStore) -> Unischema:
+    """``store``'s Unischema if its metadata holds one; for plain Parquet an error that says what to do."""
+    if store.schema_source != "inferred":
+        return store.schema
+    raise PetastormMetadataError(
+        f"{store.url}: no Unischema in the dataset's metadata (plain Parquet: neither unihub's "
+        f"{SCHEMA_METADATA_KEY!r} nor Petastorm's 'dataset-toolkit.unischema.v1'). Store one with "
+        f"`unihub add-schema {store.url}` (unihub.add_schema, which infers it from the Parquet types unless "
+        "given one), or read the files as they are with make_batch_reader")
+
+
+def infer_or_load_unischema(dataset: Any) -> Unischema:
+    """The dataset's stored Unischema, or one inferred from its Parquet types (Petastorm's function).
+
+    ``dataset``: an open :class:`ParquetStore`, a ``pyarrow.parquet.ParquetDataset``, or what
+    :func:`open_dataset` takes (a URL, a path, a list of file URLs).
+    """
+    if isinstance(dataset, ParquetStore):
+        return dataset.schema
+    if isinstance(dataset, pq.ParquetDataset):
+        return open_dataset([_absolute(dataset.filesystem, f) for f in dataset.files],
+                            filesystem=dataset.filesystem).schema
+    return open_dataset(dataset).schema
+
+
+def _absolute(fs: pafs.FileSystem, path: str) -> str:
+    """A local file's absolute path (a ``ParquetDataset`` keeps paths as given); other paths as they are."""
+    return os.path.abspath(path) if isinstance(fs, pafs.LocalFileSystem) else path
+
+
+def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any] | None) -> ParquetStore:
+    """Several Parquet files (of one dataset, on one filesystem) as one store, in the order given."""
+    if not urls:
+        raise DatasetUrlError("dataset url list must be non-empty: an empty list of dataset URLs has nothing to "
+                              "read")  # Petastorm's words and ValueError
+    schemes = {(urlparse(u).scheme if "://" in u else "") or "file" for u in urls}
+    if len(schemes) > 1:
+        raise DatasetNotFoundError(f"dataset URLs must share one scheme (filesystem), got {sorted(schemes)}")
+    fs, _ = fsutil.resolve_filesystem(urls[0], filesystem, storage_options)
+    paths = [fsutil.resolve_filesystem(u, filesystem, storage_options)[1] for u in urls]
+    sizes = {}
+    for url, path in zip(urls, paths):
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            raise DatasetNotFoundError(f"{url}: not a Parquet file (a list of URLs names files; pass a directory "
+                                       "alone to read all of it)")
+        sizes[path] = info
+    base = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
+    common_path = fsutil.join(base, COMMON_METADATA)
+    common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+    return _store(urls[0], fs, base, base, paths, sizes, common)  # a file listed twice is read twice (Petastorm)
+
+
+def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
+           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None) -> ParquetStore:
+    """The store of data files ``paths`` (their partitions relative to ``base``)."""
+    footers = _read_footers(fs, paths)
+    partitions = [_partition_of(base, p) for p in paths]
+    file_schema = footers[0].schema.to_arrow_schema()
+    kv = dict(common.metadata or {}) if common is not None else {}
+    found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
+    for key, value in (footers[0].metadata or {}).items():
+        kv.setdefault(key, value)
+        found_in.setdefault(key, paths[0])
+    schema, source = _resolve_schema(kv, file_schema, partitions, url, found_in)
+    raw_extra = kv.get(EXTRA_METADATA_KEY)
+    extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
+        if raw_extra else {}
+    _check_files_agree(paths, footers, file_schema)
+    files, row_groups, offsets = _index(paths, footers, partitions, sizes)
+    names = tuple(k for k, _ in partitions[0]) if partitions else ()
+    return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
+                        files=files, row_groups=row_groups, metadata=kv, schema_source=source,
+                        partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
+                        _verify=integrity.verification(), _extra=extra)
+
+
+def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:
+    """What a reader (or ``unihub inspect``) says of fields the schema lists but the files lack."""
+    shown = ", ".join(repr(name) for name in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10
+                                                              else "")
+    first = store.files[0].path if store.files else store.url
+    return (f"{store.url}: the schema ({store.schema_source} metadata) lists {len(missing)} field(s) that the data "
+            f"files hold no column for: {shown} (e.g. {first} has columns {store.arrow_schema.names[:8]}); "
+            "read the other fields (schema_fields=), or store a schema that matches the files "
+            "(unihub add-schema)")
+
+
+def update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
+    """Set (or, for a None value, remove) key-value entries of ``store``'s ``_common_metadata``.
+
+    The new file is written beside the old one, under a name starting with '_' so no reader
+    takes it for data, and renamed onto it: readers see the old file or the new one, never a
+    part. Without ``_common_metadata`` one is made from the first data file's schema, as
+    Petastorm does; Hadoop's checksum of the old file (``._common_metadata.crc``) is removed.
+    """
+    with remote.remote_errors(store.url):
+        _update_common_metadata(store, entries)
+
+
+def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
+    fs, root = store.filesystem, store.path
+    if not fsutil.is_dir(fs, root):
+        raise FormatError(f"{store.url}: a single Parquet file has no _common_metadata to keep metadata in; "
+                          "use a dataset directory", path=root)
+    target = fsutil.join(root, COMMON_METADATA)
+    if fsutil.exists(fs, target):
+        arrow_schema = _read_metadata(fs, target).schema.to_arrow_schema()
+    else:
+        arrow_schema = store._footers[store.files[0].path].schema.to_arrow_schema()
+    metadata = dict(arrow_schema.metadata or {})
+    for key, value in entries.items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    temporary = fsutil.join(root, f"{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        pq.write_metadata(arrow_schema.with_metadata(metadata), temporary, filesystem=fs)
+        fs.move(temporary, target)
+    except BaseException:
+        fsutil.remove(fs, temporary)
+        raise
+    _update_published_copy(fs, root, target)
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
+    """Where a manifest names its run's own ``_common_metadata`` (object stores), that copy is what readers
+    read: it gets the new entries too (one object copy, atomic)."""
+    manifest = publish.read_manifest(fs, root)
+    if manifest is not None and manifest.common_metadata not in (None, COMMON_METADATA):
+        fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
+
+
+def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
+    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.store.publish`),
+    else every data file. A manifest replaced while this runs is read again."""
+    for _attempt in range(3):
+        manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
+        sizes = _list_data_files(fs, root)
+        if manifest is None:
+            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
+        listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
+        wanted = [fsutil.join(root, p).lstrip("/") for p in manifest.parts]
+        if all(p in listed for p in wanted):
+            paths = [listed[p] for p in wanted]
+            common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
+            return paths, {p: sizes[p] for p in paths}, common
+    raise publish.missing_part(next(p for p in wanted if p not in listed))
+
+
+def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    """Data file path -> its listing entry; names starting with '_' or '.' (metadata, CRCs) are skipped."""
+    if isinstance(fs, pafs.LocalFileSystem):  # Arrow's recursive listing follows links into loops forever
+        listing = fs.get_file_info(_local_tree(root))
+    else:
+        listing = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    paths = {}
+    for entry in listing:
+        rel = entry.path[len(root):].lstrip("/")
+        if entry.type != pafs.FileType.File or any(part.startswith(("_", ".")) for part in rel.split("/")):
+            continue
+        paths[entry.path] = entry
+    return paths
+
+
+def _local_tree(root: str) -> list[str]:
+    """Every path under the local directory ``root``, links followed as Arrow follows them, except a
+    link back into a directory the walk is inside (``a/l -> .``): what a loop adds is never data."""
+    return [os.path.join(dirpath, name) for dirpath, dirnames, filenames in sources.walk_following_links(root)
+            for name in dirnames + filenames]
+
+
+def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    try:
+        with fs.open_input_file(path) as handle:
+            return pq.read_metadata(handle)
+    except (OSError, pa.ArrowInvalid) as exc:
+        failure = remote.as_remote_error(exc, remote.display_url(fs, path))
+        if failure is not None:
+            raise failure from exc
+        size = fs.get_file_info(path).size
+        raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
+
+
+def _read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
+    if len(paths) <= 4:
+        return [_read_metadata(fs, p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+        return list(pool.map(lambda p: _read_metadata(fs, p), paths))
+
+
+def _partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
+    rel = path[len(base):].lstrip("/").split("/")[:-1]
+    return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
+
+
+def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],
+                    url: str, found_in: dict[bytes, str] | None = None) -> tuple[Unischema, SchemaSource]:
+    """The stored Unischema (unihub's JSON, else Petastorm's pickle), else one inferred; ``found_in`` names
+    the file each metadata key was read from, for errors."""
+    if SCHEMA_METADATA_KEY in kv:
+        where = (found_in or {}).get(SCHEMA_METADATA_KEY, url)
+        try:
+            return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
+        except UnihubError as exc:  # an unknown codec's name too
+            raise SchemaError(f"{where}: metadata key {SCHEMA_METADATA_KEY.decode()!r}: {exc}") from exc
+    from unihub.petastorm import legacy
+
+    if legacy.PETASTORM_UNISCHEMA_KEY in kv:
+        key = legacy.PETASTORM_UNISCHEMA_KEY
+        where = (found_in or {}).get(key, url)
+        return legacy.load_petastorm_unischema(kv[key], source=f"{where} ({key.decode()})"), "petastorm"
+    inferred = Unischema.from_arrow_schema(file_schema, name=os.path.basename(url.rstrip("/")) or "dataset")
+    extra = [_infer_partition_field(k, [dict(p).get(k, "") for p in partitions])
+             for k, _ in (partitions[0] if partitions else ()) if k not in inferred]
+    if extra:
+        inferred = Unischema(inferred.name, [*inferred, *extra])
+    return inferred, "inferred"
+
+
+def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
+    present = [v for v in values if v != "__HIVE_DEFAULT_PARTITION__"]
+    try:
+        [int(v) for v in present]
+        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+    except ValueError:
+        return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
+
+
+def _check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema) -> None:
+    names = expected.names
+    for path, footer in zip(paths[1:], footers[1:]):
+        found = footer.schema.to_arrow_schema().names
+        if found != names:
+            missing, extra = sorted(set(names) - set(found)), sorted(set(found) - set(names))
+            raise FormatError(f"{path}: columns differ from {paths[0]} (missing {missing}, extra {extra})", path=path)
+
+
+def _index(paths: list[str], footers: list[pq.FileMetaData], partitions: list[tuple[tuple[str, str], ...]],
+           sizes: dict[str, pafs.FileInfo]) -> tuple[list[FileInfo], list[RowGroupInfo], np.ndarray]:
+    files: list[FileInfo] = []
+    groups: list[RowGroupInfo] = []
+    first = 0
+    for path, footer, partition in zip(paths, footers, partitions):
+        entry = sizes.get(path)
+        files.append(FileInfo(path, footer.num_rows, footer.num_row_groups, (entry.size or 0) if entry else 0, partition,
+                              entry.mtime_ns if entry else None))
+        for i in range(footer.num_row_groups):
+            rg = footer.row_group(i)
+            groups.append(RowGroupInfo(len(groups), path, i, rg.num_rows, first, rg.total_byte_size, partition))
+            first += rg.num_rows
+    offsets = np.array([g.first_row for g in groups] + [first], dtype=np.int64)
+    return files, groups, offsets

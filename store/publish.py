@@ -1,0 +1,241 @@
+"""Publishing a dataset on an object store (no rename there): parts first, one manifest written last.
+
+Layout of a dataset ``DST`` that unihub wrote on S3, GCS or any filesystem that is not this machine's::
+
+    DST/unihub-<run>-part-00000.parquet   the data files of run <run>, under names no other run uses
+    DST/_common_metadata.unihub-<run>     that run's schema and metadata
+    DST/_unihub_manifest.json             what is published: {"run", "parts", "common_metadata"}
+    DST/_common_metadata                  a copy of the published run's, for readers that know no manifest
+
+``<run>`` is ``<where>-<pid>-<start>-<random>`` (:func:`unihub.fs.atomic.run_id`), so the next run
+can tell the files of a live run from those a killed one left. :func:`publish` copies a staged dataset's
+files in under their run names, then writes the manifest in one PUT (an object store's one atomic
+step), then deletes what the manifest no longer lists. Readers (:func:`unihub.store.dataset.open_dataset`)
+read only what the manifest lists, so a kill at any moment leaves the old or the new dataset readable in
+full, and :func:`settle` (before the next write) deletes what no published manifest or live run owns.
+
+A destination without a manifest (a first write, Petastorm's or Spark's Parquet) first gets one that
+lists what it holds (nothing, for a new destination: readers then see no dataset until the run publishes).
+A foreign format's export has no manifest: its files are copied into place one by one and old ones
+deleted after (:func:`publish_files`), a window in which a reader may see both.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from unihub.errors import DatasetChangedError
+from unihub.fs import atomic, remote
+from unihub.fs import filesystem as fsutil
+from unihub.fs.uploads import abort_uploads, uploading
+
+MANIFEST = "_unihub_manifest.json"
+COMMON_METADATA = "_common_metadata"
+VERSION = 1
+_RUN = re.compile(r"unihub-(?P<run>[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6})")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A published dataset: its data files and ``_common_metadata`` (relative to the dataset root)."""
+
+    run: str | None
+    parts: tuple[str, ...]
+    common_metadata: str | None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": "unihub.manifest", "version": VERSION, "run": self.run,
+                           "parts": list(self.parts), "common_metadata": self.common_metadata}).encode()
+
+
+def read_manifest(fs: pafs.FileSystem, root: str) -> Manifest | None:
+    """The manifest published at ``root``, or None where there is none (a dataset read as before)."""
+    path = f"{root.rstrip('/')}/{MANIFEST}"
+    fresh(fs, root)
+    try:
+        with fs.open_input_stream(path) as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        raise exc
+    try:
+        found = json.loads(data)
+        if found.get("version") != VERSION:
+            raise ValueError(f"version {found.get('version')!r}")
+        return Manifest(found.get("run"), tuple(found["parts"]), found.get("common_metadata"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        from unihub.errors import FormatError
+
+        raise FormatError(f"{path}: not a unihub manifest this version reads ({exc})", path=path) from exc
+
+
+def _write_manifest(fs: pafs.FileSystem, root: str, manifest: Manifest) -> None:
+    with fs.open_output_stream(f"{root.rstrip('/')}/{MANIFEST}") as handle:
+        handle.write(manifest.to_json())
+
+
+def _files(fs: pafs.FileSystem, root: str) -> list[str]:
+    """Every file under ``root``, relative to it (one recursive listing)."""
+    root = root.rstrip("/")
+    fresh(fs, root)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    return sorted(e.path[len(root):].lstrip("/") for e in fs.get_file_info(selector) if e.type == pafs.FileType.File)
+
+
+def _is_data(rel: str) -> bool:
+    return not any(part.startswith(("_", ".")) for part in rel.split("/"))
+
+
+def fresh(fs: pafs.FileSystem, root: str) -> None:
+    """Forget what an fsspec filesystem cached about ``root`` (s3fs keeps listings and ETags: a manifest
+    replaced since would read as "no longer exists", a listing would miss new parts)."""
+    handler = getattr(fs, "handler", None)
+    invalidate = getattr(getattr(handler, "fs", None), "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate(root)
+
+
+def is_dataset(fs: pafs.FileSystem, staged: str) -> bool:
+    """Whether the staged directory holds a Parquet dataset (then :func:`publish`), not an export's files."""
+    return any(rel == COMMON_METADATA or rel.endswith(".parquet") for rel in _files(fs, staged))
+
+
+def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
+    """Publish the dataset staged in ``staged`` at ``target``; see the module docstring.
+    Returns the published data files' paths, in reading order; ``staged`` is removed."""
+    target = target.rstrip("/")
+    run = atomic.run_id()
+    staged_files = _files(fs, staged)
+    previous = _adopt(fs, target)
+    parts: list[str] = []
+    common = f"{COMMON_METADATA}.unihub-{run}" if COMMON_METADATA in staged_files else None
+    try:
+        for rel in sorted(r for r in staged_files if _is_data(r)):
+            head, name = posixpath.split(rel)
+            published = posixpath.join(head, f"unihub-{run}-{name}")
+            parts.append(published)
+            fs.copy_file(f"{staged}/{rel}", f"{target}/{published}")
+        if common is not None:
+            fs.copy_file(f"{staged}/{COMMON_METADATA}", f"{target}/{common}")
+        _write_manifest(fs, target, Manifest(run, tuple(parts), common))  # the one step that publishes
+    except BaseException:
+        # an upload of the manifest whose last step the server runs late would publish the files removed
+        # next: aborted first (the old manifest stays published)
+        _abort_quietly(fs, f"{target}/{MANIFEST}")
+        for rel in [*parts, *([common] if common else [])]:  # this live run's files: no settle removes them
+            fsutil.remove(fs, f"{target}/{rel}")
+        raise
+    if common is not None:
+        fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
+    _remove_unlisted(fs, target, replaced=previous.run)
+    fsutil.remove(fs, staged)
+    return [f"{target}/{p}" for p in parts]
+
+
+def _abort_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Abort the uploads open at ``path``; where the store fails too, the failure already under way is
+    the one to report."""
+    try:
+        abort_uploads(fs, path)
+    except Exception as exc:
+        if not remote.is_remote_failure(exc):
+            raise
+
+
+def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
+    """Put an export's staged files (a directory) or file at ``target``, replacing what was there: each
+    file is one atomic copy; old files the new export does not have are deleted after."""
+    info = fs.get_file_info(staged)
+    if info.type == pafs.FileType.File:
+        if fs.get_file_info(target).type == pafs.FileType.Directory:
+            fs.delete_dir(target)
+        fs.copy_file(staged, target)
+        fs.delete_file(staged)
+        return
+    target = target.rstrip("/")
+    if fs.get_file_info(target).type == pafs.FileType.File:
+        fs.delete_file(target)
+    new = _files(fs, staged)
+    for rel in new:
+        fs.copy_file(f"{staged}/{rel}", f"{target}/{rel}")
+    keep = set(new)
+    for rel in _files(fs, target):
+        if rel not in keep:
+            fs.delete_file(f"{target}/{rel}")
+    fsutil.remove(fs, staged)
+
+
+def settle(fs: pafs.FileSystem, target: str) -> None:
+    """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it
+    (multipart uploads still open there aborted), and files inside it that the published manifest does
+    not list (never those of a live run)."""
+    target = target.rstrip("/")
+    parent, name = posixpath.split(target)
+    if parent:
+        prefix = f".{name}.unihub-tmp-"
+        selector = pafs.FileSelector(parent, recursive=False, allow_not_found=True)
+        staged = {posixpath.basename(entry.path.rstrip("/")) for entry in fs.get_file_info(selector)}
+        # a staging area whose only trace is an upload still open (its parts are no listed object)
+        staged |= {path[len(parent) + 1:].split("/")[0] for path in uploading(fs, f"{parent}/{prefix}")}
+        for base in sorted(staged):
+            if base.startswith(prefix) and not _alive(base[len(prefix):]):
+                fsutil.discard(fs, f"{parent}/{base}")  # its open uploads aborted, then its files removed
+    manifest = read_manifest(fs, target)
+    if manifest is None:
+        return
+    if _remove_unlisted(fs, target) and not manifest.parts:
+        fsutil.remove(fs, target)  # a first write that was never published: nothing is left of it
+
+
+def _adopt(fs: pafs.FileSystem, target: str) -> Manifest:
+    """``target``'s manifest; one listing what it holds is written first where it has none."""
+    found = read_manifest(fs, target)
+    if found is not None:
+        return found
+    present = _files(fs, target)
+    parts = tuple(rel for rel in present if _is_data(rel))
+    adopted = Manifest(None, parts, COMMON_METADATA if COMMON_METADATA in present else None)
+    _write_manifest(fs, target, adopted)
+    return adopted
+
+
+def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = None) -> bool:
+    """Delete the files at ``target`` that its manifest does not list and no live run owns (``replaced``:
+    a run whose dataset was just replaced, done whether its process lives or not); True when no live run
+    has files there."""
+    manifest = read_manifest(fs, target)
+    if manifest is None:
+        return False
+    listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata}
+    live = False
+    for rel in _files(fs, target):
+        if rel in listed:
+            continue
+        found = _RUN.search(posixpath.basename(rel))
+        if found is not None and found["run"] not in (manifest.run, replaced) and _alive(found["run"]):
+            live = True
+            continue
+        fs.delete_file(f"{target}/{rel}")
+    return not live
+
+
+def _alive(run: str) -> bool:
+    """Whether the run named ``<where>-<pid>-<start>-<random>`` may still be at work."""
+    match = re.fullmatch(r"([0-9a-f]{8})-(\d+)-(\d+)-[0-9a-f]{6}", run)
+    if match is None:
+        return True  # not a name unihub makes: never touched
+    return atomic.owner_alive(match[1], int(match[2]), int(match[3]))
+
+
+def missing_part(path: str) -> DatasetChangedError:
+    """A part the manifest lists is gone: the dataset was overwritten while it was being opened."""
+    return DatasetChangedError(f"{path}: listed by the dataset's manifest but gone; the dataset was replaced "
+                               "meanwhile: open it again")
