@@ -217,7 +217,8 @@ def exclusion_reason(test_id: str) -> str | None:
 def petastorm_tests_dir(python: Path = PETASTORM_PYTHON) -> Path:
     """The ``petastorm/tests`` folder inside the Petastorm venv (found without importing Petastorm)."""
     code = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('petastorm').origin))"
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    # -P: the checkout holds unihub's own petastorm/ subpackage, which would shadow Petastorm from the cwd
+    out = subprocess.run([str(python), "-P", "-c", code], capture_output=True, text=True, check=True).stdout
     return Path(out.strip()) / "tests"
 
 

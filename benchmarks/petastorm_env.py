@@ -100,7 +100,7 @@ def _pip(python: Path, args: list[str], *, timeout: float | None = None) -> bool
 def _verify(python: Path) -> dict:
     """Import petastorm (and friends) in the venv; return their versions or raise."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([str(python), "-c", _VERIFY], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run([str(python), "-P", "-c", _VERIFY], capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"petastorm venv import check failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -218,10 +218,10 @@ def test_every_install_hint_names_an_extra_that_exists() -> None:
     assert texts and not [(where, m) for where, m in texts if not set(m.split(",")) <= extras]
     # the computed ones pass their extra on from a call of their own (spark_converter._bridge)
     computed = [where for where, extra in calls if extra == "<computed>"]
-    assert [where.split(":")[0] for where in computed] == ["readers/spark_converter.py"], computed
+    assert [where.split(":")[0] for where in computed] == ["bridges/spark/converter.py"], computed
     import ast
 
-    bridged = [node.args[3].value for node in ast.walk(ast.parse((ROOT / "readers/spark_converter.py").read_text()))
+    bridged = [node.args[3].value for node in ast.walk(ast.parse((ROOT / "bridges/spark/converter.py").read_text()))
                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_bridge"]
     assert bridged and set(bridged) <= extras
 

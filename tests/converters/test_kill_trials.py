@@ -29,7 +29,7 @@ from ..image_folders import rows_of, write_image_folder
 CHILD = r"""
 import os, shutil, sys, time
 from unihub.cli import main
-from unihub.formats import filesystem
+from unihub.fs import filesystem
 
 step, only_commit = int(os.environ["KILL_AT"]), os.environ.get("KILL_IN_COMMIT") == "1"
 target = os.path.abspath(sys.argv[2])
@@ -64,7 +64,7 @@ wrap(pq.ParquetWriter, "__init__")
 wrap(pq.ParquetWriter, "close")
 wrap(pq, "write_metadata")
 try:
-    from unihub.formats import atomic
+    from unihub.fs import atomic
 except ImportError:
     atomic = None
 if atomic is not None:

@@ -40,7 +40,7 @@ def hidden(parent: Path) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def dead_owner() -> str:
     """An owner token of this host whose process has exited (a child that ran and was reaped)."""
-    code = "from unihub.formats import atomic; print(atomic._owner())"
+    code = "from unihub.fs import atomic; print(atomic._owner())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     return done.stdout.strip()

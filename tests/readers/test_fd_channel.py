@@ -154,7 +154,7 @@ def test_a_descriptor_that_does_not_fit_in_the_table_is_an_error_naming_the_limi
     script = tmp_path / "full_table.py"
     script.write_text(textwrap.dedent(f"""
         import errno, multiprocessing, os, resource
-        from unihub.readers import fd_channel
+        from unihub.bridges.torch import fd_channel
 
         def child(conn):
             with open({str(tmp_path / "script_data")!r}, "wb") as f:
