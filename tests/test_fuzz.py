@@ -382,7 +382,7 @@ def tar_members(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 @target
 def tar_fast_path(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     """The numpy walk over a mapped archive gives the header loop's members, or its error."""
-    from tests.formats.test_tarstream_fast import fast_and_slow
+    from tests.formats.webdataset.test_tarstream_fast import fast_and_slow
 
     path = tmp_path / "fuzzed.tar"
 

@@ -25,7 +25,7 @@ from unihub.dependencies import is_available
 from unihub.errors import FormatError, ImageDecodeError, InvalidArgumentError
 from unihub.images import decoders as images
 
-from ..formats.image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
+from ..images.image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
 
 needs_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
 needs_wds = pytest.mark.skipif(not is_available("webdataset"), reason="webdataset is not installed")

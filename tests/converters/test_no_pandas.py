@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ..formats.test_tarstream_fast import webdataset_shard
+from ..formats.webdataset.test_tarstream_fast import webdataset_shard
 
 
 @pytest.mark.parametrize("kind", ["webdataset", "hdf5", "imagefolder"])

@@ -1165,7 +1165,7 @@ def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
 
     from unihub.bridges.torch import shared_batches
 
-    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    petastorm = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm" / "unischema"
     fields = ["id", "score", "image_png", "image_jpeg", "gray"]
 
     def epochs(workers: int) -> list[dict[int, Any]]:
@@ -1192,7 +1192,7 @@ def test_worker_batches_of_a_dataset_petastorm_wrote_arrive_whole(tmp_path):
 def _petastorm_rows_dataset(transform: Any = None) -> Any:
     from pathlib import Path
 
-    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    petastorm = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm" / "unischema"
     fields = ["id", "score", "image_png", "image_jpeg", "gray"]
     if transform is None:
         return tp.TorchIterableDataset(str(petastorm), seed=2, schema_fields=fields, shuffle_rows=True)
@@ -1582,7 +1582,7 @@ def test_map_dataset_batches_of_a_dataset_petastorm_wrote_arrive_whole():
     # pools and the sampler-batch collate: every row, field, dtype and byte as with no workers
     from pathlib import Path
 
-    petastorm = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    petastorm = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm" / "unischema"
     fields = ["id", "score", "image_png", "image_jpeg", "gray"]
     ds = tp.TorchMapDataset(str(petastorm), schema_fields=fields)
 

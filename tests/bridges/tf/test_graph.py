@@ -11,7 +11,7 @@ import pytest
 from unihub import NGram, make_batch_reader, make_reader, write_dataset
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 
-from .test_tf import STRINGS, string_row
+from .test_dataset import STRINGS, string_row
 from .tf_expected import NGRAM_FIELDS, ROW_FIELDS, STRING_FIELDS, URL, petastorm_expected, structure, value
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

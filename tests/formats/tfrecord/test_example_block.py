@@ -24,7 +24,7 @@ from unihub.formats.tfrecord.format import TFRecordFormat
 from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _jpeg(seed: int) -> bytes:

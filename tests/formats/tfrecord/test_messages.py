@@ -23,7 +23,7 @@ from unihub.formats.tfrecord.format import TFRecordFormat
 
 tf = pytest.importorskip("tensorflow")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _example(i: int, value: float | int, text: bytes = b"t") -> bytes:

@@ -14,7 +14,7 @@ from unihub import WeightedSamplingReader, in_lambda, make_batch_reader, make_re
 from unihub.dependencies import is_available
 from unihub.readers.weighted import draw_choices
 
-from .test_weighted import A_IDS, B_IDS, UNISCHEMA, write
+from ...readers.test_weighted import A_IDS, B_IDS, UNISCHEMA, write
 
 pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
 torch = pytest.importorskip("torch")

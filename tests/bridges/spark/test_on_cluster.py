@@ -13,8 +13,8 @@ import pytest
 
 from unihub import dict_to_spark_row, make_reader, materialize_dataset
 
-from ..conftest import make_row, make_schema
-from ..spark_cluster import cluster_session, spark_home
+from ...conftest import make_row, make_schema
+from ...spark_cluster import cluster_session, spark_home
 
 pytestmark = [
     pytest.mark.spark,

@@ -22,7 +22,7 @@ import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
 
-from .image_folders import write_image_folder
+from ..image_folders import write_image_folder
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds processes through /proc")
 

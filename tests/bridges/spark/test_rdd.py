@@ -17,7 +17,7 @@ from unihub.bridges.spark.rdd import dataset_as_rdd
 from unihub.errors import InvalidArgumentError, PetastormMetadataError
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm"
 #: Petastorm decoded JPEG with OpenCV; unihub's decoder is bit-exact on this fixture, other builds may differ
 JPEG_MAX_ABS_DIFF = 2
 

@@ -24,7 +24,7 @@ from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 from unihub.schema.codecs import CompressedImageCodec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 needs_tf = pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
 
 

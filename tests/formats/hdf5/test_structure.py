@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.formats.test_hdf5_verify import assert_equal, differences, rewrite
+from tests.formats.hdf5.test_verify import assert_equal, differences, rewrite
 from unihub import open_dataset
 from unihub.cli import main
 from unihub.converters.convert import convert

@@ -38,7 +38,7 @@ from unihub.errors import ImageDecodeError  # noqa: E402
 from unihub.formats.tfrecord.schema import ORDER_FIELD  # noqa: E402
 from unihub.readers.reader import make_batch_reader, make_reader  # noqa: E402
 
-from .test_tf_graph import run_all  # noqa: E402
+from .test_graph import run_all  # noqa: E402
 from .tf_expected import structure  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -14,7 +14,7 @@ import pytest
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
 from unihub.cli import main
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "petastorm"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
 
 Small = Unischema("Small", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),

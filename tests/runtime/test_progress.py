@@ -131,7 +131,7 @@ def test_the_switch_also_silences_the_cache_builder_and_the_throughput_benchmark
     from unihub.caching.cacheable import cacheable
     from unihub.readers.throughput import reader_throughput
 
-    fixture = Path(__file__).resolve().parent / "fixtures" / "petastorm" / "unischema"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
 
     def rows() -> Iterator[dict[str, Any]]:
         yield from ({"id": i, "x": np.full(3, i, np.float32)} for i in range(50))

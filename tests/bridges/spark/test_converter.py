@@ -30,7 +30,7 @@ from unihub.errors import DatasetNotFoundError, InvalidArgumentError, Unsupporte
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
 #: tests that start the local Spark session (its fixture skips them without pyspark and java)
 spark_test = pytest.mark.spark
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm"
 
 N_ROWS = 20
 KEYS = (SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, SparkDatasetConverter.UNIHUB_PARENT_CACHE_DIR_URL_CONF)

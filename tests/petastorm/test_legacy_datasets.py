@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.formats.test_petastorm_compat_write import (
+from tests.petastorm.test_metadata_write import (
     assert_exact,
     opencv_rgb,
     petastorm_python,  # noqa: F401 (a fixture)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "petastorm"
 URL = {name: (FIXTURES / name).as_uri() for name in ("unischema", "plain", "codecless")}
 #: the NGram and fields make_tf_expected.py used
 NGRAM_FIELDS = {-1: ["id", "label", "embedding"], 1: ["id", "image_png", "boxes", "split"]}

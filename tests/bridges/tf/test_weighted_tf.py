@@ -12,7 +12,7 @@ import pytest
 from unihub import UnihubError, WeightedSamplingReader, make_batch_reader, make_reader
 from unihub.readers.weighted import draw_choices
 
-from .test_weighted import A_IDS, B_IDS, UNISCHEMA, write
+from ...readers.test_weighted import A_IDS, B_IDS, UNISCHEMA, write
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
