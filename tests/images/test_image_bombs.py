@@ -24,7 +24,7 @@ from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField,
 from unihub.errors import InvalidArgumentError
 from unihub.images import decoders as images
 from unihub.images.decoders import ImageDecodeError, decode_image, decode_images_into, image_size
-from unihub.schema import codecs
+from unihub.schema.codecs import image as image_codec
 
 from .image_bombs import image, jpeg_bomb, pil_jpeg, pil_png, png_bomb
 
@@ -114,7 +114,7 @@ def test_no_memory_error_escapes_a_decode(monkeypatch: pytest.MonkeyPatch) -> No
     for blob, fmt in ((pil_jpeg(image()), "JPEG"), (pil_png(image()), "PNG")):
         with pytest.raises(ImageDecodeError, match=f"{fmt} .* out of memory decoding it: Unable to allocate"):
             decode_image(blob)
-    monkeypatch.setattr(codecs, "arrow_backed_empty", out_of_memory)
+    monkeypatch.setattr(image_codec, "arrow_backed_empty", out_of_memory)
     with pytest.raises(ImageDecodeError, match=r"field 'image': out of memory for 1 images of shape \(16, 16, 3\)"):
         CompressedImageCodec("png").decode_column(_field((16, 16, 3)), pa.array([pil_png(image())]))
 

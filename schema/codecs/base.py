@@ -1,0 +1,197 @@
+"""The codec contract and registry, and the column helpers every codec shares.
+
+A codec is one :class:`Codec` subclass registered by its JSON name in :data:`CODECS`
+(``@register_codec("tensor")``), so a dataset's schema JSON (``{"type": "tensor", ...}``)
+finds it again through :func:`codec_from_json`. Every codec works on whole columns:
+:meth:`Codec.encode_column` turns a sequence of values into one Arrow array and
+:meth:`Codec.decode_column` turns an Arrow array into numpy (one ``(n, *shape)`` array where
+the shape is fixed, else an object array of per-row arrays, ``None`` for nulls).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from unihub.errors import CodecError, SchemaError
+from unihub.registry import Registry
+from unihub.schema.arrow_numpy import binary_array, string_array, to_numpy
+
+if TYPE_CHECKING:
+    from unihub.schema.unischema import UnischemaField
+
+
+CODECS: Registry[type[Codec]] = Registry("codec")
+
+
+def register_codec(name: str):
+    """Class decorator: register a codec class under its JSON name."""
+
+    def add(cls: type[Codec]) -> type[Codec]:
+        cls.json_name = name
+        CODECS.add(name, cls)
+        return cls
+
+    return add
+
+
+def codec_from_json(data: Mapping[str, Any]) -> Codec:
+    """The codec described by ``{"type": name, ...config}``."""
+    if "type" not in data:
+        raise SchemaError(f"codec JSON {dict(data)!r} has no 'type'")
+    cls = CODECS.get(data["type"])
+    return cls.from_config({k: v for k, v in data.items() if k != "type"})
+
+
+def column_as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous Arrow array from an array or chunked array (copies only if chunked)."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        if column.num_chunks == 0:
+            return pa.array([], type=column.type)
+        return column.combine_chunks()
+    return column
+
+
+def extension_storage(array: pa.Array) -> pa.Array:
+    return array.storage if isinstance(array, pa.ExtensionArray) else array
+
+
+def with_nulls(values: list[Any] | np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """An object array holding ``values`` where valid and None elsewhere."""
+    out = np.empty(len(valid) if valid is not None else len(values), dtype=object)
+    if valid is None:
+        out[:] = list(values) if not isinstance(values, np.ndarray) else [v for v in values]
+        return out
+    it = iter(values)
+    for i, ok in enumerate(valid):
+        out[i] = next(it) if ok else None
+    return out
+
+
+def valid_mask(array: pa.Array) -> np.ndarray | None:
+    """Boolean validity per row, or None when the array has no nulls."""
+    if array.null_count == 0:
+        return None
+    return np.asarray(to_numpy(array.is_valid()), dtype=bool)
+
+
+class Codec(ABC):
+    """Base class: stores one field's values in one Arrow column."""
+
+    json_name: ClassVar[str] = ""
+
+    @abstractmethod
+    def arrow_type(self, field: UnischemaField) -> pa.DataType:
+        """The Arrow type of the stored column."""
+
+    @abstractmethod
+    def encode(self, field: UnischemaField, value: Any) -> Any:
+        """One value to what is stored (Petastorm's signature)."""
+
+    @abstractmethod
+    def decode(self, field: UnischemaField, value: Any) -> Any:
+        """One stored value back to numpy (Petastorm's signature)."""
+
+    def encode_arrow(self, field: UnischemaField, array: pa.Array) -> pa.Array:
+        """:meth:`encode_column` of values given as an Arrow array (a format read them straight
+        from its input buffer); codecs that store such arrays as they are override this."""
+        return self.encode_column(field, array.to_pylist())
+
+    def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
+        """A column of values to one Arrow array (``None`` stays null)."""
+        stored: list[Any] = []
+        for row, value in enumerate(values):
+            if value is None:
+                stored.append(None)
+                continue
+            try:
+                stored.append(self.encode(field, value))
+            except CodecError:
+                raise
+            except Exception as exc:  # a library error: name the field and row
+                raise CodecError(f"field {field.name!r}, row {row}: cannot encode with {self!r}: {exc}",
+                                 field=field.name, row=row) from exc
+        return pa.array(stored, type=self.arrow_type(field))
+
+    def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """An Arrow column to numpy: ``(n, *shape)`` when every row has the same shape."""
+        array = column_as_array(column)
+        values = array.to_pylist()
+        decoded: list[Any] = []
+        for row, value in enumerate(values):
+            if value is None:
+                decoded.append(None)
+                continue
+            try:
+                decoded.append(self.decode(field, value))
+            except CodecError:
+                raise
+            except Exception as exc:
+                raise CodecError(f"field {field.name!r}, row {row}: cannot decode with {self!r}: {exc}",
+                                 field=field.name, row=row) from exc
+        return stack_if_fixed(field, decoded)
+
+    def spark_dtype(self, field: UnischemaField | None = None) -> Any:
+        """The pyspark type of the stored column (imports pyspark)."""
+        from unihub.bridges.spark.writer import arrow_to_spark_type
+
+        if field is None:
+            raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
+        return arrow_to_spark_type(self.arrow_type(field))
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, JSON-able."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Codec:
+        return cls(**config)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.json_name, **self.config()}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.config() == self.config()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted((k, repr(v)) for k, v in self.config().items()))))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"
+
+
+def stack_if_fixed(field: UnischemaField, decoded: list[Any]) -> np.ndarray:
+    """Stack per-row arrays into ``(n, *shape)`` when all are present and the shape is fixed."""
+    if field.shape and field.is_fixed_shape and decoded and all(v is not None for v in decoded):
+        try:
+            return np.stack(decoded)
+        except ValueError as exc:
+            shapes = sorted({np.shape(v) for v in decoded})
+            raise CodecError(f"field {field.name!r}: rows have shapes {shapes[:4]}, expected {field.shape}",
+                             field=field.name) from exc
+    out = np.empty(len(decoded), dtype=object)
+    for i, v in enumerate(decoded):
+        out[i] = v
+    if not field.shape and decoded and all(v is not None for v in decoded):
+        return out.astype(field.dtype) if field.dtype != object else out
+    return out
+
+
+def arrow_values(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
+    """``pa.array(values, arrow_type)``; all ``bytes`` into binary or all ``str`` into string without
+    it, since it imports pandas (~0.3 s a process)."""
+    try:
+        if pa.types.is_binary(arrow_type) and all(type(v) is bytes for v in values):
+            return binary_array(values)
+        if pa.types.is_string(arrow_type) and all(type(v) is str for v in values):
+            return string_array(values)
+    except (ValueError, UnicodeEncodeError):
+        pass  # more bytes than one array holds, or text that is not UTF-8: pyarrow's own answer
+    return pa.array(values, type=arrow_type)
