@@ -218,6 +218,19 @@ def _compile(schema: Mapping[str, Any]) -> Check:
     allowed = set([kinds] if isinstance(kinds, str) else kinds) if kinds is not None else None
     if allowed is not None and allowed <= _SCALARS and set(schema) <= {"type", "minimum", "maximum", "minLength"}:
         return _scalar_step(sorted(allowed), schema.get("minimum"), schema.get("maximum"), schema.get("minLength", 0))
+    steps = [*_value_steps(schema, allowed), *_container_steps(schema, allowed), *_combined_steps(schema)]
+    if len(steps) == 1:
+        return steps[0]
+
+    def run(value: Any) -> None:
+        for step in steps:
+            step(value)
+
+    return _remembered(run) if _flat_object(schema) else run
+
+
+def _value_steps(schema: Mapping[str, Any], allowed: set[str] | None) -> list[Check]:
+    """The checks of a value itself: its type, ``const``, ``enum``, its range and its length."""
     steps: list[Check] = []
     if allowed is not None:
         steps.append(_type_step(sorted(allowed)))
@@ -229,6 +242,13 @@ def _compile(schema: Mapping[str, Any]) -> Check:
         steps.append(_range_step(schema.get("minimum"), schema.get("maximum")))
     if "minLength" in schema:
         steps.append(_length_step(schema["minLength"]))
+    return steps
+
+
+def _container_steps(schema: Mapping[str, Any], allowed: set[str] | None) -> list[Check]:
+    """The checks of an object's members or an array's items, or of any JSON within bounds where
+    ``schema`` says nothing of the value's type or form."""
+    steps: list[Check] = []
     described = "properties" in schema or "required" in schema or schema.get("additionalProperties") is False
     if described or (allowed is not None and "object" in allowed):
         steps.append(_object_step(schema) if described else _free_object_step)
@@ -236,20 +256,19 @@ def _compile(schema: Mapping[str, Any]) -> Check:
         steps.append(_array_step(schema.get("items")))
     if allowed is None and not described and not {"items", "anyOf", "const", "enum"} & set(schema):
         steps.append(_check_free)  # any JSON, nested within bounds
+    return steps
+
+
+def _combined_steps(schema: Mapping[str, Any]) -> list[Check]:
+    """The checks of ``anyOf``, ``allOf`` and ``if``/``then`` (the conditions of ``allOf`` and of ``schema`` last)."""
+    steps: list[Check] = []
     if "anyOf" in schema:
         steps.append(_any_of_step(schema["anyOf"]))
     conditions = [part for part in schema.get("allOf", ()) if "if" in part] + ([schema] if "if" in schema else [])
     steps.extend(_compile(part) for part in schema.get("allOf", ()) if "if" not in part)
     if conditions:
         steps.append(_conditions_step(conditions))
-    if len(steps) == 1:
-        return steps[0]
-
-    def run(value: Any) -> None:
-        for step in steps:
-            step(value)
-
-    return _remembered(run) if _flat_object(schema) else run
+    return steps
 
 
 #: distinct objects a check remembers as passed (codecs: a schema of 100,000 fields has a handful)

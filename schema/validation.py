@@ -79,18 +79,25 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
     elif dtype is np.object_:
         ok = True
     else:
-        kind = np.dtype(dtype).kind
-        accepted = _KIND_ACCEPTS.get(kind, (np.generic,))
-        ok = isinstance(value, accepted) and not (kind != "b" and isinstance(value, (bool, np.bool_)))
-        if ok and isinstance(value, np.generic) and kind in "iu" and value.dtype.kind in "iu":
-            ok = np.can_cast(value.dtype, dtype) or _int_fits(int(value), dtype)
-        elif ok and isinstance(value, int) and kind in "iu":
-            ok = _int_fits(value, dtype)
+        ok = _is_number_of(value, dtype)
     if not ok:
         # a list or a dict where one scalar belongs is the wrong kind of value (Petastorm's TypeError)
         error = FieldTypeError if isinstance(value, (list, tuple, dict, set)) else ValidationError
         raise error(f"{_where(field, row)}: expected a scalar of dtype "
                     f"{_dtype_label(dtype)}, found {_describe(value)}", field=field.name, row=row)
+
+
+def _is_number_of(value: Any, dtype: Any) -> bool:
+    """Whether ``value`` (a Python or numpy scalar) fits a field of the numeric ``dtype``: of a kind it
+    accepts, not a bool unless ``dtype`` is, and an integer within its range."""
+    kind = np.dtype(dtype).kind
+    accepted = _KIND_ACCEPTS.get(kind, (np.generic,))
+    ok = isinstance(value, accepted) and not (kind != "b" and isinstance(value, (bool, np.bool_)))
+    if ok and isinstance(value, np.generic) and kind in "iu" and value.dtype.kind in "iu":
+        ok = np.can_cast(value.dtype, dtype) or _int_fits(int(value), dtype)
+    elif ok and isinstance(value, int) and kind in "iu":
+        ok = _int_fits(value, dtype)
+    return bool(ok)
 
 
 def stored_as_text(field: UnischemaField) -> bool:
