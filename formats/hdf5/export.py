@@ -489,19 +489,29 @@ class _GroupsWriter:
             group = self.container.create_group(name)
             self.units.add(name)
             for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
-                stored = self.spec.storage.get(f"{group.name.strip('/')}/{path}", self.spec.member_storage.get(path))
-                if attr is None and stored is not None and path in self.typed:
-                    dataset = create_stored(group, path, value.dtype, value.shape, stored)
-                    if value.size:
-                        _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
-                elif attr is None:
-                    group.create_dataset(path, data=value, dtype=value.dtype)
-                elif path and path not in group and path not in self.inner:
-                    raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
-                else:  # the group's own, a member's, or a group's inside it (made when no dataset made it)
-                    owner = group if not path else group[path] if path in group else group.require_group(path)
-                    owner.attrs.create(attr, data=value, dtype=value.dtype)
+                if attr is None:
+                    self._write_dataset(group, path, value)
+                else:
+                    self._write_attribute(group, path, attr, value)
             self.count += 1
+
+    def _write_dataset(self, group: Any, path: str, value: np.ndarray) -> None:
+        """One dataset of a sample group: as the source stored it where it is the source's, else h5py's default."""
+        stored = self.spec.storage.get(f"{group.name.strip('/')}/{path}", self.spec.member_storage.get(path))
+        if stored is not None and path in self.typed:
+            dataset = create_stored(group, path, value.dtype, value.shape, stored)
+            if value.size:
+                _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
+        else:
+            group.create_dataset(path, data=value, dtype=value.dtype)
+
+    def _write_attribute(self, group: Any, path: str, attr: str, value: np.ndarray) -> None:
+        """One attribute of a sample group (``path`` ''), of a dataset in it, or of a group inside it."""
+        if path and path not in group and path not in self.inner:
+            raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
+        # the group's own, a member's, or a group's inside it (made when no dataset made it)
+        owner = group if not path else group[path] if path in group else group.require_group(path)
+        owner.attrs.create(attr, data=value, dtype=value.dtype)
 
 
 _WRITERS: dict[str, Any] = {

@@ -36,7 +36,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -95,19 +96,8 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
                                "links": {}, "scales": {}}
     out["types"] = {f"named datatype '/{path}'": json.dumps(dt)
                     for path, dt in sorted((structure.get("named_types") or {}).items())}
-    for path, link in sorted((structure.get("links") or {}).items()):
-        target = link.get("hard", link.get("object", ""))
-        if is_kept(target):
-            out["links"][f"link '/{path}'"] = f"hard link to '/{target}'" if "hard" in link \
-                else f"soft link to {link['soft']!r} ('/{target}')"
-    scales = structure.get("scales") or {}
-    for path, name in sorted((scales.get("scales") or {}).items()):
-        if is_kept(path):
-            out["scales"][f"dimension scale '/{path}'"] = name
-    for path, dims in sorted((scales.get("dims") or {}).items()):
-        found = [[label, [f"/{scale}" for scale in attached if is_kept(scale)]] for label, attached in dims]
-        if is_kept(path) and any(label or attached for label, attached in found):
-            out["scales"][f"dimensions of '/{path}'"] = found
+    out["links"] = _link_entries(structure.get("links") or {}, is_kept)
+    out["scales"] = _scale_entries(structure.get("scales") or {}, is_kept)
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
@@ -118,6 +108,31 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
             out["attributes"][f"attribute {name!r} of '/{owner}'"] = _native(value, dt)
             out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = dtype_text(dt)
     out["groups"] = {f"group '/{path}'": "empty" for path in groups if path not in made}
+    return out
+
+
+def _link_entries(links: Mapping[str, Any], is_kept: Callable[[str], bool]) -> Entries:
+    """``link '/p'``: each other name (``hdf5_meta``'s ``links``) of an object written (``is_kept``)."""
+    out: Entries = {}
+    for path, link in sorted(links.items()):
+        target = link.get("hard", link.get("object", ""))
+        if is_kept(target):
+            out[f"link '/{path}'"] = f"hard link to '/{target}'" if "hard" in link \
+                else f"soft link to {link['soft']!r} ('/{target}')"
+    return out
+
+
+def _scale_entries(scales: Mapping[str, Any], is_kept: Callable[[str], bool]) -> Entries:
+    """``dimension scale '/p'`` and ``dimensions of '/p'`` (``hdf5_meta``'s ``dimension_scales``) of the
+    objects written (``is_kept``): a dataset's dimensions where one has a label or a scale written."""
+    out: Entries = {}
+    for path, name in sorted((scales.get("scales") or {}).items()):
+        if is_kept(path):
+            out[f"dimension scale '/{path}'"] = name
+    for path, dims in sorted((scales.get("dims") or {}).items()):
+        found = [[label, [f"/{scale}" for scale in attached if is_kept(scale)]] for label, attached in dims]
+        if is_kept(path) and any(label or attached for label, attached in found):
+            out[f"dimensions of '/{path}'"] = found
     return out
 
 
@@ -220,16 +235,11 @@ def reference_extras(files: list[str], options: Mapping[str, Any]) -> Entries:
 
 
 def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
+    """One file's entries by kind (:func:`_sections`), read with h5py, and the datasets it holds that
+    the conversion neither holds nor lists as left out (``unconverted``)."""
     h5py = h5py_module()
-    written = set(plan.constants) | set(plan.empty_datasets())
+    written = _written_paths(handle, plan)
     implied = {plan.container} if plan.kind == "groups" and plan.container else set()  # made for the units
-    if plan.kind != "groups":
-        for unit in plan.units:
-            group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
-            names = {leaf.path for leaf in plan.leaves.values() if leaf.attr is None}
-            names.update(c for leaf in plan.leaves.values() if leaf.recorded is not None
-                         for c in plan.companions.get(leaf.field, ()))
-            written.update("/".join(p for p in (plan.unit_path(unit), n) if p) for n in names if n in group)
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
     roots = unit_roots(plan)
@@ -238,15 +248,44 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
     attributes = {p: _attributes(obj) for p, obj in walked}
     groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}  # listed as left out by the conversion
-    links = {p: link for p, link in find_links(handle, roots)[0].items() if p not in skipped and not in_any(p, dropped)}
-    structure = {"storage": _file_storage(handle, plan), "links": links,
-                 "scales": dimension_scales(handle, walked, roots),
-                 "units_below": plan.container if plan.kind == "groups" else None,
-                 "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
-                                 and p not in skipped}}
-    sections = _sections(datasets, attributes, groups, written, implied, structure)
+    sections = _sections(datasets, attributes, groups, written, implied,
+                         _file_structure(handle, plan, walked, dropped, skipped))
     sections["unconverted"] = _unconverted(plan, walked, written, skipped)
     return sections
+
+
+def _row_dataset_names(plan: Plan) -> set[str]:
+    """The datasets of a unit (columns: of the file) that hold rows: the fields' and their companions'."""
+    names = {leaf.path for leaf in plan.leaves.values() if leaf.attr is None}
+    names.update(c for leaf in plan.leaves.values() if leaf.recorded is not None
+                 for c in plan.companions.get(leaf.field, ()))
+    return names
+
+
+def _written_paths(handle: Any, plan: Plan) -> set[str]:
+    """The datasets of the file that the conversion holds whole: constants, datasets of units of 0 rows,
+    and (but in a groups layout) the datasets of the rows in every unit."""
+    written = set(plan.constants) | set(plan.empty_datasets())
+    if plan.kind != "groups":
+        names = _row_dataset_names(plan)
+        for unit in plan.units:
+            group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
+            written.update("/".join(p for p in (plan.unit_path(unit), n) if p) for n in names if n in group)
+    return written
+
+
+def _file_structure(handle: Any, plan: Plan, walked: list[tuple[str, Any]], dropped: tuple[str, ...],
+                    skipped: set[str]) -> dict[str, Any]:
+    """The ``structure`` of :func:`_sections` read from the file: storage, links, dimension scales and
+    named datatypes, of the ``walked`` objects (none in a dropped unit nor listed as left out)."""
+    h5py = h5py_module()
+    roots = unit_roots(plan)
+    links = {p: link for p, link in find_links(handle, roots)[0].items() if p not in skipped and not in_any(p, dropped)}
+    return {"storage": _file_storage(handle, plan), "links": links,
+            "scales": dimension_scales(handle, walked, roots),
+            "units_below": plan.container if plan.kind == "groups" else None,
+            "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
+                            and p not in skipped}}
 
 
 def _unconverted(plan: Plan, walked: list[tuple[str, Any]], written: set[str], skipped: set[str]) -> Entries:
@@ -308,11 +347,9 @@ def _row_datasets(handle: Any, plan: Plan, out: dict[str, list[Any]]) -> None:
         for leaf in plan.leaves.values():
             _note(out, _member_name(leaf.path, leaf.attr), dtype_text(leaf.dtype), None)
         return
+    names = _row_dataset_names(plan)
     for unit in plan.units:
         group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
-        names = {leaf.path for leaf in plan.leaves.values() if leaf.attr is None}
-        names.update(c for leaf in plan.leaves.values() if leaf.recorded is not None
-                     for c in plan.companions.get(leaf.field, ()))
         for rel in sorted(n for n in names if n in group):
             dataset = group[rel]
             _note(out, _rows_name(plan.kind, rel), dtype_text(dataset.dtype), list(dataset.shape[1:]))
@@ -378,6 +415,33 @@ def native_extras(schema: Unischema, extra: Mapping[str, Any], spec: ExportSpec,
 def _native_files(source: Mapping[str, Any], spec: ExportSpec, recorded: Mapping[str, Any],
                   options: Mapping[str, Any]) -> Entries:
     """The entries of the source's files, from the metadata (the first file's, and ``<key>_by_file``)."""
+    units, dropped = _selected_units(spec, recorded, options)
+    export = _Export(spec, dropped, rows=_export_rows(spec, units),
+                     implied={spec.container} if spec.kind == "groups" and spec.container else set(),  # for the units
+                     owners_written=spec.kind == "splits" and units is None)
+    first = {key: source.get(key) for key in PER_FILE}
+    by_file = {key: source.get(f"{key}_by_file") or {} for key in PER_FILE}
+    others = {path for key in PER_FILE for path in by_file[key]}
+    return _with_files(export.sections(first), [
+        (path, export.sections({key: by_file[key].get(path, first[key]) for key in PER_FILE}))
+        for path in sorted(others)])
+
+
+def _export_rows(spec: ExportSpec, units: list[str] | None) -> set[str]:
+    """The paths of the datasets holding rows that an export writes (none in a groups layout, whose
+    rows are sample groups)."""
+    if spec.kind == "groups":
+        return set()
+    names = [t.path for t in spec.typed if t.attr is None]
+    names += [n for f in spec.generic for n in storage_of(f, spec.images).datasets()]
+    unit_paths = [""] if spec.kind == "columns" else [_join(spec.container, u) for u in units or ()]
+    return {_join(u, n) for u in unit_paths for n in names}
+
+
+def _selected_units(spec: ExportSpec, recorded: Mapping[str, Any],
+                    options: Mapping[str, Any]) -> tuple[list[str] | None, tuple[str, ...]]:
+    """The recorded units an export writes (None: not recorded) and the paths of those the option
+    ``split`` leaves out."""
     units = recorded.get("units")
     selected = options.get("split")
     selected = [selected] if isinstance(selected, str) else selected
@@ -385,32 +449,39 @@ def _native_files(source: Mapping[str, Any], spec: ExportSpec, recorded: Mapping
     if spec.kind == "splits" and units is not None and selected is not None:
         dropped = tuple(_join(spec.container, u) for u in units if u not in selected)
         units = [u for u in units if u in selected]
-    names = [t.path for t in spec.typed if t.attr is None]
-    if spec.kind != "groups":
-        names += [n for f in spec.generic for n in storage_of(f, spec.images).datasets()]
-    unit_paths = [""] if spec.kind == "columns" else [_join(spec.container, u) for u in units or ()]
-    rows = {_join(u, n) for u in unit_paths for n in names} if spec.kind != "groups" else set()
-    implied = {spec.container} if spec.kind == "groups" and spec.container else set()  # made for the units
+    return units, dropped
 
-    def sections(own: Mapping[str, Any]) -> dict[str, Entries]:
+
+@dataclass(frozen=True)
+class _Export:
+    """What an export writes of a source's file, to read its entries from the metadata."""
+
+    spec: ExportSpec
+    dropped: tuple[str, ...]  #: the units not written (option ``split``)
+    rows: set[str]  #: the datasets of the rows (but in a groups layout)
+    implied: set[str]  #: the groups made for the units
+    #: metadata from before the splits were recorded: every attribute's owner taken as written
+    owners_written: bool
+
+    def sections(self, own: Mapping[str, Any]) -> dict[str, Entries]:
+        """:func:`_sections` of one file's own metadata (the keys of :data:`PER_FILE`)."""
+        spec = self.spec
         datasets = {p: decode_constant(r) for key in ("constants", "empty_datasets")
-                    for p, r in (own.get(key) or {}).items() if not in_any(p, dropped)}
-        groups = [p for p in (own.get("group_paths") or ()) if not in_any(p, dropped)]
+                    for p, r in self._kept(own, key).items()}
+        groups = [p for p in (own.get("group_paths") or ()) if not in_any(p, self.dropped)]
         attributes = {p: {n: decode_constant(r) for n, r in values.items()}
-                      for p, values in (own.get("attribute_values") or {}).items() if not in_any(p, dropped)}
-        # metadata from before the splits were recorded: every attribute's owner taken as written
-        written = set(attributes) if spec.kind == "splits" and units is None else rows
-        structure = {"storage": _recorded_storage(own, spec, datasets, rows, dropped),
-                     "links": {p: link for p, link in (own.get("links") or {}).items() if not in_any(p, dropped)},
+                      for p, values in self._kept(own, "attribute_values").items()}
+        written = set(attributes) if self.owners_written else self.rows
+        structure = {"storage": _recorded_storage(own, spec, datasets, self.rows, self.dropped),
+                     "links": self._kept(own, "links"),
                      "scales": own.get("dimension_scales") or {},
                      "units_below": spec.container if spec.kind == "groups" else None,
-                     "named_types": {p: t for p, t in (own.get("named_types") or {}).items() if not in_any(p, dropped)}}
-        return _sections(datasets, attributes, groups, written | set(datasets), implied, structure)
+                     "named_types": self._kept(own, "named_types")}
+        return _sections(datasets, attributes, groups, written | set(datasets), self.implied, structure)
 
-    first = {key: source.get(key) for key in PER_FILE}
-    others = {path for key in PER_FILE for path in (source.get(f"{key}_by_file") or {})}
-    return _with_files(sections(first), [(path, sections({key: (source.get(f"{key}_by_file") or {}).get(
-        path, first[key]) for key in PER_FILE})) for path in sorted(others)])
+    def _kept(self, own: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """``own[key]`` (by object path) without the objects of the units not written."""
+        return {p: value for p, value in (own.get(key) or {}).items() if not in_any(p, self.dropped)}
 
 
 def _recorded_storage(own: Mapping[str, Any], spec: ExportSpec, datasets: Mapping[str, Value], rows: set[str],

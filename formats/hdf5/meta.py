@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,36 +43,49 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
     every file has of its own (:data:`PER_FILE`)."""
     constants = {path: encode_dataset(handle[path]) for path in plan.constants}
     empty = {path: encode_dataset(handle[path]) for path in plan.empty_datasets()}
-    h5py = h5py_module()
     units = {plan.unit_path(u) for u in plan.units} if plan.kind == "groups" else set()
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
-    groups: dict[str, dict[str, Any]] = {}
-    datasets: dict[str, dict[str, Any]] = {}
-    exact: dict[str, dict[str, Any]] = {}
-    group_paths: list[str] = []
-    left_out = {**plan.left_out, **plan.ignored}
     walked = [("", handle), *walk_objects(handle, units, unit_roots(plan))]
-    for path, obj in walked:
-        if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
-            group_paths.append(path)
-        attrs = _attributes(obj.attrs)
-        if attrs and path:
-            (datasets if isinstance(obj, h5py.Dataset) else groups)[path] = attrs
-        values, failed = exact_attributes(obj)
-        exact.update({path: {name: v[2] for name, v in values.items()}} if values else {})
-        left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
+    found = _object_attributes(walked, dropped)
     storage, member_storage = storage_records(handle, plan)
-    own = {"constants": constants, "empty_datasets": empty, "attribute_values": exact, "group_paths": group_paths,
-           "storage": storage, "member_storage": member_storage,
+    own = {"constants": constants, "empty_datasets": empty, "attribute_values": found.exact,
+           "group_paths": found.group_paths, "storage": storage, "member_storage": member_storage,
            "links": {p: link for p, link in plan.links.items() if not in_any(p, dropped)},
            "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)],
                                                 unit_roots(plan)),
            "named_types": named_types(walked)}
     if per_file:
         return own
+    left_out = {**plan.left_out, **plan.ignored, **found.left_out}
     scalars = {path: _jsonable(_scalar(handle[path])) for path in plan.constants if not handle[path].shape}
-    return {"attributes": _attributes(handle.attrs), "groups": groups, "datasets": datasets, "scalars": scalars,
-            "layout": layout_record(plan), **own, "left_out": left_out}
+    return {"attributes": _attributes(handle.attrs), "groups": found.groups, "datasets": found.datasets,
+            "scalars": scalars, "layout": layout_record(plan), **own, "left_out": left_out}
+
+
+class _ObjectAttributes(NamedTuple):
+    """What :func:`file_metadata` keeps of the attributes and groups of a file's objects."""
+
+    groups: dict[str, dict[str, Any]]  #: a group's path -> its attributes as JSON values
+    datasets: dict[str, dict[str, Any]]  #: a dataset's path -> its attributes as JSON values
+    exact: dict[str, dict[str, Any]]  #: an object's path -> its attributes encoded exactly
+    group_paths: list[str]  #: every group but the root, none in or below a dropped unit
+    left_out: dict[str, str]  #: ``path@name`` -> why that attribute cannot be kept exactly
+
+
+def _object_attributes(walked: list[tuple[str, Any]], dropped: tuple[str, ...]) -> _ObjectAttributes:
+    """The attributes of the ``walked`` objects (the root first, at path ``''``) and the groups outside ``dropped``."""
+    h5py = h5py_module()
+    found = _ObjectAttributes({}, {}, {}, [], {})
+    for path, obj in walked:
+        if path and isinstance(obj, h5py.Group) and not in_any(path, dropped):
+            found.group_paths.append(path)
+        attrs = _attributes(obj.attrs)
+        if attrs and path:
+            (found.datasets if isinstance(obj, h5py.Dataset) else found.groups)[path] = attrs
+        values, failed = exact_attributes(obj)
+        found.exact.update({path: {name: v[2] for name, v in values.items()}} if values else {})
+        found.left_out.update({f"{path}@{name}": reason for name, reason in failed.items()})
+    return found
 
 
 def encode_dataset(dataset: Any) -> dict[str, Any]:

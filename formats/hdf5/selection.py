@@ -55,23 +55,7 @@ def _select(plan: Plan, options: Mapping[str, Any], *, strict: bool) -> None:
     (``strict``: nothing else chose the fields)."""
     wanted = options.get("fields")
     if wanted is not None:
-        chosen: set[str] = set()
-        for raw in [wanted] if isinstance(wanted, str) else wanted:
-            item = raw.strip("/")
-            if item == plan.key_field:
-                continue
-            refused = {n: r for n, r in plan.refused.items() if matches(n, item)}
-            if refused:
-                raise FormatError(refusal_message(plan.path, refused), path=plan.path)
-            hits = [n for n in plan.leaves if matches(n, item)]
-            if not hits:
-                raise FormatError(f"{plan.path}: no dataset or group {item!r}; fields: {some(plan.leaves, 10)}",
-                                  path=plan.path)
-            chosen.update(hits)
-        plan.left_out.update({n: "not selected by fields=" for n in plan.leaves if n not in chosen})
-        plan.left_out.update({n: f"not selected by fields= ({r})" for n, r in plan.refused.items()})
-        plan.leaves = {n: leaf for n, leaf in plan.leaves.items() if n in chosen}
-        plan.refused = {}
+        _select_fields(plan, [wanted] if isinstance(wanted, str) else wanted)
     elif plan.refused and options.get("ignore_unsupported", False):
         if strict:
             warnings.warn(f"{plan.path}: left out (ignore_unsupported): {some(plan.refused)}", stacklevel=4)
@@ -79,6 +63,28 @@ def _select(plan: Plan, options: Mapping[str, Any], *, strict: bool) -> None:
         plan.refused = {}
     elif plan.refused and strict:
         raise FormatError(refusal_message(plan.path, plan.refused), path=plan.path)
+
+
+def _select_fields(plan: Plan, wanted: Iterable[str]) -> None:
+    """Option ``fields``: keep the fields named or prefixed by ``wanted``, the others left out (listed);
+    refuse a name that matches no field or matches one that cannot be ingested."""
+    chosen: set[str] = set()
+    for raw in wanted:
+        item = raw.strip("/")
+        if item == plan.key_field:
+            continue
+        refused = {n: r for n, r in plan.refused.items() if matches(n, item)}
+        if refused:
+            raise FormatError(refusal_message(plan.path, refused), path=plan.path)
+        hits = [n for n in plan.leaves if matches(n, item)]
+        if not hits:
+            raise FormatError(f"{plan.path}: no dataset or group {item!r}; fields: {some(plan.leaves, 10)}",
+                              path=plan.path)
+        chosen.update(hits)
+    plan.left_out.update({n: "not selected by fields=" for n in plan.leaves if n not in chosen})
+    plan.left_out.update({n: f"not selected by fields= ({r})" for n, r in plan.refused.items()})
+    plan.leaves = {n: leaf for n, leaf in plan.leaves.items() if n in chosen}
+    plan.refused = {}
 
 
 def refusal_message(path: str, refused: Mapping[str, str]) -> str:

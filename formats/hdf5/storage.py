@@ -78,23 +78,44 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
                 source: Mapping[str, Any] | None = None, images: str = "bytes") -> ExportSpec:
     """The :class:`ExportSpec` of ``schema``; ``source`` is the ``hdf5`` metadata of an HDF5 ingest,
     used where its layout is the one written."""
-    recorded = dict((source or {}).get("layout") or {})
+    source = source or {}
+    recorded = dict(source.get("layout") or {})
     same = recorded.get("kind", "columns") == layout
     if not same:
         recorded = {}
     key = key_field or recorded.get("key_field") or KEY_FIELDS.get(layout)
     spec = ExportSpec(layout, recorded.get("container", ""), key if layout != "columns" else None, images=images)
-    spec.constants = dict((source or {}).get("constants") or {}) if same else {}
-    spec.attributes = dict((source or {}).get("attribute_values") or {}) if same else {}
-    spec.empty = dict((source or {}).get("empty_datasets") or {}) if same else {}
-    spec.groups = list((source or {}).get("group_paths") or ()) if same else []
-    spec.units = list(recorded.get("units") or ()) if same else []
     if same:
-        spec.storage = dict((source or {}).get("storage") or {})
-        spec.member_storage = dict((source or {}).get("member_storage") or {})
-        spec.links = dict((source or {}).get("links") or {})
-        spec.scales = dict((source or {}).get("dimension_scales") or {})
-        spec.named_types = dict((source or {}).get("named_types") or {})
+        _take_source(spec, source, recorded)
+    for t in _typed_fields(schema, spec, recorded).values():
+        if _complete(schema, t):
+            spec.typed.append(t)
+        else:  # a subset or changed fields: stored unihub's way, never padded with invented values
+            spec.generic.extend(schema[name] for name, _ in t.members)
+    return spec
+
+
+def _take_source(spec: ExportSpec, source: Mapping[str, Any], recorded: Mapping[str, Any]) -> None:
+    """Give ``spec`` what the ingest recorded of its source beyond the rows (written in the same layout)."""
+    def recorded_mapping(key: str) -> dict[str, Any]:
+        return dict(source.get(key) or {})
+
+    spec.constants = recorded_mapping("constants")
+    spec.attributes = recorded_mapping("attribute_values")
+    spec.empty = recorded_mapping("empty_datasets")
+    spec.groups = list(source.get("group_paths") or ())
+    spec.units = list(recorded.get("units") or ())
+    spec.storage = recorded_mapping("storage")
+    spec.member_storage = recorded_mapping("member_storage")
+    spec.links = recorded_mapping("links")
+    spec.scales = recorded_mapping("dimension_scales")
+    spec.named_types = recorded_mapping("named_types")
+
+
+def _typed_fields(schema: Unischema, spec: ExportSpec,
+                  recorded: Mapping[str, Any]) -> dict[tuple[str, str | None], Typed]:
+    """The source datasets (and attributes) the fields of ``schema`` came from, by (path, attribute), with
+    their fields; a field of no recorded dataset goes to ``spec.generic`` (the key field to neither)."""
     typed: dict[tuple[str, str | None], Typed] = {}
     for f in schema:
         entry = recorded.get("fields", {}).get(f.name)
@@ -107,12 +128,7 @@ def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | 
         dt = dtype_from_json(entry["dtype"] if attr is not None else recorded["datasets"][path])
         typed.setdefault((path, attr), Typed(path, dt, attr, group=bool(entry.get("group")))).members.append(
             (f.name, tuple(entry.get("member", ()))))
-    for t in typed.values():
-        if _complete(schema, t):
-            spec.typed.append(t)
-        else:  # a subset or changed fields: stored unihub's way, never padded with invented values
-            spec.generic.extend(schema[name] for name, _ in t.members)
-    return spec
+    return typed
 
 
 def _complete(schema: Unischema, typed: Typed) -> bool:
