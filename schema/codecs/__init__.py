@@ -25,17 +25,10 @@ from __future__ import annotations
 
 from unihub.schema.codecs.base import CODECS, Codec, codec_from_json, column_as_array, register_codec, stack_if_fixed
 from unihub.schema.codecs.binary import BinaryCells, Spans, binary_views, spans_at
-
-# imported in this order, the codecs register in it: scalar, tensor, compressed_image, ndarray, compressed_ndarray
-from unihub.schema.codecs.scalar import ScalarCodec, type_is_spark  # isort: skip
-from unihub.schema.codecs.tensor import (  # isort: skip
-    TensorCodec,
-    parquet_tensor_type,
-    tensor_from_parquet,
-    tensor_to_parquet,
-)
-from unihub.schema.codecs.image import CompressedImageCodec, image_pixels_allowed  # isort: skip
-from unihub.schema.codecs.ndarray import CompressedNdarrayCodec, NdarrayCodec  # isort: skip
+from unihub.schema.codecs.image import CompressedImageCodec, image_pixels_allowed
+from unihub.schema.codecs.ndarray import CompressedNdarrayCodec, NdarrayCodec
+from unihub.schema.codecs.scalar import ScalarCodec, type_is_spark
+from unihub.schema.codecs.tensor import TensorCodec, parquet_tensor_type, tensor_from_parquet, tensor_to_parquet
 
 __all__ = [
     "CODECS",
