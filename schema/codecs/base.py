@@ -59,6 +59,7 @@ def column_as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def extension_storage(array: pa.Array) -> pa.Array:
+    """The storage array of an extension array (a ``fixed_shape_tensor`` column's fixed-size lists), else ``array``."""
     return array.storage if isinstance(array, pa.ExtensionArray) else array
 
 
