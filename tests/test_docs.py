@@ -41,8 +41,8 @@ _BLOCK = re.compile(r"(?:^<!-- test: skip \((?P<why>[^\n]+?)\) -->\n)?```python\
 #: inline code spans and fenced blocks of any language, for the names they use
 _CODE = re.compile(r"```[^\n]*\n(?P<block>.*?)^```|`(?P<span>[^`\n]+)`", re.S | re.M)
 _DOTTED = re.compile(r"(?<![\w./-])unihub(?:\.[A-Za-z_]\w*)+")
-#: dotted names in the pages that are not Python names: metadata keys of the Parquet footer
-NOT_PYTHON_NAMES = frozenset({"unihub.unischema", "unihub.extra"})
+#: dotted names in the pages that are not Python names: metadata keys of the Parquet footer, a Spark conf key
+NOT_PYTHON_NAMES = frozenset({"unihub.unischema", "unihub.extra", "unihub.spark.converter.parentCacheDirUrl"})
 
 
 @dataclass(frozen=True)
