@@ -73,6 +73,13 @@ def test_the_readme_has_python_examples_and_few_skips() -> None:
     assert len([b for b in readme if b.skip]) <= 2
 
 
+def test_the_readme_stays_a_front_page() -> None:
+    """README.md is what, install, the commands, an example per job and links (issue 38: ~250 lines at most);
+    the rest belongs in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines: move the detail to a page under docs/"
+
+
 def test_every_skip_says_why() -> None:
     vague = [f"{b.page}:{b.line}" for b in ALL_BLOCKS if b.skip is not None and len(b.skip) <= 20]
     assert not vague, f"a skip's reason must say why the block cannot run here: {vague}"
