@@ -80,6 +80,15 @@ def test_the_readme_stays_a_front_page() -> None:
     assert lines <= 250, f"README.md has {lines} lines: move the detail to a page under docs/"
 
 
+def test_the_readmes_links_into_the_repository_resolve() -> None:
+    """README.md is read on its own (GitHub, PyPI), outside the docs build that checks the pages' links."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert len(targets) >= 10
+    missing = sorted({t for t in targets if t and not (ROOT / t).exists()})
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 def test_every_skip_says_why() -> None:
     vague = [f"{b.page}:{b.line}" for b in ALL_BLOCKS if b.skip is not None and len(b.skip) <= 20]
     assert not vague, f"a skip's reason must say why the block cannot run here: {vague}"
