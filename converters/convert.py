@@ -206,28 +206,13 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
-    if engine not in ("local", "spark"):
-        raise UnsupportedFormatError(f"engine must be 'local' or 'spark', got {engine!r}")
-    if not isinstance(workers, int) or workers < 0:
-        raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
-    workers = workers or (os.cpu_count() or 1)
-    validate_images = check_mode(validate_images)
-    budget = memory_budget(memory_budget_mb)
-    if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
-        raise UnsupportedFormatError("--engine spark (engine='spark') converts a foreign format into unihub; "
-                                     f"use the local engine for {source_format} -> {target_format}")
-    if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
-        fs, target = (sources.filesystem(dst) if sources.is_url(dst)
-                      else (pafs.LocalFileSystem(), os.path.abspath(dst)))
-        check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
+    workers, validate_images, budget = _run_options(engine, workers, validate_images, memory_budget_mb)
+    _check_request(dst, source_format, target_format, engine, overwrite=overwrite,
+                   overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
     options = dict(format_options or {})
-    if source_format != UNIHUB and target_format != UNIHUB and options:
-        raise UnsupportedFormatError(f"format options are ambiguous between {source_format} and {target_format}; "
-                                     "convert to unihub first, then export")
-    if source_format == UNIHUB and target_format == UNIHUB and options:
-        raise UnsupportedFormatError(f"a unihub -> unihub conversion takes no format options, got {sorted(options)}")
+    _check_format_options(source_format, target_format, options)
     if source_format == UNIHUB:
         batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size, budget)
         meter = ProgressMeter(enabled=progress, total_rows=total_rows)
@@ -247,14 +232,9 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
                           row_group_size_mb=row_group_size_mb, part_size_mb=part_size_mb, batch_size=batch_size,
                           on_error=on_error, validate_images=validate_images, progress=progress,
                           storage_options=dict(storage_options) if storage_options else None)
-        files = source.files()
-        input_bytes = _total_size(files)
-        out_schema = given or source.infer_schema()
-        source.prepare(out_schema)
-        extra = {"source_format": source_format, "source": src, **source.metadata()}
-        # the source reads its next batches while the writer writes (it releases the GIL)
-        batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error),
-                             max_bytes=budget.read_ahead_bytes)
+        batches, out_schema, extra, input_bytes = _foreign_batches(source, src, source_format, given,
+                                                                   batch_size=batch_size, on_error=on_error,
+                                                                   budget=budget)
         report = source
         meter = ProgressMeter(enabled=progress, total_bytes=input_bytes, bytes_read=lambda: source.report.bytes_read)
     if target_format != UNIHUB:  # checked before anything is written
@@ -281,6 +261,54 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     return ConvertResult(src, dst, source_format, target_format, rows, time.perf_counter() - start,
                          bytes_read=input_bytes,
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
+
+
+def _run_options(engine: str, workers: Any, validate_images: ValidateImages,
+                 memory_budget_mb: float | None) -> tuple[int, ValidateImages, MemoryBudget]:
+    """The engine checked, the workers' count (0: one per core), the image check's mode and the memory budget."""
+    if engine not in ("local", "spark"):
+        raise UnsupportedFormatError(f"engine must be 'local' or 'spark', got {engine!r}")
+    if not isinstance(workers, int) or workers < 0:
+        raise SchemaError(f"workers must be a whole number >= 0 (0: one per core), got {workers!r}")
+    return workers or (os.cpu_count() or 1), check_mode(validate_images), memory_budget(memory_budget_mb)
+
+
+def _check_request(dst: str, source_format: str, target_format: str, engine: str, *, overwrite: bool,
+                   overwrite_foreign: bool) -> None:
+    """Refuse, before anything is read, a conversion the engine cannot run and a ``dst`` that may not be
+    replaced (an ingest checks it where it writes it)."""
+    if engine == "spark" and (source_format == UNIHUB or target_format != UNIHUB):
+        raise UnsupportedFormatError("--engine spark (engine='spark') converts a foreign format into unihub; "
+                                     f"use the local engine for {source_format} -> {target_format}")
+    if target_format != UNIHUB or source_format == UNIHUB:  # an ingest checks DST where it writes it
+        fs, target = (sources.filesystem(dst) if sources.is_url(dst)
+                      else (pafs.LocalFileSystem(), os.path.abspath(dst)))
+        check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
+
+
+def _check_format_options(source_format: str, target_format: str, options: dict[str, Any]) -> None:
+    """Refuse format options that name no one foreign format (one side must be unihub, the other not)."""
+    if source_format != UNIHUB and target_format != UNIHUB and options:
+        raise UnsupportedFormatError(f"format options are ambiguous between {source_format} and {target_format}; "
+                                     "convert to unihub first, then export")
+    if source_format == UNIHUB and target_format == UNIHUB and options:
+        raise UnsupportedFormatError(f"a unihub -> unihub conversion takes no format options, got {sorted(options)}")
+
+
+def _foreign_batches(source: Any, src: str, source_format: str, given: Unischema | None, *, batch_size: int,
+                     on_error: OnError, budget: MemoryBudget
+                     ) -> tuple[Iterator[ColumnBatch], Unischema, dict[str, Any], int]:
+    """A foreign source's batches (read ahead while the writer writes), their schema (given, else inferred),
+    the metadata the export keeps, and the bytes of the source's files."""
+    files = source.files()
+    input_bytes = _total_size(files)
+    out_schema = given or source.infer_schema()
+    source.prepare(out_schema)
+    extra = {"source_format": source_format, "source": src, **source.metadata()}
+    # the source reads its next batches while the writer writes (it releases the GIL)
+    batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error),
+                         max_bytes=budget.read_ahead_bytes)
+    return batches, out_schema, extra, input_bytes
 
 
 def _settle(src: str, dst: str) -> None:

@@ -77,22 +77,32 @@ def values_equal(a: Any, b: Any) -> tuple[bool, str]:
     if a is None or b is None:
         return (a is None and b is None), f"{_describe(a)} vs {_describe(b)}"
     if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
-        ab, bb = bytes(a) if not isinstance(a, str) else a.encode(), bytes(b) if not isinstance(b, str) else b.encode()
-        return ab == bb, f"{len(ab)} bytes vs {len(bb)} bytes"
+        return _bytes_equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        x, y = np.asarray(a), np.asarray(b)
-        if x.shape != y.shape:
-            return False, f"shape {x.shape} vs {y.shape}"
-        if x.dtype != y.dtype and not (x.dtype.kind in "OUS" and y.dtype.kind in "OUS"):
-            return False, f"dtype {x.dtype} vs {y.dtype}"
-        equal = np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
-        return bool(equal), "values differ" if not equal else ""
+        return _arrays_equal(np.asarray(a), np.asarray(b))
     if isinstance(a, (float, np.floating)) and isinstance(b, (float, np.floating)) and np.isnan(a) and np.isnan(b):
         return True, ""
     if isinstance(a, np.generic) and isinstance(b, np.generic) and a.dtype != b.dtype:
         return False, f"dtype {a.dtype} vs {b.dtype}"
     return bool(a == b), f"{a!r} vs {b!r}"
 
+
+
+def _bytes_equal(a: Any, b: Any) -> tuple[bool, str]:
+    """:func:`values_equal` where one side is bytes: the other as bytes too (a string as UTF-8)."""
+    ab, bb = bytes(a) if not isinstance(a, str) else a.encode(), bytes(b) if not isinstance(b, str) else b.encode()
+    return ab == bb, f"{len(ab)} bytes vs {len(bb)} bytes"
+
+
+def _arrays_equal(x: np.ndarray, y: np.ndarray) -> tuple[bool, str]:
+    """:func:`values_equal` of arrays: same shape, same dtype (any mix of object and string dtypes
+    counts as one), same values (NaN equal to NaN)."""
+    if x.shape != y.shape:
+        return False, f"shape {x.shape} vs {y.shape}"
+    if x.dtype != y.dtype and not (x.dtype.kind in "OUS" and y.dtype.kind in "OUS"):
+        return False, f"dtype {x.dtype} vs {y.dtype}"
+    equal = np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
+    return bool(equal), "values differ" if not equal else ""
 
 # -- native records: exact, recursive comparison -------------------------------------------------
 def first_difference(expected: Any, found: Any, where: str = "") -> str | None:

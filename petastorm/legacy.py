@@ -135,12 +135,9 @@ def _brief_items(items: Any, level: int) -> str:
 
 
 def _brief(obj: Any, level: int) -> str:
-    if isinstance(obj, (str, bytes, bytearray)):
-        return repr(obj[:60]) + ("..." if len(obj) > 60 else "")
-    if isinstance(obj, int) and not isinstance(obj, bool):
-        return repr(obj) if obj.bit_length() <= 128 else f"<int of {obj.bit_length()} bits>"
-    if isinstance(obj, (_Inert, *_BRIEF_ATOMS)):
-        return repr(obj)[:_BRIEF_CHARS]
+    atom = _brief_atom(obj)
+    if atom is not None:
+        return atom
     name = type(obj).__name__
     if isinstance(obj, StandIn):
         name = obj.petastorm_name
@@ -154,16 +151,32 @@ def _brief(obj: Any, level: int) -> str:
         parts += [f"state={_brief(obj.state, level - 1)}"] if obj.state is not None else []
         return f"<{name}({', '.join(parts)})>"
     if isinstance(obj, dict):
-        pairs = (f"{_brief(k, level - 1)}: {_brief(v, level - 1)}" for k, v in obj.items())
-        shown = list(itertools.islice(pairs, _BRIEF_ITEMS + 1))
-        text = "{" + ", ".join(shown[:_BRIEF_ITEMS] + (["..."] if len(shown) > _BRIEF_ITEMS else [])) + "}"
-        return text if type(obj) is dict else f"{name}({text})"
+        return _brief_dict(obj, name, level)
     inner = _brief_items(obj, level)
     if isinstance(obj, list):
         return f"[{inner}]"
     if isinstance(obj, tuple):
         return f"({inner},)" if len(obj) == 1 else f"({inner})"
     return f"{name}({{{inner}}})" if obj else f"{name}()"
+
+
+def _brief_atom(obj: Any) -> str | None:
+    """:func:`brief` of a string, bytes, number or other value shown whole (truncated); None for the rest."""
+    if isinstance(obj, (str, bytes, bytearray)):
+        return repr(obj[:60]) + ("..." if len(obj) > 60 else "")
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return repr(obj) if obj.bit_length() <= 128 else f"<int of {obj.bit_length()} bits>"
+    if isinstance(obj, (_Inert, *_BRIEF_ATOMS)):
+        return repr(obj)[:_BRIEF_CHARS]
+    return None
+
+
+def _brief_dict(obj: dict[Any, Any], name: str, level: int) -> str:
+    """:func:`brief` of a dict (a subclass named around it): its first pairs."""
+    pairs = (f"{_brief(k, level - 1)}: {_brief(v, level - 1)}" for k, v in obj.items())
+    shown = list(itertools.islice(pairs, _BRIEF_ITEMS + 1))
+    text = "{" + ", ".join(shown[:_BRIEF_ITEMS] + (["..."] if len(shown) > _BRIEF_ITEMS else [])) + "}"
+    return text if type(obj) is dict else f"{name}({text})"
 
 
 # --------------------------------------------------------------------------------------------

@@ -169,16 +169,7 @@ class RowGroupLoader:
         pre_columns = self._pre_columns()
         decoded: dict[str, Any] = {}
         if pre_columns:
-            pre = take_rows(self._read(task.row_group, pre_columns, partial), rows)
-            try:
-                keep = self._filter_mask(pre, decoded, rows_hint=task.row_group)
-            except CodecError as exc:
-                raise located(exc, info, rows) from exc
-            idx = np.flatnonzero(keep)
-            if own_rows is not None:
-                own_rows = int(np.searchsorted(idx, own_rows))
-            rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
-            decoded = {name: values[idx] for name, values in decoded.items()}
+            rows, own_rows, decoded = self._filtered(task.row_group, pre_columns, partial, info, rows, own_rows)
         rest = [f.name for f in self.fields if f.name not in decoded]
         views = decoded_images(self.fields, self.decode_images)
         table = take_rows(self._read(task.row_group, rest, partial, views), rows) if rest else None
@@ -201,6 +192,23 @@ class RowGroupLoader:
         if self.transform is not None:
             batch = self.transform(batch)
         return batch
+
+    def _filtered(self, row_group: int, pre_columns: list[str], partial: bool, info: RowGroupInfo,
+                  rows: np.ndarray | None, own_rows: int | None
+                  ) -> tuple[np.ndarray, int | None, dict[str, Any]]:
+        """The task's rows that pass ``filters`` and the predicate, NGram's own rows among them, and the
+        columns decoded to decide (kept where the reader reads them)."""
+        pre = take_rows(self._read(row_group, pre_columns, partial), rows)
+        decoded: dict[str, Any] = {}
+        try:
+            keep = self._filter_mask(pre, decoded, rows_hint=row_group)
+        except CodecError as exc:
+            raise located(exc, info, rows) from exc
+        idx = np.flatnonzero(keep)
+        if own_rows is not None:
+            own_rows = int(np.searchsorted(idx, own_rows))
+        rows = (np.arange(info.num_rows) if rows is None else rows)[idx]
+        return rows, own_rows, {name: values[idx] for name, values in decoded.items()}
 
     def _decoded(self, table: pa.Table | None, decoded: dict[str, Any], info: RowGroupInfo,
                  rows: np.ndarray | None) -> dict[str, Any]:

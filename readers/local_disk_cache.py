@@ -105,32 +105,9 @@ class LocalDiskCache(CacheBase):
                  compression: str | None = None, eviction_policy: EvictionPolicy = "least-recently-used",
                  **settings: Any) -> None:
         self.location = _local_directory(location)
-        if isinstance(size_limit_bytes, bool) or not isinstance(size_limit_bytes, (int, float)) \
-                or not 0 < size_limit_bytes < float("inf"):
-            raise CacheConfigError(f"cache_size_limit must be a positive number of bytes for cache_type='local-disk', "
-                                   f"got {size_limit_bytes!r} (e.g. cache_size_limit=10 * 2**30 for 10 GiB)")
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise CacheConfigError(f"shards must be a positive integer, got {shards!r}")
-        if row_size_estimate is not None and eviction_policy != "none" \
-                and size_limit_bytes / shards < 5 * row_size_estimate:
-            per_shard = f", {size_limit_bytes / shards:g} per shard of {shards}" if shards > 1 else ""
-            raise CacheConfigError(
-                f"cache_size_limit ({size_limit_bytes} bytes{per_shard}) must hold at least 5 rows of "
-                f"cache_row_size_estimate ({row_size_estimate} bytes), or new entries could be evicted at once: "
-                f"raise cache_size_limit (Petastorm's words: Condition 'size_limit_bytes / shards < "
-                f"5 * expected_row_size_bytes' needs to hold)")
-        compression = None if compression in ("none", "uncompressed") else compression
-        if compression not in _COMPRESSIONS:
-            raise CacheConfigError(f"cache compression must be one of {list(_COMPRESSIONS)}, got {compression!r}")
-        if compression is not None and not pa.Codec.is_available(compression):
-            raise CacheConfigError(f"this pyarrow build has no {compression} codec; use compression=None")
-        if eviction_policy not in _POLICIES:
-            raise CacheConfigError(f"eviction_policy must be one of {list(_POLICIES)}, got {eviction_policy!r}")
-        unknown = sorted(k for k in settings if k not in _IGNORED_SETTINGS and not k.startswith(_IGNORED_PREFIXES))
-        if unknown:
-            raise CacheConfigError(f"unknown cache_extra_settings {unknown}; valid: 'compression', "
-                                   f"'eviction_policy' (and Petastorm's diskcache settings, which are ignored)")
-        self.size_limit_bytes = int(size_limit_bytes)
+        size_limit = _checked_size_limit(size_limit_bytes, shards, row_size_estimate, eviction_policy)
+        compression = _checked_options(compression, eviction_policy, settings)
+        self.size_limit_bytes = size_limit
         self.row_size_estimate = row_size_estimate
         self.cleanup_on_exit = bool(cleanup)
         self.compression = compression
@@ -330,6 +307,44 @@ class LocalDiskCache(CacheBase):
             except OSError:
                 continue  # e.g. in use on Windows: it still counts
             total -= size
+
+
+def _checked_size_limit(size_limit_bytes: Any, shards: Any, row_size_estimate: int | None,
+                        eviction_policy: str) -> int:
+    """The size limit in bytes; refuses a size limit or shard count that cannot be, and a limit too small for 5 estimated rows per
+    shard (new entries could be evicted at once; Petastorm's condition) where entries are evicted."""
+    if isinstance(size_limit_bytes, bool) or not isinstance(size_limit_bytes, (int, float)) \
+            or not 0 < size_limit_bytes < float("inf"):
+        raise CacheConfigError(f"cache_size_limit must be a positive number of bytes for cache_type='local-disk', "
+                               f"got {size_limit_bytes!r} (e.g. cache_size_limit=10 * 2**30 for 10 GiB)")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise CacheConfigError(f"shards must be a positive integer, got {shards!r}")
+    if row_size_estimate is not None and eviction_policy != "none" \
+            and size_limit_bytes / shards < 5 * row_size_estimate:
+        per_shard = f", {size_limit_bytes / shards:g} per shard of {shards}" if shards > 1 else ""
+        raise CacheConfigError(
+            f"cache_size_limit ({size_limit_bytes} bytes{per_shard}) must hold at least 5 rows of "
+            f"cache_row_size_estimate ({row_size_estimate} bytes), or new entries could be evicted at once: "
+            f"raise cache_size_limit (Petastorm's words: Condition 'size_limit_bytes / shards < "
+            f"5 * expected_row_size_bytes' needs to hold)")
+    return int(size_limit_bytes)
+
+
+def _checked_options(compression: str | None, eviction_policy: Any, settings: dict[str, Any]) -> str | None:
+    """The entries' compression (None for ``'none'``/``'uncompressed'``), once it, the eviction policy and
+    the other settings are known to be valid (Petastorm's diskcache settings are accepted and ignored)."""
+    compression = None if compression in ("none", "uncompressed") else compression
+    if compression not in _COMPRESSIONS:
+        raise CacheConfigError(f"cache compression must be one of {list(_COMPRESSIONS)}, got {compression!r}")
+    if compression is not None and not pa.Codec.is_available(compression):
+        raise CacheConfigError(f"this pyarrow build has no {compression} codec; use compression=None")
+    if eviction_policy not in _POLICIES:
+        raise CacheConfigError(f"eviction_policy must be one of {list(_POLICIES)}, got {eviction_policy!r}")
+    unknown = sorted(k for k in settings if k not in _IGNORED_SETTINGS and not k.startswith(_IGNORED_PREFIXES))
+    if unknown:
+        raise CacheConfigError(f"unknown cache_extra_settings {unknown}; valid: 'compression', "
+                               f"'eviction_policy' (and Petastorm's diskcache settings, which are ignored)")
+    return compression
 
 
 def _local_directory(location: str | os.PathLike[str] | None) -> str:

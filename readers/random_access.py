@@ -84,6 +84,21 @@ class Dataset:
         the batch leaves the worker without another copy); otherwise the column is new memory.
         Arrays given for two fields must not share memory.
         """
+        idx = self._checked_indices(indices)
+        if not idx.size:
+            return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
+        _check_apart(into)
+        whole = self._whole_dataset()
+        if whole is not None:
+            return self._row_type(*(_copied_into(self._from_whole(whole, f, idx, into), into.get(f.name) if into else None)
+                                    for f in self.schema))
+        parts, in_order = self._parts(idx)
+        decoded = self._decoded_parts(parts, in_order, into)
+        return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
+                                for f in self.schema))
+
+    def _checked_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``indices`` as int64 row numbers, negative ones counted from the end; refuses what is not a row."""
         raw = np.asarray(indices)
         if raw.size and raw.dtype.kind not in "iu":  # 1.5 or True would silently become a row number
             raise TypeError(f"row indices must be integers, got {raw.dtype} values")
@@ -93,27 +108,27 @@ class Dataset:
         bad = idx[(idx < 0) | (idx >= n)]
         if bad.size:
             raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
-        if not idx.size:
-            return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
-        targets = list((into or {}).items())
-        for k, (name, target) in enumerate(targets):
-            for other, overlapping in targets[k + 1:]:
-                if np.may_share_memory(target, overlapping):
-                    raise InvalidArgumentError(f"into: the arrays given for {name!r} and {other!r} share memory")
-        whole = self._whole_dataset()
-        if whole is not None:
-            return self._row_type(*(_copied_into(self._from_whole(whole, f, idx, into), into.get(f.name) if into else None)
-                                    for f in self.schema))
+        return idx
+
+    def _parts(self, idx: np.ndarray) -> tuple[list[tuple[_CachedGroup, np.ndarray]], np.ndarray]:
+        """Each row group the rows ``idx`` fall in, read once, with its rows asked (local numbers), grouped
+        in row-group order; and where each asked position's value lands among them (``in_order``)."""
         offsets = self.store._offsets
         groups = np.searchsorted(offsets, idx, side="right") - 1
         by_group = np.argsort(groups, kind="stable")  # positions asked, grouped by row group
         in_order = np.argsort(by_group)  # ...and back: where each position's value lands
         sorted_groups = groups[by_group]
         cuts = (np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1).tolist()
-        parts: list[tuple[_CachedGroup, np.ndarray]] = []  # each group read once, with its rows asked
+        parts: list[tuple[_CachedGroup, np.ndarray]] = []
         for a, b in zip([0, *cuts], [*cuts, len(idx)]):
             group = int(sorted_groups[a])
             parts.append((self._row_group(group), idx[by_group[a:b]] - offsets[group]))
+        return parts, in_order
+
+    def _decoded_parts(self, parts: list[tuple[_CachedGroup, np.ndarray]], in_order: np.ndarray,
+                       into: Mapping[str, np.ndarray] | None) -> dict[str, Any]:
+        """Every field of the rows in ``parts``, decoded in the order asked: images from views of the
+        cached bytes, fixed-width cells gathered by numpy, the rest by Arrow's take."""
         decoded: dict[str, Any] = {}
         slow: list[Any] = []
         for f in self.schema:
@@ -129,8 +144,7 @@ class Dataset:
         if slow:  # Arrow's take, group by group, then the rows joined in the order asked
             pieces = [entry.table.select([f.name for f in slow]).take(int64_array(local)) for entry, local in parts]
             decoded.update(zip((f.name for f in slow), self._decode_in_order(slow, pieces, in_order)))
-        return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
-                                for f in self.schema))
+        return decoded
 
     def _from_whole(self, whole: _WholeDataset, f: Any, idx: np.ndarray, into: Mapping[str, np.ndarray] | None) -> Any:
         """Field ``f`` of rows ``idx`` decoded from the whole dataset's cells."""
@@ -278,6 +292,15 @@ class _CachedGroup:
         if cells is None:
             cells = self._binary[name] = BinaryCells(self.table.column(name))
         return cells
+
+
+def _check_apart(into: Mapping[str, np.ndarray] | None) -> None:
+    """Refuse ``into`` arrays that share memory: a field decoded into one would overwrite another's."""
+    targets = list((into or {}).items())
+    for k, (name, target) in enumerate(targets):
+        for other, overlapping in targets[k + 1:]:
+            if np.may_share_memory(target, overlapping):
+                raise InvalidArgumentError(f"into: the arrays given for {name!r} and {other!r} share memory")
 
 
 def _copied_into(values: Any, target: np.ndarray | None) -> Any:

@@ -67,6 +67,32 @@ class SkipTarget(NamedTuple):
     rows: int
 
 
+def _check_epochs_and_shards(num_epochs: Any, cur_shard: Any, shard_count: Any, shard_by: planning.ShardBy,
+                             seed: int | None, *, shuffles: bool) -> None:
+    """Raise :class:`InvalidArgumentError` for an epoch count or shard that cannot be, and for a row-sharded
+    shuffled read without a seed (each rank would shuffle its own way: rows lost and repeated)."""
+    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+        raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+    for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
+            raise InvalidArgumentError(f"{name} must be an int or None, got {value!r}")
+    if shard_by == "row" and shard_count is not None and shard_count > 1 and seed is None and shuffles:
+        raise InvalidArgumentError(
+            "shard_by='row' cuts each epoch's shuffled order into blocks, so every rank must shuffle alike: "
+            "pass the same seed= on every rank (or shuffle_row_groups=False, shuffle_rows=False)")
+
+
+def _checked_pool(store: ParquetStore, pool_type: PoolType, workers_count: int | None,
+                  results_queue_size: Any) -> int:
+    """The workers' count (the store's default for None), once the pool's arguments are known to be valid."""
+    if workers_count is None:
+        workers_count = default_workers_count(store)
+    check_pool_arguments(pool_type, workers_count)
+    if not isinstance(results_queue_size, int) or isinstance(results_queue_size, bool) or results_queue_size < 1:
+        raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
+    return int(workers_count)
+
+
 def random_seed() -> int:
     """A fresh seed in ``[0, 2**63)`` from the OS's entropy (what ``seed=None`` means)."""
     entropy = np.random.SeedSequence().entropy
@@ -88,16 +114,8 @@ class Reader:
                  resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None,
                  rowgroup_selector: Any = None, memory_budget_mb: float | None = None,
                  on_decode_error: OnDecodeError = "raise") -> None:
-        if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-            raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
-        for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
-            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
-                raise InvalidArgumentError(f"{name} must be an int or None, got {value!r}")
-        if shard_by == "row" and shard_count is not None and shard_count > 1 and seed is None and \
-                (shuffle_row_groups or shuffle_rows):
-            raise InvalidArgumentError(
-                "shard_by='row' cuts each epoch's shuffled order into blocks, so every rank must shuffle alike: "
-                "pass the same seed= on every rank (or shuffle_row_groups=False, shuffle_rows=False)")
+        _check_epochs_and_shards(num_epochs, cur_shard, shard_count, shard_by, seed,
+                                 shuffles=shuffle_row_groups or shuffle_rows)
         self.store = store
         #: rows dropped for images that do not decode (``on_decode_error='skip'``; readers/decode.py)
         self._decode_skips = DecodeSkips()
@@ -121,17 +139,8 @@ class Reader:
         #: a predicate the dataset cannot serve: raised at the first read, as Petastorm's workers raised it
         self._predicate_error = unusable_predicate(predicate, store.schema.fields, store.url) \
             if predicate is not None else None
-        self._groups = self._select_row_groups(None if self._predicate_error else predicate, expression,
-                                               filter_columns)
-        if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
-            from unihub.readers.rowgroup_index import apply_rowgroup_selector
-
-            self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
-        if not self._groups:  # Petastorm's warning: an empty reader is not an error, but never a silent one
-            warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
-                          f"data was sharded: the predicate, filters or rowgroup_selector left none of the "
-                          f"{len(store.row_groups)} row groups of {store.url}; the reader yields nothing",
-                          UserWarning, stacklevel=4)
+        self._groups = self._chosen_row_groups(None if self._predicate_error else predicate, expression,
+                                               filter_columns, rowgroup_selector)
         cut = decode_task_rows(self._read_fields, decode_images) if ngram is None else None
         self._fingerprint_of: tuple[planning.PlanConfig, str] | None = None
         self._plan = planning.PlanConfig(
@@ -140,22 +149,11 @@ class Reader:
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
-        row_predicate = None if self._predicate_error or _on_partitions_only(predicate, store) else predicate
-        self._loader = RowGroupLoader(store, self._read_fields, self.seed,
-                                      predicate=per_row_group(row_predicate) if batched and row_predicate is not None
-                                      else row_predicate,
-                                      filter_expression=expression, filter_columns=filter_columns,
-                                      transform=self._make_transform(read_schema), decode_images=decode_images,
-                                      cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
-                                      policy=DecodePolicy.for_store(store.schema_source, petastorm_types,
-                                                                    batched=batched),
-                                      on_decode_error=check_on_decode_error(on_decode_error))
-        if workers_count is None:
-            workers_count = default_workers_count(store)
-        check_pool_arguments(reader_pool_type, workers_count)
-        if not isinstance(results_queue_size, int) or isinstance(results_queue_size, bool) or results_queue_size < 1:
-            raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
-        self._pool_type, self._workers_count = reader_pool_type, int(workers_count)
+        self._loader = self._make_loader(predicate, expression, filter_columns, read_schema,
+                                         decode_images=decode_images, cache=cache, petastorm_types=petastorm_types,
+                                         on_decode_error=on_decode_error)
+        workers_count = _checked_pool(store, reader_pool_type, workers_count, results_queue_size)
+        self._pool_type, self._workers_count = reader_pool_type, workers_count
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
         #: decoded results in flight are held to about this many bytes too (unihub.runtime.memory)
         self._max_bytes = memory_budget(memory_budget_mb).queue_bytes
@@ -183,7 +181,40 @@ class Reader:
         if resume_from is not None:
             self.load_state_dict(resume_from)
 
+    def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
+                     read_schema: Unischema, *, decode_images: bool, cache: Cache | None,
+                     petastorm_types: bool | None, on_decode_error: OnDecodeError) -> RowGroupLoader:
+        """The loader the workers run: the predicate per row (per row group for a batch reader), unless
+        the dataset cannot serve it or the row groups' selection already applied it (partitions only)."""
+        store, batched, ngram = self.store, self.batched, self.ngram
+        row_predicate = None if self._predicate_error or _on_partitions_only(predicate, store) else predicate
+        return RowGroupLoader(store, self._read_fields, self.seed,
+                              predicate=per_row_group(row_predicate) if batched and row_predicate is not None
+                              else row_predicate,
+                              filter_expression=expression, filter_columns=filter_columns,
+                              transform=self._make_transform(read_schema), decode_images=decode_images,
+                              cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
+                              policy=DecodePolicy.for_store(store.schema_source, petastorm_types, batched=batched),
+                              on_decode_error=check_on_decode_error(on_decode_error))
+
     # -- planning ---------------------------------------------------------------------------
+    def _chosen_row_groups(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
+                           rowgroup_selector: Any) -> list[int]:
+        """Row groups to read (:meth:`_select_row_groups`, then Petastorm's ``rowgroup_selector``); warns,
+        as Petastorm does, where none is left: an empty reader is not an error, but never a silent one."""
+        store = self.store
+        groups = self._select_row_groups(predicate, expression, filter_columns)
+        if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
+            from unihub.readers.rowgroup_index import apply_rowgroup_selector
+
+            groups = apply_rowgroup_selector(store, rowgroup_selector, groups)
+        if not groups:
+            warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
+                          f"data was sharded: the predicate, filters or rowgroup_selector left none of the "
+                          f"{len(store.row_groups)} row groups of {store.url}; the reader yields nothing",
+                          UserWarning, stacklevel=5)
+        return groups
+
     def _select_row_groups(self, predicate: PredicateBase | None, expression: Any,
                            filter_columns: tuple[str, ...]) -> list[int]:
         """Row groups to read: all, minus partitions a partition-only predicate or filter excludes."""

@@ -506,16 +506,9 @@ class WeightedSamplingReader:
         self._apply_due_changes()
 
     def _parse_state(self, state: Any) -> _Saved:
-        if not isinstance(state, dict) or state.get("kind") != STATE_KIND or \
-                state.get("version") not in (1, STATE_VERSION):
-            found = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
-            raise ReaderStateError(f"not a WeightedSamplingReader state of version {STATE_VERSION} (found {found!r}); "
-                                   "pass what its state_dict() returned")
-        keys = {"seed", "draws", "probabilities", "readers"} | \
-            ({"weights", "on_exhausted", "drained", "passes"} if state["version"] == STATE_VERSION else set())
-        missing = sorted(keys - set(state))
-        if missing:
-            raise ReaderStateError(f"the WeightedSamplingReader state lacks {missing}; pass what state_dict() returned")
+        """``state`` checked against this mix (readers, probabilities at construction, ``on_exhausted``);
+        a :class:`ReaderStateError` says what does not fit."""
+        _check_state_keys(state)
         count = len(self._readers)
         states = list(state["readers"])
         if len(states) != count:
@@ -528,25 +521,11 @@ class WeightedSamplingReader:
         if mode != self.on_exhausted:
             raise ReaderStateError(f"the state was saved by a mix with on_exhausted={mode!r}, this one has "
                                    f"{self.on_exhausted!r}")
-        try:
-            weights = normalize_probabilities(state.get("weights", saved), count)
-        except WeightsError as exc:
-            raise ReaderStateError(f"the state's weights are not usable: {exc}") from None
-        try:
-            changes = [(int(draw), tuple(float(w) for w in normalize_probabilities(weights, count)))
-                       for draw, weights in state.get("changes", ())]
-        except (TypeError, ValueError) as exc:
-            raise ReaderStateError(f"the state's weight changes are not usable: {exc}") from None
-        drained = [bool(d) for d in state.get("drained", [False] * count)]
-        passes = [int(p) for p in state.get("passes", [0] * count)]
-        seed, draws = int(state["seed"]), int(state["draws"])
-        if seed < 0 or draws < 0 or len(drained) != count or len(passes) != count or min(passes) < 0:
-            raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
-                                   f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
-                                   f"passes={passes}")
+        weights, changes = _saved_weights(state, saved, count)
+        seed, draws, drained, passes = _saved_progress(state, count)
         if [draw for draw, _ in changes] != sorted(draw for draw, _ in changes):
             raise ReaderStateError("the state's weight changes are not in draw order; pass what state_dict() returned")
-        return _Saved(seed, draws, tuple(float(w) for w in weights), drained, passes, changes, states)
+        return _Saved(seed, draws, weights, drained, passes, changes, states)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -586,6 +565,48 @@ class WeightedSamplingReader:
         return {"draws": self._draws, "seed": self.seed, "weights": list(self.probabilities),
                 "on_exhausted": self.on_exhausted, "drained": list(self._drained), "passes": list(self._passes),
                 "readers": [getattr(r, "diagnostics", None) for r in self._readers]}
+
+
+def _check_state_keys(state: Any) -> None:
+    """Refuse what is not a WeightedSamplingReader state of a known version with all of its keys."""
+    if not isinstance(state, dict) or state.get("kind") != STATE_KIND or \
+            state.get("version") not in (1, STATE_VERSION):
+        found = (state.get("kind"), state.get("version")) if isinstance(state, dict) else type(state).__name__
+        raise ReaderStateError(f"not a WeightedSamplingReader state of version {STATE_VERSION} (found {found!r}); "
+                               "pass what its state_dict() returned")
+    keys = {"seed", "draws", "probabilities", "readers"} | \
+        ({"weights", "on_exhausted", "drained", "passes"} if state["version"] == STATE_VERSION else set())
+    missing = sorted(keys - set(state))
+    if missing:
+        raise ReaderStateError(f"the WeightedSamplingReader state lacks {missing}; pass what state_dict() returned")
+
+
+def _saved_weights(state: dict[str, Any], saved: np.ndarray, count: int
+                   ) -> tuple[tuple[float, ...], list[tuple[int, tuple[float, ...]]]]:
+    """The state's weights in force (its probabilities at construction in version 1) and its weight changes
+    still due, each normalized, the changes checked to be in draw order."""
+    try:
+        weights = normalize_probabilities(state.get("weights", saved), count)
+    except WeightsError as exc:
+        raise ReaderStateError(f"the state's weights are not usable: {exc}") from None
+    try:
+        changes = [(int(draw), tuple(float(w) for w in normalize_probabilities(weights, count)))
+                   for draw, weights in state.get("changes", ())]
+    except (TypeError, ValueError) as exc:
+        raise ReaderStateError(f"the state's weight changes are not usable: {exc}") from None
+    return tuple(float(w) for w in weights), changes
+
+
+def _saved_progress(state: dict[str, Any], count: int) -> tuple[int, int, list[bool], list[int]]:
+    """The state's seed, draws, and each reader's drained flag and passes (version 1: none drained, no pass)."""
+    drained = [bool(d) for d in state.get("drained", [False] * count)]
+    passes = [int(p) for p in state.get("passes", [0] * count)]
+    seed, draws = int(state["seed"]), int(state["draws"])
+    if seed < 0 or draws < 0 or len(drained) != count or len(passes) != count or min(passes) < 0:
+        raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
+                               f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
+                               f"passes={passes}")
+    return seed, draws, drained, passes
 
 
 class _Saved(NamedTuple):

@@ -189,24 +189,7 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
             raise FormatError("page sizes")
         if verify and page.fails_its_crc(chunk):
             raise FormatError("a page fails its checksum")
-        if page.kind == _DATA_PAGE:
-            fields = _struct(header, 5)
-            count, encoding, definition, repetition = (_i32(fields, k) for k in (1, 2, 3, 4))
-            if definition not in _LEVEL_ENCODINGS or repetition not in _LEVEL_ENCODINGS:
-                raise FormatError("level encodings")
-            body = _past_levels_v1(chunk, body, end, count, max_definition_level, definition)
-        elif page.kind == _DATA_PAGE_V2:
-            fields = _struct(header, 8)
-            count, nulls, rows, encoding, definition, repetition = (_i32(fields, k) for k in range(1, 7))
-            if nulls != 0 or rows != count or repetition != 0 or definition < 0 or body + definition > end:
-                raise FormatError("nulls or repetition in a v2 page")
-            if max_definition_level:
-                _all_defined(chunk, body, body + definition, count)
-            elif definition:
-                raise FormatError("definition levels in a page of a required column")
-            body += definition
-        else:
-            raise FormatError(f"a page of type {page.kind}")  # a dictionary or index page
+        body, count, encoding = _page_values(chunk, page.kind, header, body, end, max_definition_level)
         if encoding != _PLAIN or count < 0 or count > (end - body) // _MIN_AVERAGE:
             raise FormatError("not PLAIN, or more (short) values than are worth viewing")
         spans = _walk_values(lengths_at, body, end, count)
@@ -215,6 +198,29 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
     if sum(len(s) for s in starts) != num_rows:
         raise FormatError("values do not add up to the row group's rows")
     return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])
+
+
+def _page_values(chunk: memoryview, kind: int, header: Fields, body: int, end: int,
+                 max_definition_level: int) -> tuple[int, int, int]:
+    """Where a data page's values start (past its definition levels, which must say that every value is
+    there), how many it holds, and their encoding; any other page (dictionary, index) is declined."""
+    if kind == _DATA_PAGE:
+        fields = _struct(header, 5)
+        count, encoding, definition, repetition = (_i32(fields, k) for k in (1, 2, 3, 4))
+        if definition not in _LEVEL_ENCODINGS or repetition not in _LEVEL_ENCODINGS:
+            raise FormatError("level encodings")
+        return _past_levels_v1(chunk, body, end, count, max_definition_level, definition), count, encoding
+    if kind == _DATA_PAGE_V2:
+        fields = _struct(header, 8)
+        count, nulls, rows, encoding, definition, repetition = (_i32(fields, k) for k in range(1, 7))
+        if nulls != 0 or rows != count or repetition != 0 or definition < 0 or body + definition > end:
+            raise FormatError("nulls or repetition in a v2 page")
+        if max_definition_level:
+            _all_defined(chunk, body, body + definition, count)
+        elif definition:
+            raise FormatError("definition levels in a page of a required column")
+        return body + definition, count, encoding
+    raise FormatError(f"a page of type {kind}")  # a dictionary or index page
 
 
 def _i32(fields: Fields, field_id: int, default: Any = _REQUIRED) -> Any:
