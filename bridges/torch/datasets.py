@@ -36,11 +36,14 @@ from unihub.bridges.torch.state import rank_and_world
 from unihub.bridges.torch.tensors import Columns, empty_in_pool, from_worker, load_torch, torch_dtype
 from unihub.errors import InvalidArgumentError
 from unihub.readers.batching import columns_length, numpy_view
+from unihub.readers.random_access import Dataset
+from unihub.readers.reader import Reader, make_batch_reader, make_reader, random_seed
 from unihub.readers.workers import usable_cores
 from unihub.schema.codecs import CompressedImageCodec, image_pixels_allowed
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
+    """The reader seed of ``epoch``: one per (seed, epoch), the same in every rank and worker (so shards agree)."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> 1)
 
 
@@ -89,16 +92,12 @@ def _build_iterable_dataset(torch: Any) -> type:
                 raise InvalidArgumentError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
                                   "by torch worker and rank); leave them out")
             check_variable(variable)
-            from unihub.readers.reader import Reader
-
             self.stream = url if isinstance(url, Reader) else None
             if self.stream is not None and (reader_kwargs or self.stream.batched):
                 raise InvalidArgumentError("a reader given to TorchIterableDataset is served as it is: pass a row "
                                            "reader (make_reader, CachedDataset.stream) and no reader options")
             self.url, self.batch_size, self.variable = url, batch_size, variable
             if seed is None:
-                from unihub.readers.reader import random_seed
-
                 seed = random_seed()
             self.seed = int(seed)
             self.reader_kwargs = reader_kwargs
@@ -108,8 +107,6 @@ def _build_iterable_dataset(torch: Any) -> type:
             self.epoch = epoch
 
         def __iter__(self) -> Iterator[Any]:
-            from unihub.readers.reader import make_batch_reader, make_reader
-
             info = torch.utils.data.get_worker_info()
             if info is not None:
                 in_torch_worker()
@@ -197,8 +194,6 @@ def _build_map_dataset(torch: Any) -> type:
 
         def _open(self) -> Any:
             if self._dataset is None:
-                from unihub.readers.random_access import Dataset
-
                 self._dataset = Dataset(self.url, self.schema_fields, **self.dataset_kwargs)
             return self._dataset
 
