@@ -6,8 +6,9 @@ has no public API for either, so these functions reach into its internals. Each 
 uses and why; a torch that lacks one raises ``ImportError`` or ``AttributeError`` here, and the callers
 fall back to torch's own way where they can (noted at each).
 
-Checked against torch 2.13.0 (the version the tests run with); ``pyproject.toml`` asks for torch >= 2.1.
-When torch is upgraded, the tests in ``tests/bridges/torch/`` exercise each of these (the handover of
+Checked against torch 2.13.0 (the version the tests run with); ``pyproject.toml`` asks for torch >= 2.1, and
+the versions in between were not tested here. When torch is upgraded, ``tests/bridges/torch/test_torch_private.py``
+checks each of these directly, and the rest of ``tests/bridges/torch/`` exercises them in use (the handover of
 pooled batches, the collate of sampler rows and batches, the result-queue channel).
 
 torch is optional: each function imports it when called, never when this module is imported.
