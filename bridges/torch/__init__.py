@@ -23,6 +23,7 @@ from typing import Any
 from unihub.bridges.torch import datasets
 from unihub.bridges.torch.collate import (
     Collate,
+    Variable,
     columns_from_numpy,
     decimal_friendly_collate,
     default_collate_like,
@@ -33,6 +34,7 @@ from unihub.bridges.torch.collate import (
 )
 from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader, InMemBatchedDataLoader
 from unihub.bridges.torch.sampler_rows import (
+    Run,
     SamplerRow,
     TransformedRow,
     collate_sampler_batch,
@@ -40,13 +42,14 @@ from unihub.bridges.torch.sampler_rows import (
     collate_transformed_rows,
 )
 from unihub.bridges.torch.state import IN_MEMORY_STATE, LOADER_STATE_VERSION, LoaderStateError, PerRank
-from unihub.bridges.torch.tensors import empty_in_pool, from_worker, in_one_shared_storage
+from unihub.bridges.torch.tensors import Columns, empty_in_pool, from_worker, in_one_shared_storage
 
 __all__ = [
-    "BatchedDataLoader", "Collate", "DataLoader", "IN_MEMORY_STATE", "InMemBatchedDataLoader", "LOADER_STATE_VERSION",
-    "LoaderStateError", "PerRank", "SamplerRow", "TransformedRow", "collate_sampler_batch", "collate_sampler_rows",
-    "collate_transformed_rows", "columns_from_numpy", "decimal_friendly_collate", "default_collate_like",
-    "empty_in_pool", "finalize", "from_worker", "in_one_shared_storage", "make_collate", "pad", "row_to_tensors",
+    "BatchedDataLoader", "Collate", "Columns", "DataLoader", "IN_MEMORY_STATE", "InMemBatchedDataLoader",
+    "LOADER_STATE_VERSION", "LoaderStateError", "PerRank", "Run", "SamplerRow", "TransformedRow", "Variable",
+    "collate_sampler_batch", "collate_sampler_rows", "collate_transformed_rows", "columns_from_numpy",
+    "decimal_friendly_collate", "default_collate_like", "empty_in_pool", "finalize", "from_worker",
+    "in_one_shared_storage", "make_collate", "pad", "row_to_tensors",
 ]
 
 
