@@ -190,7 +190,7 @@ def unihub_rows(job: dict[str, Any]) -> Iterator[Batch]:
 def unihub_iterable(job: dict[str, Any]) -> Iterator[Batch]:
     import torch
 
-    from unihub.bridges.torch.loaders import TorchIterableDataset
+    from unihub.bridges.torch import TorchIterableDataset
 
     ds = TorchIterableDataset(job["data"], batch_size=64, seed=0, shuffle_row_groups=job["shuffle"] > 0)
     workers = job["workers"]
@@ -202,7 +202,7 @@ def unihub_iterable(job: dict[str, Any]) -> Iterator[Batch]:
 def unihub_map(job: dict[str, Any]) -> Iterator[Batch]:
     import torch
 
-    from unihub.bridges.torch.loaders import TorchMapDataset
+    from unihub.bridges.torch import TorchMapDataset
 
     ds = TorchMapDataset(job["data"])
     loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=job["shuffle"] > 0,

@@ -32,7 +32,7 @@ PATHS = ("map+transform tuple", "map+transform dict", "iterable rows", "iterable
 _CHILD = r"""
 import json, sys, time
 import torch
-from unihub.bridges.torch.loaders import TorchIterableDataset, TorchMapDataset
+from unihub.bridges.torch import TorchIterableDataset, TorchMapDataset
 
 def numeric(row):
     return {"image": row["image"], "label": row["label"], "vec": row["vec"]}

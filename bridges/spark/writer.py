@@ -198,6 +198,11 @@ def _value_converter(arrow_type: pa.DataType) -> _Converter:
         arrow_type = arrow_type.storage_type
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
+    return _scalar_converter(arrow_type) or _nested_converter(arrow_type) or _plain
+
+
+def _scalar_converter(arrow_type: pa.DataType) -> _Converter | None:
+    """The converter of a scalar type pyspark takes as another Python type than numpy gives; None for the others."""
     if pa.types.is_uint64(arrow_type) or pa.types.is_decimal(arrow_type):
         return _to_decimal
     if pa.types.is_timestamp(arrow_type):
@@ -207,6 +212,11 @@ def _value_converter(arrow_type: pa.DataType) -> _Converter:
     if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type) or \
             pa.types.is_fixed_size_binary(arrow_type) or str(arrow_type) == "binary_view":
         return _to_bytearray
+    return None
+
+
+def _nested_converter(arrow_type: pa.DataType) -> _Converter | None:
+    """The converter of a list, map or struct type, its children's converters inside; None for other types."""
     if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
         item = _value_converter(arrow_type.value_type)
         if item is _plain:  # numbers and strings: one ``tolist()``, no per-element Python
@@ -220,7 +230,7 @@ def _value_converter(arrow_type: pa.DataType) -> _Converter:
         children = [(f.name, _value_converter(f.type)) for f in arrow_type]
         return lambda value: {name: None if value.get(name) is None else convert(value.get(name))
                               for name, convert in children}
-    return _plain
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -32,19 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from unihub.bridges.tf.dataset import (
-    _check_reader,
-    _encode,
-    _encode_values,
-    _FieldPlan,
-    _ngram_plans,
-    _null_error,
-    _present,
-    _row_type,
-    _rows_to_columns,
-    _tf,
-    fill_value,
-)
+from unihub.bridges.tf.encode import encode_columns, encode_values, null_error, present_mask, rows_to_columns
+from unihub.bridges.tf.ngram import ngram_plans
+from unihub.bridges.tf.plans import FieldPlan, check_reader, fill_value, load_tf, row_type_with_masks
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 from unihub.schema.validation import shape_matches
 
@@ -52,7 +42,7 @@ from unihub.schema.validation import shape_matches
 RANDOM_SHUFFLING_QUEUE_SIZE = "random_shuffling_queue_size"
 
 
-def _as_transport(plan: _FieldPlan, value: np.ndarray) -> np.ndarray:
+def _as_transport(plan: FieldPlan, value: np.ndarray) -> np.ndarray:
     """``numpy_function`` encodes numpy unicode arrays as ASCII: strings go as object arrays (str or bytes).
     A single ``bytes`` goes in as it is: numpy's ``S`` dtype would cut its trailing NUL bytes."""
     if plan.np_dtype is None:
@@ -60,22 +50,22 @@ def _as_transport(plan: _FieldPlan, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _row_values(plans: Sequence[_FieldPlan], row: Any) -> list[np.ndarray]:
+def _row_values(plans: Sequence[FieldPlan], row: Any) -> list[np.ndarray]:
     """One row namedtuple (or a window's offset) as the function's arrays, checked against the schema:
     the fields, then the nullable fields' masks."""
-    columns = _rows_to_columns(plans, [row])
+    columns = rows_to_columns(plans, [row])
     out, masks = [], []
     for plan in plans:
         column = columns[plan.name]
-        present = bool(_present(column)[0])
+        present = bool(present_mask(column)[0])
         if not present and not plan.masked:
-            raise _null_error(plan.name, 0)
+            raise null_error(plan.name, 0)
         if not present:
             value = fill_value(plan.field)
         else:
             if plan.ragged_rank:  # one row of a variable-shape field is a dense array of its own shape
                 column = np.asarray(column[0])[np.newaxis]
-            value = _encode_values(plan, column)[0]
+            value = encode_values(plan, column)[0]
         if not shape_matches(np.shape(value), plan.field.shape):
             raise SchemaError(f"field {plan.name!r}: a value of shape {np.shape(value)} where the schema says "
                               f"{plan.field.shape}")
@@ -100,7 +90,7 @@ def _check_options(reader: Any, capacity: Any, min_after_dequeue: Any) -> None:
 
 def _shuffled(tensors: list[Any], capacity: int, min_after_dequeue: int) -> list[Any]:
     """The function's outputs through a RandomShuffleQueue with one enqueuing queue-runner thread."""
-    v1 = _tf().compat.v1
+    v1 = load_tf().compat.v1
     queue = v1.RandomShuffleQueue(capacity, min_after_dequeue, [t.dtype for t in tensors])
     queue.size(name=RANDOM_SHUFFLING_QUEUE_SIZE)  # a node others may look up by its well-known name
     v1.train.add_queue_runner(v1.train.QueueRunner(queue, [queue.enqueue(tensors)]))
@@ -127,38 +117,21 @@ def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue
                 print(session.run(row).id)
                 coord.request_stop(); coord.join(threads)
     """
-    plans = _check_reader(reader)
+    plans = check_reader(reader)
     _check_options(reader, shuffling_queue_capacity, min_after_dequeue)
-    tf = _tf()
+    tf = load_tf()
     if shuffling_queue_capacity > 0 and tf.executing_eagerly():
         raise UsageError("tf_tensors with a shuffling queue builds TensorFlow 1 graph ops, which eager execution "
                          "cannot run; call it inside `with tf.Graph().as_default():`, or use "
                          "make_petastorm_dataset(reader).shuffle(n) in TensorFlow 2")
-    if reader.ngram is not None:
-        groups: list[tuple[int | None, list[_FieldPlan], type]] = [
-            (o.offset, o.plans, o.row_type) for o in _ngram_plans(reader)]
-    else:
-        groups = [(None, plans, _row_type(reader.schema._get_namedtuple(), plans))]
-        ragged = [p.name for p in plans if p.ragged_rank]
-        if reader.batched and ragged:
-            raise SchemaError(f"fields {ragged} have variable dims, so a batch of them is not a dense tensor; read "
-                              "them with make_reader, or use make_petastorm_dataset (tf.RaggedTensor batches)")
+    groups = _groups(reader, plans)
     leading = (None,) if reader.batched else ()
     # (dtype, static shape) of each tensor a group's namedtuple holds: its fields, then their masks
     specs = [[(p.tf_dtype, leading + tuple(p.field.shape)) for p in group] +
              [(tf.bool, leading) for p in group if p.masked] for _, group, _ in groups]
     flat_specs = [spec for group_specs in specs for spec in group_specs]
-
-    def next_item(_: Any) -> list[np.ndarray]:
-        item = next(reader)  # StopIteration: TensorFlow raises OutOfRangeError
-        if reader.ngram is not None:
-            return [v for offset, group, _ in groups for v in _row_values(group, item[offset])]
-        if reader.batched:
-            encoded = _encode(plans, dict(zip(reader.schema.fields, item)))  # no ragged fields: one array each
-            return [_as_transport(p, v) for p, v in zip(plans, encoded)] + list(encoded[len(plans):])
-        return _row_values(plans, item)
-
-    tensors = list(tf.numpy_function(next_item, [tf.constant(1)], [dtype for dtype, _ in flat_specs], stateful=True))
+    tensors = list(tf.numpy_function(_next_item(reader, plans, groups), [tf.constant(1)],
+                                     [dtype for dtype, _ in flat_specs], stateful=True))
     if shuffling_queue_capacity > 0:
         tensors = _shuffled(tensors, shuffling_queue_capacity, min_after_dequeue)
     for tensor, (_, shape) in zip(tensors, flat_specs):
@@ -169,3 +142,32 @@ def tf_tensors(reader: Any, shuffling_queue_capacity: int = 0, min_after_dequeue
         out[offset] = row_type(*tensors[start:start + len(group_specs)])
         start += len(group_specs)
     return out[None] if reader.ngram is None else out
+
+
+#: (offset, its fields' plans, its namedtuple type) of each namedtuple an item holds: one (offset None) for a
+#: row or batch, one per offset for an NGram window
+_Group = tuple[int | None, list[FieldPlan], type]
+
+
+def _groups(reader: Any, plans: list[FieldPlan]) -> list[_Group]:
+    """The namedtuples the reader's items become; a batch reader's variable-dim fields are a SchemaError."""
+    if reader.ngram is not None:
+        return [(o.offset, o.plans, o.row_type) for o in ngram_plans(reader)]
+    ragged = [p.name for p in plans if p.ragged_rank]
+    if reader.batched and ragged:
+        raise SchemaError(f"fields {ragged} have variable dims, so a batch of them is not a dense tensor; read "
+                          "them with make_reader, or use make_petastorm_dataset (tf.RaggedTensor batches)")
+    return [(None, plans, row_type_with_masks(reader.schema._get_namedtuple(), plans))]
+
+
+def _next_item(reader: Any, plans: list[FieldPlan], groups: list[_Group]) -> Any:
+    """The function ``numpy_function`` runs: the reader's next item as the arrays of ``groups`` in turn."""
+    def next_item(_: Any) -> list[np.ndarray]:
+        item = next(reader)  # StopIteration: TensorFlow raises OutOfRangeError
+        if reader.ngram is not None:
+            return [v for offset, group, _ in groups for v in _row_values(group, item[offset])]
+        if reader.batched:
+            encoded = encode_columns(plans, dict(zip(reader.schema.fields, item)))  # no ragged fields: one array each
+            return [_as_transport(p, v) for p, v in zip(plans, encoded)] + list(encoded[len(plans):])
+        return _row_values(plans, item)
+    return next_item

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.bridges.torch import _torch_private as torch_private
 from unihub.bridges.torch import fd_channel
 from unihub.errors import UsageError
 from unihub.readers.batching import numpy_view
@@ -88,12 +89,12 @@ def _torch() -> Any:
 def _storage_of(tensor_or_storage: Any) -> Any:
     """The untyped storage a tensor views, or a (typed or untyped) storage's own."""
     obj = tensor_or_storage
-    return obj.untyped_storage() if isinstance(obj, _torch().Tensor) else getattr(obj, "_untyped_storage", obj)
+    return obj.untyped_storage() if isinstance(obj, _torch().Tensor) else torch_private.untyped_storage(obj)
 
 
 def _use_count(storage: Any) -> int:
     """References to ``storage``'s memory: 1 when only the pool's own storage object holds it."""
-    return int(_torch()._C._storage_Use_Count(storage._cdata))
+    return torch_private.storage_use_count(storage)
 
 
 class StoragePool:
@@ -114,15 +115,14 @@ class StoragePool:
         self._escaped: set[int] = set()
         self._sent_lock = threading.Lock()  # batches are counted as sent where they are pickled (any thread)
         #: a torch without the use count of a storage: no slot is ever known free, all memory is new
-        self._reuse = hasattr(torch._C, "_storage_Use_Count")
+        self._reuse = torch_private.counts_storage_uses()
         _watch_tensors_leaving()
         _POOLS_HERE.add(self)
 
     def storage(self, nbytes: int) -> Any:
         """A shared storage of at least ``nbytes``: a free slot's (refilled by the caller), or new memory."""
-        torch = _torch()
         if not self._reuse:
-            return torch.UntypedStorage._new_shared(max(nbytes, 1))
+            return torch_private.new_shared_storage(max(nbytes, 1))
         for i, held in enumerate(self._storages):
             if held is None:
                 continue
@@ -139,7 +139,7 @@ class StoragePool:
             if held is not None and nbytes <= held.nbytes() <= 2 * nbytes:
                 self._counts[_REFILLED, i] += 1
                 return held
-        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+        storage = torch_private.new_shared_storage(max(nbytes, 1))
         if free:  # an empty slot, or a free one of the wrong size: it holds the new storage
             i = next((i for i in free if self._storages[i] is None), free[0])
             old = self._storages[i]
@@ -277,10 +277,7 @@ class _ShippedStorage:
         self.value = value
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from torch.multiprocessing import reductions
-
-        torch = _torch()
-        return reductions.reduce_tensor(self.value) if isinstance(self.value, torch.Tensor) else \
+        return torch_private.reduce_tensor(self.value) if isinstance(self.value, _torch().Tensor) else \
             _reduce_storage(self.value)
 
 
@@ -288,16 +285,15 @@ def _reduce_storage(storage: Any) -> tuple[Any, ...]:
     """torch's reduction of an untyped storage; pickled for torch's result queue (by its feeder thread,
     see :func:`_mark_result_queue`), its descriptor goes over the channel to the parent where there is
     one (:mod:`~unihub.bridges.torch.fd_channel`): no connection, no handshake."""
-    import torch.multiprocessing
-    from torch.multiprocessing import reductions
+    import torch.multiprocessing  # torch is optional
 
     if getattr(_FOR_PARENT, "on", False) and storage.device.type == "cpu" and storage.nbytes() > 0 \
             and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
-        fd, nbytes = storage._share_fd_cpu_()  # moves it into shared memory first, as torch's reduction does
+        fd, nbytes = torch_private.share_fd_cpu(storage)  # into shared memory first, as torch's reduction does
         token = fd_channel.send(fd)
         if token is not None:
-            return reductions.rebuild_storage_fd, (type(storage), _SentFd(token), nbytes)
-    return reductions.reduce_storage(storage)
+            return torch_private.rebuilt_from_fd(type(storage), _SentFd(token), nbytes)
+    return torch_private.reduce_storage(storage)
 
 
 class _SentFd:
@@ -346,12 +342,10 @@ def _mark_result_queue() -> None:
     # torch's loop runs in the worker's main thread; a dataset method may run in another
     frame: Any = sys._getframe(1) if threading.current_thread() is threading.main_thread() else \
         sys._current_frames().get(threading.main_thread().ident or 0)
-    while frame is not None and not (frame.f_code.co_name == "_worker_loop" and "data_queue" in frame.f_locals):
-        frame = frame.f_back
+    result_queue = torch_private.worker_result_queue(frame)
     _MARKED_IN = os.getpid()
-    if frame is None:
+    if result_queue is None:
         return
-    result_queue = frame.f_locals["data_queue"]
     put = result_queue.put
 
     def put_for_parent(obj: Any, block: bool = True, timeout: float | None = None) -> None:
@@ -396,11 +390,9 @@ def _watch_tensors_leaving() -> None:
         return
     from multiprocessing.reduction import ForkingPickler
 
-    from torch.multiprocessing import reductions
-
     torch = _torch()
-    for kind, original in ((torch.Tensor, reductions.reduce_tensor), (torch.UntypedStorage, _reduce_storage),
-                           (torch.TypedStorage, reductions.reduce_typed_storage)):
+    for kind, original in ((torch.Tensor, torch_private.reduce_tensor), (torch.UntypedStorage, _reduce_storage),
+                           (torch.TypedStorage, torch_private.reduce_typed_storage)):
         def watched(obj: Any, original: Callable[[Any], Any] = original) -> Any:
             for pool in list(_POOLS_HERE):
                 if pool.pid == os.getpid():  # not a forked parent's

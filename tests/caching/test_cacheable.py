@@ -108,7 +108,7 @@ def test_stream_refuses_bad_arguments(cached) -> None:
 
 def test_stream_works_with_every_bridge(cached) -> None:
     pytest.importorskip("torch")
-    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader, TorchIterableDataset
+    from unihub.bridges.torch import BatchedDataLoader, DataLoader, TorchIterableDataset
 
     expected = _ids(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2))
     got = [int(i) for b in DataLoader(cached.stream(100, shuffle=True, seed=1, shard_rank=1, num_shards=2),

@@ -33,6 +33,8 @@ from unihub import (  # noqa: E402
     write_dataset,
 )
 from unihub.bridges.tf import dataset as tf_bridge  # noqa: E402
+from unihub.bridges.tf import encode as tf_encode  # noqa: E402
+from unihub.bridges.tf import plans as tf_plans  # noqa: E402
 from unihub.bridges.tf.dataset import PRESENT_SUFFIX, make_petastorm_dataset, make_tf_dataset  # noqa: E402
 from unihub.errors import ImageDecodeError  # noqa: E402
 from unihub.formats.tfrecord.schema import ORDER_FIELD  # noqa: E402
@@ -330,5 +332,5 @@ def test_values_of_another_rank_are_named_not_numpys_error() -> None:
     column = np.empty(3, dtype=object)
     column[:] = [np.zeros((2, 3, 3), np.uint8), np.zeros((2, 3, 1), np.uint8), np.zeros((4, 2), np.uint8)]
     with pytest.raises(ValidationError, match=r"field 'image', row 2 .*shape \(4, 2\).*\(None, None, None\)") as caught:
-        tf_bridge._encode(tf_bridge._plans([field]), {"image": column})
+        tf_encode.encode_columns(tf_plans.field_plans([field]), {"image": column})
     assert (caught.value.field, caught.value.row) == ("image", 2)

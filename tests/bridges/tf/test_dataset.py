@@ -31,6 +31,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.bridges.tf import dataset as tf_bridge
+from unihub.bridges.tf import sources as tf_sources
 from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset, output_signature
 from unihub.readers.reader import make_batch_reader, make_reader
 
@@ -301,10 +302,10 @@ def test_fields_without_a_tf_type(tf: Any) -> None:
 def test_numpy_stages_without_tf() -> None:
     """Re-batching and shuffling are numpy only: exact sizes, every row once, seeded."""
     batches = [{"x": np.arange(start, start + n)} for start, n in [(0, 5), (5, 1), (6, 11), (17, 3)]]
-    sizes = [len(b["x"]) for b in tf_bridge._rebatched(iter(batches), 4, False)]
+    sizes = [len(b["x"]) for b in tf_sources.rebatched(iter(batches), 4, False)]
     assert sizes == [4, 4, 4, 4, 4]
-    assert [len(b["x"]) for b in tf_bridge._rebatched(iter(batches), 6, True)] == [6, 6, 6]
-    out = [np.concatenate([b["x"] for b in tf_bridge._shuffled(iter(batches), 8, np.random.default_rng(s))])
+    assert [len(b["x"]) for b in tf_sources.rebatched(iter(batches), 6, True)] == [6, 6, 6]
+    out = [np.concatenate([b["x"] for b in tf_sources.shuffled(iter(batches), 8, np.random.default_rng(s))])
            for s in (0, 0, 1)]
     assert sorted(out[0].tolist()) == list(range(20)) and out[0].tolist() != list(range(20))
     assert out[0].tolist() == out[1].tolist() != out[2].tolist()
@@ -315,7 +316,7 @@ def test_rebatching_copies_only_batches_across_two_chunks() -> None:
     64-byte boundary (TensorFlow takes such an array without copying it again)."""
     chunks = [{"x": np.arange(start, start + n, dtype=np.int64).repeat(16).reshape(n, 16)}
               for start, n in [(0, 10), (10, 7), (17, 1), (18, 9)]]
-    out = list(tf_bridge._rebatched(iter(chunks), 4, False))
+    out = list(tf_sources.rebatched(iter(chunks), 4, False))
     assert [len(b["x"]) for b in out] == [4, 4, 4, 4, 4, 4, 3]
     np.testing.assert_array_equal(np.concatenate([b["x"] for b in out]), np.concatenate([c["x"] for c in chunks]))
     shared = [any(np.shares_memory(b["x"], c["x"]) for c in chunks) for b in out]

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import unihub.bridges.torch as tp
 from unihub import (
     CompressedImageCodec,
     ScalarCodec,
@@ -31,7 +32,8 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.bridges.torch import loaders as tp
+from unihub.bridges.torch import datasets as torch_datasets
+from unihub.bridges.torch import sampler_rows
 from unihub.dependencies import is_available
 from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
@@ -425,7 +427,7 @@ def test_each_torch_worker_reads_with_its_share_of_the_cores(url, monkeypatch):
     import types
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)  # usable_cores() asks it
-    assert [tp._threads_per_worker(k) for k in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert [torch_datasets._threads_per_worker(k) for k in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     chosen: list[Any] = []
     real = reader_module.make_batch_reader
 
@@ -433,7 +435,7 @@ def test_each_torch_worker_reads_with_its_share_of_the_cores(url, monkeypatch):
         chosen.append(kwargs.get("workers_count"))
         return real(url, **kwargs)
 
-    monkeypatch.setattr(reader_module, "make_batch_reader", recording)
+    monkeypatch.setattr(torch_datasets, "make_batch_reader", recording)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=1, num_workers=3))
     for kwargs in ({}, {"workers_count": 5}):
         ds = tp.TorchIterableDataset(url, batch_size=8, seed=0, schema_fields=["id"], **kwargs)
@@ -1053,7 +1055,7 @@ def test_a_dataset_built_in_a_preloaded_forkserver_hands_over_torch_s_way(url, t
     """A forkserver that imported a module building a dataset opened a channel of its own: the
     workers it forks work for the process that asked for them, so they use torch's way."""
     (tmp_path / "data_module.py").write_text(textwrap.dedent(f"""
-        from unihub.bridges.torch.loaders import TorchMapDataset
+        from unihub.bridges.torch import TorchMapDataset
 
         def numeric(row):
             return {{"id": row["id"], "vec": row["vec"]}}
@@ -1086,7 +1088,7 @@ def test_a_low_open_file_limit_holds_with_many_storages_in_flight(url, tmp_path)
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         import torch
-        from unihub.bridges.torch.loaders import TorchMapDataset
+        from unihub.bridges.torch import TorchMapDataset
 
         def fields(row):  # a list: torch collates each field into new shared memory (a dict's: one pooled storage)
             return [row["vec"] + k for k in range(40)]
@@ -1254,7 +1256,7 @@ def test_worker_batches_rebuilt_by_a_collate_fn_keep_their_memory(url):
 def test_iterable_dataset_shards_over_ranks(url, monkeypatch):
     delivered = []
     for rank in range(3):
-        monkeypatch.setattr(tp, "_rank_and_world", lambda rank=rank: (rank, 3))
+        monkeypatch.setattr(torch_datasets, "rank_and_world", lambda rank=rank: (rank, 3))
         ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy", schema_fields=["id"])
         delivered.append([int(row["id"]) for row in ds])
     assert sorted(i for share in delivered for i in share) == list(range(N))
@@ -1265,7 +1267,7 @@ def test_iterable_dataset_ranks_and_workers_together(url, monkeypatch):
     """2 ranks x 2 workers: four shards (rank * workers + worker), every row exactly once overall."""
     delivered = []
     for rank in range(2):
-        monkeypatch.setattr(tp, "_rank_and_world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(torch_datasets, "rank_and_world", lambda rank=rank: (rank, 2))
         ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy", schema_fields=["id"])
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
         delivered.append([int(row["id"]) for row in loader])
@@ -1412,8 +1414,8 @@ def test_iterable_dataset_rows_collate_as_their_columns_slices(url, monkeypatch,
     from unihub.bridges.torch import shared_batches
 
     joins: list[int] = []
-    join = tp._joined_runs
-    monkeypatch.setattr(tp, "_joined_runs", lambda runs: joins.append(len(runs)) or join(runs))
+    join = sampler_rows._joined_runs
+    monkeypatch.setattr(sampler_rows, "_joined_runs", lambda runs: joins.append(len(runs)) or join(runs))
 
     def run(collate_fn: Any = None) -> list[dict[str, Any]]:
         ds = tp.TorchIterableDataset(url, seed=4, schema_fields=NUMERIC)
@@ -1477,7 +1479,7 @@ def test_iterable_dataset_rows_are_dicts_like_row_to_tensors(url):
     batch = torch.utils.data.default_collate(changed)
     assert torch.equal(batch["image"], plain["image"]) and not batch["vec"][1].any()
     assert torch.equal(batch["vec"][0], plain["vec"][0])
-    assert tp._row_runs(changed) is None
+    assert sampler_rows._row_runs(changed) is None
 
 
 def test_iterable_dataset_of_ngrams_yields_them_as_the_reader_does(url):
@@ -1490,7 +1492,7 @@ def test_iterable_dataset_of_ngrams_yields_them_as_the_reader_does(url):
 
 
 def _first_epoch_seed(ds: Any) -> int:
-    return tp._epoch_seed(ds.seed, 0)
+    return torch_datasets._epoch_seed(ds.seed, 0)
 
 
 def test_map_dataset_batches_keep_their_values_beside_a_column_sent_on_its_own(url):
@@ -1597,7 +1599,7 @@ def test_map_dataset_batches_of_a_dataset_petastorm_wrote_arrive_whole():
 
     from unihub.bridges.torch import shared_batches
 
-    assert tp._whole_columns(ds.__getitems__([0, 1])) is not None  # the columns handed over whole
+    assert sampler_rows._whole_columns(ds.__getitems__([0, 1])) is not None  # the columns handed over whole
     alone = epochs(0)[0]
     assert sorted(alone) == list(range(len(ds)))
     before = set(shared_batches.pools())
@@ -1742,8 +1744,8 @@ def test_map_dataset_in_a_worker_keeps_the_image_pixel_limit(url, monkeypatch):
     monkeypatch.setattr(shared_batches, "_POOL", (os.getpid(), shared_batches.StoragePool()))
     monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 15)  # the images are 4x4
     asked = []
-    real = tp.empty_in_pool
-    monkeypatch.setattr(tp, "empty_in_pool", lambda shapes: asked.append(sorted(shapes)) or real(shapes))
+    real = torch_datasets.empty_in_pool
+    monkeypatch.setattr(torch_datasets, "empty_in_pool", lambda shapes: asked.append(sorted(shapes)) or real(shapes))
     with pytest.raises(ImageDecodeError, match="more than the limit of 15"):
         ds.__getitems__([3, 4])
     assert asked == [["id", "vec"]]

@@ -1,5 +1,5 @@
 """A ``TorchMapDataset`` sampler batch in a worker goes to torch's ``default_collate`` whole (as
-markers, readers/pytorch.py ``_SamplerBatch``), not cut into rows and joined back: the batches are
+markers, bridges/torch/sampler_rows.py ``SamplerBatch``), not cut into rows and joined back: the batches are
 the ones collating the rows gives, and a ``collate_fn`` of the user's own still gets rows."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from unihub.store.writer import write_dataset
 
 torch = pytest.importorskip("torch")
 
-from unihub.bridges.torch import loaders as unihub_torch  # noqa: E402
-from unihub.bridges.torch.loaders import TorchMapDataset  # noqa: E402
+from unihub.bridges.torch import TorchMapDataset  # noqa: E402
+from unihub.bridges.torch import datasets as torch_datasets  # noqa: E402
+from unihub.bridges.torch.sampler_rows import SamplerBatch  # noqa: E402
 
 N = 200
 CUTS = multiprocessing.get_context("fork").Value("i", 0)  # rows cut from sampler batches in the workers
@@ -42,14 +43,14 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _count_cuts(_: int) -> None:
     """worker_init_fn: counts, in shared memory, each sampler batch a worker cuts into rows."""
-    original = unihub_torch._rows_of_columns
+    original = torch_datasets.rows_of_columns
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         with CUTS.get_lock():
             CUTS.value += 1
         return original(*args, **kwargs)
 
-    unihub_torch._rows_of_columns = counting
+    torch_datasets.rows_of_columns = counting
 
 
 def _epoch(path: Path, workers: int, collate_fn: Any = None, fields: Any = ("id", "vec", "image")
@@ -105,7 +106,7 @@ def test_markers_of_several_batches_collate_as_their_rows(images):
 
     first = {"id": torch.arange(4), "vec": torch.zeros(4, 3)}
     second = {"id": torch.arange(10, 14), "vec": torch.ones(4, 3)}
-    markers = [unihub_torch._SamplerBatch(first)] * 2 + [unihub_torch._SamplerBatch(second)] * 2
-    collated = default_collate_fn_map[unihub_torch._SamplerBatch](markers)
+    markers = [SamplerBatch(first)] * 2 + [SamplerBatch(second)] * 2
+    collated = default_collate_fn_map[SamplerBatch](markers)
     assert collated["id"].tolist() == [0, 1, 12, 13]
     assert collated["vec"].tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2

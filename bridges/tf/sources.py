@@ -1,0 +1,207 @@
+"""What TensorFlow's generators read: the readers they serve (stopped when the program ends, so that an
+unfinished ``tf.data`` iterator cannot hang the exit) and the numpy stages between a reader and
+TensorFlow (columns, shuffled, decoded late, re-batched), each a small function over an iterator.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from unihub.bridges.tf.dataset_type import Failures
+from unihub.bridges.tf.encode import rows_to_columns
+from unihub.bridges.tf.plans import Columns, FieldPlan
+from unihub.errors import UnihubError
+from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, columns_length, slice_columns
+from unihub.readers.late_decode import DecodeAhead
+from unihub.readers.loader import SOURCE_ROW
+from unihub.readers.reader import Reader
+
+if TYPE_CHECKING:
+    from unihub.readers.late_decode import LateImages
+
+
+#: rows a row reader's output is gathered into before crossing into TensorFlow
+ROW_CHUNK = 256
+
+
+# -- readers TensorFlow pulls from, stopped when the program ends --------------------------------
+_served: weakref.WeakSet[Any] = weakref.WeakSet()  # readers the generators are reading
+_generators: weakref.WeakSet[Any] = weakref.WeakSet()  # generators TensorFlow holds
+_last_pull = [0.0]  # when a generator was last resumed or left (monotonic)
+_lock = threading.Lock()
+_exit_hook: list[bool] = []
+EXIT_WAIT_S = 2.0  # the most the exit hook waits for the generators to end
+QUIET_S = 0.05  # no generator resumed for this long: TensorFlow is not pulling
+
+
+def _stop_served_readers() -> None:
+    """At exit, stop the readers TensorFlow's generators read and let the generators end.
+
+    A ``tf.data`` iterator the program leaves unfinished is destroyed while the interpreter
+    finalizes, after waiting for its prefetch thread; when that thread is inside the generator
+    (or about to enter it, or to finalize it) it needs Python, which finalization no longer runs:
+    the process hung at exit. This runs first thing at shutdown (before thread pools are shut
+    down): the readers stop, a generator resumed then ends, and TensorFlow finalizes it while
+    Python still runs. A generator TensorFlow is not pulling from (its prefetch buffer full)
+    stays suspended; the iterator's destruction does not need Python then.
+    """
+    with _lock:
+        readers = list(_served)
+    for reader in readers:
+        reader.stop()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        with _lock:
+            if not len(_generators) or time.monotonic() - _last_pull[0] > QUIET_S:
+                return
+        time.sleep(0.005)
+
+
+def _register_exit_hook() -> None:
+    with _lock:
+        if _exit_hook:
+            return
+        _exit_hook.append(True)
+    # threading's own exit hooks run before the interpreter joins threads and shuts thread pools
+    # down (the reader's among them), atexit's only after
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise AttributeError
+        register(_stop_served_readers)
+    except (AttributeError, RuntimeError):
+        atexit.register(_stop_served_readers)
+
+
+def _pulled() -> None:
+    _last_pull[0] = time.monotonic()
+
+
+def tracked(make: Callable[[], Generator[Any, None, None]], failures: Failures) -> Callable[[], Iterator[Any]]:
+    """``make`` (a ``from_generator`` generator function), its generators known to the exit hook,
+    which also sees when TensorFlow last resumed one, and the unihub errors they raise recorded in
+    ``failures`` for the dataset's iterators (:func:`~unihub.bridges.tf.dataset_type.bridged`)."""
+    def pull() -> Iterator[Any]:
+        inner = make()
+        try:
+            for item in inner:
+                _pulled()
+                yield item
+                _pulled()
+        except UnihubError as exc:
+            failures.record(exc)
+            raise
+        finally:
+            _pulled()
+            inner.close()
+
+    def generator() -> Iterator[Any]:
+        _register_exit_hook()
+        outer = pull()
+        with _lock:
+            _generators.add(outer)
+        return outer
+    return generator
+
+
+def serving(reader: Any, batches: Iterator[Any]) -> Generator[Any, None, None]:
+    """``batches`` of ``reader``, with the reader known to the exit hook while they are read."""
+    with _lock:
+        _served.add(reader)
+    try:
+        yield from batches
+    finally:
+        with _lock:
+            _served.discard(reader)
+
+
+# -- numpy stages: reader batches -> columns -> shuffled -> decoded -> re-batched ----------------------
+def column_batches(reader: Reader, plans: Sequence[FieldPlan], chunk_rows: int) -> Iterator[Columns]:
+    """The reader's batches as columns; a row reader's rows gathered ``chunk_rows`` at a time."""
+    return serving(reader, _columns_of(reader, plans, chunk_rows))
+
+
+def _columns_of(reader: Reader, plans: Sequence[FieldPlan], chunk_rows: int) -> Iterator[Columns]:
+    names = [p.name for p in plans]
+    if reader.batched:
+        for batch in reader:
+            columns = dict(zip(names, batch))
+            if len(batch) > len(names):  # the reader decodes its images later: the rows' sources
+                columns[SOURCE_ROW] = batch[-1]
+            yield columns
+        return
+    while True:
+        rows = list(itertools.islice(reader, chunk_rows))
+        if not rows:
+            return
+        yield rows_to_columns(plans, rows)
+
+
+def shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
+    """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
+    sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
+    buffer = ShuffleBuffer(reserve=capacity + ARRIVAL_ROWS)
+    for columns in batches:
+        buffer.add(columns)
+        extra = buffer.size - capacity
+        if extra > 0:
+            yield buffer.take_random(extra, rng)[0]
+    if buffer.size:
+        yield buffer.take_random(buffer.size, rng)[0]
+
+
+#: rows decoded in one piece after a shuffle: the queue's last draw (all it holds) is cut so
+#: that every thread decodes a share of it, not one thread the whole of it
+DECODE_PIECE_ROWS = 512
+
+
+def decode_late(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
+    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
+    with DecodeAhead(late) as decoder:
+        for columns in batches:
+            n = columns_length(columns)
+            for start in range(0, n, DECODE_PIECE_ROWS):
+                decoder.submit(None, slice_columns(columns, start, start + DECODE_PIECE_ROWS) if n > DECODE_PIECE_ROWS
+                               else columns)
+                yield from (decoded for _, decoded in decoder.ready())
+        yield from (decoded for _, decoded in decoder.drain())
+
+
+def rebatched(batches: Iterator[Columns], size: int, drop_remainder: bool) -> Iterator[Columns]:
+    """Batches of exactly ``size`` rows (the last may be smaller unless ``drop_remainder``)."""
+    return (batch for batch, _ in Rebatcher(size).batches(batches, drop_remainder))
+
+
+#: warned when a dataset of make_petastorm_dataset is iterated again after it read its reader to the end
+#: (Petastorm's words, which its users' tests match)
+READ_AGAIN_WARNING = ("Running multiple iterations over make_petastorm_dataset is not recommend for performance "
+                      "issue: each iteration resets the reader and reads it again. Use the reader's num_epochs "
+                      "to read it several times, or the dataset's cache() before repeat()")
+
+
+def read_again(reader: Any) -> Callable[[Callable[[], Iterator[Any]]], Callable[[], Generator[Any, None, None]]]:
+    """A source of ``reader``'s batches that, started again once an earlier start read the reader to the
+    end (a second iteration of the dataset, ``repeat()``), warns and resets the reader first, as
+    Petastorm's ``make_petastorm_dataset`` did: an ended reader would give an empty iteration. A source
+    left part way (``take(n)``) goes on where the reader is."""
+    def wrap(source: Callable[[], Iterator[Any]]) -> Callable[[], Generator[Any, None, None]]:
+        read_to_the_end = [False]
+
+        def read() -> Generator[Any, None, None]:
+            if read_to_the_end[0]:
+                warnings.warn(READ_AGAIN_WARNING, UserWarning, stacklevel=2)
+                reader.reset()
+                read_to_the_end[0] = False
+            yield from source()
+            read_to_the_end[0] = True
+        return read
+    return wrap

@@ -1,0 +1,168 @@
+"""Exact resume: where a loader stands in its reader's stream, as a state that a new loader continues from.
+
+``loader.state_dict()`` after any batch, then ``load_state_dict(state)`` on a loader over a new reader
+with the same options, and exactly the rows not yet delivered come next. The state is the reader's
+position at (or before) the oldest row the loader holds undelivered, plus the stream offsets of rows
+after it that were already delivered. Without a shuffling queue the remaining rows come in the original
+order. With one, rows that sat in the queue are re-read from the reader and shuffled again, so the order
+differs from an uninterrupted run, but each remaining row still comes exactly once.
+
+The loaders and readers are torch's ``Stateful`` (``torch.distributed.checkpoint.stateful``):
+``torch.distributed.checkpoint`` saves them beside the model and optimizer and ``dcp.load`` resumes
+them, their states being dicts of fixed keys whose values are ints, strings and lists of ints:
+
+    dcp.save({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)
+    dcp.load({"model": model.state_dict(), "loader": loader}, checkpoint_id=path)  # a loader made anew
+
+With several ranks, wrap it as :class:`PerRank` ``(loader)``: DCP keeps one copy of a non-tensor value
+that all ranks hold under the same key, so each rank's position needs its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from unihub.bridges.torch.tensors import load_torch
+from unihub.errors import UnihubError
+
+LOADER_STATE_VERSION = 1
+IN_MEMORY_STATE = "in_memory"  # the "kind" of an InMemBatchedDataLoader's state
+
+
+class LoaderStateError(UnihubError, ValueError):
+    """A loader state that is malformed or was saved by another kind of loader."""
+
+
+class RowTracker:
+    """Stream positions of the rows a loader took from its reader, and reader states to resume them.
+
+    Position ``p`` is the ``p``-th row read since the reader was at ``marks[0]``'s state.
+    ``skip`` and ``drop`` come from a loaded state: rows before ``skip`` and at ``drop``
+    positions were delivered before the state was saved and are discarded.
+    """
+
+    def __init__(self, reader_state: dict[str, Any] | None, pending: Callable[[], np.ndarray], skip: int = 0,
+                 drop: Iterable[int] = ()) -> None:
+        self.consumed = 0
+        self.marks: deque[tuple[int, dict[str, Any] | None]] = deque([(0, reader_state)])
+        self.prune_at = 64
+        self.pending = pending
+        self.skip = skip
+        self.drop = set(drop)
+
+    def mark(self, reader_state: dict[str, Any] | None) -> None:
+        """The reader is at ``reader_state`` and its next row has position ``consumed``."""
+        if self.marks[-1][0] == self.consumed:
+            self.marks[-1] = (self.consumed, reader_state)
+        else:
+            self.marks.append((self.consumed, reader_state))
+        if len(self.marks) > self.prune_at:
+            base = self._base()
+            while len(self.marks) > 1 and self.marks[1][0] <= base:
+                self.marks.popleft()
+            # marks still needed (a shuffling queue holds old rows) are not looked at again until they double
+            self.prune_at = max(64, 2 * len(self.marks))
+
+    def advance(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions of the next ``n`` rows read, and a keep mask (None: keep all)."""
+        positions = np.arange(self.consumed, self.consumed + n, dtype=np.int64)
+        self.consumed += n
+        if self.consumed <= self.skip:
+            return positions, np.zeros(n, dtype=bool)
+        if positions[0] >= self.skip and not self.drop:
+            return positions, None
+        keep = positions >= self.skip
+        if self.drop:
+            keep &= ~np.isin(positions, np.fromiter(self.drop, np.int64, len(self.drop)))
+            self.drop = {d for d in self.drop if d >= self.consumed}
+        return positions, keep
+
+    def advance_one(self) -> tuple[int, bool]:
+        """:meth:`advance` of one row, without arrays: its position, and whether to keep it."""
+        position = self.consumed
+        self.consumed += 1
+        if position < self.skip:
+            return position, False
+        if self.drop and position in self.drop:
+            self.drop.discard(position)
+            return position, False
+        return position, True
+
+    def _base(self) -> int:
+        pending = self.pending()
+        base = int(pending.min()) if pending.size else self.consumed
+        return max(base, self.skip)
+
+    def state(self) -> dict[str, Any]:
+        pending = self.pending()
+        base = self._base()
+        gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
+        exclude = sorted({int(p) - base for p in gone} | {d - base for d in self.drop if d >= base})
+        start, reader_state = next(m for m in reversed(self.marks) if m[0] <= base)
+        if reader_state is None:
+            raise LoaderStateError("this loader's reader keeps no state (it has no state_dict(), or mixes readers "
+                                   "that have none), so the loader cannot say where to resume")
+        # a copy: torch.distributed.checkpoint's load writes the saved values into the dict it is given
+        return {"version": LOADER_STATE_VERSION, "reader": dict(reader_state), "skip": base - start, "exclude": exclude}
+
+
+def reader_state_of(reader: Any) -> dict[str, Any] | None:
+    """``reader.state_dict()``, or None for a reader that keeps none (a mock; a mix of such readers, see
+    ``WeightedSamplingReader.keeps_state``): a loader reads it all the same and refuses only its own state."""
+    if not getattr(reader, "keeps_state", True) or not callable(getattr(reader, "state_dict", None)):
+        return None
+    state: dict[str, Any] = reader.state_dict()
+    return state
+
+
+def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
+    """A streaming loader's state as (reader state, rows to skip, offsets after them to drop), or
+    :class:`LoaderStateError` saying what is wrong with it."""
+    if not isinstance(state, dict) or state.get("version") != LOADER_STATE_VERSION:
+        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise LoaderStateError(f"loader state version {found!r} is not {LOADER_STATE_VERSION}; "
+                               "pass what the loader's state_dict() returned")
+    missing = sorted({"reader", "skip", "exclude"} - set(state))
+    if missing:
+        raise LoaderStateError(f"the loader state lacks {missing}; pass what state_dict() returned")
+    return state["reader"], int(state["skip"]), [int(e) for e in state["exclude"]]
+
+
+class PerRank:
+    """A loader's (or reader's) state in ``torch.distributed.checkpoint`` under its rank's own key.
+
+    DCP saves a non-tensor value that every rank has under the same key once, as replicated: with
+    ``{"loader": loader}`` in a group of several ranks, one rank's position is saved and every rank
+    loads it (a sharded reader refuses it; an unsharded one repeats rows). Under
+    ``{"loader": PerRank(loader)}`` each rank's state is kept as ``rank_<k>``, and each loads its own.
+
+        dcp.save({"model": model.state_dict(), "loader": PerRank(loader)}, checkpoint_id=path)
+    """
+
+    def __init__(self, loader: Any, rank: int | None = None) -> None:
+        self.loader = loader
+        self.rank = rank_and_world()[0] if rank is None else rank
+
+    @property
+    def key(self) -> str:
+        return f"rank_{self.rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.key not in state:
+            raise LoaderStateError(f"the checkpoint holds no state for {self.key} (it has {sorted(state)})")
+        self.loader.load_state_dict(state[self.key])
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world's size in ``torch.distributed``; (0, 1) outside a process group."""
+    dist = load_torch().distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
