@@ -7,8 +7,9 @@ checksums byte by byte), which dominates WebDataset ingest. This module parses t
 type. Plain archives are memory-mapped: their usual headers (ustar, GNU, PAX with only times)
 are found with numpy a window of 4 MiB at a time and their checksums checked together, ~2x as
 fast as the header loop, which reads anything else and every damaged header, from that member on
-(:func:`_parse_mapped`); gzip, bzip2 and xz archives are streamed through their decompressor, to the
-end of the file after the tar's end (:func:`read_to_end`: a gzip member's CRC-32 is checked there).
+(:func:`_parse_mapped`; ``iter_members(parser="reference")`` reads with the loop alone, see
+:data:`PARSERS`); gzip, bzip2 and xz archives are streamed through their decompressor, to the end of
+the file after the tar's end (:func:`read_to_end`: a gzip member's CRC-32 is checked there).
 Every header's checksum is verified (in the loop by ``zlib.adler32`` over three spans, each short
 enough that its byte sum cannot wrap), and a bad header or a truncated member raises
 :class:`TarFormatError` with the file and the byte offset, where tarfile would stop silently or
@@ -32,11 +33,11 @@ import lzma
 import mmap
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, Any, Literal, NamedTuple, NoReturn, cast
 
 import numpy as np
 
-from unihub.errors import FormatError
+from unihub.errors import FormatError, InvalidArgumentError
 from unihub.fs import sources
 
 BLOCK = 512
@@ -46,6 +47,8 @@ _COMPRESSED: tuple[tuple[bytes, Callable[..., Any]], ...] = (
 _REGULAR = frozenset(b"0\x007")  # typeflags of regular files: '0', old '\0', contiguous '7'
 _NO_DATA = frozenset(b"123456")  # hard/symbolic links, devices, directories, FIFOs: no data blocks follow
 _MAX_SIZE = (1 << 63) - 1  # no file is larger: a larger size field is corrupt
+#: the names of :data:`PARSERS`
+Parser = Literal["fast", "reference"]
 _PIECE = 64 << 20  # a member larger than this is read a piece at a time
 _DRAIN = 1 << 20  # what :func:`read_to_end` reads at a time
 _DIRECTORY, _SPARSE, _GLOBAL = ord("5"), ord("S"), ord("g")
@@ -81,15 +84,19 @@ class TarFormatError(FormatError):
 
 
 def iter_members(path: str, *, regular_only: bool = True, require_end: bool = False,
-                 globals_only: bool = False) -> Iterator[TarMember]:
+                 globals_only: bool = False, parser: Parser = "fast") -> Iterator[TarMember]:
     """The members of tar file ``path``, in order: regular files only unless ``regular_only``
     is False (then other members come with empty data, directory names without their slash).
     ``globals_only``: only the PAX global headers before the first member (none of its data is read).
 
     The archive ends at a zero block, or at end of file on a block boundary unless
     ``require_end`` (then a missing end-of-archive marker means the file was cut short).
+    ``parser``: which of :data:`PARSERS` reads a plain local archive (both give the same).
     """
-    return cast(Iterator[TarMember], _items(path, regular_only, require_end, globals_only, tables=False))
+    if parser not in PARSERS:
+        raise InvalidArgumentError(f"parser must be one of {sorted(PARSERS)}, got {parser!r}")
+    return cast(Iterator[TarMember], _items(path, regular_only, require_end, globals_only, tables=False,
+                                            parser=parser))
 
 
 def iter_tables(path: str, *, require_end: bool = False) -> Iterator[MemberTable | TarMember]:
@@ -100,9 +107,9 @@ def iter_tables(path: str, *, require_end: bool = False) -> Iterator[MemberTable
 
 
 def _items(path: str, regular_only: bool, require_end: bool, globals_only: bool,
-           tables: bool) -> Iterator[MemberTable | TarMember]:
+           tables: bool, parser: Parser = "fast") -> Iterator[MemberTable | TarMember]:
     """The archive's members through the reader its bytes call for: decompressed, buffered (remote),
-    or memory-mapped and walked with numpy (in tables where ``tables``)."""
+    or memory-mapped and read by ``PARSERS[parser]`` (walked with numpy in tables where ``tables``)."""
     with sources.open_input(path) as raw:
         head = raw.read(6)
         raw.seek(0)
@@ -122,7 +129,7 @@ def _items(path: str, regular_only: bool, require_end: bool, globals_only: bool,
                 elif tables:
                     yield from _mapped_tables(mapped, path, require_end)
                 else:
-                    yield from _parse_mapped(mapped, path, regular_only, require_end)
+                    yield from PARSERS[parser](mapped, path, regular_only, require_end)
         elif require_end:
             raise TarFormatError(path, 0, "empty file: not a tar archive")
 
@@ -185,6 +192,8 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
 
     Each header goes to the function of its kind: an extended header (:data:`_EXTENDED_HEADERS`) notes
     what it says about the next member; a member's header (:data:`_MEMBER_HEADERS`) reads the member."""
+    adler32, max_size, extended_headers, member_headers = zlib.adler32, _MAX_SIZE, _EXTENDED_HEADERS, _MEMBER_HEADERS
+    data_member = _data_member
     offset = start  # of the next header
     pending = _Pending()
     while True:
@@ -192,9 +201,20 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         if len(header) < BLOCK or header == _ZERO:
             _check_end(path, offset, header, pending.first, require_end)
             return
+        # the checksum, inline (the hot path): adler32's low half is 1 + the byte sum (exact: each span sums
+        # below 65521); the checksum field counts as spaces. Else (a signed sum, another layout) parse the field.
+        found = (adler32(header[:148]) & 0xFFFF) + (adler32(header[156:400]) & 0xFFFF) \
+            + (adler32(header[400:]) & 0xFFFF) + 8 * 32 - 3
+        if header[148:156] != b"%06o\0 " % found:  # tarfile's and GNU tar's layout
+            _check_signed(path, offset, header, found)
         kind = header[156]
-        size = _header_size(path, offset, header, kind, pending.name)
-        extended = _EXTENDED_HEADERS.get(kind)
+        try:
+            size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
+        except ValueError:  # not plain octal digits: base-256, spaces, ...
+            size = _number(header[124:136])
+        if not 0 <= size <= max_size:
+            _bad_size(path, offset, header, kind, size, pending.name)
+        extended = extended_headers.get(kind)
         if extended is not None:
             member = extended(path, header, offset, _extended_records(read, path, offset, kind, size, total), pending)
             offset += BLOCK + size + (-size % BLOCK)
@@ -208,7 +228,7 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         else:
             first, name, size = _pending_member(path, header, size, pending)
             pending = _Pending()
-        member, offset, error = _MEMBER_HEADERS.get(kind, _data_member)(
+        member, offset, error = member_headers.get(kind, data_member)(
             read, path, header, kind, offset, first, name, size, total, regular_only)
         if member is not None:
             yield member
@@ -231,24 +251,13 @@ def _check_end(path: str, offset: int, header: bytes, first: int | None, require
                                        "marker (zero blocks)")
 
 
-def _header_size(path: str, offset: int, header: bytes, kind: int, pending_name: str | None) -> int:
-    """The size field of the header at ``offset``, after checking the header's checksum; a size no
-    file can have raises, naming the member (``pending_name``: a GNU long name before it)."""
-    # adler32's low half is 1 + the byte sum (exact: each span sums below 65521); the field counts as spaces
-    found = (zlib.adler32(header[:148]) & 0xFFFF) + (zlib.adler32(header[156:400]) & 0xFFFF) \
-        + (zlib.adler32(header[400:]) & 0xFFFF) + 8 * 32 - 3
-    if header[148:156] != b"%06o\0 " % found:  # tarfile's and GNU tar's layout; else parse the field
-        _check_signed(path, offset, header, found)
-    try:
-        size = int(header[124:135], 8) if header[135] == 0 else _number(header[124:136])
-    except ValueError:
-        size = _number(header[124:136])
-    if not 0 <= size <= _MAX_SIZE:
-        named = None if kind in _EXTENDED else pending_name or _header_name(header)
-        raise TarFormatError(path, offset, f"bad size in the tar header at offset {offset}"
-                                           f"{'' if named is None else f' (member {named!r})'}: "
-                                           f"{'negative' if size < 0 else f'{size}, larger than any file'}", named)
-    return size
+def _bad_size(path: str, offset: int, header: bytes, kind: int, size: int, pending_name: str | None) -> NoReturn:
+    """Raises for the header at ``offset``, whose size field holds ``size``, no file's size: naming the
+    member (``pending_name``: a GNU long name before it) unless the header is an extended one."""
+    named = None if kind in _EXTENDED else pending_name or _header_name(header)
+    raise TarFormatError(path, offset, f"bad size in the tar header at offset {offset}"
+                                       f"{'' if named is None else f' (member {named!r})'}: "
+                                       f"{'negative' if size < 0 else f'{size}, larger than any file'}", named)
 
 
 # ------------------------------------------------------------------ extended headers, one function a kind
@@ -455,6 +464,22 @@ def _parse_mapped(mapped: mmap.mmap, path: str, regular_only: bool, require_end:
             yield from item.members(regular_only)
         elif not regular_only or item.isreg:
             yield item
+
+
+def _parse_mapped_reference(mapped: mmap.mmap, path: str, regular_only: bool,
+                            require_end: bool) -> Iterator[TarMember]:
+    """The header loop alone over a memory-mapped archive, from its start: what :func:`_parse_mapped`
+    must give, member for member and error for error."""
+    mapped.seek(0)
+    return _parse(mapped.read, path, regular_only, require_end, len(mapped))
+
+
+#: which parser :func:`iter_members` reads a memory-mapped plain archive with (its ``parser=``): the numpy
+#: walk that hands anything unusual to the header loop (``"fast"``, :func:`_parse_mapped`), or the header
+#: loop alone (``"reference"``). They give the same members, and the same errors at the same offsets:
+#: tests/formats/webdataset/test_tarstream_fast.py checks it. Compressed and remote archives have only the loop.
+PARSERS: dict[str, Callable[[mmap.mmap, str, bool, bool], Iterator[TarMember]]] = {
+    "fast": _parse_mapped, "reference": _parse_mapped_reference}
 
 
 def _walk(mapped: mmap.mmap, offset: int, total: int) -> _Run:
