@@ -201,11 +201,11 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         if len(header) < BLOCK or header == _ZERO:
             _check_end(path, offset, header, pending.first, require_end)
             return
-        # the checksum, inline (the hot path): adler32's low half is 1 + the byte sum (exact: each span sums
-        # below 65521); the checksum field counts as spaces. Else (a signed sum, another layout) parse the field.
+        # the checksum and the size field, inline (a function call here cost 1.5% of the loop's time): adler32's
+        # low half is 1 + the byte sum (exact: each span sums below 65521); the checksum field counts as spaces
         found = (adler32(header[:148]) & 0xFFFF) + (adler32(header[156:400]) & 0xFFFF) \
             + (adler32(header[400:]) & 0xFFFF) + 8 * 32 - 3
-        if header[148:156] != b"%06o\0 " % found:  # tarfile's and GNU tar's layout
+        if header[148:156] != b"%06o\0 " % found:  # tarfile's and GNU tar's layout; else parse the field
             _check_signed(path, offset, header, found)
         kind = header[156]
         try:
