@@ -295,7 +295,8 @@ class ImageFolderFormat(ForeignFormat):
         for entry in self._listing.entries:
             full = prefix + entry.path
             data, probe = self._read_entry(full, entry, max_bytes, image_field, check, verify, seen)
-            if not self._admitted(full, entry.path, probe, on_error, others):
+            if probe.kind != "image":
+                self._leave_out(full, entry.path, probe, on_error, others)
                 continue
             self.report.records += 1
             for name, value in (("image", data), ("label", entry.label), ("path", entry.path)):
@@ -354,21 +355,18 @@ class ImageFolderFormat(ForeignFormat):
             seen[2].setdefault(probe.depth, entry.path)
         return data, probe
 
-    def _admitted(self, full: str, rel: str, probe: _Probe, on_error: OnError, others: list[str]) -> bool:
-        """Whether the file ``full`` is a record: an image is; a file that is no image is left out
-        (recorded, and added to ``others``); a corrupt one raises, or is skipped (recorded) under
+    def _leave_out(self, full: str, rel: str, probe: _Probe, on_error: OnError, others: list[str]) -> None:
+        """A file ``full`` that is no record: one that is no image (``probe.kind`` 'other') is left out,
+        recorded and added to ``others``; a corrupt one ('bad') raises, or is skipped (recorded) under
         ``on_error='skip'``."""
         if probe.kind == "other":
             self.report.skipped.append(SkippedRecord(full, "file", probe.reason or "not a PNG or JPEG image"))
             others.append(rel)
-            return False
-        if probe.kind == "bad":
-            if on_error == "raise":
-                raise FormatError(f"{full}: {probe.reason} (--skip-corrupt, on_error='skip' in Python, leaves "
-                                  "it out)", path=full)
+        elif on_error == "raise":
+            raise FormatError(f"{full}: {probe.reason} (--skip-corrupt, on_error='skip' in Python, leaves "
+                              "it out)", path=full)
+        else:
             self.report.skipped.append(SkippedRecord(full, "file", probe.reason))
-            return False
-        return True
 
     @classmethod
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
@@ -417,15 +415,15 @@ class ImageFolderFormat(ForeignFormat):
         ``sorted(os.walk(...))``, then sorted names), with none of unihub's listing or probing code.
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
         not images."""
-        root = self.root
+        root, follow = self.root, self.follow_links
         real_root = os.path.realpath(root)
-        for dirpath, name, files in _reference_walks(root, self.follow_links):
+        for dirpath, name, files in _reference_walks(root, follow):
             rel_dir = fsrc.relative(dirpath, root)
             if any(part.startswith(".") for part in rel_dir.split("/") if part != "."):
                 continue
             for file in files:
                 path = os.path.join(dirpath, file)
-                if not fsrc.is_url(path) and not _reference_readable(path, real_root, self.follow_links):
+                if not fsrc.is_url(path) and not _reference_readable(path, real_root, follow):
                     continue  # a special file, or a link out of the folder not followed: no record
                 with fsrc.open_input(path) as handle:
                     data = handle.read()
