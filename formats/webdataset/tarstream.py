@@ -192,8 +192,7 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
 
     Each header goes to the function of its kind: an extended header (:data:`_EXTENDED_HEADERS`) notes
     what it says about the next member; a member's header (:data:`_MEMBER_HEADERS`) reads the member."""
-    adler32, max_size, extended_headers, member_headers = zlib.adler32, _MAX_SIZE, _EXTENDED_HEADERS, _MEMBER_HEADERS
-    data_member = _data_member
+    adler32, max_size, extended_headers, member_headers = zlib.adler32, _MAX_SIZE, _EXTENDED_BY_KIND, _MEMBER_BY_KIND
     offset = start  # of the next header
     pending = _Pending()
     while True:
@@ -214,7 +213,7 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
             size = _number(header[124:136])
         if not 0 <= size <= max_size:
             _bad_size(path, offset, header, kind, size, pending.name)
-        extended = extended_headers.get(kind)
+        extended = extended_headers[kind]
         if extended is not None:
             member = extended(path, header, offset, _extended_records(read, path, offset, kind, size, total), pending)
             offset += BLOCK + size + (-size % BLOCK)
@@ -228,7 +227,7 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         else:
             first, name, size = _pending_member(path, header, size, pending)
             pending = _Pending()
-        member, offset, error = member_headers.get(kind, data_member)(
+        member, offset, error = member_headers[kind](
             read, path, header, kind, offset, first, name, size, total, regular_only)
         if member is not None:
             yield member
@@ -301,6 +300,7 @@ _EXTENDED_HEADERS: dict[int, _ExtendedHeader] = {
     ord("L"): _gnu_long_name, ord("K"): _gnu_long_link, ord("x"): _pax_extended, ord("X"): _pax_extended,
     _GLOBAL: _pax_global}
 _EXTENDED = frozenset(_EXTENDED_HEADERS)
+_EXTENDED_BY_KIND = tuple(_EXTENDED_HEADERS.get(kind) for kind in range(256))  # indexing: faster than .get
 
 
 # ------------------------------------------------------------------ member headers, one function a kind
@@ -378,6 +378,7 @@ _MemberHeader = Callable[[Callable[[int], bytes], str, bytes, int, int, int, str
 #: typeflag -> the reader of a member of that kind; any other kind is :func:`_data_member`'s
 _MEMBER_HEADERS: dict[int, _MemberHeader] = {
     **dict.fromkeys(_NO_DATA, _no_data_member), 0: _old_style_member, _SPARSE: _sparse_member}
+_MEMBER_BY_KIND = tuple(_MEMBER_HEADERS.get(kind, _data_member) for kind in range(256))  # indexing: faster than .get
 
 
 #: blocks of the archive :func:`_walk` looks at a time (4 MiB)
