@@ -215,7 +215,7 @@ _KINDS = ("file", "empty", "long name", "non-ascii name", "pax path", "float mti
           "long link", "hard link")
 
 _members = st.lists(st.tuples(st.sampled_from(_KINDS), st.binary(max_size=1200)), min_size=1, max_size=12)
-_damages = st.one_of(
+DAMAGES = st.one_of(  # what damaged_as does to an archive
     st.none(),
     st.tuples(st.just("cut"), st.integers(0, 1 << 20)),
     st.tuples(st.just("byte"), st.integers(0, 1 << 20), st.sampled_from([None, 0, 124, 130, 135, 148, 156, 257, 345]),
@@ -245,7 +245,7 @@ def _drawn_archive(fmt: int, global_header: bool, members: list[tuple[str, bytes
     return buffer.getvalue()
 
 
-def _damage(raw: bytes, damage: tuple[Any, ...] | None) -> bytes:
+def damaged_as(raw: bytes, damage: tuple[Any, ...] | None) -> bytes:
     """``raw`` cut, with a byte changed (in a header field, the header's checksum made good again where
     asked), or with zero bytes inserted, as ``damage`` says."""
     if damage is None:
@@ -267,7 +267,7 @@ def _damage(raw: bytes, damage: tuple[Any, ...] | None) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT]),
-       global_header=st.booleans(), members=_members, damage=_damages,
+       global_header=st.booleans(), members=_members, damage=DAMAGES,
        window=st.sampled_from([2, 7, 64, tarstream._WINDOW]), regular_only=st.booleans())
 def test_the_two_parsers_give_the_same_on_drawn_archives(
         tmp_path: Path, fmt: int, global_header: bool, members: list[tuple[str, bytes]],
@@ -277,7 +277,7 @@ def test_the_two_parsers_give_the_same_on_drawn_archives(
     whole archive, the regular members tarfile reads."""
     raw = _drawn_archive(fmt, global_header, members)
     path = tmp_path / "drawn.tar"
-    path.write_bytes(_damage(raw, damage))
+    path.write_bytes(damaged_as(raw, damage))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tarstream, "_WINDOW", window)
         fast, reference = fast_and_reference(path, regular_only, True)
