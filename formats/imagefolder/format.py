@@ -133,6 +133,10 @@ class _Listing:
     outside: tuple[str, ...]  # class layout: files directly in the root
 
 
+#: header statistics of images: formats counted, sizes ``(H, W, C)``, bit depths with the first image of each
+_Seen = tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]]
+
+
 @dataclass(frozen=True)
 class _Probe:
     """What a file's bytes are: ``kind`` 'image' (with fmt/size/depth), 'other' or 'bad' (with reason)."""
@@ -275,56 +279,24 @@ class ImageFolderFormat(ForeignFormat):
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
         """Batches of ``{"image": [bytes], "label": int64 array, "path": [str]}`` (the fields of ``schema``)."""
-        if batch_size <= 0:
-            raise SchemaError(f"batch_size must be positive, got {batch_size}")
-        check_on_error(on_error)
-        wanted = [f.name for f in schema]
-        if not wanted:
-            raise SchemaError("the schema has no fields to read")
-        unknown = [n for n in wanted if n not in FIELDS]
-        if unknown:
-            raise SchemaError(f"an image folder has fields {list(FIELDS)}, not {unknown}")
-        if "label" in wanted and self._listing.classes is None:
-            raise SchemaError(f"{self.root} is a flat image folder (no class folders), so it has no 'label'")
+        wanted = self._wanted_fields(schema, batch_size, on_error)
         image_field = schema["image"] if "image" in schema and not self.observe else None
         check = self.validate_images != "none"  # header: pixel limit, fit, end marker; full: decode too
         verify = bool(self.options.get("verify")) or self.validate_images == "full"
         self.report = ReadReport()
-        seen: tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]] = (Counter(), set(), {})
+        seen: _Seen = (Counter(), set(), {})
         if self.observe:
             self.report.observed = seen
-        others: list[str] = []
-        for rel in self._listing.outside:
-            self.report.skipped.append(SkippedRecord(os.path.join(self.root, rel), "file",
-                                                     "outside the class folders (class layout)"))
-            others.append(rel)
+        others = self._record_outside()  # the files left out, warned about at the end
         batch: dict[str, list[Any]] = {name: [] for name in wanted}
         cut = BatchCut(batch_size, self.batch_bytes)
         prefix = os.path.join(self.root, "")
         max_bytes = self.max_file_bytes
         for entry in self._listing.entries:
             full = prefix + entry.path
-            if entry.status == "file":
-                data, probe = _read_and_probe(full, entry.path, max_bytes, complete=check, verify=verify)
-            else:  # a special file or a link the walk did not follow (sources.tree_entries)
-                data, probe = b"", _Probe("bad" if entry.status == "refused" else "other", reason=entry.reason)
-            self.report.bytes_read += len(data)
-            if probe.kind == "image":
-                if check:
-                    probe = _checked(probe, image_field)
-                if image_field is None and probe.kind == "image":  # observing: the schema is refined from these
-                    seen[0][probe.fmt] += 1  # type: ignore[index]
-                    seen[1].add(probe.size)  # type: ignore[arg-type]
-                    seen[2].setdefault(probe.depth, entry.path)
-            if probe.kind == "other":
-                self.report.skipped.append(SkippedRecord(full, "file", probe.reason or "not a PNG or JPEG image"))
-                others.append(entry.path)
-                continue
-            if probe.kind == "bad":
-                if on_error == "raise":
-                    raise FormatError(f"{full}: {probe.reason} (--skip-corrupt, on_error='skip' in Python, leaves "
-                                      "it out)", path=full)
-                self.report.skipped.append(SkippedRecord(full, "file", probe.reason))
+            data, probe = self._read_entry(full, entry, max_bytes, image_field, check, verify, seen)
+            if probe.kind != "image":
+                self._leave_out(full, entry.path, probe, on_error, others)
                 continue
             self.report.records += 1
             for name, value in (("image", data), ("label", entry.label), ("path", entry.path)):
@@ -341,6 +313,60 @@ class ImageFolderFormat(ForeignFormat):
             warnings.warn(f"{self.root}: left out {len(others)} file(s) that are not images, lie outside the "
                           f"class folders or are links not followed: "
                           f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=2)
+
+    def _wanted_fields(self, schema: Unischema, batch_size: int, on_error: OnError) -> list[str]:
+        """The names of ``schema``'s fields, once :meth:`read_batches`' arguments are checked: fields an
+        image folder has (a flat one has no label), a positive batch size, a known ``on_error``."""
+        if batch_size <= 0:
+            raise SchemaError(f"batch_size must be positive, got {batch_size}")
+        check_on_error(on_error)
+        wanted = [f.name for f in schema]
+        if not wanted:
+            raise SchemaError("the schema has no fields to read")
+        unknown = [n for n in wanted if n not in FIELDS]
+        if unknown:
+            raise SchemaError(f"an image folder has fields {list(FIELDS)}, not {unknown}")
+        if "label" in wanted and self._listing.classes is None:
+            raise SchemaError(f"{self.root} is a flat image folder (no class folders), so it has no 'label'")
+        return wanted
+
+    def _record_outside(self) -> list[str]:
+        """The files lying directly in the root of a class layout, each recorded in the report as skipped."""
+        for rel in self._listing.outside:
+            self.report.skipped.append(SkippedRecord(os.path.join(self.root, rel), "file",
+                                                     "outside the class folders (class layout)"))
+        return list(self._listing.outside)
+
+    def _read_entry(self, full: str, entry: _Entry, max_bytes: int | None, image_field: UnischemaField | None,
+                    check: bool, verify: bool, seen: _Seen) -> tuple[bytes, _Probe]:
+        """The bytes of ``entry`` (none unless a file to read; at most ``max_bytes``) and what they are: an
+        image checked against ``image_field`` where ``check``; while observing (no ``image_field``) each
+        image's format, size and bit depth are noted in ``seen``, which the schema is refined from."""
+        if entry.status == "file":
+            data, probe = _read_and_probe(full, entry.path, max_bytes, complete=check, verify=verify)
+        else:  # a special file or a link the walk did not follow (sources.tree_entries)
+            data, probe = b"", _Probe("bad" if entry.status == "refused" else "other", reason=entry.reason)
+        self.report.bytes_read += len(data)
+        if probe.kind == "image" and check:
+            probe = _checked(probe, image_field)
+        if probe.kind == "image" and image_field is None:
+            seen[0][probe.fmt] += 1  # type: ignore[index]
+            seen[1].add(probe.size)  # type: ignore[arg-type]
+            seen[2].setdefault(probe.depth, entry.path)
+        return data, probe
+
+    def _leave_out(self, full: str, rel: str, probe: _Probe, on_error: OnError, others: list[str]) -> None:
+        """A file ``full`` that is no record: one that is no image (``probe.kind`` 'other') is left out,
+        recorded and added to ``others``; a corrupt one ('bad') raises, or is skipped (recorded) under
+        ``on_error='skip'``."""
+        if probe.kind == "other":
+            self.report.skipped.append(SkippedRecord(full, "file", probe.reason or "not a PNG or JPEG image"))
+            others.append(rel)
+        elif on_error == "raise":
+            raise FormatError(f"{full}: {probe.reason} (--skip-corrupt, on_error='skip' in Python, leaves "
+                              "it out)", path=full)
+        else:
+            self.report.skipped.append(SkippedRecord(full, "file", probe.reason))
 
     @classmethod
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
@@ -389,19 +415,9 @@ class ImageFolderFormat(ForeignFormat):
         ``sorted(os.walk(...))``, then sorted names), with none of unihub's listing or probing code.
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
         not images."""
-        root = self.root
-        follow = self.follow_links
-        entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
-        classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
-                         (follow or not os.path.islink(os.path.join(root, n))))
-        walks: list[tuple[str, str | None, list[str]]]  # (folder, class folder or None, file names)
-        if not classes:
-            walks = [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
-        else:
-            walks = [(dirpath, name, sorted(files)) for name in classes
-                     for dirpath, _, files in sorted(_reference_walk(os.path.join(root, name), follow))]
+        root, follow = self.root, self.follow_links
         real_root = os.path.realpath(root)
-        for dirpath, name, files in walks:
+        for dirpath, name, files in _reference_walks(root, follow):
             rel_dir = fsrc.relative(dirpath, root)
             if any(part.startswith(".") for part in rel_dir.split("/") if part != "."):
                 continue
@@ -455,7 +471,7 @@ class ImageFolderFormat(ForeignFormat):
 
 # ------------------------------------------------------------------------ reading
 def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_bytes: int | None = None
-                  ) -> tuple[Counter[str], set[tuple[int, int, int]], dict[int, str]]:
+                  ) -> _Seen:
     """(image formats counted, sizes, bit depths with the first image of each) from the headers of
     ``entries``, up to ``limit`` images."""
     formats: Counter[str] = Counter()
@@ -548,6 +564,19 @@ def _read_and_probe(full: str, rel: str, max_bytes: int | None, *, complete: boo
         return head, _Probe("bad", reason=f"{exc.reason} (--option max_file_mb=N raises it; "
                                           "unihub.images.decoders.MAX_IMAGE_FILE_BYTES in Python)")
     return data, _probe(data, rel, complete=complete, verify=verify)
+
+
+def _reference_walks(root: str, follow: bool) -> list[tuple[str, str | None, list[str]]]:
+    """``(folder, class folder or None, sorted file names)`` as torchvision's ``ImageFolder`` lists them:
+    the root's files when it has no class folders (not hidden; links to folders only with ``follow``),
+    else each class folder's ``sorted(os.walk(...))``, by class."""
+    entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
+    classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
+                     (follow or not os.path.islink(os.path.join(root, n))))
+    if not classes:
+        return [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
+    return [(dirpath, name, sorted(files)) for name in classes
+            for dirpath, _, files in sorted(_reference_walk(os.path.join(root, name), follow))]
 
 
 def _reference_walk(top: str, follow: bool) -> Iterator[tuple[str, list[str], list[str]]]:

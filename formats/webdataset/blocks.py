@@ -208,13 +208,36 @@ def _plan(table: MemberTable, grouper: Grouper) -> _Plan | None:
     """Where ``table`` holds whole samples of one layout that may go out as columns, or None (read it
     member by member). The members before them end the sample the grouper holds open; those after
     them start the one the next window ends."""
-    names = table.names
-    joined = "\0".join(names)
-    if not (table.regular and joined.isascii() and "/" not in joined and not joined.startswith("__")
-            and "\0__" not in joined):
+    if not _plain_names(table):
         return None  # names tarstream or the grouper must look at one by one
-    keys, _, extensions = zip(*[name.partition(".") for name in names])  # the key rule for plain names
-    is_open = grouper.current.key if grouper.current is not None else grouper.skipping
+    keys, _, extensions = zip(*[name.partition(".") for name in table.names])  # the key rule for plain names
+    bounds = _whole_samples(keys, grouper.current.key if grouper.current is not None else grouper.skipping)
+    if bounds is None:
+        return None
+    head, stop, width = bounds
+    firsts = keys[head:stop:width]
+    if not _one_layout(keys, extensions, head, stop, width):
+        return None
+    if len(set(firsts)) < len(firsts) or not grouper.runs.keys().isdisjoint(firsts):
+        return None  # a key repeated: the grouper says where
+    if int(table.sizes[head:stop].sum()) > MAX_BINARY:
+        return None
+    return table, head, stop, width, list(firsts)
+
+
+def _plain_names(table: MemberTable) -> bool:
+    """Whether every member is a regular file named in plain ASCII, with no folder, none starting with
+    ``__`` (names the key rule of :func:`_plan` reads as the grouper does)."""
+    joined = "\0".join(table.names)
+    return (table.regular and joined.isascii() and "/" not in joined and not joined.startswith("__")
+            and "\0__" not in joined)
+
+
+def _whole_samples(keys: tuple[str, ...], is_open: str | None) -> tuple[int, int, int] | None:
+    """``(head, stop, width)``: the members ``keys[head:stop]`` that are whole samples of ``width``
+    members each -- after those of the sample ``is_open`` (the key of the one the grouper holds open),
+    before those of the last key (which the next window may go on with) -- or None where there are none
+    or they do not divide into samples of the first one's width."""
     head = 0
     while head < len(keys) and keys[head] == is_open:
         head += 1
@@ -226,20 +249,21 @@ def _plan(table: MemberTable, grouper: Grouper) -> _Plan | None:
         width += 1
     if stop == head or (stop - head) % width:
         return None
+    return head, stop, width
+
+
+def _one_layout(keys: tuple[str, ...], extensions: tuple[str, ...], head: int, stop: int, width: int) -> bool:
+    """Whether every sample of ``keys[head:stop]`` is ``width`` members of one key with the first sample's
+    extensions in its order, each extension once and in lower case (capitals are kept in
+    ``Sample.spelled``: the grouper's), and no member without a key or a dot (the grouper reports it)."""
     samples = (stop - head) // width
     firsts, layout = keys[head:stop:width], extensions[head:head + width]
     if "" in firsts or "" in layout:
-        return None  # a name without a key or a dot: the grouper reports it
-    for j in range(width):  # every sample: ``width`` members of one key, the layout's extensions in order
+        return False
+    for j in range(width):
         if (j and keys[head + j:stop:width] != firsts) or extensions[head + j:stop:width] != (layout[j],) * samples:
-            return None
-    if len({extension.lower() for extension in layout}) < width or any(e != e.lower() for e in layout):
-        return None  # two members of one extension; an extension spelled in capitals (kept in Sample.spelled)
-    if len(set(firsts)) < samples or not grouper.runs.keys().isdisjoint(firsts):
-        return None  # a key repeated: the grouper says where
-    if int(table.sizes[head:stop].sum()) > MAX_BINARY:
-        return None
-    return table, head, stop, width, list(firsts)
+            return False
+    return len({extension.lower() for extension in layout}) == width and all(e == e.lower() for e in layout)
 
 
 def _block(path: str, table: MemberTable, head: int, stop: int, width: int, keys: list[str]) -> SampleBlock:

@@ -1,8 +1,8 @@
-"""WebDataset samples in blocks (``formats/webdataset_blocks.py``) are exactly the samples of the member
+"""WebDataset samples in blocks (``formats/webdataset/blocks.py``) are exactly the samples of the member
 by member grouper (``iter_samples``): the same samples, keys, offsets, positions and bytes, the same
 error at the same offset, the same skips; on webdataset's TarWriter shards and on tarfile archives
-with every hazard a shard meets, whole and damaged, with windows small enough that samples straddle
-them. And the columnar path is really taken on plain shards."""
+with every hazard a shard meets (random ones and ones hypothesis draws), whole and damaged, with
+windows small enough that samples straddle them. And the columnar path is really taken on plain shards."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from unihub.errors import FormatError
 from unihub.formats.base import SkippedRecord
@@ -23,7 +25,7 @@ from unihub.formats.webdataset.blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset.tar import Sample, iter_samples
 from unihub.schema.arrow_numpy import binary_array, numbers_array, string_array
 
-from .test_tarstream_fast import damaged_copies, webdataset_shard
+from .test_tarstream_fast import DAMAGES, damaged_as, damaged_copies, webdataset_shard
 
 DEFAULT_WINDOW = tarstream._WINDOW
 Outcome = tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, list[SkippedRecord]]
@@ -218,3 +220,57 @@ def test_batches_hold_at_most_batch_size_rows_in_order(tmp_path: Path, batch_siz
     assert images == [bytes([i % 256]) * (700 + i % 900) for i in range(700)]
     assert [int(v) for b in batches for v in b["cls"]] == [i % 10 for i in range(700)]
     assert source.report.records == 700
+
+
+_HAZARDS = ("none", "none", "none", "member missing", "member extra", "key again", "extension twice", "capitals",
+            "metadata", "directory", "no key", "in a folder", "non-ascii key", "global header", "link")
+
+
+def _drawn_shard(fmt: int, samples: list[tuple[str, int]]) -> bytes:
+    """A shard of ``samples`` (hazard, jpg size) in the usual layout (``jpg``, ``cls``, ``npy``), each with
+    its hazard (see :func:`hazardous_shard`); hazards ``fmt`` cannot write are left out."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+        for i, (hazard, size) in enumerate(samples):
+            key = {"key again": f"{max(0, i - 2):06d}", "in a folder": f"sub/{i:06d}",
+                   "non-ascii key": f"ünï{i}" if fmt != tarfile.USTAR_FORMAT else f"{i:06d}"}.get(hazard, f"{i:06d}")
+            members = [("jpg", bytes([i % 256]) * size), ("cls", b"%d" % i), ("npy", bytes(range(40)))]
+            members = {"member missing": members[1:], "member extra": [*members, ("txt", b"extra")],
+                       "extension twice": [*members, ("cls", b"7")],
+                       "capitals": [(e.upper(), d) for e, d in members]}.get(hazard, members)
+            if hazard == "metadata":
+                _add(tar, "__meta__", b"{}")
+            elif hazard == "directory":
+                _add(tar, f"dir{i}", kind=tarfile.DIRTYPE)
+            elif hazard == "no key":
+                _add(tar, f"nokey{i}", b"x")
+            elif hazard == "global header" and fmt == tarfile.PAX_FORMAT:
+                info = tarfile.TarInfo("global")
+                info.type, info.pax_headers = tarfile.XGLTYPE, {"comment": "hello"}
+                tar.addfile(info)
+            elif hazard == "link":
+                info = tarfile.TarInfo(f"{key}.lnk")
+                info.type, info.linkname = tarfile.SYMTYPE, "x"
+                tar.addfile(info)
+            for extension, data in members:
+                _add(tar, f"{key}.{extension}", data)
+    return buffer.getvalue()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]),
+       samples=st.lists(st.tuples(st.sampled_from(_HAZARDS), st.sampled_from([0, 1, 300, 511, 512, 513, 2000])),
+                        min_size=1, max_size=30),
+       damage=st.one_of(st.none(), st.none(), DAMAGES), window=st.sampled_from([2, 3, 7, 64]),
+       group_keys=st.booleans(), on_error=st.sampled_from(["raise", "skip"]))
+def test_blocks_and_samples_alike_on_drawn_shards(tmp_path: Path, fmt: int, samples: list[tuple[str, int]],
+                                                  damage: tuple[Any, ...] | None, window: int, group_keys: bool,
+                                                  on_error: str) -> None:
+    """The columnar blocks and the member-by-member grouper: the same samples, errors and skips on shards
+    hypothesis draws (hazards, damage, windows that samples straddle)."""
+    path = tmp_path / "drawn.tar"
+    path.write_bytes(damaged_as(_drawn_shard(fmt, samples), damage))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tarstream, "_WINDOW", window)
+        blocks, samples_read = blocks_and_samples(path, group_keys=group_keys, on_error=on_error)
+    assert blocks == samples_read
