@@ -19,18 +19,18 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from unihub.formats.base import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfrecord.example import _packed_varints, _varint, parse_example
-from unihub.formats.tfrecord.format import UNLISTED, TFRecordFormat, unlisted_check
 from unihub.formats.tfrecord.framing import Block, Error, Framer
 from unihub.formats.tfrecord.records import _fail
 from unihub.formats.tfrecord.schema import (
     SHAPE_SUFFIX,
+    UNLISTED,
     Scan,
     _Mismatch,
     _OrderPlan,
@@ -38,12 +38,16 @@ from unihub.formats.tfrecord.schema import (
     _Stats,
     add_example,
     order_id,
+    unlisted_check,
 )
 from unihub.fs import sources
 from unihub.images import checks as image_checks
 from unihub.images import decoders as images
 
-__all__ = ["read_batches_fast", "scan_fast"]
+if TYPE_CHECKING:  # format.py imports this module (through parsers.py)
+    from unihub.formats.tfrecord.format import TFRecordFormat
+
+__all__ = ["read_blocks", "scan_blocks"]
 
 SCAN_BLOCK = 2048  # records parsed at a time by the schema scan
 BLOCK = 1024  # about as many records parsed at a time by read_batches (whole batches)
@@ -355,7 +359,7 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
 
     With ``stats`` (a single pass), the good records (of the file ``path``) are also counted into a
     schema scan's statistics, from the same template match. ``unlisted(feature names)`` names a feature the
-    schema would lose (see :func:`unihub.formats.tfrecord.format.unlisted_check`): its records fail.
+    schema would lose (see :func:`unihub.formats.tfrecord.schema.unlisted_check`): its records fail.
     """
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
@@ -379,7 +383,7 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
         if len(rows):
             groups.append((pending.left[rows], columns))
     left = pending.left
-    # the rest record by record, like TFRecordFormat.read_batches without the fast path
+    # the rest record by record, like parsers.read_records
     slow_at: list[int] = []
     slow_rows: list[list[Any]] = []
     failures: list[Error] = []
@@ -434,7 +438,7 @@ def _finish(plans: list[_Plan], pieces: list[list[tuple[bool, Any]]]) -> ColumnB
     return batch
 
 
-def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: int,
+def read_blocks(source: TFRecordFormat, plans: list[_Plan], batch_size: int,
                       on_error: OnError) -> Iterator[ColumnBatch]:
     """What :meth:`TFRecordFormat.read_batches` yields, a block of records at a time (a block of at most
     ``source.batch_bytes`` of records, less what the batch being gathered already holds).
@@ -585,7 +589,7 @@ def _scan_block(block: Block, stats: dict[str, _Stats], path: str, on_error: OnE
         ok[rows[bad]] = False
         good += int(len(rows) - bad.sum())
     data = block.data
-    for i in pending.left.tolist():  # the rest record by record, like _scan_files
+    for i in pending.left.tolist():  # the rest record by record, like parsers.scan_records
         try:
             example = parse_example(data[block.starts[i]:block.ends[i]])
         except ValueError as exc:
@@ -610,11 +614,9 @@ def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport)
     return False
 
 
-def scan_fast(options: dict[str, Any], files: list[str],
-              sample_records: int | None = None) -> tuple[Scan, int]:
-    """What :func:`unihub.formats.tfrecord.format._scan_files` returns, a block of records at a time."""
-    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
-    on_error = options.get("on_error", "raise")
+def scan_blocks(source: TFRecordFormat, on_error: OnError,
+                sample_records: int | None = None) -> tuple[Scan, int]:
+    """What :func:`unihub.formats.tfrecord.parsers.scan_records` returns, a block of records at a time."""
     check_on_error(on_error)
     report = ReadReport()
     stats = Scan()

@@ -350,6 +350,27 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
 _ABSENT: Feature = (None, None)
 
 
+# -- what a schema would lose --------------------------------------------------------------------
+UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
+            "features to convert with --option fields=...")
+
+
+def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
+                   ) -> Callable[[Iterable[str]], str | None]:
+    """``check(feature names)``: the first feature of a record that no field reads (its values would
+    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
+    chosen = None if selected is None else set(selected)
+
+    def check(names: Iterable[str]) -> str | None:
+        for name in names:
+            if name not in known and (chosen is None or name in chosen):
+                return name
+        return None
+
+    return check
+
+
 class _Mismatch(Exception):
     def __init__(self, feature: str | None, reason: str) -> None:
         super().__init__(reason)

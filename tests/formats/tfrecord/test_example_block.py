@@ -21,6 +21,7 @@ from unihub.formats.tfrecord import format as tfr
 from unihub.formats.tfrecord import framing as tframe
 from unihub.formats.tfrecord.example import encode_example, encode_feature, parse_example
 from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.parsers import EXAMPLE_PARSERS
 from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 
@@ -37,23 +38,18 @@ def _write(path: Path, rows: list[dict[str, tuple[str, Any]]], *, gz: bool = Fal
     return write_records(str(path), examples, compression="GZIP" if gz else None)
 
 
-def _run(files: Any, schema: Unischema | None, fast: bool, batch_size: int, on_error: str) -> dict[str, Any]:
-    """Everything a read shows: batches, the error it ended with, the report."""
-    old = tfr.FAST_PATH
-    tfr.FAST_PATH = fast
+def _run(files: Any, schema: Unischema | None, parser: str, batch_size: int, on_error: str) -> dict[str, Any]:
+    """Everything a read by ``parser`` shows: batches, the error it ended with, the report."""
+    source = TFRecordFormat(files, parser=parser)
+    schema = schema or source.infer_schema()
+    batches, error = [], None
     try:
-        source = TFRecordFormat(files)
-        schema = schema or source.infer_schema()
-        batches, error = [], None
-        try:
-            for batch in source.read_batches(schema, batch_size=batch_size, on_error=on_error):  # type: ignore[arg-type]
-                batches.append(batch)
-        except FormatError as exc:
-            error = (str(exc), exc.path, exc.offset)
-        return {"batches": batches, "error": error, "records": source.report.records,
-                "skipped": [(s.path, s.location, s.reason) for s in source.report.skipped]}
-    finally:
-        tfr.FAST_PATH = old
+        for batch in source.read_batches(schema, batch_size=batch_size, on_error=on_error):  # type: ignore[arg-type]
+            batches.append(batch)
+    except FormatError as exc:
+        error = (str(exc), exc.path, exc.offset)
+    return {"batches": batches, "error": error, "records": source.report.records,
+            "skipped": [(s.path, s.location, s.reason) for s in source.report.skipped]}
 
 
 def _same(a: Any, b: Any) -> None:
@@ -88,8 +84,8 @@ def _check(files: Any, schema: Unischema | None = None, batch_sizes: tuple[int, 
     fast: dict[str, Any] = {}
     for size in batch_sizes:
         for mode in on_error:
-            fast = _run(files, schema, True, size, mode)
-            _same(fast, _run(files, schema, False, size, mode))
+            fast = _run(files, schema, "block", size, mode)
+            _same(fast, _run(files, schema, "record", size, mode))
     _check_observed(files, schema)
     return fast
 
@@ -99,20 +95,15 @@ def _check_observed(files: Any, schema: Unischema | None) -> None:
     from unihub.formats.base import SchemaOutgrown
 
     scanned = tfr._scan_files({"on_error": "skip"}, TFRecordFormat(files).files())
-    for fast in (True, False):
-        old = tfr.FAST_PATH
-        tfr.FAST_PATH = fast
+    for parser in EXAMPLE_PARSERS:
+        source = TFRecordFormat(files, parser=parser)
+        source.observe = True
         try:
-            source = TFRecordFormat(files)
-            source.observe = True
-            try:
-                list(source.read_batches(schema or TFRecordFormat(files).infer_schema(), on_error="skip"))
-            except SchemaOutgrown:
-                continue
-            except FormatError:
-                continue  # no schema to read with (nothing readable, or features of two kinds)
-        finally:
-            tfr.FAST_PATH = old
+            list(source.read_batches(schema or TFRecordFormat(files, parser=parser).infer_schema(), on_error="skip"))
+        except SchemaOutgrown:
+            continue
+        except FormatError:
+            continue  # no schema to read with (nothing readable, or features of two kinds)
         stats, total = source.report.observed
         assert total == scanned[1]
         assert {k: vars(v) for k, v in stats.items()} == {k: vars(v) for k, v in scanned[0].items()}
@@ -191,7 +182,7 @@ def test_corrupt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: 
     got = _check(str(path), schema, batch_sizes=(3, 256))
     assert got["skipped"] == [(str(path), f"record 7 at byte offset {offsets[7]}", "data CRC mismatch")]
     assert got["records"] == 19
-    raised = _run(str(path), schema, True, 256, "raise")["error"]
+    raised = _run(str(path), schema, "block", 256, "raise")["error"]
     assert raised[0].endswith(f"record 7 at byte offset {offsets[7]}: data CRC mismatch") and raised[2] == offsets[7]
     data[offsets[12] + 3] ^= 0x01  # record 12's length: nothing after it can be framed
     path.write_bytes(bytes(data))
@@ -250,15 +241,11 @@ def test_records_written_by_tensorflow(tmp_path: Path) -> None:
 
 
 # -- schema inference ------------------------------------------------------------------------
-def _scan(files: list[str], fast: bool, sample: int | None, on_error: str = "raise") -> Any:
-    old = tfr.FAST_PATH
-    tfr.FAST_PATH = fast
+def _scan(files: list[str], parser: str, sample: int | None, on_error: str = "raise") -> Any:
     try:
-        stats, total = tfr._scan_files({"on_error": on_error}, files, sample)
+        stats, total = tfr._scan_files({"on_error": on_error, "parser": parser}, files, sample)
     except FormatError as exc:
         return str(exc)
-    finally:
-        tfr.FAST_PATH = old
     for stat in stats.values():
         if not stat.all_images:  # what was seen before the first non-image depends on the order
             stat.images, stat.sizes = set(), set()
@@ -268,7 +255,7 @@ def _scan(files: list[str], fast: bool, sample: int | None, on_error: str = "rai
 def _check_scan(files: list[str], samples: tuple[int | None, ...] = (None, 0, 1, 5, 17)) -> None:
     for sample in samples:
         for mode in ("raise", "skip"):
-            assert _scan(files, True, sample, mode) == _scan(files, False, sample, mode)
+            assert _scan(files, "block", sample, mode) == _scan(files, "record", sample, mode)
 
 
 def test_schema_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,7 +283,7 @@ def test_schema_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records[6] = b"\x0a\x05\x0a"  # not an Example
     records[9] = records[9][:-1] + b"\x80"  # the last int64 varint cut short
     bad = write_records(str(tmp_path / "b.tfrecord"), records)
-    assert "record 6" in _scan([bad], True, None)
+    assert "record 6" in _scan([bad], "block", None)
     _check_scan([bad, path])
 
 
@@ -304,7 +291,7 @@ def test_schema_scan_of_records_that_all_fail(tmp_path: Path) -> None:
     records = [encode_example({"x": encode_feature("int64", [300 + i])})[:-1] + b"\x82" for i in range(5)]
     path = write_records(str(tmp_path / "f.tfrecord"), records)  # each ends inside a varint
     _check_scan([path], samples=(None, 2))
-    assert _scan([path], True, None, "skip") == ({}, 0)
+    assert _scan([path], "block", None, "skip") == ({}, 0)
 
 
 def test_binary_columns_are_built_straight_from_the_buffer() -> None:
