@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.formats.tfrecord.reads import assert_same, read_all
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
@@ -38,54 +39,14 @@ def _write(path: Path, rows: list[dict[str, tuple[str, Any]]], *, gz: bool = Fal
     return write_records(str(path), examples, compression="GZIP" if gz else None)
 
 
-def _run(files: Any, schema: Unischema | None, parser: str, batch_size: int, on_error: str) -> dict[str, Any]:
-    """Everything a read by ``parser`` shows: batches, the error it ended with, the report."""
-    source = TFRecordFormat(files, parser=parser)
-    schema = schema or source.infer_schema()
-    batches, error = [], None
-    try:
-        for batch in source.read_batches(schema, batch_size=batch_size, on_error=on_error):  # type: ignore[arg-type]
-            batches.append(batch)
-    except FormatError as exc:
-        error = (str(exc), exc.path, exc.offset)
-    return {"batches": batches, "error": error, "records": source.report.records,
-            "skipped": [(s.path, s.location, s.reason) for s in source.report.skipped]}
-
-
-def _same(a: Any, b: Any) -> None:
-    if isinstance(a, pa.Array):  # the fast path hands bytes and text columns over as Arrow arrays
-        assert pa.types.is_binary(a.type) or pa.types.is_string(a.type)
-        a = a.to_pylist()
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        if a.dtype != object:
-            assert a.tobytes() == b.tobytes()
-        else:
-            for x, y in zip(a.ravel(), b.ravel()):
-                _same(x, y)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (float, np.floating)) and np.isnan(a):
-        assert np.isnan(b)
-    else:
-        assert a == b
-
-
 def _check(files: Any, schema: Unischema | None = None, batch_sizes: tuple[int, ...] = (1, 3, 256),
            on_error: tuple[str, ...] = ("raise", "skip")) -> dict[str, Any]:
     """The fast and the per-record reads agree for each batch size and error mode; the last fast read."""
     fast: dict[str, Any] = {}
     for size in batch_sizes:
         for mode in on_error:
-            fast = _run(files, schema, "block", size, mode)
-            _same(fast, _run(files, schema, "record", size, mode))
+            fast = read_all(files, schema, "block", size, mode)
+            assert_same(fast, read_all(files, schema, "record", size, mode))
     _check_observed(files, schema)
     return fast
 
@@ -182,7 +143,7 @@ def test_corrupt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: 
     got = _check(str(path), schema, batch_sizes=(3, 256))
     assert got["skipped"] == [(str(path), f"record 7 at byte offset {offsets[7]}", "data CRC mismatch")]
     assert got["records"] == 19
-    raised = _run(str(path), schema, "block", 256, "raise")["error"]
+    raised = read_all(str(path), schema, "block", 256, "raise")["error"]
     assert raised[0].endswith(f"record 7 at byte offset {offsets[7]}: data CRC mismatch") and raised[2] == offsets[7]
     data[offsets[12] + 3] ^= 0x01  # record 12's length: nothing after it can be framed
     path.write_bytes(bytes(data))
