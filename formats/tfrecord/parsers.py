@@ -10,24 +10,29 @@ is the reference. The choice is the reading option ``parser`` (``TFRecordFormat(
 ``--option parser=record``), a parameter that travels with the source to forked and Spark workers.
 
 Why hand-written and not protobuf's own classes: ``benchmarks/example_parsers.py`` parsed 100,000
-Examples (a 32x32 JPEG, a label, 4 floats, 8 ints) with protobuf 7.36 (upb) from a private
-``DescriptorPool`` built from ``example.proto`` (TensorFlow and the ``tfrecord`` package register
-the same names in the default pool, so neither's classes can be used beside the other's), 5 rounds
-alternated, best round, CPU µs per record on 2 shared cores (2026-12-06):
+Examples (a 32x32 JPEG, a label, 4 floats, 8 ints) with protobuf 7.36 (upb) classes built from
+``example.proto`` in a private ``DescriptorPool`` (TensorFlow and the ``tfrecord`` package register the
+same names in the default pool, so neither's classes can be used beside the other's) and with unihub's
+two parsers; CPU µs per record, best of 3 alternated rounds, twice (2 shared cores, 2026-12-06):
 
-=====================================================  ========
-protobuf ``Example.FromString`` only                       0.83
-protobuf ``FromString`` + values out (lists, numpy)        4.56
-unihub per record (``parse_example``)                      5.63
-unihub block (1,024 records into numpy/Arrow columns)      0.48
-=====================================================  ========
+=======================================================  ==========  ===============
+parser                                                   ints < 128  ints up to 2^40
+=======================================================  ==========  ===============
+protobuf ``FromString`` alone (no value taken out)             1.55             1.63
+protobuf into columns (values appended, numpy per block)       8.29             8.51
+protobuf into a dict of lists/arrays (as parse_example)       24.88            24.96
+unihub ``record`` (``parse_example``)                         10.28            28.21
+unihub ``block`` (1,024 records into numpy/Arrow columns)      1.47             2.22
+=======================================================  ==========  ===============
 
-The block parser, which serves every read, is the fastest by 9x over protobuf with the values taken
-out (what a reader needs), and protobuf would add a dependency (DESIGN decision 11) that clashes with
-TensorFlow's and ``tfrecord``'s registrations. protobuf with values out is ~20% faster than the
-per-record parser, which only reads the records the block parser hands over (another layout, damage)
-and serves as the reference: kept, since its errors name what is wrong where (protobuf says only
-"Error parsing message") and it needs nothing installed. So: the hand-written parsers stay.
+The block parser, which serves every read, costs less than protobuf's bare ``FromString`` and 4-6x
+less than protobuf's best columnar use: it stays. (Before 2026-12-06 it decoded multi-byte varints
+run by run, 19.7 µs a record with large ints, slower than protobuf; they are decoded all at once now,
+see ``example_block._varint_rows``.) The record parser, which reads only what the block parser hands
+over (another layout, damage) and is the reference, is as fast as protobuf's per-record form (faster
+with small ints, slower with large ones, where protobuf needs the values out anyway); it stays too:
+its errors say what is wrong where (protobuf says "Error parsing message"), it reads what TensorFlow
+reads (held equal in the property test), and it needs nothing installed (protobuf is no dependency).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from unihub.errors import FormatError
 from unihub.formats.tfrecord import example_block as tfbatch
 from unihub.formats.tfrecord import format as tfr
 from unihub.formats.tfrecord import framing as tframe
-from unihub.formats.tfrecord.example import encode_example, encode_feature, parse_example
+from unihub.formats.tfrecord.example import _packed_varints, encode_example, encode_feature, parse_example
 from unihub.formats.tfrecord.format import TFRecordFormat
 from unihub.formats.tfrecord.parsers import EXAMPLE_PARSERS
 from unihub.formats.tfrecord.records import iter_records, write_records
@@ -253,6 +253,42 @@ def test_schema_scan_of_records_that_all_fail(tmp_path: Path) -> None:
     path = write_records(str(tmp_path / "f.tfrecord"), records)  # each ends inside a varint
     _check_scan([path], samples=(None, 2))
     assert _scan([path], "block", None, "skip") == ({}, 0)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8])
+def test_int_columns_decode_varint_runs_as_the_per_record_parser(width: int) -> None:
+    """Packed int64 runs of every shape (one-byte and 10-byte varints, over-long ones, runs cut inside a
+    varint, empty runs, other counts), decoded all at once: the values and the rows refused are what
+    _packed_varints gives run by run."""
+    rng = np.random.default_rng(width)
+    runs = []
+    for _ in range(3000):
+        ints = rng.integers(-(2**63), 2**63 - 1, rng.integers(0, width + 2), dtype=np.int64)
+        run = b"".join(encode_feature("int64", [v])[4:] for v in ints.tolist())  # the varints alone
+        shape = rng.integers(0, 8)
+        if shape == 0 and run:  # cut inside a varint, or anywhere
+            run = run[:rng.integers(0, len(run))]
+        elif shape == 1:  # an over-long varint (more than 10 bytes)
+            run += bytes([0x80] * int(rng.integers(10, 14))) + bytes([int(rng.integers(0, 128))])
+        elif shape == 2:  # one-byte varints only
+            run = bytes(rng.integers(0, 128, width).tolist())
+        runs.append(run)
+    data = b"".join(runs)
+    arr = np.frombuffer(data, np.uint8)
+    sizes = np.array([len(r) for r in runs], np.int64)
+    starts = np.cumsum(sizes) - sizes
+    bad = np.zeros(len(runs), bool)
+    values = tfbatch._int_values(data, arr, starts, sizes, width, bad)
+    for i, run in enumerate(runs):
+        try:
+            expected = np.asarray(_packed_varints(run, 0, len(run)), np.int64)
+        except ValueError:
+            expected = None
+        fits = expected is not None and expected.size == width
+        assert bad[i] == (not fits), (i, run)
+        if fits:
+            assert values[i].tolist() == expected.tolist(), (i, run)
+    assert 0 < bad.sum() < len(runs)
 
 
 def test_binary_columns_are_built_straight_from_the_buffer() -> None:
