@@ -7,7 +7,8 @@
 Why a codec of our own: TensorFlow and the ``tfrecord`` package both register the protobuf
 messages ``tensorflow.Example`` & co., and one process cannot import both (``duplicate symbol
 'tensorflow.BytesList'``). The wire format is small, so it is read and written here with numpy,
-which works with either, both or neither installed.
+which works with either, both or neither installed. Timed against protobuf's own classes (from a
+private ``DescriptorPool``): see :mod:`unihub.formats.tfrecord.parsers`.
 """
 
 from __future__ import annotations

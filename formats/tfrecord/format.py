@@ -2,8 +2,9 @@
 
 Records are framed, checksummed and (de)compressed by :mod:`unihub.formats.tfrecord.records`; the files of a
 source are found by :mod:`unihub.formats.tfrecord.files`. A record is a serialized ``tf.train.Example``
-(parsed and written by :mod:`unihub.formats.tfrecord.example`, read a block at a time by
-:mod:`unihub.formats.tfrecord.example_block`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
+(parsed and written by :mod:`unihub.formats.tfrecord.example`; read a block at a time by
+:mod:`unihub.formats.tfrecord.example_block`, or record by record, per the ``parser`` option: see
+:mod:`unihub.formats.tfrecord.parsers`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
 opaque bytes (:mod:`unihub.formats.tfrecord.payload`). Where TFDS wrote the records, the fields are
 what its ``features.json`` declares (:mod:`unihub.formats.tfrecord.tfds`).
 
