@@ -7,7 +7,8 @@
 Why a codec of our own: TensorFlow and the ``tfrecord`` package both register the protobuf
 messages ``tensorflow.Example`` & co., and one process cannot import both (``duplicate symbol
 'tensorflow.BytesList'``). The wire format is small, so it is read and written here with numpy,
-which works with either, both or neither installed.
+which works with either, both or neither installed. Timed against protobuf's own classes (from a
+private ``DescriptorPool``): see :mod:`unihub.formats.tfrecord.parsers`.
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ def _parse_list(buf: bytes, key: int, pos: int, end: int) -> Any:
             if size == 1 and end <= len(buf) and buf[start] < 0x80:  # one small int (a label)
                 return "int64", [buf[start]]
             return "int64", _packed_varints(buf, start, end)
+    return _joined(key, _list_items(buf, key, pos, end))
+
+
+def _list_items(buf: bytes, key: int, pos: int, end: int) -> list[Any]:
+    """The items of a list in any other layout: several values or packed runs, unpacked values
+    (proto2 writers), unknown fields (skipped); one item per value or run."""
     items: list[Any] = []
     while pos < end:
         tag = buf[pos]
@@ -142,12 +149,7 @@ def _parse_list(buf: bytes, key: int, pos: int, end: int) -> Any:
             pos += 1
             if size >= 0x80:
                 size, pos = _varint(buf, pos - 1)
-            if key == 0x0A:
-                items.append(buf[pos:pos + size])
-            elif key == 0x12:
-                items.append(np.frombuffer(buf, "<f4", size // 4, pos))
-            else:
-                items.append(_packed_varints(buf, pos, pos + size))
+            items.append(_list_item(buf, key, pos, pos + size))
             pos += size
         elif tag == 0x0D and key == 0x12:  # an unpacked float
             items.append(np.frombuffer(buf, "<f4", 1, pos))
@@ -159,6 +161,20 @@ def _parse_list(buf: bytes, key: int, pos: int, end: int) -> Any:
             pos = _skip(buf, pos, tag if tag < 0x80 else _varint(buf, pos - 1)[0])
     if pos != end:
         raise ValueError("a list runs past the end of its feature")
+    return items
+
+
+def _list_item(buf: bytes, key: int, start: int, end: int) -> Any:
+    """One length-delimited item of a list: a bytes value, or a packed run of floats or varints."""
+    if key == 0x0A:
+        return buf[start:end]
+    if key == 0x12:
+        return np.frombuffer(buf, "<f4", (end - start) // 4, start)
+    return _packed_varints(buf, start, end)
+
+
+def _joined(key: int, items: list[Any]) -> Any:
+    """``(kind, values)`` of a list from its items: the bytes values, or the runs and values end to end."""
     if key == 0x0A:
         return "bytes", items
     kind, dtype = ("float", np.float32) if key == 0x12 else ("int64", np.int64)

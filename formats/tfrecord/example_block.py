@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from unihub.formats.base import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfrecord.example import _packed_varints, _varint, parse_example
-from unihub.formats.tfrecord.format import UNLISTED, TFRecordFormat, unlisted_check
 from unihub.formats.tfrecord.framing import Block, Error, Framer
 from unihub.formats.tfrecord.records import _fail
 from unihub.formats.tfrecord.schema import (
     SHAPE_SUFFIX,
+    UNLISTED,
     Scan,
     _Mismatch,
     _OrderPlan,
@@ -38,12 +38,16 @@ from unihub.formats.tfrecord.schema import (
     _Stats,
     add_example,
     order_id,
+    unlisted_check,
 )
 from unihub.fs import sources
 from unihub.images import checks as image_checks
 from unihub.images import decoders as images
 
-__all__ = ["read_batches_fast", "scan_fast"]
+if TYPE_CHECKING:  # format.py imports this module (through parsers.py)
+    from unihub.formats.tfrecord.format import TFRecordFormat
+
+__all__ = ["read_blocks", "scan_blocks"]
 
 SCAN_BLOCK = 2048  # records parsed at a time by the schema scan
 BLOCK = 1024  # about as many records parsed at a time by read_batches (whole batches)
@@ -70,73 +74,103 @@ def _length(data: bytes, pos: int) -> tuple[int, int, int]:
     return value, after - pos, after
 
 
+class _SkeletonBuilder:
+    """The tokens of one record, gathered field by field (see :func:`skeleton`)."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[int, Any, int]] = []
+        self.features: dict[str, tuple[str, list[int]]] = {}
+        self.leaves = 0
+
+    def const(self, raw: bytes) -> None:
+        if self.ops and self.ops[-1][0] == _CONST:
+            self.ops[-1] = (_CONST, self.ops[-1][1] + raw, 0)
+        else:
+            self.ops.append((_CONST, raw, 0))
+
+    def open(self, width: int) -> None:
+        self.ops.append((_OPEN, width, 0))
+
+    def entry(self, data: bytes, pos: int) -> int | None:
+        """Add the feature map entry at ``pos``; the position after it, or None where it is unusual."""
+        if data[pos] != 0x0A:
+            return None
+        size, width, entry = _length(data, pos + 1)
+        entry_end = entry + size
+        self.const(b"\x0a")
+        self.open(width)
+        if data[entry] != 0x0A:
+            return None
+        size, _, name_at = _length(data, entry + 1)
+        name = data[name_at:name_at + size].decode("utf-8")
+        tag = name_at + size
+        if name in self.features or data[tag] != 0x12:
+            return None
+        self.const(data[entry:tag + 1])
+        size, width2, feature = _length(data, tag + 1)
+        if feature + size != entry_end or feature >= entry_end or data[feature] not in _KINDS:
+            return None
+        kind = _KINDS[data[feature]]
+        self.open(width2)
+        self.const(data[feature:feature + 1])
+        size, width3, item = _length(data, feature + 1)
+        if item + size != entry_end:
+            return None
+        self.open(width3)
+        leaves = self.payloads(data, item, entry_end)
+        if leaves is None:
+            return None
+        slots, width4 = leaves
+        if not slots or (kind != "bytes" and len(slots) != 1) or max(width, width2, width3, width4) > 5:
+            return None
+        self.ops += [(_CLOSE, 0, 0)] * 3
+        self.features[name] = (kind, slots)
+        return entry_end
+
+    def payloads(self, data: bytes, item: int, entry_end: int) -> tuple[list[int], int] | None:
+        """Add a list's values from ``item`` to ``entry_end``: their leaf numbers and the last one's length
+        width, or None where they are unusual (another field, a value past the entry's end)."""
+        slots: list[int] = []
+        width = 0
+        while item < entry_end:
+            if data[item] != 0x0A:
+                return None
+            size, width, payload = _length(data, item + 1)
+            self.const(b"\x0a")
+            self.ops.append((_LEAF, width, self.leaves))
+            slots.append(self.leaves)
+            self.leaves += 1
+            item = payload + size
+        if item != entry_end:
+            return None
+        return slots, width
+
+    def skeleton(self) -> _Skeleton:
+        return _Skeleton([(c, np.frombuffer(a, np.uint8) if c == _CONST else a, b) for c, a, b in self.ops],
+                         self.features, self.leaves)
+
+
 def skeleton(data: bytes) -> _Skeleton | None:
     """The skeleton of a serialized Example in the usual layout, or None for anything else
     (fields other than the feature map, empty or kind-less features, repeated names ...)."""
-    ops: list[tuple[int, Any, int]] = []
-    features: dict[str, tuple[str, list[int]]] = {}
-    leaves = 0
-
-    def const(raw: bytes) -> None:
-        if ops and ops[-1][0] == _CONST:
-            ops[-1] = (_CONST, ops[-1][1] + raw, 0)
-        else:
-            ops.append((_CONST, raw, 0))
-
+    builder = _SkeletonBuilder()
     try:
         if not data or data[0] != 0x0A:
             return None
         size, width, pos = _length(data, 1)
         if pos + size != len(data) or width > 5:
             return None
-        const(b"\x0a")
-        ops.append((_OPEN, width, 0))
+        builder.const(b"\x0a")
+        builder.open(width)
         while pos < len(data):
-            if data[pos] != 0x0A:
+            after = builder.entry(data, pos)
+            if after is None:
                 return None
-            size, width, entry = _length(data, pos + 1)
-            entry_end = entry + size
-            const(b"\x0a")
-            ops.append((_OPEN, width, 0))
-            if data[entry] != 0x0A:
-                return None
-            size, _, name_at = _length(data, entry + 1)
-            name = data[name_at:name_at + size].decode("utf-8")
-            tag = name_at + size
-            if name in features or data[tag] != 0x12:
-                return None
-            const(data[entry:tag + 1])
-            size, width2, feature = _length(data, tag + 1)
-            if feature + size != entry_end or feature >= entry_end or data[feature] not in _KINDS:
-                return None
-            kind = _KINDS[data[feature]]
-            ops.append((_OPEN, width2, 0))
-            const(data[feature:feature + 1])
-            size, width3, item = _length(data, feature + 1)
-            if item + size != entry_end:
-                return None
-            ops.append((_OPEN, width3, 0))
-            slots: list[int] = []
-            while item < entry_end:
-                if data[item] != 0x0A:
-                    return None
-                size, width4, payload = _length(data, item + 1)
-                const(b"\x0a")
-                ops.append((_LEAF, width4, leaves))
-                slots.append(leaves)
-                leaves += 1
-                item = payload + size
-            if item != entry_end or not slots or (kind != "bytes" and len(slots) != 1) or \
-                    max(width, width2, width3, width4) > 5:
-                return None
-            ops += [(_CLOSE, 0, 0)] * 3
-            features[name] = (kind, slots)
-            pos = entry_end
-        ops.append((_CLOSE, 0, 0))
+            pos = after
+        builder.ops.append((_CLOSE, 0, 0))
     except (IndexError, ValueError):
         return None
-    return _Skeleton([(c, np.frombuffer(a, np.uint8) if c == _CONST else a, b) for c, a, b in ops],
-                     features, leaves)
+    return builder.skeleton()
 
 
 def match(arr: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -207,56 +241,102 @@ def _column(plan: _Plan, sk: _Skeleton, block: Block, arr: np.ndarray, rows: np.
     per-row values for :meth:`_Plan.column`; rows that do not fit are marked in ``bad``.
     """
     f = plan.field
-    n = len(rows)
     if isinstance(plan, _OrderPlan):  # not a feature: the order of the skeleton's, every row's
-        return True, np.full(n, order_id(tuple(sk.features)), np.int64)
+        return True, np.full(len(rows), order_id(tuple(sk.features)), np.int64)
     kind, slots = sk.features.get(f.name, (None, []))
-    dtype = plan.dtype
     if kind is None and f.nullable:
-        return False, [None] * n
+        return False, [None] * len(rows)
     if kind is not None and (kind == "bytes") == plan.text:
         starts, sizes = leaf_start[slots[0]][rows], leaf_size[slots[0]][rows]
-        if plan.category in ("image", "bytes", "str") and len(slots) == 1:
-            column = _binary_column(block.data, arr, starts, sizes, plan.category == "str")
-            if column is not None:
-                if plan.validate != "none":  # failing images take the per-record path, which says why
-                    bad |= image_checks.bad_images(arr, starts, starts + sizes, f, plan.validate, fit=plan.fit)
-                return True, column
-            # else record by record below: the values that are not UTF-8 fail there
-        numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)
-        width = (plan.size or 0) if plan.category == "tensor" else 1  # a tensor is numeric when size is set
-        if numeric and kind == "float" and dtype in (np.float32, np.float64):  # exact; narrower: checked below
-            bad |= sizes != 4 * width
-            values = _gather(arr, np.where(bad, 0, starts), 4 * width).view("<f4").astype(dtype)
-            return True, values[:, 0] if plan.category == "scalar" else values
-        if numeric and kind == "int64" and dtype == np.int64:
-            bytes_ = _gather(arr, np.where(sizes == width, starts, 0), width)
-            simple = (sizes == width) & (bytes_ < 0x80).all(1)
-            values = bytes_.astype(np.int64)
-            for i in np.flatnonzero(~simple).tolist():
-                try:
-                    ints = np.asarray(_packed_varints(block.data, int(starts[i]), int(starts[i] + sizes[i])), np.int64)
-                except ValueError:  # malformed: parse_example says how
-                    ints = None
-                if ints is not None and ints.size == width:
-                    values[i] = ints
-                else:
-                    bad[i] = True
-            return True, values[:, 0] if plan.category == "scalar" else values
-    # any other field: this record's feature(s) as parse_example gives them, read by _Plan.read
+        column = _vector_column(plan, kind, len(slots), block, arr, starts, sizes, bad)
+        if column is not None:
+            return True, column
+    return False, _row_values(plan, sk, block, rows, leaf_start, leaf_size, bad)
+
+
+def _vector_column(plan: _Plan, kind: str, leaves: int, block: Block, arr: np.ndarray, starts: np.ndarray,
+                   sizes: np.ndarray, bad: np.ndarray) -> Any:
+    """Field ``plan`` of a feature of ``kind`` whose values (``leaves`` of them) start at ``starts`` and
+    span ``sizes``, vectorised (Arrow for bytes and text, numpy for numbers), or None where that is not
+    done (the caller reads it record by record); rows that do not fit are marked in ``bad``."""
+    if plan.category in ("image", "bytes", "str") and leaves == 1:
+        column = _binary_column(block.data, arr, starts, sizes, plan.category == "str")
+        if column is not None:
+            if plan.validate != "none":  # failing images take the per-record path, which says why
+                bad |= image_checks.bad_images(arr, starts, starts + sizes, plan.field, plan.validate, fit=plan.fit)
+            return column
+        return None  # record by record: the values that are not UTF-8 fail there
+    numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)
+    width = (plan.size or 0) if plan.category == "tensor" else 1  # a tensor is numeric when size is set
+    values = None
+    if numeric and kind == "float" and plan.dtype in (np.float32, np.float64):  # exact; narrower: checked later
+        bad |= sizes != 4 * width
+        values = _gather(arr, np.where(bad, 0, starts), 4 * width).view("<f4").astype(plan.dtype)
+    elif numeric and kind == "int64" and plan.dtype == np.int64:
+        values = _int_values(block.data, arr, starts, sizes, width, bad)
+    if values is None:
+        return None
+    return values[:, 0] if plan.category == "scalar" else values
+
+
+def _int_values(data: bytes | mmap.mmap, arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray, width: int,
+                bad: np.ndarray) -> np.ndarray:
+    """``(rows, width)`` int64 values of packed varint runs: one-byte varints by fancy indexing, the
+    others all at once (:func:`_varint_rows`); runs that are malformed or hold another count are marked
+    in ``bad``."""
+    bytes_ = _gather(arr, np.where(sizes == width, starts, 0), width)
+    simple = (sizes == width) & (bytes_ < 0x80).all(1)
+    values = bytes_.astype(np.int64)
+    other = np.flatnonzero(~simple)
+    if len(other):
+        _varint_rows(arr, other, starts[other], sizes[other], width, values, bad)
+    return values
+
+
+def _varint_rows(arr: np.ndarray, rows: np.ndarray, starts: np.ndarray, sizes: np.ndarray, width: int,
+                 values: np.ndarray, bad: np.ndarray) -> None:
+    """Decode the packed varint runs ``arr[starts[i]:starts[i] + sizes[i]]`` into ``values[rows[i]]``, all runs
+    at once with :func:`~unihub.formats.tfrecord.example._packed_varints`' arithmetic; a run that is empty,
+    ends inside a varint (parse_example finds it malformed) or holds other than ``width`` values is marked
+    in ``bad``. (Record by record, multi-byte varints cost ~20 µs a record: more than protobuf's parse.)"""
+    last = arr[np.maximum(starts + sizes - 1, 0)]
+    whole = (sizes > 0) & (last < 0x80)
+    bad[rows[~whole]] = True
+    rows, starts, sizes = rows[whole], starts[whole], sizes[whole]
+    if not len(rows):
+        return
+    total = int(sizes.sum())
+    before = np.cumsum(sizes) - sizes  # where each run begins in the runs end to end
+    raw = arr[np.repeat(starts - before, sizes) + np.arange(total)]
+    ends = np.flatnonzero(raw < 0x80)  # each varint's last byte; every run ends with one
+    firsts = np.concatenate(([0], ends[:-1] + 1))
+    position = np.arange(total) - np.repeat(firsts, ends - firsts + 1)
+    parts = (raw & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    ints = np.add.reduceat(parts, firsts).view(np.int64)
+    counts = np.bincount(np.repeat(np.arange(len(rows)), sizes)[ends], minlength=len(rows))
+    fits = counts == width
+    bad[rows[~fits]] = True
+    values[rows[fits]] = ints[np.repeat(fits, counts)].reshape(-1, width)
+
+
+def _row_values(plan: _Plan, sk: _Skeleton, block: Block, rows: np.ndarray, leaf_start: np.ndarray,
+                leaf_size: np.ndarray, bad: np.ndarray) -> list[Any]:
+    """Field ``plan`` of each record of ``rows``, read by :meth:`_Plan.read` from the record's feature(s) as
+    parse_example gives them; a record that fails is marked in ``bad`` (the per-record reader says why)."""
+    f = plan.field
     names = [n_ for n_ in (f.name, f.name + SHAPE_SUFFIX) if n_ in sk.features]
     bounds = [(n_, sk.features[n_][0], [leaf_start[s][rows].tolist() for s in sk.features[n_][1]],
                [leaf_size[s][rows].tolist() for s in sk.features[n_][1]]) for n_ in names]
     out: list[Any] = []
     data = block.data
-    for i in range(n):
+    for i in range(len(rows)):
         try:
             example = {n_: _feature(data, k, [s[i] for s in st], [z[i] for z in sz]) for n_, k, st, sz in bounds}
             out.append(plan.read(example))
         except Exception:  # noqa: BLE001  (the per-record reader reports or raises it, in order)
             bad[i] = True
             out.append(None)
-    return False, out
+    return out
 
 
 def _binary_column(data: Any, arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
@@ -347,19 +427,36 @@ def _template_groups(block: Block, arr: np.ndarray,
         pending.left = left[~ok]
 
 
+_Columns = list[tuple[bool, Any]]  # a plan each: (final, values), see _column
+
+
 def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | None = None,
                  unlisted: Callable[[Iterable[str]], str | None] | None = None, path: str = ""
-                 ) -> tuple[np.ndarray, list[tuple[bool, Any]], list[Error]]:
+                 ) -> tuple[np.ndarray, _Columns, list[Error]]:
     """The good records of ``block`` (their numbers in it, ascending), each plan's column of them
     (numpy or per-row values), and the records that fail, in order (``index`` their number).
 
     With ``stats`` (a single pass), the good records (of the file ``path``) are also counted into a
     schema scan's statistics, from the same template match. ``unlisted(feature names)`` names a feature the
-    schema would lose (see :func:`unihub.formats.tfrecord.format.unlisted_check`): its records fail.
+    schema would lose (see :func:`unihub.formats.tfrecord.schema.unlisted_check`): its records fail.
     """
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
-    groups: list[tuple[np.ndarray, list[tuple[bool, Any]]]] = []  # (record numbers, columns)
+    groups = _template_columns(block, arr, pending, plans, stats, unlisted, path)
+    slow_at, slow_rows, failures = _record_columns(block, pending.left, plans, stats, unlisted, path)
+    if not slow_at and len(groups) <= 1:
+        at, columns = groups[0] if groups else (np.zeros(0, np.int64), [])
+        return at, columns, failures
+    at, columns = _interleave(groups, slow_at, slow_rows, len(plans))
+    return at, columns, failures
+
+
+def _template_columns(block: Block, arr: np.ndarray, pending: _Pending, plans: list[_Plan],
+                      stats: dict[str, _Stats] | None, unlisted: Callable[[Iterable[str]], str | None] | None,
+                      path: str) -> list[tuple[np.ndarray, _Columns]]:
+    """``(record numbers, columns)`` of each group of records laid out like a template, vectorised;
+    the records left (another layout, or failing here) stay in ``pending.left``."""
+    groups: list[tuple[np.ndarray, _Columns]] = []
     for sk, ok, leaf_start, leaf_size in _template_groups(block, arr, pending):
         rows = np.flatnonzero(ok)
         if unlisted is not None and unlisted(sk.features) is not None:
@@ -378,8 +475,14 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
             rows = rows[keep]
         if len(rows):
             groups.append((pending.left[rows], columns))
-    left = pending.left
-    # the rest record by record, like TFRecordFormat.read_batches without the fast path
+    return groups
+
+
+def _record_columns(block: Block, left: np.ndarray, plans: list[_Plan], stats: dict[str, _Stats] | None,
+                    unlisted: Callable[[Iterable[str]], str | None] | None, path: str
+                    ) -> tuple[list[int], list[list[Any]], list[Error]]:
+    """The records ``left`` of ``block`` record by record, like parsers.read_records: the numbers of the
+    good ones, their rows (a value per plan), and the failures."""
     slow_at: list[int] = []
     slow_rows: list[list[Any]] = []
     failures: list[Error] = []
@@ -401,14 +504,16 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
                 add_example(stats, example, f"{path} record {block.indices[i]}")
         except _Mismatch as exc:
             failures.append(Error(i, block.offsets[i], exc.reason, exc.feature))
-    if not slow_at and len(groups) <= 1:
-        at, columns = groups[0] if groups else (np.zeros(0, np.int64), [])
-        return at, columns, failures
-    # interleave in file order
+    return slow_at, slow_rows, failures
+
+
+def _interleave(groups: list[tuple[np.ndarray, _Columns]], slow_at: list[int], slow_rows: list[list[Any]],
+                plans: int) -> tuple[np.ndarray, _Columns]:
+    """The template groups' columns and the rows read record by record, in file order."""
     order = np.concatenate([at for at, _ in groups] + [np.array(slow_at, np.int64)])
     rank = np.argsort(order, kind="stable")
-    out: list[tuple[bool, Any]] = []
-    for j in range(len(plans)):
+    out: _Columns = []
+    for j in range(plans):
         if not slow_at and all(columns[j][0] for _, columns in groups):
             column = _concat([columns[j][1] for _, columns in groups])
             out.append((True, column.take(pa.array(rank)) if isinstance(column, pa.Array) else column[rank]))
@@ -418,7 +523,7 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
             values += _rows(columns[j])
         values += [row[j] for row in slow_rows]
         out.append((False, [values[r] for r in rank.tolist()]))
-    return order[rank], out, failures
+    return order[rank], out
 
 
 def _finish(plans: list[_Plan], pieces: list[list[tuple[bool, Any]]]) -> ColumnBatch:
@@ -434,8 +539,57 @@ def _finish(plans: list[_Plan], pieces: list[list[tuple[bool, Any]]]) -> ColumnB
     return batch
 
 
-def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: int,
-                      on_error: OnError) -> Iterator[ColumnBatch]:
+@dataclass
+class _Gathering:
+    """The batch being gathered from pieces of parsed blocks: ``have`` rows, ``held`` record bytes."""
+
+    plans: list[_Plan]
+    batch_size: int
+    budget: int  # record bytes a batch holds at most
+    pieces: list[_Columns] = field(default_factory=list)
+    have: int = 0
+    held: int = 0
+
+    def block_records(self) -> int:
+        """How many records to take next: what completes this batch, and whole batches up to about BLOCK."""
+        need = self.batch_size - self.have
+        return need + self.batch_size * max(0, (BLOCK - need) // self.batch_size)
+
+    def deal(self, item: Block, good_at: np.ndarray, columns: _Columns, failures: list[Error], path: str,
+             on_error: OnError, report: ReadReport) -> Iterator[ColumnBatch]:
+        """Hand a parsed block's good records to the batches, each full batch yielded; its failures are
+        reported (or raised) and ``report.records`` counted in between, where the per-record reader does."""
+        base, row, fired = report.records, 0, 0
+        # a block ends at ``budget - held`` bytes, so only its last batch can fill by bytes
+        row_bytes = (int(item.ends[-1]) - int(item.starts[0])) / len(item.indices)
+        while True:
+            need = self.batch_size - self.have
+            cut = int(good_at[row + need - 1]) if len(good_at) - row >= need else len(item.indices)
+            while fired < len(failures) and failures[fired].index < cut:
+                error = failures[fired]
+                report.records = base + int(np.searchsorted(good_at, error.index))
+                _fail(path, item.indices[error.index], error.offset, error.reason, on_error, report, error.feature)
+                fired += 1
+            take = min(need, len(good_at) - row)
+            if take:
+                self.pieces.append([(final, values[row:row + take]) for final, values in columns])
+            row += take
+            self.have += take
+            self.held += int(take * row_bytes)
+            report.records = base + row
+            if self.have < self.batch_size and self.held < self.budget:
+                break
+            yield self.finish()
+
+    def finish(self) -> ColumnBatch:
+        """The batch gathered so far; the next one starts empty."""
+        batch = _finish(self.plans, self.pieces)
+        self.pieces, self.have, self.held = [], 0, 0
+        return batch
+
+
+def read_blocks(source: TFRecordFormat, plans: list[_Plan], batch_size: int,
+                on_error: OnError) -> Iterator[ColumnBatch]:
     """What :meth:`TFRecordFormat.read_batches` yields, a block of records at a time (a block of at most
     ``source.batch_bytes`` of records, less what the batch being gathered already holds).
 
@@ -445,68 +599,46 @@ def read_batches_fast(source: TFRecordFormat, plans: list[_Plan], batch_size: in
     check_on_error(on_error)
     report = source.report
     unlisted = unlisted_check([p.field for p in plans], source.options.get("fields"))
-    pieces: list[list[tuple[bool, Any]]] = []
-    have = held = 0  # rows and record bytes of the batch being gathered
-    budget = source.batch_bytes
-    stats = Scan()
-    observed = 0
-    if source.observe:
+    gathering = _Gathering(plans, batch_size, source.batch_bytes)
+    stats = Scan() if source.observe else None
+    if stats is not None:
         report.observed = (stats, 0)
     done = report.bytes_read  # input bytes of the files before this one
     for path in source.files():
-        framer = Framer(path, source.options.get("compression"))
-        skipped = len(report.skipped)
-        try:
-            while True:
-                need = batch_size - have
-                item = framer.take(need + batch_size * max(0, (BLOCK - need) // batch_size), budget - held)
-                if item is None:
-                    break
-                if isinstance(item, Error):
-                    _fail(path, item.index, item.offset, item.reason, on_error, report)
-                    continue
-                report.bytes_read = done + framer.consumed()
-                good_at, columns, failures = _parse_block(item, plans, stats if source.observe else None, unlisted,
-                                                           path)
-                if source.observe:  # single pass: the statistics a schema scan would gather, and no record
-                    # the provisional schema cannot hold
-                    outgrown = next((f for f in failures if f.feature is not None), None)
-                    if outgrown is not None:
-                        raise SchemaOutgrown(f"{path} record {item.indices[outgrown.index]}: "
-                                             f"{outgrown.feature!r} {outgrown.reason}")
-                    observed += len(good_at)
-                    report.observed = (stats, observed)
-                base, row, fired = report.records, 0, 0
-                # a block ends at ``budget - held`` bytes, so only its last batch can fill by bytes
-                row_bytes = (int(item.ends[-1]) - int(item.starts[0])) / len(item.indices)
-                while True:
-                    need = batch_size - have
-                    cut = int(good_at[row + need - 1]) if len(good_at) - row >= need else len(item.indices)
-                    while fired < len(failures) and failures[fired].index < cut:
-                        error = failures[fired]
-                        report.records = base + int(np.searchsorted(good_at, error.index))
-                        _fail(path, item.indices[error.index], error.offset, error.reason, on_error, report,
-                              error.feature)
-                        fired += 1
-                    take = min(need, len(good_at) - row)
-                    if take:
-                        pieces.append([(final, values[row:row + take]) for final, values in columns])
-                    row += take
-                    have += take
-                    held += int(take * row_bytes)
-                    report.records = base + row
-                    if have < batch_size and held < budget:
-                        break
-                    yield _finish(plans, pieces)
-                    pieces, have, held = [], 0, 0
-            if len(report.skipped) == skipped:  # a bad record skipped is reported already
-                source.check_count(path, framer.index)
-        finally:
-            framer.close()
+        yield from _read_file(source, path, gathering, stats, unlisted, on_error, done)
         done += sources.getsize(path)
         report.bytes_read = done
-    if have:
-        yield _finish(plans, pieces)
+    if gathering.have:
+        yield gathering.finish()
+
+
+def _read_file(source: TFRecordFormat, path: str, gathering: _Gathering, stats: Scan | None,
+               unlisted: Callable[[Iterable[str]], str | None], on_error: OnError, done: int) -> Iterator[ColumnBatch]:
+    """The batches filled by the records of the file ``path`` (``done``: input bytes of the files before it).
+
+    With ``stats`` (a single pass), the statistics a schema scan would gather, and no record the provisional
+    schema cannot hold (:class:`SchemaOutgrown`)."""
+    report = source.report
+    framer = Framer(path, source.options.get("compression"))
+    skipped = len(report.skipped)
+    try:
+        while (item := framer.take(gathering.block_records(), gathering.budget - gathering.held)) is not None:
+            if isinstance(item, Error):
+                _fail(path, item.index, item.offset, item.reason, on_error, report)
+                continue
+            report.bytes_read = done + framer.consumed()
+            good_at, columns, failures = _parse_block(item, gathering.plans, stats, unlisted, path)
+            if stats is not None:
+                outgrown = next((f for f in failures if f.feature is not None), None)
+                if outgrown is not None:
+                    raise SchemaOutgrown(f"{path} record {item.indices[outgrown.index]}: "
+                                         f"{outgrown.feature!r} {outgrown.reason}")
+                report.observed = (stats, report.observed[1] + len(good_at))
+            yield from gathering.deal(item, good_at, columns, failures, path, on_error, report)
+        if len(report.skipped) == skipped:  # a bad record skipped is reported already
+            source.check_count(path, framer.index)
+    finally:
+        framer.close()
 
 
 # -- schema inference ----------------------------------------------------------------------
@@ -585,7 +717,7 @@ def _scan_block(block: Block, stats: dict[str, _Stats], path: str, on_error: OnE
         ok[rows[bad]] = False
         good += int(len(rows) - bad.sum())
     data = block.data
-    for i in pending.left.tolist():  # the rest record by record, like _scan_files
+    for i in pending.left.tolist():  # the rest record by record, like parsers.scan_records
         try:
             example = parse_example(data[block.starts[i]:block.ends[i]])
         except ValueError as exc:
@@ -610,11 +742,9 @@ def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport)
     return False
 
 
-def scan_fast(options: dict[str, Any], files: list[str],
-              sample_records: int | None = None) -> tuple[Scan, int]:
-    """What :func:`unihub.formats.tfrecord.format._scan_files` returns, a block of records at a time."""
-    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
-    on_error = options.get("on_error", "raise")
+def scan_blocks(source: TFRecordFormat, on_error: OnError,
+                sample_records: int | None = None) -> tuple[Scan, int]:
+    """What :func:`unihub.formats.tfrecord.parsers.scan_records` returns, a block of records at a time."""
     check_on_error(on_error)
     report = ReadReport()
     stats = Scan()

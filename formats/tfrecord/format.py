@@ -2,8 +2,9 @@
 
 Records are framed, checksummed and (de)compressed by :mod:`unihub.formats.tfrecord.records`; the files of a
 source are found by :mod:`unihub.formats.tfrecord.files`. A record is a serialized ``tf.train.Example``
-(parsed and written by :mod:`unihub.formats.tfrecord.example`, read a block at a time by
-:mod:`unihub.formats.tfrecord.example_block`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
+(parsed and written by :mod:`unihub.formats.tfrecord.example`; read a block at a time by
+:mod:`unihub.formats.tfrecord.example_block`, or record by record, per the ``parser`` option: see
+:mod:`unihub.formats.tfrecord.parsers`) or, per the ``payload`` option, a SequenceExample, a TensorProto or
 opaque bytes (:mod:`unihub.formats.tfrecord.payload`). Where TFDS wrote the records, the fields are
 what its ``features.json`` declares (:mod:`unihub.formats.tfrecord.tfds`).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, ClassVar
 
@@ -39,7 +40,6 @@ from unihub.formats.base import (
     FormatOption,
     OnError,
     ReadReport,
-    SchemaOutgrown,
     check_on_error,
     map_in_workers,
     parse_choice,
@@ -49,6 +49,7 @@ from unihub.formats.base import (
 )
 from unihub.formats.tfrecord.example import Feature, parse_example
 from unihub.formats.tfrecord.files import Listing, list_files, named_like_tfrecord, tfds_beside
+from unihub.formats.tfrecord.parsers import DEFAULT_PARSER, EXAMPLE_PARSERS, ParserName
 from unihub.formats.tfrecord.records import (
     _fail,
     _header_ok,
@@ -63,10 +64,8 @@ from unihub.formats.tfrecord.schema import (
     SHAPE_SUFFIX,
     Scan,
     _merge_scans,
-    _Mismatch,
     _Plan,
     _Stats,
-    add_example,
     empty_means_null,
     example_encoder,
     fields_from_stats,
@@ -78,53 +77,21 @@ from unihub.formats.tfrecord.schema import (
 from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs, outputs_for
-from unihub.runtime.memory import BatchCut, value_nbytes
-from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.schema.unischema import Unischema
 
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
 #: files whose first record a single pass also looks at for another order of features (provisional_schema)
 ORDER_PEEKS = 16
-FAST_PATH = True  # read_batches and the schema scan parse blocks of records with numpy (tfbatch.py)
-
-
-# -- what a schema would lose --------------------------------------------------------------------
-UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
-            "features to convert with --option fields=...")
-
-
-def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
-                   ) -> Callable[[Iterable[str]], str | None]:
-    """``check(feature names)``: the first feature of a record that no field reads (its values would
-    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
-    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
-    chosen = None if selected is None else set(selected)
-
-    def check(names: Iterable[str]) -> str | None:
-        for name in names:
-            if name not in known and (chosen is None or name in chosen):
-                return name
-        return None
-
-    return check
 
 
 # -- schema inference ------------------------------------------------------------------------
 def _scan_files(options: dict[str, Any], files: list[str],
                 sample_records: int | None = None) -> tuple[Scan, int]:
-    """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
-    if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
-        from unihub.formats.tfrecord.example_block import scan_fast
-        return scan_fast(options, files, sample_records)
+    """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count,
+    by the ``parser`` option's parser."""
     source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
-    stats = Scan()
-    total = 0
-    for path, index, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
-        if sample_records is not None and total >= sample_records:
-            break
-        total += 1
-        add_example(stats, example, f"{path} record {index}")
-    return stats, total
+    return EXAMPLE_PARSERS[source.parser].scan(source, options.get("on_error", "raise"), sample_records)
 
 
 def _selected(stats: dict[str, _Stats], fields: Sequence[str] | None, sources: Sequence[str]) -> dict[str, _Stats]:
@@ -167,6 +134,9 @@ class TFRecordFormat(ForeignFormat):
                                       "(default: inferred)", parse_list),
         "fields": FormatOption("the features to convert, comma-separated; the others are left out (default: all, "
                                "and a feature a given --schema lacks is refused)", parse_list),
+        "parser": FormatOption("how Examples are parsed: block (a block of records at a time, with numpy; the "
+                               "default) or record (one at a time: the reference, slower); both read the same",
+                               parse_choice(*EXAMPLE_PARSERS)),
     }
     WRITE_OPTIONS: ClassVar[dict[str, FormatOption]] = {
         "compression": FormatOption("none, gzip or zlib (default none)"),
@@ -351,6 +321,14 @@ class TFRecordFormat(ForeignFormat):
                               "file?); restore it (to convert the records there are, move dataset_info.json away)",
                               path=path)
 
+    @property
+    def parser(self) -> ParserName:
+        """Which Example parser reads the records: the ``parser`` option (see :mod:`unihub.formats.tfrecord.parsers`)."""
+        chosen = self.options.get("parser") or DEFAULT_PARSER
+        if chosen not in EXAMPLE_PARSERS:
+            raise UnsupportedFormatError(f"tfrecord option parser: {chosen!r} is none of {', '.join(EXAMPLE_PARSERS)}")
+        return chosen
+
     @cached_property
     def payload(self) -> str:
         """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
@@ -471,40 +449,8 @@ class TFRecordFormat(ForeignFormat):
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
         plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
-        if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
-            from unihub.formats.tfrecord.example_block import read_batches_fast
-            yield from read_batches_fast(self, plans, batch_size, on_error)
-            return
-        readers = [plan.read for plan in plans]
-        columns: list[list[Any]] = [[] for _ in plans]
-        stats = Scan()
-        if self.observe:
-            self.report.observed = (stats, 0)
-        unlisted = unlisted_check(list(schema), self.options.get("fields"))
-        cut = BatchCut(batch_size, self.batch_bytes)
-        for path, index, offset, example in self._examples(on_error, self.report):
-            try:
-                lost = unlisted(example)
-                if lost is not None:
-                    raise _Mismatch(lost, UNLISTED)
-                row = [read(example) for read in readers]
-            except _Mismatch as exc:
-                if self.observe and exc.feature is not None:  # not a bad image (_BadImage): the schema is outgrown
-                    raise SchemaOutgrown(f"{path} record {index}: {exc.feature!r} {exc.reason}") from None
-                _fail(path, index, offset, exc.reason, on_error, self.report, exc.feature)
-                continue
-            if self.observe:
-                add_example(stats, example, f"{path} record {index}")
-                self.report.observed = (stats, self.report.observed[1] + 1)
-            for column, value in zip(columns, row):
-                column.append(value)
-            self.report.records += 1
-            if plans and cut.add(value_nbytes(row)):
-                yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
-                columns = [[] for _ in plans]
-                cut.reset()
-        if columns and columns[0]:
-            yield {p.field.name: p.column(c) for p, c in zip(plans, columns)}
+        parser = self.parser if plans else "record"  # no field: nothing to gather into columns
+        yield from EXAMPLE_PARSERS[parser].read(self, plans, batch_size, on_error)
 
     @classmethod
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,

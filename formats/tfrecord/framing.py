@@ -27,6 +27,7 @@ CHUNK = 16 << 20  # bytes of a plain file read at a time when it is not mapped
 MAP_FILES = True  # map plain files (False: read them in chunks)
 _UNKNOWN = 1 << 64  # what is left of a stream whose size is unknown: more than any record length
 _RELEASE_BYTES = 8 << 20  # mapped bytes read between two releases of their pages (Framer._release)
+_BREAK, _REFILLED, _RETURN = range(3)  # what Framer._take_plain does after an unusual record (Framer._unusual)
 
 
 @dataclass
@@ -185,43 +186,55 @@ class Framer:
             if got == k or pos >= limit:
                 break
             # anything else, with iter_records' checks and messages
-            avail = size - pos
-            if avail < 12:
-                if starts:
-                    break
-                if self._fill(12):
-                    first_pos, first_offset, first_index = 0, self.offset, self.index
-                    continue
-                self.done = True
-                if avail == 0:
-                    return None
-                return Error(self.index, self.offset, f"truncated record header ({avail} of 12 bytes)")
-            if _mask(crc(buf[pos:pos + 8])) != u32(buf, pos + 8)[0]:
-                error = self._stop(starts, Error(self.index, self.offset,
-                                                  "length CRC mismatch (corrupt file, or not a TFRecord file)"), True)
-                break
-            length = u64(buf, pos)[0]
-            if avail < length + 16:
-                if starts:
-                    break
-                left = self._left(avail)  # a corrupt length (2^64-1) is refused here, before any read
-                if length + 16 <= left and self._fill(length + 16):
-                    first_pos, first_offset, first_index = 0, self.offset, self.index
-                    continue
-                self.done = True
-                held = left if length + 16 > left else avail
-                return Error(self.index, self.offset,
-                              f"truncated record: {held - 12} of {length + 4} bytes after the header")
-            error = self._stop(starts, Error(self.index, self.offset, "data CRC mismatch"), False)
-            self.pos = pos + length + 16
-            self.index += 1
-            self.offset += length + 16
+            action, outcome = self._unusual(starts)
+            if action == _REFILLED:
+                first_pos, first_offset, first_index = 0, self.offset, self.index
+                continue
+            if action == _RETURN:
+                return outcome
+            error = outcome
             break
         if not starts:
             return error
         starts_ = np.array(starts, np.int64)
         return Block(self.buf, list(range(first_index, first_index + len(starts))),
                       (starts_ - (12 + first_pos) + first_offset).tolist(), starts_, np.array(ends, np.int64))
+
+    def _unusual(self, starts: list[int]) -> tuple[int, Error | None]:
+        """What comes at ``self.pos`` when it is not the usual record (``starts``: the records taken so
+        far): ``(_BREAK, error or None)`` to end the block, ``(_REFILLED, None)`` to go on in a buffer read
+        further, ``(_RETURN, error or None)`` to return that instead of a block (none taken)."""
+        buf, pos, crc, u32 = self.buf, self.pos, self.crc, _U32.unpack_from
+        avail = len(buf) - pos
+        if avail < 12:
+            if starts:
+                return _BREAK, None
+            if self._fill(12):
+                return _REFILLED, None
+            self.done = True
+            if avail == 0:
+                return _RETURN, None
+            return _RETURN, Error(self.index, self.offset, f"truncated record header ({avail} of 12 bytes)")
+        if _mask(crc(buf[pos:pos + 8])) != u32(buf, pos + 8)[0]:
+            return _BREAK, self._stop(starts, Error(self.index, self.offset,
+                                                    "length CRC mismatch (corrupt file, or not a TFRecord file)"),
+                                      True)
+        length = _U64.unpack_from(buf, pos)[0]
+        if avail < length + 16:
+            if starts:
+                return _BREAK, None
+            left = self._left(avail)  # a corrupt length (2^64-1) is refused here, before any read
+            if length + 16 <= left and self._fill(length + 16):
+                return _REFILLED, None
+            self.done = True
+            held = left if length + 16 > left else avail
+            return _RETURN, Error(self.index, self.offset,
+                                  f"truncated record: {held - 12} of {length + 4} bytes after the header")
+        error = self._stop(starts, Error(self.index, self.offset, "data CRC mismatch"), False)
+        self.pos = pos + length + 16
+        self.index += 1
+        self.offset += length + 16
+        return _BREAK, error
 
     def _take_gz(self, k: int, max_bytes: int) -> Block | Error | None:
         parts: list[bytes] = []

@@ -131,11 +131,36 @@ def infer_schema(source: TFRecordFormat, kind: str, sample_records: int | None) 
     return Unischema("TFRecord", fields)
 
 
+_Orders = set[tuple[tuple[str, ...], tuple[str, ...]]]  # distinct (context features, feature lists) orders
+
+
 def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, int, bytes]],
                     report: ReadReport) -> tuple[int, list[UnischemaField]]:
+    """The fields of SequenceExample records (the context's, then the feature lists'), and their count;
+    notes on ``source`` what the export needs (empty lists, shape features, orders on the wire)."""
+    total, context, lists, orders = _scan_sequences(source, records, report)
+    fields = fields_from_stats(context, total)
+    names = field_names([f.name for f in fields], sorted(lists))
+    try:
+        fields += [list_field(names[name], stats, total) for name, stats in sorted(lists.items())]
+    except ValueError as exc:
+        raise SchemaError(f"{source.where}: {exc}; give a schema file that says which to read") from None
+    source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
+    source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
+    source.shape_features = shape_features(context)
+    if _note_orders(source, context, lists, orders):
+        fields.append(order_field())
+    source._scanned = True
+    return total, fields
+
+
+def _scan_sequences(source: TFRecordFormat, records: Iterator[tuple[str, int, int, bytes]], report: ReadReport
+                    ) -> tuple[int, dict[str, _Stats], dict[str, ListStats], _Orders]:
+    """``(records, the context's statistics, the feature lists', the distinct (context, feature lists) orders)``
+    of the SequenceExamples of ``records``; bad records reported per ``source.on_error``."""
     context: dict[str, _Stats] = {}
     lists: dict[str, ListStats] = {}
-    orders: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()  # (context, feature lists), distinct
+    orders: _Orders = set()
     total = 0
     explicit = source.options.get("payload") == "sequence_example"
     for path, index, offset, data in records:
@@ -155,29 +180,26 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
                 stat.after.add(previous)
             previous = name
         total += 1
-    fields = fields_from_stats(context, total)
-    names = field_names([f.name for f in fields], sorted(lists))
-    try:
-        fields += [list_field(names[name], stats, total) for name, stats in sorted(lists.items())]
-    except ValueError as exc:
-        raise SchemaError(f"{source.where}: {exc}; give a schema file that says which to read") from None
-    source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
-    source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
-    source.shape_features = shape_features(context)
+    return total, context, lists, orders
+
+
+def _note_orders(source: TFRecordFormat, context: dict[str, _Stats], lists: dict[str, ListStats],
+                 orders: _Orders) -> bool:
+    """Note on ``source`` the order of the context's features and of the feature lists on the wire, and
+    where records disagree, each distinct order; True when each row must keep its own (the ORDER_FIELD)."""
     source.feature_order, context_differs = order_on_wire({name: stat.after for name, stat in context.items()})
     source.feature_list_order, lists_differ = order_on_wire({name: stat.after for name, stat in lists.items()},
                                                             "feature lists")
     source.feature_order_differs = "; ".join(filter(None, [context_differs, lists_differ])) or None
     # records that disagree: each row keeps its own orders (the ORDER_FIELD), unless too many differ
     source.feature_orders = sequence_order_table(orders) if source.feature_order_differs else {}
-    if source.feature_orders:
-        if ORDER_FIELD in context or ORDER_FIELD in lists:
-            raise FormatError(f"{source.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
-                              "keeps each record's order of features in; rename it", path=source.sources[0])
-        source.feature_order_differs = None
-        fields.append(order_field())
-    source._scanned = True
-    return total, fields
+    if not source.feature_orders:
+        return False
+    if ORDER_FIELD in context or ORDER_FIELD in lists:
+        raise FormatError(f"{source.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
+                          "keeps each record's order of features in; rename it", path=source.sources[0])
+    source.feature_order_differs = None
+    return True
 
 
 def _sequence(data: bytes, explicit: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:

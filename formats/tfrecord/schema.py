@@ -312,6 +312,8 @@ def mixed_kinds(stats: _Stats) -> str:
 
 
 def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | None) -> UnischemaField:
+    """The field of feature ``name``, seen with ``stats`` in ``total`` records (``shape_stats``: its
+    ``/shape`` feature's, where that holds its shapes)."""
     if len(stats.kinds) > 1:
         raise SchemaError(f"TFRecord feature {name!r} holds {mixed_kinds(stats)}; give a schema file that says "
                           "which to read")
@@ -324,16 +326,27 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
     lengths = stats.lengths - {0} if empty_as_null else stats.lengths
     constant = next(iter(lengths)) if len(lengths) == 1 else None
     if kind == "bytes":
-        if constant == 1 and stats.all_images and stats.images:
-            heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
-            dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
-            image_shape = dims[:2] if dims[2] == 1 else dims
-            codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
-            return UnischemaField(name, np.uint8, tuple(image_shape), codec, nullable)
-        text_dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
-        if constant == 1:
-            return UnischemaField(name, text_dtype, (), ScalarCodec(arrow), nullable)
-        return UnischemaField(name, text_dtype, (constant if constant else None,), None, nullable)
+        return _bytes_field(name, stats, constant, nullable)
+    return _number_field(name, kind, shape_stats, constant, nullable)
+
+
+def _bytes_field(name: str, stats: _Stats, constant: int | None, nullable: bool) -> UnischemaField:
+    """A bytes feature's field: an image (one in every record, all images), text or bytes."""
+    if constant == 1 and stats.all_images and stats.images:
+        heights, widths, channels = ({s[i] for s in stats.sizes} for i in range(3))
+        dims = [d.pop() if len(d) == 1 else None for d in (heights, widths, channels)]
+        image_shape = dims[:2] if dims[2] == 1 else dims
+        codec = CompressedImageCodec("jpeg" if stats.images == {"jpeg"} else "png")
+        return UnischemaField(name, np.uint8, tuple(image_shape), codec, nullable)
+    text_dtype, arrow = (np.str_, pa.string()) if stats.utf8 else (np.bytes_, pa.binary())
+    if constant == 1:
+        return UnischemaField(name, text_dtype, (), ScalarCodec(arrow), nullable)
+    return UnischemaField(name, text_dtype, (constant if constant else None,), None, nullable)
+
+
+def _number_field(name: str, kind: str, shape_stats: _Stats | None, constant: int | None,
+                  nullable: bool) -> UnischemaField:
+    """An int64 or float feature's field: a tensor shaped by its ``/shape`` feature, a scalar, or a list."""
     dtype, arrow = (np.int64, pa.int64()) if kind == "int64" else (np.float32, pa.float32())
     if shape_stats is not None:
         shapes = shape_stats.shapes
@@ -348,6 +361,27 @@ def _infer_field(name: str, stats: _Stats, total: int, shape_stats: _Stats | Non
 
 # -- reading helpers -------------------------------------------------------------------------
 _ABSENT: Feature = (None, None)
+
+
+# -- what a schema would lose --------------------------------------------------------------------
+UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
+            "features to convert with --option fields=...")
+
+
+def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
+                   ) -> Callable[[Iterable[str]], str | None]:
+    """``check(feature names)``: the first feature of a record that no field reads (its values would
+    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
+    chosen = None if selected is None else set(selected)
+
+    def check(names: Iterable[str]) -> str | None:
+        for name in names:
+            if name not in known and (chosen is None or name in chosen):
+                return name
+        return None
+
+    return check
 
 
 class _Mismatch(Exception):
@@ -421,6 +455,13 @@ class _Plan:
                 return self.checked_image(values[0])
             if category != "str":
                 return values[0]
+        return self._values(values, example)
+
+    def _values(self, values: Any, example: Mapping[str, Feature]) -> Any:
+        """The value of a text field (one string, or a list) or of a numeric list or tensor (fixed shapes
+        flat), from the feature's ``values`` (of the right kind); raises _Mismatch."""
+        f = self.field
+        category = self.category
         try:
             if category == "str":
                 return values[0].decode("utf-8")

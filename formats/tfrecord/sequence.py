@@ -168,6 +168,17 @@ class StepsPlan:
             if f.nullable:
                 return None
             raise Mismatch(self.name, "missing feature list, and the field is not nullable")
+        values = self._checked(steps)
+        if self.kind == "bytes":
+            return self._text(values)
+        dtype = _DTYPES[self.kind]
+        if self.k is None:
+            return [np.asarray(step, dtype) for step in values]
+        flat = np.concatenate([np.asarray(step, dtype) for step in values]) if values else np.empty(0, dtype)
+        return flat if self.k == 1 else flat.reshape(len(values), self.k)  # k = 0: (steps, 0)
+
+    def _checked(self, steps: list[Feature]) -> list[Any]:
+        """The values of each step, each of this plan's kind and (fixed ``k``) length; raises Mismatch."""
         values = []
         for kind, step in steps:
             if kind is not None and kind != self.kind:
@@ -175,15 +186,13 @@ class StepsPlan:
             if self.k is not None and len(step) != self.k:
                 raise Mismatch(self.name, f"a step holds {len(step)} values, the schema says {self.k}")
             values.append(step)
-        if self.kind == "bytes":
-            try:
-                rows = [[bytes(v).decode("utf-8") if f.numpy_dtype is np.str_ else bytes(v) for v in step]
-                        for step in values]
-            except UnicodeDecodeError as exc:
-                raise Mismatch(self.name, f"not UTF-8 text: {exc}") from None
-            return [row[0] for row in rows] if self.k == 1 else rows
-        dtype = _DTYPES[self.kind]
-        if self.k is None:
-            return [np.asarray(step, dtype) for step in values]
-        flat = np.concatenate([np.asarray(step, dtype) for step in values]) if values else np.empty(0, dtype)
-        return flat if self.k == 1 else flat.reshape(len(values), self.k)  # k = 0: (steps, 0)
+        return values
+
+    def _text(self, values: list[Any]) -> Any:
+        """Bytes steps as this field's strings or bytes: one per step (``k`` 1), else a list per step."""
+        try:
+            rows = [[bytes(v).decode("utf-8") if self.field.numpy_dtype is np.str_ else bytes(v) for v in step]
+                    for step in values]
+        except UnicodeDecodeError as exc:
+            raise Mismatch(self.name, f"not UTF-8 text: {exc}") from None
+        return [row[0] for row in rows] if self.k == 1 else rows

@@ -112,6 +112,26 @@ def parse_tensor(buf: bytes) -> np.ndarray:
 
 def _parse_tensor(buf: bytes) -> np.ndarray:
     fields = _fields(buf)
+    dtype_number = _dtype_number(fields)
+    dtype = DTYPES[dtype_number]
+    shape = next((_shape(buf, *v) for n, w, v in fields if n == 2 and w == 2), ())
+    count = math.prod(shape)
+    content = [v for n, w, v in fields if n == 4 and w == 2]
+    if content and dtype.kind != "O":
+        return _from_content(buf, content[-1], shape, dtype)
+    check_padding(shape, dtype_number, len(buf))
+    if dtype.kind == "O":
+        array = _strings(buf, fields, count)
+    else:
+        array = _typed_values(buf, fields, dtype, dtype_number, count)
+    if array.size != count:
+        raise TensorProtoError(f"{array.size} values do not fill shape {shape}")
+    return array.reshape(shape)
+
+
+def _dtype_number(fields: list[tuple[int, int, Any]]) -> int:
+    """The tensor's dtype number (field 1); TensorProtoError for a message that is not a TensorProto
+    unihub can store (unknown fields, no dtype or an unknown one, a dtype numpy/Arrow cannot hold)."""
     dtype_number = next((v for n, w, v in fields if n == 1 and w == 0), 0)
     if dtype_number in _UNSUPPORTED:
         raise TensorProtoError(f"a tensor of dtype {dtype_name(dtype_number)}, which has no exact numpy/Arrow "
@@ -121,27 +141,26 @@ def _parse_tensor(buf: bytes) -> np.ndarray:
         raise TensorProtoError(f"not a TensorProto: unknown field(s) {unknown}" if unknown else
                                f"not a TensorProto: dtype {dtype_number}" if dtype_number else
                                "not a TensorProto: it has no dtype")
-    dtype = DTYPES[dtype_number]
-    shape = next((_shape(buf, *v) for n, w, v in fields if n == 2 and w == 2), ())
+    return int(dtype_number)
+
+
+def _from_content(buf: bytes, bounds: tuple[int, int], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The tensor held whole in ``tensor_content`` (``buf[bounds[0]:bounds[1]]``), which must fill ``shape``."""
+    a, b = bounds
     count = math.prod(shape)
-    content = [v for n, w, v in fields if n == 4 and w == 2]
-    if content and dtype.kind != "O":
-        a, b = content[-1]
-        if (b - a) != count * dtype.itemsize:
-            raise TensorProtoError(f"tensor_content holds {b - a} bytes, shape {shape} of {dtype.name} needs "
-                                   f"{count * dtype.itemsize}")
-        return np.frombuffer(buf, dtype, count, a).copy().reshape(shape)
-    check_padding(shape, dtype_number, len(buf))
-    if dtype.kind == "O":
-        strings = [buf[v[0]:v[1]] for n, w, v in fields if n == 8 and w == 2]
-        array = np.empty(max(count, len(strings)), dtype=object)
-        array[:len(strings)] = strings
-        array[len(strings):] = strings[-1] if strings else b""
-    else:
-        array = _typed_values(buf, fields, dtype, dtype_number, count)
-    if array.size != count:
-        raise TensorProtoError(f"{array.size} values do not fill shape {shape}")
-    return array.reshape(shape)
+    if (b - a) != count * dtype.itemsize:
+        raise TensorProtoError(f"tensor_content holds {b - a} bytes, shape {shape} of {dtype.name} needs "
+                               f"{count * dtype.itemsize}")
+    return np.frombuffer(buf, dtype, count, a).copy().reshape(shape)
+
+
+def _strings(buf: bytes, fields: list[tuple[int, int, Any]], count: int) -> np.ndarray:
+    """The ``string_val`` values as an object array of ``count`` (padded with the last, as TF pads)."""
+    strings = [buf[v[0]:v[1]] for n, w, v in fields if n == 8 and w == 2]
+    array = np.empty(max(count, len(strings)), dtype=object)
+    array[:len(strings)] = strings
+    array[len(strings):] = strings[-1] if strings else b""
+    return array
 
 
 def check_padding(shape: tuple[int, ...], dtype_number: int, size: int) -> None:

@@ -27,6 +27,7 @@ from unihub import convert
 from unihub.cli import main
 from unihub.formats.tfrecord import format as tfrecord
 from unihub.formats.tfrecord.example import parse_example
+from unihub.formats.tfrecord.parsers import EXAMPLE_PARSERS
 from unihub.formats.tfrecord.sequence import parse_sequence_example
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import open_dataset
@@ -123,21 +124,20 @@ def test_export_gives_each_record_back_byte_for_byte(tmp_path: Path, make: Calla
     assert "feature_order_differs" not in info
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_several_files_and_both_read_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+@pytest.mark.parametrize("parser", list(EXAMPLE_PARSERS))
+def test_several_files_and_both_read_paths(tmp_path: Path, parser: str) -> None:
     """Shards of one writing process (one order), some records lacking a feature, read with the
     vectorised path and record by record; also with a given schema (the order from prepare's scan)."""
-    monkeypatch.setattr(tfrecord, "FAST_PATH", fast)
     for shard in range(3):
         _write(tmp_path / "src" / f"train-{shard:05d}-of-00003", missing_label, range(shard * 50, shard * 50 + 50))
     source = _records(tmp_path / "src")
-    ds, back = _round_trip(tmp_path / "src", tmp_path)
+    ds, back = _round_trip(tmp_path / "src", tmp_path, "--option", f"parser={parser}")
     assert _records(back) == source
     schema = tmp_path / "schema.json"
     schema.write_text(open_dataset(str(ds)).schema.to_json())
     given = tmp_path / "given"
     given.mkdir()
-    _round_trip(tmp_path / "src", given, "--schema", str(schema))
+    _round_trip(tmp_path / "src", given, "--schema", str(schema), "--option", f"parser={parser}")
     assert _records(given / "back.tfrecord") == source
 
 
@@ -221,20 +221,18 @@ def _assert_orders_kept(ds: Path, orders: int = 2) -> None:
     assert tfrecord.ORDER_FIELD in open_dataset(str(ds)).schema.fields
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_files_whose_orders_disagree_come_back_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            fast: bool) -> None:
+@pytest.mark.parametrize("parser", list(EXAMPLE_PARSERS))
+def test_files_whose_orders_disagree_come_back_byte_for_byte(tmp_path: Path, parser: str) -> None:
     """TensorFlow seeds its map order per process: shards written by two processes order their features
     differently, and no one order gives both back. Each row keeps its own (``__feature_order__``, a
     table in the metadata), and every record comes back byte for byte (it came back as an equal Example
     with other bytes, flagged ``feature_order_differs``); nothing in the summary says otherwise."""
-    monkeypatch.setattr(tfrecord, "FAST_PATH", fast)
     _two_writers(tmp_path / "src")
     source = _records(tmp_path / "src")
-    ds, back = _round_trip(tmp_path / "src", tmp_path)
+    ds, back = _round_trip(tmp_path / "src", tmp_path, "--option", f"parser={parser}")
     _assert_exact(source, back)
     _assert_orders_kept(ds)
-    again = convert(tmp_path / "src", tmp_path / "again", progress=False)
+    again = convert(tmp_path / "src", tmp_path / "again", progress=False, format_options={"parser": parser})
     assert not any("disagree" in note for note in again.notes), again.summary()
     assert main(["verify", str(tmp_path / "src"), str(ds)]) == 0
 

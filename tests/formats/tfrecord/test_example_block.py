@@ -13,14 +13,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.formats.tfrecord.reads import assert_same, read_all
 from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField
 from unihub.dependencies import is_available
 from unihub.errors import FormatError
 from unihub.formats.tfrecord import example_block as tfbatch
 from unihub.formats.tfrecord import format as tfr
 from unihub.formats.tfrecord import framing as tframe
-from unihub.formats.tfrecord.example import encode_example, encode_feature, parse_example
+from unihub.formats.tfrecord.example import _packed_varints, encode_example, encode_feature, parse_example
 from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.parsers import EXAMPLE_PARSERS
 from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 
@@ -37,59 +39,14 @@ def _write(path: Path, rows: list[dict[str, tuple[str, Any]]], *, gz: bool = Fal
     return write_records(str(path), examples, compression="GZIP" if gz else None)
 
 
-def _run(files: Any, schema: Unischema | None, fast: bool, batch_size: int, on_error: str) -> dict[str, Any]:
-    """Everything a read shows: batches, the error it ended with, the report."""
-    old = tfr.FAST_PATH
-    tfr.FAST_PATH = fast
-    try:
-        source = TFRecordFormat(files)
-        schema = schema or source.infer_schema()
-        batches, error = [], None
-        try:
-            for batch in source.read_batches(schema, batch_size=batch_size, on_error=on_error):  # type: ignore[arg-type]
-                batches.append(batch)
-        except FormatError as exc:
-            error = (str(exc), exc.path, exc.offset)
-        return {"batches": batches, "error": error, "records": source.report.records,
-                "skipped": [(s.path, s.location, s.reason) for s in source.report.skipped]}
-    finally:
-        tfr.FAST_PATH = old
-
-
-def _same(a: Any, b: Any) -> None:
-    if isinstance(a, pa.Array):  # the fast path hands bytes and text columns over as Arrow arrays
-        assert pa.types.is_binary(a.type) or pa.types.is_string(a.type)
-        a = a.to_pylist()
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        if a.dtype != object:
-            assert a.tobytes() == b.tobytes()
-        else:
-            for x, y in zip(a.ravel(), b.ravel()):
-                _same(x, y)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (float, np.floating)) and np.isnan(a):
-        assert np.isnan(b)
-    else:
-        assert a == b
-
-
 def _check(files: Any, schema: Unischema | None = None, batch_sizes: tuple[int, ...] = (1, 3, 256),
            on_error: tuple[str, ...] = ("raise", "skip")) -> dict[str, Any]:
     """The fast and the per-record reads agree for each batch size and error mode; the last fast read."""
     fast: dict[str, Any] = {}
     for size in batch_sizes:
         for mode in on_error:
-            fast = _run(files, schema, True, size, mode)
-            _same(fast, _run(files, schema, False, size, mode))
+            fast = read_all(files, schema, "block", size, mode)
+            assert_same(fast, read_all(files, schema, "record", size, mode))
     _check_observed(files, schema)
     return fast
 
@@ -99,20 +56,15 @@ def _check_observed(files: Any, schema: Unischema | None) -> None:
     from unihub.formats.base import SchemaOutgrown
 
     scanned = tfr._scan_files({"on_error": "skip"}, TFRecordFormat(files).files())
-    for fast in (True, False):
-        old = tfr.FAST_PATH
-        tfr.FAST_PATH = fast
+    for parser in EXAMPLE_PARSERS:
+        source = TFRecordFormat(files, parser=parser)
+        source.observe = True
         try:
-            source = TFRecordFormat(files)
-            source.observe = True
-            try:
-                list(source.read_batches(schema or TFRecordFormat(files).infer_schema(), on_error="skip"))
-            except SchemaOutgrown:
-                continue
-            except FormatError:
-                continue  # no schema to read with (nothing readable, or features of two kinds)
-        finally:
-            tfr.FAST_PATH = old
+            list(source.read_batches(schema or TFRecordFormat(files, parser=parser).infer_schema(), on_error="skip"))
+        except SchemaOutgrown:
+            continue
+        except FormatError:
+            continue  # no schema to read with (nothing readable, or features of two kinds)
         stats, total = source.report.observed
         assert total == scanned[1]
         assert {k: vars(v) for k, v in stats.items()} == {k: vars(v) for k, v in scanned[0].items()}
@@ -191,7 +143,7 @@ def test_corrupt_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: 
     got = _check(str(path), schema, batch_sizes=(3, 256))
     assert got["skipped"] == [(str(path), f"record 7 at byte offset {offsets[7]}", "data CRC mismatch")]
     assert got["records"] == 19
-    raised = _run(str(path), schema, True, 256, "raise")["error"]
+    raised = read_all(str(path), schema, "block", 256, "raise")["error"]
     assert raised[0].endswith(f"record 7 at byte offset {offsets[7]}: data CRC mismatch") and raised[2] == offsets[7]
     data[offsets[12] + 3] ^= 0x01  # record 12's length: nothing after it can be framed
     path.write_bytes(bytes(data))
@@ -250,15 +202,11 @@ def test_records_written_by_tensorflow(tmp_path: Path) -> None:
 
 
 # -- schema inference ------------------------------------------------------------------------
-def _scan(files: list[str], fast: bool, sample: int | None, on_error: str = "raise") -> Any:
-    old = tfr.FAST_PATH
-    tfr.FAST_PATH = fast
+def _scan(files: list[str], parser: str, sample: int | None, on_error: str = "raise") -> Any:
     try:
-        stats, total = tfr._scan_files({"on_error": on_error}, files, sample)
+        stats, total = tfr._scan_files({"on_error": on_error, "parser": parser}, files, sample)
     except FormatError as exc:
         return str(exc)
-    finally:
-        tfr.FAST_PATH = old
     for stat in stats.values():
         if not stat.all_images:  # what was seen before the first non-image depends on the order
             stat.images, stat.sizes = set(), set()
@@ -268,7 +216,7 @@ def _scan(files: list[str], fast: bool, sample: int | None, on_error: str = "rai
 def _check_scan(files: list[str], samples: tuple[int | None, ...] = (None, 0, 1, 5, 17)) -> None:
     for sample in samples:
         for mode in ("raise", "skip"):
-            assert _scan(files, True, sample, mode) == _scan(files, False, sample, mode)
+            assert _scan(files, "block", sample, mode) == _scan(files, "record", sample, mode)
 
 
 def test_schema_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,7 +244,7 @@ def test_schema_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records[6] = b"\x0a\x05\x0a"  # not an Example
     records[9] = records[9][:-1] + b"\x80"  # the last int64 varint cut short
     bad = write_records(str(tmp_path / "b.tfrecord"), records)
-    assert "record 6" in _scan([bad], True, None)
+    assert "record 6" in _scan([bad], "block", None)
     _check_scan([bad, path])
 
 
@@ -304,7 +252,43 @@ def test_schema_scan_of_records_that_all_fail(tmp_path: Path) -> None:
     records = [encode_example({"x": encode_feature("int64", [300 + i])})[:-1] + b"\x82" for i in range(5)]
     path = write_records(str(tmp_path / "f.tfrecord"), records)  # each ends inside a varint
     _check_scan([path], samples=(None, 2))
-    assert _scan([path], True, None, "skip") == ({}, 0)
+    assert _scan([path], "block", None, "skip") == ({}, 0)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8])
+def test_int_columns_decode_varint_runs_as_the_per_record_parser(width: int) -> None:
+    """Packed int64 runs of every shape (one-byte and 10-byte varints, over-long ones, runs cut inside a
+    varint, empty runs, other counts), decoded all at once: the values and the rows refused are what
+    _packed_varints gives run by run."""
+    rng = np.random.default_rng(width)
+    runs = []
+    for _ in range(3000):
+        ints = rng.integers(-(2**63), 2**63 - 1, rng.integers(0, width + 2), dtype=np.int64)
+        run = b"".join(encode_feature("int64", [v])[4:] for v in ints.tolist())  # the varints alone
+        shape = rng.integers(0, 8)
+        if shape == 0 and run:  # cut inside a varint, or anywhere
+            run = run[:rng.integers(0, len(run))]
+        elif shape == 1:  # an over-long varint (more than 10 bytes)
+            run += bytes([0x80] * int(rng.integers(10, 14))) + bytes([int(rng.integers(0, 128))])
+        elif shape == 2:  # one-byte varints only
+            run = bytes(rng.integers(0, 128, width).tolist())
+        runs.append(run)
+    data = b"".join(runs)
+    arr = np.frombuffer(data, np.uint8)
+    sizes = np.array([len(r) for r in runs], np.int64)
+    starts = np.cumsum(sizes) - sizes
+    bad = np.zeros(len(runs), bool)
+    values = tfbatch._int_values(data, arr, starts, sizes, width, bad)
+    for i, run in enumerate(runs):
+        try:
+            expected = np.asarray(_packed_varints(run, 0, len(run)), np.int64)
+        except ValueError:
+            expected = None
+        fits = expected is not None and expected.size == width
+        assert bad[i] == (not fits), (i, run)
+        if fits:
+            assert values[i].tolist() == expected.tolist(), (i, run)
+    assert 0 < bad.sum() < len(runs)
 
 
 def test_binary_columns_are_built_straight_from_the_buffer() -> None:

@@ -18,8 +18,8 @@ import pytest
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import SchemaError
-from unihub.formats.tfrecord import format as tfrecord
 from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.parsers import EXAMPLE_PARSERS
 
 tf = pytest.importorskip("tensorflow")
 
@@ -52,14 +52,12 @@ def two_kinds(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["blocks", "record-by-record"])
-def test_a_feature_of_two_kinds_names_a_record_of_each(two_kinds: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       fast: bool) -> None:
-    monkeypatch.setattr(tfrecord, "FAST_PATH", fast)
+@pytest.mark.parametrize("parser", list(EXAMPLE_PARSERS))
+def test_a_feature_of_two_kinds_names_a_record_of_each(two_kinds: Path, parser: str) -> None:
     a, b = two_kinds / "a.tfrecord", two_kinds / "b.tfrecord"
     with pytest.raises(SchemaError, match=re.escape(f"feature 'x' holds float in some records ({b} record 3) and "
                                                     f"int64 in others ({a} record 0)")):
-        TFRecordFormat(str(two_kinds)).infer_schema()
+        TFRecordFormat(str(two_kinds), parser=parser).infer_schema()
 
 
 def test_a_feature_of_two_kinds_in_forked_scans_and_the_cli(two_kinds: Path, tmp_path: Path,
