@@ -234,7 +234,7 @@ def cmd_add_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    from unihub.readers.throughput import reader_throughput
+    from unihub.bridges.throughput import reader_throughput
 
     if not args.quiet:
         fields = " ".join(args.field_regex) if args.field_regex else "all fields"
@@ -308,7 +308,7 @@ def _add_tool_parsers(sub: Any) -> None:
                      help="also write _metadata with every file's row groups")
     add.set_defaults(func=cmd_add_schema)
 
-    from unihub.readers.throughput import ReadMethod, WorkerPoolType
+    from unihub.bridges.throughput import ReadMethod, WorkerPoolType
 
     bench = sub.add_parser("throughput", help="measure a reader's rows per second (petastorm-throughput.py)",
                            formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     formats = _format_names()
-    from unihub.images.checks import VALIDATE_IMAGES
+    from unihub.schema.image_checks import VALIDATE_IMAGES
 
     convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
                              "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "

@@ -105,7 +105,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     if petastorm_compatible is None:
         petastorm_compatible = PETASTORM_UNISCHEMA_KEY in common
 
-    from unihub.petastorm.metadata import petastorm_metadata, replace_common_metadata
+    from unihub.store.metadata_files import petastorm_metadata, replace_common_metadata
 
     metadata = {**(file_schema.metadata or {}), **common, SCHEMA_METADATA_KEY: chosen.to_json().encode()}
     if petastorm_compatible:
@@ -114,9 +114,9 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         metadata.pop(PETASTORM_UNISCHEMA_KEY, None)  # it would contradict the new schema
     replace_common_metadata(fs, root, file_schema.with_metadata(metadata))
     if use_summary_metadata:
-        from unihub.bridges.spark.writer import _write_summary_metadata
+        from unihub.store.metadata_files import write_summary_metadata
 
-        _write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
+        write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
     return AddSchemaResult(url, chosen, origin, petastorm_compatible)
 
 

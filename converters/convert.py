@@ -26,9 +26,8 @@ from unihub.converters.readahead import read_ahead
 from unihub.errors import DatasetNotFoundError, FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats.base import FORMATS, ColumnBatch, OnError, SkippedRecord, detect_format, expand_braces
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote, sources
+from unihub.fs import publish, remote, sources
 from unihub.fs.outputs import names_output_errors
-from unihub.images.checks import ValidateImages, check_mode
 from unihub.runtime.memory import (
     DEFAULT_PART_SIZE_MB,
     DEFAULT_ROW_GROUP_SIZE_MB,
@@ -37,6 +36,7 @@ from unihub.runtime.memory import (
     memory_budget,
     rows_for,
 )
+from unihub.schema.image_checks import ValidateImages, check_mode
 from unihub.schema.unischema import Unischema
 from unihub.store.ownership import check_replaceable
 
@@ -164,7 +164,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     input file, an export or a unihub source is converted in this process.
 
     ``validate_images`` says how a foreign source's images are checked before they are stored
-    (:mod:`unihub.images.checks`): ``'header'`` (header, pixel limit, the field's shape, end
+    (:mod:`unihub.schema.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
 
@@ -286,9 +286,9 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
     removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.fs.atomic`)."""
-    fsutil.settle_url(dst)
+    publish.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
-        fsutil.settle_url(src)
+        publish.settle_url(src)
 
 
 def _all_skipped(skipped: list[SkippedRecord]) -> FormatError:
@@ -309,7 +309,7 @@ def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
             options: dict[str, Any]) -> None:
     """Write the export into a hidden place beside ``dst`` (a directory, or a prefix on an object store)
-    and put it in place at the end (:func:`unihub.fs.filesystem.commit`), whatever the format writes
+    and put it in place at the end (:func:`unihub.fs.publish.commit`), whatever the format writes
     (one file or many shards): an error or Ctrl-C leaves neither a partial ``dst`` nor the staged files,
     and an overwrite replaces every old shard. The writers stream into it through
     :class:`~unihub.fs.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
@@ -325,7 +325,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
             os.makedirs(holder)  # inside: a Ctrl-C right after it removes it too
             written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
             FORMATS.get(target_format).write(LocalOutputs(written), schema, batches, **options)
-            fsutil.commit(pafs.LocalFileSystem(), written, target)
+            publish.commit(pafs.LocalFileSystem(), written, target)
         finally:
             shutil.rmtree(holder, ignore_errors=True)
         return
@@ -337,7 +337,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     try:
         with remote.remote_errors(dst):
             FORMATS.get(target_format).write(outputs, schema, batches, **options)
-            fsutil.commit(fs, written, target)
+            publish.commit(fs, written, target)
     except BaseException:
         _remove_quietly(fs, holder)  # the export's own error is the one to report, not a failed clean-up's
         raise

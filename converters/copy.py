@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 
 from unihub.errors import FormatError, NoMatchingFieldsError, SchemaError, UnsupportedFormatError
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote
+from unihub.fs import publish, remote
 from unihub.fs.outputs import names_output_errors
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.unischema import Unischema, select_unischema_fields
@@ -119,7 +119,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
 
         check_petastorm_compatible(schema)
     fs, target = fsutil.resolve_filesystem(target_url, None, storage_options)
-    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, target_url, overwrite=overwrite_output, overwrite_foreign=overwrite_foreign,
                       what="overwrite_output=True (--overwrite)")
     partition_by = () if partitions_count else tuple(k for k in store.partition_names if k in schema)
@@ -133,7 +133,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
         else:
             rows_read, rows = _run_here(plan, ranges, progress)
         files = _finish(plan, petastorm_compatible, store.extra_metadata)
-        fsutil.commit(fs, temporary, target)
+        publish.commit(fs, temporary, target)
     except BaseException:
         fsutil.discard(fs, temporary)  # the last step: open uploads aborted, then the staging area removed
         raise

@@ -5,7 +5,7 @@ Every engine (in this process, forked workers, Spark; :mod:`unihub.converters.en
 one where the format has it), the engine's tasks write part files straight into a staging area beside
 the target (:func:`unihub.fs.filesystem.temporary_sibling`, on the filesystem the target's URL
 names), the driver refines the schema from what the tasks saw, writes ``_common_metadata`` once and
-commits (:func:`unihub.fs.filesystem.commit`). A failure or Ctrl-C removes the staging area;
+commits (:func:`unihub.fs.publish.commit`). A failure or Ctrl-C removes the staging area;
 the source is only read.
 """
 
@@ -21,10 +21,10 @@ from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
 from unihub.formats.base import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote
+from unihub.fs import publish, remote
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
 from unihub.store.ownership import check_replaceable
 
@@ -45,7 +45,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     check_part_size(part_size_mb)
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
-    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     files = [absolute(f) for f in source.files()]  # tasks run in other working directories
     input_bytes = _total_size(files)
@@ -117,7 +117,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         extra = {**extra, **skipped_metadata(skipped)}
         finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
-        fsutil.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
+        publish.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise

@@ -22,8 +22,8 @@ from typing import Any
 
 from unihub.converters.convert import ConvertResult, convert
 from unihub.formats.base import OnError
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from unihub.formats.base import FORMATS, ForeignFormat, OnError, ReadReport, SkippedRecord
 from unihub.fs import filesystem as fsutil
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
 
 

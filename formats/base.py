@@ -38,7 +38,7 @@ from unihub.schema.unischema import Unischema
 
 if TYPE_CHECKING:
     from unihub.fs.outputs import Outputs
-    from unihub.images.checks import ValidateImages
+    from unihub.schema.image_checks import ValidateImages
 
 FORMATS: Registry[type[ForeignFormat]] = Registry("format")
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class ForeignFormat(ABC):
         #: schema's details but leaves what it saw in ``report.observed`` for :meth:`refine_schema`
         self.observe = False
         #: how image values are checked before they are stored, ``'header'``, ``'full'`` or ``'none'``
-        #: (:mod:`unihub.images.checks`; ``convert(validate_images=...)`` sets it)
+        #: (:mod:`unihub.schema.image_checks`; ``convert(validate_images=...)`` sets it)
         self.validate_images: ValidateImages = "header"
         #: most bytes of rows :meth:`read_batches` gathers into one batch: a batch ends at ``batch_size``
         #: rows or at this many bytes, whichever comes first (:mod:`unihub.runtime.memory`; ``convert`` sets it)

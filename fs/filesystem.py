@@ -308,51 +308,7 @@ def temporary_sibling(target: str) -> str:
     return atomic.sibling(target, "tmp")
 
 
-def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None:
-    """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
-
-    On a local disk the two are swapped atomically where the system can (Linux), else the old
-    target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
-    (:mod:`unihub.fs.atomic`). Elsewhere (object stores have no rename) a Parquet dataset is
-    published by a manifest written last, and readers read only what it lists; an export's files are
-    copied into place one by one (:mod:`unihub.store.publish`). Returns the data files published
-    under new names on an object store, else None (their names inside ``temporary`` hold).
-    """
-    if _local(fs):
-        atomic.replace(temporary, target)
-        return None
-    from unihub.store import publish
-
-    if is_dir(fs, temporary) and publish.is_dataset(fs, temporary):
-        return publish.publish(fs, temporary, target)
-    publish.publish_files(fs, temporary, target)
-    return None
-
-
-def settle(fs: pafs.FileSystem, target: str) -> str | None:
-    """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
-    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
-    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
-    published manifest lists removed (:func:`unihub.store.publish.settle`)."""
-    if _local(fs):
-        return atomic.settle(target)
-    from unihub.store import publish
-
-    with remote.remote_errors(remote.display_url(fs, target)):
-        publish.settle(fs, target)
-    return None
-
-
-def settle_url(url: str, storage_options: dict[str, Any] | None = None) -> str | None:
-    """:func:`settle` for a URL or path."""
-    scheme = urlparse(url).scheme if "://" in url else ""
-    if scheme in ("", "file"):
-        return atomic.settle(os.path.abspath(strip_scheme(url)))
-    fs, path = resolve_filesystem(url, None, storage_options)
-    return settle(fs, path)
-
-
-def _local(fs: pafs.FileSystem) -> bool:
+def on_local_disk(fs: pafs.FileSystem) -> bool:
     """Paths on ``fs`` are this machine's paths (pyarrow's local filesystem, or fsspec's wrapped)."""
     if isinstance(fs, pafs.LocalFileSystem):
         return True
@@ -371,7 +327,7 @@ def discard(fs: pafs.FileSystem, path: str) -> None:
 
     for _ in range(2):
         try:
-            if not _local(fs):
+            if not on_local_disk(fs):
                 abort_uploads(fs, path)
             remove(fs, path)
             if not exists(fs, path):

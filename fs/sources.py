@@ -436,45 +436,6 @@ def local_copy(path: str) -> Iterator[str]:
         yield local
 
 
-def open_hdf5(path: str) -> Any:
-    """An h5py ``File`` for reading ``path``: by name on a local disk, else over :func:`open_input`'s
-    buffered file, which closing the h5py file closes (h5py reads file objects through its ``fileobj``
-    driver; the buffer turns its many small reads into few requests)."""
-    from unihub.formats.hdf5.dtypes import h5py_module
-
-    h5py = h5py_module()
-    if not is_url(path):
-        return h5py.File(local_path(path), "r")
-    raw = open_input(path)
-    try:
-        handle = _owning_file(h5py)(raw, "r")
-    except BaseException:
-        raw.close()
-        raise
-    handle.unihub_raw = raw
-    return handle
-
-
-_OWNING: list[type] = []
-
-
-def _owning_file(h5py: Any) -> type:
-    """An ``h5py.File`` subclass that closes the Python file object it reads (made once, lazily)."""
-    if not _OWNING:
-        class OwningFile(h5py.File):
-            unihub_raw: IO[bytes] | None = None
-
-            def close(self) -> None:
-                try:
-                    super().close()
-                finally:
-                    if self.unihub_raw is not None:
-                        self.unihub_raw.close()
-
-        _OWNING.append(OwningFile)
-    return _OWNING[0]
-
-
 class _RemoteRaw(io.RawIOBase):
     """A pyarrow file as a raw binary stream (what ``io.BufferedReader`` buffers), with a ``name``."""
 

@@ -302,8 +302,8 @@ class Unischema:
 
     def as_spark_schema(self):
         """A pyspark ``StructType`` of the stored columns (imports pyspark)."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
         from unihub.dependencies import require
+        from unihub.schema.spark_types import arrow_to_spark_type
         from unihub.schema.validation import stored_as_text
 
         types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")

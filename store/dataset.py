@@ -53,12 +53,12 @@ from unihub.errors import (
     UnihubError,
 )
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote, sources
+from unihub.fs import publish, remote, sources
 from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import integrity, publish
+from unihub.store import integrity
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -454,7 +454,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
-        left = fsutil.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
+        left = publish.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
         info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
         hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
@@ -626,7 +626,7 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
 
 def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
     """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
-    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.store.publish`),
+    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
     else every data file. A manifest replaced while this runs is read again."""
     for _attempt in range(3):
         manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root

@@ -19,9 +19,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, ForeignOutputError, UnihubError
+from unihub.fs.publish import COMMON_METADATA, MANIFEST
 from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
-from unihub.store.publish import COMMON_METADATA, MANIFEST
 
 
 def check_replaceable(fs: pafs.FileSystem, target: str, url: str, *, overwrite: bool, overwrite_foreign: bool,

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import SchemaError, ValidationError
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote
+from unihub.fs import publish, remote
 from unihub.fs.outputs import names_output_errors
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.codecs import parquet_tensor_type, tensor_to_parquet
@@ -92,7 +92,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     ``extra_metadata`` (JSON-able) is kept under ``unihub.extra`` beside the schema, e.g. the
     class names of a converted image folder. ``petastorm_compatible=True`` also writes the
     metadata Petastorm 0.13.1 needs to open the dataset (its pickled Unischema and the row
-    groups per file; see :mod:`unihub.petastorm.metadata`), for readers not yet moved to
+    groups per file; see :mod:`unihub.store.metadata_files`), for readers not yet moved to
     unihub; a field Petastorm cannot read is refused before anything is written.
     ``part_size_mb`` bounds each data file's size (see the module docstring; a file holds at least one
     row group, and row groups are at most half of it); ``rows_per_file`` bounds its rows.
@@ -123,7 +123,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         check_petastorm_compatible(schema)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
-    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     staging = fsutil.temporary_sibling(target)
     try:
@@ -134,7 +134,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                              validate=validate, extra_metadata=extra_metadata)
         empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
                              empty=not result.files, petastorm_compatible=petastorm_compatible)
-        published = fsutil.commit(fs, staging, target)  # new names on an object store
+        published = publish.commit(fs, staging, target)  # new names on an object store
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise
@@ -154,7 +154,7 @@ def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_
                 extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
     """Write rows or column batches as part files into ``directory`` (a staging area), under their
     final names (``part_name.format(n)``), and nothing else: :func:`finish_parts` then writes the
-    dataset's metadata once, and :func:`~unihub.fs.filesystem.commit` publishes it. The same
+    dataset's metadata once, and :func:`~unihub.fs.publish.commit` publishes it. The same
     steps serve :func:`write_dataset` and every conversion task. A failure removes what this call
     wrote, so that a retried task starts from a clean slate."""
     part_bytes = int(part_size_mb * 2**20)
@@ -198,7 +198,7 @@ def finish_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, *,
         restamp_schema(fs, path, file_schema.metadata or {})
     pq.write_metadata(file_schema, fsutil.join(directory, COMMON_METADATA), filesystem=fs)
     if petastorm_compatible:
-        from unihub.petastorm.metadata import add_petastorm_metadata
+        from unihub.store.metadata_files import add_petastorm_metadata
 
         add_petastorm_metadata(fs, directory, schema)
     return written

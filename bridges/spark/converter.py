@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
+from unihub.fs import publish
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
 
@@ -346,7 +347,7 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
     try:
         writer.parquet(temporary_url)
         _, temporary = fsutil.resolve_filesystem(temporary_url)
-        fsutil.commit(fs, temporary, path)
+        publish.commit(fs, temporary, path)
     except BaseException:
         with contextlib.suppress(Exception):
             fsutil.remove(fs, fsutil.resolve_filesystem(temporary_url)[1])

@@ -87,6 +87,7 @@ from unihub.formats.base import (
 from unihub.formats.hdf5.detect import LAYOUTS
 from unihub.formats.hdf5.dtypes import h5py_module
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR, write_file
+from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan, discover
 from unihub.formats.hdf5.meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5.read import batches_of, infer_fields, unit_readers
@@ -103,7 +104,7 @@ __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
 
 def _open(path: str) -> Any:
     try:
-        return sources.open_hdf5(path)
+        return open_hdf5(path)
     except OSError as exc:
         raise FormatError(f"{path}: not a readable HDF5 file ({exc})", path=path) from exc
 
@@ -239,8 +240,8 @@ class HDF5Format(ForeignFormat):
     def _checked_images(self, path: str, reader: Any, start: int, batch: dict[str, Any],
                         fields: Sequence[UnischemaField], on_error: OnError) -> tuple[dict[str, Any], int]:
         """``batch`` (rows ``start``.. of ``reader``) and its row count, rows whose encoded image fails its
-        check (:mod:`unihub.images.checks`) raised as a FormatError, or left out when skipping."""
-        from unihub.images.checks import batch_problems, drop_rows
+        check (:mod:`unihub.schema.image_checks`) raised as a FormatError, or left out when skipping."""
+        from unihub.schema.image_checks import batch_problems, drop_rows
 
         rows = len(next(iter(batch.values()))) if batch else 0
         problems = batch_problems(batch, fields, self.validate_images)

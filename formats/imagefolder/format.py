@@ -97,12 +97,13 @@ from unihub.formats.base import (
     register_format,
 )
 from unihub.fs import filesystem as fsutil
+from unihub.fs import publish
 from unihub.fs import sources as fsrc
 from unihub.fs.outputs import LocalOutputs, Outputs
 from unihub.images import decoders as images
-from unihub.images.checks import jpeg_scan_start
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec
+from unihub.schema.image_checks import jpeg_scan_start
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.schema.validation import shape_matches
 
@@ -368,14 +369,14 @@ class ImageFolderFormat(ForeignFormat):
         if isinstance(target, Outputs):  # staged by the caller, on any filesystem
             return _write_tree(target, image, label, path, classes, batches)
         target = os.path.abspath(os.fspath(target))
-        fsutil.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
+        publish.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
         if os.path.lexists(target) and not overwrite:
             raise DatasetExistsError(f"{target} already exists; pass --overwrite (overwrite=True) to replace it")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         temporary = fsutil.temporary_sibling(target)
         try:
             written = _write_tree(LocalOutputs(temporary), image, label, path, classes, batches)
-            fsutil.commit(pafs.LocalFileSystem(), temporary, target)
+            publish.commit(pafs.LocalFileSystem(), temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise

@@ -40,8 +40,8 @@ from unihub.formats.tfrecord.schema import (
     order_id,
 )
 from unihub.fs import sources
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
+from unihub.schema import image_checks
 
 __all__ = ["read_batches_fast", "scan_fast"]
 

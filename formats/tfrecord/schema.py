@@ -25,11 +25,10 @@ import pyarrow as pa
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.tfrecord.example import Feature, encode_entries, encode_feature, encode_scalar, ld
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
-from unihub.schema import dtypes
+from unihub.schema import dtypes, image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Shape, Unischema, UnischemaField
 from unihub.schema.validation import fixed_dims
 
@@ -357,7 +356,7 @@ class _Mismatch(Exception):
 
 
 class _BadImage(_Mismatch):
-    """An image that fails its check (:mod:`unihub.images.checks`): a bad record, never a
+    """An image that fails its check (:mod:`unihub.schema.image_checks`): a bad record, never a
     sign that a provisional schema was outgrown, so it names no feature (its reason does)."""
 
     def __init__(self, feature: str, reason: str) -> None:

@@ -163,7 +163,7 @@ class Codec(ABC):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """The pyspark type of the stored column (imports pyspark)."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
+        from unihub.schema.spark_types import arrow_to_spark_type
 
         if field is None:
             raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
@@ -229,7 +229,7 @@ class ScalarCodec(Codec):
         if isinstance(spec, pa.DataType):
             self._arrow_type = spec
         elif type_is_spark(spec):
-            from unihub.bridges.spark.writer import spark_to_arrow_type
+            from unihub.schema.spark_types import spark_to_arrow_type
 
             self._arrow_type = spark_to_arrow_type(spec)
             self._spark_repr = repr(spec)  # Petastorm's str(): ScalarCodec(FloatType())
@@ -244,7 +244,7 @@ class ScalarCodec(Codec):
         return self._arrow_type
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
-        from unihub.bridges.spark.writer import arrow_to_spark_type
+        from unihub.schema.spark_types import arrow_to_spark_type
 
         return arrow_to_spark_type(self._arrow_type)
 
@@ -478,7 +478,7 @@ class TensorCodec(Codec):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """Spark has no tensor type: fixed shapes are stored as flat arrays."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
+        from unihub.schema.spark_types import arrow_to_spark_type
 
         if field is None:
             raise SchemaError("TensorCodec.spark_dtype needs the field")

@@ -18,9 +18,9 @@ import pytest
 
 from unihub import convert, make_batch_reader, make_reader
 from unihub.errors import ImageDecodeError, InvalidArgumentError
-from unihub.images.checks import image_problem
 from unihub.images.decoders import decode_image
 from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.image_checks import image_problem
 from unihub.schema.unischema import UnischemaField
 from unihub.store.dataset import open_dataset
 
