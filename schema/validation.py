@@ -7,6 +7,7 @@ Image fields accept already-encoded PNG/JPEG bytes, whose size is read from the 
 from __future__ import annotations
 
 import decimal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from unihub.errors import FieldTypeError, SchemaError, ValidationError
 
 if TYPE_CHECKING:
-    from unihub.schema.unischema import UnischemaField
+    from unihub.schema.unischema import Unischema, UnischemaField
 
 # Which Python scalar types each numpy kind accepts (numpy arrays must match exactly).
 _KIND_ACCEPTS: dict[str, tuple[type, ...]] = {
@@ -182,3 +183,14 @@ def _describe(value: Any) -> str:
         return f"a numpy {value.dtype} scalar {value!r}"
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
+    """Rows of a column batch of ``schema``; unknown columns and unequal lengths are SchemaErrors."""
+    unknown = set(columns) - set(schema.fields)
+    if unknown:
+        raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
+    return next(iter(lengths.values()), 0)

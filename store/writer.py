@@ -32,7 +32,7 @@ from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_M
 from unihub.schema.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import shape_matches
+from unihub.schema.validation import column_length, shape_matches
 from unihub.store import integrity
 from unihub.store.dataset import COMMON_METADATA
 from unihub.store.ownership import check_replaceable
@@ -318,17 +318,6 @@ def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
         return
     for i, value in enumerate(values):
         f.validate(value, row=first_row + i)
-
-
-def column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
-    """Rows of a column batch of ``schema``; unknown columns and unequal lengths are SchemaErrors."""
-    unknown = set(columns) - set(schema.fields)
-    if unknown:
-        raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")
-    lengths = {name: len(values) for name, values in columns.items()}
-    if len(set(lengths.values())) > 1:
-        raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
-    return next(iter(lengths.values()), 0)
 
 
 def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -> pa.Table:

@@ -46,6 +46,8 @@ from unihub.fs import remote_context
 #: Python traceback that Spark passes on as text
 _PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w*(?:Error|SchemaOutgrown)): (?P<message>.*)$")
 
+#: The folder that holds the ``unihub`` package, which executors' Python workers must be able to import.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: seconds a job may go with no task running before it is given up (see the module docstring); long enough
 #: for executors to start on a loaded cluster, short enough that a lost cluster is named within minutes
 STALL_TIMEOUT_S = 120.0
@@ -308,12 +310,10 @@ def python_for_executors() -> Iterator[None]:
 def executor_settings() -> dict[str, str]:
     """Spark settings that run executors' Python workers with this interpreter and unihub importable
     (what the user set in the environment wins)."""
-    import unihub
-
     settings = {"spark.ui.showConsoleProgress": "false"}
     if not os.environ.get("PYSPARK_PYTHON"):
         settings["spark.pyspark.python"] = sys.executable  # for spark-submit; PySpark: python_for_executors
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(unihub.__file__)))
+    package_parent = os.path.dirname(_PACKAGE_DIR)
     paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return settings
