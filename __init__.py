@@ -32,8 +32,9 @@ from unihub.bridges.spark.writer import dict_to_spark_row, materialize_dataset
 from unihub.bridges.throughput import reader_throughput
 from unihub.caching import CachedDataset, cacheable
 from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
-from unihub.converters.convert import ConvertResult, convert
+from unihub.converters.convert import convert
 from unihub.converters.copy import copy_dataset
+from unihub.converters.result import ConvertResult
 from unihub.converters.verify import verify
 from unihub.errors import (
     CacheError,

@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from unihub.converters.convert import load_schema
 from unihub.errors import DatasetNotFoundError, SchemaError, SchemaMismatchError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import remote
-from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
+from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.schema.codecs import TensorCodec, parquet_tensor_type
 from unihub.schema.dtypes import numpy_to_arrow_type
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
@@ -44,6 +45,7 @@ from unihub.store.dataset import (
     _resolve_schema,
     partition_value,
 )
+from unihub.store.metadata_files import petastorm_metadata, replace_common_metadata, write_summary_metadata
 
 SchemaOrigin = Literal["given", "unihub", "petastorm", "inferred"]
 
@@ -105,8 +107,6 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     if petastorm_compatible is None:
         petastorm_compatible = PETASTORM_UNISCHEMA_KEY in common
 
-    from unihub.store.metadata_files import petastorm_metadata, replace_common_metadata
-
     metadata = {**(file_schema.metadata or {}), **common, SCHEMA_METADATA_KEY: chosen.to_json().encode()}
     if petastorm_compatible:
         metadata.update(petastorm_metadata(chosen, fs, root, paths))
@@ -114,8 +114,6 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         metadata.pop(PETASTORM_UNISCHEMA_KEY, None)  # it would contradict the new schema
     replace_common_metadata(fs, root, file_schema.with_metadata(metadata))
     if use_summary_metadata:
-        from unihub.store.metadata_files import write_summary_metadata
-
         write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
     return AddSchemaResult(url, chosen, origin, petastorm_compatible)
 
@@ -142,8 +140,6 @@ def load_unischema(schema: Unischema | str | os.PathLike[str]) -> Unischema:
     if type(schema).__name__ == "Unischema" and type(schema).__module__.endswith("unischema"):
         return _from_petastorm(schema)
     if isinstance(schema, (str, os.PathLike)):
-        from unihub.converters.convert import load_schema
-
         return load_schema(schema)
     raise SchemaError(f"expected a Unischema or a JSON file, got {type(schema).__name__}")
 
@@ -175,8 +171,6 @@ def locate_unischema(dotted: Any) -> Unischema:
 def _from_petastorm(schema: Any) -> Unischema:
     """A ``petastorm.unischema.Unischema`` object as unihub's, through the allow-listed unpickler."""
     import pickle
-
-    from unihub.petastorm.legacy import load_petastorm_unischema
 
     return load_petastorm_unischema(pickle.dumps(schema))
 

@@ -16,18 +16,28 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
-from unihub.errors import DatasetNotFoundError, FormatError, SchemaError, UnsupportedFormatError
-from unihub.formats.base import FORMATS, ColumnBatch, OnError, SkippedRecord, detect_format, expand_braces
+from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
+from unihub.errors import DatasetNotFoundError, SchemaError, UnsupportedFormatError
+from unihub.formats.base import (
+    FORMATS,
+    ColumnBatch,
+    OnError,
+    SkippedRecord,
+    check_options,
+    detect_format,
+    expand_braces,
+)
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote, sources
-from unihub.fs.outputs import names_output_errors
+from unihub.fs.outputs import FileSystemOutputs, LocalOutputs, Outputs, names_output_errors
+from unihub.images import decoders as images
+from unihub.readers.reader import make_batch_reader
 from unihub.runtime.memory import (
     DEFAULT_PART_SIZE_MB,
     DEFAULT_ROW_GROUP_SIZE_MB,
@@ -38,38 +48,9 @@ from unihub.runtime.memory import (
 )
 from unihub.schema.image_checks import ValidateImages, check_mode
 from unihub.schema.unischema import Unischema
+from unihub.store.dataset import open_dataset
 from unihub.store.ownership import check_replaceable
-
-UNIHUB = "unihub"
-
-
-@dataclass
-class ConvertResult:
-    """What a conversion did."""
-
-    source: str
-    target: str
-    from_format: str
-    to_format: str
-    rows: int
-    seconds: float
-    bytes_read: int = 0
-    skipped: list[SkippedRecord] = field(default_factory=list)
-    #: how the conversion ran where that differs from what was asked (fewer workers: too little input)
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        rate = self.rows / self.seconds if self.seconds > 0 else float("inf")
-        text = (f"converted {self.rows:,} rows {self.from_format} -> {self.to_format} in {self.seconds:.1f} s "
-                f"({rate:,.0f} rows/s): {self.target}")
-        if self.notes:
-            text += "; " + "; ".join(self.notes)
-        if self.skipped:
-            text += f"; skipped {len(self.skipped)} (bad records, datasets left out): " + "; ".join(
-                f"{s.path} {s.location}: {s.reason}" for s in self.skipped[:10])
-            if len(self.skipped) > 10:
-                text += f"; ... {len(self.skipped) - 10} more"
-        return text
+from unihub.store.writer import write_dataset
 
 
 def is_unihub_dataset(path: str) -> bool:
@@ -183,8 +164,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
     than small ones.
     """
-    from unihub.images import decoders as images
-
     limit = images.MAX_IMAGE_PIXELS if max_image_pixels == "current" else images.pixel_limit_of(max_image_pixels)
     with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
@@ -240,7 +219,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.validate_images = validate_images
         source.batch_bytes = budget.batch_bytes
         if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
-            from unihub.converters.pipeline import ingest  # imports this module: keep it local
+            from unihub.converters.pipeline import ingest  # start-up cost: 14 ms, for ingests only
+
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
                           overwrite=overwrite, overwrite_foreign=overwrite_foreign,
@@ -248,7 +228,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
                           on_error=on_error, validate_images=validate_images, progress=progress,
                           storage_options=dict(storage_options) if storage_options else None)
         files = source.files()
-        input_bytes = _total_size(files)
+        input_bytes = total_size(files)
         out_schema = given or source.infer_schema()
         source.prepare(out_schema)
         extra = {"source_format": source_format, "source": src, **source.metadata()}
@@ -265,8 +245,6 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         counted = _refuse_all_skipped(counted, meter, lambda: report.report.skipped)
     try:
         if target_format == UNIHUB:
-            from unihub.store.writer import write_dataset
-
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
                                    part_size_mb=part_size_mb, overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
@@ -291,19 +269,13 @@ def _settle(src: str, dst: str) -> None:
         publish.settle_url(src)
 
 
-def _all_skipped(skipped: list[SkippedRecord]) -> FormatError:
-    first = skipped[0]
-    return FormatError(f"every record was skipped as bad ({len(skipped):,}), so nothing was converted; the first: "
-                       f"{first.path} {first.location}: {first.reason}", path=first.path)
-
-
 def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
                         skipped: Callable[[], list[SkippedRecord]]) -> Iterator[ColumnBatch]:
     """``batches``, raising at their end when none had a row and records were skipped (never 0 rows
     with exit 0 from a source whose every record was bad)."""
     yield from batches
     if meter.rows == 0 and skipped():
-        raise _all_skipped(list(skipped()))
+        raise all_skipped(list(skipped()))
 
 
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
@@ -315,8 +287,6 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     :class:`~unihub.fs.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
     which h5py needs as a local file: see ``HDF5Format.write``)."""
     import posixpath
-
-    from unihub.fs.outputs import FileSystemOutputs, LocalOutputs, Outputs
 
     if not sources.is_url(dst):
         target = os.path.abspath(dst)
@@ -358,8 +328,6 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     payload kind), then the options the user gave (checked: a format never ignores one)."""
     import inspect
 
-    from unihub.formats.base import check_options
-
     sink = FORMATS.get(target_format)
     check_options(sink, given, writing=True)
     options: dict[str, Any] = {**sink.export_options(extra, schema), **given}
@@ -372,9 +340,6 @@ def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: 
     """Column batches of a unihub dataset, images as their stored bytes, in storage order: row groups
     read within ``budget``, cut into batches of at most ``batch_size`` rows and about
     ``budget.batch_bytes`` (slices: no copy), so that an export converts a little at a time."""
-    from unihub.readers.reader import make_batch_reader
-    from unihub.store.dataset import open_dataset
-
     budget = budget or memory_budget()
     store = open_dataset(src)
     schema = given or store.schema
@@ -419,14 +384,3 @@ def load_schema(schema: Unischema | str | os.PathLike[str]) -> Unischema:
         return Unischema.from_json(text)
     except (SchemaError, ValueError) as exc:
         raise SchemaError(f"schema file {path}: {exc}") from exc
-
-
-def _total_size(files: list[str]) -> int:
-    """Bytes of the input files (one stat each: image folders have many)."""
-    total = 0
-    for path in files:
-        try:
-            total += os.stat(path).st_size
-        except OSError:
-            pass
-    return total

@@ -20,7 +20,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from unihub.converters.convert import ConvertResult, convert
+from unihub.converters.convert import convert
+from unihub.converters.result import ConvertResult
 from unihub.formats.base import OnError
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.image_checks import ValidateImages

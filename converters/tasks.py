@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unihub.formats.base import FORMATS, ForeignFormat, OnError, ReadReport, SkippedRecord
+from unihub.formats.imagefolder.format import ImageFolderFormat, _Entry, _Listing
 from unihub.fs import filesystem as fsutil
+from unihub.images import decoders as images
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
 from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
+from unihub.store.writer import write_parts
 
 
 def part_name(task: int) -> str:
@@ -74,8 +77,6 @@ class TaskPlan:
 
 def layout_of(source: ForeignFormat) -> Any:
     """An image folder's (absolute root, classes), so a task labels its files without listing the root."""
-    from unihub.formats.imagefolder.format import ImageFolderFormat
-
     if isinstance(source, ImageFolderFormat):
         return (absolute(source.root), source._listing.classes)
     return None
@@ -88,8 +89,6 @@ def absolute(path: str) -> str:
 
 def driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
     """Files the source leaves out before reading any (image folders: files outside the class folders)."""
-    from unihub.formats.imagefolder.format import ImageFolderFormat
-
     if isinstance(source, ImageFolderFormat):
         return [SkippedRecord(os.path.join(source.root, rel), "file", "outside the class folders (class layout)")
                 for rel in source._listing.outside]
@@ -111,8 +110,6 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     may watch the batches on their way (a progress bar, read-ahead).
     """
     import unihub.formats.builtin  # noqa: F401  (registers every format in the worker)
-    from unihub.images import decoders as images
-    from unihub.store.writer import write_parts
 
     files = list(files)
     if not files:
@@ -157,7 +154,6 @@ def task_source(plan: TaskPlan, files: list[str]) -> ForeignFormat:
     fmt = FORMATS.get(plan.fmt) if isinstance(plan.fmt, str) else plan.fmt
     if plan.layout is None:
         return fmt(files, **plan.options)
-    from unihub.formats.imagefolder.format import _Entry, _Listing
 
     root, classes = plan.layout
     source = fmt(root, **plan.options)

@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.converters.convert import UNIHUB, _unihub_batches, resolve_source_format
+from unihub.converters.convert import _unihub_batches, resolve_source_format
+from unihub.converters.result import UNIHUB
 from unihub.formats.base import FORMATS, ForeignFormat
 from unihub.formats.compare import first_difference, show_value
+from unihub.fs import sources
 
 
 @dataclass
@@ -116,8 +118,6 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
     ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``);
     ``storage_options`` reach every file of either side on a remote filesystem (as for ``convert``).
     """
-    from unihub.fs import sources
-
     with sources.using(storage_options):
         return _verify(src, dst, from_format=from_format, to_format=to_format, max_differences=max_differences,
                        options=options)

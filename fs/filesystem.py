@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
@@ -18,8 +20,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError
+from unihub.errors import InvalidArgumentError, UnsupportedFilesystemError
 from unihub.fs import atomic, remote
+from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES, abort_uploads
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
 #: the query parameters pyarrow's filesystems read from an ``s3://`` or ``gs://`` URL
@@ -32,6 +35,28 @@ URL_PARAMETERS: dict[str, tuple[str, ...]] = {
 URL_PARAMETERS["gcs"] = URL_PARAMETERS["gs"]
 
 
+#: storage options of the conversion under way (see :func:`unihub.fs.sources.using`)
+_OPTIONS: dict[str, Any] | None = None
+
+
+@contextmanager
+def storage_options_in_use(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Within this block, :func:`current_options` is ``storage_options`` (what :func:`resolve_filesystem`
+    uses for a URL given none)."""
+    global _OPTIONS
+    before = _OPTIONS
+    _OPTIONS = dict(storage_options) if storage_options else None
+    try:
+        yield
+    finally:
+        _OPTIONS = before
+
+
+def current_options() -> dict[str, Any] | None:
+    """The storage options :func:`unihub.fs.sources.using` set (for tasks that run elsewhere: Spark executors)."""
+    return dict(_OPTIONS) if _OPTIONS else None
+
+
 def resolve_filesystem(url: str, filesystem: Any = None,
                        storage_options: dict[str, Any] | None = None) -> tuple[pafs.FileSystem, str]:
     """``(filesystem, path)`` for ``url``; ``filesystem`` may be pyarrow's or fsspec's.
@@ -41,9 +66,7 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     url = os.fspath(url)
     scheme = urlparse(url).scheme if "://" in url else ""
     if storage_options is None and filesystem is None and scheme not in ("", "file"):
-        from unihub.fs import sources  # what a conversion under way was given (sources.using)
-
-        storage_options = sources.current_options()
+        storage_options = current_options()  # what a conversion under way was given (sources.using)
     if filesystem is not None:
         return as_pyarrow_filesystem(filesystem), strip_scheme(url)
     if scheme in ("", "file"):
@@ -63,8 +86,6 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     try:
         fsspec.get_filesystem_class(scheme)
     except (ValueError, ImportError) as exc:
-        from unihub.errors import UnsupportedFilesystemError
-
         raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
                                          "a path with a scheme is never taken for a local one") from None
     fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
@@ -189,7 +210,6 @@ class _FSSpecHandler(pafs.FSSpecHandler):
         every ranged read: 625 MiB RSS to read one 484 MB object; see :mod:`unihub.fs.uploads`)."""
         if _is_local(self.fs):
             return {}
-        from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES
 
         if mode == "rb":
             return {"block_size": READ_AHEAD_BYTES, "cache_type": "readahead"}
@@ -323,8 +343,6 @@ def discard(fs: pafs.FileSystem, path: str) -> None:
     looked at once more after a moment (a task being cancelled may still write into it). Best effort:
     where the store fails too, the write's own error is the one to report, and the next run's
     :func:`settle` removes the rest."""
-    from unihub.fs.uploads import abort_uploads
-
     for _ in range(2):
         try:
             if not on_local_disk(fs):

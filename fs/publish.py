@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from unihub.errors import DatasetChangedError
+from unihub.errors import DatasetChangedError, FormatError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.fs.uploads import abort_uploads, uploading
@@ -75,8 +75,6 @@ def read_manifest(fs: pafs.FileSystem, root: str) -> Manifest | None:
             raise ValueError(f"version {found.get('version')!r}")
         return Manifest(found.get("run"), tuple(found["parts"]), found.get("common_metadata"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        from unihub.errors import FormatError
-
         raise FormatError(f"{path}: not a unihub manifest this version reads ({exc})", path=path) from exc
 
 

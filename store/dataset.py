@@ -54,6 +54,7 @@ from unihub.errors import (
 )
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote, sources
+from unihub.petastorm import legacy
 from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -698,7 +699,6 @@ def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: 
             return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
         except UnihubError as exc:  # an unknown codec's name too
             raise SchemaError(f"{where}: metadata key {SCHEMA_METADATA_KEY.decode()!r}: {exc}") from exc
-    from unihub.petastorm import legacy
 
     if legacy.PETASTORM_UNISCHEMA_KEY in kv:
         key = legacy.PETASTORM_UNISCHEMA_KEY

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, ForeignOutputError, UnihubError
+from unihub.formats.base import FORMATS
 from unihub.fs.publish import COMMON_METADATA, MANIFEST
 from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
@@ -102,7 +103,6 @@ def _has_unischema(fs: pafs.FileSystem, path: str) -> bool:
 def _foreign_file(fs: pafs.FileSystem, path: str) -> str | None:
     """Ask the format the file's extension names whether unihub wrote it."""
     import unihub.formats.builtin  # noqa: F401  (registers every format)
-    from unihub.formats.base import FORMATS
 
     extension = os.path.splitext(path)[1]
     name = FORMATS.by_extension(extension) if extension else None

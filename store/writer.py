@@ -24,17 +24,20 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import SchemaError, ValidationError
+from unihub.errors import CodecError, SchemaError, ValidationError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
 from unihub.fs.outputs import names_output_errors
+from unihub.petastorm.pickling import check_petastorm_compatible
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
-from unihub.schema.codecs import parquet_tensor_type, tensor_to_parquet
+from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import column_length, shape_matches
+from unihub.schema.validation import column_length
 from unihub.store import integrity
 from unihub.store.dataset import COMMON_METADATA
+from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
@@ -118,8 +121,6 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
             raise SchemaError(f"partition_by field {key!r} holds bytes, which have no text form for a "
                               "directory name; partition by a str or number field")
     if petastorm_compatible:
-        from unihub.petastorm.pickling import check_petastorm_compatible
-
         check_petastorm_compatible(schema)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
@@ -198,8 +199,6 @@ def finish_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, *,
         restamp_schema(fs, path, file_schema.metadata or {})
     pq.write_metadata(file_schema, fsutil.join(directory, COMMON_METADATA), filesystem=fs)
     if petastorm_compatible:
-        from unihub.store.metadata_files import add_petastorm_metadata
-
         add_petastorm_metadata(fs, directory, schema)
     return written
 
@@ -293,8 +292,6 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
 
 
 def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Array:
-    from unihub.errors import CodecError
-
     try:
         if isinstance(values, pa.Array):  # bytes a format read straight from its input buffer
             return f.codec.encode_arrow(f, values)  # type: ignore[union-attr]
@@ -456,8 +453,6 @@ class _DatasetWriter:
 
     def _already_compressed(self) -> set[str]:
         """Columns of PNG/JPEG bytes: compressing them again costs reads and writes and saves nothing."""
-        from unihub.schema.codecs import CompressedImageCodec
-
         return {f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)}
 
     def _no_dictionary(self) -> set[str]:

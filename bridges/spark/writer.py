@@ -25,9 +25,13 @@ import pyarrow.parquet as pq
 
 from unihub.dependencies import require
 from unihub.errors import CodecError, SchemaError
+from unihub.fs import filesystem as fsutil
+from unihub.petastorm.pickling import check_petastorm_compatible
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 from unihub.schema.validation import stored_as_text
+from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_metadata
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
-from unihub.store.metadata_files import write_summary_metadata
+from unihub.store.metadata_files import petastorm_metadata, write_summary_metadata
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import Unischema, UnischemaField
@@ -242,8 +246,6 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
     if row_group_size_mb is not None and row_group_size_mb <= 0:
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
     if petastorm_compatible:
-        from unihub.petastorm.pickling import check_petastorm_compatible
-
         check_petastorm_compatible(schema)
     job_hadoop = {_SUMMARY_LEVEL: "NONE", SPARK_CHECKSUM_CONF: "true"}  # a CRC-32 in every page header
     if row_group_size_mb:
@@ -303,10 +305,6 @@ def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: An
     With ``summary``, also ``_metadata``: the same schema and every data file's row groups.
     With ``petastorm_compatible``, also Petastorm's pickled Unischema and row groups per file.
     """
-    from unihub.fs import filesystem as fsutil
-    from unihub.schema.unischema import SCHEMA_METADATA_KEY
-    from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_metadata
-
     fs, root = fsutil.resolve_filesystem(_normalize_url(dataset_url), filesystem)
     if not fsutil.is_dir(fs, root):
         raise SchemaError(f"{dataset_url}: no such directory; did the Spark job write to another URL?")
@@ -318,8 +316,6 @@ def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: An
     metadata = dict(arrow_schema.metadata or {})
     metadata[SCHEMA_METADATA_KEY] = schema.to_json().encode()
     if petastorm_compatible:
-        from unihub.store.metadata_files import petastorm_metadata
-
         metadata.update(petastorm_metadata(schema, fs, root, paths))
     arrow_schema = arrow_schema.with_metadata(metadata)
     pq.write_metadata(arrow_schema, fsutil.join(root, COMMON_METADATA), filesystem=fs)

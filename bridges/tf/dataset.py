@@ -73,7 +73,7 @@ from unihub.readers.late_decode import DecodeAhead, decoded_later
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
-from unihub.schema.validation import shape_matches
+from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages

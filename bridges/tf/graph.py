@@ -46,7 +46,7 @@ from unihub.bridges.tf.dataset import (
     fill_value,
 )
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
-from unihub.schema.validation import shape_matches
+from unihub.schema.shapes import shape_matches
 
 #: the name of the shuffling queue's size op (``graph.get_tensor_by_name(NAME + ":0")``), Petastorm's
 RANDOM_SHUFFLING_QUEUE_SIZE = "random_shuffling_queue_size"

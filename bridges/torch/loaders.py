@@ -60,7 +60,8 @@ from unihub.readers.batching import (
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
-from unihub.readers.reader import start_over
+from unihub.readers.random_access import Dataset
+from unihub.readers.reader import Reader, make_batch_reader, make_reader, random_seed, start_over
 from unihub.readers.workers import usable_cores
 from unihub.schema.codecs import CompressedImageCodec, image_pixels_allowed
 
@@ -1061,7 +1062,6 @@ def _build_iterable_dataset(torch: Any) -> type:
                 raise InvalidArgumentError(f"TorchIterableDataset sets {reserved} itself (one epoch per iter(), sharded "
                                   "by torch worker and rank); leave them out")
             _check_variable(variable)
-            from unihub.readers.reader import Reader
 
             self.stream = url if isinstance(url, Reader) else None
             if self.stream is not None and (reader_kwargs or self.stream.batched):
@@ -1069,8 +1069,6 @@ def _build_iterable_dataset(torch: Any) -> type:
                                            "reader (make_reader, CachedDataset.stream) and no reader options")
             self.url, self.batch_size, self.variable = url, batch_size, variable
             if seed is None:
-                from unihub.readers.reader import random_seed
-
                 seed = random_seed()
             self.seed = int(seed)
             self.reader_kwargs = reader_kwargs
@@ -1080,8 +1078,6 @@ def _build_iterable_dataset(torch: Any) -> type:
             self.epoch = epoch
 
         def __iter__(self) -> Iterator[Any]:
-            from unihub.readers.reader import make_batch_reader, make_reader
-
             info = torch.utils.data.get_worker_info()
             if info is not None:
                 in_torch_worker()
@@ -1415,8 +1411,6 @@ def _build_map_dataset(torch: Any) -> type:
 
         def _open(self) -> Any:
             if self._dataset is None:
-                from unihub.readers.random_access import Dataset
-
                 self._dataset = Dataset(self.url, self.schema_fields, **self.dataset_kwargs)
             return self._dataset
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
-from unihub.formats.base import ForeignFormat
+from unihub.formats.base import ForeignFormat, frozen_for_fork, process_pool
 
 
 @ENGINES.register("forked")
@@ -22,7 +22,6 @@ class ForkedEngine(Engine):
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         import unihub.formats.builtin  # noqa: F401  (imported once here, not in every forked worker)
         import unihub.store.writer  # noqa: F401
-        from unihub.formats.base import frozen_for_fork, process_pool
 
         slices = file_slices(files, self.workers * 4)
         pool = process_pool(self.workers)

@@ -35,9 +35,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import unihub.errors
 from unihub.converters import task_errors
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
+from unihub.dependencies import require
 from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
 from unihub.formats.base import ForeignFormat, SchemaOutgrown
 from unihub.fs import remote_context
@@ -262,7 +264,6 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     whose executors run this interpreter with unihub importable."""
     if spark is not None:
         return refuse_speculation(spark, created=False), False
-    from unihub.dependencies import require
 
     with _jvm_output():
         sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
@@ -322,8 +323,6 @@ def executor_settings() -> dict[str, str]:
 def task_error(exc: BaseException, src: str) -> BaseException:
     """The error a failed task raised, out of Spark's text: the same unihub error class and message
     (a FormatError when it is another kind), or :class:`SchemaOutgrown` for a single pass to start over."""
-    import unihub.errors
-
     text = str(exc)
     whole = task_errors.carried(text)  # the task's own error, as it was raised
     if whole is not None:

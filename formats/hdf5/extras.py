@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.formats.compare import first_difference
 from unihub.formats.hdf5.dtypes import (
     decode_constant,
     dtype_to_json,
@@ -172,8 +173,6 @@ def _storage_entries(datasets: Mapping[str, Any], members: Mapping[str, Any],
     (in the first group holding it) unless it is h5py's default (the groups of an export hold fields
     stored unihub's way too, which are, and which the file does not tell apart), and ``exceptions``
     (``path: (member, description)``) where they differ from their member's."""
-    from unihub.formats.compare import first_difference
-
     out = {f"storage of dataset '/{path}'": d for path, d in sorted(datasets.items())}
     out.update({f"storage of member {rel!r} in the groups": d for rel, d in sorted(members.items())
                 if not _is_default(d)})
@@ -194,8 +193,6 @@ def dtype_text(dt: np.dtype) -> str:
 
 def _with_files(first: dict[str, Entries], others: Iterable[tuple[str, dict[str, Entries]]]) -> Entries:
     """The first file's entries, and each other file's kinds of entries that differ from the first's."""
-    from unihub.formats.compare import first_difference
-
     out: Entries = {name: value for entries in first.values() for name, value in entries.items()}
     for path, sections in others:
         for key, entries in sections.items():

@@ -104,8 +104,8 @@ from unihub.images import decoders as images
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec
 from unihub.schema.image_checks import jpeg_scan_start
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import shape_matches
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 #: Image formats unihub does not read: errors (or skips), never silently dropped as non-images.

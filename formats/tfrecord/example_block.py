@@ -19,18 +19,18 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from unihub.formats.base import ColumnBatch, OnError, ReadReport, SchemaOutgrown, check_on_error
 from unihub.formats.tfrecord.example import _packed_varints, _varint, parse_example
-from unihub.formats.tfrecord.format import UNLISTED, TFRecordFormat, unlisted_check
 from unihub.formats.tfrecord.framing import Block, Error, Framer
 from unihub.formats.tfrecord.records import _fail
 from unihub.formats.tfrecord.schema import (
     SHAPE_SUFFIX,
+    UNLISTED,
     Scan,
     _Mismatch,
     _OrderPlan,
@@ -38,10 +38,14 @@ from unihub.formats.tfrecord.schema import (
     _Stats,
     add_example,
     order_id,
+    unlisted_check,
 )
 from unihub.fs import sources
 from unihub.images import decoders as images
 from unihub.schema import image_checks
+
+if TYPE_CHECKING:
+    from unihub.formats.tfrecord.format import TFRecordFormat
 
 __all__ = ["read_batches_fast", "scan_fast"]
 
@@ -355,7 +359,7 @@ def _parse_block(block: Block, plans: list[_Plan], stats: dict[str, _Stats] | No
 
     With ``stats`` (a single pass), the good records (of the file ``path``) are also counted into a
     schema scan's statistics, from the same template match. ``unlisted(feature names)`` names a feature the
-    schema would lose (see :func:`unihub.formats.tfrecord.format.unlisted_check`): its records fail.
+    schema would lose (see :func:`unihub.formats.tfrecord.schema.unlisted_check`): its records fail.
     """
     arr = np.frombuffer(block.data, np.uint8)
     pending = _Pending(np.arange(len(block.indices)))
@@ -610,11 +614,9 @@ def _next_good(framer: Framer, path: str, on_error: OnError, report: ReadReport)
     return False
 
 
-def scan_fast(options: dict[str, Any], files: list[str],
+def scan_fast(source: TFRecordFormat, on_error: OnError,
               sample_records: int | None = None) -> tuple[Scan, int]:
     """What :func:`unihub.formats.tfrecord.format._scan_files` returns, a block of records at a time."""
-    source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
-    on_error = options.get("on_error", "raise")
     check_on_error(on_error)
     report = ReadReport()
     stats = Scan()

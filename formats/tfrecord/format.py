@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, ClassVar
 
@@ -48,7 +48,9 @@ from unihub.formats.base import (
     register_format,
 )
 from unihub.formats.tfrecord.example import Feature, parse_example
+from unihub.formats.tfrecord.example_block import read_batches_fast, scan_fast
 from unihub.formats.tfrecord.files import Listing, list_files, named_like_tfrecord, tfds_beside
+from unihub.formats.tfrecord.payload import detect, infer_schema, list_fields, read_batches, row_encoder
 from unihub.formats.tfrecord.records import (
     _fail,
     _header_ok,
@@ -61,6 +63,7 @@ from unihub.formats.tfrecord.records import (
 from unihub.formats.tfrecord.schema import (
     ORDER_FIELD,
     SHAPE_SUFFIX,
+    UNLISTED,
     Scan,
     _merge_scans,
     _Mismatch,
@@ -69,17 +72,20 @@ from unihub.formats.tfrecord.schema import (
     add_example,
     empty_means_null,
     example_encoder,
+    export_options,
     fields_from_stats,
     order_field,
     order_on_wire,
     order_table,
     shape_features,
+    unlisted_check,
 )
 from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
+from unihub.formats.tfrecord.verify import native_records, reference_records
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs, outputs_for
 from unihub.runtime.memory import BatchCut, value_nbytes
-from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.schema.unischema import Unischema
 
 #: records scanned for the schema a single-pass conversion starts with (see provisional_schema)
 PROVISIONAL_SAMPLE = 1000
@@ -89,34 +95,13 @@ FAST_PATH = True  # read_batches and the schema scan parse blocks of records wit
 
 
 # -- what a schema would lose --------------------------------------------------------------------
-UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
-            "features to convert with --option fields=...")
-
-
-def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
-                   ) -> Callable[[Iterable[str]], str | None]:
-    """``check(feature names)``: the first feature of a record that no field reads (its values would
-    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
-    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
-    chosen = None if selected is None else set(selected)
-
-    def check(names: Iterable[str]) -> str | None:
-        for name in names:
-            if name not in known and (chosen is None or name in chosen):
-                return name
-        return None
-
-    return check
-
-
 # -- schema inference ------------------------------------------------------------------------
 def _scan_files(options: dict[str, Any], files: list[str],
                 sample_records: int | None = None) -> tuple[Scan, int]:
     """Per-feature statistics of the records of ``files`` (the first ``sample_records``), and their count."""
-    if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
-        from unihub.formats.tfrecord.example_block import scan_fast
-        return scan_fast(options, files, sample_records)
     source = TFRecordFormat(files, **{k: v for k, v in options.items() if k != "on_error"})
+    if FAST_PATH:  # a block of records at a time, with numpy (formats/tfbatch.py)
+        return scan_fast(source, options.get("on_error", "raise"), sample_records)
     stats = Scan()
     total = 0
     for path, index, _, example in source._examples(options.get("on_error", "raise"), ReadReport()):
@@ -278,18 +263,7 @@ class TFRecordFormat(ForeignFormat):
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
         still has) and feature order, so an export gives the source back, record for record."""
-        info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
-        options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
-        for key in ("feature_lists", "empty_as_null", "shape_features"):
-            names = [name for name in info.get(key) or () if name in schema]
-            if names:
-                options[key] = names
-        for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
-            if info.get(key):
-                options[key] = list(info[key])
-        if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
-            options["feature_orders"] = dict(info["feature_orders"])
-        return options
+        return export_options(extra, schema)
 
     def prepare(self, schema: Unischema) -> Unischema | None:
         """What the records say beyond a given schema: which fields are feature lists (SequenceExamples,
@@ -297,15 +271,11 @@ class TFRecordFormat(ForeignFormat):
         (a scan, when no inference ran), so that the metadata and an export keep them. Where the records
         disagree on their features' order, ``schema`` with the field that keeps each row's."""
         if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
-            from unihub.formats.tfrecord.payload import list_fields
-
             self.options["feature_lists"] = list_fields(self, list(schema))
         if self.payload == "example" and not self._scanned:
             stats, total = _scan_files({"on_error": self.on_error, **self.options}, self.files())
             self._note(stats, total)
         elif self.payload == "sequence_example" and not self._scanned:
-            from unihub.formats.tfrecord.payload import infer_schema
-
             infer_schema(self, self.payload, None)  # the context's empty lists and shape features
         if self.feature_orders and ORDER_FIELD not in schema.fields:
             return Unischema(schema.name, [*schema, order_field()])
@@ -313,16 +283,12 @@ class TFRecordFormat(ForeignFormat):
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfrecord.verify`)."""
-        from unihub.formats.tfrecord.verify import reference_records
-
         return reference_records(self)
 
     @classmethod
     def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                        **options: Any) -> Iterator[dict[str, Any]]:
         """Rows of a unihub dataset as TensorFlow would read an export of them (see tfverify)."""
-        from unihub.formats.tfrecord.verify import native_records
-
         return native_records(schema, rows, extra, **options)
 
     @cached_property
@@ -354,8 +320,6 @@ class TFRecordFormat(ForeignFormat):
     @cached_property
     def payload(self) -> str:
         """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
-        from unihub.formats.tfrecord.payload import detect
-
         chosen = self.options.get("payload") or "auto"
         return detect(self) if chosen == "auto" else chosen
 
@@ -383,8 +347,6 @@ class TFRecordFormat(ForeignFormat):
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         if self.payload != "example":
-            from unihub.formats.tfrecord.payload import infer_schema
-
             return infer_schema(self, self.payload, sample_records)
         files = self.files()
         options = {"on_error": self.on_error, **self.options}  # bad records: as the read will treat them
@@ -466,13 +428,10 @@ class TFRecordFormat(ForeignFormat):
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
         if self.payload != "example":
-            from unihub.formats.tfrecord.payload import read_batches
-
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
         plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
         if FAST_PATH and plans:  # a block of records at a time, with numpy (formats/tfbatch.py)
-            from unihub.formats.tfrecord.example_block import read_batches_fast
             yield from read_batches_fast(self, plans, batch_size, on_error)
             return
         readers = [plan.read for plan in plans]
@@ -533,8 +492,6 @@ class TFRecordFormat(ForeignFormat):
             encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
                                      feature_orders)
         else:
-            from unihub.formats.tfrecord.payload import row_encoder
-
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
                                  feature_order or (), feature_list_order or (), feature_orders)
         if records_per_file is not None and records_per_file <= 0:

@@ -29,8 +29,8 @@ from unihub.images import decoders as images
 from unihub.schema import dtypes, image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.schema.image_checks import ValidateImages
+from unihub.schema.shapes import fixed_dims
 from unihub.schema.unischema import Shape, Unischema, UnischemaField
-from unihub.schema.validation import fixed_dims
 
 SHAPE_SUFFIX = "/shape"
 #: the row field that names each record's order of features on the wire, where records disagree on it
@@ -626,3 +626,41 @@ def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
     if not empty:
         return encode
     return lambda value: empty if value is None else encode(value)
+
+
+# -- what a schema leaves out, and what an export writes back ------------------------------------------
+UNLISTED = ("has no field in the schema, and its values would be lost; add it to the schema, or name the "
+            "features to convert with --option fields=...")
+
+
+def unlisted_check(fields: Sequence[UnischemaField], selected: Sequence[str] | None
+                   ) -> Callable[[Iterable[str]], str | None]:
+    """``check(feature names)``: the first feature of a record that no field reads (its values would
+    be lost), or None. Features outside ``selected`` (the ``fields`` option) are left out on purpose."""
+    known = {f.name for f in fields} | {f.name + SHAPE_SUFFIX for f in fields if f.shape and f.dtype.kind in "biuf"}
+    chosen = None if selected is None else set(selected)
+
+    def check(names: Iterable[str]) -> str | None:
+        for name in names:
+            if name not in known and (chosen is None or name in chosen):
+                return name
+        return None
+
+    return check
+
+
+def export_options(extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
+    """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
+    still has) and feature order, so an export gives the source back, record for record."""
+    info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
+    options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
+    for key in ("feature_lists", "empty_as_null", "shape_features"):
+        names = [name for name in info.get(key) or () if name in schema]
+        if names:
+            options[key] = names
+    for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
+        if info.get(key):
+            options[key] = list(info[key])
+    if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
+        options["feature_orders"] = dict(info["feature_orders"])
+    return options

@@ -34,8 +34,8 @@ from unihub.schema.arrow_numpy import string_array, to_numpy
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.image_checks import ValidateImages
 from unihub.schema.npy import load_npy_column
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import UnischemaField
-from unihub.schema.validation import shape_matches
 
 #: integer text as an int64 field writes it back (no sign but a minus, no leading zero or space, no
 #: newline: '-0', '007', '+3' and '3\n' keep their spelling, row by row), short enough for float64 too

@@ -31,8 +31,8 @@ from unihub.schema import image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.schema.image_checks import ValidateImages
 from unihub.schema.npy import load_npy, parse_header
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import UnischemaField
-from unihub.schema.validation import shape_matches
 
 IMAGE_EXTENSIONS = {"png": "png", "jpg": "jpeg", "jpeg": "jpeg"}
 INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id", "idx"})

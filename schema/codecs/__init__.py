@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, CodecTypeError, SchemaError
+from unihub.images import decoders as images
+from unihub.images.decoders import leading_bytes
 from unihub.registry import Registry
 from unihub.schema import dtypes, npy
 from unihub.schema.arrow_numpy import (
@@ -44,7 +46,8 @@ from unihub.schema.arrow_numpy import (
     view_records,
     without_validity,
 )
-from unihub.schema.validation import fixed_dims, shape_matches
+from unihub.schema.shapes import fixed_dims, shape_matches
+from unihub.schema.spark_types import arrow_to_spark_type, spark_to_arrow_type
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField
@@ -163,8 +166,6 @@ class Codec(ABC):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """The pyspark type of the stored column (imports pyspark)."""
-        from unihub.schema.spark_types import arrow_to_spark_type
-
         if field is None:
             raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
         return arrow_to_spark_type(self.arrow_type(field))
@@ -229,8 +230,6 @@ class ScalarCodec(Codec):
         if isinstance(spec, pa.DataType):
             self._arrow_type = spec
         elif type_is_spark(spec):
-            from unihub.schema.spark_types import spark_to_arrow_type
-
             self._arrow_type = spark_to_arrow_type(spec)
             self._spark_repr = repr(spec)  # Petastorm's str(): ScalarCodec(FloatType())
         else:
@@ -244,8 +243,6 @@ class ScalarCodec(Codec):
         return self._arrow_type
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
-        from unihub.schema.spark_types import arrow_to_spark_type
-
         return arrow_to_spark_type(self._arrow_type)
 
     def encode(self, field: UnischemaField, value: Any) -> Any:
@@ -478,8 +475,6 @@ class TensorCodec(Codec):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """Spark has no tensor type: fixed shapes are stored as flat arrays."""
-        from unihub.schema.spark_types import arrow_to_spark_type
-
         if field is None:
             raise SchemaError("TensorCodec.spark_dtype needs the field")
         arrow_type = self.arrow_type(field)
@@ -563,8 +558,6 @@ def _has_none(values: Sequence[Any]) -> bool:
 
 
 def _as_array(field: UnischemaField, value: Any, row: int) -> np.ndarray:
-    from unihub.schema.validation import shape_matches
-
     array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=field.dtype)
     if array.dtype != field.dtype:
         raise CodecError(f"field {field.name!r}, row {row}: expected dtype {field.dtype}, found {array.dtype}",
@@ -669,8 +662,6 @@ def _is_list_of_lists(arrow_type: pa.DataType) -> bool:
 
 def _decode_nested_lists(field: UnischemaField, storage: pa.Array) -> np.ndarray:
     """Nested lists (as Spark writes ``array<array<T>>``) whose rows vary in more than one dim."""
-    from unihub.schema.validation import shape_matches
-
     rows: list[Any] = []
     for i, value in enumerate(storage.to_pylist()):
         if value is None:
@@ -727,7 +718,6 @@ def _not_images(array: pa.BinaryArray) -> np.ndarray:
     offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset:array.offset + n + 1]
     data = array.buffers()[2]
     body = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    from unihub.images.decoders import leading_bytes
 
     starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
     heads = leading_bytes(body, starts, lengths, 8)
@@ -759,8 +749,6 @@ class CompressedImageCodec(Codec):
         return pa.binary()
 
     def encode(self, field: UnischemaField, value: Any) -> bytes:
-        from unihub.images import decoders as images
-
         if isinstance(value, (bytes, bytearray, memoryview)):
             if images.detect_format(value) is None:
                 raise CodecError(f"field {field.name!r}: {len(value)} bytes are neither PNG nor JPEG",
@@ -776,8 +764,6 @@ class CompressedImageCodec(Codec):
         return images.encode_image(array, self.image_codec, self.quality)
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
-        from unihub.images import decoders as images
-
         return images.decode_image(value)
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
@@ -810,8 +796,6 @@ class CompressedImageCodec(Codec):
         decodes a stored column: the column's views, or the bytes a shuffling queue held. A fixed-shape
         column is decoded into ``into`` where given, when it is the ``(n, *shape)`` array of the
         field's dtype that the column would be (a torch worker's shared memory)."""
-        from unihub.images import decoders as images
-
         n = len(blobs)
         fixed = field.is_fixed_shape and n > 0 and not any(blob is None for blob in blobs)
         if fixed and into is not None and into.shape == (n, *fixed_dims(field.shape)) and \
@@ -847,8 +831,6 @@ class CompressedImageCodec(Codec):
 def image_pixels_allowed(field: UnischemaField) -> bool:
     """Whether a fixed-shape image field's images are within ``images.MAX_IMAGE_PIXELS`` (a loader
     that allocates their memory ahead of decoding asks first)."""
-    from unihub.images import decoders as images
-
     height, width = _height_width(field)
     return images.MAX_IMAGE_PIXELS is None or height * width <= images.MAX_IMAGE_PIXELS
 
@@ -859,8 +841,6 @@ def _height_width(field: UnischemaField) -> tuple[int, int]:
 
 
 def _refuse_too_many_pixels(field: UnischemaField) -> None:
-    from unihub.images import decoders as images
-
     if not image_pixels_allowed(field):
         height, width = _height_width(field)
         raise images.ImageDecodeError(
@@ -872,8 +852,6 @@ def _refuse_too_many_pixels(field: UnischemaField) -> None:
 def _image_column(field: UnischemaField, n: int) -> np.ndarray:
     """The ``(n, *shape)`` array a fixed-shape image column decodes into, refused (ImageDecodeError)
     when the field's images are above ``images.MAX_IMAGE_PIXELS`` or the column does not fit in memory."""
-    from unihub.images import decoders as images
-
     _refuse_too_many_pixels(field)
     try:
         return arrow_backed_empty((n, *fixed_dims(field.shape)), field.dtype)
