@@ -37,13 +37,13 @@ from unihub.schema.dtypes import numpy_to_arrow_type
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store.dataset import (
     COMMON_METADATA,
-    _check_files_agree,
-    _list_data_files,
-    _partition_of,
-    _read_footers,
-    _read_metadata,
-    _resolve_schema,
+    check_files_agree,
+    list_data_files,
+    partition_of,
     partition_value,
+    read_footers,
+    read_metadata,
+    resolve_schema,
 )
 from unihub.store.metadata_files import petastorm_metadata, replace_common_metadata, write_summary_metadata
 
@@ -84,15 +84,15 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     if not fsutil.is_dir(fs, root):
         raise DatasetNotFoundError(f"{url}: no such directory (add_schema writes into a dataset directory)")
-    paths = sorted(_list_data_files(fs, root))
+    paths = sorted(list_data_files(fs, root))
     if not paths:
         raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files")
-    footers = _read_footers(fs, paths)
+    footers = read_footers(fs, paths)
     file_schema = footers[0].schema.to_arrow_schema()
-    _check_files_agree(paths, footers, file_schema)
-    partitions = [_partition_of(root, p) for p in paths]
+    check_files_agree(paths, footers, file_schema)
+    partitions = [partition_of(root, p) for p in paths]
     common_path = fsutil.join(root, COMMON_METADATA)
-    common = dict(_read_metadata(fs, common_path).metadata or {}) if fsutil.exists(fs, common_path) else {}
+    common = dict(read_metadata(fs, common_path).metadata or {}) if fsutil.exists(fs, common_path) else {}
 
     given = schema if schema is not None else unischema_class
     origin: SchemaOrigin
@@ -102,7 +102,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         stored = dict(common)
         for key, value in (footers[0].metadata or {}).items():
             stored.setdefault(key, value)
-        chosen, origin = _resolve_schema(stored, file_schema, partitions, url)
+        chosen, origin = resolve_schema(stored, file_schema, partitions, url)
     check_schema_matches(chosen, file_schema, partitions, url)
     if petastorm_compatible is None:
         petastorm_compatible = PETASTORM_UNISCHEMA_KEY in common
@@ -114,7 +114,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         metadata.pop(PETASTORM_UNISCHEMA_KEY, None)  # it would contradict the new schema
     replace_common_metadata(fs, root, file_schema.with_metadata(metadata))
     if use_summary_metadata:
-        write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
+        write_summary_metadata(fs, root, paths, read_metadata(fs, paths[0]))
     return AddSchemaResult(url, chosen, origin, petastorm_compatible)
 
 

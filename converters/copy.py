@@ -38,7 +38,7 @@ from unihub.fs.outputs import names_output_errors
 from unihub.petastorm.pickling import check_petastorm_compatible
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.unischema import Unischema, select_unischema_fields
-from unihub.store.dataset import ParquetStore, _list_data_files, open_dataset
+from unihub.store.dataset import ParquetStore, list_data_files, open_dataset
 from unihub.store.ownership import check_replaceable
 from unihub.store.writer import finish_parts, write_parts
 
@@ -249,7 +249,7 @@ def _run_on_spark(spark: Any, master: str, plan: _Plan, ranges: list[tuple[int, 
 def _finish(plan: _Plan, petastorm_compatible: bool, extra: dict[str, Any]) -> int:
     """``_common_metadata`` (and an empty part file when no row was kept); returns the data files."""
     fs = plan.filesystem
-    empty = not _list_data_files(fs, plan.temporary)
+    empty = not list_data_files(fs, plan.temporary)
     finish_parts(fs, plan.temporary, plan.schema, extra_metadata=extra or None, partition_by=plan.partition_by,
                  empty=empty, empty_part=part_name(0).format(0), petastorm_compatible=petastorm_compatible)
-    return len(_list_data_files(fs, plan.temporary))
+    return len(list_data_files(fs, plan.temporary))

@@ -27,7 +27,7 @@ from unihub.images import decoders as images
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
-from unihub.store.dataset import _list_data_files
+from unihub.store.dataset import list_data_files
 from unihub.store.ownership import check_replaceable
 from unihub.store.writer import check_part_size, finish_parts
 
@@ -149,7 +149,7 @@ def _url_of(dst: str, staging: str) -> str:
 
 def _drop_strays(fs: Any, staging: str, parts: set[str]) -> None:
     """Remove data files no task reported (what a failed attempt of a Spark task left beside the retry's)."""
-    for path in _list_data_files(fs, staging):
+    for path in list_data_files(fs, staging):
         if path not in parts:
             fsutil.remove(fs, path)
 

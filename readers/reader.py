@@ -41,7 +41,7 @@ from unihub.errors import (
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
-from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, _evaluate_expression, filters_to_expression
+from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, evaluate_expression, filters_to_expression
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.rowgroup_index import apply_rowgroup_selector
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
@@ -205,7 +205,7 @@ class Reader:
             if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
                 table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
 
-                keep = bool(_evaluate_expression(table, expression)[0].as_py())
+                keep = bool(evaluate_expression(table, expression)[0].as_py())
             by_partition[rg.partition] = keep
         return [g for g in groups if by_partition[store.row_groups[g].partition]]
 
@@ -768,7 +768,7 @@ def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) ->
         predicate_fields(predicate) <= set(store.partition_names)
 
 
-def _resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
+def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
     """The fields to read (and the NGram, if ``schema_fields`` is one).
 
     As Petastorm's readers: names and regexes that match no field are left out (here with a warning
@@ -876,7 +876,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    fields, ngram = _resolve_fields(store.schema, schema_fields, store.url)
+    fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))

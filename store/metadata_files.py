@@ -31,7 +31,7 @@ from unihub.fs import filesystem as fsutil
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.unischema import Unischema
-from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_footers, _read_metadata
+from unihub.store.dataset import COMMON_METADATA, list_data_files, read_footers, read_metadata
 
 #: The summary file Spark and Hadoop tools read: every data file's row groups in one footer.
 SUMMARY_METADATA = "_metadata"
@@ -40,8 +40,8 @@ PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
 
 def row_groups_per_file(fs: pafs.FileSystem, root: str, paths: Sequence[str] | None = None) -> dict[str, int]:
     """``{path relative to root: number of row groups}`` of every data file under ``root``."""
-    paths = sorted(_list_data_files(fs, root)) if paths is None else list(paths)
-    footers = _read_footers(fs, paths)
+    paths = sorted(list_data_files(fs, root)) if paths is None else list(paths)
+    footers = read_footers(fs, paths)
     return {path[len(root):].lstrip("/"): footer.num_row_groups for path, footer in zip(paths, footers)}
 
 
@@ -70,7 +70,7 @@ def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Sch
 def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) -> None:
     """Add Petastorm's entries to the ``_common_metadata`` a unihub writer left in ``root``."""
     entries = petastorm_metadata(schema, fs, root)
-    common = _read_metadata(fs, fsutil.join(root, COMMON_METADATA)).schema.to_arrow_schema()
+    common = read_metadata(fs, fsutil.join(root, COMMON_METADATA)).schema.to_arrow_schema()
     replace_common_metadata(fs, root, common.with_metadata({**(common.metadata or {}), **entries}))
 
 
@@ -79,7 +79,7 @@ def write_summary_metadata(fs: Any, root: str, paths: list[str], first: pq.FileM
     combined = first
     combined.set_file_path(paths[0][len(root):].lstrip("/"))
     for path in paths[1:]:
-        footer = _read_metadata(fs, path)
+        footer = read_metadata(fs, path)
         footer.set_file_path(path[len(root):].lstrip("/"))
         try:
             combined.append_row_groups(footer)

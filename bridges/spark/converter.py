@@ -44,14 +44,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
-from unihub.bridges.spark.writer import _normalize_url
+from unihub.bridges.spark.writer import normalize_url
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish
 from unihub.readers.reader import make_batch_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
-from unihub.store.dataset import _list_data_files, open_dataset
+from unihub.store.dataset import list_data_files, open_dataset
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
 
 def _converter_over(url: str) -> SparkDatasetConverter:
     """A converter over Parquet files the caller wrote: counted from the footers, no Spark job."""
-    url = _normalize_url(url)  # Hadoop's 'file:/x'
+    url = normalize_url(url)  # Hadoop's 'file:/x'
     store = open_dataset(url)  # a DatasetNotFoundError names a missing or empty directory
     converter = SparkDatasetConverter(url, _as_urls(url, store.path, (f.path for f in store.files)), store.num_rows)
     converter.owns_files = False
@@ -255,7 +255,7 @@ def _parent_cache_dir_url(spark: Any) -> str:
         raise ConverterConfigError(
             f"the Spark converter needs a cache directory: set the Spark conf {keys[0]!r} (or {keys[1]!r}), "
             f"e.g. spark.conf.set({keys[0]!r}, 'file:///tmp/unihub-cache')")
-    url = _normalize_url(url)
+    url = normalize_url(url)
     if not urlparse(url).scheme or "://" not in url:
         raise ConverterConfigError(f"{keys[0]} must be a URL such as 'file:///tmp/cache' or 's3a://bucket/cache', "
                                    f"got {url!r}")
@@ -366,7 +366,7 @@ def _read_marker(url: str) -> dict[str, Any] | None:
 def _file_urls(url: str) -> list[str]:
     """The Parquet data files of a cache directory, as URLs with the directory's scheme."""
     fs, path = fsutil.resolve_filesystem(url)
-    return _as_urls(url, path, _list_data_files(fs, path))
+    return _as_urls(url, path, list_data_files(fs, path))
 
 
 def _as_urls(url: str, root: str, paths: Iterable[str]) -> list[str]:

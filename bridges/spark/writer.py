@@ -29,7 +29,7 @@ from unihub.fs import filesystem as fsutil
 from unihub.petastorm.pickling import check_petastorm_compatible
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
 from unihub.schema.validation import stored_as_text
-from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_metadata
+from unihub.store.dataset import COMMON_METADATA, list_data_files, read_metadata
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
 from unihub.store.metadata_files import petastorm_metadata, write_summary_metadata
 
@@ -278,7 +278,7 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
             else:
                 spark.conf.set(key, value)
     filesystem = filesystem_factory() if filesystem_factory is not None else None
-    write_common_metadata(_normalize_url(dataset_url), schema, filesystem=filesystem,
+    write_common_metadata(normalize_url(dataset_url), schema, filesystem=filesystem,
                           summary=use_summary_metadata, petastorm_compatible=petastorm_compatible)
 
 
@@ -290,7 +290,7 @@ def _hadoop_conf(spark: Any) -> Any:
         return None
 
 
-def _normalize_url(url: str) -> str:
+def normalize_url(url: str) -> str:
     """``file:/x`` (Hadoop's spelling) -> ``file:///x``."""
     url = str(url)
     if url.startswith("file:") and not url.startswith("file://"):
@@ -305,13 +305,13 @@ def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: An
     With ``summary``, also ``_metadata``: the same schema and every data file's row groups.
     With ``petastorm_compatible``, also Petastorm's pickled Unischema and row groups per file.
     """
-    fs, root = fsutil.resolve_filesystem(_normalize_url(dataset_url), filesystem)
+    fs, root = fsutil.resolve_filesystem(normalize_url(dataset_url), filesystem)
     if not fsutil.is_dir(fs, root):
         raise SchemaError(f"{dataset_url}: no such directory; did the Spark job write to another URL?")
-    paths = sorted(_list_data_files(fs, root))
+    paths = sorted(list_data_files(fs, root))
     if not paths:
         raise SchemaError(f"{dataset_url}: the Spark job wrote no Parquet files; nothing to describe")
-    first = _read_metadata(fs, paths[0])
+    first = read_metadata(fs, paths[0])
     arrow_schema = first.schema.to_arrow_schema()
     metadata = dict(arrow_schema.metadata or {})
     metadata[SCHEMA_METADATA_KEY] = schema.to_json().encode()

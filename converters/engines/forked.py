@@ -21,7 +21,7 @@ class ForkedEngine(Engine):
     def run(self, plan: TaskPlan, files: list[str], *, source: ForeignFormat | None = None,
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         import unihub.formats.builtin  # noqa: F401  (imported once here, not in every forked worker)
-        import unihub.store.writer  # noqa: F401
+        import unihub.store.writer  # noqa: F401  (as above: once here, not in every forked worker)
 
         slices = file_slices(files, self.workers * 4)
         pool = process_pool(self.workers)

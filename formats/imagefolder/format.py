@@ -203,6 +203,23 @@ class ImageFolderFormat(ForeignFormat):
         hits = sum(images.detect_format(_head(f, 8)) is not None for f in sample[:_DETECT_SAMPLE])
         return hits > 0 and 2 * hits >= min(len(sample), _DETECT_SAMPLE)
 
+    @classmethod
+    def of_files(cls, root: str, classes: tuple[str, ...] | None, files: Sequence[str],
+                 **options: Any) -> ImageFolderFormat:
+        """The folder ``root`` reading just ``files`` (paths from its listing: a conversion task's slice),
+        labelled by the whole root's ``classes`` (None: the flat layout), without listing the folder again."""
+        source = cls(root, **options)
+        prefix = os.path.join(root, "")
+        label_of = {name: i for i, name in enumerate(classes or ())}
+        entries = []
+        for path in files:
+            # the files come from the source's listing (root + relative path); relpath is slow
+            rel = (path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)).replace(os.sep, "/")
+            label = None if classes is None else label_of[rel.split("/", 1)[0]]
+            entries.append(_Entry(rel, label))
+        source.__dict__["_listing"] = _Listing(classes, tuple(entries), ())
+        return source
+
     def files(self) -> list[str]:
         """Every candidate file (images and any others, not hidden; regular files only), in reading order."""
         return [os.path.join(self.root, e.path) for e in self._listing.entries if e.status == "file"]
