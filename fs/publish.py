@@ -1,4 +1,7 @@
-"""Publishing a dataset on an object store (no rename there): parts first, one manifest written last.
+"""Putting a written output in place: :func:`commit` (and :func:`settle`, after a killed run) renames it
+on a local disk (:mod:`unihub.fs.atomic`) and publishes it on an object store, as below.
+
+Publishing a dataset on an object store (no rename there): parts first, one manifest written last.
 
 Layout of a dataset ``DST`` that unihub wrote on S3, GCS or any filesystem that is not this machine's::
 

@@ -81,7 +81,7 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
 
 
 def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import unihub.store.writer as writer
+    import unihub.converters.tasks as tasks
 
     src = _tfrecord(tmp_path / "in.tfrecord", 2000)  # many more batches than the read-ahead holds
 
@@ -89,7 +89,7 @@ def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pyte
         next(iter(rows))
         raise RuntimeError("writer broke")
 
-    monkeypatch.setattr(writer, "write_parts", broken)  # what every conversion task writes with
+    monkeypatch.setattr(tasks, "write_parts", broken)  # what every conversion task writes with
     monkeypatch.setattr(tfr, "PROVISIONAL_SAMPLE", 10)
     monkeypatch.setattr(tfr.TFRecordFormat, "provisional_schema", lambda self: None)  # the direct path
     with pytest.raises(RuntimeError, match="writer broke") as caught:  # the traceback keeps convert's frame

@@ -433,7 +433,7 @@ def test_each_torch_worker_reads_with_its_share_of_the_cores(url, monkeypatch):
         chosen.append(kwargs.get("workers_count"))
         return real(url, **kwargs)
 
-    monkeypatch.setattr(reader_module, "make_batch_reader", recording)
+    monkeypatch.setattr(tp, "make_batch_reader", recording)  # the name the bridge calls
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=1, num_workers=3))
     for kwargs in ({}, {"workers_count": 5}):
         ds = tp.TorchIterableDataset(url, batch_size=8, seed=0, schema_fields=["id"], **kwargs)
