@@ -127,7 +127,6 @@ class Reader:
         self._groups = self._select_row_groups(None if self._predicate_error else predicate, expression,
                                                filter_columns)
         if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
-
             self._groups = apply_rowgroup_selector(store, rowgroup_selector, self._groups)
         if not self._groups:  # Petastorm's warning: an empty reader is not an error, but never a silent one
             warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
