@@ -29,10 +29,12 @@ if "pyarrow" not in _sys.modules and not _os.environ.get("UNIHUB_KEEP_ARROW_MEMO
     _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 from unihub.bridges.spark.writer import dict_to_spark_row, materialize_dataset
+from unihub.bridges.throughput import reader_throughput
 from unihub.caching import CachedDataset, cacheable
 from unihub.converters.add_schema import add_schema, generate_petastorm_metadata
-from unihub.converters.convert import ConvertResult, convert
+from unihub.converters.convert import convert
 from unihub.converters.copy import copy_dataset
+from unihub.converters.result import ConvertResult
 from unihub.converters.verify import verify
 from unihub.errors import (
     CacheError,
@@ -84,7 +86,6 @@ from unihub.readers.selectors import (
     SingleIndexSelector,
     UnionIndexSelector,
 )
-from unihub.readers.throughput import reader_throughput
 from unihub.readers.transform import TransformSpec
 from unihub.readers.weighted import WeightedSamplingReader
 from unihub.runtime.progress import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled

@@ -43,7 +43,7 @@ CASES = ("torch", "shuffled", "batched", "tf")
 
 
 def torch_rows(url: str, shuffling_queue_capacity: int = 0) -> int:
-    from unihub.bridges.torch.loaders import DataLoader
+    from unihub.bridges.torch import DataLoader
 
     rows = 0
     with DataLoader(make_reader(url, schema_fields=FIELDS, workers_count=2), batch_size=64,
@@ -54,7 +54,7 @@ def torch_rows(url: str, shuffling_queue_capacity: int = 0) -> int:
 
 
 def batched_rows(url: str) -> int:
-    from unihub.bridges.torch.loaders import BatchedDataLoader
+    from unihub.bridges.torch import BatchedDataLoader
 
     rows = 0
     with BatchedDataLoader(make_batch_reader(url, workers_count=2), batch_size=1024) as loader:

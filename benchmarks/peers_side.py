@@ -169,7 +169,7 @@ def _torch_batch(images: np.ndarray, labels: Any, vecs: Any) -> Batch:
 def _unihub_loader(job: dict[str, Any], batched: bool) -> Iterator[Batch]:
     """unihub's ``BatchedDataLoader(make_batch_reader)`` or its row ``DataLoader(make_reader)``."""
     from unihub import make_batch_reader, make_reader
-    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
+    from unihub.bridges.torch import BatchedDataLoader, DataLoader
 
     shuffle = job["shuffle"]
     make, loader_class = (make_batch_reader, BatchedDataLoader) if batched else (make_reader, DataLoader)

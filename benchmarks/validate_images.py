@@ -6,7 +6,7 @@ chelsea, coffee, rocket, motorcycle, hubble, retina, ...), at ImageNet's typical
 photographs, not of noise. Point ``--photos`` at that folder (``pip download scikit-image --no-deps``,
 unzip ``skimage/data/*``) or at any folder of PNG/JPEG photographs.
 
-Reports, per image: the CPU time of the check alone (:func:`unihub.images.checks.image_problem`
+Reports, per image: the CPU time of the check alone (:func:`unihub.schema.image_checks.image_problem`
 in each mode) and of a whole conversion of the folder (``convert(validate_images=...)``, process CPU
 time, the median of ``--repeat`` runs).
 
@@ -54,8 +54,8 @@ def make_jpegs(photos: Path, root: Path, count: int, seed: int = 0) -> list[byte
 
 def check_cost(blobs: list[bytes], mode: str) -> float:
     """CPU seconds per image of :func:`image_problem` in ``mode``."""
-    from unihub.images.checks import image_problem
     from unihub.schema.codecs import CompressedImageCodec
+    from unihub.schema.image_checks import image_problem
     from unihub.schema.unischema import UnischemaField
 
     field = UnischemaField("image", np.uint8, (None, None, 3), CompressedImageCodec("jpeg"), False)

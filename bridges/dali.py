@@ -34,7 +34,12 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
+from unihub.images import decoders as images
+from unihub.readers.random_access import Dataset
+from unihub.readers.reader import make_batch_reader
+from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import UnischemaField
+from unihub.store.dataset import open_dataset
 
 if TYPE_CHECKING:
     from nvidia.dali.pipeline import Pipeline
@@ -54,8 +59,6 @@ def _dali(purpose: str) -> Any:
 
 def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
     """DALI takes numeric tensors: refuse strings, decimals and object columns up front."""
-    from unihub.schema.codecs import CompressedImageCodec
-
     for f in fields:
         if f.name == image_field:
             if not isinstance(f.codec, CompressedImageCodec):
@@ -79,8 +82,6 @@ def _check_image(value: Any, name: str) -> None:
     """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
     read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
     the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data."""
-    from unihub.images import decoders as images
-
     size = images.image_size(value) if value is not None else None
     if size is None:
         raise images.ImageDecodeError(f"field {name!r}: not a readable PNG or JPEG header, DALI would not decode it "
@@ -138,9 +139,6 @@ class DaliBatchSource:
                  shard_remainder: ShardRemainder = "pad", shuffle: bool = False, seed: int | None = 0,
                  workers_count: int | None = None, storage_options: dict[str, Any] | None = None,
                  start_offset: int = 0) -> None:
-        from unihub.readers.reader import make_batch_reader
-        from unihub.schema.codecs import CompressedImageCodec
-
         _check_batch(batch_size, last_batch)
         _check_shard(shard_id, num_shards)
         self.batch_size = batch_size
@@ -298,9 +296,6 @@ class DaliSampleSource:
     def dataset(self) -> Any:
         """The random-access dataset, opened on first use in this process."""
         if self._dataset is None:
-            from unihub.readers.random_access import Dataset
-            from unihub.schema.codecs import CompressedImageCodec
-
             self._dataset = Dataset(self.url, list(self.fields), decode_images=False,
                                     storage_options=self.storage_options)
             if self.image_fields is None:
@@ -419,8 +414,6 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
 
 
 def _check_schema(url: Any, fields: Sequence[str], image_field: str, storage_options: dict[str, Any] | None) -> None:
-    from unihub.store.dataset import open_dataset
-
     store = open_dataset(os.fspath(url) if isinstance(url, os.PathLike) else url, storage_options=storage_options)
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:

@@ -30,6 +30,7 @@ from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, tr
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
 from unihub.errors import CacheTimeoutError, InvalidArgumentError
+from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.runtime.progress import is_progress_bar_enabled
@@ -57,8 +58,6 @@ class CachedDataset:
 
     def take(self, indices: Sequence[int]) -> Any:
         """Rows ``indices`` (global, in the order given) as a batch namedtuple of column arrays."""
-        from unihub.readers.random_access import Dataset
-
         return Dataset(self.url, **{k: v for k, v in self._options().items() if v is not None}).take(indices)
 
     def stream(self, start_offset: int = 0, *, shuffle: bool = False, seed: int | None = None,

@@ -29,13 +29,29 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from unihub.bridges.throughput import ReadMethod, WorkerPoolType, reader_throughput
 from unihub.cli.cache import add_cache_commands
 from unihub.cli.completion import add_completion_command, autocomplete
+from unihub.cli.main_job import run
 from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.converters.add_schema import add_schema
+from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
+from unihub.converters.copy import copy_dataset
+from unihub.converters.engines import spark
+from unihub.converters.engines.spark import parse_stall_timeout
+from unihub.converters.meter import ProgressMeter
+from unihub.converters.result import UNIHUB
+from unihub.converters.verify import verify
 from unihub.errors import SchemaMismatchError, UnihubError
+from unihub.formats.base import FORMATS, parse_options
+from unihub.fs import sources
+from unihub.fs.outputs import DISK_ERRORS, output_error, path_of
 from unihub.runtime import interrupts
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.runtime.progress import Display, open_display, should_show
+from unihub.schema.image_checks import VALIDATE_IMAGES
 from unihub.version import package_version
+from unihub.viewer import DEFAULT_REPORT, show
 from unihub.viewer.describe import describe_dataset, format_description
 
 
@@ -48,13 +64,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from unihub.viewer import DEFAULT_REPORT, show
-
     out = args.out or DEFAULT_REPORT
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):  # before the pass over the dataset, not after
         raise UnihubError(f"cannot write {out}: {folder} is not a directory")
-    from unihub.runtime.progress import Display, open_display, should_show
 
     display: Display | None = None
     state = (0, 0, "")
@@ -86,8 +99,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from unihub.cli.main_job import run
-
     run(args.path, rows=args.rows, steps=args.steps, say=lambda line: print(line, flush=True))
     return 0
 
@@ -110,8 +121,6 @@ def _format_options(args: argparse.Namespace, *, verifying: bool = False) -> dic
     options, or for an export (and for verify, the foreign side's) the target's."""
     if not args.option:
         return {}
-    from unihub.converters.convert import UNIHUB, resolve_source_format, resolve_target_format
-    from unihub.formats.base import FORMATS, parse_options
 
     source = resolve_source_format(args.src, args.from_format)
     if verifying:
@@ -133,8 +142,6 @@ def _with_follow_links(options: dict[str, Any], follow: bool) -> dict[str, Any]:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from unihub.fs import sources
-
     with sources.using(storage_options_of(args)):
         return _cmd_convert(args)
 
@@ -146,7 +153,6 @@ def _spark_console(args: argparse.Namespace) -> Iterator[None]:
     if args.engine != "spark":
         yield
         return
-    from unihub.converters.engines import spark
 
     previous = os.environ.get(spark.STALL_TIMEOUT_ENV)
     if args.spark_stall_timeout is not None:
@@ -168,8 +174,6 @@ def _spark_console(args: argparse.Namespace) -> Iterator[None]:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from unihub.converters.convert import convert
-
     with _spark_console(args):
         result = convert(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                          schema=args.schema, overwrite=args.overwrite,
@@ -187,9 +191,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from unihub.converters.verify import verify
-    from unihub.fs import sources
-
     with sources.using(storage_options_of(args)):
         report = verify(args.src, args.dst, from_format=args.from_format, to_format=args.to_format,
                         max_differences=args.max_differences, options=_format_options(args, verifying=True),
@@ -199,9 +200,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from unihub.converters.copy import copy_dataset
-    from unihub.converters.meter import ProgressMeter
-
     meter = ProgressMeter(enabled=False if args.quiet else None)
 
     def progress(rows: int, total: int) -> None:
@@ -222,8 +220,6 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
 
 def cmd_add_schema(args: argparse.Namespace) -> int:
-    from unihub.converters.add_schema import add_schema
-
     unischema_class = args.unischema_class
     if unischema_class is not None and "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # 'module.attr' in the current directory, as with python -m
@@ -234,8 +230,6 @@ def cmd_add_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    from unihub.readers.throughput import reader_throughput
-
     if not args.quiet:
         fields = " ".join(args.field_regex) if args.field_regex else "all fields"
         print(f"reading {args.url} ({fields}) with {args.workers_count} {args.pool_type} worker(s), "
@@ -308,8 +302,6 @@ def _add_tool_parsers(sub: Any) -> None:
                      help="also write _metadata with every file's row groups")
     add.set_defaults(func=cmd_add_schema)
 
-    from unihub.readers.throughput import ReadMethod, WorkerPoolType
-
     bench = sub.add_parser("throughput", help="measure a reader's rows per second (petastorm-throughput.py)",
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            description="Read URL with make_reader (num_epochs=None) and time one row per cycle "
@@ -371,16 +363,14 @@ def _add_show_parser(sub: Any) -> None:
 
 
 def _format_names() -> list[str]:
-    import unihub.formats.builtin  # noqa: F401
-    from unihub.formats.base import FORMATS
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     return ["unihub", "parquet", *FORMATS.names()]
 
 
 def _options_help() -> str:
     """Every format's options, for ``unihub convert --help``."""
-    import unihub.formats.builtin  # noqa: F401
-    from unihub.formats.base import FORMATS
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     lines = ["format options (--option KEY=VALUE, repeatable; reading options when the format is the source,",
              "writing options when it is the target):"]
@@ -450,7 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     formats = _format_names()
-    from unihub.images.checks import VALIDATE_IMAGES
 
     convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
                              "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
@@ -556,8 +545,6 @@ def _add_engine_options(command: argparse.ArgumentParser, engine_help: str) -> N
 
 def _stall_seconds(text: str) -> str:
     """``--spark-stall-timeout``, checked as the engine checks ``UNIHUB_SPARK_STALL_TIMEOUT``."""
-    from unihub.converters.engines.spark import parse_stall_timeout
-
     try:
         parse_stall_timeout(text, "--spark-stall-timeout")
     except UnihubError as exc:
@@ -640,8 +627,6 @@ _WRITES = {"convert": "dst", "copy": "dst", "add-schema": "url", "demo": "path",
 def _os_error_line(exc: OSError, args: argparse.Namespace) -> str:
     """One line for an OSError: as :func:`~unihub.fs.outputs.output_error` words it when it is
     the command's destination that could not be written, else the path and the reason."""
-    from unihub.fs.outputs import DISK_ERRORS, output_error, path_of
-
     target = getattr(args, _WRITES.get(args.command, ""), None)
     named = output_error(exc, target) if target else None
     if named is not None:

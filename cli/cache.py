@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from unihub.caching.store import list_caches, remove_cache
 from unihub.cli.storage import add_storage_option, storage_options_of
 from unihub.viewer.describe import local_time
 
@@ -42,8 +43,6 @@ def add_cache_commands(sub: Any) -> None:
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
-    from unihub.caching.store import list_caches
-
     caches = list_caches(args.url, storage_options=storage_options_of(args))
     if args.json:
         print(json.dumps([asdict(c) for c in caches], indent=2))
@@ -56,8 +55,6 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_rm(args: argparse.Namespace) -> int:
-    from unihub.caching.store import remove_cache
-
     for version in remove_cache(args.url, args.dataset_id, args.version,
                                 storage_options=storage_options_of(args)):
         print(f"removed {args.url.rstrip('/')}/{args.dataset_id}/{version}")

@@ -25,10 +25,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
 from unihub.cli.demo import make_image, write_demo_dataset
+from unihub.converters.convert import convert
+from unihub.dependencies import is_available
+from unihub.formats.imagefolder.format import ImageFolderFormat
+from unihub.formats.tfrecord.format import TFRecordFormat
 from unihub.images.decoders import encode_image
+from unihub.readers.reader import make_batch_reader, make_reader
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.viewer.describe import describe_dataset, format_description
 
 CLASSES = [f"class_{k}" for k in range(10)]
 
@@ -61,9 +68,6 @@ def _source_batches(rows: int, fmt: str, seed: int, batch: int = 256) -> Iterato
 
 def write_sources(root: str, rows: int) -> tuple[str, str]:
     """TFRecord shards and an image folder of ``rows`` rows each; returns their paths."""
-    from unihub.formats.imagefolder.format import ImageFolderFormat
-    from unihub.formats.tfrecord.format import TFRecordFormat
-
     tfrecords = os.path.join(root, "sources", "tfrecord")
     folder = os.path.join(root, "sources", "images")
     TFRecordFormat.write(tfrecords, SourceSchema, _source_batches(rows, "jpeg", seed=1),
@@ -79,9 +83,6 @@ def train_a_few_steps(url: str, steps: int, say: Callable[[str], None]) -> None:
     """A tiny conv net on the image dataset, fed by unihub's PyTorch DataLoader (shuffled)."""
     import torch
     from torch import nn
-
-    from unihub.bridges.torch.loaders import DataLoader
-    from unihub.readers.reader import make_reader
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 5, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
@@ -110,10 +111,6 @@ def train_a_few_steps(url: str, steps: int, say: Callable[[str], None]) -> None:
 
 def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], None] = print) -> None:
     """Every step of the main job under ``root`` (replaced); ``say`` gets each report line."""
-    from unihub.converters.convert import convert
-    from unihub.dependencies import is_available
-    from unihub.viewer.describe import describe_dataset, format_description
-
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
 
@@ -139,9 +136,6 @@ def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], No
         say("PyTorch is not installed: pip install 'unihub[torch]' to read with the PyTorch loaders")
         return
     import torch  # noqa: F401  (imported before the timings, as a training script has it)
-
-    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
-    from unihub.readers.reader import make_batch_reader, make_reader
 
     def read_rows() -> int:
         with DataLoader(make_reader(datasets["images"]), batch_size=64) as loader:

@@ -27,23 +27,25 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from unihub.converters.convert import load_schema
 from unihub.errors import DatasetNotFoundError, SchemaError, SchemaMismatchError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import remote
-from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
+from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.schema.codecs import TensorCodec, parquet_tensor_type
 from unihub.schema.dtypes import numpy_to_arrow_type
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store.dataset import (
     COMMON_METADATA,
-    _check_files_agree,
-    _list_data_files,
-    _partition_of,
-    _read_footers,
-    _read_metadata,
-    _resolve_schema,
+    check_files_agree,
+    list_data_files,
+    partition_of,
     partition_value,
+    read_footers,
+    read_metadata,
+    resolve_schema,
 )
+from unihub.store.metadata_files import petastorm_metadata, replace_common_metadata, write_summary_metadata
 
 SchemaOrigin = Literal["given", "unihub", "petastorm", "inferred"]
 
@@ -82,15 +84,15 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     if not fsutil.is_dir(fs, root):
         raise DatasetNotFoundError(f"{url}: no such directory (add_schema writes into a dataset directory)")
-    paths = sorted(_list_data_files(fs, root))
+    paths = sorted(list_data_files(fs, root))
     if not paths:
         raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files")
-    footers = _read_footers(fs, paths)
+    footers = read_footers(fs, paths)
     file_schema = footers[0].schema.to_arrow_schema()
-    _check_files_agree(paths, footers, file_schema)
-    partitions = [_partition_of(root, p) for p in paths]
+    check_files_agree(paths, footers, file_schema)
+    partitions = [partition_of(root, p) for p in paths]
     common_path = fsutil.join(root, COMMON_METADATA)
-    common = dict(_read_metadata(fs, common_path).metadata or {}) if fsutil.exists(fs, common_path) else {}
+    common = dict(read_metadata(fs, common_path).metadata or {}) if fsutil.exists(fs, common_path) else {}
 
     given = schema if schema is not None else unischema_class
     origin: SchemaOrigin
@@ -100,12 +102,10 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         stored = dict(common)
         for key, value in (footers[0].metadata or {}).items():
             stored.setdefault(key, value)
-        chosen, origin = _resolve_schema(stored, file_schema, partitions, url)
+        chosen, origin = resolve_schema(stored, file_schema, partitions, url)
     check_schema_matches(chosen, file_schema, partitions, url)
     if petastorm_compatible is None:
         petastorm_compatible = PETASTORM_UNISCHEMA_KEY in common
-
-    from unihub.petastorm.metadata import petastorm_metadata, replace_common_metadata
 
     metadata = {**(file_schema.metadata or {}), **common, SCHEMA_METADATA_KEY: chosen.to_json().encode()}
     if petastorm_compatible:
@@ -114,9 +114,7 @@ def add_schema(dataset_url: str | os.PathLike[str], schema: Unischema | str | os
         metadata.pop(PETASTORM_UNISCHEMA_KEY, None)  # it would contradict the new schema
     replace_common_metadata(fs, root, file_schema.with_metadata(metadata))
     if use_summary_metadata:
-        from unihub.bridges.spark.writer import _write_summary_metadata
-
-        _write_summary_metadata(fs, root, paths, _read_metadata(fs, paths[0]))
+        write_summary_metadata(fs, root, paths, read_metadata(fs, paths[0]))
     return AddSchemaResult(url, chosen, origin, petastorm_compatible)
 
 
@@ -142,8 +140,6 @@ def load_unischema(schema: Unischema | str | os.PathLike[str]) -> Unischema:
     if type(schema).__name__ == "Unischema" and type(schema).__module__.endswith("unischema"):
         return _from_petastorm(schema)
     if isinstance(schema, (str, os.PathLike)):
-        from unihub.converters.convert import load_schema
-
         return load_schema(schema)
     raise SchemaError(f"expected a Unischema or a JSON file, got {type(schema).__name__}")
 
@@ -175,8 +171,6 @@ def locate_unischema(dotted: Any) -> Unischema:
 def _from_petastorm(schema: Any) -> Unischema:
     """A ``petastorm.unischema.Unischema`` object as unihub's, through the allow-listed unpickler."""
     import pickle
-
-    from unihub.petastorm.legacy import load_petastorm_unischema
 
     return load_petastorm_unischema(pickle.dumps(schema))
 

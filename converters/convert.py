@@ -16,19 +16,28 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
-from unihub.errors import DatasetNotFoundError, FormatError, SchemaError, UnsupportedFormatError
-from unihub.formats.base import FORMATS, ColumnBatch, OnError, SkippedRecord, detect_format, expand_braces
+from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
+from unihub.errors import DatasetNotFoundError, SchemaError, UnsupportedFormatError
+from unihub.formats.base import (
+    FORMATS,
+    ColumnBatch,
+    OnError,
+    SkippedRecord,
+    check_options,
+    detect_format,
+    expand_braces,
+)
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote, sources
-from unihub.fs.outputs import names_output_errors
-from unihub.images.checks import ValidateImages, check_mode
+from unihub.fs import publish, remote, sources
+from unihub.fs.outputs import FileSystemOutputs, LocalOutputs, Outputs, names_output_errors
+from unihub.images import decoders as images
+from unihub.readers.reader import make_batch_reader
 from unihub.runtime.memory import (
     DEFAULT_PART_SIZE_MB,
     DEFAULT_ROW_GROUP_SIZE_MB,
@@ -37,39 +46,11 @@ from unihub.runtime.memory import (
     memory_budget,
     rows_for,
 )
+from unihub.schema.image_checks import ValidateImages, check_mode
 from unihub.schema.unischema import Unischema
+from unihub.store.dataset import open_dataset
 from unihub.store.ownership import check_replaceable
-
-UNIHUB = "unihub"
-
-
-@dataclass
-class ConvertResult:
-    """What a conversion did."""
-
-    source: str
-    target: str
-    from_format: str
-    to_format: str
-    rows: int
-    seconds: float
-    bytes_read: int = 0
-    skipped: list[SkippedRecord] = field(default_factory=list)
-    #: how the conversion ran where that differs from what was asked (fewer workers: too little input)
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        rate = self.rows / self.seconds if self.seconds > 0 else float("inf")
-        text = (f"converted {self.rows:,} rows {self.from_format} -> {self.to_format} in {self.seconds:.1f} s "
-                f"({rate:,.0f} rows/s): {self.target}")
-        if self.notes:
-            text += "; " + "; ".join(self.notes)
-        if self.skipped:
-            text += f"; skipped {len(self.skipped)} (bad records, datasets left out): " + "; ".join(
-                f"{s.path} {s.location}: {s.reason}" for s in self.skipped[:10])
-            if len(self.skipped) > 10:
-                text += f"; ... {len(self.skipped) - 10} more"
-        return text
+from unihub.store.writer import write_dataset
 
 
 def is_unihub_dataset(path: str) -> bool:
@@ -141,7 +122,7 @@ def _names_nothing(src: str) -> str | None:
 def resolve_target_format(dst: str, to_format: str | None) -> str:
     if to_format:
         return UNIHUB if to_format in (UNIHUB, "parquet") else FORMATS.canonical(to_format)
-    import unihub.formats.builtin  # noqa: F401
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     ext = os.path.splitext(dst)[1]
     name = FORMATS.by_extension(ext) if ext and ext != ".parquet" else None
@@ -164,7 +145,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     input file, an export or a unihub source is converted in this process.
 
     ``validate_images`` says how a foreign source's images are checked before they are stored
-    (:mod:`unihub.images.checks`): ``'header'`` (header, pixel limit, the field's shape, end
+    (:mod:`unihub.schema.image_checks`): ``'header'`` (header, pixel limit, the field's shape, end
     marker), ``'full'`` (also decode each one) or ``'none'``. A bad image is a FormatError naming
     the file and record, or with ``on_error='skip'`` a skipped record.
 
@@ -183,8 +164,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
     comes first, and the read-ahead holds at most 1/16 of it; rows of megabytes cost no more memory
     than small ones.
     """
-    from unihub.images import decoders as images
-
     limit = images.MAX_IMAGE_PIXELS if max_image_pixels == "current" else images.pixel_limit_of(max_image_pixels)
     with sources.using(storage_options), images.pixel_limit(limit):
         return _convert(os.fspath(src), os.fspath(dst), from_format=from_format, to_format=to_format, schema=schema,
@@ -201,7 +180,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
              progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
              storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
-    import unihub.formats.builtin  # noqa: F401  (registers every format)
+    import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
@@ -214,7 +193,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     options = dict(format_options or {})
     _check_format_options(source_format, target_format, options)
     if source_format == UNIHUB:
-        batches, out_schema, extra, total_rows = _unihub_batches(src, given, batch_size, budget)
+        batches, out_schema, extra, total_rows = unihub_batches(src, given, batch_size, budget)
         meter = ProgressMeter(enabled=progress, total_rows=total_rows)
         report = None
         input_bytes = 0
@@ -225,7 +204,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source.validate_images = validate_images
         source.batch_bytes = budget.batch_bytes
         if target_format == UNIHUB:  # the one ingest pipeline, whatever the engine
-            from unihub.converters.pipeline import ingest  # imports this module: keep it local
+            from unihub.converters.pipeline import ingest  # start-up cost: 6 ms, for ingests only
+
 
             return ingest(source, dst, schema=given, engine=engine, workers=workers, master=master, spark=spark,
                           overwrite=overwrite, overwrite_foreign=overwrite_foreign,
@@ -245,8 +225,6 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         counted = _refuse_all_skipped(counted, meter, lambda: report.report.skipped)
     try:
         if target_format == UNIHUB:
-            from unihub.store.writer import write_dataset
-
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
                                    part_size_mb=part_size_mb, overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
@@ -301,7 +279,7 @@ def _foreign_batches(source: Any, src: str, source_format: str, given: Unischema
     """A foreign source's batches (read ahead while the writer writes), their schema (given, else inferred),
     the metadata the export keeps, and the bytes of the source's files."""
     files = source.files()
-    input_bytes = _total_size(files)
+    input_bytes = total_size(files)
     out_schema = given or source.infer_schema()
     source.prepare(out_schema)
     extra = {"source_format": source_format, "source": src, **source.metadata()}
@@ -314,15 +292,9 @@ def _foreign_batches(source: Any, src: str, source_format: str, given: Unischema
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
     removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.fs.atomic`)."""
-    fsutil.settle_url(dst)
+    publish.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
-        fsutil.settle_url(src)
-
-
-def _all_skipped(skipped: list[SkippedRecord]) -> FormatError:
-    first = skipped[0]
-    return FormatError(f"every record was skipped as bad ({len(skipped):,}), so nothing was converted; the first: "
-                       f"{first.path} {first.location}: {first.reason}", path=first.path)
+        publish.settle_url(src)
 
 
 def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
@@ -331,20 +303,18 @@ def _refuse_all_skipped(batches: Iterator[ColumnBatch], meter: ProgressMeter,
     with exit 0 from a source whose every record was bad)."""
     yield from batches
     if meter.rows == 0 and skipped():
-        raise _all_skipped(list(skipped()))
+        raise all_skipped(list(skipped()))
 
 
 def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[ColumnBatch],
             options: dict[str, Any]) -> None:
     """Write the export into a hidden place beside ``dst`` (a directory, or a prefix on an object store)
-    and put it in place at the end (:func:`unihub.fs.filesystem.commit`), whatever the format writes
+    and put it in place at the end (:func:`unihub.fs.publish.commit`), whatever the format writes
     (one file or many shards): an error or Ctrl-C leaves neither a partial ``dst`` nor the staged files,
     and an overwrite replaces every old shard. The writers stream into it through
     :class:`~unihub.fs.outputs.Outputs`, so an export to a URL writes nothing locally (HDF5 aside,
     which h5py needs as a local file: see ``HDF5Format.write``)."""
     import posixpath
-
-    from unihub.fs.outputs import FileSystemOutputs, LocalOutputs, Outputs
 
     if not sources.is_url(dst):
         target = os.path.abspath(dst)
@@ -353,7 +323,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
             os.makedirs(holder)  # inside: a Ctrl-C right after it removes it too
             written = os.path.join(holder, os.path.basename(target))  # the same name: formats go by its extension
             FORMATS.get(target_format).write(LocalOutputs(written), schema, batches, **options)
-            fsutil.commit(pafs.LocalFileSystem(), written, target)
+            publish.commit(pafs.LocalFileSystem(), written, target)
         finally:
             shutil.rmtree(holder, ignore_errors=True)
         return
@@ -365,7 +335,7 @@ def _export(dst: str, target_format: str, schema: Unischema, batches: Iterator[C
     try:
         with remote.remote_errors(dst):
             FORMATS.get(target_format).write(outputs, schema, batches, **options)
-            fsutil.commit(fs, written, target)
+            publish.commit(fs, written, target)
     except BaseException:
         _remove_quietly(fs, holder)  # the export's own error is the one to report, not a failed clean-up's
         raise
@@ -386,8 +356,6 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     payload kind), then the options the user gave (checked: a format never ignores one)."""
     import inspect
 
-    from unihub.formats.base import check_options
-
     sink = FORMATS.get(target_format)
     check_options(sink, given, writing=True)
     options: dict[str, Any] = {**sink.export_options(extra, schema), **given}
@@ -396,13 +364,10 @@ def _export_options(target_format: str, extra: Mapping[str, Any], schema: Unisch
     return options
 
 
-def _unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: MemoryBudget | None = None):
+def unihub_batches(src: str, given: Unischema | None, batch_size: int, budget: MemoryBudget | None = None):
     """Column batches of a unihub dataset, images as their stored bytes, in storage order: row groups
     read within ``budget``, cut into batches of at most ``batch_size`` rows and about
     ``budget.batch_bytes`` (slices: no copy), so that an export converts a little at a time."""
-    from unihub.readers.reader import make_batch_reader
-    from unihub.store.dataset import open_dataset
-
     budget = budget or memory_budget()
     store = open_dataset(src)
     schema = given or store.schema
@@ -447,14 +412,3 @@ def load_schema(schema: Unischema | str | os.PathLike[str]) -> Unischema:
         return Unischema.from_json(text)
     except (SchemaError, ValueError) as exc:
         raise SchemaError(f"schema file {path}: {exc}") from exc
-
-
-def _total_size(files: list[str]) -> int:
-    """Bytes of the input files (one stat each: image folders have many)."""
-    total = 0
-    for path in files:
-        try:
-            total += os.stat(path).st_size
-        except OSError:
-            pass
-    return total

@@ -5,7 +5,7 @@ Every engine (in this process, forked workers, Spark; :mod:`unihub.converters.en
 one where the format has it), the engine's tasks write part files straight into a staging area beside
 the target (:func:`unihub.fs.filesystem.temporary_sibling`, on the filesystem the target's URL
 names), the driver refines the schema from what the tasks saw, writes ``_common_metadata`` once and
-commits (:func:`unihub.fs.filesystem.commit`). A failure or Ctrl-C removes the staging area;
+commits (:func:`unihub.fs.publish.commit`). A failure or Ctrl-C removes the staging area;
 the source is only read.
 """
 
@@ -16,17 +16,20 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
-from unihub.converters.convert import UNIHUB, ConvertResult, ProgressMeter, _all_skipped, _total_size
 from unihub.converters.engines import Engine, engine_for, local_workers
+from unihub.converters.meter import ProgressMeter
+from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
 from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
 from unihub.formats.base import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote
+from unihub.fs import publish, remote
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
+from unihub.store.dataset import list_data_files
 from unihub.store.ownership import check_replaceable
+from unihub.store.writer import check_part_size, finish_parts
 
 
 @remote.naming_url("dst")
@@ -40,15 +43,13 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     them, else this process, as ``notes`` in the result says; ``'spark'``).
     ``schema`` is the given one (records checked against it) or None (the source's). Each task writes
     part files of at most ``part_size_mb`` (:func:`unihub.store.writer.write_parts`)."""
-    from unihub.store.writer import check_part_size
-
     check_part_size(part_size_mb)
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
-    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     files = [absolute(f) for f in source.files()]  # tasks run in other working directories
-    input_bytes = _total_size(files)
+    input_bytes = total_size(files)
     notes: list[str] = []
     if engine == "local":  # forked workers only where the input pays for them
         workers, note = local_workers(workers, files, input_bytes)
@@ -84,8 +85,6 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,
          progress: bool | None, input_bytes: int) -> tuple[int, list[SkippedRecord]]:
     """Stage, run the tasks, finish and commit; the staging area is removed on any failure."""
-    from unihub.store.writer import finish_parts
-
     staging = fsutil.temporary_sibling(target)
     plan = replace(plan, staging=_url_of(dst, staging))
     meter = ProgressMeter(enabled=progress, total_bytes=input_bytes)
@@ -95,7 +94,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         return meter.count(batches)
 
     def task_done(result: TaskResult, part: list[str]) -> None:
-        meter.advance(result.rows, _total_size(part))
+        meter.advance(result.rows, total_size(part))
 
     try:
         fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
@@ -103,7 +102,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         rows = sum(r.rows for r in results)
         skipped = driver_skips(source) + [SkippedRecord(*s) for r in results for s in r.skipped]
         if rows == 0 and skipped:  # never 0 rows with exit 0 from a source whose every record was bad
-            raise _all_skipped(skipped)
+            raise all_skipped(skipped)
         schema, extra = plan.schema, plan.extra
         if plan.observe:
             schema = source.refine_schema([r.observed for r in results if r.observed is not None])
@@ -117,7 +116,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         extra = {**extra, **skipped_metadata(skipped)}
         finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
-        fsutil.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
+        publish.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise
@@ -150,9 +149,7 @@ def _url_of(dst: str, staging: str) -> str:
 
 def _drop_strays(fs: Any, staging: str, parts: set[str]) -> None:
     """Remove data files no task reported (what a failed attempt of a Spark task left beside the retry's)."""
-    from unihub.store.dataset import _list_data_files
-
-    for path in _list_data_files(fs, staging):
+    for path in list_data_files(fs, staging):
         if path not in parts:
             fsutil.remove(fs, path)
 

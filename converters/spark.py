@@ -20,10 +20,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from unihub.converters.convert import ConvertResult, convert
+from unihub.converters.convert import convert
+from unihub.converters.result import ConvertResult
 from unihub.formats.base import OnError
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
 
 

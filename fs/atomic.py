@@ -77,7 +77,7 @@ def sibling(target: str, kind: Kind = "tmp") -> str:
 
 def run_id() -> str:
     """A name for one run of this process, ``<where>-<pid>-<start>-<random>``, that :func:`owner_alive`
-    can judge (object stores name the files of a run with it: :mod:`unihub.store.publish`)."""
+    can judge (object stores name the files of a run with it: :mod:`unihub.fs.publish`)."""
     return f"{_owner()}-{uuid.uuid4().hex[:6]}"
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
@@ -18,8 +20,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError
+from unihub.errors import InvalidArgumentError, UnsupportedFilesystemError
 from unihub.fs import atomic, remote
+from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES, abort_uploads
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
 #: the query parameters pyarrow's filesystems read from an ``s3://`` or ``gs://`` URL
@@ -32,6 +35,28 @@ URL_PARAMETERS: dict[str, tuple[str, ...]] = {
 URL_PARAMETERS["gcs"] = URL_PARAMETERS["gs"]
 
 
+#: storage options of the conversion under way (see :func:`unihub.fs.sources.using`)
+_OPTIONS: dict[str, Any] | None = None
+
+
+@contextmanager
+def storage_options_in_use(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Within this block, :func:`current_options` is ``storage_options`` (what :func:`resolve_filesystem`
+    uses for a URL given none)."""
+    global _OPTIONS
+    before = _OPTIONS
+    _OPTIONS = dict(storage_options) if storage_options else None
+    try:
+        yield
+    finally:
+        _OPTIONS = before
+
+
+def current_options() -> dict[str, Any] | None:
+    """The storage options :func:`unihub.fs.sources.using` set (for tasks that run elsewhere: Spark executors)."""
+    return dict(_OPTIONS) if _OPTIONS else None
+
+
 def resolve_filesystem(url: str, filesystem: Any = None,
                        storage_options: dict[str, Any] | None = None) -> tuple[pafs.FileSystem, str]:
     """``(filesystem, path)`` for ``url``; ``filesystem`` may be pyarrow's or fsspec's.
@@ -41,9 +66,7 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     url = os.fspath(url)
     scheme = urlparse(url).scheme if "://" in url else ""
     if storage_options is None and filesystem is None and scheme not in ("", "file"):
-        from unihub.fs import sources  # what a conversion under way was given (sources.using)
-
-        storage_options = sources.current_options()
+        storage_options = current_options()  # what a conversion under way was given (sources.using)
     if filesystem is not None:
         return as_pyarrow_filesystem(filesystem), strip_scheme(url)
     if scheme in ("", "file"):
@@ -63,8 +86,6 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     try:
         fsspec.get_filesystem_class(scheme)
     except (ValueError, ImportError) as exc:
-        from unihub.errors import UnsupportedFilesystemError
-
         raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
                                          "a path with a scheme is never taken for a local one") from None
     fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
@@ -189,7 +210,6 @@ class _FSSpecHandler(pafs.FSSpecHandler):
         every ranged read: 625 MiB RSS to read one 484 MB object; see :mod:`unihub.fs.uploads`)."""
         if _is_local(self.fs):
             return {}
-        from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES
 
         if mode == "rb":
             return {"block_size": READ_AHEAD_BYTES, "cache_type": "readahead"}
@@ -308,51 +328,7 @@ def temporary_sibling(target: str) -> str:
     return atomic.sibling(target, "tmp")
 
 
-def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None:
-    """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
-
-    On a local disk the two are swapped atomically where the system can (Linux), else the old
-    target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
-    (:mod:`unihub.fs.atomic`). Elsewhere (object stores have no rename) a Parquet dataset is
-    published by a manifest written last, and readers read only what it lists; an export's files are
-    copied into place one by one (:mod:`unihub.store.publish`). Returns the data files published
-    under new names on an object store, else None (their names inside ``temporary`` hold).
-    """
-    if _local(fs):
-        atomic.replace(temporary, target)
-        return None
-    from unihub.store import publish
-
-    if is_dir(fs, temporary) and publish.is_dataset(fs, temporary):
-        return publish.publish(fs, temporary, target)
-    publish.publish_files(fs, temporary, target)
-    return None
-
-
-def settle(fs: pafs.FileSystem, target: str) -> str | None:
-    """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
-    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
-    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
-    published manifest lists removed (:func:`unihub.store.publish.settle`)."""
-    if _local(fs):
-        return atomic.settle(target)
-    from unihub.store import publish
-
-    with remote.remote_errors(remote.display_url(fs, target)):
-        publish.settle(fs, target)
-    return None
-
-
-def settle_url(url: str, storage_options: dict[str, Any] | None = None) -> str | None:
-    """:func:`settle` for a URL or path."""
-    scheme = urlparse(url).scheme if "://" in url else ""
-    if scheme in ("", "file"):
-        return atomic.settle(os.path.abspath(strip_scheme(url)))
-    fs, path = resolve_filesystem(url, None, storage_options)
-    return settle(fs, path)
-
-
-def _local(fs: pafs.FileSystem) -> bool:
+def on_local_disk(fs: pafs.FileSystem) -> bool:
     """Paths on ``fs`` are this machine's paths (pyarrow's local filesystem, or fsspec's wrapped)."""
     if isinstance(fs, pafs.LocalFileSystem):
         return True
@@ -367,11 +343,9 @@ def discard(fs: pafs.FileSystem, path: str) -> None:
     looked at once more after a moment (a task being cancelled may still write into it). Best effort:
     where the store fails too, the write's own error is the one to report, and the next run's
     :func:`settle` removes the rest."""
-    from unihub.fs.uploads import abort_uploads
-
     for _ in range(2):
         try:
-            if not _local(fs):
+            if not on_local_disk(fs):
                 abort_uploads(fs, path)
             remove(fs, path)
             if not exists(fs, path):

@@ -7,7 +7,7 @@ export) and never sees where the bytes go:
 - :class:`LocalOutputs` writes this machine's files (Python's buffered files, ``os.open`` for whole
   files). With ``atomic=True`` each file is written beside its name and renamed into place when
   closed, for a writer called on a path of its own; an export that ``convert`` stages and commits as
-  one (:func:`unihub.fs.filesystem.commit`) needs no per-file renames.
+  one (:func:`unihub.fs.publish.commit`) needs no per-file renames.
 - :class:`FileSystemOutputs` streams to a pyarrow filesystem (S3, GCS, HDFS, fsspec's): nothing is
   written locally, and memory stays bounded (pyarrow's S3 stream uploads in parts as they fill).
 

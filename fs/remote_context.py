@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from unihub.fs import filesystem as fsutil
 from unihub.fs import remote, sources
 
 #: environment variables that say how to reach a store, in groups that travel whole
@@ -51,7 +52,7 @@ def capture() -> RemoteContext:
     for group in ENVIRONMENT_GROUPS:
         if any(os.environ.get(name) for name in group):
             environment.update({name: os.environ.get(name) or None for name in group})
-    return RemoteContext(sources.current_options(), dict(sources._ORIGINS), environment)
+    return RemoteContext(fsutil.current_options(), dict(sources._ORIGINS), environment)
 
 
 @contextmanager

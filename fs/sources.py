@@ -40,12 +40,14 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from unihub.errors import UnsupportedFilesystemError
+from unihub.fs import filesystem as fsutil
+from unihub.fs import remote
+
 #: bytes read ahead per request from a remote file
 READ_BUFFER = 1 << 20
 _QUERY = re.compile(r"\?(?=[A-Za-z_][A-Za-z0-9_]*=)")
 
-#: storage options of the conversion under way (see :func:`using`)
-_OPTIONS: dict[str, Any] | None = None
 #: (scheme, bucket) -> the URL (with its query) that first named it, to make filesystems from
 _ORIGINS: dict[tuple[str, str], str] = {}
 #: (pid, origin URL, options) -> filesystem made in that process
@@ -56,23 +58,16 @@ _CACHE: dict[tuple[int, str, str], pafs.FileSystem] = {}
 def using(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
     """Within this block, URLs are opened with ``storage_options`` (fsspec's, plus unihub's remote settings),
     through filesystems made for this block."""
-    global _OPTIONS
-    before, cached, origins = _OPTIONS, dict(_CACHE), dict(_ORIGINS)
-    _OPTIONS = dict(storage_options) if storage_options else None
+    cached, origins = dict(_CACHE), dict(_ORIGINS)
     _CACHE.clear()  # filesystems live for one conversion: a store that was down is asked afresh
     try:
-        yield
+        with fsutil.storage_options_in_use(storage_options):
+            yield
     finally:
-        _OPTIONS = before
         _CACHE.clear()
         _CACHE.update(cached)
         _ORIGINS.clear()  # a URL's query holds for its bucket until the conversion ends, not for the process
         _ORIGINS.update(origins)
-
-
-def current_options() -> dict[str, Any] | None:
-    """The storage options :func:`using` set (for tasks that run elsewhere: Spark executors)."""
-    return dict(_OPTIONS) if _OPTIONS else None
 
 
 def is_url(path: str) -> bool:
@@ -105,19 +100,15 @@ def local_path(path: str) -> str:
 
 def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem for ``url`` (made once per process, scheme, bucket and options) and the path on it."""
-    from unihub.fs import filesystem as fsutil
-
     bare, query = split_query(url)
     parsed = urlparse(bare)
     key = (parsed.scheme, parsed.netloc)
     if query or key not in _ORIGINS:
         _ORIGINS[key] = f"{parsed.scheme}://{parsed.netloc}/{query}"
-    options = _OPTIONS
+    options = fsutil.current_options()
     cache_key = (os.getpid(), _ORIGINS[key], repr(sorted((options or {}).items())))
     fs = _CACHE.get(cache_key)
     if fs is None:
-        from unihub.errors import UnsupportedFilesystemError
-
         try:
             fs, _ = fsutil.resolve_filesystem(_ORIGINS[key], None, options)
         except UnsupportedFilesystemError as exc:
@@ -137,8 +128,6 @@ def _url(scheme_of: str, path: str) -> str:
 
 
 def _info(path: str) -> pafs.FileInfo:
-    from unihub.fs import remote
-
     fs, inner = filesystem(path)
     with remote.remote_errors(path):
         return fs.get_file_info(inner)
@@ -172,8 +161,6 @@ def getsize(path: str) -> int:
 
 
 def _entries(root: str, *, recursive: bool) -> list[pafs.FileInfo]:
-    from unihub.fs import remote
-
     fs, inner = filesystem(root)
     with remote.remote_errors(root):
         return list(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=recursive, allow_not_found=True)))
@@ -408,7 +395,6 @@ def open_input(path: str) -> IO[bytes]:
     """``path`` opened for reading bytes: a local file, or a buffered, seekable remote one."""
     if not is_url(path):
         return open(local_path(path), "rb")  # noqa: SIM115  (the caller closes it)
-    from unihub.fs import remote
 
     fs, inner = filesystem(path)
     with remote.remote_errors(path):
@@ -436,45 +422,6 @@ def local_copy(path: str) -> Iterator[str]:
         yield local
 
 
-def open_hdf5(path: str) -> Any:
-    """An h5py ``File`` for reading ``path``: by name on a local disk, else over :func:`open_input`'s
-    buffered file, which closing the h5py file closes (h5py reads file objects through its ``fileobj``
-    driver; the buffer turns its many small reads into few requests)."""
-    from unihub.formats.hdf5.dtypes import h5py_module
-
-    h5py = h5py_module()
-    if not is_url(path):
-        return h5py.File(local_path(path), "r")
-    raw = open_input(path)
-    try:
-        handle = _owning_file(h5py)(raw, "r")
-    except BaseException:
-        raw.close()
-        raise
-    handle.unihub_raw = raw
-    return handle
-
-
-_OWNING: list[type] = []
-
-
-def _owning_file(h5py: Any) -> type:
-    """An ``h5py.File`` subclass that closes the Python file object it reads (made once, lazily)."""
-    if not _OWNING:
-        class OwningFile(h5py.File):
-            unihub_raw: IO[bytes] | None = None
-
-            def close(self) -> None:
-                try:
-                    super().close()
-                finally:
-                    if self.unihub_raw is not None:
-                        self.unihub_raw.close()
-
-        _OWNING.append(OwningFile)
-    return _OWNING[0]
-
-
 class _RemoteRaw(io.RawIOBase):
     """A pyarrow file as a raw binary stream (what ``io.BufferedReader`` buffers), with a ``name``."""
 
@@ -489,8 +436,6 @@ class _RemoteRaw(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        from unihub.fs import remote
-
         view = memoryview(buffer).cast("B")
         with remote.remote_errors(self.name):
             data = self._handle.read(len(view))

@@ -14,7 +14,7 @@ Listing and aborting uploads needs an S3 API call that pyarrow's filesystem does
 s3fs it goes through s3fs's own client, with pyarrow's filesystem through botocore (installed
 with the ``fsspec`` extra) made with the same endpoint, credentials and timeouts; without
 botocore, uploads are left to the bucket's lifecycle rule (and a late completion to the next run's
-:func:`unihub.store.publish.settle`).
+:func:`unihub.fs.publish.settle`).
 """
 
 from __future__ import annotations

@@ -66,6 +66,8 @@ import pyarrow as pa
 
 from unihub.errors import PetastormMetadataError, SchemaError, UnsafeMetadataError
 from unihub.petastorm.pickle_scan import DEFAULT_LIMITS, PickleLimits, refusal, scan_pickle
+from unihub.schema.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
+from unihub.schema.unischema import Unischema, UnischemaField
 
 if TYPE_CHECKING:
     from unihub.schema.codecs import Codec
@@ -747,8 +749,6 @@ def _convert_shape(shape: Any, field: str) -> tuple[int | None, ...]:
 
 
 def _convert_codec(codec: Any, field: str) -> Codec | None:
-    from unihub.schema.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
-
     if codec is None:
         return None
     if isinstance(codec, PetastormScalarCodec):
@@ -768,8 +768,6 @@ def _convert_codec(codec: Any, field: str) -> Codec | None:
 
 
 def _convert_field(field: Any) -> UnischemaField:
-    from unihub.schema.unischema import UnischemaField
-
     if not isinstance(field, PetastormUnischemaField):
         raise PetastormMetadataError(f"expected a pickled UnischemaField, got {brief(field)}")
     name = _plain(field.name)
@@ -789,8 +787,6 @@ def _convert_field(field: Any) -> UnischemaField:
 
 def convert_unischema(schema: Any) -> Unischema:
     """Turn a :class:`PetastormUnischema` stand-in into a :class:`unihub.schema.unischema.Unischema`."""
-    from unihub.schema.unischema import Unischema
-
     if not isinstance(schema, PetastormUnischema):
         raise PetastormMetadataError(f"expected a pickled petastorm Unischema, got {brief(schema)}")
     name = _plain(schema.name)

@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from unihub.errors import UnsupportedFormatError
 from unihub.store.dataset import ParquetStore
 
 
@@ -40,15 +39,3 @@ class NullCache(CacheBase):
 
     def get_row_group(self, store: ParquetStore, row_group: int, columns: Sequence[str]) -> pa.Table:
         return store.read_row_group(row_group, list(columns))
-
-
-def make_cache(cache_type: str | None, cache_location: str | None = None, cache_size_limit: int | None = None,
-               cache_row_size_estimate: int | None = None, cache_extra_settings: dict[str, Any] | None = None) -> Cache | None:
-    """The cache for Petastorm's ``cache_*`` arguments (None for no cache)."""
-    if cache_type in (None, "null", "none"):
-        return None
-    if cache_type == "local-disk":
-        from unihub.readers.local_disk_cache import LocalDiskCache
-
-        return LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate, **(cache_extra_settings or {}))
-    raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's

@@ -276,7 +276,7 @@ class RowGroupLoader:
         """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""
         keep = np.ones(pre.num_rows, dtype=bool)
         if self.filter_expression is not None and pre.num_rows:
-            mask = pc.fill_null(_evaluate_expression(pre, self.filter_expression), False)
+            mask = pc.fill_null(evaluate_expression(pre, self.filter_expression), False)
             keep &= np.asarray(to_numpy(mask), dtype=bool)
         if self.predicate is not None:
             by_name = {f.name: f for f in self.store.schema}
@@ -322,7 +322,8 @@ def located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> Cod
         return CodecError(f"{where}: {message}", field=exc.field, row=row)
 
 
-def _evaluate_expression(table: pa.Table, expression: pc.Expression) -> pa.Array:
+def evaluate_expression(table: pa.Table, expression: pc.Expression) -> pa.Array:
+    """``expression`` (a pyarrow.compute filter) evaluated over ``table``: one value per row."""
     import pyarrow.dataset as ds
 
     return ds.dataset(table).to_table(columns={"_keep": expression}).column("_keep")

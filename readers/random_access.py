@@ -27,7 +27,7 @@ from unihub.readers.decode import (
     decoded_images,
     numpy_strings_in_rows,
 )
-from unihub.readers.reader import _resolve_fields
+from unihub.readers.reader import resolve_fields
 from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
 from unihub.schema.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.schema.unischema import Unischema
@@ -48,7 +48,7 @@ class Dataset:
         self.store = url if isinstance(url, ParquetStore) else open_dataset(
             url, storage_options=storage_options, filesystem=filesystem)
         self._policy = DecodePolicy.for_store(self.store.schema_source, petastorm_types, batched=True)
-        fields, ngram = _resolve_fields(self.store.schema, schema_fields)
+        fields, ngram = resolve_fields(self.store.schema, schema_fields)
         if ngram is not None:
             raise TypeError("random access takes field names, not an NGram")
         self.schema = Unischema(self.store.schema.name, fields, attributes=self.store.schema.attribute_names)

@@ -35,16 +35,19 @@ from unihub.errors import (
     ReaderResetError,
     SchemaError,
     UnihubError,
+    UnsupportedFormatError,
     UsageError,
 )
 from unihub.readers import plan as planning
-from unihub.readers.cache import Cache, NullCache, make_cache
+from unihub.readers.cache import Cache, NullCache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
-from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, filters_to_expression
+from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, evaluate_expression, filters_to_expression
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
+from unihub.readers.rowgroup_index import apply_rowgroup_selector
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_cores
 from unihub.runtime.memory import batch_nbytes, memory_budget
+from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
 from unihub.store.dataset import ParquetStore, open_dataset, partition_value
 
@@ -205,8 +208,6 @@ class Reader:
         store = self.store
         groups = self._select_row_groups(predicate, expression, filter_columns)
         if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
-            from unihub.readers.rowgroup_index import apply_rowgroup_selector
-
             groups = apply_rowgroup_selector(store, rowgroup_selector, groups)
         if not groups:
             warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
@@ -233,9 +234,8 @@ class Reader:
                 keep = bool(predicate.do_include(values))
             if keep and expression is not None and filter_columns and set(filter_columns) <= parts:
                 table = pa.table({k: pa.array([values[k]], type=store.schema[k].arrow_type()) for k in values})
-                from unihub.readers.loader import _evaluate_expression
 
-                keep = bool(_evaluate_expression(table, expression)[0].as_py())
+                keep = bool(evaluate_expression(table, expression)[0].as_py())
             by_partition[rg.partition] = keep
         return [g for g in groups if by_partition[store.row_groups[g].partition]]
 
@@ -436,8 +436,7 @@ class Reader:
         a transform or n-grams that need them decoded). The rows, their order and the reader's
         position are the same either way; batches already read are read again in the new form.
         """
-        from unihub.readers.late_decode import LateImages
-        from unihub.schema.codecs import CompressedImageCodec
+        from unihub.readers.late_decode import LateImages  # start-up cost: 6 ms, for shuffling loaders only
 
         loader = self._loader
         late = tuple(f for f in self._read_fields if isinstance(f.codec, CompressedImageCodec)
@@ -763,8 +762,6 @@ def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> i
     """Rows per read task when images are decoded: about :data:`DECODE_TASK_BYTES` of pixels, 64 to
     2,048 rows, so that one big row group spreads over every worker and its first rows come soon;
     None (a task per row group) when nothing heavy is decoded."""
-    from unihub.schema.codecs import CompressedImageCodec
-
     if not decode_images:
         return None
     sizes = [math.prod(cast("tuple[int, ...]", f.shape)) * np.dtype(f.numpy_dtype).itemsize
@@ -801,7 +798,7 @@ def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) ->
         predicate_fields(predicate) <= set(store.partition_names)
 
 
-def _resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
+def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
     """The fields to read (and the NGram, if ``schema_fields`` is one).
 
     As Petastorm's readers: names and regexes that match no field are left out (here with a warning
@@ -873,6 +870,18 @@ def _choose_memory_pool() -> None:
         pass  # a pyarrow build without jemalloc keeps its default
 
 
+def make_cache(cache_type: str | None, cache_location: str | None = None, cache_size_limit: int | None = None,
+               cache_row_size_estimate: int | None = None, cache_extra_settings: dict[str, Any] | None = None) -> Cache | None:
+    """The cache for Petastorm's ``cache_*`` arguments (None for no cache)."""
+    if cache_type in (None, "null", "none"):
+        return None
+    if cache_type == "local-disk":
+        from unihub.readers.local_disk_cache import LocalDiskCache  # start-up cost: 4 ms, this cache only
+
+        return LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate, **(cache_extra_settings or {}))
+    raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's
+
+
 def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_pool_type: PoolType = "thread",
           workers_count: int | None = None, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
           shuffle_row_groups: bool = True, shuffle_row_drop_partitions: int = 1,
@@ -897,7 +906,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    fields, ngram = _resolve_fields(store.schema, schema_fields, store.url)
+    fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))

@@ -36,8 +36,9 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.errors import PetastormMetadataError, SchemaError
+from unihub.errors import PetastormMetadataError, SchemaError, UnihubError
 from unihub.petastorm import legacy
+from unihub.readers.loader import decode_column
 from unihub.readers.rowgroup_indexers import (
     FieldNotNullIndexer,
     RowGroupIndexerBase,
@@ -148,8 +149,6 @@ def _column_values(f: UnischemaField, column: pa.ChunkedArray) -> Iterable[Any]:
     """What :meth:`SingleFieldIndexer.add` takes: a scalar column's distinct values (list columns
     flattened), or the decoded values of a column another codec stores (arrays for list fields)."""
     if f.codec is not None and not isinstance(f.codec, ScalarCodec):
-        from unihub.readers.loader import decode_column
-
         return decode_column(f, column)
     array = column_as_array(column)
     if pa.types.is_dictionary(array.type):
@@ -346,8 +345,6 @@ def apply_rowgroup_selector(store: ParquetStore, selector: Any, row_groups: Sequ
 def describe_rowgroup_indexes(store: ParquetStore) -> dict[str, Any]:
     """What ``unihub inspect`` shows of a dataset's indexes (JSON-able); a stale or unreadable
     index is reported in ``rowgroup_index_problem`` rather than raised."""
-    from unihub.errors import UnihubError
-
     try:
         stored = read_rowgroup_indexes(store)
     except UnihubError as exc:

@@ -36,6 +36,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from unihub.errors import InvalidArgumentError
+from unihub.runtime.lifeline import die_with_parent
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -53,8 +54,6 @@ def _install_function(fn: Callable[[Any], Any], parent: int | None = None) -> No
     global _PROCESS_FUNCTION
     _PROCESS_FUNCTION = fn
     if parent is not None:
-        from unihub.runtime.lifeline import die_with_parent
-
         die_with_parent(parent, kernel=False)
 
 

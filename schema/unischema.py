@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from unihub.dependencies import require
 from unihub.errors import (
     InvalidArgumentError,
     SchemaError,
@@ -37,8 +38,11 @@ from unihub.errors import (
     ValidationError,
 )
 from unihub.schema import dtypes
+from unihub.schema.codecs import ScalarCodec, TensorCodec, codec_from_json, parquet_tensor_type
+from unihub.schema.frameworks import tf_dtype, tf_spec, torch_dtype
 from unihub.schema.metadata_json import FIELD_JSON_SCHEMA, UNISCHEMA_JSON_SCHEMA, check, parse_json
-from unihub.schema.validation import validate_value
+from unihub.schema.spark_types import arrow_to_spark_type
+from unihub.schema.validation import stored_as_text, validate_value
 
 if TYPE_CHECKING:
     from unihub.schema.codecs import Codec
@@ -177,8 +181,6 @@ def _field_label(data: Any) -> str:
 
 def _codec_from_json(data: Mapping[str, Any], made: dict[Any, Codec]) -> Codec:
     """The codec of JSON ``data``, made once per distinct JSON in ``made``."""
-    from unihub.schema.codecs import codec_from_json
-
     try:
         key: Any = tuple(sorted(data.items()))
         hash(key)
@@ -291,8 +293,6 @@ class Unischema:
     def as_parquet_schema(self, *, with_metadata: bool = True) -> pa.Schema:
         """The Arrow schema the Parquet files hold: :meth:`as_arrow_schema`, numeric fixed-shape
         tensors as fixed-size bytes (see :class:`~unihub.schema.codecs.TensorCodec`)."""
-        from unihub.schema.codecs import parquet_tensor_type
-
         arrow = self.as_arrow_schema(with_metadata=with_metadata)
         fields = []
         for f, arrow_field in zip(self._fields.values(), arrow):
@@ -302,10 +302,6 @@ class Unischema:
 
     def as_spark_schema(self):
         """A pyspark ``StructType`` of the stored columns (imports pyspark)."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
-        from unihub.dependencies import require
-        from unihub.schema.validation import stored_as_text
-
         types = require("pyspark.sql.types", extra="spark", purpose="Spark schemas")
 
         def spark_type(f: UnischemaField) -> Any:
@@ -386,14 +382,10 @@ class Unischema:
 
     def tf_dtypes(self) -> dict[str, Any]:
         """Field name -> ``tf.DType`` (strings and decimals as ``tf.string``)."""
-        from unihub.schema.frameworks import tf_dtype
-
         return {f.name: tf_dtype(f) for f in self._fields.values()}
 
     def as_tf_specs(self) -> dict[str, Any]:
         """Field name -> ``tf.TensorSpec`` with ``None`` dims kept ``None``."""
-        from unihub.schema.frameworks import tf_spec
-
         return {f.name: tf_spec(f) for f in self._fields.values()}
 
     def make_namedtuple_tf(self, *args: Any, **kwargs: Any) -> Any:
@@ -401,8 +393,6 @@ class Unischema:
 
     def torch_dtypes(self) -> dict[str, Any]:
         """Field name -> ``torch.dtype`` (None where torch has no dtype, e.g. strings)."""
-        from unihub.schema.frameworks import torch_dtype
-
         return {f.name: torch_dtype(f) for f in self._fields.values()}
 
     def numpy_dtypes(self) -> dict[str, np.dtype]:
@@ -461,8 +451,6 @@ class Unischema:
 
         ``schema``: a ``pa.Schema``, or what carries one: a ``pq.ParquetDataset`` (Petastorm's
         argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``."""
-        from unihub.schema.inference import infer_field
-
         schema = _arrow_schema_of(schema)
         fields = []
         for arrow_field in schema:
@@ -611,3 +599,55 @@ def _field_identifier(name: str) -> str:
     cleaned = re.sub(r"\W", "_", name).strip("_") or "field"
     cleaned = cleaned if not cleaned[0].isdigit() else f"x{cleaned}"
     return f"{cleaned}_" if keyword.iskeyword(cleaned) else cleaned
+
+
+# -- inferring fields from a plain Arrow/Parquet schema (Unischema.from_arrow_schema) -----------------------
+# Native scalars become ScalarCodec fields; ``fixed_shape_tensor``, fixed-size and variable lists of numbers
+# become TensorCodec fields (``None`` for dims that vary); lists of strings/bytes keep codec ``None`` and
+# decode as lists; other structs, maps and unions have no tensor equivalent and are skipped (or refused).
+def _is_scalar(arrow_type: pa.DataType) -> bool:
+    return not pa.types.is_nested(arrow_type) and not isinstance(arrow_type, pa.BaseExtensionType) \
+        and not pa.types.is_null(arrow_type)
+
+
+def _list_shape(arrow_type: pa.DataType) -> tuple[tuple[int | None, ...], pa.DataType] | None:
+    """``(shape, value_type)`` of (nested) list types, or None if not a list of scalars."""
+    shape: list[int | None] = []
+    while True:
+        if pa.types.is_fixed_size_list(arrow_type):
+            shape.append(arrow_type.list_size)
+        elif pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_list_view(arrow_type):
+            shape.append(None)
+        else:
+            break
+        arrow_type = arrow_type.value_type
+    return (tuple(shape), arrow_type) if shape and _is_scalar(arrow_type) else None
+
+
+def infer_field(arrow_field: pa.Field) -> UnischemaField | None:
+    """The Unischema field for one Arrow field, or None when there is none."""
+    arrow_type = arrow_field.type
+    name, nullable = arrow_field.name, arrow_field.nullable
+    try:
+        if isinstance(arrow_type, pa.FixedShapeTensorType):
+            return UnischemaField(name, dtypes.arrow_to_numpy_dtype(arrow_type.value_type),
+                                  tuple(arrow_type.shape), TensorCodec(), nullable)
+        if pa.types.is_dictionary(arrow_type):
+            arrow_type = arrow_type.value_type
+        if _is_scalar(arrow_type):
+            return UnischemaField(name, dtypes.arrow_to_numpy_dtype(arrow_type), (), ScalarCodec(arrow_type), nullable)
+        if pa.types.is_struct(arrow_type) and {f.name for f in arrow_type} == {"data", "shape"}:
+            data_shape = _list_shape(arrow_type.field("data").type)
+            shape_type = arrow_type.field("shape").type
+            if data_shape and pa.types.is_fixed_size_list(shape_type):
+                value_dtype = dtypes.arrow_to_numpy_dtype(data_shape[1])
+                return UnischemaField(name, value_dtype, (None,) * shape_type.list_size, TensorCodec(), nullable)
+        listed = _list_shape(arrow_type)
+        if listed is not None:
+            shape, value_type = listed
+            dtype = dtypes.arrow_to_numpy_dtype(value_type)
+            codec = TensorCodec() if dtypes.is_numeric(dtype) else None
+            return UnischemaField(name, dtype, shape, codec, nullable)
+    except SchemaError:
+        return None
+    return None

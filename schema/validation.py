@@ -7,14 +7,19 @@ Image fields accept already-encoded PNG/JPEG bytes, whose size is read from the 
 from __future__ import annotations
 
 import decimal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from unihub.errors import FieldTypeError, SchemaError, ValidationError
+from unihub.images import decoders as images
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.dtypes import dtype_name
+from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
-    from unihub.schema.unischema import UnischemaField
+    from unihub.schema.unischema import Unischema, UnischemaField
 
 # Which Python scalar types each numpy kind accepts (numpy arrays must match exactly).
 _KIND_ACCEPTS: dict[str, tuple[type, ...]] = {
@@ -32,20 +37,6 @@ def _where(field: UnischemaField, row: int | None) -> str:
     return f"field {field.name!r}" + (f", row {row}" if row is not None else "")
 
 
-def shape_matches(found: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
-    """True when ``found`` has the rank of ``expected`` and equal sizes where not ``None``."""
-    return len(found) == len(expected) and all(e is None or e == f for f, e in zip(found, expected))
-
-
-def fixed_dims(shape: tuple[int | None, ...]) -> tuple[int, ...]:
-    """``shape`` typed as having no ``None`` dimension, for code that checked it has none
-    (``field.is_fixed_shape``); a SchemaError when it has one."""
-    dims = tuple(d for d in shape if d is not None)
-    if len(dims) != len(shape):
-        raise SchemaError(f"shape {shape} has dimensions that vary by row, expected a fixed shape")
-    return dims
-
-
 def validate_value(field: UnischemaField, value: Any, *, row: int | None = None) -> None:
     """Raise :class:`ValidationError` unless ``value`` can be stored in ``field``."""
     if value is None:
@@ -53,7 +44,6 @@ def validate_value(field: UnischemaField, value: Any, *, row: int | None = None)
             raise ValidationError(f"{_where(field, row)}: expected a value, found None "
                                   "(the field is not nullable)", field=field.name, row=row)
         return
-    from unihub.schema.codecs import CompressedImageCodec
 
     if isinstance(field.codec, CompressedImageCodec) and isinstance(value, (bytes, bytearray, memoryview)):
         _validate_encoded_image(field, value, row)
@@ -156,8 +146,6 @@ def _validate_nested(field: UnischemaField, value: Any, shape: tuple[int | None,
 
 
 def _validate_encoded_image(field: UnischemaField, value: bytes | bytearray | memoryview, row: int | None) -> None:
-    from unihub.images import decoders as images
-
     fmt = images.detect_format(value)
     if fmt is None:
         raise ValidationError(f"{_where(field, row)}: expected PNG or JPEG bytes or a uint8 array, "
@@ -173,8 +161,6 @@ def _validate_encoded_image(field: UnischemaField, value: bytes | bytearray | me
 
 
 def _dtype_label(dtype: Any) -> str:
-    from unihub.schema.dtypes import dtype_name
-
     return dtype_name(dtype)
 
 
@@ -189,3 +175,14 @@ def _describe(value: Any) -> str:
         return f"a numpy {value.dtype} scalar {value!r}"
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
+    """Rows of a column batch of ``schema``; unknown columns and unequal lengths are SchemaErrors."""
+    unknown = set(columns) - set(schema.fields)
+    if unknown:
+        raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
+    return next(iter(lengths.values()), 0)

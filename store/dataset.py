@@ -53,12 +53,13 @@ from unihub.errors import (
     UnihubError,
 )
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote, sources
+from unihub.fs import publish, remote, sources
+from unihub.petastorm import legacy
 from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import integrity, publish
+from unihub.store import integrity
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -454,7 +455,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
-        left = fsutil.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
+        left = publish.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
         info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
         hint = f" (an interrupted overwrite left the previous dataset in {left}; rename it to {root})" if left else ""
@@ -467,7 +468,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         base = os.path.dirname(root)
     else:
         paths, sizes, common_path = _published_files(fs, root)
-        common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+        common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         base = root
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
@@ -538,26 +539,26 @@ def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any
         sizes[path] = info
     base = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
     common_path = fsutil.join(base, COMMON_METADATA)
-    common = _read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+    common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
     return _store(urls[0], fs, base, base, paths, sizes, common)  # a file listed twice is read twice (Petastorm)
 
 
 def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
            sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None) -> ParquetStore:
     """The store of data files ``paths`` (their partitions relative to ``base``)."""
-    footers = _read_footers(fs, paths)
-    partitions = [_partition_of(base, p) for p in paths]
+    footers = read_footers(fs, paths)
+    partitions = [partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
     for key, value in (footers[0].metadata or {}).items():
         kv.setdefault(key, value)
         found_in.setdefault(key, paths[0])
-    schema, source = _resolve_schema(kv, file_schema, partitions, url, found_in)
+    schema, source = resolve_schema(kv, file_schema, partitions, url, found_in)
     raw_extra = kv.get(EXTRA_METADATA_KEY)
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
-    _check_files_agree(paths, footers, file_schema)
+    check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
@@ -596,7 +597,7 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
                           "use a dataset directory", path=root)
     target = fsutil.join(root, COMMON_METADATA)
     if fsutil.exists(fs, target):
-        arrow_schema = _read_metadata(fs, target).schema.to_arrow_schema()
+        arrow_schema = read_metadata(fs, target).schema.to_arrow_schema()
     else:
         arrow_schema = store._footers[store.files[0].path].schema.to_arrow_schema()
     metadata = dict(arrow_schema.metadata or {})
@@ -626,11 +627,11 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
 
 def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
     """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
-    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.store.publish`),
+    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
     else every data file. A manifest replaced while this runs is read again."""
     for _attempt in range(3):
         manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
-        sizes = _list_data_files(fs, root)
+        sizes = list_data_files(fs, root)
         if manifest is None:
             return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
         listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
@@ -642,7 +643,7 @@ def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[st
     raise publish.missing_part(next(p for p in wanted if p not in listed))
 
 
-def _list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+def list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
     """Data file path -> its listing entry; names starting with '_' or '.' (metadata, CRCs) are skipped."""
     if isinstance(fs, pafs.LocalFileSystem):  # Arrow's recursive listing follows links into loops forever
         listing = fs.get_file_info(_local_tree(root))
@@ -664,7 +665,8 @@ def _local_tree(root: str) -> list[str]:
             for name in dirnames + filenames]
 
 
-def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+def read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    """The Parquet footer of the file at ``path``; an unreadable or truncated one is a named error."""
     try:
         with fs.open_input_file(path) as handle:
             return pq.read_metadata(handle)
@@ -676,19 +678,21 @@ def _read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
 
 
-def _read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
+def read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
+    """The footers of ``paths``, in order (read in threads: on object stores each is a request)."""
     if len(paths) <= 4:
-        return [_read_metadata(fs, p) for p in paths]
+        return [read_metadata(fs, p) for p in paths]
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        return list(pool.map(lambda p: _read_metadata(fs, p), paths))
+        return list(pool.map(lambda p: read_metadata(fs, p), paths))
 
 
-def _partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
+def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
+    """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""
     rel = path[len(base):].lstrip("/").split("/")[:-1]
     return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
 
 
-def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],
+def resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],
                     url: str, found_in: dict[bytes, str] | None = None) -> tuple[Unischema, SchemaSource]:
     """The stored Unischema (unihub's JSON, else Petastorm's pickle), else one inferred; ``found_in`` names
     the file each metadata key was read from, for errors."""
@@ -698,7 +702,6 @@ def _resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: 
             return Unischema.from_json(kv[SCHEMA_METADATA_KEY]), "unihub"
         except UnihubError as exc:  # an unknown codec's name too
             raise SchemaError(f"{where}: metadata key {SCHEMA_METADATA_KEY.decode()!r}: {exc}") from exc
-    from unihub.petastorm import legacy
 
     if legacy.PETASTORM_UNISCHEMA_KEY in kv:
         key = legacy.PETASTORM_UNISCHEMA_KEY
@@ -721,7 +724,8 @@ def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
         return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
 
 
-def _check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema) -> None:
+def check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema) -> None:
+    """A FormatError naming the first file whose columns are not ``expected``'s (the first file's)."""
     names = expected.names
     for path, footer in zip(paths[1:], footers[1:]):
         found = footer.schema.to_arrow_schema().names

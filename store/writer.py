@@ -24,17 +24,20 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import SchemaError, ValidationError
+from unihub.errors import CodecError, SchemaError, ValidationError
 from unihub.fs import filesystem as fsutil
-from unihub.fs import remote
+from unihub.fs import publish, remote
 from unihub.fs.outputs import names_output_errors
+from unihub.petastorm.pickling import check_petastorm_compatible
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
-from unihub.schema.codecs import parquet_tensor_type, tensor_to_parquet
+from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import shape_matches
+from unihub.schema.validation import column_length
 from unihub.store import integrity
 from unihub.store.dataset import COMMON_METADATA
+from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
@@ -92,7 +95,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     ``extra_metadata`` (JSON-able) is kept under ``unihub.extra`` beside the schema, e.g. the
     class names of a converted image folder. ``petastorm_compatible=True`` also writes the
     metadata Petastorm 0.13.1 needs to open the dataset (its pickled Unischema and the row
-    groups per file; see :mod:`unihub.petastorm.metadata`), for readers not yet moved to
+    groups per file; see :mod:`unihub.store.metadata_files`), for readers not yet moved to
     unihub; a field Petastorm cannot read is refused before anything is written.
     ``part_size_mb`` bounds each data file's size (see the module docstring; a file holds at least one
     row group, and row groups are at most half of it); ``rows_per_file`` bounds its rows.
@@ -118,12 +121,10 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
             raise SchemaError(f"partition_by field {key!r} holds bytes, which have no text form for a "
                               "directory name; partition by a str or number field")
     if petastorm_compatible:
-        from unihub.petastorm.pickling import check_petastorm_compatible
-
         check_petastorm_compatible(schema)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
-    fsutil.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
     staging = fsutil.temporary_sibling(target)
     try:
@@ -134,7 +135,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                              validate=validate, extra_metadata=extra_metadata)
         empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
                              empty=not result.files, petastorm_compatible=petastorm_compatible)
-        published = fsutil.commit(fs, staging, target)  # new names on an object store
+        published = publish.commit(fs, staging, target)  # new names on an object store
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise
@@ -154,7 +155,7 @@ def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_
                 extra_metadata: Mapping[str, Any] | None = None) -> WriteResult:
     """Write rows or column batches as part files into ``directory`` (a staging area), under their
     final names (``part_name.format(n)``), and nothing else: :func:`finish_parts` then writes the
-    dataset's metadata once, and :func:`~unihub.fs.filesystem.commit` publishes it. The same
+    dataset's metadata once, and :func:`~unihub.fs.publish.commit` publishes it. The same
     steps serve :func:`write_dataset` and every conversion task. A failure removes what this call
     wrote, so that a retried task starts from a clean slate."""
     part_bytes = int(part_size_mb * 2**20)
@@ -198,8 +199,6 @@ def finish_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, *,
         restamp_schema(fs, path, file_schema.metadata or {})
     pq.write_metadata(file_schema, fsutil.join(directory, COMMON_METADATA), filesystem=fs)
     if petastorm_compatible:
-        from unihub.petastorm.metadata import add_petastorm_metadata
-
         add_petastorm_metadata(fs, directory, schema)
     return written
 
@@ -293,8 +292,6 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
 
 
 def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Array:
-    from unihub.errors import CodecError
-
     try:
         if isinstance(values, pa.Array):  # bytes a format read straight from its input buffer
             return f.codec.encode_arrow(f, values)  # type: ignore[union-attr]
@@ -318,17 +315,6 @@ def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
         return
     for i, value in enumerate(values):
         f.validate(value, row=first_row + i)
-
-
-def column_length(schema: Unischema, columns: Mapping[str, Any]) -> int:
-    """Rows of a column batch of ``schema``; unknown columns and unequal lengths are SchemaErrors."""
-    unknown = set(columns) - set(schema.fields)
-    if unknown:
-        raise SchemaError(f"columns {sorted(unknown)} are not fields of {schema.name!r}")
-    lengths = {name: len(values) for name, values in columns.items()}
-    if len(set(lengths.values())) > 1:
-        raise SchemaError(f"columns of one batch must have equal lengths, found {lengths}")
-    return next(iter(lengths.values()), 0)
 
 
 def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -> pa.Table:
@@ -467,8 +453,6 @@ class _DatasetWriter:
 
     def _already_compressed(self) -> set[str]:
         """Columns of PNG/JPEG bytes: compressing them again costs reads and writes and saves nothing."""
-        from unihub.schema.codecs import CompressedImageCodec
-
         return {f.name for f in self.schema if isinstance(f.codec, CompressedImageCodec)}
 
     def _no_dictionary(self) -> set[str]:

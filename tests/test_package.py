@@ -53,7 +53,7 @@ def test_using_the_format_layer_leaves_frameworks_out(tmp_path):
 import numpy as np, pyarrow as pa
 import unihub
 from unihub import Unischema, UnischemaField, ScalarCodec, TensorCodec, NdarrayCodec, write_dataset, open_dataset
-import unihub.schema.inference, unihub.schema.frameworks, unihub.petastorm.legacy, unihub.bridges.spark.writer
+import unihub.schema.spark_types, unihub.schema.frameworks, unihub.petastorm.legacy, unihub.bridges.spark.writer
 S = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64())),
                     UnischemaField("t", np.float32, (2,), TensorCodec()),
                     UnischemaField("n", np.float32, (None,), NdarrayCodec())])

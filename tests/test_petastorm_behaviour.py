@@ -236,7 +236,7 @@ def test_reset_in_the_middle_of_an_epoch_is_petastorms_not_implemented_error(poo
 
 def test_a_second_concurrent_pass_of_the_in_memory_loader_raises() -> None:
     pytest.importorskip("torch")
-    from unihub.bridges.torch.loaders import InMemBatchedDataLoader
+    from unihub.bridges.torch import InMemBatchedDataLoader
 
     with make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1) as reader:
         loader = InMemBatchedDataLoader(reader, batch_size=2, rows_capacity=100, shuffle=False)
@@ -286,7 +286,7 @@ def test_a_missing_path_without_a_scheme_is_also_petastorms_value_error(tmp_path
 
 def test_a_second_concurrent_pass_of_the_data_loader_keeps_petastorms_words() -> None:
     pytest.importorskip("torch")
-    from unihub.bridges.torch.loaders import DataLoader
+    from unihub.bridges.torch import DataLoader
 
     with DataLoader(make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1), batch_size=2) as loader:
         first = iter(loader)
@@ -552,7 +552,7 @@ class _RowsWithoutState:
 def test_a_loader_over_a_mix_of_readers_without_state_reads_and_refuses_only_its_state() -> None:
     """Petastorm's loaders take a mix of mock readers (test_weighted_sampling_reader.py::test_with_torch_api);
     unihub's loaders track positions through state_dict(), which such readers lack."""
-    from unihub.bridges.torch.loaders import DataLoader, LoaderStateError
+    from unihub.bridges.torch import DataLoader, LoaderStateError
 
     schema = Unischema("Mocked", [UnischemaField("f1", np.int32, (), ScalarCodec(pa.int32()), False)])
     mixer = WeightedSamplingReader([_RowsWithoutState(schema, 0), _RowsWithoutState(schema, 1000)], [0.5, 0.5],

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unihub.errors import InvalidArgumentError
-from unihub.viewer.report import Report
+from unihub.fs import atomic
+from unihub.store.dataset import open_dataset
+from unihub.viewer.html import render
+from unihub.viewer.report import Report, gather
 from unihub.viewer.sample import Sampling
 
 if TYPE_CHECKING:
@@ -49,8 +52,6 @@ class ShowReport:
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the page to ``path`` (a local file, replaced atomically); returns the path."""
-        from unihub.fs import atomic
-
         target = os.fspath(path)
         temporary = atomic.sibling(target)
         try:
@@ -73,10 +74,6 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
     ``pyarrow.compute.Expression``). The statistics cover the same rows, read one row group at a time.
     ``progress(done, total)`` is called after each row group.
     """
-    from unihub.store.dataset import open_dataset
-    from unihub.viewer.html import render
-    from unihub.viewer.report import gather
-
     if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= MAX_ROWS:
         raise InvalidArgumentError(f"rows must be an integer from 0 to {MAX_ROWS}, got {rows!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

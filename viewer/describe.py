@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from unihub.errors import DatasetNotFoundError, FormatError, UnihubError, UnsupportedFormatError
+from unihub.formats.base import detect_format
+from unihub.fs import sources
+from unihub.readers.rowgroup_index import describe_rowgroup_indexes
+from unihub.store.dataset import missing_fields_message, open_dataset
 
 if TYPE_CHECKING:
     from unihub.store.dataset import ParquetStore
@@ -29,9 +33,6 @@ def human_bytes(n: float) -> str:
 
 def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str, Any]:
     """What ``unihub inspect`` reports, as a JSON-able dict (of ``store`` when given: ``url`` opened)."""
-    from unihub.readers.rowgroup_index import describe_rowgroup_indexes
-    from unihub.store.dataset import missing_fields_message, open_dataset
-
     if store is None:
         try:
             store = open_dataset(url)
@@ -62,9 +63,6 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
 def _foreign_source(url: str) -> str | None:
     """What a path that is no unihub dataset is, when a foreign format claims it, and how to convert it."""
     import os
-
-    from unihub.formats.base import detect_format
-    from unihub.fs import sources
 
     try:
         name = detect_format(url)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.viewer.describe import codec_label, human_bytes, shape_label
 from unihub.viewer.report import Report, SampleRow
 from unihub.viewer.stats import MAX_CLASSES, FieldStats, Histogram
 
@@ -92,8 +93,6 @@ def _summary(report: Report) -> str:
 
 
 def _schema(report: Report) -> str:
-    from unihub.viewer.describe import codec_label, shape_label
-
     head = "<tr><th>field</th><th>dtype</th><th>shape</th><th>codec</th><th>nullable</th></tr>"
     body = "".join(
         f"<tr><td>{escape(f['name'])}</td><td>{escape(str(f['dtype']))}</td><td>{escape(shape_label(f['shape']))}</td>"
@@ -235,7 +234,5 @@ def _num(x: float | None) -> str:
 
 
 def _bytes(n: float) -> str:
-    from unihub.viewer.describe import human_bytes
-
     return human_bytes(n)
 

@@ -11,11 +11,17 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from unihub.errors import UnihubError
+from unihub.images import decoders as images
+from unihub.readers.filter_text import parse_filter
+from unihub.readers.random_access import Dataset
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import UnischemaField
 from unihub.store.dataset import ParquetStore
+from unihub.viewer.describe import describe_dataset
 from unihub.viewer.sample import Sampling, scan
 from unihub.viewer.stats import FieldStats, StatsAccumulator
+from unihub.viewer.thumbs import data_uri
 
 #: characters of a value shown under a thumbnail or in the sample table
 VALUE_CHARS = 120
@@ -60,9 +66,6 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
            progress: Callable[[int, int], None] | None = None) -> Report:
     """Read ``store`` once for the statistics and the sample (rows matching ``where``), then decode
     the sampled rows."""
-    from unihub.readers.filter_text import parse_filter
-    from unihub.viewer.describe import describe_dataset
-
     expression: pc.Expression | None = None
     where_columns: tuple[str, ...] | None = ()
     if isinstance(where, str):
@@ -87,8 +90,6 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
 def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
     """The rows ``indices`` decoded: image fields as thumbnails (a bad image as its reason), the
     rest as short text."""
-    from unihub.readers.random_access import Dataset
-
     if not len(indices):
         return []
     batch = Dataset(store, decode_images=False, cached_row_groups=0).take(indices)  # one row group at a time
@@ -106,10 +107,6 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
 
 
 def _thumb(f: UnischemaField, blob: Any) -> Thumb:
-    from unihub.errors import UnihubError
-    from unihub.images import decoders as images
-    from unihub.viewer.thumbs import data_uri
-
     if blob is None:
         return Thumb(f.name, None, problem="null")
     try:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from unihub.readers.loader import evaluate_expression
 from unihub.store.dataset import ParquetStore
 from unihub.viewer.stats import StatsAccumulator
 
@@ -94,8 +95,6 @@ def scan(store: ParquetStore, stats: StatsAccumulator, sampling: Sampling, where
 
 def _evaluate(table: pa.Table, where: pc.Expression) -> pa.Array:
     """The filter's value for each row of ``table``, null as False."""
-    from unihub.readers.loader import _evaluate_expression
-
-    mask = _evaluate_expression(table, where)
+    mask = evaluate_expression(table, where)
     return pc.fill_null(mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask, False)
 

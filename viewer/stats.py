@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from unihub.readers.decode import decode_column
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, column_as_array
 from unihub.schema.unischema import UnischemaField
 
@@ -171,8 +172,6 @@ class StatsAccumulator:
 
     def add(self, table: pa.Table) -> None:
         """Fold in the rows of ``table`` (the row group's :attr:`columns`, rows already filtered)."""
-        from unihub.readers.decode import decode_column
-
         for f in self.fields:
             stats = self.stats[f.name]
             stats.rows += table.num_rows

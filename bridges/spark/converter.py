@@ -44,9 +44,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
+from unihub.bridges.spark.writer import normalize_url
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError, UnsupportedFormatError
+from unihub.fs import filesystem as fsutil
+from unihub.fs import publish
+from unihub.readers.reader import make_batch_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.store.dataset import list_data_files, open_dataset
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
 
 if TYPE_CHECKING:
@@ -90,8 +95,6 @@ class SparkDatasetConverter:
         return f"SparkDatasetConverter({self.cache_dir_url!r}, rows={self.dataset_size})"
 
     def _reader(self, num_epochs: int | None, workers_count: int | None, kwargs: dict[str, Any]) -> Reader:
-        from unihub.readers.reader import make_batch_reader
-
         return make_batch_reader(self.cache_dir_url, num_epochs=num_epochs, workers_count=workers_count, **kwargs)
 
     @contextlib.contextmanager
@@ -156,8 +159,6 @@ class SparkDatasetConverter:
 # -- deleting cache directories -----------------------------------------------------------------
 def _default_delete_dir_handler(dataset_url: str) -> None:
     """Remove ``dataset_url`` and everything under it, on whatever filesystem its scheme names."""
-    from unihub.fs import filesystem as fsutil
-
     fs, path = fsutil.resolve_filesystem(dataset_url)
     fsutil.remove(fs, path)
 
@@ -239,10 +240,7 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
 
 def _converter_over(url: str) -> SparkDatasetConverter:
     """A converter over Parquet files the caller wrote: counted from the footers, no Spark job."""
-    from unihub.bridges.spark.writer import _normalize_url
-    from unihub.store.dataset import open_dataset
-
-    url = _normalize_url(url)  # Hadoop's 'file:/x'
+    url = normalize_url(url)  # Hadoop's 'file:/x'
     store = open_dataset(url)  # a DatasetNotFoundError names a missing or empty directory
     converter = SparkDatasetConverter(url, _as_urls(url, store.path, (f.path for f in store.files)), store.num_rows)
     converter.owns_files = False
@@ -251,15 +249,13 @@ def _converter_over(url: str) -> SparkDatasetConverter:
 
 def _parent_cache_dir_url(spark: Any) -> str:
     """The parent cache directory from the Spark conf, checked to be a URL with a scheme."""
-    from unihub.bridges.spark.writer import _normalize_url
-
     keys = (SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, SparkDatasetConverter.UNIHUB_PARENT_CACHE_DIR_URL_CONF)
     url = next((value for value in (spark.conf.get(k, None) for k in keys) if value), None)
     if not url:
         raise ConverterConfigError(
             f"the Spark converter needs a cache directory: set the Spark conf {keys[0]!r} (or {keys[1]!r}), "
             f"e.g. spark.conf.set({keys[0]!r}, 'file:///tmp/unihub-cache')")
-    url = _normalize_url(url)
+    url = normalize_url(url)
     if not urlparse(url).scheme or "://" not in url:
         raise ConverterConfigError(f"{keys[0]} must be a URL such as 'file:///tmp/cache' or 's3a://bucket/cache', "
                                    f"got {url!r}")
@@ -335,9 +331,6 @@ def _cast_type(data_type: Any, dtype: Dtype | None, types: Any) -> Any:
 def _write(df: Any, url: str, row_group_size: int, compression: str | None, key: str,
            options: dict[str, Any]) -> None:
     """Write ``df`` into a hidden sibling of ``url``, rename it into place, then write the marker."""
-    from unihub.fs import filesystem as fsutil
-    from unihub.store.dataset import open_dataset
-
     fs, path = fsutil.resolve_filesystem(url)
     temporary_url = url.rsplit("/", 1)[0] + "/" + fsutil.temporary_sibling(path).rsplit("/", 1)[-1]
     writer = (df.write.mode("overwrite").option("parquet.block.size", str(row_group_size))
@@ -346,7 +339,7 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
     try:
         writer.parquet(temporary_url)
         _, temporary = fsutil.resolve_filesystem(temporary_url)
-        fsutil.commit(fs, temporary, path)
+        publish.commit(fs, temporary, path)
     except BaseException:
         with contextlib.suppress(Exception):
             fsutil.remove(fs, fsutil.resolve_filesystem(temporary_url)[1])
@@ -359,8 +352,6 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
 
 def _read_marker(url: str) -> dict[str, Any] | None:
     """The completion marker of a cache directory, or None when the directory is absent or incomplete."""
-    from unihub.fs import filesystem as fsutil
-
     fs, path = fsutil.resolve_filesystem(url)
     try:
         with fs.open_input_stream(fsutil.join(path, MARKER)) as handle:
@@ -374,11 +365,8 @@ def _read_marker(url: str) -> dict[str, Any] | None:
 
 def _file_urls(url: str) -> list[str]:
     """The Parquet data files of a cache directory, as URLs with the directory's scheme."""
-    from unihub.fs import filesystem as fsutil
-    from unihub.store.dataset import _list_data_files
-
     fs, path = fsutil.resolve_filesystem(url)
-    return _as_urls(url, path, _list_data_files(fs, path))
+    return _as_urls(url, path, list_data_files(fs, path))
 
 
 def _as_urls(url: str, root: str, paths: Iterable[str]) -> list[str]:

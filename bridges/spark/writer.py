@@ -25,26 +25,16 @@ import pyarrow.parquet as pq
 
 from unihub.dependencies import require
 from unihub.errors import CodecError, SchemaError
+from unihub.fs import filesystem as fsutil
+from unihub.petastorm.pickling import check_petastorm_compatible
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
 from unihub.schema.validation import stored_as_text
+from unihub.store.dataset import COMMON_METADATA, list_data_files, read_metadata
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
+from unihub.store.metadata_files import petastorm_metadata, write_summary_metadata
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import Unischema, UnischemaField
-
-_SIMPLE_ARROW_TO_SPARK = {
-    "bool": "BooleanType", "int8": "ByteType", "int16": "ShortType", "int32": "IntegerType",
-    "int64": "LongType", "uint8": "ShortType", "uint16": "IntegerType", "uint32": "LongType",
-    "halffloat": "FloatType", "float": "FloatType", "double": "DoubleType", "string": "StringType",
-    "large_string": "StringType", "string_view": "StringType", "binary": "BinaryType",
-    "large_binary": "BinaryType", "binary_view": "BinaryType", "date32[day]": "DateType", "null": "NullType",
-}
-_SPARK_TO_ARROW = {
-    "BooleanType": pa.bool_(), "ByteType": pa.int8(), "ShortType": pa.int16(), "IntegerType": pa.int32(),
-    "LongType": pa.int64(), "FloatType": pa.float32(), "DoubleType": pa.float64(), "StringType": pa.string(),
-    "CharType": pa.string(), "VarcharType": pa.string(),
-    "BinaryType": pa.binary(), "DateType": pa.date32(), "TimestampType": pa.timestamp("us", tz="UTC"),
-    "TimestampNTZType": pa.timestamp("us"), "NullType": pa.null(),
-}
 
 #: Hadoop configuration keys ``materialize_dataset`` sets for the job and restores afterwards.
 #: ``parquet.page.size.row.check.min`` is how many rows parquet-mr buffers before it first
@@ -57,61 +47,6 @@ _ROW_CHECK_MIN_VALUE = 3  # Petastorm's value
 #: Spark SQL settings for the job: timestamps as INT64 microseconds (what the Unischema's
 #: ``timestamp[us]`` says) rather than Spark's default, the deprecated INT96.
 _SQL_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-SUMMARY_METADATA = "_metadata"
-
-
-def _types() -> Any:
-    return require("pyspark.sql.types", extra="spark", purpose="Spark types")
-
-
-def arrow_to_spark_type(arrow_type: pa.DataType) -> Any:
-    """The pyspark ``DataType`` that stores an Arrow type.
-
-    Spark has no unsigned integers: uint8/16/32 widen to the next signed type and uint64
-    becomes ``DecimalType(20, 0)``; extension types (tensors) map through their storage.
-    """
-    types = _types()
-    if isinstance(arrow_type, pa.BaseExtensionType):
-        arrow_type = arrow_type.storage_type
-    if pa.types.is_dictionary(arrow_type):
-        arrow_type = arrow_type.value_type
-    name = _SIMPLE_ARROW_TO_SPARK.get(str(arrow_type))
-    if name is not None:
-        return getattr(types, name)()
-    if pa.types.is_decimal(arrow_type):
-        if arrow_type.precision > 38:
-            raise SchemaError(f"Arrow type {arrow_type} has more digits than Spark's DecimalType (38)")
-        return types.DecimalType(arrow_type.precision, arrow_type.scale)
-    if pa.types.is_uint64(arrow_type):
-        return types.DecimalType(20, 0)
-    if pa.types.is_timestamp(arrow_type):
-        return types.TimestampType() if arrow_type.tz else types.TimestampNTZType()
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
-        return types.ArrayType(arrow_to_spark_type(arrow_type.value_type), arrow_type.value_field.nullable)
-    if pa.types.is_map(arrow_type):
-        return types.MapType(arrow_to_spark_type(arrow_type.key_type), arrow_to_spark_type(arrow_type.item_type),
-                             arrow_type.item_field.nullable)
-    if pa.types.is_struct(arrow_type):
-        return types.StructType([types.StructField(f.name, arrow_to_spark_type(f.type), f.nullable)
-                                 for f in arrow_type])
-    raise SchemaError(f"Arrow type {arrow_type} has no Spark equivalent")
-
-
-def spark_to_arrow_type(spark_type: Any) -> pa.DataType:
-    """The Arrow type for a pyspark ``DataType`` instance (read by class name, no import)."""
-    name = type(spark_type).__name__
-    if name in _SPARK_TO_ARROW:
-        return _SPARK_TO_ARROW[name]
-    if name == "DecimalType":
-        return pa.decimal128(spark_type.precision, spark_type.scale)
-    if name == "ArrayType":
-        return pa.list_(pa.field("item", spark_to_arrow_type(spark_type.elementType), spark_type.containsNull))
-    if name == "MapType":
-        return pa.map_(spark_to_arrow_type(spark_type.keyType),
-                       pa.field("value", spark_to_arrow_type(spark_type.valueType), spark_type.valueContainsNull))
-    if name == "StructType":
-        return pa.struct([pa.field(f.name, spark_to_arrow_type(f.dataType), f.nullable) for f in spark_type.fields])
-    raise SchemaError(f"Spark type {spark_type!r} has no Arrow equivalent in unihub")
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -321,8 +256,6 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
     if row_group_size_mb is not None and row_group_size_mb <= 0:
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
     if petastorm_compatible:
-        from unihub.petastorm.pickling import check_petastorm_compatible
-
         check_petastorm_compatible(schema)
     job_hadoop = {_SUMMARY_LEVEL: "NONE", SPARK_CHECKSUM_CONF: "true"}  # a CRC-32 in every page header
     if row_group_size_mb:
@@ -355,7 +288,7 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
             else:
                 spark.conf.set(key, value)
     filesystem = filesystem_factory() if filesystem_factory is not None else None
-    write_common_metadata(_normalize_url(dataset_url), schema, filesystem=filesystem,
+    write_common_metadata(normalize_url(dataset_url), schema, filesystem=filesystem,
                           summary=use_summary_metadata, petastorm_compatible=petastorm_compatible)
 
 
@@ -367,7 +300,7 @@ def _hadoop_conf(spark: Any) -> Any:
         return None
 
 
-def _normalize_url(url: str) -> str:
+def normalize_url(url: str) -> str:
     """``file:/x`` (Hadoop's spelling) -> ``file:///x``."""
     url = str(url)
     if url.startswith("file:") and not url.startswith("file://"):
@@ -382,44 +315,19 @@ def write_common_metadata(dataset_url: str, schema: Unischema, *, filesystem: An
     With ``summary``, also ``_metadata``: the same schema and every data file's row groups.
     With ``petastorm_compatible``, also Petastorm's pickled Unischema and row groups per file.
     """
-    from unihub.fs import filesystem as fsutil
-    from unihub.schema.unischema import SCHEMA_METADATA_KEY
-    from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_metadata
-
-    fs, root = fsutil.resolve_filesystem(_normalize_url(dataset_url), filesystem)
+    fs, root = fsutil.resolve_filesystem(normalize_url(dataset_url), filesystem)
     if not fsutil.is_dir(fs, root):
         raise SchemaError(f"{dataset_url}: no such directory; did the Spark job write to another URL?")
-    paths = sorted(_list_data_files(fs, root))
+    paths = sorted(list_data_files(fs, root))
     if not paths:
         raise SchemaError(f"{dataset_url}: the Spark job wrote no Parquet files; nothing to describe")
-    first = _read_metadata(fs, paths[0])
+    first = read_metadata(fs, paths[0])
     arrow_schema = first.schema.to_arrow_schema()
     metadata = dict(arrow_schema.metadata or {})
     metadata[SCHEMA_METADATA_KEY] = schema.to_json().encode()
     if petastorm_compatible:
-        from unihub.petastorm.metadata import petastorm_metadata
-
         metadata.update(petastorm_metadata(schema, fs, root, paths))
     arrow_schema = arrow_schema.with_metadata(metadata)
     pq.write_metadata(arrow_schema, fsutil.join(root, COMMON_METADATA), filesystem=fs)
     if summary:
-        _write_summary_metadata(fs, root, paths, first)
-
-
-def _write_summary_metadata(fs: Any, root: str, paths: list[str], first: pq.FileMetaData) -> None:
-    """``_metadata``: the first file's footer with every file's row groups, paths relative to ``root``."""
-    from unihub.fs import filesystem as fsutil
-    from unihub.store.dataset import _read_metadata
-
-    combined = first
-    combined.set_file_path(paths[0][len(root):].lstrip("/"))
-    for path in paths[1:]:
-        footer = _read_metadata(fs, path)
-        footer.set_file_path(path[len(root):].lstrip("/"))
-        try:
-            combined.append_row_groups(footer)
-        except (RuntimeError, ValueError, pa.ArrowException) as exc:
-            raise SchemaError(f"{path}: its Parquet schema differs from {paths[0]}'s, so no "
-                              f"{SUMMARY_METADATA} file can list both: {exc}") from exc
-    with fs.open_output_stream(fsutil.join(root, SUMMARY_METADATA)) as out:
-        combined.write_metadata_file(out)
+        write_summary_metadata(fs, root, paths, first)

@@ -36,7 +36,7 @@ from unihub.bridges.tf.encode import encode_columns, encode_values, null_error, 
 from unihub.bridges.tf.ngram import ngram_plans
 from unihub.bridges.tf.plans import FieldPlan, check_reader, fill_value, load_tf, row_type_with_masks
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
-from unihub.schema.validation import shape_matches
+from unihub.schema.shapes import shape_matches
 
 #: the name of the shuffling queue's size op (``graph.get_tensor_by_name(NAME + ":0")``), Petastorm's
 RANDOM_SHUFFLING_QUEUE_SIZE = "random_shuffling_queue_size"

@@ -38,7 +38,7 @@ from unihub.bridges.torch.tensors import Columns
 from unihub.errors import InvalidArgumentError, UsageError
 from unihub.readers.batching import columns_length, concat_columns, slice_columns, take_columns
 
-#: with the torch datasets (this module's ``__getattr__``): the names README documents here
+#: the loaders' public names (the package ``unihub.bridges.torch`` re-exports them with the torch datasets)
 __all__ = ["BatchedDataLoader", "DataLoader", "InMemBatchedDataLoader", "LoaderStateError", "PerRank",
            "decimal_friendly_collate", "make_collate"]
 
@@ -291,13 +291,3 @@ class InMemBatchedDataLoader(LoaderBase):
             self._load()
         self._pass_seed = int(state["shuffle_seed"])
         self._resume_at = (int(state["epoch"]), int(state["row"]))
-
-
-def __getattr__(name: str) -> Any:
-    """``TorchIterableDataset`` and ``TorchMapDataset``, from ``datasets.py``, where README's
-    ``from unihub.bridges.torch.loaders import ...`` looks for them (built when first asked for)."""
-    if name in ("TorchIterableDataset", "TorchMapDataset"):
-        from unihub.bridges.torch import datasets  # datasets.py imports this module's BatchedDataLoader
-
-        return getattr(datasets, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

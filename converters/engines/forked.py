@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
-from unihub.formats.base import ForeignFormat
+from unihub.formats.base import ForeignFormat, frozen_for_fork, process_pool
 
 
 @ENGINES.register("forked")
@@ -21,8 +21,7 @@ class ForkedEngine(Engine):
     def run(self, plan: TaskPlan, files: list[str], *, source: ForeignFormat | None = None,
             wrap: Wrap | None = None, on_done: OnDone | None = None) -> list[TaskResult]:
         import unihub.formats.builtin  # noqa: F401  (imported once here, not in every forked worker)
-        import unihub.store.writer  # noqa: F401
-        from unihub.formats.base import frozen_for_fork, process_pool
+        import unihub.store.writer  # noqa: F401  (as above: once here, not in every forked worker)
 
         slices = file_slices(files, self.workers * 4)
         pool = process_pool(self.workers)

@@ -35,9 +35,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import unihub.errors
 from unihub.converters import task_errors
 from unihub.converters.engines import ENGINES, Engine, OnDone, Wrap
 from unihub.converters.tasks import TaskPlan, TaskResult, file_slices, run_task
+from unihub.dependencies import require
 from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
 from unihub.formats.base import ForeignFormat, SchemaOutgrown
 from unihub.fs import remote_context
@@ -46,6 +48,8 @@ from unihub.fs import remote_context
 #: Python traceback that Spark passes on as text
 _PYTHON_ERROR = re.compile(r"^(?:[\w.]*\.)?(?P<name>\w*(?:Error|SchemaOutgrown)): (?P<message>.*)$")
 
+#: The folder that holds the ``unihub`` package, which executors' Python workers must be able to import.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: seconds a job may go with no task running before it is given up (see the module docstring); long enough
 #: for executors to start on a loaded cluster, short enough that a lost cluster is named within minutes
 STALL_TIMEOUT_S = 120.0
@@ -260,7 +264,6 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     whose executors run this interpreter with unihub importable."""
     if spark is not None:
         return refuse_speculation(spark, created=False), False
-    from unihub.dependencies import require
 
     with _jvm_output():
         sql = require("pyspark.sql", extra="spark", purpose="the Spark conversion engine")
@@ -308,12 +311,10 @@ def python_for_executors() -> Iterator[None]:
 def executor_settings() -> dict[str, str]:
     """Spark settings that run executors' Python workers with this interpreter and unihub importable
     (what the user set in the environment wins)."""
-    import unihub
-
     settings = {"spark.ui.showConsoleProgress": "false"}
     if not os.environ.get("PYSPARK_PYTHON"):
         settings["spark.pyspark.python"] = sys.executable  # for spark-submit; PySpark: python_for_executors
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(unihub.__file__)))
+    package_parent = os.path.dirname(_PACKAGE_DIR)
     paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return settings
@@ -322,8 +323,6 @@ def executor_settings() -> dict[str, str]:
 def task_error(exc: BaseException, src: str) -> BaseException:
     """The error a failed task raised, out of Spark's text: the same unihub error class and message
     (a FormatError when it is another kind), or :class:`SchemaOutgrown` for a single pass to start over."""
-    import unihub.errors
-
     text = str(exc)
     whole = task_errors.carried(text)  # the task's own error, as it was raised
     if whole is not None:

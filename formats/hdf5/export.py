@@ -46,7 +46,7 @@ from unihub.formats.hdf5.storage import (
 )
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import Unischema
-from unihub.store.writer import column_length
+from unihub.schema.validation import column_length
 
 SCHEMA_NAME_ATTR = "unihub.schema_name"
 FIELD_ORDER_ATTR = "unihub.field_order"

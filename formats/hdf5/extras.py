@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.formats.compare import first_difference
 from unihub.formats.hdf5.dtypes import (
     decode_constant,
     dtype_to_json,
@@ -52,6 +53,7 @@ from unihub.formats.hdf5.dtypes import (
     native,
 )
 from unihub.formats.hdf5.export import create_stored
+from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan, find_links, unit_roots
 from unihub.formats.hdf5.meta import (
     GIVEN_PARAMETERS,
@@ -63,7 +65,6 @@ from unihub.formats.hdf5.meta import (
 )
 from unihub.formats.hdf5.selection import plan_file
 from unihub.formats.hdf5.storage import ExportSpec, Typed, generic_dtype, storage_of
-from unihub.fs import sources
 from unihub.schema.unischema import Unischema
 
 Value = tuple[Any, Any]  #: (value or None for an empty dataspace, dtype) of a dataset or attribute
@@ -187,8 +188,6 @@ def _storage_entries(datasets: Mapping[str, Any], members: Mapping[str, Any],
     (in the first group holding it) unless it is h5py's default (the groups of an export hold fields
     stored unihub's way too, which are, and which the file does not tell apart), and ``exceptions``
     (``path: (member, description)``) where they differ from their member's."""
-    from unihub.converters.verify import first_difference
-
     out = {f"storage of dataset '/{path}'": d for path, d in sorted(datasets.items())}
     out.update({f"storage of member {rel!r} in the groups": d for rel, d in sorted(members.items())
                 if not _is_default(d)})
@@ -209,8 +208,6 @@ def dtype_text(dt: np.dtype) -> str:
 
 def _with_files(first: dict[str, Entries], others: Iterable[tuple[str, dict[str, Entries]]]) -> Entries:
     """The first file's entries, and each other file's kinds of entries that differ from the first's."""
-    from unihub.converters.verify import first_difference
-
     out: Entries = {name: value for entries in first.values() for name, value in entries.items()}
     for path, sections in others:
         for key, entries in sections.items():
@@ -227,7 +224,7 @@ def reference_extras(files: list[str], options: Mapping[str, Any]) -> Entries:
     all_sections: list[tuple[str, dict[str, Entries]]] = []
     rows: dict[str, list[Any]] = {}
     for path in files:
-        with sources.open_hdf5(path) as handle:
+        with open_hdf5(path) as handle:
             plan = plan_file(path, handle, options)
             all_sections.append((path, _file_sections(handle, plan)))
             _row_datasets(handle, plan, rows)

@@ -84,17 +84,22 @@ from unihub.formats.base import (
     parse_list,
     register_format,
 )
-from unihub.formats.hdf5.detect import LAYOUTS
+from unihub.formats.hdf5.detect import LAYOUTS, recorded_layout
 from unihub.formats.hdf5.dtypes import h5py_module
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR, write_file
+from unihub.formats.hdf5.extras import native_extras, reference_extras
+from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan, discover
 from unihub.formats.hdf5.meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5.read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5.selection import select
 from unihub.formats.hdf5.storage import export_spec
+from unihub.formats.hdf5.verify import native_records, reference_records, verify_spec
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs
 from unihub.runtime.memory import batch_nbytes
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.image_checks import batch_problems, drop_rows
 from unihub.schema.unischema import Unischema, UnischemaField
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -103,7 +108,7 @@ __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
 
 def _open(path: str) -> Any:
     try:
-        return sources.open_hdf5(path)
+        return open_hdf5(path)
     except OSError as exc:
         raise FormatError(f"{path}: not a readable HDF5 file ({exc})", path=path) from exc
 
@@ -239,9 +244,7 @@ class HDF5Format(ForeignFormat):
     def _checked_images(self, path: str, reader: Any, start: int, batch: dict[str, Any],
                         fields: Sequence[UnischemaField], on_error: OnError) -> tuple[dict[str, Any], int]:
         """``batch`` (rows ``start``.. of ``reader``) and its row count, rows whose encoded image fails its
-        check (:mod:`unihub.images.checks`) raised as a FormatError, or left out when skipping."""
-        from unihub.images.checks import batch_problems, drop_rows
-
+        check (:mod:`unihub.schema.image_checks`) raised as a FormatError, or left out when skipping."""
         rows = len(next(iter(batch.values()))) if batch else 0
         problems = batch_problems(batch, fields, self.validate_images)
         for row, name, reason in problems:
@@ -322,30 +325,21 @@ class HDF5Format(ForeignFormat):
     # -- verify: h5py's own reading -----------------------------------------------------
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every row as h5py reads it (see ``hdf5_verify.py``), in ingest order."""
-        from unihub.formats.hdf5.verify import reference_records
-
         yield from reference_records(self._files(), self.options)
 
     @classmethod
     def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]],
                        extra: Mapping[str, Any], **options: Any) -> Iterator[dict[str, Any]]:
         """A unihub dataset's rows as :meth:`reference_records` reads an export of them."""
-        from unihub.formats.hdf5.verify import native_records
-
         yield from native_records(schema, rows, extra, options)
 
     def reference_extras(self) -> dict[str, Any]:
         """What the files hold beside their rows, as h5py reads it (see ``hdf5_extras.py``)."""
-        from unihub.formats.hdf5.extras import reference_extras
-
         return reference_extras(self._files(), self.options)
 
     @classmethod
     def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
         """What an export of a unihub dataset writes beside its rows (see ``hdf5_extras.py``)."""
-        from unihub.formats.hdf5.extras import native_extras
-        from unihub.formats.hdf5.verify import verify_spec
-
         return native_extras(schema, extra, verify_spec(schema, extra, options), options)
 
     def prepare(self, schema: Unischema) -> None:
@@ -357,9 +351,6 @@ class HDF5Format(ForeignFormat):
         """How a unihub export says it was written (root attribute ``unihub.layout``): its ``layout``,
         ``key_field`` and ``images`` (where an older export did not record ``images``: ``pixels`` when
         it recorded as a tensor a field the schema read with holds as an image)."""
-        from unihub.formats.hdf5.detect import recorded_layout
-        from unihub.schema.codecs import CompressedImageCodec
-
         path = self._files()[0]
         with _open(path) as handle:
             recorded = recorded_layout(handle)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from unihub.formats.hdf5.dtypes import h5py_module
+
 #: reserved beyond each write's own bytes and the chunk caches: HDF5's metadata (chunk indexes,
 #: object headers, heaps)
 MARGIN_BYTES = 1 << 20
@@ -82,8 +84,6 @@ def _chunk_caches(handle: Any) -> int:
     """The most that the chunk caches of ``handle``'s open datasets hold: whole chunks, which get their
     place in the file (beyond HDF5's end of allocated space) only when written out, at the latest at
     close, however few rows they hold."""
-    from unihub.formats.hdf5.dtypes import h5py_module
-
     h5py = h5py_module()
     cache_bytes = int(handle.id.get_access_plist().get_cache()[2])
     total = 0

@@ -33,8 +33,8 @@ from unihub.formats.hdf5.dtypes import (
 from unihub.formats.hdf5.layout import ISNULL_SUFFIX, KEY_FIELDS, SHAPE_SUFFIX
 from unihub.schema import dtypes
 from unihub.schema.codecs import CompressedImageCodec, TensorCodec
+from unihub.schema.shapes import fixed_dims
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import fixed_dims
 
 _VLEN_ROW_BYTES = 64
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from unihub.formats.hdf5.dtypes import extract, member_dtype, native, to_h5
+from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan
 from unihub.formats.hdf5.read import attribute_array
 from unihub.formats.hdf5.selection import matches, plan_file
 from unihub.formats.hdf5.storage import ExportSpec, export_spec, generic_value, storage_of, storage_rows
-from unihub.fs import sources
 from unihub.schema.unischema import Unischema
 
 _ROWS = 256  # rows read or converted at a time
@@ -31,7 +31,7 @@ Record = dict[str, Any]
 def reference_records(files: Iterable[str], options: Mapping[str, Any]) -> Iterator[tuple[str, Record]]:
     """Every row of ``files`` as h5py reads it, in ingest order: ``(where, record)``."""
     for path in files:
-        with sources.open_hdf5(path) as handle:
+        with open_hdf5(path) as handle:
             plan = plan_file(path, handle, options)
             name = os.path.basename(path)
             if plan.kind == "groups":

@@ -97,14 +97,15 @@ from unihub.formats.base import (
     register_format,
 )
 from unihub.fs import filesystem as fsutil
+from unihub.fs import publish
 from unihub.fs import sources as fsrc
 from unihub.fs.outputs import LocalOutputs, Outputs
 from unihub.images import decoders as images
-from unihub.images.checks import jpeg_scan_start
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec
+from unihub.schema.image_checks import jpeg_scan_start
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.schema.validation import shape_matches
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 #: Image formats unihub does not read: errors (or skips), never silently dropped as non-images.
@@ -205,6 +206,23 @@ class ImageFolderFormat(ForeignFormat):
                 break
         hits = sum(images.detect_format(_head(f, 8)) is not None for f in sample[:_DETECT_SAMPLE])
         return hits > 0 and 2 * hits >= min(len(sample), _DETECT_SAMPLE)
+
+    @classmethod
+    def of_files(cls, root: str, classes: tuple[str, ...] | None, files: Sequence[str],
+                 **options: Any) -> ImageFolderFormat:
+        """The folder ``root`` reading just ``files`` (paths from its listing: a conversion task's slice),
+        labelled by the whole root's ``classes`` (None: the flat layout), without listing the folder again."""
+        source = cls(root, **options)
+        prefix = os.path.join(root, "")
+        label_of = {name: i for i, name in enumerate(classes or ())}
+        entries = []
+        for path in files:
+            # the files come from the source's listing (root + relative path); relpath is slow
+            rel = (path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)).replace(os.sep, "/")
+            label = None if classes is None else label_of[rel.split("/", 1)[0]]
+            entries.append(_Entry(rel, label))
+        source.__dict__["_listing"] = _Listing(classes, tuple(entries), ())
+        return source
 
     def files(self) -> list[str]:
         """Every candidate file (images and any others, not hidden; regular files only), in reading order."""
@@ -394,14 +412,14 @@ class ImageFolderFormat(ForeignFormat):
         if isinstance(target, Outputs):  # staged by the caller, on any filesystem
             return _write_tree(target, image, label, path, classes, batches)
         target = os.path.abspath(os.fspath(target))
-        fsutil.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
+        publish.settle_url(target)  # a killed run's old folder back in place, its temporaries removed
         if os.path.lexists(target) and not overwrite:
             raise DatasetExistsError(f"{target} already exists; pass --overwrite (overwrite=True) to replace it")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         temporary = fsutil.temporary_sibling(target)
         try:
             written = _write_tree(LocalOutputs(temporary), image, label, path, classes, batches)
-            fsutil.commit(pafs.LocalFileSystem(), temporary, target)
+            publish.commit(pafs.LocalFileSystem(), temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise

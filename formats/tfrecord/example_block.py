@@ -41,8 +41,11 @@ from unihub.formats.tfrecord.schema import (
     unlisted_check,
 )
 from unihub.fs import sources
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
+from unihub.schema import image_checks
+
+if TYPE_CHECKING:
+    from unihub.formats.tfrecord.format import TFRecordFormat
 
 if TYPE_CHECKING:  # format.py imports this module (through parsers.py)
     from unihub.formats.tfrecord.format import TFRecordFormat

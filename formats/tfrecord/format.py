@@ -50,6 +50,7 @@ from unihub.formats.base import (
 from unihub.formats.tfrecord.example import Feature, parse_example
 from unihub.formats.tfrecord.files import Listing, list_files, named_like_tfrecord, tfds_beside
 from unihub.formats.tfrecord.parsers import DEFAULT_PARSER, EXAMPLE_PARSERS, ParserName
+from unihub.formats.tfrecord.payload import detect, infer_schema, list_fields, read_batches, row_encoder
 from unihub.formats.tfrecord.records import (
     _fail,
     _header_ok,
@@ -68,6 +69,7 @@ from unihub.formats.tfrecord.schema import (
     _Stats,
     empty_means_null,
     example_encoder,
+    export_options,
     fields_from_stats,
     order_field,
     order_on_wire,
@@ -75,6 +77,7 @@ from unihub.formats.tfrecord.schema import (
     shape_features,
 )
 from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
+from unihub.formats.tfrecord.verify import native_records, reference_records
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs, outputs_for
 from unihub.schema.unischema import Unischema
@@ -248,18 +251,7 @@ class TFRecordFormat(ForeignFormat):
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
         still has) and feature order, so an export gives the source back, record for record."""
-        info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
-        options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
-        for key in ("feature_lists", "empty_as_null", "shape_features"):
-            names = [name for name in info.get(key) or () if name in schema]
-            if names:
-                options[key] = names
-        for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
-            if info.get(key):
-                options[key] = list(info[key])
-        if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
-            options["feature_orders"] = dict(info["feature_orders"])
-        return options
+        return export_options(extra, schema)
 
     def prepare(self, schema: Unischema) -> Unischema | None:
         """What the records say beyond a given schema: which fields are feature lists (SequenceExamples,
@@ -267,15 +259,11 @@ class TFRecordFormat(ForeignFormat):
         (a scan, when no inference ran), so that the metadata and an export keep them. Where the records
         disagree on their features' order, ``schema`` with the field that keeps each row's."""
         if self.payload == "sequence_example" and self.options.get("feature_lists") is None:
-            from unihub.formats.tfrecord.payload import list_fields
-
             self.options["feature_lists"] = list_fields(self, list(schema))
         if self.payload == "example" and not self._scanned:
             stats, total = _scan_files({"on_error": self.on_error, **self.options}, self.files())
             self._note(stats, total)
         elif self.payload == "sequence_example" and not self._scanned:
-            from unihub.formats.tfrecord.payload import infer_schema
-
             infer_schema(self, self.payload, None)  # the context's empty lists and shape features
         if self.feature_orders and ORDER_FIELD not in schema.fields:
             return Unischema(schema.name, [*schema, order_field()])
@@ -283,16 +271,12 @@ class TFRecordFormat(ForeignFormat):
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The records as TensorFlow itself reads them (see :mod:`unihub.formats.tfrecord.verify`)."""
-        from unihub.formats.tfrecord.verify import reference_records
-
         return reference_records(self)
 
     @classmethod
     def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                        **options: Any) -> Iterator[dict[str, Any]]:
         """Rows of a unihub dataset as TensorFlow would read an export of them (see tfverify)."""
-        from unihub.formats.tfrecord.verify import native_records
-
         return native_records(schema, rows, extra, **options)
 
     @cached_property
@@ -332,8 +316,6 @@ class TFRecordFormat(ForeignFormat):
     @cached_property
     def payload(self) -> str:
         """What the records are: the ``payload`` option, or the first record's kind (see tfpayload)."""
-        from unihub.formats.tfrecord.payload import detect
-
         chosen = self.options.get("payload") or "auto"
         return detect(self) if chosen == "auto" else chosen
 
@@ -361,8 +343,6 @@ class TFRecordFormat(ForeignFormat):
 
     def infer_schema(self, *, sample_records: int | None = None) -> Unischema:
         if self.payload != "example":
-            from unihub.formats.tfrecord.payload import infer_schema
-
             return infer_schema(self, self.payload, sample_records)
         files = self.files()
         options = {"on_error": self.on_error, **self.options}  # bad records: as the read will treat them
@@ -444,8 +424,6 @@ class TFRecordFormat(ForeignFormat):
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
         if self.payload != "example":
-            from unihub.formats.tfrecord.payload import read_batches
-
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
         plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
@@ -479,8 +457,6 @@ class TFRecordFormat(ForeignFormat):
             encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
                                      feature_orders)
         else:
-            from unihub.formats.tfrecord.payload import row_encoder
-
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
                                  feature_order or (), feature_list_order or (), feature_orders)
         if records_per_file is not None and records_per_file <= 0:

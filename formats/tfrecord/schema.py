@@ -25,13 +25,12 @@ import pyarrow as pa
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.tfrecord.example import Feature, encode_entries, encode_feature, encode_scalar, ld
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
-from unihub.schema import dtypes
+from unihub.schema import dtypes, image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.schema.image_checks import ValidateImages
+from unihub.schema.shapes import fixed_dims
 from unihub.schema.unischema import Shape, Unischema, UnischemaField
-from unihub.schema.validation import fixed_dims
 
 SHAPE_SUFFIX = "/shape"
 #: the row field that names each record's order of features on the wire, where records disagree on it
@@ -391,7 +390,7 @@ class _Mismatch(Exception):
 
 
 class _BadImage(_Mismatch):
-    """An image that fails its check (:mod:`unihub.images.checks`): a bad record, never a
+    """An image that fails its check (:mod:`unihub.schema.image_checks`): a bad record, never a
     sign that a provisional schema was outgrown, so it names no feature (its reason does)."""
 
     def __init__(self, feature: str, reason: str) -> None:
@@ -668,3 +667,21 @@ def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
     if not empty:
         return encode
     return lambda value: empty if value is None else encode(value)
+
+
+# -- what an export writes back ------------------------------------------------------------------
+def export_options(extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
+    """A TFRecord source's payload kind, feature lists, empty lists (of the fields ``schema``
+    still has) and feature order, so an export gives the source back, record for record."""
+    info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
+    options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
+    for key in ("feature_lists", "empty_as_null", "shape_features"):
+        names = [name for name in info.get(key) or () if name in schema]
+        if names:
+            options[key] = names
+    for key in ("feature_order", "feature_list_order"):  # names on the wire, /shape ones too: kept whole
+        if info.get(key):
+            options[key] = list(info[key])
+    if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
+        options["feature_orders"] = dict(info["feature_orders"])
+    return options

@@ -30,6 +30,9 @@ import numpy as np
 
 from unihub.dependencies import require
 from unihub.errors import FormatError
+from unihub.formats.tfrecord.payload import row_encoder
+from unihub.formats.tfrecord.records import file_compression
+from unihub.formats.tfrecord.schema import example_encoder, export_options
 from unihub.formats.tfrecord.tensor_proto import TensorProtoError, check_padding
 from unihub.fs import sources
 from unihub.schema.unischema import Unischema
@@ -45,8 +48,6 @@ def _tensorflow() -> Any:
 
 def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every record of ``source`` (a TFRecordFormat) as TensorFlow reads it; see the module docstring."""
-    from unihub.formats.tfrecord.records import file_compression
-
     tf = _tensorflow()
     forced = source.options.get("payload") or "auto"
     for path in source.files():
@@ -77,10 +78,7 @@ def _tf_records(tf: Any, path: str, local: str, compression: str, forced: str) -
 def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                    **options: Any) -> Iterator[dict[str, Any]]:
     """The rows of a unihub dataset as :func:`reference_records` gives the records an export writes."""
-    from unihub.formats.tfrecord.format import TFRecordFormat
-    from unihub.formats.tfrecord.schema import example_encoder
-
-    written = TFRecordFormat.export_options(extra, schema)
+    written = export_options(extra, schema)
     forced = options.get("payload") or "auto"
     payload = forced if forced not in ("auto", None) else written.get("payload", "example")
     shapes, order = written.get("shape_features", ()), written.get("feature_order", ())
@@ -88,8 +86,6 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
         encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order,
                                  written.get("feature_orders"))
     else:
-        from unihub.formats.tfrecord.payload import row_encoder
-
         lists = options.get("feature_lists") or written.get("feature_lists", ())
         encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
                              written.get("feature_list_order", ()), written.get("feature_orders"))

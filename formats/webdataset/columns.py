@@ -5,7 +5,7 @@ field's members into one column in a few vectorised steps rather than value by v
 text and bytes become one Arrow array; integer text is checked by one regular expression and
 parsed by one Arrow cast; ``.npy`` members of one header are read as one ``(n, *shape)`` array
 (:func:`unihub.schema.npy.load_npy_column`); images are checked a header group at a time
-(:func:`unihub.images.checks.bad_images`). What this fast path cannot vouch for (a value
+(:func:`unihub.schema.image_checks.bad_images`). What this fast path cannot vouch for (a value
 it would have to look at alone, a missing or extra member, a failed check) makes it give the
 batch up: :class:`~unihub.formats.webdataset.format._SampleReader` then reads it row by row, so every
 error and skip is exactly the row reader's.
@@ -28,14 +28,14 @@ from unihub.formats.webdataset.blocks import SampleBlock
 from unihub.formats.webdataset.fields import FieldStats, Where, field_extension, native_order, npy_header
 from unihub.formats.webdataset.spelling import SPELLING_FIELD
 from unihub.formats.webdataset.tar import KEY_FIELD
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
+from unihub.schema import image_checks
 from unihub.schema.arrow_numpy import string_array, to_numpy
 from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.npy import load_npy_column
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import UnischemaField
-from unihub.schema.validation import shape_matches
 
 #: integer text as an int64 field writes it back (no sign but a minus, no leading zero or space, no
 #: newline: '-0', '007', '+3' and '3\n' keep their spelling, row by row), short enough for float64 too

@@ -26,13 +26,13 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, FormatError, SchemaError
-from unihub.images import checks as image_checks
 from unihub.images import decoders as images
-from unihub.images.checks import ValidateImages
+from unihub.schema import image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.npy import load_npy, parse_header
+from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import UnischemaField
-from unihub.schema.validation import shape_matches
 
 IMAGE_EXTENSIONS = {"png": "png", "jpg": "jpeg", "jpeg": "jpeg"}
 INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id", "idx"})
@@ -267,7 +267,7 @@ def exact_float(text: str, dtype: Any) -> Any:
 # --------------------------------------------------------------------------- decoding
 def decoder(f: UnischemaField, validate_images: ValidateImages = "header", *, fit: bool = True) -> Callable[[bytes], Any]:
     """How one member's bytes become a value of field ``f`` (raises ValueError/CodecError); images
-    are checked as ``validate_images`` says (:mod:`unihub.images.checks`), and against the
+    are checked as ``validate_images`` says (:mod:`unihub.schema.image_checks`), and against the
     field's shape and bit depth unless ``fit`` is False (a provisional schema's are not final)."""
     if isinstance(f.codec, CompressedImageCodec):
         depth = 16 if f.dtype == np.uint16 else 8

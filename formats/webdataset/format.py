@@ -78,9 +78,9 @@ from unihub.formats.webdataset.verify import native_records, tarfile_records
 from unihub.formats.webdataset.write import write_shards
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs
-from unihub.images.checks import ValidateImages
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec
+from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema, UnischemaField
 
 __all__ = ["KEY_FIELD", "Sample", "WebDatasetFormat", "iter_samples", "split_name"]

@@ -20,6 +20,7 @@ import pyarrow as pa
 from unihub.errors import CodecError, SchemaError
 from unihub.registry import Registry
 from unihub.schema.arrow_numpy import binary_array, string_array, to_numpy
+from unihub.schema.spark_types import arrow_to_spark_type
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField
@@ -140,8 +141,6 @@ class Codec(ABC):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """The pyspark type of the stored column (imports pyspark)."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
-
         if field is None:
             raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
         return arrow_to_spark_type(self.arrow_type(field))

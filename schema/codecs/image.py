@@ -16,7 +16,7 @@ from unihub.errors import CodecError, SchemaError
 from unihub.schema.arrow_numpy import arrow_backed_empty
 from unihub.schema.codecs.base import Codec, arrow_values, column_as_array, register_codec, with_nulls
 from unihub.schema.codecs.binary import binary_views
-from unihub.schema.validation import fixed_dims, shape_matches
+from unihub.schema.shapes import fixed_dims, shape_matches
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField

@@ -15,7 +15,7 @@ import pyarrow as pa
 from unihub.errors import CodecError
 from unihub.schema import npy
 from unihub.schema.codecs.base import Codec, column_as_array, register_codec, stack_if_fixed, with_nulls
-from unihub.schema.validation import shape_matches
+from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField

@@ -16,6 +16,7 @@ from unihub.errors import CodecError, CodecTypeError, SchemaError
 from unihub.schema import dtypes
 from unihub.schema.arrow_numpy import numbers_array, numpy_dtype, to_numpy, without_validity
 from unihub.schema.codecs.base import Codec, arrow_values, column_as_array, register_codec, valid_mask, with_nulls
+from unihub.schema.spark_types import arrow_to_spark_type, spark_to_arrow_type
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField
@@ -41,8 +42,6 @@ class ScalarCodec(Codec):
         if isinstance(spec, pa.DataType):
             self._arrow_type = spec
         elif type_is_spark(spec):
-            from unihub.bridges.spark.writer import spark_to_arrow_type
-
             self._arrow_type = spark_to_arrow_type(spec)
             self._spark_repr = repr(spec)  # Petastorm's str(): ScalarCodec(FloatType())
         else:
@@ -56,8 +55,6 @@ class ScalarCodec(Codec):
         return self._arrow_type
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
-        from unihub.bridges.spark.writer import arrow_to_spark_type
-
         return arrow_to_spark_type(self._arrow_type)
 
     def encode(self, field: UnischemaField, value: Any) -> Any:

@@ -27,7 +27,8 @@ from unihub.schema.codecs.base import (
     valid_mask,
 )
 from unihub.schema.codecs.scalar import ScalarCodec
-from unihub.schema.validation import fixed_dims, shape_matches
+from unihub.schema.shapes import fixed_dims, shape_matches
+from unihub.schema.spark_types import arrow_to_spark_type
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField
@@ -119,8 +120,6 @@ class TensorCodec(Codec):
 
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """Spark has no tensor type: fixed shapes are stored as flat arrays."""
-        from unihub.bridges.spark.writer import arrow_to_spark_type
-
         if field is None:
             raise SchemaError("TensorCodec.spark_dtype needs the field")
         arrow_type = self.arrow_type(field)

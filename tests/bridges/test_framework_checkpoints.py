@@ -334,7 +334,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from unihub.bridges.torch.loaders import DataLoader, PerRank
+    from unihub.bridges.torch import DataLoader, PerRank
     from unihub.readers.reader import make_reader
 
     rank, url, checkpoint, phase, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]

@@ -1,6 +1,5 @@
 """The bridges' documented paths, old and new, give the same objects: ``unihub.readers.pytorch`` is the package
-``unihub.bridges.torch`` (every public name), ``unihub.bridges.torch.loaders`` still has the names README
-imports from it, and ``unihub.readers.tf`` is ``unihub.bridges.tf.dataset`` with README's names."""
+``unihub.bridges.torch`` (every public name), ``unihub.bridges.torch.loaders`` has the loaders' names, and ``unihub.readers.tf`` is ``unihub.bridges.tf.dataset`` with README's names."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ def test_torch_paths_give_the_loaders_names(path):
 
 
 @pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
-@pytest.mark.parametrize("path", ["unihub.readers.pytorch", "unihub.bridges.torch", "unihub.bridges.torch.loaders"])
+@pytest.mark.parametrize("path", ["unihub.readers.pytorch", "unihub.bridges.torch"])
 def test_torch_paths_give_the_datasets(path):
     datasets = importlib.import_module("unihub.bridges.torch.datasets")
     for name in TORCH_DATASETS:

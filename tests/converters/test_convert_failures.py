@@ -52,7 +52,7 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to_format: str, target: str) -> None:
     src = _tfrecord(tmp_path / "in.tfrecord", 40)
     convert(src, tmp_path / "uh", progress=False)
-    original = convert_module._unihub_batches
+    original = convert_module.unihub_batches
 
     def failing(*args: Any) -> Any:  # the source fails after its first batch
         batches, schema, extra, rows = original(*args)
@@ -62,12 +62,12 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
             raise OSError("disk went away")
         return gen(), schema, extra, rows
 
-    monkeypatch.setattr(convert_module, "_unihub_batches", failing)
+    monkeypatch.setattr(convert_module, "unihub_batches", failing)
     with pytest.raises(OSError, match="disk went away"):
         convert(tmp_path / "uh", tmp_path / target, to_format=to_format, progress=False, batch_size=8)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.tfrecord", "uh"]  # no target, no hidden dir
 
-    monkeypatch.setattr(convert_module, "_unihub_batches", original)
+    monkeypatch.setattr(convert_module, "unihub_batches", original)
     old = tmp_path / target
     if old.suffix:
         old.write_bytes(b"old")
@@ -81,7 +81,7 @@ def test_a_failed_export_leaves_nothing_and_an_overwrite_replaces_every_shard(
 
 
 def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import unihub.store.writer as writer
+    import unihub.converters.tasks as tasks
 
     src = _tfrecord(tmp_path / "in.tfrecord", 2000)  # many more batches than the read-ahead holds
 
@@ -89,7 +89,7 @@ def test_a_failing_writer_stops_the_read_ahead(tmp_path: Path, monkeypatch: pyte
         next(iter(rows))
         raise RuntimeError("writer broke")
 
-    monkeypatch.setattr(writer, "write_parts", broken)  # what every conversion task writes with
+    monkeypatch.setattr(tasks, "write_parts", broken)  # what every conversion task writes with
     monkeypatch.setattr(tfr, "PROVISIONAL_SAMPLE", 10)
     monkeypatch.setattr(tfr.TFRecordFormat, "provisional_schema", lambda self: None)  # the direct path
     with pytest.raises(RuntimeError, match="writer broke") as caught:  # the traceback keeps convert's frame

@@ -350,7 +350,7 @@ def test_overwrite_on_s3_survives_kills(s3_server: Any, tmp_path: Path) -> None:
     write_dataset(url, _schema(), _dataset(400, 99000), rows_per_file=20, overwrite=True, **options)
     assert [int(r["id"]) for r in rows_of(url, **options)] == list(range(99000, 99400))
     from unihub.fs.filesystem import resolve_filesystem
-    from unihub.store.publish import read_manifest
+    from unihub.fs.publish import read_manifest
 
     fs, path = resolve_filesystem(url, None, s3_server.storage_options())
     manifest = read_manifest(fs, path)

@@ -18,8 +18,7 @@ import pytest
 
 from unihub import DatasetExistsError, DatasetNotFoundError, ScalarCodec, Unischema, UnischemaField, open_dataset
 from unihub import write_dataset as write
-from unihub.fs import atomic
-from unihub.fs import filesystem as fsutil
+from unihub.fs import atomic, publish
 
 SCHEMA = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 
@@ -149,7 +148,7 @@ def test_legacy_siblings_are_removed_once_they_stopped_changing(tmp_path: Path) 
     fresh.mkdir()
     hour_ago = time.time() - atomic.LEGACY_GRACE_SECONDS["tmp"] - 60
     os.utime(stale, (hour_ago, hour_ago))
-    fsutil.settle_url(str(tmp_path / "ds"))
+    publish.settle_url(str(tmp_path / "ds"))
     assert hidden(tmp_path) == [fresh.name]
 
 

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from unihub.fs import filesystem as fsutil
 from unihub.fs import remote_context, sources
 
 
@@ -34,15 +35,15 @@ def test_the_drivers_context_is_in_place_within_the_block_and_gone_after(monkeyp
     monkeypatch.setenv("AWS_SESSION_TOKEN", "executor-token")
     monkeypatch.setenv("AWS_REGION", "eu-west-3")
     sources._ORIGINS.clear()
-    before = dict(os.environ), dict(sources._ORIGINS), sources.current_options()
+    before = dict(os.environ), dict(sources._ORIGINS), fsutil.current_options()
     with remote_context.restored(context):
-        assert sources.current_options() == options
+        assert fsutil.current_options() == options
         assert sources._ORIGINS[("s3", "bucket-a")].endswith("?endpoint_override=127.0.0.1:9&scheme=http")
         assert os.environ["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
         assert os.environ["AWS_ACCESS_KEY_ID"] == "driver-key"
         assert "AWS_SESSION_TOKEN" not in os.environ  # never the driver's key with the executor's token
         assert os.environ["AWS_REGION"] == "eu-west-3"  # a group the driver left alone
-    assert (dict(os.environ), dict(sources._ORIGINS), sources.current_options()) == before
+    assert (dict(os.environ), dict(sources._ORIGINS), fsutil.current_options()) == before
 
 
 def test_a_task_that_fails_leaves_the_process_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +52,7 @@ def test_a_task_that_fails_leaves_the_process_as_it_was(monkeypatch: pytest.Monk
     with pytest.raises(RuntimeError), remote_context.restored(context):
         assert os.environ["UNIHUB_REMOTE_TIMEOUT"] == "3"
         raise RuntimeError("the task failed")
-    assert "UNIHUB_REMOTE_TIMEOUT" not in os.environ and sources.current_options() is None
+    assert "UNIHUB_REMOTE_TIMEOUT" not in os.environ and fsutil.current_options() is None
 
 
 def test_a_urls_query_holds_for_its_bucket_until_the_conversion_ends(monkeypatch: pytest.MonkeyPatch) -> None:

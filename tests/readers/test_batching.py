@@ -133,7 +133,7 @@ def test_the_loader_moves_cpu_rows_without_torchs_threads(tmp_path: Path, monkey
     cores from the decoding threads. The rows still all come, once, with their values."""
     torch = pytest.importorskip("torch")
     from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
-    from unihub.bridges.torch.loaders import BatchedDataLoader
+    from unihub.bridges.torch import BatchedDataLoader
 
     schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(np.int64), False),
                              UnischemaField("x", np.uint8, (4, 3), TensorCodec(), False)])

@@ -24,9 +24,8 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.readers.cache import make_cache
 from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
-from unihub.readers.reader import make_batch_reader, make_reader
+from unihub.readers.reader import make_batch_reader, make_cache, make_reader
 from unihub.store.dataset import ParquetStore
 
 from .sample import assert_rows_equal, rows_by_id, sample_schema

@@ -18,9 +18,9 @@ import pytest
 
 from unihub import convert, make_batch_reader, make_reader
 from unihub.errors import ImageDecodeError, InvalidArgumentError
-from unihub.images.checks import image_problem
 from unihub.images.decoders import decode_image
 from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.image_checks import image_problem
 from unihub.schema.unischema import UnischemaField
 from unihub.store.dataset import open_dataset
 
@@ -141,7 +141,7 @@ def test_on_decode_error_takes_raise_or_skip(dataset: Path) -> None:
 
 
 torch = pytest.importorskip("torch")
-from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader  # noqa: E402
+from unihub.bridges.torch import BatchedDataLoader, DataLoader  # noqa: E402
 
 
 @pytest.mark.parametrize("shuffle", [0, 10])

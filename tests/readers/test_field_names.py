@@ -49,7 +49,7 @@ def test_schema_fields_takes_the_name_or_the_attribute(dataset: str, selected: l
 
 
 def test_torch_loaders_key_dicts_by_field_name(dataset: str) -> None:
-    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
+    from unihub.bridges.torch import BatchedDataLoader, DataLoader
 
     with DataLoader(make_reader(dataset, shuffle_row_groups=False), batch_size=6) as loader:
         batch = next(iter(loader))

@@ -32,7 +32,7 @@ from unihub.readers.transform import TransformSpec
 from unihub.store.dataset import open_dataset
 
 torch = pytest.importorskip("torch")
-from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader  # noqa: E402
+from unihub.bridges.torch import BatchedDataLoader, DataLoader  # noqa: E402
 
 N = 700
 Images = Unischema("Images", [

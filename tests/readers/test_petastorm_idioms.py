@@ -64,7 +64,7 @@ def test_from_arrow_schema_of_a_parquet_dataset() -> None:
 
 
 def test_the_torch_loader_takes_a_batch_reader() -> None:
-    from unihub.bridges.torch.loaders import DataLoader
+    from unihub.bridges.torch import DataLoader
 
     with DataLoader(make_batch_reader(PLAIN, shuffle_row_groups=False, workers_count=1), batch_size=64) as loader:
         batches = list(loader)
@@ -113,7 +113,7 @@ def test_more_shards_than_row_groups_is_no_data_available() -> None:
 
 
 def test_misuse_is_a_runtime_error() -> None:
-    from unihub.bridges.torch.loaders import DataLoader
+    from unihub.bridges.torch import DataLoader
 
     reader = make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1)
     next(reader)

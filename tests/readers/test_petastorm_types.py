@@ -85,7 +85,7 @@ def test_random_access_and_unihub_types(expected: dict[str, Any]) -> None:
 
 def test_torch_loaders_give_matching_tensors(expected: dict[str, Any]) -> None:
     torch = pytest.importorskip("torch")
-    from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
+    from unihub.bridges.torch import BatchedDataLoader, DataLoader
 
     fields = ["id", "u8", "i16", "f32", "flag", "label"]
     with DataLoader(make_reader(URL, schema_fields=fields, shuffle_row_groups=False), batch_size=8) as loader:
@@ -122,7 +122,7 @@ def test_plain_parquet_batches_as_petastorm_gives_them() -> None:
 
 def test_plain_parquet_lists_are_dense_in_the_bridges() -> None:
     torch = pytest.importorskip("torch")
-    from unihub.bridges.torch.loaders import BatchedDataLoader
+    from unihub.bridges.torch import BatchedDataLoader
 
     with BatchedDataLoader(make_batch_reader(PLAIN, workers_count=1), batch_size=16) as loader:
         pair = next(iter(loader))["pair"]

@@ -128,8 +128,8 @@ def test_one_switch_turns_every_meter_off(how: str, monkeypatch: pytest.MonkeyPa
 
 def test_the_switch_also_silences_the_cache_builder_and_the_throughput_benchmark(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unihub.bridges.throughput import reader_throughput
     from unihub.caching.cacheable import cacheable
-    from unihub.readers.throughput import reader_throughput
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
 

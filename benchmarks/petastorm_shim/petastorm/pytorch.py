@@ -1,5 +1,5 @@
 """``petastorm.pytorch``: unihub's PyTorch loaders."""
 
-from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader, InMemBatchedDataLoader, decimal_friendly_collate
+from unihub.bridges.torch import BatchedDataLoader, DataLoader, InMemBatchedDataLoader, decimal_friendly_collate
 
 __all__ = ["BatchedDataLoader", "DataLoader", "InMemBatchedDataLoader", "decimal_friendly_collate"]

@@ -37,9 +37,9 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.bridges.spark.writer import arrow_to_spark_type, spark_to_arrow_type
 from unihub.dependencies import is_available
 from unihub.errors import CodecError, SchemaError
+from unihub.schema.spark_types import arrow_to_spark_type, spark_to_arrow_type
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
 
 HAVE_PYSPARK = is_available("pyspark")

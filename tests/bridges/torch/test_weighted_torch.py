@@ -18,7 +18,7 @@ from ...readers.test_weighted import A_IDS, B_IDS, UNISCHEMA, write
 
 pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
 torch = pytest.importorskip("torch")
-from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader  # noqa: E402
+from unihub.bridges.torch import BatchedDataLoader, DataLoader  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def test_values_go_to_unihub_and_back_bit_for_bit(dt: np.dtype, stored: np.ndarr
 
 
 def _same(a: object, b: object) -> bool:
-    from unihub.converters.verify import first_difference
+    from unihub.formats.compare import first_difference
 
     return first_difference(a, b) is None
 

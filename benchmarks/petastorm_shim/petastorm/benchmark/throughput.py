@@ -1,5 +1,5 @@
 """``petastorm.benchmark.throughput``: unihub's ``reader_throughput``."""
 
-from unihub.readers.throughput import ReadMethod, WorkerPoolType, reader_throughput
+from unihub.bridges.throughput import ReadMethod, WorkerPoolType, reader_throughput
 
 __all__ = ["ReadMethod", "WorkerPoolType", "reader_throughput"]

@@ -1,4 +1,7 @@
-"""Publishing a dataset on an object store (no rename there): parts first, one manifest written last.
+"""Putting a written output in place: :func:`commit` (and :func:`settle`, after a killed run) renames it
+on a local disk (:mod:`unihub.fs.atomic`) and publishes it on an object store, as below.
+
+Publishing a dataset on an object store (no rename there): parts first, one manifest written last.
 
 Layout of a dataset ``DST`` that unihub wrote on S3, GCS or any filesystem that is not this machine's::
 
@@ -23,13 +26,16 @@ deleted after (:func:`publish_files`), a window in which a reader may see both.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from unihub.errors import DatasetChangedError
+from unihub.errors import DatasetChangedError, FormatError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.fs.uploads import abort_uploads, uploading
@@ -72,8 +78,6 @@ def read_manifest(fs: pafs.FileSystem, root: str) -> Manifest | None:
             raise ValueError(f"version {found.get('version')!r}")
         return Manifest(found.get("run"), tuple(found["parts"]), found.get("common_metadata"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        from unihub.errors import FormatError
-
         raise FormatError(f"{path}: not a unihub manifest this version reads ({exc})", path=path) from exc
 
 
@@ -173,7 +177,7 @@ def publish_files(fs: pafs.FileSystem, staged: str, target: str) -> None:
     fsutil.remove(fs, staged)
 
 
-def settle(fs: pafs.FileSystem, target: str) -> None:
+def _settle_object_store(fs: pafs.FileSystem, target: str) -> None:
     """Delete what killed runs left at ``target`` on an object store: their staging prefixes beside it
     (multipart uploads still open there aborted), and files inside it that the published manifest does
     not list (never those of a live run)."""
@@ -239,3 +243,44 @@ def missing_part(path: str) -> DatasetChangedError:
     """A part the manifest lists is gone: the dataset was overwritten while it was being opened."""
     return DatasetChangedError(f"{path}: listed by the dataset's manifest but gone; the dataset was replaced "
                                "meanwhile: open it again")
+
+
+# -- putting a written temporary in place: a local rename, or a publish on an object store ----------------
+def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None:
+    """Put ``temporary`` at ``target``, replacing an existing target, which is removed.
+
+    On a local disk the two are swapped atomically where the system can (Linux), else the old
+    target is renamed aside and restored by :func:`settle` if a kill stops the commit half-way
+    (:mod:`unihub.fs.atomic`). Elsewhere (object stores have no rename) a Parquet dataset is
+    published by a manifest written last, and readers read only what it lists; an export's files are
+    copied into place one by one (:func:`publish_files`). Returns the data files published
+    under new names on an object store, else None (their names inside ``temporary`` hold).
+    """
+    if fsutil.on_local_disk(fs):
+        atomic.replace(temporary, target)
+        return None
+    if fsutil.is_dir(fs, temporary) and is_dataset(fs, temporary):
+        return publish(fs, temporary, target)
+    publish_files(fs, temporary, target)
+    return None
+
+
+def settle(fs: pafs.FileSystem, target: str) -> str | None:
+    """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
+    back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
+    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
+    published manifest lists removed (:func:`_settle_object_store`)."""
+    if fsutil.on_local_disk(fs):
+        return atomic.settle(target)
+    with remote.remote_errors(remote.display_url(fs, target)):
+        _settle_object_store(fs, target)
+    return None
+
+
+def settle_url(url: str, storage_options: dict[str, Any] | None = None) -> str | None:
+    """:func:`settle` for a URL or path."""
+    scheme = urlparse(url).scheme if "://" in url else ""
+    if scheme in ("", "file"):
+        return atomic.settle(os.path.abspath(fsutil.strip_scheme(url)))
+    fs, path = fsutil.resolve_filesystem(url, None, storage_options)
+    return settle(fs, path)

@@ -1,4 +1,8 @@
-"""The metadata Petastorm 0.13.1 needs to open a dataset, written into ``_common_metadata``.
+"""The dataset-level metadata files beside the data: ``_common_metadata`` replaced atomically, Spark's
+``_metadata`` summary, and the entries Petastorm 0.13.1 needs to open a dataset.
+
+The store writes them (``write_dataset(petastorm_compatible=True)``, ``add_schema``, Spark's
+``materialize_dataset``); Petastorm's pickled form itself is :mod:`unihub.petastorm.pickling`'s.
 
 Petastorm's ``make_reader``/``make_batch_reader`` read two key-value entries of a dataset's
 ``_common_metadata``: the pickled Unischema (``dataset-toolkit.unischema.v1``, built by
@@ -16,24 +20,28 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from unihub.errors import SchemaError
 from unihub.fs import filesystem as fsutil
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.unischema import Unischema
-from unihub.store.dataset import COMMON_METADATA, _list_data_files, _read_footers, _read_metadata
+from unihub.store.dataset import COMMON_METADATA, list_data_files, read_footers, read_metadata
 
+#: The summary file Spark and Hadoop tools read: every data file's row groups in one footer.
+SUMMARY_METADATA = "_metadata"
 PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
 
 
 def row_groups_per_file(fs: pafs.FileSystem, root: str, paths: Sequence[str] | None = None) -> dict[str, int]:
     """``{path relative to root: number of row groups}`` of every data file under ``root``."""
-    paths = sorted(_list_data_files(fs, root)) if paths is None else list(paths)
-    footers = _read_footers(fs, paths)
+    paths = sorted(list_data_files(fs, root)) if paths is None else list(paths)
+    footers = read_footers(fs, paths)
     return {path[len(root):].lstrip("/"): footer.num_row_groups for path, footer in zip(paths, footers)}
 
 
@@ -62,5 +70,21 @@ def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Sch
 def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) -> None:
     """Add Petastorm's entries to the ``_common_metadata`` a unihub writer left in ``root``."""
     entries = petastorm_metadata(schema, fs, root)
-    common = _read_metadata(fs, fsutil.join(root, COMMON_METADATA)).schema.to_arrow_schema()
+    common = read_metadata(fs, fsutil.join(root, COMMON_METADATA)).schema.to_arrow_schema()
     replace_common_metadata(fs, root, common.with_metadata({**(common.metadata or {}), **entries}))
+
+
+def write_summary_metadata(fs: Any, root: str, paths: list[str], first: pq.FileMetaData) -> None:
+    """``_metadata``: the first file's footer with every file's row groups, paths relative to ``root``."""
+    combined = first
+    combined.set_file_path(paths[0][len(root):].lstrip("/"))
+    for path in paths[1:]:
+        footer = read_metadata(fs, path)
+        footer.set_file_path(path[len(root):].lstrip("/"))
+        try:
+            combined.append_row_groups(footer)
+        except (RuntimeError, ValueError, pa.ArrowException) as exc:
+            raise SchemaError(f"{path}: its Parquet schema differs from {paths[0]}'s, so no "
+                              f"{SUMMARY_METADATA} file can list both: {exc}") from exc
+    with fs.open_output_stream(fsutil.join(root, SUMMARY_METADATA)) as out:
+        combined.write_metadata_file(out)

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from unihub import reader_throughput
+from unihub.bridges.throughput import BenchmarkResult, ReadMethod, WorkerPoolType, memory_info
 from unihub.cli import main
 from unihub.dependencies import is_available
 from unihub.errors import SchemaError, UnihubError
-from unihub.readers.throughput import BenchmarkResult, ReadMethod, WorkerPoolType, memory_info
 
-PETASTORM = Path(__file__).resolve().parent / "fixtures" / "petastorm" / "unischema"
+PETASTORM = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
 
 
 def assert_sane(result: BenchmarkResult) -> None:

@@ -9,9 +9,9 @@ import pytest
 from unihub import CompressedImageCodec, UnischemaField
 from unihub.errors import InvalidArgumentError
 from unihub.images import decoders as images
-from unihub.images.checks import bad_images, batch_problems, check_mode, drop_rows, has_end, image_problem
+from unihub.schema.image_checks import bad_images, batch_problems, check_mode, drop_rows, has_end, image_problem
 
-from .image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
+from ..images.image_bombs import corrupt_scan, image, jpeg_bomb, pil_jpeg, pil_png, png_bomb, truncated
 
 FIELD = UnischemaField("image", np.uint8, (16, 16, 3), CompressedImageCodec("jpeg"), False)
 ANY = FIELD._replace(shape=(None, None, 3))

@@ -35,7 +35,8 @@ import pyarrow as pa
 
 from unihub.errors import InvalidArgumentError
 from unihub.images import decoders as images
-from unihub.schema.validation import shape_matches
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import UnischemaField
@@ -124,8 +125,6 @@ def batch_problems(batch: Mapping[str, Any], fields: Sequence[UnischemaField],
                    mode: ValidateImages) -> list[tuple[int, str, str]]:
     """``(row, field name, reason)`` for each image of ``batch`` (a column batch: field name -> one value
     per row) in the image fields among ``fields`` that fails :func:`image_problem`; None passes."""
-    from unihub.schema.codecs import CompressedImageCodec
-
     found: list[tuple[int, str, str]] = []
     if mode == "none":
         return found
