@@ -44,9 +44,6 @@ from unihub.fs import sources
 from unihub.images import decoders as images
 from unihub.schema import image_checks
 
-if TYPE_CHECKING:
-    from unihub.formats.tfrecord.format import TFRecordFormat
-
 if TYPE_CHECKING:  # format.py imports this module (through parsers.py)
     from unihub.formats.tfrecord.format import TFRecordFormat
 

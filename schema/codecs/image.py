@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, SchemaError
+from unihub.images import decoders as images
+from unihub.images.decoders import leading_bytes
 from unihub.schema.arrow_numpy import arrow_backed_empty
 from unihub.schema.codecs.base import Codec, arrow_values, column_as_array, register_codec, with_nulls
 from unihub.schema.codecs.binary import binary_views
@@ -32,8 +34,6 @@ def _not_images(array: pa.BinaryArray) -> np.ndarray:
     offsets = np.frombuffer(array.buffers()[1], np.int32)[array.offset:array.offset + n + 1]
     data = array.buffers()[2]
     body = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    from unihub.images.decoders import leading_bytes
-
     starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
     heads = leading_bytes(body, starts, lengths, 8)
     jpeg = (lengths >= 3) & (heads[:, :3] == _JPEG_MAGIC).all(1)
@@ -64,8 +64,6 @@ class CompressedImageCodec(Codec):
         return pa.binary()
 
     def encode(self, field: UnischemaField, value: Any) -> bytes:
-        from unihub.images import decoders as images
-
         if isinstance(value, (bytes, bytearray, memoryview)):
             if images.detect_format(value) is None:
                 raise CodecError(f"field {field.name!r}: {len(value)} bytes are neither PNG nor JPEG",
@@ -81,8 +79,6 @@ class CompressedImageCodec(Codec):
         return images.encode_image(array, self.image_codec, self.quality)
 
     def decode(self, field: UnischemaField, value: Any) -> np.ndarray:
-        from unihub.images import decoders as images
-
         return images.decode_image(value)
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
@@ -115,8 +111,6 @@ class CompressedImageCodec(Codec):
         decodes a stored column: the column's views, or the bytes a shuffling queue held. A fixed-shape
         column is decoded into ``into`` where given, when it is the ``(n, *shape)`` array of the
         field's dtype that the column would be (a torch worker's shared memory)."""
-        from unihub.images import decoders as images
-
         n = len(blobs)
         fixed = field.is_fixed_shape and n > 0 and not any(blob is None for blob in blobs)
         if fixed and into is not None and into.shape == (n, *fixed_dims(field.shape)) and \
@@ -152,8 +146,6 @@ class CompressedImageCodec(Codec):
 def image_pixels_allowed(field: UnischemaField) -> bool:
     """Whether a fixed-shape image field's images are within ``images.MAX_IMAGE_PIXELS`` (a loader
     that allocates their memory ahead of decoding asks first)."""
-    from unihub.images import decoders as images
-
     height, width = _height_width(field)
     return images.MAX_IMAGE_PIXELS is None or height * width <= images.MAX_IMAGE_PIXELS
 
@@ -164,8 +156,6 @@ def _height_width(field: UnischemaField) -> tuple[int, int]:
 
 
 def _refuse_too_many_pixels(field: UnischemaField) -> None:
-    from unihub.images import decoders as images
-
     if not image_pixels_allowed(field):
         height, width = _height_width(field)
         raise images.ImageDecodeError(
@@ -177,8 +167,6 @@ def _refuse_too_many_pixels(field: UnischemaField) -> None:
 def _image_column(field: UnischemaField, n: int) -> np.ndarray:
     """The ``(n, *shape)`` array a fixed-shape image column decodes into, refused (ImageDecodeError)
     when the field's images are above ``images.MAX_IMAGE_PIXELS`` or the column does not fit in memory."""
-    from unihub.images import decoders as images
-
     _refuse_too_many_pixels(field)
     try:
         return arrow_backed_empty((n, *fixed_dims(field.shape)), field.dtype)
