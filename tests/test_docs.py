@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import re
 import shutil
 import traceback
@@ -296,3 +297,15 @@ def test_the_name_check_fails_on_a_missing_name() -> None:
         ("unihub", "no_such_function"), ("unihub.no_such_module", None), ("unihub.readers.no_such_name", None),
         ("unihub.store", "nothing_here")}
     assert {(n.module, n.attribute) for n in found if resolves(n)} == {("unihub", "make_reader"), ("unihub.store", None)}
+
+
+def test_sphinx_roles_in_docstrings_render_as_what_sphinx_prints():
+    """The API reference's Griffe extension (docs/sphinx_roles.py): a role is a code span, never literal text."""
+    spec = importlib.util.spec_from_file_location("sphinx_roles", ROOT / "docs" / "sphinx_roles.py")
+    assert spec is not None and spec.loader is not None
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    text = (":class:`~unihub.readers.reader.Reader` from :func:`make_reader`, :py:meth:`Reader.stop`, "
+            ":mod:`unihub.bridges.torch`, :class:`the reader <unihub.readers.reader.Reader>`, ``:class:`` alone")
+    assert roles.render_roles(text) == ("`Reader` from `make_reader`, `Reader.stop`, `unihub.bridges.torch`, "
+                                        "`the reader`, ``:class:`` alone")
