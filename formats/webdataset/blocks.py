@@ -220,9 +220,17 @@ def _plan(table: MemberTable, grouper: Grouper) -> _Plan | None:
         return None
     if len(set(firsts)) < len(firsts) or not grouper.runs.keys().isdisjoint(firsts):
         return None  # a key repeated: the grouper says where
+    if stop < len(keys) and _refused(keys[stop], extensions[stop], firsts, grouper):
+        return None  # the grouper refuses the member after them while it still holds their last one open
     if int(table.sizes[head:stop].sum()) > MAX_BINARY:
         return None
     return table, head, stop, width, list(firsts)
+
+
+def _refused(key: str, extension: str, firsts: tuple[str, ...], grouper: Grouper) -> bool:
+    """Whether the grouper refuses a member of ``key`` and ``extension`` that follows the samples ``firsts``:
+    no key, or a key it has seen before (``group_keys`` off)."""
+    return not (key and extension) or key in grouper.runs or key in firsts
 
 
 def _plain_names(table: MemberTable) -> bool:
