@@ -23,7 +23,7 @@ the best of ``--repeat`` timings. Other processes still skew the numbers:
 the script warns when the load average is high, and the 2-thread column
 needs both cores idle.
 
-The ``chosen`` column marks the backend :mod:`formats/images.py` uses. The
+The ``chosen`` column marks the backend :mod:`images/decoders.py` uses. The
 images are smooth gradients plus mild noise: neither constant (which
 flatters PNG) nor white noise (which no camera produces).
 """

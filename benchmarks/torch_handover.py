@@ -1,5 +1,5 @@
 """How torch ``DataLoader`` workers hand their batches' shared memory to the main process: over the
-channel the main process opened (``readers/fd_channel.py``), or torch's way (a connection per
+channel the main process opened (``bridges/torch/fd_channel.py``), or torch's way (a connection per
 storage to the worker's resource-sharer thread), side by side in one run.
 
 Five paths over the peers benchmark's 20,000 rows (64x64 JPEG, label, float32[16]; written by

@@ -60,7 +60,7 @@ class TaskPlan:
     layout: Any = None  # image folders: (root, classes) to label files without listing the root
     validate: bool = True  # False when the source inferred the schema it is read with
     observe: bool = False  # single pass: the schema is provisional, the read observes
-    validate_images: ValidateImages = "header"  # how the source checks images (formats/image_checks.py)
+    validate_images: ValidateImages = "header"  # how the source checks images (schema/image_checks.py)
     staging: str = ""
     storage_options: dict[str, Any] | None = None
     batch_size: int = 256
@@ -69,10 +69,10 @@ class TaskPlan:
     #: contends with the writer (TFRecord: measured slower)
     read_ahead: bool = True
     batch_bytes: int | None = None  # the sources' batch bound in bytes (None: unihub.runtime.memory's default)
-    #: the image pixel limit the tasks hold images to (formats/images.py), as the driver had it;
+    #: the image pixel limit the tasks hold images to (images/decoders.py), as the driver had it;
     #: "current": the task's process's own setting
     max_image_pixels: int | None | str = "current"
-    part_size_mb: float = DEFAULT_PART_SIZE_MB  # the bound of a part file's size (formats/writer.py)
+    part_size_mb: float = DEFAULT_PART_SIZE_MB  # the bound of a part file's size (store/writer.py)
 
 
 def layout_of(source: ForeignFormat) -> Any:

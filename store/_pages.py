@@ -14,11 +14,11 @@ only pages touched are the file's own, already in the page cache. Page checksums
 asked, as pyarrow checks them.
 
 :func:`checksums_pass` walks a row group's pages (:func:`chunk_pages`, as Arrow's page reader
-walks them) and checks their CRCs at memory speed (formats/crc.py), so that pyarrow reads them
+walks them) and checks their CRCs at memory speed (store/crc.py), so that pyarrow reads them
 without its own, slower check.
 
 The view reader declines (returns None) whatever else it meets: compression, a dictionary, nulls,
-another encoding, short values, a header it does not expect (formats/thrift_compact.py is stricter
+another encoding, short values, a header it does not expect (store/_thrift.py is stricter
 than Thrift), sizes that do not add up. pyarrow then reads the column as before, with its own checks and
 errors, so this reader never accepts a chunk pyarrow would refuse for its layout, and never rejects one.
 """
@@ -85,7 +85,7 @@ def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) ->
     """The pages of the column chunk at ``data[position:end_of_chunk]`` (bytes-like; see
     :func:`chunk_span`), in order, until their values add up to ``num_values`` (the chunk's, from
     the footer), where Arrow's page reader stops too. FormatError where a header cannot be parsed
-    (see formats/thrift_compact.py), a page runs past the chunk, or the chunk ends before its values do."""
+    (see store/_thrift.py), a page runs past the chunk, or the chunk ends before its values do."""
     if position < 0 or end_of_chunk > len(data):
         raise FormatError("a column chunk past the end of its file")
     seen = 0
@@ -111,7 +111,7 @@ def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) ->
 def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves: Iterable[int]) -> bool:
     """Whether every page Arrow would read of these leaf columns of ``row_group`` matches the CRC in
     its header (data and dictionary pages, as Arrow checks them; pages without one have nothing to
-    check), computed here at memory speed (formats/crc.py) instead of by Arrow's slower CRC.
+    check), computed here at memory speed (store/crc.py) instead of by Arrow's slower CRC.
 
     False where a page fails, and also where this walk cannot vouch for the pages Arrow would read
     (a header it cannot parse, a chunk in another file, sizes that do not add up): the caller then

@@ -191,7 +191,7 @@ class ParquetStore:
 
         Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
         viewing the memory-mapped file, not copied, where the file is local and their pages are
-        plain and uncompressed (formats/parquet_pages.py); otherwise as stored."""
+        plain and uncompressed (store/_pages.py); otherwise as stored."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         verify = self._needs_check(index, stored)

@@ -9,7 +9,7 @@ never silently different values. Pages without a CRC (files Petastorm, Spark bef
 A process checks each row group's columns the first time it reads them from an opened dataset
 (``UNIHUB_PAGE_CHECKSUMS=once``, the default): later epochs re-read bytes already checked and cost
 nothing more. ``always`` checks every read, ``off`` none (a dataset whose storage is trusted). A
-local file's row groups of big chunks are checked by unihub (formats/parquet_pages.py
+local file's row groups of big chunks are checked by unihub (store/_pages.py
 ``checksums_pass``: ISA-L's CRC with the header walk, ~8 GB/s of one core where Arrow's own check
 runs at ~2 GB/s); Arrow checks the rest, and any page that fails or that walk cannot vouch for.
 

@@ -1,4 +1,4 @@
-"""HDF5 dtypes <-> unihub fields and values, exactly both ways (the layouts are in ``formats/hdf5.py``).
+"""HDF5 dtypes <-> unihub fields and values, exactly both ways (the layouts are in ``formats/hdf5/format.py``).
 
 Every value unihub ingests from HDF5 is a *leaf*: a dataset of a plain dtype, one member of a
 compound dataset (``tracks.x``, nested ``tracks.pos.x``; array members add their dims), or an

@@ -1,4 +1,4 @@
-"""Where each field's values live in an HDF5 file (the layouts are described in ``formats/hdf5.py``).
+"""Where each field's values live in an HDF5 file (the layouts are described in ``formats/hdf5/format.py``).
 
 :func:`discover` reads only the file's structure (names, dtypes, shapes, attributes), never its
 data, and returns a :class:`Plan`: the layout (``hdf5_detect.py``), its *units* (the file itself,

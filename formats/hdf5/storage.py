@@ -168,7 +168,7 @@ def assemble(typed: Typed, columns: Mapping[str, Any], where: str) -> np.ndarray
 # -- unihub's own storage -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Storage:
-    """How unihub stores a field no source dtype describes (see ``formats/hdf5.py``, export)."""
+    """How unihub stores a field no source dtype describes (see ``formats/hdf5/format.py``, export)."""
 
     field: UnischemaField
     kind: str  #: 'fixed', 'str', 'bytes' or 'ragged'

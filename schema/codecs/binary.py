@@ -32,7 +32,7 @@ def _binary_spans(array: pa.Array) -> Spans | None:
         return [data], None, offsets[:-1], offsets[1:]
     if not is_binary_view(array.type):
         return None
-    views = view_records(array)  # a read at formats/parquet_pages.py: one buffer, few values inline
+    views = view_records(array)  # a read at store/_pages.py: one buffer, few values inline
     lengths = views[:, 0].astype(np.int64)
     referenced = lengths > 12
     buffers = [memoryview(b).cast("B") for b in array.buffers()[2:]]
@@ -70,7 +70,7 @@ class BinaryCells:
     """A binary column's values by row, as zero-copy views (None for nulls): ``cells.at(rows)`` is
     what ``binary_views(column.take(rows))`` gives, without copying the values twice. Made once per
     column, it serves any number of lookups (a row group cached for random access). Binary, large
-    binary and ``binary_view`` columns (images read without a copy: formats/parquet_pages.py)."""
+    binary and ``binary_view`` columns (images read without a copy: store/_pages.py)."""
 
     def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
         array = column.chunk(0) if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1 else column

@@ -1,5 +1,5 @@
 """Conversions never import pandas: pyarrow's own conversions from Python lists and numpy arrays do
-(~0.3 s a process, on every CLI run), so unihub builds those arrays itself (``formats/arrow_numpy.py``)."""
+(~0.3 s a process, on every CLI run), so unihub builds those arrays itself (``schema/arrow_numpy.py``)."""
 
 from __future__ import annotations
 

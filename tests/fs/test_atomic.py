@@ -1,4 +1,4 @@
-"""formats/atomic.py: atomic replacement of local datasets, and finishing interrupted commits.
+"""fs/atomic.py: atomic replacement of local datasets, and finishing interrupted commits.
 
 Kill trials (a real run SIGKILLed at every step) are in tests/converters/test_kill_trials.py.
 """

@@ -1,4 +1,4 @@
-"""Readers decode images read as views of the memory-mapped file (formats/parquet_pages.py) to the
+"""Readers decode images read as views of the memory-mapped file (store/_pages.py) to the
 same values as images pyarrow copied: rows, shuffled rows (taken from views), batches, random
 access; and the views are what they read, not a silent fallback."""
 

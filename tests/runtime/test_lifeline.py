@@ -1,4 +1,4 @@
-"""lifeline.py: forked workers end when their parent is killed, instead of waiting forever.
+"""runtime/lifeline.py: forked workers end when their parent is killed, instead of waiting forever.
 
 Issue 12: after SIGKILL of ``unihub convert --workers 2``, workers lived on, blocked on their
 task queue, holding the parent's pipes (every time, in this reproduction). Reader process

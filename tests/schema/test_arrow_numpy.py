@@ -1,4 +1,4 @@
-"""formats/arrow_numpy.py gives what pyarrow's ``to_numpy(zero_copy_only=False)`` gives, value for value
+"""schema/arrow_numpy.py gives what pyarrow's ``to_numpy(zero_copy_only=False)`` gives, value for value
 and dtype for dtype, on sliced, chunk-offset, empty and null-holding arrays of every type it handles."""
 
 from __future__ import annotations

@@ -679,7 +679,7 @@ def test_a_codec_is_one_class():
     assert list(decoded) == [1.0, None, 2.5]
 
 
-# -- CompressedImageCodec (needs formats/images.py and its decoders) ------------------------------
+# -- CompressedImageCodec (needs images/decoders.py and its decoders) ------------------------------
 def _images_module():
     try:
         from unihub.images import decoders as images

@@ -43,7 +43,7 @@ FLIPS = 150
 @pytest.fixture(autouse=True, params=["walked here", "checked by Arrow"])
 def page_checks(request, monkeypatch):
     """Every test both ways: pages walked and checked by unihub (the small test files' chunks too),
-    and left to Arrow's check (formats/parquet.py WALK_MIN_CHUNK_BYTES)."""
+    and left to Arrow's check (store/dataset.py WALK_MIN_CHUNK_BYTES)."""
     monkeypatch.setattr(parquet_module, "WALK_MIN_CHUNK_BYTES", 0 if request.param == "walked here" else 2**62)
 
 ImageSchema = Unischema("Images", [
@@ -227,7 +227,7 @@ def corrupt_later(write_sample) -> tuple[Path, Any]:
 # -- what reads and writes ----------------------------------------------------------------------------
 def test_files_without_page_checksums_read_as_before(tmp_path):
     """Plain Parquet from another writer, with no CRC in its page headers (Petastorm's datasets too:
-    tests/formats/test_petastorm_fixture.py), nested columns and nulls included."""
+    tests/petastorm/test_fixture.py), nested columns and nulls included."""
     root = tmp_path / "plain"
     root.mkdir()
     table = pa.table({"id": pa.array(np.arange(100)),

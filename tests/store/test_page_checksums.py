@@ -1,4 +1,4 @@
-"""Page checksums checked by unihub at memory speed (parquet_pages.checksums_pass, formats/crc.py)
+"""Page checksums checked by unihub at memory speed (parquet_pages.checksums_pass, store/crc.py)
 instead of by Arrow: the same pages as Arrow checks, the same verdict on every damaged page, and
 Arrow's own check (and error) wherever the walk cannot vouch for a page.
 

@@ -1,4 +1,4 @@
-"""Binary columns read as views of the memory-mapped file (formats/parquet_pages.py): the same
+"""Binary columns read as views of the memory-mapped file (store/_pages.py): the same
 values as pyarrow reads, from files pyarrow, Spark (Petastorm's) and unihub wrote; declined (None)
 wherever the layout is another, including hostile bytes; never a value pyarrow would not give."""
 

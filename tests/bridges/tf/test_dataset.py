@@ -1,4 +1,4 @@
-"""readers/tf.py: make_petastorm_dataset and make_tf_dataset over row and batch readers.
+"""bridges/tf/dataset.py: make_petastorm_dataset and make_tf_dataset over row and batch readers.
 
 One dataset of 60 rows in row groups of a few rows (scalars, a PNG image, fixed and
 ragged tensors, strings, bytes, decimals) is written once per module; values read back

@@ -1,4 +1,4 @@
-"""readers/tf_dataset_type.py: the datasets of the TensorFlow bridge answer TF1's idioms, as the
+"""bridges/tf/dataset_type.py: the datasets of the TensorFlow bridge answer TF1's idioms, as the
 ``tf.compat.v1.data.Dataset`` Petastorm returned did (``make_one_shot_iterator``,
 ``make_initializable_iterator``, ``output_shapes``/``output_types``/``output_classes``, on the dataset
 and on every dataset made from it), in a ``tf.Graph`` with ``tf.compat.v1.Session`` as Petastorm's own

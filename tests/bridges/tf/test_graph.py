@@ -1,4 +1,4 @@
-"""tf_tensors (readers/tf_graph.py): Petastorm's TF1 graph-mode tensors, checked against what real
+"""tf_tensors (bridges/tf/graph.py): Petastorm's TF1 graph-mode tensors, checked against what real
 Petastorm 0.13.1 gave on the same fixtures (``tf_expected.pkl``) and against the unihub reader."""
 
 from __future__ import annotations

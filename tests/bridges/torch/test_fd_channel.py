@@ -1,4 +1,4 @@
-"""Descriptors from forked children to their parent over the inherited socket (readers/fd_channel.py):
+"""Descriptors from forked children to their parent over the inherited socket (bridges/torch/fd_channel.py):
 what arrives is the sender's file, a child without its parent's channel is told so, a full queue
 refuses instead of blocking, and descriptors nobody asks for are closed once their sender exits."""
 

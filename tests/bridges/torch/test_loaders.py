@@ -718,7 +718,7 @@ def test_worker_batches_arrive_with_a_storage_per_column(url, shuffle_rows):
 @pytest.mark.parametrize("lend", [False, True], ids=["copied", "lent"])
 @pytest.mark.parametrize("hold", [0, 1, 3], ids=["dropped", "held", "every-third-held"])
 def test_worker_batches_reuse_shared_memory_and_keep_every_value(url, monkeypatch, hold, lend):
-    """A worker refills a batch's shared memory (readers/shared_batches.py) only once the batch has
+    """A worker refills a batch's shared memory (bridges/torch/shared_batches.py) only once the batch has
     arrived and nothing in the main process views it: each column copied into the main process's own
     memory, or (with a column big enough to lend) the biggest one a view of the worker's slot.
     Batches held to the end keep every value while the workers reuse the slots of those dropped."""
@@ -881,7 +881,7 @@ def _checked_ids(loader: Any) -> list[int]:
 @pytest.mark.parametrize("channel", [True, False], ids=["channel", "torch-handshakes"])
 def test_forked_workers_hand_their_storages_over_the_inherited_channel(url, monkeypatch, channel):
     """The process that built the dataset opened a channel its forked workers inherit: their storages'
-    descriptors cross on it, with no handshake (readers/fd_channel.py). Without it (a dataset built in
+    descriptors cross on it, with no handshake (bridges/torch/fd_channel.py). Without it (a dataset built in
     another process) they cross torch's way. Either way every value arrives, and nothing is left over."""
     from unihub.bridges.torch import fd_channel, shared_batches
 

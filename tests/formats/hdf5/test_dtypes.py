@@ -1,4 +1,4 @@
-"""HDF5 dtypes <-> unihub fields and values (formats/hdf5_types.py): exact both ways, refusals named."""
+"""HDF5 dtypes <-> unihub fields and values (formats/hdf5/dtypes.py): exact both ways, refusals named."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HDF5 ingest and export (formats/hdf5.py) on real h5py files made in tmp_path."""
+"""HDF5 ingest and export (formats/hdf5/format.py) on real h5py files made in tmp_path."""
 
 from __future__ import annotations
 

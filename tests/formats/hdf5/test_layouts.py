@@ -1,4 +1,4 @@
-"""HDF5 layout detection and the reading options (formats/hdf5_layout.py) on files made with h5py."""
+"""HDF5 layout detection and the reading options (formats/hdf5/layout.py) on files made with h5py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What HDF5 keeps beside its rows, and verify checking it (formats/hdf5_extras.py): empty sample groups,
+"""What HDF5 keeps beside its rows, and verify checking it (formats/hdf5/extras.py): empty sample groups,
 empty splits, exports of 0 rows, constants and attributes, and exports written with other options."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TensorProto bytes (``formats/tftensor.py``) as TensorFlow writes them and as an attacker would: cut anywhere,
+"""TensorProto bytes (``formats/tfrecord/tensor_proto.py``) as TensorFlow writes them and as an attacker would: cut anywhere,
 values of the wrong wire type, shapes whose padding would take all memory -- each a ``TensorProtoError``, and in a
 conversion a ``FormatError`` naming file and record."""
 
