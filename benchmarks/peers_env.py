@@ -34,19 +34,43 @@ COMMON = ["simplejpeg", "psutil", "numpy"]
 
 @dataclass(frozen=True)
 class Peer:
-    """A peer tool: its venv name, what pip installs, and the modules whose versions are recorded."""
+    """A peer tool: its venv name, what pip installs, the modules whose versions are recorded, and the
+    stand-in packages written over what pip pulled in (name -> {module path: source})."""
 
     name: str
     packages: tuple[str, ...]
     modules: tuple[str, ...]
+    stand_ins: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+
+
+#: ``import streaming`` imports ``streaming.vision``, which imports two names from torchvision; the only
+#: torchvision wheel for torch 2.13.0 is built against the CUDA torch and fails to load beside the CPU one
+#: ("operator torchvision::nms does not exist"). The benchmark uses neither name: this stand-in is what
+#: ``streaming`` imports, and nothing else.
+TORCHVISION_STAND_IN = ("torchvision", (
+    ("__init__.py", '"""A stand-in for torchvision: only what mosaicml-streaming imports (benchmarks/peers_env.py)."""\n'
+                    '__version__ = "0+stand-in"\n'),
+    ("datasets/__init__.py", "import torch.utils.data\n\n\n"
+                             "class VisionDataset(torch.utils.data.Dataset):\n"
+                             '    """torchvision.datasets.VisionDataset\'s constructor, enough for streaming.vision."""\n\n'
+                             "    def __init__(self, root=None, transforms=None, transform=None, target_transform=None):\n"
+                             "        self.root, self.transforms = root, transforms\n"
+                             "        self.transform, self.target_transform = transform, target_transform\n"),
+    ("transforms/__init__.py", ""),
+    ("transforms/functional.py", "import numpy as np\nimport torch\n\n\n"
+                                 "def to_tensor(pic):\n"
+                                 '    """HWC uint8 image -> CHW float tensor in [0, 1], as torchvision\'s."""\n'
+                                 "    array = np.asarray(pic)\n"
+                                 "    array = array[:, :, None] if array.ndim == 2 else array\n"
+                                 "    return torch.from_numpy(array.transpose(2, 0, 1).copy()).float().div(255)\n"),
+))
 
 
 PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("lance", ("pylance", "pyarrow"), ("lance", "pyarrow")),
     Peer("hf", ("datasets",), ("datasets", "pyarrow")),
     Peer("litdata", ("litdata",), ("litdata",)),
-    # streaming imports torchvision, whose PyPI wheel does not load beside the CPU torch (see the README)
-    Peer("mosaic", ("mosaicml-streaming",), ("streaming",)),
+    Peer("mosaic", ("mosaicml-streaming",), ("streaming",), (TORCHVISION_STAND_IN,)),
     Peer("wds", ("webdataset",), ("webdataset",)),
     Peer("ray", ("ray[data]", "pyarrow", "pandas", "pydantic"), ("ray", "pyarrow")),  # iter_torch_batches needs pydantic
 ]}
@@ -93,6 +117,18 @@ def _verify(python: Path, peer: Peer) -> dict[str, str]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def _stand_in(python: Path, package: str, files: tuple[tuple[str, str], ...]) -> None:
+    """Replace ``package`` in the venv by the stand-in ``files`` (uninstalled first, so pip's record is honest)."""
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", package], capture_output=True, check=False)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for relative, source in files:
+        target = Path(site) / package / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source)
+    _log(f"{package}: stand-in written to {Path(site) / package}")
+
+
 def existing_peers(venvs: Path = VENVS) -> list[str]:
     """The peers whose venv has finished installing (for ``--quick``: no building)."""
     return [name for name in PEERS if (venvs / name / MARKER_NAME).exists()]
@@ -122,6 +158,8 @@ def ensure_peer_venv(name: str, *, force: bool = False, venvs: Path = VENVS) -> 
         error = _pip(python, step)
         if error is not None:
             raise PeerUnavailable(f"pip install {' '.join(step)}: {error}")
+    for package, files in peer.stand_ins:
+        _stand_in(python, package, files)
     versions = _verify(python, peer)
     seconds = time.perf_counter() - t0
     _log(f"{name}: installed in {seconds:.0f}s: {versions}")

@@ -23,14 +23,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import simplejpeg
 
-SIDE = 64
 Batch = tuple[Any, Any, Any]
 
 
@@ -47,11 +46,35 @@ def decode(blob: bytes) -> np.ndarray:
     return simplejpeg.decode_jpeg(blob, colorspace="RGB")
 
 
-def decode_many(blobs: Iterable[bytes], count: int) -> np.ndarray:
-    out = np.empty((count, SIDE, SIDE, 3), np.uint8)
-    for i, blob in enumerate(blobs):
-        out[i] = simplejpeg.decode_jpeg(blob, colorspace="RGB")
+def decode_many(blobs: Sequence[bytes], count: int, threads: int = 1) -> np.ndarray:
+    """``count`` JPEGs decoded into one uint8 [count, H, W, 3] array; with ``threads`` > 1 the batch is
+    split between that many threads (simplejpeg releases the GIL while it decodes)."""
+    first = decode(blobs[0])
+    out = np.empty((count, *first.shape), np.uint8)
+    out[0] = first
+
+    def run(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            simplejpeg.decode_jpeg(blobs[i], colorspace="RGB", buffer=out[i])
+
+    if threads > 1 and count > 8:
+        bounds = np.linspace(1, count, threads + 1).astype(int)
+        list(_pool(threads).map(run, bounds[:-1], bounds[1:]))
+    else:
+        run(1, count)
     return out
+
+
+_POOLS: dict[int, Any] = {}
+
+
+def _pool(threads: int) -> Any:
+    """One thread pool per size in each process (a worker process makes its own)."""
+    if threads not in _POOLS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="decode")
+    return _POOLS[threads]
 
 
 def probe_digest(image: np.ndarray, vec: np.ndarray) -> str:
@@ -79,8 +102,9 @@ def write_unihub(content: Any, target: Path) -> None:
 
     from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
 
+    shape = decode(content[0][0]).shape
     schema = Unischema("PeersBench", [
-        UnischemaField("image", np.uint8, (SIDE, SIDE, 3), CompressedImageCodec("jpeg", quality=90), False),
+        UnischemaField("image", np.uint8, shape, CompressedImageCodec("jpeg", quality=90), False),
         UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False),
         UnischemaField("vec", np.float32, (16,), TensorCodec(), False),
     ])
@@ -122,7 +146,7 @@ def write_litdata(content: Any, target: Path) -> None:
 
     blobs, labels, vecs = content
     items = [(blobs[i], int(labels[i]), vecs[i]) for i in range(len(blobs))]
-    litdata.optimize(fn=_litdata_item, inputs=items, output_dir=str(target / "litdata"), chunk_bytes="64MB",
+    litdata.optimize(fn=_litdata_item, inputs=items, output_dir=str(target / "litdata"), chunk_bytes=CHUNK,
                      num_workers=1, mode="overwrite")
 
 
@@ -131,12 +155,13 @@ def write_mosaic(content: Any, target: Path) -> None:
 
     blobs, labels, vecs = content
     columns = {"image": "bytes", "label": "int64", "vec": "ndarray:float32:16"}
-    with MDSWriter(out=str(target / "mds"), columns=columns, size_limit="64mb") as writer:
+    with MDSWriter(out=str(target / "mds"), columns=columns, size_limit=CHUNK.lower()) as writer:
         for i in range(len(blobs)):
             writer.write({"image": blobs[i], "label": int(labels[i]), "vec": vecs[i]})
 
 
 def write_wds(content: Any, target: Path) -> None:
+    """Four tar shards, as WebDataset's docs write them (one member per field, keyed by the row)."""
     import webdataset as wds
 
     blobs, labels, vecs = content
@@ -148,10 +173,17 @@ def write_wds(content: Any, target: Path) -> None:
 
 
 def write_parquet(content: Any, target: Path) -> None:
+    """Plain Parquet for Ray Data, one file per 4 MB (as unihub's row groups): Ray reads a file per task."""
     import pyarrow.parquet as pq
 
-    pq.write_table(_arrow_table(content), str(target / "data.parquet"), row_group_size=2_000)
+    table = _arrow_table(content)
+    rows = max(1, int(len(table) * 4e6 / table.nbytes))
+    for i, start in enumerate(range(0, len(table), rows)):
+        pq.write_table(table.slice(start, rows), str(target / f"part-{i:04d}.parquet"))
 
+
+#: LitData's chunks and MosaicML's shards are sized like unihub's row groups, so that every worker has several
+CHUNK = "4MB"
 
 WRITERS: dict[str, Callable[[Any, Path], None]] = {
     "tfrecord": write_tfrecord, "unihub": write_unihub, "lance": write_lance, "hf": write_hf,
@@ -221,65 +253,117 @@ def unihub_tf(job: dict[str, Any]) -> Iterator[Batch]:
         yield batch["image"].numpy(), batch["label"].numpy(), batch["vec"].numpy()
 
 
+def _tf_decode(image: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.io.decode_jpeg(image, channels=3, dct_method="INTEGER_ACCURATE")
+
+
 def tfdata(job: dict[str, Any]) -> Iterator[Batch]:
-    """tf.data's own TFRecord pipeline: interleaved shards, batched ``parse_example``, ``decode_jpeg`` by map."""
+    """tf.data's own TFRecord pipeline, as its performance guide builds it: interleaved shards, then either
+    batched ``parse_example`` + ``decode_jpeg`` by ``map_fn`` (variant ``batch``) or a per-record parse + decode
+    ``map`` before ``batch`` (variant ``record``); ``deterministic=False`` lets parallel maps hand out what is
+    ready first. ``AUTOTUNE`` picks the parallelism."""
     import tensorflow as tf
 
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
             "vec": tf.io.FixedLenFeature([16], tf.float32)}
+    side = job["side"]
 
-    def parse(records: Any) -> Any:
+    def parse_batch(records: Any) -> Any:
         parsed = tf.io.parse_example(records, spec)
-        images = tf.map_fn(lambda b: tf.io.decode_jpeg(b, channels=3, dct_method="INTEGER_ACCURATE"),
-                           parsed["image"], fn_output_signature=tf.TensorSpec([SIDE, SIDE, 3], tf.uint8))
+        images = tf.map_fn(_tf_decode, parsed["image"], fn_output_signature=tf.TensorSpec([side, side, 3], tf.uint8))
         return images, parsed["label"], parsed["vec"]
 
+    def parse_record(record: Any) -> Any:
+        parsed = tf.io.parse_single_example(record, spec)
+        return _tf_decode(parsed["image"]), parsed["label"], parsed["vec"]
+
+    deterministic = not job.get("nondeterministic", False)
     files = sorted(str(p) for p in Path(job["data"]).glob("*.tfrecord"))
     ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
     if job["shuffle"]:
         ds = ds.shuffle(job["shuffle"], seed=0)
-    ds = ds.batch(64).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    for images, labels, vecs in ds:
+    if job.get("variant", "batch") == "record":
+        ds = ds.map(parse_record, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).batch(64)
+    else:
+        ds = ds.batch(64).map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    for images, labels, vecs in ds.prefetch(tf.data.AUTOTUNE):
         yield images.numpy(), labels.numpy(), vecs.numpy()
 
 
+def _lance_batch(rb: Any, threads: int) -> Batch:
+    blobs = rb.column("image").to_pylist()
+    vecs = rb.column("vec").flatten().to_numpy().reshape(-1, 16)
+    return _torch_batch(decode_many(blobs, len(blobs), threads), rb.column("label").to_numpy(), vecs)
+
+
 def lance_batches(job: dict[str, Any]) -> Iterator[Batch]:
-    """Lance's scanner (``to_batches``), each Arrow batch's images decoded in the loop: no workers."""
+    """Lance's scanner (``to_batches``), each Arrow batch's images decoded in the loop by ``threads`` threads."""
     import lance
 
     ds = lance.dataset(str(Path(job["data"]) / "data.lance"))
     for rb in ds.to_batches(batch_size=64):
-        blobs = rb.column("image").to_pylist()
-        vecs = rb.column("vec").flatten().to_numpy().reshape(-1, 16)
-        yield _torch_batch(decode_many(blobs, len(blobs)), rb.column("label").to_numpy(), vecs)
+        yield _lance_batch(rb, job.get("threads", 1))
 
 
 def lance_torch(job: dict[str, Any]) -> Iterator[Batch]:
-    """``lance.torch.data.LanceDataset`` (its own batching and prefetch) with a decoding ``to_tensor_fn``."""
+    """``lance.torch.data.LanceDataset`` (its own batching and read-ahead) with a decoding ``to_tensor_fn`` that
+    splits each batch between ``threads`` threads; shuffled, Lance's ``ShardedBatchSampler(randomize=True)``
+    (batches in a random order), as its docs recommend for training."""
+    from lance.sampler import ShardedBatchSampler
     from lance.torch.data import LanceDataset
 
-    def to_tensor(rb: Any, **_: Any) -> Batch:
-        blobs = rb.column("image").to_pylist()
-        vecs = rb.column("vec").flatten().to_numpy().reshape(-1, 16)
-        return _torch_batch(decode_many(blobs, len(blobs)), rb.column("label").to_numpy(), vecs)
+    threads = job.get("threads", 1)
 
-    ds = LanceDataset(str(Path(job["data"]) / "data.lance"), batch_size=64, to_tensor_fn=to_tensor)
+    def to_tensor(rb: Any, **_: Any) -> Batch:
+        return _lance_batch(rb, threads)
+
+    sampler = ShardedBatchSampler(0, 1, randomize=True, seed=0) if job["shuffle"] else None
+    ds = LanceDataset(str(Path(job["data"]) / "data.lance"), batch_size=64, to_tensor_fn=to_tensor, sampler=sampler)
     yield from ds
+
+
+def _lance_rows_collate(rows: list[dict[str, Any]]) -> Batch:
+    blobs = [r["image"] for r in rows]
+    return _torch_batch(decode_many(blobs, len(blobs)), [r["label"] for r in rows],
+                        np.asarray([r["vec"] for r in rows], np.float32))
+
+
+def lance_safe(job: dict[str, Any]) -> Iterator[Batch]:
+    """Lance's map-style ``SafeLanceDataset`` in its ``get_safe_loader`` (torch ``DataLoader``, spawned
+    persistent workers, one ``take`` per batch), decoding in the collate; shuffled by the loader's sampler."""
+    import torch
+    from lance.torch.data import SafeLanceDataset, get_safe_loader
+
+    ds = SafeLanceDataset(str(Path(job["data"]) / "data.lance"))
+    options = {"batch_size": 64, "shuffle": job["shuffle"] > 0, "generator": torch.Generator().manual_seed(0),
+               "collate_fn": _lance_rows_collate}
+    if job["workers"]:
+        yield from get_safe_loader(ds, num_workers=job["workers"], **options)
+    else:  # get_safe_loader's spawn context needs workers
+        yield from torch.utils.data.DataLoader(ds, **options)
+
+
+_HF_THREADS = 1
 
 
 def _hf_transform(batch: dict[str, list[Any]]) -> dict[str, Any]:
     import torch
 
     images = batch["image"]
-    return {"image": torch.from_numpy(decode_many(images, len(images))),
+    return {"image": torch.from_numpy(decode_many(images, len(images), _HF_THREADS)),
             "label": torch.as_tensor(batch["label"]), "vec": torch.as_tensor(np.asarray(batch["vec"], np.float32))}
 
 
 def hf(job: dict[str, Any]) -> Iterator[Batch]:
-    """HF ``datasets``: ``set_transform`` decoding whole index batches, torch ``DataLoader`` over a BatchSampler."""
+    """HF ``datasets``: ``set_transform`` decoding whole index batches (by ``threads`` threads), torch
+    ``DataLoader`` over a BatchSampler (``workers`` processes)."""
     import datasets
     import torch
 
+    global _HF_THREADS
+    _HF_THREADS = job.get("threads", 1)
     ds = datasets.load_from_disk(str(Path(job["data"]) / "hf"))
     ds.set_transform(_hf_transform)
     base = (torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0)) if job["shuffle"]
@@ -349,16 +433,17 @@ def wds_(job: dict[str, Any]) -> Iterator[Batch]:
 
 
 def _ray_decode(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    images = batch["image"]
+    images = list(batch["image"])
     return {"image": decode_many(images, len(images)), "label": batch["label"],
             "vec": np.stack(batch["vec"]).astype(np.float32)}
 
 
 def ray_(job: dict[str, Any]) -> Iterator[Batch]:
-    """Ray Data: ``read_parquet`` + ``map_batches`` decode, ``iter_torch_batches`` (ray.init is before the clock)."""
+    """Ray Data: ``read_parquet`` over the folder's files (a read task per file) + ``map_batches`` decode,
+    ``iter_torch_batches`` (``ray.init`` is before the clock)."""
     import ray
 
-    ds = ray.data.read_parquet(str(Path(job["data"]) / "data.parquet"))
+    ds = ray.data.read_parquet(str(job["data"]))
     ds = ds.map_batches(_ray_decode, batch_format="numpy", batch_size=256)
     for batch in ds.iter_torch_batches(batch_size=64, local_shuffle_buffer_size=job["shuffle"] or None):
         yield batch["image"], batch["label"], batch["vec"]
@@ -367,7 +452,7 @@ def ray_(job: dict[str, Any]) -> Iterator[Batch]:
 PIPELINES: dict[str, Callable[[dict[str, Any]], Iterator[Batch]]] = {
     "unihub_batched": unihub_batched, "unihub_rows": unihub_rows, "unihub_iterable": unihub_iterable,
     "unihub_map": unihub_map, "unihub_tf": unihub_tf, "tfdata": tfdata, "lance": lance_batches,
-    "lance_torch": lance_torch, "hf": hf, "litdata": litdata_, "mosaic": mosaic, "wds": wds_, "ray": ray_,
+    "lance_torch": lance_torch, "lance_safe": lance_safe, "hf": hf, "litdata": litdata_, "mosaic": mosaic, "wds": wds_, "ray": ray_,
 }
 
 #: what each pipeline imports before the clock starts (imports are not timed)
@@ -375,40 +460,82 @@ IMPORTS: dict[str, str] = {
     "unihub_batched": "torch unihub.bridges.torch.loaders", "unihub_rows": "torch unihub.bridges.torch.loaders",
     "unihub_iterable": "torch unihub.bridges.torch.loaders", "unihub_map": "torch unihub.bridges.torch.loaders",
     "unihub_tf": "tensorflow unihub.bridges.tf.dataset", "tfdata": "tensorflow", "lance": "torch lance",
-    "lance_torch": "torch lance lance.torch.data", "hf": "torch datasets", "litdata": "torch litdata",
+    "lance_torch": "torch lance lance.torch.data", "lance_safe": "torch lance lance.torch.data", "hf": "torch datasets", "litdata": "torch litdata",
     "mosaic": "torch streaming", "wds": "torch webdataset", "ray": "torch ray ray.data",
 }
 
 
 # --------------------------------------------------------------------------- decode limit
 def decode_limit(job: dict[str, Any]) -> dict[str, Any]:
-    """Images/s of unihub's JPEG decoder (``formats.images.decode_image``) on one thread, and on one thread per core."""
+    """Images/s of unihub's JPEG decoder (``images.decoders.decode_image``) on one thread and on one thread per
+    core, and the CPU seconds one image costs it (thread CPU time of the one-thread loop): what every contender
+    must spend at least, subtracted from their CPU per row to give the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
     from unihub.images import decoders as images
 
     blobs, _, _ = load_content(job["source"])
     cores = os.cpu_count() or 1
+    shape = decode(blobs[0]).shape
 
     def run(share: list[bytes]) -> int:
-        out = np.empty((SIDE, SIDE, 3), np.uint8)
+        out = np.empty(shape, np.uint8)
         for blob in share:
             images.decode_image(blob, out=out)
         return len(share)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     run(blobs)
-    one = len(blobs) / (time.perf_counter() - t0)
+    one, cpu = len(blobs) / (time.perf_counter() - t0), (time.thread_time() - c0) / len(blobs)
     with ThreadPoolExecutor(cores) as pool:
         t0 = time.perf_counter()
         done = sum(pool.map(run, [blobs[i::cores] for i in range(cores)]))
         every = done / (time.perf_counter() - t0)
-    return {"one_core": one, "all_cores": every, "cores": cores, "decoder": images.DECODER_NAME}
+    return {"one_core": one, "all_cores": every, "cores": cores, "decoder": images.DECODER_NAME,
+            "cpu_per_image": cpu}
 
 
 # --------------------------------------------------------------------------- one timed epoch
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds (user + system, of the process and of the children it has reaped) of this process and
+    every live descendant, by pid, from ``/proc``: the workers, threads and helper processes a tool starts
+    are all counted, wherever they run."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15]) / _TICK  # utime stime cutime cstime
+    tree, todo = {}, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree[pid] = times.get(pid, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return tree
+
+
+def steady_rate(marks: list[tuple[float, int]], rows: int) -> float | None:
+    """Rows/s between the batches that crossed 10% and 90% of the epoch's rows: the rate once start-up is
+    over and before the tail drains (None when the epoch had too few batches to tell)."""
+    lo = next((m for m in marks if m[1] >= 0.1 * rows), None)
+    hi = next((m for m in marks if m[1] >= 0.9 * rows), None)
+    if lo is None or hi is None or hi[0] <= lo[0]:
+        return None
+    return (hi[1] - lo[1]) / (hi[0] - lo[0])
+
+
 def run_epoch(job: dict[str, Any]) -> dict[str, Any]:
-    """Import, start the clock, iterate one epoch; rows/s, time to first batch and the content checks."""
+    """Import, start the clock, iterate one epoch; rows/s (whole epoch and steady state), time to first
+    batch, CPU seconds of the process tree, and the content checks."""
     import importlib
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -423,19 +550,23 @@ def run_epoch(job: dict[str, Any]) -> dict[str, Any]:
     probes = np.asarray(job["probes"], np.int64)
     rows = label_sum = 0
     digests: dict[str, str] = {}
-    first = None
+    marks: list[tuple[float, int]] = []
+    shape = None
+    cpu_start = tree_cpu()
     start = time.perf_counter()
     for images, labels, vecs in PIPELINES[job["tool"]](job):
-        if first is None:
-            first = time.perf_counter() - start
         images, labels, vecs = np.asarray(images), np.asarray(labels), np.asarray(vecs)
         rows += len(labels)
+        marks.append((time.perf_counter() - start, rows))
         label_sum += int(labels.sum())
+        shape = list(images.shape[1:])
         for i in np.flatnonzero(np.isin(vecs[:, 0].astype(np.int64), probes)):
             digests[str(int(vecs[i, 0]))] = probe_digest(images[i], vecs[i])
     seconds = time.perf_counter() - start
-    return {"rows": rows, "seconds": seconds, "ttfb": first, "label_sum": label_sum, "digests": digests,
-            "image_shape": list(images.shape[1:]) if rows else None}
+    cpu_end = tree_cpu()
+    cpu = sum(t - cpu_start.get(pid, 0.0) for pid, t in cpu_end.items())
+    return {"rows": rows, "seconds": seconds, "ttfb": marks[0][0] if marks else None, "label_sum": label_sum,
+            "digests": digests, "image_shape": shape, "steady": steady_rate(marks, rows), "cpu_s": cpu}
 
 
 def main(argv: list[str]) -> int:

@@ -8,11 +8,40 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import peers_side  # noqa: E402
+
+
+def test_steady_rate_is_the_rate_between_the_batches_crossing_10_and_90_percent() -> None:
+    # 100 batches of 10 rows: 1 s of start-up, then one batch every 10 ms, and a slow tail
+    marks = [(1.0 + 0.01 * i, 10 * (i + 1)) for i in range(95)] + [(3.0 + i, 960 + 10 * i) for i in range(5)]
+    # 10% = 100 rows at batch 9 (t=1.09), 90% = 900 rows at batch 89 (t=1.89): 800 rows in 0.8 s
+    assert peers_side.steady_rate(marks, 1000) == pytest.approx(1000.0)
+    assert peers_side.steady_rate([(0.5, 64)], 64) is None  # one batch: nothing to tell
+
+
+def test_tree_cpu_counts_the_children_a_process_ran_and_reaped() -> None:
+    before = sum(peers_side.tree_cpu().values())
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    live = subprocess.Popen([sys.executable, "-c", burn + "time.sleep(30)"])
+    try:
+        subprocess.run([sys.executable, "-c", burn], check=True)  # reaped: in this process's cutime
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and peers_side.tree_cpu().get(live.pid, 0.0) < 0.4:
+            time.sleep(0.05)
+        during = peers_side.tree_cpu()
+        assert during.get(live.pid, 0.0) >= 0.35  # alive: counted as a descendant
+        assert sum(during.values()) - before >= 0.75
+    finally:
+        live.kill()
+        live.wait()
 
 
 @pytest.mark.slow
@@ -25,17 +54,19 @@ def test_quick_run_times_unihub_and_tfdata_on_the_same_content(tmp_path: Path) -
     expected = ["unihub BatchedDataLoader(make_batch_reader)", "unihub DataLoader(make_reader)",
                 "unihub TorchIterableDataset, torch DataLoader(2 workers)",
                 "unihub TorchMapDataset, torch DataLoader(2 workers)", "unihub make_tf_dataset",
-                "tf.data TFRecord, batched parse_example + decode_jpeg"]
+                "tf.data TFRecord, parallel parse + decode_jpeg"]
     for label in expected:
         assert label in rows, out.stdout
         # every contender delivered all 640 rows with the same labels, and the probe rows' pixels
         # (decoded by simplejpeg, or by TensorFlow's libjpeg-turbo) equal the content's, bit for bit
         assert "failed" not in rows[label] and " | yes | " in rows[label], rows[label]
-        assert re.search(r" \| [\d,]+ \([\d,]+\) \| ", rows[label]), rows[label]  # peak RSS (PSS of its own run)
+        # CPU ms per 1,000 rows (non-decode part), peak RSS (PSS of its own run)
+        assert re.search(r" \| [\d,]+ \(-?[\d,]+\) \| [\d,]+ \([\d,]+\) \| ", rows[label]), rows[label]
     assert not any("shuffled" in label for label in rows)
     assert "fastest peer: tf.data TFRecord" in out.stdout
-    assert "make_tf_dataset >= 1.3x tf.data's pipeline:" in out.stdout
-    assert "of the decode limit:" in out.stdout
+    assert "make_tf_dataset >= 1.25x tf.data's best pipeline (variant " in out.stdout
+    assert "unihub DataLoader(make_reader): " in out.stdout and "non-decode CPU" in out.stdout
+    assert "round 1: variant batch: " in rows["tf.data TFRecord, parallel parse + decode_jpeg"]  # its sweep
     # the content and each tool's copy are cached, nothing else: no temporary folders left
     from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 
