@@ -61,7 +61,7 @@ def test_quick_run_times_unihub_and_tfdata_on_the_same_content(tmp_path: Path) -
         # (decoded by simplejpeg, or by TensorFlow's libjpeg-turbo) equal the content's, bit for bit
         assert "failed" not in rows[label] and " | yes | " in rows[label], rows[label]
         # CPU ms per 1,000 rows (non-decode part), peak RSS (PSS of its own run)
-        assert re.search(r" \| [\d,]+ \(-?[\d,]+\) \| [\d,]+ \([\d,]+\) \| ", rows[label]), rows[label]
+        assert re.search(r" \| [\d,.]+ \(-?[\d,.]+\) \| [\d,]+ \([\d,]+\) \| ", rows[label]), rows[label]
     assert not any("shuffled" in label for label in rows)
     assert "fastest peer: tf.data TFRecord" in out.stdout
     assert "make_tf_dataset >= 1.25x tf.data's best pipeline (variant " in out.stdout
