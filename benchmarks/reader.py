@@ -23,7 +23,7 @@ Targets, each a ratio of medians from this one run:
 - make_reader, all fields, Petastorm's dataset: >= 3x Petastorm (issue 39)
 - make_reader, id + label only: >= 5x Petastorm (issue 39)
 - make_reader, unihub's own TensorCodec dataset: >= 85% of the decode limit
-  (the chosen PNG decoder alone, one thread per core, on the same images; one core's
+  (the readers' PNG column decode alone, one thread per core, on the same images; one core's
   rate x cores is printed beside it: on a shared VM the cores seldom scale that far)
 - make_batch_reader, 1M-row plain Parquet: >= 0.8x pyarrow.parquet.read_table + to_numpy
 
@@ -163,16 +163,15 @@ def write_tensor_copy(source: Path, target: Path) -> Path:
 
 
 def decode_limit_row(url: Path, rounds: int) -> Row:
-    """make_reader on unihub's TensorCodec copy vs the decode limit: the PNG decoder alone in one thread
-    per core, each into its own array (what the machine can decode with nothing else to do). One core's
+    """make_reader on unihub's TensorCodec copy vs the decode limit: the readers' PNG column decode
+    (``decode_images_into``) alone in one thread per core, each into its own array (what the machine can decode with nothing else to do). One core's
     rate is timed too; the three alternate within each round, so that a noisy spell hits all alike."""
     blobs = pq.read_table(url, columns=["image"]).column("image").to_pylist()
     cores = os.cpu_count() or 1
 
     def decode(share: list[bytes]) -> int:
-        out = np.empty((64, 64, 3), np.uint8)
-        for blob in share:
-            images.decode_image(blob, out=out)
+        # the readers' column decode (libdeflate + batched unfilter for SUB-filtered PNGs, else libpng)
+        images.decode_images_into(share, np.empty((len(share), 64, 64, 3), np.uint8))
         return len(share)
 
     def decode_on_every_core() -> int:
