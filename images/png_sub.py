@@ -60,12 +60,11 @@ def _idat(blob: Any, ihdr: bytes) -> bytes | None:
 
 def _undo_sub(rows: np.ndarray, channels: int) -> None:
     """Undo the SUB filter of ``(n, H, W * C)`` uint8 image rows in place (each row's last axis
-    contiguous): a running sum of each channel along the row, by log2(W) shifted adds."""
-    scratch = np.empty(rows.shape, np.uint8)
+    contiguous): a running sum of each channel along the row, by log2(W) shifted adds. The adds
+    overlap their output; numpy computes them as if the input had been copied first."""
     width, shift = rows.shape[2], channels
     while shift < width:
-        np.add(rows[:, :, shift:], rows[:, :, :-shift], out=scratch[:, :, shift:])
-        rows[:, :, shift:] = scratch[:, :, shift:]
+        np.add(rows[:, :, shift:], rows[:, :, :-shift], out=rows[:, :, shift:])
         shift *= 2
 
 
