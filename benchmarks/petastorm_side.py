@@ -27,7 +27,8 @@ worker start-up included: that is what a user pays; imports are not). No warm-up
 Result::
 
     {"kind": ..., "rows": n, "seconds": t, "rows_per_s": r,   # best run (fastest ok run)
-     "runs": [{"rows": n, "seconds": t, "ok": bool, "error": str|null}, ...], "ok": bool}
+     "cpu_s": c,   # user + system CPU seconds of the process tree over the best run
+     "runs": [{"rows": n, "seconds": t, "cpu_s": c, "ok": bool, "error": str|null}, ...], "ok": bool}
 
 ``ok`` is true when every run was ok. ``rows`` counts rows (for the batch kinds, the sum of
 batch lengths), times ``num_epochs``.
@@ -43,6 +44,8 @@ import sys
 import time
 import traceback
 import warnings
+
+from reader_side import tree_cpu_seconds  # stdlib only: the process tree's CPU, as unihub's side measures it
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -186,10 +189,11 @@ def run_job(job: dict) -> dict:
         for _ in range(max(1, int(job["repeats"]))):
             run = {"rows": None, "seconds": None, "ok": False, "error": None, "timed_out": False}
             signal.alarm(int(job["timeout_s"]))
-            t0 = time.perf_counter()
+            cpu0, t0 = tree_cpu_seconds(), time.perf_counter()
             try:
                 run["rows"] = fn(job)
                 run["seconds"] = time.perf_counter() - t0
+                run["cpu_s"] = round(tree_cpu_seconds() - cpu0, 3)
                 run["ok"] = job["expected_rows"] is None or run["rows"] == job["expected_rows"]
                 if not run["ok"]:
                     run["error"] = f"expected {job['expected_rows']} rows, got {run['rows']}"
@@ -219,6 +223,7 @@ def run_job(job: dict) -> dict:
         "schema_fields": job["schema_fields"],
         "rows": best["rows"],
         "seconds": round(seconds, 4),
+        "cpu_s": best.get("cpu_s"),
         "rows_per_s": round(best["rows"] / seconds, 1) if best["rows"] and seconds else 0.0,
         "ok": len(good) == len(runs),
         "runs": [{**r, "seconds": round(r["seconds"], 4) if r["seconds"] is not None else None} for r in runs],

@@ -1,34 +1,47 @@
-"""make_reader / make_batch_reader side by side with Petastorm 0.13.1, in one run, as ratios.
+"""make_reader / make_batch_reader side by side with Petastorm 0.13.1 and their limits, in one run, as ratios.
 
 Petastorm runs in its own virtualenv (``benchmarks/petastorm_env.py``) on the same files;
 the reference data is written by Petastorm itself (``benchmarks/make_reference_data.py``).
-Every timing runs from creating the reader to the end of iteration (reader creation and
-worker start-up included) and keeps the best of ``--repeats``; Petastorm gets its best pool
-setting on this machine (measured by ``petastorm_side.py sweep``: thread pool, 2 workers for
-all fields, 1 for scalars).
 
-Targets (issue 3), each a ratio from this one run:
+make_reader vs Petastorm (issue 39), alternated as ``benchmarks/peers.py`` does: every round runs
+each contender once as a fresh process (``reader_side.py`` for unihub, ``petastorm_side.py`` in
+Petastorm's venv, both started by ``peers.run_child``), the contenders alternated round by round
+(the order within a pair flips every round), imports excluded. Each run is timed from creating the
+reader to leaving its ``with`` block after the last row (worker start-up and shut-down included),
+touching every field of every row; beside rows/s it records the CPU of the run's whole process tree
+over the same span (user + system, from ``/proc``: ``reader_side.tree_cpu_seconds``), printed as
+CPU ms per 1,000 rows. Figures are min / median / max over ``--rounds``; the targets are decided
+on the medians. Petastorm gets its best pool setting on this machine (measured by
+``petastorm_side.py sweep``: thread pool, 2 workers for all fields, 1 for id + label); unihub
+runs with its defaults.
 
-- make_reader, all fields, Petastorm's dataset: >= 2x Petastorm
-- make_reader, scalar fields only: >= 5x Petastorm
+The other two rows run in this process, their sides alternated within each round:
+TensorCodec vs the decode limit, make_batch_reader vs pyarrow.
+
+Targets, each a ratio of medians from this one run:
+
+- make_reader, all fields, Petastorm's dataset: >= 3x Petastorm (issue 39)
+- make_reader, id + label only: >= 5x Petastorm (issue 39)
 - make_reader, unihub's own TensorCodec dataset: >= 85% of the decode limit
-  (the chosen PNG decoder alone, one thread per core, on the same images; one core's
+  (the readers' PNG column decode alone, one thread per core, on the same images; one core's
   rate x cores is printed beside it: on a shared VM the cores seldom scale that far)
 - make_batch_reader, 1M-row plain Parquet: >= 0.8x pyarrow.parquet.read_table + to_numpy
 
-    python benchmarks/reader.py [--repeats 3]
+    python benchmarks/reader.py [--rounds 5] [--cases petastorm,decode,batch]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +51,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from make_reference_data import make_petastorm_images, make_plain_1m  # noqa: E402
+from peers import run_child  # noqa: E402
 from petastorm_env import ensure_petastorm_venv  # noqa: E402
+from reader_side import tree_cpu_seconds  # noqa: E402
 
 from unihub import (  # noqa: E402
     CompressedImageCodec,
@@ -52,6 +67,9 @@ from unihub import (  # noqa: E402
 )
 from unihub.images import decoders as images  # noqa: E402
 
+CASES = ("petastorm", "decode", "batch")
+PETASTORM_ROWS = 10_000
+
 UnihubImages = Unischema("UnihubImages", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
     UnischemaField("image", np.uint8, (64, 64, 3), CompressedImageCodec("png"), False),
@@ -61,30 +79,73 @@ UnihubImages = Unischema("UnihubImages", [
 ])
 
 
-def best_time(repeats: int, fn) -> tuple[float, int]:
-    best, count = float("inf"), 0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        count = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, count
+@dataclass
+class Side:
+    """One contender of a row: its runs' rows/s and CPU seconds per row."""
+
+    name: str
+    rates: list[float] = field(default_factory=list)
+    cpu_per_row: list[float] = field(default_factory=list)
+
+    def add(self, rows: int, seconds: float, cpu_s: float | None) -> None:
+        self.rates.append(rows / seconds)
+        if cpu_s is not None:
+            self.cpu_per_row.append(cpu_s / rows)
+
+    def rate(self) -> float:
+        return statistics.median(self.rates) if self.rates else float("nan")
+
+    def cpu_ms_per_1k(self) -> list[float]:
+        return [c * 1e6 for c in self.cpu_per_row]
 
 
-def petastorm(python: Path, job: dict) -> float:
-    """Best rows/s of a Petastorm job (petastorm_side.py), checked for a full row count."""
-    out = subprocess.run([str(python), str(HERE / "petastorm_side.py"), json.dumps(job)],
-                         capture_output=True, text=True, timeout=1200)
-    if out.returncode != 0:
-        raise RuntimeError(f"petastorm_side failed: {out.stderr[-2000:]}")
-    result = json.loads(out.stdout)
-    if not result["ok"]:
-        raise RuntimeError(f"Petastorm returned a short read: {result['runs']}")
-    return float(result["rows_per_s"])
+@dataclass
+class Row:
+    """A line of the table: unihub's side, the other side, the target ratio of their medians."""
+
+    label: str
+    ours: Side
+    theirs: Side
+    target: float
+    note: str = ""
 
 
-def count_rows(url: str, **kwargs) -> int:
+def timed(fn: Callable[[], int]) -> tuple[int, float, float]:
+    """(rows, wall seconds, process-tree CPU seconds) of ``fn()`` run here."""
+    cpu0, start = tree_cpu_seconds(), time.perf_counter()
+    rows = fn()
+    return rows, time.perf_counter() - start, tree_cpu_seconds() - cpu0
+
+
+def count_rows(url: str, **kwargs: Any) -> int:
     with make_reader(url, **kwargs) as reader:
         return sum(1 for _ in reader)
+
+
+def petastorm_rows(python: Path, url: str, rounds: int, timeout: float) -> list[Row]:
+    """make_reader vs Petastorm's on all fields and on id + label: each run a fresh process, the two
+    contenders alternated (unihub first in even rounds, Petastorm first in odd ones)."""
+    cases = [("make_reader, all fields, Petastorm's dataset", None, 2, 3.0),
+             ("make_reader, id + label only", ["id", "label"], 1, 5.0)]
+    rows = [Row(label, Side("unihub"), Side("Petastorm"), target,
+                f"Petastorm: thread pool, {workers} worker{'s' if workers > 1 else ''}")
+            for label, _, workers, target in cases]
+    for rnd in range(rounds):
+        print(f"round {rnd + 1}/{rounds}", file=sys.stderr, flush=True)
+        for row, (_, fields, workers, _) in zip(rows, cases):
+            ours = (Path(sys.executable), {"url": url, "schema_fields": fields}, HERE / "reader_side.py", row.ours)
+            theirs = (python, {"kind": "make_reader", "url": url, "schema_fields": fields, "reader_pool_type": "thread",
+                               "workers_count": workers, "expected_rows": PETASTORM_ROWS},
+                      HERE / "petastorm_side.py", row.theirs)
+            for exe, job, side_script, side in ([ours, theirs] if rnd % 2 == 0 else [theirs, ours]):
+                result = run_child(exe, job, timeout, side=side_script, pss=False)
+                if "error" in result or result["rows"] != PETASTORM_ROWS:
+                    raise RuntimeError(f"{side.name}, {row.label}: {result.get('error') or result['rows']} "
+                                       f"(want {PETASTORM_ROWS:,} rows)")
+                side.add(result["rows"], result["seconds"], result.get("cpu_s"))
+                print(f"  {row.label}, {side.name}: {side.rates[-1]:,.0f} rows/s, "
+                      f"{side.cpu_ms_per_1k()[-1]:.1f} CPU ms / 1k rows", file=sys.stderr, flush=True)
+    return rows
 
 
 def write_tensor_copy(source: Path, target: Path) -> Path:
@@ -101,61 +162,34 @@ def write_tensor_copy(source: Path, target: Path) -> Path:
     return target
 
 
-def reader_vs_decode_limit(url: Path, repeats: int) -> tuple[float, float, float]:
-    """(reader rows/s, one core's PNG decode rate, all cores' PNG decode rate) on the dataset's images.
-
-    The decode limit is the decoder alone in one thread per core, each into its own array:
-    what the machine can decode, with nothing else to do. The three are timed in
-    alternation, best of ``repeats`` each, so that a noisy spell on a shared machine hits
-    every side alike.
-    """
+def decode_limit_row(url: Path, rounds: int) -> Row:
+    """make_reader on unihub's TensorCodec copy vs the decode limit: the readers' PNG column decode
+    (``decode_images_into``) alone in one thread per core, each into its own array (what the machine can decode with nothing else to do). One core's
+    rate is timed too; the three alternate within each round, so that a noisy spell hits all alike."""
     blobs = pq.read_table(url, columns=["image"]).column("image").to_pylist()
     cores = os.cpu_count() or 1
 
     def decode(share: list[bytes]) -> int:
-        out = np.empty((64, 64, 3), np.uint8)
-        for blob in share:
-            images.decode_image(blob, out=out)
+        # the readers' column decode (libdeflate + batched unfilter for SUB-filtered PNGs, else libpng)
+        images.decode_images_into(share, np.empty((len(share), 64, 64, 3), np.uint8))
         return len(share)
 
     def decode_on_every_core() -> int:
         with ThreadPoolExecutor(cores) as pool:
             return sum(pool.map(decode, [blobs[i::cores] for i in range(cores)]))
 
-    one_s = all_s = read_s = float("inf")
-    for _ in range(repeats):
-        one_s = min(one_s, best_time(1, lambda: decode(blobs))[0])
-        all_s = min(all_s, best_time(1, decode_on_every_core)[0])
-        read_s = min(read_s, best_time(1, lambda: count_rows(str(url)))[0])
-    return len(blobs) / read_s, len(blobs) / one_s, len(blobs) / all_s
+    one, every, reader = Side("one core"), Side("decode limit"), Side("unihub")
+    for _ in range(rounds):
+        one.add(*timed(lambda: decode(blobs)))
+        every.add(*timed(decode_on_every_core))
+        reader.add(*timed(lambda: count_rows(str(url))))
+    return Row(f"make_reader, unihub TensorCodec dataset (decode limit: {cores} threads decoding; "
+               f"one core {one.rate():,.0f}, x {cores} = {one.rate() * cores:,.0f})", reader, every, 0.85,
+               "decode limit")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    python = ensure_petastorm_venv()
-    pet_images, plain = make_petastorm_images(), make_plain_1m()
-    own_images = write_tensor_copy(pet_images, HERE / "data" / "unihub_images")
-    pet_url, plain_url = f"file://{pet_images}", f"file://{plain}"
-    rows = []
-
-    base = {"kind": "make_reader", "url": pet_url, "reader_pool_type": "thread", "repeats": args.repeats,
-            "expected_rows": 10_000}
-    p_all = petastorm(python, {**base, "workers_count": 2})
-    u_all = 10_000 / best_time(args.repeats, lambda: count_rows(pet_url))[0]
-    rows.append(("make_reader, all fields, Petastorm's dataset", u_all, p_all, "Petastorm", 2.0))
-
-    scalars = ["id", "label"]
-    p_scalar = petastorm(python, {**base, "workers_count": 1, "schema_fields": scalars})
-    u_scalar = 10_000 / best_time(args.repeats, lambda: count_rows(pet_url, schema_fields=scalars))[0]
-    rows.append(("make_reader, id + label only", u_scalar, p_scalar, "Petastorm", 5.0))
-
-    u_own, one_core, limit = reader_vs_decode_limit(own_images, args.repeats)
-    rows.append((f"make_reader, unihub TensorCodec dataset (decode limit: {os.cpu_count()} threads decoding; "
-                 f"one core {one_core:,.0f}, x {os.cpu_count()} = {one_core * (os.cpu_count() or 1):,.0f})",
-                 u_own, limit, "decode limit", 0.85))
-
+def batch_row(plain: Path, rounds: int) -> Row:
+    """make_batch_reader vs pyarrow's read_table + to_numpy on 1M rows of plain Parquet, alternated in this process."""
     columns = pq.read_schema(next(plain.glob("*.parquet"))).names
 
     def raw_read() -> int:
@@ -164,33 +198,66 @@ def main() -> None:
 
     def batch_read() -> int:
         n = 0
-        with make_batch_reader(plain_url, shuffle_row_groups=False) as reader:
+        with make_batch_reader(f"file://{plain}", shuffle_row_groups=False) as reader:
             for batch in reader:
                 n += len(batch.id)
         return n
 
-    raw_s, n_raw = best_time(args.repeats, raw_read)
-    ours_s, n_ours = best_time(args.repeats, batch_read)
-    assert n_raw == n_ours == 1_000_000, (n_raw, n_ours)
-    rows.append(("make_batch_reader, 1M-row plain Parquet", n_ours / ours_s, n_raw / raw_s,
-                 "pyarrow read_table + to_numpy", 0.8))
-
-    print_ratios(f"unihub vs peers, {os.cpu_count()} cores, best of {args.repeats}",
-                 [(label, ours, peer, target, peer_name) for label, ours, peer, peer_name, target in rows],
-                 peer="peer", note="peer")
+    ours, theirs = Side("unihub"), Side("pyarrow")
+    for _ in range(rounds):
+        for side, fn in ((ours, batch_read), (theirs, raw_read)):
+            rows, seconds, cpu = timed(fn)
+            assert rows == 1_000_000, (side.name, rows)
+            side.add(rows, seconds, cpu)
+    return Row("make_batch_reader, 1M-row plain Parquet", ours, theirs, 0.8, "pyarrow read_table + to_numpy")
 
 
-def print_ratios(title: str, rows: list[tuple[str, float, float, float, str]], *, peer: str, note: str) -> None:
-    """A markdown table of ``(case, unihub rows/s, peer rows/s, target ratio, note)`` rows with
-    each ratio and whether it meets its target."""
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=5,
+                        help="rounds (every contender once a round); 5")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help="comma-separated: petastorm (make_reader vs Petastorm), decode (vs the decode limit), "
+                             "batch (make_batch_reader vs pyarrow)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per fresh-process run")
+    args = parser.parse_args(argv)
+    cases = {c for c in args.cases.split(",") if c}
+    if cases - set(CASES):
+        parser.error(f"unknown case(s) {sorted(cases - set(CASES))}; choose from {', '.join(CASES)}")
+    pet_images = make_petastorm_images()
+    rows: list[Row] = []
+    if "petastorm" in cases:
+        rows += petastorm_rows(ensure_petastorm_venv(), f"file://{pet_images}", args.rounds, args.timeout)
+    if "decode" in cases:
+        rows.append(decode_limit_row(write_tensor_copy(pet_images, HERE / "data" / "unihub_images"), args.rounds))
+    if "batch" in cases:
+        rows.append(batch_row(make_plain_1m(), args.rounds))
+    print_ratios(f"unihub vs Petastorm 0.13.1 and the limits, {os.cpu_count()} cores, {args.rounds} rounds "
+                 "(min / **median** / max; ratios and verdicts on the medians)", rows)
+    return 0
+
+
+def _fmt(values: list[float], digits: int = 0) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):,.{digits}f} / **{statistics.median(values):,.{digits}f}** / {max(values):,.{digits}f}"
+
+
+def print_ratios(title: str, rows: list[Row]) -> None:
+    """A markdown table: each row's two sides (rows/s and CPU ms per 1,000 rows, min / median / max), the
+    ratio of the medians against its target, and the per-round ratios' spread."""
     print(f"\n{title}\n")
-    print(f"| case | unihub rows/s | {peer} rows/s | ratio | target | | {note} |")
-    print("|---|---|---|---|---|---|---|")
-    for label, ours, theirs, target, text in rows:
-        ratio = ours / theirs
-        print(f"| {label} | {ours:,.0f} | {theirs:,.0f} | {ratio:.2f}x | >= {target}x | "
-              f"{'ok' if ratio >= target else 'MISSED'} | {text} |")
+    print("| case | unihub rows/s | other rows/s | ratio (per-round min-max) | target | | "
+          "unihub CPU ms / 1k rows | other CPU ms / 1k rows | other |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        ratio = row.ours.rate() / row.theirs.rate()
+        paired = [a / b for a, b in zip(row.ours.rates, row.theirs.rates)]
+        print(f"| {row.label} | {_fmt(row.ours.rates)} | {_fmt(row.theirs.rates)} | "
+              f"**{ratio:.2f}x** ({min(paired):.2f}-{max(paired):.2f}) | >= {row.target}x | "
+              f"{'ok' if ratio >= row.target else 'MISSED'} | {_fmt(row.ours.cpu_ms_per_1k(), 1)} | "
+              f"{_fmt(row.theirs.cpu_ms_per_1k(), 1)} | {row.note} |")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
