@@ -1,0 +1,157 @@
+"""CPU per row of unihub's torch paths, and how much of it is not the JPEG decode (issue 39).
+
+Each unihub torch path of ``peers_side.py`` (batched, rows, iterable, map; unshuffled and
+shuffled) runs one epoch in a fresh process, several rounds, the paths alternating. The figure
+is the CPU time (user + system) of the whole process tree per 1,000 rows: the process's own
+``utime + stime``, its reaped children's ``cutime + cstime`` and the live descendants' four,
+read from ``/proc`` at the start and the end of the epoch (after the imports). A pure decode
+loop of the same images with unihub's decoder (``decode_image(blob, out=...)``) is measured
+the same way, so non-decode CPU = path - decode::
+
+    python benchmarks/cpu_per_row.py --rounds 5 [--paths unihub_batched,unihub_map] [--shuffle 4096]
+
+The data folder defaults to ``benchmarks/data/peers_20000`` (``$UNIHUB_PEERS_DATA`` overrides it).
+A child run: ``python benchmarks/cpu_per_row.py --one PATH SHUFFLE DATA SOURCE`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(os.environ.get("UNIHUB_PEERS_DATA", HERE / "data" / "peers_20000"))
+PATHS = ("unihub_batched", "unihub_rows", "unihub_iterable", "unihub_map")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # fields from the 3rd (state) on
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def tree_cpu(pid: int | None = None) -> float:
+    """User + system CPU seconds of ``pid`` (default: this process), its reaped children and its live descendants."""
+    root = os.getpid() if pid is None else pid
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        f = _stat_fields(p)
+        if f is None:
+            continue
+        total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # utime stime cutime cstime
+        todo += _children(p)
+    return total / TICK
+
+
+def own_cpu() -> float:
+    """User + system CPU seconds of this process alone (all its threads, no children)."""
+    f = _stat_fields(os.getpid())
+    assert f is not None
+    return (int(f[11]) + int(f[12])) / TICK
+
+
+def one(path: str, shuffle: int, data: str, source: str) -> dict[str, Any]:
+    """One epoch of ``path`` (or the decode loop) in this process; CPU seconds of the tree and rows."""
+    sys.path.insert(0, str(HERE))
+    import numpy as np
+    import peers_side  # type: ignore[import-not-found]
+
+    if path == "decode":
+        from unihub.images.decoders import decode_image
+
+        blobs, _, _ = peers_side.load_content(source)
+        out = np.empty((peers_side.SIDE, peers_side.SIDE, 3), np.uint8)
+        c0, t0 = tree_cpu(), time.perf_counter()
+        for blob in blobs:
+            decode_image(blob, out=out)
+        cpu = tree_cpu() - c0
+        return {"rows": len(blobs), "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": cpu}
+    import importlib
+
+    for module in peers_side.IMPORTS[path].split():
+        importlib.import_module(module)
+    job = {"tool": path, "data": data, "workers": 2, "shuffle": shuffle}
+    rows, first = 0, None
+    c0, t0, m0 = tree_cpu(), time.perf_counter(), own_cpu()
+    for _images, labels, _vecs in peers_side.PIPELINES[path](job):
+        if first is None:
+            first = (tree_cpu() - c0, len(labels))
+        rows += len(labels)
+    cpu = tree_cpu() - c0
+    steady = (cpu - first[0]) / (rows - first[1]) * rows if first and rows > first[1] else cpu
+    return {"rows": rows, "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": steady,
+            "main_cpu": own_cpu() - m0}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", nargs=4, metavar=("PATH", "SHUFFLE", "DATA", "SOURCE"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paths", default=",".join(PATHS))
+    ap.add_argument("--shuffle", default="0,4096", help="shuffle buffers to run, comma separated")
+    ap.add_argument("--data", default=str(DATA / "unihub-rg4mb"))
+    ap.add_argument("--source", default=str(DATA / "content.npz"))
+    args = ap.parse_args(argv)
+    if args.one:
+        path, shuffle, data, source = args.one
+        print(json.dumps(one(path, int(shuffle), data, source)))
+        return 0
+    runs = [("decode", 0)] + [(p, int(s)) for p in args.paths.split(",") for s in args.shuffle.split(",")]
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {r: [] for r in runs}
+    for rnd in range(args.rounds):
+        for path, shuffle in runs:
+            out = subprocess.run([sys.executable, __file__, "--one", path, str(shuffle), args.data, args.source],
+                                 capture_output=True, text=True, check=False)
+            if out.returncode:
+                print(out.stderr[-2000:], file=sys.stderr)
+                return 1
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results[(path, shuffle)].append(r)
+            print(f"round {rnd + 1} {path:16s} shuffle={shuffle:<5d} rows={r['rows']} "
+                  f"cpu={r['cpu']:.2f}s (main process {r.get('main_cpu', r['cpu']):.2f}s) wall={r['wall']:.2f}s  {1000 * 1000 * r['cpu'] / r['rows']:.1f} ms/1k rows",
+                  file=sys.stderr, flush=True)
+    report(results, args.rounds)
+    return 0
+
+
+def _mmm(values: list[float]) -> str:
+    return f"{min(values):6.1f} {statistics.median(values):6.1f} {max(values):6.1f}"
+
+
+def report(results: dict[tuple[str, int], list[dict[str, Any]]], rounds: int) -> None:
+    """The table: CPU ms per 1,000 rows, whole epoch and after the first batch, and its non-decode part."""
+    dec = statistics.median(1e6 * r["cpu"] / r["rows"] for r in results[("decode", 0)])
+    print(f"\nCPU ms per 1,000 rows, {rounds} rounds (min / median / max); non-decode = path - median decode "
+          f"({dec:.1f}); steady = after the first batch")
+    print(f"{'path':26s} {'total':>20s}  {'non-decode':>20s}  {'steady non-decode':>20s} {'rows/s':>8s}")
+    for (path, shuffle), runs in results.items():
+        total = [1e6 * r["cpu"] / r["rows"] for r in runs]
+        steady = [1e6 * r["steady_cpu"] / r["rows"] - dec for r in runs]
+        rate = statistics.median(r["rows"] / r["wall"] for r in runs)
+        label = f"{path}{' shuffled' if shuffle else ''}"
+        print(f"{label:26s} {_mmm(total)}  {_mmm([t - dec for t in total])}  {_mmm(steady)} {rate:8,.0f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
