@@ -6,7 +6,8 @@ is the CPU time (user + system) of the whole process tree per 1,000 rows: the pr
 ``utime + stime``, its reaped children's ``cutime + cstime`` and the live descendants' four,
 read from ``/proc`` at the start and the end of the epoch (after the imports). A pure decode
 loop of the same images with unihub's decoder (``decode_image(blob, out=...)``) is measured
-the same way, so non-decode CPU = path - decode::
+the same way, so non-decode CPU = path - decode; ``decode_raw`` is simplejpeg's own call alone
+(without decode_image's header checks, as the readers' column loop mostly calls it)::
 
     python benchmarks/cpu_per_row.py --rounds 5 [--paths unihub_batched,unihub_map] [--shuffle 4096]
 
@@ -22,6 +23,8 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,37 +74,79 @@ def own_cpu() -> float:
     return (int(f[11]) + int(f[12])) / TICK
 
 
+def _time_decodes(folder: str) -> None:
+    """Count the CPU (thread time) each process spends in the readers' column decode loop
+    (``decode_images_into``: the JPEG decoder and its small per-image loop), into ``folder``, a
+    file per process: the decode the path itself does, as against the reference loop's."""
+    from unihub.images import decoders
+
+    original = decoders.decode_images_into
+    lock = threading.Lock()
+    totals: dict[int, list[float]] = {}
+
+    def timed(blobs: Any, out: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return original(blobs, out)
+        finally:
+            spent = time.thread_time() - start
+            with lock:
+                mine = totals.setdefault(os.getpid(), [0.0, 0])  # a forked worker starts its own
+                mine[0] += spent
+                mine[1] += len(blobs)
+                Path(folder, str(os.getpid())).write_text(json.dumps(mine))
+
+    decoders.decode_images_into = timed
+
+
+def _decoded(folder: str) -> tuple[float, int]:
+    """(CPU seconds, images) that every process of the run spent in ``decode_images_into``."""
+    found = [json.loads(f.read_text()) for f in Path(folder).iterdir()]
+    return sum(f[0] for f in found), sum(f[1] for f in found)
+
+
 def one(path: str, shuffle: int, data: str, source: str) -> dict[str, Any]:
     """One epoch of ``path`` (or the decode loop) in this process; CPU seconds of the tree and rows."""
     sys.path.insert(0, str(HERE))
     import numpy as np
     import peers_side  # type: ignore[import-not-found]
 
-    if path == "decode":
+    if path in ("decode", "decode_raw"):
+        import simplejpeg
+
         from unihub.images.decoders import decode_image
 
         blobs, _, _ = peers_side.load_content(source)
         out = np.empty((peers_side.SIDE, peers_side.SIDE, 3), np.uint8)
         c0, t0 = tree_cpu(), time.perf_counter()
-        for blob in blobs:
-            decode_image(blob, out=out)
+        if path == "decode":
+            for blob in blobs:
+                decode_image(blob, out=out)
+        else:  # the decoder alone, as the readers' column loop calls it (decode_images_into)
+            for blob in blobs:
+                simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out, strict=True)
         cpu = tree_cpu() - c0
-        return {"rows": len(blobs), "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": cpu}
+        return {"rows": len(blobs), "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": cpu,
+                "main_cpu": cpu, "decode_cpu": cpu, "decoded": len(blobs)}
     import importlib
 
     for module in peers_side.IMPORTS[path].split():
         importlib.import_module(module)
     job = {"tool": path, "data": data, "workers": 2, "shuffle": shuffle}
     rows, first = 0, None
-    c0, t0, m0 = tree_cpu(), time.perf_counter(), own_cpu()
-    for _images, labels, _vecs in peers_side.PIPELINES[path](job):
-        if first is None:
-            first = (tree_cpu() - c0, len(labels))
-        rows += len(labels)
-    cpu = tree_cpu() - c0
+    with tempfile.TemporaryDirectory() as folder:
+        _time_decodes(folder)
+        c0, t0, m0 = tree_cpu(), time.perf_counter(), own_cpu()
+        for _images, labels, _vecs in peers_side.PIPELINES[path](job):
+            if first is None:
+                first = (tree_cpu() - c0, len(labels))
+            rows += len(labels)
+        cpu = tree_cpu() - c0
+        wall, main_cpu = time.perf_counter() - t0, own_cpu() - m0
+        decode_cpu, decoded = _decoded(folder)
     steady = (cpu - first[0]) / (rows - first[1]) * rows if first and rows > first[1] else cpu
-    return {"rows": rows, "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": steady,
-            "main_cpu": own_cpu() - m0}
+    return {"rows": rows, "cpu": cpu, "wall": wall, "steady_cpu": steady, "main_cpu": main_cpu,
+            "decode_cpu": decode_cpu, "decoded": decoded}
 
 
 def main(argv: list[str]) -> int:
@@ -117,7 +162,7 @@ def main(argv: list[str]) -> int:
         path, shuffle, data, source = args.one
         print(json.dumps(one(path, int(shuffle), data, source)))
         return 0
-    runs = [("decode", 0)] + [(p, int(s)) for p in args.paths.split(",") for s in args.shuffle.split(",")]
+    runs = [("decode", 0), ("decode_raw", 0)] + [(p, int(s)) for p in args.paths.split(",") for s in args.shuffle.split(",")]
     results: dict[tuple[str, int], list[dict[str, Any]]] = {r: [] for r in runs}
     for rnd in range(args.rounds):
         for path, shuffle in runs:
@@ -140,17 +185,23 @@ def _mmm(values: list[float]) -> str:
 
 
 def report(results: dict[tuple[str, int], list[dict[str, Any]]], rounds: int) -> None:
-    """The table: CPU ms per 1,000 rows, whole epoch and after the first batch, and its non-decode part."""
+    """The table: CPU ms per 1,000 rows, whole epoch; its non-decode part against the reference
+    decode loop and against the decode the path itself did; the main process's own share."""
     dec = statistics.median(1e6 * r["cpu"] / r["rows"] for r in results[("decode", 0)])
-    print(f"\nCPU ms per 1,000 rows, {rounds} rounds (min / median / max); non-decode = path - median decode "
-          f"({dec:.1f}); steady = after the first batch")
-    print(f"{'path':26s} {'total':>20s}  {'non-decode':>20s}  {'steady non-decode':>20s} {'rows/s':>8s}")
+    print(f"\nCPU ms per 1,000 rows, {rounds} rounds (min / median / max). non-decode = total - the decode_image "
+          f"loop's median ({dec:.1f}); in-path decode = CPU in decode_images_into during the path; "
+          "non-decode' = total - in-path decode; main = the main process's own CPU")
+    print(f"{'path':26s} {'total':>20s}  {'non-decode':>20s}  {'in-path decode':>20s}  {'non-decode prime':>20s}"
+          f"  {'main':>6s} {'rows/s':>8s}")
     for (path, shuffle), runs in results.items():
         total = [1e6 * r["cpu"] / r["rows"] for r in runs]
-        steady = [1e6 * r["steady_cpu"] / r["rows"] - dec for r in runs]
+        inpath = [1e6 * r["decode_cpu"] / r["rows"] for r in runs]
+        own = [t - d for t, d in zip(total, inpath)]
+        main = statistics.median(1e6 * r["main_cpu"] / r["rows"] for r in runs)
         rate = statistics.median(r["rows"] / r["wall"] for r in runs)
         label = f"{path}{' shuffled' if shuffle else ''}"
-        print(f"{label:26s} {_mmm(total)}  {_mmm([t - dec for t in total])}  {_mmm(steady)} {rate:8,.0f}")
+        print(f"{label:26s} {_mmm(total)}  {_mmm([t - dec for t in total])}  {_mmm(inpath)}  {_mmm(own)}"
+              f"  {main:6.1f} {rate:8,.0f}")
 
 
 if __name__ == "__main__":
