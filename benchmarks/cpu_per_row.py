@@ -12,7 +12,9 @@ the same way, so non-decode CPU = path - decode; ``decode_raw`` is simplejpeg's 
     python benchmarks/cpu_per_row.py --rounds 5 [--paths unihub_batched,unihub_map] [--shuffle 4096]
 
 The data folder defaults to ``benchmarks/data/peers_20000`` (``$UNIHUB_PEERS_DATA`` overrides it).
-A child run: ``python benchmarks/cpu_per_row.py --one PATH SHUFFLE DATA SOURCE`` prints one JSON line.
+``--paths torch_floor`` adds a reference that is not a unihub path: torch's DataLoader, 2 workers,
+decoding the content's JPEGs itself and sending tensors by torch's own IPC (what a peer built on
+torch workers pays besides its reading). A child run: ``python benchmarks/cpu_per_row.py --one PATH SHUFFLE DATA SOURCE`` prints one JSON line.
 """
 
 from __future__ import annotations
@@ -74,6 +76,32 @@ def own_cpu() -> float:
     return (int(f[11]) + int(f[12])) / TICK
 
 
+def torch_floor(job: dict[str, Any]) -> Any:
+    """A reference, not a unihub path: torch's DataLoader with 2 workers over an IterableDataset that
+    decodes the content's JPEGs (simplejpeg, into a fresh batch array; no storage read) into 64-row
+    batches of tensors, sent by torch's own IPC (a new shared-memory file per tensor)."""
+    import numpy as np
+    import peers_side
+    import simplejpeg
+    import torch
+
+    blobs, labels, vecs = peers_side.load_content(job["source"])
+
+    class Floor(torch.utils.data.IterableDataset):  # type: ignore[misc]
+        def __iter__(self) -> Any:
+            info = torch.utils.data.get_worker_info()
+            share = -(-len(blobs) // info.num_workers)
+            lo, hi = info.id * share, min(len(blobs), (info.id + 1) * share)
+            for start in range(lo, hi, 64):
+                stop = min(hi, start + 64)
+                out = np.empty((stop - start, peers_side.SIDE, peers_side.SIDE, 3), np.uint8)
+                for i in range(start, stop):
+                    simplejpeg.decode_jpeg(blobs[i], colorspace="RGB", buffer=out[i - start], strict=True)
+                yield torch.from_numpy(out), torch.from_numpy(labels[start:stop]), torch.from_numpy(vecs[start:stop])
+
+    return iter(torch.utils.data.DataLoader(Floor(), batch_size=None, num_workers=job["workers"]))
+
+
 def _time_decodes(folder: str) -> None:
     """Count the CPU (thread time) each process spends in the readers' column decode loop
     (``decode_images_into``: the JPEG decoder and its small per-image loop), into ``folder``, a
@@ -130,14 +158,15 @@ def one(path: str, shuffle: int, data: str, source: str) -> dict[str, Any]:
                 "main_cpu": cpu, "decode_cpu": cpu, "decoded": len(blobs)}
     import importlib
 
-    for module in peers_side.IMPORTS[path].split():
+    pipelines = dict(peers_side.PIPELINES, torch_floor=torch_floor)
+    for module in peers_side.IMPORTS.get(path, "torch").split():
         importlib.import_module(module)
-    job = {"tool": path, "data": data, "workers": 2, "shuffle": shuffle}
+    job = {"tool": path, "data": data, "workers": 2, "shuffle": shuffle, "source": source}
     rows, first = 0, None
     with tempfile.TemporaryDirectory() as folder:
         _time_decodes(folder)
         c0, t0, m0 = tree_cpu(), time.perf_counter(), own_cpu()
-        for _images, labels, _vecs in peers_side.PIPELINES[path](job):
+        for _images, labels, _vecs in pipelines[path](job):
             if first is None:
                 first = (tree_cpu() - c0, len(labels))
             rows += len(labels)
