@@ -3,9 +3,10 @@
 For samplers (torch's ``RandomSampler``, ``DistributedSampler``) and DALI's parallel
 external source, which ask for rows by index. Indices are grouped by row group, each
 row group is read once per call (only the requested rows are decoded), and results come
-back in the order asked. An LRU of encoded row groups, bounded in bytes (``cache_mb``), makes
-neighbouring lookups cheap, and a sampler's random indices over a dataset that fits in it read
-each row group once, whatever the row groups' size.
+back in the order asked. An LRU of encoded row groups, bounded in bytes (``cache_mb``, by default
+the memory budget: ``UNIHUB_MEMORY_MB``, 512 MB), makes neighbouring lookups cheap, and a
+sampler's random indices over a dataset that fits in it read each row group once, whatever the
+row groups' size.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from unihub.readers.decode import (
     numpy_strings_in_rows,
 )
 from unihub.readers.reader import resolve_fields
+from unihub.runtime.memory import memory_budget
 from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
 from unihub.schema.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.schema.unischema import Unischema
@@ -38,11 +40,15 @@ class Dataset:
     """Rows of a dataset by global index: ``len()``, ``ds[i]``, ``ds.take(indices)``.
 
     Encoded row groups read are kept up to ``cache_mb`` megabytes (the last one read always), and
-    at most ``cached_row_groups`` of them where given (0: none kept).
+    at most ``cached_row_groups`` of them where given (0: none kept). ``cache_mb=None`` is the memory
+    budget (:func:`~unihub.runtime.memory.memory_budget`: ``UNIHUB_MEMORY_MB``, 512 MB by default):
+    a random sampler over a dataset larger than the cache reads a whole row group for most rows it
+    asks for (100,000 rows of 64x64 JPEGs, 226 MB, with 128 MB: ~17x the CPU per row of a cache
+    that holds them, benchmarks/cpu_per_row.py).
     """
 
     def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
-                 decode_images: bool = True, cached_row_groups: int | None = None, cache_mb: float = 128,
+                 decode_images: bool = True, cached_row_groups: int | None = None, cache_mb: float | None = None,
                  storage_options: dict[str, Any] | None = None, filesystem: Any = None,
                  petastorm_types: bool | None = None) -> None:
         self.store = url if isinstance(url, ParquetStore) else open_dataset(
@@ -56,11 +62,11 @@ class Dataset:
         self._row_type: type[Any] = self.schema._get_namedtuple()  # a namedtuple class made for the schema
         if cached_row_groups is not None and cached_row_groups < 0:
             raise InvalidArgumentError(f"cached_row_groups must be >= 0 or None, got {cached_row_groups}")
-        if not cache_mb >= 0:
+        if cache_mb is not None and not cache_mb >= 0:
             raise InvalidArgumentError(f"cache_mb must be >= 0, got {cache_mb}")
         self._cache: OrderedDict[int, _CachedGroup] = OrderedDict()
         self._cache_size = cached_row_groups
-        self._cache_bytes = int(cache_mb * 2**20)
+        self._cache_bytes = memory_budget().total_bytes if cache_mb is None else int(cache_mb * 2**20)
         self._cached_bytes = 0
         self._lock = threading.Lock()
         #: every row group cached: the whole dataset's cells (see _whole_dataset); refused: cannot be

@@ -11,6 +11,7 @@ a source's batch (ingest, export) ``total / 32``                16 MB
 read-ahead (batches in flight)    ``total / 16``                32 MB (two batches)
 a reader's results in flight      ``total / 4``                 128 MB (at least one row
                                                                 group per worker)
+Dataset's row-group cache         ``total`` (cache_mb=None)     512 MB (each process)
 ================================  ============================  ========================
 
 The writer's row groups (``row_group_size_mb``, :data:`DEFAULT_ROW_GROUP_SIZE_MB` by default) are a

@@ -408,3 +408,23 @@ def test_the_whole_cached_dataset_of_files_petastorm_wrote(petastorm_types) -> N
     for name in fields:
         a, b = getattr(found, name), getattr(expected, name)
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+
+def test_the_row_group_cache_defaults_to_the_memory_budget(dataset, monkeypatch):
+    """``cache_mb=None`` (the default) is the memory budget, ``UNIHUB_MEMORY_MB``: a tiny budget keeps
+    only the last group read, the default (512 MB) the whole dataset. A random sampler over a dataset
+    above the old fixed 128 MB read a whole row group for most rows it asked for."""
+    from unihub.runtime.memory import ENV, memory_budget
+    from unihub.store.dataset import ParquetStore
+
+    reads: list[int] = []
+    original = ParquetStore.read_row_group
+    monkeypatch.setattr(ParquetStore, "read_row_group",
+                        lambda self, group, columns=None, **kw: reads.append(group) or original(self, group, columns,
+                                                                                                **kw))
+    monkeypatch.delenv(ENV, raising=False)
+    assert Dataset(dataset)._cache_bytes == memory_budget().total_bytes == 512 * 2**20
+    monkeypatch.setenv(ENV, "0.000001")
+    tight = Dataset(dataset)
+    tight.take([0]), tight.take([0]), tight.take([N - 1]), tight.take([0])
+    assert reads == [0, len(tight.store.row_groups) - 1, 0]  # the last group read stays, nothing more
