@@ -140,8 +140,11 @@ def make_petastorm_images(force: bool = False, rows: int = IMAGE_ROWS) -> Path:
     tmp = _fresh_tmp(final)
     t0 = time.perf_counter()
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONWARNINGS="ignore")
+    env.pop("PYTHONPATH", None)
+    # not from the repository's root (nor with it on PYTHONPATH): Spark's Python workers put their working
+    # folder on sys.path, where unihub's own petastorm/ package would stand in for Petastorm's
     subprocess.run([str(python), str(Path(__file__).resolve()), "--petastorm-write-images", str(tmp),
-                    "--rows", str(rows)], check=True, env=env)
+                    "--rows", str(rows)], check=True, env=env, cwd=DATA_DIR)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     seconds = time.perf_counter() - t0

@@ -24,19 +24,33 @@ _NUMBER_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32,
 ALIGNMENT = 64
 
 
+#: from this size up, :func:`arrow_backed_empty` takes numpy's memory: jemalloc (Arrow's pool) serves
+#: requests of 8 MiB or more from a dedicated arena that returns their pages to the system as soon as they
+#: are freed, so every such array faulted in fresh pages (256x256 images, 64-row batches of 12 MiB: ~50
+#: page faults and ~50 us of system time a row, 15% of the rows/s), while glibc keeps freed chunks up to
+#: 32 MiB for the next request of that size (its mmap threshold rises to the largest size freed)
+OVERSIZE_BYTES = 8 * 2**20
+
+
 def arrow_backed_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialised writable array whose memory comes from Arrow's pool (jemalloc by default),
-    aligned to :data:`ALIGNMENT` bytes.
+    """An uninitialised writable array aligned to :data:`ALIGNMENT` bytes, whose memory comes from Arrow's
+    pool (jemalloc by default) below :data:`OVERSIZE_BYTES` and from numpy's at or above.
 
     Decoded image columns and the batches cut from them are large and short-lived; numpy's malloc
-    hands back fresh pages each time, and the page faults cost ~10% of decode throughput with two
-    threads, while Arrow's pool keeps recently freed pages (benchmarks/reader.py measures it).
+    hands back fresh pages each time for the smaller ones, and the page faults cost ~10% of decode
+    throughput with two threads, while Arrow's pool keeps recently freed pages (benchmarks/reader.py
+    measures it); for the oversize ones it is the other way round (:data:`OVERSIZE_BYTES`).
     TensorFlow copies every array that ``from_generator`` hands it unless it is 64-byte aligned,
-    which numpy's allocations are not (1 ms per 786 KB batch on this machine).
+    which numpy's allocations are not (1 ms per 786 KB batch on this machine): the large ones are
+    cut from a slightly larger numpy buffer at an aligned offset.
     """
     size = math.prod(shape) * np.dtype(dtype).itemsize
     if size == 0:
         return np.empty(shape, dtype=dtype)
+    if size >= OVERSIZE_BYTES:
+        raw = np.empty(size + ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % ALIGNMENT
+        return raw[start:start + size].view(dtype).reshape(shape)
     return np.frombuffer(pa.allocate_buffer(size), dtype=dtype).reshape(shape)
 
 
