@@ -34,46 +34,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("UNIHUB_PEERS_DATA", HERE / "data" / "peers_20000"))
 PATHS = ("unihub_batched", "unihub_rows", "unihub_iterable", "unihub_map")
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(HERE))
 
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()  # fields from the 3rd (state) on
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids += [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return kids
-
-
-def tree_cpu(pid: int | None = None) -> float:
-    """User + system CPU seconds of ``pid`` (default: this process), its reaped children and its live descendants."""
-    root = os.getpid() if pid is None else pid
-    total, todo = 0, [root]
-    while todo:
-        p = todo.pop()
-        f = _stat_fields(p)
-        if f is None:
-            continue
-        total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # utime stime cutime cstime
-        todo += _children(p)
-    return total / TICK
-
-
-def own_cpu() -> float:
-    """User + system CPU seconds of this process alone (all its threads, no children)."""
-    f = _stat_fields(os.getpid())
-    assert f is not None
-    return (int(f[11]) + int(f[12])) / TICK
+from proc_cpu import own_cpu_seconds, tree_cpu_seconds  # noqa: E402
 
 
 def torch_floor(job: dict[str, Any]) -> Any:
@@ -86,6 +49,7 @@ def torch_floor(job: dict[str, Any]) -> Any:
     import torch
 
     blobs, labels, vecs = peers_side.load_content(job["source"])
+    shape = peers_side.decode(blobs[0]).shape
 
     class Floor(torch.utils.data.IterableDataset):  # type: ignore[misc]
         def __iter__(self) -> Any:
@@ -94,7 +58,7 @@ def torch_floor(job: dict[str, Any]) -> Any:
             lo, hi = info.id * share, min(len(blobs), (info.id + 1) * share)
             for start in range(lo, hi, 64):
                 stop = min(hi, start + 64)
-                out = np.empty((stop - start, peers_side.SIDE, peers_side.SIDE, 3), np.uint8)
+                out = np.empty((stop - start, *shape), np.uint8)
                 for i in range(start, stop):
                     simplejpeg.decode_jpeg(blobs[i], colorspace="RGB", buffer=out[i - start], strict=True)
                 yield torch.from_numpy(out), torch.from_numpy(labels[start:stop]), torch.from_numpy(vecs[start:stop])
@@ -145,15 +109,15 @@ def one(path: str, shuffle: int, data: str, source: str) -> dict[str, Any]:
         from unihub.images.decoders import decode_image
 
         blobs, _, _ = peers_side.load_content(source)
-        out = np.empty((peers_side.SIDE, peers_side.SIDE, 3), np.uint8)
-        c0, t0 = tree_cpu(), time.perf_counter()
+        out = np.empty(peers_side.decode(blobs[0]).shape, np.uint8)
+        c0, t0 = tree_cpu_seconds(), time.perf_counter()
         if path == "decode":
             for blob in blobs:
                 decode_image(blob, out=out)
         else:  # the decoder alone, as the readers' column loop calls it (decode_images_into)
             for blob in blobs:
                 simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out, strict=True)
-        cpu = tree_cpu() - c0
+        cpu = tree_cpu_seconds() - c0
         return {"rows": len(blobs), "cpu": cpu, "wall": time.perf_counter() - t0, "steady_cpu": cpu,
                 "main_cpu": cpu, "decode_cpu": cpu, "decoded": len(blobs)}
     import importlib
@@ -165,13 +129,13 @@ def one(path: str, shuffle: int, data: str, source: str) -> dict[str, Any]:
     rows, first = 0, None
     with tempfile.TemporaryDirectory() as folder:
         _time_decodes(folder)
-        c0, t0, m0 = tree_cpu(), time.perf_counter(), own_cpu()
+        c0, t0, m0 = tree_cpu_seconds(), time.perf_counter(), own_cpu_seconds()
         for _images, labels, _vecs in pipelines[path](job):
             if first is None:
-                first = (tree_cpu() - c0, len(labels))
+                first = (tree_cpu_seconds() - c0, len(labels))
             rows += len(labels)
-        cpu = tree_cpu() - c0
-        wall, main_cpu = time.perf_counter() - t0, own_cpu() - m0
+        cpu = tree_cpu_seconds() - c0
+        wall, main_cpu = time.perf_counter() - t0, own_cpu_seconds() - m0
         decode_cpu, decoded = _decoded(folder)
     steady = (cpu - first[0]) / (rows - first[1]) * rows if first and rows > first[1] else cpu
     return {"rows": rows, "cpu": cpu, "wall": wall, "steady_cpu": steady, "main_cpu": main_cpu,

@@ -262,12 +262,24 @@ def run_child(python: Path, job: dict[str, Any], timeout: float, side: Path = HE
             pass
     if proc.returncode != 0 or not stdout.strip():
         return {"error": f"exit {proc.returncode}: {last_line(stderr)}"}
-    try:
-        result = dict(json.loads(stdout.strip().splitlines()[-1]))
-    except ValueError:  # a tool that printed after the result (Ray did once): a failed run, not a failed benchmark
+    result = _last_json(stdout)
+    if result is None:  # nothing parses: a failed run, not a failed benchmark
         return {"error": f"no result after exit 0: {last_line(stdout)}"}
     result.update(peak_rss_mib=peak_rss / 1024, peak_pss_mib=peak_pss / 1024 if pss else None)
     return result
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    """The last line of ``stdout`` that is a JSON object: the side's result, even where a tool printed after it
+    (Ray's raylet warns on stdout about the worker processes it started)."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
 
 
 # --------------------------------------------------------------------------- the run

@@ -7,13 +7,15 @@ inside its functions::
     python peers_side.py write TOOL SOURCE.npz TARGET     # the tool's own format, from the content
     python peers_side.py run '{"tool": ..., "data": ..., ...}'   # one epoch; JSON result on stdout
 
-Every pipeline yields batches of (image uint8 [B, 64, 64, 3], label int64 [B], vec float32
+Every pipeline yields batches of (image uint8 [B, side, side, 3], label int64 [B], vec float32
 [B, 16]) as torch tensors (tf tensors for the tf.data and make_tf_dataset contenders), images
 decoded by simplejpeg (libjpeg-turbo) in every torch contender, as unihub does. The clock
 starts after the imports (and Ray's ``ray.init``) when the pipeline is created; time to first
-batch and the epoch's time are both measured from there. The result also carries the row
-count, the label sum, and a hash of the pixels and vector of the probe rows (``vec[0]`` is the
-row's index in the content), so that ``peers.py`` can check every contender delivered the same.
+batch and the epoch's time are both measured from there, with the steady-state rate (10th to 90th
+percentile of the rows) and the CPU seconds of the process tree (``proc_cpu.tree_cpu_seconds``). The
+result also carries the row count, the label sum, and a hash of the pixels and vector of the probe
+rows (``vec[0]`` is the row's index in the content), so that ``peers.py`` can check every contender
+delivered the same.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import simplejpeg
+from proc_cpu import tree_cpu_seconds  # the benchmarks' one CPU clock (stdlib only)
 
 Batch = tuple[Any, Any, Any]
 
@@ -497,33 +500,6 @@ def decode_limit(job: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- one timed epoch
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu() -> dict[int, float]:
-    """CPU seconds (user + system, of the process and of the children it has reaped) of this process and
-    every live descendant, by pid, from ``/proc``: the workers, threads and helper processes a tool starts
-    are all counted, wherever they run."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = sum(int(v) for v in fields[11:15]) / _TICK  # utime stime cutime cstime
-    tree, todo = {}, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        tree[pid] = times.get(pid, 0.0)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return tree
-
-
 def steady_rate(marks: list[tuple[float, int]], rows: int) -> float | None:
     """Rows/s between the batches that crossed 10% and 90% of the epoch's rows: the rate once start-up is
     over and before the tail drains (None when the epoch had too few batches to tell)."""
@@ -553,7 +529,7 @@ def run_epoch(job: dict[str, Any]) -> dict[str, Any]:
     digests: dict[str, str] = {}
     marks: list[tuple[float, int]] = []
     shape = None
-    cpu_start = tree_cpu()
+    cpu_start = tree_cpu_seconds()
     start = time.perf_counter()
     for images, labels, vecs in PIPELINES[job["tool"]](job):
         images, labels, vecs = np.asarray(images), np.asarray(labels), np.asarray(vecs)
@@ -564,8 +540,7 @@ def run_epoch(job: dict[str, Any]) -> dict[str, Any]:
         for i in np.flatnonzero(np.isin(vecs[:, 0].astype(np.int64), probes)):
             digests[str(int(vecs[i, 0]))] = probe_digest(images[i], vecs[i])
     seconds = time.perf_counter() - start
-    cpu_end = tree_cpu()
-    cpu = sum(t - cpu_start.get(pid, 0.0) for pid, t in cpu_end.items())
+    cpu = tree_cpu_seconds() - cpu_start
     return {"rows": rows, "seconds": seconds, "ttfb": marks[0][0] if marks else None, "label_sum": label_sum,
             "digests": digests, "image_shape": shape, "steady": steady_rate(marks, rows), "cpu_s": cpu}
 

@@ -45,7 +45,7 @@ import time
 import traceback
 import warnings
 
-from reader_side import tree_cpu_seconds  # stdlib only: the process tree's CPU, as unihub's side measures it
+from proc_cpu import tree_cpu_seconds  # stdlib only: the process tree's CPU, as unihub's side measures it
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -9,7 +9,7 @@ Petastorm's venv, both started by ``peers.run_child``), the contenders alternate
 (the order within a pair flips every round), imports excluded. Each run is timed from creating the
 reader to leaving its ``with`` block after the last row (worker start-up and shut-down included),
 touching every field of every row; beside rows/s it records the CPU of the run's whole process tree
-over the same span (user + system, from ``/proc``: ``reader_side.tree_cpu_seconds``), printed as
+over the same span (user + system, from ``/proc``: ``proc_cpu.tree_cpu_seconds``), printed as
 CPU ms per 1,000 rows. Figures are min / median / max over ``--rounds``; the targets are decided
 on the medians. Petastorm gets its best pool setting on this machine (measured by
 ``petastorm_side.py sweep``: thread pool, 2 workers for all fields, 1 for id + label); unihub
@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 from make_reference_data import make_petastorm_images, make_plain_1m  # noqa: E402
 from peers import run_child  # noqa: E402
 from petastorm_env import ensure_petastorm_venv  # noqa: E402
-from reader_side import tree_cpu_seconds  # noqa: E402
+from proc_cpu import tree_cpu_seconds  # noqa: E402
 
 from unihub import (  # noqa: E402
     CompressedImageCodec,

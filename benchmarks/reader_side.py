@@ -5,8 +5,7 @@ contenders are timed alike: each run is a new process, imports are done before t
 and the clock runs from creating the reader to leaving its ``with`` block after the last row
 (worker start-up and shut-down included), touching every field of every row as Petastorm's side
 does. Beside the wall time it measures the CPU (user + system seconds) of the whole process tree
-over the same span: :func:`tree_cpu_seconds`, which ``petastorm_side.py`` imports too (this module
-imports only the standard library at the top for that reason).
+over the same span: ``proc_cpu.tree_cpu_seconds``, the clock every side here uses.
 
     python benchmarks/reader_side.py '{"url": "file:///...", "schema_fields": ["id", "label"]}'
 
@@ -19,51 +18,11 @@ make_reader keyword arguments). Result (the only line on stdout)::
 from __future__ import annotations
 
 import json
-import os
-import resource
 import sys
 import time
 from typing import Any
 
-
-def _stat_ticks(pid: int | str) -> tuple[int, int]:
-    """(parent pid, utime + stime + cutime + cstime in clock ticks) of one process, from ``/proc/PID/stat``."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # after the command's ")": state(3) ppid(4) ... utime(14) stime(15) cutime(16) cstime(17), numbered as in proc(5)
-    return int(fields[1]), sum(int(v) for v in fields[11:15])
-
-
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """User + system CPU seconds of this process (or ``root``) and all its live descendants, their own and
-    their waited-for children's: the difference of two calls is what the tree spent in between, workers
-    that started and exited meanwhile included (their time is in their parent's cutime/cstime).
-
-    This process's own share comes from ``getrusage`` (microseconds, all its threads, and the children
-    it has waited for); the descendants' from ``/proc/PID/stat`` (clock ticks, 10 ms)."""
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid, spent = _stat_ticks(entry)
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-            children.setdefault(ppid, []).append(int(entry))
-            ticks[int(entry)] = spent
-    own = 0.0
-    if root is None:
-        root = os.getpid()
-        usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-        own = sum(u.ru_utime + u.ru_stime for u in usage)
-    else:
-        own = ticks.get(root, 0) / os.sysconf("SC_CLK_TCK")
-    total, todo = 0, list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return own + total / os.sysconf("SC_CLK_TCK")
+from proc_cpu import tree_cpu_seconds  # stdlib only
 
 
 def run(job: dict[str, Any]) -> dict[str, Any]:

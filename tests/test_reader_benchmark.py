@@ -1,5 +1,6 @@
-"""``benchmarks/reader_side.py``: the process-tree CPU clock that benchmarks/reader.py and petastorm_side.py
-share, and one timed make_reader epoch (the Petastorm half needs its venv and is not run here)."""
+"""``benchmarks/proc_cpu.py``: the process-tree CPU clock every benchmark side shares (reader.py, peers.py,
+petastorm_side.py, cpu_per_row.py), and ``reader_side.py``'s one timed make_reader epoch (the Petastorm half
+needs its venv and is not run here)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ BUSY = ("import time\nend = time.process_time() + 0.3\nwhile time.process_time()
 def _tree_cpu_seconds():  # noqa: ANN202 - the benchmark module, imported by path as the scripts do
     sys.path.insert(0, str(SIDE.parent))
     try:
-        from reader_side import tree_cpu_seconds
+        from proc_cpu import tree_cpu_seconds
     finally:
         sys.path.remove(str(SIDE.parent))
     return tree_cpu_seconds
