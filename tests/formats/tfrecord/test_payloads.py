@@ -63,10 +63,12 @@ def _sequence(i: int) -> bytes:
     }
     if i % 5 != 2:
         lists["raw"] = [_f([bytes([255, s, i % 256])], "bytes") for s in range(2)]  # not UTF-8; some records lack it
+    # deterministic: map entries in key order in every record (else their order follows the process's hash seed,
+    # records of one file differ, and the conversion rightly keeps each record's order in __feature_order__)
     return tf.train.SequenceExample(
         context=tf.train.Features(feature=context),
         feature_lists=tf.train.FeatureLists(feature_list={k: tf.train.FeatureList(feature=v) for k, v in lists.items()}),
-    ).SerializeToString()
+    ).SerializeToString(deterministic=True)
 
 
 @pytest.fixture
