@@ -58,6 +58,19 @@ def _idat(blob: Any, ihdr: bytes) -> bytes | None:
     return None
 
 
+def _inflated_sub(blob: Any, ihdr: bytes, staging: np.ndarray, inflate: Any) -> bool:
+    """Whether ``blob`` is a plain PNG with header ``ihdr`` whose IDAT stream inflated into ``staging``
+    (``(H, 1 + W * C)``) fills it exactly with every row SUB-filtered."""
+    data = _idat(blob, ihdr)
+    if data is None:
+        return False
+    try:
+        got = inflate(data, out=staging.reshape(-1))
+    except Exception:  # noqa: BLE001 - corrupt: libpng raises with its message
+        return False
+    return len(got) == staging.size and bool((staging[:, 0] == _SUB).all())
+
+
 def _undo_sub(rows: np.ndarray, channels: int) -> None:
     """Undo the SUB filter of ``(n, H, W * C)`` uint8 image rows in place (each row's last axis
     contiguous): a running sum of each channel along the row, by log2(W) shifted adds. The adds
@@ -91,14 +104,11 @@ def decode_sub_pngs(blobs: Sequence[Any], out: np.ndarray) -> np.ndarray | None:
         rows = range(first, min(n, first + step))
         ok = np.zeros(len(rows), bool)
         for i, row in enumerate(rows):
-            data = _idat(blobs[row], ihdr)
-            if data is None:
-                continue
-            try:
-                got = imagecodecs.deflate_decode(data, out=staging[i].reshape(-1))
-            except Exception:  # noqa: BLE001 - corrupt: libpng raises with its message
-                continue
-            ok[i] = len(got) == height * stride and bool((staging[i, :, 0] == _SUB).all())
+            ok[i] = _inflated_sub(blobs[row], ihdr, staging[i], imagecodecs.deflate_decode)
+            if row == 0 and not ok[0]:
+                # another encoder's column (Pillow's adaptive filters, say): all of it to libpng, rather
+                # than inflating every image twice (here, then in libpng)
+                return None
         if ok.all():
             rows_done = staging[:len(rows), :, 1:]  # a view: the filter bytes left out
             _undo_sub(rows_done, channels)

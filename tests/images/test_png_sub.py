@@ -92,3 +92,23 @@ def test_a_damaged_png_goes_to_libpng_and_raises_its_error_naming_the_row(damage
     with pytest.raises(ImageDecodeError) as info:
         decode_images_into([good, bad], column)
     assert info.value.row == 1
+
+
+def test_a_column_led_by_another_encoders_png_goes_to_libpng_without_inflating_it_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (5, 8, 12, 3), dtype=np.uint8)
+    adaptive = [_png(image, b"\x00\x01" * 4) for image in images]  # rows not all SUB: Pillow-like filters
+    inflated: list[int] = []
+    real = imagecodecs.deflate_decode
+
+    def counting(data: bytes, out: np.ndarray) -> bytes:
+        inflated.append(len(data))
+        return real(data, out=out)
+
+    monkeypatch.setattr(imagecodecs, "deflate_decode", counting)
+    column = np.zeros((5, 8, 12, 3), np.uint8)
+    assert decode_sub_pngs(adaptive + [encode_image(images[0], "png")], np.zeros((6, 8, 12, 3), np.uint8)) is None
+    assert len(inflated) == 1  # the first image only: the column is libpng's
+    decode_images_into(adaptive, column)
+    np.testing.assert_array_equal(column, images)
