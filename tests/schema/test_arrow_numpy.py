@@ -141,4 +141,6 @@ def test_oversize_arrays_reuse_their_pages_instead_of_faulting_in_fresh_ones() -
     for _ in range(20):
         arrow_backed_empty(shape, np.uint8)[...] = 1
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    assert faults < 20 * 3072 // 10, faults
+    # fresh pages every time would be 20 x 3,072; glibc's heap state after a whole suite's tests costs some
+    # re-faults (CI saw ~520 an array), so the bound is a third of fresh, which Arrow's pool here exceeds 3x
+    assert faults < 20 * 3072 // 3, faults
