@@ -53,6 +53,7 @@ from unihub.errors import (
     PetastormCompatibilityError,
     PetastormMetadataError,
     ReaderResetError,
+    ReaderStateError,
     RemoteStorageError,
     SchemaError,
     SchemaMismatchError,
@@ -125,7 +126,7 @@ __all__ = [
     "build_rowgroup_index", "get_row_group_indexes",
     # petastorm.unischema's helper, and unihub's classes that are also the built-ins Petastorm raised
     "insert_explicit_nulls", "CodecTypeError", "DatasetUrlError", "FieldTypeError", "NoMatchingFieldsError",
-    "ReaderResetError",
+    "ReaderResetError", "ReaderStateError",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups

@@ -218,3 +218,8 @@ class ReaderResetError(UsageError, NotImplementedError):
     """``reset()`` in the middle of an epoch (Petastorm raised NotImplementedError): rows already in
     flight would be neither delivered nor dropped in a defined way. Read to the end, or call
     ``start_over()``, which starts from the first epoch wherever the reader is."""
+
+
+class ReaderStateError(UnihubError, ValueError):
+    """A saved reader state that does not belong to this reader's dataset and options, or states of
+    several ranks that do not belong to one run (another seed, dataset or options)."""

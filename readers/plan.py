@@ -14,12 +14,18 @@ row group's *delivery order* (``arange(n)``, or a permutation seeded by
   rows in delivery order), cut into ``S`` equal contiguous blocks so each rank reads few
   row groups. ``shard_remainder="pad"`` wraps around so every rank gets ``ceil(N/S)``
   rows; ``"drop"`` gives every rank ``floor(N/S)``.
+
+Elastic resume: every rank's share of an epoch is a part of one *global order*, the plan of
+an unsharded reader (:func:`global_plan`), whatever the shard count or ``shard_by``. What
+ranks delivered is a set of intervals of that order (:class:`GlobalOrder`); the rest of the
+epoch, cut into equal contiguous runs for a new shard count, is :func:`rank_plan` with ``done``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -142,6 +148,11 @@ def epoch_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
     tasks = [t for t in tasks if t.num_rows > 0]
     if sharded and config.shard_by == "row":
         tasks = _row_shard(tasks, config.cur_shard, config.shard_count, config.shard_remainder)  # type: ignore[arg-type]
+    return _cut_for_decoding(tasks, config)
+
+
+def _cut_for_decoding(tasks: list[ReadTask], config: PlanConfig) -> list[ReadTask]:
+    """``tasks`` cut as ``task_rows`` and ``first_task_rows`` say (the rows and their order unchanged)."""
     if config.task_rows is not None:
         tasks = _cut_long_tasks(tasks, config.task_rows)
         if config.first_task_rows is not None and tasks:
@@ -240,3 +251,180 @@ def _take_cyclic(tasks: list[ReadTask], start: int, count: int, total: int) -> l
 def rows_per_epoch(config: PlanConfig) -> int:
     """Rows one epoch delivers for the configured shard (before predicates)."""
     return sum(t.num_rows for t in epoch_plan(config, 0))
+
+
+# -- elastic resume: the global order, and what is left of an epoch ----------------------------------------
+#: disjoint ``[start, stop)`` intervals of an epoch's global order, sorted
+Intervals = list[tuple[int, int]]
+
+
+def global_plan(config: PlanConfig, epoch: int) -> list[ReadTask]:
+    """The epoch's tasks in the order every rank's share is a part of: the plan of an unsharded reader,
+    uncut. Each task of any rank's plan is a slice of one of these tasks."""
+    return epoch_plan(dataclasses.replace(config, cur_shard=None, shard_count=None, task_rows=None,
+                                          first_task_rows=None), epoch)
+
+
+class GlobalOrder:
+    """Where the rows of an epoch's tasks sit in its global order (:func:`global_plan`)."""
+
+    def __init__(self, config: PlanConfig, epoch: int) -> None:
+        self.tasks = global_plan(config, epoch)
+        sizes = np.array([t.num_rows for t in self.tasks], dtype=np.int64)
+        self.ends = np.cumsum(sizes)
+        self.total = int(self.ends[-1]) if len(sizes) else 0
+        by_group: dict[int, list[tuple[int, int, int]]] = {}
+        for task, end in zip(self.tasks, self.ends.tolist()):
+            by_group.setdefault(task.row_group, []).append((task.start, task.stop, end - task.num_rows))
+        self._by_group = {g: sorted(spans) for g, spans in by_group.items()}
+
+    def span(self, task: ReadTask) -> tuple[int, int]:
+        """The interval of the global order that ``task`` (a slice of one global task) delivers."""
+        for start, stop, position in self._by_group.get(task.row_group, ()):
+            if start <= task.start and task.stop <= stop:
+                first = position + task.start - start
+                return first, first + task.num_rows
+        raise PlanError(f"a task of row group {task.row_group} rows [{task.start}, {task.stop}) is in no task of the "
+                        "epoch's global order")
+
+    def positions(self, tasks: Sequence[ReadTask], rows: np.ndarray) -> np.ndarray:
+        """Global positions of the rows at ``rows`` (indices into the rows ``tasks`` deliver, in order)."""
+        if not len(rows):
+            return np.empty(0, np.int64)
+        sizes = np.array([t.num_rows for t in tasks], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        which = np.searchsorted(ends, rows, side="right")
+        firsts = np.array([self.span(t)[0] for t in tasks], dtype=np.int64)
+        return firsts[which] + rows - (ends - sizes)[which]
+
+    def prefix(self, tasks: Sequence[ReadTask], rows: int) -> Intervals:
+        """The intervals of the first ``rows`` rows ``tasks`` deliver."""
+        out: Intervals = []
+        for task in tasks:
+            if rows <= 0:
+                break
+            first, stop = self.span(task)
+            out.append((first, min(stop, first + rows)))
+            rows -= task.num_rows
+        return merge_intervals(out)
+
+    def tasks_of(self, start: int, stop: int) -> list[ReadTask]:
+        """The positions ``[start, stop)`` of the global order as tasks (a slice of each global task met)."""
+        out: list[ReadTask] = []
+        i = int(np.searchsorted(self.ends, start, side="right"))
+        while start < stop:
+            task = self.tasks[i]
+            begin = int(self.ends[i]) - task.num_rows
+            a = task.start + start - begin
+            b = min(task.stop, a + stop - start)
+            out.append(ReadTask(task.row_group, a, b, task.shuffle_rows))
+            start += b - a
+            i += 1
+        return out
+
+
+def merge_intervals(intervals: Sequence[tuple[int, int]]) -> Intervals:
+    """``intervals`` sorted, with overlapping and touching ones joined, empty ones dropped."""
+    out: Intervals = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def complement(done: Intervals, total: int) -> Intervals:
+    """The intervals of ``[0, total)`` outside ``done`` (merged)."""
+    out: Intervals = []
+    cursor = 0
+    for a, b in done:
+        if a > cursor:
+            out.append((cursor, min(a, total)))
+        cursor = max(cursor, b)
+    if cursor < total:
+        out.append((cursor, total))
+    return [(a, b) for a, b in out if b > a]
+
+
+def rank_plan(config: PlanConfig, epoch: int, done: Mapping[int, Intervals]) -> list[ReadTask]:
+    """The configured shard's tasks of ``epoch``: :func:`epoch_plan`, or where ``done`` says what ranks
+    delivered of that epoch before a resume, an equal contiguous run of the rest of its global order
+    (``pad``: ``ceil(rest / shards)`` rows each, wrapping round the rest; ``drop``: ``floor``)."""
+    if epoch not in done:
+        return epoch_plan(config, epoch)
+    order = GlobalOrder(config, epoch)
+    rest = complement(done[epoch], order.total)
+    left = sum(b - a for a, b in rest)
+    count = config.shard_count or 1
+    per_shard = (math.ceil(left / count) if config.shard_remainder == "pad" else left // count) if left else 0
+    pieces = [ReadTask(-1, a, b) for a, b in rest]  # the rest as a sequence of intervals, cut as a row shard is
+    run = _take_cyclic(pieces, ((config.cur_shard or 0) * per_shard) % left, per_shard, left) if per_shard else []
+    return _cut_for_decoding([t for piece in run for t in order.tasks_of(piece.start, piece.stop)], config)
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """What one rank had delivered when its state was saved: the first ``rows`` rows of ``epoch`` as its
+    plan (``config``, ``done``) orders them, and the rows at ``extra`` offsets after those in its stream
+    (rows a shuffling loader had delivered ahead of its reader's position)."""
+
+    config: PlanConfig
+    done: Mapping[int, Intervals]
+    epoch: int
+    rows: int
+    extra: tuple[int, ...] = ()
+
+
+def delivered_before(progress: Sequence[RankProgress], num_epochs: int | None) -> tuple[int, dict[int, Intervals]]:
+    """What the ranks of ``progress`` delivered together, as the ``done`` of :func:`rank_plan` that gives the
+    rest to any shard count: the first epoch they did not deliver whole, and the intervals of its global order
+    (and of later epochs') that they did. Epochs nothing was delivered of are left out (planned afresh)."""
+    first = min(p.epoch for p in progress)
+    done: dict[int, Intervals] = {}
+
+    def add(epoch: int, intervals: Intervals) -> None:
+        done[epoch] = done.get(epoch, []) + intervals
+
+    orders: dict[int, GlobalOrder] = {}
+
+    def order_of(epoch: int) -> GlobalOrder:
+        if epoch not in orders:
+            orders[epoch] = GlobalOrder(progress[0].config, epoch)
+        return orders[epoch]
+
+    for p in progress:
+        for epoch, intervals in p.done.items():  # what runs before it delivered
+            if epoch >= first:
+                add(epoch, list(intervals))
+        for epoch in range(first, p.epoch):
+            tasks = rank_plan(p.config, epoch, p.done)
+            add(epoch, [order_of(epoch).span(t) for t in tasks])
+        if num_epochs is not None and p.epoch >= num_epochs:
+            continue
+        tasks = rank_plan(p.config, p.epoch, p.done)
+        add(p.epoch, order_of(p.epoch).prefix(tasks, p.rows))
+        _add_extra(p, tasks, add, order_of, num_epochs)
+    epoch = first
+    while epoch in done and (num_epochs is None or epoch < num_epochs) and \
+            merge_intervals(done[epoch]) == [(0, order_of(epoch).total)]:
+        epoch += 1
+    kept = {e: merge_intervals(iv) for e, iv in done.items() if e >= epoch}
+    return epoch, {e: iv for e, iv in kept.items() if iv}
+
+
+def _add_extra(p: RankProgress, tasks: list[ReadTask], add: Callable[[int, Intervals], None],
+               order_of: Callable[[int], GlobalOrder], num_epochs: int | None) -> None:
+    """The intervals of ``p.extra``'s rows, epoch by epoch of ``p``'s stream."""
+    rows = np.array(sorted(set(p.extra)), dtype=np.int64) + p.rows
+    epoch = p.epoch
+    while rows.size and (num_epochs is None or epoch < num_epochs):
+        size = sum(t.num_rows for t in tasks)
+        here = rows[rows < size]
+        positions = order_of(epoch).positions(tasks, here)
+        add(epoch, merge_intervals([(int(x), int(x) + 1) for x in positions]))
+        rows = rows[rows >= size] - size
+        epoch += 1
+        tasks = rank_plan(p.config, epoch, p.done)
+        if not size and not tasks:
+            break  # nothing in this epoch nor the next: an empty dataset

@@ -33,11 +33,12 @@ from unihub.errors import (
     InvalidArgumentError,
     NoMatchingFieldsError,
     ReaderResetError,
+    ReaderStateError,
     SchemaError,
-    UnihubError,
     UnsupportedFormatError,
     UsageError,
 )
+from unihub.readers import elastic
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
@@ -55,10 +56,6 @@ if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages
 
 STATE_VERSION = 1
-
-
-class ReaderStateError(UnihubError, ValueError):
-    """A saved reader state that does not belong to this reader's dataset and options."""
 
 
 class SkipTarget(NamedTuple):
@@ -114,8 +111,8 @@ class Reader:
                  shard_by: planning.ShardBy = "row_group", shard_remainder: planning.ShardRemainder = "pad",
                  reader_pool_type: PoolType = "thread", workers_count: int | None = None, results_queue_size: int = 50,
                  cache: Cache | None = None, decode_images: bool = True,
-                 resume_from: dict[str, Any] | None = None, petastorm_types: bool | None = None,
-                 rowgroup_selector: Any = None, memory_budget_mb: float | None = None,
+                 resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+                 petastorm_types: bool | None = None, rowgroup_selector: Any = None, memory_budget_mb: float | None = None,
                  on_decode_error: OnDecodeError = "raise") -> None:
         _check_epochs_and_shards(num_epochs, cur_shard, shard_count, shard_by, seed,
                                  shuffles=shuffle_row_groups or shuffle_rows)
@@ -145,7 +142,10 @@ class Reader:
         self._groups = self._chosen_row_groups(None if self._predicate_error else predicate, expression,
                                                filter_columns, rowgroup_selector)
         cut = decode_task_rows(self._read_fields, decode_images) if ngram is None else None
-        self._fingerprint_of: tuple[planning.PlanConfig, str] | None = None
+        self._fingerprint_of: tuple[planning.PlanConfig, str, str] | None = None
+        #: what ranks delivered of epochs before an elastic resume (readers/elastic.py): those epochs' plans
+        #: are this shard's run of the rest
+        self._done: dict[int, planning.Intervals] = {}
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
@@ -255,8 +255,13 @@ class Reader:
                 return dataclasses.replace(batch, columns=columns)
         return run
 
+    def plan_of(self, epoch: int, config: planning.PlanConfig | None = None) -> list[planning.ReadTask]:
+        """This shard's tasks of ``epoch`` (row groups numbered among the chosen ones), as the position
+        counts them: the plan, or after an elastic resume this shard's run of what was left."""
+        return planning.rank_plan(self._plan if config is None else config, epoch, self._done)
+
     def _epoch_tasks(self, epoch: int) -> list[planning.ReadTask]:
-        tasks = planning.epoch_plan(self._plan, epoch)
+        tasks = self.plan_of(epoch)
         return [dataclasses.replace(t, row_group=self._groups[t.row_group]) for t in tasks]
 
     def _jobs(self, epoch: int, task: int) -> Iterator[tuple[int, int, planning.ReadTask]]:
@@ -476,13 +481,22 @@ class Reader:
 
     # -- position -------------------------------------------------------------------------------
     def _fingerprint(self, config: planning.PlanConfig | None = None) -> str:
+        return self._fingerprints(config)[0]
+
+    def _order_fingerprint(self, config: planning.PlanConfig | None = None) -> str:
+        """The fingerprint of the epochs' global order, which every shard count shares (readers/elastic.py)."""
+        return self._fingerprints(config)[1]
+
+    def _fingerprints(self, config: planning.PlanConfig | None = None) -> tuple[str, str]:
         config = self._plan if config is None else config
         cached = self._fingerprint_of
         if cached is not None and cached[0] is config:  # a loader asks for a state per reader batch
-            return cached[1]
-        fingerprint = self._compute_fingerprint(config)
-        self._fingerprint_of = (config, fingerprint)
-        return fingerprint
+            return cached[1], cached[2]
+        plan = self._compute_fingerprint(config)
+        order = self._compute_fingerprint(dataclasses.replace(config, cur_shard=None, shard_count=None,
+                                                              shard_by="row_group", shard_remainder="pad"))
+        self._fingerprint_of = (config, plan, order)
+        return plan, order
 
     def _compute_fingerprint(self, config: planning.PlanConfig) -> str:
         plan = dataclasses.asdict(config)
@@ -497,13 +511,26 @@ class Reader:
         return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last delivered row/batch: small, JSON-able."""
+        """The position after the last delivered row/batch: small, JSON-able. With the states of every rank,
+        a reader with any other shard count resumes the run (``resume_from=[...]``, readers/elastic.py)."""
         epoch, task, offset = self._where()
-        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
-                "plan": self._fingerprint()}
+        plan, order = self._fingerprints()
+        state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
+                 "plan": plan, "order": order, **elastic.shard_keys(self._plan)}
+        if self._done:  # what earlier runs delivered: the plans of this epoch and the last are runs of the rest
+            state.update(elastic.done_keys(self._done, epoch))
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next item is the first one not delivered before it was saved."""
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from ``state``: the next item is the first one not delivered before it was saved.
+
+        Given a list, the states every rank of a run saved (with any shard count, worker count or batch
+        size), this reader delivers its equal share of the rows none of them delivered in their epoch,
+        and later epochs as a fresh run with this reader's shard count would (readers/elastic.py).
+        """
+        if isinstance(state, (list, tuple)):
+            self._load_states(state)
+            return
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ReaderStateError(f"reader state version {found!r} is not {STATE_VERSION}")
@@ -516,10 +543,31 @@ class Reader:
         config = dataclasses.replace(self._plan, seed=seed)
         if state.get("plan") != self._fingerprint(config):
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
-                                   "(row groups, shuffling, sharding, epochs or batching differ)")
+                                   "(row groups, shuffling, sharding, epochs or batching differ); states of "
+                                   "another shard count resume as the list of every rank's state")
+        done = elastic.decode_done(state.get("done", []))
+        self._go_to(config, done, (int(state["epoch"]), int(state["task"]), int(state["offset"])))
+
+    def _load_states(self, states: Sequence[dict[str, Any]]) -> None:
+        """:meth:`load_state_dict` of every rank's state (readers/elastic.py)."""
+        if self.num_rows_per_epoch is None:
+            raise InvalidArgumentError("resuming from several ranks' states needs the rows of an epoch known in "
+                                       "advance: not with a predicate, filters, n-grams or a batch transform")
+        seed = elastic.check_one_run(states, STATE_VERSION,
+                                     lambda s: self._order_fingerprint(dataclasses.replace(self._plan, seed=s)))
+        config = dataclasses.replace(self._plan, seed=seed)
+        progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched)
+                    for state in states]
+        elastic.check_epochs_known(states, progress)
+        epoch, done = planning.delivered_before(progress, self.num_epochs)
+        self._go_to(config, done, (epoch, 0, 0))
+
+    def _go_to(self, config: planning.PlanConfig, done: dict[int, planning.Intervals],
+               position: tuple[int, int, int]) -> None:
+        """Stop reading; the next item is at ``position`` of the plan ``config`` with ``done``."""
         self._halt()
-        self.seed, self._plan, self._loader.seed = seed, config, seed
-        self._set_position((int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self.seed, self._plan, self._loader.seed, self._done = config.seed, config, config.seed, done
+        self._set_position(position)
         self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
 
@@ -552,7 +600,7 @@ class Reader:
         epoch, task, offset = self._where()
         per_epoch, left = self.num_rows_per_epoch, int(count)
         while left and (self.num_epochs is None or epoch < self.num_epochs) and per_epoch:
-            ends = np.cumsum([0] + [t.num_rows for t in planning.epoch_plan(self._plan, epoch)])
+            ends = np.cumsum([0] + [t.num_rows for t in self.plan_of(epoch)])
             row = int(ends[task]) + offset + left
             if row < ends[-1]:
                 index = int(np.searchsorted(ends, row, side="right")) - 1
@@ -562,6 +610,8 @@ class Reader:
             left -= int(ends[-1]) - (row - left)
             whole = left // per_epoch if self.num_epochs is None else min(left // per_epoch,
                                                                           self.num_epochs - epoch - 1)
+            if any(e > epoch for e in self._done):  # an epoch ahead is a run of what was left: step into it
+                whole = 0
             epoch, task, offset, left = epoch + 1 + whole, 0, 0, left - whole * per_epoch
         moved = (epoch, task, offset) != self._where()
         state = dict(self.state_dict(), epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
@@ -592,6 +642,7 @@ class Reader:
         (:func:`start_over` does it for any reader)."""
         self._halt()
         self.join()
+        self._done = {}
         self._set_position((0, 0, 0))
         self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
@@ -702,7 +753,7 @@ class Reader:
         if not isinstance(row, (int, np.integer)) or isinstance(row, bool) or row < 0:
             raise InvalidArgumentError(f"seek() takes a row number >= 0, got {row!r}")
         epoch, left = self._where()[0], int(row)
-        for index, task in enumerate(planning.epoch_plan(self._plan, epoch)):
+        for index, task in enumerate(self.plan_of(epoch)):
             if left < task.num_rows:
                 self.load_state_dict(dict(self.state_dict(), epoch=epoch, task=index,
                                           offset=0 if self.batched else left))
@@ -892,7 +943,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           cache_extra_settings: dict[str, Any] | None = None, transform_spec: TransformSpec | None = None,
           on_decode_error: OnDecodeError = "raise",
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
-          decode_images: bool = True, resume_from: dict[str, Any] | None = None,
+          decode_images: bool = True, resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
           petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
     unknown = sorted(set(ignored) - set(_IGNORED))
     if unknown:  # Python's own words for a keyword the function does not take, as Petastorm's raised

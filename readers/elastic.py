@@ -1,0 +1,121 @@
+"""Elastic resume: the states every rank of a run saved, resumed on any number of ranks.
+
+Every rank's share of an epoch is a part of one global order (:func:`unihub.readers.plan.global_plan`),
+so what a run delivered is a set of intervals of it whatever its shard count. A reader given the
+states of all ranks (``resume_from=[state_0, ..., state_n]``) takes its equal contiguous run of the
+rest (:func:`unihub.readers.plan.rank_plan`); later epochs are planned as a fresh run with the new
+shard count would plan them. A state keeps what was delivered of its epoch before it (``done``), so a
+run resumed this way can be resumed again, on yet another number of ranks.
+
+The functions here read and write the state's keys for this; :class:`~unihub.readers.reader.Reader`
+uses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from unihub.errors import ReaderStateError
+from unihub.readers import plan as planning
+
+#: the keys a state needs for an elastic resume (states saved before it lack them)
+ELASTIC_KEYS = ("shard", "shard_by", "shard_remainder", "order")
+
+
+def shard_keys(config: planning.PlanConfig) -> dict[str, Any]:
+    """The state's record of the shard it was saved by (an unsharded reader: shard 0 of 1)."""
+    return {"shard": [config.cur_shard or 0, config.shard_count or 1], "shard_by": config.shard_by,
+            "shard_remainder": config.shard_remainder}
+
+
+def done_keys(done: Mapping[int, planning.Intervals], epoch: int) -> dict[str, Any]:
+    """The state's record of ``done`` for a reader in ``epoch``: the intervals of this epoch and later ones,
+    and of the last (a rank one epoch behind may be resumed with this one), as a flat list of ints
+    ``[epoch, start, stop, ...]`` (what ``torch.distributed.checkpoint`` keeps as it is); ``done_from``
+    says from which epoch on it is whole where older epochs are left out."""
+    kept_from = max(0, epoch - 1)
+    keys: dict[str, Any] = {"done": [value for e in sorted(done) if e >= kept_from
+                                     for a, b in done[e] for value in (e, a, b)]}
+    if any(e < kept_from for e in done):
+        keys["done_from"] = kept_from
+    return keys
+
+
+def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[planning.RankProgress]) -> None:
+    """:class:`ReaderStateError` where a rank's plan of an epoch the resume needs was left out of its state
+    (:func:`done_keys`: ranks more than an epoch apart after an elastic resume)."""
+    first = min(p.epoch for p in progress)
+    for k, state in enumerate(states):
+        if first < int(state.get("done_from", 0)):
+            raise ReaderStateError(f"state {k} of the list is more than an epoch ahead of another after an elastic "
+                                   f"resume (epoch {state['epoch']} and {first}); its plan of epoch {first} is no "
+                                   "longer kept: resume from states saved closer together")
+
+
+def decode_done(values: Any) -> dict[int, planning.Intervals]:
+    """A state's ``done`` back as intervals per epoch; :class:`ReaderStateError` where it is malformed."""
+    if not isinstance(values, list) or len(values) % 3 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ReaderStateError("the reader state's 'done' is not a list of [epoch, start, stop] ints >= 0; "
+                               "pass what state_dict() returned")
+    done: dict[int, list[tuple[int, int]]] = {}
+    for k in range(0, len(values), 3):
+        epoch, a, b = values[k:k + 3]
+        if b <= a:
+            raise ReaderStateError(f"the reader state's 'done' has an empty interval [{a}, {b}) of epoch {epoch}")
+        done.setdefault(epoch, []).append((a, b))
+    return {epoch: planning.merge_intervals(intervals) for epoch, intervals in done.items()}
+
+
+def rank_config(state: Mapping[str, Any], config: planning.PlanConfig) -> planning.PlanConfig:
+    """``config`` as the rank that saved ``state`` had it: its seed and shard."""
+    try:
+        shard, count = (int(v) for v in state["shard"])
+        return dataclasses.replace(config, seed=int(state["seed"]), cur_shard=shard, shard_count=count,
+                                   shard_by=state["shard_by"], shard_remainder=state["shard_remainder"])
+    except (TypeError, ValueError) as exc:  # PlanError is a ValueError: a shard that cannot be
+        raise ReaderStateError(f"the reader state's shard is not usable: {exc}") from None
+
+
+def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: bool) -> planning.RankProgress:
+    """What the rank that saved ``state`` (under ``config``: :func:`rank_config`) had delivered. A state may
+    carry rows delivered after its position, as a loader's does: the next ``skip`` rows, and the rows
+    ``exclude`` offsets after those."""
+    done = decode_done(state.get("done", []))
+    epoch, task, offset = (int(state[key]) for key in ("epoch", "task", "offset"))
+    tasks = planning.rank_plan(config, epoch, done)
+    if epoch < 0 or task < 0 or offset < 0 or task > len(tasks) or \
+            (task < len(tasks) and offset > tasks[task].num_rows) or (batched and offset):
+        raise ReaderStateError(f"the reader state's position (epoch {epoch}, task {task}, offset {offset}) is not "
+                               "one of its plan's; pass what state_dict() returned")
+    skip = int(state.get("skip", 0))
+    extra = tuple(range(skip)) + tuple(skip + int(x) for x in state.get("exclude", ()))
+    rows = sum(t.num_rows for t in tasks[:task]) + offset
+    return planning.RankProgress(config, done, epoch, rows, extra)
+
+
+def check_one_run(states: Sequence[Any], version: int, order_of: Any) -> int:
+    """The seed the states share, once each is a state of this reader's version with the elastic keys and
+    the global order ``order_of(seed)`` fingerprints; :class:`ReaderStateError` saying what does not fit."""
+    if not states:
+        raise ReaderStateError("resume_from=[] holds no state: pass every rank's state_dict() of the run")
+    seeds = set()
+    for k, state in enumerate(states):
+        if not isinstance(state, dict) or state.get("version") != version:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ReaderStateError(f"state {k} of the list: reader state version {found!r} is not {version}")
+        missing = sorted({"seed", "epoch", "task", "offset", *ELASTIC_KEYS} - set(state))
+        if missing:
+            raise ReaderStateError(f"state {k} of the list lacks {missing}: states saved before elastic resume "
+                                   "resume only one by one, on the world size that saved them")
+        seeds.add(int(state["seed"]))
+    if len(seeds) > 1:
+        raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "
+                               "order, so what is left of it is not known; pass the same seed= on every rank")
+    seed = seeds.pop()
+    if any(state["order"] != order_of(seed) for state in states):
+        raise ReaderStateError("a state of the list belongs to another dataset or other reader options "
+                               "(row groups, shuffling, epochs, fields or batching differ)")
+    return seed
