@@ -48,6 +48,7 @@ from unihub.readers.rowgroup_index import apply_rowgroup_selector
 from unihub.readers.transform import TransformSpec, apply_to_batch, apply_to_rows, transform_schema
 from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_cores
 from unihub.runtime.memory import batch_nbytes, memory_budget
+from unihub.runtime.world import shard_or_detected
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
 from unihub.store.dataset import ParquetStore, open_dataset, partition_value
@@ -954,6 +955,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                       "randomization effects on sharding row groups. (unihub ignores shard_seed: shards are dealt "
                       "by cur_shard, shard_count and seed)", UserWarning, stacklevel=3)
     _choose_memory_pool()
+    cur_shard, shard_count = shard_or_detected(cur_shard, shard_count)
     store = _open(dataset_url, storage_options, filesystem)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
@@ -979,7 +981,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     Petastorm's arguments: ``schema_fields`` (names, regexes, fields or an ``NGram``),
     ``predicate``, ``filters``, ``transform_spec``, ``shuffle_row_groups`` (default True),
     ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
-    forever), ``cur_shard``/``shard_count``, ``reader_pool_type`` ('thread', 'process',
+    forever), ``cur_shard``/``shard_count`` (neither given: the rank and world size of a distributed job,
+    see :mod:`unihub.runtime.world`), ``reader_pool_type`` ('thread', 'process',
     'dummy'), ``workers_count`` (default one per core for local data, four per core for
     remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
@@ -988,7 +991,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     match no field are left out (with a warning; none matching raises ``NoMatchingFieldsError``), and
     a predicate on fields the dataset lacks raises at the first ``next()``. Added:
     ``shard_by='row'`` with ``shard_remainder='pad'|'drop'`` for equal shards,
-    ``resume_from=state``, ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
+    ``resume_from=state`` (or every rank's states, to resume on another world size: readers/elastic.py),
+    ``decode_images=False`` (raw PNG/JPEG bytes, e.g. for DALI),
     ``petastorm_types`` (None: Petastorm's types for nulls and uniform lists in datasets Petastorm
     wrote and plain Parquet, unihub's in its own; True/False to choose; see ``readers/decode.py``),
     ``memory_budget_mb`` (default ``UNIHUB_MEMORY_MB``, else 512): the decoded row groups waiting
