@@ -143,11 +143,11 @@ class DaliBatchSource:
         _check_shard(shard_id, num_shards)
         self.batch_size = batch_size
         self.last_batch = last_batch
-        sharded = num_shards > 1
+        # the shard always given: DALI's shard_id/num_shards (0 of 1: everything) are the pipeline's, not the job's
         self._reader = make_batch_reader(
             url, schema_fields=list(fields), decode_images=False, num_epochs=None, seed=seed,
-            shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_id if sharded else None,
-            shard_count=num_shards if sharded else None, shard_by="row", shard_remainder=shard_remainder,
+            shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_id,
+            shard_count=num_shards, shard_by="row", shard_remainder=shard_remainder,
             workers_count=workers_count, storage_options=storage_options)
         self.fields = tuple(self._reader.schema.fields)  # in the order asked
         order = {name: i for i, name in enumerate(fields)}
