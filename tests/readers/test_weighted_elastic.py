@@ -10,6 +10,7 @@ old rank on; two resumes from the same states give the same rows.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter, defaultdict
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unihub import WeightedSamplingReader, make_reader
+from unihub import WeightedSamplingReader, make_batch_reader, make_reader
 from unihub.readers.reader import ReaderStateError
 from unihub.readers.weighted import OnExhausted, draw_choices
 
@@ -295,3 +296,29 @@ def test_one_rank_list_is_the_state_itself(urls):
         tail = take(mix, None)
     with make_mix(urls, 0, 1, [1, 2, 3], "drain", resume_from=[state]) as mix:
         assert Counter(take(mix, None)) == Counter(tail)
+
+
+@pytest.mark.parametrize("old, new", [(3, 2), (2, 5)])
+def test_batch_reader_mixes_resume_elastically(urls, old, new):
+    """Batches of each source's shard: the rows no old rank delivered, once (``drop``), ranks equal."""
+    def mix(rank: int, ranks: int, resume_from: Any = None) -> WeightedSamplingReader:
+        readers = [make_batch_reader(url, seed=SOURCE_SEEDS[k], shuffle_rows=True, num_epochs=1,
+                                     reader_pool_type="dummy", cur_shard=rank, shard_count=ranks, shard_by="row",
+                                     shard_remainder="drop") for k, url in enumerate(urls)]
+        return WeightedSamplingReader(readers, [1, 2, 1], seed=3, on_exhausted="drain", resume_from=resume_from)
+
+    gone, states = [], []
+    for k in range(old):
+        with mix(k, old) as m:
+            gone += [i for batch in itertools.islice(m, k + 1) for i in batch.id.tolist()]
+            states.append(json.loads(json.dumps(m.state_dict())))
+    after = []
+    for k in range(new):
+        with mix(k, new, states) as m:
+            after.append([i for batch in m for i in batch.id.tolist()])
+    for s, size in enumerate(SIZES):
+        rest = set(range(1000 * s, 1000 * s + size)) - set(gone)
+        new_rows = [[i for i in rows if i // 1000 == s] for rows in after]
+        flat = [i for rows in new_rows for i in rows]
+        assert len({len(rows) for rows in new_rows}) == 1
+        assert len(flat) == len(set(flat)) == new * (len(rest) // new) and set(flat) <= rest
