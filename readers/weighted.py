@@ -4,7 +4,9 @@ Petastorm's ``petastorm.weighted_sampling_reader.WeightedSamplingReader`` with i
 checks and end (by default the mix ends when a drawn reader has nothing left), plus ``seed``,
 exact resume, ``on_exhausted="cycle"|"drain"`` (start a reader that ran out over, or take it out
 and renormalise the weights), weights changed mid-run (:meth:`~WeightedSamplingReader.set_weights`)
-and :meth:`~WeightedSamplingReader.skip_rows`. Which reader the ``k``-th draw takes is a pure
+and :meth:`~WeightedSamplingReader.skip_rows`, and elastic resume (the states of every rank of a run, each
+mixing its shards of the sources, resumed on any number of ranks:
+:meth:`~WeightedSamplingReader.load_state_dict` of a list). Which reader the ``k``-th draw takes is a pure
 function of ``(seed, k)`` and the weights in force (:func:`draw_choices`): uniforms come in blocks
 of :data:`BLOCK` from a generator seeded ``(seed, block, stream tag)``, so the sampler's whole
 state is its seed, draw count, weights and drained readers, and
@@ -23,6 +25,7 @@ The mixer has what the loaders and bridges use of a reader (``schema``, ``batche
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple, get_args
@@ -232,7 +235,11 @@ class WeightedSamplingReader:
       readers and each reader's position, mid-cycle too), then :meth:`load_state_dict` or ``resume_from=`` on
       a mixer over new readers made with the same options, and the items not yet delivered come next, in
       the same order;
-    - :meth:`skip_rows`: pass over rows at the cost of a resume, reading none of them.
+    - :meth:`skip_rows`: pass over rows at the cost of a resume, reading none of them;
+    - elastic resume: where each rank mixes its shards of the sources (each reader made with
+      ``cur_shard``/``shard_count``), ``resume_from=[state_0, ..., state_n]`` (every rank's state) on a mix of
+      readers with any other shard count delivers its share of each source's rows no old rank delivered
+      (:meth:`_load_states` says how the weights, passes and draws carry over).
 
         with WeightedSamplingReader([web, books], [0.8, 0.2], seed=0, on_exhausted="cycle") as mixer:
             for step, row in enumerate(mixer):
@@ -241,7 +248,8 @@ class WeightedSamplingReader:
     """
 
     def __init__(self, readers: Sequence[Any], probabilities: Sequence[float], seed: int | None = None, *,
-                 on_exhausted: OnExhausted = "stop", resume_from: dict[str, Any] | None = None) -> None:
+                 on_exhausted: OnExhausted = "stop",
+                 resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None) -> None:
         readers = list(readers)
         if len(readers) <= 1:
             raise WeightedSamplingError(f"Two or more readers must be specified. Got {len(readers)}.")
@@ -256,6 +264,10 @@ class WeightedSamplingReader:
         self.probabilities: tuple[float, ...] = self._initial
         self._drained = [False] * len(readers)
         self._passes = [0] * len(readers)
+        #: "cycle", for an elastic resume (:meth:`load_state_dict` of a list): each reader's state where its last
+        #: pass ended, and what ranks of an earlier run delivered of its next pass (a reader state to load then)
+        self._ended: list[dict[str, Any] | None] = [None] * len(readers)
+        self._carry: list[dict[str, Any] | None] = [None] * len(readers)
         self._bounds: list[float] | None = _cumulative(normalized).tolist()
         self.seed = _check_seed(seed)
         self.batched = _is_batched(readers[0])
@@ -372,11 +384,7 @@ class WeightedSamplingReader:
             if self.on_exhausted == "drain":
                 self._drain(source)
                 return self.__next__()  # as deep as there are readers to drain
-            self._start_pass(source)
-            try:
-                item = next(self._readers[source])
-            except StopIteration:
-                raise _empty(source) from None
+            item = self._first_of_next_pass(source)
         self._draws = draw + 1
         convert = self._convert[source]
         return item if convert is None else convert(item)
@@ -384,10 +392,30 @@ class WeightedSamplingReader:
     def next(self) -> Any:
         return self.__next__()
 
-    def _start_pass(self, source: int) -> None:
-        """``"cycle"``: the reader that ran out starts over (its own order, its own epochs)."""
-        start_over(self._readers[source])
+    def _first_of_next_pass(self, source: int) -> Any:
+        """``"cycle"``: the first item of the next pass of ``source``, which ran out. A pass carried over an
+        elastic resume may leave this rank nothing (other ranks delivered it): then the pass after it."""
+        while True:
+            fresh = self._start_pass(source)
+            try:
+                return next(self._readers[source])
+            except StopIteration:
+                if fresh:
+                    raise _empty(source) from None
+
+    def _start_pass(self, source: int) -> bool:
+        """``"cycle"``: the reader that ran out starts over (its own order, its own epochs); True unless it
+        starts the rest of a pass that ranks of an earlier run began (an elastic resume's carry)."""
+        reader = self._readers[source]
+        if callable(getattr(reader, "state_dict", None)):
+            self._ended[source] = reader.state_dict()  # what an elastic resume counts this pass by
+        carry, self._carry[source] = self._carry[source], None
         self._passes[source] += 1
+        if carry is None:
+            start_over(reader)
+            return True
+        reader.load_state_dict([carry])
+        return False
 
     def _drain(self, source: int) -> None:
         """``"drain"``: the reader that ran out leaves the mix; its draw's uniform is used up."""
@@ -437,8 +465,7 @@ class WeightedSamplingReader:
             if self.on_exhausted == "cycle":
                 if restarted == ran_out and short == 0:
                     raise _empty(ran_out)
-                self._start_pass(ran_out)
-                restarted = ran_out
+                restarted = ran_out if self._start_pass(ran_out) else -1
             else:
                 self._drain(ran_out)
         return skipped
@@ -470,7 +497,8 @@ class WeightedSamplingReader:
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered item (JSON-able): the draw count, seed, weights in force,
         drained readers, passes each reader started over, weight changes still to come (a loaded state's) and
-        each reader's own state."""
+        each reader's own state; with ``"cycle"``, where each reader's last pass ended and what ranks of an
+        earlier run delivered of its next pass (``ended``, ``carry``: what an elastic resume needs)."""
         states = []
         for index, reader in enumerate(self._readers):
             if not callable(getattr(reader, "state_dict", None)):
@@ -481,28 +509,87 @@ class WeightedSamplingReader:
                 "probabilities": list(self._initial), "weights": list(self.probabilities),
                 "on_exhausted": self.on_exhausted, "drained": list(self._drained), "passes": list(self._passes),
                 "changes": [[draw, list(weights)] for draw, weights in self._changes[self._due:]],
-                "readers": states}
+                "readers": states, "ended": copy.deepcopy(self._ended), "carry": copy.deepcopy(self._carry)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next item is the first one not delivered before it was saved.
 
         The state's weights (a curriculum's change) replace those in force. A refused state (another
         version, other probabilities at construction, another ``on_exhausted`` or other readers) leaves
         the mixer as it was.
+
+        Given a list, the states every rank of a run saved (each rank mixing its shards of the sources),
+        this mix resumes the run elastically, with its readers' shard count whatever it was
+        (:meth:`_load_states`).
         """
+        if isinstance(state, (list, tuple)):
+            self._load_states(state)
+            return
         parsed = self._parse_state(state)
-        before = [reader.state_dict() for reader in self._readers]
-        for index, (reader, reader_state) in enumerate(zip(self._readers, parsed.readers)):
+        self._load_readers(lambda index, reader: reader.load_state_dict(parsed.readers[index]))
+        self._resume(parsed, parsed.draws, parsed.passes, parsed.drained)
+        self._ended, self._carry = parsed.ended, parsed.carry
+
+    def _load_states(self, states: Sequence[Any]) -> None:
+        """Elastic resume: :meth:`load_state_dict` of every rank's state of a run, on any number of ranks.
+
+        Each reader gets the list of its source's states of all old ranks (the reader's list form), so it
+        delivers its equal share of that source's rows no old rank delivered in its epoch (``pad``/``drop`` as
+        its options say), later epochs as a fresh run with its shard count. With ``"cycle"`` ranks can be a pass
+        apart: a rank that started the source over counts with the state where its pass ended, and what it
+        delivered of the next pass is kept (``carry``) for the new ranks' next pass; states further apart are
+        refused. The weights in force and the changes still due are those of the rank that drew most (ranks
+        draw alike; a later state holds a curriculum's latest change). The draws: every new rank draws as
+        :func:`draw_choices` says for the run's seed from draw ``D`` on, ``D`` the most draws of any old rank,
+        so they are a function of the seed and the states resumed, the same on every new rank and every resume
+        from them. Nothing is drained (a source whose share of the rest is empty drains at its first draw);
+        each source's pass count is the lowest of the old ranks'. Refused (:class:`ReaderStateError`, the
+        mixer as it was): states of mixes of other sizes, probabilities, modes or seeds, sources more than a
+        pass apart, and what each reader refuses of its list (named by its source).
+        """
+        if not states:
+            raise ReaderStateError("resume_from=[] holds no state: pass every rank's state_dict() of the run")
+        parsed = []
+        for k, state in enumerate(states):
             try:
-                reader.load_state_dict(reader_state)
+                parsed.append(self._parse_state(state))
+            except ReaderStateError as exc:
+                raise ReaderStateError(f"state {k} of the list: {exc}") from None
+            if isinstance(state, dict) and (state.get("skip") or state.get("exclude")):
+                raise ReaderStateError(f"state {k} of the list carries rows a loader delivered after it (skip, "
+                                       "exclude): which source's rows they are is not known here; a mix resumes "
+                                       "elastically from its own states (a loader's without rows read ahead)")
+        seeds = sorted({p.seed for p in parsed})
+        if len(seeds) > 1:
+            raise ReaderStateError(f"the ranks' mix states have different seeds {seeds}: their draws were not one "
+                                   "stream; pass the same seed= to the mix on every rank")
+        count = len(self._readers)
+        lists = [_source_lists(parsed, source) for source in range(count)]
+        carry = self._load_readers(lambda index, reader: _load_source(reader, index, *lists[index]))
+        lead = max(parsed, key=lambda p: p.draws)  # the first of those that drew most
+        self._resume(lead, lead.draws, [min(p.passes[s] for p in parsed) for s in range(count)], [False] * count)
+        self._ended, self._carry = [None] * count, carry
+
+    def _load_readers(self, load: Callable[[int, Any], Any]) -> list[Any]:
+        """``load(index, reader)`` of each reader, and what each returned; where one raises, every reader is put
+        back where it was (a refused state leaves the mixer as it was)."""
+        before = [reader.state_dict() for reader in self._readers]
+        out = []
+        for index, reader in enumerate(self._readers):
+            try:
+                out.append(load(index, reader))
             except Exception:
-                for loaded, old in zip(self._readers[:index], before):
+                for loaded, old in zip(self._readers[:index + 1], before):
                     loaded.load_state_dict(old)
                 raise
-        self.seed, self._draws, self._block = parsed.seed, parsed.draws, -1
-        self._drained, self._passes = parsed.drained, parsed.passes
-        self._changes, self._due = parsed.changes, 0
-        self._use_weights(parsed.weights)
+        return out
+
+    def _resume(self, saved: _Saved, draws: int, passes: list[int], drained: list[bool]) -> None:
+        """The sampler as ``saved`` has it (seed, weights, changes due), at ``draws``."""
+        self.seed, self._draws, self._block = saved.seed, draws, -1
+        self._drained, self._passes = list(drained), list(passes)
+        self._changes, self._due = list(saved.changes), 0
+        self._use_weights(saved.weights)
         self._apply_due_changes()
 
     def _parse_state(self, state: Any) -> _Saved:
@@ -525,7 +612,8 @@ class WeightedSamplingReader:
         seed, draws, drained, passes = _saved_progress(state, count)
         if [draw for draw, _ in changes] != sorted(draw for draw, _ in changes):
             raise ReaderStateError("the state's weight changes are not in draw order; pass what state_dict() returned")
-        return _Saved(seed, draws, weights, drained, passes, changes, states)
+        return _Saved(seed, draws, weights, drained, passes, changes, states,
+                      _reader_states(state, "ended", count), _reader_states(state, "carry", count))
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -541,6 +629,7 @@ class WeightedSamplingReader:
         self._changes, self._due, self._next_change = [], 0, _NEVER  # a new run: its own changes
         self._drained = [False] * len(self._readers)
         self._passes = [0] * len(self._readers)
+        self._ended, self._carry = [None] * len(self._readers), [None] * len(self._readers)
         self._bounds, self._block = self._drawable_bounds(), -1
 
     def stop(self) -> None:
@@ -619,6 +708,75 @@ class _Saved(NamedTuple):
     passes: list[int]
     changes: list[tuple[int, tuple[float, ...]]]
     readers: list[dict[str, Any]]
+    ended: list[dict[str, Any] | None]
+    carry: list[dict[str, Any] | None]
+
+
+def _reader_states(state: dict[str, Any], key: str, count: int) -> list[dict[str, Any] | None]:
+    """The state's ``ended`` or ``carry``: a reader state or None per reader (None: states saved before them)."""
+    values = state.get(key, [None] * count)
+    if not isinstance(values, list) or len(values) != count or \
+            not all(v is None or isinstance(v, dict) for v in values):
+        raise ReaderStateError(f"the state's {key!r} is not a reader state or None per reader; pass what "
+                               "state_dict() returned")
+    return [copy.deepcopy(v) for v in values]
+
+
+# -- elastic resume: the sources' lists of states -------------------------------------------------------
+def _source_lists(parsed: Sequence[_Saved], source: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The reader states of ``source`` to resume its current pass from (one per old rank), and those of its
+    next pass where ranks had begun it (None: it starts afresh).
+
+    The current pass is the lowest of the ranks'. A rank a pass ahead counts in it with the state where its
+    pass ended, and in the next with its own; a rank in it counts in the next with what it carried of it (an
+    earlier elastic resume's) or as having delivered none of it (its state at the start).
+    """
+    passes = [p.passes[source] for p in parsed]
+    first = min(passes)
+    if max(passes) > first + 1:
+        raise ReaderStateError(f"source {source}: the ranks' states are {max(passes) - first} passes apart "
+                               f"(on_exhausted='cycle' started it over {first} to {max(passes)} times); an elastic "
+                               "resume takes ranks at most a pass apart: resume from states saved closer together")
+    now, after, begun = [], [], False
+    for k, p in enumerate(parsed):
+        state, ended, carry = p.readers[source], p.ended[source], p.carry[source]
+        if passes[k] == first:
+            now.append(state)
+            after.append(carry if carry is not None else _at_start(state))
+            begun = begun or carry is not None
+            continue
+        if ended is None:
+            raise ReaderStateError(f"source {source}: state {k} of the list started pass {passes[k]} but keeps no "
+                                   f"state of where pass {first} ended (saved before elastic resume of mixes)")
+        now.append(ended)
+        after.append(state)
+        begun = True
+    return now, after if begun else None
+
+
+def _at_start(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` of a reader moved to the start of its run: a rank that delivered nothing of it."""
+    dropped = ("done", "done_from", "skip", "exclude")
+    return {**{k: v for k, v in state.items() if k not in dropped}, "epoch": 0, "task": 0, "offset": 0}
+
+
+def _load_source(reader: Any, source: int, now: list[dict[str, Any]], after: list[dict[str, Any]] | None
+                 ) -> dict[str, Any] | None:
+    """``reader`` (of ``source``) at its share of the rest of the current pass; returns, where ranks had begun
+    the next pass, a state of the reader that delivers its share of the rest of that one (the carry)."""
+    if not callable(getattr(reader, "load_state_dict", None)):
+        raise ReaderStateError(f"source {source} ({type(reader).__name__}) has no load_state_dict(); "
+                               "elastic resume needs unihub readers")
+    try:
+        carry = None
+        if after is not None:
+            reader.load_state_dict(after)
+            carry = reader.state_dict()
+        reader.load_state_dict(now)
+    except ReaderStateError as exc:
+        raise ReaderStateError(f"source {source}: {exc}") from None
+    return carry
 
 
 def _empty(source: int) -> WeightedSamplingError:
