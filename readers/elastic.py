@@ -92,6 +92,8 @@ def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: 
                                "one of its plan's; pass what state_dict() returned")
     skip = int(state.get("skip", 0))
     extra = tuple(range(skip)) + tuple(skip + int(x) for x in state.get("exclude", ()))
+    if task == len(tasks):  # its whole share delivered, whether or not a next() has since found the end
+        return planning.RankProgress(config, done, epoch + 1, 0, extra)
     rows = sum(t.num_rows for t in tasks[:task]) + offset
     return planning.RankProgress(config, done, epoch, rows, extra)
 

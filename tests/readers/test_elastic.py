@@ -251,3 +251,24 @@ def test_states_of_another_run_are_refused_by_name(dataset, tmp_path):
         make_reader(dataset, resume_from=[dict(states[0], done=[0, 5]), states[1]], **options)
     with pytest.raises(InvalidArgumentError, match="rows of an epoch known"):
         make_reader(dataset, resume_from=states, predicate=None, filters=[("id", ">", 3)], **options)
+
+
+def test_a_rank_at_the_end_of_its_share_counts_as_in_the_next_epoch(dataset):
+    """Whether a rank's next() has found the end of its share or not, the run resumes alike: ``drop`` left
+    rows out of the epoch, and the resumed run goes on with the next one, as the run itself would have."""
+    options = dict(OPTIONS, shard_by="row", shard_remainder="drop")
+    states = {}
+    for found_end in (False, True):
+        states[found_end] = []
+        for k in range(3):
+            with make_reader(dataset, cur_shard=k, shard_count=3, **options) as reader:
+                rows = read_with_epochs(reader, N // 3 + (1 if found_end else 0))
+                assert {e for e, _ in rows} == ({0, 1} if found_end else {0})
+                if found_end:  # one row into epoch 1: back to the end of epoch 0 by the reader's own state
+                    reader.load_state_dict(dict(reader.state_dict(), epoch=1, task=0, offset=0))
+                states[found_end].append(reader.state_dict())
+    starts = []
+    for found_end in (False, True):
+        with make_reader(dataset, cur_shard=0, shard_count=2, resume_from=states[found_end], **options) as reader:
+            starts.append(reader._where()[:2])
+    assert starts == [(1, 0), (1, 0)]
