@@ -14,7 +14,13 @@ import numpy as np
 
 from unihub.bridges.torch.collate import Collate, columns_from_numpy
 from unihub.bridges.torch.shared_batches import StoragePool
-from unihub.bridges.torch.state import RowTracker, elastic_reader_states, parse_loader_state, reader_state_of
+from unihub.bridges.torch.state import (
+    RowTracker,
+    elastic_reader_states,
+    fixed_keys,
+    parse_loader_state,
+    reader_state_of,
+)
 from unihub.bridges.torch.tensors import Columns, in_one_shared_storage, load_torch, split_columns
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 from unihub.readers.batching import (
@@ -236,7 +242,8 @@ class LoaderBase:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
         state = self._tracker.state()
         carry = getattr(self.reader, "with_later_changes", None)  # a mix's weights changed since (weighted.py)
-        return dict(state, reader=carry(state["reader"])) if callable(carry) else state
+        return dict(state, reader=carry(state["reader"])) if callable(carry) else dict(state, reader=fixed_keys(
+            state["reader"]))
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it.

@@ -119,6 +119,16 @@ def reader_state_of(reader: Any) -> dict[str, Any] | None:
     return state
 
 
+def fixed_keys(reader_state: dict[str, Any]) -> dict[str, Any]:
+    """A reader's state with the keys it leaves out when they say nothing (``done``: rows delivered before an
+    elastic resume) set to what saying nothing means, so every state of a loader has the same keys: DCP
+    loads only the keys its template (a loader made anew) names, and would drop the others."""
+    if "order" in reader_state:  # a reader that resumes elastically (readers/elastic.py)
+        reader_state.setdefault("done", [])
+        reader_state.setdefault("done_from", 0)
+    return reader_state
+
+
 def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     """A streaming loader's state as (reader state, rows to skip, offsets after them to drop), or
     :class:`LoaderStateError` saying what is wrong with it."""
@@ -149,13 +159,14 @@ def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:
 def check_every_shard(reader_states: Sequence[dict[str, Any]]) -> None:
     """:class:`LoaderStateError` unless the states are those of every shard of one run (their ``shard``,
     ``[k, count]``): a rank left out would have its rows delivered again."""
-    shards = [s.get("shard") for s in reader_states]
-    if any(not isinstance(shard, list) or len(shard) != 2 for shard in shards):
+    records = [s.get("shard") for s in reader_states]
+    if any(not isinstance(shard, list) or len(shard) != 2 for shard in records):
         return  # a reader without shard records (a mix): the reader says what it takes
-    counts = {int(count) for _, count in shards}
-    if len(counts) != 1 or sorted(int(k) for k, _ in shards) != list(range(counts.pop())):
-        raise LoaderStateError(f"the list holds the states of shards {sorted(map(tuple, shards))}: pass the states "
-                               "of every rank of the run, one each")
+    shards = sorted((int(shard[0]), int(shard[1])) for shard in records if shard is not None)
+    counts = {count for _, count in shards}
+    if len(counts) != 1 or [k for k, _ in shards] != list(range(counts.pop())):
+        raise LoaderStateError(f"the list holds the states of shards {shards}: pass the states of every rank of "
+                               "the run, one each")
 
 
 class PerRank:

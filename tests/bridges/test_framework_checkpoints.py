@@ -462,3 +462,49 @@ def test_ddp_checkpointed_on_two_ranks_resumes_on_three(url: str, tmp_path: Any)
                          shuffle_rows=True, shuffle_row_groups=True, seed=3, num_epochs=2) as reader:
             fresh = [int(row.id) for row in reader]
         assert rank["ids"][len(rest[k]):] == fresh[len(fresh) // 2:]  # epoch 1: a fresh 3-rank run's
+
+
+def _sharded_loader(kind: str, url: str, shard: int, count: int) -> Any:
+    from unihub.bridges.torch import loaders as tp
+    reader = make_reader(url, reader_pool_type="dummy", cur_shard=shard, shard_count=count, shard_by="row",
+                         shuffle_rows=True, seed=4, num_epochs=1)
+    if kind == "DataLoader":
+        return tp.DataLoader(reader, batch_size=3, shuffling_queue_capacity=7)
+    return tp.InMemBatchedDataLoader(reader, batch_size=3, num_epochs=2, shuffle=True, seed=2)
+
+
+@torch_only
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", ["DataLoader", "InMemBatchedDataLoader"])
+def test_dcp_after_an_elastic_resume_keeps_what_the_old_ranks_delivered(url, kind, tmp_path):
+    """3 ranks' states resumed on 1, which saves with DCP mid-epoch: the checkpoint loads on one rank again,
+    by ``PerRank.loading`` and by a fresh loader's template alike (the states' keys do not change after an
+    elastic resume, so the template asks for what the old ranks delivered too)."""
+    import torch.distributed.checkpoint as dcp
+
+    from unihub.bridges.torch import PerRank
+    states, gone = [], []
+    for k in range(3):
+        loader = _sharded_loader(kind, url, k, 3)
+        iterator = iter(loader)
+        gone += [i for _ in range(k + 1) for i in _ids(next(iterator))]
+        states.append(loader.state_dict())
+    loader = _sharded_loader(kind, url, 0, 1)
+    loader.load_state_dict(states)
+    iterator = iter(loader)
+    head = [i for _ in range(4) for i in _ids(next(iterator))]
+    checkpoint = str(tmp_path / "checkpoint")
+    dcp.save({"loader": PerRank(loader)}, checkpoint_id=checkpoint)
+    rests = []
+    for load in ("template", "loading"):
+        resumed = _sharded_loader(kind, url, 0, 1)
+        if load == "template":
+            dcp.load({"loader": PerRank(resumed)}, checkpoint_id=checkpoint)
+        else:
+            PerRank(resumed).load_from(checkpoint)
+        rests.append([i for batch in resumed for i in _ids(batch)])
+    assert sorted(rests[0]) == sorted(rests[1])  # a queue (unseeded) shuffles the rows it held anew
+    epoch = gone + head + rests[0][:N - len(gone) - len(head)]
+    assert sorted(epoch) == list(range(N))  # each row of the epoch once
+    if kind == "InMemBatchedDataLoader":  # then the next epoch: the one rank's own rows
+        assert sorted(rests[0][N - len(gone) - len(head):]) == list(range(N))

@@ -156,3 +156,79 @@ def test_a_list_that_leaves_a_rank_out_is_refused(dataset):
             loader.load_state_dict([states[0], states[0], states[2]])
         with pytest.raises(LoaderStateError, match="empty"):
             loader.load_state_dict([])
+
+
+# -- InMemBatchedDataLoader: each rank holds its shard's rows; the epoch the old ranks were in is served from
+# -- each new rank's share of what they left, later epochs from its own shard's rows -----------------------
+def in_memory_ranks(dataset: Path, count: int, stop: int | None, resume_from: Any, batch_size: int, shuffle: bool,
+                    remainder: str) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Each rank's ids of its first ``stop`` batches (all: None) of 3 epochs, and its state there."""
+    from unihub.bridges.torch import InMemBatchedDataLoader
+    ids, states = [], []
+    for k in range(count):
+        reader = make_reader(dataset, cur_shard=k, shard_count=count, shard_by="row", shard_remainder=remainder,
+                             num_epochs=1, **OPTIONS)
+        loader = InMemBatchedDataLoader(reader, batch_size=batch_size, num_epochs=3, shuffle=shuffle, seed=11)
+        if resume_from is not None:
+            loader.load_state_dict(resume_from)
+        iterator = iter(loader)
+        ids.append([i for batch in itertools.islice(iterator, stop) for i in batch["id"].tolist()])
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        iterator.close()
+    return ids, states
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(old=st.integers(1, 8), new=st.integers(1, 8), batch_sizes=st.tuples(st.integers(1, 12), st.integers(1, 12)),
+       shuffle=st.booleans(), remainders=st.tuples(st.sampled_from(["pad", "drop"]), st.sampled_from(["pad", "drop"])),
+       data=st.data())
+def test_in_memory_loaders_resume_on_any_other_world_size(dataset, old, new, batch_sizes, shuffle, remainders, data):
+    """The old ranks stop together (as DDP's do) anywhere in 3 epochs; the new ranks serve the rest of that
+    epoch once (or as pad/drop say), ranks equal, then the later epochs a fresh run with the new world size
+    serves."""
+    rows = -(-N // old) if remainders[0] == "pad" else N // old
+    stop = data.draw(st.integers(0, 3 * -(-rows // batch_sizes[0])))
+    before, states = in_memory_ranks(dataset, old, stop, None, batch_sizes[0], shuffle, remainders[0])
+    epoch, row = states[0]["epoch"], states[0]["row"]
+    assert all((s["epoch"], s["row"]) == (epoch, row) for s in states)
+    after, resumed = in_memory_ranks(dataset, new, None, states, batch_sizes[1], shuffle, remainders[1])
+    fresh, _ = in_memory_ranks(dataset, new, None, None, batch_sizes[1], shuffle, remainders[1])
+    n = len(fresh[0]) // 3  # each new rank's own rows
+    if not row:  # nothing of the epoch delivered: as a fresh run from it
+        assert after == [rows[epoch * n:] for rows in fresh]
+        return
+    rest = [json.loads(s["rest"])["rows"] for s in resumed]
+    check_the_rest({i for rows in before for i in rows[-row:]}, [rows[:r] for rows, r in zip(after, rest)],
+                   remainders[1])
+    assert [rows[r:] for rows, r in zip(after, rest)] == [rows[(epoch + 1) * n:] for rows in fresh]
+
+
+def test_an_in_memory_loader_resumed_elastically_resumes_again(dataset):
+    """Stopped in the epoch served from what older ranks left, on the same world size (its own state) and
+    on another (every rank's): each row of the epoch once."""
+    first, states = in_memory_ranks(dataset, 3, 5, None, 4, True, "drop")  # 20 of each rank's 67 rows
+    second, states = in_memory_ranks(dataset, 2, 7, states, 5, True, "drop")  # 35 of each rank's share, 71
+    again, _ = in_memory_ranks(dataset, 2, None, states, 3, True, "drop")
+    gone = [i for rows in first + second for i in rows]
+    assert len(gone) == len(set(gone)) == 130
+    check_the_rest(set(gone), [rows[:36] for rows in again], "drop")
+    third, _ = in_memory_ranks(dataset, 4, None, states, 3, True, "drop")
+    check_the_rest(set(gone), [rows[:len(rows) - 2 * 50] for rows in third], "drop")
+
+
+def test_in_memory_elastic_resume_refuses_what_it_cannot_know(dataset):
+    from unihub.bridges.torch import InMemBatchedDataLoader, LoaderStateError
+    _, states = in_memory_ranks(dataset, 2, 3, None, 4, False, "pad")
+    def reader() -> Any:
+        return make_reader(dataset, cur_shard=0, shard_count=3, shard_by="row", num_epochs=1, **OPTIONS)
+
+    with pytest.raises(LoaderStateError, match="rows_capacity=None"):
+        InMemBatchedDataLoader(reader(), batch_size=4, rows_capacity=500).load_state_dict(
+            [dict(s, rows_capacity=500) for s in states])
+    loader = InMemBatchedDataLoader(reader(), batch_size=4)
+    with pytest.raises(LoaderStateError, match="one epoch"):
+        loader.load_state_dict([states[0], dict(states[1], epoch=1, row=4)])
+    with pytest.raises(LoaderStateError, match="every rank"):
+        loader.load_state_dict(states[:1] * 2)
+    with pytest.raises(LoaderStateError, match="lacks"):
+        loader.load_state_dict([{k: v for k, v in s.items() if k != "rows"} for s in states])
