@@ -94,7 +94,7 @@ def check_the_rest(gone: set[int], new: list[list[int]], remainder: str) -> None
         assert len(flat) == len(set(flat)) == count * (len(rest) // count) and set(flat) <= rest
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(old=st.integers(1, 16), new=st.integers(1, 16), kind=st.sampled_from(sorted(KINDS)), data=st.data(),
        batch_sizes=st.tuples(st.integers(1, 16), st.integers(1, 16)),
        capacities=st.tuples(st.sampled_from([0, 0, 1, 5, 17, 40]), st.sampled_from([0, 3, 33])),
@@ -118,7 +118,7 @@ def test_loaders_resume_on_any_other_world_size(dataset, old, new, kind, data, b
         assert [sorted(rows) for rows in after] == [sorted(rows) for rows in fresh]
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(old=st.integers(1, 16), new=st.integers(1, 16), kind=st.sampled_from(sorted(KINDS)), data=st.data(),
        batch_size=st.integers(1, 12), remainder=st.sampled_from(["pad", "drop"]))
 def test_the_epoch_after_an_elastic_resume_is_a_fresh_runs(dataset, old, new, kind, data, batch_size, remainder):
@@ -178,7 +178,7 @@ def in_memory_ranks(dataset: Path, count: int, stop: int | None, resume_from: An
     return ids, states
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(old=st.integers(1, 8), new=st.integers(1, 8), batch_sizes=st.tuples(st.integers(1, 12), st.integers(1, 12)),
        shuffle=st.booleans(), remainders=st.tuples(st.sampled_from(["pad", "drop"]), st.sampled_from(["pad", "drop"])),
        data=st.data())
