@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from unihub.bridges.torch.collate import Collate, columns_from_numpy
 from unihub.bridges.torch.shared_batches import StoragePool
-from unihub.bridges.torch.state import RowTracker, parse_loader_state, reader_state_of
+from unihub.bridges.torch.state import (
+    RowTracker,
+    elastic_reader_states,
+    fixed_keys,
+    parse_loader_state,
+    reader_state_of,
+)
 from unihub.bridges.torch.tensors import Columns, in_one_shared_storage, load_torch, split_columns
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 from unihub.readers.batching import (
@@ -236,12 +242,25 @@ class LoaderBase:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
         state = self._tracker.state()
         carry = getattr(self.reader, "with_later_changes", None)  # a mix's weights changed since (weighted.py)
-        return dict(state, reader=carry(state["reader"])) if callable(carry) else state
+        return dict(state, reader=carry(state["reader"])) if callable(carry) else dict(state, reader=fixed_keys(
+            state["reader"]))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it."""
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it.
+
+        Given a list, the states every rank of a run saved (``[state_rank0, ..., state_rankN]``, with or
+        without a shuffling queue, any batch size), this loader's reader may have another ``cur_shard`` /
+        ``shard_count``: it delivers its equal share of the rows no old rank delivered in their epoch, and
+        later epochs as a fresh run with its shard count (elastic resume, readers/elastic.py).
+        """
         if self._iterating:
             raise UsageError("load_state_dict() while the loader is being iterated; call it before iterating")
+        if isinstance(state, (list, tuple)):
+            self.reader.load_state_dict(elastic_reader_states(state))
+            self._pending = np.empty(0, dtype=np.int64)
+            self._tracker = RowTracker(reader_state_of(self.reader), self._pending_positions)
+            self._resumed = True
+            return
         reader_state, skip, exclude = parse_loader_state(state)
         self.reader.load_state_dict(reader_state)
         self._pending = np.empty(0, dtype=np.int64)

@@ -17,8 +17,9 @@ here; the package ``unihub.bridges.torch`` has every public name.
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,15 @@ from unihub.bridges.torch.collate import (
     finalize,
     make_collate,
 )
-from unihub.bridges.torch.state import IN_MEMORY_STATE, LOADER_STATE_VERSION, LoaderStateError, PerRank, reader_state_of
+from unihub.bridges.torch.state import (
+    IN_MEMORY_STATE,
+    LOADER_STATE_VERSION,
+    LoaderStateError,
+    PerRank,
+    check_every_shard,
+    fixed_keys,
+    reader_state_of,
+)
 from unihub.bridges.torch.tensors import Columns
 from unihub.errors import InvalidArgumentError, UsageError
 from unihub.readers.batching import columns_length, concat_columns, slice_columns, take_columns
@@ -184,6 +193,14 @@ class InMemBatchedDataLoader(LoaderBase):
     forever. ``rows_capacity=None`` loads every row (Petastorm's default, 1,024, silently
     truncated larger datasets); the reader must then be finite. ``state_dict()`` after any batch
     resumes the pass exactly, also in a loader made anew over a fresh reader (see :meth:`state_dict`).
+
+    **Elastic resume.** Each rank holds its shard's rows and serves its own epochs of them. Given every
+    old rank's state (``load_state_dict([state_0, ..., state_n])``), a loader whose reader has another
+    ``cur_shard`` / ``shard_count`` serves the epoch the old ranks were in from its equal share of the rows
+    none of them delivered in it (read from the reader as the streaming loaders' resume reads them, and
+    held beside its own rows), then later epochs of its own shard's rows, as a fresh run with the new
+    world size. It needs every row of one pass of the reader in memory (``rows_capacity=None``, a reader
+    of ``num_epochs=1``), and the old ranks in one epoch (or just through it).
     """
 
     def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
@@ -199,24 +216,41 @@ class InMemBatchedDataLoader(LoaderBase):
         self._loader._max_rows = rows_capacity
         self.variable, self.device, self.transform_fn = variable, device, transform_fn
         self._data: Columns | None = None
-        self._loaded_from = reader.state_dict()  # the rows held are the reader's from here: part of the state
+        self._loaded_from = fixed_keys(reader.state_dict())  # the rows held are the reader's from here: part of the state
         self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
         # where the pass stands: its shuffling seed, and (epoch, rows of that epoch delivered); a loaded state
         # sets where the next pass starts
         self._pass_seed = self._draw_seed()
         self._served = (0, 0)
         self._resume_at: tuple[int, int] | None = None
+        #: after an elastic resume: the epoch served from this rank's share of what the old ranks left, the
+        #: reader state that share was read from, and its rows
+        self._rest: tuple[int, dict[str, Any], Columns] | None = None
 
     def _load(self) -> Columns:
         if self._data is None:
-            parts = [columns for _, columns in self._loader._chunks()]
-            self._data = concat_columns(parts) if parts else {}
-            stop, join = getattr(self.reader, "stop", None), getattr(self.reader, "join", None)
-            if stop is not None:  # every row needed is in memory: the workers go (Petastorm: reader.stopped)
-                stop()
-                if join is not None:
-                    join()
+            self._data = self._read_all()
         return self._data
+
+    def _read_all(self) -> Columns:
+        """Every row the reader delivers from where it is (up to ``rows_capacity``); then the reader stops."""
+        parts = [columns for _, columns in self._loader._chunks()]
+        stop, join = getattr(self.reader, "stop", None), getattr(self.reader, "join", None)
+        if stop is not None:  # every row needed is in memory: the workers go (Petastorm: reader.stopped)
+            stop()
+            if join is not None:
+                join()
+        return concat_columns(parts) if parts else {}
+
+    def _read_from(self, state: dict[str, Any] | list[dict[str, Any]]) -> tuple[dict[str, Any], Columns]:
+        """The reader's state once ``state`` is loaded (a list: every old rank's, elastic), and the rows it
+        delivers from there."""
+        self._loader.load_state_dict(state)
+        start = reader_state_of(self.reader)
+        if start is None:
+            raise LoaderStateError("this loader's reader keeps no state (it has no state_dict()), so the loader "
+                                   "cannot say where its rows were read from")
+        return start, self._read_all()
 
     def __iter__(self) -> Iterator[Any]:
         return self._batches()
@@ -234,6 +268,7 @@ class InMemBatchedDataLoader(LoaderBase):
             n = columns_length(data)
             if self._resume_at is None:
                 self._pass_seed, first_epoch, first_row = self._draw_seed(), 0, 0
+                self._rest = None  # a new pass: this rank's own rows every epoch
             else:
                 (first_epoch, first_row), self._resume_at = self._resume_at, None
             rng = np.random.default_rng(self._pass_seed)
@@ -242,15 +277,28 @@ class InMemBatchedDataLoader(LoaderBase):
                 order = rng.permutation(n) if self.shuffle else None  # drawn for skipped epochs too: the same order
                 if epoch < first_epoch:
                     continue
-                for start in range(first_row if epoch == first_epoch else 0, n, self.batch_size):
-                    stop = min(start + self.batch_size, n)
-                    columns = take_columns(data, order[start:stop]) if order is not None \
-                        else slice_columns(data, start, stop)
-                    batch = finalize(columns, self.variable, self.device, self._loader._collate.ragged)
-                    self._served = (epoch, stop) if stop < n else (epoch + 1, 0)
-                    yield self.transform_fn(batch) if self.transform_fn is not None else batch
+                epoch_data, order = self._of_epoch(epoch, data, order)
+                yield from self._epoch(epoch, epoch_data, order, first_row if epoch == first_epoch else 0)
         finally:
             self._iterating = False
+
+    def _of_epoch(self, epoch: int, data: Columns, order: np.ndarray | None) -> tuple[Columns, np.ndarray | None]:
+        """The rows ``epoch`` serves and their order: this rank's, or its share of the rest (elastic)."""
+        if self._rest is None or self._rest[0] != epoch:
+            return data, order
+        rest = self._rest[2]
+        return rest, _rest_order(self._pass_seed, epoch, columns_length(rest)) if self.shuffle else None
+
+    def _epoch(self, epoch: int, data: Columns, order: np.ndarray | None, first_row: int) -> Iterator[Any]:
+        n = columns_length(data)
+        for start in range(first_row, n, self.batch_size):
+            stop = min(start + self.batch_size, n)
+            columns = take_columns(data, order[start:stop]) if order is not None else slice_columns(data, start, stop)
+            batch = finalize(columns, self.variable, self.device, self._loader._collate.ragged)
+            self._served = (epoch, stop) if stop < n else (epoch + 1, 0)
+            yield self.transform_fn(batch) if self.transform_fn is not None else batch
+        if n == 0:
+            self._served = (epoch + 1, 0)
 
     def __len__(self) -> int:
         if self.num_epochs is None:
@@ -264,17 +312,38 @@ class InMemBatchedDataLoader(LoaderBase):
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch delivered (JSON-able). It holds the reader's position when
         the rows were loaded, the pass's shuffling seed, and the epoch and rows of it delivered, so a
-        loader made anew (another reader seed, another ``batch_size``) serves exactly the rest."""
+        loader made anew (another reader seed, another ``batch_size``) serves exactly the rest; and, for an
+        elastic resume, the rows held and whether they were shuffled (``rest``: after one, the epoch served
+        from a share of what older ranks left, and the reader state it was read from)."""
         epoch, row = self._resume_at if self._resume_at is not None else self._served
         # copies: torch.distributed.checkpoint's load writes the saved values into the dicts it is given
-        return {"version": LOADER_STATE_VERSION, "kind": IN_MEMORY_STATE, "loaded_from": dict(self._loaded_from),
-                "rows_capacity": self.rows_capacity, "shuffle_seed": self._pass_seed, "epoch": epoch, "row": row}
+        state = {"version": LOADER_STATE_VERSION, "kind": IN_MEMORY_STATE, "loaded_from": dict(self._loaded_from),
+                 "rows_capacity": self.rows_capacity, "shuffle_seed": self._pass_seed, "epoch": epoch, "row": row,
+                 "rows": columns_length(self._load()), "shuffle": self.shuffle, "rest": ""}
+        if self._rest is not None:  # a string: the state's keys stay the same (DCP's template is a fresh loader's)
+            rest_epoch, rest_from, rest = self._rest
+            state["rest"] = json.dumps({"epoch": rest_epoch, "from": rest_from, "rows": columns_length(rest)})
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next pass serves exactly the batches not delivered before it; the
-        rows are loaded again from the reader where they were loaded from, if this loader's differ."""
+        rows are loaded again from the reader where they were loaded from, if this loader's differ. A list
+        is every old rank's state, resumed on this reader's shard count (elastic: see the class)."""
         if self._iterating:
             raise UsageError("load_state_dict() while the loader is being iterated; call it before iterating")
+        if isinstance(state, (list, tuple)):
+            self._load_states([self._checked(s) for s in state])
+            return
+        state = self._checked(state)
+        if state["loaded_from"] != self._loaded_from:  # other rows (another seed or position): load those
+            self._data = self._read_from(_loader_state(state["loaded_from"]))[1]
+            self._loaded_from = fixed_keys(state["loaded_from"])
+        rest = _rest_of(state)
+        self._rest = None if rest is None else (rest["epoch"], *self._read_from(_loader_state(rest["from"])))
+        self._pass_seed = int(state["shuffle_seed"])
+        self._resume_at = (int(state["epoch"]), int(state["row"]))
+
+    def _checked(self, state: Any) -> dict[str, Any]:
         if not isinstance(state, dict) or state.get("kind") != IN_MEMORY_STATE:
             raise LoaderStateError("not an InMemBatchedDataLoader state: pass what its state_dict() returned")
         missing = sorted({"version", "loaded_from", "rows_capacity", "shuffle_seed", "epoch", "row"} - set(state))
@@ -284,10 +353,69 @@ class InMemBatchedDataLoader(LoaderBase):
         if state["rows_capacity"] != self.rows_capacity:
             raise LoaderStateError(f"the state was saved with rows_capacity={state['rows_capacity']}, this loader "
                                    f"has {self.rows_capacity}: the rows held would differ")
-        if state["loaded_from"] != self._loaded_from:  # other rows (another seed or position): load those
-            self._loader.load_state_dict({"version": LOADER_STATE_VERSION, "reader": state["loaded_from"],
-                                          "skip": 0, "exclude": []})
-            self._loaded_from, self._data = state["loaded_from"], None
-            self._load()
-        self._pass_seed = int(state["shuffle_seed"])
-        self._resume_at = (int(state["epoch"]), int(state["row"]))
+        return state
+
+    def _load_states(self, states: list[dict[str, Any]]) -> None:
+        """Elastic resume from every old rank's state: the epoch they were in from this rank's share of what
+        none of them delivered of it, later epochs from this rank's own rows (a fresh run's)."""
+        if self.rows_capacity is not None or getattr(self.reader, "num_epochs", 1) != 1:
+            raise LoaderStateError("an elastic resume of InMemBatchedDataLoader needs every rank to have held one "
+                                   "whole pass of its reader (rows_capacity=None, a reader of num_epochs=1): "
+                                   "otherwise which rows an old rank held is not known to the new ones")
+        if not states:
+            raise LoaderStateError("an empty list of loader states: pass every rank's state_dict() of the run")
+        epoch = min(int(s["epoch"]) for s in states)
+        delivered = [_delivered_in(s, epoch) for s in states]
+        check_every_shard([source for source, _ in delivered])
+        self._pass_seed = int(states[0]["shuffle_seed"])  # later epochs: a fresh run's with the first rank's seed
+        self._rest = None
+        if any(len(rows) for _, rows in delivered) and (self.num_epochs is None or epoch < self.num_epochs):
+            self._rest = (epoch, *self._read_from([dict(_loader_state(source), exclude=rows)
+                                                   for source, rows in delivered]))
+        self._resume_at = (epoch, 0)
+
+
+def _loader_state(reader_state: dict[str, Any]) -> dict[str, Any]:
+    """A streaming loader's state at ``reader_state``, nothing after it delivered."""
+    return {"version": LOADER_STATE_VERSION, "reader": reader_state, "skip": 0, "exclude": []}
+
+
+def _rest_of(state: dict[str, Any]) -> dict[str, Any] | None:
+    """An in-memory loader state's ``rest`` (see :meth:`InMemBatchedDataLoader.state_dict`), or None."""
+    rest = state.get("rest")
+    if not rest:
+        return None
+    try:
+        parsed: dict[str, Any] = json.loads(rest)
+        return {"epoch": int(parsed["epoch"]), "from": dict(parsed["from"]), "rows": int(parsed["rows"])}
+    except (TypeError, ValueError, KeyError):
+        raise LoaderStateError("the in-memory loader state's 'rest' is not what state_dict() wrote") from None
+
+
+def _rest_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order of the rows of an epoch served from a share of what older ranks left (shuffled)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def _delivered_in(state: dict[str, Any], epoch: int) -> tuple[dict[str, Any], list[int]]:
+    """The reader state the rows an old rank served in ``epoch`` were read from, and the offsets after it of
+    those it delivered (sorted); :class:`LoaderStateError` where the state cannot say."""
+    missing = sorted({"rows", "shuffle"} - set(state))
+    if missing:
+        raise LoaderStateError(f"the in-memory loader state lacks {missing}: states saved before elastic resume "
+                               "resume only one by one, on the world size that saved them")
+    at, row = int(state["epoch"]), int(state["row"])
+    if at > epoch + 1 or (at == epoch + 1 and row):
+        raise LoaderStateError(f"the old ranks' states are in epochs {epoch} and {at} of the in-memory loader: an "
+                               "elastic resume needs them in one epoch (or just through it)")
+    rest = _rest_of(state)
+    if rest is not None and rest["epoch"] == epoch:
+        source, n = rest["from"], rest["rows"]
+        order = _rest_order(int(state["shuffle_seed"]), epoch, n) if state["shuffle"] else None
+    else:
+        source, n = state["loaded_from"], int(state["rows"])
+        rng = np.random.default_rng(int(state["shuffle_seed"]))
+        order = [rng.permutation(n) for _ in range(epoch + 1)][-1] if state["shuffle"] else None
+    done = row if at == epoch else n
+    delivered = order[:done] if order is not None else np.arange(done)
+    return source, sorted(int(i) for i in delivered)

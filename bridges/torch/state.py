@@ -21,7 +21,7 @@ that all ranks hold under the same key, so each rank's position needs its own.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,16 @@ def reader_state_of(reader: Any) -> dict[str, Any] | None:
     return state
 
 
+def fixed_keys(reader_state: dict[str, Any]) -> dict[str, Any]:
+    """A reader's state with the keys it leaves out when they say nothing (``done``: rows delivered before an
+    elastic resume) set to what saying nothing means, so every state of a loader has the same keys: DCP
+    loads only the keys its template (a loader made anew) names, and would drop the others."""
+    if "order" in reader_state:  # a reader that resumes elastically (readers/elastic.py)
+        reader_state.setdefault("done", [])
+        reader_state.setdefault("done_from", 0)
+    return reader_state
+
+
 def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     """A streaming loader's state as (reader state, rows to skip, offsets after them to drop), or
     :class:`LoaderStateError` saying what is wrong with it."""
@@ -132,6 +142,33 @@ def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     return state["reader"], int(state["skip"]), [int(e) for e in state["exclude"]]
 
 
+def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every rank's loader state as the reader state a reader takes in its list form
+    (``Reader.load_state_dict([...])``, readers/elastic.py): the position, with the rows after it that the
+    loader had already delivered as ``skip`` (the next rows) and ``exclude`` (offsets after those)."""
+    if not states:
+        raise LoaderStateError("an empty list of loader states: pass every rank's state_dict() of the run")
+    out = []
+    for state in states:
+        reader_state, skip, exclude = parse_loader_state(state)
+        out.append(dict(reader_state, skip=skip, exclude=exclude))
+    check_every_shard(out)
+    return out
+
+
+def check_every_shard(reader_states: Sequence[dict[str, Any]]) -> None:
+    """:class:`LoaderStateError` unless the states are those of every shard of one run (their ``shard``,
+    ``[k, count]``): a rank left out would have its rows delivered again."""
+    records = [s.get("shard") for s in reader_states]
+    if any(not isinstance(shard, list) or len(shard) != 2 for shard in records):
+        return  # a reader without shard records (a mix): the reader says what it takes
+    shards = sorted((int(shard[0]), int(shard[1])) for shard in records if shard is not None)
+    counts = {count for _, count in shards}
+    if len(counts) != 1 or [k for k, _ in shards] != list(range(counts.pop())):
+        raise LoaderStateError(f"the list holds the states of shards {shards}: pass the states of every rank of "
+                               "the run, one each")
+
+
 class PerRank:
     """A loader's (or reader's) state in ``torch.distributed.checkpoint`` under its rank's own key.
 
@@ -141,11 +178,28 @@ class PerRank:
     ``{"loader": PerRank(loader)}`` each rank's state is kept as ``rank_<k>``, and each loads its own.
 
         dcp.save({"model": model.state_dict(), "loader": PerRank(loader)}, checkpoint_id=path)
+        dcp.load({"model": model.state_dict(), "loader": PerRank(loader)}, checkpoint_id=path)  # same world
+
+    **Another world size** (elastic resume): DCP loads only the keys its template names, so a new rank must
+    ask for every old rank's key. :meth:`loading` is that template, read from the checkpoint's metadata
+    (the old world size is the number of ``rank_<k>`` keys saved under ``key``); put it where the loader
+    was saved, and each new rank resumes its equal share of the rows no old rank delivered, later epochs
+    as a fresh run with the new world size (``loader.load_state_dict([state_0, ..., state_n])``):
+
+        per_rank = PerRank(loader)             # the loader's reader has the new cur_shard / shard_count
+        dcp.load({"model": model.state_dict(), "loader": per_rank.loading(path)}, checkpoint_id=path)
+        per_rank.load_from(path)               # or the loader alone (its key: "loader" unless named)
+
+    With the same world size it loads this rank's own state, which resumes its stream exactly as saved.
+    The metadata's keys are the whole saved state, so keys a fresh loader's template lacks (a reader's
+    ``done`` after an elastic resume) are loaded too.
     """
 
-    def __init__(self, loader: Any, rank: int | None = None) -> None:
+    def __init__(self, loader: Any, rank: int | None = None, world_size: int | None = None) -> None:
         self.loader = loader
-        self.rank = rank_and_world()[0] if rank is None else rank
+        rank_now, world_now = rank_and_world()
+        self.rank = rank_now if rank is None else rank
+        self.world_size = world_now if world_size is None else world_size
 
     @property
     def key(self) -> str:
@@ -155,9 +209,67 @@ class PerRank:
         return {self.key: self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.key not in state:
-            raise LoaderStateError(f"the checkpoint holds no state for {self.key} (it has {sorted(state)})")
-        self.loader.load_state_dict(state[self.key])
+        """This rank's own state where the checkpoint's world size is this one's (or only it was asked
+        for), else every old rank's states, as a list (elastic resume)."""
+        ranks = saved_ranks(state)
+        whole = len(ranks) > 1 and ranks == list(range(len(ranks)))
+        if self.key in state and (not whole or len(ranks) == self.world_size):
+            self.loader.load_state_dict(state[self.key])
+        elif whole:
+            self.loader.load_state_dict([state[f"rank_{k}"] for k in ranks])
+        else:
+            raise LoaderStateError(f"the checkpoint holds no state for {self.key} (it has {sorted(state)}); "
+                                   "to resume on another world size, load every rank's: PerRank.loading()")
+
+    def loading(self, checkpoint_id: Any, key: str = "loader") -> CheckpointedRanks:
+        """What to put under ``key`` in ``dcp.load``'s state dict: every rank's saved state, into this loader."""
+        return CheckpointedRanks(self, checkpoint_template(checkpoint_id, key))
+
+    def load_from(self, checkpoint_id: Any, key: str = "loader") -> None:
+        """``dcp.load`` of this loader alone (saved under ``key``), from every rank's state (:meth:`loading`)."""
+        dcp = load_torch().distributed.checkpoint
+        dcp.load({key: self.loading(checkpoint_id, key)}, checkpoint_id=checkpoint_id)
+
+
+class CheckpointedRanks:
+    """``dcp.load``'s template of every rank's state a checkpoint holds under one key (from its metadata),
+    loaded into a :class:`PerRank`; made by :meth:`PerRank.loading`."""
+
+    def __init__(self, per_rank: PerRank, template: dict[str, Any]) -> None:
+        self.per_rank, self.template = per_rank, template
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.template
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.per_rank.load_state_dict(state)
+
+
+def saved_ranks(state: dict[str, Any]) -> list[int]:
+    """The ranks whose states ``state`` holds (its ``rank_<k>`` keys), in order."""
+    return sorted(int(name[5:]) for name in state if name.startswith("rank_") and name[5:].isdigit())
+
+
+def checkpoint_template(checkpoint_id: Any, key: str) -> dict[str, Any]:
+    """Every value a DCP checkpoint saved under ``key`` as nested dicts of None (what ``dcp.load`` fills in),
+    from its metadata; :class:`LoaderStateError` where it saved no rank's state there."""
+    dcp = load_torch().distributed.checkpoint
+    metadata = dcp.FileSystemReader(checkpoint_id).read_metadata()
+    paths = metadata.planner_data or {}
+    template: dict[str, Any] = {}
+    for name in metadata.state_dict_metadata:
+        path = paths.get(name, tuple(name.split(".")))
+        if len(path) < 2 or path[0] != key:
+            continue
+        node = template
+        for part in path[1:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = None
+    ranks = saved_ranks(template)
+    if not ranks or ranks != list(range(len(ranks))):
+        raise LoaderStateError(f"the checkpoint {checkpoint_id} holds no PerRank states rank_0 ... rank_<n> under "
+                               f"{key!r} (it has {sorted(template)}): pass the key the loader was saved under")
+    return template
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -376,3 +376,135 @@ def test_dcp_keeps_each_ranks_position_under_per_rank(url: str, tmp_path: Any) -
         assert len(shard) == len(set(shard))  # no row twice on a rank
         shards[rank] = set(shard)
     assert shards[0] | shards[1] == set(range(N)) and not shards[0] & shards[1]
+
+
+ELASTIC_DDP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from unihub.bridges.torch import DataLoader, PerRank
+    from unihub.readers.reader import make_reader
+
+    rank, world, port, url, checkpoint, stop, out = sys.argv[1:]
+    rank, world, stop = int(rank), int(world), int(stop)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    reader = make_reader(url, reader_pool_type="dummy", cur_shard=rank, shard_count=world, shard_by="row",
+                         shuffle_rows=True, shuffle_row_groups=True, seed=3, num_epochs=2)
+    loader = DataLoader(reader, batch_size=3)
+    per_rank = PerRank(loader)
+    if stop < 0:  # the resumed run: every old rank's state, whatever the world size was
+        dcp.load({"model": model.state_dict(), "loader": per_rank.loading(checkpoint)}, checkpoint_id=checkpoint)
+    epoch_rows = [sum(t.num_rows for t in reader.plan_of(e)) for e in (0, 1)]  # the resumed epoch: the rank's run
+    ids = []
+    for step, batch in enumerate(loader, 1):
+        optimizer.zero_grad()
+        model(batch["x"]).square().mean().backward()  # DDP: every rank takes each step (ranks equal)
+        optimizer.step()
+        ids += batch["id"].tolist()
+        if step == stop:  # after the step: the loader's state is after this batch
+            dcp.save({"model": model.state_dict(), "loader": per_rank}, checkpoint_id=checkpoint)
+            break
+    with open(out, "w") as f:
+        json.dump({"ids": ids, "epoch_rows": epoch_rows}, f)
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ddp_run(script: Any, url: str, checkpoint: str, world: int, stop: int, tmp_path: Any) -> list[dict[str, Any]]:
+    """Each rank's ids and rows per epoch from ``world`` gloo processes running ``script``."""
+    port = _free_port()
+    outs = [tmp_path / f"w{world}r{rank}.json" for rank in range(world)]
+    runs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), str(port), url, checkpoint,
+                              str(stop), str(outs[rank])], stderr=subprocess.PIPE, text=True)
+            for rank in range(world)]
+    errors = []
+    for run in runs:
+        try:
+            errors.append(run.communicate(timeout=120)[1])
+        except subprocess.TimeoutExpired:  # ranks of unequal length leave DDP waiting
+            for other in runs:
+                other.kill()
+            raise
+    assert all(run.returncode == 0 for run in runs), "\n".join(err[-1500:] for err in errors)
+    return [json.loads(out.read_text()) for out in outs]
+
+
+@torch_only
+@pytest.mark.slow
+def test_ddp_checkpointed_on_two_ranks_resumes_on_three(url: str, tmp_path: Any) -> None:
+    """A DDP run of 2 gloo processes saves model and loaders with DCP after 4 steps of epoch 0 (12 of each
+    rank's 27 rows); 3 processes load every old rank's state (``PerRank.loading``) and deliver the other
+    29 rows of epoch 0 once each (padded to 30, 10 a rank), then epoch 1 as a fresh 3-rank run."""
+    script = tmp_path / "ddp.py"
+    script.write_text(ELASTIC_DDP_SCRIPT)
+    checkpoint = str(tmp_path / "checkpoint")
+    old = _ddp_run(script, url, checkpoint, 2, 4, tmp_path)
+    new = _ddp_run(script, url, checkpoint, 3, -1, tmp_path)
+    gone = [i for rank in old for i in rank["ids"]]
+    assert [len(rank["ids"]) for rank in old] == [12, 12] and len(set(gone)) == 24
+    rest = [rank["ids"][:rank["epoch_rows"][0]] for rank in new]
+    assert [len(r) for r in rest] == [10, 10, 10]  # ranks equal: 29 rows left, one padded
+    flat = [i for r in rest for i in r]
+    assert set(flat) == set(range(N)) - set(gone) and len(set(flat)) == 29
+    for k, rank in enumerate(new):
+        with make_reader(url, reader_pool_type="dummy", cur_shard=k, shard_count=3, shard_by="row",
+                         shuffle_rows=True, shuffle_row_groups=True, seed=3, num_epochs=2) as reader:
+            fresh = [int(row.id) for row in reader]
+        assert rank["ids"][len(rest[k]):] == fresh[len(fresh) // 2:]  # epoch 1: a fresh 3-rank run's
+
+
+def _sharded_loader(kind: str, url: str, shard: int, count: int) -> Any:
+    from unihub.bridges.torch import loaders as tp
+    reader = make_reader(url, reader_pool_type="dummy", cur_shard=shard, shard_count=count, shard_by="row",
+                         shuffle_rows=True, seed=4, num_epochs=1)
+    if kind == "DataLoader":
+        return tp.DataLoader(reader, batch_size=3, shuffling_queue_capacity=7)
+    return tp.InMemBatchedDataLoader(reader, batch_size=3, num_epochs=2, shuffle=True, seed=2)
+
+
+@torch_only
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", ["DataLoader", "InMemBatchedDataLoader"])
+def test_dcp_after_an_elastic_resume_keeps_what_the_old_ranks_delivered(url, kind, tmp_path):
+    """3 ranks' states resumed on 1, which saves with DCP mid-epoch: the checkpoint loads on one rank again,
+    by ``PerRank.loading`` and by a fresh loader's template alike (the states' keys do not change after an
+    elastic resume, so the template asks for what the old ranks delivered too)."""
+    import torch.distributed.checkpoint as dcp
+
+    from unihub.bridges.torch import PerRank
+    states, gone = [], []
+    for k in range(3):
+        loader = _sharded_loader(kind, url, k, 3)
+        iterator = iter(loader)
+        gone += [i for _ in range(k + 1) for i in _ids(next(iterator))]
+        states.append(loader.state_dict())
+    loader = _sharded_loader(kind, url, 0, 1)
+    loader.load_state_dict(states)
+    iterator = iter(loader)
+    head = [i for _ in range(4) for i in _ids(next(iterator))]
+    checkpoint = str(tmp_path / "checkpoint")
+    dcp.save({"loader": PerRank(loader)}, checkpoint_id=checkpoint)
+    rests = []
+    for load in ("template", "loading"):
+        resumed = _sharded_loader(kind, url, 0, 1)
+        if load == "template":
+            dcp.load({"loader": PerRank(resumed)}, checkpoint_id=checkpoint)
+        else:
+            PerRank(resumed).load_from(checkpoint)
+        rests.append([i for batch in resumed for i in _ids(batch)])
+    assert sorted(rests[0]) == sorted(rests[1])  # a queue (unseeded) shuffles the rows it held anew
+    epoch = gone + head + rests[0][:N - len(gone) - len(head)]
+    assert sorted(epoch) == list(range(N))  # each row of the epoch once
+    if kind == "InMemBatchedDataLoader":  # then the next epoch: the one rank's own rows
+        assert sorted(rests[0][N - len(gone) - len(head):]) == list(range(N))
