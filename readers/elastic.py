@@ -33,14 +33,26 @@ def shard_keys(config: planning.PlanConfig) -> dict[str, Any]:
 def done_keys(done: Mapping[int, planning.Intervals], epoch: int) -> dict[str, Any]:
     """The state's record of ``done`` for a reader in ``epoch``: the intervals of this epoch and later ones,
     and of the last (a rank one epoch behind may be resumed with this one), as a flat list of ints
-    ``[epoch, start, stop, ...]`` (what ``torch.distributed.checkpoint`` keeps as it is); ``done_from``
-    says from which epoch on it is whole where older epochs are left out."""
+    ``[epoch, start, stop, ...]``; ``done_from`` says from which epoch on it is whole where older epochs are
+    left out (0: none is). Both are in every state, empty or not: ``torch.distributed.checkpoint`` loads only
+    the keys its template (a reader made anew) has, and would drop them otherwise."""
     kept_from = max(0, epoch - 1)
-    keys: dict[str, Any] = {"done": [value for e in sorted(done) if e >= kept_from
-                                     for a, b in done[e] for value in (e, a, b)]}
-    if any(e < kept_from for e in done):
-        keys["done_from"] = kept_from
-    return keys
+    return {"done": [value for e in sorted(done) if e >= kept_from for a, b in done[e] for value in (e, a, b)],
+            "done_from": kept_from if any(e < kept_from for e in done) else 0}
+
+
+def check_every_shard(states: Sequence[Mapping[str, Any]]) -> None:
+    """:class:`ReaderStateError` unless ``states`` are those of every shard of one run, one each (their
+    ``shard`` records ``[k, count]``): a rank left out would have its rows delivered again."""
+    try:
+        shards = sorted((int(state["shard"][0]), int(state["shard"][1])) for state in states)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise ReaderStateError("a state of the list has no shard record [k, count]; pass what state_dict() "
+                               "returned") from None
+    counts = {count for _, count in shards}
+    if len(counts) != 1 or [k for k, _ in shards] != list(range(counts.pop())):
+        raise ReaderStateError(f"the list holds the states of shards {shards}: pass the states of every rank of "
+                               "the run, one each")
 
 
 def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[planning.RankProgress]) -> None:
@@ -116,6 +128,7 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any) -> int:
     if len(seeds) > 1:
         raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "
                                "order, so what is left of it is not known; pass the same seed= on every rank")
+    check_every_shard(states)
     seed = seeds.pop()
     if any(state["order"] != order_of(seed) for state in states):
         raise ReaderStateError("a state of the list belongs to another dataset or other reader options "

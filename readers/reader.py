@@ -518,8 +518,7 @@ class Reader:
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
                  "plan": plan, "order": order, **elastic.shard_keys(self._plan)}
-        if self._done:  # what earlier runs delivered: the plans of this epoch and the last are runs of the rest
-            state.update(elastic.done_keys(self._done, epoch))
+        state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
         return state
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:

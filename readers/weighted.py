@@ -414,7 +414,7 @@ class WeightedSamplingReader:
         if carry is None:
             start_over(reader)
             return True
-        reader.load_state_dict([carry])
+        reader.load_state_dict(carry)  # a state of this reader, made by _load_source
         return False
 
     def _drain(self, source: int) -> None:

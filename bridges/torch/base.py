@@ -17,7 +17,6 @@ from unihub.bridges.torch.shared_batches import StoragePool
 from unihub.bridges.torch.state import (
     RowTracker,
     elastic_reader_states,
-    fixed_keys,
     parse_loader_state,
     reader_state_of,
 )
@@ -242,8 +241,7 @@ class LoaderBase:
         """Where to resume: after the last batch this loader delivered (JSON-able)."""
         state = self._tracker.state()
         carry = getattr(self.reader, "with_later_changes", None)  # a mix's weights changed since (weighted.py)
-        return dict(state, reader=carry(state["reader"])) if callable(carry) else dict(state, reader=fixed_keys(
-            state["reader"]))
+        return dict(state, reader=carry(state["reader"])) if callable(carry) else state
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next iteration delivers exactly the rows not delivered before it.

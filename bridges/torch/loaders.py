@@ -40,7 +40,6 @@ from unihub.bridges.torch.state import (
     LoaderStateError,
     PerRank,
     check_every_shard,
-    fixed_keys,
     reader_state_of,
 )
 from unihub.bridges.torch.tensors import Columns
@@ -216,7 +215,7 @@ class InMemBatchedDataLoader(LoaderBase):
         self._loader._max_rows = rows_capacity
         self.variable, self.device, self.transform_fn = variable, device, transform_fn
         self._data: Columns | None = None
-        self._loaded_from = fixed_keys(reader.state_dict())  # the rows held are the reader's from here: part of the state
+        self._loaded_from = reader.state_dict()  # the rows held are the reader's from here: part of the state
         self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
         # where the pass stands: its shuffling seed, and (epoch, rows of that epoch delivered); a loaded state
         # sets where the next pass starts
@@ -337,7 +336,7 @@ class InMemBatchedDataLoader(LoaderBase):
         state = self._checked(state)
         if state["loaded_from"] != self._loaded_from:  # other rows (another seed or position): load those
             self._data = self._read_from(_loader_state(state["loaded_from"]))[1]
-            self._loaded_from = fixed_keys(state["loaded_from"])
+            self._loaded_from = state["loaded_from"]
         rest = _rest_of(state)
         self._rest = None if rest is None else (rest["epoch"], *self._read_from(_loader_state(rest["from"])))
         self._pass_seed = int(state["shuffle_seed"])

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from unihub.bridges.torch.tensors import load_torch
-from unihub.errors import UnihubError
+from unihub.errors import ReaderStateError, UnihubError
+from unihub.readers import elastic
 
 LOADER_STATE_VERSION = 1
 IN_MEMORY_STATE = "in_memory"  # the "kind" of an InMemBatchedDataLoader's state
@@ -119,16 +120,6 @@ def reader_state_of(reader: Any) -> dict[str, Any] | None:
     return state
 
 
-def fixed_keys(reader_state: dict[str, Any]) -> dict[str, Any]:
-    """A reader's state with the keys it leaves out when they say nothing (``done``: rows delivered before an
-    elastic resume) set to what saying nothing means, so every state of a loader has the same keys: DCP
-    loads only the keys its template (a loader made anew) names, and would drop the others."""
-    if "order" in reader_state:  # a reader that resumes elastically (readers/elastic.py)
-        reader_state.setdefault("done", [])
-        reader_state.setdefault("done_from", 0)
-    return reader_state
-
-
 def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     """A streaming loader's state as (reader state, rows to skip, offsets after them to drop), or
     :class:`LoaderStateError` saying what is wrong with it."""
@@ -157,16 +148,14 @@ def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def check_every_shard(reader_states: Sequence[dict[str, Any]]) -> None:
-    """:class:`LoaderStateError` unless the states are those of every shard of one run (their ``shard``,
-    ``[k, count]``): a rank left out would have its rows delivered again."""
-    records = [s.get("shard") for s in reader_states]
-    if any(not isinstance(shard, list) or len(shard) != 2 for shard in records):
-        return  # a reader without shard records (a mix): the reader says what it takes
-    shards = sorted((int(shard[0]), int(shard[1])) for shard in records if shard is not None)
-    counts = {count for _, count in shards}
-    if len(counts) != 1 or [k for k, _ in shards] != list(range(counts.pop())):
-        raise LoaderStateError(f"the list holds the states of shards {shards}: pass the states of every rank of "
-                               "the run, one each")
+    """:class:`LoaderStateError` unless the reader states are those of every shard of one run, one each
+    (readers/elastic.py's check, as the loaders' error); a mix's states carry no shard record and go on."""
+    if any(not isinstance(state.get("shard"), list) for state in reader_states):
+        return  # a mix (weighted.py) says itself what it takes
+    try:
+        elastic.check_every_shard(reader_states)
+    except ReaderStateError as exc:
+        raise LoaderStateError(str(exc)) from None
 
 
 class PerRank:

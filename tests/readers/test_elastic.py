@@ -243,6 +243,10 @@ def test_states_of_another_run_are_refused_by_name(dataset, tmp_path):
         make_reader(dataset, resume_from=states, **dict(options, shuffle_rows=False))
     with pytest.raises(ReaderStateError, match="lacks"):
         make_reader(dataset, resume_from=[{k: v for k, v in s.items() if k != "order"} for s in states], **options)
+    with pytest.raises(ReaderStateError, match="every rank of the run, one each"):  # rank 1's rows again
+        make_reader(dataset, resume_from=[states[0]], **options)
+    with pytest.raises(ReaderStateError, match="every rank of the run, one each"):
+        make_reader(dataset, resume_from=[states[0], states[0], states[1]], **options)
     with pytest.raises(ReaderStateError, match="holds no state"):
         make_reader(dataset, resume_from=[], **options)
     with pytest.raises(ReaderStateError, match="position"):
