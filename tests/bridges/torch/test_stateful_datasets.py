@@ -1,0 +1,262 @@
+"""Exact, elastic resume of ``TorchIterableDataset`` and ``ElasticDistributedSampler`` (over ``TorchMapDataset``)
+inside torch's own DataLoader and torchdata's ``StatefulDataLoader``, with and without worker processes.
+
+Ranks are simulated in one process (``rank=``/``world_size=``). Every check is on row ids: the rows delivered
+before the stop and after the resume are every row of the epoch once, each new rank gets its exact share, and
+later epochs are a fresh run's with the new world size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from unihub import NdarrayCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
+from unihub.bridges.torch import LoaderStateError
+
+torch = pytest.importorskip("torch")
+
+from unihub.bridges.torch.datasets import TorchIterableDataset, TorchMapDataset  # noqa: E402
+from unihub.bridges.torch.stateful import ElasticDistributedSampler, exact_share  # noqa: E402
+
+N = 203  # rows, in row groups of ~8 rows in files of 50: shards cut row groups and files
+SCHEMA = Unischema("Stateful", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("pad", np.uint8, (64,), NdarrayCodec(), False)])
+OPTIONS = dict(schema_fields=["id"], shuffle_rows=True, shuffle_row_groups=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("stateful") / "ds"
+    write_dataset(path, SCHEMA, ({"id": i, "pad": np.full(64, i % 256, np.uint8)} for i in range(N)),
+                  row_group_size_mb=0.0008, rows_per_file=50)
+    return path
+
+
+def stateful_loader() -> Any:
+    return pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+
+def ids(batch: Any) -> list[int]:
+    return [int(i) for i in batch["id"]]
+
+
+# -- TorchIterableDataset --------------------------------------------------------------------------------
+def iterable(path: Path, rank: int, world: int, batched: bool, workers: int, state: Any = None,
+             epoch: int = 0) -> tuple[Any, Any]:
+    """A StatefulDataLoader over rank ``rank`` of ``world``'s TorchIterableDataset (batches of 8 rows, or rows
+    collated by 5); ``state``: the dataset resumes from it (a list: every old rank's loader state)."""
+    dataset = TorchIterableDataset(path, 8 if batched else None, seed=3, rank=rank, world_size=world, **OPTIONS)
+    dataset.set_epoch(epoch)
+    if state is not None:
+        dataset.load_state_dict(state)
+    return dataset, stateful_loader()(dataset, batch_size=None if batched else 5, num_workers=workers)
+
+
+def run_ranks(path: Path, world: int, workers: int, stops: list[int | None], batched: bool,
+              states: Any = None) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Each rank's ids up to its stop (batches), and its loader's state there (through JSON, as saved)."""
+    rows, saved = [], []
+    for rank in range(world):
+        _, loader = iterable(path, rank, world, batched, workers, states)
+        rows.append([i for batch in itertools.islice(loader, stops[rank]) for i in ids(batch)])
+        saved.append(json.loads(json.dumps(loader.state_dict())))
+    return rows, saved
+
+
+def fresh_epoch(path: Path, world: int, workers: int, batched: bool, epoch: int) -> list[list[int]]:
+    return [[i for batch in iterable(path, rank, world, batched, workers, epoch=epoch)[1] for i in ids(batch)]
+            for rank in range(world)]
+
+
+def check_rest(before: list[int], after: list[list[int]], workers: int) -> None:
+    """``after`` (each new rank's rows) is every row ``before`` left, once, each rank its exact share."""
+    flat = [i for rows in after for i in rows]
+    assert Counter(before + flat) == Counter(range(N)), "rows missing or delivered twice"
+    world, count = len(after), len(after) * max(1, workers)
+    rest = N - len(before)
+    shares = [sum(exact_share(rest, rank * max(1, workers) + w, count) for w in range(max(1, workers)))
+              for rank in range(world)]
+    assert [len(rows) for rows in after] == shares
+
+
+ELASTIC = [  # (old world, old workers, new world, new workers, batched)
+    (1, 0, 2, 0, False),
+    (2, 0, 3, 0, True),
+    pytest.param(2, 2, 3, 0, False, marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, 2, True, marks=pytest.mark.slow),
+    pytest.param(3, 0, 1, 2, False, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("world", "workers", "new_world", "new_workers", "batched"), ELASTIC)
+def test_iterable_resumes_on_other_ranks_and_workers(dataset, world, workers, new_world, new_workers, batched):
+    before, states = run_ranks(dataset, world, workers, [2 + 3 * rank for rank in range(world)], batched)
+    after, _ = run_ranks(dataset, new_world, new_workers, [None] * new_world, batched, states)
+    check_rest([i for rows in before for i in rows], after, new_workers)
+    # the next epoch is a fresh run's with the new world size
+    later = []
+    for rank in range(new_world):
+        ds, loader = iterable(dataset, rank, new_world, batched, new_workers, states)
+        ds.set_epoch(1)
+        later.append([i for batch in loader for i in ids(batch)])
+    assert later == fresh_epoch(dataset, new_world, new_workers, batched, 1)
+
+
+def test_a_resumed_run_resumes_again_and_finished_ranks_count(dataset):
+    first, states = run_ranks(dataset, 2, 0, [None, 4], batched=False)  # rank 0 delivered its whole share
+    assert len(first[0]) == exact_share(N, 0, 2)
+    second, states = run_ranks(dataset, 3, 0, [1, 0, 6], batched=False, states=states)
+    third, _ = run_ranks(dataset, 2, 0, [None, None], batched=False, states=states)
+    check_rest([i for rows in first + second for i in rows], third, 0)
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("batched", [False, True])
+def test_stateful_dataloader_resumes_its_own_state(dataset, workers, batched):
+    """The same world and workers: StatefulDataLoader's own load_state_dict gives each worker its state back,
+    and the rest comes in the order of the run that was not stopped."""
+    whole = [ids(batch) for batch in iterable(dataset, 1, 2, batched, workers)[1]]
+    _, loader = iterable(dataset, 1, 2, batched, workers)
+    head = [ids(batch) for batch in itertools.islice(loader, 5)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    _, loader = iterable(dataset, 1, 2, batched, workers)
+    loader.load_state_dict(state)
+    assert head + [ids(batch) for batch in loader] == whole
+
+
+def test_the_state_protocol_under_torchs_own_dataloader(dataset):
+    """No torchdata: with ``num_workers=0`` the dataset's own state_dict() is the position after the batches
+    the loop got, and load_state_dict continues there, on this shard or (a list) on other ranks."""
+    dataset_ = TorchIterableDataset(dataset, 8, seed=5, **OPTIONS)
+    loader = torch.utils.data.DataLoader(dataset_, batch_size=None)
+    head = [i for batch in itertools.islice(loader, 4) for i in ids(batch)]
+    state = json.loads(json.dumps(dataset_.state_dict()))
+    assert state["rows"] == len(head) == 32 and not state["finished"]
+    resumed = TorchIterableDataset(dataset, 8, seed=0, **OPTIONS)  # the state's seed is the run's
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # before iterating: where it will resume
+    tail = [i for batch in torch.utils.data.DataLoader(resumed, batch_size=None) for i in ids(batch)]
+    assert Counter(head + tail) == Counter(range(N))
+    assert resumed.state_dict()["finished"] and resumed.epoch == 1
+    after = []
+    for rank in range(3):  # the single rank's state is every rank's: it resumes on three too, in other batches
+        ds = TorchIterableDataset(dataset, 5, rank=rank, world_size=3, **OPTIONS)
+        ds.load_state_dict(state)
+        after.append([i for batch in torch.utils.data.DataLoader(ds, batch_size=None) for i in ids(batch)])
+    check_rest(head, after, 0)
+
+
+def test_finished_epochs_resume_at_the_next(dataset):
+    ds = TorchIterableDataset(dataset, None, seed=5, rank=0, world_size=2, **OPTIONS)
+    everything = list(torch.utils.data.DataLoader(ds, batch_size=50))
+    assert sum(len(batch["id"]) for batch in everything) == exact_share(N, 0, 2)
+    finished = [ds.state_dict(), TorchIterableDataset(dataset, None, seed=5, rank=1, world_size=2, **OPTIONS)]
+    other = finished[1]
+    for _ in torch.utils.data.DataLoader(other, batch_size=50):
+        pass
+    finished[1] = other.state_dict()
+    resumed = TorchIterableDataset(dataset, None, rank=0, world_size=1, **OPTIONS)
+    resumed.load_state_dict(finished)
+    assert (resumed.epoch, resumed.seed) == (1, 5)
+
+
+def test_states_that_do_not_fit_are_refused(dataset):
+    _, states = run_ranks(dataset, 2, 0, [2, 3], batched=False)
+    worker_states = [s["dataset_state"] for s in states]
+    lone = TorchIterableDataset(dataset, None, rank=0, world_size=3, **OPTIONS)
+    lone.load_state_dict(worker_states[1])  # rank 1 of 2's own state on rank 0 of 3
+    with pytest.raises(LoaderStateError, match="list of every rank"):
+        next(iter(lone))
+    with pytest.raises(LoaderStateError, match="differ in 'epoch'"):
+        lone.load_state_dict([worker_states[0], dict(worker_states[1], epoch=1)])
+    with pytest.raises(LoaderStateError, match="two different"):
+        lone.load_state_dict([worker_states[0], dict(worker_states[0], rows=1)])
+    with pytest.raises(LoaderStateError, match="no TorchIterableDataset state"):
+        lone.load_state_dict([])
+    with pytest.raises(LoaderStateError, match="not of one run"):  # a rank's rows missing from what was delivered
+        lone.load_state_dict([worker_states[0], dict(worker_states[1], rows=0)])
+        next(iter(lone))
+
+
+# -- ElasticDistributedSampler ---------------------------------------------------------------------------
+def sampled(sampler: ElasticDistributedSampler, count: int | None = None) -> list[int]:
+    return list(itertools.islice(iter(sampler), count))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sampler_cuts_one_permutation_into_equal_blocks(drop_last):
+    blocks = [sampled(ElasticDistributedSampler(N, rank=k, world_size=4, seed=2, drop_last=drop_last))
+              for k in range(4)]
+    assert len({len(b) for b in blocks}) == 1 and len(blocks[0]) == (N // 4 if drop_last else -(-N // 4))
+    order = list(np.random.default_rng([2, 0]).permutation(N))
+    flat = [i for b in blocks for i in b]
+    assert flat[:min(N, len(flat))] == order[:len(flat)]
+    assert set(flat) == set(range(N)) or drop_last
+
+
+@pytest.mark.parametrize(("world", "new_world"), [(4, 3), (3, 5), (2, 1), (1, 2)])
+def test_sampler_resumes_on_any_world_size(world, new_world):
+    samplers = [ElasticDistributedSampler(N, rank=k, world_size=world, seed=9) for k in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(2)
+    before = [sampled(s, 7 * k + 3) for k, s in enumerate(samplers)]
+    states = [json.loads(json.dumps(s.state_dict())) for s in samplers]
+    resumed = [ElasticDistributedSampler(N, rank=k, world_size=new_world) for k in range(new_world)]
+    for sampler in resumed:
+        sampler.load_state_dict(states)
+        sampler.set_epoch(2)
+    middle = [sampled(s, 5) for s in resumed]
+    states = [s.state_dict() for s in resumed]  # resumed again, on the old world size
+    again = [ElasticDistributedSampler(N, rank=k, world_size=world) for k in range(world)]
+    for sampler in again:
+        sampler.load_state_dict(states)
+    after = [sampled(s) for s in again]
+    assert len({len(rows) for rows in after}) == 1, "ranks not equal"
+    delivered = Counter(i for part in (before, middle, after) for rows in part for i in rows)
+    assert set(delivered) == set(range(N))
+    assert sum(delivered.values()) - N < world + new_world + world  # only each cut's padding repeats
+    fresh = [ElasticDistributedSampler(N, rank=k, world_size=world, seed=9) for k in range(world)]
+    for sampler in again + fresh:  # later epochs: a fresh run's
+        sampler.set_epoch(3)
+    assert [sampled(s) for s in again] == [sampled(s) for s in fresh]
+
+
+def test_sampler_refuses_another_ranks_state_alone():
+    state = ElasticDistributedSampler(N, rank=1, world_size=2).state_dict()
+    with pytest.raises(LoaderStateError, match="rank 1 of 2"):
+        ElasticDistributedSampler(N, rank=0, world_size=3).load_state_dict(state)
+    with pytest.raises(LoaderStateError, match="size"):
+        ElasticDistributedSampler(N + 1, rank=0, world_size=3).load_state_dict([state])
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_sampler_in_a_stateful_dataloader_over_the_map_dataset(dataset, workers):
+    data = TorchMapDataset(dataset, ["id"])
+
+    def loader(rank: int, world: int, state: Any = None) -> Any:
+        sampler = ElasticDistributedSampler(data, rank=rank, world_size=world, seed=4)
+        if state is not None:
+            sampler.load_state_dict(state)
+        return stateful_loader()(data, sampler=sampler, batch_size=6, num_workers=workers)
+
+    before, states = [], []
+    for rank in range(2):
+        running = loader(rank, 2)
+        before += [i for batch in itertools.islice(running, 3 + 4 * rank) for i in ids(batch)]
+        states.append(json.loads(json.dumps(running.state_dict())))
+    after = [[i for batch in loader(rank, 3, states) for i in ids(batch)] for rank in range(3)]
+    assert len({len(rows) for rows in after}) == 1
+    flat = before + [i for rows in after for i in rows]
+    assert set(flat) == set(range(N)) and len(flat) - N <= 2 + 1  # padding repeats of each cut only
+    resumed = loader(0, 2)  # the same world size: StatefulDataLoader's own resume
+    resumed.load_state_dict(states[0])
+    assert before[:18] + [i for batch in resumed for i in ids(batch)] == \
+        [i for batch in loader(0, 2) for i in ids(batch)]
