@@ -13,6 +13,7 @@ Both subclass torch's dataset classes, so they are built when first asked for (t
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import operator
 import sys
@@ -33,7 +34,15 @@ from unihub.bridges.torch.sampler_rows import (
 )
 from unihub.bridges.torch.shared_batches import in_torch_worker, receive_here, worker_pool
 from unihub.bridges.torch.state import LoaderStateError, rank_and_world
-from unihub.bridges.torch.stateful import IterableResume, exact_share, iterable_resume, iterable_state
+from unihub.bridges.torch.stateful import (
+    STATEFUL_VERSION,
+    STREAM_KIND,
+    IterableResume,
+    exact_share,
+    iterable_resume,
+    iterable_state,
+    reader_of,
+)
 from unihub.bridges.torch.tensors import Columns, empty_in_pool, from_worker, load_torch, torch_dtype
 from unihub.errors import InvalidArgumentError
 from unihub.readers.batching import columns_length, numpy_view
@@ -156,9 +165,12 @@ def _build_iterable_dataset(torch: Any) -> type:
             self.epoch = 0
             self._resume: IterableResume | None = None
             self._run: _Run | None = None
+            #: a stream's: the loader of its batches, and a state to load into the next one
+            self._stream_loader: BatchedDataLoader | None = None
+            self._stream_resume: dict[str, Any] | None = None
 
         def __getstate__(self) -> dict[str, Any]:
-            return dict(self.__dict__, _run=None)  # a worker's iteration stays in it
+            return dict(self.__dict__, _run=None, _stream_loader=None)  # a worker's iteration stays in it
 
         def set_epoch(self, epoch: int) -> None:
             self.epoch = epoch
@@ -177,8 +189,7 @@ def _build_iterable_dataset(torch: Any) -> type:
         def state_dict(self) -> dict[str, Any]:
             """This worker's position: after the rows it yielded (see the class; JSON-able)."""
             if self.stream is not None:
-                raise InvalidArgumentError("a TorchIterableDataset over a reader (a stream) keeps no state of its "
-                                           "own: save the reader's state_dict()")
+                return self._stream_state()
             if self._run is not None:
                 return self._run.state()
             shard = self._shard()
@@ -195,8 +206,8 @@ def _build_iterable_dataset(torch: Any) -> type:
         def load_state_dict(self, state: Any) -> None:
             """Resume from this worker's own state, or elastically from the states of every rank (see the class)."""
             if self.stream is not None:
-                raise InvalidArgumentError("a TorchIterableDataset over a reader (a stream) keeps no state of its "
-                                           "own: load the reader's state_dict() into the reader")
+                self._load_stream_state(state)
+                return
             resume = iterable_resume(state)
             if isinstance(resume, tuple):
                 (self.epoch, self.seed), self._resume = resume, None
@@ -216,7 +227,7 @@ def _build_iterable_dataset(torch: Any) -> type:
                                        f"+ worker of world * workers), this worker is shard {shard[0]} of {shard[1]}: "
                                        "to resume on other numbers of ranks or workers, load the list of every "
                                        "rank's states")
-            return IterableResume(resume.epoch, resume.seed, readers=[own["reader"]],
+            return IterableResume(resume.epoch, resume.seed, readers=[reader_of(own)],
                                   before=int(own["before"]) + int(own["rows"]))
 
         def _open(self, epoch: int, shard: tuple[int, int], resume: IterableResume | None) -> Reader:
@@ -227,7 +238,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             if shard[1] > 1:
                 kwargs.update(cur_shard=shard[0], shard_count=shard[1], shard_by="row", shard_remainder="pad")
             if resume is not None:
-                kwargs["resume_from"] = _reader_state_only(resume.own["reader"]) if resume.own is not None \
+                kwargs["resume_from"] = _reader_state_only(reader_of(resume.own)) if resume.own is not None \
                     else resume.readers
             make = make_reader if self.batch_size is None else make_batch_reader
             return make(self.url, **kwargs)
@@ -248,7 +259,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             run = self._run = _Run(epoch, self.seed, shard, before, int(own["rows"]) if own is not None else 0)
             with self._open(epoch, shard, resume) as reader:
                 limit = _share_left(reader, run, resume)
-                skip = int(own["reader"].get("skip", 0)) if own is not None else 0
+                skip = int(reader_of(own).get("skip", 0)) if own is not None else 0
                 try:
                     yield from self._serve(reader, run, limit, skip, info)
                     run.finished = True
@@ -288,8 +299,38 @@ def _build_iterable_dataset(torch: Any) -> type:
             if self.batch_size is None:
                 for row in self.stream:
                     yield row_to_tensors(row)
+                return
+            loader = self._stream_loader = BatchedDataLoader(self.stream, batch_size=self.batch_size,
+                                                             variable=self.variable)
+            if self._stream_resume is not None:
+                loader.load_state_dict(self._stream_resume)
+                self._stream_resume = None
+            yield from loader
+
+        def _stream_state(self) -> dict[str, Any]:
+            """A stream's position after what was yielded: its reader's, or with ``batch_size`` its loader's."""
+            assert self.stream is not None
+            if self.batch_size is None:
+                position = self.stream.state_dict()
+            elif self._stream_resume is not None:
+                position = self._stream_resume
             else:
-                yield from BatchedDataLoader(self.stream, batch_size=self.batch_size, variable=self.variable)
+                loader = self._stream_loader or BatchedDataLoader(self.stream, batch_size=self.batch_size,
+                                                                  variable=self.variable)
+                position = loader.state_dict()
+            # the reader's state as its JSON text: keys that vary would be lost by torch.distributed.checkpoint
+            return {"version": STATEFUL_VERSION, "kind": STREAM_KIND, "position": json.dumps(position, sort_keys=True)}
+
+        def _load_stream_state(self, state: Any) -> None:
+            if not isinstance(state, dict) or state.get("kind") != STREAM_KIND or \
+                    state.get("version") != STATEFUL_VERSION:
+                raise LoaderStateError("a TorchIterableDataset over a reader (a stream) resumes from its own "
+                                       "state_dict() only (one stream, one position: no elastic resume)")
+            position = json.loads(state["position"])
+            if self.batch_size is None:
+                self.stream.load_state_dict(position)  # type: ignore[union-attr]
+            else:
+                self._stream_resume, self._stream_loader = position, None
 
     register_sampler_collate()
 

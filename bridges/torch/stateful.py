@@ -14,6 +14,7 @@ rank (and worker); later epochs are a fresh run's with the new world size.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any
@@ -25,6 +26,7 @@ from unihub.readers.plan import complement
 
 STATEFUL_VERSION = 1
 ITERABLE_KIND = "torch_iterable_dataset"
+STREAM_KIND = "torch_iterable_stream"  # a TorchIterableDataset over a reader: the reader's (or loader's) position
 SAMPLER_KIND = "elastic_sampler"
 
 
@@ -85,13 +87,29 @@ def exact_share(rows: int, shard: int, count: int) -> int:
 # -- TorchIterableDataset --------------------------------------------------------------------------
 def iterable_state(*, seed: int, epoch: int, shard: tuple[int, int], before: int, rows: int, finished: bool,
                    reader: dict[str, Any]) -> dict[str, Any]:
-    """One worker's state of a ``TorchIterableDataset`` (JSON-able; what ``torch.distributed.checkpoint`` keeps):
-    its shard ``[rank * workers + worker, world * workers]`` of epoch ``epoch``, the rows of the epoch runs
-    before this one delivered (``before``, the same in every shard), the rows this shard delivered
-    (``rows``), whether it delivered all of its share (``finished``) and its reader's state after them, with
-    ``skip``/``exclude`` as a loader's (``{}``: it had not started)."""
+    """One worker's state of a ``TorchIterableDataset``: its shard ``[rank * workers + worker, world * workers]``
+    of epoch ``epoch``, the rows of the epoch runs before this one delivered (``before``, the same in every
+    shard), the rows this shard delivered (``rows``), whether it delivered all of its share (``finished``) and
+    its reader's state after them, with ``skip``/``exclude`` as a loader's (``{}``: it had not started).
+
+    The keys are the same whatever the state, and the reader's state (whose keys vary: ``done`` after an
+    elastic resume) is kept as its JSON text: ``torch.distributed.checkpoint`` loads a state into the keys of
+    the state a fresh dataset gives, so a key that only some states have would be lost on the way."""
     return {"version": STATEFUL_VERSION, "kind": ITERABLE_KIND, "seed": seed, "epoch": epoch,
-            "shard": [shard[0], shard[1]], "before": before, "rows": rows, "finished": finished, "reader": reader}
+            "shard": [shard[0], shard[1]], "before": before, "rows": rows, "finished": finished,
+            "reader": json.dumps(reader, sort_keys=True) if reader else ""}
+
+
+def reader_of(state: dict[str, Any]) -> dict[str, Any]:
+    """The reader state (with ``skip``/``exclude``) a :func:`iterable_state` keeps; ``{}`` where it had not started."""
+    text = state["reader"]
+    if not isinstance(text, str):
+        raise LoaderStateError("the TorchIterableDataset state's 'reader' is not the JSON text of a reader state; "
+                               "pass what state_dict() returned")
+    found = json.loads(text) if text else {}
+    if not isinstance(found, dict):
+        raise LoaderStateError("the TorchIterableDataset state's 'reader' is not a reader state")
+    return found
 
 
 class IterableResume:
@@ -127,7 +145,7 @@ def iterable_resume(found: Any) -> IterableResume | tuple[int, int]:
         raise LoaderStateError("the TorchIterableDataset states of the list were saved with different numbers of "
                                "shards (rank and worker counts): pass every rank's state of one checkpoint")
     before = int(started[0]["before"]) + sum(int(state["rows"]) for state in started)
-    return IterableResume(epoch, seed, readers=[state["reader"] for state in started], before=before)
+    return IterableResume(epoch, seed, readers=[reader_of(state) for state in started], before=before)
 
 
 # -- ElasticDistributedSampler ---------------------------------------------------------------------

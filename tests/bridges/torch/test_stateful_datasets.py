@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from unihub import NdarrayCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
+from unihub import NdarrayCodec, ScalarCodec, Unischema, UnischemaField, make_reader, write_dataset
 from unihub.bridges.torch import LoaderStateError
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 under torch 2.13
 
 from unihub.bridges.torch.datasets import TorchIterableDataset, TorchMapDataset  # noqa: E402
 from unihub.bridges.torch.stateful import ElasticDistributedSampler, exact_share  # noqa: E402
@@ -110,6 +114,31 @@ def test_iterable_resumes_on_other_ranks_and_workers(dataset, world, workers, ne
     assert later == fresh_epoch(dataset, new_world, new_workers, batched, 1)
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(old=st.integers(1, 8), new=st.integers(1, 8), batch=st.sampled_from([None, 1, 4, 13]), data=st.data())
+def test_any_world_and_batch_size_resumes_on_any_other(dataset, old, new, batch, data):
+    """Torch's own DataLoader, no worker processes, no torchdata: each rank's dataset state_dict() after its
+    stop. (Workers are shards like ranks: rank * workers + worker of world * workers.)"""
+    stops = data.draw(st.lists(st.integers(0, 40 // (batch or 1) + 1), min_size=old, max_size=old))
+    new_batch = data.draw(st.sampled_from([1, 3, 8] if batch is None else [2, 8]))
+    before, states = [], []
+    for rank in range(old):
+        ds = TorchIterableDataset(dataset, batch, seed=11, rank=rank, world_size=old, **OPTIONS)
+        loader = torch.utils.data.DataLoader(ds, batch_size=5 if batch is None else None)
+        before += [i for b in itertools.islice(loader, stops[rank]) for i in ids(b)]
+        states.append(json.loads(json.dumps(ds.state_dict())))
+    after = []
+    for rank in range(new):
+        ds = TorchIterableDataset(dataset, None if batch is None else new_batch, rank=rank, world_size=new, **OPTIONS)
+        ds.load_state_dict(states)
+        loader = torch.utils.data.DataLoader(ds, batch_size=new_batch if batch is None else None)
+        after.append([i for b in loader for i in ids(b)])
+    if len(before) == N:  # every rank had finished the epoch: the next one, whole
+        assert Counter(i for rows in after for i in rows) == Counter(range(N))
+        return
+    check_rest(before, after, 0)
+
+
 def test_a_resumed_run_resumes_again_and_finished_ranks_count(dataset):
     first, states = run_ranks(dataset, 2, 0, [None, 4], batched=False)  # rank 0 delivered its whole share
     assert len(first[0]) == exact_share(N, 0, 2)
@@ -154,6 +183,26 @@ def test_the_state_protocol_under_torchs_own_dataloader(dataset):
     check_rest(head, after, 0)
 
 
+@pytest.mark.parametrize("batch_size", [None, 8])
+def test_a_stream_resumes_from_its_own_state(dataset, batch_size):
+    """Over a reader (served as it is), the state is the reader's position after what was yielded, or the
+    loader's of its batches: StatefulDataLoader resumes it in place of a fast-forward."""
+    def served() -> Any:
+        stream = TorchIterableDataset(make_reader(dataset, seed=1, num_epochs=1, **OPTIONS), batch_size)
+        return stream, stateful_loader()(stream, batch_size=5 if batch_size is None else None)
+
+    whole = [i for batch in served()[1] for i in ids(batch)]
+    _, loader = served()
+    head = [i for batch in itertools.islice(loader, 3) for i in ids(batch)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["dataset_state"]["kind"] == "torch_iterable_stream"  # a position, not a count to fast-forward
+    _, loader = served()
+    loader.load_state_dict(state)
+    assert head + [i for batch in loader for i in ids(batch)] == whole
+    with pytest.raises(LoaderStateError, match="own"):
+        served()[0].load_state_dict([state])
+
+
 def test_finished_epochs_resume_at_the_next(dataset):
     ds = TorchIterableDataset(dataset, None, seed=5, rank=0, world_size=2, **OPTIONS)
     everything = list(torch.utils.data.DataLoader(ds, batch_size=50))
@@ -166,6 +215,37 @@ def test_finished_epochs_resume_at_the_next(dataset):
     resumed = TorchIterableDataset(dataset, None, rank=0, world_size=1, **OPTIONS)
     resumed.load_state_dict(finished)
     assert (resumed.epoch, resumed.seed) == (1, 5)
+
+
+def test_torch_distributed_checkpoint_keeps_them(dataset, tmp_path):
+    """``dcp.save``/``dcp.load`` (one process): DCP loads into the keys of a fresh object's state, so a state
+    with more keys (a resumed run's reader keeps ``done``) must come back whole."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    before, states = run_ranks(dataset, 2, 0, [3, 5], batched=False)
+    ds = TorchIterableDataset(dataset, None, seed=3, rank=0, world_size=1, **OPTIONS)
+    ds.load_state_dict(states)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5)
+    head = [i for batch in itertools.islice(loader, 4) for i in ids(batch)]
+    sampler = ElasticDistributedSampler(N, rank=0, world_size=1)
+    sampler.load_state_dict([ElasticDistributedSampler(N, rank=k, world_size=2).state_dict(delivered=k + 3)
+                             for k in range(2)])
+    first = sampled(sampler, 10)
+    with warnings.catch_warnings():  # no process group: DCP warns that it runs in one process
+        warnings.simplefilter("ignore")
+        dcp.save({"dataset": ds, "sampler": sampler}, checkpoint_id=tmp_path / "ckpt")
+    ds = TorchIterableDataset(dataset, None, seed=3, rank=0, world_size=1, **OPTIONS)
+    sampler = ElasticDistributedSampler(N, rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load({"dataset": ds, "sampler": sampler}, checkpoint_id=tmp_path / "ckpt")
+    tail = [i for batch in torch.utils.data.DataLoader(ds, batch_size=5) for i in ids(batch)]
+    assert Counter([i for rows in before for i in rows] + head + tail) == Counter(range(N))
+    assert Counter(first + sampled(sampler)) == Counter(set(range(N)) - set(sampled_before(N)))
+
+
+def sampled_before(size: int) -> list[int]:
+    """The indices two ranks had given out in the sampler part of the DCP test (3 and 4 of their blocks)."""
+    return [i for k in range(2) for i in sampled(ElasticDistributedSampler(size, rank=k, world_size=2), k + 3)]
 
 
 def test_states_that_do_not_fit_are_refused(dataset):
