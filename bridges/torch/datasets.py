@@ -8,6 +8,10 @@ Both subclass torch's dataset classes, so they are built when first asked for (t
 
     loader = torch.utils.data.DataLoader(TorchIterableDataset(url, batch_size=64), num_workers=4)
     loader = torch.utils.data.DataLoader(TorchMapDataset(url), batch_size=64, shuffle=True, num_workers=2)
+
+Exact, elastic resume: ``TorchIterableDataset`` is torch's ``Stateful`` per worker (torchdata's
+``StatefulDataLoader`` checkpoints it), and resumes from every rank's states on other rank and worker
+counts; ``TorchMapDataset``'s order is its sampler's: ``stateful.ElasticDistributedSampler`` resumes alike.
 """
 
 from __future__ import annotations
@@ -78,8 +82,28 @@ class _Run:
         self.frozen: dict[str, Any] | None = None
         self._reader_state: dict[str, Any] = {}
         self._chunk: tuple[int, Iterator[Any]] | None = None
-        #: a state that is asked for where it is (a loader's: reader state, skip, exclude), instead of chunks
+        #: a state that is asked for where it is (an n-gram reader's), instead of chunks
         self.live: Callable[[], dict[str, Any]] | None = None
+        #: a batch reader's: its state where the run began, the rows after it delivered then (a resume's skip)
+        #: and this shard's rows then, and where each task of its plan ends (rows of the epoch, from 0)
+        self._base: tuple[dict[str, Any], int, int, np.ndarray] | None = None
+
+    def from_base(self, reader: Any, skip: int) -> None:
+        """Count the rows of a batch reader's run on from where ``reader`` is now (``skip`` rows on, which
+        its loader drops): its batches are read ahead, so the state is worked out from the plan when asked
+        (a loader's state_dict() would cost a set difference of the rows it holds, per batch)."""
+        state = reader.state_dict()
+        sizes = [task.num_rows for task in reader.plan_of(int(state["epoch"]))]
+        self._base = (state, skip, self.rows, np.cumsum([0, *sizes]))
+
+    def _reader_after_base(self) -> dict[str, Any]:
+        """The batch reader's state after the rows delivered: the start of the task that holds the next row,
+        and the rows of that task before it (``skip``)."""
+        assert self._base is not None
+        state, skip, rows, ends = self._base
+        target = int(ends[min(int(state["task"]), len(ends) - 1)]) + skip + self.rows - rows
+        task = int(np.searchsorted(ends, target, side="right")) - 1
+        return dict(state, task=task, offset=0, skip=target - int(ends[task]), exclude=[])
 
     def at(self, reader_state: dict[str, Any]) -> None:
         """The reader is at ``reader_state`` before a chunk is read: the rows of the last are delivered."""
@@ -97,9 +121,10 @@ class _Run:
         if self.frozen is not None:
             return self.frozen
         taken = self._chunk[0] - operator.length_hint(self._chunk[1]) if self._chunk is not None else 0
-        if self.live is not None:
-            loader = self.live()
-            reader = dict(loader["reader"], skip=int(loader["skip"]), exclude=list(loader["exclude"]))
+        if self._base is not None:
+            reader = self._reader_after_base()
+        elif self.live is not None:
+            reader = dict(self.live(), skip=0, exclude=[])
         else:
             reader = dict(self._reader_state, skip=taken, exclude=[]) if self._reader_state else {}
         return iterable_state(seed=self.seed, epoch=self.epoch, shard=self.shard, before=self.before,
@@ -275,7 +300,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             if self.batch_size is None:  # an n-gram a row: torch collates them as they are
                 if skip:
                     raise LoaderStateError("an n-gram reader's state carries no rows to skip: it was not saved here")
-                run.live = lambda: {"reader": reader.state_dict(), "skip": 0, "exclude": []}
+                run.live = reader.state_dict
                 for row in itertools.islice(reader, limit):
                     run.rows += 1
                     yield row_to_tensors(row)
@@ -284,7 +309,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             if skip:  # rows of the reader's position on that were delivered: the loader drops them
                 loader.load_state_dict(dict(loader.state_dict(), skip=skip))
             loader._max_rows = limit + skip if limit is not None else None
-            run.live = loader.state_dict
+            run.from_base(reader, skip)
             pool = loader._shared_batches = worker_pool() if info is not None else None
             for batch in loader:
                 run.rows += columns_length(batch)
