@@ -190,6 +190,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             self.epoch = 0
             self._resume: IterableResume | None = None
             self._run: _Run | None = None
+            self._iterators = self._loaded_at = 0  # iterators made, and made before the last load_state_dict
             #: a stream's: the loader of its batches, and a state to load into the next one
             self._stream_loader: BatchedDataLoader | None = None
             self._stream_resume: dict[str, Any] | None = None
@@ -207,9 +208,19 @@ def _build_iterable_dataset(torch: Any) -> type:
                 else rank_and_world()
             return rank * workers + worker, world * workers
 
-        def _pending(self) -> IterableResume | None:
+        def _pending(self, number: int | None = None) -> IterableResume | None:
+            """The loaded resume, where it applies to this epoch. A worker's state that had finished its share
+            resumes the epoch with nothing left only in the first iterator made after it was loaded (the others
+            of that loader deliver the rest); an iterator made later (``StatefulDataLoader`` resuming an epoch
+            that had ended makes a new one; persistent workers keep this dataset) begins the next epoch."""
             resume = self._resume
-            return resume if resume is not None and resume.epoch == self.epoch else None
+            if resume is None or resume.epoch != self.epoch:
+                return None
+            if resume.own is not None and resume.own["finished"] and number is not None and \
+                    number != self._loaded_at + 1:
+                self.epoch, self._resume = resume.epoch + 1, None
+                return None
+            return resume
 
         def state_dict(self) -> dict[str, Any]:
             """This worker's position: after the rows it yielded (see the class; JSON-able)."""
@@ -233,7 +244,8 @@ def _build_iterable_dataset(torch: Any) -> type:
             if self.stream is not None:
                 self._load_stream_state(state)
                 return
-            resume = iterable_resume(state)
+            resume = iterable_resume(state, in_worker=torch.utils.data.get_worker_info() is not None)
+            self._loaded_at = self._iterators
             if isinstance(resume, tuple):
                 (self.epoch, self.seed), self._resume = resume, None
             else:
@@ -269,6 +281,10 @@ def _build_iterable_dataset(torch: Any) -> type:
             return make(self.url, **kwargs)
 
         def __iter__(self) -> Iterator[Any]:
+            self._iterators += 1  # counted when made, not when started (see _pending)
+            return self._iterate(self._iterators)
+
+        def _iterate(self, number: int) -> Iterator[Any]:
             info = torch.utils.data.get_worker_info()
             if info is not None:
                 in_torch_worker()
@@ -276,7 +292,7 @@ def _build_iterable_dataset(torch: Any) -> type:
                 yield from self._serve_stream(info)
                 return
             shard = self._shard()
-            resume = self._own_or_elastic(self._pending(), shard)
+            resume = self._own_or_elastic(self._pending(number), shard)
             epoch, self._resume = self.epoch, None
             self.epoch += 1
             own = resume.own if resume is not None else None

@@ -121,14 +121,16 @@ class IterableResume:
         self.epoch, self.seed, self.own, self.readers, self.before = epoch, seed, own, readers, before
 
 
-def iterable_resume(found: Any) -> IterableResume | tuple[int, int]:
+def iterable_resume(found: Any, in_worker: bool) -> IterableResume | tuple[int, int]:
     """What to resume from, given a worker's state, or the states of every rank and worker of a run (in a
     list, or in StatefulDataLoader states); ``(epoch, seed)`` where that is simply a fresh epoch (every shard
-    had finished the last, or none had started this one)."""
+    had finished the last, or none had started this one). A state that had finished its share is the
+    next epoch's start, but in a torch worker (``in_worker``) it is one worker's: the others may have rows
+    of that epoch left, and it delivers none of them."""
     if isinstance(found, dict) and found.get("kind") == ITERABLE_KIND:
         states = states_of(found, ITERABLE_KIND, "TorchIterableDataset")
         state = states[0]
-        if state["finished"]:
+        if state["finished"] and not in_worker:
             return int(state["epoch"]) + 1, int(state["seed"])
         if not state["reader"]:
             return int(state["epoch"]), int(state["seed"])

@@ -161,6 +161,41 @@ def test_stateful_dataloader_resumes_its_own_state(dataset, workers, batched):
     assert head + [ids(batch) for batch in loader] == whole
 
 
+@pytest.mark.slow
+def test_a_worker_that_finished_stays_finished_when_another_has_rows_left(dataset):
+    """Rank 7 of 8 with two workers: shards 14 and 15 of 16, 13 and 8 rows, in batches of 2 (7 and 4 of them).
+    Stopped after 10 batches, worker 1 had ended its share; resumed, it must not start the next epoch."""
+    def loader() -> Any:
+        ds = TorchIterableDataset(dataset, 2, seed=3, rank=7, world_size=8, **OPTIONS)
+        return stateful_loader()(ds, batch_size=None, num_workers=2)
+
+    whole = [ids(batch) for batch in loader()]
+    running = loader()
+    head = [ids(batch) for batch in itertools.islice(running, 10)]
+    state = json.loads(json.dumps(running.state_dict()))
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + [ids(batch) for batch in resumed] == whole
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_loader_saved_at_the_end_of_an_epoch_resumes_at_the_next(dataset, workers):
+    def loader() -> Any:
+        ds = TorchIterableDataset(dataset, None, seed=3, rank=0, world_size=1, **OPTIONS)
+        return stateful_loader()(ds, batch_size=5, num_workers=workers, persistent_workers=workers > 0)
+
+    running = loader()
+    epochs = [[ids(batch) for batch in running] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+    running = loader()
+    for _ in running:
+        pass
+    state = json.loads(json.dumps(running.state_dict()))
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [ids(batch) for batch in resumed] == epochs[1]
+
+
 def test_the_state_protocol_under_torchs_own_dataloader(dataset):
     """No torchdata: with ``num_workers=0`` the dataset's own state_dict() is the position after the batches
     the loop got, and load_state_dict continues there, on this shard or (a list) on other ranks."""
