@@ -77,6 +77,19 @@ def unique_by_shard(states: Sequence[dict[str, Any]], key: str, what: str) -> li
     return list(by_shard.values())
 
 
+def current_epoch(states: Sequence[dict[str, Any]], finished: Sequence[bool], what: str
+                  ) -> tuple[int, list[dict[str, Any]]]:
+    """The epoch the ranks of ``states`` resume in, and the states of it. A state that had finished its epoch
+    is the next one's start, so with ranks about to begin epoch ``e`` (finished ``e - 1``) and ranks in it,
+    the epoch is ``e`` and the first ones delivered nothing of it; ranks more than that apart are refused."""
+    epoch = min(int(state["epoch"]) + done for state, done in zip(states, finished))
+    if any(int(state["epoch"]) > epoch for state in states):
+        raise LoaderStateError(f"the {what} states of the list are of epochs "
+                               f"{sorted({int(state['epoch']) for state in states})}, some ranks more than an epoch "
+                               "ahead of others: pass every rank's state of one checkpoint")
+    return epoch, [state for state in states if int(state["epoch"]) == epoch]
+
+
 def exact_share(rows: int, shard: int, count: int) -> int:
     """Rows of shard ``shard`` of ``count`` equal contiguous runs (``ceil(rows / count)`` each, the last
     ones wrapping round) that are not wrap-around repeats: every row once over all shards."""
@@ -136,9 +149,8 @@ def iterable_resume(found: Any, in_worker: bool) -> IterableResume | tuple[int, 
             return int(state["epoch"]), int(state["seed"])
         return IterableResume(int(state["epoch"]), int(state["seed"]), own=state)
     states = unique_by_shard(states_of(found, ITERABLE_KIND, "TorchIterableDataset"), "shard", "TorchIterableDataset")
-    seed, epoch = (int(one_value(states, key, "TorchIterableDataset")) for key in ("seed", "epoch"))
-    if all(state["finished"] for state in states):
-        return epoch + 1, seed
+    seed = int(one_value(states, "seed", "TorchIterableDataset"))
+    epoch, states = current_epoch(states, [bool(state["finished"]) for state in states], "TorchIterableDataset")
     started = [state for state in states if state["reader"]]
     if not started:
         return epoch, seed
@@ -213,7 +225,8 @@ class ElasticDistributedSampler:
         #: the epoch a loaded state applies to, the intervals of its permutation delivered before this run,
         #: and how many indices of this rank's block this run had given out
         self._resume: tuple[int, list[tuple[int, int]], int] | None = None
-        self._iterating: tuple[int, list[tuple[int, int]]] = (0, [])
+        #: the epoch being (or last) iterated, the intervals delivered before it, and this rank's block length
+        self._iterating: tuple[int, list[tuple[int, int]], int] = (0, [], -1)
         self.yielded = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -245,8 +258,9 @@ class ElasticDistributedSampler:
         done, start = self._planned()
         self._resume = None
         epoch = self.epoch
-        self._iterating, self.yielded = (epoch, done), start
-        indices = self._order(epoch)[self._block(done, self.rank, self.world_size)[start:]]
+        block = self._block(done, self.rank, self.world_size)
+        self._iterating, self.yielded = (epoch, done, block.size), start
+        indices = self._order(epoch)[block[start:]]
         for index in indices.tolist():
             self.yielded += 1
             yield index
@@ -254,15 +268,19 @@ class ElasticDistributedSampler:
     def state_dict(self, delivered: int | None = None) -> dict[str, Any]:
         """Where this rank stands in its epoch: after ``delivered`` indices of its block (default: all it gave
         out). JSON-able (ints, strings, bools, lists of ints)."""
-        epoch, done = self._iterating
+        epoch, done, length = self._iterating
         yielded = self.yielded
         if self._resume is not None:  # loaded, not yet iterated: the loaded position
             epoch, done, yielded = self._resume
+            length = -1
+        elif epoch != self.epoch:  # set_epoch since: that epoch, not begun
+            epoch, done, yielded, length = self.epoch, [], 0, -1
         if delivered is not None:
             yielded = int(delivered)
         return {"version": STATEFUL_VERSION, "kind": SAMPLER_KIND, "seed": self.seed, "size": self.size,
                 "shuffle": self.shuffle, "drop_last": self.drop_last, "epoch": epoch,
-                "rank": [self.rank, self.world_size], "done": _flat(done), "yielded": yielded}
+                "rank": [self.rank, self.world_size], "done": _flat(done), "yielded": yielded,
+                "finished": yielded == length}
 
     def load_state_dict(self, state: Any) -> None:
         """Resume from this rank's own state, or from the list of every rank's (any world size; or
@@ -273,15 +291,18 @@ class ElasticDistributedSampler:
             if one_value(states, key, "ElasticDistributedSampler") != mine:
                 raise LoaderStateError(f"the sampler state's {key} {states[0][key]!r} is not this sampler's {mine!r}: "
                                        "it belongs to another dataset or sampler options")
-        epoch, seed = (int(one_value(states, key, "ElasticDistributedSampler")) for key in ("epoch", "seed"))
-        done = _intervals(one_value(states, "done", "ElasticDistributedSampler"))
+        seed = int(one_value(states, "seed", "ElasticDistributedSampler"))
         saved = [int(v) for v in states[0]["rank"]]
+        epoch, states = current_epoch(states, [bool(s.get("finished")) for s in states],
+                                      "ElasticDistributedSampler")
+        done = _intervals(one_value(states, "done", "ElasticDistributedSampler")) if states else []
         if isinstance(state, dict) and state.get("kind") == SAMPLER_KIND and saved[1] > 1:
             if saved != [self.rank, self.world_size]:
                 raise LoaderStateError(f"the sampler state is rank {saved[0]} of {saved[1]}'s, not rank {self.rank} of "
                                        f"{self.world_size}'s: pass the list of every rank's state to resume on "
                                        "another world size")
-            self.seed, self.epoch, self._resume = seed, epoch, (epoch, done, int(state["yielded"]))
+            # a finished epoch: the next one, fresh
+            self.seed, self.epoch, self._resume = seed, epoch, (epoch, done, int(state["yielded"])) if states else None
             return
         self.seed, self.epoch = seed, epoch
         delivered = [self._delivered(s, done) for s in states]
