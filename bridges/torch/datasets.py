@@ -82,7 +82,7 @@ class _Run:
         self.frozen: dict[str, Any] | None = None
         self._reader_state: dict[str, Any] = {}
         self._chunk: tuple[int, Iterator[Any]] | None = None
-        #: a state that is asked for where it is (an n-gram reader's), instead of chunks
+        #: a state that is asked for where it is (a loader's: reader, skip, exclude), instead of chunks
         self.live: Callable[[], dict[str, Any]] | None = None
         #: a batch reader's: its state where the run began, the rows after it delivered then (a resume's skip)
         #: and this shard's rows then, and where each task of its plan ends (rows of the epoch, from 0)
@@ -124,7 +124,8 @@ class _Run:
         if self._base is not None:
             reader = self._reader_after_base()
         elif self.live is not None:
-            reader = dict(self.live(), skip=0, exclude=[])
+            loader = self.live()
+            reader = dict(loader["reader"], skip=int(loader["skip"]), exclude=list(loader["exclude"]))
         else:
             reader = dict(self._reader_state, skip=taken, exclude=[]) if self._reader_state else {}
         return iterable_state(seed=self.seed, epoch=self.epoch, shard=self.shard, before=self.before,
@@ -310,13 +311,13 @@ def _build_iterable_dataset(torch: Any) -> type:
 
         def _serve(self, reader: Any, run: _Run, limit: int | None, skip: int, info: Any) -> Iterator[Any]:
             if self.batch_size is None and reader.ngram is None:
-                reader.skip_rows(skip)
+                _skip_rows(reader, skip)
                 yield from _cut_rows(reader, limit, run)
                 return
             if self.batch_size is None:  # an n-gram a row: torch collates them as they are
                 if skip:
                     raise LoaderStateError("an n-gram reader's state carries no rows to skip: it was not saved here")
-                run.live = reader.state_dict
+                run.live = lambda: {"reader": reader.state_dict(), "skip": 0, "exclude": []}
                 for row in itertools.islice(reader, limit):
                     run.rows += 1
                     yield row_to_tensors(row)
@@ -325,7 +326,10 @@ def _build_iterable_dataset(torch: Any) -> type:
             if skip:  # rows of the reader's position on that were delivered: the loader drops them
                 loader.load_state_dict(dict(loader.state_dict(), skip=skip))
             loader._max_rows = limit + skip if limit is not None else None
-            run.from_base(reader, skip)
+            if reader.num_rows_per_epoch is None:  # a predicate or filters: the plan does not count the rows
+                run.live = loader.state_dict
+            else:
+                run.from_base(reader, skip)
             pool = loader._shared_batches = worker_pool() if info is not None else None
             for batch in loader:
                 run.rows += columns_length(batch)
@@ -398,6 +402,19 @@ def _share_left(reader: Any, run: _Run, resume: IterableResume | None) -> int | 
                                    f"delivered, the reader's plan leaves {planned} rows to this shard of {count}: "
                                    "the states are not of one run of this dataset, or some rank's are missing")
     return exact_share(rest, shard, count) - run.rows
+
+
+def _skip_rows(reader: Any, count: int) -> None:
+    """Pass over ``count`` rows of a row reader: from its plan, or where a predicate or filters leave rows
+    known only by reading them, read and dropped."""
+    if count and reader.num_rows_per_epoch is not None:
+        reader.skip_rows(count)
+        return
+    while count > 0:
+        columns = reader.next_columns(count)
+        if columns is None:
+            return
+        count -= columns_length(columns)
 
 
 def _cut_rows(reader: Any, limit: int | None, run: _Run) -> Iterator[Any]:
