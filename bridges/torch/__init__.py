@@ -7,7 +7,8 @@ Every public name is here; the modules, one job each:
 - ``datasets.py``: ``TorchIterableDataset``, ``TorchMapDataset`` for torch's own ``DataLoader``;
 - ``collate.py``: ``make_collate``, ``decimal_friendly_collate``, padding; ``tensors.py``: numpy columns
   as tensors; ``sampler_rows.py``: the datasets' rows and the collate torch runs on them;
-- ``state.py``: exact resume (``state_dict``), ``PerRank``, ``LoaderStateError``;
+- ``state.py``: exact resume (``state_dict``), ``PerRank``, ``LoaderStateError``; ``stateful.py``: the
+  datasets' states (torchdata's ``StatefulDataLoader``) and ``ElasticDistributedSampler``;
 - ``shared_batches.py`` and ``fd_channel.py``: how a worker's batches reach the main process;
 - ``_torch_private.py``: every use of torch's private API, with why and for which torch.
 
@@ -42,10 +43,11 @@ from unihub.bridges.torch.sampler_rows import (
     collate_transformed_rows,
 )
 from unihub.bridges.torch.state import IN_MEMORY_STATE, LOADER_STATE_VERSION, LoaderStateError, PerRank
+from unihub.bridges.torch.stateful import ElasticDistributedSampler
 from unihub.bridges.torch.tensors import Columns, empty_in_pool, from_worker, in_one_shared_storage
 
 __all__ = [
-    "BatchedDataLoader", "Collate", "Columns", "DataLoader", "IN_MEMORY_STATE", "InMemBatchedDataLoader",
+    "BatchedDataLoader", "Collate", "Columns", "DataLoader", "ElasticDistributedSampler", "IN_MEMORY_STATE", "InMemBatchedDataLoader",
     "LOADER_STATE_VERSION", "LoaderStateError", "PerRank", "Run", "SamplerRow", "TransformedRow", "Variable",
     "collate_sampler_batch", "collate_sampler_rows", "collate_transformed_rows", "columns_from_numpy",
     "decimal_friendly_collate", "default_collate_like", "empty_in_pool", "finalize", "from_worker",

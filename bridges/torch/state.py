@@ -101,7 +101,11 @@ class RowTracker:
     def state(self) -> dict[str, Any]:
         pending = self.pending()
         base = self._base()
-        gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
+        held = max(0, self.consumed - base)
+        if pending.size == held and (not held or int(pending.min()) >= base):
+            gone = pending[:0]  # every row since base is still held (in order, no queue): none delivered out of turn
+        else:  # a shuffling queue let rows out of turn (20 ms for 83k held rows: only here)
+            gone = np.setdiff1d(np.arange(base, max(base, self.consumed), dtype=np.int64), pending)
         exclude = sorted({int(p) - base for p in gone} | {d - base for d in self.drop if d >= base})
         start, reader_state = next(m for m in reversed(self.marks) if m[0] <= base)
         if reader_state is None:

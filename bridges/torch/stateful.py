@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from unihub.bridges.torch.state import LoaderStateError, rank_and_world
+from unihub.readers import elastic
 from unihub.readers.plan import complement
 
 STATEFUL_VERSION = 1
@@ -159,7 +160,13 @@ def iterable_resume(found: Any, in_worker: bool) -> IterableResume | tuple[int, 
         raise LoaderStateError("the TorchIterableDataset states of the list were saved with different numbers of "
                                "shards (rank and worker counts): pass every rank's state of one checkpoint")
     before = int(started[0]["before"]) + sum(int(state["rows"]) for state in started)
-    return IterableResume(epoch, seed, readers=[reader_of(state) for state in started], before=before)
+    readers = [reader_of(state) for state in started]
+    count = int(started[0]["shard"][1])
+    begun = {int(state["shard"][0]) for state in started}
+    # a shard that never started (its worker not yet asked for rows) delivered nothing: the reader takes every
+    # shard's state, so it gets its state at the start
+    readers += [elastic.at_start(readers[0], shard, count) for shard in range(count) if shard not in begun]
+    return IterableResume(epoch, seed, readers=readers, before=before)
 
 
 # -- ElasticDistributedSampler ---------------------------------------------------------------------
