@@ -17,12 +17,19 @@ from a checkpoint sees each remaining row once.
         position.attach(model)  # or: model.fit's BackupAndRestore saves and restores it with the weights
         model.fit(dataset, callbacks=[keras.callbacks.BackupAndRestore(directory, save_freq=100)])
 
-The rows must reach the model in the reader's order: shuffle in the reader (``shuffle_rows``,
-``shuffle_row_groups`` with a ``seed``), not with ``make_tf_dataset(shuffle_buffer=)`` or
-``Dataset.shuffle``; and the reader's rows per epoch must be known in advance (no predicate,
-filters or n-grams), as for :meth:`~unihub.readers.reader.Reader.seek`. The position is the
-reader's (any number of its epochs), not the dataset's: iterate the dataset once (a reader with
-``num_epochs`` and ``model.fit(..., steps_per_epoch=)``), restore before iterating.
+The rows must reach the model in the reader's order, or through ``make_tf_dataset(reader,
+shuffle_buffer=)`` (which records the order it hands rows out in: :mod:`unihub.bridges.tf.emitted`;
+the rows that sat in its buffer are read again, no others), not through ``Dataset.shuffle``; shuffle
+in the reader too (``shuffle_rows``, ``shuffle_row_groups`` with a ``seed``). The reader's rows per
+epoch must be known in advance (no predicate, filters or n-grams), as for
+:meth:`~unihub.readers.reader.Reader.seek`. The position is the reader's (any number of its epochs),
+not the dataset's: iterate the dataset once (a reader with ``num_epochs`` and
+``model.fit(..., steps_per_epoch=)``), restore before iterating.
+
+Elastic: the positions every rank of a run saved resume on any other number of ranks, each new rank
+given them all (``position.load_state_dict([state_0, ..., state_n])``; :func:`saved_position` reads
+each out of its rank's ``tf.train.Checkpoint``): it takes its equal share of the rows no rank's model
+took, as the reader's elastic resume (:mod:`unihub.readers.elastic`) gives it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from unihub.bridges.tf.emitted import emitted_of
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError
 from unihub.readers import elastic
@@ -56,7 +64,8 @@ class PositionStateError(UnihubError, ValueError):
 def _checked(state: Any) -> dict[str, Any]:
     """``state`` once it is a position of this version; :class:`PositionStateError` else."""
     if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
-            or not {"reader", "row"} <= set(state) or not isinstance(state["reader"], dict):
+            or not {"reader", "row"} <= set(state) or not isinstance(state["reader"], dict) \
+            or not all(isinstance(x, int) and x > 0 for x in state.get("exclude", [])):
         raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
                                  "ReaderPosition.state_dict() returned")
     return state
@@ -79,9 +88,10 @@ def _reader_state(position: dict[str, Any], reader: Any) -> dict[str, Any]:
     index = 0
     while index < len(tasks) and row >= tasks[index].num_rows:
         row, index = row - tasks[index].num_rows, index + 1
+    exclude = {"exclude": list(position["exclude"])} if position.get("exclude") else {}
     if reader.batched or index == len(tasks):
-        return dict(state, task=index, offset=0, skip=row)
-    return dict(state, task=index, offset=row)
+        return dict(state, task=index, offset=0, skip=row, **exclude)
+    return dict(state, task=index, offset=row, **exclude)
 
 
 class ReaderPosition(_Trackable):
@@ -133,10 +143,17 @@ class ReaderPosition(_Trackable):
     # -- the state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The reader's position after the rows taken (JSON-able): its state at the start of an epoch, and the
-        row of that epoch (in the reader's order) to go on from."""
-        epoch, row = self._advanced(self.rows_taken)
-        return {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
-                "row": row}
+        row of that epoch (in the reader's order) to go on from. Through a shuffled ``make_tf_dataset`` (its
+        ``shuffle_buffer``) the row is the first the model did not take, and ``exclude`` the offsets after it
+        of the rows it took (the reader's stream order, which a reader state's ``exclude`` counts in)."""
+        taken, emitted = self.rows_taken, emitted_of(self.reader)
+        low, above = emitted.taken(taken) if emitted is not None else (taken, [])
+        epoch, row = self._advanced(low)
+        state = {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
+                 "row": row}
+        if len(above):
+            state["exclude"] = [int(p) - low for p in above]
+        return state
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Put the reader on ``state``'s row (reading nothing before it); the count starts again there.
@@ -150,6 +167,13 @@ class ReaderPosition(_Trackable):
             self._load_elastic([_checked(s) for s in state])
             return
         reader, row = self.reader, int(_checked(state)["row"])
+        if state.get("exclude"):  # rows taken out of order: the reader skips them as it does a rank's of a run
+            if list(state["reader"].get("shard", (0, 1)))[1] != 1:
+                raise PositionStateError("a sharded reader's position with rows taken out of its order (make_tf_"
+                                         "dataset's shuffle_buffer) resumes from every rank's positions: pass them "
+                                         "all, as a list")
+            self._load_elastic([state])
+            return
         try:
             reader.load_state_dict(state["reader"])
         except UnihubError as exc:

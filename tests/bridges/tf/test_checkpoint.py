@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
@@ -63,10 +63,14 @@ def _epochs_ahead(reader: Reader) -> list[int]:
     return out
 
 
-def _take(position: ReaderPosition, batches: int | None) -> list[tuple[int, int]]:
-    """(epoch, id) of the rows of the next ``batches`` batches the model takes (all: None)."""
+def _take(position: ReaderPosition, batches: int | None, shuffle: int = 0) -> list[tuple[int, int]]:
+    """(epoch, id) of the rows of the next ``batches`` batches the model takes (all: None), through
+    ``shuffle`` rows of make_tf_dataset's shuffle buffer (a reader of one epoch then: rows of two epochs
+    would mix in the buffer)."""
     epochs = _epochs_ahead(position.reader)
-    dataset = position.track(make_tf_dataset(position.reader, batch_size=BATCH, prefetch=3))
+    assert not shuffle or position.reader.num_epochs == 1
+    dataset = position.track(make_tf_dataset(position.reader, batch_size=BATCH, prefetch=3, shuffle_buffer=shuffle,
+                                             seed=len(epochs)))
     ids: list[int] = []
     iterator = iter(dataset)
     for _ in range(len(epochs) if batches is None else batches):
@@ -79,7 +83,7 @@ def _take(position: ReaderPosition, batches: int | None) -> list[tuple[int, int]
 
 
 def _run(dataset: Path, count: int, stops: list[int | None], resume_from: Any, remainder: str,
-         tmp_path: Path | None = None, **options: Any) -> tuple[Rows, list[dict[str, Any]]]:
+         tmp_path: Path | None = None, shuffle: int = 0, **options: Any) -> tuple[Rows, list[dict[str, Any]]]:
     """Each rank's rows up to its stop and its saved position; resumed from ``resume_from`` (every rank's
     positions: a list; or one position per rank: a dict of lists), through tf.train.Checkpoint where a
     folder is given."""
@@ -91,7 +95,7 @@ def _run(dataset: Path, count: int, stops: list[int | None], resume_from: Any, r
                 position.load_state_dict(resume_from["each"][k])
             elif resume_from is not None:
                 position.load_state_dict(resume_from)
-            rows.append(_take(position, stops[k]))
+            rows.append(_take(position, stops[k], shuffle))
             if tmp_path is None:
                 states.append(json.loads(json.dumps(position.state_dict())))
             else:
@@ -100,24 +104,26 @@ def _run(dataset: Path, count: int, stops: list[int | None], resume_from: Any, r
     return rows, states
 
 
-def _fresh_epoch(dataset: Path, epoch: int, shard: int, count: int, remainder: str) -> list[int]:
-    with _open(dataset, shard, count, remainder) as reader:
+def _fresh_epoch(dataset: Path, epoch: int, shard: int, count: int, remainder: str, **options: Any) -> list[int]:
+    with _open(dataset, shard, count, remainder, **options) as reader:
         return [i for e, i in _take(ReaderPosition(reader), None) if e == epoch]
 
 
-def _check_resumed(dataset: Path, before: Rows, after: Rows, remainder: str) -> None:
+def _check_resumed(dataset: Path, before: Rows, after: Rows, remainder: str, epochs: int = OPTIONS["num_epochs"],
+                   shuffled: bool = False) -> None:
     """``after`` (each new rank's rows to the end) continues ``before`` (every earlier rank's, of all the
-    runs before) as an elastic resume must."""
+    runs before) as an elastic resume must (``shuffled``: through a shuffle buffer, in another order)."""
     count = len(after)
     old = Counter((e, i) for rows in before for e, i in rows)
-    start = min((e for rows in after for e, _ in rows), default=OPTIONS["num_epochs"])
-    for epoch in range(start, OPTIONS["num_epochs"]):
+    start = min((e for rows in after for e, _ in rows), default=epochs)
+    for epoch in range(start, epochs):
         gone = {i for e, i in old if e == epoch}
         new = [[i for e, i in rows if e == epoch] for rows in after]
         flat = [i for rows in new for i in rows]
         if not gone:  # nothing of it was taken: planned afresh for the new shard count
             for k, rows in enumerate(new):
-                assert rows == _fresh_epoch(dataset, epoch, k, count, remainder)
+                fresh = _fresh_epoch(dataset, epoch, k, count, remainder, num_epochs=epochs)
+                assert (sorted(rows) == sorted(fresh)) if shuffled else (rows == fresh)
             continue
         assert len({len(rows) for rows in new}) == 1, f"epoch {epoch}: ranks not equal {[len(r) for r in new]}"
         rest = set(range(N)) - gone
@@ -149,7 +155,8 @@ def test_a_position_after_an_elastic_resume_counts_the_resumed_epochs_rows(datas
     assert head + tail == whole  # every row of the rank's stream once, in its order
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+          phases=[Phase.explicit, Phase.generate])
 @given(old=st.integers(1, 8), new=st.integers(1, 8), data=st.data(),
        remainder=st.sampled_from(["pad", "drop"]), batched=st.booleans(), checkpoint=st.booleans())
 def test_positions_of_any_world_size_resume_on_any_other(dataset: Path, tmp_path_factory: Any, old: int, new: int,
@@ -162,7 +169,8 @@ def test_positions_of_any_world_size_resume_on_any_other(dataset: Path, tmp_path
     _check_resumed(dataset, before, after, remainder)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+          phases=[Phase.explicit, Phase.generate])
 @given(sizes=st.lists(st.integers(1, 8), min_size=3, max_size=3), data=st.data(), again=st.booleans())
 def test_an_elastically_resumed_run_saves_positions_that_resume_again(dataset: Path, sizes: list[int], data: Any,
                                                                      again: bool) -> None:
@@ -183,6 +191,46 @@ def test_an_elastically_resumed_run_saves_positions_that_resume_again(dataset: P
         assert [b + c for b, c in zip(rows_b, rows_c)] == whole
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+          phases=[Phase.explicit, Phase.generate])
+@given(old=st.integers(1, 8), new=st.integers(1, 8), data=st.data(), shuffle=st.integers(1, 80),
+       remainder=st.sampled_from(["pad", "drop"]), batched=st.booleans())
+def test_positions_through_a_shuffle_buffer_resume_with_the_buffers_rows(dataset: Path, old: int, new: int, data: Any,
+                                                                        shuffle: int, remainder: str,
+                                                                        batched: bool) -> None:
+    """Through make_tf_dataset's shuffle buffer the model takes rows out of the reader's order: the rows that
+    sat in the buffers (read, not taken) are read again after the resume, and no row taken is."""
+    stops = data.draw(st.lists(st.integers(0, N // (old * BATCH) + 1), min_size=old, max_size=old))
+    options = dict(batched=batched, num_epochs=1)
+    before, states = _run(dataset, old, stops, None, remainder, shuffle=shuffle, **options)
+    assert any(s.get("exclude") for s in states) or not any(stops) or shuffle < BATCH
+    after, _ = _run(dataset, new, [None] * new, states, remainder, shuffle=shuffle, **options)
+    _check_resumed(dataset, before, after, remainder, epochs=1, shuffled=True)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("stop", [1, 5, 17])
+def test_a_shuffled_datasets_position_restores_one_by_one_through_tf_checkpoint(dataset: Path, tmp_path: Path,
+                                                                                batched: bool, stop: int) -> None:
+    with _open(dataset, 0, 1, "pad", batched, num_epochs=1) as reader:
+        position = ReaderPosition(reader)
+        head = _take(position, stop, shuffle=40)
+        saved = tf.train.Checkpoint(data=position).save(str(tmp_path / "ckpt"))
+    assert saved_position(saved).get("exclude")  # rows taken past the first one not taken
+    with _open(dataset, 0, 1, "pad", batched, num_epochs=1) as reader:
+        position = ReaderPosition(reader)
+        tf.train.Checkpoint(data=position).restore(saved).assert_consumed()
+        tail = _take(position, None, shuffle=40)
+    assert sorted(i for _, i in head + tail) == list(range(N))  # each row once: the buffer's were read again
+    with _open(dataset, 1, 2, "pad", batched, num_epochs=1) as reader:
+        position = ReaderPosition(reader)
+        _take(position, 3, shuffle=40)
+        sharded = position.state_dict()
+    with _open(dataset, 1, 2, "pad", batched, num_epochs=1) as reader:
+        with pytest.raises(PositionStateError, match="every rank's positions"):
+            ReaderPosition(reader).load_state_dict(sharded)
+
+
 def test_positions_that_cannot_resume_elastically_are_refused_by_name(dataset: Path, tmp_path: Path) -> None:
     _, states = _run(dataset, 2, [2, 3], None, "pad")
     with _open(dataset, 0, 3, "pad") as reader:
@@ -200,3 +248,21 @@ def test_positions_that_cannot_resume_elastically_are_refused_by_name(dataset: P
     with pytest.raises(PositionStateError, match="no reader position 'data'"):
         with _open(dataset, 0, 1, "pad") as reader:
             saved_position(tf.train.Checkpoint(other=ReaderPosition(reader)).save(str(tmp_path / "ckpt")))
+
+
+def test_the_record_of_rows_handed_out_folds_what_was_taken() -> None:
+    from unihub.bridges.tf.emitted import Emitted
+    record = Emitted()
+    record.add(np.array([2, 0, 5]))
+    record.add(np.array([1, 7, 3, 4, 9]))
+    assert record.taken(0)[0] == 0 and record.taken(2)[0] == 1
+    low, above = record.taken(3)
+    assert low == 1 and above.tolist() == [2, 5]
+    low, above = record.taken(6)
+    assert low == 4 and above.tolist() == [5, 7]
+    low, above = record.taken(7)
+    assert low == 6 and above.tolist() == [7]
+    with pytest.raises(ValueError, match="more than"):
+        record.taken(9)
+    record.start()
+    assert record.taken(0)[0] == 0
