@@ -147,7 +147,7 @@ class ReaderPosition(_Trackable):
         ``shuffle_buffer``) the row is the first the model did not take, and ``exclude`` the offsets after it
         of the rows it took (the reader's stream order, which a reader state's ``exclude`` counts in)."""
         taken, emitted = self.rows_taken, emitted_of(self.reader)
-        low, above = emitted.taken(taken) if emitted is not None else (taken, [])
+        low, above = emitted.taken(taken) if emitted is not None else (taken, np.empty(0, np.int64))
         epoch, row = self._advanced(low)
         state = {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
                  "row": row}
@@ -166,7 +166,8 @@ class ReaderPosition(_Trackable):
         if isinstance(state, (list, tuple)):
             self._load_elastic([_checked(s) for s in state])
             return
-        reader, row = self.reader, int(_checked(state)["row"])
+        state = _checked(state)
+        reader, row = self.reader, int(state["row"])
         if state.get("exclude"):  # rows taken out of order: the reader skips them as it does a rank's of a run
             if list(state["reader"].get("shard", (0, 1)))[1] != 1:
                 raise PositionStateError("a sharded reader's position with rows taken out of its order (make_tf_"

@@ -178,7 +178,9 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         _probed(reader_or_url, seed, reader_kwargs) if owned else _given(reader_or_url, reader_kwargs))
     iterations = itertools.count()
     # which rows a shuffled dataset over a given reader handed out: a ReaderPosition of the reader needs it
-    emitted = None if owned else emitted_for(reader_or_url) if shuffle_buffer else forget(reader_or_url)
+    emitted = emitted_for(reader_or_url) if shuffle_buffer and not owned else None
+    if not owned and not shuffle_buffer:
+        forget(reader_or_url)
     # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
     # (``rebatch``, in C++): each crossing costs ~1 ms of Python under the GIL, which the
     # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
