@@ -183,7 +183,7 @@ class ReaderPosition(_Trackable):
             reader.seek(row)
         # the count goes on from the row (a batch reader's state cannot say a row inside a batch)
         self._start, self._start_row = dict(state["reader"]), row
-        self._taken.assign(0)
+        self._count_again()
 
     def _load_elastic(self, states: list[dict[str, Any]]) -> None:
         """:meth:`load_state_dict` of every rank's position."""
@@ -193,7 +193,14 @@ class ReaderPosition(_Trackable):
         except UnihubError as exc:
             raise PositionStateError(f"the saved positions do not resume this reader: {exc}") from exc
         self._start, self._start_row = reader.state_dict(), 0
+        self._count_again()
+
+    def _count_again(self) -> None:
+        """The count starts again where the reader was put (and a shuffled dataset's record of it)."""
         self._taken.assign(0)
+        emitted = emitted_of(self.reader)
+        if emitted is not None:
+            emitted.start()
 
     _start_row = 0  # rows of the start state's epoch before the count began, beyond its task and offset
 

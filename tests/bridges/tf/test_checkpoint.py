@@ -266,3 +266,44 @@ def test_the_record_of_rows_handed_out_folds_what_was_taken() -> None:
         record.taken(9)
     record.start()
     assert record.taken(0)[0] == 0
+
+
+def _keras_fit(dataset_path: Path, backup: str, seen: list[list[int]], interrupt_at: int | None) -> None:
+    """``model.fit`` one epoch through a 30-row shuffle buffer with BackupAndRestore(save_freq=3), recording
+    each batch's ids as the model trains on it; raise at the end of batch ``interrupt_at``."""
+    import keras
+
+    class Recording(keras.Model):
+        def train_step(self, data: Any) -> Any:
+            seen.append(data[0][:, 0].numpy().astype(int).tolist())
+            return super().train_step(data)
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == interrupt_at:
+                raise RuntimeError("interrupted")
+
+    inputs = keras.Input((1,))
+    model = Recording(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(keras.optimizers.SGD(0.001), "mse", run_eagerly=True)
+    with make_reader(dataset_path, reader_pool_type="dummy", shuffle_rows=True, num_epochs=1) as reader:
+        position = ReaderPosition(reader)
+        position.attach(model)
+        pairs = make_tf_dataset(reader, batch_size=BATCH, shuffle_buffer=30).map(
+            lambda b: (keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32"),
+                       keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32")))
+        model.fit(position.track(pairs), epochs=1, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), Interrupt()])
+
+
+def test_keras_fit_through_a_shuffle_buffer_resumes_with_backup_and_restore_on_the_rows_not_trained(
+        dataset: Path, tmp_path: Path) -> None:
+    pytest.importorskip("keras")
+    first: list[list[int]] = []
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _keras_fit(dataset, str(tmp_path / "backup"), first, interrupt_at=10)
+    resumed: list[list[int]] = []
+    _keras_fit(dataset, str(tmp_path / "backup"), resumed, interrupt_at=None)
+    # the last backup was after batch 8 (save_freq=3): what batches 9 and 10 took is trained again
+    trained = [i for batch in first[:9] + resumed for i in batch]
+    assert sorted(trained) == list(range(N))
