@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from unihub.bridges.tf.emitted import emitted_of
+from unihub.bridges.tf.emitted import emitted_for
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError
 from unihub.readers import elastic
@@ -112,6 +112,7 @@ class ReaderPosition(_Trackable):
         self.reader = reader
         self._start = reader.state_dict()
         self._taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="unihub_rows_taken")
+        self._emitted = emitted_for(reader)  # where a shuffled make_tf_dataset over it records its rows' order
 
     # -- counting -----------------------------------------------------------------------------------
     def track(self, dataset: Any, *, batched: bool = True) -> Any:
@@ -146,8 +147,8 @@ class ReaderPosition(_Trackable):
         row of that epoch (in the reader's order) to go on from. Through a shuffled ``make_tf_dataset`` (its
         ``shuffle_buffer``) the row is the first the model did not take, and ``exclude`` the offsets after it
         of the rows it took (the reader's stream order, which a reader state's ``exclude`` counts in)."""
-        taken, emitted = self.rows_taken, emitted_of(self.reader)
-        low, above = emitted.taken(taken) if emitted is not None else (taken, np.empty(0, np.int64))
+        taken, emitted = self.rows_taken, self._emitted
+        low, above = emitted.taken(taken) if emitted.active else (taken, np.empty(0, np.int64))
         epoch, row = self._advanced(low)
         state = {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
                  "row": row}
@@ -198,9 +199,7 @@ class ReaderPosition(_Trackable):
     def _count_again(self) -> None:
         """The count starts again where the reader was put (and a shuffled dataset's record of it)."""
         self._taken.assign(0)
-        emitted = emitted_of(self.reader)
-        if emitted is not None:
-            emitted.start()
+        self._emitted.reset()
 
     _start_row = 0  # rows of the start state's epoch before the count began, beyond its task and offset
 

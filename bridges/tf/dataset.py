@@ -63,7 +63,7 @@ import numpy as np
 
 from unihub.bridges.tf.assemble import assembler, densifier, without_autotune
 from unihub.bridges.tf.dataset_type import Failures, bridged
-from unihub.bridges.tf.emitted import Emitted, emitted_for, forget
+from unihub.bridges.tf.emitted import Emitted, emitted_of
 from unihub.bridges.tf.encode import encode_columns, flat_signature
 from unihub.bridges.tf.ngram import ngram_dataset
 from unihub.bridges.tf.plans import (
@@ -177,10 +177,6 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     plans, batched, row_type, rows_per_epoch, epochs = (
         _probed(reader_or_url, seed, reader_kwargs) if owned else _given(reader_or_url, reader_kwargs))
     iterations = itertools.count()
-    # which rows a shuffled dataset over a given reader handed out: a ReaderPosition of the reader needs it
-    emitted = emitted_for(reader_or_url) if shuffle_buffer and not owned else None
-    if not owned and not shuffle_buffer:
-        forget(reader_or_url)
     # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
     # (``rebatch``, in C++): each crossing costs ~1 ms of Python under the GIL, which the
     # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
@@ -191,7 +187,12 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         k = next(iterations)
         reader = (make_batch_reader(reader_or_url, seed=None if seed is None else seed + k, **reader_kwargs)
                   if owned else reader_or_url)
-        if emitted is not None:
+        # which rows a shuffled dataset over a given reader hands out, where a ReaderPosition of it needs them
+        emitted = None if owned else emitted_of(reader_or_url)
+        if emitted is not None and not shuffle_buffer:
+            emitted.reset()  # the rows reach the model in the reader's order
+            emitted = None
+        elif emitted is not None:
             emitted.start()
         try:
             rng = np.random.default_rng(None if seed is None else [seed, k]) if shuffle_buffer else None

@@ -19,16 +19,24 @@ import numpy as np
 
 
 class Emitted:
-    """The stream positions of the rows handed out since the iteration began, in order (8 bytes a row,
-    folded at each :meth:`taken`: a position saved every so often keeps it small)."""
+    """The stream positions of the rows handed out since the iteration began, in order: 8 bytes a row
+    handed out since the last :meth:`taken` (a position saved), which folds them into what it returns."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.start()
+        #: a shuffled dataset's iteration records here (else the rows reach the model in the reader's order)
+        self.active = False
+        self.reset()
 
     def start(self) -> None:
-        """A new iteration: its positions count from the reader's position then."""
+        """A shuffled dataset's new iteration: its positions count from the reader's position then."""
+        self.reset()
+        self.active = True
+
+    def reset(self) -> None:
+        """Nothing handed out (the reader was put elsewhere); not :attr:`active` until an iteration starts."""
         with self._lock:
+            self.active = False
             self._chunks: list[np.ndarray] = []
             self._folded_rows = 0  # rows handed out that :meth:`taken` folded into the next two
             self._low = 0  # every position below it was handed out among those rows
@@ -70,7 +78,8 @@ _registry_lock = threading.Lock()
 
 
 def emitted_for(reader: Any) -> Emitted:
-    """The record of ``reader``'s rows, made when a shuffled dataset over it is."""
+    """The record of ``reader``'s rows, made with a ReaderPosition of it: shuffled datasets over the reader
+    record into it (none is kept for a reader no position counts)."""
     with _registry_lock:
         if reader not in _emitted:
             _emitted[reader] = Emitted()
@@ -78,12 +87,7 @@ def emitted_for(reader: Any) -> Emitted:
 
 
 def emitted_of(reader: Any) -> Emitted | None:
-    """The record of ``reader``'s rows where a shuffled dataset reads it; None where none does."""
+    """The record of ``reader``'s rows where a ReaderPosition counts them; None where none does."""
     with _registry_lock:
         return _emitted.get(reader)
 
-
-def forget(reader: Any) -> None:
-    """No shuffled dataset reads ``reader`` now (an unshuffled one was made over it)."""
-    with _registry_lock:
-        _emitted.pop(reader, None)

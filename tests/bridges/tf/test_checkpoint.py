@@ -265,8 +265,8 @@ def test_the_record_of_rows_handed_out_folds_what_was_taken() -> None:
     assert low == 6 and above.tolist() == [7]
     with pytest.raises(ValueError, match="more than"):
         record.taken(9)
-    record.start()
-    assert record.taken(0)[0] == 0
+    record.reset()
+    assert not record.active and record.taken(0)[0] == 0
 
 
 def _keras_fit(dataset_path: Path, backup: str, seen: list[list[int]], interrupt_at: int | None) -> None:
