@@ -60,9 +60,10 @@ class CachedDataset:
         """Rows ``indices`` (global, in the order given) as a batch namedtuple of column arrays."""
         return Dataset(self.url, **{k: v for k, v in self._options().items() if v is not None}).take(indices)
 
-    def stream(self, start_offset: int = 0, *, shuffle: bool = False, seed: int | None = None,
+    def stream(self, start_offset: int | Sequence[int] = 0, *, shuffle: bool = False, seed: int | None = None,
                shard_rank: int = 0, num_shards: int = 1, drop_shard_remainder: bool = False,
-               num_epochs: int | None = 1, **reader_kwargs: Any) -> Reader:
+               num_epochs: int | None = 1, resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
+               **reader_kwargs: Any) -> Reader:
         """yogadl's ``DataRef.stream``: a row reader over this shard, from ``start_offset``.
 
         ``len()`` is this shard's rows per epoch times ``num_epochs`` (as yogadl's, the skipped
@@ -75,24 +76,51 @@ class CachedDataset:
         DALI's sources take the same arguments on the same plan (``DaliBatchSource(ds.url, ...,
         shuffle=, seed=, shard_id=, num_shards=, start_offset=)``). ``reader_kwargs`` go to
         :func:`~unihub.make_reader`.
+
+        Elastic resume, onto another ``num_shards``: ``start_offset=[offset_0, ..., offset_n]``, the first
+        epoch's offsets of every rank of a run of ``n + 1`` shards (the same other arguments), or
+        ``resume_from=[state_0, ..., state_n]``, every rank's ``state_dict()`` of the stream (a single state
+        resumes its own rank); this rank then reads its equal share of the rows no rank of that run read
+        (:meth:`~unihub.Reader.load_state_dict`).
         """
         if not isinstance(num_shards, int) or num_shards < 1 or not 0 <= shard_rank < num_shards:
             raise InvalidArgumentError(f"need 0 <= shard_rank < num_shards, got shard_rank={shard_rank}, "
                                        f"num_shards={num_shards}")
-        if not isinstance(start_offset, int) or start_offset < 0:
-            raise InvalidArgumentError(f"start_offset must be a non-negative int, got {start_offset!r}")
-        sharded = num_shards > 1
-        reader = make_reader(self.url, shuffle_row_groups=shuffle, shuffle_rows=shuffle, seed=seed,
-                             cur_shard=shard_rank if sharded else None, shard_count=num_shards if sharded else None,
-                             shard_by="row", shard_remainder="drop" if drop_shard_remainder else "pad",
-                             num_epochs=num_epochs, **self._options(), **reader_kwargs)
-        if start_offset:
+        offsets = [start_offset] if isinstance(start_offset, int) else start_offset
+        if not isinstance(offsets, Sequence) or not offsets or \
+                not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+            raise InvalidArgumentError(f"start_offset must be a non-negative int, or a non-empty list of them (every "
+                                       f"rank's), got {start_offset!r}")
+        if resume_from is not None and any(offsets):
+            raise InvalidArgumentError("start_offset and resume_from both say where to start: pass one of them")
+
+        def open_shard(rank: int, count: int, resume: Any = None) -> Reader:
+            sharded = count > 1
+            return make_reader(self.url, shuffle_row_groups=shuffle, shuffle_rows=shuffle, seed=seed,
+                               cur_shard=rank if sharded else None, shard_count=count if sharded else None,
+                               shard_by="row", shard_remainder="drop" if drop_shard_remainder else "pad",
+                               num_epochs=num_epochs, resume_from=resume, **self._options(), **reader_kwargs)
+
+        if not isinstance(start_offset, int):  # every rank's offsets: as their readers' states
+            resume_from = [_state_at(open_shard(rank, len(offsets)), offset, rank) for rank, offset in enumerate(offsets)]
+        reader = open_shard(shard_rank, num_shards, resume_from)
+        if isinstance(start_offset, int) and start_offset:
             try:
                 reader.seek(start_offset)
             except BaseException:
                 reader.stop()
                 raise
         return reader
+
+
+def _state_at(reader: Reader, offset: int, rank: int) -> dict[str, Any]:
+    """``reader``'s state after ``offset`` rows of its first epoch (all of them: the epoch's end), read nothing."""
+    with reader:
+        rows = reader.num_rows_per_epoch or 0
+        if offset > rows:
+            raise InvalidArgumentError(f"start_offset {offset} is beyond the {rows} rows of shard "
+                                       f"{rank}'s epoch")
+        return reader.position_after(offset).state
 
 
 def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, *,

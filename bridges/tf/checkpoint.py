@@ -17,12 +17,19 @@ from a checkpoint sees each remaining row once.
         position.attach(model)  # or: model.fit's BackupAndRestore saves and restores it with the weights
         model.fit(dataset, callbacks=[keras.callbacks.BackupAndRestore(directory, save_freq=100)])
 
-The rows must reach the model in the reader's order: shuffle in the reader (``shuffle_rows``,
-``shuffle_row_groups`` with a ``seed``), not with ``make_tf_dataset(shuffle_buffer=)`` or
-``Dataset.shuffle``; and the reader's rows per epoch must be known in advance (no predicate,
-filters or n-grams), as for :meth:`~unihub.readers.reader.Reader.seek`. The position is the
-reader's (any number of its epochs), not the dataset's: iterate the dataset once (a reader with
-``num_epochs`` and ``model.fit(..., steps_per_epoch=)``), restore before iterating.
+The rows must reach the model in the reader's order, or through ``make_tf_dataset(reader,
+shuffle_buffer=)`` (which records the order it hands rows out in: :mod:`unihub.bridges.tf.emitted`;
+the rows that sat in its buffer are read again, no others), not through ``Dataset.shuffle``; shuffle
+in the reader too (``shuffle_rows``, ``shuffle_row_groups`` with a ``seed``). The reader's rows per
+epoch must be known in advance (no predicate, filters or n-grams), as for
+:meth:`~unihub.readers.reader.Reader.seek`. The position is the reader's (any number of its epochs),
+not the dataset's: iterate the dataset once (a reader with ``num_epochs`` and
+``model.fit(..., steps_per_epoch=)``), restore before iterating.
+
+Elastic: the positions every rank of a run saved resume on any other number of ranks, each new rank
+given them all (``position.load_state_dict([state_0, ..., state_n])``; :func:`saved_position` reads
+each out of its rank's ``tf.train.Checkpoint``): it takes its equal share of the rows no rank's model
+took, as the reader's elastic resume (:mod:`unihub.readers.elastic`) gives it.
 """
 
 from __future__ import annotations
@@ -30,12 +37,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from unihub.bridges.tf.emitted import emitted_for
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError
+from unihub.readers import elastic
 from unihub.readers import plan as planning
 
 tf = require("tensorflow", extra="tf", purpose="a reader position in TensorFlow checkpoints")
@@ -49,6 +59,39 @@ _Trackable: Any = tf.__internal__.tracking.Trackable
 
 class PositionStateError(UnihubError, ValueError):
     """A saved reader position that is malformed or belongs to another reader."""
+
+
+def _checked(state: Any) -> dict[str, Any]:
+    """``state`` once it is a position of this version; :class:`PositionStateError` else."""
+    if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
+            or not {"reader", "row"} <= set(state) or not isinstance(state["reader"], dict) \
+            or not all(isinstance(x, int) and x > 0 for x in state.get("exclude", [])):
+        raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
+                                 "ReaderPosition.state_dict() returned")
+    return state
+
+
+def _reader_state(position: dict[str, Any], reader: Any) -> dict[str, Any]:
+    """A rank's position as the reader state of an elastic resume: its row as a task and offset of its plan
+    (a batch reader's state says no row inside a task: the rest, as ``skip``, is rows delivered past it)."""
+    state = position["reader"]
+    try:
+        config = elastic.rank_config(state, reader._plan)
+        tasks = planning.rank_plan(config, int(state["epoch"]), elastic.decode_done(state.get("done", [])))
+    except KeyError as exc:  # a state saved before elastic resume
+        raise PositionStateError(f"a saved position lacks {exc} in its reader state: it resumes only one by one, "
+                                 "on the world size that saved it") from None
+    except (TypeError, ValueError) as exc:  # ReaderStateError too
+        raise PositionStateError(f"a saved position's reader state is malformed: {exc}") from None
+    row, task = int(position["row"]), int(state["task"])
+    row += _rows_before(tasks, task) + int(state["offset"])
+    index = 0
+    while index < len(tasks) and row >= tasks[index].num_rows:
+        row, index = row - tasks[index].num_rows, index + 1
+    exclude = {"exclude": list(position["exclude"])} if position.get("exclude") else {}
+    if reader.batched or index == len(tasks):
+        return dict(state, task=index, offset=0, skip=row, **exclude)
+    return dict(state, task=index, offset=row, **exclude)
 
 
 class ReaderPosition(_Trackable):
@@ -69,6 +112,7 @@ class ReaderPosition(_Trackable):
         self.reader = reader
         self._start = reader.state_dict()
         self._taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="unihub_rows_taken")
+        self._emitted = emitted_for(reader)  # where a shuffled make_tf_dataset over it records its rows' order
 
     # -- counting -----------------------------------------------------------------------------------
     def track(self, dataset: Any, *, batched: bool = True) -> Any:
@@ -100,18 +144,38 @@ class ReaderPosition(_Trackable):
     # -- the state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The reader's position after the rows taken (JSON-able): its state at the start of an epoch, and the
-        row of that epoch (in the reader's order) to go on from."""
-        epoch, row = self._advanced(self.rows_taken)
-        return {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
-                "row": row}
+        row of that epoch (in the reader's order) to go on from. Through a shuffled ``make_tf_dataset`` (its
+        ``shuffle_buffer``) the row is the first the model did not take, and ``exclude`` the offsets after it
+        of the rows it took (the reader's stream order, which a reader state's ``exclude`` counts in)."""
+        taken, emitted = self.rows_taken, self._emitted
+        low, above = emitted.taken(taken) if emitted.active else (taken, np.empty(0, np.int64))
+        epoch, row = self._advanced(low)
+        state = {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
+                 "row": row}
+        if len(above):
+            state["exclude"] = [int(p) - low for p in above]
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put the reader on ``state``'s row (reading nothing before it); the count starts again there."""
-        if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
-                or not {"reader", "row"} <= set(state):
-            raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
-                                     "ReaderPosition.state_dict() returned")
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Put the reader on ``state``'s row (reading nothing before it); the count starts again there.
+
+        Given a list, the positions every rank of a run saved (with any shard count), this reader goes on
+        with its equal share of the rows none of them took: the reader's elastic resume
+        (:meth:`~unihub.readers.reader.Reader.load_state_dict` of every rank's state, the rows taken past
+        each state's position as its ``skip``). :func:`saved_position` reads a rank's out of its checkpoint.
+        """
+        if isinstance(state, (list, tuple)):
+            self._load_elastic([_checked(s) for s in state])
+            return
+        state = _checked(state)
         reader, row = self.reader, int(state["row"])
+        if state.get("exclude"):  # rows taken out of order: the reader skips them as it does a rank's of a run
+            if list(state["reader"].get("shard", (0, 1)))[1] != 1:
+                raise PositionStateError("a sharded reader's position with rows taken out of its order (make_tf_"
+                                         "dataset's shuffle_buffer) resumes from every rank's positions: pass them "
+                                         "all, as a list")
+            self._load_elastic([state])
+            return
         try:
             reader.load_state_dict(state["reader"])
         except UnihubError as exc:
@@ -120,21 +184,46 @@ class ReaderPosition(_Trackable):
             reader.seek(row)
         # the count goes on from the row (a batch reader's state cannot say a row inside a batch)
         self._start, self._start_row = dict(state["reader"]), row
+        self._count_again()
+
+    def _load_elastic(self, states: list[dict[str, Any]]) -> None:
+        """:meth:`load_state_dict` of every rank's position."""
+        reader = self.reader
+        try:
+            reader.load_state_dict([_reader_state(s, reader) for s in states])
+        except UnihubError as exc:
+            raise PositionStateError(f"the saved positions do not resume this reader: {exc}") from exc
+        self._start, self._start_row = reader.state_dict(), 0
+        self._count_again()
+
+    def _count_again(self) -> None:
+        """The count starts again where the reader was put (and a shuffled dataset's record of it)."""
         self._taken.assign(0)
+        self._emitted.reset()
 
     _start_row = 0  # rows of the start state's epoch before the count began, beyond its task and offset
 
     def _advanced(self, rows: int) -> tuple[int, int]:
-        """(epoch, row of that epoch) ``rows`` rows after the start state; (num_epochs, 0) past the end."""
-        start, reader = self._start, self.reader
+        """(epoch, row of that epoch) ``rows`` rows after the start state; (num_epochs, 0) past the end.
+        An epoch's rows are those of the reader's plan of it under the start state: after an elastic resume
+        (the state's ``done``) the epochs it names are this shard's runs of what was left, of other lengths."""
+        start, reader, num_epochs = self._start, self.reader, self.reader.num_epochs
         config = dataclasses.replace(reader._plan, seed=int(start["seed"]))  # the plan the state was saved under
+        done = elastic.decode_done(start.get("done", []))
         epoch = int(start["epoch"])
-        tasks = planning.epoch_plan(config, epoch) if reader.num_epochs is None or epoch < reader.num_epochs else []
-        row = self._start_row + sum(t.num_rows for t in tasks[:int(start["task"])]) + int(start["offset"]) + rows
-        per_epoch = reader.num_rows_per_epoch
-        epoch, row = epoch + row // per_epoch, row % per_epoch
-        if reader.num_epochs is not None and epoch >= reader.num_epochs:
-            return reader.num_epochs, 0
+        row = self._start_row + _rows_before(planning.rank_plan(config, epoch, done), int(start["task"])) \
+            + int(start["offset"]) + rows
+        per_epoch = reader.num_rows_per_epoch  # a fresh epoch's rows
+        while num_epochs is None or epoch < num_epochs:
+            if not any(e >= epoch for e in done):  # fresh epochs from here on: step over whole ones
+                epoch, row = (epoch + row // per_epoch, row % per_epoch) if per_epoch else (epoch, row)
+                break
+            size = _rows_before(planning.rank_plan(config, epoch, done))
+            if row < size:
+                break
+            epoch, row = epoch + 1, row - size
+        if num_epochs is not None and epoch >= num_epochs:
+            return num_epochs, 0
         return epoch, row
 
     # -- tf.train.Checkpoint ----------------------------------------------------------------------------
@@ -151,6 +240,19 @@ class ReaderPosition(_Trackable):
         # object.__setattr__: Keras would track it as a sublayer (Sequential.layers); saving finds it all the same
         object.__setattr__(model, KERAS_ATTRIBUTE, _keras_holder()(self))
         return model
+
+
+def saved_position(checkpoint: str, name: str = "data") -> dict[str, Any]:
+    """The position a ``tf.train.Checkpoint(**{name: position})`` saved at ``checkpoint`` (a path as
+    ``save`` returns it, or a folder: its latest), without restoring it: every rank's of a run, in a list,
+    resume a position on another number of ranks (:meth:`ReaderPosition.load_state_dict`)."""
+    path = tf.train.latest_checkpoint(checkpoint) or checkpoint
+    key = f"{name}/.ATTRIBUTES/state"  # a nested one: name="outer/data"
+    try:
+        value = tf.train.load_checkpoint(path).get_tensor(key)
+    except (tf.errors.NotFoundError, ValueError) as exc:
+        raise PositionStateError(f"no reader position {name!r} in checkpoint {checkpoint}: {exc}") from None
+    return _checked(json.loads(value))
 
 
 @functools.cache
@@ -173,3 +275,8 @@ def _keras_holder() -> type:
                 self.position.load_state_dict(json.loads(bytes(np.asarray(store["state"]))))
 
     return ReaderPositionHolder
+
+
+def _rows_before(tasks: list[planning.ReadTask], task: int | None = None) -> int:
+    """Rows of ``tasks`` before the ``task``-th (all of them: None)."""
+    return sum(t.num_rows for t in tasks[:task])

@@ -63,6 +63,7 @@ import numpy as np
 
 from unihub.bridges.tf.assemble import assembler, densifier, without_autotune
 from unihub.bridges.tf.dataset_type import Failures, bridged
+from unihub.bridges.tf.emitted import Emitted, emitted_of
 from unihub.bridges.tf.encode import encode_columns, flat_signature
 from unihub.bridges.tf.ngram import ngram_dataset
 from unihub.bridges.tf.plans import (
@@ -186,10 +187,18 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
         k = next(iterations)
         reader = (make_batch_reader(reader_or_url, seed=None if seed is None else seed + k, **reader_kwargs)
                   if owned else reader_or_url)
+        # which rows a shuffled dataset over a given reader hands out, where a ReaderPosition of it needs them
+        emitted = None if owned else emitted_of(reader_or_url)
+        if emitted is not None and not shuffle_buffer:
+            emitted.reset()  # the rows reach the model in the reader's order
+            emitted = None
+        elif emitted is not None:
+            emitted.start()
         try:
             rng = np.random.default_rng(None if seed is None else [seed, k]) if shuffle_buffer else None
             yield from _batches(reader, plans, batch_size or ROW_CHUNK, shuffle_buffer, rng,
-                                rebatch=(batch_size, drop_remainder) if batch_size and not in_graph else None)
+                                rebatch=(batch_size, drop_remainder) if batch_size and not in_graph else None,
+                                emitted=emitted)
         finally:
             if owned:
                 reader.stop()
@@ -245,16 +254,17 @@ def _given(reader: Any, reader_kwargs: dict[str, Any]) -> _Layout:
 
 
 def _batches(reader: Any, plans: Sequence[FieldPlan], chunk_rows: int, shuffle_buffer: int,
-             rng: np.random.Generator | None, rebatch: tuple[int, bool] | None) -> Iterator[Columns]:
+             rng: np.random.Generator | None, rebatch: tuple[int, bool] | None,
+             emitted: Emitted | None = None) -> Iterator[Columns]:
     """One iteration's columns of ``reader`` (a row reader's gathered ``chunk_rows`` at a time): shuffled
     through ``shuffle_buffer`` rows by ``rng``, their images decoded after the shuffle where the reader can
     give them encoded, and with ``rebatch=(size, drop_remainder)`` re-batched in numpy (else the chunks,
-    which TensorFlow cuts)."""
+    which TensorFlow cuts); ``emitted`` records which rows the shuffle let out, in order."""
     # images decoded after the shuffle: a batch reader's (a row reader's rows are gathered as they are)
     with decoded_later(reader, bool(shuffle_buffer) and LATE_DECODING and reader.batched) as late:
         batches = column_batches(reader, plans, chunk_rows)
         if shuffle_buffer and rng is not None:
-            batches = shuffled(batches, shuffle_buffer, rng)
+            batches = shuffled(batches, shuffle_buffer, rng, emitted)
         if late is not None:
             batches = decode_late(batches, late)
         if rebatch is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from unihub.bridges.tf.dataset_type import Failures
+from unihub.bridges.tf.emitted import Emitted
 from unihub.bridges.tf.encode import rows_to_columns
 from unihub.bridges.tf.plans import Columns, FieldPlan
 from unihub.errors import UnihubError
@@ -146,17 +147,29 @@ def _columns_of(reader: Reader, plans: Sequence[FieldPlan], chunk_rows: int) -> 
         yield rows_to_columns(plans, rows)
 
 
-def shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator) -> Iterator[Columns]:
+def shuffled(batches: Iterator[Columns], capacity: int, rng: np.random.Generator,
+             emitted: Emitted | None = None) -> Iterator[Columns]:
     """Rows shuffled through a buffer of ``capacity`` rows: each arriving batch lets out a random
-    sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's)."""
+    sample of the buffer, so no row leaves before ``capacity`` others have arrived (as tf.data's).
+    ``emitted`` records the stream positions of the rows let out, in order."""
     buffer = ShuffleBuffer(reserve=capacity + ARRIVAL_ROWS)
+    arrived = 0
     for columns in batches:
-        buffer.add(columns)
+        n = columns_length(columns)
+        buffer.add(columns, np.arange(arrived, arrived + n, dtype=np.int64))
+        arrived += n
         extra = buffer.size - capacity
         if extra > 0:
-            yield buffer.take_random(extra, rng)[0]
+            yield _let_out(buffer, extra, rng, emitted)
     if buffer.size:
-        yield buffer.take_random(buffer.size, rng)[0]
+        yield _let_out(buffer, buffer.size, rng, emitted)
+
+
+def _let_out(buffer: ShuffleBuffer, count: int, rng: np.random.Generator, emitted: Emitted | None) -> Columns:
+    columns, positions = buffer.take_random(count, rng)
+    if emitted is not None:
+        emitted.add(positions)
+    return columns
 
 
 #: rows decoded in one piece after a shuffle: the queue's last draw (all it holds) is cut so

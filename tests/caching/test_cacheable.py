@@ -188,3 +188,64 @@ def test_cli_cache_list_and_rm_on_s3_with_storage_options(s3_server, capsys: pyt
     assert main(["cache", "rm", root, "remote", *endpoint]) == 0
     assert capsys.readouterr().out.strip() == f"removed {root}/remote/1"
     assert list_caches(root, storage_options=s3_server.storage_options()) == []
+
+
+def _read(reader, count: int | None = None) -> list[int]:
+    """The ids of the reader's next ``count`` rows (all: None); the reader stays open."""
+    out = []
+    for row in reader:
+        out.append(int(row.id))
+        if count is not None and len(out) >= count:
+            break
+    return out
+
+
+def _check_rest(taken: list[int], after: list[list[int]], drop: bool) -> None:
+    """The new ranks' rows (``after``) are exactly the rows of the epoch not in ``taken``, ranks equal."""
+    rest = set(range(N)) - set(taken)
+    flat = [i for rows in after for i in rows]
+    assert len({len(rows) for rows in after}) == 1, [len(rows) for rows in after]
+    assert not set(flat) - rest
+    if drop:
+        assert len(flat) == len(set(flat)) == len(after) * (len(rest) // len(after))
+    else:
+        assert set(flat) == rest and len(flat) == len(after) * -(-len(rest) // len(after))
+
+
+@pytest.mark.parametrize("example", range(12))
+def test_stream_resumes_every_ranks_offsets_or_states_on_another_world_size(cached, example: int) -> None:
+    """Seeded examples over world sizes 1..8 and stop points: a run of ``old`` ranks stops anywhere in the
+    epoch; ``new`` ranks resume from every rank's offset (``start_offset=[...]``) or state (``resume_from=``)
+    and read exactly the rows none of the old ranks read, each once (``pad``: all; ``drop``: ranks equal)."""
+    rng = np.random.default_rng(example)
+    old, new, drop, by_state = int(rng.integers(1, 9)), int(rng.integers(1, 9)), bool(example % 2), example % 3 == 0
+    per_rank = N // old if drop else -(-N // old)
+    stops = [int(s) for s in rng.integers(0, per_rank + 1, old)]
+    args = dict(shuffle=True, seed=11, drop_shard_remainder=drop)
+    taken, states = [], []
+    for rank, stop in enumerate(stops):
+        with cached.stream(shard_rank=rank, num_shards=old, **args) as reader:
+            taken += _read(reader, stop) if stop else []
+            states.append(reader.state_dict())
+    if drop:  # the rows past floor(N / old) * old were never any rank's: the resume reads them
+        assert len(taken) == len(set(taken))
+    after = []
+    for rank in range(new):
+        resume = dict(resume_from=states) if by_state else dict(start_offset=stops)
+        with cached.stream(shard_rank=rank, num_shards=new, **args, **resume) as reader:
+            after.append(_read(reader))
+    _check_rest(taken, after, drop)
+
+
+def test_stream_refuses_two_starts_and_offsets_past_a_shard(cached) -> None:
+    with cached.stream(shuffle=True, seed=1) as reader:
+        _read(reader, 5)
+        state = reader.state_dict()
+    with pytest.raises(InvalidArgumentError, match="start_offset and resume_from"):
+        cached.stream(3, shuffle=True, seed=1, resume_from=state)
+    with pytest.raises(InvalidArgumentError, match="beyond the 500 rows of shard 1"):
+        cached.stream([10, 501], shuffle=True, seed=1)
+    with pytest.raises(InvalidArgumentError, match="list of them"):
+        cached.stream([], shuffle=True, seed=1)
+    with cached.stream(shuffle=True, seed=1, resume_from=state) as reader:  # one state: its own rank goes on
+        assert len(_read(reader)) == N - 5
