@@ -323,9 +323,10 @@ def page_value_spans(page: memoryview, count: int, max_definition_level: int, ve
             fields, body = read_struct(page, 0)
             if body > _MAX_HEADER:
                 raise FormatError("a page header of more than 64 KiB")
+            kind, uncompressed, compressed = _i32(fields, 1), _i32(fields, 2), _i32(fields, 3)
+            crc = _i32(fields, 4, None)
         except FormatError as exc:
             raise FormatError(f"{where}: {exc}") from exc
-        kind, uncompressed, compressed, crc = _i32(fields, 1), _i32(fields, 2), _i32(fields, 3), _i32(fields, 4, None)
     else:
         kind, uncompressed, compressed, crc, body = _DATA_PAGE, header[1], header[2], header[3], header[8]
     size = len(page)
