@@ -461,20 +461,14 @@ class _DatasetWriter:
         return sink.current
 
     def _page_options(self, sink: _PartitionSink) -> dict[str, Any]:
-        """The page index, and where there are image columns, image pages of about :data:`IMAGE_PAGE_BYTES`.
-
-        Arrow closes a page once it holds ``data_page_size`` bytes, checked every ``write_batch_size``
-        values (1,024 by default: a page of 1,024 images). Batches of as many images as fill
-        :data:`IMAGE_PAGE_BYTES` (from the rows pending: the first row group's), with pages closed at
-        half of it, make an image page of one batch; other columns' batches stay as long (a batch of one
-        value wrote numbers 5x slower) and their pages about half as big."""
+        """:func:`page_options` for this file: its image columns' widest average value, from the rows
+        pending (the first row group's)."""
         images = [name for name in self._already_compressed() if name in self.file_schema.names]
         if not images or not sink.pending:
-            return {"write_page_index": True}
+            return page_options(None)
         rows = sum(batch.num_rows for batch in sink.pending)
-        widest = max(sum(batch.column(name).nbytes for batch in sink.pending) for name in images) / max(1, rows)
-        batch_rows = int(max(1, min(1024, -(-IMAGE_PAGE_BYTES // max(1, int(widest))))))
-        return {"write_page_index": True, "data_page_size": IMAGE_PAGE_BYTES // 2, "write_batch_size": batch_rows}
+        return page_options(max(sum(batch.column(name).nbytes for batch in sink.pending) for name in images)
+                            / max(1, rows))
 
     def _already_compressed(self) -> set[str]:
         """Columns of PNG/JPEG bytes: compressing them again costs reads and writes and saves nothing."""
@@ -515,6 +509,21 @@ class _DatasetWriter:
                 sink.current = None
 
 
+def page_options(image_bytes: float | None) -> dict[str, Any]:
+    """ParquetWriter options: the page index, and where a file has image columns (``image_bytes``: the
+    widest one's average value), image pages of about :data:`IMAGE_PAGE_BYTES`.
+
+    Arrow closes a page once it holds ``data_page_size`` bytes, checked every ``write_batch_size``
+    values (1,024 by default: a page of 1,024 images). Batches of as many images as fill
+    :data:`IMAGE_PAGE_BYTES`, with pages closed at half of it, make an image page of one batch; other
+    columns' batches stay as long (a batch of one value wrote numbers 5x slower) and their pages about
+    half as big."""
+    if image_bytes is None:
+        return {"write_page_index": True}
+    batch_rows = int(max(1, min(1024, -(-IMAGE_PAGE_BYTES // max(1, int(image_bytes))))))
+    return {"write_page_index": True, "data_page_size": IMAGE_PAGE_BYTES // 2, "write_batch_size": batch_rows}
+
+
 def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, bytes]) -> bool:
     """Rewrite one Parquet file of a staged dataset with ``metadata`` (the Unischema JSON and the extra
     metadata) in its footer; False if it already holds it.
@@ -534,6 +543,7 @@ def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, byte
             return False
         arrow_schema = parquet_file.schema_arrow.with_metadata(wanted)
         compression, dictionary = {}, []
+        plain_binary: list[float] = []  # image bytes: stored uncompressed, without a dictionary
         if parquet_file.metadata.num_row_groups:
             first = parquet_file.metadata.row_group(0)
             for j in range(first.num_columns):
@@ -542,10 +552,13 @@ def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, byte
                 compression[name] = column.compression.lower() if column.compression != "UNCOMPRESSED" else "none"
                 if any("DICTIONARY" in e for e in column.encodings):
                     dictionary.append(name)
+                elif compression[name] == "none" and column.physical_type == "BYTE_ARRAY" and first.num_rows:
+                    plain_binary.append(column.total_uncompressed_size / first.num_rows)
         temporary = f"{path}.restamp-tmp"
         try:
             with pq.ParquetWriter(temporary, arrow_schema, filesystem=fs, compression=compression or "snappy",
                                   use_dictionary=dictionary, store_schema=True,
+                                  **page_options(max(plain_binary) if plain_binary else None),
                                   **integrity.WRITE_OPTIONS) as writer:
                 for i in range(parquet_file.metadata.num_row_groups):
                     table = parquet_file.read_row_group(i)
