@@ -346,3 +346,29 @@ def encode_offset_index(offsets: list[int], sizes: list[int], first_rows: list[i
     for offset, size, first in zip(offsets, sizes, first_rows):
         out += b"\x16" + zigzag(offset) + b"\x15" + zigzag(size) + b"\x16" + zigzag(first) + b"\x00"
     return bytes(out + b"\x00")
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
+def test_take_on_s3_gets_a_range_per_page(s3_server: Any, dataset: Path, kind: str) -> None:
+    """On an object store (moto's server), a take of k rows asks for about k ranges of images, each a
+    page's bytes, besides the small columns' row groups; values as read locally."""
+    pytest.importorskip("moto")
+    import uuid
+
+    from .test_s3 import access
+
+    prefix = f"paged-{uuid.uuid4().hex[:8]}"
+    client = s3_server.client()
+    for path in sorted(dataset.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(dataset).as_posix()}")
+    remote = Dataset(f"s3://{s3_server.bucket}/{prefix}", cache_mb=TINY, **access(s3_server, kind))
+    assert remote.pages is not None
+    rows = np.random.default_rng(6).choice(N, size=24, replace=False)
+    remote.take(rows[:1])  # footers, offset indexes, the first group's small columns
+    s3_server.requests.clear()
+    found = remote.take(rows)
+    assert_batches_equal(found, Dataset(dataset).take(rows))
+    gets = s3_server.requests.object_reads(prefix)
+    groups = len(remote.store.row_groups)
+    assert remote.pages.pages_read > 0 and len(gets) <= 24 + 3 * groups, gets
