@@ -166,7 +166,7 @@ class Dataset:
         for f in fields:
             if self.decode_images and isinstance(f.codec, CompressedImageCodec):
                 # gathered as views of the cached bytes (Arrow's take would copy every image twice)
-                views = [view for part in parts for view in self._image_views(part, f.name)]
+                views = [view for part, found in zip(parts, self._image_views(parts, f.name)) for view in found]
                 decoded[f.name] = decode_images(f, [views[k] for k in in_order.tolist()], policy=self._policy,
                                                 into=into.get(f.name) if into else None)
             elif (cells := self._gathered(f, parts, in_order)) is not None:
@@ -178,19 +178,27 @@ class Dataset:
             decoded.update(zip((f.name for f in slow), self._decode_in_order(slow, pieces, in_order)))
         return decoded
 
-    def _image_views(self, part: _Part, name: str) -> list[memoryview]:
-        """Image field ``name`` of a part's rows: views of its cached row group, or of the pages read
-        (where the field is read by page and its chunk allows it)."""
-        if name in part.entry.table.column_names:
-            return part.entry.binary(name).at(part.rows)
-        found = self.pages.cells(part.group, name, part.rows) if self.pages is not None else None
-        if found is not None:
-            return found
-        with self._lock:  # a page the page reader declines: the row group again, with this column
-            dropped = self._cache.pop(part.group, None)
-            if dropped is not None:
-                self._cached_bytes -= dropped.table.nbytes
-        part.entry = self._row_group(part.group)
+    def _image_views(self, parts: list[_Part], name: str) -> list[list[memoryview]]:
+        """Image field ``name`` of each part's rows: views of its cached row group, or of the pages read
+        (where the field is read by page and its chunk allows it; a take's pages are read together)."""
+        by_page = [k for k, part in enumerate(parts) if name not in part.entry.table.column_names]
+        found: list[list[memoryview] | None] = [None] * len(parts)
+        if by_page and self.pages is not None:
+            read = self.pages.cells_of(name, [(parts[k].group, parts[k].rows) for k in by_page])
+            for k, values in zip(by_page, read):
+                found[k] = values
+        return [values if values is not None else self._group_views(part, name) for part, values in zip(parts, found)]
+
+    def _group_views(self, part: _Part, name: str) -> list[memoryview]:
+        """Image field ``name`` of a part's rows from its row group, read again with this column where
+        the page reader declined it."""
+        if name not in part.entry.table.column_names:
+            with self._lock:
+                dropped = self._cache.pop(part.group, None)
+                if dropped is not None:
+                    self._cached_bytes -= dropped.table.nbytes
+                    self._whole, self._whole_refused = None, False
+            part.entry = self._row_group(part.group)
         return part.entry.binary(name).at(part.rows)
 
     def _from_whole(self, whole: _WholeDataset, f: Any, idx: np.ndarray, into: Mapping[str, np.ndarray] | None) -> Any:

@@ -27,6 +27,7 @@ import struct
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ _MAX_LOCATION_BYTES = 48
 MAX_OPEN_FILES = 16
 #: pages whose bytes lie this close are read in one ranged read (one request instead of two)
 COALESCE_GAP = 0
+#: ranged reads in flight at once on a remote filesystem
+CONCURRENT_READS = 64
 
 
 @dataclass(frozen=True)
@@ -191,10 +194,39 @@ class PageReader:
         self._files: OrderedDict[str, _File] = OrderedDict()
         self._chunks: dict[tuple[int, str], _Chunk | None] = {}
         self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_pid = 0
+        self._thread_files = threading.local()  # each pool thread's handles (see _read_in_thread)
 
     def cells(self, group: int, name: str, rows: np.ndarray) -> list[memoryview] | None:
         """Column ``name``'s values at ``rows`` (numbers in row group ``group`` of the dataset) as views
         of the pages read, in the order given; None where this reader declines the chunk."""
+        return self.cells_of(name, [(group, rows)])[0]
+
+    def cells_of(self, name: str, asked: list[tuple[int, np.ndarray]]) -> list[list[memoryview] | None]:
+        """:meth:`cells` of several row groups at once (a take's): on a remote filesystem their ranged
+        reads go out together (up to :data:`CONCURRENT_READS` at a time), so a batch waits about one
+        request's latency, not one per row."""
+        plans = [self._plan(group, name, rows) for group, rows in asked]
+        reads = [(plan[0].path, run) for plan in plans if plan is not None for run in plan[3]]
+        datas = iter(self._read_runs(reads))
+        found: list[list[memoryview] | None] = []
+        for (group, _), plan in zip(asked, plans):
+            if plan is None:
+                found.append(None)
+                continue
+            chunk, rows, pages, runs = plan
+            values = self._values(chunk, rows, pages, [(run, next(datas)) for run in runs])
+            if values is None:
+                with self._lock:
+                    self._chunks[(group, name)] = None  # read as a row group from now on
+            found.append(values)
+        return found
+
+    def _plan(self, group: int, name: str, rows: np.ndarray) -> tuple[_Chunk, list[int], list[int],
+                                                                      list[tuple[int, int, list[int]]]] | None:
+        """What reading ``rows`` of a chunk takes: its pages, and the runs of them (offset, length,
+        pages) each read at once; None where this reader declines the chunk."""
         chunk = self._chunk(group, name)
         if chunk is None:
             return None
@@ -202,12 +234,19 @@ class PageReader:
         asked = rows.tolist()  # a few rows a row group: Python's lists cost less than numpy's calls
         if asked and (min(asked) < 0 or max(asked) >= locations.num_rows):
             raise IndexError(f"rows {min(asked)}..{max(asked)} asked of a row group of {locations.num_rows}")
-        firsts = locations.first_row_list
+        firsts, offsets, sizes = locations.first_row_list, locations.offset_list, locations.size_list
         pages = [bisect_right(firsts, row) - 1 for row in asked]
+        runs = [(offsets[run[0]], offsets[run[-1]] + sizes[run[-1]] - offsets[run[0]], run)
+                for run in _runs(locations, sorted(set(pages)))]
+        return chunk, asked, pages, runs
+
+    def _values(self, chunk: _Chunk, rows: list[int], pages: list[int],
+                runs: list[tuple[tuple[int, int, list[int]], memoryview]]) -> list[memoryview] | None:
+        """The values of ``rows`` from their pages (``runs``: each run read, with its bytes); None where
+        a page is of a layout this reader declines."""
+        locations = chunk.locations
         spans: dict[int, tuple[memoryview, list[int], list[int]]] = {}
-        for run in _runs(locations, sorted(set(pages))):
-            start = locations.offset_list[run[0]]
-            data = self._read(chunk.path, start, locations.offset_list[run[-1]] + locations.size_list[run[-1]] - start)
+        for (start, _, run), data in runs:
             for page in run:
                 at = locations.offset_list[page] - start
                 view = data[at:at + locations.size_list[page]]
@@ -215,18 +254,46 @@ class PageReader:
                                                 self.verify, f"{chunk.path}: the page at byte {start + at} of "
                                                 f"column {chunk.column!r}, row group {chunk.row_group}")
                 if found is None:
-                    with self._lock:
-                        self._chunks[(group, name)] = None  # read as a row group from now on
                     return None
                 spans[page] = (view, *found)
         with self._lock:
             self.pages_read += len(spans)
+        firsts = locations.first_row_list
         out = []
-        for page, row in zip(pages, asked):
+        for page, row in zip(pages, rows):
             view, starts, lengths = spans[page]
             begin = starts[row - firsts[page]]
             out.append(view[begin:begin + lengths[row - firsts[page]]])
         return out
+
+    def _read_runs(self, reads: list[tuple[str, tuple[int, int, list[int]]]]) -> list[memoryview]:
+        """The bytes of each run, read in turn from a local disk, together from anywhere else."""
+        if len(reads) < 2 or self.store._is_local:
+            return [self._read(path, start, length) for path, (start, length, _) in reads]
+        for path in {path for path, _ in reads}:
+            self._file(path)  # checked unchanged and its footer read once, before the reads go out
+        return list(self._pool().map(lambda read: self._read_in_thread(read[0], *read[1][:2]), reads))
+
+    def _read_in_thread(self, path: str, offset: int, length: int) -> memoryview:
+        """A ranged read through this pool thread's own handle of ``path``: an fsspec file (s3fs,
+        gcsfs) seeks and reads under one lock, so reads through a shared handle would go one by one."""
+        handles: OrderedDict[str, _File] | None = getattr(self._thread_files, "handles", None)
+        if handles is None:
+            handles = self._thread_files.handles = OrderedDict()
+        held = handles.get(path)
+        if held is None:
+            held = handles[path] = _File(self._opened(path), None)
+            while len(handles) > MAX_OPEN_FILES:
+                handles.popitem(last=False)
+        return self._read_from(held, path, offset, length)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """This process's threads for remote reads (a forked process makes its own)."""
+        with self._lock:
+            if self._executor is None or self._executor_pid != os.getpid():
+                self._executor = ThreadPoolExecutor(CONCURRENT_READS, thread_name_prefix="unihub-pages")
+                self._executor_pid = os.getpid()
+            return self._executor
 
     def takes(self, group: int, name: str) -> bool:
         """Whether :meth:`cells` reads column ``name`` of row group ``group`` (so far: a page it
@@ -294,8 +361,20 @@ class PageReader:
             if held is not None and held.pid == os.getpid():
                 self._files.move_to_end(path)
                 return held
+        handle = self._opened(path)
+        self.store._check_unchanged(path, handle)
+        held = _File(handle, None)
+        held.indexes = self._footer_indexes(path, held)
+        with self._lock:
+            self._files[path] = held
+            while len(self._files) > MAX_OPEN_FILES:  # closed once no read holds it (a take's reads may)
+                self._files.popitem(last=False)
+        return held
+
+    def _opened(self, path: str) -> Any:
+        """``path`` opened for ranged reads through the store's filesystem."""
         try:
-            handle = self.store.filesystem.open_input_file(path)
+            return self.store.filesystem.open_input_file(path)
         except FileNotFoundError as exc:
             raise DatasetChangedError(f"{path}: the file is gone since {self.store.url} was opened (overwritten or "
                                       "removed while it was read); open the dataset again", path=path) from exc
@@ -304,14 +383,6 @@ class PageReader:
             if failure is None:
                 raise
             raise failure from exc
-        self.store._check_unchanged(path, handle)
-        held = _File(handle, None)
-        held.indexes = self._footer_indexes(path, held)
-        with self._lock:
-            self._files[path] = held
-            while len(self._files) > MAX_OPEN_FILES:
-                self._files.popitem(last=False)[1].handle.close()
-        return held
 
     def _footer_indexes(self, path: str, held: _File) -> list[list[tuple[int, int] | None]] | None:
         """Where ``path``'s offset indexes lie, from its footer (two ranged reads); None where the footer
@@ -351,6 +422,9 @@ class PageReader:
             for held in self._files.values():
                 held.handle.close()
             self._files.clear()
+            if self._executor is not None and self._executor_pid == os.getpid():
+                self._executor.shutdown(wait=False)
+            self._executor = None
 
 
 def _leaf(metadata: pq.FileMetaData, name: str) -> int | None:
