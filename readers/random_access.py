@@ -7,6 +7,13 @@ back in the order asked. An LRU of encoded row groups, bounded in bytes (``cache
 the memory budget: ``UNIHUB_MEMORY_MB``, 512 MB), makes neighbouring lookups cheap, and a
 sampler's random indices over a dataset that fits in it read each row group once, whatever the
 row groups' size.
+
+Over a dataset larger than the cache, image columns are read a page at a time instead, where the
+file carries Parquet's offset index and keeps them in ``PLAIN`` uncompressed pages (what
+``write_dataset`` writes; store/page_index.py): a random row costs one small ranged read of its
+image, not a row group. The other columns are read by row group and cached, as before (they are
+small); files without an offset index (Petastorm's, plain Parquet, unihub's before it wrote one)
+are read by row group whole.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +42,7 @@ from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells,
 from unihub.schema.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import ParquetStore, open_dataset
+from unihub.store.page_index import PageReader
 
 
 class Dataset:
@@ -42,9 +51,9 @@ class Dataset:
     Encoded row groups read are kept up to ``cache_mb`` megabytes (the last one read always), and
     at most ``cached_row_groups`` of them where given (0: none kept). ``cache_mb=None`` is the memory
     budget (:func:`~unihub.runtime.memory.memory_budget`: ``UNIHUB_MEMORY_MB``, 512 MB by default):
-    a random sampler over a dataset larger than the cache reads a whole row group for most rows it
-    asks for (100,000 rows of 64x64 JPEGs, 226 MB, with 128 MB: ~17x the CPU per row of a cache
-    that holds them, benchmarks/cpu_per_row.py).
+    over a dataset larger than that, image columns are read page by page where the files have an
+    offset index (see the module docstring): a random sampler then reads a small page per image,
+    not a row group (files without one: a whole row group for most rows it asks for).
     """
 
     def __init__(self, url: str | os.PathLike[str] | ParquetStore, schema_fields: Any = None, *,
@@ -72,6 +81,19 @@ class Dataset:
         #: every row group cached: the whole dataset's cells (see _whole_dataset); refused: cannot be
         self._whole: _WholeDataset | None = None
         self._whole_refused = False
+        #: image fields read page by page (where a row group's chunk allows), when the cache cannot hold the dataset
+        self._paged = self._page_fields()
+        self.pages: PageReader | None = PageReader(self.store) if self._paged else None
+
+    def _page_fields(self) -> frozenset[str]:
+        """The image fields worth reading by page: the cache cannot hold every row group (the store's
+        bytes on disk or in memory pass ``cache_mb``, or ``cached_row_groups`` is fewer)."""
+        groups = self.store.row_groups
+        total = max(self.store.total_bytes, sum(rg.total_byte_size for rg in groups))
+        if total <= self._cache_bytes and (self._cache_size is None or self._cache_size >= len(groups)):
+            return frozenset()
+        return frozenset(f.name for f in self.schema if self.decode_images and isinstance(f.codec, CompressedImageCodec)
+                         and f.name not in self.store.partition_names)
 
     def __len__(self) -> int:
         return self.store.num_rows
@@ -95,11 +117,15 @@ class Dataset:
             return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
         _check_apart(into)
         whole = self._whole_dataset()
-        if whole is not None:
+        if whole is not None and not self._paged:
             return self._row_type(*(_copied_into(self._from_whole(whole, f, idx, into), into.get(f.name) if into else None)
                                     for f in self.schema))
         parts, in_order = self._parts(idx)
-        decoded = self._decoded_parts(parts, in_order, into)
+        if whole is not None:  # the fields not read by page, gathered at once; the paged ones part by part
+            decoded = {f.name: self._from_whole(whole, f, idx, into) for f in self.schema if f.name not in self._paged}
+            decoded.update(self._decoded_parts(parts, in_order, into, [f for f in self.schema if f.name in self._paged]))
+        else:
+            decoded = self._decoded_parts(parts, in_order, into, list(self.schema))
         return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
                                 for f in self.schema))
 
@@ -116,7 +142,7 @@ class Dataset:
             raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
         return idx
 
-    def _parts(self, idx: np.ndarray) -> tuple[list[tuple[_CachedGroup, np.ndarray]], np.ndarray]:
+    def _parts(self, idx: np.ndarray) -> tuple[list[_Part], np.ndarray]:
         """Each row group the rows ``idx`` fall in, read once, with its rows asked (local numbers), grouped
         in row-group order; and where each asked position's value lands among them (``in_order``)."""
         offsets = self.store._offsets
@@ -125,22 +151,22 @@ class Dataset:
         in_order = np.argsort(by_group)  # ...and back: where each position's value lands
         sorted_groups = groups[by_group]
         cuts = (np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1).tolist()
-        parts: list[tuple[_CachedGroup, np.ndarray]] = []
+        parts: list[_Part] = []
         for a, b in zip([0, *cuts], [*cuts, len(idx)]):
             group = int(sorted_groups[a])
-            parts.append((self._row_group(group), idx[by_group[a:b]] - offsets[group]))
+            parts.append(_Part(group, self._row_group(group), idx[by_group[a:b]] - offsets[group]))
         return parts, in_order
 
-    def _decoded_parts(self, parts: list[tuple[_CachedGroup, np.ndarray]], in_order: np.ndarray,
-                       into: Mapping[str, np.ndarray] | None) -> dict[str, Any]:
-        """Every field of the rows in ``parts``, decoded in the order asked: images from views of the
-        cached bytes, fixed-width cells gathered by numpy, the rest by Arrow's take."""
+    def _decoded_parts(self, parts: list[_Part], in_order: np.ndarray, into: Mapping[str, np.ndarray] | None,
+                       fields: list[Any]) -> dict[str, Any]:
+        """``fields`` of the rows in ``parts``, decoded in the order asked: images from views of the
+        cached bytes or of the pages read, fixed-width cells gathered by numpy, the rest by Arrow's take."""
         decoded: dict[str, Any] = {}
         slow: list[Any] = []
-        for f in self.schema:
+        for f in fields:
             if self.decode_images and isinstance(f.codec, CompressedImageCodec):
                 # gathered as views of the cached bytes (Arrow's take would copy every image twice)
-                views = [view for entry, local in parts for view in entry.binary(f.name).at(local)]
+                views = [view for part, found in zip(parts, self._image_views(parts, f.name)) for view in found]
                 decoded[f.name] = decode_images(f, [views[k] for k in in_order.tolist()], policy=self._policy,
                                                 into=into.get(f.name) if into else None)
             elif (cells := self._gathered(f, parts, in_order)) is not None:
@@ -148,9 +174,32 @@ class Dataset:
             else:
                 slow.append(f)
         if slow:  # Arrow's take, group by group, then the rows joined in the order asked
-            pieces = [entry.table.select([f.name for f in slow]).take(int64_array(local)) for entry, local in parts]
+            pieces = [part.entry.table.select([f.name for f in slow]).take(int64_array(part.rows)) for part in parts]
             decoded.update(zip((f.name for f in slow), self._decode_in_order(slow, pieces, in_order)))
         return decoded
+
+    def _image_views(self, parts: list[_Part], name: str) -> list[list[memoryview]]:
+        """Image field ``name`` of each part's rows: views of its cached row group, or of the pages read
+        (where the field is read by page and its chunk allows it; a take's pages are read together)."""
+        by_page = [k for k, part in enumerate(parts) if name not in part.entry.table.column_names]
+        found: list[list[memoryview] | None] = [None] * len(parts)
+        if by_page and self.pages is not None:
+            read = self.pages.cells_of(name, [(parts[k].group, parts[k].rows) for k in by_page])
+            for k, values in zip(by_page, read):
+                found[k] = values
+        return [values if values is not None else self._group_views(part, name) for part, values in zip(parts, found)]
+
+    def _group_views(self, part: _Part, name: str) -> list[memoryview]:
+        """Image field ``name`` of a part's rows from its row group, read again with this column where
+        the page reader declined it."""
+        if name not in part.entry.table.column_names:
+            with self._lock:
+                dropped = self._cache.pop(part.group, None)
+                if dropped is not None:
+                    self._cached_bytes -= dropped.table.nbytes
+                    self._whole, self._whole_refused = None, False
+            part.entry = self._row_group(part.group)
+        return part.entry.binary(name).at(part.rows)
 
     def _from_whole(self, whole: _WholeDataset, f: Any, idx: np.ndarray, into: Mapping[str, np.ndarray] | None) -> Any:
         """Field ``f`` of rows ``idx`` decoded from the whole dataset's cells."""
@@ -169,22 +218,23 @@ class Dataset:
         with self._lock:
             if self._whole is None and not self._whole_refused and len(self._cache) == len(self.store.row_groups):
                 entries = [self._cache[g] for g in range(len(self.store.row_groups))]
-                self._whole = _WholeDataset.of(entries, self.schema, self.decode_images, self._cache_bytes // 4)
+                fields = [f for f in self.schema if f.name not in self._paged]
+                self._whole = _WholeDataset.of(entries, fields, self.decode_images, self._cache_bytes // 4)
                 self._whole_refused = self._whole is None
             return self._whole
 
     @staticmethod
-    def _gathered(f: Any, parts: list[tuple[_CachedGroup, np.ndarray]], in_order: np.ndarray) -> pa.Array | None:
+    def _gathered(f: Any, parts: list[_Part], in_order: np.ndarray) -> pa.Array | None:
         """Field ``f``'s rows asked, as one Arrow array in the order asked, gathered by numpy from
         the groups' fixed-width cells; None where a group stores it otherwise (nulls, variable width,
         another type than the first group's)."""
         taken, types = [], set()
-        for entry, local in parts:
-            found = entry.fixed_width(f.name)
+        for part in parts:
+            found = part.entry.fixed_width(f.name)
             if found is None:
                 return None
             types.add(found[0])
-            taken.append(found[1][local])
+            taken.append(found[1][part.rows])
         if len(types) != 1:
             return None
         return from_fixed_width_cells(types.pop(), (taken[0] if len(taken) == 1 else np.concatenate(taken))[in_order])
@@ -210,7 +260,10 @@ class Dataset:
             if entry is not None:
                 self._cache.move_to_end(group)
                 return entry
-        entry = _CachedGroup(self.store.read_row_group(group, list(self.schema.fields),
+        pages = self.pages
+        fields = [name for name in self.schema.fields
+                  if name not in self._paged or pages is None or not pages.takes(group, name)]
+        entry = _CachedGroup(self.store.read_row_group(group, fields,
                                                        views=decoded_images(self.schema, self.decode_images)))
         with self._lock:
             if group not in self._cache:
@@ -241,7 +294,8 @@ class _WholeDataset:
         self.images, self.fixed = images, fixed
 
     @classmethod
-    def of(cls, entries: list[_CachedGroup], schema: Unischema, decode_images: bool, limit: int) -> _WholeDataset | None:
+    def of(cls, entries: list[_CachedGroup], schema: Sequence[Any], decode_images: bool,
+           limit: int) -> _WholeDataset | None:
         images: dict[str, Spans] = {}
         fixed: dict[str, tuple[pa.DataType, np.ndarray]] = {}
         copied = 0
@@ -274,6 +328,15 @@ class _WholeDataset:
     def views(self, name: str, rows: np.ndarray) -> list[memoryview]:
         """Image field ``name``'s values at ``rows``, as views of the cached groups' buffers."""
         return spans_at(self.images[name], rows)
+
+
+@dataclass
+class _Part:
+    """A row group a take reads from: its number, its cached columns and the rows asked of it (local numbers)."""
+
+    group: int
+    entry: _CachedGroup
+    rows: np.ndarray
 
 
 class _CachedGroup:

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from unihub.errors import FormatError
+from unihub.errors import DataCorruptionError, FormatError
 from unihub.store._thrift import I32, STRUCT, Fields, read_struct, varint
 from unihub.store.crc import crc32
 
@@ -305,3 +305,112 @@ def _binary_view(data: pa.Buffer, chunk: memoryview, starts: np.ndarray, lengths
         picked = np.minimum(starts[short, None] + inline, len(raw) - 1)
         as_bytes[short, 4:16] = np.where(wanted, raw[picked], 0)
     return pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views), data])
+
+
+def page_value_spans(page: memoryview, count: int, max_definition_level: int, verify: bool,
+                     where: str) -> tuple[list[int], list[int]] | None:
+    """The spans (starts, lengths) in ``page`` of the ``count`` values of one data page: ``page`` is
+    the page whole, header first, as an offset index locates it (store/page_index.py).
+
+    ``where`` (the file and the page's offset) names the page in errors. FormatError where the
+    header cannot be parsed, its sizes disagree with ``page``'s, it is no data page, or its values do
+    not fill it; DataCorruptionError where ``verify`` and the page fails its CRC. None where the page
+    is of a layout this reader declines (compressed, not PLAIN, nulls): the caller reads its row group.
+    Time is bounded by ``len(page)``: at most a value per 4 bytes is walked."""
+    header = _v1_header(page)
+    if header is None:
+        try:
+            fields, body = read_struct(page, 0)
+            if body > _MAX_HEADER:
+                raise FormatError("a page header of more than 64 KiB")
+            kind, uncompressed, compressed = _i32(fields, 1), _i32(fields, 2), _i32(fields, 3)
+            crc = _i32(fields, 4, None)
+        except FormatError as exc:
+            raise FormatError(f"{where}: {exc}") from exc
+    else:
+        kind, uncompressed, compressed, crc, body = _DATA_PAGE, header[1], header[2], header[3], header[8]
+    size = len(page)
+    if body + compressed != size or compressed < 0 or uncompressed < 0:
+        raise FormatError(f"{where}: the page header says {body} + {compressed} bytes, the offset index {size}")
+    if kind not in _DATA_PAGES:
+        raise FormatError(f"{where}: the offset index points at a page of type {kind}, not a data page")
+    if verify and crc is not None and crc32(page[body:]) != crc & 0xFFFFFFFF:
+        raise DataCorruptionError(f"{where}: the page fails its CRC-32 checksum (its bytes changed since "
+                                  "they were written)")
+    if uncompressed != compressed or sys.byteorder != "little":
+        return None  # compressed (or a v2 page's levels counted otherwise): not what this reader takes
+    try:
+        if header is None:
+            start, found, encoding = _page_values(page, kind, fields, body, size, max_definition_level)
+        else:
+            found, encoding = header[4], header[5]
+            if header[6] not in _LEVEL_ENCODINGS or header[7] not in _LEVEL_ENCODINGS:
+                return None
+            start = _past_levels_v1(page, body, size, found, max_definition_level, header[6])
+    except (FormatError, IndexError, struct.error):
+        return None  # nulls, other level encodings: the row group's reader takes them
+    if found != count:
+        raise FormatError(f"{where}: the page holds {found} values, the offset index says {count} rows")
+    if encoding != _PLAIN:
+        return None
+    return _value_lists(page, start, count, where)
+
+
+def _value_lists(page: memoryview, start: int, count: int, where: str) -> tuple[list[int], list[int]]:
+    """As :func:`_walk_values`, into lists (a page holds a few values: numpy's calls cost more)."""
+    size = len(page)
+    if count > (size - start) // 4:
+        raise FormatError(f"{where}: {count} values cannot fit in {size - start} bytes")
+    lengths_at = [page[k:k + (size - k) // 4 * 4].cast("i") for k in range(4)]
+    starts, lengths = [], []
+    position = start
+    for _ in range(count):
+        length = lengths_at[position & 3][position >> 2] if position + 4 <= size else -1
+        if length < 0:
+            break
+        starts.append(position + 4)
+        lengths.append(length)
+        position += 4 + length
+    if position != size or len(starts) != count:
+        raise FormatError(f"{where}: PLAIN values that do not fill their page")
+    return starts, lengths
+
+
+#: the page headers Arrow writes for v1 data pages (without statistics): fields 1-4 (type, sizes, CRC)
+#: as i32, then field 5 (the DataPageHeader) with its fields 1-4 (values, encodings) as i32, two stops
+_V1_HEADER = (0x15, 0x15, 0x15, 0x15, 0x1C, 0x15, 0x15, 0x15, 0x15)
+
+
+def _v1_header(page: memoryview) -> list[int] | None:
+    """A data page header laid out as Arrow writes a v1 one with a CRC, read at a glance (a sampler
+    reads one per row): its type, sizes, CRC, count of values, encodings of values and levels and the
+    offset after it, as :func:`read_struct` reads them; None for any other layout (read_struct reads it)."""
+    values: list[int] = []
+    position = 0
+    try:
+        for head in _V1_HEADER:
+            if page[position] != head:
+                return None
+            position += 1
+            if head == 0x1C:
+                continue
+            byte = page[position]
+            position += 1
+            zigzag, shift = byte & 0x7F, 7
+            while byte & 0x80:
+                if shift > 28:
+                    return None
+                byte = page[position]
+                position += 1
+                zigzag |= (byte & 0x7F) << shift
+                shift += 7
+            value = (zigzag >> 1) ^ -(zigzag & 1)
+            if not -2**31 <= value < 2**31 or (head == 0x15 and not values and value != _DATA_PAGE):
+                return None
+            values.append(value)
+        if page[position] or page[position + 1]:
+            return None
+    except IndexError:
+        return None
+    values.append(position + 2)
+    return values
