@@ -22,6 +22,8 @@ from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_da
 from unihub.dependencies import is_available
 from unihub.readers.reader import make_batch_reader, make_reader
 
+from .keras_fit import fit_recorded
+
 N = 53
 SCHEMA = Unischema("CheckpointTest", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
@@ -231,34 +233,7 @@ def test_position_refuses_what_it_cannot_count(url):
 
 
 def _keras_fit(url: str, backup: str, seen: list[list[int]], interrupt_at: int | None) -> None:
-    """``model.fit`` one epoch over a fresh reader with BackupAndRestore(save_freq=3), recording each
-    batch's ids as the model trains on it; raise at the end of batch ``interrupt_at``."""
-    import keras
-
-    from unihub.bridges.tf.checkpoint import ReaderPosition
-    from unihub.bridges.tf.dataset import make_tf_dataset
-
-    class Recording(keras.Model):
-        def train_step(self, data: Any) -> Any:
-            seen.append(data[0][:, 0].numpy().astype(int).tolist())
-            return super().train_step(data)
-
-    class Interrupt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            if batch == interrupt_at:
-                raise RuntimeError("interrupted")
-
-    inputs = keras.Input((1,))
-    model = Recording(inputs, keras.layers.Dense(1)(inputs))
-    model.compile(keras.optimizers.SGD(0.001), "mse", run_eagerly=True)
-    with make_reader(url, reader_pool_type="dummy", shuffle_rows=True, num_epochs=1) as reader:
-        position = ReaderPosition(reader)
-        position.attach(model)
-        dataset = make_tf_dataset(reader, batch_size=4).map(
-            lambda b: (keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32"), b["x"][:, :1]))
-        dataset = position.track(dataset)
-        model.fit(dataset, epochs=1, verbose=0,
-                  callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), Interrupt()])
+    fit_recorded(url, backup, seen, interrupt_at, batch_size=4, target="x")
 
 
 @tf_only

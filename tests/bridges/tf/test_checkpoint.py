@@ -30,6 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from unihub.bridges.tf.checkpoint import PositionStateError, ReaderPosition, saved_position  # noqa: E402
 from unihub.bridges.tf.dataset import make_tf_dataset  # noqa: E402
 
+from ..keras_fit import fit_recorded  # noqa: E402
+
 N = 203  # rows, in row groups of ~8 over files of 50: shards cut row groups and files
 SCHEMA = Unischema("Position", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 OPTIONS: dict[str, Any] = dict(shuffle_row_groups=True, shuffle_rows=True, seed=5, num_epochs=2,
@@ -270,31 +272,7 @@ def test_the_record_of_rows_handed_out_folds_what_was_taken() -> None:
 
 
 def _keras_fit(dataset_path: Path, backup: str, seen: list[list[int]], interrupt_at: int | None) -> None:
-    """``model.fit`` one epoch through a 30-row shuffle buffer with BackupAndRestore(save_freq=3), recording
-    each batch's ids as the model trains on it; raise at the end of batch ``interrupt_at``."""
-    import keras
-
-    class Recording(keras.Model):
-        def train_step(self, data: Any) -> Any:
-            seen.append(data[0][:, 0].numpy().astype(int).tolist())
-            return super().train_step(data)
-
-    class Interrupt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            if batch == interrupt_at:
-                raise RuntimeError("interrupted")
-
-    inputs = keras.Input((1,))
-    model = Recording(inputs, keras.layers.Dense(1)(inputs))
-    model.compile(keras.optimizers.SGD(0.001), "mse", run_eagerly=True)
-    with make_reader(dataset_path, reader_pool_type="dummy", shuffle_rows=True, num_epochs=1) as reader:
-        position = ReaderPosition(reader)
-        position.attach(model)
-        pairs = make_tf_dataset(reader, batch_size=BATCH, shuffle_buffer=30).map(
-            lambda b: (keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32"),
-                       keras.ops.cast(keras.ops.expand_dims(b["id"], 1), "float32")))
-        model.fit(position.track(pairs), epochs=1, verbose=0,
-                  callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), Interrupt()])
+    fit_recorded(dataset_path, backup, seen, interrupt_at, batch_size=BATCH, shuffle_buffer=30)
 
 
 def test_keras_fit_through_a_shuffle_buffer_resumes_with_backup_and_restore_on_the_rows_not_trained(
