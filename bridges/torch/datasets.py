@@ -22,7 +22,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -148,6 +148,9 @@ def _build_iterable_dataset(torch: Any) -> type:
         persistent). Pass the same ``seed`` on every rank. With ``batch_size``, use torch's
         ``DataLoader(ds, batch_size=None)``. ``reader_kwargs`` go to ``make_reader``/``make_batch_reader``.
         ``rank``/``world_size`` default to ``torch.distributed``'s (read in each worker).
+        ``shard_remainder``: ``'exact'`` (each row of an epoch once; the last shards may have a row or a
+        few fewer), ``'pad'`` (every shard ``ceil(rows / shards)``, wrapping round: ranks equal, as DDP
+        needs) or ``'drop'`` (every shard ``floor(rows / shards)``).
 
         Resume (torch's ``Stateful``): ``state_dict()`` is the state of the worker it is called in, after
         the rows it yielded; torchdata's ``StatefulDataLoader`` calls it in each worker and keeps the states
@@ -166,7 +169,7 @@ def _build_iterable_dataset(torch: Any) -> type:
 
         def __init__(self, url: Any, batch_size: int | None = None, *, seed: int | None = None,
                      variable: Variable = "list", rank: int | None = None, world_size: int | None = None,
-                     **reader_kwargs: Any) -> None:
+                     shard_remainder: Literal["exact", "pad", "drop"] = "exact", **reader_kwargs: Any) -> None:
             super().__init__()
             receive_here()  # the workers torch forks hand this process their shared memory
             reserved = sorted(set(reader_kwargs) & set(_RESERVED))
@@ -184,6 +187,9 @@ def _build_iterable_dataset(torch: Any) -> type:
                                            f"and {world_size}")
             self.url, self.batch_size, self.variable = url, batch_size, variable
             self.rank, self.world_size = rank, world_size
+            if shard_remainder not in ("exact", "pad", "drop"):
+                raise InvalidArgumentError(f"shard_remainder must be 'exact', 'pad' or 'drop', got {shard_remainder!r}")
+            self.shard_remainder = shard_remainder
             if seed is None:
                 seed = random_seed()
             self.seed = int(seed)
@@ -274,7 +280,8 @@ def _build_iterable_dataset(torch: Any) -> type:
             if info is not None and info.num_workers > 1 and "workers_count" not in kwargs:
                 kwargs["workers_count"] = _threads_per_worker(info.num_workers)
             if shard[1] > 1:
-                kwargs.update(cur_shard=shard[0], shard_count=shard[1], shard_by="row", shard_remainder="pad")
+                kwargs.update(cur_shard=shard[0], shard_count=shard[1], shard_by="row",
+                              shard_remainder="drop" if self.shard_remainder == "drop" else "pad")
             if resume is not None:
                 kwargs["resume_from"] = _reader_state_only(reader_of(resume.own)) if resume.own is not None \
                     else resume.readers
@@ -300,7 +307,7 @@ def _build_iterable_dataset(torch: Any) -> type:
             before = int(own["before"]) if own is not None else resume.before if resume is not None else 0
             run = self._run = _Run(epoch, self.seed, shard, before, int(own["rows"]) if own is not None else 0)
             with self._open(epoch, shard, resume) as reader:
-                limit = _share_left(reader, run, resume)
+                limit = _share_left(reader, run, resume, self.shard_remainder)
                 skip = int(reader_of(own).get("skip", 0)) if own is not None else 0
                 try:
                     yield from self._serve(reader, run, limit, skip, info)
@@ -384,10 +391,10 @@ def _build_iterable_dataset(torch: Any) -> type:
     return TorchIterableDataset
 
 
-def _share_left(reader: Any, run: _Run, resume: IterableResume | None) -> int | None:
-    """Rows this shard still delivers of its epoch: its exact share of what runs before left (a
-    ``shard_remainder='pad'`` row shard's rows that are not wrap-around repeats), less what it delivered.
-    None for the only shard (its reader ends where the epoch does)."""
+def _share_left(reader: Any, run: _Run, resume: IterableResume | None, remainder: str) -> int | None:
+    """Rows this shard still delivers of its epoch: with ``remainder='exact'`` its exact share of what runs
+    before left (a ``shard_remainder='pad'`` row shard's rows that are not wrap-around repeats), less what it
+    delivered. None where the reader ends where the share does: the only shard, and ``'pad'``/``'drop'``."""
     shard, count = run.shard
     if count == 1:
         return None
@@ -397,11 +404,11 @@ def _share_left(reader: Any, run: _Run, resume: IterableResume | None) -> int | 
     rest = reader.store.num_rows - run.before
     if resume is not None and resume.readers is not None:
         planned = sum(task.num_rows for task in reader.plan_of(0))
-        if planned != math.ceil(rest / count):
+        if planned != (rest // count if remainder == "drop" else math.ceil(rest / count)):
             raise LoaderStateError(f"the states say {run.before} of {reader.store.num_rows} rows of the epoch were "
                                    f"delivered, the reader's plan leaves {planned} rows to this shard of {count}: "
                                    "the states are not of one run of this dataset, or some rank's are missing")
-    return exact_share(rest, shard, count) - run.rows
+    return exact_share(rest, shard, count) - run.rows if remainder == "exact" else None
 
 
 def _skip_rows(reader: Any, count: int) -> None:

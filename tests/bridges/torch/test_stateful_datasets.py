@@ -416,3 +416,35 @@ def test_sampler_in_a_stateful_dataloader_over_the_map_dataset(dataset, workers)
     resumed.load_state_dict(states[0])
     assert before[:18] + [i for batch in resumed for i in ids(batch)] == \
         [i for batch in loader(0, 2) for i in ids(batch)]
+
+
+@pytest.mark.parametrize("remainder", ["exact", "pad", "drop"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_shard_remainder_keeps_ranks_equal_also_after_an_elastic_resume(dataset, remainder, batched):
+    """'exact' delivers each row once with the last shard short; 'pad' and 'drop' keep every rank's
+    count equal (DDP waits for the slowest rank): 203 rows on 8 ranks, then 2 ranks resumed on 3."""
+    def rows(rank: int, world: int, state: Any = None) -> tuple[list[int], Any]:
+        ds = TorchIterableDataset(dataset, 4 if batched else None, seed=3, rank=rank, world_size=world,
+                                  shard_remainder=remainder, **OPTIONS)
+        if state is not None:
+            ds.load_state_dict(state)
+        loader = stateful_loader()(ds, batch_size=None if batched else 4)
+        return [i for batch in loader for i in ids(batch)], loader
+
+    counts = [len(rows(rank, 8)[0]) for rank in range(8)]
+    flat = [i for rank in range(8) for i in rows(rank, 8)[0]]
+    expected = {"exact": [26] * 7 + [21], "pad": [26] * 8, "drop": [25] * 8}[remainder]
+    assert counts == expected
+    assert set(flat) == set(range(N)) if remainder != "drop" else len(set(flat)) == len(flat) == 200
+    seen, states = [], []
+    for rank in range(2):
+        ds = TorchIterableDataset(dataset, 4 if batched else None, seed=3, rank=rank, world_size=2,
+                                  shard_remainder=remainder, **OPTIONS)
+        loader = stateful_loader()(ds, batch_size=None if batched else 4)
+        seen += [i for batch in itertools.islice(loader, 5 + rank) for i in ids(batch)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    after = [rows(rank, 3, states)[0] for rank in range(3)]
+    rest = N - len(seen)
+    assert [len(r) for r in after] == {"exact": [exact_share(rest, k, 3) for k in range(3)],
+                                       "pad": [-(-rest // 3)] * 3, "drop": [rest // 3] * 3}[remainder]
+    assert not set(seen) & {i for r in after for i in r}
