@@ -334,6 +334,23 @@ def merge_intervals(intervals: Sequence[tuple[int, int]]) -> Intervals:
     return out
 
 
+def runs_of(positions: np.ndarray) -> Intervals:
+    """Sorted unique ``positions`` as the intervals they fill (one per run of consecutive positions)."""
+    if not positions.size:
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [positions.size]])
+    return [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(starts, stops)]
+
+
+def positions_in(intervals: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Every position of ``intervals``, in order: the inverse of :func:`runs_of`."""
+    if not intervals:
+        return np.empty(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in intervals])
+
+
 def complement(done: Intervals, total: int) -> Intervals:
     """The intervals of ``[0, total)`` outside ``done`` (merged)."""
     out: Intervals = []
@@ -422,7 +439,7 @@ def _add_extra(p: RankProgress, tasks: list[ReadTask], add: Callable[[int, Inter
         size = sum(t.num_rows for t in tasks)
         here = rows[rows < size]
         positions = order_of(epoch).positions(tasks, here)
-        add(epoch, merge_intervals([(int(x), int(x) + 1) for x in positions]))
+        add(epoch, runs_of(np.unique(positions)))
         rows = rows[rows >= size] - size
         epoch += 1
         tasks = rank_plan(p.config, epoch, p.done)

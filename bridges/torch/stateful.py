@@ -23,7 +23,7 @@ import numpy as np
 
 from unihub.bridges.torch.state import LoaderStateError, rank_and_world
 from unihub.readers import elastic
-from unihub.readers.plan import complement
+from unihub.readers.plan import complement, positions_in, runs_of
 
 STATEFUL_VERSION = 1
 ITERABLE_KIND = "torch_iterable_dataset"
@@ -178,22 +178,6 @@ def _flat(intervals: Sequence[tuple[int, int]]) -> list[int]:
     return [int(v) for interval in intervals for v in interval]
 
 
-def _positions(intervals: Sequence[tuple[int, int]]) -> np.ndarray:
-    if not intervals:
-        return np.empty(0, np.int64)
-    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in intervals])
-
-
-def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted unique ``positions`` as intervals."""
-    if not positions.size:
-        return []
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [positions.size]])
-    return [(int(positions[a]), int(positions[b - 1]) + 1) for a, b in zip(starts, stops)]
-
-
 class ElasticDistributedSampler:
     """``DistributedSampler`` that resumes exactly, on any number of ranks: the indices of one rank.
 
@@ -246,7 +230,7 @@ class ElasticDistributedSampler:
 
     def _block(self, done: Sequence[tuple[int, int]], rank: int, world: int) -> np.ndarray:
         """Positions (in the permutation) of rank ``rank`` of ``world``'s block of what ``done`` leaves."""
-        rest = _positions(complement(list(done), self.size))
+        rest = positions_in(complement(list(done), self.size))
         per = (rest.size // world if self.drop_last else math.ceil(rest.size / world)) if rest.size else 0
         return rest[(rank * per + np.arange(per, dtype=np.int64)) % rest.size] if per else rest[:0]
 
@@ -313,8 +297,8 @@ class ElasticDistributedSampler:
             return
         self.seed, self.epoch = seed, epoch
         delivered = [self._delivered(s, done) for s in states]
-        joined = np.unique(np.concatenate([_positions(done), *delivered]))
-        self._resume = (epoch, _runs(joined), 0)
+        joined = np.unique(np.concatenate([positions_in(done), *delivered]))
+        self._resume = (epoch, runs_of(joined), 0)
 
     def _delivered(self, state: dict[str, Any], done: list[tuple[int, int]]) -> np.ndarray:
         rank, world = (int(v) for v in state["rank"])

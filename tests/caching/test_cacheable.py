@@ -14,6 +14,8 @@ from unihub.caching import list_caches, remove_cache
 from unihub.cli import main
 from unihub.errors import CacheError, InvalidArgumentError
 
+from ..elastic_rest import check_rest_of_epoch
+
 N = 1000
 
 
@@ -202,14 +204,7 @@ def _read(reader, count: int | None = None) -> list[int]:
 
 def _check_rest(taken: list[int], after: list[list[int]], drop: bool) -> None:
     """The new ranks' rows (``after``) are exactly the rows of the epoch not in ``taken``, ranks equal."""
-    rest = set(range(N)) - set(taken)
-    flat = [i for rows in after for i in rows]
-    assert len({len(rows) for rows in after}) == 1, [len(rows) for rows in after]
-    assert not set(flat) - rest
-    if drop:
-        assert len(flat) == len(set(flat)) == len(after) * (len(rest) // len(after))
-    else:
-        assert set(flat) == rest and len(flat) == len(after) * -(-len(rest) // len(after))
+    check_rest_of_epoch(taken, after, N, "drop" if drop else "pad")
 
 
 @pytest.mark.parametrize("example", range(12))

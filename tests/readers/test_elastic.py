@@ -33,6 +33,8 @@ from unihub.readers.plan import (
 )
 from unihub.readers.reader import Reader, make_batch_reader, make_reader
 
+from ..elastic_rest import check_rest_of_epoch
+
 N = 203  # rows: row groups of ~8 rows in files of 50, so shards cut row groups and files
 SCHEMA = Unischema("Elastic", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                                UnischemaField("pad", np.uint8, (64,), NdarrayCodec(), False)])
@@ -149,18 +151,11 @@ def check_resumed_epochs(dataset: Path, before: list[list[tuple[int, int]]], aft
     for epoch in range(start, OPTIONS["num_epochs"]):
         gone = {i for e, i in old if e == epoch}
         new = [[i for e, i in rows if e == epoch] for rows in after]
-        flat = [i for rows in new for i in rows]
         if not gone:  # nothing of it was delivered: planned afresh for the new shard count
             for k, rows in enumerate(new):
                 assert rows == fresh_epoch(dataset, epoch, k, count, shard_remainder=new_remainder, **options)
             continue
-        assert len({len(rows) for rows in new}) == 1, f"epoch {epoch}: ranks not equal {[len(r) for r in new]}"
-        rest = set(range(N)) - gone
-        assert not set(flat) & gone, f"epoch {epoch}: rows delivered again"
-        if new_remainder == "pad":
-            assert set(flat) == rest and len(flat) == count * -(-len(rest) // count)
-        else:
-            assert len(flat) == len(set(flat)) == count * (len(rest) // count) and set(flat) <= rest
+        check_rest_of_epoch(gone, new, N, new_remainder, f"epoch {epoch}: ")
 
 
 Rows = list[list[tuple[int, int]]]

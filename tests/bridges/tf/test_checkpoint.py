@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from unihub.bridges.tf.checkpoint import PositionStateError, ReaderPosition, saved_position  # noqa: E402
 from unihub.bridges.tf.dataset import make_tf_dataset  # noqa: E402
 
+from ...elastic_rest import check_rest_of_epoch  # noqa: E402
 from ..keras_fit import fit_recorded  # noqa: E402
 
 N = 203  # rows, in row groups of ~8 over files of 50: shards cut row groups and files
@@ -122,19 +123,12 @@ def _check_resumed(dataset: Path, before: Rows, after: Rows, remainder: str, epo
     for epoch in range(start, epochs):
         gone = {i for e, i in old if e == epoch}
         new = [[i for e, i in rows if e == epoch] for rows in after]
-        flat = [i for rows in new for i in rows]
         if not gone:  # nothing of it was taken: planned afresh for the new shard count
             for k, rows in enumerate(new):
                 fresh = _fresh_epoch(dataset, epoch, k, count, remainder, num_epochs=epochs, shard_by=shard_by)
                 assert (sorted(rows) == sorted(fresh)) if shuffled else (rows == fresh)
             continue
-        assert len({len(rows) for rows in new}) == 1, f"epoch {epoch}: ranks not equal {[len(r) for r in new]}"
-        rest = set(range(N)) - gone
-        assert not set(flat) & gone, f"epoch {epoch}: rows taken again {sorted(set(flat) & gone)[:10]}"
-        if remainder == "pad":
-            assert set(flat) == rest and len(flat) == count * -(-len(rest) // count)
-        else:
-            assert len(flat) == len(set(flat)) == count * (len(rest) // count) and set(flat) <= rest
+        check_rest_of_epoch(gone, new, N, remainder, f"epoch {epoch}: ")
 
 
 def test_a_position_after_an_elastic_resume_counts_the_resumed_epochs_rows(dataset: Path) -> None:

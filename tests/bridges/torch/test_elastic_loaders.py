@@ -25,6 +25,8 @@ from unihub import NdarrayCodec, ScalarCodec, Unischema, UnischemaField, write_d
 from unihub.dependencies import is_available
 from unihub.readers.reader import make_batch_reader, make_reader
 
+from ...elastic_rest import check_rest_of_epoch
+
 pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
 
 N = 203  # rows: row groups of ~8 rows in files of 50, so shards cut row groups and files
@@ -83,15 +85,7 @@ def run_ranks(dataset: Path, kind: str, count: int, stops: list[int | None], res
 
 def check_the_rest(gone: set[int], new: list[list[int]], remainder: str) -> None:
     """``new`` (each new rank's rows of the epoch) is the rest of an epoch of which ``gone`` was delivered."""
-    assert len({len(rows) for rows in new}) == 1, f"ranks not equal: {[len(rows) for rows in new]}"
-    flat = [i for rows in new for i in rows]
-    rest = set(range(N)) - gone
-    assert not set(flat) & gone, "rows delivered again"
-    count = len(new)
-    if remainder == "pad":
-        assert set(flat) == rest and len(flat) == count * -(-len(rest) // count)
-    else:
-        assert len(flat) == len(set(flat)) == count * (len(rest) // count) and set(flat) <= rest
+    check_rest_of_epoch(gone, new, N, remainder)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
