@@ -441,6 +441,36 @@ def petastorm_pickles(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     return Target(seeds, check)
 
 
+@target
+def parquet_page_index(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    """The footer's offset-index locations and an OffsetIndex (store/page_index.py, random access by page), from
+    a file pyarrow wrote with its page index: locations, or a FormatError naming the file and offset."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unihub.store import page_index
+
+    path = tmp_path / "seed.parquet"
+    blobs = [bytes(range(n % 256)) * 3 for n in range(40)]
+    pq.write_table(pa.table({"image": pa.array(blobs, pa.binary()), "id": pa.array(range(40), pa.int64())}), path,
+                   row_group_size=20, compression="none", write_page_index=True, data_page_size=512,
+                   write_batch_size=4)
+    data = path.read_bytes()
+    length = struct.unpack("<i", data[-8:-4])[0]
+    footer_at = len(data) - 8 - length
+    footer = data[footer_at:footer_at + length]
+    offset, size = page_index.index_locations(footer, str(path), footer_at)[0][0] or (0, 0)
+
+    def check(fuzzed: bytes, choice: int) -> None:
+        if choice & 1:
+            bounded(lambda: page_index.index_locations(fuzzed, "f", 3), (FormatError,))
+        else:
+            bounded(lambda: page_index.parse_offset_index(fuzzed, 1 + choice % 40, (0, len(data)), "f", 3),
+                    (FormatError,))
+
+    return Target([footer, data[offset:offset + size]], check)
+
+
 def _images() -> Iterator[bytes]:
     from unihub.images.decoders import encode_image
 
