@@ -41,11 +41,14 @@ def done_keys(done: Mapping[int, planning.Intervals], epoch: int) -> dict[str, A
             "done_from": kept_from if any(e < kept_from for e in done) else 0}
 
 
-def at_start(state: Mapping[str, Any], shard: int, count: int, epoch: int = 0) -> dict[str, Any]:
+def at_start(state: Mapping[str, Any], shard: int, count: int, epoch: int = 0, *,
+             fresh: bool = False) -> dict[str, Any]:
     """The state shard ``shard`` of ``count`` of the run ``state`` belongs to had before it delivered anything
     of ``epoch``: for a list of every shard's states where a shard never started (a torch worker that was
-    not yet asked for rows). What runs before delivered (``done``) is the same for every shard of a run."""
-    kept = {key: value for key, value in state.items() if key not in ("skip", "exclude")}
+    not yet asked for rows). What runs before delivered (``done``) is the same for every shard of a run;
+    ``fresh``: a run started over (``start_over``: a mix's next pass), which nothing was delivered of."""
+    dropped = ("skip", "exclude", "done", "done_from") if fresh else ("skip", "exclude")
+    kept = {key: value for key, value in state.items() if key not in dropped}
     return {**kept, "shard": [shard, count], "epoch": epoch, "task": 0, "offset": 0}
 
 

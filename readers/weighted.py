@@ -33,6 +33,7 @@ from typing import Any, Literal, NamedTuple, get_args
 import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
+from unihub.readers import elastic
 from unihub.readers.reader import ReaderStateError, random_seed, start_over
 from unihub.schema.unischema import Unischema, UnischemaField
 
@@ -743,7 +744,7 @@ def _source_lists(parsed: Sequence[_Saved], source: int
         state, ended, carry = p.readers[source], p.ended[source], p.carry[source]
         if passes[k] == first:
             now.append(state)
-            after.append(carry if carry is not None else _at_start(state))
+            after.append(carry if carry is not None else elastic.at_start(state, *state.get("shard", (0, 1)), fresh=True))
             begun = begun or carry is not None
             continue
         if ended is None:
@@ -753,12 +754,6 @@ def _source_lists(parsed: Sequence[_Saved], source: int
         after.append(state)
         begun = True
     return now, after if begun else None
-
-
-def _at_start(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` of a reader moved to the start of its run: a rank that delivered nothing of it."""
-    dropped = ("done", "done_from", "skip", "exclude")
-    return {**{k: v for k, v in state.items() if k not in dropped}, "epoch": 0, "task": 0, "offset": 0}
 
 
 def _load_source(reader: Any, source: int, now: list[dict[str, Any]], after: list[dict[str, Any]] | None
