@@ -265,6 +265,14 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
                             aws_access_key_id=self.key, aws_secret_access_key=self.secret)
 
+    def upload_folder(self, folder: Path, prefix: str) -> str:
+        """Every file below ``folder`` under ``prefix`` in the bucket; returns the ``s3://`` URL of the copy."""
+        client = self.client()
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), self.bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{self.bucket}/{prefix}"
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:

@@ -89,10 +89,7 @@ def write_source(kind: str, root: Path) -> tuple[str, str]:
 
 
 def upload(s3: Any, local: str, prefix: str) -> None:
-    client = s3.client()
-    for path in Path(local).rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), s3.bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+    s3.upload_folder(Path(local), prefix)
 
 
 def keys(s3: Any, prefix: str) -> list[str]:

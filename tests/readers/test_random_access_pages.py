@@ -358,11 +358,7 @@ def test_take_on_s3_gets_a_range_per_page(s3_server: Any, dataset: Path, kind: s
     from .test_s3 import access
 
     prefix = f"paged-{uuid.uuid4().hex[:8]}"
-    client = s3_server.client()
-    for path in sorted(dataset.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(dataset).as_posix()}")
-    remote = Dataset(f"s3://{s3_server.bucket}/{prefix}", cache_mb=TINY, **access(s3_server, kind))
+    remote = Dataset(s3_server.upload_folder(dataset, prefix), cache_mb=TINY, **access(s3_server, kind))
     assert remote.pages is not None
     rows = np.random.default_rng(6).choice(N, size=24, replace=False)
     remote.take(rows[:1])  # footers, offset indexes, the first group's small columns

@@ -307,11 +307,8 @@ def test_built_and_selected_on_s3(s3_server: Any, kind: str) -> None:
         except ImportError:
             pytest.skip("this pyarrow build has no S3 support")
     prefix = f"indexed-{kind}"
+    url = s3_server.upload_folder(DATASET, prefix)
     client = s3_server.client()
-    for path in sorted(DATASET.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(DATASET).as_posix()}")
-    url = f"s3://{s3_server.bucket}/{prefix}"
     build_rowgroup_index(url, None, INDEXERS, **access)
     keys = sorted(e["Key"] for e in client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)["Contents"])
     assert [k for k in keys if "/_" in k] == [f"{prefix}/_common_metadata"]  # no temporary left

@@ -68,11 +68,7 @@ def local_rows(local_dataset) -> dict[int, Any]:
 def s3_url(s3_server, local_dataset) -> str:
     """The local dataset uploaded object by object with boto3."""
     prefix = f"uploaded-{uuid.uuid4().hex[:8]}"
-    client = s3_server.client()
-    for path in sorted(local_dataset.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(local_dataset).as_posix()}")
-    return f"s3://{s3_server.bucket}/{prefix}"
+    return s3_server.upload_folder(local_dataset, prefix)
 
 
 def object_keys(s3_server: Any, prefix: str) -> list[str]:

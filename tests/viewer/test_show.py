@@ -177,11 +177,7 @@ def test_provenance_lists_the_conversions_source_and_skipped_records(tmp_path: P
 def test_a_dataset_on_s3(s3_server: Any, images_dataset: Path) -> None:
     pytest.importorskip("s3fs")
     prefix = f"show-{uuid.uuid4().hex[:8]}"
-    client = s3_server.client()
-    for path in sorted(images_dataset.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), s3_server.bucket, f"{prefix}/{path.relative_to(images_dataset).as_posix()}")
-    url = f"s3://{s3_server.bucket}/{prefix}"
+    url = s3_server.upload_folder(images_dataset, prefix)
     remote = unihub.show(url, rows=4, seed=2, storage_options=s3_server.storage_options())
     local = unihub.show(images_dataset, rows=4, seed=2)
     assert [r.index for r in remote.report.sample] == [r.index for r in local.report.sample]
