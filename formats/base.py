@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
 from unihub.fs import sources as fsrc
 from unihub.registry import Registry
+from unihub.runtime.interrupts import deferred
 from unihub.runtime.lifeline import die_with_parent
 from unihub.runtime.memory import memory_budget
 from unihub.schema.unischema import Unischema
@@ -367,10 +368,12 @@ def frozen_for_fork() -> Iterator[None]:
     """Leave the objects that exist now out of garbage collection while workers are forked (and, in
     them, for good): a worker's collection touches every object it tracks, and each touch of a page
     shared with this process copies it (copy-on-write), which for a process holding much costs
-    every worker tens of milliseconds."""
+    every worker tens of milliseconds. SIGINT and SIGTERM wait until the workers have started
+    (:func:`unihub.runtime.interrupts.deferred`)."""
     gc.freeze()
     try:
-        yield
+        with deferred():  # a signal landing while the pool starts its threads would leave one unjoinable
+            yield
     finally:
         gc.unfreeze()
 

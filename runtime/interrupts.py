@@ -18,6 +18,9 @@ terminated`` (SIGTERM) as its last line and exits 128 + the signal's number, wit
   while holding its pool's queue would leave the others, and the command waiting for them, hung.
   Workers still there when the command has unwound (a signal that landed while their pool was
   starting leaves them waiting for work) are killed, as Python would otherwise wait for them at exit.
+- while a pool starts its workers (:func:`deferred`), both signals wait: landing inside
+  ``Thread.start`` of the pool's manager thread, one left a thread that the pool's shutdown could not
+  join ("cannot join thread before it is started", exit 1 instead of 143).
 
 A signal a shell set to be ignored (SIGINT of a job started in the background) stays ignored. A
 signal that arrives before the interpreter runs unihub's first line ends the process as Python
@@ -161,10 +164,44 @@ _FORKED_IGNORE = False
 _RECEIVED: list[int] = []
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then go to the handlers before it: for code that
+    must not be cut in two, such as a process pool starting its workers and its manager thread.
+    (Blocking them would not do: a thread of pyarrow's that does not block them takes a signal sent to
+    the process.) Processes forked meanwhile get the handlers before it. In a thread other than the
+    main one, nothing changes."""
+    global _DEFERRED
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before: dict[int, Any] = {}
+    held: list[int] = []
+    try:  # a signal may land at any line of these: the finally puts everything back
+        _DEFERRED = before
+        _install(lambda number, frame: held.append(number), before)
+        yield
+    finally:
+        _DEFERRED = None
+        for number, handler in before.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(held):
+            signal.raise_signal(number)  # to the handler before: raised (or the default) here
+
+
+#: the handlers :func:`deferred` replaced while it holds the signals back (a process forked then restores them)
+_DEFERRED: dict[int, Any] | None = None
+
+
 def _in_forked_child() -> None:
     """A worker forked by the command leaves SIGINT and SIGTERM to the command, which stops its workers
     (and whose end ends them: :mod:`unihub.runtime.lifeline`). A program run by ``subprocess`` is left alone:
     an ignored signal would stay ignored in it."""
+    global _DEFERRED
+    if _DEFERRED is not None:  # forked inside deferred(): the handlers before it, as in any other process
+        for number, handler in _DEFERRED.items():
+            signal.signal(number, handler)
+        _DEFERRED = None
     if _FORKED_IGNORE and _forked_by_multiprocessing():
         sys.unraisablehook = sys.__unraisablehook__
         try:
