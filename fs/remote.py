@@ -135,6 +135,37 @@ def read_retrying(read: Any, retries: int) -> Any:
             time.sleep(min(0.1 * 2**attempt, 2.0))
 
 
+def read_range(filesystem: pafs.FileSystem, path: str, start: int, stop: int,
+               handles: dict[str, Any] | None = None) -> Any:
+    """Bytes ``start:stop`` of the file ``path``: one ranged GET, no other request where it can (an
+    fsspec filesystem's ``cat_file``, without the existence check and buffering of an opened file),
+    remote failures as for any read. pyarrow's own filesystems open the file (S3: a HEAD request)
+    unless ``handles`` holds it open already (it is kept there; their ``read_at`` is thread-safe)."""
+    handler = getattr(filesystem, "handler", None)
+    inner = getattr(handler, "fs", None)
+    url = display_url(filesystem, path)
+    if reads_ranges(filesystem):
+        retries = getattr(handler, "retries", DEFAULT_RETRIES)
+        with remote_errors(url, broad=True):
+            return read_retrying(lambda: inner.cat_file(path, start=start, end=stop), retries)
+    with remote_errors(url):
+        handle = handles.get(path) if handles is not None else None
+        if handle is None:
+            handle = filesystem.open_input_file(path)
+            if handles is not None:
+                handles[path] = handle
+        try:
+            return handle.read_at(stop - start, start)
+        finally:
+            if handles is None:
+                handle.close()
+
+
+def reads_ranges(filesystem: pafs.FileSystem) -> bool:
+    """Whether :func:`read_range` reads ``filesystem`` without opening the file (fsspec's ``cat_file``)."""
+    return callable(getattr(getattr(getattr(filesystem, "handler", None), "fs", None), "cat_file", None))
+
+
 def is_cut_short(exc: BaseException) -> bool:
     """True for an HTTP answer whose body ended before its length (aiohttp's, botocore's or http.client's)."""
     return any(cls.__name__ in _CUT_SHORT for cls in type(exc).__mro__)

@@ -41,6 +41,7 @@ from unihub.store.dataset import ParquetStore, RowGroupInfo, views_the_file
 if TYPE_CHECKING:
     from unihub.readers.cache import Cache
     from unihub.readers.predicates import PredicateBase
+    from unihub.readers.prefetch import RowGroupPrefetcher
 
 
 #: the column a loader that hands images out encoded adds (``RowGroupLoader.late_images``): each
@@ -156,6 +157,8 @@ class RowGroupLoader:
     recent: RecentReads = field(default_factory=RecentReads, repr=False, compare=False)
     #: an image that fails to decode: raise (naming where it is), or drop its row (readers/decode.py)
     on_decode_error: OnDecodeError = "raise"
+    #: the read-ahead of a remote dataset (readers/prefetch.py): row groups it fetched are read from memory
+    prefetch: RowGroupPrefetcher | None = field(default=None, repr=False, compare=False)
 
     def __call__(self, job: tuple[int, int, ReadTask]) -> Batch:
         epoch, _, task = job
@@ -270,7 +273,8 @@ class RowGroupLoader:
             return self.recent.get(row_group, columns, lambda: self._read(row_group, columns, views=views), views)
         if self.cache is not None:
             return self.cache.get_row_group(self.store, row_group, columns)
-        return self.store.read_row_group(row_group, columns, views=views)
+        fetched = self.prefetch.take(row_group) if self.prefetch is not None else None
+        return self.store.read_row_group(row_group, columns, views=views, fetched=fetched)
 
     def _filter_mask(self, pre: pa.Table, decoded: dict[str, Any], rows_hint: int) -> np.ndarray:
         """Rows of ``pre`` that pass ``filters`` and the predicate; fills ``decoded``."""

@@ -186,35 +186,30 @@ class ParquetStore:
         return self.row_groups[i], row - int(self._offsets[i])
 
     def read_row_group(self, index: int, columns: Sequence[str] | None = None, *,
-                       views: Collection[str] = ()) -> pa.Table:
+                       views: Collection[str] = (), fetched: FetchedRanges | None = None) -> pa.Table:
         """The stored (encoded) columns of one row group, partition columns included.
 
         Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
         viewing the memory-mapped file, not copied, where the file is local and their pages are
-        plain and uncompressed (store/_pages.py); otherwise as stored."""
+        plain and uncompressed (store/_pages.py); otherwise as stored. ``fetched``: the row group's
+        bytes fetched ahead (readers/prefetch.py), read from memory instead of the store."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         verify = self._needs_check(index, stored)
         try:
-            arrow_checks = verify and not self._checksums_pass(info, stored)
-            parquet_file = self._open_file(info.path, arrow_checks)
-            names = stored if stored is not None else parquet_file.schema_arrow.names
-            viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks) \
-                if views else {}
-            rest = [c for c in names if c not in viewed] if viewed else stored
-            # one thread per read: readers parallelise across row groups already
-            table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
-            if viewed:
-                table = _with_viewed(table, names, viewed, parquet_file.schema_arrow)
-            self._open.bytes_read += info.total_byte_size
+            if fetched is not None and info.path in self._footers:
+                parquet_file = fetched.parquet_file(self._footers[info.path], verify)
+                table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+            else:
+                parquet_file, table = self._read_opened(info, stored, views, verify)
         except (OSError, pa.ArrowException) as exc:
             error = self._read_error(exc, info, stored)
             self._close_file()
             raise error from exc
         if verify:
-            if self._open.leaves:  # nested columns: their value counts against the footer's
-                integrity.check_value_counts(table, parquet_file.metadata, info.row_group, self._open.leaves,
-                                             info.path)
+            leaves = integrity.nested_leaves(parquet_file.schema_arrow) if fetched is not None else self._open.leaves
+            if leaves:  # nested columns: their value counts against the footer's
+                integrity.check_value_counts(table, parquet_file.metadata, info.row_group, leaves, info.path)
             if self._verify == "once":
                 # the names asked for: a nested path ("p.x") comes back as column "p", but checked only its leaf
                 checked = self._verified.get(index, frozenset()) | frozenset(table.column_names if stored is None
@@ -223,6 +218,48 @@ class ParquetStore:
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _read_opened(self, info: RowGroupInfo, stored: Sequence[str] | None, views: Collection[str],
+                     verify: bool) -> tuple[pq.ParquetFile, pa.Table]:
+        """The row group read through this thread's open file (see ``_open_file``)."""
+        arrow_checks = verify and not self._checksums_pass(info, stored)
+        parquet_file = self._open_file(info.path, arrow_checks)
+        names = stored if stored is not None else parquet_file.schema_arrow.names
+        viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks) \
+            if views else {}
+        rest = [c for c in names if c not in viewed] if viewed else stored
+        # one thread per read: readers parallelise across row groups already
+        table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
+        if viewed:
+            table = _with_viewed(table, names, viewed, parquet_file.schema_arrow)
+        self._open.bytes_read += info.total_byte_size
+        return parquet_file, table
+
+    def chunk_spans(self, index: int, columns: Sequence[str] | None = None) -> list[tuple[int, int]]:
+        """``(start, stop)`` in its file of each column chunk of row group ``index`` that a read of
+        ``columns`` (None: all) reads, from the footer read at opening (none where there is none)."""
+        info = self.row_groups[index]
+        footer = self._footers.get(info.path)
+        if footer is None:
+            return []
+        group = footer.row_group(info.row_group)
+        wanted = None if columns is None else [c for c in columns if c not in self.partition_names]
+        spans = []
+        for i in range(group.num_columns):
+            chunk = group.column(i)
+            path = chunk.path_in_schema
+            if wanted is not None and not any(path == name or path.startswith(name + ".") for name in wanted):
+                continue
+            start = chunk.data_page_offset
+            if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+                start = chunk.dictionary_page_offset
+            spans.append((start, start + chunk.total_compressed_size))
+        return spans
+
+    def file_size(self, path: str) -> int | None:
+        """The size of a data file as listed when the dataset was opened (None where unknown)."""
+        indexed = self._indexed.get(path)
+        return indexed.size_bytes if indexed is not None and indexed.size_bytes else None
 
     def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
                         verify: bool) -> dict[str, pa.Array]:
@@ -390,6 +427,75 @@ class ParquetStore:
             table = table.append_column(field_.arrow_field(), pa.array([value] * table.num_rows,
                                                                        type=field_.arrow_type()))
         return table
+
+
+class FetchedRanges:
+    """Byte ranges of a data file fetched ahead of a read (readers/prefetch.py), read as that file:
+    what lies in them from memory, anything else (a page the footer's offsets left out) from the store."""
+
+    def __init__(self, filesystem: pafs.FileSystem, path: str, parts: Sequence[tuple[int, Any]],
+                 size: int | None = None) -> None:
+        self.filesystem, self.path, self.size = filesystem, path, size
+        self.parts = sorted(((offset, memoryview(data).cast("B")) for offset, data in parts), key=lambda p: p[0])
+        self.missed = 0  # reads that went to the store
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for _, data in self.parts)
+
+    def read_at(self, offset: int, nbytes: int) -> bytes:
+        """``nbytes`` at ``offset``: from the parts where they cover it (one after another), else the store."""
+        pieces, position, stop = [], offset, offset + nbytes
+        for start, data in self.parts:
+            if start <= position < start + len(data):
+                pieces.append(data[position - start:min(stop, start + len(data)) - start])
+                position = start + len(data)
+                if position >= stop:
+                    return b"".join(pieces)
+        self.missed += 1
+        return bytes(remote.read_range(self.filesystem, self.path, offset, offset + nbytes))
+
+    def parquet_file(self, footer: pq.FileMetaData, verify: bool) -> pq.ParquetFile:
+        """A ``ParquetFile`` reading the fetched bytes (and the store for the rest), with ``footer``."""
+        from pyarrow import PythonFile
+
+        size = self.size if self.size is not None else footer.serialized_size + max(
+            (start + len(data) for start, data in self.parts), default=0)
+        return pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
+                              page_checksum_verification=verify)
+
+
+class _RangesFile:
+    """The file object a ``PythonFile`` reads :class:`FetchedRanges` through."""
+
+    def __init__(self, ranges: FetchedRanges, size: int) -> None:
+        self.ranges, self.size, self.position, self.closed = ranges, size, 0, False
+
+    def read(self, nbytes: int = -1) -> bytes:
+        if nbytes < 0:
+            nbytes = self.size - self.position
+        data = self.ranges.read_at(self.position, nbytes)
+        self.position += len(data)
+        return data
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        self.position = position if whence == 0 else self.position + position if whence == 1 else self.size + position
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.Array],
