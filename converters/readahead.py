@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from unihub.readers.prefetch import ByteBudget
 from unihub.runtime.memory import batch_nbytes
 
 T = TypeVar("T")
@@ -40,22 +41,17 @@ def read_ahead(items: Iterable[T], depth: int = 2, max_bytes: int | None = None,
     """
     depth = max(1, depth)
     ready: deque[tuple[object, int]] = deque()
-    held = [0]  # bytes of the items in ``ready``
-    changed = threading.Condition()
+    budget = ByteBudget(max_bytes)  # the bytes of the items in ``ready`` (the remote read-ahead's bound too)
+    changed = budget.changed
     stop = threading.Event()
 
     def put(item: object, nbytes: int) -> bool:
+        if not budget.acquire(nbytes, stop, full=lambda: len(ready) >= depth):
+            return False
         with changed:
-            while ready and (len(ready) >= depth or (max_bytes is not None and held[0] + nbytes > max_bytes)):
-                if stop.is_set():
-                    return False
-                changed.wait(0.1)
-            if stop.is_set():
-                return False
             ready.append((item, nbytes))
-            held[0] += nbytes
             changed.notify_all()
-            return True
+        return True
 
     def produce() -> None:
         try:
@@ -78,8 +74,7 @@ def read_ahead(items: Iterable[T], depth: int = 2, max_bytes: int | None = None,
                 while not ready:
                     changed.wait()
                 item, nbytes = ready.popleft()
-                held[0] -= nbytes
-                changed.notify_all()
+                budget.release(nbytes)
             if item is _DONE:
                 return
             if isinstance(item, _Failed):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -75,10 +75,12 @@ class ByteBudget:
             self._add(nbytes)
             return True
 
-    def acquire(self, nbytes: int, stop: threading.Event | None = None, poll: float = 0.1) -> bool:
-        """Hold ``nbytes`` once they fit; False when ``stop`` is set first."""
+    def acquire(self, nbytes: int, stop: threading.Event | None = None, poll: float = 0.1,
+                full: Callable[[], bool] | None = None) -> bool:
+        """Hold ``nbytes`` once they fit (and, with ``full``, once it says False); False when ``stop``
+        is set first."""
         with self.changed:
-            while not self.fits(nbytes):
+            while not self.fits(nbytes) or (full is not None and full()):
                 if stop is not None and stop.is_set():
                     return False
                 self.changed.wait(poll)

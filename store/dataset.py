@@ -574,12 +574,38 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         base = os.path.dirname(root)
     else:
         paths, sizes, common_path = _published_files(fs, root)
-        common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         base = root
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
-    return _store(url, fs, root, base, paths, sizes, common)
+        common, footers = _read_all_metadata(fs, common_path, paths, sizes)
+        return _store(url, fs, root, base, paths, sizes, common, footers)
+    return _store(url, fs, root, base, paths, sizes, None)
+
+
+def _read_all_metadata(fs: pafs.FileSystem, common_path: str, paths: list[str], sizes: Mapping[str, pafs.FileInfo]
+                       ) -> tuple[pq.FileMetaData | None, list[pq.FileMetaData]]:
+    """``_common_metadata`` (None where there is none) and the data files' footers; on an object store
+    at once, each footer one ranged GET of the file's tail (the listing gave its size): a dataset opens
+    in the round trips of its listing and one more."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
+        return common, read_footers(fs, paths, sizes)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        common = pool.submit(_common_or_none, fs, common_path)
+        footers = read_footers(fs, paths, sizes, at_once=True)
+        return common.result(), footers
+
+
+def _common_or_none(fs: pafs.FileSystem, path: str) -> pq.FileMetaData | None:
+    try:
+        return read_metadata(fs, path)
+    except (FileNotFoundError, DatasetChangedError):
+        return None
+    except FormatError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError) or not fsutil.exists(fs, path):
+            return None
+        raise
 
 
 def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
@@ -650,9 +676,11 @@ def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any
 
 
 def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
-           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None) -> ParquetStore:
-    """The store of data files ``paths`` (their partitions relative to ``base``)."""
-    footers = read_footers(fs, paths)
+           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None,
+           footers: list[pq.FileMetaData] | None = None) -> ParquetStore:
+    """The store of data files ``paths`` (their partitions relative to ``base``; ``footers``: read already)."""
+    if footers is None:
+        footers = read_footers(fs, paths)
     partitions = [partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
     kv = dict(common.metadata or {}) if common is not None else {}
@@ -771,9 +799,14 @@ def _local_tree(root: str) -> list[str]:
             for name in dirnames + filenames]
 
 
-def read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
-    """The Parquet footer of the file at ``path``; an unreadable or truncated one is a named error."""
+def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None) -> pq.FileMetaData:
+    """The Parquet footer of the file at ``path``; an unreadable or truncated one is a named error.
+    With its ``size`` (from a listing), a remote file's footer is one ranged GET of its tail."""
     try:
+        if size is not None and size >= _FOOTER_TAIL and not isinstance(fs, pafs.LocalFileSystem):
+            footer = _footer_from_tail(fs, path, size)
+            if footer is not None:
+                return footer
         with fs.open_input_file(path) as handle:
             return pq.read_metadata(handle)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -784,12 +817,37 @@ def read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
 
 
-def read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
-    """The footers of ``paths``, in order (read in threads: on object stores each is a request)."""
-    if len(paths) <= 4:
-        return [read_metadata(fs, p) for p in paths]
+#: the tail of a remote file read for its footer: the footer's length, the magic, and most footers
+_FOOTER_READ = 64 << 10
+_FOOTER_TAIL = 12  # the least a Parquet file holds: "PAR1" + footer length + "PAR1"
+
+
+def _footer_from_tail(fs: pafs.FileSystem, path: str, size: int) -> pq.FileMetaData | None:
+    """The footer parsed from ranged reads of the file's tail (one, or two for a footer over
+    ``_FOOTER_READ``); None where the tail is no Parquet footer (the plain read then says why)."""
+    tail = remote.read_range(fs, path, max(0, size - _FOOTER_READ), size)
+    if len(tail) < 8 or bytes(tail[-4:]) != b"PAR1":
+        return None
+    length = int.from_bytes(bytes(tail[-8:-4]), "little")
+    if length + 8 > len(tail):
+        if length + 8 > size:
+            return None
+        tail = remote.read_range(fs, path, size - length - 8, size)
+    return pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
+
+
+def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs.FileInfo] | None = None, *,
+                 at_once: bool = False) -> list[pq.FileMetaData]:
+    """The footers of ``paths``, in order (read in threads: on object stores each is a request;
+    ``at_once``: in threads however few; ``sizes``: listing entries, for one GET per remote footer)."""
+    def read(path: str) -> pq.FileMetaData:
+        entry = sizes.get(path) if sizes is not None else None
+        return read_metadata(fs, path, entry.size if entry is not None and entry.size else None)
+
+    if len(paths) <= (1 if at_once else 4):
+        return [read(p) for p in paths]
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        return list(pool.map(lambda p: read_metadata(fs, p), paths))
+        return list(pool.map(read, paths))
 
 
 def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:

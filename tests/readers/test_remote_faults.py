@@ -112,11 +112,13 @@ def test_opening_a_dataset_on_a_failing_server(s3_server, proxy, key, kind, faul
     assert caught.value.url.startswith(f"s3://{s3_server.bucket}/{key}")
 
 
+@pytest.mark.parametrize("read_ahead_mb", [0, 0.001])  # a plain read; the read-ahead's GETs (one row group ahead)
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_server_failing_in_the_middle_of_a_read(s3_server, proxy, key, kind, fault):
+def test_a_server_failing_in_the_middle_of_a_read(s3_server, proxy, key, kind, fault, read_ahead_mb):
     url, options = through(proxy, s3_server, kind, key)
-    with make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, **options) as reader:
+    with make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, read_ahead_mb=read_ahead_mb,
+                     **options) as reader:
         next(reader)
         proxy.mode = fault
         with Clock() as clock, pytest.raises(RemoteStorageError,
