@@ -144,7 +144,7 @@ def read_range(filesystem: pafs.FileSystem, path: str, start: int, stop: int,
     handler = getattr(filesystem, "handler", None)
     inner = getattr(handler, "fs", None)
     url = display_url(filesystem, path)
-    if reads_ranges(filesystem):
+    if inner is not None and reads_ranges(filesystem):
         retries = getattr(handler, "retries", DEFAULT_RETRIES)
         with remote_errors(url, broad=True):
             return read_retrying(lambda: inner.cat_file(path, start=start, end=stop), retries)

@@ -164,7 +164,9 @@ def test_close_cancels_and_leaves_no_threads(dataset: Path) -> None:
 
 def test_failed_fetch_is_a_remote_error(dataset: Path) -> None:
     """A GET of the read-ahead that fails raises in the reader as the read would have: RemoteStorageError."""
-    reader = make_batch_reader(str(dataset), filesystem=SlowFiles(fail=True))
+    fs = SlowFiles()
+    reader = make_batch_reader(str(dataset), filesystem=fs)
+    fs.fail = True  # after the footers are read
     with reader, pytest.raises(RemoteStorageError, match="slowfile://"):
         next(reader)
 
@@ -216,3 +218,21 @@ def test_s3_one_get_per_part(s3_server: Any, dataset: Path, kind: str) -> None:
     starts = [int(byte_range.split("=")[1].split("-")[0]) for _, byte_range in gets if byte_range]
     assert len(starts) == len(gets)  # every GET ranged
     assert len([start for start in starts if start < data_end]) == len(reader.store.row_groups)  # besides the footer's
+
+
+def test_s3_open_reads_each_footer_in_one_get(s3_server: Any, dataset: Path) -> None:
+    """Opening over s3fs reads a data file's footer with one ranged GET of its tail (its size from the
+    listing), with no HEAD of it nor a second read."""
+    pytest.importorskip("s3fs")
+    from unihub import open_dataset
+
+    prefix = f"footer-{uuid.uuid4().hex[:8]}"
+    url = s3_server.upload_folder(dataset, prefix)
+    s3_server.requests.clear()
+    store = open_dataset(url, storage_options=s3_server.storage_options())
+    assert store.num_rows == ROWS
+    (data_file,) = [f.path for f in store.files]
+    touching = [(method, byte_range) for method, path, byte_range in s3_server.requests.entries
+                if path.endswith(data_file.rsplit("/", 1)[1])]
+    assert [method for method, _ in touching] == ["GET"] * len(touching) and 1 <= len(touching) <= 2, touching
+    assert touching[0][1] is not None and touching[0][1].startswith("bytes=")
