@@ -42,6 +42,7 @@ class SlowFiles(fsspec_local.LocalFileSystem):
     def __init__(self, delay: float = 0.0, fail: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.delay, self.fail = delay, fail
+        self.open_delay = 0.0  # each file opened (not a ranged read) waits this long
         self.reads: list[tuple[int, int]] = []
         self.lock = threading.Lock()
 
@@ -51,7 +52,14 @@ class SlowFiles(fsspec_local.LocalFileSystem):
         if self.fail:
             raise ConnectionError("the store went away")
         time.sleep(self.delay)
-        return super().cat_file(path, start=start, end=end, **kwargs)
+        with open(self._strip_protocol(path), "rb") as f:  # not through _open, which an open waits in
+            f.seek(start or 0)
+            return f.read((end - (start or 0)) if end is not None else -1)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if self.open_delay:
+            time.sleep(self.open_delay)
+        return super()._open(path, mode=mode, **kwargs)
 
     @property
     def fetched(self) -> int:
@@ -220,9 +228,25 @@ def test_s3_one_get_per_part(s3_server: Any, dataset: Path, kind: str) -> None:
     assert len([start for start in starts if start < data_end]) == len(reader.store.row_groups)  # besides the footer's
 
 
+def test_open_reads_metadata_and_footers_at_once(tmp_path: Path) -> None:
+    """Opening a remote dataset reads ``_common_metadata`` and the footers at the same time, a footer
+    by one ranged read of the file's tail: one wait of the store, not one after the other."""
+    from unihub import open_dataset
+
+    write_dataset(tmp_path / "ds", SCHEMA, {"id": np.arange(10), "blob": [b"x"] * 10}, batched=True)
+    fs = SlowFiles(delay=0.5)
+    fs.open_delay = 0.5
+    started = time.monotonic()
+    store = open_dataset(str(tmp_path / "ds"), filesystem=fs)
+    seconds = time.monotonic() - started
+    assert store.num_rows == 10
+    (size,) = [p.stat().st_size for p in (tmp_path / "ds").glob("*.parquet")]
+    assert fs.reads == [(0, size)]  # the whole tail of a small file, in one read
+    assert seconds < 0.9, f"{seconds:.2f} s: read one after the other"
+
+
 def test_s3_open_reads_each_footer_in_one_get(s3_server: Any, dataset: Path) -> None:
-    """Opening over s3fs reads a data file's footer with one ranged GET of its tail (its size from the
-    listing), with no HEAD of it nor a second read."""
+    """Opening over s3fs reads a data file's footer with one ranged GET of its tail, no HEAD of it."""
     pytest.importorskip("s3fs")
     from unihub import open_dataset
 
