@@ -167,17 +167,19 @@ def run_one(tool: Tool, python: Path, proxy: Proxy, moto: MotoServer, copies: di
     return result
 
 
-def upload(moto: MotoServer, root: Path, tools: list[Tool]) -> dict[str, str]:
-    """Each copy the tools read, uploaded once: fmt -> its prefix in the bucket (and ``local:fmt`` -> its folder)."""
+def upload(moto: MotoServer, root: Path, tools: list[Tool]) -> tuple[dict[str, str], dict[str, Path]]:
+    """Each copy the tools read, uploaded once: fmt -> its prefix in the bucket (and ``local:fmt`` -> its
+    folder); and every object's local file (``Proxy.serve``)."""
     copies: dict[str, str] = {}
+    objects: dict[str, Path] = {}
     for fmt in sorted({t.fmt for t in tools}):
         folder = root / copy_name(fmt)
         if not folder.exists():
             raise SystemExit(f"{folder} is missing: run `python benchmarks/peers.py --prepare --rows ...` first")
-        moto.upload_folder(folder, copy_name(fmt))
+        objects.update(moto.upload_folder(folder, copy_name(fmt)))
         copies[fmt] = copy_name(fmt)
         copies["local:" + fmt] = str(folder)
-    return copies
+    return copies, objects
 
 
 def _fmt(values: list[float], digits: int = 0) -> str:
@@ -264,6 +266,8 @@ def parse(argv: list[str] | None) -> Any:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--timeline", default="", help="a tool label prefix whose GET timeline to write")
     ap.add_argument("--out", default="", help="folder for timelines and the report (default: a temp folder)")
+    ap.add_argument("--moto-gets", action="store_true",
+                    help="send object GETs to moto too (it reads the whole object for each ranged GET)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--bucket", default="bench")
     args = ap.parse_args(argv)
@@ -288,9 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     moto = MotoServer(moto_script(sys.executable), args.bucket)
     tallies: dict[tuple[str, int], Tally] = {}
     try:
-        copies = upload(moto, root, tools)
+        copies, objects = upload(moto, root, tools)
         for latency in latencies:
             proxy = Proxy(moto.address, latency / 1000, args.bandwidth * 1e6 if args.bandwidth else None)
+            if not args.moto_gets:
+                proxy.serve(objects)
             try:
                 for round_ in range(args.rounds):
                     for tool in tools:

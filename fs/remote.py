@@ -151,9 +151,11 @@ def read_range(filesystem: pafs.FileSystem, path: str, start: int, stop: int,
     with remote_errors(url):
         handle = handles.get(path) if handles is not None else None
         if handle is None:
-            handle = filesystem.open_input_file(path)
+            handle = opened = filesystem.open_input_file(path)
             if handles is not None:
-                handles[path] = handle
+                handle = handles.setdefault(path, opened)  # another thread's, where it came first
+                if handle is not opened:
+                    opened.close()
         try:
             return handle.read_at(stop - start, start)
         finally:

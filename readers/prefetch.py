@@ -146,7 +146,7 @@ class RowGroupPrefetcher:
         self._last: _Fetch | None = None  # the last fetch started (tasks cut from its row group share it)
         self._first: _Fetch | None = None
         self._closed = False
-        self._handles: dict[str, Any] = {}  # pyarrow filesystems' open files, kept (remote.read_range)
+        self._handles = store.remote_handles  # open files, where opening costs a request (remote.read_range)
         self._opening = threading.Lock()
 
     # -- the task sequence ----------------------------------------------------------------------
@@ -312,6 +312,3 @@ class RowGroupPrefetcher:
         """Wait for the fetch threads to exit (after :meth:`close`)."""
         self.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        for handle in list(self._handles.values()):
-            handle.close()
-        self._handles.clear()

@@ -864,7 +864,7 @@ def read_ahead_bytes(read_ahead_mb: float | None, memory_budget_mb: float | None
     if isinstance(read_ahead_mb, bool) or not isinstance(read_ahead_mb, (int, float)) or not read_ahead_mb >= 0 \
             or read_ahead_mb == float("inf"):
         raise InvalidArgumentError(f"read_ahead_mb must be a number of megabytes >= 0, got {read_ahead_mb!r}")
-    return int(read_ahead_mb * 2**20)
+    return max(1, int(read_ahead_mb * 2**20)) if read_ahead_mb else 0  # a bound under a byte: one row group
 
 
 def default_workers_count(store: ParquetStore) -> int:

@@ -132,6 +132,9 @@ class ParquetStore:
     #: a byte per row group, 1 once all its stored columns were read and checked, in shared memory:
     #: processes forked from this one (torch workers, new each epoch) see what any of them checked
     _checked_whole: mmap.mmap | None = field(default=None, repr=False, compare=False)
+    #: remote files kept open where opening costs a request (pyarrow's S3: a HEAD), shared by the
+    #: footers' reads and the read-ahead's (fs.remote.read_range); not pickled
+    remote_handles: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
@@ -141,6 +144,7 @@ class ParquetStore:
         state = dict(self.__dict__)
         state["_open"] = None
         state["_checked_whole"] = None  # unpickled elsewhere: that process checks for itself
+        state["remote_handles"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -578,13 +582,16 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
-        common, footers = _read_all_metadata(fs, common_path, paths, sizes)
-        return _store(url, fs, root, base, paths, sizes, common, footers)
+        handles: dict[str, Any] = {}
+        common, footers = _read_all_metadata(fs, common_path, paths, sizes, handles)
+        store = _store(url, fs, root, base, paths, sizes, common, footers)
+        store.remote_handles = handles
+        return store
     return _store(url, fs, root, base, paths, sizes, None)
 
 
-def _read_all_metadata(fs: pafs.FileSystem, common_path: str, paths: list[str], sizes: Mapping[str, pafs.FileInfo]
-                       ) -> tuple[pq.FileMetaData | None, list[pq.FileMetaData]]:
+def _read_all_metadata(fs: pafs.FileSystem, common_path: str, paths: list[str], sizes: Mapping[str, pafs.FileInfo],
+                       handles: dict[str, Any]) -> tuple[pq.FileMetaData | None, list[pq.FileMetaData]]:
     """``_common_metadata`` (None where there is none) and the data files' footers; on an object store
     at once, each footer one ranged GET of the file's tail (the listing gave its size): a dataset opens
     in the round trips of its listing and one more."""
@@ -593,7 +600,7 @@ def _read_all_metadata(fs: pafs.FileSystem, common_path: str, paths: list[str], 
         return common, read_footers(fs, paths, sizes)
     with ThreadPoolExecutor(max_workers=1) as pool:
         common = pool.submit(_common_or_none, fs, common_path)
-        footers = read_footers(fs, paths, sizes, at_once=True)
+        footers = read_footers(fs, paths, sizes, at_once=True, handles=handles)
         return common.result(), footers
 
 
@@ -799,12 +806,14 @@ def _local_tree(root: str) -> list[str]:
             for name in dirnames + filenames]
 
 
-def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None) -> pq.FileMetaData:
+def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None,
+                  handles: dict[str, Any] | None = None) -> pq.FileMetaData:
     """The Parquet footer of the file at ``path``; an unreadable or truncated one is a named error.
-    With its ``size`` (from a listing), a remote file's footer is one ranged GET of its tail."""
+    With its ``size`` (from a listing), a remote file's footer is one ranged GET of its tail (the
+    file kept open in ``handles`` where opening costs a request: ``remote.read_range``)."""
     try:
         if size is not None and size >= _FOOTER_TAIL and not isinstance(fs, pafs.LocalFileSystem):
-            footer = _footer_from_tail(fs, path, size)
+            footer = _footer_from_tail(fs, path, size, handles)
             if footer is not None:
                 return footer
         with fs.open_input_file(path) as handle:
@@ -822,27 +831,28 @@ _FOOTER_READ = 64 << 10
 _FOOTER_TAIL = 12  # the least a Parquet file holds: "PAR1" + footer length + "PAR1"
 
 
-def _footer_from_tail(fs: pafs.FileSystem, path: str, size: int) -> pq.FileMetaData | None:
+def _footer_from_tail(fs: pafs.FileSystem, path: str, size: int,
+                      handles: dict[str, Any] | None = None) -> pq.FileMetaData | None:
     """The footer parsed from ranged reads of the file's tail (one, or two for a footer over
     ``_FOOTER_READ``); None where the tail is no Parquet footer (the plain read then says why)."""
-    tail = remote.read_range(fs, path, max(0, size - _FOOTER_READ), size)
+    tail = remote.read_range(fs, path, max(0, size - _FOOTER_READ), size, handles)
     if len(tail) < 8 or bytes(tail[-4:]) != b"PAR1":
         return None
     length = int.from_bytes(bytes(tail[-8:-4]), "little")
     if length + 8 > len(tail):
         if length + 8 > size:
             return None
-        tail = remote.read_range(fs, path, size - length - 8, size)
+        tail = remote.read_range(fs, path, size - length - 8, size, handles)
     return pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
 
 
 def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs.FileInfo] | None = None, *,
-                 at_once: bool = False) -> list[pq.FileMetaData]:
+                 at_once: bool = False, handles: dict[str, Any] | None = None) -> list[pq.FileMetaData]:
     """The footers of ``paths``, in order (read in threads: on object stores each is a request;
     ``at_once``: in threads however few; ``sizes``: listing entries, for one GET per remote footer)."""
     def read(path: str) -> pq.FileMetaData:
         entry = sizes.get(path) if sizes is not None else None
-        return read_metadata(fs, path, entry.size if entry is not None and entry.size else None)
+        return read_metadata(fs, path, entry.size if entry is not None and entry.size else None, handles)
 
     if len(paths) <= (1 if at_once else 4):
         return [read(p) for p in paths]
