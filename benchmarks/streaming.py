@@ -222,7 +222,7 @@ def targets(tallies: dict[tuple[str, int], Tally], latencies: list[int]) -> list
 
     at = {label: t for (label, lat), t in tallies.items() if lat == latency and t.runs}
     ours_all = [t for t in at.values() if t.tool.venv == "unihub" and not t.tool.local and t.tool.ranks == 1]
-    local = next((t for (label, _), t in tallies.items() if t.tool.local and t.runs), None)
+    local = next((t for t in at.values() if t.tool.local), None)  # run in the same rounds
     peers = [t for t in at.values() if t.tool.venv != "unihub"]
     if not ours_all:
         return ["targets: unihub did not run"]
