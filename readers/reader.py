@@ -172,6 +172,12 @@ class Reader:
         self._current_pieces: tuple[int, ...] = ()  # the loaded batch's tasks of the plan (Batch.pieces)
         self._skip = 0
         self._skip_rows = 0  # a batch reader's seek(): rows cut off the front of the next batch
+        #: rows after a resumed position that a loader had delivered (the state's skip/exclude): not delivered again
+        self._drops: elastic.Drops | None = None
+        self._batch_origin = 0  # with drops: the stream offset (elastic.Drops) of the loaded batch's row 0
+        #: where rows were dropped from the loaded batch: the batch's row of each item (a batch reader's: the start
+        #: of its task); None: the items are the batch's rows (tasks) one for one
+        self._item_rows: np.ndarray | None = None
         self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
         self._pool: Pool | None = None
         self._finished = False
@@ -305,6 +311,8 @@ class Reader:
         window = min(self._window, self._workers_count + 1) if self._merges_tasks() else self._window
         self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, window,
                                                     max_bytes=self._max_bytes, size_of=_job_nbytes)
+        if self._drops is not None:  # the first batch is read from the position
+            self._drops.next = self._stream_where()
         self._skip = offset
         return iterator
 
@@ -345,6 +353,7 @@ class Reader:
                     raise
                 self._finished = True
                 self._set_position((self.num_epochs or 0, 0, 0))
+                self._drops = None
                 raise
             except BaseException:
                 self._halt()  # the next call retries the failed task
@@ -353,10 +362,63 @@ class Reader:
             self._decode_skips.add(batch.skipped)
             self._reading = True
             self._current, self._current_pieces = (epoch, index), batch.pieces
-            self._items = self._to_items(batch)
+            self._item_rows = None
+            if self._drops is None or not self._drop_rows(batch):
+                self._items = self._to_items(batch)
+                self._cursor = self._first = min(self._skip, len(self._items))
             self._batch_columns = self._items.columns if isinstance(self._items, _Rows) else None
-            self._cursor = self._first = min(self._skip, len(self._items))
             self._skip = 0
+
+    def _drop_rows(self, batch: Batch) -> bool:
+        """Load ``batch`` without the rows :attr:`_drops` names, if it holds any (False: it holds none)."""
+        drops = self._drops
+        assert drops is not None
+        skip, rows = self._skip, batch.num_rows  # rows before skip: before the resumed position
+        self._batch_origin = origin = drops.next - skip
+        drops.next = origin + rows
+        dropped = drops.within(origin + skip, origin + rows)
+        if dropped is None:
+            if drops.passed(origin + skip):
+                self._drops = None
+            return False
+        keep = np.ones(rows, dtype=bool)
+        keep[:skip] = False
+        keep[dropped + skip] = False
+        columns = [batch.columns[name] for name in self._item_names]
+        if self.batched:
+            self._items, self._item_rows = self._kept_batches(columns, batch.pieces or (rows,), keep)
+        else:
+            kept = self._item_rows = np.flatnonzero(keep)
+            self._items = _Rows([_take(c, kept) for c in columns], self._row_type) if columns and kept.size else []
+        self._cursor = self._first = 0
+        return True
+
+    def _kept_batches(self, columns: list[Any], pieces: Sequence[int], keep: np.ndarray
+                      ) -> tuple[list[Any], np.ndarray]:
+        """A batch reader's items of a batch without the rows ``keep`` leaves out, a batch per task of the plan
+        (none where a task has no row left), and the batch's row each task starts at."""
+        items, starts = [], []
+        bounds = np.cumsum((0, *pieces)).tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            kept = np.flatnonzero(keep[a:b]) + a
+            if kept.size:
+                items.append(self._row_type(*(_take(c, kept) for c in columns)))
+                starts.append(a)
+        self._batches += len(items)
+        return items, np.asarray(starts, dtype=np.int64)
+
+    def _stream_where(self) -> int:
+        """The stream offset (:attr:`_drops`' count) of the next item to deliver."""
+        drops = self._drops
+        assert drops is not None
+        cursor = self._cursor
+        if self._current is None or cursor >= len(self._items):
+            return drops.next
+        if self._item_rows is not None:
+            return self._batch_origin + int(self._item_rows[cursor])
+        if self.batched:  # an item per task of the plan
+            return self._batch_origin + sum(self._current_pieces[:cursor])
+        return self._batch_origin + cursor
 
     def next_columns(self, max_rows: int) -> dict[str, Any] | None:
         """The next rows, at most ``max_rows`` and not past the current batch, as columns (field
@@ -382,7 +444,10 @@ class Reader:
             stop = min(len(self._items), start + max(1, max_rows))
             if self._current_pieces:  # not past a task of the plan: the rows come as if read task by task
                 ends = np.cumsum(self._current_pieces)
-                stop = min(stop, int(ends[np.searchsorted(ends, start, side="right")]))
+                kept = self._item_rows  # rows dropped from the batch: the task of its row, and its rows kept
+                row = start if kept is None else int(kept[start])
+                end = int(ends[np.searchsorted(ends, row, side="right")])
+                stop = min(stop, end if kept is None else int(np.searchsorted(kept, end)))
             self._cursor = stop
             return {name: column[start:stop] for name, column in zip(self._item_names, columns)}
 
@@ -394,6 +459,8 @@ class Reader:
         pieces = self._current_pieces
         if self._cursor >= len(self._items):
             return epoch, index + max(1, len(pieces)), 0
+        if self._item_rows is not None:  # rows were dropped from the batch
+            return self._where_row(epoch, index, int(self._item_rows[self._cursor]))
         if not pieces:
             return epoch, index, self._cursor
         if self.batched:  # an item per task of the plan (_to_items)
@@ -405,12 +472,23 @@ class Reader:
             offset -= rows
         raise AssertionError("a cursor past the batch's pieces")
 
+    def _where_row(self, epoch: int, index: int, row: int) -> tuple[int, int, int]:
+        """(epoch, task, offset) of the loaded batch's row ``row`` (a batch reader's: of its task's start)."""
+        pieces = self._current_pieces
+        if not pieces:
+            return epoch, index, 0 if self.batched else row
+        ends = np.cumsum(pieces)
+        k = int(np.searchsorted(ends, row, side="right"))
+        return epoch, index + k, 0 if self.batched else row - (int(ends[k - 1]) if k else 0)
+
     def _set_position(self, position: tuple[int, int, int]) -> None:
         """Forget the current batch; the next item is at ``position``."""
+        if self._drops is not None:  # the position is the next item's (decoding later) or drops are reset after
+            self._drops.next = self._stream_where()
         self._delivered += self._cursor - self._first
         self._position, self._current, self._current_pieces = position, None, ()
         self._items, self._cursor, self._first = [], 0, 0
-        self._batch_columns = None
+        self._batch_columns, self._item_rows = None, None
         self._skip_rows = 0
 
     def _to_items(self, batch: Batch) -> Sequence[Any]:
@@ -513,16 +591,29 @@ class Reader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered row/batch: small, JSON-able. With the states of every rank,
-        a reader with any other shard count resumes the run (``resume_from=[...]``, readers/elastic.py)."""
+        a reader with any other shard count resumes the run (``resume_from=[...]``, readers/elastic.py).
+
+        After a resume from a state with ``skip``/``exclude``, the rows after the position still to pass over
+        are this state's ``skip``/``exclude`` (else 0 and []: the keys are in every state, as ``done``'s are)."""
         epoch, task, offset = self._where()
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
                  "plan": plan, "order": order, **elastic.shard_keys(self._plan)}
         state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
+        drops = self._drops
+        state.update(drops.state_keys(self._stream_where()) if drops is not None else {"skip": 0, "exclude": []})
         return state
+
+    def _plain_state(self, **position: int) -> dict[str, Any]:
+        """:meth:`state_dict` at ``position`` (epoch, task, offset), without rows to pass over."""
+        return dict(self.state_dict(), **position, skip=0, exclude=[])
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next item is the first one not delivered before it was saved.
+
+        A state may name rows after its position that were delivered all the same (a loader's, a TF position's:
+        ``skip``, the next rows, and ``exclude``, rows at ``skip + x`` offsets after the position): they are
+        passed over as they come, in this epoch or the next ones (not with n-grams, whose items are windows).
 
         Given a list, the states every rank of a run saved (with any shard count, worker count or batch
         size), this reader delivers its equal share of the rows none of them delivered in their epoch,
@@ -546,7 +637,12 @@ class Reader:
                                    "(row groups, shuffling, sharding, epochs or batching differ); states of "
                                    "another shard count resume as the list of every rank's state")
         done = elastic.decode_done(state.get("done", []))
+        drops = elastic.Drops.of_state(state)
+        if drops is not None and self.ngram is not None:
+            raise ReaderStateError("an n-gram reader's state names no rows to pass over (skip, exclude): its items "
+                                   "are windows of rows; pass what its state_dict() returned")
         self._go_to(config, done, (int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self._drops = drops
 
     def _load_states(self, states: Sequence[dict[str, Any]]) -> None:
         """:meth:`load_state_dict` of every rank's state (readers/elastic.py)."""
@@ -566,6 +662,7 @@ class Reader:
                position: tuple[int, int, int]) -> None:
         """Stop reading; the next item is at ``position`` of the plan ``config`` with ``done``."""
         self._halt()
+        self._drops = None
         self.seed, self._plan, self._loader.seed, self._done = config.seed, config, config.seed, done
         self._set_position(position)
         self._iterator, self._finished, self._reading = None, False, False
@@ -581,7 +678,8 @@ class Reader:
         row (as after :meth:`seek`), and a state saved before that batch is read resumes at the start of its
         task. Refused (:class:`~unihub.errors.InvalidArgumentError`) where rows are known only by reading
         them: a predicate, filters, n-grams or a batch transform (read and drop them there). With
-        ``on_decode_error='skip'`` the count includes rows whose images would not have decoded.
+        ``on_decode_error='skip'`` the count includes rows whose images would not have decoded. Rows a resumed
+        state named to pass over (``skip``/``exclude``) are counted as rows, and no longer passed over.
         """
         target = self.position_after(count)
         if target.rows:
@@ -605,7 +703,7 @@ class Reader:
             if row < ends[-1]:
                 index = int(np.searchsorted(ends, row, side="right")) - 1
                 into = row - int(ends[index])
-                state = dict(self.state_dict(), epoch=epoch, task=index, offset=0 if self.batched else into)
+                state = self._plain_state(epoch=epoch, task=index, offset=0 if self.batched else into)
                 return SkipTarget(state, into if self.batched else 0, int(count))
             left -= int(ends[-1]) - (row - left)
             whole = left // per_epoch if self.num_epochs is None else min(left // per_epoch,
@@ -614,7 +712,7 @@ class Reader:
                 whole = 0
             epoch, task, offset, left = epoch + 1 + whole, 0, 0, left - whole * per_epoch
         moved = (epoch, task, offset) != self._where()
-        state = dict(self.state_dict(), epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
+        state = self._plain_state(epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
         return SkipTarget(state, 0, int(count) - left)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -642,7 +740,7 @@ class Reader:
         (:func:`start_over` does it for any reader)."""
         self._halt()
         self.join()
-        self._done = {}
+        self._done, self._drops = {}, None
         self._set_position((0, 0, 0))
         self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
@@ -745,7 +843,8 @@ class Reader:
         The rows before it are skipped without being read or decoded: the plan says which task
         holds the row, and only that task is read. A batch reader's next batch then starts at
         that row. Refused where an epoch's rows are not known in advance (a predicate, filters,
-        n-grams, a batch transform) and for a row beyond this shard's epoch.
+        n-grams, a batch transform) and for a row beyond this shard's epoch. Rows a resumed state named to pass
+        over (``skip``/``exclude``) are no longer passed over.
         """
         if self.num_rows_per_epoch is None:
             raise InvalidArgumentError("seek() needs the rows of an epoch known in advance: not with a predicate, "
@@ -755,8 +854,7 @@ class Reader:
         epoch, left = self._where()[0], int(row)
         for index, task in enumerate(self.plan_of(epoch)):
             if left < task.num_rows:
-                self.load_state_dict(dict(self.state_dict(), epoch=epoch, task=index,
-                                          offset=0 if self.batched else left))
+                self.load_state_dict(self._plain_state(epoch=epoch, task=index, offset=0 if self.batched else left))
                 self._skip_rows = left if self.batched else 0
                 return
             left -= task.num_rows
@@ -782,6 +880,15 @@ _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
 #: the epoch's first decode task is this share of a task, the next twice that, ... (the first
 #: batch waits for a few images' decoding, not a whole task's)
 FIRST_TASK_SHARE = 8
+
+
+def _take(column: Any, rows: np.ndarray) -> Any:
+    """``column``'s values at ``rows`` (a numpy array's, a list's)."""
+    if isinstance(column, np.ndarray):
+        return column[rows]
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column.take(pa.array(rows))
+    return [column[i] for i in rows.tolist()]
 
 
 class _Rows(Sequence[Any]):
