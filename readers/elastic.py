@@ -178,6 +178,19 @@ class Drops:
         return self.below + delivered + np.searchsorted(rows - np.arange(rows.size), delivered, side="right")
 
 
+def with_delivered_after(state: Mapping[str, Any], skip: int, exclude: Sequence[int]) -> dict[str, Any]:
+    """``state`` with the rows a loader delivered after it added to those it passes over: the next ``skip`` rows and
+    those ``exclude`` offsets after them, counted in the rows the reader delivers (past those ``state`` passes over
+    already, if it names any)."""
+    rows = np.union1d(np.arange(skip, dtype=np.int64), skip + np.asarray(exclude, dtype=np.int64))
+    drops = Drops.of_state(state)
+    if drops is not None:  # the loader's rows are the reader's after the rows it passed over
+        rows = np.union1d(np.union1d(drops.kept(rows), drops.rows), np.arange(drops.below, dtype=np.int64))
+    if not rows.size:
+        return dict(state, skip=0, exclude=[])
+    return dict(state, **Drops(0, rows).state_keys(0))
+
+
 def _count(value: Any) -> bool:
     """Whether ``value`` is an int >= 0 (not a bool)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)

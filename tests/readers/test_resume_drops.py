@@ -138,3 +138,18 @@ def test_states_that_cannot_pass_over_rows_are_refused_by_name(dataset: Path, tm
     with make_reader(dataset, schema_fields=ngram, shuffle_row_groups=False) as reader:
         with pytest.raises(ReaderStateError, match="n-gram"):
             reader.load_state_dict(dict(reader.state_dict(), skip=1))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(own=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)),
+       loader=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)))
+def test_rows_a_loader_delivered_add_to_those_its_reader_state_passes_over(own: Any, loader: Any) -> None:
+    """A loader's skip/exclude count the rows its reader delivers: where the reader's state passes over rows of
+    its own, the loader's are the reader's after those (elastic.with_delivered_after, the torch loaders' list)."""
+    from unihub.readers.elastic import with_delivered_after
+
+    passed = _dropped(*own)
+    delivered = [at for at in range(200) if at not in passed]
+    state = with_delivered_after({"seed": 1, "skip": own[0], "exclude": own[1]}, *loader)
+    assert state["seed"] == 1
+    assert _dropped(state["skip"], state["exclude"]) == passed | {delivered[i] for i in _dropped(*loader)}
