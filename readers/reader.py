@@ -735,6 +735,18 @@ class Reader:
                                    "start_over() starts from the first epoch wherever the reader is")
         self.start_over()
 
+    def state_at_start(self, seed: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state of a run ordered by ``seed`` before it delivered anything, for the shard ``state`` was saved
+        by (this reader's by default). A mix that cycles this reader (``WeightedSamplingReader(on_exhausted=
+        'cycle')``) starts each pass so, ordered by :func:`next_pass_seed` of the last pass's seed: a pass has its
+        own order, as the next epochs of a reader with more of them have theirs."""
+        state = self.state_dict() if state is None else state
+        own = state["shard"] == elastic.shard_keys(self._plan)["shard"]  # its plan as this reader's options say
+        config = dataclasses.replace(self._plan if own else elastic.rank_config(state, self._plan), seed=int(seed))
+        plan, order = self._fingerprints(config)
+        return {**elastic.at_start(state, *(int(v) for v in state["shard"]), fresh=True), "seed": int(seed),
+                "plan": plan, "order": order, "done": [], "done_from": 0, "skip": 0, "exclude": []}
+
     def start_over(self) -> None:
         """Start over from the first epoch wherever the reader is: mid-epoch, at the end or after :meth:`stop`
         (:func:`start_over` does it for any reader)."""
@@ -1120,6 +1132,16 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
     (:class:`~unihub.readers.predicates.RowGroupColumns`) and returns a boolean mask, as Petastorm's.
     """
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
+
+
+#: the last word of a pass's seed (:func:`next_pass_seed`): other than any seed a plan or a mix draws with
+_PASS_STREAM = 0x50415353
+
+
+def next_pass_seed(seed: int) -> int:
+    """The seed that orders the pass after one ordered by ``seed`` (a mix's ``on_exhausted='cycle'``): a pure
+    function of it, so a resumed mix starts the same passes in the same orders."""
+    return int(np.random.SeedSequence([int(seed), _PASS_STREAM]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def start_over(reader: Any) -> None:
