@@ -679,7 +679,7 @@ class Reader:
         task. Refused (:class:`~unihub.errors.InvalidArgumentError`) where rows are known only by reading
         them: a predicate, filters, n-grams or a batch transform (read and drop them there). With
         ``on_decode_error='skip'`` the count includes rows whose images would not have decoded. Rows a resumed
-        state named to pass over (``skip``/``exclude``) are counted as rows, and no longer passed over.
+        state names to pass over (``skip``/``exclude``) are not counted: they are passed over as ``next()`` would.
         """
         target = self.position_after(count)
         if target.rows:
@@ -695,8 +695,24 @@ class Reader:
                                        "predicate, filters, n-grams or a batch transform; read and drop the rows")
         if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
             raise InvalidArgumentError(f"skip_rows() takes a count >= 0, got {count!r}")
+        ahead = elastic.Drops.of_state(self._drops.state_keys(self._stream_where())) if self._drops else None
+        if ahead is None:
+            return self._plan_position_after(int(count))
+        # rows a resumed state passes over are not rows delivered: the count goes past them, and those after it
+        # are passed over from the target on (a batch reader's rows of the task before the row too)
+        rows = int(ahead.kept(np.array([int(count)]))[0])
+        target = self._plan_position_after(rows)
+        if target.rows < rows:  # the reader ends first
+            return target._replace(rows=target.rows - min(ahead.below, target.rows)
+                                   - int(np.searchsorted(ahead.rows, target.rows)))
+        later = ahead.rows[np.searchsorted(ahead.rows, rows):] - (rows - target.rows_into_task)
+        keys = elastic.Drops(target.rows_into_task, later).state_keys(0)
+        return SkipTarget(dict(target.state, **keys), 0, int(count))
+
+    def _plan_position_after(self, count: int) -> SkipTarget:
+        """:meth:`position_after` along the plan: ``count`` rows of it, none passed over."""
         epoch, task, offset = self._where()
-        per_epoch, left = self.num_rows_per_epoch, int(count)
+        per_epoch, left = self.num_rows_per_epoch or 0, count
         while left and (self.num_epochs is None or epoch < self.num_epochs) and per_epoch:
             ends = np.cumsum([0] + [t.num_rows for t in self.plan_of(epoch)])
             row = int(ends[task]) + offset + left

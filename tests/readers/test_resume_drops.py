@@ -111,6 +111,35 @@ def test_rows_to_pass_over_in_a_process_pool_and_across_epochs(dataset: Path, ba
     _check(dataset, batched, options, 3, 5, [0, 2, 3, 90, 95, 140, 250], 2)  # offsets past the epoch's end
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(batched=st.booleans(), data=st.data(),
+       shard=st.sampled_from([None, (1, 3, "row", "pad"), (0, 2, "row_group", "drop")]))
+def test_skip_rows_after_a_resume_counts_only_rows_delivered(dataset: Path, batched: bool, data: Any,
+                                                            shard: Any) -> None:
+    """skip_rows(n) passes over the next n rows the reader would deliver: the rows its resumed state passes over
+    are not among them, and are still passed over after (a state saved there resumes as exactly)."""
+    options: dict[str, Any] = dict(shuffle_rows=True, seed=4, num_epochs=2, reader_pool_type="dummy")
+    if shard is not None:
+        options.update(cur_shard=shard[0], shard_count=shard[1], shard_by=shard[2], shard_remainder=shard[3])
+    with _open(dataset, batched, **options) as reader:
+        fresh = _take(reader, None)
+    with _open(dataset, batched, **options) as reader:
+        head = _take(reader, data.draw(st.integers(0, 3 if batched else 40), label="stop"))
+        skip = data.draw(st.integers(0, 10), label="skip")
+        exclude = data.draw(st.lists(st.integers(0, 100), max_size=15, unique=True), label="exclude")
+        state = dict(_json(reader.state_dict()), skip=skip, exclude=exclude)
+    gone = {len(head) + offset for offset in _dropped(skip, exclude)}
+    expected = [row for at, row in enumerate(fresh) if at >= len(head) and at not in gone]
+    count = data.draw(st.integers(0, len(expected) + 3), label="count")
+    with _open(dataset, batched, state, **options) as reader:
+        assert reader.skip_rows(count) == min(count, len(expected))
+        later = _json(reader.state_dict())
+        assert _take(reader, None) == expected[count:]
+    with _open(dataset, batched, later, **options) as reader:
+        if not batched:  # a batch reader's state is at its task's start; skip_rows' cut is not in it
+            assert _take(reader, None) == expected[count:]
+
+
 def test_a_state_says_the_rows_it_still_passes_over(dataset: Path) -> None:
     """Until they are passed, the rows to pass over are in every state (as skip and exclude after its position);
     then none are; a fresh reader's state has none."""
