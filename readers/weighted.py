@@ -632,10 +632,9 @@ class WeightedSamplingReader:
         """:meth:`reset`, from anywhere: the other readers stopped mid-epoch when one ran out. The weights
         in force stay (a curriculum's change is not undone); drained readers come back."""
         for reader, seed in zip(self._readers, self._first_seeds):
-            if seed is not None:  # the first pass's order again
+            start_over(reader)
+            if seed is not None and reader.seed != seed:  # the first pass's order again
                 reader.load_state_dict(reader.state_at_start(seed))
-            else:
-                start_over(reader)
         self._draws = 0
         self._changes, self._due, self._next_change = [], 0, _NEVER  # a new run: its own changes
         self._drained = [False] * len(self._readers)
