@@ -1,0 +1,331 @@
+"""Columns added to existing rows without rewriting the parts (store/columns.py, store/column_sets.py):
+every reader sees them, the parts keep their bytes, a backfill replaces values, a kill leaves the old
+state, bad input is refused with nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    ColumnSetError,
+    CompressedImageCodec,
+    Dataset,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    ValidationError,
+    add_column,
+    add_columns,
+    list_columns,
+    make_batch_reader,
+    make_reader,
+    open_dataset,
+    remove_columns,
+    write_dataset,
+)
+from unihub.cli.demo import make_image
+from unihub.fs import publish
+from unihub.images.decoders import encode_image
+from unihub.store import column_sets
+
+N = 120
+SCHEMA = Unischema("Pics", [
+    UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+    UnischemaField("image", np.uint8, (16, 16, 3), CompressedImageCodec("png"), False),
+])
+EMB = UnischemaField("emb", np.float32, (8,), TensorCodec(), True)
+SPLIT = UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True)
+
+
+def embedding(ids: Any) -> np.ndarray:
+    """Row ``id``'s embedding: a function of its id, so any reader's rows can be checked."""
+    return (np.asarray(ids, dtype=np.float32)[:, None] + np.arange(8, dtype=np.float32) / 10).astype(np.float32)
+
+
+def split_of(ids: Any) -> list[str]:
+    return ["val" if i % 5 == 0 else "train" for i in np.asarray(ids).tolist()]
+
+
+def write_pics(path: Path) -> Path:
+    """``N`` rows of 16x16 PNGs in 4 parts of several row groups each."""
+    rng = np.random.default_rng(3)
+    images = [encode_image(make_image(rng, 16, 16), "png") for _ in range(N)]
+    write_dataset(path, SCHEMA, ({"id": i, "image": images[i]} for i in range(N)), rows_per_file=N // 4,
+                  row_group_size_mb=0.008)
+    return path
+
+
+@pytest.fixture
+def pics(tmp_path: Path) -> Path:
+    path = write_pics(tmp_path / "ds")
+    store = open_dataset(path)
+    assert len(store.files) == 4 and len(store.row_groups) > 8
+    return path
+
+
+def ids_in_order(path: Path | str, **options: Any) -> np.ndarray:
+    store = open_dataset(path, **options)
+    return np.concatenate([store.read_row_group(g, ["id"]).column("id").to_numpy() for g in range(len(store.row_groups))])
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Every part file: its digest and modification time."""
+    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in root.iterdir() if p.suffix == ".parquet"}
+
+
+def listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_added_column_is_read_by_every_reader(pics: Path) -> None:
+    ids = ids_in_order(pics)
+    result = add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    assert list_columns(pics) == {"emb": ["emb"], "split": ["split"]}
+    assert result.num_rows == N and len(result.files) == 4
+    store = open_dataset(pics)
+    assert [f.name for f in store.schema] == ["id", "image", "emb", "split"]
+    # make_reader, selected and not, shuffled, sharded
+    with make_reader(pics, schema_fields=["id", "emb", "split"], workers_count=2, seed=1) as reader:
+        rows = list(reader)
+    assert sorted(r.id for r in rows) == list(range(N))
+    for row in rows:
+        np.testing.assert_array_equal(row.emb, embedding([row.id])[0])
+        assert row.split == split_of([row.id])[0]
+    with make_reader(pics, schema_fields=["id"], workers_count=1) as reader:
+        assert sorted(r.id for r in reader) == list(range(N)) and reader.schema.fields.keys() == {"id"}
+    with make_reader(pics, workers_count=1, shuffle_row_groups=False) as reader:
+        row = next(iter(reader))
+    assert row.image.shape == (16, 16, 3) and row.emb.dtype == np.float32
+    shards = []
+    for shard in range(3):
+        with make_batch_reader(pics, schema_fields=["id", "emb"], cur_shard=shard, shard_count=3,
+                               shuffle_rows=True, seed=5, workers_count=1) as reader:
+            for batch in reader:
+                np.testing.assert_array_equal(batch.emb, embedding(batch.id))
+                shards.append(np.asarray(batch.id))
+    assert sorted(np.concatenate(shards).tolist()) == list(range(N))
+
+
+def test_random_access_takes_added_columns(pics: Path) -> None:
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    for cache_mb in (None, 0.001):  # the cache holding the dataset, and rows read group by group (images by page)
+        dataset = Dataset(pics, schema_fields=["id", "image", "emb"], cache_mb=cache_mb)
+        asked = np.random.default_rng(0).integers(0, N, 40)
+        batch = dataset.take(asked)
+        np.testing.assert_array_equal(batch.id, ids[asked])
+        np.testing.assert_array_equal(batch.emb, embedding(ids[asked]))
+        assert batch.image.shape == (40, 16, 16, 3)
+        np.testing.assert_array_equal(dataset[7].emb, embedding([ids[7]])[0])
+
+
+def test_torch_loaders_see_added_columns(pics: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from unihub.bridges.torch import DataLoader, TorchMapDataset
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    with DataLoader(make_reader(pics, schema_fields=["id", "emb"], workers_count=1), batch_size=16) as loader:
+        batches = list(loader)
+    got = torch.cat([b["id"] for b in batches]).numpy()
+    np.testing.assert_array_equal(torch.cat([b["emb"] for b in batches]).numpy(), embedding(got))
+    mapped = TorchMapDataset(str(pics), schema_fields=["id", "emb"])
+    loader = torch.utils.data.DataLoader(mapped, batch_size=10, shuffle=True, num_workers=2)  # forked workers
+    seen = []
+    for batch in loader:
+        np.testing.assert_array_equal(batch["emb"].numpy(), embedding(batch["id"].numpy()))
+        seen.extend(batch["id"].tolist())
+    assert sorted(seen) == list(range(N))
+
+
+def test_parts_untouched_and_bytes_written_are_the_column_s_own(pics: Path) -> None:
+    before = snapshot(pics)
+    images = sum(len(v) for g in range(len(open_dataset(pics).row_groups))
+                 for v in open_dataset(pics).read_row_group(g, ["image"]).column("image").to_pylist())
+    big = UnischemaField("big", np.float32, (64,), TensorCodec(), True)
+    values = np.random.default_rng(1).standard_normal((N, 64)).astype(np.float32)  # incompressible
+    own = values.nbytes
+    result = add_column(pics, big, values)
+    on_disk = sum(p.stat().st_size for p in (pics / column_sets.DIRECTORY).rglob("*") if p.is_file()) + \
+        (pics / column_sets.RECORD).stat().st_size
+    assert result.bytes_written == on_disk
+    assert own <= result.bytes_written < own * 1.1 + 16_000, (own, result.bytes_written)  # footers, the record
+    assert result.bytes_written < images  # nothing of the images is written again
+    assert snapshot(pics) == before  # the parts: same bytes, same mtime
+    assert sorted(p.name for p in pics.iterdir() if not p.name.startswith("_")) == sorted(before)
+
+
+def test_backfill_replaces_values_and_old_files(pics: Path) -> None:
+    ids = ids_in_order(pics)
+    first = add_column(pics, SPLIT, split_of(ids))
+    with pytest.raises(ColumnSetError, match="replace=True"):
+        add_column(pics, SPLIT, ["x"] * N)
+    second = add_column(pics, SPLIT, ["test"] * N, replace=True)
+    assert not any(os.path.exists(f) for f in first.files) and all(os.path.exists(f) for f in second.files)
+    with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
+        assert {r.split for r in reader} == {"test"}
+    remove_columns(pics, "split")
+    assert open_dataset(pics).schema.fields.keys() == {"id", "image"}
+    assert not (pics / column_sets.DIRECTORY).exists()
+
+
+def test_values_from_a_function_of_existing_columns(pics: Path) -> None:
+    def double(table: pa.Table) -> np.ndarray:
+        return table.column("id").to_numpy() * 2
+
+    add_column(pics, UnischemaField("twice", np.int64, (), ScalarCodec(pa.int64()), False), double, inputs=["id"])
+    with make_batch_reader(pics, schema_fields=["id", "twice"], workers_count=1) as reader:
+        for batch in reader:
+            np.testing.assert_array_equal(batch.twice, np.asarray(batch.id) * 2)
+    assert open_dataset(pics).schema["twice"].nullable  # rows appended later read as null
+
+
+def test_a_part_the_set_does_not_cover_reads_null(pics: Path) -> None:
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    shutil.copy(pics / "part-00000.parquet", pics / "part-00009.parquet")  # as an append would add one
+    with make_reader(pics, schema_fields=["id", "emb"], workers_count=1, shuffle_row_groups=False) as reader:
+        rows = list(reader)
+    assert len(rows) == N + N // 4
+    assert all(r.emb is None for r in rows[N:]) and all(r.emb is not None for r in rows[:N])
+
+
+def test_bad_input_is_refused_and_nothing_is_written(pics: Path) -> None:
+    before = listing(pics)
+    cases = [
+        (ColumnSetError, "rows", lambda: add_column(pics, EMB, embedding(range(N - 1)))),
+        (ValidationError, "dtype", lambda: add_column(pics, EMB, embedding(range(N)).astype(np.float64))),
+        (ValidationError, "shape", lambda: add_column(pics, EMB, np.zeros((N, 7), np.float32))),
+        (ColumnSetError, "exists", lambda: add_column(pics, UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()),
+                                                                          True), np.arange(N))),
+        (ColumnSetError, "name", lambda: add_column(pics, SPLIT, split_of(range(N)), name="../x")),
+        (ValidationError, "split", lambda: add_column(pics, SPLIT, [*split_of(range(N - 1)), 7])),  # late in the writing
+        (ColumnSetError, "no values", lambda: add_columns(pics, [EMB, SPLIT], {"emb": embedding(range(N))}, name="s")),
+    ]
+    for error, words, call in cases:
+        with pytest.raises(error, match=words):
+            call()
+        assert listing(pics) == before, words
+    add_column(pics, SPLIT, split_of(range(N)))
+    with pytest.raises(ColumnSetError, match="column set 'split'"):  # a field of another set
+        add_columns(pics, [SPLIT], {"split": split_of(range(N))}, name="other")
+
+
+KILLED = """
+import os, signal
+import numpy as np
+import pyarrow as pa
+from unihub import ScalarCodec, UnischemaField, add_column
+SPLIT = UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True)
+calls = []
+def values(table):
+    calls.append(1)
+    if len(calls) == 6:
+        os.kill(os.getpid(), signal.SIGKILL)  # side files half written, the record not yet published
+    return ["new"] * table.num_rows
+add_column({path!r}, SPLIT, values, replace=True)
+"""
+
+
+def test_a_kill_mid_add_leaves_the_old_state(pics: Path) -> None:
+    add_column(pics, SPLIT, ["old"] * N)
+    record = (pics / column_sets.RECORD).read_bytes()
+    code = textwrap.dedent(KILLED).format(path=str(pics))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    assert (pics / column_sets.RECORD).read_bytes() == record
+    leftover = [p for p in (pics / column_sets.DIRECTORY).rglob("*.parquet")]
+    assert len(leftover) > 4  # the killed run's side files are there, listed by no record
+    with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
+        assert {r.split for r in reader} == {"old"}
+    add_column(pics, SPLIT, ["newer"] * N, replace=True)  # the next add removes what the kill left
+    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 4
+    with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
+        assert {r.split for r in reader} == {"newer"}
+
+
+def test_spark_and_pyarrow_see_the_parts_only(pics: Path) -> None:
+    add_column(pics, EMB, embedding(ids_in_order(pics)))
+    table = pq.ParquetDataset(str(pics)).read()
+    assert table.num_rows == N and table.column_names == ["id", "image"]
+
+
+def test_local_disk_cache_sees_a_backfill(pics: Path, tmp_path: Path) -> None:
+    add_column(pics, SPLIT, ["a"] * N)
+    options = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 10**8,
+               "cache_row_size_estimate": 100, "workers_count": 1, "schema_fields": ["id", "split"]}
+    with make_reader(pics, **options) as reader:
+        assert {r.split for r in reader} == {"a"}
+    add_column(pics, SPLIT, ["b"] * N, replace=True)
+    with make_reader(pics, **options) as reader:
+        assert {r.split for r in reader} == {"b"}
+
+
+def test_show_and_tfrecord_export_see_added_columns(pics: Path, tmp_path: Path) -> None:
+    from unihub import convert
+    from unihub.viewer import show
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    report = show(pics, rows=5, first=True)
+    assert {"emb", "split"} <= {s.name for s in report.report.stats}
+    assert "split" in report.html and "val" in report.html
+    tf = pytest.importorskip("tensorflow")
+    out = tmp_path / "out.tfrecord"
+    convert(pics, out, to_format="tfrecord", progress=False)
+    files = sorted(str(p) for p in out.rglob("*") if p.is_file()) if out.is_dir() else [str(out)]
+    examples = [tf.train.Example.FromString(raw.numpy()) for raw in tf.data.TFRecordDataset(files)]
+    assert len(examples) == N
+    for example in examples:
+        feature = example.features.feature
+        i = feature["id"].int64_list.value[0]
+        np.testing.assert_allclose(feature["emb"].float_list.value, embedding([i])[0])
+        assert feature["split"].bytes_list.value[0].decode() == split_of([i])[0]
+
+
+def test_on_s3(pics: Path, s3_server: Any) -> None:
+    url = s3_server.upload_folder(pics, "columns/ds")
+    options = s3_server.storage_options()
+    ids = ids_in_order(url, storage_options=options)
+    add_column(url, EMB, embedding(ids), storage_options=options)
+    add_column(url, SPLIT, ["old"] * N, storage_options=options)
+    add_column(url, SPLIT, split_of(ids), replace=True, storage_options=options)
+    publish.settle_url(url, options)  # a later write's clean-up keeps the columns
+    with make_reader(url, schema_fields=["id", "emb", "split"], storage_options=options, workers_count=2) as reader:
+        rows = list(reader)
+    assert sorted(r.id for r in rows) == list(range(N))
+    for row in rows:
+        np.testing.assert_array_equal(row.emb, embedding([row.id])[0])
+        assert row.split == split_of([row.id])[0]
+    batch = Dataset(url, schema_fields=["id", "emb"], storage_options=options).take([3, 100, 5])
+    np.testing.assert_array_equal(batch.emb, embedding(batch.id))
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket,
+                                                                  Prefix="columns/ds/")["Contents"]]
+    assert sum("_unihub_columns/split/" in k for k in keys) == 4  # the replaced set's files are gone
+    with pytest.raises(ColumnSetError, match="rows"):
+        add_column(url, UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), True), np.arange(3),
+                   storage_options=options)
+
+
+def test_a_dataset_overwritten_drops_its_columns(pics: Path) -> None:
+    add_column(pics, SPLIT, split_of(range(N)))
+    write_dataset(pics, SCHEMA, [{"id": 0, "image": encode_image(make_image(np.random.default_rng(0), 16, 16), "png")}],
+                  overwrite=True)
+    assert open_dataset(pics).schema.fields.keys() == {"id", "image"}
