@@ -42,6 +42,10 @@ from unihub.fs import publish
 from unihub.images.decoders import encode_image
 from unihub.store import column_sets
 
+from ..petastorm import test_metadata_write as petastorm_side
+
+petastorm_python = petastorm_side.petastorm_python  # the fixture: Petastorm 0.13.1's venv
+
 N = 120
 SCHEMA = Unischema("Pics", [
     UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
@@ -267,14 +271,17 @@ def test_spark_and_pyarrow_see_the_parts_only(pics: Path) -> None:
 
 
 def test_local_disk_cache_sees_a_backfill(pics: Path, tmp_path: Path) -> None:
+    from unihub.readers.local_disk_cache import LocalDiskCache
+
+    cache = LocalDiskCache(tmp_path / "cache", 10**8, cleanup=False)
     add_column(pics, SPLIT, ["a"] * N)
-    options = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 10**8,
-               "cache_row_size_estimate": 100, "workers_count": 1, "schema_fields": ["id", "split"]}
-    with make_reader(pics, **options) as reader:
-        assert {r.split for r in reader} == {"a"}
+    assert set(cache.get_row_group(open_dataset(pics), 1, ["id", "split"]).column("split").to_pylist()) == {"a"}
+    assert set(cache.get_row_group(open_dataset(pics), 1, ["id", "split"]).column("split").to_pylist()) == {"a"}
+    assert cache.stats.hits == 1
     add_column(pics, SPLIT, ["b"] * N, replace=True)
-    with make_reader(pics, **options) as reader:
-        assert {r.split for r in reader} == {"b"}
+    assert set(cache.get_row_group(open_dataset(pics), 1, ["id", "split"]).column("split").to_pylist()) == {"b"}
+    cache.get_row_group(open_dataset(pics), 1, ["id"])
+    assert cache.stats.hits == 1  # the parts' own columns: the same key as before any set (no entry yet here)
 
 
 def test_show_and_tfrecord_export_see_added_columns(pics: Path, tmp_path: Path) -> None:
@@ -329,3 +336,55 @@ def test_a_dataset_overwritten_drops_its_columns(pics: Path) -> None:
     write_dataset(pics, SCHEMA, [{"id": 0, "image": encode_image(make_image(np.random.default_rng(0), 16, 16), "png")}],
                   overwrite=True)
     assert open_dataset(pics).schema.fields.keys() == {"id", "image"}
+
+
+def test_predicates_and_filters_on_an_added_column(pics: Path) -> None:
+    from unihub import in_lambda
+
+    ids = ids_in_order(pics)
+    add_column(pics, SPLIT, split_of(ids))
+    with make_reader(pics, schema_fields=["id"], predicate=in_lambda(["split"], lambda s: s == "val"),
+                     workers_count=1) as reader:
+        assert sorted(r.id for r in reader) == list(range(0, N, 5))
+    with make_batch_reader(pics, schema_fields=["id", "split"], filters=[("split", "=", "val")],
+                           workers_count=1) as reader:
+        found = sorted(i for batch in reader for i in np.asarray(batch.id).tolist())
+    assert found == list(range(0, N, 5))
+
+
+@pytest.mark.slow
+def test_petastorm_s_dataset_with_a_column_added(tmp_path: Path, petastorm_python: Path) -> None:  # noqa: F811
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "petastorm" / "unischema"
+    copy = tmp_path / "ds"
+    shutil.copytree(source, copy)
+    ids = ids_in_order(copy)
+    fold = UnischemaField("fold", np.str_, (), ScalarCodec(pa.string()), True)
+    add_column(copy, fold, split_of(ids))
+    store = open_dataset(copy)
+    assert store.schema_source == "petastorm" and list(store.schema.fields)[-1] == "fold"
+    with make_reader(copy, schema_fields=["id", "fold"], workers_count=1) as reader:
+        assert {r.id: r.fold for r in reader} == dict(zip(ids.tolist(), split_of(ids)))
+    job = {"reader": "make_reader", "fields": ["id", "label"]}
+    before, after = petastorm_side.read_with_petastorm(petastorm_python, [{**job, "url": str(source)}, {**job, "url": str(copy)}],
+                                        tmp_path)
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_cli_adds_lists_and_removes(pics: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unihub.cli import main
+
+    ids = ids_in_order(pics)
+    np.save(tmp_path / "emb.npy", embedding(ids))
+    (tmp_path / "split.txt").write_text("\n".join(split_of(ids)) + "\n", encoding="utf-8")
+    assert main(["columns", "add", str(pics), str(tmp_path / "emb.npy"), "--field", "emb"]) == 0
+    assert main(["columns", "add", str(pics), str(tmp_path / "split.txt"), "--field", "split"]) == 0
+    assert "the parts are untouched" in capsys.readouterr().out
+    assert main(["columns", "add", str(pics), str(tmp_path / "split.txt"), "--field", "split"]) == 1
+    assert "replace" in capsys.readouterr().err
+    assert main(["columns", "list", str(pics)]) == 0
+    assert capsys.readouterr().out == "emb: emb\nsplit: split\n"
+    batch = Dataset(pics, schema_fields=["emb", "split"]).take([0, 5])
+    np.testing.assert_array_equal(batch.emb, embedding(ids[[0, 5]]))
+    assert list(batch.split) == split_of(ids[[0, 5]])
+    assert main(["columns", "rm", str(pics), "emb"]) == 0
+    assert list_columns(pics) == {"split": ["split"]}
