@@ -25,12 +25,13 @@ version of the dataset can name it whole.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import threading
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +40,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import DatasetChangedError, FormatError, UnihubError
+from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
-from unihub.fs import publish, remote
 from unihub.schema.unischema import Unischema, UnischemaField
 
 #: the record, at the dataset's root (its name is also kept by fs/publish.py's clean-up)
 RECORD = publish.COLUMNS_RECORD
 #: the folder of the side files, at the dataset's root
 DIRECTORY = "_unihub_columns"
+#: the lock a local publish holds (see publish_record)
+LOCK = "_unihub_columns.lock"
 FORMAT = "unihub.columns"
 VERSION = 1
 #: a set's name: a folder name on every filesystem
@@ -129,8 +132,36 @@ def read_record(fs: pafs.FileSystem, root: str) -> tuple[Record, bytes | None]:
     return parse_record(data, path), data
 
 
+def publish_record(fs: pafs.FileSystem, root: str, record: Record, before: bytes | None) -> int:
+    """Publish ``record`` at ``root`` where the record there is still ``before`` (the one the change
+    was made from; None: none), else a :class:`DatasetChangedError` (another add published meanwhile:
+    never a lost set). Locally the check and the rename hold a lock on ``_unihub_columns.lock`` (released
+    by the system when a process dies); an object store has no lock: two adds there in the same
+    ~10 ms keep the later. Returns the bytes written."""
+    with _locked(fs, root):
+        _, now = read_record(fs, root)
+        if now != before:
+            raise DatasetChangedError(f"{fsutil.join(root, RECORD)}: the column sets changed while this change was "
+                                      "made (another add, backfill or removal published first); run it again")
+        return write_record(fs, root, record)
+
+
+@contextlib.contextmanager
+def _locked(fs: pafs.FileSystem, root: str) -> Iterator[None]:
+    """An exclusive lock on the dataset's column sets, on a local disk (elsewhere none)."""
+    if not fsutil.on_local_disk(fs):
+        yield
+        return
+    descriptor = os.open(os.path.join(root, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # the lock goes with it
+
+
 def write_record(fs: pafs.FileSystem, root: str, record: Record) -> int:
-    """Publish ``record`` at ``root`` in one step: written beside and renamed locally, one PUT on an
+    """Write ``record`` at ``root`` in one step: written beside and renamed locally, one PUT on an
     object store. Returns the bytes written."""
     data = record.to_json()
     target = fsutil.join(root, RECORD)
@@ -138,7 +169,7 @@ def write_record(fs: pafs.FileSystem, root: str, record: Record) -> int:
         with fs.open_output_stream(target) as handle:
             handle.write(data)
         return len(data)
-    temporary = fsutil.join(root, f"{RECORD}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    temporary = fsutil.join(root, f"{RECORD}.unihub-{atomic.run_id()}-tmp")  # a kill's left over: see columns._sweep
     try:
         with open(temporary, "wb") as handle:
             handle.write(data)

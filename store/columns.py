@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import ColumnSetError, DatasetChangedError
+from unihub.errors import ColumnSetError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
@@ -96,12 +97,10 @@ def add_columns(url: str | os.PathLike[str], fields: Sequence[UnischemaField], v
     written: list[str] = []
     try:
         parts, size = _write_sides(store, name, added, values, inputs, run, written, compression)
-        new = Record(tuple(s for s in record.sets if s.name != name) + (ColumnSet(name, added, parts),))
-        _, now = column_sets.read_record(fs, root)
-        if now != before:
-            raise DatasetChangedError(f"{url}: its column sets changed while set {name!r} was written (another "
-                                      "add or backfill); run it again")
-        size += column_sets.write_record(fs, root, new)  # the one step that publishes
+        # sets that cover none of the parts (an overwrite on an object store replaced them) are dropped
+        live = {s.name for s in store.side.sets} if store.side is not None else set()
+        new = Record(tuple(s for s in record.sets if s.name != name and s.name in live) + (ColumnSet(name, added, parts),))
+        size += column_sets.publish_record(fs, root, new, before)  # the one step that publishes
     except BaseException:
         for path in written:
             fsutil.discard(fs, path)
@@ -116,11 +115,11 @@ def remove_columns(url: str | os.PathLike[str], name: str, *, filesystem: Any = 
                    storage_options: dict[str, Any] | None = None) -> None:
     """Remove column set ``name`` from the dataset at ``url`` (its record first, then its files)."""
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
-    record, _ = column_sets.read_record(fs, root)
+    record, before = column_sets.read_record(fs, root)
     if not any(s.name == name for s in record.sets):
         raise ColumnSetError(f"{url}: no column set {name!r} (it has {[s.name for s in record.sets]})")
     new = Record(tuple(s for s in record.sets if s.name != name))
-    column_sets.write_record(fs, root, new)
+    column_sets.publish_record(fs, root, new, before)
     _remove_unlisted(fs, root, record, new)
 
 
@@ -259,10 +258,14 @@ def _group_values(store: ParquetStore, info: RowGroupInfo, schema: Unischema, st
 
 
 def _sweep(fs: pafs.FileSystem, root: str, record: Record) -> None:
-    """Remove side files a killed add left (named by a run no longer alive, listed by no record)."""
+    """Remove side files a killed add left (named by a run no longer alive, listed by no record), and
+    records a kill left half written (locally: their temporary names)."""
     listed = set(record.files)
-    for rel in _side_files(fs, root):
-        found = _RUN_FILE.match(rel.rpartition("/")[2])
+    temporaries = [column_sets.relative(root, e.path) for e in fs.get_file_info(pafs.FileSelector(root))
+                   if posixpath.basename(e.path).startswith(f"{column_sets.RECORD}.")] \
+        if fsutil.on_local_disk(fs) else []
+    for rel in [*_side_files(fs, root), *temporaries]:
+        found = _RUN_FILE.search(rel.rpartition("/")[2])
         if rel not in listed and found is not None and \
                 not atomic.owner_alive(found["where"], int(found["pid"]), int(found["start"])):
             fs.delete_file(fsutil.join(root, rel))

@@ -388,3 +388,36 @@ def test_cli_adds_lists_and_removes(pics: Path, tmp_path: Path, capsys: pytest.C
     assert list(batch.split) == split_of(ids[[0, 5]])
     assert main(["columns", "rm", str(pics), "emb"]) == 0
     assert list_columns(pics) == {"split": ["split"]}
+
+
+def test_an_add_that_lost_a_race_is_refused_by_name_and_the_other_lands(pics: Path) -> None:
+    from unihub import DatasetChangedError
+
+    calls = []
+
+    def values(table: pa.Table) -> list[str]:
+        calls.append(1)
+        if len(calls) == 2:  # another add publishes while this one writes
+            add_column(pics, EMB, embedding(ids_in_order(pics)))
+        return ["x"] * table.num_rows
+
+    with pytest.raises(DatasetChangedError, match="run it again"):
+        add_column(pics, SPLIT, values)
+    assert list_columns(pics) == {"emb": ["emb"]}
+    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 4  # the refused add's files removed
+    add_column(pics, SPLIT, ["y"] * N)
+    assert list_columns(pics) == {"emb": ["emb"], "split": ["split"]}
+
+
+def test_a_partitioned_dataset(tmp_path: Path) -> None:
+    schema = Unischema("P", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("fold", np.int64, (), ScalarCodec(pa.int64()), False)])
+    path = tmp_path / "ds"
+    write_dataset(path, schema, ({"id": i, "fold": i % 3} for i in range(30)), partition_by=["fold"])
+    ids = ids_in_order(path)
+    add_column(path, SPLIT, split_of(ids))
+    with make_reader(path, workers_count=1) as reader:
+        rows = list(reader)
+    assert sorted(r.id for r in rows) == list(range(30))
+    assert all(r.split == split_of([r.id])[0] and r.fold == r.id % 3 for r in rows)
+    assert pq.ParquetDataset(str(path)).read().num_rows == 30
