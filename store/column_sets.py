@@ -210,6 +210,11 @@ class SideColumns:
                          for f in self.fields}
         self._open = threading.local()
 
+    @property
+    def storage_fields(self) -> list[pa.Field]:
+        """The added fields as their side files store them (tensors as fixed-size bytes)."""
+        return [self._storage[f.name] for f in self.fields]
+
     def __bool__(self) -> bool:
         return bool(self.sets)
 

@@ -160,6 +160,14 @@ class ParquetStore:
         return copy.deepcopy(self._extra)
 
     @property
+    def stored_schema(self) -> pa.Schema:
+        """The Arrow schema of the stored columns: the part files' (``arrow_schema``), then the columns added
+        beside them (store/column_sets.py), as stored."""
+        if self.side is None:
+            return self.arrow_schema
+        return pa.schema([*self.arrow_schema, *self.side.storage_fields], metadata=self.arrow_schema.metadata)
+
+    @property
     def missing_fields(self) -> tuple[str, ...]:
         """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
         present = set(self.arrow_schema.names) | set(self.partition_names) | set(self.side.set_of if self.side else ())

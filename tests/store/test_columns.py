@@ -139,6 +139,7 @@ def test_random_access_takes_added_columns(pics: Path) -> None:
         np.testing.assert_array_equal(dataset[7].emb, embedding([ids[7]])[0])
 
 
+@pytest.mark.slow
 def test_torch_loaders_see_added_columns(pics: Path) -> None:
     torch = pytest.importorskip("torch")
     from unihub.bridges.torch import DataLoader, TorchMapDataset
@@ -284,16 +285,25 @@ def test_local_disk_cache_sees_a_backfill(pics: Path, tmp_path: Path) -> None:
     assert cache.stats.hits == 1  # the parts' own columns: the same key as before any set (no entry yet here)
 
 
-def test_show_and_tfrecord_export_see_added_columns(pics: Path, tmp_path: Path) -> None:
-    from unihub import convert
+def test_show_sees_added_columns(pics: Path) -> None:
     from unihub.viewer import show
 
     ids = ids_in_order(pics)
     add_column(pics, EMB, embedding(ids))
     add_column(pics, SPLIT, split_of(ids))
     report = show(pics, rows=5, first=True)
-    assert {"emb", "split"} <= {s.name for s in report.report.stats}
+    assert {s.name: s.kind for s in report.report.stats} == {"id": "number", "image": "image", "emb": "tensor",
+                                                              "split": "string"}  # as written at once
     assert "split" in report.html and "val" in report.html
+
+
+@pytest.mark.slow
+def test_tfrecord_export_sees_added_columns(pics: Path, tmp_path: Path) -> None:
+    from unihub import convert
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
     tf = pytest.importorskip("tensorflow")
     out = tmp_path / "out.tfrecord"
     convert(pics, out, to_format="tfrecord", progress=False)
@@ -386,6 +396,8 @@ def test_cli_adds_lists_and_removes(pics: Path, tmp_path: Path, capsys: pytest.C
     batch = Dataset(pics, schema_fields=["emb", "split"]).take([0, 5])
     np.testing.assert_array_equal(batch.emb, embedding(ids[[0, 5]]))
     assert list(batch.split) == split_of(ids[[0, 5]])
+    assert main(["inspect", str(pics)]) == 0
+    assert "column sets (added beside the parts): emb: emb; split: split" in capsys.readouterr().out
     assert main(["columns", "rm", str(pics), "emb"]) == 0
     assert list_columns(pics) == {"split": ["split"]}
 
