@@ -221,14 +221,17 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     if manifest is None:
         return False
     listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata}
-    if replaced is None:  # a clean-up, not a new dataset: the columns added to this one stay
-        listed |= _columns_files(fs, target)
+    # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them
+    columns = _columns_files(fs, target)
+    if replaced is None:
+        listed |= columns
     live = False
     for rel in _files(fs, target):
         if rel in listed:
             continue
         found = _RUN.search(posixpath.basename(rel))
-        if found is not None and found["run"] not in (manifest.run, replaced) and _alive(found["run"]):
+        if found is not None and found["run"] not in (manifest.run, replaced) and rel not in columns \
+                and _alive(found["run"]):
             live = True
             continue
         fs.delete_file(f"{target}/{rel}")

@@ -294,9 +294,12 @@ def check_side(fs: pafs.FileSystem, path: str, group_rows: Sequence[int]) -> int
     return size
 
 
-def side_columns(fs: pafs.FileSystem, root: str, parts: Mapping[str, tuple[int, int]]) -> SideColumns | None:
-    """The column sets that apply to the data files ``parts`` of the dataset at ``root``; None where none do."""
-    record, _ = read_record(fs, root)
+def side_columns(fs: pafs.FileSystem, root: str, parts: Mapping[str, tuple[int, int]],
+                 record: Record | None = None) -> SideColumns | None:
+    """The column sets of ``record`` (by default the one published at ``root``: a version of the dataset
+    may name another) that apply to the data files ``parts`` of the dataset at ``root``; None where none do."""
+    if record is None:
+        record, _ = read_record(fs, root)
     if not record.sets:
         return None
     side = SideColumns(fs, root, record, parts)

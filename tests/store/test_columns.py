@@ -64,12 +64,12 @@ def split_of(ids: Any) -> list[str]:
     return ["val" if i % 5 == 0 else "train" for i in np.asarray(ids).tolist()]
 
 
-def write_pics(path: Path) -> Path:
+def write_pics(path: Any, **options: Any) -> Any:
     """``N`` rows of 16x16 PNGs in 4 parts of several row groups each."""
     rng = np.random.default_rng(3)
     images = [encode_image(make_image(rng, 16, 16), "png") for _ in range(N)]
     write_dataset(path, SCHEMA, ({"id": i, "image": images[i]} for i in range(N)), rows_per_file=N // 4,
-                  row_group_size_mb=0.008)
+                  row_group_size_mb=0.008, **options)
     return path
 
 
@@ -244,14 +244,14 @@ def values(table):
     if len(calls) == 6:
         os.kill(os.getpid(), signal.SIGKILL)  # side files half written, the record not yet published
     return ["new"] * table.num_rows
-add_column({path!r}, SPLIT, values, replace=True)
+add_column({path!r}, SPLIT, values, replace=True, storage_options={options!r})
 """
 
 
 def test_a_kill_mid_add_leaves_the_old_state(pics: Path) -> None:
     add_column(pics, SPLIT, ["old"] * N)
     record = (pics / column_sets.RECORD).read_bytes()
-    code = textwrap.dedent(KILLED).format(path=str(pics))
+    code = textwrap.dedent(KILLED).format(path=str(pics), options=None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
     assert (pics / column_sets.RECORD).read_bytes() == record
@@ -433,3 +433,35 @@ def test_a_partitioned_dataset(tmp_path: Path) -> None:
     assert sorted(r.id for r in rows) == list(range(30))
     assert all(r.split == split_of([r.id])[0] and r.fold == r.id % 3 for r in rows)
     assert pq.ParquetDataset(str(path)).read().num_rows == 30
+
+
+def test_plain_parquet_gets_a_column(plain_parquet: Path) -> None:
+    add_column(plain_parquet, SPLIT, split_of(range(10)))
+    with make_batch_reader(plain_parquet, workers_count=1, shuffle_row_groups=False) as reader:
+        batches = list(reader)
+    assert [i for b in batches for i in np.asarray(b.id).tolist()] == list(range(10))
+    assert [s for b in batches for s in np.asarray(b.split).tolist()] == split_of(range(10))
+
+
+@pytest.mark.slow
+def test_on_s3_a_kill_mid_add_leaves_the_old_state_and_the_next_write_cleans_up(s3_server: Any) -> None:
+    options = s3_server.storage_options()
+    url = write_pics(f"s3://{s3_server.bucket}/columns/killed", storage_options=options)  # published by a manifest
+    add_column(url, SPLIT, ["old"] * N, storage_options=options)
+    code = textwrap.dedent(KILLED).format(path=url, options=options)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+
+    def side_keys() -> list[str]:
+        listed = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix="columns/killed/_unihub_columns/")
+        return [o["Key"] for o in listed.get("Contents", [])]
+
+    assert len(side_keys()) > 4
+    with make_reader(url, schema_fields=["split"], storage_options=options, workers_count=1) as reader:
+        assert {r.split for r in reader} == {"old"}
+    publish.settle_url(url, options)  # what every write runs first: the dead run's files go, the listed stay
+    assert len(side_keys()) == 4
+    with make_reader(url, schema_fields=["split"], storage_options=options, workers_count=1) as reader:
+        assert {r.split for r in reader} == {"old"}
+    write_pics(url, storage_options=options, overwrite=True)  # a new dataset: the columns of the old one go
+    assert side_keys() == [] and open_dataset(url, storage_options=options).schema.fields.keys() == {"id", "image"}
