@@ -465,3 +465,21 @@ def test_on_s3_a_kill_mid_add_leaves_the_old_state_and_the_next_write_cleans_up(
         assert {r.split for r in reader} == {"old"}
     write_pics(url, storage_options=options, overwrite=True)  # a new dataset: the columns of the old one go
     assert side_keys() == [] and open_dataset(url, storage_options=options).schema.fields.keys() == {"id", "image"}
+
+
+def test_equal_to_the_same_rows_written_at_once_and_a_copy_holds_them(pics: Path, tmp_path: Path) -> None:
+    from unihub import copy_dataset, verify
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    store = open_dataset(pics)
+    rows = [r for g in range(len(store.row_groups)) for r in store.read_row_group(g, ["id", "image"]).to_pylist()]
+    write_dataset(tmp_path / "once", Unischema("Pics", [*SCHEMA, EMB, SPLIT]),
+                  ({**r, "emb": embedding([r["id"]])[0], "split": split_of([r["id"]])[0]} for r in rows))
+    report = verify(pics, tmp_path / "once")
+    assert report.equal, report.summary()
+    copy_dataset(None, pics, tmp_path / "copy")  # the added columns written into the copy's own parts
+    assert list_columns(tmp_path / "copy") == {}
+    report = verify(tmp_path / "copy", tmp_path / "once")
+    assert report.equal, report.summary()
