@@ -26,7 +26,6 @@ version of the dataset can name it whole.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -43,6 +42,11 @@ from unihub.errors import DatasetChangedError, FormatError, UnihubError
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import Unischema, UnischemaField
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock (the check before the publish stays)
+    fcntl = None  # type: ignore[assignment]
 
 #: the record, at the dataset's root (its name is also kept by fs/publish.py's clean-up)
 RECORD = publish.COLUMNS_RECORD
@@ -149,7 +153,7 @@ def publish_record(fs: pafs.FileSystem, root: str, record: Record, before: bytes
 @contextlib.contextmanager
 def _locked(fs: pafs.FileSystem, root: str) -> Iterator[None]:
     """An exclusive lock on the dataset's column sets, on a local disk (elsewhere none)."""
-    if not fsutil.on_local_disk(fs):
+    if not fsutil.on_local_disk(fs) or fcntl is None:
         yield
         return
     descriptor = os.open(os.path.join(root, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
