@@ -41,6 +41,7 @@ from unihub.errors import (
     CacheTimeoutError,
     CodecError,
     CodecTypeError,
+    ColumnSetError,
     DataCorruptionError,
     DatasetChangedError,
     DatasetExistsError,
@@ -100,6 +101,7 @@ from unihub.schema.codecs import (
     TensorCodec,
 )
 from unihub.schema.unischema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
+from unihub.store.columns import ColumnsResult, add_column, add_columns, list_columns, remove_columns
 from unihub.store.dataset import (
     ParquetStore,
     RowGroupInfo,
@@ -131,6 +133,8 @@ __all__ = [
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups
     "get_schema_from_dataset_url", "infer_or_load_unischema",
+    # columns added to existing rows without rewriting the parts (store/columns.py)
+    "ColumnSetError", "ColumnsResult", "add_column", "add_columns", "list_columns", "remove_columns",
     # yogadl-style caching of any data loader
     "CacheError", "CacheTimeoutError", "CachedDataset", "cacheable",
     # one switch for every progress bar (HuggingFace datasets' names)

@@ -95,6 +95,11 @@ class SchemaMismatchError(SchemaError):
     """A Unischema does not describe the columns of the Parquet store it is given for."""
 
 
+class ColumnSetError(SchemaError):
+    """Columns cannot be added as asked: a field the dataset has, values of the wrong length, a bad set name
+    (store/columns.py)."""
+
+
 class PetastormCompatibilityError(SchemaError):
     """A field cannot be written in a form Petastorm 0.13.1 reads (a fixed-shape TensorCodec, RGBA images)."""
 

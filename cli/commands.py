@@ -31,6 +31,7 @@ from typing import Any
 
 from unihub.bridges.throughput import ReadMethod, WorkerPoolType, reader_throughput
 from unihub.cli.cache import add_cache_commands
+from unihub.cli.columns import add_columns_commands
 from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.main_job import run
 from unihub.cli.storage import add_storage_option, storage_options_of
@@ -410,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"unihub {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(sub)
+    add_columns_commands(sub)
     add_completion_command(sub)
 
     inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",

@@ -42,6 +42,8 @@ from unihub.fs.uploads import abort_uploads, uploading
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
+#: columns added beside the parts (store/column_sets.py): the record lists its files under "files"
+COLUMNS_RECORD = "_unihub_columns.json"
 VERSION = 1
 _RUN = re.compile(r"unihub-(?P<run>[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6})")
 
@@ -219,16 +221,34 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     if manifest is None:
         return False
     listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata}
+    # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them
+    columns = _columns_files(fs, target)
+    if replaced is None:
+        listed |= columns
     live = False
     for rel in _files(fs, target):
         if rel in listed:
             continue
         found = _RUN.search(posixpath.basename(rel))
-        if found is not None and found["run"] not in (manifest.run, replaced) and _alive(found["run"]):
+        if found is not None and found["run"] not in (manifest.run, replaced) and rel not in columns \
+                and _alive(found["run"]):
             live = True
             continue
         fs.delete_file(f"{target}/{rel}")
     return not live
+
+
+def _columns_files(fs: pafs.FileSystem, target: str) -> set[str]:
+    """The column-set record and the files it lists (store/column_sets.py), relative to ``target``."""
+    path = f"{target}/{COLUMNS_RECORD}"
+    try:
+        with fs.open_input_stream(path) as handle:
+            files = json.loads(handle.read())["files"]
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return set()
+        raise  # not known: nothing is removed
+    return {COLUMNS_RECORD, *(str(f) for f in files)}
 
 
 def _alive(run: str) -> bool:

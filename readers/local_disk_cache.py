@@ -163,9 +163,11 @@ class LocalDiskCache(CacheBase):
         """The identity of (dataset file, row group, column selection), as a JSON string."""
         info = store.row_groups[row_group]
         file = self._file_info(store, info.path)
-        return json.dumps([_KEY_VERSION, store.url, info.path, file.size_bytes if file else None,
-                           getattr(file, "mtime_ns", None), info.row_group, info.num_rows, info.total_byte_size,
-                           [list(p) for p in info.partition], sorted(set(columns))], separators=(",", ":"))
+        key = [_KEY_VERSION, store.url, info.path, file.size_bytes if file else None,
+               getattr(file, "mtime_ns", None), info.row_group, info.num_rows, info.total_byte_size,
+               [list(p) for p in info.partition], sorted(set(columns))]
+        added = store.side.identity(columns) if store.side is not None else []
+        return json.dumps(key + [added] if added else key, separators=(",", ":"))  # a backfill: new side files
 
     # -- maintenance --------------------------------------------------------------------------------
     def volume(self) -> int:

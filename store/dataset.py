@@ -59,7 +59,7 @@ from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_p
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import integrity
+from unihub.store import column_sets, integrity
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -132,6 +132,8 @@ class ParquetStore:
     #: a byte per row group, 1 once all its stored columns were read and checked, in shared memory:
     #: processes forked from this one (torch workers, new each epoch) see what any of them checked
     _checked_whole: mmap.mmap | None = field(default=None, repr=False, compare=False)
+    #: columns added beside the part files (store/column_sets.py), joined by read_row_group; None: none
+    side: column_sets.SideColumns | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
@@ -158,9 +160,17 @@ class ParquetStore:
         return copy.deepcopy(self._extra)
 
     @property
+    def stored_schema(self) -> pa.Schema:
+        """The Arrow schema of the stored columns: the part files' (``arrow_schema``), then the columns added
+        beside them (store/column_sets.py), as stored."""
+        if self.side is None:
+            return self.arrow_schema
+        return pa.schema([*self.arrow_schema, *self.side.storage_fields], metadata=self.arrow_schema.metadata)
+
+    @property
     def missing_fields(self) -> tuple[str, ...]:
         """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
-        present = set(self.arrow_schema.names) | set(self.partition_names)
+        present = set(self.arrow_schema.names) | set(self.partition_names) | set(self.side.set_of if self.side else ())
         return tuple(name for name in self.schema.fields if name not in present)
 
     def require_fields(self, names: Collection[str]) -> None:
@@ -187,11 +197,27 @@ class ParquetStore:
 
     def read_row_group(self, index: int, columns: Sequence[str] | None = None, *,
                        views: Collection[str] = ()) -> pa.Table:
-        """The stored (encoded) columns of one row group, partition columns included.
+        """The stored (encoded) columns of one row group, partition columns and added columns included.
 
         Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
         viewing the memory-mapped file, not copied, where the file is local and their pages are
-        plain and uncompressed (store/_pages.py); otherwise as stored."""
+        plain and uncompressed (store/_pages.py); otherwise as stored. Columns added beside the parts
+        (store/column_sets.py) are read from their side files only when asked for (or ``columns`` is None)."""
+        side = self.side
+        added = [] if side is None else list(side.set_of) if columns is None \
+            else [c for c in columns if c in side.set_of]
+        if not added:
+            return self._read_part(index, columns, views)
+        table = self._read_part(index, None if columns is None else [c for c in columns if c not in added], views)
+        info = self.row_groups[index]
+        joined = self._restore_tensors(side.read(info.path, info.row_group, info.num_rows,  # type: ignore[union-attr]
+                                                 added, self._verify != "off"))
+        for name in added:
+            table = table.append_column(joined.schema.field(name), joined.column(name))
+        return table
+
+    def _read_part(self, index: int, columns: Sequence[str] | None, views: Collection[str]) -> pa.Table:
+        """:meth:`read_row_group` of the part file's own columns (and the partition columns)."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
         verify = self._needs_check(index, stored)
@@ -473,7 +499,25 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
+        return _with_column_sets(_store(url, fs, root, base, paths, sizes, common))
     return _store(url, fs, root, base, paths, sizes, common)
+
+
+def _with_column_sets(store: ParquetStore) -> ParquetStore:
+    """``store`` with the column sets that apply to its parts (store/column_sets.py) joined: their
+    fields added to its schema, their side files read by ``read_row_group``."""
+    side = column_sets.side_columns(store.filesystem, store.path,
+                                    {f.path: (f.num_rows, f.size_bytes) for f in store.files})
+    if side is None:
+        return store
+    clash = [f.name for f in side.fields if f.name in store.schema.fields or f.name in store.arrow_schema.names]
+    if clash:
+        raise SchemaError(f"{store.url}: column set field(s) {clash} are also columns of the part files; remove the "
+                          f"set (unihub.remove_columns) or rename the field")
+    store.side = side
+    store.schema = Unischema(store.schema.name, [*store.schema, *side.fields],
+                             attributes=store.schema.attribute_names)
+    return store
 
 
 def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
