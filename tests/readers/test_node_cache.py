@@ -270,3 +270,78 @@ def test_cleanup_removes_the_statistics_too(dataset, tmp_path):
 def test_fetch_wait_seconds_is_checked(tmp_path):
     with pytest.raises(CacheConfigError, match="fetch_wait_seconds"):
         LocalDiskCache(tmp_path, MB, fetch_wait_seconds=-1)
+
+
+# -- on an object store -------------------------------------------------------------------------------
+BLOB_SCHEMA_ROWS, BLOB_BYTES = 24, 200_000
+
+
+def blob_schema() -> Any:
+    import pyarrow as pa
+
+    from unihub.schema.codecs import NdarrayCodec, ScalarCodec
+    from unihub.schema.unischema import Unischema, UnischemaField
+
+    return Unischema("NodeCacheBlobs", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                        UnischemaField("blob", np.uint8, (BLOB_BYTES,), NdarrayCodec(), False)])
+
+
+def blob(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, BLOB_BYTES, dtype=np.uint8)
+
+
+def _read_s3(location: str, url: str, barrier: Any, results: Any) -> None:
+    try:
+        barrier.wait(BOUND)
+        with make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False,
+                         **cache_args(Path(location))) as reader:
+            rows = {int(r.id): bool(np.array_equal(r.blob, blob(int(r.id)))) for r in reader}
+            results.put((os.getpid(), rows, reader.cache_stats))
+    except BaseException as exc:
+        results.put((os.getpid(), repr(exc), None))
+
+
+def data_gets(s3_server: Any, prefix: str, footers: dict[str, int]) -> list[tuple[str, str]]:
+    """The ranged GETs of row-group pages (ending before their file's footer) under ``prefix``."""
+    found = []
+    for path, byte_range in s3_server.requests.object_reads(f"{s3_server.bucket}/{prefix}"):
+        name = path.rsplit("/", 1)[-1]
+        if byte_range and name in footers and int(byte_range.split("-")[1]) < footers[name]:
+            found.append((name, byte_range))
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_processes_on_an_object_store_fetch_each_row_group_once(s3_server, tmp_path):
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    local = tmp_path / "blobs"
+    write_dataset(local, blob_schema(), ({"id": i, "blob": blob(i)} for i in range(BLOB_SCHEMA_ROWS)),
+                  row_group_size_mb=0.7, rows_per_file=12)
+    footers = {}
+    for path in local.glob("*.parquet"):
+        metadata = pq.ParquetFile(path).metadata
+        footers[path.name] = path.stat().st_size - 8 - metadata.serialized_size
+    groups = len(open_dataset(local).row_groups)
+    assert groups >= 4
+    prefix = f"node-cache-{uuid.uuid4().hex[:8]}"
+    s3_server.upload_folder(local, prefix)
+    # pyarrow's S3 filesystem: no read-ahead buffer, so each row group's pages are the same GETs in any process
+    url = f"s3://{s3_server.bucket}/{prefix}?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+
+    s3_server.requests.clear()
+    run(_read_s3, [(str(tmp_path / "alone"), url, CONTEXT.Barrier(1))])
+    once = data_gets(s3_server, prefix, footers)
+    assert len(once) >= groups
+
+    s3_server.requests.clear()
+    processes = 3
+    found = run(_read_s3, [(str(tmp_path / "shared"), url, CONTEXT.Barrier(processes))] * processes)
+    assert data_gets(s3_server, prefix, footers) == once, "a row group was fetched by more than one process"
+    for _, rows, _ in found:
+        assert rows == dict.fromkeys(range(BLOB_SCHEMA_ROWS), True)
+    node = found[-1][2]["node"]
+    assert (node["fetches"], node["hits"]) == (groups, (processes - 1) * groups)
+    assert leftovers(tmp_path / "shared") == []
