@@ -83,6 +83,7 @@ def test_transient_faults_are_retried(s3_server, proxy, key, kind, fault):
     assert proxy.failed == RETRIES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_store_failing_every_few_requests_is_read_whole(s3_server, proxy, key, kind):
     url, options = through(proxy, s3_server, kind, key)
@@ -155,6 +156,7 @@ def paged(url: str, options: dict[str, Any]) -> Any:
     return ds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key, kind):
     url, options = through(proxy, s3_server, kind, paged_key)
@@ -171,3 +173,15 @@ def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key
     with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{paged_key}/\S+\.parquet: "
                                                  r"(row group \d+, )?bytes \d+-\d+: "):
         ds.take([r for r in range(200) if r not in rows][:5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_process_reports_the_file_and_bytes(s3_server, proxy, key, kind):
+    url, options = through(proxy, s3_server, kind, key)
+    with make_reader(url, reader_pool_type="process", workers_count=2, **options) as reader:
+        next(reader)
+        proxy.fail_always("503")
+        with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{key}/\S+\.parquet: row group \d+, "
+                                                     r"bytes \d+-\d+: the remote store failed"):
+            list(reader)
