@@ -345,3 +345,32 @@ def test_processes_on_an_object_store_fetch_each_row_group_once(s3_server, tmp_p
     node = found[-1][2]["node"]
     assert (node["fetches"], node["hits"]) == (groups, (processes - 1) * groups)
     assert leftovers(tmp_path / "shared") == []
+
+
+def test_threads_missing_one_row_group_fetch_it_once(dataset, tmp_path):
+    """Threads exclude each other too (each takes the lock on its own descriptor); so does ``get``."""
+    import threading
+
+    log = tmp_path / "reads.log"
+    store = open_dataset(dataset, filesystem=WatchedFileSystem(str(log), delay=0.2))
+    cache = LocalDiskCache(tmp_path / "cache", 64 * MB, cleanup=False)
+    start = threading.Barrier(4)
+    tables: list[Any] = []
+    values: list[Any] = []
+    calls: list[int] = []
+
+    def read() -> None:
+        start.wait()
+        tables.append(cache.get_row_group(store, 1, COLUMNS))
+        values.append(cache.get("key", lambda: calls.append(1) or time.sleep(0.2) or {"value": 1}))
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(BOUND)
+    expected = open_dataset(dataset).read_row_group(1, COLUMNS)
+    assert [t.equals(expected) for t in tables] == [True] * 4 and values == [{"value": 1}] * 4
+    assert len({(path, offset) for path, offset, _ in data_reads(log)}) == len(data_reads(log)) > 0
+    assert calls == [1]
+    assert cache.node_stats()["fetches"] == 2 and cache.node_stats()["waits"] >= 1
