@@ -241,15 +241,45 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                                loaders_count=args.workers_count, profile_threads=args.profile_threads,
                                read_method=args.read_method, shuffling_queue_size=args.shuffling_queue_size,
                                min_after_dequeue=args.min_after_dequeue or int(0.8 * args.shuffling_queue_size),
-                               spawn_new_process=not args.in_process, progress=not args.quiet)
+                               spawn_new_process=not args.in_process, progress=not args.quiet,
+                               reader_extra_args=_throughput_reader_args(args))
     if args.json:
         print(json.dumps({"url": args.url, "time_mean": result.time_mean,
                           "samples_per_second": result.samples_per_second,
-                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu}, indent=2))
+                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu,
+                          **({"cache": result.cache_stats} if result.cache_stats else {})}, indent=2))
     else:  # Petastorm's result line, word for word
         print(f"Average sample read rate: {result.samples_per_second:1.2f} samples/sec; "
               f"RAM {result.memory_info.rss / 2 ** 20:1.2f} MB (rss); CPU {result.cpu:1.2f}%")
+        if result.cache_stats:
+            print(cache_lines(result.cache_stats))
     return 0
+
+
+def _throughput_reader_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``make_reader`` arguments of ``unihub throughput``'s ``--cache-location`` and ``--storage-option``."""
+    extra: dict[str, Any] = {}
+    if args.storage_option:
+        extra["storage_options"] = storage_options_of(args)
+    if args.cache_location:
+        extra.update(cache_type="local-disk", cache_location=args.cache_location,
+                     cache_size_limit=int(args.cache_size_limit_mb * 2**20),
+                     cache_extra_settings={"cleanup": False})  # kept for the other ranks and the next run
+    return extra
+
+
+def cache_lines(stats: dict[str, Any]) -> str:
+    """Two lines on a local-disk cache: what this run did, and what every process on this node did."""
+    reader, node = stats["reader"], stats["node"]
+
+    def counts(c: dict[str, int]) -> str:
+        return (f"{c['hits']:,} hits ({c['waits']:,} after waiting for another's fetch), {c['misses']:,} misses, "
+                f"{c['fetches']:,} row groups fetched ({c['bytes_fetched'] / 2**20:,.1f} MB), "
+                f"{c['bytes_served'] / 2**20:,.1f} MB served from the cache, {c['evictions']:,} evicted")
+
+    return (f"Cache {stats['location']}: this run {counts(reader)}\n"
+            f"  node (every process using it): {counts(node)}; holds {node['entries']:,} entries, "
+            f"{node['bytes'] / 2**20:,.1f} of {node['size_limit_bytes'] / 2**20:,.1f} MB")
 
 
 def _add_tool_parsers(sub: Any) -> None:
@@ -311,7 +341,8 @@ def _add_tool_parsers(sub: Any) -> None:
                            epilog="examples:\n"
                                   "  unihub throughput /data/train\n"
                                   "  unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process\n"
-                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json")
+                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json\n"
+                                  "  unihub throughput s3://bucket/train --cache-location /tmp/train-cache")
     bench.add_argument("url", help="dataset directory or URL")
     bench.add_argument("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)")
     bench.add_argument("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)")
@@ -328,6 +359,13 @@ def _add_tool_parsers(sub: Any) -> None:
                        "setting")
     bench.add_argument("--in-process", action="store_true",
                        help="measure in this process (default: a fresh one, so memory is the reader's alone)")
+    bench.add_argument("--cache-location", metavar="DIR",
+                       help="read through a local-disk cache in DIR (shared by every process that names it: "
+                            "each row group is fetched once per node; kept afterwards) and print its hits, "
+                            "misses and bytes, this run's and the node's")
+    bench.add_argument("--cache-size-limit-mb", type=float, default=10240.0,
+                       help="the cache's size limit, least recently used entries evicted (default 10240)")
+    add_storage_option(bench)
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.add_argument("--quiet", action="store_true", help="no progress line")
     bench.set_defaults(func=cmd_throughput)

@@ -848,6 +848,14 @@ class Reader:
                 "decode_errors": list(self._decode_skips.messages)}
 
     @property
+    def cache_stats(self) -> dict[str, Any] | None:
+        """The local-disk cache's hits, misses, fetches and bytes: ``"reader"`` (this reader and its
+        worker processes) and ``"node"`` (every process that used the cache directory, with the
+        entries and bytes it holds); None without a local-disk cache."""
+        summary = getattr(self.cache, "summary", None)
+        return summary() if callable(summary) else None
+
+    @property
     def is_batched_reader(self) -> bool:
         return self.batched
 

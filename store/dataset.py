@@ -321,7 +321,8 @@ class ParquetStore:
     def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
         """What a failed row-group read raises: the remote store's failure, a page that fails its
         checksum, or a file that is not readable Parquet."""
-        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path))
+        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path),
+                                         detail=_row_group_bytes(self._footers.get(info.path), info.row_group))
         if failure is not None:
             return failure
         parquet_file = (getattr(self._open, "files", None) or {}).get(True)
@@ -720,6 +721,23 @@ def read_metadata(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
             raise failure from exc
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
+
+
+def _row_group_bytes(footer: pq.FileMetaData | None, row_group: int) -> str:
+    """``"row group 3, bytes 4-1027"``: where a row group's column chunks lie in its file (for errors)."""
+    if footer is None:
+        return f"row group {row_group}"
+    group = footer.row_group(row_group)
+    spans = []
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+            start = min(start, chunk.dictionary_page_offset)
+        spans.append((start, start + chunk.total_compressed_size))
+    if not spans:
+        return f"row group {row_group}"
+    return f"row group {row_group}, bytes {min(s for s, _ in spans)}-{max(e for _, e in spans) - 1}"
 
 
 def read_footers(fs: pafs.FileSystem, paths: list[str]) -> list[pq.FileMetaData]:
