@@ -51,6 +51,7 @@ from unihub.errors import (
     SchemaError,
     SchemaMismatchError,
     UnihubError,
+    VersionNotFoundError,
 )
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote, sources
@@ -59,7 +60,7 @@ from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_p
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import integrity
+from unihub.store import integrity, versions
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -114,6 +115,8 @@ class ParquetStore:
     metadata: dict[bytes, bytes]
     schema_source: SchemaSource
     partition_names: tuple[str, ...] = ()
+    #: the version read (:mod:`unihub.store.versions`); None for a dataset that records no versions
+    version: int | None = None
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
     #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
@@ -446,10 +449,18 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
 
 @remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
-                 storage_options: dict[str, Any] | None = None) -> ParquetStore:
+                 storage_options: dict[str, Any] | None = None, version: int | None = None,
+                 tag: str | None = None) -> ParquetStore:
     """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
-    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups."""
+    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups.
+
+    A dataset that records versions (:mod:`unihub.store.versions`) is read at its latest version, or at
+    ``version=`` (a number) or ``tag=``; the store keeps to it (``store.version``): files appended later
+    are not seen."""
     if not isinstance(url, (str, os.PathLike)):
+        if version is not None or tag is not None:
+            raise VersionNotFoundError("version=/tag= name a version of a dataset directory, not of a "
+                                                "list of files")
         return _open_files([os.fspath(u) for u in url], filesystem, storage_options)
     url = os.fspath(url)
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
@@ -462,18 +473,23 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         # a path without a scheme: also Petastorm's ValueError (it refused scheme-less URLs)
         missing = DatasetNotFoundError if "://" in url else DatasetUrlError
         raise missing(f"{url}: no such file or directory{hint}")
+    pinned = None
     if info.type == pafs.FileType.File:
+        if version is not None or tag is not None:
+            raise VersionNotFoundError(f"{url}: a single Parquet file has no versions")
         paths, common = [root], None
         sizes = {root: info}
         base = os.path.dirname(root)
     else:
-        paths, sizes, common_path = _published_files(fs, root)
+        paths, sizes, common_path, pinned = _published_files(fs, root, version, tag)
         common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         base = root
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
-    return _store(url, fs, root, base, paths, sizes, common)
+    store = _store(url, fs, root, base, paths, sizes, common)
+    store.version = pinned
+    return store
 
 
 def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
@@ -625,21 +641,25 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
         fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
 
 
-def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
-    """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
-    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
+def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None, tag: str | None = None
+                     ) -> tuple[list[str], dict[str, pafs.FileInfo], str, int | None]:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path, the version) of a
+    dataset directory: what its version record lists where it records versions (``version``/``tag``'s, else
+    the latest), else what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
     else every data file. A manifest replaced while this runs is read again."""
     for _attempt in range(3):
-        manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
+        pinned = versions.resolve(fs, root, version=version, tag=tag)
+        manifest = publish.read_manifest(fs, root)  # it forgets what fsspec cached of root
         sizes = list_data_files(fs, root)
-        if manifest is None:
-            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
+        if manifest is None and pinned is None:
+            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA), None
         listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
-        wanted = [fsutil.join(root, p).lstrip("/") for p in manifest.parts]
+        chosen = pinned if pinned is not None else manifest
+        wanted = [fsutil.join(root, p).lstrip("/") for p in chosen.parts]  # type: ignore[union-attr]
         if all(p in listed for p in wanted):
             paths = [listed[p] for p in wanted]
-            common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
-            return paths, {p: sizes[p] for p in paths}, common
+            common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)  # type: ignore[union-attr]
+            return paths, {p: sizes[p] for p in paths}, common, pinned.number if pinned is not None else None
     raise publish.missing_part(next(p for p in wanted if p not in listed))
 
 

@@ -1,0 +1,479 @@
+"""A dataset that grows: numbered versions, appends, time travel, tags and vacuum, on any filesystem.
+
+A dataset is a sequence of versions. Each commit after the first write is recorded in one small JSON
+file, written once and never changed::
+
+    DST/_unihub_versions/00000001.json   {"number": 1, "operation": "write", "timestamp": ..., "tag": ...,
+    DST/_unihub_versions/00000002.json    "parts": [every data file of the version, in reading order],
+                                          "common_metadata": its schema file, "sources": [...],
+                                          "column_sets": [], "base": ..., "added_rows": ...}
+
+A record lists *all* the files of its version (not a difference), so reading version N reads one record.
+``column_sets`` is kept empty here: files that add columns to a version's parts (issue 42's second half)
+are listed there, and everything that keeps or removes files (:func:`vacuum`, ``publish.settle``) counts
+them through :func:`unihub.fs.publish.record_files`.
+
+**Append** (:func:`commit_append`, used by ``write_dataset(mode="append")`` and ``convert --append``): the
+rows are staged as a whole dataset (as any write), their schema checked against the latest version's
+(:class:`~unihub.errors.AppendSchemaError` otherwise), the staged parts put into the dataset under names
+no other run uses (``unihub-<run>-part-....parquet``: a rename on a local disk, a copy on an object store),
+then the next version's record published last, in one step that refuses an existing record
+(:func:`unihub.fs.publish.put_if_absent`: a hard link locally, a conditional PUT ``If-None-Match: *`` on
+S3). Of two concurrent appenders one gets the number; the other reads the new latest version and tries
+the next number with its parts added to it, so both land; a schema the winner changed, or 8 refusals in a
+row, is a :class:`~unihub.errors.ConcurrentCommitError` and the loser's files are removed. A kill at any
+moment leaves the old version or the new one: files put in place before their record are listed by no
+version, and the next append or :func:`vacuum` removes them once their run is dead.
+
+A dataset written once, by unihub, Petastorm or Spark, has no record: it is version 1 (implicit) and reads
+exactly as before. The first append records version 1 first. An overwrite (``write_dataset(overwrite=True)``)
+replaces the whole dataset and starts a new history at version 1 (on an object store the records of the
+replaced history name their manifest's run as ``base`` and stop counting).
+
+**Plain Parquet readers** (Spark, ``pyarrow.dataset``): an append only adds part files, so the latest
+version is always a superset of the earlier ones and a plain listing of the directory reads the latest
+version (files a killed append left are the exception until they are removed). A vacuum removes only files
+no kept version lists, so it keeps this property; an operation that drops rows (a delete by predicate, not
+built yet) must rewrite files and remove the replaced ones from the directory to keep it.
+
+**Readers pin a version**: :func:`~unihub.store.dataset.open_dataset` reads the latest record's files (or
+``version=``/``tag=``'s), so an append while a reader reads is simply not seen.
+
+**Incremental conversion**: a version records, cumulatively, the source files its rows came from (path,
+size, modification time, SHA-256); :func:`new_sources` tells which of a conversion's inputs are new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import (
+    AppendSchemaError,
+    ConcurrentCommitError,
+    DatasetNotFoundError,
+    FormatError,
+    SourceChangedError,
+    VersionNotFoundError,
+)
+from unihub.fs import atomic, publish, remote
+from unihub.fs import filesystem as fsutil
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
+
+VERSIONS_DIR = publish.VERSIONS_DIR
+COMMON_METADATA = publish.COMMON_METADATA
+FORMAT = "unihub.version"
+RECORD_VERSION = 1
+#: how many times an append tries the next number after another writer took the one it wanted
+COMMIT_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A source file a conversion read: its path or URL, size, modification time and SHA-256."""
+
+    path: str
+    size: int
+    mtime_ns: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of a dataset: its files (relative to the dataset root) and how it came to be."""
+
+    number: int
+    timestamp: str
+    operation: str
+    parts: tuple[str, ...]
+    common_metadata: str | None
+    tag: str | None = None
+    base: str | None = None
+    added_rows: int | None = None
+    sources: tuple[SourceFile, ...] = ()
+    column_sets: tuple[dict[str, Any], ...] = ()
+    #: False for version 1 of a dataset that has no record yet (written once, read as it is)
+    recorded: bool = True
+
+    def as_record(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": RECORD_VERSION, "number": self.number, "timestamp": self.timestamp,
+                "operation": self.operation, "tag": self.tag, "base": self.base, "added_rows": self.added_rows,
+                "parts": list(self.parts), "common_metadata": self.common_metadata,
+                "column_sets": [dict(s) for s in self.column_sets],
+                "sources": [{"path": s.path, "size": s.size, "mtime_ns": s.mtime_ns, "sha256": s.sha256}
+                            for s in self.sources]}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.as_record(), indent=1).encode()
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any], where: str) -> Version:
+        try:
+            if data.get("format") != FORMAT or data.get("version") != RECORD_VERSION:
+                raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
+            return cls(int(data["number"]), str(data["timestamp"]), str(data["operation"]),
+                       tuple(str(p) for p in data["parts"]), data.get("common_metadata"), data.get("tag"),
+                       data.get("base"), data.get("added_rows"),
+                       tuple(SourceFile(s["path"], int(s["size"]), s.get("mtime_ns"), s.get("sha256"))
+                             for s in data.get("sources", ())),
+                       tuple(data.get("column_sets", ())))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"{where}: not a unihub version record this version reads ({exc})",
+                              path=where) from exc
+
+    def files(self) -> set[str]:
+        """Every file this version reads, relative to the dataset root."""
+        return publish.record_files(self.as_record())
+
+
+def record_path(root: str, number: int) -> str:
+    return f"{root.rstrip('/')}/{VERSIONS_DIR}/{number:08d}.json"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+# -- reading the history -----------------------------------------------------------------------------------
+def history(fs: pafs.FileSystem, root: str) -> list[Version]:
+    """The versions of the dataset at ``root``, oldest first: its records, else (a dataset never appended
+    to) its one implicit version 1, else none (nothing there)."""
+    root = root.rstrip("/")
+    manifest = publish.read_manifest(fs, root)
+    base = manifest.run if manifest is not None else None
+    records = publish.version_records(fs, root, base)
+    if records:
+        return sorted((Version.from_record(data, f"{root}/{rel}") for rel, data in records.items()),
+                      key=lambda v: v.number)
+    implicit = _implicit_first(fs, root, manifest)
+    return [implicit] if implicit is not None else []
+
+
+def _implicit_first(fs: pafs.FileSystem, root: str, manifest: publish.Manifest | None) -> Version | None:
+    """Version 1 of a dataset without records: what its manifest lists, else every data file in it."""
+    if manifest is not None:
+        parts, common = manifest.parts, manifest.common_metadata
+    else:
+        present = publish.files_under(fs, root)
+        # an append's parts (named after its run) before its record: not the first write's
+        parts = tuple(rel for rel in present if publish.is_data(rel) and publish.run_of(rel) is None)
+        common = COMMON_METADATA if COMMON_METADATA in present else None
+    if not parts:
+        return None
+    stamp = fs.get_file_info(f"{root}/{common or parts[-1]}").mtime
+    timestamp = stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds") if stamp else _now()
+    return Version(1, timestamp, "write", tuple(parts), common, base=manifest.run if manifest else None,
+                   recorded=False)
+
+
+def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: str | None = None
+            ) -> Version | None:
+    """The version to read: ``version``'s or ``tag``'s, else the latest recorded one; None for a dataset
+    that has no records and where none was asked (it is read as before: its manifest or its listing)."""
+    if version is None and tag is None:
+        if not _has_records(fs, root):
+            return None
+        found = history(fs, root)
+        return found[-1] if found and found[-1].recorded else None
+    if version is not None and tag is not None:
+        raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    versions = history(fs, root)
+    for candidate in versions:
+        if (version is not None and candidate.number == version) or (tag is not None and candidate.tag == tag):
+            return candidate
+    asked = f"version {version}" if version is not None else f"tag {tag!r}"
+    there = ", ".join(f"{v.number}" + (f" ({v.tag})" if v.tag else "") for v in versions) or "none"
+    raise VersionNotFoundError(f"{root}: no {asked}; versions there: {there} (an overwrite starts a new history; "
+                               "unihub vacuum removes old versions)")
+
+
+def _has_records(fs: pafs.FileSystem, root: str) -> bool:
+    """Whether ``root`` has a records folder (one listing; most datasets have none)."""
+    return fs.get_file_info(f"{root.rstrip('/')}/{VERSIONS_DIR}").type == pafs.FileType.Directory
+
+
+# -- appending ----------------------------------------------------------------------------------------------
+@dataclass
+class _Placed:
+    """What an append put into the dataset so far (removed again unless its record lands)."""
+
+    parts: list[str] = field(default_factory=list)
+    common_metadata: str | None = None
+
+
+def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | None = None,
+                  sources: Sequence[SourceFile] = (), added_rows: int | None = None) -> Version:
+    """Add the dataset staged in ``staging`` (part files and ``_common_metadata``) to the dataset at
+    ``target`` as its next version; see the module docstring. ``target`` may be missing: the staged
+    dataset becomes its version 1. ``sources``: the source files the staged rows came from (kept with the
+    earlier versions' in the record). ``staging`` is removed. Returns the version published."""
+    target = target.rstrip("/")
+    if fsutil.on_local_disk(fs) and not os.path.lexists(target):
+        first = Version(1, _now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
+                        added_rows=added_rows, sources=tuple(sources))
+        if _create_locally(staging, target, first):
+            return first
+    base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
+    current = history(fs, target)
+    if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
+        publish.put_if_absent(fs, record_path(target, 1), replace(current[-1], recorded=True).to_json())
+        current = history(fs, target)
+    _check_tag(current, tag, target)
+    staged_common = f"{staging}/{COMMON_METADATA}"
+    if current:
+        check_append_schema(fs, staged_common, target, current[-1])
+    remove_orphans(fs, target, current)
+    placed = _Placed()
+    try:
+        _place(fs, staging, target, placed)
+        version = _publish_record(fs, target, placed, base, tag=tag, sources=sources, added_rows=added_rows,
+                                  staged_common=staged_common)
+    except BaseException:
+        for rel in [*placed.parts, *([placed.common_metadata] if placed.common_metadata else [])]:
+            fsutil.remove(fs, f"{target}/{rel}")
+        raise
+    fsutil.remove(fs, staging)
+    return version
+
+
+def _create_locally(staging: str, target: str, first: Version) -> bool:
+    """A new local dataset: the record written into the staging area, which is renamed onto ``target``
+    unless something is there by now (then False: append to it)."""
+    path = record_path(staging, 1)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(first.to_json())
+    try:
+        atomic.rename_noreplace(staging, target)
+    except FileExistsError:
+        atomic.remove(os.path.dirname(path))
+        return False
+    return True
+
+
+def _data_files(fs: pafs.FileSystem, root: str) -> tuple[str, ...]:
+    return tuple(rel for rel in publish.files_under(fs, root) if publish.is_data(rel))
+
+
+def _place(fs: pafs.FileSystem, staging: str, target: str, placed: _Placed) -> None:
+    """The staged data files and schema put into ``target`` under this run's names."""
+    run = atomic.run_id()
+    local = fsutil.on_local_disk(fs)
+    for rel in _data_files(fs, staging):
+        head, name = posixpath.split(rel)
+        dest = posixpath.join(head, f"unihub-{run}-{name}")
+        placed.parts.append(dest)
+        if local:
+            os.makedirs(os.path.dirname(f"{target}/{dest}"), exist_ok=True)
+            os.rename(f"{staging}/{rel}", f"{target}/{dest}")
+        else:
+            fs.copy_file(f"{staging}/{rel}", f"{target}/{dest}")
+    if fsutil.exists(fs, f"{staging}/{COMMON_METADATA}"):
+        placed.common_metadata = f"{COMMON_METADATA}.unihub-{run}"
+        fs.copy_file(f"{staging}/{COMMON_METADATA}", f"{target}/{placed.common_metadata}")
+
+
+def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str | None, *, tag: str | None,
+                    sources: Sequence[SourceFile], added_rows: int | None, staged_common: str) -> Version:
+    """The next version's record, published by :func:`unihub.fs.publish.put_if_absent`; another writer's
+    record in the way: read the new latest and try the number after it."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        current = history(fs, target)
+        latest = current[-1] if current else None
+        if latest is not None and attempt:
+            _check_tag(current, tag, target)
+            check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
+                                else staged_common, target, latest)
+        known = {s.path: s for s in (latest.sources if latest else ())}
+        known.update((s.path, s) for s in sources)
+        version = Version((latest.number if latest else 0) + 1, _now(), "append" if latest else "write",
+                          (*(latest.parts if latest else ()), *placed.parts),
+                          placed.common_metadata or (latest.common_metadata if latest else None), tag=tag,
+                          base=base, added_rows=added_rows, sources=tuple(known.values()),
+                          column_sets=latest.column_sets if latest else ())
+        if publish.put_if_absent(fs, record_path(target, version.number), version.to_json()):
+            return version
+        time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
+    raise ConcurrentCommitError(f"{target}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
+                                "nothing of this append was published: run it again")
+
+
+def _check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+    if tag is not None and any(v.tag == tag for v in current):
+        raise VersionNotFoundError(f"{target}: tag {tag!r} names version "
+                                   f"{next(v.number for v in current if v.tag == tag)} already; tags are unique")
+
+
+def _arrow_schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
+    with fs.open_input_file(path) as handle:
+        return pq.read_schema(handle)
+
+
+def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, latest: Version) -> None:
+    """An :class:`~unihub.errors.AppendSchemaError` unless the staged rows' stored columns and Unischema
+    fields are the latest version's (metadata such as the source's name may differ)."""
+    old_path = f"{target}/{latest.common_metadata or latest.parts[0]}"
+    old, new = _arrow_schema(fs, old_path), _arrow_schema(fs, staged_common)
+    differ = sorted({f.name for f in old if f.name not in new.names or not new.field(f.name).equals(f)}
+                    | {f.name for f in new if f.name not in old.names})
+    old_fields, new_fields = _unischema_fields(old), _unischema_fields(new)
+    if old_fields is not None and new_fields is not None:
+        differ = sorted(set(differ) | {n for n in old_fields.keys() | new_fields.keys()
+                                       if old_fields.get(n) != new_fields.get(n)})
+    if differ:
+        shown = "; ".join(f"{n}: {_describe(old, old_fields, n)} in the dataset, {_describe(new, new_fields, n)} "
+                          "appended" for n in differ[:8])
+        raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
+                                f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema (convert "
+                                "--schema, or write_dataset with the dataset's Unischema)")
+
+
+def _unischema_fields(schema: pa.Schema) -> dict[str, Any] | None:
+    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        return {f["name"]: f for f in json.loads(raw)["fields"]}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _describe(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> str:
+    if fields is not None and name in fields:
+        f = fields[name]
+        return f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
+    return str(schema.field(name).type) if name in schema.names else "absent"
+
+
+# -- removing what no kept version lists -----------------------------------------------------------------
+@dataclass(frozen=True)
+class VacuumResult:
+    """What :func:`vacuum` removed: version numbers, and files (relative to the dataset root)."""
+
+    removed_versions: tuple[int, ...]
+    removed_files: tuple[str, ...]
+    kept_versions: tuple[int, ...]
+
+
+def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
+    """Remove the versions older than the newest ``keep``, then the files only they listed (never one a kept
+    version lists), and files a killed append left (named after a dead run). Records go first: a kill
+    between leaves files no version lists, which the next vacuum removes."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise VersionNotFoundError(f"keep must be a whole number >= 1 (the newest versions kept), got {keep!r}")
+    root = root.rstrip("/")
+    current = history(fs, root)
+    if not current or not current[-1].recorded:
+        return VacuumResult((), (), tuple(v.number for v in current))
+    kept, dropped = current[-keep:], current[:-keep]
+    for version in dropped:
+        fsutil.remove(fs, record_path(root, version.number))
+    listed = {f for v in kept for f in v.files()}
+    # the plain _common_metadata stays: readers that know no versions (Spark, pyarrow) read the schema there
+    removed = sorted({f for v in dropped for f in v.files()} - listed - {COMMON_METADATA})
+    for rel in removed:
+        fsutil.remove(fs, f"{root}/{rel}")
+    removed += remove_orphans(fs, root, kept)
+    return VacuumResult(tuple(v.number for v in dropped), tuple(removed), tuple(v.number for v in kept))
+
+
+def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
+    """Remove the files at ``root`` that no version of ``versions`` lists and a dead run of an append put
+    there (named ``unihub-<run>-...``); a live run's are left alone. Returns those removed."""
+    if not versions or not versions[-1].recorded:
+        return []
+    listed = {f for v in versions for f in v.files()}
+    removed = []
+    for rel in publish.files_under(fs, root):
+        if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
+            continue
+        run = publish.run_of(rel)
+        if run is not None and (publish.is_data(rel) or rel.startswith(f"{COMMON_METADATA}.unihub-")) \
+                and not publish.run_alive(run):
+            fsutil.remove(fs, f"{root}/{rel}")
+            removed.append(rel)
+    return removed
+
+
+# -- incremental conversion ---------------------------------------------------------------------------------
+def describe_source(path: str, *, checksum: bool = True) -> SourceFile:
+    """A source file's size, modification time and (``checksum``) SHA-256, read through its filesystem."""
+    fs, resolved = fsutil.resolve_filesystem(path)
+    info = fs.get_file_info(resolved)
+    if info.type != pafs.FileType.File:
+        raise FormatError(f"{path}: not a file", path=path)
+    digest = None
+    if checksum:
+        sha = hashlib.sha256()
+        with fs.open_input_stream(resolved) as handle:
+            while chunk := handle.read(8 * 2**20):
+                sha.update(chunk)
+        digest = sha.hexdigest()
+    return SourceFile(path, int(info.size or 0), info.mtime_ns, digest)
+
+
+def new_sources(paths: Iterable[str], converted: Sequence[SourceFile]) -> list[SourceFile]:
+    """The source files of ``paths`` not yet in the dataset (with their checksums), in order; those that
+    are unchanged are left out. A file converted before whose size or modification time differs is hashed:
+    the same SHA-256 (a file touched or copied again) counts as converted; another is a
+    :class:`~unihub.errors.SourceChangedError` naming every such file (the conversion refuses before it
+    writes anything: the dataset cannot hold both contents of one file, and dropping the new one silently
+    would lose rows). Only new files and changed-looking ones are read for their checksum."""
+    known = {s.path: s for s in converted}
+    fresh_files, changed = [], []
+    for path in paths:
+        before = known.get(path)
+        if before is None:
+            fresh_files.append(describe_source(path))
+            continue
+        now = describe_source(path, checksum=False)
+        if (now.size, now.mtime_ns) == (before.size, before.mtime_ns):
+            continue
+        digest = describe_source(path).sha256
+        if before.sha256 is None or digest != before.sha256:
+            changed.append(f"{path} ({before.size:,} bytes when converted, {now.size:,} now)")
+    if changed:
+        raise SourceChangedError(f"{len(changed)} source file(s) changed since they were converted: "
+                                 f"{'; '.join(changed[:10])}. Their rows in the dataset are the old contents; "
+                                 "convert the new contents under a new file name (or rewrite the dataset)")
+    return fresh_files
+
+
+def converted_sources(fs: pafs.FileSystem, root: str) -> list[SourceFile]:
+    """The source files the dataset's latest version holds rows of (none where it records none)."""
+    current = history(fs, root) if fs.get_file_info(root).type != pafs.FileType.NotFound else []
+    return list(current[-1].sources) if current else []
+
+
+# -- by URL (the CLI's and the public API's) ---------------------------------------------------------------
+def list_versions(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                  filesystem: Any = None) -> list[Version]:
+    """The versions of the dataset at ``url``, oldest first (one, implicit, for a dataset never appended to)."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    with remote.remote_errors(os.fspath(url)):
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
+        return history(fs, root)
+
+
+def vacuum_dataset(url: str | os.PathLike[str], keep: int, *, storage_options: dict[str, Any] | None = None,
+                   filesystem: Any = None) -> VacuumResult:
+    """:func:`vacuum` the dataset at ``url`` (what killed runs left is settled first)."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    with remote.remote_errors(os.fspath(url)):
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
+        publish.settle(fs, root)
+        return vacuum(fs, root, keep)
