@@ -227,13 +227,13 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
             return first
     base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
     current = history(fs, target)
-    if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
-        publish.put_if_absent(fs, record_path(target, 1), replace(current[-1], recorded=True).to_json())
-        current = history(fs, target)
     _check_tag(current, tag, target)
     staged_common = f"{staging}/{COMMON_METADATA}"
     if current:
         check_append_schema(fs, staged_common, target, current[-1])
+    if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
+        publish.put_if_absent(fs, record_path(target, 1), replace(current[-1], recorded=True).to_json())
+        current = history(fs, target)
     remove_orphans(fs, target, current)
     placed = _Placed()
     try:
