@@ -93,7 +93,12 @@ def _files(fs: pafs.FileSystem, root: str) -> list[str]:
     root = root.rstrip("/")
     fresh(fs, root)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    return sorted(e.path[len(root):].lstrip("/") for e in fs.get_file_info(selector) if e.type == pafs.FileType.File)
+    try:
+        listing = fs.get_file_info(selector)
+    except NotADirectoryError:  # fsspec: made between its "is it a folder?" and "does it exist?": ask again
+        fresh(fs, root)
+        listing = fs.get_file_info(selector)
+    return sorted(e.path[len(root):].lstrip("/") for e in listing if e.type == pafs.FileType.File)
 
 
 def _is_data(rel: str) -> bool:
@@ -220,10 +225,13 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     manifest = read_manifest(fs, target)
     if manifest is None:
         return False
+    present = _files(fs, target)
+    # the records read after the listing: an append whose record lands meanwhile keeps its files (one still
+    # under way keeps them as a live run)
     listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata,
               *versioned_files(fs, target, manifest.run)}
     live = False
-    for rel in _files(fs, target):
+    for rel in present:
         if rel in listed:
             continue
         found = _RUN.search(posixpath.basename(rel))
@@ -273,8 +281,7 @@ def version_records(fs: pafs.FileSystem, root: str, base: str | None) -> dict[st
         if not re.fullmatch(r"\d{8}\.json", rel):
             continue
         path = f"{root}/{VERSIONS_DIR}/{rel}"
-        with fs.open_input_stream(path) as handle:
-            raw = handle.read()
+        raw = _read_listed(fs, path)
         try:
             record = json.loads(raw)
             if not isinstance(record, dict):
@@ -284,6 +291,21 @@ def version_records(fs: pafs.FileSystem, root: str, base: str | None) -> dict[st
         if record.get("base") == base:
             found[f"{VERSIONS_DIR}/{rel}"] = record
     return found
+
+
+def _read_listed(fs: pafs.FileSystem, path: str) -> bytes:
+    """The bytes of a file a listing just showed; an fsspec filesystem that says it is missing (its cache of
+    the folder older than the listing) forgets everything it cached and is asked again."""
+    try:
+        with fs.open_input_stream(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        invalidate = getattr(getattr(getattr(fs, "handler", None), "fs", None), "invalidate_cache", None)
+        if invalidate is None:
+            raise
+        invalidate()
+        with fs.open_input_stream(path) as handle:
+            return handle.read()
 
 
 def versioned_files(fs: pafs.FileSystem, root: str, base: str | None) -> set[str]:

@@ -390,13 +390,19 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
 
 
 def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
-    """Remove the files at ``root`` that no version of ``versions`` lists and a dead run of an append put
-    there (named ``unihub-<run>-...``); a live run's are left alone. Returns those removed."""
+    """Remove the files at ``root`` that no version lists and a dead run of an append put there (named
+    ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
+    files of every record read after the listing are kept). Returns those removed."""
     if not versions or not versions[-1].recorded:
         return []
-    listed = {f for v in versions for f in v.files()}
+    present = publish.files_under(fs, root)
+    # the history read again after the listing: an append that published meanwhile (and whose process may have
+    # ended since) keeps its files
+    newest = versions[-1].number
+    later = [v for v in history(fs, root) if v.number > newest]
+    listed = {f for v in [*versions, *later] for f in v.files()}
     removed = []
-    for rel in publish.files_under(fs, root):
+    for rel in present:
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
         run = publish.run_of(rel)
