@@ -20,7 +20,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_batch_reader, make_reader, open_dataset, write_dataset
+from unihub import (
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    make_batch_reader,
+    make_reader,
+    open_dataset,
+    write_dataset,
+)
 from unihub.errors import AppendSchemaError, DatasetChangedError, SchemaError, VersionNotFoundError
 from unihub.fs import publish
 from unihub.store import versions
