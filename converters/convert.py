@@ -13,6 +13,7 @@ unihub dataset. Formats are detected from paths and contents unless given. Outpu
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -316,13 +317,16 @@ def _unconverted(source: Any, dst: str, options: dict[str, Any]) -> tuple[Any, l
     """For ``convert --append``: a source of only the files not yet in ``dst`` (None: none), and those
     files described (:func:`unihub.store.versions.new_sources`, which refuses a changed one)."""
     fs, target = fsutil.resolve_filesystem(dst)
-    exists = fs.get_file_info(target).type != pafs.FileType.NotFound
-    converted = versions.converted_sources(fs, target) if exists else []
-    if exists and not converted and versions.history(fs, target):
+    converted = versions.converted_sources(fs, target)
+    if not converted and versions.history(fs, target):
         raise DatasetExistsError(f"{dst}: the dataset records no source files (it was not made by convert "
                                  "--append), so the files already in it are unknown and converting them again "
                                  "would repeat their rows; start an incremental dataset with convert --append, or "
                                  "add rows with write_dataset(mode='append')")
+    for pattern in source.sources:  # a process that converted before lists the sources anew (fsspec caches)
+        if sources.is_url(pattern):
+            fs_src, inner = sources.filesystem(pattern)
+            publish.fresh(fs_src, re.split(r"[*?\[{]", inner, maxsplit=1)[0].rsplit("/", 1)[0])
     fresh = versions.new_sources([absolute(f) for f in source.files()], converted)
     if not fresh:
         return None, []

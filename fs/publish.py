@@ -202,7 +202,7 @@ def _settle_object_store(fs: pafs.FileSystem, target: str) -> None:
     manifest = read_manifest(fs, target)
     if manifest is None:
         return
-    if _remove_unlisted(fs, target) and not manifest.parts:
+    if _remove_unlisted(fs, target) and not manifest.parts and not version_records(fs, target, manifest.run):
         fsutil.remove(fs, target)  # a first write that was never published: nothing is left of it
 
 

@@ -459,7 +459,7 @@ def new_sources(paths: Iterable[str], converted: Sequence[SourceFile]) -> list[S
 
 def converted_sources(fs: pafs.FileSystem, root: str) -> list[SourceFile]:
     """The source files the dataset's latest version holds rows of (none where it records none)."""
-    current = history(fs, root) if fs.get_file_info(root).type != pafs.FileType.NotFound else []
+    current = history(fs, root)  # (a missing root has none)
     return list(current[-1].sources) if current else []
 
 
@@ -469,6 +469,7 @@ def list_versions(url: str | os.PathLike[str], *, storage_options: dict[str, Any
     """The versions of the dataset at ``url``, oldest first (one, implicit, for a dataset never appended to)."""
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     with remote.remote_errors(os.fspath(url)):
+        publish.fresh(fs, root)
         if fs.get_file_info(root).type == pafs.FileType.NotFound:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
         return history(fs, root)
@@ -479,6 +480,7 @@ def vacuum_dataset(url: str | os.PathLike[str], keep: int, *, storage_options: d
     """:func:`vacuum` the dataset at ``url`` (what killed runs left is settled first)."""
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     with remote.remote_errors(os.fspath(url)):
+        publish.fresh(fs, root)
         if fs.get_file_info(root).type == pafs.FileType.NotFound:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
         publish.settle(fs, root)
