@@ -117,6 +117,9 @@ class ParquetStore:
     partition_names: tuple[str, ...] = ()
     #: the version read (:mod:`unihub.store.versions`); None for a dataset that records no versions
     version: int | None = None
+    #: file -> the nullable columns of ``arrow_schema`` it lacks (written before an append added them):
+    #: read as nulls
+    _absent: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
     #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
@@ -197,6 +200,7 @@ class ParquetStore:
         plain and uncompressed (store/_pages.py); otherwise as stored."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        stored, wanted, absent = self._without_absent(info, stored)
         verify = self._needs_check(index, stored)
         try:
             arrow_checks = verify and not self._checksums_pass(info, stored)
@@ -221,11 +225,22 @@ class ParquetStore:
             if self._verify == "once":
                 # the names asked for: a nested path ("p.x") comes back as column "p", but checked only its leaf
                 checked = self._verified.get(index, frozenset()) | frozenset(table.column_names if stored is None
-                                                                              else stored)
+                                                                              else stored) | absent
                 self._verified[index] = self._column_sets.setdefault(checked, checked)
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
+        table = _with_nulls(table, wanted, absent, self.arrow_schema)
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
+
+    def _without_absent(self, info: RowGroupInfo, stored: list[str] | None
+                        ) -> tuple[list[str] | None, list[str] | None, frozenset[str]]:
+        """(the columns to read from ``info``'s file, the columns wanted, those it lacks): a file from before an
+        append added nullable fields lacks them (see open_dataset), and they are read as nulls."""
+        absent = self._absent.get(info.path, frozenset()) if self._absent else frozenset()
+        if not absent:
+            return stored, stored, absent
+        wanted = stored if stored is not None else list(self.arrow_schema.names)
+        return [c for c in wanted if c not in absent], wanted, absent
 
     def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
                         verify: bool) -> dict[str, pa.Array]:
@@ -408,6 +423,17 @@ def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.
     return table
 
 
+def _with_nulls(table: pa.Table, names: Sequence[str] | None, absent: frozenset[str], schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``names`` it lacks (``absent``) as nulls of ``schema``'s types, in ``names``'
+    order; ``table`` itself where none are absent."""
+    if not absent or names is None:
+        return table
+    columns = [table.column(n) if n in table.column_names else pa.nulls(table.num_rows, schema.field(n).type)
+               for n in names]
+    fields = [table.schema.field(n) if n in table.column_names else schema.field(n) for n in names]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
 def _leaves_by_name(parquet_file: pq.ParquetFile) -> dict[str, list[int]]:
     """The Parquet leaf columns pyarrow may read for each name it is asked for: every leaf whose
     dotted path is the name or starts with the name and a dot. pyarrow selects leaves by the same
@@ -487,7 +513,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
-    store = _store(url, fs, root, base, paths, sizes, common)
+    store = _store(url, fs, root, base, paths, sizes, common, evolved=pinned is not None)
     store.version = pinned
     return store
 
@@ -560,11 +586,15 @@ def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any
 
 
 def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
-           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None) -> ParquetStore:
-    """The store of data files ``paths`` (their partitions relative to ``base``)."""
+           sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None, evolved: bool = False) -> ParquetStore:
+    """The store of data files ``paths`` (their partitions relative to ``base``); ``evolved``: a version of a
+    dataset whose appends may have added nullable fields, whose schema is its ``common``'s."""
     footers = read_footers(fs, paths)
     partitions = [partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
+    absent: dict[str, frozenset[str]] = {}
+    if evolved and common is not None:
+        file_schema, absent = _evolved_schema(paths, footers, common.schema.to_arrow_schema(), file_schema)
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
     for key, value in (footers[0].metadata or {}).items():
@@ -574,13 +604,32 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     raw_extra = kv.get(EXTRA_METADATA_KEY)
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
-    check_files_agree(paths, footers, file_schema)
+    if not absent:
+        check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
-                        _verify=integrity.verification(), _extra=extra)
+                        _verify=integrity.verification(), _extra=extra, _absent=absent)
+
+
+def _evolved_schema(paths: list[str], footers: list[pq.FileMetaData], version_schema: pa.Schema,
+                    first: pa.Schema) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
+    """The columns of a version whose appends added nullable fields: its schema file's, with the files that lack
+    some of them (those must be nullable, and a file may hold no other column), else the first file's."""
+    names = list(version_schema.names)
+    if names == first.names:
+        return first, {}
+    absent = {}
+    for path, footer in zip(paths, footers):
+        found = footer.schema.to_arrow_schema().names
+        missing = [n for n in names if n not in found]
+        if any(n not in names for n in found) or any(not version_schema.field(n).nullable for n in missing):
+            raise FormatError(f"{path}: columns {found} do not fit the version's {version_schema.names}", path=path)
+        if missing:
+            absent[path] = frozenset(missing)
+    return pa.schema([version_schema.field(n) for n in names], metadata=first.metadata), absent
 
 
 def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:

@@ -50,6 +50,7 @@ import json
 import os
 import posixpath
 import random
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -223,34 +224,65 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
     if fsutil.on_local_disk(fs) and not os.path.lexists(target):
         first = Version(1, _now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
                         added_rows=added_rows, sources=tuple(sources))
-        if _create_locally(staging, target, first):
-            return first
+        created = _create_locally(staging, target, first)
+        if created is not None:
+            return created
     base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
     current = history(fs, target)
     _check_tag(current, tag, target)
     staged_common = f"{staging}/{COMMON_METADATA}"
-    if current:
-        check_append_schema(fs, staged_common, target, current[-1])
+    fit = check_append_schema(fs, staged_common, target, current[-1]) if current else "same"
     if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
-        publish.put_if_absent(fs, record_path(target, 1), replace(current[-1], recorded=True).to_json())
+        _record_first(fs, target, current[-1])
         current = history(fs, target)
     remove_orphans(fs, target, current)
     placed = _Placed()
     try:
         _place(fs, staging, target, placed)
         version = _publish_record(fs, target, placed, base, tag=tag, sources=sources, added_rows=added_rows,
-                                  staged_common=staged_common)
+                                  staged_common=staged_common, fit=fit)
     except BaseException:
         for rel in [*placed.parts, *([placed.common_metadata] if placed.common_metadata else [])]:
             fsutil.remove(fs, f"{target}/{rel}")
         raise
     fsutil.remove(fs, staging)
+    if fit == "wider" and placed.common_metadata and version.common_metadata == placed.common_metadata:
+        _replace_plain_schema(fs, target, placed.common_metadata)  # plain readers read the schema there
     return version
 
 
-def _create_locally(staging: str, target: str, first: Version) -> bool:
+def _replace_plain_schema(fs: pafs.FileSystem, target: str, common: str) -> None:
+    """``_common_metadata`` replaced by the version's schema file (a rename locally, one copy elsewhere)."""
+    if not fsutil.on_local_disk(fs):
+        fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
+        return
+    temporary = f"{target}/{COMMON_METADATA}.unihub-{atomic.run_id()}.tmp"
+    try:
+        fs.copy_file(f"{target}/{common}", temporary)
+        os.replace(temporary, f"{target}/{COMMON_METADATA}")
+    finally:
+        atomic.remove(temporary)
+
+
+def _record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
+    """Record version 1 of a dataset written once, with a copy of its ``_common_metadata`` of its own (an
+    append that adds a field replaces the plain one)."""
+    common = implicit.common_metadata
+    if common == COMMON_METADATA:
+        common = f"{COMMON_METADATA}.unihub-{atomic.run_id()}"
+        fs.copy_file(f"{target}/{COMMON_METADATA}", f"{target}/{common}")
+    if not publish.put_if_absent(fs, record_path(target, 1), replace(implicit, common_metadata=common,
+                                                                     recorded=True).to_json()):
+        if common != implicit.common_metadata:  # another appender recorded it first
+            fsutil.remove(fs, f"{target}/{common}")
+
+
+def _create_locally(staging: str, target: str, first: Version) -> Version | None:
     """A new local dataset: the record written into the staging area, which is renamed onto ``target``
-    unless something is there by now (then False: append to it)."""
+    unless something is there by now (then None: append to it)."""
+    common = f"{COMMON_METADATA}.unihub-{atomic.run_id()}"
+    shutil.copyfile(f"{staging}/{COMMON_METADATA}", f"{staging}/{common}")
+    first = replace(first, common_metadata=common)
     path = record_path(staging, 1)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as handle:
@@ -259,8 +291,9 @@ def _create_locally(staging: str, target: str, first: Version) -> bool:
         atomic.rename_noreplace(staging, target)
     except FileExistsError:
         atomic.remove(os.path.dirname(path))
-        return False
-    return True
+        atomic.remove(f"{staging}/{common}")
+        return None
+    return first
 
 
 def _data_files(fs: pafs.FileSystem, root: str) -> tuple[str, ...]:
@@ -286,21 +319,23 @@ def _place(fs: pafs.FileSystem, staging: str, target: str, placed: _Placed) -> N
 
 
 def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str | None, *, tag: str | None,
-                    sources: Sequence[SourceFile], added_rows: int | None, staged_common: str) -> Version:
+                    sources: Sequence[SourceFile], added_rows: int | None, staged_common: str,
+                    fit: str) -> Version:
     """The next version's record, published by :func:`unihub.fs.publish.put_if_absent`; another writer's
     record in the way: read the new latest and try the number after it."""
     for attempt in range(COMMIT_ATTEMPTS):
         current = history(fs, target)
         latest = current[-1] if current else None
-        if latest is not None and attempt:
+        if latest is not None and attempt:  # another append landed: its schema may have changed
             _check_tag(current, tag, target)
-            check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
-                                else staged_common, target, latest)
+            fit = check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
+                                        else staged_common, target, latest)
         known = {s.path: s for s in (latest.sources if latest else ())}
         known.update((s.path, s) for s in sources)
         version = Version((latest.number if latest else 0) + 1, _now(), "append" if latest else "write",
                           (*(latest.parts if latest else ()), *placed.parts),
-                          placed.common_metadata or (latest.common_metadata if latest else None), tag=tag,
+                          latest.common_metadata if latest is not None and fit == "narrower"
+                          else placed.common_metadata, tag=tag,
                           base=base, added_rows=added_rows, sources=tuple(known.values()),
                           column_sets=latest.column_sets if latest else ())
         if publish.put_if_absent(fs, record_path(target, version.number), version.to_json()):
@@ -321,23 +356,44 @@ def _arrow_schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
         return pq.read_schema(handle)
 
 
-def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, latest: Version) -> None:
-    """An :class:`~unihub.errors.AppendSchemaError` unless the staged rows' stored columns and Unischema
-    fields are the latest version's (metadata such as the source's name may differ)."""
+def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, latest: Version) -> str:
+    """How the staged rows' schema compares with the latest version's: ``'same'``; ``'wider'``: it adds
+    nullable fields (then it becomes the version's schema; the files before read those fields as nulls);
+    ``'narrower'``: it lacks only nullable fields of the dataset's (those rows read them as nulls). Anything else (a field of another type, shape, codec or nullability, a new field that is not
+    nullable, fields added on both sides) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
+    Metadata such as the source's name may differ."""
     old_path = f"{target}/{latest.common_metadata or latest.parts[0]}"
     old, new = _arrow_schema(fs, old_path), _arrow_schema(fs, staged_common)
-    differ = sorted({f.name for f in old if f.name not in new.names or not new.field(f.name).equals(f)}
-                    | {f.name for f in new if f.name not in old.names})
     old_fields, new_fields = _unischema_fields(old), _unischema_fields(new)
-    if old_fields is not None and new_fields is not None:
-        differ = sorted(set(differ) | {n for n in old_fields.keys() | new_fields.keys()
-                                       if old_fields.get(n) != new_fields.get(n)})
+    added = [n for n in new.names if n not in old.names]
+    dropped = [n for n in old.names if n not in new.names]
+    differ = _differing(old, new, old_fields, new_fields, added, dropped)
     if differ:
         shown = "; ".join(f"{n}: {_describe(old, old_fields, n)} in the dataset, {_describe(new, new_fields, n)} "
-                          "appended" for n in differ[:8])
+                          "appended" for n in sorted(differ)[:8])
         raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
-                                f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema (convert "
-                                "--schema, or write_dataset with the dataset's Unischema)")
+                                f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema, or add "
+                                "nullable fields only (convert --schema, or write_dataset with that Unischema)")
+    return "wider" if added else "narrower" if dropped else "same"
+
+
+def _differing(old: pa.Schema, new: pa.Schema, old_fields: dict[str, Any] | None, new_fields: dict[str, Any] | None,
+               added: list[str], dropped: list[str]) -> set[str]:
+    """The fields an append may not change so: another type, shape, codec or nullability; added or dropped
+    where not nullable; added and dropped at once."""
+    differ = {f.name for f in old if f.name in new.names and not new.field(f.name).equals(f)}
+    if old_fields is not None and new_fields is not None:
+        differ |= {n for n in old_fields.keys() & new_fields.keys() if old_fields[n] != new_fields[n]}
+    differ |= {n for n in added if not _nullable(new, new_fields, n)}
+    differ |= {n for n in dropped if not _nullable(old, old_fields, n)}
+    if added and dropped:
+        differ |= set(added) | set(dropped)
+    return differ
+
+
+def _nullable(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> bool:
+    """Whether ``name`` may be null, as stored and in the Unischema."""
+    return schema.field(name).nullable and (fields is None or name not in fields or bool(fields[name]["nullable"]))
 
 
 def _unischema_fields(schema: pa.Schema) -> dict[str, Any] | None:
@@ -353,7 +409,8 @@ def _unischema_fields(schema: pa.Schema) -> dict[str, Any] | None:
 def _describe(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> str:
     if fields is not None and name in fields:
         f = fields[name]
-        return f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
+        return (f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
+                + (" nullable" if f.get("nullable") else " not null"))
     return str(schema.field(name).type) if name in schema.names else "absent"
 
 

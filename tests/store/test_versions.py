@@ -326,3 +326,29 @@ def test_a_store_of_a_replaced_file_still_says_so(tmp_path: Path) -> None:
     write_dataset(url, SCHEMA, rows(0, 9), overwrite=True)
     with pytest.raises(DatasetChangedError):
         store.read_row_group(0)
+
+
+LABELLED = Unischema("Grow", [*SCHEMA.fields.values(),
+                              UnischemaField("label", np.str_, (), ScalarCodec(pa.string()), True)])
+
+
+def test_an_append_may_add_a_nullable_field_older_rows_read_it_as_nulls(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    first = table_of(url)
+    write_dataset(url, LABELLED, [{**r, "label": f"l{r['id']}"} for r in rows(4, 6)], mode="append")
+    write_dataset(url, SCHEMA, rows(6, 7), mode="append")  # rows without it: nulls too
+    assert table_of(url, version=1).equals(first)  # version 1 as it was: no label column
+    latest = table_of(url)
+    assert latest["label"].to_pylist() == [None] * 4 + ["l4", "l5", None]
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert [(int(r.id), r.label) for r in reader] == [(i, f"l{i}" if i in (4, 5) else None) for i in range(7)]
+    # plain Parquet readers: the schema in _common_metadata is the latest's
+    plain = pq.read_table(url, schema=pq.read_schema(os.path.join(url, "_common_metadata")))
+    assert sorted(plain["id"].to_pylist()) == list(range(7)) and plain["label"].null_count == 5
+    not_null = Unischema("Grow", [*SCHEMA.fields.values(),
+                                  UnischemaField("label", np.str_, (), ScalarCodec(pa.string()), False)])
+    with pytest.raises(AppendSchemaError, match="label: str\\(\\) scalar nullable in the dataset, str\\(\\) scalar "
+                                                "not null appended"):
+        write_dataset(url, not_null, [{**rows(9, 10)[0], "label": "x"}], mode="append")
+    assert table_of(url).equals(latest)
