@@ -331,6 +331,11 @@ def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str
             fit = check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
                                         else staged_common, target, latest)
         known = {s.path: s for s in (latest.sources if latest else ())}
+        both = sorted(s.path for s in sources if s.path in known)
+        if both:  # two incremental conversions at once: the other converted these files, they would be twice
+            raise ConcurrentCommitError(f"{target}: another conversion published {len(both)} of these source "
+                                        f"files meanwhile ({', '.join(both[:3])}); nothing of this one was "
+                                        "published: run it again to convert what is still new")
         known.update((s.path, s) for s in sources)
         version = Version((latest.number if latest else 0) + 1, _now(), "append" if latest else "write",
                           (*(latest.parts if latest else ()), *placed.parts),

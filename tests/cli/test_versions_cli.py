@@ -123,3 +123,19 @@ def test_incremental_conversion_on_s3(tmp_path: Path, s3_server: Any) -> None:
     assert [v.number for v in versions.list_versions(dst, **options)] == [1, 2]
     assert ids(dst, **options) == list(range(5)) + list(range(100, 105))
     assert ids(dst, version=1, **options) == list(range(5))
+
+
+def test_two_conversions_of_the_same_new_files_at_once_publish_them_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    raw, dst = tmp_path / "raw", str(tmp_path / "ds")
+    raw.mkdir()
+    write_tfrecord(raw / "a.tfrecord", 0)
+    assert main(["convert", str(raw / "*.tfrecord"), dst, "--append", "--quiet"]) == 0
+    write_tfrecord(raw / "b.tfrecord", 100)
+    assert main(["convert", str(raw / "*.tfrecord"), dst, "--append", "--quiet"]) == 0
+    # a second conversion that listed the sources before the first published (it saw b.tfrecord as new)
+    before = versions.list_versions(dst)[0]
+    monkeypatch.setattr(versions, "converted_sources", lambda fs, root: list(before.sources))
+    assert main(["convert", str(raw / "*.tfrecord"), dst, "--append", "--quiet"]) == 1
+    assert "another conversion published 1 of these source files meanwhile" in capsys.readouterr().err
+    assert ids(dst) == list(range(5)) + list(range(100, 105)) and len(versions.list_versions(dst)) == 2
