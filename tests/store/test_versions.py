@@ -352,3 +352,53 @@ def test_an_append_may_add_a_nullable_field_older_rows_read_it_as_nulls(tmp_path
                                                 "not null appended"):
         write_dataset(url, not_null, [{**rows(9, 10)[0], "label": "x"}], mode="append")
     assert table_of(url).equals(latest)
+
+
+S3_KILLED = textwrap.dedent("""
+    import sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+    from unihub.fs import publish
+    from unihub.store import versions
+    where = sys.argv[3]
+    def pausing(real):
+        def wrapped(*args, **kwargs):
+            print("paused", flush=True)
+            time.sleep(600)
+        return wrapped
+    if where == "placed":  # every part copied in, the record not yet written
+        publish.put_if_absent = pausing(publish.put_if_absent)
+    else:  # the record written, the staging area not yet removed
+        real_commit = versions.commit_append
+        def commit(fs, staging, target, **kwargs):
+            versions.fsutil.remove = pausing(None)
+            return real_commit(fs, staging, target, **kwargs)
+        versions.commit_append = commit
+    schema = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+                                UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+    write_dataset(sys.argv[1], schema, [{"id": i, "vec": np.zeros(3, np.float32), "name": None}
+                                        for i in range(100, 110)], mode="append", rows_per_file=4,
+                  storage_options=eval(sys.argv[2]))
+""")
+
+
+@pytest.mark.parametrize("where", ["placed", "recorded"])
+def test_s3_a_kill_mid_append_leaves_the_old_or_the_new_version(s3_server: Any, s3_url: str, where: str) -> None:
+    options = s3_server.storage_options()
+    write_dataset(s3_url, SCHEMA, rows(0, 6), storage_options=options)
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    child = subprocess.Popen([sys.executable, "-c", S3_KILLED, s3_url, repr(options), where], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "paused"  # type: ignore[union-attr]
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=60)
+    expected = list(range(6)) if where == "placed" else list(range(6)) + list(range(100, 110))
+    assert ids(s3_url, storage_options=options) == expected
+    write_dataset(s3_url, SCHEMA, rows(200, 201), mode="append", storage_options=options)  # settles first
+    assert ids(s3_url, storage_options=options) == [*expected, 200]
+    prefix = s3_url.split("/", 3)[3]
+    keys = [o["Key"][len(prefix) + 1:] for o in s3_server.client().list_objects_v2(
+        Bucket=s3_server.bucket, Prefix=prefix + "/")["Contents"]]
+    listed = {f for v in versions.list_versions(s3_url, storage_options=options) for f in v.files()}
+    # nothing the killed run left: every data file is one a version lists
+    assert {k for k in keys if publish.is_data(k)} <= listed
