@@ -275,22 +275,32 @@ def version_records(fs: pafs.FileSystem, root: str, base: str | None) -> dict[st
     """The version records at ``root`` (relative path -> parsed JSON) that belong to the published history:
     those whose ``base`` is ``base`` (the manifest's run; an overwrite starts a history of its own). A record
     that is not JSON is a FormatError naming it."""
-    root = root.rstrip("/")
     found = {}
-    for rel in files_under(fs, f"{root}/{VERSIONS_DIR}"):
-        if not re.fullmatch(r"\d{8}\.json", rel):
-            continue
-        path = f"{root}/{VERSIONS_DIR}/{rel}"
-        raw = _read_listed(fs, path)
-        try:
-            record = json.loads(raw)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            raise FormatError(f"{path}: not a unihub version record ({exc})", path=path) from exc
+    for rel in version_record_names(fs, root):
+        record = read_version_record(fs, root, rel)
         if record.get("base") == base:
-            found[f"{VERSIONS_DIR}/{rel}"] = record
+            found[rel] = record
     return found
+
+
+def version_record_names(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The version records at ``root`` (paths relative to it), oldest first (one listing)."""
+    root = root.rstrip("/")
+    return [f"{VERSIONS_DIR}/{rel}" for rel in files_under(fs, f"{root}/{VERSIONS_DIR}")
+            if re.fullmatch(r"\d{8}\.json", rel)]
+
+
+def read_version_record(fs: pafs.FileSystem, root: str, rel: str) -> dict[str, Any]:
+    """One version record (``rel`` from :func:`version_record_names`), parsed; not JSON: a FormatError."""
+    path = f"{root.rstrip('/')}/{rel}"
+    raw = _read_listed(fs, path)
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise FormatError(f"{path}: not a unihub version record ({exc})", path=path) from exc
+    return record
 
 
 def _read_listed(fs: pafs.FileSystem, path: str) -> bytes:

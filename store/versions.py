@@ -183,13 +183,14 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
             ) -> Version | None:
     """The version to read: ``version``'s or ``tag``'s, else the latest recorded one; None for a dataset
     that has no records and where none was asked (it is read as before: its manifest or its listing)."""
-    if version is None and tag is None:
-        if not _has_records(fs, root):
-            return None
-        found = history(fs, root)
-        return found[-1] if found and found[-1].recorded else None
     if version is not None and tag is not None:
         raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    if tag is None:
+        if version is None and not _has_records(fs, root):
+            return None
+        found = _one_record(fs, root, version)  # one record read, not every one
+        if found is not None or version is None:
+            return found
     versions = history(fs, root)
     for candidate in versions:
         if (version is not None and candidate.number == version) or (tag is not None and candidate.tag == tag):
@@ -198,6 +199,22 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
     there = ", ".join(f"{v.number}" + (f" ({v.tag})" if v.tag else "") for v in versions) or "none"
     raise VersionNotFoundError(f"{root}: no {asked}; versions there: {there} (an overwrite starts a new history; "
                                "unihub vacuum removes old versions)")
+
+
+def _one_record(fs: pafs.FileSystem, root: str, number: int | None) -> Version | None:
+    """Version ``number`` (None: the latest) of the published history, reading only its record; None where it
+    is not recorded."""
+    root = root.rstrip("/")
+    manifest = publish.read_manifest(fs, root)
+    base = manifest.run if manifest is not None else None
+    names = publish.version_record_names(fs, root)
+    if number is not None:
+        names = [n for n in names if n == f"{VERSIONS_DIR}/{number:08d}.json"]
+    for rel in reversed(names):
+        record = publish.read_version_record(fs, root, rel)
+        if record.get("base") == base:
+            return Version.from_record(record, f"{root}/{rel}")
+    return None
 
 
 def _has_records(fs: pafs.FileSystem, root: str) -> bool:
