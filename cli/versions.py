@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 from unihub.cli.storage import add_storage_option, storage_options_of
-from unihub.store.versions import Version, list_versions, vacuum_dataset
+from unihub.readers.filter_text import parse_filter
+from unihub.store.dataset import open_dataset
+from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
 
 
 def version_rows(versions: list[Version]) -> list[dict[str, Any]]:
@@ -51,3 +53,31 @@ def add_vacuum_command(sub: Any) -> None:
     vacuum.add_argument("--keep", type=int, required=True, help="how many of the newest versions to keep (>= 1)")
     add_storage_option(vacuum)
     vacuum.set_defaults(func=cmd_vacuum)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    options = storage_options_of(args)
+    names = open_dataset(args.path, storage_options=options).arrow_schema.names
+    version = delete_rows(args.path, parse_filter(args.where, names).expression, tag=args.tag,
+                          storage_options=options)
+    if version is None:
+        print(f"no row matched: nothing deleted, no version made: {args.path}")
+    else:
+        print(f"deleted {-(version.added_rows or 0):,} row(s) as version {version.number}: {args.path}")
+    return 0
+
+
+def add_delete_command(sub: Any) -> None:
+    delete = sub.add_parser("delete", help="delete the rows a filter matches, as a new version of the dataset",
+                            description="Rewrite the part files holding rows WHERE matches without them, as a new "
+                                        "version (older versions still read them until unihub vacuum).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="examples:\n"
+                                   "  unihub delete /data/train --where 'id < 100'\n"
+                                   "  unihub delete /data/train --where 'label in [3, 4]' --tag no-3-4")
+    delete.add_argument("path", help="dataset directory or URL")
+    delete.add_argument("--where", required=True, help="the rows to delete, on the stored columns: a pyarrow "
+                        "expression with bare field names, or pyarrow's DNF list as JSON (as unihub show --where)")
+    delete.add_argument("--tag", help="a name for the version it makes")
+    add_storage_option(delete)
+    delete.set_defaults(func=cmd_delete)

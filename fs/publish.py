@@ -44,6 +44,8 @@ MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
 #: a dataset's version records (:mod:`unihub.store.versions`): ``<root>/_unihub_versions/<number>.json``
 VERSIONS_DIR = "_unihub_versions"
+#: where a file a newer version no longer lists is kept for the older ones: ``<root>/_unihub_versions/retired/<rel>``
+RETIRED_DIR = f"{VERSIONS_DIR}/retired"
 VERSION = 1
 _RUN = re.compile(r"unihub-(?P<run>[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6})")
 
@@ -321,7 +323,8 @@ def _read_listed(fs: pafs.FileSystem, path: str) -> bytes:
 def versioned_files(fs: pafs.FileSystem, root: str, base: str | None) -> set[str]:
     """The records of ``root``'s published history and every file they list (kept by :func:`settle`)."""
     records = version_records(fs, root, base)
-    return {*records, *(f for record in records.values() for f in record_files(record))}
+    files = {f for record in records.values() for f in record_files(record)}
+    return {*records, *files, *(f"{RETIRED_DIR}/{f}" for f in files)}
 
 
 def files_under(fs: pafs.FileSystem, root: str) -> list[str]:

@@ -351,15 +351,12 @@ class ParquetStore:
         if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
             self._close_file()
             try:
-                if self._is_local:
-                    handle = pa.memory_map(path)
-                else:
-                    handle = self.filesystem.open_input_file(path)
+                handle, opened = self._open_handle(path)
             except FileNotFoundError as exc:
                 raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
                                           "removed while it was read); open the dataset again to read what is "
                                           "there now", path=path) from exc
-            self._check_unchanged(path, handle)
+            self._check_unchanged(path, handle, opened)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
             held.mapped = held.binary_leaves = held.leaves_by_name = None
         found = held.files.get(verify)
@@ -371,7 +368,19 @@ class ParquetStore:
                 held.leaves = integrity.nested_leaves(found.schema_arrow)
         return found
 
-    def _check_unchanged(self, path: str, handle: Any) -> None:
+    def _open_handle(self, path: str) -> tuple[Any, str]:
+        """``path`` opened (memory-mapped where local), and the path opened: of a version (``self.version``),
+        a file that a delete took out of the directory since is read where it is kept for older versions."""
+        try:
+            return (pa.memory_map(path) if self._is_local else self.filesystem.open_input_file(path)), path
+        except FileNotFoundError:
+            root = self.path.rstrip("/")
+            if self.version is None or not path.startswith(root + "/"):
+                raise
+            kept = fsutil.join(root, publish.RETIRED_DIR, path[len(root) + 1:])
+            return (pa.memory_map(kept) if self._is_local else self.filesystem.open_input_file(kept)), kept
+
+    def _check_unchanged(self, path: str, handle: Any, opened: str | None = None) -> None:
         """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
         offsets) would be applied to other bytes. One ``stat`` per open on a local disk (size and
         modification time); elsewhere the size the open file reports (no extra request)."""
@@ -379,7 +388,7 @@ class ParquetStore:
         if indexed is None or not indexed.size_bytes:  # a listing that gave no size: nothing to compare
             return
         if self._is_local:
-            stat = os.stat(path)
+            stat = os.stat(opened or path)
             now: tuple[int, int | None] = (stat.st_size, stat.st_mtime_ns if indexed.mtime_ns is not None else None)
         else:
             now = (handle.size(), indexed.mtime_ns)
@@ -705,11 +714,35 @@ def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None,
         listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
         chosen = pinned if pinned is not None else manifest
         wanted = [fsutil.join(root, p).lstrip("/") for p in chosen.parts]  # type: ignore[union-attr]
+        if pinned is not None and any(p not in listed for p in wanted):
+            wanted = _with_retired(fs, root, sizes, listed, wanted)
         if all(p in listed for p in wanted):
             paths = [listed[p] for p in wanted]
             common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)  # type: ignore[union-attr]
             return paths, {p: sizes[p] for p in paths}, common, pinned.number if pinned is not None else None
     raise publish.missing_part(next(p for p in wanted if p not in listed))
+
+
+def _with_retired(fs: pafs.FileSystem, root: str, sizes: dict[str, pafs.FileInfo], listed: dict[str, str],
+                  wanted: list[str]) -> list[str]:
+    """``wanted`` with the files an older version lists that a delete took out of the directory found where they
+    are kept (``sizes`` and ``listed`` get their entries)."""
+    retired = _retired_files(fs, root)
+    sizes.update(retired)
+    listed.update((p.lstrip("/"), p) for p in retired)
+    return [p if p in listed else _retired(root, p) for p in wanted]
+
+
+def _retired_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    """The files kept beside a dataset's version records for its older versions (path -> listing entry)."""
+    selector = pafs.FileSelector(fsutil.join(root, publish.RETIRED_DIR), recursive=True, allow_not_found=True)
+    return {e.path: e for e in fs.get_file_info(selector) if e.type == pafs.FileType.File}
+
+
+def _retired(root: str, wanted: str) -> str:
+    """Where the file ``wanted`` (a path under ``root``, as listed) is kept once a delete retired it."""
+    bare = root.lstrip("/")
+    return fsutil.join(bare, publish.RETIRED_DIR, wanted[len(bare):].lstrip("/"))
 
 
 def list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:

@@ -1,6 +1,7 @@
 """A dataset that grows: numbered versions, appends, time travel, tags and vacuum, on any filesystem.
 
-A dataset is a sequence of versions. Each commit after the first write is recorded in one small JSON
+A dataset is a sequence of versions (a write, appends, deletes of rows by a filter). Each commit after the
+first write is recorded in one small JSON
 file, written once and never changed::
 
     DST/_unihub_versions/00000001.json   {"number": 1, "operation": "write", "timestamp": ..., "tag": ...,
@@ -33,8 +34,9 @@ replaced history name their manifest's run as ``base`` and stop counting).
 **Plain Parquet readers** (Spark, ``pyarrow.dataset``): an append only adds part files, so the latest
 version is always a superset of the earlier ones and a plain listing of the directory reads the latest
 version (files a killed append left are the exception until they are removed). A vacuum removes only files
-no kept version lists, so it keeps this property; an operation that drops rows (a delete by predicate, not
-built yet) must rewrite files and remove the replaced ones from the directory to keep it.
+no kept version lists, so it keeps this property. So does a delete (:func:`delete_rows`): it rewrites the files
+holding the rows it deletes, and moves the replaced ones out of the directory into ``_unihub_versions/retired/``,
+where older versions (and readers that opened one) find them until a vacuum removes them.
 
 **Readers pin a version**: :func:`~unihub.store.dataset.open_dataset` reads the latest record's files (or
 ``version=``/``tag=``'s), so an append while a reader reads is simply not seen.
@@ -50,6 +52,7 @@ import json
 import os
 import posixpath
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -72,6 +75,7 @@ from unihub.errors import (
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
+from unihub.store import integrity
 
 VERSIONS_DIR = publish.VERSIONS_DIR
 COMMON_METADATA = publish.COMMON_METADATA
@@ -252,6 +256,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
     if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
         _record_first(fs, target, current[-1])
         current = history(fs, target)
+    retire_unlisted(fs, target, current)  # what a killed delete left
     remove_orphans(fs, target, current)
     placed = _Placed()
     try:
@@ -464,6 +469,8 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
     removed = sorted({f for v in dropped for f in v.files()} - listed - {COMMON_METADATA})
     for rel in removed:
         fsutil.remove(fs, f"{root}/{rel}")
+        fsutil.remove(fs, retired_path(root, rel))
+    retire_unlisted(fs, root, kept)
     removed += remove_orphans(fs, root, kept)
     return VacuumResult(tuple(v.number for v in dropped), tuple(removed), tuple(v.number for v in kept))
 
@@ -564,3 +571,138 @@ def vacuum_dataset(url: str | os.PathLike[str], keep: int, *, storage_options: d
             raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
         publish.settle(fs, root)
         return vacuum(fs, root, keep)
+
+
+# -- deleting rows ---------------------------------------------------------------------------------------------
+#: where a file that a newer version no longer lists is moved, beside the records (readers of older versions
+#: find it there): ``<root>/_unihub_versions/retired/<its path>``
+RETIRED_DIR = publish.RETIRED_DIR
+
+
+def retired_path(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{RETIRED_DIR}/{rel}"
+
+
+def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = None,
+                storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> Version | None:
+    """Delete the rows for which ``where`` (a ``pyarrow.compute`` expression on the stored columns, e.g.
+    ``pc.field("id") < 100``; a null result keeps the row) holds, as a new version: each part file holding such
+    rows is rewritten without them under a new name, files left empty are dropped, the version's record is
+    published last, and the replaced files move to ``_unihub_versions/retired/`` (older versions read them there,
+    and ``vacuum`` removes them), so a plain listing of the directory stays the latest version. Returns the new
+    version, or None where no row matched (nothing is written). Another commit landing meanwhile (its rows not
+    looked at) is a :class:`~unihub.errors.ConcurrentCommitError`, and nothing of the delete is published."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    root = root.rstrip("/")
+    with remote.remote_errors(os.fspath(url)):
+        publish.settle(fs, root)
+        current = history(fs, root)
+        if not current:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
+        _check_tag(current, tag, root)
+        if not current[-1].recorded:
+            _record_first(fs, root, current[-1])
+            current = history(fs, root)
+        retire_unlisted(fs, root, current)
+        remove_orphans(fs, root, current)
+        return _delete(fs, root, current[-1], where, tag)
+
+
+def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:
+    run = atomic.run_id()
+    replaced: dict[str, str | None] = {}  # a part of latest -> its rewritten file (None: no row left)
+    written: list[str] = []
+    removed = 0
+    try:
+        for n, rel in enumerate(latest.parts):
+            head, name = posixpath.split(rel)
+            new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{_RUN_PREFIX.sub('', name)}")
+            kept, dropped = _rewrite_without(fs, located(fs, root, rel), f"{root}/{new_rel}", where)
+            if dropped:
+                replaced[rel] = new_rel if kept else None
+                written += [new_rel] if kept else []
+                removed += dropped
+        if not replaced:
+            return None
+        for rel in replaced:
+            _retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
+        parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
+        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation="delete", tag=tag,
+                          parts=parts, added_rows=-removed)
+        if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
+            raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
+                                        "nothing of this delete was published: run it again")
+    except BaseException:
+        for rel in written:
+            fsutil.remove(fs, f"{root}/{rel}")
+        raise
+    for rel in replaced:
+        fsutil.remove(fs, f"{root}/{rel}")  # out of the directory: a plain listing is the latest version
+    return version
+
+
+_RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-(d\d{5}-)?")
+
+
+def _rewrite_without(fs: pafs.FileSystem, path: str, new_path: str, where: Any) -> tuple[int, int]:
+    """Write the rows of ``path`` for which ``where`` does not hold to ``new_path`` (row group by row group, the
+    file's schema, metadata and compression); (rows kept, rows dropped). Nothing is written where none matched."""
+    keep = ~where | where.is_null()
+    with fs.open_input_file(path) as handle:
+        source = pq.ParquetFile(handle, **integrity.READ_OPTIONS)
+        groups = [source.read_row_group(i) for i in range(source.metadata.num_row_groups)]
+        kept_groups = [g.filter(keep) for g in groups]
+        kept = sum(g.num_rows for g in kept_groups)
+        dropped = sum(g.num_rows for g in groups) - kept
+        if not dropped or not kept:
+            return kept, dropped
+        compression = {}
+        if source.metadata.num_row_groups:
+            first = source.metadata.row_group(0)
+            for j in range(first.num_columns):
+                column = first.column(j)
+                compression[column.path_in_schema.split(".")[0]] = column.compression.lower() \
+                    if column.compression != "UNCOMPRESSED" else "none"
+        with pq.ParquetWriter(new_path, source.schema_arrow, filesystem=fs, compression=compression or "snappy",
+                              store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS) as writer:
+            for group in kept_groups:
+                if group.num_rows:
+                    writer.write_table(group, row_group_size=group.num_rows)
+    return kept, dropped
+
+
+def _retire(fs: pafs.FileSystem, root: str, rel: str) -> None:
+    """A copy of ``rel`` beside the records (a hard link on a local disk: the same file, no bytes copied)."""
+    target = retired_path(root, rel)
+    if fsutil.on_local_disk(fs):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(f"{root}/{rel}", target)
+        except FileExistsError:
+            pass
+        return
+    if not fsutil.exists(fs, target):
+        fs.copy_file(f"{root}/{rel}", target)
+
+
+def located(fs: pafs.FileSystem, root: str, rel: str) -> str:
+    """Where the file ``rel`` of some version is: in the directory, else retired beside the records."""
+    path = f"{root.rstrip('/')}/{rel}"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return path
+    return retired_path(root, rel)
+
+
+def retire_unlisted(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
+    """Finish what a delete killed after publishing left: files in the directory that the latest version no
+    longer lists but an older one does, and that have their retired copy, leave the directory."""
+    if not versions or not versions[-1].recorded:
+        return []
+    latest = set(versions[-1].parts)
+    older = {p for v in versions[:-1] for p in v.parts} - latest
+    moved = []
+    for rel in sorted(older):
+        if fsutil.exists(fs, f"{root}/{rel}") and fsutil.exists(fs, retired_path(root, rel)):
+            fsutil.remove(fs, f"{root}/{rel}")
+            moved.append(rel)
+    return moved

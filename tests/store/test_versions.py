@@ -244,7 +244,7 @@ def test_a_kill_at_any_step_of_an_append_leaves_the_old_or_the_new_version(tmp_p
             child.send_signal(signal.SIGKILL)
         _, err = child.communicate(timeout=120)
         found = ids(url)
-        assert found in (old, new), (step, found, err)
+        assert found in (old, new), (step, str(found), err)
         outcomes.add(found == new)
         # the next append removes what the killed one left: then the directory lists exactly the latest
         write_dataset(url, SCHEMA, rows(200, 201), mode="append")
@@ -402,3 +402,94 @@ def test_s3_a_kill_mid_append_leaves_the_old_or_the_new_version(s3_server: Any, 
     listed = {f for v in versions.list_versions(s3_url, storage_options=options) for f in v.files()}
     # nothing the killed run left: every data file is one a version lists
     assert {k for k in keys if publish.is_data(k)} <= listed
+
+
+# -- delete by predicate ----------------------------------------------------------------------------------------
+def test_delete_rows_is_a_version_older_ones_read_bit_exactly_and_the_directory_lists_the_latest(
+        tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 12), rows_per_file=4)
+    write_dataset(url, SCHEMA, rows(12, 16), mode="append")
+    before = table_of(url)
+    pinned = open_dataset(url)  # opened before the delete: reads its version to the end
+    version = versions.delete_rows(url, (pc.field("id") >= 2) & (pc.field("id") < 9), tag="cleaned")
+    assert version is not None and (version.number, version.operation, version.added_rows) == (3, "delete", -7)
+    assert ids(url) == [0, 1, *range(9, 16)]
+    assert table_of(url, version=2).equals(before) and ids(url, version=1) == list(range(12))
+    assert pa.concat_tables([pinned.read_row_group(i) for i in range(len(pinned.row_groups))]).equals(before)
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == ids(url)  # the directory lists the latest version
+    assert versions.delete_rows(url, pc.field("id") > 1000) is None  # nothing matched: no version
+    assert [v.operation for v in versions.list_versions(url)] == ["write", "append", "delete"]
+    write_dataset(url, SCHEMA, rows(20, 22), mode="append")
+    assert ids(url, tag="cleaned") == [0, 1, *range(9, 16)] and ids(url)[-2:] == [20, 21]
+    result = versions.vacuum_dataset(url, 2)
+    assert result.kept_versions == (3, 4) and not os.listdir(tmp_path / "ds" / "_unihub_versions" / "retired")
+    assert ids(url, version=3) == [0, 1, *range(9, 16)]
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == ids(url)
+
+
+def test_s3_delete_rows_keeps_older_versions_readable_after_a_settle(s3_server: Any, s3_url: str) -> None:
+    import pyarrow.compute as pc
+
+    options = {"storage_options": s3_server.storage_options()}
+    write_dataset(s3_url, SCHEMA, rows(0, 8), rows_per_file=4, **options)
+    before = table_of(s3_url, **options)
+    versions.delete_rows(s3_url, pc.field("id") < 3, **options)
+    publish.settle_url(s3_url, s3_server.storage_options())  # the retired files are kept by a settle
+    assert ids(s3_url, **options) == list(range(3, 8))
+    assert table_of(s3_url, version=1, **options).equals(before)
+    versions.vacuum_dataset(s3_url, 1, **options)
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(s3_url, version=1, **options)
+    assert ids(s3_url, **options) == list(range(3, 8))
+
+
+def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from unihub.cli import main
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    assert main(["delete", url, "--where", "id >= 4", "--tag", "small"]) == 0
+    assert "deleted 2 row(s) as version 2" in capsys.readouterr().out
+    assert ids(url) == [0, 1, 2, 3] and ids(url, version=1) == list(range(6))
+    assert main(["delete", url, "--where", "nope > 1"]) == 1
+    assert "nope" in capsys.readouterr().err
+
+
+KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
+    import pyarrow.compute as pc
+    from unihub.store import versions
+    wrap(versions, "_retire")
+    versions.delete_rows(sys.argv[1], pc.field("id") >= 5)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
+    old, new = list(range(12)), list(range(5))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 60):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_DELETE, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        found = ids(url)
+        assert found in (old, new), (step, str(found), err)
+        outcomes.add(found == new)
+        assert ids(url, version=2) == old
+        write_dataset(url, SCHEMA, rows(200, 201), mode="append")  # settles what the killed delete left
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
