@@ -69,6 +69,7 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
+    InvalidArgumentError,
     SourceChangedError,
     VersionNotFoundError,
 )
@@ -603,6 +604,9 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         if not current[-1].recorded:
             _record_first(fs, root, current[-1])
             current = history(fs, root)
+        if current[-1].column_sets:  # their files hold a value per row of the parts: they would need rewriting too
+            raise InvalidArgumentError(f"{os.fspath(url)}: version {current[-1].number} has added column files; "
+                                       "deleting rows from it is not supported yet")
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
         return _delete(fs, root, current[-1], where, tag)
@@ -645,30 +649,35 @@ _RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-(d\d{5}-)?")
 
 
 def _rewrite_without(fs: pafs.FileSystem, path: str, new_path: str, where: Any) -> tuple[int, int]:
-    """Write the rows of ``path`` for which ``where`` does not hold to ``new_path`` (row group by row group, the
-    file's schema, metadata and compression); (rows kept, rows dropped). Nothing is written where none matched."""
+    """Write the rows of ``path`` for which ``where`` does not hold to ``new_path``, row group by row group (one in
+    memory at a time), with the file's schema, metadata and compression; (rows kept, rows dropped). Nothing is
+    written where none matched, nor where none is left."""
     keep = ~where | where.is_null()
     with fs.open_input_file(path) as handle:
         source = pq.ParquetFile(handle, **integrity.READ_OPTIONS)
-        groups = [source.read_row_group(i) for i in range(source.metadata.num_row_groups)]
-        kept_groups = [g.filter(keep) for g in groups]
-        kept = sum(g.num_rows for g in kept_groups)
-        dropped = sum(g.num_rows for g in groups) - kept
+        counts = [int(source.read_row_group(i).filter(where).num_rows)
+                  for i in range(source.metadata.num_row_groups)]
+        dropped = sum(counts)
+        kept = source.metadata.num_rows - dropped
         if not dropped or not kept:
             return kept, dropped
-        compression = {}
-        if source.metadata.num_row_groups:
-            first = source.metadata.row_group(0)
-            for j in range(first.num_columns):
-                column = first.column(j)
-                compression[column.path_in_schema.split(".")[0]] = column.compression.lower() \
-                    if column.compression != "UNCOMPRESSED" else "none"
-        with pq.ParquetWriter(new_path, source.schema_arrow, filesystem=fs, compression=compression or "snappy",
+        with pq.ParquetWriter(new_path, source.schema_arrow, filesystem=fs, compression=_compression_of(source),
                               store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS) as writer:
-            for group in kept_groups:
+            for i, matched in enumerate(counts):
+                group = source.read_row_group(i)
+                group = group.filter(keep) if matched else group
                 if group.num_rows:
                     writer.write_table(group, row_group_size=group.num_rows)
     return kept, dropped
+
+
+def _compression_of(source: pq.ParquetFile) -> dict[str, str] | str:
+    """Each column's compression in a file's first row group (images stay uncompressed)."""
+    if not source.metadata.num_row_groups:
+        return "snappy"
+    first = source.metadata.row_group(0)
+    return {first.column(j).path_in_schema.split(".")[0]: first.column(j).compression.lower()
+            if first.column(j).compression != "UNCOMPRESSED" else "none" for j in range(first.num_columns)}
 
 
 def _retire(fs: pafs.FileSystem, root: str, rel: str) -> None:
