@@ -7,6 +7,8 @@ Examples::
     unihub show /data/train --open        # one HTML page: sampled images, statistics, provenance
     unihub demo /tmp/unihub-demo          # the main job: write, convert TFRecord + images, inspect, train
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
+    unihub convert 'raw/*.tfrecord' /data/train --append   # only the files not converted yet, a new version
+    unihub inspect /data/train --versions                  # the versions; unihub vacuum /data/train --keep 10
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
     unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
@@ -35,6 +37,7 @@ from unihub.cli.columns import add_columns_commands
 from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.main_job import run
 from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.versions import add_delete_command, add_vacuum_command, print_versions
 from unihub.converters.add_schema import add_schema
 from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
 from unihub.converters.copy import copy_dataset
@@ -57,6 +60,8 @@ from unihub.viewer.describe import describe_dataset, format_description
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.versions:
+        return print_versions(args.path, args.json, storage_options_of(args))
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     if info.get("missing_fields"):  # described, and refused as make_reader refuses it
@@ -185,7 +190,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                          format_options=_with_follow_links(_format_options(args), args.follow_links),
                          validate_images=args.validate_images,
                          max_image_pixels=getattr(args, "max_image_pixels", "current"),
-                         storage_options=storage_options_of(args))
+                         storage_options=storage_options_of(args), append=args.append, tag=args.tag)
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -462,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "  unihub inspect s3://bucket/train --storage-option endpoint_url=http://host:9000")
     inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--versions", action="store_true", help="list the dataset's versions (number, time, "
+                         "operation, files, rows added, tag) instead")
+    add_storage_option(inspect)
     inspect.set_defaults(func=cmd_inspect)
 
     _add_show_parser(sub)
@@ -494,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists and unihub wrote it "
                          "(a unihub dataset, an HDF5 export); anything else is refused")
+    convert.add_argument("--append", action="store_true", help="add the rows to DST (made if missing) as its next "
+                         "version; from a foreign source only the files not converted before (a changed one is "
+                         "an error)")
+    convert.add_argument("--tag", help="with --append: a name for the version it makes (make_reader(tag=...))")
     convert.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is (a file or "
                          "folder unihub did not write, such as another tool's TFRecord shards)")
     convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
@@ -536,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_option(verify)
     verify.set_defaults(func=cmd_verify)
     _add_tool_parsers(sub)
+    add_vacuum_command(sub)
+    add_delete_command(sub)
     return parser
 
 

@@ -1022,17 +1022,21 @@ def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> 
     return fields, None
 
 
-def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any) -> ParquetStore:
+def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any, version: int | None = None,
+          tag: str | None = None) -> ParquetStore:
     if isinstance(dataset_url, ParquetStore):
+        if (version is not None and version != dataset_url.version) or tag is not None:
+            raise InvalidArgumentError("version=/tag= choose the version to open; an open store is read as it is")
         return dataset_url
     if isinstance(dataset_url, (list, tuple)):  # Petastorm's list of Parquet file URLs, or one URL in a list
         urls = [os.fspath(u) for u in dataset_url]
         return open_dataset(urls[0] if len(urls) == 1 else urls, filesystem=filesystem,
-                            storage_options=storage_options)
+                            storage_options=storage_options, version=version, tag=tag)
     if not isinstance(dataset_url, (str, os.PathLike)):
         raise InvalidArgumentError(f"dataset_url must be a URL or path (or a list of Parquet file URLs), "
                                    f"got {type(dataset_url).__name__}")
-    return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
+    return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options,
+                        version=version, tag=tag)
 
 
 #: Petastorm's arguments that change nothing here: transport and driver knobs of its worker pools,
@@ -1087,7 +1091,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           on_decode_error: OnDecodeError = "raise",
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-          petastorm_types: bool | None = None, memory_budget_mb: float | None = None, **ignored: Any) -> Reader:
+          petastorm_types: bool | None = None, memory_budget_mb: float | None = None, version: int | None = None,
+          tag: str | None = None, **ignored: Any) -> Reader:
     unknown = sorted(set(ignored) - set(_IGNORED))
     if unknown:  # Python's own words for a keyword the function does not take, as Petastorm's raised
         raise TypeError(f"{'make_batch_reader' if batched else 'make_reader'}() got an unexpected keyword "
@@ -1098,7 +1103,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                       "by cur_shard, shard_count and seed)", UserWarning, stacklevel=3)
     _choose_memory_pool()
     cur_shard, shard_count = shard_or_detected(cur_shard, shard_count)
-    store = _open(dataset_url, storage_options, filesystem)
+    store = _open(dataset_url, storage_options, filesystem, version, tag)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
     fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
@@ -1142,6 +1147,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     (never fewer than one per worker; see :mod:`unihub.runtime.memory`), ``on_decode_error='raise'|'skip'``:
     an image that does not decode raises :class:`~unihub.errors.ImageDecodeError` naming its file, row
     group, row and field, or (``'skip'``) its row is dropped, counted in ``diagnostics`` and warned of once.
+    ``version=N`` or ``tag='name'`` read that version of a dataset that records versions (default: the
+    latest); the reader keeps to the version it opened, rows appended meanwhile are not seen
+    (:mod:`unihub.store.versions`).
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 
