@@ -680,7 +680,7 @@ def _check_state_keys(state: Any) -> None:
         raise ReaderStateError(f"the WeightedSamplingReader state lacks {missing}; pass what state_dict() returned")
     if state.get("skip") or state.get("exclude"):  # a loader's rows past the position: its own to pass over
         raise ReaderStateError("the WeightedSamplingReader state names rows past its position to pass over "
-                               "('skip'/'exclude'): a mix does not; load the loader's state into the loader that saved it")
+                               "(skip, exclude): a mix does not; load the loader's state into the loader that saved it")
 
 
 def _saved_weights(state: dict[str, Any], saved: np.ndarray, count: int
