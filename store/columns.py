@@ -52,7 +52,6 @@ from unihub.store.writer import encode_columns, validate_column
 Values = Union[Mapping[str, Any], Callable[[pa.Table], Any]]
 
 
-
 @dataclass(frozen=True)
 class ColumnsResult:
     """What :func:`add_columns` wrote: the set, its fields, its side files, the bytes written (the side files
@@ -104,6 +103,7 @@ def add_columns(url: str | os.PathLike[str], fields: Sequence[UnischemaField], v
     _check_new(store, record, name, added, replace)
     if not callable(values):
         _check_values(store, added, values)
+    versions.check_tag(current, tag, url)
     run = atomic.run_id()
     versions.remove_orphans(fs, root, current)  # what killed adds and appends left
     written: list[str] = []
@@ -131,6 +131,7 @@ def remove_columns(url: str | os.PathLike[str], name: str, *, tag: str | None = 
     record = column_sets.of_version(base.column_sets, versions.record_path(root, base.number))
     if record.named(name) is None:
         raise ColumnSetError(f"{url}: no column set {name!r} (it has {[s.name for s in record.sets]})")
+    versions.check_tag(current, tag, os.fspath(url))
     change = _SetChange(root, name, record.named(name), None)
     return versions.commit_columns(fs, root, base, change.onto, operation="remove_columns", tag=tag).number
 

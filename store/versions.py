@@ -254,7 +254,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
             return created
     base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
     current = history(fs, target)
-    _check_tag(current, tag, target)
+    check_tag(current, tag, target)
     staged_common = f"{staging}/{COMMON_METADATA}"
     fit = check_append_schema(fs, staged_common, target, current[-1]) if current else "same"
     if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
@@ -353,7 +353,7 @@ def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str
         current = history(fs, target)
         latest = current[-1] if current else None
         if latest is not None and attempt:  # another append landed: its schema may have changed
-            _check_tag(current, tag, target)
+            check_tag(current, tag, target)
             fit = check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
                                         else staged_common, target, latest)
         known = {s.path: s for s in (latest.sources if latest else ())}
@@ -394,7 +394,7 @@ def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
         if not current or current[-1].base != base.base:
             raise ConcurrentCommitError(f"{root}: the dataset was overwritten or removed while its columns were "
                                         f"being changed; nothing of the {operation} was published")
-        _check_tag(current, tag, root)
+        check_tag(current, tag, root)
         latest = current[-1]
         version = replace(latest, number=latest.number + 1, timestamp=_now(), operation=operation, tag=tag,
                           added_rows=0, column_sets=sets_of(latest))
@@ -406,7 +406,8 @@ def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
                                 f"nothing of the {operation} was published: run it again")
 
 
-def _check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+def check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+    """A :class:`~unihub.errors.VersionNotFoundError` where ``tag`` names one of the versions ``current`` already."""
     if tag is not None and any(v.tag == tag for v in current):
         raise VersionNotFoundError(f"{target}: tag {tag!r} names version "
                                    f"{next(v.number for v in current if v.tag == tag)} already; tags are unique")
@@ -635,7 +636,7 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         current = history(fs, root)
         if not current:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
-        _check_tag(current, tag, root)
+        check_tag(current, tag, root)
         if not current[-1].recorded:
             _record_first(fs, root, current[-1])
             current = history(fs, root)

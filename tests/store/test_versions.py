@@ -579,6 +579,10 @@ def test_a_column_removal_is_a_version_and_older_versions_join_their_sets_after_
     add_column(url, LABEL, np.arange(10))
     assert remove_columns(url, "label", tag="plain") == 3
     assert list_columns(url) == {} and list_columns(url, version=2) == {"label": ["label"]}
+    before = side_files(url)
+    with pytest.raises(VersionNotFoundError, match="tag 'plain' names version 3 already"):
+        add_column(url, LABEL, np.arange(10), tag="plain")  # refused before anything is written
+    assert side_files(url) == before and len(versions.list_versions(url)) == 3
     versions.delete_rows(url, pc.field("id") < 5)  # version 4: the parts of version 2 retired beside the records
     assert labels(url, version=2) == list(range(10))  # joined to the retired parts
     assert "label" not in table_of(url, tag="plain").column_names and ids(url) == list(range(5, 10))
