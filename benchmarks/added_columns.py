@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(one(*args.one)))
         return 0
     work = Path(args.work)
-    if not (work / "added" / "_unihub_columns.json").exists():
+    if not (work / "added" / "_unihub_versions").exists():  # each add a version (store/versions.py)
         print(json.dumps(write(work)), file=sys.stderr)
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):

@@ -20,6 +20,7 @@ _EXAMPLES = """examples:
   unihub columns add /data/train emb.npy --field embedding     # float32 (N, 512): one row per dataset row
   unihub columns add /data/train split.txt --field split --replace   # one line per row: a backfill
   unihub columns list s3://bucket/train
+  unihub columns list /data/train --version 3                   # the sets version 3 reads
   unihub columns rm /data/train embedding"""
 
 
@@ -38,17 +39,20 @@ def add_columns_commands(sub: Any) -> None:
     add.add_argument("--field", required=True, help="the new field's name")
     add.add_argument("--name", help="the column set's name (default: the field's)")
     add.add_argument("--replace", action="store_true", help="replace the set of that name (a backfill)")
+    add.add_argument("--tag", help="a name for the version it makes")
     add_storage_option(add)
     add.set_defaults(func=cmd_columns_add)
     listing = verbs.add_parser("list", help="the column sets and their fields",
                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
     listing.add_argument("url")
+    listing.add_argument("--version", type=int, help="the sets of this version (default: the latest)")
     add_storage_option(listing)
     listing.set_defaults(func=cmd_columns_list)
     rm = verbs.add_parser("rm", help="remove a column set", formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog=_EXAMPLES)
     rm.add_argument("url")
     rm.add_argument("name", help="the column set")
+    rm.add_argument("--tag", help="a name for the version it makes")
     add_storage_option(rm)
     rm.set_defaults(func=cmd_columns_rm)
 
@@ -80,19 +84,21 @@ def read_values(path: str) -> np.ndarray:
 def cmd_columns_add(args: argparse.Namespace) -> int:
     values = read_values(args.values)
     result = add_column(args.url, field_for(args.field, values), values, name=args.name, replace=args.replace,
-                        storage_options=storage_options_of(args))
-    print(f"added {result.name!r} ({', '.join(result.fields)}) to {result.num_rows:,} rows of {args.url}: "
-          f"{result.bytes_written:,} bytes written in {len(result.files)} file(s); the parts are untouched")
+                        tag=args.tag, storage_options=storage_options_of(args))
+    print(f"added {result.name!r} ({', '.join(result.fields)}) to {result.num_rows:,} rows of {args.url} as version "
+          f"{result.version}: {result.bytes_written:,} bytes written in {len(result.files)} file(s); the parts are "
+          "untouched")
     return 0
 
 
 def cmd_columns_list(args: argparse.Namespace) -> int:
-    for name, fields in list_columns(args.url, storage_options=storage_options_of(args)).items():
+    for name, fields in list_columns(args.url, version=args.version, storage_options=storage_options_of(args)).items():
         print(f"{name}: {', '.join(fields)}")
     return 0
 
 
 def cmd_columns_rm(args: argparse.Namespace) -> int:
-    remove_columns(args.url, args.name, storage_options=storage_options_of(args))
-    print(f"removed column set {args.name!r} from {args.url}")
+    number = remove_columns(args.url, args.name, tag=args.tag, storage_options=storage_options_of(args))
+    print(f"removed column set {args.name!r} from {args.url} as version {number} (its files stay for the older "
+          "versions until unihub vacuum)")
     return 0

@@ -25,10 +25,10 @@ def print_versions(path: str, as_json: bool, storage_options: dict[str, Any] | N
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'version':>7}  {'timestamp':<29}  {'operation':<9}  {'files':>5}  {'rows added':>10}  tag")
+    print(f"{'version':>7}  {'timestamp':<29}  {'operation':<14}  {'files':>5}  {'rows added':>10}  tag")
     for row in rows:
         added = "?" if row["added_rows"] is None else f"{row['added_rows']:,}"
-        print(f"{row['version']:>7}  {row['timestamp']:<29}  {row['operation']:<9}  {row['files']:>5}  "
+        print(f"{row['version']:>7}  {row['timestamp']:<29}  {row['operation']:<14}  {row['files']:>5}  "
               f"{added:>10}  {row['tag'] or ''}")
     return 0
 

@@ -234,10 +234,13 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     # under way keeps them as a live run)
     listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata,
               *versioned_files(fs, target, manifest.run)}
-    # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them
+    # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them,
+    # and the replaced history's files, even those a live run (this process: an add, an append) wrote
     columns = _columns_files(fs, target)
     if replaced is None:
         listed |= columns
+    else:
+        columns |= versioned_files(fs, target, replaced)
     live = False
     for rel in present:
         if rel in listed:

@@ -5,7 +5,7 @@ pyarrow's ``ParquetDataset``: they read the parts alone, as before)::
 
     dataset/
       part-00000.parquet                                        a part, never rewritten
-      _unihub_columns.json                                      the record: the sets and their side files
+      _unihub_versions/00000002.json                            a version: its parts and its column sets
       _unihub_columns/<set>/unihub-<run>-part-00000.parquet     set <set>'s side file for part-00000
 
 A row is identified by (part file, row index in it); parts are immutable. A side file holds a set's
@@ -13,24 +13,27 @@ columns for one part: the same rows and the same row-group boundaries, so row gr
 joins row group g of the side file one to one, with no key join. ``ParquetStore.read_row_group``
 (store/dataset.py), which every reader, bridge, random access, ``show`` and export reads through,
 reads a side file only when its columns are asked for: a reader that does not select them pays
-nothing. Rows of parts a set does not cover (appended later) read as nulls; a set covering none of
-the dataset's parts (an overwrite replaced them) is ignored.
+nothing. Rows of parts a set does not cover (appended later) read as nulls.
 
-The record is the one state: :mod:`unihub.store.columns` writes a set's side files first (under
-names no other run uses), then publishes the record in one step (a rename locally, one PUT on an
-object store), then removes the files of the set it replaced. A kill at any moment leaves the old
-record, which names only complete files. The record is small (a line per part and set), so a
-version of the dataset can name it whole.
+The column sets of a dataset are those of its version (:mod:`unihub.store.versions`): each version
+record holds them whole (the sets, their fields, each part's side file: a line per part and set) under
+``column_sets``, so version N reads the sets of version N. :mod:`unihub.store.columns` writes a set's
+side files first (under names no other run uses), then publishes the next version, as an append does.
+Side files stay while a version lists them (a backfill's old values too); ``vacuum`` removes them with
+the last version that lists them.
+
+A dataset that unihub gave column sets before versions did (``_unihub_columns.json`` beside the parts:
+the same sets, read by :func:`read_record`) has them in its version 1; the first commit records that
+version and the file goes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,21 +42,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import DatasetChangedError, FormatError, UnihubError
-from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
+from unihub.fs import publish, remote
 from unihub.schema.unischema import Unischema, UnischemaField
 
-try:
-    import fcntl
-except ImportError:  # Windows: no lock (the check before the publish stays)
-    fcntl = None  # type: ignore[assignment]
-
-#: the record, at the dataset's root (its name is also kept by fs/publish.py's clean-up)
+#: the record of a dataset's sets before versions held them (fs/publish.py's clean-up keeps its files)
 RECORD = publish.COLUMNS_RECORD
 #: the folder of the side files, at the dataset's root
 DIRECTORY = "_unihub_columns"
-#: the lock a local publish holds (see publish_record)
-LOCK = "_unihub_columns.lock"
 FORMAT = "unihub.columns"
 VERSION = 1
 #: a set's name: a folder name on every filesystem
@@ -79,14 +75,16 @@ class ColumnSet:
     parts: Mapping[str, SidePart]
 
     def to_json(self) -> dict[str, Any]:
+        # "files": the flat list fs/publish.py's record_files keeps (it knows nothing of sets)
         return {"name": self.name, "schema": json.loads(Unischema(self.name, self.fields).to_json()),
                 "parts": {rel: {"file": s.file, "rows": s.rows, "part_bytes": s.part_bytes}
-                          for rel, s in self.parts.items()}}
+                          for rel, s in self.parts.items()},
+                "files": [s.file for s in self.parts.values()]}
 
 
 @dataclass(frozen=True)
 class Record:
-    """The column sets of a dataset, as ``_unihub_columns.json`` holds them."""
+    """The column sets of a version of a dataset."""
 
     sets: tuple[ColumnSet, ...] = ()
 
@@ -103,6 +101,13 @@ class Record:
     def set_of(self, field_name: str) -> ColumnSet | None:
         return next((s for s in self.sets if any(f.name == field_name for f in s.fields)), None)
 
+    def named(self, name: str) -> ColumnSet | None:
+        return next((s for s in self.sets if s.name == name), None)
+
+    def as_version(self) -> tuple[dict[str, Any], ...]:
+        """The sets as a version record's ``column_sets`` holds them."""
+        return tuple(s.to_json() for s in self.sets)
+
 
 def parse_record(data: bytes, where: str) -> Record:
     """The record in ``data`` (read from ``where``); anything else is a :class:`FormatError`."""
@@ -110,15 +115,23 @@ def parse_record(data: bytes, where: str) -> Record:
         found = json.loads(data)
         if found.get("format") != FORMAT or found.get("version") != VERSION:
             raise ValueError(f"format {found.get('format')!r} version {found.get('version')!r}")
+    except (ValueError, AttributeError) as exc:
+        raise FormatError(f"{where}: not a unihub column-set record this version reads ({exc})", path=where) from exc
+    return of_version(found.get("sets"), where)
+
+
+def of_version(entries: Any, where: str) -> Record:
+    """The sets a version record's ``column_sets`` holds (read from ``where``); a :class:`FormatError` otherwise."""
+    try:
         sets = []
-        for entry in found["sets"]:
+        for entry in entries:
             schema = Unischema.from_json(json.dumps(entry["schema"]))
             parts = {str(rel): SidePart(str(s["file"]), int(s["rows"]), int(s["part_bytes"]))
                      for rel, s in entry["parts"].items()}
             sets.append(ColumnSet(str(entry["name"]), tuple(schema), parts))
         return Record(tuple(sets))
     except (ValueError, KeyError, TypeError, AttributeError, UnihubError) as exc:
-        raise FormatError(f"{where}: not a unihub column-set record this version reads ({exc})", path=where) from exc
+        raise FormatError(f"{where}: not unihub column sets this version reads ({exc})", path=where) from exc
 
 
 def read_record(fs: pafs.FileSystem, root: str) -> tuple[Record, bytes | None]:
@@ -136,59 +149,27 @@ def read_record(fs: pafs.FileSystem, root: str) -> tuple[Record, bytes | None]:
     return parse_record(data, path), data
 
 
-def publish_record(fs: pafs.FileSystem, root: str, record: Record, before: bytes | None) -> int:
-    """Publish ``record`` at ``root`` where the record there is still ``before`` (the one the change
-    was made from; None: none), else a :class:`DatasetChangedError` (another add published meanwhile:
-    never a lost set). Locally the check and the rename hold a lock on ``_unihub_columns.lock`` (released
-    by the system when a process dies); an object store has no lock: two adds there in the same
-    ~10 ms keep the later. Returns the bytes written."""
-    with _locked(fs, root):
-        _, now = read_record(fs, root)
-        if now != before:
-            raise DatasetChangedError(f"{fsutil.join(root, RECORD)}: the column sets changed while this change was "
-                                      "made (another add, backfill or removal published first); run it again")
-        return write_record(fs, root, record)
-
-
-@contextlib.contextmanager
-def _locked(fs: pafs.FileSystem, root: str) -> Iterator[None]:
-    """An exclusive lock on the dataset's column sets, on a local disk (elsewhere none)."""
-    if not fsutil.on_local_disk(fs) or fcntl is None:
-        yield
-        return
-    descriptor = os.open(os.path.join(root, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # the lock goes with it
-
-
-def write_record(fs: pafs.FileSystem, root: str, record: Record) -> int:
-    """Write ``record`` at ``root`` in one step: written beside and renamed locally, one PUT on an
-    object store. Returns the bytes written."""
-    data = record.to_json()
-    target = fsutil.join(root, RECORD)
-    if not fsutil.on_local_disk(fs):
-        with fs.open_output_stream(target) as handle:
-            handle.write(data)
-        return len(data)
-    temporary = fsutil.join(root, f"{RECORD}.unihub-{atomic.run_id()}-tmp")  # a kill's left over: see columns._sweep
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        fsutil.remove(fs, temporary)
-        raise
-    return len(data)
-
-
 def relative(root: str, path: str) -> str:
     """``path`` relative to the dataset root ``root``."""
     return path[len(root.rstrip("/")):].lstrip("/")
+
+
+def part_of(root: str, path: str) -> str:
+    """The part a data file of a version is (relative to ``root``): a file a delete retired beside the records
+    is the part it was in the directory."""
+    rel = relative(root, path)
+    retired = f"{publish.RETIRED_DIR}/"
+    return rel[len(retired):] if rel.startswith(retired) else rel
+
+
+def remove_empty_folders(fs: pafs.FileSystem, root: str) -> None:
+    """Local disks keep empty folders: remove those left under the side-file folder."""
+    folder = os.path.join(root, DIRECTORY)
+    if not fsutil.on_local_disk(fs) or not os.path.isdir(folder):
+        return
+    for dirpath, _dirs, files in os.walk(folder, topdown=False):
+        if not files and not os.listdir(dirpath):
+            os.rmdir(dirpath)
 
 
 class SideColumns:
@@ -203,7 +184,7 @@ class SideColumns:
         self.files: list[dict[str, str]] = []  # per set: part path -> side file path (absolute)
         for column_set in record.sets:
             found = {path: fsutil.join(root, side.file) for path, (rows, size) in parts.items()
-                     if (side := column_set.parts.get(relative(root, path))) is not None
+                     if (side := column_set.parts.get(part_of(root, path))) is not None
                      and (side.rows, side.part_bytes) == (rows, size)}
             if found:
                 self.sets.append(column_set)
@@ -279,8 +260,8 @@ class SideColumns:
             handle = pa.memory_map(side) if fsutil.on_local_disk(self.filesystem) \
                 else self.filesystem.open_input_file(side)
         except FileNotFoundError as exc:
-            raise DatasetChangedError(f"{side}: the column set's file is gone since the dataset was opened (a "
-                                      "backfill replaced it); open the dataset again", path=side) from exc
+            raise DatasetChangedError(f"{side}: the column set's file is gone since the dataset was opened (a vacuum "
+                                      "removed the version read); open the dataset again", path=side) from exc
         found = held.files[(side, verify)] = pq.ParquetFile(handle, page_checksum_verification=verify)
         return found
 
@@ -300,8 +281,8 @@ def check_side(fs: pafs.FileSystem, path: str, group_rows: Sequence[int]) -> int
 
 def side_columns(fs: pafs.FileSystem, root: str, parts: Mapping[str, tuple[int, int]],
                  record: Record | None = None) -> SideColumns | None:
-    """The column sets of ``record`` (by default the one published at ``root``: a version of the dataset
-    may name another) that apply to the data files ``parts`` of the dataset at ``root``; None where none do."""
+    """The column sets of ``record`` (a version's; by default those of a dataset that records no versions, in
+    ``_unihub_columns.json``) that apply to the data files ``parts`` of the dataset at ``root``; None where none do."""
     if record is None:
         record, _ = read_record(fs, root)
     if not record.sets:

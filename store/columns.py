@@ -7,6 +7,16 @@ written are the new columns' own (a float32[512] embedding for 1M rows: ~2 GB, w
 weigh); the parts are not touched. Writing a set again under its name (``replace=True``) backfills it:
 the new set replaces the old one in one step.
 
+Every add, backfill and removal is a version of the dataset (:func:`unihub.store.versions.commit_columns`,
+operations ``"add_columns"`` and ``"remove_columns"``, with an optional tag): the side files are written
+first under names no other run uses, then the next version's record, holding the version's column sets
+whole, is published by the create-if-absent step appends use. A kill at any moment leaves the old version
+or the new one (the files of a killed add are removed by the next commit or vacuum); of an add and a
+commit at once both land (an append or an add of another set is put under this one), or one is refused by
+name (:class:`~unihub.errors.ConcurrentCommitError`: the same set changed, or a delete rewrote its parts).
+A backfill or a removal keeps the files it replaced while a version lists them: readers of an older
+version (one opened before, or ``open_dataset(version=N)``) read its values; ``vacuum`` removes them.
+
 Example::
 
     add_column("/data/ds", UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True),
@@ -17,8 +27,6 @@ Example::
 from __future__ import annotations
 
 import os
-import posixpath
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -28,27 +36,26 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import ColumnSetError
-from unihub.fs import atomic, remote
+from unihub.errors import ColumnSetError, ConcurrentCommitError, DatasetNotFoundError
+from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.store import column_sets, integrity
+from unihub.store import column_sets, integrity, versions
 from unihub.store.column_sets import ColumnSet, Record, SidePart
 from unihub.store.dataset import ParquetStore, RowGroupInfo, open_dataset
-from unihub.store.writer import _encode_columns, _validate_column
+from unihub.store.writer import encode_columns, validate_column
 
 #: values of the new fields: one array (or sequence) per field, aligned with the dataset's rows (its
 #: part files in order), or a function of each row group's ``inputs`` columns (an Arrow table, as
 #: stored) returning the group's values (a mapping, or an array where one field is added)
 Values = Union[Mapping[str, Any], Callable[[pa.Table], Any]]
 
-_RUN_FILE = re.compile(r"unihub-(?P<where>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{6}-")
-
 
 @dataclass(frozen=True)
 class ColumnsResult:
-    """What :func:`add_columns` wrote: the set, its fields, its side files and the bytes written."""
+    """What :func:`add_columns` wrote: the set, its fields, its side files, the bytes written (the side files
+    and the version's record) and the version it made."""
 
     url: str
     name: str
@@ -56,23 +63,28 @@ class ColumnsResult:
     files: tuple[str, ...]
     num_rows: int
     bytes_written: int
+    version: int
 
 
 def add_column(url: str | os.PathLike[str], field: UnischemaField, values: Any, *, name: str | None = None,
-               replace: bool = False, inputs: Sequence[str] = (), **options: Any) -> ColumnsResult:
+               replace: bool = False, inputs: Sequence[str] = (), tag: str | None = None,
+               **options: Any) -> ColumnsResult:
     """Add (or with ``replace=True`` backfill) one field for the existing rows of the dataset at ``url``;
     ``values`` is an array aligned with its rows or a function of each row group's ``inputs`` columns.
     The set is named ``name`` (by default the field's). See :func:`add_columns`."""
     given = values if callable(values) else {field.name: values}
-    return add_columns(url, [field], given, name=name or field.name, replace=replace, inputs=inputs, **options)
+    return add_columns(url, [field], given, name=name or field.name, replace=replace, inputs=inputs, tag=tag,
+                       **options)
 
 
 @remote.naming_url("url")
 def add_columns(url: str | os.PathLike[str], fields: Sequence[UnischemaField], values: Values, *, name: str,
                 replace: bool = False, inputs: Sequence[str] = (), compression: str | None = "snappy",
-                filesystem: Any = None, storage_options: dict[str, Any] | None = None) -> ColumnsResult:
+                tag: str | None = None, filesystem: Any = None,
+                storage_options: dict[str, Any] | None = None) -> ColumnsResult:
     """Add fields to the existing rows of the dataset at ``url`` as column set ``name``, without rewriting
-    its part files (:mod:`unihub.store.column_sets`); readers see them from their next open.
+    its part files (:mod:`unihub.store.column_sets`), as the dataset's next version (tagged ``tag``);
+    readers see them from their next open.
 
     ``values``: field name -> an array (or sequence) of the dataset's row count, in its row order; or a
     function called with each row group's ``inputs`` columns (an Arrow table in storage form) that
@@ -83,52 +95,105 @@ def add_columns(url: str | os.PathLike[str], fields: Sequence[UnischemaField], v
     are a ``ValidationError``. On any error nothing stays written.
     """
     url = os.fspath(url)
-    store = open_dataset(url, filesystem=filesystem, storage_options=storage_options)
-    fs, root = store.filesystem, store.path
-    if not fsutil.is_dir(fs, root):
-        raise ColumnSetError(f"{url}: columns are added to a dataset directory, not a single file")
-    record, before = column_sets.read_record(fs, root)
+    fs, root, current = _history(url, filesystem, storage_options)
+    base = current[-1]
+    store = open_dataset(url, filesystem=filesystem, storage_options=storage_options, version=base.number)
+    record = column_sets.of_version(base.column_sets, versions.record_path(root, base.number))
     added = tuple(f if f.nullable else UnischemaField(f.name, f.numpy_dtype, f.shape, f.codec, True) for f in fields)
     _check_new(store, record, name, added, replace)
     if not callable(values):
         _check_values(store, added, values)
+    versions.check_tag(current, tag, url)
     run = atomic.run_id()
-    _sweep(fs, root, record)
+    versions.remove_orphans(fs, root, current)  # what killed adds and appends left
     written: list[str] = []
     try:
         parts, size = _write_sides(store, name, added, values, inputs, run, written, compression)
-        # sets that cover none of the parts (an overwrite on an object store replaced them) are dropped
-        live = {s.name for s in store.side.sets} if store.side is not None else set()
-        new = Record(tuple(s for s in record.sets if s.name != name and s.name in live) + (ColumnSet(name, added, parts),))
-        size += column_sets.publish_record(fs, root, new, before)  # the one step that publishes
+        change = _SetChange(root, name, record.named(name), ColumnSet(name, added, parts))
+        version = versions.commit_columns(fs, root, base, change.onto, operation="add_columns", tag=tag)
     except BaseException:
         for path in written:
             fsutil.discard(fs, path)
-        _remove_empty_folders(fs, root)
+        column_sets.remove_empty_folders(fs, root)
         raise
-    _remove_unlisted(fs, root, record, new)
-    return ColumnsResult(url, name, tuple(f.name for f in added), tuple(written), store.num_rows, size)
+    size += len(version.to_json())
+    return ColumnsResult(url, name, tuple(f.name for f in added), tuple(written), store.num_rows, size,
+                         version.number)
 
 
 @remote.naming_url("url")
-def remove_columns(url: str | os.PathLike[str], name: str, *, filesystem: Any = None,
-                   storage_options: dict[str, Any] | None = None) -> None:
-    """Remove column set ``name`` from the dataset at ``url`` (its record first, then its files)."""
-    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
-    record, before = column_sets.read_record(fs, root)
-    if not any(s.name == name for s in record.sets):
+def remove_columns(url: str | os.PathLike[str], name: str, *, tag: str | None = None, filesystem: Any = None,
+                   storage_options: dict[str, Any] | None = None) -> int:
+    """Remove column set ``name`` from the dataset at ``url`` as its next version (tagged ``tag``); returns its
+    number. Its files stay for the versions that list them (``vacuum`` removes them)."""
+    fs, root, current = _history(os.fspath(url), filesystem, storage_options)
+    base = current[-1]
+    record = column_sets.of_version(base.column_sets, versions.record_path(root, base.number))
+    if record.named(name) is None:
         raise ColumnSetError(f"{url}: no column set {name!r} (it has {[s.name for s in record.sets]})")
-    new = Record(tuple(s for s in record.sets if s.name != name))
-    column_sets.publish_record(fs, root, new, before)
-    _remove_unlisted(fs, root, record, new)
+    versions.check_tag(current, tag, os.fspath(url))
+    change = _SetChange(root, name, record.named(name), None)
+    return versions.commit_columns(fs, root, base, change.onto, operation="remove_columns", tag=tag).number
 
 
-def list_columns(url: str | os.PathLike[str], *, filesystem: Any = None,
-                 storage_options: dict[str, Any] | None = None) -> dict[str, list[str]]:
-    """The column sets of the dataset at ``url``: set name -> its field names."""
+def list_columns(url: str | os.PathLike[str], *, version: int | None = None, tag: str | None = None,
+                 filesystem: Any = None, storage_options: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """The column sets of the dataset at ``url`` (its latest version, or ``version``'s or ``tag``'s): set name ->
+    its field names."""
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
-    record, _ = column_sets.read_record(fs, root)
+    with remote.remote_errors(os.fspath(url)):
+        pinned = versions.resolve(fs, root, version=version, tag=tag)
+        record = column_sets.read_record(fs, root)[0] if pinned is None else \
+            column_sets.of_version(pinned.column_sets, versions.record_path(root, pinned.number))
     return {s.name: [f.name for f in s.fields] for s in record.sets}
+
+
+def _history(url: str, filesystem: Any, storage_options: dict[str, Any] | None
+             ) -> tuple[pafs.FileSystem, str, list[versions.Version]]:
+    """The filesystem, root and versions (at least one; version 1 maybe not recorded yet) of the dataset
+    directory at ``url``."""
+    fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    root = root.rstrip("/")
+    with remote.remote_errors(url):
+        publish.fresh(fs, root)
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            raise ColumnSetError(f"{url}: columns are added to a dataset directory, not a single file")
+        current = versions.history(fs, root) if info.type == pafs.FileType.Directory else []
+    if not current:
+        raise DatasetNotFoundError(f"{url}: no dataset there (a directory of Parquet data files)")
+    return fs, root, current
+
+
+@dataclass(frozen=True)
+class _SetChange:
+    """Set ``name`` changed from ``before`` (as the version the change was made from had it; None: none) to
+    ``after`` (None: removed), put onto whatever version is the latest when it is published."""
+
+    root: str
+    name: str
+    before: ColumnSet | None
+    after: ColumnSet | None
+
+    def onto(self, latest: versions.Version) -> tuple[dict[str, Any], ...]:
+        """``latest``'s column sets with the change; a :class:`ConcurrentCommitError` where another commit changed
+        the same set meanwhile, took one of its fields, or rewrote a part it covers (a delete)."""
+        record = column_sets.of_version(latest.column_sets, versions.record_path(self.root, latest.number))
+        now = record.named(self.name)
+        if (now.to_json() if now else None) != (self.before.to_json() if self.before else None):
+            raise ConcurrentCommitError(f"{self.root}: column set {self.name!r} was changed by another commit "
+                                        f"(version {latest.number}) meanwhile; nothing of this one was published: "
+                                        "run it again")
+        if self.after is None:
+            return Record(tuple(s for s in record.sets if s.name != self.name)).as_version()
+        taken = sorted({f.name for f in self.after.fields} & {f.name for s in record.sets if s.name != self.name
+                                                             for f in s.fields})
+        gone = sorted(set(self.after.parts) - set(latest.parts))
+        if taken or gone:
+            raise ConcurrentCommitError(f"{self.root}: another commit (version {latest.number}) "
+                                        + (f"added field(s) {taken}" if taken else f"rewrote part(s) {gone[:3]}")
+                                        + f" meanwhile; nothing of column set {self.name!r} was published: run it again")
+        return Record(tuple(s for s in record.sets if s.name != self.name) + (self.after,)).as_version()
 
 
 def _check_new(store: ParquetStore, record: Record, name: str, fields: Sequence[UnischemaField],
@@ -178,7 +243,7 @@ def _check_values(store: ParquetStore, fields: Sequence[UnischemaField], values:
             raise ColumnSetError(f"{store.url}: field {f.name!r}: {length} values for a dataset of "
                                  f"{store.num_rows} rows (one per row, in the dataset's row order)")
         if isinstance(column, np.ndarray) and column.dtype != object:
-            _validate_column(f, column, 0)
+            validate_column(f, column, 0)
 
 
 def _groups_by_file(store: ParquetStore) -> Iterator[tuple[str, list[RowGroupInfo]]]:
@@ -252,46 +317,6 @@ def _group_values(store: ParquetStore, info: RowGroupInfo, schema: Unischema, st
         chunk = computed
     else:
         chunk = {f.name: values[f.name][info.first_row:info.first_row + n] for f in schema}
-    batch = _encode_columns(schema, chunk, storage, info.first_row, n, validate=True)
+    batch = encode_columns(schema, chunk, storage, info.first_row, n, validate=True)
     return pa.RecordBatch.from_arrays([tensor_to_parquet(f, column) if parquet_tensor_type(f) is not None else column
                                        for f, column in zip(schema, batch.columns)], names=batch.schema.names)
-
-
-def _sweep(fs: pafs.FileSystem, root: str, record: Record) -> None:
-    """Remove side files a killed add left (named by a run no longer alive, listed by no record), and
-    records a kill left half written (locally: their temporary names)."""
-    listed = set(record.files)
-    temporaries = [column_sets.relative(root, e.path) for e in fs.get_file_info(pafs.FileSelector(root))
-                   if posixpath.basename(e.path).startswith(f"{column_sets.RECORD}.")] \
-        if fsutil.on_local_disk(fs) else []
-    for rel in [*_side_files(fs, root), *temporaries]:
-        found = _RUN_FILE.search(rel.rpartition("/")[2])
-        if rel not in listed and found is not None and \
-                not atomic.owner_alive(found["where"], int(found["pid"]), int(found["start"])):
-            fs.delete_file(fsutil.join(root, rel))
-    _remove_empty_folders(fs, root)
-
-
-def _remove_unlisted(fs: pafs.FileSystem, root: str, old: Record, new: Record) -> None:
-    """After a publish: remove the side files the ``old`` record listed and the ``new`` one does not
-    (a backfill's old values; readers that opened the old record before see DatasetChangedError)."""
-    for rel in sorted(set(old.files) - set(new.files)):
-        fsutil.remove(fs, fsutil.join(root, rel))
-    _remove_empty_folders(fs, root)
-
-
-def _side_files(fs: pafs.FileSystem, root: str) -> list[str]:
-    """Every file under the side-file folder, relative to ``root``."""
-    folder = fsutil.join(root, column_sets.DIRECTORY)
-    selector = pafs.FileSelector(folder, recursive=True, allow_not_found=True)
-    return [column_sets.relative(root, e.path) for e in fs.get_file_info(selector) if e.type == pafs.FileType.File]
-
-
-def _remove_empty_folders(fs: pafs.FileSystem, root: str) -> None:
-    """Local disks keep empty folders: remove those left under the side-file folder."""
-    folder = os.path.join(root, column_sets.DIRECTORY)
-    if not fsutil.on_local_disk(fs) or not os.path.isdir(folder):
-        return
-    for dirpath, _dirs, files in os.walk(folder, topdown=False):
-        if not files and not os.listdir(dirpath):
-            os.rmdir(dirpath)

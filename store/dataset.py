@@ -550,15 +550,20 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
     store = _store(url, fs, root, base, paths, sizes, common, evolved=pinned is not None)
-    store.version = pinned
-    return store if info.type == pafs.FileType.File else _with_column_sets(store)
+    store.version = pinned.number if pinned is not None else None
+    if info.type == pafs.FileType.File:
+        return store
+    record = column_sets.of_version(pinned.column_sets, versions.record_path(root, pinned.number)) \
+        if pinned is not None else None
+    return _with_column_sets(store, record)
 
 
-def _with_column_sets(store: ParquetStore) -> ParquetStore:
-    """``store`` with the column sets that apply to its parts (store/column_sets.py) joined: their
+def _with_column_sets(store: ParquetStore, record: column_sets.Record | None) -> ParquetStore:
+    """``store`` with the column sets of its version (``record``; None: a dataset that records no versions,
+    those in its ``_unihub_columns.json`` if any; store/column_sets.py) that apply to its parts joined: their
     fields added to its schema, their side files read by ``read_row_group``."""
     side = column_sets.side_columns(store.filesystem, store.path,
-                                    {f.path: (f.num_rows, f.size_bytes) for f in store.files})
+                                    {f.path: (f.num_rows, f.size_bytes) for f in store.files}, record)
     if side is None:
         return store
     clash = [f.name for f in side.fields if f.name in store.schema.fields or f.name in store.arrow_schema.names]
@@ -744,7 +749,7 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
 
 
 def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None, tag: str | None = None
-                     ) -> tuple[list[str], dict[str, pafs.FileInfo], str, int | None]:
+                     ) -> tuple[list[str], dict[str, pafs.FileInfo], str, versions.Version | None]:
     """(data files in reading order, their listing entries, the ``_common_metadata`` path, the version) of a
     dataset directory: what its version record lists where it records versions (``version``/``tag``'s, else
     the latest), else what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
@@ -763,7 +768,7 @@ def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None,
         if all(p in listed for p in wanted):
             paths = [listed[p] for p in wanted]
             common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)  # type: ignore[union-attr]
-            return paths, {p: sizes[p] for p in paths}, common, pinned.number if pinned is not None else None
+            return paths, {p: sizes[p] for p in paths}, common, pinned
     raise publish.missing_part(next(p for p in wanted if p not in listed))
 
 

@@ -1,7 +1,7 @@
 """A dataset that grows: numbered versions, appends, time travel, tags and vacuum, on any filesystem.
 
-A dataset is a sequence of versions (a write, appends, deletes of rows by a filter). Each commit after the
-first write is recorded in one small JSON
+A dataset is a sequence of versions (a write, appends, column adds and removals, deletes of rows by a
+filter). Each commit after the first write is recorded in one small JSON
 file, written once and never changed::
 
     DST/_unihub_versions/00000001.json   {"number": 1, "operation": "write", "timestamp": ..., "tag": ...,
@@ -10,9 +10,11 @@ file, written once and never changed::
                                           "column_sets": [], "base": ..., "added_rows": ...}
 
 A record lists *all* the files of its version (not a difference), so reading version N reads one record.
-``column_sets`` is kept empty here: files that add columns to a version's parts (issue 42's second half)
-are listed there, and everything that keeps or removes files (:func:`vacuum`, ``publish.settle``) counts
-them through :func:`unihub.fs.publish.record_files`.
+``column_sets`` holds the version's column sets whole (:mod:`unihub.store.column_sets`: fields added to
+the rows beside the parts, each with its side files): :func:`commit_columns` publishes a version that adds,
+backfills or removes one, an append carries them forward, and everything that keeps or removes files
+(:func:`vacuum`, :func:`remove_orphans`, ``publish.settle``) counts their files through
+:func:`unihub.fs.publish.record_files`, so a backfill's old values stay for the versions that list them.
 
 **Append** (:func:`commit_append`, used by ``write_dataset(mode="append")`` and ``convert --append``): the
 rows are staged as a whole dataset (as any write), their schema checked against the latest version's
@@ -55,7 +57,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -76,7 +78,7 @@ from unihub.errors import (
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
-from unihub.store import integrity
+from unihub.store import column_sets, integrity
 
 VERSIONS_DIR = publish.VERSIONS_DIR
 COMMON_METADATA = publish.COMMON_METADATA
@@ -180,8 +182,9 @@ def _implicit_first(fs: pafs.FileSystem, root: str, manifest: publish.Manifest |
         return None
     stamp = fs.get_file_info(f"{root}/{common or parts[-1]}").mtime
     timestamp = stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds") if stamp else _now()
+    sets, _ = column_sets.read_record(fs, root)  # sets added before versions held them
     return Version(1, timestamp, "write", tuple(parts), common, base=manifest.run if manifest else None,
-                   recorded=False)
+                   column_sets=sets.as_version(), recorded=False)
 
 
 def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: str | None = None
@@ -251,7 +254,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
             return created
     base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
     current = history(fs, target)
-    _check_tag(current, tag, target)
+    check_tag(current, tag, target)
     staged_common = f"{staging}/{COMMON_METADATA}"
     fit = check_append_schema(fs, staged_common, target, current[-1]) if current else "same"
     if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
@@ -350,7 +353,7 @@ def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str
         current = history(fs, target)
         latest = current[-1] if current else None
         if latest is not None and attempt:  # another append landed: its schema may have changed
-            _check_tag(current, tag, target)
+            check_tag(current, tag, target)
             fit = check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
                                         else staged_common, target, latest)
         known = {s.path: s for s in (latest.sources if latest else ())}
@@ -373,7 +376,38 @@ def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str
                                 "nothing of this append was published: run it again")
 
 
-def _check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+# -- column sets ------------------------------------------------------------------------------------------------
+def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
+                   sets_of: Callable[[Version], tuple[dict[str, Any], ...]], *, operation: str,
+                   tag: str | None = None) -> Version:
+    """Publish the next version of the dataset at ``root``: the latest's files with the column sets
+    ``sets_of(latest)`` (store/columns.py: the change made from ``base``, put onto the latest version, or a
+    :class:`~unihub.errors.ConcurrentCommitError` where it no longer fits), by the create-if-absent step appends
+    use; another commit taking the number first is read and the next number tried, so both land. A dataset
+    written once has its version 1 recorded first. Returns the version published."""
+    root = root.rstrip("/")
+    for attempt in range(COMMIT_ATTEMPTS):
+        current = history(fs, root)
+        if current and not current[-1].recorded:
+            _record_first(fs, root, current[-1])
+            current = history(fs, root)
+        if not current or current[-1].base != base.base:
+            raise ConcurrentCommitError(f"{root}: the dataset was overwritten or removed while its columns were "
+                                        f"being changed; nothing of the {operation} was published")
+        check_tag(current, tag, root)
+        latest = current[-1]
+        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation=operation, tag=tag,
+                          added_rows=0, column_sets=sets_of(latest))
+        if publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
+            fsutil.remove(fs, f"{root}/{column_sets.RECORD}")  # sets from before versions: version 1 holds them
+            return version
+        time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
+    raise ConcurrentCommitError(f"{root}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
+                                f"nothing of the {operation} was published: run it again")
+
+
+def check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+    """A :class:`~unihub.errors.VersionNotFoundError` where ``tag`` names one of the versions ``current`` already."""
     if tag is not None and any(v.tag == tag for v in current):
         raise VersionNotFoundError(f"{target}: tag {tag!r} names version "
                                    f"{next(v.number for v in current if v.tag == tag)} already; tags are unique")
@@ -473,12 +507,13 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
         fsutil.remove(fs, retired_path(root, rel))
     retire_unlisted(fs, root, kept)
     removed += remove_orphans(fs, root, kept)
+    column_sets.remove_empty_folders(fs, root)
     return VacuumResult(tuple(v.number for v in dropped), tuple(removed), tuple(v.number for v in kept))
 
 
 def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
-    """Remove the files at ``root`` that no version lists and a dead run of an append put there (named
-    ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
+    """Remove the files at ``root`` that no version lists and a dead run of an append or a column add put there
+    (named ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
     files of every record read after the listing are kept). Returns those removed."""
     if not versions or not versions[-1].recorded:
         return []
@@ -493,7 +528,8 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
         run = publish.run_of(rel)
-        if run is not None and (publish.is_data(rel) or rel.startswith(f"{COMMON_METADATA}.unihub-")) \
+        if run is not None and (publish.is_data(rel) or rel.startswith((f"{COMMON_METADATA}.unihub-",
+                                                                          f"{column_sets.DIRECTORY}/"))) \
                 and not publish.run_alive(run):
             fsutil.remove(fs, f"{root}/{rel}")
             removed.append(rel)
@@ -600,7 +636,7 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         current = history(fs, root)
         if not current:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
-        _check_tag(current, tag, root)
+        check_tag(current, tag, root)
         if not current[-1].recorded:
             _record_first(fs, root, current[-1])
             current = history(fs, root)

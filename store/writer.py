@@ -267,7 +267,7 @@ def _batches(schema: Unischema, data: Any, *, batched: bool, validate: bool) -> 
             first_row += table.num_rows
         elif isinstance(item, Mapping):
             n = column_length(schema, item)
-            yield _encode_columns(schema, item, storage_schema, first_row, n, validate)
+            yield encode_columns(schema, item, storage_schema, first_row, n, validate)
             first_row += n
         else:
             raise SchemaError(f"batched=True expects column mappings or Arrow tables, got {type(item).__name__}")
@@ -303,11 +303,14 @@ def _row_chunks(schema: Unischema, rows: Iterable[Any], storage_schema: pa.Schem
 def _encode_rows(schema: Unischema, rows: list[Mapping[str, Any]], storage_schema: pa.Schema,
                  first_row: int) -> pa.RecordBatch:
     columns = {f.name: [row.get(f.name) for row in rows] for f in schema}
-    return _encode_columns(schema, columns, storage_schema, first_row, len(rows), validate=False)
+    return encode_columns(schema, columns, storage_schema, first_row, len(rows), validate=False)
 
 
-def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema: pa.Schema,
-                    first_row: int, n: int, validate: bool) -> pa.RecordBatch:
+def encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema: pa.Schema,
+                   first_row: int, n: int, validate: bool) -> pa.RecordBatch:
+    """``n`` rows of ``columns`` (field name -> values; a missing field is nulls) encoded by their codecs into a
+    batch of ``storage_schema``, each checked first where ``validate``; errors name rows from ``first_row``
+    (used by the writer and by store/columns.py, which adds columns to existing rows)."""
     arrays = []
     for f in schema:
         values = columns.get(f.name)
@@ -316,7 +319,7 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
         if isinstance(values, pa.Array) and (validate or f.codec is None):
             values = values.to_pylist()  # checked and stored value by value
         if validate:
-            _validate_column(f, values, first_row)
+            validate_column(f, values, first_row)
         if f.codec is None:  # Arrow's nested lists: arrays of 2 or more dims go in as lists of lists
             array = pa.array([v.tolist() if isinstance(v, np.ndarray) and v.ndim > 1 else v for v in values],
                              type=f.arrow_type())
@@ -338,7 +341,7 @@ def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Arra
         raise
 
 
-def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
+def validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
     """Vectorised check for an ndarray column, per-row check otherwise."""
     if isinstance(values, np.ndarray) and values.dtype != object and values.ndim == len(f.shape) + 1:
         if values.dtype != f.dtype and f.dtype != object:

@@ -38,9 +38,10 @@ from unihub import (
     write_dataset,
 )
 from unihub.cli.demo import make_image
+from unihub.errors import ConcurrentCommitError, VersionNotFoundError
 from unihub.fs import publish
 from unihub.images.decoders import encode_image
-from unihub.store import column_sets
+from unihub.store import column_sets, versions
 
 from ..petastorm import test_metadata_write as petastorm_side
 
@@ -167,8 +168,9 @@ def test_parts_untouched_and_bytes_written_are_the_column_s_own(pics: Path) -> N
     values = np.random.default_rng(1).standard_normal((N, 64)).astype(np.float32)  # incompressible
     own = values.nbytes
     result = add_column(pics, big, values)
+    assert result.version == 2  # version 1 (the dataset as written) recorded first
     on_disk = sum(p.stat().st_size for p in (pics / column_sets.DIRECTORY).rglob("*") if p.is_file()) + \
-        (pics / column_sets.RECORD).stat().st_size
+        os.path.getsize(versions.record_path(str(pics), 2))  # the side files and the version's record
     assert result.bytes_written == on_disk
     assert own <= result.bytes_written < own * 1.1 + 16_000, (own, result.bytes_written)  # footers, the record
     assert result.bytes_written < images  # nothing of the images is written again
@@ -182,11 +184,15 @@ def test_backfill_replaces_values_and_old_files(pics: Path) -> None:
     with pytest.raises(ColumnSetError, match="replace=True"):
         add_column(pics, SPLIT, ["x"] * N)
     second = add_column(pics, SPLIT, ["test"] * N, replace=True)
-    assert not any(os.path.exists(f) for f in first.files) and all(os.path.exists(f) for f in second.files)
+    # the old values stay while a version lists them
+    assert all(os.path.exists(f) for f in first.files) and all(os.path.exists(f) for f in second.files)
     with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
         assert {r.split for r in reader} == {"test"}
-    remove_columns(pics, "split")
+    assert remove_columns(pics, "split") == 4
     assert open_dataset(pics).schema.fields.keys() == {"id", "image"}
+    assert [(v.number, v.operation) for v in versions.list_versions(pics)] == [
+        (1, "write"), (2, "add_columns"), (3, "add_columns"), (4, "remove_columns")]
+    versions.vacuum_dataset(pics, 1)  # no kept version lists a side file: they go
     assert not (pics / column_sets.DIRECTORY).exists()
 
 
@@ -204,7 +210,9 @@ def test_values_from_a_function_of_existing_columns(pics: Path) -> None:
 def test_a_part_the_set_does_not_cover_reads_null(pics: Path) -> None:
     ids = ids_in_order(pics)
     add_column(pics, EMB, embedding(ids))
-    shutil.copy(pics / "part-00000.parquet", pics / "part-00009.parquet")  # as an append would add one
+    first = pq.read_table(pics / "part-00000.parquet").to_pylist()
+    write_dataset(pics, SCHEMA, first, mode="append")  # version 3 carries the set forward
+    assert list_columns(pics) == {"emb": ["emb"]}
     with make_reader(pics, schema_fields=["id", "emb"], workers_count=1, shuffle_row_groups=False) as reader:
         rows = list(reader)
     assert len(rows) == N + N // 4
@@ -250,17 +258,17 @@ add_column({path!r}, SPLIT, values, replace=True, storage_options={options!r})
 
 def test_a_kill_mid_add_leaves_the_old_state(pics: Path) -> None:
     add_column(pics, SPLIT, ["old"] * N)
-    record = (pics / column_sets.RECORD).read_bytes()
+    records = sorted(os.listdir(pics / publish.VERSIONS_DIR))
     code = textwrap.dedent(KILLED).format(path=str(pics), options=None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
-    assert (pics / column_sets.RECORD).read_bytes() == record
+    assert sorted(os.listdir(pics / publish.VERSIONS_DIR)) == records
     leftover = [p for p in (pics / column_sets.DIRECTORY).rglob("*.parquet")]
     assert len(leftover) > 4  # the killed run's side files are there, listed by no record
     with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
         assert {r.split for r in reader} == {"old"}
     add_column(pics, SPLIT, ["newer"] * N, replace=True)  # the next add removes what the kill left
-    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 4
+    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 8  # "old" (version 2) and "newer"
     with make_reader(pics, schema_fields=["split"], workers_count=1) as reader:
         assert {r.split for r in reader} == {"newer"}
 
@@ -335,7 +343,13 @@ def test_on_s3(pics: Path, s3_server: Any) -> None:
     np.testing.assert_array_equal(batch.emb, embedding(batch.id))
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket,
                                                                   Prefix="columns/ds/")["Contents"]]
-    assert sum("_unihub_columns/split/" in k for k in keys) == 4  # the replaced set's files are gone
+    assert sum("_unihub_columns/split/" in k for k in keys) == 8  # the replaced set's files: version 3 lists them
+    assert {r["split"] for r in open_dataset(url, version=3, storage_options=options).read_row_group(0, ["split"])
+            .to_pylist()} == {"old"}
+    versions.vacuum_dataset(url, 1, storage_options=options)
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket,
+                                                                  Prefix="columns/ds/")["Contents"]]
+    assert sum("_unihub_columns/split/" in k for k in keys) == 4  # gone with the versions that listed them
     with pytest.raises(ColumnSetError, match="rows"):
         add_column(url, UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), True), np.arange(3),
                    storage_options=options)
@@ -402,9 +416,7 @@ def test_cli_adds_lists_and_removes(pics: Path, tmp_path: Path, capsys: pytest.C
     assert list_columns(pics) == {"split": ["split"]}
 
 
-def test_an_add_that_lost_a_race_is_refused_by_name_and_the_other_lands(pics: Path) -> None:
-    from unihub import DatasetChangedError
-
+def test_adds_at_once_both_land_and_a_race_on_one_set_is_refused_by_name(pics: Path) -> None:
     calls = []
 
     def values(table: pa.Table) -> list[str]:
@@ -413,12 +425,24 @@ def test_an_add_that_lost_a_race_is_refused_by_name_and_the_other_lands(pics: Pa
             add_column(pics, EMB, embedding(ids_in_order(pics)))
         return ["x"] * table.num_rows
 
-    with pytest.raises(DatasetChangedError, match="run it again"):
-        add_column(pics, SPLIT, values)
-    assert list_columns(pics) == {"emb": ["emb"]}
-    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 4  # the refused add's files removed
-    add_column(pics, SPLIT, ["y"] * N)
-    assert list_columns(pics) == {"emb": ["emb"], "split": ["split"]}
+    assert add_column(pics, SPLIT, values).version == 3  # put onto the other add's version 2
+    assert list_columns(pics) == {"emb": ["emb"], "split": ["split"]} and list_columns(pics, version=2) == \
+        {"emb": ["emb"]}
+    calls.clear()
+
+    def backfill(table: pa.Table) -> list[str]:
+        calls.append(1)
+        if len(calls) == 2:  # another backfill of the same set publishes meanwhile
+            add_column(pics, SPLIT, ["z"] * N, replace=True)
+        return ["w"] * table.num_rows
+
+    with pytest.raises(ConcurrentCommitError, match="column set 'split' was changed by another commit"):
+        add_column(pics, SPLIT, backfill, replace=True)
+    assert [v.number for v in versions.list_versions(pics)] == [1, 2, 3, 4]
+    assert {r["split"] for r in open_dataset(pics).read_row_group(0, ["split"]).to_pylist()} == {"z"}
+    assert len(list((pics / column_sets.DIRECTORY).rglob("*.parquet"))) == 12  # the refused add's files removed
+    with pytest.raises(VersionNotFoundError, match="no version 9"):
+        list_columns(pics, version=9)
 
 
 def test_a_partitioned_dataset(tmp_path: Path) -> None:

@@ -493,3 +493,216 @@ def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_pa
         if line == "done":
             break
     assert outcomes == {False, True}
+
+
+# -- column adds, backfills and removals are versions ------------------------------------------------------------
+LABEL = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+
+
+def side_files(url: str, **options: Any) -> set[str]:
+    """The side files of the dataset's column sets (relative to its root)."""
+    from unihub.fs import filesystem as fsutil
+    from unihub.store import column_sets
+
+    fs, root = fsutil.resolve_filesystem(url, options.get("filesystem"), options.get("storage_options"))
+    return {f"{column_sets.DIRECTORY}/{rel}" for rel in publish.files_under(fs, f"{root}/{column_sets.DIRECTORY}")}
+
+
+def labels(url: str, **options: Any) -> list[int | None]:
+    return table_of(url, **options)["label"].to_pylist()
+
+
+def grow_with_columns(url: str, **options: Any) -> None:
+    """Write, add a column, append, backfill it: versions 1-4, each read bit-exactly after the later ones, a
+    reader opened before the backfill reading the old values, then vacuum --keep 1."""
+    from unihub import add_column
+
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4, **options)
+    first = table_of(url, **options)
+    added = add_column(url, LABEL, np.arange(10) * 10, tag="labelled", **options)  # version 1 recorded first
+    assert added.version == 2
+    second = table_of(url, **options)
+    assert second.drop(["label"]).equals(first) and second["label"].to_pylist() == list(range(0, 100, 10))
+    write_dataset(url, SCHEMA, rows(10, 14), mode="append", **options)
+    third = table_of(url, **options)
+    assert labels(url, **options) == [*range(0, 100, 10), None, None, None, None]  # not covered: null
+    pinned = open_dataset(url, **options)  # version 3, opened before the backfill
+    old_files = side_files(url, **options)
+
+    def backfill(table: pa.Table) -> np.ndarray:
+        return table.column("id").to_numpy() * 100
+
+    assert add_column(url, LABEL, backfill, inputs=["id"], replace=True, **options).version == 4
+    fourth = table_of(url, **options)
+    assert fourth["label"].to_pylist() == [i * 100 for i in range(14)]
+    assert [(v.number, v.operation, v.tag) for v in versions.list_versions(url, **options)] == [
+        (1, "write", None), (2, "add_columns", "labelled"), (3, "append", None), (4, "add_columns", None)]
+    assert table_of(url, version=1, **options).equals(first)  # no label column
+    assert table_of(url, tag="labelled", **options).equals(second)
+    assert table_of(url, version=3, **options).equals(third) and table_of(url, version=4, **options).equals(fourth)
+    assert pa.concat_tables([pinned.read_row_group(i) for i in range(len(pinned.row_groups))]).equals(third)
+    assert old_files < side_files(url, **options)  # the replaced values stay while versions 2 and 3 list them
+    with make_reader(url, version=2, schema_fields=["id", "label"], shuffle_row_groups=False, workers_count=1,
+                     **options) as reader:
+        assert [(int(r.id), int(r.label)) for r in reader] == [(i, i * 10) for i in range(10)]
+    result = versions.vacuum_dataset(url, 1, **options)
+    assert result.removed_versions == (1, 2, 3) and old_files <= set(result.removed_files)
+    assert side_files(url, **options) == {f for v in versions.list_versions(url, **options) for f in v.files()
+                                          if f.startswith("_unihub_columns/")}
+    for number in (1, 2, 3):
+        with pytest.raises(VersionNotFoundError, match=f"no version {number}; versions there: 4"):
+            open_dataset(url, version=number, **options)
+    assert table_of(url, **options).equals(fourth)
+    if "://" not in url:  # a plain listing of the directory is the latest version's parts (their columns only)
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(14))
+
+
+def test_column_adds_are_versions_read_bit_exactly_after_appends_backfills_and_vacuum(tmp_path: Path) -> None:
+    grow_with_columns(str(tmp_path / "ds"))
+
+
+@pytest.mark.slow
+def test_s3_column_adds_are_versions_read_bit_exactly_after_appends_backfills_and_vacuum(
+        s3_server: Any, s3_url: str) -> None:
+    grow_with_columns(s3_url, storage_options=s3_server.storage_options())
+    publish.settle_url(s3_url, s3_server.storage_options())  # a later write's clean-up keeps version 4's files
+    assert labels(s3_url, storage_options=s3_server.storage_options()) == [i * 100 for i in range(14)]
+
+
+def test_a_column_removal_is_a_version_and_older_versions_join_their_sets_after_a_delete(tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    from unihub import add_column, list_columns, remove_columns
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4)
+    add_column(url, LABEL, np.arange(10))
+    assert remove_columns(url, "label", tag="plain") == 3
+    assert list_columns(url) == {} and list_columns(url, version=2) == {"label": ["label"]}
+    before = side_files(url)
+    with pytest.raises(VersionNotFoundError, match="tag 'plain' names version 3 already"):
+        add_column(url, LABEL, np.arange(10), tag="plain")  # refused before anything is written
+    assert side_files(url) == before and len(versions.list_versions(url)) == 3
+    versions.delete_rows(url, pc.field("id") < 5)  # version 4: the parts of version 2 retired beside the records
+    assert labels(url, version=2) == list(range(10))  # joined to the retired parts
+    assert "label" not in table_of(url, tag="plain").column_names and ids(url) == list(range(5, 10))
+
+
+def test_a_dataset_with_sets_from_before_versions_keeps_them_in_version_1(tmp_path: Path) -> None:
+    """``_unihub_columns.json`` (sets added before versions held them) is version 1's; the next commit records it."""
+    from unihub import add_column, list_columns
+    from unihub.store import column_sets
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6), rows_per_file=4)
+    add_column(url, LABEL, np.arange(6))
+    latest = versions.list_versions(url)[-1]
+    shutil.rmtree(os.path.join(url, publish.VERSIONS_DIR))  # as the earlier layout had it
+    Path(url, column_sets.RECORD).write_bytes(column_sets.of_version(latest.column_sets, "x").to_json())
+    assert labels(url) == list(range(6)) and open_dataset(url).version is None
+    assert [(v.number, v.recorded) for v in versions.list_versions(url)] == [(1, False)]
+    assert labels(url, version=1) == list(range(6))
+    add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(6, np.int64))
+    assert list_columns(url) == {"label": ["label"], "other": ["other"]}
+    assert list_columns(url, version=1) == {"label": ["label"]} and labels(url, version=1) == list(range(6))
+    assert not os.path.exists(os.path.join(url, column_sets.RECORD))  # one place decides: the versions
+
+
+ADDER = textwrap.dedent("""
+    import sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, UnischemaField, add_column
+    url, count, start_at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    options = eval(sys.argv[4]) if len(sys.argv) > 4 else {}
+    label = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for k in range(count):
+        add_column(url, label, lambda table: table.column("id").to_numpy() * 2, inputs=["id"], replace=k > 0,
+                   **options)
+""")
+
+
+def add_and_append_at_once(url: str, storage_options: dict[str, Any] | None = None, count: int = 3) -> None:
+    """One process adds (then backfills) a column ``count`` times while another appends ``count`` times."""
+    start_at = time.time() + 3.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    extra = [repr({"storage_options": storage_options})] if storage_options else []
+    children = [subprocess.Popen([sys.executable, "-c", APPENDER, url, "1000", str(count), str(start_at), *extra],
+                                 env=env, stderr=subprocess.PIPE, text=True),
+                subprocess.Popen([sys.executable, "-c", ADDER, url, str(count), str(start_at), *extra],
+                                 env=env, stderr=subprocess.PIPE, text=True)]
+    for child in children:
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+
+
+def check_adds_and_appends_landed(url: str, count: int = 3, **options: Any) -> None:
+    history = versions.list_versions(url, **options)
+    assert [v.number for v in history] == list(range(1, 2 + 2 * count))  # none lost
+    assert sorted(v.operation for v in history[1:]) == ["add_columns"] * count + ["append"] * count
+    expected = list(range(5)) + [i for k in range(count) for i in range(1000 + 10 * k, 1010 + 10 * k)]
+    assert sorted(ids(url, **options)) == expected
+    for v in history:
+        if v.operation == "add_columns":  # the rows its version had: their values; rows appended later: null
+            table = table_of(url, version=v.number, **options)
+            found = dict(zip(table["id"].to_pylist(), table["label"].to_pylist()))
+            assert all(found[i] == 2 * i for i in range(5)), v.number
+            assert all(label in (None, 2 * i) for i, label in found.items()), v.number
+
+
+@pytest.mark.slow
+def test_a_column_add_and_an_append_at_once_both_land(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 5))
+    add_and_append_at_once(url)
+    check_adds_and_appends_landed(url)
+
+
+@pytest.mark.slow
+def test_s3_a_column_add_and_an_append_at_once_both_land(s3_server: Any, s3_url: str) -> None:
+    options = s3_server.storage_options()
+    write_dataset(s3_url, SCHEMA, rows(0, 5), storage_options=options)
+    add_and_append_at_once(s3_url, options)
+    check_adds_and_appends_landed(s3_url, storage_options=options)
+
+
+KILLED_ADD = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
+    from unihub import ScalarCodec, UnischemaField, add_column
+    from unihub.fs import publish
+    wrap(publish, "put_if_absent")
+    label = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+    add_column(sys.argv[1], label, np.arange(12) + 1000, replace=True)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    from unihub import add_column
+
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
+    add_column(str(seed), LABEL, np.arange(12))
+    old, new = list(range(12)), list(range(1000, 1012))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 60):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_ADD, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        found = labels(url)
+        assert found in (old, new), (step, str(found), err)
+        outcomes.add(found == new)
+        assert labels(url, version=3) == old and ids(url) == list(range(12))
+        # the next commit removes what the killed add left: every side file is one a version lists
+        add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(12, np.int64))
+        assert side_files(url) <= {f for v in versions.list_versions(url) for f in v.files()}, step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
