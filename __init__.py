@@ -37,10 +37,13 @@ from unihub.converters.copy import copy_dataset
 from unihub.converters.result import ConvertResult
 from unihub.converters.verify import verify
 from unihub.errors import (
+    AppendSchemaError,
     CacheError,
     CacheTimeoutError,
     CodecError,
     CodecTypeError,
+    ColumnSetError,
+    ConcurrentCommitError,
     DataCorruptionError,
     DatasetChangedError,
     DatasetExistsError,
@@ -57,10 +60,12 @@ from unihub.errors import (
     RemoteStorageError,
     SchemaError,
     SchemaMismatchError,
+    SourceChangedError,
     UnihubError,
     UnsafeMetadataError,
     UnsupportedFormatError,
     ValidationError,
+    VersionNotFoundError,
 )
 from unihub.readers.ngram import NGram
 from unihub.readers.predicates import (
@@ -100,6 +105,7 @@ from unihub.schema.codecs import (
     TensorCodec,
 )
 from unihub.schema.unischema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
+from unihub.store.columns import ColumnsResult, add_column, add_columns, list_columns, remove_columns
 from unihub.store.dataset import (
     ParquetStore,
     RowGroupInfo,
@@ -107,6 +113,7 @@ from unihub.store.dataset import (
     infer_or_load_unischema,
     open_dataset,
 )
+from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
 from unihub.store.writer import WriteResult, write_dataset
 from unihub.version import package_version
 
@@ -131,6 +138,11 @@ __all__ = [
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups
     "get_schema_from_dataset_url", "infer_or_load_unischema",
+    # columns added to existing rows without rewriting the parts (store/columns.py)
+    "ColumnSetError", "ColumnsResult", "add_column", "add_columns", "list_columns", "remove_columns",
+    # a dataset that grows: appends, versions, deletes, vacuum (store/versions.py)
+    "AppendSchemaError", "ConcurrentCommitError", "SourceChangedError", "Version", "VersionNotFoundError",
+    "delete_rows", "list_versions", "vacuum_dataset",
     # yogadl-style caching of any data loader
     "CacheError", "CacheTimeoutError", "CachedDataset", "cacheable",
     # one switch for every progress bar (HuggingFace datasets' names)

@@ -95,6 +95,11 @@ class SchemaMismatchError(SchemaError):
     """A Unischema does not describe the columns of the Parquet store it is given for."""
 
 
+class ColumnSetError(SchemaError):
+    """Columns cannot be added as asked: a field the dataset has, values of the wrong length, a bad set name
+    (store/columns.py)."""
+
+
 class PetastormCompatibilityError(SchemaError):
     """A field cannot be written in a form Petastorm 0.13.1 reads (a fixed-shape TensorCodec, RGBA images)."""
 
@@ -223,3 +228,24 @@ class ReaderResetError(UsageError, NotImplementedError):
 class ReaderStateError(UnihubError, ValueError):
     """A saved reader state that does not belong to this reader's dataset and options, or states of
     several ranks that do not belong to one run (another seed, dataset or options)."""
+
+
+class VersionNotFoundError(DatasetNotFoundError, ValueError):
+    """A version number or tag that names no version of the dataset (never written, removed by ``unihub
+    vacuum``, or from before an overwrite, which starts a new history); the message lists those there are."""
+
+
+class ConcurrentCommitError(UnihubError, RuntimeError):
+    """Another writer published the version this append was about to publish, and retrying did not land it
+    (or the other's schema no longer fits): nothing of this append is published; run it again."""
+
+
+class AppendSchemaError(SchemaMismatchError):
+    """Rows appended to a dataset whose schema differs from the dataset's (another field, type, shape or
+    codec): the message names the fields that differ."""
+
+
+class SourceChangedError(UnihubError, ValueError):
+    """An incremental conversion (``convert --append``) found a source file that was converted before and
+    has changed since (another size and checksum): its new contents are not in the dataset, so the
+    conversion refuses before it writes anything; the message names the files."""

@@ -5,7 +5,9 @@ reads after ``warmup_cycles_count`` untimed ones; one cycle reads one row (``nex
 or the next element of ``make_petastorm_dataset(reader)`` with ``read_method='tf'``). The
 result has Petastorm's fields: ``time_mean`` (seconds per row), ``samples_per_second``,
 ``memory_info`` (``rss``, ``vms`` and ``peak_rss`` bytes of the measuring process) and ``cpu``
-(its CPU time over the measured wall time, in percent of one core). As Petastorm's, it runs
+(its CPU time over the measured wall time, in percent of one core); with a local-disk cache
+(``reader_extra_args={"cache_type": "local-disk", ...}``) also ``result.cache_stats``, the cache's
+hits, misses and bytes over the run (``Reader.cache_stats``). As Petastorm's, it runs
 in a fresh process unless ``spawn_new_process=False``, so that the memory figures are the
 reader's alone.
 
@@ -30,7 +32,14 @@ from unihub.errors import UnihubError
 from unihub.readers.reader import make_reader
 from unihub.runtime.progress import is_progress_bar_enabled
 
-BenchmarkResult = namedtuple("BenchmarkResult", ["time_mean", "samples_per_second", "memory_info", "cpu"])
+
+class BenchmarkResult(namedtuple("BenchmarkResult", ["time_mean", "samples_per_second", "memory_info", "cpu"])):
+    """Petastorm's four fields (a tuple of them, as Petastorm's), and ``cache_stats``: the local-disk
+    cache's counts over the run, ``{"reader": ..., "node": ...}`` as ``Reader.cache_stats`` gives
+    them, or None without that cache (an attribute, not a fifth field)."""
+
+    cache_stats: dict[str, Any] | None = None
+
 MemoryInfo = namedtuple("MemoryInfo", ["rss", "vms", "peak_rss"])
 
 
@@ -102,9 +111,12 @@ def _measure(dataset_url: str, field_regex: list[str] | None, warmup_cycles_coun
     report = _Progress(warmup_cycles_count, measure_cycles_count) if progress else None
     with make_reader(dataset_url, **reader_args) as reader:
         if read_method is ReadMethod.PYTHON:
-            return _time_warmup_and_work(lambda: next(reader), warmup_cycles_count, measure_cycles_count, report)
-        rows = _tf_rows(reader, shuffling_queue_size)
-        return _time_warmup_and_work(lambda: next(rows), warmup_cycles_count, measure_cycles_count, report)
+            result = _time_warmup_and_work(lambda: next(reader), warmup_cycles_count, measure_cycles_count, report)
+        else:
+            rows = _tf_rows(reader, shuffling_queue_size)
+            result = _time_warmup_and_work(lambda: next(rows), warmup_cycles_count, measure_cycles_count, report)
+        result.cache_stats = reader.cache_stats  # before the with-block's end, which may remove the cache
+    return result
 
 
 def _tf_rows(reader: Any, shuffling_queue_size: int) -> Iterator[Any]:

@@ -7,6 +7,8 @@ Examples::
     unihub show /data/train --open        # one HTML page: sampled images, statistics, provenance
     unihub demo /tmp/unihub-demo          # the main job: write, convert TFRecord + images, inspect, train
     unihub convert 'train-*.tfrecord' /data/train          # TFRecord -> unihub (format detected)
+    unihub convert 'raw/*.tfrecord' /data/train --append   # only the files not converted yet, a new version
+    unihub inspect /data/train --versions                  # the versions; unihub vacuum /data/train --keep 10
     unihub convert /data/train shards/ --to webdataset     # unihub -> WebDataset tar shards
     unihub verify /data/images /data/train                 # exit 0 only when equal
     unihub copy /data/train /data/small --field-regex 'id' 'image.*' --not-null-fields label
@@ -31,9 +33,11 @@ from typing import Any
 
 from unihub.bridges.throughput import ReadMethod, WorkerPoolType, reader_throughput
 from unihub.cli.cache import add_cache_commands
+from unihub.cli.columns import add_columns_commands
 from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.main_job import run
 from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.versions import add_delete_command, add_vacuum_command, print_versions
 from unihub.converters.add_schema import add_schema
 from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
 from unihub.converters.copy import copy_dataset
@@ -56,6 +60,8 @@ from unihub.viewer.describe import describe_dataset, format_description
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.versions:
+        return print_versions(args.path, args.json, storage_options_of(args))
     info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     if info.get("missing_fields"):  # described, and refused as make_reader refuses it
@@ -184,7 +190,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                          format_options=_with_follow_links(_format_options(args), args.follow_links),
                          validate_images=args.validate_images,
                          max_image_pixels=getattr(args, "max_image_pixels", "current"),
-                         storage_options=storage_options_of(args))
+                         storage_options=storage_options_of(args), append=args.append, tag=args.tag)
     if not args.quiet:
         print(result.summary(), file=sys.stderr)
     return 0
@@ -240,15 +246,45 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                                loaders_count=args.workers_count, profile_threads=args.profile_threads,
                                read_method=args.read_method, shuffling_queue_size=args.shuffling_queue_size,
                                min_after_dequeue=args.min_after_dequeue or int(0.8 * args.shuffling_queue_size),
-                               spawn_new_process=not args.in_process, progress=not args.quiet)
+                               spawn_new_process=not args.in_process, progress=not args.quiet,
+                               reader_extra_args=_throughput_reader_args(args))
     if args.json:
         print(json.dumps({"url": args.url, "time_mean": result.time_mean,
                           "samples_per_second": result.samples_per_second,
-                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu}, indent=2))
+                          "memory_info": result.memory_info._asdict(), "cpu": result.cpu,
+                          **({"cache": result.cache_stats} if result.cache_stats else {})}, indent=2))
     else:  # Petastorm's result line, word for word
         print(f"Average sample read rate: {result.samples_per_second:1.2f} samples/sec; "
               f"RAM {result.memory_info.rss / 2 ** 20:1.2f} MB (rss); CPU {result.cpu:1.2f}%")
+        if result.cache_stats:
+            print(cache_lines(result.cache_stats))
     return 0
+
+
+def _throughput_reader_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``make_reader`` arguments of ``unihub throughput``'s ``--cache-location`` and ``--storage-option``."""
+    extra: dict[str, Any] = {}
+    if args.storage_option:
+        extra["storage_options"] = storage_options_of(args)
+    if args.cache_location:
+        extra.update(cache_type="local-disk", cache_location=args.cache_location,
+                     cache_size_limit=int(args.cache_size_limit_mb * 2**20),
+                     cache_extra_settings={"cleanup": False})  # kept for the other ranks and the next run
+    return extra
+
+
+def cache_lines(stats: dict[str, Any]) -> str:
+    """Two lines on a local-disk cache: what this run did, and what every process on this node did."""
+    reader, node = stats["reader"], stats["node"]
+
+    def counts(c: dict[str, int]) -> str:
+        return (f"{c['hits']:,} hits ({c['waits']:,} after waiting for another's fetch), {c['misses']:,} misses, "
+                f"{c['fetches']:,} row groups fetched ({c['bytes_fetched'] / 2**20:,.1f} MB), "
+                f"{c['bytes_served'] / 2**20:,.1f} MB served from the cache, {c['evictions']:,} evicted")
+
+    return (f"Cache {stats['location']}: this run {counts(reader)}\n"
+            f"  node (every process using it): {counts(node)}; holds {node['entries']:,} entries, "
+            f"{node['bytes'] / 2**20:,.1f} of {node['size_limit_bytes'] / 2**20:,.1f} MB")
 
 
 def _add_tool_parsers(sub: Any) -> None:
@@ -310,7 +346,8 @@ def _add_tool_parsers(sub: Any) -> None:
                            epilog="examples:\n"
                                   "  unihub throughput /data/train\n"
                                   "  unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process\n"
-                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json")
+                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json\n"
+                                  "  unihub throughput s3://bucket/train --cache-location /tmp/train-cache")
     bench.add_argument("url", help="dataset directory or URL")
     bench.add_argument("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)")
     bench.add_argument("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)")
@@ -327,6 +364,13 @@ def _add_tool_parsers(sub: Any) -> None:
                        "setting")
     bench.add_argument("--in-process", action="store_true",
                        help="measure in this process (default: a fresh one, so memory is the reader's alone)")
+    bench.add_argument("--cache-location", metavar="DIR",
+                       help="read through a local-disk cache in DIR (shared by every process that names it: "
+                            "each row group is fetched once per node; kept afterwards) and print its hits, "
+                            "misses and bytes, this run's and the node's")
+    bench.add_argument("--cache-size-limit-mb", type=float, default=10240.0,
+                       help="the cache's size limit, least recently used entries evicted (default 10240)")
+    add_storage_option(bench)
     bench.add_argument("--json", action="store_true", help="print the result as JSON")
     bench.add_argument("--quiet", action="store_true", help="no progress line")
     bench.set_defaults(func=cmd_throughput)
@@ -410,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"unihub {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_cache_commands(sub)
+    add_columns_commands(sub)
     add_completion_command(sub)
 
     inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",
@@ -422,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "  unihub inspect s3://bucket/train --storage-option endpoint_url=http://host:9000")
     inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("--versions", action="store_true", help="list the dataset's versions (number, time, "
+                         "operation, files, rows added, tag) instead")
+    add_storage_option(inspect)
     inspect.set_defaults(func=cmd_inspect)
 
     _add_show_parser(sub)
@@ -454,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists and unihub wrote it "
                          "(a unihub dataset, an HDF5 export); anything else is refused")
+    convert.add_argument("--append", action="store_true", help="add the rows to DST (made if missing) as its next "
+                         "version; from a foreign source only the files not converted before (a changed one is "
+                         "an error)")
+    convert.add_argument("--tag", help="with --append: a name for the version it makes (make_reader(tag=...))")
     convert.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is (a file or "
                          "folder unihub did not write, such as another tool's TFRecord shards)")
     convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
@@ -496,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_option(verify)
     verify.set_defaults(func=cmd_verify)
     _add_tool_parsers(sub)
+    add_vacuum_command(sub)
+    add_delete_command(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ unihub dataset. Formats are detected from paths and contents unless given. Outpu
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +24,8 @@ import pyarrow.fs as pafs
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
 from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
-from unihub.errors import DatasetNotFoundError, SchemaError, UnsupportedFormatError
+from unihub.converters.tasks import absolute
+from unihub.errors import DatasetExistsError, DatasetNotFoundError, SchemaError, UnsupportedFormatError
 from unihub.formats.base import (
     FORMATS,
     ColumnBatch,
@@ -48,6 +50,7 @@ from unihub.runtime.memory import (
 )
 from unihub.schema.image_checks import ValidateImages, check_mode
 from unihub.schema.unischema import Unischema
+from unihub.store import versions
 from unihub.store.dataset import open_dataset
 from unihub.store.ownership import check_replaceable
 from unihub.store.writer import write_dataset
@@ -137,8 +140,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
             batch_size: int = 256, on_error: OnError = "raise", progress: bool | None = None, format_options: Mapping[str, Any] | None = None,
             engine: str = "local", master: str = "local[2]", spark: Any = None, workers: int = 1,
             validate_images: ValidateImages = "header", max_image_pixels: int | None | str = "current",
-            storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None) -> ConvertResult:
+            storage_options: Mapping[str, Any] | None = None, memory_budget_mb: float | None = None,
+            append: bool = False, tag: str | None = None) -> ConvertResult:
     """Convert ``src`` to ``dst``; see the module docstring. ``schema`` is a Unischema or a JSON file.
+
+    ``append=True`` adds the rows to the unihub dataset ``dst`` (made if missing) as its next version
+    (``tag`` names it; :mod:`unihub.store.versions`). From a foreign source it is incremental: only the
+    source files not yet in ``dst`` are converted (each version records its source files with size,
+    modification time and SHA-256), so running the same command again converts nothing; a file converted
+    before that has changed since is a :class:`~unihub.errors.SourceChangedError` before anything is
+    written. ``dst`` must have been started by ``append=True`` (else nothing says which files it holds).
 
     ``workers`` > 1 reads a foreign source of several files in that many forked processes,
     each writing the part files of its slice of the input (0: one per core); a single
@@ -171,7 +182,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                         row_group_size_mb=row_group_size_mb, part_size_mb=part_size_mb, batch_size=batch_size,
                         on_error=on_error, progress=progress, format_options=format_options, engine=engine,
                         master=master, spark=spark, workers=workers, validate_images=validate_images,
-                        storage_options=storage_options, memory_budget_mb=memory_budget_mb)
+                        storage_options=storage_options, memory_budget_mb=memory_budget_mb, append=append, tag=tag)
 
 
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
@@ -179,15 +190,20 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
              row_group_size_mb: float, part_size_mb: float, batch_size: int, on_error: OnError,
              progress: bool | None, format_options: Mapping[str, Any] | None,
              engine: str, master: str, spark: Any, workers: int, validate_images: ValidateImages,
-             storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None) -> ConvertResult:
+             storage_options: Mapping[str, Any] | None, memory_budget_mb: float | None, append: bool = False,
+             tag: str | None = None) -> ConvertResult:
     import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
     _settle(src, dst)
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
     workers, validate_images, budget = _run_options(engine, workers, validate_images, memory_budget_mb)
-    _check_request(dst, source_format, target_format, engine, overwrite=overwrite,
-                   overwrite_foreign=overwrite_foreign)
+    if append and (target_format != UNIHUB or overwrite or overwrite_foreign):
+        raise UnsupportedFormatError("--append (append=True) adds rows to a unihub dataset, without --overwrite; "
+                                     f"not to {target_format}")
+    if not append:
+        _check_request(dst, source_format, target_format, engine, overwrite=overwrite,
+                       overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
     options = dict(format_options or {})
@@ -199,6 +215,12 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         input_bytes = 0
     else:
         source = FORMATS.get(source_format)(src, **options)
+        fresh: list[versions.SourceFile] = []
+        if append:
+            source, fresh = _unconverted(source, dst, options)
+            if source is None:
+                return ConvertResult(src, dst, source_format, target_format, 0, time.perf_counter() - start,
+                                     notes=["nothing new: every source file is in the dataset already"])
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
@@ -211,7 +233,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
                           overwrite=overwrite, overwrite_foreign=overwrite_foreign,
                           row_group_size_mb=row_group_size_mb, part_size_mb=part_size_mb, batch_size=batch_size,
                           on_error=on_error, validate_images=validate_images, progress=progress,
-                          storage_options=dict(storage_options) if storage_options else None)
+                          storage_options=dict(storage_options) if storage_options else None,
+                          append=append, tag=tag, sources=fresh)
         batches, out_schema, extra, input_bytes = _foreign_batches(source, src, source_format, given,
                                                                    batch_size=batch_size, on_error=on_error,
                                                                    budget=budget)
@@ -228,7 +251,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
             # a schema the source inferred from these records fits them; a given one is checked row by row
             result = write_dataset(dst, out_schema, counted, batched=True, row_group_size_mb=row_group_size_mb,
                                    part_size_mb=part_size_mb, overwrite=overwrite, overwrite_foreign=overwrite_foreign, extra_metadata=extra,
-                                   validate=report is None or given is not None)
+                                   validate=report is None or given is not None,
+                                   mode="append" if append else "write", tag=tag)
             rows = result.num_rows
         else:
             _export(dst, target_format, out_schema, counted, write_options)
@@ -287,6 +311,28 @@ def _foreign_batches(source: Any, src: str, source_format: str, given: Unischema
     batches = read_ahead(source.read_batches(out_schema, batch_size=batch_size, on_error=on_error),
                          max_bytes=budget.read_ahead_bytes)
     return batches, out_schema, extra, input_bytes
+
+
+def _unconverted(source: Any, dst: str, options: dict[str, Any]) -> tuple[Any, list[versions.SourceFile]]:
+    """For ``convert --append``: a source of only the files not yet in ``dst`` (None: none), and those
+    files described (:func:`unihub.store.versions.new_sources`, which refuses a changed one)."""
+    fs, target = fsutil.resolve_filesystem(dst)
+    converted = versions.converted_sources(fs, target)
+    if not converted and versions.history(fs, target):
+        raise DatasetExistsError(f"{dst}: the dataset records no source files (it was not made by convert "
+                                 "--append), so the files already in it are unknown and converting them again "
+                                 "would repeat their rows; start an incremental dataset with convert --append, or "
+                                 "add rows with write_dataset(mode='append')")
+    for pattern in source.sources:  # a process that converted before lists the sources anew (fsspec caches)
+        if sources.is_url(pattern):
+            fs_src, inner = sources.filesystem(pattern)
+            publish.fresh(fs_src, re.split(r"[*?\[{]", inner, maxsplit=1)[0].rsplit("/", 1)[0])
+    fresh = versions.new_sources([absolute(f) for f in source.files()], converted)
+    if not fresh:
+        return None, []
+    if len(fresh) == len(source.files()):
+        return source, fresh
+    return type(source)([f.path for f in fresh], **options), fresh
 
 
 def _settle(src: str, dst: str) -> None:

@@ -12,6 +12,7 @@ the source is only read.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
@@ -27,6 +28,7 @@ from unihub.images import decoders as images
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.image_checks import ValidateImages
 from unihub.schema.unischema import Unischema
+from unihub.store import versions
 from unihub.store.dataset import list_data_files
 from unihub.store.ownership import check_replaceable
 from unihub.store.writer import check_part_size, finish_parts
@@ -37,17 +39,22 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
            master: str = "local[2]", spark: Any = None, overwrite: bool = False,
            overwrite_foreign: bool = False, row_group_size_mb: float = DEFAULT_ROW_GROUP_SIZE_MB,
            part_size_mb: float = DEFAULT_PART_SIZE_MB, batch_size: int = 256, on_error: OnError = "raise", validate_images: ValidateImages = "header",
-           progress: bool | None = None, storage_options: dict[str, Any] | None = None) -> ConvertResult:
+           progress: bool | None = None, storage_options: dict[str, Any] | None = None, append: bool = False,
+           tag: str | None = None, sources: Sequence[versions.SourceFile] = ()) -> ConvertResult:
     """Convert the foreign ``source`` into the unihub dataset ``dst`` (a path or URL) with ``engine``
     (``'local'``: forked workers for ``workers`` > 1 and several files holding enough bytes to pay for
     them, else this process, as ``notes`` in the result says; ``'spark'``).
     ``schema`` is the given one (records checked against it) or None (the source's). Each task writes
-    part files of at most ``part_size_mb`` (:func:`unihub.store.writer.write_parts`)."""
+    part files of at most ``part_size_mb`` (:func:`unihub.store.writer.write_parts`). ``append``: the rows
+    are published as the next version of ``dst`` (``tag``, the ``sources`` they came from recorded with it:
+    :func:`unihub.store.versions.commit_append`) instead of replacing it."""
     check_part_size(part_size_mb)
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
     publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
-    check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
+    if not append:
+        check_replaceable(fs, target, dst, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
+    commit = _committer(append, tag, sources)
     files = [absolute(f) for f in source.files()]  # tasks run in other working directories
     input_bytes = total_size(files)
     notes: list[str] = []
@@ -69,7 +76,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
                     part_size_mb=part_size_mb)
     with engine_for(engine, workers=workers, files=files, master=master, spark=spark) as runner:
         try:
-            rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes)
+            rows, skipped = _run(runner, source, files, fs, dst, target, plan, progress, input_bytes, commit)
         except SchemaOutgrown as exc:  # the sample's schema did not fit: again with the whole input's
             if not plan.observe:
                 raise
@@ -77,13 +84,21 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
             # the metadata of every record (the sample's would miss what only later records hold)
             rows, skipped = _run(runner, source, files, fs, dst, target,
                                  replace(plan, schema=full, observe=False, extra={**provenance, **source.metadata()}),
-                                 progress, input_bytes)
+                                 progress, input_bytes, commit)
     return ConvertResult(plan.src, dst, source.format_name, UNIHUB, rows, time.perf_counter() - start,
                          bytes_read=input_bytes, skipped=skipped, notes=notes + source.caveats())
 
 
+def _committer(append: bool, tag: str | None, sources: Sequence[versions.SourceFile]) -> Callable[..., Any]:
+    """How a run puts its staging area in place: replacing the target, or as its next version."""
+    if not append:
+        return lambda fs, staging, target, rows: publish.commit(fs, staging, target)
+    return lambda fs, staging, target, rows: versions.commit_append(fs, staging, target, tag=tag, sources=sources,
+                                                                      added_rows=rows)
+
+
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,
-         progress: bool | None, input_bytes: int) -> tuple[int, list[SkippedRecord]]:
+         progress: bool | None, input_bytes: int, commit: Callable[..., Any]) -> tuple[int, list[SkippedRecord]]:
     """Stage, run the tasks, finish and commit; the staging area is removed on any failure."""
     staging = fsutil.temporary_sibling(target)
     plan = replace(plan, staging=_url_of(dst, staging))
@@ -116,7 +131,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         extra = {**extra, **skipped_metadata(skipped)}
         finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
-        publish.commit(fs, staging, target)  # an old target is moved aside, and back if this fails
+        commit(fs, staging, target, rows)  # an old target is moved aside, and back if this fails
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise

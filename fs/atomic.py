@@ -261,6 +261,12 @@ def _exchange(a: str, b: str) -> bool:
     return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
+def rename_noreplace(src: str, dest: str) -> None:
+    """Rename ``src`` to ``dest`` unless ``dest`` exists (then FileExistsError): a new dataset put in place
+    where another may have been made meanwhile (:mod:`unihub.store.versions`)."""
+    _rename_noreplace(src, dest)
+
+
 def _rename_noreplace(src: str, dest: str) -> None:
     """Rename ``src`` to ``dest``, FileExistsError if ``dest`` exists (checked and renamed at once where
     the system can)."""

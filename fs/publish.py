@@ -42,6 +42,12 @@ from unihub.fs.uploads import abort_uploads, uploading
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
+#: columns added beside the parts (store/column_sets.py): the record lists its files under "files"
+COLUMNS_RECORD = "_unihub_columns.json"
+#: a dataset's version records (:mod:`unihub.store.versions`): ``<root>/_unihub_versions/<number>.json``
+VERSIONS_DIR = "_unihub_versions"
+#: where a file a newer version no longer lists is kept for the older ones: ``<root>/_unihub_versions/retired/<rel>``
+RETIRED_DIR = f"{VERSIONS_DIR}/retired"
 VERSION = 1
 _RUN = re.compile(r"unihub-(?P<run>[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6})")
 
@@ -91,7 +97,12 @@ def _files(fs: pafs.FileSystem, root: str) -> list[str]:
     root = root.rstrip("/")
     fresh(fs, root)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    return sorted(e.path[len(root):].lstrip("/") for e in fs.get_file_info(selector) if e.type == pafs.FileType.File)
+    try:
+        listing = fs.get_file_info(selector)
+    except NotADirectoryError:  # fsspec: made between its "is it a folder?" and "does it exist?": ask again
+        fresh(fs, root)
+        listing = fs.get_file_info(selector)
+    return sorted(e.path[len(root):].lstrip("/") for e in listing if e.type == pafs.FileType.File)
 
 
 def _is_data(rel: str) -> bool:
@@ -195,7 +206,7 @@ def _settle_object_store(fs: pafs.FileSystem, target: str) -> None:
     manifest = read_manifest(fs, target)
     if manifest is None:
         return
-    if _remove_unlisted(fs, target) and not manifest.parts:
+    if _remove_unlisted(fs, target) and not manifest.parts and not version_records(fs, target, manifest.run):
         fsutil.remove(fs, target)  # a first write that was never published: nothing is left of it
 
 
@@ -218,17 +229,53 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     manifest = read_manifest(fs, target)
     if manifest is None:
         return False
-    listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata}
+    present = _files(fs, target)
+    # the records read after the listing: an append whose record lands meanwhile keeps its files (one still
+    # under way keeps them as a live run)
+    listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata,
+              *versioned_files(fs, target, manifest.run)}
+    # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them,
+    # and the replaced history's files, even those a live run (this process: an add, an append) wrote
+    columns = _columns_files(fs, target)
+    if replaced is None:
+        listed |= columns
+    else:
+        columns |= versioned_files(fs, target, replaced)
     live = False
-    for rel in _files(fs, target):
+    for rel in present:
         if rel in listed:
             continue
         found = _RUN.search(posixpath.basename(rel))
-        if found is not None and found["run"] not in (manifest.run, replaced) and _alive(found["run"]):
+        if found is not None and found["run"] not in (manifest.run, replaced) and rel not in columns \
+                and _alive(found["run"]):
             live = True
             continue
         fs.delete_file(f"{target}/{rel}")
     return not live
+
+
+def _columns_files(fs: pafs.FileSystem, target: str) -> set[str]:
+    """The column-set record and the files it lists (store/column_sets.py), relative to ``target``."""
+    path = f"{target}/{COLUMNS_RECORD}"
+    try:
+        with fs.open_input_stream(path) as handle:
+            files = json.loads(handle.read())["files"]
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return set()
+        raise  # not known: nothing is removed
+    return {COLUMNS_RECORD, *(str(f) for f in files)}
+
+
+def run_of(name: str) -> str | None:
+    """The run named in a file name unihub gave (``unihub-<run>-...``), else None."""
+    found = _RUN.search(posixpath.basename(name))
+    return found["run"] if found is not None else None
+
+
+def run_alive(run: str) -> bool:
+    """Whether the run named ``<where>-<pid>-<start>-<random>`` may still be at work."""
+    return _alive(run)
 
 
 def _alive(run: str) -> bool:
@@ -237,6 +284,164 @@ def _alive(run: str) -> bool:
     if match is None:
         return True  # not a name unihub makes: never touched
     return atomic.owner_alive(match[1], int(match[2]), int(match[3]))
+
+
+# -- version records: the files they keep, and publishing one (the rest is unihub.store.versions) ----------
+def record_files(record: dict[str, Any]) -> set[str]:
+    """The files (relative to the dataset root) one version record lists: its parts, its
+    ``_common_metadata`` copy and the files of its column sets."""
+    files = {*record.get("parts", ()), *(f for s in record.get("column_sets", ()) for f in s.get("files", ()))}
+    if record.get("common_metadata"):
+        files.add(record["common_metadata"])
+    return files
+
+
+def version_records(fs: pafs.FileSystem, root: str, base: str | None) -> dict[str, dict[str, Any]]:
+    """The version records at ``root`` (relative path -> parsed JSON) that belong to the published history:
+    those whose ``base`` is ``base`` (the manifest's run; an overwrite starts a history of its own). A record
+    that is not JSON is a FormatError naming it."""
+    found = {}
+    for rel in version_record_names(fs, root):
+        record = read_version_record(fs, root, rel)
+        if record.get("base") == base:
+            found[rel] = record
+    return found
+
+
+def version_record_names(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The version records at ``root`` (paths relative to it), oldest first (one listing)."""
+    root = root.rstrip("/")
+    return [f"{VERSIONS_DIR}/{rel}" for rel in files_under(fs, f"{root}/{VERSIONS_DIR}")
+            if re.fullmatch(r"\d{8}\.json", rel)]
+
+
+def read_version_record(fs: pafs.FileSystem, root: str, rel: str) -> dict[str, Any]:
+    """One version record (``rel`` from :func:`version_record_names`), parsed; not JSON: a FormatError."""
+    path = f"{root.rstrip('/')}/{rel}"
+    raw = _read_listed(fs, path)
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise FormatError(f"{path}: not a unihub version record ({exc})", path=path) from exc
+    return record
+
+
+def _read_listed(fs: pafs.FileSystem, path: str) -> bytes:
+    """The bytes of a file a listing just showed; an fsspec filesystem that says it is missing (its cache of
+    the folder older than the listing) forgets everything it cached and is asked again."""
+    try:
+        with fs.open_input_stream(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        invalidate = getattr(getattr(getattr(fs, "handler", None), "fs", None), "invalidate_cache", None)
+        if invalidate is None:
+            raise
+        invalidate()
+        with fs.open_input_stream(path) as handle:
+            return handle.read()
+
+
+def versioned_files(fs: pafs.FileSystem, root: str, base: str | None) -> set[str]:
+    """The records of ``root``'s published history and every file they list (kept by :func:`settle`)."""
+    records = version_records(fs, root, base)
+    files = {f for record in records.values() for f in record_files(record)}
+    return {*records, *files, *(f"{RETIRED_DIR}/{f}" for f in files)}
+
+
+def files_under(fs: pafs.FileSystem, root: str) -> list[str]:
+    """Every file under ``root``, relative to it (one recursive listing; none where it is missing)."""
+    return _files(fs, root)
+
+
+def is_data(rel: str) -> bool:
+    """Whether a path relative to a dataset root names a data file (no part starts with '_' or '.')."""
+    return _is_data(rel)
+
+
+def adopt(fs: pafs.FileSystem, target: str) -> Manifest:
+    """``target``'s manifest, written first where it has none (listing what it holds: maybe nothing)."""
+    return _adopt(fs, target)
+
+
+#: a claim (:func:`put_if_absent` where the store has no conditional write) older than this is a dead one
+CLAIM_STALE_SECONDS = 600.0
+
+
+def put_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
+    """Write ``data`` at ``path`` unless something is there; False when something was (or another writer
+    claimed it at the same moment). One atomic step where the filesystem has one: a hard link on a local
+    disk (``os.link`` refuses an existing name), a conditional PUT (``If-None-Match: *``) through an fsspec
+    filesystem whose ``pipe_file`` takes ``mode="create"`` (s3fs). Elsewhere (pyarrow's own S3 and GCS
+    clients have no conditional write) a check after writing: the writer PUTs a claim beside ``path``,
+    lists the claims, and writes ``path`` only if its claim is the only one and ``path`` is absent (of two
+    writers at most one sees only its own claim, the listing being consistent after a write; both may be
+    refused, and retry)."""
+    if fsutil.on_local_disk(fs):
+        return _link_if_absent(path, data)
+    handler_fs = getattr(getattr(fs, "handler", None), "fs", None)
+    if handler_fs is not None and _creates_exclusively(handler_fs):
+        try:
+            handler_fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+    return _claim_and_put(fs, path, data)
+
+
+def _link_if_absent(path: str, data: bytes) -> bool:
+    temporary = f"{path}.unihub-{atomic.run_id()}.tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        atomic.remove(temporary)
+
+
+def _creates_exclusively(handler_fs: Any) -> bool:
+    """Whether an fsspec filesystem's ``pipe_file`` names a ``mode`` (``'create'``: refuse an existing file);
+    one that only passes ``**kwargs`` on may ignore it, so it does not count."""
+    import inspect
+
+    method = getattr(handler_fs, "_pipe_file", None) or getattr(handler_fs, "pipe_file", None)
+    if method is None:
+        return False
+    try:
+        return "mode" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _claim_and_put(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
+    import time
+
+    claim = f"{path}.unihub-{atomic.run_id()}.claim"
+    parent, name = posixpath.split(path)
+    with fs.open_output_stream(claim) as handle:
+        handle.write(b"")
+    try:
+        fresh(fs, parent)
+        now = time.time()
+        listing = fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+        others = [e for e in listing if e.path != claim and posixpath.basename(e.path).startswith(f"{name}.unihub-")
+                  and e.path.endswith(".claim")
+                  and (e.mtime is None or now - e.mtime.timestamp() < CLAIM_STALE_SECONDS)]
+        if others or any(e.path == path for e in listing):
+            return False
+        with fs.open_output_stream(path) as handle:
+            handle.write(data)
+        return True
+    finally:
+        fsutil.remove(fs, claim)
 
 
 def missing_part(path: str) -> DatasetChangedError:

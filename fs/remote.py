@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +60,9 @@ _PYARROW_MARKERS = ("AWS Error", "curlCode", "google::cloud::Status", "GCS Error
 _MESSAGE_LIMIT = 400
 F = TypeVar("F", bound=Callable[..., Any])
 _CUT_SHORT = frozenset({"ClientPayloadError", "IncompleteRead", "IncompleteReadError", "ResponseStreamingError"})
+#: what pyarrow's S3 filesystem raises, unretried, where the AWS SDK could not put an answer into the
+#: buffer of a ranged read: an error body longer than the range (S3's 503 "Slow Down" to an 8-byte read)
+_UNRETRIED_SDK = ("Failed to flush response stream",)
 
 
 @dataclass(frozen=True)
@@ -124,15 +128,24 @@ def configure_fsspec(fs: Any) -> Any:
 
 
 def read_retrying(read: Any, retries: int) -> Any:
-    """``read()``, again up to ``retries`` times while the answer is cut short after its headers (a
-    read of an fsspec file moves its position only when it succeeds, so it can be repeated)."""
+    """``read()``, again up to ``retries`` times (after :func:`backoff`) while it fails in a way its
+    client does not retry: an answer cut short after its headers (a read of an fsspec file moves its
+    position only when it succeeds, so it can be repeated), or pyarrow's S3 read that could not take
+    an error answer (:func:`is_unretried`)."""
     for attempt in range(retries + 1):
         try:
             return read()
         except Exception as exc:
-            if attempt == retries or not is_cut_short(exc):
+            if attempt == retries or not is_unretried(exc):
                 raise
-            time.sleep(min(0.1 * 2**attempt, 2.0))
+            time.sleep(backoff(attempt))
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before trying again after failed attempt ``attempt`` (from 0): exponential from
+    0.1 s, at most 2 s, half of it random (jitter: clients that failed together do not retry together)."""
+    ceiling = min(0.1 * 2**attempt, 2.0)
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
 def read_range(filesystem: pafs.FileSystem, path: str, start: int, stop: int,
@@ -171,6 +184,17 @@ def reads_ranges(filesystem: pafs.FileSystem) -> bool:
 def is_cut_short(exc: BaseException) -> bool:
     """True for an HTTP answer whose body ended before its length (aiohttp's, botocore's or http.client's)."""
     return any(cls.__name__ in _CUT_SHORT for cls in type(exc).__mro__)
+
+
+def is_unretried(exc: BaseException) -> bool:
+    """True for a transient failure its client gave up on at once: an answer cut short, or pyarrow's S3
+    read whose error answer (a 5xx, throttling) did not fit the range asked."""
+    return is_cut_short(exc) or (is_sdk_failure(exc) and any(marker in str(exc) for marker in _UNRETRIED_SDK))
+
+
+def default_retries() -> int:
+    """The retries of this process's settings (``UNIHUB_REMOTE_RETRIES``, else the default)."""
+    return split_settings(None)[0].retries
 
 
 def before_upload(fs: Any) -> None:
@@ -276,23 +300,39 @@ def is_sdk_failure(exc: BaseException) -> bool:
         any(marker in str(exc) for marker in _PYARROW_MARKERS)
 
 
-def as_remote_error(exc: BaseException, url: str, *, broad: bool = False) -> RemoteStorageError | None:
+def as_remote_error(exc: BaseException, url: str, *, broad: bool = False,
+                    detail: str | None = None) -> RemoteStorageError | None:
     """``exc`` as a :class:`RemoteStorageError` naming ``url``, or None when it is no remote failure.
 
     Only pyarrow's SDK errors count, unless ``broad`` (for calls that go to an fsspec filesystem
-    and nowhere else: there any network or timeout error is the store's)."""
+    and nowhere else: there any network or timeout error is the store's). ``detail`` (what was being
+    read: ``"row group 3, bytes 4-1027"``) follows the URL in the message, also in a
+    ``RemoteStorageError`` raised before (by the filesystem, which knows the file but not the why)."""
     if isinstance(exc, RemoteStorageError):
-        return exc
+        return exc if detail is None else _with_detail(exc, public_url(url), detail)
     if not (is_remote_failure(exc) if broad else is_sdk_failure(exc)):
         return None
     url = public_url(url)
     text = " ".join(str(exc).split()) or "no message"
     if len(text) > _MESSAGE_LIMIT:
         text = text[:_MESSAGE_LIMIT] + " ..."
+    where = f"{url}: {detail}" if detail else url
     return RemoteStorageError(
-        f"{url}: the remote store failed ({type(exc).__name__}: {text}); gave up after the retries "
+        f"{where}: the remote store failed ({type(exc).__name__}: {text}); gave up after the retries "
         f"(how long a request waits and how often it is retried: {TIMEOUT_ENV}, {RETRIES_ENV} or "
         f"storage_options {TIMEOUT_OPTION!r}, {RETRIES_OPTION!r})", url=url)
+
+
+def _with_detail(exc: RemoteStorageError, url: str, detail: str) -> RemoteStorageError:
+    """``exc`` again, with ``detail`` after the URL it begins with (or before its message)."""
+    message, named = str(exc), exc.url or url
+    if f": {detail}: " in message:
+        return exc
+    head = f"{named}: "
+    message = f"{head}{detail}: {message[len(head):]}" if message.startswith(head) else f"{url}: {detail}: {message}"
+    error = RemoteStorageError(message, url=named)
+    error.__cause__ = exc.__cause__
+    return error
 
 
 @contextmanager

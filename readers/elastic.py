@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from unihub.errors import ReaderStateError
 from unihub.readers import plan as planning
 
@@ -119,6 +121,79 @@ def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: 
         return planning.RankProgress(config, done, epoch + 1, 0, extra)
     rows = sum(t.num_rows for t in tasks[:task]) + offset
     return planning.RankProgress(config, done, epoch, rows, extra)
+
+
+class Drops:
+    """Rows of a reader's stream, after the position of the state it resumed from, to pass over: those a loader
+    had delivered ahead of the position (a state's ``skip``: the next rows; ``exclude``: the rows at ``skip + x``
+    offsets). Offsets count the rows the reader would deliver from that position on, across batches and epochs;
+    :attr:`next` is the offset of the next row a batch is read from (or of the position while none is)."""
+
+    __slots__ = ("below", "rows", "next")
+
+    def __init__(self, skip: int, rows: np.ndarray) -> None:
+        self.below = skip  # every offset below this is dropped
+        self.rows = rows  # and these (sorted, unique, each >= below)
+        self.next = 0
+
+    @classmethod
+    def of_state(cls, state: Mapping[str, Any]) -> Drops | None:
+        """The rows ``state`` says to pass over; None where it says none. :class:`ReaderStateError` where its
+        ``skip`` is not an int >= 0 or its ``exclude`` not a list of them."""
+        skip, exclude = state.get("skip", 0), state.get("exclude", [])
+        if not _count(skip) or not isinstance(exclude, (list, tuple)) or not all(_count(x) for x in exclude):
+            raise ReaderStateError("the reader state's 'skip' is not an int >= 0 or its 'exclude' not a list of "
+                                   "them; pass what state_dict() returned")
+        if not skip and not exclude:
+            return None
+        return cls(int(skip), np.unique(np.asarray(exclude, dtype=np.int64)) + int(skip))
+
+    def within(self, start: int, stop: int) -> np.ndarray | None:
+        """Offsets (from ``start``) of the rows to drop among the stream's rows ``[start, stop)``, None where
+        there is none; those before ``start`` are forgotten (passed)."""
+        rows = self.rows
+        if rows.size and rows[0] < start:
+            rows = self.rows = rows[np.searchsorted(rows, start):]
+        head = max(0, min(self.below, stop) - start)
+        inside = rows[:np.searchsorted(rows, stop)] - start
+        if not head and not inside.size:
+            return None
+        return np.concatenate([np.arange(head, dtype=np.int64), inside]) if head else inside
+
+    def passed(self, at: int) -> bool:
+        """Whether no row at offset ``at`` or after it is to drop."""
+        return self.below <= at and (not self.rows.size or int(self.rows[-1]) < at)
+
+    def state_keys(self, at: int) -> dict[str, Any]:
+        """``skip`` and ``exclude`` of a state whose position is offset ``at``."""
+        rows = self.rows[np.searchsorted(self.rows, at):] - at
+        skip = max(0, self.below - at)
+        run = int(np.searchsorted(rows - np.arange(rows.size), skip, side="right")) if rows.size else 0
+        skip += run  # rows at skip, skip + 1, ... right after the skipped ones are skipped too
+        return {"skip": skip, "exclude": (rows[run:] - skip).tolist()}
+
+    def kept(self, delivered: np.ndarray) -> np.ndarray:
+        """The offsets of the rows delivered ``delivered``-th (counts from 0 of the rows not dropped)."""
+        rows = self.rows - self.below
+        return self.below + delivered + np.searchsorted(rows - np.arange(rows.size), delivered, side="right")
+
+
+def with_delivered_after(state: Mapping[str, Any], skip: int, exclude: Sequence[int]) -> dict[str, Any]:
+    """``state`` with the rows a loader delivered after it added to those it passes over: the next ``skip`` rows and
+    those ``exclude`` offsets after them, counted in the rows the reader delivers (past those ``state`` passes over
+    already, if it names any)."""
+    rows = np.union1d(np.arange(skip, dtype=np.int64), skip + np.asarray(exclude, dtype=np.int64))
+    drops = Drops.of_state(state)
+    if drops is not None:  # the loader's rows are the reader's after the rows it passed over
+        rows = np.union1d(np.union1d(drops.kept(rows), drops.rows), np.arange(drops.below, dtype=np.int64))
+    if not rows.size:
+        return dict(state, skip=0, exclude=[])
+    return dict(state, **Drops(0, rows).state_keys(0))
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def check_one_run(states: Sequence[Any], version: int, order_of: Any) -> int:

@@ -7,6 +7,10 @@ On disk::
                                        for one column selection, as an Arrow IPC file
       .3f9a...c1.<pid>.<random>.tmp    an entry being written, renamed onto its name when complete
       .lock                            serialises commits and eviction between threads and processes
+      .3f9a...c1.fetch                 held (``flock``) by the one thread or process reading that row group
+                                       from the store; the others wait for it, then read the entry
+      .stats/<token>-<pid>.bin         what each process's cache did (hits, misses, bytes...), summed by
+                                       :meth:`LocalDiskCache.node_stats`
 
 An entry's name is a hash of its key: the dataset URL, the data file's path, size and
 modification time (where the filesystem reports one), the row group's index in the file,
@@ -18,6 +22,13 @@ process) ever sees a partial entry; they are uncompressed by default so a hit me
 the file instead of reading it (``compression='lz4'`` or ``'zstd'`` trades CPU for disk).
 A file that does not open as the expected entry (truncated, corrupt, someone else's) is
 removed and the row group read from the store again.
+
+One download per node: any number of threads, worker processes and ranks on one machine may share
+one ``cache_location``. A miss takes the entry's ``.fetch`` lock before it reads the store, so a row
+group missing everywhere is read from the store once: the others wait for the lock (at most
+``fetch_wait_seconds``, 120 by default, then they read it themselves) and are served the entry. A
+fetcher that dies (even by SIGKILL) releases its lock with its last descriptor: the next waiter
+takes the row group over. Where ``fcntl`` is missing (Windows) every miss reads the store.
 
 After each commit the directory is trimmed to ``size_limit_bytes``, least recently used
 entries first: a hit refreshes the entry's modification time, which serves as the access
@@ -33,16 +44,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import pickle
 import secrets
 import shutil
+import struct
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -66,6 +79,10 @@ _POLICIES = ("least-recently-used", "least-recently-stored", "none")
 _COMPRESSIONS = (None, "lz4", "zstd")
 # diskcache settings Petastorm passed through: accepted and unused.
 _IGNORED_SETTINGS = {"disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
+_FETCH_SUFFIX = ".fetch"
+_STATS_DIR = ".stats"
+_FOLDED_STATS = "node.bin"  # the counts of processes that have ended, folded into one file
+DEFAULT_FETCH_WAIT_SECONDS = 120.0
 _KIND_KEY = b"unihub.cache.kind"  # entries of get(key, fill_cache_func): an Arrow table, or a pickled value
 _IGNORED_PREFIXES = ("sqlite_", "disk_")
 
@@ -76,13 +93,28 @@ class CacheConfigError(UnihubError, ValueError):
 
 @dataclass
 class CacheStats:
-    """What this process's cache object did (approximate under threads; each process counts its own)."""
+    """What this process's cache object did (approximate under threads; each process counts its own,
+    and :meth:`LocalDiskCache.node_stats` sums them over the machine).
+
+    ``hits``: look-ups served from the directory (``waits`` of them after waiting for another's
+    fetch); ``misses``: look-ups that were not, ``fetches`` of which read the store; ``bytes_fetched``
+    and ``bytes_served``: the Arrow buffers' bytes read from the store and served from the directory
+    (``get_total_buffer_size``: ``nbytes`` costs 30 us a table, a sixth of a hit)."""
 
     hits: int = 0
     misses: int = 0
     writes: int = 0
     evictions: int = 0
     discarded: int = 0
+    fetches: int = 0
+    waits: int = 0
+    bytes_fetched: int = 0
+    bytes_served: int = 0
+
+
+_COUNTERS = tuple(f.name for f in fields(CacheStats))
+_VALUES = operator.attrgetter(*_COUNTERS)
+_STATS_FORMAT = struct.Struct(f"<{len(_COUNTERS)}Q")
 
 
 class LocalDiskCache(CacheBase):
@@ -103,7 +135,7 @@ class LocalDiskCache(CacheBase):
     def __init__(self, location: str | os.PathLike[str] | None, size_limit_bytes: int | None,
                  row_size_estimate: int | None = None, shards: int = 1, cleanup: bool = True, *,
                  compression: str | None = None, eviction_policy: EvictionPolicy = "least-recently-used",
-                 **settings: Any) -> None:
+                 fetch_wait_seconds: float = DEFAULT_FETCH_WAIT_SECONDS, **settings: Any) -> None:
         self.location = _local_directory(location)
         size_limit = _checked_size_limit(size_limit_bytes, shards, row_size_estimate, eviction_policy)
         compression = _checked_options(compression, eviction_policy, settings)
@@ -112,7 +144,11 @@ class LocalDiskCache(CacheBase):
         self.cleanup_on_exit = bool(cleanup)
         self.compression = compression
         self.eviction_policy: EvictionPolicy = eviction_policy
+        self.fetch_wait_seconds = _checked_wait(fetch_wait_seconds)
         self.stats = CacheStats()
+        self._token = secrets.token_hex(4)  # names the stats files of this object and its copies in workers
+        self._stats_fd: int | None = None
+        self._stats_pid = os.getpid()
         self._lock_path = os.path.join(self.location, ".lock")
         self._write_options = pa.ipc.IpcWriteOptions(compression=compression)
         self._files: dict[int, tuple[ParquetStore, dict[str, FileInfo]]] = {}
@@ -129,13 +165,20 @@ class LocalDiskCache(CacheBase):
         key = self.key(store, row_group, columns)
         digest = hashlib.sha256(key.encode()).hexdigest()
         path = os.path.join(self.location, digest[:40] + _SUFFIX)
-        table = self._load(path, digest, columns, store.row_groups[row_group].num_rows)
+        num_rows = store.row_groups[row_group].num_rows
+        table = self._load(path, digest, columns, num_rows)
         if table is not None:
-            self.stats.hits += 1
+            self._count(hits=1, bytes_served=table.get_total_buffer_size())
             return table
-        self.stats.misses += 1
-        table = store.read_row_group(row_group, columns)
-        self._store(path, digest, table)
+        with _fetch_lock(path, self.fetch_wait_seconds) as waited:
+            table = self._load(path, digest, columns, num_rows)  # another's fetch may have stored it meanwhile
+            if table is not None:
+                self._count(hits=1, waits=int(waited), bytes_served=table.get_total_buffer_size())
+                return table
+            self._count(misses=1)
+            table = store.read_row_group(row_group, columns)
+            self._count(fetches=1, bytes_fetched=table.get_total_buffer_size())
+            self._store(path, digest, table)
         return table
 
     def get(self, key: Any, fill_cache_func: Callable[[], Any]) -> Any:
@@ -146,26 +189,105 @@ class LocalDiskCache(CacheBase):
         path = os.path.join(self.location, digest[:40] + _SUFFIX)
         table = self._load(path, digest)
         if table is not None:
-            self.stats.hits += 1
-            kind = (table.schema.metadata or {}).get(_KIND_KEY)
-            return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else table
-        self.stats.misses += 1
-        value = fill_cache_func()
-        if isinstance(value, pa.Table):
-            entry = value.replace_schema_metadata({**(value.schema.metadata or {}), _KIND_KEY: b"table"})
-        else:
-            entry = pa.table({"value": pa.array([pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)])})
-            entry = entry.replace_schema_metadata({_KIND_KEY: b"pickle"})
-        self._store(path, digest, entry)
+            self._count(hits=1, bytes_served=table.get_total_buffer_size())
+            return _value_of(table)
+        with _fetch_lock(path, self.fetch_wait_seconds) as waited:
+            table = self._load(path, digest)
+            if table is not None:
+                self._count(hits=1, waits=int(waited), bytes_served=table.get_total_buffer_size())
+                return _value_of(table)
+            self._count(misses=1)
+            value = fill_cache_func()
+            if isinstance(value, pa.Table):
+                entry = value.replace_schema_metadata({**(value.schema.metadata or {}), _KIND_KEY: b"table"})
+            else:
+                entry = pa.table({"value": pa.array([pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)])})
+                entry = entry.replace_schema_metadata({_KIND_KEY: b"pickle"})
+            self._count(fetches=1, bytes_fetched=entry.get_total_buffer_size())
+            self._store(path, digest, entry)
         return value
 
     def key(self, store: ParquetStore, row_group: int, columns: Sequence[str]) -> str:
         """The identity of (dataset file, row group, column selection), as a JSON string."""
         info = store.row_groups[row_group]
         file = self._file_info(store, info.path)
-        return json.dumps([_KEY_VERSION, store.url, info.path, file.size_bytes if file else None,
-                           getattr(file, "mtime_ns", None), info.row_group, info.num_rows, info.total_byte_size,
-                           [list(p) for p in info.partition], sorted(set(columns))], separators=(",", ":"))
+        key = [_KEY_VERSION, store.url, info.path, file.size_bytes if file else None,
+               getattr(file, "mtime_ns", None), info.row_group, info.num_rows, info.total_byte_size,
+               [list(p) for p in info.partition], sorted(set(columns))]
+        added = store.side.identity(columns) if store.side is not None else []
+        return json.dumps(key + [added] if added else key, separators=(",", ":"))  # a backfill: new side files
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def node_stats(self) -> dict[str, int]:
+        """What every process that used this directory did, summed (:class:`CacheStats`' counters),
+        with the ``entries`` and ``bytes`` now on disk and the ``size_limit_bytes``; the files of
+        processes that have ended are folded into one on the way."""
+        self._fold_ended()
+        totals = _sum_stats(self._stats_files())
+        entries = list(self._entries())
+        return {**totals, "entries": len(entries), "bytes": sum(size for _, _, size in entries),
+                "size_limit_bytes": self.size_limit_bytes}
+
+    def reader_stats(self) -> dict[str, int]:
+        """What this cache object and its copies in worker processes did, summed (until another process
+        folds the files of those that ended into the node's)."""
+        return _sum_stats(p for p in self._stats_files() if os.path.basename(p).startswith(self._token + "-"))
+
+    def summary(self) -> dict[str, Any]:
+        """``{"location", "reader": reader_stats(), "node": node_stats()}``: what ``Reader.cache_stats`` shows."""
+        return {"location": self.location, "reader": self.reader_stats(), "node": self.node_stats()}
+
+    def _count(self, **deltas: int) -> None:
+        """Add to this process's counters and write them to its stats file (one ``pwrite``)."""
+        if self._stats_pid != os.getpid():  # a forked or unpickled copy counts from zero in its own file
+            self.stats, self._stats_fd, self._stats_pid = CacheStats(), None, os.getpid()
+        stats = self.stats
+        for name, value in deltas.items():
+            setattr(stats, name, getattr(stats, name) + value)
+        fd = self._stats_fd if self._stats_fd is not None else self._open_stats()
+        if fd is not None:
+            try:
+                os.pwrite(fd, _STATS_FORMAT.pack(*_VALUES(stats)), 0)
+            except OSError:
+                pass
+
+    def _open_stats(self) -> int | None:
+        directory = os.path.join(self.location, _STATS_DIR)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self._stats_fd = os.open(os.path.join(directory, f"{self._token}-{os.getpid()}.bin"),
+                                     os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            self._stats_fd = -1  # statistics are best effort: reading goes on without them
+        return self._stats_fd if self._stats_fd >= 0 else None
+
+    def _stats_files(self) -> list[str]:
+        directory = os.path.join(self.location, _STATS_DIR)
+        try:
+            return [os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".bin")]
+        except OSError:
+            return []
+
+    def _fold_ended(self) -> None:
+        """Add the counts of processes that have ended (other than this object's copies) to ``node.bin``
+        and remove their files, so the directory holds one stats file per live process."""
+        ended = [p for p in self._stats_files() if _ended(os.path.basename(p), self._token)]
+        if not ended or fcntl is None:
+            return
+        folded = os.path.join(self.location, _STATS_DIR, _FOLDED_STATS)
+        with _directory_lock(self._lock_path):
+            ended = [p for p in ended if os.path.exists(p)]
+            totals = _sum_stats([folded, *ended])
+            temporary = f"{folded}.{os.getpid()}.tmp"
+            try:
+                with open(temporary, "wb") as handle:
+                    handle.write(_STATS_FORMAT.pack(*(totals[name] for name in _COUNTERS)))
+                os.replace(temporary, folded)
+            except OSError:
+                _remove_quietly(temporary)
+                return
+            for path in ended:
+                _remove_quietly(path)
 
     # -- maintenance --------------------------------------------------------------------------------
     def volume(self) -> int:
@@ -189,6 +311,8 @@ class LocalDiskCache(CacheBase):
                 shutil.rmtree(self.location)
             else:
                 for name in own:
+                    if name == _STATS_DIR:
+                        shutil.rmtree(os.path.join(self.location, name), ignore_errors=True)
                     _remove_quietly(os.path.join(self.location, name))
         except FileNotFoundError:
             pass  # already gone
@@ -198,6 +322,7 @@ class LocalDiskCache(CacheBase):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_files"] = {}
+        state["_stats_fd"], state["_stats_pid"] = None, None  # the copy counts in its own file
         state.pop("_write_options")
         return state
 
@@ -233,7 +358,7 @@ class LocalDiskCache(CacheBase):
         except FileNotFoundError:
             return None
         except (OSError, ValueError, pa.ArrowException):
-            self.stats.discarded += 1
+            self._count(discarded=1)
             _remove_quietly(path)  # truncated, corrupt or foreign: read the row group again
             return None
         if self.eviction_policy == "least-recently-used":
@@ -272,7 +397,7 @@ class LocalDiskCache(CacheBase):
                 return
             os.replace(temporary, path)
             _touch(path)
-            self.stats.writes += 1
+            self._count(writes=1)
             if self.eviction_policy != "none":
                 self._evict(keep=os.path.basename(path))
 
@@ -285,8 +410,9 @@ class LocalDiskCache(CacheBase):
                     if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."):
                         stat = entry.stat()
                         yield stat.st_mtime_ns, entry.name, stat.st_size
-                    elif entry.name.endswith(".tmp") and now - entry.stat().st_mtime > _STALE_TEMP_SECONDS:
-                        _remove_quietly(entry.path)  # left by a writer that died
+                    elif entry.name.endswith((".tmp", _FETCH_SUFFIX)) and \
+                            now - entry.stat().st_mtime > _STALE_TEMP_SECONDS:
+                        _remove_quietly(entry.path)  # left by a writer or fetcher that died
                 except FileNotFoundError:
                     continue  # evicted or discarded meanwhile
 
@@ -301,7 +427,7 @@ class LocalDiskCache(CacheBase):
                 continue
             try:
                 os.remove(os.path.join(self.location, name))
-                self.stats.evictions += 1
+                self._count(evictions=1)
             except FileNotFoundError:
                 pass
             except OSError:
@@ -342,8 +468,9 @@ def _checked_options(compression: str | None, eviction_policy: Any, settings: di
         raise CacheConfigError(f"eviction_policy must be one of {list(_POLICIES)}, got {eviction_policy!r}")
     unknown = sorted(k for k in settings if k not in _IGNORED_SETTINGS and not k.startswith(_IGNORED_PREFIXES))
     if unknown:
-        raise CacheConfigError(f"unknown cache_extra_settings {unknown}; valid: 'compression', "
-                               f"'eviction_policy' (and Petastorm's diskcache settings, which are ignored)")
+        raise CacheConfigError(f"unknown cache_extra_settings {unknown}; valid: 'compression', 'eviction_policy', "
+                               f"'fetch_wait_seconds', 'cleanup' (and Petastorm's diskcache settings, which are "
+                               f"ignored)")
     return compression
 
 
@@ -361,9 +488,51 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
 
 
 def _is_own_file(name: str) -> bool:
-    """Whether a name in the cache directory is the cache's: an entry, a temporary file or the lock."""
+    """Whether a name in the cache directory is the cache's: an entry, a temporary file, a fetch lock,
+    the lock or the statistics."""
     return (name.endswith(_SUFFIX) and not name.startswith(".")) or \
-        (name.startswith(".") and name.endswith(".tmp")) or name == ".lock"
+        (name.startswith(".") and name.endswith((".tmp", _FETCH_SUFFIX))) or name in (".lock", _STATS_DIR)
+
+
+def _checked_wait(seconds: Any) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise CacheConfigError(f"fetch_wait_seconds must be a number of seconds >= 0, got {seconds!r}")
+    return float(seconds)
+
+
+def _value_of(table: pa.Table) -> Any:
+    """What :meth:`LocalDiskCache.get` stored: the table, or the pickled value in it."""
+    kind = (table.schema.metadata or {}).get(_KIND_KEY)
+    return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else table
+
+
+def _sum_stats(paths: Iterable[str]) -> dict[str, int]:
+    """The counters of these stats files, summed (a file missing or short counts what it has)."""
+    totals = dict.fromkeys(_COUNTERS, 0)
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(_STATS_FORMAT.size)
+        except OSError:
+            continue
+        data = data.ljust(_STATS_FORMAT.size, b"\0")
+        for name, value in zip(_COUNTERS, _STATS_FORMAT.unpack(data)):
+            totals[name] += value
+    return totals
+
+
+def _ended(name: str, token: str) -> bool:
+    """Whether the stats file ``name`` (``<token>-<pid>.bin``) is of another object's process that has ended."""
+    owner, _, pid = name[:-len(".bin")].partition("-")
+    if owner == token or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
 
 
 def _touch(path: str) -> None:
@@ -402,6 +571,53 @@ def _directory_lock(path: str) -> Iterator[None]:
     finally:
         _HELD_LOCK_FDS.discard(fd)
         os.close(fd)  # releases the lock
+
+
+@contextmanager
+def _fetch_lock(path: str, wait_seconds: float) -> Iterator[bool]:
+    """Hold the ``.fetch`` lock of the entry at ``path`` (yields whether another held it first).
+
+    An exclusive ``flock`` on ``.<entry>.fetch``, polled for at most ``wait_seconds``; after that the
+    caller goes on without it (it reads the store itself). The holder removes the file before it lets
+    go, so one that locks a file no longer at its name (removed by the previous holder) tries again; a
+    holder that died left the file, and the next locks it. Where ``fcntl`` is missing: no lock."""
+    if fcntl is None:
+        yield False
+        return
+    directory, name = os.path.split(path)
+    marker = os.path.join(directory, f".{name[:-len(_SUFFIX)]}{_FETCH_SUFFIX}")
+    fd, waited = _take_fetch_lock(marker, time.monotonic() + wait_seconds)
+    try:
+        yield waited
+    finally:
+        if fd is not None:
+            _remove_quietly(marker)  # before letting go: the next fetcher makes a fresh one
+            _HELD_LOCK_FDS.discard(fd)
+            os.close(fd)
+
+
+def _take_fetch_lock(marker: str, deadline: float) -> tuple[int | None, bool]:
+    """``(descriptor holding the lock, or None past the deadline; whether another held it)``."""
+    waited, delay = False, 0.001
+    while True:
+        try:
+            fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None, waited  # cannot lock here (directory gone, read-only): read without
+        _HELD_LOCK_FDS.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(marker).st_ino:
+                return fd, waited
+        except (BlockingIOError, FileNotFoundError) as exc:
+            waited = waited or isinstance(exc, BlockingIOError)
+        _HELD_LOCK_FDS.discard(fd)
+        os.close(fd)
+        if waited and time.monotonic() >= deadline:
+            return None, waited
+        if waited:
+            time.sleep(delay)
+            delay = min(2 * delay, 0.01)  # a waiter is served at most 10 ms after the fetch
 
 
 def _close_inherited_locks() -> None:

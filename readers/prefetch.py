@@ -31,6 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from unihub.fs import remote
 from unihub.store.dataset import FetchedRanges, ParquetStore
 
@@ -290,8 +292,11 @@ class RowGroupPrefetcher:
                     del self._unscheduled[waiting]  # read by the worker: not fetched
                     return None
                 self._changed.wait(min(left, 0.1))
-        parts = [part.result() for part in fetch.parts]
         info = self.store.row_groups[row_group]
+        try:
+            parts = [part.result() for part in fetch.parts]
+        except (OSError, pa.ArrowException) as exc:  # named as the store's own read would be: file, row group, bytes
+            raise self.store.read_error(exc, info, self.columns) from exc
         return FetchedRanges(self.store.filesystem, info.path, parts, self.store.file_size(info.path))
 
     # -- stopping -------------------------------------------------------------------------------

@@ -177,6 +177,12 @@ class Reader:
         self._current_pieces: tuple[int, ...] = ()  # the loaded batch's tasks of the plan (Batch.pieces)
         self._skip = 0
         self._skip_rows = 0  # a batch reader's seek(): rows cut off the front of the next batch
+        #: rows after a resumed position that a loader had delivered (the state's skip/exclude): not delivered again
+        self._drops: elastic.Drops | None = None
+        self._batch_origin = 0  # with drops: the stream offset (elastic.Drops) of the loaded batch's row 0
+        #: where rows were dropped from the loaded batch: the batch's row of each item (a batch reader's: the start
+        #: of its task); None: the items are the batch's rows (tasks) one for one
+        self._item_rows: np.ndarray | None = None
         self._iterator: Iterator[tuple[int, int, Batch]] | None = None  # (epoch, task, batch)
         self._pool: Pool | None = None
         self._finished = False
@@ -315,6 +321,8 @@ class Reader:
         window = min(self._window, self._workers_count + 1) if self._merges_tasks() else self._window
         self._iterator = iterator = self._pool.imap(partial(_load_job, self._loader), jobs, window,
                                                     max_bytes=self._max_bytes, size_of=_job_nbytes)
+        if self._drops is not None:  # the first batch is read from the position
+            self._drops.next = self._stream_where()
         self._skip = offset
         return iterator
 
@@ -375,6 +383,7 @@ class Reader:
                     raise
                 self._finished = True
                 self._set_position((self.num_epochs or 0, 0, 0))
+                self._drops = None
                 raise
             except BaseException:
                 self._halt()  # the next call retries the failed task
@@ -383,10 +392,63 @@ class Reader:
             self._decode_skips.add(batch.skipped)
             self._reading = True
             self._current, self._current_pieces = (epoch, index), batch.pieces
-            self._items = self._to_items(batch)
+            self._item_rows = None
+            if self._drops is None or not self._drop_rows(batch):
+                self._items = self._to_items(batch)
+                self._cursor = self._first = min(self._skip, len(self._items))
             self._batch_columns = self._items.columns if isinstance(self._items, _Rows) else None
-            self._cursor = self._first = min(self._skip, len(self._items))
             self._skip = 0
+
+    def _drop_rows(self, batch: Batch) -> bool:
+        """Load ``batch`` without the rows :attr:`_drops` names, if it holds any (False: it holds none)."""
+        drops = self._drops
+        assert drops is not None
+        skip, rows = self._skip, batch.num_rows  # rows before skip: before the resumed position
+        self._batch_origin = origin = drops.next - skip
+        drops.next = origin + rows
+        dropped = drops.within(origin + skip, origin + rows)
+        if dropped is None:
+            if drops.passed(origin + skip):
+                self._drops = None
+            return False
+        keep = np.ones(rows, dtype=bool)
+        keep[:skip] = False
+        keep[dropped + skip] = False
+        columns = [batch.columns[name] for name in self._item_names]
+        if self.batched:
+            self._items, self._item_rows = self._kept_batches(columns, batch.pieces or (rows,), keep)
+        else:
+            kept = self._item_rows = np.flatnonzero(keep)
+            self._items = _Rows([_take(c, kept) for c in columns], self._row_type) if columns and kept.size else []
+        self._cursor = self._first = 0
+        return True
+
+    def _kept_batches(self, columns: list[Any], pieces: Sequence[int], keep: np.ndarray
+                      ) -> tuple[list[Any], np.ndarray]:
+        """A batch reader's items of a batch without the rows ``keep`` leaves out, a batch per task of the plan
+        (none where a task has no row left), and the batch's row each task starts at."""
+        items, starts = [], []
+        bounds = np.cumsum((0, *pieces)).tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            kept = np.flatnonzero(keep[a:b]) + a
+            if kept.size:
+                items.append(self._row_type(*(_take(c, kept) for c in columns)))
+                starts.append(a)
+        self._batches += len(items)
+        return items, np.asarray(starts, dtype=np.int64)
+
+    def _stream_where(self) -> int:
+        """The stream offset (:attr:`_drops`' count) of the next item to deliver."""
+        drops = self._drops
+        assert drops is not None
+        cursor = self._cursor
+        if self._current is None or cursor >= len(self._items):
+            return drops.next
+        if self._item_rows is not None:
+            return self._batch_origin + int(self._item_rows[cursor])
+        if self.batched:  # an item per task of the plan
+            return self._batch_origin + sum(self._current_pieces[:cursor])
+        return self._batch_origin + cursor
 
     def next_columns(self, max_rows: int) -> dict[str, Any] | None:
         """The next rows, at most ``max_rows`` and not past the current batch, as columns (field
@@ -412,7 +474,10 @@ class Reader:
             stop = min(len(self._items), start + max(1, max_rows))
             if self._current_pieces:  # not past a task of the plan: the rows come as if read task by task
                 ends = np.cumsum(self._current_pieces)
-                stop = min(stop, int(ends[np.searchsorted(ends, start, side="right")]))
+                kept = self._item_rows  # rows dropped from the batch: the task of its row, and its rows kept
+                row = start if kept is None else int(kept[start])
+                end = int(ends[np.searchsorted(ends, row, side="right")])
+                stop = min(stop, end if kept is None else int(np.searchsorted(kept, end)))
             self._cursor = stop
             return {name: column[start:stop] for name, column in zip(self._item_names, columns)}
 
@@ -424,6 +489,8 @@ class Reader:
         pieces = self._current_pieces
         if self._cursor >= len(self._items):
             return epoch, index + max(1, len(pieces)), 0
+        if self._item_rows is not None:  # rows were dropped from the batch
+            return self._where_row(epoch, index, int(self._item_rows[self._cursor]))
         if not pieces:
             return epoch, index, self._cursor
         if self.batched:  # an item per task of the plan (_to_items)
@@ -435,12 +502,23 @@ class Reader:
             offset -= rows
         raise AssertionError("a cursor past the batch's pieces")
 
+    def _where_row(self, epoch: int, index: int, row: int) -> tuple[int, int, int]:
+        """(epoch, task, offset) of the loaded batch's row ``row`` (a batch reader's: of its task's start)."""
+        pieces = self._current_pieces
+        if not pieces:
+            return epoch, index, 0 if self.batched else row
+        ends = np.cumsum(pieces)
+        k = int(np.searchsorted(ends, row, side="right"))
+        return epoch, index + k, 0 if self.batched else row - (int(ends[k - 1]) if k else 0)
+
     def _set_position(self, position: tuple[int, int, int]) -> None:
         """Forget the current batch; the next item is at ``position``."""
+        if self._drops is not None:  # the position is the next item's (decoding later) or drops are reset after
+            self._drops.next = self._stream_where()
         self._delivered += self._cursor - self._first
         self._position, self._current, self._current_pieces = position, None, ()
         self._items, self._cursor, self._first = [], 0, 0
-        self._batch_columns = None
+        self._batch_columns, self._item_rows = None, None
         self._skip_rows = 0
 
     def _to_items(self, batch: Batch) -> Sequence[Any]:
@@ -543,16 +621,29 @@ class Reader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered row/batch: small, JSON-able. With the states of every rank,
-        a reader with any other shard count resumes the run (``resume_from=[...]``, readers/elastic.py)."""
+        a reader with any other shard count resumes the run (``resume_from=[...]``, readers/elastic.py).
+
+        After a resume from a state with ``skip``/``exclude``, the rows after the position still to pass over
+        are this state's ``skip``/``exclude`` (else 0 and []: the keys are in every state, as ``done``'s are)."""
         epoch, task, offset = self._where()
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
                  "plan": plan, "order": order, **elastic.shard_keys(self._plan)}
         state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
+        drops = self._drops
+        state.update(drops.state_keys(self._stream_where()) if drops is not None else {"skip": 0, "exclude": []})
         return state
+
+    def _plain_state(self, **position: int) -> dict[str, Any]:
+        """:meth:`state_dict` at ``position`` (epoch, task, offset), without rows to pass over."""
+        return dict(self.state_dict(), **position, skip=0, exclude=[])
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Continue from ``state``: the next item is the first one not delivered before it was saved.
+
+        A state may name rows after its position that were delivered all the same (a loader's, a TF position's:
+        ``skip``, the next rows, and ``exclude``, rows at ``skip + x`` offsets after the position): they are
+        passed over as they come, in this epoch or the next ones (not with n-grams, whose items are windows).
 
         Given a list, the states every rank of a run saved (with any shard count, worker count or batch
         size), this reader delivers its equal share of the rows none of them delivered in their epoch,
@@ -576,7 +667,12 @@ class Reader:
                                    "(row groups, shuffling, sharding, epochs or batching differ); states of "
                                    "another shard count resume as the list of every rank's state")
         done = elastic.decode_done(state.get("done", []))
+        drops = elastic.Drops.of_state(state)
+        if drops is not None and self.ngram is not None:
+            raise ReaderStateError("an n-gram reader's state names no rows to pass over (skip, exclude): its items "
+                                   "are windows of rows; pass what its state_dict() returned")
         self._go_to(config, done, (int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self._drops = drops
 
     def _load_states(self, states: Sequence[dict[str, Any]]) -> None:
         """:meth:`load_state_dict` of every rank's state (readers/elastic.py)."""
@@ -596,6 +692,7 @@ class Reader:
                position: tuple[int, int, int]) -> None:
         """Stop reading; the next item is at ``position`` of the plan ``config`` with ``done``."""
         self._halt()
+        self._drops = None
         self.seed, self._plan, self._loader.seed, self._done = config.seed, config, config.seed, done
         self._set_position(position)
         self._iterator, self._finished, self._reading = None, False, False
@@ -611,7 +708,8 @@ class Reader:
         row (as after :meth:`seek`), and a state saved before that batch is read resumes at the start of its
         task. Refused (:class:`~unihub.errors.InvalidArgumentError`) where rows are known only by reading
         them: a predicate, filters, n-grams or a batch transform (read and drop them there). With
-        ``on_decode_error='skip'`` the count includes rows whose images would not have decoded.
+        ``on_decode_error='skip'`` the count includes rows whose images would not have decoded. Rows a resumed
+        state names to pass over (``skip``/``exclude``) are not counted: they are passed over as ``next()`` would.
         """
         target = self.position_after(count)
         if target.rows:
@@ -627,15 +725,31 @@ class Reader:
                                        "predicate, filters, n-grams or a batch transform; read and drop the rows")
         if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
             raise InvalidArgumentError(f"skip_rows() takes a count >= 0, got {count!r}")
+        ahead = elastic.Drops.of_state(self._drops.state_keys(self._stream_where())) if self._drops else None
+        if ahead is None:
+            return self._plan_position_after(int(count))
+        # rows a resumed state passes over are not rows delivered: the count goes past them, and those after it
+        # are passed over from the target on (a batch reader's rows of the task before the row too)
+        rows = int(ahead.kept(np.array([int(count)]))[0])
+        target = self._plan_position_after(rows)
+        if target.rows < rows:  # the reader ends first
+            return target._replace(rows=target.rows - min(ahead.below, target.rows)
+                                   - int(np.searchsorted(ahead.rows, target.rows)))
+        later = ahead.rows[np.searchsorted(ahead.rows, rows):] - (rows - target.rows_into_task)
+        keys = elastic.Drops(target.rows_into_task, later).state_keys(0)
+        return SkipTarget(dict(target.state, **keys), 0, int(count))
+
+    def _plan_position_after(self, count: int) -> SkipTarget:
+        """:meth:`position_after` along the plan: ``count`` rows of it, none passed over."""
         epoch, task, offset = self._where()
-        per_epoch, left = self.num_rows_per_epoch, int(count)
+        per_epoch, left = self.num_rows_per_epoch or 0, count
         while left and (self.num_epochs is None or epoch < self.num_epochs) and per_epoch:
             ends = np.cumsum([0] + [t.num_rows for t in self.plan_of(epoch)])
             row = int(ends[task]) + offset + left
             if row < ends[-1]:
                 index = int(np.searchsorted(ends, row, side="right")) - 1
                 into = row - int(ends[index])
-                state = dict(self.state_dict(), epoch=epoch, task=index, offset=0 if self.batched else into)
+                state = self._plain_state(epoch=epoch, task=index, offset=0 if self.batched else into)
                 return SkipTarget(state, into if self.batched else 0, int(count))
             left -= int(ends[-1]) - (row - left)
             whole = left // per_epoch if self.num_epochs is None else min(left // per_epoch,
@@ -644,7 +758,7 @@ class Reader:
                 whole = 0
             epoch, task, offset, left = epoch + 1 + whole, 0, 0, left - whole * per_epoch
         moved = (epoch, task, offset) != self._where()
-        state = dict(self.state_dict(), epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
+        state = self._plain_state(epoch=epoch, task=task, offset=offset) if moved else self.state_dict()
         return SkipTarget(state, 0, int(count) - left)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -667,12 +781,24 @@ class Reader:
                                    "start_over() starts from the first epoch wherever the reader is")
         self.start_over()
 
+    def state_at_start(self, seed: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state of a run ordered by ``seed`` before it delivered anything, for the shard ``state`` was saved
+        by (this reader's by default). A mix that cycles this reader (``WeightedSamplingReader(on_exhausted=
+        'cycle')``) starts each pass so, ordered by :func:`next_pass_seed` of the last pass's seed: a pass has its
+        own order, as the next epochs of a reader with more of them have theirs."""
+        state = self.state_dict() if state is None else state
+        own = state["shard"] == elastic.shard_keys(self._plan)["shard"]  # its plan as this reader's options say
+        config = dataclasses.replace(self._plan if own else elastic.rank_config(state, self._plan), seed=int(seed))
+        plan, order = self._fingerprints(config)
+        return {**elastic.at_start(state, *(int(v) for v in state["shard"]), fresh=True), "seed": int(seed),
+                "plan": plan, "order": order, "done": [], "done_from": 0, "skip": 0, "exclude": []}
+
     def start_over(self) -> None:
         """Start over from the first epoch wherever the reader is: mid-epoch, at the end or after :meth:`stop`
         (:func:`start_over` does it for any reader)."""
         self._halt()
         self.join()
-        self._done = {}
+        self._done, self._drops = {}, None
         self._set_position((0, 0, 0))
         self._iterator, self._finished, self._reading = None, False, False
         self._stopped = False
@@ -756,6 +882,14 @@ class Reader:
                 "decode_errors": list(self._decode_skips.messages)}
 
     @property
+    def cache_stats(self) -> dict[str, Any] | None:
+        """The local-disk cache's hits, misses, fetches and bytes: ``"reader"`` (this reader and its
+        worker processes) and ``"node"`` (every process that used the cache directory, with the
+        entries and bytes it holds); None without a local-disk cache."""
+        summary = getattr(self.cache, "summary", None)
+        return summary() if callable(summary) else None
+
+    @property
     def is_batched_reader(self) -> bool:
         return self.batched
 
@@ -779,7 +913,8 @@ class Reader:
         The rows before it are skipped without being read or decoded: the plan says which task
         holds the row, and only that task is read. A batch reader's next batch then starts at
         that row. Refused where an epoch's rows are not known in advance (a predicate, filters,
-        n-grams, a batch transform) and for a row beyond this shard's epoch.
+        n-grams, a batch transform) and for a row beyond this shard's epoch. Rows a resumed state named to pass
+        over (``skip``/``exclude``) are no longer passed over.
         """
         if self.num_rows_per_epoch is None:
             raise InvalidArgumentError("seek() needs the rows of an epoch known in advance: not with a predicate, "
@@ -789,8 +924,7 @@ class Reader:
         epoch, left = self._where()[0], int(row)
         for index, task in enumerate(self.plan_of(epoch)):
             if left < task.num_rows:
-                self.load_state_dict(dict(self.state_dict(), epoch=epoch, task=index,
-                                          offset=0 if self.batched else left))
+                self.load_state_dict(self._plain_state(epoch=epoch, task=index, offset=0 if self.batched else left))
                 self._skip_rows = left if self.batched else 0
                 return
             left -= task.num_rows
@@ -816,6 +950,15 @@ _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
 #: the epoch's first decode task is this share of a task, the next twice that, ... (the first
 #: batch waits for a few images' decoding, not a whole task's)
 FIRST_TASK_SHARE = 8
+
+
+def _take(column: Any, rows: np.ndarray) -> Any:
+    """``column``'s values at ``rows`` (a numpy array's, a list's)."""
+    if isinstance(column, np.ndarray):
+        return column[rows]
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column.take(pa.array(rows))
+    return [column[i] for i in rows.tolist()]
 
 
 class _Rows(Sequence[Any]):
@@ -921,17 +1064,21 @@ def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> 
     return fields, None
 
 
-def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any) -> ParquetStore:
+def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any, version: int | None = None,
+          tag: str | None = None) -> ParquetStore:
     if isinstance(dataset_url, ParquetStore):
+        if (version is not None and version != dataset_url.version) or tag is not None:
+            raise InvalidArgumentError("version=/tag= choose the version to open; an open store is read as it is")
         return dataset_url
     if isinstance(dataset_url, (list, tuple)):  # Petastorm's list of Parquet file URLs, or one URL in a list
         urls = [os.fspath(u) for u in dataset_url]
         return open_dataset(urls[0] if len(urls) == 1 else urls, filesystem=filesystem,
-                            storage_options=storage_options)
+                            storage_options=storage_options, version=version, tag=tag)
     if not isinstance(dataset_url, (str, os.PathLike)):
         raise InvalidArgumentError(f"dataset_url must be a URL or path (or a list of Parquet file URLs), "
                                    f"got {type(dataset_url).__name__}")
-    return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options)
+    return open_dataset(os.fspath(dataset_url), filesystem=filesystem, storage_options=storage_options,
+                        version=version, tag=tag)
 
 
 #: Petastorm's arguments that change nothing here: transport and driver knobs of its worker pools,
@@ -987,7 +1134,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
           filters: Any = None, storage_options: dict[str, Any] | None = None, filesystem: Any = None,
           decode_images: bool = True, resume_from: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
           petastorm_types: bool | None = None, memory_budget_mb: float | None = None,
-          read_ahead_mb: float | None = None, **ignored: Any) -> Reader:
+          read_ahead_mb: float | None = None, version: int | None = None, tag: str | None = None,
+          **ignored: Any) -> Reader:
     unknown = sorted(set(ignored) - set(_IGNORED))
     if unknown:  # Python's own words for a keyword the function does not take, as Petastorm's raised
         raise TypeError(f"{'make_batch_reader' if batched else 'make_reader'}() got an unexpected keyword "
@@ -998,7 +1146,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                       "by cur_shard, shard_count and seed)", UserWarning, stacklevel=3)
     _choose_memory_pool()
     cur_shard, shard_count = shard_or_detected(cur_shard, shard_count)
-    store = _open(dataset_url, storage_options, filesystem)
+    store = _open(dataset_url, storage_options, filesystem, version, tag)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
     fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
@@ -1046,6 +1194,9 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     groups the plan reads next are fetched ahead in parallel ranged GETs, the first one alone, holding at
     most this many bytes fetched and not yet decoded, whatever the objects' size (see
     :mod:`unihub.readers.prefetch`; :attr:`Reader.read_ahead` reports what it did).
+    ``version=N`` or ``tag='name'`` read that version of a dataset that records versions (default: the
+    latest); the reader keeps to the version it opened, rows appended meanwhile are not seen
+    (:mod:`unihub.store.versions`).
     """
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 
@@ -1060,6 +1211,16 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
     (:class:`~unihub.readers.predicates.RowGroupColumns`) and returns a boolean mask, as Petastorm's.
     """
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
+
+
+#: the last word of a pass's seed (:func:`next_pass_seed`): other than any seed a plan or a mix draws with
+_PASS_STREAM = 0x50415353
+
+
+def next_pass_seed(seed: int) -> int:
+    """The seed that orders the pass after one ordered by ``seed`` (a mix's ``on_exhausted='cycle'``): a pure
+    function of it, so a resumed mix starts the same passes in the same orders."""
+    return int(np.random.SeedSequence([int(seed), _PASS_STREAM]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def start_over(reader: Any) -> None:

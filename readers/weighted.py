@@ -34,7 +34,7 @@ import numpy as np
 
 from unihub.errors import SchemaError, UnihubError
 from unihub.readers import elastic
-from unihub.readers.reader import ReaderStateError, random_seed, start_over
+from unihub.readers.reader import Reader, ReaderStateError, next_pass_seed, random_seed, start_over
 from unihub.schema.unischema import Unischema, UnischemaField
 
 #: draws whose uniforms one seeded generator makes at once
@@ -227,8 +227,10 @@ class WeightedSamplingReader:
 
     - ``seed``: the draws are a pure function of ``(seed, draw index)`` (None picks one, kept in the state);
     - ``on_exhausted``, what happens when the drawn reader has nothing left: ``"stop"`` (Petastorm's, the
-      default) ends the mix; ``"cycle"`` starts that reader over (its ``start_over()``, else ``reset()``: its
-      own seeded order and epochs again, pass after pass) and takes its first row, so the mix never ends;
+      default) ends the mix; ``"cycle"`` starts that reader's next pass and takes its first row, so the mix
+      never ends: a unihub reader's epochs again, each pass in an order of its own (its state at the start,
+      ordered by :func:`~unihub.readers.reader.next_pass_seed` of the last pass's seed), another reader's
+      ``start_over()``, else ``reset()``;
       ``"drain"`` takes that reader out and draws again with the weights renormalised over the others, so
       every row of every reader (of weight > 0) comes exactly once and the mix ends when all are drained;
     - :meth:`set_weights` mid-run (a curriculum): from the next draw on;
@@ -259,6 +261,8 @@ class WeightedSamplingReader:
         normalized = normalize_probabilities(probabilities, len(readers))
         _check_mixable(readers)
         self._readers = readers
+        #: the seeds unihub's readers order their first pass by (each later one by next_pass_seed of the last's)
+        self._first_seeds = [reader.seed if isinstance(reader, Reader) else None for reader in readers]
         self.on_exhausted: OnExhausted = on_exhausted
         #: the constructor's probabilities: a state saved by a mix made with others is refused
         self._initial: tuple[float, ...] = tuple(float(p) for p in normalized)
@@ -405,7 +409,7 @@ class WeightedSamplingReader:
                     raise _empty(source) from None
 
     def _start_pass(self, source: int) -> bool:
-        """``"cycle"``: the reader that ran out starts over (its own order, its own epochs); True unless it
+        """``"cycle"``: the reader that ran out starts its next pass (its own epochs, in that pass's order); True unless it
         starts the rest of a pass that ranks of an earlier run began (an elastic resume's carry)."""
         reader = self._readers[source]
         if callable(getattr(reader, "state_dict", None)):
@@ -413,7 +417,10 @@ class WeightedSamplingReader:
         carry, self._carry[source] = self._carry[source], None
         self._passes[source] += 1
         if carry is None:
-            start_over(reader)
+            if isinstance(reader, Reader):  # its next pass in an order of its own
+                reader.load_state_dict(reader.state_at_start(next_pass_seed(reader.seed)))
+            else:
+                start_over(reader)
             return True
         reader.load_state_dict(carry)  # a state of this reader, made by _load_source
         return False
@@ -565,7 +572,7 @@ class WeightedSamplingReader:
             raise ReaderStateError(f"the ranks' mix states have different seeds {seeds}: their draws were not one "
                                    "stream; pass the same seed= to the mix on every rank")
         count = len(self._readers)
-        lists = [_source_lists(parsed, source) for source in range(count)]
+        lists = [_source_lists(parsed, source, _pass_start(reader)) for source, reader in enumerate(self._readers)]
         carry = self._load_readers(lambda index, reader: _load_source(reader, index, *lists[index]))
         lead = max(parsed, key=lambda p: p.draws)  # the first of those that drew most
         self._resume(lead, lead.draws, [min(p.passes[s] for p in parsed) for s in range(count)], [False] * count)
@@ -624,8 +631,10 @@ class WeightedSamplingReader:
     def start_over(self) -> None:
         """:meth:`reset`, from anywhere: the other readers stopped mid-epoch when one ran out. The weights
         in force stay (a curriculum's change is not undone); drained readers come back."""
-        for reader in self._readers:
+        for reader, seed in zip(self._readers, self._first_seeds):
             start_over(reader)
+            if seed is not None and reader.seed != seed:  # the first pass's order again
+                reader.load_state_dict(reader.state_at_start(seed))
         self._draws = 0
         self._changes, self._due, self._next_change = [], 0, _NEVER  # a new run: its own changes
         self._drained = [False] * len(self._readers)
@@ -669,6 +678,9 @@ def _check_state_keys(state: Any) -> None:
     missing = sorted(keys - set(state))
     if missing:
         raise ReaderStateError(f"the WeightedSamplingReader state lacks {missing}; pass what state_dict() returned")
+    if state.get("skip") or state.get("exclude"):  # a loader's rows past the position: its own to pass over
+        raise ReaderStateError("the WeightedSamplingReader state names rows past its position to pass over "
+                               "(skip, exclude): a mix does not; load the loader's state into the loader that saved it")
 
 
 def _saved_weights(state: dict[str, Any], saved: np.ndarray, count: int
@@ -724,7 +736,15 @@ def _reader_states(state: dict[str, Any], key: str, count: int) -> list[dict[str
 
 
 # -- elastic resume: the sources' lists of states -------------------------------------------------------
-def _source_lists(parsed: Sequence[_Saved], source: int
+def _pass_start(reader: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The state at the start of the pass after a state's, for the shard that saved it: ordered by the next pass's
+    seed (a unihub reader's), else the same (readers that start over in their one order)."""
+    if isinstance(reader, Reader):
+        return lambda state: reader.state_at_start(next_pass_seed(int(state["seed"])), state)
+    return lambda state: elastic.at_start(state, *state.get("shard", (0, 1)), fresh=True)
+
+
+def _source_lists(parsed: Sequence[_Saved], source: int, next_start: Callable[[dict[str, Any]], dict[str, Any]]
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The reader states of ``source`` to resume its current pass from (one per old rank), and those of its
     next pass where ranks had begun it (None: it starts afresh).
@@ -744,7 +764,7 @@ def _source_lists(parsed: Sequence[_Saved], source: int
         state, ended, carry = p.readers[source], p.ended[source], p.carry[source]
         if passes[k] == first:
             now.append(state)
-            after.append(carry if carry is not None else elastic.at_start(state, *state.get("shard", (0, 1)), fresh=True))
+            after.append(carry if carry is not None else next_start(state))
             begun = begun or carry is not None
             continue
         if ended is None:

@@ -51,6 +51,7 @@ from unihub.errors import (
     SchemaError,
     SchemaMismatchError,
     UnihubError,
+    VersionNotFoundError,
 )
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote, sources
@@ -59,7 +60,7 @@ from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_p
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import integrity
+from unihub.store import column_sets, integrity, versions
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -114,6 +115,11 @@ class ParquetStore:
     metadata: dict[bytes, bytes]
     schema_source: SchemaSource
     partition_names: tuple[str, ...] = ()
+    #: the version read (:mod:`unihub.store.versions`); None for a dataset that records no versions
+    version: int | None = None
+    #: file -> the nullable columns of ``arrow_schema`` it lacks (written before an append added them):
+    #: read as nulls
+    _absent: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
     #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
@@ -135,6 +141,8 @@ class ParquetStore:
     #: remote files kept open where opening costs a request (pyarrow's S3: a HEAD), shared by the
     #: footers' reads and the read-ahead's (fs.remote.read_range); not pickled
     remote_handles: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: columns added beside the part files (store/column_sets.py), joined by read_row_group; None: none
+    side: column_sets.SideColumns | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
@@ -162,9 +170,17 @@ class ParquetStore:
         return copy.deepcopy(self._extra)
 
     @property
+    def stored_schema(self) -> pa.Schema:
+        """The Arrow schema of the stored columns: the part files' (``arrow_schema``), then the columns added
+        beside them (store/column_sets.py), as stored."""
+        if self.side is None:
+            return self.arrow_schema
+        return pa.schema([*self.arrow_schema, *self.side.storage_fields], metadata=self.arrow_schema.metadata)
+
+    @property
     def missing_fields(self) -> tuple[str, ...]:
         """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
-        present = set(self.arrow_schema.names) | set(self.partition_names)
+        present = set(self.arrow_schema.names) | set(self.partition_names) | set(self.side.set_of if self.side else ())
         return tuple(name for name in self.schema.fields if name not in present)
 
     def require_fields(self, names: Collection[str]) -> None:
@@ -191,14 +207,34 @@ class ParquetStore:
 
     def read_row_group(self, index: int, columns: Sequence[str] | None = None, *,
                        views: Collection[str] = (), fetched: FetchedRanges | None = None) -> pa.Table:
-        """The stored (encoded) columns of one row group, partition columns included.
+        """The stored (encoded) columns of one row group, partition columns and added columns included.
 
         Binary columns named in ``views`` (images a reader decodes) come as ``binary_view`` arrays
         viewing the memory-mapped file, not copied, where the file is local and their pages are
         plain and uncompressed (store/_pages.py); otherwise as stored. ``fetched``: the row group's
-        bytes fetched ahead (readers/prefetch.py), read from memory instead of the store."""
+        bytes fetched ahead (readers/prefetch.py), read from memory instead of the store. Columns added
+        beside the parts (store/column_sets.py) are read from their side files only when asked for (or
+        ``columns`` is None)."""
+        side = self.side
+        added = [] if side is None else list(side.set_of) if columns is None \
+            else [c for c in columns if c in side.set_of]
+        if not added:
+            return self._read_part(index, columns, views, fetched)
+        table = self._read_part(index, None if columns is None else [c for c in columns if c not in added], views,
+                                fetched)
+        info = self.row_groups[index]
+        joined = self._restore_tensors(side.read(info.path, info.row_group, info.num_rows,  # type: ignore[union-attr]
+                                                 added, self._verify != "off"))
+        for name in added:
+            table = table.append_column(joined.schema.field(name), joined.column(name))
+        return table
+
+    def _read_part(self, index: int, columns: Sequence[str] | None, views: Collection[str],
+                   fetched: FetchedRanges | None) -> pa.Table:
+        """:meth:`read_row_group` of the part file's own columns (and the partition columns)."""
         info = self.row_groups[index]
         stored = [c for c in columns if c not in self.partition_names] if columns is not None else None
+        stored, wanted, absent = self._without_absent(info, stored)
         verify = self._needs_check(index, stored)
         try:
             if fetched is not None and info.path in self._footers:
@@ -207,7 +243,7 @@ class ParquetStore:
             else:
                 parquet_file, table = self._read_opened(info, stored, views, verify)
         except (OSError, pa.ArrowException) as exc:
-            error = self._read_error(exc, info, stored)
+            error = self.read_error(exc, info, stored)
             self._close_file()
             raise error from exc
         if verify:
@@ -217,10 +253,11 @@ class ParquetStore:
             if self._verify == "once":
                 # the names asked for: a nested path ("p.x") comes back as column "p", but checked only its leaf
                 checked = self._verified.get(index, frozenset()) | frozenset(table.column_names if stored is None
-                                                                              else stored)
+                                                                              else stored) | absent
                 self._verified[index] = self._column_sets.setdefault(checked, checked)
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
+        table = _with_nulls(table, wanted, absent, self.arrow_schema)
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
 
     def _read_opened(self, info: RowGroupInfo, stored: Sequence[str] | None, views: Collection[str],
@@ -264,6 +301,16 @@ class ParquetStore:
         """The size of a data file as listed when the dataset was opened (None where unknown)."""
         indexed = self._indexed.get(path)
         return indexed.size_bytes if indexed is not None and indexed.size_bytes else None
+
+    def _without_absent(self, info: RowGroupInfo, stored: list[str] | None
+                        ) -> tuple[list[str] | None, list[str] | None, frozenset[str]]:
+        """(the columns to read from ``info``'s file, the columns wanted, those it lacks): a file from before an
+        append added nullable fields lacks them (see open_dataset), and they are read as nulls."""
+        absent = self._absent.get(info.path, frozenset()) if self._absent else frozenset()
+        if not absent:
+            return stored, stored, absent
+        wanted = stored if stored is not None else list(self.arrow_schema.names)
+        return [c for c in wanted if c not in absent], wanted, absent
 
     def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
                         verify: bool) -> dict[str, pa.Array]:
@@ -333,10 +380,11 @@ class ParquetStore:
             return True
         return any(name not in checked for name in (self.arrow_schema.names if stored is None else stored))
 
-    def _read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
+    def read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
         """What a failed row-group read raises: the remote store's failure, a page that fails its
         checksum, or a file that is not readable Parquet."""
-        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path))
+        failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path),
+                                         detail=_row_group_bytes(self._footers.get(info.path), info.row_group))
         if failure is not None:
             return failure
         parquet_file = (getattr(self._open, "files", None) or {}).get(True)
@@ -374,15 +422,12 @@ class ParquetStore:
         if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
             self._close_file()
             try:
-                if self._is_local:
-                    handle = pa.memory_map(path)
-                else:
-                    handle = self.filesystem.open_input_file(path)
+                handle, opened = self._open_handle(path)
             except FileNotFoundError as exc:
                 raise DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
                                           "removed while it was read); open the dataset again to read what is "
                                           "there now", path=path) from exc
-            self._check_unchanged(path, handle)
+            self._check_unchanged(path, handle, opened)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
             held.mapped = held.binary_leaves = held.leaves_by_name = None
         found = held.files.get(verify)
@@ -394,7 +439,19 @@ class ParquetStore:
                 held.leaves = integrity.nested_leaves(found.schema_arrow)
         return found
 
-    def _check_unchanged(self, path: str, handle: Any) -> None:
+    def _open_handle(self, path: str) -> tuple[Any, str]:
+        """``path`` opened (memory-mapped where local), and the path opened: of a version (``self.version``),
+        a file that a delete took out of the directory since is read where it is kept for older versions."""
+        try:
+            return (pa.memory_map(path) if self._is_local else self.filesystem.open_input_file(path)), path
+        except FileNotFoundError:
+            root = self.path.rstrip("/")
+            if self.version is None or not path.startswith(root + "/"):
+                raise
+            kept = fsutil.join(root, publish.RETIRED_DIR, path[len(root) + 1:])
+            return (pa.memory_map(kept) if self._is_local else self.filesystem.open_input_file(kept)), kept
+
+    def _check_unchanged(self, path: str, handle: Any, opened: str | None = None) -> None:
         """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
         offsets) would be applied to other bytes. One ``stat`` per open on a local disk (size and
         modification time); elsewhere the size the open file reports (no extra request)."""
@@ -402,7 +459,7 @@ class ParquetStore:
         if indexed is None or not indexed.size_bytes:  # a listing that gave no size: nothing to compare
             return
         if self._is_local:
-            stat = os.stat(path)
+            stat = os.stat(opened or path)
             now: tuple[int, int | None] = (stat.st_size, stat.st_mtime_ns if indexed.mtime_ns is not None else None)
         else:
             now = (handle.size(), indexed.mtime_ns)
@@ -515,6 +572,17 @@ def _with_viewed(table: pa.Table, names: Sequence[str], viewed: Mapping[str, pa.
     return table
 
 
+def _with_nulls(table: pa.Table, names: Sequence[str] | None, absent: frozenset[str], schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``names`` it lacks (``absent``) as nulls of ``schema``'s types, in ``names``'
+    order; ``table`` itself where none are absent."""
+    if not absent or names is None:
+        return table
+    columns = [table.column(n) if n in table.column_names else pa.nulls(table.num_rows, schema.field(n).type)
+               for n in names]
+    fields = [table.schema.field(n) if n in table.column_names else schema.field(n) for n in names]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
 def _leaves_by_name(parquet_file: pq.ParquetFile) -> dict[str, list[int]]:
     """The Parquet leaf columns pyarrow may read for each name it is asked for: every leaf whose
     dotted path is the name or starts with the name and a dot. pyarrow selects leaves by the same
@@ -556,10 +624,18 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
 
 @remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
-                 storage_options: dict[str, Any] | None = None) -> ParquetStore:
+                 storage_options: dict[str, Any] | None = None, version: int | None = None,
+                 tag: str | None = None) -> ParquetStore:
     """Open a dataset (a directory of Parquet files, one file, or a list of files of one dataset on
-    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups."""
+    one filesystem, as Petastorm's ``make_batch_reader`` takes) and index its row groups.
+
+    A dataset that records versions (:mod:`unihub.store.versions`) is read at its latest version, or at
+    ``version=`` (a number) or ``tag=``; the store keeps to it (``store.version``): files appended later
+    are not seen."""
     if not isinstance(url, (str, os.PathLike)):
+        if version is not None or tag is not None:
+            raise VersionNotFoundError("version=/tag= name a version of a dataset directory, not of a "
+                                                "list of files")
         return _open_files([os.fspath(u) for u in url], filesystem, storage_options)
     url = os.fspath(url)
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
@@ -572,21 +648,27 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         # a path without a scheme: also Petastorm's ValueError (it refused scheme-less URLs)
         missing = DatasetNotFoundError if "://" in url else DatasetUrlError
         raise missing(f"{url}: no such file or directory{hint}")
+    pinned = None
     if info.type == pafs.FileType.File:
+        if version is not None or tag is not None:
+            raise VersionNotFoundError(f"{url}: a single Parquet file has no versions")
         paths, common = [root], None
         sizes = {root: info}
         base = os.path.dirname(root)
     else:
-        paths, sizes, common_path = _published_files(fs, root)
+        paths, sizes, common_path, pinned = _published_files(fs, root, version, tag)
         base = root
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
         handles: dict[str, Any] = {}
         common, footers = _read_all_metadata(fs, common_path, paths, sizes, handles)
-        store = _store(url, fs, root, base, paths, sizes, common, footers)
+        store = _store(url, fs, root, base, paths, sizes, common, footers, evolved=pinned is not None)
         store.remote_handles = handles
-        return store
+        store.version = pinned.number if pinned is not None else None
+        record = column_sets.of_version(pinned.column_sets, versions.record_path(root, pinned.number)) \
+            if pinned is not None else None
+        return _with_column_sets(store, record)
     return _store(url, fs, root, base, paths, sizes, None)
 
 
@@ -613,6 +695,24 @@ def _common_or_none(fs: pafs.FileSystem, path: str) -> pq.FileMetaData | None:
         if isinstance(exc.__cause__, FileNotFoundError) or not fsutil.exists(fs, path):
             return None
         raise
+
+
+def _with_column_sets(store: ParquetStore, record: column_sets.Record | None) -> ParquetStore:
+    """``store`` with the column sets of its version (``record``; None: a dataset that records no versions,
+    those in its ``_unihub_columns.json`` if any; store/column_sets.py) that apply to its parts joined: their
+    fields added to its schema, their side files read by ``read_row_group``."""
+    side = column_sets.side_columns(store.filesystem, store.path,
+                                    {f.path: (f.num_rows, f.size_bytes) for f in store.files}, record)
+    if side is None:
+        return store
+    clash = [f.name for f in side.fields if f.name in store.schema.fields or f.name in store.arrow_schema.names]
+    if clash:
+        raise SchemaError(f"{store.url}: column set field(s) {clash} are also columns of the part files; remove the "
+                          f"set (unihub.remove_columns) or rename the field")
+    store.side = side
+    store.schema = Unischema(store.schema.name, [*store.schema, *side.fields],
+                             attributes=store.schema.attribute_names)
+    return store
 
 
 def get_schema_from_dataset_url(dataset_url_or_urls: Any, hdfs_driver: str = "libhdfs3",
@@ -684,12 +784,17 @@ def _open_files(urls: list[str], filesystem: Any, storage_options: dict[str, Any
 
 def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str],
            sizes: dict[str, pafs.FileInfo], common: pq.FileMetaData | None,
-           footers: list[pq.FileMetaData] | None = None) -> ParquetStore:
-    """The store of data files ``paths`` (their partitions relative to ``base``; ``footers``: read already)."""
+           footers: list[pq.FileMetaData] | None = None, evolved: bool = False) -> ParquetStore:
+    """The store of data files ``paths`` (their partitions relative to ``base``; ``footers``: read already);
+    ``evolved``: a version of a dataset whose appends may have added nullable fields, whose schema is its
+    ``common``'s."""
     if footers is None:
         footers = read_footers(fs, paths)
     partitions = [partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
+    absent: dict[str, frozenset[str]] = {}
+    if evolved and common is not None:
+        file_schema, absent = _evolved_schema(paths, footers, common.schema.to_arrow_schema(), file_schema)
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
     for key, value in (footers[0].metadata or {}).items():
@@ -699,13 +804,32 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     raw_extra = kv.get(EXTRA_METADATA_KEY)
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
-    check_files_agree(paths, footers, file_schema)
+    if not absent:
+        check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
-                        _verify=integrity.verification(), _extra=extra)
+                        _verify=integrity.verification(), _extra=extra, _absent=absent)
+
+
+def _evolved_schema(paths: list[str], footers: list[pq.FileMetaData], version_schema: pa.Schema,
+                    first: pa.Schema) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
+    """The columns of a version whose appends added nullable fields: its schema file's, with the files that lack
+    some of them (those must be nullable, and a file may hold no other column), else the first file's."""
+    names = list(version_schema.names)
+    if names == first.names:
+        return first, {}
+    absent = {}
+    for path, footer in zip(paths, footers):
+        found = footer.schema.to_arrow_schema().names
+        missing = [n for n in names if n not in found]
+        if any(n not in names for n in found) or any(not version_schema.field(n).nullable for n in missing):
+            raise FormatError(f"{path}: columns {found} do not fit the version's {version_schema.names}", path=path)
+        if missing:
+            absent[path] = frozenset(missing)
+    return pa.schema([version_schema.field(n) for n in names], metadata=first.metadata), absent
 
 
 def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:
@@ -766,22 +890,50 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
         fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
 
 
-def _published_files(fs: pafs.FileSystem, root: str) -> tuple[list[str], dict[str, pafs.FileInfo], str]:
-    """(data files in reading order, their listing entries, the ``_common_metadata`` path) of a dataset
-    directory: what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
+def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None, tag: str | None = None
+                     ) -> tuple[list[str], dict[str, pafs.FileInfo], str, versions.Version | None]:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path, the version) of a
+    dataset directory: what its version record lists where it records versions (``version``/``tag``'s, else
+    the latest), else what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
     else every data file. A manifest replaced while this runs is read again."""
     for _attempt in range(3):
-        manifest = publish.read_manifest(fs, root)  # first: it forgets what fsspec cached of root
+        pinned = versions.resolve(fs, root, version=version, tag=tag)
+        manifest = publish.read_manifest(fs, root)  # it forgets what fsspec cached of root
         sizes = list_data_files(fs, root)
-        if manifest is None:
-            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA)
+        if manifest is None and pinned is None:
+            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA), None
         listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
-        wanted = [fsutil.join(root, p).lstrip("/") for p in manifest.parts]
+        chosen = pinned if pinned is not None else manifest
+        wanted = [fsutil.join(root, p).lstrip("/") for p in chosen.parts]  # type: ignore[union-attr]
+        if pinned is not None and any(p not in listed for p in wanted):
+            wanted = _with_retired(fs, root, sizes, listed, wanted)
         if all(p in listed for p in wanted):
             paths = [listed[p] for p in wanted]
-            common = fsutil.join(root, manifest.common_metadata or COMMON_METADATA)
-            return paths, {p: sizes[p] for p in paths}, common
+            common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)  # type: ignore[union-attr]
+            return paths, {p: sizes[p] for p in paths}, common, pinned
     raise publish.missing_part(next(p for p in wanted if p not in listed))
+
+
+def _with_retired(fs: pafs.FileSystem, root: str, sizes: dict[str, pafs.FileInfo], listed: dict[str, str],
+                  wanted: list[str]) -> list[str]:
+    """``wanted`` with the files an older version lists that a delete took out of the directory found where they
+    are kept (``sizes`` and ``listed`` get their entries)."""
+    retired = _retired_files(fs, root)
+    sizes.update(retired)
+    listed.update((p.lstrip("/"), p) for p in retired)
+    return [p if p in listed else _retired(root, p) for p in wanted]
+
+
+def _retired_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    """The files kept beside a dataset's version records for its older versions (path -> listing entry)."""
+    selector = pafs.FileSelector(fsutil.join(root, publish.RETIRED_DIR), recursive=True, allow_not_found=True)
+    return {e.path: e for e in fs.get_file_info(selector) if e.type == pafs.FileType.File}
+
+
+def _retired(root: str, wanted: str) -> str:
+    """Where the file ``wanted`` (a path under ``root``, as listed) is kept once a delete retired it."""
+    bare = root.lstrip("/")
+    return fsutil.join(bare, publish.RETIRED_DIR, wanted[len(bare):].lstrip("/"))
 
 
 def list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
@@ -824,6 +976,23 @@ def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None,
             raise failure from exc
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
+
+
+def _row_group_bytes(footer: pq.FileMetaData | None, row_group: int) -> str:
+    """``"row group 3, bytes 4-1027"``: where a row group's column chunks lie in its file (for errors)."""
+    if footer is None:
+        return f"row group {row_group}"
+    group = footer.row_group(row_group)
+    spans = []
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+            start = min(start, chunk.dictionary_page_offset)
+        spans.append((start, start + chunk.total_compressed_size))
+    if not spans:
+        return f"row group {row_group}"
+    return f"row group {row_group}, bytes {min(s for s, _ in spans)}-{max(e for _, e in spans) - 1}"
 
 
 #: the tail of a remote file read for its footer: the footer's length, the magic, and most footers

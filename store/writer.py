@@ -35,7 +35,7 @@ from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, w
 from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.schema.validation import column_length
-from unihub.store import integrity
+from unihub.store import integrity, versions
 from unihub.store.dataset import COMMON_METADATA
 from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
@@ -96,7 +96,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                   overwrite: bool = False, overwrite_foreign: bool = False, validate: bool = True, filesystem: Any = None,
                   storage_options: dict[str, Any] | None = None,
                   extra_metadata: Mapping[str, Any] | None = None,
-                  petastorm_compatible: bool = False) -> WriteResult:
+                  petastorm_compatible: bool = False, mode: str = "write", tag: str | None = None) -> WriteResult:
     """Write rows (mappings of field -> value) or column batches as a Unischema dataset.
 
     ``rows_or_batches`` is an iterable of row mappings; with ``batched=True`` an iterable of
@@ -112,11 +112,49 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     ``overwrite=True`` replaces an existing ``url`` only when unihub wrote it (its schema metadata
     is there) or it is an empty folder; ``overwrite_foreign=True`` replaces anything
     (:mod:`unihub.store.ownership`).
+    ``mode="append"`` adds the rows to the dataset at ``url`` (made if missing) as its next version, new
+    part files published atomically beside the existing ones, the schema the dataset's (else an
+    ``AppendSchemaError``); ``tag`` names the version it makes (:mod:`unihub.store.versions`).
 
     Example::
 
         write_dataset("/data/ds", Schema, ({"id": i, "image": img} for i, img in enumerate(images)))
     """
+    _check_arguments(schema, row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
+                     part_size_mb=part_size_mb, partition_by=partition_by, petastorm_compatible=petastorm_compatible,
+                     mode=mode, tag=tag, overwrite=overwrite or overwrite_foreign)
+    url = os.fspath(url)
+    fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
+    if mode == "write":
+        check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
+    staging = fsutil.temporary_sibling(target)
+    try:
+        fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
+        result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
+                             row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
+                             part_size_mb=part_size_mb, compression=compression, partition_by=partition_by,
+                             validate=validate, extra_metadata=extra_metadata)
+        empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
+                             empty=not result.files, petastorm_compatible=petastorm_compatible)
+        if mode == "append":
+            appended = versions.commit_append(fs, staging, target, tag=tag, added_rows=result.num_rows)
+            added = appended.parts[len(appended.parts) - len(result.files or empty):]
+            published: list[str] | None = [fsutil.join(target, p) for p in added]
+        else:
+            published = publish.commit(fs, staging, target)  # new names on an object store
+    except BaseException:
+        fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
+        raise
+    files = tuple(published if published is not None else
+                  (fsutil.join(target, p[len(staging):].lstrip("/")) for p in (result.files or empty)))
+    return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
+
+
+def _check_arguments(schema: Unischema, *, row_group_size_mb: float, rows_per_file: int | None,
+                     part_size_mb: float, partition_by: Sequence[str], petastorm_compatible: bool, mode: str,
+                     tag: str | None, overwrite: bool) -> None:
+    """:func:`write_dataset`'s arguments checked before anything is written (a SchemaError naming the one)."""
     if row_group_size_mb <= 0:
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
     if rows_per_file is not None and rows_per_file <= 0:
@@ -132,26 +170,13 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                               "directory name; partition by a str or number field")
     if petastorm_compatible:
         check_petastorm_compatible(schema)
-    url = os.fspath(url)
-    fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
-    publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
-    check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)
-    staging = fsutil.temporary_sibling(target)
-    try:
-        fs.create_dir(staging, recursive=True)  # inside: a Ctrl-C right after it removes it too
-        result = write_parts(fs, staging, schema, rows_or_batches, batched=batched,
-                             row_group_size_mb=row_group_size_mb, rows_per_file=rows_per_file,
-                             part_size_mb=part_size_mb, compression=compression, partition_by=partition_by,
-                             validate=validate, extra_metadata=extra_metadata)
-        empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
-                             empty=not result.files, petastorm_compatible=petastorm_compatible)
-        published = publish.commit(fs, staging, target)  # new names on an object store
-    except BaseException:
-        fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
-        raise
-    files = tuple(published if published is not None else
-                  (fsutil.join(target, p[len(staging):].lstrip("/")) for p in (result.files or empty)))
-    return WriteResult(url, result.num_rows, files, result.num_row_groups, result.bytes_written)
+    if mode not in ("write", "append"):
+        raise SchemaError(f"mode must be 'write' or 'append', got {mode!r}")
+    if mode == "append" and (overwrite or petastorm_compatible):
+        raise SchemaError("mode='append' adds a version: not with overwrite (which replaces the dataset), nor with "
+                          "petastorm_compatible (Petastorm's metadata lists the files, it would miss appended ones)")
+    if tag is not None and mode != "append":
+        raise SchemaError("tag= names the version an append makes (mode='append'); a write makes version 1")
 
 
 #: the name of the n-th part file one writer writes; conversion tasks put their index in it too
@@ -242,7 +267,7 @@ def _batches(schema: Unischema, data: Any, *, batched: bool, validate: bool) -> 
             first_row += table.num_rows
         elif isinstance(item, Mapping):
             n = column_length(schema, item)
-            yield _encode_columns(schema, item, storage_schema, first_row, n, validate)
+            yield encode_columns(schema, item, storage_schema, first_row, n, validate)
             first_row += n
         else:
             raise SchemaError(f"batched=True expects column mappings or Arrow tables, got {type(item).__name__}")
@@ -278,11 +303,14 @@ def _row_chunks(schema: Unischema, rows: Iterable[Any], storage_schema: pa.Schem
 def _encode_rows(schema: Unischema, rows: list[Mapping[str, Any]], storage_schema: pa.Schema,
                  first_row: int) -> pa.RecordBatch:
     columns = {f.name: [row.get(f.name) for row in rows] for f in schema}
-    return _encode_columns(schema, columns, storage_schema, first_row, len(rows), validate=False)
+    return encode_columns(schema, columns, storage_schema, first_row, len(rows), validate=False)
 
 
-def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema: pa.Schema,
-                    first_row: int, n: int, validate: bool) -> pa.RecordBatch:
+def encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema: pa.Schema,
+                   first_row: int, n: int, validate: bool) -> pa.RecordBatch:
+    """``n`` rows of ``columns`` (field name -> values; a missing field is nulls) encoded by their codecs into a
+    batch of ``storage_schema``, each checked first where ``validate``; errors name rows from ``first_row``
+    (used by the writer and by store/columns.py, which adds columns to existing rows)."""
     arrays = []
     for f in schema:
         values = columns.get(f.name)
@@ -291,7 +319,7 @@ def _encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schem
         if isinstance(values, pa.Array) and (validate or f.codec is None):
             values = values.to_pylist()  # checked and stored value by value
         if validate:
-            _validate_column(f, values, first_row)
+            validate_column(f, values, first_row)
         if f.codec is None:  # Arrow's nested lists: arrays of 2 or more dims go in as lists of lists
             array = pa.array([v.tolist() if isinstance(v, np.ndarray) and v.ndim > 1 else v for v in values],
                              type=f.arrow_type())
@@ -313,7 +341,7 @@ def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Arra
         raise
 
 
-def _validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
+def validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
     """Vectorised check for an ndarray column, per-row check otherwise."""
     if isinstance(values, np.ndarray) and values.dtype != object and values.ndim == len(f.shape) + 1:
         if values.dtype != f.dtype and f.dtype != object:

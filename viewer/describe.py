@@ -55,6 +55,7 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         "partitions": list(store.partition_names),
         "fields": [f.to_json() for f in store.schema],
         **({"missing_fields": list(missing), "schema_problem": missing_fields_message(store, missing)} if missing else {}),
+        **({"column_sets": {s.name: [f.name for f in s.fields] for s in store.side.sets}} if store.side else {}),
         **describe_rowgroup_indexes(store),
         **describe_cache(store),
     }
@@ -94,6 +95,9 @@ def format_description(info: dict[str, Any]) -> str:
     lines += format_cache(info)
     if info["partitions"]:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
+    if info.get("column_sets"):  # store/column_sets.py
+        lines.append("column sets (added beside the parts): "
+                     + "; ".join(f"{name}: {', '.join(fields)}" for name, fields in info["column_sets"].items()))
     table = [["field", "dtype", "shape", "codec", "nullable"]]
     missing = set(info.get("missing_fields", ()))
     for f in info["fields"]:

@@ -72,7 +72,7 @@ def gather(store: ParquetStore, url: str, sampling: Sampling, *, where: str | pc
         expression, where_columns = parse_filter(where, list(store.schema.fields))
     elif where is not None:  # an expression built in Python: which fields it reads is not known
         expression, where_columns = where, None
-    stats = StatsAccumulator(list(store.schema), store.arrow_schema)
+    stats = StatsAccumulator(list(store.schema), store.stored_schema)
     images = tuple(f.name for f in store.schema if isinstance(f.codec, CompressedImageCodec))
     for f in store.schema:  # image bytes unread where the nulls are known without them
         if f.name in images:

@@ -110,7 +110,7 @@ class ReaderPosition(_Trackable):
             raise InvalidArgumentError("a reader position counts rows, so the reader's rows per epoch must be known "
                                        "in advance: not with a predicate, filters, n-grams or a batch transform")
         self.reader = reader
-        self._start = reader.state_dict()
+        self._start, self._drops = _split(reader.state_dict())
         self._taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="unihub_rows_taken")
         self._emitted = emitted_for(reader)  # where a shuffled make_tf_dataset over it records its rows' order
 
@@ -149,6 +149,11 @@ class ReaderPosition(_Trackable):
         of the rows it took (the reader's stream order, which a reader state's ``exclude`` counts in)."""
         taken, emitted = self.rows_taken, self._emitted
         low, above = emitted.taken(taken) if emitted.active else (taken, np.empty(0, np.int64))
+        drops = self._drops
+        if drops is not None:  # the reader passes over rows taken before: the rows it delivers are the others
+            low, above = int(drops.kept(np.array([low]))[0]), drops.kept(above)
+            keys = drops.state_keys(low)  # low is a row delivered: the rows passed over are after it
+            above = np.union1d(above, low + keys["skip"] + np.asarray(keys["exclude"], np.int64))
         epoch, row = self._advanced(low)
         state = {"version": POSITION_STATE_VERSION, "reader": dict(self._start, epoch=epoch, task=0, offset=0),
                  "row": row}
@@ -157,7 +162,8 @@ class ReaderPosition(_Trackable):
         return state
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
-        """Put the reader on ``state``'s row (reading nothing before it); the count starts again there.
+        """Put the reader on ``state``'s row (reading nothing before it); the count starts again there. The rows
+        taken past it through a shuffled dataset (``exclude``) the reader passes over as they come, sharded or not.
 
         Given a list, the positions every rank of a run saved (with any shard count), this reader goes on
         with its equal share of the rows none of them took: the reader's elastic resume
@@ -169,21 +175,19 @@ class ReaderPosition(_Trackable):
             return
         state = _checked(state)
         reader, row = self.reader, int(state["row"])
-        if state.get("exclude"):  # rows taken out of order: the reader skips them as it does a rank's of a run
-            if list(state["reader"].get("shard", (0, 1)))[1] != 1:
-                raise PositionStateError("a sharded reader's position with rows taken out of its order (make_tf_"
-                                         "dataset's shuffle_buffer) resumes from every rank's positions: pass them "
-                                         "all, as a list")
-            self._load_elastic([state])
-            return
         try:
             reader.load_state_dict(state["reader"])
+            if state.get("exclude"):  # rows taken out of order: the reader passes over them as they come
+                reader.load_state_dict(_at_row(reader, row, state["exclude"]))
+            elif row:
+                reader.seek(row)
         except UnihubError as exc:
             raise PositionStateError(f"the saved position belongs to another reader: {exc}") from exc
-        if row:
-            reader.seek(row)
-        # the count goes on from the row (a batch reader's state cannot say a row inside a batch)
-        self._start, self._start_row = dict(state["reader"]), row
+        if state.get("exclude"):  # the count goes on from the reader's position, through the rows it passes over
+            self._start, self._drops = _split(reader.state_dict())
+            self._start_row = 0
+        else:  # the count goes on from the row (a batch reader's state cannot say a row inside a batch)
+            self._start, self._drops, self._start_row = _split(state["reader"])[0], None, row
         self._count_again()
 
     def _load_elastic(self, states: list[dict[str, Any]]) -> None:
@@ -193,7 +197,7 @@ class ReaderPosition(_Trackable):
             reader.load_state_dict([_reader_state(s, reader) for s in states])
         except UnihubError as exc:
             raise PositionStateError(f"the saved positions do not resume this reader: {exc}") from exc
-        self._start, self._start_row = reader.state_dict(), 0
+        (self._start, self._drops), self._start_row = _split(reader.state_dict()), 0
         self._count_again()
 
     def _count_again(self) -> None:
@@ -275,6 +279,24 @@ def _keras_holder() -> type:
                 self.position.load_state_dict(json.loads(bytes(np.asarray(store["state"]))))
 
     return ReaderPositionHolder
+
+
+def _split(state: dict[str, Any]) -> tuple[dict[str, Any], elastic.Drops | None]:
+    """A reader's state without the rows after its position it passes over (``skip``/``exclude``), and those."""
+    return {k: v for k, v in state.items() if k not in ("skip", "exclude")}, elastic.Drops.of_state(state)
+
+
+def _at_row(reader: Any, row: int, exclude: Sequence[int]) -> dict[str, Any]:
+    """The state of ``reader`` (at the start of an epoch) at its epoch's row ``row``, the rows ``exclude`` offsets
+    after it passed over (a batch reader's at the start of the row's task, the rows before it passed over too)."""
+    state = reader.state_dict()
+    tasks = reader.plan_of(int(state["epoch"]))
+    index = 0
+    while index < len(tasks) and row >= tasks[index].num_rows:
+        row, index = row - tasks[index].num_rows, index + 1
+    if reader.batched or index == len(tasks):
+        return dict(state, task=index, offset=0, skip=row, exclude=list(exclude))
+    return dict(state, task=index, offset=row, skip=0, exclude=list(exclude))
 
 
 def _rows_before(tasks: list[planning.ReadTask], task: int | None = None) -> int:

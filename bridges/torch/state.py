@@ -146,7 +146,7 @@ def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:
     out = []
     for state in states:
         reader_state, skip, exclude = parse_loader_state(state)
-        out.append(dict(reader_state, skip=skip, exclude=exclude))
+        out.append(elastic.with_delivered_after(reader_state, skip, exclude))
     check_every_shard(out)
     return out
 

@@ -493,3 +493,44 @@ def test_make_tf_dataset_over_row_groups_read_as_one_task(cut_dataset, monkeypat
 
     assert_same_batches(batches(False), batches(True))
     assert decodes
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_state_with_rows_to_pass_over_resumes_exactly_through_merged_row_groups(cut_dataset, monkeypatch,
+                                                                                  batched) -> None:
+    """A resumed state's rows to pass over (``skip``/``exclude``) are dropped from batches that stand for
+    several tasks of the plan (a row group read as one, images decoded later): the rest once, in order, a
+    state saved part-way resuming exactly."""
+    from unihub.readers import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "DECODE_TASK_BYTES", 60 * 2**10)  # tasks of 64 rows or so
+    make = make_batch_reader if batched else make_reader
+    options = dict(seed=2, shuffle_rows=True, workers_count=2, schema_fields=["id", "photo"])
+
+    def ids(item: Any) -> list[int]:
+        return [int(i) for i in item.id] if batched else [int(item.id)]
+
+    with make(cut_dataset, **options) as reader:
+        fresh = [i for item in reader for i in ids(item)]
+        assert len(fresh) == N
+    with make(cut_dataset, **options) as reader:
+        head = len(ids(next(reader)))
+        state = dict(reader.state_dict(), skip=3, exclude=[0, 60, 61, 62, 200, 201, 500])
+    gone = {head + x for x in [0, 1, 2, 3, 63, 64, 65, 203, 204, 503]}
+    expected = [row for at, row in enumerate(fresh) if at >= head and at not in gone]
+    with make(cut_dataset, resume_from=state, **options) as reader:
+        with reader.images_decoded_later():
+            if batched:
+                got, states = [], []
+                for item in reader:
+                    got += ids(item)
+                    states.append((len(got), reader.state_dict()))
+            else:
+                got, states = [], []
+                while (columns := reader.next_columns(1000)) is not None:
+                    got += [int(i) for i in columns["id"]]
+                    states.append((len(got), reader.state_dict()))
+    assert got == expected
+    for taken, saved in states[:: max(1, len(states) // 5)]:
+        with make(cut_dataset, resume_from=saved, **options) as reader:
+            assert [i for item in reader for i in ids(item)] == expected[taken:]

@@ -318,6 +318,7 @@ def test_reset_starts_over(urls, full_order):
     (lambda s: {**s, "probabilities": [0.5, 0.5]}, "probabilities"),
     (lambda s: {**s, "readers": [s["readers"][0], {**s["readers"][1], "plan": "0"}]}, "another dataset"),
     (lambda s: s["readers"][0], "WeightedSamplingReader state"),
+    (lambda s: {**s, "skip": 3, "exclude": [1]}, "rows past its position"),  # once silently delivered again
 ])
 def test_a_refused_state_leaves_the_mixer_as_it_was(urls, full_order, change, match):
     with mixer_over(urls) as mixer:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from unihub import WeightedSamplingReader, in_lambda, make_batch_reader, make_reader
 from unihub.errors import InvalidArgumentError, UnihubError, UsageError
-from unihub.readers.reader import ReaderStateError
+from unihub.readers.reader import ReaderStateError, next_pass_seed
 from unihub.readers.weighted import (
     STATE_KIND,
     OnExhausted,
@@ -122,12 +122,20 @@ def test_cycle_delivers_each_source_in_its_own_order_pass_after_pass(urls, seed,
         assert mix.num_epochs is None
         got = take(mix, 900)
         passes = mix.diagnostics["passes"]
+    orders = []
     for k, url in enumerate(urls):
         mine = [i for i in got if i // 1000 == k]
-        alone = own_order(url, k, seed, epochs)  # a pass: all its epochs, in its own seeded order
-        assert mine == (alone * (len(mine) // len(alone) + 1))[:len(mine)], f"source {k}"
-        assert passes[k] == (len(mine) - 1) // len(alone)  # a pass starts when a drawn source ran out
+        alone, pass_seed = [], seed + k  # pass after pass: all its epochs, each pass in its own seeded order
+        while len(alone) <= len(mine):
+            with source_reader(url, 0, epochs=epochs, seed=pass_seed) as reader:
+                alone.append(ids(reader))
+            pass_seed = next_pass_seed(pass_seed)
+        assert mine == [i for rows in alone for i in rows][:len(mine)], f"source {k}"
+        assert passes[k] == (len(mine) - 1) // len(alone[0])  # a pass starts when a drawn source ran out
+        orders += alone[:passes[k] + 1]
+        assert all(sorted(rows) == sorted(alone[0]) for rows in alone)  # every pass: all of the source's rows
     assert sum(passes) > 0
+    assert len({tuple(rows) for rows in orders}) == len(orders)  # no pass in another's order
 
 
 @run_settings
@@ -195,6 +203,17 @@ def test_resume_mid_cycle_in_thread_pools(urls):
     assert state["passes"][1] > 0
     with mixer(urls, [0.2, 0.5, 0.3], 5, "cycle", pool="thread", resume_from=state) as second:
         assert head + take(second, 130) == full
+
+
+def test_start_over_goes_back_to_the_first_pass_and_its_order(urls):
+    """After passes each in their own order, start_over() (a loader's next iteration) gives the first pass's rows
+    again, in its order, and the passes after it as before."""
+    with mixer(urls, [0.2, 0.5, 0.3], 5, "cycle") as mix:
+        full = take(mix, 300)
+        assert max(mix.diagnostics["passes"]) > 1
+        mix.start_over()
+        assert mix.diagnostics["passes"] == [0, 0, 0]
+        assert take(mix, 300) == full
 
 
 def test_a_state_of_another_mode_is_refused(urls):

@@ -1,0 +1,83 @@
+"""``unihub vacuum`` and ``unihub inspect --versions``: a dataset's versions (:mod:`unihub.store.versions`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.readers.filter_text import parse_filter
+from unihub.store.dataset import open_dataset
+from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
+
+
+def version_rows(versions: list[Version]) -> list[dict[str, Any]]:
+    """One JSON-able row per version: number, timestamp, operation, tag, files, rows added, sources."""
+    return [{"version": v.number, "timestamp": v.timestamp, "operation": v.operation, "tag": v.tag,
+             "files": len(v.parts), "added_rows": v.added_rows, "sources": len(v.sources),
+             "recorded": v.recorded} for v in versions]
+
+
+def print_versions(path: str, as_json: bool, storage_options: dict[str, Any] | None = None) -> int:
+    """Print the versions of the dataset at ``path``, a table (or JSON)."""
+    rows = version_rows(list_versions(path, storage_options=storage_options))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'version':>7}  {'timestamp':<29}  {'operation':<14}  {'files':>5}  {'rows added':>10}  tag")
+    for row in rows:
+        added = "?" if row["added_rows"] is None else f"{row['added_rows']:,}"
+        print(f"{row['version']:>7}  {row['timestamp']:<29}  {row['operation']:<14}  {row['files']:>5}  "
+              f"{added:>10}  {row['tag'] or ''}")
+    return 0
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    result = vacuum_dataset(args.path, args.keep, storage_options=storage_options_of(args))
+    print(f"removed {len(result.removed_versions)} version(s) and {len(result.removed_files)} file(s); kept "
+          f"version(s) {', '.join(map(str, result.kept_versions)) or 'none'}: {args.path}")
+    return 0
+
+
+def add_vacuum_command(sub: Any) -> None:
+    vacuum = sub.add_parser("vacuum", help="remove a dataset's old versions and the files only they use",
+                            description="Keep the newest N versions of a dataset that grows (convert --append, "
+                                        "write_dataset(mode='append')); remove older version records and the "
+                                        "files no kept version uses (never a live append's).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="examples:\n"
+                                   "  unihub vacuum /data/train --keep 10\n"
+                                   "  unihub inspect /data/train --versions")
+    vacuum.add_argument("path", help="dataset directory or URL")
+    vacuum.add_argument("--keep", type=int, required=True, help="how many of the newest versions to keep (>= 1)")
+    add_storage_option(vacuum)
+    vacuum.set_defaults(func=cmd_vacuum)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    options = storage_options_of(args)
+    names = open_dataset(args.path, storage_options=options).arrow_schema.names
+    version = delete_rows(args.path, parse_filter(args.where, names).expression, tag=args.tag,
+                          storage_options=options)
+    if version is None:
+        print(f"no row matched: nothing deleted, no version made: {args.path}")
+    else:
+        print(f"deleted {-(version.added_rows or 0):,} row(s) as version {version.number}: {args.path}")
+    return 0
+
+
+def add_delete_command(sub: Any) -> None:
+    delete = sub.add_parser("delete", help="delete the rows a filter matches, as a new version of the dataset",
+                            description="Rewrite the part files holding rows WHERE matches without them, as a new "
+                                        "version (older versions still read them until unihub vacuum).",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="examples:\n"
+                                   "  unihub delete /data/train --where 'id < 100'\n"
+                                   "  unihub delete /data/train --where 'label in [3, 4]' --tag no-3-4")
+    delete.add_argument("path", help="dataset directory or URL")
+    delete.add_argument("--where", required=True, help="the rows to delete, on the stored columns: a pyarrow "
+                        "expression with bare field names, or pyarrow's DNF list as JSON (as unihub show --where)")
+    delete.add_argument("--tag", help="a name for the version it makes")
+    add_storage_option(delete)
+    delete.set_defaults(func=cmd_delete)

@@ -1,0 +1,753 @@
+"""A dataset that grows: numbered versions, appends, time travel, tags and vacuum, on any filesystem.
+
+A dataset is a sequence of versions (a write, appends, column adds and removals, deletes of rows by a
+filter). Each commit after the first write is recorded in one small JSON
+file, written once and never changed::
+
+    DST/_unihub_versions/00000001.json   {"number": 1, "operation": "write", "timestamp": ..., "tag": ...,
+    DST/_unihub_versions/00000002.json    "parts": [every data file of the version, in reading order],
+                                          "common_metadata": its schema file, "sources": [...],
+                                          "column_sets": [], "base": ..., "added_rows": ...}
+
+A record lists *all* the files of its version (not a difference), so reading version N reads one record.
+``column_sets`` holds the version's column sets whole (:mod:`unihub.store.column_sets`: fields added to
+the rows beside the parts, each with its side files): :func:`commit_columns` publishes a version that adds,
+backfills or removes one, an append carries them forward, and everything that keeps or removes files
+(:func:`vacuum`, :func:`remove_orphans`, ``publish.settle``) counts their files through
+:func:`unihub.fs.publish.record_files`, so a backfill's old values stay for the versions that list them.
+
+**Append** (:func:`commit_append`, used by ``write_dataset(mode="append")`` and ``convert --append``): the
+rows are staged as a whole dataset (as any write), their schema checked against the latest version's
+(:class:`~unihub.errors.AppendSchemaError` otherwise), the staged parts put into the dataset under names
+no other run uses (``unihub-<run>-part-....parquet``: a rename on a local disk, a copy on an object store),
+then the next version's record published last, in one step that refuses an existing record
+(:func:`unihub.fs.publish.put_if_absent`: a hard link locally, a conditional PUT ``If-None-Match: *`` on
+S3). Of two concurrent appenders one gets the number; the other reads the new latest version and tries
+the next number with its parts added to it, so both land; a schema the winner changed, or 8 refusals in a
+row, is a :class:`~unihub.errors.ConcurrentCommitError` and the loser's files are removed. A kill at any
+moment leaves the old version or the new one: files put in place before their record are listed by no
+version, and the next append or :func:`vacuum` removes them once their run is dead.
+
+A dataset written once, by unihub, Petastorm or Spark, has no record: it is version 1 (implicit) and reads
+exactly as before. The first append records version 1 first. An overwrite (``write_dataset(overwrite=True)``)
+replaces the whole dataset and starts a new history at version 1 (on an object store the records of the
+replaced history name their manifest's run as ``base`` and stop counting).
+
+**Plain Parquet readers** (Spark, ``pyarrow.dataset``): an append only adds part files, so the latest
+version is always a superset of the earlier ones and a plain listing of the directory reads the latest
+version (files a killed append left are the exception until they are removed). A vacuum removes only files
+no kept version lists, so it keeps this property. So does a delete (:func:`delete_rows`): it rewrites the files
+holding the rows it deletes, and moves the replaced ones out of the directory into ``_unihub_versions/retired/``,
+where older versions (and readers that opened one) find them until a vacuum removes them.
+
+**Readers pin a version**: :func:`~unihub.store.dataset.open_dataset` reads the latest record's files (or
+``version=``/``tag=``'s), so an append while a reader reads is simply not seen.
+
+**Incremental conversion**: a version records, cumulatively, the source files its rows came from (path,
+size, modification time, SHA-256); :func:`new_sources` tells which of a conversion's inputs are new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import (
+    AppendSchemaError,
+    ConcurrentCommitError,
+    DatasetNotFoundError,
+    FormatError,
+    InvalidArgumentError,
+    SourceChangedError,
+    VersionNotFoundError,
+)
+from unihub.fs import atomic, publish, remote
+from unihub.fs import filesystem as fsutil
+from unihub.schema.unischema import SCHEMA_METADATA_KEY
+from unihub.store import column_sets, integrity
+
+VERSIONS_DIR = publish.VERSIONS_DIR
+COMMON_METADATA = publish.COMMON_METADATA
+FORMAT = "unihub.version"
+RECORD_VERSION = 1
+#: how many times an append tries the next number after another writer took the one it wanted
+COMMIT_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A source file a conversion read: its path or URL, size, modification time and SHA-256."""
+
+    path: str
+    size: int
+    mtime_ns: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of a dataset: its files (relative to the dataset root) and how it came to be."""
+
+    number: int
+    timestamp: str
+    operation: str
+    parts: tuple[str, ...]
+    common_metadata: str | None
+    tag: str | None = None
+    base: str | None = None
+    added_rows: int | None = None
+    sources: tuple[SourceFile, ...] = ()
+    column_sets: tuple[dict[str, Any], ...] = ()
+    #: False for version 1 of a dataset that has no record yet (written once, read as it is)
+    recorded: bool = True
+
+    def as_record(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": RECORD_VERSION, "number": self.number, "timestamp": self.timestamp,
+                "operation": self.operation, "tag": self.tag, "base": self.base, "added_rows": self.added_rows,
+                "parts": list(self.parts), "common_metadata": self.common_metadata,
+                "column_sets": [dict(s) for s in self.column_sets],
+                "sources": [{"path": s.path, "size": s.size, "mtime_ns": s.mtime_ns, "sha256": s.sha256}
+                            for s in self.sources]}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.as_record(), indent=1).encode()
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any], where: str) -> Version:
+        try:
+            if data.get("format") != FORMAT or data.get("version") != RECORD_VERSION:
+                raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
+            return cls(int(data["number"]), str(data["timestamp"]), str(data["operation"]),
+                       tuple(str(p) for p in data["parts"]), data.get("common_metadata"), data.get("tag"),
+                       data.get("base"), data.get("added_rows"),
+                       tuple(SourceFile(s["path"], int(s["size"]), s.get("mtime_ns"), s.get("sha256"))
+                             for s in data.get("sources", ())),
+                       tuple(data.get("column_sets", ())))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"{where}: not a unihub version record this version reads ({exc})",
+                              path=where) from exc
+
+    def files(self) -> set[str]:
+        """Every file this version reads, relative to the dataset root."""
+        return publish.record_files(self.as_record())
+
+
+def record_path(root: str, number: int) -> str:
+    return f"{root.rstrip('/')}/{VERSIONS_DIR}/{number:08d}.json"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+# -- reading the history -----------------------------------------------------------------------------------
+def history(fs: pafs.FileSystem, root: str) -> list[Version]:
+    """The versions of the dataset at ``root``, oldest first: its records, else (a dataset never appended
+    to) its one implicit version 1, else none (nothing there)."""
+    root = root.rstrip("/")
+    manifest = publish.read_manifest(fs, root)
+    base = manifest.run if manifest is not None else None
+    records = publish.version_records(fs, root, base)
+    if records:
+        return sorted((Version.from_record(data, f"{root}/{rel}") for rel, data in records.items()),
+                      key=lambda v: v.number)
+    implicit = _implicit_first(fs, root, manifest)
+    return [implicit] if implicit is not None else []
+
+
+def _implicit_first(fs: pafs.FileSystem, root: str, manifest: publish.Manifest | None) -> Version | None:
+    """Version 1 of a dataset without records: what its manifest lists, else every data file in it."""
+    if manifest is not None:
+        parts, common = manifest.parts, manifest.common_metadata
+    else:
+        present = publish.files_under(fs, root)
+        # an append's parts (named after its run) before its record: not the first write's
+        parts = tuple(rel for rel in present if publish.is_data(rel) and publish.run_of(rel) is None)
+        common = COMMON_METADATA if COMMON_METADATA in present else None
+    if not parts:
+        return None
+    stamp = fs.get_file_info(f"{root}/{common or parts[-1]}").mtime
+    timestamp = stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds") if stamp else _now()
+    sets, _ = column_sets.read_record(fs, root)  # sets added before versions held them
+    return Version(1, timestamp, "write", tuple(parts), common, base=manifest.run if manifest else None,
+                   column_sets=sets.as_version(), recorded=False)
+
+
+def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: str | None = None
+            ) -> Version | None:
+    """The version to read: ``version``'s or ``tag``'s, else the latest recorded one; None for a dataset
+    that has no records and where none was asked (it is read as before: its manifest or its listing)."""
+    if version is not None and tag is not None:
+        raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    if tag is None:
+        if version is None and not _has_records(fs, root):
+            return None
+        found = _one_record(fs, root, version)  # one record read, not every one
+        if found is not None or version is None:
+            return found
+    versions = history(fs, root)
+    for candidate in versions:
+        if (version is not None and candidate.number == version) or (tag is not None and candidate.tag == tag):
+            return candidate
+    asked = f"version {version}" if version is not None else f"tag {tag!r}"
+    there = ", ".join(f"{v.number}" + (f" ({v.tag})" if v.tag else "") for v in versions) or "none"
+    raise VersionNotFoundError(f"{root}: no {asked}; versions there: {there} (an overwrite starts a new history; "
+                               "unihub vacuum removes old versions)")
+
+
+def _one_record(fs: pafs.FileSystem, root: str, number: int | None) -> Version | None:
+    """Version ``number`` (None: the latest) of the published history, reading only its record; None where it
+    is not recorded."""
+    root = root.rstrip("/")
+    manifest = publish.read_manifest(fs, root)
+    base = manifest.run if manifest is not None else None
+    names = publish.version_record_names(fs, root)
+    if number is not None:
+        names = [n for n in names if n == f"{VERSIONS_DIR}/{number:08d}.json"]
+    for rel in reversed(names):
+        record = publish.read_version_record(fs, root, rel)
+        if record.get("base") == base:
+            return Version.from_record(record, f"{root}/{rel}")
+    return None
+
+
+def _has_records(fs: pafs.FileSystem, root: str) -> bool:
+    """Whether ``root`` has a records folder (one listing; most datasets have none)."""
+    return fs.get_file_info(f"{root.rstrip('/')}/{VERSIONS_DIR}").type == pafs.FileType.Directory
+
+
+# -- appending ----------------------------------------------------------------------------------------------
+@dataclass
+class _Placed:
+    """What an append put into the dataset so far (removed again unless its record lands)."""
+
+    parts: list[str] = field(default_factory=list)
+    common_metadata: str | None = None
+
+
+def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | None = None,
+                  sources: Sequence[SourceFile] = (), added_rows: int | None = None) -> Version:
+    """Add the dataset staged in ``staging`` (part files and ``_common_metadata``) to the dataset at
+    ``target`` as its next version; see the module docstring. ``target`` may be missing: the staged
+    dataset becomes its version 1. ``sources``: the source files the staged rows came from (kept with the
+    earlier versions' in the record). ``staging`` is removed. Returns the version published."""
+    target = target.rstrip("/")
+    if fsutil.on_local_disk(fs) and not os.path.lexists(target):
+        first = Version(1, _now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
+                        added_rows=added_rows, sources=tuple(sources))
+        created = _create_locally(staging, target, first)
+        if created is not None:
+            return created
+    base = None if fsutil.on_local_disk(fs) else publish.adopt(fs, target).run  # an empty manifest for a new one
+    current = history(fs, target)
+    check_tag(current, tag, target)
+    staged_common = f"{staging}/{COMMON_METADATA}"
+    fit = check_append_schema(fs, staged_common, target, current[-1]) if current else "same"
+    if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
+        _record_first(fs, target, current[-1])
+        current = history(fs, target)
+    retire_unlisted(fs, target, current)  # what a killed delete left
+    remove_orphans(fs, target, current)
+    placed = _Placed()
+    try:
+        _place(fs, staging, target, placed)
+        version = _publish_record(fs, target, placed, base, tag=tag, sources=sources, added_rows=added_rows,
+                                  staged_common=staged_common, fit=fit)
+    except BaseException:
+        for rel in [*placed.parts, *([placed.common_metadata] if placed.common_metadata else [])]:
+            fsutil.remove(fs, f"{target}/{rel}")
+        raise
+    fsutil.remove(fs, staging)
+    if fit == "wider" and placed.common_metadata and version.common_metadata == placed.common_metadata:
+        _replace_plain_schema(fs, target, placed.common_metadata)  # plain readers read the schema there
+    return version
+
+
+def _replace_plain_schema(fs: pafs.FileSystem, target: str, common: str) -> None:
+    """``_common_metadata`` replaced by the version's schema file (a rename locally, one copy elsewhere)."""
+    if not fsutil.on_local_disk(fs):
+        fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
+        return
+    temporary = f"{target}/{COMMON_METADATA}.unihub-{atomic.run_id()}.tmp"
+    try:
+        fs.copy_file(f"{target}/{common}", temporary)
+        os.replace(temporary, f"{target}/{COMMON_METADATA}")
+    finally:
+        atomic.remove(temporary)
+
+
+def _record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
+    """Record version 1 of a dataset written once, with a copy of its ``_common_metadata`` of its own (an
+    append that adds a field replaces the plain one)."""
+    common = implicit.common_metadata
+    if common == COMMON_METADATA:
+        common = f"{COMMON_METADATA}.unihub-{atomic.run_id()}"
+        fs.copy_file(f"{target}/{COMMON_METADATA}", f"{target}/{common}")
+    if not publish.put_if_absent(fs, record_path(target, 1), replace(implicit, common_metadata=common,
+                                                                     recorded=True).to_json()):
+        if common != implicit.common_metadata:  # another appender recorded it first
+            fsutil.remove(fs, f"{target}/{common}")
+
+
+def _create_locally(staging: str, target: str, first: Version) -> Version | None:
+    """A new local dataset: the record written into the staging area, which is renamed onto ``target``
+    unless something is there by now (then None: append to it)."""
+    common = f"{COMMON_METADATA}.unihub-{atomic.run_id()}"
+    shutil.copyfile(f"{staging}/{COMMON_METADATA}", f"{staging}/{common}")
+    first = replace(first, common_metadata=common)
+    path = record_path(staging, 1)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(first.to_json())
+    try:
+        atomic.rename_noreplace(staging, target)
+    except FileExistsError:
+        atomic.remove(os.path.dirname(path))
+        atomic.remove(f"{staging}/{common}")
+        return None
+    return first
+
+
+def _data_files(fs: pafs.FileSystem, root: str) -> tuple[str, ...]:
+    return tuple(rel for rel in publish.files_under(fs, root) if publish.is_data(rel))
+
+
+def _place(fs: pafs.FileSystem, staging: str, target: str, placed: _Placed) -> None:
+    """The staged data files and schema put into ``target`` under this run's names."""
+    run = atomic.run_id()
+    local = fsutil.on_local_disk(fs)
+    for rel in _data_files(fs, staging):
+        head, name = posixpath.split(rel)
+        dest = posixpath.join(head, f"unihub-{run}-{name}")
+        placed.parts.append(dest)
+        if local:
+            os.makedirs(os.path.dirname(f"{target}/{dest}"), exist_ok=True)
+            os.rename(f"{staging}/{rel}", f"{target}/{dest}")
+        else:
+            fs.copy_file(f"{staging}/{rel}", f"{target}/{dest}")
+    if fsutil.exists(fs, f"{staging}/{COMMON_METADATA}"):
+        placed.common_metadata = f"{COMMON_METADATA}.unihub-{run}"
+        fs.copy_file(f"{staging}/{COMMON_METADATA}", f"{target}/{placed.common_metadata}")
+
+
+def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str | None, *, tag: str | None,
+                    sources: Sequence[SourceFile], added_rows: int | None, staged_common: str,
+                    fit: str) -> Version:
+    """The next version's record, published by :func:`unihub.fs.publish.put_if_absent`; another writer's
+    record in the way: read the new latest and try the number after it."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        current = history(fs, target)
+        latest = current[-1] if current else None
+        if latest is not None and attempt:  # another append landed: its schema may have changed
+            check_tag(current, tag, target)
+            fit = check_append_schema(fs, f"{target}/{placed.common_metadata}" if placed.common_metadata
+                                        else staged_common, target, latest)
+        known = {s.path: s for s in (latest.sources if latest else ())}
+        both = sorted(s.path for s in sources if s.path in known)
+        if both:  # two incremental conversions at once: the other converted these files, they would be twice
+            raise ConcurrentCommitError(f"{target}: another conversion published {len(both)} of these source "
+                                        f"files meanwhile ({', '.join(both[:3])}); nothing of this one was "
+                                        "published: run it again to convert what is still new")
+        known.update((s.path, s) for s in sources)
+        version = Version((latest.number if latest else 0) + 1, _now(), "append" if latest else "write",
+                          (*(latest.parts if latest else ()), *placed.parts),
+                          latest.common_metadata if latest is not None and fit == "narrower"
+                          else placed.common_metadata, tag=tag,
+                          base=base, added_rows=added_rows, sources=tuple(known.values()),
+                          column_sets=latest.column_sets if latest else ())
+        if publish.put_if_absent(fs, record_path(target, version.number), version.to_json()):
+            return version
+        time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
+    raise ConcurrentCommitError(f"{target}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
+                                "nothing of this append was published: run it again")
+
+
+# -- column sets ------------------------------------------------------------------------------------------------
+def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
+                   sets_of: Callable[[Version], tuple[dict[str, Any], ...]], *, operation: str,
+                   tag: str | None = None) -> Version:
+    """Publish the next version of the dataset at ``root``: the latest's files with the column sets
+    ``sets_of(latest)`` (store/columns.py: the change made from ``base``, put onto the latest version, or a
+    :class:`~unihub.errors.ConcurrentCommitError` where it no longer fits), by the create-if-absent step appends
+    use; another commit taking the number first is read and the next number tried, so both land. A dataset
+    written once has its version 1 recorded first. Returns the version published."""
+    root = root.rstrip("/")
+    for attempt in range(COMMIT_ATTEMPTS):
+        current = history(fs, root)
+        if current and not current[-1].recorded:
+            _record_first(fs, root, current[-1])
+            current = history(fs, root)
+        if not current or current[-1].base != base.base:
+            raise ConcurrentCommitError(f"{root}: the dataset was overwritten or removed while its columns were "
+                                        f"being changed; nothing of the {operation} was published")
+        check_tag(current, tag, root)
+        latest = current[-1]
+        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation=operation, tag=tag,
+                          added_rows=0, column_sets=sets_of(latest))
+        if publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
+            fsutil.remove(fs, f"{root}/{column_sets.RECORD}")  # sets from before versions: version 1 holds them
+            return version
+        time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
+    raise ConcurrentCommitError(f"{root}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
+                                f"nothing of the {operation} was published: run it again")
+
+
+def check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
+    """A :class:`~unihub.errors.VersionNotFoundError` where ``tag`` names one of the versions ``current`` already."""
+    if tag is not None and any(v.tag == tag for v in current):
+        raise VersionNotFoundError(f"{target}: tag {tag!r} names version "
+                                   f"{next(v.number for v in current if v.tag == tag)} already; tags are unique")
+
+
+def _arrow_schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
+    with fs.open_input_file(path) as handle:
+        return pq.read_schema(handle)
+
+
+def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, latest: Version) -> str:
+    """How the staged rows' schema compares with the latest version's: ``'same'``; ``'wider'``: it adds
+    nullable fields (then it becomes the version's schema; the files before read those fields as nulls);
+    ``'narrower'``: it lacks only nullable fields of the dataset's (those rows read them as nulls). Anything else (a field of another type, shape, codec or nullability, a new field that is not
+    nullable, fields added on both sides) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
+    Metadata such as the source's name may differ."""
+    old_path = f"{target}/{latest.common_metadata or latest.parts[0]}"
+    old, new = _arrow_schema(fs, old_path), _arrow_schema(fs, staged_common)
+    old_fields, new_fields = _unischema_fields(old), _unischema_fields(new)
+    added = [n for n in new.names if n not in old.names]
+    dropped = [n for n in old.names if n not in new.names]
+    differ = _differing(old, new, old_fields, new_fields, added, dropped)
+    if differ:
+        shown = "; ".join(f"{n}: {_describe(old, old_fields, n)} in the dataset, {_describe(new, new_fields, n)} "
+                          "appended" for n in sorted(differ)[:8])
+        raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
+                                f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema, or add "
+                                "nullable fields only (convert --schema, or write_dataset with that Unischema)")
+    return "wider" if added else "narrower" if dropped else "same"
+
+
+def _differing(old: pa.Schema, new: pa.Schema, old_fields: dict[str, Any] | None, new_fields: dict[str, Any] | None,
+               added: list[str], dropped: list[str]) -> set[str]:
+    """The fields an append may not change so: another type, shape, codec or nullability; added or dropped
+    where not nullable; added and dropped at once."""
+    differ = {f.name for f in old if f.name in new.names and not new.field(f.name).equals(f)}
+    if old_fields is not None and new_fields is not None:
+        differ |= {n for n in old_fields.keys() & new_fields.keys() if old_fields[n] != new_fields[n]}
+    differ |= {n for n in added if not _nullable(new, new_fields, n)}
+    differ |= {n for n in dropped if not _nullable(old, old_fields, n)}
+    if added and dropped:
+        differ |= set(added) | set(dropped)
+    return differ
+
+
+def _nullable(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> bool:
+    """Whether ``name`` may be null, as stored and in the Unischema."""
+    return schema.field(name).nullable and (fields is None or name not in fields or bool(fields[name]["nullable"]))
+
+
+def _unischema_fields(schema: pa.Schema) -> dict[str, Any] | None:
+    raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        return {f["name"]: f for f in json.loads(raw)["fields"]}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _describe(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> str:
+    if fields is not None and name in fields:
+        f = fields[name]
+        return (f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
+                + (" nullable" if f.get("nullable") else " not null"))
+    return str(schema.field(name).type) if name in schema.names else "absent"
+
+
+# -- removing what no kept version lists -----------------------------------------------------------------
+@dataclass(frozen=True)
+class VacuumResult:
+    """What :func:`vacuum` removed: version numbers, and files (relative to the dataset root)."""
+
+    removed_versions: tuple[int, ...]
+    removed_files: tuple[str, ...]
+    kept_versions: tuple[int, ...]
+
+
+def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
+    """Remove the versions older than the newest ``keep``, then the files only they listed (never one a kept
+    version lists), and files a killed append left (named after a dead run). Records go first: a kill
+    between leaves files no version lists, which the next vacuum removes."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise VersionNotFoundError(f"keep must be a whole number >= 1 (the newest versions kept), got {keep!r}")
+    root = root.rstrip("/")
+    current = history(fs, root)
+    if not current or not current[-1].recorded:
+        return VacuumResult((), (), tuple(v.number for v in current))
+    kept, dropped = current[-keep:], current[:-keep]
+    for version in dropped:
+        fsutil.remove(fs, record_path(root, version.number))
+    listed = {f for v in kept for f in v.files()}
+    # the plain _common_metadata stays: readers that know no versions (Spark, pyarrow) read the schema there
+    removed = sorted({f for v in dropped for f in v.files()} - listed - {COMMON_METADATA})
+    for rel in removed:
+        fsutil.remove(fs, f"{root}/{rel}")
+        fsutil.remove(fs, retired_path(root, rel))
+    retire_unlisted(fs, root, kept)
+    removed += remove_orphans(fs, root, kept)
+    column_sets.remove_empty_folders(fs, root)
+    return VacuumResult(tuple(v.number for v in dropped), tuple(removed), tuple(v.number for v in kept))
+
+
+def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
+    """Remove the files at ``root`` that no version lists and a dead run of an append or a column add put there
+    (named ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
+    files of every record read after the listing are kept). Returns those removed."""
+    if not versions or not versions[-1].recorded:
+        return []
+    present = publish.files_under(fs, root)
+    # the history read again after the listing: an append that published meanwhile (and whose process may have
+    # ended since) keeps its files
+    newest = versions[-1].number
+    later = [v for v in history(fs, root) if v.number > newest]
+    listed = {f for v in [*versions, *later] for f in v.files()}
+    removed = []
+    for rel in present:
+        if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
+            continue
+        run = publish.run_of(rel)
+        if run is not None and (publish.is_data(rel) or rel.startswith((f"{COMMON_METADATA}.unihub-",
+                                                                          f"{column_sets.DIRECTORY}/"))) \
+                and not publish.run_alive(run):
+            fsutil.remove(fs, f"{root}/{rel}")
+            removed.append(rel)
+    return removed
+
+
+# -- incremental conversion ---------------------------------------------------------------------------------
+def describe_source(path: str, *, checksum: bool = True) -> SourceFile:
+    """A source file's size, modification time and (``checksum``) SHA-256, read through its filesystem."""
+    fs, resolved = fsutil.resolve_filesystem(path)
+    info = fs.get_file_info(resolved)
+    if info.type != pafs.FileType.File:
+        raise FormatError(f"{path}: not a file", path=path)
+    digest = None
+    if checksum:
+        sha = hashlib.sha256()
+        with fs.open_input_stream(resolved) as handle:
+            while chunk := handle.read(8 * 2**20):
+                sha.update(chunk)
+        digest = sha.hexdigest()
+    return SourceFile(path, int(info.size or 0), info.mtime_ns, digest)
+
+
+def new_sources(paths: Iterable[str], converted: Sequence[SourceFile]) -> list[SourceFile]:
+    """The source files of ``paths`` not yet in the dataset (with their checksums), in order; those that
+    are unchanged are left out. A file converted before whose size or modification time differs is hashed:
+    the same SHA-256 (a file touched or copied again) counts as converted; another is a
+    :class:`~unihub.errors.SourceChangedError` naming every such file (the conversion refuses before it
+    writes anything: the dataset cannot hold both contents of one file, and dropping the new one silently
+    would lose rows). Only new files and changed-looking ones are read for their checksum."""
+    known = {s.path: s for s in converted}
+    fresh_files, changed = [], []
+    for path in paths:
+        before = known.get(path)
+        if before is None:
+            fresh_files.append(describe_source(path))
+            continue
+        now = describe_source(path, checksum=False)
+        if (now.size, now.mtime_ns) == (before.size, before.mtime_ns):
+            continue
+        digest = describe_source(path).sha256
+        if before.sha256 is None or digest != before.sha256:
+            changed.append(f"{path} ({before.size:,} bytes when converted, {now.size:,} now)")
+    if changed:
+        raise SourceChangedError(f"{len(changed)} source file(s) changed since they were converted: "
+                                 f"{'; '.join(changed[:10])}. Their rows in the dataset are the old contents; "
+                                 "convert the new contents under a new file name (or rewrite the dataset)")
+    return fresh_files
+
+
+def converted_sources(fs: pafs.FileSystem, root: str) -> list[SourceFile]:
+    """The source files the dataset's latest version holds rows of (none where it records none)."""
+    current = history(fs, root)  # (a missing root has none)
+    return list(current[-1].sources) if current else []
+
+
+# -- by URL (the CLI's and the public API's) ---------------------------------------------------------------
+def list_versions(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                  filesystem: Any = None) -> list[Version]:
+    """The versions of the dataset at ``url``, oldest first (one, implicit, for a dataset never appended to)."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    with remote.remote_errors(os.fspath(url)):
+        publish.fresh(fs, root)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
+        return history(fs, root)
+
+
+def vacuum_dataset(url: str | os.PathLike[str], keep: int, *, storage_options: dict[str, Any] | None = None,
+                   filesystem: Any = None) -> VacuumResult:
+    """:func:`vacuum` the dataset at ``url`` (what killed runs left is settled first)."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    with remote.remote_errors(os.fspath(url)):
+        publish.fresh(fs, root)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no such dataset")
+        publish.settle(fs, root)
+        return vacuum(fs, root, keep)
+
+
+# -- deleting rows ---------------------------------------------------------------------------------------------
+#: where a file that a newer version no longer lists is moved, beside the records (readers of older versions
+#: find it there): ``<root>/_unihub_versions/retired/<its path>``
+RETIRED_DIR = publish.RETIRED_DIR
+
+
+def retired_path(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{RETIRED_DIR}/{rel}"
+
+
+def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = None,
+                storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> Version | None:
+    """Delete the rows for which ``where`` (a ``pyarrow.compute`` expression on the stored columns, e.g.
+    ``pc.field("id") < 100``; a null result keeps the row) holds, as a new version: each part file holding such
+    rows is rewritten without them under a new name, files left empty are dropped, the version's record is
+    published last, and the replaced files move to ``_unihub_versions/retired/`` (older versions read them there,
+    and ``vacuum`` removes them), so a plain listing of the directory stays the latest version. Returns the new
+    version, or None where no row matched (nothing is written). Another commit landing meanwhile (its rows not
+    looked at) is a :class:`~unihub.errors.ConcurrentCommitError`, and nothing of the delete is published."""
+    fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
+    root = root.rstrip("/")
+    with remote.remote_errors(os.fspath(url)):
+        publish.settle(fs, root)
+        current = history(fs, root)
+        if not current:
+            raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
+        check_tag(current, tag, root)
+        if not current[-1].recorded:
+            _record_first(fs, root, current[-1])
+            current = history(fs, root)
+        if current[-1].column_sets:  # their files hold a value per row of the parts: they would need rewriting too
+            raise InvalidArgumentError(f"{os.fspath(url)}: version {current[-1].number} has added column files; "
+                                       "deleting rows from it is not supported yet")
+        retire_unlisted(fs, root, current)
+        remove_orphans(fs, root, current)
+        return _delete(fs, root, current[-1], where, tag)
+
+
+def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:
+    run = atomic.run_id()
+    replaced: dict[str, str | None] = {}  # a part of latest -> its rewritten file (None: no row left)
+    written: list[str] = []
+    removed = 0
+    try:
+        for n, rel in enumerate(latest.parts):
+            head, name = posixpath.split(rel)
+            new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{_RUN_PREFIX.sub('', name)}")
+            kept, dropped = _rewrite_without(fs, located(fs, root, rel), f"{root}/{new_rel}", where)
+            if dropped:
+                replaced[rel] = new_rel if kept else None
+                written += [new_rel] if kept else []
+                removed += dropped
+        if not replaced:
+            return None
+        for rel in replaced:
+            _retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
+        parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
+        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation="delete", tag=tag,
+                          parts=parts, added_rows=-removed)
+        if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
+            raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
+                                        "nothing of this delete was published: run it again")
+    except BaseException:
+        for rel in written:
+            fsutil.remove(fs, f"{root}/{rel}")
+        raise
+    for rel in replaced:
+        fsutil.remove(fs, f"{root}/{rel}")  # out of the directory: a plain listing is the latest version
+    return version
+
+
+_RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-(d\d{5}-)?")
+
+
+def _rewrite_without(fs: pafs.FileSystem, path: str, new_path: str, where: Any) -> tuple[int, int]:
+    """Write the rows of ``path`` for which ``where`` does not hold to ``new_path``, row group by row group (one in
+    memory at a time), with the file's schema, metadata and compression; (rows kept, rows dropped). Nothing is
+    written where none matched, nor where none is left."""
+    keep = ~where | where.is_null()
+    with fs.open_input_file(path) as handle:
+        source = pq.ParquetFile(handle, **integrity.READ_OPTIONS)
+        counts = [int(source.read_row_group(i).filter(where).num_rows)
+                  for i in range(source.metadata.num_row_groups)]
+        dropped = sum(counts)
+        kept = source.metadata.num_rows - dropped
+        if not dropped or not kept:
+            return kept, dropped
+        with pq.ParquetWriter(new_path, source.schema_arrow, filesystem=fs, compression=_compression_of(source),
+                              store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS) as writer:
+            for i, matched in enumerate(counts):
+                group = source.read_row_group(i)
+                group = group.filter(keep) if matched else group
+                if group.num_rows:
+                    writer.write_table(group, row_group_size=group.num_rows)
+    return kept, dropped
+
+
+def _compression_of(source: pq.ParquetFile) -> dict[str, str] | str:
+    """Each column's compression in a file's first row group (images stay uncompressed)."""
+    if not source.metadata.num_row_groups:
+        return "snappy"
+    first = source.metadata.row_group(0)
+    return {first.column(j).path_in_schema.split(".")[0]: first.column(j).compression.lower()
+            if first.column(j).compression != "UNCOMPRESSED" else "none" for j in range(first.num_columns)}
+
+
+def _retire(fs: pafs.FileSystem, root: str, rel: str) -> None:
+    """A copy of ``rel`` beside the records (a hard link on a local disk: the same file, no bytes copied)."""
+    target = retired_path(root, rel)
+    if fsutil.on_local_disk(fs):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(f"{root}/{rel}", target)
+        except FileExistsError:
+            pass
+        return
+    if not fsutil.exists(fs, target):
+        fs.copy_file(f"{root}/{rel}", target)
+
+
+def located(fs: pafs.FileSystem, root: str, rel: str) -> str:
+    """Where the file ``rel`` of some version is: in the directory, else retired beside the records."""
+    path = f"{root.rstrip('/')}/{rel}"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return path
+    return retired_path(root, rel)
+
+
+def retire_unlisted(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
+    """Finish what a delete killed after publishing left: files in the directory that the latest version no
+    longer lists but an older one does, and that have their retired copy, leave the directory."""
+    if not versions or not versions[-1].recorded:
+        return []
+    latest = set(versions[-1].parts)
+    older = {p for v in versions[:-1] for p in v.parts} - latest
+    moved = []
+    for rel in sorted(older):
+        if fsutil.exists(fs, f"{root}/{rel}") and fsutil.exists(fs, retired_path(root, rel)):
+            fsutil.remove(fs, f"{root}/{rel}")
+            moved.append(rel)
+    return moved

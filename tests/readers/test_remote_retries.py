@@ -1,0 +1,188 @@
+"""Object-store faults while reading: transient ones are retried with backoff, per request; after the
+bound a RemoteStorageError names the file; a reader's state taken before a failure resumes after it.
+
+The faults come from :class:`FlakyProxy` (``flaky_proxy.py``) between the client and moto's server:
+503 Slow Down (throttling), 500, and connections reset, on a schedule of object GETs, on both S3
+paths (fsspec/s3fs and pyarrow's S3FileSystem).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moto")
+pytest.importorskip("boto3")
+pytest.importorskip("s3fs")
+
+from unihub import write_dataset  # noqa: E402
+from unihub.errors import RemoteStorageError  # noqa: E402
+from unihub.readers.reader import make_reader  # noqa: E402
+
+from .flaky_proxy import FlakyProxy  # noqa: E402
+from .sample import sample_schema  # noqa: E402
+from .test_remote_faults import through  # noqa: E402
+
+TIMEOUT, RETRIES = 2.0, 2
+N = 40
+SCHEMA = sample_schema("Retries")
+KINDS = ["fsspec", "pyarrow"]
+#: a request that fails every attempt: the attempts, their backoff (botocore's and the AWS SDK's
+#: standard modes: at most 2**attempt s each) and slack for a loaded machine
+BOUND = (RETRIES + 1) * TIMEOUT + 2**RETRIES + 10.0
+
+
+def make_row(i: int) -> dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {"id": i, "name": f"row-{i}", "score": float(np.float32(i / 3)), "vec": rng.random(3, dtype=np.float32),
+            "boxes": rng.random((i % 3, 4), dtype=np.float32), "emb": rng.standard_normal(2)}
+
+
+@pytest.fixture(autouse=True)
+def settings(monkeypatch) -> None:
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", str(TIMEOUT))
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", str(RETRIES))
+
+
+@pytest.fixture
+def proxy(s3_server) -> Iterator[FlakyProxy]:
+    server = FlakyProxy(s3_server.port)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def key(s3_server) -> str:
+    """40 rows in 3 files of several row groups each."""
+    prefix = f"retries-{uuid.uuid4().hex[:8]}"
+    write_dataset(f"s3://{s3_server.bucket}/{prefix}", SCHEMA, (make_row(i) for i in range(N)),
+                  row_group_size_mb=0.001, rows_per_file=15, storage_options=s3_server.storage_options())
+    return prefix
+
+
+def ids_and_names(reader: Any) -> list[tuple[int, str]]:
+    with reader:
+        return [(int(r.id), str(r.name)) for r in reader]
+
+
+def expected() -> list[tuple[int, str]]:
+    return [(i, f"row-{i}") for i in range(N)]
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "reset"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_transient_faults_are_retried(s3_server, proxy, key, kind, fault):
+    url, options = through(proxy, s3_server, kind, key)
+    reader = make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, **options)
+    proxy.fail_first(RETRIES, fault)  # the first row group's first attempts fail, its last does not
+    assert sorted(ids_and_names(reader)) == expected()
+    assert proxy.failed == RETRIES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_store_failing_every_few_requests_is_read_whole(s3_server, proxy, key, kind):
+    url, options = through(proxy, s3_server, kind, key)
+    proxy.fail_each_once("503")  # every request's first attempt, whatever the threads do
+    assert sorted(ids_and_names(make_reader(url, reader_pool_type="thread", workers_count=3, **options))) == expected()
+    assert proxy.failed >= 3
+
+
+@pytest.mark.parametrize("fault", ["503", "reset"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_after_the_retries_the_error_names_the_file_and_bytes(s3_server, proxy, key, kind, fault):
+    url, options = through(proxy, s3_server, kind, key)
+    reader = make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, **options)
+    with reader:
+        next(reader)
+        proxy.fail_always(fault)
+        before = proxy.object_gets
+        with pytest.raises(RemoteStorageError) as caught:
+            list(reader)
+    message = str(caught.value)
+    assert message.startswith(f"s3://{s3_server.bucket}/{key}/"), message
+    assert ".parquet" in message and "row group" in message and "bytes " in message, message
+    assert "endpoint_override" not in message and "\n" not in message
+    assert proxy.object_gets - before >= RETRIES + 1  # every attempt went to the store
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reader_resumes_after_a_failure_from_its_state(s3_server, proxy, key, kind):
+    url, options = through(proxy, s3_server, kind, key)
+    # no read-ahead: it would hold the whole (small) dataset before the store starts failing
+    arguments = {"reader_pool_type": "dummy", "seed": 7, "shuffle_rows": True, "read_ahead_mb": 0, **options}
+    whole = ids_and_names(make_reader(url, **arguments))
+    reader = make_reader(url, **arguments)
+    seen = [(int(r.id), str(r.name)) for r in (next(reader) for _ in range(17))]
+    state = reader.state_dict()
+    proxy.fail_always("503")
+    with pytest.raises(RemoteStorageError):
+        for _ in reader:
+            pass
+    reader.stop()
+    proxy.heal()
+    rest = ids_and_names(make_reader(url, resume_from=state, **arguments))
+    assert seen + rest == whole
+
+
+# -- random access: page reads ------------------------------------------------------------------------
+SHAPE = (24, 24, 3)
+
+
+@pytest.fixture(scope="module")
+def paged_key(s3_server) -> str:
+    """200 rows with small images in pages (an offset index per column chunk)."""
+    from unihub.schema.codecs import CompressedImageCodec
+
+    schema = sample_schema("Paged", image_shape=SHAPE)
+    images = [CompressedImageCodec("png")]  # the field made by sample_schema; the rows give the pixels
+    assert images
+    prefix = f"retries-paged-{uuid.uuid4().hex[:8]}"
+    write_dataset(f"s3://{s3_server.bucket}/{prefix}", schema,
+                  ({**make_row(i), "image": np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8)}
+                   for i in range(200)),
+                  row_group_size_mb=0.1, rows_per_file=100, storage_options=s3_server.storage_options())
+    return prefix
+
+
+def paged(url: str, options: dict[str, Any]) -> Any:
+    from unihub.readers.random_access import Dataset
+
+    ds = Dataset(url, cache_mb=1e-6, **options)  # the last row group cached only: images are read a page at a time
+    assert ds.pages is not None and "image" in ds._paged
+    return ds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key, kind):
+    url, options = through(proxy, s3_server, kind, paged_key)
+    rows = [int(i) for i in np.random.default_rng(3).permutation(200)[:25]]
+    expected = paged(url, options).take(rows)
+    ds = paged(url, options)
+    ds.take(rows[:1])  # footers and offset indexes read
+    proxy.fail_each_once("503")  # each page's first GET fails (reads run in parallel: a fixed period could
+    found = ds.take(rows)       # fail one request's every attempt)
+    assert proxy.failed >= 2
+    for name in ("id", "image"):
+        assert np.array_equal(getattr(found, name), getattr(expected, name))
+    proxy.fail_always("503")
+    with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{paged_key}/\S+\.parquet: "
+                                                 r"(row group \d+, )?bytes \d+-\d+: "):
+        ds.take([r for r in range(200) if r not in rows][:5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_process_reports_the_file_and_bytes(s3_server, proxy, key, kind):
+    url, options = through(proxy, s3_server, kind, key)
+    with make_reader(url, reader_pool_type="process", workers_count=2, **options) as reader:
+        next(reader)
+        proxy.fail_always("503")
+        with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{key}/\S+\.parquet: row group \d+, "
+                                                     r"bytes \d+-\d+: the remote store failed"):
+            list(reader)

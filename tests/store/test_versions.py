@@ -1,0 +1,708 @@
+"""A dataset that grows (store/versions.py): append, versions, time travel, tags, vacuum, reader pinning,
+concurrent appenders and a kill mid-append, on a local disk and on moto's S3 server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    make_batch_reader,
+    make_reader,
+    open_dataset,
+    write_dataset,
+)
+from unihub.errors import AppendSchemaError, DatasetChangedError, SchemaError, VersionNotFoundError
+from unihub.fs import publish
+from unihub.store import versions
+
+SCHEMA = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                            UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+                            UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+OTHER = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                           UnischemaField("vec", np.float32, (4,), TensorCodec(), False),
+                           UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rows(start: int, stop: int) -> list[dict[str, Any]]:
+    return [{"id": i, "vec": np.arange(3, dtype=np.float32) * i, "name": None if i % 3 else f"n{i}"}
+            for i in range(start, stop)]
+
+
+def table_of(url: str, **options: Any) -> pa.Table:
+    """Every stored column of every row group of one version, in reading order."""
+    store = open_dataset(url, **options)
+    return pa.concat_tables([store.read_row_group(i) for i in range(len(store.row_groups))])
+
+
+def ids(url: str, **options: Any) -> list[int]:
+    return table_of(url, **options)["id"].to_pylist()
+
+
+# -- local ------------------------------------------------------------------------------------------------
+def test_append_makes_versions_each_read_bit_exactly_after_later_appends_and_vacuum(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4)
+    assert open_dataset(url).version is None  # a dataset written once records nothing: read as before
+    assert not (tmp_path / "ds" / publish.VERSIONS_DIR).exists()
+    first = table_of(url)
+    result = write_dataset(url, SCHEMA, rows(10, 15), mode="append", tag="day-2")
+    assert result.num_rows == 5 and all(os.path.exists(f) for f in result.files)
+    second = table_of(url)
+    write_dataset(url, SCHEMA, rows(15, 22), mode="append")
+    third = table_of(url)
+    assert third["id"].to_pylist() == list(range(22))
+    history = versions.list_versions(url)
+    assert [(v.number, v.operation, v.tag, v.added_rows) for v in history] == [
+        (1, "write", None, None), (2, "append", "day-2", 5), (3, "append", None, 7)]
+    assert table_of(url, version=1).equals(first) and table_of(url, version=2).equals(second)
+    assert table_of(url, tag="day-2").equals(second) and table_of(url, version=3).equals(third)
+    assert open_dataset(url, version=2).version == 2 and open_dataset(url).version == 3
+    # the latest version is a plain listing of the directory: pyarrow (and Spark) read it as it is
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(22))
+    removed = versions.vacuum_dataset(url, 2)
+    assert removed.removed_versions == (1,) and removed.kept_versions == (2, 3)
+    assert table_of(url, version=2).equals(second) and table_of(url, version=3).equals(third)
+    with pytest.raises(VersionNotFoundError, match="no version 1; versions there: 2 \\(day-2\\), 3"):
+        open_dataset(url, version=1)
+    versions.vacuum_dataset(url, 1)
+    assert table_of(url).equals(third)
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(22))
+    with make_batch_reader(url, version=3, shuffle_row_groups=False) as reader:
+        assert [int(i) for b in reader for i in b.id] == list(range(22))
+
+
+def test_append_to_a_missing_dataset_starts_it_and_tags_are_unique(tmp_path: Path) -> None:
+    url = str(tmp_path / "new")
+    write_dataset(url, SCHEMA, rows(0, 3), mode="append", tag="first")
+    assert [(v.number, v.operation, v.tag) for v in versions.list_versions(url)] == [(1, "write", "first")]
+    with pytest.raises(VersionNotFoundError, match="tag 'first' names version 1 already"):
+        write_dataset(url, SCHEMA, rows(3, 4), mode="append", tag="first")
+    with pytest.raises(VersionNotFoundError, match="no tag 'nope'"):
+        make_reader(url, tag="nope")
+    with pytest.raises(SchemaError, match="tag= names the version an append makes"):
+        write_dataset(str(tmp_path / "other"), SCHEMA, rows(0, 1), tag="x")
+    with pytest.raises(SchemaError, match="not with overwrite"):
+        write_dataset(url, SCHEMA, rows(0, 1), mode="append", overwrite=True)
+    assert ids(url) == [0, 1, 2]
+
+
+def test_append_of_another_schema_is_refused_by_name_and_changes_nothing(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    before = sorted(os.listdir(url))
+    other = [{"id": 9, "vec": np.zeros(4, np.float32), "name": "x"}]
+    with pytest.raises(AppendSchemaError, match=r"in 1 field\(s\): vec: float32\(3,\)"):
+        write_dataset(url, OTHER, other, mode="append")
+    assert sorted(os.listdir(url)) == before and ids(url) == [0, 1, 2, 3]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".ds.unihub-tmp")]
+
+
+def test_a_reader_pins_the_version_it_opened(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 40), rows_per_file=5)
+    seen = []
+    with make_reader(url, shuffle_row_groups=False, workers_count=1, results_queue_size=1) as reader:
+        for n, row in enumerate(reader):
+            seen.append(int(row.id))
+            if n == 2:  # appends while it reads: not seen, and no DatasetChangedError
+                write_dataset(url, SCHEMA, rows(40, 50), mode="append")
+                write_dataset(url, SCHEMA, rows(50, 55), mode="append")
+    assert seen == list(range(40))
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert sorted(int(r.id) for r in reader) == list(range(55))
+
+
+def test_an_overwrite_starts_a_new_history(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    write_dataset(url, SCHEMA, rows(4, 6), mode="append")
+    write_dataset(url, SCHEMA, rows(100, 102), overwrite=True)
+    assert [v.number for v in versions.list_versions(url)] == [1]
+    assert ids(url) == [100, 101]
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(url, version=2)
+
+
+def test_petastorm_fixture_reads_as_before_and_has_one_implicit_version(tmp_path: Path) -> None:
+    fixture = ROOT / "tests" / "fixtures" / "petastorm" / "unischema"  # written by Petastorm 0.13.1 itself
+    store = open_dataset(str(fixture))
+    assert store.version is None and store.schema_source == "petastorm"
+    assert [(v.number, v.recorded) for v in versions.list_versions(str(fixture))] == [(1, False)]
+    assert open_dataset(str(fixture), version=1).num_rows == store.num_rows
+    assert not (fixture / publish.VERSIONS_DIR).exists()
+
+
+# -- processes: concurrent appenders, a kill mid-append ------------------------------------------------------
+APPENDER = textwrap.dedent("""
+    import sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+    schema = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+                                UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+    url, first, count, start_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    options = eval(sys.argv[5]) if len(sys.argv) > 5 else {}
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for k in range(count):
+        n = first + 10 * k
+        write_dataset(url, schema, [{"id": i, "vec": np.arange(3, dtype=np.float32) * i, "name": None}
+                                    for i in range(n, n + 10)], mode="append", **options)
+""")
+
+
+def run_appenders(url: str, storage_options: dict[str, Any] | None = None, count: int = 4) -> None:
+    start_at = time.time() + 3.0  # both imported and waiting: they append at the same moments
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    extra = [repr({"storage_options": storage_options})] if storage_options else []
+    children = [subprocess.Popen([sys.executable, "-c", APPENDER, url, str(first), str(count), str(start_at), *extra],
+                                 env=env, stderr=subprocess.PIPE, text=True) for first in (1000, 5000)]
+    for child in children:
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+
+
+def expected_after_appenders(count: int = 4) -> list[int]:
+    return sorted(i for first in (1000, 5000) for k in range(count) for i in range(first + 10 * k, first + 10 * k + 10))
+
+
+@pytest.mark.slow
+def test_two_processes_appending_at_once_both_land(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 5))
+    run_appenders(url)
+    history = versions.list_versions(url)
+    assert [v.number for v in history] == list(range(1, 10))  # every append a version of its own, none lost
+    assert sorted(ids(url)) == list(range(5)) + expected_after_appenders()
+    for v in history:  # each version holds its predecessor's files and one append more
+        assert sorted(ids(url, version=v.number)) == sorted(set(ids(url)) & set(ids(url, version=v.number)))
+        assert len(ids(url, version=v.number)) == 5 + 10 * (v.number - 1)
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url))
+
+
+KILLED = textwrap.dedent("""
+    import os, sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+    step, seen = int(os.environ["KILL_AT"]), {"n": 0}
+    def wrap(module, name):
+        real = getattr(module, name)
+        def wrapped(*args, **kwargs):
+            seen["n"] += 1
+            if seen["n"] == step:
+                print("paused", flush=True)
+                time.sleep(600)
+            return real(*args, **kwargs)
+        setattr(module, name, wrapped)
+    for name in ("rename", "link", "unlink", "makedirs", "replace"):
+        wrap(os, name)
+    import pyarrow.parquet as pq
+    wrap(pq.ParquetWriter, "close")
+    wrap(pq, "write_metadata")
+    schema = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+                                UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+    write_dataset(sys.argv[1], schema, [{"id": i, "vec": np.zeros(3, np.float32), "name": None}
+                                        for i in range(100, 120)], mode="append", rows_per_file=7)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_an_append_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")  # recorded: the kill hits a recorded history
+    old, new = list(range(12)), list(range(12)) + list(range(100, 120))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 60):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        found = ids(url)
+        assert found in (old, new), (step, str(found), err)
+        outcomes.add(found == new)
+        # the next append removes what the killed one left: then the directory lists exactly the latest
+        write_dataset(url, SCHEMA, rows(200, 201), mode="append")
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
+
+
+# -- S3 (moto) --------------------------------------------------------------------------------------------
+@pytest.fixture
+def s3_url(s3_server: Any) -> str:
+    return f"s3://{s3_server.bucket}/grow-{uuid.uuid4().hex[:8]}/ds"
+
+
+def test_s3_append_versions_vacuum_and_pinning(s3_server: Any, s3_url: str) -> None:
+    options = {"storage_options": s3_server.storage_options()}
+    write_dataset(s3_url, SCHEMA, rows(0, 6), rows_per_file=3, **options)
+    first = table_of(s3_url, **options)
+    pinned = open_dataset(s3_url, **options)
+    write_dataset(s3_url, SCHEMA, rows(6, 9), mode="append", tag="b", **options)
+    second = table_of(s3_url, **options)
+    write_dataset(s3_url, SCHEMA, rows(9, 12), mode="append", **options)
+    # a store opened before the appends reads its version (no DatasetChangedError)
+    assert pa.concat_tables([pinned.read_row_group(i) for i in range(len(pinned.row_groups))]).equals(first)
+    assert [v.number for v in versions.list_versions(s3_url, **options)] == [1, 2, 3]
+    assert table_of(s3_url, version=1, **options).equals(first)
+    assert table_of(s3_url, tag="b", **options).equals(second)
+    assert ids(s3_url, **options) == list(range(12))
+    publish.settle_url(s3_url, s3_server.storage_options())  # the records' files are kept by a settle
+    assert ids(s3_url, **options) == list(range(12))
+    result = versions.vacuum_dataset(s3_url, 2, **options)
+    assert result.removed_versions == (1,)
+    assert table_of(s3_url, tag="b", **options).equals(second)
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(s3_url, version=1, **options)
+    with pytest.raises(AppendSchemaError):
+        write_dataset(s3_url, OTHER, [{"id": 1, "vec": np.zeros(4, np.float32), "name": None}], mode="append",
+                      **options)
+    assert ids(s3_url, **options) == list(range(12))
+
+
+def test_s3_overwrite_starts_a_new_history_and_pyarrow_s3_appends_by_claim(s3_server: Any, s3_url: str) -> None:
+    options = {"storage_options": s3_server.storage_options()}
+    write_dataset(s3_url, SCHEMA, rows(0, 3), mode="append", **options)  # a missing dataset: version 1
+    write_dataset(s3_url, SCHEMA, rows(3, 5), mode="append", **options)
+    # its manifest lists no parts (the records do): a settle must not take it for a write never published
+    publish.settle_url(s3_url, s3_server.storage_options())
+    assert [v.number for v in versions.list_versions(s3_url, **options)] == [1, 2]
+    assert ids(s3_url, **options) == list(range(5)) and ids(s3_url, version=1, **options) == [0, 1, 2]
+    write_dataset(s3_url, SCHEMA, rows(50, 52), overwrite=True, **options)
+    assert ids(s3_url, **options) == [50, 51] and [v.number for v in versions.list_versions(s3_url, **options)] == [1]
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_server.bucket,
+                                                                 Prefix=s3_url.split("/", 3)[3])["Contents"]]
+    assert not [k for k in keys if publish.VERSIONS_DIR in k]  # the old history's records are gone
+    # pyarrow's own S3 client has no conditional PUT: the claim protocol publishes the record
+    fs = s3_server.pyarrow_filesystem()
+    path = s3_url[len("s3://"):]
+    write_dataset(path, SCHEMA, rows(52, 55), mode="append", filesystem=fs)
+    assert ids(path, filesystem=fs) == [50, 51, 52, 53, 54]
+    assert publish.put_if_absent(fs, f"{path}/_unihub_versions/00000002.json", b"{}") is False
+    assert not [i for i in fs.get_file_info(pafs.FileSelector(f"{path}/_unihub_versions")) if "claim" in i.path]
+
+
+@pytest.mark.slow
+def test_s3_two_processes_appending_at_once_both_land(s3_server: Any, s3_url: str) -> None:
+    options = s3_server.storage_options()
+    write_dataset(s3_url, SCHEMA, rows(0, 5), storage_options=options)
+    run_appenders(s3_url, options, count=3)
+    assert [v.number for v in versions.list_versions(s3_url, storage_options=options)] == list(range(1, 8))
+    assert sorted(ids(s3_url, storage_options=options)) == list(range(5)) + expected_after_appenders(3)
+
+
+def test_a_store_of_a_replaced_file_still_says_so(tmp_path: Path) -> None:
+    """Pinning is by file list: a file rewritten under the same name (not an append) is still refused."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    store = open_dataset(url)
+    write_dataset(url, SCHEMA, rows(0, 9), overwrite=True)
+    with pytest.raises(DatasetChangedError):
+        store.read_row_group(0)
+
+
+LABELLED = Unischema("Grow", [*SCHEMA.fields.values(),
+                              UnischemaField("label", np.str_, (), ScalarCodec(pa.string()), True)])
+
+
+def test_an_append_may_add_a_nullable_field_older_rows_read_it_as_nulls(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    first = table_of(url)
+    write_dataset(url, LABELLED, [{**r, "label": f"l{r['id']}"} for r in rows(4, 6)], mode="append")
+    write_dataset(url, SCHEMA, rows(6, 7), mode="append")  # rows without it: nulls too
+    assert table_of(url, version=1).equals(first)  # version 1 as it was: no label column
+    latest = table_of(url)
+    assert latest["label"].to_pylist() == [None] * 4 + ["l4", "l5", None]
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert [(int(r.id), r.label) for r in reader] == [(i, f"l{i}" if i in (4, 5) else None) for i in range(7)]
+    # plain Parquet readers: the schema in _common_metadata is the latest's
+    plain = pq.read_table(url, schema=pq.read_schema(os.path.join(url, "_common_metadata")))
+    assert sorted(plain["id"].to_pylist()) == list(range(7)) and plain["label"].null_count == 5
+    not_null = Unischema("Grow", [*SCHEMA.fields.values(),
+                                  UnischemaField("label", np.str_, (), ScalarCodec(pa.string()), False)])
+    with pytest.raises(AppendSchemaError, match="label: str\\(\\) scalar nullable in the dataset, str\\(\\) scalar "
+                                                "not null appended"):
+        write_dataset(url, not_null, [{**rows(9, 10)[0], "label": "x"}], mode="append")
+    assert table_of(url).equals(latest)
+
+
+S3_KILLED = textwrap.dedent("""
+    import sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+    from unihub.fs import publish
+    from unihub.store import versions
+    where = sys.argv[3]
+    def pausing(real):
+        def wrapped(*args, **kwargs):
+            print("paused", flush=True)
+            time.sleep(600)
+        return wrapped
+    if where == "placed":  # every part copied in, the record not yet written
+        publish.put_if_absent = pausing(publish.put_if_absent)
+    else:  # the record written, the staging area not yet removed
+        real_commit = versions.commit_append
+        def commit(fs, staging, target, **kwargs):
+            versions.fsutil.remove = pausing(None)
+            return real_commit(fs, staging, target, **kwargs)
+        versions.commit_append = commit
+    schema = Unischema("Grow", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("vec", np.float32, (3,), TensorCodec(), False),
+                                UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), True)])
+    write_dataset(sys.argv[1], schema, [{"id": i, "vec": np.zeros(3, np.float32), "name": None}
+                                        for i in range(100, 110)], mode="append", rows_per_file=4,
+                  storage_options=eval(sys.argv[2]))
+""")
+
+
+@pytest.mark.parametrize("where", ["placed", "recorded"])
+def test_s3_a_kill_mid_append_leaves_the_old_or_the_new_version(s3_server: Any, s3_url: str, where: str) -> None:
+    options = s3_server.storage_options()
+    write_dataset(s3_url, SCHEMA, rows(0, 6), storage_options=options)
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    child = subprocess.Popen([sys.executable, "-c", S3_KILLED, s3_url, repr(options), where], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "paused"  # type: ignore[union-attr]
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=60)
+    expected = list(range(6)) if where == "placed" else list(range(6)) + list(range(100, 110))
+    assert ids(s3_url, storage_options=options) == expected
+    write_dataset(s3_url, SCHEMA, rows(200, 201), mode="append", storage_options=options)  # settles first
+    assert ids(s3_url, storage_options=options) == [*expected, 200]
+    prefix = s3_url.split("/", 3)[3]
+    keys = [o["Key"][len(prefix) + 1:] for o in s3_server.client().list_objects_v2(
+        Bucket=s3_server.bucket, Prefix=prefix + "/")["Contents"]]
+    listed = {f for v in versions.list_versions(s3_url, storage_options=options) for f in v.files()}
+    # nothing the killed run left: every data file is one a version lists
+    assert {k for k in keys if publish.is_data(k)} <= listed
+
+
+# -- delete by predicate ----------------------------------------------------------------------------------------
+def test_delete_rows_is_a_version_older_ones_read_bit_exactly_and_the_directory_lists_the_latest(
+        tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 12), rows_per_file=4)
+    write_dataset(url, SCHEMA, rows(12, 16), mode="append")
+    before = table_of(url)
+    pinned = open_dataset(url)  # opened before the delete: reads its version to the end
+    version = versions.delete_rows(url, (pc.field("id") >= 2) & (pc.field("id") < 9), tag="cleaned")
+    assert version is not None and (version.number, version.operation, version.added_rows) == (3, "delete", -7)
+    assert ids(url) == [0, 1, *range(9, 16)]
+    assert table_of(url, version=2).equals(before) and ids(url, version=1) == list(range(12))
+    assert pa.concat_tables([pinned.read_row_group(i) for i in range(len(pinned.row_groups))]).equals(before)
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == ids(url)  # the directory lists the latest version
+    assert versions.delete_rows(url, pc.field("id") > 1000) is None  # nothing matched: no version
+    assert [v.operation for v in versions.list_versions(url)] == ["write", "append", "delete"]
+    write_dataset(url, SCHEMA, rows(20, 22), mode="append")
+    assert ids(url, tag="cleaned") == [0, 1, *range(9, 16)] and ids(url)[-2:] == [20, 21]
+    result = versions.vacuum_dataset(url, 2)
+    assert result.kept_versions == (3, 4) and not os.listdir(tmp_path / "ds" / "_unihub_versions" / "retired")
+    assert ids(url, version=3) == [0, 1, *range(9, 16)]
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == ids(url)
+
+
+def test_s3_delete_rows_keeps_older_versions_readable_after_a_settle(s3_server: Any, s3_url: str) -> None:
+    import pyarrow.compute as pc
+
+    options = {"storage_options": s3_server.storage_options()}
+    write_dataset(s3_url, SCHEMA, rows(0, 8), rows_per_file=4, **options)
+    before = table_of(s3_url, **options)
+    versions.delete_rows(s3_url, pc.field("id") < 3, **options)
+    publish.settle_url(s3_url, s3_server.storage_options())  # the retired files are kept by a settle
+    assert ids(s3_url, **options) == list(range(3, 8))
+    assert table_of(s3_url, version=1, **options).equals(before)
+    versions.vacuum_dataset(s3_url, 1, **options)
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(s3_url, version=1, **options)
+    assert ids(s3_url, **options) == list(range(3, 8))
+
+
+def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from unihub.cli import main
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    assert main(["delete", url, "--where", "id >= 4", "--tag", "small"]) == 0
+    assert "deleted 2 row(s) as version 2" in capsys.readouterr().out
+    assert ids(url) == [0, 1, 2, 3] and ids(url, version=1) == list(range(6))
+    assert main(["delete", url, "--where", "nope > 1"]) == 1
+    assert "nope" in capsys.readouterr().err
+
+
+KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
+    import pyarrow.compute as pc
+    from unihub.store import versions
+    wrap(versions, "_retire")
+    versions.delete_rows(sys.argv[1], pc.field("id") >= 5)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
+    old, new = list(range(12)), list(range(5))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 60):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_DELETE, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        found = ids(url)
+        assert found in (old, new), (step, str(found), err)
+        outcomes.add(found == new)
+        assert ids(url, version=2) == old
+        write_dataset(url, SCHEMA, rows(200, 201), mode="append")  # settles what the killed delete left
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
+
+
+# -- column adds, backfills and removals are versions ------------------------------------------------------------
+LABEL = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+
+
+def side_files(url: str, **options: Any) -> set[str]:
+    """The side files of the dataset's column sets (relative to its root)."""
+    from unihub.fs import filesystem as fsutil
+    from unihub.store import column_sets
+
+    fs, root = fsutil.resolve_filesystem(url, options.get("filesystem"), options.get("storage_options"))
+    return {f"{column_sets.DIRECTORY}/{rel}" for rel in publish.files_under(fs, f"{root}/{column_sets.DIRECTORY}")}
+
+
+def labels(url: str, **options: Any) -> list[int | None]:
+    return table_of(url, **options)["label"].to_pylist()
+
+
+def grow_with_columns(url: str, **options: Any) -> None:
+    """Write, add a column, append, backfill it: versions 1-4, each read bit-exactly after the later ones, a
+    reader opened before the backfill reading the old values, then vacuum --keep 1."""
+    from unihub import add_column
+
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4, **options)
+    first = table_of(url, **options)
+    added = add_column(url, LABEL, np.arange(10) * 10, tag="labelled", **options)  # version 1 recorded first
+    assert added.version == 2
+    second = table_of(url, **options)
+    assert second.drop(["label"]).equals(first) and second["label"].to_pylist() == list(range(0, 100, 10))
+    write_dataset(url, SCHEMA, rows(10, 14), mode="append", **options)
+    third = table_of(url, **options)
+    assert labels(url, **options) == [*range(0, 100, 10), None, None, None, None]  # not covered: null
+    pinned = open_dataset(url, **options)  # version 3, opened before the backfill
+    old_files = side_files(url, **options)
+
+    def backfill(table: pa.Table) -> np.ndarray:
+        return table.column("id").to_numpy() * 100
+
+    assert add_column(url, LABEL, backfill, inputs=["id"], replace=True, **options).version == 4
+    fourth = table_of(url, **options)
+    assert fourth["label"].to_pylist() == [i * 100 for i in range(14)]
+    assert [(v.number, v.operation, v.tag) for v in versions.list_versions(url, **options)] == [
+        (1, "write", None), (2, "add_columns", "labelled"), (3, "append", None), (4, "add_columns", None)]
+    assert table_of(url, version=1, **options).equals(first)  # no label column
+    assert table_of(url, tag="labelled", **options).equals(second)
+    assert table_of(url, version=3, **options).equals(third) and table_of(url, version=4, **options).equals(fourth)
+    assert pa.concat_tables([pinned.read_row_group(i) for i in range(len(pinned.row_groups))]).equals(third)
+    assert old_files < side_files(url, **options)  # the replaced values stay while versions 2 and 3 list them
+    with make_reader(url, version=2, schema_fields=["id", "label"], shuffle_row_groups=False, workers_count=1,
+                     **options) as reader:
+        assert [(int(r.id), int(r.label)) for r in reader] == [(i, i * 10) for i in range(10)]
+    result = versions.vacuum_dataset(url, 1, **options)
+    assert result.removed_versions == (1, 2, 3) and old_files <= set(result.removed_files)
+    assert side_files(url, **options) == {f for v in versions.list_versions(url, **options) for f in v.files()
+                                          if f.startswith("_unihub_columns/")}
+    for number in (1, 2, 3):
+        with pytest.raises(VersionNotFoundError, match=f"no version {number}; versions there: 4"):
+            open_dataset(url, version=number, **options)
+    assert table_of(url, **options).equals(fourth)
+    if "://" not in url:  # a plain listing of the directory is the latest version's parts (their columns only)
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(14))
+
+
+def test_column_adds_are_versions_read_bit_exactly_after_appends_backfills_and_vacuum(tmp_path: Path) -> None:
+    grow_with_columns(str(tmp_path / "ds"))
+
+
+@pytest.mark.slow
+def test_s3_column_adds_are_versions_read_bit_exactly_after_appends_backfills_and_vacuum(
+        s3_server: Any, s3_url: str) -> None:
+    grow_with_columns(s3_url, storage_options=s3_server.storage_options())
+    publish.settle_url(s3_url, s3_server.storage_options())  # a later write's clean-up keeps version 4's files
+    assert labels(s3_url, storage_options=s3_server.storage_options()) == [i * 100 for i in range(14)]
+
+
+def test_a_column_removal_is_a_version_and_older_versions_join_their_sets_after_a_delete(tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
+    from unihub import add_column, list_columns, remove_columns
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4)
+    add_column(url, LABEL, np.arange(10))
+    assert remove_columns(url, "label", tag="plain") == 3
+    assert list_columns(url) == {} and list_columns(url, version=2) == {"label": ["label"]}
+    before = side_files(url)
+    with pytest.raises(VersionNotFoundError, match="tag 'plain' names version 3 already"):
+        add_column(url, LABEL, np.arange(10), tag="plain")  # refused before anything is written
+    assert side_files(url) == before and len(versions.list_versions(url)) == 3
+    versions.delete_rows(url, pc.field("id") < 5)  # version 4: the parts of version 2 retired beside the records
+    assert labels(url, version=2) == list(range(10))  # joined to the retired parts
+    assert "label" not in table_of(url, tag="plain").column_names and ids(url) == list(range(5, 10))
+
+
+def test_a_dataset_with_sets_from_before_versions_keeps_them_in_version_1(tmp_path: Path) -> None:
+    """``_unihub_columns.json`` (sets added before versions held them) is version 1's; the next commit records it."""
+    from unihub import add_column, list_columns
+    from unihub.store import column_sets
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6), rows_per_file=4)
+    add_column(url, LABEL, np.arange(6))
+    latest = versions.list_versions(url)[-1]
+    shutil.rmtree(os.path.join(url, publish.VERSIONS_DIR))  # as the earlier layout had it
+    Path(url, column_sets.RECORD).write_bytes(column_sets.of_version(latest.column_sets, "x").to_json())
+    assert labels(url) == list(range(6)) and open_dataset(url).version is None
+    assert [(v.number, v.recorded) for v in versions.list_versions(url)] == [(1, False)]
+    assert labels(url, version=1) == list(range(6))
+    add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(6, np.int64))
+    assert list_columns(url) == {"label": ["label"], "other": ["other"]}
+    assert list_columns(url, version=1) == {"label": ["label"]} and labels(url, version=1) == list(range(6))
+    assert not os.path.exists(os.path.join(url, column_sets.RECORD))  # one place decides: the versions
+
+
+ADDER = textwrap.dedent("""
+    import sys, time, numpy as np, pyarrow as pa
+    from unihub import ScalarCodec, UnischemaField, add_column
+    url, count, start_at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    options = eval(sys.argv[4]) if len(sys.argv) > 4 else {}
+    label = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for k in range(count):
+        add_column(url, label, lambda table: table.column("id").to_numpy() * 2, inputs=["id"], replace=k > 0,
+                   **options)
+""")
+
+
+def add_and_append_at_once(url: str, storage_options: dict[str, Any] | None = None, count: int = 3) -> None:
+    """One process adds (then backfills) a column ``count`` times while another appends ``count`` times."""
+    start_at = time.time() + 3.0
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    extra = [repr({"storage_options": storage_options})] if storage_options else []
+    children = [subprocess.Popen([sys.executable, "-c", APPENDER, url, "1000", str(count), str(start_at), *extra],
+                                 env=env, stderr=subprocess.PIPE, text=True),
+                subprocess.Popen([sys.executable, "-c", ADDER, url, str(count), str(start_at), *extra],
+                                 env=env, stderr=subprocess.PIPE, text=True)]
+    for child in children:
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+
+
+def check_adds_and_appends_landed(url: str, count: int = 3, **options: Any) -> None:
+    history = versions.list_versions(url, **options)
+    assert [v.number for v in history] == list(range(1, 2 + 2 * count))  # none lost
+    assert sorted(v.operation for v in history[1:]) == ["add_columns"] * count + ["append"] * count
+    expected = list(range(5)) + [i for k in range(count) for i in range(1000 + 10 * k, 1010 + 10 * k)]
+    assert sorted(ids(url, **options)) == expected
+    for v in history:
+        if v.operation == "add_columns":  # the rows its version had: their values; rows appended later: null
+            table = table_of(url, version=v.number, **options)
+            found = dict(zip(table["id"].to_pylist(), table["label"].to_pylist()))
+            assert all(found[i] == 2 * i for i in range(5)), v.number
+            assert all(label in (None, 2 * i) for i, label in found.items()), v.number
+
+
+@pytest.mark.slow
+def test_a_column_add_and_an_append_at_once_both_land(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 5))
+    add_and_append_at_once(url)
+    check_adds_and_appends_landed(url)
+
+
+@pytest.mark.slow
+def test_s3_a_column_add_and_an_append_at_once_both_land(s3_server: Any, s3_url: str) -> None:
+    options = s3_server.storage_options()
+    write_dataset(s3_url, SCHEMA, rows(0, 5), storage_options=options)
+    add_and_append_at_once(s3_url, options)
+    check_adds_and_appends_landed(s3_url, storage_options=options)
+
+
+KILLED_ADD = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
+    from unihub import ScalarCodec, UnischemaField, add_column
+    from unihub.fs import publish
+    wrap(publish, "put_if_absent")
+    label = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+    add_column(sys.argv[1], label, np.arange(12) + 1000, replace=True)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    from unihub import add_column
+
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
+    add_column(str(seed), LABEL, np.arange(12))
+    old, new = list(range(12)), list(range(1000, 1012))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 60):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_ADD, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        found = labels(url)
+        assert found in (old, new), (step, str(found), err)
+        outcomes.add(found == new)
+        assert labels(url, version=3) == old and ids(url) == list(range(12))
+        # the next commit removes what the killed add left: every side file is one a version lists
+        add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(12, np.int64))
+        assert side_files(url) <= {f for v in versions.list_versions(url) for f in v.files()}, step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
