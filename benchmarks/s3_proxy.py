@@ -21,6 +21,7 @@ through plain ``http://HOST:PORT/BUCKET/KEY`` URLs.
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import shutil
@@ -240,6 +241,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _die_with_us() -> None:
+    """In the server's process before exec (Linux): SIGKILL it when the benchmark dies, however it dies
+    (a benchmark killed by a timeout left moto servers behind)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
+
+
 class MotoServer:
     """``moto_server`` on 127.0.0.1 in its own process (so its CPU is not the benchmark's), one bucket."""
 
@@ -247,7 +257,8 @@ class MotoServer:
         self.port = free_port()
         self.bucket = bucket
         self._proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(self.port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_us)
         deadline = time.monotonic() + 30
         while True:
             try:
