@@ -306,7 +306,14 @@ def _build_iterable_dataset(torch: Any) -> type:
             own = resume.own if resume is not None else None
             before = int(own["before"]) if own is not None else resume.before if resume is not None else 0
             run = self._run = _Run(epoch, self.seed, shard, before, int(own["rows"]) if own is not None else 0)
-            with self._open(epoch, shard, resume) as reader:
+            reader = self._open(epoch, shard, resume)
+            if resume is not None and resume.readers is not None and run.before >= reader.store.num_rows:
+                with reader:  # the old ranks delivered every row of their epoch: the next one, as a fresh run's
+                    pass
+                epoch, resume, self.epoch = epoch + 1, None, epoch + 2
+                run = self._run = _Run(epoch, self.seed, shard, 0, 0)
+                reader = self._open(epoch, shard, None)
+            with reader:
                 limit = _share_left(reader, run, resume, self.shard_remainder)
                 skip = int(reader_of(own).get("skip", 0)) if own is not None else 0
                 try:
