@@ -28,6 +28,13 @@ def sample_schema(name: str, *, image_shape: tuple[int, int, int] | None = None)
     return Unischema(name, fields)
 
 
+def sample_row(i: int) -> dict[str, Any]:
+    """Row ``i`` of a :func:`sample_schema` dataset (without its image), the same on every call."""
+    rng = np.random.default_rng(i)
+    return {"id": i, "name": f"row-{i}", "score": float(np.float32(i / 3)), "vec": rng.random(3, dtype=np.float32),
+            "boxes": rng.random((i % 3, 4), dtype=np.float32), "emb": rng.standard_normal(2)}
+
+
 def rows_by_id(reader: Any) -> dict[int, Any]:
     with reader:
         return {int(row.id): row for row in reader}

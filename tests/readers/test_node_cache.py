@@ -22,7 +22,7 @@ from unihub import open_dataset, write_dataset
 from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
 from unihub.readers.reader import make_reader
 
-from .sample import sample_schema
+from .sample import sample_row, sample_schema
 from .watched_fs import WatchedFileSystem, data_reads
 
 pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
@@ -36,16 +36,10 @@ CONTEXT = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_a
 BOUND = 60.0
 
 
-def make_row(i: int) -> dict[str, Any]:
-    rng = np.random.default_rng(i)
-    return {"id": i, "name": f"row-{i}", "score": float(np.float32(i / 3)), "vec": rng.random(3, dtype=np.float32),
-            "boxes": rng.random((i % 3, 4), dtype=np.float32), "emb": rng.standard_normal(2)}
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("node-cache") / "ds"
-    write_dataset(path, SCHEMA, (make_row(i) for i in range(N)), row_group_size_mb=0.001, rows_per_file=20)
+    write_dataset(path, SCHEMA, (sample_row(i) for i in range(N)), row_group_size_mb=0.001, rows_per_file=20)
     assert len(open_dataset(path).row_groups) >= 6, "the tests need several row groups"
     return path
 
@@ -60,7 +54,7 @@ def row_values(row: Any) -> tuple[Any, ...]:
 
 
 def expected_rows() -> dict[int, tuple[Any, ...]]:
-    return {i: (i, f"row-{i}", [float(v) for v in make_row(i)["vec"]]) for i in range(N)}
+    return {i: (i, f"row-{i}", [float(v) for v in sample_row(i)["vec"]]) for i in range(N)}
 
 
 def leftovers(location: Path) -> list[str]:

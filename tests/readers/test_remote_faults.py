@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("moto")
@@ -37,7 +36,7 @@ from unihub.fs import filesystem as fsutil  # noqa: E402
 from unihub.readers.reader import make_reader  # noqa: E402
 
 from .fault_servers import FaultProxy  # noqa: E402
-from .sample import assert_rows_equal, rows_by_id, sample_schema  # noqa: E402
+from .sample import assert_rows_equal, rows_by_id, sample_row, sample_schema  # noqa: E402
 
 TIMEOUT, RETRIES = 1.0, 1
 #: a failing request: every attempt waits out the timeout; plus botocore's or the AWS SDK's backoff
@@ -49,12 +48,6 @@ N = 40
 SCHEMA = sample_schema("Faults")
 KINDS = ["fsspec", "pyarrow"]
 FAULTS = ["freeze", "dead", "cut"]
-
-
-def make_row(i: int) -> dict[str, Any]:
-    rng = np.random.default_rng(i)
-    return {"id": i, "name": f"row-{i}", "score": float(np.float32(i / 3)), "vec": rng.random(3, dtype=np.float32),
-            "boxes": rng.random((i % 3, 4), dtype=np.float32), "emb": rng.standard_normal(2)}
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +67,7 @@ def proxy(s3_server) -> Iterator[FaultProxy]:
 def key(s3_server) -> str:
     """A dataset of 40 rows in 3 files of several row groups, written straight to the server."""
     prefix = f"faults-{uuid.uuid4().hex[:8]}"
-    write_dataset(f"s3://{s3_server.bucket}/{prefix}", SCHEMA, (make_row(i) for i in range(N)),
+    write_dataset(f"s3://{s3_server.bucket}/{prefix}", SCHEMA, (sample_row(i) for i in range(N)),
                   row_group_size_mb=0.001, rows_per_file=15, storage_options=s3_server.storage_options())
     return prefix
 
@@ -191,7 +184,7 @@ def failing_at(proxy: FaultProxy, fault: str, row: int) -> Iterator[dict[str, An
     for i in range(N):
         if i == row:
             proxy.mode = fault
-        yield make_row(i)
+        yield sample_row(i)
 
 
 @pytest.mark.parametrize("fault", ["freeze", "dead"])
@@ -249,7 +242,7 @@ def test_copy_dataset_and_add_schema_name_the_url(s3_server, proxy, key, kind, t
     from unihub import add_schema, copy_dataset
 
     local = tmp_path / "local"
-    write_dataset(local, SCHEMA, (make_row(i) for i in range(N)))
+    write_dataset(local, SCHEMA, (sample_row(i) for i in range(N)))
     target, options = through(proxy, s3_server, kind, f"copied-{uuid.uuid4().hex[:8]}")
     source, _ = through(proxy, s3_server, kind, key)
     proxy.mode = "freeze"

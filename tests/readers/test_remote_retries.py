@@ -24,7 +24,7 @@ from unihub.errors import DatasetChangedError, RemoteStorageError  # noqa: E402
 from unihub.readers.reader import make_reader  # noqa: E402
 
 from .flaky_proxy import FlakyProxy  # noqa: E402
-from .sample import sample_schema  # noqa: E402
+from .sample import sample_row, sample_schema  # noqa: E402
 from .test_remote_faults import through  # noqa: E402
 
 TIMEOUT, RETRIES = 2.0, 2
@@ -34,12 +34,6 @@ KINDS = ["fsspec", "pyarrow"]
 #: a request that fails every attempt: the attempts, their backoff (botocore's and the AWS SDK's
 #: standard modes: at most 2**attempt s each) and slack for a loaded machine
 BOUND = (RETRIES + 1) * TIMEOUT + 2**RETRIES + 10.0
-
-
-def make_row(i: int) -> dict[str, Any]:
-    rng = np.random.default_rng(i)
-    return {"id": i, "name": f"row-{i}", "score": float(np.float32(i / 3)), "vec": rng.random(3, dtype=np.float32),
-            "boxes": rng.random((i % 3, 4), dtype=np.float32), "emb": rng.standard_normal(2)}
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +53,7 @@ def proxy(s3_server) -> Iterator[FlakyProxy]:
 def key(s3_server) -> str:
     """40 rows in 3 files of several row groups each."""
     prefix = f"retries-{uuid.uuid4().hex[:8]}"
-    write_dataset(f"s3://{s3_server.bucket}/{prefix}", SCHEMA, (make_row(i) for i in range(N)),
+    write_dataset(f"s3://{s3_server.bucket}/{prefix}", SCHEMA, (sample_row(i) for i in range(N)),
                   row_group_size_mb=0.001, rows_per_file=15, storage_options=s3_server.storage_options())
     return prefix
 
@@ -143,7 +137,7 @@ def paged_key(s3_server) -> str:
     assert images
     prefix = f"retries-paged-{uuid.uuid4().hex[:8]}"
     write_dataset(f"s3://{s3_server.bucket}/{prefix}", schema,
-                  ({**make_row(i), "image": np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8)}
+                  ({**sample_row(i), "image": np.random.default_rng(i).integers(0, 256, SHAPE, dtype=np.uint8)}
                    for i in range(200)),
                   row_group_size_mb=0.1, rows_per_file=100, storage_options=s3_server.storage_options())
     return prefix
