@@ -25,10 +25,17 @@ from unihub.converters.meter import ProgressMeter
 from unihub.converters.readahead import read_ahead
 from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
 from unihub.converters.tasks import absolute
-from unihub.errors import DatasetExistsError, DatasetNotFoundError, SchemaError, UnsupportedFormatError
+from unihub.errors import (
+    AppendSchemaError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    SchemaError,
+    UnsupportedFormatError,
+)
 from unihub.formats.base import (
     FORMATS,
     ColumnBatch,
+    ForeignFormat,
     OnError,
     SkippedRecord,
     check_options,
@@ -217,10 +224,11 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
         source = FORMATS.get(source_format)(src, **options)
         fresh: list[versions.SourceFile] = []
         if append:
-            source, fresh = _unconverted(source, dst, options)
-            if source is None:
+            new_files, fresh = _unconverted(source, dst)
+            if new_files is None:
                 return ConvertResult(src, dst, source_format, target_format, 0, time.perf_counter() - start,
                                      notes=["nothing new: every source file is in the dataset already"])
+            source = new_files
         source.workers = workers
         source.on_error = on_error
         source.validate_images = validate_images
@@ -313,7 +321,7 @@ def _foreign_batches(source: Any, src: str, source_format: str, given: Unischema
     return batches, out_schema, extra, input_bytes
 
 
-def _unconverted(source: Any, dst: str, options: dict[str, Any]) -> tuple[Any, list[versions.SourceFile]]:
+def _unconverted(source: ForeignFormat, dst: str) -> tuple[ForeignFormat | None, list[versions.SourceFile]]:
     """For ``convert --append``: a source of only the files not yet in ``dst`` (None: none), and those
     files described (:func:`unihub.store.versions.new_sources`, which refuses a changed one)."""
     fs, target = fsutil.resolve_filesystem(dst)
@@ -330,9 +338,14 @@ def _unconverted(source: Any, dst: str, options: dict[str, Any]) -> tuple[Any, l
     fresh = versions.new_sources([absolute(f) for f in source.files()], converted)
     if not fresh:
         return None, []
+    if converted:
+        conflict = source.append_conflict(open_dataset(dst).extra_metadata)
+        if conflict:
+            raise AppendSchemaError(f"{dst}: the new files of {source.where} cannot be appended: {conflict}; "
+                                    "nothing was written. Convert the source into a new dataset instead")
     if len(fresh) == len(source.files()):
         return source, fresh
-    return type(source)([f.path for f in fresh], **options), fresh
+    return source.subset([f.path for f in fresh]), fresh
 
 
 def _settle(src: str, dst: str) -> None:

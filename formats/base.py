@@ -251,6 +251,16 @@ class ForeignFormat(ABC):
         """The input files, expanded from :attr:`sources` (sorted, deterministic)."""
         return expand_sources(self.sources)
 
+    def subset(self, files: Sequence[str]) -> ForeignFormat:
+        """This source reading only ``files`` (some of :meth:`files`), as itself would read them: what
+        ``convert --append`` converts of a source whose other files are in the dataset already."""
+        return type(self)(list(files), **self.options)
+
+    def append_conflict(self, extra: Mapping[str, Any]) -> str | None:
+        """Why this source's rows cannot be added to a dataset whose ``unihub.extra`` metadata is ``extra``
+        although their schema fits (a label index that would change meaning), or None where they can."""
+        return None
+
     @property
     def where(self) -> str:
         """The sources for messages: ``a.tfrecord``, or ``a.tfrecord, b.tfrecord and 8 more``."""

@@ -228,6 +228,24 @@ class ImageFolderFormat(ForeignFormat):
         """Every candidate file (images and any others, not hidden; regular files only), in reading order."""
         return [os.path.join(self.root, e.path) for e in self._listing.entries if e.status == "file"]
 
+    def subset(self, files: Sequence[str]) -> ImageFolderFormat:
+        """The folder reading only ``files``, labelled by the whole folder's classes (``convert --append``)."""
+        return self.of_files(self.root, self._listing.classes, files, **self.options)
+
+    def append_conflict(self, extra: Mapping[str, Any]) -> str | None:
+        """Rows of this folder fit a dataset converted from it before only while the labels keep their meaning:
+        the same layout, and the dataset's classes the first of the folder's (class folders added after
+        the last one in sorted order are new labels; one sorting before, or removed, renumbers them)."""
+        old, new = extra.get("classes"), self._listing.classes
+        if (old is None) != (new is None):
+            return (f"{self.root} is now in the {'flat' if new is None else 'class'} layout and the dataset was "
+                    f"converted from the {'flat' if old is None else 'class'} layout")
+        if old is not None and new is not None and list(new[:len(old)]) != list(old):
+            return (f"the class folders of {self.root} changed: the dataset's labels index {_shown(old)}, the "
+                    f"folder's would index {_shown(new)}, so a label would name another class (only folders "
+                    "sorting after the last class may be added)")
+        return None
+
     @property
     def follow_links(self) -> bool:
         """Whether links are followed out of the folder and into folders (see the module docstring)."""
@@ -816,3 +834,9 @@ def _destination(path: Any, class_dir: str | None, index: int, ext: str) -> str:
     if class_dir is not None and parts[0] != class_dir:
         parts.insert(0, class_dir)
     return "/".join(parts)
+
+
+def _shown(classes: Sequence[str]) -> str:
+    """Class names for a message: all of a few, else the first and last ones."""
+    names = [repr(c) for c in classes]
+    return "[" + (", ".join(names) if len(names) <= 8 else ", ".join(names[:4]) + ", ..., " + ", ".join(names[-3:])) + "]"
