@@ -27,6 +27,9 @@ Linux, ``TCP_USER_TIMEOUT`` on its sockets: unacknowledged data for ``timeout`` 
 fsspec; an ``s3://`` URL given only these still goes to pyarrow's filesystem); for a process: the
 environment variables. Settings already in ``storage_options`` (``config_kwargs``) or in a
 filesystem object passed as ``filesystem=`` are kept; their failures are translated all the same.
+
+A process forked from one that used pyarrow's S3 (or GCS, Azure) filesystem reads through a copy of
+its own (:func:`renewed`, with these settings): the SDK's kept-alive connections are not fork-safe.
 """
 
 from __future__ import annotations
@@ -308,6 +311,7 @@ def renewed(fs: pafs.FileSystem) -> pafs.FileSystem:
     found = _RENEWED.get(key)
     if found is None:  # setdefault: two threads renewing at once get the same copy
         found = _RENEWED.setdefault(key, (fs, _copy(fs)))
+        _RENEWED.setdefault((key[0], id(found[1])), (found[1], found[1]))  # the copy renewed again: itself
     return found[1]
 
 

@@ -255,7 +255,8 @@ def test_a_renewed_s3_filesystem_keeps_its_settings_and_retries(s3_server, proxy
     url, _ = through(proxy, s3_server, "pyarrow", key)
     fs, root = fsutil.resolve_filesystem(url)
     fresh = remote.renewed(fs)
-    assert fresh is not fs and remote.renewed(fs) is fresh and fresh.__reduce__() == fs.__reduce__()
+    assert fresh is not fs and remote.renewed(fs) is fresh and remote.renewed(fresh) is fresh
+    assert fresh.__reduce__() == fs.__reduce__()
     part = next(f for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".parquet"))
     with fresh.open_input_file(part.path) as file:
         proxy.fail_first(4, "503")
