@@ -27,6 +27,9 @@ Linux, ``TCP_USER_TIMEOUT`` on its sockets: unacknowledged data for ``timeout`` 
 fsspec; an ``s3://`` URL given only these still goes to pyarrow's filesystem); for a process: the
 environment variables. Settings already in ``storage_options`` (``config_kwargs``) or in a
 filesystem object passed as ``filesystem=`` are kept; their failures are translated all the same.
+
+A process forked from one that used pyarrow's S3 (or GCS, Azure) filesystem reads through a copy of
+its own (:func:`renewed`, with these settings): the SDK's kept-alive connections are not fork-safe.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import os
 import random
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -270,7 +274,58 @@ def configure_pyarrow(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.Fil
     # writing faster than the store takes it grew RSS by 45-200 MB over a local write (6 MB rows
     # to moto); uploading each part as it fills keeps memory within the row-group bound
     options["background_writes"] = False
-    return pafs.S3FileSystem(**options)
+    configured = pafs.S3FileSystem(**options)
+    _note_attempts(configured, settings.retries + 1)
+    return configured
+
+
+#: pyarrow's cloud filesystems: C++ SDKs that keep HTTP connections open between requests
+_CLOUD = tuple(c for c in (getattr(pafs, n, None) for n in ("S3FileSystem", "GcsFileSystem", "AzureFileSystem"))
+               if c is not None)
+#: id of an S3 filesystem configure_pyarrow made -> its retry attempts (its pickled form, which
+#: :func:`renewed` builds on, drops the retry strategy)
+_ATTEMPTS: dict[int, int] = {}
+#: (process, id of a filesystem inherited from another) -> (that filesystem, this process's copy)
+_RENEWED: dict[tuple[int, int], tuple[pafs.FileSystem, pafs.FileSystem]] = {}
+
+
+def _note_attempts(fs: pafs.FileSystem, attempts: int) -> None:
+    _ATTEMPTS[id(fs)] = attempts
+    weakref.finalize(fs, _ATTEMPTS.pop, id(fs), None)
+
+
+def renewed(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """This process's copy of ``fs``, a filesystem that a process it was forked from made or used: for
+    pyarrow's cloud filesystems (S3, GCS, Azure; also under a ``SubTreeFileSystem``), a new one with the
+    same settings (made once per process; ``fs`` is kept alive, unused); any other, ``fs`` itself.
+
+    Their SDKs keep connections open between requests (HTTP keep-alive, as S3 does), and a forked process
+    inherits the sockets: a child that went on using ``fs`` would send its requests on the connections of
+    its parent and siblings, and read whichever answer comes first, another process's (another object's
+    size, or bytes). An inherited one is never destroyed here either: its SDK would close the shared
+    connections (a TLS close alert on the parent's socket). fsspec's filesystems are made again in a forked
+    process by their pyarrow handler (:mod:`unihub.fs.filesystem`)."""
+    if not isinstance(fs.base_fs if isinstance(fs, pafs.SubTreeFileSystem) else fs, _CLOUD):
+        return fs
+    key = (os.getpid(), id(fs))
+    found = _RENEWED.get(key)
+    if found is None:  # setdefault: two threads renewing at once get the same copy
+        found = _RENEWED.setdefault(key, (fs, _copy(fs)))
+        _RENEWED.setdefault((key[0], id(found[1])), (found[1], found[1]))  # the copy renewed again: itself
+    return found[1]
+
+
+def _copy(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """A new ``fs`` from its pickled form (no connections), with the retry strategy configure_pyarrow gave it."""
+    if isinstance(fs, pafs.SubTreeFileSystem):
+        return pafs.SubTreeFileSystem(fs.base_path, _copy(fs.base_fs))
+    make, args = fs.__reduce__()[:2]
+    attempts = _ATTEMPTS.get(id(fs))
+    if attempts is None:
+        return make(*args)
+    fresh = pafs.S3FileSystem(**args[0], retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
+    _note_attempts(fresh, attempts)
+    return fresh
 
 
 def is_remote_failure(exc: BaseException) -> bool:

@@ -179,7 +179,7 @@ class SideColumns:
     applies where both agree. Each thread keeps its side files open between reads."""
 
     def __init__(self, fs: pafs.FileSystem, root: str, record: Record, parts: Mapping[str, tuple[int, int]]) -> None:
-        self.filesystem, self.root = fs, root
+        self._filesystem, self._pid, self.root = fs, os.getpid(), root
         self.sets: list[ColumnSet] = []
         self.files: list[dict[str, str]] = []  # per set: part path -> side file path (absolute)
         for column_set in record.sets:
@@ -200,6 +200,12 @@ class SideColumns:
         """The added fields as their side files store them (tensors as fixed-size bytes)."""
         return [self._storage[f.name] for f in self.fields]
 
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The filesystem of the side files; in a process forked from the one that made this, that
+        process's own (its parent's connections are not for it: see unihub.fs.remote.renewed)."""
+        return self._filesystem if self._pid == os.getpid() else remote.renewed(self._filesystem)
+
     def __bool__(self) -> bool:
         return bool(self.sets)
 
@@ -207,7 +213,7 @@ class SideColumns:
         return {**self.__dict__, "_open": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _open=threading.local())
+        self.__dict__.update(state, _open=threading.local(), _pid=os.getpid())
 
     def identity(self, names: Sequence[str]) -> list[str]:
         """What names the values of the side columns among ``names``: their sets' side-file folders and

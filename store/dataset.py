@@ -139,10 +139,13 @@ class ParquetStore:
     #: processes forked from this one (torch workers, new each epoch) see what any of them checked
     _checked_whole: mmap.mmap | None = field(default=None, repr=False, compare=False)
     #: remote files kept open where opening costs a request (pyarrow's S3: a HEAD), shared by the
-    #: footers' reads and the read-ahead's (fs.remote.read_range); not pickled
-    remote_handles: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: footers' reads and the read-ahead's (fs.remote.read_range); not pickled, nor kept in a forked process
+    _remote_handles: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: columns added beside the part files (store/column_sets.py), joined by read_row_group; None: none
     side: column_sets.SideColumns | None = field(default=None, repr=False, compare=False)
+    #: what ``filesystem`` reads (set through it), and the process it is for (see _in_this_process)
+    _filesystem: pafs.FileSystem = field(init=False, repr=False, compare=False)
+    _pid: int = field(default_factory=os.getpid, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._indexed = {f.path: f for f in self.files}
@@ -152,12 +155,42 @@ class ParquetStore:
         state = dict(self.__dict__)
         state["_open"] = None
         state["_checked_whole"] = None  # unpickled elsewhere: that process checks for itself
-        state["remote_handles"] = {}
+        state["_remote_handles"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _open=threading.local())
+        self.__dict__.update(state, _open=threading.local(), _pid=os.getpid())  # an unpickled filesystem is new
         self._checked_whole = mmap.mmap(-1, max(len(self.row_groups), 1))
+
+    def _get_filesystem(self) -> pafs.FileSystem:
+        self._in_this_process()
+        return self._filesystem
+
+    def _set_filesystem(self, filesystem: pafs.FileSystem) -> None:
+        self._filesystem, self._pid = filesystem, os.getpid()
+
+    @property
+    def remote_handles(self) -> dict[str, Any]:
+        """Remote files kept open (path -> pyarrow file), of this process."""
+        self._in_this_process()
+        return self._remote_handles
+
+    @remote_handles.setter
+    def remote_handles(self, handles: dict[str, Any]) -> None:
+        self._in_this_process()
+        self._remote_handles = handles
+
+    def _in_this_process(self) -> None:
+        """In a process forked from the one that opened the dataset (a reader's process workers, torch's
+        DataLoader workers), the first use renews what holds the parent's connections: the filesystem
+        (pyarrow's S3 would send this process's requests on sockets its parent and siblings use, and
+        answer with whatever comes first: another file's size or bytes; see fs.remote.renewed), the
+        remote files kept open, and the file that the forking thread held open."""
+        if self._pid == os.getpid():
+            return
+        self._filesystem = remote.renewed(self._filesystem)
+        self._remote_handles, self._open = {}, threading.local()
+        self._pid = os.getpid()
 
     @property
     def num_rows(self) -> int:
@@ -417,6 +450,7 @@ class ParquetStore:
         ``_MAPPED_BYTES_BEFORE_REOPEN`` bytes so mapped pages do not pile up in the
         process's resident memory over an epoch.
         """
+        self._in_this_process()
         held = self._open
         current = getattr(held, "path", None)
         if current != path or held.bytes_read >= _MAPPED_BYTES_BEFORE_REOPEN:
@@ -488,6 +522,14 @@ class ParquetStore:
             table = table.append_column(field_.arrow_field(), pa.array([value] * table.num_rows,
                                                                        type=field_.arrow_type()))
         return table
+
+
+#: ``filesystem`` stays the dataclass's field (the constructor's argument) and reads as this process's:
+#: every use of ``store.filesystem`` (the readers', the page index's, the read-ahead's) goes through it
+ParquetStore.filesystem = property(
+    ParquetStore._get_filesystem, ParquetStore._set_filesystem,
+    doc="The filesystem the dataset is read through; in a process forked from the one that opened it, that "
+        "process's own (see ``_in_this_process``).")
 
 
 class FetchedRanges:

@@ -9,7 +9,8 @@ the GETs of objects (``object_gets``) and fails those that ``fail(n)`` (n counts
 
 ``fail_first(n, fault)``, ``fail_every(k, fault)``, ``fail_each_once(fault)`` (the first attempt of
 each distinct request: object and byte range) and ``fail_always(fault)`` set the schedule;
-``heal()`` passes everything again. ``failed`` counts the GETs failed on purpose.
+``heal()`` passes everything again. ``failed`` counts the GETs failed on purpose. ``requests`` lists
+``(client port, method, target)`` of every request, in order: which connection each came on.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class FlakyProxy(FaultProxy):
     def __init__(self, upstream_port: int) -> None:
         self.object_gets = 0
         self.failed = 0
+        self.requests: list[tuple[int, str, str]] = []
         self._schedule: Callable[[int, tuple[str, str]], str | None] = lambda n, request: None
         self._count_lock = threading.Lock()
         super().__init__(upstream_port)
@@ -61,6 +63,7 @@ class FlakyProxy(FaultProxy):
 
     def _answer(self, connection: socket.socket, method: str, target: str, headers: dict[str, str],
                 body: bytes) -> bool:
+        self.requests.append((connection.getpeername()[1], method, target))
         if method == "GET" and "/" in target.split("?")[0].strip("/"):
             with self._count_lock:
                 number = self.object_gets

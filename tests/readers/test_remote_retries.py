@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import pytest
 
 pytest.importorskip("moto")
@@ -20,7 +21,7 @@ pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
 
 from unihub import write_dataset  # noqa: E402
-from unihub.errors import DatasetChangedError, RemoteStorageError  # noqa: E402
+from unihub.errors import RemoteStorageError  # noqa: E402
 from unihub.readers.reader import make_reader  # noqa: E402
 
 from .flaky_proxy import FlakyProxy  # noqa: E402
@@ -175,11 +176,7 @@ def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["fsspec", pytest.param("pyarrow", marks=pytest.mark.xfail(
-    strict=False, raises=DatasetChangedError,
-    reason="pyarrow's S3 file in a worker process, behind this proxy failing every object GET, at times reports "
-           "another file's size (8,317 for a file of 6,348), so the reader refuses it as changed; not understood "
-           "yet (the proxy's answers, or pyarrow's kept-alive connections): see the session's closing note"))])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_worker_process_reports_the_file_and_bytes(s3_server, proxy, key, kind):
     url, options = through(proxy, s3_server, kind, key)
     with make_reader(url, reader_pool_type="process", workers_count=2, **options) as reader:
@@ -188,3 +185,87 @@ def test_a_worker_process_reports_the_file_and_bytes(s3_server, proxy, key, kind
         with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/{key}/\S+\.parquet: row group \d+, "
                                                      r"bytes \d+-\d+: the remote store failed"):
             list(reader)
+
+
+# -- forked processes: their own connections ----------------------------------------------------------
+# The SDKs keep a connection open between requests (as S3 does, and the proxy). A process forked from one
+# that used a filesystem, going on with it, would send its requests on its parent's sockets, shared with its
+# siblings, and read whichever answer came first: another file's size or bytes.
+def same_values(values: dict[str, Any], i: int) -> bool:
+    """Whether ``values`` (field -> value) hold every value of :func:`sample_row` ``i``."""
+    return all(np.array_equal(np.asarray(values[name]), np.asarray(value)) for name, value in sample_row(i).items())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_worker_processes_read_through_their_own_connections(s3_server, proxy, key, kind):
+    url, options = through(proxy, s3_server, kind, key)
+    reader = make_reader(url, reader_pool_type="process", workers_count=3, **options)
+    opened = len(proxy.requests)
+    parent = {port for port, _, _ in proxy.requests}  # the connections that opening the dataset left open
+    with reader:
+        rows = {int(row.id): row._asdict() for row in reader}
+    assert sorted(rows) == list(range(N)) and all(same_values(rows[i], i) for i in range(N))
+    workers = {port for port, _, _ in proxy.requests[opened:]}
+    assert workers and not workers & parent, f"the workers' requests came on the parent's connections {parent}"
+
+
+_INHERITED: Any = None  # what a forked process below was handed by its parent (inherited, not pickled)
+
+
+def _inherit(value: Any) -> None:
+    global _INHERITED
+    _INHERITED = value
+
+
+def _take(rows: list[int]) -> list[tuple[int, bool]]:
+    """(id, whether every value is right) of each row taken from the inherited dataset."""
+    batch = _INHERITED.take(rows)
+    return [(int(i), same_values({name: getattr(batch, name)[k] for name in batch._fields}, int(i)))
+            for k, i in enumerate(batch.id)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forked_processes_read_a_dataset_opened_before_the_fork_through_their_own_connections(
+        s3_server, proxy, key, kind):
+    import multiprocessing
+
+    from unihub.readers.random_access import Dataset
+
+    url, options = through(proxy, s3_server, kind, key)
+    ds = Dataset(url, cache_mb=1e-6, **options)  # the last row group cached only: each take reads
+    _inherit(ds)
+    assert _take([0, 39]) == [(0, True), (39, True)]  # read here first, as a map-style torch dataset may be
+    before = len(proxy.requests)
+    parent = {port for port, _, _ in proxy.requests}
+    shares = [list(range(k, N, 4)) for k in range(4)]
+    with multiprocessing.get_context("fork").Pool(2, initializer=_inherit, initargs=(ds,)) as pool:  # torch's workers
+        taken = [row for share in pool.map(_take, shares) for row in share]
+    _inherit(None)
+    assert sorted(taken) == [(i, True) for i in range(N)]
+    workers = {port for port, _, _ in proxy.requests[before:]}
+    assert workers and not workers & parent, f"the forked processes' requests came on the parent's connections {parent}"
+
+
+def test_a_renewed_s3_filesystem_keeps_its_settings_and_retries(s3_server, proxy, key, monkeypatch):
+    # what a forked process reads through: made from the pickled form, which drops the retry strategy
+    from unihub.fs import filesystem as fsutil
+    from unihub.fs import remote
+
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "4")  # 5 attempts; pyarrow's default strategy makes 3
+    url, _ = through(proxy, s3_server, "pyarrow", key)
+    fs, root = fsutil.resolve_filesystem(url)
+    fresh = remote.renewed(fs)
+    assert fresh is not fs and remote.renewed(fs) is fresh and remote.renewed(fresh) is fresh
+    assert fresh.__reduce__() == fs.__reduce__()
+    part = next(f for f in fs.get_file_info(pafs.FileSelector(root)) if f.path.endswith(".parquet"))
+    with fresh.open_input_file(part.path) as file:
+        proxy.fail_first(4, "503")
+        assert len(file.read()) == part.size
+    assert proxy.failed == 4
+    subtree = pafs.SubTreeFileSystem(root, fs)
+    renewed_subtree = remote.renewed(subtree)
+    assert renewed_subtree is not subtree and remote.renewed(subtree) is renewed_subtree
+    assert renewed_subtree.base_path == subtree.base_path and renewed_subtree.base_fs == fs
+    local = pafs.LocalFileSystem()
+    local_subtree = pafs.SubTreeFileSystem("/tmp", local)
+    assert remote.renewed(local) is local and remote.renewed(local_subtree) is local_subtree
