@@ -166,6 +166,9 @@ class Reader:
         #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
         self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
         self._prefetch: RowGroupPrefetcher | None = None
+        #: the read-ahead begun when the reader was made, and the (epoch, task) it begins at: the first
+        #: ``next()`` from there takes it over (see _begin_read_ahead)
+        self._early: tuple[tuple[int, int], RowGroupPrefetcher] | None = None
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
@@ -195,6 +198,7 @@ class Reader:
         self._item_names: tuple[str, ...] = tuple(self.schema.fields)  # the columns of an item, in order
         if resume_from is not None:
             self.load_state_dict(resume_from)
+        self._begin_read_ahead()
 
     def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
                      read_schema: Unischema, *, decode_images: bool, cache: Cache | None,
@@ -312,9 +316,16 @@ class Reader:
             self._prefetch.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs: Iterator[tuple[int, int, planning.ReadTask]] = self._jobs(epoch, task)
-        self._prefetch = self._loader.prefetch = self._make_prefetcher()
-        if self._prefetch is not None:
-            jobs = self._prefetch.tasks(jobs)
+        early, self._early = self._early, None
+        if early is not None and early[0] == (epoch, task) and not early[1].closed:  # begun when the reader was made
+            self._prefetch = self._loader.prefetch = early[1]
+            jobs = early[1].tasks()
+        else:
+            if early is not None:  # stopped, or moved since (seek, load_state_dict): its row groups may be others
+                early[1].join()
+            self._prefetch = self._loader.prefetch = self._make_prefetcher()
+            if self._prefetch is not None:
+                jobs = self._prefetch.tasks(jobs)
         # merged tasks read whole row groups of encoded images, cheaply: reading further ahead than
         # one each and one more only takes the cores from the first batches' decoding (first shuffled
         # batch 25 -> 22 ms, benchmarks/peers.py's data)
@@ -337,6 +348,30 @@ class Reader:
         columns += [name for name in loader._pre_columns() if name not in columns]
         return RowGroupPrefetcher(self.store, columns, self._read_ahead_bytes)
 
+    def _begin_read_ahead(self) -> None:
+        """Start the read-ahead now, in its threads, from the reader's position (where it would have one):
+        the first row group's GETs are under way while the caller builds its loader, not from the first
+        ``next()``. Moved from that position before reading (seek, load_state_dict), it is dropped."""
+        if self._predicate_error is not None:
+            return
+        prefetch = self._make_prefetcher()
+        if prefetch is None:
+            return
+        epoch, task, _ = self._where()
+        prefetch.begin(self._jobs(epoch, task))
+        self._early = ((epoch, task), prefetch)
+
+    def _drop_early(self, wait: bool = False) -> None:
+        """Stop the read-ahead begun when the reader was made, if no run took it over (``wait``: and wait for its
+        fetch threads, then forget it; else it is kept for :meth:`join` to wait for)."""
+        if self._early is None:
+            return
+        if wait:
+            early, self._early = self._early, None
+            early[1].join()
+        else:
+            self._early[1].close()
+
     def _cache_in_use(self) -> bool:
         return self._loader.cache is not None and not isinstance(self._loader.cache, NullCache)
 
@@ -344,7 +379,8 @@ class Reader:
     def read_ahead(self) -> PrefetchStats | None:
         """What the read-ahead of the last run did (row groups and bytes fetched, GETs, the most bytes
         held at once); None where there was none (local data, process workers, the local-disk cache)."""
-        return self._prefetch.stats if self._prefetch is not None else None
+        prefetch = self._prefetch if self._prefetch is not None else self._early[1] if self._early else None
+        return prefetch.stats if prefetch is not None else None
 
     def __next__(self) -> Any:
         # the per-row path: one index and one counter under a lock (threads sharing a reader get
@@ -821,6 +857,7 @@ class Reader:
             self._pool.stop()
         if self._prefetch is not None:
             self._prefetch.close()
+        self._drop_early()
         if self._iterator is not None:
             close = getattr(self._iterator, "close", None)
             if close is not None:
@@ -837,6 +874,7 @@ class Reader:
             self._pool = None
         if self._prefetch is not None:
             self._prefetch.join()
+        self._drop_early(wait=True)
 
     def __enter__(self) -> Reader:
         return self
