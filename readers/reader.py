@@ -86,10 +86,11 @@ def _check_epochs_and_shards(num_epochs: Any, cur_shard: Any, shard_count: Any, 
 
 
 def _checked_pool(store: ParquetStore, pool_type: PoolType, workers_count: int | None,
-                  results_queue_size: Any) -> int:
-    """The workers' count (the store's default for None), once the pool's arguments are known to be valid."""
+                  results_queue_size: Any, read_ahead: bool = False) -> int:
+    """The workers' count (the store's default for None; ``read_ahead``: remote row groups are fetched
+    ahead), once the pool's arguments are known to be valid."""
     if workers_count is None:
-        workers_count = default_workers_count(store)
+        workers_count = default_workers_count(store, read_ahead and pool_type == "thread")
     check_pool_arguments(pool_type, workers_count)
     if not isinstance(results_queue_size, int) or isinstance(results_queue_size, bool) or results_queue_size < 1:
         raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
@@ -158,13 +159,15 @@ class Reader:
         self._loader = self._make_loader(predicate, expression, filter_columns, read_schema,
                                          decode_images=decode_images, cache=cache, petastorm_types=petastorm_types,
                                          on_decode_error=on_decode_error)
-        workers_count = _checked_pool(store, reader_pool_type, workers_count, results_queue_size)
+        #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
+        self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
+        fetched_ahead = bool(self._read_ahead_bytes) and (cache is None or isinstance(cache, NullCache))
+        workers_count = _checked_pool(store, reader_pool_type, workers_count, results_queue_size,
+                                      read_ahead=fetched_ahead)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
         #: decoded results in flight are held to about this many bytes too (unihub.runtime.memory)
         self._max_bytes = memory_budget(memory_budget_mb).queue_bytes
-        #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
-        self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
         self._prefetch: RowGroupPrefetcher | None = None
         #: the read-ahead begun when the reader was made, and the (epoch, task) it begins at: the first
         #: ``next()`` from there takes it over (see _begin_read_ahead)
@@ -1048,11 +1051,13 @@ def read_ahead_bytes(read_ahead_mb: float | None, memory_budget_mb: float | None
     return max(1, int(read_ahead_mb * 2**20)) if read_ahead_mb else 0  # a bound under a byte: one row group
 
 
-def default_workers_count(store: ParquetStore) -> int:
+def default_workers_count(store: ParquetStore, read_ahead: bool = False) -> int:
     """One worker per core this process may run on, for local data (decoding is CPU-bound and more
-    threads only contend); four per core for remote filesystems, where workers mostly wait on the network."""
+    threads only contend) and for remote data fetched by the read-ahead (its threads do the waiting on
+    the network: more workers only hold more decoded batches and contend); four per core for remote
+    filesystems read without it, where workers mostly wait on the network."""
     cores = usable_cores()
-    return cores if isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
+    return cores if read_ahead or isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
 
 
 def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -> tuple[int, int, Batch]:
