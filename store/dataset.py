@@ -239,7 +239,7 @@ class ParquetStore:
         try:
             if fetched is not None and info.path in self._footers:
                 parquet_file = fetched.parquet_file(self._footers[info.path], verify)
-                table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+                table = _read_fetched(parquet_file, fetched, info.row_group, stored, views, verify)
             else:
                 parquet_file, table = self._read_opened(info, stored, views, verify)
         except (OSError, pa.ArrowException) as exc:
@@ -516,6 +516,13 @@ class FetchedRanges:
         self.missed += 1
         return bytes(remote.read_range(self.filesystem, self.path, offset, offset + nbytes))
 
+    def part_holding(self, start: int, stop: int) -> tuple[int, pa.Buffer] | None:
+        """(its offset, its bytes) of the fetched part that holds bytes ``start:stop`` whole; None where none does."""
+        for offset, data in self.parts:
+            if offset <= start and stop <= offset + len(data):
+                return offset, pa.py_buffer(data)
+        return None
+
     def parquet_file(self, footer: pq.FileMetaData, verify: bool) -> pq.ParquetFile:
         """A ``ParquetFile`` reading the fetched bytes (and the store for the rest), with ``footer``."""
         from pyarrow import PythonFile
@@ -524,6 +531,37 @@ class FetchedRanges:
             (start + len(data) for start, data in self.parts), default=0)
         return pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
                               page_checksum_verification=verify)
+
+
+def _read_fetched(parquet_file: pq.ParquetFile, fetched: FetchedRanges, row_group: int, stored: Sequence[str] | None,
+                  views: Collection[str], verify: bool) -> pa.Table:
+    """A row group read from its fetched bytes: the binary columns of ``views`` (images the reader decodes)
+    whose chunk lies in one fetched part as views of it (store/_pages.py, as a local file's are of its
+    memory map; not marked :data:`VIEWS_OF_FILE`: a value held pins the part), the rest by pyarrow."""
+    names = stored if stored is not None else parquet_file.schema_arrow.names
+    wanted = [n for n in names if n in views] if views else []
+    viewed = {}
+    if wanted:
+        leaves = parquet_pages.binary_leaves(parquet_file)
+        metadata = parquet_file.metadata
+        for name in wanted:
+            leaf = leaves.get(name)
+            if leaf is None:
+                continue
+            held = fetched.part_holding(*parquet_pages.chunk_span(metadata.row_group(row_group).column(leaf)))
+            array = parquet_pages.plain_binary_column(held[1], metadata, row_group, leaf, verify=verify,
+                                                      origin=held[0]) if held is not None else None
+            if array is not None:
+                viewed[name] = array
+    if not viewed:
+        return parquet_file.read_row_group(row_group, columns=stored, use_threads=False)
+    table = parquet_file.read_row_group(row_group, columns=[c for c in names if c not in viewed], use_threads=False)
+    for position, name in enumerate(names):
+        if name in viewed:
+            stored_field = parquet_file.schema_arrow.field(name)
+            table = table.add_column(position, pa.field(name, pa.binary_view(), stored_field.nullable,
+                                                        stored_field.metadata), viewed[name])
+    return table
 
 
 class _RangesFile:
