@@ -1216,8 +1216,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
     forever), ``cur_shard``/``shard_count`` (neither given: the rank and world size of a distributed job,
     see :mod:`unihub.runtime.world`), ``reader_pool_type`` ('thread', 'process',
-    'dummy'), ``workers_count`` (default one per core for local data, four per core for
-    remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
+    'dummy'), ``workers_count`` (default one per core for local data and for remote data fetched by
+    the read-ahead, four per core for remote data read without it; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
     ``rowgroup_selector`` (read only the row groups a selector picks from the dataset's
     row-group indexes; see :mod:`unihub.readers.selectors`). As Petastorm's: ``schema_fields`` that

@@ -325,3 +325,17 @@ def test_s3_open_in_one_listing(s3_server: Any, dataset: Path, kind: str) -> Non
     assert len(listings) == (1 if kind == "pyarrow" else 2), requests
     assert all(path.rsplit("/", 1)[1] in ("_common_metadata", *(f.path.rsplit("/", 1)[1] for f in store.files))
                for _, path in others), others
+
+
+def test_one_worker_per_core_where_the_read_ahead_waits(dataset: Path) -> None:
+    """Remote data fetched ahead is decoded by one worker per core (the fetch threads wait on the
+    network); read without the read-ahead, four per core wait for it."""
+    from unihub.readers.workers import usable_cores
+
+    cores = usable_cores()
+    ahead = make_batch_reader(str(dataset), filesystem=SlowFiles())
+    without = make_batch_reader(str(dataset), filesystem=SlowFiles(), read_ahead_mb=0)
+    assert (ahead._workers_count, without._workers_count) == (cores, 4 * cores)
+    for reader in (ahead, without):
+        reader.stop()
+        reader.join()
