@@ -65,10 +65,12 @@ class Manifest:
                            "parts": list(self.parts), "common_metadata": self.common_metadata}).encode()
 
 
-def read_manifest(fs: pafs.FileSystem, root: str) -> Manifest | None:
-    """The manifest published at ``root``, or None where there is none (a dataset read as before)."""
+def read_manifest(fs: pafs.FileSystem, root: str, forget_cached: bool = True) -> Manifest | None:
+    """The manifest published at ``root``, or None where there is none (a dataset read as before);
+    ``forget_cached=False``: what fsspec cached of root is kept (a listing just taken, fresh already)."""
     path = f"{root.rstrip('/')}/{MANIFEST}"
-    fresh(fs, root)
+    if forget_cached:
+        fresh(fs, root)
     try:
         with fs.open_input_stream(path) as handle:
             data = handle.read()

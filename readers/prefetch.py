@@ -152,10 +152,18 @@ class RowGroupPrefetcher:
         self._opening = threading.Lock()
 
     # -- the task sequence ----------------------------------------------------------------------
-    def tasks(self, tasks: Iterable[T]) -> Iterator[T]:
-        """``tasks`` as they come, the row groups of those ahead fetched meanwhile (``job[2].row_group``
-        of a reader's ``(epoch, index, ReadTask)`` jobs)."""
-        self._source = iter(tasks)
+    def begin(self, tasks: Iterable[Any]) -> None:
+        """Start fetching the row groups of ``tasks`` now, before :meth:`tasks` hands any on (a reader's
+        read-ahead begins when the reader is made): the first row group's GETs go out at once."""
+        with self._changed:
+            self._source = iter(tasks)
+            self._fill()
+
+    def tasks(self, tasks: Iterable[T] | None = None) -> Iterator[T]:
+        """``tasks`` (None: those given to :meth:`begin`) as they come, the row groups of those ahead
+        fetched meanwhile (``job[2].row_group`` of a reader's ``(epoch, index, ReadTask)`` jobs)."""
+        if tasks is not None:
+            self._source = iter(tasks)
         while True:
             with self._changed:
                 self._fill()
@@ -300,6 +308,11 @@ class RowGroupPrefetcher:
         return FetchedRanges(self.store.filesystem, info.path, parts, self.store.file_size(info.path))
 
     # -- stopping -------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (it fetches nothing more)."""
+        return self._closed
+
     def close(self) -> None:
         """Cancel the fetches not started, drop what was fetched (the GETs under way finish)."""
         with self._changed:

@@ -86,10 +86,11 @@ def _check_epochs_and_shards(num_epochs: Any, cur_shard: Any, shard_count: Any, 
 
 
 def _checked_pool(store: ParquetStore, pool_type: PoolType, workers_count: int | None,
-                  results_queue_size: Any) -> int:
-    """The workers' count (the store's default for None), once the pool's arguments are known to be valid."""
+                  results_queue_size: Any, read_ahead: bool = False) -> int:
+    """The workers' count (the store's default for None; ``read_ahead``: remote row groups are fetched
+    ahead), once the pool's arguments are known to be valid."""
     if workers_count is None:
-        workers_count = default_workers_count(store)
+        workers_count = default_workers_count(store, read_ahead and pool_type == "thread")
     check_pool_arguments(pool_type, workers_count)
     if not isinstance(results_queue_size, int) or isinstance(results_queue_size, bool) or results_queue_size < 1:
         raise InvalidArgumentError(f"results_queue_size must be an int >= 1, got {results_queue_size!r}")
@@ -158,14 +159,19 @@ class Reader:
         self._loader = self._make_loader(predicate, expression, filter_columns, read_schema,
                                          decode_images=decode_images, cache=cache, petastorm_types=petastorm_types,
                                          on_decode_error=on_decode_error)
-        workers_count = _checked_pool(store, reader_pool_type, workers_count, results_queue_size)
+        #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
+        self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
+        fetched_ahead = bool(self._read_ahead_bytes) and (cache is None or isinstance(cache, NullCache))
+        workers_count = _checked_pool(store, reader_pool_type, workers_count, results_queue_size,
+                                      read_ahead=fetched_ahead)
         self._pool_type, self._workers_count = reader_pool_type, workers_count
         self._window = max(2, min(results_queue_size, 2 * workers_count + 2))
         #: decoded results in flight are held to about this many bytes too (unihub.runtime.memory)
         self._max_bytes = memory_budget(memory_budget_mb).queue_bytes
-        #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
-        self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
         self._prefetch: RowGroupPrefetcher | None = None
+        #: the read-ahead begun when the reader was made, and the (epoch, task) it begins at: the first
+        #: ``next()`` from there takes it over (see _begin_read_ahead)
+        self._early: tuple[tuple[int, int], RowGroupPrefetcher] | None = None
         # the position is (epoch, task, offset): _position while no batch is loaded, else derived
         # from the loaded batch (_current), its items and the cursor (see _where)
         self._position = (0, 0, 0)
@@ -195,6 +201,7 @@ class Reader:
         self._item_names: tuple[str, ...] = tuple(self.schema.fields)  # the columns of an item, in order
         if resume_from is not None:
             self.load_state_dict(resume_from)
+        self._begin_read_ahead()
 
     def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
                      read_schema: Unischema, *, decode_images: bool, cache: Cache | None,
@@ -312,9 +319,16 @@ class Reader:
             self._prefetch.join()
         self._pool = Pool(self._pool_type, self._workers_count)
         jobs: Iterator[tuple[int, int, planning.ReadTask]] = self._jobs(epoch, task)
-        self._prefetch = self._loader.prefetch = self._make_prefetcher()
-        if self._prefetch is not None:
-            jobs = self._prefetch.tasks(jobs)
+        early, self._early = self._early, None
+        if early is not None and early[0] == (epoch, task) and not early[1].closed:  # begun when the reader was made
+            self._prefetch = self._loader.prefetch = early[1]
+            jobs = early[1].tasks()
+        else:
+            if early is not None:  # stopped, or moved since (seek, load_state_dict): its row groups may be others
+                early[1].join()
+            self._prefetch = self._loader.prefetch = self._make_prefetcher()
+            if self._prefetch is not None:
+                jobs = self._prefetch.tasks(jobs)
         # merged tasks read whole row groups of encoded images, cheaply: reading further ahead than
         # one each and one more only takes the cores from the first batches' decoding (first shuffled
         # batch 25 -> 22 ms, benchmarks/peers.py's data)
@@ -337,6 +351,30 @@ class Reader:
         columns += [name for name in loader._pre_columns() if name not in columns]
         return RowGroupPrefetcher(self.store, columns, self._read_ahead_bytes)
 
+    def _begin_read_ahead(self) -> None:
+        """Start the read-ahead now, in its threads, from the reader's position (where it would have one):
+        the first row group's GETs are under way while the caller builds its loader, not from the first
+        ``next()``. Moved from that position before reading (seek, load_state_dict), it is dropped."""
+        if self._predicate_error is not None:
+            return
+        prefetch = self._make_prefetcher()
+        if prefetch is None:
+            return
+        epoch, task, _ = self._where()
+        prefetch.begin(self._jobs(epoch, task))
+        self._early = ((epoch, task), prefetch)
+
+    def _drop_early(self, wait: bool = False) -> None:
+        """Stop the read-ahead begun when the reader was made, if no run took it over (``wait``: and wait for its
+        fetch threads, then forget it; else it is kept for :meth:`join` to wait for)."""
+        if self._early is None:
+            return
+        if wait:
+            early, self._early = self._early, None
+            early[1].join()
+        else:
+            self._early[1].close()
+
     def _cache_in_use(self) -> bool:
         return self._loader.cache is not None and not isinstance(self._loader.cache, NullCache)
 
@@ -344,7 +382,8 @@ class Reader:
     def read_ahead(self) -> PrefetchStats | None:
         """What the read-ahead of the last run did (row groups and bytes fetched, GETs, the most bytes
         held at once); None where there was none (local data, process workers, the local-disk cache)."""
-        return self._prefetch.stats if self._prefetch is not None else None
+        prefetch = self._prefetch if self._prefetch is not None else self._early[1] if self._early else None
+        return prefetch.stats if prefetch is not None else None
 
     def __next__(self) -> Any:
         # the per-row path: one index and one counter under a lock (threads sharing a reader get
@@ -821,6 +860,7 @@ class Reader:
             self._pool.stop()
         if self._prefetch is not None:
             self._prefetch.close()
+        self._drop_early()
         if self._iterator is not None:
             close = getattr(self._iterator, "close", None)
             if close is not None:
@@ -837,6 +877,7 @@ class Reader:
             self._pool = None
         if self._prefetch is not None:
             self._prefetch.join()
+        self._drop_early(wait=True)
 
     def __enter__(self) -> Reader:
         return self
@@ -1010,11 +1051,13 @@ def read_ahead_bytes(read_ahead_mb: float | None, memory_budget_mb: float | None
     return max(1, int(read_ahead_mb * 2**20)) if read_ahead_mb else 0  # a bound under a byte: one row group
 
 
-def default_workers_count(store: ParquetStore) -> int:
+def default_workers_count(store: ParquetStore, read_ahead: bool = False) -> int:
     """One worker per core this process may run on, for local data (decoding is CPU-bound and more
-    threads only contend); four per core for remote filesystems, where workers mostly wait on the network."""
+    threads only contend) and for remote data fetched by the read-ahead (its threads do the waiting on
+    the network: more workers only hold more decoded batches and contend); four per core for remote
+    filesystems read without it, where workers mostly wait on the network."""
     cores = usable_cores()
-    return cores if isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
+    return cores if read_ahead or isinstance(store.filesystem, pafs.LocalFileSystem) else 4 * cores
 
 
 def _load_job(loader: RowGroupLoader, job: tuple[int, int, planning.ReadTask]) -> tuple[int, int, Batch]:
@@ -1173,8 +1216,8 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
     forever), ``cur_shard``/``shard_count`` (neither given: the rank and world size of a distributed job,
     see :mod:`unihub.runtime.world`), ``reader_pool_type`` ('thread', 'process',
-    'dummy'), ``workers_count`` (default one per core for local data, four per core for
-    remote; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
+    'dummy'), ``workers_count`` (default one per core for local data and for remote data fetched by
+    the read-ahead, four per core for remote data read without it; Petastorm's was 10), ``results_queue_size``, ``cache_type='local-disk'`` with
     ``cache_location``/``cache_size_limit``, ``storage_options``/``filesystem``,
     ``rowgroup_selector`` (read only the row groups a selector picks from the dataset's
     row-group indexes; see :mod:`unihub.readers.selectors`). As Petastorm's: ``schema_fields`` that

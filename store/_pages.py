@@ -149,9 +149,10 @@ def binary_leaves(parquet_file: pq.ParquetFile) -> dict[str, int]:
 
 
 def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group: int, leaf: int,
-                        *, verify: bool) -> pa.Array | None:
+                        *, verify: bool, origin: int = 0) -> pa.Array | None:
     """Leaf column ``leaf`` of ``row_group`` as a ``binary_view`` array viewing ``mapped`` (the
-    whole file, memory-mapped), or None where this reader declines it (see the module docstring).
+    whole file, memory-mapped; or bytes of it from ``origin`` on, fetched), or None where this reader
+    declines it (see the module docstring).
 
     ``leaf`` must be a top-level ``BYTE_ARRAY`` column (no repetition). ``verify``: each page's
     CRC, where it has one, is checked; a page that fails is declined, so pyarrow reads the column
@@ -163,7 +164,7 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
             or column.has_dictionary_page or column.file_path or descriptor.max_repetition_level != 0
             or descriptor.max_definition_level > 1):
         return None  # file_path: the chunk lies in another file
-    start, end = chunk_span(column)
+    start, end = (offset - origin for offset in chunk_span(column))
     num_rows = metadata.row_group(row_group).num_rows
     if (start < 0 or end > mapped.size or end - start >= 2**31 or num_rows <= 0 or column.num_values != num_rows
             or sys.byteorder != "little"):

@@ -31,7 +31,7 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -272,7 +272,7 @@ class ParquetStore:
         try:
             if fetched is not None and info.path in self._footers:
                 parquet_file = fetched.parquet_file(self._footers[info.path], verify)
-                table = parquet_file.read_row_group(info.row_group, columns=stored, use_threads=False)
+                table = _read_fetched(parquet_file, fetched, info.row_group, stored, views, verify)
             else:
                 parquet_file, table = self._read_opened(info, stored, views, verify)
         except (OSError, pa.ArrowException) as exc:
@@ -558,6 +558,13 @@ class FetchedRanges:
         self.missed += 1
         return bytes(remote.read_range(self.filesystem, self.path, offset, offset + nbytes))
 
+    def part_holding(self, start: int, stop: int) -> tuple[int, pa.Buffer] | None:
+        """(its offset, its bytes) of the fetched part that holds bytes ``start:stop`` whole; None where none does."""
+        for offset, data in self.parts:
+            if offset <= start and stop <= offset + len(data):
+                return offset, pa.py_buffer(data)
+        return None
+
     def parquet_file(self, footer: pq.FileMetaData, verify: bool) -> pq.ParquetFile:
         """A ``ParquetFile`` reading the fetched bytes (and the store for the rest), with ``footer``."""
         from pyarrow import PythonFile
@@ -566,6 +573,37 @@ class FetchedRanges:
             (start + len(data) for start, data in self.parts), default=0)
         return pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
                               page_checksum_verification=verify)
+
+
+def _read_fetched(parquet_file: pq.ParquetFile, fetched: FetchedRanges, row_group: int, stored: Sequence[str] | None,
+                  views: Collection[str], verify: bool) -> pa.Table:
+    """A row group read from its fetched bytes: the binary columns of ``views`` (images the reader decodes)
+    whose chunk lies in one fetched part as views of it (store/_pages.py, as a local file's are of its
+    memory map; not marked :data:`VIEWS_OF_FILE`: a value held pins the part), the rest by pyarrow."""
+    names = stored if stored is not None else parquet_file.schema_arrow.names
+    wanted = [n for n in names if n in views] if views else []
+    viewed = {}
+    if wanted:
+        leaves = parquet_pages.binary_leaves(parquet_file)
+        metadata = parquet_file.metadata
+        for name in wanted:
+            leaf = leaves.get(name)
+            if leaf is None:
+                continue
+            held = fetched.part_holding(*parquet_pages.chunk_span(metadata.row_group(row_group).column(leaf)))
+            array = parquet_pages.plain_binary_column(held[1], metadata, row_group, leaf, verify=verify,
+                                                      origin=held[0]) if held is not None else None
+            if array is not None:
+                viewed[name] = array
+    if not viewed:
+        return parquet_file.read_row_group(row_group, columns=stored, use_threads=False)
+    table = parquet_file.read_row_group(row_group, columns=[c for c in names if c not in viewed], use_threads=False)
+    for position, name in enumerate(names):
+        if name in viewed:
+            stored_field = parquet_file.schema_arrow.field(name)
+            table = table.add_column(position, pa.field(name, pa.binary_view(), stored_field.nullable,
+                                                        stored_field.metadata), viewed[name])
+    return table
 
 
 class _RangesFile:
@@ -681,7 +719,8 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         return _open_files([os.fspath(u) for u in url], filesystem, storage_options)
     url = os.fspath(url)
     fs, root = fsutil.resolve_filesystem(url, filesystem, storage_options)
-    info = fs.get_file_info(root)
+    listing = RemoteListing.of(fs, root)  # remote: the whole open's one listing (it is a directory)
+    info = pafs.FileInfo(root, pafs.FileType.Directory) if listing is not None else fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
         left = publish.settle(fs, root)  # an overwrite a kill stopped half-way: its old dataset put back
         info = fs.get_file_info(root)
@@ -698,39 +737,46 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         sizes = {root: info}
         base = os.path.dirname(root)
     else:
-        paths, sizes, common_path, pinned = _published_files(fs, root, version, tag)
+        paths, sizes, common_path, pinned, listing = _published_files(fs, root, version, tag, listing)
         base = root
         if not paths:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
         handles: dict[str, Any] = {}
-        common, footers = _read_all_metadata(fs, common_path, paths, sizes, handles)
+        common, footers = _read_all_metadata(fs, common_path, paths, sizes, handles, listing)
         store = _store(url, fs, root, base, paths, sizes, common, footers, evolved=pinned is not None)
         store.remote_handles = handles
         store.version = pinned.number if pinned is not None else None
         record = column_sets.of_version(pinned.column_sets, versions.record_path(root, pinned.number)) \
             if pinned is not None else None
+        if record is None and listing is not None and not listing.has(column_sets.RECORD):
+            return store  # no column sets: the listing says so, no request
         return _with_column_sets(store, record)
     return _store(url, fs, root, base, paths, sizes, None)
 
 
 def _read_all_metadata(fs: pafs.FileSystem, common_path: str, paths: list[str], sizes: Mapping[str, pafs.FileInfo],
-                       handles: dict[str, Any]) -> tuple[pq.FileMetaData | None, list[pq.FileMetaData]]:
+                       handles: dict[str, Any], listing: RemoteListing | None = None
+                       ) -> tuple[pq.FileMetaData | None, list[pq.FileMetaData]]:
     """``_common_metadata`` (None where there is none) and the data files' footers; on an object store
     at once, each footer one ranged GET of the file's tail (the listing gave its size): a dataset opens
-    in the round trips of its listing and one more."""
+    in the round trips of its listing and one more (pyarrow's own filesystems: two, a HEAD to open the file
+    first); ``_common_metadata`` is not asked for where the ``listing`` lacks it, and read as a footer is
+    where it has it."""
     if isinstance(fs, pafs.LocalFileSystem):
         common = read_metadata(fs, common_path) if fsutil.exists(fs, common_path) else None
         return common, read_footers(fs, paths, sizes)
+    common_entry = listing.entry(common_path) if listing is not None else None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        common = pool.submit(_common_or_none, fs, common_path)
+        common = pool.submit(_common_or_none, fs, common_path, common_entry.size if common_entry else None) \
+            if listing is None or common_entry is not None else None
         footers = read_footers(fs, paths, sizes, at_once=True, handles=handles)
-        return common.result(), footers
+        return common.result() if common is not None else None, footers
 
 
-def _common_or_none(fs: pafs.FileSystem, path: str) -> pq.FileMetaData | None:
+def _common_or_none(fs: pafs.FileSystem, path: str, size: int | None = None) -> pq.FileMetaData | None:
     try:
-        return read_metadata(fs, path)
+        return read_metadata(fs, path, size)
     except (FileNotFoundError, DatasetChangedError):
         return None
     except FormatError as exc:
@@ -932,28 +978,58 @@ def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
         fs.copy_file(common, fsutil.join(root, manifest.common_metadata))
 
 
-def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None, tag: str | None = None
-                     ) -> tuple[list[str], dict[str, pafs.FileInfo], str, versions.Version | None]:
-    """(data files in reading order, their listing entries, the ``_common_metadata`` path, the version) of a
-    dataset directory: what its version record lists where it records versions (``version``/``tag``'s, else
-    the latest), else what its manifest lists where it has one (an object store's: :mod:`unihub.fs.publish`),
-    else every data file. A manifest replaced while this runs is read again."""
-    for _attempt in range(3):
-        pinned = versions.resolve(fs, root, version=version, tag=tag)
-        manifest = publish.read_manifest(fs, root)  # it forgets what fsspec cached of root
-        sizes = list_data_files(fs, root)
-        if manifest is None and pinned is None:
-            return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA), None
-        listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
-        chosen = pinned if pinned is not None else manifest
-        wanted = [fsutil.join(root, p).lstrip("/") for p in chosen.parts]  # type: ignore[union-attr]
-        if pinned is not None and any(p not in listed for p in wanted):
-            wanted = _with_retired(fs, root, sizes, listed, wanted)
-        if all(p in listed for p in wanted):
-            paths = [listed[p] for p in wanted]
-            common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)  # type: ignore[union-attr]
-            return paths, {p: sizes[p] for p in paths}, common, pinned
-    raise publish.missing_part(next(p for p in wanted if p not in listed))
+_Published = tuple[list[str], dict[str, pafs.FileInfo], str, "versions.Version | None", "RemoteListing | None"]
+
+
+def _published_files(fs: pafs.FileSystem, root: str, version: int | None = None, tag: str | None = None,
+                     listing: RemoteListing | None = None) -> _Published:
+    """(data files in reading order, their listing entries, the ``_common_metadata`` path, the version, the
+    ``listing`` where they were found in it, else None) of a dataset directory: what its version record lists
+    where it records versions (``version``/``tag``'s, else the latest), else what its manifest lists where it
+    has one (an object store's: :mod:`unihub.fs.publish`), else every data file. A manifest replaced while
+    this runs is read again. ``listing`` (a remote directory's, taken first): a dataset without records is
+    read from it, its manifest only where it holds one (the first time: a retry lists again)."""
+    # a dataset with version records (or a version asked for) is read as before: the records name its parts
+    versioned = listing is None or version is not None or tag is not None or listing.holds_under(publish.VERSIONS_DIR)
+    missing = ""
+    for attempt in range(3):
+        found = _published_once(fs, root, version, tag, None if versioned or attempt else listing)
+        if not isinstance(found, str):
+            return found
+        missing = found
+    raise publish.missing_part(missing)
+
+
+def _published_once(fs: pafs.FileSystem, root: str, version: int | None, tag: str | None,
+                    known: RemoteListing | None) -> _Published | str:
+    """One try of :func:`_published_files` (with ``known``: from that listing); a part the version or the
+    manifest names that is not there (replaced meanwhile: try again) instead."""
+    pinned = versions.resolve(fs, root, version=version, tag=tag) if known is None else None
+    manifest = _manifest(fs, root, known)
+    sizes = list_data_files(fs, root) if known is None else known.data_files()
+    if manifest is None and pinned is None:
+        return sorted(sizes), sizes, fsutil.join(root, COMMON_METADATA), None, known
+    listed = {p.lstrip("/"): p for p in sizes}  # (fsspec's memory filesystem lists "/x" for "x")
+    chosen: versions.Version | publish.Manifest = pinned if pinned is not None else manifest  # type: ignore[assignment]
+    wanted = [fsutil.join(root, p).lstrip("/") for p in chosen.parts]
+    if pinned is not None and any(p not in listed for p in wanted):
+        wanted = _with_retired(fs, root, sizes, listed, wanted)
+    absent = next((p for p in wanted if p not in listed), None)
+    if absent is not None:
+        return absent
+    paths = [listed[p] for p in wanted]
+    common = fsutil.join(root, chosen.common_metadata or COMMON_METADATA)
+    if known is not None and known.entry(common) is None and chosen.common_metadata:
+        known = None  # a manifest naming a schema file the listing lacks: it is read all the same
+    return paths, {p: sizes[p] for p in paths}, common, pinned, known
+
+
+def _manifest(fs: pafs.FileSystem, root: str, known: RemoteListing | None) -> publish.Manifest | None:
+    """The dataset's manifest: read only where ``known`` (a listing) holds one; what fsspec cached of root is
+    forgotten first, unless it is that listing's."""
+    if known is not None and not known.has(publish.MANIFEST):
+        return None
+    return publish.read_manifest(fs, root, forget_cached=known is None)
 
 
 def _with_retired(fs: pafs.FileSystem, root: str, sizes: dict[str, pafs.FileInfo], listed: dict[str, str],
@@ -978,12 +1054,67 @@ def _retired(root: str, wanted: str) -> str:
     return fsutil.join(bare, publish.RETIRED_DIR, wanted[len(bare):].lstrip("/"))
 
 
+@dataclass(frozen=True)
+class RemoteListing:
+    """Every file under a remote dataset directory, from one recursive listing (one LIST request on S3 for
+    up to 1,000 files) taken first when it is opened: whether it is a directory, and whether it holds
+    version records, a manifest, ``_common_metadata`` or column sets, are read from it instead of asking
+    the store for each (pyarrow's directory check alone is a HEAD and a LIST, one after the other)."""
+
+    root: str
+    files: dict[str, pafs.FileInfo]  # path relative to root -> its entry (files only)
+
+    @classmethod
+    def of(cls, fs: pafs.FileSystem, root: str) -> RemoteListing | None:
+        """The listing of ``root`` on a remote filesystem; None locally, where nothing is under ``root``
+        (then a file, or nothing: asked as before), or where the listing names paths in another form."""
+        if isinstance(fs, pafs.LocalFileSystem):
+            return None
+        publish.fresh(fs, root)  # what fsspec cached of root is forgotten
+        try:
+            found = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        except (FileNotFoundError, NotImplementedError):
+            return None
+        bare = root.strip("/") + "/"
+        files = {}
+        for entry in found:
+            path = entry.path.lstrip("/")
+            if not path.startswith(bare):
+                return None
+            if entry.type == pafs.FileType.File:
+                files[path[len(bare):]] = entry
+        return cls(root, files) if found else None
+
+    def has(self, name: str) -> bool:
+        """Whether the file ``name`` (relative to the root) is listed."""
+        return name in self.files
+
+    def holds_under(self, folder: str) -> bool:
+        """Whether any file is listed under ``folder`` (relative to the root)."""
+        prefix = folder.rstrip("/") + "/"
+        return any(rel.startswith(prefix) for rel in self.files)
+
+    def entry(self, path: str) -> pafs.FileInfo | None:
+        """The entry of ``path`` (a full path under the root), or None where it is not listed."""
+        bare, stripped = self.root.strip("/") + "/", path.lstrip("/")
+        return self.files.get(stripped[len(bare):]) if stripped.startswith(bare) else None
+
+    def data_files(self) -> dict[str, pafs.FileInfo]:
+        """As :func:`list_data_files` finds them."""
+        return _data_entries(self.root, self.files.values())
+
+
 def list_data_files(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
     """Data file path -> its listing entry; names starting with '_' or '.' (metadata, CRCs) are skipped."""
     if isinstance(fs, pafs.LocalFileSystem):  # Arrow's recursive listing follows links into loops forever
         listing = fs.get_file_info(_local_tree(root))
     else:
         listing = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return _data_entries(root, listing)
+
+
+def _data_entries(root: str, listing: Iterable[pafs.FileInfo]) -> dict[str, pafs.FileInfo]:
+    """The data files among the entries of a listing of ``root``."""
     paths = {}
     for entry in listing:
         rel = entry.path[len(root):].lstrip("/")

@@ -172,9 +172,12 @@ def test_close_cancels_and_leaves_no_threads(dataset: Path) -> None:
 
 def test_failed_fetch_is_a_remote_error(dataset: Path) -> None:
     """A GET of the read-ahead that fails raises in the reader as the read would have: RemoteStorageError."""
+    from unihub import open_dataset
+
     fs = SlowFiles()
-    reader = make_batch_reader(str(dataset), filesystem=fs)
-    fs.fail = True  # after the footers are read
+    store = open_dataset(str(dataset), filesystem=fs)
+    fs.fail = True  # after the footers are read, before the reader (and its read-ahead) begins
+    reader = make_batch_reader(store)
     with reader, pytest.raises(RemoteStorageError, match="slowfile://"):
         next(reader)
 
@@ -241,7 +244,8 @@ def test_open_reads_metadata_and_footers_at_once(tmp_path: Path) -> None:
     seconds = time.monotonic() - started
     assert store.num_rows == 10
     (size,) = [p.stat().st_size for p in (tmp_path / "ds").glob("*.parquet")]
-    assert fs.reads == [(0, size)]  # the whole tail of a small file, in one read
+    common = (tmp_path / "ds" / "_common_metadata").stat().st_size
+    assert sorted(fs.reads) == sorted([(0, size), (0, common)])  # the whole tail of each small file, in one read
     assert seconds < 0.9, f"{seconds:.2f} s: read one after the other"
 
 
@@ -260,3 +264,78 @@ def test_s3_open_reads_each_footer_in_one_get(s3_server: Any, dataset: Path) -> 
                 if path.endswith(data_file.rsplit("/", 1)[1])]
     assert [method for method, _ in touching] == ["GET"] * len(touching) and 1 <= len(touching) <= 2, touching
     assert touching[0][1] is not None and touching[0][1].startswith("bytes=")
+
+
+def test_read_ahead_begins_when_the_reader_is_made(dataset: Path) -> None:
+    """The first row group's GETs go out when the reader is made, not at the first ``next()``; the rows
+    are those of a reader that began at its first ``next()``."""
+    fs = SlowFiles()
+    reader = make_batch_reader(str(dataset), filesystem=fs, shuffle_row_groups=False)
+    opened = len(fs.reads)  # the footers'
+    deadline = time.monotonic() + 10
+    while len(fs.reads) == opened and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(fs.reads) > opened, "no row group fetched before next()"
+    assert reader.read_ahead is not None and reader.read_ahead.requests >= 1
+    assert ids(reader) == list(range(ROWS))
+
+
+def test_read_ahead_begun_early_is_dropped_where_the_reader_moves(dataset: Path) -> None:
+    """A reader moved before its first ``next()`` (seek, a state loaded) reads from where it was moved
+    to, not what its early read-ahead began with; one stopped before reading leaves no fetch thread."""
+    expected = ids(make_batch_reader(dataset, shuffle_row_groups=False))
+    moved = make_batch_reader(str(dataset), filesystem=SlowFiles(), shuffle_row_groups=False)
+    moved.seek(5 * ROWS_PER_GROUP)
+    assert ids(moved) == expected[5 * ROWS_PER_GROUP:]
+    other = make_batch_reader(dataset, seed=3)
+    shuffled = make_batch_reader(str(dataset), filesystem=SlowFiles(), seed=1)
+    shuffled.load_state_dict(other.state_dict())  # another seed: another order, from (0, 0) too
+    assert ids(shuffled) == ids(other)
+    before = {t.ident for t in threading.enumerate()}
+    unread = make_batch_reader(str(dataset), filesystem=SlowFiles(delay=0.05), read_ahead_mb=64)
+    unread.stop()
+    unread.join()
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert not [name for name in left if "prefetch" in name], left
+
+
+@pytest.mark.parametrize("kind", ["pyarrow", "fsspec"])
+def test_s3_open_in_one_listing(s3_server: Any, dataset: Path, kind: str) -> None:
+    """Opening a dataset over S3 lists it once, and asks for no file the listing shows is not there (the
+    directory check's HEAD, the manifest, version records, column sets): then the footers' reads."""
+    from unihub import open_dataset
+
+    if kind == "fsspec":
+        pytest.importorskip("s3fs")
+        access: dict[str, Any] = {"storage_options": s3_server.storage_options()}
+    else:
+        try:
+            access = {"filesystem": s3_server.pyarrow_filesystem()}
+        except ImportError:
+            pytest.skip("this pyarrow build has no S3 support")
+    prefix = f"open-{uuid.uuid4().hex[:8]}"
+    url = s3_server.upload_folder(dataset, prefix)
+    s3_server.requests.clear()
+    store = open_dataset(url, **access)
+    assert store.num_rows == ROWS
+    requests = list(s3_server.requests.entries)
+    listings = [path for method, path, _ in requests if method == "GET" and path.strip("/") == s3_server.bucket]
+    others = [(method, path) for method, path, _ in requests if path.strip("/") != s3_server.bucket]
+    # s3fs's directory check under pyarrow's wrapper is a listing of its own
+    assert len(listings) == (1 if kind == "pyarrow" else 2), requests
+    assert all(path.rsplit("/", 1)[1] in ("_common_metadata", *(f.path.rsplit("/", 1)[1] for f in store.files))
+               for _, path in others), others
+
+
+def test_one_worker_per_core_where_the_read_ahead_waits(dataset: Path) -> None:
+    """Remote data fetched ahead is decoded by one worker per core (the fetch threads wait on the
+    network); read without the read-ahead, four per core wait for it."""
+    from unihub.readers.workers import usable_cores
+
+    cores = usable_cores()
+    ahead = make_batch_reader(str(dataset), filesystem=SlowFiles())
+    without = make_batch_reader(str(dataset), filesystem=SlowFiles(), read_ahead_mb=0)
+    assert (ahead._workers_count, without._workers_count) == (cores, 4 * cores)
+    for reader in (ahead, without):
+        reader.stop()
+        reader.join()

@@ -139,6 +139,31 @@ def test_unihub_s_images_come_as_views_and_equal_pyarrow_s_read(tmp_path):
         assert store.read_row_group(g, ["id"], views={"image"}).column_names == ["id"]
 
 
+def test_fetched_images_come_as_views_of_the_fetched_bytes(tmp_path):
+    """A row group fetched ahead (readers/prefetch.py) reads its images as views of the fetched part, not
+    through pyarrow's copy, unmarked as views of the file (a value held pins the part): the values pyarrow
+    reads. A chunk cut between two parts is read by pyarrow, as before."""
+    from unihub.store.dataset import FetchedRanges, views_the_file
+
+    store = open_dataset(_image_dataset(tmp_path))
+    for g in range(len(store.row_groups)):
+        info = store.row_groups[g]
+        spans = store.chunk_spans(g, ["image", "id"])
+        start, stop = min(s for s, _ in spans), max(e for _, e in spans)
+        data = Path(info.path).read_bytes()
+        plain = store.read_row_group(g, ["image", "id"])
+        whole = FetchedRanges(store.filesystem, info.path, [(start, data[start:stop])], len(data))
+        middle = (start + stop) // 2
+        cut = FetchedRanges(store.filesystem, info.path, [(start, data[start:middle]), (middle, data[middle:stop])],
+                            len(data))
+        for fetched, kind in ((whole, pa.binary_view()), (cut, pa.binary())):
+            read = store.read_row_group(g, ["image", "id"], views={"image"}, fetched=fetched)
+            assert read.schema.field("image").type == kind and not views_the_file(read.schema.field("image"))
+            assert read.column_names == ["image", "id"] and read.column("id") == plain.column("id")
+            assert read.column("image").to_pylist() == plain.column("image").to_pylist()
+            assert fetched.missed == 0
+
+
 def test_views_outlive_the_file_s_mapping(tmp_path):
     store = open_dataset(_image_dataset(tmp_path))
     kept = [store.read_row_group(g, ["image"], views={"image"}) for g in range(len(store.row_groups))]
