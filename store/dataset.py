@@ -443,13 +443,13 @@ class ParquetStore:
         """``path`` opened (memory-mapped where local), and the path opened: of a version (``self.version``),
         a file that a delete took out of the directory since is read where it is kept for older versions."""
         try:
-            return (fsutil.open_local(path) if self._is_local else self.filesystem.open_input_file(path)), path
+            return (pa.memory_map(path) if self._is_local else self.filesystem.open_input_file(path)), path
         except FileNotFoundError:
             root = self.path.rstrip("/")
             if self.version is None or not path.startswith(root + "/"):
                 raise
             kept = fsutil.join(root, publish.RETIRED_DIR, path[len(root) + 1:])
-            return (fsutil.open_local(kept) if self._is_local else self.filesystem.open_input_file(kept)), kept
+            return (pa.memory_map(kept) if self._is_local else self.filesystem.open_input_file(kept)), kept
 
     def _check_unchanged(self, path: str, handle: Any, opened: str | None = None) -> None:
         """Refuse a file that is not the one indexed when the dataset was opened: its footer (row-group
