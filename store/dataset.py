@@ -956,7 +956,7 @@ def _local_tree(root: str) -> list[str]:
     link back into a directory the walk is inside (``a/l -> .``): what a loop adds is never data.
     Names starting with '_' or '.' are neither listed nor walked into (list_data_files skips them): a
     dataset's side files and version records are not stat'ed at each open."""
-    found = []
+    found: list[str] = []
     for dirpath, dirnames, filenames in sources.walk_following_links(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]  # os.walk descends into what is left
         found.extend(os.path.join(dirpath, name) for name in dirnames + filenames if not name.startswith(("_", ".")))
