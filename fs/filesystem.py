@@ -364,3 +364,20 @@ def remove(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_dir(path)
     elif info.type == pafs.FileType.File:
         fs.delete_file(path)
+
+
+#: local files of at most this many bytes are read whole by :func:`open_local` rather than memory-mapped
+SMALL_FILE_BYTES = 1 << 20
+
+
+def open_local(path: str) -> pa.NativeFile:
+    """The local file ``path`` opened for reading: read whole into memory where it holds at most
+    ``SMALL_FILE_BYTES``, else memory-mapped. For a small file (a column set's side file) mapping and
+    unmapping it costs more CPU than copying it once: page-table work, and an unmap interrupts every core
+    that runs one of the reader's threads. What was read whole is what later reads of the handle see: a
+    reader that must see the file as it is at each read (the part files: see ParquetStore._open_file)
+    maps it."""
+    with open(path, "rb", buffering=0) as handle:
+        if os.fstat(handle.fileno()).st_size <= SMALL_FILE_BYTES:
+            return pa.BufferReader(handle.read())
+    return pa.memory_map(path)

@@ -263,7 +263,7 @@ class SideColumns:
         if len(held.files) >= 2 * len(self.sets):
             held.files.clear()
         try:
-            handle = pa.memory_map(side) if fsutil.on_local_disk(self.filesystem) \
+            handle = fsutil.open_local(side) if fsutil.on_local_disk(self.filesystem) \
                 else self.filesystem.open_input_file(side)
         except FileNotFoundError as exc:
             raise DatasetChangedError(f"{side}: the column set's file is gone since the dataset was opened (a vacuum "

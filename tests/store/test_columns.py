@@ -507,3 +507,55 @@ def test_equal_to_the_same_rows_written_at_once_and_a_copy_holds_them(pics: Path
     assert list_columns(tmp_path / "copy") == {}
     report = verify(tmp_path / "copy", tmp_path / "once")
     assert report.equal, report.summary()
+
+
+def test_opening_lists_no_side_file_or_version_record(pics: Path) -> None:
+    """Opening a grown dataset lists (stats) its data files only: the side files and version records, under
+    folders starting with '_', are not walked into (a dataset of 100 appends and 3 sets: 400 stats fewer)."""
+    from unihub.store import dataset as dataset_module
+
+    add_column(pics, EMB, embedding(ids_in_order(pics)))
+    listed = dataset_module._local_tree(str(pics))
+    assert listed and not [p for p in listed if "/_" in p[len(str(pics)):] or "/." in p[len(str(pics)):]]
+    assert sorted(dataset_module.list_data_files(open_dataset(pics).filesystem, str(pics))) == \
+        sorted(str(p) for p in pics.glob("*.parquet"))
+
+
+def test_local_footers_are_read_without_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local dataset's footers are read in the opening thread (threads cost more CPU than they save there)."""
+    from unihub.store import dataset as dataset_module
+
+    path = tmp_path / "ds"
+    for first in range(0, N, N // 12):  # 12 appends: 12 parts
+        write_dataset(path, Unischema("Ids", [SCHEMA.fields["id"]]), {"id": np.arange(first, first + N // 12)},
+                      batched=True, mode="append")
+
+    def refused(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a thread pool for local footers")
+
+    monkeypatch.setattr(dataset_module, "ThreadPoolExecutor", refused)
+    store = open_dataset(path)
+    assert len(store.files) == 12 and store.num_rows == N
+
+
+def test_side_files_are_read_whole_and_large_files_mapped(pics: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small local file (a side file) is read whole, not memory-mapped: mapping and unmapping it cost more
+    than the copy; a file over SMALL_FILE_BYTES is mapped. The rows read are the same either way."""
+    from unihub.fs import filesystem as fsutil
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    side = next((pics / column_sets.DIRECTORY).rglob("*.parquet"))
+    assert isinstance(fsutil.open_local(str(side)), pa.BufferReader)
+    assert fsutil.open_local(str(side)).read() == side.read_bytes()
+    with make_batch_reader(pics, schema_fields=["id", "emb"], shuffle_row_groups=False) as reader:
+        whole = [(b.id, b.emb) for b in reader]
+    monkeypatch.setattr(fsutil, "SMALL_FILE_BYTES", 8)
+    assert isinstance(fsutil.open_local(str(side)), pa.MemoryMappedFile)
+    with make_batch_reader(pics, schema_fields=["id", "emb"], shuffle_row_groups=False) as reader:
+        mapped = [(b.id, b.emb) for b in reader]
+    assert len(whole) == len(mapped) > 0
+    for (ids_a, emb_a), (ids_b, emb_b) in zip(whole, mapped):
+        np.testing.assert_array_equal(ids_a, ids_b)
+        np.testing.assert_array_equal(emb_a, emb_b)
+        np.testing.assert_array_equal(emb_a, embedding(ids_a))
