@@ -177,14 +177,15 @@ def _let_out(buffer: ShuffleBuffer, count: int, rng: np.random.Generator, emitte
 DECODE_PIECE_ROWS = 512
 
 
-def decode_late(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
-    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
+def decode_late(batches: Iterator[Columns], late: LateImages, whole: bool = False) -> Iterator[Columns]:
+    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads (in pieces
+    of at most :data:`DECODE_PIECE_ROWS` rows, unless ``whole``: cut batches that must stay as they are)."""
+    piece = DECODE_PIECE_ROWS if not whole else None
     with DecodeAhead(late) as decoder:
         for columns in batches:
             n = columns_length(columns)
-            for start in range(0, n, DECODE_PIECE_ROWS):
-                decoder.submit(None, slice_columns(columns, start, start + DECODE_PIECE_ROWS) if n > DECODE_PIECE_ROWS
-                               else columns)
+            for start in range(0, n, piece or max(n, 1)):
+                decoder.submit(None, slice_columns(columns, start, start + piece) if piece and n > piece else columns)
                 yield from (decoded for _, decoded in decoder.ready())
         yield from (decoded for _, decoded in decoder.drain())
 

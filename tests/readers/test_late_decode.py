@@ -659,3 +659,47 @@ def test_a_torch_worker_decodes_unshuffled_images_into_the_storage_its_batch_lea
         assert len(storages) == 1 and batch["photo"].is_shared()
     photo = 16 * 16 * 3
     assert copied and max(copied) < photo, "no batch's images were copied, only its ids and vectors"
+
+
+@pytest.mark.parametrize("options", [dict(), dict(drop_remainder=True, batch_size=50),
+                                     dict(shuffle_row_groups=False, schema_fields=["id", "photo", "vec"]),
+                                     dict(structure="namedtuple", petastorm_types=True, schema_fields=["id", "photo", "vec"])],
+                         ids=["defaults", "drop-remainder", "in-file-order-dense", "namedtuple-petastorm-types"])
+def test_make_tf_dataset_unshuffled_decodes_each_cut_batch(dataset, decodes, monkeypatch, options) -> None:
+    """Unshuffled, make_tf_dataset cuts its batches from encoded images and decodes each into its own
+    memory (no batch of two reader batches copied, in TensorFlow or numpy): the same batches, bit for bit."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
+
+    options = dict(dict(batch_size=32, seed=6), **options)
+
+    def batches(late: bool) -> list[dict[str, Any]]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, **options)
+        return [{k: v.to_list() if hasattr(v, "to_list") else v.numpy()  # a ragged field as lists
+                 for k, v in (b._asdict() if hasattr(b, "_asdict") else b).items()} for b in ds]
+
+    eager = batches(False)
+    assert not decodes
+    late = batches(True)
+    size = options["batch_size"]
+    rows = N // size * size if options.get("drop_remainder") else N
+    assert sum(decodes) == rows, "each batch decoded whole, once"
+    assert set(decodes[:-1]) == {size}
+    assert_same_batches(eager, late)
+    if options.get("shuffle_row_groups") is False:
+        assert [i for b in late for i in b["id"].tolist()] == list(range(N))
+
+
+def test_make_tf_dataset_unshuffled_skipping_corrupt_images_decodes_in_the_reader(corrupt_dataset, decodes) -> None:
+    """With ``on_decode_error='skip'`` the reader decodes (a row dropped after the cut would leave a batch short)."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf.dataset import make_tf_dataset
+
+    with pytest.warns(UserWarning):
+        ds = make_tf_dataset(corrupt_dataset, batch_size=32, shuffle_row_groups=False, on_decode_error="skip",
+                             schema_fields=["id", "photo"])
+        ids = [b["id"].numpy().tolist() for b in ds]
+    assert not decodes
+    assert [i for b in ids for i in b] == [i for i in range(N) if i != CORRUPT]
+    assert all(len(b) == 32 for b in ids[:-1])
