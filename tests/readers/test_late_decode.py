@@ -703,3 +703,34 @@ def test_make_tf_dataset_unshuffled_skipping_corrupt_images_decodes_in_the_reade
     assert not decodes
     assert [i for b in ids for i in b] == [i for i in range(N) if i != CORRUPT]
     assert all(len(b) == 32 for b in ids[:-1])
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["batches-held", "batches-dropped"])
+def test_make_tf_dataset_unshuffled_reuses_an_images_room_only_once_nothing_views_it(dataset, monkeypatch,
+                                                                                    hold) -> None:
+    """Large image batches are decoded into recycled memory (TensorFlow leaves glibc mapping new pages for
+    each): a batch the program still holds keeps its values, however far the epoch goes; dropped, its
+    memory serves a later batch."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
+    from unihub.bridges.tf import sources
+
+    def batches(late: bool) -> list[Any]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, batch_size=32, shuffle_row_groups=False,
+                                       schema_fields=["id", "photo", "vec"])
+        return [b if hold or not late else {k: v.numpy().copy() for k, v in b.items()} for b in ds]
+
+    eager = [{k: v.numpy() for k, v in b.items()} for b in batches(False)]
+    monkeypatch.setattr(sources, "OVERSIZE_BYTES", 1)  # this dataset's batches are small: every one recycled
+    pieces: list[int] = []
+    original = sources.RecycledRoom.array
+    monkeypatch.setattr(sources.RecycledRoom, "array",
+                        lambda self, *a: (lambda out: pieces.append(out.base.ctypes.data) or out)(original(self, *a)))
+    late = batches(True)
+    assert_same_batches(eager, [{k: np.asarray(v) for k, v in b.items()} for b in late])
+    assert len(pieces) == len(late)
+    if hold:
+        assert len(set(pieces)) == len(pieces), "no memory of a batch held was given to another"
+    else:
+        assert len(set(pieces)) < len(pieces) // 2, "the memory of dropped batches was reused"
