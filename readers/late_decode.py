@@ -57,11 +57,13 @@ class LateImages:
         """The columns that come encoded, and :data:`SOURCE_ROW`."""
         return frozenset([f.name for f in self.fields] + [SOURCE_ROW])
 
-    def decode(self, columns: Mapping[str, Any]) -> Columns:
+    def decode(self, columns: Mapping[str, Any], into: Mapping[str, np.ndarray] | None = None) -> Columns:
         """``columns`` with their images decoded and :data:`SOURCE_ROW` dropped; with
-        ``on_decode_error='skip'``, without the rows whose images do not decode."""
+        ``on_decode_error='skip'``, without the rows whose images do not decode. A fixed-shape image
+        field is decoded into ``into[name]`` where that is the array its column would be (a batch's
+        room in a torch worker's shared memory); a batch with rows dropped gets new memory."""
         try:
-            return self._decode(columns)
+            return self._decode(columns, into)
         except CodecError:
             if self.on_decode_error != "skip":
                 raise
@@ -73,11 +75,12 @@ class LateImages:
         keep = np.setdiff1d(np.arange(len(columns[SOURCE_ROW]), dtype=np.int64), dropped)
         return self._decode(take_columns(columns, keep))
 
-    def _decode(self, columns: Mapping[str, Any]) -> Columns:
+    def _decode(self, columns: Mapping[str, Any], into: Mapping[str, np.ndarray] | None = None) -> Columns:
         out = {name: column for name, column in columns.items() if name != SOURCE_ROW}
         for f in self.fields:
             try:
-                out[f.name] = decode_images(f, list(columns[f.name]), policy=self.policy)
+                out[f.name] = decode_images(f, list(columns[f.name]), policy=self.policy,
+                                            into=into.get(f.name) if into else None)
             except CodecError as exc:
                 raise self._located(exc, columns[SOURCE_ROW]) from exc
         return out
@@ -119,8 +122,9 @@ class DecodeAhead:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="unihub-decode")
         self._jobs: deque[tuple[Any, Future[Columns]]] = deque()
 
-    def submit(self, key: Any, columns: Mapping[str, Any]) -> None:
-        self._jobs.append((key, self._pool.submit(self._late.decode, columns)))
+    def submit(self, key: Any, columns: Mapping[str, Any], into: Mapping[str, np.ndarray] | None = None) -> None:
+        """Queue ``columns`` to decode (their fixed-shape images into ``into``'s arrays where given)."""
+        self._jobs.append((key, self._pool.submit(self._late.decode, columns, into)))
 
     def keys(self) -> list[Any]:
         return [key for key, _ in self._jobs]

@@ -940,6 +940,11 @@ class Reader:
         return self._loader.policy.petastorm
 
     @property
+    def on_decode_error(self) -> OnDecodeError:
+        """What this reader does with an image that does not decode: ``'raise'`` or ``'skip'`` its row."""
+        return self._loader.on_decode_error
+
+    @property
     def num_rows_per_epoch(self) -> int | None:
         """Rows one epoch delivers, when known (no predicate, filters or n-grams)."""
         if self._predicate is not None or self._filters is not None or self.ngram is not None:

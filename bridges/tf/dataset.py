@@ -91,6 +91,7 @@ from unihub.readers.batching import columns_length
 from unihub.readers.late_decode import decoded_later
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
+from unihub.schema.codecs import CompressedImageCodec
 
 #: with the two dataset makers, the names README and Petastorm's users reach through this module
 __all__ = ["AUTOTUNE", "PRESENT_SUFFIX", "READ_AGAIN_WARNING", "ROW_CHUNK", "fill_value", "make_petastorm_dataset",
@@ -180,8 +181,11 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
     # (``rebatch``, in C++): each crossing costs ~1 ms of Python under the GIL, which the
     # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
-    # only numpy can re-batch
-    in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans)
+    # only numpy can re-batch. Unshuffled images are decoded after numpy cut the batches, each into
+    # its own memory, which crosses whole: a batch across two reader batches is not copied
+    late_in_order = bool(batch_size) and not shuffle_buffer and _decodes_in_order(reader_or_url, owned, plans, batched,
+                                                                                  reader_kwargs)
+    in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans) and not late_in_order
 
     def source() -> Iterator[Columns]:
         k = next(iterations)
@@ -198,7 +202,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             rng = np.random.default_rng(None if seed is None else [seed, k]) if shuffle_buffer else None
             yield from _batches(reader, plans, batch_size or ROW_CHUNK, shuffle_buffer, rng,
                                 rebatch=(batch_size, drop_remainder) if batch_size and not in_graph else None,
-                                emitted=emitted)
+                                emitted=emitted, late_in_order=late_in_order)
         finally:
             if owned:
                 reader.stop()
@@ -253,18 +257,35 @@ def _given(reader: Any, reader_kwargs: dict[str, Any]) -> _Layout:
     return plans, reader.batched, row_type_with_masks(reader.schema._get_namedtuple(), plans), None, None
 
 
+def _decodes_in_order(reader_or_url: Any, owned: bool, plans: Sequence[FieldPlan], batched: bool,
+                      reader_kwargs: dict[str, Any]) -> bool:
+    """Whether an unshuffled :func:`make_tf_dataset` cuts its batches from encoded images and decodes each
+    batch after (:func:`_batches`): a batch reader with image fields that keeps every row (with
+    ``on_decode_error='skip'`` a row dropped after the cut would leave its batch short)."""
+    if not (LATE_DECODING and batched and any(isinstance(p.field.codec, CompressedImageCodec) for p in plans)):
+        return False
+    on_error = reader_kwargs.get("on_decode_error", "raise") if owned else \
+        getattr(reader_or_url, "on_decode_error", None)  # a mix of readers: none of its own
+    return bool(on_error == "raise")
+
+
 def _batches(reader: Any, plans: Sequence[FieldPlan], chunk_rows: int, shuffle_buffer: int,
              rng: np.random.Generator | None, rebatch: tuple[int, bool] | None,
-             emitted: Emitted | None = None) -> Iterator[Columns]:
+             emitted: Emitted | None = None, late_in_order: bool = False) -> Iterator[Columns]:
     """One iteration's columns of ``reader`` (a row reader's gathered ``chunk_rows`` at a time): shuffled
     through ``shuffle_buffer`` rows by ``rng``, their images decoded after the shuffle where the reader can
     give them encoded, and with ``rebatch=(size, drop_remainder)`` re-batched in numpy (else the chunks,
-    which TensorFlow cuts); ``emitted`` records which rows the shuffle let out, in order."""
+    which TensorFlow cuts); ``emitted`` records which rows the shuffle let out, in order. ``late_in_order``
+    (unshuffled, re-batched): the batches are cut from encoded images, each then decoded whole."""
     # images decoded after the shuffle: a batch reader's (a row reader's rows are gathered as they are)
-    with decoded_later(reader, bool(shuffle_buffer) and LATE_DECODING and reader.batched) as late:
+    later = (bool(shuffle_buffer) or (late_in_order and rebatch is not None)) and LATE_DECODING and reader.batched
+    with decoded_later(reader, later) as late:
         batches = column_batches(reader, plans, chunk_rows)
         if shuffle_buffer and rng is not None:
             batches = shuffled(batches, shuffle_buffer, rng, emitted)
+        if late is not None and not shuffle_buffer and rebatch is not None:
+            yield from decode_late(rebatched(batches, *rebatch), late, whole=True)
+            return
         if late is not None:
             batches = decode_late(batches, late)
         if rebatch is not None:

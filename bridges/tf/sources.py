@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
+import sys
 import threading
 import time
 import warnings
@@ -25,6 +27,9 @@ from unihub.readers.batching import ARRIVAL_ROWS, Rebatcher, ShuffleBuffer, colu
 from unihub.readers.late_decode import DecodeAhead
 from unihub.readers.loader import SOURCE_ROW
 from unihub.readers.reader import Reader
+from unihub.schema.arrow_numpy import ALIGNMENT, OVERSIZE_BYTES
+from unihub.schema.codecs import image_pixels_allowed
+from unihub.schema.shapes import fixed_dims
 
 if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages
@@ -172,19 +177,73 @@ def _let_out(buffer: ShuffleBuffer, count: int, rng: np.random.Generator, emitte
     return columns
 
 
+#: pieces of a :class:`RecycledRoom` kept beyond the batches decoding: those in TensorFlow's prefetch
+#: buffer and the one the model holds
+RECYCLED_BEYOND_AHEAD = 6
+
 #: rows decoded in one piece after a shuffle: the queue's last draw (all it holds) is cut so
 #: that every thread decodes a share of it, not one thread the whole of it
 DECODE_PIECE_ROWS = 512
 
 
-def decode_late(batches: Iterator[Columns], late: LateImages) -> Iterator[Columns]:
-    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads."""
+class RecycledRoom:
+    """Memory for decoded image batches, each piece reused once nothing references it any more.
+
+    TensorFlow sets glibc's trim threshold when it runs a generator (``M_TRIM_THRESHOLD``), which
+    fixes the mmap threshold at 128 KB: every large array is then new pages, mapped and zeroed by the
+    kernel (256x256 images, 64-row batches of 12 MiB: ~30 ms of system time per 1,000 rows). A batch
+    handed to TensorFlow keeps its array referenced (TensorFlow holds the array, or copied it); once
+    only this pool refers to a piece, no batch views it and it is refilled. At most ``keep`` pieces.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._pieces: list[np.ndarray] = []
+
+    def array(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised aligned array of ``shape``: a free piece's, or new memory (kept if there is room)."""
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        piece = next((p for p in self._pieces if p.nbytes == size + ALIGNMENT and sys.getrefcount(p) == _UNVIEWED),
+                     None)
+        if piece is None:
+            piece = np.empty(size + ALIGNMENT, np.uint8)
+            if len(self._pieces) < self._keep:
+                self._pieces.append(piece)
+        start = -piece.ctypes.data % ALIGNMENT
+        return piece[start:start + size].view(dtype).reshape(shape)
+
+
+#: ``sys.getrefcount`` of a piece of :class:`RecycledRoom` that no array views: the pool's list, the
+#: generator expression's variable and the call's argument
+_UNVIEWED = 3
+
+
+def _room_for(late: LateImages, columns: Columns, room: RecycledRoom) -> dict[str, np.ndarray]:
+    """Arrays from ``room`` for ``columns``' fixed-shape images of at least :data:`OVERSIZE_BYTES` a batch."""
+    n = columns_length(columns)
+    out = {}
+    for f in late.fields:
+        if f.is_fixed_shape and n and image_pixels_allowed(f) and \
+                n * math.prod(fixed_dims(f.shape)) * np.dtype(f.dtype).itemsize >= OVERSIZE_BYTES:
+            out[f.name] = room.array((n, *fixed_dims(f.shape)), f.dtype)
+    return out
+
+
+def decode_late(batches: Iterator[Columns], late: LateImages, whole: bool = False) -> Iterator[Columns]:
+    """``batches`` whose images came encoded, decoded a few ahead on ``late.threads`` threads (in pieces
+    of at most :data:`DECODE_PIECE_ROWS` rows, unless ``whole``: cut batches that must stay as they are,
+    whose large image columns are decoded into a :class:`RecycledRoom`)."""
+    piece = DECODE_PIECE_ROWS if not whole else None
     with DecodeAhead(late) as decoder:
+        room = RecycledRoom(keep=decoder.ahead + RECYCLED_BEYOND_AHEAD) if whole else None
         for columns in batches:
             n = columns_length(columns)
-            for start in range(0, n, DECODE_PIECE_ROWS):
-                decoder.submit(None, slice_columns(columns, start, start + DECODE_PIECE_ROWS) if n > DECODE_PIECE_ROWS
-                               else columns)
+            if room is not None:
+                decoder.submit(None, columns, _room_for(late, columns, room))
+                yield from (decoded for _, decoded in decoder.ready())
+                continue
+            for start in range(0, n, piece or max(n, 1)):
+                decoder.submit(None, slice_columns(columns, start, start + piece) if piece and n > piece else columns)
                 yield from (decoded for _, decoded in decoder.ready())
         yield from (decoded for _, decoded in decoder.drain())
 

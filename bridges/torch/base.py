@@ -13,25 +13,35 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from unihub.bridges.torch.collate import Collate, columns_from_numpy
-from unihub.bridges.torch.shared_batches import StoragePool
+from unihub.bridges.torch.shared_batches import FILLING, StoragePool
 from unihub.bridges.torch.state import (
     RowTracker,
     elastic_reader_states,
     parse_loader_state,
     reader_state_of,
 )
-from unihub.bridges.torch.tensors import Columns, in_one_shared_storage, load_torch, split_columns
+from unihub.bridges.torch.tensors import (
+    Columns,
+    copy_into,
+    empty_in_pool,
+    in_one_shared_storage,
+    load_torch,
+    split_columns,
+    torch_dtype,
+)
 from unihub.errors import InvalidArgumentError, SchemaError, UsageError
 from unihub.readers.batching import (
     ARRIVAL_ROWS,
     Rebatcher,
     ShuffleBuffer,
     columns_length,
+    numpy_view,
     slice_columns,
     take_columns,
 )
 from unihub.readers.late_decode import DecodeAhead, decoded_later
 from unihub.readers.reader import start_over
+from unihub.schema.codecs import image_pixels_allowed
 
 if TYPE_CHECKING:
     from unihub.readers.late_decode import LateImages
@@ -158,21 +168,83 @@ class LoaderBase:
         tracker.mark(reader_state_of(reader))
 
     def _in_order(self) -> Iterator[Any]:
-        """Batches in reader order: whole batches are views of a reader batch's tensors (one
-        ``torch.split`` per column), only a batch across two reader batches is concatenated."""
-        rebatcher = Rebatcher(self.batch_size, split=split_columns)
+        """Batches in reader order (see :meth:`_in_order_batches`). The images come encoded where the
+        reader can hand them out so and keeps every row (``on_decode_error='raise'``: a dropped row
+        would leave a batch short)."""
+        wanted = self._late_decoding and getattr(self.reader, "on_decode_error", "raise") == "raise"
+        with decoded_later(self.reader, wanted) as late:
+            yield from self._in_order_batches(late)
 
-        def pending() -> np.ndarray:
-            parts = rebatcher.pending(_POSITIONS)
+    def _in_order_batches(self, late: LateImages | None) -> Iterator[Any]:
+        """Batches in reader order, cut by a :class:`Rebatcher`. With ``late``, from encoded rows, each
+        batch's images decoded straight into its own memory a few batches ahead (in a torch worker, into
+        the storage of its pool the batch leaves in): a batch across two reader batches (nearly every
+        one, where a reader's decode task is under a batch) costs no copy of its pixels. Without, whole
+        batches are views of a reader batch's tensors (one ``torch.split`` per column), and a batch
+        across two reader batches is concatenated."""
+        rebatcher = Rebatcher(self.batch_size, split=split_columns)
+        decoder = DecodeAhead(late) if late is not None else None
+        if decoder is not None and self._shared_batches is not None:  # each batch decoding holds a slot
+            decoder.ahead = min(decoder.ahead, FILLING - 1)
+
+        def pending() -> np.ndarray:  # the rows held to complete a batch, and those of batches decoding
+            parts = [key[0] for key in decoder.keys()] if decoder is not None else []
+            parts += rebatcher.pending(_POSITIONS)
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
         self._pending = pending
-        for batch, _ in rebatcher.batches(self._chunks_with_positions()):
-            del batch[_POSITIONS]
-            yield self._out(self._shareable(batch))
+        chunks = self._chunks_with_positions(late.columns if late is not None else frozenset())
+        if decoder is None or late is None:
+            for batch, _ in rebatcher.batches(chunks):
+                del batch[_POSITIONS]
+                yield self._out(self._shareable(batch))
+            return
+        images = frozenset(f.name for f in late.fields)
+        try:
+            for batch, _ in rebatcher.batches(chunks):
+                positions = batch.pop(_POSITIONS)
+                tensors, arrays = self._room(batch, late)
+                decoder.submit((positions, tensors, arrays), batch, arrays)
+                yield from self._decoded_in_order(decoder.ready(), images)
+            yield from self._decoded_in_order(decoder.drain(), images)
+        finally:  # a loop that broke off: its state must still count the batches decoding
+            self._pending = pending()
+            decoder.close()
 
-    def _chunks_with_positions(self) -> Iterator[Columns]:
-        for positions, columns in self._chunks():
+    def _room(self, batch: Columns, late: LateImages) -> tuple[Columns, dict[str, np.ndarray]]:
+        """In a torch worker, the batch's numeric columns moved into one storage of its pool, with room
+        there for its fixed-shape images: ``(pooled tensors, the images' numpy views to decode into)``;
+        else nothing (the images get new memory)."""
+        pool = self._shared_batches
+        n = columns_length(batch)
+        if pool is None or not n:
+            return {}, {}
+        torch = load_torch()
+        shapes = {name: (column.dtype, tuple(column.shape)) for name, column in batch.items()
+                  if isinstance(column, torch.Tensor) and column.device.type == "cpu" and not column.requires_grad}
+        for f in late.fields:
+            dtype = torch_dtype(f.dtype)
+            if f.is_fixed_shape and dtype is not None and image_pixels_allowed(f):
+                shapes[f.name] = (dtype, (n, *f.shape))
+        tensors = empty_in_pool(shapes, pool)
+        for name, tensor in tensors.items():
+            if name in batch and isinstance(batch[name], torch.Tensor):
+                copy_into(tensor, batch[name])
+                batch[name] = tensor
+        return tensors, {f.name: numpy_view(tensors[f.name]) for f in late.fields if f.name in tensors}
+
+    def _decoded_in_order(self, ready: Iterator[tuple[Any, Columns]], images: frozenset[str]) -> Iterator[Any]:
+        """Decoded batches as the loader's: an image decoded into the batch's pooled room as that tensor,
+        the others converted as the reader's columns are."""
+        for (_, tensors, arrays), columns in ready:
+            pooled = {name: tensors[name] for name, array in arrays.items() if columns.get(name) is array}
+            rest = {name: column for name, column in columns.items() if name not in pooled}
+            converted = self._convert(rest, keep=frozenset(rest) - images)
+            yield self._out(self._shareable({name: pooled[name] if name in pooled else converted[name]
+                                             for name in columns}))
+
+    def _chunks_with_positions(self, encoded: frozenset[str] = frozenset()) -> Iterator[Columns]:
+        for positions, columns in self._chunks(encoded):
             if _POSITIONS in columns:
                 raise SchemaError(f"a column is named {_POSITIONS!r}, which the loaders use for themselves")
             yield dict(columns, **{_POSITIONS: positions})

@@ -67,9 +67,12 @@ from unihub.readers.batching import numpy_view
 from unihub.runtime import processes
 from unihub.schema.arrow_numpy import arrow_backed_empty
 
-#: storages a worker keeps: the batches torch prefetches, the one being filled, and the one or two
+#: batches a worker's loader fills at once: an unshuffled loader decodes its images straight into a
+#: slot, the batch being handed out and those decoding ahead of it (bridges/torch/base.py)
+FILLING = 3
+#: storages a worker keeps: the batches torch prefetches, those being filled, and the one or two
 #: the main process is still reading (lent)
-SLOTS = 6
+SLOTS = 5 + FILLING
 #: a pooled batch's biggest column is lent to the main process rather than copied from this size
 #: on (a copy of a batch of 64x64 JPEGs was ~40% of the main process's time with 2 workers)
 LEND_BYTES = 64 * 2**10

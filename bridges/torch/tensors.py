@@ -118,11 +118,11 @@ def _views(storage: Any, shapes: Mapping[str, tuple[Any, tuple[int, ...]]], offs
             for name, (dtype, shape) in shapes.items()}
 
 
-def empty_in_pool(shapes: Mapping[str, tuple[Any, tuple[int, ...]]]) -> dict[str, Any]:
-    """Uninitialised tensors (name: torch dtype, shape) in one storage of this worker's pool: a batch
-    written there leaves the worker without a copy (:func:`from_worker` finds them in one storage)."""
+def empty_in_pool(shapes: Mapping[str, tuple[Any, tuple[int, ...]]], pool: StoragePool | None = None) -> dict[str, Any]:
+    """Uninitialised tensors (name: torch dtype, shape) in one storage of ``pool`` (default: this worker's):
+    a batch written there leaves the worker without a copy (:func:`from_worker` finds them in one storage)."""
     offsets, total = _packed(shapes)
-    return _views(worker_pool().storage(total), shapes, offsets)
+    return _views((pool if pool is not None else worker_pool()).storage(total), shapes, offsets)
 
 
 def from_worker(columns: Columns) -> Any:

@@ -68,9 +68,9 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     original = late_decode.LateImages.decode
 
-    def counting(self: Any, columns: Any) -> Any:
+    def counting(self: Any, columns: Any, *into: Any) -> Any:
         seen.append(len(columns[SOURCE_ROW]))
-        return original(self, columns)
+        return original(self, columns, *into)
 
     monkeypatch.setattr(late_decode.LateImages, "decode", counting)
     return seen
@@ -157,7 +157,7 @@ def test_the_images_match_what_was_written(dataset, decodes) -> None:
 
 
 def test_no_late_decoding_where_the_reader_must_decode(dataset, decodes, monkeypatch) -> None:
-    # a transform sees decoded images; decode_images=False hands out bytes; unshuffled needs no queue
+    # a transform sees decoded images; decode_images=False hands out bytes
     spec = TransformSpec(lambda frame: frame, selected_fields=["id", "photo"])
     with make_batch_reader(dataset, transform_spec=spec) as reader:
         batches = list(BatchedDataLoader(reader, batch_size=40, shuffling_queue_capacity=100))
@@ -165,8 +165,6 @@ def test_no_late_decoding_where_the_reader_must_decode(dataset, decodes, monkeyp
     with make_reader(dataset, decode_images=False, schema_fields=["id", "photo"]) as reader:
         batches = list(DataLoader(reader, batch_size=40, shuffling_queue_capacity=100))
     assert isinstance(batches[0]["photo"][0], bytes)
-    with make_batch_reader(dataset) as reader:
-        assert sum(len(b["id"]) for b in BatchedDataLoader(reader, batch_size=40)) == N
     assert not decodes
 
 
@@ -534,3 +532,205 @@ def test_a_state_with_rows_to_pass_over_resumes_exactly_through_merged_row_group
     for taken, saved in states[:: max(1, len(states) // 5)]:
         with make(cut_dataset, resume_from=saved, **options) as reader:
             assert [i for item in reader for i in ids(item)] == expected[taken:]
+
+
+# -- unshuffled loaders: batches cut from encoded rows, each decoded straight into its own memory ------------
+IN_ORDER_CASES = [
+    pytest.param({}, {}, id="defaults"),
+    pytest.param(dict(shuffle_row_groups=False), dict(batch_size=64), id="in-file-order"),
+    pytest.param(dict(shuffle_rows=True, shuffle_row_groups=True), {}, id="shuffled-rows"),
+    pytest.param(dict(cur_shard=1, shard_count=3, shard_by="row", num_epochs=2), {}, id="row-shard-2-epochs"),
+    pytest.param(dict(predicate=in_lambda(["id"], lambda id: id % 3 != 0)), {}, id="predicate"),
+    pytest.param(dict(petastorm_types=True), {}, id="petastorm-types"),
+    pytest.param(dict(schema_fields=["id", "photo"], reader_pool_type="process"), {}, id="process-pool"),
+    pytest.param({}, dict(variable="pad", batch_size=50), id="pad"),
+]
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+@pytest.mark.parametrize("reader_options, loader_options", IN_ORDER_CASES)
+def test_unshuffled_batches_decoded_late_are_the_readers_bit_for_bit(dataset, monkeypatch, decodes, rows,
+                                                                    reader_options, loader_options) -> None:
+    """Unshuffled, a batch across two reader batches (row groups of ~50 rows here, batches of 32-64) is
+    decoded into its own memory instead of concatenated from two decoded ones: the same batches, in the
+    same order, every one of ``batch_size`` rows but the last."""
+    if rows and "variable" in loader_options:
+        loader_options = {k: v for k, v in loader_options.items() if k != "variable"}
+    loader_options = dict(loader_options, shuffling_queue_capacity=0)
+    eager = loader_batches(dataset, False, monkeypatch, rows=rows, loader_options=loader_options, **reader_options)
+    assert not decodes
+    late = loader_batches(dataset, True, monkeypatch, rows=rows, loader_options=loader_options, **reader_options)
+    assert sum(decodes) == sum(len(b["id"]) for b in late), "every row's images were decoded in the loader"
+    assert_same_batches(eager, late)
+    size = loader_options.get("batch_size", 32)
+    assert all(len(b["id"]) == size for b in late[:-1]) and 0 < len(late[-1]["id"]) <= size
+    assert all(SOURCE_ROW not in b for b in late)
+
+
+@pytest.mark.parametrize("closed_first", [False, True], ids=["state-then-close", "loop-broken-then-state"])
+@pytest.mark.parametrize("rows", [False, True], ids=["BatchedDataLoader", "DataLoader"])
+def test_unshuffled_resume_is_exact_across_a_batch_of_two_reader_batches(dataset, monkeypatch, decodes, rows,
+                                                                         closed_first) -> None:
+    """A state saved after any batch (batches decoding ahead of it, and rows held for the next one,
+    are not delivered) resumes the rest exactly: in order, each row once, the same batches."""
+    make, kind = (make_reader, DataLoader) if rows else (make_batch_reader, BatchedDataLoader)
+    first_rows = [info.first_row for info in open_dataset(dataset).row_groups]
+
+    def loader(reader: Any) -> Any:
+        return kind(reader, batch_size=40)
+
+    with make(dataset, shuffle_row_groups=False, workers_count=2) as reader:
+        whole = [b["id"].tolist() for b in loader(reader)]
+    assert [i for b in whole for i in b] == list(range(N))
+    # batches across a row group's end: every cut below follows one or comes just before one
+    across = [k for k, b in enumerate(whole) if any(b[0] < r <= b[-1] for r in first_rows)]
+    assert len(across) > len(whole) // 2
+    for cut in (1, across[0] + 1, across[1], across[len(across) // 2] + 1, len(whole) - 1):
+        with make(dataset, shuffle_row_groups=False, workers_count=2) as reader:
+            run = loader(reader)
+            iterator = iter(run)
+            before = [next(iterator)["id"].tolist() for _ in range(cut)]
+            if closed_first:  # as `for batch in loader: ... break` does: batches were still decoding
+                iterator.close()
+            state = run.state_dict()
+            iterator.close()
+        with make(dataset, shuffle_row_groups=False, workers_count=2) as reader:
+            run = loader(reader)
+            run.load_state_dict(state)
+            after = [b["id"].tolist() for b in run]
+        assert before == whole[:cut], cut
+        assert [i for b in before + after for i in b] == list(range(N)), f"the rest exactly once, in order ({cut})"
+    assert decodes
+
+
+def test_unshuffled_states_are_the_decoding_readers_where_both_hold_the_same_rows(dataset, monkeypatch) -> None:
+    """A state of the late-decoding loader resumes a loader whose reader decodes, and the other way round."""
+    def run(late: bool, cut: int, state: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any]]:
+        monkeypatch.setattr(BatchedDataLoader, "_late_decoding", late)
+        with make_batch_reader(dataset, shuffle_row_groups=False) as reader:
+            loader = BatchedDataLoader(reader, batch_size=45)
+            if state is not None:
+                loader.load_state_dict(state)
+            iterator = iter(loader)
+            got = [i for _, b in zip(range(cut), iterator) for i in b["id"].tolist()]
+            saved = loader.state_dict()
+            iterator.close()
+        return got, saved
+
+    for late in (False, True):
+        got, state = run(late, 5)
+        rest, _ = run(not late, 10**6, state)
+        assert got + rest == list(range(N))
+
+
+def test_unshuffled_with_rows_skipped_for_corrupt_images_decodes_in_the_reader(corrupt_dataset, decodes) -> None:
+    """``on_decode_error='skip'`` drops a row in the reader, before the batches are cut: decoding in the
+    loader would leave that batch a row short, so the reader decodes (every batch of ``batch_size``)."""
+    with make_batch_reader(corrupt_dataset, shuffle_row_groups=False, on_decode_error="skip") as reader:
+        with pytest.warns(UserWarning):
+            batches = list(BatchedDataLoader(reader, batch_size=32))
+    assert not decodes
+    ids = [i for b in batches for i in b["id"].tolist()]
+    assert ids == [i for i in range(N) if i != CORRUPT]
+    assert all(len(b["id"]) == 32 for b in batches[:-1])
+
+
+def test_a_torch_worker_decodes_unshuffled_images_into_the_storage_its_batch_leaves_in(dataset, monkeypatch) -> None:
+    """In a torch worker (its pool of shared storages), a batch's images are decoded into the storage its
+    other numeric columns are moved to: one storage, no copy of the pixels on the way out."""
+    from unihub.bridges.torch import base, tensors
+    from unihub.bridges.torch.shared_batches import StoragePool
+
+    copied: list[int] = []
+    original = tensors.copy_into
+    monkeypatch.setattr(base, "copy_into", lambda t, s: copied.append(s.nbytes) or original(t, s))
+    monkeypatch.setattr(tensors, "copy_into", lambda t, s: copied.append(s.nbytes) or original(t, s))
+    eager = loader_batches(dataset, False, monkeypatch, loader_options=dict(shuffling_queue_capacity=0),
+                           schema_fields=["id", "photo", "vec"])
+    monkeypatch.setattr(BatchedDataLoader, "_late_decoding", True)
+    with make_batch_reader(dataset, seed=3, workers_count=2, schema_fields=["id", "photo", "vec"]) as reader:
+        loader = BatchedDataLoader(reader, batch_size=32)
+        loader._shared_batches = StoragePool()
+        late = [{name: column.clone() for name, column in batch.items()} if k % 3 else batch
+                for k, batch in enumerate(loader)]
+    assert_same_batches(eager, late)
+    for batch in late[::3]:
+        storages = {column.untyped_storage().data_ptr() for column in batch.values()}
+        assert len(storages) == 1 and batch["photo"].is_shared()
+    photo = 16 * 16 * 3
+    assert copied and max(copied) < photo, "no batch's images were copied, only its ids and vectors"
+
+
+@pytest.mark.parametrize("options", [dict(), dict(drop_remainder=True, batch_size=50),
+                                     dict(shuffle_row_groups=False, schema_fields=["id", "photo", "vec"]),
+                                     dict(structure="namedtuple", petastorm_types=True, schema_fields=["id", "photo", "vec"])],
+                         ids=["defaults", "drop-remainder", "in-file-order-dense", "namedtuple-petastorm-types"])
+def test_make_tf_dataset_unshuffled_decodes_each_cut_batch(dataset, decodes, monkeypatch, options) -> None:
+    """Unshuffled, make_tf_dataset cuts its batches from encoded images and decodes each into its own
+    memory (no batch of two reader batches copied, in TensorFlow or numpy): the same batches, bit for bit."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
+
+    options = dict(dict(batch_size=32, seed=6), **options)
+
+    def batches(late: bool) -> list[dict[str, Any]]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, **options)
+        return [{k: v.to_list() if hasattr(v, "to_list") else v.numpy()  # a ragged field as lists
+                 for k, v in (b._asdict() if hasattr(b, "_asdict") else b).items()} for b in ds]
+
+    eager = batches(False)
+    assert not decodes
+    late = batches(True)
+    size = options["batch_size"]
+    rows = N // size * size if options.get("drop_remainder") else N
+    assert sum(decodes) == rows, "each batch decoded whole, once"
+    assert set(decodes[:-1]) == {size}
+    assert_same_batches(eager, late)
+    if options.get("shuffle_row_groups") is False:
+        assert [i for b in late for i in b["id"].tolist()] == list(range(N))
+
+
+def test_make_tf_dataset_unshuffled_skipping_corrupt_images_decodes_in_the_reader(corrupt_dataset, decodes) -> None:
+    """With ``on_decode_error='skip'`` the reader decodes (a row dropped after the cut would leave a batch short)."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf.dataset import make_tf_dataset
+
+    with pytest.warns(UserWarning):
+        ds = make_tf_dataset(corrupt_dataset, batch_size=32, shuffle_row_groups=False, on_decode_error="skip",
+                             schema_fields=["id", "photo"])
+        ids = [b["id"].numpy().tolist() for b in ds]
+    assert not decodes
+    assert [i for b in ids for i in b] == [i for i in range(N) if i != CORRUPT]
+    assert all(len(b) == 32 for b in ids[:-1])
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["batches-held", "batches-dropped"])
+def test_make_tf_dataset_unshuffled_reuses_an_images_room_only_once_nothing_views_it(dataset, monkeypatch,
+                                                                                    hold) -> None:
+    """Large image batches are decoded into recycled memory (TensorFlow leaves glibc mapping new pages for
+    each): a batch the program still holds keeps its values, however far the epoch goes; dropped, its
+    memory serves a later batch."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
+    from unihub.bridges.tf import sources
+
+    def batches(late: bool) -> list[Any]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, batch_size=32, shuffle_row_groups=False,
+                                       schema_fields=["id", "photo", "vec"])
+        return [b if hold or not late else {k: v.numpy().copy() for k, v in b.items()} for b in ds]
+
+    eager = [{k: v.numpy() for k, v in b.items()} for b in batches(False)]
+    monkeypatch.setattr(sources, "OVERSIZE_BYTES", 1)  # this dataset's batches are small: every one recycled
+    pieces: list[int] = []
+    original = sources.RecycledRoom.array
+    monkeypatch.setattr(sources.RecycledRoom, "array",
+                        lambda self, *a: (lambda out: pieces.append(out.base.ctypes.data) or out)(original(self, *a)))
+    late = batches(True)
+    assert_same_batches(eager, [{k: np.asarray(v) for k, v in b.items()} for b in late])
+    assert len(pieces) == len(late)
+    if hold:
+        assert len(set(pieces)) == len(pieces), "no memory of a batch held was given to another"
+    else:
+        assert len(set(pieces)) < len(pieces) // 2, "the memory of dropped batches was reused"
