@@ -57,7 +57,7 @@ def add_vacuum_command(sub: Any) -> None:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     options = storage_options_of(args)
-    names = open_dataset(args.path, storage_options=options).arrow_schema.names
+    names = open_dataset(args.path, storage_options=options).stored_schema.names  # added columns too
     version = delete_rows(args.path, parse_filter(args.where, names).expression, tag=args.tag,
                           storage_options=options)
     if version is None:
@@ -76,8 +76,9 @@ def add_delete_command(sub: Any) -> None:
                                    "  unihub delete /data/train --where 'id < 100'\n"
                                    "  unihub delete /data/train --where 'label in [3, 4]' --tag no-3-4")
     delete.add_argument("path", help="dataset directory or URL")
-    delete.add_argument("--where", required=True, help="the rows to delete, on the stored columns: a pyarrow "
-                        "expression with bare field names, or pyarrow's DNF list as JSON (as unihub show --where)")
+    delete.add_argument("--where", required=True, help="the rows to delete, on the stored columns (added ones "
+                        "too): a pyarrow expression with bare field names, or pyarrow's DNF list as JSON (as unihub "
+                        "show --where)")
     delete.add_argument("--tag", help="a name for the version it makes")
     add_storage_option(delete)
     delete.set_defaults(func=cmd_delete)

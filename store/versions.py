@@ -58,6 +58,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -71,14 +72,14 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
-    InvalidArgumentError,
     SourceChangedError,
     VersionNotFoundError,
 )
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
-from unihub.schema.unischema import SCHEMA_METADATA_KEY
+from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store import column_sets, integrity
+from unihub.store.column_sets import ColumnSet, SidePart
 
 VERSIONS_DIR = publish.VERSIONS_DIR
 COMMON_METADATA = publish.COMMON_METADATA
@@ -623,10 +624,13 @@ def retired_path(root: str, rel: str) -> str:
 def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = None,
                 storage_options: dict[str, Any] | None = None, filesystem: Any = None) -> Version | None:
     """Delete the rows for which ``where`` (a ``pyarrow.compute`` expression on the stored columns, e.g.
-    ``pc.field("id") < 100``; a null result keeps the row) holds, as a new version: each part file holding such
-    rows is rewritten without them under a new name, files left empty are dropped, the version's record is
-    published last, and the replaced files move to ``_unihub_versions/retired/`` (older versions read them there,
-    and ``vacuum`` removes them), so a plain listing of the directory stays the latest version. Returns the new
+    ``pc.field("id") < 100``, added ones too, null where a set does not cover a part; a null result keeps the row)
+    holds, as a new version: each part file holding such rows is rewritten without them under a new name, files
+    left empty are dropped, the version's record is published last, and the replaced files move to
+    ``_unihub_versions/retired/`` (older versions read them there, and ``vacuum`` removes them), so a plain listing
+    of the directory stays the latest version. The side files of the version's column sets for a rewritten part
+    are rewritten too, without the same rows and with the new part's row groups; the replaced ones stay where
+    they are (``_unihub_columns/`` is no part of a plain listing) for the older versions, until ``vacuum``. Returns the new
     version, or None where no row matched (nothing is written). Another commit landing meanwhile (its rows not
     looked at) is a :class:`~unihub.errors.ConcurrentCommitError`, and nothing of the delete is published."""
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
@@ -640,9 +644,6 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         if not current[-1].recorded:
             _record_first(fs, root, current[-1])
             current = history(fs, root)
-        if current[-1].column_sets:  # their files hold a value per row of the parts: they would need rewriting too
-            raise InvalidArgumentError(f"{os.fspath(url)}: version {current[-1].number} has added column files; "
-                                       "deleting rows from it is not supported yet")
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
         return _delete(fs, root, current[-1], where, tag)
@@ -650,31 +651,35 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
 
 def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:
     run = atomic.run_id()
+    record = column_sets.of_version(latest.column_sets, record_path(root, latest.number))
     replaced: dict[str, str | None] = {}  # a part of latest -> its rewritten file (None: no row left)
+    sides: dict[tuple[str, str], SidePart] = {}  # (set, rewritten part) -> its rewritten side file
     written: list[str] = []
     removed = 0
     try:
         for n, rel in enumerate(latest.parts):
             head, name = posixpath.split(rel)
             new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{_RUN_PREFIX.sub('', name)}")
-            kept, dropped = _rewrite_without(fs, located(fs, root, rel), f"{root}/{new_rel}", where)
+            rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n))
+            kept, dropped = rewrite.run(where, written)
             if dropped:
                 replaced[rel] = new_rel if kept else None
-                written += [new_rel] if kept else []
                 removed += dropped
+                sides.update(((s, new_rel), entry) for s, entry in rewrite.new_sides.items())
         if not replaced:
             return None
         for rel in replaced:
             _retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
         parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
         version = replace(latest, number=latest.number + 1, timestamp=_now(), operation="delete", tag=tag,
-                          parts=parts, added_rows=-removed)
+                          parts=parts, added_rows=-removed, column_sets=_sets_after(record, replaced, sides))
         if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
                                         "nothing of this delete was published: run it again")
     except BaseException:
         for rel in written:
             fsutil.remove(fs, f"{root}/{rel}")
+        column_sets.remove_empty_folders(fs, root)
         raise
     for rel in replaced:
         fsutil.remove(fs, f"{root}/{rel}")  # out of the directory: a plain listing is the latest version
@@ -684,27 +689,132 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
 _RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-(d\d{5}-)?")
 
 
-def _rewrite_without(fs: pafs.FileSystem, path: str, new_path: str, where: Any) -> tuple[int, int]:
-    """Write the rows of ``path`` for which ``where`` does not hold to ``new_path``, row group by row group (one in
-    memory at a time), with the file's schema, metadata and compression; (rows kept, rows dropped). Nothing is
-    written where none matched, nor where none is left."""
-    keep = ~where | where.is_null()
-    with fs.open_input_file(path) as handle:
-        source = pq.ParquetFile(handle, **integrity.READ_OPTIONS)
-        counts = [int(source.read_row_group(i).filter(where).num_rows)
-                  for i in range(source.metadata.num_row_groups)]
-        dropped = sum(counts)
-        kept = source.metadata.num_rows - dropped
-        if not dropped or not kept:
-            return kept, dropped
-        with pq.ParquetWriter(new_path, source.schema_arrow, filesystem=fs, compression=_compression_of(source),
-                              store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS) as writer:
+@dataclass(frozen=True)
+class _SideTarget:
+    """A column set of the version a delete starts from, for one part: its side file (None: the set does not cover
+    the part), where the side file's rewrite goes, and the set's fields as stored (nulls where it does not cover)."""
+
+    name: str
+    side: SidePart | None
+    new_rel: str
+    storage: pa.Schema
+
+
+def _side_targets(record: column_sets.Record, rel: str, run: str, n: int) -> list[_SideTarget]:
+    """Each column set of ``record`` for the part ``rel`` (the ``n``-th of the version), its rewrite named for ``run``."""
+    targets = []
+    for column_set in record.sets:
+        side = column_set.parts.get(rel)
+        folder = posixpath.dirname(side.file) if side is not None else column_sets.DIRECTORY
+        base = _RUN_PREFIX.sub("", posixpath.basename(side.file if side is not None else rel))
+        storage = Unischema(column_set.name, column_set.fields).as_parquet_schema(with_metadata=False)
+        targets.append(_SideTarget(column_set.name, side, f"{folder}/unihub-{run}-d{n:05d}-{base}", storage))
+    return targets
+
+
+def _sets_after(record: column_sets.Record, replaced: dict[str, str | None],
+                sides: dict[tuple[str, str], SidePart]) -> tuple[dict[str, Any], ...]:
+    """``record``'s column sets after a delete: the entries of the ``replaced`` parts give way to those of their
+    rewrites (``sides``: set and new part -> side file); a part left with no row has none."""
+    sets = []
+    for column_set in record.sets:
+        parts: dict[str, SidePart] = {}
+        for rel, side in column_set.parts.items():
+            if rel not in replaced:
+                parts[rel] = side
+                continue
+            new_rel = replaced[rel]
+            if new_rel is not None and (column_set.name, new_rel) in sides:
+                parts[new_rel] = sides[(column_set.name, new_rel)]
+        sets.append(ColumnSet(column_set.name, column_set.fields, parts))
+    return column_sets.Record(tuple(sets)).as_version()
+
+
+class _PartRewrite:
+    """One part of the version a delete starts from, joined 1:1 by row group with its column sets' side files (the
+    sets' fields null where a set does not cover it, as reading does): the predicate sees the added columns too, and
+    the part and each of its side files are rewritten without the same rows, their row groups still aligned."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, rel: str, new_rel: str, targets: list[_SideTarget]) -> None:
+        self.fs, self.root, self.rel, self.new_rel, self.targets = fs, root, rel, new_rel, targets
+        #: set name -> the side file written for the rewritten part (sets that covered the part)
+        self.new_sides: dict[str, SidePart] = {}
+
+    def run(self, where: Any, written: list[str]) -> tuple[int, int]:
+        """Write the rows for which ``where`` does not hold (a null result keeps the row) to the new part and side
+        files, row group by row group (one in memory at a time), with each file's schema, metadata and
+        compression; ``written`` grows by each file before it is written. (rows kept, rows dropped); nothing is
+        written where none matched, nor where none is left."""
+        fs = self.fs
+        with ExitStack() as stack:
+            source = self._open(stack, located(fs, self.root, self.rel))
+            size = fs.get_file_info(located(fs, self.root, self.rel)).size
+            covered = [(t, self._open(stack, f"{self.root}/{t.side.file}")) for t in self.targets
+                       if t.side is not None and (t.side.rows, t.side.part_bytes) == (source.metadata.num_rows, size)]
+            uncovered = [t for t in self.targets if all(t is not c for c, _ in covered)]
+            needs_sides = bool(self.targets) and _names_added(source.schema_arrow, where)
+            counts = [int(self._group(source, i, covered if needs_sides else [], uncovered if needs_sides else [])
+                          .filter(where).num_rows) for i in range(source.metadata.num_row_groups)]
+            dropped = sum(counts)
+            kept = source.metadata.num_rows - dropped
+            if not dropped or not kept:
+                return kept, dropped
+            self._write(source, covered, uncovered if needs_sides else [], counts, where, written)
+            part_bytes = int(fs.get_file_info(f"{self.root}/{self.new_rel}").size or 0)
+            self.new_sides.update((target.name, SidePart(target.new_rel, kept, part_bytes)) for target, _ in covered)
+        return kept, dropped
+
+    def _open(self, stack: ExitStack, path: str) -> pq.ParquetFile:
+        return pq.ParquetFile(stack.enter_context(self.fs.open_input_file(path)), **integrity.READ_OPTIONS)
+
+    def _group(self, source: pq.ParquetFile, i: int, covered: list[tuple[_SideTarget, pq.ParquetFile]],
+               uncovered: list[_SideTarget]) -> pa.Table:
+        """Row group ``i`` of the part with the columns of the ``covered`` sets' side files and nulls for those of
+        the ``uncovered`` sets, in storage form."""
+        group = source.read_row_group(i)
+        for target, side in covered:
+            if i >= side.metadata.num_row_groups or side.metadata.row_group(i).num_rows != group.num_rows:
+                path = f"{self.root}/{target.side.file if target.side else ''}"
+                raise FormatError(f"{path}: its row groups are not its part's ({self.rel}, row group {i})", path=path)
+            table = side.read_row_group(i)
+            for name in target.storage.names:
+                group = group.append_column(table.schema.field(name), table.column(name))
+        for target in uncovered:
+            for fld in target.storage:
+                group = group.append_column(fld, pa.nulls(group.num_rows, fld.type))
+        return group
+
+    def _write(self, source: pq.ParquetFile, covered: list[tuple[_SideTarget, pq.ParquetFile]],
+               uncovered: list[_SideTarget], counts: list[int], where: Any, written: list[str]) -> None:
+        keep = ~where | where.is_null()
+        outputs = [(self.new_rel, source, None)] + [(t.new_rel, side, t) for t, side in covered]
+        with ExitStack() as writing:  # closed (the files complete) before their sizes are read
+            writers = []
+            for rel, model, target in outputs:
+                written.append(rel)
+                if target is not None:
+                    self.fs.create_dir(posixpath.dirname(f"{self.root}/{rel}"), recursive=True)
+                writers.append(writing.enter_context(pq.ParquetWriter(
+                    f"{self.root}/{rel}", model.schema_arrow, filesystem=self.fs, compression=_compression_of(model),
+                    store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS)))
             for i, matched in enumerate(counts):
-                group = source.read_row_group(i)
+                group = self._group(source, i, covered, uncovered if matched else [])
                 group = group.filter(keep) if matched else group
-                if group.num_rows:
-                    writer.write_table(group, row_group_size=group.num_rows)
-    return kept, dropped
+                if not group.num_rows:
+                    continue
+                for writer, (_, model, _) in zip(writers, outputs):
+                    schema = model.schema_arrow
+                    writer.write_table(pa.table([group.column(n) for n in schema.names], schema=schema),
+                                       row_group_size=group.num_rows)
+
+
+def _names_added(schema: pa.Schema, where: Any) -> bool:
+    """Whether ``where`` names a column the part files do not hold (an added one: the side files are read)."""
+    try:
+        schema.empty_table().filter(where)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+        return True
+    return False
 
 
 def _compression_of(source: pq.ParquetFile) -> dict[str, str] | str:

@@ -468,11 +468,17 @@ KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent
 
 
 @pytest.mark.slow
-def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_columns", [False, True])
+def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_path: Path, with_columns: bool) -> None:
+    from unihub import add_column
+
     seed = tmp_path / "seed"
     write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
+    if with_columns:  # the side files of the parts a delete rewrites are rewritten too
+        add_column(str(seed), LABEL, np.arange(10) * 10)
     write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
     old, new = list(range(12)), list(range(5))
+    before = versions.list_versions(str(seed))[-1].number
     env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
     outcomes = set()
     for step in range(1, 60):
@@ -487,7 +493,10 @@ def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_pa
         found = ids(url)
         assert found in (old, new), (step, str(found), err)
         outcomes.add(found == new)
-        assert ids(url, version=2) == old
+        assert ids(url, version=before) == old
+        if with_columns:
+            assert labels(url) == [i * 10 if i < 10 else None for i in found]
+            assert labels(url, version=before) == [*range(0, 100, 10), None, None]
         write_dataset(url, SCHEMA, rows(200, 201), mode="append")  # settles what the killed delete left
         assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
         if line == "done":
@@ -586,6 +595,142 @@ def test_a_column_removal_is_a_version_and_older_versions_join_their_sets_after_
     versions.delete_rows(url, pc.field("id") < 5)  # version 4: the parts of version 2 retired beside the records
     assert labels(url, version=2) == list(range(10))  # joined to the retired parts
     assert "label" not in table_of(url, tag="plain").column_names and ids(url) == list(range(5, 10))
+
+
+# -- deleting rows from a version with column sets ---------------------------------------------------------------
+SPLIT = UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True)
+EMB = UnischemaField("emb", np.float32, (2,), TensorCodec(), True)
+EMB_VALUES = np.random.default_rng(7).standard_normal((16, 2)).astype(np.float32)
+
+
+def kept_after(table: pa.Table, where: Any) -> pa.Table:
+    """``table`` without the rows ``where`` holds for (a null result keeps the row), as a delete leaves it."""
+    return table.filter(~where | where.is_null())
+
+
+def check_readers(url: str, expected: pa.Table, version: int | None = None, **options: Any) -> None:
+    """make_reader, make_batch_reader and random access read exactly ``expected``'s rows with their added values."""
+    from unihub import Dataset
+
+    ids_, labels_, splits = (expected[n].to_pylist() for n in ("id", "label", "split"))
+    embs = {i: EMB_VALUES[i] for i in ids_ if i < 16}
+    with make_reader(url, version=version, schema_fields=["id", "label", "split", "emb"], shuffle_row_groups=False,
+                     workers_count=1, **options) as reader:
+        got = list(reader)
+    assert [(int(r.id), r.label, r.split) for r in got] == list(zip(ids_, labels_, splits))
+    for row in got:
+        if int(row.id) in embs:
+            assert row.emb.tobytes() == embs[int(row.id)].tobytes()
+        else:
+            assert row.emb is None
+    with make_batch_reader(url, version=version, schema_fields=["id", "label"], shuffle_row_groups=False,
+                           workers_count=1, **options) as reader:
+        batches = list(reader)
+    assert np.concatenate([b.id for b in batches]).tolist() == ids_
+    dataset = Dataset(open_dataset(url, version=version, **options), schema_fields=["id", "label", "emb"])
+    asked = np.random.default_rng(1).integers(0, len(ids_), 25)
+    taken = dataset.take(asked)
+    assert np.asarray(taken.id).tolist() == [ids_[k] for k in asked]
+    covered = [j for j, k in enumerate(asked) if ids_[k] < 16]
+    assert np.stack([taken.emb[j] for j in covered]).tobytes() == \
+        np.stack([embs[ids_[asked[j]]] for j in covered]).tobytes()
+
+
+def delete_with_column_sets(url: str, **options: Any) -> None:
+    """Three sets (one a tensor) over 2 parts of 2 row groups, a part appended after them (not covered: nulls);
+    deletes by an added column of each set's kind and by a part column: each later version reads exactly the rows
+    left with their added values, each earlier one as it was, a column added after joins, a vacuum keeps the
+    latest."""
+    import pyarrow.compute as pc
+
+    from unihub import add_column
+
+    write_dataset(url, SCHEMA, rows(0, 16), rows_per_file=8, row_group_size_mb=1e-4, **options)
+    assert [g.num_rows for g in open_dataset(url, **options).row_groups] == [4, 4, 4, 4]
+    add_column(url, LABEL, np.where(np.arange(16) % 5 == 0, -1, np.arange(16) * 10), **options)
+    add_column(url, SPLIT, np.where(np.arange(16) % 7 == 3, "val", "train"), **options)
+    add_column(url, EMB, EMB_VALUES, **options)
+    write_dataset(url, SCHEMA, rows(16, 20), mode="append", **options)  # version 5
+    snapshots = {5: table_of(url, **options)}
+    deletes = [pc.field("label") == -1, pc.field("split") == "val", (pc.field("id") < 2) | (pc.field("id") >= 18)]
+    for number, where in enumerate(deletes, start=6):
+        version = versions.delete_rows(url, where, **options)
+        expected = kept_after(snapshots[number - 1], where)
+        assert version is not None and version.number == number
+        assert version.added_rows == expected.num_rows - snapshots[number - 1].num_rows
+        snapshots[number] = table_of(url, **options)
+        assert snapshots[number].equals(expected)  # every stored column, the added ones bit-exact
+    assert snapshots[8]["id"].to_pylist() == [2, 4, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17]
+    assert snapshots[8]["label"].to_pylist()[-3:] == [140, None, None]
+    check_readers(url, snapshots[8], **options)
+    check_readers(url, snapshots[5], version=5, **options)  # time travel: the rows before the deletes
+    for number, snapshot in snapshots.items():
+        assert table_of(url, version=number, **options).equals(snapshot)
+    latest = versions.list_versions(url, **options)[-1]
+    for column_set in latest.column_sets:  # each side file follows its part: its rows, its new part's row groups
+        assert set(column_set["parts"]) <= set(latest.parts)
+    # a column added after the deletes joins the rows that are left
+    other = UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True)
+    left = np.asarray(snapshots[8]["id"].to_pylist())
+    add_column(url, other, left * 3, **options)
+    assert table_of(url, **options)["other"].to_pylist() == (left * 3).tolist()
+    final = table_of(url, **options)
+    result = versions.vacuum_dataset(url, 1, **options)
+    assert result.kept_versions == (9,)
+    assert table_of(url, **options).equals(final)
+    check_readers(url, snapshots[8], **options)
+    assert side_files(url, **options) == {f for f in latest_files(url, **options) if f.startswith("_unihub_columns/")}
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(url, version=5, **options)
+    if "://" not in url:
+        assert not os.listdir(os.path.join(url, publish.RETIRED_DIR))
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == left.tolist()
+
+
+def latest_files(url: str, **options: Any) -> set[str]:
+    return versions.list_versions(url, **options)[-1].files()
+
+
+def test_delete_rows_with_column_sets_by_added_and_part_columns(tmp_path: Path) -> None:
+    delete_with_column_sets(str(tmp_path / "ds"))
+
+
+@pytest.mark.slow
+def test_s3_delete_rows_with_column_sets_by_added_and_part_columns(s3_server: Any, s3_url: str) -> None:
+    delete_with_column_sets(s3_url, storage_options=s3_server.storage_options())
+
+
+def test_a_delete_with_column_sets_refused_at_publishing_leaves_nothing(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.compute as pc
+
+    from unihub import add_column
+    from unihub.errors import ConcurrentCommitError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4)
+    add_column(url, LABEL, np.arange(10))
+    before, files = table_of(url), sorted(str(p) for p in Path(url).rglob("*") if p.is_file())
+    monkeypatch.setattr(publish, "put_if_absent", lambda *args: False)  # another commit took the number
+    with pytest.raises(ConcurrentCommitError):
+        versions.delete_rows(url, pc.field("label") > 6)
+    monkeypatch.undo()
+    assert table_of(url).equals(before) and len(versions.list_versions(url)) == 2
+    # what the delete wrote is gone; its retired copies of the parts are only links to the same files
+    left = sorted(str(p) for p in Path(url).rglob("*") if p.is_file() and publish.RETIRED_DIR not in str(p))
+    assert left == [f for f in files if publish.RETIRED_DIR not in f]
+
+
+def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from unihub import add_column
+    from unihub.cli import main
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    add_column(url, LABEL, np.array([0, -1, 2, -1, 4, 5]))
+    assert main(["delete", url, "--where", "label == -1"]) == 0
+    assert "deleted 2 row(s) as version 3" in capsys.readouterr().out
+    assert ids(url) == [0, 2, 4, 5] and labels(url) == [0, 2, 4, 5] and labels(url, version=2)[1] == -1
 
 
 def test_a_dataset_with_sets_from_before_versions_keeps_them_in_version_1(tmp_path: Path) -> None:
