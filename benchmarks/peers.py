@@ -20,9 +20,9 @@ Each run is a fresh subprocess in the contender's own venv (``peers_env.py`` bui
 under ``benchmarks/.venvs/``; unihub and tf.data use this one), driven by ``peers_side.py``;
 this process polls ``/proc`` every 20 ms for the RSS of that process and all its descendants.
 PSS (forked workers share pages that RSS counts twice) comes from one more, untimed run of each
-contender, reading ``smaps_rollup`` every 100 ms. Per run: rows/s from creating the pipeline (imports, and
-Ray's ``ray.init``, excluded), **steady-state** rows/s (between the batches crossing 10% and 90% of the
-epoch), time to first batch, and **CPU per 1,000 rows** (user + system seconds of the whole process tree,
+contender, reading ``smaps_rollup`` every 100 ms (``--quick``: in the timed run). Per run: rows/s from
+creating the pipeline (imports, and Ray's ``ray.init``, excluded), **steady-state** rows/s (between the
+batches crossing 10% and 90% of the epoch), time to first batch, and **CPU per 1,000 rows** (user + system seconds of the whole process tree,
 workers included) and the part of it that is not JPEG decode (the decoder's own CPU per image, measured by
 the decode-limit contender, subtracted). CPU is steadier than wall time on a shared machine. Later rounds
 run each contender's best setting, all alternated; figures are min / median / max.
@@ -33,7 +33,8 @@ Targets (issue 39), evaluated in the output on the medians: each unihub torch pa
 peer's, peak RSS <= the lowest peer's x 1.2.
 
     python benchmarks/peers.py [--rounds 5] [--rows 100000] [--side 64] [--only unihub,tfdata,lance,...]
-    python benchmarks/peers.py --quick       # 2k rows, 1 round, only the peers whose venvs exist
+    python benchmarks/peers.py --quick       # 2k rows, 1 round, only the peers whose venvs exist; a smoke run:
+                                             # sweeps try 2 settings, PSS is read in the timed run
     python benchmarks/peers.py --prepare     # build the venvs, write the content and every copy, stop
 """
 
@@ -382,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shuffle", type=int, default=4096, help="shuffle buffer rows for every shuffled contender")
     ap.add_argument("--only", default="", help="comma-separated families: unihub, tfdata, " + ", ".join(peers_env.PEERS))
     ap.add_argument("--data", type=Path, default=None, help="cache folder (default benchmarks/data/peers_<rows>)")
-    ap.add_argument("--quick", action="store_true", help="2k rows, 1 round, no venv building")
+    ap.add_argument("--quick", action="store_true",
+                    help="2k rows, 1 round, no venv building, sweeps of 2 settings, PSS read in the timed run")
     ap.add_argument("--unshuffled", action="store_true", help="leave out the shuffled contenders")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--prepare", action="store_true", help="only build the venvs and write the content and copies")
@@ -409,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     def once(t: Tally) -> None:
         python = setup.pythons[t.contender.family]
         assert isinstance(python, Path)
-        result = run_child(python, setup.job(t.contender), args.timeout, pss=False)
+        result = run_child(python, setup.job(t.contender), args.timeout, pss=args.quick)
         if "error" in result:
             t.error = result["error"]
         elif result["rows"] != args.rows or result["label_sum"] != label_sum:
@@ -428,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         c = t.contender
         twin = next((u for u in tallies if u.contender.tool == c.tool and not u.contender.shuffle), t)
         trials = (twin.contender.options,) if c.shuffle and twin is not t else c.sweep
+        if args.quick:  # a smoke run: the sweep is still one (a choice between two), at half the runs
+            trials = trials[:2]
         best = None
         for options in trials:
             trial = Tally(replace(c, options=dict(options)), [])
@@ -448,18 +452,29 @@ def main(argv: list[str] | None = None) -> int:
         for t in sorted(tallies, key=lambda t: t.contender.shuffle > 0):
             if not t.error:
                 sweep(t) if rnd == 0 and t.contender.sweep else once(t)
-    print("memory: a run of each contender reading PSS (untimed)", file=sys.stderr, flush=True)
-    for t in tallies:
-        python = setup.pythons[t.contender.family]
-        if t.runs and isinstance(python, Path):
-            t.pss_mib = float(run_child(python, setup.job(t.contender), args.timeout).get("peak_pss_mib")
-                              or float("nan"))
+    measure_pss(tallies, setup, args)
     print_report(tallies, limits, args, time.perf_counter() - t_start)
     if args.json:
         args.json.write_text(json.dumps({"limits": limits, "contenders": [
             {"label": t.contender.label, "setting": t.contender.options, "tried": t.tried, "error": t.error,
              "pss_mib": t.pss_mib, "runs": t.runs} for t in tallies]}, indent=1))
     return 0
+
+
+def measure_pss(tallies: list[Tally], setup: Setup, args: Any) -> None:
+    """Each contender's peak PSS: from one more, untimed run (reading PSS slows a run by a few percent); with
+    ``--quick`` (a smoke run, its timings not for comparing) from the timed run that read it, saving a run each."""
+    if args.quick:
+        for t in tallies:
+            if t.runs:
+                t.pss_mib = max(float(run.get("peak_pss_mib") or float("nan")) for run in t.runs)
+        return
+    print("memory: a run of each contender reading PSS (untimed)", file=sys.stderr, flush=True)
+    for t in tallies:
+        python = setup.pythons[t.contender.family]
+        if t.runs and isinstance(python, Path):
+            t.pss_mib = float(run_child(python, setup.job(t.contender), args.timeout).get("peak_pss_mib")
+                              or float("nan"))
 
 
 def _fmt(values: list[float]) -> str:
@@ -512,7 +527,8 @@ def print_report(tallies: list[Tally], limits: list[dict[str, Any]], args: Any, 
     print_targets(ok, fastest, limit)
     print("\nVersions: " + "; ".join(f"{n}: {peers_env.versions(n)}" for n in peers_env.PEERS if peers_env.versions(n)))
     print(f"\n({seconds:.0f} s; peak RSS: the sum of VmRSS over the run's process tree, polled from /proc every "
-          f"{POLL_S * 1000:.0f} ms; PSS from smaps_rollup every {POLL_S * 5000:.0f} ms in one more, untimed run)")
+          f"{POLL_S * 1000:.0f} ms; PSS from smaps_rollup every {POLL_S * 5000:.0f} ms in "
+          f"{'the timed run (--quick)' if args.quick else 'one more, untimed run'})")
 
 
 def _row(t: Tally, fastest: Tally | None, limit: Limit) -> str:

@@ -433,7 +433,7 @@ def detect_format(path: str) -> str | None:
     """The registered format name that claims ``path``, by extension first, then by content."""
     import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
-    base = expand_braces(fsrc.split_query(os.fspath(path))[0])[0]
+    base = expand_braces(fsrc.without_query(os.fspath(path)))[0]  # its query (endpoint_override=...) kept for the bucket
     if any(c in base for c in "*?["):  # a glob: judge by the first file it matches
         base = next(iter(fsrc.glob(base)), base)
     parts = os.path.basename(base).split(".")

@@ -163,8 +163,9 @@ def completes_upload(method: str, target: str) -> bool:
     return method == "POST" and "uploadId=" in target
 
 
-#: how late an upload's last step reaches the server: after the client gave up on it (1 s timeout, no
-#: retry). pyarrow's AWS SDK gives up on an unanswered request only after about 7 s, whatever its timeout
+#: how late an upload's last step reaches the server at the latest: after the client gave up on it (1 s
+#: timeout, no retry). pyarrow's AWS SDK gives up on an unanswered request only after about 7 s, whatever its
+#: timeout. A test's ``proxy.wait_late()`` passes it on as soon as the write has failed (and cleaned up)
 LATE = {"fsspec": 4.0, "pyarrow": 16.0}
 
 

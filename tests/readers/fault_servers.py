@@ -16,9 +16,11 @@ Two more faults, in any mode but ``"dead"`` and ``"freeze"``:
 - ``bytes_per_second=r``: each request is answered ``len(body) / r`` seconds late (a slow link or a
   server slow to store what it is sent: time in proportion to the bytes of one request);
 - ``late=(seconds, predicate)``: a request for which ``predicate(method, target)`` holds is passed to
-  the server only ``seconds`` after it came (the client has given up on it by then: a last step the
-  server runs late); ``late_requests`` lists ``(method, target, status)`` of those passed on, and
-  :meth:`wait_late` waits for them.
+  the server only ``seconds`` after it came, or as soon as :meth:`wait_late` is called, whichever comes
+  first (the client has given up on it by then: a last step the server runs late; a test calls
+  ``wait_late`` once the client's call has failed, rather than sleeping out ``seconds``);
+  ``late_requests`` lists ``(method, target, status)`` of those passed on, and :meth:`wait_late`
+  waits for them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class FaultProxy:
         self.late: tuple[float, Callable[[str, str], bool]] | None = None
         self.late_requests: list[tuple[str, str, int]] = []
         self._late_pending = 0
+        self._release_late = threading.Event()
         self._mode = "pass"
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
@@ -77,11 +80,13 @@ class FaultProxy:
         self.mode = "dead"
 
     def wait_late(self, timeout: float = 30.0) -> None:
-        """Wait until every request held back by ``late`` has been passed to the server and answered."""
+        """Pass every request held back by ``late`` to the server now, and wait until each is answered."""
+        self._release_late.set()
         deadline = time.monotonic() + timeout
         while self._late_pending and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not self._late_pending, f"{self._late_pending} late requests still held"
+        self._release_late.clear()
 
     # -- serving ----------------------------------------------------------------------------------
     def _serve_forever(self) -> None:
@@ -121,7 +126,7 @@ class FaultProxy:
         if held:
             with self._lock:
                 self._late_pending += 1
-            time.sleep(late[0])  # type: ignore[index]
+            self._release_late.wait(late[0])  # type: ignore[index]
         elif self.bytes_per_second:
             time.sleep(len(body) / self.bytes_per_second)
         upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)

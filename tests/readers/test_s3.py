@@ -130,6 +130,20 @@ def test_inspect_missing_dataset_is_one_line(s3_server, capsys):
     assert err.startswith("unihub: error:") and "no-such-dataset" in err and err.count("\n") == 1
 
 
+def test_a_foreign_file_is_detected_through_the_endpoint_of_its_url(s3_server):
+    """detect_format keeps the URL's query (``endpoint_override``) for its bucket: it dropped it, so that
+    ``unihub inspect`` of a missing dataset asked AWS instead of the given endpoint (6 s a format here,
+    with no network) and never found what is there."""
+    from unihub.formats.base import detect_format
+
+    key = f"foreign-{uuid.uuid4().hex[:8]}/data"
+    s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=b"\x89HDF\r\n\x1a\n" + bytes(504))
+    url = f"s3://{s3_server.bucket}/{key}?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    s3_server.requests.clear()
+    assert detect_format(url) == "hdf5"
+    assert s3_server.requests.object_reads(f"{s3_server.bucket}/{key}")  # read from the given endpoint
+
+
 # -- writing ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_write_dataset_to_s3(s3_server, local_rows, kind):

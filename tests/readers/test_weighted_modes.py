@@ -126,7 +126,7 @@ def test_cycle_delivers_each_source_in_its_own_order_pass_after_pass(urls, seed,
     for k, url in enumerate(urls):
         mine = [i for i in got if i // 1000 == k]
         alone, pass_seed = [], seed + k  # pass after pass: all its epochs, each pass in its own seeded order
-        while len(alone) <= len(mine):
+        while sum(map(len, alone)) <= len(mine):  # the passes the mix's rows reach into, and one more
             with source_reader(url, 0, epochs=epochs, seed=pass_seed) as reader:
                 alone.append(ids(reader))
             pass_seed = next_pass_seed(pass_seed)

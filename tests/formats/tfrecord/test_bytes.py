@@ -176,24 +176,38 @@ def _order(record: bytes) -> Any:
         return list(context), list(lists or ())
 
 
+#: records each writer process writes (ids 0 on): enough for every file ``_two_writers`` is asked for
+_PROCESS_RECORDS = 1160
+_written: dict[str, list[list[bytes]]] = {}
+
+
+def _process_records(script: str, processes: int, directory: Path) -> list[bytes]:
+    """The raw records of ids ``0 ..`` written by writer process number ``processes - 1`` of ``script``: each
+    process's records are kept for the module (a record's content is its id's; its feature order, the
+    process's), so that the tests share a few starts of TensorFlow rather than two or more each."""
+    done = _written.setdefault(script, [])
+    while len(done) < processes:
+        path = directory / f"writer-{len(done)}.tfrecord"
+        subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(path), "0", str(_PROCESS_RECORDS),
+                        *NAMES], check=True, capture_output=True)
+        done.append(_records(path))
+        path.unlink()
+    return done[processes - 1]
+
+
 def _two_writers(directory: Path, counts: tuple[int, int] = (20, 20), script: str = _WRITER) -> tuple[Path, Path]:
     """Two files of records TensorFlow wrote in two processes that order the features differently
     (another process, another seed: nearly always another order); record ids go on from one to the other."""
     directory.mkdir(parents=True, exist_ok=True)
-    first: tuple[Path, list[str]] | None = None
-    for attempt in range(8):
-        path = directory / f"part-{attempt}.tfrecord"
-        start = 0 if first is None else counts[0]
-        count = counts[0] if first is None else counts[1]
-        subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(path), str(start), str(count), *NAMES],
-                       check=True, capture_output=True)
-        order = _order(_records(path)[0])
-        if first is None:
-            first = (path, order)
-        elif order != first[1]:
-            return first[0], path
-        else:
-            path.unlink()
+    assert sum(counts) <= _PROCESS_RECORDS
+    first = _process_records(script, 1, directory)
+    for process in range(2, 9):
+        second = _process_records(script, process, directory)
+        if _order(second[0]) != _order(first[0]):
+            a, b = directory / "part-0.tfrecord", directory / "part-1.tfrecord"
+            _interleaved(a, [first[:counts[0]]])
+            _interleaved(b, [second[counts[0]:sum(counts)]])
+            return a, b
     pytest.skip("TensorFlow wrote the features in one order in every process here")
 
 
