@@ -259,6 +259,17 @@ class S3Server:
         return pafs.S3FileSystem(endpoint_override=f"{self.host}:{self.port}", scheme="http", access_key=self.key,
                                  secret_key=self.secret, region="us-east-1")
 
+    def access(self, kind: str) -> dict[str, Any]:
+        """The reading arguments for the server through ``kind``: ``"fsspec"`` (s3fs's ``storage_options=``) or
+        ``"pyarrow"`` (its own S3 filesystem as ``filesystem=``); the test is skipped where that client is missing."""
+        if kind == "fsspec":
+            pytest.importorskip("s3fs")
+            return {"storage_options": self.storage_options()}
+        try:
+            return {"filesystem": self.pyarrow_filesystem()}
+        except ImportError:
+            pytest.skip("this pyarrow build has no S3 support")
+
     def client(self) -> Any:
         import boto3
 

@@ -210,14 +210,7 @@ def test_byte_budget() -> None:
 def test_s3_one_get_per_part(s3_server: Any, dataset: Path, kind: str) -> None:
     """Over moto's S3: the rows of the local read, each row group's bytes in one ranged GET (no HEAD
     or re-read per row group), nothing fetched twice."""
-    if kind == "fsspec":
-        pytest.importorskip("s3fs")
-        access: dict[str, Any] = {"storage_options": s3_server.storage_options()}
-    else:
-        try:
-            access = {"filesystem": s3_server.pyarrow_filesystem()}
-        except ImportError:
-            pytest.skip("this pyarrow build has no S3 support")
+    access = s3_server.access(kind)
     prefix = f"prefetch-{uuid.uuid4().hex[:8]}"
     url = s3_server.upload_folder(dataset, prefix)
     s3_server.requests.clear()
@@ -305,14 +298,7 @@ def test_s3_open_in_one_listing(s3_server: Any, dataset: Path, kind: str) -> Non
     directory check's HEAD, the manifest, version records, column sets): then the footers' reads."""
     from unihub import open_dataset
 
-    if kind == "fsspec":
-        pytest.importorskip("s3fs")
-        access: dict[str, Any] = {"storage_options": s3_server.storage_options()}
-    else:
-        try:
-            access = {"filesystem": s3_server.pyarrow_filesystem()}
-        except ImportError:
-            pytest.skip("this pyarrow build has no S3 support")
+    access = s3_server.access(kind)
     prefix = f"open-{uuid.uuid4().hex[:8]}"
     url = s3_server.upload_folder(dataset, prefix)
     s3_server.requests.clear()

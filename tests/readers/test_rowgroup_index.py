@@ -298,14 +298,7 @@ def test_built_on_spark_equals_built_in_process(spark: Any, tmp_path: Path, unih
 # -- on S3 ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
 def test_built_and_selected_on_s3(s3_server: Any, kind: str) -> None:
-    if kind == "fsspec":
-        pytest.importorskip("s3fs")
-        access: dict[str, Any] = {"storage_options": s3_server.storage_options()}
-    else:
-        try:
-            access = {"filesystem": s3_server.pyarrow_filesystem()}
-        except ImportError:
-            pytest.skip("this pyarrow build has no S3 support")
+    access = s3_server.access(kind)
     prefix = f"indexed-{kind}"
     url = s3_server.upload_folder(DATASET, prefix)
     client = s3_server.client()
