@@ -178,7 +178,8 @@ class SideColumns:
     ``parts``: each data file of the store (absolute path) -> (rows, bytes); a set's entry for a part
     applies where both agree. Each thread keeps its side files open between reads."""
 
-    def __init__(self, fs: pafs.FileSystem, root: str, record: Record, parts: Mapping[str, tuple[int, int]]) -> None:
+    def __init__(self, fs: pafs.FileSystem, root: str, record: Record, parts: Mapping[str, tuple[int, int]],
+                 keep_uncovered: bool = False) -> None:
         self._filesystem, self._pid, self.root = fs, os.getpid(), root
         self.sets: list[ColumnSet] = []
         self.files: list[dict[str, str]] = []  # per set: part path -> side file path (absolute)
@@ -186,7 +187,7 @@ class SideColumns:
             found = {path: fsutil.join(root, side.file) for path, (rows, size) in parts.items()
                      if (side := column_set.parts.get(part_of(root, path))) is not None
                      and (side.rows, side.part_bytes) == (rows, size)}
-            if found:
+            if found or keep_uncovered:
                 self.sets.append(column_set)
                 self.files.append(found)
         self.fields: list[UnischemaField] = [f for s in self.sets for f in s.fields]
@@ -219,7 +220,7 @@ class SideColumns:
         """What names the values of the side columns among ``names``: their sets' side-file folders and
         names (a backfill writes new files), for cache keys."""
         wanted = sorted({self.set_of[n] for n in names if n in self.set_of})
-        return [f"{self.sets[k].name}:{sorted(self.files[k].values())[0]}" for k in wanted]
+        return [f"{self.sets[k].name}:{min(self.files[k].values(), default='-')}" for k in wanted]
 
     def read(self, path: str, row_group: int, num_rows: int, names: Sequence[str], verify: bool) -> pa.Table:
         """Side columns ``names`` of row group ``row_group`` of part ``path`` (``num_rows`` rows), in
@@ -288,10 +289,13 @@ def check_side(fs: pafs.FileSystem, path: str, group_rows: Sequence[int]) -> int
 def side_columns(fs: pafs.FileSystem, root: str, parts: Mapping[str, tuple[int, int]],
                  record: Record | None = None) -> SideColumns | None:
     """The column sets of ``record`` (a version's; by default those of a dataset that records no versions, in
-    ``_unihub_columns.json``) that apply to the data files ``parts`` of the dataset at ``root``; None where none do."""
+    ``_unihub_columns.json``) that apply to the data files ``parts`` of the dataset at ``root``; None where none do.
+    A version's sets are its fields even where a delete left them no covered row (they read as nulls); the sets
+    of ``_unihub_columns.json`` only where they cover a part (a dataset overwritten since drops them)."""
+    of_version = record is not None
     if record is None:
         record, _ = read_record(fs, root)
     if not record.sets:
         return None
-    side = SideColumns(fs, root, record, parts)
+    side = SideColumns(fs, root, record, parts, keep_uncovered=of_version)
     return side if side else None

@@ -733,6 +733,26 @@ def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: p
     assert ids(url) == [0, 2, 4, 5] and labels(url) == [0, 2, 4, 5] and labels(url, version=2)[1] == -1
 
 
+def test_a_delete_of_every_row_a_set_covers_keeps_its_field_as_nulls(tmp_path: Path) -> None:
+    """A version's column sets are its fields whatever rows are left: the schema does not lose a field
+    because a delete removed the rows its set covered (the appended rows read it as nulls, as before)."""
+    import pyarrow.compute as pc
+
+    from unihub import add_column
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    add_column(url, LABEL, np.arange(6) * 10)
+    write_dataset(url, SCHEMA, rows(6, 9), mode="append")  # rows no set covers
+    versions.delete_rows(url, pc.field("id") < 6)
+    assert ids(url) == [6, 7, 8]
+    assert "label" in open_dataset(url).schema.fields
+    assert labels(url) == [None, None, None]
+    with make_reader(url, schema_fields=["id", "label"], shuffle_row_groups=False) as reader:
+        assert [(int(r.id), r.label) for r in reader] == [(6, None), (7, None), (8, None)]
+    assert labels(url, version=3) == [0, 10, 20, 30, 40, 50, None, None, None]  # before the delete
+
+
 def test_a_dataset_with_sets_from_before_versions_keeps_them_in_version_1(tmp_path: Path) -> None:
     """``_unihub_columns.json`` (sets added before versions held them) is version 1's; the next commit records it."""
     from unihub import add_column, list_columns
