@@ -5,7 +5,8 @@ chunks of rows gathered into numpy columns) go through one ``Dataset.from_genera
 flat numpy arrays, and a ``map`` rebuilds the namedtuple of tensors inside the graph.
 So the per-row Python cost of Petastorm's bridge (one generator call per row) is gone.
 :func:`make_tf_dataset` shuffles in numpy; without ragged fields the reader's chunks cross whole
-and TensorFlow cuts the batches (``Dataset.rebatch``), else numpy re-batches, one call per batch.
+and TensorFlow cuts the batches (``Dataset.rebatch``), else numpy re-batches, one call per batch;
+image batches (shuffled or not) are cut in numpy from the encoded images, then each decoded whole.
 The datasets made here leave tf.data's autotuning off (see :func:`~unihub.bridges.tf.assemble.without_autotune`).
 
 How values are typed (from the Unischema, see :func:`output_signature`):
@@ -102,7 +103,7 @@ __all__ = ["AUTOTUNE", "PRESENT_SUFFIX", "READ_AGAIN_WARNING", "ROW_CHUNK", "fil
 AUTOTUNE = -1
 
 
-#: a shuffled dataset's images are decoded after the shuffle where the reader can hand them out
+#: a dataset's images are decoded after the shuffle and the cut where the reader can hand them out
 #: encoded (readers/late_decode.py); False decodes them in the reader (the same batches)
 LATE_DECODING = True
 
@@ -181,11 +182,10 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     # dense fields cross in the reader's (shuffled) chunks and TensorFlow cuts the batches
     # (``rebatch``, in C++): each crossing costs ~1 ms of Python under the GIL, which the
     # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
-    # only numpy can re-batch. Unshuffled images are decoded after numpy cut the batches, each into
-    # its own memory, which crosses whole: a batch across two reader batches is not copied
-    late_in_order = bool(batch_size) and not shuffle_buffer and _decodes_in_order(reader_or_url, owned, plans, batched,
-                                                                                  reader_kwargs)
-    in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans) and not late_in_order
+    # only numpy can re-batch. Images are decoded after numpy cut the batches (after the shuffle buffer's
+    # draw, shuffled), each into its own memory, which crosses whole: no batch is copied
+    late_cut = bool(batch_size) and _decodes_cut_batches(reader_or_url, owned, plans, batched, reader_kwargs)
+    in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans) and not late_cut
 
     def source() -> Iterator[Columns]:
         k = next(iterations)
@@ -202,7 +202,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
             rng = np.random.default_rng(None if seed is None else [seed, k]) if shuffle_buffer else None
             yield from _batches(reader, plans, batch_size or ROW_CHUNK, shuffle_buffer, rng,
                                 rebatch=(batch_size, drop_remainder) if batch_size and not in_graph else None,
-                                emitted=emitted, late_in_order=late_in_order)
+                                emitted=emitted, late_cut=late_cut)
         finally:
             if owned:
                 reader.stop()
@@ -257,10 +257,10 @@ def _given(reader: Any, reader_kwargs: dict[str, Any]) -> _Layout:
     return plans, reader.batched, row_type_with_masks(reader.schema._get_namedtuple(), plans), None, None
 
 
-def _decodes_in_order(reader_or_url: Any, owned: bool, plans: Sequence[FieldPlan], batched: bool,
-                      reader_kwargs: dict[str, Any]) -> bool:
-    """Whether an unshuffled :func:`make_tf_dataset` cuts its batches from encoded images and decodes each
-    batch after (:func:`_batches`): a batch reader with image fields that keeps every row (with
+def _decodes_cut_batches(reader_or_url: Any, owned: bool, plans: Sequence[FieldPlan], batched: bool,
+                         reader_kwargs: dict[str, Any]) -> bool:
+    """Whether :func:`make_tf_dataset` cuts its batches from encoded images (shuffled or not) and decodes
+    each batch after (:func:`_batches`): a batch reader with image fields that keeps every row (with
     ``on_decode_error='skip'`` a row dropped after the cut would leave its batch short)."""
     if not (LATE_DECODING and batched and any(isinstance(p.field.codec, CompressedImageCodec) for p in plans)):
         return False
@@ -271,19 +271,19 @@ def _decodes_in_order(reader_or_url: Any, owned: bool, plans: Sequence[FieldPlan
 
 def _batches(reader: Any, plans: Sequence[FieldPlan], chunk_rows: int, shuffle_buffer: int,
              rng: np.random.Generator | None, rebatch: tuple[int, bool] | None,
-             emitted: Emitted | None = None, late_in_order: bool = False) -> Iterator[Columns]:
+             emitted: Emitted | None = None, late_cut: bool = False) -> Iterator[Columns]:
     """One iteration's columns of ``reader`` (a row reader's gathered ``chunk_rows`` at a time): shuffled
     through ``shuffle_buffer`` rows by ``rng``, their images decoded after the shuffle where the reader can
     give them encoded, and with ``rebatch=(size, drop_remainder)`` re-batched in numpy (else the chunks,
-    which TensorFlow cuts); ``emitted`` records which rows the shuffle let out, in order. ``late_in_order``
-    (unshuffled, re-batched): the batches are cut from encoded images, each then decoded whole."""
+    which TensorFlow cuts); ``emitted`` records which rows the shuffle let out, in order. ``late_cut``
+    (re-batched): the batches are cut from encoded images (after the shuffle), each then decoded whole."""
     # images decoded after the shuffle: a batch reader's (a row reader's rows are gathered as they are)
-    later = (bool(shuffle_buffer) or (late_in_order and rebatch is not None)) and LATE_DECODING and reader.batched
+    later = (bool(shuffle_buffer) or (late_cut and rebatch is not None)) and LATE_DECODING and reader.batched
     with decoded_later(reader, later) as late:
         batches = column_batches(reader, plans, chunk_rows)
         if shuffle_buffer and rng is not None:
             batches = shuffled(batches, shuffle_buffer, rng, emitted)
-        if late is not None and not shuffle_buffer and rebatch is not None:
+        if late is not None and late_cut and rebatch is not None:
             yield from decode_late(rebatched(batches, *rebatch), late, whole=True)
             return
         if late is not None:

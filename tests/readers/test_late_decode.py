@@ -705,20 +705,21 @@ def test_make_tf_dataset_unshuffled_skipping_corrupt_images_decodes_in_the_reade
     assert all(len(b) == 32 for b in ids[:-1])
 
 
+@pytest.mark.parametrize("shuffle", [0, 100], ids=["unshuffled", "shuffled"])
 @pytest.mark.parametrize("hold", [True, False], ids=["batches-held", "batches-dropped"])
-def test_make_tf_dataset_unshuffled_reuses_an_images_room_only_once_nothing_views_it(dataset, monkeypatch,
-                                                                                    hold) -> None:
+def test_make_tf_dataset_reuses_an_images_room_only_once_nothing_views_it(dataset, monkeypatch, hold,
+                                                                          shuffle) -> None:
     """Large image batches are decoded into recycled memory (TensorFlow leaves glibc mapping new pages for
-    each): a batch the program still holds keeps its values, however far the epoch goes; dropped, its
-    memory serves a later batch."""
+    each), shuffled or not: a batch the program still holds keeps its values, however far the epoch goes;
+    dropped, its memory serves a later batch."""
     pytest.importorskip("tensorflow")
     from unihub.bridges.tf import dataset as tf_bridge
     from unihub.bridges.tf import sources
 
     def batches(late: bool) -> list[Any]:
         monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
-        ds = tf_bridge.make_tf_dataset(dataset, batch_size=32, shuffle_row_groups=False,
-                                       schema_fields=["id", "photo", "vec"])
+        ds = tf_bridge.make_tf_dataset(dataset, batch_size=32, shuffle_row_groups=False, shuffle_buffer=shuffle,
+                                       seed=4, schema_fields=["id", "photo", "vec"])
         return [b if hold or not late else {k: v.numpy().copy() for k, v in b.items()} for b in ds]
 
     eager = [{k: v.numpy() for k, v in b.items()} for b in batches(False)]
@@ -734,3 +735,79 @@ def test_make_tf_dataset_unshuffled_reuses_an_images_room_only_once_nothing_view
         assert len(set(pieces)) == len(pieces), "no memory of a batch held was given to another"
     else:
         assert len(set(pieces)) < len(pieces) // 2, "the memory of dropped batches was reused"
+
+
+@pytest.mark.parametrize("options", [dict(), dict(drop_remainder=True, batch_size=50),
+                                     dict(shuffle_buffer=1000, schema_fields=["id", "photo", "vec"]),
+                                     dict(structure="namedtuple", petastorm_types=True, schema_fields=["id", "photo", "vec"])],
+                         ids=["defaults", "drop-remainder", "buffer-over-the-epoch", "namedtuple-petastorm-types"])
+def test_make_tf_dataset_shuffled_decodes_each_cut_batch_after_the_buffers_draw(dataset, decodes, monkeypatch,
+                                                                                options) -> None:
+    """Shuffled, make_tf_dataset cuts its batches from the shuffle buffer's encoded draws and decodes each
+    into its own memory (was: each draw decoded in pieces, then TensorFlow's rebatch copying the batches):
+    the same rows in the same batches, bit for bit, as the reader decoding them before the shuffle."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf import dataset as tf_bridge
+
+    options = dict(dict(batch_size=32, seed=6, shuffle_buffer=100), **options)
+
+    def batches(late: bool) -> list[dict[str, Any]]:
+        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
+        ds = tf_bridge.make_tf_dataset(dataset, **options)
+        return [{k: v.to_list() if hasattr(v, "to_list") else v.numpy()  # a ragged field as lists
+                 for k, v in (b._asdict() if hasattr(b, "_asdict") else b).items()} for b in ds]
+
+    eager = batches(False)
+    assert not decodes
+    late = batches(True)
+    size = options["batch_size"]
+    rows = N // size * size if options.get("drop_remainder") else N
+    assert sum(decodes) == rows, "each batch decoded whole, once"
+    assert set(decodes[:-1]) == {size}
+    assert_same_batches(eager, late)
+    ids = [i for b in late for i in b["id"].tolist()]
+    assert ids != sorted(ids) and len(set(ids)) == len(ids) == rows
+
+
+def test_make_tf_dataset_shuffled_skipping_corrupt_images_drops_the_row_before_the_cut(corrupt_dataset,
+                                                                                      decodes) -> None:
+    """With ``on_decode_error='skip'`` a shuffled dataset decodes each draw before the batches are cut, as
+    before: the corrupt row is dropped and every batch but the last is full."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf.dataset import make_tf_dataset
+
+    with pytest.warns(UserWarning):
+        ds = make_tf_dataset(corrupt_dataset, batch_size=32, shuffle_buffer=100, seed=2, on_decode_error="skip",
+                             schema_fields=["id", "photo"])
+        ids = [b["id"].numpy().tolist() for b in ds]
+    assert sum(decodes) == N, "decoded after the shuffle, in the shuffle buffer's draws"
+    assert sorted(i for b in ids for i in b) == [i for i in range(N) if i != CORRUPT]
+    assert all(len(b) == 32 for b in ids[:-1])
+
+
+@pytest.mark.parametrize("cut", [1, 6, 19])
+def test_make_tf_dataset_shuffled_resume_through_a_position_is_exact(dataset, decodes, cut) -> None:
+    """A ReaderPosition of a shuffled dataset whose batches are decoded after the cut (TensorFlow
+    prefetching decoded batches ahead): the model's first batches as a whole run's, and the rest after the
+    resume every other row once (the buffer's rows read again)."""
+    pytest.importorskip("tensorflow")
+    from unihub.bridges.tf.checkpoint import ReaderPosition
+    from unihub.bridges.tf.dataset import make_tf_dataset
+
+    def run(batches: int | None, state: dict[str, Any] | None = None) -> tuple[list[list[int]], dict[str, Any]]:
+        with make_batch_reader(dataset, shuffle_row_groups=False, workers_count=2) as reader:
+            position = ReaderPosition(reader)
+            if state is not None:
+                position.load_state_dict(state)
+            ds = position.track(make_tf_dataset(reader, batch_size=32, shuffle_buffer=90, seed=3, prefetch=4))
+            iterator = iter(ds)
+            got = [b["id"].numpy().tolist() for _, b in zip(range(batches if batches is not None else 10**6),
+                                                                iterator)]
+            return got, position.state_dict()
+
+    whole, _ = run(None)
+    assert sum(decodes) == N and decodes.count(32) == len(whole) - 1, "each batch decoded whole, after the cut"
+    head, state = run(cut)
+    assert head == whole[:cut]
+    rest, _ = run(None, state)
+    assert sorted(i for b in head + rest for i in b) == list(range(N))
