@@ -89,7 +89,7 @@ from unihub.bridges.tf.sources import (
 )
 from unihub.errors import InvalidArgumentError
 from unihub.readers.batching import columns_length
-from unihub.readers.late_decode import decoded_later
+from unihub.readers.late_decode import cut_pays, decoded_later
 from unihub.readers.reader import Reader, make_batch_reader
 from unihub.readers.weighted import WeightedSamplingReader
 from unihub.schema.codecs import CompressedImageCodec
@@ -184,7 +184,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     # decoding threads then wait for; ragged fields travel as flat values + row lengths, which
     # only numpy can re-batch. Images are decoded after numpy cut the batches (after the shuffle buffer's
     # draw, shuffled), each into its own memory, which crosses whole: no batch is copied
-    late_cut = bool(batch_size) and _decodes_cut_batches(reader_or_url, owned, plans, batched, reader_kwargs)
+    late_cut = bool(batch_size) and _decodes_cut_batches(reader_or_url, owned, plans, batched, reader_kwargs) and \
+        cut_pays([p.field for p in plans], batch_size)
     in_graph = bool(batch_size) and not any(p.ragged_rank for p in plans) and not late_cut
 
     def source() -> Iterator[Columns]:

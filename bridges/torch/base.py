@@ -39,7 +39,7 @@ from unihub.readers.batching import (
     slice_columns,
     take_columns,
 )
-from unihub.readers.late_decode import DecodeAhead, decoded_later
+from unihub.readers.late_decode import DecodeAhead, cut_pays, decoded_later
 from unihub.readers.reader import start_over
 from unihub.schema.codecs import image_pixels_allowed
 
@@ -171,7 +171,8 @@ class LoaderBase:
         """Batches in reader order (see :meth:`_in_order_batches`). The images come encoded where the
         reader can hand them out so and keeps every row (``on_decode_error='raise'``: a dropped row
         would leave a batch short)."""
-        wanted = self._late_decoding and getattr(self.reader, "on_decode_error", "raise") == "raise"
+        wanted = self._late_decoding and getattr(self.reader, "on_decode_error", "raise") == "raise" and \
+            cut_pays(self.reader.schema.fields.values(), self.batch_size)
         with decoded_later(self.reader, wanted) as late:
             yield from self._in_order_batches(late)
 
