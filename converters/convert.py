@@ -338,7 +338,8 @@ def _unconverted(source: ForeignFormat, dst: str) -> tuple[ForeignFormat | None,
     fresh = versions.new_sources([absolute(f) for f in source.files()], converted)
     if not fresh:
         return None, []
-    if converted:
+    if converted and type(source).append_conflict is not ForeignFormat.append_conflict:
+        # only a format that checks (image folders' labels) pays for opening the dataset (every part's footer)
         conflict = source.append_conflict(open_dataset(dst).extra_metadata)
         if conflict:
             raise AppendSchemaError(f"{dst}: the new files of {source.where} cannot be appended: {conflict}; "

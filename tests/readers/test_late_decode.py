@@ -668,17 +668,12 @@ def test_a_torch_worker_decodes_unshuffled_images_into_the_storage_its_batch_lea
     assert copied and max(copied) < photo, "no batch's images were copied, only its ids and vectors"
 
 
-@pytest.mark.parametrize("options", [dict(), dict(drop_remainder=True, batch_size=50),
-                                     dict(shuffle_row_groups=False, schema_fields=["id", "photo", "vec"]),
-                                     dict(structure="namedtuple", petastorm_types=True, schema_fields=["id", "photo", "vec"])],
-                         ids=["defaults", "drop-remainder", "in-file-order-dense", "namedtuple-petastorm-types"])
-def test_make_tf_dataset_unshuffled_decodes_each_cut_batch(dataset, decodes, monkeypatch, options) -> None:
-    """Unshuffled, make_tf_dataset cuts its batches from encoded images and decodes each into its own
-    memory (no batch of two reader batches copied, in TensorFlow or numpy): the same batches, bit for bit."""
+def tf_cut_batches_match_the_readers(dataset: Any, decodes: list[int], monkeypatch: pytest.MonkeyPatch,
+                                     options: dict[str, Any]) -> list[dict[str, Any]]:
+    """make_tf_dataset's batches with ``options``, cut from encoded rows and decoded whole (each batch once,
+    ``decodes`` counting the rows of each decode), bit for bit those of the reader decoding; returns them."""
     pytest.importorskip("tensorflow")
     from unihub.bridges.tf import dataset as tf_bridge
-
-    options = dict(dict(batch_size=32, seed=6), **options)
 
     def batches(late: bool) -> list[dict[str, Any]]:
         monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
@@ -694,6 +689,18 @@ def test_make_tf_dataset_unshuffled_decodes_each_cut_batch(dataset, decodes, mon
     assert sum(decodes) == rows, "each batch decoded whole, once"
     assert set(decodes[:-1]) == {size}
     assert_same_batches(eager, late)
+    return late
+
+
+@pytest.mark.parametrize("options", [dict(), dict(drop_remainder=True, batch_size=50),
+                                     dict(shuffle_row_groups=False, schema_fields=["id", "photo", "vec"]),
+                                     dict(structure="namedtuple", petastorm_types=True, schema_fields=["id", "photo", "vec"])],
+                         ids=["defaults", "drop-remainder", "in-file-order-dense", "namedtuple-petastorm-types"])
+def test_make_tf_dataset_unshuffled_decodes_each_cut_batch(dataset, decodes, monkeypatch, options) -> None:
+    """Unshuffled, make_tf_dataset cuts its batches from encoded images and decodes each into its own
+    memory (no batch of two reader batches copied, in TensorFlow or numpy): the same batches, bit for bit."""
+    options = dict(dict(batch_size=32, seed=6), **options)
+    late = tf_cut_batches_match_the_readers(dataset, decodes, monkeypatch, options)
     if options.get("shuffle_row_groups") is False:
         assert [i for b in late for i in b["id"].tolist()] == list(range(N))
 
@@ -754,25 +761,9 @@ def test_make_tf_dataset_shuffled_decodes_each_cut_batch_after_the_buffers_draw(
     """Shuffled, make_tf_dataset cuts its batches from the shuffle buffer's encoded draws and decodes each
     into its own memory (was: each draw decoded in pieces, then TensorFlow's rebatch copying the batches):
     the same rows in the same batches, bit for bit, as the reader decoding them before the shuffle."""
-    pytest.importorskip("tensorflow")
-    from unihub.bridges.tf import dataset as tf_bridge
-
     options = dict(dict(batch_size=32, seed=6, shuffle_buffer=100), **options)
-
-    def batches(late: bool) -> list[dict[str, Any]]:
-        monkeypatch.setattr(tf_bridge, "LATE_DECODING", late)
-        ds = tf_bridge.make_tf_dataset(dataset, **options)
-        return [{k: v.to_list() if hasattr(v, "to_list") else v.numpy()  # a ragged field as lists
-                 for k, v in (b._asdict() if hasattr(b, "_asdict") else b).items()} for b in ds]
-
-    eager = batches(False)
-    assert not decodes
-    late = batches(True)
-    size = options["batch_size"]
-    rows = N // size * size if options.get("drop_remainder") else N
-    assert sum(decodes) == rows, "each batch decoded whole, once"
-    assert set(decodes[:-1]) == {size}
-    assert_same_batches(eager, late)
+    late = tf_cut_batches_match_the_readers(dataset, decodes, monkeypatch, options)
+    rows = N // options["batch_size"] * options["batch_size"] if options.get("drop_remainder") else N
     ids = [i for b in late for i in b["id"].tolist()]
     assert ids != sorted(ids) and len(set(ids)) == len(ids) == rows
 
