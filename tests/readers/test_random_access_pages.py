@@ -355,10 +355,8 @@ def test_take_on_s3_gets_a_range_per_page(s3_server: Any, dataset: Path, kind: s
     pytest.importorskip("moto")
     import uuid
 
-    from .test_s3 import access
-
     prefix = f"paged-{uuid.uuid4().hex[:8]}"
-    remote = Dataset(s3_server.upload_folder(dataset, prefix), cache_mb=TINY, **access(s3_server, kind))
+    remote = Dataset(s3_server.upload_folder(dataset, prefix), cache_mb=TINY, **s3_server.access(kind))
     assert remote.pages is not None
     rows = np.random.default_rng(6).choice(N, size=24, replace=False)
     remote.take(rows[:1])  # footers, offset indexes, the first group's small columns

@@ -41,17 +41,6 @@ def make_row(i: int) -> dict[str, Any]:
             "emb": rng.standard_normal(2)}
 
 
-def access(s3_server: Any, kind: str) -> dict[str, Any]:
-    """``storage_options=`` (fsspec) or ``filesystem=`` (pyarrow) for the server."""
-    if kind == "fsspec":
-        pytest.importorskip("s3fs")
-        return {"storage_options": s3_server.storage_options()}
-    try:
-        return {"filesystem": s3_server.pyarrow_filesystem()}
-    except ImportError:
-        pytest.skip("this pyarrow build has no S3 support")
-
-
 @pytest.fixture(scope="module")
 def local_dataset(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("s3-local") / "ds"
@@ -79,7 +68,7 @@ def object_keys(s3_server: Any, prefix: str) -> list[str]:
 # -- reading ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_make_reader_on_s3_equals_the_local_read(s3_server, s3_url, local_rows, kind):
-    assert_rows_equal(rows_by_id(make_reader(s3_url, workers_count=4, **access(s3_server, kind))), local_rows)
+    assert_rows_equal(rows_by_id(make_reader(s3_url, workers_count=4, **s3_server.access(kind))), local_rows)
 
 
 @pytest.mark.parametrize("kind", FILESYSTEMS)
@@ -90,13 +79,13 @@ def test_make_batch_reader_on_s3_equals_the_local_read(s3_server, s3_url, local_
         return {name: np.concatenate([getattr(b, name) for b in batches]) for name in ("id", "vec", "score")}
 
     expected = columns(local_dataset)
-    for name, values in columns(s3_url, **access(s3_server, kind)).items():
+    for name, values in columns(s3_url, **s3_server.access(kind)).items():
         np.testing.assert_array_equal(values, expected[name])
 
 
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_open_dataset_on_s3(s3_server, s3_url, local_dataset, kind):
-    store = open_dataset(s3_url, **access(s3_server, kind))
+    store = open_dataset(s3_url, **s3_server.access(kind))
     local = open_dataset(local_dataset)
     assert store.schema == local.schema and store.schema_source == "unihub"
     assert store.num_rows == N and len(store.row_groups) == len(local.row_groups) > 3
@@ -118,9 +107,9 @@ def test_inspect_on_s3(s3_server, s3_url, capsys, monkeypatch):
 def test_missing_bucket_or_key_is_dataset_not_found(s3_server, kind):
     for url in (f"s3://{s3_server.bucket}/no-such-dataset", "s3://no-such-bucket/ds"):
         with pytest.raises(DatasetNotFoundError, match=url):
-            open_dataset(url, **access(s3_server, kind))
+            open_dataset(url, **s3_server.access(kind))
         with pytest.raises(DatasetNotFoundError, match=url):
-            make_reader(url, **access(s3_server, kind))
+            make_reader(url, **s3_server.access(kind))
 
 
 def test_inspect_missing_dataset_is_one_line(s3_server, capsys):
@@ -149,15 +138,15 @@ def test_a_foreign_file_is_detected_through_the_endpoint_of_its_url(s3_server):
 def test_write_dataset_to_s3(s3_server, local_rows, kind):
     prefix = f"written-{kind}-{uuid.uuid4().hex[:8]}"
     url = f"s3://{s3_server.bucket}/{prefix}"
-    result = write_dataset(url, SCHEMA, (make_row(i) for i in range(N)), **WRITE_OPTIONS, **access(s3_server, kind))
+    result = write_dataset(url, SCHEMA, (make_row(i) for i in range(N)), **WRITE_OPTIONS, **s3_server.access(kind))
     assert result.num_rows == N
     keys = object_keys(s3_server, prefix)
     assert f"{prefix}/_common_metadata" in keys and len([k for k in keys if k.endswith(".parquet")]) == 3
     assert not object_keys(s3_server, f".{prefix}"), "the temporary sibling was left behind"
-    assert_rows_equal(rows_by_id(make_reader(url, **access(s3_server, kind))), local_rows)
+    assert_rows_equal(rows_by_id(make_reader(url, **s3_server.access(kind))), local_rows)
 
-    write_dataset(url, SCHEMA, (make_row(i) for i in range(5)), overwrite=True, **access(s3_server, kind))
-    assert open_dataset(url, **access(s3_server, kind)).num_rows == 5
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(5)), overwrite=True, **s3_server.access(kind))
+    assert open_dataset(url, **s3_server.access(kind)).num_rows == 5
     assert not object_keys(s3_server, f".{prefix}")
 
 
@@ -168,7 +157,7 @@ def test_cache_second_epoch_makes_no_remote_reads(s3_server, s3_url, local_rows,
     cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26,
              "cache_extra_settings": {"cleanup": False}}  # kept after the reader, for the next one
     reader = make_reader(s3_url, reader_pool_type="dummy", num_epochs=2, shuffle_row_groups=False, **cache,
-                         **access(s3_server, kind))
+                         **s3_server.access(kind))
     s3_server.requests.clear()
     with reader:
         first = {int(row.id): row for row in (next(reader) for _ in range(N))}
@@ -179,7 +168,7 @@ def test_cache_second_epoch_makes_no_remote_reads(s3_server, s3_url, local_rows,
     assert_rows_equal(first, local_rows)
     assert_rows_equal(second, local_rows)
 
-    reader = make_reader(s3_url, workers_count=4, **cache, **access(s3_server, kind))  # a new reader, warm cache
+    reader = make_reader(s3_url, workers_count=4, **cache, **s3_server.access(kind))  # a new reader, warm cache
     s3_server.requests.clear()
     assert_rows_equal(rows_by_id(reader), local_rows)
     assert s3_server.requests.object_reads(key_prefix) == []
@@ -190,7 +179,7 @@ def test_cache_with_process_pool_on_s3(s3_server, s3_url, local_rows, tmp_path, 
     """The pool forks: s3fs refuses a forked instance (re-created from its options), the AWS SDK is re-used."""
     cache = {"cache_type": "local-disk", "cache_location": str(tmp_path / "cache"), "cache_size_limit": 2**26,
              "cache_extra_settings": {"cleanup": False}}  # kept after the reader, for the next one
-    options = access(s3_server, kind)
+    options = s3_server.access(kind)
     key_prefix = s3_url[len("s3://"):]
     cold = rows_by_id(make_reader(s3_url, reader_pool_type="process", workers_count=2, **cache, **options))
     reader = make_reader(s3_url, reader_pool_type="process", workers_count=2, **cache, **options)
