@@ -175,6 +175,9 @@ def _before_clock(argv: list[str]) -> None:
         import ray
 
         job = json.loads(argv[0])
+        # Ray's workers unpickle this module's pipeline functions by reference (peers_side._ray_decode): they
+        # import it from this folder, which their sys.path has only through PYTHONPATH
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                  _temp_dir=job.get("scratch"), logging_level="ERROR")
         ray.data.DataContext.get_current().enable_progress_bars = False

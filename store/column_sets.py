@@ -9,7 +9,9 @@ pyarrow's ``ParquetDataset``: they read the parts alone, as before)::
       _unihub_columns/<set>/unihub-<run>-part-00000.parquet     set <set>'s side file for part-00000
 
 A row is identified by (part file, row index in it); parts are immutable. A side file holds a set's
-columns for one part: the same rows and the same row-group boundaries, so row group g of the part
+columns for one part (or several sets' columns: an add folds the part's small side files into the one it
+writes, :data:`unihub.store.columns.FOLD_MAX_BYTES`, and the sets' entries name the same file, read once):
+the same rows and the same row-group boundaries, so row group g of the part
 joins row group g of the side file one to one, with no key join. ``ParquetStore.read_row_group``
 (store/dataset.py), which every reader, bridge, random access, ``show`` and export reads through,
 reads a side file only when its columns are asked for: a reader that does not select them pays
@@ -45,6 +47,7 @@ from unihub.errors import DatasetChangedError, FormatError, UnihubError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
 from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.store import footer_cache
 
 #: the record of a dataset's sets before versions held them (fs/publish.py's clean-up keeps its files)
 RECORD = publish.COLUMNS_RECORD
@@ -183,10 +186,12 @@ class SideColumns:
         self._filesystem, self._pid, self.root = fs, os.getpid(), root
         self.sets: list[ColumnSet] = []
         self.files: list[dict[str, str]] = []  # per set: part path -> side file path (absolute)
+        relative_parts = [(path, part_of(root, path), rows, size) for path, (rows, size) in parts.items()]
+        absolute: dict[str, str] = {}  # sets folded into one file name it once (store/columns.py)
         for column_set in record.sets:
-            found = {path: fsutil.join(root, side.file) for path, (rows, size) in parts.items()
-                     if (side := column_set.parts.get(part_of(root, path))) is not None
-                     and (side.rows, side.part_bytes) == (rows, size)}
+            found = {path: absolute.get(side.file) or absolute.setdefault(side.file, fsutil.join(root, side.file))
+                     for path, rel, rows, size in relative_parts
+                     if (side := column_set.parts.get(rel)) is not None and (side.rows, side.part_bytes) == (rows, size)}
             if found or keep_uncovered:
                 self.sets.append(column_set)
                 self.files.append(found)
@@ -226,11 +231,10 @@ class SideColumns:
         """Side columns ``names`` of row group ``row_group`` of part ``path`` (``num_rows`` rows), in
         storage form; nulls for a part their set does not cover."""
         columns: dict[str, pa.ChunkedArray | pa.Array] = {}
-        by_set: dict[int, list[str]] = {}
+        by_file: dict[str | None, list[str]] = {}  # sets folded into one file (store/columns.py): read at once
         for name in names:
-            by_set.setdefault(self.set_of[name], []).append(name)
-        for k, wanted in by_set.items():
-            side = self.files[k].get(path)
+            by_file.setdefault(self.files[self.set_of[name]].get(path), []).append(name)
+        for side, wanted in by_file.items():
             if side is None:
                 columns.update((n, pa.nulls(num_rows, self._storage[n].type)) for n in wanted)
                 continue
@@ -263,13 +267,17 @@ class SideColumns:
             return found
         if len(held.files) >= 2 * len(self.sets):
             held.files.clear()
+        local = fsutil.on_local_disk(self.filesystem)
         try:
-            handle = fsutil.open_local(side) if fsutil.on_local_disk(self.filesystem) \
-                else self.filesystem.open_input_file(side)
+            key = footer_cache.stat_key(side) if local else None
+            handle = fsutil.open_local(side) if local else self.filesystem.open_input_file(side)
         except FileNotFoundError as exc:
             raise DatasetChangedError(f"{side}: the column set's file is gone since the dataset was opened (a vacuum "
                                       "removed the version read); open the dataset again", path=side) from exc
-        found = held.files[(side, verify)] = pq.ParquetFile(handle, page_checksum_verification=verify)
+        footer = footer_cache.FOOTERS.get(key)  # read by an earlier open of this process
+        found = held.files[(side, verify)] = pq.ParquetFile(handle, metadata=footer, page_checksum_verification=verify)
+        if footer is None:
+            footer_cache.FOOTERS.put(key, found.metadata)
         return found
 
 

@@ -2,9 +2,10 @@
 
 A label, an embedding or a train/val split computed after the images were written is stored as a
 column set beside the parts (the layout and the reading: :mod:`unihub.store.column_sets`): one side
-file per part, with the part's rows and row-group boundaries, holding only the new columns. The bytes
-written are the new columns' own (a float32[512] embedding for 1M rows: ~2 GB, whatever the images
-weigh); the parts are not touched. Writing a set again under its name (``replace=True``) backfills it:
+file per part, with the part's rows and row-group boundaries, holding the new columns and those of the
+part's other sets whose side files are small (:data:`FOLD_MAX_BYTES`: folded in, so a part's small sets are
+one file to open and read). The bytes written are the new columns' own and at most those small files'
+(a float32[512] embedding for 1M rows: ~2 GB, whatever the images weigh); the parts are not touched. Writing a set again under its name (``replace=True``) backfills it:
 the new set replaces the old one in one step.
 
 Every add, backfill and removal is a version of the dataset (:func:`unihub.store.versions.commit_columns`,
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 import numpy as np
@@ -36,7 +38,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import ColumnSetError, ConcurrentCommitError, DatasetNotFoundError
+from unihub.errors import ColumnSetError, ConcurrentCommitError, DatasetNotFoundError, FormatError
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
@@ -108,8 +110,8 @@ def add_columns(url: str | os.PathLike[str], fields: Sequence[UnischemaField], v
     versions.remove_orphans(fs, root, current)  # what killed adds and appends left
     written: list[str] = []
     try:
-        parts, size = _write_sides(store, name, added, values, inputs, run, written, compression)
-        change = _SetChange(root, name, record.named(name), ColumnSet(name, added, parts))
+        parts, folds, size = _write_sides(store, record, name, added, values, inputs, run, written, compression)
+        change = _SetChange(root, name, record.named(name), ColumnSet(name, added, parts), folds)
         version = versions.commit_columns(fs, root, base, change.onto, operation="add_columns", tag=tag)
     except BaseException:
         for path in written:
@@ -174,6 +176,9 @@ class _SetChange:
     name: str
     before: ColumnSet | None
     after: ColumnSet | None
+    #: other sets' side files for a part folded into this set's new one: set name -> part -> (its entry in the
+    #: version the change was made from, its entry now: the new file)
+    folds: Mapping[str, Mapping[str, tuple[SidePart, SidePart]]] = field(default_factory=dict)
 
     def onto(self, latest: versions.Version) -> tuple[dict[str, Any], ...]:
         """``latest``'s column sets with the change; a :class:`ConcurrentCommitError` where another commit changed
@@ -193,7 +198,17 @@ class _SetChange:
             raise ConcurrentCommitError(f"{self.root}: another commit (version {latest.number}) "
                                         + (f"added field(s) {taken}" if taken else f"rewrote part(s) {gone[:3]}")
                                         + f" meanwhile; nothing of column set {self.name!r} was published: run it again")
-        return Record(tuple(s for s in record.sets if s.name != self.name) + (self.after,)).as_version()
+        return Record(tuple(self._folded(s) for s in record.sets if s.name != self.name) + (self.after,)).as_version()
+
+    def _folded(self, column_set: ColumnSet) -> ColumnSet:
+        """``column_set`` reading the parts whose side file was folded into this set's new file from there, where
+        its entry is still the one folded (a commit meanwhile that rewrote it keeps its own: the copy is unused)."""
+        moved = self.folds.get(column_set.name)
+        if not moved:
+            return column_set
+        parts = {rel: moved[rel][1] if rel in moved and moved[rel][0] == side else side
+                 for rel, side in column_set.parts.items()}
+        return ColumnSet(column_set.name, column_set.fields, parts)
 
 
 def _check_new(store: ParquetStore, record: Record, name: str, fields: Sequence[UnischemaField],
@@ -262,40 +277,99 @@ def _groups_by_file(store: ParquetStore) -> Iterator[tuple[str, list[RowGroupInf
             yield f.path, []
 
 
-def _write_sides(store: ParquetStore, name: str, fields: tuple[UnischemaField, ...], values: Values,
-                 inputs: Sequence[str], run: str, written: list[str],
-                 compression: str | None) -> tuple[dict[str, SidePart], int]:
-    """Write one side file per part (``written`` grows as they are); returns the record's entries and
-    the bytes written."""
+#: another set's side file for a part up to this size is folded into the file a new set writes for the part
+#: (its columns copied in; the set then reads them from there): a part's small sets end in one file, opened
+#: and read once instead of once per set. Larger ones (embeddings) stay where they are: not written again.
+FOLD_MAX_BYTES = 4 << 20
+
+
+@dataclass
+class _Fold:
+    """Side files of other sets for one part, copied into the new set's file: each file open, the sets (and
+    their entries) read from it, the columns to copy."""
+
+    file: pq.ParquetFile
+    path: str
+    sets: list[tuple[ColumnSet, SidePart]]
+    names: list[str]
+
+
+def _folds_for(store: ParquetStore, record: Record, name: str, rel: str, rows: int, part_bytes: int,
+               stack: ExitStack) -> list[_Fold]:
+    """The side files of ``record``'s other sets for part ``rel`` (``rows``, ``part_bytes``: the part as it is)
+    small enough to fold (``FOLD_MAX_BYTES``), opened in ``stack``."""
+    by_file: dict[str, list[tuple[ColumnSet, SidePart]]] = {}
+    for column_set in record.sets:
+        side = column_set.parts.get(rel)
+        if column_set.name != name and side is not None and (side.rows, side.part_bytes) == (rows, part_bytes):
+            by_file.setdefault(side.file, []).append((column_set, side))
+    folds = []
+    for side_rel, sets in by_file.items():
+        path = fsutil.join(store.path, side_rel)
+        handle = stack.enter_context(store.filesystem.open_input_file(path))
+        if handle.size() > FOLD_MAX_BYTES:
+            continue
+        names = [f.name for column_set, _ in sets for f in column_set.fields]
+        folds.append(_Fold(pq.ParquetFile(handle, **integrity.READ_OPTIONS), path, sets, names))
+    return folds
+
+
+def _folded_columns(folds: Sequence[_Fold], info: RowGroupInfo) -> list[pa.ChunkedArray]:
+    """The folded sets' columns of the part's row group ``info``, as stored."""
+    group = info.row_group
+    columns: list[pa.ChunkedArray] = []
+    for fold in folds:
+        metadata = fold.file.metadata
+        if group >= metadata.num_row_groups or metadata.row_group(group).num_rows != info.num_rows:
+            raise FormatError(f"{fold.path}: its row groups are not its part's (row group {group} of {info.num_rows} "
+                              f"rows; the file has {metadata.num_row_groups})", path=fold.path)
+        table = fold.file.read_row_group(group, columns=fold.names, use_threads=False)
+        columns.extend(table.column(n) for n in fold.names)
+    return columns
+
+
+def _write_sides(store: ParquetStore, record: Record, name: str, fields: tuple[UnischemaField, ...], values: Values,
+                 inputs: Sequence[str], run: str, written: list[str], compression: str | None
+                 ) -> tuple[dict[str, SidePart], dict[str, dict[str, tuple[SidePart, SidePart]]], int]:
+    """Write one side file per part (``written`` grows as they are), with the columns of ``record``'s other sets
+    whose side file for the part is small folded in (``FOLD_MAX_BYTES``); returns the set's entries, the
+    folded sets' (set -> part -> (old entry, new)) and the bytes written."""
     fs, root = store.filesystem, store.path
-    schema = Unischema(name, fields)
-    file_schema = schema.as_parquet_schema()
-    storage = schema.as_arrow_schema(with_metadata=False)
     sizes = {f.path: f for f in store.files}
-    # as write_dataset stores them: images not compressed again, tensors and images without dictionaries
-    images = {f.name for f in fields if isinstance(f.codec, CompressedImageCodec)}
-    plain = [f.name for f in fields if f.name not in images and parquet_tensor_type(f) is None]
-    compressions = {f.name: "none" if f.name in images else compression or "none" for f in fields}
     parts: dict[str, SidePart] = {}
+    folded: dict[str, dict[str, tuple[SidePart, SidePart]]] = {}
     total = 0
     for path, groups in _groups_by_file(store):
         rel = column_sets.relative(root, path)
         head, _, base = rel.rpartition("/")
         side_rel = "/".join(p for p in (column_sets.DIRECTORY, name, head, f"unihub-{run}-{base}") if p)
         side = fsutil.join(root, side_rel)
-        fs.create_dir(side.rpartition("/")[0], recursive=True)
-        written.append(side)
-        with pq.ParquetWriter(side, file_schema, filesystem=fs, store_schema=True, compression=compressions,
-                              use_dictionary=plain, write_statistics=plain, **integrity.WRITE_OPTIONS) as writer:
-            for info in groups:
-                batch = _group_values(store, info, schema, storage, values, inputs)
-                writer.write_table(pa.Table.from_batches([batch], schema=file_schema),
-                                   row_group_size=max(1, info.num_rows))
-        footer = column_sets.check_side(fs, side, [info.num_rows for info in groups])
-        info_ = sizes[path]
-        parts[rel] = SidePart(side_rel, info_.num_rows, info_.size_bytes)
-        total += footer
-    return parts, total
+        part = sizes[path]
+        with ExitStack() as stack:
+            folds = _folds_for(store, record, name, rel, part.num_rows, part.size_bytes, stack)
+            others = [f for fold in folds for column_set, _ in fold.sets for f in column_set.fields]
+            schema = Unischema(name, fields)
+            file_schema = Unischema(name, [*fields, *others]).as_parquet_schema()
+            storage = schema.as_arrow_schema(with_metadata=False)
+            # as write_dataset stores them: images not compressed again, tensors and images without dictionaries
+            everything = [*fields, *others]
+            images = {f.name for f in everything if isinstance(f.codec, CompressedImageCodec)}
+            plain = [f.name for f in everything if f.name not in images and parquet_tensor_type(f) is None]
+            compressions = {f.name: "none" if f.name in images else compression or "none" for f in everything}
+            fs.create_dir(side.rpartition("/")[0], recursive=True)
+            written.append(side)
+            with pq.ParquetWriter(side, file_schema, filesystem=fs, store_schema=True, compression=compressions,
+                                  use_dictionary=plain, write_statistics=plain, **integrity.WRITE_OPTIONS) as writer:
+                for info in groups:
+                    batch = _group_values(store, info, schema, storage, values, inputs)
+                    writer.write_table(pa.table([*batch.columns, *_folded_columns(folds, info)],
+                                                schema=file_schema), row_group_size=max(1, info.num_rows))
+        total += column_sets.check_side(fs, side, [info.num_rows for info in groups])
+        parts[rel] = SidePart(side_rel, part.num_rows, part.size_bytes)
+        for fold in folds:
+            for column_set, entry in fold.sets:
+                folded.setdefault(column_set.name, {})[rel] = (entry, SidePart(side_rel, entry.rows, entry.part_bytes))
+    return parts, folded, total
 
 
 def _group_values(store: ParquetStore, info: RowGroupInfo, schema: Unischema, storage: pa.Schema,

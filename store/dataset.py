@@ -60,7 +60,7 @@ from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_p
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
-from unihub.store import column_sets, integrity, versions
+from unihub.store import column_sets, footer_cache, integrity, versions
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -1137,10 +1137,23 @@ def _local_tree(root: str) -> list[str]:
 
 
 def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None,
-                  handles: dict[str, Any] | None = None) -> pq.FileMetaData:
+                  handles: dict[str, Any] | None = None, mtime_ns: int | None = None) -> pq.FileMetaData:
     """The Parquet footer of the file at ``path``; an unreadable or truncated one is a named error.
     With its ``size`` (from a listing), a remote file's footer is one ranged GET of its tail (the
-    file kept open in ``handles`` where opening costs a request: ``remote.read_range``)."""
+    file kept open in ``handles`` where opening costs a request: ``remote.read_range``); with its size
+    and ``mtime_ns`` too, a local file's footer read before in this process is not read again
+    (store/footer_cache.py)."""
+    key = footer_cache.key_of(path, size, mtime_ns) if isinstance(fs, pafs.LocalFileSystem) else None
+    found = footer_cache.FOOTERS.get(key)
+    if found is not None:
+        return found
+    footer = _read_metadata(fs, path, size, handles)
+    footer_cache.FOOTERS.put(key, footer)
+    return footer
+
+
+def _read_metadata(fs: pafs.FileSystem, path: str, size: int | None, handles: dict[str, Any] | None
+                   ) -> pq.FileMetaData:
     try:
         if size is not None and size >= _FOOTER_TAIL and not isinstance(fs, pafs.LocalFileSystem):
             footer = _footer_from_tail(fs, path, size, handles)
@@ -1203,7 +1216,8 @@ def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs
     threads contending for the GIL make dearer (100 footers: ~19 ms of CPU in threads, ~12 ms here)."""
     def read(path: str) -> pq.FileMetaData:
         entry = sizes.get(path) if sizes is not None else None
-        return read_metadata(fs, path, entry.size if entry is not None and entry.size else None, handles)
+        return read_metadata(fs, path, entry.size if entry is not None and entry.size else None, handles,
+                             entry.mtime_ns if entry is not None else None)
 
     serial = 1 if at_once else _LOCAL_SERIAL_FOOTERS if isinstance(fs, pafs.LocalFileSystem) else 4
     if len(paths) <= serial:

@@ -730,6 +730,24 @@ def _sets_after(record: column_sets.Record, replaced: dict[str, str | None],
     return column_sets.Record(tuple(sets)).as_version()
 
 
+@dataclass
+class _SideRewrite:
+    """A side file of the part being rewritten (opened), the sets that read it (several where small sets were folded
+    into one file: store/columns.py), their columns in it, and where its rewrite goes."""
+
+    targets: list[_SideTarget]
+    file: pq.ParquetFile
+    path: str
+
+    @property
+    def names(self) -> list[str]:
+        return [n for t in self.targets for n in t.storage.names]
+
+    @property
+    def new_rel(self) -> str:
+        return self.targets[0].new_rel  # the same for every set of the file (its folder and name)
+
+
 class _PartRewrite:
     """One part of the version a delete starts from, joined 1:1 by row group with its column sets' side files (the
     sets' fields null where a set does not cover it, as reading does): the predicate sees the added columns too, and
@@ -749,9 +767,13 @@ class _PartRewrite:
         with ExitStack() as stack:
             source = self._open(stack, located(fs, self.root, self.rel))
             size = fs.get_file_info(located(fs, self.root, self.rel)).size
-            covered = [(t, self._open(stack, f"{self.root}/{t.side.file}")) for t in self.targets
-                       if t.side is not None and (t.side.rows, t.side.part_bytes) == (source.metadata.num_rows, size)]
-            uncovered = [t for t in self.targets if all(t is not c for c, _ in covered)]
+            by_file: dict[str, list[_SideTarget]] = {}
+            for t in self.targets:
+                if t.side is not None and (t.side.rows, t.side.part_bytes) == (source.metadata.num_rows, size):
+                    by_file.setdefault(t.side.file, []).append(t)
+            covered = [_SideRewrite(ts, self._open(stack, f"{self.root}/{file}"), f"{self.root}/{file}")
+                       for file, ts in by_file.items()]
+            uncovered = [t for t in self.targets if not any(t is x for c in covered for x in c.targets)]
             needs_sides = bool(self.targets) and _names_added(source.schema_arrow, where)
             counts = [int(self._group(source, i, covered if needs_sides else [], uncovered if needs_sides else [])
                           .filter(where).num_rows) for i in range(source.metadata.num_row_groups)]
@@ -761,49 +783,53 @@ class _PartRewrite:
                 return kept, dropped
             self._write(source, covered, uncovered if needs_sides else [], counts, where, written)
             part_bytes = int(fs.get_file_info(f"{self.root}/{self.new_rel}").size or 0)
-            self.new_sides.update((target.name, SidePart(target.new_rel, kept, part_bytes)) for target, _ in covered)
+            self.new_sides.update((t.name, SidePart(side.new_rel, kept, part_bytes))
+                                  for side in covered for t in side.targets)
         return kept, dropped
 
     def _open(self, stack: ExitStack, path: str) -> pq.ParquetFile:
         return pq.ParquetFile(stack.enter_context(self.fs.open_input_file(path)), **integrity.READ_OPTIONS)
 
-    def _group(self, source: pq.ParquetFile, i: int, covered: list[tuple[_SideTarget, pq.ParquetFile]],
+    def _group(self, source: pq.ParquetFile, i: int, covered: list[_SideRewrite],
                uncovered: list[_SideTarget]) -> pa.Table:
         """Row group ``i`` of the part with the columns of the ``covered`` sets' side files and nulls for those of
         the ``uncovered`` sets, in storage form."""
         group = source.read_row_group(i)
-        for target, side in covered:
-            if i >= side.metadata.num_row_groups or side.metadata.row_group(i).num_rows != group.num_rows:
-                path = f"{self.root}/{target.side.file if target.side else ''}"
-                raise FormatError(f"{path}: its row groups are not its part's ({self.rel}, row group {i})", path=path)
-            table = side.read_row_group(i)
-            for name in target.storage.names:
+        for side in covered:
+            if i >= side.file.metadata.num_row_groups or side.file.metadata.row_group(i).num_rows != group.num_rows:
+                raise FormatError(f"{side.path}: its row groups are not its part's ({self.rel}, row group {i})",
+                                  path=side.path)
+            table = side.file.read_row_group(i, columns=side.names)
+            for name in side.names:
                 group = group.append_column(table.schema.field(name), table.column(name))
         for target in uncovered:
             for fld in target.storage:
                 group = group.append_column(fld, pa.nulls(group.num_rows, fld.type))
         return group
 
-    def _write(self, source: pq.ParquetFile, covered: list[tuple[_SideTarget, pq.ParquetFile]],
-               uncovered: list[_SideTarget], counts: list[int], where: Any, written: list[str]) -> None:
+    def _write(self, source: pq.ParquetFile, covered: list[_SideRewrite], uncovered: list[_SideTarget],
+               counts: list[int], where: Any, written: list[str]) -> None:
         keep = ~where | where.is_null()
-        outputs = [(self.new_rel, source, None)] + [(t.new_rel, side, t) for t, side in covered]
+        # each file as it was: its schema (a side file's columns of the sets that read it), compression
+        outputs = [(self.new_rel, source, source.schema_arrow, False)] + [
+            (side.new_rel, side.file, pa.schema([side.file.schema_arrow.field(n) for n in side.names],
+                                                metadata=side.file.schema_arrow.metadata), True)
+            for side in covered]
         with ExitStack() as writing:  # closed (the files complete) before their sizes are read
             writers = []
-            for rel, model, target in outputs:
+            for rel, model, schema, is_side in outputs:
                 written.append(rel)
-                if target is not None:
+                if is_side:
                     self.fs.create_dir(posixpath.dirname(f"{self.root}/{rel}"), recursive=True)
                 writers.append(writing.enter_context(pq.ParquetWriter(
-                    f"{self.root}/{rel}", model.schema_arrow, filesystem=self.fs, compression=_compression_of(model),
+                    f"{self.root}/{rel}", schema, filesystem=self.fs, compression=_compression_of(model),
                     store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS)))
             for i, matched in enumerate(counts):
                 group = self._group(source, i, covered, uncovered if matched else [])
                 group = group.filter(keep) if matched else group
                 if not group.num_rows:
                     continue
-                for writer, (_, model, _) in zip(writers, outputs):
-                    schema = model.schema_arrow
+                for writer, (_, _, schema, _) in zip(writers, outputs):
                     writer.write_table(pa.table([group.column(n) for n in schema.names], schema=schema),
                                        row_group_size=group.num_rows)
 

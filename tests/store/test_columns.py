@@ -559,3 +559,151 @@ def test_side_files_are_read_whole_and_large_files_mapped(pics: Path, monkeypatc
         np.testing.assert_array_equal(ids_a, ids_b)
         np.testing.assert_array_equal(emb_a, emb_b)
         np.testing.assert_array_equal(emb_a, embedding(ids_a))
+
+
+LABEL = UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), True)
+
+
+def side_entries(path: Path, version: int | None = None) -> dict[str, dict[str, str]]:
+    """Each set of a version (the latest by default): part -> its side file."""
+    listed = versions.list_versions(path)
+    chosen = listed[-1] if version is None else next(v for v in listed if v.number == version)
+    return {s["name"]: {rel: side["file"] for rel, side in s["parts"].items()} for s in chosen.column_sets}
+
+
+def check_added(path: Path, expected: dict[str, Any], version: int | None = None) -> None:
+    """Every row's added fields (in the dataset's row order) are ``expected``'s, bit for bit, through a reader and
+    through the store's row groups."""
+    store = open_dataset(path, version=version)
+    table = pa.concat_tables([store.read_row_group(g) for g in range(len(store.row_groups))])
+    assert table["id"].to_pylist() == list(range(N))
+    with make_batch_reader(path, version=version, schema_fields=["id", *expected], shuffle_row_groups=False,
+                           workers_count=1) as reader:
+        batches = list(reader)
+    for name, values in expected.items():
+        got = np.concatenate([np.asarray(getattr(b, name)) for b in batches])
+        assert np.asarray(got).tolist() == np.asarray(values).tolist(), name
+        if isinstance(values, np.ndarray) and values.dtype == np.float32:
+            assert np.stack(got).tobytes() == values.tobytes()
+
+
+def test_small_sets_are_folded_into_one_side_file_per_part_read_once(pics: Path, monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    """A set added where the part's other sets' side files are small copies their columns into its own file, and
+    the version reads them all from there: one side file opened per part, not one per set. Older versions read
+    the files they listed; the values are the same bit for bit."""
+    from unihub.fs import filesystem as fsutil
+
+    ids = ids_in_order(pics)
+    labels = ids * 7
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    add_column(pics, LABEL, labels)
+    entries = side_entries(pics)
+    assert entries["label"] == entries["split"] == entries["emb"]  # each part: one file, the newest set's
+    assert all(f.startswith(f"{column_sets.DIRECTORY}/label/") for f in entries["label"].values())
+    assert side_entries(pics, 2)["emb"] != entries["emb"]  # version 2 lists its own files, kept
+    expected = {"emb": embedding(ids), "split": split_of(ids), "label": labels}
+    opened: list[str] = []
+    real = fsutil.open_local
+    monkeypatch.setattr(fsutil, "open_local", lambda p: (opened.append(p), real(p))[1])
+    check_added(pics, expected)
+    assert len(set(opened)) == 4 and all("/label/" in p for p in opened)  # 4 parts, one side file each
+    monkeypatch.undo()
+    check_added(pics, {"emb": embedding(ids)}, version=2)  # time travel: the files of the versions before
+    check_added(pics, {"emb": embedding(ids), "split": split_of(ids)}, version=3)
+    versions.vacuum_dataset(pics, 1)  # the latest version's files only: the folded ones
+    assert {str(p.relative_to(pics)) for p in (pics / column_sets.DIRECTORY).rglob("*.parquet")} == \
+        set(entries["label"].values())
+    check_added(pics, expected)
+
+
+def test_a_large_side_file_is_not_written_again(pics: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set whose side file for a part is over FOLD_MAX_BYTES keeps it: adding a small label next to an embedding
+    writes the label's bytes, not the embedding's again."""
+    from unihub.store import columns
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    monkeypatch.setattr(columns, "FOLD_MAX_BYTES", 64)
+    result = add_column(pics, LABEL, ids * 7)
+    entries = side_entries(pics)
+    assert entries["emb"] == side_entries(pics, 2)["emb"] and set(entries["emb"].values()).isdisjoint(
+        entries["label"].values())
+    pq_files = [pq.ParquetFile(pics / f) for f in entries["label"].values()]
+    assert all(f.schema_arrow.names == ["label"] for f in pq_files) and result.bytes_written < 12_000
+    check_added(pics, {"emb": embedding(ids), "label": ids * 7})
+
+
+def test_a_backfill_of_a_folded_set_and_a_removal(pics: Path) -> None:
+    """A backfill of a set folded with others writes its new values with the others' current ones; removing a set
+    leaves the others reading the shared file."""
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    add_column(pics, EMB, embedding(ids) * 2, replace=True)  # folds split into emb's new file
+    entries = side_entries(pics)
+    assert entries["emb"] == entries["split"]
+    check_added(pics, {"emb": embedding(ids) * 2, "split": split_of(ids)})
+    check_added(pics, {"emb": embedding(ids), "split": split_of(ids)}, version=3)
+    remove_columns(pics, "emb")
+    assert side_entries(pics)["split"] == entries["split"]
+    check_added(pics, {"split": split_of(ids)})
+    assert "emb" not in open_dataset(pics).schema.fields
+
+
+def test_a_fold_keeps_a_set_another_commit_rewrote_meanwhile(pics: Path) -> None:
+    """A set folded by an add while another commit backfilled it keeps the other commit's values (the copy in the
+    add's file is of the values before: unused)."""
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    calls = []
+
+    def values(table: pa.Table) -> list[str]:
+        calls.append(1)
+        if len(calls) == 2:  # a backfill of emb publishes while split is written (emb's old files folded)
+            add_column(pics, EMB, embedding(ids) + 1, replace=True)
+        return split_of(table.column("id").to_pylist())
+
+    assert add_column(pics, SPLIT, values, inputs=["id"]).version == 4
+    entries = side_entries(pics)
+    assert set(entries["emb"].values()).isdisjoint(entries["split"].values())
+    check_added(pics, {"emb": embedding(ids) + 1, "split": split_of(ids)})
+
+
+def test_a_delete_rewrites_a_folded_side_file_once(pics: Path) -> None:
+    """Deleting rows rewrites a part's folded side file as one file read by all its sets."""
+    import pyarrow.compute as pc
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    add_column(pics, SPLIT, split_of(ids))
+    version = versions.delete_rows(pics, pc.field("split") == "val")
+    assert version is not None
+    entries = side_entries(pics)
+    assert entries["emb"] == entries["split"] and len(set(entries["emb"].values())) == 4
+    kept = [i for i in ids.tolist() if i % 5]
+    store = open_dataset(pics)
+    table = pa.concat_tables([store.read_row_group(g) for g in range(len(store.row_groups))])
+    assert table["id"].to_pylist() == kept and table["split"].to_pylist() == split_of(kept)
+    with make_batch_reader(pics, schema_fields=["id", "emb"], shuffle_row_groups=False, workers_count=1) as reader:
+        for batch in reader:
+            assert np.asarray(batch.emb).tobytes() == embedding(batch.id).tobytes()
+    check_added(pics, {"emb": embedding(ids), "split": split_of(ids)}, version=3)
+
+
+def test_side_file_footers_are_parsed_once_per_process(pics: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second store over the same version (the next epoch's reader) takes the parts' and the side files' footers
+    from this process's footer cache (store/footer_cache.py), and reads the same values."""
+    from unihub.store import footer_cache
+
+    ids = ids_in_order(pics)
+    add_column(pics, EMB, embedding(ids))
+    monkeypatch.setattr(footer_cache, "FOOTERS", footer_cache.FooterCache())
+    check_added(pics, {"emb": embedding(ids)})
+    kept, hits = len(footer_cache.FOOTERS), footer_cache.FOOTERS.hits
+    assert kept == 8  # 4 parts, 4 side files
+    store = open_dataset(pics)
+    table = pa.concat_tables([store.read_row_group(g, ["id", "emb"]) for g in range(len(store.row_groups))])
+    assert footer_cache.FOOTERS.hits - hits == 8 and len(footer_cache.FOOTERS) == kept
+    assert np.stack(table["emb"].to_numpy(zero_copy_only=False)).tobytes() == embedding(ids).tobytes()

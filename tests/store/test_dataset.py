@@ -400,3 +400,54 @@ def test_infer_or_load_unischema(plain_parquet, write_sample, schema, monkeypatc
     stored = infer_or_load_unischema(pq.ParquetDataset("unischema"))
     assert stored == get_schema_from_dataset_url(str(PETASTORM_FIXTURES / "unischema"))
     assert stored.image_png.codec == CompressedImageCodec("png")
+
+
+def test_footers_of_unchanged_local_files_are_read_once_per_process(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a local dataset again (a reader per epoch) parses no footer it parsed before; a file changed since
+    (size or modification time) is read again, and its new rows are what the store reads."""
+    import os
+
+    from unihub.store import dataset as dataset_module
+    from unihub.store import footer_cache
+
+    path = tmp_path / "ds"
+    schema = Unischema("Ids", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
+    for first in (0, 10, 20):
+        write_dataset(path, schema, {"id": np.arange(first, first + 10)}, batched=True, mode="append")
+    monkeypatch.setattr(footer_cache, "FOOTERS", footer_cache.FooterCache())
+    parsed: list[str] = []
+    real = dataset_module._read_metadata
+    monkeypatch.setattr(dataset_module, "_read_metadata", lambda fs, p, *a: (
+        parsed.append(p) if not os.path.basename(p).startswith("_") else None, real(fs, p, *a))[1])  # data files
+    first = open_dataset(path)
+    assert len(parsed) == 3 and len(footer_cache.FOOTERS) == 3
+    parsed.clear()
+    again = open_dataset(path)
+    assert parsed == [] and again.num_rows == first.num_rows == 30
+    part = sorted(f.path for f in first.files)[1]
+    pq.write_table(pa.table({"id": np.arange(100, 115)}, schema=pq.read_schema(part)), part)  # another size
+    os.utime(part, ns=(1, 1))  # and another time
+    changed = open_dataset(path)
+    assert parsed == [part]
+    ids = sorted(changed.read_row_group(i, ["id"])["id"].to_pylist()[0] for i in range(len(changed.row_groups)))
+    assert ids == [0, 20, 100] and changed.num_rows == 35
+
+
+def test_the_footer_cache_is_bounded_by_bytes_least_recently_used_out(tmp_path: Path) -> None:
+    from unihub.store import footer_cache
+
+    paths = []
+    for k in range(4):
+        paths.append(str(tmp_path / f"f{k}.parquet"))
+        pq.write_table(pa.table({"x": np.arange(10)}), paths[-1])
+    footers = [pq.read_metadata(p) for p in paths]
+    cache = footer_cache.FooterCache(limit=int(footers[0].serialized_size * 2.5))
+    keys = [footer_cache.stat_key(p) for p in paths]
+    cache.put(keys[0], footers[0])
+    cache.put(keys[1], footers[1])
+    assert cache.get(keys[0]) is footers[0]  # 0 used last: 1 goes first
+    cache.put(keys[2], footers[2])
+    assert len(cache) == 2 and cache.get(keys[1]) is None and cache.get(keys[0]) is footers[0]
+    assert footer_cache.key_of(paths[0], 10, None) is None and cache.get(None) is None  # no time: not kept
+    assert cache.get((paths[3], keys[3][1], keys[3][2] + 1)) is None  # another time: another file
