@@ -4,18 +4,20 @@ Two datasets of the same rows (``id``, a float32[16] tensor, 256 bytes of payloa
 fields: a label, a float32[8] embedding, a train/val split): one written by one ``write_dataset`` with every
 field, one by ``--appends`` appends (``mode="append"``, one version each) of the first three fields, then the
 ``--columns`` fields added to every row as column sets (``add_column``: side files, joined on read, the parts
-not rewritten). Each round reads every
-row of each with ``make_batch_reader`` (unshuffled) in this process, the two alternating, and measures the CPU
-time (user + system, this process and its threads) and the wall time; min / median / max of the rounds and the
-ratio appended/once of the medians are printed::
+not rewritten); and a copy of that grown dataset compacted (``compact_dataset``: its 100 parts and their side
+files joined into parts of up to 64 MB, as a version of its own). Each round reads every row of each with
+``make_batch_reader`` (unshuffled) in this process, the three alternating (the order reversed every other round),
+and measures the CPU time (user + system, this process and its threads) and the wall time; min / median / max of
+the rounds and the ratios to the dataset written at once of the medians are printed::
 
-    python benchmarks/growing.py --rows 1000000 --appends 100 --columns 3 --rounds 7
+    python benchmarks/growing.py --rows 1000000 --appends 100 --columns 3 --rounds 9
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -30,6 +32,7 @@ from unihub import (
     Unischema,
     UnischemaField,
     add_column,
+    compact_dataset,
     make_batch_reader,
     write_dataset,
 )
@@ -55,8 +58,8 @@ def columns(first: int, count: int) -> dict[str, object]:
             "payload": [bytes([i % 251]) * 256 for i in range(first, first + count)]}
 
 
-def build(root: Path, rows: int, appends: int, added: int) -> tuple[str, str]:
-    once, grown = str(root / "once"), str(root / "grown")
+def build(root: Path, rows: int, appends: int, added: int) -> tuple[str, str, str]:
+    once, grown, compacted = str(root / "once"), str(root / "grown"), str(root / "compacted")
     fields = ADDED[:added]
     extra = added_values(rows)
     write_dataset(once, Unischema("Grown", [*SCHEMA.fields.values(), *fields]),
@@ -66,7 +69,9 @@ def build(root: Path, rows: int, appends: int, added: int) -> tuple[str, str]:
         write_dataset(grown, SCHEMA, columns(k * step, step), batched=True, mode="append")
     for field in fields:  # in the appended rows' order: parts in order
         add_column(grown, field, extra[field.name])
-    return once, grown
+    shutil.copytree(grown, compacted)
+    compact_dataset(compacted)
+    return once, grown, compacted
 
 
 def read_all(url: str) -> tuple[float, float, int]:
@@ -89,21 +94,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        once, grown = build(Path(tmp), args.rows, args.appends, args.columns)
-        results: dict[str, list[tuple[float, float]]] = {"once": [], "grown": []}
+        urls = dict(zip(("once", "grown", "compacted"), build(Path(tmp), args.rows, args.appends, args.columns)))
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
         for round_ in range(args.rounds):
-            for name in (("once", "grown") if round_ % 2 == 0 else ("grown", "once")):
-                cpu, wall, count = read_all(once if name == "once" else grown)
+            for name in (list(urls) if round_ % 2 == 0 else list(reversed(urls))):
+                cpu, wall, count = read_all(urls[name])
                 assert count == args.rows, count
                 results[name].append((cpu, wall))
         for name, runs in results.items():
             cpus, walls = [c for c, _ in runs], [w for _, w in runs]
-            print(f"{name:>5}: CPU s min {min(cpus):.3f} median {statistics.median(cpus):.3f} max {max(cpus):.3f}; "
+            print(f"{name:>9}: CPU s min {min(cpus):.3f} median {statistics.median(cpus):.3f} max {max(cpus):.3f}; "
                   f"wall s min {min(walls):.3f} median {statistics.median(walls):.3f} max {max(walls):.3f}")
-        ratio_cpu = statistics.median(c for c, _ in results["grown"]) / statistics.median(c for c, _ in results["once"])
-        ratio_wall = statistics.median(w for _, w in results["grown"]) / statistics.median(w for _, w in results["once"])
-        print(f"grown/once medians: CPU {ratio_cpu:.2f}x, wall {ratio_wall:.2f}x "
-              f"({args.appends} appends of {args.rows // args.appends} rows, {args.columns} added columns)")
+        for name in ("grown", "compacted"):
+            ratio_cpu = statistics.median(c for c, _ in results[name]) / \
+                statistics.median(c for c, _ in results["once"])
+            ratio_wall = statistics.median(w for _, w in results[name]) / \
+                statistics.median(w for _, w in results["once"])
+            print(f"{name}/once medians: CPU {ratio_cpu:.2f}x, wall {ratio_wall:.2f}x "
+                  f"({args.appends} appends of {args.rows // args.appends} rows, {args.columns} added columns)")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from unihub.cli.columns import add_columns_commands
 from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.main_job import run
 from unihub.cli.storage import add_storage_option, storage_options_of
-from unihub.cli.versions import add_delete_command, add_vacuum_command, print_versions
+from unihub.cli.versions import add_compact_command, add_delete_command, add_vacuum_command, print_versions
 from unihub.converters.add_schema import add_schema
 from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
 from unihub.converters.copy import copy_dataset
@@ -550,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_parsers(sub)
     add_vacuum_command(sub)
     add_delete_command(sub)
+    add_compact_command(sub)
     return parser
 
 

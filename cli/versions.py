@@ -8,6 +8,8 @@ from typing import Any
 
 from unihub.cli.storage import add_storage_option, storage_options_of
 from unihub.readers.filter_text import parse_filter
+from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
+from unihub.store.compaction import compact_dataset
 from unihub.store.dataset import open_dataset
 from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
 
@@ -82,3 +84,30 @@ def add_delete_command(sub: Any) -> None:
     delete.add_argument("--tag", help="a name for the version it makes")
     add_storage_option(delete)
     delete.set_defaults(func=cmd_delete)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    version = compact_dataset(args.path, target_mb=args.target_mb, tag=args.tag,
+                              storage_options=storage_options_of(args))
+    if version is None:
+        print(f"no two parts to join: nothing compacted, no version made: {args.path}")
+    else:
+        print(f"compacted into {len(version.parts)} part(s) as version {version.number}: {args.path}")
+    return 0
+
+
+def add_compact_command(sub: Any) -> None:
+    compact = sub.add_parser("compact", help="join a grown dataset's small parts into fewer, as a new version",
+                             description="Rewrite runs of small part files (many appends) and their column sets' "
+                                         "side files into parts of up to --target-mb each, as a new version: the "
+                                         "rows, their order and values unchanged, older versions kept until vacuum.",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             epilog="examples:\n"
+                                    "  unihub compact /data/train\n"
+                                    "  unihub compact /data/train --target-mb 512 --tag compacted")
+    compact.add_argument("path", help="dataset directory or URL")
+    compact.add_argument("--target-mb", type=float, default=DEFAULT_PART_SIZE_MB,
+                         help=f"the most megabytes a joined part holds (default {DEFAULT_PART_SIZE_MB:g})")
+    compact.add_argument("--tag", help="a name for the version it makes")
+    add_storage_option(compact)
+    compact.set_defaults(func=cmd_compact)

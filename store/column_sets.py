@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from unihub.errors import DatasetChangedError, FormatError, UnihubError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
+from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store import footer_cache
 
@@ -279,6 +280,15 @@ class SideColumns:
         if footer is None:
             footer_cache.FOOTERS.put(key, found.metadata)
         return found
+
+
+def writer_options(fields: Sequence[UnischemaField], compression: str | None) -> dict[str, Any]:
+    """ParquetWriter options of a side file of ``fields``, as write_dataset stores them: images not compressed
+    again, tensors and images without dictionaries or statistics."""
+    images = {f.name for f in fields if isinstance(f.codec, CompressedImageCodec)}
+    plain = [f.name for f in fields if f.name not in images and parquet_tensor_type(f) is None]
+    return {"compression": {f.name: "none" if f.name in images else compression or "none" for f in fields},
+            "use_dictionary": plain, "write_statistics": plain}
 
 
 def check_side(fs: pafs.FileSystem, path: str, group_rows: Sequence[int]) -> int:

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from unihub.errors import ColumnSetError, ConcurrentCommitError, DatasetNotFoundError, FormatError
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
-from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
+from unihub.schema.codecs import parquet_tensor_type, tensor_to_parquet
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store import column_sets, integrity, versions
 from unihub.store.column_sets import ColumnSet, Record, SidePart
@@ -351,15 +351,11 @@ def _write_sides(store: ParquetStore, record: Record, name: str, fields: tuple[U
             schema = Unischema(name, fields)
             file_schema = Unischema(name, [*fields, *others]).as_parquet_schema()
             storage = schema.as_arrow_schema(with_metadata=False)
-            # as write_dataset stores them: images not compressed again, tensors and images without dictionaries
-            everything = [*fields, *others]
-            images = {f.name for f in everything if isinstance(f.codec, CompressedImageCodec)}
-            plain = [f.name for f in everything if f.name not in images and parquet_tensor_type(f) is None]
-            compressions = {f.name: "none" if f.name in images else compression or "none" for f in everything}
             fs.create_dir(side.rpartition("/")[0], recursive=True)
             written.append(side)
-            with pq.ParquetWriter(side, file_schema, filesystem=fs, store_schema=True, compression=compressions,
-                                  use_dictionary=plain, write_statistics=plain, **integrity.WRITE_OPTIONS) as writer:
+            with pq.ParquetWriter(side, file_schema, filesystem=fs, store_schema=True,
+                                  **column_sets.writer_options([*fields, *others], compression),
+                                  **integrity.WRITE_OPTIONS) as writer:
                 for info in groups:
                     batch = _group_values(store, info, schema, storage, values, inputs)
                     writer.write_table(pa.table([*batch.columns, *_folded_columns(folds, info)],

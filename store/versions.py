@@ -78,7 +78,7 @@ from unihub.errors import (
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
-from unihub.store import column_sets, integrity
+from unihub.store import column_sets, file_options, integrity
 from unihub.store.column_sets import ColumnSet, SidePart
 
 VERSIONS_DIR = publish.VERSIONS_DIR
@@ -151,7 +151,7 @@ def record_path(root: str, number: int) -> str:
     return f"{root.rstrip('/')}/{VERSIONS_DIR}/{number:08d}.json"
 
 
-def _now() -> str:
+def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -182,7 +182,7 @@ def _implicit_first(fs: pafs.FileSystem, root: str, manifest: publish.Manifest |
     if not parts:
         return None
     stamp = fs.get_file_info(f"{root}/{common or parts[-1]}").mtime
-    timestamp = stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds") if stamp else _now()
+    timestamp = stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds") if stamp else now()
     sets, _ = column_sets.read_record(fs, root)  # sets added before versions held them
     return Version(1, timestamp, "write", tuple(parts), common, base=manifest.run if manifest else None,
                    column_sets=sets.as_version(), recorded=False)
@@ -248,7 +248,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
     earlier versions' in the record). ``staging`` is removed. Returns the version published."""
     target = target.rstrip("/")
     if fsutil.on_local_disk(fs) and not os.path.lexists(target):
-        first = Version(1, _now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
+        first = Version(1, now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
                         added_rows=added_rows, sources=tuple(sources))
         created = _create_locally(staging, target, first)
         if created is not None:
@@ -259,7 +259,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
     staged_common = f"{staging}/{COMMON_METADATA}"
     fit = check_append_schema(fs, staged_common, target, current[-1]) if current else "same"
     if current and not current[-1].recorded:  # version 1 recorded first (another appender may have)
-        _record_first(fs, target, current[-1])
+        record_first(fs, target, current[-1])
         current = history(fs, target)
     retire_unlisted(fs, target, current)  # what a killed delete left
     remove_orphans(fs, target, current)
@@ -291,7 +291,7 @@ def _replace_plain_schema(fs: pafs.FileSystem, target: str, common: str) -> None
         atomic.remove(temporary)
 
 
-def _record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
+def record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
     """Record version 1 of a dataset written once, with a copy of its ``_common_metadata`` of its own (an
     append that adds a field replaces the plain one)."""
     common = implicit.common_metadata
@@ -364,7 +364,7 @@ def _publish_record(fs: pafs.FileSystem, target: str, placed: _Placed, base: str
                                         f"files meanwhile ({', '.join(both[:3])}); nothing of this one was "
                                         "published: run it again to convert what is still new")
         known.update((s.path, s) for s in sources)
-        version = Version((latest.number if latest else 0) + 1, _now(), "append" if latest else "write",
+        version = Version((latest.number if latest else 0) + 1, now(), "append" if latest else "write",
                           (*(latest.parts if latest else ()), *placed.parts),
                           latest.common_metadata if latest is not None and fit == "narrower"
                           else placed.common_metadata, tag=tag,
@@ -390,14 +390,14 @@ def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
     for attempt in range(COMMIT_ATTEMPTS):
         current = history(fs, root)
         if current and not current[-1].recorded:
-            _record_first(fs, root, current[-1])
+            record_first(fs, root, current[-1])
             current = history(fs, root)
         if not current or current[-1].base != base.base:
             raise ConcurrentCommitError(f"{root}: the dataset was overwritten or removed while its columns were "
                                         f"being changed; nothing of the {operation} was published")
         check_tag(current, tag, root)
         latest = current[-1]
-        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation=operation, tag=tag,
+        version = replace(latest, number=latest.number + 1, timestamp=now(), operation=operation, tag=tag,
                           added_rows=0, column_sets=sets_of(latest))
         if publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             fsutil.remove(fs, f"{root}/{column_sets.RECORD}")  # sets from before versions: version 1 holds them
@@ -642,7 +642,7 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
         check_tag(current, tag, root)
         if not current[-1].recorded:
-            _record_first(fs, root, current[-1])
+            record_first(fs, root, current[-1])
             current = history(fs, root)
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
@@ -655,11 +655,12 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     replaced: dict[str, str | None] = {}  # a part of latest -> its rewritten file (None: no row left)
     sides: dict[tuple[str, str], SidePart] = {}  # (set, rewritten part) -> its rewritten side file
     written: list[str] = []
+    retired: list[str] = []
     removed = 0
     try:
         for n, rel in enumerate(latest.parts):
             head, name = posixpath.split(rel)
-            new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{_RUN_PREFIX.sub('', name)}")
+            new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{RUN_PREFIX.sub('', name)}")
             rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n))
             kept, dropped = rewrite.run(where, written)
             if dropped:
@@ -669,9 +670,10 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
         if not replaced:
             return None
         for rel in replaced:
-            _retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
+            retired.append(rel)
+            retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
         parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
-        version = replace(latest, number=latest.number + 1, timestamp=_now(), operation="delete", tag=tag,
+        version = replace(latest, number=latest.number + 1, timestamp=now(), operation="delete", tag=tag,
                           parts=parts, added_rows=-removed, column_sets=_sets_after(record, replaced, sides))
         if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
@@ -679,6 +681,8 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     except BaseException:
         for rel in written:
             fsutil.remove(fs, f"{root}/{rel}")
+        for rel in retired:  # their parts are still in the directory: the copies are no version's
+            fsutil.remove(fs, retired_path(root, rel))
         column_sets.remove_empty_folders(fs, root)
         raise
     for rel in replaced:
@@ -686,7 +690,8 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     return version
 
 
-_RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-(d\d{5}-)?")
+#: the prefix of a file this run wrote (a delete's d00000-, a compaction's c00000-): what a rewrite's name drops
+RUN_PREFIX = re.compile(r"^unihub-[0-9a-f]{8}-\d+-\d+-[0-9a-f]{6}-([dc]\d{5}-)?")
 
 
 @dataclass(frozen=True)
@@ -706,7 +711,7 @@ def _side_targets(record: column_sets.Record, rel: str, run: str, n: int) -> lis
     for column_set in record.sets:
         side = column_set.parts.get(rel)
         folder = posixpath.dirname(side.file) if side is not None else column_sets.DIRECTORY
-        base = _RUN_PREFIX.sub("", posixpath.basename(side.file if side is not None else rel))
+        base = RUN_PREFIX.sub("", posixpath.basename(side.file if side is not None else rel))
         storage = Unischema(column_set.name, column_set.fields).as_parquet_schema(with_metadata=False)
         targets.append(_SideTarget(column_set.name, side, f"{folder}/unihub-{run}-d{n:05d}-{base}", storage))
     return targets
@@ -822,8 +827,8 @@ class _PartRewrite:
                 if is_side:
                     self.fs.create_dir(posixpath.dirname(f"{self.root}/{rel}"), recursive=True)
                 writers.append(writing.enter_context(pq.ParquetWriter(
-                    f"{self.root}/{rel}", schema, filesystem=self.fs, compression=_compression_of(model),
-                    store_schema=True, write_page_index=True, **integrity.WRITE_OPTIONS)))
+                    f"{self.root}/{rel}", schema, filesystem=self.fs, store_schema=True, **file_options.like(model),
+                    **integrity.WRITE_OPTIONS)))
             for i, matched in enumerate(counts):
                 group = self._group(source, i, covered, uncovered if matched else [])
                 group = group.filter(keep) if matched else group
@@ -843,16 +848,7 @@ def _names_added(schema: pa.Schema, where: Any) -> bool:
     return False
 
 
-def _compression_of(source: pq.ParquetFile) -> dict[str, str] | str:
-    """Each column's compression in a file's first row group (images stay uncompressed)."""
-    if not source.metadata.num_row_groups:
-        return "snappy"
-    first = source.metadata.row_group(0)
-    return {first.column(j).path_in_schema.split(".")[0]: first.column(j).compression.lower()
-            if first.column(j).compression != "UNCOMPRESSED" else "none" for j in range(first.num_columns)}
-
-
-def _retire(fs: pafs.FileSystem, root: str, rel: str) -> None:
+def retire(fs: pafs.FileSystem, root: str, rel: str) -> None:
     """A copy of ``rel`` beside the records (a hard link on a local disk: the same file, no bytes copied)."""
     target = retired_path(root, rel)
     if fsutil.on_local_disk(fs):

@@ -35,8 +35,9 @@ from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, w
 from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.schema.validation import column_length
-from unihub.store import integrity, versions
+from unihub.store import file_options, integrity, versions
 from unihub.store.dataset import COMMON_METADATA
+from unihub.store.file_options import page_options
 from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
 
@@ -46,16 +47,6 @@ _ENCODE_CHUNK_ROWS = 256
 _ENCODE_CHUNK_BYTES = 8 * 2**20
 #: room left in a part file for its footer (a few KB per row group of a wide schema)
 _FOOTER_ALLOWANCE = 64 * 2**10
-#: Parquet's page index is written in every file: a reader finds the page holding a row from a column
-#: chunk's offset index (store/page_index.py), so ``Dataset.take`` reads one cell without its row group.
-#: Where the schema has image columns, their pages hold about this many bytes (at least one image;
-#: pyarrow's default is 1 MiB), see :meth:`_DatasetWriter._page_options`. Chosen by
-#: benchmarks/random_access.py (20,000 64x64 JPEGs, a random take over a cache a tenth of the dataset,
-#: CPU per row, median of 2 rounds: 8 KiB 73.9 us, 16 KiB 73.5, 32 KiB 76.8, 64 KiB 99.7, the whole
-#: dataset cached 42.4; of 5: 16 KiB 74.0 (71.1-76.7), 32 KiB 78.4 (76.8-79.8); the files 0.5%, 0.25%,
-#: 0.14%, 0.07% larger than without an index). Smaller pages cost the writer more batches: 16 KiB wrote
-#: those 20,000 rows with 0.087 s of CPU against 0.071 s without an index (+23%, 0.8 us a row).
-IMAGE_PAGE_BYTES = 16 * 2**10
 
 
 @dataclass(frozen=True)
@@ -539,21 +530,6 @@ class _DatasetWriter:
                 sink.current = None
 
 
-def page_options(image_bytes: float | None) -> dict[str, Any]:
-    """ParquetWriter options: the page index, and where a file has image columns (``image_bytes``: the
-    widest one's average value), image pages of about :data:`IMAGE_PAGE_BYTES`.
-
-    Arrow closes a page once it holds ``data_page_size`` bytes, checked every ``write_batch_size``
-    values (1,024 by default: a page of 1,024 images). Batches of as many images as fill
-    :data:`IMAGE_PAGE_BYTES`, with pages closed at half of it, make an image page of one batch; other
-    columns' batches stay as long (a batch of one value wrote numbers 5x slower) and their pages about
-    half as big."""
-    if image_bytes is None:
-        return {"write_page_index": True}
-    batch_rows = int(max(1, min(1024, -(-IMAGE_PAGE_BYTES // max(1, int(image_bytes))))))
-    return {"write_page_index": True, "data_page_size": IMAGE_PAGE_BYTES // 2, "write_batch_size": batch_rows}
-
-
 def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, bytes]) -> bool:
     """Rewrite one Parquet file of a staged dataset with ``metadata`` (the Unischema JSON and the extra
     metadata) in its footer; False if it already holds it.
@@ -572,24 +548,10 @@ def restamp_schema(fs: pafs.FileSystem, path: str, metadata: Mapping[bytes, byte
         if wanted == old:
             return False
         arrow_schema = parquet_file.schema_arrow.with_metadata(wanted)
-        compression, dictionary = {}, []
-        plain_binary: list[float] = []  # image bytes: stored uncompressed, without a dictionary
-        if parquet_file.metadata.num_row_groups:
-            first = parquet_file.metadata.row_group(0)
-            for j in range(first.num_columns):
-                column = first.column(j)
-                name = column.path_in_schema.split(".")[0]
-                compression[name] = column.compression.lower() if column.compression != "UNCOMPRESSED" else "none"
-                if any("DICTIONARY" in e for e in column.encodings):
-                    dictionary.append(name)
-                elif compression[name] == "none" and column.physical_type == "BYTE_ARRAY" and first.num_rows:
-                    plain_binary.append(column.total_uncompressed_size / first.num_rows)
         temporary = f"{path}.restamp-tmp"
         try:
-            with pq.ParquetWriter(temporary, arrow_schema, filesystem=fs, compression=compression or "snappy",
-                                  use_dictionary=dictionary, store_schema=True,
-                                  **page_options(max(plain_binary) if plain_binary else None),
-                                  **integrity.WRITE_OPTIONS) as writer:
+            with pq.ParquetWriter(temporary, arrow_schema, filesystem=fs, store_schema=True,
+                                  **file_options.like(parquet_file), **integrity.WRITE_OPTIONS) as writer:
                 for i in range(parquet_file.metadata.num_row_groups):
                     table = parquet_file.read_row_group(i)
                     writer.write_table(table.replace_schema_metadata(wanted), row_group_size=table.num_rows)

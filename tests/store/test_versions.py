@@ -461,7 +461,7 @@ def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
     import pyarrow.compute as pc
     from unihub.store import versions
-    wrap(versions, "_retire")
+    wrap(versions, "retire")
     versions.delete_rows(sys.argv[1], pc.field("id") >= 5)
     print("done", flush=True)
 """)

@@ -14,7 +14,8 @@ from unihub import write_dataset
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store._pages import chunk_pages, chunk_span
-from unihub.store.writer import IMAGE_PAGE_BYTES, page_options, restamp_schema
+from unihub.store.file_options import IMAGE_PAGE_BYTES, page_options
+from unihub.store.writer import restamp_schema
 
 SHAPE = (32, 32, 3)
 SCHEMA = Unischema("Pages", [

@@ -1,0 +1,178 @@
+"""Compaction (store/compaction.py, ``unihub compact``): a dataset grown by small appends and column sets joined
+into fewer parts as a version; every row and value as before, older versions read as they were, a plain listing
+the latest, a failure or a race leaving nothing, on a local disk and on moto's S3 server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from unihub import (
+    ScalarCodec,
+    UnischemaField,
+    add_column,
+    compact_dataset,
+    make_batch_reader,
+    make_reader,
+    open_dataset,
+    write_dataset,
+)
+from unihub.cli import main as cli_main
+from unihub.errors import ConcurrentCommitError, InvalidArgumentError
+from unihub.fs import publish
+from unihub.store import column_sets, compaction, versions
+
+from .test_versions import EMB, LABEL, LABELLED, SCHEMA, rows, s3_url, side_files, table_of
+
+s3_url = s3_url  # the fixture: a fresh bucket path on moto's S3 server
+SPLIT = UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True)
+
+
+def grown(url: str, appends: int = 6, **options: Any) -> None:
+    """``appends`` appends of 5 rows, a label and a tensor set on them all, then two more appends (not covered)."""
+    for k in range(appends):
+        write_dataset(url, SCHEMA, rows(5 * k, 5 * k + 5), mode="append", **options)
+    n = 5 * appends
+    add_column(url, LABEL, np.arange(n) * 10, **options)
+    add_column(url, EMB, np.arange(2 * n, dtype=np.float32).reshape(n, 2), **options)
+    for k in range(appends, appends + 2):
+        write_dataset(url, SCHEMA, rows(5 * k, 5 * k + 5), mode="append", **options)
+
+
+def compacts_losing_nothing(url: str, **options: Any) -> None:
+    grown(url, **options)
+    before = versions.list_versions(url, **options)
+    snapshots = {v.number: table_of(url, version=v.number, **options) for v in before}
+    version = compact_dataset(url, tag="compacted", **options)
+    assert version is not None and version.number == before[-1].number + 1 and version.operation == "compact"
+    # the 6 covered parts are one part, the 2 appended after the sets another (not the same sets): 8 -> 2
+    assert len(before[-1].parts) == 8 and len(version.parts) == 2 and version.added_rows == 0
+    after = table_of(url, **options)
+    assert after.equals(snapshots[before[-1].number])  # every stored column, the added ones, bit for bit
+    assert [g.num_rows for g in open_dataset(url, **options).row_groups] == [5] * 8  # boundaries kept
+    for number, snapshot in snapshots.items():  # time travel: each older version as it was
+        assert table_of(url, version=number, **options).equals(snapshot)
+    entries = {s["name"]: s["parts"] for s in version.column_sets}
+    assert entries["label"].keys() == entries["emb"].keys() == {version.parts[0]}
+    assert entries["label"][version.parts[0]]["file"] == entries["emb"][version.parts[0]]["file"]  # one side file
+    with make_reader(url, schema_fields=["id", "label", "emb"], shuffle_row_groups=False, workers_count=1,
+                     **options) as reader:
+        got = [(int(r.id), r.label, None if r.emb is None else r.emb.tolist()) for r in reader]
+    assert got == [(i, i * 10 if i < 30 else None, [2.0 * i, 2.0 * i + 1] if i < 30 else None) for i in range(40)]
+    assert versions.resolve(*_fs_root(url, options), tag="compacted").number == version.number
+    if "://" not in url:  # a plain listing reads the latest version: the 2 parts
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(40))
+        assert len([p for p in os.listdir(url) if p.endswith(".parquet")]) == 2
+    result = versions.vacuum_dataset(url, 1, **options)
+    assert result.kept_versions == (version.number,)
+    assert table_of(url, **options).equals(after)
+    assert side_files(url, **options) == {s["file"] for e in entries.values() for s in e.values()}
+    if "://" not in url:
+        assert not os.listdir(os.path.join(url, publish.RETIRED_DIR))
+
+
+def _fs_root(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    from unihub.fs import filesystem as fsutil
+
+    return fsutil.resolve_filesystem(url, None, options.get("storage_options"))
+
+
+def test_compaction_joins_small_parts_losing_nothing(tmp_path: Path) -> None:
+    compacts_losing_nothing(str(tmp_path / "ds"))
+
+
+@pytest.mark.slow
+def test_s3_compaction_joins_small_parts_losing_nothing(s3_server: Any, s3_url: str) -> None:
+    compacts_losing_nothing(s3_url, storage_options=s3_server.storage_options())
+
+
+def test_runs_end_at_the_target_size_a_schema_change_and_a_partition(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    for k in range(4):
+        write_dataset(url, SCHEMA, rows(5 * k, 5 * k + 5), mode="append")
+    for k in range(4, 6):  # a nullable field added: parts of another schema
+        write_dataset(url, LABELLED, [{**r, "label": str(r["id"])} for r in rows(5 * k, 5 * k + 5)], mode="append")
+    size = max(os.path.getsize(os.path.join(url, p)) for p in versions.list_versions(url)[-1].parts)
+    before = table_of(url)
+    version = compact_dataset(url, target_mb=2.5 * size / 2**20)  # two parts a run at most
+    assert version is not None and len(version.parts) == 3  # [0, 1] [2, 3] | [4, 5]
+    assert table_of(url).equals(before)
+    version = compact_dataset(url)  # the default target: each schema's parts one part
+    assert version is not None and len(version.parts) == 2 and table_of(url).equals(before)
+    assert compact_dataset(url) is None  # nothing left to join: no version
+    assert versions.list_versions(url)[-1].number == version.number
+    parted = str(tmp_path / "parted")
+    for k in range(4):
+        write_dataset(parted, SCHEMA, [{**r, "name": "a" if k >= 2 else "b"} for r in rows(5 * k, 5 * k + 5)],
+                      mode="append", partition_by=["name"])  # parts of one folder in a row: joined
+    before = table_of(parted)
+    version = compact_dataset(parted)
+    assert version is not None and sorted(os.path.dirname(p) for p in version.parts) == ["name=a", "name=b"]
+    assert sorted(table_of(parted)["id"].to_pylist()) == sorted(before["id"].to_pylist())
+    with make_batch_reader(parted, shuffle_row_groups=False, workers_count=1) as reader:
+        assert {(int(i), n) for b in reader for i, n in zip(b.id, b.name)} == \
+            {(i, "a" if i >= 10 else "b") for i in range(20)}
+
+
+def test_a_failure_or_a_race_leaves_the_old_version_and_no_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    url = str(tmp_path / "ds")
+    grown(url)
+    listing = sorted(str(p.relative_to(url)) for p in Path(url).rglob("*"))
+    latest = versions.list_versions(url)[-1]
+    calls = []
+    real = compaction._copy_part
+
+    def failing(*args: Any) -> int:
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(*args)
+
+    monkeypatch.setattr(compaction, "_copy_part", failing)
+    with pytest.raises(OSError, match="disk full"):
+        compact_dataset(url)
+    assert sorted(str(p.relative_to(url)) for p in Path(url).rglob("*")) == listing
+    monkeypatch.setattr(compaction, "_copy_part", real)
+    monkeypatch.setattr(publish, "put_if_absent", lambda *a: False)  # another commit took the number
+    with pytest.raises(ConcurrentCommitError, match="nothing of this compaction was published"):
+        compact_dataset(url)
+    monkeypatch.undo()
+    assert versions.list_versions(url)[-1] == latest
+    listed = {f for v in versions.list_versions(url) for f in v.files()}
+    assert not [p for p in Path(url).rglob("*.parquet") if str(p.relative_to(url)) not in listed]  # none left
+    assert table_of(url).equals(table_of(url, version=latest.number))
+    with pytest.raises(InvalidArgumentError, match="target_mb"):
+        compact_dataset(url, target_mb=0)
+
+
+def test_a_delete_and_a_backfill_after_a_compaction(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    grown(url)
+    compact_dataset(url)
+    add_column(url, SPLIT, np.where(np.arange(40) % 4 == 0, "val", "train"))
+    version = versions.delete_rows(url, pc.field("split") == "val")
+    assert version is not None
+    kept = [i for i in range(40) if i % 4]
+    table = table_of(url)
+    assert table["id"].to_pylist() == kept and table["label"].to_pylist() == [i * 10 if i < 30 else None for i in kept]
+    assert column_sets.DIRECTORY in {p.split("/")[0] for p in side_files(url)}
+
+
+def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "ds")
+    grown(url)
+    assert cli_main(["compact", url, "--tag", "c1"]) == 0
+    assert "compacted into 2 part(s) as version" in capsys.readouterr().out
+    assert cli_main(["compact", url]) == 0
+    assert "nothing compacted" in capsys.readouterr().out
+    assert cli_main(["compact", url, "--target-mb", "-1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("unihub: error:") and "target_mb" in err and len(err.strip().splitlines()) == 1
