@@ -5,6 +5,11 @@ the latest, a failure or a race leaving nothing, on a local disk and on moto's S
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,7 @@ from unihub.errors import ConcurrentCommitError, InvalidArgumentError
 from unihub.fs import publish
 from unihub.store import column_sets, compaction, versions
 
-from .test_versions import EMB, LABEL, LABELLED, SCHEMA, rows, s3_url, side_files, table_of
+from .test_versions import EMB, KILLED, LABEL, LABELLED, ROOT, SCHEMA, rows, s3_url, side_files, table_of
 
 s3_url = s3_url  # the fixture: a fresh bucket path on moto's S3 server
 SPLIT = UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), True)
@@ -176,3 +181,60 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert cli_main(["compact", url, "--target-mb", "-1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("unihub: error:") and "target_mb" in err and len(err.strip().splitlines()) == 1
+
+
+KILLED_COMPACTION = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
+    from unihub.store import compaction, versions
+    wrap(versions, "retire")
+    compaction.compact_dataset(sys.argv[1])
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_step_of_a_compaction_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    """A compaction SIGKILLed at each step (a file renamed, linked or removed, a writer closed, a part retired):
+    the dataset reads the old version or the new one, every version before it as it was, and the next commit puts
+    right what the kill left (a plain listing is the latest version again)."""
+    seed = tmp_path / "seed"
+    grown(str(seed), appends=4)
+    latest = versions.list_versions(str(seed))[-1].number
+    expected = table_of(str(seed))
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    outcomes = set()
+    for step in range(1, 80):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_COMPACTION, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        now = versions.list_versions(url)[-1].number
+        assert now in (latest, latest + 1), (step, err)
+        outcomes.add(now == latest + 1)
+        assert table_of(url).equals(expected), step  # the same rows and values, old version or new
+        assert table_of(url, version=latest).equals(expected), step
+        write_dataset(url, SCHEMA, rows(500, 501), mode="append")  # settles what the killed compaction left
+        assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(table_of(url)["id"].to_pylist()), step
+        if line == "done":
+            break
+    assert outcomes == {False, True}
+
+
+def test_a_reader_state_saved_before_a_compaction_resumes_after_it_exactly(tmp_path: Path) -> None:
+    """A compaction keeps every row group (its rows, its place in the order): a training run checkpointed on the
+    grown dataset resumes on the compacted one with exactly the rows it had not seen, shuffled as before."""
+    url = str(tmp_path / "ds")
+    grown(url)
+    with make_reader(url, schema_fields=["id"], seed=3, shuffle_rows=True, workers_count=1, num_epochs=1) as reader:
+        whole = [int(r.id) for r in reader]
+    with make_reader(url, schema_fields=["id"], seed=3, shuffle_rows=True, workers_count=1, num_epochs=1) as reader:
+        seen = [int(next(reader).id) for _ in range(13)]
+        state = reader.state_dict()
+    assert compact_dataset(url) is not None
+    with make_reader(url, schema_fields=["id"], seed=3, shuffle_rows=True, workers_count=1, num_epochs=1,
+                     resume_from=state) as reader:
+        rest = [int(r.id) for r in reader]
+    assert seen + rest == whole
