@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import ConcurrentCommitError, DatasetNotFoundError, FormatError, InvalidArgumentError
+from unihub.errors import DatasetNotFoundError, FormatError, InvalidArgumentError
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
@@ -91,7 +91,6 @@ def _compact(fs: pafs.FileSystem, root: str, latest: versions.Version, target: i
         return None
     run_id = atomic.run_id()
     written: list[str] = []
-    retired: list[str] = []
     replaced: dict[str, str] = {}  # a part of latest -> the part it is now in
     new_sides: dict[tuple[str, str], SidePart] = {}  # (set, new part) -> its side file
     try:
@@ -100,24 +99,13 @@ def _compact(fs: pafs.FileSystem, root: str, latest: versions.Version, target: i
                 new_rel, sides = _write_run(fs, root, run, run_id, n, written)
                 replaced.update((p.rel, new_rel) for p in run)
                 new_sides.update(((name, new_rel), side) for name, side in sides.items())
-        for rel in replaced:
-            retired.append(rel)
-            versions.retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
-        parts = tuple(dict.fromkeys(replaced.get(rel, rel) for rel in latest.parts))
-        version = replace(latest, number=latest.number + 1, timestamp=versions.now(), operation="compact", tag=tag,
-                          parts=parts, added_rows=0, column_sets=_sets_after(record, replaced, new_sides))
-        if not publish.put_if_absent(fs, versions.record_path(root, version.number), version.to_json()):
-            raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
-                                        "nothing of this compaction was published: run it again")
     except BaseException:
-        for rel in written:
-            fsutil.remove(fs, f"{root}/{rel}")
-        for rel in retired:  # their parts are still in the directory: the copies are no version's
-            fsutil.remove(fs, versions.retired_path(root, rel))
-        column_sets.remove_empty_folders(fs, root)
+        versions.discard(fs, root, written)
         raise
-    for rel in replaced:
-        fsutil.remove(fs, f"{root}/{rel}")  # out of the directory: a plain listing is the latest version
+    parts = tuple(dict.fromkeys(replaced.get(rel, rel) for rel in latest.parts))
+    version = replace(latest, number=latest.number + 1, timestamp=versions.now(), operation="compact", tag=tag,
+                      parts=parts, added_rows=0, column_sets=_sets_after(record, replaced, new_sides))
+    versions.publish_rewrite(fs, root, version, list(replaced), written)
     return version
 
 

@@ -655,7 +655,6 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     replaced: dict[str, str | None] = {}  # a part of latest -> its rewritten file (None: no row left)
     sides: dict[tuple[str, str], SidePart] = {}  # (set, rewritten part) -> its rewritten side file
     written: list[str] = []
-    retired: list[str] = []
     removed = 0
     try:
         for n, rel in enumerate(latest.parts):
@@ -667,27 +666,48 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
                 replaced[rel] = new_rel if kept else None
                 removed += dropped
                 sides.update(((s, new_rel), entry) for s, entry in rewrite.new_sides.items())
-        if not replaced:
-            return None
+    except BaseException:
+        discard(fs, root, written)
+        raise
+    if not replaced:
+        return None
+    parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
+    version = replace(latest, number=latest.number + 1, timestamp=now(), operation="delete", tag=tag,
+                      parts=parts, added_rows=-removed, column_sets=_sets_after(record, replaced, sides))
+    publish_rewrite(fs, root, version, list(replaced), written)
+    return version
+
+
+def publish_rewrite(fs: pafs.FileSystem, root: str, version: Version, replaced: Sequence[str],
+                    written: Sequence[str]) -> None:
+    """Publish ``version``, whose new files (``written``, relative to ``root``: a delete's or a compaction's) replace
+    the parts ``replaced`` of the version before it: a copy of each replaced part beside the records first (a kill
+    leaves every version readable), the record by create-if-absent, then the replaced parts out of the directory (a
+    plain listing is the latest version). Another commit taking the number first is a
+    :class:`~unihub.errors.ConcurrentCommitError`; on any failure the new files and the copies go."""
+    retired: list[str] = []
+    try:
         for rel in replaced:
             retired.append(rel)
-            retire(fs, root, rel)  # a copy beside the records first: a kill leaves every version readable
-        parts = tuple(p for p in (replaced.get(rel, rel) for rel in latest.parts) if p is not None)
-        version = replace(latest, number=latest.number + 1, timestamp=now(), operation="delete", tag=tag,
-                          parts=parts, added_rows=-removed, column_sets=_sets_after(record, replaced, sides))
+            retire(fs, root, rel)
         if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
-                                        "nothing of this delete was published: run it again")
+                                        f"nothing of this {version.operation} was published: run it again")
     except BaseException:
-        for rel in written:
-            fsutil.remove(fs, f"{root}/{rel}")
-        for rel in retired:  # their parts are still in the directory: the copies are no version's
-            fsutil.remove(fs, retired_path(root, rel))
-        column_sets.remove_empty_folders(fs, root)
+        discard(fs, root, written, retired)
         raise
     for rel in replaced:
-        fsutil.remove(fs, f"{root}/{rel}")  # out of the directory: a plain listing is the latest version
-    return version
+        fsutil.remove(fs, f"{root}/{rel}")
+
+
+def discard(fs: pafs.FileSystem, root: str, written: Sequence[str], retired: Sequence[str] = ()) -> None:
+    """Remove what a rewrite that is not published left: its new files, and the copies of parts it retired (those
+    parts are still in the directory: the copies are no version's)."""
+    for rel in written:
+        fsutil.remove(fs, f"{root}/{rel}")
+    for rel in retired:
+        fsutil.remove(fs, retired_path(root, rel))
+    column_sets.remove_empty_folders(fs, root)
 
 
 #: the prefix of a file this run wrote (a delete's d00000-, a compaction's c00000-): what a rewrite's name drops

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,31 +227,39 @@ KILLED = textwrap.dedent("""
 """)
 
 
+def killed_copies(tmp_path: Path, seed: Path, script: str, steps: int = 60) -> Iterator[tuple[int, str, str, str]]:
+    """For each step, a copy of ``seed`` with ``script`` run on it and SIGKILLed at its ``step``-th wrapped call
+    (``KILLED``'s ``wrap``): yields (step, the copy, what the script printed: "paused" or "done", its stderr),
+    until a run is not killed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    for step in range(1, steps):
+        url = str(tmp_path / f"ds{step}")
+        shutil.copytree(seed, url)
+        child = subprocess.Popen([sys.executable, "-c", script, url], env={**env, "KILL_AT": str(step)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = child.stdout.readline().strip()  # type: ignore[union-attr]
+        if line == "paused":
+            child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=120)
+        yield step, url, line, err
+        if line == "done":
+            return
+
+
 @pytest.mark.slow
 def test_a_kill_at_any_step_of_an_append_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
     seed = tmp_path / "seed"
     write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
     write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")  # recorded: the kill hits a recorded history
     old, new = list(range(12)), list(range(12)) + list(range(100, 120))
-    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
     outcomes = set()
-    for step in range(1, 60):
-        url = str(tmp_path / f"ds{step}")
-        shutil.copytree(seed, url)
-        child = subprocess.Popen([sys.executable, "-c", KILLED, url], env={**env, "KILL_AT": str(step)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = child.stdout.readline().strip()  # type: ignore[union-attr]
-        if line == "paused":
-            child.send_signal(signal.SIGKILL)
-        _, err = child.communicate(timeout=120)
+    for step, url, _, err in killed_copies(tmp_path, seed, KILLED):
         found = ids(url)
         assert found in (old, new), (step, str(found), err)
         outcomes.add(found == new)
         # the next append removes what the killed one left: then the directory lists exactly the latest
         write_dataset(url, SCHEMA, rows(200, 201), mode="append")
         assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
-        if line == "done":
-            break
     assert outcomes == {False, True}
 
 
@@ -479,17 +488,8 @@ def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_pa
     write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
     old, new = list(range(12)), list(range(5))
     before = versions.list_versions(str(seed))[-1].number
-    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
     outcomes = set()
-    for step in range(1, 60):
-        url = str(tmp_path / f"ds{step}")
-        shutil.copytree(seed, url)
-        child = subprocess.Popen([sys.executable, "-c", KILLED_DELETE, url], env={**env, "KILL_AT": str(step)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = child.stdout.readline().strip()  # type: ignore[union-attr]
-        if line == "paused":
-            child.send_signal(signal.SIGKILL)
-        _, err = child.communicate(timeout=120)
+    for step, url, _, err in killed_copies(tmp_path, seed, KILLED_DELETE):
         found = ids(url)
         assert found in (old, new), (step, str(found), err)
         outcomes.add(found == new)
@@ -499,8 +499,6 @@ def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_pa
             assert labels(url, version=before) == [*range(0, 100, 10), None, None]
         write_dataset(url, SCHEMA, rows(200, 201), mode="append")  # settles what the killed delete left
         assert sorted(pq.read_table(url)["id"].to_pylist()) == sorted(ids(url)), step
-        if line == "done":
-            break
     assert outcomes == {False, True}
 
 
@@ -850,17 +848,8 @@ def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tm
     write_dataset(str(seed), SCHEMA, rows(10, 12), mode="append")
     add_column(str(seed), LABEL, np.arange(12))
     old, new = list(range(12)), list(range(1000, 1012))
-    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
     outcomes = set()
-    for step in range(1, 60):
-        url = str(tmp_path / f"ds{step}")
-        shutil.copytree(seed, url)
-        child = subprocess.Popen([sys.executable, "-c", KILLED_ADD, url], env={**env, "KILL_AT": str(step)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = child.stdout.readline().strip()  # type: ignore[union-attr]
-        if line == "paused":
-            child.send_signal(signal.SIGKILL)
-        _, err = child.communicate(timeout=120)
+    for step, url, _, err in killed_copies(tmp_path, seed, KILLED_ADD):
         found = labels(url)
         assert found in (old, new), (step, str(found), err)
         outcomes.add(found == new)
@@ -868,6 +857,4 @@ def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tm
         # the next commit removes what the killed add left: every side file is one a version lists
         add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(12, np.int64))
         assert side_files(url) <= {f for v in versions.list_versions(url) for f in v.files()}, step
-        if line == "done":
-            break
     assert outcomes == {False, True}
