@@ -223,3 +223,14 @@ def test_a_reader_state_saved_before_a_compaction_resumes_after_it_exactly(tmp_p
                      resume_from=state) as reader:
         rest = [int(r.id) for r in reader]
     assert seen + rest == whole
+
+
+def test_a_dataset_with_a_summary_file_is_refused_by_name(tmp_path: Path) -> None:
+    """Petastorm's and Spark's ``_metadata`` lists the files and their row groups: a compaction would make it wrong."""
+    url = str(tmp_path / "ds")
+    grown(url)
+    Path(url, "_metadata").write_bytes(b"")  # as write_dataset(petastorm_compatible=True) leaves one
+    listing = sorted(str(p.relative_to(url)) for p in Path(url).rglob("*"))
+    with pytest.raises(InvalidArgumentError, match="_metadata summary"):
+        compact_dataset(url)
+    assert sorted(str(p.relative_to(url)) for p in Path(url).rglob("*")) == listing
