@@ -34,7 +34,7 @@ from unihub.errors import DatasetNotFoundError, FormatError, InvalidArgumentErro
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
-from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import column_sets, file_options, integrity, versions
 from unihub.store.column_sets import ColumnSet, SidePart
 from unihub.store.metadata_files import SUMMARY_METADATA
@@ -54,9 +54,16 @@ class _Part:
     def joins(self, run: Sequence[_Part], target: int) -> bool:
         """Whether this part may join ``run`` (same folder, schema and sets, the whole under ``target`` bytes)."""
         first = run[0]
-        return (posixpath.dirname(self.rel) == posixpath.dirname(first.rel) and self.schema.equals(first.schema, True)
+        return (posixpath.dirname(self.rel) == posixpath.dirname(first.rel) and _same_schema(self.schema, first.schema)
                 and [s.name for s, _ in self.sides] == [s.name for s, _ in first.sides]
                 and sum(p.size for p in run) + self.size <= target)
+
+
+def _same_schema(one: pa.Schema, other: pa.Schema) -> bool:
+    """The same columns and Unischema; other metadata (a conversion's source, in ``unihub.extra``) may differ: the
+    joined part keeps its first part's (the version records keep every conversion's sources)."""
+    return one.remove_metadata().equals(other.remove_metadata()) and \
+        (one.metadata or {}).get(SCHEMA_METADATA_KEY) == (other.metadata or {}).get(SCHEMA_METADATA_KEY)
 
 
 @remote.naming_url("url")

@@ -234,3 +234,14 @@ def test_a_dataset_with_a_summary_file_is_refused_by_name(tmp_path: Path) -> Non
     with pytest.raises(InvalidArgumentError, match="_metadata summary"):
         compact_dataset(url)
     assert sorted(str(p.relative_to(url)) for p in Path(url).rglob("*")) == listing
+
+
+def test_parts_of_conversions_from_other_sources_are_joined(tmp_path: Path) -> None:
+    """Appends whose files differ only in the conversion's own metadata (``unihub.extra``: its source) are joined;
+    the parts' columns and Unischema must match."""
+    url = str(tmp_path / "ds")
+    for k, source in enumerate(("day1.tfrecord", "day2.tfrecord", "day3.tfrecord")):
+        write_dataset(url, SCHEMA, rows(5 * k, 5 * k + 5), mode="append", extra_metadata={"source": source})
+    before = table_of(url)
+    version = compact_dataset(url)
+    assert version is not None and len(version.parts) == 1 and table_of(url).equals(before)
