@@ -245,3 +245,32 @@ def test_parts_of_conversions_from_other_sources_are_joined(tmp_path: Path) -> N
     before = table_of(url)
     version = compact_dataset(url)
     assert version is not None and len(version.parts) == 1 and table_of(url).equals(before)
+
+
+def test_a_compacted_image_dataset_keeps_its_page_index_and_small_image_pages(tmp_path: Path) -> None:
+    """The joined parts are written as the parts were (store/file_options.py): an offset index on every column and
+    image pages of a few images, so random access still reads a cell by its page."""
+    from unihub import Dataset
+
+    from .test_columns import SCHEMA as PICS
+    from .test_columns import write_pics
+
+    url = tmp_path / "pics"
+    first = tmp_path / "first"
+    write_pics(first)
+    source = open_dataset(first)
+    rows_ = pa.concat_tables(source.read_row_group(g) for g in range(len(source.row_groups))).to_pylist()
+    for _ in range(3):  # three appends of the same 120 rows of 16x16 PNGs
+        write_dataset(str(url), PICS, ({"id": r["id"], "image": r["image"]} for r in rows_), mode="append")
+    before = table_of(str(url))
+    assert compact_dataset(url) is not None
+    assert table_of(str(url)).equals(before)
+    (part,) = [p for p in url.iterdir() if p.suffix == ".parquet"]
+    metadata = pq.read_metadata(part)
+    assert all(metadata.row_group(g).column(c).has_offset_index for g in range(metadata.num_row_groups)
+               for c in range(metadata.num_columns))
+    ds = Dataset(str(url), cache_mb=0.001)
+    chunk = ds.pages._chunk(0, "image") if ds.pages is not None else None
+    assert chunk is not None and len(chunk.locations.sizes) > 1
+    taken = ds.take([5, 1])
+    assert list(np.asarray(taken.id)) == [before["id"][5].as_py(), before["id"][1].as_py()]
