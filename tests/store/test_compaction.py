@@ -274,3 +274,15 @@ def test_a_compacted_image_dataset_keeps_its_page_index_and_small_image_pages(tm
     assert chunk is not None and len(chunk.locations.sizes) > 1
     taken = ds.take([5, 1])
     assert list(np.asarray(taken.id)) == [before["id"][5].as_py(), before["id"][1].as_py()]
+
+
+def test_a_dataset_written_once_in_small_files_is_compacted_as_its_version_2(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 20), rows_per_file=5)  # no version recorded: version 1 is implicit
+    before = table_of(url)
+    assert len(open_dataset(url).files) == 4
+    version = compact_dataset(url)
+    assert version is not None and version.number == 2 and len(version.parts) == 1
+    assert [v.operation for v in versions.list_versions(url)] == ["write", "compact"]
+    assert table_of(url).equals(before) and table_of(url, version=1).equals(before)
+    assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(20))
