@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e '.[all,test,docs]' 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "
 import importlib.util, sys, unihub
-missing = [m for m in ('torch', 'tensorflow', 'pyspark', 'h5py', 'webdataset', 'tfrecord', 'nvidia.dali', 'moto', 'tqdm', 'argcomplete',
+missing = [m for m in ('torch', 'tensorflow', 'pyspark', 'h5py', 'webdataset', 'tfrecord', 'nvidia.dali', 'moto', 'tqdm', 'argcomplete', 'xdist',
                      'mkdocs', 'mkdocstrings_handlers.python', 'material')
            if importlib.util.find_spec(m) is None]
 sys.exit('missing: ' + ', '.join(missing) if missing else 0)" \
