@@ -43,7 +43,7 @@ from unihub.store.metadata_files import SUMMARY_METADATA
 @dataclass(frozen=True)
 class _Part:
     """A part of the version compacted: its path (relative), where it is, size, schema, and the column sets
-    covering it (set name -> its side file)."""
+    covering it, each with its side file for the part."""
 
     rel: str
     path: str
