@@ -150,3 +150,23 @@ def test_webdataset_shards_are_converted_once_each_and_read_as_tarfile_reads_the
     found = [(r["__key__"], r["png"], r["txt"]) for r in rows(dst, ["__key__", "png", "txt"])]
     assert found == members(["shard-000.tar", "shard-001.tar"])
     assert [v.added_rows for v in history(dst)] == [3, 3]
+
+
+def test_a_compaction_between_incremental_conversions_keeps_what_was_converted(tmp_path: Path) -> None:
+    """A compacted version carries the sources of the versions before it: the next ``convert --append`` converts
+    only the files added since, and the rows are the same as without the compaction."""
+    from unihub.store.compaction import compact_dataset
+
+    root, dst = tmp_path / "images", str(tmp_path / "ds")
+    for k, rel in enumerate(["ant/a1.png", "ant/a2.png", "bee/b1.png"]):
+        png(root, rel, k + 1)
+        assert convert_append(str(root), dst) == 0  # one version a file: 3 parts
+    before = rows(dst, ["path", "label"])
+    version = compact_dataset(dst)
+    assert version is not None and len(version.parts) == 1 and version.operation == "compact"
+    assert [s.path for s in version.sources] == [s.path for s in history(dst)[-2].sources]
+    png(root, "bee/b2.png", 9)
+    assert convert_append(str(root), dst) == 0
+    assert convert_append(str(root), dst) == 0  # nothing new: no version
+    assert [v.added_rows for v in history(dst)] == [1, 1, 1, 0, 1]
+    assert rows(dst, ["path", "label"]) == [*before, {"path": "bee/b2.png", "label": 1}]
