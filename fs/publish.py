@@ -42,6 +42,8 @@ from unihub.fs.uploads import abort_uploads, uploading
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
+#: the summary file Spark and Hadoop tools read (and Petastorm writes): every data file's row groups in one footer
+SUMMARY_METADATA = "_metadata"
 #: columns added beside the parts (store/column_sets.py): the record lists its files under "files"
 COLUMNS_RECORD = "_unihub_columns.json"
 #: a dataset's version records (:mod:`unihub.store.versions`): ``<root>/_unihub_versions/<number>.json``

@@ -37,7 +37,6 @@ from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import column_sets, file_options, integrity, versions
 from unihub.store.column_sets import ColumnSet, SidePart
-from unihub.store.metadata_files import SUMMARY_METADATA
 
 
 @dataclass(frozen=True)
@@ -83,10 +82,7 @@ def compact_dataset(url: str | os.PathLike[str], *, target_mb: float = DEFAULT_P
         if not current:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to compact")
         versions.check_tag(current, tag, root)
-        if fsutil.exists(fs, f"{root}/{SUMMARY_METADATA}"):
-            raise InvalidArgumentError(f"{os.fspath(url)}: has a {SUMMARY_METADATA} summary (Petastorm's or Spark's) that "
-                                       "lists its files and row groups; a compaction would leave it wrong for the "
-                                       "readers that use it. Remove it first, or keep the dataset as it is")
+        versions.refuse_summary(fs, root, "a compaction")
         if not current[-1].recorded:
             versions.record_first(fs, root, current[-1])
             current = versions.history(fs, root)

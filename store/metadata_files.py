@@ -28,13 +28,12 @@ import pyarrow.parquet as pq
 
 from unihub.errors import SchemaError
 from unihub.fs import filesystem as fsutil
+from unihub.fs.publish import SUMMARY_METADATA  # the summary file: every data file's row groups in one footer
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import COMMON_METADATA, list_data_files, read_footers, read_metadata
 
-#: The summary file Spark and Hadoop tools read: every data file's row groups in one footer.
-SUMMARY_METADATA = "_metadata"
 PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
 
 

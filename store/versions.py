@@ -72,6 +72,7 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
+    InvalidArgumentError,
     SourceChangedError,
     VersionNotFoundError,
 )
@@ -641,12 +642,24 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         if not current:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
         check_tag(current, tag, root)
+        refuse_summary(fs, root, "a delete")
         if not current[-1].recorded:
             record_first(fs, root, current[-1])
             current = history(fs, root)
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
         return _delete(fs, root, current[-1], where, tag)
+
+
+def refuse_summary(fs: pafs.FileSystem, root: str, what: str) -> None:
+    """An :class:`~unihub.errors.InvalidArgumentError` where the dataset has a ``_metadata`` summary (Petastorm's,
+    Spark's): it lists the files and their row groups, and ``what`` (a rewrite of parts) would leave it wrong for the
+    readers that use it."""
+    if fsutil.exists(fs, f"{root}/{publish.SUMMARY_METADATA}"):
+        raise InvalidArgumentError(f"{root}: has a {publish.SUMMARY_METADATA} summary (Petastorm's or Spark's) that "
+                                   f"lists its files and row groups; {what} would leave it wrong for the readers that "
+                                   "use it. "
+                                   "Remove it first, or keep the dataset as it is")
 
 
 def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:

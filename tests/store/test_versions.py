@@ -858,3 +858,21 @@ def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tm
         add_column(url, UnischemaField("other", np.int64, (), ScalarCodec(pa.int64()), True), np.zeros(12, np.int64))
         assert side_files(url) <= {f for v in versions.list_versions(url) for f in v.files()}, step
     assert outcomes == {False, True}
+
+
+def test_a_delete_on_a_dataset_with_a_summary_file_is_refused_by_name(tmp_path: Path) -> None:
+    """Petastorm's and Spark's ``_metadata`` lists the files and their row groups: a delete would make it wrong."""
+    import pyarrow.compute as pc
+
+    from unihub.errors import InvalidArgumentError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10))
+    part = open_dataset(url).files[0].path
+    collected = [pq.read_metadata(part)]
+    collected[0].set_file_path(os.path.basename(part))
+    pq.write_metadata(pq.read_schema(part), os.path.join(url, "_metadata"), metadata_collector=collected)  # as Spark
+    listing = sorted(str(p.relative_to(url)) for p in Path(url).rglob("*"))
+    with pytest.raises(InvalidArgumentError, match="_metadata summary .* a delete would leave it wrong"):
+        versions.delete_rows(url, pc.field("id") < 3)
+    assert sorted(str(p.relative_to(url)) for p in Path(url).rglob("*")) == listing and ids(url) == list(range(10))
