@@ -107,7 +107,9 @@ CUT_MIN_BATCH_BYTES = 4 * 2**20
 
 def cut_pays(fields: Iterable[UnischemaField], batch_size: int | None) -> bool:
     """Whether batches of ``batch_size`` rows of ``fields`` are cut encoded and decoded whole: their
-    images' decoded bytes reach :data:`CUT_MIN_BATCH_BYTES`, or an image's size is not fixed."""
+    images' decoded bytes reach :data:`CUT_MIN_BATCH_BYTES`, or an image's size is not fixed (no batches: no)."""
+    if not batch_size:
+        return False
     total = 0
     for f in fields:
         if not isinstance(f.codec, CompressedImageCodec):
@@ -116,7 +118,7 @@ def cut_pays(fields: Iterable[UnischemaField], batch_size: int | None) -> bool:
         if len(dims) < len(f.shape):
             return True
         total += int(np.prod(dims, dtype=np.int64)) * np.dtype(f.numpy_dtype).itemsize
-    return bool(batch_size) and total * int(batch_size or 0) >= CUT_MIN_BATCH_BYTES
+    return total * batch_size >= CUT_MIN_BATCH_BYTES
 
 
 def decoded_later(reader: Any, wanted: bool = True) -> contextlib.AbstractContextManager[LateImages | None]:

@@ -825,3 +825,34 @@ def test_small_images_are_decoded_by_the_reader_and_big_ones_after_the_cut(monke
     assert late_decode.cut_pays([big, label], 64)             # 12 MiB a batch
     assert late_decode.cut_pays([ragged], 64)                 # sizes unknown
     assert not late_decode.cut_pays([label], 64) and not late_decode.cut_pays([big], None)
+    assert not late_decode.cut_pays([ragged], None)  # no batches to cut
+
+
+def test_the_loaders_and_make_tf_dataset_cut_only_batches_the_gate_lets_through(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unshuffled, with fixed-size images under CUT_MIN_BATCH_BYTES a batch, the reader decodes (no late decode);
+    with the gate lowered the same loaders cut and decode each batch after: the same batches either way."""
+    from unihub.bridges.tf import dataset as tf_bridge
+
+    photos = Unischema("Photos", [Images.fields["id"], Images.fields["photo"]])
+    path = tmp_path / "photos"
+    write_dataset(path, photos, ({"id": r["id"], "photo": r["photo"]} for r in image_rows()), row_group_size_mb=0.05)
+    seen: list[int] = []
+    original = late_decode.LateImages.decode
+    monkeypatch.setattr(late_decode.LateImages, "decode",
+                        lambda self, columns, *into: (seen.append(1), original(self, columns, *into))[1])
+
+    def runs() -> tuple[list[list[int]], list[list[int]]]:
+        with make_batch_reader(path, shuffle_row_groups=False, workers_count=1) as reader:
+            torch_ids = [b["id"].tolist() for b in BatchedDataLoader(reader, batch_size=32)]
+        tf_ids = [b["id"].numpy().tolist() for b in tf_bridge.make_tf_dataset(str(path), batch_size=32, shuffle_row_groups=False,
+                                                                     workers_count=1)]
+        return torch_ids, tf_ids
+
+    monkeypatch.setattr(late_decode, "CUT_MIN_BATCH_BYTES", 4 * 2**20)  # the default: 32 16x16 photos are 24 KiB
+    gated = runs()
+    assert not seen, "small fixed-size images: the reader decodes"
+    monkeypatch.setattr(late_decode, "CUT_MIN_BATCH_BYTES", 0)
+    cut = runs()
+    assert seen, "past the gate: batches cut encoded and decoded after"
+    assert gated == cut and [i for b in cut[0] for i in b] == list(range(N))
