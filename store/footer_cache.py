@@ -77,6 +77,13 @@ class FooterCache:
 FOOTERS = FooterCache()
 
 
+def _new_lock_after_fork() -> None:
+    FOOTERS._lock = threading.Lock()  # a thread of the parent may have held it at the fork (a torch worker's)
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def key_of(path: str, size: int | None, mtime_ns: int | None) -> Key | None:
     """The cache key of a local file whose listing gave its size and time; None where either is unknown."""
     return (path, size, mtime_ns) if size is not None and mtime_ns is not None else None

@@ -658,8 +658,7 @@ def refuse_summary(fs: pafs.FileSystem, root: str, what: str) -> None:
     if fsutil.exists(fs, f"{root}/{publish.SUMMARY_METADATA}"):
         raise InvalidArgumentError(f"{root}: has a {publish.SUMMARY_METADATA} summary (Petastorm's or Spark's) that "
                                    f"lists its files and row groups; {what} would leave it wrong for the readers that "
-                                   "use it. "
-                                   "Remove it first, or keep the dataset as it is")
+                                   "use it. Remove it first, or keep the dataset as it is")
 
 
 def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:

@@ -451,3 +451,26 @@ def test_the_footer_cache_is_bounded_by_bytes_least_recently_used_out(tmp_path: 
     assert len(cache) == 2 and cache.get(keys[1]) is None and cache.get(keys[0]) is footers[0]
     assert footer_cache.key_of(paths[0], 10, None) is None and cache.get(None) is None  # no time: not kept
     assert cache.get((paths[3], keys[3][1], keys[3][2] + 1)) is None  # another time: another file
+
+
+def test_a_process_forked_while_the_footer_cache_is_locked_can_use_it() -> None:
+    """A reader thread may hold the footer cache's lock at the moment torch forks its workers: the child gets a
+    lock of its own (else its first open would wait forever)."""
+    import os
+    import time
+
+    from unihub.store import footer_cache
+
+    with footer_cache.FOOTERS._lock:
+        child = os.fork()
+        if child == 0:
+            footer_cache.FOOTERS.get(("/nowhere", 1, 1))
+            os._exit(0)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child waited on its parent's lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
