@@ -310,7 +310,7 @@ def _folds_for(store: ParquetStore, record: Record, name: str, rel: str, rows: i
         if handle.size() > FOLD_MAX_BYTES:
             continue
         names = [f.name for column_set, _ in sets for f in column_set.fields]
-        folds.append(_Fold(pq.ParquetFile(handle, **integrity.READ_OPTIONS), path, sets, names))
+        folds.append(_Fold(integrity.open_file(handle, path), path, sets, names))
     return folds
 
 
@@ -323,7 +323,7 @@ def _folded_columns(folds: Sequence[_Fold], info: RowGroupInfo) -> list[pa.Chunk
         if group >= metadata.num_row_groups or metadata.row_group(group).num_rows != info.num_rows:
             raise FormatError(f"{fold.path}: its row groups are not its part's (row group {group} of {info.num_rows} "
                               f"rows; the file has {metadata.num_row_groups})", path=fold.path)
-        table = fold.file.read_row_group(group, columns=fold.names, use_threads=False)
+        table = integrity.read_group(fold.file, fold.path, group, fold.names)
         columns.extend(table.column(n) for n in fold.names)
     return columns
 

@@ -37,6 +37,7 @@ from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import column_sets, file_options, integrity, versions
 from unihub.store.column_sets import ColumnSet, SidePart
+from unihub.store.dataset import read_metadata
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,9 @@ def _compact(fs: pafs.FileSystem, root: str, latest: versions.Version, target: i
 def _part_of(fs: pafs.FileSystem, root: str, rel: str, record: column_sets.Record) -> _Part:
     """Part ``rel`` of the version: where it is, its size and schema, the sets covering it."""
     path = versions.located(fs, root, rel)
-    with fs.open_input_file(path) as handle:
-        size = handle.size()
-        footer = pq.read_metadata(handle)
+    info = fs.get_file_info(path)
+    size = int(info.size or 0)
+    footer = read_metadata(fs, path, size, mtime_ns=info.mtime_ns)  # a damaged footer: a FormatError naming it
     schema = footer.schema.to_arrow_schema()
     sides = tuple((s, side.file) for s in record.sets
                   if (side := s.parts.get(rel)) is not None and (side.rows, side.part_bytes) == (footer.num_rows, size))
@@ -174,7 +175,7 @@ def _write_run(fs: pafs.FileSystem, root: str, run: list[_Part], run_id: str, n:
 def _writer(fs: pafs.FileSystem, path: str, model: _Part) -> pq.ParquetWriter:
     """A writer of a part like ``model``: its schema and metadata, each column's compression, dictionaries, pages."""
     with fs.open_input_file(model.path) as handle:
-        options = file_options.like(pq.ParquetFile(handle))
+        options = file_options.like(integrity.open_file(handle, model.path))
     return pq.ParquetWriter(path, model.schema, filesystem=fs, store_schema=True, **options, **integrity.WRITE_OPTIONS)
 
 
@@ -183,15 +184,15 @@ def _copy_part(fs: pafs.FileSystem, root: str, part: _Part, parts_out: pq.Parque
     """Part ``part``'s row groups appended to ``parts_out`` as they are, and its sets' columns, each from its own
     side file, to ``sides_out`` (the same boundaries); returns its rows."""
     with ExitStack() as stack:
-        source = pq.ParquetFile(stack.enter_context(fs.open_input_file(part.path)), **integrity.READ_OPTIONS)
+        source = integrity.open_file(stack.enter_context(fs.open_input_file(part.path)), part.path)
         by_file: dict[str, tuple[pq.ParquetFile, list[str]]] = {}
         for column_set, rel in part.sides:  # a file may hold a set's old values too (a fold, then a backfill)
             if rel not in by_file:
-                by_file[rel] = (pq.ParquetFile(stack.enter_context(fs.open_input_file(f"{root}/{rel}")),
-                                               **integrity.READ_OPTIONS), [])
+                by_file[rel] = (integrity.open_file(stack.enter_context(fs.open_input_file(f"{root}/{rel}")),
+                                                    f"{root}/{rel}"), [])
             by_file[rel][1].extend(f.name for f in column_set.fields)
         for g in range(source.metadata.num_row_groups):
-            group = source.read_row_group(g)
+            group = integrity.read_group(source, part.path, g)
             parts_out.write_table(group, row_group_size=max(1, group.num_rows))
             if sides_out is None:
                 continue
@@ -200,7 +201,7 @@ def _copy_part(fs: pafs.FileSystem, root: str, part: _Part, parts_out: pq.Parque
                 if g >= side.metadata.num_row_groups or side.metadata.row_group(g).num_rows != group.num_rows:
                     raise FormatError(f"{root}/{rel}: its row groups are not its part's ({part.rel}, row group {g})",
                                       path=f"{root}/{rel}")
-                table = side.read_row_group(g, columns=names)
+                table = integrity.read_group(side, f"{root}/{rel}", g, names)
                 columns.update((n, table.column(n)) for n in names)
             sides_out.write_table(pa.table([columns[n] for n in sides_out.schema.names], schema=sides_out.schema),
                                   row_group_size=max(1, group.num_rows))

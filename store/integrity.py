@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from unihub.errors import DataCorruptionError, InvalidArgumentError
+from unihub.errors import DataCorruptionError, FormatError, InvalidArgumentError
+from unihub.fs import remote
 from unihub.schema.arrow_numpy import to_numpy
 
 #: ``pq.ParquetWriter`` options: a CRC-32 in every page header.
@@ -57,6 +58,33 @@ def verification() -> Verification:
 def is_checksum_failure(exc: BaseException) -> bool:
     """True for pyarrow's error on a page whose bytes do not match the CRC in its header."""
     return isinstance(exc, OSError) and _CRC_MESSAGE in str(exc)
+
+
+def open_file(handle: Any, path: str) -> pq.ParquetFile:
+    """``handle`` (the file at ``path``) opened as Parquet, its pages' checksums verified as they are read: what a
+    rewrite (a delete, a compaction, a fold of column sets) reads through. A file that is not readable Parquet is
+    a :class:`FormatError` naming it; a remote failure is raised as it is (the caller's ``remote_errors`` names it)."""
+    try:
+        return pq.ParquetFile(handle, **READ_OPTIONS)
+    except (OSError, pa.ArrowException) as exc:
+        if remote.as_remote_error(exc, path) is not None:
+            raise
+        raise FormatError(f"{path}: not a readable Parquet file: {exc}", path=path) from exc
+
+
+def read_group(parquet_file: pq.ParquetFile, path: str, row_group: int,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Row group ``row_group`` of ``parquet_file`` (opened by :func:`open_file`; ``columns``: all by default): a page
+    that fails its CRC is a :class:`DataCorruptionError` naming the file, row group and column, other damage a
+    :class:`FormatError` naming the file and row group; a remote failure is raised as it is."""
+    try:
+        return parquet_file.read_row_group(row_group, columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        if remote.as_remote_error(exc, path) is not None:
+            raise
+        if is_checksum_failure(exc):
+            raise checksum_error(parquet_file, path, row_group, columns, exc) from exc
+        raise FormatError(f"{path}: cannot read row group {row_group}: {exc}", path=path) from exc
 
 
 def checksum_error(parquet_file: pq.ParquetFile, path: str, row_group: int, columns: Sequence[str] | None,

@@ -794,6 +794,8 @@ class _PartRewrite:
         self.fs, self.root, self.rel, self.new_rel, self.targets = fs, root, rel, new_rel, targets
         #: set name -> the side file written for the rewritten part (sets that covered the part)
         self.new_sides: dict[str, SidePart] = {}
+        #: where the part is (in the directory, or retired beside the records for an older version)
+        self.source_path = f"{root}/{rel}"
 
     def run(self, where: Any, written: list[str]) -> tuple[int, int]:
         """Write the rows for which ``where`` does not hold (a null result keeps the row) to the new part and side
@@ -802,8 +804,9 @@ class _PartRewrite:
         written where none matched, nor where none is left."""
         fs = self.fs
         with ExitStack() as stack:
-            source = self._open(stack, located(fs, self.root, self.rel))
-            size = fs.get_file_info(located(fs, self.root, self.rel)).size
+            self.source_path = located(fs, self.root, self.rel)
+            source = self._open(stack, self.source_path)
+            size = fs.get_file_info(self.source_path).size
             by_file: dict[str, list[_SideTarget]] = {}
             for t in self.targets:
                 if t.side is not None and (t.side.rows, t.side.part_bytes) == (source.metadata.num_rows, size):
@@ -825,18 +828,18 @@ class _PartRewrite:
         return kept, dropped
 
     def _open(self, stack: ExitStack, path: str) -> pq.ParquetFile:
-        return pq.ParquetFile(stack.enter_context(self.fs.open_input_file(path)), **integrity.READ_OPTIONS)
+        return integrity.open_file(stack.enter_context(self.fs.open_input_file(path)), path)
 
     def _group(self, source: pq.ParquetFile, i: int, covered: list[_SideRewrite],
                uncovered: list[_SideTarget]) -> pa.Table:
         """Row group ``i`` of the part with the columns of the ``covered`` sets' side files and nulls for those of
         the ``uncovered`` sets, in storage form."""
-        group = source.read_row_group(i)
+        group = integrity.read_group(source, self.source_path, i)
         for side in covered:
             if i >= side.file.metadata.num_row_groups or side.file.metadata.row_group(i).num_rows != group.num_rows:
                 raise FormatError(f"{side.path}: its row groups are not its part's ({self.rel}, row group {i})",
                                   path=side.path)
-            table = side.file.read_row_group(i, columns=side.names)
+            table = integrity.read_group(side.file, side.path, i, side.names)
             for name in side.names:
                 group = group.append_column(table.schema.field(name), table.column(name))
         for target in uncovered:

@@ -5,6 +5,7 @@ the latest, a failure or a race leaving nothing, on a local disk and on moto's S
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,38 @@ def test_a_dataset_written_once_in_small_files_is_compacted_as_its_version_2(tmp
     assert [v.operation for v in versions.list_versions(url)] == ["write", "compact"]
     assert table_of(url).equals(before) and table_of(url, version=1).equals(before)
     assert sorted(pq.read_table(url)["id"].to_pylist()) == list(range(20))
+
+
+@pytest.mark.parametrize("job", ["compact", "delete", "fold", "cli"])
+def test_a_damaged_part_or_side_file_is_a_named_error_and_nothing_is_left(tmp_path: Path, job: str,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A rewrite (compaction, delete, a fold of small column sets) reading a page that fails its CRC raises
+    DataCorruptionError naming the file and row group, a file cut short a FormatError naming it; the dataset is as
+    it was (no new file, no version) and the CLI prints one line."""
+    import pyarrow.compute as pc
+
+    from unihub.errors import DataCorruptionError, FormatError
+
+    from .test_integrity import payload_flip
+
+    url = str(tmp_path / "ds")
+    grown(url)
+    latest = versions.list_versions(url)[-1]
+    side_file = Path(url, next(s for s in latest.column_sets if s["name"] == "emb")["parts"][latest.parts[1]]["file"])
+    damaged = side_file if job == "fold" else Path(url, latest.parts[1])
+    payload_flip(damaged)
+    listing = sorted(str(p.relative_to(url)) for p in Path(url).rglob("*"))
+    run = {"compact": lambda: compact_dataset(url), "delete": lambda: versions.delete_rows(url, pc.field("id") < 3),
+           "fold": lambda: add_column(url, SPLIT, ["x"] * 40)}
+    if job == "cli":
+        assert cli_main(["compact", url]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("unihub: error:") and str(damaged) in err[0] and "CRC" in err[0]
+    else:
+        with pytest.raises(DataCorruptionError, match=f"{re.escape(str(damaged))}: row group 0"):
+            run[job]()
+    assert sorted(str(p.relative_to(url)) for p in Path(url).rglob("*")) == listing
+    if job == "compact":
+        damaged.write_bytes(damaged.read_bytes()[:40])  # cut short: no footer
+        with pytest.raises(FormatError, match=f"{re.escape(str(damaged))}: not a readable Parquet file"):
+            compact_dataset(url)
