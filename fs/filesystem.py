@@ -148,6 +148,17 @@ class _FSSpecHandler(pafs.FSSpecHandler):
     def fs(self, value: Any) -> None:
         self._fs, self._pid = value, os.getpid()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # fsspec's pickled form makes the filesystem anew from its storage options, without s3fs's own
+        # retries set after (turned off by remote.configure_fsspec): a spawned worker would retry 5 times
+        return {**self.__dict__, "_fs_retries": getattr(self._fs, "retries", None)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        retries = state.pop("_fs_retries", None)
+        self.__dict__.update(state)
+        if retries is not None:
+            self._fs.retries = retries
+
     def move(self, src: str, dest: str) -> None:
         if _is_local(self.fs) or not self.fs.isdir(src):
             super().move(src, dest)

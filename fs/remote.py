@@ -29,7 +29,8 @@ environment variables. Settings already in ``storage_options`` (``config_kwargs`
 filesystem object passed as ``filesystem=`` are kept; their failures are translated all the same.
 
 A process forked from one that used pyarrow's S3 (or GCS, Azure) filesystem reads through a copy of
-its own (:func:`renewed`, with these settings): the SDK's kept-alive connections are not fork-safe.
+its own (:func:`renewed`, with these settings): the SDK's kept-alive connections are not fork-safe. A
+process the filesystem is pickled to (a spawned worker) has these settings too (:class:`ConfiguredS3FileSystem`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import os
 import random
 import socket
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -269,29 +269,37 @@ def configure_pyarrow(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.Fil
     for key in ("connect_timeout", "request_timeout"):
         if options.get(key) is None or options[key] < 0:
             options[key] = settings.timeout
-    options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=settings.retries + 1)
     # pyarrow's background writes queue every part that is not uploaded yet, without a bound:
     # writing faster than the store takes it grew RSS by 45-200 MB over a local write (6 MB rows
     # to moto); uploading each part as it fills keeps memory within the row-group bound
     options["background_writes"] = False
-    configured = pafs.S3FileSystem(**options)
-    _note_attempts(configured, settings.retries + 1)
-    return configured
+    return ConfiguredS3FileSystem(attempts=settings.retries + 1, **options)
+
+
+class ConfiguredS3FileSystem(pafs.S3FileSystem):
+    """pyarrow's S3 filesystem with the AWS SDK's standard retry strategy of ``attempts`` attempts (the
+    first and its retries), also in a copy made from its pickled form: in a process it is pickled to (a
+    dataset or reader sent to a spawned worker) or a forked one (:func:`renewed`). pyarrow's own pickled
+    form drops the retry strategy: such a copy would retry as the SDK does by default."""
+
+    def __init__(self, *, attempts: int, **options: Any) -> None:
+        super().__init__(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts), **options)
+        self.attempts = attempts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _configured_s3, (super().__reduce__()[1][0], self.attempts)
+
+
+def _configured_s3(options: dict[str, Any], attempts: int) -> ConfiguredS3FileSystem:
+    """A :class:`ConfiguredS3FileSystem` from its pickled form (pickle passes no keyword arguments)."""
+    return ConfiguredS3FileSystem(attempts=attempts, **options)
 
 
 #: pyarrow's cloud filesystems: C++ SDKs that keep HTTP connections open between requests
 _CLOUD = tuple(c for c in (getattr(pafs, n, None) for n in ("S3FileSystem", "GcsFileSystem", "AzureFileSystem"))
                if c is not None)
-#: id of an S3 filesystem configure_pyarrow made -> its retry attempts (its pickled form, which
-#: :func:`renewed` builds on, drops the retry strategy)
-_ATTEMPTS: dict[int, int] = {}
 #: (process, id of a filesystem inherited from another) -> (that filesystem, this process's copy)
 _RENEWED: dict[tuple[int, int], tuple[pafs.FileSystem, pafs.FileSystem]] = {}
-
-
-def _note_attempts(fs: pafs.FileSystem, attempts: int) -> None:
-    _ATTEMPTS[id(fs)] = attempts
-    weakref.finalize(fs, _ATTEMPTS.pop, id(fs), None)
 
 
 def renewed(fs: pafs.FileSystem) -> pafs.FileSystem:
@@ -316,16 +324,11 @@ def renewed(fs: pafs.FileSystem) -> pafs.FileSystem:
 
 
 def _copy(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """A new ``fs`` from its pickled form (no connections), with the retry strategy configure_pyarrow gave it."""
+    """A new ``fs`` from its pickled form (no connections; configure_pyarrow's keeps its retries)."""
     if isinstance(fs, pafs.SubTreeFileSystem):
         return pafs.SubTreeFileSystem(fs.base_path, _copy(fs.base_fs))
     make, args = fs.__reduce__()[:2]
-    attempts = _ATTEMPTS.get(id(fs))
-    if attempts is None:
-        return make(*args)
-    fresh = pafs.S3FileSystem(**args[0], retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
-    _note_attempts(fresh, attempts)
-    return fresh
+    return make(*args)
 
 
 def is_remote_failure(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ pytest.importorskip("moto")
 pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
 
-from unihub import write_dataset  # noqa: E402
+from unihub import open_dataset, write_dataset  # noqa: E402
 from unihub.errors import RemoteStorageError  # noqa: E402
 from unihub.readers.reader import make_reader  # noqa: E402
 
@@ -269,3 +269,34 @@ def test_a_renewed_s3_filesystem_keeps_its_settings_and_retries(s3_server, proxy
     local = pafs.LocalFileSystem()
     local_subtree = pafs.SubTreeFileSystem("/tmp", local)
     assert remote.renewed(local) is local and remote.renewed(local_subtree) is local_subtree
+
+
+# -- spawned processes: a dataset pickled to them reads with its retries ------------------------------------
+def _read_row_group(store: Any) -> str:
+    """In a spawned process: the first row group of the unpickled ``store``, read; what came of it."""
+    try:
+        return f"read {store.read_row_group(0).num_rows} rows"
+    except OSError as exc:  # RemoteStorageError, or pyarrow's own
+        return f"failed: {type(exc).__name__}"
+
+
+@pytest.mark.parametrize(("kind", "retries", "faults", "outcome"), [
+    ("pyarrow", 0, 1, "failed"),  # retries=0: fail at the first transient fault (the SDK's default retries it)
+    ("pyarrow", 4, 4, "read"),  # 5 attempts, more than the SDK's default 3
+    ("fsspec", 0, 1, "failed"),  # s3fs's own retry loop (5 by default) stays off
+])
+def test_a_spawned_process_reads_with_the_retries_of_the_dataset_pickled_to_it(
+        s3_server, proxy, key, kind, retries, faults, outcome):
+    # a dataset sent to a spawned worker (a torch Dataset holding it, a process pool where there is no fork)
+    # arrives pickled, its filesystem made anew (pyarrow's pickled form drops the retry strategy; fsspec's,
+    # s3fs's own retries): it must not retry by their defaults (3 attempts, 5) instead of unihub_retries
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    url, options = through(proxy, s3_server, kind, key)
+    store = open_dataset(url, storage_options={**options.get("storage_options", {}), "unihub_retries": retries})
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        proxy.fail_first(faults, "503")
+        result = pool.submit(_read_row_group, store).result()
+    assert result.startswith(outcome), result
+    assert proxy.failed == faults
