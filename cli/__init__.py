@@ -1,5 +1,6 @@
 """The ``unihub`` command line (``unihub = unihub.cli:main``): ``commands.py`` builds the parser and runs each
-subcommand; ``storage.py`` (``--storage-option``), ``completion.py`` (shell completion), ``cache.py``
+subcommand; ``parsers.py`` (every subcommand's parser is built through ``add_command``; the options several
+share), ``storage.py`` (``--storage-option``), ``completion.py`` (shell completion), ``cache.py``
 (``unihub cache``), ``demo.py`` and ``main_job.py`` (``unihub demo``) serve it."""
 
 from unihub.cli.commands import build_parser, main

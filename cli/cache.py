@@ -8,38 +8,32 @@ from dataclasses import asdict
 from typing import Any
 
 from unihub.caching.store import list_caches, remove_cache
-from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.parsers import JSON, STORAGE_OPTION, add_command, arg
+from unihub.cli.storage import storage_options_of
 from unihub.viewer.describe import local_time
 
-_EXAMPLES = """examples:
-  unihub cache list s3://bucket/cache               # id, version, source, build time, rows
-  unihub cache rm /data/cache mnist-train 3         # one version (all without VERSION)
-  unihub inspect s3://bucket/cache/mnist-train/3    # one cache as a dataset"""
+#: where unihub.cacheable keeps its caches, the root each of these commands takes
+_CACHE_ROOT = arg("url", help="cache root (folder or s3://...)")
 
 
 def add_cache_commands(sub: Any) -> None:
     """Register ``unihub cache ...`` on the CLI's subparsers."""
-    cache = sub.add_parser("cache", help="list or remove caches made by unihub.cacheable",
-                           description="List or remove the caches unihub.cacheable built under a cache root.",
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
+    cache = add_command(sub, "cache", None, help="list or remove caches made by unihub.cacheable",
+                        description="List or remove the caches unihub.cacheable built under a cache root.",
+                        examples=["unihub cache list s3://bucket/cache               # id, version, source, build "
+                                  "time, rows",
+                                  "unihub cache rm /data/cache mnist-train 3         # one version (all without "
+                                  "VERSION)",
+                                  "unihub inspect s3://bucket/cache/mnist-train/3    # one cache as a dataset"])
     verbs = cache.add_subparsers(dest="cache_command", required=True)
-    listing = verbs.add_parser("list", help="the caches under a root: id, version, source, build time, rows",
-                               formatter_class=argparse.RawDescriptionHelpFormatter,
-                               epilog="examples:\n  unihub cache list /data/cache\n"
-                                      "  unihub cache list s3://bucket/cache --json")
-    listing.add_argument("url", help="cache root (folder or s3://...)")
-    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_storage_option(listing)
-    listing.set_defaults(func=cmd_cache_list)
-    rm = verbs.add_parser("rm", help="remove one version of a cache, or all its versions",
-                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog="examples:\n  unihub cache rm /data/cache mnist-train 3   # one version\n"
-                                 "  unihub cache rm s3://bucket/cache mnist-train  # every version")
-    rm.add_argument("url", help="cache root (folder or s3://...)")
-    rm.add_argument("dataset_id")
-    rm.add_argument("version", nargs="?", help="the version to remove (all versions when left out)")
-    add_storage_option(rm)
-    rm.set_defaults(func=cmd_cache_rm)
+    add_command(verbs, "list", cmd_cache_list, _CACHE_ROOT, JSON, STORAGE_OPTION,
+                help="the caches under a root: id, version, source, build time, rows",
+                examples=["unihub cache list /data/cache", "unihub cache list s3://bucket/cache --json"])
+    add_command(verbs, "rm", cmd_cache_rm, _CACHE_ROOT, arg("dataset_id"),
+                arg("version", nargs="?", help="the version to remove (all versions when left out)"), STORAGE_OPTION,
+                help="remove one version of a cache, or all its versions",
+                examples=["unihub cache rm /data/cache mnist-train 3   # one version",
+                          "unihub cache rm s3://bucket/cache mnist-train  # every version"])
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:

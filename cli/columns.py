@@ -10,51 +10,41 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.parsers import STORAGE_OPTION, TAG, add_command, arg
+from unihub.cli.storage import storage_options_of
 from unihub.errors import ColumnSetError
 from unihub.schema.codecs import ScalarCodec, TensorCodec
 from unihub.schema.unischema import UnischemaField
 from unihub.store.columns import add_column, list_columns, remove_columns
 
-_EXAMPLES = """examples:
-  unihub columns add /data/train emb.npy --field embedding     # float32 (N, 512): one row per dataset row
-  unihub columns add /data/train split.txt --field split --replace   # one line per row: a backfill
-  unihub columns list s3://bucket/train
-  unihub columns list /data/train --version 3                   # the sets version 3 reads
-  unihub columns rm /data/train embedding"""
+_EXAMPLES = (
+    "unihub columns add /data/train emb.npy --field embedding     # float32 (N, 512): one row per dataset row",
+    "unihub columns add /data/train split.txt --field split --replace   # one line per row: a backfill",
+    "unihub columns list s3://bucket/train",
+    "unihub columns list /data/train --version 3                   # the sets version 3 reads",
+    "unihub columns rm /data/train embedding",
+)
 
 
 def add_columns_commands(sub: Any) -> None:
     """Register ``unihub columns ...`` on the CLI's subparsers."""
-    columns = sub.add_parser("columns", help="add, list or remove columns added to existing rows (no rewrite)",
-                             description="Columns added to a dataset's existing rows, stored beside its part files "
-                                         "(which are not rewritten) and joined on read.",
-                             formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
+    columns = add_command(sub, "columns", None, help="add, list or remove columns added to existing rows (no rewrite)",
+                          description="Columns added to a dataset's existing rows, stored beside its part files "
+                                      "(which are not rewritten) and joined on read.", examples=_EXAMPLES)
     verbs = columns.add_subparsers(dest="columns_command", required=True)
-    add = verbs.add_parser("add", help="add a field from a .npy file (or a text file: one str per line)",
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
-    add.add_argument("url", help="dataset (folder or s3://...)")
-    add.add_argument("values", help=".npy file of one value per row in the dataset's row order, or a text file "
-                                    "of one line per row")
-    add.add_argument("--field", required=True, help="the new field's name")
-    add.add_argument("--name", help="the column set's name (default: the field's)")
-    add.add_argument("--replace", action="store_true", help="replace the set of that name (a backfill)")
-    add.add_argument("--tag", help="a name for the version it makes")
-    add_storage_option(add)
-    add.set_defaults(func=cmd_columns_add)
-    listing = verbs.add_parser("list", help="the column sets and their fields",
-                               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES)
-    listing.add_argument("url")
-    listing.add_argument("--version", type=int, help="the sets of this version (default: the latest)")
-    add_storage_option(listing)
-    listing.set_defaults(func=cmd_columns_list)
-    rm = verbs.add_parser("rm", help="remove a column set", formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog=_EXAMPLES)
-    rm.add_argument("url")
-    rm.add_argument("name", help="the column set")
-    rm.add_argument("--tag", help="a name for the version it makes")
-    add_storage_option(rm)
-    rm.set_defaults(func=cmd_columns_rm)
+    add_command(verbs, "add", cmd_columns_add, arg("url", help="dataset (folder or s3://...)"),
+                arg("values", help=".npy file of one value per row in the dataset's row order, or a text file "
+                                   "of one line per row"),
+                arg("--field", required=True, help="the new field's name"),
+                arg("--name", help="the column set's name (default: the field's)"),
+                arg("--replace", action="store_true", help="replace the set of that name (a backfill)"),
+                TAG, STORAGE_OPTION,
+                help="add a field from a .npy file (or a text file: one str per line)", examples=_EXAMPLES)
+    add_command(verbs, "list", cmd_columns_list, arg("url"),
+                arg("--version", type=int, help="the sets of this version (default: the latest)"), STORAGE_OPTION,
+                help="the column sets and their fields", examples=_EXAMPLES)
+    add_command(verbs, "rm", cmd_columns_rm, arg("url"), arg("name", help="the column set"), TAG, STORAGE_OPTION,
+                help="remove a column set", examples=_EXAMPLES)
 
 
 def field_for(name: str, values: np.ndarray) -> UnischemaField:

@@ -36,7 +36,8 @@ from unihub.cli.cache import add_cache_commands
 from unihub.cli.columns import add_columns_commands
 from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.main_job import run
-from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.parsers import DATASET, DATASET_OR_FILE, JSON, QUIET, STORAGE_OPTION, TAG, Arg, add_command, arg, one_of
+from unihub.cli.storage import storage_options_of
 from unihub.cli.versions import add_compact_command, add_delete_command, add_vacuum_command, print_versions
 from unihub.converters.add_schema import add_schema
 from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
@@ -287,123 +288,195 @@ def cache_lines(stats: dict[str, Any]) -> str:
             f"{node['bytes'] / 2**20:,.1f} of {node['size_limit_bytes'] / 2**20:,.1f} MB")
 
 
-def _add_tool_parsers(sub: Any) -> None:
-    """``copy``, ``add-schema`` and ``throughput``: Petastorm's three command-line tools."""
-    copy = sub.add_parser("copy", help="copy a dataset, keeping some fields and dropping rows with nulls "
-                          "(petastorm-copy-dataset.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
-                          description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written "
-                                      "beside DST and renamed on success.",
-                          epilog="examples:\n"
-                                 "  unihub copy /data/train /data/small --field-regex id 'image.*' "
-                                 "--not-null-fields label\n"
-                                 "  unihub copy /data/train /data/train4 --partition-count 4 --row-group-size-mb 64\n"
-                                 "  unihub copy /data/train /data/copy --engine spark --master spark://host:7077")
-    copy.add_argument("src", help="source dataset (unihub, Petastorm or plain Parquet)")
-    copy.add_argument("dst", help="target dataset directory")
-    copy.add_argument("--field-regex", nargs="+", metavar="REGEX",
-                      help="copy only the fields whose names fully match one of these (names or regexes)")
-    copy.add_argument("--not-null-fields", nargs="+", metavar="FIELD",
-                      help="drop the rows where any of these fields is null")
-    copy.add_argument("--partition-count", "--partitions-count", type=int, metavar="N",
-                      help="write N files of equal rows (default: one per source file, partitions kept)")
-    copy.add_argument("--row-group-size-mb", type=float,
-                      help=f"Parquet row-group size (default {DEFAULT_ROW_GROUP_SIZE_MB:g})")
-    copy.add_argument("--overwrite", "--overwrite-output", action="store_true",
-                      help="replace DST if it exists and is a dataset unihub wrote")
-    copy.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is")
-    copy.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
-                      help="also write the metadata Petastorm 0.13.1 reads (default: when SRC has Petastorm's)")
-    _add_engine_options(copy, "copy in this process (local) or as Spark tasks, one per source file or partition")
-    copy.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    copy.set_defaults(func=cmd_copy)
-
-    add = sub.add_parser("add-schema", help="write a Unischema into an existing Parquet store "
-                         "(petastorm-generate-metadata.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description="Write a Unischema into URL's _common_metadata (atomically; data files are "
-                                     "not touched): the one given, else the one the store has, else one inferred "
-                                     "from the Parquet types. It must match the store's columns.",
-                         epilog="examples:\n"
-                                "  unihub add-schema /data/spark_out                      # inferred\n"
-                                "  unihub add-schema /data/spark_out --schema schema.json\n"
-                                "  unihub add-schema /data/spark_out --unischema-class my_pkg.schemas.TrainSchema\n"
-                                "  unihub add-schema /data/train --petastorm-compatible   # for Petastorm readers too")
-    add.add_argument("url", help="dataset directory or URL")
-    given = add.add_mutually_exclusive_group()
-    given.add_argument("--schema", metavar="FILE", help="a Unischema JSON file (as unihub inspect --json writes)")
-    given.add_argument("--unischema-class", "--unischema_class", metavar="MODULE.ATTR",
-                       help="an importable unihub or Petastorm Unischema, e.g. my_pkg.schemas.TrainSchema")
-    add.add_argument("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
-                     help="also write the metadata Petastorm 0.13.1 reads (default: when the store has Petastorm's)")
-    add.add_argument("--use-summary-metadata", action="store_true",
-                     help="also write _metadata with every file's row groups")
-    add.set_defaults(func=cmd_add_schema)
-
-    bench = sub.add_parser("throughput", help="measure a reader's rows per second (petastorm-throughput.py)",
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description="Read URL with make_reader (num_epochs=None) and time one row per cycle "
-                                       "after the warmup cycles; prints Petastorm's result line (or --json) and "
-                                       "a progress line on stderr.",
-                           epilog="examples:\n"
-                                  "  unihub throughput /data/train\n"
-                                  "  unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process\n"
-                                  "  unihub throughput /data/train -m 100 -n 5000 --read-method tf --json\n"
-                                  "  unihub throughput s3://bucket/train --cache-location /tmp/train-cache")
-    bench.add_argument("url", help="dataset directory or URL")
-    bench.add_argument("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)")
-    bench.add_argument("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)")
-    bench.add_argument("-p", "--pool-type", "--reader-pool-type", choices=[str(t) for t in WorkerPoolType],
-                       default="thread", help="the reader's worker pool (default thread)")
-    bench.add_argument("-m", "--warmup-cycles", type=int, default=200, help="rows read before timing (default 200)")
-    bench.add_argument("-n", "--measure-cycles", type=int, default=1000, help="rows timed (default 1000)")
-    bench.add_argument("--profile-threads", action="store_true", help="accepted for Petastorm's CLI; no effect")
-    bench.add_argument("-d", "--read-method", choices=[str(m) for m in ReadMethod], default="python",
-                       help="python: next(reader); tf: through make_petastorm_dataset (default python)")
-    bench.add_argument("-q", "--shuffling-queue-size", type=int, default=500,
-                       help="tf: rows in the tf.data shuffle buffer (default 500)")
-    bench.add_argument("--min-after-dequeue", type=int, help="accepted for Petastorm's CLI; tf.data has no such "
-                       "setting")
-    bench.add_argument("--in-process", action="store_true",
-                       help="measure in this process (default: a fresh one, so memory is the reader's alone)")
-    bench.add_argument("--cache-location", metavar="DIR",
-                       help="read through a local-disk cache in DIR (shared by every process that names it: "
-                            "each row group is fetched once per node; kept afterwards) and print its hits, "
-                            "misses and bytes, this run's and the node's")
-    bench.add_argument("--cache-size-limit-mb", type=float, default=10240.0,
-                       help="the cache's size limit, least recently used entries evicted (default 10240)")
-    add_storage_option(bench)
-    bench.add_argument("--json", action="store_true", help="print the result as JSON")
-    bench.add_argument("--quiet", action="store_true", help="no progress line")
-    bench.set_defaults(func=cmd_throughput)
+def _add_inspect_command(sub: Any) -> None:
+    add_command(sub, "inspect", cmd_inspect, DATASET_OR_FILE, JSON,
+                arg("--versions", action="store_true", help="list the dataset's versions (number, time, operation, "
+                    "files, rows added, tag) instead"), STORAGE_OPTION,
+                help="show a dataset's schema, rows, files, row groups and bytes",
+                description="Show a dataset's schema (field, dtype, shape, codec, nullable), rows, files, row groups "
+                            "and bytes.",
+                examples=["unihub inspect /data/train",
+                          "unihub inspect /data/train --json > schema.json   # a --schema file for convert",
+                          "unihub inspect s3://bucket/train --storage-option endpoint_url=http://host:9000"])
 
 
-def _add_show_parser(sub: Any) -> None:
+def _add_show_command(sub: Any) -> None:
     """``show``: one self-contained HTML page of a dataset (see :mod:`unihub.viewer`)."""
-    show = sub.add_parser("show", help="write one self-contained HTML page of a dataset: schema, counts, "
-                          "provenance, sampled images, statistics", formatter_class=argparse.RawDescriptionHelpFormatter,
-                          description="Write one HTML file (no network needed to open it) with the schema and codecs; "
-                                      "rows, files, row groups, bytes and row-group sizes; the conversion's provenance "
-                                      "(source, skipped records); a grid of sampled rows with image thumbnails; and "
-                                      "per-field statistics over every row (or those matching --where), read one row "
-                                      "group at a time.",
-                          epilog="examples:\n"
-                                 "  unihub show /data/train                                   # report.html\n"
-                                 "  unihub show /data/train --rows 48 --seed 7 --out train.html --open\n"
-                                 "  unihub show /data/train --first --where 'label == 3 and split != \"test\"'\n"
-                                 "  unihub show /data/train --where '[[\"label\", \"in\", [1, 2]]]'   # DNF, as filters=\n"
-                                 "  unihub show s3://bucket/train --storage-option client_kwargs.endpoint_url=http://host:9000")
-    show.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
-    show.add_argument("--rows", type=int, default=16, metavar="N", help="rows to show (default 16)")
-    choice = show.add_mutually_exclusive_group()
-    choice.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
-    choice.add_argument("--first", action="store_true", help="show the first N rows instead of a random sample")
-    show.add_argument("--where", metavar="EXPR",
-                      help="only rows matching this filter, in pyarrow's expression syntax (label >= 3 and "
-                           "pc.field('split') == 'train') or filters='s DNF as JSON; the statistics cover them too")
-    show.add_argument("--out", metavar="FILE", help="the HTML file to write (default report.html; replaced)")
-    show.add_argument("--open", action="store_true", help="open the page in the platform's browser")
-    show.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
-    add_storage_option(show)
-    show.set_defaults(func=cmd_show)
+    add_command(sub, "show", cmd_show, DATASET_OR_FILE,
+                arg("--rows", type=int, default=16, metavar="N", help="rows to show (default 16)"),
+                one_of(arg("--seed", type=int, default=0, help="seed of the random sample (default 0)"),
+                       arg("--first", action="store_true", help="show the first N rows instead of a random sample")),
+                arg("--where", metavar="EXPR",
+                    help="only rows matching this filter, in pyarrow's expression syntax (label >= 3 and "
+                         "pc.field('split') == 'train') or filters='s DNF as JSON; the statistics cover them too"),
+                arg("--out", metavar="FILE", help="the HTML file to write (default report.html; replaced)"),
+                arg("--open", action="store_true", help="open the page in the platform's browser"),
+                QUIET.changed(help="no progress bar or summary line"), STORAGE_OPTION,
+                help="write one self-contained HTML page of a dataset: schema, counts, provenance, sampled images, "
+                     "statistics",
+                description="Write one HTML file (no network needed to open it) with the schema and codecs; rows, "
+                            "files, row groups, bytes and row-group sizes; the conversion's provenance (source, "
+                            "skipped records); a grid of sampled rows with image thumbnails; and per-field statistics "
+                            "over every row (or those matching --where), read one row group at a time.",
+                examples=["unihub show /data/train                                   # report.html",
+                          "unihub show /data/train --rows 48 --seed 7 --out train.html --open",
+                          "unihub show /data/train --first --where 'label == 3 and split != \"test\"'",
+                          "unihub show /data/train --where '[[\"label\", \"in\", [1, 2]]]'   # DNF, as filters=",
+                          "unihub show s3://bucket/train --storage-option client_kwargs.endpoint_url=http://host:9000"])
+
+
+def _add_demo_command(sub: Any) -> None:
+    add_command(sub, "demo", cmd_demo,
+                arg("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)"),
+                arg("--rows", type=int, default=2000, help="rows of each dataset (default 2000)"),
+                arg("--steps", type=int, default=60, help="training steps of batch 64 (default 60)"),
+                help="the main job on generated data: write, convert, inspect, train",
+                description="Write a dataset with images, tensors and scalars; generate TFRecord shards and an image "
+                            "folder and convert them; inspect all three; read them with the PyTorch loaders and train "
+                            "a tiny model for a few steps; print throughput.",
+                examples=["unihub demo /tmp/unihub-demo",
+                          "unihub demo /tmp/unihub-demo --rows 500 --steps 10   # a quicker run"])
+
+
+def _add_convert_command(sub: Any) -> None:
+    formats = _format_names()
+    add_command(sub, "convert", cmd_convert, arg("src", help="source files, directory, glob or brace pattern"),
+                arg("dst", help="target path"),
+                arg("--from", dest="from_format", choices=formats, help="source format (default: detected)"),
+                arg("--to", dest="to_format", choices=formats,
+                    help="target format (default: from DST's extension, else unihub)"),
+                arg("--schema", help="a Unischema JSON file to use instead of the inferred schema"),
+                arg("--overwrite", action="store_true", help="replace DST if it exists and unihub wrote it (a unihub "
+                    "dataset, an HDF5 export); anything else is refused"),
+                arg("--append", action="store_true", help="add the rows to DST (made if missing) as its next version; "
+                    "from a foreign source only the files not converted before (a changed one is an error)"),
+                TAG.changed(help="with --append: a name for the version it makes (make_reader(tag=...))"),
+                arg("--overwrite-foreign", action="store_true", help="replace DST whatever it is (a file or folder "
+                    "unihub did not write, such as another tool's TFRecord shards)"),
+                arg("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
+                    help="Parquet row-group size (default %(default)g)"),
+                arg("--part-size-mb", type=float, default=DEFAULT_PART_SIZE_MB,
+                    help="most megabytes of one Parquet part file (default %(default)g)"),
+                arg("--skip-corrupt", action="store_true", help="skip bad records, count and list them"),
+                arg("--validate-images", choices=VALIDATE_IMAGES, default="header",
+                    help="check each source image before storing it: header (default: header, pixel limit, shape, "
+                         "end marker), full (also decode it) or none"),
+                arg("--max-image-pixels", type=_pixel_limit, default=argparse.SUPPRESS, metavar="N|none",
+                    help="the most pixels (width x height) an image may have: more is refused as a likely "
+                         "decompression bomb (default 178,956,970, Pillow's; 'none': no limit)"),
+                QUIET,
+                arg("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a format option (repeatable), e.g. --option compression=gzip; listed below"),
+                arg("--follow-links", action="store_true",
+                    help="image folders: follow symbolic links out of the folder and into folders, as tar -h does "
+                         "(never into a loop); by default only links to files inside it are read"),
+                arg("--workers", type=int, default=1,
+                    help="processes reading the input files in parallel (default 1; 0: one per core)"),
+                *_engine_options("run in this process (local) or as Spark tasks, one or more input files each"),
+                STORAGE_OPTION,
+                help="convert a dataset between TFRecord, HDF5, WebDataset, image folders and unihub Parquet",
+                description="Convert SRC to DST, streaming; the output is written beside DST and renamed on success.",
+                examples=_CONVERT_EXAMPLES, notes=_options_help())
+
+
+def _add_verify_command(sub: Any) -> None:
+    formats = _format_names()
+    add_command(sub, "verify", cmd_verify, arg("src"), arg("dst"),
+                arg("--from", dest="from_format", choices=formats, help="SRC's format (default: detected)"),
+                arg("--to", dest="to_format", choices=formats, help="DST's format (default: detected)"),
+                arg("--max-differences", type=int, default=10, help="differences to report (default 10)"),
+                arg("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a reading option of the foreign side (repeatable), as for convert"),
+                STORAGE_OPTION,
+                help="compare two datasets row by row; exit 0 only when equal",
+                description="Compare SRC and DST row by row (values, shapes, dtypes; images as bytes).",
+                examples=["unihub verify train-00000.tfrecord /data/train   # against TensorFlow's own reading",
+                          "unihub verify shards/ /data/train --max-differences 50",
+                          "unihub verify data.h5 /data/train --option layout=groups"])
+
+
+def _petastorm_compatible(default_when: str) -> Arg:
+    """``--petastorm-compatible`` of copy and add-schema: by default, when ``default_when`` has Petastorm's metadata."""
+    return arg("--petastorm-compatible", action=argparse.BooleanOptionalAction, default=None,
+               help=f"also write the metadata Petastorm 0.13.1 reads (default: when {default_when} has Petastorm's)")
+
+
+def _add_copy_command(sub: Any) -> None:
+    """``copy``, one of Petastorm's three command-line tools (petastorm-copy-dataset.py)."""
+    add_command(sub, "copy", cmd_copy, arg("src", help="source dataset (unihub, Petastorm or plain Parquet)"),
+                arg("dst", help="target dataset directory"),
+                arg("--field-regex", nargs="+", metavar="REGEX",
+                    help="copy only the fields whose names fully match one of these (names or regexes)"),
+                arg("--not-null-fields", nargs="+", metavar="FIELD", help="drop the rows where any of these fields "
+                    "is null"),
+                arg("--partition-count", "--partitions-count", type=int, metavar="N",
+                    help="write N files of equal rows (default: one per source file, partitions kept)"),
+                arg("--row-group-size-mb", type=float,
+                    help=f"Parquet row-group size (default {DEFAULT_ROW_GROUP_SIZE_MB:g})"),
+                arg("--overwrite", "--overwrite-output", action="store_true",
+                    help="replace DST if it exists and is a dataset unihub wrote"),
+                arg("--overwrite-foreign", action="store_true", help="replace DST whatever it is"),
+                _petastorm_compatible("SRC"),
+                *_engine_options("copy in this process (local) or as Spark tasks, one per source file or partition"),
+                QUIET,
+                help="copy a dataset, keeping some fields and dropping rows with nulls (petastorm-copy-dataset.py)",
+                description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written beside DST "
+                            "and renamed on success.",
+                examples=["unihub copy /data/train /data/small --field-regex id 'image.*' --not-null-fields label",
+                          "unihub copy /data/train /data/train4 --partition-count 4 --row-group-size-mb 64",
+                          "unihub copy /data/train /data/copy --engine spark --master spark://host:7077"])
+
+
+def _add_add_schema_command(sub: Any) -> None:
+    """``add-schema``, one of Petastorm's three command-line tools (petastorm-generate-metadata.py)."""
+    add_command(sub, "add-schema", cmd_add_schema, DATASET.changed("url"),
+                one_of(arg("--schema", metavar="FILE", help="a Unischema JSON file (as unihub inspect --json writes)"),
+                       arg("--unischema-class", "--unischema_class", metavar="MODULE.ATTR",
+                           help="an importable unihub or Petastorm Unischema, e.g. my_pkg.schemas.TrainSchema")),
+                _petastorm_compatible("the store"),
+                arg("--use-summary-metadata", action="store_true",
+                    help="also write _metadata with every file's row groups"),
+                help="write a Unischema into an existing Parquet store (petastorm-generate-metadata.py)",
+                description="Write a Unischema into URL's _common_metadata (atomically; data files are not touched): "
+                            "the one given, else the one the store has, else one inferred from the Parquet types. It "
+                            "must match the store's columns.",
+                examples=["unihub add-schema /data/spark_out                      # inferred",
+                          "unihub add-schema /data/spark_out --schema schema.json",
+                          "unihub add-schema /data/spark_out --unischema-class my_pkg.schemas.TrainSchema",
+                          "unihub add-schema /data/train --petastorm-compatible   # for Petastorm readers too"])
+
+
+def _add_throughput_command(sub: Any) -> None:
+    """``throughput``, one of Petastorm's three command-line tools (petastorm-throughput.py)."""
+    add_command(sub, "throughput", cmd_throughput, DATASET.changed("url"),
+                arg("--field-regex", nargs="+", metavar="REGEX", help="read only these fields (names or regexes)"),
+                arg("-w", "--workers-count", type=int, default=3, help="reader workers (default 3)"),
+                arg("-p", "--pool-type", "--reader-pool-type", choices=[str(t) for t in WorkerPoolType],
+                    default="thread", help="the reader's worker pool (default thread)"),
+                arg("-m", "--warmup-cycles", type=int, default=200, help="rows read before timing (default 200)"),
+                arg("-n", "--measure-cycles", type=int, default=1000, help="rows timed (default 1000)"),
+                arg("--profile-threads", action="store_true", help="accepted for Petastorm's CLI; no effect"),
+                arg("-d", "--read-method", choices=[str(m) for m in ReadMethod], default="python",
+                    help="python: next(reader); tf: through make_petastorm_dataset (default python)"),
+                arg("-q", "--shuffling-queue-size", type=int, default=500,
+                    help="tf: rows in the tf.data shuffle buffer (default 500)"),
+                arg("--min-after-dequeue", type=int, help="accepted for Petastorm's CLI; tf.data has no such setting"),
+                arg("--in-process", action="store_true",
+                    help="measure in this process (default: a fresh one, so memory is the reader's alone)"),
+                arg("--cache-location", metavar="DIR",
+                    help="read through a local-disk cache in DIR (shared by every process that names it: each row "
+                         "group is fetched once per node; kept afterwards) and print its hits, misses and bytes, "
+                         "this run's and the node's"),
+                arg("--cache-size-limit-mb", type=float, default=10240.0,
+                    help="the cache's size limit, least recently used entries evicted (default 10240)"),
+                STORAGE_OPTION, JSON.changed(help="print the result as JSON"), QUIET.changed(help="no progress line"),
+                help="measure a reader's rows per second (petastorm-throughput.py)",
+                description="Read URL with make_reader (num_epochs=None) and time one row per cycle after the warmup "
+                            "cycles; prints Petastorm's result line (or --json) and a progress line on stderr.",
+                examples=["unihub throughput /data/train",
+                          "unihub throughput /data/train --field-regex 'image.*' label -w 8 -p process",
+                          "unihub throughput /data/train -m 100 -n 5000 --read-method tf --json",
+                          "unihub throughput s3://bucket/train --cache-location /tmp/train-cache"])
 
 
 def _format_names() -> list[str]:
@@ -427,15 +500,16 @@ def _options_help() -> str:
     return "\n".join(lines)
 
 
-_CONVERT_EXAMPLES = """examples:
-  unihub convert 'data/train-{0000..0099}.tfrecord' /data/train    # TFRecord -> unihub (format detected)
-  unihub convert data/h5/train.h5 /data/train --overwrite           # HDF5
-  unihub convert 'shards/shard-{00000..00009}.tar' /data/train      # WebDataset tar shards
-  unihub convert images/ /data/train --skip-corrupt                 # root/<class>/<file>.png|jpg
-  unihub convert /data/train export/ --to webdataset                # and back
-  unihub convert 'tfrecords/*.tfrecord' /data/train --workers 0     # one process per core
-  unihub convert 'gz/*.tfrecord' /data/train --option compression=gzip    # GZIP-compressed TFRecord
-  unihub convert 'tfrecords/*.tfrecord' /data/train --engine spark --master spark://host:7077"""
+_CONVERT_EXAMPLES = (
+    "unihub convert 'data/train-{0000..0099}.tfrecord' /data/train    # TFRecord -> unihub (format detected)",
+    "unihub convert data/h5/train.h5 /data/train --overwrite           # HDF5",
+    "unihub convert 'shards/shard-{00000..00009}.tar' /data/train      # WebDataset tar shards",
+    "unihub convert images/ /data/train --skip-corrupt                 # root/<class>/<file>.png|jpg",
+    "unihub convert /data/train export/ --to webdataset                # and back",
+    "unihub convert 'tfrecords/*.tfrecord' /data/train --workers 0     # one process per core",
+    "unihub convert 'gz/*.tfrecord' /data/train --option compression=gzip    # GZIP-compressed TFRecord",
+    "unihub convert 'tfrecords/*.tfrecord' /data/train --engine spark --master spark://host:7077",
+)
 
 
 def _top_examples() -> str:
@@ -446,6 +520,13 @@ def _top_examples() -> str:
     return "examples:\n" + textwrap.indent(textwrap.dedent(block), "  ")
 
 
+#: each subcommand's registration, in the order ``unihub --help`` lists them
+_COMMANDS = (add_cache_commands, add_columns_commands, add_completion_command, _add_inspect_command,
+             _add_show_command, _add_demo_command, _add_convert_command, _add_verify_command, _add_copy_command,
+             _add_add_schema_command, _add_throughput_command, add_vacuum_command, add_delete_command,
+             add_compact_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unihub", description=__doc__.split("\n\n")[0],
                                      epilog=_top_examples(),
@@ -453,104 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors (also after the command)")
     parser.add_argument("--version", action="version", version=f"unihub {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_cache_commands(sub)
-    add_columns_commands(sub)
-    add_completion_command(sub)
-
-    inspect = sub.add_parser("inspect", help="show a dataset's schema, rows, files, row groups and bytes",
-                             formatter_class=argparse.RawDescriptionHelpFormatter,
-                             description="Show a dataset's schema (field, dtype, shape, codec, nullable), rows, "
-                                         "files, row groups and bytes.",
-                             epilog="examples:\n"
-                                    "  unihub inspect /data/train\n"
-                                    "  unihub inspect /data/train --json > schema.json   # a --schema file for convert\n"
-                                    "  unihub inspect s3://bucket/train --storage-option endpoint_url=http://host:9000")
-    inspect.add_argument("path", help="dataset directory, Parquet file or URL (file://, s3://, ...)")
-    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    inspect.add_argument("--versions", action="store_true", help="list the dataset's versions (number, time, "
-                         "operation, files, rows added, tag) instead")
-    add_storage_option(inspect)
-    inspect.set_defaults(func=cmd_inspect)
-
-    _add_show_parser(sub)
-
-    demo = sub.add_parser("demo", help="the main job on generated data: write, convert, inspect, train",
-                          description="Write a dataset with images, tensors and scalars; generate TFRecord shards "
-                                      "and an image folder and convert them; inspect all three; read them with the "
-                                      "PyTorch loaders and train a tiny model for a few steps; print throughput.",
-                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog="examples:\n"
-                                 "  unihub demo /tmp/unihub-demo\n"
-                                 "  unihub demo /tmp/unihub-demo --rows 500 --steps 10   # a quicker run")
-    demo.add_argument("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)")
-    demo.add_argument("--rows", type=int, default=2000, help="rows of each dataset (default 2000)")
-    demo.add_argument("--steps", type=int, default=60, help="training steps of batch 64 (default 60)")
-    demo.set_defaults(func=cmd_demo)
-
-    formats = _format_names()
-
-    convert = sub.add_parser("convert", help="convert a dataset between TFRecord, HDF5, WebDataset, image folders "
-                             "and unihub Parquet", description="Convert SRC to DST, streaming; the output is written "
-                             "beside DST and renamed on success.",
-                             epilog=_CONVERT_EXAMPLES + "\n\n" + _options_help(),
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    convert.add_argument("src", help="source files, directory, glob or brace pattern")
-    convert.add_argument("dst", help="target path")
-    convert.add_argument("--from", dest="from_format", choices=formats, help="source format (default: detected)")
-    convert.add_argument("--to", dest="to_format", choices=formats, help="target format (default: from DST's "
-                         "extension, else unihub)")
-    convert.add_argument("--schema", help="a Unischema JSON file to use instead of the inferred schema")
-    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists and unihub wrote it "
-                         "(a unihub dataset, an HDF5 export); anything else is refused")
-    convert.add_argument("--append", action="store_true", help="add the rows to DST (made if missing) as its next "
-                         "version; from a foreign source only the files not converted before (a changed one is "
-                         "an error)")
-    convert.add_argument("--tag", help="with --append: a name for the version it makes (make_reader(tag=...))")
-    convert.add_argument("--overwrite-foreign", action="store_true", help="replace DST whatever it is (a file or "
-                         "folder unihub did not write, such as another tool's TFRecord shards)")
-    convert.add_argument("--row-group-size-mb", type=float, default=DEFAULT_ROW_GROUP_SIZE_MB,
-                         help="Parquet row-group size (default %(default)g)")
-    convert.add_argument("--part-size-mb", type=float, default=DEFAULT_PART_SIZE_MB,
-                         help="most megabytes of one Parquet part file (default %(default)g)")
-    convert.add_argument("--skip-corrupt", action="store_true", help="skip bad records, count and list them")
-    convert.add_argument("--validate-images", choices=VALIDATE_IMAGES, default="header",
-                         help="check each source image before storing it: header (default: header, pixel limit, "
-                              "shape, end marker), full (also decode it) or none")
-    convert.add_argument("--max-image-pixels", type=_pixel_limit, default=argparse.SUPPRESS, metavar="N|none",
-                         help="the most pixels (width x height) an image may have: more is refused as a likely "
-                              "decompression bomb (default 178,956,970, Pillow's; 'none': no limit)")
-    convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    convert.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                         help="a format option (repeatable), e.g. --option compression=gzip; listed below")
-    convert.add_argument("--follow-links", action="store_true",
-                         help="image folders: follow symbolic links out of the folder and into folders, as tar -h "
-                              "does (never into a loop); by default only links to files inside it are read")
-    convert.add_argument("--workers", type=int, default=1,
-                         help="processes reading the input files in parallel (default 1; 0: one per core)")
-    _add_engine_options(convert, "run in this process (local) or as Spark tasks, one or more input files each")
-    add_storage_option(convert)
-    convert.set_defaults(func=cmd_convert)
-
-    verify = sub.add_parser("verify", help="compare two datasets row by row; exit 0 only when equal",
-                            description="Compare SRC and DST row by row (values, shapes, dtypes; images as bytes).",
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog="examples:\n"
-                                   "  unihub verify train-00000.tfrecord /data/train   # against TensorFlow's own reading\n"
-                                   "  unihub verify shards/ /data/train --max-differences 50\n"
-                                   "  unihub verify data.h5 /data/train --option layout=groups")
-    verify.add_argument("src")
-    verify.add_argument("dst")
-    verify.add_argument("--from", dest="from_format", choices=formats, help="SRC's format (default: detected)")
-    verify.add_argument("--to", dest="to_format", choices=formats, help="DST's format (default: detected)")
-    verify.add_argument("--max-differences", type=int, default=10, help="differences to report (default 10)")
-    verify.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a reading option of the foreign side (repeatable), as for convert")
-    add_storage_option(verify)
-    verify.set_defaults(func=cmd_verify)
-    _add_tool_parsers(sub)
-    add_vacuum_command(sub)
-    add_delete_command(sub)
-    add_compact_command(sub)
+    for add_commands in _COMMANDS:
+        add_commands(sub)
     return parser
 
 
@@ -588,14 +573,14 @@ def _accept_verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
                              help="show tracebacks of errors")
 
 
-def _add_engine_options(command: argparse.ArgumentParser, engine_help: str) -> None:
+def _engine_options(engine_help: str) -> tuple[Arg, ...]:
     """``--engine``, ``--master`` and ``--spark-stall-timeout``, as convert and copy take them."""
-    command.add_argument("--engine", choices=("local", "spark"), default="local", help=engine_help)
-    command.add_argument("--master", default="local[2]",
-                         help="Spark master URL for --engine spark (default local[2]; a running session is reused)")
-    command.add_argument("--spark-stall-timeout", metavar="SECONDS", type=_stall_seconds,
-                         help="give up when no Spark task has run for this long: the cluster lost its workers or "
-                              "has no free cores (default 120, or UNIHUB_SPARK_STALL_TIMEOUT; 0: never)")
+    return (arg("--engine", choices=("local", "spark"), default="local", help=engine_help),
+            arg("--master", default="local[2]",
+                help="Spark master URL for --engine spark (default local[2]; a running session is reused)"),
+            arg("--spark-stall-timeout", metavar="SECONDS", type=_stall_seconds,
+                help="give up when no Spark task has run for this long: the cluster lost its workers or has no free "
+                     "cores (default 120, or UNIHUB_SPARK_STALL_TIMEOUT; 0: never)"))
 
 
 def _stall_seconds(text: str) -> str:

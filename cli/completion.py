@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from unihub.cli.parsers import add_command, arg
 from unihub.dependencies import require
 from unihub.formats.base import FORMATS
 
@@ -51,17 +52,14 @@ def option_keys(prefix: str = "", **_: Any) -> list[str]:
 
 def add_completion_command(sub: Any) -> None:
     """Register ``unihub completion SHELL`` on the CLI's subparsers."""
-    completion = sub.add_parser(
-        "completion", help="print the shell code that completes unihub's commands, options and formats",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Print the code that makes SHELL complete unihub's subcommands, options, formats (--from, "
-                    "--to) and format options (--option KEY=). Needs argcomplete: pip install 'unihub[cli]'.",
-        epilog="examples:\n"
-               "  eval \"$(unihub completion bash)\"                  # this bash session (add it to ~/.bashrc)\n"
-               "  unihub completion zsh > ~/.zfunc/_unihub          # zsh (compinit finds it through fpath)\n"
-               "  unihub completion fish > ~/.config/fish/completions/unihub.fish")
-    completion.add_argument("shell", choices=SHELLS, help="the shell to complete in")
-    completion.set_defaults(func=cmd_completion)
+    add_command(sub, "completion", cmd_completion, arg("shell", choices=SHELLS, help="the shell to complete in"),
+                help="print the shell code that completes unihub's commands, options and formats",
+                description="Print the code that makes SHELL complete unihub's subcommands, options, formats (--from, "
+                            "--to) and format options (--option KEY=). Needs argcomplete: pip install 'unihub[cli]'.",
+                examples=["eval \"$(unihub completion bash)\"                  # this bash session (add it to "
+                          "~/.bashrc)",
+                          "unihub completion zsh > ~/.zfunc/_unihub          # zsh (compinit finds it through fpath)",
+                          "unihub completion fish > ~/.config/fish/completions/unihub.fish"])
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

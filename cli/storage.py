@@ -1,5 +1,5 @@
-"""The CLI's ``--storage-option KEY=VALUE``: one argument and one parser for every subcommand that
-takes remote paths (convert, verify, cache)."""
+"""The CLI's ``--storage-option KEY=VALUE`` pairs as fsspec storage options, for every subcommand that takes
+remote paths (the argument itself is :data:`unihub.cli.parsers.STORAGE_OPTION`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import json
 from typing import Any
 
 from unihub.errors import UnihubError
-
-
-def add_storage_option(parser: argparse.ArgumentParser) -> None:
-    """The ``--storage-option KEY=VALUE`` argument of every subcommand that takes a remote path."""
-    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an fsspec storage option for s3://, gs://... paths (repeatable; JSON values allowed; "
-                             "client_kwargs.endpoint_url=http://127.0.0.1:9000 sets a nested one). The endpoint "
-                             "can also come from AWS_ENDPOINT_URL or the URL (s3://b/p?endpoint_override=HOST:PORT)")
 
 
 def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from unihub.cli.storage import add_storage_option, storage_options_of
+from unihub.cli.parsers import DATASET, STORAGE_OPTION, TAG, add_command, arg
+from unihub.cli.storage import storage_options_of
 from unihub.readers.filter_text import parse_filter
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
 from unihub.store.compaction import compact_dataset
@@ -42,29 +43,14 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dataset_command(sub: Any, name: str, func: Any, help: str, description: str, *examples: str,
-                     tagged: bool = True) -> argparse.ArgumentParser:
-    """A subcommand on one dataset (its path or URL, ``--storage-option``; ``tagged``: ``--tag`` for the version it
-    makes), its examples under the help; the caller adds its own options."""
-    parser = sub.add_parser(name, help=help, description=description,
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog="examples:\n" + "".join(f"  {e}\n" for e in examples))
-    parser.add_argument("path", help="dataset directory or URL")
-    if tagged:
-        parser.add_argument("--tag", help="a name for the version it makes")
-    add_storage_option(parser)
-    parser.set_defaults(func=func)
-    return parser
-
-
 def add_vacuum_command(sub: Any) -> None:
-    vacuum = _dataset_command(sub, "vacuum", cmd_vacuum, "remove a dataset's old versions and the files only they use",
-                              "Keep the newest N versions of a dataset that grows (convert --append, "
-                              "write_dataset(mode='append')); remove older version records and the files no kept "
-                              "version uses (never a live append's).",
-                              "unihub vacuum /data/train --keep 10", "unihub inspect /data/train --versions",
-                              tagged=False)
-    vacuum.add_argument("--keep", type=int, required=True, help="how many of the newest versions to keep (>= 1)")
+    add_command(sub, "vacuum", cmd_vacuum, DATASET, STORAGE_OPTION,
+                arg("--keep", type=int, required=True, help="how many of the newest versions to keep (>= 1)"),
+                help="remove a dataset's old versions and the files only they use",
+                description="Keep the newest N versions of a dataset that grows (convert --append, "
+                            "write_dataset(mode='append')); remove older version records and the files no kept "
+                            "version uses (never a live append's).",
+                examples=["unihub vacuum /data/train --keep 10", "unihub inspect /data/train --versions"])
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -80,14 +66,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def add_delete_command(sub: Any) -> None:
-    delete = _dataset_command(sub, "delete", cmd_delete, "delete the rows a filter matches, as a new version of the "
-                              "dataset", "Rewrite the part files holding rows WHERE matches without them, as a new "
-                              "version (older versions still read them until unihub vacuum).",
-                              "unihub delete /data/train --where 'id < 100'",
-                              "unihub delete /data/train --where 'label in [3, 4]' --tag no-3-4")
-    delete.add_argument("--where", required=True, help="the rows to delete, on the stored columns (added ones "
-                        "too): a pyarrow expression with bare field names, or pyarrow's DNF list as JSON (as unihub "
-                        "show --where)")
+    add_command(sub, "delete", cmd_delete, DATASET, TAG, STORAGE_OPTION,
+                arg("--where", required=True, help="the rows to delete, on the stored columns (added ones too): a "
+                    "pyarrow expression with bare field names, or pyarrow's DNF list as JSON (as unihub show --where)"),
+                help="delete the rows a filter matches, as a new version of the dataset",
+                description="Rewrite the part files holding rows WHERE matches without them, as a new version (older "
+                            "versions still read them until unihub vacuum).",
+                examples=["unihub delete /data/train --where 'id < 100'",
+                          "unihub delete /data/train --where 'label in [3, 4]' --tag no-3-4"])
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -101,10 +87,11 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def add_compact_command(sub: Any) -> None:
-    compact = _dataset_command(sub, "compact", cmd_compact, "join a grown dataset's small parts into fewer, as a new "
-                               "version", "Rewrite runs of small part files (many appends) and their column sets' side "
-                               "files into parts of up to --target-mb each, as a new version: the rows, their order and "
-                               "values unchanged, older versions kept until vacuum.",
-                               "unihub compact /data/train", "unihub compact /data/train --target-mb 512 --tag compacted")
-    compact.add_argument("--target-mb", type=float, default=DEFAULT_PART_SIZE_MB,
-                         help=f"the most megabytes a joined part holds (default {DEFAULT_PART_SIZE_MB:g})")
+    add_command(sub, "compact", cmd_compact, DATASET, TAG, STORAGE_OPTION,
+                arg("--target-mb", type=float, default=DEFAULT_PART_SIZE_MB,
+                    help=f"the most megabytes a joined part holds (default {DEFAULT_PART_SIZE_MB:g})"),
+                help="join a grown dataset's small parts into fewer, as a new version",
+                description="Rewrite runs of small part files (many appends) and their column sets' side files into "
+                            "parts of up to --target-mb each, as a new version: the rows, their order and values "
+                            "unchanged, older versions kept until vacuum.",
+                examples=["unihub compact /data/train", "unihub compact /data/train --target-mb 512 --tag compacted"])
