@@ -68,7 +68,7 @@ class LateImages:
         except CodecError:
             if self.on_decode_error != "skip":
                 raise
-            bad = undecodable_rows(self.fields, {f.name: list(columns[f.name]) for f in self.fields})
+            bad = undecodable_rows(self.fields, {f.name: _blobs(columns[f.name]) for f in self.fields})
             if not bad:  # no row fails on its own: not a corrupt image
                 raise
         dropped = sorted(bad)
@@ -80,7 +80,7 @@ class LateImages:
         out = {name: column for name, column in columns.items() if name != SOURCE_ROW}
         for f in self.fields:
             try:
-                out[f.name] = decode_images(f, list(columns[f.name]), policy=self.policy,
+                out[f.name] = decode_images(f, _blobs(columns[f.name]), policy=self.policy,
                                             into=into.get(f.name) if into else None)
             except CodecError as exc:
                 raise self._located(exc, columns[SOURCE_ROW]) from exc
@@ -95,6 +95,13 @@ class LateImages:
         info = self.store.row_groups[bisect.bisect_right(first_rows, dataset_row) - 1]
         rows = np.asarray(source_rows, dtype=np.int64) - info.first_row
         return located(exc, info, rows)
+
+
+def _blobs(column: Sequence[Any]) -> list[Any]:
+    """An encoded image column's values as the decoders take them: the numpy views of the file that
+    :func:`~unihub.readers.loader.encoded_images` hands out (untracked by the garbage collector while a
+    queue holds them) as memoryviews, for the moment of decoding."""
+    return [value.data if type(value) is np.ndarray else value for value in column]
 
 
 #: the decoded image bytes of one batch from which a loader cuts its batches from encoded rows and decodes each

@@ -63,22 +63,25 @@ class Batch:
     pieces: tuple[int, ...] = ()
     #: where and why rows were dropped for images that do not decode (``on_decode_error='skip'``)
     skipped: tuple[str, ...] = ()
+    #: the image columns handed out encoded (:func:`encoded_images`)
+    encoded: frozenset[str] = frozenset()
 
     def slice(self, start: int, stop: int | None = None) -> Batch:
         stop = self.num_rows if stop is None else min(stop, self.num_rows)
-        return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group)
+        return Batch({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start), self.row_group,
+                     encoded=self.encoded)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (a process pool's result): images handed out as views of the file (:func:`encoded_images`)
-        go as bytes, which pickle can carry."""
-        return dict(self.__dict__, columns={name: _without_memoryviews(values) for name, values in self.columns.items()})
+        go as bytes of their own, which pickle carries (a ragged field's arrays go as they are)."""
+        return dict(self.__dict__, columns={name: _own_bytes(values) if name in self.encoded else values
+                                            for name, values in self.columns.items()})
 
 
-def _without_memoryviews(values: Any) -> Any:
-    if not (isinstance(values, np.ndarray) and values.dtype == object and
-            any(type(value) is memoryview for value in values)):
-        return values
-    return np.fromiter((bytes(v) if type(v) is memoryview else v for v in values), dtype=object, count=len(values))
+def _own_bytes(values: np.ndarray) -> np.ndarray:
+    """An encoded image column (:func:`encoded_images`) with its views of the file as bytes."""
+    return np.fromiter((v if v is None or type(v) is bytes else bytes(v) for v in values), dtype=object,
+                       count=len(values))
 
 
 def take_rows(table: pa.Table, rows: np.ndarray | None) -> pa.Table:
@@ -191,7 +194,7 @@ class RowGroupLoader:
         if self.late_images:
             columns[SOURCE_ROW] = info.first_row + (np.arange(num_rows, dtype=np.int64) if rows is None
                                                     else np.asarray(rows, dtype=np.int64))
-        batch = Batch(columns, num_rows, task.row_group, own_rows, pieces, skipped)
+        batch = Batch(columns, num_rows, task.row_group, own_rows, pieces, skipped, self.late_images)
         if self.transform is not None:
             batch = self.transform(batch)
         return batch
@@ -303,8 +306,10 @@ def encoded_images(table: pa.Table, name: str) -> np.ndarray:
     queue pins nothing but the file's pages); values pyarrow read into memory are copied out one by
     one, so that a few rows held do not keep their whole row group's bytes alive."""
     column = table.column(name)
-    values = BinaryCells(column).at() if views_the_file(table.schema.field(name)) else column.to_pylist()
-    return np.fromiter(values, dtype=object, count=len(values))  # a memoryview is one value, not an array
+    # views as numpy arrays, which the garbage collector does not track (a queue of memoryviews sets off
+    # full collections: schema/codecs/binary.py); LateImages.decode gives the decoders memoryviews of them
+    values = BinaryCells(column).at(untracked=True) if views_the_file(table.schema.field(name)) else column.to_pylist()
+    return np.fromiter(values, dtype=object, count=len(values))  # an array or memoryview is one value each
 
 
 def located(exc: CodecError, info: RowGroupInfo, rows: np.ndarray | None) -> CodecError:

@@ -2,7 +2,11 @@
 
 ``to_pylist`` copies every value into a ``bytes``; :func:`binary_views` and :class:`BinaryCells`
 hand out ``memoryview`` slices of the Arrow buffers of binary, large binary and ``binary_view``
-columns instead.
+columns instead, or (``untracked``) 1-D uint8 numpy views of them, for values held a while (a
+shuffling queue's encoded images): the garbage collector tracks every memoryview, and a queue of
+them promoted into its oldest generation sets off full collections, each of which walks every
+object of the process (~0.2 s with TensorFlow imported, once per ~80,000 rows); it tracks no numpy
+array, and a slice of one is made in under half a memoryview slice's time.
 """
 
 from __future__ import annotations
@@ -53,10 +57,13 @@ def binary_views(array: pa.Array) -> list[memoryview | None]:
     return BinaryCells(array).at()
 
 
-def spans_at(spans: Spans, rows: np.ndarray | None = None) -> list[memoryview]:
+def spans_at(spans: Spans, rows: np.ndarray | None = None, untracked: bool = False) -> list[Any]:
     """The values ``spans`` (``(buffers, each value's buffer or None: the first, starts, ends)``) place
-    at ``rows`` (every value where None), as zero-copy views of their buffers."""
+    at ``rows`` (every value where None), as zero-copy views of their buffers: memoryviews, or
+    (``untracked``) uint8 numpy arrays, which the garbage collector does not track (module docstring)."""
     buffers, which, starts, ends = spans
+    if untracked:
+        buffers = [np.frombuffer(b, np.uint8) for b in buffers]  # type: ignore[misc]
     if rows is not None:
         starts, ends = starts[rows], ends[rows]
         which = None if which is None else which[rows]
@@ -85,8 +92,9 @@ class BinaryCells:
         None where :meth:`at` takes with Arrow (several chunks, not binary) or a value is null."""
         return self._spans if self._valid is None else None
 
-    def at(self, rows: np.ndarray | None = None) -> list[Any]:
-        """The values at ``rows``, in that order; every value where ``rows`` is None."""
+    def at(self, rows: np.ndarray | None = None, untracked: bool = False) -> list[Any]:
+        """The values at ``rows``, in that order; every value where ``rows`` is None. ``untracked``: as
+        uint8 numpy arrays, not memoryviews (module docstring), where the column is one binary array."""
         if self._spans is None:  # several chunks, or not binary: Arrow's take
             if rows is None:
                 column = self._column
@@ -95,7 +103,7 @@ class BinaryCells:
             else:
                 column = self._column.take(int64_array(rows))
             return binary_views(column_as_array(column))
-        views: list[Any] = spans_at(self._spans, rows)
+        views: list[Any] = spans_at(self._spans, rows, untracked)
         if self._valid is not None:
             for i in np.flatnonzero(~(self._valid if rows is None else self._valid[rows])).tolist():
                 views[i] = None

@@ -272,14 +272,6 @@ def test_a_renewed_s3_filesystem_keeps_its_settings_and_retries(s3_server, proxy
 
 
 # -- spawned processes: a dataset pickled to them reads with its retries ------------------------------------
-def _read_row_group(store: Any) -> str:
-    """In a spawned process: the first row group of the unpickled ``store``, read; what came of it."""
-    try:
-        return f"read {store.read_row_group(0).num_rows} rows"
-    except OSError as exc:  # RemoteStorageError, or pyarrow's own
-        return f"failed: {type(exc).__name__}"
-
-
 @pytest.mark.parametrize(("kind", "retries", "faults", "outcome"), [
     ("pyarrow", 0, 1, "failed"),  # retries=0: fail at the first transient fault (the SDK's default retries it)
     ("pyarrow", 4, 4, "read"),  # 5 attempts, more than the SDK's default 3
@@ -297,6 +289,12 @@ def test_a_spawned_process_reads_with_the_retries_of_the_dataset_pickled_to_it(
     store = open_dataset(url, storage_options={**options.get("storage_options", {}), "unihub_retries": retries})
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         proxy.fail_first(faults, "503")
-        result = pool.submit(_read_row_group, store).result()
+        # a method of the store, not a function of this module: a spawned child imports what it runs, and
+        # this module's name depends on the checkout's folder
+        read = pool.submit(store.read_row_group, 0)
+        try:
+            result = f"read {read.result().num_rows} rows"
+        except OSError as exc:  # RemoteStorageError, or pyarrow's own
+            result = f"failed: {type(exc).__name__}"
     assert result.startswith(outcome), result
     assert proxy.failed == faults
