@@ -601,7 +601,8 @@ class Reader:
         threads = max(1, min(self._workers_count, usable_cores()))
         self._decode_later(frozenset(f.name for f in late))
         try:
-            yield LateImages(self.store, late, loader.policy, threads, loader.on_decode_error, self._decode_skips)
+            yield LateImages(self.store, late, loader.policy, threads, loader.on_decode_error, self._decode_skips,
+                             reader_threads=lambda: self._pool.threads_to_share() if self._pool is not None else None)
         finally:
             self._decode_later(frozenset())
 

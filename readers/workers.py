@@ -171,6 +171,13 @@ class Pool:
             return future
         return submit
 
+    def threads_to_share(self) -> Executor | None:
+        """The pool's worker threads, for more work of the reader's (decoding images drawn from a
+        shuffling queue, readers/late_decode.py): None for processes or no pool, before it started and
+        once it stopped. Its stop cancels what is queued there (submit then raises RuntimeError)."""
+        executor = self._executor
+        return executor if self.pool_type == "thread" and not self._stopped else None
+
     def stop(self) -> None:
         """Cancel tasks not yet started and release the workers (does not wait for running ones)."""
         self._stopped = True

@@ -862,3 +862,73 @@ def test_the_loaders_and_make_tf_dataset_cut_only_batches_the_gate_lets_through(
     cut = runs()
     assert seen, "past the gate: batches cut encoded and decoded after"
     assert gated == cut and [i for b in cut[0] for i in b] == list(range(N))
+
+
+# -- where the drawn batches decode: the reader's threads, then DecodeAhead's own ------------------------
+def test_drawn_batches_decode_on_the_readers_worker_threads(dataset, monkeypatch) -> None:
+    """A thread pool reader's workers decode the drawn batches too (fewer threads switching than a pool of
+    each); the queue's last draws, after its rows ended and its pool stopped, decode on threads of their own."""
+    threads: list[str] = []
+    original = late_decode.LateImages.decode
+
+    def noting(self: Any, columns: Any, *into: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(self, columns, *into)
+
+    monkeypatch.setattr(late_decode.LateImages, "decode", noting)
+    with make_batch_reader(dataset, workers_count=2, seed=3) as reader:
+        batches = list(BatchedDataLoader(reader, batch_size=16, shuffling_queue_capacity=64, seed=3))
+    assert sum(len(b["id"]) for b in batches) == N
+    assert {name.rsplit("_", 1)[0] for name in threads} == {"unihub-worker", "unihub-decode"}, threads
+
+
+class _Decodes:
+    """A stand-in for LateImages: doubles ``x``, noting the thread; the reader's pool until it is stopped."""
+
+    def __init__(self, reader_pool: Any) -> None:
+        self.threads = 2
+        self.pool, self.stopped, self.names = reader_pool, False, []
+
+    def reader_threads(self) -> Any:
+        return None if self.stopped else self.pool
+
+    def decode(self, columns: Any, into: Any = None) -> Any:
+        self.names.append(threading.current_thread().name)
+        return {"x": columns["x"] * 2}
+
+
+def test_batches_the_readers_stopped_pool_cancelled_decode_on_threads_of_their_own() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+    reader_pool = ThreadPoolExecutor(1, thread_name_prefix="reader")
+    reader_pool.submit(gate.wait)  # its one thread busy: the batches queued there wait
+    late = _Decodes(reader_pool)
+    with late_decode.DecodeAhead(late) as decoder:  # type: ignore[arg-type]
+        for key in range(3):
+            decoder.submit(key, {"x": np.array([key])})
+        reader_pool.shutdown(wait=False, cancel_futures=True)  # the reader's rows ended: its queue cancelled
+        late.stopped = True
+        decoder.submit(3, {"x": np.array([3])})
+        gate.set()
+        done = list(decoder.drain())
+    assert [(key, columns["x"].tolist()) for key, columns in done] == [(k, [2 * k]) for k in range(4)]
+    assert len(late.names) == 4 and all(name.startswith("unihub-decode") for name in late.names)
+
+
+def test_closing_with_batches_the_readers_stopped_pool_cancelled_returns() -> None:
+    """close() waits for running decodes only: one cancelled in a queue no thread takes again is never
+    'notified', and concurrent.futures.wait would wait for it for ever (make_tf_dataset's resume hung)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+    reader_pool = ThreadPoolExecutor(1)
+    reader_pool.submit(gate.wait)
+    decoder = late_decode.DecodeAhead(_Decodes(reader_pool))  # type: ignore[arg-type]
+    decoder.submit(0, {"x": np.array([0])})
+    reader_pool.shutdown(wait=False, cancel_futures=True)
+    closing = threading.Thread(target=decoder.close, daemon=True)
+    closing.start()
+    closing.join(60)
+    gate.set()
+    assert not closing.is_alive(), "close() waited for a decode no thread will run"
