@@ -22,7 +22,11 @@ features.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -40,10 +44,44 @@ from unihub.schema.unischema import Unischema
 _TF_COMPRESSION = {"none": "", "gzip": "GZIP", "zlib": "ZLIB"}
 
 
+#: what TensorFlow's import writes to the process's stderr before its logging reads ``TF_CPP_MIN_LOG_LEVEL``:
+#: absl's notice of messages before ``InitializeLog`` and C++ log lines (oneDNN's, on processors it tunes for)
+_TF_IMPORT_NOISE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog")
+
+
 def _tensorflow() -> Any:
-    # TensorFlow's C++ info and warning lines would fill verify's output; a level the user set wins
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
+    """TensorFlow, imported quietly: its C++ info and warning lines would fill verify's output. A level the
+    user set wins (and shows what it lets through); an import already made is as it was."""
+    def imported() -> Any:
+        return require("tensorflow", extra="tf", purpose="verifying TFRecord files against TensorFlow's own reader")
+
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+        return imported()
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    with _native_stderr_without(_TF_IMPORT_NOISE):
+        return imported()
+
+
+@contextlib.contextmanager
+def _native_stderr_without(noise: re.Pattern[str]) -> Iterator[None]:
+    """While the block runs, what is written to file descriptor 2 (by C++ as well as Python) goes to a
+    temporary file; then its lines that ``noise`` does not match are written to stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not noise.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def reference_records(source: Any) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -13,7 +13,6 @@ runs, the interpreter is Python's (see :mod:`unihub.runtime.interrupts`).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from unihub.cli.demo import write_demo_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status (Linux)")
 
-COPIES = 6  # of 17 MB of TFRecord: the conversion takes seconds, longer than the latest signal
+COPIES = 30  # of 17 MB of TFRecord (links, no space): the conversion takes well over the latest signal's 2 s
+# on a fast machine (6 took 1.9 s on one); every test stops it early, so a slow machine waits no longer
 LAST_LINES = {signal.SIGINT: "unihub: interrupted", signal.SIGTERM: "unihub: terminated"}
 
 
@@ -39,7 +39,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
     convert(root / "demo", root / "tfrecord", to_format="tfrecord", progress=False)
     first = next((root / "tfrecord").iterdir())
     for copy in range(1, COPIES):
-        shutil.copyfile(first, root / "tfrecord" / f"copy-{copy}.tfrecord")
+        os.link(first, root / "tfrecord" / f"copy-{copy}.tfrecord")
     return str(root / "tfrecord" / "*.tfrecord")
 
 

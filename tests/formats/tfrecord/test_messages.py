@@ -124,3 +124,16 @@ def test_verify_keeps_tensorflows_log_lines_out_and_a_users_level_in(tmp_path: P
     out, err, level = _cli_verify(src, tmp_path / "ds", "0")  # the user's own level wins
     assert out.startswith("equal: 3 rows") and level == "level 0 True"
     assert _TF_LOG.search(err), err
+
+
+def test_tensorflows_import_noise_is_dropped_and_anything_else_written_kept(capfd: pytest.CaptureFixture[str]) -> None:
+    """What TensorFlow's import writes to fd 2 before its logging reads TF_CPP_MIN_LOG_LEVEL (absl's notice, a
+    C++ info line: on processors oneDNN tunes for) is dropped; any other line written there is passed on."""
+    from unihub.formats.tfrecord import verify
+
+    with verify._native_stderr_without(verify._TF_IMPORT_NOISE):
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+        os.write(2, b"I0000 00:00:1796628745.084954    2043 port.cc:153] oneDNN custom operations are on.\n")
+        os.write(2, b"a line of its own\n")
+    err = capfd.readouterr().err
+    assert err == "a line of its own\n"
