@@ -287,7 +287,9 @@ class ConfiguredS3FileSystem(pafs.S3FileSystem):
         self.attempts = attempts
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _configured_s3, (super().__reduce__()[1][0], self.attempts)
+        options = dict(super().__reduce__()[1][0])
+        options.pop("retry_strategy", None)  # pyarrow 26 leaves it out; one that kept it would pass it twice
+        return _configured_s3, (options, self.attempts)
 
 
 def _configured_s3(options: dict[str, Any], attempts: int) -> ConfiguredS3FileSystem:
