@@ -25,6 +25,7 @@ errors, so this reader never accepts a chunk pyarrow would refuse for its layout
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import sys
 from collections.abc import Iterable, Iterator
@@ -108,7 +109,8 @@ def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) ->
         position = end
 
 
-def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves: Iterable[int]) -> bool:
+def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves: Iterable[int],
+                   walked: dict[int, list[Page]] | None = None) -> bool:
     """Whether every page Arrow would read of these leaf columns of ``row_group`` matches the CRC in
     its header (data and dictionary pages, as Arrow checks them; pages without one have nothing to
     check), computed here at memory speed (store/crc.py) instead of by Arrow's slower CRC.
@@ -116,18 +118,24 @@ def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves:
     False where a page fails, and also where this walk cannot vouch for the pages Arrow would read
     (a header it cannot parse, a chunk in another file, sizes that do not add up): the caller then
     reads with Arrow's own checks, which raise its error for a damaged page. So a read checked here
-    is never refused where Arrow accepts it, and a damaged one still fails with Arrow's error."""
+    is never refused where Arrow accepts it, and a damaged one still fails with Arrow's error.
+
+    ``walked``, where given, gets each leaf's pages (offsets in ``data``) when all pass, so that
+    :func:`plain_binary_column` need not parse their headers again."""
     group = metadata.row_group(row_group)
+    pages_of: dict[int, list[Page]] = {}
     try:
         for leaf in leaves:
             column = group.column(leaf)
             if column.file_path:
                 return False  # the chunk lies in another file
-            for page in chunk_pages(data, *chunk_span(column), column.num_values):
-                if page.kind in _CHECKED and page.fails_its_crc(data):
-                    return False
+            pages = pages_of[leaf] = list(chunk_pages(data, *chunk_span(column), column.num_values))
+            if any(page.kind in _CHECKED and page.fails_its_crc(data) for page in pages):
+                return False
     except (FormatError, IndexError, TypeError, struct.error):
         return False
+    if walked is not None:
+        walked.update(pages_of)
     return True
 
 
@@ -149,14 +157,15 @@ def binary_leaves(parquet_file: pq.ParquetFile) -> dict[str, int]:
 
 
 def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group: int, leaf: int,
-                        *, verify: bool, origin: int = 0) -> pa.Array | None:
+                        *, verify: bool, origin: int = 0, pages: list[Page] | None = None) -> pa.Array | None:
     """Leaf column ``leaf`` of ``row_group`` as a ``binary_view`` array viewing ``mapped`` (the
     whole file, memory-mapped; or bytes of it from ``origin`` on, fetched), or None where this reader
     declines it (see the module docstring).
 
     ``leaf`` must be a top-level ``BYTE_ARRAY`` column (no repetition). ``verify``: each page's
     CRC, where it has one, is checked; a page that fails is declined, so pyarrow reads the column
-    and raises its checksum error.
+    and raises its checksum error. ``pages``: the chunk's pages as :func:`checksums_pass` walked them
+    (offsets in the file), not parsed again.
     """
     column = metadata.row_group(row_group).column(leaf)
     descriptor = metadata.schema.column(leaf)
@@ -171,20 +180,22 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
         return None  # int32 offsets in the views; an empty chunk has nothing to save; lengths read natively
     chunk = memoryview(mapped).cast("B")[start:end]
     try:
-        starts, lengths = _value_spans(chunk, num_rows, descriptor.max_definition_level, verify)
+        starts, lengths = _value_spans(chunk, num_rows, descriptor.max_definition_level, verify,
+                                       None if pages is None else [_moved(page, -start - origin) for page in pages])
     except (FormatError, IndexError, TypeError, struct.error):
         return None
     return _binary_view(mapped.slice(start, end - start), chunk, starts, lengths)
 
 
 def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
-                 verify: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Each value's offset in ``chunk`` and its length, from the chunk's data pages."""
+                 verify: bool, pages: list[Page] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's offset in ``chunk`` and its length, from the chunk's data pages (``pages``: walked
+    already, offsets in ``chunk``)."""
     starts: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     size = len(chunk)
     lengths_at = [chunk[k:k + (size - k) // 4 * 4].cast("i") for k in range(4)]
-    for page in chunk_pages(chunk, 0, size, num_rows):
+    for page in chunk_pages(chunk, 0, size, num_rows) if pages is None else pages:
         body, end, header = page.body, page.end, page.fields
         if _i32(header, 2) != end - body:
             raise FormatError("page sizes")
@@ -199,6 +210,11 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
     if sum(len(s) for s in starts) != num_rows:
         raise FormatError("values do not add up to the row group's rows")
     return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])
+
+
+def _moved(page: Page, by: int) -> Page:
+    """``page`` with its offsets moved ``by`` bytes (from the file's to a chunk's)."""
+    return dataclasses.replace(page, header=page.header + by, body=page.body + by, end=page.end + by)
 
 
 def _page_values(chunk: memoryview, kind: int, header: Fields, body: int, end: int,

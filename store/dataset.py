@@ -296,11 +296,12 @@ class ParquetStore:
     def _read_opened(self, info: RowGroupInfo, stored: Sequence[str] | None, views: Collection[str],
                      verify: bool) -> tuple[pq.ParquetFile, pa.Table]:
         """The row group read through this thread's open file (see ``_open_file``)."""
-        arrow_checks = verify and not self._checksums_pass(info, stored)
+        walked: dict[int, list[parquet_pages.Page]] = {}  # the pages the checksums' walk parsed, by leaf
+        arrow_checks = verify and not self._checksums_pass(info, stored, walked)
         parquet_file = self._open_file(info.path, arrow_checks)
         names = stored if stored is not None else parquet_file.schema_arrow.names
-        viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks) \
-            if views else {}
+        viewed = self._viewed_columns(parquet_file, info, [n for n in names if n in views], arrow_checks,
+                                      walked) if views else {}
         rest = [c for c in names if c not in viewed] if viewed else stored
         # one thread per read: readers parallelise across row groups already
         table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
@@ -346,9 +347,10 @@ class ParquetStore:
         return [c for c in wanted if c not in absent], wanted, absent
 
     def _viewed_columns(self, parquet_file: pq.ParquetFile, info: RowGroupInfo, names: Sequence[str],
-                        verify: bool) -> dict[str, pa.Array]:
+                        verify: bool, walked: Mapping[int, list[parquet_pages.Page]]) -> dict[str, pa.Array]:
         """The columns of ``names`` that :func:`parquet_pages.plain_binary_column` reads from this
-        thread's memory map of the file (only local files are mapped)."""
+        thread's memory map of the file (only local files are mapped); ``walked``: pages the checksums'
+        walk parsed, by leaf."""
         if not self._is_local or not names:
             return {}
         mapped = self._mapped()
@@ -360,12 +362,13 @@ class ParquetStore:
             leaf = held.binary_leaves.get(name)
             if leaf is not None:
                 array = parquet_pages.plain_binary_column(mapped, parquet_file.metadata, info.row_group, leaf,
-                                                          verify=verify)
+                                                          verify=verify, pages=walked.get(leaf))
                 if array is not None:
                     found[name] = array
         return found
 
-    def _checksums_pass(self, info: RowGroupInfo, stored: Sequence[str] | None) -> bool:
+    def _checksums_pass(self, info: RowGroupInfo, stored: Sequence[str] | None,
+                        walked: dict[int, list[parquet_pages.Page]] | None = None) -> bool:
         """Whether the pages of the ``stored`` columns (None: all) of a row group of a local file
         were checked here, against their CRCs at memory speed (parquet_pages.checksums_pass), and
         pass; Arrow's own check (~2 GB/s) then need not run. False elsewhere: Arrow checks, and
@@ -387,7 +390,7 @@ class ParquetStore:
                 held.leaves_by_name = _leaves_by_name(parquet_file)
             leaves = {leaf for name in stored for leaf in held.leaves_by_name.get(name, ())}
         data = memoryview(self._mapped()).cast("B")
-        return parquet_pages.checksums_pass(data, metadata, info.row_group, leaves)
+        return parquet_pages.checksums_pass(data, metadata, info.row_group, leaves, walked)
 
     @staticmethod
     def _worth_walking(metadata: pq.FileMetaData, row_group: int) -> bool:
