@@ -201,6 +201,16 @@ def default_retries() -> int:
     return split_settings(None)[0].retries
 
 
+def retries_of(fs: pafs.FileSystem) -> int:
+    """How many times :func:`read_retrying` repeats a read of ``fs``: the retries unihub configured it with
+    (``unihub_retries``), else this process's (:func:`default_retries`)."""
+    base = fs.base_fs if isinstance(fs, pafs.SubTreeFileSystem) else fs
+    if isinstance(base, ConfiguredS3FileSystem):
+        return base.attempts - 1
+    retries = getattr(getattr(base, "handler", None), "retries", None)  # fsspec's, through its pyarrow handler
+    return retries if isinstance(retries, int) and not isinstance(retries, bool) else default_retries()
+
+
 def before_upload(fs: Any) -> None:
     """Have s3fs send request bodies without waiting for "100 Continue" (botocore asks for it on
     every upload, and aiohttp waits for it with no timeout: a frozen server hangs the upload)."""

@@ -403,7 +403,8 @@ class PageReader:
     def _read_from(self, held: _File, path: str, offset: int, length: int) -> memoryview:
         """``length`` bytes at ``offset`` of ``path``: one ranged read, counted."""
         try:
-            data = remote.read_retrying(lambda: held.handle.read_at(length, offset), remote.default_retries())
+            data = remote.read_retrying(lambda: held.handle.read_at(length, offset),
+                                        remote.retries_of(self.store.filesystem))
         except OSError as exc:
             failure = remote.as_remote_error(exc, remote.display_url(self.store.filesystem, path),
                                              detail=f"bytes {offset}-{offset + length - 1}")

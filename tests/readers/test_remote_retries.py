@@ -175,6 +175,25 @@ def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key
         ds.take([r for r in range(200) if r not in rows][:5])
 
 
+@pytest.mark.parametrize(("retries", "outcome"), [(0, "failed"), (2, "read")])
+def test_page_reads_repeat_an_unretried_failure_as_the_dataset_says(s3_server, proxy, paged_key, monkeypatch,
+                                                                    retries, outcome):
+    # a 503 to a small ranged read (a footer's last 8 bytes) is an error body the AWS SDK cannot put in the
+    # range and does not retry (remote.is_unretried): unihub reads it again, as often as the dataset's
+    # unihub_retries says, not the environment (which says the other)
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", str(2 - retries))
+    url, options = through(proxy, s3_server, "pyarrow", paged_key)
+    ds = paged(url, {**options, "storage_options": {**options.get("storage_options", {}), "unihub_retries": retries}})
+    ds.take([0])  # the first file's footer and offset indexes read; the second's when a row of it is taken
+    proxy.fail_first(1, "503")
+    try:
+        result = f"read {len(ds.take([150]).id)}"
+    except RemoteStorageError:
+        result = "failed"
+    assert result.startswith(outcome), result
+    assert proxy.failed == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_worker_process_reports_the_file_and_bytes(s3_server, proxy, key, kind):
