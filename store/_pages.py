@@ -25,7 +25,6 @@ errors, so this reader never accepts a chunk pyarrow would refuse for its layout
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import sys
 from collections.abc import Iterable, Iterator
@@ -77,9 +76,10 @@ class Page:
     num_values: int | None  # a data page's count of values (levels included); None for other pages
     fields: Fields  # the whole parsed header
 
-    def fails_its_crc(self, data: Any) -> bool:
-        """Whether the page's bytes in ``data`` (what its offsets index) differ from the CRC in its header."""
-        return self.crc is not None and crc32(data[self.body:self.end]) != self.crc
+    def fails_its_crc(self, data: Any, at: int = 0) -> bool:
+        """Whether the page's bytes in ``data`` (what its offsets index, less ``at``) differ from the CRC in its
+        header."""
+        return self.crc is not None and crc32(data[self.body - at:self.end - at]) != self.crc
 
 
 def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) -> Iterator[Page]:
@@ -180,26 +180,27 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
         return None  # int32 offsets in the views; an empty chunk has nothing to save; lengths read natively
     chunk = memoryview(mapped).cast("B")[start:end]
     try:
-        starts, lengths = _value_spans(chunk, num_rows, descriptor.max_definition_level, verify,
-                                       None if pages is None else [_moved(page, -start - origin) for page in pages])
+        starts, lengths = _value_spans(chunk, num_rows, descriptor.max_definition_level, verify, pages, start + origin)
     except (FormatError, IndexError, TypeError, struct.error):
         return None
     return _binary_view(mapped.slice(start, end - start), chunk, starts, lengths)
 
 
-def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
-                 verify: bool, pages: list[Page] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int, verify: bool,
+                 pages: list[Page] | None = None, at: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Each value's offset in ``chunk`` and its length, from the chunk's data pages (``pages``: walked
-    already, offsets in ``chunk``)."""
+    already, their offsets ``at`` bytes past the chunk's)."""
     starts: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     size = len(chunk)
     lengths_at = [chunk[k:k + (size - k) // 4 * 4].cast("i") for k in range(4)]
-    for page in chunk_pages(chunk, 0, size, num_rows) if pages is None else pages:
-        body, end, header = page.body, page.end, page.fields
+    walked: Iterable[Page] = chunk_pages(chunk, 0, size, num_rows) if pages is None else pages
+    at = 0 if pages is None else at
+    for page in walked:
+        body, end, header = page.body - at, page.end - at, page.fields
         if _i32(header, 2) != end - body:
             raise FormatError("page sizes")
-        if verify and page.fails_its_crc(chunk):
+        if verify and page.fails_its_crc(chunk, at):
             raise FormatError("a page fails its checksum")
         body, count, encoding = _page_values(chunk, page.kind, header, body, end, max_definition_level)
         if encoding != _PLAIN or count < 0 or count > (end - body) // _MIN_AVERAGE:
@@ -210,11 +211,6 @@ def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int,
     if sum(len(s) for s in starts) != num_rows:
         raise FormatError("values do not add up to the row group's rows")
     return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])
-
-
-def _moved(page: Page, by: int) -> Page:
-    """``page`` with its offsets moved ``by`` bytes (from the file's to a chunk's)."""
-    return dataclasses.replace(page, header=page.header + by, body=page.body + by, end=page.end + by)
 
 
 def _page_values(chunk: memoryview, kind: int, header: Fields, body: int, end: int,

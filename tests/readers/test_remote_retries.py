@@ -175,6 +175,15 @@ def test_page_reads_are_retried_and_name_their_bytes(s3_server, proxy, paged_key
         ds.take([r for r in range(200) if r not in rows][:5])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_datasets_own_retries_are_what_its_reads_repeat(s3_server, proxy, key, kind):
+    from unihub.fs import remote
+
+    url, options = through(proxy, s3_server, kind, key)
+    store = open_dataset(url, storage_options={**options.get("storage_options", {}), "unihub_retries": 4})
+    assert remote.retries_of(store.filesystem) == 4 != remote.default_retries()  # the environment says 2
+
+
 @pytest.mark.parametrize(("retries", "outcome"), [(0, "failed"), (2, "read")])
 def test_page_reads_repeat_an_unretried_failure_as_the_dataset_says(s3_server, proxy, paged_key, monkeypatch,
                                                                     retries, outcome):
