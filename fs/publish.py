@@ -155,6 +155,7 @@ def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
     if common is not None:
         fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
     _remove_unlisted(fs, target, replaced=previous.run)
+    fsutil.remove(fs, f"{target}/{SUMMARY_METADATA}")  # the replaced dataset's (it lists the files just removed)
     fsutil.remove(fs, staged)
     return [f"{target}/{p}" for p in parts]
 
@@ -241,8 +242,8 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     # the columns added to the dataset (store/column_sets.py) stay through a clean-up; a new dataset drops them,
     # and the replaced history's files, even those a live run (this process: an add, an append) wrote
     columns = _columns_files(fs, target)
-    if replaced is None:
-        listed |= columns
+    if replaced is None:  # (a _metadata summary stays: every commit rewrites it for its version, store/listings.py)
+        listed |= {*columns, SUMMARY_METADATA}
     else:
         columns |= versioned_files(fs, target, replaced)
     live = False

@@ -18,7 +18,6 @@ stale Hadoop checksum (``._common_metadata.crc``) is removed, as Petastorm does.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEM
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import COMMON_METADATA, list_data_files, read_footers, read_metadata
+from unihub.store.listings import replace_atomically, replace_common_metadata, summary_of
 
 PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
 
@@ -52,20 +52,6 @@ def petastorm_metadata(schema: Unischema, fs: pafs.FileSystem, root: str,
     return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(counts).encode()}
 
 
-def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Schema) -> None:
-    """Write ``root/_common_metadata`` (the schema and its key-value metadata, no rows), atomically."""
-    target = fsutil.join(root, COMMON_METADATA)
-    temporary = fsutil.join(root, f".{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with fs.open_output_stream(temporary) as out:
-            pq.write_metadata(arrow_schema, out)
-        fs.move(temporary, target)
-    except BaseException:
-        fsutil.remove(fs, temporary)
-        raise
-    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
-
-
 def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) -> None:
     """Add Petastorm's entries to the ``_common_metadata`` a unihub writer left in ``root``."""
     entries = petastorm_metadata(schema, fs, root)
@@ -75,15 +61,12 @@ def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) ->
 
 def write_summary_metadata(fs: Any, root: str, paths: list[str], first: pq.FileMetaData) -> None:
     """``_metadata``: the first file's footer with every file's row groups, paths relative to ``root``."""
-    combined = first
-    combined.set_file_path(paths[0][len(root):].lstrip("/"))
-    for path in paths[1:]:
-        footer = read_metadata(fs, path)
-        footer.set_file_path(path[len(root):].lstrip("/"))
-        try:
-            combined.append_row_groups(footer)
-        except (RuntimeError, ValueError, pa.ArrowException) as exc:
-            raise SchemaError(f"{path}: its Parquet schema differs from {paths[0]}'s, so no "
-                              f"{SUMMARY_METADATA} file can list both: {exc}") from exc
-    with fs.open_output_stream(fsutil.join(root, SUMMARY_METADATA)) as out:
-        combined.write_metadata_file(out)
+    rels = [path[len(root):].lstrip("/") for path in paths]
+    footers = [first, *(read_metadata(fs, path) for path in paths[1:])]
+    try:
+        combined = summary_of(footers, rels)
+    except (RuntimeError, ValueError, pa.ArrowException) as exc:
+        raise SchemaError(f"{root}: the Parquet schemas of its files differ, so no {SUMMARY_METADATA} file can list "
+                          f"them all: {exc}") from exc
+    if combined is not None:
+        replace_atomically(fs, root, SUMMARY_METADATA, combined.write_metadata_file)

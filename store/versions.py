@@ -38,7 +38,9 @@ version is always a superset of the earlier ones and a plain listing of the dire
 version (files a killed append left are the exception until they are removed). A vacuum removes only files
 no kept version lists, so it keeps this property. So does a delete (:func:`delete_rows`): it rewrites the files
 holding the rows it deletes, and moves the replaced ones out of the directory into ``_unihub_versions/retired/``,
-where older versions (and readers that opened one) find them until a vacuum removes them.
+where older versions (and readers that opened one) find them until a vacuum removes them. Petastorm, which
+takes the files' row groups from ``_common_metadata``'s JSON or a ``_metadata`` summary, finds both rewritten for
+the new version by every append, delete and compaction (:mod:`unihub.store.listings`).
 
 **Readers pin a version**: :func:`~unihub.store.dataset.open_dataset` reads the latest record's files (or
 ``version=``/``tag=``'s), so an append while a reader reads is simply not seen.
@@ -72,14 +74,13 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
-    InvalidArgumentError,
     SourceChangedError,
     VersionNotFoundError,
 )
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
-from unihub.store import column_sets, file_options, integrity
+from unihub.store import column_sets, file_options, integrity, listings
 from unihub.store.column_sets import ColumnSet, SidePart
 
 VERSIONS_DIR = publish.VERSIONS_DIR
@@ -242,11 +243,14 @@ class _Placed:
 
 
 def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | None = None,
-                  sources: Sequence[SourceFile] = (), added_rows: int | None = None) -> Version:
+                  sources: Sequence[SourceFile] = (), added_rows: int | None = None,
+                  petastorm: bool = False) -> Version:
     """Add the dataset staged in ``staging`` (part files and ``_common_metadata``) to the dataset at
     ``target`` as its next version; see the module docstring. ``target`` may be missing: the staged
     dataset becomes its version 1. ``sources``: the source files the staged rows came from (kept with the
-    earlier versions' in the record). ``staging`` is removed. Returns the version published."""
+    earlier versions' in the record). ``petastorm``: Petastorm's entries are added to ``_common_metadata``
+    where it lacks them (they are kept true where it has them). ``staging`` is removed. Returns the version
+    published."""
     target = target.rstrip("/")
     if fsutil.on_local_disk(fs) and not os.path.lexists(target):
         first = Version(1, now(), "write", _data_files(fs, staging), COMMON_METADATA, tag=tag,
@@ -274,22 +278,17 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
             fsutil.remove(fs, f"{target}/{rel}")
         raise
     fsutil.remove(fs, staging)
-    if fit == "wider" and placed.common_metadata and version.common_metadata == placed.common_metadata:
-        _replace_plain_schema(fs, target, placed.common_metadata)  # plain readers read the schema there
+    widened = fit == "wider" and placed.common_metadata and version.common_metadata == placed.common_metadata
+    # plain readers read the schema in _common_metadata, and Petastorm the files' row groups there (or in _metadata)
+    listings.follow_latest(fs, target, lambda: latest_parts(fs, target),
+                           schema_file=placed.common_metadata if widened else None, petastorm=petastorm)
     return version
 
 
-def _replace_plain_schema(fs: pafs.FileSystem, target: str, common: str) -> None:
-    """``_common_metadata`` replaced by the version's schema file (a rename locally, one copy elsewhere)."""
-    if not fsutil.on_local_disk(fs):
-        fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
-        return
-    temporary = f"{target}/{COMMON_METADATA}.unihub-{atomic.run_id()}.tmp"
-    try:
-        fs.copy_file(f"{target}/{common}", temporary)
-        os.replace(temporary, f"{target}/{COMMON_METADATA}")
-    finally:
-        atomic.remove(temporary)
+def latest_parts(fs: pafs.FileSystem, root: str) -> tuple[int, tuple[str, ...]]:
+    """The latest version's number and parts (what :func:`unihub.store.listings.follow_latest` lists)."""
+    latest = history(fs, root)[-1]
+    return latest.number, latest.parts
 
 
 def record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
@@ -642,23 +641,12 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
         if not current:
             raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
         check_tag(current, tag, root)
-        refuse_summary(fs, root, "a delete")
         if not current[-1].recorded:
             record_first(fs, root, current[-1])
             current = history(fs, root)
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
         return _delete(fs, root, current[-1], where, tag)
-
-
-def refuse_summary(fs: pafs.FileSystem, root: str, what: str) -> None:
-    """An :class:`~unihub.errors.InvalidArgumentError` where the dataset has a ``_metadata`` summary (Petastorm's,
-    Spark's): it lists the files and their row groups, and ``what`` (a rewrite of parts) would leave it wrong for the
-    readers that use it."""
-    if fsutil.exists(fs, f"{root}/{publish.SUMMARY_METADATA}"):
-        raise InvalidArgumentError(f"{root}: has a {publish.SUMMARY_METADATA} summary (Petastorm's or Spark's) that "
-                                   f"lists its files and row groups; {what} would leave it wrong for the readers that "
-                                   "use it. Remove it first, or keep the dataset as it is")
 
 
 def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: str | None) -> Version | None:
@@ -708,6 +696,7 @@ def publish_rewrite(fs: pafs.FileSystem, root: str, version: Version, replaced: 
     except BaseException:
         discard(fs, root, written, retired)
         raise
+    listings.follow_latest(fs, root, lambda: latest_parts(fs, root))  # before the files they list now go
     for rel in replaced:
         fsutil.remove(fs, f"{root}/{rel}")
 

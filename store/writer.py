@@ -105,7 +105,9 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
     (:mod:`unihub.store.ownership`).
     ``mode="append"`` adds the rows to the dataset at ``url`` (made if missing) as its next version, new
     part files published atomically beside the existing ones, the schema the dataset's (else an
-    ``AppendSchemaError``); ``tag`` names the version it makes (:mod:`unihub.store.versions`).
+    ``AppendSchemaError``); ``tag`` names the version it makes (:mod:`unihub.store.versions`). Petastorm's
+    metadata, where the dataset has it (and with ``petastorm_compatible=True``, where it has not), then lists
+    the new version's files (:mod:`unihub.store.listings`).
 
     Example::
 
@@ -129,7 +131,8 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
         empty = finish_parts(fs, staging, schema, extra_metadata=extra_metadata, partition_by=partition_by,
                              empty=not result.files, petastorm_compatible=petastorm_compatible)
         if mode == "append":
-            appended = versions.commit_append(fs, staging, target, tag=tag, added_rows=result.num_rows)
+            appended = versions.commit_append(fs, staging, target, tag=tag, added_rows=result.num_rows,
+                                              petastorm=petastorm_compatible)
             added = appended.parts[len(appended.parts) - len(result.files or empty):]
             published: list[str] | None = [fsutil.join(target, p) for p in added]
         else:
@@ -163,9 +166,8 @@ def _check_arguments(schema: Unischema, *, row_group_size_mb: float, rows_per_fi
         check_petastorm_compatible(schema)
     if mode not in ("write", "append"):
         raise SchemaError(f"mode must be 'write' or 'append', got {mode!r}")
-    if mode == "append" and (overwrite or petastorm_compatible):
-        raise SchemaError("mode='append' adds a version: not with overwrite (which replaces the dataset), nor with "
-                          "petastorm_compatible (Petastorm's metadata lists the files, it would miss appended ones)")
+    if mode == "append" and overwrite:
+        raise SchemaError("mode='append' adds a version: not with overwrite (which replaces the dataset)")
     if tag is not None and mode != "append":
         raise SchemaError("tag= names the version an append makes (mode='append'); a write makes version 1")
 

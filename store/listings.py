@@ -1,0 +1,180 @@
+"""The listings of a dataset's files that readers knowing no versions go by, kept true at every commit.
+
+Petastorm 0.13.1 reads the data files a listing of the directory finds, and takes their row groups from a
+``_metadata`` summary where there is one (every file's row groups in one footer, as Spark and Petastorm's
+``materialize_dataset`` write it: a file the summary lacks is skipped, its rows silently missing), else from the
+``dataset-toolkit.num_row_groups_per_file.v1`` JSON in ``_common_metadata`` (a file it lacks fails the read
+with a ``KeyError``). An append, a delete and a compaction change the files, so after each publishes its version
+:func:`follow_latest` rewrites both for the latest version's parts: the JSON where ``_common_metadata`` has it
+(with the pickled Unischema of the latest schema where an append widened it), the summary where there is one
+(removed where the parts' schemas differ, so it cannot list them all: Petastorm then goes by the JSON). Each is
+replaced atomically. A dataset with neither is not touched (one small read of ``_common_metadata`` per commit).
+
+A kill after a version is published and before its listings are rewritten leaves them listing the version
+before (a plain reader fails on or misses the new files) until the next commit of the dataset rewrites them; a
+failure to rewrite them is a warning, not an error: the version is published, and running the commit again
+would add its rows twice.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from unihub.errors import UnihubError
+from unihub.fs import filesystem as fsutil
+from unihub.fs.publish import COMMON_METADATA, SUMMARY_METADATA
+from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
+from unihub.petastorm.pickling import dumps_petastorm_unischema
+from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
+
+#: how often :func:`follow_latest` rewrites the listings for a version that another commit overtook meanwhile
+_FOLLOW_ATTEMPTS = 8
+
+
+def follow_latest(fs: pafs.FileSystem, root: str, latest: Callable[[], tuple[int, Sequence[str]]], *,
+                  schema_file: str | None = None, petastorm: bool = False) -> None:
+    """Rewrite the listings of the dataset at ``root`` for its latest version: ``latest()`` gives its number
+    and parts (relative to ``root``), and is asked again after each rewrite, until a rewrite was of the
+    version that is still the latest (another commit's rewrite may have been of an older one: its writer
+    asked before this commit landed). ``schema_file`` (relative to ``root``): an append widened the schema to
+    this file's, which becomes the plain ``_common_metadata``. ``petastorm``: add Petastorm's entries where
+    ``_common_metadata`` lacks them (``write_dataset(..., mode="append", petastorm_compatible=True)``)."""
+    done = None
+    try:
+        for _ in range(_FOLLOW_ATTEMPTS):
+            number, parts = latest()
+            if number == done:
+                return
+            rewrite_listings(fs, root, parts, schema_file=schema_file, petastorm=petastorm)
+            done = number
+    except (OSError, pa.ArrowException, UnihubError) as exc:
+        warnings.warn(f"{root}: the new version is published, but the listings Petastorm and Spark read "
+                      f"({COMMON_METADATA}, {SUMMARY_METADATA}) could not be rewritten for it: {exc}. They list the "
+                      "version before until the next commit of the dataset", UserWarning, stacklevel=3)
+
+
+def rewrite_listings(fs: pafs.FileSystem, root: str, parts: Sequence[str], *, schema_file: str | None = None,
+                     petastorm: bool = False) -> None:
+    """The listings of :func:`follow_latest`, rewritten for ``parts`` (a dataset without any is left as it is, but
+    for ``schema_file``, which replaces ``_common_metadata`` all the same)."""
+    root = root.rstrip("/")
+    common_path = f"{root}/{COMMON_METADATA}"
+    plain = _schema_of(fs, common_path) if fsutil.exists(fs, common_path) else None
+    new = _schema_of(fs, f"{root}/{schema_file}") if schema_file is not None else plain
+    entries = dict(plain.metadata or {}) if plain is not None else {}
+    listed = new is not None and (PETASTORM_ROW_GROUPS_KEY in entries or petastorm)
+    if fsutil.exists(fs, f"{root}/{SUMMARY_METADATA}"):
+        _replace_summary(fs, root, parts)
+    if new is None or (not listed and schema_file is None):
+        return
+    kept = {k: v for k, v in (new.metadata or {}).items() if k not in (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)}
+    if listed:
+        pickled = entries.get(PETASTORM_UNISCHEMA_KEY) if schema_file is None else None
+        kept.update(_petastorm_entries(fs, root, parts, _known_counts(entries), pickled or _petastorm_unischema(kept, root)))
+    replace_common_metadata(fs, root, new.with_metadata(kept))
+
+
+def _petastorm_entries(fs: pafs.FileSystem, root: str, parts: Sequence[str], known: Mapping[str, int],
+                       pickled: bytes | None) -> dict[bytes, bytes]:
+    """Petastorm's two entries: ``pickled`` (its Unischema) and the row groups of each of ``parts`` (``known`` ones
+    as listed, the others from their footers); none where there is no ``pickled``."""
+    if pickled is None:
+        return {}
+    footers = _footers(fs, root, [rel for rel in parts if rel not in known])
+    counts = {rel: known[rel] if rel in known else footers[rel].num_row_groups for rel in parts}
+    return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(counts).encode()}
+
+
+def _known_counts(entries: Mapping[bytes, bytes]) -> dict[str, int]:
+    """The row groups per file the JSON lists already (a part's name is never reused for other rows); nothing where
+    it is not such a JSON object."""
+    try:
+        counts = json.loads(entries.get(PETASTORM_ROW_GROUPS_KEY, b"{}"))
+    except ValueError:
+        return {}
+    if not isinstance(counts, dict):
+        return {}
+    return {k: v for k, v in counts.items() if isinstance(k, str) and type(v) is int and v >= 0}
+
+
+def _petastorm_unischema(entries: Mapping[bytes, bytes], root: str) -> bytes | None:
+    """Petastorm's pickled Unischema of the schema whose unihub JSON is in ``entries``; None (with a warning) where
+    there is none or Petastorm cannot read one of its fields: Petastorm then refuses to open the dataset by name."""
+    try:
+        return dumps_petastorm_unischema(Unischema.from_json(entries[SCHEMA_METADATA_KEY]))
+    except (KeyError, UnihubError) as exc:
+        warnings.warn(f"{root}: Petastorm's metadata is removed from {COMMON_METADATA}: the dataset's new schema has "
+                      f"no form Petastorm 0.13.1 reads ({exc!s:.300})", UserWarning, stacklevel=4)
+        return None
+
+
+def _schema_of(fs: pafs.FileSystem, path: str) -> pa.Schema:
+    with fs.open_input_file(path) as handle:
+        return pq.read_schema(handle)
+
+
+def _footers(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> dict[str, pq.FileMetaData]:
+    """The footers of ``parts`` (relative to ``root``), read in threads (each is a request on an object store)."""
+    def read(rel: str) -> pq.FileMetaData:
+        with fs.open_input_file(f"{root}/{rel}") as handle:
+            return pq.read_metadata(handle)
+
+    if len(parts) <= 1:
+        return {rel: read(rel) for rel in parts}
+    with ThreadPoolExecutor(max_workers=min(16, len(parts))) as pool:
+        return dict(zip(parts, pool.map(read, parts)))
+
+
+def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> None:
+    """``_metadata`` listing the row groups of ``parts`` (their footers read here: the summary is made by changing
+    the footers it joins), or removed where their schemas differ (no summary can list them all) or there are none."""
+    try:
+        combined = summary_of(list(_footers(fs, root, parts).values()), parts)
+    except (RuntimeError, ValueError, pa.ArrowException):  # pyarrow: "AppendRowGroups requires equal schemas"
+        combined = None
+    if combined is None:
+        fsutil.remove(fs, f"{root}/{SUMMARY_METADATA}")
+        return
+    replace_atomically(fs, root, SUMMARY_METADATA, combined.write_metadata_file)
+
+
+def summary_of(footers: Sequence[pq.FileMetaData], paths: Sequence[str]) -> pq.FileMetaData | None:
+    """One footer holding the row groups of every file, each marked with its path (relative to the dataset
+    root), as a ``_metadata`` summary holds them; None for no files. A ``RuntimeError`` (pyarrow's) where two
+    files' schemas differ. The footers given are changed (their row groups' paths)."""
+    if not footers:
+        return None
+    combined = footers[0]
+    combined.set_file_path(paths[0])
+    for footer, path in zip(footers[1:], paths[1:]):
+        footer.set_file_path(path)
+        combined.append_row_groups(footer)
+    return combined
+
+
+def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Schema) -> None:
+    """Write ``root/_common_metadata`` (the schema and its key-value metadata, no rows), atomically; a stale Hadoop
+    checksum (``._common_metadata.crc``) is removed, as Petastorm does."""
+    replace_atomically(fs, root, COMMON_METADATA, lambda out: pq.write_metadata(arrow_schema, out))
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def replace_atomically(fs: pafs.FileSystem, root: str, name: str, write: Callable[[pa.NativeFile], None]) -> None:
+    """``root/name`` replaced by what ``write`` writes: under a hidden name first, then moved onto it."""
+    target = fsutil.join(root, name)
+    temporary = fsutil.join(root, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with fs.open_output_stream(temporary) as out:
+            write(out)
+        fs.move(temporary, target)
+    except BaseException:
+        fsutil.remove(fs, temporary)
+        raise
