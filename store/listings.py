@@ -11,9 +11,9 @@ with a ``KeyError``). An append, a delete and a compaction change the files, so 
 replaced atomically. A dataset with neither is not touched (one small read of ``_common_metadata`` per commit).
 
 A kill after a version is published and before its listings are rewritten leaves them listing the version
-before (a plain reader fails on or misses the new files) until the next commit of the dataset rewrites them; a
-failure to rewrite them is a warning, not an error: the version is published, and running the commit again
-would add its rows twice.
+before (a plain reader fails on or misses the new files) until the next commit or vacuum of the dataset rewrites
+them (a vacuum does before it removes any file); a failure to rewrite them is a warning, not an error: the
+version is published, and running the commit again would add its rows twice.
 """
 
 from __future__ import annotations

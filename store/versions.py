@@ -498,6 +498,8 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
     if not current or not current[-1].recorded:
         return VacuumResult((), (), tuple(v.number for v in current))
     kept, dropped = current[-keep:], current[:-keep]
+    # a commit killed before it rewrote them left the listings a version behind: rewritten before their files go
+    listings.follow_latest(fs, root, lambda: latest_parts(fs, root))
     for version in dropped:
         fsutil.remove(fs, record_path(root, version.number))
     listed = {f for v in kept for f in v.files()}

@@ -39,6 +39,7 @@ from unihub import (
     list_versions,
     make_reader,
     open_dataset,
+    vacuum_dataset,
     write_dataset,
 )
 from unihub.fs import filesystem as fsutil
@@ -210,6 +211,19 @@ def test_on_s3_every_commit_lists_the_latest_parts(s3_server: Any) -> None:
     assert not [info.path for info in fs.get_file_info(pafs.FileSelector(root)) if ".unihub-tmp-" in info.path]
     write_dataset(url, SCHEMA, (make_row(i) for i in range(2)), overwrite=True, storage_options=options)
     assert not fsutil.exists(fs, f"{root}/_metadata")  # it listed the replaced dataset's files
+
+
+def test_a_vacuum_rewrites_listings_a_killed_commit_left_a_version_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before it removes the files they may still list."""
+    url = tmp_path / "ds"
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(4)), petastorm_compatible=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(listings, "rewrite_listings", lambda *args, **kwargs: None)  # as if killed before it
+        delete_rows(url, pc.field("id") < 2)
+    assert list(listed_counts(url)) == ["part-00000.parquet"] and not (url / "part-00000.parquet").exists()
+    vacuum_dataset(str(url), 1)
+    assert listed_counts(url) == latest_counts(url) and ids(url) == [2, 3]
 
 
 # -- real Petastorm --------------------------------------------------------------------------------
