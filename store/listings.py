@@ -39,26 +39,39 @@ from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 _FOLLOW_ATTEMPTS = 8
 
 
-def follow_latest(fs: pafs.FileSystem, root: str, latest: Callable[[], tuple[int, Sequence[str]]], *,
-                  schema_file: str | None = None, petastorm: bool = False) -> None:
-    """Rewrite the listings of the dataset at ``root`` for its latest version: ``latest()`` gives its number
-    and parts (relative to ``root``), and is asked again after each rewrite, until a rewrite was of the
-    version that is still the latest (another commit's rewrite may have been of an older one: its writer
-    asked before this commit landed). ``schema_file`` (relative to ``root``): an append widened the schema to
-    this file's, which becomes the plain ``_common_metadata``. ``petastorm``: add Petastorm's entries where
-    ``_common_metadata`` lacks them (``write_dataset(..., mode="append", petastorm_compatible=True)``)."""
-    done = None
+def follow_latest(fs: pafs.FileSystem, root: str, published: tuple[int, Sequence[str]],
+                  latest: Callable[[], tuple[int, Sequence[str]]], *, schema_file: str | None = None,
+                  petastorm: bool = False) -> None:
+    """Rewrite the listings of the dataset at ``root`` for ``published`` (a version's number and parts, relative to
+    ``root``), then again for ``latest()`` (the latest version's) until it is the version they list: another
+    commit's rewrite may have been of an older version (its writer asked before this one landed). A dataset with
+    no listing is not looked at further (its history is not read). ``schema_file`` (relative to ``root``): an
+    append widened the schema to this file's, which becomes the plain ``_common_metadata``. ``petastorm``: add
+    Petastorm's entries where ``_common_metadata`` lacks them (``write_dataset(mode="append",
+    petastorm_compatible=True)``)."""
     try:
+        if schema_file is None and not petastorm and not has_listings(fs, root):
+            return
+        number, parts = published
         for _ in range(_FOLLOW_ATTEMPTS):
-            number, parts = latest()
-            if number == done:
-                return
             rewrite_listings(fs, root, parts, schema_file=schema_file, petastorm=petastorm)
-            done = number
+            newest, parts = latest()
+            if newest == number:
+                return
+            number = newest
     except (OSError, pa.ArrowException, UnihubError) as exc:
         warnings.warn(f"{root}: the new version is published, but the listings Petastorm and Spark read "
                       f"({COMMON_METADATA}, {SUMMARY_METADATA}) could not be rewritten for it: {exc}. They list the "
                       "version before until the next commit of the dataset", UserWarning, stacklevel=3)
+
+
+def has_listings(fs: pafs.FileSystem, root: str) -> bool:
+    """Whether the dataset at ``root`` has a ``_metadata`` summary or Petastorm's row-group JSON."""
+    root = root.rstrip("/")
+    if fsutil.exists(fs, f"{root}/{SUMMARY_METADATA}"):
+        return True
+    common_path = f"{root}/{COMMON_METADATA}"
+    return fsutil.exists(fs, common_path) and PETASTORM_ROW_GROUPS_KEY in (_schema_of(fs, common_path).metadata or {})
 
 
 def rewrite_listings(fs: pafs.FileSystem, root: str, parts: Sequence[str], *, schema_file: str | None = None,

@@ -280,7 +280,7 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
     fsutil.remove(fs, staging)
     widened = fit == "wider" and placed.common_metadata and version.common_metadata == placed.common_metadata
     # plain readers read the schema in _common_metadata, and Petastorm the files' row groups there (or in _metadata)
-    listings.follow_latest(fs, target, lambda: latest_parts(fs, target),
+    listings.follow_latest(fs, target, (version.number, version.parts), lambda: latest_parts(fs, target),
                            schema_file=placed.common_metadata if widened else None, petastorm=petastorm)
     return version
 
@@ -499,7 +499,7 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
         return VacuumResult((), (), tuple(v.number for v in current))
     kept, dropped = current[-keep:], current[:-keep]
     # a commit killed before it rewrote them left the listings a version behind: rewritten before their files go
-    listings.follow_latest(fs, root, lambda: latest_parts(fs, root))
+    listings.follow_latest(fs, root, (kept[-1].number, kept[-1].parts), lambda: latest_parts(fs, root))
     for version in dropped:
         fsutil.remove(fs, record_path(root, version.number))
     listed = {f for v in kept for f in v.files()}
@@ -698,7 +698,8 @@ def publish_rewrite(fs: pafs.FileSystem, root: str, version: Version, replaced: 
     except BaseException:
         discard(fs, root, written, retired)
         raise
-    listings.follow_latest(fs, root, lambda: latest_parts(fs, root))  # before the files they list now go
+    # before the files they list now go
+    listings.follow_latest(fs, root, (version.number, version.parts), lambda: latest_parts(fs, root))
     for rel in replaced:
         fsutil.remove(fs, f"{root}/{rel}")
 
