@@ -11,10 +11,13 @@
 Everything lands under one directory, which is replaced::
 
     unihub demo /tmp/unihub-demo
+
+:func:`run` is the story; :func:`add_demo_command` registers the command that tells it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import time
@@ -27,6 +30,7 @@ import pyarrow as pa
 
 from unihub.bridges.torch.loaders import BatchedDataLoader, DataLoader
 from unihub.cli.demo import make_image, write_demo_dataset
+from unihub.cli.parsers import add_command, arg
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
 from unihub.formats.imagefolder.format import ImageFolderFormat
@@ -148,3 +152,21 @@ def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], No
     timed(f"PyTorch DataLoader, batch 64, decoded PNG: {datasets['images']}", read_rows, rows)
     timed(f"PyTorch BatchedDataLoader, batch 256, decoded JPEG + tensors: {datasets['tfrecord']}", read_batches, rows)
     train_a_few_steps(datasets["images"], steps, say)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    run(args.path, rows=args.rows, steps=args.steps, say=lambda line: print(line, flush=True))
+    return 0
+
+
+def add_demo_command(sub: Any) -> None:
+    add_command(sub, "demo", cmd_demo,
+                arg("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)"),
+                arg("--rows", type=int, default=2000, help="rows of each dataset (default 2000)"),
+                arg("--steps", type=int, default=60, help="training steps of batch 64 (default 60)"),
+                help="the main job on generated data: write, convert, inspect, train",
+                description="Write a dataset with images, tensors and scalars; generate TFRecord shards and an image "
+                            "folder and convert them; inspect all three; read them with the PyTorch loaders and train "
+                            "a tiny model for a few steps; print throughput.",
+                examples=["unihub demo /tmp/unihub-demo",
+                          "unihub demo /tmp/unihub-demo --rows 500 --steps 10   # a quicker run"])

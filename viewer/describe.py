@@ -2,7 +2,7 @@
 
 :func:`describe_dataset` gathers the schema, counts, sizes, row-group indexes and cache facts of a
 dataset into a JSON-able dict; :func:`format_description` writes it for people. The command line
-(``cli/commands.py``), the HTML viewer and the demo's main job all describe datasets through here.
+(``cli/reading.py``), the HTML viewer and the demo's main job all describe datasets through here.
 """
 
 from __future__ import annotations
