@@ -286,8 +286,9 @@ def commit_append(fs: pafs.FileSystem, staging: str, target: str, *, tag: str | 
 
 
 def latest_parts(fs: pafs.FileSystem, root: str) -> tuple[int, tuple[str, ...]]:
-    """The latest version's number and parts (what :func:`unihub.store.listings.follow_latest` lists)."""
-    latest = history(fs, root)[-1]
+    """The latest version's number and parts (what :func:`unihub.store.listings.follow_latest` lists): one record
+    read, not every one."""
+    latest = _one_record(fs, root, None) or history(fs, root)[-1]
     return latest.number, latest.parts
 
 
