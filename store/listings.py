@@ -49,10 +49,10 @@ def follow_latest(fs: pafs.FileSystem, root: str, published: tuple[int, Sequence
     append widened the schema to this file's, which becomes the plain ``_common_metadata``. ``petastorm``: add
     Petastorm's entries where ``_common_metadata`` lacks them (``write_dataset(mode="append",
     petastorm_compatible=True)``)."""
+    number, parts = published
     try:
         if schema_file is None and not petastorm and not has_listings(fs, root):
             return
-        number, parts = published
         for _ in range(_FOLLOW_ATTEMPTS):
             rewrite_listings(fs, root, parts, schema_file=schema_file, petastorm=petastorm)
             newest, parts = latest()
@@ -60,9 +60,9 @@ def follow_latest(fs: pafs.FileSystem, root: str, published: tuple[int, Sequence
                 return
             number = newest
     except (OSError, pa.ArrowException, UnihubError) as exc:
-        warnings.warn(f"{root}: the new version is published, but the listings Petastorm and Spark read "
-                      f"({COMMON_METADATA}, {SUMMARY_METADATA}) could not be rewritten for it: {exc}. They list the "
-                      "version before until the next commit of the dataset", UserWarning, stacklevel=3)
+        warnings.warn(f"{root}: version {number} is published, but the listings Petastorm and Spark read "
+                      f"({COMMON_METADATA}, {SUMMARY_METADATA}) could not be rewritten for it: {exc}. They list an "
+                      "older version until the next commit or vacuum of the dataset", UserWarning, stacklevel=3)
 
 
 def has_listings(fs: pafs.FileSystem, root: str) -> bool:

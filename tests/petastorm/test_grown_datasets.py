@@ -174,7 +174,7 @@ def test_a_listing_that_cannot_be_rewritten_is_a_warning_after_the_version_is_pu
         raise OSError("the footer could not be read")
 
     monkeypatch.setattr(listings, "_footers", unreadable)
-    with pytest.warns(UserWarning, match="new version is published, but the listings .* the footer could not be read"):
+    with pytest.warns(UserWarning, match="version 2 is published, but the listings .* the footer could not be read"):
         write_dataset(url, SCHEMA, (make_row(i) for i in range(4, 6)), mode="append")
     assert [v.number for v in list_versions(str(url))] == [1, 2] and ids(url) == list(range(6))
     assert list(listed_counts(url)) == ["part-00000.parquet"]  # the version before, until the next commit
