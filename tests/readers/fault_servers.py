@@ -107,8 +107,8 @@ class FaultProxy:
             reader = connection.makefile("rb")
             while True:
                 request = _read_request(reader, connection)
-                if request is None:
-                    return
+                if request is None or self._mode == "dead":
+                    return  # (a connection accepted as the proxy died, after its connections were closed)
                 if self._mode == "freeze":
                     continue  # read, never answered
                 if not self._answer(connection, *request):

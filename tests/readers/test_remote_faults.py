@@ -109,10 +109,6 @@ def test_opening_a_dataset_on_a_failing_server(s3_server, proxy, key, kind, faul
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_server_failing_in_the_middle_of_a_read(s3_server, proxy, key, kind, fault, read_ahead_mb):
-    if read_ahead_mb and kind == "pyarrow" and fault == "dead":
-        # seen 3 times in 8: every GET after "dead" answered, through a kept-alive connection of the AWS SDK
-        # that the proxy's close missed (its read-ahead GETs start at once; a plain read's come later)
-        pytest.skip("the proxy's 'dead' does not reliably close the AWS SDK's kept-alive connections")
     url, options = through(proxy, s3_server, kind, key)
     with make_reader(url, reader_pool_type="dummy", shuffle_row_groups=False, read_ahead_mb=read_ahead_mb,
                      **options) as reader:
