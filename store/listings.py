@@ -19,7 +19,6 @@ version is published, and running the commit again would add its rows twice.
 from __future__ import annotations
 
 import json
-import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import UnihubError
+from unihub.fs import atomic
 from unihub.fs import filesystem as fsutil
 from unihub.fs.publish import COMMON_METADATA, SUMMARY_METADATA
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
@@ -181,9 +181,10 @@ def replace_common_metadata(fs: pafs.FileSystem, root: str, arrow_schema: pa.Sch
 
 
 def replace_atomically(fs: pafs.FileSystem, root: str, name: str, write: Callable[[pa.NativeFile], None]) -> None:
-    """``root/name`` replaced by what ``write`` writes: under a hidden name first, then moved onto it."""
+    """``root/name`` replaced by what ``write`` writes: under a hidden name of this run first (the next commit
+    removes one a killed run left: :func:`unihub.store.versions.remove_orphans`), then moved onto it."""
     target = fsutil.join(root, name)
-    temporary = fsutil.join(root, f".{name}.unihub-tmp-{uuid.uuid4().hex[:12]}")
+    temporary = fsutil.join(root, f".{name}.unihub-{atomic.run_id()}.tmp")
     try:
         with fs.open_output_stream(temporary) as out:
             write(out)

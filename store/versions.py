@@ -515,6 +515,12 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
     return VacuumResult(tuple(v.number for v in dropped), tuple(removed), tuple(v.number for v in kept))
 
 
+#: besides data files, the files of a run that a killed run leaves: an append's schema file, a column add's side
+#: files, the temporary of a listing being rewritten (store/listings.py)
+_RUN_FILES = (f"{COMMON_METADATA}.unihub-", f"{column_sets.DIRECTORY}/", f".{COMMON_METADATA}.unihub-",
+              f".{publish.SUMMARY_METADATA}.unihub-")
+
+
 def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
     """Remove the files at ``root`` that no version lists and a dead run of an append or a column add put there
     (named ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
@@ -532,9 +538,7 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
         run = publish.run_of(rel)
-        if run is not None and (publish.is_data(rel) or rel.startswith((f"{COMMON_METADATA}.unihub-",
-                                                                          f"{column_sets.DIRECTORY}/"))) \
-                and not publish.run_alive(run):
+        if run is not None and (publish.is_data(rel) or rel.startswith(_RUN_FILES)) and not publish.run_alive(run):
             fsutil.remove(fs, f"{root}/{rel}")
             removed.append(rel)
     return removed

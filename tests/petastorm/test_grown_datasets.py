@@ -42,6 +42,7 @@ from unihub import (
     vacuum_dataset,
     write_dataset,
 )
+from unihub.fs import atomic
 from unihub.fs import filesystem as fsutil
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.store import listings, versions
@@ -243,6 +244,21 @@ def test_on_s3_an_overwrite_of_a_foreign_dataset_removes_its_summary(s3_server: 
         write_summary_metadata(fs, root, paths, pq.read_metadata(handle))
     write_dataset(url, SCHEMA, (make_row(i) for i in range(3)), overwrite_foreign=True, storage_options=options)
     assert not fsutil.exists(fs, f"{root}/_metadata") and open_dataset(url, storage_options=options).num_rows == 3
+
+
+def test_the_temporaries_of_a_rewrite_a_killed_run_left_are_removed_by_the_next_commit(tmp_path: Path) -> None:
+    """A kill between writing a listing under its hidden name and moving it in leaves that file; a live run's stays."""
+    url = tmp_path / "ds"
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(4)), petastorm_compatible=True)
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(4, 6)), mode="append")
+    dead = f"{atomic.run_id().split('-')[0]}-999999999-1-abcdef"  # no process has that pid
+    left = [url / f"._common_metadata.unihub-{dead}.tmp", url / f"._metadata.unihub-{dead}.tmp"]
+    live = url / f"._metadata.unihub-{atomic.run_id()}.tmp"
+    for path in [*left, live]:
+        path.write_bytes(b"half a footer")
+    delete_rows(url, pc.field("id") == 0)
+    assert not any(path.exists() for path in left) and live.exists()
+    assert listed_counts(url) == latest_counts(url) and ids(url) == list(range(1, 6))
 
 
 # -- real Petastorm --------------------------------------------------------------------------------
