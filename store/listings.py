@@ -27,12 +27,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import UnihubError
+from unihub.errors import SchemaError, UnihubError
 from unihub.fs import atomic
 from unihub.fs import filesystem as fsutil
 from unihub.fs.publish import COMMON_METADATA, SUMMARY_METADATA
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
 from unihub.petastorm.pickling import dumps_petastorm_unischema
+from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 
 #: how often :func:`follow_latest` rewrites the listings for a version that another commit overtook meanwhile
@@ -110,8 +111,8 @@ def _known_counts(entries: Mapping[bytes, bytes]) -> dict[str, int]:
     """The row groups per file the JSON lists already (a part's name is never reused for other rows); nothing where
     it is not such a JSON object."""
     try:
-        counts = json.loads(entries.get(PETASTORM_ROW_GROUPS_KEY, b"{}"))
-    except ValueError:
+        counts = parse_json(entries.get(PETASTORM_ROW_GROUPS_KEY, b"{}"))
+    except SchemaError:  # not UTF-8, not JSON, nested past the recursion limit: every count read again
         return {}
     if not isinstance(counts, dict):
         return {}

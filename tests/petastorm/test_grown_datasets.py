@@ -261,6 +261,20 @@ def test_the_temporaries_of_a_rewrite_a_killed_run_left_are_removed_by_the_next_
     assert listed_counts(url) == latest_counts(url) and ids(url) == list(range(1, 6))
 
 
+@pytest.mark.parametrize("hostile", [b"[" * 100_000, b"\xff\xfe", b"not json", b"[1, 2]", b'{"part-00000.parquet": -3}'])
+def test_a_hostile_row_group_json_is_read_again_from_the_files(tmp_path: Path, hostile: bytes) -> None:
+    """Petastorm's JSON is untrusted bytes: whatever it holds, the rewrite counts the row groups from the footers."""
+    url = tmp_path / "ds"
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(4)), petastorm_compatible=True)
+    schema = pq.read_schema(url / "_common_metadata")
+    pq.write_metadata(schema.with_metadata({**schema.metadata, PETASTORM_ROW_GROUPS_KEY: hostile}),
+                      url / "_common_metadata")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_dataset(url, SCHEMA, (make_row(i) for i in range(4, 6)), mode="append")
+    assert listed_counts(url) == latest_counts(url) and ids(url) == list(range(6))
+
+
 # -- real Petastorm --------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_petastorm_reads_its_own_dataset_after_unihub_appended_deleted_and_compacted(
