@@ -15,7 +15,9 @@ can tell the files of a live run from those a killed one left. :func:`publish` c
 files in under their run names, then writes the manifest in one PUT (an object store's one atomic
 step), then deletes what the manifest no longer lists. Readers (:func:`unihub.store.dataset.open_dataset`)
 read only what the manifest lists, so a kill at any moment leaves the old or the new dataset readable in
-full, and :func:`settle` (before the next write) deletes what no published manifest or live run owns.
+full, and :func:`settle` (before the next write) deletes what no published manifest or live run owns: files
+named after a dead run, and files that were there before the manifest was written (an overwrite killed before
+its clean-up). A file unihub did not name that came after it (another tool's append) is kept, named in a warning.
 
 A destination without a manifest (a first write, Petastorm's or Spark's Parquet) first gets one that
 lists what it holds (nothing, for a new destination: readers then see no dataset until the run publishes).
@@ -29,6 +31,8 @@ import json
 import os
 import posixpath
 import re
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -98,6 +102,11 @@ def _write_manifest(fs: pafs.FileSystem, root: str, manifest: Manifest) -> None:
 
 def _files(fs: pafs.FileSystem, root: str) -> list[str]:
     """Every file under ``root``, relative to it (one recursive listing)."""
+    return sorted(_file_infos(fs, root))
+
+
+def _file_infos(fs: pafs.FileSystem, root: str) -> dict[str, pafs.FileInfo]:
+    """Every file under ``root`` (relative to it) and its listing entry (one recursive listing)."""
     root = root.rstrip("/")
     fresh(fs, root)
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
@@ -106,7 +115,7 @@ def _files(fs: pafs.FileSystem, root: str) -> list[str]:
     except NotADirectoryError:  # fsspec: made between its "is it a folder?" and "does it exist?": ask again
         fresh(fs, root)
         listing = fs.get_file_info(selector)
-    return sorted(e.path[len(root):].lstrip("/") for e in listing if e.type == pafs.FileType.File)
+    return {e.path[len(root):].lstrip("/"): e for e in listing if e.type == pafs.FileType.File}
 
 
 def _is_data(rel: str) -> bool:
@@ -154,7 +163,7 @@ def publish(fs: pafs.FileSystem, staged: str, target: str) -> list[str]:
         raise
     if common is not None:
         fs.copy_file(f"{target}/{common}", f"{target}/{COMMON_METADATA}")
-    _remove_unlisted(fs, target, replaced=previous.run)
+    _remove_unlisted(fs, target, replaced=previous.run, overwrote=True)
     fsutil.remove(fs, f"{target}/{SUMMARY_METADATA}")  # the replaced dataset's (it lists the files just removed)
     fsutil.remove(fs, staged)
     return [f"{target}/{p}" for p in parts]
@@ -227,14 +236,17 @@ def _adopt(fs: pafs.FileSystem, target: str) -> Manifest:
     return adopted
 
 
-def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = None) -> bool:
+def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = None, overwrote: bool = False) -> bool:
     """Delete the files at ``target`` that its manifest does not list and no live run owns (``replaced``:
     a run whose dataset was just replaced, done whether its process lives or not); True when no live run
-    has files there."""
+    has files there. A file unihub did not name after a run is deleted only where ``overwrote`` (the dataset
+    was just replaced) or it was there before the manifest was written (a killed overwrite left it): one
+    written since is another tool's (a Spark append), kept and named in a warning."""
     manifest = read_manifest(fs, target)
     if manifest is None:
         return False
-    present = _files(fs, target)
+    present = _file_infos(fs, target)
+    published = present[MANIFEST].mtime if MANIFEST in present else None
     # the records read after the listing: an append whose record lands meanwhile keeps its files (one still
     # under way keeps them as a live run)
     listed = {*manifest.parts, MANIFEST, COMMON_METADATA, manifest.common_metadata,
@@ -247,7 +259,8 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
     else:
         columns |= versioned_files(fs, target, replaced)
     live = False
-    for rel in present:
+    foreign = []
+    for rel, info in sorted(present.items()):
         if rel in listed:
             continue
         found = _RUN.search(posixpath.basename(rel))
@@ -255,8 +268,29 @@ def _remove_unlisted(fs: pafs.FileSystem, target: str, replaced: str | None = No
                 and _alive(found["run"]):
             live = True
             continue
+        if found is None and not overwrote and not _predates(info, published):
+            foreign.append(rel)  # another tool's, written since the dataset was published: not unihub's to delete
+            continue
         fs.delete_file(f"{target}/{rel}")
+    warn_foreign(target, [rel for rel in foreign if is_data(rel)])
     return not live
+
+
+def _predates(info: pafs.FileInfo, published: Any) -> bool:
+    """Whether a file was there before the manifest was written (a file of what that publication replaced); in the
+    same second (object stores keep whole seconds) or not known: False, the file is kept."""
+    return info.mtime is not None and published is not None and info.mtime < published
+
+
+def warn_foreign(root: str, files: Sequence[str]) -> None:
+    """A warning naming the data files at ``root`` that no version lists and unihub did not write (another tool
+    appended them): they are left where they are, and unihub's readers do not read them."""
+    if files:
+        warnings.warn(f"{root}: {len(files)} data file(s) that no version of the dataset lists and unihub did not "
+                      f"write ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''}): left as they are, and not "
+                      "read by unihub's readers (plain readers such as Spark's read them). Add rows through unihub "
+                      "(write_dataset(mode='append'), unihub convert --append), or move the files out",
+                      UserWarning, stacklevel=2)
 
 
 def _columns_files(fs: pafs.FileSystem, target: str) -> set[str]:

@@ -533,7 +533,7 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
     newest = versions[-1].number
     later = [v for v in history(fs, root) if v.number > newest]
     listed = {f for v in [*versions, *later] for f in v.files()}
-    removed = []
+    removed, foreign = [], []
     for rel in present:
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
@@ -541,6 +541,10 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
         if run is not None and (publish.is_data(rel) or rel.startswith(_RUN_FILES)) and not publish.run_alive(run):
             fsutil.remove(fs, f"{root}/{rel}")
             removed.append(rel)
+        elif run is None and publish.is_data(rel):
+            foreign.append(rel)
+    if fsutil.on_local_disk(fs):  # (an object store's settle warned already)
+        publish.warn_foreign(root, foreign)
     return removed
 
 
