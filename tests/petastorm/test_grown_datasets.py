@@ -231,21 +231,6 @@ def test_a_vacuum_rewrites_listings_a_killed_commit_left_a_version_behind(
     assert listed_counts(url) == latest_counts(url) and ids(url) == [2, 3]
 
 
-def test_on_s3_an_overwrite_of_a_foreign_dataset_removes_its_summary(s3_server: Any) -> None:
-    """Petastorm's dataset with a summary, replaced: the summary listed the replaced files (a settle keeps one)."""
-    url = f"s3://{s3_server.bucket}/foreign-{uuid.uuid4().hex[:8]}/ds"
-    options = s3_server.storage_options()
-    fs, root = fsutil.resolve_filesystem(url, None, options)
-    local = pafs.LocalFileSystem()
-    for path in sorted(FIXTURE.iterdir()):
-        pafs.copy_files(str(path), f"{root}/{path.name}", source_filesystem=local, destination_filesystem=fs)
-    paths = [f.path for f in open_dataset(url, storage_options=options).files]
-    with fs.open_input_file(paths[0]) as handle:
-        write_summary_metadata(fs, root, paths, pq.read_metadata(handle))
-    write_dataset(url, SCHEMA, (make_row(i) for i in range(3)), overwrite_foreign=True, storage_options=options)
-    assert not fsutil.exists(fs, f"{root}/_metadata") and open_dataset(url, storage_options=options).num_rows == 3
-
-
 def test_the_temporaries_of_a_rewrite_a_killed_run_left_are_removed_by_the_next_commit(tmp_path: Path) -> None:
     """A kill between writing a listing under its hidden name and moving it in leaves that file; a live run's stays."""
     url = tmp_path / "ds"

@@ -19,6 +19,7 @@ import pytest
 
 from unihub import compact_dataset, delete_rows, open_dataset, write_dataset
 from unihub.fs import filesystem as fsutil
+from unihub.store.metadata_files import write_summary_metadata
 
 from .test_versions import SCHEMA, ids, rows
 
@@ -60,13 +61,18 @@ def test_on_s3_a_file_another_tool_appended_outlives_appends_deletes_and_compact
     assert ids(url, storage_options=options) == [0, 1, 2, 3, 4, 5, 6]
 
 
-def test_on_s3_an_overwrite_of_a_foreign_dataset_still_removes_its_files(s3_server: Any) -> None:
+def test_on_s3_an_overwrite_of_a_foreign_dataset_still_removes_its_files_and_summary(s3_server: Any) -> None:
+    """Petastorm's dataset with a ``_metadata`` summary, replaced: its files go, and the summary that listed them
+    (a settle keeps a summary: every commit rewrites it, store/listings.py)."""
     url = f"s3://{s3_server.bucket}/replaced-{uuid.uuid4().hex[:8]}/ds"
     options = s3_server.storage_options()
     fs, root = fsutil.resolve_filesystem(url, None, options)
     local = pafs.LocalFileSystem()
     for path in sorted(FIXTURE.iterdir()):
         pafs.copy_files(str(path), f"{root}/{path.name}", source_filesystem=local, destination_filesystem=fs)
+    paths = [f.path for f in open_dataset(url, storage_options=options).files]
+    with fs.open_input_file(paths[0]) as handle:
+        write_summary_metadata(fs, root, paths, pq.read_metadata(handle))
     write_dataset(url, SCHEMA, rows(0, 3), overwrite_foreign=True, storage_options=options)
     left = [info.path for info in fs.get_file_info(pafs.FileSelector(root)) if info.path.endswith(".snappy.parquet")]
-    assert left == [] and ids(url, storage_options=options) == [0, 1, 2]
+    assert left == [] and not fsutil.exists(fs, f"{root}/_metadata") and ids(url, storage_options=options) == [0, 1, 2]
