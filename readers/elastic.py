@@ -196,9 +196,20 @@ def _count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
-def check_one_run(states: Sequence[Any], version: int, order_of: Any) -> int:
+def other_version(state: Mapping[str, Any], dataset_version: int | None) -> str:
+    """Where a state was saved on another version of a dataset that grew (an append, a delete, a compaction
+    changes its row groups) than the reader reads: how to resume it (that version, pinned), else nothing."""
+    saved = state.get("dataset_version")
+    if type(saved) is not int or dataset_version is None or saved == dataset_version:
+        return ""
+    return (f". The state was saved reading version {saved} of the dataset, and this reader reads version "
+            f"{dataset_version}: make_reader(url, version={saved}, resume_from=state) resumes it exactly")
+
+
+def check_one_run(states: Sequence[Any], version: int, order_of: Any, dataset_version: int | None = None) -> int:
     """The seed the states share, once each is a state of this reader's version with the elastic keys and
-    the global order ``order_of(seed)`` fingerprints; :class:`ReaderStateError` saying what does not fit."""
+    the global order ``order_of(seed)`` fingerprints; :class:`ReaderStateError` saying what does not fit
+    (``dataset_version``: the version of the dataset the reader reads, named where the states' differs)."""
     if not states:
         raise ReaderStateError("resume_from=[] holds no state: pass every rank's state_dict() of the run")
     seeds = set()
@@ -216,7 +227,9 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any) -> int:
                                "order, so what is left of it is not known; pass the same seed= on every rank")
     check_every_shard(states)
     seed = seeds.pop()
-    if any(state["order"] != order_of(seed) for state in states):
-        raise ReaderStateError("a state of the list belongs to another dataset or other reader options "
-                               "(row groups, shuffling, epochs, fields or batching differ)")
+    for state in states:
+        if state["order"] != order_of(seed):
+            raise ReaderStateError("a state of the list belongs to another dataset or other reader options "
+                                   "(row groups, shuffling, epochs, fields or batching differ)"
+                                   + other_version(state, dataset_version))
     return seed

@@ -668,7 +668,7 @@ class Reader:
         epoch, task, offset = self._where()
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
-                 "plan": plan, "order": order, **elastic.shard_keys(self._plan)}
+                 "plan": plan, "order": order, "dataset_version": self.store.version, **elastic.shard_keys(self._plan)}
         state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
         drops = self._drops
         state.update(drops.state_keys(self._stream_where()) if drops is not None else {"skip": 0, "exclude": []})
@@ -705,7 +705,8 @@ class Reader:
         if state.get("plan") != self._fingerprint(config):
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
                                    "(row groups, shuffling, sharding, epochs or batching differ); states of "
-                                   "another shard count resume as the list of every rank's state")
+                                   "another shard count resume as the list of every rank's state"
+                                   + elastic.other_version(state, self.store.version))
         done = elastic.decode_done(state.get("done", []))
         drops = elastic.Drops.of_state(state)
         if drops is not None and self.ngram is not None:
@@ -720,7 +721,8 @@ class Reader:
             raise InvalidArgumentError("resuming from several ranks' states needs the rows of an epoch known in "
                                        "advance: not with a predicate, filters, n-grams or a batch transform")
         seed = elastic.check_one_run(states, STATE_VERSION,
-                                     lambda s: self._order_fingerprint(dataclasses.replace(self._plan, seed=s)))
+                                     lambda s: self._order_fingerprint(dataclasses.replace(self._plan, seed=s)),
+                                     self.store.version)
         config = dataclasses.replace(self._plan, seed=seed)
         progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched)
                     for state in states]

@@ -252,6 +252,32 @@ def test_states_of_another_run_are_refused_by_name(dataset, tmp_path):
         make_reader(dataset, resume_from=states, predicate=None, filters=[("id", ">", 3)], **options)
 
 
+def test_a_state_saved_before_the_dataset_grew_names_its_version_and_resumes_on_it(tmp_path):
+    """An append (a delete, a compaction) changes the latest version's row groups: the state of a run on the
+    version before is refused by name, saying which version to pin, and resumes exactly there."""
+    from unihub.store.compaction import compact_dataset
+
+    url = tmp_path / "ds"
+    write_dataset(url, SCHEMA, ({"id": i, "pad": np.zeros(64, np.uint8)} for i in range(40)), row_group_size_mb=0.0008)
+    write_dataset(url, SCHEMA, ({"id": i, "pad": np.zeros(64, np.uint8)} for i in range(40, 60)), mode="append")
+    options = dict(OPTIONS, num_epochs=1)
+    with make_reader(url, **options) as reader:
+        whole = [int(row.id) for row in reader]
+    with make_reader(url, **options) as reader:
+        first = [int(next(reader).id) for _ in range(17)]
+        state = reader.state_dict()
+    assert state["dataset_version"] == 2
+    write_dataset(url, SCHEMA, ({"id": i, "pad": np.zeros(64, np.uint8)} for i in range(60, 70)), mode="append")
+    compact_dataset(url, target_mb=1)
+    hint = r"saved reading version 2 of the dataset, and this reader reads version 4: make_reader\(url, version=2"
+    with pytest.raises(ReaderStateError, match=hint):
+        make_reader(url, resume_from=state, **options)
+    with pytest.raises(ReaderStateError, match=hint):
+        make_reader(url, resume_from=[state], **dict(options, shard_count=1, cur_shard=0))
+    with make_reader(url, version=2, resume_from=state, **options) as reader:
+        assert first + [int(row.id) for row in reader] == whole
+
+
 def test_a_rank_at_the_end_of_its_share_counts_as_in_the_next_epoch(dataset):
     """Whether a rank's next() has found the end of its share or not, the run resumes alike: ``drop`` left
     rows out of the epoch, and the resumed run goes on with the next one, as the run itself would have."""
