@@ -151,8 +151,8 @@ def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> No
     """``_metadata`` listing the row groups of ``parts`` (their footers read here: the summary is made by changing
     the footers it joins), or removed where their schemas differ (no summary can list them all) or there are none."""
     try:
-        combined = summary_of(list(_footers(fs, root, parts).values()), parts)
-    except (RuntimeError, ValueError, pa.ArrowException):  # pyarrow: "AppendRowGroups requires equal schemas"
+        combined = summary_of(list(_footers(fs, root, parts).values()), parts, root)
+    except SchemaError:
         combined = None
     if combined is None:
         fsutil.remove(fs, f"{root}/{SUMMARY_METADATA}")
@@ -160,17 +160,21 @@ def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> No
     replace_atomically(fs, root, SUMMARY_METADATA, combined.write_metadata_file)
 
 
-def summary_of(footers: Sequence[pq.FileMetaData], paths: Sequence[str]) -> pq.FileMetaData | None:
+def summary_of(footers: Sequence[pq.FileMetaData], paths: Sequence[str], root: str) -> pq.FileMetaData | None:
     """One footer holding the row groups of every file, each marked with its path (relative to the dataset
-    root), as a ``_metadata`` summary holds them; None for no files. A ``RuntimeError`` (pyarrow's) where two
-    files' schemas differ. The footers given are changed (their row groups' paths)."""
+    ``root``), as a ``_metadata`` summary holds them; None for no files. A :class:`SchemaError` naming the file
+    whose schema differs from the first's. The footers given are changed (their row groups' paths)."""
     if not footers:
         return None
     combined = footers[0]
     combined.set_file_path(paths[0])
     for footer, path in zip(footers[1:], paths[1:]):
         footer.set_file_path(path)
-        combined.append_row_groups(footer)
+        try:
+            combined.append_row_groups(footer)
+        except (RuntimeError, ValueError, pa.ArrowException) as exc:  # "AppendRowGroups requires equal schemas"
+            raise SchemaError(f"{root}/{path}: its Parquet schema differs from {root}/{paths[0]}'s, so no "
+                              f"{SUMMARY_METADATA} file can list both: {exc}") from exc
     return combined
 
 

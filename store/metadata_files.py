@@ -21,11 +21,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import SchemaError
 from unihub.fs import filesystem as fsutil
 from unihub.fs.publish import SUMMARY_METADATA  # the summary file: every data file's row groups in one footer
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
@@ -62,11 +60,6 @@ def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) ->
 def write_summary_metadata(fs: Any, root: str, paths: list[str], first: pq.FileMetaData) -> None:
     """``_metadata``: the first file's footer with every file's row groups, paths relative to ``root``."""
     rels = [path[len(root):].lstrip("/") for path in paths]
-    footers = [first, *(read_metadata(fs, path) for path in paths[1:])]
-    try:
-        combined = summary_of(footers, rels)
-    except (RuntimeError, ValueError, pa.ArrowException) as exc:
-        raise SchemaError(f"{root}: the Parquet schemas of its files differ, so no {SUMMARY_METADATA} file can list "
-                          f"them all: {exc}") from exc
+    combined = summary_of([first, *(read_metadata(fs, path) for path in paths[1:])], rels, root.rstrip("/"))
     if combined is not None:
         replace_atomically(fs, root, SUMMARY_METADATA, combined.write_metadata_file)

@@ -42,6 +42,7 @@ from unihub import (
     vacuum_dataset,
     write_dataset,
 )
+from unihub.errors import SchemaError
 from unihub.fs import atomic
 from unihub.fs import filesystem as fsutil
 from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
@@ -258,6 +259,15 @@ def test_a_hostile_row_group_json_is_read_again_from_the_files(tmp_path: Path, h
         warnings.simplefilter("error")
         write_dataset(url, SCHEMA, (make_row(i) for i in range(4, 6)), mode="append")
     assert listed_counts(url) == latest_counts(url) and ids(url) == list(range(6))
+
+
+def test_a_summary_of_files_of_two_schemas_is_a_named_error(tmp_path: Path) -> None:
+    """The file whose schema differs is named (a listing's rewrite then removes the summary instead)."""
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [1], "x": [2.0]}), tmp_path / "b.parquet")
+    footers = [pq.read_metadata(tmp_path / name) for name in ("a.parquet", "b.parquet")]
+    with pytest.raises(SchemaError, match=r"/b\.parquet: its Parquet schema differs from .*/a\.parquet's"):
+        listings.summary_of(footers, ["a.parquet", "b.parquet"], str(tmp_path))
 
 
 # -- real Petastorm --------------------------------------------------------------------------------
