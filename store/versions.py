@@ -533,7 +533,7 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
     newest = versions[-1].number
     later = [v for v in history(fs, root) if v.number > newest]
     listed = {f for v in [*versions, *later] for f in v.files()}
-    removed, foreign = [], []
+    removed = []
     for rel in present:
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
@@ -541,11 +541,27 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
         if run is not None and (publish.is_data(rel) or rel.startswith(_RUN_FILES)) and not publish.run_alive(run):
             fsutil.remove(fs, f"{root}/{rel}")
             removed.append(rel)
-        elif run is None and publish.is_data(rel):
-            foreign.append(rel)
     if fsutil.on_local_disk(fs):  # (an object store's settle warned already)
-        publish.warn_foreign(root, foreign)
+        publish.warn_foreign(root, _foreign(present, listed))
     return removed
+
+
+def foreign_files(fs: pafs.FileSystem, root: str) -> list[str]:
+    """The data files in the dataset's folder that no version lists and unihub did not write (another tool's, a
+    Spark append: unihub's readers skip them, plain readers read them); none before the first record (every file
+    of a dataset written once is its version 1)."""
+    root = root.rstrip("/")
+    latest = _one_record(fs, root, None)
+    if latest is None:
+        return []
+    candidates = _foreign(publish.files_under(fs, root), latest.files())
+    if not candidates:  # the usual case: the latest record read, not every one
+        return []
+    return _foreign(candidates, {f for v in history(fs, root) for f in v.files()})  # a killed delete's replaced parts
+
+
+def _foreign(present: Iterable[str], listed: set[str]) -> list[str]:
+    return [rel for rel in present if rel not in listed and publish.run_of(rel) is None and publish.is_data(rel)]
 
 
 # -- incremental conversion ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from unihub.errors import DatasetNotFoundError, FormatError, UnihubError, Unsupp
 from unihub.formats.base import detect_format
 from unihub.fs import sources
 from unihub.readers.rowgroup_index import describe_rowgroup_indexes
+from unihub.store import versions
 from unihub.store.dataset import missing_fields_message, open_dataset
 
 if TYPE_CHECKING:
@@ -58,7 +59,15 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         **({"column_sets": {s.name: [f.name for f in s.fields] for s in store.side.sets}} if store.side else {}),
         **describe_rowgroup_indexes(store),
         **describe_cache(store),
+        **({"foreign_files": outside} if (outside := _foreign_files(store)) else {}),
     }
+
+
+def _foreign_files(store: ParquetStore) -> list[str]:
+    """Data files in a versioned dataset's folder that no version lists (another tool appended them)."""
+    if store.version is None:
+        return []
+    return versions.foreign_files(store.filesystem, store.path)
 
 
 def _foreign_source(url: str) -> str | None:
@@ -95,6 +104,10 @@ def format_description(info: dict[str, Any]) -> str:
     lines += format_cache(info)
     if info["partitions"]:
         lines.append(f"partitions: {', '.join(info['partitions'])}")
+    if info.get("foreign_files"):
+        files = info["foreign_files"]
+        lines.append(f"not in any version: {len(files)} data file(s) another tool wrote ({', '.join(files[:3])}"
+                     f"{', ...' if len(files) > 3 else ''}); unihub's readers skip them, plain readers read them")
     if info.get("column_sets"):  # store/column_sets.py
         lines.append("column sets (added beside the parts): "
                      + "; ".join(f"{name}: {', '.join(fields)}" for name, fields in info["column_sets"].items()))

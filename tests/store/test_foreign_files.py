@@ -38,6 +38,21 @@ def test_a_file_another_tool_appended_is_kept_and_named_at_the_next_commit(tmp_p
     assert pq.read_table(url).num_rows == 9 + 6  # a plain reader reads it
 
 
+def test_inspect_names_the_files_no_version_lists(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from unihub.cli import main
+    from unihub.viewer.describe import describe_dataset
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    assert "foreign_files" not in describe_dataset(url)  # written once: every file is version 1's
+    write_dataset(url, SCHEMA, rows(6, 8), mode="append")
+    shutil.copyfile(open_dataset(url).files[0].path, tmp_path / "ds" / SPARKS)
+    assert describe_dataset(url)["foreign_files"] == [SPARKS]
+    assert main(["inspect", url]) == 0
+    assert f"not in any version: 1 data file(s) another tool wrote ({SPARKS}); unihub's readers skip them" in \
+        capsys.readouterr().out
+
+
 def test_a_plain_dataset_written_once_has_no_foreign_file(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
     """Before its first record every file in it is version 1's (a dataset Spark or Petastorm wrote)."""
     url = tmp_path / "ds"
