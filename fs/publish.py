@@ -512,8 +512,9 @@ def commit(fs: pafs.FileSystem, temporary: str, target: str) -> list[str] | None
 def settle(fs: pafs.FileSystem, target: str) -> str | None:
     """Finish what runs killed while writing ``target`` left. On a local disk: the old dataset put
     back where a commit stopped half-way, their temporaries removed (:func:`atomic.settle`); returns
-    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs and files no
-    published manifest lists removed (:func:`_settle_object_store`)."""
+    an old copy that could not be put back. Elsewhere: staging prefixes of dead runs removed, and the files no
+    published manifest or record lists that a dead run wrote or an overwrite replaced; another tool's files are
+    kept (:func:`_settle_object_store`)."""
     if fsutil.on_local_disk(fs):
         return atomic.settle(target)
     with remote.remote_errors(remote.display_url(fs, target)):

@@ -36,6 +36,9 @@ from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 
+#: the two ``_common_metadata`` entries Petastorm 0.13.1 reads: its pickled Unischema and the row groups per file
+PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
+
 #: how often :func:`follow_latest` rewrites the listings for a version that another commit overtook meanwhile
 _FOLLOW_ATTEMPTS = 8
 
@@ -89,7 +92,7 @@ def rewrite_listings(fs: pafs.FileSystem, root: str, parts: Sequence[str], *, sc
         _replace_summary(fs, root, parts)
     if new is None or (not listed and schema_file is None):
         return
-    kept = {k: v for k, v in (new.metadata or {}).items() if k not in (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)}
+    kept = {k: v for k, v in (new.metadata or {}).items() if k not in PETASTORM_KEYS}
     if listed:
         pickled = entries.get(PETASTORM_UNISCHEMA_KEY) if schema_file is None else None
         kept.update(_petastorm_entries(fs, root, parts, _known_counts(entries), pickled or _petastorm_unischema(kept, root)))
@@ -103,8 +106,14 @@ def _petastorm_entries(fs: pafs.FileSystem, root: str, parts: Sequence[str], kno
     if pickled is None:
         return {}
     footers = _footers(fs, root, [rel for rel in parts if rel not in known])
-    counts = {rel: known[rel] if rel in known else footers[rel].num_row_groups for rel in parts}
-    return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(counts).encode()}
+    return petastorm_entries(pickled, {rel: known[rel] if rel in known else footers[rel].num_row_groups
+                                       for rel in parts})
+
+
+def petastorm_entries(pickled: bytes, counts: Mapping[str, int]) -> dict[bytes, bytes]:
+    """The entries of :data:`PETASTORM_KEYS`: the pickled Unischema, and ``counts`` (row groups per file, paths
+    relative to the dataset root) as Petastorm's JSON."""
+    return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(dict(counts)).encode()}
 
 
 def _known_counts(entries: Mapping[bytes, bytes]) -> dict[str, int]:

@@ -17,7 +17,6 @@ stale Hadoop checksum (``._common_metadata.crc``) is removed, as Petastorm does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,13 +25,10 @@ import pyarrow.parquet as pq
 
 from unihub.fs import filesystem as fsutil
 from unihub.fs.publish import SUMMARY_METADATA  # the summary file: every data file's row groups in one footer
-from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import COMMON_METADATA, list_data_files, read_footers, read_metadata
-from unihub.store.listings import replace_atomically, replace_common_metadata, summary_of
-
-PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
+from unihub.store.listings import petastorm_entries, replace_atomically, replace_common_metadata, summary_of
 
 
 def row_groups_per_file(fs: pafs.FileSystem, root: str, paths: Sequence[str] | None = None) -> dict[str, int]:
@@ -46,8 +42,7 @@ def petastorm_metadata(schema: Unischema, fs: pafs.FileSystem, root: str,
                        paths: Sequence[str] | None = None) -> dict[bytes, bytes]:
     """The two ``_common_metadata`` entries Petastorm reads, for the dataset at ``root``."""
     pickled = dumps_petastorm_unischema(schema)  # refuses what Petastorm cannot read, before any footer is read
-    counts = row_groups_per_file(fs, root, paths)
-    return {PETASTORM_UNISCHEMA_KEY: pickled, PETASTORM_ROW_GROUPS_KEY: json.dumps(counts).encode()}
+    return petastorm_entries(pickled, row_groups_per_file(fs, root, paths))
 
 
 def add_petastorm_metadata(fs: pafs.FileSystem, root: str, schema: Unischema) -> None:
