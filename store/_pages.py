@@ -28,8 +28,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +47,7 @@ _INLINE = 12  # binary_view keeps values of up to 12 bytes in the view itself
 _MAX_HEADER = 64 * 1024  # bytes of a page header (Arrow's own limit is 16 MiB)
 _MIN_AVERAGE = 16  # bytes a value and its length take on average: fewer, and pyarrow's copy is cheaper
 _LENGTH = struct.Struct("<i")
+_LENGTH_BYTES = np.arange(4)  # a PLAIN value's length: its first 4 bytes
 #: this pyarrow has view arrays (16 and later)
 SUPPORTED = hasattr(pa, "binary_view")
 
@@ -64,8 +64,7 @@ def chunk_span(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     return start, start + column.total_compressed_size
 
 
-@dataclass(frozen=True)
-class Page:
+class Page(NamedTuple):
     """One page of a column chunk: where its header and bytes lie in the file, and what the header says."""
 
     header: int  # offset of the page header
@@ -74,7 +73,11 @@ class Page:
     kind: int  # Parquet's PageType: 0 data, 1 index, 2 dictionary, 3 data v2
     crc: int | None  # the CRC-32 in the header (unsigned), if it has one
     num_values: int | None  # a data page's count of values (levels included); None for other pages
-    fields: Fields  # the whole parsed header
+    uncompressed: int  # the size of its bytes uncompressed
+    #: the whole parsed header; None where it is laid out as Arrow writes a v1 data page (:func:`_v1_header`)
+    fields: Fields | None
+    #: that v1 page's count of values and encodings of values, definition and repetition levels (None: see fields)
+    data_header: tuple[int, int, int, int] | None
 
     def fails_its_crc(self, data: Any, at: int = 0) -> bool:
         """Whether the page's bytes in ``data`` (what its offsets index, less ``at``) differ from the CRC in its
@@ -93,18 +96,29 @@ def chunk_pages(data: Any, position: int, end_of_chunk: int, num_values: int) ->
     while seen < num_values:
         if position >= end_of_chunk:
             raise FormatError("a column chunk that ends before its values")
+        v1 = _v1_header(data, position)  # Arrow's layout, read at a glance (a row group's image pages are many)
+        if v1 is not None:
+            end = v1[8] + v1[2]
+            if v1[1] < 0 or v1[2] < 0 or v1[4] < 0 or end > end_of_chunk:
+                raise FormatError("a page past its chunk, or a negative count of values")
+            yield Page(position, v1[8], end, _DATA_PAGE, v1[3] & 0xFFFFFFFF, v1[4], v1[1], None,
+                       (v1[4], v1[5], v1[6], v1[7]))
+            seen += v1[4]
+            position = end
+            continue
         fields, body = read_struct(data, position)
         if body - position > _MAX_HEADER:
             raise FormatError("a page header of more than 64 KiB")
-        kind, compressed = _i32(fields, 1), _i32(fields, 3)
+        kind, uncompressed, compressed = _i32(fields, 1), _i32(fields, 2), _i32(fields, 3)
         end = body + compressed
-        if compressed < 0 or _i32(fields, 2) < 0 or end > end_of_chunk:
+        if compressed < 0 or uncompressed < 0 or end > end_of_chunk:
             raise FormatError("a page past its chunk")
         crc = _i32(fields, 4, None)
         count = _i32(_struct(fields, 5 if kind == _DATA_PAGE else 8), 1) if kind in _DATA_PAGES else None
         if count is not None and count < 0:
             raise FormatError("a negative count of values")
-        yield Page(position, body, end, kind, None if crc is None else crc & 0xFFFFFFFF, count, fields)
+        yield Page(position, body, end, kind, None if crc is None else crc & 0xFFFFFFFF, count, uncompressed, fields,
+                   None)
         seen += count or 0
         position = end
 
@@ -189,41 +203,59 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
 def _value_spans(chunk: memoryview, num_rows: int, max_definition_level: int, verify: bool,
                  pages: list[Page] | None = None, at: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Each value's offset in ``chunk`` and its length, from the chunk's data pages (``pages``: walked
-    already, their offsets ``at`` bytes past the chunk's)."""
-    starts: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
+    already, their offsets ``at`` bytes past the chunk's).
+
+    PLAIN ``BYTE_ARRAY`` values are each a 4-byte little-endian length, then the bytes: a page's are walked
+    from length to length (``lengths_at[k]`` is the chunk as int32 from byte ``k``, so the length at ``p`` is
+    ``lengths_at[p % 4][p // 4]``: faster than ``struct``), keeping only where each value's length lies; the
+    lengths are then gathered in one step. A negative length steps back (an index past the end raises
+    IndexError) and is found among the lengths once the walk is done."""
     size = len(chunk)
     lengths_at = [chunk[k:k + (size - k) // 4 * 4].cast("i") for k in range(4)]
     walked: Iterable[Page] = chunk_pages(chunk, 0, size, num_rows) if pages is None else pages
     at = 0 if pages is None else at
+    marks: list[int] = []  # where each value's length lies
+    mark = marks.append
     for page in walked:
-        body, end, header = page.body - at, page.end - at, page.fields
-        if _i32(header, 2) != end - body:
+        body, end = page.body - at, page.end - at
+        if page.uncompressed != end - body:
             raise FormatError("page sizes")
         if verify and page.fails_its_crc(chunk, at):
             raise FormatError("a page fails its checksum")
-        body, count, encoding = _page_values(chunk, page.kind, header, body, end, max_definition_level)
-        if encoding != _PLAIN or count < 0 or count > (end - body) // _MIN_AVERAGE:
+        position, count, encoding = _page_values(chunk, page.kind, page.fields, body, end, max_definition_level,
+                                                 page.data_header)
+        if encoding != _PLAIN or count < 0 or count > (end - position) // _MIN_AVERAGE:
             raise FormatError("not PLAIN, or more (short) values than are worth viewing")
-        spans = _walk_values(lengths_at, body, end, count)
-        starts.append(spans[0])
-        lengths.append(spans[1])
-    if sum(len(s) for s in starts) != num_rows:
+        for _ in range(count):
+            mark(position)
+            position += 4 + lengths_at[position & 3][position >> 2]
+        if position != end:
+            raise FormatError("values that do not fill their page")
+    if len(marks) != num_rows:
         raise FormatError("values do not add up to the row group's rows")
-    return (np.concatenate(starts), np.concatenate(lengths)) if len(starts) != 1 else (starts[0], lengths[0])
+    at_lengths = np.array(marks, dtype=np.int64)
+    lengths = np.frombuffer(chunk, dtype=np.uint8)[at_lengths[:, None] + _LENGTH_BYTES].view("<i4")[:, 0]
+    if len(lengths) and lengths.min() < 0:
+        raise FormatError("a negative length")
+    return at_lengths + 4, lengths.astype(np.int64)
 
 
-def _page_values(chunk: memoryview, kind: int, header: Fields, body: int, end: int,
-                 max_definition_level: int) -> tuple[int, int, int]:
+def _page_values(chunk: memoryview, kind: int, header: Fields | None, body: int, end: int,
+                 max_definition_level: int, v1: tuple[int, int, int, int] | None = None) -> tuple[int, int, int]:
     """Where a data page's values start (past its definition levels, which must say that every value is
-    there), how many it holds, and their encoding; any other page (dictionary, index) is declined."""
+    there), how many it holds, and their encoding; any other page (dictionary, index) is declined.
+    ``header``: the page's parsed header; or ``v1``, a v1 data page's fields read at a glance (:func:`_v1_header`)."""
+    if v1 is None and header is None:
+        raise FormatError("a page without its header")
     if kind == _DATA_PAGE:
-        fields = _struct(header, 5)
-        count, encoding, definition, repetition = (_i32(fields, k) for k in (1, 2, 3, 4))
+        if v1 is None:
+            fields = _struct(header, 5)  # type: ignore[arg-type]  # one of the two, checked above
+            v1 = (_i32(fields, 1), _i32(fields, 2), _i32(fields, 3), _i32(fields, 4))
+        count, encoding, definition, repetition = v1
         if definition not in _LEVEL_ENCODINGS or repetition not in _LEVEL_ENCODINGS:
             raise FormatError("level encodings")
         return _past_levels_v1(chunk, body, end, count, max_definition_level, definition), count, encoding
-    if kind == _DATA_PAGE_V2:
+    if kind == _DATA_PAGE_V2 and header is not None:
         fields = _struct(header, 8)
         count, nulls, rows, encoding, definition, repetition = (_i32(fields, k) for k in range(1, 7))
         if nulls != 0 or rows != count or repetition != 0 or definition < 0 or body + definition > end:
@@ -279,26 +311,6 @@ def _all_defined(chunk: memoryview, start: int, end: int, count: int) -> None:
         raise FormatError("nulls in the page")
 
 
-def _walk_values(lengths_at: list[memoryview], position: int, end: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The spans (start, length) of ``count`` PLAIN ``BYTE_ARRAY`` values from ``position`` (each a
-    4-byte little-endian length, then the bytes), which must end exactly at ``end``.
-
-    ``lengths_at[k]`` is the chunk as int32 from byte ``k``: the length at ``p`` is
-    ``lengths_at[p % 4][p // 4]`` (faster than ``struct``, and only positions are kept). A negative
-    length would step back (an index past the end raises IndexError): the spans are checked once the
-    walk is done."""
-    marks = [position]
-    mark = marks.append
-    for _ in range(count):
-        position += 4 + lengths_at[position & 3][position >> 2]
-        mark(position)
-    bounds = np.array(marks, dtype=np.int64)
-    lengths = np.diff(bounds) - 4
-    if position != end or (count and lengths.min() < 0):
-        raise FormatError("values that do not fill their page")
-    return bounds[:-1] + 4, lengths
-
-
 def _binary_view(data: pa.Buffer, chunk: memoryview, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """A ``binary_view`` array of the values at ``starts``/``lengths`` of ``data`` (long values
     referenced, values of up to 12 bytes inlined in their views as the format requires)."""
@@ -331,6 +343,8 @@ def page_value_spans(page: memoryview, count: int, max_definition_level: int, ve
     is of a layout this reader declines (compressed, not PLAIN, nulls): the caller reads its row group.
     Time is bounded by ``len(page)``: at most a value per 4 bytes is walked."""
     header = _v1_header(page)
+    fields: Fields | None = None
+    v1: tuple[int, int, int, int] | None = None
     if header is None:
         try:
             fields, body = read_struct(page, 0)
@@ -342,6 +356,7 @@ def page_value_spans(page: memoryview, count: int, max_definition_level: int, ve
             raise FormatError(f"{where}: {exc}") from exc
     else:
         kind, uncompressed, compressed, crc, body = _DATA_PAGE, header[1], header[2], header[3], header[8]
+        v1 = (header[4], header[5], header[6], header[7])
     size = len(page)
     if body + compressed != size or compressed < 0 or uncompressed < 0:
         raise FormatError(f"{where}: the page header says {body} + {compressed} bytes, the offset index {size}")
@@ -353,13 +368,7 @@ def page_value_spans(page: memoryview, count: int, max_definition_level: int, ve
     if uncompressed != compressed or sys.byteorder != "little":
         return None  # compressed (or a v2 page's levels counted otherwise): not what this reader takes
     try:
-        if header is None:
-            start, found, encoding = _page_values(page, kind, fields, body, size, max_definition_level)
-        else:
-            found, encoding = header[4], header[5]
-            if header[6] not in _LEVEL_ENCODINGS or header[7] not in _LEVEL_ENCODINGS:
-                return None
-            start = _past_levels_v1(page, body, size, found, max_definition_level, header[6])
+        start, found, encoding = _page_values(page, kind, fields, body, size, max_definition_level, v1)
     except (FormatError, IndexError, struct.error):
         return None  # nulls, other level encodings: the row group's reader takes them
     if found != count:
@@ -370,7 +379,7 @@ def page_value_spans(page: memoryview, count: int, max_definition_level: int, ve
 
 
 def _value_lists(page: memoryview, start: int, count: int, where: str) -> tuple[list[int], list[int]]:
-    """As :func:`_walk_values`, into lists (a page holds a few values: numpy's calls cost more)."""
+    """As :func:`_value_spans` walks a page, into lists (a page holds a few values: numpy's calls cost more)."""
     size = len(page)
     if count > (size - start) // 4:
         raise FormatError(f"{where}: {count} values cannot fit in {size - start} bytes")
@@ -394,12 +403,12 @@ def _value_lists(page: memoryview, start: int, count: int, where: str) -> tuple[
 _V1_HEADER = (0x15, 0x15, 0x15, 0x15, 0x1C, 0x15, 0x15, 0x15, 0x15)
 
 
-def _v1_header(page: memoryview) -> list[int] | None:
-    """A data page header laid out as Arrow writes a v1 one with a CRC, read at a glance (a sampler
-    reads one per row): its type, sizes, CRC, count of values, encodings of values and levels and the
-    offset after it, as :func:`read_struct` reads them; None for any other layout (read_struct reads it)."""
+def _v1_header(page: memoryview, position: int = 0) -> list[int] | None:
+    """The data page header at ``position`` of ``page``, if laid out as Arrow writes a v1 one with a CRC, read
+    at a glance (a sampler reads one per row, a row group's walk one per few images): its type, sizes, CRC,
+    count of values, encodings of values and levels and the offset after it, as :func:`read_struct` reads
+    them; None for any other layout (read_struct reads it)."""
     values: list[int] = []
-    position = 0
     try:
         for head in _V1_HEADER:
             if page[position] != head:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from unihub.store._pages import chunk_pages, chunk_span
+from unihub.store._thrift import read_struct
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def pages(path: str) -> list[Page]:
         for c in range(group.num_columns):
             column = group.column(c)
             for page in chunk_pages(data, *chunk_span(column), column.num_values):
-                data_page = page.fields.get(5)
+                data_page = read_struct(data, page.header)[0].get(5)
                 num_values = data_page[0].get(1) if data_page else None
                 found.append(Page(g, column.path_in_schema, page.header, page.body, page.end, page.crc is not None,
                                   num_values[0] if num_values else None, num_values[1] if num_values else None))

@@ -17,7 +17,8 @@ from unihub.errors import DataCorruptionError, FormatError
 from unihub.schema.arrow_numpy import take_table, take_views
 from unihub.schema.codecs import BinaryCells, CompressedImageCodec, binary_views
 from unihub.schema.unischema import Unischema, UnischemaField
-from unihub.store._pages import _value_spans, binary_leaves, chunk_span, plain_binary_column
+from unihub.store import _pages
+from unihub.store._pages import _value_spans, binary_leaves, chunk_pages, chunk_span, plain_binary_column
 from unihub.store.dataset import open_dataset
 from unihub.store.writer import write_dataset
 
@@ -220,6 +221,46 @@ def test_hostile_bytes_are_declined_or_read_as_pyarrow_reads_them(tmp_path, opti
             assert array.to_pylist() == expected.to_pylist()
         path.unlink()
     assert returned and declined  # both kinds of damage met
+
+
+def _walk(data: bytes, span: tuple[int, int], count: int) -> list[tuple[int, ...]] | str:
+    """What chunk_pages makes of a chunk: each page's offsets, type, CRC, count and size, or its error."""
+    try:
+        return [page[:7] for page in chunk_pages(memoryview(data), *span, count)]
+    except (FormatError, IndexError) as exc:
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("options", [
+    {"write_page_checksum": True, "write_statistics": False},
+    {"write_page_checksum": True, "write_statistics": False, "nullable": True},
+    {"write_page_checksum": True, "write_statistics": False, "data_page_version": "2.0"},
+    {"write_page_checksum": True}, {"write_statistics": False}],
+    ids=["checksums", "checksums, optional", "v2 pages", "statistics", "no checksums"])
+def test_headers_read_at_a_glance_are_read_as_thrift_reads_them(tmp_path, monkeypatch, options):
+    """Arrow's v1 data page headers are read without the Thrift parser (a row group's walk meets one per few
+    images): on clean and damaged chunks the pages found, or the error, are those of the full parse."""
+    path = _write(tmp_path / "f.parquet", _values(200, seed=4), data_page_size=256, row_group_size=200, **options)
+    original = path.read_bytes()
+    column = pq.ParquetFile(str(path)).metadata.row_group(0).column(0)
+    span, count = chunk_span(column), column.num_values
+    glanced = []
+    real = _pages._v1_header
+    monkeypatch.setattr(_pages, "_v1_header", lambda *args: glanced.append(real(*args)) or glanced[-1])
+    rng = random.Random(5)
+    for trial in range(151):
+        data = bytearray(original)
+        for at in rng.sample(range(span[0], span[0] + 300), 2) if trial else ():
+            data[at] = rng.randrange(256)
+        quick = _walk(data, span, count)
+        monkeypatch.setattr(_pages, "_v1_header", lambda *args: None)
+        assert _walk(data, span, count) == quick
+        monkeypatch.setattr(_pages, "_v1_header", lambda *args: glanced.append(real(*args)) or glanced[-1])
+    assert isinstance(_walk(original, span, count), list)
+    glances = [found for found in glanced if found is not None]
+    # Arrow's layout (a CRC, no statistics in the header: how unihub writes image columns) is read at a glance
+    assert bool(glances) == (options.get("write_page_checksum", False) and options.get("write_statistics") is False
+                             and "data_page_version" not in options)
 
 
 def _i32(value: int) -> bytes:
