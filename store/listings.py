@@ -88,26 +88,27 @@ def rewrite_listings(fs: pafs.FileSystem, root: str, parts: Sequence[str], *, sc
     new = _schema_of(fs, f"{root}/{schema_file}") if schema_file is not None else plain
     entries = dict(plain.metadata or {}) if plain is not None else {}
     listed = new is not None and (PETASTORM_ROW_GROUPS_KEY in entries or petastorm)
+    footers = _Footers(fs, root)
     if fsutil.exists(fs, f"{root}/{SUMMARY_METADATA}"):
-        _replace_summary(fs, root, parts)
+        _replace_summary(fs, root, parts, footers)
     if new is None or (not listed and schema_file is None):
         return
     kept = {k: v for k, v in (new.metadata or {}).items() if k not in PETASTORM_KEYS}
     if listed:
         pickled = entries.get(PETASTORM_UNISCHEMA_KEY) if schema_file is None else None
-        kept.update(_petastorm_entries(fs, root, parts, _known_counts(entries), pickled or _petastorm_unischema(kept, root)))
+        kept.update(_petastorm_entries(parts, _known_counts(entries), pickled or _petastorm_unischema(kept, root),
+                                       footers))
     replace_common_metadata(fs, root, new.with_metadata(kept))
 
 
-def _petastorm_entries(fs: pafs.FileSystem, root: str, parts: Sequence[str], known: Mapping[str, int],
-                       pickled: bytes | None) -> dict[bytes, bytes]:
+def _petastorm_entries(parts: Sequence[str], known: Mapping[str, int], pickled: bytes | None,
+                       footers: _Footers) -> dict[bytes, bytes]:
     """Petastorm's two entries: ``pickled`` (its Unischema) and the row groups of each of ``parts`` (``known`` ones
     as listed, the others from their footers); none where there is no ``pickled``."""
     if pickled is None:
         return {}
-    footers = _footers(fs, root, [rel for rel in parts if rel not in known])
-    return petastorm_entries(pickled, {rel: known[rel] if rel in known else footers[rel].num_row_groups
-                                       for rel in parts})
+    read = footers.row_groups([rel for rel in parts if rel not in known])
+    return petastorm_entries(pickled, {rel: known[rel] if rel in known else read[rel] for rel in parts})
 
 
 def petastorm_entries(pickled: bytes, counts: Mapping[str, int]) -> dict[bytes, bytes]:
@@ -156,11 +157,37 @@ def _footers(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> dict[str, 
         return dict(zip(parts, pool.map(read, parts)))
 
 
-def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> None:
-    """``_metadata`` listing the row groups of ``parts`` (their footers read here: the summary is made by changing
-    the footers it joins), or removed where their schemas differ (no summary can list them all) or there are none."""
+class _Footers:
+    """The footers of a dataset's parts, each read once in a rewrite of its listings (the summary and Petastorm's
+    JSON both want a new part's)."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+        self._fs, self._root = fs, root
+        self._read: dict[str, pq.FileMetaData] = {}
+        self._row_groups: dict[str, int] = {}  # as read: a summary grows the footer it starts from
+
+    def of(self, parts: Sequence[str]) -> dict[str, pq.FileMetaData]:
+        """The footers of ``parts`` (relative to the root), in their order; those not read yet read now."""
+        read = _footers(self._fs, self._root, [rel for rel in parts if rel not in self._read])
+        self._read.update(read)
+        self._row_groups.update((rel, footer.num_row_groups) for rel, footer in read.items())
+        return {rel: self._read[rel] for rel in parts}
+
+    def row_groups(self, parts: Sequence[str]) -> dict[str, int]:
+        """How many row groups each of ``parts`` holds."""
+        self.of(parts)
+        return {rel: self._row_groups[rel] for rel in parts}
+
+
+def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str], footers: _Footers) -> None:
+    """``_metadata`` listing the row groups of ``parts``: the summary there is, grown by the parts it lacks where it
+    lists the ones before them (an append's), else made from every part's footer (the summary is made by changing
+    the footers it joins, so they are read here); removed where their schemas differ (no summary can list them all)
+    or there are none."""
     try:
-        combined = summary_of(list(_footers(fs, root, parts).values()), parts, root)
+        combined = _grown_summary(fs, root, parts, footers)
+        if combined is None:
+            combined = summary_of(list(footers.of(parts).values()), parts, root)
     except SchemaError:
         combined = None
     if combined is None:
@@ -169,20 +196,48 @@ def _replace_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str]) -> No
     replace_atomically(fs, root, SUMMARY_METADATA, combined.write_metadata_file)
 
 
+def _grown_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str], footers: _Footers) -> pq.FileMetaData | None:
+    """The ``_metadata`` summary at ``root`` with the row groups of the parts it lacks appended (their footers
+    read, not the others': a dataset that grows by appends reads one summary and the new footers per commit),
+    where it lists, in order, the first of ``parts`` and nothing else; None where it does not (a delete's or a
+    compaction's parts, a summary another tool wrote of other files, or none that can be read)."""
+    try:
+        with fs.open_input_file(f"{root}/{SUMMARY_METADATA}") as handle:
+            combined = pq.read_metadata(handle)
+        listed: list[str] = []  # the files in the order of their row groups
+        for k in range(combined.num_row_groups):
+            group = combined.row_group(k)
+            path = group.column(0).file_path if group.num_columns else ""
+            if not listed or listed[-1] != path:
+                listed.append(path)
+    except (OSError, pa.ArrowException):
+        return None
+    if not listed or listed != list(parts[:len(listed)]):
+        return None
+    new = parts[len(listed):]
+    return _appended(combined, list(footers.of(new).values()), new, root, listed[0])
+
+
 def summary_of(footers: Sequence[pq.FileMetaData], paths: Sequence[str], root: str) -> pq.FileMetaData | None:
     """One footer holding the row groups of every file, each marked with its path (relative to the dataset
     ``root``), as a ``_metadata`` summary holds them; None for no files. A :class:`SchemaError` naming the file
     whose schema differs from the first's. The footers given are changed (their row groups' paths)."""
     if not footers:
         return None
-    combined = footers[0]
-    combined.set_file_path(paths[0])
-    for footer, path in zip(footers[1:], paths[1:]):
+    footers[0].set_file_path(paths[0])
+    return _appended(footers[0], footers[1:], paths[1:], root, paths[0])
+
+
+def _appended(combined: pq.FileMetaData, footers: Sequence[pq.FileMetaData], paths: Sequence[str], root: str,
+              first: str) -> pq.FileMetaData:
+    """``combined`` (a summary whose first file is ``first``) with the row groups of ``footers`` appended, marked
+    with ``paths``; a :class:`SchemaError` naming a file whose schema differs."""
+    for footer, path in zip(footers, paths):
         footer.set_file_path(path)
         try:
             combined.append_row_groups(footer)
         except (RuntimeError, ValueError, pa.ArrowException) as exc:  # "AppendRowGroups requires equal schemas"
-            raise SchemaError(f"{root}/{path}: its Parquet schema differs from {root}/{paths[0]}'s, so no "
+            raise SchemaError(f"{root}/{path}: its Parquet schema differs from {root}/{first}'s, so no "
                               f"{SUMMARY_METADATA} file can list both: {exc}") from exc
     return combined
 

@@ -128,6 +128,31 @@ def test_an_append_rewrites_a_summary_or_removes_one_that_cannot_list_the_new_sc
     assert open_dataset(url).schema == wider
 
 
+def test_an_append_grows_the_summary_reading_only_the_new_parts_footers(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset that grows by appends: each commit reads the summary and its own parts' footers, not every part's
+    (a request each on an object store); a delete's parts are no such growth, and every footer is read again."""
+    url = tmp_path / "ds"
+    write_dataset(url, SCHEMA, (make_row(i) for i in range(12)), petastorm_compatible=True, rows_per_file=3)
+    with_summary(url)
+    read: list[str] = []
+    real = listings._footers
+    monkeypatch.setattr(listings, "_footers", lambda fs, root, parts: read.extend(parts) or real(fs, root, parts))
+    for k in (1, 2):
+        write_dataset(url, SCHEMA, (make_row(i) for i in range(12 * k, 12 * k + 4)), mode="append", rows_per_file=2)
+        parts = list_versions(str(url))[-1].parts
+        assert len(parts) == 4 + 2 * k and sorted(read) == sorted(parts[-2:])  # only the append's two
+        read.clear()
+        assert summary_counts(url) == latest_counts(url) and listed_counts(url) == latest_counts(url)
+        groups = pq.read_metadata(url / "_metadata")
+        assert [groups.row_group(g).column(0).file_path for g in range(groups.num_row_groups)] == [
+            rel for rel in parts for _ in range(latest_counts(url)[rel])]  # in the order of the parts
+    assert pq.read_metadata(url / "_metadata").num_rows == 20 and ids(url) == sorted([*range(12), *range(12, 16),
+                                                                                     *range(24, 28)])
+    delete_rows(url, pc.field("id") == 13)
+    assert len(read) == len(list_versions(str(url))[-1].parts) and summary_counts(url) == latest_counts(url)
+
+
 def test_a_field_petastorm_cannot_read_removes_its_entries_with_a_warning(tmp_path: Path) -> None:
     """Petastorm then refuses the dataset by name ("Could not find row group metadata"), not a stale listing."""
     url = tmp_path / "ds"
