@@ -884,7 +884,8 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     partitions = [partition_of(base, p) for p in paths]
     file_schema = footers[0].schema.to_arrow_schema()
     absent: dict[str, frozenset[str]] = {}
-    if evolved and common is not None:
+    evolving = evolved and common is not None
+    if evolving:  # the files' columns checked against the version's there
         file_schema, absent = _evolved_schema(paths, footers, common.schema.to_arrow_schema(), file_schema)
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
@@ -895,7 +896,7 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     raw_extra = kv.get(EXTRA_METADATA_KEY)
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
-    if not absent:
+    if not evolving:
         check_files_agree(paths, footers, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
@@ -907,20 +908,27 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
 
 def _evolved_schema(paths: list[str], footers: list[pq.FileMetaData], version_schema: pa.Schema,
                     first: pa.Schema) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
-    """The columns of a version whose appends added nullable fields: its schema file's, with the files that lack
-    some of them (those must be nullable, and a file may hold no other column), else the first file's."""
+    """The columns of a version whose appends added nullable fields, or appended rows without some: its schema
+    file's, with the files that lack some of them (those must be nullable, and a file may hold no other column),
+    else the first file's."""
     names = list(version_schema.names)
-    if names == first.names:
-        return first, {}
     absent = {}
-    for path, footer in zip(paths, footers):
+    reordered = False  # a file after the first with the same columns in another order
+    for k, (path, footer) in enumerate(zip(paths, footers)):
         found = footer.schema.to_arrow_schema().names
+        if found == names:
+            continue
         missing = [n for n in names if n not in found]
         if any(n not in names for n in found) or any(not version_schema.field(n).nullable for n in missing):
             raise FormatError(f"{path}: columns {found} do not fit the version's {version_schema.names}", path=path)
         if missing:
             absent[path] = frozenset(missing)
-    return pa.schema([version_schema.field(n) for n in names], metadata=first.metadata), absent
+        reordered = reordered or (k > 0 and not missing)
+    schema = first if names == first.names and not absent else \
+        pa.schema([version_schema.field(n) for n in names], metadata=first.metadata)
+    if reordered and not absent:
+        check_files_agree(paths, footers, schema)  # raises, naming the file
+    return schema, absent
 
 
 def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:

@@ -363,6 +363,20 @@ def test_an_append_may_add_a_nullable_field_older_rows_read_it_as_nulls(tmp_path
     assert table_of(url).equals(latest)
 
 
+def test_rows_appended_without_a_nullable_field_the_first_write_had_read_it_as_nulls(tmp_path: Path) -> None:
+    """An append may leave out a nullable field (its rows read nulls): the dataset opened with a FormatError
+    ("columns differ") where the first write's files had the field."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, LABELLED, [{**r, "label": f"l{r['id']}"} for r in rows(0, 3)])
+    write_dataset(url, SCHEMA, rows(3, 5), mode="append")
+    assert table_of(url)["label"].to_pylist() == ["l0", "l1", "l2", None, None]
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert [(int(r.id), r.label) for r in reader] == [(i, f"l{i}" if i < 3 else None) for i in range(5)]
+    with make_batch_reader(url, shuffle_row_groups=False) as reader:
+        assert [v for batch in reader for v in batch.label] == ["l0", "l1", "l2", None, None]
+    assert table_of(url, version=1)["label"].to_pylist() == ["l0", "l1", "l2"]
+
+
 S3_KILLED = textwrap.dedent("""
     import sys, time, numpy as np, pyarrow as pa
     from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
