@@ -105,6 +105,7 @@ from unihub.schema.codecs import (
     TensorCodec,
 )
 from unihub.schema.unischema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
+from unihub.store.adoption import adopt_files
 from unihub.store.columns import ColumnsResult, add_column, add_columns, list_columns, remove_columns
 from unihub.store.compaction import compact_dataset
 from unihub.store.dataset import (
@@ -143,7 +144,7 @@ __all__ = [
     "ColumnSetError", "ColumnsResult", "add_column", "add_columns", "list_columns", "remove_columns",
     # a dataset that grows: appends, versions, deletes, vacuum (store/versions.py)
     "AppendSchemaError", "ConcurrentCommitError", "SourceChangedError", "Version", "VersionNotFoundError",
-    "compact_dataset", "delete_rows", "list_versions", "vacuum_dataset",
+    "adopt_files", "compact_dataset", "delete_rows", "list_versions", "vacuum_dataset",
     # yogadl-style caching of any data loader
     "CacheError", "CacheTimeoutError", "CachedDataset", "cacheable",
     # one switch for every progress bar (HuggingFace datasets' names)

@@ -35,7 +35,7 @@ from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.conversion import add_add_schema_command, add_convert_command, add_copy_command, add_verify_command
 from unihub.cli.main_job import add_demo_command
 from unihub.cli.reading import add_inspect_command, add_show_command, add_throughput_command
-from unihub.cli.versions import add_compact_command, add_delete_command, add_vacuum_command
+from unihub.cli.versions import add_adopt_command, add_compact_command, add_delete_command, add_vacuum_command
 from unihub.errors import UnihubError
 from unihub.fs.outputs import DISK_ERRORS, output_error, path_of
 from unihub.runtime import interrupts
@@ -54,7 +54,7 @@ def _top_examples() -> str:
 _COMMANDS = (add_cache_commands, add_columns_commands, add_completion_command, add_inspect_command,
              add_show_command, add_demo_command, add_convert_command, add_verify_command, add_copy_command,
              add_add_schema_command, add_throughput_command, add_vacuum_command, add_delete_command,
-             add_compact_command)
+             add_compact_command, add_adopt_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from unihub.cli.parsers import DATASET, STORAGE_OPTION, TAG, add_command, arg
 from unihub.cli.storage import storage_options_of
 from unihub.readers.filter_text import parse_filter
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
+from unihub.store.adoption import adopt_files
 from unihub.store.compaction import compact_dataset
 from unihub.store.dataset import open_dataset
 from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
@@ -95,3 +96,30 @@ def add_compact_command(sub: Any) -> None:
                             "parts of up to --target-mb each, as a new version: the rows, their order and values "
                             "unchanged, older versions kept until vacuum.",
                 examples=["unihub compact /data/train", "unihub compact /data/train --target-mb 512 --tag compacted"])
+
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    options = storage_options_of(args)
+    version = adopt_files(args.path, tag=args.tag, storage_options=options)
+    if version is None:
+        print(f"no data file that no version lists: nothing adopted, no version made: {args.path}")
+        return 0
+    before = {rel for v in list_versions(args.path, storage_options=options) if v.number == version.number - 1
+              for rel in v.parts}
+    adopted = [rel for rel in version.parts if rel not in before]
+    print(f"adopted {len(adopted)} file(s), {version.added_rows or 0:,} row(s), as version {version.number}: "
+          f"{args.path}")
+    for rel in adopted:
+        print(f"  {rel}")
+    return 0
+
+
+def add_adopt_command(sub: Any) -> None:
+    add_command(sub, "adopt", cmd_adopt, DATASET, TAG, STORAGE_OPTION,
+                help="add the data files another tool put into a dataset (a Spark append) as a new version",
+                description="Check each data file in the dataset's folder that no version lists and unihub did not "
+                            "write (Spark's mode('append'), a copy) against the latest version's schema, and publish "
+                            "the next version with them, where they are: unihub's readers read them from then on. A "
+                            "file that does not fit is an error naming its columns, and nothing is adopted.",
+                examples=["unihub inspect /data/train", "unihub adopt /data/train --tag spark-backfill"])

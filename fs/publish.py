@@ -288,8 +288,9 @@ def warn_foreign(root: str, files: Sequence[str]) -> None:
     if files:
         warnings.warn(f"{root}: {len(files)} data file(s) that no version of the dataset lists and unihub did not "
                       f"write ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''}): left as they are, and not "
-                      "read by unihub's readers (plain readers such as Spark's read them). Add rows through unihub "
-                      "(write_dataset(mode='append'), unihub convert --append), or move the files out",
+                      "read by unihub's readers (plain readers such as Spark's read them). Adopt them as a version "
+                      "(unihub adopt, adopt_files), add rows through unihub (write_dataset(mode='append'), unihub "
+                      "convert --append), or move the files out",
                       UserWarning, stacklevel=2)
 
 

@@ -120,6 +120,9 @@ class ParquetStore:
     #: file -> the nullable columns of ``arrow_schema`` it lacks (written before an append added them):
     #: read as nulls
     _absent: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+    #: file -> the fields of ``arrow_schema`` its own differ from in nullability only (a file another tool wrote, as
+    #: Spark writes every column nullable, that ``unihub adopt`` found without nulls there): read as those
+    _conform: dict[str, dict[str, pa.Field]] = field(default_factory=dict, repr=False, compare=False)
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64), repr=False)
     #: footers read by open_dataset, reused so a row-group read does not fetch the footer again
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
@@ -291,6 +294,8 @@ class ParquetStore:
                 if self._checked_whole is not None and checked.issuperset(self.arrow_schema.names):
                     self._checked_whole[index] = 1
         table = _with_nulls(table, wanted, absent, self.arrow_schema)
+        if self._conform and info.path in self._conform:
+            table = _conformed(table, self._conform[info.path])
         return self._add_partitions(self._restore_tensors(table), info.partition, columns)
 
     def _read_opened(self, info: RowGroupInfo, stored: Sequence[str] | None, views: Collection[str],
@@ -666,6 +671,36 @@ def _with_nulls(table: pa.Table, names: Sequence[str] | None, absent: frozenset[
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
+def _conformed(table: pa.Table, fields: Mapping[str, pa.Field]) -> pa.Table:
+    """``table`` with its columns of ``fields`` flagged nullable as those are (lists' elements too: a cast, which copies
+    nothing); a column read as views of the file (binary) keeps its type."""
+    columns, flagged = [], []
+    for name, column in zip(table.column_names, table.columns):
+        target = fields.get(name)
+        own = table.schema.field(name)
+        if target is not None:
+            if not column.type.equals(target.type) and not pa.types.is_binary_view(column.type):
+                column = column.cast(target.type)
+            own = pa.field(name, column.type, target.nullable, own.metadata)
+        columns.append(column)
+        flagged.append(own)
+    return pa.Table.from_arrays(columns, schema=pa.schema(flagged, metadata=table.schema.metadata))
+
+
+def same_type_nulls_aside(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether two Arrow types hold the same values but for where nulls may be: lists' and structs' fields compared
+    whatever their nullability (Spark writes every one nullable)."""
+    if pa.types.is_list(found) and pa.types.is_list(wanted) or \
+            pa.types.is_large_list(found) and pa.types.is_large_list(wanted):
+        return same_type_nulls_aside(found.value_type, wanted.value_type)
+    if pa.types.is_fixed_size_list(found) and pa.types.is_fixed_size_list(wanted):
+        return found.list_size == wanted.list_size and same_type_nulls_aside(found.value_type, wanted.value_type)
+    if pa.types.is_struct(found) and pa.types.is_struct(wanted):
+        return [f.name for f in found] == [f.name for f in wanted] and \
+            all(same_type_nulls_aside(a.type, b.type) for a, b in zip(found, wanted))
+    return found.equals(wanted)
+
+
 def _leaves_by_name(parquet_file: pq.ParquetFile) -> dict[str, list[int]]:
     """The Parquet leaf columns pyarrow may read for each name it is asked for: every leaf whose
     dotted path is the name or starts with the name and a dot. pyarrow selects leaves by the same
@@ -882,11 +917,12 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     if footers is None:
         footers = read_footers(fs, paths)
     partitions = [partition_of(base, p) for p in paths]
-    file_schema = footers[0].schema.to_arrow_schema()
+    stored = [footer.schema.to_arrow_schema() for footer in footers]
+    file_schema = stored[0]
     absent: dict[str, frozenset[str]] = {}
-    evolving = evolved and common is not None
-    if evolving:  # the files' columns checked against the version's there
-        file_schema, absent = _evolved_schema(paths, footers, common.schema.to_arrow_schema(), file_schema)
+    evolving = evolved and common is not None  # the files' columns checked against the version's there
+    if evolved and common is not None:
+        file_schema, absent = _evolved_schema(paths, stored, common.schema.to_arrow_schema())
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
     for key, value in (footers[0].metadata or {}).items():
@@ -897,25 +933,31 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
     if not evolving:
-        check_files_agree(paths, footers, file_schema)
+        check_files_agree(paths, footers, file_schema, stored)
+    conform = {}
+    for path, own in zip(paths, stored):
+        differing = {n: file_schema.field(n) for n in own.names if _nulls_differ(own.field(n), file_schema.field(n))}
+        if differing:
+            conform[path] = differing
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
-                        _verify=integrity.verification(), _extra=extra, _absent=absent)
+                        _verify=integrity.verification(), _extra=extra, _absent=absent, _conform=conform)
 
 
-def _evolved_schema(paths: list[str], footers: list[pq.FileMetaData], version_schema: pa.Schema,
-                    first: pa.Schema) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
+def _evolved_schema(paths: list[str], stored: list[pa.Schema], version_schema: pa.Schema
+                    ) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
     """The columns of a version whose appends added nullable fields, or appended rows without some: its schema
     file's, with the files that lack some of them (those must be nullable, and a file may hold no other column),
-    else the first file's."""
+    else the first file's (``stored``: each file's own)."""
     names = list(version_schema.names)
+    first = stored[0]
     absent = {}
     reordered = False  # a file after the first with the same columns in another order
-    for k, (path, footer) in enumerate(zip(paths, footers)):
-        found = footer.schema.to_arrow_schema().names
+    for k, (path, own) in enumerate(zip(paths, stored)):
+        found = own.names
         if found == names:
             continue
         missing = [n for n in names if n not in found]
@@ -927,8 +969,14 @@ def _evolved_schema(paths: list[str], footers: list[pq.FileMetaData], version_sc
     schema = first if names == first.names and not absent else \
         pa.schema([version_schema.field(n) for n in names], metadata=first.metadata)
     if reordered and not absent:
-        check_files_agree(paths, footers, schema)  # raises, naming the file
+        check_files_agree(paths, [], schema, stored)  # raises, naming the file
     return schema, absent
+
+
+def _nulls_differ(found: pa.Field, wanted: pa.Field) -> bool:
+    """Whether a file's field differs from the version's in where nulls may be, and in nothing else."""
+    return (found.nullable != wanted.nullable or not found.type.equals(wanted.type)) and \
+        same_type_nulls_aside(found.type, wanted.type)
 
 
 def missing_fields_message(store: ParquetStore, missing: Sequence[str]) -> str:
@@ -1275,11 +1323,13 @@ def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
         return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
 
 
-def check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema) -> None:
-    """A FormatError naming the first file whose columns are not ``expected``'s (the first file's)."""
+def check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema,
+                      schemas: Sequence[pa.Schema] | None = None) -> None:
+    """A FormatError naming the first file whose columns are not ``expected``'s (the first file's); ``schemas``: the
+    files' Arrow schemas, read from their ``footers`` already."""
     names = expected.names
-    for path, footer in zip(paths[1:], footers[1:]):
-        found = footer.schema.to_arrow_schema().names
+    for k, path in enumerate(paths[1:], 1):
+        found = (schemas[k] if schemas is not None else footers[k].schema.to_arrow_schema()).names
         if found != names:
             missing, extra = sorted(set(names) - set(found)), sorted(set(found) - set(names))
             raise FormatError(f"{path}: columns differ from {paths[0]} (missing {missing}, extra {extra})", path=path)

@@ -79,6 +79,7 @@ from unihub.errors import (
 )
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
+from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store import column_sets, file_options, integrity, listings
 from unihub.store.column_sets import ColumnSet, SidePart
@@ -460,13 +461,22 @@ def _nullable(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> bo
     return schema.field(name).nullable and (fields is None or name not in fields or bool(fields[name]["nullable"]))
 
 
+def may_be_null(schema: pa.Schema) -> dict[str, bool]:
+    """Whether each field of ``schema`` may be null, as stored and in the Unischema in its metadata."""
+    fields = _unischema_fields(schema)
+    return {name: _nullable(schema, fields, name) for name in schema.names}
+
+
 def _unischema_fields(schema: pa.Schema) -> dict[str, Any] | None:
+    """The Unischema JSON's fields by name; None where there is none, or none that can be read (the hostile
+    kind included: :func:`parse_json` stops at deep nesting)."""
     raw = (schema.metadata or {}).get(SCHEMA_METADATA_KEY)
     if raw is None:
         return None
     try:
-        return {f["name"]: f for f in json.loads(raw)["fields"]}
-    except (ValueError, KeyError, TypeError):
+        fields = {f["name"]: f for f in parse_json(raw)["fields"]}
+        return fields if all(isinstance(f, dict) and "nullable" in f for f in fields.values()) else None
+    except (ValueError, KeyError, TypeError):  # SchemaError is a ValueError
         return None
 
 
@@ -546,18 +556,18 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
     return removed
 
 
-def foreign_files(fs: pafs.FileSystem, root: str) -> list[str]:
+def foreign_files(fs: pafs.FileSystem, root: str, current: Sequence[Version] | None = None) -> list[str]:
     """The data files in the dataset's folder that no version lists and unihub did not write (another tool's, a
-    Spark append: unihub's readers skip them, plain readers read them); none before the first record (every file
-    of a dataset written once is its version 1)."""
+    Spark append: unihub's readers skip them, plain readers read them), by name; ``current``: its history, read
+    already. A dataset written once on a local disk has none (every file in it is its version 1)."""
     root = root.rstrip("/")
-    latest = _one_record(fs, root, None)
-    if latest is None:
-        return []
-    candidates = _foreign(publish.files_under(fs, root), latest.files())
-    if not candidates:  # the usual case: the latest record read, not every one
-        return []
-    return _foreign(candidates, {f for v in history(fs, root) for f in v.files()})  # a killed delete's replaced parts
+    present = publish.files_under(fs, root)
+    if current is None:
+        latest = _one_record(fs, root, None)
+        if latest is not None and not _foreign(present, latest.files()):
+            return []  # the usual case: the latest record read, not every one
+        current = history(fs, root)  # a killed delete's replaced parts are an older version's
+    return sorted(_foreign(present, {f for v in current for f in v.files()}))
 
 
 def _foreign(present: Iterable[str], listed: set[str]) -> list[str]:

@@ -107,7 +107,8 @@ def format_description(info: dict[str, Any]) -> str:
     if info.get("foreign_files"):
         files = info["foreign_files"]
         lines.append(f"not in any version: {len(files)} data file(s) another tool wrote ({', '.join(files[:3])}"
-                     f"{', ...' if len(files) > 3 else ''}); unihub's readers skip them, plain readers read them")
+                     f"{', ...' if len(files) > 3 else ''}); unihub's readers skip them, plain readers read them "
+                     "(unihub adopt adds them as a version)")
     if info.get("column_sets"):  # store/column_sets.py
         lines.append("column sets (added beside the parts): "
                      + "; ".join(f"{name}: {', '.join(fields)}" for name, fields in info["column_sets"].items()))
