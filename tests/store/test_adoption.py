@@ -237,3 +237,22 @@ def test_petastorms_listing_names_the_adopted_file(tmp_path: Path) -> None:
     assert version is not None
     listed = json.loads(pq.read_metadata(f"{url}/_common_metadata").metadata[PETASTORM_ROW_GROUPS_KEY])
     assert sorted(listed) == sorted(version.parts) and listed[FOREIGN] == 1
+
+
+def test_a_partitioned_dataset_adopts_files_under_its_partition_folders_only(tmp_path: Path) -> None:
+    schema = Unischema("Cities", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("city", np.str_, (), ScalarCodec(pa.string()), False)])
+    url = str(tmp_path / "ds")
+    write_dataset(url, schema, [{"id": i, "city": "ab"[i % 2]} for i in range(6)], partition_by=["city"])
+    write_dataset(url, schema, [{"id": 10, "city": "a"}], partition_by=["city"], mode="append")
+    (tmp_path / "ds" / "city=c").mkdir()
+    pq.write_table(pa.table({"id": pa.array([20, 21], pa.int64())}), f"{url}/city=c/{FOREIGN}")
+    pq.write_table(pa.table({"id": pa.array([30], pa.int64())}), f"{url}/{FOREIGN}")
+    with pytest.raises(AppendSchemaError, match=rf"ds/{FOREIGN}: .*partition folders \(none\): the dataset's files are "
+                                                r"under city=\.\.\."):
+        adopt_files(url)
+    (tmp_path / "ds" / FOREIGN).unlink()
+    assert adopt_files(url) is not None
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert sorted((int(r.id), r.city) for r in reader) == [
+            *sorted((i, "ab"[i % 2]) for i in range(6)), (10, "a"), (20, "c"), (21, "c")]
