@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import AppendSchemaError, ConcurrentCommitError, DatasetNotFoundError, FormatError
+from unihub.errors import AppendSchemaError, ConcurrentCommitError, FormatError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
 from unihub.store import listings, versions
@@ -47,16 +47,10 @@ def adopt_files(url: str | os.PathLike[str], *, tag: str | None = None, storage_
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     root = root.rstrip("/")
     with remote.remote_errors(os.fspath(url)):
-        publish.settle(fs, root)
-        current = versions.history(fs, root)
-        if not current:
-            raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to adopt files into")
+        current = versions.settled_history(fs, root, os.fspath(url), tag, "adopt files into")
         if not versions.foreign_files(fs, root, current):
             return None
-        versions.check_tag(current, tag, root)
-        if not current[-1].recorded:
-            versions.record_first(fs, root, current[-1])
-            current = versions.history(fs, root)
+        current = versions.recorded(fs, root, current)
         for attempt in range(COMMIT_ATTEMPTS):
             version = _next_version(fs, root, current, tag)
             if version is None:

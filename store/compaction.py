@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import DatasetNotFoundError, FormatError, InvalidArgumentError
-from unihub.fs import atomic, publish, remote
+from unihub.errors import FormatError, InvalidArgumentError
+from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
@@ -78,14 +78,7 @@ def compact_dataset(url: str | os.PathLike[str], *, target_mb: float = DEFAULT_P
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     root = root.rstrip("/")
     with remote.remote_errors(os.fspath(url)):
-        publish.settle(fs, root)
-        current = versions.history(fs, root)
-        if not current:
-            raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to compact")
-        versions.check_tag(current, tag, root)
-        if not current[-1].recorded:
-            versions.record_first(fs, root, current[-1])
-            current = versions.history(fs, root)
+        current = versions.recorded(fs, root, versions.settled_history(fs, root, os.fspath(url), tag, "compact"))
         versions.retire_unlisted(fs, root, current)
         versions.remove_orphans(fs, root, current)
         return _compact(fs, root, current[-1], int(target_mb * 2**20), tag)

@@ -293,6 +293,27 @@ def latest_parts(fs: pafs.FileSystem, root: str) -> tuple[int, tuple[str, ...]]:
     return latest.number, latest.parts
 
 
+def settled_history(fs: pafs.FileSystem, root: str, url: str, tag: str | None, doing: str) -> list[Version]:
+    """The history of the dataset at ``root`` before a commit to it (a delete, a compaction, an adoption): what runs
+    killed while writing it left settled first (:func:`unihub.fs.publish.settle`); a
+    :class:`~unihub.errors.DatasetNotFoundError` where there is no dataset to ``doing``, and ``tag`` checked."""
+    publish.settle(fs, root)
+    current = history(fs, root)
+    if not current:
+        raise DatasetNotFoundError(f"{url}: no dataset to {doing}")
+    check_tag(current, tag, root)
+    return current
+
+
+def recorded(fs: pafs.FileSystem, root: str, current: list[Version]) -> list[Version]:
+    """``current``, the history of the dataset at ``root``, with its version 1 recorded first where it was written
+    once (read again then: another committer may have recorded it)."""
+    if current[-1].recorded:
+        return current
+    record_first(fs, root, current[-1])
+    return history(fs, root)
+
+
 def record_first(fs: pafs.FileSystem, target: str, implicit: Version) -> None:
     """Record version 1 of a dataset written once, with a copy of its ``_common_metadata`` of its own (an
     append that adds a field replaces the plain one)."""
@@ -673,14 +694,7 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     root = root.rstrip("/")
     with remote.remote_errors(os.fspath(url)):
-        publish.settle(fs, root)
-        current = history(fs, root)
-        if not current:
-            raise DatasetNotFoundError(f"{os.fspath(url)}: no dataset to delete rows from")
-        check_tag(current, tag, root)
-        if not current[-1].recorded:
-            record_first(fs, root, current[-1])
-            current = history(fs, root)
+        current = recorded(fs, root, settled_history(fs, root, os.fspath(url), tag, "delete rows from"))
         retire_unlisted(fs, root, current)
         remove_orphans(fs, root, current)
         return _delete(fs, root, current[-1], where, tag)
