@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from unihub.errors import DatasetNotFoundError, FormatError, UnihubError, UnsupportedFormatError
 from unihub.formats.base import detect_format
+from unihub.fs import filesystem as fsutil
 from unihub.fs import sources
 from unihub.readers.rowgroup_index import describe_rowgroup_indexes
 from unihub.store import versions
@@ -64,8 +65,10 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
 
 
 def _foreign_files(store: ParquetStore) -> list[str]:
-    """Data files in a versioned dataset's folder that no version lists (another tool appended them)."""
-    if store.version is None:
+    """Data files in a dataset's folder that no version lists (another tool appended them): none in a local one
+    without records (every file in it is its version 1), those its manifest does not list on an object store."""
+    if store.version is None and (fsutil.on_local_disk(store.filesystem) or not store.files
+                                  or store.files[0].path == store.path):  # a single file is no folder
         return []
     return versions.foreign_files(store.filesystem, store.path)
 

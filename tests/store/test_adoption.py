@@ -31,6 +31,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.fs import filesystem as fsutil
+from unihub.viewer.describe import describe_dataset
 
 from .test_versions import SCHEMA, ids, rows, table_of
 
@@ -186,6 +187,8 @@ def test_on_s3_a_file_appended_to_a_dataset_written_once_is_adopted(s3_server: A
     with fs.open_output_stream(f"{root}/{FOREIGN}") as out:
         pq.write_table(foreign_table_of(url, options), out)
     assert ids(url, storage_options=options) == list(range(6))
+    described = describe_dataset(url, store=open_dataset(url, storage_options=options))
+    assert described["foreign_files"] == [FOREIGN]  # unihub inspect's line
     version = adopt_files(url, storage_options=options)
     assert version is not None and version.number == 2
     assert [v.operation for v in list_versions(url, storage_options=options)] == ["write", "adopt"]
