@@ -242,9 +242,9 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
     roots = unit_roots(plan)
     walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, units, roots)] if not in_any(p, dropped)]
     datasets = {p: _read(handle[p]) for p in sorted(set(plan.constants) | set(plan.empty_datasets()))}
-    attributes = {p: _attributes(obj) for p, obj in walked}
-    groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}  # listed as left out by the conversion
+    attributes = {p: _attributes(obj, p, skipped) for p, obj in walked}
+    groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     sections = _sections(datasets, attributes, groups, written, implied,
                          _file_structure(handle, plan, walked, dropped, skipped))
     sections["unconverted"] = _unconverted(plan, walked, written, skipped)
@@ -331,10 +331,15 @@ def _read(dataset: Any) -> Value:
     return (None if dataset.shape is None else dataset[...]), dataset.dtype
 
 
-def _attributes(owner: Any) -> dict[str, Value]:
+def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, Value]:
     """An object's attributes as h5py reads them (unihub's own left out, those of the dimension-scale
-    API, compared as scales, and those that cannot be kept exactly, which the conversion lists)."""
-    return {name: (value, dtype) for name, (value, dtype, _) in exact_attributes(owner)[0].items()}
+    API, compared as scales); one that cannot be kept exactly is its reason, unless ``skipped`` lists
+    it as left out, so that no unihub dataset matches it."""
+    values, failed = exact_attributes(owner)
+    found = {name: (value, dtype) for name, (value, dtype, _) in values.items()}
+    found.update({name: (np.array(reason), np.dtype(str)) for name, reason in failed.items()
+                  if f"{path}@{name}" not in skipped})
+    return found
 
 
 def _row_datasets(handle: Any, plan: Plan, out: dict[str, list[Any]]) -> None:

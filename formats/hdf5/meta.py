@@ -102,7 +102,7 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
     bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
     :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
-    are refused before: ``hdf5_layout.reference_attributes``). The ingest keeps the encodings; verify
+    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings; verify
     compares the values."""
     attrs = owner.attrs
     scale = is_scale(owner)
@@ -315,7 +315,8 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value).decode("utf-8", "backslashreplace")
     if isinstance(value, np.generic):
-        return _jsonable(value.item())
+        item = value.item()  # a long double's item() is itself
+        return str(item) if isinstance(item, np.generic) else _jsonable(item)
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
