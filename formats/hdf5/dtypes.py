@@ -152,6 +152,9 @@ def refusal(dt: np.dtype, cell_ndim: int) -> str | None:
         base = np.dtype(h5py.check_vlen_dtype(dt))
         if kind(base) != "number":
             return f"variable-length sequences of {base} (only of numbers are stored)"
+        if not base.isnative:
+            return (f"variable-length sequences of {base} (of another byte order than this machine's: h5py reads "
+                    "their bytes unswapped, so 1.0 would be stored as 4.6e-41)")
         if cell_ndim:
             return "variable-length sequences in an array cell (a ragged array of ragged arrays)"
     if leaf_kind == "opaque" and cell_ndim:
