@@ -58,7 +58,7 @@ from unihub.formats.tfrecord.sequence import (
     list_name,
 )
 from unihub.formats.tfrecord.sequence import parse_sequence_example as parse_sequence
-from unihub.formats.tfrecord.tensor_proto import TensorProtoError, encode_tensor, parse_tensor
+from unihub.formats.tfrecord.tensor_proto import ENCODINGS, TensorProtoError, encode_tensor, parse_tensor
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import ScalarCodec, TensorCodec
 from unihub.schema.unischema import Unischema, UnischemaField
@@ -123,7 +123,9 @@ def infer_schema(source: TFRecordFormat, kind: str, sample_records: int | None) 
         total = sum(1 for _ in records)
         fields = [UnischemaField(BYTES_FIELD, np.bytes_, (), ScalarCodec(pa.binary()), False)]
     elif kind == "tensor":
-        total, fields = _infer_tensor(records, source.on_error, report)
+        total, fields, encodings = _infer_tensor(records, source.on_error, report)
+        source.tensor_encoding = ENCODINGS[0] if ENCODINGS[0] in encodings or not encodings else ENCODINGS[1]
+        source.tensor_encoding_differs = not encodings
     else:
         total, fields = _infer_sequence(source, records, report)
     if total == 0:
@@ -221,8 +223,11 @@ def _sequence(data: bytes, explicit: bool) -> tuple[dict[str, Any], dict[str, An
 
 
 def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnError,
-                  report: ReadReport) -> tuple[int, list[UnischemaField]]:
+                  report: ReadReport) -> tuple[int, list[UnischemaField], set[str]]:
+    """The field of TensorProto records, their count, and the :data:`.tensor_proto.ENCODINGS` that give
+    every record back byte for byte (none: some record is written otherwise)."""
     first: tuple[str, int, np.ndarray] | None = None
+    encodings = set(ENCODINGS)
     shapes: set[tuple[int, ...]] = set()
     utf8 = True
     total = 0
@@ -240,11 +245,12 @@ def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnEr
                               f"record {first[1]} of {first[0]} a {_label(first[2])} one: one field cannot hold "
                               "both", path=path, offset=offset)
         shapes.add(array.shape)
+        encodings = {e for e in encodings if encode_tensor(array, e) == data}
         if array.dtype == object and utf8:
             utf8 = all(_is_utf8(v) for v in array.ravel().tolist())
         total += 1
     if first is None:
-        return 0, []
+        return 0, [], encodings
     array = first[2]
     shape = tuple(dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(array.ndim))
     if array.dtype == object:
@@ -254,7 +260,7 @@ def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnEr
         field = UnischemaField(TENSOR_FIELD, array.dtype.type, (), ScalarCodec(array.dtype.type), False)
     else:
         field = UnischemaField(TENSOR_FIELD, array.dtype.type, shape, TensorCodec(), False)
-    return total, [field]
+    return total, [field], encodings
 
 
 def _label(array: np.ndarray) -> str:
@@ -374,12 +380,14 @@ def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:
 def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                 empty_as_null: Sequence[str], shape_features: Sequence[str] = (),
                 feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = (),
-                feature_orders: Mapping[str, Any] | None = None, *, empty_context: bool = True) -> RowEncoder:
+                feature_orders: Mapping[str, Any] | None = None, *, empty_context: bool = True,
+                tensor_encoding: str = ENCODINGS[0]) -> RowEncoder:
     """``(column batch, row) -> record bytes`` for the payloads other than ``example``; a SequenceExample's
     context features in ``feature_order`` and feature lists in ``feature_list_order`` (names on the wire;
     others after them), as the source had them (see :func:`~unihub.formats.tfrecord.schema.order_on_wire`); a row
     with an ``__feature_order__`` in its own, from ``feature_orders`` (see :func:`.tfschema.ordered_rows`); a row
-    without context features with an empty context field only with ``empty_context``."""
+    without context features with an empty context field only with ``empty_context``; a TensorProto as
+    ``tensor_encoding`` (:data:`.tensor_proto.ENCODINGS`) says."""
     if payload == "sequence_example":
         sequence = without_order(schema)
         return ordered_rows(schema, lambda entry: _sequence_encoder(
@@ -394,7 +402,7 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                               f"{len(fields)}: {[f.name for f in fields]} (select one field first)")
         name = fields[0].name
         if payload == "tensor":
-            return lambda batch, row: encode_tensor(_tensor_array(fields[0], batch[name][row]))
+            return lambda batch, row: encode_tensor(_tensor_array(fields[0], batch[name][row]), tensor_encoding)
         if fields[0].numpy_dtype not in (np.bytes_, np.str_) or fields[0].shape != ():
             raise SchemaError(f"payload=bytes writes a bytes field as each record; {name!r} is "
                               f"{fields[0].numpy_dtype.__name__} of shape {fields[0].shape}")

@@ -686,4 +686,6 @@ def export_options(extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any
         options["feature_orders"] = dict(info["feature_orders"])
     if info.get("empty_context") is False:
         options["empty_context"] = False
+    if info.get("tensor_encoding"):
+        options["tensor_encoding"] = info["tensor_encoding"]
     return options

@@ -244,6 +244,38 @@ def test_string_tensors(tmp_path: Path) -> None:
     assert _read(tmp_path / "back.tfrecord") == _read(src)
 
 
+@pytest.mark.parametrize("make", [
+    lambda i: np.arange(i % 3, dtype=np.int16) - 1,                  # one value (typed), or several, or none
+    lambda i: np.array([i % 2 == 0] * (i % 3 + 1)),                  # bools: typed values always
+    lambda i: np.float32(i) / 3,                                     # scalars: typed values
+    lambda i: np.full((1, i % 2 + 1), i, np.float16),                # half_val, or tensor_content
+    lambda i: np.array([2**64 - 1 - i], np.uint64),
+])
+def test_tensors_of_make_tensor_proto_export_back_byte_for_byte(tmp_path: Path, make: Any) -> None:
+    """``tf.make_tensor_proto`` writes a tensor of one value, and every bool tensor, as typed values
+    (``int_val``, ``bool_val``, ``half_val``, ...), where the export wrote ``tensor_content``: the same tensors,
+    other bytes. The ingest notes which way the records were written, and the export writes them so."""
+    records = [tf.make_tensor_proto(make(i)).SerializeToString() for i in range(6)]
+    src = _records(tmp_path / "t.tfrecord", records)
+    result = convert(src, tmp_path / "ds")
+    assert not result.notes
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == records
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "plain.tfrecord"), "--quiet",
+                 "--option", "tensor_encoding=serialize_tensor"]) == 0
+    assert _read(tmp_path / "plain.tfrecord") == [_tensor(make(i)) for i in range(6)]
+
+
+def test_tensors_written_neither_way_say_so(tmp_path: Path) -> None:
+    versioned = tf.make_tensor_proto(np.arange(3, dtype=np.int32))
+    versioned.version_number = 1
+    src = _records(tmp_path / "t.tfrecord", [_tensor(np.arange(3, dtype=np.int32)), versioned.SerializeToString()])
+    result = convert(src, tmp_path / "ds")
+    assert any("neither as tf.io.serialize_tensor nor as tf.make_tensor_proto" in n for n in result.notes)
+
+
 def test_tensors_of_different_dtypes_or_unstorable_ones_are_refused(tmp_path: Path) -> None:
     mixed = _records(tmp_path / "m.tfrecord", [_tensor([1.0]), _tensor([1.0]), _tensor([1], tf.int32)])
     with pytest.raises(FormatError, match=r"m\.tfrecord: record 2 at byte offset \d+ holds a int32 rank-1 tensor, "
