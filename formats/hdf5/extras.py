@@ -51,6 +51,7 @@ from unihub.formats.hdf5.dtypes import (
     leaves_of,
     member_dtype,
     native,
+    string_padding,
 )
 from unihub.formats.hdf5.export import create_stored
 from unihub.formats.hdf5.files import open_hdf5
@@ -147,7 +148,7 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
     :data:`~unihub.formats.hdf5.meta.GIVEN_PARAMETERS`),
     when it is filled and allocated (not whether times are tracked, which
-    h5py sets by its own defaults). The maximum shape is ``"="`` where
+    h5py sets by its own defaults), and a fixed string's padding where it is not h5py's. The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
@@ -164,7 +165,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "shuffle": dataset.shuffle, "fletcher32": dataset.fletcher32, "scaleoffset": dataset.scaleoffset,
             "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values[:GIVEN_PARAMETERS.get(code)]]]
                         for code, flags, values, name in filters],
-            "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time())}
+            "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
+            "strpad": string_padding(dataset.id.get_type())}
 
 
 def _is_default(description: Mapping[str, Any]) -> bool:

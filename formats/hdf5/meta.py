@@ -24,7 +24,7 @@ import numpy as np
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.hdf5.detect import below_any, object_key, object_paths
-from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module
+from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module, string_padding
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
 from unihub.formats.hdf5.layout import Plan, is_scale_bookkeeping, unit_roots
 from unihub.formats.hdf5.read import attribute_array
@@ -185,8 +185,8 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     dataset's own dim, so that samples of other shapes share a record; None: unlimited), the filter
     pipeline as HDF5 runs it (``[id, flags, [parameters given]]``, :data:`GIVEN_PARAMETERS`: gzip,
     lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
-    set (exactly: :func:`encode_constant`), when it is written, when space is allocated, and whether
-    times are tracked."""
+    set (exactly: :func:`encode_constant`), when it is written, when space is allocated, whether
+    times are tracked, and a fixed string's padding where it is not h5py's (:func:`string_padding`)."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
     layout = dcpl.get_layout()
@@ -207,6 +207,9 @@ def storage_record(dataset: Any) -> dict[str, Any]:
         value = np.zeros((1,), dtype=dataset.dtype)
         dcpl.get_fill_value(value)
         record["fillvalue"] = encode_constant(value.reshape(()), dataset.dtype)
+    padding = string_padding(dataset.id.get_type())
+    if padding is not None:
+        record["strpad"] = padding
     return record
 
 

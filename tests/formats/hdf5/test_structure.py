@@ -21,6 +21,7 @@ from unihub.dependencies import is_available
 from unihub.errors import FormatError
 from unihub.formats.hdf5 import export as hdf5_export
 from unihub.formats.hdf5 import layout as hdf5_layout
+from unihub.formats.hdf5 import meta as hdf5_meta
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
 h5py = pytest.importorskip("h5py")
@@ -93,6 +94,37 @@ def test_filters_chunks_and_fill_values_come_back_and_the_file_stays_small(tmp_p
     found = differences(src, tmp_path / "lost", fields=["gz", "lzf", "so", "big_endian", "grow", "names"])
     assert "storage of dataset '/gz': expected {'layout', 'chunks', 'maxshape', 'compression', 'compression_opts', " \
            "'shuffle', ...}, found nothing (missing)" in found
+
+
+@pytest.mark.parametrize("pad", ["STR_SPACEPAD", "STR_NULLTERM"])
+def test_a_fixed_strings_padding_comes_back_and_verify_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 pad: str) -> None:
+    """A fixed-length string type padded with spaces (Fortran's) or NUL-terminated reads as the same values
+    through h5py, which converts the padding; the export wrote h5py's own (NUL padding): another type,
+    and for spaces other bytes, and verify said equal. The padding is kept with the storage."""
+    src = tmp_path / "pad.h5"
+    with h5py.File(src, "w") as f:
+        tid = h5py.h5t.C_S1.copy()
+        tid.set_size(4)
+        tid.set_strpad(getattr(h5py.h5t, pad))
+        for name, shape in (("names", (3,)), ("title", ())):  # rows, and a constant
+            space = h5py.h5s.create_simple(shape) if shape else h5py.h5s.create(h5py.h5s.SCALAR)
+            h5py.Dataset(h5py.h5d.create(f.id, name.encode(), tid, space))[...] = \
+                np.array([b"ab", b"abc", b""] if shape else b"xy", "S4")
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        for name in ("names", "title"):
+            assert b[name].id.get_type().get_strpad() == getattr(h5py.h5t, pad)
+            assert a[name][()].tolist() == b[name][()].tolist()
+    if pad == "STR_SPACEPAD":
+        assert b"ab  abc     " in (tmp_path / "back.h5").read_bytes()
+    assert_equal(src, tmp_path / "back.h5")
+    monkeypatch.setattr(hdf5_meta, "string_padding", lambda type_id: None)  # the old ingest
+    convert(src, tmp_path / "old", progress=False)
+    found = differences(src, tmp_path / "old")
+    assert any(d.startswith("storage of dataset '/names'/strpad: expected") for d in found), found
 
 
 def test_verify_names_a_byte_order_a_fill_value_and_a_filter_changed_in_the_file(tmp_path: Path) -> None:
@@ -420,7 +452,6 @@ def test_verify_names_a_dataset_the_ingest_dropped_without_a_word(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The safety net under every record: a dataset of the file that the conversion holds nowhere and
     does not list as left out is named by verify, whatever part of unihub lost it."""
-    from unihub.formats.hdf5 import layout as hdf5_layout
 
     src = tmp_path / "splits.h5"
     with h5py.File(src, "w") as f:
