@@ -14,6 +14,7 @@ import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader
 from unihub.converters.convert import convert
+from unihub.converters.verify import verify
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, FormatError
 from unihub.formats.base import FORMATS
@@ -409,3 +410,6 @@ def test_a_damaged_chunk_is_named_and_costs_only_the_batches_it_feeds(tmp_path: 
     assert [s.location for s in result.skipped] == ["rows 256..511", "rows 512..767"]
     with make_reader(str(tmp_path / "ds"), shuffle_row_groups=False) as reader:
         assert [row.y for row in reader] == [*range(256), *range(768, 1000)]
+    # verify, reading with h5py itself, raised h5py's bare OSError, naming no file
+    with pytest.raises(FormatError, match=r"damaged\.h5: h5py cannot read dataset '/x' rows 256\.\.511: "):
+        verify(src, tmp_path / "ds")
