@@ -82,8 +82,11 @@ def values_equal(a: Any, b: Any) -> tuple[bool, str]:
         return _bytes_equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return _arrays_equal(np.asarray(a), np.asarray(b))
-    if isinstance(a, (float, np.floating)) and isinstance(b, (float, np.floating)) and np.isnan(a) and np.isnan(b):
-        return True, ""
+    if isinstance(a, (float, np.floating)) and isinstance(b, (float, np.floating)):
+        if np.isnan(a) and np.isnan(b):
+            return True, ""
+        if a == b and np.signbit(a) != np.signbit(b):  # 0.0 and -0.0: equal numbers, other values
+            return False, f"{a!r} vs {b!r}"
     if isinstance(a, np.generic) and isinstance(b, np.generic) and a.dtype != b.dtype:
         return False, f"dtype {a.dtype} vs {b.dtype}"
     return bool(a == b), f"{a!r} vs {b!r}"
@@ -97,13 +100,21 @@ def _bytes_equal(a: Any, b: Any) -> tuple[bool, str]:
 
 def _arrays_equal(x: np.ndarray, y: np.ndarray) -> tuple[bool, str]:
     """:func:`values_equal` of arrays: same shape, same dtype (any mix of object and string dtypes
-    counts as one), same values (NaN equal to NaN)."""
+    counts as one), same values (NaN equal to NaN, 0.0 unlike -0.0)."""
     if x.shape != y.shape:
         return False, f"shape {x.shape} vs {y.shape}"
     if x.dtype != y.dtype and not (x.dtype.kind in "OUS" and y.dtype.kind in "OUS"):
         return False, f"dtype {x.dtype} vs {y.dtype}"
     equal = np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
+    if equal and x.dtype.kind in "fc":
+        equal = _same_zero_signs(x, y)
     return bool(equal), "values differ" if not equal else ""
+
+
+def _same_zero_signs(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether float (or complex) arrays of equal values have their zeros of the same signs."""
+    pairs = [(x.real, y.real), (x.imag, y.imag)] if x.dtype.kind == "c" else [(x, y)]
+    return all(np.array_equal(np.signbit(p[p == 0]), np.signbit(q[p == 0])) for p, q in pairs)
 
 
 def _describe(value: Any) -> str:

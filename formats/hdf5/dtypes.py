@@ -152,6 +152,9 @@ def refusal(dt: np.dtype, cell_ndim: int) -> str | None:
         base = np.dtype(h5py.check_vlen_dtype(dt))
         if kind(base) != "number":
             return f"variable-length sequences of {base} (only of numbers are stored)"
+        if not base.isnative:
+            return (f"variable-length sequences of {base} (of another byte order than this machine's: h5py reads "
+                    "their bytes unswapped, so 1.0 would be stored as 4.6e-41)")
         if cell_ndim:
             return "variable-length sequences in an array cell (a ragged array of ragged arrays)"
     if leaf_kind == "opaque" and cell_ndim:
@@ -326,6 +329,26 @@ def _native_object(value: Any) -> Any:
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value)
     return np.asarray(value)
+
+
+def string_padding(type_id: Any) -> str | None:
+    """How an HDF5 fixed-length string type pads its values, where it is not h5py's (null padding, which
+    numpy's ``S`` dtype has): ``nullterm`` or ``spacepad``; None for every other type. The values read
+    the same (HDF5 converts the padding), the file's type and bytes do not."""
+    h5t = h5py_module().h5t
+    if type_id.get_class() != h5t.STRING or type_id.is_variable_str():
+        return None
+    return {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(type_id.get_strpad())
+
+
+def padded(type_id: Any, padding: str | None) -> Any:
+    """``type_id``, or a copy padding as :func:`string_padding` named it."""
+    if padding is None:
+        return type_id
+    h5t = h5py_module().h5t
+    type_id = type_id.copy()
+    type_id.set_strpad({"nullterm": h5t.STR_NULLTERM, "spacepad": h5t.STR_SPACEPAD}[padding])
+    return type_id
 
 
 # -- constants: datasets that are not rows, kept exactly in the metadata ---------------------------

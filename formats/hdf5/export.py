@@ -30,7 +30,7 @@ import numpy as np
 from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats.base import ColumnBatch, python_columns
 from unihub.formats.hdf5.detect import LAYOUT_ATTR
-from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, padded
 from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5.read import slice_rows
 from unihub.formats.hdf5.room import DiskRoom, nbytes_of
@@ -280,7 +280,7 @@ def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], opti
 def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...] | None,
                   record: Mapping[str, Any]) -> Any:
     """A new dataset ``path`` of ``group`` stored as ``record`` says (``hdf5_meta.storage_record``: layout,
-    chunks, maximum shape, filter pipeline, fill value and times), of ``shape`` (None: an empty
+    chunks, maximum shape, filter pipeline, fill value, times and string padding), of ``shape`` (None: an empty
     dataspace). A chunk that spanned a dimension spans it again; one longer than a fixed dimension
     is cut to it (fewer rows than the source's);
     a fixed dimension of 0 rows is left unlimited, as no chunk fits it."""
@@ -318,7 +318,7 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
         else:
             fill = np.asarray(value, dtype=fill_dtype).reshape(1)
         dcpl.set_fill_value(fill)
-    type_id = h5py.h5t.py_create(dtype, logical=1)
+    type_id = padded(h5py.h5t.py_create(dtype, logical=1), record.get("strpad"))
     return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
 
 

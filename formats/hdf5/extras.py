@@ -51,6 +51,7 @@ from unihub.formats.hdf5.dtypes import (
     leaves_of,
     member_dtype,
     native,
+    string_padding,
 )
 from unihub.formats.hdf5.export import create_stored
 from unihub.formats.hdf5.files import open_hdf5
@@ -147,7 +148,7 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
     :data:`~unihub.formats.hdf5.meta.GIVEN_PARAMETERS`),
     when it is filled and allocated (not whether times are tracked, which
-    h5py sets by its own defaults). The maximum shape is ``"="`` where
+    h5py sets by its own defaults), and a fixed string's padding where it is not h5py's. The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
@@ -164,7 +165,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "shuffle": dataset.shuffle, "fletcher32": dataset.fletcher32, "scaleoffset": dataset.scaleoffset,
             "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values[:GIVEN_PARAMETERS.get(code)]]]
                         for code, flags, values, name in filters],
-            "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time())}
+            "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
+            "strpad": string_padding(dataset.id.get_type())}
 
 
 def _is_default(description: Mapping[str, Any]) -> bool:
@@ -242,9 +244,9 @@ def _file_sections(handle: Any, plan: Plan) -> dict[str, Entries]:
     roots = unit_roots(plan)
     walked = [(p, obj) for p, obj in [("", handle), *walk_objects(handle, units, roots)] if not in_any(p, dropped)]
     datasets = {p: _read(handle[p]) for p in sorted(set(plan.constants) | set(plan.empty_datasets()))}
-    attributes = {p: _attributes(obj) for p, obj in walked}
-    groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}  # listed as left out by the conversion
+    attributes = {p: _attributes(obj, p, skipped) for p, obj in walked}
+    groups = [p for p, obj in walked if p and isinstance(obj, h5py.Group)]
     sections = _sections(datasets, attributes, groups, written, implied,
                          _file_structure(handle, plan, walked, dropped, skipped))
     sections["unconverted"] = _unconverted(plan, walked, written, skipped)
@@ -331,10 +333,15 @@ def _read(dataset: Any) -> Value:
     return (None if dataset.shape is None else dataset[...]), dataset.dtype
 
 
-def _attributes(owner: Any) -> dict[str, Value]:
+def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, Value]:
     """An object's attributes as h5py reads them (unihub's own left out, those of the dimension-scale
-    API, compared as scales, and those that cannot be kept exactly, which the conversion lists)."""
-    return {name: (value, dtype) for name, (value, dtype, _) in exact_attributes(owner)[0].items()}
+    API, compared as scales); one that cannot be kept exactly is its reason, unless ``skipped`` lists
+    it as left out, so that no unihub dataset matches it."""
+    values, failed = exact_attributes(owner)
+    found = {name: (value, dtype) for name, (value, dtype, _) in values.items()}
+    found.update({name: (np.array(reason), np.dtype(str)) for name, reason in failed.items()
+                  if f"{path}@{name}" not in skipped})
+    return found
 
 
 def _row_datasets(handle: Any, plan: Plan, out: dict[str, list[Any]]) -> None:

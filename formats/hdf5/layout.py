@@ -26,7 +26,7 @@ from unihub.formats.hdf5.detect import (
     recorded_layout,
     visit_links,
 )
-from unihub.formats.hdf5.dtypes import Member, dtype_to_json, h5py_module, leaves_of, member_dtype, refusal
+from unihub.formats.hdf5.dtypes import Member, dtype_to_json, h5py_module, kind, leaves_of, member_dtype, refusal
 from unihub.schema.unischema import Unischema, UnischemaField
 
 #: datasets that are not rows are kept exactly in the metadata up to this many bytes in all
@@ -128,7 +128,7 @@ def discover(path: str, handle: Any, options: Mapping[str, Any]) -> Plan:
         else:
             plan.links[path] = link
     plan.refused.update(refused)
-    plan.refused.update(reference_attributes(handle, roots if plan.kind == "groups" else [], roots))
+    plan.refused.update(unkept_attributes(handle, roots if plan.kind == "groups" else [], roots))
     plan.refused.update(_unkept_types(handle, roots))
     _keep_constants(plan, handle)
     return plan
@@ -198,10 +198,12 @@ def _unkept_types(handle: Any, units: set[str]) -> dict[str, str]:
     return refused
 
 
-def reference_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> dict[str, str]:
-    """Attributes holding object or region references (outside ``skip``, the units whose attributes
-    are fields; objects by their first names among ``units``), by ``path@name``: a reference points into this file's structure, and no exact
-    JSON or Arrow value holds it. The dimension-scale API's own are kept as scales instead."""
+def unkept_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> dict[str, str]:
+    """Attributes (outside ``skip``, the units whose attributes are fields; objects by their first names
+    among ``units``) that no exact record holds, by ``path@name``, with why: object or region references
+    point into this file's structure, and variable-length values that are not strings (of numbers, or
+    inside a compound) have no exact JSON form (:func:`~unihub.formats.hdf5.dtypes.encode_constant`).
+    The dimension-scale API's own are kept as scales instead."""
     h5py = h5py_module()
     paths = object_paths(handle, units)
     roots = set(skip)
@@ -211,12 +213,15 @@ def reference_attributes(handle: Any, skip: Iterable[str], units: set[str]) -> d
             continue
         obj = handle[path] if path else handle
         for name in obj.attrs:
-            if is_scale_bookkeeping(obj, name):
+            if is_scale_bookkeeping(obj, name) or name.startswith("unihub."):
                 continue
             dt = obj.attrs.get_id(name).dtype
             if any(h5py.check_ref_dtype(leaf) is not None for _, leaf, _ in leaves_of(dt)):
                 refused[f"{path}@{name}"] = (f"attribute {name!r} of /{path} holds object or region references "
                                              f"(h5py.ref_dtype), which point into the file and cannot be kept")
+            elif dt.hasobject and kind(dt) != "string":
+                refused[f"{path}@{name}"] = (f"attribute {name!r} of /{path} has dtype {dt}: variable-length "
+                                             "values that are not strings cannot be kept exactly")
     return refused
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.hdf5.detect import below_any, object_key, object_paths
-from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module
+from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module, string_padding
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
 from unihub.formats.hdf5.layout import Plan, is_scale_bookkeeping, unit_roots
 from unihub.formats.hdf5.read import attribute_array
@@ -102,7 +102,7 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
     bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
     :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
-    are refused before: ``hdf5_layout.reference_attributes``). The ingest keeps the encodings; verify
+    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings; verify
     compares the values."""
     attrs = owner.attrs
     scale = is_scale(owner)
@@ -185,8 +185,8 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     dataset's own dim, so that samples of other shapes share a record; None: unlimited), the filter
     pipeline as HDF5 runs it (``[id, flags, [parameters given]]``, :data:`GIVEN_PARAMETERS`: gzip,
     lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
-    set (exactly: :func:`encode_constant`), when it is written, when space is allocated, and whether
-    times are tracked."""
+    set (exactly: :func:`encode_constant`), when it is written, when space is allocated, whether
+    times are tracked, and a fixed string's padding where it is not h5py's (:func:`string_padding`)."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
     layout = dcpl.get_layout()
@@ -207,6 +207,9 @@ def storage_record(dataset: Any) -> dict[str, Any]:
         value = np.zeros((1,), dtype=dataset.dtype)
         dcpl.get_fill_value(value)
         record["fillvalue"] = encode_constant(value.reshape(()), dataset.dtype)
+    padding = string_padding(dataset.id.get_type())
+    if padding is not None:
+        record["strpad"] = padding
     return record
 
 
@@ -315,7 +318,8 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (bytes, np.bytes_)):
         return bytes(value).decode("utf-8", "backslashreplace")
     if isinstance(value, np.generic):
-        return _jsonable(value.item())
+        item = value.item()  # a long double's item() is itself
+        return str(item) if isinstance(item, np.generic) else _jsonable(item)
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):

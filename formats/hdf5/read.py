@@ -137,13 +137,31 @@ class _Slices:
         position = start
         while position < stop:
             first = position // self.step * self.step
+            end = min(stop, first + self.step)
             if self.cached is None or self.cached[0] != first:
                 self.cached = None  # drop the old slice before reading the next
-                self.cached = (first, np.asarray(_read_rows(self.dataset, first,
-                                                            min(first + self.step, self.dataset.shape[0]))))
-            end = min(stop, first + self.step)
+                try:
+                    self.cached = (first, np.asarray(_read_rows(self.dataset, first,
+                                                                min(first + self.step, self.dataset.shape[0]))))
+                except OSError:  # a damaged chunk somewhere in the slice: read just these rows, a chunk at a time
+                    parts.append(self._by_chunk(position, end))
+                    position = end
+                    continue
             parts.append(self.cached[1][position - first:end - first])
             position = end
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _by_chunk(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` read a chunk at a time, where the slice holding them cannot be read: the rows
+        of other chunks are not lost with it, and the error names the dataset and the rows that fail."""
+        step = self.dataset.chunks[0] if self.dataset.chunks else stop - start
+        parts = []
+        for first in range(start // step * step, stop, step):
+            try:
+                parts.append(np.asarray(_read_rows(self.dataset, max(start, first), min(stop, first + step))))
+            except OSError as exc:
+                last = min(first + step, self.dataset.shape[0]) - 1
+                raise OSError(f"dataset {self.dataset.name!r} rows {first}..{last}: {exc}") from exc
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 

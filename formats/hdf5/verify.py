@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from types import EllipsisType
 from typing import Any
 
+from unihub.errors import FormatError
 from unihub.formats.hdf5.dtypes import extract, member_dtype, native, to_h5
 from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan
@@ -33,15 +35,25 @@ def reference_records(files: Iterable[str], options: Mapping[str, Any]) -> Itera
     for path in files:
         with open_hdf5(path) as handle:
             plan = plan_file(path, handle, options)
-            name = os.path.basename(path)
             if plan.kind == "groups":
-                yield from _group_records(name, handle, plan)
+                yield from _group_records(path, handle, plan)
             else:
                 for unit in plan.units:
-                    yield from _slice_records(name, handle, plan, unit)
+                    yield from _slice_records(path, handle, plan, unit)
 
 
-def _slice_records(name: str, handle: Any, plan: Plan, unit: str) -> Iterator[tuple[str, Record]]:
+def _read(path: str, dataset: Any, rows: slice | EllipsisType) -> Any:
+    """``dataset[rows]``; what h5py cannot read (a damaged chunk) is a FormatError naming the file,
+    the dataset and the rows."""
+    try:
+        return dataset[rows]
+    except OSError as exc:
+        where = "" if rows is Ellipsis else f" rows {rows.start}..{rows.stop - 1}"
+        raise FormatError(f"{path}: h5py cannot read dataset {dataset.name!r}{where}: {exc}", path=path) from exc
+
+
+def _slice_records(path: str, handle: Any, plan: Plan, unit: str) -> Iterator[tuple[str, Record]]:
+    name = os.path.basename(path)
     group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
     where = f"{name} split {unit!r} row" if plan.kind == "splits" else f"{name} row"
     present = [leaf for leaf in plan.leaves.values() if leaf.path in group]
@@ -49,7 +61,7 @@ def _slice_records(name: str, handle: Any, plan: Plan, unit: str) -> Iterator[tu
                   if c in group]
     for start in range(0, plan.rows(unit), _ROWS):
         stop = min(start + _ROWS, plan.rows(unit))
-        data = {path: group[path][start:stop] for path in {leaf.path for leaf in present} | set(companions)}
+        data = {p: _read(path, group[p], slice(start, stop)) for p in {leaf.path for leaf in present} | set(companions)}
         for j in range(stop - start):
             record: Record = {plan.key_field: unit} if plan.key_field else {}
             for leaf in present:
@@ -59,7 +71,8 @@ def _slice_records(name: str, handle: Any, plan: Plan, unit: str) -> Iterator[tu
             yield f"{where} {start + j}", record
 
 
-def _group_records(name: str, handle: Any, plan: Plan) -> Iterator[tuple[str, Record]]:
+def _group_records(path: str, handle: Any, plan: Plan) -> Iterator[tuple[str, Record]]:
+    name = os.path.basename(path)
     base = handle[plan.container] if plan.container else handle
     for unit in plan.units:
         group = base[unit]
@@ -68,7 +81,7 @@ def _group_records(name: str, handle: Any, plan: Plan) -> Iterator[tuple[str, Re
             if leaf.path and leaf.path not in group:
                 continue
             if leaf.attr is None:
-                raw = group[leaf.path][...]
+                raw = _read(path, group[leaf.path], ...)
             else:
                 owner = group[leaf.path] if leaf.path else group
                 if leaf.attr not in owner.attrs:

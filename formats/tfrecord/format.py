@@ -42,6 +42,7 @@ from unihub.formats.base import (
     ReadReport,
     check_on_error,
     map_in_workers,
+    parse_bool,
     parse_choice,
     parse_list,
     python_columns,
@@ -76,6 +77,7 @@ from unihub.formats.tfrecord.schema import (
     order_table,
     shape_features,
 )
+from unihub.formats.tfrecord.tensor_proto import ENCODINGS
 from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
 from unihub.formats.tfrecord.verify import native_records, reference_records
 from unihub.fs import sources
@@ -157,6 +159,13 @@ class TFRecordFormat(ForeignFormat):
                                       "them in the schema's order (default: the source's)", parse_list),
         "feature_list_order": FormatOption("sequence_example: the order of the feature lists, likewise",
                                            parse_list),
+        "empty_context": FormatOption("sequence_example: write an empty context where a record has no context "
+                                      "feature (false: none, as TensorFlow writes a context never set; default: "
+                                      "as in the source, else true)", parse_bool),
+        "tensor_encoding": FormatOption("tensor: serialize_tensor (numbers as tensor_content) or make_tensor_proto "
+                                        "(a tensor of one value, and bool and uint16 tensors, as typed values); "
+                                        "default: as in the source, else serialize_tensor",
+                                        parse_choice(*ENCODINGS)),
     }
 
     REFERENCE_READER = "TensorFlow's TFRecordDataset and protobuf messages"
@@ -173,6 +182,14 @@ class TFRecordFormat(ForeignFormat):
         self.feature_order: list[str] = []
         self.feature_order_differs: str | None = None
         self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
+        #: whether SequenceExamples without context features hold an empty context field (False: none does),
+        #: and whether some do and some do not (an export then writes every such record with one)
+        self.empty_context = True
+        self.empty_context_differs = False
+        #: how TensorProto records write their numbers (:data:`.tensor_proto.ENCODINGS`), and whether
+        #: some record is written in neither way (an export then gives the same tensors, other bytes)
+        self.tensor_encoding = ENCODINGS[0]
+        self.tensor_encoding_differs = False
         #: where records disagree on the order: each distinct one by its number (the rows' ORDER_FIELD)
         self.feature_orders: dict[str, Any] = {}
         self._links: dict[str, set[str]] = {}  # the last scan's features -> those right before them
@@ -239,13 +256,22 @@ class TFRecordFormat(ForeignFormat):
             info["feature_orders"] = dict(self.feature_orders)
         if self.feature_order_differs:
             info["feature_order_differs"] = self.feature_order_differs
+        if not self.empty_context:
+            info["empty_context"] = False
+        if self.tensor_encoding != ENCODINGS[0]:
+            info["tensor_encoding"] = self.tensor_encoding
         return {"tfrecord": info} if info else {}
 
     def caveats(self) -> list[str]:
-        if not self.feature_order_differs:
-            return []
-        return [f"the records disagree on their features' order ({self.feature_order_differs}): an export holds "
-                "the same Examples, but not every record's bytes"]
+        caveats = [f"the records disagree on their features' order ({self.feature_order_differs}): an export holds "
+                   "the same Examples, but not every record's bytes"] if self.feature_order_differs else []
+        if self.empty_context_differs:
+            caveats.append("some SequenceExamples without context features hold an empty context and some none: "
+                           "an export writes every such record with one (the same SequenceExamples, other bytes)")
+        if self.tensor_encoding_differs:
+            caveats.append("some TensorProtos are written neither as tf.io.serialize_tensor nor as "
+                           "tf.make_tensor_proto writes them: an export holds the same tensors, other bytes")
+        return caveats
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
@@ -436,7 +462,8 @@ class TFRecordFormat(ForeignFormat):
               feature_lists: Sequence[str] | None = None, empty_as_null: Sequence[str] | None = None,
               shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
               feature_list_order: Sequence[str] | None = None,
-              feature_orders: Mapping[str, Any] | None = None, **options: Any) -> list[str]:
+              feature_orders: Mapping[str, Any] | None = None, empty_context: bool = True,
+              tensor_encoding: str = ENCODINGS[0], **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
@@ -445,7 +472,9 @@ class TFRecordFormat(ForeignFormat):
         ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each record's
         features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
         the source's), the others after them; a row whose ``__feature_order__`` names another order (an
-        ingest's of records that disagreed), in that one, from ``feature_orders``. Given a
+        ingest's of records that disagreed), in that one, from ``feature_orders``. A SequenceExample without
+        context features has an empty context field only with ``empty_context``; a TensorProto is written as
+        ``tensor_encoding`` says (``serialize_tensor`` or ``make_tensor_proto``). Given a
         path, each file appears atomically (written to a temporary sibling, then renamed); given
         :class:`~unihub.fs.outputs.Outputs` (what ``convert`` stages and commits as one, on any
         filesystem), each is streamed straight to its place there.
@@ -458,7 +487,8 @@ class TFRecordFormat(ForeignFormat):
                                      feature_orders)
         else:
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
-                                 feature_order or (), feature_list_order or (), feature_orders)
+                                 feature_order or (), feature_list_order or (), feature_orders,
+                                 empty_context=empty_context, tensor_encoding=tensor_encoding)
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         outputs = outputs_for(target)

@@ -53,11 +53,12 @@ from unihub.formats.tfrecord.sequence import (
     StepsPlan,
     encode_sequence_example,
     field_names,
+    has_context,
     list_field,
     list_name,
 )
 from unihub.formats.tfrecord.sequence import parse_sequence_example as parse_sequence
-from unihub.formats.tfrecord.tensor_proto import TensorProtoError, encode_tensor, parse_tensor
+from unihub.formats.tfrecord.tensor_proto import ENCODINGS, TensorProtoError, encode_tensor, parse_tensor
 from unihub.runtime.memory import BatchCut
 from unihub.schema.codecs import ScalarCodec, TensorCodec
 from unihub.schema.unischema import Unischema, UnischemaField
@@ -122,7 +123,9 @@ def infer_schema(source: TFRecordFormat, kind: str, sample_records: int | None) 
         total = sum(1 for _ in records)
         fields = [UnischemaField(BYTES_FIELD, np.bytes_, (), ScalarCodec(pa.binary()), False)]
     elif kind == "tensor":
-        total, fields = _infer_tensor(records, source.on_error, report)
+        total, fields, encodings = _infer_tensor(records, source.on_error, report)
+        source.tensor_encoding = ENCODINGS[0] if ENCODINGS[0] in encodings or not encodings else ENCODINGS[1]
+        source.tensor_encoding_differs = not encodings
     else:
         total, fields = _infer_sequence(source, records, report)
     if total == 0:
@@ -138,7 +141,7 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
                     report: ReadReport) -> tuple[int, list[UnischemaField]]:
     """The fields of SequenceExample records (the context's, then the feature lists'), and their count;
     notes on ``source`` what the export needs (empty lists, shape features, orders on the wire)."""
-    total, context, lists, orders = _scan_sequences(source, records, report)
+    total, context, lists, orders, contexts = _scan_sequences(source, records, report)
     fields = fields_from_stats(context, total)
     names = field_names([f.name for f in fields], sorted(lists))
     try:
@@ -148,6 +151,8 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
     source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
     source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
     source.shape_features = shape_features(context)
+    source.empty_context = contexts != {False}  # every record without context features had no context field
+    source.empty_context_differs = contexts == {False, True}
     if _note_orders(source, context, lists, orders):
         fields.append(order_field())
     source._scanned = True
@@ -155,12 +160,14 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
 
 
 def _scan_sequences(source: TFRecordFormat, records: Iterator[tuple[str, int, int, bytes]], report: ReadReport
-                    ) -> tuple[int, dict[str, _Stats], dict[str, ListStats], _Orders]:
-    """``(records, the context's statistics, the feature lists', the distinct (context, feature lists) orders)``
-    of the SequenceExamples of ``records``; bad records reported per ``source.on_error``."""
+                    ) -> tuple[int, dict[str, _Stats], dict[str, ListStats], _Orders, set[bool]]:
+    """``(records, the context's statistics, the feature lists', the distinct (context, feature lists) orders,
+    whether records without context features hold an empty context field: True, False or both)`` of the
+    SequenceExamples of ``records``; bad records reported per ``source.on_error``."""
     context: dict[str, _Stats] = {}
     lists: dict[str, ListStats] = {}
     orders: _Orders = set()
+    contexts: set[bool] = set()
     total = 0
     explicit = source.options.get("payload") == "sequence_example"
     for path, index, offset, data in records:
@@ -170,6 +177,8 @@ def _scan_sequences(source: TFRecordFormat, records: Iterator[tuple[str, int, in
             _fail(path, index, offset, str(exc), source.on_error, report)
             continue
         add_example(context, ctx, f"{path} record {index}")
+        if not ctx:
+            contexts.add(has_context(data))
         if len(orders) <= ORDERS_KEPT:
             orders.add((tuple(ctx), tuple(steps or ())))
         previous = None
@@ -180,7 +189,7 @@ def _scan_sequences(source: TFRecordFormat, records: Iterator[tuple[str, int, in
                 stat.after.add(previous)
             previous = name
         total += 1
-    return total, context, lists, orders
+    return total, context, lists, orders, contexts
 
 
 def _note_orders(source: TFRecordFormat, context: dict[str, _Stats], lists: dict[str, ListStats],
@@ -214,8 +223,11 @@ def _sequence(data: bytes, explicit: bool) -> tuple[dict[str, Any], dict[str, An
 
 
 def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnError,
-                  report: ReadReport) -> tuple[int, list[UnischemaField]]:
+                  report: ReadReport) -> tuple[int, list[UnischemaField], set[str]]:
+    """The field of TensorProto records, their count, and the :data:`.tensor_proto.ENCODINGS` that give
+    every record back byte for byte (none: some record is written otherwise)."""
     first: tuple[str, int, np.ndarray] | None = None
+    encodings = set(ENCODINGS)
     shapes: set[tuple[int, ...]] = set()
     utf8 = True
     total = 0
@@ -233,11 +245,12 @@ def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnEr
                               f"record {first[1]} of {first[0]} a {_label(first[2])} one: one field cannot hold "
                               "both", path=path, offset=offset)
         shapes.add(array.shape)
+        encodings = {e for e in encodings if encode_tensor(array, e) == data}
         if array.dtype == object and utf8:
             utf8 = all(_is_utf8(v) for v in array.ravel().tolist())
         total += 1
     if first is None:
-        return 0, []
+        return 0, [], encodings
     array = first[2]
     shape = tuple(dims.pop() if len(dims := {s[i] for s in shapes}) == 1 else None for i in range(array.ndim))
     if array.dtype == object:
@@ -247,7 +260,7 @@ def _infer_tensor(records: Iterator[tuple[str, int, int, bytes]], on_error: OnEr
         field = UnischemaField(TENSOR_FIELD, array.dtype.type, (), ScalarCodec(array.dtype.type), False)
     else:
         field = UnischemaField(TENSOR_FIELD, array.dtype.type, shape, TensorCodec(), False)
-    return total, [field]
+    return total, [field], encodings
 
 
 def _label(array: np.ndarray) -> str:
@@ -367,17 +380,20 @@ def _tensor_value(f: UnischemaField, array: np.ndarray) -> Any:
 def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                 empty_as_null: Sequence[str], shape_features: Sequence[str] = (),
                 feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = (),
-                feature_orders: Mapping[str, Any] | None = None) -> RowEncoder:
+                feature_orders: Mapping[str, Any] | None = None, *, empty_context: bool = True,
+                tensor_encoding: str = ENCODINGS[0]) -> RowEncoder:
     """``(column batch, row) -> record bytes`` for the payloads other than ``example``; a SequenceExample's
     context features in ``feature_order`` and feature lists in ``feature_list_order`` (names on the wire;
     others after them), as the source had them (see :func:`~unihub.formats.tfrecord.schema.order_on_wire`); a row
-    with an ``__feature_order__`` in its own, from ``feature_orders`` (see :func:`.tfschema.ordered_rows`)."""
+    with an ``__feature_order__`` in its own, from ``feature_orders`` (see :func:`.tfschema.ordered_rows`); a row
+    without context features with an empty context field only with ``empty_context``; a TensorProto as
+    ``tensor_encoding`` (:data:`.tensor_proto.ENCODINGS`) says."""
     if payload == "sequence_example":
         sequence = without_order(schema)
         return ordered_rows(schema, lambda entry: _sequence_encoder(
             sequence, feature_lists, empty_as_null, shape_features,
             feature_order if entry is None else entry["context"],
-            feature_list_order if entry is None else entry["feature_lists"]), feature_orders,
+            feature_list_order if entry is None else entry["feature_lists"], empty_context), feature_orders,
             lambda entry: order_id(tuple(entry["context"]), tuple(entry["feature_lists"])))
     fields = list(schema)
     if payload in ("tensor", "bytes"):
@@ -386,7 +402,7 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                               f"{len(fields)}: {[f.name for f in fields]} (select one field first)")
         name = fields[0].name
         if payload == "tensor":
-            return lambda batch, row: encode_tensor(_tensor_array(fields[0], batch[name][row]))
+            return lambda batch, row: encode_tensor(_tensor_array(fields[0], batch[name][row]), tensor_encoding)
         if fields[0].numpy_dtype not in (np.bytes_, np.str_) or fields[0].shape != ():
             raise SchemaError(f"payload=bytes writes a bytes field as each record; {name!r} is "
                               f"{fields[0].numpy_dtype.__name__} of shape {fields[0].shape}")
@@ -396,7 +412,7 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
 
 def _sequence_encoder(schema: Unischema, feature_lists: Sequence[str], empty_as_null: Sequence[str],
                       shape_features: Sequence[str], feature_order: Sequence[str],
-                      feature_list_order: Sequence[str]) -> RowEncoder:
+                      feature_list_order: Sequence[str], empty_context: bool = True) -> RowEncoder:
     """:func:`row_encoder` of SequenceExamples in one order of context features and feature lists."""
     fields = list(schema)
     unknown = sorted(set(feature_lists) - set(schema.fields))
@@ -416,7 +432,7 @@ def _sequence_encoder(schema: Unischema, feature_lists: Sequence[str], empty_as_
         steps = [(key, [encode_feature(kind, _utf8(step) if kind == "bytes" else step)
                         for step in _steps(batch[name][row])])
                  for name, key, kind in lists if name in batch and batch[name][row] is not None]
-        return encode_sequence_example(encode_context(batch, row), steps)
+        return encode_sequence_example(encode_context(batch, row), steps, empty_context=empty_context)
 
     return encode
 

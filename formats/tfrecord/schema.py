@@ -684,4 +684,8 @@ def export_options(extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any
             options[key] = list(info[key])
     if info.get("feature_orders") and ORDER_FIELD in schema.fields:  # each row's own order
         options["feature_orders"] = dict(info["feature_orders"])
+    if info.get("empty_context") is False:
+        options["empty_context"] = False
+    if info.get("tensor_encoding"):
+        options["tensor_encoding"] = info["tensor_encoding"]
     return options

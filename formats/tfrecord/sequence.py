@@ -78,13 +78,22 @@ def _parse_feature_lists(buf: bytes, pos: int, end: int, out: dict[str, list[Fea
         out[name] = steps
 
 
-def encode_sequence_example(context: Sequence[tuple[bytes, bytes]], lists: Sequence[tuple[bytes, list[bytes]]]) -> bytes:
+def encode_sequence_example(context: Sequence[tuple[bytes, bytes]], lists: Sequence[tuple[bytes, list[bytes]]],
+                            *, empty_context: bool = True) -> bytes:
     """A serialized SequenceExample from ``(ld(1, name), feature)`` context entries and
-    ``(ld(1, name), [feature per step])`` feature lists (the lists field only when there are lists)."""
-    out = ld(1, b"".join([ld(1, key + ld(2, feature)) for key, feature in context]))
+    ``(ld(1, name), [feature per step])`` feature lists (the lists field only when there are lists; the
+    context field without entries only with ``empty_context``: TensorFlow writes none where the
+    context was never set)."""
+    out = ld(1, b"".join([ld(1, key + ld(2, feature)) for key, feature in context])) \
+        if context or empty_context else b""
     if lists:
         out += ld(2, b"".join([ld(1, key + ld(2, b"".join(ld(1, f) for f in steps))) for key, steps in lists]))
     return out
+
+
+def has_context(buf: bytes) -> bool:
+    """Whether a serialized SequenceExample holds the context field (empty or not)."""
+    return any(number == 1 for number, _, _, _ in message_fields(buf))
 
 
 # -- schema inference ------------------------------------------------------------------------

@@ -8,7 +8,9 @@ A TFRecord file of serialized tensors holds one ``TensorProto`` per record::
     half_val = 13, uint32_val = 16, uint64_val = 17
 
 Typed values follow TensorFlow's ``tf.make_ndarray``: no values is all zeros, fewer values than
-the shape holds repeat the last one. Data types without a numpy or Arrow equivalent (complex,
+the shape holds repeat the last one. ``tf.io.serialize_tensor`` writes numbers as ``tensor_content``;
+``tf.make_tensor_proto`` writes a tensor of one value, and every bool and uint16 tensor, as typed
+values (:data:`ENCODINGS`; an export writes either). Data types without a numpy or Arrow equivalent (complex,
 bfloat16, quantized, resource, variant) are refused by name, never approximated.
 """
 
@@ -34,6 +36,13 @@ _BY_NUMPY = {dtype: number for number, dtype in DTYPES.items() if dtype.kind != 
 _VALUE_FIELDS = {5: "f4", 6: "f8", 7: "varint", 10: "varint", 11: "varint", 13: "varint", 16: "varint",
                  17: "varint"}
 _KNOWN = {1, 2, 3, 4, 8, *_VALUE_FIELDS}
+#: how a TensorProto's numbers are written: as ``tf.io.serialize_tensor`` or as ``tf.make_tensor_proto`` does
+ENCODINGS = ("serialize_tensor", "make_tensor_proto")
+#: numpy dtype -> the typed value field ``tf.make_tensor_proto`` writes it in (its number's key bytes)
+_TYPED_KEYS = {np.dtype("<f4"): b"\x2a", np.dtype("<f8"): b"\x32", np.dtype("<i4"): b"\x3a", np.dtype("u1"): b"\x3a",
+               np.dtype("<i2"): b"\x3a", np.dtype("i1"): b"\x3a", np.dtype("<u2"): b"\x3a", np.dtype("<i8"): b"\x52",
+               np.dtype("?"): b"\x5a", np.dtype("<f2"): b"\x6a", np.dtype("<u4"): b"\x82\x01",
+               np.dtype("<u8"): b"\x8a\x01"}
 #: the most bytes a tensor may grow to when its typed values are padded to its shape (``tf.make_ndarray``
 #: repeats the last value): a dozen bytes can claim a shape of 2**40 values, and would take all memory
 MAX_PADDED_BYTES = 256 << 20
@@ -202,8 +211,9 @@ def _typed_values(buf: bytes, fields: list[tuple[int, int, Any]], dtype: np.dtyp
     return values
 
 
-def encode_tensor(array: Any) -> bytes:
-    """``array`` serialized as ``tf.io.serialize_tensor`` serializes it (bytes/str arrays as string_val)."""
+def encode_tensor(array: Any, encoding: str = "serialize_tensor") -> bytes:
+    """``array`` serialized as ``tf.io.serialize_tensor`` serializes it (bytes/str arrays as string_val), or
+    with ``encoding="make_tensor_proto"`` as ``tf.make_tensor_proto(array).SerializeToString()`` does."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
         number = 7
@@ -218,8 +228,21 @@ def encode_tensor(array: Any) -> bytes:
             data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
             out += b"\x42" + _ld_bytes(data)
         return out
-    content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
+    if encoding == "make_tensor_proto" and little.size and (little.size == 1 or little.dtype.kind == "b"
+                                                            or little.dtype == np.dtype("<u2")):
+        return out + _TYPED_KEYS[little.dtype] + _ld_bytes(_typed_payload(little.reshape(-1)))
+    content = little.tobytes()
     return out + b"\x22" + _ld_bytes(content) if content else out
+
+
+def _typed_payload(values: np.ndarray) -> bytes:
+    """The packed typed values of ``values`` (little-endian): floats as themselves, float16 as its bits
+    and every integer as a varint (negative ones in ten bytes, as protobuf writes an int32 or int64)."""
+    if values.dtype.kind == "f" and values.itemsize > 2:
+        return values.tobytes()
+    numbers = values.view(np.uint16) if values.dtype.kind == "f" else values
+    return b"".join(_varint_bytes(int(v)) for v in numbers.tolist())
 
 
 def _ld_bytes(payload: bytes) -> bytes:

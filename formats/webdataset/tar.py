@@ -185,7 +185,7 @@ class Grouper:
         name = member.name
         if member.type == "0" and "/" not in name and name[:2] != "__" and name.isascii():
             key, dot, extension = name.partition(".")  # the key rule, for the usual plain names
-            parts = (key, extension.lower()) if dot and key else _member_parts(member, self.fail)
+            parts = (key, extension.lower()) if key and extension else _member_parts(member, self.fail)
         elif member.isdir or is_meta(name):
             return None
         else:
@@ -275,7 +275,8 @@ def failer(path: str, on_error: OnError, skipped: list[SkippedRecord] | None) ->
 
 
 def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
-    """``(key, extension)`` of a regular member, or None (reported) for links and keyless names."""
+    """``(key, extension)`` of a regular member, or None (reported) for links, keyless names and names
+    without an extension (which would name no field)."""
     if not member.isreg:
         fail(f"member {member.name!r} at offset {member.offset} is not a regular file (link or device); "
              "a WebDataset member holds the bytes of one field", member.offset)
@@ -289,6 +290,10 @@ def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
     if parts is None:
         fail(f"member {member.name!r} at offset {member.offset} has no key: a member is named "
              "<key>.<extension>, with a key before the first dot", member.offset)
+    elif not parts[1]:
+        fail(f"member {member.name!r} at offset {member.offset} has no extension: a member is named "
+             "<key>.<extension>, and the extension names its field", member.offset)
+        return None
     return parts
 
 

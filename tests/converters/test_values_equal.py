@@ -23,6 +23,11 @@ from unihub.converters.verify import values_equal
         (np.int32(1), np.int64(1), "dtype int32 vs int64"),
         (1, 2, "1 vs 2"),
         (float("nan"), 1.0, "nan vs 1.0"),
+        # 0.0 and -0.0 are equal numbers but other values (the rows of two datasets said equal)
+        (np.float64(-0.0), np.float64(0.0), "np.float64(-0.0) vs np.float64(0.0)"),
+        (0.0, -0.0, "0.0 vs -0.0"),
+        (np.array([1.0, -0.0], np.float32), np.array([1.0, 0.0], np.float32), "values differ"),
+        (np.array([1j, 0j]), np.array([1j, complex(-0.0, 0.0)]), "values differ"),
     ],
 )
 def test_different_values_say_how(a: Any, b: Any, why: str) -> None:
@@ -36,6 +41,7 @@ def test_different_values_say_how(a: Any, b: Any, why: str) -> None:
         (b"abc", bytearray(b"abc")),
         (memoryview(b"abc"), "abc"),  # a string as UTF-8 bytes
         (np.array([1.0, np.nan]), np.array([1.0, np.nan])),  # NaN equals NaN in float arrays
+        (np.array([-0.0, 2.0]), np.array([-0.0, 2.0])),
         (np.array(["a", "b"], dtype=object), np.array(["a", "b"])),  # object and str dtypes compare alike
         (np.arange(3), [0, 1, 2]),  # a list against an array: as an array
         (float("nan"), np.float32("nan")),

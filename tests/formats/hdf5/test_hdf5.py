@@ -12,7 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField
+from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader
+from unihub.converters.convert import convert
+from unihub.converters.verify import verify
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, FormatError
 from unihub.formats.base import FORMATS
@@ -381,7 +383,33 @@ def test_read_errors_raise_or_are_skipped(sample: Path, monkeypatch: pytest.Monk
         list(fmt.read_batches(schema, batch_size=5))
     fmt = HDF5Format(sample, fields=["i8", "f16"], slice_mb=1e-5)
     batches = list(fmt.read_batches(schema, batch_size=5, on_error="skip"))
-    # the unreadable slice (rows 10..19 of 'i8') costs both batches it feeds; the rest still come
-    assert np.concatenate([b["i8"] for b in batches]).tolist() == [i - 12 for i in range(N) if not 10 <= i < 20]
-    assert [s.location for s in fmt.report.skipped] == ["rows 10..14", "rows 15..19"]
-    assert "inflate" in fmt.report.skipped[0].reason and fmt.report.records == N - 10
+    # the unreadable slice (rows 10..19 of 'i8') is read again for each batch it feeds, just that batch's
+    # rows: the one holding row 10 is skipped, the other still comes
+    assert np.concatenate([b["i8"] for b in batches]).tolist() == [i - 12 for i in range(N) if not 10 <= i < 15]
+    assert [s.location for s in fmt.report.skipped] == ["rows 10..14"]
+    assert "dataset '/i8' rows 10..14: " in fmt.report.skipped[0].reason
+    assert "inflate" in fmt.report.skipped[0].reason and fmt.report.records == N - 5
+
+
+def test_a_damaged_chunk_is_named_and_costs_only_the_batches_it_feeds(tmp_path: Path) -> None:
+    """A file whose one gzip chunk is damaged (rows 500..599 of 'x'): the read of the aligned 8 MB slice
+    holding every row failed, so the error named rows 0..255 (which read well), and ``on_error='skip'``
+    skipped every batch: nothing was converted. The slice is read again a chunk at a time."""
+    src = tmp_path / "damaged.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("x", data=np.arange(10_000.0).reshape(1000, 10), chunks=(100, 10), compression="gzip")
+        f["y"] = np.arange(1000)
+        chunk = f["x"].id.get_chunk_info(5)
+        assert chunk.chunk_offset == (500, 0)
+    data = bytearray(src.read_bytes())
+    data[chunk.byte_offset + 10:chunk.byte_offset + 40] = bytes(30)
+    src.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"damaged\.h5: cannot read rows 256\.\.511: dataset '/x' rows 500\.\.599: "):
+        convert(src, tmp_path / "ds", progress=False)
+    result = convert(src, tmp_path / "ds", on_error="skip", progress=False)
+    assert [s.location for s in result.skipped] == ["rows 256..511", "rows 512..767"]
+    with make_reader(str(tmp_path / "ds"), shuffle_row_groups=False) as reader:
+        assert [row.y for row in reader] == [*range(256), *range(768, 1000)]
+    # verify, reading with h5py itself, raised h5py's bare OSError, naming no file
+    with pytest.raises(FormatError, match=r"damaged\.h5: h5py cannot read dataset '/x' rows 256\.\.511: "):
+        verify(src, tmp_path / "ds")

@@ -126,6 +126,42 @@ def test_sequence_examples_in_workers(tmp_path: Path) -> None:
     assert report.equal, report.summary()
 
 
+def _lists_only(i: int, context: bool) -> bytes:
+    """A SequenceExample with feature lists and no context feature: TensorFlow writes no context field unless
+    one was set (``context=tf.train.Features()``), which then is an empty one."""
+    lists = tf.train.FeatureLists(feature_list={"x": tf.train.FeatureList(feature=[_f([i, s], "int64")
+                                                                                    for s in range(i % 3)])})
+    if context:
+        return tf.train.SequenceExample(context=tf.train.Features(), feature_lists=lists).SerializeToString()
+    return tf.train.SequenceExample(feature_lists=lists).SerializeToString()
+
+
+@pytest.mark.parametrize("with_context", [False, True])
+def test_sequence_examples_without_context_export_back_byte_for_byte(tmp_path: Path, with_context: bool) -> None:
+    """The export wrote an empty context into every SequenceExample (``0a 00``), where TensorFlow writes none
+    unless one was set: equal messages, other bytes. The ingest notes which the records hold."""
+    records = [_lists_only(i, with_context) for i in range(7)]
+    assert records[0].startswith(b"\n\x00") == with_context
+    source = _records(tmp_path / "lists.tfrecord", records)
+    convert(source, tmp_path / "ds")
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "back.tfrecord"), "--quiet"]) == 0
+    assert _read(tmp_path / "back.tfrecord") == records
+    report = verify(source, tmp_path / "ds")
+    assert report.equal, report.summary()
+
+
+def test_sequence_examples_that_disagree_on_an_empty_context_say_so(tmp_path: Path) -> None:
+    records = [_lists_only(i, i % 2 == 0) for i in range(6)]
+    source = _records(tmp_path / "lists.tfrecord", records)
+    result = convert(source, tmp_path / "ds")
+    assert any("empty context" in note for note in result.notes), result.notes
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == [_lists_only(i, True) for i in range(6)]  # as the caveat says
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "bare.tfrecord"), "--quiet",
+                 "--option", "empty_context=false"]) == 0
+    assert _read(tmp_path / "bare.tfrecord") == [_lists_only(i, False) for i in range(6)]
+
+
 def _example(i: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature={"id": _f([i], "int64")})).SerializeToString()
 
@@ -206,6 +242,38 @@ def test_string_tensors(tmp_path: Path) -> None:
     assert report.equal, report.summary()
     convert(tmp_path / "ds", tmp_path / "back.tfrecord")
     assert _read(tmp_path / "back.tfrecord") == _read(src)
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: np.arange(i % 3, dtype=np.int16) - 1,                  # one value (typed), or several, or none
+    lambda i: np.array([i % 2 == 0] * (i % 3 + 1)),                  # bools: typed values always
+    lambda i: np.float32(i) / 3,                                     # scalars: typed values
+    lambda i: np.full((1, i % 2 + 1), i, np.float16),                # half_val, or tensor_content
+    lambda i: np.array([2**64 - 1 - i], np.uint64),
+])
+def test_tensors_of_make_tensor_proto_export_back_byte_for_byte(tmp_path: Path, make: Any) -> None:
+    """``tf.make_tensor_proto`` writes a tensor of one value, and every bool tensor, as typed values
+    (``int_val``, ``bool_val``, ``half_val``, ...), where the export wrote ``tensor_content``: the same tensors,
+    other bytes. The ingest notes which way the records were written, and the export writes them so."""
+    records = [tf.make_tensor_proto(make(i)).SerializeToString() for i in range(6)]
+    src = _records(tmp_path / "t.tfrecord", records)
+    result = convert(src, tmp_path / "ds")
+    assert not result.notes
+    report = verify(src, tmp_path / "ds")
+    assert report.equal, report.summary()
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == records
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "plain.tfrecord"), "--quiet",
+                 "--option", "tensor_encoding=serialize_tensor"]) == 0
+    assert _read(tmp_path / "plain.tfrecord") == [_tensor(make(i)) for i in range(6)]
+
+
+def test_tensors_written_neither_way_say_so(tmp_path: Path) -> None:
+    versioned = tf.make_tensor_proto(np.arange(3, dtype=np.int32))
+    versioned.version_number = 1
+    src = _records(tmp_path / "t.tfrecord", [_tensor(np.arange(3, dtype=np.int32)), versioned.SerializeToString()])
+    result = convert(src, tmp_path / "ds")
+    assert any("neither as tf.io.serialize_tensor nor as tf.make_tensor_proto" in n for n in result.notes)
 
 
 def test_tensors_of_different_dtypes_or_unstorable_ones_are_refused(tmp_path: Path) -> None:

@@ -187,6 +187,21 @@ def test_member_without_key(tmp_path: Path, bad: str) -> None:
     assert [(s.path, s.location) for s in skipping.report.skipped] == [(str(path), "offset 1024")]
 
 
+def test_member_without_extension(tmp_path: Path) -> None:
+    """``k.``: webdataset's rule gives it a key and an empty extension, which names no field; the inference
+    raised a bare SchemaError (``a field name must be a non-empty string, got ''``) naming no shard or member."""
+    path = write_tar(tmp_path / "bad.tar", [("a.cls", b"1"), ("a.", b"?"), ("b.cls", b"2")])
+    source = WebDatasetFormat(str(path))
+    schema = source.infer_schema()
+    assert list(schema.fields) == ["__key__", "cls"]
+    with pytest.raises(FormatError, match=r"bad\.tar: member 'a\.' at offset 1024 has no extension") as info:
+        read_rows(source, schema)
+    assert info.value.path == str(path) and info.value.offset == 1024
+    skipping = WebDatasetFormat(str(path))
+    assert [r["cls"] for r in read_rows(skipping, schema, on_error="skip")] == [1, 2]
+    assert [(s.path, s.location) for s in skipping.report.skipped] == [(str(path), "offset 1024")]
+
+
 def test_directories_and_metadata_members_are_skipped(tmp_path: Path) -> None:
     path = tmp_path / "dirs.tar"
     with tarfile.open(path, "w") as tar:
