@@ -563,3 +563,76 @@ def test_a_loader_over_a_mix_of_readers_without_state_reads_and_refuses_only_its
         assert batch["f1"].shape[0] == 2
         with pytest.raises(LoaderStateError, match="keeps no state"):
             loader.state_dict()
+
+
+# -- found by running the same code on Petastorm 0.13.1 and on unihub, on these fixtures ----------------
+def test_readers_have_petastorms_batched_output_last_row_consumed_and_next() -> None:
+    """Petastorm's ``Reader.batched_output`` (its TF bridge read it), ``last_row_consumed`` and ``next()``."""
+    with make_batch_reader(PLAIN, workers_count=1) as reader:
+        assert reader.batched_output is True
+    with make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1) as reader:
+        assert reader.batched_output is False and reader.last_row_consumed is False
+        assert reader.next().id in range(60)
+        assert reader.last_row_consumed is False  # rows are left
+        assert len(list(reader)) == 59
+        assert reader.last_row_consumed is True  # the loop's StopIteration came
+        reader.reset()
+        assert reader.last_row_consumed is False
+
+
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_schema_fields_list_reads_every_field_as_petastorm(empty) -> None:
+    """Petastorm reads every field for ``schema_fields=[]`` (as for None); it read none here."""
+    with make_reader(WITH_SCHEMA, schema_fields=empty, workers_count=1) as reader:
+        assert list(reader.schema.fields) == list(unihub.open_dataset(WITH_SCHEMA).schema.fields)
+        assert len(list(reader)) == 60
+    with make_batch_reader(PLAIN, schema_fields=empty, workers_count=1) as reader:
+        assert list(next(reader)._fields) == ["id", "label", "x", "name", "pair"]
+
+
+def test_a_predicate_that_is_not_one_is_petastorms_value_error() -> None:
+    """A plain function as ``predicate``: Petastorm's ValueError, where an AttributeError escaped."""
+    for factory, url in ((make_reader, WITH_SCHEMA), (make_batch_reader, PLAIN)):
+        with pytest.raises(ValueError, match="predicate parameter is expected to be derived from PredicateBase") \
+                as info:
+            factory(url, predicate=lambda row: True)
+        assert isinstance(info.value, InvalidArgumentError) and "in_lambda" in str(info.value)
+
+
+def test_reader_arguments_may_be_passed_by_position_in_petastorms_order() -> None:
+    """``make_reader(url, fields, 'dummy', 2)`` as Petastorm's signature takes it (``pyarrow_serialize`` is
+    ``make_reader``'s fourth, not ``make_batch_reader``'s)."""
+    with make_reader(WITH_SCHEMA, ["id"], "dummy", 2, False, 50, 7, False, False) as reader:
+        assert reader.diagnostics["pool_type"] == "dummy" and reader.seed == 7
+        assert [int(row.id) for row in reader] == list(range(60))  # shuffle_row_groups=False, by position
+    with make_batch_reader(PLAIN, ["id"], "dummy", 2, 50, 7) as reader:
+        assert reader.diagnostics["pool_type"] == "dummy" and reader.seed == 7
+    with pytest.raises(TypeError, match="got multiple values for argument 'reader_pool_type'"):
+        make_reader(WITH_SCHEMA, None, "dummy", reader_pool_type="thread")
+    with pytest.raises(TypeError, match=r"make_batch_reader\(\) takes from 1 to 27 positional arguments"):
+        make_batch_reader(PLAIN, None, *([None] * 26))
+
+
+def test_a_batch_transforms_uniform_lists_come_back_stacked_as_petastorms() -> None:
+    """Petastorm stacks a transform's list columns as it stacks read ones: ``(n, k)``, not an object array."""
+    pd = pytest.importorskip("pandas")
+    from unihub import TransformSpec
+
+    def halve(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(pair=frame.pair.map(lambda v: np.asarray(v[:1], np.float64)))
+
+    spec = TransformSpec(halve, edit_fields=[("pair", np.float64, (None,), False)])
+    with make_batch_reader(PLAIN, schema_fields=["id", "pair"], transform_spec=spec, workers_count=1) as reader:
+        batch = next(reader)
+    assert batch.pair.dtype == np.float64 and batch.pair.shape == (len(batch.id), 1)
+    with make_batch_reader(PLAIN, schema_fields=["id", "pair"], transform_spec=spec, workers_count=1,
+                           petastorm_types=False) as reader:
+        assert next(reader).pair.dtype == object  # unihub's types keep object arrays for None dims
+
+
+def test_byte_codecs_give_their_spark_type_without_a_field() -> None:
+    """Petastorm's ``codec.spark_dtype()`` takes no field (``StructField(f.name, f.codec.spark_dtype())``)."""
+    types = spark_types()
+    for codec in (unihub.NdarrayCodec(), unihub.CompressedNdarrayCodec(), CompressedImageCodec("jpeg")):
+        assert codec.spark_dtype() == types.BinaryType()
+    assert ScalarCodec(types.IntegerType()).spark_dtype() == types.IntegerType()
