@@ -636,3 +636,24 @@ def test_byte_codecs_give_their_spark_type_without_a_field() -> None:
     for codec in (unihub.NdarrayCodec(), unihub.CompressedNdarrayCodec(), CompressedImageCodec("jpeg")):
         assert codec.spark_dtype() == types.BinaryType()
     assert ScalarCodec(types.IntegerType()).spark_dtype() == types.IntegerType()
+
+
+def test_petastorms_keyword_names_are_taken(tmp_path: Path) -> None:
+    """Calls that name Petastorm's parameters: ``match_unischema_fields(schema, field_regex=...)``,
+    ``transform_schema(schema, transform_spec=...)``, ``Unischema.from_arrow_schema(parquet_dataset=...)``,
+    ``ScalarCodec(spark_type=...)``, ``LocalDiskCache(path=..., expected_row_size_bytes=...)``."""
+    from unihub import TransformSpec
+    from unihub.readers.local_disk_cache import LocalDiskCache
+    from unihub.readers.transform import transform_schema
+
+    schema = Unischema("TestSchema", [UnischemaField("id", np.int64, (), None, False),
+                                      UnischemaField("label", np.int32, (), None, False)])
+    assert match_unischema_fields(schema, field_regex=["la.*"]) == [schema["label"]]
+    assert list(transform_schema(schema, transform_spec=TransformSpec(removed_fields=["id"])).fields) == ["label"]
+    inferred = Unischema.from_arrow_schema(parquet_dataset=pa.schema([("x", pa.float32())]))
+    assert inferred["x"].numpy_dtype == np.float32
+    assert ScalarCodec(spark_type=pa.int16()).arrow_type(inferred["x"]) == pa.int16()
+    cache = LocalDiskCache(path=str(tmp_path / "cache"), size_limit_bytes=10**6, expected_row_size_bytes=1000)
+    assert cache.location == str(tmp_path / "cache") and cache.row_size_estimate == 1000
+    with pytest.raises(ValueError, match="expected_row_size_bytes"):
+        LocalDiskCache(path=str(tmp_path / "small"), size_limit_bytes=100, expected_row_size_bytes=1000)
