@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -657,3 +658,24 @@ def test_petastorms_keyword_names_are_taken(tmp_path: Path) -> None:
     assert cache.location == str(tmp_path / "cache") and cache.row_size_estimate == 1000
     with pytest.raises(ValueError, match="expected_row_size_bytes"):
         LocalDiskCache(path=str(tmp_path / "small"), size_limit_bytes=100, expected_row_size_bytes=1000)
+
+
+@pytest.mark.parametrize("capacity", [0, 10])
+def test_a_collate_fn_of_ones_own_gets_rows_as_dicts_as_petastorms(capacity: int) -> None:
+    """Petastorm's DataLoader hands ``collate_fn`` a list of dicts (``row._asdict()``); it got namedtuples,
+    so a collate written for Petastorm (``row["id"]``) failed."""
+    pytest.importorskip("torch")
+    from unihub.bridges.torch import DataLoader, decimal_friendly_collate
+
+    seen: list[Any] = []
+
+    def collate(rows: list[dict[str, Any]]) -> Any:
+        seen.extend(rows)
+        return {"id": [row["id"] for row in rows], **decimal_friendly_collate([{"label": r["label"]} for r in rows])}
+
+    reader = make_reader(WITH_SCHEMA, schema_fields=["id", "label", "split"], workers_count=1)
+    with DataLoader(reader, batch_size=8, collate_fn=collate, shuffling_queue_capacity=capacity) as loader:
+        batches = list(loader)
+    assert all(type(row) is dict and list(row) == ["id", "split", "label"] for row in seen)
+    assert sorted(int(i) for batch in batches for i in batch["id"]) == list(range(60))
+    assert batches[0]["label"].shape == (8,)
