@@ -156,9 +156,8 @@ class Reader:
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
-        self._loader = self._make_loader(predicate, expression, filter_columns, read_schema,
-                                         decode_images=decode_images, cache=cache, petastorm_types=petastorm_types,
-                                         on_decode_error=on_decode_error)
+        self._loader = self._make_loader(predicate, expression, filter_columns, decode_images=decode_images,
+                                         cache=cache, petastorm_types=petastorm_types, on_decode_error=on_decode_error)
         #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
         self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
         fetched_ahead = bool(self._read_ahead_bytes) and (cache is None or isinstance(cache, NullCache))
@@ -203,9 +202,9 @@ class Reader:
             self.load_state_dict(resume_from)
         self._begin_read_ahead()
 
-    def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
-                     read_schema: Unischema, *, decode_images: bool, cache: Cache | None,
-                     petastorm_types: bool | None, on_decode_error: OnDecodeError) -> RowGroupLoader:
+    def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...], *,
+                     decode_images: bool, cache: Cache | None, petastorm_types: bool | None,
+                     on_decode_error: OnDecodeError) -> RowGroupLoader:
         """The loader the workers run: the predicate per row (per row group for a batch reader), unless
         the dataset cannot serve it or the row groups' selection already applied it (partitions only)."""
         store, batched, ngram = self.store, self.batched, self.ngram
