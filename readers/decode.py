@@ -86,6 +86,12 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
+def with_policy_types(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:
+    """Field ``f``'s column that a batch transform returned, in the types a read column has under ``policy``
+    (Petastorm's: stacked uniform lists, NaN for nulls), as Petastorm converted a transform's output too."""
+    return _as_petastorm(f, values, policy) if policy.petastorm else values
+
+
 def decode_images(f: UnischemaField, blobs: list[Any], *, policy: DecodePolicy = UNIHUB,
                   into: np.ndarray | None = None) -> Any:
     """Image field ``f``'s encoded values (bytes; None for nulls) decoded as :func:`decode_column`

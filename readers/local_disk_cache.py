@@ -120,8 +120,8 @@ _STATS_FORMAT = struct.Struct(f"<{len(_COUNTERS)}Q")
 class LocalDiskCache(CacheBase):
     """Row groups cached on local disk; see the module docstring for the layout and policies.
 
-    ``location`` is a local directory (created if missing); ``size_limit_bytes`` bounds the
-    entries' total size. ``row_size_estimate`` (Petastorm's ``expected_row_size_bytes``) only
+    ``path`` is a local directory (created if missing; :attr:`location` after); ``size_limit_bytes`` bounds the
+    entries' total size. ``expected_row_size_bytes`` (:attr:`row_size_estimate` after) only
     checks that the limit holds at least 5 rows per shard (``shards``, Petastorm's diskcache shard
     count, 1 unless given: unihub's cache is one directory, so the count only divides the limit
     in this check), as Petastorm's does unless ``eviction_policy='none'``, which never evicts.
@@ -132,15 +132,15 @@ class LocalDiskCache(CacheBase):
     contract.
     """
 
-    def __init__(self, location: str | os.PathLike[str] | None, size_limit_bytes: int | None,
-                 row_size_estimate: int | None = None, shards: int = 1, cleanup: bool = True, *,
+    def __init__(self, path: str | os.PathLike[str] | None, size_limit_bytes: int | None,
+                 expected_row_size_bytes: int | None = None, shards: int = 1, cleanup: bool = True, *,
                  compression: str | None = None, eviction_policy: EvictionPolicy = "least-recently-used",
                  fetch_wait_seconds: float = DEFAULT_FETCH_WAIT_SECONDS, **settings: Any) -> None:
-        self.location = _local_directory(location)
-        size_limit = _checked_size_limit(size_limit_bytes, shards, row_size_estimate, eviction_policy)
+        self.location = _local_directory(path)
+        size_limit = _checked_size_limit(size_limit_bytes, shards, expected_row_size_bytes, eviction_policy)
         compression = _checked_options(compression, eviction_policy, settings)
         self.size_limit_bytes = size_limit
-        self.row_size_estimate = row_size_estimate
+        self.row_size_estimate = expected_row_size_bytes
         self.cleanup_on_exit = bool(cleanup)
         self.compression = compression
         self.eviction_policy: EvictionPolicy = eviction_policy

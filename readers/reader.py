@@ -42,7 +42,7 @@ from unihub.errors import (
 from unihub.readers import elastic
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache
-from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error
+from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error, with_policy_types
 from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, evaluate_expression, filters_to_expression
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.prefetch import PrefetchStats, RowGroupPrefetcher
@@ -156,9 +156,8 @@ class Reader:
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
-        self._loader = self._make_loader(predicate, expression, filter_columns, read_schema,
-                                         decode_images=decode_images, cache=cache, petastorm_types=petastorm_types,
-                                         on_decode_error=on_decode_error)
+        self._loader = self._make_loader(predicate, expression, filter_columns, decode_images=decode_images,
+                                         cache=cache, petastorm_types=petastorm_types, on_decode_error=on_decode_error)
         #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
         self._read_ahead_bytes = read_ahead_bytes(read_ahead_mb, memory_budget_mb)
         fetched_ahead = bool(self._read_ahead_bytes) and (cache is None or isinstance(cache, NullCache))
@@ -203,21 +202,21 @@ class Reader:
             self.load_state_dict(resume_from)
         self._begin_read_ahead()
 
-    def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
-                     read_schema: Unischema, *, decode_images: bool, cache: Cache | None,
-                     petastorm_types: bool | None, on_decode_error: OnDecodeError) -> RowGroupLoader:
+    def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...], *,
+                     decode_images: bool, cache: Cache | None, petastorm_types: bool | None,
+                     on_decode_error: OnDecodeError) -> RowGroupLoader:
         """The loader the workers run: the predicate per row (per row group for a batch reader), unless
         the dataset cannot serve it or the row groups' selection already applied it (partitions only)."""
         store, batched, ngram = self.store, self.batched, self.ngram
         row_predicate = None if self._predicate_error or _on_partitions_only(predicate, store) else predicate
+        policy = DecodePolicy.for_store(store.schema_source, petastorm_types, batched=batched)
         return RowGroupLoader(store, self._read_fields, self.seed,
                               predicate=per_row_group(row_predicate) if batched and row_predicate is not None
                               else row_predicate,
                               filter_expression=expression, filter_columns=filter_columns,
-                              transform=self._make_transform(read_schema), decode_images=decode_images,
+                              transform=self._make_transform(policy), decode_images=decode_images,
                               cache=cache, window_overlap=ngram.length - 1 if ngram is not None else 0,
-                              policy=DecodePolicy.for_store(store.schema_source, petastorm_types, batched=batched),
-                              on_decode_error=check_on_decode_error(on_decode_error))
+                              policy=policy, on_decode_error=check_on_decode_error(on_decode_error))
 
     # -- planning ---------------------------------------------------------------------------
     def _chosen_row_groups(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...],
@@ -258,7 +257,8 @@ class Reader:
             by_partition[rg.partition] = keep
         return [g for g in groups if by_partition[store.row_groups[g].partition]]
 
-    def _make_transform(self, read_schema: Unischema):
+    def _make_transform(self, policy: DecodePolicy):
+        """The transform the loader runs; a batch transform's output takes ``policy``'s types, as read columns do."""
         spec = self._transform_spec
         if spec is None:
             return None
@@ -266,6 +266,7 @@ class Reader:
         if self.batched:
             def run(batch: Batch) -> Batch:
                 columns = apply_to_batch(spec, out, batch.columns)
+                columns = {name: with_policy_types(out[name], values, policy) for name, values in columns.items()}
                 n = len(next(iter(columns.values()))) if columns else 0
                 return dataclasses.replace(batch, columns=columns, num_rows=n)
         else:
@@ -938,6 +939,21 @@ class Reader:
         return self.batched
 
     @property
+    def batched_output(self) -> bool:
+        """True for a batch reader (Petastorm's ``Reader.batched_output``, which its TF bridge read)."""
+        return self.batched
+
+    @property
+    def last_row_consumed(self) -> bool:
+        """True once the last row of the last epoch was read (``next()`` raised StopIteration), until
+        :meth:`reset` (Petastorm's ``Reader.last_row_consumed``)."""
+        return self._finished
+
+    def next(self) -> Any:
+        """The next row or batch: ``next(reader)``, under Petastorm's method name."""
+        return self.__next__()
+
+    @property
     def petastorm_types(self) -> bool:
         """True when this reader decodes with Petastorm's types (nulls as NaN, uniform lists stacked)."""
         return self._loader.policy.petastorm
@@ -1102,6 +1118,8 @@ def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> 
     if isinstance(schema_fields, (str, UnischemaField)):
         schema_fields = [schema_fields]
     patterns = list(schema_fields)
+    if not patterns:  # Petastorm's readers read every field for an empty list, as for None
+        return list(schema), None
     fields, unmatched = select_unischema_fields(schema, patterns)
     where = f" in the dataset {dataset}" if dataset else f" in Unischema {schema.name!r}"
     if patterns and not fields:
@@ -1196,6 +1214,9 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                       "randomization effects on sharding row groups. (unihub ignores shard_seed: shards are dealt "
                       "by cur_shard, shard_count and seed)", UserWarning, stacklevel=3)
     _choose_memory_pool()
+    if predicate is not None and not callable(getattr(predicate, "get_fields", None)):
+        raise InvalidArgumentError(f"predicate parameter is expected to be derived from PredicateBase, got "
+                                   f"{type(predicate).__name__}: wrap a function as in_lambda(field_names, func)")
     cur_shard, shard_count = shard_or_detected(cur_shard, shard_count)
     store = _open(dataset_url, storage_options, filesystem, version, tag)
     if store.num_rows == 0:
@@ -1216,10 +1237,35 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                   memory_budget_mb=memory_budget_mb, on_decode_error=on_decode_error, read_ahead_mb=read_ahead_mb)
 
 
-def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
+#: Petastorm's ``make_reader`` parameters after ``schema_fields``, in its order: they may be passed by position
+_READER_POSITIONAL = (
+    "reader_pool_type", "workers_count", "pyarrow_serialize", "results_queue_size", "seed", "shuffle_rows",
+    "shuffle_row_groups", "shuffle_row_drop_partitions", "predicate", "rowgroup_selector", "num_epochs", "cur_shard",
+    "shard_count", "shard_seed", "cache_type", "cache_location", "cache_size_limit", "cache_row_size_estimate",
+    "cache_extra_settings", "hdfs_driver", "transform_spec", "filters", "storage_options", "zmq_copy_buffers",
+    "filesystem", "convert_early_to_numpy")
+#: ``make_batch_reader``'s: the same without ``pyarrow_serialize``
+_BATCH_READER_POSITIONAL = tuple(name for name in _READER_POSITIONAL if name != "pyarrow_serialize")
+
+
+def _by_name(function: str, names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the positional ``args`` named as Petastorm's signature names them, in Python's words
+    for too many or doubled arguments."""
+    if len(args) > len(names):
+        raise TypeError(f"{function}() takes from 1 to {len(names) + 2} positional arguments but "
+                        f"{len(args) + 2} were given")
+    for name, value in zip(names, args):
+        if name in kwargs:
+            raise TypeError(f"{function}() got multiple values for argument {name!r}")
+        kwargs[name] = value
+    return kwargs
+
+
+def make_reader(dataset_url: Any, schema_fields: Any = None, *args: Any, **kwargs: Any) -> Reader:
     """A reader that yields one row at a time: a namedtuple of decoded numpy values.
 
-    Petastorm's arguments: ``schema_fields`` (names, regexes, fields or an ``NGram``),
+    Petastorm's arguments (by keyword, or by position in Petastorm's order): ``schema_fields`` (names,
+    regexes, fields or an ``NGram``; an empty list reads every field, as None does),
     ``predicate``, ``filters``, ``transform_spec``, ``shuffle_row_groups`` (default True),
     ``shuffle_rows``, ``shuffle_row_drop_partitions``, ``seed``, ``num_epochs`` (None =
     forever), ``cur_shard``/``shard_count`` (neither given: the rank and world size of a distributed job,
@@ -1249,10 +1295,11 @@ def make_reader(dataset_url: Any, schema_fields: Any = None, **kwargs: Any) -> R
     latest); the reader keeps to the version it opened, rows appended meanwhile are not seen
     (:mod:`unihub.store.versions`).
     """
+    kwargs = _by_name("make_reader", _READER_POSITIONAL, args, kwargs)
     return _make(dataset_url, batched=False, schema_fields=schema_fields, **kwargs)
 
 
-def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwargs: Any) -> Reader:
+def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, *args: Any, **kwargs: Any) -> Reader:
     """A reader that yields batches (a namedtuple of column arrays), one per row group or task.
 
     Reads any Parquet store, with or without a Unischema; arguments as :func:`make_reader`.
@@ -1261,6 +1308,7 @@ def make_batch_reader(dataset_url_or_urls: Any, schema_fields: Any = None, **kwa
     own that defines only ``do_include`` is called once per row group with its columns
     (:class:`~unihub.readers.predicates.RowGroupColumns`) and returns a boolean mask, as Petastorm's.
     """
+    kwargs = _by_name("make_batch_reader", _BATCH_READER_POSITIONAL, args, kwargs)
     return _make(dataset_url_or_urls, batched=True, schema_fields=schema_fields, **kwargs)
 
 

@@ -60,8 +60,9 @@ def _as_field(spec: Any) -> UnischemaField:
     raise SchemaError(f"edit_fields entries are UnischemaField or (name, dtype, shape, nullable), got {spec!r}")
 
 
-def transform_schema(schema: Unischema, spec: TransformSpec | None) -> Unischema:
-    """The schema of what the transform returns."""
+def transform_schema(schema: Unischema, transform_spec: TransformSpec | None) -> Unischema:
+    """The schema of what the transform returns (Petastorm's argument names)."""
+    spec = transform_spec
     if spec is None:
         return schema
     removed = set(spec.removed_fields or ())

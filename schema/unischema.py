@@ -445,13 +445,13 @@ class Unischema:
 
     # -- inference ---------------------------------------------------------------------------
     @classmethod
-    def from_arrow_schema(cls, schema: Any, omit_unsupported_fields: bool = True, *,
+    def from_arrow_schema(cls, parquet_dataset: Any, omit_unsupported_fields: bool = True, *,
                           name: str = "inferred") -> Unischema:
         """Infer a Unischema from a plain Arrow/Parquet schema (native types, lists, tensors).
 
-        ``schema``: a ``pa.Schema``, or what carries one: a ``pq.ParquetDataset`` (Petastorm's
-        argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``."""
-        schema = _arrow_schema_of(schema)
+        ``parquet_dataset`` (Petastorm's name): a ``pa.Schema``, or what carries one: a ``pq.ParquetDataset``
+        (Petastorm's argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``."""
+        schema = _arrow_schema_of(parquet_dataset)
         fields = []
         for arrow_field in schema:
             field = infer_field(arrow_field)
@@ -493,8 +493,9 @@ def _legacy_dataset_schema(value: Any) -> pa.Schema | None:
     return pa.schema(partitions + [field for field in schema if field.name not in {p.name for p in partitions}])
 
 
-def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField | str]) -> list[UnischemaField]:
-    """Fields of ``schema`` named by fields, exact names or full-match regexes, in schema order.
+def match_unischema_fields(schema: Unischema, field_regex: Iterable[UnischemaField | str]) -> list[UnischemaField]:
+    """Fields of ``schema`` named by ``field_regex`` (Petastorm's name): fields, exact names or full-match
+    regexes, in schema order.
 
     A pattern that matches no field is left out, as Petastorm left it out, with a warning that names
     it and the available fields (Petastorm said nothing); :func:`select_unischema_fields` tells the
@@ -502,7 +503,7 @@ def match_unischema_fields(schema: Unischema, patterns: Iterable[UnischemaField 
     prefix matching (``re.match``) would have chosen other fields than the full match, a warning
     names them, in Petastorm's words.
     """
-    fields, unmatched = select_unischema_fields(schema, patterns)
+    fields, unmatched = select_unischema_fields(schema, field_regex)
     _warn_unmatched(schema, unmatched)
     return fields
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -563,3 +564,118 @@ def test_a_loader_over_a_mix_of_readers_without_state_reads_and_refuses_only_its
         assert batch["f1"].shape[0] == 2
         with pytest.raises(LoaderStateError, match="keeps no state"):
             loader.state_dict()
+
+
+# -- found by running the same code on Petastorm 0.13.1 and on unihub, on these fixtures ----------------
+def test_readers_have_petastorms_batched_output_last_row_consumed_and_next() -> None:
+    """Petastorm's ``Reader.batched_output`` (its TF bridge read it), ``last_row_consumed`` and ``next()``."""
+    with make_batch_reader(PLAIN, workers_count=1) as reader:
+        assert reader.batched_output is True
+    with make_reader(WITH_SCHEMA, schema_fields=["id"], workers_count=1) as reader:
+        assert reader.batched_output is False and reader.last_row_consumed is False
+        assert reader.next().id in range(60)
+        assert reader.last_row_consumed is False  # rows are left
+        assert len(list(reader)) == 59
+        assert reader.last_row_consumed is True  # the loop's StopIteration came
+        reader.reset()
+        assert reader.last_row_consumed is False
+
+
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_schema_fields_list_reads_every_field_as_petastorm(empty) -> None:
+    """Petastorm reads every field for ``schema_fields=[]`` (as for None); it read none here."""
+    with make_reader(WITH_SCHEMA, schema_fields=empty, workers_count=1) as reader:
+        assert list(reader.schema.fields) == list(unihub.open_dataset(WITH_SCHEMA).schema.fields)
+        assert len(list(reader)) == 60
+    with make_batch_reader(PLAIN, schema_fields=empty, workers_count=1) as reader:
+        assert list(next(reader)._fields) == ["id", "label", "x", "name", "pair"]
+
+
+def test_a_predicate_that_is_not_one_is_petastorms_value_error() -> None:
+    """A plain function as ``predicate``: Petastorm's ValueError, where an AttributeError escaped."""
+    for factory, url in ((make_reader, WITH_SCHEMA), (make_batch_reader, PLAIN)):
+        with pytest.raises(ValueError, match="predicate parameter is expected to be derived from PredicateBase") \
+                as info:
+            factory(url, predicate=lambda row: True)
+        assert isinstance(info.value, InvalidArgumentError) and "in_lambda" in str(info.value)
+
+
+def test_reader_arguments_may_be_passed_by_position_in_petastorms_order() -> None:
+    """``make_reader(url, fields, 'dummy', 2)`` as Petastorm's signature takes it (``pyarrow_serialize`` is
+    ``make_reader``'s fourth, not ``make_batch_reader``'s)."""
+    with make_reader(WITH_SCHEMA, ["id"], "dummy", 2, False, 50, 7, False, False) as reader:
+        assert reader.diagnostics["pool_type"] == "dummy" and reader.seed == 7
+        assert [int(row.id) for row in reader] == list(range(60))  # shuffle_row_groups=False, by position
+    with make_batch_reader(PLAIN, ["id"], "dummy", 2, 50, 7) as reader:
+        assert reader.diagnostics["pool_type"] == "dummy" and reader.seed == 7
+    with pytest.raises(TypeError, match="got multiple values for argument 'reader_pool_type'"):
+        make_reader(WITH_SCHEMA, None, "dummy", reader_pool_type="thread")
+    with pytest.raises(TypeError, match=r"make_batch_reader\(\) takes from 1 to 27 positional arguments"):
+        make_batch_reader(PLAIN, None, *([None] * 26))
+
+
+def test_a_batch_transforms_uniform_lists_come_back_stacked_as_petastorms() -> None:
+    """Petastorm stacks a transform's list columns as it stacks read ones: ``(n, k)``, not an object array."""
+    pd = pytest.importorskip("pandas")
+    from unihub import TransformSpec
+
+    def halve(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(pair=frame.pair.map(lambda v: np.asarray(v[:1], np.float64)))
+
+    spec = TransformSpec(halve, edit_fields=[("pair", np.float64, (None,), False)])
+    with make_batch_reader(PLAIN, schema_fields=["id", "pair"], transform_spec=spec, workers_count=1) as reader:
+        batch = next(reader)
+    assert batch.pair.dtype == np.float64 and batch.pair.shape == (len(batch.id), 1)
+    with make_batch_reader(PLAIN, schema_fields=["id", "pair"], transform_spec=spec, workers_count=1,
+                           petastorm_types=False) as reader:
+        assert next(reader).pair.dtype == object  # unihub's types keep object arrays for None dims
+
+
+def test_byte_codecs_give_their_spark_type_without_a_field() -> None:
+    """Petastorm's ``codec.spark_dtype()`` takes no field (``StructField(f.name, f.codec.spark_dtype())``)."""
+    types = spark_types()
+    for codec in (unihub.NdarrayCodec(), unihub.CompressedNdarrayCodec(), CompressedImageCodec("jpeg")):
+        assert codec.spark_dtype() == types.BinaryType()
+    assert ScalarCodec(types.IntegerType()).spark_dtype() == types.IntegerType()
+
+
+def test_petastorms_keyword_names_are_taken(tmp_path: Path) -> None:
+    """Calls that name Petastorm's parameters: ``match_unischema_fields(schema, field_regex=...)``,
+    ``transform_schema(schema, transform_spec=...)``, ``Unischema.from_arrow_schema(parquet_dataset=...)``,
+    ``ScalarCodec(spark_type=...)``, ``LocalDiskCache(path=..., expected_row_size_bytes=...)``."""
+    from unihub import TransformSpec
+    from unihub.readers.local_disk_cache import LocalDiskCache
+    from unihub.readers.transform import transform_schema
+
+    schema = Unischema("TestSchema", [UnischemaField("id", np.int64, (), None, False),
+                                      UnischemaField("label", np.int32, (), None, False)])
+    assert match_unischema_fields(schema, field_regex=["la.*"]) == [schema["label"]]
+    assert list(transform_schema(schema, transform_spec=TransformSpec(removed_fields=["id"])).fields) == ["label"]
+    inferred = Unischema.from_arrow_schema(parquet_dataset=pa.schema([("x", pa.float32())]))
+    assert inferred["x"].numpy_dtype == np.float32
+    assert ScalarCodec(spark_type=pa.int16()).arrow_type(inferred["x"]) == pa.int16()
+    cache = LocalDiskCache(path=str(tmp_path / "cache"), size_limit_bytes=10**6, expected_row_size_bytes=1000)
+    assert cache.location == str(tmp_path / "cache") and cache.row_size_estimate == 1000
+    with pytest.raises(ValueError, match="expected_row_size_bytes"):
+        LocalDiskCache(path=str(tmp_path / "small"), size_limit_bytes=100, expected_row_size_bytes=1000)
+
+
+@pytest.mark.parametrize("capacity", [0, 10])
+def test_a_collate_fn_of_ones_own_gets_rows_as_dicts_as_petastorms(capacity: int) -> None:
+    """Petastorm's DataLoader hands ``collate_fn`` a list of dicts (``row._asdict()``); it got namedtuples,
+    so a collate written for Petastorm (``row["id"]``) failed."""
+    pytest.importorskip("torch")
+    from unihub.bridges.torch import DataLoader, decimal_friendly_collate
+
+    seen: list[Any] = []
+
+    def collate(rows: list[dict[str, Any]]) -> Any:
+        seen.extend(rows)
+        return {"id": [row["id"] for row in rows], **decimal_friendly_collate([{"label": r["label"]} for r in rows])}
+
+    reader = make_reader(WITH_SCHEMA, schema_fields=["id", "label", "split"], workers_count=1)
+    with DataLoader(reader, batch_size=8, collate_fn=collate, shuffling_queue_capacity=capacity) as loader:
+        batches = list(loader)
+    assert all(type(row) is dict and list(row) == ["id", "split", "label"] for row in seen)
+    assert sorted(int(i) for batch in batches for i in batch["id"]) == list(range(60))
+    assert batches[0]["label"].shape == (8,)

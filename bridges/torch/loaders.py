@@ -56,6 +56,12 @@ def _rows_of(batch: Any) -> Iterator[Any]:
     return (batch._make(values) for values in zip(*batch))
 
 
+def _row_dict(row: Any) -> Any:
+    """A row as the dict of field name -> value Petastorm's DataLoader hands a ``collate_fn`` (a row that is
+    no namedtuple, e.g. a mock reader's dict, as it is)."""
+    return row._asdict() if hasattr(row, "_asdict") else row
+
+
 class DataLoader(LoaderBase):
     """Petastorm's row loader: rows collated into batches of ``batch_size``.
 
@@ -65,7 +71,7 @@ class DataLoader(LoaderBase):
     as a ``(batch_size, k)`` tensor, as in Petastorm), with another ``collate_fn`` they are cut into
     rows for it. ``shuffling_queue_capacity > 0`` passes rows through a buffer of that many rows
     and, once it is full, lets out random ones (seeded by ``seed``). ``collate_fn`` receives a list
-    of row namedtuples; the default stacks numeric fields and keeps variable-shape fields as lists
+    of rows as dicts of field name -> value, as Petastorm's did; the default stacks numeric fields and keeps variable-shape fields as lists
     of tensors (``make_collate(variable="pad")`` pads them; :func:`decimal_friendly_collate` is
     Petastorm's default).
 
@@ -119,9 +125,10 @@ class DataLoader(LoaderBase):
         positions: list[int] = []
         buffer: list[tuple[int, Any]] = []
         self._pending = lambda: np.asarray(positions + [p for p, _ in buffer], dtype=np.int64)
+        as_dicts = not isinstance(self.collate_fn, Collate)  # a function of one's own gets Petastorm's dicts
 
         def emit() -> Any:
-            batch = self.collate_fn(rows[:])
+            batch = self.collate_fn([_row_dict(row) for row in rows] if as_dicts else rows[:])
             rows.clear()
             positions.clear()
             return batch

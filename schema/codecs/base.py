@@ -87,6 +87,9 @@ class Codec(ABC):
     """Base class: stores one field's values in one Arrow column."""
 
     json_name: ClassVar[str] = ""
+    #: the stored column's Arrow type where no field changes it (Petastorm's per-cell bytes), so
+    #: :meth:`spark_dtype` needs no field, as Petastorm's ``codec.spark_dtype()`` took none
+    field_free_type: ClassVar[pa.DataType | None] = None
 
     @abstractmethod
     def arrow_type(self, field: UnischemaField) -> pa.DataType:
@@ -142,7 +145,9 @@ class Codec(ABC):
     def spark_dtype(self, field: UnischemaField | None = None) -> Any:
         """The pyspark type of the stored column (imports pyspark)."""
         if field is None:
-            raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
+            if self.field_free_type is None:
+                raise SchemaError(f"{type(self).__name__}.spark_dtype needs the field")
+            return arrow_to_spark_type(self.field_free_type)
         return arrow_to_spark_type(self.arrow_type(field))
 
     def config(self) -> dict[str, Any]:

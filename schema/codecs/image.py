@@ -50,6 +50,8 @@ class CompressedImageCodec(Codec):
     RGB(A)/grayscale, as Petastorm returned them (it swapped OpenCV's BGR back to RGB).
     """
 
+    field_free_type = pa.binary()
+
     def __init__(self, image_codec: str = "png", quality: int = 80) -> None:
         fmt = image_codec.lower().lstrip(".")
         fmt = {"jpg": "jpeg"}.get(fmt, fmt)

@@ -29,6 +29,8 @@ class NdarrayCodec(Codec):
     cells share one header is decoded in one vectorised step.
     """
 
+    field_free_type = pa.binary()
+
     def arrow_type(self, field: UnischemaField) -> pa.DataType:
         return pa.binary()
 
@@ -56,6 +58,8 @@ class NdarrayCodec(Codec):
 @register_codec("compressed_ndarray")
 class CompressedNdarrayCodec(Codec):
     """Petastorm's ``np.savez_compressed(arr=...)`` bytes per cell."""
+
+    field_free_type = pa.binary()
 
     def arrow_type(self, field: UnischemaField) -> pa.DataType:
         return pa.binary()

@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 class ScalarCodec(Codec):
     """A native scalar column. Takes a numpy dtype, an Arrow type or a Spark type.
 
-    ``ScalarCodec(pa.int64())``, ``ScalarCodec(np.float32)``, ``ScalarCodec(LongType())``.
+    ``ScalarCodec(pa.int64())``, ``ScalarCodec(np.float32)``, ``ScalarCodec(LongType())``
+    (``spark_type=`` is Petastorm's keyword, whichever type it is given).
     Decoded values take the field's numpy dtype.
     """
 
-    def __init__(self, type: Any = None, *, arrow_type: Any = None) -> None:  # noqa: A002
-        spec = arrow_type if arrow_type is not None else type
+    def __init__(self, spark_type: Any = None, *, arrow_type: Any = None) -> None:
+        spec = arrow_type if arrow_type is not None else spark_type
         if spec is None:
             raise SchemaError("ScalarCodec needs a numpy dtype, an Arrow type or a Spark type")
         if isinstance(spec, str) and not hasattr(spec, "simpleString"):
