@@ -44,7 +44,7 @@ from unihub.bridges.torch.state import (
 )
 from unihub.bridges.torch.tensors import Columns
 from unihub.errors import InvalidArgumentError, UsageError
-from unihub.readers.batching import columns_length, concat_columns, slice_columns, take_columns
+from unihub.readers.batching import columns_length, concat_columns, numpy_view, slice_columns, take_columns
 
 #: the loaders' public names (the package ``unihub.bridges.torch`` re-exports them with the torch datasets)
 __all__ = ["BatchedDataLoader", "DataLoader", "InMemBatchedDataLoader", "LoaderStateError", "PerRank",
@@ -168,23 +168,25 @@ class BatchedDataLoader(LoaderBase):
 
     Takes ``make_batch_reader`` (or ``make_reader``, whose rows are gathered into chunks).
     ``shuffling_queue_capacity > 0`` keeps a tensor buffer of at least that many rows and
-    draws batches from it by a seeded random permutation. ``transform_fn`` maps each batch
-    dict; ``device`` moves the tensors there.
+    draws batches from it by a seeded random permutation. ``transform_fn`` (Petastorm's) takes each
+    column of a batch as a numpy array in place of ``torch.as_tensor`` and returns what the batch holds;
+    ``batch_transform_fn`` maps each batch dict; ``device`` moves the tensors there.
     """
 
-    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
+    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[Any], Any] | None = None,
                  shuffling_queue_capacity: int = 0, seed: int | None = None, device: Any = None, *,
-                 variable: Variable = "list") -> None:
+                 variable: Variable = "list", batch_transform_fn: Callable[[dict[str, Any]], Any] | None = None
+                 ) -> None:
         super().__init__(reader, batch_size, shuffling_queue_capacity, seed)
         check_variable(variable)
-        self.transform_fn = transform_fn
+        self.transform_fn, self.batch_transform_fn = transform_fn, batch_transform_fn
         self.device = device
         self.variable = variable
         self._collate = Collate(variable).with_schema(reader.schema)
 
     def _out(self, columns: Columns) -> Any:
-        batch = finalize(columns, self.variable, self.device, self._collate.ragged)
-        return self.transform_fn(batch) if self.transform_fn is not None else batch
+        return _transformed(columns, self.variable, self.device, self._collate.ragged, self.transform_fn,
+                            self.batch_transform_fn)
 
     def _batches(self) -> Iterator[Any]:
         return self._columnar_batches()
@@ -195,7 +197,7 @@ class InMemBatchedDataLoader(LoaderBase):
     then serves ``num_epochs`` epochs of batches, one pass at a time.
 
     Petastorm's arguments in Petastorm's order. ``shuffle=True`` permutes the rows every epoch
-    (seeded by ``seed``); ``transform_fn`` maps each batch dict; ``num_epochs=None`` serves
+    (seeded by ``seed``); ``transform_fn`` and ``batch_transform_fn`` as :class:`BatchedDataLoader`'s; ``num_epochs=None`` serves
     forever. ``rows_capacity=None`` loads every row (Petastorm's default, 1,024, silently
     truncated larger datasets); the reader must then be finite. ``state_dict()`` after any batch
     resumes the pass exactly, also in a loader made anew over a fresh reader (see :meth:`state_dict`).
@@ -209,9 +211,10 @@ class InMemBatchedDataLoader(LoaderBase):
     of ``num_epochs=1``), and the old ranks in one epoch (or just through it).
     """
 
-    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[dict[str, Any]], Any] | None = None,
+    def __init__(self, reader: Any, batch_size: int = 1, transform_fn: Callable[[Any], Any] | None = None,
                  num_epochs: int | None = 1, seed: int | None = None, rows_capacity: int | None = None,
-                 shuffle: bool = False, *, variable: Variable = "list", device: Any = None) -> None:
+                 shuffle: bool = False, *, variable: Variable = "list", device: Any = None,
+                 batch_transform_fn: Callable[[dict[str, Any]], Any] | None = None) -> None:
         super().__init__(reader, batch_size, 0, seed)
         if num_epochs is not None and num_epochs < 1:
             raise InvalidArgumentError(f"num_epochs must be >= 1 or None, got {num_epochs}")
@@ -221,6 +224,7 @@ class InMemBatchedDataLoader(LoaderBase):
         self._loader = BatchedDataLoader(reader, batch_size=batch_size, variable=variable)
         self._loader._max_rows = rows_capacity
         self.variable, self.device, self.transform_fn = variable, device, transform_fn
+        self.batch_transform_fn = batch_transform_fn
         self._data: Columns | None = None
         self._loaded_from = reader.state_dict()  # the rows held are the reader's from here: part of the state
         self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
@@ -300,9 +304,10 @@ class InMemBatchedDataLoader(LoaderBase):
         for start in range(first_row, n, self.batch_size):
             stop = min(start + self.batch_size, n)
             columns = take_columns(data, order[start:stop]) if order is not None else slice_columns(data, start, stop)
-            batch = finalize(columns, self.variable, self.device, self._loader._collate.ragged)
+            batch = _transformed(columns, self.variable, self.device, self._loader._collate.ragged, self.transform_fn,
+                                 self.batch_transform_fn)
             self._served = (epoch, stop) if stop < n else (epoch + 1, 0)
-            yield self.transform_fn(batch) if self.transform_fn is not None else batch
+            yield batch
         if n == 0:
             self._served = (epoch + 1, 0)
 
@@ -425,3 +430,29 @@ def _delivered_in(state: dict[str, Any], epoch: int) -> tuple[dict[str, Any], li
     done = row if at == epoch else n
     delivered = order[:done] if order is not None else np.arange(done)
     return source, sorted(int(i) for i in delivered)
+
+
+def _transformed(columns: Columns, variable: Variable, device: Any, ragged: frozenset[str],
+                 transform_fn: Callable[[Any], Any] | None,
+                 batch_transform_fn: Callable[[dict[str, Any]], Any] | None) -> Any:
+    """The batch a columnar loader yields: each column through ``transform_fn`` where given (Petastorm's: it gets the
+    column as the numpy array a reader batch holds, in place of ``torch.as_tensor``), padded and moved to ``device``
+    (:func:`finalize`), then the batch dict through ``batch_transform_fn``."""
+    if transform_fn is not None:
+        columns = {name: transform_fn(_as_numpy(column)) for name, column in columns.items()}
+    batch = finalize(columns, variable, device, ragged)
+    return batch_transform_fn(batch) if batch_transform_fn is not None else batch
+
+
+def _as_numpy(column: Any) -> Any:
+    """A column as numpy: a CPU tensor's view, a list's values as one array (an object array where they do not
+    stack: variable shapes)."""
+    column = numpy_view(column)
+    if not isinstance(column, list):
+        return column
+    try:
+        return np.asarray(column)
+    except ValueError:
+        out = np.empty(len(column), dtype=object)
+        out[:] = [numpy_view(v) for v in column]
+        return out

@@ -202,7 +202,8 @@ def test_batched_loader_values_transform_and_device(url, variable):
         return batch
 
     with batches(url) as reader:
-        loader = tp.BatchedDataLoader(reader, batch_size=9, transform_fn=transform, device="cpu", variable=variable)
+        loader = tp.BatchedDataLoader(reader, batch_size=9, batch_transform_fn=transform, device="cpu",
+                                      variable=variable)
         assert len(loader) == math.ceil(N / 9)
         out = list(loader)
     assert seen == [9] * (N // 9) + [N % 9]
@@ -265,8 +266,33 @@ def test_in_memory_loader_epochs(url):
         capped = list(tp.InMemBatchedDataLoader(reader, batch_size=10, num_epochs=2, rows_capacity=25))
     assert [b["id"].tolist() for b in capped] == [list(range(10)), list(range(10, 20)), list(range(20, 25))] * 2
     with rows(url) as reader:  # Petastorm's positional order: reader, batch_size, transform_fn, num_epochs, seed
-        doubled = list(tp.InMemBatchedDataLoader(reader, 10, lambda b: {"twice": b["id"] * 2}, 1, 0, 25))
-    assert [b["twice"].tolist() for b in doubled] == [[2 * i for i in range(k, min(k + 10, 25))] for k in (0, 10, 20)]
+        doubled = list(tp.InMemBatchedDataLoader(
+            reader, 10, lambda c: torch.as_tensor(c) * 2 if c.dtype.kind in "iuf" else c, 1, 0, 25))
+    assert [b["id"].tolist() for b in doubled] == [[2 * i for i in range(k, min(k + 10, 25))] for k in (0, 10, 20)]
+    with rows(url) as reader:
+        renamed = list(tp.InMemBatchedDataLoader(reader, 10, rows_capacity=25,
+                                                 batch_transform_fn=lambda b: {"twice": b["id"] * 2}))
+    assert [b["twice"].tolist() for b in renamed] == [[2 * i for i in range(k, min(k + 10, 25))] for k in (0, 10, 20)]
+
+
+@pytest.mark.parametrize("kind", ["batched", "rows", "in memory"])
+def test_transform_fn_takes_each_column_as_numpy_in_place_of_as_tensor_as_in_petastorm(url, kind):
+    """Petastorm's ``transform_fn`` converts each column of a batch (``torch.as_tensor`` where not given): a migrated
+    ``lambda c: torch.as_tensor(c).float()`` failed on the batch dict unihub gave it."""
+    seen = []
+
+    def to_float(column: Any) -> Any:
+        seen.append(type(column))
+        return torch.as_tensor(column).float() if column.dtype.kind in "iuf" else column
+
+    with (batches(url) if kind == "batched" else rows(url)) as reader:
+        if kind == "in memory":
+            out = list(tp.InMemBatchedDataLoader(reader, batch_size=9, transform_fn=to_float))
+        else:
+            out = list(tp.BatchedDataLoader(reader, batch_size=9, transform_fn=to_float))
+    assert seen and set(seen) == {np.ndarray}
+    assert all(b["id"].dtype == torch.float32 for b in out)
+    assert [int(i) for b in out for i in b["id"].tolist()] == list(range(N))
 
 
 # -- resume ---------------------------------------------------------------------------------------
