@@ -49,6 +49,7 @@ from unihub.errors import (
     DatasetExistsError,
     DatasetNotFoundError,
     DatasetUrlError,
+    DecodeFieldError,
     FieldTypeError,
     FormatError,
     MissingDependencyError,
@@ -104,7 +105,13 @@ from unihub.schema.codecs import (
     ScalarCodec,
     TensorCodec,
 )
-from unihub.schema.unischema import Unischema, UnischemaField, insert_explicit_nulls, match_unischema_fields
+from unihub.schema.unischema import (
+    Unischema,
+    UnischemaField,
+    decode_row,
+    insert_explicit_nulls,
+    match_unischema_fields,
+)
 from unihub.store.adoption import adopt_files
 from unihub.store.columns import ColumnsResult, add_column, add_columns, list_columns, remove_columns
 from unihub.store.compaction import compact_dataset
@@ -134,7 +141,7 @@ __all__ = [
     "RowGroupSelectorBase", "SingleFieldIndexer", "SingleIndexSelector", "UnionIndexSelector",
     "build_rowgroup_index", "get_row_group_indexes",
     # petastorm.unischema's helper, and unihub's classes that are also the built-ins Petastorm raised
-    "insert_explicit_nulls", "CodecTypeError", "DatasetUrlError", "FieldTypeError", "NoMatchingFieldsError",
+    "insert_explicit_nulls", "decode_row", "DecodeFieldError", "CodecTypeError", "DatasetUrlError", "FieldTypeError", "NoMatchingFieldsError",
     "ReaderResetError", "ReaderStateError",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",

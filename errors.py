@@ -112,6 +112,11 @@ class ImageDecodeError(CodecError):
     """Bytes that should hold a PNG or JPEG image could not be decoded."""
 
 
+class DecodeFieldError(CodecError, RuntimeError):
+    """:func:`~unihub.schema.unischema.decode_row` could not decode a field's value (Petastorm's
+    ``petastorm.utils.DecodeFieldError``, a ``RuntimeError``); the cause is chained."""
+
+
 class DatasetChangedError(UnihubError, RuntimeError):
     """A file of a dataset changed or vanished after the dataset was opened (an overwrite while a
     reader was reading): rows read from it would mix two versions, so none are given. Open the

@@ -18,6 +18,7 @@ versioned JSON (never pickle). Names and arguments are Petastorm's::
 
 from __future__ import annotations
 
+import decimal
 import json
 import keyword
 import re
@@ -32,6 +33,7 @@ import pyarrow as pa
 
 from unihub.dependencies import require
 from unihub.errors import (
+    DecodeFieldError,
     InvalidArgumentError,
     SchemaError,
     UnsupportedFormatError,
@@ -582,6 +584,32 @@ def insert_explicit_nulls(unischema: Unischema, row_dict: dict[str, Any]) -> Non
                 raise ValidationError(f"Field {name} is not found in the row_dict, but is not nullable "
                                       f"(Unischema {unischema.name!r})", field=name)
             row_dict[name] = None
+
+
+def decode_row(row: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
+    """The values of ``row`` (a dict of stored values, e.g. a Spark ``Row.asDict()`` of a dataset's Parquet) decoded
+    by their fields' codecs (Petastorm's ``petastorm.utils.decode_row``): a field without one whose dtype is a numpy
+    scalar or ``Decimal`` cast to it, text as ``numpy.str_``, None kept, names ``schema`` lacks left out; a value
+    that cannot be decoded is a :class:`~unihub.errors.DecodeFieldError` naming its field."""
+    decoded: dict[str, Any] = {}
+    for name, value in row.items():
+        field = schema.fields.get(str(name))
+        if field is None:
+            continue
+        try:
+            if value is None:
+                decoded[field.name] = None
+            elif field.codec is not None:
+                value = field.codec.decode(field, value)
+                # Petastorm's scalar codec gave numpy_dtype(value): numpy.str_ for text, as its readers do
+                decoded[field.name] = np.str_(value) if field.numpy_dtype is np.str_ and type(value) is str else value
+            elif isinstance(field.numpy_dtype, type) and issubclass(field.numpy_dtype, (np.generic, decimal.Decimal)):
+                decoded[field.name] = field.numpy_dtype(value)
+            else:
+                decoded[field.name] = value
+        except Exception as exc:  # any codec's failure, as Petastorm wrapped it
+            raise DecodeFieldError(f'Decoding field "{field.name}" failed: {exc!s:.300}') from exc
+    return decoded
 
 
 def _identifier(name: str) -> str:
