@@ -69,7 +69,6 @@ EXCLUDED_FILES: dict[str, str] = {
     "test_spark_session_cli.py": "petastorm.tools.spark_session_cli: argparse helpers of Petastorm's CLIs",
     "test_benchmark.py": "petastorm.benchmark.throughput: the benchmark CLI's pools and _time_warmup_and_work",
     "test_run_in_subprocess.py": "petastorm.utils.run_in_subprocess: an internal helper",
-    "test_decode_row.py": "petastorm.utils.decode_row / DecodeFieldError: the row decoder's internals",
     "test_generate_metadata.py": "petastorm.etl.petastorm_generate_metadata._main: the CLI's argparse entry",
 }
 
