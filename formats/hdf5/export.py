@@ -234,7 +234,8 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
 
 
 def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], room: DiskRoom) -> None:
-    """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
+    """The source's attributes back on the objects the export has (a dataset left out takes its own), a fixed
+    string padded as the source's was (``strpad``: h5py writes its own padding, NULs, else)."""
     h5py = h5py_module()
     for path, values in attributes.items():
         owner = handle.get(path) if path else handle
@@ -243,7 +244,9 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
         for name, record in values.items():
             value, dt = decode_constant(record)
             room.ensure(0 if value is None else nbytes_of(value))
-            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+            padding = record.get("strpad")
+            typed = dt if padding is None else h5py.Datatype(padded(h5py.h5t.py_create(dt, logical=1), padding))
+            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
 
 
 def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:

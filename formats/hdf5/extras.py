@@ -69,11 +69,13 @@ from unihub.formats.hdf5.storage import ExportSpec, Typed, generic_dtype, storag
 from unihub.schema.unischema import Unischema
 
 Value = tuple[Any, Any]  #: (value or None for an empty dataspace, dtype) of a dataset or attribute
+#: (value, dtype, a fixed string's padding where it is not h5py's: :func:`string_padding`) of an attribute
+AttrValue = tuple[Any, Any, str | None]
 Entries = dict[str, Any]
 
 
 # -- what both sides share ----------------------------------------------------------------------
-def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[str, Value]],
+def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[str, AttrValue]],
               group_paths: Iterable[str], written: set[str], implied: set[str],
               structure: Mapping[str, Any] | None = None) -> dict[str, Entries]:
     """One file's entries by kind: its whole datasets, the attributes of the objects an export writes
@@ -106,9 +108,10 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
     for owner, values in attributes.items():
         if owner not in kept:
             continue
-        for name, (value, dt) in values.items():
+        for name, (value, dt, padding) in values.items():
             out["attributes"][f"attribute {name!r} of '/{owner}'"] = _native(value, dt)
-            out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = dtype_text(dt)
+            out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = \
+                dtype_text(dt) if padding is None else f"{dtype_text(dt)} ({padding})"
     out["groups"] = {f"group '/{path}'": "empty" for path in groups if path not in made}
     return out
 
@@ -333,13 +336,13 @@ def _read(dataset: Any) -> Value:
     return (None if dataset.shape is None else dataset[...]), dataset.dtype
 
 
-def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, Value]:
+def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, AttrValue]:
     """An object's attributes as h5py reads them (unihub's own left out, those of the dimension-scale
     API, compared as scales); one that cannot be kept exactly is its reason, unless ``skipped`` lists
     it as left out, so that no unihub dataset matches it."""
     values, failed = exact_attributes(owner)
-    found = {name: (value, dtype) for name, (value, dtype, _) in values.items()}
-    found.update({name: (np.array(reason), np.dtype(str)) for name, reason in failed.items()
+    found = {name: (value, dtype, record.get("strpad")) for name, (value, dtype, record) in values.items()}
+    found.update({name: (np.array(reason), np.dtype(str), None) for name, reason in failed.items()
                   if f"{path}@{name}" not in skipped})
     return found
 
@@ -473,7 +476,7 @@ class _Export:
         datasets = {p: decode_constant(r) for key in ("constants", "empty_datasets")
                     for p, r in self._kept(own, key).items()}
         groups = [p for p in (own.get("group_paths") or ()) if not in_any(p, self.dropped)]
-        attributes = {p: {n: decode_constant(r) for n, r in values.items()}
+        attributes = {p: {n: (*decode_constant(r), r.get("strpad")) for n, r in values.items()}
                       for p, values in self._kept(own, "attribute_values").items()}
         written = set(attributes) if self.owners_written else self.rows
         structure = {"storage": _recorded_storage(own, spec, datasets, self.rows, self.dropped),

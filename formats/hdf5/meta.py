@@ -102,8 +102,8 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
     bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
     :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
-    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings; verify
-    compares the values."""
+    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings (with a fixed
+    string's padding where it is not h5py's, ``strpad``: :func:`string_padding`); verify compares the values."""
     attrs = owner.attrs
     scale = is_scale(owner)
     values, failed = {}, {}
@@ -114,7 +114,11 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
             attr = attrs.get_id(name)
             value = None if attr.shape is None else attribute_array(attrs, name)
             dtype = attr.dtype if value is None else value.dtype
-            values[name] = (value, dtype, encode_constant(value, dtype))
+            record = encode_constant(value, dtype)
+            padding = string_padding(attr.get_type())
+            if padding is not None:
+                record["strpad"] = padding
+            values[name] = (value, dtype, record)
         except (SchemaError, OSError, TypeError, ValueError) as exc:
             failed[name] = f"an attribute that cannot be kept exactly ({exc})"
     return values, failed
