@@ -24,6 +24,8 @@ compound layouts: what a value's numpy dtype does not show):
 - ``link '/p'``: every other name of an object (a second hard link, a soft link) and what it names;
 - ``dimension scale '/p'`` (its name) and ``dimensions of '/p'`` (each dimension's label and the
   scales attached to it, in order), as h5py's ``dims`` API reads them; ``named datatype '/p'``;
+- ``creation order of the links of '/p'`` and ``... of the attributes of '/p'`` (a columns layout):
+  the names of an object that tracks their creation order (h5py's ``track_order``), in it;
 - ``dataset '/p'`` of the file that the conversion holds nowhere nor lists as left out (read from
   the file: no unihub dataset has such an entry, so a dataset dropped without a word shows).
 
@@ -59,6 +61,7 @@ from unihub.formats.hdf5.layout import Plan, find_links, unit_roots
 from unihub.formats.hdf5.meta import (
     GIVEN_PARAMETERS,
     PER_FILE,
+    creation_orders,
     dimension_scales,
     exact_attributes,
     in_any,
@@ -102,6 +105,7 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
                     for path, dt in sorted((structure.get("named_types") or {}).items())}
     out["links"] = _link_entries(structure.get("links") or {}, is_kept)
     out["scales"] = _scale_entries(structure.get("scales") or {}, is_kept)
+    out["order"] = _order_entries(structure.get("creation_order") or {}, is_kept)
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
@@ -124,6 +128,18 @@ def _link_entries(links: Mapping[str, Any], is_kept: Callable[[str], bool]) -> E
         if is_kept(target):
             out[f"link '/{path}'"] = f"hard link to '/{target}'" if "hard" in link \
                 else f"soft link to {link['soft']!r} ('/{target}')"
+    return out
+
+
+def _order_entries(orders: Mapping[str, Any], is_kept: Callable[[str], bool]) -> Entries:
+    """``creation order of the links in '/p'`` and ``... of the attributes of '/p'`` (``hdf5_meta``'s
+    ``creation_order``) of the objects written (``is_kept``) that track it: an object that does not lists
+    its names in name order, which verify would not see in the names alone."""
+    out: Entries = {}
+    for path, entry in sorted(orders.items()):
+        if is_kept(path):
+            for what, names in sorted(entry.items()):
+                out[f"creation order of the {what} of '/{path}'"] = list(names)
     return out
 
 
@@ -287,7 +303,8 @@ def _file_structure(handle: Any, plan: Plan, walked: list[tuple[str, Any]], drop
             "scales": dimension_scales(handle, walked, roots),
             "units_below": plan.container if plan.kind == "groups" else None,
             "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
-                            and p not in skipped}}
+                            and p not in skipped},
+            "creation_order": creation_orders(walked, plan) if plan.kind == "columns" else {}}
 
 
 def _unconverted(plan: Plan, walked: list[tuple[str, Any]], written: set[str], skipped: set[str]) -> Entries:
@@ -483,7 +500,8 @@ class _Export:
                      "links": self._kept(own, "links"),
                      "scales": own.get("dimension_scales") or {},
                      "units_below": spec.container if spec.kind == "groups" else None,
-                     "named_types": self._kept(own, "named_types")}
+                     "named_types": self._kept(own, "named_types"),
+                     "creation_order": self._kept(own, "creation_order")}
         return _sections(datasets, attributes, groups, written | set(datasets), self.implied, structure)
 
     def _kept(self, own: Mapping[str, Any], key: str) -> dict[str, Any]:
