@@ -4,8 +4,8 @@ One writer per layout: columns (datasets grown with ``resize`` along axis 0, chu
 same inside one group per split, in order of first appearance) and groups (one group per row,
 named by the key field, its members whole). Containers of splits and groups track creation order,
 so h5py lists them in the order written; so does a columns layout's file where the source's did
-(``creation_order``), its datasets created in the source's order, and a dataset whose attributes did. The file is written beside the target and renamed into
-place only when complete.
+(``creation_order``), its datasets created in the source's order, and a dataset whose attributes did.
+The file is written beside the target and renamed into place only when complete.
 
 A dataset the source's metadata describes is stored as the source stored it (:func:`create_stored`:
 layout, chunk shape, filters with their options, fill value): grown in place where the source's

@@ -34,8 +34,7 @@ from unihub.schema.unischema import UnischemaField
 
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
 PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
-            "creation_order",
-            "dimension_scales", "named_types")
+            "dimension_scales", "named_types", "creation_order")
 #: a dimension scale's own attributes (beside :data:`~unihub.formats.hdf5.layout.SCALE_ATTRIBUTES`), kept as the scale itself
 _SCALE_OWN = ("CLASS", "NAME")
 
@@ -130,8 +129,9 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
 def creation_orders(walked: Iterable[tuple[str, Any]], plan: Plan) -> dict[str, dict[str, list[str]]]:
     """The ``walked`` objects that track the creation order of their links or attributes (h5py's
     ``track_order``), by path: ``{"links": names, "attributes": names}`` in that order (h5py lists them so),
-    where tracked; none left out by the ingest or unihub's own. Why: an untracked object lists its names in
-    name order, so an export that does not track them gives ``z, a, m`` back as ``a, m, z``."""
+    where tracked; none left out by the ingest, unihub's own, nor the dimension-scale API's (made again by
+    it). Why: an untracked object lists its names in name order, so an export that does not track them
+    gives ``z, a, m`` back as ``a, m, z``."""
     h5py = h5py_module()
     tracked = h5py.h5p.CRT_ORDER_TRACKED
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}
@@ -146,7 +146,7 @@ def creation_orders(walked: Iterable[tuple[str, Any]], plan: Plan) -> dict[str, 
             names = ((n, "/".join(p for p in (path, n) if p)) for n in obj)
             entry["links"] = [n for n, full in names if full not in skipped and not in_any(full, dropped)]
         if plist.get_attr_creation_order() & tracked:
-            entry["attributes"] = [n for n in obj.attrs if not n.startswith("unihub.") and f"{path}@{n}" not in skipped]
+            entry["attributes"] = [n for n in exact_attributes(obj)[0] if f"{path}@{n}" not in skipped]
         if entry:
             out[path] = entry
     return out

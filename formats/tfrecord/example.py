@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Feature", "NoFeatures", "NotAnExample", "encode_entries", "encode_example", "encode_feature", "encode_scalar", "ld",
-           "message_fields", "parse_example", "parse_feature", "parse_features"]
+__all__ = ["Feature", "NoFeatures", "NotAnExample", "encode_entries", "encode_example", "encode_feature",
+           "encode_scalar", "ld", "message_fields", "parse_example", "parse_feature", "parse_features"]
 
 Feature = tuple[str | None, Any]  # ("bytes", [b"..."]) | ("float", f32 array) | ("int64", i64 array)
 

@@ -495,8 +495,8 @@ class TFRecordFormat(ForeignFormat):
         features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
         the source's), the others after them; a row whose ``__feature_order__`` names another order (an
         ingest's of records that disagreed), in that one, from ``feature_orders``. A record without
-        (context) features has an empty features (context) field only with ``empty_context``; a TensorProto is written as
-        ``tensor_encoding`` says (``serialize_tensor`` or ``make_tensor_proto``). Given a
+        (context) features has an empty features (context) field only with ``empty_context``; a TensorProto
+        is written as ``tensor_encoding`` says (``serialize_tensor`` or ``make_tensor_proto``). Given a
         path, each file appears atomically (written to a temporary sibling, then renamed); given
         :class:`~unihub.fs.outputs.Outputs` (what ``convert`` stages and commits as one, on any
         filesystem), each is streamed straight to its place there.
