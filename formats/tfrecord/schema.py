@@ -456,7 +456,8 @@ class _Plan:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
         f = self.field
         kind, values = example.get(f.name, _ABSENT)
-        if values is None or (not len(values) and (kind is None or self.single)):
+        # a Feature with no list set is an empty list, not an absent feature, where the field holds one
+        if values is None or (not len(values) and (self.single or (kind is None and self.size is not None))):
             if f.nullable:
                 return None
             if values is None:

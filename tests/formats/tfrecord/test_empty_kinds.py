@@ -131,3 +131,20 @@ def test_verify_tells_an_example_without_features_from_an_empty_one(tmp_path: Pa
     assert not report.equal
     assert report.differences == ["record 0 (bare.tfrecord record 0), field 'features': expected None, found {}",
                                   "record 3 (bare.tfrecord record 3), field 'features': expected None, found {}"]
+
+
+def test_shards_scanned_in_workers_merge_the_facts(tmp_path: Path) -> None:
+    """Each worker scans whole shards; the kinds of the empty lists and the bare records merge as one scan's.
+    ``tags`` is absent from the second shard's records: its Features with no list set read as empty lists,
+    not as absent features (None), so they come back."""
+    (tmp_path / "src").mkdir()
+    shards = [[_touched(i) for i in range(4)], [_maybe_bare(i, True) for i in range(1, 3)] + [_maybe_bare(0, True)]]
+    for n, records in enumerate(shards):
+        _records(tmp_path / "src" / f"part-{n}.tfrecord", records)
+    convert(tmp_path / "src", tmp_path / "ds", workers=2, progress=False)
+    info = open_dataset(str(tmp_path / "ds")).extra_metadata["tfrecord"]
+    assert info["empty_without_kind"] == ["label", "tags"] and info["empty_context"] is False
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == shards[0] + shards[1]
+    report = verify(tmp_path / "src", tmp_path / "ds")
+    assert report.equal, report.summary()
