@@ -3,8 +3,9 @@
 One writer per layout: columns (datasets grown with ``resize`` along axis 0, chunked), splits (the
 same inside one group per split, in order of first appearance) and groups (one group per row,
 named by the key field, its members whole). Containers of splits and groups track creation order,
-so h5py lists them in the order written. The file is written beside the target and renamed into
-place only when complete.
+so h5py lists them in the order written; so does a columns layout's file where the source's did
+(``creation_order``), its datasets created in the source's order, and a dataset whose attributes did.
+The file is written beside the target and renamed into place only when complete.
 
 A dataset the source's metadata describes is stored as the source stored it (:func:`create_stored`:
 layout, chunk shape, filters with their options, fill value): grown in place where the source's
@@ -67,7 +68,8 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)), room)
     options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec, "room": room}
     try:
-        handle = h5py.File(temporary, "w", track_order=spec.kind != "columns" and not spec.container)
+        tracked = (spec.kind != "columns" and not spec.container) or "" in spec.creation_order
+        handle = h5py.File(temporary, "w", track_order=tracked)
         room.track(handle)
         room.ensure(0)
         _root_attributes(handle, schema, spec)
@@ -234,7 +236,8 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
 
 
 def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], room: DiskRoom) -> None:
-    """The source's attributes back on the objects the export has (a dataset left out takes its own)."""
+    """The source's attributes back on the objects the export has (a dataset left out takes its own), a fixed
+    string padded as the source's was (``strpad``: h5py writes its own padding, NULs, else)."""
     h5py = h5py_module()
     for path, values in attributes.items():
         owner = handle.get(path) if path else handle
@@ -243,7 +246,9 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
         for name, record in values.items():
             value, dt = decode_constant(record)
             room.ensure(0 if value is None else nbytes_of(value))
-            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=dt)
+            padding = record.get("strpad")
+            typed = dt if padding is None else h5py.Datatype(padded(h5py.h5t.py_create(dt, logical=1), padding))
+            owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
 
 
 def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
@@ -310,6 +315,8 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
     dcpl.set_fill_time(record["fill_time"])
     dcpl.set_alloc_time(record["alloc_time"])
     dcpl.set_obj_track_times(bool(record.get("track_times")))
+    if record.get("track_order"):  # its attributes listed in creation order, as h5py's track_order sets
+        dcpl.set_attr_creation_order(h5p.CRT_ORDER_TRACKED | h5p.CRT_ORDER_INDEXED)
     if record.get("fillvalue") is not None:
         value, fill_dtype = decode_constant(record["fillvalue"])
         string = h5py.check_string_dtype(fill_dtype)
@@ -424,7 +431,12 @@ class _ColumnsWriter:
 
     def __init__(self, group: Any, schema: Unischema, spec: ExportSpec, options: Mapping[str, Any]) -> None:
         self.generic = [_FieldSink(group, storage_of(f, spec.images), options) for f in spec.generic]
-        self.typed = [_TypedSink(group, t, options) for t in spec.typed if t.attr is None]
+        typed = [t for t in spec.typed if t.attr is None]
+        order = (spec.creation_order.get(group.name.strip("/")) or {}).get("links")
+        if order:  # the group tracks creation order: its datasets made (at their first rows) in the source's
+            place = {name: i for i, name in enumerate(order)}
+            typed.sort(key=lambda t: place.get(t.path.split("/")[0], len(place)))
+        self.typed = [_TypedSink(group, t, options) for t in typed]
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
         for sink in self.generic:

@@ -24,6 +24,8 @@ compound layouts: what a value's numpy dtype does not show):
 - ``link '/p'``: every other name of an object (a second hard link, a soft link) and what it names;
 - ``dimension scale '/p'`` (its name) and ``dimensions of '/p'`` (each dimension's label and the
   scales attached to it, in order), as h5py's ``dims`` API reads them; ``named datatype '/p'``;
+- ``creation order of the links of '/p'`` and ``... of the attributes of '/p'`` (a columns layout):
+  the names of an object that tracks their creation order (h5py's ``track_order``), in it;
 - ``dataset '/p'`` of the file that the conversion holds nowhere nor lists as left out (read from
   the file: no unihub dataset has such an entry, so a dataset dropped without a word shows).
 
@@ -59,6 +61,7 @@ from unihub.formats.hdf5.layout import Plan, find_links, unit_roots
 from unihub.formats.hdf5.meta import (
     GIVEN_PARAMETERS,
     PER_FILE,
+    creation_orders,
     dimension_scales,
     exact_attributes,
     in_any,
@@ -69,11 +72,13 @@ from unihub.formats.hdf5.storage import ExportSpec, Typed, generic_dtype, storag
 from unihub.schema.unischema import Unischema
 
 Value = tuple[Any, Any]  #: (value or None for an empty dataspace, dtype) of a dataset or attribute
+#: (value, dtype, a fixed string's padding where it is not h5py's: :func:`string_padding`) of an attribute
+AttrValue = tuple[Any, Any, str | None]
 Entries = dict[str, Any]
 
 
 # -- what both sides share ----------------------------------------------------------------------
-def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[str, Value]],
+def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[str, AttrValue]],
               group_paths: Iterable[str], written: set[str], implied: set[str],
               structure: Mapping[str, Any] | None = None) -> dict[str, Entries]:
     """One file's entries by kind: its whole datasets, the attributes of the objects an export writes
@@ -100,15 +105,17 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
                     for path, dt in sorted((structure.get("named_types") or {}).items())}
     out["links"] = _link_entries(structure.get("links") or {}, is_kept)
     out["scales"] = _scale_entries(structure.get("scales") or {}, is_kept)
+    out["order"] = _order_entries(structure.get("creation_order") or {}, is_kept)
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
     for owner, values in attributes.items():
         if owner not in kept:
             continue
-        for name, (value, dt) in values.items():
+        for name, (value, dt, padding) in values.items():
             out["attributes"][f"attribute {name!r} of '/{owner}'"] = _native(value, dt)
-            out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = dtype_text(dt)
+            out["attributes"][f"dtype of attribute {name!r} of '/{owner}'"] = \
+                dtype_text(dt) if padding is None else f"{dtype_text(dt)} ({padding})"
     out["groups"] = {f"group '/{path}'": "empty" for path in groups if path not in made}
     return out
 
@@ -121,6 +128,18 @@ def _link_entries(links: Mapping[str, Any], is_kept: Callable[[str], bool]) -> E
         if is_kept(target):
             out[f"link '/{path}'"] = f"hard link to '/{target}'" if "hard" in link \
                 else f"soft link to {link['soft']!r} ('/{target}')"
+    return out
+
+
+def _order_entries(orders: Mapping[str, Any], is_kept: Callable[[str], bool]) -> Entries:
+    """``creation order of the links in '/p'`` and ``... of the attributes of '/p'`` (``hdf5_meta``'s
+    ``creation_order``) of the objects written (``is_kept``) that track it: an object that does not lists
+    its names in name order, which verify would not see in the names alone."""
+    out: Entries = {}
+    for path, entry in sorted(orders.items()):
+        if is_kept(path):
+            for what, names in sorted(entry.items()):
+                out[f"creation order of the {what} of '/{path}'"] = list(names)
     return out
 
 
@@ -284,7 +303,8 @@ def _file_structure(handle: Any, plan: Plan, walked: list[tuple[str, Any]], drop
             "scales": dimension_scales(handle, walked, roots),
             "units_below": plan.container if plan.kind == "groups" else None,
             "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
-                            and p not in skipped}}
+                            and p not in skipped},
+            "creation_order": creation_orders(walked, plan) if plan.kind == "columns" else {}}
 
 
 def _unconverted(plan: Plan, walked: list[tuple[str, Any]], written: set[str], skipped: set[str]) -> Entries:
@@ -333,13 +353,13 @@ def _read(dataset: Any) -> Value:
     return (None if dataset.shape is None else dataset[...]), dataset.dtype
 
 
-def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, Value]:
+def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, AttrValue]:
     """An object's attributes as h5py reads them (unihub's own left out, those of the dimension-scale
     API, compared as scales); one that cannot be kept exactly is its reason, unless ``skipped`` lists
     it as left out, so that no unihub dataset matches it."""
     values, failed = exact_attributes(owner)
-    found = {name: (value, dtype) for name, (value, dtype, _) in values.items()}
-    found.update({name: (np.array(reason), np.dtype(str)) for name, reason in failed.items()
+    found = {name: (value, dtype, record.get("strpad")) for name, (value, dtype, record) in values.items()}
+    found.update({name: (np.array(reason), np.dtype(str), None) for name, reason in failed.items()
                   if f"{path}@{name}" not in skipped})
     return found
 
@@ -473,14 +493,15 @@ class _Export:
         datasets = {p: decode_constant(r) for key in ("constants", "empty_datasets")
                     for p, r in self._kept(own, key).items()}
         groups = [p for p in (own.get("group_paths") or ()) if not in_any(p, self.dropped)]
-        attributes = {p: {n: decode_constant(r) for n, r in values.items()}
+        attributes = {p: {n: (*decode_constant(r), r.get("strpad")) for n, r in values.items()}
                       for p, values in self._kept(own, "attribute_values").items()}
         written = set(attributes) if self.owners_written else self.rows
         structure = {"storage": _recorded_storage(own, spec, datasets, self.rows, self.dropped),
                      "links": self._kept(own, "links"),
                      "scales": own.get("dimension_scales") or {},
                      "units_below": spec.container if spec.kind == "groups" else None,
-                     "named_types": self._kept(own, "named_types")}
+                     "named_types": self._kept(own, "named_types"),
+                     "creation_order": self._kept(own, "creation_order")}
         return _sections(datasets, attributes, groups, written | set(datasets), self.implied, structure)
 
     def _kept(self, own: Mapping[str, Any], key: str) -> dict[str, Any]:

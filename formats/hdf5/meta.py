@@ -10,7 +10,8 @@ attribute outside the rows), all bit for bit with their dtypes, ``group_paths`` 
 the rows, so that an empty one is written back too), ``storage`` and ``member_storage`` (how each
 source dataset is stored: layout, chunks, filters, fill value), ``links`` (every other name of an
 object: hard and soft links), ``dimension_scales`` (scales, their names, what each dimension has
-attached and its label), ``named_types`` (committed datatypes) and ``left_out``.
+attached and its label), ``named_types`` (committed datatypes), ``creation_order`` (in a columns
+layout, the names in an object that tracks their creation order, h5py's ``track_order``) and ``left_out``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from unihub.schema.unischema import UnischemaField
 
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
 PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
-            "dimension_scales", "named_types")
+            "dimension_scales", "named_types", "creation_order")
 #: a dimension scale's own attributes (beside :data:`~unihub.formats.hdf5.layout.SCALE_ATTRIBUTES`), kept as the scale itself
 _SCALE_OWN = ("CLASS", "NAME")
 
@@ -53,7 +54,8 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
            "links": {p: link for p, link in plan.links.items() if not in_any(p, dropped)},
            "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)],
                                                 unit_roots(plan)),
-           "named_types": named_types(walked)}
+           "named_types": named_types(walked),
+           "creation_order": creation_orders(walked, plan) if plan.kind == "columns" else {}}
     if per_file:
         return own
     left_out = {**plan.left_out, **plan.ignored, **found.left_out}
@@ -102,8 +104,8 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     """An object's attributes as h5py reads them, ``{name: (value, dtype, encoded exactly)}`` (dtype and
     bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
     :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
-    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings; verify
-    compares the values."""
+    are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings (with a fixed
+    string's padding where it is not h5py's, ``strpad``: :func:`string_padding`); verify compares the values."""
     attrs = owner.attrs
     scale = is_scale(owner)
     values, failed = {}, {}
@@ -114,10 +116,40 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
             attr = attrs.get_id(name)
             value = None if attr.shape is None else attribute_array(attrs, name)
             dtype = attr.dtype if value is None else value.dtype
-            values[name] = (value, dtype, encode_constant(value, dtype))
+            record = encode_constant(value, dtype)
+            padding = string_padding(attr.get_type())
+            if padding is not None:
+                record["strpad"] = padding
+            values[name] = (value, dtype, record)
         except (SchemaError, OSError, TypeError, ValueError) as exc:
             failed[name] = f"an attribute that cannot be kept exactly ({exc})"
     return values, failed
+
+
+def creation_orders(walked: Iterable[tuple[str, Any]], plan: Plan) -> dict[str, dict[str, list[str]]]:
+    """The ``walked`` objects that track the creation order of their links or attributes (h5py's
+    ``track_order``), by path: ``{"links": names, "attributes": names}`` in that order (h5py lists them so),
+    where tracked; none left out by the ingest, unihub's own, nor the dimension-scale API's (made again by
+    it). Why: an untracked object lists its names in name order, so an export that does not track them
+    gives ``z, a, m`` back as ``a, m, z``."""
+    h5py = h5py_module()
+    tracked = h5py.h5p.CRT_ORDER_TRACKED
+    skipped = {*plan.refused, *plan.ignored, *plan.left_out}
+    dropped = tuple(plan.unit_path(u) for u in plan.dropped)
+    out: dict[str, dict[str, list[str]]] = {}
+    for path, obj in walked:
+        if isinstance(obj, h5py.Datatype) or in_any(path, dropped):
+            continue
+        plist = (obj["/"] if isinstance(obj, h5py.File) else obj).id.get_create_plist()
+        entry = {}
+        if isinstance(obj, h5py.Group) and plist.get_link_creation_order() & tracked:
+            names = ((n, "/".join(p for p in (path, n) if p)) for n in obj)
+            entry["links"] = [n for n, full in names if full not in skipped and not in_any(full, dropped)]
+        if plist.get_attr_creation_order() & tracked:
+            entry["attributes"] = [n for n in exact_attributes(obj)[0] if f"{path}@{n}" not in skipped]
+        if entry:
+            out[path] = entry
+    return out
 
 
 def walk_objects(handle: Any, skip: set[str], units: set[str]) -> Iterator[tuple[str, Any]]:
@@ -186,7 +218,8 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     pipeline as HDF5 runs it (``[id, flags, [parameters given]]``, :data:`GIVEN_PARAMETERS`: gzip,
     lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
     set (exactly: :func:`encode_constant`), when it is written, when space is allocated, whether
-    times are tracked, and a fixed string's padding where it is not h5py's (:func:`string_padding`)."""
+    times are tracked, a fixed string's padding where it is not h5py's (:func:`string_padding`), and
+    whether the creation order of its attributes is tracked (``track_order``, where it is)."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
     layout = dcpl.get_layout()
@@ -210,6 +243,8 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     padding = string_padding(dataset.id.get_type())
     if padding is not None:
         record["strpad"] = padding
+    if dcpl.get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED:
+        record["track_order"] = True
     return record
 
 

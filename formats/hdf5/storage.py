@@ -72,6 +72,8 @@ class ExportSpec:
     links: dict[str, Any] = field(default_factory=dict)  #: path -> the source's other name of an object
     scales: dict[str, Any] = field(default_factory=dict)  #: the source's dimension scales and attachments
     named_types: dict[str, Any] = field(default_factory=dict)  #: path -> a named datatype's dtype (JSON)
+    #: path -> the names in an object that tracks their creation order (``hdf5_meta.creation_orders``)
+    creation_order: dict[str, Any] = field(default_factory=dict)
 
 
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,
@@ -110,6 +112,7 @@ def _take_source(spec: ExportSpec, source: Mapping[str, Any], recorded: Mapping[
     spec.links = recorded_mapping("links")
     spec.scales = recorded_mapping("dimension_scales")
     spec.named_types = recorded_mapping("named_types")
+    spec.creation_order = recorded_mapping("creation_order")
 
 
 def _typed_fields(schema: Unischema, spec: ExportSpec,

@@ -20,10 +20,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Feature", "NotAnExample", "encode_entries", "encode_example", "encode_feature", "encode_scalar", "ld",
-           "message_fields", "parse_example", "parse_feature", "parse_features"]
+__all__ = ["Feature", "NoFeatures", "NotAnExample", "encode_entries", "encode_example", "encode_feature",
+           "encode_scalar", "ld", "message_fields", "parse_example", "parse_feature", "parse_features"]
 
 Feature = tuple[str | None, Any]  # ("bytes", [b"..."]) | ("float", f32 array) | ("int64", i64 array)
+
+
+class NoFeatures(dict[str, Feature]):
+    """What :func:`parse_example` gives for an Example without a features field (``b''``, as TensorFlow
+    serializes ``tf.train.Example()``): no features, like an empty features field (``0a 00``), but other
+    bytes, which an export keeps apart (the ``empty_context`` write option)."""
 
 
 class NotAnExample(ValueError):
@@ -190,9 +196,11 @@ def _joined(key: int, items: list[Any]) -> Any:
 def parse_example(buf: bytes) -> dict[str, Feature]:
     """A serialized ``tf.train.Example`` -> ``{name: (kind, values)}``; ValueError if malformed.
 
-    ``values``: a list of bytes, or a sequence (numpy array or list) of float32 / int64.
+    ``values``: a list of bytes, or a sequence (numpy array or list) of float32 / int64. A record without
+    a features field gives a :class:`NoFeatures` (empty).
     """
     out: dict[str, Feature] = {}
+    bare = True
     try:
         pos, end = 0, len(buf)
         while pos < end:  # Example
@@ -211,6 +219,7 @@ def parse_example(buf: bytes) -> dict[str, Feature]:
                 key, pos, stop = _field(buf, pos)
             if key == 0x0A:  # Example.features
                 _parse_features(buf, pos, stop, out)
+                bare = False
             elif stop <= end:  # another message (SequenceExample, TensorProto ...): its data would be lost
                 raise NotAnExample(describe_other(key >> 3, key & 7))
             pos = stop
@@ -220,7 +229,7 @@ def parse_example(buf: bytes) -> dict[str, Feature]:
         raise
     except (IndexError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"malformed tf.train.Example: {exc}") from exc
-    return out
+    return NoFeatures() if bare else out
 
 
 def parse_features(buf: bytes, pos: int, end: int) -> dict[str, Feature]:
@@ -360,9 +369,11 @@ def encode_scalar(kind: str, value: Any) -> bytes:
     return ld(3, ld(1, _varint_bytes(int(value))))
 
 
-def encode_entries(entries: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """A serialized Example from ``(ld(1, name), feature)`` pairs."""
-    return ld(1, b"".join([ld(1, key + ld(2, feature)) for key, feature in entries]))
+def encode_entries(entries: Iterable[tuple[bytes, bytes]], empty_features: bool = True) -> bytes:
+    """A serialized Example from ``(ld(1, name), feature)`` pairs; without any, an empty features field
+    only with ``empty_features`` (else ``b''``, as TensorFlow serializes ``tf.train.Example()``)."""
+    body = b"".join([ld(1, key + ld(2, feature)) for key, feature in entries])
+    return ld(1, body) if body or empty_features else b""
 
 
 def encode_example(features: dict[str, bytes]) -> bytes:

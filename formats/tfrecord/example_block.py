@@ -687,6 +687,8 @@ def _scan_group(block: Block, arr: np.ndarray, sk: _Skeleton, rows: np.ndarray, 
     where = f"{path} record {block.indices[int(numbers[~bad][0])]}"
     if isinstance(stats, Scan):
         stats.add_order(tuple(sk.features))
+        if not sk.features:  # an empty features field (0a 00): b'' has no skeleton, add_example notes it
+            stats.empty_features.add(True)
     previous = None
     for name, (kind, slots) in sk.features.items():  # in wire order, as add_example notes it
         stat = stats.setdefault(name, _Stats())

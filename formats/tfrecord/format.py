@@ -76,6 +76,7 @@ from unihub.formats.tfrecord.schema import (
     order_on_wire,
     order_table,
     shape_features,
+    without_kind,
 )
 from unihub.formats.tfrecord.tensor_proto import ENCODINGS
 from unihub.formats.tfrecord.tfds import Declared, apply_declared, declared_features, shard_lengths
@@ -153,15 +154,17 @@ class TFRecordFormat(ForeignFormat):
                                       "(default: the source's)", parse_list),
         "empty_as_null": FormatOption("fields whose nulls are written as empty lists, not left out "
                                       "(default: as in the source)", parse_list),
+        "empty_without_kind": FormatOption("fields whose empty lists are written as a Feature with no list set, "
+                                           "as tf.train.Feature() is (default: as in the source)", parse_list),
         "shape_features": FormatOption("fields written with a <name>/shape feature holding each row's shape "
                                        "(default: as in the source)", parse_list),
         "feature_order": FormatOption("the order of each record's features, comma-separated; the others after "
                                       "them in the schema's order (default: the source's)", parse_list),
         "feature_list_order": FormatOption("sequence_example: the order of the feature lists, likewise",
                                            parse_list),
-        "empty_context": FormatOption("sequence_example: write an empty context where a record has no context "
-                                      "feature (false: none, as TensorFlow writes a context never set; default: "
-                                      "as in the source, else true)", parse_bool),
+        "empty_context": FormatOption("write an empty context (an Example's features field) where a record has no "
+                                      "context feature (false: none, as TensorFlow writes a context never set, "
+                                      "and tf.train.Example(); default: as in the source, else true)", parse_bool),
         "tensor_encoding": FormatOption("tensor: serialize_tensor (numbers as tensor_content) or make_tensor_proto "
                                         "(a tensor of one value, and bool and uint16 tensors, as typed values); "
                                         "default: as in the source, else serialize_tensor",
@@ -177,13 +180,18 @@ class TFRecordFormat(ForeignFormat):
         #: it (both found by the schema inference)
         self.empty_as_null: list[str] = []
         self.shape_features: list[str] = []
+        #: features whose empty lists were Features with no list set (``tf.train.Feature()``): written
+        #: back so; and those where some were and some had a kind (an export writes every one with one)
+        self.empty_without_kind: list[str] = []
+        self.empty_without_kind_differs: list[str] = []
         #: the order of the features on the wire, and why some records differ from it (None: none does);
         #: see :func:`~unihub.formats.tfrecord.schema.order_on_wire`
         self.feature_order: list[str] = []
         self.feature_order_differs: str | None = None
         self.feature_list_order: list[str] = []  # a SequenceExample's feature lists, likewise
-        #: whether SequenceExamples without context features hold an empty context field (False: none does),
-        #: and whether some do and some do not (an export then writes every such record with one)
+        #: whether records without (context) features hold an empty features (context) field (False: none
+        #: does: ``b''`` for an Example), and whether some do and some do not (an export then writes every
+        #: such record with one)
         self.empty_context = True
         self.empty_context_differs = False
         #: how TensorProto records write their numbers (:data:`.tensor_proto.ENCODINGS`), and whether
@@ -246,6 +254,8 @@ class TFRecordFormat(ForeignFormat):
             info["feature_lists"] = list(self.options["feature_lists"])
         if self.empty_as_null:
             info["empty_as_null"] = list(self.empty_as_null)
+        if self.empty_without_kind:
+            info["empty_without_kind"] = list(self.empty_without_kind)
         if self.shape_features:
             info["shape_features"] = list(self.shape_features)
         if self.feature_order:
@@ -266,8 +276,14 @@ class TFRecordFormat(ForeignFormat):
         caveats = [f"the records disagree on their features' order ({self.feature_order_differs}): an export holds "
                    "the same Examples, but not every record's bytes"] if self.feature_order_differs else []
         if self.empty_context_differs:
-            caveats.append("some SequenceExamples without context features hold an empty context and some none: "
-                           "an export writes every such record with one (the same SequenceExamples, other bytes)")
+            what, field = ("SequenceExamples", "context") if self.payload == "sequence_example" else \
+                ("Examples", "features field")
+            caveats.append(f"some {what} without {field.split()[0]} features hold an empty {field} and some none: "
+                           f"an export writes every such record with one (the same {what}, other bytes)")
+        if self.empty_without_kind_differs:
+            caveats.append(f"the features {self.empty_without_kind_differs[:8]} are in some records an empty list "
+                           "and in others a Feature with no list set: an export writes every one as a list (the "
+                           "same values, other bytes)")
         if self.tensor_encoding_differs:
             caveats.append("some TensorProtos are written neither as tf.io.serialize_tensor nor as "
                            "tf.make_tensor_proto writes them: an export holds the same tensors, other bytes")
@@ -434,7 +450,11 @@ class TFRecordFormat(ForeignFormat):
         features' order on the wire (of ``every`` feature, the unselected ones too: they link the others)."""
         self.empty_as_null = sorted(n for n, s in stats.items() if empty_means_null(s, total))
         self.shape_features = shape_features(stats)
+        self.empty_without_kind, self.empty_without_kind_differs = without_kind(stats)
         every = stats if every is None else every
+        if isinstance(every, Scan):  # records without features: an empty features field (0a 00) or none (b'')
+            self.empty_context = every.empty_features != {False}
+            self.empty_context_differs = every.empty_features == {False, True}
         if ORDER_FIELD in every:
             raise FormatError(f"{self.where}: the records hold a feature named {ORDER_FIELD!r}, the field unihub "
                               "keeps each record's order of features in; rename it", path=self.sources[0])
@@ -463,18 +483,20 @@ class TFRecordFormat(ForeignFormat):
               shape_features: Sequence[str] | None = None, feature_order: Sequence[str] | None = None,
               feature_list_order: Sequence[str] | None = None,
               feature_orders: Mapping[str, Any] | None = None, empty_context: bool = True,
-              tensor_encoding: str = ENCODINGS[0], **options: Any) -> list[str]:
+              tensor_encoding: str = ENCODINGS[0], empty_without_kind: Sequence[str] | None = None,
+              **options: Any) -> list[str]:
         """Write records to ``target``: a file (``*.tfrecord``) or a directory of ``part-NNNNN`` shards.
 
         ``payload``: each row as a ``tf.train.Example`` (default), a ``tf.train.SequenceExample``
         (``feature_lists`` names the fields written as feature lists, the rest is the context), a
         ``TensorProto`` of the schema's one field, or that one bytes field as is. Fields named in
-        ``empty_as_null`` write None as an empty list (else None leaves the feature out). Each record's
+        ``empty_as_null`` write None as an empty list (else None leaves the feature out), those in
+        ``empty_without_kind`` an empty list as a Feature with no list set. Each record's
         features (and feature lists) are written in ``feature_order`` (``feature_list_order``; an ingest's:
         the source's), the others after them; a row whose ``__feature_order__`` names another order (an
-        ingest's of records that disagreed), in that one, from ``feature_orders``. A SequenceExample without
-        context features has an empty context field only with ``empty_context``; a TensorProto is written as
-        ``tensor_encoding`` says (``serialize_tensor`` or ``make_tensor_proto``). Given a
+        ingest's of records that disagreed), in that one, from ``feature_orders``. A record without
+        (context) features has an empty features (context) field only with ``empty_context``; a TensorProto
+        is written as ``tensor_encoding`` says (``serialize_tensor`` or ``make_tensor_proto``). Given a
         path, each file appears atomically (written to a temporary sibling, then renamed); given
         :class:`~unihub.fs.outputs.Outputs` (what ``convert`` stages and commits as one, on any
         filesystem), each is streamed straight to its place there.
@@ -484,11 +506,13 @@ class TFRecordFormat(ForeignFormat):
         kind = normalize_compression(compression) or "none"
         if payload == "example":
             encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
-                                     feature_orders)
+                                     feature_orders, empty_without_kind=empty_without_kind or (),
+                                     empty_context=empty_context)
         else:
             encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
                                  feature_order or (), feature_list_order or (), feature_orders,
-                                 empty_context=empty_context, tensor_encoding=tensor_encoding)
+                                 empty_context=empty_context, tensor_encoding=tensor_encoding,
+                                 empty_without_kind=empty_without_kind or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         outputs = outputs_for(target)

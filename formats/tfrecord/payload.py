@@ -44,6 +44,7 @@ from unihub.formats.tfrecord.schema import (
     ordered_rows,
     sequence_order_table,
     shape_features,
+    without_kind,
     without_order,
 )
 from unihub.formats.tfrecord.sequence import (
@@ -151,6 +152,7 @@ def _infer_sequence(source: TFRecordFormat, records: Iterator[tuple[str, int, in
     source.options.setdefault("feature_lists", [names[name] for name in sorted(lists)])
     source.empty_as_null = sorted(n for n, s in context.items() if s.lengths == {0, 1} and s.present == total)
     source.shape_features = shape_features(context)
+    source.empty_without_kind, source.empty_without_kind_differs = without_kind(context)
     source.empty_context = contexts != {False}  # every record without context features had no context field
     source.empty_context_differs = contexts == {False, True}
     if _note_orders(source, context, lists, orders):
@@ -381,19 +383,21 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
                 empty_as_null: Sequence[str], shape_features: Sequence[str] = (),
                 feature_order: Sequence[str] = (), feature_list_order: Sequence[str] = (),
                 feature_orders: Mapping[str, Any] | None = None, *, empty_context: bool = True,
-                tensor_encoding: str = ENCODINGS[0]) -> RowEncoder:
+                tensor_encoding: str = ENCODINGS[0], empty_without_kind: Sequence[str] = ()) -> RowEncoder:
     """``(column batch, row) -> record bytes`` for the payloads other than ``example``; a SequenceExample's
     context features in ``feature_order`` and feature lists in ``feature_list_order`` (names on the wire;
     others after them), as the source had them (see :func:`~unihub.formats.tfrecord.schema.order_on_wire`); a row
     with an ``__feature_order__`` in its own, from ``feature_orders`` (see :func:`.tfschema.ordered_rows`); a row
-    without context features with an empty context field only with ``empty_context``; a TensorProto as
+    without context features with an empty context field only with ``empty_context``; context fields in
+    ``empty_without_kind`` with an empty list as a Feature with no list set; a TensorProto as
     ``tensor_encoding`` (:data:`.tensor_proto.ENCODINGS`) says."""
     if payload == "sequence_example":
         sequence = without_order(schema)
         return ordered_rows(schema, lambda entry: _sequence_encoder(
             sequence, feature_lists, empty_as_null, shape_features,
             feature_order if entry is None else entry["context"],
-            feature_list_order if entry is None else entry["feature_lists"], empty_context), feature_orders,
+            feature_list_order if entry is None else entry["feature_lists"], empty_context,
+            empty_without_kind), feature_orders,
             lambda entry: order_id(tuple(entry["context"]), tuple(entry["feature_lists"])))
     fields = list(schema)
     if payload in ("tensor", "bytes"):
@@ -412,7 +416,8 @@ def row_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str],
 
 def _sequence_encoder(schema: Unischema, feature_lists: Sequence[str], empty_as_null: Sequence[str],
                       shape_features: Sequence[str], feature_order: Sequence[str],
-                      feature_list_order: Sequence[str], empty_context: bool = True) -> RowEncoder:
+                      feature_list_order: Sequence[str], empty_context: bool = True,
+                      empty_without_kind: Sequence[str] = ()) -> RowEncoder:
     """:func:`row_encoder` of SequenceExamples in one order of context features and feature lists."""
     fields = list(schema)
     unknown = sorted(set(feature_lists) - set(schema.fields))
@@ -420,7 +425,8 @@ def _sequence_encoder(schema: Unischema, feature_lists: Sequence[str], empty_as_
         raise SchemaError(f"feature_lists names {unknown}, which are not fields of {schema.name!r}")
     context = schema.create_schema_view([f for f in fields if f.name not in feature_lists]) \
         if len(feature_lists) < len(fields) else Unischema(schema.name, [])
-    encode_context = features_encoder(context, empty_as_null, shape_features, feature_order)
+    encode_context = features_encoder(context, empty_as_null, shape_features, feature_order,
+                                      empty_without_kind=empty_without_kind)
     context_names = set(context.fields)
     wire_names = {f.name: list_name(f.name, context_names) for f in fields if f.name in feature_lists}
     place = {name: i for i, name in enumerate(feature_list_order)}

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.tfrecord.example import Feature, encode_entries, encode_feature, encode_scalar, ld
+from unihub.formats.tfrecord.example import Feature, NoFeatures, encode_entries, encode_feature, encode_scalar, ld
 from unihub.images import decoders as images
 from unihub.schema import dtypes, image_checks
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, TensorCodec
@@ -55,10 +55,15 @@ class _Stats:
     seen_at: dict[str, str] = field(default_factory=dict)
     #: the features right before this one on the wire in some record (see :func:`order_on_wire`)
     after: set[str] = field(default_factory=set)
+    #: the kinds of the empty lists it held, None for a Feature with no list set (``tf.train.Feature()``,
+    #: what touching ``feature["x"]`` leaves): TensorFlow reads both as no values, their bytes differ
+    empty_kinds: set[str | None] = field(default_factory=set)
 
     def add(self, kind: str | None, values: Any, where: str | None = None) -> None:
         self.present += 1
         self.lengths.add(len(values))
+        if not len(values):
+            self.empty_kinds.add(kind)
         if kind is None:
             return
         self.add_kind(kind, where)
@@ -111,15 +116,18 @@ class _Stats:
         for kind, where in other.seen_at.items():
             self.seen_at.setdefault(kind, where)
         self.after |= other.after
+        self.empty_kinds |= other.empty_kinds
 
 
 class Scan(dict[str, _Stats]):
     """A scan's statistics per feature, and the distinct orders its records had their features in
-    (up to one past :data:`ORDERS_KEPT`): what an export needs to write each record as it was."""
+    (up to one past :data:`ORDERS_KEPT`), and whether its records without features held an empty features
+    field (True: ``0a 00``) or none (False: ``b''``): what an export needs to write each record as it was."""
 
     def __init__(self) -> None:
         super().__init__()
         self.orders: set[tuple[str, ...]] = set()
+        self.empty_features: set[bool] = set()
 
     def add_order(self, names: tuple[str, ...]) -> None:
         if len(self.orders) <= ORDERS_KEPT:
@@ -132,6 +140,8 @@ def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: st
     (and, for a :class:`Scan`, whose order it keeps)."""
     if isinstance(stats, Scan):
         stats.add_order(tuple(example))
+        if not example:
+            stats.empty_features.add(not isinstance(example, NoFeatures))
     previous = None
     for name, (kind, values) in example.items():
         stat = stats.setdefault(name, _Stats())
@@ -149,12 +159,21 @@ def _merge_scans(parts: Sequence[tuple[dict[str, _Stats], int]]) -> tuple[Scan, 
         if isinstance(part, Scan):
             for names in part.orders:
                 stats.add_order(names)
+            stats.empty_features |= part.empty_features
         for name, stat in part.items():
             if name in stats:
                 stats[name].merge(stat)
             else:
                 stats[name] = stat
     return stats, sum(total for _, total in parts)
+
+
+def without_kind(stats: Mapping[str, _Stats]) -> tuple[list[str], list[str]]:
+    """The features whose empty lists were all Features with no list set (an export writes theirs so), and
+    those where some were and some were lists of a kind (an export writes every one with a list)."""
+    kindless = sorted(n for n, s in stats.items() if s.empty_kinds == {None})
+    mixed = sorted(n for n, s in stats.items() if None in s.empty_kinds and len(s.empty_kinds) > 1)
+    return kindless, mixed
 
 
 def empty_means_null(stats: _Stats, total: int) -> bool:
@@ -437,7 +456,8 @@ class _Plan:
         """This field's value in ``example`` (fixed-shape tensors flat); raises _Mismatch."""
         f = self.field
         kind, values = example.get(f.name, _ABSENT)
-        if values is None or (not len(values) and (kind is None or self.single)):
+        # a Feature with no list set is an empty list, not an absent feature, where the field holds one
+        if values is None or (not len(values) and (self.single or (kind is None and self.size is not None))):
             if f.nullable:
                 return None
             if values is None:
@@ -536,21 +556,25 @@ RowEncoder = Callable[[Mapping[str, Any], int], bytes]
 
 
 def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                    order: Sequence[str] = (), orders: Mapping[str, Any] | None = None) -> RowEncoder:
+                    order: Sequence[str] = (), orders: Mapping[str, Any] | None = None, *,
+                    empty_without_kind: Sequence[str] = (), empty_context: bool = True) -> RowEncoder:
     """``(column batch, row) -> serialized Example`` for ``schema``; fields in ``empty_as_null``
     write None as an empty list, other None values leave their feature out; fields in ``shapes`` write
-    a ``<name>/shape`` feature (as do those whose shape the flat values do not determine). Features
+    a ``<name>/shape`` feature (as do those whose shape the flat values do not determine); fields in
+    ``empty_without_kind`` write an empty list as a Feature with no list set. Features
     are written in ``order`` (the source's, see :func:`order_on_wire`), those it lacks after them in
-    the schema's; rows with an :data:`ORDER_FIELD` in theirs, from ``orders`` (see :func:`features_encoder`)."""
-    entries = features_encoder(schema, empty_as_null, shapes, order, orders)
-    return lambda batch, row: encode_entries(entries(batch, row))
+    the schema's; rows with an :data:`ORDER_FIELD` in theirs, from ``orders`` (see :func:`features_encoder`).
+    A row without features has an empty features field only with ``empty_context``."""
+    entries = features_encoder(schema, empty_as_null, shapes, order, orders, empty_without_kind)
+    return lambda batch, row: encode_entries(entries(batch, row), empty_context)
 
 
 EntriesEncoder = Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]
 
 
 def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes: Sequence[str] = (),
-                     order: Sequence[str] = (), orders: Mapping[str, Any] | None = None) -> EntriesEncoder:
+                     order: Sequence[str] = (), orders: Mapping[str, Any] | None = None,
+                     empty_without_kind: Sequence[str] = ()) -> EntriesEncoder:
     """``(column batch, row) -> [(encoded name, serialized Feature), ...]``: the ``Features`` map of
     :func:`example_encoder` (an Example's, a SequenceExample's context), in ``order``; where ``schema``
     has :data:`ORDER_FIELD`, each row with one in its own, from ``orders`` (``feature_orders``, see
@@ -558,7 +582,7 @@ def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shape
     table not this dataset's) is a FormatError: its bytes cannot be told."""
     features = without_order(schema)
     return ordered_rows(schema, lambda names: _entries_in(features, empty_as_null, shapes,
-                                                          order if names is None else names),
+                                                          order if names is None else names, empty_without_kind),
                         orders, lambda names: order_id(tuple(names)))
 
 
@@ -570,9 +594,9 @@ def without_order(schema: Unischema) -> Unischema:
 
 
 def _entries_in(schema: Unischema, empty_as_null: Sequence[str], shapes: Sequence[str],
-                order: Sequence[str]) -> EntriesEncoder:
+                order: Sequence[str], empty_without_kind: Sequence[str] = ()) -> EntriesEncoder:
     """:func:`features_encoder` of features only, in one ``order``."""
-    encoders = in_order(_encoders(schema, empty_as_null, shapes), order)
+    encoders = in_order(_encoders(schema, empty_as_null, shapes, empty_without_kind), order)
     if isinstance(encoders, tuple):  # a /shape feature apart from its field: each row's entries sorted
         encoders, rank = encoders
 
@@ -615,16 +639,17 @@ def in_order(encoders: list[_Encoder], order: Sequence[str]
 
 
 def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
-              shapes: Sequence[str] = ()) -> list[_Encoder]:
+              shapes: Sequence[str] = (), empty_without_kind: Sequence[str] = ()) -> list[_Encoder]:
     """``(field name, None is an empty list, value -> [(encoded key, feature), ...], the features it writes)``
     for each field, checked up front."""
     out: list[_Encoder] = []
     for f in schema:
         key = ld(1, f.name.encode())
+        kindless = f.name in empty_without_kind
         if f.name in empty_as_null:
             kind = "bytes" if not _numeric(f.numpy_dtype) or isinstance(f.codec, CompressedImageCodec) else \
                 "float" if np.dtype(f.numpy_dtype).kind == "f" else "int64"
-            empty = [(key, encode_feature(kind, []))]
+            empty = [(key, b"" if kindless else encode_feature(kind, []))]
         else:
             empty = []
         encode: Callable[[Any], list[tuple[bytes, bytes]]]
@@ -657,8 +682,23 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
                 return entries + [(sidecar, encode_feature("int64", array.shape))] if sidecar else entries
             encode = encode_numbers
         written: tuple[str, ...] = (f.name,) if sidecar is None else (f.name, f.name + SHAPE_SUFFIX)
+        if kindless and f.shape != ():
+            encode = _kindless_when_empty(encode, key)
         out.append((f.name, bool(empty), _or_empty(encode, empty), written))
     return out
+
+
+def _kindless_when_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
+                         key: bytes) -> Callable[[Any], list[tuple[bytes, bytes]]]:
+    """``encode``, with an empty value's own feature (key ``key``) written as a Feature with no list set,
+    as the source's empty lists were (its ``/shape`` feature, if any, as ``encode`` writes it)."""
+    def encode_kindless(value: Any) -> list[tuple[bytes, bytes]]:
+        entries = encode(value)
+        if np.size(value) == 0:
+            return [(k, b"" if k == key else feature) for k, feature in entries]
+        return entries
+
+    return encode_kindless
 
 
 def _or_empty(encode: Callable[[Any], list[tuple[bytes, bytes]]],
@@ -675,7 +715,7 @@ def export_options(extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any
     still has) and feature order, so an export gives the source back, record for record."""
     info = extra.get("tfrecord") or {} if extra.get("source_format") == "tfrecord" else {}
     options: dict[str, Any] = {"payload": info["payload"]} if info.get("payload") else {}
-    for key in ("feature_lists", "empty_as_null", "shape_features"):
+    for key in ("feature_lists", "empty_as_null", "empty_without_kind", "shape_features"):
         names = [name for name in info.get(key) or () if name in schema]
         if names:
             options[key] = names

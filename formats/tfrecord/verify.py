@@ -8,16 +8,18 @@ is encoded back into records exactly as an export would write them, then parsed 
 the two meet in one form:
 
     {"features": {name: values}, "feature_lists": {name: [values, ...]}}
-                                      an Example (no feature lists) or a SequenceExample (its context)
+                                      an Example (no feature lists) or a SequenceExample (its context);
+                                      features None: no features (context) field at all
     {"tensor": ndarray}               a TensorProto
     {"record": bytes}                 anything else
 
 ``values`` is a list of bytes, a float32 or an int64 array (the list's kind is in the type), compared
 bit for bit, so a difference is named by record (file and index) and feature: ``record 6
-(part-1.tfrecord record 2), field 'features'/x: expected float32[2] [...], found ...``. Two things
-are the same record in TensorFlow's reading and compare equal: an empty list of any kind (``[]``, as
-is a feature with no list set), and a SequenceExample without feature lists and an Example with its
-features.
+(part-1.tfrecord record 2), field 'features'/x: expected float32[2] [...], found ...``. An empty list
+keeps its kind too (``[]``, ``float32[0]``, ``int64[0]``), and a Feature with no list set is None:
+TensorFlow reads all of them as no values, but they are other bytes, which an export keeps. A
+SequenceExample without feature lists and an Example with its features are the same record and
+compare equal.
 """
 
 from __future__ import annotations
@@ -120,13 +122,17 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
     forced = options.get("payload") or "auto"
     payload = forced if forced not in ("auto", None) else written.get("payload", "example")
     shapes, order = written.get("shape_features", ()), written.get("feature_order", ())
+    kindless = written.get("empty_without_kind", ())
+    empty_context = written.get("empty_context", True)
     if payload == "example":
         encode = example_encoder(schema, written.get("empty_as_null", ()), shapes, order,
-                                 written.get("feature_orders"))
+                                 written.get("feature_orders"), empty_without_kind=kindless,
+                                 empty_context=empty_context)
     else:
         lists = options.get("feature_lists") or written.get("feature_lists", ())
         encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
-                             written.get("feature_list_order", ()), written.get("feature_orders"))
+                             written.get("feature_list_order", ()), written.get("feature_orders"),
+                             empty_without_kind=kindless, empty_context=empty_context)
     for row in rows:
         yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
 
@@ -168,19 +174,22 @@ def _unknown_fields(message: Any) -> int:
 
 
 def _example_form(message: Any) -> dict[str, Any]:
-    return {"features": {name: _feature(f) for name, f in sorted(message.context.feature.items())},
+    """An Example's or SequenceExample's form; ``features`` None where the record has no features (context)
+    field at all (``tf.train.Example()``: ``b''``), an empty one (``0a 00``) being other bytes."""
+    features = {name: _feature(f) for name, f in sorted(message.context.feature.items())}
+    return {"features": features if features or message.HasField("context") else None,
             "feature_lists": {name: [_feature(f) for f in fl.feature]
                               for name, fl in sorted(message.feature_lists.feature_list.items())}}
 
 
 def _feature(feature: Any) -> Any:
     """A feature's values: a list of bytes, a float32 or an int64 array (the kind is in the type, so a
-    difference names the feature and no more), or ``[]`` for an empty list of any kind."""
+    difference names the feature and no more, empty lists' too), or None for a Feature with no list set."""
     kind = feature.WhichOneof("kind")
-    if kind == "bytes_list" and len(feature.bytes_list.value):
+    if kind == "bytes_list":
         return list(feature.bytes_list.value)
-    if kind == "float_list" and len(feature.float_list.value):
+    if kind == "float_list":
         return np.array(feature.float_list.value, dtype=np.float32)
-    if kind == "int64_list" and len(feature.int64_list.value):
+    if kind == "int64_list":
         return np.array(feature.int64_list.value, dtype=np.int64)
-    return []
+    return None

@@ -127,6 +127,75 @@ def test_a_fixed_strings_padding_comes_back_and_verify_names_it(tmp_path: Path, 
     assert any(d.startswith("storage of dataset '/names'/strpad: expected") for d in found), found
 
 
+@pytest.mark.parametrize("pad", ["STR_SPACEPAD", "STR_NULLTERM"])
+def test_an_attributes_fixed_string_padding_comes_back_and_verify_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pad: str) -> None:
+    """As a dataset's: an attribute whose fixed-length string type pads with spaces or is NUL-terminated reads
+    as h5py's own (NUL-padded) values; the export wrote h5py's padding ('ab  ' became 'ab\\0\\0') and verify
+    said equal. The attribute's record keeps the padding."""
+    src = tmp_path / "pad.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(3)
+        tid = h5py.h5t.C_S1.copy()
+        tid.set_size(4)
+        tid.set_strpad(getattr(h5py.h5t, pad))
+        for owner, name, shape in ((f, "title", ()), (f["x"], "units", (2,))):  # the file's, a dataset's
+            space = h5py.h5s.create_simple(shape) if shape else h5py.h5s.create(h5py.h5s.SCALAR)
+            attr = h5py.h5a.create(owner.id, name.encode(), tid, space)
+            attr.write(np.array([b"ab", b"xyz"] if shape else b"ab", "S4"))
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        for path, name in (("/", "title"), ("x", "units")):
+            assert b[path].attrs.get_id(name).get_type().get_strpad() == getattr(h5py.h5t, pad)
+            assert a[path].attrs[name].tolist() == b[path].attrs[name].tolist()
+    if pad == "STR_SPACEPAD":
+        assert b"ab  xyz " in (tmp_path / "back.h5").read_bytes()
+    assert_equal(src, tmp_path / "back.h5")
+    with monkeypatch.context() as patched:  # the old ingest (verify reads the padding all the same)
+        patched.setattr(hdf5_meta, "string_padding", lambda type_id: None)
+        convert(src, tmp_path / "old", progress=False)
+    found = differences(src, tmp_path / "old")
+    assert f"""dtype of attribute 'title' of '/': expected '{{"string": 4, "encoding": "ascii"}} ({pad[4:].lower()})', \
+found '{{"string": 4, "encoding": "ascii"}}'""" in found, found
+    convert(tmp_path / "old", tmp_path / "old.h5", to_format="hdf5", progress=False)  # as before
+    with h5py.File(tmp_path / "old.h5") as b:
+        assert b.attrs.get_id("title").get_type().get_strpad() == h5py.h5t.STR_NULLPAD
+
+
+def test_creation_order_comes_back_in_a_columns_layout_and_verify_names_it(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file made with ``track_order=True`` lists its datasets and attributes in creation order (z, a, m);
+    the export wrote an untracked file, which lists them by name (a, m, z), and verify said equal. The
+    ingest keeps the order of each object that tracks it; the export tracks it and creates them so."""
+    src = tmp_path / "tracked.h5"
+    with h5py.File(src, "w", track_order=True) as f:
+        for name in "zam":
+            f[name] = np.arange(3) + ord(name)
+            f.attrs[name] = ord(name)
+        f.create_dataset("t", data=np.arange(3), track_order=True)  # its own attributes in creation order
+        for name in "zam":
+            f["t"].attrs[name] = np.int8(1)
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(tmp_path / "back.h5") as b:
+        assert list(b) == ["z", "a", "m", "t"]
+        assert [n for n in b.attrs if not n.startswith("unihub.")] == ["z", "a", "m"]
+        assert list(b["t"].attrs) == ["z", "a", "m"]
+    assert_equal(src, tmp_path / "back.h5")
+    assert_equal(tmp_path / "ds", tmp_path / "back.h5")
+    with monkeypatch.context() as patched:  # the old ingest (verify reads the order all the same)
+        patched.setattr(hdf5_meta, "creation_orders", lambda walked, plan: {})
+        convert(src, tmp_path / "old", progress=False)
+    found = differences(src, tmp_path / "old")
+    assert "creation order of the links of '/': expected ['z', 'a', 'm', 't'], found nothing (missing)" in found
+    convert(tmp_path / "old", tmp_path / "old.h5", to_format="hdf5", progress=False)  # as before: by name
+    with h5py.File(tmp_path / "old.h5") as b:
+        assert list(b) == ["a", "m", "t", "z"]
+
+
 def test_verify_names_a_byte_order_a_fill_value_and_a_filter_changed_in_the_file(tmp_path: Path) -> None:
     src, ds, back = tmp_path / "stored.h5", tmp_path / "ds", tmp_path / "back.h5"
     with h5py.File(src, "w") as f:

@@ -42,7 +42,7 @@ def _scan(files: list[str], parser: str, on_error: str) -> Any:
         stats, total = tfr._scan_files({"on_error": on_error, "parser": parser}, files)
     except UnihubError as exc:
         return f"{type(exc).__name__}: {exc}"
-    return {name: vars(stat) for name, stat in stats.items()}, total
+    return {name: vars(stat) for name, stat in stats.items()}, stats.empty_features, total
 
 
 # -- generated Examples --------------------------------------------------------------------------
@@ -59,7 +59,8 @@ def datasets(draw: Any) -> tuple[list[bytes], list[tuple[str, int, int]]]:
     """Serialized Examples (TensorFlow's ``SerializeToString``), and what to corrupt.
 
     Each feature name has one kind in the dataset (or, rarely, a feature set to no kind); a record may
-    lack any feature (missing), hold an empty list, or one to three values; some records' int64 lists
+    lack any feature (missing), hold an empty list, or one to three values, or be ``tf.train.Example()``
+    (``b''``: no features field) or hold an empty features field (``0a 00``); some records' int64 lists
     are re-encoded unpacked (one tag per value, as proto2 writers do), checked equal by TensorFlow.
     """
     kinds = {name: draw(st.sampled_from(KINDS)) for name in draw(st.sets(st.sampled_from(NAMES), min_size=1))}
@@ -74,6 +75,8 @@ def datasets(draw: Any) -> tuple[list[bytes], list[tuple[str, int, int]]]:
         if draw(st.booleans()) and any(kinds[name] == "int64" for name in values):
             data = _unpacked(example)
             assert tf.train.Example.FromString(data) == example
+        if not draw(st.integers(0, 15)):  # tf.train.Example(), no features field at all
+            data = tf.train.Example().SerializeToString()
         records.append(data)
     damage = draw(st.lists(st.tuples(st.sampled_from(["flip", "cut", "insert"]), st.integers(0, 10**6),
                                      st.integers(0, 255)), max_size=2))

@@ -195,7 +195,7 @@ def test_verify_notices_lost_feature_lists(sequences: Path, tmp_path: Path) -> N
     report = verify(sequences, tmp_path / "lossy")
     assert not report.equal
     assert report.differences[0] == ("record 0 (video.tfrecord record 0), field 'feature_lists'/boxes: "
-                                     "expected [[]], found nothing (missing)")
+                                     "expected [float32[0] []], found nothing (missing)")
 
 
 def _converted(src: Path, dst: Path) -> Path:
