@@ -934,13 +934,7 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
         if raw_extra else {}
     if not evolving:
         check_files_agree(paths, footers, file_schema, stored)
-    conform = {}
-    for path, own in zip(paths, stored):
-        if own.equals(file_schema):  # the usual case: one comparison in C++
-            continue
-        differing = {n: file_schema.field(n) for n in own.names if _nulls_differ(own.field(n), file_schema.field(n))}
-        if differing:
-            conform[path] = differing
+    conform = _nulls_to_conform(paths, stored, file_schema)
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
@@ -973,6 +967,19 @@ def _evolved_schema(paths: list[str], stored: list[pa.Schema], version_schema: p
     if reordered and not absent:
         check_files_agree(paths, [], schema, stored)  # raises, naming the file
     return schema, absent
+
+
+def _nulls_to_conform(paths: list[str], stored: list[pa.Schema], schema: pa.Schema) -> dict[str, dict[str, pa.Field]]:
+    """The files (``stored``: their schemas) whose fields differ from ``schema``'s in nullability only, with those
+    fields as ``schema`` has them (``ParquetStore._conform``)."""
+    conform = {}
+    for path, own in zip(paths, stored):
+        if own.equals(schema):  # the usual case: one comparison in C++
+            continue
+        differing = {n: schema.field(n) for n in own.names if _nulls_differ(own.field(n), schema.field(n))}
+        if differing:
+            conform[path] = differing
+    return conform
 
 
 def _nulls_differ(found: pa.Field, wanted: pa.Field) -> bool:

@@ -294,20 +294,7 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
     parent, _, name = path.rpartition("/")
     owner = group.require_group(parent) if parent else group
     dcpl = h5p.create(h5p.DATASET_CREATE)
-    if shape is None:
-        space = h5s.create(h5s.NULL)
-    elif not shape:
-        space = h5s.create(h5s.SCALAR)
-    else:
-        recorded = list(record.get("maxshape") or ["="] * len(shape))
-        maxshape = tuple(h5s.UNLIMITED if m is None else d if m == "=" else max(int(m), d)
-                         for m, d in zip(recorded, shape))
-        if record["layout"] == "chunked":
-            chunks = tuple(max(1, d if c == "=" else c if m == h5s.UNLIMITED else min(c, m))
-                           for c, m, d in zip(record["chunks"], maxshape, shape))
-            maxshape = tuple(h5s.UNLIMITED if m == 0 else m for m in maxshape)
-            dcpl.set_chunk(chunks)
-        space = h5s.create_simple(tuple(shape), maxshape)
+    space = _dataspace(h5s, dcpl, shape, record)
     if record["layout"] == "compact":
         dcpl.set_layout(h5d.COMPACT)
     for code, flags, values in record.get("filters") or ():
@@ -327,6 +314,23 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
         dcpl.set_fill_value(fill)
     type_id = padded(h5py.h5t.py_create(dtype, logical=1), record.get("strpad"))
     return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
+
+
+def _dataspace(h5s: Any, dcpl: Any, shape: tuple[int, ...] | None, record: Mapping[str, Any]) -> Any:
+    """The dataspace of :func:`create_stored`'s dataset, its chunks set in ``dcpl`` where it is chunked."""
+    if shape is None:
+        return h5s.create(h5s.NULL)
+    if not shape:
+        return h5s.create(h5s.SCALAR)
+    recorded = list(record.get("maxshape") or ["="] * len(shape))
+    maxshape = tuple(h5s.UNLIMITED if m is None else d if m == "=" else max(int(m), d)
+                     for m, d in zip(recorded, shape))
+    if record["layout"] == "chunked":
+        chunks = tuple(max(1, d if c == "=" else c if m == h5s.UNLIMITED else min(c, m))
+                       for c, m, d in zip(record["chunks"], maxshape, shape))
+        maxshape = tuple(h5s.UNLIMITED if m == 0 else m for m in maxshape)
+        dcpl.set_chunk(chunks)
+    return h5s.create_simple(tuple(shape), maxshape)
 
 
 class _Staging:

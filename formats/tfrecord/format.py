@@ -504,15 +504,9 @@ class TFRecordFormat(ForeignFormat):
         if options:
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
         kind = normalize_compression(compression) or "none"
-        if payload == "example":
-            encode = example_encoder(schema, empty_as_null or (), shape_features or (), feature_order or (),
-                                     feature_orders, empty_without_kind=empty_without_kind or (),
-                                     empty_context=empty_context)
-        else:
-            encode = row_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
-                                 feature_order or (), feature_list_order or (), feature_orders,
-                                 empty_context=empty_context, tensor_encoding=tensor_encoding,
-                                 empty_without_kind=empty_without_kind or ())
+        encode = _record_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
+                                 feature_order or (), feature_list_order or (), feature_orders, empty_context,
+                                 tensor_encoding, empty_without_kind or ())
         if records_per_file is not None and records_per_file <= 0:
             raise SchemaError(f"records_per_file must be positive, got {records_per_file}")
         outputs = outputs_for(target)
@@ -528,3 +522,16 @@ class TFRecordFormat(ForeignFormat):
         except BaseException:
             writer.abort()
             raise
+
+
+def _record_encoder(schema: Unischema, payload: str, feature_lists: Sequence[str], empty_as_null: Sequence[str],
+                    shape_features: Sequence[str], feature_order: Sequence[str], feature_list_order: Sequence[str],
+                    feature_orders: Mapping[str, Any] | None, empty_context: bool, tensor_encoding: str,
+                    empty_without_kind: Sequence[str]) -> Any:
+    """The function that serializes a row of a batch as :meth:`TFRecordFormat.write`'s ``payload`` says."""
+    if payload == "example":
+        return example_encoder(schema, empty_as_null, shape_features, feature_order, feature_orders,
+                               empty_without_kind=empty_without_kind, empty_context=empty_context)
+    return row_encoder(schema, payload, feature_lists, empty_as_null, shape_features, feature_order,
+                       feature_list_order, feature_orders, empty_context=empty_context,
+                       tensor_encoding=tensor_encoding, empty_without_kind=empty_without_kind)
