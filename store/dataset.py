@@ -934,7 +934,9 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
         if raw_extra else {}
     if not evolving:
         check_files_agree(paths, footers, file_schema, stored)
-    conform = _nulls_to_conform(paths, stored, file_schema)
+    # a version's files only: another tool's file joins one by adopt_files, which checked it holds no null where
+    # the version's schema has none (a dataset without versions may hold nulls under any flag: left as it is)
+    conform = _nulls_to_conform(paths, stored, file_schema) if evolving else {}
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
     names = tuple(k for k, _ in partitions[0]) if partitions else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
