@@ -277,10 +277,17 @@ class Unischema:
     def create_schema_view(self, fields: Iterable[UnischemaField | str]) -> Unischema:
         """A schema with only ``fields``: fields, exact names or regular expressions (one that matches no
         field is left out with a warning, as :func:`match_unischema_fields` does; none matching gives an
-        empty view, as Petastorm's)."""
+        empty view, as Petastorm's).
+
+        The order is Petastorm's: the fields given as :class:`UnischemaField` first, in the order given,
+        then those that names and regexes select, in schema order (Petastorm's came out of a set, in an
+        order that changed with ``PYTHONHASHSEED``)."""
+        fields = list(fields)
         selected, unmatched = select_unischema_fields(self, fields)
         _warn_unmatched(self, unmatched)
-        return Unischema(f"{self._name}_view", selected, attributes=self.attribute_names)
+        given = dict.fromkeys(f.name for f in fields if isinstance(f, UnischemaField))
+        ordered = [self._fields[name] for name in given] + [f for f in selected if f.name not in given]
+        return Unischema(f"{self._name}_view", ordered, attributes=self.attribute_names)
 
     def select(self, fields: Iterable[UnischemaField | str]) -> Unischema:
         """Alias of :meth:`create_schema_view`."""
