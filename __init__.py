@@ -68,6 +68,7 @@ from unihub.errors import (
     ValidationError,
     VersionNotFoundError,
 )
+from unihub.fs.resolver import FilesystemResolver, get_dataset_path, get_filesystem_and_path_or_paths, normalize_dir_url
 from unihub.readers.ngram import NGram
 from unihub.readers.predicates import (
     PredicateBase,
@@ -122,6 +123,7 @@ from unihub.store.dataset import (
     infer_or_load_unischema,
     open_dataset,
 )
+from unihub.store.dataset_metadata import add_to_dataset_metadata, get_schema, load_row_groups
 from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
 from unihub.store.writer import WriteResult, write_dataset
 from unihub.version import package_version
@@ -145,8 +147,10 @@ __all__ = [
     "ReaderResetError", "ReaderStateError",
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
-    # petastorm.etl.dataset_metadata's schema look-ups
-    "get_schema_from_dataset_url", "infer_or_load_unischema",
+    # petastorm.etl.dataset_metadata's schema look-ups, petastorm.utils.add_to_dataset_metadata
+    "get_schema_from_dataset_url", "infer_or_load_unischema", "get_schema", "load_row_groups", "add_to_dataset_metadata",
+    # petastorm.fs_utils
+    "FilesystemResolver", "get_dataset_path", "get_filesystem_and_path_or_paths", "normalize_dir_url",
     # columns added to existing rows without rewriting the parts (store/columns.py)
     "ColumnSetError", "ColumnsResult", "add_column", "add_columns", "list_columns", "remove_columns",
     # a dataset that grows: appends, versions, deletes, vacuum (store/versions.py)

@@ -872,12 +872,22 @@ def infer_or_load_unischema(dataset: Any) -> Unischema:
     ``dataset``: an open :class:`ParquetStore`, a ``pyarrow.parquet.ParquetDataset``, or what
     :func:`open_dataset` takes (a URL, a path, a list of file URLs).
     """
+    return store_of(dataset).schema
+
+
+def store_of(dataset: Any) -> ParquetStore:
+    """``dataset`` as a store, for Petastorm's functions that took a ``pyarrow.parquet.ParquetDataset``:
+    an open :class:`ParquetStore` as it is; a ``ParquetDataset`` (pyarrow's current one) by its directory
+    where it was made from one (so its ``_common_metadata`` and versions count), else by its files; else
+    what :func:`open_dataset` takes (a URL, a path, a list of file URLs)."""
     if isinstance(dataset, ParquetStore):
-        return dataset.schema
+        return dataset
     if isinstance(dataset, pq.ParquetDataset):
-        return open_dataset([_absolute(dataset.filesystem, f) for f in dataset.files],
-                            filesystem=dataset.filesystem).schema
-    return open_dataset(dataset).schema
+        base = getattr(dataset, "_base_dir", None)  # pyarrow's attribute for a dataset made from a directory
+        if isinstance(base, str):
+            return open_dataset(_absolute(dataset.filesystem, base), filesystem=dataset.filesystem)
+        return open_dataset([_absolute(dataset.filesystem, f) for f in dataset.files], filesystem=dataset.filesystem)
+    return open_dataset(dataset)
 
 
 def _absolute(fs: pafs.FileSystem, path: str) -> str:

@@ -1,5 +1,5 @@
-"""``petastorm.utils``: unihub's row decoder."""
+"""``petastorm.utils``: unihub's row decoder and dataset-metadata writer."""
 
-from unihub import DecodeFieldError, decode_row
+from unihub import DecodeFieldError, add_to_dataset_metadata, decode_row
 
-__all__ = ["DecodeFieldError", "decode_row"]
+__all__ = ["DecodeFieldError", "add_to_dataset_metadata", "decode_row"]
