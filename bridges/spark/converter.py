@@ -15,7 +15,8 @@ directory named by the Spark conf ``petastorm.spark.converter.parentCacheDirUrl`
 so converting the same DataFrame again (same plan, same options) in the same application
 reuses the directory instead of writing again. Spark writes into a hidden sibling that is
 renamed into place (atomic on local disks), and the JSON marker is written only after the
-rename, so a half-written directory is never taken as a cache hit.
+rename, so a half-written directory is never taken as a cache hit. The directories a process wrote are
+removed when it exits (Petastorm's atexit clean-up), or earlier by ``converter.delete()``.
 
     spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, "file:///tmp/cache")
     converter = make_spark_converter(df)
@@ -34,6 +35,7 @@ pyspark, torch and tensorflow are imported inside the functions that need them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -66,6 +68,10 @@ _DIR_PREFIX = "unihub-converter-"
 
 _REGISTRY: dict[str, str] = {}  # conversion key -> cache_dir_url, for this process
 _REGISTRY_LOCK = threading.Lock()
+#: cache directories this process wrote and has not deleted -> its pid: removed when it exits, as Petastorm did
+#: (no later process reuses them: the conversion key holds the Spark application id)
+_WRITTEN: dict[str, int] = {}
+_EXIT_HOOK: list[bool] = []  # one entry once the exit hook is registered
 _KEY_LOCKS: dict[str, threading.Lock] = {}
 
 
@@ -153,10 +159,34 @@ class SparkDatasetConverter:
         with _REGISTRY_LOCK:
             for key in [k for k, url in _REGISTRY.items() if url == self.cache_dir_url]:
                 del _REGISTRY[key]
+            _WRITTEN.pop(self.cache_dir_url, None)
         _delete_dir_handler(self.cache_dir_url)
 
 
 # -- deleting cache directories -----------------------------------------------------------------
+def _delete_at_exit(url: str) -> None:
+    """Have the cache directory ``url``, just written, removed when this process exits (unless ``delete()``
+    removed it first)."""
+    with _REGISTRY_LOCK:
+        _WRITTEN[url] = os.getpid()
+        if not _EXIT_HOOK:
+            atexit.register(_delete_written)
+            _EXIT_HOOK.append(True)
+
+
+def _delete_written() -> None:
+    """At exit: remove the cache directories this process wrote (through the registered handler); a process
+    forked from it inherits the hook and removes nothing. A failure is a warning, as in Petastorm."""
+    with _REGISTRY_LOCK:
+        urls = [url for url, pid in _WRITTEN.items() if pid == os.getpid()]
+        _WRITTEN.clear()
+    for url in urls:
+        try:
+            _delete_dir_handler(url)
+        except Exception as exc:  # any handler's failure: the process is ending, the others still go
+            warnings.warn(f"Delete cache data {url} failed due to {exc!r}", UserWarning, stacklevel=1)
+
+
 def _default_delete_dir_handler(dataset_url: str) -> None:
     """Remove ``dataset_url`` and everything under it, on whatever filesystem its scheme names."""
     fs, path = fsutil.resolve_filesystem(dataset_url)
@@ -230,6 +260,7 @@ def make_spark_converter(df: Any, parquet_row_group_size_bytes: int = int(DEFAUL
         marker = _read_marker(url)  # also checked on a registry hit: the files may have been removed
         if marker is None:
             _write(_prepare(df, dtype), url, parquet_row_group_size_bytes, compression_codec, key, options)
+            _delete_at_exit(url)
             marker = _read_marker(url)
             if marker is None:
                 raise UnihubError(f"{url}: the Spark job finished but {MARKER} is missing")

@@ -8,6 +8,8 @@ Converters over existing Parquet (a URL for ``df``) and ``register_delete_dir_ha
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,34 @@ def test_delete_removes_the_files(df: Any, cache_parent: Path) -> None:
     assert converter.cache_dir_url not in spark_converter._REGISTRY.values()
     again = make_spark_converter(df)  # written anew
     assert again.cache_dir_url == converter.cache_dir_url and (path / MARKER).is_file()
+
+
+@spark_test
+def test_the_cache_is_removed_when_the_process_exits(spark: Any, tmp_path: Path) -> None:
+    """Petastorm's test_atexit: a process that made a converter and exits leaves no cache directory behind
+    (one deleted before exit is no error); the FilesystemResolver look-up is the test's own."""
+    script = f"""
+import sys
+from pyspark.sql import SparkSession
+from unihub import make_spark_converter
+from unihub.bridges.spark.converter import SparkDatasetConverter
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate())
+spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, {tmp_path.as_uri()!r})
+kept = make_spark_converter(spark.createDataFrame([(1, 2), (4, 5)], ["col1", "col2"]))
+deleted = make_spark_converter(spark.createDataFrame([(1, 2, 3)], ["a", "b", "c"]))
+deleted.delete()
+print(kept.cache_dir_url)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    url = proc.stdout.split()[-1]
+    assert url.startswith(tmp_path.as_uri())
+    resolver = unihub.FilesystemResolver(url)
+    assert not resolver.filesystem().exists(resolver.get_dataset_path())
+    assert "failed" not in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 @spark_test
