@@ -148,7 +148,8 @@ __all__ = [
     # Petastorm's tools: petastorm-copy-dataset.py, petastorm-generate-metadata.py, petastorm-throughput.py
     "add_schema", "copy_dataset", "generate_petastorm_metadata", "reader_throughput",
     # petastorm.etl.dataset_metadata's schema look-ups, petastorm.utils.add_to_dataset_metadata
-    "get_schema_from_dataset_url", "infer_or_load_unischema", "get_schema", "load_row_groups", "add_to_dataset_metadata",
+    "get_schema_from_dataset_url", "infer_or_load_unischema", "get_schema", "load_row_groups",
+    "add_to_dataset_metadata",
     # petastorm.fs_utils
     "FilesystemResolver", "get_dataset_path", "get_filesystem_and_path_or_paths", "normalize_dir_url",
     # columns added to existing rows without rewriting the parts (store/columns.py)

@@ -65,9 +65,9 @@ EXCLUDED_FILES: dict[str, str] = {
     "test_arrow_table_serializer.py": "petastorm.reader_impl.arrow_table_serializer: the process pool's transport",
     "test_pickle_serializer.py": "petastorm.reader_impl.pickle_serializer: the process pool's transport",
     "test_shuffling_buffer.py": "petastorm.reader_impl.*shuffling_buffer classes: the readers' internals",
-    "test_fs_utils.py": "imports pyarrow.filesystem (removed in pyarrow 15), s3fs and gcsfs, and drives FilesystemResolver "
-                        "through petastorm.hdfs's namenode mocks (Petastorm's HDFS internals); unihub's FilesystemResolver "
-                        "is checked against Petastorm's results in tests/fs/test_resolver.py",
+    "test_fs_utils.py": "imports pyarrow.filesystem (removed in pyarrow 15), s3fs and gcsfs, and drives "
+                        "FilesystemResolver through petastorm.hdfs's namenode mocks (Petastorm's HDFS internals); "
+                        "unihub's FilesystemResolver is checked against Petastorm's results in tests/fs/test_resolver.py",
     "test_spark_session_cli.py": "petastorm.tools.spark_session_cli: argparse helpers of Petastorm's CLIs",
     "test_benchmark.py": "petastorm.benchmark.throughput: the benchmark CLI's pools and _time_warmup_and_work",
     "test_run_in_subprocess.py": "petastorm.utils.run_in_subprocess: an internal helper",
