@@ -133,6 +133,8 @@ def _tracks(entry: Mapping[str, Any] | None, default: bool | None) -> bool | Non
 def _make_groups(handle: Any, spec: ExportSpec) -> None:
     """The source's groups outside the units, made first (parents first), each tracking creation order
     where the source's did (``creation_order``): a group h5py makes on the way to a dataset does not."""
+    if spec.kind == "splits" and not spec.units:  # metadata from before the splits were recorded: as then
+        return
     if spec.kind == "columns":
         units: tuple[str, ...] = ()
     else:

@@ -110,7 +110,7 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
     out["links"] = _link_entries(structure.get("links") or {}, is_kept)
     out["scales"] = _scale_entries(structure.get("scales") or {}, is_kept)
     out["order"] = _order_entries(structure.get("creation_order") or {}, is_kept)
-    out["order"].update(_unit_entries(structure.get("unit_order")))
+    out["order"].update(_unit_entries(structure.get("unit_order"), structure.get("unit_kind")))
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
@@ -149,15 +149,17 @@ def _order_entries(orders: Mapping[str, Any], is_kept: Callable[[str], bool]) ->
     return out
 
 
-def _unit_entries(record: Mapping[str, Any] | str | None) -> Entries:
+def _unit_entries(record: Mapping[str, Any] | str | None, kind_: str | None) -> Entries:
     """``creation order of the links of each sample group`` (``... of 'p' in each sample group``, of the
     attributes too) and ``type of attribute 'a' of ...`` (a padding, a bitfield) from ``hdf5_meta``'s
-    ``unit_order`` (``members``), or the text saying how the samples of a file differ."""
+    ``unit_order`` (``members``), and whether the container of the splits or sample groups (``kind_``)
+    tracks creation order; or the text saying how the samples of a file differ."""
     if record is None:
         return {}
     if isinstance(record, str):
         return {"creation order and attribute types in the sample groups": f"the samples differ: {record}"}
-    out: Entries = {}
+    units = "splits" if kind_ == "splits" else "sample groups"
+    out: Entries = {f"creation order tracked by the container of the {units}": bool(record.get("container_tracked"))}
     for rel, entry in sorted((record.get("members") or {}).items()):
         where = f"{rel!r} in each sample group" if rel else "each sample group"
         for what in ("links", "attributes"):
@@ -333,13 +335,13 @@ def _file_structure(handle: Any, plan: Plan, walked: list[tuple[str, Any]], drop
             "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
                             and p not in skipped},
             "creation_order": creation_orders(walked, plan),
-            "unit_order": _file_unit_order(handle, plan)}
+            "unit_order": _file_unit_order(handle, plan), "unit_kind": plan.kind}
 
 
 def _file_unit_order(handle: Any, plan: Plan) -> dict[str, Any] | str | None:
-    """``hdf5_meta.unit_order`` of the file, or how its samples differ; None where the sample groups hold
-    no source's datasets (an export of a dataset not from HDF5)."""
-    if plan.kind != "groups":
+    """``hdf5_meta.unit_order`` of the file (splits or sample groups), or how its samples differ; None for
+    a columns layout."""
+    if plan.kind == "columns":
         return None
     record, conflict = unit_order(handle, plan)
     return conflict if conflict is not None else record
@@ -459,6 +461,8 @@ def native_extras(schema: Unischema, extra: Mapping[str, Any], spec: ExportSpec,
     out: Entries = {}
     if source is not None and same:
         out = _native_files(source, spec, recorded, options)
+    elif spec.kind != "columns":  # the export's own container lists the units as written
+        out = _unit_entries({"container_tracked": True}, spec.kind)
     rows: dict[str, list[Any]] = {}
     for typed in spec.typed:
         if spec.kind == "groups":
@@ -540,7 +544,9 @@ class _Export:
                      "units_below": spec.container if spec.kind == "groups" else None,
                      "named_types": self._kept(own, "named_types"),
                      "creation_order": self._kept(own, "creation_order"),
-                     "unit_order": own.get("unit_order") if spec.kind == "groups" else None}
+                     # metadata from before it was kept: the container tracked, as the export makes it
+                     "unit_order": None if spec.kind == "columns" else own.get("unit_order") or {"container_tracked": True},
+                     "unit_kind": spec.kind}
         return _sections(datasets, attributes, groups, written | set(datasets), self.implied, structure)
 
     def _kept(self, own: Mapping[str, Any], key: str) -> dict[str, Any]:
