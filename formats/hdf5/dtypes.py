@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import base64
 import decimal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -339,6 +339,37 @@ def string_padding(type_id: Any) -> str | None:
     if type_id.get_class() != h5t.STRING or type_id.is_variable_str():
         return None
     return {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(type_id.get_strpad())
+
+
+def type_notes(type_id: Any) -> dict[str, Any]:
+    """What an HDF5 type holds that its numpy dtype does not show, as a record's keys: a fixed string's
+    padding (``strpad``: :func:`string_padding`) and a bitfield (``bitfield``: h5py reads one as an
+    unsigned integer of its size, and would write that back as an integer)."""
+    notes: dict[str, Any] = {}
+    padding = string_padding(type_id)
+    if padding is not None:
+        notes["strpad"] = padding
+    if type_id.get_class() == h5py_module().h5t.BITFIELD:
+        notes["bitfield"] = True
+    return notes
+
+
+def note_text(record: Mapping[str, Any]) -> str | None:
+    """The :func:`type_notes` of ``record`` as one text (``spacepad``, ``bitfield``), None where it has none."""
+    notes = [str(record["strpad"])] if record.get("strpad") else []
+    notes += ["bitfield"] if record.get("bitfield") else []
+    return " ".join(notes) or None
+
+
+def noted(type_id: Any, record: Mapping[str, Any]) -> Any:
+    """``type_id`` as ``record``'s :func:`type_notes` say: padded (:func:`padded`), or the bitfield of
+    its size and byte order."""
+    type_id = padded(type_id, record.get("strpad"))
+    if not record.get("bitfield"):
+        return type_id
+    h5t = h5py_module().h5t
+    order = "BE" if type_id.get_order() == h5t.ORDER_BE else "LE"
+    return getattr(h5t, f"STD_B{8 * type_id.get_size()}{order}").copy()
 
 
 def padded(type_id: Any, padding: str | None) -> Any:

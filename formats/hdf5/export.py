@@ -3,9 +3,11 @@
 One writer per layout: columns (datasets grown with ``resize`` along axis 0, chunked), splits (the
 same inside one group per split, in order of first appearance) and groups (one group per row,
 named by the key field, its members whole). Containers of splits and groups track creation order,
-so h5py lists them in the order written; so does a columns layout's file where the source's did
-(``creation_order``), its datasets created in the source's order, and a dataset whose attributes did.
-The file is written beside the target and renamed into place only when complete.
+so h5py lists them in the order written. Where the source's metadata records it, every group tracks
+creation order as the source's did (``creation_order``, ``unit_order``: made first, :func:`_make_groups`),
+the rows' datasets and a sample's members are created in the source's order, and constants, empty
+datasets and links are linked again into theirs (:func:`_order_links`). The file is written beside
+the target and renamed into place only when complete.
 
 A dataset the source's metadata describes is stored as the source stored it (:func:`create_stored`:
 layout, chunk shape, filters with their options, fill value): grown in place where the source's
@@ -31,7 +33,7 @@ import numpy as np
 from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats.base import ColumnBatch, python_columns
 from unihub.formats.hdf5.detect import LAYOUT_ATTR
-from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, padded
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted
 from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5.read import slice_rows
 from unihub.formats.hdf5.room import DiskRoom, nbytes_of
@@ -68,11 +70,11 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     staging = _Staging(fsutil.temporary_sibling(os.path.join(parent, base)), room)
     options = {"compression": compression, "chunk_rows": chunk_rows, "staging": staging, "spec": spec, "room": room}
     try:
-        tracked = (spec.kind != "columns" and not spec.container) or "" in spec.creation_order
-        handle = h5py.File(temporary, "w", track_order=tracked)
+        handle = h5py.File(temporary, "w", track_order=_root_tracked(spec))
         room.track(handle)
         room.ensure(0)
         _root_attributes(handle, schema, spec)
+        _make_groups(handle, spec)
         writer = _WRITERS[spec.kind](handle, schema, spec, options)
         for batch in map(python_columns, batches):
             writer.append(batch, column_length(schema, batch))
@@ -91,6 +93,7 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
         room.ensure(0)  # the links, the scales and what closing flushes
         _write_links(handle, spec.links)
         _write_scales(handle, spec.scales)
+        _order_links(handle, spec)
         handle.close()
         room.release(temporary)
         os.replace(temporary, target)
@@ -104,6 +107,77 @@ def write_file(target: str, schema: Unischema, batches: Iterable[ColumnBatch], s
     finally:
         staging.close()
     return [target]
+
+
+def _root_tracked(spec: ExportSpec) -> bool:
+    """Whether the root tracks creation order: as the source's did (``creation_order``; a container of
+    units: ``unit_order``), else only where it holds the splits or sample groups (listed as written)."""
+    if spec.kind != "columns" and not spec.container:
+        return True if spec.unit_order is None else bool(spec.unit_order.get("container_tracked"))
+    return "" in spec.creation_order
+
+
+def unit_entry(spec: ExportSpec, rel: str) -> dict[str, Any] | None:
+    """The recorded ``unit_order`` entry of the object at ``rel`` in every unit ({}: it tracks nothing);
+    None where the metadata records none (an ingest before it, or no HDF5 source)."""
+    if spec.unit_order is None:
+        return None
+    return dict((spec.unit_order.get("members") or {}).get(rel) or {})
+
+
+def _tracks(entry: Mapping[str, Any] | None, default: bool | None) -> bool | None:
+    """h5py's ``track_order`` for an object of a recorded ``unit_order`` entry (``default`` where none)."""
+    return default if entry is None else "links" in entry or "attributes" in entry
+
+
+def _make_groups(handle: Any, spec: ExportSpec) -> None:
+    """The source's groups outside the units, made first (parents first), each tracking creation order
+    where the source's did (``creation_order``): a group h5py makes on the way to a dataset does not."""
+    if spec.kind == "splits" and not spec.units:  # metadata from before the splits were recorded: as then
+        return
+    if spec.kind == "columns":
+        units: tuple[str, ...] = ()
+    else:
+        units = (spec.container, *("/".join(p for p in (spec.container, u) if p) for u in spec.units)) \
+            if spec.kind == "splits" else (spec.container,)
+    for path in sorted(spec.groups, key=lambda p: p.count("/")):
+        if path in handle or any(path == u or path.startswith(u + "/") for u in units if u) or path in units:
+            continue
+        handle.create_group(path, track_order=path in spec.creation_order)
+
+
+def _order_links(handle: Any, spec: ExportSpec) -> None:
+    """Each group that tracks creation order listing the source's names in the source's order
+    (``creation_order``): the rows' datasets were made first, constants, empty datasets and links after them."""
+    for path, entry in spec.creation_order.items():
+        if "links" in entry and (not path or path in handle):
+            _relink(handle[path] if path else handle, entry["links"])
+
+
+def _relink(group: Any, order: list[str]) -> None:
+    """List ``order``'s names of ``group`` (a group tracking creation order) in that order: the names
+    after the longest start of ``order`` already listed in order are linked again, each at the end
+    (a hard link through a second name, so that the object stays; a soft link as it was)."""
+    h5py = h5py_module()
+    names = [n for n in order if group.get(n, getlink=True) is not None]
+    wanted = set(names)
+    listed = iter([n for n in group if n in wanted])
+    keep = 0
+    for name in names:
+        if not any(m == name for m in listed):
+            break
+        keep += 1
+    for name in names[keep:]:
+        link = group.get(name, getlink=True)
+        if isinstance(link, h5py.HardLink):
+            spare = f"{name}.unihub-relink"
+            group[spare] = group[name]
+            del group[name]
+            group[name] = group[spare]
+            del group[spare]
+        else:
+            del group[name]
+            group[name] = link
 
 
 def _discard(handle: Any, *, intact: bool) -> None:
@@ -237,7 +311,8 @@ def _write_empty(handle: Any, empty: Mapping[str, Any], options: Mapping[str, An
 
 def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], room: DiskRoom) -> None:
     """The source's attributes back on the objects the export has (a dataset left out takes its own), a fixed
-    string padded as the source's was (``strpad``: h5py writes its own padding, NULs, else)."""
+    string padded as the source's was (``strpad``: h5py writes its own padding, NULs, else), a bitfield
+    as a bitfield (h5py would write an integer)."""
     h5py = h5py_module()
     for path, values in attributes.items():
         owner = handle.get(path) if path else handle
@@ -246,8 +321,8 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
         for name, record in values.items():
             value, dt = decode_constant(record)
             room.ensure(0 if value is None else nbytes_of(value))
-            padding = record.get("strpad")
-            typed = dt if padding is None else h5py.Datatype(padded(h5py.h5t.py_create(dt, logical=1), padding))
+            typed = h5py.Datatype(noted(h5py.h5t.py_create(dt, logical=1), record)) \
+                if record.get("strpad") or record.get("bitfield") else dt
             owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
 
 
@@ -312,7 +387,7 @@ def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...]
         else:
             fill = np.asarray(value, dtype=fill_dtype).reshape(1)
         dcpl.set_fill_value(fill)
-    type_id = padded(h5py.h5t.py_create(dtype, logical=1), record.get("strpad"))
+    type_id = noted(h5py.h5t.py_create(dtype, logical=1), record)
     return h5py.Dataset(h5d.create(owner.id, name.encode("utf-8"), type_id, space, dcpl=dcpl))
 
 
@@ -458,7 +533,8 @@ class _SplitsWriter:
                               f"which {schema.name!r} lacks; name the field with --option key_field=...")
         self.key: str = spec.key_field
         self.schema, self.spec, self.options = schema, spec, options
-        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+        tracked = True if spec.unit_order is None else bool(spec.unit_order.get("container_tracked"))
+        self.container = handle.create_group(spec.container, track_order=tracked) if spec.container else handle
         self.splits: dict[str, _ColumnsWriter] = {}
 
     @property
@@ -479,7 +555,9 @@ class _SplitsWriter:
     def _open(self, name: Any) -> _ColumnsWriter:
         if not isinstance(name, str) or not name or "/" in name or name in self.container:
             raise SchemaError(f"split name {name!r} (field {self.key!r}) cannot name a new HDF5 group")
-        group = self.container.create_group(name, track_order=True)
+        path = "/".join(p for p in (self.spec.container, name) if p)
+        tracked = True if self.spec.unit_order is None else path in self.spec.creation_order
+        group = self.container.create_group(name, track_order=tracked)
         self.splits[name] = _ColumnsWriter(group, self.schema, self.spec, self.options)
         return self.splits[name]
 
@@ -493,7 +571,14 @@ class _GroupsWriter:
         self.units: set[str] = set()
         self.inner = {t.path for t in spec.typed if t.attr is not None and t.group}  # groups inside a sample
         self.typed = {t.path for t in spec.typed if t.attr is None}  # the source's datasets: stored as they were
-        self.container = handle.create_group(spec.container, track_order=True) if spec.container else handle
+        tracked = True if spec.unit_order is None else bool(spec.unit_order.get("container_tracked"))
+        self.container = handle.create_group(spec.container, track_order=tracked) if spec.container else handle
+        # the source's order of a sample's names (links, and each object's attributes), where it tracked them
+        self.tracked = _tracks(unit_entry(spec, ""), None)
+        members = (spec.unit_order or {}).get("members") or {}
+        self.link_order = {rel: {n: i for i, n in enumerate(entry.get("links") or ())} for rel, entry in members.items()}
+        self.attribute_order = {rel: {n: i for i, n in enumerate(entry.get("attributes") or ())}
+                                for rel, entry in members.items()}
 
     def append(self, batch: Mapping[str, Any], n: int) -> None:
         for i in range(n):
@@ -502,18 +587,48 @@ class _GroupsWriter:
             if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name in self.container:
                 raise SchemaError(f"row {self.count}: {name!r} (field {self.key!r}) cannot name a new HDF5 group")
             self.room.ensure(sum(nbytes_of(value) for value in row.values() if value is not None))
-            group = self.container.create_group(name)
+            group = self.container.create_group(name, track_order=self.tracked)
             self.units.add(name)
-            for path, attr, value in sample_values(self.spec, row, f"row {self.count} (group {name!r})"):
-                if attr is None:
-                    self._write_dataset(group, path, value)
-                else:
-                    self._write_attribute(group, path, attr, value)
+            self._write_sample(group, sample_values(self.spec, row, f"row {self.count} (group {name!r})"))
             self.count += 1
+
+    def _write_sample(self, group: Any, values: list[tuple[str, str | None, np.ndarray]]) -> None:
+        """A sample group's datasets (and groups holding only attributes) in the source's order of its
+        links, then the attributes in each object's order of its attributes (``unit_order``)."""
+        datasets: list[tuple[str, np.ndarray | None]] = [(p, value) for p, attr, value in values if attr is None]
+        # the groups inside it that hold only attributes, made in their place among the datasets
+        datasets += [(path, None) for path in sorted({p for p, a, _ in values if a is not None and p})
+                     if path in self.inner and not any(d == path or d.startswith(path + "/") for d, _ in datasets)]
+        for path, value in sorted(datasets, key=lambda item: self._place(item[0])):
+            if value is None:
+                self._inner(group, path)
+            else:
+                self._write_dataset(group, path, value)
+        attributes = [(path, attr, value) for path, attr, value in values if attr is not None]
+        order = self.attribute_order
+        for path, attr, value in sorted(attributes, key=lambda a: order.get(a[0], {}).get(str(a[1]), 1 << 30)):
+            self._write_attribute(group, path, str(attr), value)
+
+    def _place(self, path: str) -> tuple[int, ...]:
+        """Where ``path`` comes in a sample's creation order: its place in each group on the way to it."""
+        parts = path.split("/")
+        return tuple(self.link_order.get("/".join(parts[:i]), {}).get(part, 1 << 30) for i, part in enumerate(parts))
+
+    def _inner(self, group: Any, path: str) -> Any:
+        """The group ``path`` inside a sample group, and the groups on the way, each made tracking creation
+        order where the source's did (``unit_order``)."""
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            rel = "/".join(parts[:i])
+            if rel not in group:
+                group.create_group(rel, track_order=_tracks(unit_entry(self.spec, rel), None))
+        return group[path]
 
     def _write_dataset(self, group: Any, path: str, value: np.ndarray) -> None:
         """One dataset of a sample group: as the source stored it where it is the source's, else h5py's default."""
         stored = self.spec.storage.get(f"{group.name.strip('/')}/{path}", self.spec.member_storage.get(path))
+        if "/" in path:
+            self._inner(group, path.rpartition("/")[0])
         if stored is not None and path in self.typed:
             dataset = create_stored(group, path, value.dtype, value.shape, stored)
             if value.size:
@@ -526,8 +641,15 @@ class _GroupsWriter:
         if path and path not in group and path not in self.inner:
             raise SchemaError(f"row {self.count}: attribute {attr!r} belongs to {path!r}, which is None")
         # the group's own, a member's, or a group's inside it (made when no dataset made it)
-        owner = group if not path else group[path] if path in group else group.require_group(path)
-        owner.attrs.create(attr, data=value, dtype=value.dtype)
+        owner = group if not path else group[path] if path in group else self._inner(group, path)
+        note = ((unit_entry(self.spec, path) or {}).get("notes") or {}).get(attr)
+        if note is None:
+            owner.attrs.create(attr, data=value, dtype=value.dtype)
+            return
+        h5py = h5py_module()  # a padding or a bitfield: the source's type, which the value's dtype does not say
+        record = {"strpad": next((n for n in note.split() if n != "bitfield"), None), "bitfield": "bitfield" in note}
+        owner.attrs.create(attr, data=value, dtype=h5py.Datatype(noted(h5py.h5t.py_create(value.dtype, logical=1),
+                                                                       record)))
 
 
 _WRITERS: dict[str, Any] = {

@@ -24,8 +24,10 @@ compound layouts: what a value's numpy dtype does not show):
 - ``link '/p'``: every other name of an object (a second hard link, a soft link) and what it names;
 - ``dimension scale '/p'`` (its name) and ``dimensions of '/p'`` (each dimension's label and the
   scales attached to it, in order), as h5py's ``dims`` API reads them; ``named datatype '/p'``;
-- ``creation order of the links of '/p'`` and ``... of the attributes of '/p'`` (a columns layout):
-  the names of an object that tracks their creation order (h5py's ``track_order``), in it;
+- ``creation order of the links of '/p'`` and ``... of the attributes of '/p'``: the names of an
+  object outside the units that tracks their creation order (h5py's ``track_order``), in it; inside
+  the sample groups, one for all (``... of each sample group``, ``... of 'p' in each sample group``),
+  with ``type of attribute 'a' of each sample group`` (a padding, a bitfield);
 - ``dataset '/p'`` of the file that the conversion holds nowhere nor lists as left out (read from
   the file: no unihub dataset has such an entry, so a dataset dropped without a word shows).
 
@@ -53,6 +55,7 @@ from unihub.formats.hdf5.dtypes import (
     leaves_of,
     member_dtype,
     native,
+    note_text,
     string_padding,
 )
 from unihub.formats.hdf5.export import create_stored
@@ -65,6 +68,7 @@ from unihub.formats.hdf5.meta import (
     dimension_scales,
     exact_attributes,
     in_any,
+    unit_order,
     walk_objects,
 )
 from unihub.formats.hdf5.selection import plan_file
@@ -72,7 +76,7 @@ from unihub.formats.hdf5.storage import ExportSpec, Typed, generic_dtype, storag
 from unihub.schema.unischema import Unischema
 
 Value = tuple[Any, Any]  #: (value or None for an empty dataspace, dtype) of a dataset or attribute
-#: (value, dtype, a fixed string's padding where it is not h5py's: :func:`string_padding`) of an attribute
+#: (value, dtype, a fixed string's padding where it is not h5py's, a bitfield: :func:`note_text`) of an attribute
 AttrValue = tuple[Any, Any, str | None]
 Entries = dict[str, Any]
 
@@ -106,6 +110,7 @@ def _sections(datasets: Mapping[str, Value], attributes: Mapping[str, Mapping[st
     out["links"] = _link_entries(structure.get("links") or {}, is_kept)
     out["scales"] = _scale_entries(structure.get("scales") or {}, is_kept)
     out["order"] = _order_entries(structure.get("creation_order") or {}, is_kept)
+    out["order"].update(_unit_entries(structure.get("unit_order"), structure.get("unit_kind")))
     for path, (value, dt) in sorted(datasets.items()):
         out["datasets"][f"dataset '/{path}'"] = _native(value, dt)
         out["datasets"][f"dtype of dataset '/{path}'"] = dtype_text(dt)
@@ -139,7 +144,30 @@ def _order_entries(orders: Mapping[str, Any], is_kept: Callable[[str], bool]) ->
     for path, entry in sorted(orders.items()):
         if is_kept(path):
             for what, names in sorted(entry.items()):
-                out[f"creation order of the {what} of '/{path}'"] = list(names)
+                if names:  # tracked with none of the source's names: nothing to list out of order
+                    out[f"creation order of the {what} of '/{path}'"] = list(names)
+    return out
+
+
+def _unit_entries(record: Mapping[str, Any] | str | None, kind_: str | None) -> Entries:
+    """``creation order of the links of each sample group`` (``... of 'p' in each sample group``, of the
+    attributes too) and ``type of attribute 'a' of ...`` (a padding, a bitfield) from ``hdf5_meta``'s
+    ``unit_order`` (``members``), and whether the container of the splits or sample groups (``kind_``)
+    tracks creation order; or the text saying how the samples of a file differ."""
+    if record is None:
+        return {}
+    if isinstance(record, str):
+        return {"creation order and attribute types in the sample groups": f"the samples differ: {record}"}
+    units = "splits" if kind_ == "splits" else "sample groups"
+    out: Entries = {f"creation order tracked by the container of the {units}": bool(record.get("container_tracked"))}
+    for rel, entry in sorted((record.get("members") or {}).items()):
+        where = f"{rel!r} in each sample group" if rel else "each sample group"
+        for what in ("links", "attributes"):
+            if entry.get(what):
+                out[f"creation order of the {what} of {where}"] = list(entry[what])
+        for name, note in sorted((entry.get("notes") or {}).items()):
+            if note is not None:
+                out[f"type of attribute {name!r} of {where}"] = note
     return out
 
 
@@ -167,7 +195,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
     :data:`~unihub.formats.hdf5.meta.GIVEN_PARAMETERS`),
     when it is filled and allocated (not whether times are tracked, which
-    h5py sets by its own defaults), and a fixed string's padding where it is not h5py's. The maximum shape is ``"="`` where
+    h5py sets by its own defaults), a fixed string's padding where it is not h5py's, and whether its type is a
+    bitfield (h5py reads one as an unsigned integer). The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
@@ -185,7 +214,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "filters": [[name.decode("ascii", "replace"), int(flags), [int(v) for v in values[:GIVEN_PARAMETERS.get(code)]]]
                         for code, flags, values, name in filters],
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
-            "strpad": string_padding(dataset.id.get_type())}
+            "strpad": string_padding(dataset.id.get_type()),
+            "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD}
 
 
 def _is_default(description: Mapping[str, Any]) -> bool:
@@ -304,7 +334,17 @@ def _file_structure(handle: Any, plan: Plan, walked: list[tuple[str, Any]], drop
             "units_below": plan.container if plan.kind == "groups" else None,
             "named_types": {p: dtype_to_json(obj.dtype) for p, obj in walked if isinstance(obj, h5py.Datatype)
                             and p not in skipped},
-            "creation_order": creation_orders(walked, plan) if plan.kind == "columns" else {}}
+            "creation_order": creation_orders(walked, plan),
+            "unit_order": _file_unit_order(handle, plan), "unit_kind": plan.kind}
+
+
+def _file_unit_order(handle: Any, plan: Plan) -> dict[str, Any] | str | None:
+    """``hdf5_meta.unit_order`` of the file (splits or sample groups), or how its samples differ; None for
+    a columns layout."""
+    if plan.kind == "columns":
+        return None
+    record, conflict = unit_order(handle, plan)
+    return conflict if conflict is not None else record
 
 
 def _unconverted(plan: Plan, walked: list[tuple[str, Any]], written: set[str], skipped: set[str]) -> Entries:
@@ -358,7 +398,7 @@ def _attributes(owner: Any, path: str, skipped: set[str]) -> dict[str, AttrValue
     API, compared as scales); one that cannot be kept exactly is its reason, unless ``skipped`` lists
     it as left out, so that no unihub dataset matches it."""
     values, failed = exact_attributes(owner)
-    found = {name: (value, dtype, record.get("strpad")) for name, (value, dtype, record) in values.items()}
+    found = {name: (value, dtype, note_text(record)) for name, (value, dtype, record) in values.items()}
     found.update({name: (np.array(reason), np.dtype(str), None) for name, reason in failed.items()
                   if f"{path}@{name}" not in skipped})
     return found
@@ -421,6 +461,8 @@ def native_extras(schema: Unischema, extra: Mapping[str, Any], spec: ExportSpec,
     out: Entries = {}
     if source is not None and same:
         out = _native_files(source, spec, recorded, options)
+    elif spec.kind != "columns":  # the export's own container lists the units as written
+        out = _unit_entries({"container_tracked": True}, spec.kind)
     rows: dict[str, list[Any]] = {}
     for typed in spec.typed:
         if spec.kind == "groups":
@@ -493,7 +535,7 @@ class _Export:
         datasets = {p: decode_constant(r) for key in ("constants", "empty_datasets")
                     for p, r in self._kept(own, key).items()}
         groups = [p for p in (own.get("group_paths") or ()) if not in_any(p, self.dropped)]
-        attributes = {p: {n: (*decode_constant(r), r.get("strpad")) for n, r in values.items()}
+        attributes = {p: {n: (*decode_constant(r), note_text(r)) for n, r in values.items()}
                       for p, values in self._kept(own, "attribute_values").items()}
         written = set(attributes) if self.owners_written else self.rows
         structure = {"storage": _recorded_storage(own, spec, datasets, self.rows, self.dropped),
@@ -501,7 +543,10 @@ class _Export:
                      "scales": own.get("dimension_scales") or {},
                      "units_below": spec.container if spec.kind == "groups" else None,
                      "named_types": self._kept(own, "named_types"),
-                     "creation_order": self._kept(own, "creation_order")}
+                     "creation_order": self._kept(own, "creation_order"),
+                     # metadata from before it was kept: the container tracked, as the export makes it
+                     "unit_order": None if spec.kind == "columns" else own.get("unit_order") or {"container_tracked": True},
+                     "unit_kind": spec.kind}
         return _sections(datasets, attributes, groups, written | set(datasets), self.implied, structure)
 
     def _kept(self, own: Mapping[str, Any], key: str) -> dict[str, Any]:

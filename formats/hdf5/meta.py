@@ -10,22 +10,24 @@ attribute outside the rows), all bit for bit with their dtypes, ``group_paths`` 
 the rows, so that an empty one is written back too), ``storage`` and ``member_storage`` (how each
 source dataset is stored: layout, chunks, filters, fill value), ``links`` (every other name of an
 object: hard and soft links), ``dimension_scales`` (scales, their names, what each dimension has
-attached and its label), ``named_types`` (committed datatypes), ``creation_order`` (in a columns
-layout, the names in an object that tracks their creation order, h5py's ``track_order``) and ``left_out``.
+attached and its label), ``named_types`` (committed datatypes), ``creation_order`` (the names in an
+object outside the units that tracks their creation order, h5py's ``track_order``), ``unit_order`` (the
+same inside the splits or sample groups, one for all, with the types of a sample's attributes that their
+dtypes do not show, and whether their container tracks it) and ``left_out``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.hdf5.detect import below_any, object_key, object_paths
-from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module, string_padding
+from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module, note_text, type_notes
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
 from unihub.formats.hdf5.layout import Plan, is_scale_bookkeeping, unit_roots
 from unihub.formats.hdf5.read import attribute_array
@@ -34,7 +36,7 @@ from unihub.schema.unischema import UnischemaField
 
 #: what :func:`file_metadata` keeps of every file (the first one's, and ``<key>_by_file`` where others differ)
 PER_FILE = ("constants", "empty_datasets", "attribute_values", "group_paths", "storage", "member_storage", "links",
-            "dimension_scales", "named_types", "creation_order")
+            "dimension_scales", "named_types", "creation_order", "unit_order")
 #: a dimension scale's own attributes (beside :data:`~unihub.formats.hdf5.layout.SCALE_ATTRIBUTES`), kept as the scale itself
 _SCALE_OWN = ("CLASS", "NAME")
 
@@ -55,7 +57,8 @@ def file_metadata(handle: Any, plan: Plan, *, per_file: bool = False) -> dict[st
            "dimension_scales": dimension_scales(handle, [(p, o) for p, o in walked if not in_any(p, dropped)],
                                                 unit_roots(plan)),
            "named_types": named_types(walked),
-           "creation_order": creation_orders(walked, plan) if plan.kind == "columns" else {}}
+           "creation_order": creation_orders(walked, plan),
+           "unit_order": unit_order(handle, plan, refuse=True)[0]}
     if per_file:
         return own
     left_out = {**plan.left_out, **plan.ignored, **found.left_out}
@@ -105,7 +108,7 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
     bytes, as constants are; unihub's own left out, and the dimension-scale API's, kept as scales: see
     :func:`dimension_scales`), and the ones that cannot be kept exactly with why (object references
     are refused before: ``hdf5_layout.unkept_attributes``). The ingest keeps the encodings (with a fixed
-    string's padding where it is not h5py's, ``strpad``: :func:`string_padding`); verify compares the values."""
+    string's padding where it is not h5py's, ``strpad``, and a bitfield: :func:`type_notes`); verify compares the values."""
     attrs = owner.attrs
     scale = is_scale(owner)
     values, failed = {}, {}
@@ -116,10 +119,7 @@ def exact_attributes(owner: Any) -> tuple[dict[str, tuple[Any, Any, Any]], dict[
             attr = attrs.get_id(name)
             value = None if attr.shape is None else attribute_array(attrs, name)
             dtype = attr.dtype if value is None else value.dtype
-            record = encode_constant(value, dtype)
-            padding = string_padding(attr.get_type())
-            if padding is not None:
-                record["strpad"] = padding
+            record = {**encode_constant(value, dtype), **type_notes(attr.get_type())}
             values[name] = (value, dtype, record)
         except (SchemaError, OSError, TypeError, ValueError) as exc:
             failed[name] = f"an attribute that cannot be kept exactly ({exc})"
@@ -130,25 +130,139 @@ def creation_orders(walked: Iterable[tuple[str, Any]], plan: Plan) -> dict[str, 
     """The ``walked`` objects that track the creation order of their links or attributes (h5py's
     ``track_order``), by path: ``{"links": names, "attributes": names}`` in that order (h5py lists them so),
     where tracked; none left out by the ingest, unihub's own, nor the dimension-scale API's (made again by
-    it). Why: an untracked object lists its names in name order, so an export that does not track them
-    gives ``z, a, m`` back as ``a, m, z``."""
+    it), nor unihub's own datasets (an export's fields stored its way, and their companions); not of the
+    container of splits or sample groups (:func:`unit_order`: its order is the rows'). Why: an untracked
+    object lists its names in name order, so an export that does not track them gives ``z, a, m`` back as
+    ``a, m, z``."""
     h5py = h5py_module()
-    tracked = h5py.h5p.CRT_ORDER_TRACKED
     skipped = {*plan.refused, *plan.ignored, *plan.left_out}
+    skipped |= {"/".join(p for p in (plan.unit_path(u), rel) if p) for u in plan.units for rel in own_datasets(plan)}
     dropped = tuple(plan.unit_path(u) for u in plan.dropped)
     out: dict[str, dict[str, list[str]]] = {}
     for path, obj in walked:
-        if isinstance(obj, h5py.Datatype) or in_any(path, dropped):
+        if isinstance(obj, h5py.Datatype) or in_any(path, dropped) or (plan.kind != "columns" and path == plan.container):
             continue
-        plist = (obj["/"] if isinstance(obj, h5py.File) else obj).id.get_create_plist()
-        entry = {}
-        if isinstance(obj, h5py.Group) and plist.get_link_creation_order() & tracked:
-            names = ((n, "/".join(p for p in (path, n) if p)) for n in obj)
-            entry["links"] = [n for n, full in names if full not in skipped and not in_any(full, dropped)]
-        if plist.get_attr_creation_order() & tracked:
-            entry["attributes"] = [n for n in exact_attributes(obj)[0] if f"{path}@{n}" not in skipped]
+        entry = _tracked_names(h5py, obj["/"] if isinstance(obj, h5py.File) else obj, path,
+                               lambda full: full in skipped or in_any(full, dropped))
         if entry:
-            out[path] = entry
+            out[path] = {what: [n for n in names if f"{path}@{n}" not in skipped] if what == "attributes" else names
+                         for what, names in entry.items()}
+    return out
+
+
+def own_datasets(plan: Plan) -> set[str]:
+    """The paths in a unit of unihub's own datasets (fields an export stored its way, and their companions)."""
+    own = {leaf.path for leaf in plan.leaves.values() if leaf.recorded is not None}
+    return own | {c for leaf in plan.leaves.values() if leaf.recorded is not None for c in plan.companions.get(leaf.field, ())}
+
+
+def unit_order(handle: Any, plan: Plan, *, refuse: bool = False) -> tuple[dict[str, Any], str | None]:
+    """Whether the container of splits or sample groups tracks creation order, and what
+    :func:`creation_orders` is inside the sample groups (none for columns; a split's own is there), one for all
+    samples: ``({"container_tracked": bool, "members": {rel: entry}}, None)``, ``rel`` an object's path in
+    its unit ('' the unit itself), ``entry`` its ``links`` and ``attributes`` in creation order where it
+    tracks them (the source's own: not unihub's datasets), merged over the units (a sample lacking a
+    member fits the others' order), and in a groups layout its attributes' :func:`type_notes` by name
+    (``notes``: the padding of a fixed string, a bitfield), which sample attributes' fields do not show.
+    Where units disagree (one tracks, another not; ``z, a`` in one, ``a, z`` in another; other paddings),
+    the second item says so, naming two of them, and ``refuse`` raises it as a FormatError: one order is
+    all an export writes. Why: an untracked group lists its names by name, and h5py writes its own
+    padding and an integer for a bitfield, which the values alone do not show."""
+    if plan.kind == "columns":
+        return {}, None
+    h5py = h5py_module()
+    own = {*plan.refused, *plan.ignored, *plan.left_out}  # a groups export records every field: none is its own
+    rels, noted = _sample_objects(plan)
+    members: dict[str, Any] = {}
+    first: dict[str, str] = {}
+    base = handle[plan.container] if plan.container else handle["/"]
+    tracked = h5py.h5p.CRT_ORDER_TRACKED
+    for unit in plan.units if plan.kind == "groups" else ():
+        unit_id = h5py.h5o.open(base.id, unit.encode("utf-8"))  # HDF5's own calls: thousands of samples
+        for rel in sorted(r for r in rels if not r or r.encode("utf-8") in unit_id):
+            object_id = h5py.h5o.open(unit_id, rel.encode("utf-8")) if rel else unit_id
+            plist = object_id.get_create_plist()
+            found: dict[str, Any] = {}
+            if plist.get_attr_creation_order() & tracked or (
+                    isinstance(object_id, h5py.h5g.GroupID) and plist.get_link_creation_order() & tracked):
+                found = _tracked_names(h5py, base[unit][rel] if rel else base[unit], rel, lambda full: full in own)
+            if noted.get(rel):
+                found["notes"] = {a: note_text(type_notes(h5py.h5a.open(object_id, a.encode("utf-8")).get_type()))
+                                  for a in sorted(noted[rel]) if h5py.h5a.exists(object_id, a.encode("utf-8"))}
+            conflict = _merge_unit(members, first, rel, found, unit)
+            if conflict is not None:
+                where = f"{plan.path}: the sample groups"
+                if refuse:
+                    raise FormatError(f"{where} differ: {conflict}; an export writes one for all, so unihub "
+                                      "cannot give this file back as it is", path=plan.path)
+                return {}, conflict
+    container = bool(base.id.get_create_plist().get_link_creation_order() & tracked)
+    return {"container_tracked": container, "members": members}, None
+
+
+def _sample_objects(plan: Plan) -> tuple[set[str], dict[str, set[str]]]:
+    """The objects of a sample group whose names or attributes :func:`unit_order` reads (``''`` itself,
+    the groups on the way to its fields' datasets, and the objects that have attributes that are fields),
+    by their paths in it, and those attributes by owner. A dataset's tracking of its attributes' order is
+    in its storage record, so the datasets with no such attribute go unopened."""
+    rels = {""}
+    noted: dict[str, set[str]] = {}
+    for leaf in plan.leaves.values():
+        parts = leaf.path.split("/") if leaf.path else []
+        rels.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        if leaf.attr is not None:
+            rels.add(leaf.path)
+            noted.setdefault(leaf.path, set()).add(leaf.attr)
+    return rels, noted
+
+
+def _tracked_names(h5py: Any, obj: Any, path: str, unkept: Callable[[str], bool]) -> dict[str, Any]:
+    """An object's names in creation order where it tracks them (h5py lists them so): ``links`` (a
+    group's, none whose path, ``path/name``, is ``unkept``) and ``attributes`` (:func:`exact_attributes`)."""
+    plist = obj.id.get_create_plist()
+    found: dict[str, Any] = {}
+    if isinstance(obj, h5py.Group) and plist.get_link_creation_order() & h5py.h5p.CRT_ORDER_TRACKED:
+        found["links"] = [n for n in obj if not unkept("/".join(p for p in (path, n) if p))]
+    if plist.get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED:
+        found["attributes"] = list(exact_attributes(obj)[0])
+    return found
+
+
+def _merge_unit(members: dict[str, Any], first: dict[str, str], rel: str, found: dict[str, Any],
+                unit: str) -> str | None:
+    """Merge one unit's ``found`` for ``rel`` into ``members``; why it cannot be merged, naming two units."""
+    known = members.get(rel)
+    if known is None:
+        members[rel], first[rel] = found, unit
+        return None
+    where = f"{rel!r} in {first[rel]!r} and in {unit!r}" if rel else f"{first[rel]!r} and {unit!r}"
+    for key in ("links", "attributes"):
+        if (key in known) != (key in found):
+            return f"{where}: one tracks the creation order of its {key}, the other does not"
+        if key in known:
+            merged = _merged_order(known[key], found[key])
+            if merged is None:
+                return f"{where}: {key} created in the order {known[key]} and {found[key]}"
+            known[key] = merged
+    notes = known.setdefault("notes", {}) if "notes" in found else {}
+    for name, note in (found.get("notes") or {}).items():
+        if notes.setdefault(name, note) != note:
+            return f"{where}: attribute {name!r} of types {notes[name]} and {note}"
+    return None
+
+
+def _merged_order(known: list[str], names: list[str]) -> list[str] | None:
+    """``known`` with the names of ``names`` it lacks, each after the name before it in ``names``; None
+    where the two disagree on the order of the names they share."""
+    place = {n: i for i, n in enumerate(known)}
+    shared = [place[n] for n in names if n in place]
+    if shared != sorted(shared):
+        return None
+    out = list(known)
+    for i, name in enumerate(names):
+        if name not in place:
+            out.insert(out.index(names[i - 1]) + 1 if i else 0, name)
+            place[name] = -1
     return out
 
 
@@ -218,7 +332,7 @@ def storage_record(dataset: Any) -> dict[str, Any]:
     pipeline as HDF5 runs it (``[id, flags, [parameters given]]``, :data:`GIVEN_PARAMETERS`: gzip,
     lzf, shuffle, fletcher32, scale-offset ... with their options), the fill value when one was
     set (exactly: :func:`encode_constant`), when it is written, when space is allocated, whether
-    times are tracked, a fixed string's padding where it is not h5py's (:func:`string_padding`), and
+    times are tracked, a fixed string's padding where it is not h5py's and a bitfield (:func:`type_notes`), and
     whether the creation order of its attributes is tracked (``track_order``, where it is)."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
@@ -240,9 +354,7 @@ def storage_record(dataset: Any) -> dict[str, Any]:
         value = np.zeros((1,), dtype=dataset.dtype)
         dcpl.get_fill_value(value)
         record["fillvalue"] = encode_constant(value.reshape(()), dataset.dtype)
-    padding = string_padding(dataset.id.get_type())
-    if padding is not None:
-        record["strpad"] = padding
+    record.update(type_notes(dataset.id.get_type()))
     if dcpl.get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED:
         record["track_order"] = True
     return record

@@ -74,6 +74,9 @@ class ExportSpec:
     named_types: dict[str, Any] = field(default_factory=dict)  #: path -> a named datatype's dtype (JSON)
     #: path -> the names in an object that tracks their creation order (``hdf5_meta.creation_orders``)
     creation_order: dict[str, Any] = field(default_factory=dict)
+    #: the same inside the units, and whether their container tracks it (``hdf5_meta.unit_order``); None:
+    #: not recorded (an ingest before it, or no HDF5 source): the container and splits tracked, samples not
+    unit_order: dict[str, Any] | None = None
 
 
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,
@@ -113,6 +116,7 @@ def _take_source(spec: ExportSpec, source: Mapping[str, Any], recorded: Mapping[
     spec.scales = recorded_mapping("dimension_scales")
     spec.named_types = recorded_mapping("named_types")
     spec.creation_order = recorded_mapping("creation_order")
+    spec.unit_order = source.get("unit_order")
 
 
 def _typed_fields(schema: Unischema, spec: ExportSpec,

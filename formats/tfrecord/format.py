@@ -460,11 +460,13 @@ class TFRecordFormat(ForeignFormat):
                               "keeps each record's order of features in; rename it", path=self.sources[0])
         self._links = {name: stat.after for name, stat in every.items()}
         self.feature_order, self.feature_order_differs = order_on_wire(self._links)
-        # records that disagree: each row keeps its own order (the ORDER_FIELD), unless too many differ
-        self.feature_orders = order_table(every.orders) if self.feature_order_differs and \
-            isinstance(every, Scan) else {}
+        # records that disagree (on the order, or on a features field where none is): each row keeps its own
+        # order (the ORDER_FIELD; NO_FEATURES for b''), unless too many differ
+        self.feature_orders = order_table(every.orders) if (self.feature_order_differs or self.empty_context_differs) \
+            and isinstance(every, Scan) else {}
         if self.feature_orders:
             self.feature_order_differs = None
+            self.empty_context_differs = False
         self._scanned = True
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,

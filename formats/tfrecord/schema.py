@@ -38,6 +38,9 @@ SHAPE_SUFFIX = "/shape"
 ORDER_FIELD = "__feature_order__"
 #: distinct orders a dataset keeps (``feature_orders``); past them, records keep the one order, flagged
 ORDERS_KEPT = 1024
+#: the order of an Example with no features field (``b''``, as TensorFlow serializes ``tf.train.Example()``),
+#: apart from ``()``, an empty one (``0a 00``): where records of both kinds are mixed, the row's order says which
+NO_FEATURES = None
 
 
 # -- what a scan saw ----------------------------------------------------------------------------
@@ -121,15 +124,16 @@ class _Stats:
 
 class Scan(dict[str, _Stats]):
     """A scan's statistics per feature, and the distinct orders its records had their features in
-    (up to one past :data:`ORDERS_KEPT`), and whether its records without features held an empty features
-    field (True: ``0a 00``) or none (False: ``b''``): what an export needs to write each record as it was."""
+    (up to one past :data:`ORDERS_KEPT`; :data:`NO_FEATURES` for a record with no features field), and whether
+    its records without features held an empty features field (True: ``0a 00``) or none (False: ``b''``): what
+    an export needs to write each record as it was."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.orders: set[tuple[str, ...]] = set()
+        self.orders: set[tuple[str, ...] | None] = set()
         self.empty_features: set[bool] = set()
 
-    def add_order(self, names: tuple[str, ...]) -> None:
+    def add_order(self, names: tuple[str, ...] | None) -> None:
         if len(self.orders) <= ORDERS_KEPT:
             self.orders.add(names)
 
@@ -139,7 +143,7 @@ def add_example(stats: dict[str, _Stats], example: dict[str, Feature], where: st
     ``example`` in wire order (as parse_example gives it), whose neighbours :func:`order_on_wire` orders
     (and, for a :class:`Scan`, whose order it keeps)."""
     if isinstance(stats, Scan):
-        stats.add_order(tuple(example))
+        stats.add_order(NO_FEATURES if isinstance(example, NoFeatures) else tuple(example))
         if not example:
             stats.empty_features.add(not isinstance(example, NoFeatures))
     previous = None
@@ -243,8 +247,9 @@ def order_on_wire(after: Mapping[str, Iterable[str]], what: str = "features") ->
 
 
 @functools.lru_cache(maxsize=4 * ORDERS_KEPT)
-def order_id(names: tuple[str, ...], lists: tuple[str, ...] | None = None) -> int:
-    """A record's order of features (its names on the wire; a SequenceExample's: its context's, and its
+def order_id(names: tuple[str, ...] | None, lists: tuple[str, ...] | None = None) -> int:
+    """A record's order of features (its names on the wire, :data:`NO_FEATURES` for an Example with no
+    features field; a SequenceExample's: its context's, and its
     feature ``lists``) as the number its row's :data:`ORDER_FIELD` holds: 8 bytes of a hash of the
     names, a signed int64. A hash, not an index into a table: the same in
     every process and dataset, so rows read by forked workers, copied or appended from another dataset
@@ -255,13 +260,15 @@ def order_id(names: tuple[str, ...], lists: tuple[str, ...] | None = None) -> in
     return int.from_bytes(digest, "little", signed=True)
 
 
-def order_table(orders: Iterable[tuple[str, ...]]) -> dict[str, Any]:
+def order_table(orders: Iterable[tuple[str, ...] | None]) -> dict[str, Any]:
     """The ``feature_orders`` a dataset keeps: each distinct order of its records by its
-    :func:`order_id` (a string: JSON's keys are); empty past :data:`ORDERS_KEPT` orders."""
+    :func:`order_id` (a string: JSON's keys are), the names in it (None: :data:`NO_FEATURES`); empty past
+    :data:`ORDERS_KEPT` orders."""
     orders = list(orders)
     if len(orders) > ORDERS_KEPT:
         return {}
-    return {str(order_id(names)): list(names) for names in sorted(orders)}
+    return {str(order_id(names)): None if names is NO_FEATURES else list(names)
+            for names in sorted(orders, key=lambda names: (names is NO_FEATURES, names or ()))}
 
 
 def sequence_order_table(orders: Iterable[tuple[tuple[str, ...], tuple[str, ...]]]) -> dict[str, Any]:
@@ -285,6 +292,7 @@ def ordered_rows(schema: Unischema, make: Callable[[Any], Callable[[Mapping[str,
         return default
     table = dict(orders or {})
     made: dict[int, Callable[[Mapping[str, Any], int], Any]] = {}
+    missing = object()
 
     def encode(batch: Mapping[str, Any], row: int) -> Any:
         number = batch[ORDER_FIELD][row] if ORDER_FIELD in batch else None
@@ -292,9 +300,9 @@ def ordered_rows(schema: Unischema, make: Callable[[Any], Callable[[Mapping[str,
             return default(batch, row)
         encoder = made.get(number)
         if encoder is None:
-            entry = table.get(str(number))
-            if entry is None or number_of(entry) != number:
-                problem = "lacks it" if entry is None else "holds another order under it (a table not this dataset's)"
+            entry = table.get(str(number), missing)  # None: NO_FEATURES, a record with no features to order
+            if entry is missing or number_of(entry) != number:
+                problem = "lacks it" if entry is missing else "holds another order under it (a table not this dataset's)"
                 raise FormatError(f"row {row} of a batch: its {ORDER_FIELD} {number} names an order of features "
                                   f"that the dataset's tfrecord.feature_orders ({len(table)} orders) {problem}; "
                                   f"keep the metadata with the rows (a copy, an append), or drop {ORDER_FIELD} "
@@ -548,7 +556,7 @@ class _OrderPlan(_Plan):
     """:data:`ORDER_FIELD`: not a feature, each record's order of features (:func:`order_id`)."""
 
     def read(self, example: Mapping[str, Feature]) -> Any:
-        return order_id(tuple(example))
+        return order_id(NO_FEATURES if isinstance(example, NoFeatures) else tuple(example))
 
 
 # -- writing helpers -------------------------------------------------------------------------
@@ -564,9 +572,14 @@ def example_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shapes
     ``empty_without_kind`` write an empty list as a Feature with no list set. Features
     are written in ``order`` (the source's, see :func:`order_on_wire`), those it lacks after them in
     the schema's; rows with an :data:`ORDER_FIELD` in theirs, from ``orders`` (see :func:`features_encoder`).
-    A row without features has an empty features field only with ``empty_context``."""
+    A row without features has an empty features field only with ``empty_context``, and not where its
+    :data:`ORDER_FIELD` says its record had none (:data:`NO_FEATURES`: records of both kinds)."""
     entries = features_encoder(schema, empty_as_null, shapes, order, orders, empty_without_kind)
-    return lambda batch, row: encode_entries(entries(batch, row), empty_context)
+    bare = order_id(NO_FEATURES)
+    if not empty_context or ORDER_FIELD not in schema.fields or str(bare) not in (orders or {}):
+        return lambda batch, row: encode_entries(entries(batch, row), empty_context)
+    return lambda batch, row: encode_entries(entries(batch, row), batch[ORDER_FIELD][row] != bare
+                                             if ORDER_FIELD in batch else True)
 
 
 EntriesEncoder = Callable[[Mapping[str, Any], int], list[tuple[bytes, bytes]]]
@@ -583,7 +596,7 @@ def features_encoder(schema: Unischema, empty_as_null: Sequence[str] = (), shape
     features = without_order(schema)
     return ordered_rows(schema, lambda names: _entries_in(features, empty_as_null, shapes,
                                                           order if names is None else names, empty_without_kind),
-                        orders, lambda names: order_id(tuple(names)))
+                        orders, lambda names: order_id(NO_FEATURES if names is NO_FEATURES else tuple(names)))
 
 
 def without_order(schema: Unischema) -> Unischema:

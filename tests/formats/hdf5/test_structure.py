@@ -121,7 +121,7 @@ def test_a_fixed_strings_padding_comes_back_and_verify_names_it(tmp_path: Path, 
     if pad == "STR_SPACEPAD":
         assert b"ab  abc     " in (tmp_path / "back.h5").read_bytes()
     assert_equal(src, tmp_path / "back.h5")
-    monkeypatch.setattr(hdf5_meta, "string_padding", lambda type_id: None)  # the old ingest
+    monkeypatch.setattr(hdf5_meta, "type_notes", lambda type_id: {})  # the old ingest
     convert(src, tmp_path / "old", progress=False)
     found = differences(src, tmp_path / "old")
     assert any(d.startswith("storage of dataset '/names'/strpad: expected") for d in found), found
@@ -154,7 +154,7 @@ def test_an_attributes_fixed_string_padding_comes_back_and_verify_names_it(
         assert b"ab  xyz " in (tmp_path / "back.h5").read_bytes()
     assert_equal(src, tmp_path / "back.h5")
     with monkeypatch.context() as patched:  # the old ingest (verify reads the padding all the same)
-        patched.setattr(hdf5_meta, "string_padding", lambda type_id: None)
+        patched.setattr(hdf5_meta, "type_notes", lambda type_id: {})
         convert(src, tmp_path / "old", progress=False)
     found = differences(src, tmp_path / "old")
     assert f"""dtype of attribute 'title' of '/': expected '{{"string": 4, "encoding": "ascii"}} ({pad[4:].lower()})', \

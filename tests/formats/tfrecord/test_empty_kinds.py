@@ -149,3 +149,62 @@ def test_shards_scanned_in_workers_merge_the_facts(tmp_path: Path) -> None:
     assert _read(tmp_path / "back.tfrecord") == shards[0] + shards[1]
     report = verify(tmp_path / "src", tmp_path / "ds")
     assert report.equal, report.summary()
+
+
+def _bare_or_empty(i: int) -> bytes:
+    """An Example with an ``id`` (most), ``tf.train.Example()`` (``b''``) or one whose features were set
+    but hold none (``0a 00``)."""
+    ex = tf.train.Example()
+    if i % 5 == 1:
+        return b""
+    if i % 5 == 3:
+        ex.features.SetInParent()
+    else:
+        ex.features.feature["id"].int64_list.value.append(i)
+    return ex.SerializeToString()
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_records_mixing_no_features_field_and_an_empty_one_export_back_byte_for_byte(tmp_path: Path, late: bool) -> None:
+    """A file mixing ``b''`` and ``0a 00`` came back all ``0a 00`` (one flag for the dataset, and a caveat);
+    each row now names which it was through its order of features (``__feature_order__``). ``late``: the
+    first ``b''`` after the records a single pass starts its schema from, in a second shard."""
+    records = [_bare_or_empty(i) for i in range(10)]
+    assert b"" in records and b"\x0a\x00" in records
+    if late:
+        (tmp_path / "src").mkdir()
+        first = [_bare_or_empty(0)] * (tfr.PROVISIONAL_SAMPLE + 5) + [_bare_or_empty(3)]
+        _records(tmp_path / "src" / "part-0.tfrecord", first)
+        _records(tmp_path / "src" / "part-1.tfrecord", records)
+        source, records = tmp_path / "src", first + records
+    else:
+        source = _records(tmp_path / "mixed.tfrecord", records)
+    result = convert(source, tmp_path / "ds", progress=False)
+    assert not any("features field" in note for note in result.notes), result.notes
+    assert tfr.ORDER_FIELD in open_dataset(str(tmp_path / "ds")).schema.fields
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == records
+    for a, b in ((source, tmp_path / "ds"), (tmp_path / "ds", tmp_path / "back.tfrecord")):
+        report = verify(a, b)
+        assert report.equal, report.summary()
+
+
+def test_verify_names_the_records_a_dataset_without_each_rows_kind_gives_back_with_a_features_field(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As before the rows kept it: one features field for every record without features, said in a note,
+    and verify names the ``b''`` records."""
+    source = _records(tmp_path / "mixed.tfrecord", [_bare_or_empty(i) for i in range(10)])
+    note = tfr.TFRecordFormat._note
+
+    def one_flag(self: tfr.TFRecordFormat, *args: Any) -> None:
+        note(self, *args)
+        self.feature_orders, self.empty_context_differs = {}, True
+
+    monkeypatch.setattr(tfr.TFRecordFormat, "_note", one_flag)
+    result = convert(source, tmp_path / "ds", progress=False)
+    assert any("hold an empty features field and some none" in note for note in result.notes), result.notes
+    convert(tmp_path / "ds", tmp_path / "old.tfrecord")
+    assert b"" not in _read(tmp_path / "old.tfrecord")
+    report = verify(source, tmp_path / "ds")
+    assert report.differences == ["record 1 (mixed.tfrecord record 1), field 'features': expected None, found {}",
+                                  "record 6 (mixed.tfrecord record 6), field 'features': expected None, found {}"]
