@@ -446,7 +446,7 @@ def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, la
     """How the staged rows' schema compares with the latest version's: ``'same'``; ``'wider'``: it adds
     nullable fields (then it becomes the version's schema; the files before read those fields as nulls);
     ``'narrower'``: it lacks only nullable fields of the dataset's (those rows read them as nulls). Anything else (a field of another type, shape, codec or nullability, a new field that is not
-    nullable, fields added on both sides) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
+    nullable, fields added on both sides, the dataset's fields in another order) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
     Metadata such as the source's name may differ."""
     old_path = f"{target}/{latest.common_metadata or latest.parts[0]}"
     old, new = _arrow_schema(fs, old_path), _arrow_schema(fs, staged_common)
@@ -460,6 +460,11 @@ def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, la
         raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
                                 f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema, or add "
                                 "nullable fields only (convert --schema, or write_dataset with that Unischema)")
+    kept_order = [n for n in new.names if n in old.names]
+    if kept_order != [n for n in old.names if n in new.names]:  # rows (namedtuples) would change their order
+        raise AppendSchemaError(f"{target}: the appended rows' schema lists the fields of version {latest.number} in "
+                                f"another order ({', '.join(kept_order)}; the dataset's: {', '.join(old.names)}). "
+                                "Append with the dataset's Unischema (open_dataset(url).schema), new fields anywhere")
     return "wider" if added else "narrower" if dropped else "same"
 
 

@@ -118,6 +118,22 @@ def test_append_of_another_schema_is_refused_by_name_and_changes_nothing(tmp_pat
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ds.unihub-tmp")]
 
 
+def test_append_of_the_fields_in_another_order_is_refused_by_name(tmp_path: Path) -> None:
+    """Accepted before: the version's schema (and every row's namedtuple) took the appended order, and the row
+    groups of one version read their columns in two orders."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    before = sorted(os.listdir(url))
+    reordered = Unischema("Grow", [SCHEMA.fields["vec"], SCHEMA.fields["id"], SCHEMA.fields["name"]])
+    with pytest.raises(AppendSchemaError, match=r"in another order \(vec, id, name; the dataset's: id, vec, name\)"):
+        write_dataset(url, reordered, rows(4, 6), mode="append")
+    assert sorted(os.listdir(url)) == before and ids(url) == [0, 1, 2, 3]
+    wider = Unischema("Grow", [SCHEMA.fields["id"], UnischemaField("new", np.int32, (), ScalarCodec(pa.int32()), True),
+                               *list(SCHEMA.fields.values())[1:]])
+    write_dataset(url, wider, [{**row, "new": 1} for row in rows(4, 6)], mode="append")  # a new field anywhere
+    assert list(open_dataset(url).schema.fields) == ["id", "new", "vec", "name"] and ids(url) == list(range(6))
+
+
 def test_a_reader_pins_the_version_it_opened(tmp_path: Path) -> None:
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 40), rows_per_file=5)
