@@ -31,7 +31,7 @@ import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -1023,6 +1023,16 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
         arrow_schema = read_metadata(fs, target).schema.to_arrow_schema()
     else:
         arrow_schema = store._footers[store.files[0].path].schema.to_arrow_schema()
+    _write_entries(fs, root, target, arrow_schema, entries, lambda temporary: fs.move(temporary, target))
+    _update_published_copy(fs, root, target)
+    _update_version_copy(store, entries)
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _write_entries(fs: pafs.FileSystem, root: str, target: str, arrow_schema: pa.Schema,
+                   entries: Mapping[bytes, bytes | None], put: Callable[[str], None]) -> None:
+    """``arrow_schema`` with ``entries`` set (or removed, for None) written to ``target``: under a temporary
+    name starting with '_' first, which ``put`` puts in place."""
     metadata = dict(arrow_schema.metadata or {})
     for key, value in entries.items():
         if value is None:
@@ -1032,12 +1042,26 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
     temporary = fsutil.join(root, f"{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
     try:
         pq.write_metadata(arrow_schema.with_metadata(metadata), temporary, filesystem=fs)
-        fs.move(temporary, target)
-    except BaseException:
+        put(temporary)
+    finally:
         fsutil.remove(fs, temporary)
-        raise
-    _update_published_copy(fs, root, target)
-    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _update_version_copy(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
+    """Where the version ``store`` read names a ``_common_metadata`` copy of its own (an append's, the schema its
+    rows were written with), that copy is what unihub's readers of the version read: it gets the entries too
+    (a row-group index built over its files, else invisible to them), moved or copied in place in one step."""
+    if store.version is None:
+        return
+    fs, root = store.filesystem, store.path
+    pinned = versions.resolve(fs, root, version=store.version)
+    named = pinned.common_metadata if pinned is not None else None
+    if named is None or named == COMMON_METADATA:
+        return
+    own = fsutil.join(root, named)
+    local = fsutil.on_local_disk(fs)
+    _write_entries(fs, root, own, read_metadata(fs, own).schema.to_arrow_schema(), entries,
+                   lambda temporary: fs.move(temporary, own) if local else fs.copy_file(temporary, own))
 
 
 def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
