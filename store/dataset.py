@@ -25,7 +25,6 @@ URL. Petastorm's look-ups are here too:
 from __future__ import annotations
 
 import copy
-import decimal
 import mmap
 import os
 import posixpath
@@ -35,7 +34,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +60,7 @@ from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
 from unihub.store import column_sets, footer_cache, integrity, versions
+from unihub.store.partitions import partition_of, partition_value
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -724,22 +724,6 @@ def views_the_file(column_field: pa.Field) -> bool:
     return bool(column_field.metadata) and VIEWS_OF_FILE in column_field.metadata
 
 
-def partition_value(field_: UnischemaField, raw: str) -> Any:
-    """A Hive partition directory's value (``key=raw``) as the field's Python value."""
-    if raw == "__HIVE_DEFAULT_PARTITION__":
-        return None
-    if field_.numpy_dtype is np.str_:
-        return raw
-    if field_.numpy_dtype is decimal.Decimal:
-        return decimal.Decimal(raw)
-    if field_.numpy_dtype is np.bool_ and raw.lower() in ("true", "false"):
-        return raw.lower() == "true"  # np.bool_("False") is True
-    try:
-        return field_.numpy_dtype(raw).item()
-    except (ValueError, TypeError) as exc:
-        raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
-
-
 @remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
@@ -1318,12 +1302,6 @@ def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs
         return [read(p) for p in paths]
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
         return list(pool.map(read, paths))
-
-
-def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
-    """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""
-    rel = path[len(base):].lstrip("/").split("/")[:-1]
-    return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
 
 
 def resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],

@@ -75,14 +75,17 @@ from unihub.errors import (
     DatasetNotFoundError,
     FormatError,
     SourceChangedError,
+    UnihubError,
     VersionNotFoundError,
 )
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
+from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store import column_sets, file_options, integrity, listings
 from unihub.store.column_sets import ColumnSet, SidePart
+from unihub.store.partitions import partition_of, with_partitions
 
 VERSIONS_DIR = publish.VERSIONS_DIR
 COMMON_METADATA = publish.COMMON_METADATA
@@ -712,11 +715,12 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     sides: dict[tuple[str, str], SidePart] = {}  # (set, rewritten part) -> its rewritten side file
     written: list[str] = []
     removed = 0
+    seen = _FilterColumns.of(fs, root, latest)
     try:
         for n, rel in enumerate(latest.parts):
             head, name = posixpath.split(rel)
             new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{RUN_PREFIX.sub('', name)}")
-            rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n))
+            rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n), seen)
             kept, dropped = rewrite.run(where, written)
             if dropped:
                 replaced[rel] = new_rel if kept else None
@@ -836,8 +840,9 @@ class _PartRewrite:
     sets' fields null where a set does not cover it, as reading does): the predicate sees the added columns too, and
     the part and each of its side files are rewritten without the same rows, their row groups still aligned."""
 
-    def __init__(self, fs: pafs.FileSystem, root: str, rel: str, new_rel: str, targets: list[_SideTarget]) -> None:
-        self.fs, self.root, self.rel, self.new_rel, self.targets = fs, root, rel, new_rel, targets
+    def __init__(self, fs: pafs.FileSystem, root: str, rel: str, new_rel: str, targets: list[_SideTarget],
+                 seen: _FilterColumns) -> None:
+        self.fs, self.root, self.rel, self.new_rel, self.targets, self.seen = fs, root, rel, new_rel, targets, seen
         #: set name -> the side file written for the rewritten part (sets that covered the part)
         self.new_sides: dict[str, SidePart] = {}
         #: where the part is (in the directory, or retired beside the records for an older version)
@@ -891,7 +896,7 @@ class _PartRewrite:
         for target in uncovered:
             for fld in target.storage:
                 group = group.append_column(fld, pa.nulls(group.num_rows, fld.type))
-        return group
+        return self.seen.complete(group, self.rel)
 
     def _write(self, source: pq.ParquetFile, covered: list[_SideRewrite], uncovered: list[_SideTarget],
                counts: list[int], where: Any, written: list[str]) -> None:
@@ -918,6 +923,34 @@ class _PartRewrite:
                 for writer, (_, _, schema, _) in zip(writers, outputs):
                     writer.write_table(pa.table([group.column(n) for n in schema.names], schema=schema),
                                        row_group_size=group.num_rows)
+
+
+@dataclass(frozen=True)
+class _FilterColumns:
+    """What a delete's filter sees of a part beside its own and its sets' columns, as reading shows them: the
+    version's stored fields the part lacks (an append added them after it, or lacked them) as nulls, and the
+    values of its partition folders. (The files written keep only their own columns.)"""
+
+    stored: pa.Schema
+    schema: Unischema | None
+
+    @classmethod
+    def of(cls, fs: pafs.FileSystem, root: str, latest: Version) -> _FilterColumns:
+        stored = _arrow_schema(fs, f"{root}/{latest.common_metadata or latest.parts[0]}")
+        raw = (stored.metadata or {}).get(SCHEMA_METADATA_KEY)
+        pickled = (stored.metadata or {}).get(PETASTORM_UNISCHEMA_KEY)
+        try:
+            schema = Unischema.from_json(raw) if raw is not None else \
+                load_petastorm_unischema(pickled) if pickled is not None else None
+        except UnihubError:
+            schema = None  # partition values are then not seen: a filter naming one fails as before
+        return cls(stored, schema)
+
+    def complete(self, group: pa.Table, rel: str) -> pa.Table:
+        for fld in self.stored:
+            if fld.name not in group.column_names:
+                group = group.append_column(fld.with_nullable(True), pa.nulls(group.num_rows, fld.type))
+        return with_partitions(group, self.schema, partition_of("", rel)) if self.schema is not None else group
 
 
 def _names_added(schema: pa.Schema, where: Any) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -495,6 +496,32 @@ def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ids(url) == [0, 1, 2, 3] and ids(url, version=1) == list(range(6))
     assert main(["delete", url, "--where", "nope > 1"]) == 1
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_delete_filters_on_partition_keys_and_on_fields_appended_parts_lack(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The filter sees each part's rows as reading shows them: its partition folders' values, and nulls for the
+    version's fields the part lacks (an append after it added them, or it was an append lacking them). Both were a
+    raw ArrowInvalid ("No match for FieldRef.Name"), nothing deleted."""
+    from unihub.cli import main
+
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "keyed")
+    write_dataset(url, keyed, [{**row, "key": row["id"] % 3} for row in rows(0, 9)], partition_by=["key"])
+    assert versions.delete_rows(url, pc.field("key") == 1).added_rows == -3
+    assert sorted(ids(url)) == [0, 2, 3, 5, 6, 8]
+    assert main(["delete", url, "--where", "key == 2 and id > 4"]) == 0 and "deleted 2 row(s)" in capsys.readouterr().out
+    assert sorted(ids(url)) == [0, 2, 3, 6]
+    url = str(tmp_path / "grown")
+    narrower = Unischema("Grow", [f for f in SCHEMA if f.name != "name"])
+    wider = Unischema("Grow", [*SCHEMA, UnischemaField("extra", np.int64, (), ScalarCodec(pa.int64()), True)])
+    write_dataset(url, SCHEMA, [{**row, "name": f"n{row['id']}"} for row in rows(0, 4)])
+    write_dataset(url, narrower, [{k: v for k, v in row.items() if k != "name"} for row in rows(4, 8)], mode="append")
+    write_dataset(url, wider, [{**row, "name": "w", "extra": row["id"]} for row in rows(8, 12)], mode="append")
+    assert versions.delete_rows(url, pc.field("name").is_null()).added_rows == -4  # the narrower part's
+    assert versions.delete_rows(url, pc.field("extra") >= 10).added_rows == -2
+    assert versions.delete_rows(url, pc.field("name") == "n1").added_rows == -1
+    assert ids(url) == [0, 2, 3, 8, 9] and ids(url, version=3) == list(range(12))
 
 
 KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
