@@ -463,6 +463,12 @@ def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, la
         raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
                                 f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema, or add "
                                 "nullable fields only (convert --schema, or write_dataset with that Unischema)")
+    in_sets = sorted({f.name for c in column_sets.of_version(latest.column_sets, record_path(target, latest.number)).sets
+                      for f in c.fields} & set(added))
+    if in_sets:  # published, no version after it could be opened
+        raise AppendSchemaError(f"{target}: the appended rows hold field(s) {in_sets}, which version "
+                                f"{latest.number} has as added columns (unihub columns list); append rows without "
+                                "them (they read as nulls, or a backfill writes them), or remove the column set first")
     kept_order = [n for n in new.names if n in old.names]
     if kept_order != [n for n in old.names if n in new.names]:  # rows (namedtuples) would change their order
         raise AppendSchemaError(f"{target}: the appended rows' schema lists the fields of version {latest.number} in "
