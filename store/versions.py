@@ -519,7 +519,8 @@ def _describe(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> st
     if fields is not None and name in fields:
         f = fields[name]
         return (f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
-                + (" nullable" if f.get("nullable") else " not null"))
+                + (" nullable" if f.get("nullable") else " not null")
+                + ("" if name in schema.names else " in partition folders (partition_by)"))
     return str(schema.field(name).type) if name in schema.names else "absent"
 
 

@@ -135,6 +135,19 @@ def test_append_of_the_fields_in_another_order_is_refused_by_name(tmp_path: Path
     assert list(open_dataset(url).schema.fields) == ["id", "new", "vec", "name"] and ids(url) == list(range(6))
 
 
+def test_append_without_the_datasets_partitioning_says_so(tmp_path: Path) -> None:
+    """The message described the field the same on both sides ("key: int32() scalar not null in the dataset,
+    int32() scalar not null appended")."""
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "ds")
+    write_dataset(url, keyed, [{**row, "key": 1} for row in rows(0, 3)], partition_by=["key"])
+    with pytest.raises(AppendSchemaError, match=r"key: int32\(\) scalar not null in partition folders \(partition_by\) "
+                                                r"in the dataset, int32\(\) scalar not null appended"):
+        write_dataset(url, keyed, [{**row, "key": 2} for row in rows(3, 4)], mode="append")
+    write_dataset(url, keyed, [{**row, "key": 2} for row in rows(3, 4)], mode="append", partition_by=["key"])
+    assert sorted(ids(url)) == [0, 1, 2, 3]
+
+
 def test_a_reader_pins_the_version_it_opened(tmp_path: Path) -> None:
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 40), rows_per_file=5)
