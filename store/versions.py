@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import posixpath
 import random
@@ -74,6 +75,7 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
+    InvalidArgumentError,
     SourceChangedError,
     UnihubError,
     VersionNotFoundError,
@@ -200,6 +202,11 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
     that has no records and where none was asked (it is read as before: its manifest or its listing)."""
     if version is not None and tag is not None:
         raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, numbers.Integral)):
+        raise InvalidArgumentError(f"{root}: version= is a version's number (an int), got {version!r}"
+                                   + ("; a version's name is tag=" if isinstance(version, str) else ""))
+    if tag is not None and not isinstance(tag, str):
+        raise InvalidArgumentError(f"{root}: tag= is a version's name (a str), got {tag!r}")
     if tag is None:
         if version is None and not _has_records(fs, root):
             return None

@@ -32,7 +32,13 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.errors import AppendSchemaError, DatasetChangedError, SchemaError, VersionNotFoundError
+from unihub.errors import (
+    AppendSchemaError,
+    DatasetChangedError,
+    InvalidArgumentError,
+    SchemaError,
+    VersionNotFoundError,
+)
 from unihub.fs import publish
 from unihub.store import versions
 
@@ -106,6 +112,13 @@ def test_append_to_a_missing_dataset_starts_it_and_tags_are_unique(tmp_path: Pat
     with pytest.raises(SchemaError, match="not with overwrite"):
         write_dataset(url, SCHEMA, rows(0, 1), mode="append", overwrite=True)
     assert ids(url) == [0, 1, 2]
+    # a version's number is an int (True read version 1, "1" was a raw "Unknown format code 'd'"), a tag a str
+    for wrong, message in [("1", "got '1'; a version's name is tag="), (True, "got True"), (1.0, "got 1.0")]:
+        with pytest.raises(InvalidArgumentError, match=f"version= is a version's number \\(an int\\), {message}"):
+            open_dataset(url, version=wrong)
+    with pytest.raises(InvalidArgumentError, match="tag= is a version's name"):
+        make_reader(url, tag=1)
+    assert open_dataset(url, version=np.int64(1)).num_rows == 3
 
 
 def test_append_of_another_schema_is_refused_by_name_and_changes_nothing(tmp_path: Path) -> None:
