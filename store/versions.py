@@ -432,12 +432,25 @@ def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
         latest = current[-1]
         version = replace(latest, number=latest.number + 1, timestamp=now(), operation=operation, tag=tag,
                           added_rows=0, column_sets=sets_of(latest))
+        if latest.common_metadata != base.common_metadata:  # an append changed the parts' schema meanwhile
+            _refuse_fields_of_parts(fs, root, latest, version, operation)
         if publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             fsutil.remove(fs, f"{root}/{column_sets.RECORD}")  # sets from before versions: version 1 holds them
             return version
         time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
     raise ConcurrentCommitError(f"{root}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
                                 f"nothing of the {operation} was published: run it again")
+
+
+def _refuse_fields_of_parts(fs: pafs.FileSystem, root: str, latest: Version, version: Version, operation: str) -> None:
+    """A :class:`~unihub.errors.ConcurrentCommitError` where a field of ``version``'s column sets is now a column of
+    ``latest``'s part files (an append that added it landed meanwhile): published, no version could be opened."""
+    stored = _arrow_schema(fs, f"{root}/{latest.common_metadata or latest.parts[0]}").names
+    record = column_sets.of_version(version.column_sets, record_path(root, version.number))
+    taken = sorted({f.name for s in record.sets for f in s.fields} & set(stored))
+    if taken:
+        raise ConcurrentCommitError(f"{root}: an append (version {latest.number}) added field(s) {taken} to the part "
+                                    f"files meanwhile; nothing of the {operation} was published")
 
 
 def check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
