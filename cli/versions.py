@@ -56,7 +56,8 @@ def add_vacuum_command(sub: Any) -> None:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     options = storage_options_of(args)
-    names = open_dataset(args.path, storage_options=options).stored_schema.names  # added columns too
+    store = open_dataset(args.path, storage_options=options)
+    names = [*store.stored_schema.names, *store.partition_names]  # added columns and partition keys too
     version = delete_rows(args.path, parse_filter(args.where, names).expression, tag=args.tag,
                           storage_options=options)
     if version is None:

@@ -25,17 +25,16 @@ URL. Petastorm's look-ups are here too:
 from __future__ import annotations
 
 import copy
-import decimal
 import mmap
 import os
 import posixpath
 import threading
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +60,7 @@ from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _pages as parquet_pages
 from unihub.store import column_sets, footer_cache, integrity, versions
+from unihub.store.partitions import partition_of, partition_value
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -724,22 +724,6 @@ def views_the_file(column_field: pa.Field) -> bool:
     return bool(column_field.metadata) and VIEWS_OF_FILE in column_field.metadata
 
 
-def partition_value(field_: UnischemaField, raw: str) -> Any:
-    """A Hive partition directory's value (``key=raw``) as the field's Python value."""
-    if raw == "__HIVE_DEFAULT_PARTITION__":
-        return None
-    if field_.numpy_dtype is np.str_:
-        return raw
-    if field_.numpy_dtype is decimal.Decimal:
-        return decimal.Decimal(raw)
-    if field_.numpy_dtype is np.bool_ and raw.lower() in ("true", "false"):
-        return raw.lower() == "true"  # np.bool_("False") is True
-    try:
-        return field_.numpy_dtype(raw).item()
-    except (ValueError, TypeError) as exc:
-        raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
-
-
 @remote.naming_url("url")
 def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, filesystem: Any = None,
                  storage_options: dict[str, Any] | None = None, version: int | None = None,
@@ -1033,6 +1017,16 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
         arrow_schema = read_metadata(fs, target).schema.to_arrow_schema()
     else:
         arrow_schema = store._footers[store.files[0].path].schema.to_arrow_schema()
+    _write_entries(fs, root, target, arrow_schema, entries, lambda temporary: fs.move(temporary, target))
+    _update_published_copy(fs, root, target)
+    _update_version_copy(store, entries)
+    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _write_entries(fs: pafs.FileSystem, root: str, target: str, arrow_schema: pa.Schema,
+                   entries: Mapping[bytes, bytes | None], put: Callable[[str], None]) -> None:
+    """``arrow_schema`` with ``entries`` set (or removed, for None) written to ``target``: under a temporary
+    name starting with '_' first, which ``put`` puts in place."""
     metadata = dict(arrow_schema.metadata or {})
     for key, value in entries.items():
         if value is None:
@@ -1042,12 +1036,26 @@ def _update_common_metadata(store: ParquetStore, entries: Mapping[bytes, bytes |
     temporary = fsutil.join(root, f"{COMMON_METADATA}.unihub-tmp-{uuid.uuid4().hex[:12]}")
     try:
         pq.write_metadata(arrow_schema.with_metadata(metadata), temporary, filesystem=fs)
-        fs.move(temporary, target)
-    except BaseException:
+        put(temporary)
+    finally:
         fsutil.remove(fs, temporary)
-        raise
-    _update_published_copy(fs, root, target)
-    fsutil.remove(fs, fsutil.join(root, f".{COMMON_METADATA}.crc"))
+
+
+def _update_version_copy(store: ParquetStore, entries: Mapping[bytes, bytes | None]) -> None:
+    """Where the version ``store`` read names a ``_common_metadata`` copy of its own (an append's, the schema its
+    rows were written with), that copy is what unihub's readers of the version read: it gets the entries too
+    (a row-group index built over its files, else invisible to them), moved or copied in place in one step."""
+    if store.version is None:
+        return
+    fs, root = store.filesystem, store.path
+    pinned = versions.resolve(fs, root, version=store.version)
+    named = pinned.common_metadata if pinned is not None else None
+    if named is None or named == COMMON_METADATA:
+        return
+    own = fsutil.join(root, named)
+    local = fsutil.on_local_disk(fs)
+    _write_entries(fs, root, own, read_metadata(fs, own).schema.to_arrow_schema(), entries,
+                   lambda temporary: fs.move(temporary, own) if local else fs.copy_file(temporary, own))
 
 
 def _update_published_copy(fs: pafs.FileSystem, root: str, common: str) -> None:
@@ -1304,12 +1312,6 @@ def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs
         return [read(p) for p in paths]
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
         return list(pool.map(read, paths))
-
-
-def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
-    """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""
-    rel = path[len(base):].lstrip("/").split("/")[:-1]
-    return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
 
 
 def resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: list[tuple[tuple[str, str], ...]],

@@ -6,7 +6,8 @@ Petastorm 0.13.1 reads the data files a listing of the directory finds, and take
 ``dataset-toolkit.num_row_groups_per_file.v1`` JSON in ``_common_metadata`` (a file it lacks fails the read
 with a ``KeyError``). An append, a delete and a compaction change the files, so after each publishes its version
 :func:`follow_latest` rewrites both for the latest version's parts: the JSON where ``_common_metadata`` has it
-(with the pickled Unischema of the latest schema where an append widened it), the summary where there is one
+(with a pickled Unischema of the fields every part stores: Petastorm reads each of its fields from every file),
+the summary where there is one
 (removed where the parts' schemas differ, so it cannot list them all: Petastorm then goes by the JSON). Each is
 replaced atomically. A dataset with neither is not touched (one small read of ``_common_metadata`` per commit).
 
@@ -31,7 +32,7 @@ from unihub.errors import SchemaError, UnihubError
 from unihub.fs import atomic
 from unihub.fs import filesystem as fsutil
 from unihub.fs.publish import COMMON_METADATA, SUMMARY_METADATA
-from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY
+from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
@@ -95,10 +96,33 @@ def rewrite_listings(fs: pafs.FileSystem, root: str, parts: Sequence[str], *, sc
         return
     kept = {k: v for k, v in (new.metadata or {}).items() if k not in PETASTORM_KEYS}
     if listed:
-        pickled = entries.get(PETASTORM_UNISCHEMA_KEY) if schema_file is None else None
-        kept.update(_petastorm_entries(parts, _known_counts(entries), pickled or _petastorm_unischema(kept, root),
-                                       footers))
+        known = _known_counts(entries)
+        lacking = _lacking(footers, [rel for rel in parts if rel not in known], new.names)
+        pickled = _without(entries.get(PETASTORM_UNISCHEMA_KEY), lacking) or _petastorm_unischema(kept, root, lacking)
+        kept.update(_petastorm_entries(parts, known, pickled, footers))
     replace_common_metadata(fs, root, new.with_metadata(kept))
+
+
+def _lacking(footers: _Footers, parts: Sequence[str], stored: Sequence[str]) -> frozenset[str]:
+    """The ``stored`` columns (the dataset's, partition keys aside) that one of ``parts`` lacks: Petastorm reads
+    every field of its Unischema from every file, and a part an append wrote without a nullable field, or a part
+    from before an append added one, fails its read (its rows cannot be made)."""
+    lacking: set[str] = set()
+    for footer in footers.of(parts).values():
+        lacking |= set(stored) - set(footer.schema.to_arrow_schema().names)
+    return frozenset(lacking)
+
+
+def _without(pickled: bytes | None, lacking: frozenset[str]) -> bytes | None:
+    """Petastorm's pickled Unischema without the ``lacking`` fields (``pickled`` itself where it has none of them);
+    None where there is none, or it cannot be read to take them out."""
+    if pickled is None or not lacking:
+        return pickled
+    try:
+        schema = load_petastorm_unischema(pickled)
+        return dumps_petastorm_unischema(Unischema(schema.name, [f for f in schema if f.name not in lacking]))
+    except UnihubError:
+        return None
 
 
 def _petastorm_entries(parts: Sequence[str], known: Mapping[str, int], pickled: bytes | None,
@@ -129,11 +153,13 @@ def _known_counts(entries: Mapping[bytes, bytes]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if isinstance(k, str) and type(v) is int and v >= 0}
 
 
-def _petastorm_unischema(entries: Mapping[bytes, bytes], root: str) -> bytes | None:
-    """Petastorm's pickled Unischema of the schema whose unihub JSON is in ``entries``; None (with a warning) where
-    there is none or Petastorm cannot read one of its fields: Petastorm then refuses to open the dataset by name."""
+def _petastorm_unischema(entries: Mapping[bytes, bytes], root: str, lacking: frozenset[str]) -> bytes | None:
+    """Petastorm's pickled Unischema of the schema whose unihub JSON is in ``entries``, without the ``lacking``
+    fields; None (with a warning) where there is none or Petastorm cannot read one of its fields: Petastorm then
+    refuses to open the dataset by name."""
     try:
-        return dumps_petastorm_unischema(Unischema.from_json(entries[SCHEMA_METADATA_KEY]))
+        schema = Unischema.from_json(entries[SCHEMA_METADATA_KEY])
+        return dumps_petastorm_unischema(Unischema(schema.name, [f for f in schema if f.name not in lacking]))
     except (KeyError, UnihubError) as exc:
         warnings.warn(f"{root}: Petastorm's metadata is removed from {COMMON_METADATA}: the dataset's new schema has "
                       f"no form Petastorm 0.13.1 reads ({exc!s:.300})", UserWarning, stacklevel=4)

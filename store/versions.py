@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import posixpath
 import random
@@ -74,15 +75,19 @@ from unihub.errors import (
     ConcurrentCommitError,
     DatasetNotFoundError,
     FormatError,
+    InvalidArgumentError,
     SourceChangedError,
+    UnihubError,
     VersionNotFoundError,
 )
 from unihub.fs import atomic, publish, remote
 from unihub.fs import filesystem as fsutil
+from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
 from unihub.store import column_sets, file_options, integrity, listings
 from unihub.store.column_sets import ColumnSet, SidePart
+from unihub.store.partitions import partition_of, with_partitions
 
 VERSIONS_DIR = publish.VERSIONS_DIR
 COMMON_METADATA = publish.COMMON_METADATA
@@ -197,6 +202,11 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
     that has no records and where none was asked (it is read as before: its manifest or its listing)."""
     if version is not None and tag is not None:
         raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, numbers.Integral)):
+        raise InvalidArgumentError(f"{root}: version= is a version's number (an int), got {version!r}"
+                                   + ("; a version's name is tag=" if isinstance(version, str) else ""))
+    if tag is not None and not isinstance(tag, str):
+        raise InvalidArgumentError(f"{root}: tag= is a version's name (a str), got {tag!r}")
     if tag is None:
         if version is None and not _has_records(fs, root):
             return None
@@ -422,12 +432,25 @@ def commit_columns(fs: pafs.FileSystem, root: str, base: Version,
         latest = current[-1]
         version = replace(latest, number=latest.number + 1, timestamp=now(), operation=operation, tag=tag,
                           added_rows=0, column_sets=sets_of(latest))
+        if latest.common_metadata != base.common_metadata:  # an append changed the parts' schema meanwhile
+            _refuse_fields_of_parts(fs, root, latest, version, operation)
         if publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             fsutil.remove(fs, f"{root}/{column_sets.RECORD}")  # sets from before versions: version 1 holds them
             return version
         time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))
     raise ConcurrentCommitError(f"{root}: other writers took the next version {COMMIT_ATTEMPTS} times in a row; "
                                 f"nothing of the {operation} was published: run it again")
+
+
+def _refuse_fields_of_parts(fs: pafs.FileSystem, root: str, latest: Version, version: Version, operation: str) -> None:
+    """A :class:`~unihub.errors.ConcurrentCommitError` where a field of ``version``'s column sets is now a column of
+    ``latest``'s part files (an append that added it landed meanwhile): published, no version could be opened."""
+    stored = _arrow_schema(fs, f"{root}/{latest.common_metadata or latest.parts[0]}").names
+    record = column_sets.of_version(version.column_sets, record_path(root, version.number))
+    taken = sorted({f.name for s in record.sets for f in s.fields} & set(stored))
+    if taken:
+        raise ConcurrentCommitError(f"{root}: an append (version {latest.number}) added field(s) {taken} to the part "
+                                    f"files meanwhile; nothing of the {operation} was published")
 
 
 def check_tag(current: Sequence[Version], tag: str | None, target: str) -> None:
@@ -446,7 +469,7 @@ def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, la
     """How the staged rows' schema compares with the latest version's: ``'same'``; ``'wider'``: it adds
     nullable fields (then it becomes the version's schema; the files before read those fields as nulls);
     ``'narrower'``: it lacks only nullable fields of the dataset's (those rows read them as nulls). Anything else (a field of another type, shape, codec or nullability, a new field that is not
-    nullable, fields added on both sides) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
+    nullable, fields added on both sides, the dataset's fields in another order) is an :class:`~unihub.errors.AppendSchemaError` naming the fields.
     Metadata such as the source's name may differ."""
     old_path = f"{target}/{latest.common_metadata or latest.parts[0]}"
     old, new = _arrow_schema(fs, old_path), _arrow_schema(fs, staged_common)
@@ -460,6 +483,17 @@ def check_append_schema(fs: pafs.FileSystem, staged_common: str, target: str, la
         raise AppendSchemaError(f"{target}: the appended rows' schema differs from version {latest.number}'s in "
                                 f"{len(differ)} field(s): {shown}. Append rows of the dataset's schema, or add "
                                 "nullable fields only (convert --schema, or write_dataset with that Unischema)")
+    in_sets = sorted({f.name for c in column_sets.of_version(latest.column_sets, record_path(target, latest.number)).sets
+                      for f in c.fields} & set(added))
+    if in_sets:  # published, no version after it could be opened
+        raise AppendSchemaError(f"{target}: the appended rows hold field(s) {in_sets}, which version "
+                                f"{latest.number} has as added columns (unihub columns list); append rows without "
+                                "them (they read as nulls, or a backfill writes them), or remove the column set first")
+    kept_order = [n for n in new.names if n in old.names]
+    if kept_order != [n for n in old.names if n in new.names]:  # rows (namedtuples) would change their order
+        raise AppendSchemaError(f"{target}: the appended rows' schema lists the fields of version {latest.number} in "
+                                f"another order ({', '.join(kept_order)}; the dataset's: {', '.join(old.names)}). "
+                                "Append with the dataset's Unischema (open_dataset(url).schema), new fields anywhere")
     return "wider" if added else "narrower" if dropped else "same"
 
 
@@ -505,7 +539,8 @@ def _describe(schema: pa.Schema, fields: dict[str, Any] | None, name: str) -> st
     if fields is not None and name in fields:
         f = fields[name]
         return (f"{f['dtype']}{tuple(f['shape'])} {(f.get('codec') or {}).get('type', '')}".strip()
-                + (" nullable" if f.get("nullable") else " not null"))
+                + (" nullable" if f.get("nullable") else " not null")
+                + ("" if name in schema.names else " in partition folders (partition_by)"))
     return str(schema.field(name).type) if name in schema.names else "absent"
 
 
@@ -707,11 +742,12 @@ def _delete(fs: pafs.FileSystem, root: str, latest: Version, where: Any, tag: st
     sides: dict[tuple[str, str], SidePart] = {}  # (set, rewritten part) -> its rewritten side file
     written: list[str] = []
     removed = 0
+    seen = _FilterColumns.of(fs, root, latest)
     try:
         for n, rel in enumerate(latest.parts):
             head, name = posixpath.split(rel)
             new_rel = posixpath.join(head, f"unihub-{run}-d{n:05d}-{RUN_PREFIX.sub('', name)}")
-            rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n))
+            rewrite = _PartRewrite(fs, root, rel, new_rel, _side_targets(record, rel, run, n), seen)
             kept, dropped = rewrite.run(where, written)
             if dropped:
                 replaced[rel] = new_rel if kept else None
@@ -831,8 +867,9 @@ class _PartRewrite:
     sets' fields null where a set does not cover it, as reading does): the predicate sees the added columns too, and
     the part and each of its side files are rewritten without the same rows, their row groups still aligned."""
 
-    def __init__(self, fs: pafs.FileSystem, root: str, rel: str, new_rel: str, targets: list[_SideTarget]) -> None:
-        self.fs, self.root, self.rel, self.new_rel, self.targets = fs, root, rel, new_rel, targets
+    def __init__(self, fs: pafs.FileSystem, root: str, rel: str, new_rel: str, targets: list[_SideTarget],
+                 seen: _FilterColumns) -> None:
+        self.fs, self.root, self.rel, self.new_rel, self.targets, self.seen = fs, root, rel, new_rel, targets, seen
         #: set name -> the side file written for the rewritten part (sets that covered the part)
         self.new_sides: dict[str, SidePart] = {}
         #: where the part is (in the directory, or retired beside the records for an older version)
@@ -886,7 +923,7 @@ class _PartRewrite:
         for target in uncovered:
             for fld in target.storage:
                 group = group.append_column(fld, pa.nulls(group.num_rows, fld.type))
-        return group
+        return self.seen.complete(group, self.rel)
 
     def _write(self, source: pq.ParquetFile, covered: list[_SideRewrite], uncovered: list[_SideTarget],
                counts: list[int], where: Any, written: list[str]) -> None:
@@ -913,6 +950,34 @@ class _PartRewrite:
                 for writer, (_, _, schema, _) in zip(writers, outputs):
                     writer.write_table(pa.table([group.column(n) for n in schema.names], schema=schema),
                                        row_group_size=group.num_rows)
+
+
+@dataclass(frozen=True)
+class _FilterColumns:
+    """What a delete's filter sees of a part beside its own and its sets' columns, as reading shows them: the
+    version's stored fields the part lacks (an append added them after it, or lacked them) as nulls, and the
+    values of its partition folders. (The files written keep only their own columns.)"""
+
+    stored: pa.Schema
+    schema: Unischema | None
+
+    @classmethod
+    def of(cls, fs: pafs.FileSystem, root: str, latest: Version) -> _FilterColumns:
+        stored = _arrow_schema(fs, f"{root}/{latest.common_metadata or latest.parts[0]}")
+        raw = (stored.metadata or {}).get(SCHEMA_METADATA_KEY)
+        pickled = (stored.metadata or {}).get(PETASTORM_UNISCHEMA_KEY)
+        try:
+            schema = Unischema.from_json(raw) if raw is not None else \
+                load_petastorm_unischema(pickled) if pickled is not None else None
+        except UnihubError:
+            schema = None  # partition values are then not seen: a filter naming one fails as before
+        return cls(stored, schema)
+
+    def complete(self, group: pa.Table, rel: str) -> pa.Table:
+        for fld in self.stored:
+            if fld.name not in group.column_names:
+                group = group.append_column(fld.with_nullable(True), pa.nulls(group.num_rows, fld.type))
+        return with_partitions(group, self.schema, partition_of("", rel)) if self.schema is not None else group
 
 
 def _names_added(schema: pa.Schema, where: Any) -> bool:

@@ -116,7 +116,7 @@ class ScalarCodec(Codec):
         if valid is None:
             out = to_numpy(array)
             if field.dtype != object and out.dtype != field.dtype:
-                out = out.astype(field.dtype)
+                out = out.astype(field.dtype) if out.dtype != object else _cells_as(out, field.dtype)
             return out
         return _decode_with_nulls(field, array, valid)
 
@@ -131,6 +131,15 @@ class ScalarCodec(Codec):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ScalarCodec:
         return cls(dtypes.arrow_type_from_json(config["arrow_type"]))
+
+
+def _cells_as(cells: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An object array of a list column's cells (an array each), each as ``dtype``: ``astype`` of the whole
+    failed ("setting an array element with a sequence") on a row group of lists without a null."""
+    out = np.empty(len(cells), dtype=object)
+    for k, cell in enumerate(cells):  # one by one: lists of one length would be broadcast into a 2-D array
+        out[k] = np.asarray(cell).astype(dtype, copy=False)
+    return out
 
 
 def _plain_values(field: UnischemaField, array: pa.Array) -> pa.Array:

@@ -16,15 +16,20 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from unihub import (
     FieldNotNullIndexer,
     IntersectIndexSelector,
+    ScalarCodec,
     SingleFieldIndexer,
     SingleIndexSelector,
     UnionIndexSelector,
+    Unischema,
+    UnischemaField,
     UnsafeMetadataError,
     build_rowgroup_index,
     get_row_group_indexes,
@@ -32,6 +37,7 @@ from unihub import (
     make_batch_reader,
     make_reader,
     open_dataset,
+    write_dataset,
 )
 from unihub.cli import main
 from unihub.petastorm.legacy import PETASTORM_ROWGROUPS_INDEX_KEY
@@ -308,3 +314,25 @@ def test_built_and_selected_on_s3(s3_server: Any, kind: str) -> None:
     assert read_rowgroup_indexes(open_dataset(url, **access)).source == "unihub"
     expected = SELECTORS["cat_and_label_3_7"]
     assert sorted(ids(url, rowgroup_selector=selector(expected["selector"]), **access)) == expected["ids"]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_an_index_built_after_an_append_is_read_by_the_version_it_was_built_over(
+        tmp_path: Path, where: str, request: pytest.FixtureRequest) -> None:
+    """A grown dataset's version reads its own ``_common_metadata`` copy (the append's): the index went into the
+    plain file only, and the build was followed by "has no row-group indexes"."""
+    schema = Unischema("Grown", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                 UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False)])
+    access: dict[str, Any] = {}
+    url = str(tmp_path / "ds")
+    if where == "s3":
+        server = request.getfixturevalue("s3_server")
+        access = server.access("fsspec")
+        url = f"s3://{server.bucket}/grown-index"
+    write_dataset(url, schema, [{"id": i, "label": i // 5} for i in range(10)], rows_per_file=5, **access)
+    write_dataset(url, schema, [{"id": i, "label": i // 5} for i in range(10, 20)], rows_per_file=5, mode="append",
+                  **access)
+    build_rowgroup_index(url, None, [SingleFieldIndexer("label_idx", "label")], **access)
+    assert sorted(ids(url, rowgroup_selector=SingleIndexSelector("label_idx", [1, 3]), **access)) == [
+        *range(5, 10), *range(15, 20)]
+    assert list(get_row_group_indexes(url, **access)) == ["label_idx"]

@@ -205,6 +205,18 @@ def test_scalar_encode_refuses_what_is_not_one_scalar_as_petastorm_did():
     assert listed.codec.encode(listed, ["a", "b"]) == ["a", "b"]  # a list type holds lists
 
 
+@pytest.mark.parametrize("lengths", [(2, 2, 2), (0, 0), (0, 1, 3)])
+def test_scalar_list_of_numbers_without_nulls_decodes_to_an_array_per_row(lengths: tuple[int, ...]) -> None:
+    """Was "setting an array element with a sequence" (the whole object column cast to the field's dtype), so a
+    row group of such lists without a null could not be read."""
+    field = UnischemaField("ids", np.int32, (None,), ScalarCodec(pa.list_(pa.int64())), True)
+    array = pa.array([list(range(n)) for n in lengths], pa.list_(pa.int64()))
+    decoded = field.codec.decode_column(field, array)
+    assert decoded.dtype == object and decoded.shape == (len(lengths),)
+    for cell, n in zip(decoded, lengths):
+        assert cell.dtype == np.int32 and cell.tolist() == list(range(n))
+
+
 # -- TensorCodec ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", NUMERIC_DTYPES)
 def test_tensor_fixed_round_trip_zero_copy(dtype):

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from unihub import (
+    AppendSchemaError,
     ColumnSetError,
     CompressedImageCodec,
     Dataset,
@@ -217,6 +218,36 @@ def test_a_part_the_set_does_not_cover_reads_null(pics: Path) -> None:
         rows = list(reader)
     assert len(rows) == N + N // 4
     assert all(r.emb is None for r in rows[N:]) and all(r.emb is not None for r in rows[:N])
+
+
+def test_an_append_of_rows_holding_an_added_column_is_refused_before_it_is_published(pics: Path) -> None:
+    """It was published, and no version after it could be opened ("column set field(s) ['split'] are also
+    columns of the part files")."""
+    add_column(pics, SPLIT, split_of(ids_in_order(pics)))
+    first = pq.read_table(pics / "part-00000.parquet").to_pylist()
+    carrying = Unischema("Pics", [*SCHEMA, SPLIT])
+    with pytest.raises(AppendSchemaError, match=r"hold field\(s\) \['split'\], which version 2 has as added columns"):
+        write_dataset(pics, carrying, ({**row, "split": "test"} for row in first), mode="append")
+    assert [v.operation for v in versions.list_versions(str(pics))] == ["write", "add_columns"]
+    assert open_dataset(pics).num_rows == N and list_columns(pics) == {"split": ["split"]}
+
+
+def test_an_add_whose_field_an_append_put_into_the_parts_meanwhile_is_refused(pics: Path) -> None:
+    """The race the check above leaves: the append lands while the add writes its side files. The add was
+    published, and no version after it could be opened."""
+    first = pq.read_table(pics / "part-00000.parquet").to_pylist()
+    carrying = Unischema("Pics", [*SCHEMA, SPLIT])
+
+    def values(table: pa.Table) -> list[str]:
+        if not (pics / "_unihub_versions").exists() or len(versions.list_versions(str(pics))) == 1:
+            write_dataset(pics, carrying, ({**row, "split": "test"} for row in first), mode="append")
+        return ["x"] * table.num_rows
+
+    with pytest.raises(ConcurrentCommitError, match=r"an append \(version 2\) added field\(s\) \['split'\]"):
+        add_column(pics, SPLIT, values, inputs=["id"])
+    assert [v.operation for v in versions.list_versions(str(pics))] == ["write", "append"]
+    assert open_dataset(pics).num_rows == N + N // 4 and list_columns(pics) == {}
+    assert not list((pics / column_sets.DIRECTORY).rglob("*.parquet"))  # the refused add's files removed
 
 
 def test_bad_input_is_refused_and_nothing_is_written(pics: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -31,7 +32,13 @@ from unihub import (
     open_dataset,
     write_dataset,
 )
-from unihub.errors import AppendSchemaError, DatasetChangedError, SchemaError, VersionNotFoundError
+from unihub.errors import (
+    AppendSchemaError,
+    DatasetChangedError,
+    InvalidArgumentError,
+    SchemaError,
+    VersionNotFoundError,
+)
 from unihub.fs import publish
 from unihub.store import versions
 
@@ -105,6 +112,13 @@ def test_append_to_a_missing_dataset_starts_it_and_tags_are_unique(tmp_path: Pat
     with pytest.raises(SchemaError, match="not with overwrite"):
         write_dataset(url, SCHEMA, rows(0, 1), mode="append", overwrite=True)
     assert ids(url) == [0, 1, 2]
+    # a version's number is an int (True read version 1, "1" was a raw "Unknown format code 'd'"), a tag a str
+    for wrong, message in [("1", "got '1'; a version's name is tag="), (True, "got True"), (1.0, "got 1.0")]:
+        with pytest.raises(InvalidArgumentError, match=f"version= is a version's number \\(an int\\), {message}"):
+            open_dataset(url, version=wrong)
+    with pytest.raises(InvalidArgumentError, match="tag= is a version's name"):
+        make_reader(url, tag=1)
+    assert open_dataset(url, version=np.int64(1)).num_rows == 3
 
 
 def test_append_of_another_schema_is_refused_by_name_and_changes_nothing(tmp_path: Path) -> None:
@@ -116,6 +130,35 @@ def test_append_of_another_schema_is_refused_by_name_and_changes_nothing(tmp_pat
         write_dataset(url, OTHER, other, mode="append")
     assert sorted(os.listdir(url)) == before and ids(url) == [0, 1, 2, 3]
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".ds.unihub-tmp")]
+
+
+def test_append_of_the_fields_in_another_order_is_refused_by_name(tmp_path: Path) -> None:
+    """Accepted before: the version's schema (and every row's namedtuple) took the appended order, and the row
+    groups of one version read their columns in two orders."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    before = sorted(os.listdir(url))
+    reordered = Unischema("Grow", [SCHEMA.fields["vec"], SCHEMA.fields["id"], SCHEMA.fields["name"]])
+    with pytest.raises(AppendSchemaError, match=r"in another order \(vec, id, name; the dataset's: id, vec, name\)"):
+        write_dataset(url, reordered, rows(4, 6), mode="append")
+    assert sorted(os.listdir(url)) == before and ids(url) == [0, 1, 2, 3]
+    wider = Unischema("Grow", [SCHEMA.fields["id"], UnischemaField("new", np.int32, (), ScalarCodec(pa.int32()), True),
+                               *list(SCHEMA.fields.values())[1:]])
+    write_dataset(url, wider, [{**row, "new": 1} for row in rows(4, 6)], mode="append")  # a new field anywhere
+    assert list(open_dataset(url).schema.fields) == ["id", "new", "vec", "name"] and ids(url) == list(range(6))
+
+
+def test_append_without_the_datasets_partitioning_says_so(tmp_path: Path) -> None:
+    """The message described the field the same on both sides ("key: int32() scalar not null in the dataset,
+    int32() scalar not null appended")."""
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "ds")
+    write_dataset(url, keyed, [{**row, "key": 1} for row in rows(0, 3)], partition_by=["key"])
+    with pytest.raises(AppendSchemaError, match=r"key: int32\(\) scalar not null in partition folders \(partition_by\) "
+                                                r"in the dataset, int32\(\) scalar not null appended"):
+        write_dataset(url, keyed, [{**row, "key": 2} for row in rows(3, 4)], mode="append")
+    write_dataset(url, keyed, [{**row, "key": 2} for row in rows(3, 4)], mode="append", partition_by=["key"])
+    assert sorted(ids(url)) == [0, 1, 2, 3]
 
 
 def test_a_reader_pins_the_version_it_opened(tmp_path: Path) -> None:
@@ -479,6 +522,32 @@ def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ids(url) == [0, 1, 2, 3] and ids(url, version=1) == list(range(6))
     assert main(["delete", url, "--where", "nope > 1"]) == 1
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_delete_filters_on_partition_keys_and_on_fields_appended_parts_lack(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The filter sees each part's rows as reading shows them: its partition folders' values, and nulls for the
+    version's fields the part lacks (an append after it added them, or it was an append lacking them). Both were a
+    raw ArrowInvalid ("No match for FieldRef.Name"), nothing deleted."""
+    from unihub.cli import main
+
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "keyed")
+    write_dataset(url, keyed, [{**row, "key": row["id"] % 3} for row in rows(0, 9)], partition_by=["key"])
+    assert versions.delete_rows(url, pc.field("key") == 1).added_rows == -3
+    assert sorted(ids(url)) == [0, 2, 3, 5, 6, 8]
+    assert main(["delete", url, "--where", "key == 2 and id > 4"]) == 0 and "deleted 2 row(s)" in capsys.readouterr().out
+    assert sorted(ids(url)) == [0, 2, 3, 6]
+    url = str(tmp_path / "grown")
+    narrower = Unischema("Grow", [f for f in SCHEMA if f.name != "name"])
+    wider = Unischema("Grow", [*SCHEMA, UnischemaField("extra", np.int64, (), ScalarCodec(pa.int64()), True)])
+    write_dataset(url, SCHEMA, [{**row, "name": f"n{row['id']}"} for row in rows(0, 4)])
+    write_dataset(url, narrower, [{k: v for k, v in row.items() if k != "name"} for row in rows(4, 8)], mode="append")
+    write_dataset(url, wider, [{**row, "name": "w", "extra": row["id"]} for row in rows(8, 12)], mode="append")
+    assert versions.delete_rows(url, pc.field("name").is_null()).added_rows == -4  # the narrower part's
+    assert versions.delete_rows(url, pc.field("extra") >= 10).added_rows == -2
+    assert versions.delete_rows(url, pc.field("name") == "n1").added_rows == -1
+    assert ids(url) == [0, 2, 3, 8, 9] and ids(url, version=3) == list(range(12))
 
 
 KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent("""
