@@ -74,6 +74,7 @@ from unihub.errors import (
     AppendSchemaError,
     ConcurrentCommitError,
     DatasetNotFoundError,
+    FilterExpressionError,
     FormatError,
     InvalidArgumentError,
     SourceChangedError,
@@ -893,8 +894,9 @@ class _PartRewrite:
                        for file, ts in by_file.items()]
             uncovered = [t for t in self.targets if not any(t is x for c in covered for x in c.targets)]
             needs_sides = bool(self.targets) and _names_added(source.schema_arrow, where)
-            counts = [int(self._group(source, i, covered if needs_sides else [], uncovered if needs_sides else [])
-                          .filter(where).num_rows) for i in range(source.metadata.num_row_groups)]
+            counts = [self._matching(self._group(source, i, covered if needs_sides else [],
+                                                 uncovered if needs_sides else []), where)
+                      for i in range(source.metadata.num_row_groups)]
             dropped = sum(counts)
             kept = source.metadata.num_rows - dropped
             if not dropped or not kept:
@@ -904,6 +906,15 @@ class _PartRewrite:
             self.new_sides.update((t.name, SidePart(side.new_rel, kept, part_bytes))
                                   for side in covered for t in side.targets)
         return kept, dropped
+
+    def _matching(self, group: pa.Table, where: Any) -> int:
+        """The rows of ``group`` for which ``where`` holds; a filter that cannot be evaluated on them (a name
+        that is no field, a comparison of other types) is a :class:`~unihub.errors.FilterExpressionError`."""
+        try:
+            return int(group.filter(where).num_rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise FilterExpressionError(f"{self.root}: the delete's filter {where} cannot be evaluated on the rows "
+                                        f"of {self.rel}: {exc}") from None
 
     def _open(self, stack: ExitStack, path: str) -> pq.ParquetFile:
         return integrity.open_file(stack.enter_context(self.fs.open_input_file(path)), path)

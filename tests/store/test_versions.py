@@ -35,6 +35,7 @@ from unihub import (
 from unihub.errors import (
     AppendSchemaError,
     DatasetChangedError,
+    FilterExpressionError,
     InvalidArgumentError,
     SchemaError,
     VersionNotFoundError,
@@ -522,6 +523,20 @@ def test_delete_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ids(url) == [0, 1, 2, 3] and ids(url, version=1) == list(range(6))
     assert main(["delete", url, "--where", "nope > 1"]) == 1
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_delete_filter_naming_no_field_or_comparing_other_types_is_a_named_error(tmp_path: Path) -> None:
+    """A misspelled field or a comparison Arrow cannot make was pyarrow's raw ArrowInvalid / ArrowNotImplementedError
+    from the middle of the rewrite; it is a FilterExpressionError naming the dataset and the filter, and nothing is
+    written."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6))
+    before = sorted(f for f in os.listdir(url) if f.endswith(".parquet"))
+    for where, named in ((pc.field("idd") < 3, "idd"), (pc.field("id") < "a", "id")):
+        with pytest.raises(FilterExpressionError, match=f"the delete's filter .*{named}.* cannot be evaluated"):
+            versions.delete_rows(url, where)
+    assert sorted(f for f in os.listdir(url) if f.endswith(".parquet")) == before and ids(url) == list(range(6))
+    assert [v.operation for v in versions.list_versions(url)] == ["write"]
 
 
 def test_a_delete_filters_on_partition_keys_and_on_fields_appended_parts_lack(
