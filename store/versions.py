@@ -201,13 +201,7 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
             ) -> Version | None:
     """The version to read: ``version``'s or ``tag``'s, else the latest recorded one; None for a dataset
     that has no records and where none was asked (it is read as before: its manifest or its listing)."""
-    if version is not None and tag is not None:
-        raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, numbers.Integral)):
-        raise InvalidArgumentError(f"{root}: version= is a version's number (an int), got {version!r}"
-                                   + ("; a version's name is tag=" if isinstance(version, str) else ""))
-    if tag is not None and not isinstance(tag, str):
-        raise InvalidArgumentError(f"{root}: tag= is a version's name (a str), got {tag!r}")
+    _check_version_arguments(root, version, tag)
     if tag is None:
         if version is None and not _has_records(fs, root):
             return None
@@ -222,6 +216,18 @@ def resolve(fs: pafs.FileSystem, root: str, *, version: int | None = None, tag: 
     there = ", ".join(f"{v.number}" + (f" ({v.tag})" if v.tag else "") for v in versions) or "none"
     raise VersionNotFoundError(f"{root}: no {asked}; versions there: {there} (an overwrite starts a new history; "
                                "unihub vacuum removes old versions)")
+
+
+def _check_version_arguments(root: str, version: Any, tag: Any) -> None:
+    """``version=`` an int (not a bool) and ``tag=`` a str, not both: a named error, not a version read by
+    mistake (``version=True`` was version 1)."""
+    if version is not None and tag is not None:
+        raise VersionNotFoundError(f"{root}: give version= or tag=, not both")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, numbers.Integral)):
+        raise InvalidArgumentError(f"{root}: version= is a version's number (an int), got {version!r}"
+                                   + ("; a version's name is tag=" if isinstance(version, str) else ""))
+    if tag is not None and not isinstance(tag, str):
+        raise InvalidArgumentError(f"{root}: tag= is a version's name (a str), got {tag!r}")
 
 
 def _one_record(fs: pafs.FileSystem, root: str, number: int | None) -> Version | None:
