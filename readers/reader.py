@@ -701,19 +701,20 @@ class Reader:
             raise ReaderStateError(f"the reader state lacks {missing}; pass what state_dict() returned")
         # check against the plan with the saved seed before changing anything: a refused state
         # must leave this reader as it was
-        seed = int(state["seed"])
-        config = dataclasses.replace(self._plan, seed=seed)
+        config = dataclasses.replace(self._plan, seed=elastic.seed_of(state))
         if state.get("plan") != self._fingerprint(config):
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
                                    "(row groups, shuffling, sharding, epochs or batching differ); states of "
                                    "another shard count resume as the list of every rank's state"
                                    + elastic.other_version(state, self.store.version))
-        done = elastic.decode_done(state.get("done", []))
+        done = elastic.checked_done(state, config)
+        position = elastic.position_of(state)
+        elastic.check_position(position, planning.rank_plan(config, position[0], done), self.batched, self.num_epochs)
         drops = elastic.Drops.of_state(state)
         if drops is not None and self.ngram is not None:
             raise ReaderStateError("an n-gram reader's state names no rows to pass over (skip, exclude): its items "
                                    "are windows of rows; pass what its state_dict() returned")
-        self._go_to(config, done, (int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self._go_to(config, done, position)
         self._drops = drops
 
     def _load_states(self, states: Sequence[dict[str, Any]]) -> None:
@@ -725,7 +726,7 @@ class Reader:
                                      lambda s: self._order_fingerprint(dataclasses.replace(self._plan, seed=s)),
                                      self.store.version)
         config = dataclasses.replace(self._plan, seed=seed)
-        progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched)
+        progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched, self.num_epochs)
                     for state in states]
         elastic.check_epochs_known(states, progress)
         epoch, done = planning.delivered_before(progress, self.num_epochs)

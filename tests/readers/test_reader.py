@@ -408,6 +408,24 @@ def test_state_of_another_dataset_or_options_is_refused(dataset, tmp_path):
     assert issubclass(ReaderStateError, UnihubError)
 
 
+TAMPERED = [("offset", 10**6), ("offset", -1), ("offset", 2.5), ("task", 10**6), ("task", "3"), ("task", True),
+            ("epoch", 3), ("epoch", -1), ("epoch", None), ("seed", "5"), ("done", [0, 0, 10**6])]
+
+
+@pytest.mark.parametrize(("key", "value"), TAMPERED)
+def test_a_tampered_state_is_refused_by_name(dataset, key, value):
+    """A position no reader of the plan is at (beyond its task, its epoch or the last epoch, not an int >= 0)
+    is a named error, not rows resumed from somewhere else or a raw ValueError; one state or a list of them."""
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        for _ in range(10):
+            next(reader)
+        state = dict(reader.state_dict(), **{key: value})
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=state, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=[state], **RESUME_OPTIONS)
+
+
 def test_refused_state_leaves_the_reader_unchanged(dataset, full_order):
     with make_reader(dataset, **{**RESUME_OPTIONS, "shuffle_rows": False, "seed": 9}) as foreign:
         next(foreign)
