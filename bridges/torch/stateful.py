@@ -126,6 +126,23 @@ def reader_of(state: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _checked_iterable(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``states``, once each has :func:`iterable_state`'s keys with values it could have given (ints >= 0, a shard
+    ``[k, count]`` with ``0 <= k < count``, ``finished`` a bool); :class:`LoaderStateError` else: a tampered count
+    would resume at other rows."""
+    for state in states:
+        shard = state.get("shard")
+        counts = [state.get(key) for key in ("seed", "epoch", "before", "rows")]
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in counts) or \
+                not isinstance(state.get("finished"), bool) or not isinstance(shard, (list, tuple)) or \
+                len(shard) != 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shard) \
+                or not 0 <= shard[0] < shard[1]:
+            raise LoaderStateError("a TorchIterableDataset state's seed, epoch, shard, before, rows or finished is "
+                                   "not what state_dict() gives (ints >= 0, a shard [k, count], a bool); pass what "
+                                   "state_dict() returned")
+    return states
+
+
 class IterableResume:
     """What a ``TorchIterableDataset`` resumes from: one worker's own state (``own``) or every shard's
     (``readers``: the reader states of the shards that had started, for an elastic resume), of ``epoch``."""
@@ -142,14 +159,14 @@ def iterable_resume(found: Any, in_worker: bool) -> IterableResume | tuple[int, 
     next epoch's start, but in a torch worker (``in_worker``) it is one worker's: the others may have rows
     of that epoch left, and it delivers none of them."""
     if isinstance(found, dict) and found.get("kind") == ITERABLE_KIND:
-        states = states_of(found, ITERABLE_KIND, "TorchIterableDataset")
-        state = states[0]
+        state = _checked_iterable(states_of(found, ITERABLE_KIND, "TorchIterableDataset"))[0]
         if state["finished"] and not in_worker:
             return int(state["epoch"]) + 1, int(state["seed"])
         if not state["reader"]:
             return int(state["epoch"]), int(state["seed"])
         return IterableResume(int(state["epoch"]), int(state["seed"]), own=state)
-    states = unique_by_shard(states_of(found, ITERABLE_KIND, "TorchIterableDataset"), "shard", "TorchIterableDataset")
+    states = unique_by_shard(_checked_iterable(states_of(found, ITERABLE_KIND, "TorchIterableDataset")), "shard",
+                             "TorchIterableDataset")
     seed = int(one_value(states, "seed", "TorchIterableDataset"))
     epoch, states = current_epoch(states, [bool(state["finished"]) for state in states], "TorchIterableDataset")
     started = [state for state in states if state["reader"]]

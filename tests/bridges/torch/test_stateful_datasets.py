@@ -342,6 +342,21 @@ def test_states_that_do_not_fit_are_refused(dataset):
         next(iter(lone))
 
 
+@pytest.mark.parametrize(("key", "value"), [("rows", -1), ("before", "0"), ("epoch", None), ("seed", 1.5),
+                                          ("shard", [2, 2]), ("shard", 1), ("finished", 1)])
+def test_a_tampered_state_is_refused_by_name(dataset, key, value):
+    """A count that is not an int >= 0, a shard outside its count: a named error, not a raw TypeError or
+    rows cut by a wrong count; one worker's state or the list of every rank's."""
+    _, states = run_ranks(dataset, 2, 0, [2, 3], batched=False)
+    worker_states = [dict(s["dataset_state"]) for s in states]
+    tampered = dict(worker_states[1], **{key: value})
+    with pytest.raises(LoaderStateError, match="pass what state_dict"):
+        TorchIterableDataset(dataset, None, rank=1, world_size=2, **OPTIONS).load_state_dict(tampered)
+    with pytest.raises(LoaderStateError, match="pass what state_dict"):
+        TorchIterableDataset(dataset, None, rank=0, world_size=3, **OPTIONS).load_state_dict(
+            [worker_states[0], tampered])
+
+
 # -- ElasticDistributedSampler ---------------------------------------------------------------------------
 def sampled(sampler: ElasticDistributedSampler, count: int | None = None) -> list[int]:
     return list(itertools.islice(iter(sampler), count))
