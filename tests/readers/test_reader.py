@@ -40,6 +40,7 @@ from unihub import (
 from unihub.errors import InvalidArgumentError, NoDataAvailableError, UsageError
 from unihub.images.decoders import decode_image
 from unihub.readers.plan import PlanError
+from unihub.readers.predicates import in_lambda
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 
 from .sample import sample_schema, within
@@ -424,6 +425,25 @@ def test_a_tampered_state_is_refused_by_name(dataset, key, value):
         make_reader(dataset, resume_from=state, **RESUME_OPTIONS)
     with pytest.raises(ReaderStateError):
         make_reader(dataset, resume_from=[state], **RESUME_OPTIONS)
+
+
+def test_a_state_of_another_predicate_or_filters_is_refused(dataset):
+    """A position counts the rows a predicate or filters keep: read without them (or with others) it would
+    resume at other rows."""
+    odd = in_lambda(["id"], lambda i: i % 2 == 1)
+    states = {}
+    for name, options in {"plain": {}, "predicate": {"predicate": odd}, "filters": {"filters": [("id", ">", 3)]},
+                          "other filters": {"filters": [("id", ">", 4)]}}.items():
+        with make_reader(dataset, **RESUME_OPTIONS, **options) as reader:
+            next(reader)
+            states[name] = (reader.state_dict(), options)
+    for name, (state, _) in states.items():
+        for other, (_, options) in states.items():
+            if other != name:
+                with pytest.raises(ReaderStateError, match="predicate or filters"):
+                    make_reader(dataset, resume_from=state, **RESUME_OPTIONS, **options)
+        with make_reader(dataset, resume_from=state, **RESUME_OPTIONS, **states[name][1]) as reader:
+            next(reader)
 
 
 def test_refused_state_leaves_the_reader_unchanged(dataset, full_order):
