@@ -73,7 +73,11 @@ def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[p
     (:func:`done_keys`: ranks more than an epoch apart after an elastic resume)."""
     first = min(p.epoch for p in progress)
     for k, state in enumerate(states):
-        if first < int(state.get("done_from", 0)):
+        done_from = state.get("done_from", 0)
+        if not _count(done_from):
+            raise ReaderStateError(f"state {k} of the list: its 'done_from' {done_from!r} is not an int >= 0; pass "
+                                   "what state_dict() returned")
+        if first < int(done_from):
             raise ReaderStateError(f"state {k} of the list is more than an epoch ahead of another after an elastic "
                                    f"resume (epoch {state['epoch']} and {first}); its plan of epoch {first} is no "
                                    "longer kept: resume from states saved closer together")
@@ -152,6 +156,7 @@ def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: 
     epoch, task, offset = position_of(state)
     tasks = planning.rank_plan(config, epoch, done)
     check_position((epoch, task, offset), tasks, batched, num_epochs)
+    Drops.of_state(state)  # skip and exclude checked
     skip = int(state.get("skip", 0))
     extra = tuple(range(skip)) + tuple(skip + int(x) for x in state.get("exclude", ()))
     if task == len(tasks):  # its whole share delivered, whether or not a next() has since found the end
