@@ -408,6 +408,21 @@ def test_sampler_refuses_another_ranks_state_alone():
         ElasticDistributedSampler(N + 1, rank=0, world_size=3).load_state_dict([state])
 
 
+@pytest.mark.parametrize(("key", "value"), [("yielded", -5), ("yielded", 10**6), ("yielded", 2.5), ("epoch", "1"),
+                                          ("seed", None), ("done", [5]), ("rank", [5, 2]), ("finished", "yes")])
+def test_sampler_refuses_a_tampered_state_by_name(key, value):
+    """Its own state (rank 1 of 2 again) or in the list of every rank's: a named error, not indices from the end
+    of the block (``yielded=-5`` gave the last 5), none at all, or a raw TypeError."""
+    sampler = ElasticDistributedSampler(N, rank=1, world_size=2, seed=0)
+    sampled(sampler, 7)
+    state = dict(sampler.state_dict(), **{key: value})
+    with pytest.raises(LoaderStateError, match="state_dict|another run"):
+        ElasticDistributedSampler(N, rank=1, world_size=2, seed=0).load_state_dict(state)
+    other = dict(ElasticDistributedSampler(N, rank=0, world_size=2, seed=0).state_dict(), **{key: value})
+    with pytest.raises(LoaderStateError, match="state_dict|another run"):
+        ElasticDistributedSampler(N, rank=0, world_size=3, seed=0).load_state_dict([other, state])
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_sampler_in_a_stateful_dataloader_over_the_map_dataset(dataset, workers):
     data = TorchMapDataset(dataset, ["id"])
