@@ -73,7 +73,11 @@ def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[p
     (:func:`done_keys`: ranks more than an epoch apart after an elastic resume)."""
     first = min(p.epoch for p in progress)
     for k, state in enumerate(states):
-        if first < int(state.get("done_from", 0)):
+        done_from = state.get("done_from", 0)
+        if not _count(done_from):
+            raise ReaderStateError(f"state {k} of the list: its 'done_from' {done_from!r} is not an int >= 0; pass "
+                                   "what state_dict() returned")
+        if first < int(done_from):
             raise ReaderStateError(f"state {k} of the list is more than an epoch ahead of another after an elastic "
                                    f"resume (epoch {state['epoch']} and {first}); its plan of epoch {first} is no "
                                    "longer kept: resume from states saved closer together")
@@ -104,17 +108,55 @@ def rank_config(state: Mapping[str, Any], config: planning.PlanConfig) -> planni
         raise ReaderStateError(f"the reader state's shard is not usable: {exc}") from None
 
 
-def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: bool) -> planning.RankProgress:
+def seed_of(state: Mapping[str, Any]) -> int:
+    """A state's ``seed``; :class:`ReaderStateError` where it is not an int."""
+    seed = state["seed"]
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ReaderStateError(f"the reader state's seed {seed!r} is not an int; pass what state_dict() returned")
+    return int(seed)
+
+
+def position_of(state: Mapping[str, Any]) -> tuple[int, int, int]:
+    """A state's ``(epoch, task, offset)``; :class:`ReaderStateError` where one is not an int >= 0 (a tampered
+    state: read as it stands, it would resume at rows no reader delivered from)."""
+    position = tuple(state[key] for key in ("epoch", "task", "offset"))
+    if not all(_count(value) for value in position):
+        raise ReaderStateError(f"the reader state's position (epoch, task, offset) = {position} is not three ints "
+                               ">= 0; pass what state_dict() returned")
+    return tuple(int(value) for value in position)  # type: ignore[return-value]
+
+
+def checked_done(state: Mapping[str, Any], config: planning.PlanConfig) -> dict[int, planning.Intervals]:
+    """:func:`decode_done` of ``state``, each interval within its epoch's global order under ``config``."""
+    done = decode_done(state.get("done", []))
+    for epoch, intervals in done.items():
+        if intervals and intervals[-1][1] > planning.GlobalOrder(config, epoch).total:
+            raise ReaderStateError(f"the reader state's 'done' names rows up to {intervals[-1][1]} of epoch {epoch}, "
+                                   "beyond the rows of the epoch; pass what state_dict() returned")
+    return done
+
+
+def check_position(position: tuple[int, int, int], tasks: Sequence[planning.ReadTask], batched: bool,
+                   num_epochs: int | None) -> None:
+    """:class:`ReaderStateError` unless ``position`` is one a reader of the plan ``tasks`` (its epoch's) is at:
+    in a task or at the epoch's end, a batch reader's at a task's start, no later than the last epoch's end."""
+    epoch, task, offset = position
+    if task > len(tasks) or offset > (tasks[task].num_rows if task < len(tasks) else 0) or (batched and offset) \
+            or (num_epochs is not None and (epoch > num_epochs or (epoch == num_epochs and (task or offset)))):
+        raise ReaderStateError(f"the reader state's position (epoch {epoch}, task {task}, offset {offset}) is not "
+                               "one of its plan's; pass what state_dict() returned")
+
+
+def progress_of(state: Mapping[str, Any], config: planning.PlanConfig, batched: bool,
+                num_epochs: int | None = None) -> planning.RankProgress:
     """What the rank that saved ``state`` (under ``config``: :func:`rank_config`) had delivered. A state may
     carry rows delivered after its position, as a loader's does: the next ``skip`` rows, and the rows
     ``exclude`` offsets after those."""
-    done = decode_done(state.get("done", []))
-    epoch, task, offset = (int(state[key]) for key in ("epoch", "task", "offset"))
+    done = checked_done(state, config)
+    epoch, task, offset = position_of(state)
     tasks = planning.rank_plan(config, epoch, done)
-    if epoch < 0 or task < 0 or offset < 0 or task > len(tasks) or \
-            (task < len(tasks) and offset > tasks[task].num_rows) or (batched and offset):
-        raise ReaderStateError(f"the reader state's position (epoch {epoch}, task {task}, offset {offset}) is not "
-                               "one of its plan's; pass what state_dict() returned")
+    check_position((epoch, task, offset), tasks, batched, num_epochs)
+    Drops.of_state(state)  # skip and exclude checked
     skip = int(state.get("skip", 0))
     extra = tuple(range(skip)) + tuple(skip + int(x) for x in state.get("exclude", ()))
     if task == len(tasks):  # its whole share delivered, whether or not a next() has since found the end
@@ -221,7 +263,7 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any, dataset_ve
         if missing:
             raise ReaderStateError(f"state {k} of the list lacks {missing}: states saved before elastic resume "
                                    "resume only one by one, on the world size that saved them")
-        seeds.add(int(state["seed"]))
+        seeds.add(seed_of(state))
     if len(seeds) > 1:
         raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "
                                "order, so what is left of it is not known; pass the same seed= on every rank")

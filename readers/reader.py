@@ -658,6 +658,8 @@ class Reader:
         plan["num_epochs"] = self.num_epochs
         plan["ngram"] = repr(self.ngram) if self.ngram is not None else None  # items are windows then
         plan["fields"] = list(self.schema.fields)
+        if self._predicate is not None or self._filters is not None:  # offsets count the rows they keep
+            plan["rows_kept_by"] = [_predicate_identity(self._predicate), str(self._filters)]
         return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:
@@ -701,19 +703,20 @@ class Reader:
             raise ReaderStateError(f"the reader state lacks {missing}; pass what state_dict() returned")
         # check against the plan with the saved seed before changing anything: a refused state
         # must leave this reader as it was
-        seed = int(state["seed"])
-        config = dataclasses.replace(self._plan, seed=seed)
+        config = dataclasses.replace(self._plan, seed=elastic.seed_of(state))
         if state.get("plan") != self._fingerprint(config):
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
-                                   "(row groups, shuffling, sharding, epochs or batching differ); states of "
-                                   "another shard count resume as the list of every rank's state"
+                                   "(row groups, shuffling, sharding, epochs, batching, predicate or filters "
+                                   "differ); states of another shard count resume as the list of every rank's state"
                                    + elastic.other_version(state, self.store.version))
-        done = elastic.decode_done(state.get("done", []))
+        done = elastic.checked_done(state, config)
+        position = elastic.position_of(state)
+        elastic.check_position(position, planning.rank_plan(config, position[0], done), self.batched, self.num_epochs)
         drops = elastic.Drops.of_state(state)
         if drops is not None and self.ngram is not None:
             raise ReaderStateError("an n-gram reader's state names no rows to pass over (skip, exclude): its items "
                                    "are windows of rows; pass what its state_dict() returned")
-        self._go_to(config, done, (int(state["epoch"]), int(state["task"]), int(state["offset"])))
+        self._go_to(config, done, position)
         self._drops = drops
 
     def _load_states(self, states: Sequence[dict[str, Any]]) -> None:
@@ -725,7 +728,7 @@ class Reader:
                                      lambda s: self._order_fingerprint(dataclasses.replace(self._plan, seed=s)),
                                      self.store.version)
         config = dataclasses.replace(self._plan, seed=seed)
-        progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched)
+        progress = [elastic.progress_of(state, elastic.rank_config(state, config), self.batched, self.num_epochs)
                     for state in states]
         elastic.check_epochs_known(states, progress)
         epoch, done = planning.delivered_before(progress, self.num_epochs)
@@ -1049,6 +1052,14 @@ class _Rows(Sequence[Any]):
 
     def __getitem__(self, index: Any) -> Any:
         return self.rows()[index]
+
+
+def _predicate_identity(predicate: PredicateBase | None) -> list[Any] | None:
+    """What a reader state records of a predicate: its type and fields (a function's code is not compared: it
+    would change with the Python version)."""
+    if predicate is None:
+        return None
+    return [type(predicate).__name__, sorted(predicate.get_fields())]
 
 
 def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> int | None:

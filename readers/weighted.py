@@ -701,14 +701,20 @@ def _saved_weights(state: dict[str, Any], saved: np.ndarray, count: int
 
 def _saved_progress(state: dict[str, Any], count: int) -> tuple[int, int, list[bool], list[int]]:
     """The state's seed, draws, and each reader's drained flag and passes (version 1: none drained, no pass)."""
-    drained = [bool(d) for d in state.get("drained", [False] * count)]
-    passes = [int(p) for p in state.get("passes", [0] * count)]
-    seed, draws = int(state["seed"]), int(state["draws"])
-    if seed < 0 or draws < 0 or len(drained) != count or len(passes) != count or min(passes) < 0:
-        raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
-                               f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
-                               f"passes={passes}")
-    return seed, draws, drained, passes
+    drained, passes = state.get("drained", [False] * count), state.get("passes", [0] * count)
+    seed, draws = state["seed"], state["draws"]
+    if not isinstance(drained, list) or not isinstance(passes, list) or len(drained) != count or \
+            len(passes) != count or not all(isinstance(d, bool) for d in drained) or \
+            not all(_count(v) for v in (seed, draws, *passes)):  # 1.5 draws, read as 1, would draw other readers
+        raise ReaderStateError(f"a state's seed, draws and passes are ints >= 0 and it has a drained flag and pass "
+                               f"count per reader, got seed={seed!r}, draws={draws!r}, drained={drained!r}, "
+                               f"passes={passes!r}")
+    return int(seed), int(draws), list(drained), [int(p) for p in passes]
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 class _Saved(NamedTuple):

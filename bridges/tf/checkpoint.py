@@ -65,6 +65,7 @@ def _checked(state: Any) -> dict[str, Any]:
     """``state`` once it is a position of this version; :class:`PositionStateError` else."""
     if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
             or not {"reader", "row"} <= set(state) or not isinstance(state["reader"], dict) \
+            or not (isinstance(state["row"], int) and not isinstance(state["row"], bool) and state["row"] >= 0) \
             or not all(isinstance(x, int) and x > 0 for x in state.get("exclude", [])):
         raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
                                  "ReaderPosition.state_dict() returned")
@@ -84,10 +85,7 @@ def _reader_state(position: dict[str, Any], reader: Any) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:  # ReaderStateError too
         raise PositionStateError(f"a saved position's reader state is malformed: {exc}") from None
     row, task = int(position["row"]), int(state["task"])
-    row += _rows_before(tasks, task) + int(state["offset"])
-    index = 0
-    while index < len(tasks) and row >= tasks[index].num_rows:
-        row, index = row - tasks[index].num_rows, index + 1
+    index, row = _task_of(tasks, row + _rows_before(tasks, task) + int(state["offset"]))
     exclude = {"exclude": list(position["exclude"])} if position.get("exclude") else {}
     if reader.batched or index == len(tasks):
         return dict(state, task=index, offset=0, skip=row, **exclude)
@@ -291,12 +289,22 @@ def _at_row(reader: Any, row: int, exclude: Sequence[int]) -> dict[str, Any]:
     after it passed over (a batch reader's at the start of the row's task, the rows before it passed over too)."""
     state = reader.state_dict()
     tasks = reader.plan_of(int(state["epoch"]))
-    index = 0
-    while index < len(tasks) and row >= tasks[index].num_rows:
-        row, index = row - tasks[index].num_rows, index + 1
+    index, row = _task_of(tasks, row)
     if reader.batched or index == len(tasks):
         return dict(state, task=index, offset=0, skip=row, exclude=list(exclude))
     return dict(state, task=index, offset=row, skip=0, exclude=list(exclude))
+
+
+def _task_of(tasks: list[planning.ReadTask], row: int) -> tuple[int, int]:
+    """(task, row into it) of the epoch's row ``row`` (``(len(tasks), 0)``: the epoch's end); a
+    :class:`PositionStateError` past it (a position's row is one of its epoch's: a tampered one)."""
+    index = 0
+    while index < len(tasks) and row >= tasks[index].num_rows:
+        row, index = row - tasks[index].num_rows, index + 1
+    if row and index == len(tasks):
+        raise PositionStateError(f"a saved position's row is {row} rows past the end of its epoch: pass what "
+                                 "ReaderPosition.state_dict() returned")
+    return index, row
 
 
 def _rows_before(tasks: list[planning.ReadTask], task: int | None = None) -> int:

@@ -126,6 +126,46 @@ def reader_of(state: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _checked_sampler(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``states``, once each has ``ElasticDistributedSampler.state_dict()``'s keys with values it could have given
+    (ints >= 0, a rank ``[k, world]`` with ``0 <= k < world``, ``done`` as ``[start, stop, ...]`` pairs); else
+    :class:`LoaderStateError`: a tampered count would resume at other indices."""
+    for state in states:
+        rank, done = state.get("rank"), state.get("done")
+        if not all(_count(state.get(key)) for key in ("seed", "epoch", "yielded")) or \
+                not isinstance(state.get("finished", False), bool) or not _shard(rank) or \
+                not isinstance(done, (list, tuple)) or len(done) % 2 or not all(_count(v) for v in done) or \
+                any(done[k] >= done[k + 1] for k in range(0, len(done), 2)):
+            raise LoaderStateError("an ElasticDistributedSampler state's seed, epoch, rank, done, yielded or finished "
+                                   "is not what state_dict() gives (ints >= 0, a rank [k, world], [start, stop] "
+                                   "pairs, a bool); pass what state_dict() returned")
+    return states
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
+
+
+def _shard(value: Any) -> bool:
+    """Whether ``value`` is a shard ``[k, count]``: ints, ``0 <= k < count``."""
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(_count(v) for v in value) and \
+        value[0] < value[1]
+
+
+def _checked_iterable(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``states``, once each has :func:`iterable_state`'s keys with values it could have given (ints >= 0, a shard
+    ``[k, count]`` with ``0 <= k < count``, ``finished`` a bool); :class:`LoaderStateError` else: a tampered count
+    would resume at other rows."""
+    for state in states:
+        if not all(_count(state.get(key)) for key in ("seed", "epoch", "before", "rows")) or \
+                not isinstance(state.get("finished"), bool) or not _shard(state.get("shard")):
+            raise LoaderStateError("a TorchIterableDataset state's seed, epoch, shard, before, rows or finished is "
+                                   "not what state_dict() gives (ints >= 0, a shard [k, count], a bool); pass what "
+                                   "state_dict() returned")
+    return states
+
+
 class IterableResume:
     """What a ``TorchIterableDataset`` resumes from: one worker's own state (``own``) or every shard's
     (``readers``: the reader states of the shards that had started, for an elastic resume), of ``epoch``."""
@@ -142,14 +182,14 @@ def iterable_resume(found: Any, in_worker: bool) -> IterableResume | tuple[int, 
     next epoch's start, but in a torch worker (``in_worker``) it is one worker's: the others may have rows
     of that epoch left, and it delivers none of them."""
     if isinstance(found, dict) and found.get("kind") == ITERABLE_KIND:
-        states = states_of(found, ITERABLE_KIND, "TorchIterableDataset")
-        state = states[0]
+        state = _checked_iterable(states_of(found, ITERABLE_KIND, "TorchIterableDataset"))[0]
         if state["finished"] and not in_worker:
             return int(state["epoch"]) + 1, int(state["seed"])
         if not state["reader"]:
             return int(state["epoch"]), int(state["seed"])
         return IterableResume(int(state["epoch"]), int(state["seed"]), own=state)
-    states = unique_by_shard(states_of(found, ITERABLE_KIND, "TorchIterableDataset"), "shard", "TorchIterableDataset")
+    states = unique_by_shard(_checked_iterable(states_of(found, ITERABLE_KIND, "TorchIterableDataset")), "shard",
+                             "TorchIterableDataset")
     seed = int(one_value(states, "seed", "TorchIterableDataset"))
     epoch, states = current_epoch(states, [bool(state["finished"]) for state in states], "TorchIterableDataset")
     started = [state for state in states if state["reader"]]
@@ -276,8 +316,8 @@ class ElasticDistributedSampler:
     def load_state_dict(self, state: Any) -> None:
         """Resume from this rank's own state, or from the list of every rank's (any world size; or
         ``StatefulDataLoader`` states holding them): see the class."""
-        states = unique_by_shard(states_of(state, SAMPLER_KIND, "ElasticDistributedSampler"), "rank",
-                                 "ElasticDistributedSampler")
+        states = unique_by_shard(_checked_sampler(states_of(state, SAMPLER_KIND, "ElasticDistributedSampler")),
+                                 "rank", "ElasticDistributedSampler")
         for key, mine in (("size", self.size), ("shuffle", self.shuffle), ("drop_last", self.drop_last)):
             if one_value(states, key, "ElasticDistributedSampler") != mine:
                 raise LoaderStateError(f"the sampler state's {key} {states[0][key]!r} is not this sampler's {mine!r}: "
@@ -293,7 +333,8 @@ class ElasticDistributedSampler:
                                        f"{self.world_size}'s: pass the list of every rank's state to resume on "
                                        "another world size")
             # a finished epoch: the next one, fresh
-            self.seed, self.epoch, self._resume = seed, epoch, (epoch, done, int(state["yielded"])) if states else None
+            yielded = self._delivered(state, done).size if states else 0  # within its block: checked there
+            self.seed, self.epoch, self._resume = seed, epoch, (epoch, done, yielded) if states else None
             return
         self.seed, self.epoch = seed, epoch
         delivered = [self._delivered(s, done) for s in states]

@@ -40,6 +40,7 @@ from unihub import (
 from unihub.errors import InvalidArgumentError, NoDataAvailableError, UsageError
 from unihub.images.decoders import decode_image
 from unihub.readers.plan import PlanError
+from unihub.readers.predicates import in_lambda
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 
 from .sample import sample_schema, within
@@ -406,6 +407,43 @@ def test_state_of_another_dataset_or_options_is_refused(dataset, tmp_path):
     with pytest.raises(ReaderStateError, match="offset"):
         make_reader(dataset, resume_from={k: v for k, v in state.items() if k != "offset"}, **RESUME_OPTIONS)
     assert issubclass(ReaderStateError, UnihubError)
+
+
+TAMPERED = [("offset", 10**6), ("offset", -1), ("offset", 2.5), ("task", 10**6), ("task", "3"), ("task", True),
+            ("epoch", 3), ("epoch", -1), ("epoch", None), ("seed", "5"), ("done", [0, 0, 10**6])]
+
+
+@pytest.mark.parametrize(("key", "value"), TAMPERED)
+def test_a_tampered_state_is_refused_by_name(dataset, key, value):
+    """A position no reader of the plan is at (beyond its task, its epoch or the last epoch, not an int >= 0)
+    is a named error, not rows resumed from somewhere else or a raw ValueError; one state or a list of them."""
+    with make_reader(dataset, **RESUME_OPTIONS) as reader:
+        for _ in range(10):
+            next(reader)
+        state = dict(reader.state_dict(), **{key: value})
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=state, **RESUME_OPTIONS)
+    with pytest.raises(ReaderStateError):
+        make_reader(dataset, resume_from=[state], **RESUME_OPTIONS)
+
+
+def test_a_state_of_another_predicate_or_filters_is_refused(dataset):
+    """A position counts the rows a predicate or filters keep: read without them (or with others) it would
+    resume at other rows."""
+    odd = in_lambda(["id"], lambda i: i % 2 == 1)
+    states = {}
+    for name, options in {"plain": {}, "predicate": {"predicate": odd}, "filters": {"filters": [("id", ">", 3)]},
+                          "other filters": {"filters": [("id", ">", 4)]}}.items():
+        with make_reader(dataset, **RESUME_OPTIONS, **options) as reader:
+            next(reader)
+            states[name] = (reader.state_dict(), options)
+    for name, (state, _) in states.items():
+        for other, (_, options) in states.items():
+            if other != name:
+                with pytest.raises(ReaderStateError, match="predicate or filters"):
+                    make_reader(dataset, resume_from=state, **RESUME_OPTIONS, **options)
+        with make_reader(dataset, resume_from=state, **RESUME_OPTIONS, **states[name][1]) as reader:
+            next(reader)
 
 
 def test_refused_state_leaves_the_reader_unchanged(dataset, full_order):

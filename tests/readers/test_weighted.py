@@ -319,6 +319,11 @@ def test_reset_starts_over(urls, full_order):
     (lambda s: {**s, "readers": [s["readers"][0], {**s["readers"][1], "plan": "0"}]}, "another dataset"),
     (lambda s: s["readers"][0], "WeightedSamplingReader state"),
     (lambda s: {**s, "skip": 3, "exclude": [1]}, "rows past its position"),  # once silently delivered again
+    (lambda s: {**s, "draws": s["draws"] + 0.5}, "ints >= 0"),  # once read as int(): other readers drawn
+    (lambda s: {**s, "seed": str(s["seed"])}, "ints >= 0"),
+    (lambda s: {**s, "draws": None}, "ints >= 0"),  # once a raw TypeError
+    (lambda s: {**s, "passes": ["x", 0]}, "ints >= 0"),  # once a raw ValueError
+    (lambda s: {**s, "drained": [1, 0]}, "drained flag"),
 ])
 def test_a_refused_state_leaves_the_mixer_as_it_was(urls, full_order, change, match):
     with mixer_over(urls) as mixer:

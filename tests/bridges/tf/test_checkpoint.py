@@ -249,6 +249,13 @@ def test_positions_that_cannot_resume_elastically_are_refused_by_name(dataset: P
             position.load_state_dict(old)
         with pytest.raises(PositionStateError, match="different seeds"):
             position.load_state_dict([states[0], dict(states[1], reader=dict(states[1]["reader"], seed=9))])
+        for row in ("3", 1.5, None, True, -1):  # once a raw ValueError/TypeError, or int(1.5) taken as row 1
+            with pytest.raises(PositionStateError, match="ReaderPosition.state_dict"):
+                position.load_state_dict([states[0], dict(states[1], row=row)])
+            with pytest.raises(PositionStateError, match="ReaderPosition.state_dict"):
+                position.load_state_dict(dict(states[1], row=row))
+        with pytest.raises(PositionStateError, match="past the end of its epoch"):  # once: the rank's rows all gone
+            position.load_state_dict([states[0], dict(states[1], row=10**6)])
     with _open(dataset, 0, 3, "pad", shuffle_rows=False) as reader:
         with pytest.raises(PositionStateError, match="other reader options"):
             ReaderPosition(reader).load_state_dict(states)

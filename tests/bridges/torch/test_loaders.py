@@ -355,6 +355,11 @@ def test_bad_state_and_wrong_reader(url):
         loader = tp.DataLoader(reader)
         with pytest.raises(tp.LoaderStateError, match="version"):
             loader.load_state_dict({"version": 99})
+        state = loader.state_dict()
+        for tampered in ({"skip": -1}, {"skip": 1.5}, {"skip": None}, {"exclude": 3}, {"exclude": [1, -2]},
+                         {"exclude": ["x"]}):  # named, not a raw TypeError nor rows dropped by a wrong count
+            with pytest.raises(tp.LoaderStateError, match="skip"):
+                loader.load_state_dict(dict(state, **tampered))
     with pytest.raises(UnihubError, match="cur_shard"):
         tp.TorchIterableDataset(url, cur_shard=0)
 

@@ -342,6 +342,21 @@ def test_states_that_do_not_fit_are_refused(dataset):
         next(iter(lone))
 
 
+@pytest.mark.parametrize(("key", "value"), [("rows", -1), ("before", "0"), ("epoch", None), ("seed", 1.5),
+                                          ("shard", [2, 2]), ("shard", 1), ("finished", 1)])
+def test_a_tampered_state_is_refused_by_name(dataset, key, value):
+    """A count that is not an int >= 0, a shard outside its count: a named error, not a raw TypeError or
+    rows cut by a wrong count; one worker's state or the list of every rank's."""
+    _, states = run_ranks(dataset, 2, 0, [2, 3], batched=False)
+    worker_states = [dict(s["dataset_state"]) for s in states]
+    tampered = dict(worker_states[1], **{key: value})
+    with pytest.raises(LoaderStateError, match="pass what state_dict"):
+        TorchIterableDataset(dataset, None, rank=1, world_size=2, **OPTIONS).load_state_dict(tampered)
+    with pytest.raises(LoaderStateError, match="pass what state_dict"):
+        TorchIterableDataset(dataset, None, rank=0, world_size=3, **OPTIONS).load_state_dict(
+            [worker_states[0], tampered])
+
+
 # -- ElasticDistributedSampler ---------------------------------------------------------------------------
 def sampled(sampler: ElasticDistributedSampler, count: int | None = None) -> list[int]:
     return list(itertools.islice(iter(sampler), count))
@@ -391,6 +406,21 @@ def test_sampler_refuses_another_ranks_state_alone():
         ElasticDistributedSampler(N, rank=0, world_size=3).load_state_dict(state)
     with pytest.raises(LoaderStateError, match="size"):
         ElasticDistributedSampler(N + 1, rank=0, world_size=3).load_state_dict([state])
+
+
+@pytest.mark.parametrize(("key", "value"), [("yielded", -5), ("yielded", 10**6), ("yielded", 2.5), ("epoch", "1"),
+                                          ("seed", None), ("done", [5]), ("rank", [5, 2]), ("finished", "yes")])
+def test_sampler_refuses_a_tampered_state_by_name(key, value):
+    """Its own state (rank 1 of 2 again) or in the list of every rank's: a named error, not indices from the end
+    of the block (``yielded=-5`` gave the last 5), none at all, or a raw TypeError."""
+    sampler = ElasticDistributedSampler(N, rank=1, world_size=2, seed=0)
+    sampled(sampler, 7)
+    state = dict(sampler.state_dict(), **{key: value})
+    with pytest.raises(LoaderStateError, match="state_dict|another run"):
+        ElasticDistributedSampler(N, rank=1, world_size=2, seed=0).load_state_dict(state)
+    other = dict(ElasticDistributedSampler(N, rank=0, world_size=2, seed=0).state_dict(), **{key: value})
+    with pytest.raises(LoaderStateError, match="state_dict|another run"):
+        ElasticDistributedSampler(N, rank=0, world_size=3, seed=0).load_state_dict([other, state])
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
