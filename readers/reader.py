@@ -658,9 +658,19 @@ class Reader:
         plan["num_epochs"] = self.num_epochs
         plan["ngram"] = repr(self.ngram) if self.ngram is not None else None  # items are windows then
         plan["fields"] = list(self.schema.fields)
-        if self._predicate is not None or self._filters is not None:  # offsets count the rows they keep
-            plan["rows_kept_by"] = [_predicate_identity(self._predicate), str(self._filters)]
         return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _kept_by(self) -> str | None:
+        """What a state records of the predicate and filters its offsets count the rows of (None: neither): the
+        predicate's type and fields and the filters' text (a function's code is not compared: it would change
+        with the Python version). A key of its own beside ``plan``, so that states saved before it was recorded
+        still resume."""
+        if self._predicate is None and self._filters is None:
+            return None
+        predicate = self._predicate
+        kept_by = [None if predicate is None else [type(predicate).__name__, sorted(predicate.get_fields())],
+                   str(self._filters)]
+        return hashlib.sha256(json.dumps(kept_by, default=str).encode()).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last delivered row/batch: small, JSON-able. With the states of every rank,
@@ -671,7 +681,8 @@ class Reader:
         epoch, task, offset = self._where()
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
-                 "plan": plan, "order": order, "dataset_version": self.store.version, **elastic.shard_keys(self._plan)}
+                 "plan": plan, "order": order, "dataset_version": self.store.version, "kept_by": self._kept_by(),
+                 **elastic.shard_keys(self._plan)}
         state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
         drops = self._drops
         state.update(drops.state_keys(self._stream_where()) if drops is not None else {"skip": 0, "exclude": []})
@@ -704,7 +715,7 @@ class Reader:
         # check against the plan with the saved seed before changing anything: a refused state
         # must leave this reader as it was
         config = dataclasses.replace(self._plan, seed=elastic.seed_of(state))
-        if state.get("plan") != self._fingerprint(config):
+        if state.get("plan") != self._fingerprint(config) or state.get("kept_by", self._kept_by()) != self._kept_by():
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
                                    "(row groups, shuffling, sharding, epochs, batching, predicate or filters "
                                    "differ); states of another shard count resume as the list of every rank's state"
@@ -1054,12 +1065,6 @@ class _Rows(Sequence[Any]):
         return self.rows()[index]
 
 
-def _predicate_identity(predicate: PredicateBase | None) -> list[Any] | None:
-    """What a reader state records of a predicate: its type and fields (a function's code is not compared: it
-    would change with the Python version)."""
-    if predicate is None:
-        return None
-    return [type(predicate).__name__, sorted(predicate.get_fields())]
 
 
 def decode_task_rows(fields: Sequence[UnischemaField], decode_images: bool) -> int | None:
