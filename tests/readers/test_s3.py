@@ -103,6 +103,24 @@ def test_inspect_on_s3(s3_server, s3_url, capsys, monkeypatch):
     assert "S3Test" in capsys.readouterr().out
 
 
+def test_cli_storage_options_reach_inspect_copy_and_add_schema(s3_server, s3_url, capsys, monkeypatch):
+    """``--storage-option`` is the endpoint of every command: inspect ignored it (and asked AWS), copy and
+    add-schema refused it."""
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "2")  # without the endpoint: no long wait on AWS
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "0")
+    options = [f"--storage-option=client_kwargs.endpoint_url={s3_server.endpoint_url}",
+               f"--storage-option=key={s3_server.key}", f"--storage-option=secret={s3_server.secret}"]
+    copy = f"s3://{s3_server.bucket}/copied-{uuid.uuid4().hex[:8]}"
+    assert main(["inspect", s3_url, "--json", *options]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == N
+    assert main(["copy", s3_url, copy, "--field-regex", "id", "vec", "--quiet", *options]) == 0
+    assert main(["add-schema", copy, *options]) == 0
+    capsys.readouterr()
+    assert main(["inspect", copy, "--json", *options]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == N and [f["name"] for f in info["fields"]] == ["id", "vec"]
+
+
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_missing_bucket_or_key_is_dataset_not_found(s3_server, kind):
     for url in (f"s3://{s3_server.bucket}/no-such-dataset", "s3://no-such-bucket/ds"):
