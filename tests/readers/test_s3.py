@@ -19,7 +19,10 @@ pytest.importorskip("moto")
 pytest.importorskip("boto3")
 
 from unihub import (  # noqa: E402
+    DatasetChangedError,
     DatasetNotFoundError,
+    Unischema,
+    UnischemaField,
     open_dataset,
     write_dataset,
 )
@@ -149,6 +152,29 @@ def test_a_foreign_file_is_detected_through_the_endpoint_of_its_url(s3_server):
     s3_server.requests.clear()
     assert detect_format(url) == "hdf5"
     assert s3_server.requests.object_reads(f"{s3_server.bucket}/{key}")  # read from the given endpoint
+
+
+
+def test_an_object_overwritten_while_read_through_s3fs_is_a_dataset_change(s3_server, tmp_path):
+    """s3fs reads an object with the ETag it listed (``If-Match``); one overwritten meanwhile failed as a
+    RemoteStorageError saying to raise the timeouts and retries. It is a DatasetChangedError, as on a
+    local disk (tests/readers/test_snapshot.py), with no row of the new objects. Without read-ahead:
+    its ranged reads (``cat_file``) carry no ETag."""
+    schema = Unischema("Snap", [UnischemaField("id", np.int64, ())])
+    prefix = f"snapshot-{uuid.uuid4().hex[:8]}"
+    for name, first in (("old", 0), ("new", 100_000)):
+        write_dataset(tmp_path / name, schema, [{"id": np.arange(first, first + 2000)}], batched=True,
+                      rows_per_file=500, row_group_size_mb=0.001)
+    url = s3_server.upload_folder(tmp_path / "old", prefix)
+    ids: list[int] = []
+    with make_reader(url, shuffle_row_groups=False, reader_pool_type="dummy", read_ahead_mb=0,
+                     storage_options=s3_server.storage_options()) as reader:
+        with pytest.raises(DatasetChangedError, match="changed since the dataset was opened.*open the dataset again"):
+            for row in reader:
+                ids.append(int(row.id))
+                if len(ids) == 600:  # in the second file
+                    s3_server.upload_folder(tmp_path / "new", prefix)
+    assert ids[:600] == list(range(600)) and all(i < 100_000 for i in ids)
 
 
 # -- writing ----------------------------------------------------------------------------------------
