@@ -135,7 +135,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
             result = copy_dataset(None, args.src, args.dst, args.field_regex, args.not_null_fields, args.overwrite,
                                   args.partition_count, args.row_group_size_mb,
                                   petastorm_compatible=args.petastorm_compatible, engine=args.engine,
-                                  master=args.master, overwrite_foreign=args.overwrite_foreign, progress=progress)
+                                  master=args.master, overwrite_foreign=args.overwrite_foreign, progress=progress,
+                                  storage_options=storage_options_of(args))
     finally:
         meter.close()
     if not args.quiet:
@@ -148,7 +149,8 @@ def cmd_add_schema(args: argparse.Namespace) -> int:
     if unischema_class is not None and "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # 'module.attr' in the current directory, as with python -m
     result = add_schema(args.url, args.schema, unischema_class=unischema_class,
-                        petastorm_compatible=args.petastorm_compatible, use_summary_metadata=args.use_summary_metadata)
+                        petastorm_compatible=args.petastorm_compatible, use_summary_metadata=args.use_summary_metadata,
+                        storage_options=storage_options_of(args))
     print(result.summary())
     return 0
 
@@ -233,7 +235,7 @@ def add_copy_command(sub: Any) -> None:
                 arg("--overwrite-foreign", action="store_true", help="replace DST whatever it is"),
                 _petastorm_compatible("SRC"),
                 *_engine_options("copy in this process (local) or as Spark tasks, one per source file or partition"),
-                QUIET,
+                QUIET, STORAGE_OPTION,
                 help="copy a dataset, keeping some fields and dropping rows with nulls (petastorm-copy-dataset.py)",
                 description="Copy SRC to DST as stored (nothing decoded), in order; the copy is written beside DST "
                             "and renamed on success.",
@@ -250,7 +252,7 @@ def add_add_schema_command(sub: Any) -> None:
                            help="an importable unihub or Petastorm Unischema, e.g. my_pkg.schemas.TrainSchema")),
                 _petastorm_compatible("the store"),
                 arg("--use-summary-metadata", action="store_true",
-                    help="also write _metadata with every file's row groups"),
+                    help="also write _metadata with every file's row groups"), STORAGE_OPTION,
                 help="write a Unischema into an existing Parquet store (petastorm-generate-metadata.py)",
                 description="Write a Unischema into URL's _common_metadata (atomically; data files are not touched): "
                             "the one given, else the one the store has, else one inferred from the Parquet types. It "

@@ -15,6 +15,7 @@ from unihub.cli.parsers import DATASET, DATASET_OR_FILE, JSON, QUIET, STORAGE_OP
 from unihub.cli.storage import storage_options_of
 from unihub.cli.versions import print_versions
 from unihub.errors import SchemaMismatchError, UnihubError
+from unihub.fs import sources
 from unihub.runtime.progress import Display, open_display, should_show
 from unihub.viewer import DEFAULT_REPORT, show
 from unihub.viewer.describe import describe_dataset, format_description
@@ -23,7 +24,8 @@ from unihub.viewer.describe import describe_dataset, format_description
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.versions:
         return print_versions(args.path, args.json, storage_options_of(args))
-    info = describe_dataset(args.path)
+    with sources.using(storage_options_of(args)):  # the open and, for a foreign path, the format's detection
+        info = describe_dataset(args.path)
     print(json.dumps(info, indent=2) if args.json else format_description(info))
     if info.get("missing_fields"):  # described, and refused as make_reader refuses it
         raise SchemaMismatchError(info["schema_problem"])

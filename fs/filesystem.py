@@ -95,6 +95,7 @@ def resolve_filesystem(url: str, filesystem: Any = None,
 def check_url_parameters(url: str) -> None:
     """Refuse query parameters of an ``s3://`` or ``gs://`` URL that pyarrow's filesystem does not take
     (:data:`URL_PARAMETERS`), naming them (never their values: the query may hold a secret)."""
+    refuse_fragment(url)
     parsed = urlparse(url)
     supported = URL_PARAMETERS.get(parsed.scheme)
     if supported is None:
@@ -103,6 +104,15 @@ def check_url_parameters(url: str) -> None:
     if unknown:
         raise InvalidArgumentError(f"{remote.public_url(url)}: unsupported query parameter "
                                    f"{', '.join(map(repr, unknown))}{_supported(parsed.scheme)}")
+
+
+def refuse_fragment(url: str) -> None:
+    """Refuse a URL holding ``#``: URL parsing ends the path there (the fragment names no object), so
+    ``s3://bucket/a#b`` would read or write ``bucket/a``, silently another object than the one named."""
+    if "://" in url and "#" in url:
+        raise InvalidArgumentError(f"{remote.public_url(url)}#...: a URL's path ends at '#' (what follows is a "
+                                   f"fragment, no part of a name), so this would read or write "
+                                   f"{remote.public_url(url)}; rename the object or folder to a name without '#'")
 
 
 def _supported(scheme: str) -> str:
@@ -298,6 +308,7 @@ def strip_scheme(url: str, *, keep_netloc: bool = True) -> str:
     """``s3://bucket/key`` -> ``bucket/key``; ``file:///tmp/x`` -> ``/tmp/x``."""
     if "://" not in url:
         return url
+    refuse_fragment(url)
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return parsed.path

@@ -48,7 +48,7 @@ from typing import Any, TypeVar, cast
 
 import pyarrow.fs as pafs
 
-from unihub.errors import InvalidArgumentError, RemoteStorageError
+from unihub.errors import DatasetChangedError, InvalidArgumentError, RemoteStorageError, UnihubError
 
 TIMEOUT_ENV = "UNIHUB_REMOTE_TIMEOUT"
 RETRIES_ENV = "UNIHUB_REMOTE_RETRIES"
@@ -371,13 +371,23 @@ def is_sdk_failure(exc: BaseException) -> bool:
 
 
 def as_remote_error(exc: BaseException, url: str, *, broad: bool = False,
-                    detail: str | None = None) -> RemoteStorageError | None:
-    """``exc`` as a :class:`RemoteStorageError` naming ``url``, or None when it is no remote failure.
+                    detail: str | None = None) -> UnihubError | None:
+    """``exc`` as a :class:`RemoteStorageError` naming ``url``, or None when it is no remote failure; an
+    object overwritten since it was listed (s3fs's ``FileExpired``: its ETag is no longer the one
+    listed) is a :class:`DatasetChangedError`, as on a local disk, not a failure to retry or wait out.
 
     Only pyarrow's SDK errors count, unless ``broad`` (for calls that go to an fsspec filesystem
     and nowhere else: there any network or timeout error is the store's). ``detail`` (what was being
     read: ``"row group 3, bytes 4-1027"``) follows the URL in the message, also in a
     ``RemoteStorageError`` raised before (by the filesystem, which knows the file but not the why)."""
+    if isinstance(exc, DatasetChangedError):
+        return None  # said already, by a call below: raised as it is
+    if _object_changed(exc):
+        where = f"{public_url(url)}: {detail}" if detail else public_url(url)
+        return DatasetChangedError(f"{where}: the object changed since the dataset was opened (its ETag is no "
+                                   "longer the one listed): it was overwritten while it was read, and rows of two "
+                                   "versions would mix; open the dataset again to read what is there now",
+                                   path=public_url(url))
     if isinstance(exc, RemoteStorageError):
         return exc if detail is None else _with_detail(exc, public_url(url), detail)
     if not (is_remote_failure(exc) if broad else is_sdk_failure(exc)):
@@ -391,6 +401,18 @@ def as_remote_error(exc: BaseException, url: str, *, broad: bool = False,
         f"{where}: the remote store failed ({type(exc).__name__}: {text}); gave up after the retries "
         f"(how long a request waits and how often it is retried: {TIMEOUT_ENV}, {RETRIES_ENV} or "
         f"storage_options {TIMEOUT_OPTION!r}, {RETRIES_OPTION!r})", url=url)
+
+
+def _object_changed(exc: BaseException) -> bool:
+    """Whether ``exc`` or what caused it is s3fs's ``FileExpired`` (a read whose ``If-Match`` ETag failed)."""
+    cause: BaseException | None = exc
+    for _ in range(4):
+        if cause is None:
+            return False
+        if type(cause).__name__ == "FileExpired":
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _with_detail(exc: RemoteStorageError, url: str, detail: str) -> RemoteStorageError:

@@ -13,9 +13,12 @@ On disk::
                                        :meth:`LocalDiskCache.node_stats`
 
 An entry's name is a hash of its key: the dataset URL, the data file's path, size and
-modification time (where the filesystem reports one), the row group's index in the file,
-its rows and bytes, any Hive partition values, and the sorted column names. A rewritten
-dataset therefore misses instead of serving stale rows, and column selections never collide.
+modification time (where the filesystem reports one), a digest of its Parquet footer, the row
+group's index in the file, its rows and bytes, any Hive partition values, and the sorted column
+names. A rewritten dataset therefore misses instead of serving stale rows, and column selections
+never collide. The footer tells apart a file rewritten at the same size within the same second:
+object stores report modification times in whole seconds (a rewrite whose footer is byte for byte
+the same -- row counts, chunk sizes and offsets, statistics -- is not told apart).
 
 Entries are written to a temporary file and renamed into place, so no reader (thread or
 process) ever sees a partial entry; they are uncompressed by default so a hit memory-maps
@@ -71,7 +74,7 @@ except ImportError:  # Windows: no inter-process lock, one lock per process
 
 EvictionPolicy = Literal["least-recently-used", "least-recently-stored", "none"]
 
-_KEY_VERSION = 1
+_KEY_VERSION = 2
 _DIGEST_KEY = b"unihub.cache.digest"
 _SUFFIX = ".arrow"
 _STALE_TEMP_SECONDS = 3600
@@ -152,6 +155,7 @@ class LocalDiskCache(CacheBase):
         self._lock_path = os.path.join(self.location, ".lock")
         self._write_options = pa.ipc.IpcWriteOptions(compression=compression)
         self._files: dict[int, tuple[ParquetStore, dict[str, FileInfo]]] = {}
+        self._footer_digests: dict[tuple[int, str], tuple[ParquetStore, str]] = {}
         self._warned = False
         try:
             os.makedirs(self.location, exist_ok=True)
@@ -212,8 +216,8 @@ class LocalDiskCache(CacheBase):
         info = store.row_groups[row_group]
         file = self._file_info(store, info.path)
         key = [_KEY_VERSION, store.url, info.path, file.size_bytes if file else None,
-               getattr(file, "mtime_ns", None), info.row_group, info.num_rows, info.total_byte_size,
-               [list(p) for p in info.partition], sorted(set(columns))]
+               getattr(file, "mtime_ns", None), self._footer_digest(store, info.path), info.row_group,
+               info.num_rows, info.total_byte_size, [list(p) for p in info.partition], sorted(set(columns))]
         added = store.side.identity(columns) if store.side is not None else []
         return json.dumps(key + [added] if added else key, separators=(",", ":"))  # a backfill: new side files
 
@@ -321,7 +325,7 @@ class LocalDiskCache(CacheBase):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_files"] = {}
+        state["_files"], state["_footer_digests"] = {}, {}
         state["_stats_fd"], state["_stats_pid"] = None, None  # the copy counts in its own file
         state.pop("_write_options")
         return state
@@ -341,6 +345,19 @@ class LocalDiskCache(CacheBase):
             known = (store, {f.path: f for f in store.files})
             self._files[id(store)] = known
         return known[1].get(path)
+
+    def _footer_digest(self, store: ParquetStore, path: str) -> str | None:
+        """A digest of the footer ``store`` read for the file at ``path`` (None where it kept none), once per file."""
+        known = self._footer_digests.get((id(store), path))
+        if known is None or known[0] is not store:
+            footer = store._footers.get(path)
+            if footer is None:
+                return None
+            sink = pa.BufferOutputStream()
+            footer.write_metadata_file(sink)
+            known = (store, hashlib.sha256(sink.getvalue()).hexdigest()[:32])
+            self._footer_digests[(id(store), path)] = known
+        return known[1]
 
     def _load(self, path: str, digest: str, columns: list[str] | None = None,
               num_rows: int | None = None) -> pa.Table | None:

@@ -61,3 +61,23 @@ def test_supported_parameters_reach_the_server(s3_server: Any) -> None:
     write_dataset(url, SCHEMA, ({"id": i} for i in range(5)))
     with make_reader(url, shuffle_row_groups=False) as reader:
         assert sorted(row.id for row in reader) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow", "url"])
+def test_a_hash_in_the_path_is_refused_not_cut(s3_server: Any, kind: str, tmp_path: Any) -> None:
+    """URL parsing ends the path at '#': ``.../runs#3`` wrote and read ``.../runs``, another folder than the one
+    named, through storage_options and filesystem= (and the endpoint of a query after it was lost)."""
+    prefix = uuid.uuid4().hex
+    url = f"s3://{s3_server.bucket}/{prefix}/runs#3"
+    access: dict[str, Any] = {}
+    if kind == "url":
+        url += f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    else:
+        access = s3_server.access(kind)
+    with pytest.raises(InvalidArgumentError, match=rf"/{prefix}/runs#\.\.\.: a URL's path ends at '#'"):
+        write_dataset(url, SCHEMA, ({"id": i} for i in range(3)), **access)
+    with pytest.raises(InvalidArgumentError, match="a URL's path ends at '#'"):
+        make_reader(url, **access)
+    assert not s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents")
+    with pytest.raises(InvalidArgumentError, match="a URL's path ends at '#'"):
+        resolve_filesystem(f"file://{tmp_path}/runs#3")

@@ -26,6 +26,7 @@ from unihub import (
 )
 from unihub.readers.local_disk_cache import CacheConfigError, LocalDiskCache
 from unihub.readers.reader import make_batch_reader, make_cache, make_reader
+from unihub.store import footer_cache
 from unihub.store.dataset import ParquetStore
 
 from .sample import assert_rows_equal, rows_by_id, sample_schema
@@ -176,6 +177,27 @@ def test_rewritten_dataset_is_not_served_stale(tmp_path, store_reads):
     after = rows_by_id(make_reader(path, **cache_args(tmp_path / "cache")))
     assert after[1].name == "row-1-1" and before[1].name == "row-1-0"
     assert_rows_equal(after, rows_by_id(make_reader(path)))
+
+
+
+def test_a_file_rewritten_at_its_size_and_time_is_not_served_stale(tmp_path, store_reads):
+    """Object stores report modification times in whole seconds: a part rewritten within the second at
+    its size keeps its (size, mtime) there. Simulated on a local disk by putting the time back (and by
+    forgetting the footers of local files this process read, as another process would)."""
+    path = write(tmp_path / "ds", 20, compression=None)  # uncompressed: the salt keeps each file's size
+    other = write(tmp_path / "other", 20, salt=1, compression=None)
+    parts = sorted(p.name for p in path.glob("*.parquet"))
+    assert parts == sorted(p.name for p in other.glob("*.parquet"))
+    assert [(path / p).stat().st_size for p in parts] == [(other / p).stat().st_size for p in parts]
+    before = rows_by_id(make_reader(path, **cache_args(tmp_path / "cache")))
+    for name in parts:
+        times = (path / name).stat()
+        shutil.copyfile(other / name, path / name)
+        os.utime(path / name, ns=(times.st_atime_ns, times.st_mtime_ns))
+    footer_cache.FOOTERS.clear()
+    after = rows_by_id(make_reader(path, **cache_args(tmp_path / "cache")))
+    assert before[1].name == "row-1-0" and after[1].name == "row-1-1"
+    assert_rows_equal(after, rows_by_id(make_reader(other)))
 
 
 # -- eviction ---------------------------------------------------------------------------------------
