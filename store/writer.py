@@ -309,6 +309,8 @@ def encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema
         values = columns.get(f.name)
         if values is None:
             values = [None] * n
+        if isinstance(values, pa.ChunkedArray):  # what pyarrow.compute returns for a table's column
+            values = values.combine_chunks()
         if isinstance(values, pa.Array) and (validate or f.codec is None):
             values = values.to_pylist()  # checked and stored value by value
         if validate:

@@ -208,6 +208,22 @@ def test_values_from_a_function_of_existing_columns(pics: Path) -> None:
     assert open_dataset(pics).schema["twice"].nullable  # rows appended later read as null
 
 
+def test_values_as_arrow_chunked_arrays(pics: Path) -> None:
+    """What ``pyarrow.compute`` returns for a table's column (a ChunkedArray), from a function or given whole: it
+    was a ValidationError ('expected a scalar of dtype int64, found Int64Scalar')."""
+    import pyarrow.compute as pc
+
+    thrice = UnischemaField("thrice", np.int64, (), ScalarCodec(pa.int64()), False)
+    add_column(pics, thrice, lambda table: pc.multiply(table.column("id"), 3), inputs=["id"])
+    ids = ids_in_order(pics)
+    add_column(pics, UnischemaField("minus", np.int64, (), ScalarCodec(pa.int64()), False),
+               pa.chunked_array([[-i for i in ids[:3]], [-i for i in ids[3:]]]))
+    with make_batch_reader(pics, schema_fields=["id", "thrice", "minus"], workers_count=1) as reader:
+        for batch in reader:
+            np.testing.assert_array_equal(batch.thrice, np.asarray(batch.id) * 3)
+            np.testing.assert_array_equal(batch.minus, -np.asarray(batch.id))
+
+
 def test_a_part_the_set_does_not_cover_reads_null(pics: Path) -> None:
     ids = ids_in_order(pics)
     add_column(pics, EMB, embedding(ids))
