@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlparse
+from urllib.parse import parse_qsl, urlparse, urlunparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -25,6 +25,8 @@ from unihub.fs import atomic, remote
 from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES, abort_uploads
 
 _PYARROW_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs"}
+#: pyarrow's object stores: keys are names, taken as written in the URL (:func:`_pyarrow_from_url`)
+_OBJECT_SCHEMES = {"s3", "gs", "gcs"}
 #: the query parameters pyarrow's filesystems read from an ``s3://`` or ``gs://`` URL
 #: (``s3://bucket/key?region=eu-west-1``); any other is refused by name before pyarrow sees the URL
 URL_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -77,7 +79,7 @@ def resolve_filesystem(url: str, filesystem: Any = None,
         check_url_parameters(url)
         try:
             with remote.remote_errors(url):  # a region look-up may go to the network
-                fs, path = pafs.FileSystem.from_uri(url)
+                fs, path = _pyarrow_from_url(url, scheme)
         except pa.ArrowInvalid as exc:  # a parameter's value pyarrow refuses (allow_bucket_creation=maybe)
             raise InvalidArgumentError(f"{remote.public_url(url)}: a query parameter pyarrow refuses: {exc}"
                                        f"{_supported(scheme)}") from None
@@ -90,6 +92,18 @@ def resolve_filesystem(url: str, filesystem: Any = None,
                                          "a path with a scheme is never taken for a local one") from None
     fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
     return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
+
+
+def _pyarrow_from_url(url: str, scheme: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for ``url`` and the path in it. On ``s3://`` and ``gs://`` the key is the URL's as
+    written, as s3fs, gcsfs and ``aws s3`` take it: pyarrow's own parse percent-decodes it (``a%20b`` would name
+    ``a b`` here and ``a%20b`` through ``storage_options``) and refuses a space; the filesystem is made from the
+    bucket and the query."""
+    if scheme not in _OBJECT_SCHEMES:
+        return pafs.FileSystem.from_uri(url)
+    parsed = urlparse(url)
+    fs, _ = pafs.FileSystem.from_uri(urlunparse(parsed._replace(path="")))
+    return fs, f"{parsed.netloc}{parsed.path}".rstrip("/")
 
 
 def check_url_parameters(url: str) -> None:
