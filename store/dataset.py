@@ -1241,7 +1241,7 @@ def _read_metadata(fs: pafs.FileSystem, path: str, size: int | None, handles: di
                 return footer
         with fs.open_input_file(path) as handle:
             return pq.read_metadata(handle)
-    except (OSError, pa.ArrowInvalid) as exc:
+    except (OSError, pa.ArrowInvalid, UnicodeDecodeError) as exc:  # a column's name in the footer not UTF-8
         failure = remote.as_remote_error(exc, remote.display_url(fs, path))
         if failure is not None:
             raise failure from exc
