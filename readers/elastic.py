@@ -82,7 +82,7 @@ def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[p
 def decode_done(values: Any) -> dict[int, planning.Intervals]:
     """A state's ``done`` back as intervals per epoch; :class:`ReaderStateError` where it is malformed."""
     if not isinstance(values, list) or len(values) % 3 or \
-            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            not all(isinstance(v, int) and is_count(v) for v in values):
         raise ReaderStateError("the reader state's 'done' is not a list of [epoch, start, stop] ints >= 0; "
                                "pass what state_dict() returned")
     done: dict[int, list[tuple[int, int]]] = {}
@@ -141,7 +141,7 @@ class Drops:
         """The rows ``state`` says to pass over; None where it says none. :class:`ReaderStateError` where its
         ``skip`` is not an int >= 0 or its ``exclude`` not a list of them."""
         skip, exclude = state.get("skip", 0), state.get("exclude", [])
-        if not _count(skip) or not isinstance(exclude, (list, tuple)) or not all(_count(x) for x in exclude):
+        if not is_count(skip) or not isinstance(exclude, (list, tuple)) or not all(is_count(x) for x in exclude):
             raise ReaderStateError("the reader state's 'skip' is not an int >= 0 or its 'exclude' not a list of "
                                    "them; pass what state_dict() returned")
         if not skip and not exclude:
@@ -191,9 +191,9 @@ def with_delivered_after(state: Mapping[str, Any], skip: int, exclude: Sequence[
     return dict(state, **Drops(0, rows).state_keys(0))
 
 
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool) that numpy's int64 holds."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(0 <= value < 2**63)
 
 
 def other_version(state: Mapping[str, Any], dataset_version: int | None) -> str:
@@ -221,6 +221,12 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any, dataset_ve
         if missing:
             raise ReaderStateError(f"state {k} of the list lacks {missing}: states saved before elastic resume "
                                    "resume only one by one, on the world size that saved them")
+        wrong = [key for key in ("seed", "epoch", "task", "offset", "done_from") if key in state
+                 and not is_count(state[key])]
+        if wrong:
+            raise ReaderStateError(f"state {k} of the list: its {wrong} are not ints >= 0; pass what state_dict() "
+                                   "returned")
+        Drops.of_state(state)  # its skip and exclude: ints >= 0
         seeds.add(int(state["seed"]))
     if len(seeds) > 1:
         raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "
