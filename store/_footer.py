@@ -11,8 +11,14 @@ Parquet files found, each as Arrow checks it:
 - ``SizeStatistics`` (field 16) whose level histograms are neither empty nor ``max level + 1`` long,
   or that count unencoded ``BYTE_ARRAY`` bytes of a column of another type;
 
-and a row group whose chunks differ in number from the schema's leaves. A footer this walk cannot
+and a row group whose chunks differ in number from the schema's leaves; also a chunk's path in the schema
+that is not UTF-8 (its getter raises a raw UnicodeDecodeError). A footer this walk cannot
 parse is not refused here: pyarrow reads it as before.
+
+The walk reads the footer's bytes as they are in the file: those :func:`remember`-ed with the footer
+(store/dataset.py reads each footer so), or given (the tail of a memory-mapped file). pyarrow cannot
+give them back: ``FileMetaData.write_metadata_file`` of some hostile footers is a segmentation fault. A
+footer whose bytes are not known is not checked (it is read as before this module).
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import threading
 import weakref
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unihub.errors import FormatError
@@ -45,25 +50,71 @@ from unihub.store._thrift import (
 #: parquet.thrift's CompressionCodec values (UNCOMPRESSED to LZ4_RAW): pyarrow knows these, and aborts on others
 KNOWN_CODECS = range(8)
 _FOOTER_ELEMENTS = 2**31  # a footer's lists (schema fields, row groups) are bounded by its bytes alone
-_ROW_GROUPS, _COLUMNS, _META_DATA, _CODEC, _SIZE_STATISTICS = 4, 1, 3, 4, 16
+_ROW_GROUPS, _COLUMNS, _META_DATA, _PATH, _CODEC, _SIZE_STATISTICS = 4, 1, 3, 3, 4, 16
 _UNENCODED, _REPETITION_HISTOGRAM, _DEFINITION_HISTOGRAM = 1, 2, 3
-#: each footer's problem ("" for none), kept while the footer lives; ids of footers that died are dropped
-_CHECKED: dict[int, tuple[weakref.ref[pq.FileMetaData], str]] = {}
+#: footers larger than this are not checked (their bytes are not kept)
+MAX_FOOTER_BYTES = 64 * 2**20
+#: each footer's bytes (not checked yet) or its problem ("" for none), kept while the footer lives
+_KNOWN: dict[int, tuple[weakref.ref[pq.FileMetaData], Any]] = {}
 _LOCK = threading.Lock()
 
 
-def problem(metadata: pq.FileMetaData) -> str | None:
-    """What in ``metadata`` would abort pyarrow's getters (see the module docstring), or None. Checked once
-    per footer object, where unihub first asks for its column chunks (not when a dataset is opened: a footer of
-    20 row groups of 5 columns takes 2 ms here, 0.2 ms in pyarrow)."""
+def remember(metadata: pq.FileMetaData, footer: Any) -> None:
+    """Keep ``footer``, the Thrift bytes ``metadata`` was parsed from, for :func:`problem`."""
+    if len(footer) <= MAX_FOOTER_BYTES:
+        _keep(metadata, bytes(footer))
+
+
+def remember_from(metadata: pq.FileMetaData, handle: Any) -> None:
+    """:func:`remember` the footer at the end of the open file ``handle`` (two small reads)."""
+    size = handle.size()
+    if size >= 12:
+        handle.seek(size - 8)
+        tail = handle.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if tail[4:] == b"PAR1" and 0 < length <= min(size - 12, MAX_FOOTER_BYTES):
+            handle.seek(size - 8 - length)
+            _keep(metadata, handle.read(length))
+
+
+def share(metadata: pq.FileMetaData, source: pq.FileMetaData | None) -> None:
+    """What is known of ``source``'s bytes, for ``metadata`` too (``ParquetFile(metadata=source).metadata`` is
+    another object)."""
+    with _LOCK:
+        held = _KNOWN.get(id(source))
+    if held is not None and held[0]() is source:
+        _keep(metadata, held[1])
+
+
+def tail(data: Any) -> memoryview | None:
+    """The footer's Thrift bytes at the end of a whole Parquet file's ``data``; None where there is none."""
+    view = memoryview(data).cast("B")
+    if len(view) < 12 or view[-4:] != b"PAR1":
+        return None
+    length = int.from_bytes(view[-8:-4], "little")
+    return view[-8 - length:-8] if 0 < length <= len(view) - 12 else None
+
+
+def problem(metadata: pq.FileMetaData, footer: Any = None) -> str | None:
+    """What in ``metadata`` would abort pyarrow's getters (see the module docstring), or None (also where its
+    bytes are not known: remembered, or given as ``footer``). Checked once per footer object, where unihub first
+    asks for its column chunks (not when a dataset is opened: a footer of 20 row groups of 5 columns takes 2 ms
+    here, 0.2 ms in pyarrow)."""
+    with _LOCK:
+        held = _KNOWN.get(id(metadata))
+    known = held[1] if held is not None and held[0]() is metadata else footer
+    if known is None:
+        return None
+    if not isinstance(known, str):
+        known = _problem(metadata, memoryview(known).cast("B"))
+        _keep(metadata, known)
+    return known or None
+
+
+def _keep(metadata: pq.FileMetaData, value: Any) -> None:
     key = id(metadata)
     with _LOCK:
-        held = _CHECKED.get(key)
-    if held is None or held[0]() is not metadata:
-        held = (weakref.ref(metadata, lambda _: _CHECKED.pop(key, None)), _problem(metadata))
-        with _LOCK:
-            _CHECKED[key] = held
-    return held[1] or None
+        _KNOWN[key] = (weakref.ref(metadata, lambda _: _KNOWN.pop(key, None)), value)
 
 
 def check(metadata: pq.FileMetaData, path: str) -> None:
@@ -73,10 +124,7 @@ def check(metadata: pq.FileMetaData, path: str) -> None:
         raise FormatError(f"{path}: not a readable Parquet file: {trouble}", path=path)
 
 
-def _problem(metadata: pq.FileMetaData) -> str:
-    sink = pa.BufferOutputStream()
-    metadata.write_metadata_file(sink)  # b"PAR1", the footer's Thrift bytes, their length, b"PAR1"
-    footer = memoryview(sink.getvalue()).cast("B")[4:-8]
+def _problem(metadata: pq.FileMetaData, footer: memoryview) -> str:
     schema = metadata.schema
     leaves = [(schema.column(j).max_repetition_level, schema.column(j).max_definition_level,
                schema.column(j).physical_type == "BYTE_ARRAY") for j in range(len(schema))]
@@ -121,10 +169,31 @@ def _meta_data(footer: memoryview, at: int, leaf: tuple[int, int, bool] | None, 
             if codec not in KNOWN_CODECS:
                 found.append(f"{where}: compression codec {codec}, which pyarrow does not know")
             return after
+        if field_id == _PATH and kind == LIST and footer[position] & 0x0F == BINARY:
+            return _utf8_names(footer, position, where, found)
         if field_id == _SIZE_STATISTICS and kind == STRUCT and leaf is not None:
             return _walk(footer, position, lambda f, k, p: _size_statistic(footer, p, f, k, leaf, where, found))
         return None
     return _walk(footer, at, field)
+
+
+def _utf8_names(footer: memoryview, at: int, where: str, found: list[str]) -> int:
+    """The offset after a list of binaries (a chunk's path in the schema), a problem added where one is not
+    UTF-8 (pyarrow's ``path_in_schema`` raises a raw UnicodeDecodeError)."""
+    head = footer[at]
+    count, at = head >> 4, at + 1
+    if count == 15:
+        count, at = varint(footer, at, 5)
+    for _ in range(count):
+        length, at = varint(footer, at)
+        if at + length > len(footer):
+            raise FormatError("a binary past the footer's end")
+        try:
+            str(footer[at:at + length], "utf-8")
+        except UnicodeDecodeError:
+            found.append(f"{where}: a column path in bytes that are not UTF-8")
+        at += length
+    return at
 
 
 def _size_statistic(footer: memoryview, at: int, field_id: int, kind: int, leaf: tuple[int, int, bool], where: str,

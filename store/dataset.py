@@ -478,6 +478,7 @@ class ParquetStore:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
             found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
                                                         pre_buffer=not self._is_local, page_checksum_verification=verify)
+            _footer.share(found.metadata, self._footers.get(path))
             if held.leaves is None:
                 held.leaves = integrity.nested_leaves(found.schema_arrow)
         return found
@@ -580,8 +581,10 @@ class FetchedRanges:
 
         size = self.size if self.size is not None else footer.serialized_size + max(
             (start + len(data) for start, data in self.parts), default=0)
-        return pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
-                              page_checksum_verification=verify)
+        found = pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
+                               page_checksum_verification=verify)
+        _footer.share(found.metadata, footer)
+        return found
 
 
 def _read_fetched(parquet_file: pq.ParquetFile, fetched: FetchedRanges, row_group: int, stored: Sequence[str] | None,
@@ -1242,6 +1245,7 @@ def _read_metadata(fs: pafs.FileSystem, path: str, size: int | None, handles: di
         if footer is None:
             with fs.open_input_file(path) as handle:
                 footer = pq.read_metadata(handle)
+                _footer.remember_from(footer, handle)  # its bytes, for store/_footer.py's check
     except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:  # UnicodeDecodeError: a column name
         failure = remote.as_remote_error(exc, remote.display_url(fs, path))
         if failure is not None:
@@ -1287,7 +1291,9 @@ def _footer_from_tail(fs: pafs.FileSystem, path: str, size: int,
         if length + 8 > size:
             return None
         tail = remote.read_range(fs, path, size - length - 8, size, handles)
-    return pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
+    footer = pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
+    _footer.remember(footer, memoryview(tail)[-8 - length:-8])
+    return footer
 
 
 def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs.FileInfo] | None = None, *,

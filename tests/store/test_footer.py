@@ -29,6 +29,10 @@ HOSTILE = {
     # SchemaElement "img": repetition OPTIONAL -> REQUIRED, while its chunk keeps a histogram of 2 levels
     "histogram": (b"\x25\x02\x18\x03img", b"\x25\x00\x18\x03img", "a definition level histogram of 2 levels, not 1",
                   "Definition level histogram size mismatch"),
+    # ColumnMetaData of "img": its path not UTF-8 (pyarrow reads the chunk; its path_in_schema getter raised a raw
+    # UnicodeDecodeError)
+    "path": (b"\x19\x18\x03img\x15\x00", b"\x19\x18\x03\xf9mg\x15\x00", "a column path in bytes that are not UTF-8",
+             None),
 }
 READ = textwrap.dedent("""
     import sys
@@ -63,8 +67,11 @@ def test_a_footer_pyarrow_would_abort_on_is_a_named_error(name: str, tmp_path: P
     done = subprocess.run([sys.executable, "-c", READ, str(tmp_path / "ds")], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
-    read, spans = done.stdout.splitlines()
-    assert read.startswith(f"FormatError: {part}: cannot read row group 0: {arrow}"), read  # pyarrow's read says
+    *read, spans = done.stdout.splitlines()
+    if arrow is not None:
+        assert read[0].startswith(f"FormatError: {part}: cannot read row group 0: {arrow}"), read  # pyarrow's read
+    else:
+        assert not read  # read by pyarrow
     assert spans.startswith(f"FormatError: {part}: not a readable Parquet file: row group 0, column 0: {problem}")
 
 
@@ -79,4 +86,4 @@ def test_footers_pyarrow_writes_have_no_problem(tmp_path: Path) -> None:
             buffer = io.BytesIO()
             pq.write_table(table, buffer, compression=compression, row_group_size=1)
             buffer.seek(0)
-            assert _footer.problem(pq.read_metadata(buffer)) is None
+            assert _footer.problem(pq.read_metadata(buffer), _footer.tail(buffer.getvalue())) is None
