@@ -191,6 +191,20 @@ def with_delivered_after(state: Mapping[str, Any], skip: int, exclude: Sequence[
     return dict(state, **Drops(0, rows).state_keys(0))
 
 
+#: rows a state may name as delivered after its position (skip + the largest exclude offset): a loader's buffers
+#: hold far fewer; an elastic resume lists each of them (a hostile 10**9 was a MemoryError)
+MAX_PASSED_OVER = 2**24
+
+
+def check_passed_over(skip: int, exclude: Sequence[int]) -> None:
+    """:class:`ReaderStateError` where ``skip`` and ``exclude`` (ints >= 0) name more than :data:`MAX_PASSED_OVER`
+    rows after a position."""
+    if skip + max(exclude, default=0) > MAX_PASSED_OVER:
+        raise ReaderStateError(f"the state names rows up to {skip + max(exclude, default=0)} after its position "
+                               f"as delivered ('skip', 'exclude'): more than {MAX_PASSED_OVER} is not a state "
+                               "state_dict() returns")
+
+
 def is_count(value: Any) -> bool:
     """Whether ``value`` is an int >= 0 (not a bool) that numpy's int64 holds."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(0 <= value < 2**63)
@@ -227,6 +241,7 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any, dataset_ve
             raise ReaderStateError(f"state {k} of the list: its {wrong} are not ints >= 0; pass what state_dict() "
                                    "returned")
         Drops.of_state(state)  # its skip and exclude: ints >= 0
+        check_passed_over(state.get("skip", 0), state.get("exclude", []))
         seeds.add(int(state["seed"]))
     if len(seeds) > 1:
         raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "

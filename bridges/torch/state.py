@@ -134,7 +134,16 @@ def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     missing = sorted({"reader", "skip", "exclude"} - set(state))
     if missing:
         raise LoaderStateError(f"the loader state lacks {missing}; pass what state_dict() returned")
-    return state["reader"], int(state["skip"]), [int(e) for e in state["exclude"]]
+    skip, exclude = state["skip"], state["exclude"]
+    if not elastic.is_count(skip) or not isinstance(exclude, (list, tuple)) or not all(
+            elastic.is_count(e) for e in exclude):
+        raise LoaderStateError("the loader state's 'skip' is not an int >= 0 or its 'exclude' not a list of them; "
+                               "pass what state_dict() returned")
+    try:
+        elastic.check_passed_over(skip, exclude)
+    except ReaderStateError as exc:
+        raise LoaderStateError(str(exc)) from None
+    return state["reader"], int(skip), [int(e) for e in exclude]
 
 
 def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:

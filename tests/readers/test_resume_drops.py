@@ -190,6 +190,17 @@ def test_a_state_whose_counts_are_not_counts_is_refused_by_name(dataset: Path, k
         assert int(next(reader).id) == 1  # a refused state leaves the reader as it was
 
 
+def test_an_elastic_state_naming_more_rows_passed_over_than_a_loader_holds_is_refused(dataset: Path) -> None:
+    """Before: every rank's state with a skip of 2**40 was a MemoryError (each row passed over was listed)."""
+    with _open(dataset, False, shuffle_row_groups=False, cur_shard=0, shard_count=1) as reader:
+        next(reader)
+        state = reader.state_dict()
+        for bad in (dict(state, skip=2**40), dict(state, skip=2, exclude=[2**40])):
+            with pytest.raises(ReaderStateError, match="'skip', 'exclude'"):
+                reader.load_state_dict([bad])
+        assert int(next(reader).id) == 1
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(own=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)),
        loader=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)))
