@@ -90,9 +90,55 @@ def read_manifest(fs: pafs.FileSystem, root: str, forget_cached: bool = True) ->
         found = json.loads(data)
         if found.get("version") != VERSION:
             raise ValueError(f"version {found.get('version')!r}")
-        return Manifest(found.get("run"), tuple(found["parts"]), found.get("common_metadata"))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if not isinstance(found.get("run"), (str, type(None))):
+            raise ValueError(f"run {found.get('run')!r}")
+        parts = tuple(_relative_paths(found["parts"], "parts"))
+        common = found.get("common_metadata")
+        return Manifest(found.get("run"), parts, None if common is None else relative_path(common, "common_metadata"))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise FormatError(f"{path}: not a unihub manifest this version reads ({exc})", path=path) from exc
+
+
+def relative_path(rel: Any, key: str) -> str:
+    """``rel``, a path relative to a dataset root as unihub writes them in manifests and records: names joined by
+    '/', none empty, '.' or '..', no NUL. Anything else (an absolute path, one climbing out of the root) is a
+    ValueError naming ``key``: a hostile record must not make a vacuum delete, or a reader read, a file outside
+    the dataset."""
+    if not isinstance(rel, str) or "\0" in rel or any(name in ("", ".", "..") for name in rel.split("/")):
+        raise ValueError(f"{key}: {rel!r} is not a path inside the dataset")
+    return rel
+
+
+def _relative_paths(rels: Any, key: str) -> list[str]:
+    """A JSON list of paths relative to a dataset root (:func:`relative_path`)."""
+    if not isinstance(rels, list):
+        raise ValueError(f"{key}: {type(rels).__name__}, not a list")
+    return [relative_path(rel, key) for rel in rels]
+
+
+def _check_record(record: dict[str, Any]) -> None:
+    """That a version record's values are of the types unihub writes, and its files are inside the dataset."""
+    _relative_paths(record.get("parts"), "parts")
+    if record.get("common_metadata") is not None:
+        relative_path(record["common_metadata"], "common_metadata")
+    for key in ("base", "tag", "timestamp", "operation"):
+        if not isinstance(record.get(key), (str, type(None))):
+            raise ValueError(f"{key}: {record.get(key)!r}, not a string")
+    for key in ("number", "added_rows"):
+        if not isinstance(record.get(key), (int, type(None))) or isinstance(record.get(key), bool):
+            raise ValueError(f"{key}: {record.get(key)!r}, not a whole number")
+    sets, sources = record.get("column_sets", []), record.get("sources", [])
+    if not isinstance(sets, list) or not isinstance(sources, list) or not all(
+            isinstance(s, dict) for s in [*sets, *sources]):
+        raise ValueError("column_sets or sources: not a list of objects")
+    for entry in sets:
+        _relative_paths(entry.get("files", []), "column_sets' files")
+        side = entry.get("parts", {})
+        if not isinstance(side, dict) or not all(isinstance(s, dict) for s in side.values()):
+            raise ValueError("column_sets' parts: not an object of objects")
+        for rel, s in side.items():
+            relative_path(rel, "column_sets' parts")
+            relative_path(s.get("file"), "column_sets' parts")
 
 
 def _write_manifest(fs: pafs.FileSystem, root: str, manifest: Manifest) -> None:
@@ -363,7 +409,8 @@ def read_version_record(fs: pafs.FileSystem, root: str, rel: str) -> dict[str, A
         record = json.loads(raw)
         if not isinstance(record, dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+        _check_record(record)
+    except (ValueError, RecursionError) as exc:
         raise FormatError(f"{path}: not a unihub version record ({exc})", path=path) from exc
     return record
 

@@ -74,7 +74,7 @@ def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[p
     first = min(p.epoch for p in progress)
     for k, state in enumerate(states):
         done_from = state.get("done_from", 0)
-        if not _count(done_from):
+        if not is_count(done_from):
             raise ReaderStateError(f"state {k} of the list: its 'done_from' {done_from!r} is not an int >= 0; pass "
                                    "what state_dict() returned")
         if first < int(done_from):
@@ -86,7 +86,7 @@ def check_epochs_known(states: Sequence[Mapping[str, Any]], progress: Sequence[p
 def decode_done(values: Any) -> dict[int, planning.Intervals]:
     """A state's ``done`` back as intervals per epoch; :class:`ReaderStateError` where it is malformed."""
     if not isinstance(values, list) or len(values) % 3 or \
-            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            not all(isinstance(v, int) and is_count(v) for v in values):
         raise ReaderStateError("the reader state's 'done' is not a list of [epoch, start, stop] ints >= 0; "
                                "pass what state_dict() returned")
     done: dict[int, list[tuple[int, int]]] = {}
@@ -120,7 +120,7 @@ def position_of(state: Mapping[str, Any]) -> tuple[int, int, int]:
     """A state's ``(epoch, task, offset)``; :class:`ReaderStateError` where one is not an int >= 0 (a tampered
     state: read as it stands, it would resume at rows no reader delivered from)."""
     position = tuple(state[key] for key in ("epoch", "task", "offset"))
-    if not all(_count(value) for value in position):
+    if not all(is_count(value) for value in position):
         raise ReaderStateError(f"the reader state's position (epoch, task, offset) = {position} is not three ints "
                                ">= 0; pass what state_dict() returned")
     return tuple(int(value) for value in position)  # type: ignore[return-value]
@@ -183,7 +183,7 @@ class Drops:
         """The rows ``state`` says to pass over; None where it says none. :class:`ReaderStateError` where its
         ``skip`` is not an int >= 0 or its ``exclude`` not a list of them."""
         skip, exclude = state.get("skip", 0), state.get("exclude", [])
-        if not _count(skip) or not isinstance(exclude, (list, tuple)) or not all(_count(x) for x in exclude):
+        if not is_count(skip) or not isinstance(exclude, (list, tuple)) or not all(is_count(x) for x in exclude):
             raise ReaderStateError("the reader state's 'skip' is not an int >= 0 or its 'exclude' not a list of "
                                    "them; pass what state_dict() returned")
         if not skip and not exclude:
@@ -233,9 +233,23 @@ def with_delivered_after(state: Mapping[str, Any], skip: int, exclude: Sequence[
     return dict(state, **Drops(0, rows).state_keys(0))
 
 
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
+#: rows a state may name as delivered after its position (skip + the largest exclude offset): a loader's buffers
+#: hold far fewer; an elastic resume lists each of them (a hostile 10**9 was a MemoryError)
+MAX_PASSED_OVER = 2**24
+
+
+def check_passed_over(skip: int, exclude: Sequence[int]) -> None:
+    """:class:`ReaderStateError` where ``skip`` and ``exclude`` (ints >= 0) name more than :data:`MAX_PASSED_OVER`
+    rows after a position."""
+    if skip + max(exclude, default=0) > MAX_PASSED_OVER:
+        raise ReaderStateError(f"the state names rows up to {skip + max(exclude, default=0)} after its position "
+                               f"as delivered ('skip', 'exclude'): more than {MAX_PASSED_OVER} is not a state "
+                               "state_dict() returns")
+
+
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is an int >= 0 (not a bool) that numpy's int64 holds."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(0 <= value < 2**63)
 
 
 def other_version(state: Mapping[str, Any], dataset_version: int | None) -> str:
@@ -263,7 +277,14 @@ def check_one_run(states: Sequence[Any], version: int, order_of: Any, dataset_ve
         if missing:
             raise ReaderStateError(f"state {k} of the list lacks {missing}: states saved before elastic resume "
                                    "resume only one by one, on the world size that saved them")
-        seeds.add(seed_of(state))
+        wrong = [key for key in ("seed", "epoch", "task", "offset", "done_from") if key in state
+                 and not is_count(state[key])]
+        if wrong:
+            raise ReaderStateError(f"state {k} of the list: its {wrong} are not ints >= 0; pass what state_dict() "
+                                   "returned")
+        Drops.of_state(state)  # its skip and exclude: ints >= 0
+        check_passed_over(state.get("skip", 0), state.get("exclude", []))
+        seeds.add(int(state["seed"]))
     if len(seeds) > 1:
         raise ReaderStateError(f"the ranks' states have different seeds {sorted(seeds)}: their epochs were not one "
                                "order, so what is left of it is not known; pass the same seed= on every rank")

@@ -712,6 +712,10 @@ class Reader:
         missing = sorted({"seed", "epoch", "task", "offset", "plan"} - set(state))
         if missing:
             raise ReaderStateError(f"the reader state lacks {missing}; pass what state_dict() returned")
+        wrong = [key for key in ("seed", "epoch", "task", "offset") if not elastic.is_count(state[key])]
+        if wrong:
+            raise ReaderStateError(f"the reader state's {wrong} are not ints >= 0 (found "
+                                   f"{[state[key] for key in wrong]!r}); pass what state_dict() returned")
         # check against the plan with the saved seed before changing anything: a refused state
         # must leave this reader as it was
         config = dataclasses.replace(self._plan, seed=elastic.seed_of(state))

@@ -605,12 +605,19 @@ class WeightedSamplingReader:
         a :class:`ReaderStateError` says what does not fit."""
         _check_state_keys(state)
         count = len(self._readers)
+        if not isinstance(state["readers"], list) or not all(isinstance(s, dict) for s in state["readers"]):
+            raise ReaderStateError("the state's 'readers' is not a list of reader states; pass what state_dict() "
+                                   "returned")
         states = list(state["readers"])
         if len(states) != count:
             raise ReaderStateError(f"the state was saved by a mix of {len(states)} readers, this one has {count}")
-        saved = np.asarray(state["probabilities"], dtype=np.float64)
+        try:
+            saved = np.asarray(state["probabilities"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ReaderStateError(f"the state's probabilities {state['probabilities']!r} are not numbers; pass what "
+                                   "state_dict() returned") from None
         if saved.shape != (count,) or not np.allclose(saved, self._initial, rtol=0, atol=1e-12):
-            raise ReaderStateError(f"the state was saved with probabilities {list(saved)}, this mix has "
+            raise ReaderStateError(f"the state was saved with probabilities {saved.tolist()}, this mix has "
                                    f"{list(self._initial)}")
         mode = state.get("on_exhausted", "stop")  # version 1: Petastorm's end, the only one then
         if mode != self.on_exhausted:
@@ -703,18 +710,13 @@ def _saved_progress(state: dict[str, Any], count: int) -> tuple[int, int, list[b
     """The state's seed, draws, and each reader's drained flag and passes (version 1: none drained, no pass)."""
     drained, passes = state.get("drained", [False] * count), state.get("passes", [0] * count)
     seed, draws = state["seed"], state["draws"]
-    if not isinstance(drained, list) or not isinstance(passes, list) or len(drained) != count or \
-            len(passes) != count or not all(isinstance(d, bool) for d in drained) or \
-            not all(_count(v) for v in (seed, draws, *passes)):  # 1.5 draws, read as 1, would draw other readers
-        raise ReaderStateError(f"a state's seed, draws and passes are ints >= 0 and it has a drained flag and pass "
-                               f"count per reader, got seed={seed!r}, draws={draws!r}, drained={drained!r}, "
-                               f"passes={passes!r}")
+    if not (elastic.is_count(seed) and elastic.is_count(draws) and isinstance(drained, list) and isinstance(passes, list)
+            and len(drained) == count and len(passes) == count and all(isinstance(d, bool) for d in drained)
+            and all(elastic.is_count(p) for p in passes)):
+        raise ReaderStateError(f"a state's seed, draws and passes are >= 0 and it has a drained flag and pass "
+                               f"count per reader, got seed={seed}, draws={draws}, drained={drained}, "
+                               f"passes={passes}")
     return int(seed), int(draws), list(drained), [int(p) for p in passes]
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 class _Saved(NamedTuple):
@@ -746,8 +748,17 @@ def _pass_start(reader: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The state at the start of the pass after a state's, for the shard that saved it: ordered by the next pass's
     seed (a unihub reader's), else the same (readers that start over in their one order)."""
     if isinstance(reader, Reader):
-        return lambda state: reader.state_at_start(next_pass_seed(int(state["seed"])), state)
+        return lambda state: reader.state_at_start(next_pass_seed(_seed_of(state)), state)
     return lambda state: elastic.at_start(state, *state.get("shard", (0, 1)), fresh=True)
+
+
+def _seed_of(state: dict[str, Any]) -> int:
+    """A source's reader state's seed; :class:`ReaderStateError` where it is not an int >= 0."""
+    seed: Any = state.get("seed")
+    if not elastic.is_count(seed):
+        raise ReaderStateError(f"a source's reader state has the seed {seed!r}, not an int >= 0; pass what "
+                               "state_dict() returned")
+    return int(seed)
 
 
 def _source_lists(parsed: Sequence[_Saved], source: int, next_start: Callable[[dict[str, Any]], dict[str, Any]]

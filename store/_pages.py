@@ -35,6 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unihub.errors import DataCorruptionError, FormatError
+from unihub.store._footer import problem
+from unihub.store._footer import tail as footer_bytes
 from unihub.store._thrift import I32, STRUCT, Fields, read_struct, varint
 from unihub.store.crc import crc32
 
@@ -136,6 +138,8 @@ def checksums_pass(data: Any, metadata: pq.FileMetaData, row_group: int, leaves:
 
     ``walked``, where given, gets each leaf's pages (offsets in ``data``) when all pass, so that
     :func:`plain_binary_column` need not parse their headers again."""
+    if problem(metadata, footer_bytes(data)) is not None:
+        return False  # a footer pyarrow's getters abort on (store/_footer.py): its read raises its error
     group = metadata.row_group(row_group)
     pages_of: dict[int, list[Page]] = {}
     try:
@@ -181,6 +185,8 @@ def plain_binary_column(mapped: pa.Buffer, metadata: pq.FileMetaData, row_group:
     and raises its checksum error. ``pages``: the chunk's pages as :func:`checksums_pass` walked them
     (offsets in the file), not parsed again.
     """
+    if problem(metadata, footer_bytes(mapped) if origin == 0 else None) is not None:
+        return None  # pyarrow's read raises its error for it
     column = metadata.row_group(row_group).column(leaf)
     descriptor = metadata.schema.column(leaf)
     if (not SUPPORTED or column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED"

@@ -30,7 +30,7 @@ def read_struct(data: Any, position: int) -> tuple[Fields, int]:
     """The struct at ``position`` of ``data`` (bytes-like) and the offset after it; FormatError where
     the bytes end first or break a rule of the module docstring."""
     try:
-        return _struct(data, position, 0)
+        return _struct(data, position, 0, MAX_ELEMENTS)
     except IndexError as exc:
         raise FormatError(f"a Thrift struct at byte {position} runs past the end of its bytes") from exc
 
@@ -48,7 +48,14 @@ def varint(data: Any, position: int, max_bytes: int = 10) -> tuple[int, int]:
     raise FormatError(f"a varint longer than {max_bytes} bytes before byte {position}")
 
 
-def _struct(data: Any, position: int, depth: int) -> tuple[Fields, int]:
+def skip(data: Any, position: int, kind: int, max_elements: int = MAX_ELEMENTS) -> int:
+    """The offset after the value of wire type ``kind`` at ``position`` (a field's; a boolean field has none);
+    FormatError or IndexError where the bytes break a rule or end first. ``max_elements``: in one container (a
+    Parquet footer's schema and row groups may hold more than a page header's bound)."""
+    return _skip(data, position, kind, 1, max_elements)
+
+
+def _struct(data: Any, position: int, depth: int, limit: int) -> tuple[Fields, int]:
     _deeper(depth)
     fields: Fields = {}
     field_id = 0
@@ -73,14 +80,14 @@ def _struct(data: Any, position: int, depth: int) -> tuple[Fields, int]:
         elif kind in (TRUE, FALSE):
             fields[field_id] = (kind == TRUE, start, TRUE)
         elif kind == STRUCT:
-            nested, position = _struct(data, position, depth + 1)
+            nested, position = _struct(data, position, depth + 1, limit)
             fields[field_id] = (nested, start, kind)
         else:
-            position = _skip(data, position, kind, depth + 1)
+            position = _skip(data, position, kind, depth + 1, limit)
             fields[field_id] = (None, start, kind)
 
 
-def _skip(data: Any, position: int, kind: int, depth: int) -> int:
+def _skip(data: Any, position: int, kind: int, depth: int, limit: int) -> int:
     """The offset after a value of wire type ``kind`` at ``position``."""
     _deeper(depth)
     if kind in (TRUE, FALSE, BYTE):  # a boolean element of a container takes a byte
@@ -93,29 +100,29 @@ def _skip(data: Any, position: int, kind: int, depth: int) -> int:
         length, position = varint(data, position)
         return _within(data, position + length)
     if kind == STRUCT:
-        return _struct(data, position, depth)[1]
+        return _struct(data, position, depth, limit)[1]
     if kind in (LIST, SET):
         head = data[position]
         position += 1
         count, element = head >> 4, head & 0x0F
         if count == 15:
             count, position = varint(data, position, 5)
-        return _elements(data, position, count, (element,), depth)
+        return _elements(data, position, count, (element,), depth, limit)
     if kind == MAP:
         count, position = varint(data, position, 5)
         if not count:
             return position
         types = data[position]
-        return _elements(data, position + 1, count, (types >> 4, types & 0x0F), depth)
+        return _elements(data, position + 1, count, (types >> 4, types & 0x0F), depth, limit)
     raise FormatError(f"unknown Thrift compact type {kind} at byte {position}")
 
 
-def _elements(data: Any, position: int, count: int, kinds: tuple[int, ...], depth: int) -> int:
-    if count > MAX_ELEMENTS or any(k not in _TYPES for k in kinds):
+def _elements(data: Any, position: int, count: int, kinds: tuple[int, ...], depth: int, limit: int) -> int:
+    if count > limit or any(k not in _TYPES for k in kinds):
         raise FormatError(f"a Thrift container of {count} elements of types {kinds} at byte {position}")
     for _ in range(count):
         for kind in kinds:
-            position = _skip(data, position, kind, depth + 1)
+            position = _skip(data, position, kind, depth + 1, limit)
     return position
 
 
@@ -128,3 +135,4 @@ def _within(data: Any, end: int) -> int:
     if end > len(data):
         raise IndexError("past the end")
     return end
+

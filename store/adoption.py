@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from unihub.errors import AppendSchemaError, ConcurrentCommitError, FormatError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
-from unihub.store import listings, versions
+from unihub.store import _footer, listings, versions
 from unihub.store.dataset import partition_of, same_type_nulls_aside
 from unihub.store.versions import COMMIT_ATTEMPTS, Version
 
@@ -133,7 +133,7 @@ def _nulls_not_allowed(parquet_file: pq.ParquetFile, name: str, wanted: pa.DataT
     and every row group has them, else read."""
     metadata = parquet_file.metadata
     leaves = [k for k in range(metadata.num_columns) if metadata.schema.column(k).path == name]
-    if leaves and not nullable:
+    if leaves and not nullable and _footer.problem(metadata) is None:
         counts = [metadata.row_group(g).column(leaves[0]).statistics for g in range(metadata.num_row_groups)]
         if all(s is not None and s.has_null_count for s in counts):
             return any(s.null_count for s in counts)

@@ -119,7 +119,7 @@ def parse_record(data: bytes, where: str) -> Record:
         found = json.loads(data)
         if found.get("format") != FORMAT or found.get("version") != VERSION:
             raise ValueError(f"format {found.get('format')!r} version {found.get('version')!r}")
-    except (ValueError, AttributeError) as exc:
+    except (ValueError, AttributeError, RecursionError) as exc:
         raise FormatError(f"{where}: not a unihub column-set record this version reads ({exc})", path=where) from exc
     return of_version(found.get("sets"), where)
 
@@ -130,11 +130,12 @@ def of_version(entries: Any, where: str) -> Record:
         sets = []
         for entry in entries:
             schema = Unischema.from_json(json.dumps(entry["schema"]))
-            parts = {str(rel): SidePart(str(s["file"]), int(s["rows"]), int(s["part_bytes"]))
+            parts = {publish.relative_path(rel, "parts"): SidePart(publish.relative_path(s["file"], "file"),
+                                                                   int(s["rows"]), int(s["part_bytes"]))
                      for rel, s in entry["parts"].items()}
             sets.append(ColumnSet(str(entry["name"]), tuple(schema), parts))
         return Record(tuple(sets))
-    except (ValueError, KeyError, TypeError, AttributeError, UnihubError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, UnihubError) as exc:
         raise FormatError(f"{where}: not unihub column sets this version reads ({exc})", path=where) from exc
 
 

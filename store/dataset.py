@@ -58,8 +58,8 @@ from unihub.petastorm import legacy
 from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
+from unihub.store import _footer, column_sets, footer_cache, integrity, versions
 from unihub.store import _pages as parquet_pages
-from unihub.store import column_sets, footer_cache, integrity, versions
 from unihub.store.partitions import partition_of, partition_value
 
 COMMON_METADATA = "_common_metadata"
@@ -322,6 +322,7 @@ class ParquetStore:
         footer = self._footers.get(info.path)
         if footer is None:
             return []
+        _footer.check(footer, info.path)
         group = footer.row_group(info.row_group)
         wanted = None if columns is None else [c for c in columns if c not in self.partition_names]
         spans = []
@@ -477,6 +478,7 @@ class ParquetStore:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
             found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
                                                         pre_buffer=not self._is_local, page_checksum_verification=verify)
+            _footer.share(found.metadata, self._footers.get(path))
             if held.leaves is None:
                 held.leaves = integrity.nested_leaves(found.schema_arrow)
         return found
@@ -579,8 +581,10 @@ class FetchedRanges:
 
         size = self.size if self.size is not None else footer.serialized_size + max(
             (start + len(data) for start, data in self.parts), default=0)
-        return pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
-                              page_checksum_verification=verify)
+        found = pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
+                               page_checksum_verification=verify)
+        _footer.share(found.metadata, footer)
+        return found
 
 
 def _read_fetched(parquet_file: pq.ParquetFile, fetched: FetchedRanges, row_group: int, stored: Sequence[str] | None,
@@ -591,7 +595,7 @@ def _read_fetched(parquet_file: pq.ParquetFile, fetched: FetchedRanges, row_grou
     names = stored if stored is not None else parquet_file.schema_arrow.names
     wanted = [n for n in names if n in views] if views else []
     viewed = {}
-    if wanted:
+    if wanted and _footer.problem(parquet_file.metadata) is None:
         leaves = parquet_pages.binary_leaves(parquet_file)
         metadata = parquet_file.metadata
         for name in wanted:
@@ -1243,23 +1247,25 @@ def read_metadata(fs: pafs.FileSystem, path: str, size: int | None = None,
 def _read_metadata(fs: pafs.FileSystem, path: str, size: int | None, handles: dict[str, Any] | None
                    ) -> pq.FileMetaData:
     try:
+        footer = None
         if size is not None and size >= _FOOTER_TAIL and not isinstance(fs, pafs.LocalFileSystem):
             footer = _footer_from_tail(fs, path, size, handles)
-            if footer is not None:
-                return footer
-        with fs.open_input_file(path) as handle:
-            return pq.read_metadata(handle)
-    except (OSError, pa.ArrowInvalid) as exc:
+        if footer is None:
+            with fs.open_input_file(path) as handle:
+                footer = pq.read_metadata(handle)
+                _footer.remember_from(footer, handle)  # its bytes, for store/_footer.py's check
+    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:  # UnicodeDecodeError: a column name
         failure = remote.as_remote_error(exc, remote.display_url(fs, path))
         if failure is not None:
             raise failure from exc
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
+    return footer
 
 
 def _row_group_bytes(footer: pq.FileMetaData | None, row_group: int) -> str:
     """``"row group 3, bytes 4-1027"``: where a row group's column chunks lie in its file (for errors)."""
-    if footer is None:
+    if footer is None or _footer.problem(footer) is not None:
         return f"row group {row_group}"
     group = footer.row_group(row_group)
     spans = []
@@ -1293,7 +1299,9 @@ def _footer_from_tail(fs: pafs.FileSystem, path: str, size: int,
         if length + 8 > size:
             return None
         tail = remote.read_range(fs, path, size - length - 8, size, handles)
-    return pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
+    footer = pq.read_metadata(pa.BufferReader(pa.py_buffer(tail)))
+    _footer.remember(footer, memoryview(tail)[-8 - length:-8])
+    return footer
 
 
 def read_footers(fs: pafs.FileSystem, paths: list[str], sizes: Mapping[str, pafs.FileInfo] | None = None, *,

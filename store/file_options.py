@@ -12,6 +12,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from unihub.errors import FormatError
+from unihub.store import _footer
+
 #: Parquet's page index is written in every file: a reader finds the page holding a row from a column
 #: chunk's offset index (store/page_index.py), so ``Dataset.take`` reads one cell without its row group.
 #: Where the schema has image columns, their pages hold about this many bytes (at least one image;
@@ -47,6 +50,9 @@ def like(parquet_file: pq.ParquetFile) -> dict[str, Any]:
     compression: dict[str, str] = {}
     dictionary: list[str] = []
     plain_binary: list[float] = []  # image bytes: stored uncompressed, without a dictionary
+    trouble = _footer.problem(parquet_file.metadata)
+    if trouble is not None:
+        raise FormatError(f"not a readable Parquet file: {trouble}")
     if parquet_file.metadata.num_row_groups:
         first = parquet_file.metadata.row_group(0)
         for j in range(first.num_columns):

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from unihub.errors import DataCorruptionError, FormatError, InvalidArgumentError
 from unihub.fs import remote
 from unihub.schema.arrow_numpy import to_numpy
+from unihub.store import _footer
 
 #: ``pq.ParquetWriter`` options: a CRC-32 in every page header.
 WRITE_OPTIONS: dict[str, Any] = {"write_page_checksum": True}
@@ -131,6 +132,7 @@ def check_value_counts(table: pa.Table, footer: pq.FileMetaData, row_group: int,
         if where is None or _leaf_count(table.schema.field(name).type) != where[1]:
             continue  # not nested, or a part of it read by a nested path ("p.x"): its leaves are not these
         if group is None:
+            _footer.check(footer, path)
             group = footer.row_group(row_group)
         totals = np.zeros(where[1], dtype=np.int64)
         try:

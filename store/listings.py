@@ -36,6 +36,7 @@ from unihub.petastorm.legacy import PETASTORM_ROW_GROUPS_KEY, PETASTORM_UNISCHEM
 from unihub.petastorm.pickling import dumps_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema
+from unihub.store import _footer
 
 #: the two ``_common_metadata`` entries Petastorm 0.13.1 reads: its pickled Unischema and the row groups per file
 PETASTORM_KEYS = (PETASTORM_UNISCHEMA_KEY, PETASTORM_ROW_GROUPS_KEY)
@@ -230,6 +231,8 @@ def _grown_summary(fs: pafs.FileSystem, root: str, parts: Sequence[str], footers
     try:
         with fs.open_input_file(f"{root}/{SUMMARY_METADATA}") as handle:
             combined = pq.read_metadata(handle)
+        if _footer.problem(combined) is not None:
+            return None
         listed: list[str] = []  # the files in the order of their row groups
         for k in range(combined.num_row_groups):
             group = combined.row_group(k)

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from unihub.errors import DatasetChangedError, FormatError
 from unihub.fs import remote
-from unihub.store import _pages
+from unihub.store import _footer, _pages
 from unihub.store._thrift import I32, I64, LIST, STRUCT, Fields, read_struct, varint
 
 if TYPE_CHECKING:
@@ -318,8 +318,8 @@ class PageReader:
         if metadata is None:
             metadata = self._metadata(info.path)
         leaf = _leaf(metadata, name)
-        if leaf is None:
-            return None
+        if leaf is None or _footer.problem(metadata) is not None:
+            return None  # a footer pyarrow's getters abort on (store/_footer.py): the row group's read raises
         column = metadata.row_group(info.row_group).column(leaf)
         descriptor = metadata.schema.column(leaf)
         if (column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED" or column.has_dictionary_page

@@ -147,7 +147,7 @@ class Version:
                        tuple(SourceFile(s["path"], int(s["size"]), s.get("mtime_ns"), s.get("sha256"))
                              for s in data.get("sources", ())),
                        tuple(data.get("column_sets", ())))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
             raise FormatError(f"{where}: not a unihub version record this version reads ({exc})",
                               path=where) from exc
 

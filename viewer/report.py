@@ -17,6 +17,7 @@ from unihub.readers.filter_text import parse_filter
 from unihub.readers.random_access import Dataset
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import UnischemaField
+from unihub.store import _footer
 from unihub.store.dataset import ParquetStore
 from unihub.viewer.describe import describe_dataset
 from unihub.viewer.sample import Sampling, scan
@@ -139,7 +140,7 @@ def _footer_nulls(store: ParquetStore, name: str) -> int | None:
     footers: dict[str, pq.FileMetaData] = store._footers  # noqa: SLF001 - read by open_dataset already
     for info in store.row_groups:
         footer = footers.get(info.path)
-        if footer is None:
+        if footer is None or _footer.problem(footer) is not None:
             return None
         group = footer.row_group(info.row_group)
         column = next((group.column(j) for j in range(group.num_columns)

@@ -135,15 +135,15 @@ def parse_loader_state(state: Any) -> tuple[dict[str, Any], int, list[int]]:
     if missing:
         raise LoaderStateError(f"the loader state lacks {missing}; pass what state_dict() returned")
     skip, exclude = state["skip"], state["exclude"]
-    if not _count(skip) or not isinstance(exclude, (list, tuple)) or not all(_count(e) for e in exclude):
+    if not elastic.is_count(skip) or not isinstance(exclude, (list, tuple)) or not all(
+            elastic.is_count(e) for e in exclude):
         raise LoaderStateError("the loader state's 'skip' is not an int >= 0 or its 'exclude' not a list of them; "
                                "pass what state_dict() returned")
+    try:
+        elastic.check_passed_over(skip, exclude)
+    except ReaderStateError as exc:
+        raise LoaderStateError(str(exc)) from None
     return state["reader"], int(skip), [int(e) for e in exclude]
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def elastic_reader_states(states: Sequence[Any]) -> list[dict[str, Any]]:

@@ -169,6 +169,38 @@ def test_states_that_cannot_pass_over_rows_are_refused_by_name(dataset: Path, tm
             reader.load_state_dict(dict(reader.state_dict(), skip=1))
 
 
+#: values of a state's counts that state_dict() never writes (JSON's own, and a number past int64)
+HOSTILE_COUNTS = [None, "x", "5", -1, 1.5, True, float("inf"), float("nan"), [1], 2**70]
+
+
+@pytest.mark.parametrize("key", ["seed", "epoch", "task", "offset", "done_from", "skip"])
+@pytest.mark.parametrize("as_list", [False, True], ids=["one state", "every rank's"])
+def test_a_state_whose_counts_are_not_counts_is_refused_by_name(dataset: Path, key: str, as_list: bool) -> None:
+    """Before: int() of them raised a raw TypeError, ValueError or OverflowError (and a position of -2**63 an
+    IndexError) from load_state_dict."""
+    if key == "done_from" and not as_list:
+        pytest.skip("read only by an elastic resume")
+    with _open(dataset, False, shuffle_row_groups=False) as reader:
+        next(reader)
+        state = reader.state_dict()
+        for value in HOSTILE_COUNTS:
+            bad = dict(state, **{key: value})
+            with pytest.raises(ReaderStateError, match=f"'{key}'"):
+                reader.load_state_dict([bad] if as_list else bad)
+        assert int(next(reader).id) == 1  # a refused state leaves the reader as it was
+
+
+def test_an_elastic_state_naming_more_rows_passed_over_than_a_loader_holds_is_refused(dataset: Path) -> None:
+    """Before: every rank's state with a skip of 2**40 was a MemoryError (each row passed over was listed)."""
+    with _open(dataset, False, shuffle_row_groups=False, cur_shard=0, shard_count=1) as reader:
+        next(reader)
+        state = reader.state_dict()
+        for bad in (dict(state, skip=2**40), dict(state, skip=2, exclude=[2**40])):
+            with pytest.raises(ReaderStateError, match="'skip', 'exclude'"):
+                reader.load_state_dict([bad])
+        assert int(next(reader).id) == 1
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(own=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)),
        loader=st.tuples(st.integers(0, 5), st.lists(st.integers(0, 30), max_size=6, unique=True)))

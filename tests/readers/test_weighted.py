@@ -319,11 +319,21 @@ def test_reset_starts_over(urls, full_order):
     (lambda s: {**s, "readers": [s["readers"][0], {**s["readers"][1], "plan": "0"}]}, "another dataset"),
     (lambda s: s["readers"][0], "WeightedSamplingReader state"),
     (lambda s: {**s, "skip": 3, "exclude": [1]}, "rows past its position"),  # once silently delivered again
-    (lambda s: {**s, "draws": s["draws"] + 0.5}, "ints >= 0"),  # once read as int(): other readers drawn
-    (lambda s: {**s, "seed": str(s["seed"])}, "ints >= 0"),
-    (lambda s: {**s, "draws": None}, "ints >= 0"),  # once a raw TypeError
-    (lambda s: {**s, "passes": ["x", 0]}, "ints >= 0"),  # once a raw ValueError
+    (lambda s: {**s, "draws": s["draws"] + 0.5}, "seed, draws and passes"),  # once read as int(): other readers drawn
+    (lambda s: {**s, "seed": str(s["seed"])}, "seed, draws and passes"),
+    (lambda s: {**s, "draws": None}, "seed, draws and passes"),  # once a raw TypeError
+    (lambda s: {**s, "passes": ["x", 0]}, "seed, draws and passes"),  # once a raw ValueError
     (lambda s: {**s, "drained": [1, 0]}, "drained flag"),
+    # values state_dict() never writes: raw TypeError, ValueError or OverflowError before
+    (lambda s: {**s, "seed": None}, "seed, draws and passes"),
+    (lambda s: {**s, "draws": "7"}, "seed, draws and passes"),
+    (lambda s: {**s, "draws": math.inf}, "seed, draws and passes"),
+    (lambda s: {**s, "passes": None}, "seed, draws and passes"),
+    (lambda s: {**s, "drained": [None, 1]}, "seed, draws and passes"),
+    (lambda s: {**s, "probabilities": None}, "probabilities"),
+    (lambda s: {**s, "probabilities": ["x", "y"]}, "probabilities"),
+    (lambda s: {**s, "readers": None}, "'readers'"),
+    (lambda s: {**s, "readers": [None, None]}, "'readers'"),
 ])
 def test_a_refused_state_leaves_the_mixer_as_it_was(urls, full_order, change, match):
     with mixer_over(urls) as mixer:
@@ -332,6 +342,18 @@ def test_a_refused_state_leaves_the_mixer_as_it_was(urls, full_order, change, ma
         with pytest.raises(ReaderStateError, match=match) as info:
             mixer.load_state_dict(bad)
         assert isinstance(info.value, ValueError)
+        assert ids(mixer) == full_order[30:]
+
+
+@pytest.mark.parametrize("seed", [None, "x", math.inf, -1])
+def test_every_ranks_states_with_a_source_seed_not_a_count_are_refused(urls, full_order, seed):
+    """Before: the list form took int() of each source's seed first: a raw TypeError, ValueError or OverflowError."""
+    with mixer_over(urls) as mixer:
+        ids(itertools.islice(mixer, 30))
+        state = mixer.state_dict()
+        bad = {**state, "readers": [{**state["readers"][0], "seed": seed}, state["readers"][1]]}
+        with pytest.raises(ReaderStateError, match="seed"):
+            mixer.load_state_dict([bad])
         assert ids(mixer) == full_order[30:]
 
 

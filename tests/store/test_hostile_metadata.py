@@ -29,7 +29,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.cli import main
-from unihub.errors import SchemaError, SchemaMismatchError, UnsupportedFormatError
+from unihub.errors import FormatError, SchemaError, SchemaMismatchError, UnsupportedFormatError
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, MAX_NESTING, load_metadata_json
 from unihub.store.dataset import open_dataset
 
@@ -219,6 +219,28 @@ def test_a_footer_names_itself_where_there_is_no_common_metadata(good_dataset: P
     message = str(library_error("make_reader", path))
     assert message.startswith(f"{path / 'part-00000.parquet'}: metadata key 'unihub.unischema': ")
     assert re.search(problem, message)
+
+
+@pytest.mark.parametrize("entry", ["inspect", "show", "make_batch_reader"])
+@pytest.mark.parametrize("file", ["part-00000.parquet", "_common_metadata"])
+def test_a_footer_naming_a_column_in_bytes_not_utf8_is_a_named_error(
+        file: str, entry: str, good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: pyarrow's UnicodeDecodeError (building the column paths) escaped as a raw traceback."""
+    path = tmp_path / "ds"
+    path.mkdir()
+    for good in good_dataset.iterdir():
+        data = good.read_bytes()
+        if good.name == file:  # the footer's schema names "id" first (a binary of length 2): made not UTF-8
+            at = data.index(b"\x02id", len(data) - 8 - int.from_bytes(data[-8:-4], "little"))
+            data = data[:at + 1] + b"\xf9d" + data[at + 3:]
+        (path / good.name).write_bytes(data)
+    where = re.escape(f"{path / file}: not a readable Parquet file")
+    if entry == "make_batch_reader":
+        with pytest.raises(FormatError, match=where):
+            with make_batch_reader(str(path), reader_pool_type="dummy") as reader:
+                next(iter(reader))
+    else:
+        assert re.match(f"unihub: error: {where}", cli_error(entry, path, tmp_path, capsys))
 
 
 def test_metadata_unihub_writes_passes_and_extra_keeps_a_callers_json(good_dataset: Path, tmp_path: Path) -> None:

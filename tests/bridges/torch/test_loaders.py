@@ -364,6 +364,22 @@ def test_bad_state_and_wrong_reader(url):
         tp.TorchIterableDataset(url, cur_shard=0)
 
 
+@pytest.mark.parametrize("key,value", [("skip", None), ("skip", "3"), ("skip", -1), ("skip", float("inf")),
+                                       ("skip", 2**70), ("skip", 2**40), ("exclude", 5), ("exclude", ["x"]),
+                                       ("exclude", [2**40])])
+@pytest.mark.parametrize("elastic", [False, True], ids=["one state", "every rank's"])
+def test_a_loader_state_whose_rows_are_not_counts_is_refused_by_name(url, key, value, elastic):
+    """Before: int() of them raised raw TypeError/ValueError/OverflowError, and an elastic resume from a skip of
+    2**40 a MemoryError (it lists each row passed over)."""
+    with rows(url) as reader:
+        loader = tp.DataLoader(reader, batch_size=2)
+        next(iter(loader))
+        state = dict(loader.state_dict(), **{key: value})
+    with rows(url) as reader:
+        with pytest.raises(tp.LoaderStateError, match="'skip'"):
+            tp.DataLoader(reader, batch_size=2).load_state_dict([state] if elastic else state)
+
+
 def test_data_loader_takes_a_batch_reader_as_petastorm_does(url):
     with rows(url) as reader:
         expected = [i for batch in tp.DataLoader(reader, batch_size=7) for i in batch["id"].tolist()]
