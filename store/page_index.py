@@ -183,6 +183,15 @@ class _File:
         self.handle, self.indexes, self.pid = handle, indexes, os.getpid()
 
 
+def _cells_readable(column: pq.ColumnChunkMetaData, descriptor: pq.ColumnSchema, num_rows: int) -> bool:
+    """Whether a column chunk's cells can be read one page at a time by its offset index: plain uncompressed
+    byte arrays, not repeated, at most one level of nulls, one value per row, in this file."""
+    return not (column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED"
+                or column.has_dictionary_page or column.file_path or descriptor.max_repetition_level != 0
+                or descriptor.max_definition_level > 1 or not column.has_offset_index
+                or column.num_values != num_rows or num_rows <= 0)
+
+
 class PageReader:
     """Cells of a dataset's binary columns, a ranged read per page (or run of adjacent pages), through
     the store's filesystem. ``reads``, ``bytes_read`` and ``pages_read`` count what it read."""
@@ -322,9 +331,7 @@ class PageReader:
             return None  # a footer pyarrow's getters abort on (store/_footer.py): the row group's read raises
         column = metadata.row_group(info.row_group).column(leaf)
         descriptor = metadata.schema.column(leaf)
-        if (column.physical_type != "BYTE_ARRAY" or column.compression != "UNCOMPRESSED" or column.has_dictionary_page
-                or column.file_path or descriptor.max_repetition_level != 0 or descriptor.max_definition_level > 1
-                or not column.has_offset_index or column.num_values != info.num_rows or info.num_rows <= 0):
+        if not _cells_readable(column, descriptor, info.num_rows):
             return None
         indexes = self._file(info.path).indexes
         if indexes is None:
