@@ -43,6 +43,7 @@ from unihub.store._thrift import (
     STOP,
     STRUCT,
     TRUE,
+    field_header,
     skip,
     varint,
 )
@@ -226,16 +227,10 @@ def _walk(footer: memoryview, at: int, visit: Any) -> int:
     after a field's value it read, or None for a field skipped."""
     field_id = 0
     while True:
-        head = footer[at]
-        at += 1
-        if head == STOP:
-            return at
-        delta, kind = head >> 4, head & 0x0F
-        if delta:
-            field_id += delta
-        else:
-            zigzag, at = varint(footer, at, 3)
-            field_id = (zigzag >> 1) ^ -(zigzag & 1)
+        header = field_header(footer, at, field_id)
+        if header is None:
+            return at + 1
+        field_id, kind, at = header
         if kind in (TRUE, FALSE):
             continue  # a boolean field's value is its type
         after = visit(field_id, kind, at) if visit is not None else None

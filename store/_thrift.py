@@ -55,21 +55,29 @@ def skip(data: Any, position: int, kind: int, max_elements: int = MAX_ELEMENTS) 
     return _skip(data, position, kind, 1, max_elements)
 
 
+def field_header(data: Any, position: int, field_id: int) -> tuple[int, int, int] | None:
+    """The compact protocol's field header at ``position`` after field ``field_id``: ``(field id, type, offset
+    of its value)``, or None at the struct's STOP byte (the offset after it is ``position + 1``)."""
+    head = data[position]
+    position += 1
+    if head == STOP:
+        return None
+    delta, kind = head >> 4, head & 0x0F
+    if delta:
+        return field_id + delta, kind, position
+    zigzag, position = varint(data, position, 3)
+    return (zigzag >> 1) ^ -(zigzag & 1), kind, position
+
+
 def _struct(data: Any, position: int, depth: int, limit: int) -> tuple[Fields, int]:
     _deeper(depth)
     fields: Fields = {}
     field_id = 0
     while True:
-        head = data[position]
-        position += 1
-        if head == STOP:
-            return fields, position
-        delta, kind = head >> 4, head & 0x0F
-        if delta:
-            field_id += delta
-        else:
-            zigzag, position = varint(data, position, 3)
-            field_id = (zigzag >> 1) ^ -(zigzag & 1)
+        header = field_header(data, position, field_id)
+        if header is None:
+            return fields, position + 1
+        field_id, kind, position = header
         if field_id not in _FIELD_IDS or field_id in fields or kind not in _TYPES:
             raise FormatError(f"Thrift field {field_id} of type {kind} at byte {position}: out of range, "
                               "repeated or of an unknown type")

@@ -68,12 +68,7 @@ def test_a_hash_in_the_path_is_refused_not_cut(s3_server: Any, kind: str, tmp_pa
     """URL parsing ends the path at '#': ``.../runs#3`` wrote and read ``.../runs``, another folder than the one
     named, through storage_options and filesystem= (and the endpoint of a query after it was lost)."""
     prefix = uuid.uuid4().hex
-    url = f"s3://{s3_server.bucket}/{prefix}/runs#3"
-    access: dict[str, Any] = {}
-    if kind == "url":
-        url += f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
-    else:
-        access = s3_server.access(kind)
+    url, access = _url_and_access(s3_server, kind, f"{prefix}/runs#3")
     with pytest.raises(InvalidArgumentError, match=rf"/{prefix}/runs#\.\.\.: a URL's path ends at '#'"):
         write_dataset(url, SCHEMA, ({"id": i} for i in range(3)), **access)
     with pytest.raises(InvalidArgumentError, match="a URL's path ends at '#'"):
@@ -90,15 +85,19 @@ def test_a_key_is_taken_as_written_whichever_client(s3_server: Any, kind: str) -
     client) and refused a space as 'a query parameter pyarrow refuses'."""
     prefix = uuid.uuid4().hex
     for name in ("pct%20x", "a b"):
-        url = f"s3://{s3_server.bucket}/{prefix}/{name}"
-        access: dict[str, Any] = {}
-        if kind == "url":
-            url += f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http&region=us-east-1"
-        else:
-            access = s3_server.access(kind)
+        url, access = _url_and_access(s3_server, kind, f"{prefix}/{name}")
         write_dataset(url, SCHEMA, ({"id": i} for i in range(3)), **access)
         with make_reader(url, shuffle_row_groups=False, **access) as reader:
             assert [row.id for row in reader] == [0, 1, 2]
     keys = {o["Key"].split("/")[1] for o in
             s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)["Contents"]}
     assert keys - {""} == {"pct%20x", "a b"}  # "": the folder marker pyarrow's S3 filesystem writes
+
+
+def _url_and_access(s3_server: Any, kind: str, key: str) -> tuple[str, dict[str, Any]]:
+    """``s3://bucket/key`` and the keyword arguments reaching the server: ``kind`` "url" puts the endpoint in the
+    URL's query (pyarrow's own parse), "fsspec"/"pyarrow" give storage_options / filesystem=."""
+    url = f"s3://{s3_server.bucket}/{key}"
+    if kind == "url":
+        return f"{url}?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http&region=us-east-1", {}
+    return url, s3_server.access(kind)
