@@ -26,11 +26,12 @@ _FIELD_IDS = range(1, 2**15)  # Thrift keeps a field id as an int16
 Fields = dict[int, tuple[Any, int, int]]
 
 
-def read_struct(data: Any, position: int) -> tuple[Fields, int]:
+def read_struct(data: Any, position: int, max_elements: int = MAX_ELEMENTS) -> tuple[Fields, int]:
     """The struct at ``position`` of ``data`` (bytes-like) and the offset after it; FormatError where
-    the bytes end first or break a rule of the module docstring."""
+    the bytes end first or break a rule of the module docstring. ``max_elements``: in one container (a
+    footer's lists grow with its columns and row groups: there, its length, as every element takes a byte)."""
     try:
-        return _struct(data, position, 0, MAX_ELEMENTS)
+        return _struct(data, position, 0, max_elements)
     except IndexError as exc:
         raise FormatError(f"a Thrift struct at byte {position} runs past the end of its bytes") from exc
 

@@ -89,13 +89,13 @@ def index_locations(footer: Any, path: str, footer_offset: int) -> list[list[tup
     start at byte ``footer_offset`` of ``path`` (named in errors)."""
     view = memoryview(footer).cast("B")
     try:
-        fields, _ = read_struct(view, 0)
+        fields, _ = read_struct(view, 0, len(view))  # more than 10,000 columns or row groups: still bounded
         groups = []
         for group_at in _list_of_structs(view, fields, 4):
-            group, _ = read_struct(view, group_at)
+            group, _ = read_struct(view, group_at, len(view))
             columns = []
             for chunk_at in _list_of_structs(view, group, 1):
-                chunk, _ = read_struct(view, chunk_at)
+                chunk, _ = read_struct(view, chunk_at, len(view))
                 offset, length = chunk.get(4), chunk.get(5)
                 found = offset is not None and length is not None and offset[2] == I64 and length[2] == I32
                 columns.append((offset[0], length[0]) if found else None)  # type: ignore[index]
@@ -124,7 +124,7 @@ def _list_of_structs(data: memoryview, fields: Fields, field_id: int) -> list[in
     starts = []
     for _ in range(count):
         starts.append(position)
-        position = read_struct(data, position)[1]
+        position = read_struct(data, position, len(data))[1]
     return starts
 
 

@@ -102,6 +102,22 @@ def test_each_page_of_values_is_read_as_pyarrow_reads_it(parquet_file: Path) -> 
         assert values == images[g * (ROWS // 2):(g + 1) * (ROWS // 2)]
 
 
+def test_a_footer_of_more_than_10000_columns_or_row_groups_is_read(tmp_path: Path) -> None:
+    """The footer's lists grow with its columns and row groups: Thrift's per-container limit of 10,000 refused a
+    wide table's footer ('a footer this reader cannot parse'), and random access to it with it."""
+    for name, table, rows_per_group in (
+            ("wide", pa.table({f"c{i}": pa.array([b"x", b"yz"], pa.binary()) for i in range(10_001)}), 2),
+            ("long", pa.table({"image": pa.array([b"v%d" % i for i in range(10_001)], pa.binary())}), 1)):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=rows_per_group, compression="none", use_dictionary=False,
+                       write_page_index=True, write_statistics=False)
+        footer, start = footer_of(path.read_bytes())
+        where = page_index.index_locations(footer, str(path), start)
+        metadata = pq.read_metadata(path)
+        assert (len(where), len(where[0])) == (metadata.num_row_groups, metadata.num_columns)
+        assert all(location is not None for location in where[-1])
+
+
 def test_compressed_pages_are_declined(tmp_path: Path) -> None:
     path = write_file(tmp_path / "f.parquet")
     path = tmp_path / "z.parquet"
