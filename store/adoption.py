@@ -92,6 +92,8 @@ def _checked_rows(fs: pafs.FileSystem, root: str, rel: str, schema: pa.Schema, k
     try:
         with fs.open_input_file(path) as handle:
             parquet_file = pq.ParquetFile(handle)
+            _footer.remember_from(parquet_file.metadata, handle)  # a footer pyarrow cannot read is not adopted
+            _footer.check(parquet_file.metadata, path)
             misfits = _misfits(parquet_file, schema)
             if keys is not None and [key for key, _ in partition_of(root, path)] != keys:
                 misfits.append(f"partition folders {rel.rsplit('/', 1)[0] if '/' in rel else '(none)'}: the "

@@ -4,6 +4,7 @@ unihub's readers from then on; a file that does not fit is a named error and not
 
 from __future__ import annotations
 
+import io
 import shutil
 import uuid
 import warnings
@@ -129,6 +130,20 @@ def test_a_file_that_is_not_parquet_is_a_format_error_naming_it(tmp_path: Path, 
     with pytest.raises(FormatError, match=rf"{FOREIGN}: not a Parquet file unihub can adopt"):
         adopt_files(url)
     assert len(list_versions(url)) == 2
+
+
+def test_a_file_whose_footer_pyarrow_cannot_read_is_not_adopted(tmp_path: Path) -> None:
+    """A compression codec pyarrow does not know (store/_footer.py): the file fitted the schema and was adopted, and
+    the dataset's latest version could not be read ('Unsupported compression codec value: 18')."""
+    url = grown(tmp_path)
+    buffer = io.BytesIO()
+    pq.write_table(foreign_table(url, 100), buffer, compression="none")
+    data, codec = buffer.getvalue(), b"\x19\x18\x02id\x15"  # ColumnMetaData of "id": its path, then its codec
+    assert data.count(codec + b"\x00") == 1
+    (tmp_path / "ds" / FOREIGN).write_bytes(data.replace(codec + b"\x00", codec + b"\x24"))  # 0 -> 18 (zigzag 36)
+    with pytest.raises(FormatError, match=rf"{FOREIGN}: not a readable Parquet file: .*compression codec 18"):
+        adopt_files(url)
+    assert len(list_versions(url)) == 2 and ids(url) == list(range(8))
 
 
 def test_nothing_to_adopt_writes_nothing(tmp_path: Path) -> None:
