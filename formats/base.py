@@ -408,7 +408,14 @@ def expand_sources(sources: Sequence[str]) -> list[str]:
                 files.append(pattern)
             else:
                 raise FormatError(f"{pattern}: no such file or directory", path=pattern)
-    return sorted(dict.fromkeys(files))
+    return unique_files(files)
+
+
+def unique_files(files: Sequence[str]) -> list[str]:
+    """``files`` sorted, each file once however it was spelt (``tf/a``, ``./tf/a``, an absolute path):
+    a file named twice in a source list would otherwise be read, and its rows stored, twice."""
+    unique = {file if fsrc.is_url(file) else os.path.abspath(file): file for file in reversed(files)}
+    return sorted(unique.values())
 
 
 def expand_braces(pattern: str) -> list[str]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unihub.errors import FormatError
-from unihub.formats.base import expand_braces, expand_sources
+from unihub.formats.base import expand_braces, expand_sources, unique_files
 from unihub.fs import sources as fsrc
 
 TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfrec")
@@ -97,7 +97,7 @@ def list_files(sources: Sequence[str], *, split: str | None, is_record_file: Cal
                 matched = expand_sources([pattern])
                 listing.files.extend(matched)
                 _note_sets(listing, matched, pattern if any(c in pattern for c in "*?[") else "")
-    listing.files = sorted(dict.fromkeys(listing.files))
+    listing.files = unique_files(listing.files)
     if split is not None:
         _choose_split(listing, split, sources)
     elif len(listed := {key: files for key, files in listing.splits.items() if listing.globs.get(key)}) > 1:

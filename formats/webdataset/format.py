@@ -62,11 +62,13 @@ from unihub.formats.base import (
     OnError,
     SchemaOutgrown,
     SkippedRecord,
+    expand_braces,
     expand_sources,
     map_in_workers,
     parse_bool,
     parse_choice,
     register_format,
+    unique_files,
 )
 from unihub.formats.webdataset.blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset.columns import ColumnReader, observe
@@ -206,11 +208,12 @@ class WebDatasetFormat(ForeignFormat):
     def _named_files(self) -> list[str]:
         found: list[str] = []
         for source in self.sources:
-            shards = expand_sources([source])
-            if sources.isdir(source):
-                shards = [s for s in shards if s.endswith(SHARD_SUFFIXES)]
-            found.extend(shards)
-        return sorted(dict.fromkeys(found))
+            for pattern in expand_braces(sources.without_query(source)):  # a folder in {a,b} is a folder too
+                shards = expand_sources([pattern])
+                if sources.isdir(pattern):
+                    shards = [s for s in shards if s.endswith(SHARD_SUFFIXES)]
+                found.extend(shards)
+        return unique_files(found)
 
     @property
     def group_keys(self) -> bool:

@@ -225,3 +225,14 @@ def test_a_set_with_one_shard_compressed_still_needs_every_shard(tmp_path: Path)
     # named one by one, the files are what the user chose
     named = [str(src / "train-00000-of-00002.tfrecord"), str(src / "train-00001-of-00002.tfrecord.gz")]
     assert TFRecordFormat(named).files() == named
+
+
+def test_a_file_named_twice_under_two_spellings_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``{tf/a,./tf/a}`` or a relative and an absolute path name one file: its rows are stored once,
+    as for ``{tf/a,tf/a}``; verify against that file says equal."""
+    _write(tmp_path / "tf" / "a.tfrecord", range(5))
+    monkeypatch.chdir(tmp_path)
+    for i, given in enumerate(["{tf/a.tfrecord,./tf/a.tfrecord}", f"{{{tmp_path}/tf/a.tfrecord,tf/a.tfrecord}}"]):
+        assert main(["convert", given, f"ds{i}", "--quiet"]) == 0
+        assert _ids(tmp_path / f"ds{i}") == list(range(5))
+        assert verify("tf/a.tfrecord", f"ds{i}").equal

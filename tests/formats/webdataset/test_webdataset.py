@@ -159,6 +159,9 @@ def test_sources_directory_glob_and_list(shards: Path) -> None:
     assert WebDatasetFormat(str(shards)).files() == names
     assert WebDatasetFormat(str(shards / "*.tar")).files() == names
     assert WebDatasetFormat(names[::-1]).files() == names
+    # the folder in a brace list, and one of its shards spelt another way: the shards (no README), each
+    # once, or its samples were stored twice
+    assert WebDatasetFormat(f"{{{shards},{shards}/./{os.path.basename(names[0])}}}").files() == names
     assert WebDatasetFormat.detect(str(shards)) and WebDatasetFormat.detect(names[0])
     assert WebDatasetFormat(str(shards)).metadata() == {"webdataset": {"shards": [os.path.basename(n) for n in names],
                                                                        "image_extensions": "name"}}
