@@ -163,3 +163,19 @@ def test_an_hdf5_export_is_recognised_and_an_hdf5_file_of_ones_own_is_not(tmp_pa
     with pytest.raises(ForeignOutputError, match="is a hdf5 file that unihub cannot tell it wrote"):
         convert(tmp_path / "ds", theirs, overwrite=True, progress=False)
     assert _digest(theirs) == before
+
+
+def test_a_target_inside_the_source_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An export or copy written into the unihub dataset it reads would land among its part files and
+    break it (every later read took the TFRecord for a Parquet part); rewriting the dataset in place
+    with --overwrite stays allowed."""
+    convert(_tfrecord(tmp_path / "a.tfrecord", 3), tmp_path / "ds")
+    before = _digest(tmp_path / "ds")
+    for inside in ("back.tfrecord", "copy", "x/y.h5"):
+        assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "ds" / inside), "--quiet"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("unihub: error: ") and "inside the source dataset" in err[0]
+        assert _digest(tmp_path / "ds") == before
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "ds"), "--overwrite", "--quiet"]) == 0
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "back.tfrecord"), "--quiet"]) == 0
+    assert _ids(tmp_path / "back.tfrecord") == [0, 1, 2]
