@@ -206,7 +206,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
     workers, validate_images, budget = _run_options(engine, workers, validate_images, memory_budget_mb)
-    if source_format == UNIHUB:
+    if source_format in (UNIHUB, target_format):
         _refuse_inside_source(src, dst)
     if append and (target_format != UNIHUB or overwrite or overwrite_foreign):
         raise UnsupportedFormatError("--append (append=True) adds rows to a unihub dataset, without --overwrite; "
@@ -287,14 +287,15 @@ def _run_options(engine: str, workers: Any, validate_images: ValidateImages,
 
 
 def _refuse_inside_source(src: str, dst: str) -> None:
-    """Refuse a ``dst`` inside the unihub dataset folder ``src``: its files would land among the
-    dataset's own, which every later read takes for part files (the source would be broken)."""
+    """Refuse a ``dst`` inside the folder ``src`` when it is written in the source's format (a unihub
+    dataset, or a foreign format converted to itself): its files would land among the source's own,
+    which every later read takes for part files or shards (the source broken, or its rows doubled)."""
     if sources.is_url(src) or sources.is_url(dst) or not os.path.isdir(src):
         return
     inner = os.path.relpath(os.path.abspath(dst), os.path.abspath(src))
     if inner != "." and inner.split(os.sep)[0] != "..":
-        raise InvalidArgumentError(f"{dst} is inside the source dataset {src}: its files would be taken for "
-                                   "the dataset's own; write it outside that folder")
+        raise InvalidArgumentError(f"{dst} is inside the source {src}: its files would be read as the source's "
+                                   "own; write it outside that folder")
 
 
 def _check_request(dst: str, source_format: str, target_format: str, engine: str, *, overwrite: bool,

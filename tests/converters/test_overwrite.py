@@ -174,8 +174,14 @@ def test_a_target_inside_the_source_dataset_is_refused(tmp_path: Path, capsys: p
     for inside in ("back.tfrecord", "copy", "x/y.h5"):
         assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "ds" / inside), "--quiet"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("unihub: error: ") and "inside the source dataset" in err[0]
+        assert len(err) == 1 and err[0].startswith("unihub: error: ") and "is inside the source" in err[0]
         assert _digest(tmp_path / "ds") == before
+    # a folder of TFRecord files converted to TFRecord inside itself: a later read doubled the rows
+    (tmp_path / "tf").mkdir()
+    _tfrecord(tmp_path / "tf" / "a.tfrecord", 3)
+    assert main(["convert", str(tmp_path / "tf"), str(tmp_path / "tf" / "b.tfrecord"), "--quiet"]) == 1
+    assert "is inside the source" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "tf").iterdir()] == ["a.tfrecord"]
     assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "ds"), "--overwrite", "--quiet"]) == 0
     assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "back.tfrecord"), "--quiet"]) == 0
     assert _ids(tmp_path / "back.tfrecord") == [0, 1, 2]
