@@ -193,6 +193,20 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_fo
                         storage_options=storage_options, memory_budget_mb=memory_budget_mb, append=append, tag=tag)
 
 
+def _check_destination(src: str, dst: str, source_format: str, target_format: str, engine: str, *, append: bool,
+                       overwrite: bool, overwrite_foreign: bool) -> None:
+    """Refuse, before anything is read or written, a destination inside the source it would land among, an append
+    to anything but a unihub dataset, and (not appending) what :func:`_check_request` refuses."""
+    if source_format in (UNIHUB, target_format):
+        _refuse_inside_source(src, dst)
+    if append and (target_format != UNIHUB or overwrite or overwrite_foreign):
+        raise UnsupportedFormatError("--append (append=True) adds rows to a unihub dataset, without --overwrite; "
+                                     f"not to {target_format}")
+    if not append:
+        _check_request(dst, source_format, target_format, engine, overwrite=overwrite,
+                       overwrite_foreign=overwrite_foreign)
+
+
 def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | None,
              schema: Unischema | str | os.PathLike[str] | None, overwrite: bool, overwrite_foreign: bool,
              row_group_size_mb: float, part_size_mb: float, batch_size: int, on_error: OnError,
@@ -206,13 +220,7 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
     workers, validate_images, budget = _run_options(engine, workers, validate_images, memory_budget_mb)
-    if source_format in (UNIHUB, target_format):
-        _refuse_inside_source(src, dst)
-    if append and (target_format != UNIHUB or overwrite or overwrite_foreign):
-        raise UnsupportedFormatError("--append (append=True) adds rows to a unihub dataset, without --overwrite; "
-                                     f"not to {target_format}")
-    if not append:
-        _check_request(dst, source_format, target_format, engine, overwrite=overwrite,
+    _check_destination(src, dst, source_format, target_format, engine, append=append, overwrite=overwrite,
                        overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()
     given = load_schema(schema) if schema is not None else None
