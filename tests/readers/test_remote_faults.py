@@ -158,8 +158,12 @@ def test_a_bad_environment_setting_is_named(monkeypatch, s3_server):
         open_dataset(f"s3://{s3_server.bucket}/x", storage_options=s3_server.storage_options())
 
 
-def test_a_filesystem_given_keeps_its_settings_and_its_failures_are_translated(s3_server, proxy, key):
+def test_a_filesystem_given_keeps_its_settings_and_its_failures_are_translated(s3_server, proxy, key, monkeypatch):
+    """The filesystem's own 0.5 s timeouts hold, not unihub's (the environment's 60 s would take far longer than
+    the bound, which leaves room for a loaded machine: 2.5 s failed at 2.55 in a full suite)."""
     import s3fs
+
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "60")
 
     fsspec_fs = s3fs.S3FileSystem(key=s3_server.key, secret=s3_server.secret, skip_instance_cache=True,
                                   client_kwargs={"endpoint_url": proxy.endpoint_url},
@@ -174,7 +178,7 @@ def test_a_filesystem_given_keeps_its_settings_and_its_failures_are_translated(s
     for filesystem in given:
         with Clock() as clock, pytest.raises(RemoteStorageError, match=f"^s3://{s3_server.bucket}/{key}"):
             open_dataset(f"s3://{s3_server.bucket}/{key}", filesystem=filesystem)
-        assert clock.seconds < 0.5 + 2.0, f"{type(filesystem).__name__}: {clock.seconds:.1f} s"
+        assert clock.seconds < 15, f"{type(filesystem).__name__}: {clock.seconds:.1f} s"
 
 
 # -- writing and converting -----------------------------------------------------------------------------
