@@ -65,7 +65,7 @@ def _checked(state: Any) -> dict[str, Any]:
     """``state`` once it is a position of this version; :class:`PositionStateError` else."""
     if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
             or not {"reader", "row"} <= set(state) or not isinstance(state["reader"], dict) \
-            or not (isinstance(state["row"], int) and not isinstance(state["row"], bool) and state["row"] >= 0) \
+            or not elastic.is_count(state["row"]) \
             or not all(isinstance(x, int) and x > 0 for x in state.get("exclude", [])):
         raise PositionStateError(f"not a reader position of version {POSITION_STATE_VERSION}: pass what "
                                  "ReaderPosition.state_dict() returned")

@@ -132,9 +132,9 @@ def _checked_sampler(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     :class:`LoaderStateError`: a tampered count would resume at other indices."""
     for state in states:
         rank, done = state.get("rank"), state.get("done")
-        if not all(_count(state.get(key)) for key in ("seed", "epoch", "yielded")) or \
+        if not all(elastic.is_count(state.get(key)) for key in ("seed", "epoch", "yielded")) or \
                 not isinstance(state.get("finished", False), bool) or not _shard(rank) or \
-                not isinstance(done, (list, tuple)) or len(done) % 2 or not all(_count(v) for v in done) or \
+                not isinstance(done, (list, tuple)) or len(done) % 2 or not all(elastic.is_count(v) for v in done) or \
                 any(done[k] >= done[k + 1] for k in range(0, len(done), 2)):
             raise LoaderStateError("an ElasticDistributedSampler state's seed, epoch, rank, done, yielded or finished "
                                    "is not what state_dict() gives (ints >= 0, a rank [k, world], [start, stop] "
@@ -142,14 +142,9 @@ def _checked_sampler(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return states
 
 
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an int >= 0 (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)
-
-
 def _shard(value: Any) -> bool:
     """Whether ``value`` is a shard ``[k, count]``: ints, ``0 <= k < count``."""
-    return isinstance(value, (list, tuple)) and len(value) == 2 and all(_count(v) for v in value) and \
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(elastic.is_count(v) for v in value) and \
         value[0] < value[1]
 
 
@@ -158,7 +153,7 @@ def _checked_iterable(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``[k, count]`` with ``0 <= k < count``, ``finished`` a bool); :class:`LoaderStateError` else: a tampered count
     would resume at other rows."""
     for state in states:
-        if not all(_count(state.get(key)) for key in ("seed", "epoch", "before", "rows")) or \
+        if not all(elastic.is_count(state.get(key)) for key in ("seed", "epoch", "before", "rows")) or \
                 not isinstance(state.get("finished"), bool) or not _shard(state.get("shard")):
             raise LoaderStateError("a TorchIterableDataset state's seed, epoch, shard, before, rows or finished is "
                                    "not what state_dict() gives (ints >= 0, a shard [k, count], a bool); pass what "
