@@ -109,10 +109,11 @@ def rank_config(state: Mapping[str, Any], config: planning.PlanConfig) -> planni
 
 
 def seed_of(state: Mapping[str, Any]) -> int:
-    """A state's ``seed``; :class:`ReaderStateError` where it is not an int."""
-    seed = state["seed"]
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ReaderStateError(f"the reader state's seed {seed!r} is not an int; pass what state_dict() returned")
+    """A state's ``seed``; :class:`ReaderStateError` where it is not an int >= 0 (what numpy's generators take)."""
+    seed: Any = state.get("seed")
+    if not is_count(seed):
+        raise ReaderStateError(f"the reader state's seed {seed!r} is not an int >= 0; pass what state_dict() "
+                               "returned")
     return int(seed)
 
 

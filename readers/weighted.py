@@ -748,17 +748,8 @@ def _pass_start(reader: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The state at the start of the pass after a state's, for the shard that saved it: ordered by the next pass's
     seed (a unihub reader's), else the same (readers that start over in their one order)."""
     if isinstance(reader, Reader):
-        return lambda state: reader.state_at_start(next_pass_seed(_seed_of(state)), state)
+        return lambda state: reader.state_at_start(next_pass_seed(elastic.seed_of(state)), state)
     return lambda state: elastic.at_start(state, *state.get("shard", (0, 1)), fresh=True)
-
-
-def _seed_of(state: dict[str, Any]) -> int:
-    """A source's reader state's seed; :class:`ReaderStateError` where it is not an int >= 0."""
-    seed: Any = state.get("seed")
-    if not elastic.is_count(seed):
-        raise ReaderStateError(f"a source's reader state has the seed {seed!r}, not an int >= 0; pass what "
-                               "state_dict() returned")
-    return int(seed)
 
 
 def _source_lists(parsed: Sequence[_Saved], source: int, next_start: Callable[[dict[str, Any]], dict[str, Any]]
