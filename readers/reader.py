@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -660,6 +661,7 @@ class Reader:
         plan["fields"] = list(self.schema.fields)
         return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+    @functools.cached_property
     def _kept_by(self) -> str | None:
         """What a state records of the predicate and filters its offsets count the rows of (None: neither): the
         predicate's type and fields and the filters' text (a function's code is not compared: it would change
@@ -681,7 +683,7 @@ class Reader:
         epoch, task, offset = self._where()
         plan, order = self._fingerprints()
         state = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "task": task, "offset": offset,
-                 "plan": plan, "order": order, "dataset_version": self.store.version, "kept_by": self._kept_by(),
+                 "plan": plan, "order": order, "dataset_version": self.store.version, "kept_by": self._kept_by,
                  **elastic.shard_keys(self._plan)}
         state.update(elastic.done_keys(self._done, epoch))  # what runs before an elastic resume delivered
         drops = self._drops
@@ -719,7 +721,7 @@ class Reader:
         # check against the plan with the saved seed before changing anything: a refused state
         # must leave this reader as it was
         config = dataclasses.replace(self._plan, seed=elastic.seed_of(state))
-        if state.get("plan") != self._fingerprint(config) or state.get("kept_by", self._kept_by()) != self._kept_by():
+        if state.get("plan") != self._fingerprint(config) or state.get("kept_by", self._kept_by) != self._kept_by:
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
                                    "(row groups, shuffling, sharding, epochs, batching, predicate or filters "
                                    "differ); states of another shard count resume as the list of every rank's state"
