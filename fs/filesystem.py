@@ -70,6 +70,7 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     if storage_options is None and filesystem is None and scheme not in ("", "file"):
         storage_options = current_options()  # what a conversion under way was given (sources.using)
     if filesystem is not None:
+        refuse_ignored_query(url, "a filesystem")
         return as_pyarrow_filesystem(filesystem), strip_scheme(url)
     if scheme in ("", "file"):
         path = strip_scheme(url)
@@ -84,6 +85,8 @@ def resolve_filesystem(url: str, filesystem: Any = None,
             raise InvalidArgumentError(f"{remote.public_url(url)}: a query parameter pyarrow refuses: {exc}"
                                        f"{_supported(scheme)}") from None
         return remote.configure_pyarrow(fs, settings), path
+    if scheme in _PYARROW_SCHEMES:
+        refuse_ignored_query(url, "storage_options")
     fsspec = require("fsspec", extra="fsspec", purpose=f"{scheme}:// URLs")
     try:
         fsspec.get_filesystem_class(scheme)
@@ -118,6 +121,26 @@ def check_url_parameters(url: str) -> None:
     if unknown:
         raise InvalidArgumentError(f"{remote.public_url(url)}: unsupported query parameter "
                                    f"{', '.join(map(repr, unknown))}{_supported(parsed.scheme)}")
+
+
+_QUERY_HINTS = {
+    "storage_options": "put its settings in storage_options (s3fs: client_kwargs={'endpoint_url': ..., "
+                       "'region_name': ...})",
+    "a filesystem": "make the filesystem with its settings",
+}
+
+
+def refuse_ignored_query(url: str, given: str) -> None:
+    """Refuse a URL's query (``s3://b/k?endpoint_override=...``) beside ``storage_options`` or a filesystem:
+    the query is pyarrow's way to set its filesystem, so with either of those it would be dropped, and the data
+    read from or written to another store than the URL names. Names the parameters, never their values."""
+    if "://" not in url:
+        return
+    names = sorted({name for name, _ in parse_qsl(urlparse(url).query, keep_blank_values=True)})
+    if names:
+        raise InvalidArgumentError(
+            f"{remote.public_url(url)}: the URL's query ({', '.join(map(repr, names))}) and {given} were both "
+            f"given, and the query would be ignored; {_QUERY_HINTS[given]}, or give the query alone")
 
 
 def refuse_fragment(url: str) -> None:

@@ -106,13 +106,16 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
     if query or key not in _ORIGINS:
         _ORIGINS[key] = f"{parsed.scheme}://{parsed.netloc}/{query}"
     options = fsutil.current_options()
-    cache_key = (os.getpid(), _ORIGINS[key], repr(sorted((options or {}).items())))
+    # beside fsspec's options only this URL's own query counts (and is refused): an origin an earlier URL left
+    # (before this conversion: a query holds for its bucket within one) is dropped, as fsspec takes none
+    origin = f"{parsed.scheme}://{parsed.netloc}/{query}" if remote.split_settings(options)[1] else _ORIGINS[key]
+    cache_key = (os.getpid(), origin, repr(sorted((options or {}).items())))
     fs = _CACHE.get(cache_key)
     if fs is None:
         try:
-            fs, _ = fsutil.resolve_filesystem(_ORIGINS[key], None, options)
+            fs, _ = fsutil.resolve_filesystem(origin, None, options)
         except UnsupportedFilesystemError as exc:
-            raise UnsupportedFilesystemError(str(exc).replace(_ORIGINS[key], bare, 1)) from None
+            raise UnsupportedFilesystemError(str(exc).replace(origin, bare, 1)) from None
         _CACHE[cache_key] = fs
     return fs, fsutil.strip_scheme(bare)
 

@@ -101,3 +101,30 @@ def _url_and_access(s3_server: Any, kind: str, key: str) -> tuple[str, dict[str,
     if kind == "url":
         return f"{url}?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http&region=us-east-1", {}
     return url, s3_server.access(kind)
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
+def test_a_query_beside_storage_options_or_a_filesystem_is_refused(s3_server: Any, kind: str) -> None:
+    """A URL's query is how pyarrow's filesystem is set; with storage_options or filesystem= it was dropped
+    silently, so ``?endpoint_override=`` of another store read and wrote the one the options named."""
+    prefix = uuid.uuid4().hex
+    url = f"s3://{s3_server.bucket}/{prefix}/ds?endpoint_override=elsewhere:9&access_key=SECRET"
+    access = s3_server.access(kind)
+    given = "storage_options" if kind == "fsspec" else "a filesystem"
+    match = rf"^s3://{s3_server.bucket}/{prefix}/ds: the URL's query \('access_key', 'endpoint_override'\) and {given}"
+    with pytest.raises(InvalidArgumentError, match=match) as info:
+        write_dataset(url, SCHEMA, ({"id": i} for i in range(3)), **access)
+    assert "SECRET" not in str(info.value) and "elsewhere" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match=match):
+        make_reader(url, **access)
+    assert not s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents")
+    fs, path = resolve_filesystem(url.split("?")[0], **access)  # the URL alone names the same store
+    assert path == f"{s3_server.bucket}/{prefix}/ds"
+
+
+def test_unihub_settings_alone_keep_the_query() -> None:
+    """``unihub_timeout``/``unihub_retries`` are not fsspec options: with only them the query still sets pyarrow's
+    filesystem."""
+    fs, path = resolve_filesystem("s3://bucket/ds?region=eu-west-1&scheme=http",
+                                  storage_options={"unihub_timeout": 5})
+    assert (path, fs.type_name, fs.region) == ("bucket/ds", "s3", "eu-west-1")
