@@ -70,6 +70,7 @@ that file says it was written (layout, key field, images as pixels), with no opt
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any, Literal
 
 from unihub.errors import FormatError, SchemaError, UnihubError
@@ -103,6 +104,8 @@ from unihub.schema.image_checks import batch_problems, drop_rows
 from unihub.schema.unischema import Unischema, UnischemaField
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: how many of a folder's files :meth:`HDF5Format.detect` looks at
+_DETECT_SAMPLE = 16
 __all__ = ["FIELD_ORDER_ATTR", "SCHEMA_NAME_ATTR", "HDF5Format"]
 
 
@@ -162,7 +165,11 @@ class HDF5Format(ForeignFormat):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        """True for a file that starts with the HDF5 signature (at 0 or after a user block)."""
+        """True for a file that starts with the HDF5 signature (at 0 or after a user block), or a directory
+        whose first visible files (up to 16, walked in order) all do: a folder is read whole, every file in it."""
+        if sources.isdir(path):
+            sample = list(islice(_visible_files(path), _DETECT_SAMPLE))
+            return bool(sample) and all(cls.detect(file) for file in sample)
         try:
             with sources.open_input(path) as handle:
                 for offset in (0, 512, 1024, 2048):
@@ -366,3 +373,10 @@ class HDF5Format(ForeignFormat):
                           and isinstance(schema[leaf.field].codec, CompressedImageCodec)]
                 options["images"] = "pixels" if pixels else None
         return {key: value for key, value in options.items() if value is not None}
+
+
+def _visible_files(root: str) -> Iterator[str]:
+    """The files under ``root`` in name order, as a folder source is listed (leaving out ``.``/``_`` names)."""
+    for directory, dirs, names in sources.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        yield from (sources.join(directory, n) for n in sorted(names) if not n.startswith((".", "_")))

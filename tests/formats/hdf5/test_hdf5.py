@@ -17,7 +17,7 @@ from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.dependencies import is_available
 from unihub.errors import DatasetExistsError, FormatError
-from unihub.formats.base import FORMATS
+from unihub.formats.base import FORMATS, detect_format
 from unihub.formats.hdf5 import read as hdf5_read
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
@@ -212,6 +212,23 @@ def test_registered_and_detected(sample: Path, tmp_path: Path) -> None:
     renamed = tmp_path / "data.bin"
     renamed.write_bytes(sample.read_bytes())
     assert HDF5Format.detect(str(renamed))
+
+
+def test_a_folder_of_hdf5_files_is_detected(sample: Path, tmp_path: Path) -> None:
+    """A folder of HDF5 files converts without --from (it needed ``--from hdf5``); a folder where any of the
+    first files is something else is not claimed (the folder is read whole, every file in it)."""
+    folder = tmp_path / "parts"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "a.h5").write_bytes(sample.read_bytes())
+    (folder / "nested" / "b.data").write_bytes(sample.read_bytes())
+    (folder / ".hidden.txt").write_text("left out, as a folder's listing leaves it out")
+    assert detect_format(str(folder)) == "hdf5"
+    convert(str(folder), str(tmp_path / "out"))
+    with make_reader(str(tmp_path / "out"), shuffle_row_groups=False) as reader:
+        assert sorted(int(row.i8) for row in reader) == sorted(2 * list(range(-12, N - 12)))
+    (folder / "notes.txt").write_text("not HDF5")
+    assert not HDF5Format.detect(str(folder)) and detect_format(str(folder)) is None
+    assert not HDF5Format.detect(str(tmp_path / "empty")) and not HDF5Format.detect(str(tmp_path / "out"))
 
 
 def test_ingest_export_ingest_round_trip(sample: Path, tmp_path: Path) -> None:
