@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from unihub.converters.engines import Engine, engine_for, local_workers
 from unihub.converters.meter import ProgressMeter
 from unihub.converters.result import UNIHUB, ConvertResult, all_skipped, total_size
-from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name
+from unihub.converters.tasks import TaskPlan, TaskResult, absolute, driver_skips, layout_of, part_name, warn_left_out
 from unihub.formats.base import ForeignFormat, OnError, SchemaOutgrown, SkippedRecord, same_storage
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
@@ -116,6 +116,7 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         results = runner.run(plan, files, source=source, wrap=watch, on_done=task_done)
         rows = sum(r.rows for r in results)
         skipped = driver_skips(source) + [SkippedRecord(*s) for r in results for s in r.skipped]
+        warn_left_out(source, results)
         if rows == 0 and skipped:  # never 0 rows with exit 0 from a source whose every record was bad
             raise all_skipped(skipped)
         schema, extra = plan.schema, plan.extra

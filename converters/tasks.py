@@ -11,7 +11,7 @@ attempt removes its own files. :mod:`unihub.converters.pipeline` plans the tasks
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -40,6 +40,7 @@ class TaskResult:
     skipped: list[tuple[str, str, str]]
     observed: Any
     parts: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # files passed over (ReadReport.left_out)
 
 
 @dataclass
@@ -88,11 +89,19 @@ def absolute(path: str) -> str:
 
 
 def driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
-    """Files the source leaves out before reading any (image folders: files outside the class folders)."""
+    """Files the source leaves out before reading any (image folders: files outside the class folders),
+    which no task sees (a task's read leaves them to the driver: ``in_task``)."""
     if isinstance(source, ImageFolderFormat):
         return [SkippedRecord(os.path.join(source.root, rel), "file", "outside the class folders (class layout)")
                 for rel in source._listing.outside]
     return []
+
+
+def warn_left_out(source: ForeignFormat, results: Sequence[TaskResult]) -> None:
+    """One warning for the files the whole conversion left out (its tasks' reads say nothing: a forked worker
+    each said its own, and the driver's files outside the class folders were said by none)."""
+    if isinstance(source, ImageFolderFormat):
+        source.warn_left_out([*source._listing.outside, *(rel for r in results for rel in r.left_out)])
 
 
 def file_slices(files: list[str], count: int) -> list[list[str]]:
@@ -119,6 +128,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
     if source is None:
         source = task_source(plan, files)
     source.report = ReadReport()
+    source.in_task = True  # the driver records and says what the whole source left out (warn_left_out)
     source.on_error = plan.on_error
     source.observe = plan.observe
     source.validate_images = plan.validate_images
@@ -137,7 +147,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
             getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
     parts = [p.rsplit("/", 1)[-1] for p in result.files]
     return TaskResult(result.num_rows, [(s.path, s.location, s.reason) for s in source.report.skipped],
-                      source.report.observed, parts)
+                      source.report.observed, parts, list(source.report.left_out))
 
 
 def remove_attempt(fs: Any, staging: str, index: int) -> None:

@@ -165,6 +165,9 @@ class ReadReport:
     observed: Any = None
     #: input bytes consumed so far, where the format counts them (for progress and ETA)
     bytes_read: int = 0
+    #: files passed over as no record of the format (an image folder's ``notes.txt``), relative to the
+    #: source; each is in ``skipped`` too. Said in one warning at the end of a read (see ``in_task``)
+    left_out: list[str] = field(default_factory=list)
 
 
 class ForeignFormat(ABC):
@@ -187,6 +190,9 @@ class ForeignFormat(ABC):
         self.sources = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
         self.options = options
         self.report = ReadReport()
+        #: a conversion task's read (``run_task`` sets it): what sums up the whole source, the files it leaves
+        #: out, is the driver's to record and say once for all its tasks (not once per worker)
+        self.in_task = False
         #: processes a format may use for its scans (``convert(workers=N)`` sets it); the results
         #: must not depend on it
         self.workers = 1

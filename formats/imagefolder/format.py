@@ -323,7 +323,7 @@ class ImageFolderFormat(ForeignFormat):
         seen: _Seen = (Counter(), set(), {})
         if self.observe:
             self.report.observed = seen
-        others = self._record_outside()  # the files left out, warned about at the end
+        others = [] if self.in_task else self._record_outside()  # the files left out, warned about at the end
         batch: dict[str, list[Any]] = {name: [] for name in wanted}
         cut = BatchCut(batch_size, self.batch_bytes)
         prefix = os.path.join(self.root, "")
@@ -344,11 +344,17 @@ class ImageFolderFormat(ForeignFormat):
                 cut.reset()
         if batch[wanted[0]]:
             yield _finish(batch)
-        if others:
-            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-            warnings.warn(f"{self.root}: left out {len(others)} file(s) that are not images, lie outside the "
+        self.report.left_out = others
+        if not self.in_task:
+            self.warn_left_out(others)
+
+    def warn_left_out(self, files: Sequence[str]) -> None:
+        """One warning naming the files a read left out (a conversion's driver says it once for all tasks)."""
+        if files:
+            shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+            warnings.warn(f"{self.root}: left out {len(files)} file(s) that are not images, lie outside the "
                           f"class folders or are links not followed: "
-                          f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=2)
+                          f"{shown} (listed in .report.skipped)", UserWarning, stacklevel=3)
 
     def _wanted_fields(self, schema: Unischema, batch_size: int, on_error: OnError) -> list[str]:
         """The names of ``schema``'s fields, once :meth:`read_batches`' arguments are checked: fields an

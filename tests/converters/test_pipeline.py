@@ -162,3 +162,25 @@ def test_forked_workers_leave_this_process_objects_out_of_their_collections() ->
     counts = map_in_workers(_frozen_here, [0, 1], 2)
     assert all(count > 10_000 for count in counts)  # the objects that existed when they were forked
     assert gc.get_freeze_count() == 0  # collected here again
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_files_an_image_folder_leaves_out_are_said_and_counted_once(tmp_path: Path, workers: int) -> None:
+    """In-process, the files outside the class folders were recorded twice (by the driver and by the read of the
+    driver's own source: 'skipped 3' for 2 files); in forked workers each worker warned about its own files and
+    none about those outside. Now: one warning for the whole conversion, each file once, in any engine."""
+    pil = pytest.importorskip("PIL.Image")
+    src = tmp_path / "folder"
+    for i in range(8):
+        (src / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        pil.fromarray(np.full((4, 4, 3), i, np.uint8)).save(src / f"class{i % 2}" / f"{i}.png")
+    (src / "README.txt").write_text("outside the class folders")
+    (src / "class0" / "notes.txt").write_text("no image")
+    (src / "class1" / "notes.txt").write_text("no image")
+    with pytest.warns(UserWarning) as caught:
+        result = convert(str(src), str(tmp_path / "ds"), workers=workers, progress=False)
+    said = [str(w.message) for w in caught if "left out" in str(w.message)]
+    assert len(said) == 1 and "left out 3 file(s)" in said[0] and "README.txt, class0/notes.txt" in said[0], said
+    assert result.rows == 8 and sorted(os.path.relpath(s.path, src) for s in result.skipped) == [
+        "README.txt", "class0/notes.txt", "class1/notes.txt"]
+    assert open_dataset(tmp_path / "ds").extra_metadata["skipped_count"] == 3
