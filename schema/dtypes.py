@@ -56,6 +56,24 @@ def dtype_name(dtype: Any) -> str:
     return np.dtype(dtype).name
 
 
+def fits(found: np.dtype, expected: np.dtype) -> bool:
+    """Arrays of dtype ``found`` are stored in a field of dtype ``expected`` as they are: the same dtype, or any
+    unit of a datetime64/timedelta64 field that names none (``np.datetime64``)."""
+    return found == expected or (expected.kind in "Mm" and found.kind == expected.kind
+                                 and np.datetime_data(expected)[0] == "generic")
+
+
+def found_label(found: np.dtype) -> str:
+    """``found`` in a dtype error, saying so where only its byte order is not the machine's (h5py, FITS and
+    ``np.frombuffer(..., '>i4')`` give such arrays): ``int32 in big-endian byte order ('>i4'): ...``."""
+    if found.byteorder not in "<>":  # '=' native, '|' none
+        return str(found)
+    native = found.newbyteorder("=")
+    order = "big" if found.byteorder == ">" else "little"
+    return (f"{native} in {order}-endian byte order ({found.str!r}): values are stored in the machine's order, "
+            f"so give values.astype({native.str!r})")
+
+
 def dtype_from_name(name: str) -> Any:
     """Inverse of :func:`dtype_name`."""
     if name in _SPECIAL_NAMES:

@@ -15,7 +15,7 @@ import numpy as np
 from unihub.errors import FieldTypeError, SchemaError, ValidationError
 from unihub.images import decoders as images
 from unihub.schema.codecs import CompressedImageCodec
-from unihub.schema.dtypes import dtype_name
+from unihub.schema.dtypes import dtype_name, fits, found_label
 from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
@@ -120,10 +120,10 @@ def _validate_array(field: UnischemaField, value: Any, row: int | None) -> None:
     elif field.numpy_dtype is np.bytes_:
         dtype_ok = value.dtype.kind in "SO"
     else:
-        dtype_ok = value.dtype == expected
+        dtype_ok = fits(value.dtype, expected)
     if not dtype_ok:
         raise ValidationError(f"{_where(field, row)}: expected dtype {_dtype_label(field.numpy_dtype)}, "
-                              f"found {value.dtype}", field=field.name, row=row)
+                              f"found {found_label(value.dtype)}", field=field.name, row=row)
     if not shape_matches(value.shape, field.shape):
         raise ValidationError(f"{_where(field, row)}: expected shape {_shape_label(field.shape)}, "
                               f"found {value.shape}", field=field.name, row=row)

@@ -31,6 +31,8 @@ from unihub.fs.outputs import names_output_errors
 from unihub.petastorm.pickling import check_petastorm_compatible
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
+from unihub.schema.codecs.base import temporal_array
+from unihub.schema.dtypes import fits, found_label
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
 from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
@@ -315,13 +317,27 @@ def encode_columns(schema: Unischema, columns: Mapping[str, Any], storage_schema
             values = values.to_pylist()  # checked and stored value by value
         if validate:
             validate_column(f, values, first_row)
-        if f.codec is None:  # Arrow's nested lists: arrays of 2 or more dims go in as lists of lists
-            array = pa.array([v.tolist() if isinstance(v, np.ndarray) and v.ndim > 1 else v for v in values],
-                             type=f.arrow_type())
+        if f.codec is None:
+            array = _arrow_storage(f, values)
         else:
             array = _encode_with_rows(f, values, first_row)
         arrays.append(array)
     return pa.RecordBatch.from_arrays(arrays, schema=storage_schema)
+
+
+def _arrow_storage(f: UnischemaField, values: Any) -> pa.Array:
+    """Values of a field without a codec in Arrow's own type: datetime64/timedelta64 through numpy, arrays of 2
+    or more dims as lists of lists; what Arrow refuses (a nanosecond in a microsecond field) a CodecError naming
+    the field, not pyarrow's raw error."""
+    arrow_type = f.arrow_type()
+    try:
+        temporal = temporal_array(values, arrow_type) if not isinstance(values, pa.Array) else None
+        if temporal is not None:
+            return temporal
+        return pa.array([v.tolist() if isinstance(v, np.ndarray) and v.ndim > 1 else v for v in values],
+                        type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as exc:
+        raise CodecError(f"field {f.name!r}: cannot store values as {arrow_type}: {exc}", field=f.name) from exc
 
 
 def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Array:
@@ -339,9 +355,9 @@ def _encode_with_rows(f: UnischemaField, values: Any, first_row: int) -> pa.Arra
 def validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
     """Vectorised check for an ndarray column, per-row check otherwise."""
     if isinstance(values, np.ndarray) and values.dtype != object and values.ndim == len(f.shape) + 1:
-        if values.dtype != f.dtype and f.dtype != object:
-            raise ValidationError(f"field {f.name!r}: expected dtype {f.dtype}, found a column of {values.dtype}",
-                                  field=f.name)
+        if not fits(values.dtype, f.dtype) and f.dtype != object:
+            raise ValidationError(f"field {f.name!r}: expected dtype {f.dtype}, found a column of "
+                                  f"{found_label(values.dtype)}", field=f.name)
         if not shape_matches(values.shape[1:], f.shape):
             raise ValidationError(f"field {f.name!r}: expected rows of shape {f.shape}, "
                                   f"found a column of shape {values.shape}", field=f.name)

@@ -189,6 +189,38 @@ def stack_if_fixed(field: UnischemaField, decoded: list[Any]) -> np.ndarray:
     return out
 
 
+def temporal_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array | None:
+    """``values`` of numpy datetime64/timedelta64 scalars (and None), or such a 1-d array, as ``arrow_type``
+    through numpy, or None where they are not: ``np.datetime64.item()`` gives a date, datetime or int by unit, and
+    ``pa.array`` of the scalars themselves refuses any unit but the type's (a raw ArrowNotImplementedError)."""
+    mask: np.ndarray | None = None
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "Mm" or values.ndim != 1:
+            return None
+        stacked = values
+    else:
+        temporal = [v for v in values if isinstance(v, (np.datetime64, np.timedelta64))]
+        if not temporal or len(temporal) != sum(v is not None for v in values):
+            return None
+        mask = np.array([v is None for v in values], dtype=bool)
+        stacked = np.array([temporal[0] if v is None else v for v in values])
+    unit = np.datetime_data(stacked.dtype)[0]
+    if unit in ("ps", "fs", "as"):
+        raise pa.ArrowInvalid(f"{stacked.dtype} is finer than Arrow's nanoseconds")
+    if unit not in ("s", "ms", "us", "ns") and not (stacked.dtype.kind == "M" and unit == "D"):
+        stacked = stacked.astype(f"{stacked.dtype.kind}8[s]")  # years to minutes: exact in seconds
+    # in Arrow's own unit, then a safe cast (refuses a lost digit or an overflow): pa.array(type=) straight from
+    # datetime64[D] with a mask stored 1970-01-01 for every value after the first
+    try:
+        return pa.array(stacked, mask=mask if mask is not None and mask.any() else None).cast(arrow_type)
+    except pa.ArrowInvalid as exc:
+        if "lose data" not in str(exc):
+            raise
+        kind, numpy_type = ("timestamp", "datetime64") if stacked.dtype.kind == "M" else ("duration", "timedelta64")
+        raise pa.ArrowInvalid(f"{exc} (the field stores {arrow_type}, np.{numpy_type}'s default: for finer values "
+                              f"give it ScalarCodec(pa.{kind}('ns')))") from None
+
+
 def arrow_values(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
     """``pa.array(values, arrow_type)``; all ``bytes`` into binary or all ``str`` into string without
     it, since it imports pandas (~0.3 s a process)."""

@@ -15,6 +15,7 @@ import pyarrow as pa
 from unihub.errors import CodecError
 from unihub.schema import npy
 from unihub.schema.codecs.base import Codec, column_as_array, register_codec, stack_if_fixed, with_nulls
+from unihub.schema.dtypes import fits, found_label
 from unihub.schema.shapes import shape_matches
 
 if TYPE_CHECKING:
@@ -100,11 +101,14 @@ def _check_stored(field: UnischemaField, dtype: np.dtype, shape: tuple[int, ...]
 
 
 def _checked_ndarray(field: UnischemaField, value: Any) -> np.ndarray:
+    if isinstance(value, np.generic) and not field.shape:
+        value = np.asarray(value)  # a numpy scalar for a shape () field, as validation takes it: its 0-d array
     if not isinstance(value, np.ndarray):
         raise CodecError(f"field {field.name!r}: expected a numpy array of {field.dtype}, found {type(value).__name__}",
                          field=field.name)
-    if value.dtype != field.dtype and field.dtype != object:
-        raise CodecError(f"field {field.name!r}: expected dtype {field.dtype}, found {value.dtype}", field=field.name)
+    if not fits(value.dtype, field.dtype) and field.dtype != object:
+        raise CodecError(f"field {field.name!r}: expected dtype {field.dtype}, found {found_label(value.dtype)}",
+                         field=field.name)
     if not shape_matches(value.shape, field.shape):
         raise CodecError(f"field {field.name!r}: expected shape {field.shape}, found {value.shape}", field=field.name)
     return value

@@ -15,7 +15,15 @@ import pyarrow as pa
 from unihub.errors import CodecError, CodecTypeError, SchemaError
 from unihub.schema import dtypes
 from unihub.schema.arrow_numpy import numbers_array, numpy_dtype, to_numpy, without_validity
-from unihub.schema.codecs.base import Codec, arrow_values, column_as_array, register_codec, valid_mask, with_nulls
+from unihub.schema.codecs.base import (
+    Codec,
+    arrow_values,
+    column_as_array,
+    register_codec,
+    temporal_array,
+    valid_mask,
+    with_nulls,
+)
 from unihub.schema.spark_types import arrow_to_spark_type, spark_to_arrow_type
 
 if TYPE_CHECKING:
@@ -91,15 +99,12 @@ class ScalarCodec(Codec):
 
     def encode_column(self, field: UnischemaField, values: Sequence[Any]) -> pa.Array:
         try:
+            temporal = temporal_array(values, self._arrow_type)
+            if temporal is not None:
+                return temporal
             if isinstance(values, np.ndarray) and values.dtype != object:
                 shared = numbers_array(values, self._arrow_type)  # pa.array would import pandas
                 return shared if shared is not None else pa.array(values, type=self._arrow_type, from_pandas=False)
-            temporal = [v for v in values if isinstance(v, (np.datetime64, np.timedelta64))]
-            if temporal and len(temporal) == sum(v is not None for v in values):
-                # np.datetime64.item() gives date, datetime or int by unit: go through numpy instead
-                mask = np.array([v is None for v in values], dtype=bool)
-                stacked = np.array([temporal[0] if v is None else v for v in values])
-                return pa.array(stacked, type=self._arrow_type, mask=mask if mask.any() else None)
             encoded = [self.encode(field, v) for v in values]
             return arrow_values(encoded, self._arrow_type)
         except CodecError:

@@ -275,8 +275,8 @@ def _as_array(field: UnischemaField, value: Any, row: int) -> np.ndarray:
 
     array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=field.dtype)
     if array.dtype != field.dtype:
-        raise CodecError(f"field {field.name!r}, row {row}: expected dtype {field.dtype}, found {array.dtype}",
-                         field=field.name, row=row)
+        raise CodecError(f"field {field.name!r}, row {row}: expected dtype {field.dtype}, "
+                         f"found {dtypes.found_label(array.dtype)}", field=field.name, row=row)
     if not shape_matches(array.shape, field.shape):
         raise CodecError(f"field {field.name!r}, row {row}: expected shape {field.shape}, found {array.shape}",
                          field=field.name, row=row)

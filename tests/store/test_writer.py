@@ -629,3 +629,48 @@ def test_every_writer_defaults_to_one_row_group_size():
     for command in ("convert", "copy"):
         text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
         assert f"(default {DEFAULT_ROW_GROUP_SIZE_MB:g})" in text, command
+
+
+@pytest.mark.parametrize("codec", [None, ScalarCodec(pa.timestamp("us"))], ids=["arrow", "scalar"])
+@pytest.mark.parametrize("unit", ["Y", "M", "D", "h", "s", "ms", "us"])
+def test_datetimes_of_every_unit_are_stored_as_written(tmp_path: Path, codec: ScalarCodec | None, unit: str) -> None:
+    """Dates of day unit beside a null were stored as 1970-01-01 (pyarrow's conversion of datetime64[D] with a
+    mask); a batched column of datetime64 of any unit was refused ('expected datetime64, found datetime64[us]');
+    a field without a codec given a datetime64[ns] value raised pyarrow's raw ArrowNotImplementedError."""
+    field = UnischemaField("t", np.datetime64, (), codec, True)
+    schema = Unischema("Times", [field])
+    values = np.array(["2021-03-01", "1969-07-20", "2024-02-29"], dtype="M8[D]").astype(f"M8[{unit}]")
+    expected = [None, *(v.astype("M8[us]") for v in values)]
+    write_dataset(tmp_path / "rows", schema, [{"t": v} for v in [None, *values]])
+    write_dataset(tmp_path / "batched", schema, [{"t": values}], batched=True)
+    with make_reader(tmp_path / "rows", shuffle_row_groups=False) as reader:
+        assert [row.t for row in reader] == expected
+    with make_batch_reader(tmp_path / "batched", shuffle_row_groups=False) as reader:
+        assert [t for batch in reader for t in batch.t] == expected[1:]
+    precise = UnischemaField("t", np.datetime64, (), codec, False)
+    with pytest.raises(CodecError, match=r"field 't': cannot store values as timestamp\[us\]: .*would lose data"):
+        write_dataset(tmp_path / "ns", Unischema("Times", [precise]),
+                      [{"t": np.datetime64("2021-01-01T00:00:00.123456789")}])
+
+
+def test_a_big_endian_array_is_refused_saying_so(tmp_path: Path) -> None:
+    """'expected dtype int32, found >i4' read as nonsense (int32 is int32): the error says it is the byte order."""
+    schema = Unischema("Order", [UnischemaField("v", np.int32, (2,), NdarrayCodec(), False)])
+    swapped = np.array([1, 2], dtype=">i4")
+    hint = r"int32 in big-endian byte order \('>i4'\): .* values.astype\('<i4'\)"
+    with pytest.raises(ValidationError, match="found " + hint):
+        write_dataset(tmp_path / "rows", schema, [{"v": swapped}])
+    with pytest.raises(ValidationError, match="found a column of " + hint):
+        write_dataset(tmp_path / "batched", schema, [{"v": np.array([[1, 2], [3, 4]], dtype=">i4")}],
+                      batched=True)
+    write_dataset(tmp_path / "native", schema, [{"v": swapped.astype("<i4")}])
+
+
+def test_a_numpy_scalar_fits_an_ndarray_field_of_shape_nothing(tmp_path: Path) -> None:
+    """Validation took np.float32(-0.0) for a shape () NdarrayCodec field, then the codec refused it: 'expected a
+    numpy array of float32, found float32'. Now it is stored as its 0-d array, bit for bit."""
+    schema = Unischema("Scalars", [UnischemaField("v", np.float32, (), NdarrayCodec(), False)])
+    write_dataset(tmp_path / "ds", schema, [{"v": np.float32(-0.0)}])
+    with make_reader(tmp_path / "ds") as reader:
+        (row,) = list(reader)
+    assert np.asarray(row.v).tobytes() == np.float32(-0.0).tobytes()
