@@ -134,8 +134,10 @@ class Dataset:
         raw = np.asarray(indices)
         if raw.size and raw.dtype.kind not in "iu":  # 1.5 or True would silently become a row number
             raise TypeError(f"row indices must be integers, got {raw.dtype} values")
-        idx = raw.astype(np.int64).ravel()
         n = self.store.num_rows
+        if raw.dtype.kind == "u" and raw.size and raw.max() >= n:  # a cast to int64 would wrap 2**64 - 1 to -1
+            raise IndexError(f"row index {int(raw.max())} is out of range for a dataset of {n} rows")
+        idx = raw.astype(np.int64).ravel()
         idx = np.where(idx < 0, idx + n, idx)
         bad = idx[(idx < 0) | (idx >= n)]
         if bad.size:

@@ -116,8 +116,10 @@ def test_getitem_and_len(dataset, reader_rows):
             assert_same(getattr(row, name), getattr(expected, name), f"ds[{i}].{name}")
 
 
-@pytest.mark.parametrize("bad", [[N], [0, N + 5], [-N - 1], [10**9]])
+@pytest.mark.parametrize("bad", [[N], [0, N + 5], [-N - 1], [10**9], np.array([2**64 - 1], np.uint64),
+                                 np.array([0, 2**63], np.uint64)])
 def test_out_of_range_is_an_index_error(dataset, bad):
+    """(uint64 indices past int64 wrapped to negative ones: 2**64 - 1 read the last row.)"""
     ds = Dataset(dataset)
     with pytest.raises(IndexError, match=str(N)):
         ds.take(bad)
