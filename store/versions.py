@@ -67,6 +67,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -733,6 +734,10 @@ def delete_rows(url: str | os.PathLike[str], where: Any, *, tag: str | None = No
     they are (``_unihub_columns/`` is no part of a plain listing) for the older versions, until ``vacuum``. Returns the new
     version, or None where no row matched (nothing is written). Another commit landing meanwhile (its rows not
     looked at) is a :class:`~unihub.errors.ConcurrentCommitError`, and nothing of the delete is published."""
+    if not isinstance(where, pc.Expression):  # group.filter would take a mask, or say 'should be array-like'
+        raise FilterExpressionError(f"{os.fspath(url)}: delete_rows takes a pyarrow.compute expression "
+                                    f"(pc.field('id') < 100), not {type(where).__name__} {where!r} (text such as "
+                                    "'id < 100' is for the command line's unihub delete --where)")
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     root = root.rstrip("/")
     with remote.remote_errors(os.fspath(url)):

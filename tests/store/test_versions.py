@@ -535,6 +535,9 @@ def test_a_delete_filter_naming_no_field_or_comparing_other_types_is_a_named_err
     for where, named in ((pc.field("idd") < 3, "idd"), (pc.field("id") < "a", "id")):
         with pytest.raises(FilterExpressionError, match=f"the delete's filter .*{named}.* cannot be evaluated"):
             versions.delete_rows(url, where)
+    for where in ("id < 3", True, [True] * 6):  # the text was "Filter should be array-like" from the rewrite
+        with pytest.raises(FilterExpressionError, match=r"delete_rows takes a pyarrow.compute expression .*not "):
+            versions.delete_rows(url, where)
     assert sorted(f for f in os.listdir(url) if f.endswith(".parquet")) == before and ids(url) == list(range(6))
     assert [v.operation for v in versions.list_versions(url)] == ["write"]
 
