@@ -204,15 +204,24 @@ def temporal_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array |
             return None
         mask = np.array([v is None for v in values], dtype=bool)
         stacked = np.array([temporal[0] if v is None else v for v in values])
+    return _cast_temporal(_in_arrow_unit(stacked), mask if mask is not None and mask.any() else None, arrow_type)
+
+
+def _in_arrow_unit(stacked: np.ndarray) -> np.ndarray:
+    """``stacked`` in a unit Arrow converts (days, seconds to nanoseconds): years to minutes in seconds (exact)."""
     unit = np.datetime_data(stacked.dtype)[0]
     if unit in ("ps", "fs", "as"):
         raise pa.ArrowInvalid(f"{stacked.dtype} is finer than Arrow's nanoseconds")
     if unit not in ("s", "ms", "us", "ns") and not (stacked.dtype.kind == "M" and unit == "D"):
-        stacked = stacked.astype(f"{stacked.dtype.kind}8[s]")  # years to minutes: exact in seconds
-    # in Arrow's own unit, then a safe cast (refuses a lost digit or an overflow): pa.array(type=) straight from
-    # datetime64[D] with a mask stored 1970-01-01 for every value after the first
+        return stacked.astype(f"{stacked.dtype.kind}8[s]")
+    return stacked
+
+
+def _cast_temporal(stacked: np.ndarray, mask: np.ndarray | None, arrow_type: pa.DataType) -> pa.Array:
+    """In Arrow's own unit, then a safe cast (refuses a lost digit or an overflow): ``pa.array(type=)`` straight
+    from datetime64[D] with a mask stored 1970-01-01 for every value after the first."""
     try:
-        return pa.array(stacked, mask=mask if mask is not None and mask.any() else None).cast(arrow_type)
+        return pa.array(stacked, mask=mask).cast(arrow_type)
     except pa.ArrowInvalid as exc:
         if "lose data" not in str(exc):
             raise
