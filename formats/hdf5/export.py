@@ -343,8 +343,15 @@ def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRo
         typed = np.empty(n, dtype=dataset.dtype)
         typed[:] = rows
         dataset.write_direct(typed, dest_sel=np.s_[start:start + n])
-    else:
+        return
+    try:
         dataset[start:start + n] = rows
+    except ValueError as exc:
+        if "embedded NULL" not in str(exc):
+            raise
+        row = start + next((i for i, v in enumerate(rows) if isinstance(v, str) and "\0" in v), 0)
+        raise SchemaError(f"HDF5 dataset {dataset.name!r}, row {row}: a variable-length HDF5 string cannot hold a "
+                          "NUL character ('\\x00'); store the field as bytes (np.bytes_), or leave the character out") from None
 
 
 def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:

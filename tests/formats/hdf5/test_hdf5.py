@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader
+from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader, write_dataset
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.dependencies import is_available
-from unihub.errors import DatasetExistsError, FormatError
+from unihub.errors import DatasetExistsError, FormatError, SchemaError
 from unihub.formats.base import FORMATS, detect_format
 from unihub.formats.hdf5 import read as hdf5_read
 
@@ -338,6 +338,24 @@ def test_write_is_atomic_and_refuses_an_existing_target(tmp_path: Path) -> None:
     with h5py.File(target) as f:
         assert f["id"].shape == (3,)
     assert os.listdir(tmp_path) == ["out.h5"]
+
+
+def test_a_string_holding_nul_is_a_named_error_and_bytes_keep_theirs(tmp_path: Path) -> None:
+    """HDF5's variable-length strings cannot hold '\\x00': the export failed with h5py's raw ValueError; it names
+    the dataset and row now, and writes nothing. Bytes fields keep their NULs (opaque, byte for byte)."""
+    schema = Unischema("Nul", [UnischemaField("raw", np.bytes_, (), None, False),
+                               UnischemaField("s", np.str_, (), None, False)])
+    write_dataset(tmp_path / "ds", schema, [{"raw": b"\xff\x00" * i + b"\x00", "s": "a\x00b" if i == 3 else "ab"}
+                                            for i in range(5)])
+    with pytest.raises(SchemaError, match=r"HDF5 dataset '/s', row 3: a variable-length HDF5 string cannot hold a "
+                                          r"NUL character"):
+        convert(str(tmp_path / "ds"), str(tmp_path / "out.h5"), to_format="hdf5", progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+    bytes_only = Unischema("Nul", [schema.fields["raw"]])
+    write_dataset(tmp_path / "raw", bytes_only, [{"raw": b"\xff\x00" * i + b"\x00"} for i in range(5)])
+    convert(str(tmp_path / "raw"), str(tmp_path / "raw.h5"), to_format="hdf5", progress=False)
+    with h5py.File(tmp_path / "raw.h5") as f:
+        assert [bytes(v) for v in f["raw"][:]] == [b"\xff\x00" * i + b"\x00" for i in range(5)]
 
 
 def test_batches_feed_the_parquet_writer(sample: Path, tmp_path: Path) -> None:
