@@ -532,6 +532,15 @@ def _exact(plan: _Plan, values: Any) -> np.ndarray:
         raise _Mismatch(plan.field.name, str(exc)) from None
 
 
+def _check_int64(name: str, value: Any) -> None:
+    """Refuse a uint64 value past int64's range, which TFRecord's int64 list would hold as a negative number
+    (``tf.train.Int64List`` refuses it too)."""
+    array = np.asarray(value)
+    if array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise SchemaError(f"field {name!r}: {int(array.max())} does not fit TFRecord's int64 (it would read back as "
+                          f"{int(array.max()) - 2**64}); TensorFlow's tf.train.Int64List refuses it too")
+
+
 def _numeric(dtype: Any) -> bool:
     return isinstance(dtype, type) and issubclass(dtype, np.generic) and np.dtype(dtype).kind in "biuf"
 
@@ -687,7 +696,10 @@ def _encoders(schema: Unischema, empty_as_null: Sequence[str] = (),
                 or (f.name in shapes and f.shape) else None
 
             def encode_numbers(v: Any, kind: str = kind, key: bytes = key, shape: Shape = f.shape,
-                               sidecar: bytes | None = sidecar) -> list[tuple[bytes, bytes]]:
+                               sidecar: bytes | None = sidecar, name: str = f.name,
+                               wide: bool = np.dtype(f.numpy_dtype) == np.uint64) -> list[tuple[bytes, bytes]]:
+                if wide:
+                    _check_int64(name, v)
                 if shape == ():
                     return [(key, encode_scalar(kind, v))]
                 array = np.asarray(v)

@@ -343,6 +343,17 @@ def test_write_refuses_what_it_cannot_store(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []  # the temporary file is gone
 
 
+@pytest.mark.parametrize("shape", [(), (2,)])
+def test_a_uint64_past_int64_is_refused_not_wrapped(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """2**64 - 1 was written as the varint TFRecord's int64 list reads as -1; TensorFlow's Int64List refuses it."""
+    schema = Unischema("s", [UnischemaField("u", np.uint64, shape, TensorCodec() if shape else None, False)])
+    fits = np.full(shape, 2**63 - 1, np.uint64)
+    TFRecordFormat.write(str(tmp_path / "ok.tfrecord"), schema, [{"u": [fits]}])
+    with pytest.raises(SchemaError, match=r"field 'u': 18446744073709551615 does not fit TFRecord's int64"):
+        TFRecordFormat.write(str(tmp_path / "t.tfrecord"), schema, [{"u": [fits, np.full(shape, 2**64 - 1, np.uint64)]}])
+    assert os.listdir(tmp_path) == ["ok.tfrecord"]
+
+
 def test_registry_and_detection(tmp_path: Path) -> None:
     assert FORMATS.get("tfrecords") is TFRecordFormat
     path = _three_records(tmp_path)
