@@ -20,6 +20,7 @@ no cache, and the next call builds again.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from typing import Any
 from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, try_acquire
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
-from unihub.errors import CacheTimeoutError, InvalidArgumentError
+from unihub.errors import CacheTimeoutError, InvalidArgumentError, SchemaError
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
@@ -201,7 +202,7 @@ def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any
     url = root.dataset_url(dataset_id, version)
     counter = _Counter(url, progress)
     meta = {"cache": {"dataset_id": dataset_id, "version": version, "source_type": source.kind, "built_at": started}}
-    data = counter.count(rows) if source.batches is None else counter.count_batches(source.batches)
+    data = _refuse_empty(counter.count(rows) if source.batches is None else counter.count_batches(source.batches))
     result = write_dataset(url, schema, data, batched=source.batches is not None, row_group_size_mb=row_group_size_mb,
                            rows_per_file=rows_per_file, overwrite=True, storage_options=root.storage_options,
                            filesystem=root.filesystem, extra_metadata=meta)
@@ -209,6 +210,14 @@ def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any
     info = CacheInfo(dataset_id, version, source.kind, started, time.time() - started, result.num_rows, url)
     root.publish(info)
     return info
+
+
+def _refuse_empty(data: Iterator[Row]) -> Iterator[Row]:
+    """``data`` as it is, or a SchemaError before anything is written: an empty cache could not be read."""
+    first = next(data, None)
+    if first is None:
+        raise SchemaError("the loader yielded no rows; there is nothing to cache")
+    return itertools.chain([first], data)
 
 
 class _Counter:
