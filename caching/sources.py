@@ -229,6 +229,7 @@ def infer_schema(rows: Iterator[Row], *, image_format: str | Mapping[str, str] |
     head = list(itertools.islice(rows, sample))
     if not head:
         raise SchemaError("the loader yielded no rows; there is nothing to cache")
+    _check_image_names(head[0], image_format)
     fields = [_field(name, [r.get(name) for r in head], image_format) for name in head[0]]
     for i, row in enumerate(head):
         if row.keys() != head[0].keys():
@@ -240,7 +241,16 @@ def image_fields(schema: Unischema, image_format: str | Mapping[str, str] | None
     """``schema`` with decoded-image fields stored as PNG/JPEG where ``image_format`` says so."""
     if image_format is None:
         return schema
+    _check_image_names(schema.fields, image_format)
     return Unischema(schema.name, [_as_image(f, image_format) for f in schema])
+
+
+def _check_image_names(fields: Iterable[str], image_format: str | Mapping[str, str] | None) -> None:
+    """A SchemaError where ``image_format`` names a field the loader does not yield (a typo stores raw pixels)."""
+    unknown = sorted(set(image_format) - set(fields)) if isinstance(image_format, Mapping) else []
+    if unknown:
+        raise SchemaError(f"image_format names {unknown}, which are not fields of the loader's elements; its fields "
+                          f"are {sorted(fields)}")
 
 
 def _field(name: str, values: list[Any], image_format: str | Mapping[str, str] | None) -> UnischemaField:

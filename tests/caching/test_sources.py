@@ -232,3 +232,17 @@ def test_tf_data_ragged_elements_that_are_rectangular_round_trip(tmp_path: Path)
     ds = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1, 2], [3, 4]], [[5, 6]], []], dtype=tf.int32))
     rows = _rows(cacheable(tmp_path, dataset_id="rect", version="1")(lambda: ds)().url)
     assert [rows[i]["field_0"].tolist() for i in range(3)] == [[[1, 2], [3, 4]], [[5, 6]], []]
+
+
+@pytest.mark.parametrize("kind", ["iterable", "tf.data"])
+def test_image_format_naming_no_field_is_refused(tmp_path: Path, kind: str) -> None:
+    """A typo in ``image_format={field: ...}`` would store the images raw, silently: refused before writing."""
+    images = np.zeros((3, 4, 5, 3), np.uint8)
+    if kind == "tf.data":
+        tf = pytest.importorskip("tensorflow")
+        loader = lambda: tf.data.Dataset.from_tensor_slices({"image": images})  # noqa: E731
+    else:
+        loader = lambda: ({"image": image} for image in images)  # noqa: E731
+    with pytest.raises(SchemaError, match=r"image_format names \['imag'\], which are not fields.*\['image'\]"):
+        cacheable(tmp_path, dataset_id="typo", version="1", image_format={"imag": "png"})(loader)()
+    assert _left(tmp_path / "typo") == []
