@@ -133,6 +133,9 @@ def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, 
     """Decorate a function returning a data loader; calling it returns the :class:`CachedDataset`.
 
     ``url`` is the cache root (a folder, ``s3://...``); caches live at ``url/dataset_id/version``.
+    That key is all a call looks at: the function's arguments and the data its loader reads are not,
+    so a call with other arguments, or after the source changed, opens the cache built before; give
+    each its own ``dataset_id`` or ``version``.
     ``names``: field names for tuple elements (else ``field_0``, ...; ``x``, ``y`` for Keras).
     ``schema``: a Unischema instead of the inferred one. ``image_format``: ``"png"``/``"jpeg"``
     (or ``{field: format}``) stores decoded uint8 images compressed; encoded bytes stay as given.
