@@ -140,9 +140,9 @@ def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, 
     ``schema``: a Unischema instead of the inferred one. ``image_format``: ``"png"``/``"jpeg"``
     (or ``{field: format}``) stores decoded uint8 images compressed; encoded bytes stay as given.
     ``row_group_size_mb``/``rows_per_file`` bound the build's memory as :func:`write_dataset`'s.
-    Waiters give up after ``wait_timeout`` s (:class:`~unihub.errors.CacheTimeoutError`); a lease
-    whose heartbeat is older than ``stale_after`` s (or whose builder on this host is gone) is
-    taken over. ``progress``: True prints rows and rows/s on stderr; a callable gets
+    Waiters give up after ``wait_timeout`` s (:class:`~unihub.errors.CacheTimeoutError`); the lease
+    of a builder on this host that is gone, or of one on another host whose heartbeat is older than
+    ``stale_after`` s, is taken over. ``progress``: True prints rows and rows/s on stderr; a callable gets
     ``(rows, rows_per_second)``.
     """
     options: dict[str, Any] = dict(names=names, schema=schema, image_format=image_format, row_group_size_mb=row_group_size_mb,

@@ -142,3 +142,17 @@ def test_a_lease_whose_heartbeat_stopped_is_taken_over(tmp_path: Path) -> None:
     files.write(str(tmp_path / "other" / "1.lease"), record)  # a builder on another host, silent for 2 minutes
     ds = cacheable(tmp_path, dataset_id="other", version="1", stale_after=60, wait_timeout=10)(lambda: [{"a": 1}])()
     assert len(ds) == 1 and sorted(os.listdir(tmp_path / "other")) == ["1", "1.json"]
+
+
+def test_a_live_builder_on_this_host_keeps_its_lease_whatever_its_heartbeat(tmp_path: Path) -> None:
+    """Its heartbeat late (a thread kept from the GIL, or ``stale_after`` below the heartbeat's interval),
+    a builder that is alive here is not built beside: a second build could publish other rows under
+    readers of the first."""
+    files = LeaseFiles(__import__("pyarrow.fs", fromlist=["LocalFileSystem"]).LocalFileSystem())
+    (tmp_path / "live").mkdir()
+    files.write(str(tmp_path / "live" / "1.lease"), dict(new_record(), heartbeat=time.time() - 120))  # this process
+    calls = []
+    with pytest.raises(CacheTimeoutError, match=f"pid {os.getpid()}"):
+        cacheable(tmp_path, dataset_id="live", version="1", stale_after=1, wait_timeout=1)(
+            lambda: calls.append(1) or [{"a": 1}])()
+    assert calls == [] and sorted(os.listdir(tmp_path / "live")) == ["1.lease"]
