@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, try_acquire
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
@@ -84,7 +86,9 @@ class CachedDataset:
         resumes its own rank); this rank then reads its equal share of the rows no rank of that run read
         (:meth:`~unihub.Reader.load_state_dict`).
         """
-        if not isinstance(num_shards, int) or num_shards < 1 or not 0 <= shard_rank < num_shards:
+        start_offset, shard_rank, num_shards = _ints(start_offset), _ints(shard_rank), _ints(num_shards)
+        if not isinstance(num_shards, int) or not isinstance(shard_rank, int) or num_shards < 1 or \
+                not 0 <= shard_rank < num_shards:
             raise InvalidArgumentError(f"need 0 <= shard_rank < num_shards, got shard_rank={shard_rank}, "
                                        f"num_shards={num_shards}")
         offsets = [start_offset] if isinstance(start_offset, int) else start_offset
@@ -112,6 +116,15 @@ class CachedDataset:
                 reader.stop()
                 raise
         return reader
+
+
+def _ints(value: Any) -> Any:
+    """numpy's integers (a rank or an offset read from a checkpoint) as Python ints, in a list too; the rest as given."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, list | tuple):
+        return [int(v) if isinstance(v, np.integer) else v for v in value]
+    return value
 
 
 def _state_at(reader: Reader, offset: int, rank: int) -> dict[str, Any]:

@@ -244,3 +244,12 @@ def test_stream_refuses_two_starts_and_offsets_past_a_shard(cached) -> None:
         cached.stream([], shuffle=True, seed=1)
     with cached.stream(shuffle=True, seed=1, resume_from=state) as reader:  # one state: its own rank goes on
         assert len(_read(reader)) == N - 5
+
+
+def test_stream_takes_numpy_integers_as_ints(cached) -> None:
+    """Offsets and ranks read back from a checkpoint are often numpy integers: the same stream as Python ints."""
+    args = dict(shuffle=True, seed=2, drop_shard_remainder=True)
+    expected = _ids(cached.stream(7, shard_rank=1, num_shards=3, **args))
+    assert _ids(cached.stream(np.int64(7), shard_rank=np.int32(1), num_shards=np.int64(3), **args)) == expected
+    assert _ids(cached.stream([np.int64(5), 9], shard_rank=1, num_shards=3, **args)) == \
+        _ids(cached.stream([5, 9], shard_rank=1, num_shards=3, **args))
