@@ -71,6 +71,17 @@ def test_ids_and_versions_must_be_folder_names(tmp_path: Path, bad: str) -> None
         cacheable(tmp_path, dataset_id="ok", version=bad)
 
 
+@pytest.mark.parametrize("version", ["2.lease", "2.json"])
+def test_a_version_cannot_be_another_versions_record_or_lease(tmp_path: Path, version: str) -> None:
+    """Version ``2.lease``'s folder would be version 2's lease (version 2 then waited for it an hour, and the
+    timeout said to delete it); ``2.json``'s, version 2's record."""
+    with pytest.raises(CacheError, match=f"version '{version}' cannot end in .json or .lease"):
+        cacheable(tmp_path, dataset_id="ok", version=version)
+    with pytest.raises(CacheError, match="cannot end in"):
+        remove_cache(tmp_path, "ok", version)
+    assert len(cacheable(tmp_path, dataset_id="ok.json", version="2")(_rows)()) == N  # an id may: no sibling
+
+
 def _ids(reader) -> list[int]:
     with reader:
         return [int(r.id) for r in reader]
