@@ -55,6 +55,9 @@ def adapt(loader: Any, *, names: Sequence[str] | None = None) -> Source:
         return Source("torch IterableDataset", (flatten(_torch_item(item), names) for item in loader))
     if "torch.utils.data.dataset.Dataset" in bases:
         return Source("torch Dataset", (flatten(_torch_item(loader[i]), names) for i in range(len(loader))))
+    if type(loader).__name__ == "DataFrame":  # pandas, polars, ...: iterating one yields its columns, not rows
+        raise SchemaError(f"cannot cache a {type(loader).__module__.split('.')[0]} DataFrame directly (iterating it "
+                          "yields its columns): return its rows, e.g. df.to_dict('records') or df.iter_rows(named=True)")
     if isinstance(loader, (str, bytes, Mapping)) or not isinstance(loader, Iterable):
         raise SchemaError(f"cannot cache a {type(loader).__name__}: return a tf.data.Dataset, a torch Dataset, "
                           "a Keras PyDataset or an iterable of dicts or tuples")

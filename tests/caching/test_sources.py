@@ -187,6 +187,7 @@ def test_iterable_of_dicts_varying_dimensions_become_none(tmp_path: Path) -> Non
     (lambda: ({"a": object()} for _ in range(3)), "Python objects"),
     (lambda: ((1, 2) for _ in range(3)), "names= gives 1 names"),
     (lambda: ({"z": np.complex64(1j)} for _ in range(3)), "'z' holds complex64 scalars, which no Arrow type"),
+    (lambda: __import__("pandas").DataFrame({"a": [1, 2, 3], "b": [4, 5, 6]}), "pandas DataFrame directly"),
 ])
 def test_loaders_that_cannot_be_cached_are_named_errors_and_leave_nothing(tmp_path: Path, loader, message) -> None:
     names = ["only"] if "names=" in message else None
