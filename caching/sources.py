@@ -152,6 +152,8 @@ def _tf_source(ds: Any, names: Sequence[str] | None) -> Source:
     schema = Unischema("cache", fields)
     import tensorflow as tf
 
+    if int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY:  # the build would never end
+        raise SchemaError("the tf.data pipeline is endless (a repeat() without a count?); cache one pass of it")
     specs = tf.nest.flatten(ds.element_spec)
     if all(type(s).__name__ == "TensorSpec" and s.shape.is_fully_defined() for s in specs):
         # fixed shapes: tf batches the elements and numpy columns go to the writer whole, about

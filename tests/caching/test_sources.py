@@ -210,10 +210,11 @@ def test_tf_data_decoded_images_stored_as_png_when_asked(tmp_path: Path) -> None
         assert rows[i]["label"] == i
 
 
-@pytest.mark.parametrize("spec", ["fixed", "ragged", "complex", "bfloat16", "inner ragged"])
+@pytest.mark.parametrize("spec", ["fixed", "ragged", "complex", "bfloat16", "inner ragged", "endless"])
 def test_tf_data_that_cannot_be_cached_is_a_named_error_and_publishes_nothing(tmp_path: Path, spec: str) -> None:
     """An empty pipeline (fixed shapes go through tf's batches, ragged ones row by row), scalars Arrow has
-    no type for, and ragged elements that are not rectangular: a SchemaError, no cache, nothing left."""
+    no type for, ragged elements that are not rectangular, an endless pipeline (the build would never end):
+    a SchemaError, no cache, nothing left."""
     tf = pytest.importorskip("tensorflow")
     ds, message = {
         "fixed": (tf.data.Dataset.from_tensor_slices(np.zeros((0, 3), np.float32)), "yielded no rows"),
@@ -222,6 +223,9 @@ def test_tf_data_that_cannot_be_cached_is_a_named_error_and_publishes_nothing(tm
         "bfloat16": (tf.data.Dataset.from_tensor_slices(tf.ones(3, tf.bfloat16)), "bfloat16 scalars"),
         "inner ragged": (tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1, 2]], [[3, 4], [5]]])),
                          "inner rows of different lengths"),
+        # says it is endless (as repeat() does) but ends, so that the old code fails rather than never ends
+        "endless": (tf.data.Dataset.range(3).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)),
+                    "endless"),
     }[spec]
     with pytest.raises(SchemaError, match=message):
         cacheable(tmp_path, dataset_id="bad", version="1")(lambda: ds)()
