@@ -96,7 +96,7 @@ class CachedDataset:
                 not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
             raise InvalidArgumentError(f"start_offset must be a non-negative int, or a non-empty list of them (every "
                                        f"rank's), got {start_offset!r}")
-        if resume_from is not None and any(offsets):
+        if resume_from is not None and (any(offsets) or not isinstance(start_offset, int)):
             raise InvalidArgumentError("start_offset and resume_from both say where to start: pass one of them")
 
         def open_shard(rank: int, count: int, resume: Any = None) -> Reader:

@@ -249,6 +249,8 @@ def test_stream_refuses_two_starts_and_offsets_past_a_shard(cached) -> None:
         state = reader.state_dict()
     with pytest.raises(InvalidArgumentError, match="start_offset and resume_from"):
         cached.stream(3, shuffle=True, seed=1, resume_from=state)
+    with pytest.raises(InvalidArgumentError, match="start_offset and resume_from"):  # every rank's, even at 0
+        cached.stream([0, 0], shuffle=True, seed=1, resume_from=state)
     with pytest.raises(InvalidArgumentError, match="beyond the 500 rows of shard 1"):
         cached.stream([10, 501], shuffle=True, seed=1)
     with pytest.raises(InvalidArgumentError, match="list of them"):
