@@ -71,8 +71,12 @@ class LeaseFiles:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+            except BaseException:  # a full disk: an empty lease nobody could judge would block every caller
+                os.unlink(path)
+                raise
             return True
         if self.fsspec_fs is not None:
             try:

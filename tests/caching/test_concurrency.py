@@ -156,3 +156,25 @@ def test_a_live_builder_on_this_host_keeps_its_lease_whatever_its_heartbeat(tmp_
         cacheable(tmp_path, dataset_id="live", version="1", stale_after=1, wait_timeout=1)(
             lambda: calls.append(1) or [{"a": 1}])()
     assert calls == [] and sorted(os.listdir(tmp_path / "live")) == ["1.lease"]
+
+
+def test_a_lease_that_could_not_be_written_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Created but not written (a full disk), an empty lease holds no owner nor heartbeat to judge it by:
+    every later caller would wait ``wait_timeout`` for it. It is removed and the error goes up."""
+    import errno
+
+    from unihub.caching import lease
+
+    real_fdopen = os.fdopen
+
+    def full_disk(fd: int, *args: Any, **kwargs: Any):
+        handle = real_fdopen(fd, *args, **kwargs)
+        handle.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+        return handle
+
+    monkeypatch.setattr(lease.os, "fdopen", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        cacheable(tmp_path, dataset_id="full", version="1")(lambda: [{"a": 1}])()
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / "full") == []
+    assert len(cacheable(tmp_path, dataset_id="full", version="1", wait_timeout=2)(lambda: [{"a": 1}])()) == 1
