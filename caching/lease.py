@@ -55,9 +55,14 @@ class LeaseFiles:
         data = json.dumps(record).encode()
         if isinstance(self.fs, pafs.LocalFileSystem):
             temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, path)  # readers never see half a record
+            try:
+                with open(temporary, "wb") as handle:
+                    handle.write(data)
+                os.replace(temporary, path)  # readers never see half a record
+            except BaseException:  # a full disk: no temporary left per failed heartbeat
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+                raise
             return
         with self.fs.open_output_stream(path) as handle:  # one PUT: atomic on object stores
             handle.write(data)

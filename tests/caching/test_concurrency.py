@@ -178,3 +178,18 @@ def test_a_lease_that_could_not_be_written_is_not_left_behind(tmp_path: Path, mo
     monkeypatch.undo()
     assert os.listdir(tmp_path / "full") == []
     assert len(cacheable(tmp_path, dataset_id="full", version="1", wait_timeout=2)(lambda: [{"a": 1}])()) == 1
+
+
+def test_a_record_that_could_not_be_written_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat or a publish that fails (a full disk) leaves no ``.tmp`` beside the lease, one per beat."""
+    from unihub.caching import lease
+
+    files = LeaseFiles(__import__("pyarrow.fs", fromlist=["LocalFileSystem"]).LocalFileSystem())
+
+    def refuse(*args: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(lease.os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        files.write(str(tmp_path / "1.json"), {"a": 1})
+    assert os.listdir(tmp_path) == []
