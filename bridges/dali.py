@@ -25,7 +25,6 @@ DALI only decodes and augments.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,6 +34,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
 from unihub.images import decoders as images
+from unihub.readers.plan import PlanConfig, epoch_plan, task_rows
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import make_batch_reader
 from unihub.schema.codecs import CompressedImageCodec
@@ -232,21 +232,29 @@ def _cycle(values: list[np.ndarray], count: int) -> list[np.ndarray]:
 
 
 # -- sample mode (parallel) -----------------------------------------------------------------
-def sample_indices(num_rows: int, *, shard_id: int = 0, num_shards: int = 1, epoch: int = 0,
+def sample_indices(row_group_sizes: int | Sequence[int], *, shard_id: int = 0, num_shards: int = 1, epoch: int = 0,
                    shuffle: bool = False, seed: int = 0, shard_remainder: ShardRemainder = "pad") -> np.ndarray:
     """Global row indices one shard reads in ``epoch``, in order: pure, no I/O.
 
-    The epoch's sequence is ``arange(num_rows)``, or its permutation seeded by
-    ``(seed, epoch)`` when ``shuffle`` (the same on every shard, so shards stay disjoint).
-    It is cut into ``num_shards`` equal contiguous blocks: ``'pad'`` gives each
-    ``ceil(N/S)`` rows, wrapping around to the start; ``'drop'`` gives each ``floor(N/S)``.
+    The order is the readers' plan (:mod:`unihub.readers.plan`) for a dataset of row groups of
+    ``row_group_sizes`` rows (an int: one row group): with ``shuffle`` its row groups and the rows in
+    each are permuted by ``(seed, epoch)``, the same on every shard, so that shards stay disjoint and a
+    ``start_offset`` means the same rows as a reader's or ``CachedDataset.stream``'s. The epoch's
+    sequence is cut into ``num_shards`` equal contiguous blocks: ``'pad'`` gives each ``ceil(N/S)``
+    rows, wrapping around to the start; ``'drop'`` gives each ``floor(N/S)``.
     """
     _check_shard(shard_id, num_shards)
-    order = (np.random.default_rng([seed, epoch]).permutation(num_rows) if shuffle
-             else np.arange(num_rows, dtype=np.int64))
-    per_shard = math.ceil(num_rows / num_shards) if shard_remainder == "pad" else num_rows // num_shards
-    start = shard_id * per_shard
-    return order[np.arange(start, start + per_shard) % max(num_rows, 1)] if num_rows else order
+    sizes = (row_group_sizes,) if isinstance(row_group_sizes, (int, np.integer)) else tuple(row_group_sizes)
+    sharded = num_shards > 1
+    config = PlanConfig(tuple(int(n) for n in sizes), seed=seed, shuffle_row_groups=shuffle, shuffle_rows=shuffle,
+                        cur_shard=shard_id if sharded else None, shard_count=num_shards if sharded else None,
+                        shard_by="row", shard_remainder=shard_remainder)
+    firsts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    rows = []
+    for task in epoch_plan(config, epoch):
+        order = task_rows(task, seed, epoch, sizes[task.row_group])
+        rows.append(firsts[task.row_group] + (np.arange(task.start, task.stop) if order is None else order))
+    return np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64)
 
 
 class DaliSampleSource:
@@ -316,7 +324,8 @@ class DaliSampleSource:
         return self._indices[1]
 
     def _epoch_indices(self, epoch: int) -> np.ndarray:
-        return sample_indices(len(self.dataset), shard_id=self.shard_id, num_shards=self.num_shards, epoch=epoch,
+        sizes = [group.num_rows for group in self.dataset.store.row_groups]
+        return sample_indices(sizes, shard_id=self.shard_id, num_shards=self.num_shards, epoch=epoch,
                               shuffle=self.shuffle, seed=self.seed, shard_remainder=self.shard_remainder)
 
     def __len__(self) -> int:

@@ -20,16 +20,19 @@ no cache, and the next call builds again.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, try_acquire
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
-from unihub.errors import CacheTimeoutError, InvalidArgumentError
+from unihub.errors import CacheTimeoutError, InvalidArgumentError, SchemaError
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
@@ -83,7 +86,9 @@ class CachedDataset:
         resumes its own rank); this rank then reads its equal share of the rows no rank of that run read
         (:meth:`~unihub.Reader.load_state_dict`).
         """
-        if not isinstance(num_shards, int) or num_shards < 1 or not 0 <= shard_rank < num_shards:
+        start_offset, shard_rank, num_shards = _ints(start_offset), _ints(shard_rank), _ints(num_shards)
+        if not isinstance(num_shards, int) or not isinstance(shard_rank, int) or num_shards < 1 or \
+                not 0 <= shard_rank < num_shards:
             raise InvalidArgumentError(f"need 0 <= shard_rank < num_shards, got shard_rank={shard_rank}, "
                                        f"num_shards={num_shards}")
         offsets = [start_offset] if isinstance(start_offset, int) else start_offset
@@ -91,7 +96,7 @@ class CachedDataset:
                 not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
             raise InvalidArgumentError(f"start_offset must be a non-negative int, or a non-empty list of them (every "
                                        f"rank's), got {start_offset!r}")
-        if resume_from is not None and any(offsets):
+        if resume_from is not None and (any(offsets) or not isinstance(start_offset, int)):
             raise InvalidArgumentError("start_offset and resume_from both say where to start: pass one of them")
 
         def open_shard(rank: int, count: int, resume: Any = None) -> Reader:
@@ -113,6 +118,15 @@ class CachedDataset:
         return reader
 
 
+def _ints(value: Any) -> Any:
+    """numpy's integers (a rank or an offset read from a checkpoint) as Python ints, in a list too; the rest as given."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, list | tuple):
+        return [int(v) if isinstance(v, np.integer) else v for v in value]
+    return value
+
+
 def _state_at(reader: Reader, offset: int, rank: int) -> dict[str, Any]:
     """``reader``'s state after ``offset`` rows of its first epoch (all of them: the epoch's end), read nothing."""
     with reader:
@@ -132,13 +146,16 @@ def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, 
     """Decorate a function returning a data loader; calling it returns the :class:`CachedDataset`.
 
     ``url`` is the cache root (a folder, ``s3://...``); caches live at ``url/dataset_id/version``.
+    That key is all a call looks at: the function's arguments and the data its loader reads are not,
+    so a call with other arguments, or after the source changed, opens the cache built before; give
+    each its own ``dataset_id`` or ``version``.
     ``names``: field names for tuple elements (else ``field_0``, ...; ``x``, ``y`` for Keras).
     ``schema``: a Unischema instead of the inferred one. ``image_format``: ``"png"``/``"jpeg"``
     (or ``{field: format}``) stores decoded uint8 images compressed; encoded bytes stay as given.
     ``row_group_size_mb``/``rows_per_file`` bound the build's memory as :func:`write_dataset`'s.
-    Waiters give up after ``wait_timeout`` s (:class:`~unihub.errors.CacheTimeoutError`); a lease
-    whose heartbeat is older than ``stale_after`` s (or whose builder on this host is gone) is
-    taken over. ``progress``: True prints rows and rows/s on stderr; a callable gets
+    Waiters give up after ``wait_timeout`` s (:class:`~unihub.errors.CacheTimeoutError`); the lease
+    of a builder on this host that is gone, or of one on another host whose heartbeat is older than
+    ``stale_after`` s, is taken over. ``progress``: True prints rows and rows/s on stderr; a callable gets
     ``(rows, rows_per_second)``.
     """
     options: dict[str, Any] = dict(names=names, schema=schema, image_format=image_format, row_group_size_mb=row_group_size_mb,
@@ -201,7 +218,7 @@ def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any
     url = root.dataset_url(dataset_id, version)
     counter = _Counter(url, progress)
     meta = {"cache": {"dataset_id": dataset_id, "version": version, "source_type": source.kind, "built_at": started}}
-    data = counter.count(rows) if source.batches is None else counter.count_batches(source.batches)
+    data = _refuse_empty(counter.count(rows) if source.batches is None else counter.count_batches(source.batches))
     result = write_dataset(url, schema, data, batched=source.batches is not None, row_group_size_mb=row_group_size_mb,
                            rows_per_file=rows_per_file, overwrite=True, storage_options=root.storage_options,
                            filesystem=root.filesystem, extra_metadata=meta)
@@ -209,6 +226,14 @@ def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any
     info = CacheInfo(dataset_id, version, source.kind, started, time.time() - started, result.num_rows, url)
     root.publish(info)
     return info
+
+
+def _refuse_empty(data: Iterator[Row]) -> Iterator[Row]:
+    """``data`` as it is, or a SchemaError before anything is written: an empty cache could not be read."""
+    first = next(data, None)
+    if first is None:
+        raise SchemaError("the loader yielded no rows; there is nothing to cache")
+    return itertools.chain([first], data)
 
 
 class _Counter:

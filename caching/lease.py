@@ -5,8 +5,8 @@ owner (host, pid, process start time), a random token, when the build started an
 the builder rewrites every ``HEARTBEAT_SECONDS``. It is taken by an exclusive create: ``O_EXCL``
 on local disks, a conditional PUT (``If-None-Match: *``, through fsspec's ``"xb"`` mode) on S3 and
 other object stores that support it. A lease is stale when its owner runs on this host and is
-gone (a SIGKILLed builder: seen at once), or when its heartbeat is older than ``stale_after``
-seconds (a builder on another host). A waiter breaks a stale lease by deleting it after reading
+gone (a SIGKILLed builder: seen at once; one alive there holds its lease), or when its heartbeat is
+older than ``stale_after`` seconds (a builder on another host). A waiter breaks a stale lease by deleting it after reading
 the same token twice, then competes for a new one by exclusive create; the window where two
 waiters both break the same stale lease and one deletes the other's new lease is between that
 second read and the delete (milliseconds): the two then both build, each atomically, and the
@@ -55,9 +55,14 @@ class LeaseFiles:
         data = json.dumps(record).encode()
         if isinstance(self.fs, pafs.LocalFileSystem):
             temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, path)  # readers never see half a record
+            try:
+                with open(temporary, "wb") as handle:
+                    handle.write(data)
+                os.replace(temporary, path)  # readers never see half a record
+            except BaseException:  # a full disk: no temporary left per failed heartbeat
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+                raise
             return
         with self.fs.open_output_stream(path) as handle:  # one PUT: atomic on object stores
             handle.write(data)
@@ -71,8 +76,12 @@ class LeaseFiles:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+            except BaseException:  # a full disk: an empty lease nobody could judge would block every caller
+                os.unlink(path)
+                raise
             return True
         if self.fsspec_fs is not None:
             try:
@@ -103,12 +112,16 @@ def new_record() -> dict[str, Any]:
 
 
 def is_stale(record: dict[str, Any], stale_after: float) -> bool:
-    """Whether the lease's builder is gone: dead on this host, or silent for ``stale_after`` s."""
+    """Whether the lease's builder is gone: dead on this host, or on another host silent for ``stale_after`` s.
+
+    A builder on this host is asked directly: alive, its lease holds however old its heartbeat (a
+    heartbeat thread kept from the GIL, or ``stale_after`` below ``HEARTBEAT_SECONDS``, would otherwise
+    start a second build of the same cache beside it)."""
     owner = str(record.get("owner", ""))
     where, _, rest = owner.partition("-")
     pid, _, start = rest.partition("-")
-    if pid.isdigit() and start.isdigit() and not atomic.owner_alive(where, int(pid), int(start)):
-        return True
+    if pid.isdigit() and start.isdigit() and where == atomic._owner().partition("-")[0]:
+        return not atomic.owner_alive(where, int(pid), int(start))
     heartbeat = record.get("heartbeat")
     return isinstance(heartbeat, (int, float)) and time.time() - heartbeat > stale_after
 

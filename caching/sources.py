@@ -52,13 +52,21 @@ def adapt(loader: Any, *, names: Sequence[str] | None = None) -> Source:
     if any(b.startswith("keras") and b.rsplit(".", 1)[-1] in ("PyDataset", "Sequence") for b in bases):
         return Source("keras PyDataset", _keras_rows(loader, names))
     if "torch.utils.data.dataset.IterableDataset" in bases:
-        return Source("torch IterableDataset", (flatten(item, names) for item in loader))
+        return Source("torch IterableDataset", (flatten(_torch_item(item), names) for item in loader))
     if "torch.utils.data.dataset.Dataset" in bases:
-        return Source("torch Dataset", (flatten(loader[i], names) for i in range(len(loader))))
+        return Source("torch Dataset", (flatten(_torch_item(loader[i]), names) for i in range(len(loader))))
+    if type(loader).__name__ == "DataFrame":  # pandas, polars, ...: iterating one yields its columns, not rows
+        raise SchemaError(f"cannot cache a {type(loader).__module__.split('.')[0]} DataFrame directly (iterating it "
+                          "yields its columns): return its rows, e.g. df.to_dict('records') or df.iter_rows(named=True)")
     if isinstance(loader, (str, bytes, Mapping)) or not isinstance(loader, Iterable):
         raise SchemaError(f"cannot cache a {type(loader).__name__}: return a tf.data.Dataset, a torch Dataset, "
                           "a Keras PyDataset or an iterable of dicts or tuples")
     return Source("iterable", (flatten(item, names) for item in loader))
+
+
+def _torch_item(item: Any) -> Any:
+    """A torch dataset's element; a list is its parts, as torch's ``default_collate`` reads it (``[image, label]``)."""
+    return tuple(item) if isinstance(item, list) else item
 
 
 # -- flattening ------------------------------------------------------------------------------
@@ -95,10 +103,14 @@ def leaf(value: Any) -> Any:
         return value
     module = type(value).__module__
     if module.startswith("torch"):
-        return value.detach().cpu().numpy()
+        try:
+            return value.detach().cpu().numpy()
+        except TypeError as exc:  # bfloat16 and others numpy has no dtype for
+            raise SchemaError(f"a torch tensor of dtype {value.dtype} has no numpy dtype and cannot be cached; cast "
+                              "it in the loader (.float())") from exc
     if module.startswith("tensorflow"):
         if type(value).__name__ == "RaggedTensor":
-            return np.asarray(value.to_list(), dtype=value.dtype.as_numpy_dtype)
+            return _dense(value)
         value = value.numpy()
         return value if not isinstance(value, np.ndarray) or value.dtype != object else _strings(value)
     if module.startswith("PIL"):
@@ -114,6 +126,19 @@ def leaf(value: Any) -> Any:
     return value
 
 
+def _dense(ragged: Any) -> np.ndarray:
+    """One element of a ragged tf.data pipeline as an array: stored with ``None`` dims, it must be rectangular."""
+    try:
+        values = np.asarray(ragged.to_list(), dtype=ragged.dtype.as_numpy_dtype)
+    except ValueError as exc:  # numpy's "inhomogeneous shape"
+        raise SchemaError(f"a ragged element of shape {ragged.shape} has inner rows of different lengths; only "
+                          "elements that are rectangular arrays can be cached (pad them, or split the "
+                          "ragged part into its values and row lengths)") from exc
+    if values.ndim != ragged.shape.rank:  # no rows (``[]``): the dims inside them are empty too
+        values = values.reshape([0 if d is None else d for d in ragged.shape.as_list()])
+    return values
+
+
 def _strings(values: np.ndarray) -> Any:
     if values.ndim == 0:
         return values.item()
@@ -127,6 +152,8 @@ def _tf_source(ds: Any, names: Sequence[str] | None) -> Source:
     schema = Unischema("cache", fields)
     import tensorflow as tf
 
+    if int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY:  # the build would never end
+        raise SchemaError("the tf.data pipeline is endless (a repeat() without a count?); cache one pass of it")
     specs = tf.nest.flatten(ds.element_spec)
     if all(type(s).__name__ == "TensorSpec" and s.shape.is_fully_defined() for s in specs):
         # fixed shapes: tf batches the elements and numpy columns go to the writer whole, about
@@ -164,25 +191,40 @@ def _spec_fields(out: list[UnischemaField], spec: Any, prefix: str, names: Seque
         out.append(UnischemaField(name, np.bytes_, (), ScalarCodec(pa.binary()), False))
         return
     dtype = np.dtype(spec.dtype.as_numpy_dtype)
-    codec = TensorCodec() if shape else ScalarCodec(pa.from_numpy_dtype(dtype))
+    codec = TensorCodec() if shape else _scalar_codec(name, dtype)
     out.append(UnischemaField(name, dtype.type, shape, codec, False))
 
 
 # -- Keras ------------------------------------------------------------------------------------
 def _keras_rows(ds: Any, names: Sequence[str] | None) -> Iterator[Row]:
     """Rows of a Keras PyDataset/Sequence, whose items are batches ``x``, ``(x, y)`` or ``(x, y, w)``."""
-    for i in range(len(ds)):
-        batch = ds[i]
-        if names is None and isinstance(batch, tuple):
-            names_here: Sequence[str] | None = _KERAS_NAMES[:len(batch)]
-        else:
-            names_here = names
+    for i in range(_keras_batches(ds)):
+        batch = _keras_batch(ds[i])
+        names_here = names if names is not None or isinstance(batch, Mapping) else _KERAS_NAMES[:len(batch)]
         columns = flatten(batch, names_here)
         sizes = {len(v) for v in columns.values()}
         if len(sizes) != 1:
             raise SchemaError(f"Keras batch {i}: parts hold different numbers of rows {sorted(sizes)}")
         for j in range(sizes.pop()):
             yield {name: leaf(column[j]) for name, column in columns.items()}
+
+
+def _keras_batches(ds: Any) -> int:
+    """How many batches: Keras 3's ``num_batches`` (``None`` when endless), else ``len()`` (``Sequence``)."""
+    count = getattr(ds, "num_batches", None) if hasattr(type(ds), "num_batches") else len(ds)
+    if not isinstance(count, int):
+        raise SchemaError(f"the Keras {type(ds).__name__} says it has {count!r} batches; only a finite PyDataset "
+                          "can be cached")
+    return count
+
+
+def _keras_batch(batch: Any) -> Any:
+    """A batch as Keras reads it: a dict, or a tuple ``(x,)``, ``(x, y)``, ``(x, y, w)`` (a list is a tuple,
+    an array is ``(x,)``); a list in it holds a multi-input model's inputs, one part each (``x_0``, ``x_1``)."""
+    if isinstance(batch, Mapping):
+        return batch
+    parts = tuple(batch) if isinstance(batch, list) else batch if isinstance(batch, tuple) else (batch,)
+    return tuple(tuple(p) if isinstance(p, list) else p for p in parts)
 
 
 # -- schema from rows ---------------------------------------------------------------------------
@@ -192,6 +234,7 @@ def infer_schema(rows: Iterator[Row], *, image_format: str | Mapping[str, str] |
     head = list(itertools.islice(rows, sample))
     if not head:
         raise SchemaError("the loader yielded no rows; there is nothing to cache")
+    _check_image_names(head[0], image_format)
     fields = [_field(name, [r.get(name) for r in head], image_format) for name in head[0]]
     for i, row in enumerate(head):
         if row.keys() != head[0].keys():
@@ -203,7 +246,16 @@ def image_fields(schema: Unischema, image_format: str | Mapping[str, str] | None
     """``schema`` with decoded-image fields stored as PNG/JPEG where ``image_format`` says so."""
     if image_format is None:
         return schema
+    _check_image_names(schema.fields, image_format)
     return Unischema(schema.name, [_as_image(f, image_format) for f in schema])
+
+
+def _check_image_names(fields: Iterable[str], image_format: str | Mapping[str, str] | None) -> None:
+    """A SchemaError where ``image_format`` names a field the loader does not yield (a typo stores raw pixels)."""
+    unknown = sorted(set(image_format) - set(fields)) if isinstance(image_format, Mapping) else []
+    if unknown:
+        raise SchemaError(f"image_format names {unknown}, which are not fields of the loader's elements; its fields "
+                          f"are {sorted(fields)}")
 
 
 def _field(name: str, values: list[Any], image_format: str | Mapping[str, str] | None) -> UnischemaField:
@@ -228,8 +280,17 @@ def _field(name: str, values: list[Any], image_format: str | Mapping[str, str] |
         raise SchemaError(f"field {name!r} holds Python objects ({type(first).__name__}); cannot cache them")
     shape = tuple(d if all(a.shape[k] == d for a in arrays) else None for k, d in enumerate(arrays[0].shape))
     if not shape:
-        return UnischemaField(name, dtype.type, (), ScalarCodec(pa.from_numpy_dtype(dtype)), nullable)
+        return UnischemaField(name, dtype.type, (), _scalar_codec(name, dtype), nullable)
     return _as_image(UnischemaField(name, dtype.type, shape, TensorCodec(), nullable), image_format)
+
+
+def _scalar_codec(name: str, dtype: np.dtype) -> ScalarCodec:
+    """The codec of a scalar field of ``dtype``; a SchemaError naming the field where Arrow has no such type."""
+    try:
+        return ScalarCodec(pa.from_numpy_dtype(dtype))
+    except (pa.ArrowNotImplementedError, TypeError) as exc:
+        raise SchemaError(f"field {name!r} holds {dtype} scalars, which no Arrow type stores; cast them in the "
+                          "loader") from exc
 
 
 def _as_image(f: UnischemaField, image_format: str | Mapping[str, str] | None) -> UnischemaField:

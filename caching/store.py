@@ -26,6 +26,8 @@ from unihub.errors import CacheError
 from unihub.fs.filesystem import resolve_filesystem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
+#: the files beside version ``V``'s folder: ``V.json`` (its record) and ``V.lease``
+_SIBLINGS = (".json", ".lease")
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,15 @@ class CacheInfo:
 
 
 def check_name(kind: str, value: Any) -> str:
-    """A dataset id or version as a path component: letters, digits, ``._=+-``; not hidden."""
+    """A dataset id or version as a path component: letters, digits, ``._=+-``; not hidden. A version
+    does not end in ``.json`` or ``.lease``: the folder would be another version's record or lease."""
     text = str(value)
     if not _NAME.fullmatch(text):
         raise CacheError(f"{kind} {value!r} must be letters, digits and . _ = + - (not starting with . or -), "
                          "as it names a folder")
+    if kind == "version" and text.endswith(_SIBLINGS):
+        raise CacheError(f"version {value!r} cannot end in {' or '.join(_SIBLINGS)}: the folder "
+                         f"{text!r} would be version {text.rsplit('.', 1)[0]!r}'s record or lease")
     return text
 
 

@@ -193,6 +193,27 @@ def test_sample_indices_is_a_pure_plan() -> None:
     assert not np.array_equal(a[0], sample_indices(100, shard_id=0, num_shards=4, epoch=2, shuffle=True, seed=7))
 
 
+@pytest.mark.parametrize("shuffle, shards, remainder", [(True, 1, "pad"), (True, 3, "pad"), (True, 4, "drop"),
+                                                         (False, 3, "pad")])
+def test_sample_source_reads_the_readers_plan(png_url: Path, shuffle: bool, shards: int, remainder: str) -> None:
+    """Shuffled, the parallel source's rows are the reader's and ``CachedDataset.stream``'s, row for row and
+    epoch for epoch, so a ``start_offset`` saved by one resumes at the same row in the other."""
+    from unihub import make_reader
+    from unihub.bridges.dali import DaliSampleSource
+
+    assert len(Dataset(png_url).store.row_groups) > 2
+    for shard in range(shards):
+        source = DaliSampleSource(png_url, ["id"], shard_id=shard, num_shards=shards, shuffle=shuffle, seed=3,
+                                  shard_remainder=remainder, start_offset=4)
+        with make_reader(png_url, schema_fields=["id"], shuffle_row_groups=shuffle, shuffle_rows=shuffle, seed=3,
+                         cur_shard=shard if shards > 1 else None, shard_count=shards if shards > 1 else None,
+                         shard_by="row", shard_remainder=remainder, num_epochs=2) as reader:
+            reader.seek(4)
+            expected = [int(row.id) for row in reader]
+        ids = Dataset(png_url, ["id"]).take(np.concatenate([source.indices(0), source.indices(1)])).id
+        assert ids.tolist() == expected
+
+
 class _Info:
     def __init__(self, idx_in_epoch: int, idx_in_batch: int = 0, epoch_idx: int = 0) -> None:
         self.idx_in_epoch, self.idx_in_batch, self.iteration, self.epoch_idx = idx_in_epoch, idx_in_batch, 0, epoch_idx

@@ -71,6 +71,17 @@ def test_ids_and_versions_must_be_folder_names(tmp_path: Path, bad: str) -> None
         cacheable(tmp_path, dataset_id="ok", version=bad)
 
 
+@pytest.mark.parametrize("version", ["2.lease", "2.json"])
+def test_a_version_cannot_be_another_versions_record_or_lease(tmp_path: Path, version: str) -> None:
+    """Version ``2.lease``'s folder would be version 2's lease (version 2 then waited for it an hour, and the
+    timeout said to delete it); ``2.json``'s, version 2's record."""
+    with pytest.raises(CacheError, match=f"version '{version}' cannot end in .json or .lease"):
+        cacheable(tmp_path, dataset_id="ok", version=version)
+    with pytest.raises(CacheError, match="cannot end in"):
+        remove_cache(tmp_path, "ok", version)
+    assert len(cacheable(tmp_path, dataset_id="ok.json", version="2")(_rows)()) == N  # an id may: no sibling
+
+
 def _ids(reader) -> list[int]:
     with reader:
         return [int(r.id) for r in reader]
@@ -238,9 +249,20 @@ def test_stream_refuses_two_starts_and_offsets_past_a_shard(cached) -> None:
         state = reader.state_dict()
     with pytest.raises(InvalidArgumentError, match="start_offset and resume_from"):
         cached.stream(3, shuffle=True, seed=1, resume_from=state)
+    with pytest.raises(InvalidArgumentError, match="start_offset and resume_from"):  # every rank's, even at 0
+        cached.stream([0, 0], shuffle=True, seed=1, resume_from=state)
     with pytest.raises(InvalidArgumentError, match="beyond the 500 rows of shard 1"):
         cached.stream([10, 501], shuffle=True, seed=1)
     with pytest.raises(InvalidArgumentError, match="list of them"):
         cached.stream([], shuffle=True, seed=1)
     with cached.stream(shuffle=True, seed=1, resume_from=state) as reader:  # one state: its own rank goes on
         assert len(_read(reader)) == N - 5
+
+
+def test_stream_takes_numpy_integers_as_ints(cached) -> None:
+    """Offsets and ranks read back from a checkpoint are often numpy integers: the same stream as Python ints."""
+    args = dict(shuffle=True, seed=2, drop_shard_remainder=True)
+    expected = _ids(cached.stream(7, shard_rank=1, num_shards=3, **args))
+    assert _ids(cached.stream(np.int64(7), shard_rank=np.int32(1), num_shards=np.int64(3), **args)) == expected
+    assert _ids(cached.stream([np.int64(5), 9], shard_rank=1, num_shards=3, **args)) == \
+        _ids(cached.stream([5, 9], shard_rank=1, num_shards=3, **args))

@@ -142,3 +142,54 @@ def test_a_lease_whose_heartbeat_stopped_is_taken_over(tmp_path: Path) -> None:
     files.write(str(tmp_path / "other" / "1.lease"), record)  # a builder on another host, silent for 2 minutes
     ds = cacheable(tmp_path, dataset_id="other", version="1", stale_after=60, wait_timeout=10)(lambda: [{"a": 1}])()
     assert len(ds) == 1 and sorted(os.listdir(tmp_path / "other")) == ["1", "1.json"]
+
+
+def test_a_live_builder_on_this_host_keeps_its_lease_whatever_its_heartbeat(tmp_path: Path) -> None:
+    """Its heartbeat late (a thread kept from the GIL, or ``stale_after`` below the heartbeat's interval),
+    a builder that is alive here is not built beside: a second build could publish other rows under
+    readers of the first."""
+    files = LeaseFiles(__import__("pyarrow.fs", fromlist=["LocalFileSystem"]).LocalFileSystem())
+    (tmp_path / "live").mkdir()
+    files.write(str(tmp_path / "live" / "1.lease"), dict(new_record(), heartbeat=time.time() - 120))  # this process
+    calls = []
+    with pytest.raises(CacheTimeoutError, match=f"pid {os.getpid()}"):
+        cacheable(tmp_path, dataset_id="live", version="1", stale_after=1, wait_timeout=1)(
+            lambda: calls.append(1) or [{"a": 1}])()
+    assert calls == [] and sorted(os.listdir(tmp_path / "live")) == ["1.lease"]
+
+
+def test_a_lease_that_could_not_be_written_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Created but not written (a full disk), an empty lease holds no owner nor heartbeat to judge it by:
+    every later caller would wait ``wait_timeout`` for it. It is removed and the error goes up."""
+    import errno
+
+    from unihub.caching import lease
+
+    real_fdopen = os.fdopen
+
+    def full_disk(fd: int, *args: Any, **kwargs: Any):
+        handle = real_fdopen(fd, *args, **kwargs)
+        handle.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+        return handle
+
+    monkeypatch.setattr(lease.os, "fdopen", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        cacheable(tmp_path, dataset_id="full", version="1")(lambda: [{"a": 1}])()
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / "full") == []
+    assert len(cacheable(tmp_path, dataset_id="full", version="1", wait_timeout=2)(lambda: [{"a": 1}])()) == 1
+
+
+def test_a_record_that_could_not_be_written_leaves_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat or a publish that fails (a full disk) leaves no ``.tmp`` beside the lease, one per beat."""
+    from unihub.caching import lease
+
+    files = LeaseFiles(__import__("pyarrow.fs", fromlist=["LocalFileSystem"]).LocalFileSystem())
+
+    def refuse(*args: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(lease.os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        files.write(str(tmp_path / "1.json"), {"a": 1})
+    assert os.listdir(tmp_path) == []

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from unihub import SchemaError, cacheable, make_reader, open_dataset
+from unihub.caching import list_caches
 from unihub.schema.codecs import CompressedImageCodec
 
 
@@ -100,6 +101,29 @@ def test_torch_iterable_dataset(tmp_path: Path) -> None:
     assert [(rows[i]["id"], rows[i]["text"]) for i in range(7)] == [(i, f"row {i}") for i in range(7)]
 
 
+def test_torch_list_elements_are_parts_and_bfloat16_is_a_named_error(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    class Listed(torch.utils.data.Dataset):
+        def __init__(self, dtype=torch.float32) -> None:
+            self.dtype = dtype
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int):  # a list, as default_collate reads it: [image, label]
+            return [torch.full((3,), float(i), dtype=self.dtype), torch.full((3,), float(-i), dtype=self.dtype)]
+
+    cached = cacheable(tmp_path, dataset_id="list", version="1", names=["image", "label"])(Listed)()
+    rows = _rows(cached.url)
+    assert list(open_dataset(cached.url).schema.fields) == ["image", "label"]
+    assert [(rows[i]["image"].tolist(), rows[i]["label"].tolist()) for i in range(4)] == \
+        [([i] * 3, [-i] * 3) for i in range(4)]
+    with pytest.raises(SchemaError, match="bfloat16 has no numpy dtype"):
+        cacheable(tmp_path, dataset_id="bf16", version="1")(lambda: Listed(torch.bfloat16))()
+    assert _left(tmp_path / "bf16") == []
+
+
 def test_keras_pydataset_batches_become_rows_x_y(tmp_path: Path) -> None:
     keras = pytest.importorskip("keras")
 
@@ -118,6 +142,36 @@ def test_keras_pydataset_batches_become_rows_x_y(tmp_path: Path) -> None:
     np.testing.assert_array_equal(rows[5]["x"], [10.0, 11.0])
 
 
+def test_keras_batches_are_read_as_keras_reads_them(tmp_path: Path) -> None:
+    """A list batch is (x, y), a list in it a multi-input model's inputs, an array alone x; Keras 3's
+    ``num_batches`` counts the batches."""
+    keras = pytest.importorskip("keras")
+
+    class MultiInput(keras.utils.PyDataset):
+        @property
+        def num_batches(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):  # two inputs of two rows each: as many inputs as rows
+            a = np.arange(i * 4, i * 4 + 4, dtype=np.float32).reshape(2, 2)
+            return [[a, -a], np.arange(i * 2, i * 2 + 2)]
+
+    class XOnly(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):
+            return np.full((3, 2), i, np.float32)
+
+    rows = _rows(cacheable(tmp_path, dataset_id="multi", version="1")(MultiInput)().url)
+    assert len(rows) == 4
+    for i in range(4):
+        assert rows[i]["x_0"].tolist() == [2 * i, 2 * i + 1] and rows[i]["x_1"].tolist() == [-2 * i, -2 * i - 1]
+        assert rows[i]["y"] == i
+    rows = _rows(cacheable(tmp_path, dataset_id="x", version="1")(XOnly)().url)
+    assert [rows[i]["x"].tolist() for i in range(6)] == [[i // 3] * 2 for i in range(6)]
+
+
 def test_iterable_of_dicts_varying_dimensions_become_none(tmp_path: Path) -> None:
     cached = cacheable(tmp_path, dataset_id="dicts", version="1")(
         lambda: ({"id": i, "points": np.full((i % 4 + 1, 3), i, np.float32), "raw": bytes([i])} for i in range(50)))()
@@ -132,6 +186,8 @@ def test_iterable_of_dicts_varying_dimensions_become_none(tmp_path: Path) -> Non
     (lambda: iter(()), "yielded no rows"),
     (lambda: ({"a": object()} for _ in range(3)), "Python objects"),
     (lambda: ((1, 2) for _ in range(3)), "names= gives 1 names"),
+    (lambda: ({"z": np.complex64(1j)} for _ in range(3)), "'z' holds complex64 scalars, which no Arrow type"),
+    (lambda: __import__("pandas").DataFrame({"a": [1, 2, 3], "b": [4, 5, 6]}), "pandas DataFrame directly"),
 ])
 def test_loaders_that_cannot_be_cached_are_named_errors_and_leave_nothing(tmp_path: Path, loader, message) -> None:
     names = ["only"] if "names=" in message else None
@@ -152,3 +208,46 @@ def test_tf_data_decoded_images_stored_as_png_when_asked(tmp_path: Path) -> None
     for i in (0, 149, 299):
         np.testing.assert_array_equal(rows[i]["image"], images[i])
         assert rows[i]["label"] == i
+
+
+@pytest.mark.parametrize("spec", ["fixed", "ragged", "complex", "bfloat16", "inner ragged", "endless"])
+def test_tf_data_that_cannot_be_cached_is_a_named_error_and_publishes_nothing(tmp_path: Path, spec: str) -> None:
+    """An empty pipeline (fixed shapes go through tf's batches, ragged ones row by row), scalars Arrow has
+    no type for, ragged elements that are not rectangular, an endless pipeline (the build would never end):
+    a SchemaError, no cache, nothing left."""
+    tf = pytest.importorskip("tensorflow")
+    ds, message = {
+        "fixed": (tf.data.Dataset.from_tensor_slices(np.zeros((0, 3), np.float32)), "yielded no rows"),
+        "ragged": (tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1.0]])).take(0), "yielded no rows"),
+        "complex": (tf.data.Dataset.from_tensor_slices(np.ones(3, np.complex64)), "complex64 scalars"),
+        "bfloat16": (tf.data.Dataset.from_tensor_slices(tf.ones(3, tf.bfloat16)), "bfloat16 scalars"),
+        "inner ragged": (tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1, 2]], [[3, 4], [5]]])),
+                         "inner rows of different lengths"),
+        # says it is endless (as repeat() does) but ends, so that the old code fails rather than never ends
+        "endless": (tf.data.Dataset.range(3).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)),
+                    "endless"),
+    }[spec]
+    with pytest.raises(SchemaError, match=message):
+        cacheable(tmp_path, dataset_id="bad", version="1")(lambda: ds)()
+    assert _left(tmp_path / "bad") == [] and list_caches(tmp_path) == []
+
+
+def test_tf_data_ragged_elements_that_are_rectangular_round_trip(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    ds = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[[1, 2], [3, 4]], [[5, 6]], []], dtype=tf.int32))
+    rows = _rows(cacheable(tmp_path, dataset_id="rect", version="1")(lambda: ds)().url)
+    assert [rows[i]["field_0"].tolist() for i in range(3)] == [[[1, 2], [3, 4]], [[5, 6]], []]
+
+
+@pytest.mark.parametrize("kind", ["iterable", "tf.data"])
+def test_image_format_naming_no_field_is_refused(tmp_path: Path, kind: str) -> None:
+    """A typo in ``image_format={field: ...}`` would store the images raw, silently: refused before writing."""
+    images = np.zeros((3, 4, 5, 3), np.uint8)
+    if kind == "tf.data":
+        tf = pytest.importorskip("tensorflow")
+        loader = lambda: tf.data.Dataset.from_tensor_slices({"image": images})  # noqa: E731
+    else:
+        loader = lambda: ({"image": image} for image in images)  # noqa: E731
+    with pytest.raises(SchemaError, match=r"image_format names \['imag'\], which are not fields.*\['image'\]"):
+        cacheable(tmp_path, dataset_id="typo", version="1", image_format={"imag": "png"})(loader)()
+    assert _left(tmp_path / "typo") == []
