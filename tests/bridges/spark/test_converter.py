@@ -130,6 +130,25 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
 
 
 @spark_test
+def test_dataframes_differing_in_a_late_column_of_a_wide_plan_are_not_one_cache(spark: Any,
+                                                                                 cache_parent: Path) -> None:
+    """Spark shortens a plan's text after 25 fields: the key must still see the 32nd column's expression."""
+    from pyspark.sql import functions
+
+    wide = spark.range(4).select("id", *[functions.col("id").alias(f"c{i}") for i in range(30)])
+    spark.conf.set("spark.sql.debug.maxToStringFields", "20")  # the user's own setting is kept
+    try:
+        ones = make_spark_converter(wide.withColumn("z", functions.lit(1)))
+        twos = make_spark_converter(wide.withColumn("z", functions.lit(2)))
+        assert spark.conf.get("spark.sql.debug.maxToStringFields") == "20"
+    finally:
+        spark.conf.unset("spark.sql.debug.maxToStringFields")
+    assert ones.cache_dir_url != twos.cache_dir_url
+    assert read_columns(ones.cache_dir_url)["z"].tolist() == [1] * 4
+    assert read_columns(twos.cache_dir_url)["z"].tolist() == [2] * 4
+
+
+@spark_test
 def test_a_parent_url_with_a_trailing_slash_is_the_same_cache(df: Any, spark: Any, cache_parent: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Petastorm's test_df_caching: parents differing only by a trailing '/' share the cache."""
