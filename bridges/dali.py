@@ -118,8 +118,9 @@ class DaliBatchSource:
     dtype and shape. Reader batches (one per row-group task) are cut and joined to exactly
     ``batch_size``. At the end of an epoch ``next()`` raises StopIteration; ``iter()``
     (what DALI calls on ``pipeline.reset()`` with ``cycle="raise"``; without it DALI
-    never asks again) starts the next epoch. The incomplete last
-    batch of an epoch is:
+    never asks again) starts the next epoch once ``next()`` was called in the current one; an
+    ``iter()`` before that keeps the epoch just started (``for batch in iter(source)`` and
+    ``list(iter(source))`` call it twice). The incomplete last batch of an epoch is:
 
     - ``'drop'`` (default): left out, so DALI always sees full batches;
     - ``'pad'``: filled up by repeating the epoch's first samples (count the real ones
@@ -170,6 +171,7 @@ class DaliBatchSource:
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
         self._taken = 0  # samples at the head of _pending already served (dropped a reader batch at a time)
         self._first: list[list[np.ndarray]] | None = None  # the epoch's first batch, for 'pad'
+        self._fresh = False  # an epoch started by iter() and not yet asked for a batch
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -177,18 +179,23 @@ class DaliBatchSource:
         return full + (1 if rest and self.last_batch != "drop" else 0)
 
     def __iter__(self) -> DaliBatchSource:
-        """Start the next epoch (the rest of the current one, if any, is skipped)."""
+        """Start the next epoch (the rest of the current one, if any, is skipped); keep the current one if no
+        ``next()`` was called in it yet, so that iterating ``iter(source)`` does not skip a whole epoch."""
+        if self._fresh:
+            return self
         while self._left > 0:  # rows of an unfinished epoch still in the reader
             self._take_reader_batch()
         self.epoch += 1
         self._left = self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
         self._pending, self._taken = [[] for _ in self.fields], 0
         self._first = None
+        self._fresh = True
         return self
 
     def __next__(self) -> list[list[np.ndarray]]:
         if self.epoch < 0:
             iter(self)
+        self._fresh = False
         while len(self._pending[0]) - self._taken < self.batch_size and self._left > 0:
             self._pending, self._taken = [column[self._taken:] for column in self._pending], 0
             self._take_reader_batch(keep=True)

@@ -125,6 +125,32 @@ def test_batch_source_shuffles_per_epoch(png_url: Path) -> None:
     assert epochs[0] != epochs[1] and epochs[0] != list(range(N))
 
 
+def _by_next(source) -> list[int]:
+    """The ids of the source's current epoch, asked for with next() alone."""
+    ids = []
+    while True:
+        try:
+            ids += [int(i) for i in next(source)[0]]
+        except StopIteration:
+            return ids
+
+
+def test_iterating_iter_of_the_source_skips_no_epoch(png_url: Path) -> None:
+    """``for batch in iter(source)`` (and ``list(iter(source))``) call iter() twice: that is one epoch, not the
+    first skipped, which would lose the rows a start_offset resumes."""
+    from unihub.bridges.dali import DaliBatchSource
+
+    with DaliBatchSource(png_url, 8, ["id"], shuffle=True, seed=3, last_batch="partial", start_offset=13) as source:
+        expected = [_by_next(source)]
+        iter(source)
+        expected.append(_by_next(source))
+    assert len(expected[0]) == N - 13 and len(expected[1]) == N
+    with DaliBatchSource(png_url, 8, ["id"], shuffle=True, seed=3, last_batch="partial", start_offset=13) as source:
+        epochs = [[int(i) for batch in iter(source) for i in batch[0]], [int(i) for (ids,) in list(iter(source))
+                                                                         for i in ids]]
+    assert epochs == expected
+
+
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
