@@ -346,7 +346,8 @@ def _key_lock(key: str) -> threading.Lock:
 
 
 def _prepare(df: Any, dtype: Dtype | None) -> Any:
-    """``df`` with ML vectors as arrays and floating-point columns (and arrays of them) cast to ``dtype``."""
+    """``df`` with ML vectors as arrays (a null vector as a null) and floating-point columns (and arrays of
+    them) cast to ``dtype``."""
     types = require("pyspark.sql.types", extra="spark")
     functions = require("pyspark.sql.functions", extra="spark")
     columns = []
@@ -354,7 +355,8 @@ def _prepare(df: Any, dtype: Dtype | None) -> Any:
         column = functions.col(f"`{field.name}`")
         if _is_vector(field.dataType):
             ml_functions = require("pyspark.ml.functions", extra="spark", purpose="converting ML vectors")
-            column = ml_functions.vector_to_array(column, dtype or "float64")
+            # a null vector stays null (vector_to_array refuses a null and would fail the whole job)
+            column = functions.when(column.isNotNull(), ml_functions.vector_to_array(column, dtype or "float64"))
         else:
             target = _cast_type(field.dataType, dtype, types)
             if target is not None:
