@@ -70,26 +70,33 @@ def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
                               "leave it out of other_fields")
 
 
-def _to_sample(value: Any, is_image: bool, name: str = "") -> np.ndarray:
+def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None,
+               where: str = "") -> np.ndarray:
     if is_image:
-        _check_image(value, name)
+        _check_image(value, name, shape, where)
         return np.frombuffer(value, dtype=np.uint8)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
 
-def _check_image(value: Any, name: str) -> None:
+def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None, where: str = "") -> None:
     """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
     read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
-    the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data."""
+    the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data. Also an
+    image whose header contradicts the fixed dims of the field's ``shape``, as the readers refuse it (DALI
+    would decode it at its own size). ``where`` says which row it is, for the message."""
     size = images.image_size(value) if value is not None else None
+    prefix = f"{where}: field {name!r}" if where else f"field {name!r}"
     if size is None:
-        raise images.ImageDecodeError(f"field {name!r}: not a readable PNG or JPEG header, DALI would not decode it "
+        raise images.ImageDecodeError(f"{prefix}: not a readable PNG or JPEG header, DALI would not decode it "
                                       f"({'null' if value is None else f'{len(value)} bytes'})", field=name)
+    fmt = images.detect_format(value) or "image"
     try:
-        images.check_pixels(size[0], size[1], images.detect_format(value) or "image")
+        images.check_pixels(size[0], size[1], fmt)
+        if shape is not None:
+            images.check_shape(size, shape, fmt.upper())
     except images.ImageDecodeError as exc:
-        raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
+        raise images.ImageDecodeError(f"{prefix}: {exc}", field=name) from None
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
@@ -144,6 +151,7 @@ class DaliBatchSource:
         _check_shard(shard_id, num_shards)
         self.batch_size = batch_size
         self.last_batch = last_batch
+        self._shard = shard_id
         # the shard always given: DALI's shard_id/num_shards (0 of 1: everything) are the pipeline's, not the job's
         self._reader = make_batch_reader(
             url, schema_fields=list(fields), decode_images=False, num_epochs=None, seed=seed,
@@ -186,7 +194,7 @@ class DaliBatchSource:
         while self._left > 0:  # rows of an unfinished epoch still in the reader
             self._take_reader_batch()
         self.epoch += 1
-        self._left = self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
+        self._left = self._epoch_rows()
         self._pending, self._taken = [[] for _ in self.fields], 0
         self._first = None
         self._fresh = True
@@ -215,12 +223,19 @@ class DaliBatchSource:
     def _take_reader_batch(self, keep: bool = False) -> None:
         columns = next(self._reader)
         n = min(len(columns[0]), self._left)
+        first = self.rows_per_epoch - self._left  # the first of these rows in the shard's epoch order
         self._left -= n
         if keep:
-            by_name = columns._asdict()
+            by_name, schema = columns._asdict(), self._reader.schema
             for out, name, is_image in zip(self._pending, self.fields, self._is_image):
-                column = by_name[name]
-                out.extend(_to_sample(column[i], is_image, name) for i in range(n))
+                column, shape = by_name[name], schema[name].shape
+                out.extend(_to_sample(column[i], is_image, name, shape,
+                                      f"epoch {self.epoch}, sample {first + i} of shard {self._shard}")
+                           for i in range(n))
+
+    def _epoch_rows(self) -> int:
+        """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
+        return self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
 
     def close(self) -> None:
         """Stop the reader's workers."""
@@ -339,7 +354,9 @@ class DaliSampleSource:
             i = i % len(indices)
         row = self.dataset.take([int(indices[i])])
         images = self.image_fields or ()
-        return tuple(_to_sample(getattr(row, name)[0], name in images, name) for name in self.fields)
+        schema = self.dataset.schema
+        return tuple(_to_sample(getattr(row, name)[0], name in images, name, schema[name].shape,
+                                f"{self.url}, row {int(indices[i])} of the dataset") for name in self.fields)
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------
