@@ -70,26 +70,33 @@ def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
                               "leave it out of other_fields")
 
 
-def _to_sample(value: Any, is_image: bool, name: str = "") -> np.ndarray:
+def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None,
+               where: str = "") -> np.ndarray:
     if is_image:
-        _check_image(value, name)
+        _check_image(value, name, shape, where)
         return np.frombuffer(value, dtype=np.uint8)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
 
-def _check_image(value: Any, name: str) -> None:
+def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None, where: str = "") -> None:
     """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
     read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
-    the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data."""
+    the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data. Also an
+    image whose header contradicts the fixed dims of the field's ``shape``, as the readers refuse it (DALI
+    would decode it at its own size). ``where`` says which row it is, for the message."""
     size = images.image_size(value) if value is not None else None
+    prefix = f"{where}: field {name!r}" if where else f"field {name!r}"
     if size is None:
-        raise images.ImageDecodeError(f"field {name!r}: not a readable PNG or JPEG header, DALI would not decode it "
+        raise images.ImageDecodeError(f"{prefix}: not a readable PNG or JPEG header, DALI would not decode it "
                                       f"({'null' if value is None else f'{len(value)} bytes'})", field=name)
+    fmt = images.detect_format(value) or "image"
     try:
-        images.check_pixels(size[0], size[1], images.detect_format(value) or "image")
+        images.check_pixels(size[0], size[1], fmt)
+        if shape is not None:
+            images.check_shape(size, shape, fmt.upper())
     except images.ImageDecodeError as exc:
-        raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
+        raise images.ImageDecodeError(f"{prefix}: {exc}", field=name) from None
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
@@ -118,8 +125,9 @@ class DaliBatchSource:
     dtype and shape. Reader batches (one per row-group task) are cut and joined to exactly
     ``batch_size``. At the end of an epoch ``next()`` raises StopIteration; ``iter()``
     (what DALI calls on ``pipeline.reset()`` with ``cycle="raise"``; without it DALI
-    never asks again) starts the next epoch. The incomplete last
-    batch of an epoch is:
+    never asks again) starts the next epoch once ``next()`` was called in the current one; an
+    ``iter()`` before that keeps the epoch just started (``for batch in iter(source)`` and
+    ``list(iter(source))`` call it twice). The incomplete last batch of an epoch is:
 
     - ``'drop'`` (default): left out, so DALI always sees full batches;
     - ``'pad'``: filled up by repeating the epoch's first samples (count the real ones
@@ -143,6 +151,7 @@ class DaliBatchSource:
         _check_shard(shard_id, num_shards)
         self.batch_size = batch_size
         self.last_batch = last_batch
+        self._shard = shard_id
         # the shard always given: DALI's shard_id/num_shards (0 of 1: everything) are the pipeline's, not the job's
         self._reader = make_batch_reader(
             url, schema_fields=list(fields), decode_images=False, num_epochs=None, seed=seed,
@@ -170,6 +179,7 @@ class DaliBatchSource:
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
         self._taken = 0  # samples at the head of _pending already served (dropped a reader batch at a time)
         self._first: list[list[np.ndarray]] | None = None  # the epoch's first batch, for 'pad'
+        self._fresh = False  # an epoch started by iter() and not yet asked for a batch
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -177,18 +187,23 @@ class DaliBatchSource:
         return full + (1 if rest and self.last_batch != "drop" else 0)
 
     def __iter__(self) -> DaliBatchSource:
-        """Start the next epoch (the rest of the current one, if any, is skipped)."""
+        """Start the next epoch (the rest of the current one, if any, is skipped); keep the current one if no
+        ``next()`` was called in it yet, so that iterating ``iter(source)`` does not skip a whole epoch."""
+        if self._fresh:
+            return self
         while self._left > 0:  # rows of an unfinished epoch still in the reader
             self._take_reader_batch()
         self.epoch += 1
-        self._left = self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
+        self._left = self._epoch_rows()
         self._pending, self._taken = [[] for _ in self.fields], 0
         self._first = None
+        self._fresh = True
         return self
 
     def __next__(self) -> list[list[np.ndarray]]:
         if self.epoch < 0:
             iter(self)
+        self._fresh = False
         while len(self._pending[0]) - self._taken < self.batch_size and self._left > 0:
             self._pending, self._taken = [column[self._taken:] for column in self._pending], 0
             self._take_reader_batch(keep=True)
@@ -208,12 +223,19 @@ class DaliBatchSource:
     def _take_reader_batch(self, keep: bool = False) -> None:
         columns = next(self._reader)
         n = min(len(columns[0]), self._left)
+        first = self.rows_per_epoch - self._left  # the first of these rows in the shard's epoch order
         self._left -= n
         if keep:
-            by_name = columns._asdict()
+            by_name, schema = columns._asdict(), self._reader.schema
             for out, name, is_image in zip(self._pending, self.fields, self._is_image):
-                column = by_name[name]
-                out.extend(_to_sample(column[i], is_image, name) for i in range(n))
+                column, shape = by_name[name], schema[name].shape
+                out.extend(_to_sample(column[i], is_image, name, shape,
+                                      f"epoch {self.epoch}, sample {first + i} of shard {self._shard}")
+                           for i in range(n))
+
+    def _epoch_rows(self) -> int:
+        """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
+        return self.rows_per_epoch - (self.start_offset if self.epoch == 0 else 0)
 
     def close(self) -> None:
         """Stop the reader's workers."""
@@ -341,7 +363,9 @@ class DaliSampleSource:
             i = i % len(indices)
         row = self.dataset.take([int(indices[i])])
         images = self.image_fields or ()
-        return tuple(_to_sample(getattr(row, name)[0], name in images, name) for name in self.fields)
+        schema = self.dataset.schema
+        return tuple(_to_sample(getattr(row, name)[0], name in images, name, schema[name].shape,
+                                f"{self.url}, row {int(indices[i])} of the dataset") for name in self.fields)
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------

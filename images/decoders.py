@@ -419,7 +419,7 @@ def _decode_png(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, .
         if header is not None:
             check_pixels(header[0], header[1], "png")
             if shape is not None and out is None:
-                _check_shape(header[:3], shape, "PNG")
+                check_shape(header[:3], shape, "PNG")
     try:
         image = _imagecodecs().png_decode(data, out=out if direct else None)
     except MemoryError as exc:
@@ -450,7 +450,7 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, 
     else:
         check_pixels(height, width, "jpeg")
         if shape is not None:
-            _check_shape(size, shape, "JPEG")
+            check_shape(size, shape, "JPEG")
     # simplejpeg converts CMYK to RGB itself, through a 4-channel temporary
     direct = out is not None and out.flags.c_contiguous and frame[2] != 4
     try:
@@ -472,7 +472,7 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, 
     return out if direct else _copy_into(image, out, "JPEG")
 
 
-def _check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:
+def check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:
     """Raise ImageDecodeError unless an image of ``size`` (from its header) has the fixed dims of ``shape``."""
     height, width, channels = size
     found = (height, width) if channels == 1 and len(shape) == 2 else size

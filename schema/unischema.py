@@ -459,17 +459,24 @@ class Unischema:
         """Infer a Unischema from a plain Arrow/Parquet schema (native types, lists, tensors).
 
         ``parquet_dataset`` (Petastorm's name): a ``pa.Schema``, or what carries one: a ``pq.ParquetDataset``
-        (Petastorm's argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``."""
+        (Petastorm's argument; its partition columns included), a ``pq.ParquetFile``, a ``pa.Table``.
+        A column with no Unischema equivalent (a map, a struct) is left out with a ``UserWarning`` naming it,
+        as Petastorm warned, or refused with ``omit_unsupported_fields=False``."""
         schema = _arrow_schema_of(parquet_dataset)
-        fields = []
+        fields, omitted = [], []
         for arrow_field in schema:
             field = infer_field(arrow_field)
             if field is None:
                 if omit_unsupported_fields:
+                    omitted.append(f"{arrow_field.name!r} ({arrow_field.type})")
                     continue
                 raise SchemaError(f"Cannot auto-create unischema due to unsupported column type: column "
                                   f"{arrow_field.name!r} of Arrow type {arrow_field.type} has no Unischema equivalent")
             fields.append(field)
+        if omitted:
+            warnings.warn(f"left out of the inferred schema, no Unischema equivalent: column{'s' * (len(omitted) > 1)} "
+                          f"{', '.join(omitted)} (read such columns with pyarrow, or store them as lists or scalars)",
+                          UserWarning, stacklevel=2)
         return cls(name, fields)
 
 

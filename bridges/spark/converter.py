@@ -73,6 +73,8 @@ _REGISTRY_LOCK = threading.Lock()
 _WRITTEN: dict[str, int] = {}
 _EXIT_HOOK: list[bool] = []  # one entry once the exit hook is registered
 _KEY_LOCKS: dict[str, threading.Lock] = {}
+#: Spark's cap on the items of a list in a plan's text (see ``_plan_text``)
+_MAX_FIELDS_CONF = "spark.sql.debug.maxToStringFields"
 
 
 class ConverterConfigError(UnihubError, ValueError):
@@ -306,10 +308,12 @@ def _conversion_key(df: Any, spark: Any, parent: str, options: dict[str, Any]) -
 
     The plan's text names columns by expression ids, which restart in every JVM, and does
     not show in-memory data (``LocalRelation``), so the application id is part of the key:
-    a new application never mistakes another DataFrame's files for this one's.
+    a new application never mistakes another DataFrame's files for this one's. It is written
+    with every field (:func:`_plan_text`): Spark's shortened text of a wide plan would give two
+    DataFrames that differ only in a late column the same key.
     """
     try:
-        plan = str(df._jdf.queryExecution().analyzed().toString())
+        plan = _plan_text(df, spark)
     except Exception:  # Spark Connect has no _jdf; semanticHash is the canonical plan's hash
         plan = f"semantic:{df.semanticHash()}"
     text = json.dumps({"plan": plan, "app": spark.conf.get("spark.app.id", None), "parent": parent,
@@ -318,13 +322,32 @@ def _conversion_key(df: Any, spark: Any, parent: str, options: dict[str, Any]) -
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def _plan_text(df: Any, spark: Any) -> str:
+    """The analyzed plan of ``df`` as text, no list in it cut short.
+
+    Spark writes at most ``spark.sql.debug.maxToStringFields`` (25) items of a list and then "... n more
+    fields", so a projection's late columns (``withColumn`` on a wide DataFrame) would not show; the conf
+    is raised while the text is made, then restored."""
+    conf = spark.conf
+    saved = conf.get(_MAX_FIELDS_CONF, None)
+    conf.set(_MAX_FIELDS_CONF, str(2**31 - 1))
+    try:
+        return str(df._jdf.queryExecution().analyzed().toString())
+    finally:
+        if saved is None:
+            conf.unset(_MAX_FIELDS_CONF)
+        else:
+            conf.set(_MAX_FIELDS_CONF, saved)
+
+
 def _key_lock(key: str) -> threading.Lock:
     with _REGISTRY_LOCK:
         return _KEY_LOCKS.setdefault(key, threading.Lock())
 
 
 def _prepare(df: Any, dtype: Dtype | None) -> Any:
-    """``df`` with ML vectors as arrays and floating-point columns (and arrays of them) cast to ``dtype``."""
+    """``df`` with ML vectors as arrays (a null vector as a null) and floating-point columns (and arrays of
+    them) cast to ``dtype``."""
     types = require("pyspark.sql.types", extra="spark")
     functions = require("pyspark.sql.functions", extra="spark")
     columns = []
@@ -332,7 +355,8 @@ def _prepare(df: Any, dtype: Dtype | None) -> Any:
         column = functions.col(f"`{field.name}`")
         if _is_vector(field.dataType):
             ml_functions = require("pyspark.ml.functions", extra="spark", purpose="converting ML vectors")
-            column = ml_functions.vector_to_array(column, dtype or "float64")
+            # a null vector stays null (vector_to_array refuses a null and would fail the whole job)
+            column = functions.when(column.isNotNull(), ml_functions.vector_to_array(column, dtype or "float64"))
         else:
             target = _cast_type(field.dataType, dtype, types)
             if target is not None:

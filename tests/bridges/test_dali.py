@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
 from unihub.dependencies import is_available
-from unihub.images.decoders import decode_image
+from unihub.images.decoders import ImageDecodeError, decode_image, encode_image
 from unihub.readers.random_access import Dataset
 
 pytestmark = pytest.mark.skipif(not is_available("nvidia.dali"), reason="needs nvidia-dali (unihub[dali])")
@@ -123,6 +124,79 @@ def test_batch_source_shuffles_per_epoch(png_url: Path) -> None:
         epochs = [[int(i) for (ids,) in iter(source) for i in ids] for _ in range(2)]
     assert all(sorted(e) == list(range(N)) for e in epochs)
     assert epochs[0] != epochs[1] and epochs[0] != list(range(N))
+
+
+def _by_next(source) -> list[int]:
+    """The ids of the source's current epoch, asked for with next() alone."""
+    ids = []
+    while True:
+        try:
+            ids += [int(i) for i in next(source)[0]]
+        except StopIteration:
+            return ids
+
+
+def test_iterating_iter_of_the_source_skips_no_epoch(png_url: Path) -> None:
+    """``for batch in iter(source)`` (and ``list(iter(source))``) call iter() twice: that is one epoch, not the
+    first skipped, which would lose the rows a start_offset resumes."""
+    from unihub.bridges.dali import DaliBatchSource
+
+    with DaliBatchSource(png_url, 8, ["id"], shuffle=True, seed=3, last_batch="partial", start_offset=13) as source:
+        expected = [_by_next(source)]
+        iter(source)
+        expected.append(_by_next(source))
+    assert len(expected[0]) == N - 13 and len(expected[1]) == N
+    with DaliBatchSource(png_url, 8, ["id"], shuffle=True, seed=3, last_batch="partial", start_offset=13) as source:
+        epochs = [[int(i) for batch in iter(source) for i in batch[0]], [int(i) for (ids,) in list(iter(source))
+                                                                         for i in ids]]
+    assert epochs == expected
+
+
+def _claiming_8x8(path: Path) -> Path:
+    """A dataset whose stored schema says its images are (8, 8, 3) though row 1's is 16x12: as a writer of
+    another tool, or a file since replaced, could leave it (unihub's own writers refuse it)."""
+    schema = Unischema("Claims", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("image", np.uint8, (None, None, 3), CompressedImageCodec("png"), False)])
+    images = [np.zeros((8, 8, 3), np.uint8), np.full((16, 12, 3), 7, np.uint8), np.ones((8, 8, 3), np.uint8)]
+    write_dataset(path, schema, ({"id": i, "image": encode_image(image, "png")} for i, image in enumerate(images)))
+    for file in path.iterdir():
+        if file.suffix == ".parquet" or file.name == "_common_metadata":
+            table = pq.read_table(file)
+            metadata = dict(table.schema.metadata)
+            metadata[b"unihub.unischema"] = metadata[b"unihub.unischema"].replace(b"[null,null,3]", b"[8,8,3]")
+            if file.suffix == ".parquet":
+                pq.write_table(table.replace_schema_metadata(metadata), file)
+            else:
+                pq.write_metadata(table.schema.with_metadata(metadata), file)
+    return path
+
+
+def test_an_image_contradicting_the_field_s_dims_is_refused_as_the_readers_refuse_it(tmp_path: Path) -> None:
+    """DALI would decode it at its own size (or resize it without a word): the sources check the header."""
+    from unihub import make_batch_reader
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource, iterate_epoch, make_dali_pipeline
+
+    url = _claiming_8x8(tmp_path / "claims")
+    with make_batch_reader(url, workers_count=1) as reader:
+        assert reader.schema.image.shape == (8, 8, 3)
+        with pytest.raises(ImageDecodeError, match="row 1"):
+            next(reader)
+    with DaliBatchSource(url, 3, ["id", "image"]) as source:
+        with pytest.raises(ImageDecodeError, match=r"sample 1 of shard 0: field 'image': PNG image of shape "
+                                                   r"\(16, 12, 3\), expected \(8, 8, 3\)"):
+            next(source)
+
+    class Info:
+        epoch_idx, idx_in_epoch, idx_in_batch = 0, 1, 1
+
+    with pytest.raises(ImageDecodeError, match=r"row 1 of the dataset: field 'image': PNG image of shape \(16, 12"):
+        DaliSampleSource(url, ["id", "image"])(Info())
+    pipe = make_dali_pipeline(url, 3, other_fields=("id",), resize=(4, 4), last_batch="partial")
+    try:
+        with pytest.raises(ImageDecodeError, match="expected"):
+            list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
 
 
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:

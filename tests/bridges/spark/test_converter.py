@@ -130,6 +130,41 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
 
 
 @spark_test
+def test_dataframes_differing_in_a_late_column_of_a_wide_plan_are_not_one_cache(spark: Any,
+                                                                                 cache_parent: Path) -> None:
+    """Spark shortens a plan's text after 25 fields: the key must still see the 32nd column's expression."""
+    from pyspark.sql import functions
+
+    wide = spark.range(4).select("id", *[functions.col("id").alias(f"c{i}") for i in range(30)])
+    spark.conf.set("spark.sql.debug.maxToStringFields", "20")  # the user's own setting is kept
+    try:
+        ones = make_spark_converter(wide.withColumn("z", functions.lit(1)))
+        twos = make_spark_converter(wide.withColumn("z", functions.lit(2)))
+        assert spark.conf.get("spark.sql.debug.maxToStringFields") == "20"
+    finally:
+        spark.conf.unset("spark.sql.debug.maxToStringFields")
+    assert ones.cache_dir_url != twos.cache_dir_url
+    assert read_columns(ones.cache_dir_url)["z"].tolist() == [1] * 4
+    assert read_columns(twos.cache_dir_url)["z"].tolist() == [2] * 4
+
+
+@spark_test
+def test_a_null_vector_is_a_null_array(spark: Any, cache_parent: Path) -> None:
+    """vector_to_array refuses a null: a nullable vector column (an outer join's) failed the whole conversion."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    schema = T.StructType([T.StructField("id", T.IntegerType(), False), T.StructField("vec", VectorUDT(), True)])
+    frame = spark.createDataFrame([(0, Vectors.dense([0.5, 1.5])), (1, None), (2, Vectors.sparse(2, [1], [2.5]))],
+                                  schema)
+    with make_batch_reader(make_spark_converter(frame).cache_dir_url, num_epochs=1, workers_count=1) as reader:
+        vec = {int(i): v for batch in reader for i, v in zip(batch.id, batch.vec)}
+    assert vec[1] is None
+    np.testing.assert_array_equal(vec[0], np.asarray([0.5, 1.5], np.float32))
+    np.testing.assert_array_equal(vec[2], np.asarray([0, 2.5], np.float32))
+
+
+@spark_test
 def test_a_parent_url_with_a_trailing_slash_is_the_same_cache(df: Any, spark: Any, cache_parent: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Petastorm's test_df_caching: parents differing only by a trailing '/' share the cache."""
