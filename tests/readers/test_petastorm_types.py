@@ -137,3 +137,31 @@ def test_plain_parquet_lists_are_dense_in_the_bridges() -> None:
     assert tuple(row.pair.shape) == (2,) and row.pair.dtype == tf.float32
     with make_batch_reader(PLAIN, workers_count=1, petastorm_types=False) as reader:
         assert isinstance(next(iter(make_petastorm_dataset(reader))).pair, tf.RaggedTensor)
+
+
+def test_nulls_inside_float_lists_of_plain_parquet_read_as_nan(tmp_path: Path) -> None:
+    """Petastorm 0.13.1 read a null inside a float list as NaN (rows ``[1.5, nan]``, batches one ``(n, k)``
+    array); unihub raised ``CodecError`` on the whole row group. A null inside an int list stays an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unihub.errors import CodecError
+
+    pq.write_table(pa.table({
+        "id": pa.array(range(4)),
+        "ragged": pa.array([[1.5, None, 2.0], None, [], [None]], pa.list_(pa.float32())),
+        "pair": pa.array([[1.0, None], [2.0, 3.0], [None, None], [4.0, 5.0]], pa.list_(pa.float64())),
+        "ints": pa.array([[1, None], [2, 3], [4, 5], [6, 7]], pa.list_(pa.int32())),
+    }), tmp_path / "part.parquet")
+    fields = ["id", "ragged", "pair"]
+    with make_reader(str(tmp_path), schema_fields=fields, shuffle_row_groups=False, workers_count=1) as reader:
+        rows = list(reader)
+    np.testing.assert_array_equal(rows[0].ragged, np.array([1.5, np.nan, 2.0], np.float32))
+    assert rows[1].ragged is None and rows[2].ragged.size == 0 and np.isnan(rows[3].ragged).all()
+    np.testing.assert_array_equal(np.stack([r.pair for r in rows]), [[1, np.nan], [2, 3], [np.nan, np.nan], [4, 5]])
+    with make_batch_reader(str(tmp_path), schema_fields=["pair"], workers_count=1) as reader:
+        pair = next(iter(reader)).pair
+    assert pair.dtype == np.float64 and pair.shape == (4, 2) and int(np.isnan(pair).sum()) == 3
+    with pytest.raises(CodecError, match="'ints'"), make_batch_reader(str(tmp_path), schema_fields=["ints"],
+                                                                       workers_count=1) as reader:
+        next(iter(reader))
