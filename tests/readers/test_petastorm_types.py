@@ -165,3 +165,25 @@ def test_nulls_inside_float_lists_of_plain_parquet_read_as_nan(tmp_path: Path) -
     with pytest.raises(CodecError, match="'ints'"), make_batch_reader(str(tmp_path), schema_fields=["ints"],
                                                                        workers_count=1) as reader:
         next(iter(reader))
+
+
+def test_timestamps_with_nulls_in_batches_are_datetime64_with_nat_as_petastorms(tmp_path: Path) -> None:
+    """Petastorm 0.13.1's batches of a nullable timestamp column are one ``datetime64[unit]`` array with NaT;
+    unihub gave an object array of None and ``np.datetime64`` (no ``.astype``, no arithmetic). An all-null
+    row group keeps the stored unit; unihub's types (``petastorm_types=False``) keep None."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stamps = [None, datetime.datetime(2021, 1, 1, 0, 0, 1), None, datetime.datetime(2021, 1, 1, 0, 0, 3), None, None]
+    pq.write_table(pa.table({"id": pa.array(range(6)), "ts": pa.array(stamps, pa.timestamp("ms"))}),
+                   tmp_path / "part.parquet", row_group_size=4)
+    with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        batches = [b.ts for b in reader]
+    assert [b.dtype for b in batches] == [np.dtype("datetime64[ms]")] * 2  # the second row group all null
+    found = np.concatenate(batches)
+    assert np.isnat(found).tolist() == [s is None for s in stamps]
+    assert found[3] == np.datetime64("2021-01-01T00:00:03.000")
+    with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        assert next(iter(reader)).ts[0] is None
