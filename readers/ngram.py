@@ -22,7 +22,8 @@ Rules (Petastorm's):
   in two windows.
 
 Differences from Petastorm: rows are sorted by timestamp here (Petastorm raised on
-unsorted rows), so ``shuffle_rows=True`` still gives valid windows; the timestamp field
+unsorted rows), so ``shuffle_rows=True`` still gives valid windows (it changes nothing: a task
+cut from a row group keeps consecutive rows, so no window is lost at the cut); the timestamp field
 is read even when no offset lists it; rows with a null timestamp are in no window.
 """
 

@@ -153,7 +153,9 @@ class Reader:
         self._done: dict[int, planning.Intervals] = {}
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
-            shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
+            # an NGram's rows are sorted by timestamp into windows anyway: tasks cut from a row group (drop
+            # partitions, row shards) take runs of consecutive rows, or windows across their cuts were lost
+            shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows and ngram is None,
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
             task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))

@@ -375,6 +375,21 @@ def test_row_shards_together_give_every_window_once(sorted_dataset):
     assert got == whole
 
 
+def test_shuffled_rows_lose_no_window_at_the_cuts_of_partitions_or_row_shards(sorted_dataset):
+    """``shuffle_rows=True`` cut a row group's *shuffled* rows into partitions or row shards, so a window's
+    rows fell into different tasks and most windows were lost (92 of 291 on a dataset Petastorm wrote).
+    Windows are sorted by timestamp anyway: the cuts now take consecutive rows and every window comes once."""
+    whole = expected_windows(4)
+    windows = read_windows(sorted_dataset, NGram(FIELDS, DELTA, "ts"), shuffle_rows=True, seed=3,
+                           shuffle_row_drop_partitions=3)
+    assert sorted(check_window(w) for w in windows) == sorted(whole)
+    got = []
+    for shard in range(3):
+        got += [check_window(w) for w in read_windows(sorted_dataset, NGram(FIELDS, DELTA, "ts"), shuffle_rows=True,
+                                                      seed=3, cur_shard=shard, shard_count=3, shard_by="row")]
+    assert sorted(got) == sorted(whole)
+
+
 def test_the_overlap_rows_pass_the_predicate_first(sorted_dataset):
     """A predicate drops rows of the overlap too; windows are formed from the rows it keeps."""
     keep_even_groups = in_lambda(["idx"], lambda idx: (idx // GROUP) % 2 == 0)
