@@ -44,7 +44,14 @@ from unihub.readers import elastic
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error, with_policy_types
-from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, evaluate_expression, filters_to_expression
+from unihub.readers.loader import (
+    SOURCE_ROW,
+    Batch,
+    RowGroupLoader,
+    check_filter_columns,
+    evaluate_expression,
+    filters_to_expression,
+)
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.prefetch import PrefetchStats, RowGroupPrefetcher
 from unihub.readers.rowgroup_index import apply_rowgroup_selector
@@ -139,6 +146,7 @@ class Reader:
             seed = random_seed()
         self.seed = int(seed)
         expression, filter_columns = filters_to_expression(filters)
+        check_filter_columns(filter_columns, tuple(store.schema.fields), store.url)
         if expression is not None and not filter_columns:
             filter_columns = tuple(f.name for f in store.schema)
         #: a predicate the dataset cannot serve: raised at the first read, as Petastorm's workers raised it
