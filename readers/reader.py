@@ -166,7 +166,9 @@ class Reader:
             shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows and ngram is None,
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
-            task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
+            task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE),
+            dataset_row_groups=len(store.row_groups) if len(self._groups) < len(store.row_groups) else None)
+        self._warn_if_the_shard_is_empty()
         self._loader = self._make_loader(predicate, expression, filter_columns, decode_images=decode_images,
                                          cache=cache, petastorm_types=petastorm_types, on_decode_error=on_decode_error)
         #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
@@ -212,6 +214,16 @@ class Reader:
         if resume_from is not None:
             self.load_state_dict(resume_from)
         self._begin_read_ahead()
+
+    def _warn_if_the_shard_is_empty(self) -> None:
+        """Petastorm's warning where the row groups a predicate, filters or a selector chose leave this row-group
+        shard none (the reader yields nothing; the other shards read them)."""
+        plan = self._plan
+        if self._groups and plan.shard_by == "row_group" and plan.cur_shard is not None and \
+                plan.shard_count is not None and plan.cur_shard >= len(self._groups):
+            warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
+                          f"data was sharded: shard {plan.cur_shard} of {plan.shard_count} has none of the "
+                          f"{len(self._groups)} row groups chosen; the reader yields nothing", UserWarning, stacklevel=5)
 
     def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...], *,
                      decode_images: bool, cache: Cache | None, petastorm_types: bool | None,
@@ -664,6 +676,7 @@ class Reader:
         for key in ("task_rows", "first_task_rows"):
             if plan[key] is None:
                 del plan[key]  # states saved before tasks were cut stay valid where none are
+        del plan["dataset_row_groups"]  # only what the shards are checked against: the plan is the same
         plan["row_groups"] = self._groups
         plan["batched"] = self.batched
         plan["num_epochs"] = self.num_epochs
