@@ -1236,6 +1236,20 @@ def make_cache(cache_type: str | None, cache_location: str | None = None, cache_
     raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's
 
 
+def _check_ngram_cuts(ngram: Any, shuffle_row_drop_partitions: int, shard_by: str, shard_count: int | None) -> None:
+    """:class:`InvalidArgumentError` for ``NGram(timestamp_overlap=False)`` over tasks cut from a row group: each
+    task can only keep its own windows apart, so windows on both sides of a cut shared timestamps (Petastorm
+    refused the same with NotImplementedError)."""
+    if ngram is None or ngram.timestamp_overlap:
+        return
+    if shuffle_row_drop_partitions > 1 or (shard_by == "row" and shard_count is not None and shard_count > 1):
+        raise InvalidArgumentError(
+            "Using timestamp_overlap=False is not implemented with shuffle_options.shuffle_row_drop_partitions > 1 "
+            f"(shuffle_row_drop_partitions={shuffle_row_drop_partitions}, shard_by={shard_by!r}): the windows of "
+            "a row group cut into parts could share timestamps; use shuffle_row_drop_partitions=1 and "
+            "shard_by='row_group', or timestamp_overlap=True")
+
+
 def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_pool_type: PoolType = "thread",
           workers_count: int | None = None, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
           shuffle_row_groups: bool = True, shuffle_row_drop_partitions: int = 1,
@@ -1269,6 +1283,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
+    _check_ngram_cuts(ngram, shuffle_row_drop_partitions, shard_by, shard_count)
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))
     cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
                        cache_extra_settings)
