@@ -60,7 +60,7 @@ from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_
 from unihub.runtime.memory import batch_nbytes, memory_budget
 from unihub.runtime.world import shard_or_detected
 from unihub.schema.codecs import CompressedImageCodec
-from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
+from unihub.schema.unischema import Unischema, UnischemaField, infer_field, select_unischema_fields
 from unihub.store.dataset import ParquetStore, open_dataset, partition_value
 
 if TYPE_CHECKING:
@@ -1146,12 +1146,15 @@ def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) ->
         predicate_fields(predicate) <= set(store.partition_names)
 
 
-def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
+def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "",
+                   columns: pa.Schema | None = None) -> tuple[list[UnischemaField], Any]:
     """The fields to read (and the NGram, if ``schema_fields`` is one).
 
     As Petastorm's readers: names and regexes that match no field are left out (here with a warning
     naming them), and :class:`~unihub.errors.NoMatchingFieldsError` (a RuntimeError) when none
-    matches at all. ``dataset`` (its URL) is named in both.
+    matches at all. ``dataset`` (its URL) is named in both; so are the ``columns`` of its files (their
+    Arrow schema) that a name asks for but the schema leaves out, with their types (a plain Parquet
+    struct or map column: unihub reads no field of such a type, as Petastorm's inference left it out).
     """
     if schema_fields is None:
         return list(schema), None
@@ -1167,15 +1170,34 @@ def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> 
         return list(schema), None
     fields, unmatched = select_unischema_fields(schema, patterns)
     where = f" in the dataset {dataset}" if dataset else f" in Unischema {schema.name!r}"
+    unread = _unread_columns(unmatched, schema, columns)
     if patterns and not fields:
         criteria = [p.name if isinstance(p, UnischemaField) else p for p in patterns]
         raise NoMatchingFieldsError(f"No fields matching the criteria {criteria} were found{where}: no field "
                                     f"matches {', '.join(map(repr, criteria))} (by name, or as a regex matching the "
-                                    f"whole name); fields: {list(schema.fields)}")
+                                    f"whole name){unread}; fields: {list(schema.fields)}")
     if unmatched:
         warnings.warn(f"schema_fields {unmatched} match no field{where} and are left out (the other fields are "
-                      f"read); fields: {list(schema.fields)}", UserWarning, stacklevel=4)
+                      f"read){unread}; fields: {list(schema.fields)}", UserWarning, stacklevel=4)
     return fields, None
+
+
+def _unread_columns(unmatched: Sequence[Any], schema: Unischema, columns: pa.Schema | None) -> str:
+    """The words for the names in ``unmatched`` that are columns of the files (``columns``) but no field of
+    ``schema``, with their Arrow types and why; empty where there are none."""
+    if columns is None:
+        return ""
+    names = [str(getattr(p, "name", p)) for p in unmatched]
+    found = [columns.field(n) for n in names if n in columns.names and n not in schema.fields]
+    unread = [f"{f.name!r} ({f.type})" for f in found if infer_field(f) is None]
+    unlisted = [repr(f.name) for f in found if infer_field(f) is not None]
+    words = ""
+    if unread:
+        words += f"; {', '.join(unread)} {'is a column' if len(unread) == 1 else 'are columns'} of a type unihub does not read"
+    if unlisted:
+        words += (f"; {', '.join(unlisted)} {'is a column' if len(unlisted) == 1 else 'are columns'} of the files "
+                  "that the dataset's Unischema does not list")
+    return words
 
 
 def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any, version: int | None = None,
@@ -1280,7 +1302,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     store = _open(dataset_url, storage_options, filesystem, version, tag)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
+    fields, ngram = resolve_fields(store.schema, schema_fields, store.url, store.arrow_schema)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
     _check_ngram_cuts(ngram, shuffle_row_drop_partitions, shard_by, shard_count)

@@ -187,3 +187,24 @@ def test_timestamps_with_nulls_in_batches_are_datetime64_with_nat_as_petastorms(
     assert found[3] == np.datetime64("2021-01-01T00:00:03.000")
     with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
         assert next(iter(reader)).ts[0] is None
+
+
+def test_asking_for_a_column_of_a_type_unihub_does_not_read_says_so(tmp_path: Path) -> None:
+    """A plain Parquet struct column asked for by name was reported as matching 'no field in the dataset', though
+    the files hold it; the warning (and the error, when nothing else matches) now names it with its type."""
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unihub.errors import NoMatchingFieldsError
+
+    pq.write_table(pa.table({"id": pa.array(range(3)), "st": pa.array([{"a": i} for i in range(3)])}),
+                   tmp_path / "part.parquet")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with make_batch_reader(str(tmp_path), schema_fields=["id", "st"], workers_count=1) as reader:
+            assert next(iter(reader))._fields == ("id",)
+    assert any("'st' (struct<a: int64>) is a column of a type unihub does not read" in str(w.message) for w in caught)
+    with pytest.raises(NoMatchingFieldsError, match=r"'st' \(struct<a: int64>\) is a column of a type"):
+        make_reader(str(tmp_path), schema_fields=["st"])
