@@ -82,8 +82,11 @@ def _check_epochs_and_shards(num_epochs: Any, cur_shard: Any, shard_count: Any, 
                              seed: int | None, *, shuffles: bool) -> None:
     """Raise :class:`InvalidArgumentError` for an epoch count or shard that cannot be, and for a row-sharded
     shuffled read without a seed (each rank would shuffle its own way: rows lost and repeated)."""
-    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+    if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
         raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+        # else numpy's bare "expected non-negative integer" at the first read, or int('x')'s words
+        raise InvalidArgumentError(f"seed must be a non-negative int or None (a fresh one), got {seed!r}")
     for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
         if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
             raise InvalidArgumentError(f"{name} must be an int or None, got {value!r}")

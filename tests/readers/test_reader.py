@@ -172,6 +172,17 @@ def test_bad_num_epochs(dataset):
             make_reader(dataset, num_epochs=bad)
 
 
+def test_a_seed_that_cannot_be_one_is_named_when_the_reader_is_made(dataset):
+    """seed=-1 failed at the first read with numpy's bare 'expected non-negative integer', seed='x' with
+    int()'s 'invalid literal'; both are now an InvalidArgumentError naming the seed. A numpy integer is a seed,
+    and a numpy epoch count an epoch count, as numpy integers are shards."""
+    for bad in (-1, "x", 1.5):
+        with pytest.raises(InvalidArgumentError, match=f"seed must be a non-negative int or None.*got {bad!r}"):
+            make_reader(dataset, seed=bad, shuffle_rows=True)
+    with make_reader(dataset, seed=np.int64(3), num_epochs=np.int64(2), schema_fields=["id"], workers_count=1) as reader:
+        assert len(ids_of(reader)) == 2 * N
+
+
 # -- field selection --------------------------------------------------------------------------------
 @pytest.mark.parametrize("schema_fields, names", [
     (["id", "vec"], ("id", "vec")),
