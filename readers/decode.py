@@ -10,7 +10,8 @@ as bytes, one level of numbers as typed arrays; deeper lists stay Python lists; 
 wrote and plain Parquet, which is what Petastorm's readers read) differ in three places:
 
 - nulls: a null float is NaN of the field's dtype (rows and batches); in batches a nullable
-  integer column with nulls is float64 with NaN (rows keep None, as Petastorm's rows do);
+  integer column with nulls is float64 with NaN, and a timestamp column with nulls datetime64 with
+  NaT (rows keep None, as Petastorm's rows do);
 - lists: in batches, a variable-length 1-D list column whose rows all have one length is one
   ``(n, k)`` array (Petastorm stacks them), not an object array of arrays;
 - strings: in rows, every scalar string is a ``np.str_`` (a ``str``), as Petastorm's codecs return
@@ -146,24 +147,55 @@ def _is_flat_list(arrow_type: pa.DataType) -> bool:
 
 
 def _as_petastorm(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:
-    """Petastorm's types: NaN for null floats (and, in batches, ints), stacked uniform 1-D lists."""
+    """Petastorm's types: NaN for null floats (and, in batches, ints), NaT for a batch's null times,
+    stacked uniform 1-D lists."""
     if not isinstance(values, np.ndarray) or values.dtype != object or not len(values):
         return values
+    if policy.batched and f.shape == () and f.dtype.kind in "mM":
+        return _nat_for_nulls(f, values)
     if f.shape == () and f.dtype.kind in "fiu":
-        # an object array compared with None elementwise; numpy's stubs do not take None as an operand
-        nulls = np.equal(values, None)  # type: ignore[call-overload]
-        if not nulls.any():
-            return values.astype(f.dtype)
-        if f.dtype.kind == "f" or policy.batched:
-            values = values.copy()
-            values[nulls] = np.nan
-            return values.astype(f.dtype if f.dtype.kind == "f" else np.float64)
-        return values
+        return _nan_for_nulls(f, values, policy)
     if policy.batched and len(f.shape) == 1 and f.dtype.kind in "biuf":
         lengths = {len(v) if isinstance(v, np.ndarray) and v.ndim == 1 else -1 for v in values}
         if len(lengths) == 1 and -1 not in lengths:
             return np.stack(list(values)).astype(f.dtype, copy=False)
     return values
+
+
+def _nan_for_nulls(f: UnischemaField, values: np.ndarray, policy: DecodePolicy) -> np.ndarray:
+    """A number column with nulls: NaN of a float field's dtype; float64 with NaN for an int field's batch;
+    None kept in an int field's rows (as Petastorm's rows)."""
+    # an object array compared with None elementwise; numpy's stubs do not take None as an operand
+    nulls = np.equal(values, None)  # type: ignore[call-overload]
+    if not nulls.any():
+        return values.astype(f.dtype)
+    if f.dtype.kind == "f" or policy.batched:
+        values = values.copy()
+        values[nulls] = np.nan
+        return values.astype(f.dtype if f.dtype.kind == "f" else np.float64)
+    return values
+
+
+def _nat_for_nulls(f: UnischemaField, values: np.ndarray) -> np.ndarray:
+    """A batch's timestamp (or duration) column with nulls as one datetime64 array with NaT, in the unit
+    of its values, as Petastorm's batches (through pandas) had it, rather than an object array with None."""
+    # an object array compared with None elementwise; numpy's stubs do not take None as an operand
+    nulls = np.equal(values, None)  # type: ignore[call-overload]
+    present = values[~nulls]
+    dtype = np.asarray(present.tolist()).dtype if len(present) else _stored_time_dtype(f)
+    if dtype.kind not in "mM":  # not numpy's times: leave them as they are
+        return values
+    out = np.full(len(values), np.array("NaT", dtype=dtype))
+    out[~nulls] = present.tolist()
+    return out
+
+
+def _stored_time_dtype(f: UnischemaField) -> np.dtype:
+    """The numpy type of field ``f``'s stored timestamps or durations, their unit included where known."""
+    stored = f.codec.arrow_type(f) if isinstance(f.codec, ScalarCodec) else None
+    if stored is not None and (pa.types.is_timestamp(stored) or pa.types.is_duration(stored)):
+        return np.dtype(f"{'M' if pa.types.is_timestamp(stored) else 'm'}8[{stored.unit}]")
+    return f.dtype
 
 
 def check_on_decode_error(value: object) -> OnDecodeError:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.errors import CodecError, SchemaError
+from unihub.errors import CodecError, FilterExpressionError, SchemaError
 from unihub.readers.decode import (  # noqa: F401  (decode_column: API)
     UNIHUB,
     DecodePolicy,
@@ -335,7 +335,11 @@ def evaluate_expression(table: pa.Table, expression: pc.Expression) -> pa.Array:
     """``expression`` (a pyarrow.compute filter) evaluated over ``table``: one value per row."""
     import pyarrow.dataset as ds
 
-    return ds.dataset(table).to_table(columns={"_keep": expression}).column("_keep")
+    try:
+        return ds.dataset(table).to_table(columns={"_keep": expression}).column("_keep")
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # e.g. a string compared with ints
+        raise FilterExpressionError(f"filters {expression} cannot be evaluated on the columns "
+                                    f"{', '.join(f'{f.name} ({f.type})' for f in table.schema)}: {exc}") from exc
 
 
 def filters_to_expression(filters: Any) -> tuple[pc.Expression | None, tuple[str, ...]]:
@@ -351,3 +355,13 @@ def filters_to_expression(filters: Any) -> tuple[pc.Expression | None, tuple[str
         flat = filters if filters and isinstance(filters[0], tuple) else [c for conj in filters for c in conj]
         names = tuple(dict.fromkeys(str(term[0]) for term in flat))
     return expression, tuple(names)
+
+
+def check_filter_columns(names: Sequence[str], fields: Sequence[str], url: str) -> None:
+    """:class:`FilterExpressionError` naming the columns of ``filters`` that are no field of the dataset at
+    ``url`` (pyarrow's own error came only at the first read, and named no dataset)."""
+    unknown = [name for name in names if name not in fields]
+    if unknown:
+        raise FilterExpressionError(f"filters name {', '.join(map(repr, unknown))}, which "
+                                    f"{'is not a field' if len(unknown) == 1 else 'are not fields'} of {url}; "
+                                    f"its fields: {', '.join(fields)}")

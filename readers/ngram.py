@@ -19,10 +19,12 @@ Rules (Petastorm's):
 - Consecutive rows of a window differ by at most ``delta_threshold`` (inclusive).
 - ``timestamp_overlap=False``: a window is skipped unless its first timestamp is greater
   than the last timestamp of the previous window that was kept, so no timestamp appears
-  in two windows.
+  in two windows. Not with row groups cut into parts (``shuffle_row_drop_partitions > 1``,
+  ``shard_by='row'``): each part keeps only its own windows apart, so it is refused there.
 
 Differences from Petastorm: rows are sorted by timestamp here (Petastorm raised on
-unsorted rows), so ``shuffle_rows=True`` still gives valid windows; the timestamp field
+unsorted rows), so ``shuffle_rows=True`` still gives valid windows (it changes nothing: a task
+cut from a row group keeps consecutive rows, so no window is lost at the cut); the timestamp field
 is read even when no offset lists it; rows with a null timestamp are in no window.
 """
 

@@ -84,6 +84,10 @@ class PlanConfig:
     #: as many, and so on below ``task_rows``, so that the first rows are decoded after a few
     #: images rather than a whole task's (the rows and their order stay the same)
     first_task_rows: int | None = None
+    #: the row groups of the whole dataset where a predicate, filters or a selector chose fewer (None: the
+    #: same as ``row_group_sizes``): Petastorm's rule holds shards to the dataset's row groups, so a shard the
+    #: choice leaves without one is empty, not an error
+    dataset_row_groups: int | None = None
 
     def __post_init__(self) -> None:
         if any(n < 0 for n in self.row_group_sizes):
@@ -106,12 +110,12 @@ class PlanConfig:
             raise PlanError(f"task_rows must be >= 1 or None, got {self.task_rows}")
         if self.first_task_rows is not None and (self.first_task_rows < 1 or self.task_rows is None):
             raise PlanError(f"first_task_rows must be >= 1 and come with task_rows, got {self.first_task_rows}")
-        if self.shard_by == "row_group" and self.shard_count is not None and \
-                self.shard_count > len(self.row_group_sizes):
+        row_groups = len(self.row_group_sizes) if self.dataset_row_groups is None else self.dataset_row_groups
+        if self.shard_by == "row_group" and self.shard_count is not None and self.shard_count > row_groups:
             raise NoDataAvailableError(
                 "Number of row-groups in the dataset must be greater or equal to the number of requested shards. "
                 f"Otherwise, some of the shards will end up being empty: {self.shard_count} shards of "
-                f"{len(self.row_group_sizes)} row groups, some shards would be empty "
+                f"{row_groups} row groups, some shards would be empty "
                 "(shards own whole row groups); use fewer shards, write smaller row groups, or shard_by='row'")
 
 

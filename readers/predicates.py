@@ -300,8 +300,9 @@ class in_pseudorandom_split(PredicateBase):  # noqa: N801 - Petastorm's name
     ``in_pseudorandom_split([0.8, 0.2], 0, "id")`` keeps the 80% subset; index 1 the rest.
     The value's md5 (as an integer) modulo ``sys.maxsize`` falls in subset ``i`` when it lies in
     ``[cdf[i-1], cdf[i]) * (sys.maxsize - 1)``, exactly as Petastorm computes it, so a split
-    made with Petastorm selects the same rows. Values are hashed as strings (bytes are decoded
-    as UTF-8, other values go through ``str``); each distinct value is hashed once per batch.
+    made with Petastorm selects the same rows. Values are hashed as ``str`` gives them (bytes as
+    ``"b'...'"``, as Petastorm 0.13.1 hashed its ``np.bytes_`` values); each distinct value is hashed
+    once per batch.
     """
 
     def __init__(self, fraction_list: Sequence[float], subset_index: int, predicate_field: str) -> None:
@@ -322,8 +323,6 @@ class in_pseudorandom_split(PredicateBase):  # noqa: N801 - Petastorm's name
         return {self._predicate_field}
 
     def _includes(self, value: Any) -> bool:
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
         bucket = _string_to_bucket(str(value), sys.maxsize)
         return bool(self._bucket_low <= bucket < self._bucket_high)
 

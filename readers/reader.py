@@ -44,7 +44,14 @@ from unihub.readers import elastic
 from unihub.readers import plan as planning
 from unihub.readers.cache import Cache, NullCache
 from unihub.readers.decode import DecodePolicy, DecodeSkips, OnDecodeError, check_on_decode_error, with_policy_types
-from unihub.readers.loader import SOURCE_ROW, Batch, RowGroupLoader, evaluate_expression, filters_to_expression
+from unihub.readers.loader import (
+    SOURCE_ROW,
+    Batch,
+    RowGroupLoader,
+    check_filter_columns,
+    evaluate_expression,
+    filters_to_expression,
+)
 from unihub.readers.predicates import PredicateBase, per_row_group, predicate_fields, unusable_predicate
 from unihub.readers.prefetch import PrefetchStats, RowGroupPrefetcher
 from unihub.readers.rowgroup_index import apply_rowgroup_selector
@@ -53,7 +60,7 @@ from unihub.readers.workers import Pool, PoolType, check_pool_arguments, usable_
 from unihub.runtime.memory import batch_nbytes, memory_budget
 from unihub.runtime.world import shard_or_detected
 from unihub.schema.codecs import CompressedImageCodec
-from unihub.schema.unischema import Unischema, UnischemaField, select_unischema_fields
+from unihub.schema.unischema import Unischema, UnischemaField, infer_field, select_unischema_fields
 from unihub.store.dataset import ParquetStore, open_dataset, partition_value
 
 if TYPE_CHECKING:
@@ -75,8 +82,11 @@ def _check_epochs_and_shards(num_epochs: Any, cur_shard: Any, shard_count: Any, 
                              seed: int | None, *, shuffles: bool) -> None:
     """Raise :class:`InvalidArgumentError` for an epoch count or shard that cannot be, and for a row-sharded
     shuffled read without a seed (each rank would shuffle its own way: rows lost and repeated)."""
-    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+    if num_epochs is not None and (not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1):
         raise InvalidArgumentError(f"num_epochs must be a positive integer or None (forever), got {num_epochs!r}")
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+        # else numpy's bare "expected non-negative integer" at the first read, or int('x')'s words
+        raise InvalidArgumentError(f"seed must be a non-negative int or None (a fresh one), got {seed!r}")
     for name, value in (("cur_shard", cur_shard), ("shard_count", shard_count)):
         if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
             raise InvalidArgumentError(f"{name} must be an int or None, got {value!r}")
@@ -139,6 +149,7 @@ class Reader:
             seed = random_seed()
         self.seed = int(seed)
         expression, filter_columns = filters_to_expression(filters)
+        check_filter_columns(filter_columns, tuple(store.schema.fields), store.url)
         if expression is not None and not filter_columns:
             filter_columns = tuple(f.name for f in store.schema)
         #: a predicate the dataset cannot serve: raised at the first read, as Petastorm's workers raised it
@@ -153,10 +164,14 @@ class Reader:
         self._done: dict[int, planning.Intervals] = {}
         self._plan = planning.PlanConfig(
             row_group_sizes=tuple(store.row_groups[g].num_rows for g in self._groups), seed=self.seed,
-            shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
+            # an NGram's rows are sorted by timestamp into windows anyway: tasks cut from a row group (drop
+            # partitions, row shards) take runs of consecutive rows, or windows across their cuts were lost
+            shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows and ngram is None,
             shuffle_row_drop_partitions=shuffle_row_drop_partitions, cur_shard=cur_shard, shard_count=shard_count,
             shard_by=shard_by, shard_remainder=shard_remainder,
-            task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE))
+            task_rows=cut, first_task_rows=None if cut is None else max(1, cut // FIRST_TASK_SHARE),
+            dataset_row_groups=len(store.row_groups) if len(self._groups) < len(store.row_groups) else None)
+        self._warn_if_the_shard_is_empty()
         self._loader = self._make_loader(predicate, expression, filter_columns, decode_images=decode_images,
                                          cache=cache, petastorm_types=petastorm_types, on_decode_error=on_decode_error)
         #: bytes of row groups a remote dataset's read-ahead holds (readers/prefetch.py; 0: none)
@@ -202,6 +217,16 @@ class Reader:
         if resume_from is not None:
             self.load_state_dict(resume_from)
         self._begin_read_ahead()
+
+    def _warn_if_the_shard_is_empty(self) -> None:
+        """Petastorm's warning where the row groups a predicate, filters or a selector chose leave this row-group
+        shard none (the reader yields nothing; the other shards read them)."""
+        plan = self._plan
+        if self._groups and plan.shard_by == "row_group" and plan.cur_shard is not None and \
+                plan.shard_count is not None and plan.cur_shard >= len(self._groups):
+            warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
+                          f"data was sharded: shard {plan.cur_shard} of {plan.shard_count} has none of the "
+                          f"{len(self._groups)} row groups chosen; the reader yields nothing", UserWarning, stacklevel=5)
 
     def _make_loader(self, predicate: PredicateBase | None, expression: Any, filter_columns: tuple[str, ...], *,
                      decode_images: bool, cache: Cache | None, petastorm_types: bool | None,
@@ -654,6 +679,7 @@ class Reader:
         for key in ("task_rows", "first_task_rows"):
             if plan[key] is None:
                 del plan[key]  # states saved before tasks were cut stay valid where none are
+        del plan["dataset_row_groups"]  # only what the shards are checked against: the plan is the same
         plan["row_groups"] = self._groups
         plan["batched"] = self.batched
         plan["num_epochs"] = self.num_epochs
@@ -1123,12 +1149,15 @@ def _on_partitions_only(predicate: PredicateBase | None, store: ParquetStore) ->
         predicate_fields(predicate) <= set(store.partition_names)
 
 
-def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> tuple[list[UnischemaField], Any]:
+def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "",
+                   columns: pa.Schema | None = None) -> tuple[list[UnischemaField], Any]:
     """The fields to read (and the NGram, if ``schema_fields`` is one).
 
     As Petastorm's readers: names and regexes that match no field are left out (here with a warning
     naming them), and :class:`~unihub.errors.NoMatchingFieldsError` (a RuntimeError) when none
-    matches at all. ``dataset`` (its URL) is named in both.
+    matches at all. ``dataset`` (its URL) is named in both; so are the ``columns`` of its files (their
+    Arrow schema) that a name asks for but the schema leaves out, with their types (a plain Parquet
+    struct or map column: unihub reads no field of such a type, as Petastorm's inference left it out).
     """
     if schema_fields is None:
         return list(schema), None
@@ -1144,15 +1173,34 @@ def resolve_fields(schema: Unischema, schema_fields: Any, dataset: str = "") -> 
         return list(schema), None
     fields, unmatched = select_unischema_fields(schema, patterns)
     where = f" in the dataset {dataset}" if dataset else f" in Unischema {schema.name!r}"
+    unread = _unread_columns(unmatched, schema, columns)
     if patterns and not fields:
         criteria = [p.name if isinstance(p, UnischemaField) else p for p in patterns]
         raise NoMatchingFieldsError(f"No fields matching the criteria {criteria} were found{where}: no field "
                                     f"matches {', '.join(map(repr, criteria))} (by name, or as a regex matching the "
-                                    f"whole name); fields: {list(schema.fields)}")
+                                    f"whole name){unread}; fields: {list(schema.fields)}")
     if unmatched:
         warnings.warn(f"schema_fields {unmatched} match no field{where} and are left out (the other fields are "
-                      f"read); fields: {list(schema.fields)}", UserWarning, stacklevel=4)
+                      f"read){unread}; fields: {list(schema.fields)}", UserWarning, stacklevel=4)
     return fields, None
+
+
+def _unread_columns(unmatched: Sequence[Any], schema: Unischema, columns: pa.Schema | None) -> str:
+    """The words for the names in ``unmatched`` that are columns of the files (``columns``) but no field of
+    ``schema``, with their Arrow types and why; empty where there are none."""
+    if columns is None:
+        return ""
+    names = [str(getattr(p, "name", p)) for p in unmatched]
+    found = [columns.field(n) for n in names if n in columns.names and n not in schema.fields]
+    unread = [f"{f.name!r} ({f.type})" for f in found if infer_field(f) is None]
+    unlisted = [repr(f.name) for f in found if infer_field(f) is not None]
+    words = ""
+    if unread:
+        words += f"; {', '.join(unread)} {'is a column' if len(unread) == 1 else 'are columns'} of a type unihub does not read"
+    if unlisted:
+        words += (f"; {', '.join(unlisted)} {'is a column' if len(unlisted) == 1 else 'are columns'} of the files "
+                  "that the dataset's Unischema does not list")
+    return words
 
 
 def _open(dataset_url: Any, storage_options: dict[str, Any] | None, filesystem: Any, version: int | None = None,
@@ -1213,6 +1261,20 @@ def make_cache(cache_type: str | None, cache_location: str | None = None, cache_
     raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's
 
 
+def _check_ngram_cuts(ngram: Any, shuffle_row_drop_partitions: int, shard_by: str, shard_count: int | None) -> None:
+    """:class:`InvalidArgumentError` for ``NGram(timestamp_overlap=False)`` over tasks cut from a row group: each
+    task can only keep its own windows apart, so windows on both sides of a cut shared timestamps (Petastorm
+    refused the same with NotImplementedError)."""
+    if ngram is None or ngram.timestamp_overlap:
+        return
+    if shuffle_row_drop_partitions > 1 or (shard_by == "row" and shard_count is not None and shard_count > 1):
+        raise InvalidArgumentError(
+            "Using timestamp_overlap=False is not implemented with shuffle_options.shuffle_row_drop_partitions > 1 "
+            f"(shuffle_row_drop_partitions={shuffle_row_drop_partitions}, shard_by={shard_by!r}): the windows of "
+            "a row group cut into parts could share timestamps; use shuffle_row_drop_partitions=1 and "
+            "shard_by='row_group', or timestamp_overlap=True")
+
+
 def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_pool_type: PoolType = "thread",
           workers_count: int | None = None, results_queue_size: int = 50, seed: int | None = None, shuffle_rows: bool = False,
           shuffle_row_groups: bool = True, shuffle_row_drop_partitions: int = 1,
@@ -1243,9 +1305,10 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     store = _open(dataset_url, storage_options, filesystem, version, tag)
     if store.num_rows == 0:
         raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
-    fields, ngram = resolve_fields(store.schema, schema_fields, store.url)
+    fields, ngram = resolve_fields(store.schema, schema_fields, store.url, store.arrow_schema)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")
+    _check_ngram_cuts(ngram, shuffle_row_drop_partitions, shard_by, shard_count)
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))
     cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
                        cache_extra_settings)

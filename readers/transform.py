@@ -146,6 +146,12 @@ def _stack(field: UnischemaField, values: Any) -> Any:
         except ValueError:
             pass
     if not field.shape and items and all(v is not None for v in items) and field.dtype != object:
+        natural = np.asarray(items)
+        # the declared type where that keeps the values (Python ints into an int32 field); a value of another
+        # kind (a float where the field says int, a string) stays as the function returned it, as Petastorm
+        # passed it on and as a batch transform's columns stay: a cast would change it silently
+        if natural.dtype != object and not np.can_cast(natural.dtype, field.dtype, casting="same_kind"):
+            return natural
         return np.asarray(items, dtype=field.dtype)
     out = np.empty(len(items), dtype=object)
     out[:] = items

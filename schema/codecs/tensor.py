@@ -241,6 +241,7 @@ def _decode_fixed_lists(field: UnischemaField, storage: pa.Array) -> np.ndarray:
 def _decode_lists(field: UnischemaField, storage: pa.Array, valid: np.ndarray | None) -> np.ndarray:
     """A list column whose rows are null where ``valid`` is False, or vary in at most one dimension."""
     flat, offsets = _flatten_lists(storage)
+    flat = _null_floats_as_nan(field, flat)
     if offsets is None:  # fixed_size_list with nulls
         size = storage.type.list_size
         offsets = np.arange(len(storage) + 1, dtype=np.int64) * size
@@ -320,8 +321,17 @@ def _flatten_lists(storage: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     return inner, offsets
 
 
+def _null_floats_as_nan(field: UnischemaField, flat: pa.Array) -> pa.Array:
+    """Null values inside rows of a float list (Parquet that others wrote) as NaN, as Petastorm read them;
+    a null inside an integer list stays an error (Petastorm's too)."""
+    if flat.null_count and np.dtype(field.dtype).kind == "f":
+        return flat.fill_null(float("nan"))
+    return flat
+
+
 def _numpy_values(flat: pa.Array, field: UnischemaField) -> np.ndarray:
-    """Numpy view of flat tensor values (zero-copy for numbers without nulls)."""
+    """Numpy view of flat tensor values (zero-copy for numbers without nulls; null floats as NaN)."""
+    flat = _null_floats_as_nan(field, flat)
     if flat.null_count:
         raise CodecError(f"field {field.name!r}: tensor values contain {flat.null_count} nulls", field=field.name)
     values = to_numpy(flat)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from unihub import (
     UnischemaField,
     write_dataset,
 )
+from unihub.errors import FilterExpressionError
 from unihub.readers.predicates import (
     PredicateBase,
     in_intersection,
@@ -200,6 +202,21 @@ def test_in_pseudorandom_split_three_way_and_validation():
         in_pseudorandom_split([0.5, 0.5], 2, "f")
 
 
+def test_in_pseudorandom_split_hashes_bytes_as_petastorm_did(tmp_path: Path):
+    """Petastorm 0.13.1 hashed ``str(value)`` of its ``np.bytes_`` values (``"b'guid'"``); unihub decoded bytes as
+    UTF-8 first, so a split over a binary column kept other rows than Petastorm's (175 vs 106 of 240 rows)."""
+    import pyarrow.parquet as pq
+
+    values = [f"guid-{i}".encode() for i in range(300)]
+    wanted = [petastorm_in_split(str(v), [0.5, 0.5], 0) for v in values]
+    predicate = in_pseudorandom_split([0.5, 0.5], 0, "guid")
+    assert [predicate.do_include({"guid": v}) for v in values] == wanted
+    for column in (np.array(values, dtype=object), np.array(values)):
+        assert predicate.evaluate({"guid": column}, len(values)).tolist() == wanted
+    pq.write_table(pa.table({"id": np.arange(300), "guid": pa.array(values, pa.binary())}), tmp_path / "part.parquet")
+    assert read_ids(str(tmp_path), predicate=predicate) == [i for i in range(300) if wanted[i]]
+
+
 def test_in_pseudorandom_split_on_int_column_matches_rows():
     predicate = in_pseudorandom_split([0.4, 0.6], 1, "id")
     mask = assert_evaluate_matches_do_include(predicate, ROWS)
@@ -288,6 +305,19 @@ def test_filters_select_rows(dataset, filters, wanted):
 def test_filters_and_predicate_combine(dataset):
     ids = read_ids(dataset, filters=[("label", "!=", 4)], predicate=in_lambda(["id"], lambda i: i < 20))
     assert ids == [r["id"] for r in ROWS if r["label"] != 4 and r["id"] < 20]
+
+
+@pytest.mark.parametrize("make", [make_reader, make_batch_reader])
+def test_filters_on_an_unknown_column_or_of_the_wrong_type_say_which(partitioned, make):
+    """A filter on no field raised pyarrow's ``ArrowInvalid`` ('No match for FieldRef.Name(nope) in ', the
+    schema cut off) only at the first read; a literal of the wrong type its bare 'no kernel matching input
+    types'. Both are now ``FilterExpressionError`` (a ValueError) naming the column, the dataset or the types."""
+    with pytest.raises(FilterExpressionError, match=r"'nope', which is not a field of .*; its fields: id"):
+        make(partitioned, filters=[("label", "<", 3), ("nope", "=", 1)])
+    for filters, column in ([("split", "=", 1)], "split (string)"), ([("label", "=", "x")], "label (int"):
+        with pytest.raises(FilterExpressionError, match=re.escape(column)):
+            with make(partitioned, filters=filters, workers_count=1) as reader:
+                next(iter(reader))
 
 
 def test_filter_on_partition_column_prunes_files(partitioned):

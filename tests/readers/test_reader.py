@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from unihub import (
 from unihub.errors import InvalidArgumentError, NoDataAvailableError, UsageError
 from unihub.images.decoders import decode_image
 from unihub.readers.plan import PlanError
-from unihub.readers.predicates import in_lambda
+from unihub.readers.predicates import in_lambda, in_set
 from unihub.readers.reader import ReaderStateError, make_batch_reader, make_reader
 
 from .sample import sample_schema, within
@@ -169,6 +170,17 @@ def test_bad_num_epochs(dataset):
     for bad in (0, -1, 1.5):
         with pytest.raises(UnihubError, match="num_epochs"):
             make_reader(dataset, num_epochs=bad)
+
+
+def test_a_seed_that_cannot_be_one_is_named_when_the_reader_is_made(dataset):
+    """seed=-1 failed at the first read with numpy's bare 'expected non-negative integer', seed='x' with
+    int()'s 'invalid literal'; both are now an InvalidArgumentError naming the seed. A numpy integer is a seed,
+    and a numpy epoch count an epoch count, as numpy integers are shards."""
+    for bad in (-1, "x", 1.5):
+        with pytest.raises(InvalidArgumentError, match=f"seed must be a non-negative int or None.*got {bad!r}"):
+            make_reader(dataset, seed=bad, shuffle_rows=True)
+    with make_reader(dataset, seed=np.int64(3), num_epochs=np.int64(2), schema_fields=["id"], workers_count=1) as reader:
+        assert len(ids_of(reader)) == 2 * N
 
 
 # -- field selection --------------------------------------------------------------------------------
@@ -504,6 +516,31 @@ def test_row_group_shards_are_disjoint_and_cover_every_row(dataset):
         with make_reader(dataset, cur_shard=rank, shard_count=3, schema_fields=["id"], seed=1) as reader:
             union += ids_of(reader)
     assert sorted(union) == list(range(N))
+
+
+def test_shards_are_held_to_the_datasets_row_groups_not_to_those_a_predicate_leaves(tmp_path: Path):
+    """Petastorm compares ``shard_count`` with the dataset's row groups, before a partition predicate (or a
+    ``rowgroup_selector``) leaves fewer; unihub compared with those left, so a job Petastorm ran (6 ranks, a
+    predicate leaving 4 of 12 row groups) failed on every rank with NoDataAvailableError. Now the shards left
+    without a row group are empty, with Petastorm's warning, and together the ranks read every row once."""
+    keys = np.repeat(np.array(["a", "b", "c"]), 20)
+    pq.write_to_dataset(pa.table({"id": np.arange(60), "key": keys}), str(tmp_path), partition_cols=["key"],
+                        row_group_size=5)
+    url = str(tmp_path)
+    assert len(open_dataset(url).row_groups) == 12
+    union, empty = [], 0
+    for rank in range(6):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with make_reader(url, cur_shard=rank, shard_count=6, seed=0, predicate=in_set(["a"], "key")) as reader:
+                ids = ids_of(reader)
+        union += ids
+        if not ids:
+            empty += 1
+            assert any("No matching data is available" in str(w.message) for w in caught)
+    assert sorted(union) == list(range(20)) and empty == 2
+    with pytest.raises(NoDataAvailableError, match="13 shards of 12 row groups"):  # the dataset's own count
+        make_reader(url, cur_shard=0, shard_count=13, predicate=in_set(["a"], "key"))
 
 
 def test_more_shards_than_row_groups(tiny):

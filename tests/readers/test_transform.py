@@ -184,6 +184,21 @@ def test_a_failing_batch_transform_surfaces_its_exception(dataset, pool):
             next(reader)
 
 
+def test_a_row_transform_value_of_another_kind_than_declared_is_passed_on_not_cast(dataset):
+    """A row transform that returns a float (or a string) for a field declared int, without ``edit_fields``: the
+    rows held ``int32(label * 1.5)`` (4.5 -> 4, silently), or a bare ``ValueError: invalid literal for int()``.
+    Petastorm passed the value on, as unihub's batch transforms do; a Python int still takes the declared type."""
+    spec = TransformSpec(lambda r: {**r, "label": r["label"] * 1.5, "id": f"#{r['id']}", "vec": r["vec"]})
+    _, rows = read_all(dataset, schema_fields=["id", "label", "vec"], transform_spec=spec, workers_count=1)
+    assert [(r.id, float(r.label)) for r in rows[:3]] == [("#0", 0.0), ("#1", 1.5), ("#2", 3.0)]
+    _, batches = read_all(dataset, make_batch_reader, schema_fields=["id", "label"], workers_count=1,
+                          transform_spec=TransformSpec(lambda df: df.assign(label=df.label * 1.5)))
+    assert batches[0].label[:3].tolist() == [0.0, 1.5, 3.0]
+    _, rows = read_all(dataset, schema_fields=["id", "label"], workers_count=1,
+                       transform_spec=TransformSpec(lambda r: {**r, "label": int(r["label"]) + 1}))
+    assert rows[0].label == 1 and rows[0].label.dtype == np.int32
+
+
 def test_a_transform_missing_a_declared_field_is_a_schema_error(dataset):
     spec = TransformSpec(lambda row: row, edit_fields=[("new", np.int64, (), False)])
     with pytest.raises(SchemaError, match="new"):
