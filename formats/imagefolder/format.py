@@ -116,6 +116,7 @@ _DETECT_SAMPLE = 16
 _PROVISIONAL_SAMPLE = 1000  # images whose headers make the schema a single-pass conversion starts with
 _EXTENSION = {"png": "png", "jpeg": "jpg"}
 FIELDS = ("image", "label", "path")
+CLASS_FOLDERS = "class folder labels"  # verify's name for the class list beside the records
 
 
 @dataclass(frozen=True)
@@ -468,19 +469,43 @@ class ImageFolderFormat(ForeignFormat):
                 rel = fsrc.relative(path, root)
                 yield rel, ({"image": data, "path": rel} if name is None else {"image": data, "class": name, "path": rel})
 
+    def reference_extras(self) -> dict[str, Any]:
+        """The class folders, listed as torchvision's ``find_classes`` lists them (nothing when flat): labels
+        index them, so an empty one added or removed renumbers every label after it, the files unchanged."""
+        classes = _reference_classes(self.root, fsrc.scandir(self.root), self.follow_links)
+        return {CLASS_FOLDERS: _labels_of(classes)} if classes else {}
+
+    def written_options(self) -> dict[str, Any]:
+        """``class_folders``: the folder's class folders, what :meth:`native_extras` compares with where
+        neither the dataset records class names nor ``classes`` is given (an export names the folders by
+        the labels then, and the records' class names compare them)."""
+        classes = _reference_classes(self.root, fsrc.scandir(self.root), self.follow_links)
+        return {"class_folders": classes} if classes else {}
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """The class folders an export makes: the class names the dataset records (its labels index them),
+        else the ``classes`` given, else (labels naming the folders) the folder's own ``class_folders``."""
+        classes = extra.get("classes") or options.get("classes") or options.get("class_folders")
+        return {CLASS_FOLDERS: _labels_of(classes)} if classes else {}
+
     @classmethod
     def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                        **options: Any) -> Iterator[dict[str, Any]]:
-        """Rows as the files an export writes: the image bytes, the class folder of the label, the path."""
-        image = _pick_image_field(schema, None).name
-        classes = list(extra.get("classes") or ())
-        for row in rows:
-            record: dict[str, Any] = {"image": bytes(row[image])}
-            label = row.get("label")
-            if label is not None:
-                record["class"] = classes[int(label)] if classes else str(label)
-            if row.get("path") is not None:
-                record["path"] = row["path"]
+        """Rows as the files an export writes (its own naming: :func:`_destination`, so a row without a
+        path is ``<class>/<row index>.png``): the image bytes, the class folder of the label, the path."""
+        image = _pick_image_field(schema, options.get("image_field"))
+        label, path = (name if name and name in schema else None for name in
+                       (options.get("label_field", "label"), options.get("path_field", "path")))
+        classes = extra.get("classes") or options.get("classes") or None
+        for index, row in enumerate(rows):
+            data, ext = _image_bytes(image, row[image.name], index)
+            value = None if label is None else row.get(label)
+            class_dir = None if value is None else _class_dir(value, classes, index)
+            rel = _destination(None if path is None else row.get(path), class_dir, index, ext)
+            record: dict[str, Any] = {"image": bytes(data), "path": rel}
+            if class_dir is not None:
+                record["class"] = class_dir
             yield record
 
     @classmethod
@@ -607,12 +632,23 @@ def _reference_walks(root: str, follow: bool) -> list[tuple[str, str | None, lis
     the root's files when it has no class folders (not hidden; links to folders only with ``follow``),
     else each class folder's ``sorted(os.walk(...))``, by class."""
     entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
-    classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
-                     (follow or not os.path.islink(os.path.join(root, n))))
+    classes = _reference_classes(root, entries, follow)
     if not classes:
         return [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
     return [(dirpath, name, sorted(files)) for name in classes
             for dirpath, _, files in sorted(_reference_walk(os.path.join(root, name), follow))]
+
+
+def _reference_classes(root: str, entries: Sequence[tuple[str, bool]], follow: bool) -> list[str]:
+    """The class folders among the root's ``entries``, sorted as torchvision's ``find_classes`` sorts them
+    (not hidden; links to folders only with ``follow``); empty when the folder is flat."""
+    return sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
+                  (follow or not os.path.islink(os.path.join(root, n))))
+
+
+def _labels_of(classes: Sequence[str]) -> dict[str, int]:
+    """``{class folder: its label}``, so that verify names a folder added or missing."""
+    return {name: label for label, name in enumerate(classes)}
 
 
 def _reference_walk(top: str, follow: bool) -> Iterator[tuple[str, list[str], list[str]]]:

@@ -389,3 +389,40 @@ def test_verify_reads_the_files_themselves(tmp_path: Path) -> None:
     report = verify(root, tmp_path / "ds")
     assert not report.equal
     assert report.differences[0].startswith("record 3 (dog/d.png), field 'image': expected ")
+
+
+def test_verify_sees_labels_renumbered_by_an_empty_class_folder(tmp_path: Path) -> None:
+    """Labels index the sorted class folders: an empty folder added before the others, or one removed,
+    renumbers them although every file is the same, so verify compares the class folders too."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "pets"
+    for rel in ("cat/a.png", "dog/b.png"):
+        put(root, rel, encode_image(rgb(), "png"))
+    (root / "empty").mkdir()
+    convert(root, tmp_path / "ds")
+    assert verify(root, tmp_path / "ds").equal
+    (root / "bird").mkdir()  # torchvision now labels cat 1, dog 3; the dataset says 0 and 2
+    report = verify(root, tmp_path / "ds")
+    assert not report.equal
+    assert report.differences == ["class folder labels/bird: expected 0, found nothing (missing)"]
+    convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
+    assert verify(tmp_path / "ds", tmp_path / "back").equal  # the export makes the empty folder too
+    (tmp_path / "back" / "empty").rmdir()
+    report = verify(tmp_path / "ds", tmp_path / "back")
+    assert report.differences == ["class folder labels/empty: expected 2, found nothing (missing)"]
+
+
+def test_verify_of_an_export_labelled_without_class_names(tmp_path: Path) -> None:
+    """A dataset that records no class names exports its labels as folder names: still equal."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+    from unihub.store.writer import write_dataset
+
+    schema = Unischema("S", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png"), False),
+                             UnischemaField("label", np.int64, (), None, False)])
+    write_dataset(tmp_path / "ds", schema, [{"image": rgb(), "label": label} for label in (1, 1, 3)])
+    convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
+    assert sorted(os.listdir(tmp_path / "back")) == ["1", "3"]
+    assert verify(tmp_path / "ds", tmp_path / "back").equal
