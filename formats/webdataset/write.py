@@ -52,11 +52,17 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
             shard = writer.shard_for(index)
             key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
             previous_key = key
+            written = 0
             try:
                 for _, extension, data in speller.members(row):
                     shard.add(_checked_member(f"{key}.{extension}", index, key), data)
+                    written += 1
             except CodecError as exc:
                 raise CodecError(f"row {index} (key {key!r}): {exc}", field=exc.field, row=index) from exc
+            if not written:
+                raise SchemaError(f"row {index} (key {key!r}): every field is null, so the sample would have no "
+                                  "member and vanish from the export (a null leaves its member out); give the row "
+                                  "a value, or export to another format")
         return writer.close()
     except BaseException:
         writer.abort()

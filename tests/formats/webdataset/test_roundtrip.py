@@ -273,3 +273,13 @@ def test_shards_read_back_in_export_order_whatever_their_names(tmp_path: Path) -
         assert open_dataset(str(tmp_path / f"back{workers}")).schema == schema
         assert [r["x"] for r in reader_rows(tmp_path / f"back{workers}")] == list(range(12))
     assert verify(str(tmp_path / "shards"), str(tmp_path / "back1")).equal
+
+
+def test_a_row_of_nulls_is_refused_not_dropped(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A null leaves its member out, so a row with every field null would be a sample of no member:
+    it vanished from the export (exit 0, a row fewer)."""
+    schema = Unischema("N", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), True)])
+    write_dataset(str(tmp_path / "ds"), schema, [{"x": 1}, {"x": None}, {"x": 3}])
+    line = refused(["convert", str(tmp_path / "ds"), str(tmp_path / "out"), "--to", "webdataset"], capsys,
+                   tmp_path / "out", SchemaError)
+    assert "row 1 (key '000000001'): every field is null" in line
