@@ -275,6 +275,24 @@ def test_shards_read_back_in_export_order_whatever_their_names(tmp_path: Path) -
     assert verify(str(tmp_path / "shards"), str(tmp_path / "back1")).equal
 
 
+def test_an_export_repeating_a_key_in_a_shard_reads_back(tmp_path: Path) -> None:
+    """Two shards that each number their keys from 0 export into one shard with each key twice, apart;
+    the export wrote each row's members together, so ingest reads each run as its row (as webdataset
+    and verify do), where a tar made by ``tar cf`` would be refused."""
+    for shard in range(2):
+        tarfile_shard(tmp_path / "wds" / f"s{shard}.tar",
+                      [(f"{key}.{ext}", f"{shard}{key}".encode()) for key in ("3", "1") for ext in ("txt", "cls")])
+    convert(str(tmp_path / "wds"), str(tmp_path / "ds"), progress=False)
+    convert(str(tmp_path / "ds"), str(tmp_path / "out"), to_format="webdataset", progress=False)
+    shards = sorted(str(p) for p in (tmp_path / "out").iterdir())
+    assert [s["__key__"] for s in wds.WebDataset(shards, shardshuffle=False)] == ["3", "1", "3", "1"]
+    convert(str(tmp_path / "out"), str(tmp_path / "again"), progress=False)
+    assert [(r["__key__"], r["txt"]) for r in reader_rows(tmp_path / "again")] == [
+        ("3", "03"), ("1", "01"), ("3", "13"), ("1", "11")]
+    assert verify(str(tmp_path / "out"), str(tmp_path / "again")).equal
+    assert verify(str(tmp_path / "ds"), str(tmp_path / "again")).equal
+
+
 def test_a_row_of_nulls_is_refused_not_dropped(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A null leaves its member out, so a row with every field null would be a sample of no member:
     it vanished from the export (exit 0, a row fewer)."""
