@@ -447,7 +447,7 @@ class ImageFolderFormat(ForeignFormat):
     REFERENCE_READER = "the files' bytes, listed as torchvision's ImageFolder lists them"
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Each PNG/JPEG file as ``{"image": its bytes, "class": its class folder, "path": its path}``,
+        """Each PNG/JPEG file as ``{"path": its path, "class": its class folder, "image": its bytes}``,
         listed as torchvision's ``ImageFolder`` lists them (sorted class folders, then
         ``sorted(os.walk(...))``, then sorted names), with none of unihub's listing or probing code.
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
@@ -467,7 +467,7 @@ class ImageFolderFormat(ForeignFormat):
                 if file.startswith(".") or not data.startswith(_MAGIC_BYTES):
                     continue
                 rel = fsrc.relative(path, root)
-                yield rel, ({"image": data, "path": rel} if name is None else {"image": data, "class": name, "path": rel})
+                yield rel, ({"path": rel, "image": data} if name is None else {"path": rel, "class": name, "image": data})
 
     def reference_extras(self) -> dict[str, Any]:
         """The class folders, listed as torchvision's ``find_classes`` lists them (nothing when flat): labels
@@ -503,10 +503,8 @@ class ImageFolderFormat(ForeignFormat):
             value = None if label is None else row.get(label)
             class_dir = None if value is None else _class_dir(value, classes, index)
             rel = _destination(None if path is None else row.get(path), class_dir, index, ext)
-            record: dict[str, Any] = {"image": bytes(data), "path": rel}
-            if class_dir is not None:
-                record["class"] = class_dir
-            yield record
+            record: dict[str, Any] = {"path": rel} if class_dir is None else {"path": rel, "class": class_dir}
+            yield {**record, "image": bytes(data)}  # a file out of place is named by its path, not its bytes
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:

@@ -426,3 +426,18 @@ def test_verify_of_an_export_labelled_without_class_names(tmp_path: Path) -> Non
     convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
     assert sorted(os.listdir(tmp_path / "back")) == ["1", "3"]
     assert verify(tmp_path / "ds", tmp_path / "back").equal
+
+
+def test_verify_names_a_file_out_of_place_by_its_path(tmp_path: Path) -> None:
+    """Records are compared in order: a file moved to another class shifts the ones after it, and the
+    difference names the paths, not 'image bytes differ' at the first shifted record."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "pets"
+    for seed, rel in enumerate(("cat/a.png", "cat/b.png", "dog/c.png")):
+        put(root, rel, encode_image(rgb(seed=seed), "png"))
+    convert(root, tmp_path / "ds")
+    (root / "cat" / "b.png").rename(root / "dog" / "b.png")
+    report = verify(root, tmp_path / "ds")
+    assert report.differences[0] == "record 1 (dog/b.png), field 'path': expected 'dog/b.png', found 'cat/b.png'"
