@@ -445,6 +445,7 @@ class ImageFolderFormat(ForeignFormat):
         return [os.path.join(target, os.path.relpath(p, temporary)) for p in written]
 
     REFERENCE_READER = "the files' bytes, listed as torchvision's ImageFolder lists them"
+    SUBFOLDERS_ARE_DATA = True  # a folder written inside would be a class, or turn a flat folder into classes
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Each PNG/JPEG file as ``{"path": its path, "class": its class folder, "image": its bytes}``,
