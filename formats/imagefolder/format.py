@@ -113,6 +113,7 @@ OTHER_IMAGE_EXTENSIONS = frozenset({".bmp", ".gif", ".webp", ".tif", ".tiff", ".
                                     ".jp2", ".j2k", ".heic", ".heif", ".avif", ".ico", ".jxl"})
 _HEAD_BYTES = 65536  # enough for the PNG chunks before IDAT and the JPEG segments before SOF
 _DETECT_SAMPLE = 16
+_DETECT_DEPTH = 2  # folders below a class folder that detection looks into for its first files
 _PROVISIONAL_SAMPLE = 1000  # images whose headers make the schema a single-pass conversion starts with
 _EXTENSION = {"png": "png", "jpeg": "jpg"}
 FIELDS = ("image", "label", "path")
@@ -193,14 +194,15 @@ class ImageFolderFormat(ForeignFormat):
     # -------------------------------------------------------------------- contract
     @classmethod
     def detect(cls, path: str) -> bool:
-        """True for a directory whose first files (directly or one level down) are mostly PNG/JPEG."""
+        """True for a directory whose first files (directly, or in its first folders: a class folder may hold
+        only folders, ``<class>/<video>/<frame>.jpg``) are mostly PNG/JPEG."""
         if not fsrc.isdir(path):
             return False
         sample: list[str] = []
         for name, is_dir in _visible_typed(path):
             full = os.path.join(path, name)
             if is_dir:
-                sample.extend(os.path.join(full, n) for n, sub in _visible_typed(full)[:_DETECT_SAMPLE] if not sub)
+                sample.extend(_first_files(full, _DETECT_DEPTH))
             else:
                 sample.append(full)
             if len(sample) >= _DETECT_SAMPLE:
@@ -556,6 +558,20 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_b
         sizes.add(probe.size)  # type: ignore[arg-type]
         depths.setdefault(probe.depth, entry.path)
     return formats, sizes, depths
+
+
+def _first_files(folder: str, depth: int) -> list[str]:
+    """The first files of ``folder`` (at most :data:`_DETECT_SAMPLE`), or where it holds none, those of the
+    first of its first few subfolders that holds some, down to ``depth`` levels below it."""
+    entries = _visible_typed(folder)
+    files = [os.path.join(folder, n) for n, sub in entries if not sub][:_DETECT_SAMPLE]
+    if files or depth == 0:
+        return files
+    for name in [n for n, sub in entries if sub][:_DETECT_SAMPLE]:
+        files = _first_files(os.path.join(folder, name), depth - 1)
+        if files:
+            break
+    return files
 
 
 def _visible_typed(directory: str) -> list[tuple[str, bool]]:

@@ -232,6 +232,23 @@ def test_detect(classes_tree, tmp_path: Path) -> None:
     assert not ImageFolderFormat.detect(str(tmp_path / "missing"))
 
 
+def test_detect_class_folders_holding_only_folders(tmp_path: Path) -> None:
+    """``<class>/<video>/<frame>.jpg``: class folders read recursively, whose files all lie a level or two
+    down, were not detected ('cannot tell its format'), so convert and verify needed --from."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "videos"
+    for rel in ("run/v1/0.jpg", "run/v1/1.jpg", "walk/v2/a/0.jpg", "walk/v3/0.jpg"):
+        put(root, rel, encode_image(rgb(), "jpeg"))
+    (root / "empty").mkdir()
+    assert ImageFolderFormat.detect(str(root))
+    convert(root, tmp_path / "ds")
+    assert verify(root, tmp_path / "ds").equal
+    put(tmp_path / "records" / "a" / "b", "part.tfrecord", b"\x00" * 64)
+    assert not ImageFolderFormat.detect(str(tmp_path / "records"))
+
+
 def test_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ImageFolderFormat(tmp_path / "missing")
