@@ -29,6 +29,7 @@ from unihub import (
     UnischemaField,
     write_dataset,
 )
+from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.formats.webdataset.format import WebDatasetFormat
@@ -301,3 +302,28 @@ def test_a_row_of_nulls_is_refused_not_dropped(tmp_path: Path, capsys: pytest.Ca
     line = refused(["convert", str(tmp_path / "ds"), str(tmp_path / "out"), "--to", "webdataset"], capsys,
                    tmp_path / "out", SchemaError)
     assert "row 1 (key '000000001'): every field is null" in line
+
+
+@pytest.mark.parametrize(("pattern", "message"), [
+    ("../x-%d.tar", "shards must stay inside the export's folder, and it has a '..' component"),
+    ("/tmp/x-%d.tar", "shards must stay inside the export's folder, and it is an absolute path"),
+    ("x%.0s.tar", "every shard gets that one name"),
+    ("x-%.1s.tar", r"names shard 10 'x-1\.tar', as it named one before"),
+    ("_x-%d.tar", "starts with '.' or '_' is left out"),
+    ("x-%d", "named .tar so that reading the folder finds them"),
+    ("x-%d.tar.gz", "named .tar so that reading the folder finds them"),
+])
+def test_a_pattern_whose_shards_would_not_read_back_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                              pattern: str, message: str) -> None:
+    """A pattern with '..' wrote the shards beside the staged export, which was published empty (exit 0,
+    'converted 12 rows'), or outside it; one naming two shards alike kept only the last one's rows."""
+    schema = Unischema("S", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(str(tmp_path / "ds"), schema, [{"x": i} for i in range(12)])
+    (tmp_path / "out").mkdir()
+    argv = ["convert", str(tmp_path / "ds"), str(tmp_path / "out" / "export"), "--to", "webdataset",
+            "--option", "samples_per_shard=1", "--option", f"pattern={pattern}"]
+    with pytest.raises(SchemaError, match=message):
+        main(["--verbose", *argv])
+    assert main(argv) == 1
+    assert "unihub: error: pattern " in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["ds", "out"]
