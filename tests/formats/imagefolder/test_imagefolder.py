@@ -458,3 +458,17 @@ def test_verify_names_a_file_out_of_place_by_its_path(tmp_path: Path) -> None:
     (root / "cat" / "b.png").rename(root / "dog" / "b.png")
     report = verify(root, tmp_path / "ds")
     assert report.differences[0] == "record 1 (dog/b.png), field 'path': expected 'dog/b.png', found 'cat/b.png'"
+
+
+def test_a_file_name_that_is_not_utf8_is_a_format_error(tmp_path: Path) -> None:
+    """A name of other bytes (listed as ``'bad\\udcff.png'``) reached the Parquet writer as the path and
+    ended the CLI in a UnicodeEncodeError traceback; now it is refused naming the file, or skipped."""
+    from unihub.converters.convert import convert
+
+    put(tmp_path / "src", "cat/ok.png", encode_image(rgb(), "png"))
+    (tmp_path / "src" / "cat" / os.fsdecode(b"bad\xff.png")).write_bytes(encode_image(rgb(seed=1), "png"))
+    with pytest.raises(FormatError, match=r"bad\\udcff\.png' is not UTF-8"):
+        convert(tmp_path / "src", tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+    result = convert(tmp_path / "src", tmp_path / "ds", on_error="skip")
+    assert result.rows == 1 and [s.reason for s in result.skipped][0].startswith("its path 'cat/bad")
