@@ -197,7 +197,7 @@ def _check_destination(src: str, dst: str, source_format: str, target_format: st
                        overwrite: bool, overwrite_foreign: bool) -> None:
     """Refuse, before anything is read or written, a destination inside the source it would land among, an append
     to anything but a unihub dataset, and (not appending) what :func:`_check_request` refuses."""
-    if source_format in (UNIHUB, target_format):
+    if source_format in (UNIHUB, target_format) or FORMATS.get(source_format).SUBFOLDERS_ARE_DATA:
         _refuse_inside_source(src, dst)
     if append and (target_format != UNIHUB or overwrite or overwrite_foreign):
         raise UnsupportedFormatError("--append (append=True) adds rows to a unihub dataset, without --overwrite; "
@@ -296,8 +296,9 @@ def _run_options(engine: str, workers: Any, validate_images: ValidateImages,
 
 def _refuse_inside_source(src: str, dst: str) -> None:
     """Refuse a ``dst`` inside the folder ``src`` when it is written in the source's format (a unihub
-    dataset, or a foreign format converted to itself): its files would land among the source's own,
-    which every later read takes for part files or shards (the source broken, or its rows doubled)."""
+    dataset, or a foreign format converted to itself), or the source is an image folder: its files would
+    land among the source's own, which every later read takes for part files, shards or a class (the
+    source broken, its rows doubled, or its labels renumbered)."""
     if sources.is_url(src) or sources.is_url(dst) or not os.path.isdir(src):
         return
     inner = os.path.relpath(os.path.abspath(dst), os.path.abspath(src))

@@ -184,6 +184,9 @@ class ForeignFormat(ABC):
     WRITE_OPTIONS: ClassVar[Mapping[str, FormatOption]] = {}
     #: what :meth:`reference_records` reads with, for verify's report ("h5py", "tarfile", ...)
     REFERENCE_READER: ClassVar[str] = ""
+    #: a source folder reads every subfolder as data (an image folder's classes), so ``convert`` writes no
+    #: output inside it in any format (one would be a class of its next read)
+    SUBFOLDERS_ARE_DATA: ClassVar[bool] = False
 
     def __init__(self, sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any) -> None:
         check_options(type(self), options, writing=False)

@@ -113,9 +113,11 @@ OTHER_IMAGE_EXTENSIONS = frozenset({".bmp", ".gif", ".webp", ".tif", ".tiff", ".
                                     ".jp2", ".j2k", ".heic", ".heif", ".avif", ".ico", ".jxl"})
 _HEAD_BYTES = 65536  # enough for the PNG chunks before IDAT and the JPEG segments before SOF
 _DETECT_SAMPLE = 16
+_DETECT_DEPTH = 2  # folders below a class folder that detection looks into for its first files
 _PROVISIONAL_SAMPLE = 1000  # images whose headers make the schema a single-pass conversion starts with
 _EXTENSION = {"png": "png", "jpeg": "jpg"}
 FIELDS = ("image", "label", "path")
+CLASS_FOLDERS = "class folder labels"  # verify's name for the class list beside the records
 
 
 @dataclass(frozen=True)
@@ -192,14 +194,15 @@ class ImageFolderFormat(ForeignFormat):
     # -------------------------------------------------------------------- contract
     @classmethod
     def detect(cls, path: str) -> bool:
-        """True for a directory whose first files (directly or one level down) are mostly PNG/JPEG."""
+        """True for a directory whose first files (directly, or in its first folders: a class folder may hold
+        only folders, ``<class>/<video>/<frame>.jpg``) are mostly PNG/JPEG."""
         if not fsrc.isdir(path):
             return False
         sample: list[str] = []
         for name, is_dir in _visible_typed(path):
             full = os.path.join(path, name)
             if is_dir:
-                sample.extend(os.path.join(full, n) for n, sub in _visible_typed(full)[:_DETECT_SAMPLE] if not sub)
+                sample.extend(_first_files(full, _DETECT_DEPTH))
             else:
                 sample.append(full)
             if len(sample) >= _DETECT_SAMPLE:
@@ -384,7 +387,10 @@ class ImageFolderFormat(ForeignFormat):
         """The bytes of ``entry`` (none unless a file to read; at most ``max_bytes``) and what they are: an
         image checked against ``image_field`` where ``check``; while observing (no ``image_field``) each
         image's format, size and bit depth are noted in ``seen``, which the schema is refined from."""
-        if entry.status == "file":
+        if entry.status == "file" and not _is_utf8(entry.path):  # the path field is text: never a traceback
+            data, probe = b"", _Probe("bad", reason=f"its path {entry.path!r} is not UTF-8, which the path field "
+                                                    "stores as text; rename it")
+        elif entry.status == "file":
             data, probe = _read_and_probe(full, entry.path, max_bytes, complete=check, verify=verify)
         else:  # a special file or a link the walk did not follow (sources.tree_entries)
             data, probe = b"", _Probe("bad" if entry.status == "refused" else "other", reason=entry.reason)
@@ -450,9 +456,10 @@ class ImageFolderFormat(ForeignFormat):
         return [os.path.join(target, os.path.relpath(p, temporary)) for p in written]
 
     REFERENCE_READER = "the files' bytes, listed as torchvision's ImageFolder lists them"
+    SUBFOLDERS_ARE_DATA = True  # a folder written inside would be a class, or turn a flat folder into classes
 
     def reference_records(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Each PNG/JPEG file as ``{"image": its bytes, "class": its class folder, "path": its path}``,
+        """Each PNG/JPEG file as ``{"path": its path, "class": its class folder, "image": its bytes}``,
         listed as torchvision's ``ImageFolder`` lists them (sorted class folders, then
         ``sorted(os.walk(...))``, then sorted names), with none of unihub's listing or probing code.
         Names starting with ``.`` are not data; files that are not PNG/JPEG by their magic bytes are
@@ -472,22 +479,44 @@ class ImageFolderFormat(ForeignFormat):
                 if file.startswith(".") or not data.startswith(_MAGIC_BYTES):
                     continue
                 rel = fsrc.relative(path, root)
-                yield rel, ({"image": data, "path": rel} if name is None else {"image": data, "class": name, "path": rel})
+                yield rel, ({"path": rel, "image": data} if name is None else {"path": rel, "class": name, "image": data})
+
+    def reference_extras(self) -> dict[str, Any]:
+        """The class folders, listed as torchvision's ``find_classes`` lists them (nothing when flat): labels
+        index them, so an empty one added or removed renumbers every label after it, the files unchanged."""
+        classes = _reference_classes(self.root, fsrc.scandir(self.root), self.follow_links)
+        return {CLASS_FOLDERS: _labels_of(classes)} if classes else {}
+
+    def written_options(self) -> dict[str, Any]:
+        """``class_folders``: the folder's class folders, what :meth:`native_extras` compares with where
+        neither the dataset records class names nor ``classes`` is given (an export names the folders by
+        the labels then, and the records' class names compare them)."""
+        classes = _reference_classes(self.root, fsrc.scandir(self.root), self.follow_links)
+        return {"class_folders": classes} if classes else {}
+
+    @classmethod
+    def native_extras(cls, schema: Unischema, extra: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """The class folders an export makes: the class names the dataset records (its labels index them),
+        else the ``classes`` given, else (labels naming the folders) the folder's own ``class_folders``."""
+        classes = extra.get("classes") or options.get("classes") or options.get("class_folders")
+        return {CLASS_FOLDERS: _labels_of(classes)} if classes else {}
 
     @classmethod
     def native_records(cls, schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: Mapping[str, Any],
                        **options: Any) -> Iterator[dict[str, Any]]:
-        """Rows as the files an export writes: the image bytes, the class folder of the label, the path."""
-        image = _pick_image_field(schema, None).name
-        classes = list(extra.get("classes") or ())
-        for row in rows:
-            record: dict[str, Any] = {"image": bytes(row[image])}
-            label = row.get("label")
-            if label is not None:
-                record["class"] = classes[int(label)] if classes else str(label)
-            if row.get("path") is not None:
-                record["path"] = row["path"]
-            yield record
+        """Rows as the files an export writes (its own naming: :func:`_destination`, so a row without a
+        path is ``<class>/<row index>.png``): the image bytes, the class folder of the label, the path."""
+        image = _pick_image_field(schema, options.get("image_field"))
+        label, path = (name if name and name in schema else None for name in
+                       (options.get("label_field", "label"), options.get("path_field", "path")))
+        classes = extra.get("classes") or options.get("classes") or None
+        for index, row in enumerate(rows):
+            data, ext = _image_bytes(image, row[image.name], index)
+            value = None if label is None else row.get(label)
+            class_dir = None if value is None else _class_dir(value, classes, index)
+            rel = _destination(None if path is None else row.get(path), class_dir, index, ext)
+            record: dict[str, Any] = {"path": rel} if class_dir is None else {"path": rel, "class": class_dir}
+            yield {**record, "image": bytes(data)}  # a file out of place is named by its path, not its bytes
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
@@ -540,6 +569,20 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_b
     return formats, sizes, depths
 
 
+def _first_files(folder: str, depth: int) -> list[str]:
+    """The first files of ``folder`` (at most :data:`_DETECT_SAMPLE`), or where it holds none, those of the
+    first of its first few subfolders that holds some, down to ``depth`` levels below it."""
+    entries = _visible_typed(folder)
+    files = [os.path.join(folder, n) for n, sub in entries if not sub][:_DETECT_SAMPLE]
+    if files or depth == 0:
+        return files
+    for name in [n for n, sub in entries if sub][:_DETECT_SAMPLE]:
+        files = _first_files(os.path.join(folder, name), depth - 1)
+        if files:
+            break
+    return files
+
+
 def _visible_typed(directory: str) -> list[tuple[str, bool]]:
     """``(name, is a directory)`` of the entries not hidden, sorted by name (one listing)."""
     return sorted((n, d) for n, d in fsrc.scandir(directory) if not n.startswith("."))
@@ -578,6 +621,15 @@ def _status(entry: fsrc.TreeEntry) -> tuple[str, str]:
     return entry.kind, entry.reason
 
 
+def _is_utf8(path: str) -> bool:
+    """Whether ``path`` encodes as UTF-8 (a file name of other bytes is listed with surrogate escapes)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _image_name(name: str) -> bool:
     ext = os.path.splitext(name)[1].lower()
     return ext in IMAGE_EXTENSIONS or ext in OTHER_IMAGE_EXTENSIONS
@@ -613,12 +665,23 @@ def _reference_walks(root: str, follow: bool) -> list[tuple[str, str | None, lis
     the root's files when it has no class folders (not hidden; links to folders only with ``follow``),
     else each class folder's ``sorted(os.walk(...))``, by class."""
     entries = fsrc.scandir(root)  # (on object stores, listed through the store's filesystem)
-    classes = sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
-                     (follow or not os.path.islink(os.path.join(root, n))))
+    classes = _reference_classes(root, entries, follow)
     if not classes:
         return [(root, None, sorted(n for n, is_dir in entries if not is_dir))]
     return [(dirpath, name, sorted(files)) for name in classes
             for dirpath, _, files in sorted(_reference_walk(os.path.join(root, name), follow))]
+
+
+def _reference_classes(root: str, entries: Sequence[tuple[str, bool]], follow: bool) -> list[str]:
+    """The class folders among the root's ``entries``, sorted as torchvision's ``find_classes`` sorts them
+    (not hidden; links to folders only with ``follow``); empty when the folder is flat."""
+    return sorted(n for n, is_dir in entries if is_dir and not n.startswith(".") and
+                  (follow or not os.path.islink(os.path.join(root, n))))
+
+
+def _labels_of(classes: Sequence[str]) -> dict[str, int]:
+    """``{class folder: its label}``, so that verify names a folder added or missing."""
+    return {name: label for label, name in enumerate(classes)}
 
 
 def _reference_walk(top: str, follow: bool) -> Iterator[tuple[str, list[str], list[str]]]:

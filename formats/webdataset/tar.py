@@ -172,6 +172,7 @@ class Grouper:
         self.runs: dict[str, int] = {}  # key -> offset of its first member (a run's, or the group's)
         self.held: dict[str, Sample] = {}  # group_keys: every sample of the shard, in first-seen order
         self.skipping: str | None = None  # the key of a repeated run being skipped (on_error='skip')
+        self.exported = False  # a unihub export's shard: a row's members are adjacent, so a key seen again is a row
 
     def take(self, member: TarMember) -> Sample | None:
         """Add one member of the shard (any kind); returns the sample it completed, if any."""
@@ -180,6 +181,8 @@ class Grouper:
             if self.started and _header_of(member, self.path) is not None:
                 self.fail(f"a unihub header at offset {offset} follows samples: exports were joined into one "
                           "tar; split them, or pass --option unihub_schema=false", offset)
+            comment = pax_records(member, self.path).get("comment")
+            self.exported = self.exported or (comment is not None and comment.startswith(_HEADER_PREFIX))
             return None
         self.started = True
         name = member.name
@@ -205,7 +208,7 @@ class Grouper:
             done, self.current = self.current, None
         if self.current is None and key != self.skipping:
             self.skipping = None
-            first = self.runs.get(key)
+            first = None if self.exported else self.runs.get(key)
             if first is not None:
                 self.skipping = key
                 self.fail(f"key {key!r} has members at offset {first} and again at offset {offset}, with other "

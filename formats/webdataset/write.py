@@ -52,11 +52,17 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
             shard = writer.shard_for(index)
             key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
             previous_key = key
+            written = 0
             try:
                 for _, extension, data in speller.members(row):
                     shard.add(_checked_member(f"{key}.{extension}", index, key), data)
+                    written += 1
             except CodecError as exc:
                 raise CodecError(f"row {index} (key {key!r}): {exc}", field=exc.field, row=index) from exc
+            if not written:
+                raise SchemaError(f"row {index} (key {key!r}): every field is null, so the sample would have no "
+                                  "member and vanish from the export (a null leaves its member out); give the row "
+                                  "a value, or export to another format")
         return writer.close()
     except BaseException:
         writer.abort()
@@ -72,9 +78,26 @@ def _check_write_options(options: Mapping[str, Any], samples_per_shard: int, pat
     if image_extensions not in ("content", "name"):
         raise UnsupportedFormatError(f"image_extensions must be 'content' or 'name', got {image_extensions!r}")
     try:
-        pattern % 0
+        first, second = pattern % 0, pattern % 1
     except TypeError as exc:
         raise SchemaError(f"pattern must hold one %d-style field for the shard number, got {pattern!r}") from exc
+    reason = _shard_name_problem(first, second)
+    if reason is not None:
+        raise SchemaError(f"pattern {pattern!r} names the first shards {first!r} and {second!r}: {reason}")
+
+
+def _shard_name_problem(first: str, second: str) -> str | None:
+    """Why shards named ``first``, ``second``, ... would not all read back from the export's folder, or None."""
+    if first == second:
+        return "every shard gets that one name, so each would replace the one before"
+    outside = escaping_reason(first)
+    if outside is not None:
+        return f"shards must stay inside the export's folder, and {outside}"
+    if any(part in ("", ".") or part.startswith((".", "_")) for part in first.split("/")):
+        return "a name or folder that is empty, '.', or starts with '.' or '_' is left out when a folder is read"
+    if not first.endswith(".tar"):
+        return "the export writes uncompressed tar files, named .tar so that reading the folder finds them"
+    return None
 
 
 def _member_fields(schema: Unischema, image_extensions: str) -> dict[str, str]:
@@ -160,11 +183,16 @@ class _ShardSet:
         self.outputs, self.pattern, self.per_shard, self.header = outputs, pattern, per_shard, header
         self.current: _ShardWriter | None = None
         self.written: list[str] = []
+        self.names: set[str] = set()  # of the shards begun
 
     def shard_for(self, index: int) -> _ShardWriter:
         if index % self.per_shard == 0:
             self._commit()
             name = self.pattern % (index // self.per_shard)
+            if name in self.names:  # 's-%.1s.tar': shard 10 would replace shard 1
+                raise SchemaError(f"pattern {self.pattern!r} names shard {index // self.per_shard} {name!r}, as it "
+                                  "named one before, which it would replace; give the shard number in full (%d)")
+            self.names.add(name)
             self.current = _ShardWriter(self.outputs, name, self.header.at(index).to_text())
         return self.current  # type: ignore[return-value]
 

@@ -13,7 +13,7 @@ from unihub.cli import main
 from unihub.cli.demo import make_image
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
-from unihub.errors import DatasetExistsError, FormatError, UnsupportedFormatError
+from unihub.errors import DatasetExistsError, FormatError, InvalidArgumentError, UnsupportedFormatError
 from unihub.images.decoders import encode_image
 
 
@@ -67,6 +67,20 @@ def test_existing_target_is_refused_unless_overwrite(image_folder: Path, tmp_pat
         convert(image_folder, tmp_path / "ds", progress=False)
     assert sorted(os.listdir(tmp_path / "ds")) == before
     assert convert(image_folder, tmp_path / "ds", overwrite=True, progress=False).rows == 12
+
+
+def test_a_target_inside_the_image_folder_it_reads_is_refused(image_folder: Path, tmp_path: Path) -> None:
+    """A dataset written inside the image folder it reads is a class folder of the next read: a first one
+    ('aaa') renumbered every label, and inside a flat folder it made the images lie outside any class."""
+    before = sorted(p.relative_to(image_folder) for p in image_folder.rglob("*"))
+    for inside, append in (("aaa", False), ("zzz/ds", True)):
+        with pytest.raises(InvalidArgumentError, match="is inside the source"):
+            convert(image_folder, image_folder / inside, append=append, progress=False)
+        assert sorted(p.relative_to(image_folder) for p in image_folder.rglob("*")) == before
+    flat = image_folder / "cat"
+    with pytest.raises(InvalidArgumentError, match="is inside the source"):
+        convert(flat, flat / "ds", progress=False)
+    assert convert(flat, tmp_path / "flat", progress=False).rows == 4
 
 
 def test_unknown_format_and_missing_source(tmp_path: Path) -> None:

@@ -232,6 +232,23 @@ def test_detect(classes_tree, tmp_path: Path) -> None:
     assert not ImageFolderFormat.detect(str(tmp_path / "missing"))
 
 
+def test_detect_class_folders_holding_only_folders(tmp_path: Path) -> None:
+    """``<class>/<video>/<frame>.jpg``: class folders read recursively, whose files all lie a level or two
+    down, were not detected ('cannot tell its format'), so convert and verify needed --from."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "videos"
+    for rel in ("run/v1/0.jpg", "run/v1/1.jpg", "walk/v2/a/0.jpg", "walk/v3/0.jpg"):
+        put(root, rel, encode_image(rgb(), "jpeg"))
+    (root / "empty").mkdir()
+    assert ImageFolderFormat.detect(str(root))
+    convert(root, tmp_path / "ds")
+    assert verify(root, tmp_path / "ds").equal
+    put(tmp_path / "records" / "a" / "b", "part.tfrecord", b"\x00" * 64)
+    assert not ImageFolderFormat.detect(str(tmp_path / "records"))
+
+
 def test_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ImageFolderFormat(tmp_path / "missing")
@@ -389,3 +406,69 @@ def test_verify_reads_the_files_themselves(tmp_path: Path) -> None:
     report = verify(root, tmp_path / "ds")
     assert not report.equal
     assert report.differences[0].startswith("record 3 (dog/d.png), field 'image': expected ")
+
+
+def test_verify_sees_labels_renumbered_by_an_empty_class_folder(tmp_path: Path) -> None:
+    """Labels index the sorted class folders: an empty folder added before the others, or one removed,
+    renumbers them although every file is the same, so verify compares the class folders too."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "pets"
+    for rel in ("cat/a.png", "dog/b.png"):
+        put(root, rel, encode_image(rgb(), "png"))
+    (root / "empty").mkdir()
+    convert(root, tmp_path / "ds")
+    assert verify(root, tmp_path / "ds").equal
+    (root / "bird").mkdir()  # torchvision now labels cat 1, dog 3; the dataset says 0 and 2
+    report = verify(root, tmp_path / "ds")
+    assert not report.equal
+    assert report.differences == ["class folder labels/bird: expected 0, found nothing (missing)"]
+    convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
+    assert verify(tmp_path / "ds", tmp_path / "back").equal  # the export makes the empty folder too
+    (tmp_path / "back" / "empty").rmdir()
+    report = verify(tmp_path / "ds", tmp_path / "back")
+    assert report.differences == ["class folder labels/empty: expected 2, found nothing (missing)"]
+
+
+def test_verify_of_an_export_labelled_without_class_names(tmp_path: Path) -> None:
+    """A dataset that records no class names exports its labels as folder names: still equal."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+    from unihub.store.writer import write_dataset
+
+    schema = Unischema("S", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png"), False),
+                             UnischemaField("label", np.int64, (), None, False)])
+    write_dataset(tmp_path / "ds", schema, [{"image": rgb(), "label": label} for label in (1, 1, 3)])
+    convert(tmp_path / "ds", tmp_path / "back", to_format="imagefolder")
+    assert sorted(os.listdir(tmp_path / "back")) == ["1", "3"]
+    assert verify(tmp_path / "ds", tmp_path / "back").equal
+
+
+def test_verify_names_a_file_out_of_place_by_its_path(tmp_path: Path) -> None:
+    """Records are compared in order: a file moved to another class shifts the ones after it, and the
+    difference names the paths, not 'image bytes differ' at the first shifted record."""
+    from unihub.converters.convert import convert
+    from unihub.converters.verify import verify
+
+    root = tmp_path / "pets"
+    for seed, rel in enumerate(("cat/a.png", "cat/b.png", "dog/c.png")):
+        put(root, rel, encode_image(rgb(seed=seed), "png"))
+    convert(root, tmp_path / "ds")
+    (root / "cat" / "b.png").rename(root / "dog" / "b.png")
+    report = verify(root, tmp_path / "ds")
+    assert report.differences[0] == "record 1 (dog/b.png), field 'path': expected 'dog/b.png', found 'cat/b.png'"
+
+
+def test_a_file_name_that_is_not_utf8_is_a_format_error(tmp_path: Path) -> None:
+    """A name of other bytes (listed as ``'bad\\udcff.png'``) reached the Parquet writer as the path and
+    ended the CLI in a UnicodeEncodeError traceback; now it is refused naming the file, or skipped."""
+    from unihub.converters.convert import convert
+
+    put(tmp_path / "src", "cat/ok.png", encode_image(rgb(), "png"))
+    (tmp_path / "src" / "cat" / os.fsdecode(b"bad\xff.png")).write_bytes(encode_image(rgb(seed=1), "png"))
+    with pytest.raises(FormatError, match=r"bad\\udcff\.png' is not UTF-8"):
+        convert(tmp_path / "src", tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+    result = convert(tmp_path / "src", tmp_path / "ds", on_error="skip")
+    assert result.rows == 1 and [s.reason for s in result.skipped][0].startswith("its path 'cat/bad")

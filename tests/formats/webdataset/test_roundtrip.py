@@ -29,6 +29,7 @@ from unihub import (
     UnischemaField,
     write_dataset,
 )
+from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.formats.webdataset.format import WebDatasetFormat
@@ -273,3 +274,56 @@ def test_shards_read_back_in_export_order_whatever_their_names(tmp_path: Path) -
         assert open_dataset(str(tmp_path / f"back{workers}")).schema == schema
         assert [r["x"] for r in reader_rows(tmp_path / f"back{workers}")] == list(range(12))
     assert verify(str(tmp_path / "shards"), str(tmp_path / "back1")).equal
+
+
+def test_an_export_repeating_a_key_in_a_shard_reads_back(tmp_path: Path) -> None:
+    """Two shards that each number their keys from 0 export into one shard with each key twice, apart;
+    the export wrote each row's members together, so ingest reads each run as its row (as webdataset
+    and verify do), where a tar made by ``tar cf`` would be refused."""
+    for shard in range(2):
+        tarfile_shard(tmp_path / "wds" / f"s{shard}.tar",
+                      [(f"{key}.{ext}", f"{shard}{key}".encode()) for key in ("3", "1") for ext in ("txt", "cls")])
+    convert(str(tmp_path / "wds"), str(tmp_path / "ds"), progress=False)
+    convert(str(tmp_path / "ds"), str(tmp_path / "out"), to_format="webdataset", progress=False)
+    shards = sorted(str(p) for p in (tmp_path / "out").iterdir())
+    assert [s["__key__"] for s in wds.WebDataset(shards, shardshuffle=False)] == ["3", "1", "3", "1"]
+    convert(str(tmp_path / "out"), str(tmp_path / "again"), progress=False)
+    assert [(r["__key__"], r["txt"]) for r in reader_rows(tmp_path / "again")] == [
+        ("3", "03"), ("1", "01"), ("3", "13"), ("1", "11")]
+    assert verify(str(tmp_path / "out"), str(tmp_path / "again")).equal
+    assert verify(str(tmp_path / "ds"), str(tmp_path / "again")).equal
+
+
+def test_a_row_of_nulls_is_refused_not_dropped(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A null leaves its member out, so a row with every field null would be a sample of no member:
+    it vanished from the export (exit 0, a row fewer)."""
+    schema = Unischema("N", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), True)])
+    write_dataset(str(tmp_path / "ds"), schema, [{"x": 1}, {"x": None}, {"x": 3}])
+    line = refused(["convert", str(tmp_path / "ds"), str(tmp_path / "out"), "--to", "webdataset"], capsys,
+                   tmp_path / "out", SchemaError)
+    assert "row 1 (key '000000001'): every field is null" in line
+
+
+@pytest.mark.parametrize(("pattern", "message"), [
+    ("../x-%d.tar", "shards must stay inside the export's folder, and it has a '..' component"),
+    ("/tmp/x-%d.tar", "shards must stay inside the export's folder, and it is an absolute path"),
+    ("x%.0s.tar", "every shard gets that one name"),
+    ("x-%.1s.tar", r"names shard 10 'x-1\.tar', as it named one before"),
+    ("_x-%d.tar", "starts with '.' or '_' is left out"),
+    ("x-%d", "named .tar so that reading the folder finds them"),
+    ("x-%d.tar.gz", "named .tar so that reading the folder finds them"),
+])
+def test_a_pattern_whose_shards_would_not_read_back_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                              pattern: str, message: str) -> None:
+    """A pattern with '..' wrote the shards beside the staged export, which was published empty (exit 0,
+    'converted 12 rows'), or outside it; one naming two shards alike kept only the last one's rows."""
+    schema = Unischema("S", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(str(tmp_path / "ds"), schema, [{"x": i} for i in range(12)])
+    (tmp_path / "out").mkdir()
+    argv = ["convert", str(tmp_path / "ds"), str(tmp_path / "out" / "export"), "--to", "webdataset",
+            "--option", "samples_per_shard=1", "--option", f"pattern={pattern}"]
+    with pytest.raises(SchemaError, match=message):
+        main(["--verbose", *argv])
+    assert main(argv) == 1
+    assert "unihub: error: pattern " in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["ds", "out"]
