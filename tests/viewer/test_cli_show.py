@@ -87,3 +87,13 @@ def test_progress_when_asked_and_quiet(images_dataset: Path, tmp_path: Path, cap
     assert "4/4 row groups read" in err and err.rstrip().endswith("1 shown")
     assert main(["show", str(images_dataset), "--rows", "1", "--out", str(tmp_path / "b.html"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_out_naming_a_directory_is_refused_before_the_pass_and_the_directory_stays(
+        images_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    assert main(["show", str(images_dataset), "--rows", "1", "--out", str(folder)]) == 1
+    assert capsys.readouterr().err == f"unihub: error: cannot write {folder}: Is a directory\n"
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"]

@@ -226,3 +226,35 @@ def test_a_corrupt_image_is_shown_as_its_reason_and_the_rest_renders(tmp_path: P
     assert [len(t) for _, t in sorted(cards(report.html).items())] == [1, 0, 1]
     problem = report.report.sample[1].thumbs[0].problem
     assert problem and f'<div class="bad">image: {html.escape(problem)}</div>' in report.html
+
+
+def test_save_never_replaces_a_directory_a_pipe_or_a_link(images_dataset: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    report = unihub.show(images_dataset, rows=0)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    with pytest.raises(IsADirectoryError):  # a replace would remove the folder and what it holds
+        report.save(folder)
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"]
+
+    pipe = tmp_path / "pipe"  # as /dev/stdout or /dev/null: written into, not replaced by a file
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        page = report.html.encode()
+        assert len(page) < 60_000  # within a pipe's buffer: save does not wait for the read
+        report.save(pipe)
+        assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+        assert os.read(reader, 2 * len(page)) == page
+    finally:
+        os.close(reader)
+
+    real = tmp_path / "real.html"
+    real.write_text("old")
+    (tmp_path / "link.html").symlink_to(real)
+    report.save(tmp_path / "link.html")  # the file the link names is replaced; the link stays
+    assert (tmp_path / "link.html").is_symlink() and real.read_text(encoding="utf-8") == report.html
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "link.html", "pipe", "real.html"]
