@@ -93,7 +93,9 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
     rest as short text."""
     if not len(indices):
         return []
-    batch = Dataset(store, decode_images=False, cached_row_groups=0).take(indices)  # one row group at a time
+    # one row group at a time; unihub's types, whoever wrote the dataset: Petastorm's would show a null
+    # as NaN and a nullable integer as a float (2**53 + 1 as 9007199254740992.0)
+    batch = Dataset(store, decode_images=False, cached_row_groups=0, petastorm_types=False).take(indices)
     fields = list(store.schema)
     rows = []
     for i, index in enumerate(indices):

@@ -258,3 +258,19 @@ def test_save_never_replaces_a_directory_a_pipe_or_a_link(images_dataset: Path, 
     report.save(tmp_path / "link.html")  # the file the link names is replaced; the link stays
     assert (tmp_path / "link.html").is_symlink() and real.read_text(encoding="utf-8") == report.html
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "link.html", "pipe", "real.html"]
+
+
+def test_sampled_values_are_the_stored_ones_whoever_wrote_the_dataset(tmp_path: Path) -> None:
+    """Petastorm's read types would show a null as NaN and a nullable integer as a float: the sample shows
+    what is stored, as the statistics count it."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "plain").mkdir()
+    pq.write_table(pa.table({"i": pa.array([1, None, 2**53 + 1], pa.int64()), "f": pa.array([0.5, None, 1.5])}),
+                   tmp_path / "plain" / "part-0.parquet")
+    plain = unihub.show(tmp_path / "plain", rows=3, first=True).report
+    assert [dict(row.values)["i"] for row in plain.sample] == ["1", "null", "9007199254740993"]
+    assert [dict(row.values)["f"] for row in plain.sample] == ["0.5", "null", "1.5"]
+    petastorm = unihub.show(FIXTURES / "unischema", rows=60, first=True).report
+    scores = [dict(row.values)["score"] for row in petastorm.sample]
+    assert scores.count("null") == {s.name: s.nulls for s in petastorm.stats}["score"] == 12 and "nan" not in scores
