@@ -129,6 +129,8 @@ def value_text(value: Any) -> str:
     elif isinstance(value, np.ndarray) and value.ndim > 0:
         head = f"{value.dtype} {tuple(value.shape)}"
         text = f"{head} {np.array2string(value, threshold=8, edgeitems=2)}" if value.size <= 8 else head
+    elif isinstance(value, (np.floating, np.datetime64, np.timedelta64)):  # numpy's own text: .item() widens a
+        text = str(value)  # float32 (0.1 -> 0.10000000149011612) and makes a datetime64[ns] an int
     else:
         text = str(value.item() if isinstance(value, np.generic) else value)
     return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 1] + "…"

@@ -274,3 +274,14 @@ def test_sampled_values_are_the_stored_ones_whoever_wrote_the_dataset(tmp_path: 
     petastorm = unihub.show(FIXTURES / "unischema", rows=60, first=True).report
     scores = [dict(row.values)["score"] for row in petastorm.sample]
     assert scores.count("null") == {s.name: s.nulls for s in petastorm.stats}["score"] == 12 and "nan" not in scores
+
+
+def test_float32_and_nanosecond_times_are_shown_as_stored(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    (tmp_path / "plain").mkdir()
+    pq.write_table(pa.table({"f": pa.array([0.1, 2.5], pa.float32()),
+                             "t": pa.array([1577836800123456789, 0], pa.timestamp("ns"))}),
+                   tmp_path / "plain" / "part-0.parquet")
+    rows = [dict(row.values) for row in unihub.show(tmp_path / "plain", rows=2, first=True).report.sample]
+    assert rows == [{"f": "0.1", "t": "2020-01-01T00:00:00.123456789"}, {"f": "2.5", "t": "1970-01-01T00:00:00.000000000"}]
