@@ -167,3 +167,14 @@ def test_inspect_of_a_foreign_source_names_its_format_and_how_to_convert_it(tmp_
     assert err == (f"unihub: error: {tmp_path / 'x.h5'}: a file in the hdf5 format, not a unihub dataset; convert it "
                    f"first, e.g. unihub convert {tmp_path / 'x.h5'} x_unihub, then inspect that\n")
     assert "Parquet magic bytes" not in err
+
+
+def test_demo_refuses_a_folder_holding_files_no_demo_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "demo").mkdir()
+    assert main(["demo", str(mine), "--rows", "10", "--steps", "1"]) == 1
+    assert capsys.readouterr().err == (f"unihub: error: {mine} holds files no demo wrote (thesis.tex): the demo "
+                                       "replaces its folder; name a new or empty one, or an earlier demo's\n")
+    assert sorted(p.name for p in mine.iterdir()) == ["demo", "thesis.tex"]
