@@ -285,3 +285,15 @@ def test_float32_and_nanosecond_times_are_shown_as_stored(tmp_path: Path) -> Non
                    tmp_path / "plain" / "part-0.parquet")
     rows = [dict(row.values) for row in unihub.show(tmp_path / "plain", rows=2, first=True).report.sample]
     assert rows == [{"f": "0.1", "t": "2020-01-01T00:00:00.123456789"}, {"f": "2.5", "t": "1970-01-01T00:00:00.000000000"}]
+
+
+def test_long_values_are_cut_in_the_class_counts_and_the_provenance(tmp_path: Path) -> None:
+    schema = Unischema("Long", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("text", np.str_, (), ScalarCodec(pa.string()), False)])
+    values = ["a" * 1_000_000, "b" * 1_000_000]  # two classes of a megabyte each
+    write_dataset(tmp_path / "long", schema, ({"id": i, "text": values[i % 2]} for i in range(4)),
+                  extra_metadata={"note": "n" * 1_000_000, "files": ["f" * 1_000_000] * 2})
+    report = unihub.show(tmp_path / "long", rows=2)
+    assert dict({s.name: s for s in report.report.stats}["text"].classes.counts) == {values[0]: 2, values[1]: 2}
+    assert len(report.html) < 50_000  # not the megabytes of the values
+    assert "a" * 119 + "…" in report.html and "n" * 1999 + "…" in report.html and "f" * 1999 + "…" in report.html
