@@ -134,6 +134,9 @@ def _clear(root: str) -> None:
 def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], None] = print) -> None:
     """Every step of the main job under ``root`` (a new or empty folder, or an earlier demo's, which is
     replaced); ``say`` gets each report line."""
+    for name, value, least in (("rows", rows, 1), ("steps", steps, 0)):  # steps=-1 would train forever
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidArgumentError(f"{name} must be a whole number >= {least}, got {value!r}")
     _clear(root)
 
     def timed(what: str, fn: Callable[[], Any], count: int) -> Any:

@@ -178,3 +178,15 @@ def test_demo_refuses_a_folder_holding_files_no_demo_wrote(tmp_path: Path, capsy
     assert capsys.readouterr().err == (f"unihub: error: {mine} holds files no demo wrote (thesis.tex): the demo "
                                        "replaces its folder; name a new or empty one, or an earlier demo's\n")
     assert sorted(p.name for p in mine.iterdir()) == ["demo", "thesis.tex"]
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--rows", "-5"], "unihub: error: rows must be a whole number >= 1, got -5\n"),
+    (["--rows", "0"], "unihub: error: rows must be a whole number >= 1, got 0\n"),
+    (["--steps", "-1"], "unihub: error: steps must be a whole number >= 0, got -1\n"),  # trained forever
+])
+def test_demo_refuses_bad_counts_before_writing(option: list[str], line: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", str(tmp_path / "demo"), *option]) == 1
+    assert capsys.readouterr().err == line
+    assert list(tmp_path.iterdir()) == []
