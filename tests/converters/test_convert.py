@@ -157,3 +157,18 @@ def test_verify_needs_room_for_one_difference(limit: int, tmp_path: Path, capsys
         verify(tmp_path / "a", tmp_path / "b", max_differences=limit)
     assert main(["verify", str(tmp_path / "a"), str(tmp_path / "b"), "--max-differences", str(limit)]) == 1
     assert capsys.readouterr().err.startswith(f"unihub: error: max_differences must be a whole number >= 1, got {limit}")
+
+
+@pytest.mark.parametrize("size", [0, -1.0, float("nan"), float("inf")], ids=["0", "-1", "nan", "inf"])
+def test_a_row_group_size_no_writer_can_keep_is_refused(size: float, image_folder: Path, tmp_path: Path) -> None:
+    """0 or less wrote one row group per row; NaN and inf failed with a traceback as the bytes were counted."""
+    from unihub import write_dataset
+    from unihub.errors import SchemaError
+
+    with pytest.raises(SchemaError, match="row_group_size_mb must be positive"):
+        convert(image_folder, tmp_path / "ds", row_group_size_mb=size, progress=False)
+    assert not (tmp_path / "ds").exists()
+    convert(image_folder, tmp_path / "ok", progress=False)
+    with pytest.raises(SchemaError, match="row_group_size_mb must be positive"):
+        write_dataset(tmp_path / "again", open_dataset(tmp_path / "ok").schema, [], row_group_size_mb=size)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ok"]
