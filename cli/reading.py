@@ -101,7 +101,7 @@ def _throughput_reader_args(args: argparse.Namespace) -> dict[str, Any]:
         extra["storage_options"] = storage_options_of(args)
     if args.cache_location:
         extra.update(cache_type="local-disk", cache_location=args.cache_location,
-                     cache_size_limit=int(args.cache_size_limit_mb * 2**20),
+                     cache_size_limit=args.cache_size_limit_mb * 2**20,  # NaN and inf refused there
                      cache_extra_settings={"cleanup": False})  # kept for the other ranks and the next run
     return extra
 

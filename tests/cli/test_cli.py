@@ -190,3 +190,20 @@ def test_demo_refuses_bad_counts_before_writing(option: list[str], line: str, tm
     assert main(["demo", str(tmp_path / "demo"), *option]) == 1
     assert capsys.readouterr().err == line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    (["copy", "{ds}", "{tmp}/copy", "--row-group-size-mb", "nan"], "row_group_size_mb must be positive, got nan"),
+    (["copy", "{ds}", "{tmp}/copy", "--row-group-size-mb", "inf"], "row_group_size_mb must be positive, got inf"),
+    (["compact", "{ds}", "--target-mb", "inf"], "target_mb must be a positive number of megabytes, got inf"),
+    (["throughput", "{ds}", "--cache-location", "{tmp}/cache", "--cache-size-limit-mb", "nan", "--in-process",
+      "--quiet", "-n", "5"], "cache_size_limit must be a positive number of bytes"),
+])
+def test_a_size_of_nan_or_inf_is_one_error_line(command: list[str], line: str, small_dataset: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """They ended in a traceback (int(nan * 2**20)) where 0 and negative sizes were one line."""
+    argv = [part.format(ds=small_dataset, tmp=tmp_path) for part in command]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"unihub: error: {line}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]
