@@ -6,7 +6,9 @@ characters among them (``ESC ]0;...BEL`` retitles the window, ``ESC [2J`` clears
 hides what came before on the line), so a dataset from elsewhere could drive it. Every control
 character but newline and tab is printed as its ``\\xNN`` escape instead: in the command's standard
 output (:class:`PrintableStream`, for the whole command) and in its error and warning lines
-(:func:`printable`). Progress displays write to standard error directly, with their own ``\\r``.
+(:func:`printable`). Progress displays write to standard error directly, with their own ``\\r``. A
+character the standard output's encoding cannot hold is printed as its ``\\uXXXX`` escape, as Python
+writes standard error, instead of ending the command with a ``UnicodeEncodeError``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ class PrintableStream:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(printable(text))
+        shown = printable(text)
+        encoding = getattr(self.stream, "encoding", None)
+        if encoding:  # what the terminal's encoding lacks (a field named in Cyrillic, under Latin-1) as \uXXXX
+            shown = shown.encode(encoding, "backslashreplace").decode(encoding)
+        self.stream.write(shown)
         return len(text)
 
     def __getattr__(self, name: str) -> Any:
