@@ -35,6 +35,7 @@ from unihub.cli.completion import add_completion_command, autocomplete
 from unihub.cli.conversion import add_add_schema_command, add_convert_command, add_copy_command, add_verify_command
 from unihub.cli.main_job import add_demo_command
 from unihub.cli.reading import add_inspect_command, add_show_command, add_throughput_command
+from unihub.cli.terminal import PrintableStream, printable
 from unihub.cli.versions import add_adopt_command, add_compact_command, add_delete_command, add_vacuum_command
 from unihub.errors import UnihubError
 from unihub.fs.outputs import DISK_ERRORS, output_error, path_of
@@ -89,7 +90,7 @@ def _one_line_warnings(verbose: bool) -> Any:
     previous = warnings.formatwarning
     if not verbose:
         def one_line(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
-            return f"unihub: warning: {message}\n"
+            return f"unihub: warning: {printable(str(message))}\n"
 
         warnings.formatwarning = one_line
     return previous
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         _refuse_extra_arguments(parser, args, extra, argv)
     previous = _one_line_warnings(args.verbose)
+    stdout, sys.stdout = sys.stdout, PrintableStream(sys.stdout)  # a dataset's names cannot drive the terminal
     try:
         with interrupts.raised():  # Ctrl-C and SIGTERM unwind the command, which removes what it staged
             return _run(args)
@@ -122,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return interrupts.exit_code(stop)
     finally:
         warnings.formatwarning = previous
+        sys.stdout = stdout
 
 
 #: the commands that take exactly two paths, SRC then DST
@@ -156,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     except UnihubError as exc:
         if args.verbose:
             raise
-        print(f"unihub: error: {exc}", file=sys.stderr)
+        print(f"unihub: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupts.Terminated), once the command unwound
         print(interrupts.last_line(stop), file=sys.stderr)
@@ -167,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a full disk, a read-only destination, a file too large
         if args.verbose:
             raise
-        print(f"unihub: error: {_os_error_line(exc, args)}", file=sys.stderr)
+        print(f"unihub: error: {printable(_os_error_line(exc, args))}", file=sys.stderr)
         return 1
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from unihub.cli.parsers import DATASET, QUIET, STORAGE_OPTION, TAG, Arg, add_command, arg, one_of
 from unihub.cli.storage import storage_options_of
+from unihub.cli.terminal import printable
 from unihub.converters.add_schema import add_schema
 from unihub.converters.convert import convert, resolve_source_format, resolve_target_format
 from unihub.converters.copy import copy_dataset
@@ -110,7 +111,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                          max_image_pixels=getattr(args, "max_image_pixels", "current"),
                          storage_options=storage_options_of(args), append=args.append, tag=args.tag)
     if not args.quiet:
-        print(result.summary(), file=sys.stderr)
+        print(printable(result.summary()), file=sys.stderr)  # it names source files: see cli/terminal.py
     return 0
 
 
@@ -140,7 +141,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     finally:
         meter.close()
     if not args.quiet:
-        print(result.summary(), file=sys.stderr)
+        print(printable(result.summary()), file=sys.stderr)  # it names source files: see cli/terminal.py
     return 0
 
 

@@ -8,7 +8,7 @@
    convolutional model for a few steps; read the TFRecord one with ``BatchedDataLoader``;
 5. print what each step cost, with throughput.
 
-Everything lands under one directory, which is replaced::
+Everything lands under one directory (an earlier demo's is replaced; one holding other files is refused)::
 
     unihub demo /tmp/unihub-demo
 
@@ -33,6 +33,7 @@ from unihub.cli.demo import make_image, write_demo_dataset
 from unihub.cli.parsers import add_command, arg
 from unihub.converters.convert import convert
 from unihub.dependencies import is_available
+from unihub.errors import InvalidArgumentError
 from unihub.formats.imagefolder.format import ImageFolderFormat
 from unihub.formats.tfrecord.format import TFRecordFormat
 from unihub.images.decoders import encode_image
@@ -113,10 +114,30 @@ def train_a_few_steps(url: str, steps: int, say: Callable[[str], None]) -> None:
         f"{np.mean(losses[-5:]):.3f}, {seen / seconds:,.0f} rows/s including the model")
 
 
+#: what a demo writes in its folder (and the staging areas beside them, ``.NAME.unihub-...``)
+DEMO_ENTRIES = frozenset({"demo", "sources", "tfrecord_unihub", "images_unihub"})
+
+
+def _clear(root: str) -> None:
+    """Make ``root`` an empty folder: an earlier demo's is emptied, any other that holds something is refused
+    (removing it would delete someone's files: ``unihub demo .``)."""
+    if os.path.isdir(root):
+        foreign = sorted(name for name in os.listdir(root) if name not in DEMO_ENTRIES and ".unihub-" not in name)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise InvalidArgumentError(f"{root} holds files no demo wrote ({shown}): the demo replaces its folder; "
+                                       "name a new or empty one, or an earlier demo's")
+        shutil.rmtree(root, ignore_errors=True)  # '.' itself stays
+    os.makedirs(root, exist_ok=True)
+
+
 def run(root: str, *, rows: int = 2000, steps: int = 60, say: Callable[[str], None] = print) -> None:
-    """Every step of the main job under ``root`` (replaced); ``say`` gets each report line."""
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(root)
+    """Every step of the main job under ``root`` (a new or empty folder, or an earlier demo's, which is
+    replaced); ``say`` gets each report line."""
+    for name, value, least in (("rows", rows, 1), ("steps", steps, 0)):  # steps=-1 would train forever
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidArgumentError(f"{name} must be a whole number >= {least}, got {value!r}")
+    _clear(root)
 
     def timed(what: str, fn: Callable[[], Any], count: int) -> Any:
         start = time.perf_counter()
@@ -161,7 +182,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_demo_command(sub: Any) -> None:
     add_command(sub, "demo", cmd_demo,
-                arg("path", nargs="?", default="unihub-demo", help="where to write (replaced if present)"),
+                arg("path", nargs="?", default="unihub-demo",
+                    help="where to write: a new or empty folder, or an earlier demo's (replaced)"),
                 arg("--rows", type=int, default=2000, help="rows of each dataset (default 2000)"),
                 arg("--steps", type=int, default=60, help="training steps of batch 64 (default 60)"),
                 help="the main job on generated data: write, convert, inspect, train",

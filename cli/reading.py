@@ -17,7 +17,7 @@ from unihub.cli.versions import print_versions
 from unihub.errors import SchemaMismatchError, UnihubError
 from unihub.fs import sources
 from unihub.runtime.progress import Display, open_display, should_show
-from unihub.viewer import DEFAULT_REPORT, show
+from unihub.viewer import DEFAULT_REPORT, refuse_directory, show
 from unihub.viewer.describe import describe_dataset, format_description
 
 
@@ -37,6 +37,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):  # before the pass over the dataset, not after
         raise UnihubError(f"cannot write {out}: {folder} is not a directory")
+    refuse_directory(out)
 
     display: Display | None = None
     state = (0, 0, "")
@@ -100,7 +101,7 @@ def _throughput_reader_args(args: argparse.Namespace) -> dict[str, Any]:
         extra["storage_options"] = storage_options_of(args)
     if args.cache_location:
         extra.update(cache_type="local-disk", cache_location=args.cache_location,
-                     cache_size_limit=int(args.cache_size_limit_mb * 2**20),
+                     cache_size_limit=args.cache_size_limit_mb * 2**20,  # NaN and inf refused there
                      cache_extra_settings={"cleanup": False})  # kept for the other ranks and the next run
     return extra
 

@@ -39,7 +39,7 @@ from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
 from unihub.schema.unischema import Unischema, select_unischema_fields
 from unihub.store.dataset import ParquetStore, list_data_files, open_dataset
 from unihub.store.ownership import check_replaceable
-from unihub.store.writer import finish_parts, write_parts
+from unihub.store.writer import check_row_group_size, finish_parts, write_parts
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     if partitions_count is not None and (not isinstance(partitions_count, int) or partitions_count < 1):
         raise SchemaError(f"partitions_count must be a positive integer, got {partitions_count!r}")
     row_group_size_mb = DEFAULT_ROW_GROUP_SIZE_MB if row_group_size_mb is None else row_group_size_mb
-    if row_group_size_mb <= 0:
-        raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
+    check_row_group_size(row_group_size_mb)
     source_url, target_url = os.fspath(source_url), os.fspath(target_url)
     store = open_dataset(source_url, storage_options=storage_options)
     schema = _target_schema(store.schema, field_regex)

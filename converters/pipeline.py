@@ -31,7 +31,7 @@ from unihub.schema.unischema import Unischema
 from unihub.store import versions
 from unihub.store.dataset import list_data_files
 from unihub.store.ownership import check_replaceable
-from unihub.store.writer import check_part_size, finish_parts
+from unihub.store.writer import check_part_size, check_row_group_size, finish_parts
 
 
 @remote.naming_url("dst")
@@ -49,6 +49,7 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
     are published as the next version of ``dst`` (``tag``, the ``sources`` they came from recorded with it:
     :func:`unihub.store.versions.commit_append`) instead of replacing it."""
     check_part_size(part_size_mb)
+    check_row_group_size(row_group_size_mb)
     start = time.perf_counter()
     fs, target = fsutil.resolve_filesystem(dst, storage_options=storage_options)
     publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from unihub.converters.convert import resolve_source_format, unihub_batches
 from unihub.converters.result import UNIHUB
+from unihub.errors import InvalidArgumentError
 from unihub.formats.base import FORMATS, ForeignFormat
 from unihub.formats.compare import first_difference, show_value
 from unihub.fs import sources
@@ -137,7 +138,11 @@ def verify(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, from_for
 
     ``options`` are reading options of the foreign side (as for ``convert``'s ``format_options``);
     ``storage_options`` reach every file of either side on a remote filesystem (as for ``convert``).
+    ``max_differences`` (at least 1: the comparison stops collecting there) are listed.
     """
+    if isinstance(max_differences, bool) or not isinstance(max_differences, int) or max_differences < 1:
+        raise InvalidArgumentError(f"max_differences must be a whole number >= 1, got {max_differences!r} "
+                                   "(with none collected, two different datasets would compare equal)")
     with sources.using(storage_options):
         return _verify(src, dst, from_format=from_format, to_format=to_format, max_differences=max_differences,
                        options=options)

@@ -20,6 +20,7 @@ import operator
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from unihub.errors import FilterExpressionError
@@ -52,7 +53,10 @@ def parse_filter(text: str, names: Collection[str]) -> ParsedFilter:
         raise FilterExpressionError(f"filter {text!r} is not an expression: {exc.msg} at column "
                                     f"{exc.offset or 0}") from None
     builder = _Builder(text, names)
-    built = builder.build(tree.body)
+    try:
+        built = builder.build(tree.body)
+    except (OverflowError, pa.ArrowException) as exc:  # a constant Arrow cannot hold (2**70)
+        raise FilterExpressionError(f"filter {text!r}: {exc}") from None
     if not isinstance(built, pc.Expression):
         raise FilterExpressionError(f"filter {text!r} compares nothing: it is the constant {built!r}")
     return ParsedFilter(built, tuple(builder.used))
@@ -74,7 +78,7 @@ def _from_dnf(source: str, names: Collection[str]) -> ParsedFilter:
             _check_name(term[0], names, source)
     try:
         expression = pq.filters_to_expression([[tuple(t) for t in conj] for conj in conjunctions])
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
         raise FilterExpressionError(f"filter {source!r}: {exc}") from None
     return ParsedFilter(expression, tuple(dict.fromkeys(t[0] for conj in conjunctions for t in conj)))
 

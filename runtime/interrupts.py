@@ -60,7 +60,8 @@ def last_line(stop: BaseException) -> str:
 
 
 def is_command() -> bool:
-    """Whether this process is the ``unihub`` command: its console script, or ``python -m unihub.cli``."""
+    """Whether this process is the ``unihub`` command: its console script, ``python -m unihub`` or
+    ``python -m unihub.cli``."""
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     if script in ("unihub", "unihub.exe", "unihub-script.py"):
         return True
@@ -68,7 +69,7 @@ def is_command() -> bool:
     if script == "-m":
         for index, arg in enumerate(argv[1:], 1):
             if arg.startswith("-m"):
-                return (arg[2:] or (argv[index + 1] if index + 1 < len(argv) else "")) == "unihub.cli"
+                return (arg[2:] or (argv[index + 1] if index + 1 < len(argv) else "")) in ("unihub", "unihub.cli")
     return False
 
 

@@ -151,8 +151,7 @@ def _check_arguments(schema: Unischema, *, row_group_size_mb: float, rows_per_fi
                      part_size_mb: float, partition_by: Sequence[str], petastorm_compatible: bool, mode: str,
                      tag: str | None, overwrite: bool) -> None:
     """:func:`write_dataset`'s arguments checked before anything is written (a SchemaError naming the one)."""
-    if row_group_size_mb <= 0:
-        raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
+    check_row_group_size(row_group_size_mb)
     if rows_per_file is not None and rows_per_file <= 0:
         raise SchemaError(f"rows_per_file must be positive, got {rows_per_file}")
     check_part_size(part_size_mb)
@@ -202,6 +201,14 @@ def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_
         for path in writer.files:
             fsutil.discard(fs, path)
         raise
+
+
+def check_row_group_size(row_group_size_mb: float) -> None:
+    """A ``row_group_size_mb`` a writer can keep: a finite number of megabytes > 0 (else ``SchemaError``; inf
+    and NaN would fail as the byte count is made, and 0 or less made one row group per row)."""
+    if isinstance(row_group_size_mb, bool) or not isinstance(row_group_size_mb, (int, float)) \
+            or not 0 < row_group_size_mb < float("inf"):
+        raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
 
 
 def check_part_size(part_size_mb: float) -> None:

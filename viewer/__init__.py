@@ -17,6 +17,7 @@ with the row's other values under each; per-field statistics. Modules: :mod:`~un
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,18 +52,32 @@ class ShowReport:
         return self.html
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the page to ``path`` (a local file, replaced atomically); returns the path."""
+        """Write the page to ``path`` (a local file, replaced atomically; where ``path`` is a link, the file
+        it names); returns the path. A device or pipe (``/dev/stdout``) is written into, never replaced,
+        and a directory is refused: replacing it would remove it and everything in it."""
         target = os.fspath(path)
-        temporary = atomic.sibling(target)
+        refuse_directory(target)
+        if os.path.exists(target) and not os.path.isfile(target):
+            with open(target, "w", encoding="utf-8") as out:
+                out.write(self.html)
+            return target
+        final = os.path.realpath(target)
+        temporary = atomic.sibling(final)
         try:
             with open(temporary, "w", encoding="utf-8") as out:
                 out.write(self.html)
-            atomic.replace(temporary, target)
+            atomic.replace(temporary, final)
         except BaseException:
             if os.path.lexists(temporary):
                 os.remove(temporary)
             raise
         return target
+
+
+def refuse_directory(path: str) -> None:
+    """Raise ``IsADirectoryError`` where ``path``, where a report is to be written, is a directory."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
 
 
 def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0, first: bool = False,
@@ -85,4 +100,4 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
     return ShowReport(report, render(report))
 
 
-__all__ = ["ShowReport", "show"]
+__all__ = ["ShowReport", "refuse_directory", "show"]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from unihub.viewer.describe import codec_label, human_bytes, shape_label
-from unihub.viewer.report import Report, SampleRow
+from unihub.viewer.report import VALUE_CHARS, Report, SampleRow
 from unihub.viewer.stats import MAX_CLASSES, FieldStats, Histogram
 
 _SCRIPT = """(function () {
@@ -41,6 +41,9 @@ _SCRIPT = """(function () {
 _SCRIPT_HASH = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
 _CSP = (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{_SCRIPT_HASH}'; "
         "base-uri 'none'; form-action 'none'")
+
+#: characters of a metadata value the page shows (a class is cut at VALUE_CHARS, as a sampled value)
+TEXT_CHARS = 2000
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
@@ -187,7 +190,7 @@ def _field_stats(s: FieldStats) -> str:
 
 def _class_bars(counts: Sequence[tuple[Any, int]]) -> str:
     top = max((c for _, c in counts), default=1) or 1
-    rows = "".join(f"<tr><td>{_text(value)}</td><td class=\"num\">{_int(count)}</td>"
+    rows = "".join(f"<tr><td>{_text(value, chars=VALUE_CHARS)}</td><td class=\"num\">{_int(count)}</td>"
                    f"<td><span class=\"bar\" style=\"width:{200 * count / top:.1f}px\"></span></td></tr>"
                    for value, count in counts)
     return f"<table class=\"classes\">{rows}</table>"
@@ -212,15 +215,20 @@ def _svg_histogram(histogram: Histogram, what: str, unit: str) -> str:
             f"<br><span class=\"muted\">{escape(_num(low))} … {escape(_num(high))}</span></div>")
 
 
-def _text(value: Any, limit: int = 50) -> str:
-    """A metadata value, escaped: lists show their first ``limit`` items."""
+def _text(value: Any, limit: int = 50, chars: int = TEXT_CHARS) -> str:
+    """A metadata value or a class, escaped and at most ``chars`` characters long (a value of megabytes
+    would otherwise be copied into the page whole): lists show their first ``limit`` items."""
     if isinstance(value, list):
         shown = ", ".join(str(v) for v in value[:limit])
         more = f" … ({len(value) - limit:,} more)" if len(value) > limit else ""
-        return escape(shown + more)
+        return escape(_cut(shown, chars) + more)
     if isinstance(value, dict):
-        return f"<code>{escape(json.dumps(value, default=str)[:2000])}</code>"
-    return escape(str(value))
+        return f"<code>{escape(_cut(json.dumps(value, default=str), chars))}</code>"
+    return escape(_cut(str(value), chars))
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "…"
 
 
 def _int(n: int | float) -> str:

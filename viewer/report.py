@@ -93,7 +93,9 @@ def sample_rows(store: ParquetStore, indices: np.ndarray) -> list[SampleRow]:
     rest as short text."""
     if not len(indices):
         return []
-    batch = Dataset(store, decode_images=False, cached_row_groups=0).take(indices)  # one row group at a time
+    # one row group at a time; unihub's types, whoever wrote the dataset: Petastorm's would show a null
+    # as NaN and a nullable integer as a float (2**53 + 1 as 9007199254740992.0)
+    batch = Dataset(store, decode_images=False, cached_row_groups=0, petastorm_types=False).take(indices)
     fields = list(store.schema)
     rows = []
     for i, index in enumerate(indices):
@@ -127,6 +129,8 @@ def value_text(value: Any) -> str:
     elif isinstance(value, np.ndarray) and value.ndim > 0:
         head = f"{value.dtype} {tuple(value.shape)}"
         text = f"{head} {np.array2string(value, threshold=8, edgeitems=2)}" if value.size <= 8 else head
+    elif isinstance(value, (np.floating, np.datetime64, np.timedelta64)):  # numpy's own text: .item() widens a
+        text = str(value)  # float32 (0.1 -> 0.10000000149011612) and makes a datetime64[ns] an int
     else:
         text = str(value.item() if isinstance(value, np.generic) else value)
     return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 1] + "…"

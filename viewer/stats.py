@@ -40,11 +40,12 @@ class Histogram:
         self.lo = 0.0
         self.width = 0.0  # 0 until the first value
         self.counts = np.zeros(bins, dtype=np.int64)
+        self.too_wide = False  # values apart by more than a float64 holds (-1e308 and 1e308): no bins
 
     def add(self, values: np.ndarray) -> None:
         values = np.asarray(values, dtype=np.float64).ravel()
         values = values[np.isfinite(values)]
-        if not values.size:
+        if not values.size or self.too_wide:
             return
         low, high = float(values.min()), float(values.max())
         if self.width == 0:
@@ -56,6 +57,9 @@ class Histogram:
             self._merge(np.concatenate([np.zeros(self.bins, np.int64), self.counts]))
         while high >= self.lo + self.width * self.bins:
             self._merge(np.concatenate([self.counts, np.zeros(self.bins, np.int64)]))
+        if not np.isfinite(self.lo + self.width * self.bins):  # the bins' edges overflowed
+            self.too_wide, self.counts = True, np.zeros(self.bins, dtype=np.int64)
+            return
         index = np.minimum(((values - self.lo) // self.width).astype(np.int64), self.bins - 1)
         self.counts += np.bincount(index, minlength=self.bins)
 

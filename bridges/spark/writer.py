@@ -32,6 +32,7 @@ from unihub.schema.validation import stored_as_text
 from unihub.store.dataset import COMMON_METADATA, list_data_files, read_metadata
 from unihub.store.integrity import SPARK_CHECKSUM_CONF
 from unihub.store.metadata_files import petastorm_metadata, write_summary_metadata
+from unihub.store.writer import check_row_group_size
 
 if TYPE_CHECKING:
     from unihub.schema.unischema import Unischema, UnischemaField
@@ -253,8 +254,8 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
     to open the dataset (its pickled Unischema and the row groups per file), so readers not yet
     moved to unihub keep working; a field Petastorm cannot read is refused before the job runs.
     """
-    if row_group_size_mb is not None and row_group_size_mb <= 0:
-        raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
+    if row_group_size_mb is not None:
+        check_row_group_size(row_group_size_mb)
     if petastorm_compatible:
         check_petastorm_compatible(schema)
     job_hadoop = {_SUMMARY_LEVEL: "NONE", SPARK_CHECKSUM_CONF: "true"}  # a CRC-32 in every page header

@@ -167,3 +167,43 @@ def test_inspect_of_a_foreign_source_names_its_format_and_how_to_convert_it(tmp_
     assert err == (f"unihub: error: {tmp_path / 'x.h5'}: a file in the hdf5 format, not a unihub dataset; convert it "
                    f"first, e.g. unihub convert {tmp_path / 'x.h5'} x_unihub, then inspect that\n")
     assert "Parquet magic bytes" not in err
+
+
+def test_demo_refuses_a_folder_holding_files_no_demo_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    (mine / "demo").mkdir()
+    assert main(["demo", str(mine), "--rows", "10", "--steps", "1"]) == 1
+    assert capsys.readouterr().err == (f"unihub: error: {mine} holds files no demo wrote (thesis.tex): the demo "
+                                       "replaces its folder; name a new or empty one, or an earlier demo's\n")
+    assert sorted(p.name for p in mine.iterdir()) == ["demo", "thesis.tex"]
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--rows", "-5"], "unihub: error: rows must be a whole number >= 1, got -5\n"),
+    (["--rows", "0"], "unihub: error: rows must be a whole number >= 1, got 0\n"),
+    (["--steps", "-1"], "unihub: error: steps must be a whole number >= 0, got -1\n"),  # trained forever
+])
+def test_demo_refuses_bad_counts_before_writing(option: list[str], line: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", str(tmp_path / "demo"), *option]) == 1
+    assert capsys.readouterr().err == line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    (["copy", "{ds}", "{tmp}/copy", "--row-group-size-mb", "nan"], "row_group_size_mb must be positive, got nan"),
+    (["copy", "{ds}", "{tmp}/copy", "--row-group-size-mb", "inf"], "row_group_size_mb must be positive, got inf"),
+    (["compact", "{ds}", "--target-mb", "inf"], "target_mb must be a positive number of megabytes, got inf"),
+    (["throughput", "{ds}", "--cache-location", "{tmp}/cache", "--cache-size-limit-mb", "nan", "--in-process",
+      "--quiet", "-n", "5"], "cache_size_limit must be a positive number of bytes"),
+])
+def test_a_size_of_nan_or_inf_is_one_error_line(command: list[str], line: str, small_dataset: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """They ended in a traceback (int(nan * 2**20)) where 0 and negative sizes were one line."""
+    argv = [part.format(ds=small_dataset, tmp=tmp_path) for part in command]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"unihub: error: {line}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]

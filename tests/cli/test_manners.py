@@ -104,3 +104,40 @@ def test_without_argcomplete_unihub_runs_and_completion_names_the_extra(
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("unihub ")
+
+
+def test_a_datasets_control_characters_do_not_reach_the_terminal(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from unihub.cli.terminal import printable
+
+    hostile = "\x1b]0;owned\x07\x1b[2J\r\x9b"  # retitle the window, clear the screen, hide the line
+    schema = unihub.Unischema("Schema" + hostile, [
+        unihub.UnischemaField("id" + hostile, np.int64, (), unihub.ScalarCodec(pa.int64()), False)])
+    rows = ({"id" + hostile: i} for i in range(3))
+    unihub.write_dataset(tmp_path / "ds", schema, rows)
+    unihub.write_dataset(tmp_path / "ds", schema, ({"id" + hostile: 3},), mode="append", tag="t" + hostile)
+    assert main(["inspect", str(tmp_path / "ds")]) == 0
+    assert main(["inspect", str(tmp_path / "ds"), "--versions"]) == 0
+    assert main(["show", str(tmp_path / "ds"), "--where", "idx > 1", "--out", str(tmp_path / "r.html")]) == 1
+    captured = capsys.readouterr()
+    for text in (captured.out, captured.err):
+        assert not any(c in text for c in "\x1b\x07\r\x9b")
+    assert captured.out.count(printable(hostile)) == 3  # the schema, the field and the tag, as escapes
+    assert captured.err.startswith("unihub: error: filter 'idx > 1' names 'idx'") and printable(hostile) in captured.err
+    assert printable("a\tb\nc\x1b[0m\x7f") == "a\tb\nc\\x1b[0m\\x7f"
+
+
+def test_a_name_the_terminals_encoding_lacks_is_printed_as_an_escape(tmp_path: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    schema = unihub.Unischema("S", [unihub.UnischemaField("метка", np.int64, (), unihub.ScalarCodec(pa.int64()), False)])
+    unihub.write_dataset(tmp_path / "ds", schema, ({"метка": i} for i in range(2)))
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"}  # a terminal that is not UTF-8
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", "inspect", str(tmp_path / "ds")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert "\\u043c\\u0435\\u0442\\u043a\\u0430  int64" in done.stdout

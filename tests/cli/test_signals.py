@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from unihub import convert
+from unihub import convert, package_version
 from unihub.cli.demo import write_demo_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status (Linux)")
@@ -170,6 +170,17 @@ def test_the_console_script_answers_at_once(shards: str, tmp_path: Path) -> None
     (tmp_path / "out").mkdir()
     destination = tmp_path / "out" / "ds"
     done = _interrupt([sys.executable, str(script), "convert", shards, str(destination), "--quiet"], signal.SIGINT,
+                      delay=0.0)
+    _assert_stopped(done, signal.SIGINT, destination)
+
+
+def test_python_m_unihub_is_the_command(shards: str, tmp_path: Path) -> None:
+    """``python -m unihub`` runs the command as ``unihub`` does, its handlers in place from the package's first lines."""
+    version = subprocess.run([sys.executable, "-m", "unihub", "--version"], capture_output=True, text=True, timeout=120)
+    assert (version.returncode, version.stdout) == (0, f"unihub {package_version()}\n"), version.stderr
+    (tmp_path / "out").mkdir()
+    destination = tmp_path / "out" / "ds"
+    done = _interrupt([sys.executable, "-m", "unihub", "convert", shards, str(destination), "--quiet"], signal.SIGINT,
                       delay=0.0)
     _assert_stopped(done, signal.SIGINT, destination)
 

@@ -153,3 +153,36 @@ def test_unihub_datasets_are_told_from_folders_without_walking_them(tmp_path: Pa
     monkeypatch.setattr(convert_module.os, "walk", lambda p: (listed.append(r) or (r, d, n) for r, d, n in walk(p)))
     assert not convert_module.is_unihub_dataset(str(folder))
     assert listed == [str(folder)]
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_verify_needs_room_for_one_difference(limit: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With no difference collected, two different datasets compared equal (exit 0)."""
+    import pyarrow as pa
+
+    from unihub import ScalarCodec, Unischema, UnischemaField, write_dataset
+    from unihub.errors import InvalidArgumentError
+
+    schema = Unischema("S", [UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False)])
+    write_dataset(tmp_path / "a", schema, ({"label": i} for i in range(5)))
+    write_dataset(tmp_path / "b", schema, ({"label": i + (i == 3)} for i in range(5)))
+    assert not verify(tmp_path / "a", tmp_path / "b", max_differences=1).equal
+    with pytest.raises(InvalidArgumentError, match=f"max_differences must be a whole number >= 1, got {limit}"):
+        verify(tmp_path / "a", tmp_path / "b", max_differences=limit)
+    assert main(["verify", str(tmp_path / "a"), str(tmp_path / "b"), "--max-differences", str(limit)]) == 1
+    assert capsys.readouterr().err.startswith(f"unihub: error: max_differences must be a whole number >= 1, got {limit}")
+
+
+@pytest.mark.parametrize("size", [0, -1.0, float("nan"), float("inf")], ids=["0", "-1", "nan", "inf"])
+def test_a_row_group_size_no_writer_can_keep_is_refused(size: float, image_folder: Path, tmp_path: Path) -> None:
+    """0 or less wrote one row group per row; NaN and inf failed with a traceback as the bytes were counted."""
+    from unihub import write_dataset
+    from unihub.errors import SchemaError
+
+    with pytest.raises(SchemaError, match="row_group_size_mb must be positive"):
+        convert(image_folder, tmp_path / "ds", row_group_size_mb=size, progress=False)
+    assert not (tmp_path / "ds").exists()
+    convert(image_folder, tmp_path / "ok", progress=False)
+    with pytest.raises(SchemaError, match="row_group_size_mb must be positive"):
+        write_dataset(tmp_path / "again", open_dataset(tmp_path / "ok").schema, [], row_group_size_mb=size)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ok"]

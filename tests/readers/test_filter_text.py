@@ -57,6 +57,9 @@ def test_the_fields_read_are_named() -> None:
     ('[["zz", "=", 1]]', "names 'zz'"),
     ("", "the filter is empty"),
     ("lambda: 1", "not allowed in a filter"),
+    ("label > 99999999999999999999999", "filter 'label > 99999999999999999999999': Python int too large"),
+    ("label.isin([99999999999999999999999])", "Python int too large"),
+    ('[["label", ">", 99999999999999999999999]]', "Python int too large"),
 ])
 def test_bad_text_is_a_named_error_and_runs_nothing(text: str, message: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:

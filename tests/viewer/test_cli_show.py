@@ -87,3 +87,28 @@ def test_progress_when_asked_and_quiet(images_dataset: Path, tmp_path: Path, cap
     assert "4/4 row groups read" in err and err.rstrip().endswith("1 shown")
     assert main(["show", str(images_dataset), "--rows", "1", "--out", str(tmp_path / "b.html"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_out_naming_a_directory_is_refused_before_the_pass_and_the_directory_stays(
+        images_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    assert main(["show", str(images_dataset), "--rows", "1", "--out", str(folder)]) == 1
+    assert capsys.readouterr().err == f"unihub: error: cannot write {folder}: Is a directory\n"
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize(("where", "line"), [
+    ("score > 'a'", "unihub: error: filter (score > \"a\") cannot be evaluated on the stored columns: Function "
+                    "'greater' has no kernel matching input types (float, string)"),
+    ("boxes > 1", "unihub: error: filter (boxes > 1) cannot be evaluated on the stored columns: "),
+    ("not label", "unihub: error: filter invert(label) cannot be evaluated on the stored columns: "),
+    ("id > 99999999999999999999999", "unihub: error: filter 'id > 99999999999999999999999': Python int too large"),
+])
+def test_a_filter_the_columns_cannot_take_is_one_line(where: str, line: str, images_dataset: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(images_dataset), "--where", where, "--out", str(tmp_path / "r.html")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -226,3 +226,74 @@ def test_a_corrupt_image_is_shown_as_its_reason_and_the_rest_renders(tmp_path: P
     assert [len(t) for _, t in sorted(cards(report.html).items())] == [1, 0, 1]
     problem = report.report.sample[1].thumbs[0].problem
     assert problem and f'<div class="bad">image: {html.escape(problem)}</div>' in report.html
+
+
+def test_save_never_replaces_a_directory_a_pipe_or_a_link(images_dataset: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    report = unihub.show(images_dataset, rows=0)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    with pytest.raises(IsADirectoryError):  # a replace would remove the folder and what it holds
+        report.save(folder)
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"]
+
+    pipe = tmp_path / "pipe"  # as /dev/stdout or /dev/null: written into, not replaced by a file
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        page = report.html.encode()
+        assert len(page) < 60_000  # within a pipe's buffer: save does not wait for the read
+        report.save(pipe)
+        assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+        assert os.read(reader, 2 * len(page)) == page
+    finally:
+        os.close(reader)
+
+    real = tmp_path / "real.html"
+    real.write_text("old")
+    (tmp_path / "link.html").symlink_to(real)
+    report.save(tmp_path / "link.html")  # the file the link names is replaced; the link stays
+    assert (tmp_path / "link.html").is_symlink() and real.read_text(encoding="utf-8") == report.html
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "link.html", "pipe", "real.html"]
+
+
+def test_sampled_values_are_the_stored_ones_whoever_wrote_the_dataset(tmp_path: Path) -> None:
+    """Petastorm's read types would show a null as NaN and a nullable integer as a float: the sample shows
+    what is stored, as the statistics count it."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "plain").mkdir()
+    pq.write_table(pa.table({"i": pa.array([1, None, 2**53 + 1], pa.int64()), "f": pa.array([0.5, None, 1.5])}),
+                   tmp_path / "plain" / "part-0.parquet")
+    plain = unihub.show(tmp_path / "plain", rows=3, first=True).report
+    assert [dict(row.values)["i"] for row in plain.sample] == ["1", "null", "9007199254740993"]
+    assert [dict(row.values)["f"] for row in plain.sample] == ["0.5", "null", "1.5"]
+    petastorm = unihub.show(FIXTURES / "unischema", rows=60, first=True).report
+    scores = [dict(row.values)["score"] for row in petastorm.sample]
+    assert scores.count("null") == {s.name: s.nulls for s in petastorm.stats}["score"] == 12 and "nan" not in scores
+
+
+def test_float32_and_nanosecond_times_are_shown_as_stored(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    (tmp_path / "plain").mkdir()
+    pq.write_table(pa.table({"f": pa.array([0.1, 2.5], pa.float32()),
+                             "t": pa.array([1577836800123456789, 0], pa.timestamp("ns"))}),
+                   tmp_path / "plain" / "part-0.parquet")
+    rows = [dict(row.values) for row in unihub.show(tmp_path / "plain", rows=2, first=True).report.sample]
+    assert rows == [{"f": "0.1", "t": "2020-01-01T00:00:00.123456789"}, {"f": "2.5", "t": "1970-01-01T00:00:00.000000000"}]
+
+
+def test_long_values_are_cut_in_the_class_counts_and_the_provenance(tmp_path: Path) -> None:
+    schema = Unischema("Long", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("text", np.str_, (), ScalarCodec(pa.string()), False)])
+    values = ["a" * 1_000_000, "b" * 1_000_000]  # two classes of a megabyte each
+    write_dataset(tmp_path / "long", schema, ({"id": i, "text": values[i % 2]} for i in range(4)),
+                  extra_metadata={"note": "n" * 1_000_000, "files": ["f" * 1_000_000] * 2})
+    report = unihub.show(tmp_path / "long", rows=2)
+    assert dict({s.name: s for s in report.report.stats}["text"].classes.counts) == {values[0]: 2, values[1]: 2}
+    assert len(report.html) < 50_000  # not the megabytes of the values
+    assert "a" * 119 + "…" in report.html and "n" * 1999 + "…" in report.html and "f" * 1999 + "…" in report.html

@@ -43,3 +43,24 @@ def test_class_counts_are_exact_until_there_are_too_many() -> None:
     assert counts.too_many and not counts.counts  # the memory is given back, the field is not a class field
     counts.add(pa.array(["x"]))
     assert not counts.counts
+
+
+@pytest.mark.parametrize("batches", [[[1e308, -1e308, 0.0]], [[0.0, 1.0], [1e308], [-1e308]]], ids=["one", "growing"])
+def test_values_further_apart_than_a_float_holds_have_no_bins_and_no_error(batches: list[list[float]]) -> None:
+    histogram = Histogram()
+    for batch in batches:  # the span, 2e308, is inf: the bins' edges cannot be computed
+        histogram.add(np.array(batch))
+    assert histogram.edges_and_counts() == []
+    histogram.add(np.array([5.0]))
+    assert histogram.edges_and_counts() == []
+
+
+def test_a_report_of_extreme_floats_renders(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    import unihub
+
+    (tmp_path / "extreme").mkdir()
+    pq.write_table(pa.table({"x": [1e308, -1e308, 0.0]}), tmp_path / "extreme" / "part-0.parquet")
+    stats = unihub.show(tmp_path / "extreme", rows=3).report.stats[0]
+    assert (stats.minimum, stats.maximum, stats.counted) == (-1e308, 1e308, 3)
