@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from unihub.errors import FilterExpressionError
 from unihub.readers.loader import evaluate_expression
 from unihub.store.dataset import ParquetStore
 from unihub.viewer.stats import StatsAccumulator
@@ -96,10 +95,8 @@ def scan(store: ParquetStore, stats: StatsAccumulator, sampling: Sampling, where
 
 def _evaluate(table: pa.Table, where: pc.Expression) -> pa.Array:
     """The filter's value for each row of ``table``, null as False; a filter the rows' types cannot take
-    (``score > 'a'``, a list column compared with a number) is a :class:`FilterExpressionError`."""
-    try:
-        mask = evaluate_expression(table, where)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise FilterExpressionError(f"filter {where} cannot be evaluated on the stored columns: {exc}") from None
+    (``score > 'a'``, a list column compared with a number) is a :class:`FilterExpressionError`
+    (:func:`~unihub.readers.loader.evaluate_expression`'s, as the readers')."""
+    mask = evaluate_expression(table, where)
     return pc.fill_null(mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask, False)
 
