@@ -129,7 +129,7 @@ class _Builder:
         value = self.build(node.operand)
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return ~self._expression(value, node.operand)
-        if isinstance(node.op, ast.USub) and not isinstance(value, pc.Expression):
+        if isinstance(node.op, ast.USub) and isinstance(value, (int, float)) and not isinstance(value, bool):
             return -value
         raise self.fail(node, "only not/~ and a negative number are allowed")
 

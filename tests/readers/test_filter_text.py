@@ -60,6 +60,9 @@ def test_the_fields_read_are_named() -> None:
     ("label > 99999999999999999999999", "filter 'label > 99999999999999999999999': Python int too large"),
     ("label.isin([99999999999999999999999])", "Python int too large"),
     ('[["label", ">", 99999999999999999999999]]', "Python int too large"),
+    ("label > -'a'", "only not/~ and a negative number are allowed"),  # was a raw TypeError (unary - of a str)
+    ("label > -None", "only not/~ and a negative number are allowed"),
+    ("label > -[1]", "only not/~ and a negative number are allowed"),
 ])
 def test_bad_text_is_a_named_error_and_runs_nothing(text: str, message: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
