@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import warnings
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
@@ -48,7 +49,9 @@ def parse_filter(text: str, names: Collection[str]) -> ParsedFilter:
     if source.startswith("["):
         return _from_dnf(source, names)
     try:
-        tree = ast.parse(source, mode="eval")
+        with warnings.catch_warnings():  # Python's own warnings about the text ('1if'): the error says what is wrong
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
         raise FilterExpressionError(f"filter {text!r} is not an expression: {exc.msg} at column "
                                     f"{exc.offset or 0}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,12 +64,14 @@ def test_the_fields_read_are_named() -> None:
     ("label > -'a'", "only not/~ and a negative number are allowed"),  # was a raw TypeError (unary - of a str)
     ("label > -None", "only not/~ and a negative number are allowed"),
     ("label > -[1]", "only not/~ and a negative number are allowed"),
+    ("label > 1if 1 else 2", "not allowed in a filter"),  # Python's SyntaxWarning was a line of its own before it
 ])
 def test_bad_text_is_a_named_error_and_runs_nothing(text: str, message: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FilterExpressionError) as caught:
+    with pytest.raises(FilterExpressionError) as caught, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         parse_filter(text, NAMES)
-    assert message in str(caught.value)
+    assert message in str(caught.value) and not said, said
     assert isinstance(caught.value, InvalidArgumentError) and isinstance(caught.value, ValueError)
     assert not (tmp_path / "pwned").exists()
