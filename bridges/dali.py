@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -71,7 +72,7 @@ def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
 
 
 def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None,
-               where: str = "") -> np.ndarray:
+               where: Callable[[], str] | None = None) -> np.ndarray:
     if is_image:
         _check_image(value, name, shape, where)
         return np.frombuffer(value, dtype=np.uint8)
@@ -79,15 +80,16 @@ def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | No
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
 
-def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None, where: str = "") -> None:
+def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None,
+                 where: Callable[[], str] | None = None) -> None:
     """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
     read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
     the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data. Also an
     image whose header contradicts the fixed dims of the field's ``shape``, as the readers refuse it (DALI
-    would decode it at its own size). ``where`` says which row it is, for the message."""
+    would decode it at its own size). ``where()`` says which row it is, for the message (made only then)."""
     size = images.image_size(value) if value is not None else None
-    prefix = f"{where}: field {name!r}" if where else f"field {name!r}"
     if size is None:
+        prefix = f"{where()}: field {name!r}" if where else f"field {name!r}"
         raise images.ImageDecodeError(f"{prefix}: not a readable PNG or JPEG header, DALI would not decode it "
                                       f"({'null' if value is None else f'{len(value)} bytes'})", field=name)
     fmt = images.detect_format(value) or "image"
@@ -96,6 +98,7 @@ def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = N
         if shape is not None:
             images.check_shape(size, shape, fmt.upper())
     except images.ImageDecodeError as exc:
+        prefix = f"{where()}: field {name!r}" if where else f"field {name!r}"
         raise images.ImageDecodeError(f"{prefix}: {exc}", field=name) from None
 
 
@@ -230,8 +233,12 @@ class DaliBatchSource:
             for out, name, is_image in zip(self._pending, self.fields, self._is_image):
                 column, shape = by_name[name], schema[name].shape
                 out.extend(_to_sample(column[i], is_image, name, shape,
-                                      f"epoch {self.epoch}, sample {first + i} of shard {self._shard}")
+                                      partial(self._sample_name, first + i))
                            for i in range(n))
+
+    def _sample_name(self, sample: int) -> str:
+        """Sample ``sample`` of this epoch, for an error's message."""
+        return f"epoch {self.epoch}, sample {sample} of shard {self._shard}"
 
     def _epoch_rows(self) -> int:
         """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
@@ -365,7 +372,7 @@ class DaliSampleSource:
         images = self.image_fields or ()
         schema = self.dataset.schema
         return tuple(_to_sample(getattr(row, name)[0], name in images, name, schema[name].shape,
-                                f"{self.url}, row {int(indices[i])} of the dataset") for name in self.fields)
+                                lambda: f"{self.url}, row {int(indices[i])} of the dataset") for name in self.fields)
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------
