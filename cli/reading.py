@@ -38,6 +38,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not os.path.isdir(folder):  # before the pass over the dataset, not after
         raise UnihubError(f"cannot write {out}: {folder} is not a directory")
     refuse_directory(out)
+    _refuse_the_datasets_own_file(out, args.path)
 
     display: Display | None = None
     state = (0, 0, "")
@@ -66,6 +67,18 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         webbrowser.open(pathlib.Path(out).resolve().as_uri())
     return 0
+
+
+def _refuse_the_datasets_own_file(out: str, dataset: str) -> None:
+    """Refuse an ``--out`` that is the dataset (one Parquet file) or a file already in its folder: the page
+    would replace a part or its metadata (``unihub show data.parquet --out data.parquet``)."""
+    local = sources.local_path(dataset)
+    if sources.is_url(dataset) or not os.path.exists(local) or not os.path.lexists(out):
+        return
+    report, source = os.path.realpath(out), os.path.realpath(local)
+    if report == source or report.startswith(source.rstrip(os.sep) + os.sep):
+        raise UnihubError(f"cannot write {out}: it is a file of the dataset {dataset}, which the page would replace; "
+                          "write it elsewhere")
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:

@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from unihub.errors import InvalidArgumentError
-from unihub.fs import atomic
+from unihub.errors import DatasetNotFoundError, FormatError, InvalidArgumentError, UnsupportedFormatError
+from unihub.fs import atomic, sources
 from unihub.store.dataset import open_dataset
+from unihub.viewer.describe import foreign_source
 from unihub.viewer.html import render
 from unihub.viewer.report import Report, gather
 from unihub.viewer.sample import Sampling
@@ -94,7 +95,14 @@ def show(url: str | os.PathLike[str], *, rows: int = DEFAULT_ROWS, seed: int = 0
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InvalidArgumentError(f"seed must be a non-negative integer, got {seed!r}")
     text = os.fspath(url)
-    store = open_dataset(text, storage_options=storage_options)
+    try:
+        store = open_dataset(text, storage_options=storage_options)
+    except (FormatError, DatasetNotFoundError) as exc:  # an image folder is no broken Parquet: say what it is
+        with sources.using(storage_options):
+            foreign = foreign_source(text, "show")
+        if foreign is None:
+            raise
+        raise UnsupportedFormatError(foreign) from exc
     store.require_fields(store.schema.fields)  # before the pass: statistics read every column
     report = gather(store, text, Sampling(rows, seed, first), where=where, progress=progress)
     return ShowReport(report, render(report))

@@ -39,7 +39,7 @@ def describe_dataset(url: str, *, store: ParquetStore | None = None) -> dict[str
         try:
             store = open_dataset(url)
         except (FormatError, DatasetNotFoundError) as exc:
-            foreign = _foreign_source(url)
+            foreign = foreign_source(url)
             if foreign is None:
                 raise
             raise UnsupportedFormatError(foreign) from exc
@@ -73,8 +73,9 @@ def _foreign_files(store: ParquetStore) -> list[str]:
     return versions.foreign_files(store.filesystem, store.path)
 
 
-def _foreign_source(url: str) -> str | None:
-    """What a path that is no unihub dataset is, when a foreign format claims it, and how to convert it."""
+def foreign_source(url: str, command: str = "inspect") -> str | None:
+    """What a path that is no unihub dataset is, when a foreign format claims it, and how to convert it
+    (and then ``command`` the result)."""
     import os
 
     try:
@@ -86,7 +87,7 @@ def _foreign_source(url: str) -> str | None:
     what = "folder" if sources.isdir(url) else "file"
     stem = os.path.splitext(os.path.basename(url.rstrip("/")))[0] or "dataset"
     return (f"{url}: a {what} in the {name} format, not a unihub dataset; convert it first, e.g. "
-            f"unihub convert {url} {stem}_unihub, then inspect that")
+            f"unihub convert {url} {stem}_unihub, then {command} that")
 
 
 def _format_table(rows: list[list[str]]) -> str:

@@ -154,6 +154,8 @@ def kind_of(f: UnischemaField, arrow_type: pa.DataType) -> Kind:
         return "image"
     if (f.codec is not None and not isinstance(f.codec, ScalarCodec)) or f.shape:
         return "tensor"
+    if pa.types.is_dictionary(arrow_type):  # pandas' categoricals: counted by their values
+        arrow_type = arrow_type.value_type
     if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
         return "number"
     if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
@@ -182,6 +184,8 @@ class StatsAccumulator:
             if f.name in self.unread:
                 continue
             column = column_as_array(table.column(f.name))
+            if pa.types.is_dictionary(column.type) and stats.kind in ("number", "string"):
+                column = column.dictionary_decode()
             stats.nulls = (stats.nulls or 0) + column.null_count
             if stats.kind == "image":  # the encoded sizes; nothing decoded
                 _add_lengths(stats, pc.binary_length(column.drop_null()))

@@ -111,3 +111,35 @@ def test_a_filter_the_columns_cannot_take_is_one_line(where: str, line: str, ima
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_out_naming_a_file_of_the_dataset_is_refused_and_the_dataset_stays(images_dataset: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    single = tmp_path / "one.parquet"
+    shutil.copyfile(next(images_dataset.glob("*.parquet")), single)
+    copy = tmp_path / "copy"
+    shutil.copytree(images_dataset, copy)
+    before = {p: p.read_bytes() for p in [single, *copy.iterdir()] if p.is_file()}
+    for dataset, out in ((single, single), (f"file://{single}", single), (copy, copy / "_common_metadata")):
+        assert main(["show", str(dataset), "--rows", "1", "--out", str(out)]) == 1
+        assert capsys.readouterr().err == (f"unihub: error: cannot write {out}: it is a file of the dataset {dataset}, "
+                                           "which the page would replace; write it elsewhere\n")
+    assert {p: p.read_bytes() for p in before} == before
+    assert main(["show", str(copy), "--rows", "1", "--out", str(copy / "report.html"), "--quiet"]) == 0  # a new file
+
+
+def test_show_of_an_image_folder_says_what_it_is_not_which_file_is_no_parquet(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from .conftest import pil
+
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "a.png").write_bytes(pil(np.zeros((4, 4, 3), np.uint8), "PNG"))
+    assert main(["show", str(tmp_path / "photos"), "--out", str(tmp_path / "r.html")]) == 1
+    photos = tmp_path / "photos"
+    assert capsys.readouterr().err == (f"unihub: error: {photos}: a folder in the imagefolder format, not a unihub "
+                                       f"dataset; convert it first, e.g. unihub convert {photos} photos_unihub, then "
+                                       "show that\n")

@@ -64,3 +64,17 @@ def test_a_report_of_extreme_floats_renders(tmp_path) -> None:
     pq.write_table(pa.table({"x": [1e308, -1e308, 0.0]}), tmp_path / "extreme" / "part-0.parquet")
     stats = unihub.show(tmp_path / "extreme", rows=3).report.stats[0]
     assert (stats.minimum, stats.maximum, stats.counted) == (-1e308, 1e308, 3)
+
+
+def test_a_categorical_string_column_gets_class_counts_and_lengths(tmp_path) -> None:
+    """pandas writes its categoricals as Arrow dictionaries: they are strings with few values, not 'other'."""
+    import pyarrow.parquet as pq
+
+    import unihub
+
+    (tmp_path / "cat").mkdir()
+    pq.write_table(pa.table({"c": pa.array(["a", "bb", None, "a"]).dictionary_encode()}), tmp_path / "cat" / "p.parquet")
+    assert pa.types.is_dictionary(unihub.open_dataset(tmp_path / "cat").stored_schema.field("c").type)
+    stats = unihub.show(tmp_path / "cat", rows=4).report.stats[0]
+    assert (stats.kind, stats.nulls, dict(stats.classes.counts)) == ("string", 1, {"a": 2, "bb": 1})
+    assert [(low, count) for low, _, count in stats.lengths.edges_and_counts()] == [(1.0, 2), (2.0, 1)]
