@@ -30,6 +30,8 @@ SAMPLE_ROWS = 64
 _KERAS_NAMES = ("x", "y", "sample_weight")
 #: about how many bytes of a tf.data pipeline's output are converted at a time
 BATCH_BYTES = 8 << 20
+#: rows tf batches at a time where a pipeline has string fields (then joined up to BATCH_BYTES)
+STRING_BATCH_ROWS = 64
 
 
 @dataclass
@@ -157,12 +159,35 @@ def _tf_source(ds: Any, names: Sequence[str] | None) -> Source:
     specs = tf.nest.flatten(ds.element_spec)
     if all(type(s).__name__ == "TensorSpec" and s.shape.is_fully_defined() for s in specs):
         # fixed shapes: tf batches the elements and numpy columns go to the writer whole, about
-        # BATCH_BYTES at a time (per element, conversion costs more than a fast pipeline)
-        row_bytes = sum(1024 if s.dtype.name == "string" else s.shape.num_elements() * s.dtype.size for s in specs)
-        size = max(1, min(1024, BATCH_BYTES // max(row_bytes, 1)))
-        batches = (flatten(b, names) for b in ds.batch(size).as_numpy_iterator())
-        return Source("tf.data", iter(()), schema, batches=batches)
+        # BATCH_BYTES at a time (per element, conversion costs more than a fast pipeline); strings,
+        # whose size the spec does not say (a label or a 4 MB frame), are batched a few rows at a
+        # time and joined up to BATCH_BYTES as measured
+        strings = any(s.dtype.name == "string" for s in specs)
+        row_bytes = sum(s.shape.num_elements() * s.dtype.size for s in specs if s.dtype.name != "string")
+        size = max(1, min(STRING_BATCH_ROWS if strings else 1024, BATCH_BYTES // max(row_bytes, 1)))
+        batches: Iterator[Row] = (flatten(b, names) for b in ds.batch(size).as_numpy_iterator())
+        return Source("tf.data", iter(()), schema, batches=_joined(batches, BATCH_BYTES) if strings else batches)
     return Source("tf.data", (flatten(element, names) for element in ds), schema)
+
+
+def _joined(batches: Iterator[Row], limit: int) -> Iterator[Row]:
+    """Consecutive column batches joined into batches of about ``limit`` bytes (bytes values by their length)."""
+    pending: list[Row] = []
+    size = 0
+    for batch in batches:
+        pending.append(batch)
+        size += sum(sum(map(len, v)) if v.dtype == object else v.nbytes for v in batch.values())
+        if size >= limit:
+            yield _concat(pending)
+            pending, size = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[Row]) -> Row:
+    if len(batches) == 1:
+        return batches[0]
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
 
 def _spec_fields(out: list[UnischemaField], spec: Any, prefix: str, names: Sequence[str] | None) -> None:
