@@ -35,6 +35,7 @@ import numpy as np
 from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
 from unihub.images import decoders as images
+from unihub.readers import plan as planning
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import make_batch_reader
 from unihub.schema.codecs import CompressedImageCodec
@@ -276,12 +277,30 @@ def sample_indices(num_rows: int, *, shard_id: int = 0, num_shards: int = 1, epo
     return order[np.arange(start, start + per_shard) % max(num_rows, 1)] if num_rows else order
 
 
+def reader_indices(row_group_sizes: Sequence[int], *, shard_id: int = 0, num_shards: int = 1, epoch: int = 0,
+                   shuffle: bool = False, seed: int = 0, shard_remainder: ShardRemainder = "pad") -> np.ndarray:
+    """Global row indices one shard reads in ``epoch``, in the order a batch reader of these options delivers
+    them (``shuffle_row_groups=shuffle_rows=shuffle``, ``shard_by='row'``): the plan of
+    :class:`DaliBatchSource`, ``CachedDataset.stream`` and the readers, so a ``start_offset`` counted on one
+    resumes on another. Pure, no I/O. Unshuffled it is :func:`sample_indices`'."""
+    _check_shard(shard_id, num_shards)
+    sizes = tuple(int(n) for n in row_group_sizes)
+    config = planning.PlanConfig(sizes, seed=seed, shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_id,
+                                 shard_count=num_shards, shard_by="row", shard_remainder=shard_remainder)
+    firsts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)[:-1]]).astype(np.int64)
+    parts = []
+    for task in planning.epoch_plan(config, epoch):
+        rows = planning.task_rows(task, seed, epoch, sizes[task.row_group])
+        parts.append(firsts[task.row_group] + (np.arange(task.start, task.stop) if rows is None else rows))
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+
 class DaliSampleSource:
     """Picklable ``source`` for ``fn.external_source(parallel=True, batch=False, num_outputs=k)``.
 
     Called with a ``nvidia.dali.types.SampleInfo``; returns a tuple with one numpy array
-    per field (image bytes as 1-D ``uint8``), row ``sample_indices(...)[idx_in_epoch]``
-    read with ``Dataset.take``. Past the shard's end it raises StopIteration, which DALI
+    per field (image bytes as 1-D ``uint8``), row ``reader_indices(...)[idx_in_epoch]``
+    (the readers' and :class:`DaliBatchSource`'s order) read with ``Dataset.take``. Past the shard's end it raises StopIteration, which DALI
     turns into the end of the epoch; ``last_batch='pad'`` instead completes the last
     batch with the shard's first rows (a batch that would start past the end still
     stops), ``'drop'`` (default) stops at once so the incomplete batch is left out.
@@ -343,7 +362,8 @@ class DaliSampleSource:
         return self._indices[1]
 
     def _epoch_indices(self, epoch: int) -> np.ndarray:
-        return sample_indices(len(self.dataset), shard_id=self.shard_id, num_shards=self.num_shards, epoch=epoch,
+        sizes = [group.num_rows for group in self.dataset.store.row_groups]
+        return reader_indices(sizes, shard_id=self.shard_id, num_shards=self.num_shards, epoch=epoch,
                               shuffle=self.shuffle, seed=self.seed, shard_remainder=self.shard_remainder)
 
     def __len__(self) -> int:
