@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -71,26 +70,23 @@ def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
                               "leave it out of other_fields")
 
 
-def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None,
-               where: Callable[[], str] | None = None) -> np.ndarray:
+def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None) -> np.ndarray:
     if is_image:
-        _check_image(value, name, shape, where)
+        _check_image(value, name, shape)
         return np.frombuffer(value, dtype=np.uint8)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
 
-def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None,
-                 where: Callable[[], str] | None = None) -> None:
+def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = None) -> None:
     """Refuse (ImageDecodeError) what DALI's decoders would allocate without bound: a header unihub cannot
     read, or one claiming more than ``images.MAX_IMAGE_PIXELS`` (a decompression bomb). DALI allocates
     the pixels a header claims, on the host (``'cpu'``) or the GPU, before decoding any data. Also an
     image whose header contradicts the fixed dims of the field's ``shape``, as the readers refuse it (DALI
-    would decode it at its own size). ``where()`` says which row it is, for the message (made only then)."""
+    would decode it at its own size)."""
     size = images.image_size(value) if value is not None else None
     if size is None:
-        prefix = f"{where()}: field {name!r}" if where else f"field {name!r}"
-        raise images.ImageDecodeError(f"{prefix}: not a readable PNG or JPEG header, DALI would not decode it "
+        raise images.ImageDecodeError(f"field {name!r}: not a readable PNG or JPEG header, DALI would not decode it "
                                       f"({'null' if value is None else f'{len(value)} bytes'})", field=name)
     fmt = images.detect_format(value) or "image"
     try:
@@ -98,8 +94,12 @@ def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = N
         if shape is not None:
             images.check_shape(size, shape, fmt.upper())
     except images.ImageDecodeError as exc:
-        prefix = f"{where()}: field {name!r}" if where else f"field {name!r}"
-        raise images.ImageDecodeError(f"{prefix}: {exc}", field=name) from None
+        raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
+
+
+def _located(exc: images.ImageDecodeError, where: str) -> images.ImageDecodeError:
+    """``exc`` with the sample it is about named first."""
+    return images.ImageDecodeError(f"{where}: {exc}", field=exc.field)
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
@@ -231,14 +231,12 @@ class DaliBatchSource:
         if keep:
             by_name, schema = columns._asdict(), self._reader.schema
             for out, name, is_image in zip(self._pending, self.fields, self._is_image):
-                column, shape = by_name[name], schema[name].shape
-                out.extend(_to_sample(column[i], is_image, name, shape,
-                                      partial(self._sample_name, first + i))
-                           for i in range(n))
-
-    def _sample_name(self, sample: int) -> str:
-        """Sample ``sample`` of this epoch, for an error's message."""
-        return f"epoch {self.epoch}, sample {sample} of shard {self._shard}"
+                column, shape, before = by_name[name], schema[name].shape, len(out)
+                try:
+                    out.extend(_to_sample(column[i], is_image, name, shape) for i in range(n))
+                except images.ImageDecodeError as exc:  # the samples before it are in out
+                    where = f"epoch {self.epoch}, sample {first + len(out) - before} of shard {self._shard}"
+                    raise _located(exc, where) from None
 
     def _epoch_rows(self) -> int:
         """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
@@ -291,7 +289,7 @@ class DaliSampleSource:
 
     Called with a ``nvidia.dali.types.SampleInfo``; returns a tuple with one numpy array
     per field (image bytes as 1-D ``uint8``), row ``sample_indices(...)[idx_in_epoch]``
-    read with ``Dataset.take``. Past the shard's end it raises StopIteration, which DALI
+    (the readers' and :class:`DaliBatchSource`'s order) read with ``Dataset.take``. Past the shard's end it raises StopIteration, which DALI
     turns into the end of the epoch; ``last_batch='pad'`` instead completes the last
     batch with the shard's first rows (a batch that would start past the end still
     stops), ``'drop'`` (default) stops at once so the incomplete batch is left out.
@@ -369,10 +367,13 @@ class DaliSampleSource:
                 raise StopIteration
             i = i % len(indices)
         row = self.dataset.take([int(indices[i])])
-        images = self.image_fields or ()
+        image_fields = self.image_fields or ()
         schema = self.dataset.schema
-        return tuple(_to_sample(getattr(row, name)[0], name in images, name, schema[name].shape,
-                                lambda: f"{self.url}, row {int(indices[i])} of the dataset") for name in self.fields)
+        try:
+            return tuple(_to_sample(getattr(row, name)[0], name in image_fields, name, schema[name].shape)
+                         for name in self.fields)
+        except images.ImageDecodeError as exc:
+            raise _located(exc, f"{self.url}, row {int(indices[i])} of the dataset") from None
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------

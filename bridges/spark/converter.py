@@ -75,6 +75,7 @@ _EXIT_HOOK: list[bool] = []  # one entry once the exit hook is registered
 _KEY_LOCKS: dict[str, threading.Lock] = {}
 #: Spark's cap on the items of a list in a plan's text (see ``_plan_text``)
 _MAX_FIELDS_CONF = "spark.sql.debug.maxToStringFields"
+_PLAN_TEXT_LOCK = threading.Lock()
 
 
 class ConverterConfigError(UnihubError, ValueError):
@@ -329,15 +330,16 @@ def _plan_text(df: Any, spark: Any) -> str:
     fields", so a projection's late columns (``withColumn`` on a wide DataFrame) would not show; the conf
     is raised while the text is made, then restored."""
     conf = spark.conf
-    saved = conf.get(_MAX_FIELDS_CONF, None)
-    conf.set(_MAX_FIELDS_CONF, str(2**31 - 1))
-    try:
-        return str(df._jdf.queryExecution().analyzed().toString())
-    finally:
-        if saved is None:
-            conf.unset(_MAX_FIELDS_CONF)
-        else:
-            conf.set(_MAX_FIELDS_CONF, saved)
+    with _PLAN_TEXT_LOCK:  # threads converting at once would otherwise restore each other's raised value
+        saved = conf.get(_MAX_FIELDS_CONF, None)
+        conf.set(_MAX_FIELDS_CONF, str(2**31 - 1))
+        try:
+            return str(df._jdf.queryExecution().analyzed().toString())
+        finally:
+            if saved is None:
+                conf.unset(_MAX_FIELDS_CONF)
+            else:
+                conf.set(_MAX_FIELDS_CONF, saved)
 
 
 def _key_lock(key: str) -> threading.Lock:

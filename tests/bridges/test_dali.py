@@ -255,6 +255,22 @@ def test_start_offset_beyond_the_shard_is_refused(png_url: Path) -> None:
         make_dali_pipeline(png_url, 10, parallel=True, start_offset=-1)
 
 
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_the_sample_source_follows_the_batch_source_s_shuffled_order(png_url: Path, num_shards: int) -> None:
+    """Both are on the readers' plan (docs/frameworks/dali.md): a start_offset counted on one resumes the other
+    at the same rows. The sample source used to draw its own permutation when shuffled."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource
+
+    for shard in range(num_shards):
+        options = dict(shuffle=True, seed=4, shard_id=shard, num_shards=num_shards)
+        with DaliBatchSource(png_url, 8, ["id"], last_batch="partial", **options) as source:
+            epochs = [[int(i) for (ids,) in source for i in ids] for _ in range(2)]
+        sample = DaliSampleSource(png_url, ["id"], start_offset=5, **options)
+        ids = [[int(sample.dataset.take([int(i)]).id[0]) for i in sample.indices(epoch)] for epoch in range(2)]
+        assert ids == [epochs[0][5:], epochs[1]]
+        assert epochs[0] != epochs[1] and sorted(epochs[0]) != epochs[0]
+
+
 def test_sample_indices_is_a_pure_plan() -> None:
     from unihub.bridges.dali import sample_indices
 
