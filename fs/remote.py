@@ -35,6 +35,7 @@ process the filesystem is pickled to (a spawned worker) has these settings too (
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import os
@@ -271,7 +272,11 @@ def _supports_socket_factory() -> bool:
 def configure_pyarrow(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.FileSystem:
     """pyarrow's S3 filesystem made from a URL, again with the timeouts (where the URL set none),
     the AWS SDK's standard retry strategy and parts uploaded as they fill (no unbounded queue of
-    parts in memory); any other filesystem as it is."""
+    parts in memory); GCS's with its retries bounded by the timeouts (where the URL set no
+    ``retry_limit_seconds``: its client retried an unreachable store for minutes, deaf to Ctrl-C);
+    any other filesystem as it is."""
+    if isinstance(fs, getattr(pafs, "GcsFileSystem", ())):
+        return _bounded_gcs(fs, settings)
     if not isinstance(fs, getattr(pafs, "S3FileSystem", ())):
         return fs
     reduced: Any = fs.__reduce__()
@@ -284,6 +289,15 @@ def configure_pyarrow(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.Fil
     # to moto); uploading each part as it fills keeps memory within the row-group bound
     options["background_writes"] = False
     return ConfiguredS3FileSystem(attempts=settings.retries + 1, **options)
+
+
+def _bounded_gcs(fs: pafs.FileSystem, settings: RemoteSettings) -> pafs.FileSystem:
+    """``fs`` (pyarrow's GCS filesystem) again, retrying for at most the timeout times the attempts."""
+    reconstruct, (options, *_) = fs.__reduce__()
+    if options.get("retry_time_limit") is not None:
+        return fs
+    options = {**options, "retry_time_limit": datetime.timedelta(seconds=settings.timeout * (settings.retries + 1))}
+    return reconstruct(options)
 
 
 class ConfiguredS3FileSystem(pafs.S3FileSystem):

@@ -128,3 +128,16 @@ def test_unihub_settings_alone_keep_the_query() -> None:
     fs, path = resolve_filesystem("s3://bucket/ds?region=eu-west-1&scheme=http",
                                   storage_options={"unihub_timeout": 5})
     assert (path, fs.type_name, fs.region) == ("bucket/ds", "s3", "eu-west-1")
+
+
+def test_gcs_retries_are_bounded_by_the_remote_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow's GCS client retried an unreachable store for minutes, deaf to Ctrl-C and SIGTERM (`unihub show
+    gs://...` without a network: killed with -9 after 14 minutes); its retries now end after the timeout times
+    the attempts (UNIHUB_REMOTE_TIMEOUT / _RETRIES), unless the URL sets its own limit."""
+    pytest.importorskip("pyarrow._gcsfs")
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "2")
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "1")
+    fs, path = resolve_filesystem("gs://bucket/ds")
+    assert path == "bucket/ds" and fs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 4
+    fs, _ = resolve_filesystem("gs://bucket/ds?retry_limit_seconds=7")
+    assert fs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 7
