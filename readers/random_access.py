@@ -114,7 +114,7 @@ class Dataset:
         """
         idx = self._checked_indices(indices)
         if not idx.size:
-            return self._row_type(*(np.empty(0, dtype=f.dtype) for f in self.schema))
+            return self._row_type(*(self._empty_column(f) for f in self.schema))
         _check_apart(into)
         whole = self._whole_dataset()
         if whole is not None and not self._paged:
@@ -128,6 +128,14 @@ class Dataset:
             decoded = self._decoded_parts(parts, in_order, into, list(self.schema))
         return self._row_type(*(_copied_into(decoded[f.name], into.get(f.name) if into else None)
                                 for f in self.schema))
+
+    def _empty_column(self, f: Any) -> np.ndarray:
+        """Field ``f``'s column of no rows, shaped as a column of rows is: ``(0, *shape)`` for a fixed shape
+        (``(0,)`` for a field of any other, and for images left encoded: their bytes)."""
+        encoded = isinstance(f.codec, CompressedImageCodec) and not self.decode_images
+        if f.is_fixed_shape and f.dtype != object and not encoded:
+            return np.empty((0, *f.shape), dtype=f.dtype)
+        return np.empty(0, dtype=object if encoded else f.dtype)
 
     def _checked_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """``indices`` as int64 row numbers, negative ones counted from the end; refuses what is not a row."""

@@ -153,8 +153,16 @@ def test_neighbouring_lookups_reuse_row_groups(dataset, reader_rows):
 
 
 def test_empty_take(dataset):
-    batch = Dataset(dataset).take([])
-    assert len(batch.id) == 0
+    """Columns of no rows are shaped as those of rows: (0, *shape) for a fixed shape (they were all (0,))."""
+    ds = Dataset(dataset)
+    empty, some = ds.take([]), ds.take([0, 1])
+    for name in SCHEMA.fields:
+        full, none = getattr(some, name), getattr(empty, name)
+        assert len(none) == 0, name
+        if full.dtype != object:  # (an object column: nulls among these rows, or ragged ones)
+            assert none.dtype == full.dtype and none.shape[1:] == full.shape[1:], name
+    encoded = Dataset(dataset, decode_images=False).take([])
+    assert encoded.image.shape == (0,) and encoded.image.dtype == object
 
 
 def test_the_row_group_cache_is_bounded_in_bytes(dataset, monkeypatch):
