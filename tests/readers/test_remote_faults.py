@@ -40,8 +40,9 @@ from .sample import assert_rows_equal, rows_by_id, sample_row, sample_schema  # 
 
 TIMEOUT, RETRIES = 1.0, 1
 #: a failing request: every attempt waits out the timeout; plus botocore's or the AWS SDK's backoff
-#: between attempts and slack for a machine shared by other test runs
-BOUND = (RETRIES + 1) * TIMEOUT + 3.0
+#: between attempts and slack for a machine shared by other test runs (5 s failed at 5.2 under load); still
+#: well under what the default settings would take ((2 + 1) x 10 s), which is what these tests guard against
+BOUND = (RETRIES + 1) * TIMEOUT + 12.0
 #: a failed write also closes its open files and removes its temporary, each step bounded the same way
 WRITE_BOUND = 4 * BOUND
 N = 40
