@@ -109,8 +109,9 @@ def test_inspect_on_s3(s3_server, s3_url, capsys, monkeypatch):
 def test_cli_storage_options_reach_inspect_copy_and_add_schema(s3_server, s3_url, capsys, monkeypatch):
     """``--storage-option`` is the endpoint of every command: inspect ignored it (and asked AWS), copy and
     add-schema refused it."""
-    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "2")  # without the endpoint: no long wait on AWS
-    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "0")
+    # without the endpoint: no long wait on AWS; with it, moto on a loaded machine once took over 2 s to list
+    monkeypatch.setenv("UNIHUB_REMOTE_TIMEOUT", "15")
+    monkeypatch.setenv("UNIHUB_REMOTE_RETRIES", "1")
     options = [f"--storage-option=client_kwargs.endpoint_url={s3_server.endpoint_url}",
                f"--storage-option=key={s3_server.key}", f"--storage-option=secret={s3_server.secret}"]
     copy = f"s3://{s3_server.bucket}/copied-{uuid.uuid4().hex[:8]}"
