@@ -158,6 +158,10 @@ def _validate_encoded_image(field: UnischemaField, value: bytes | bytearray | me
     if not shape_matches(found, field.shape):
         raise ValidationError(f"{_where(field, row)}: expected an image of shape {_shape_label(field.shape)}, "
                               f"found {fmt.upper()} bytes of shape {found}", field=field.name, row=row)
+    depth = np.dtype(np.uint16 if fmt == "png" and value[24] == 16 else np.uint8)  # IHDR's bit depth
+    if depth != field.dtype:  # stored as given, it failed only when read
+        raise ValidationError(f"{_where(field, row)}: expected an image of dtype {np.dtype(field.dtype).name}, "
+                              f"found {fmt.upper()} bytes of {depth.name} pixels", field=field.name, row=row)
 
 
 def _dtype_label(dtype: Any) -> str:
