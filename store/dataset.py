@@ -1348,10 +1348,12 @@ def resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: l
 def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
     present = [v for v in values if v != "__HIVE_DEFAULT_PARTITION__"]
     try:
-        [int(v) for v in present]
-        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+        numbers = [int(v) for v in present]
     except ValueError:
-        return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
+        numbers = None
+    if numbers is not None and all(-2**63 <= n < 2**63 for n in numbers):  # else text, not an int64 overflow
+        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+    return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
 
 
 def check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema,

@@ -32,7 +32,7 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         return raw.lower() == "true"  # np.bool_("False") is True
     try:
         return field_.numpy_dtype(raw).item()
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
 
 
