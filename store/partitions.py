@@ -10,7 +10,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError
+from unihub.errors import FormatError, SchemaError
 from unihub.schema.unischema import Unischema, UnischemaField
 
 
@@ -18,6 +18,24 @@ def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
     """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""
     rel = path[len(base):].lstrip("/").split("/")[:-1]
     return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
+
+
+def keyed_partitions(paths: list[str], partitions: list[tuple[tuple[str, str], ...]],
+                     rows: list[int]) -> list[tuple[tuple[str, str], ...]]:
+    """The partitions of the files of ``paths`` that hold rows (``rows``: each file's count; all, where none does),
+    every one naming the same keys, else a FormatError naming the first file that differs (a file beside ``k=1/``
+    folders, or ``k=1/j=2/`` beside ``k=1/``; Spark refuses such a tree too). The keys were read from the first
+    file's path: another file's rows lost a key, or failed to read. An empty file (an append of no rows) is
+    left out: it adds no values."""
+    held = [k for k, n in enumerate(rows) if n] or list(range(len(paths)))
+    keys = {k for k, _ in partitions[held[0]]} if held else set()
+    for k in held[1:]:
+        if {key for key, _ in partitions[k]} != keys:
+            raise FormatError(f"{paths[k]}: its partition folders name the keys {sorted(key for key, _ in partitions[k])}"
+                              f", {paths[held[0]]}'s name {sorted(keys)}: a dataset's files sit at one depth of "
+                              f"key=value folders, with the same keys; move the files to where their keys belong",
+                              path=paths[k])
+    return [partitions[k] for k in held]
 
 
 def partition_value(field_: UnischemaField, raw: str) -> Any:

@@ -310,6 +310,32 @@ def test_a_partition_folder_past_its_fields_range_is_a_schema_error(tmp_path):
         open_dataset(tmp_path / "ds").read_row_group(0)
 
 
+@pytest.mark.parametrize("loose", ["a.parquet", "z.parquet"], ids=["listed-first", "listed-last"])
+def test_files_at_other_partition_depths_are_a_format_error(tmp_path, loose):
+    # the keys came from the first file's path: a file beside k=1/ listed first dropped k from every row
+    # (the schema had no k), listed last failed every read with a raw KeyError ('Field "k" does not exist')
+    root = tmp_path / "tree"
+    (root / "k=1").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [0, 1]}), root / "k=1" / "part.parquet")
+    pq.write_table(pa.table({"id": [2, 3]}), root / loose)
+    with pytest.raises(FormatError, match=r"partition folders name the keys \[.*\], .*'s name \[.*\]: a dataset's "
+                                          "files sit at one depth of key=value folders") as info:
+        open_dataset(root)
+    assert info.value.path.endswith("k=1/part.parquet" if loose == "a.parquet" else "z.parquet")
+
+
+def test_an_empty_append_beside_partition_folders_is_read(tmp_path):
+    # an append of no rows writes one empty file at the root: it holds no keys and no rows, and is passed over
+    schema = Unischema("S", [UnischemaField("k", np.int32, (), ScalarCodec(pa.int32()), False),
+                             UnischemaField("x", np.float64, (), ScalarCodec(pa.float64()), False)])
+    write_dataset(tmp_path / "ds", schema, [{"k": 1, "x": 1.0}], partition_by=["k"])
+    write_dataset(tmp_path / "ds", schema, [], partition_by=["k"], mode="append")
+    store = open_dataset(tmp_path / "ds")
+    assert store.partition_names == ("k",) and store.num_rows == 1
+    with make_batch_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        assert [(b.k.tolist(), b.x.tolist()) for b in reader] == [([1], [1.0])]
+
+
 def test_dataset_written_by_pyarrow_with_unischema_metadata(tmp_path, schema, sample_row):
     # a footer-only dataset (no _common_metadata) opens from the footer's JSON
     root = tmp_path / "footer_only"
