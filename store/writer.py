@@ -152,8 +152,9 @@ def _check_arguments(schema: Unischema, *, row_group_size_mb: float, rows_per_fi
                      tag: str | None, overwrite: bool) -> None:
     """:func:`write_dataset`'s arguments checked before anything is written (a SchemaError naming the one)."""
     check_row_group_size(row_group_size_mb)
-    if rows_per_file is not None and rows_per_file <= 0:
-        raise SchemaError(f"rows_per_file must be positive, got {rows_per_file}")
+    if rows_per_file is not None and (isinstance(rows_per_file, bool) or not isinstance(rows_per_file, (int, np.integer))
+                                      or rows_per_file <= 0):  # True was 1 row a file; 2.5 a TypeError mid-write
+        raise SchemaError(f"rows_per_file must be a positive whole number of rows, got {rows_per_file!r}")
     check_part_size(part_size_mb)
     for key in partition_by:
         if key not in schema:

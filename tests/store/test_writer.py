@@ -289,7 +289,10 @@ def test_partition_by_null_values(tmp_path):
     ({"partition_by": ["vec"]}, r"partition_by field 'vec' must be a scalar, its shape is \(4,\)"),
     ({"partition_by": ["emb"]}, r"partition_by field 'emb' must be a scalar, its shape is \(3,\)"),
     ({"row_group_size_mb": 0}, "row_group_size_mb must be positive, got 0"),
-    ({"rows_per_file": 0}, "rows_per_file must be positive, got 0"),
+    ({"rows_per_file": 0}, "rows_per_file must be a positive whole number of rows, got 0"),
+    # True wrote one row a file; 2.5 a raw TypeError from the middle of the write
+    ({"rows_per_file": True}, "rows_per_file must be a positive whole number of rows, got True"),
+    ({"rows_per_file": 2.5}, "rows_per_file must be a positive whole number of rows, got 2.5"),
 ])
 def test_bad_options(tmp_path, schema, rows, options, message):
     with pytest.raises(SchemaError, match=message):
