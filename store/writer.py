@@ -33,7 +33,7 @@ from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_M
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.codecs.base import temporal_array
 from unihub.schema.dtypes import fits, found_label
-from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
+from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json  # described there, with what it holds
 from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.schema.validation import column_length
@@ -248,8 +248,29 @@ def _file_schema(schema: Unischema, extra_metadata: Mapping[str, Any] | None,
     full = schema.as_parquet_schema()
     metadata = dict(full.metadata or {})
     if extra_metadata:
-        metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+        metadata[EXTRA_METADATA_KEY] = extra_metadata_json(extra_metadata)
     return pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
+
+
+def extra_metadata_json(extra_metadata: Mapping[str, Any]) -> bytes:
+    """``extra_metadata`` as the JSON stored under ``unihub.extra``, checked as a reader checks it
+    (:func:`~unihub.schema.metadata_json.load_metadata_json`): what no reader would open (nested deeper than 64,
+    unihub's own keys of another type: ``{"source": 5}``) is a SchemaError before anything is written, not a
+    dataset every open refuses. numpy values are stored as their numbers (an array's ``str`` cut them to
+    ``'[0 1 2 ... 997 998 999]'``); other values that are no JSON, by their ``str``."""
+    if not isinstance(extra_metadata, Mapping):
+        raise SchemaError(f"extra_metadata must be a mapping (a dict of JSON values), got "
+                          f"{type(extra_metadata).__name__}")
+    text = json.dumps(dict(extra_metadata), default=_json_value).encode()
+    try:
+        load_metadata_json(text, EXTRA_METADATA_KEY, where="extra_metadata")
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}; a reader would refuse it, so nothing was written") from None
+    return text
+
+
+def _json_value(value: Any) -> Any:
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else str(value)
 
 
 # -- input -> validated column chunks ------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import decimal
+import functools
 import json
 import os
 from pathlib import Path
@@ -677,3 +679,29 @@ def test_a_numpy_scalar_fits_an_ndarray_field_of_shape_nothing(tmp_path: Path) -
     with make_reader(tmp_path / "ds") as reader:
         (row,) = list(reader)
     assert np.asarray(row.v).tobytes() == np.float32(-0.0).tobytes()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"source": 5}, r"\$\.source: expected string, got 5"),
+    ({"classes": ["a", 1]}, r"\$\.classes\[1\]: expected string, got 1"),
+    ({"x": functools.reduce(lambda inner, _: {"x": inner}, range(70), {})}, r"\$\.x: arrays and objects nested deeper than 64 levels"),
+])
+def test_extra_metadata_a_reader_refuses_is_refused_before_writing(tmp_path, schema, rows, extra, message):
+    # it was written (over the dataset there), and every open of it was a SchemaError
+    write_dataset(tmp_path / "ds", schema, rows(2))
+    with pytest.raises(SchemaError, match=f"extra_metadata: metadata key 'unihub.extra': {message}; a reader "
+                                          "would refuse it, so nothing was written"):
+        write_dataset(tmp_path / "ds", schema, rows(3), extra_metadata=extra, overwrite=True)
+    assert open_dataset(tmp_path / "ds").num_rows == 2
+    with pytest.raises(SchemaError, match="extra_metadata must be a mapping .* got str"):
+        write_dataset(tmp_path / "new", schema, rows(3), extra_metadata="notes")
+    assert not (tmp_path / "new").exists()
+
+
+def test_extra_metadata_keeps_numpy_values_as_numbers(tmp_path, schema, rows):
+    # str() of an array was stored: '[0 1 2 ... 997 998 999]', and a numpy scalar became text ('5')
+    mean = np.arange(1000, dtype=np.float32) / 3
+    write_dataset(tmp_path / "ds", schema, rows(1),
+                  extra_metadata={"mean": mean, "n": np.int64(5), "when": datetime.date(2020, 1, 2)})
+    extra = open_dataset(tmp_path / "ds").extra_metadata
+    assert extra["mean"] == mean.tolist() and extra["n"] == 5 and extra["when"] == "2020-01-02"
