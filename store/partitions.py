@@ -13,6 +13,19 @@ import pyarrow as pa
 from unihub.errors import FormatError, SchemaError
 from unihub.schema.unischema import Unischema, UnischemaField
 
+#: the characters Spark escapes in a partition folder's value (``ExternalCatalogUtils.escapePathName``): controls,
+#: the path's own separators and what Hive reads as patterns; anything else (a space, ``é``) stays as it is
+_ESCAPED = frozenset(chr(c) for c in range(0x20)) | frozenset('"#%\'*/:=?\\\x7f{[]^')
+
+
+def folder_value(value: Any) -> str:
+    """The ``v`` of a ``key=v`` partition folder for ``value``, escaped as Spark escapes it (``%2F`` for ``/``): the
+    folder Spark would write, which Spark, pyarrow and Petastorm read back as the value. Every character is read
+    back by :func:`partition_of`'s ``unquote``."""
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in str(value))
+
 
 def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
     """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""

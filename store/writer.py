@@ -17,7 +17,6 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +41,7 @@ from unihub.store.dataset import COMMON_METADATA
 from unihub.store.file_options import page_options
 from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
+from unihub.store.partitions import folder_value
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
 #: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
@@ -444,8 +444,7 @@ class _DatasetWriter:
     def _sink(self, key: tuple[Any, ...]) -> _PartitionSink:
         sink = self.sinks.get(key)
         if sink is None:
-            parts = [f"{name}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(str(v), safe='')}"
-                     for name, v in zip(self.partition_by, key)]
+            parts = [f"{name}={folder_value(v)}" for name, v in zip(self.partition_by, key)]
             sink = self.sinks[key] = _PartitionSink(fsutil.join(self.root, *parts))
         return sink
 
