@@ -60,6 +60,9 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
             raise FieldTypeError(f"{_where(field, row)}: expected a scalar of {np.dtype(field.dtype)}, "
                                  f"found an array of shape {value.shape}", field=field.name, row=row)
         value = value[()]
+    if isinstance(value, (np.datetime64, np.timedelta64)) and np.isnat(value) and not field.nullable:
+        raise ValidationError(f"{_where(field, row)}: expected a value, found NaT (a null; the field is not "
+                              "nullable)", field=field.name, row=row)  # else pyarrow's raw error, no row named
     if dtype is np.str_:
         ok = isinstance(value, str)
     elif dtype is np.bytes_:  # str too where the bytes are stored as text (Petastorm's np.string_ idiom)

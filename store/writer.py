@@ -390,6 +390,9 @@ def validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
         if not shape_matches(values.shape[1:], f.shape):
             raise ValidationError(f"field {f.name!r}: expected rows of shape {f.shape}, "
                                   f"found a column of shape {values.shape}", field=f.name)
+        if values.dtype.kind in "mM" and f.shape == () and not f.nullable and np.isnat(values).any():
+            row = int(np.flatnonzero(np.isnat(values))[0])
+            f.validate(values[row], row=first_row + row)  # a NaT is a null: its error names the row
         return
     for i, value in enumerate(values):
         f.validate(value, row=first_row + i)

@@ -705,3 +705,21 @@ def test_extra_metadata_keeps_numpy_values_as_numbers(tmp_path, schema, rows):
                   extra_metadata={"mean": mean, "n": np.int64(5), "when": datetime.date(2020, 1, 2)})
     extra = open_dataset(tmp_path / "ds").extra_metadata
     assert extra["mean"] == mean.tolist() and extra["n"] == 5 and extra["when"] == "2020-01-02"
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["rows", "columns"])
+def test_nat_in_a_field_that_is_not_nullable_is_a_validation_error(tmp_path, batched):
+    # NaT is stored as a null: it passed validation and failed in pyarrow ("Column 'ts' is declared
+    # non-nullable but contains nulls"), a raw ArrowInvalid naming no row
+    schema = Unischema("T", [UnischemaField("ts", np.datetime64, (), None, False),
+                             UnischemaField("td", np.timedelta64, (), ScalarCodec(pa.duration("us")), False)])
+    ts = np.array(["2020-01-01", "2020-01-02", "2020-01-03"], "datetime64[s]")
+    td = np.array([1, 2, "NaT"], "timedelta64[s]")
+    data = [{"ts": ts, "td": td}] if batched else [{"ts": a, "td": b} for a, b in zip(ts, td)]
+    with pytest.raises(ValidationError, match=r"field 'td', row 2: expected a value, found NaT \(a null; the field "
+                                              r"is not nullable\)"):
+        write_dataset(tmp_path / "ds", schema, data, batched=batched)
+    assert not (tmp_path / "ds").exists()
+    nullable = Unischema("T", [f._replace(nullable=True) for f in schema])
+    write_dataset(tmp_path / "ds", nullable, data, batched=batched)
+    assert open_dataset(tmp_path / "ds").read_row_group(0).column("td").null_count == 1
