@@ -723,3 +723,22 @@ def test_nat_in_a_field_that_is_not_nullable_is_a_validation_error(tmp_path, bat
     nullable = Unischema("T", [f._replace(nullable=True) for f in schema])
     write_dataset(tmp_path / "ds", nullable, data, batched=batched)
     assert open_dataset(tmp_path / "ds").read_row_group(0).column("td").null_count == 1
+
+
+def test_an_arrow_tensor_column_with_a_null_row_is_written(tmp_path):
+    # Arrow makes a None row of a fixed-size list with null values under it: the writer counted those and refused
+    # the column ("tensor values contain 3 nulls"); a null inside a row that is not null is still refused
+    schema = Unischema("T", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("t", np.float32, (3,), TensorCodec(), True)])
+    tensor = schema.as_arrow_schema().field("t").type
+
+    def table(cells):
+        storage = pa.array(cells, type=tensor.storage_type)
+        return pa.table({"id": list(range(len(cells))), "t": pa.ExtensionArray.from_storage(tensor, storage)})
+
+    write_dataset(tmp_path / "ds", schema, table([[1, 2, 3], None, [4, 5, 6]]).slice(1), batched=True)
+    with make_batch_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        (batch,) = list(reader)
+    assert batch.id.tolist() == [1, 2] and batch.t[0] is None and batch.t[1].tolist() == [4, 5, 6]
+    with pytest.raises(CodecError, match="field 't': tensor values contain 1 nulls"):
+        write_dataset(tmp_path / "bad", schema, table([[1, None, 3], None]), batched=True)
