@@ -405,7 +405,7 @@ def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -
     table = table.select(storage_schema.names)
     try:
         return table.cast(storage_schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:  # ValueError: nulls, not nullable
         raise SchemaError(f"Arrow batch at row {first_row} does not match the schema: {exc}") from exc
 
 

@@ -742,3 +742,12 @@ def test_an_arrow_tensor_column_with_a_null_row_is_written(tmp_path):
     assert batch.id.tolist() == [1, 2] and batch.t[0] is None and batch.t[1].tolist() == [4, 5, 6]
     with pytest.raises(CodecError, match="field 't': tensor values contain 1 nulls"):
         write_dataset(tmp_path / "bad", schema, table([[1, None, 3], None]), batched=True)
+
+
+def test_an_arrow_batch_with_nulls_in_a_field_that_is_not_nullable_is_a_schema_error(tmp_path):
+    # pyarrow's cast raised a raw ValueError ("Casting field 'id' with null values to non-nullable")
+    schema = Unischema("N", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
+    with pytest.raises(SchemaError, match="Arrow batch at row 2 does not match the schema: Casting field 'id' with "
+                                          "null values to non-nullable"):
+        write_dataset(tmp_path / "ds", schema, [pa.table({"id": [0, 1]}), pa.table({"id": [2, None]})], batched=True)
+    assert not (tmp_path / "ds").exists()
