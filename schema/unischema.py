@@ -269,6 +269,14 @@ class Unischema:
     def __hash__(self) -> int:
         return hash((self._name, tuple(self._fields.values())))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The schema without its row type, which is made again on use: a class made at run time pickles by
+        a name its module lacks ("Can't pickle <class 'S_row'>"), so a schema that had made a row failed to
+        pickle (a reader's schema, sent to a process), where Petastorm's pickles."""
+        state = dict(self.__dict__)
+        state.pop("_namedtuple", None)
+        return state
+
     def __repr__(self) -> str:
         body = ",\n".join(f"  {f!r}" for f in self._fields.values())
         return f"Unischema({self._name!r}, [\n{body}\n])"

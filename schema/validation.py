@@ -60,6 +60,9 @@ def _validate_scalar(field: UnischemaField, value: Any, row: int | None) -> None
             raise FieldTypeError(f"{_where(field, row)}: expected a scalar of {np.dtype(field.dtype)}, "
                                  f"found an array of shape {value.shape}", field=field.name, row=row)
         value = value[()]
+    if isinstance(value, (np.datetime64, np.timedelta64)) and np.isnat(value) and not field.nullable:
+        raise ValidationError(f"{_where(field, row)}: expected a value, found NaT (a null; the field is not "
+                              "nullable)", field=field.name, row=row)  # else pyarrow's raw error, no row named
     if dtype is np.str_:
         ok = isinstance(value, str)
     elif dtype is np.bytes_:  # str too where the bytes are stored as text (Petastorm's np.string_ idiom)
@@ -158,6 +161,10 @@ def _validate_encoded_image(field: UnischemaField, value: bytes | bytearray | me
     if not shape_matches(found, field.shape):
         raise ValidationError(f"{_where(field, row)}: expected an image of shape {_shape_label(field.shape)}, "
                               f"found {fmt.upper()} bytes of shape {found}", field=field.name, row=row)
+    depth = np.dtype(np.uint16 if fmt == "png" and value[24] == 16 else np.uint8)  # IHDR's bit depth
+    if depth != field.dtype:  # stored as given, it failed only when read
+        raise ValidationError(f"{_where(field, row)}: expected an image of dtype {np.dtype(field.dtype).name}, "
+                              f"found {fmt.upper()} bytes of {depth.name} pixels", field=field.name, row=row)
 
 
 def _dtype_label(dtype: Any) -> str:

@@ -60,7 +60,7 @@ from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import _footer, column_sets, footer_cache, integrity, versions
 from unihub.store import _pages as parquet_pages
-from unihub.store.partitions import partition_of, partition_value
+from unihub.store.partitions import keyed_partitions, partition_of, partition_value
 
 COMMON_METADATA = "_common_metadata"
 SchemaSource = Literal["unihub", "petastorm", "inferred"]
@@ -915,6 +915,7 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     if footers is None:
         footers = read_footers(fs, paths)
     partitions = [partition_of(base, p) for p in paths]
+    keyed = keyed_partitions(paths, partitions, [footer.num_rows for footer in footers])
     stored = [footer.schema.to_arrow_schema() for footer in footers]
     file_schema = stored[0]
     absent: dict[str, frozenset[str]] = {}
@@ -926,7 +927,7 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     for key, value in (footers[0].metadata or {}).items():
         kv.setdefault(key, value)
         found_in.setdefault(key, paths[0])
-    schema, source = resolve_schema(kv, file_schema, partitions, url, found_in)
+    schema, source = resolve_schema(kv, file_schema, keyed, url, found_in)
     raw_extra = kv.get(EXTRA_METADATA_KEY)
     extra = load_metadata_json(raw_extra, EXTRA_METADATA_KEY, where=found_in[EXTRA_METADATA_KEY]) \
         if raw_extra else {}
@@ -936,7 +937,7 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     # the version's schema has none (a dataset without versions may hold nulls under any flag: left as it is)
     conform = _nulls_to_conform(paths, stored, file_schema) if evolving else {}
     files, row_groups, offsets = _index(paths, footers, partitions, sizes)
-    names = tuple(k for k, _ in partitions[0]) if partitions else ()
+    names = tuple(k for k, _ in keyed[0]) if keyed else ()
     return ParquetStore(url=url, filesystem=fs, path=root, schema=schema, arrow_schema=file_schema,
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
@@ -1348,10 +1349,12 @@ def resolve_schema(kv: dict[bytes, bytes], file_schema: pa.Schema, partitions: l
 def _infer_partition_field(name: str, values: list[str]) -> UnischemaField:
     present = [v for v in values if v != "__HIVE_DEFAULT_PARTITION__"]
     try:
-        [int(v) for v in present]
-        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+        numbers = [int(v) for v in present]
     except ValueError:
-        return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
+        numbers = None
+    if numbers is not None and all(-2**63 <= n < 2**63 for n in numbers):  # else text, not an int64 overflow
+        return UnischemaField(name, np.int64, (), ScalarCodec(pa.int64()), len(present) != len(values))
+    return UnischemaField(name, np.str_, (), ScalarCodec(pa.string()), len(present) != len(values))
 
 
 def check_files_agree(paths: list[str], footers: list[pq.FileMetaData], expected: pa.Schema,

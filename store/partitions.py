@@ -10,14 +10,45 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import SchemaError
+from unihub.errors import FormatError, SchemaError
 from unihub.schema.unischema import Unischema, UnischemaField
+
+#: the characters Spark escapes in a partition folder's value (``ExternalCatalogUtils.escapePathName``): controls,
+#: the path's own separators and what Hive reads as patterns; anything else (a space, ``é``) stays as it is
+_ESCAPED = frozenset(chr(c) for c in range(0x20)) | frozenset('"#%\'*/:=?\\\x7f{[]^')
+
+
+def folder_value(value: Any) -> str:
+    """The ``v`` of a ``key=v`` partition folder for ``value``, escaped as Spark escapes it (``%2F`` for ``/``): the
+    folder Spark would write, which Spark, pyarrow and Petastorm read back as the value. Every character is read
+    back by :func:`partition_of`'s ``unquote``."""
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in str(value))
 
 
 def partition_of(base: str, path: str) -> tuple[tuple[str, str], ...]:
     """The Hive partition ``(key, value)`` pairs of ``path``'s folders under ``base`` (``k=v/``)."""
     rel = path[len(base):].lstrip("/").split("/")[:-1]
     return tuple((k, unquote(v)) for k, _, v in (part.partition("=") for part in rel) if _ == "=")
+
+
+def keyed_partitions(paths: list[str], partitions: list[tuple[tuple[str, str], ...]],
+                     rows: list[int]) -> list[tuple[tuple[str, str], ...]]:
+    """The partitions of the files of ``paths`` that hold rows (``rows``: each file's count; all, where none does),
+    every one naming the same keys, else a FormatError naming the first file that differs (a file beside ``k=1/``
+    folders, or ``k=1/j=2/`` beside ``k=1/``; Spark refuses such a tree too). The keys were read from the first
+    file's path: another file's rows lost a key, or failed to read. An empty file (an append of no rows) is
+    left out: it adds no values."""
+    held = [k for k, n in enumerate(rows) if n] or list(range(len(paths)))
+    keys = {k for k, _ in partitions[held[0]]} if held else set()
+    for k in held[1:]:
+        if {key for key, _ in partitions[k]} != keys:
+            raise FormatError(f"{paths[k]}: its partition folders name the keys {sorted(key for key, _ in partitions[k])}"
+                              f", {paths[held[0]]}'s name {sorted(keys)}: a dataset's files sit at one depth of "
+                              f"key=value folders, with the same keys; move the files to where their keys belong",
+                              path=paths[k])
+    return [partitions[k] for k in held]
 
 
 def partition_value(field_: UnischemaField, raw: str) -> Any:
@@ -32,7 +63,7 @@ def partition_value(field_: UnischemaField, raw: str) -> Any:
         return raw.lower() == "true"  # np.bool_("False") is True
     try:
         return field_.numpy_dtype(raw).item()
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise SchemaError(f"partition value {raw!r} of {field_.name!r} is not a {field_.dtype}") from exc
 
 

@@ -17,7 +17,6 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +32,7 @@ from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_M
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.codecs.base import temporal_array
 from unihub.schema.dtypes import fits, found_label
-from unihub.schema.metadata_json import EXTRA_METADATA_KEY  # described there, with what it holds
+from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json  # described there, with what it holds
 from unihub.schema.shapes import shape_matches
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.schema.validation import column_length
@@ -42,6 +41,7 @@ from unihub.store.dataset import COMMON_METADATA
 from unihub.store.file_options import page_options
 from unihub.store.metadata_files import add_petastorm_metadata
 from unihub.store.ownership import check_replaceable
+from unihub.store.partitions import folder_value
 
 #: Rows are encoded in chunks of at most this many rows and about this much Arrow memory, so that
 #: memory follows bytes, not rows: 256 small rows at a time, one or two camera frames at a time.
@@ -152,8 +152,9 @@ def _check_arguments(schema: Unischema, *, row_group_size_mb: float, rows_per_fi
                      tag: str | None, overwrite: bool) -> None:
     """:func:`write_dataset`'s arguments checked before anything is written (a SchemaError naming the one)."""
     check_row_group_size(row_group_size_mb)
-    if rows_per_file is not None and rows_per_file <= 0:
-        raise SchemaError(f"rows_per_file must be positive, got {rows_per_file}")
+    if rows_per_file is not None and (isinstance(rows_per_file, bool) or not isinstance(rows_per_file, (int, np.integer))
+                                      or rows_per_file <= 0):  # True was 1 row a file; 2.5 a TypeError mid-write
+        raise SchemaError(f"rows_per_file must be a positive whole number of rows, got {rows_per_file!r}")
     check_part_size(part_size_mb)
     for key in partition_by:
         if key not in schema:
@@ -247,8 +248,29 @@ def _file_schema(schema: Unischema, extra_metadata: Mapping[str, Any] | None,
     full = schema.as_parquet_schema()
     metadata = dict(full.metadata or {})
     if extra_metadata:
-        metadata[EXTRA_METADATA_KEY] = json.dumps(dict(extra_metadata), default=str).encode()
+        metadata[EXTRA_METADATA_KEY] = extra_metadata_json(extra_metadata)
     return pa.schema([f for f in full if f.name not in partition_by], metadata=metadata)
+
+
+def extra_metadata_json(extra_metadata: Mapping[str, Any]) -> bytes:
+    """``extra_metadata`` as the JSON stored under ``unihub.extra``, checked as a reader checks it
+    (:func:`~unihub.schema.metadata_json.load_metadata_json`): what no reader would open (nested deeper than 64,
+    unihub's own keys of another type: ``{"source": 5}``) is a SchemaError before anything is written, not a
+    dataset every open refuses. numpy values are stored as their numbers (an array's ``str`` cut them to
+    ``'[0 1 2 ... 997 998 999]'``); other values that are no JSON, by their ``str``."""
+    if not isinstance(extra_metadata, Mapping):
+        raise SchemaError(f"extra_metadata must be a mapping (a dict of JSON values), got "
+                          f"{type(extra_metadata).__name__}")
+    text = json.dumps(dict(extra_metadata), default=_json_value).encode()
+    try:
+        load_metadata_json(text, EXTRA_METADATA_KEY, where="extra_metadata")
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}; a reader would refuse it, so nothing was written") from None
+    return text
+
+
+def _json_value(value: Any) -> Any:
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else str(value)
 
 
 # -- input -> validated column chunks ------------------------------------------------------
@@ -368,6 +390,9 @@ def validate_column(f: UnischemaField, values: Any, first_row: int) -> None:
         if not shape_matches(values.shape[1:], f.shape):
             raise ValidationError(f"field {f.name!r}: expected rows of shape {f.shape}, "
                                   f"found a column of shape {values.shape}", field=f.name)
+        if values.dtype.kind in "mM" and f.shape == () and not f.nullable and np.isnat(values).any():
+            row = int(np.flatnonzero(np.isnat(values))[0])
+            f.validate(values[row], row=first_row + row)  # a NaT is a null: its error names the row
         return
     for i, value in enumerate(values):
         f.validate(value, row=first_row + i)
@@ -380,7 +405,7 @@ def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -
     table = table.select(storage_schema.names)
     try:
         return table.cast(storage_schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:  # ValueError: nulls, not nullable
         raise SchemaError(f"Arrow batch at row {first_row} does not match the schema: {exc}") from exc
 
 
@@ -422,8 +447,7 @@ class _DatasetWriter:
     def _sink(self, key: tuple[Any, ...]) -> _PartitionSink:
         sink = self.sinks.get(key)
         if sink is None:
-            parts = [f"{name}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(str(v), safe='')}"
-                     for name, v in zip(self.partition_by, key)]
+            parts = [f"{name}={folder_value(v)}" for name, v in zip(self.partition_by, key)]
             sink = self.sinks[key] = _PartitionSink(fsutil.join(self.root, *parts))
         return sink
 

@@ -166,14 +166,23 @@ def tensor_to_parquet(field: UnischemaField, array: pa.Array) -> pa.Array:
     storage = extension_storage(array)
     size = storage.type.list_size
     values = storage.values
-    if values.null_count:
-        raise CodecError(f"field {field.name!r}: tensor values contain {values.null_count} nulls", field=field.name)
+    nulls = _nulls_in_valid_rows(storage, values, size) if values.null_count else 0
+    if nulls:
+        raise CodecError(f"field {field.name!r}: tensor values contain {nulls} nulls", field=field.name)
     start = (values.offset + storage.offset * size) * values.type.byte_width
     data = values.buffers()[1].slice(start, len(storage) * size * values.type.byte_width)
     validity = None
     if storage.null_count:
         validity = pa.array(storage.is_valid().to_numpy(zero_copy_only=False)).buffers()[1]
     return pa.Array.from_buffers(width, len(storage), [validity, data], null_count=storage.null_count)
+
+
+def _nulls_in_valid_rows(storage: pa.FixedSizeListArray, values: pa.Array, size: int) -> int:
+    """Null values of ``storage``'s rows that are not null themselves: a null row's values are null where Arrow
+    made it from a None (``pa.array([[1, 2, 3], None], pa.list_(pa.float32(), 3))``), and stored as no value."""
+    first = storage.offset * size
+    null_value = ~to_numpy(values.is_valid())[first:first + len(storage) * size]
+    return int(np.count_nonzero(null_value & np.repeat(to_numpy(storage.is_valid()), size)))
 
 
 def tensor_from_parquet(field: UnischemaField, array: pa.Array) -> pa.ExtensionArray:

@@ -303,6 +303,23 @@ def test_petastorm_reads_what_write_dataset_wrote(petastorm_python, tmp_path):
             assert columns[name][j] == raw[i][name], f"{where} {name}"
 
 
+def test_petastorm_reads_partition_values_with_spaces_and_accents(petastorm_python, tmp_path):
+    # the folders were URL-quoted (split=new%20york, split=%C3%A9t%C3%A9), which Petastorm (and Spark) read as they
+    # are: every row of those partitions had split 'new%20york'. Spark's escaping keeps a space and an accent.
+    schema = Unischema("Places", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("split", np.str_, (), ScalarCodec(pa.string()), False)])
+    splits = ["new york", "été", "a:b"]
+    write_dataset(tmp_path / "ds", schema, ({"id": i, "split": splits[i % 3]} for i in range(6)),
+                  partition_by=["split"], petastorm_compatible=True)
+    assert sorted(p.name for p in (tmp_path / "ds").glob("split=*")) == ["split=a%3Ab", "split=new york", "split=été"]
+    (result,) = read_with_petastorm(petastorm_python, [{"url": tmp_path / "ds", "reader": "make_reader"}], tmp_path)
+    rows = petastorm_rows(result)
+    assert {i: str(row["split"]) for i, row in rows.items()} == {i: splits[i % 3] for i in range(6) if i % 3 != 2} | \
+        {i: "a%3Ab" for i in (2, 5)}  # Petastorm reads an escaped folder as it is, as it reads Spark's
+    with make_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        assert {int(row.id): row.split for row in reader} == {i: splits[i % 3] for i in range(6)}
+
+
 @pytest.mark.slow
 def test_petastorm_reads_a_store_given_a_schema_and_a_copy(petastorm_python, tmp_path):
     """``add-schema --petastorm-compatible`` on plain Parquet Spark wrote, and ``copy`` of Petastorm's own

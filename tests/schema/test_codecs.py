@@ -26,9 +26,12 @@ from unihub import (
     ScalarCodec,
     SchemaError,
     TensorCodec,
+    Unischema,
     UnischemaField,
     UnsupportedFormatError,
     ValidationError,
+    make_reader,
+    write_dataset,
 )
 from unihub.schema.codecs import Codec, codec_from_json
 
@@ -800,6 +803,32 @@ def test_image_errors_name_field_and_row():
         field.validate(wrong)
     with pytest.raises(CodecError, match="field 'img', row 0"):
         field.codec.decode_column(field, pa.array([wrong], type=pa.binary()))
+
+
+def test_encoded_image_bytes_are_checked_for_bit_depth(tmp_path):
+    # bytes already PNG/JPEG are stored as given: a 16-bit PNG in a uint8 field (or 8-bit in uint16) and a JPEG
+    # in a uint16 field were written, their shape checked, and failed only when read ("corrupt or mismatched")
+    images = _images_module()
+    gray8 = UnischemaField("img", np.uint8, (4, 5), CompressedImageCodec("png"), False)
+    gray16 = UnischemaField("img", np.uint16, (4, 5), CompressedImageCodec("png"), False)
+    png16 = images.encode_image(np.full((4, 5), 40000, np.uint16), "png")
+    png8 = images.encode_image(np.zeros((4, 5), np.uint8), "png")
+    jpeg8 = images.encode_image(np.zeros((4, 5), np.uint8), "jpeg", 90)
+    for field, data, found in ((gray8, png16, "PNG bytes of uint16 pixels"),
+                               (gray16, png8, "PNG bytes of uint8 pixels"),
+                               (gray16, jpeg8, "JPEG bytes of uint8 pixels")):
+        with pytest.raises(ValidationError, match=f"field 'img', row 3: expected an image of dtype "
+                                                  f"{np.dtype(field.dtype).name}, found {found}"):
+            field.validate(data, row=3)
+    gray8.validate(png8)
+    gray16.validate(png16)
+    schema = Unischema("S", [gray8])
+    with pytest.raises(ValidationError, match="row 1: expected an image of dtype uint8"):
+        write_dataset(tmp_path / "ds", schema, [{"img": png8}, {"img": png16}])
+    assert not (tmp_path / "ds").exists()
+    write_dataset(tmp_path / "ds", schema, [{"img": png8}])
+    with make_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        assert next(iter(reader)).img.tolist() == np.zeros((4, 5), np.uint8).tolist()
 
 
 @pytest.mark.parametrize("shape", [(8, 8, 3), (None, None, 3)], ids=["fixed", "variable"])

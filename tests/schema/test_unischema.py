@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import json
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -666,3 +667,16 @@ def test_from_arrow_schema_refusal_keeps_petastorms_words():
     with pytest.raises(ValueError, match="Cannot auto-create unischema due to unsupported column type: column 's'"):
         Unischema.from_arrow_schema(pa.schema([pa.field("s", pa.struct([pa.field("a", pa.int8())]))]),
                                     omit_unsupported_fields=False)
+
+
+def test_a_schema_that_made_rows_pickles():
+    # the row type, made at run time and cached on the schema, has no name its module holds: a schema that had
+    # made a row (a reader's, once it read) failed to pickle ("Can't pickle <class 'S_row'>"); Petastorm's pickles
+    schema = Unischema("S", [UnischemaField("a_b", np.int64, ()), UnischemaField("a/b", np.int64, (), None, True)])
+    view = schema.create_schema_view(["a/b"])
+    for made in (schema, view):
+        made.make_namedtuple(**{"a/b": 1})
+        copy = pickle.loads(pickle.dumps(made))
+        assert copy == made and copy.attribute_names == made.attribute_names
+        assert tuple(copy.make_namedtuple(**{"a/b": 2})) == tuple(made.make_namedtuple(**{"a/b": 2}))
+    assert view.make_namedtuple(**{"a/b": 3}).a_b_2 == 3  # the view keeps its parent's attribute names

@@ -27,6 +27,7 @@ from unihub import (
     add_schema,
     get_schema_from_dataset_url,
     infer_or_load_unischema,
+    make_batch_reader,
     match_unischema_fields,
     open_dataset,
     write_dataset,
@@ -281,6 +282,58 @@ def test_plain_parquet_partitions_are_inferred(tmp_path):
         assert table.schema.field("year").type == pa.int64()
         seen.update(zip(table.column("year").to_pylist(), table.column("city").to_pylist(), strict=True))
     assert seen == {(2020, "paris"), (2020, "new york"), (2021, "paris"), (2021, "new york")}
+
+
+def test_plain_parquet_partition_values_past_int64_are_text(tmp_path):
+    # digits past int64 (an id, a hash) were inferred as int64 and every read failed with a raw OverflowError
+    # ("Python int too large to convert to C long"); they are text, as a value that is no int would be
+    root = tmp_path / "hive"
+    for key in ("99999999999999999999", "7"):
+        (root / f"key={key}").mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1.0]}), root / f"key={key}" / "part-0.parquet")
+    store = open_dataset(root)
+    assert store.schema.key == UnischemaField("key", np.str_, (), ScalarCodec(pa.string()), False)
+    values = {store.read_row_group(info.index).column("key")[0].as_py() for info in store.row_groups}
+    assert values == {"99999999999999999999", "7"}
+    with make_batch_reader(str(root), workers_count=1) as reader:
+        assert sorted(v for batch in reader for v in batch.key) == ["7", "99999999999999999999"]
+
+
+def test_a_partition_folder_past_its_fields_range_is_a_schema_error(tmp_path):
+    # a folder k=99999999999 beside a dataset's int32 partitions: a raw OverflowError from numpy, now named
+    schema = Unischema("S", [UnischemaField("k", np.int32, (), ScalarCodec(pa.int32()), False),
+                             UnischemaField("x", np.float64, (), ScalarCodec(pa.float64()), False)])
+    write_dataset(tmp_path / "ds", schema, [{"k": 1, "x": 1.0}], partition_by=["k"])
+    (tmp_path / "ds" / "k=99999999999").mkdir()
+    (tmp_path / "ds" / "k=1" / "part-00000.parquet").rename(tmp_path / "ds" / "k=99999999999" / "part-00000.parquet")
+    with pytest.raises(SchemaError, match="partition value '99999999999' of 'k' is not a int32"):
+        open_dataset(tmp_path / "ds").read_row_group(0)
+
+
+@pytest.mark.parametrize("loose", ["a.parquet", "z.parquet"], ids=["listed-first", "listed-last"])
+def test_files_at_other_partition_depths_are_a_format_error(tmp_path, loose):
+    # the keys came from the first file's path: a file beside k=1/ listed first dropped k from every row
+    # (the schema had no k), listed last failed every read with a raw KeyError ('Field "k" does not exist')
+    root = tmp_path / "tree"
+    (root / "k=1").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [0, 1]}), root / "k=1" / "part.parquet")
+    pq.write_table(pa.table({"id": [2, 3]}), root / loose)
+    with pytest.raises(FormatError, match=r"partition folders name the keys \[.*\], .*'s name \[.*\]: a dataset's "
+                                          "files sit at one depth of key=value folders") as info:
+        open_dataset(root)
+    assert info.value.path.endswith("k=1/part.parquet" if loose == "a.parquet" else "z.parquet")
+
+
+def test_an_empty_append_beside_partition_folders_is_read(tmp_path):
+    # an append of no rows writes one empty file at the root: it holds no keys and no rows, and is passed over
+    schema = Unischema("S", [UnischemaField("k", np.int32, (), ScalarCodec(pa.int32()), False),
+                             UnischemaField("x", np.float64, (), ScalarCodec(pa.float64()), False)])
+    write_dataset(tmp_path / "ds", schema, [{"k": 1, "x": 1.0}], partition_by=["k"])
+    write_dataset(tmp_path / "ds", schema, [], partition_by=["k"], mode="append")
+    store = open_dataset(tmp_path / "ds")
+    assert store.partition_names == ("k",) and store.num_rows == 1
+    with make_batch_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        assert [(b.k.tolist(), b.x.tolist()) for b in reader] == [([1], [1.0])]
 
 
 def test_dataset_written_by_pyarrow_with_unischema_metadata(tmp_path, schema, sample_row):

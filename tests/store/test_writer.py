@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import decimal
+import functools
 import json
 import os
 from pathlib import Path
@@ -289,7 +291,10 @@ def test_partition_by_null_values(tmp_path):
     ({"partition_by": ["vec"]}, r"partition_by field 'vec' must be a scalar, its shape is \(4,\)"),
     ({"partition_by": ["emb"]}, r"partition_by field 'emb' must be a scalar, its shape is \(3,\)"),
     ({"row_group_size_mb": 0}, "row_group_size_mb must be positive, got 0"),
-    ({"rows_per_file": 0}, "rows_per_file must be positive, got 0"),
+    ({"rows_per_file": 0}, "rows_per_file must be a positive whole number of rows, got 0"),
+    # True wrote one row a file; 2.5 a raw TypeError from the middle of the write
+    ({"rows_per_file": True}, "rows_per_file must be a positive whole number of rows, got True"),
+    ({"rows_per_file": 2.5}, "rows_per_file must be a positive whole number of rows, got 2.5"),
 ])
 def test_bad_options(tmp_path, schema, rows, options, message):
     with pytest.raises(SchemaError, match=message):
@@ -674,3 +679,75 @@ def test_a_numpy_scalar_fits_an_ndarray_field_of_shape_nothing(tmp_path: Path) -
     with make_reader(tmp_path / "ds") as reader:
         (row,) = list(reader)
     assert np.asarray(row.v).tobytes() == np.float32(-0.0).tobytes()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"source": 5}, r"\$\.source: expected string, got 5"),
+    ({"classes": ["a", 1]}, r"\$\.classes\[1\]: expected string, got 1"),
+    ({"x": functools.reduce(lambda inner, _: {"x": inner}, range(70), {})}, r"\$\.x: arrays and objects nested deeper than 64 levels"),
+])
+def test_extra_metadata_a_reader_refuses_is_refused_before_writing(tmp_path, schema, rows, extra, message):
+    # it was written (over the dataset there), and every open of it was a SchemaError
+    write_dataset(tmp_path / "ds", schema, rows(2))
+    with pytest.raises(SchemaError, match=f"extra_metadata: metadata key 'unihub.extra': {message}; a reader "
+                                          "would refuse it, so nothing was written"):
+        write_dataset(tmp_path / "ds", schema, rows(3), extra_metadata=extra, overwrite=True)
+    assert open_dataset(tmp_path / "ds").num_rows == 2
+    with pytest.raises(SchemaError, match="extra_metadata must be a mapping .* got str"):
+        write_dataset(tmp_path / "new", schema, rows(3), extra_metadata="notes")
+    assert not (tmp_path / "new").exists()
+
+
+def test_extra_metadata_keeps_numpy_values_as_numbers(tmp_path, schema, rows):
+    # str() of an array was stored: '[0 1 2 ... 997 998 999]', and a numpy scalar became text ('5')
+    mean = np.arange(1000, dtype=np.float32) / 3
+    write_dataset(tmp_path / "ds", schema, rows(1),
+                  extra_metadata={"mean": mean, "n": np.int64(5), "when": datetime.date(2020, 1, 2)})
+    extra = open_dataset(tmp_path / "ds").extra_metadata
+    assert extra["mean"] == mean.tolist() and extra["n"] == 5 and extra["when"] == "2020-01-02"
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["rows", "columns"])
+def test_nat_in_a_field_that_is_not_nullable_is_a_validation_error(tmp_path, batched):
+    # NaT is stored as a null: it passed validation and failed in pyarrow ("Column 'ts' is declared
+    # non-nullable but contains nulls"), a raw ArrowInvalid naming no row
+    schema = Unischema("T", [UnischemaField("ts", np.datetime64, (), None, False),
+                             UnischemaField("td", np.timedelta64, (), ScalarCodec(pa.duration("us")), False)])
+    ts = np.array(["2020-01-01", "2020-01-02", "2020-01-03"], "datetime64[s]")
+    td = np.array([1, 2, "NaT"], "timedelta64[s]")
+    data = [{"ts": ts, "td": td}] if batched else [{"ts": a, "td": b} for a, b in zip(ts, td)]
+    with pytest.raises(ValidationError, match=r"field 'td', row 2: expected a value, found NaT \(a null; the field "
+                                              r"is not nullable\)"):
+        write_dataset(tmp_path / "ds", schema, data, batched=batched)
+    assert not (tmp_path / "ds").exists()
+    nullable = Unischema("T", [f._replace(nullable=True) for f in schema])
+    write_dataset(tmp_path / "ds", nullable, data, batched=batched)
+    assert open_dataset(tmp_path / "ds").read_row_group(0).column("td").null_count == 1
+
+
+def test_an_arrow_tensor_column_with_a_null_row_is_written(tmp_path):
+    # Arrow makes a None row of a fixed-size list with null values under it: the writer counted those and refused
+    # the column ("tensor values contain 3 nulls"); a null inside a row that is not null is still refused
+    schema = Unischema("T", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("t", np.float32, (3,), TensorCodec(), True)])
+    tensor = schema.as_arrow_schema().field("t").type
+
+    def table(cells):
+        storage = pa.array(cells, type=tensor.storage_type)
+        return pa.table({"id": list(range(len(cells))), "t": pa.ExtensionArray.from_storage(tensor, storage)})
+
+    write_dataset(tmp_path / "ds", schema, table([[1, 2, 3], None, [4, 5, 6]]).slice(1), batched=True)
+    with make_batch_reader(str(tmp_path / "ds"), workers_count=1) as reader:
+        (batch,) = list(reader)
+    assert batch.id.tolist() == [1, 2] and batch.t[0] is None and batch.t[1].tolist() == [4, 5, 6]
+    with pytest.raises(CodecError, match="field 't': tensor values contain 1 nulls"):
+        write_dataset(tmp_path / "bad", schema, table([[1, None, 3], None]), batched=True)
+
+
+def test_an_arrow_batch_with_nulls_in_a_field_that_is_not_nullable_is_a_schema_error(tmp_path):
+    # pyarrow's cast raised a raw ValueError ("Casting field 'id' with null values to non-nullable")
+    schema = Unischema("N", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
+    with pytest.raises(SchemaError, match="Arrow batch at row 2 does not match the schema: Casting field 'id' with "
+                                          "null values to non-nullable"):
+        write_dataset(tmp_path / "ds", schema, [pa.table({"id": [0, 1]}), pa.table({"id": [2, None]})], batched=True)
+    assert not (tmp_path / "ds").exists()
