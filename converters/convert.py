@@ -61,7 +61,7 @@ from unihub.schema.unischema import Unischema
 from unihub.store import versions
 from unihub.store.dataset import open_dataset
 from unihub.store.ownership import check_replaceable
-from unihub.store.writer import write_dataset
+from unihub.store.writer import check_part_size, check_row_group_size, write_dataset
 
 
 def is_unihub_dataset(path: str) -> bool:
@@ -220,6 +220,8 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
     source_format = resolve_source_format(src, from_format)
     target_format = resolve_target_format(dst, to_format)
     workers, validate_images, budget = _run_options(engine, workers, validate_images, memory_budget_mb)
+    check_row_group_size(row_group_size_mb)  # whatever the target: an export's too (NaN was taken without a word)
+    check_part_size(part_size_mb)
     _check_destination(src, dst, source_format, target_format, engine, append=append, overwrite=overwrite,
                        overwrite_foreign=overwrite_foreign)
     start = time.perf_counter()

@@ -186,3 +186,14 @@ def test_a_row_group_size_no_writer_can_keep_is_refused(size: float, image_folde
     with pytest.raises(SchemaError, match="row_group_size_mb must be positive"):
         write_dataset(tmp_path / "again", open_dataset(tmp_path / "ok").schema, [], row_group_size_mb=size)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "ok"]
+
+
+@pytest.mark.parametrize("option", ["row_group_size_mb", "part_size_mb"])
+def test_an_export_refuses_sizes_no_writer_can_keep_too(option: str, image_folder: Path, tmp_path: Path) -> None:
+    """An export to a foreign format took `--part-size-mb nan` without a word (only an ingest checked it)."""
+    from unihub.errors import SchemaError
+
+    convert(image_folder, tmp_path / "ds", progress=False)
+    with pytest.raises(SchemaError, match=f"{option} must be (a )?positive"):
+        convert(tmp_path / "ds", tmp_path / "out", to_format="webdataset", progress=False, **{option: float("nan")})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "folder"]
