@@ -53,8 +53,8 @@ def parse_filter(text: str, names: Collection[str]) -> ParsedFilter:
             warnings.simplefilter("ignore", SyntaxWarning)
             tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
-        raise FilterExpressionError(f"filter {text!r} is not an expression: {exc.msg} at column "
-                                    f"{exc.offset or 0}") from None
+        where = f"at column {exc.offset}" if exc.offset else "at its end"  # Python's 0: the text ended too soon
+        raise FilterExpressionError(f"filter {text!r} is not an expression: {exc.msg} {where}") from None
     builder = _Builder(text, names)
     try:
         built = builder.build(tree.body)

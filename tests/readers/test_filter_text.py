@@ -51,7 +51,8 @@ def test_the_fields_read_are_named() -> None:
     ("lbl > 1", "names 'lbl', which is not a field; the fields: label, split, x"),
     ('__import__("os").system("touch pwned")', "only field(), isin()"),
     ("label.__class__", "not allowed in a filter"),
-    ("label > ", "is not an expression"),
+    ("label > ", "is not an expression: invalid syntax at its end"),  # was 'at column 0'
+    ("label == 1 )", "is not an expression: unmatched ')' at column 12"),
     ("3", "compares nothing"),
     ("label + 1 > 2", "only & and | combine conditions"),
     ("[[1, 2", "is not JSON"),
