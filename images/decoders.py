@@ -387,12 +387,17 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
             raise ValueError(
                 f"PNG needs uint8 or uint16 with 1-4 channels, got {image.dtype} {image.shape}"
             )
-        # bytes: the stub's bytearray is for an ``out`` buffer, not given here
+        image = np.ascontiguousarray(image)
+        # imagecodecs' own output estimate is too small for narrow incompressible images (300x1 noise
+        # raised "output stream too small"), so size the buffer for the worst case: the filtered rows
+        # stored uncompressed, plus zlib's and the IDAT chunks' overhead (an int ``out`` returns bytes)
+        filtered = image.shape[0] * (1 + image.nbytes // image.shape[0])
         return cast(bytes, _imagecodecs().png_encode(
-            np.ascontiguousarray(image),
+            image,
             level=_PNG_LEVEL,
             strategy=_PNG_STRATEGY_RLE,
             filter=_PNG_FILTER_SUB,
+            out=filtered + (filtered >> 6) + 1024,
         ))
     if fmt in ("jpeg", "jpg"):
         if image.dtype != np.uint8 or channels not in (1, 3):
