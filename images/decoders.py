@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import cast
@@ -535,19 +536,31 @@ def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, Spans | N
     width, height, depth, color_type = struct.unpack_from(">IIBB", view, 16)
     if color_type not in _PNG_CHANNELS or width == 0 or height == 0:
         return None, None
-    has_trns = False
+    palette = 0
     pos = 33
     while pos + 8 <= len(view):  # tRNS, if any, comes before the first IDAT
         length, kind = struct.unpack_from(">I4s", view, pos)
         if kind in (b"IDAT", b"IEND"):
             break
-        if kind == b"tRNS":
-            has_trns = True
-            break
+        if kind == b"PLTE":
+            palette = length // 3
+        elif kind == b"tRNS" and _trns_valid(view, pos, length, color_type, palette):
+            return (height, width, _PNG_CHANNELS[color_type][True], depth), ((0, pos + 12 + length),)
         pos += 12 + length
     else:
-        return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), None
-    return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), ((0, pos), (pos + 4, pos + 8))
+        return (height, width, _PNG_CHANNELS[color_type][False], depth), None
+    return (height, width, _PNG_CHANNELS[color_type][False], depth), ((0, pos), (pos + 4, pos + 8))
+
+
+def _trns_valid(view: Buffer, pos: int, length: int, color_type: int, palette: int) -> bool:
+    """Whether libpng keeps the tRNS chunk at ``pos`` (and so adds an alpha channel): it drops one whose
+    CRC is wrong or whose length does not fit the colour type (2 bytes gray, 6 RGB, 1 to the palette's
+    entries), with only a warning, and decodes the image without alpha."""
+    if pos + 12 + length > len(view):
+        return False
+    if zlib.crc32(view[pos + 4:pos + 8 + length]) != struct.unpack_from(">I", view, pos + 8 + length)[0]:
+        return False
+    return length == {0: 2, 2: 6}.get(color_type, 0) or (color_type == 3 and 0 < length <= palette)
 
 
 def _jpeg_frame_bytes(data: Buffer, frame: tuple[int, int, int]) -> bytes | None:

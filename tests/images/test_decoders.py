@@ -493,3 +493,35 @@ def test_a_gray_png_decoded_into_a_channel_axis_returns_that_array() -> None:
     out = np.zeros((64, 48, 1), np.uint8)
     got = decode_image(buffer.getvalue(), out)
     assert got is out and got.shape == (64, 48, 1) and np.array_equal(got[..., 0], pixels)
+
+
+def _png_of(chunks: list[tuple[bytes, bytes]], crc_of: bytes = b"") -> bytes:
+    """A PNG of ``chunks`` (type, data), each with its CRC, but a wrong one for the chunk type ``crc_of``."""
+    return b"\x89PNG\r\n\x1a\n" + b"".join(
+        struct.pack(">I", len(data)) + kind + data
+        + struct.pack(">I", (zlib.crc32(kind + data) ^ (kind == crc_of)) & 0xFFFFFFFF)
+        for kind, data in chunks)
+
+
+@pytest.mark.parametrize(("color_type", "plte", "trns", "crc_of", "channels"), [
+    (2, b"", b"\x00\x01\x00\x02\x00\x03", b"", 4),  # a valid tRNS: alpha added
+    (2, b"", b"\x00\x01\x00\x02\x00\x03", b"tRNS", 3),  # its CRC wrong: libpng drops it
+    (2, b"", b"\x00\x01", b"", 3),  # too short for RGB
+    (0, b"", b"\x00\x01\x00", b"", 1),  # too long for gray
+    (3, bytes(6), b"\x00\x10\x20", b"", 3),  # more entries than the palette's 2
+    (3, bytes(6), b"\x00\x10", b"", 4),
+], ids=["valid", "bad-crc", "short-rgb", "long-gray", "long-palette", "palette"])
+def test_png_size_agrees_with_libpng_on_an_invalid_trns(color_type: int, plte: bytes, trns: bytes, crc_of: bytes,
+                                                      channels: int) -> None:
+    """libpng decodes without alpha when it drops a tRNS chunk (wrong CRC or length, only a warning):
+    image_size said 4 channels for such an RGB image and the column's ``out`` did not fit it."""
+    samples = {0: 1, 2: 3, 3: 1}[color_type]
+    ihdr = struct.pack(">IIBBBBB", 3, 2, 8, color_type, 0, 0, 0)
+    chunks = [(b"IHDR", ihdr)] + ([(b"PLTE", plte)] if plte else []) + [
+        (b"tRNS", trns), (b"IDAT", zlib.compress(bytes(2 * (1 + 3 * samples)))), (b"IEND", b"")]
+    blob = _png_of(chunks, crc_of)
+    decoded = decode_image(blob)
+    assert image_size(blob) == (2, 3, channels)
+    assert decoded.shape == ((2, 3) if channels == 1 else (2, 3, channels))
+    column = np.empty((2,) + decoded.shape, np.uint8)
+    np.testing.assert_array_equal(decode_images_into([blob, blob], column)[1], decoded)
