@@ -470,12 +470,22 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, 
         raise ImageDecodeError(f"JPEG ({len(data)} bytes) of {width}x{height} pixels: out of memory decoding it: "
                                f"{exc}") from None
     except (ValueError, RuntimeError) as exc:
-        raise ImageDecodeError(f"corrupt or truncated JPEG ({len(data)} bytes): {exc}") from exc
+        raise ImageDecodeError(_jpeg_problem(data, exc)) from exc
     if channels == 1:
         image = image.reshape(height, width)
     if out is None:
         return image
     return out if direct else _copy_into(image, out, "JPEG")
+
+
+def _jpeg_problem(data: Buffer, exc: Exception) -> str:
+    """What is wrong with a JPEG TurboJPEG refused: 12-bit samples (a valid file it cannot decode, not a
+    corrupt one) said as such, else corrupt or truncated."""
+    spans = _jpeg_walk(data)[1]
+    precision = data[spans[0][1] - 6] if spans else 8  # the SOF's sample precision, 4 bytes past its marker
+    if precision != 8:
+        return f"unsupported JPEG ({len(data)} bytes): {precision}-bit samples, only 8-bit JPEGs decode ({exc})"
+    return f"corrupt or truncated JPEG ({len(data)} bytes): {exc}"
 
 
 def check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:

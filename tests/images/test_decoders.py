@@ -525,3 +525,16 @@ def test_png_size_agrees_with_libpng_on_an_invalid_trns(color_type: int, plte: b
     assert decoded.shape == ((2, 3) if channels == 1 else (2, 3, channels))
     column = np.empty((2,) + decoded.shape, np.uint8)
     np.testing.assert_array_equal(decode_images_into([blob, blob], column)[1], decoded)
+
+
+@pytest.mark.parametrize("sof", [b"\xff\xc0", b"\xff\xc1"])
+def test_12_bit_jpeg_is_refused_as_unsupported_not_corrupt(sof: bytes) -> None:
+    """A 12-bit JPEG is a valid file TurboJPEG's 8-bit API cannot decode: the error said it was corrupt."""
+    jpeg = encode_image(smooth_image((8, 8, 3)), "jpeg")
+    at = jpeg.index(b"\xff\xc0")
+    deep = jpeg[:at] + sof + jpeg[at + 2:at + 4] + b"\x0c" + jpeg[at + 5:]
+    with pytest.raises(ImageDecodeError, match="unsupported JPEG .*12-bit samples"):
+        decode_image(deep)
+    with pytest.raises(ImageDecodeError, match="unsupported JPEG .*12-bit samples") as info:
+        decode_images_into([jpeg, deep], np.empty((2, 8, 8, 3), np.uint8))
+    assert info.value.row == 1
