@@ -404,8 +404,8 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
         if image.dtype != np.uint8 or channels not in (1, 3):
             hint = " (JPEG has no alpha: pass array[..., :3] or use PNG)" if channels == 4 else ""
             raise ValueError(f"JPEG needs uint8 gray or RGB, got {image.dtype} {image.shape}{hint}")
-        if not 0 <= quality <= 100:
-            raise ValueError(f"JPEG quality must be 0-100, got {quality}")
+        if not quality_ok(quality):
+            raise ValueError(f"JPEG quality must be a whole number 0-100, got {quality!r}")
         gray = channels == 1
         return simplejpeg.encode_jpeg(
             np.ascontiguousarray(image.reshape(image.shape[0], image.shape[1], channels)),
@@ -414,6 +414,14 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
             colorsubsampling="Gray" if gray else "420",
         )
     raise ValueError(f"unknown image format {fmt!r}; expected 'png' or 'jpeg'")
+
+
+def quality_ok(quality: object) -> bool:
+    """Whether ``quality`` is a JPEG quality: a whole number 0-100 (``90`` or ``90.0``), not a bool (True
+    was taken as 1) nor a fraction (50.7 was cut to 50 without a word)."""
+    if isinstance(quality, bool) or not isinstance(quality, (int, float, np.integer, np.floating)):
+        return False
+    return float(quality).is_integer() and 0 <= float(quality) <= 100
 
 
 # --------------------------------------------------------------------- decoding

@@ -391,6 +391,11 @@ def test_encode_rejects_what_it_cannot_write() -> None:
         encode_image(np.zeros((4, 4, 5), np.uint8), "png")
     with pytest.raises(ValueError, match="quality"):
         encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=101)
+    for fraction_or_flag in (50.7, True):  # were cut to 50 / taken as 1 without a word
+        with pytest.raises(ValueError, match="whole number"):
+            encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=fraction_or_flag)
+    assert encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=90.0) == \
+        encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=90)
     assert detect_format(encode_image(np.zeros((4, 4, 3), np.uint8), "JPG")) == "jpeg"
 
 
