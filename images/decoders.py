@@ -321,6 +321,7 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     so that decoding threads scale. Anything else, and any failure, takes
     :func:`decode_image`'s path for its checks and messages; the error's ``row`` is ``i``.
     """
+    blobs = _as_buffers(blobs)
     png_decode = None
     # an RGB column: a JPEG whose frame header says exactly its shape (3 components: YCbCr or RGB)
     # goes straight to TurboJPEG, as decode_image would send it, without its per-image checks
@@ -363,6 +364,15 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
             exc.row = row
             raise
     return out
+
+
+def _as_buffers(blobs: Sequence[Buffer]) -> Sequence[Buffer]:
+    """``blobs`` with uint8 arrays (the encoded images a reader hands out as views of its file) as
+    memoryviews: an array's slice compares to bytes elementwise, which raised "truth value of an array
+    is ambiguous" in :func:`decode_images_into`."""
+    if len(blobs) and isinstance(blobs[0], np.ndarray):
+        return [_bytes_view(blob) if isinstance(blob, np.ndarray) else blob for blob in blobs]
+    return blobs
 
 
 def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:

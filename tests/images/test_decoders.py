@@ -543,3 +543,14 @@ def test_12_bit_jpeg_is_refused_as_unsupported_not_corrupt(sof: bytes) -> None:
     with pytest.raises(ImageDecodeError, match="unsupported JPEG .*12-bit samples") as info:
         decode_images_into([jpeg, deep], np.empty((2, 8, 8, 3), np.uint8))
     assert info.value.row == 1
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_decode_images_into_takes_uint8_arrays(fmt: str) -> None:
+    """Encoded images as uint8 arrays (how a reader with ``decode_images=False`` may hand out views of its
+    file) decode as bytes do: their slices compared to bytes elementwise and raised a raw ValueError."""
+    image = smooth_image((6, 5, 3))
+    blob = encode_image(image, fmt)
+    out = np.zeros((2, 6, 5, 3), np.uint8)
+    decode_images_into([np.frombuffer(blob, np.uint8)] * 2, out)
+    np.testing.assert_array_equal(out[1], decode_image(blob))
