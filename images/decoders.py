@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import cast
@@ -320,6 +321,7 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     so that decoding threads scale. Anything else, and any failure, takes
     :func:`decode_image`'s path for its checks and messages; the error's ``row`` is ``i``.
     """
+    blobs = _as_buffers(blobs)
     png_decode = None
     # an RGB column: a JPEG whose frame header says exactly its shape (3 components: YCbCr or RGB)
     # goes straight to TurboJPEG, as decode_image would send it, without its per-image checks
@@ -364,6 +366,15 @@ def decode_images_into(blobs: Sequence[Buffer], out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _as_buffers(blobs: Sequence[Buffer]) -> Sequence[Buffer]:
+    """``blobs`` with uint8 arrays (the encoded images a reader hands out as views of its file) as
+    memoryviews: an array's slice compares to bytes elementwise, which raised "truth value of an array
+    is ambiguous" in :func:`decode_images_into`."""
+    if len(blobs) and isinstance(blobs[0], np.ndarray):
+        return [_bytes_view(blob) if isinstance(blob, np.ndarray) else blob for blob in blobs]
+    return blobs
+
+
 def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
     """Encode an RGB / RGBA / gray array as a standard ``'png'`` or ``'jpeg'`` file.
 
@@ -387,19 +398,24 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
             raise ValueError(
                 f"PNG needs uint8 or uint16 with 1-4 channels, got {image.dtype} {image.shape}"
             )
-        # bytes: the stub's bytearray is for an ``out`` buffer, not given here
+        image = np.ascontiguousarray(image)
+        # imagecodecs' own output estimate is too small for narrow incompressible images (300x1 noise
+        # raised "output stream too small"), so size the buffer for the worst case: the filtered rows
+        # stored uncompressed, plus zlib's and the IDAT chunks' overhead (an int ``out`` returns bytes)
+        filtered = image.shape[0] * (1 + image.nbytes // image.shape[0])
         return cast(bytes, _imagecodecs().png_encode(
-            np.ascontiguousarray(image),
+            image,
             level=_PNG_LEVEL,
             strategy=_PNG_STRATEGY_RLE,
             filter=_PNG_FILTER_SUB,
+            out=filtered + (filtered >> 6) + 1024,
         ))
     if fmt in ("jpeg", "jpg"):
         if image.dtype != np.uint8 or channels not in (1, 3):
             hint = " (JPEG has no alpha: pass array[..., :3] or use PNG)" if channels == 4 else ""
             raise ValueError(f"JPEG needs uint8 gray or RGB, got {image.dtype} {image.shape}{hint}")
-        if not 0 <= quality <= 100:
-            raise ValueError(f"JPEG quality must be 0-100, got {quality}")
+        if not quality_ok(quality):
+            raise ValueError(f"JPEG quality must be a whole number 0-100, got {quality!r}")
         gray = channels == 1
         return simplejpeg.encode_jpeg(
             np.ascontiguousarray(image.reshape(image.shape[0], image.shape[1], channels)),
@@ -408,6 +424,14 @@ def encode_image(array: np.ndarray, fmt: str, quality: int = 80) -> bytes:
             colorsubsampling="Gray" if gray else "420",
         )
     raise ValueError(f"unknown image format {fmt!r}; expected 'png' or 'jpeg'")
+
+
+def quality_ok(quality: object) -> bool:
+    """Whether ``quality`` is a JPEG quality: a whole number 0-100 (``90`` or ``90.0``), not a bool (True
+    was taken as 1) nor a fraction (50.7 was cut to 50 without a word)."""
+    if isinstance(quality, bool) or not isinstance(quality, (int, float, np.integer, np.floating)):
+        return False
+    return float(quality).is_integer() and 0 <= float(quality) <= 100
 
 
 # --------------------------------------------------------------------- decoding
@@ -464,12 +488,22 @@ def _decode_jpeg(data: Buffer, out: np.ndarray | None, shape: tuple[int | None, 
         raise ImageDecodeError(f"JPEG ({len(data)} bytes) of {width}x{height} pixels: out of memory decoding it: "
                                f"{exc}") from None
     except (ValueError, RuntimeError) as exc:
-        raise ImageDecodeError(f"corrupt or truncated JPEG ({len(data)} bytes): {exc}") from exc
+        raise ImageDecodeError(_jpeg_problem(data, exc)) from exc
     if channels == 1:
         image = image.reshape(height, width)
     if out is None:
         return image
     return out if direct else _copy_into(image, out, "JPEG")
+
+
+def _jpeg_problem(data: Buffer, exc: Exception) -> str:
+    """What is wrong with a JPEG TurboJPEG refused: 12-bit samples (a valid file it cannot decode, not a
+    corrupt one) said as such, else corrupt or truncated."""
+    spans = _jpeg_walk(data)[1]
+    precision = data[spans[0][1] - 6] if spans else 8  # the SOF's sample precision, 4 bytes past its marker
+    if precision != 8:
+        return f"unsupported JPEG ({len(data)} bytes): {precision}-bit samples, only 8-bit JPEGs decode ({exc})"
+    return f"corrupt or truncated JPEG ({len(data)} bytes): {exc}"
 
 
 def check_shape(size: tuple[int, int, int], shape: tuple[int | None, ...], fmt: str) -> None:
@@ -530,19 +564,31 @@ def _png_walk(data: Buffer) -> tuple[tuple[int, int, int, int] | None, Spans | N
     width, height, depth, color_type = struct.unpack_from(">IIBB", view, 16)
     if color_type not in _PNG_CHANNELS or width == 0 or height == 0:
         return None, None
-    has_trns = False
+    palette = 0
     pos = 33
     while pos + 8 <= len(view):  # tRNS, if any, comes before the first IDAT
         length, kind = struct.unpack_from(">I4s", view, pos)
         if kind in (b"IDAT", b"IEND"):
             break
-        if kind == b"tRNS":
-            has_trns = True
-            break
+        if kind == b"PLTE":
+            palette = length // 3
+        elif kind == b"tRNS" and _trns_valid(view, pos, length, color_type, palette):
+            return (height, width, _PNG_CHANNELS[color_type][True], depth), ((0, pos + 12 + length),)
         pos += 12 + length
     else:
-        return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), None
-    return (height, width, _PNG_CHANNELS[color_type][has_trns], depth), ((0, pos), (pos + 4, pos + 8))
+        return (height, width, _PNG_CHANNELS[color_type][False], depth), None
+    return (height, width, _PNG_CHANNELS[color_type][False], depth), ((0, pos), (pos + 4, pos + 8))
+
+
+def _trns_valid(view: Buffer, pos: int, length: int, color_type: int, palette: int) -> bool:
+    """Whether libpng keeps the tRNS chunk at ``pos`` (and so adds an alpha channel): it drops one whose
+    CRC is wrong or whose length does not fit the colour type (2 bytes gray, 6 RGB, 1 to the palette's
+    entries), with only a warning, and decodes the image without alpha."""
+    if pos + 12 + length > len(view):
+        return False
+    if zlib.crc32(view[pos + 4:pos + 8 + length]) != struct.unpack_from(">I", view, pos + 8 + length)[0]:
+        return False
+    return length == {0: 2, 2: 6}.get(color_type, 0) or (color_type == 3 and 0 < length <= palette)
 
 
 def _jpeg_frame_bytes(data: Buffer, frame: tuple[int, int, int]) -> bytes | None:

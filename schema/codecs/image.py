@@ -57,8 +57,8 @@ class CompressedImageCodec(Codec):
         fmt = {"jpg": "jpeg"}.get(fmt, fmt)
         if fmt not in ("png", "jpeg"):
             raise SchemaError(f"CompressedImageCodec supports 'png' and 'jpeg', not {image_codec!r}")
-        if not 0 <= int(quality) <= 100:
-            raise SchemaError(f"JPEG quality must be within 0..100, got {quality}")
+        if not images.quality_ok(quality):
+            raise SchemaError(f"JPEG quality must be within 0..100, got {quality!r} (a whole number)")
         self.image_codec = fmt
         self.quality = int(quality)
 

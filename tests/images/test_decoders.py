@@ -89,6 +89,17 @@ def test_png_round_trip_gray_alpha_and_16_bit() -> None:
     np.testing.assert_array_equal(decoded, deep)
 
 
+@pytest.mark.parametrize(("shape", "dtype"), [((300, 1), np.uint8), ((300, 2), np.uint8), ((300, 1), np.uint16),
+                                              ((2000, 1, 3), np.uint8), ((1, 1), np.uint8)])
+def test_png_round_trip_of_narrow_noise(shape: tuple[int, ...], dtype: type) -> None:
+    """Incompressible narrow images grow when deflated: imagecodecs' own buffer estimate was too
+    small for them, and encoding raised its PngError ("output stream too small")."""
+    image = np.random.default_rng(4).integers(0, np.iinfo(dtype).max + 1, shape, dtype=dtype)
+    decoded = decode_image(encode_image(image, "png"))
+    np.testing.assert_array_equal(decoded, image.reshape(decoded.shape))
+    assert decoded.shape == image.shape
+
+
 def test_single_channel_is_gray() -> None:
     image = smooth_image((16, 16, 1))
     decoded = decode_image(encode_image(image, "png"))
@@ -380,6 +391,11 @@ def test_encode_rejects_what_it_cannot_write() -> None:
         encode_image(np.zeros((4, 4, 5), np.uint8), "png")
     with pytest.raises(ValueError, match="quality"):
         encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=101)
+    for fraction_or_flag in (50.7, True):  # were cut to 50 / taken as 1 without a word
+        with pytest.raises(ValueError, match="whole number"):
+            encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=fraction_or_flag)
+    assert encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=90.0) == \
+        encode_image(np.zeros((4, 4, 3), np.uint8), "jpeg", quality=90)
     assert detect_format(encode_image(np.zeros((4, 4, 3), np.uint8), "JPG")) == "jpeg"
 
 
@@ -482,3 +498,59 @@ def test_a_gray_png_decoded_into_a_channel_axis_returns_that_array() -> None:
     out = np.zeros((64, 48, 1), np.uint8)
     got = decode_image(buffer.getvalue(), out)
     assert got is out and got.shape == (64, 48, 1) and np.array_equal(got[..., 0], pixels)
+
+
+def _png_of(chunks: list[tuple[bytes, bytes]], crc_of: bytes = b"") -> bytes:
+    """A PNG of ``chunks`` (type, data), each with its CRC, but a wrong one for the chunk type ``crc_of``."""
+    return b"\x89PNG\r\n\x1a\n" + b"".join(
+        struct.pack(">I", len(data)) + kind + data
+        + struct.pack(">I", (zlib.crc32(kind + data) ^ (kind == crc_of)) & 0xFFFFFFFF)
+        for kind, data in chunks)
+
+
+@pytest.mark.parametrize(("color_type", "plte", "trns", "crc_of", "channels"), [
+    (2, b"", b"\x00\x01\x00\x02\x00\x03", b"", 4),  # a valid tRNS: alpha added
+    (2, b"", b"\x00\x01\x00\x02\x00\x03", b"tRNS", 3),  # its CRC wrong: libpng drops it
+    (2, b"", b"\x00\x01", b"", 3),  # too short for RGB
+    (0, b"", b"\x00\x01\x00", b"", 1),  # too long for gray
+    (3, bytes(6), b"\x00\x10\x20", b"", 3),  # more entries than the palette's 2
+    (3, bytes(6), b"\x00\x10", b"", 4),
+], ids=["valid", "bad-crc", "short-rgb", "long-gray", "long-palette", "palette"])
+def test_png_size_agrees_with_libpng_on_an_invalid_trns(color_type: int, plte: bytes, trns: bytes, crc_of: bytes,
+                                                      channels: int) -> None:
+    """libpng decodes without alpha when it drops a tRNS chunk (wrong CRC or length, only a warning):
+    image_size said 4 channels for such an RGB image and the column's ``out`` did not fit it."""
+    samples = {0: 1, 2: 3, 3: 1}[color_type]
+    ihdr = struct.pack(">IIBBBBB", 3, 2, 8, color_type, 0, 0, 0)
+    chunks = [(b"IHDR", ihdr)] + ([(b"PLTE", plte)] if plte else []) + [
+        (b"tRNS", trns), (b"IDAT", zlib.compress(bytes(2 * (1 + 3 * samples)))), (b"IEND", b"")]
+    blob = _png_of(chunks, crc_of)
+    decoded = decode_image(blob)
+    assert image_size(blob) == (2, 3, channels)
+    assert decoded.shape == ((2, 3) if channels == 1 else (2, 3, channels))
+    column = np.empty((2,) + decoded.shape, np.uint8)
+    np.testing.assert_array_equal(decode_images_into([blob, blob], column)[1], decoded)
+
+
+@pytest.mark.parametrize("sof", [b"\xff\xc0", b"\xff\xc1"])
+def test_12_bit_jpeg_is_refused_as_unsupported_not_corrupt(sof: bytes) -> None:
+    """A 12-bit JPEG is a valid file TurboJPEG's 8-bit API cannot decode: the error said it was corrupt."""
+    jpeg = encode_image(smooth_image((8, 8, 3)), "jpeg")
+    at = jpeg.index(b"\xff\xc0")
+    deep = jpeg[:at] + sof + jpeg[at + 2:at + 4] + b"\x0c" + jpeg[at + 5:]
+    with pytest.raises(ImageDecodeError, match="unsupported JPEG .*12-bit samples"):
+        decode_image(deep)
+    with pytest.raises(ImageDecodeError, match="unsupported JPEG .*12-bit samples") as info:
+        decode_images_into([jpeg, deep], np.empty((2, 8, 8, 3), np.uint8))
+    assert info.value.row == 1
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpeg"])
+def test_decode_images_into_takes_uint8_arrays(fmt: str) -> None:
+    """Encoded images as uint8 arrays (how a reader with ``decode_images=False`` may hand out views of its
+    file) decode as bytes do: their slices compared to bytes elementwise and raised a raw ValueError."""
+    image = smooth_image((6, 5, 3))
+    blob = encode_image(image, fmt)
+    out = np.zeros((2, 6, 5, 3), np.uint8)
+    decode_images_into([np.frombuffer(blob, np.uint8)] * 2, out)
+    np.testing.assert_array_equal(out[1], decode_image(blob))

@@ -668,6 +668,9 @@ def test_codecs_equal_and_hash_by_config():
     (("gif",), "supports 'png' and 'jpeg', not 'gif'"),
     (("jpeg", 101), "quality must be within 0..100, got 101"),
     (("jpeg", -1), "quality must be within 0..100, got -1"),
+    (("jpeg", 50.7), "quality must be within 0..100, got 50.7"),  # was cut to 50 without a word
+    (("jpeg", True), "quality must be within 0..100, got True"),  # was quality 1
+    (("jpeg", "high"), "quality must be within 0..100, got 'high'"),  # was int()'s raw ValueError
 ])
 def test_image_codec_rejects_bad_config(args, message):
     with pytest.raises(SchemaError, match=message):
