@@ -44,6 +44,7 @@ from unihub.dependencies import require
 from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
 from unihub.formats.base import ForeignFormat, SchemaOutgrown
 from unihub.fs import remote_context
+from unihub.runtime import interrupts
 
 #: ``unihub.errors.FormatError: message`` or ``unihub.formats.base.SchemaOutgrown: reason`` in a
 #: Python traceback that Spark passes on as text
@@ -93,7 +94,8 @@ class SparkEngine(Engine):
 
     def close(self) -> None:
         if self._created:
-            self.session.stop()
+            with interrupts.deferred():  # a Ctrl-C inside py4j's call printed py4j's tracebacks; it waits
+                self.session.stop()
             self._created = False
 
 

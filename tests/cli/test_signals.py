@@ -172,6 +172,26 @@ def test_ctrl_c_of_a_spark_conversion_is_one_line_and_leaves_nothing(shards: str
     _assert_stopped(done, signal.SIGINT, destination)
 
 
+@pytest.mark.spark
+@pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")), reason="a local Spark needs pyspark and java")
+def test_ctrl_c_while_spark_stops_is_one_line(shards: str, tmp_path: Path) -> None:
+    """A Ctrl-C after the commit, while the session unihub started stops, landed inside py4j's call and printed
+    its tracebacks (12-16 lines); it waits for the stop, then is the one line."""
+    (tmp_path / "out").mkdir()
+    destination = tmp_path / "out" / "ds"
+    process = _start(_convert_command(shards, destination, "--engine", "spark"))
+    _wait(destination.exists, "it committed", process, timeout=300)
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    for line in err.splitlines():
+        if line.startswith("unihub: Spark's log: "):
+            os.unlink(line.removeprefix("unihub: Spark's log: "))
+    assert process.returncode == 130, err[-3000:]
+    assert err.splitlines()[-1:] == [LAST_LINES[signal.SIGINT]], err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert os.listdir(destination.parent) == ["ds"]
+
+
 @pytest.mark.parametrize("target", ["out.h5", "out.tfrecord"])
 def test_a_signal_during_an_export_is_one_line_and_leaves_nothing(shards: str, tmp_path: Path, target: str) -> None:
     (tmp_path / "out").mkdir()
