@@ -141,7 +141,8 @@ def run_job(sc: Any, description: str, action: Callable[[], _Result]) -> _Result
             outcome["error"] = exc
 
     watcher = _StallWatcher(sc, group, stall_timeout(), description)
-    runner = threading.Thread(target=submit, name="unihub-spark-job", daemon=True)
+    # PySpark's thread: it takes the caller's local properties (scheduler pool, job tags) to the job with it
+    runner = require("pyspark").InheritableThread(submit, name="unihub-spark-job", daemon=True)
     watcher.start()
     try:
         runner.start()
