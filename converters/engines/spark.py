@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -33,7 +34,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import unihub.errors
 from unihub.converters import task_errors
@@ -43,6 +44,7 @@ from unihub.dependencies import require
 from unihub.errors import FormatError, InvalidArgumentError, SparkSettingError, SparkStalledError
 from unihub.formats.base import ForeignFormat, SchemaOutgrown
 from unihub.fs import remote_context
+from unihub.runtime import interrupts
 
 #: ``unihub.errors.FormatError: message`` or ``unihub.formats.base.SchemaOutgrown: reason`` in a
 #: Python traceback that Spark passes on as text
@@ -92,7 +94,8 @@ class SparkEngine(Engine):
 
     def close(self) -> None:
         if self._created:
-            self.session.stop()
+            with interrupts.deferred():  # a Ctrl-C inside py4j's call printed py4j's tracebacks; it waits
+                self.session.stop()
             self._created = False
 
 
@@ -121,18 +124,41 @@ def parse_stall_timeout(text: str, where: str) -> float | None:
 def run_job(sc: Any, description: str, action: Callable[[], _Result]) -> _Result:
     """``action()``, a Spark action, run as a job group of its own that is cancelled when it fails, and
     given up with :class:`~unihub.errors.SparkStalledError` when no task of it runs for :func:`stall_timeout`
-    seconds (a watcher thread polls Spark's status tracker)."""
+    seconds (a watcher thread polls Spark's status tracker).
+
+    The action runs in a thread of its own while this one waits: a Ctrl-C then lands here, not inside
+    py4j's blocking call (which printed py4j's tracebacks and left the job running), and the job is
+    cancelled and its tasks ended before the KeyboardInterrupt goes on, so that none writes into a staging
+    area the caller then removes."""
     group = f"unihub-{uuid.uuid4().hex[:12]}"
-    sc.setJobGroup(group, description, interruptOnCancel=True)
+    outcome: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            sc.setJobGroup(group, description, interruptOnCancel=True)  # per thread (PySpark pins threads)
+            outcome["result"] = action()
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+            outcome["error"] = exc
+
     watcher = _StallWatcher(sc, group, stall_timeout(), description)
+    # PySpark's thread: it takes the caller's local properties (scheduler pool, job tags) to the job with it
+    runner = require("pyspark").InheritableThread(submit, name="unihub-spark-job", daemon=True)
     watcher.start()
     try:
-        return action()
-    except Exception:
-        sc.cancelJobGroup(group)
-        if watcher.stalled is not None:
-            raise watcher.stalled from None
-        raise
+        runner.start()
+        try:
+            while runner.is_alive():
+                runner.join(0.1)
+        except BaseException:  # Ctrl-C: the job cancelled, and its end awaited, before anything is removed
+            sc.cancelJobGroup(group)
+            runner.join()
+            raise
+        if "error" in outcome:
+            sc.cancelJobGroup(group)
+            if watcher.stalled is not None:
+                raise watcher.stalled from None
+            raise outcome["error"]
+        return cast(_Result, outcome["result"])
     finally:
         watcher.stop()
 
@@ -275,7 +301,7 @@ def session(spark: Any, master: str) -> tuple[Any, bool]:
     builder = sql.SparkSession.builder.master(master).appName("unihub-convert")
     for key, value in executor_settings().items():
         builder = builder.config(key, value)
-    with python_for_executors(), _jvm_output():
+    with python_for_executors(), _jvm_output(), _own_sigint():
         started = builder.getOrCreate()
     return refuse_speculation(started, created=True), True
 
@@ -292,6 +318,22 @@ def refuse_speculation(spark: Any, *, created: bool) -> Any:
         "target's staging area, and a speculative second attempt of a task would write and delete the "
         "same files while the first still runs (a losing attempt may even write after the commit); "
         "run it with spark.speculation=false (Spark's default)")
+
+
+@contextmanager
+def _own_sigint() -> Iterator[None]:
+    """While a SparkContext starts: the SIGINT handler in place before it is put back after (PySpark installs
+    its own, which calls into the JVM from inside a blocked call: a Ctrl-C of the ``unihub`` command printed
+    py4j's tracebacks instead of its one line, and did not cancel the job)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 @contextmanager

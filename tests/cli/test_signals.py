@@ -13,6 +13,7 @@ runs, the interpreter is Python's (see :mod:`unihub.runtime.interrupts`).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 
 from unihub import convert, package_version
 from unihub.cli.demo import write_demo_dataset
+from unihub.dependencies import is_available
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status (Linux)")
 
@@ -144,6 +146,50 @@ def test_a_signal_to_the_group_stops_the_workers_too(shards: str, tmp_path: Path
     done = _interrupt(_convert_command(shards, destination, "--workers", "2"), number, staged=destination.parent,
                       group=True)
     _assert_stopped(done, number, destination)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")), reason="a local Spark needs pyspark and java")
+def test_ctrl_c_of_a_spark_conversion_is_one_line_and_leaves_nothing(shards: str, tmp_path: Path) -> None:
+    """``--engine spark``: PySpark's own SIGINT handler (installed as its context starts) and a Ctrl-C landing in
+    py4j's blocking call printed py4j's tracebacks (``KeyboardInterrupt while sending command``, 16-73 lines)
+    before the last line; the job is cancelled and the command's one line is all there is."""
+    (tmp_path / "out").mkdir()
+    destination = tmp_path / "out" / "ds"
+    process = _start(_convert_command(shards, destination, "--engine", "spark"))
+
+    def writing() -> bool:  # a task has written a part: the driver waits in the job's collect
+        staging = [name for name in os.listdir(destination.parent) if ".unihub-tmp-" in name]
+        return any(os.listdir(destination.parent / staging[0])) if staging else False
+
+    _wait(writing, "a task wrote a part", process)
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    done = subprocess.CompletedProcess(process.args, process.returncode, "", err)
+    for line in done.stderr.splitlines():  # the kept log of Spark's output, named for reading
+        if line.startswith("unihub: Spark's log: "):
+            os.unlink(line.removeprefix("unihub: Spark's log: "))
+    _assert_stopped(done, signal.SIGINT, destination)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not (is_available("pyspark") and shutil.which("java")), reason="a local Spark needs pyspark and java")
+def test_ctrl_c_while_spark_stops_is_one_line(shards: str, tmp_path: Path) -> None:
+    """A Ctrl-C after the commit, while the session unihub started stops, landed inside py4j's call and printed
+    its tracebacks (12-16 lines); it waits for the stop, then is the one line."""
+    (tmp_path / "out").mkdir()
+    destination = tmp_path / "out" / "ds"
+    process = _start(_convert_command(shards, destination, "--engine", "spark"))
+    _wait(destination.exists, "it committed", process, timeout=300)
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    for line in err.splitlines():
+        if line.startswith("unihub: Spark's log: "):
+            os.unlink(line.removeprefix("unihub: Spark's log: "))
+    assert process.returncode == 130, err[-3000:]
+    assert err.splitlines()[-1:] == [LAST_LINES[signal.SIGINT]], err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert os.listdir(destination.parent) == ["ds"]
 
 
 @pytest.mark.parametrize("target", ["out.h5", "out.tfrecord"])

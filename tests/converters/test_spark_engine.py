@@ -223,3 +223,20 @@ def test_speculative_execution_is_refused_before_anything_is_written(shards: Pat
     assert len(errors) == 1 and errors[0].startswith("unihub: error: spark.speculation=true: "), done.stderr[-3000:]
     assert "run it with spark.speculation=false" in errors[0]
     assert os.listdir(tmp_path) == []  # no target, no staging area
+
+
+def test_a_job_keeps_the_callers_local_properties(spark: Any) -> None:
+    """run_job runs the action in a thread of its own (so that a Ctrl-C cancels it); a plain thread lost the
+    caller's local properties (its scheduler pool, job description) with PySpark's pinned threads."""
+    from pyspark import TaskContext
+
+    from unihub.converters.engines.spark import run_job
+
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.scheduler.pool", "unihub-audit")
+    try:
+        seen = run_job(sc, "local properties", lambda: sc.parallelize([0], 1).map(
+            lambda _: TaskContext.get().getLocalProperty("spark.scheduler.pool")).collect())
+    finally:
+        sc.setLocalProperty("spark.scheduler.pool", None)
+    assert seen == ["unihub-audit"]
