@@ -65,6 +65,7 @@ import pyarrow as pa
 
 from unihub.errors import UnihubError
 from unihub.readers.cache import CacheBase
+from unihub.runtime.memory import is_amount
 from unihub.store.dataset import FileInfo, ParquetStore
 
 try:
@@ -456,8 +457,7 @@ def _checked_size_limit(size_limit_bytes: Any, shards: Any, row_size_estimate: i
                         eviction_policy: str) -> int:
     """The size limit in bytes; refuses a size limit or shard count that cannot be, and a limit too small for 5 estimated rows per
     shard (new entries could be evicted at once; Petastorm's condition) where entries are evicted."""
-    if isinstance(size_limit_bytes, bool) or not isinstance(size_limit_bytes, (int, float)) \
-            or not 0 < size_limit_bytes < float("inf"):
+    if not is_amount(size_limit_bytes):
         raise CacheConfigError(f"cache_size_limit must be a positive number of bytes for cache_type='local-disk', "
                                f"got {size_limit_bytes!r} (e.g. cache_size_limit=10 * 2**30 for 10 GiB)")
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
@@ -512,7 +512,7 @@ def _is_own_file(name: str) -> bool:
 
 
 def _checked_wait(seconds: Any) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+    if not is_amount(seconds, zero=True):
         raise CacheConfigError(f"fetch_wait_seconds must be a number of seconds >= 0, got {seconds!r}")
     return float(seconds)
 

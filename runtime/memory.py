@@ -67,6 +67,14 @@ class MemoryBudget:
         return max(1, self.total_bytes // 4)
 
 
+def is_amount(value: Any, *, zero: bool = False) -> bool:
+    """Whether ``value`` is an amount a size or time setting takes (megabytes, bytes, seconds): a finite number,
+    not a bool, above 0 (at least 0 with ``zero``). NaN and inf fail later as bytes are counted; True would be 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (0 <= value if zero else 0 < value) and value < float("inf")
+
+
 def memory_budget(memory_budget_mb: float | None = None) -> MemoryBudget:
     """The budget for ``memory_budget_mb``, else ``UNIHUB_MEMORY_MB``, else 512 MB."""
     where = "memory_budget_mb"

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from unihub.errors import FormatError, InvalidArgumentError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
-from unihub.runtime.memory import DEFAULT_PART_SIZE_MB
+from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, is_amount
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
 from unihub.store import column_sets, file_options, integrity, versions
 from unihub.store.column_sets import ColumnSet, SidePart
@@ -73,7 +73,7 @@ def compact_dataset(url: str | os.PathLike[str], *, target_mb: float = DEFAULT_P
     """Rewrite the runs of small parts of the dataset at ``url`` into parts of up to ``target_mb`` each, with their
     column sets' side files joined likewise, as its next version (tagged ``tag``); see the module docstring.
     Returns the version, or None where no two parts could be joined (nothing is written)."""
-    if isinstance(target_mb, bool) or not isinstance(target_mb, (int, float)) or not 0 < target_mb < float("inf"):
+    if not is_amount(target_mb):
         raise InvalidArgumentError(f"target_mb must be a positive number of megabytes, got {target_mb!r}")
     fs, root = fsutil.resolve_filesystem(os.fspath(url), filesystem, storage_options)
     root = root.rstrip("/")

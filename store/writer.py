@@ -28,7 +28,7 @@ from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
 from unihub.fs.outputs import names_output_errors
 from unihub.petastorm.pickling import check_petastorm_compatible
-from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB
+from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, DEFAULT_ROW_GROUP_SIZE_MB, is_amount
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type, tensor_to_parquet
 from unihub.schema.codecs.base import temporal_array
 from unihub.schema.dtypes import fits, found_label
@@ -207,14 +207,13 @@ def write_parts(fs: pafs.FileSystem, directory: str, schema: Unischema, rows_or_
 def check_row_group_size(row_group_size_mb: float) -> None:
     """A ``row_group_size_mb`` a writer can keep: a finite number of megabytes > 0 (else ``SchemaError``; inf
     and NaN would fail as the byte count is made, and 0 or less made one row group per row)."""
-    if isinstance(row_group_size_mb, bool) or not isinstance(row_group_size_mb, (int, float)) \
-            or not 0 < row_group_size_mb < float("inf"):
+    if not is_amount(row_group_size_mb):
         raise SchemaError(f"row_group_size_mb must be positive, got {row_group_size_mb}")
 
 
 def check_part_size(part_size_mb: float) -> None:
     """A ``part_size_mb`` a writer can keep: a number of megabytes > 0 (else ``SchemaError``)."""
-    if isinstance(part_size_mb, bool) or not isinstance(part_size_mb, (int, float)) or not 0 < part_size_mb < float("inf"):
+    if not is_amount(part_size_mb):
         raise SchemaError(f"part_size_mb must be a positive number of megabytes, got {part_size_mb!r}")
 
 
