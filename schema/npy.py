@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError
+from unihub.schema.dtypes import fits
 
 __all__ = ["MAX_HEADER_BYTES", "data_size", "header_mismatch", "load_npy", "load_npy_column", "load_npz_member",
            "parse_header"]
@@ -120,8 +121,7 @@ def header_mismatch(dtype: np.dtype, shape: tuple[int, ...], expected_dtype: np.
     generic datetime64/timedelta64 field takes any unit."""
     if expected_dtype != dtype and expected_dtype.kind != "O":
         native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
-        generic = expected_dtype.kind in "mM" and np.datetime_data(expected_dtype)[0] == "generic"
-        if native != expected_dtype and not (generic and dtype.kind == expected_dtype.kind):
+        if not fits(native, expected_dtype):
             return f"the stored array is {dtype}, the field is {expected_dtype}"
     if len(shape) != len(expected_shape) or any(e is not None and e != d for d, e in zip(shape, expected_shape)):
         return f"the stored array has shape {shape}, the field {expected_shape}"
