@@ -93,6 +93,18 @@ def without_query(url: str) -> str:
     return bare
 
 
+def utf8_name(name: str) -> bool:
+    """Whether a file or member ``name`` was UTF-8 bytes: one that was not is listed (and parsed from a tar
+    header) with surrogate escapes (``bad\\udcff.png``), which text columns cannot store."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def local_path(path: str) -> str:
     """A local path for ``path`` (``file:///x`` -> ``/x``)."""
     return urlparse(path).path if path.startswith("file://") else path

@@ -387,7 +387,7 @@ class ImageFolderFormat(ForeignFormat):
         """The bytes of ``entry`` (none unless a file to read; at most ``max_bytes``) and what they are: an
         image checked against ``image_field`` where ``check``; while observing (no ``image_field``) each
         image's format, size and bit depth are noted in ``seen``, which the schema is refined from."""
-        if entry.status == "file" and not _is_utf8(entry.path):  # the path field is text: never a traceback
+        if entry.status == "file" and not fsrc.utf8_name(entry.path):  # the path field is text: never a traceback
             data, probe = b"", _Probe("bad", reason=f"its path {entry.path!r} is not UTF-8, which the path field "
                                                     "stores as text; rename it")
         elif entry.status == "file":
@@ -619,15 +619,6 @@ def _status(entry: fsrc.TreeEntry) -> tuple[str, str]:
     if entry.kind == "special":
         return ("refused" if _image_name(entry.name) else "left out"), entry.reason
     return entry.kind, entry.reason
-
-
-def _is_utf8(path: str) -> bool:
-    """Whether ``path`` encodes as UTF-8 (a file name of other bytes is listed with surrogate escapes)."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _image_name(name: str) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.base import OnError, SkippedRecord
 from unihub.formats.webdataset.tarstream import TarFormatError, TarMember, iter_members, pax_records
+from unihub.fs import sources
 from unihub.schema.unischema import Unischema
 
 KEY_FIELD = "__key__"
@@ -284,7 +285,7 @@ def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
         fail(f"member {member.name!r} at offset {member.offset} is not a regular file (link or device); "
              "a WebDataset member holds the bytes of one field", member.offset)
         return None
-    if not member.name.isascii() and not _is_utf8(member.name):
+    if not sources.utf8_name(member.name):
         fail(f"member {member.name.encode('utf-8', 'surrogateescape')!r} at offset {member.offset}: its name is not "
              "UTF-8, and a WebDataset key and extension are text; rename the member (convmv -f <charset> -t utf8)",
              member.offset)
@@ -298,15 +299,6 @@ def _member_parts(member: TarMember, fail: Fail) -> tuple[str, str] | None:
              "<key>.<extension>, and the extension names its field", member.offset)
         return None
     return parts
-
-
-def _is_utf8(name: str) -> bool:
-    """False for a name tarstream decoded with surrogate escapes: its bytes are not UTF-8."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def after_damage(exc: Exception, grouper: Grouper) -> tuple[list[Sample], Callable[[], None]]:
