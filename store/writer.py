@@ -401,6 +401,10 @@ def _conform_table(table: pa.Table, storage_schema: pa.Schema, first_row: int) -
     missing = [n for n in storage_schema.names if n not in table.column_names]
     if missing:
         raise SchemaError(f"Arrow batch at row {first_row} lacks columns {missing}")
+    unknown = [n for n in table.column_names if n not in storage_schema.names]
+    if unknown:  # dropped silently before, while a column mapping's unknown names are refused
+        raise SchemaError(f"Arrow batch at row {first_row} has columns {unknown}, which are not fields of the "
+                          "schema; select the schema's columns first (table.select(...))")
     table = table.select(storage_schema.names)
     try:
         return table.cast(storage_schema)

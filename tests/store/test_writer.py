@@ -176,6 +176,9 @@ def test_arrow_table_round_trip(tmp_path, decode_dataset):
         write_dataset(tmp_path / "bad", schema, table.drop_columns(["boxes"]))
     with pytest.raises(SchemaError, match="does not match the schema"):
         write_dataset(tmp_path / "bad2", schema, table.set_column(0, "emb", pa.array([[1.5]] * n)))
+    with pytest.raises(SchemaError, match=r"has columns \['extra'\], which are not fields"):
+        write_dataset(tmp_path / "bad3", schema, table.append_column("extra", pa.array(range(n))))
+    assert not (tmp_path / "bad3").exists()
 
 
 # -- files and row groups --------------------------------------------------------------------------
