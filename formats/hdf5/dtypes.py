@@ -341,6 +341,14 @@ def string_padding(type_id: Any) -> str | None:
     return {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(type_id.get_strpad())
 
 
+def unconverted(type_id: Any) -> Any | None:
+    """The memory type that writes values into a NUL-terminated fixed string type ``type_id`` byte for byte
+    (``type_id`` itself), None for every other type: HDF5 converting numpy's NUL-padded strings to a
+    NUL-terminated type cuts a value that fills all ``n`` bytes to ``n - 1`` (``b'abcdef'`` in 6 bytes comes
+    back ``b'abcde'``), where the source held, and h5py read, all of it."""
+    return type_id if string_padding(type_id) == "nullterm" else None
+
+
 def type_notes(type_id: Any) -> dict[str, Any]:
     """What an HDF5 type holds that its numpy dtype does not show, as a record's keys: a fixed string's
     padding (``strpad``: :func:`string_padding`) and a bitfield (``bitfield``: h5py reads one as an

@@ -33,7 +33,7 @@ import numpy as np
 from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats.base import ColumnBatch, python_columns
 from unihub.formats.hdf5.detect import LAYOUT_ATTR
-from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted, unconverted
 from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5.read import slice_rows
 from unihub.formats.hdf5.room import DiskRoom, nbytes_of
@@ -246,7 +246,7 @@ def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping
         if path in storage:
             dataset = create_stored(handle, path, dt, None if value is None else value.shape, storage[path])
             if value is not None and value.size:
-                _write_rows(dataset, value, 0, len(value), room) if value.ndim else dataset.write_direct(value)
+                _write_rows(dataset, value, 0, len(value), room) if value.ndim else _write_scalar(dataset, value)
             continue
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
 
@@ -324,6 +324,25 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
             typed = h5py.Datatype(noted(h5py.h5t.py_create(dt, logical=1), record)) \
                 if record.get("strpad") or record.get("bitfield") else dt
             owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
+            if value is not None:
+                _rewrite_exactly(owner.attrs.get_id(name), value)
+
+
+def _rewrite_exactly(attr: Any, value: np.ndarray) -> None:
+    """The attribute's value written again byte for byte where h5py's write converts it (:func:`unconverted`)."""
+    mtype = unconverted(attr.get_type())
+    if mtype is not None:
+        attr.write(np.ascontiguousarray(value), mtype=mtype)
+
+
+def _write_scalar(dataset: Any, value: np.ndarray) -> None:
+    """The value of a scalar dataset, byte for byte into a NUL-terminated string (:func:`unconverted`)."""
+    mtype = unconverted(dataset.id.get_type())
+    if mtype is None:
+        dataset.write_direct(value)
+        return
+    h5s = h5py_module().h5s
+    dataset.id.write(h5s.ALL, h5s.ALL, np.ascontiguousarray(value), mtype=mtype)
 
 
 def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
@@ -343,6 +362,13 @@ def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRo
         typed = np.empty(n, dtype=dataset.dtype)
         typed[:] = rows
         dataset.write_direct(typed, dest_sel=np.s_[start:start + n])
+        return
+    mtype = unconverted(dataset.id.get_type())
+    if mtype is not None:  # byte for byte: h5py's conversion would cut a value that fills the string
+        rows = np.ascontiguousarray(rows)
+        selection = dataset.id.get_space()
+        selection.select_hyperslab((start, *(0,) * (rows.ndim - 1)), rows.shape)
+        dataset.id.write(h5py.h5s.create_simple(rows.shape), selection, rows, mtype=mtype)
         return
     try:
         dataset[start:start + n] = rows
@@ -639,7 +665,7 @@ class _GroupsWriter:
         if stored is not None and path in self.typed:
             dataset = create_stored(group, path, value.dtype, value.shape, stored)
             if value.size:
-                _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
+                _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else _write_scalar(dataset, value)
         else:
             group.create_dataset(path, data=value, dtype=value.dtype)
 
@@ -657,6 +683,7 @@ class _GroupsWriter:
         record = {"strpad": next((n for n in note.split() if n != "bitfield"), None), "bitfield": "bitfield" in note}
         owner.attrs.create(attr, data=value, dtype=h5py.Datatype(noted(h5py.h5t.py_create(value.dtype, logical=1),
                                                                        record)))
+        _rewrite_exactly(owner.attrs.get_id(attr), value)
 
 
 _WRITERS: dict[str, Any] = {

@@ -164,6 +164,50 @@ found '{{"string": 4, "encoding": "ascii"}}'""" in found, found
         assert b.attrs.get_id("title").get_type().get_strpad() == h5py.h5t.STR_NULLPAD
 
 
+@pytest.mark.parametrize("layout", ["columns", "groups"])
+def test_a_nul_terminated_string_that_fills_its_length_comes_back_whole(tmp_path: Path, layout: str) -> None:
+    """A NUL-terminated fixed string written by C (raw bytes, its type as the memory type) may fill all its
+    bytes, and h5py reads all of them: the export wrote the values through HDF5's conversion from numpy's
+    NUL-padded strings, which cuts such a value by a byte (rows, constants and attributes: 'abcdef' came
+    back 'abcde'). They are written byte for byte now."""
+    tid = h5py.h5t.C_S1.copy()  # C's string type: NUL-terminated
+    tid.set_size(6)
+
+    def write(owner: Any, name: str, values: list[bytes] | bytes, attribute: bool = False) -> None:
+        data = np.array(values, "S6")
+        space = h5py.h5s.create_simple(data.shape) if data.shape else h5py.h5s.create(h5py.h5s.SCALAR)
+        if attribute:
+            h5py.h5a.create(owner.id, name.encode(), tid, space).write(data, mtype=tid)
+        else:
+            h5py.h5d.create(owner.id, name.encode(), tid, space).write(h5py.h5s.ALL, h5py.h5s.ALL, data, mtype=tid)
+
+    src = tmp_path / "c.h5"
+    with h5py.File(src, "w") as f:
+        if layout == "columns":
+            f["x"] = np.arange(3)
+            write(f, "names", [b"abcdef", b"ab", b""])
+            write(f, "title", b"uvwxyz")
+            write(f["x"], "units", [b"abcdef", b"m"], attribute=True)
+        for i in range(3 if layout == "groups" else 0):
+            group = f.create_group(f"sample_{i}")
+            group["v"] = i
+            write(group, "name", b"abcdef")
+            write(group, "tag", b"uvwxyz", attribute=True)
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        if layout == "columns":
+            assert b["names"][()].tolist() == a["names"][()].tolist() == [b"abcdef", b"ab", b""]
+            assert b["title"][()] == a["title"][()] == b"uvwxyz"
+            assert b["x"].attrs["units"].tolist() == [b"abcdef", b"m"]
+            assert b["names"].id.get_type().get_strpad() == h5py.h5t.STR_NULLTERM
+        else:
+            assert [b[f"sample_{i}/name"][()] for i in range(3)] == [b"abcdef"] * 3
+            assert [b[f"sample_{i}"].attrs["tag"] for i in range(3)] == [b"uvwxyz"] * 3
+    assert_equal(src, tmp_path / "back.h5")
+
+
 def test_creation_order_comes_back_in_a_columns_layout_and_verify_names_it(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A file made with ``track_order=True`` lists its datasets and attributes in creation order (z, a, m);
