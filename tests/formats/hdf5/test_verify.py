@@ -278,6 +278,23 @@ def test_several_files_keep_and_verify_their_own_attributes(tmp_path: Path) -> N
                                   "(missing)"]
 
 
+def test_files_whose_datasets_differ_in_width_verify_row_by_row(tmp_path: Path) -> None:
+    """A folder whose files hold ``v`` of (3, 2) and (3, 5) converts to a field of shape (None,); verify
+    projected the dataset's rows as one HDF5 dataset per 256 rows and raised 'rows of shapes [(2,), (5,)]
+    cannot share one HDF5 dataset' instead of comparing them."""
+    for k, width in enumerate((2, 5)):
+        with h5py.File(tmp_path / f"w{k}.h5", "w") as f:
+            f["v"] = np.arange(3 * width, dtype=np.float32).reshape(3, width) + k
+    pattern = str(tmp_path / "w*.h5")
+    convert(pattern, tmp_path / "ds", progress=False, from_format="hdf5")
+    assert open_dataset(tmp_path / "ds").schema.fields["v"].shape == (None,)
+    assert verify(pattern, tmp_path / "ds", from_format="hdf5").equal
+    with h5py.File(tmp_path / "w1.h5", "a") as f:
+        f["v"][2, 4] = -1
+    report = verify(pattern, tmp_path / "ds", from_format="hdf5")
+    assert not report.equal and report.differences[0].startswith("record 5 (w1.h5 row 2), field 'v'"), report
+
+
 def test_left_out_datasets_take_their_attributes_and_empty_groups_stay(tmp_path: Path) -> None:
     src, ds, out = tmp_path / "c.h5", tmp_path / "ds", tmp_path / "out.h5"
     with h5py.File(src, "w") as f:
