@@ -195,8 +195,9 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
     :data:`~unihub.formats.hdf5.meta.GIVEN_PARAMETERS`),
     when it is filled and allocated (not whether times are tracked, which
-    h5py sets by its own defaults), a fixed string's padding where it is not h5py's, and whether its type is a
-    bitfield (h5py reads one as an unsigned integer). The maximum shape is ``"="`` where
+    h5py sets by its own defaults), a fixed string's padding where it is not h5py's, whether its type is a
+    bitfield (h5py reads one as an unsigned integer), and the files holding its raw data where they are
+    external (``external``: an export writes such a dataset into the file; the layout alone says contiguous). The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
@@ -215,7 +216,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
                         for code, flags, values, name in filters],
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
             "strpad": string_padding(dataset.id.get_type()),
-            "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD}
+            "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD,
+            "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
 def _is_default(description: Mapping[str, Any]) -> bool:

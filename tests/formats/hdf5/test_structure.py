@@ -208,6 +208,32 @@ def test_a_nul_terminated_string_that_fills_its_length_comes_back_whole(tmp_path
     assert_equal(src, tmp_path / "back.h5")
 
 
+def test_virtual_and_external_datasets_export_contiguous_and_verify_names_it(tmp_path: Path) -> None:
+    """The docs: virtual datasets and external raw storage are exported as ordinary contiguous datasets and
+    verify names the layout difference. It named the virtual one, but an external dataset's layout is
+    'contiguous' too (its raw data in another file): verify said equal. Its files are described now."""
+    (tmp_path / "raw.bin").write_bytes(np.arange(10, dtype="<i4").tobytes())
+    with h5py.File(tmp_path / "vsrc.h5", "w") as f:
+        f["d"] = np.arange(10, dtype="<i4") * 2
+    src = tmp_path / "src.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("e", shape=(10,), dtype="<i4", external=[(str(tmp_path / "raw.bin"), 0, 40)])
+        virtual = h5py.VirtualLayout(shape=(10,), dtype="<i4")
+        virtual[:] = h5py.VirtualSource(str(tmp_path / "vsrc.h5"), "d", shape=(10,))
+        f.create_virtual_dataset("v", virtual)
+    convert(src, tmp_path / "ds", progress=False)
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(tmp_path / "back.h5") as b:
+        assert b["e"][()].tolist() == list(range(10)) and b["v"][()].tolist() == list(range(0, 20, 2))
+        assert b["e"].external is None and not b["v"].is_virtual
+    assert_equal(tmp_path / "back.h5", tmp_path / "ds")
+    for other in (tmp_path / "ds", tmp_path / "back.h5"):
+        found = differences(src, other)
+        assert f"storage of dataset '/e'/external: expected [['{tmp_path / 'raw.bin'}', 0, 40]], found None" \
+            in found, found
+        assert "storage of dataset '/v'/layout: expected 'virtual', found 'contiguous'" in found, found
+
+
 def test_creation_order_comes_back_in_a_columns_layout_and_verify_names_it(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A file made with ``track_order=True`` lists its datasets and attributes in creation order (z, a, m);
