@@ -220,30 +220,32 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
-def _is_default(description: Mapping[str, Any]) -> bool:
-    """True for the storage h5py gives a dataset created with no storage options (contiguous, no filters,
-    no fill value set), of any shape."""
+def _is_default(description: Mapping[str, Any], dtype: np.dtype) -> bool:
+    """True for the storage h5py gives a dataset of ``dtype`` created with no storage options (contiguous,
+    no filters, no fill value set), of any shape. HDF5 writes the fill value of a type holding
+    variable-length values (strings, sequences) when space is allocated, of others only where one is set."""
     h5py = h5py_module()
-    global _DEFAULT
-    if _DEFAULT is None:
+    variable = bool(dtype.hasobject)
+    if variable not in _DEFAULTS:
         with h5py.File(f"unihub-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False) as memory:
-            _DEFAULT = storage_description(memory.create_dataset("dataset", shape=(1,), dtype="u1"))
+            _DEFAULTS[variable] = storage_description(memory.create_dataset(
+                "dataset", shape=(1,), dtype=h5py.string_dtype() if variable else "u1"))
     return all(m == "=" for m in description["maxshape"]) and all(
-        description[k] == v for k, v in _DEFAULT.items() if k != "maxshape")
+        description[k] == v for k, v in _DEFAULTS[variable].items() if k != "maxshape")
 
 
-_DEFAULT: dict[str, Any] | None = None
+_DEFAULTS: dict[bool, dict[str, Any]] = {}
 
 
 def _storage_entries(datasets: Mapping[str, Any], members: Mapping[str, Any],
-                     exceptions: Mapping[str, tuple[str, Any]]) -> Entries:
+                     exceptions: Mapping[str, tuple[str, Any]], dtypes: Mapping[str, np.dtype]) -> Entries:
     """Named entries of storage descriptions: each dataset's by path; in a groups layout each member's
-    (in the first group holding it) unless it is h5py's default (the groups of an export hold fields
-    stored unihub's way too, which are, and which the file does not tell apart), and ``exceptions``
-    (``path: (member, description)``) where they differ from their member's."""
+    (in the first group holding it; of dtype ``dtypes[member]``) unless it is h5py's default (the groups
+    of an export hold fields stored unihub's way too, which are, and which the file does not tell apart),
+    and ``exceptions`` (``path: (member, description)``) where they differ from their member's."""
     out = {f"storage of dataset '/{path}'": d for path, d in sorted(datasets.items())}
     out.update({f"storage of member {rel!r} in the groups": d for rel, d in sorted(members.items())
-                if not _is_default(d)})
+                if not _is_default(d, dtypes[rel])})
     for path, (rel, description) in sorted(exceptions.items()):
         if rel not in members or first_difference(members[rel], description) is not None:
             out[f"storage of dataset '/{path}'"] = description
@@ -376,6 +378,7 @@ def _file_storage(handle: Any, plan: Plan) -> Entries:
     unihub's own; the constants; those of units of 0 rows), as h5py describes them."""
     datasets = {p: storage_description(handle[p]) for p in (*plan.constants, *plan.empty_datasets())}
     members: dict[str, Any] = {}
+    dtypes: dict[str, np.dtype] = {}
     exceptions: dict[str, tuple[str, Any]] = {}
     rows = sorted({leaf.path for leaf in plan.leaves.values()  # a groups export records all its fields
                    if leaf.attr is None and (leaf.recorded is None or plan.kind == "groups")})
@@ -388,7 +391,9 @@ def _file_storage(handle: Any, plan: Plan) -> Entries:
                 datasets[path] = description
             elif members.setdefault(rel, description) is not description:
                 exceptions[path] = (rel, description)
-    return _storage_entries(datasets, members, exceptions)
+            else:
+                dtypes[rel] = group[rel].dtype
+    return _storage_entries(datasets, members, exceptions, dtypes)
 
 
 def _read(dataset: Any) -> Value:
@@ -578,7 +583,7 @@ def _recorded_storage(own: Mapping[str, Any], spec: ExportSpec, datasets: Mappin
                 described[path] = _described(record, typed[rel])
     members = {rel: _described(record, typed[rel]) for rel, record in (own.get("member_storage") or {}).items()
                if rel in typed} if spec.kind == "groups" else {}
-    return _storage_entries(described, members, exceptions)
+    return _storage_entries(described, members, exceptions, typed)
 
 
 def _member_of(spec: ExportSpec, path: str) -> str:
