@@ -33,7 +33,7 @@ import numpy as np
 from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats.base import ColumnBatch, python_columns
 from unihub.formats.hdf5.detect import LAYOUT_ATTR
-from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted, unconverted
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted, text_notes, unconverted
 from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5.read import slice_rows
 from unihub.formats.hdf5.room import DiskRoom, nbytes_of
@@ -322,7 +322,7 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
             value, dt = decode_constant(record)
             room.ensure(0 if value is None else nbytes_of(value))
             typed = h5py.Datatype(noted(h5py.h5t.py_create(dt, logical=1), record)) \
-                if record.get("strpad") or record.get("bitfield") else dt
+                if record.get("strpad") or record.get("bitfield") or record.get("members") else dt
             owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
             if value is not None:
                 _rewrite_exactly(owner.attrs.get_id(name), value)
@@ -680,7 +680,7 @@ class _GroupsWriter:
             owner.attrs.create(attr, data=value, dtype=value.dtype)
             return
         h5py = h5py_module()  # a padding or a bitfield: the source's type, which the value's dtype does not say
-        record = {"strpad": next((n for n in note.split() if n != "bitfield"), None), "bitfield": "bitfield" in note}
+        record = text_notes(note)
         owner.attrs.create(attr, data=value, dtype=h5py.Datatype(noted(h5py.h5t.py_create(value.dtype, logical=1),
                                                                        record)))
         _rewrite_exactly(owner.attrs.get_id(attr), value)

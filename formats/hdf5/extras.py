@@ -57,6 +57,7 @@ from unihub.formats.hdf5.dtypes import (
     native,
     note_text,
     string_padding,
+    type_notes,
 )
 from unihub.formats.hdf5.export import create_stored
 from unihub.formats.hdf5.files import open_hdf5
@@ -217,6 +218,7 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
             "strpad": string_padding(dataset.id.get_type()),
             "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD,
+            "members": type_notes(dataset.id.get_type()).get("members"),
             "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
