@@ -373,6 +373,39 @@ def test_a_groups_export_of_text_and_ragged_fields_verifies_equal(tmp_path: Path
                for d in found), found
 
 
+def test_a_compound_with_gaps_between_its_members_verifies_equal(tmp_path: Path) -> None:
+    """A compound constant and attributes whose members leave gaps (a C struct: 4 bytes after a char[4],
+    20 at the end), with a space-padded member: numpy copies only a structured value's fields, so the
+    gap bytes of the recorded and the read values held whatever memory held, and verify named a
+    difference between identical values ('(b'ab', 5) vs (b'ab', 5)'). A changed member is still named."""
+    h5t = h5py.h5t
+    spaced = h5t.C_S1.copy()
+    spaced.set_size(4)
+    spaced.set_strpad(h5t.STR_SPACEPAD)
+    stored, memory = h5t.create(h5t.COMPOUND, 32), h5t.create(h5t.COMPOUND, 32)
+    for compound, name_type in ((stored, spaced), (memory, h5t.py_create(np.dtype("S4")))):
+        compound.insert(b"name", 0, name_type)
+        compound.insert(b"n", 8, h5t.STD_I32BE)
+    dt = np.dtype({"names": ["name", "n"], "formats": ["S4", ">i4"], "offsets": [0, 8], "itemsize": 32})
+    value = np.zeros((), dt)
+    value["name"], value["n"] = b"ab", 5
+    src = tmp_path / "gaps.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(3)
+        scalar = h5py.h5s.create(h5py.h5s.SCALAR)
+        h5py.h5a.create(f.id, b"one", stored, scalar).write(value, mtype=memory)
+        h5py.h5a.create(f.id, b"many", stored, h5py.h5s.create_simple((3,))).write(np.zeros(3, dt), mtype=memory)
+        h5py.h5d.create(f.id, b"const", stored, scalar).write(h5py.h5s.ALL, h5py.h5s.ALL, value, mtype=memory)
+    convert(src, tmp_path / "ds", progress=False)
+    for _ in range(3):
+        assert_equal(src, tmp_path / "ds")
+    with h5py.File(src, "a") as f:
+        changed = value.copy()
+        changed["n"] = 6
+        f["const"].id.write(h5py.h5s.ALL, h5py.h5s.ALL, changed, mtype=memory)
+    assert differences(src, tmp_path / "ds")[0].startswith("dataset '/const': expected")
+
+
 @pytest.mark.parametrize("kind", ["groups", "splits"])
 def test_units_below_a_container_verify_with_the_container_kept(tmp_path: Path, kind: str) -> None:
     src, ds, out = tmp_path / "nested.h5", tmp_path / "ds", tmp_path / "out.h5"
