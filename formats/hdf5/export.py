@@ -229,7 +229,7 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
     handle.attrs[SCHEMA_NAME_ATTR] = schema.name
     handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
     handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
-                                            "key_field": spec.key_field, "images": spec.images})
+                                            "key_field": spec.key_field, "images": spec.images, **spec.asked})
     if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 
@@ -378,6 +378,23 @@ def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRo
         row = start + next((i for i, v in enumerate(rows) if isinstance(v, str) and "\0" in v), 0)
         raise SchemaError(f"HDF5 dataset {dataset.name!r}, row {row}: a variable-length HDF5 string cannot hold a "
                           "NUL character ('\\x00'); store the field as bytes (np.bytes_), or leave the character out") from None
+
+
+#: the filter h5py sets for each ``compression`` an export takes (gzip: deflate at level 4; lzf)
+_ASKED_FILTERS = {"gzip": [1, 1, [4]], "lzf": [32000, 1, []]}
+
+
+def as_asked(record: Mapping[str, Any], dtype: np.dtype, cell: tuple[int, ...], options: Mapping[str, Any]) -> Any:
+    """The storage record of a source dataset of rows as the export's ``compression`` / ``chunk_rows`` ask
+    (options for every dataset, which the source's own storage would otherwise override without a word):
+    chunked in those rows, growable, the source's filters replaced by the compression asked (kept where only
+    ``chunk_rows`` is); its type's notes, fill value and times as the source's. ``record`` where neither is."""
+    if not options.get("compression") and not options.get("chunk_rows"):
+        return record
+    filters = [_ASKED_FILTERS[options["compression"]]] if options.get("compression") else record.get("filters") or []
+    return {**record, "layout": "chunked", "filters": filters,
+            "chunks": [chunk_rows_for(dtype, cell, options.get("chunk_rows")), *["="] * len(cell)],
+            "maxshape": [None, *["="] * len(cell)]}
 
 
 def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:
@@ -533,6 +550,7 @@ class _TypedSink:
         record = self.options["spec"].storage.get(path)
         if record is None:
             return _create(self.group, self.typed.path, self.typed.dtype, cell, self.options)
+        record = as_asked(record, self.typed.dtype, cell, self.options)
         if record["layout"] == "chunked" and record["maxshape"][:1] == [None]:
             return create_stored(self.group, self.typed.path, self.typed.dtype, (0, *cell), record)
         return self.options["staging"].stage(self.group, self.typed.path, self.typed.dtype, cell, record)

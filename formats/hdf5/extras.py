@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from unihub.formats.compare import first_difference
+from unihub.formats.hdf5.detect import recorded_layout
 from unihub.formats.hdf5.dtypes import (
     decode_constant,
     dtype_to_json,
@@ -222,6 +223,19 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
+#: what an export's ``compression`` / ``chunk_rows`` set in the storage of a dataset of rows (``as_asked``)
+ASKED = ("compression", "chunk_rows")
+_ASKED_KEYS = ("layout", "chunks", "maxshape", "compression", "compression_opts", "shuffle", "fletcher32",
+               "scaleoffset", "filters")
+
+
+def as_asked_description(description: Mapping[str, Any]) -> dict[str, Any]:
+    """A storage description of a dataset of rows written as an export's ``compression`` / ``chunk_rows``
+    asked: what those set is the user's choice, not the source's, and is left out of the comparison; the
+    type's notes, the fill value and times are still compared."""
+    return {**description, **{key: "as the export was asked" for key in _ASKED_KEYS}}
+
+
 def _is_default(description: Mapping[str, Any], dtype: np.dtype) -> bool:
     """True for the storage h5py gives a dataset of ``dtype`` created with no storage options (contiguous,
     no filters, no fill value set), of any shape. HDF5 writes the fill value of a type holding
@@ -384,13 +398,14 @@ def _file_storage(handle: Any, plan: Plan) -> Entries:
     exceptions: dict[str, tuple[str, Any]] = {}
     rows = sorted({leaf.path for leaf in plan.leaves.values()  # a groups export records all its fields
                    if leaf.attr is None and (leaf.recorded is None or plan.kind == "groups")})
+    asked = any(key in ASKED for key in recorded_layout(handle) or {})
     for unit in plan.units:
         group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
         for rel in (r for r in rows if r in group):
             path = "/".join(p for p in (plan.unit_path(unit), rel) if p)
             description = storage_description(group[rel])
             if plan.kind != "groups":
-                datasets[path] = description
+                datasets[path] = as_asked_description(description) if asked else description
             elif members.setdefault(rel, description) is not description:
                 exceptions[path] = (rel, description)
             else:
@@ -582,7 +597,8 @@ def _recorded_storage(own: Mapping[str, Any], spec: ExportSpec, datasets: Mappin
             if spec.kind == "groups":
                 exceptions[path] = (rel, _described(record, typed[rel]))
             else:
-                described[path] = _described(record, typed[rel])
+                description = _described(record, typed[rel])
+                described[path] = as_asked_description(description) if spec.asked else description
     members = {rel: _described(record, typed[rel]) for rel, record in (own.get("member_storage") or {}).items()
                if rel in typed} if spec.kind == "groups" else {}
     return _storage_entries(described, members, exceptions, typed)

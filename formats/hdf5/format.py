@@ -326,6 +326,8 @@ class HDF5Format(ForeignFormat):
         if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
             raise SchemaError(f"chunk_rows must be a whole number of rows >= 1, got {chunk_rows!r}")
         spec = export_spec(schema, layout=layout, key_field=key_field, source=source, images=images)
+        spec.asked = {key: value for key, value in (("compression", compression), ("chunk_rows", chunk_rows))
+                      if value is not None}
         if not isinstance(target, Outputs):
             return write_file(target, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
                               overwrite=overwrite)
@@ -369,7 +371,8 @@ class HDF5Format(ForeignFormat):
             if recorded is None:
                 return {}
             options = {"layout": recorded.get("kind", "columns"), "key_field": recorded.get("key_field"),
-                       "images": recorded.get("images")}
+                       "images": recorded.get("images"), "compression": recorded.get("compression"),
+                       "chunk_rows": recorded.get("chunk_rows")}
             schema = self._prepared
             if options["images"] is None and schema is not None:
                 plan = self._plan(path, handle)

@@ -102,6 +102,7 @@ def verify_spec(schema: Unischema, extra: Mapping[str, Any], options: Mapping[st
     layout = options["layout"] if options.get("layout") not in (None, "auto") else recorded.get("kind", "columns")
     spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source,
                        images=options.get("images") or "bytes")
+    spec.asked = {key: options[key] for key in ("compression", "chunk_rows") if options.get(key) is not None}
     spec.generic = [f for f in spec.generic if _wanted(f.name, options)]
     spec.typed = [t for t in spec.typed if all(_wanted(name, options) for name, _ in t.members)]
     return spec

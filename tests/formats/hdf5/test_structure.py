@@ -234,6 +234,49 @@ def test_virtual_and_external_datasets_export_contiguous_and_verify_names_it(tmp
         assert "storage of dataset '/v'/layout: expected 'virtual', found 'contiguous'" in found, found
 
 
+@pytest.mark.parametrize("layout", ["columns", "splits"])
+def test_an_export_asked_for_compression_or_chunk_rows_gets_them_and_verifies(tmp_path: Path, layout: str) -> None:
+    """The docs' example, convert data/h5/train.h5 /data/train then --to hdf5 --option compression=gzip: the
+    source's storage (contiguous here) overrode the option without a word, and no dataset was compressed.
+    The datasets of rows are stored as asked now, their type (a space-padded string) and fill value as the
+    source's; verify leaves what was asked out of the comparison, and still names the rest."""
+    src = tmp_path / "src.h5"
+    with h5py.File(src, "w") as f:
+        for unit, n in ((("train", 40), ("val", 10)) if layout == "splits" else (("", 40),)):
+            group = f.require_group(unit) if unit else f
+            group["x"] = np.arange(n, dtype=np.float32)
+            group.create_dataset("y", data=np.ones((n, 3), np.int16), fillvalue=-1, chunks=(8, 3),
+                                 compression="gzip", shuffle=True)
+            tid = h5py.h5t.C_S1.copy()
+            tid.set_size(4)
+            tid.set_strpad(h5py.h5t.STR_SPACEPAD)
+            h5py.Dataset(h5py.h5d.create(group.id, b"name", tid, h5py.h5s.create_simple((n,))))[...] = \
+                np.array([b"ab"] * n, "S4")
+    convert(src, tmp_path / "ds", progress=False)
+    for options, filters in (({"compression": "gzip"}, ("gzip", False)), ({"compression": "lzf", "chunk_rows": 5},
+                                                                        ("lzf", False)), ({"chunk_rows": 5}, None)):
+        out = tmp_path / f"out_{len(options)}_{options.get('compression')}.h5"
+        convert(tmp_path / "ds", out, to_format="hdf5", format_options=options, progress=False)
+        with h5py.File(out) as f:
+            for unit in (("train", "val") if layout == "splits" else ("",)):
+                for name in ("x", "y", "name"):
+                    dataset = f[f"{unit}/{name}" if unit else name]
+                    if filters is not None:
+                        assert (dataset.compression, dataset.shuffle) == filters, (name, dataset.compression)
+                    assert dataset.chunks[0] == options.get("chunk_rows", dataset.chunks[0]) and dataset.maxshape[0] is None
+                y = f[f"{unit}/y" if unit else "y"]
+                assert y.fillvalue == -1 and (filters is not None or (y.compression, y.shuffle) == ("gzip", True))
+                assert f[f"{unit}/name" if unit else "name"].id.get_type().get_strpad() == h5py.h5t.STR_SPACEPAD
+        assert_equal(out, tmp_path / "ds")
+    with h5py.File(out, "a") as f:  # a fill value and a padding differ: still named
+        name = "train/x" if layout == "splits" else "x"
+        values = f[name][()]
+        del f[name]
+        f.create_dataset(name, data=values, chunks=(5,), maxshape=(None,), fillvalue=3.0)
+    found = differences(out, tmp_path / "ds")
+    assert any("/fillvalue: expected" in d for d in found), found
+
+
 def test_creation_order_comes_back_in_a_columns_layout_and_verify_names_it(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A file made with ``track_order=True`` lists its datasets and attributes in creation order (z, a, m);
