@@ -62,9 +62,20 @@ def _where_they_differ(a: Any, b: Any) -> str:
 def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Element-wise: the same bits (NaN equal to the same NaN, -0.0 unlike 0.0)."""
     width = a.dtype.itemsize
-    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, width)
-    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8).reshape(-1, width)
+    x = _without_gaps(a).reshape(-1).view(np.uint8).reshape(-1, width)
+    y = _without_gaps(b).reshape(-1).view(np.uint8).reshape(-1, width)
     return (x == y).all(1)
+
+
+def _without_gaps(a: np.ndarray) -> np.ndarray:
+    """``a`` contiguous, the bytes a structured dtype leaves between and after its fields zeroed: numpy
+    copies only the fields, so those bytes hold whatever memory held and two copies of one value differ."""
+    if a.dtype.names is None:
+        return np.ascontiguousarray(a)
+    out = np.zeros(a.shape, a.dtype)
+    for name in a.dtype.names:
+        out[name] = _without_gaps(a[name])
+    return out
 
 
 def _same_leaf(a: Any, b: Any) -> bool:
@@ -75,13 +86,13 @@ def _same_leaf(a: Any, b: Any) -> bool:
             return False
         if a.dtype == object:
             return all(first_difference(x, y) is None for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
-        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+        return _without_gaps(a).tobytes() == _without_gaps(b).tobytes()
     if isinstance(a, (bytes, bytearray, memoryview)) and isinstance(b, (bytes, bytearray, memoryview)):
         return bytes(a) == bytes(b)
     if type(a) is not type(b):
         return False
     if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        return a.dtype == b.dtype and _without_gaps(np.asarray(a)).tobytes() == _without_gaps(np.asarray(b)).tobytes()
     if isinstance(a, float):
         return math.copysign(1.0, a) == math.copysign(1.0, b) and (a == b or (math.isnan(a) and math.isnan(b)))
     return bool(a == b)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -341,35 +342,109 @@ def string_padding(type_id: Any) -> str | None:
     return {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(type_id.get_strpad())
 
 
+def unconverted(type_id: Any) -> Any | None:
+    """The memory type that writes values into a type holding a NUL-terminated fixed string (itself, or a
+    member of a compound of fixed-size members) byte for byte: ``type_id``, its space-padded members
+    NUL-padded (HDF5 pads those with spaces, as it should); None for every other type. HDF5 converting
+    numpy's NUL-padded strings to a NUL-terminated type cuts a value that fills all ``n`` bytes to
+    ``n - 1`` (``b'abcdef'`` in 6 bytes comes back ``b'abcde'``), where the source held, and h5py read, all of it."""
+    if type_id.get_class() == h5py_module().h5t.COMPOUND and type_id.dtype.hasobject:
+        return None  # variable-length members: written through h5py's conversion
+    return _despaced(type_id) if "nullterm" in json.dumps(type_notes(type_id)) else None
+
+
+def _despaced(type_id: Any) -> Any:
+    """``type_id`` with its space-padded strings (members, array elements) NUL-padded, as numpy's are."""
+    h5t = h5py_module().h5t
+    if type_id.get_class() == h5t.ARRAY:
+        return h5t.array_create(_despaced(type_id.get_super()), type_id.get_array_dims())
+    if type_id.get_class() == h5t.COMPOUND:
+        out = h5t.create(h5t.COMPOUND, type_id.get_size())
+        for i in range(type_id.get_nmembers()):
+            out.insert(type_id.get_member_name(i), type_id.get_member_offset(i), _despaced(type_id.get_member_type(i)))
+        return out
+    if string_padding(type_id) != "spacepad":
+        return type_id
+    type_id = type_id.copy()
+    type_id.set_strpad(h5t.STR_NULLPAD)
+    return type_id
+
+
 def type_notes(type_id: Any) -> dict[str, Any]:
     """What an HDF5 type holds that its numpy dtype does not show, as a record's keys: a fixed string's
-    padding (``strpad``: :func:`string_padding`) and a bitfield (``bitfield``: h5py reads one as an
-    unsigned integer of its size, and would write that back as an integer)."""
+    padding (``strpad``: :func:`string_padding`), a bitfield (``bitfield``: h5py reads one as an
+    unsigned integer of its size, and would write that back as an integer), and those of a compound's
+    members (``members``: name -> notes; an array member's are its elements')."""
+    h5t = h5py_module().h5t
     notes: dict[str, Any] = {}
     padding = string_padding(type_id)
     if padding is not None:
         notes["strpad"] = padding
-    if type_id.get_class() == h5py_module().h5t.BITFIELD:
+    if type_id.get_class() == h5t.BITFIELD:
         notes["bitfield"] = True
+    if type_id.get_class() == h5t.COMPOUND:
+        members = {type_id.get_member_name(i).decode("utf-8"): type_notes(_element(type_id.get_member_type(i)))
+                   for i in range(type_id.get_nmembers())}
+        if any(members.values()):
+            notes["members"] = {name: member for name, member in members.items() if member}
     return notes
 
 
+def _element(type_id: Any) -> Any:
+    """The type of an array type's elements (of any other type: itself)."""
+    while type_id.get_class() == h5py_module().h5t.ARRAY:
+        type_id = type_id.get_super()
+    return type_id
+
+
 def note_text(record: Mapping[str, Any]) -> str | None:
-    """The :func:`type_notes` of ``record`` as one text (``spacepad``, ``bitfield``), None where it has none."""
+    """The :func:`type_notes` of ``record`` as one text (``spacepad``, ``bitfield``, then the members'
+    as ``members=`` and JSON), None where it has none; :func:`text_notes` reads it back."""
     notes = [str(record["strpad"])] if record.get("strpad") else []
     notes += ["bitfield"] if record.get("bitfield") else []
+    if record.get("members"):
+        notes.append("members=" + json.dumps(record["members"], sort_keys=True, separators=(",", ":")))
     return " ".join(notes) or None
 
 
+def text_notes(text: str) -> dict[str, Any]:
+    """The :func:`type_notes` a :func:`note_text` holds."""
+    head, _, members = text.partition("members=")
+    words = head.split()
+    return {"strpad": next((w for w in words if w != "bitfield"), None), "bitfield": "bitfield" in words,
+            **({"members": json.loads(members)} if members else {})}
+
+
 def noted(type_id: Any, record: Mapping[str, Any]) -> Any:
-    """``type_id`` as ``record``'s :func:`type_notes` say: padded (:func:`padded`), or the bitfield of
-    its size and byte order."""
+    """``type_id`` as ``record``'s :func:`type_notes` say: padded (:func:`padded`), the bitfield of
+    its size and byte order, or a compound whose members are as theirs say."""
+    if record.get("members"):
+        type_id = _noted_members(type_id, record["members"])
     type_id = padded(type_id, record.get("strpad"))
     if not record.get("bitfield"):
         return type_id
     h5t = h5py_module().h5t
     order = "BE" if type_id.get_order() == h5t.ORDER_BE else "LE"
     return getattr(h5t, f"STD_B{8 * type_id.get_size()}{order}").copy()
+
+
+def _noted_members(type_id: Any, members: Mapping[str, Any]) -> Any:
+    """A copy of the compound type ``type_id`` (same size and offsets) with each member in ``members``
+    :func:`noted` (an array member's elements)."""
+    h5t = h5py_module().h5t
+    out = h5t.create(h5t.COMPOUND, type_id.get_size())
+    for i in range(type_id.get_nmembers()):
+        name, member = type_id.get_member_name(i), type_id.get_member_type(i)
+        record = members.get(name.decode("utf-8"))
+        out.insert(name, type_id.get_member_offset(i), member if record is None else _noted_element(member, record))
+    return out
+
+
+def _noted_element(type_id: Any, record: Mapping[str, Any]) -> Any:
+    h5t = h5py_module().h5t
+    if type_id.get_class() == h5t.ARRAY:
+        return h5t.array_create(_noted_element(type_id.get_super(), record), type_id.get_array_dims())
+    return noted(type_id, record)
 
 
 def padded(type_id: Any, padding: str | None) -> Any:

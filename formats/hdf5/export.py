@@ -33,7 +33,7 @@ import numpy as np
 from unihub.errors import DatasetExistsError, SchemaError, UnihubError
 from unihub.formats.base import ColumnBatch, python_columns
 from unihub.formats.hdf5.detect import LAYOUT_ATTR
-from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted
+from unihub.formats.hdf5.dtypes import decode_constant, dtype_from_json, h5py_module, noted, text_notes, unconverted
 from unihub.formats.hdf5.layout import FIELD_ATTR, ISNULL_SUFFIX, SCHEMA_ATTR, SHAPE_SUFFIX
 from unihub.formats.hdf5.read import slice_rows
 from unihub.formats.hdf5.room import DiskRoom, nbytes_of
@@ -229,7 +229,7 @@ def _root_attributes(handle: Any, schema: Unischema, spec: ExportSpec) -> None:
     handle.attrs[SCHEMA_NAME_ATTR] = schema.name
     handle.attrs[FIELD_ORDER_ATTR] = json.dumps(list(schema.fields))
     handle.attrs[LAYOUT_ATTR] = json.dumps({"kind": spec.kind, "container": spec.container,
-                                            "key_field": spec.key_field, "images": spec.images})
+                                            "key_field": spec.key_field, "images": spec.images, **spec.asked})
     if spec.kind == "groups":  # no dataset carries unihub.field there: the fields are recorded once
         handle.attrs[SCHEMA_ATTR] = schema.to_json()
 
@@ -246,7 +246,7 @@ def _write_constants(handle: Any, constants: Mapping[str, Any], storage: Mapping
         if path in storage:
             dataset = create_stored(handle, path, dt, None if value is None else value.shape, storage[path])
             if value is not None and value.size:
-                _write_rows(dataset, value, 0, len(value), room) if value.ndim else dataset.write_direct(value)
+                _write_rows(dataset, value, 0, len(value), room) if value.ndim else _write_scalar(dataset, value)
             continue
         handle.create_dataset(path, data=h5py.Empty(dt) if value is None else value, dtype=dt)
 
@@ -322,8 +322,27 @@ def _write_attributes(handle: Any, attributes: Mapping[str, Mapping[str, Any]], 
             value, dt = decode_constant(record)
             room.ensure(0 if value is None else nbytes_of(value))
             typed = h5py.Datatype(noted(h5py.h5t.py_create(dt, logical=1), record)) \
-                if record.get("strpad") or record.get("bitfield") else dt
+                if record.get("strpad") or record.get("bitfield") or record.get("members") else dt
             owner.attrs.create(name, data=h5py.Empty(dt) if value is None else value, dtype=typed)
+            if value is not None:
+                _rewrite_exactly(owner.attrs.get_id(name), value)
+
+
+def _rewrite_exactly(attr: Any, value: np.ndarray) -> None:
+    """The attribute's value written again byte for byte where h5py's write converts it (:func:`unconverted`)."""
+    mtype = unconverted(attr.get_type())
+    if mtype is not None:
+        attr.write(np.ascontiguousarray(value), mtype=mtype)
+
+
+def _write_scalar(dataset: Any, value: np.ndarray) -> None:
+    """The value of a scalar dataset, byte for byte into a NUL-terminated string (:func:`unconverted`)."""
+    mtype = unconverted(dataset.id.get_type())
+    if mtype is None:
+        dataset.write_direct(value)
+        return
+    h5s = h5py_module().h5s
+    dataset.id.write(h5s.ALL, h5s.ALL, np.ascontiguousarray(value), mtype=mtype)
 
 
 def _append(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRoom) -> None:
@@ -344,6 +363,13 @@ def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRo
         typed[:] = rows
         dataset.write_direct(typed, dest_sel=np.s_[start:start + n])
         return
+    mtype = unconverted(dataset.id.get_type())
+    if mtype is not None:  # byte for byte: h5py's conversion would cut a value that fills the string
+        rows = np.ascontiguousarray(rows)
+        selection = dataset.id.get_space()
+        selection.select_hyperslab((start, *(0,) * (rows.ndim - 1)), rows.shape)
+        dataset.id.write(h5py.h5s.create_simple(rows.shape), selection, rows, mtype=mtype)
+        return
     try:
         dataset[start:start + n] = rows
     except ValueError as exc:
@@ -352,6 +378,23 @@ def _write_rows(dataset: Any, rows: np.ndarray, start: int, n: int, room: DiskRo
         row = start + next((i for i, v in enumerate(rows) if isinstance(v, str) and "\0" in v), 0)
         raise SchemaError(f"HDF5 dataset {dataset.name!r}, row {row}: a variable-length HDF5 string cannot hold a "
                           "NUL character ('\\x00'); store the field as bytes (np.bytes_), or leave the character out") from None
+
+
+#: the filter h5py sets for each ``compression`` an export takes (gzip: deflate at level 4; lzf)
+_ASKED_FILTERS = {"gzip": [1, 1, [4]], "lzf": [32000, 1, []]}
+
+
+def as_asked(record: Mapping[str, Any], dtype: np.dtype, cell: tuple[int, ...], options: Mapping[str, Any]) -> Any:
+    """The storage record of a source dataset of rows as the export's ``compression`` / ``chunk_rows`` ask
+    (options for every dataset, which the source's own storage would otherwise override without a word):
+    chunked in those rows, growable, the source's filters replaced by the compression asked (kept where only
+    ``chunk_rows`` is); its type's notes, fill value and times as the source's. ``record`` where neither is."""
+    if not options.get("compression") and not options.get("chunk_rows"):
+        return record
+    filters = [_ASKED_FILTERS[options["compression"]]] if options.get("compression") else record.get("filters") or []
+    return {**record, "layout": "chunked", "filters": filters,
+            "chunks": [chunk_rows_for(dtype, cell, options.get("chunk_rows")), *["="] * len(cell)],
+            "maxshape": [None, *["="] * len(cell)]}
 
 
 def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], options: Mapping[str, Any]) -> Any:
@@ -507,6 +550,7 @@ class _TypedSink:
         record = self.options["spec"].storage.get(path)
         if record is None:
             return _create(self.group, self.typed.path, self.typed.dtype, cell, self.options)
+        record = as_asked(record, self.typed.dtype, cell, self.options)
         if record["layout"] == "chunked" and record["maxshape"][:1] == [None]:
             return create_stored(self.group, self.typed.path, self.typed.dtype, (0, *cell), record)
         return self.options["staging"].stage(self.group, self.typed.path, self.typed.dtype, cell, record)
@@ -639,7 +683,7 @@ class _GroupsWriter:
         if stored is not None and path in self.typed:
             dataset = create_stored(group, path, value.dtype, value.shape, stored)
             if value.size:
-                _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else dataset.write_direct(value)
+                _write_rows(dataset, value, 0, len(value), self.room) if value.ndim else _write_scalar(dataset, value)
         else:
             group.create_dataset(path, data=value, dtype=value.dtype)
 
@@ -654,9 +698,10 @@ class _GroupsWriter:
             owner.attrs.create(attr, data=value, dtype=value.dtype)
             return
         h5py = h5py_module()  # a padding or a bitfield: the source's type, which the value's dtype does not say
-        record = {"strpad": next((n for n in note.split() if n != "bitfield"), None), "bitfield": "bitfield" in note}
+        record = text_notes(note)
         owner.attrs.create(attr, data=value, dtype=h5py.Datatype(noted(h5py.h5t.py_create(value.dtype, logical=1),
                                                                        record)))
+        _rewrite_exactly(owner.attrs.get_id(attr), value)
 
 
 _WRITERS: dict[str, Any] = {

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from unihub.formats.compare import first_difference
+from unihub.formats.hdf5.detect import recorded_layout
 from unihub.formats.hdf5.dtypes import (
     decode_constant,
     dtype_to_json,
@@ -57,6 +58,7 @@ from unihub.formats.hdf5.dtypes import (
     native,
     note_text,
     string_padding,
+    type_notes,
 )
 from unihub.formats.hdf5.export import create_stored
 from unihub.formats.hdf5.files import open_hdf5
@@ -195,8 +197,9 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     filter pipeline as HDF5 runs it (the parameters given, not those derived at creation:
     :data:`~unihub.formats.hdf5.meta.GIVEN_PARAMETERS`),
     when it is filled and allocated (not whether times are tracked, which
-    h5py sets by its own defaults), a fixed string's padding where it is not h5py's, and whether its type is a
-    bitfield (h5py reads one as an unsigned integer). The maximum shape is ``"="`` where
+    h5py sets by its own defaults), a fixed string's padding where it is not h5py's, whether its type is a
+    bitfield (h5py reads one as an unsigned integer), and the files holding its raw data where they are
+    external (``external``: an export writes such a dataset into the file; the layout alone says contiguous). The maximum shape is ``"="`` where
     it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
@@ -215,33 +218,50 @@ def storage_description(dataset: Any) -> dict[str, Any]:
                         for code, flags, values, name in filters],
             "fillvalue": fill, "fill_time": int(dcpl.get_fill_time()), "alloc_time": int(dcpl.get_alloc_time()),
             "strpad": string_padding(dataset.id.get_type()),
-            "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD}
+            "bitfield": dataset.id.get_type().get_class() == h5py.h5t.BITFIELD,
+            "members": type_notes(dataset.id.get_type()).get("members"),
+            "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
-def _is_default(description: Mapping[str, Any]) -> bool:
-    """True for the storage h5py gives a dataset created with no storage options (contiguous, no filters,
-    no fill value set), of any shape."""
+#: what an export's ``compression`` / ``chunk_rows`` set in the storage of a dataset of rows (``as_asked``)
+ASKED = ("compression", "chunk_rows")
+_ASKED_KEYS = ("layout", "chunks", "maxshape", "compression", "compression_opts", "shuffle", "fletcher32",
+               "scaleoffset", "filters")
+
+
+def as_asked_description(description: Mapping[str, Any]) -> dict[str, Any]:
+    """A storage description of a dataset of rows written as an export's ``compression`` / ``chunk_rows``
+    asked: what those set is the user's choice, not the source's, and is left out of the comparison; the
+    type's notes, the fill value and times are still compared."""
+    return {**description, **{key: "as the export was asked" for key in _ASKED_KEYS}}
+
+
+def _is_default(description: Mapping[str, Any], dtype: np.dtype) -> bool:
+    """True for the storage h5py gives a dataset of ``dtype`` created with no storage options (contiguous,
+    no filters, no fill value set), of any shape. HDF5 writes the fill value of a type holding
+    variable-length values (strings, sequences) when space is allocated, of others only where one is set."""
     h5py = h5py_module()
-    global _DEFAULT
-    if _DEFAULT is None:
+    variable = bool(dtype.hasobject)
+    if variable not in _DEFAULTS:
         with h5py.File(f"unihub-{uuid.uuid4().hex}.h5", "w", driver="core", backing_store=False) as memory:
-            _DEFAULT = storage_description(memory.create_dataset("dataset", shape=(1,), dtype="u1"))
+            _DEFAULTS[variable] = storage_description(memory.create_dataset(
+                "dataset", shape=(1,), dtype=h5py.string_dtype() if variable else "u1"))
     return all(m == "=" for m in description["maxshape"]) and all(
-        description[k] == v for k, v in _DEFAULT.items() if k != "maxshape")
+        description[k] == v for k, v in _DEFAULTS[variable].items() if k != "maxshape")
 
 
-_DEFAULT: dict[str, Any] | None = None
+_DEFAULTS: dict[bool, dict[str, Any]] = {}
 
 
 def _storage_entries(datasets: Mapping[str, Any], members: Mapping[str, Any],
-                     exceptions: Mapping[str, tuple[str, Any]]) -> Entries:
+                     exceptions: Mapping[str, tuple[str, Any]], dtypes: Mapping[str, np.dtype]) -> Entries:
     """Named entries of storage descriptions: each dataset's by path; in a groups layout each member's
-    (in the first group holding it) unless it is h5py's default (the groups of an export hold fields
-    stored unihub's way too, which are, and which the file does not tell apart), and ``exceptions``
-    (``path: (member, description)``) where they differ from their member's."""
+    (in the first group holding it; of dtype ``dtypes[member]``) unless it is h5py's default (the groups
+    of an export hold fields stored unihub's way too, which are, and which the file does not tell apart),
+    and ``exceptions`` (``path: (member, description)``) where they differ from their member's."""
     out = {f"storage of dataset '/{path}'": d for path, d in sorted(datasets.items())}
     out.update({f"storage of member {rel!r} in the groups": d for rel, d in sorted(members.items())
-                if not _is_default(d)})
+                if not _is_default(d, dtypes[rel])})
     for path, (rel, description) in sorted(exceptions.items()):
         if rel not in members or first_difference(members[rel], description) is not None:
             out[f"storage of dataset '/{path}'"] = description
@@ -374,19 +394,23 @@ def _file_storage(handle: Any, plan: Plan) -> Entries:
     unihub's own; the constants; those of units of 0 rows), as h5py describes them."""
     datasets = {p: storage_description(handle[p]) for p in (*plan.constants, *plan.empty_datasets())}
     members: dict[str, Any] = {}
+    dtypes: dict[str, np.dtype] = {}
     exceptions: dict[str, tuple[str, Any]] = {}
     rows = sorted({leaf.path for leaf in plan.leaves.values()  # a groups export records all its fields
                    if leaf.attr is None and (leaf.recorded is None or plan.kind == "groups")})
+    asked = any(key in ASKED for key in recorded_layout(handle) or {})
     for unit in plan.units:
         group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
         for rel in (r for r in rows if r in group):
             path = "/".join(p for p in (plan.unit_path(unit), rel) if p)
             description = storage_description(group[rel])
             if plan.kind != "groups":
-                datasets[path] = description
+                datasets[path] = as_asked_description(description) if asked else description
             elif members.setdefault(rel, description) is not description:
                 exceptions[path] = (rel, description)
-    return _storage_entries(datasets, members, exceptions)
+            else:
+                dtypes[rel] = group[rel].dtype
+    return _storage_entries(datasets, members, exceptions, dtypes)
 
 
 def _read(dataset: Any) -> Value:
@@ -573,10 +597,11 @@ def _recorded_storage(own: Mapping[str, Any], spec: ExportSpec, datasets: Mappin
             if spec.kind == "groups":
                 exceptions[path] = (rel, _described(record, typed[rel]))
             else:
-                described[path] = _described(record, typed[rel])
+                description = _described(record, typed[rel])
+                described[path] = as_asked_description(description) if spec.asked else description
     members = {rel: _described(record, typed[rel]) for rel, record in (own.get("member_storage") or {}).items()
                if rel in typed} if spec.kind == "groups" else {}
-    return _storage_entries(described, members, exceptions)
+    return _storage_entries(described, members, exceptions, typed)
 
 
 def _member_of(spec: ExportSpec, path: str) -> str:

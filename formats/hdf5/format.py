@@ -73,7 +73,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, Literal
 
-from unihub.errors import FormatError, SchemaError, UnihubError
+from unihub.errors import FormatError, InvalidArgumentError, SchemaError, UnihubError
 from unihub.formats.base import (
     ColumnBatch,
     ForeignFormat,
@@ -98,7 +98,7 @@ from unihub.formats.hdf5.storage import export_spec
 from unihub.formats.hdf5.verify import native_records, reference_records, verify_spec
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs
-from unihub.runtime.memory import batch_nbytes
+from unihub.runtime.memory import batch_nbytes, is_amount
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.image_checks import batch_problems, drop_rows
 from unihub.schema.unischema import Unischema, UnischemaField
@@ -153,6 +153,9 @@ class HDF5Format(ForeignFormat):
 
     def __init__(self, sources: Any, **options: Any) -> None:
         super().__init__(sources, **options)
+        if not is_amount(self.options.get("slice_mb", 8)):  # NaN, inf or a negative size failed as they were used
+            raise InvalidArgumentError(f"slice_mb must be a number of megabytes above 0, got "
+                                       f"{self.options['slice_mb']!r}")
         self._discovered: dict[str, Plan] = {}
         self._plans: dict[tuple[str, tuple[str, ...] | None], Plan] = {}
         self._prepared: Unischema | None = None
@@ -320,7 +323,11 @@ class HDF5Format(ForeignFormat):
             raise SchemaError(f"images must be 'bytes' or 'pixels', got {images!r}")
         if layout not in ("columns", "splits", "groups"):
             raise SchemaError(f"layout must be 'columns', 'splits' or 'groups', got {layout!r}")
+        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
+            raise SchemaError(f"chunk_rows must be a whole number of rows >= 1, got {chunk_rows!r}")
         spec = export_spec(schema, layout=layout, key_field=key_field, source=source, images=images)
+        spec.asked = {key: value for key, value in (("compression", compression), ("chunk_rows", chunk_rows))
+                      if value is not None}
         if not isinstance(target, Outputs):
             return write_file(target, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
                               overwrite=overwrite)
@@ -364,7 +371,8 @@ class HDF5Format(ForeignFormat):
             if recorded is None:
                 return {}
             options = {"layout": recorded.get("kind", "columns"), "key_field": recorded.get("key_field"),
-                       "images": recorded.get("images")}
+                       "images": recorded.get("images"), "compression": recorded.get("compression"),
+                       "chunk_rows": recorded.get("chunk_rows")}
             schema = self._prepared
             if options["images"] is None and schema is not None:
                 plan = self._plan(path, handle)

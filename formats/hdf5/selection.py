@@ -69,6 +69,7 @@ def _select_fields(plan: Plan, wanted: Iterable[str]) -> None:
     """Option ``fields``: keep the fields named or prefixed by ``wanted``, the others left out (listed);
     refuse a name that matches no field or matches one that cannot be ingested."""
     chosen: set[str] = set()
+    wanted = list(wanted)
     for raw in wanted:
         item = raw.strip("/")
         if item == plan.key_field:
@@ -81,6 +82,9 @@ def _select_fields(plan: Plan, wanted: Iterable[str]) -> None:
             raise FormatError(f"{plan.path}: no dataset or group {item!r}; fields: {some(plan.leaves, 10)}",
                               path=plan.path)
         chosen.update(hits)
+    if not chosen:  # nothing, or only the key field: no dataset says how many rows there are
+        raise FormatError(f"{plan.path}: fields={','.join(wanted)!r} selects no dataset; fields: "
+                          f"{some(plan.leaves, 10)}", path=plan.path)
     plan.left_out.update({n: "not selected by fields=" for n in plan.leaves if n not in chosen})
     plan.left_out.update({n: f"not selected by fields= ({r})" for n, r in plan.refused.items()})
     plan.leaves = {n: leaf for n, leaf in plan.leaves.items() if n in chosen}

@@ -77,6 +77,9 @@ class ExportSpec:
     #: the same inside the units, and whether their container tracks it (``hdf5_meta.unit_order``); None:
     #: not recorded (an ingest before it, or no HDF5 source): the container and splits tracked, samples not
     unit_order: dict[str, Any] | None = None
+    #: what the export was asked for beyond the source (``compression``, ``chunk_rows``): the datasets of rows
+    #: stored so instead of as the source stored them (columns and splits layouts)
+    asked: dict[str, Any] = field(default_factory=dict)
 
 
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,

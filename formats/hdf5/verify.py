@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import EllipsisType
 from typing import Any
 
+import numpy as np
+
 from unihub.errors import FormatError
 from unihub.formats.hdf5.dtypes import extract, member_dtype, native, to_h5
 from unihub.formats.hdf5.files import open_hdf5
@@ -100,6 +102,7 @@ def verify_spec(schema: Unischema, extra: Mapping[str, Any], options: Mapping[st
     layout = options["layout"] if options.get("layout") not in (None, "auto") else recorded.get("kind", "columns")
     spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source,
                        images=options.get("images") or "bytes")
+    spec.asked = {key: options[key] for key in ("compression", "chunk_rows") if options.get(key) is not None}
     spec.generic = [f for f in spec.generic if _wanted(f.name, options)]
     spec.typed = [t for t in spec.typed if all(_wanted(name, options) for name, _ in t.members)]
     return spec
@@ -131,6 +134,20 @@ def _wanted(name: str, options: Mapping[str, Any]) -> bool:
     return any(matches(name, item.strip("/")) for item in ([fields] if isinstance(fields, str) else fields))
 
 
+def _typed_values(records: list[Record], chunk: list[Mapping[str, Any]], name: str, dt: Any, apart: bool) -> None:
+    """The values of the typed leaf ``name`` of dtype ``dt`` into ``records``; one row at a time where each
+    row is a dataset of its own (``apart``: groups), or where the rows' shapes differ (the files of a folder
+    or the splits of a file, whose datasets differ in shape), else the chunk's rows as one dataset."""
+    present = [i for i, row in enumerate(chunk) if row.get(name) is not None]
+    if apart or len({np.shape(chunk[i][name]) for i in present}) > 1:
+        for i in present:
+            records[i][name] = native(to_h5([chunk[i][name]], dt, f"field {name!r}")[0, ...], dt)
+        return
+    values = to_h5([chunk[i][name] for i in present], dt, f"field {name!r}")
+    for k, i in enumerate(present):
+        records[i][name] = native(values[k, ...], dt)
+
+
 def _chunk_records(spec: ExportSpec, chunk: list[Mapping[str, Any]]) -> Iterator[Record]:
     """A chunk of rows as records: each typed leaf and each stored dataset, None rows left out."""
     if not chunk:
@@ -138,15 +155,7 @@ def _chunk_records(spec: ExportSpec, chunk: list[Mapping[str, Any]]) -> Iterator
     records: list[Record] = [{spec.key_field: row.get(spec.key_field)} if spec.key_field else {} for row in chunk]
     for typed in spec.typed:
         for name, member in typed.members:
-            dt = member_dtype(typed.dtype, member)
-            present = [i for i, row in enumerate(chunk) if row.get(name) is not None]
-            if spec.kind == "groups":  # each row its own dataset: shapes may differ
-                for i in present:
-                    records[i][name] = native(to_h5([chunk[i][name]], dt, f"field {name!r}")[0, ...], dt)
-                continue
-            values = to_h5([chunk[i][name] for i in present], dt, f"field {name!r}")
-            for k, i in enumerate(present):
-                records[i][name] = native(values[k, ...], dt)
+            _typed_values(records, chunk, name, member_dtype(typed.dtype, member), spec.kind == "groups")
     for f in spec.generic:
         if spec.kind == "groups":
             for record, row in zip(records, chunk):

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from unihub import ScalarCodec, Unischema, UnischemaField
+from unihub.converters.convert import convert
 from unihub.dependencies import is_available
-from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
+from unihub.errors import FormatError, InvalidArgumentError, SchemaError, UnsupportedFormatError
 from unihub.formats.base import parse_options
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
@@ -188,6 +189,29 @@ def test_options_parse_from_the_cli() -> None:
         {"layout": "splits", "key_field": "s"}
     with pytest.raises(UnsupportedFormatError, match="layout"):
         parse_options(HDF5Format, ["layout=rows"], writing=False)
+
+
+def test_bad_sizes_and_a_selection_of_no_dataset_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """slice_mb=nan or inf failed as a bare ValueError/OverflowError mid-read and 0 or -1 was taken;
+    chunk_rows=-5 was h5py's OverflowError and 0 the default; fields= (empty) or naming only the key
+    field converted 0 rows of a 5-row file without a word."""
+    src = tmp_path / "s.h5"
+    with h5py.File(src, "w") as f:
+        f["train/x"] = np.arange(5)
+        f["val/x"] = np.arange(2)
+    for bad in (float("nan"), float("inf"), 0, -1.0, True):
+        with pytest.raises(InvalidArgumentError, match="slice_mb must be"):
+            convert(src, tmp_path / "ds", format_options={"slice_mb": bad}, progress=False)
+    for fields in ([], "split", ["split"]):
+        with pytest.raises(FormatError, match="selects no dataset; fields: 'x'"):
+            convert(src, tmp_path / "ds", format_options={"fields": fields}, progress=False)
+    assert not (tmp_path / "ds").exists()
+    convert(src, tmp_path / "ds", format_options={"slice_mb": 0.5}, progress=False)
+    for bad in (0, -5, True, 2.5):
+        with pytest.raises(SchemaError, match="chunk_rows must be"):
+            convert(tmp_path / "ds", tmp_path / "out.h5", to_format="hdf5", format_options={"chunk_rows": bad},
+                    progress=False)
+        assert not (tmp_path / "out.h5").exists()
 
 
 def test_export_layouts_of_a_plain_dataset(tmp_path: Path) -> None:

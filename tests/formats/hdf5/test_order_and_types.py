@@ -242,6 +242,56 @@ def test_bitfields_come_back_as_bitfields_and_verify_names_an_integer(tmp_path: 
     assert "storage of dataset '/bits'/bitfield: expected True, found False" in found
 
 
+def test_compound_members_keep_their_padding_and_bitfields_and_verify_names_them(tmp_path: Path) -> None:
+    """A compound written by C or Fortran: a space-padded and a NUL-terminated string member (one value
+    fills its 4 bytes), a bitfield member, an array of space-padded strings, in a dataset and an attribute.
+    The export wrote h5py's own member types (NUL-padded strings, an integer) and verify, which compared
+    only a whole type's padding, said equal. Members' padding and bitfields are kept and compared now."""
+    h5t = h5py.h5t
+    spaced, ended = h5t.C_S1.copy(), h5t.C_S1.copy()
+    for t, pad in ((spaced, h5t.STR_SPACEPAD), (ended, h5t.STR_NULLTERM)):
+        t.set_size(4)
+        t.set_strpad(pad)
+    compound = h5t.create(h5t.COMPOUND, 20)
+    compound.insert(b"name", 0, spaced)
+    compound.insert(b"code", 4, ended)
+    compound.insert(b"flags", 8, h5t.STD_B32LE)
+    compound.insert(b"tags", 12, h5t.array_create(spaced, (2,)))
+    dt = np.dtype({"names": ["name", "code", "flags", "tags"], "formats": ["S4", "S4", "<u4", ("S4", (2,))],
+                   "offsets": [0, 4, 8, 12], "itemsize": 20})
+    values = np.zeros(3, dt)
+    values["name"], values["code"], values["flags"] = [b"ab", b"abcd", b""], [b"x", b"wxyz", b""], [1, 2, 4]
+    values["tags"] = [[b"t", b"uv"]] * 3
+    memory = h5t.create(h5t.COMPOUND, 20)  # the file's types, names and tags NUL-padded: HDF5 pads with spaces
+    for i in range(4):
+        memory.insert(compound.get_member_name(i), compound.get_member_offset(i),
+                      h5t.py_create(dt[i]) if i in (0, 3) else compound.get_member_type(i))
+    src = tmp_path / "c.h5"
+    with h5py.File(src, "w") as f:
+        h5py.h5d.create(f.id, b"rows", compound, h5py.h5s.create_simple((3,))).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, values, mtype=memory)
+        h5py.h5a.create(f.id, b"first", compound, h5py.h5s.create(h5py.h5s.SCALAR)).write(
+            np.ascontiguousarray(values[1:2].reshape(())), mtype=memory)
+    assert b"ab  x" in src.read_bytes() and b"abcdwxyz" in src.read_bytes()
+    back = round_trip(src, tmp_path)
+    with h5py.File(src) as a, h5py.File(back) as b:
+        for got in (b["rows"].id.get_type(), b.attrs.get_id("first").get_type()):
+            assert got.get_member_type(0).get_strpad() == h5t.STR_SPACEPAD
+            assert got.get_member_type(1).get_strpad() == h5t.STR_NULLTERM
+            assert got.get_member_type(2).get_class() == h5t.BITFIELD
+            assert got.get_member_type(3).get_super().get_strpad() == h5t.STR_SPACEPAD
+        assert b["rows"][()].tobytes() == a["rows"][()].tobytes()
+        assert b["rows"]["code"].tolist() == [b"x", b"wxyz", b""]  # all 4 bytes of a NUL-terminated member
+        assert b.attrs["first"].tobytes() == a.attrs["first"].tobytes()
+    assert b"ab  x" in back.read_bytes() and b"abcdwxyz" in back.read_bytes() and b"t   uv  " in back.read_bytes()
+    with pytest.MonkeyPatch.context() as patched:  # the old ingest: no word of the members
+        patched.setattr(hdf5_meta, "type_notes", lambda type_id: {})
+        convert(src, tmp_path / "old_ds", progress=False)
+    found = differences(src, tmp_path / "old_ds")
+    assert "storage of dataset '/rows'/members: expected {'name', 'code', 'flags', 'tags'}, found None" in found, found
+    assert any(d.startswith("dtype of attribute 'first' of '/': expected") for d in found), found
+
+
 def test_groups_inside_sample_groups_keep_their_creation_order(tmp_path: Path) -> None:
     """A tracked group inside each sample (``sub``: ``z`` then ``y``) came back listing ``y, z``; the export
     now makes each sample's objects in the source's order at every level."""

@@ -164,6 +164,119 @@ found '{{"string": 4, "encoding": "ascii"}}'""" in found, found
         assert b.attrs.get_id("title").get_type().get_strpad() == h5py.h5t.STR_NULLPAD
 
 
+@pytest.mark.parametrize("layout", ["columns", "groups"])
+def test_a_nul_terminated_string_that_fills_its_length_comes_back_whole(tmp_path: Path, layout: str) -> None:
+    """A NUL-terminated fixed string written by C (raw bytes, its type as the memory type) may fill all its
+    bytes, and h5py reads all of them: the export wrote the values through HDF5's conversion from numpy's
+    NUL-padded strings, which cuts such a value by a byte (rows, constants and attributes: 'abcdef' came
+    back 'abcde'). They are written byte for byte now."""
+    tid = h5py.h5t.C_S1.copy()  # C's string type: NUL-terminated
+    tid.set_size(6)
+
+    def write(owner: Any, name: str, values: list[bytes] | bytes, attribute: bool = False) -> None:
+        data = np.array(values, "S6")
+        space = h5py.h5s.create_simple(data.shape) if data.shape else h5py.h5s.create(h5py.h5s.SCALAR)
+        if attribute:
+            h5py.h5a.create(owner.id, name.encode(), tid, space).write(data, mtype=tid)
+        else:
+            h5py.h5d.create(owner.id, name.encode(), tid, space).write(h5py.h5s.ALL, h5py.h5s.ALL, data, mtype=tid)
+
+    src = tmp_path / "c.h5"
+    with h5py.File(src, "w") as f:
+        if layout == "columns":
+            f["x"] = np.arange(3)
+            write(f, "names", [b"abcdef", b"ab", b""])
+            write(f, "title", b"uvwxyz")
+            write(f["x"], "units", [b"abcdef", b"m"], attribute=True)
+        for i in range(3 if layout == "groups" else 0):
+            group = f.create_group(f"sample_{i}")
+            group["v"] = i
+            write(group, "name", b"abcdef")
+            write(group, "tag", b"uvwxyz", attribute=True)
+    convert(src, tmp_path / "ds", progress=False)
+    assert_equal(src, tmp_path / "ds")
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.h5") as b:
+        if layout == "columns":
+            assert b["names"][()].tolist() == a["names"][()].tolist() == [b"abcdef", b"ab", b""]
+            assert b["title"][()] == a["title"][()] == b"uvwxyz"
+            assert b["x"].attrs["units"].tolist() == [b"abcdef", b"m"]
+            assert b["names"].id.get_type().get_strpad() == h5py.h5t.STR_NULLTERM
+        else:
+            assert [b[f"sample_{i}/name"][()] for i in range(3)] == [b"abcdef"] * 3
+            assert [b[f"sample_{i}"].attrs["tag"] for i in range(3)] == [b"uvwxyz"] * 3
+    assert_equal(src, tmp_path / "back.h5")
+
+
+def test_virtual_and_external_datasets_export_contiguous_and_verify_names_it(tmp_path: Path) -> None:
+    """The docs: virtual datasets and external raw storage are exported as ordinary contiguous datasets and
+    verify names the layout difference. It named the virtual one, but an external dataset's layout is
+    'contiguous' too (its raw data in another file): verify said equal. Its files are described now."""
+    (tmp_path / "raw.bin").write_bytes(np.arange(10, dtype="<i4").tobytes())
+    with h5py.File(tmp_path / "vsrc.h5", "w") as f:
+        f["d"] = np.arange(10, dtype="<i4") * 2
+    src = tmp_path / "src.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("e", shape=(10,), dtype="<i4", external=[(str(tmp_path / "raw.bin"), 0, 40)])
+        virtual = h5py.VirtualLayout(shape=(10,), dtype="<i4")
+        virtual[:] = h5py.VirtualSource(str(tmp_path / "vsrc.h5"), "d", shape=(10,))
+        f.create_virtual_dataset("v", virtual)
+    convert(src, tmp_path / "ds", progress=False)
+    convert(tmp_path / "ds", tmp_path / "back.h5", to_format="hdf5", progress=False)
+    with h5py.File(tmp_path / "back.h5") as b:
+        assert b["e"][()].tolist() == list(range(10)) and b["v"][()].tolist() == list(range(0, 20, 2))
+        assert b["e"].external is None and not b["v"].is_virtual
+    assert_equal(tmp_path / "back.h5", tmp_path / "ds")
+    for other in (tmp_path / "ds", tmp_path / "back.h5"):
+        found = differences(src, other)
+        assert f"storage of dataset '/e'/external: expected [['{tmp_path / 'raw.bin'}', 0, 40]], found None" \
+            in found, found
+        assert "storage of dataset '/v'/layout: expected 'virtual', found 'contiguous'" in found, found
+
+
+@pytest.mark.parametrize("layout", ["columns", "splits"])
+def test_an_export_asked_for_compression_or_chunk_rows_gets_them_and_verifies(tmp_path: Path, layout: str) -> None:
+    """The docs' example, convert data/h5/train.h5 /data/train then --to hdf5 --option compression=gzip: the
+    source's storage (contiguous here) overrode the option without a word, and no dataset was compressed.
+    The datasets of rows are stored as asked now, their type (a space-padded string) and fill value as the
+    source's; verify leaves what was asked out of the comparison, and still names the rest."""
+    src = tmp_path / "src.h5"
+    with h5py.File(src, "w") as f:
+        for unit, n in ((("train", 40), ("val", 10)) if layout == "splits" else (("", 40),)):
+            group = f.require_group(unit) if unit else f
+            group["x"] = np.arange(n, dtype=np.float32)
+            group.create_dataset("y", data=np.ones((n, 3), np.int16), fillvalue=-1, chunks=(8, 3),
+                                 compression="gzip", shuffle=True)
+            tid = h5py.h5t.C_S1.copy()
+            tid.set_size(4)
+            tid.set_strpad(h5py.h5t.STR_SPACEPAD)
+            h5py.Dataset(h5py.h5d.create(group.id, b"name", tid, h5py.h5s.create_simple((n,))))[...] = \
+                np.array([b"ab"] * n, "S4")
+    convert(src, tmp_path / "ds", progress=False)
+    for options, filters in (({"compression": "gzip"}, ("gzip", False)), ({"compression": "lzf", "chunk_rows": 5},
+                                                                        ("lzf", False)), ({"chunk_rows": 5}, None)):
+        out = tmp_path / f"out_{len(options)}_{options.get('compression')}.h5"
+        convert(tmp_path / "ds", out, to_format="hdf5", format_options=options, progress=False)
+        with h5py.File(out) as f:
+            for unit in (("train", "val") if layout == "splits" else ("",)):
+                for name in ("x", "y", "name"):
+                    dataset = f[f"{unit}/{name}" if unit else name]
+                    if filters is not None:
+                        assert (dataset.compression, dataset.shuffle) == filters, (name, dataset.compression)
+                    assert dataset.chunks[0] == options.get("chunk_rows", dataset.chunks[0]) and dataset.maxshape[0] is None
+                y = f[f"{unit}/y" if unit else "y"]
+                assert y.fillvalue == -1 and (filters is not None or (y.compression, y.shuffle) == ("gzip", True))
+                assert f[f"{unit}/name" if unit else "name"].id.get_type().get_strpad() == h5py.h5t.STR_SPACEPAD
+        assert_equal(out, tmp_path / "ds")
+    with h5py.File(out, "a") as f:  # a fill value and a padding differ: still named
+        name = "train/x" if layout == "splits" else "x"
+        values = f[name][()]
+        del f[name]
+        f.create_dataset(name, data=values, chunks=(5,), maxshape=(None,), fillvalue=3.0)
+    found = differences(out, tmp_path / "ds")
+    assert any("/fillvalue: expected" in d for d in found), found
+
+
 def test_creation_order_comes_back_in_a_columns_layout_and_verify_names_it(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A file made with ``track_order=True`` lists its datasets and attributes in creation order (z, a, m);

@@ -278,6 +278,23 @@ def test_several_files_keep_and_verify_their_own_attributes(tmp_path: Path) -> N
                                   "(missing)"]
 
 
+def test_files_whose_datasets_differ_in_width_verify_row_by_row(tmp_path: Path) -> None:
+    """A folder whose files hold ``v`` of (3, 2) and (3, 5) converts to a field of shape (None,); verify
+    projected the dataset's rows as one HDF5 dataset per 256 rows and raised 'rows of shapes [(2,), (5,)]
+    cannot share one HDF5 dataset' instead of comparing them."""
+    for k, width in enumerate((2, 5)):
+        with h5py.File(tmp_path / f"w{k}.h5", "w") as f:
+            f["v"] = np.arange(3 * width, dtype=np.float32).reshape(3, width) + k
+    pattern = str(tmp_path / "w*.h5")
+    convert(pattern, tmp_path / "ds", progress=False, from_format="hdf5")
+    assert open_dataset(tmp_path / "ds").schema.fields["v"].shape == (None,)
+    assert verify(pattern, tmp_path / "ds", from_format="hdf5").equal
+    with h5py.File(tmp_path / "w1.h5", "a") as f:
+        f["v"][2, 4] = -1
+    report = verify(pattern, tmp_path / "ds", from_format="hdf5")
+    assert not report.equal and report.differences[0].startswith("record 5 (w1.h5 row 2), field 'v'"), report
+
+
 def test_left_out_datasets_take_their_attributes_and_empty_groups_stay(tmp_path: Path) -> None:
     src, ds, out = tmp_path / "c.h5", tmp_path / "ds", tmp_path / "out.h5"
     with h5py.File(src, "w") as f:
@@ -327,6 +344,66 @@ def test_verify_projects_a_dataset_the_way_its_export_was_written(tmp_path: Path
             f["sample_00000001/id"][()] = 5
         where = "record 1 (out.h5 group 'sample_00000001'), field 'id': expected int64(1), found int64(5)"
     assert differences(ds, out)[0].startswith(where)
+
+
+def test_a_groups_export_of_text_and_ragged_fields_verifies_equal(tmp_path: Path) -> None:
+    """HDF5 writes the fill value of a type of variable-length values (a string, a sequence) when space is
+    allocated, not only where one is set; verify took that for storage the source chose, and said a
+    groups export of any dataset with a text field differed ("storage of member 's' in the groups:
+    expected {...}, found nothing"). A member stored with its own options is still named."""
+    ds, out = tmp_path / "ds", tmp_path / "out.h5"
+    schema = Unischema("T", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("s", np.str_, (), ScalarCodec(pa.string()), False)])
+    write_dataset(ds, schema, [{"id": i, "s": f"text {i}"} for i in range(3)])
+    convert(ds, out, to_format="hdf5", format_options={"layout": "groups"}, progress=False)
+    assert_equal(out, ds)
+    assert_equal(ds, out)
+    src = tmp_path / "src.h5"
+    with h5py.File(src, "w") as f:
+        for i in range(3):
+            f.create_dataset(f"sample_{i}/s", data=f"text {i}", dtype=h5py.string_dtype())
+            f.create_dataset(f"sample_{i}/v", data=np.arange(4), chunks=(2,), compression="gzip")
+    convert(src, tmp_path / "from_h5", progress=False)
+    assert_equal(src, tmp_path / "from_h5")
+    with h5py.File(src, "a") as f:
+        del f["sample_0/v"]
+        f["sample_0/v"] = np.arange(4)
+    found = differences(src, tmp_path / "from_h5")
+    assert any(d.startswith(("storage of member 'v' in the groups", "storage of dataset '/sample_1/v'"))
+               for d in found), found
+
+
+def test_a_compound_with_gaps_between_its_members_verifies_equal(tmp_path: Path) -> None:
+    """A compound constant and attributes whose members leave gaps (a C struct: 4 bytes after a char[4],
+    20 at the end), with a space-padded member: numpy copies only a structured value's fields, so the
+    gap bytes of the recorded and the read values held whatever memory held, and verify named a
+    difference between identical values ('(b'ab', 5) vs (b'ab', 5)'). A changed member is still named."""
+    h5t = h5py.h5t
+    spaced = h5t.C_S1.copy()
+    spaced.set_size(4)
+    spaced.set_strpad(h5t.STR_SPACEPAD)
+    stored, memory = h5t.create(h5t.COMPOUND, 32), h5t.create(h5t.COMPOUND, 32)
+    for compound, name_type in ((stored, spaced), (memory, h5t.py_create(np.dtype("S4")))):
+        compound.insert(b"name", 0, name_type)
+        compound.insert(b"n", 8, h5t.STD_I32BE)
+    dt = np.dtype({"names": ["name", "n"], "formats": ["S4", ">i4"], "offsets": [0, 8], "itemsize": 32})
+    value = np.zeros((), dt)
+    value["name"], value["n"] = b"ab", 5
+    src = tmp_path / "gaps.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = np.arange(3)
+        scalar = h5py.h5s.create(h5py.h5s.SCALAR)
+        h5py.h5a.create(f.id, b"one", stored, scalar).write(value, mtype=memory)
+        h5py.h5a.create(f.id, b"many", stored, h5py.h5s.create_simple((3,))).write(np.zeros(3, dt), mtype=memory)
+        h5py.h5d.create(f.id, b"const", stored, scalar).write(h5py.h5s.ALL, h5py.h5s.ALL, value, mtype=memory)
+    convert(src, tmp_path / "ds", progress=False)
+    for _ in range(3):
+        assert_equal(src, tmp_path / "ds")
+    with h5py.File(src, "a") as f:
+        changed = value.copy()
+        changed["n"] = 6
+        f["const"].id.write(h5py.h5s.ALL, h5py.h5s.ALL, changed, mtype=memory)
+    assert differences(src, tmp_path / "ds")[0].startswith("dataset '/const': expected")
 
 
 @pytest.mark.parametrize("kind", ["groups", "splits"])
