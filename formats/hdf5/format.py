@@ -147,8 +147,10 @@ class HDF5Format(ForeignFormat):
         "key_field": FormatOption("the field naming each row's split / group (default split / group)", str),
         "images": FormatOption("image fields as their encoded bytes or as decoded pixels (default bytes)",
                                parse_choice("bytes", "pixels")),
-        "compression": FormatOption("h5py compression of every dataset (default none)", parse_choice("gzip", "lzf")),
-        "chunk_rows": FormatOption("rows per chunk (default: about 1 MB chunks)", int),
+        "compression": FormatOption("h5py compression of the datasets of rows, columns and splits layouts (default: "
+                                    "as an HDF5 source stored them, else none)", parse_choice("gzip", "lzf")),
+        "chunk_rows": FormatOption("rows per chunk, columns and splits layouts (default: as an HDF5 source stored "
+                                   "them, else about 1 MB chunks)", int),
     }
 
     def __init__(self, sources: Any, **options: Any) -> None:
@@ -328,6 +330,10 @@ class HDF5Format(ForeignFormat):
         spec = export_spec(schema, layout=layout, key_field=key_field, source=source, images=images)
         spec.asked = {key: value for key, value in (("compression", compression), ("chunk_rows", chunk_rows))
                       if value is not None}
+        if spec.kind == "groups" and spec.asked:  # a sample's datasets are whole, one per row: nothing to chunk
+            raise SchemaError(f"{' and '.join(sorted(spec.asked))} set(s) the datasets of rows of the columns and "
+                              "splits layouts; the groups layout writes each sample's datasets whole (pass "
+                              "layout='columns' or leave the option out)")
         if not isinstance(target, Outputs):
             return write_file(target, schema, batches, spec, compression=compression, chunk_rows=chunk_rows,
                               overwrite=overwrite)

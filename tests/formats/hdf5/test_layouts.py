@@ -232,6 +232,10 @@ def test_export_layouts_of_a_plain_dataset(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="field 'part'"):
         HDF5Format.write(str(tmp_path / "bad.h5"), schema, [batch], layout="splits", key_field="part")
     assert not (tmp_path / "bad.h5").exists()
+    for asked in ({"compression": "gzip"}, {"chunk_rows": 2}):  # ignored before: the groups were written as ever
+        with pytest.raises(SchemaError, match="the groups layout writes each sample's datasets whole"):
+            HDF5Format.write(str(tmp_path / "bad.h5"), schema, [batch], layout="groups", key_field="name", **asked)
+        assert not (tmp_path / "bad.h5").exists()
 
 
 def test_skips_of_ignore_mismatched_are_listed(tmp_path: Path) -> None:
