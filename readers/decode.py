@@ -84,6 +84,8 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
         values = f.codec.decode_column(f, column)
     if not policy.batched and numpy_strings_in_rows(f, policy):
         values = _numpy_strings(values)
+    if not policy.batched and policy.petastorm and f.shape == () and f.dtype.kind in "mM":
+        values = _petastorm_row_times(column.type, values)
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
@@ -135,6 +137,19 @@ def _numpy_strings(values: Any) -> Any:
     if not isinstance(values, np.ndarray) or values.dtype != object:
         return values
     return np.fromiter((None if v is None else np.str_(v) for v in values), dtype=object, count=len(values))
+
+
+def _petastorm_row_times(stored: pa.DataType, values: Any) -> Any:
+    """A row reader's times in Petastorm's units: its rows held ``numpy_dtype(value)`` of the pandas value,
+    so timestamps and durations came in microseconds (``datetime64[us]``, whatever unit they were stored
+    in; finer digits dropped) and dates in days; None stays None."""
+    unit = "D" if pa.types.is_date(stored) else "us"
+    if not isinstance(values, np.ndarray):
+        return values
+    if values.dtype != object:
+        return values.astype(f"{values.dtype.kind}8[{unit}]")
+    return np.fromiter((None if v is None else v.astype(f"{v.dtype.kind}8[{unit}]") for v in values),
+                       dtype=object, count=len(values))
 
 
 def _is_scalar_type(numpy_dtype: Any) -> bool:

@@ -189,6 +189,33 @@ def test_timestamps_with_nulls_in_batches_are_datetime64_with_nat_as_petastorms(
         assert next(iter(reader)).ts[0] is None
 
 
+def test_row_times_are_in_petastorms_units(tmp_path: Path) -> None:
+    """Petastorm 0.13.1's rows held ``np.datetime64(pandas value)``: timestamps (stored in any unit) and durations
+    in microseconds, dates in days; unihub's rows kept the stored unit (``datetime64[ns]`` from Spark's INT96).
+    Batches keep the stored unit, as Petastorm's did; unihub's types (``petastorm_types=False``) keep it in rows."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    moment = datetime.datetime(2021, 1, 1, 0, 0, 1, 250)
+    pq.write_table(pa.table({
+        "ns": pa.array([moment, None], pa.timestamp("ns")), "ms": pa.array([moment, moment], pa.timestamp("ms")),
+        "tz": pa.array([moment, moment], pa.timestamp("s", tz="UTC")),
+        "day": pa.array([datetime.date(2021, 1, 2), None], pa.date32()),
+        "took": pa.array([datetime.timedelta(seconds=2), None], pa.duration("ns"))}), tmp_path / "part.parquet")
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        first, second = [row._asdict() for row in reader]
+    assert {name: value.dtype.str[1:] for name, value in first.items()} == {
+        "ns": "M8[us]", "ms": "M8[us]", "tz": "M8[us]", "day": "M8[D]", "took": "m8[us]"}
+    assert first["ns"] == np.datetime64("2021-01-01T00:00:01.000250") and second["ns"] is None
+    assert first["tz"] == np.datetime64("2021-01-01T00:00:01") and first["took"] == np.timedelta64(2, "s")
+    with make_batch_reader(str(tmp_path), workers_count=1) as reader:
+        assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
+    with make_reader(str(tmp_path), workers_count=1, petastorm_types=False) as reader:
+        assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
+
+
 def test_asking_for_a_column_of_a_type_unihub_does_not_read_says_so(tmp_path: Path) -> None:
     """A plain Parquet struct column asked for by name was reported as matching 'no field in the dataset', though
     the files hold it; the warning (and the error, when nothing else matches) now names it with its type."""
