@@ -216,6 +216,26 @@ def test_row_times_are_in_petastorms_units(tmp_path: Path) -> None:
         assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
 
 
+def test_plain_parquet_with_ragged_lists_of_lists_reads_without_naming_fields(tmp_path: Path) -> None:
+    """A plain ``list<list<int64>>`` column with inner lists of different lengths: Petastorm 0.13.1's inferred
+    schema left it out (ARROW-1644) and read the rest; unihub's reads failed ("nested lists are ragged"), so
+    a dataset Petastorm read needed ``schema_fields`` to read at all. Its ragged rows now come as object arrays
+    of their inner arrays, even ones as 2-D arrays, in both readers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nested = [[[1, 2], [3]], [[4, 5]], [], None]
+    pq.write_table(pa.table({"id": pa.array(range(4)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
+                   tmp_path / "part.parquet")
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        rows = [row.ll for row in reader]
+    with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        assert [len(b.id) for b in reader] == [4]
+    assert [a.tolist() for a in rows[0]] == [[1, 2], [3]] and rows[0].dtype == object
+    assert rows[1].tolist() == [[4, 5]] and rows[1].dtype == np.int64
+    assert rows[2].shape == (0, 0) and rows[3] is None
+
+
 def test_asking_for_a_column_of_a_type_unihub_does_not_read_says_so(tmp_path: Path) -> None:
     """A plain Parquet struct column asked for by name was reported as matching 'no field in the dataset', though
     the files hold it; the warning (and the error, when nothing else matches) now names it with its type."""
