@@ -62,12 +62,15 @@ class DecodePolicy:
     petastorm: bool = False
     #: the columns are the output (batches, random access), not rows cut from them
     batched: bool = False
+    #: the schema was inferred from the Arrow types (plain Parquet): a ragged list of lists is data, not a
+    #: broken tensor, so its rows decode as arrays of arrays (:func:`_ragged_rows`) rather than fail
+    inferred: bool = False
 
     @classmethod
     def for_store(cls, schema_source: str, petastorm_types: bool | None, *, batched: bool) -> DecodePolicy:
         """``petastorm_types=None``: Petastorm's types for datasets Petastorm wrote and plain Parquet."""
         petastorm = schema_source in ("petastorm", "inferred") if petastorm_types is None else bool(petastorm_types)
-        return cls(petastorm, batched)
+        return cls(petastorm, batched, schema_source == "inferred")
 
 
 UNIHUB = DecodePolicy()
@@ -81,9 +84,16 @@ def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, deco
     elif isinstance(f.codec, CompressedImageCodec) and not decode_images:
         return f.codec.decode_column(f, column, decode=False)
     else:
-        values = f.codec.decode_column(f, column)
+        try:
+            values = f.codec.decode_column(f, column)
+        except CodecError:
+            if not (policy.inferred and _is_nested_list(column.type)):
+                raise
+            values = _ragged_rows(f, column)
     if not policy.batched and numpy_strings_in_rows(f, policy):
         values = _numpy_strings(values)
+    if not policy.batched and policy.petastorm and f.shape == () and f.dtype.kind in "mM":
+        values = _petastorm_row_times(column.type, values)
     return _as_petastorm(f, values, policy) if policy.petastorm else values
 
 
@@ -135,6 +145,46 @@ def _numpy_strings(values: Any) -> Any:
     if not isinstance(values, np.ndarray) or values.dtype != object:
         return values
     return np.fromiter((None if v is None else np.str_(v) for v in values), dtype=object, count=len(values))
+
+
+def _is_nested_list(arrow_type: pa.DataType) -> bool:
+    is_list = pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+        pa.types.is_fixed_size_list(arrow_type)
+    return is_list and pa.types.is_nested(arrow_type.value_type)
+
+
+def _ragged_rows(f: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An inferred list-of-lists column with ragged rows (which Petastorm's inferred schema left out, ARROW-1644):
+    each row an array of field ``f``'s dtype where its lists are even, else an object array of its inner rows,
+    each decoded the same way; None stays None."""
+    values = np.empty(len(column), dtype=object)
+    values[:] = [None if v is None else _ragged(v, f.dtype) for v in column_as_array(column).to_pylist()]
+    for i, row in enumerate(values):  # an empty row as the codec gives it: (0, 0) for shape (None, None)
+        if row is not None and row.size == 0 and row.ndim < len(f.shape):
+            values[i] = row.reshape((0,) * len(f.shape))
+    return values
+
+
+def _ragged(value: list[Any], dtype: np.dtype) -> np.ndarray:
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError):  # inner lists of different lengths (or nulls among them)
+        out = np.empty(len(value), dtype=object)
+        out[:] = [None if v is None else _ragged(v, dtype) if isinstance(v, list) else v for v in value]
+        return out
+
+
+def _petastorm_row_times(stored: pa.DataType, values: Any) -> Any:
+    """A row reader's times in Petastorm's units: its rows held ``numpy_dtype(value)`` of the pandas value,
+    so timestamps and durations came in microseconds (``datetime64[us]``, whatever unit they were stored
+    in; finer digits dropped) and dates in days; None stays None."""
+    unit = "D" if pa.types.is_date(stored) else "us"
+    if not isinstance(values, np.ndarray):
+        return values
+    if values.dtype != object:
+        return values.astype(f"{values.dtype.kind}8[{unit}]")
+    return np.fromiter((None if v is None else v.astype(f"{v.dtype.kind}8[{unit}]") for v in values),
+                       dtype=object, count=len(values))
 
 
 def _is_scalar_type(numpy_dtype: Any) -> bool:

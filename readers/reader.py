@@ -36,7 +36,6 @@ from unihub.errors import (
     NoMatchingFieldsError,
     ReaderResetError,
     ReaderStateError,
-    SchemaError,
     UnsupportedFormatError,
     UsageError,
 )
@@ -1303,8 +1302,8 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
                                    f"{type(predicate).__name__}: wrap a function as in_lambda(field_names, func)")
     cur_shard, shard_count = shard_or_detected(cur_shard, shard_count)
     store = _open(dataset_url, storage_options, filesystem, version, tag)
-    if store.num_rows == 0:
-        raise SchemaError(f"{store.url}: the dataset is empty (0 rows); there is nothing to read")
+    if store.num_rows == 0 and num_epochs is None:
+        num_epochs = 1  # no rows in any number of epochs: endless ones would only spin (Petastorm's read none)
     fields, ngram = resolve_fields(store.schema, schema_fields, store.url, store.arrow_schema)
     if ngram is not None and batched:
         raise InvalidArgumentError("NGram schema_fields work with make_reader, not make_batch_reader")

@@ -135,6 +135,17 @@ def _select(columns: dict[str, Any], out_schema: Unischema) -> dict[str, Any]:
     return {name: columns[name] for name in out_schema.fields}
 
 
+def _declared(natural: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Numbers in the declared ``dtype`` where they fit it (Python ints into an int32 field; floats into float32,
+    rounded as a cast rounds); numbers out of its range stay as the function returned them, as Petastorm passed
+    them on, rather than raise ``OverflowError`` or overflow to inf (a plain ``astype`` would wrap ints round)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = natural.astype(dtype)
+    fits = np.array_equal(cast, natural) if dtype.kind in "iu" else \
+        np.array_equal(np.isinf(cast), np.isinf(natural)) if dtype.kind == "f" else True
+    return cast if fits else natural
+
+
 def _stack(field: UnischemaField, values: Any) -> Any:
     """Values of one output column as a numpy array: stacked when every row has the field's shape."""
     if isinstance(values, np.ndarray) and values.dtype != object:
@@ -152,7 +163,7 @@ def _stack(field: UnischemaField, values: Any) -> Any:
         # passed it on and as a batch transform's columns stay: a cast would change it silently
         if natural.dtype != object and not np.can_cast(natural.dtype, field.dtype, casting="same_kind"):
             return natural
-        return np.asarray(items, dtype=field.dtype)
+        return _declared(natural, field.dtype) if natural.dtype.kind in "iuf" else np.asarray(items, dtype=field.dtype)
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out

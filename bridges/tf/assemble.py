@@ -48,6 +48,11 @@ def densifier(plans: Sequence[FieldPlan]) -> Callable[..., Any]:
         values = list(row.values() if isinstance(row, dict) else row)  # the fields, then their masks
         for i, plan in enumerate(plans):
             if isinstance(values[i], tf.RaggedTensor):
+                for lengths in values[i].nested_row_lengths():  # a ragged row would be padded: refused
+                    tf.debugging.assert_equal(tf.reduce_all(tf.equal(lengths, lengths[:1])), True,
+                                              message=f"field {plan.name!r}: a row of lists of different lengths "
+                                              "is no dense tensor; read it with make_batch_reader (a RaggedTensor) "
+                                              "or leave it out with schema_fields")
                 values[i] = values[i].to_tensor()  # one row's array is rectangular: no padding is added
             if plan.ragged_rank:
                 values[i] = tf.ensure_shape(values[i], plan.field.shape)

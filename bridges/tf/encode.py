@@ -166,6 +166,13 @@ def _ragged(plan: FieldPlan, column: np.ndarray) -> list[np.ndarray]:
     """A field with ``None`` dims as its flat values and the row lengths of each ragged dim; a null
     is a row of no values."""
     given = [None if r is None else np.asarray(r) for r in column]
+    if any(r is not None and r.dtype == object for r in given):
+        return _ragged_nested(plan, given)
+    return _ragged_even(plan, given)
+
+
+def _ragged_even(plan: FieldPlan, given: list[np.ndarray | None]) -> list[np.ndarray]:
+    """:func:`_ragged` of rows that are each an n-D array of the field's rank."""
     ndim = len(plan.field.shape)
     for row, value in enumerate(given):
         if value is not None and value.ndim != ndim:
@@ -188,6 +195,43 @@ def _ragged(plan: FieldPlan, column: np.ndarray) -> list[np.ndarray]:
     for level in range(rank):
         out.append(np.repeat(shapes[:, level], np.prod(shapes[:, :level], axis=1)))
     return out
+
+
+def _ragged_nested(plan: FieldPlan, given: list[np.ndarray | None]) -> list[np.ndarray]:
+    """:func:`_ragged` for rows whose inner lists differ in length (an object array of arrays: a plain Parquet
+    list of lists, readers/decode.py ``_ragged_rows``): the row lengths of each level walked row by row."""
+    rank = plan.ragged_rank
+    inner = tuple(d for d in plan.field.shape[rank:] if d is not None)
+    levels: list[list[np.ndarray]] = [[] for _ in range(rank)]
+    leaves: list[np.ndarray] = []
+    for row, value in enumerate(given):
+        try:
+            _walk(np.zeros((0,) * rank + inner, np.int64) if value is None else value, 0, rank, inner, levels, leaves)
+        except ValueError as exc:
+            raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: {exc} where the schema says "
+                                  f"{plan.field.shape}", field=plan.name, row=row) from None
+    like = next((leaf for leaf in leaves if leaf.size), None)
+    flat_values = np.concatenate([leaf.astype(like.dtype if like is not None else plan.field.dtype) for leaf in leaves])
+    return [encode_values(plan, flat_values)] + [np.concatenate(level).astype(np.int64) for level in levels]
+
+
+def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], levels: list[list[np.ndarray]],
+          leaves: list[np.ndarray]) -> None:
+    """Row lengths (into ``levels``) and flat values (into ``leaves``) of one value at ragged level ``depth``."""
+    if value.dtype != object:  # even from here down: its shape gives the lengths
+        if value.ndim != rank - depth + len(inner):
+            raise ValueError(f"a value of shape {value.shape} at depth {depth}")
+        shape = value.shape[:rank - depth]
+        for k in range(rank - depth):
+            levels[depth + k].append(np.full(int(np.prod(shape[:k])), shape[k]))
+        leaves.append(value.reshape(-1, *inner))
+        return
+    if depth + 1 >= rank and not inner:
+        raise ValueError(f"nested values at depth {depth}")
+    levels[depth].append(np.array([len(value)]))
+    for item in value:
+        _walk(np.zeros((0,) * (rank - depth - 1) + inner, np.int64) if item is None else np.asarray(item),
+              depth + 1, rank, inner, levels, leaves)
 
 
 def flat_signature(plans: Sequence[FieldPlan]) -> tuple[Any, ...]:

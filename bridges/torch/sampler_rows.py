@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from unihub.bridges.torch import _torch_private as torch_private
 from unihub.bridges.torch.shared_batches import worker_pool
 from unihub.bridges.torch.tensors import Columns, copy_into, empty_in_pool, from_worker, load_torch
@@ -265,3 +267,11 @@ def register_sampler_collate() -> None:
     default_collate_fn_map.setdefault(SamplerRow, collate_sampler_rows)
     default_collate_fn_map.setdefault(TransformedRow, collate_transformed_rows)
     default_collate_fn_map.setdefault(SamplerBatch, collate_sampler_batch)
+    default_collate_fn_map.setdefault(np.datetime64, collate_times)
+    default_collate_fn_map.setdefault(np.timedelta64, collate_times)
+
+
+def collate_times(values: Sequence[Any], *, collate_fn_map: Any = None) -> list[Any]:
+    """torch's default collate of a date, timestamp or duration field: the values as a list, as unihub's
+    loaders (and Petastorm's) pass them; torch has no such type, and refused numpy's with a ``TypeError``."""
+    return list(values)

@@ -189,6 +189,53 @@ def test_timestamps_with_nulls_in_batches_are_datetime64_with_nat_as_petastorms(
         assert next(iter(reader)).ts[0] is None
 
 
+def test_row_times_are_in_petastorms_units(tmp_path: Path) -> None:
+    """Petastorm 0.13.1's rows held ``np.datetime64(pandas value)``: timestamps (stored in any unit) and durations
+    in microseconds, dates in days; unihub's rows kept the stored unit (``datetime64[ns]`` from Spark's INT96).
+    Batches keep the stored unit, as Petastorm's did; unihub's types (``petastorm_types=False``) keep it in rows."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    moment = datetime.datetime(2021, 1, 1, 0, 0, 1, 250)
+    pq.write_table(pa.table({
+        "ns": pa.array([moment, None], pa.timestamp("ns")), "ms": pa.array([moment, moment], pa.timestamp("ms")),
+        "tz": pa.array([moment, moment], pa.timestamp("s", tz="UTC")),
+        "day": pa.array([datetime.date(2021, 1, 2), None], pa.date32()),
+        "took": pa.array([datetime.timedelta(seconds=2), None], pa.duration("ns"))}), tmp_path / "part.parquet")
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        first, second = [row._asdict() for row in reader]
+    assert {name: value.dtype.str[1:] for name, value in first.items()} == {
+        "ns": "M8[us]", "ms": "M8[us]", "tz": "M8[us]", "day": "M8[D]", "took": "m8[us]"}
+    assert first["ns"] == np.datetime64("2021-01-01T00:00:01.000250") and second["ns"] is None
+    assert first["tz"] == np.datetime64("2021-01-01T00:00:01") and first["took"] == np.timedelta64(2, "s")
+    with make_batch_reader(str(tmp_path), workers_count=1) as reader:
+        assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
+    with make_reader(str(tmp_path), workers_count=1, petastorm_types=False) as reader:
+        assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
+
+
+def test_plain_parquet_with_ragged_lists_of_lists_reads_without_naming_fields(tmp_path: Path) -> None:
+    """A plain ``list<list<int64>>`` column with inner lists of different lengths: Petastorm 0.13.1's inferred
+    schema left it out (ARROW-1644) and read the rest; unihub's reads failed ("nested lists are ragged"), so
+    a dataset Petastorm read needed ``schema_fields`` to read at all. Its ragged rows now come as object arrays
+    of their inner arrays, even ones as 2-D arrays, in both readers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nested = [[[1, 2], [3]], [[4, 5]], [], None]
+    pq.write_table(pa.table({"id": pa.array(range(4)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
+                   tmp_path / "part.parquet")
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        rows = [row.ll for row in reader]
+    with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        assert [len(b.id) for b in reader] == [4]
+    assert [a.tolist() for a in rows[0]] == [[1, 2], [3]] and rows[0].dtype == object
+    assert rows[1].tolist() == [[4, 5]] and rows[1].dtype == np.int64
+    assert rows[2].shape == (0, 0) and rows[3] is None
+
+
 def test_asking_for_a_column_of_a_type_unihub_does_not_read_says_so(tmp_path: Path) -> None:
     """A plain Parquet struct column asked for by name was reported as matching 'no field in the dataset', though
     the files hold it; the warning (and the error, when nothing else matches) now names it with its type."""

@@ -199,6 +199,19 @@ def test_a_row_transform_value_of_another_kind_than_declared_is_passed_on_not_ca
     assert rows[0].label == 1 and rows[0].label.dtype == np.int32
 
 
+def test_a_row_transform_number_out_of_the_declared_range_is_passed_on_not_wrapped(dataset):
+    """A row transform returning numbers a declared ``int32``/``float32`` cannot hold: the int raised a bare
+    ``OverflowError`` from the reader and the float became inf. Petastorm passed such values on as they were;
+    numbers that fit still take the declared type."""
+    spec = TransformSpec(lambda r: {**r, "label": int(r["id"]) + 2 ** 40, "big": 1e300 * (int(r["id"]) + 1)},
+                         edit_fields=[("big", np.float32, (), False)])
+    _, rows = read_all(dataset, schema_fields=["id", "label"], transform_spec=spec, workers_count=1)
+    assert [(int(r.label), float(r.big)) for r in rows[:2]] == [(2 ** 40, 1e300), (2 ** 40 + 1, 2e300)]
+    spec = TransformSpec(lambda r: {**r, "label": int(r["id"]) + 7, "big": 0.5}, edit_fields=[("big", np.float32, (), False)])
+    _, rows = read_all(dataset, schema_fields=["id", "label"], transform_spec=spec, workers_count=1)
+    assert rows[0].label == 7 and rows[0].label.dtype == np.int32 and rows[0].big.dtype == np.float32
+
+
 def test_a_transform_missing_a_declared_field_is_a_schema_error(dataset):
     spec = TransformSpec(lambda row: row, edit_fields=[("new", np.int64, (), False)])
     with pytest.raises(SchemaError, match="new"):

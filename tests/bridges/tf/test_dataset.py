@@ -624,3 +624,21 @@ def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any)
             warnings.simplefilter("error", UserWarning)
             rest = [int(r.id) for r in dataset]  # rows the first iteration took into TensorFlow are not read again
     assert len(first) == 10 and not set(first) & set(rest)
+
+
+def test_plain_parquet_ragged_lists_of_lists_are_ragged_tensors_and_never_padded(tf: Any, tmp_path: Any) -> None:
+    """A plain ``list<list<int64>>`` column whose inner lists differ in length (Petastorm's inferred schema
+    left it out): batches are RaggedTensors of exactly the stored values (nulls as no values), where the
+    encoder refused a ragged row; a row reader's dense row of such lists is refused rather than padded with 0."""
+    import pyarrow.parquet as pq
+
+    nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], None, []]]
+    pq.write_table(pa.table({"id": pa.array(range(5)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
+                   tmp_path / "part.parquet")
+    with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        batch = next(iter(make_petastorm_dataset(reader)))
+    assert batch.ll.to_list() == [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], [], []]]
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1, schema_fields=["ll"]) as reader:
+        rows = iter(make_petastorm_dataset(reader))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="a row of lists of different lengths"):
+            next(rows)

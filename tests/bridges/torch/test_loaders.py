@@ -1796,3 +1796,23 @@ def test_map_dataset_in_a_worker_keeps_the_image_pixel_limit(url, monkeypatch):
     with pytest.raises(ImageDecodeError, match="more than the limit of 15"):
         ds.__getitems__([3, 4])
     assert asked == [["id", "vec"]]
+
+
+def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
+    """torch's own DataLoader over TorchIterableDataset rows or TorchMapDataset: a date or timestamp field
+    raised torch's TypeError (``default_collate`` knows no ``np.datetime64``); it now comes as a list of the
+    values, as unihub's own loaders (and Petastorm's) pass it."""
+    import datetime
+
+    import pyarrow.parquet as pq
+
+    stamps = [datetime.datetime(2020, 1, 1, 0, 0, i) for i in range(6)]
+    pq.write_table(pa.table({"id": pa.array(range(6)), "ts": pa.array(stamps, pa.timestamp("us")),
+                             "day": pa.array([s.date() for s in stamps], pa.date32())}), tmp_path / "part.parquet")
+    url = tmp_path.as_uri()
+    for dataset in (tp.TorchIterableDataset(url, seed=0, shuffle_rows=False, shuffle_row_groups=False),
+                    tp.TorchMapDataset(url)):
+        batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+        assert batch["id"].tolist() == [0, 1, 2, 3]
+        assert batch["ts"] == [np.datetime64(s, "us") for s in stamps[:4]]
+        assert batch["day"] == [np.datetime64("2020-01-01", "D")] * 4
