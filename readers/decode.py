@@ -177,14 +177,26 @@ def _ragged(value: list[Any], dtype: np.dtype) -> np.ndarray:
 def _petastorm_row_times(stored: pa.DataType, values: Any) -> Any:
     """A row reader's times in Petastorm's units: its rows held ``numpy_dtype(value)`` of the pandas value,
     so timestamps and durations came in microseconds (``datetime64[us]``, whatever unit they were stored
-    in; finer digits dropped) and dates in days; None stays None."""
+    in) and dates in days; None stays None. Petastorm dropped finer digits: a column holding any (a
+    nanosecond) keeps its stored unit instead, so no value changes."""
     unit = "D" if pa.types.is_date(stored) else "us"
     if not isinstance(values, np.ndarray):
         return values
     if values.dtype != object:
-        return values.astype(f"{values.dtype.kind}8[{unit}]")
-    return np.fromiter((None if v is None else v.astype(f"{v.dtype.kind}8[{unit}]") for v in values),
-                       dtype=object, count=len(values))
+        return _coarser_if_exact(values, unit)
+    present = [v for v in values if v is not None]
+    if not present:
+        return values
+    coarse = _coarser_if_exact(np.array(present), unit).dtype
+    if coarse == present[0].dtype:
+        return values
+    return np.fromiter((None if v is None else v.astype(coarse) for v in values), dtype=object, count=len(values))
+
+
+def _coarser_if_exact(values: np.ndarray, unit: str) -> np.ndarray:
+    """``values`` (datetime64/timedelta64) in ``unit`` where that changes none of them, else as they are."""
+    coarse = values.astype(f"{values.dtype.kind}8[{unit}]")  # numpy wraps what overflows: checked by the way back
+    return coarse if bool((coarse.astype(values.dtype).view(np.int64) == values.view(np.int64)).all()) else values
 
 
 def _is_scalar_type(numpy_dtype: Any) -> bool:

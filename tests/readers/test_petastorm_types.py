@@ -214,6 +214,16 @@ def test_row_times_are_in_petastorms_units(tmp_path: Path) -> None:
         assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
     with make_reader(str(tmp_path), workers_count=1, petastorm_types=False) as reader:
         assert next(iter(reader)).ns.dtype == np.dtype("M8[ns]")
+    # Petastorm dropped a nanosecond's digits; unihub keeps the stored unit where microseconds would change a value
+    fine = np.array(["2021-01-01T00:00:01.000000001", "NaT"], "M8[ns]")
+    pq.write_table(pa.table({"fine": pa.array(fine, pa.timestamp("ns")),
+                             "far": pa.array([2 ** 61, 0], pa.int64()).cast(pa.timestamp("ms"))}),
+                   tmp_path / "part.parquet")  # 2**61 ms is past what microseconds hold: numpy would wrap it
+    with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
+        first, second = [row._asdict() for row in reader]
+    assert first["fine"] == fine[0] and first["fine"].dtype == np.dtype("M8[ns]") and second["fine"] is None
+    assert first["far"].astype(np.int64) == 2 ** 61 and first["far"].dtype == np.dtype("M8[ms]")
+    assert second["far"] == np.datetime64(0, "ms")
 
 
 def test_plain_parquet_with_ragged_lists_of_lists_reads_without_naming_fields(tmp_path: Path) -> None:
