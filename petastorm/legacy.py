@@ -340,7 +340,10 @@ class NumpyDtype(StandIn):
         code = self.args[0] if self.args else None
         if not isinstance(code, str) or not self._CODE.fullmatch(code):
             raise PetastormMetadataError(f"unsupported pickled numpy dtype {brief(code)}")
-        dtype = np.dtype(code)
+        try:  # the pattern admits sizes and units numpy has not ('i3', 'c5', 'M8[xx]')
+            dtype = np.dtype(code)
+        except TypeError:
+            raise PetastormMetadataError(f"unsupported pickled numpy dtype {brief(code)}") from None
         state = self.state
         if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">") and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(state[1])
