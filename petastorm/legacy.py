@@ -727,7 +727,7 @@ def spark_to_arrow_type(spark_type: Any, *, _depth: int = 0) -> pa.DataType:
         scale = _int(state.get("scale", 0), "DecimalType scale")
         try:
             return pa.decimal128(precision, scale)
-        except (ValueError, pa.ArrowInvalid) as exc:
+        except (ValueError, OverflowError, pa.ArrowInvalid) as exc:  # OverflowError: beyond a C int
             raise PetastormMetadataError(f"invalid DecimalType({precision}, {scale})") from exc
     if name == "ArrayType":
         return pa.list_(spark_to_arrow_type(state.get("elementType"), _depth=_depth + 1))

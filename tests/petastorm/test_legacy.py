@@ -608,6 +608,14 @@ def test_a_dtype_code_numpy_lacks_is_a_metadata_error(fake: types.SimpleNamespac
         load_petastorm_unischema(data)
 
 
+@pytest.mark.parametrize("precision", [2**63, 10**100], ids=["2**63", "10**100"])
+def test_a_decimal_precision_beyond_a_c_int_is_a_metadata_error(fake: types.SimpleNamespace, precision: int) -> None:
+    # pa.decimal128 raised OverflowError, which escaped as it is.
+    fake.schema._fields["price"].codec._spark_type.precision = precision
+    with pytest.raises(PetastormMetadataError, match=re.escape(f"invalid DecimalType({precision}, 3)")):
+        load_petastorm_unischema(pickle.dumps(fake.schema, protocol=4))
+
+
 @pytest.mark.parametrize("protocol", [0, 2, 4])
 def test_real_pyspark_types(protocol: int) -> None:
     spark_types = pytest.importorskip("pyspark.sql.types")
