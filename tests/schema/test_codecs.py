@@ -34,6 +34,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.schema.codecs import Codec, codec_from_json
+from unihub.schema.codecs.tensor import parquet_tensor_type
 
 NUMERIC_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
                   np.float16, np.float32, np.float64]
@@ -890,3 +891,13 @@ def test_tensor_decodes_struct_with_fixed_size_list_data():
     expected = [np.arange(4, dtype=np.float32).reshape(2, 2), np.arange(4, 8, dtype=np.float32).reshape(1, 4)]
     assert_rows_equal(field.codec.decode_column(field, stored), expected)
     assert_rows_equal(field.codec.decode_column(field, stored.slice(1)), expected[1:])
+
+
+@pytest.mark.parametrize("shape", [(10**30, 3), (2**31, 2**31, 2**31), (2**31,)])
+def test_a_tensor_shape_arrow_cannot_hold_is_a_schema_error(shape: tuple[int, ...]) -> None:
+    # As a features.json of TFDS or a hostile Unischema may declare: pa.fixed_shape_tensor's OverflowError or
+    # ArrowInvalid escaped, and the writer's pa.binary(width) overflowed first.
+    field = UnischemaField("t", np.float32, shape, TensorCodec())
+    assert parquet_tensor_type(field) is None  # no fixed_size_binary is that wide: not stored as bytes
+    with pytest.raises(SchemaError, match=re.escape(f"field 't': shape {shape} is larger than an Arrow tensor holds")):
+        field.arrow_type()
