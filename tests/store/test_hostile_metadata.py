@@ -310,6 +310,13 @@ def test_the_description_is_json_schema_that_agrees_with_the_check() -> None:
     (b"\xff\xfe{\x00}\x00", "not UTF-8 text"),
     (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [{"kind": [1]}]}',
      "a row-group index entry is malformed"),
+    # the files it was built over, not [path, row groups] pairs: a TypeError or ValueError (unpacking, summing)
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": [1]}',
+     "the row-group index's files are not [path, row groups] pairs: [1]"),
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": [["part-00000.parquet", "x"]]}',
+     "the row-group index's files are not [path, row groups] pairs"),
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": 5}',
+     "the row-group index's files are not [path, row groups] pairs: 5"),
 ])
 def test_a_hostile_rowgroup_index_is_reported_unreadable_by_inspect(
         stored: bytes, problem: str, good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
