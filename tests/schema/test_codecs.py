@@ -579,7 +579,15 @@ def test_compressed_ndarray_hostile_archives_are_codec_errors():
                          b"\0" * 8)
     other = io.BytesIO()
     np.savez_compressed(other, data=np.zeros(3))
-    cases = [(giant.getvalue(), "truncated: shape \\(1000000000,\\) of float64 is 8,000,000,000 bytes"),
+    bombs = []
+    for method in (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):  # 64 MB of zeros in a few KB: was inflated whole
+        bomb = io.BytesIO()
+        with zipfile.ZipFile(bomb, "w", method) as archive:
+            archive.writestr("arr.npy", b"\x93NUMPY\x01\x00v\x00" +
+                             b"{'descr': '<f8', 'fortran_order': False, 'shape': (8388608,), }".ljust(117) + b"\n" +
+                             bytes(2**26))
+        bombs.append((bomb.getvalue(), f"compressed by method {method}, not stored or deflated as numpy writes it"))
+    cases = [*bombs, (giant.getvalue(), "truncated: shape \\(1000000000,\\) of float64 is 8,000,000,000 bytes"),
              (other.getvalue(), "the .npz holds no array 'arr'"),
              (b"PK\x03\x04 not really a zip", "not a readable .npz"),
              (npz_bytes(np.zeros(4))[:-30], "not a readable .npz")]
