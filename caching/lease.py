@@ -47,7 +47,7 @@ class LeaseFiles:
             return None
         try:
             record = json.loads(data)
-        except ValueError:  # a heartbeat being rewritten: read again later
+        except (ValueError, RecursionError):  # a heartbeat being rewritten: read again later
             return {}
         return record if isinstance(record, dict) else {}
 
