@@ -209,6 +209,17 @@ def test_a_hostile_cache_record_is_a_named_error_and_nothing_outside_the_root_is
     assert list_caches(root) == []
 
 
+def test_a_lease_started_at_a_time_the_platform_cannot_show_is_still_named(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A live build on another host holds the cache; its lease's start of 1e300 was a raw OverflowError."""
+    cacheable(tmp_path, dataset_id="cli", version="1")(lambda: _rows(5))()
+    (tmp_path / "cli" / "1.lease").write_text(json.dumps({"owner": "elsewhere-1-1", "host": "elsewhere", "pid": 1,
+                                                          "started": 1e300, "heartbeat": 1e300, "token": "t"}))
+    assert main(["cache", "rm", str(tmp_path), "cli"]) == 1
+    assert capsys.readouterr().err.startswith(f"unihub: error: cache {tmp_path / 'cli' / '1'} is being built (pid 1 "
+                                              "on elsewhere, building since ?, ")
+
+
 def test_cli_cache_list_and_rm_on_s3_with_storage_options(s3_server, capsys: pytest.CaptureFixture[str]) -> None:
     """The endpoint only in ``--storage-option`` (the fixture clears AWS_ENDPOINT_URL): without it, no listing."""
     import uuid
