@@ -901,7 +901,7 @@ def test_tensor_decodes_struct_with_fixed_size_list_data():
     assert_rows_equal(field.codec.decode_column(field, stored.slice(1)), expected[1:])
 
 
-@pytest.mark.parametrize("shape", [(10**30, 3), (2**31, 2**31, 2**31), (2**31,)])
+@pytest.mark.parametrize("shape", [(2**61, 3), (2**31, 2**20, 2**10), (2**31,)])
 def test_a_tensor_shape_arrow_cannot_hold_is_a_schema_error(shape: tuple[int, ...]) -> None:
     # As a features.json of TFDS or a hostile Unischema may declare: pa.fixed_shape_tensor's OverflowError or
     # ArrowInvalid escaped, and the writer's pa.binary(width) overflowed first.

@@ -385,8 +385,8 @@ def test_fuzzed_extra_json_is_refused_by_name_or_shown(steps: list[int], replace
     assert _provenance(extra).startswith('<section id="provenance">')  # what was accepted, show can render
 
 
-@pytest.mark.parametrize("shape", [[2**62], [2**64], [2**31, 2**31, 2**31], [None], [3, 0]],
-                         ids=["2**62", "2**64", "2**93-values", "varying", "zero"])
+@pytest.mark.parametrize("shape", [[2**62], [2**40, 2**20], [None], [3, 0]],
+                         ids=["2**62", "2**60-values", "varying", "zero"])
 def test_a_tensor_shape_that_the_stored_column_does_not_have_is_a_named_error(
         shape: list[int | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Tensors of shape (3,) stored as 12-byte values, under a schema that says another shape. Before: OverflowError
@@ -410,3 +410,16 @@ def test_a_tensor_shape_that_the_stored_column_does_not_have_is_a_named_error(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("unihub: error: ") and "field 't'" in err, err
     assert not (tmp_path / "out").exists() and tree_digest(path) == before
+
+
+@pytest.mark.parametrize("shape", [[2**63], [10**30], [2**31, 2**31, 2**31], [None, 2**32, 2**31]])
+def test_a_tensor_shape_of_2_63_values_or_more_is_refused_when_the_dataset_is_opened(
+        shape: list[int | None], good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: read as a schema, then a raw OverflowError reading or converting; TensorFlow aborted the process
+    (SIGABRT: 'Encountered overflow when multiplying') building the element spec of make_petastorm_dataset."""
+    path = with_metadata(good_dataset, tmp_path / "ds", UNISCHEMA,
+                         schema_json(lambda d: d["fields"][1].update(shape=shape)))
+    line = cli_error("inspect", path, tmp_path, capsys)
+    assert line.startswith(f"unihub: error: {path / '_common_metadata'}: metadata key 'unihub.unischema': ")
+    assert line.endswith("holds 2**63 or more values, which no array can")
+    assert "holds 2**63 or more values" in str(library_error("make_reader", path))
