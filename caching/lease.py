@@ -47,7 +47,7 @@ class LeaseFiles:
             return None
         try:
             record = json.loads(data)
-        except ValueError:  # a heartbeat being rewritten: read again later
+        except (ValueError, RecursionError):  # a heartbeat being rewritten: read again later
             return {}
         return record if isinstance(record, dict) else {}
 
@@ -130,7 +130,12 @@ def describe(record: dict[str, Any]) -> str:
     """Who holds a lease, for error messages."""
     started = record.get("started")
     beat = record.get("heartbeat")
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    since = "?"
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        try:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        except (OverflowError, OSError, ValueError):  # 1e300, NaN: a lease is another process's JSON
+            pass
     ago = f"{time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else "never"
     return f"pid {record.get('pid', '?')} on {record.get('host', '?')}, building since {since}, last heartbeat {ago}"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,6 +49,37 @@ class CacheInfo:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.built_at))
         return (f"{self.dataset_id} {self.version}: {self.num_rows:,} rows from {self.source_type}, "
                 f"built {when} in {self.build_seconds:.1f} s")
+
+
+#: the record's keys and the types of their values (numbers: finite, >= 0, and a time the platform can show)
+_RECORD_TYPES = {"dataset_id": str, "version": str, "source_type": str, "built_at": float, "build_seconds": float,
+                 "num_rows": int, "url": str}
+
+
+def _checked_record(record: dict[str, Any], dataset_id: str, version: str, path: str) -> CacheInfo:
+    """The :class:`CacheInfo` of ``record``, read at ``path``: every key of the type unihub writes, and the id and
+    version of its own path (a version of ``../..`` would make a removal delete a folder outside the root)."""
+    wrong = [key for key, kind in _RECORD_TYPES.items() if not _of_type(record.get(key), kind)]
+    if not wrong and (record["dataset_id"], record["version"]) != (dataset_id, version):
+        wrong = ["dataset_id", "version"]
+    if wrong:
+        raise CacheError(f"{path}: not a cache record unihub writes (its {', '.join(wrong)}: "
+                         f"{str({k: record.get(k) for k in wrong})[:200]}); delete it to build the cache again")
+    return CacheInfo(**{key: record[key] for key in _RECORD_TYPES})
+
+
+def _of_type(value: Any, kind: type) -> bool:
+    if kind is str:
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return False
+    if kind is int:
+        return isinstance(value, int)
+    try:
+        time.localtime(value)  # built_at: shown as a local time
+    except (OverflowError, OSError, ValueError):
+        return False
+    return True
 
 
 def check_name(kind: str, value: Any) -> str:
@@ -94,10 +126,11 @@ class CacheRoot:
     def info(self, dataset_id: str, version: str) -> CacheInfo | None:
         """The published cache's record, or None while there is none."""
         self._forget_listings()  # a listing cached before another process published it would hide it
-        record = self.files.read(self.record_path(dataset_id, version))
+        path = self.record_path(dataset_id, version)
+        record = self.files.read(path)
         if not record:
             return None
-        return CacheInfo(**{k: record[k] for k in CacheInfo.__dataclass_fields__ if k in record})
+        return _checked_record(record, dataset_id, version, path)
 
     def publish(self, info: CacheInfo) -> None:
         self.files.write(self.record_path(info.dataset_id, info.version), asdict(info))

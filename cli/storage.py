@@ -20,7 +20,7 @@ def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
             raise UnihubError(f"--storage-option takes KEY=VALUE, got {pair!r}")
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's limit, text as well
             value = text
         *parents, last = key.strip().split(".")
         level = options

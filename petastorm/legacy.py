@@ -340,7 +340,10 @@ class NumpyDtype(StandIn):
         code = self.args[0] if self.args else None
         if not isinstance(code, str) or not self._CODE.fullmatch(code):
             raise PetastormMetadataError(f"unsupported pickled numpy dtype {brief(code)}")
-        dtype = np.dtype(code)
+        try:  # the pattern admits sizes and units numpy has not ('i3', 'c5', 'M8[xx]')
+            dtype = np.dtype(code)
+        except TypeError:
+            raise PetastormMetadataError(f"unsupported pickled numpy dtype {brief(code)}") from None
         state = self.state
         if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">") and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(state[1])
@@ -724,7 +727,7 @@ def spark_to_arrow_type(spark_type: Any, *, _depth: int = 0) -> pa.DataType:
         scale = _int(state.get("scale", 0), "DecimalType scale")
         try:
             return pa.decimal128(precision, scale)
-        except (ValueError, pa.ArrowInvalid) as exc:
+        except (ValueError, OverflowError, pa.ArrowInvalid) as exc:  # OverflowError: beyond a C int
             raise PetastormMetadataError(f"invalid DecimalType({precision}, {scale})") from exc
     if name == "ArrayType":
         return pa.list_(spark_to_arrow_type(state.get("elementType"), _depth=_depth + 1))

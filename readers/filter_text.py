@@ -31,6 +31,9 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Gt: operator.gt, ast.GtE: operator.ge}
 _METHODS = {"isin": 1, "is_null": 0, "is_valid": 0, "is_nan": 0}
 _FIELD_FUNCTIONS = {"field", "pc.field", "ds.field", "pyarrow.compute.field", "pyarrow.dataset.field"}
+#: Conditions one filter may hold: Arrow combines them into a chain that it walks recursively in C++, and a
+#: chain of some thousands overflows the C stack (a crash, not an error). ``in [...]`` takes any number of values.
+MAX_CONDITIONS = 1000
 
 
 class ParsedFilter(NamedTuple):
@@ -55,11 +58,19 @@ def parse_filter(text: str, names: Collection[str]) -> ParsedFilter:
     except SyntaxError as exc:
         where = f"at column {exc.offset}" if exc.offset else "at its end"  # Python's 0: the text ended too soon
         raise FilterExpressionError(f"filter {text!r} is not an expression: {exc.msg} {where}") from None
+    except (RecursionError, MemoryError):  # what Python's parser raises for nesting it cannot hold
+        raise _too_deep(source) from None
+    except UnicodeEncodeError as exc:  # a lone surrogate: a byte of argv that is not UTF-8, as Python decodes it
+        raise FilterExpressionError(f"filter {text!r} is not UTF-8 text: {exc.reason} at column "
+                                    f"{exc.start + 1}") from None
+    _check_count(sum(isinstance(n, (ast.Compare, ast.Call)) for n in ast.walk(tree)), source)
     builder = _Builder(text, names)
     try:
         built = builder.build(tree.body)
-    except (OverflowError, pa.ArrowException) as exc:  # a constant Arrow cannot hold (2**70)
+    except (OverflowError, UnicodeError, pa.ArrowException) as exc:  # a constant Arrow cannot hold (2**70, '\udcff')
         raise FilterExpressionError(f"filter {text!r}: {exc}") from None
+    except RecursionError:
+        raise _too_deep(source) from None
     if not isinstance(built, pc.Expression):
         raise FilterExpressionError(f"filter {text!r} compares nothing: it is the constant {built!r}")
     return ParsedFilter(built, tuple(builder.used))
@@ -72,6 +83,8 @@ def _from_dnf(source: str, names: Collection[str]) -> ParsedFilter:
         filters = json.loads(source)
     except ValueError as exc:
         raise FilterExpressionError(f"filter {source!r} starts with '[' but is not JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep(source) from None
     single = bool(filters) and isinstance(filters[0], list) and bool(filters[0]) and isinstance(filters[0][0], str)
     conjunctions = [filters] if single else filters
     for conj in conjunctions:
@@ -79,11 +92,23 @@ def _from_dnf(source: str, names: Collection[str]) -> ParsedFilter:
             if not (isinstance(term, list) and len(term) == 3 and isinstance(term[0], str)):
                 raise FilterExpressionError(f"filter {source!r}: each term is [field, op, value], got {term!r}")
             _check_name(term[0], names, source)
+    _check_count(sum(len(conj) if isinstance(conj, list) else 1 for conj in conjunctions), source)
     try:
         expression = pq.filters_to_expression([[tuple(t) for t in conj] for conj in conjunctions])
     except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
         raise FilterExpressionError(f"filter {source!r}: {exc}") from None
     return ParsedFilter(expression, tuple(dict.fromkeys(t[0] for conj in conjunctions for t in conj)))
+
+
+def _too_deep(text: str) -> FilterExpressionError:
+    return FilterExpressionError(f"filter {text[:60]!r}... is nested too deeply to parse")
+
+
+def _check_count(conditions: int, text: str) -> None:
+    if conditions > MAX_CONDITIONS:
+        raise FilterExpressionError(
+            f"filter {text[:60]!r}... holds {conditions:,} conditions, more than the {MAX_CONDITIONS:,} Arrow "
+            f"evaluates safely; list many values with `field in [...]` (isin), which counts as one")
 
 
 def _check_name(name: str, names: Collection[str], text: str) -> None:

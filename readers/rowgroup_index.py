@@ -235,8 +235,12 @@ def _from_json(store: ParquetStore, raw: bytes) -> StoredIndexes:
         indexes[indexer.index_name] = indexer
     stale = None
     built_over, now = document.get("files"), _files_built_over(store)
+    if not (isinstance(built_over, list) and all(isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
+                                                 and type(f[1]) is int and f[1] >= 0 for f in built_over)):
+        raise RowGroupIndexError(f"{store.url}: the row-group index's files are not [path, row groups] pairs: "
+                                 f"{json.dumps(built_over)[:200]}")
     if built_over != now:
-        count = sum(n for _, n in built_over) if isinstance(built_over, list) else "?"
+        count = sum(n for _, n in built_over)
         stale = (f"they were built over {len(built_over or [])} files ({count} row groups); the dataset now has "
                  f"{len(now)} files ({len(store.row_groups)} row groups)")
     return StoredIndexes(indexes, "unihub", stale)

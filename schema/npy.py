@@ -196,6 +196,9 @@ def load_npz_member(blob: bytes | memoryview, name: str = "arr", *, expected_dty
                 info = archive.getinfo(f"{name}.npy")
             except KeyError:
                 raise CodecError(f"the .npz holds no array {name!r} (members: {archive.namelist()[:8]})") from None
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):  # what np.savez(_compressed) write
+                raise CodecError(f"the .npz member {info.filename!r} is compressed by method {info.compress_type}, not "
+                                 "stored or deflated as numpy writes it: bzip2 or LZMA inflate a few bytes to any size")
             with archive.open(info) as member:
                 head = member.read(12)
                 if len(head) >= 12 and head[:6] == _MAGIC:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import decimal
 import json
 import keyword
+import math
 import re
 import warnings
 from collections import OrderedDict, namedtuple
@@ -91,6 +92,8 @@ class UnischemaField(_FieldTuple):
             raise SchemaError(f"field {name!r}: shape must be a tuple of ints or None, got {shape!r}") from exc
         if any(d is not None and d < 0 for d in dims):
             raise SchemaError(f"field {name!r}: negative dimension in shape {shape!r}")
+        if math.prod(d for d in dims if d is not None) >= 2**63:  # numpy, Arrow and TensorFlow count in int64
+            raise SchemaError(f"field {name!r}: shape {shape!r} holds 2**63 or more values, which no array can")
         return super().__new__(cls, name, dtypes.normalize_dtype(numpy_dtype), dims, codec, bool(nullable))
 
     @property

@@ -253,11 +253,16 @@ class SideColumns:
             raise FormatError(f"{side}: its row groups are not its part's (row group {row_group} of {num_rows} rows "
                               f"asked; the file has {metadata.num_row_groups})", path=side)
         try:
-            return parquet_file.read_row_group(row_group, columns=names, use_threads=False)
+            table = parquet_file.read_row_group(row_group, columns=names, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             if remote.is_remote_failure(exc):
                 raise
             raise FormatError(f"{side}: cannot read row group {row_group}: {exc}", path=side) from exc
+        missing = [n for n in names if n not in table.column_names]  # pyarrow passes over names a file lacks
+        if missing:
+            raise FormatError(f"{side}: holds no column {', '.join(map(repr, missing))}, which the dataset's "
+                              f"version record lists in its column set", path=side)
+        return table
 
     def _file(self, side: str, verify: bool) -> pq.ParquetFile:
         """This thread's open side file (the last few are kept open)."""

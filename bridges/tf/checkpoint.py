@@ -61,6 +61,15 @@ class PositionStateError(UnihubError, ValueError):
     """A saved reader position that is malformed or belongs to another reader."""
 
 
+def _parsed(text: Any) -> Any:
+    """The state a checkpoint or weights file holds as JSON text; :class:`PositionStateError` where it is not JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+        raise PositionStateError(f"the saved reader position is not JSON ({str(exc)[:100]}): pass what "
+                                 "ReaderPosition.state_dict() returned") from None
+
+
 def _checked(state: Any) -> dict[str, Any]:
     """``state`` once it is a position of this version; :class:`PositionStateError` else."""
     if not isinstance(state, dict) or state.get("version") != POSITION_STATE_VERSION \
@@ -233,7 +242,7 @@ class ReaderPosition(_Trackable):
         return {"state": tf.constant(json.dumps(self.state_dict()))}
 
     def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> None:
-        self.load_state_dict(json.loads(restored_tensors["state"].numpy()))
+        self.load_state_dict(_parsed(restored_tensors["state"].numpy()))
 
     # -- Keras ----------------------------------------------------------------------------------------------
     def attach(self, model: Any) -> Any:
@@ -254,7 +263,7 @@ def saved_position(checkpoint: str, name: str = "data") -> dict[str, Any]:
         value = tf.train.load_checkpoint(path).get_tensor(key)
     except (tf.errors.NotFoundError, ValueError) as exc:
         raise PositionStateError(f"no reader position {name!r} in checkpoint {checkpoint}: {exc}") from None
-    return _checked(json.loads(value))
+    return _checked(_parsed(value))
 
 
 @functools.cache
@@ -274,7 +283,7 @@ def _keras_holder() -> type:
 
         def load_own_variables(self, store: Any) -> None:
             if "state" in store.keys():  # a weights file saved before the position was attached has none
-                self.position.load_state_dict(json.loads(bytes(np.asarray(store["state"]))))
+                self.position.load_state_dict(_parsed(bytes(np.asarray(store["state"]))))
 
     return ReaderPositionHolder
 

@@ -46,6 +46,7 @@ from unihub.bridges.torch.stateful import (
     iterable_resume,
     iterable_state,
     reader_of,
+    state_json,
 )
 from unihub.bridges.torch.tensors import Columns, empty_in_pool, from_worker, load_torch, torch_dtype
 from unihub.errors import InvalidArgumentError
@@ -385,7 +386,9 @@ def _build_iterable_dataset(torch: Any) -> type:
                     state.get("version") != STATEFUL_VERSION:
                 raise LoaderStateError("a TorchIterableDataset over a reader (a stream) resumes from its own "
                                        "state_dict() only (one stream, one position: no elastic resume)")
-            position = json.loads(state["position"])
+            position = state_json(state.get("position"), "the TorchIterableDataset stream state's 'position'")
+            if not isinstance(position, dict):
+                raise LoaderStateError("the TorchIterableDataset stream state's 'position' is not a position")
             if self.batch_size is None:
                 self.stream.load_state_dict(position)  # type: ignore[union-attr]
             else:

@@ -399,7 +399,7 @@ def _rest_of(state: dict[str, Any]) -> dict[str, Any] | None:
     try:
         parsed: dict[str, Any] = json.loads(rest)
         return {"epoch": int(parsed["epoch"]), "from": dict(parsed["from"]), "rows": int(parsed["rows"])}
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, RecursionError):  # RecursionError: JSON nested past Python's limit
         raise LoaderStateError("the in-memory loader state's 'rest' is not what state_dict() wrote") from None
 
 

@@ -114,13 +114,20 @@ def iterable_state(*, seed: int, epoch: int, shard: tuple[int, int], before: int
             "reader": json.dumps(reader, sort_keys=True) if reader else ""}
 
 
+def state_json(text: Any, what: str) -> Any:
+    """The value a state kept as its JSON text (``{}`` for ''): a reader's state, a stream's position. Not text, or
+    not JSON, is a :class:`LoaderStateError` naming ``what``."""
+    if isinstance(text, str):
+        try:
+            return json.loads(text) if text else {}
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+            pass
+    raise LoaderStateError(f"{what} is not the JSON text of a reader state; pass what state_dict() returned")
+
+
 def reader_of(state: dict[str, Any]) -> dict[str, Any]:
     """The reader state (with ``skip``/``exclude``) a :func:`iterable_state` keeps; ``{}`` where it had not started."""
-    text = state["reader"]
-    if not isinstance(text, str):
-        raise LoaderStateError("the TorchIterableDataset state's 'reader' is not the JSON text of a reader state; "
-                               "pass what state_dict() returned")
-    found = json.loads(text) if text else {}
+    found = state_json(state["reader"], "the TorchIterableDataset state's 'reader'")
     if not isinstance(found, dict):
         raise LoaderStateError("the TorchIterableDataset state's 'reader' is not a reader state")
     return found

@@ -124,15 +124,42 @@ def below_any(path: str, roots: set[str]) -> bool:
     return any("/".join(parts[:i]) in roots for i in range(1, len(parts) + 1))
 
 
-def recorded_layout(handle: Any) -> dict[str, Any] | None:
-    """What a unihub export recorded of its layout (kind, container, key field, images), or None."""
-    text = handle.attrs.get(LAYOUT_ATTR)
+def recorded_json(obj: Any, attr: str) -> Any:
+    """The JSON value of ``obj``'s attribute ``attr`` as a unihub export wrote it, or None where there is none.
+    Anything else under that name (not JSON text, nested past Python's recursion limit) is a FormatError naming
+    the file, the object and the attribute."""
+    text = obj.attrs.get(attr)
     if text is None:
         return None
     try:
         return json.loads(text.decode() if isinstance(text, bytes) else text)
-    except ValueError:
+    except (ValueError, TypeError, RecursionError) as exc:  # TypeError: not a string (a number, an array)
+        raise corrupt_record(obj, attr, exc) from None
+
+
+def corrupt_record(obj: Any, attr: str, reason: Any) -> FormatError:
+    """The error for an attribute ``attr`` of ``obj`` that is not what a unihub export writes there."""
+    path = obj.file.filename
+    return FormatError(f"{path}: attribute {attr!r} of {obj.name} is not what a unihub export writes there "
+                       f"({str(reason)[:200]}); delete the attribute to read the file by its structure", path=path)
+
+
+def recorded_layout(handle: Any) -> dict[str, Any] | None:
+    """What a unihub export recorded of its layout (kind, container, key field, images), or None."""
+    recorded = recorded_json(handle, LAYOUT_ATTR)
+    if recorded is None:
         return None
+    if not isinstance(recorded, dict):
+        raise corrupt_record(handle, LAYOUT_ATTR, f"a JSON {type(recorded).__name__}, not an object")
+    kind, container = recorded.get("kind", "columns"), recorded.get("container", "")
+    if kind not in LAYOUTS[1:] or not isinstance(container, str) \
+            or (kind != "columns" and container and not isinstance(handle.get(container), h5py_module().Group)):
+        raise corrupt_record(handle, LAYOUT_ATTR, f"layout {kind!r} in {container!r}")
+    wrong = [key for key in ("key_field", "images") if not isinstance(recorded.get(key), (str, type(None)))]
+    not_units = recorded.get("not_units") or []
+    if wrong or not (isinstance(not_units, list) and all(isinstance(n, str) for n in not_units)):
+        raise corrupt_record(handle, LAYOUT_ATTR, f"the values of {wrong or ['not_units']}")
+    return recorded
 
 
 def _sibling_groups(handle: Any) -> tuple[str, list[str]] | None:

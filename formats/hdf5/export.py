@@ -403,8 +403,11 @@ def _create(group: Any, name: str, dtype: np.dtype, shape: tuple[int, ...], opti
     # (HDF5 allows a chunk larger than the data only along an unlimited dimension)
     chunks = (rows, *(d or 1 for d in shape))
     maxshape = (None, *(d if d else None for d in shape))
-    return group.create_dataset(name, shape=(0, *shape), maxshape=maxshape, chunks=chunks,
-                                dtype=dtype, compression=options["compression"])
+    try:
+        return group.create_dataset(name, shape=(0, *shape), maxshape=maxshape, chunks=chunks,
+                                    dtype=dtype, compression=options["compression"])
+    except (ValueError, OverflowError) as exc:  # a shape HDF5 cannot hold: chunk dims past 2^32, sizes past 2^64
+        raise SchemaError(f"HDF5 dataset {name!r}: rows of shape {shape} cannot be stored in HDF5 ({exc})") from None
 
 
 def create_stored(group: Any, path: str, dtype: np.dtype, shape: tuple[int, ...] | None,

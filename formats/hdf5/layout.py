@@ -19,10 +19,12 @@ import numpy as np
 from unihub.errors import FormatError, SchemaError
 from unihub.formats.hdf5.detect import (
     below_any,
+    corrupt_record,
     datasets_below,
     detect_layout,
     members_below,
     object_paths,
+    recorded_json,
     recorded_layout,
     visit_links,
 )
@@ -247,10 +249,12 @@ def _recorded_fields(datasets: Mapping[str, Any]) -> dict[str, UnischemaField]:
     """The Unischema fields unihub's exports record on their datasets (attribute ``unihub.field``)."""
     out = {}
     for name, dataset in datasets.items():
-        text = dataset.attrs.get(FIELD_ATTR)
-        if text is not None:
-            data = json.loads(text.decode() if isinstance(text, bytes) else text)
-            out[name] = UnischemaField.from_json({**data, "name": name})
+        data = recorded_json(dataset, FIELD_ATTR)
+        if data is not None:
+            try:
+                out[name] = UnischemaField.from_json({**data, "name": name})
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # SchemaError too
+                raise corrupt_record(dataset, FIELD_ATTR, exc) from None
     return out
 
 

@@ -140,7 +140,7 @@ def _keep_tfds(listing: Listing, path: str, name: str) -> None:
                 listing.class_names[name.removesuffix(TFDS_LABELS)] = [n.strip() for n in text.split("\n") if n.strip()]
             else:
                 listing.tfds[name.removesuffix(".json")] = json.loads(text)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past Python's limit
         pass  # an unreadable file changes no record: the fields are inferred from the records
 
 

@@ -175,11 +175,25 @@ def parse_spellings(text: str | None) -> dict[str, Spelling]:
         return {}
     try:
         spellings = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
         raise SchemaError(f"field {SPELLING_FIELD!r} holds {text[:60]!r}, which is not JSON: {exc}") from None
-    if not isinstance(spellings, dict) or not all(isinstance(v, dict) for v in spellings.values()):
-        raise SchemaError(f"field {SPELLING_FIELD!r} holds {text[:60]!r}, not an object of objects")
+    if not isinstance(spellings, dict) or not all(isinstance(v, dict) and all(_spelled(k, x) for k, x in v.items())
+                                                  for v in spellings.values()):
+        raise SchemaError(f"field {SPELLING_FIELD!r} holds {text[:60]!r}, not an object of objects of strings "
+                          "as unihub records them")
     return spellings
+
+
+def _spelled(key: str, value: Any) -> bool:
+    """Whether ``value`` is a string :meth:`FieldSpeller.member` can encode: ``npy`` headers are latin-1, the
+    rest UTF-8 (JSON can spell a lone surrogate, which neither encodes)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("latin-1" if key == "npy" else "utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def spellings_text(spellings: Mapping[str, Spelling]) -> str | None:

@@ -108,7 +108,7 @@ class ShardHeader:
             return None
         try:
             body = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
             raise _corrupt(path, exc) from exc
         if body.get("version") != HEADER_VERSION:
             raise FormatError(f"{path}: unihub header version {body.get('version')!r} is not supported (this unihub "

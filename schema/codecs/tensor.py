@@ -59,7 +59,11 @@ class TensorCodec(Codec):
         if layout == "scalar":
             return value_type
         if layout == "fixed":
-            return pa.fixed_shape_tensor(value_type, list(field.shape))
+            try:
+                return pa.fixed_shape_tensor(value_type, list(field.shape))
+            except (OverflowError, pa.ArrowInvalid) as exc:  # more values than a fixed-size list holds
+                raise SchemaError(f"field {field.name!r}: shape {field.shape} is larger than an Arrow tensor "
+                                  f"holds ({exc})") from None
         if layout == "list":
             return pa.list_(value_type)
         return pa.struct([pa.field("data", pa.list_(value_type)),
@@ -108,6 +112,10 @@ class TensorCodec(Codec):
             return ScalarCodec(array.type).decode_column(field, array)
         if pa.types.is_fixed_size_binary(array.type) and parquet_tensor_type(field) == array.type:
             array = tensor_from_parquet(field, array)
+        elif pa.types.is_fixed_size_binary(array.type):  # bytes of another width: another shape or dtype
+            raise CodecError(f"field {field.name!r}: its column holds tensors of {array.type.byte_width} bytes, not "
+                             f"{dtypes.dtype_name(field.numpy_dtype)} of shape {field.shape}: the schema does not "
+                             "describe the column", field=field.name)
         storage = extension_storage(array)
         valid = valid_mask(storage)
         if pa.types.is_struct(storage.type):
@@ -144,6 +152,10 @@ def _tensor_layout(field: UnischemaField) -> str:
     return "list" if field.shape[0] is None and None not in field.shape[1:] else "struct"
 
 
+#: the widest ``fixed_size_binary`` Arrow has (an int32 byte width): a larger tensor keeps the list layout
+_MAX_BINARY_WIDTH = 2**31 - 1
+
+
 def parquet_tensor_type(field: UnischemaField) -> pa.DataType | None:
     """``fixed_size_binary(nbytes)`` when ``field``'s tensors are stored as bytes in Parquet, else None.
 
@@ -154,7 +166,7 @@ def parquet_tensor_type(field: UnischemaField) -> pa.DataType | None:
         return None
     dtype = np.dtype(field.dtype)
     size = math.prod(field.shape)  # type: ignore[arg-type]
-    if dtype.kind not in "iuf" or size == 0:
+    if dtype.kind not in "iuf" or size == 0 or size * dtype.itemsize > _MAX_BINARY_WIDTH:
         return None
     return pa.binary(size * dtype.itemsize)
 

@@ -188,6 +188,38 @@ def test_cli_cache_list_rm_and_inspect(tmp_path: Path, capsys: pytest.CaptureFix
         remove_cache(tmp_path, "cli")
 
 
+@pytest.mark.parametrize("change", [{"version": "../../victim"}, {"dataset_id": "other"}, {"built_at": 1e300},
+                                    {"num_rows": "5"}, {"built_at": float("nan")}, {"url": None}])
+def test_a_hostile_cache_record_is_a_named_error_and_nothing_outside_the_root_is_removed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict) -> None:
+    """Before: a record whose version climbed out of the root made ``unihub cache rm`` delete that folder; one with a
+    time the platform cannot show, or values of other types, was a raw OverflowError, ValueError or TypeError."""
+    root = tmp_path / "root"
+    cacheable(root, dataset_id="cli", version="1")(lambda: _rows(5))()
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "file").write_text("precious")
+    record = root / "cli" / "1.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), **change}))
+    for argv in (["cache", "list", str(root)], ["cache", "list", str(root), "--json"], ["cache", "rm", str(root), "cli"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"unihub: error: {record}: not a cache record unihub writes (its ") and err.count("\n") == 1
+    assert (tmp_path / "victim" / "file").read_text() == "precious" and (root / "cli" / "1").is_dir()
+    record.write_text("[" * 100_000)  # not a record: as if none were published (was a RecursionError)
+    assert list_caches(root) == []
+
+
+def test_a_lease_started_at_a_time_the_platform_cannot_show_is_still_named(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A live build on another host holds the cache; its lease's start of 1e300 was a raw OverflowError."""
+    cacheable(tmp_path, dataset_id="cli", version="1")(lambda: _rows(5))()
+    (tmp_path / "cli" / "1.lease").write_text(json.dumps({"owner": "elsewhere-1-1", "host": "elsewhere", "pid": 1,
+                                                          "started": 1e300, "heartbeat": 1e300, "token": "t"}))
+    assert main(["cache", "rm", str(tmp_path), "cli"]) == 1
+    assert capsys.readouterr().err.startswith(f"unihub: error: cache {tmp_path / 'cli' / '1'} is being built (pid 1 "
+                                              "on elsewhere, building since ?, ")
+
+
 def test_cli_cache_list_and_rm_on_s3_with_storage_options(s3_server, capsys: pytest.CaptureFixture[str]) -> None:
     """The endpoint only in ``--storage-option`` (the fixture clears AWS_ENDPOINT_URL): without it, no listing."""
     import uuid

@@ -8,6 +8,7 @@ import pytest
 
 from unihub.cli import build_parser
 from unihub.cli.parsers import DATASET, QUIET, STORAGE_OPTION, add_command, arg, one_of
+from unihub.cli.storage import storage_options_of
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -42,3 +43,10 @@ def test_parsers_built_twice_are_the_same() -> None:
     helps = [[a.help for a in sub._actions] for parser in (build_parser(), build_parser())
              for action in parser._subparsers._group_actions for sub in action.choices.values()]
     assert helps[: len(helps) // 2] == helps[len(helps) // 2:]
+
+
+def test_a_storage_option_nested_past_pythons_limit_is_text_as_other_non_json_is() -> None:
+    """Before: json.loads' RecursionError escaped, a traceback from every command taking --storage-option."""
+    deep = "[" * 100_000
+    args = argparse.Namespace(storage_option=[f"token={deep}", "anon=true", "region=eu west"])
+    assert storage_options_of(args) == {"token": deep, "anon": True, "region": "eu west"}

@@ -11,6 +11,7 @@ import os
 import pickle
 import pickletools
 import re
+import struct
 import subprocess
 import sys
 import types
@@ -594,6 +595,25 @@ def test_unconvertible_content_is_a_value_error(fake: types.SimpleNamespace) -> 
         load_petastorm_unischema(pickle.dumps(fake.schema, protocol=4))
     with pytest.raises(PetastormMetadataError, match="expected a pickled petastorm Unischema"):
         load_petastorm_unischema(pickle.dumps(collections.OrderedDict(a=1)))
+
+
+@pytest.mark.parametrize("code", [b"i3", b"c5", b"M8[xx]"])
+def test_a_dtype_code_numpy_lacks_is_a_metadata_error(fake: types.SimpleNamespace, code: bytes) -> None:
+    # The pickled dtype('f4') of the field "tensor", edited to a code of the right shape that numpy has not:
+    # a TypeError from numpy escaped, and the CLI printed its traceback.
+    data = pickle.dumps(fake.schema, protocol=2)
+    assert data.count(b"X\x02\x00\x00\x00f4") == 1
+    data = data.replace(b"X\x02\x00\x00\x00f4", b"X" + struct.pack("<I", len(code)) + code)
+    with pytest.raises(PetastormMetadataError, match=re.escape(f"unsupported pickled numpy dtype '{code.decode()}'")):
+        load_petastorm_unischema(data)
+
+
+@pytest.mark.parametrize("precision", [2**63, 10**100], ids=["2**63", "10**100"])
+def test_a_decimal_precision_beyond_a_c_int_is_a_metadata_error(fake: types.SimpleNamespace, precision: int) -> None:
+    # pa.decimal128 raised OverflowError, which escaped as it is.
+    fake.schema._fields["price"].codec._spark_type.precision = precision
+    with pytest.raises(PetastormMetadataError, match=re.escape(f"invalid DecimalType({precision}, 3)")):
+        load_petastorm_unischema(pickle.dumps(fake.schema, protocol=4))
 
 
 @pytest.mark.parametrize("protocol", [0, 2, 4])

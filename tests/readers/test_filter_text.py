@@ -76,3 +76,27 @@ def test_bad_text_is_a_named_error_and_runs_nothing(text: str, message: str, tmp
     assert message in str(caught.value) and not said, said
     assert isinstance(caught.value, InvalidArgumentError) and isinstance(caught.value, ValueError)
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("not " * 100_000 + "label > 1", "is nested too deeply to parse"),  # MemoryError from Python's parser
+    ("~" * 5_000 + "label", "is nested too deeply to parse"),  # RecursionError from ast.parse
+    ("(label > 1) & " * 3_000 + "(label > 1)", "is nested too deeply to parse"),  # RecursionError building it
+    ("[" * 100_000, "is nested too deeply to parse"),  # RecursionError from json.loads
+    ('[["label", "in", ' + "[" * 5_000 + "]" * 5_000 + "]]", "is nested too deeply to parse"),
+    ("label == 1 or " * 1_000 + "label == 1", "holds 1,001 conditions, more than the 1,000"),
+    ("[" + '["label", "=", 1], ' * 1_000 + '["label", "=", 1]]', "holds 1,001 conditions, more than the 1,000"),
+    ('split == "\udcff"', "is not UTF-8 text: surrogates not allowed at column 11"),  # a non-UTF-8 byte of argv
+    ('split == "\\ud800"', "surrogates not allowed"),  # the same, escaped: refused by Arrow
+])
+def test_hostile_text_is_a_named_error_in_bounded_time(text: str, message: str) -> None:
+    # Each was a RecursionError, MemoryError or UnicodeEncodeError; a chain of 10,000 conditions crashed
+    # the process (a C stack overflow in Arrow) when the reader used it.
+    with pytest.raises(FilterExpressionError, match=message):
+        parse_filter(text, NAMES)
+
+
+def test_the_most_conditions_allowed_run_in_arrow() -> None:
+    expression = parse_filter("label == 1 or " * 999 + "label == 3", NAMES).expression
+    assert rows(expression) == [1, 3]
+    assert rows(parse_filter("[" + '[["label", "=", 1]], ' * 999 + '[["label", "=", 3]]]', NAMES).expression) == [1, 3]

@@ -34,6 +34,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.schema.codecs import Codec, codec_from_json
+from unihub.schema.codecs.tensor import parquet_tensor_type
 
 NUMERIC_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
                   np.float16, np.float32, np.float64]
@@ -578,7 +579,15 @@ def test_compressed_ndarray_hostile_archives_are_codec_errors():
                          b"\0" * 8)
     other = io.BytesIO()
     np.savez_compressed(other, data=np.zeros(3))
-    cases = [(giant.getvalue(), "truncated: shape \\(1000000000,\\) of float64 is 8,000,000,000 bytes"),
+    bombs = []
+    for method in (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):  # 64 MB of zeros in a few KB: was inflated whole
+        bomb = io.BytesIO()
+        with zipfile.ZipFile(bomb, "w", method) as archive:
+            archive.writestr("arr.npy", b"\x93NUMPY\x01\x00v\x00" +
+                             b"{'descr': '<f8', 'fortran_order': False, 'shape': (8388608,), }".ljust(117) + b"\n" +
+                             bytes(2**26))
+        bombs.append((bomb.getvalue(), f"compressed by method {method}, not stored or deflated as numpy writes it"))
+    cases = [*bombs, (giant.getvalue(), "truncated: shape \\(1000000000,\\) of float64 is 8,000,000,000 bytes"),
              (other.getvalue(), "the .npz holds no array 'arr'"),
              (b"PK\x03\x04 not really a zip", "not a readable .npz"),
              (npz_bytes(np.zeros(4))[:-30], "not a readable .npz")]
@@ -890,3 +899,13 @@ def test_tensor_decodes_struct_with_fixed_size_list_data():
     expected = [np.arange(4, dtype=np.float32).reshape(2, 2), np.arange(4, 8, dtype=np.float32).reshape(1, 4)]
     assert_rows_equal(field.codec.decode_column(field, stored), expected)
     assert_rows_equal(field.codec.decode_column(field, stored.slice(1)), expected[1:])
+
+
+@pytest.mark.parametrize("shape", [(2**61, 3), (2**31, 2**20, 2**10), (2**31,)])
+def test_a_tensor_shape_arrow_cannot_hold_is_a_schema_error(shape: tuple[int, ...]) -> None:
+    # As a features.json of TFDS or a hostile Unischema may declare: pa.fixed_shape_tensor's OverflowError or
+    # ArrowInvalid escaped, and the writer's pa.binary(width) overflowed first.
+    field = UnischemaField("t", np.float32, shape, TensorCodec())
+    assert parquet_tensor_type(field) is None  # no fixed_size_binary is that wide: not stored as bytes
+    with pytest.raises(SchemaError, match=re.escape(f"field 't': shape {shape} is larger than an Arrow tensor holds")):
+        field.arrow_type()

@@ -97,6 +97,8 @@ def test_field_normalises_shape_and_defaults():
     ("x", "not_a_dtype", (), "'not_a_dtype' is not a dtype"),
     ("x", np.int64, (2, -1), "negative dimension"),
     ("x", np.int64, ("a",), "shape must be a tuple of ints or None"),
+    ("x", np.int64, (2**63,), "holds 2\\*\\*63 or more values"),  # numpy, Arrow and TensorFlow count in int64
+    ("x", np.int64, (None, 2**32, 2**31), "holds 2\\*\\*63 or more values"),
 ])
 def test_field_rejects_bad_arguments(name, dtype, shape, message):
     with pytest.raises(SchemaError, match=message):

@@ -29,7 +29,7 @@ from unihub import (
     write_dataset,
 )
 from unihub.cli import main
-from unihub.errors import FormatError, SchemaError, SchemaMismatchError, UnsupportedFormatError
+from unihub.errors import CodecError, FormatError, SchemaError, SchemaMismatchError, UnsupportedFormatError
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, MAX_NESTING, load_metadata_json
 from unihub.store.dataset import open_dataset
 
@@ -310,6 +310,13 @@ def test_the_description_is_json_schema_that_agrees_with_the_check() -> None:
     (b"\xff\xfe{\x00}\x00", "not UTF-8 text"),
     (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [{"kind": [1]}]}',
      "a row-group index entry is malformed"),
+    # the files it was built over, not [path, row groups] pairs: a TypeError or ValueError (unpacking, summing)
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": [1]}',
+     "the row-group index's files are not [path, row groups] pairs: [1]"),
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": [["part-00000.parquet", "x"]]}',
+     "the row-group index's files are not [path, row groups] pairs"),
+    (b'{"format": "unihub.rowgroup_index", "version": 1, "indexes": [], "files": 5}',
+     "the row-group index's files are not [path, row groups] pairs: 5"),
 ])
 def test_a_hostile_rowgroup_index_is_reported_unreadable_by_inspect(
         stored: bytes, problem: str, good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,3 +383,43 @@ def test_fuzzed_extra_json_is_refused_by_name_or_shown(steps: list[int], replace
         assert str(exc).startswith("f: metadata key 'unihub.extra': ")
         return
     assert _provenance(extra).startswith('<section id="provenance">')  # what was accepted, show can render
+
+
+@pytest.mark.parametrize("shape", [[2**62], [2**40, 2**20], [None], [3, 0]],
+                         ids=["2**62", "2**60-values", "varying", "zero"])
+def test_a_tensor_shape_that_the_stored_column_does_not_have_is_a_named_error(
+        shape: list[int | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tensors of shape (3,) stored as 12-byte values, under a schema that says another shape. Before: OverflowError
+    from pa.binary (a width past Arrow's int32), or numpy's ValueError decoding the bytes as numbers ('could not
+    convert string to float'); converting it, OverflowError or ArrowInvalid from pa.fixed_shape_tensor."""
+    schema = Unischema("Fixed", [UnischemaField("t", np.float32, (3,), TensorCodec(), False)])
+    write_dataset(tmp_path / "good", schema, ({"t": np.full(3, i, np.float32)} for i in range(4)))
+    value = json.dumps({**json.loads(schema.to_json()), "fields": [
+        {**json.loads(schema.to_json())["fields"][0], "shape": shape}]}).encode()
+    path = with_metadata(tmp_path / "good", tmp_path / "ds", UNISCHEMA, value)
+    before = tree_digest(path)
+    for opener in (make_reader, make_batch_reader):
+        with pytest.raises(CodecError, match=re.escape(
+                f"{path / 'part-00000.parquet'}, row group 0") + r".*field 't': its column holds tensors of 12 bytes, "
+                rf"not float32 of shape \({shape[0]}.*: the schema does not describe the column"):
+            with opener(str(path), reader_pool_type="dummy") as reader:
+                next(iter(reader))
+    line = cli_error("show", path, tmp_path, capsys)
+    assert "its column holds tensors of 12 bytes" in line
+    assert main(["convert", str(path), str(tmp_path / "out"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("unihub: error: ") and "field 't'" in err, err
+    assert not (tmp_path / "out").exists() and tree_digest(path) == before
+
+
+@pytest.mark.parametrize("shape", [[2**63], [10**30], [2**31, 2**31, 2**31], [None, 2**32, 2**31]])
+def test_a_tensor_shape_of_2_63_values_or_more_is_refused_when_the_dataset_is_opened(
+        shape: list[int | None], good_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: read as a schema, then a raw OverflowError reading or converting; TensorFlow aborted the process
+    (SIGABRT: 'Encountered overflow when multiplying') building the element spec of make_petastorm_dataset."""
+    path = with_metadata(good_dataset, tmp_path / "ds", UNISCHEMA,
+                         schema_json(lambda d: d["fields"][1].update(shape=shape)))
+    line = cli_error("inspect", path, tmp_path, capsys)
+    assert line.startswith(f"unihub: error: {path / '_common_metadata'}: metadata key 'unihub.unischema': ")
+    assert line.endswith("holds 2**63 or more values, which no array can")
+    assert "holds 2**63 or more values" in str(library_error("make_reader", path))

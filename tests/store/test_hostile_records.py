@@ -10,13 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from tests.store.test_versions import SCHEMA, ids, rows
-from unihub import open_dataset, write_dataset
+from unihub import ScalarCodec, UnischemaField, make_reader, open_dataset, write_dataset
 from unihub.errors import FormatError
 from unihub.fs import publish
 from unihub.store import column_sets, versions
+from unihub.store.columns import add_columns
 
 ESCAPING = "../victim.txt"
 #: (key, value) written into version 1's record: each a record unihub never writes
@@ -95,3 +98,19 @@ def test_a_column_set_record_naming_a_side_file_outside_the_dataset_is_a_named_e
                         "parts": {"part-00000.parquet": {"file": ESCAPING, "rows": 1, "part_bytes": 1}}}]}
     with pytest.raises(FormatError, match="not a path inside the dataset"):
         column_sets.parse_record(json.dumps(record).encode(), "x/_unihub_columns.json")
+
+
+def test_a_column_set_naming_a_field_its_side_file_lacks_is_a_named_error(tmp_path: Path) -> None:
+    """Before: pyarrow read the side file without the column it lacks, and table.column raised a KeyError."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 4))
+    add_columns(url, [UnischemaField("y", np.int64, (), ScalarCodec(pa.int64()), False)], {"y": np.arange(4)},
+                name="extra")
+    record = tmp_path / "ds" / publish.VERSIONS_DIR / "00000002.json"
+    found = json.loads(record.read_text())
+    found["column_sets"][0]["schema"]["fields"][0]["name"] = "zz"
+    record.write_text(json.dumps(found))
+    with pytest.raises(FormatError, match=r"_unihub_columns/extra/.*\.parquet: holds no column 'zz', which the "
+                                          r"dataset's version record lists"):
+        with make_reader(url, reader_pool_type="dummy") as reader:
+            list(reader)

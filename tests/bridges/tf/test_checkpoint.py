@@ -297,3 +297,19 @@ def test_keras_fit_through_a_shuffle_buffer_resumes_with_backup_and_restore_on_t
     # the last backup was after batch 8 (save_freq=3): what batches 9 and 10 took is trained again
     trained = [i for batch in first[:9] + resumed for i in batch]
     assert sorted(trained) == list(range(N))
+
+
+@pytest.mark.parametrize("text", ["not json", "[" * 100_000])
+def test_a_checkpoint_whose_position_is_not_json_is_a_position_state_error(dataset: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          text: str) -> None:
+    """Before: json.loads' JSONDecodeError or RecursionError, from saved_position and from a restore."""
+    with _open(dataset, 0, 1, "pad") as reader:
+        position = ReaderPosition(reader)
+        monkeypatch.setattr(ReaderPosition, "_serialize_to_tensors", lambda self: {"state": tf.constant(text)})
+        saved = tf.train.Checkpoint(data=position).save(str(tmp_path / "ckpt"))
+        monkeypatch.undo()
+        with pytest.raises(PositionStateError, match="the saved reader position is not JSON"):
+            saved_position(saved)
+        with pytest.raises(PositionStateError, match="the saved reader position is not JSON"):
+            tf.train.Checkpoint(data=position).restore(saved)

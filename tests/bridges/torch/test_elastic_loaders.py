@@ -226,3 +226,17 @@ def test_in_memory_elastic_resume_refuses_what_it_cannot_know(dataset):
         loader.load_state_dict(states[:1] * 2)
     with pytest.raises(LoaderStateError, match="lacks"):
         loader.load_state_dict([{k: v for k, v in s.items() if k != "rows"} for s in states])
+
+
+def test_an_in_memory_state_whose_rest_is_not_json_is_a_loader_state_error(dataset):
+    """Before: json.loads' RecursionError for a 'rest' nested past Python's limit escaped as it was."""
+    from unihub.bridges.torch import InMemBatchedDataLoader, LoaderStateError
+    _, states = in_memory_ranks(dataset, 2, 3, None, 4, False, "pad")
+    _, resumed = in_memory_ranks(dataset, 3, 1, states, 4, False, "pad")
+    assert resumed[0]["rest"]
+    reader = make_reader(dataset, cur_shard=0, shard_count=3, shard_by="row", shard_remainder="pad", num_epochs=1,
+                         **OPTIONS)
+    loader = InMemBatchedDataLoader(reader, batch_size=4, num_epochs=3, seed=11)
+    for rest in ("[" * 100_000, "not json", "[1]"):
+        with pytest.raises(LoaderStateError, match="'rest' is not what state_dict"):
+            loader.load_state_dict(dict(resumed[0], rest=rest))

@@ -478,3 +478,23 @@ def test_shard_remainder_keeps_ranks_equal_also_after_an_elastic_resume(dataset,
     assert [len(r) for r in after] == {"exact": [exact_share(rest, k, 3) for k in range(3)],
                                        "pad": [-(-rest // 3)] * 3, "drop": [rest // 3] * 3}[remainder]
     assert not set(seen) & {i for r in after for i in r}
+
+
+@pytest.mark.parametrize("text", ["not json", "[" * 100_000, 5, None])
+def test_a_state_whose_json_text_is_not_json_is_a_loader_state_error(dataset, text):
+    """The reader's state and a stream's position are kept as JSON text: text that is not JSON (or nested past
+    Python's limit) was json.loads' JSONDecodeError or RecursionError, a missing or non-text position a KeyError or
+    TypeError."""
+    iterable_ = TorchIterableDataset(dataset, 8, seed=5, **OPTIONS)
+    next(iter(torch.utils.data.DataLoader(iterable_, batch_size=None)))
+    state = dict(iterable_.state_dict(), reader=text)
+    resumed = TorchIterableDataset(dataset, 8, seed=5, **OPTIONS)
+    if text is not None:  # a reader of None is one not started yet, as ''
+        with pytest.raises(LoaderStateError, match="'reader' is not the JSON text of a reader state"):
+            resumed.load_state_dict(state)
+            next(iter(torch.utils.data.DataLoader(resumed, batch_size=None)))
+    stream = TorchIterableDataset(make_reader(dataset, seed=1, num_epochs=1, **OPTIONS), None)
+    state = dict(stream.state_dict(), position=text)
+    with pytest.raises(LoaderStateError, match="'position' is not the JSON text of a reader state"):
+        stream.load_state_dict(state)
+    stream.stream.stop()

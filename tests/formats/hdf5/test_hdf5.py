@@ -12,7 +12,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import CompressedImageCodec, ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader, write_dataset
+from unihub import (
+    CompressedImageCodec,
+    NdarrayCodec,
+    ScalarCodec,
+    TensorCodec,
+    Unischema,
+    UnischemaField,
+    make_reader,
+    write_dataset,
+)
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.dependencies import is_available
@@ -338,6 +347,17 @@ def test_write_is_atomic_and_refuses_an_existing_target(tmp_path: Path) -> None:
     with h5py.File(target) as f:
         assert f["id"].shape == (3,)
     assert os.listdir(tmp_path) == ["out.h5"]
+
+
+def test_a_shape_hdf5_cannot_hold_is_a_named_error_and_nothing_is_written(tmp_path: Path) -> None:
+    """A field of rows of shape (2**32,) (a Unischema may say any shape): h5py's raw ValueError ('All chunk dimensions
+    must be less than 2^32') escaped the export."""
+    schema = Unischema("Big", [UnischemaField("t", np.uint8, (2**32,), NdarrayCodec(), False)])
+    write_dataset(tmp_path / "ds", schema, iter([]))
+    with pytest.raises(SchemaError, match=r"HDF5 dataset 't': rows of shape \(4294967296,\) cannot be stored in HDF5 "
+                                          r"\(All chunk dimensions must be less than 2\^32"):
+        convert(str(tmp_path / "ds"), str(tmp_path / "out.h5"), to_format="hdf5", progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
 
 
 def test_a_string_holding_nul_is_a_named_error_and_bytes_keep_theirs(tmp_path: Path) -> None:

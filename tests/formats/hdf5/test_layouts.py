@@ -258,3 +258,29 @@ def test_constants_that_differ_between_files_are_kept_per_file(tmp_path: Path) -
     meta = HDF5Format(str(tmp_path / "shard*.h5")).metadata()["hdf5"]
     assert meta["scalars"] == {"shard": 0}
     assert list(meta["constants_by_file"]) == [str(tmp_path / "shard1.h5")]
+
+
+@pytest.mark.parametrize(("attr", "value", "reason"), [
+    ("unihub.layout", "[" * 100_000, "maximum recursion depth"),  # was a RecursionError
+    ("unihub.layout", "[1, 2]", "a JSON list, not an object"),  # was an AttributeError
+    ("unihub.layout", b"\xff\xfe", "Expecting value"),  # was ignored: the file read as if not an export
+    ("unihub.layout", '{"kind": 5, "container": []}', "layout 5 in []"),  # was 0 rows of 10, exit 0
+    ("unihub.layout", '{"kind": "groups", "container": "x"}', "layout 'groups' in 'x'"),  # a dataset, not a group
+    ("unihub.layout", '{"kind": "groups", "not_units": "ab"}', "the values of ['not_units']"),
+    ("unihub.layout", '{"kind": "columns", "key_field": 3}', "the values of ['key_field']"),
+    ("unihub.field", "not json", "Expecting value"),  # was a JSONDecodeError
+    ("unihub.field", "[1, 2]", "'list' object is not a mapping"),  # was a TypeError
+    ("unihub.field", np.arange(3), "not ndarray"),  # was a TypeError
+    ("unihub.field", '{"numpy_dtype": "int64", "shape": [' + "9" * 5000 + "]}", "Exceeds the limit"),
+])
+def test_a_corrupt_recorded_layout_or_field_is_a_format_error_naming_it(tmp_path: Path, attr: str, value: object,
+                                                                        reason: str) -> None:
+    path = tmp_path / "hostile.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(10)
+        (f if attr == "unihub.layout" else f["x"]).attrs[attr] = value
+    with pytest.raises(FormatError) as caught:
+        HDF5Format(path).infer_schema()
+    where = "/" if attr == "unihub.layout" else "/x"
+    assert str(caught.value).startswith(f"{path}: attribute {attr!r} of {where} is not what a unihub export writes")
+    assert reason in str(caught.value) and caught.value.path == str(path)

@@ -152,6 +152,15 @@ def test_a_tfds_layout_chooses_a_split_and_keeps_its_json(tmp_path: Path, capsys
     assert "no shard set named 'valid'; its splits: test, train" in capsys.readouterr().err
 
 
+def test_tfds_json_nested_past_pythons_limit_is_left_unread_as_unreadable_json_is(tmp_path: Path) -> None:
+    # json.loads' RecursionError escaped _keep_tfds (it kept out OSError and ValueError only): a traceback.
+    root = _tfds(tmp_path)
+    (root / "3.0.1" / "features.json").write_text("[" * 100_000)
+    (root / "3.0.1" / "dataset_info.json").write_text('{"a": ' * 50_000)
+    assert main(["convert", str(root), str(tmp_path / "ds"), "--option", "split=train", "--quiet"]) == 0
+    assert _ids(tmp_path / "ds") == list(range(16))
+
+
 def test_a_missing_shard_is_an_error_naming_it(tmp_path: Path) -> None:
     for shard in (0, 1, 3):
         _write(tmp_path / "src" / f"train-{shard:05d}-of-00004", range(3))

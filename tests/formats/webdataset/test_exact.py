@@ -301,3 +301,17 @@ def test_unreadable_spelling_is_a_named_error() -> None:
         webdataset_spelling.parse_spellings("nope")
     with pytest.raises(SchemaError, match="not an object of objects"):
         webdataset_spelling.parse_spellings("[1]")
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"cls":{"text":5}}', '{"cls":{"ext":null}}', '{"x.npy":{"npy":[1]}}',
+                                  '{"cls":{"text":"\\ud800"}}', '{"x.npy":{"npy":"\\u0100"}}'])
+def test_a_hostile_spelling_is_a_named_error(tmp_path: Path, text: str) -> None:
+    # Were a RecursionError from json.loads, then AttributeError ('int' object has no attribute 'encode') or
+    # UnicodeEncodeError where FieldSpeller.member used the value.
+    from unihub.formats.webdataset.format import WebDatasetFormat
+
+    schema = Unischema("S", [UnischemaField("cls", np.int64, (), ScalarCodec(np.int64)),
+                             UnischemaField("x.npy", np.float32, (2, 3), TensorCodec()),
+                             webdataset_spelling.spelling_field()])
+    with pytest.raises(SchemaError, match=f"field '{SPELLING_FIELD}' holds "):
+        WebDatasetFormat.write(str(tmp_path / "out"), schema, [{"cls": [8], "x.npy": [A], SPELLING_FIELD: [text]}])

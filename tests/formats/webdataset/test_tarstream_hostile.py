@@ -208,3 +208,14 @@ def test_verify_against_a_damaged_shard_is_a_format_error(tmp_path: Path, compre
     with pytest.raises(FormatError, match=rf"{path.name}: Python's tarfile cannot read the archive at or after the "
                                           r"member at offset 2048 \(ReadError: .*\): it is corrupt or truncated"):
         verify(path, tmp_path / "ds", from_format="webdataset")
+
+
+def test_a_unihub_header_nested_past_pythons_limit_is_a_format_error(tmp_path: Path) -> None:
+    # json.loads raised RecursionError, which escaped ShardHeader.from_text as it was.
+    comment = '{"format":"unihub.webdataset","x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    src = _tar(tmp_path / "shard.tar", [_member(n, d) for n, d in SAMPLES], tarfile.PAX_FORMAT,
+               pax_headers={"comment": comment})
+    with pytest.raises(FormatError, match=r"shard\.tar: the unihub header \(PAX global comment\) is corrupt: "
+                                          "maximum recursion depth exceeded"):
+        convert(src, tmp_path / "ds", progress=False)
+    assert _left(tmp_path) == []
