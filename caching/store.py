@@ -64,7 +64,7 @@ def _checked_record(record: dict[str, Any], dataset_id: str, version: str, path:
         wrong = ["dataset_id", "version"]
     if wrong:
         raise CacheError(f"{path}: not a cache record unihub writes (its {', '.join(wrong)}: "
-                         f"{str({k: record.get(k) for k in wrong})[:200]}); delete it to build the cache again")
+                         f"{str({k: record.get(k) for k in wrong})[:200]}); remove it (unihub cache rm ROOT ID VERSION) to build the cache again")
     return CacheInfo(**{key: record[key] for key in _RECORD_TYPES})
 
 
@@ -157,7 +157,7 @@ class CacheRoot:
         dataset_id = check_name("dataset_id", dataset_id)
         versions = [check_name("version", version)] if version is not None else \
             [i.version for i in self.caches() if i.dataset_id == dataset_id]
-        if version is not None and self.info(dataset_id, versions[0]) is None and \
+        if version is not None and not self._published(dataset_id, versions[0]) and \
                 not _exists(self.fs, self.dataset_path(dataset_id, versions[0])):
             raise CacheError(f"no cache {dataset_id!r} version {version!r} under {self.url}")
         if not versions:
@@ -174,6 +174,14 @@ class CacheRoot:
             self.files.delete(self.lease_path(dataset_id, v))
         return versions
 
+
+    def _published(self, dataset_id: str, version: str) -> bool:
+        """Whether a record is at the version's place; one unihub would not write counts (removing it mends it:
+        the paths removed are the checked names', never the record's)."""
+        try:
+            return self.info(dataset_id, version) is not None
+        except CacheError:
+            return True
 
     def _forget_listings(self) -> None:
         """Drop fsspec's cached listings (s3fs keeps them per instance): other processes change the root."""

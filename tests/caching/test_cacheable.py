@@ -205,6 +205,10 @@ def test_a_hostile_cache_record_is_a_named_error_and_nothing_outside_the_root_is
         err = capsys.readouterr().err
         assert err.startswith(f"unihub: error: {record}: not a cache record unihub writes (its ") and err.count("\n") == 1
     assert (tmp_path / "victim" / "file").read_text() == "precious" and (root / "cli" / "1").is_dir()
+    assert main(["cache", "rm", str(root), "cli", "1"]) == 0  # the named version: how the error says to mend it
+    assert not record.exists() and not (root / "cli" / "1").exists()
+    assert (tmp_path / "victim" / "file").read_text() == "precious"
+    cacheable(root, dataset_id="cli", version="1")(lambda: _rows(5))()
     record.write_text("[" * 100_000)  # not a record: as if none were published (was a RecursionError)
     assert list_caches(root) == []
 
