@@ -453,7 +453,11 @@ class _Plan:
                    validate if category == "image" else "none", fit)
 
     def checked_image(self, value: bytes) -> bytes:
-        """``value``, or :class:`_BadImage` when it fails this plan's image check."""
+        """``value``, or :class:`_BadImage` when it fails this plan's image check. Under a provisional
+        schema (not ``fit``) a value with no PNG/JPEG header outgrows it, whatever ``validate`` says:
+        the full scan makes such a feature bytes (``_Stats.all_images``), so the sample must not decide."""
+        if not self.fit and images.image_size(value) is None:
+            raise _Mismatch(self.field.name, "is not a PNG or JPEG image in every record")
         if self.validate != "none":
             problem = image_checks.image_problem(value, self.field, self.validate, fit=self.fit)
             if problem is not None:

@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, convert, open_dataset, verify, write_dataset
 from unihub.dependencies import is_available
 from unihub.errors import CodecError, FormatError, SchemaError
 from unihub.formats.base import FORMATS, detect_format
 from unihub.formats.tfrecord.example import encode_example, encode_feature
-from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
 from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 from unihub.schema.codecs import CompressedImageCodec
@@ -237,6 +237,25 @@ def test_corrupt_images(tmp_path: Path) -> None:
         schema.b.codec.decode_column(schema.b, pa.array(values["b"], pa.binary()))
 
 
+@pytest.mark.parametrize("parser", ["block", "record"])
+@pytest.mark.parametrize("validate", ["header", "none"])
+def test_a_non_image_past_the_sample_makes_the_field_bytes_as_within_it(tmp_path: Path, parser: str,
+                                                                       validate: str) -> None:
+    """A value with no PNG/JPEG header past the first 1,000 records was refused as a bad image (or, with
+    ``--validate-images none``, by the store), though within them it makes the field bytes: the
+    conversion now starts over with the full schema, so the result does not depend on the sample."""
+    good = _png(2, 2)
+    for late, at in ((False, 15), (True, PROVISIONAL_SAMPLE + 500)):
+        rows = [{"img": ("bytes", [b"not an image" if i == at else good])} for i in range(PROVISIONAL_SAMPLE + 600)]
+        src = _write_own(tmp_path / f"{late}.tfrecord", rows)
+        result = convert(src, tmp_path / f"ds{late}", progress=False, validate_images=validate,
+                         format_options={"parser": parser})
+        assert result.rows == len(rows)
+        field = open_dataset(str(tmp_path / f"ds{late}")).schema.img
+        assert field.numpy_dtype is np.bytes_ and isinstance(field.codec, ScalarCodec)
+        assert verify(src, tmp_path / f"ds{late}").equal
+
+
 def test_schema_that_does_not_match(tmp_path: Path) -> None:
     path = _three_records(tmp_path)
     wrong_len = Unischema("s", [UnischemaField("x", np.int64, (2,), TensorCodec(), False)])
@@ -383,7 +402,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
         import sys, numpy as np
         from tfrecord.reader import tfrecord_loader
         from tfrecord.writer import TFRecordWriter
-        from unihub.formats.tfrecord.format import TFRecordFormat
+        from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
         w = TFRecordWriter({pkg!r})
         for i in range(3):
             w.write({{"x": (np.array([i, i + 1]), "int"), "s": (f"s{{i}}".encode(), "byte")}})
@@ -406,7 +425,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
             import tfrecord  # fails after tensorflow, for the same reason
         except TypeError as exc:
             print("clash:", "duplicate symbol" in str(exc))
-        from unihub.formats.tfrecord.format import TFRecordFormat
+        from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
         source = TFRecordFormat({pkg!r})
         schema = source.infer_schema()
         files = TFRecordFormat.write({str(tmp_path / "out")!r}, schema, source.read_batches(schema))
