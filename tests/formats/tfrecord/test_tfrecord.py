@@ -215,11 +215,14 @@ def test_bad_crc(tmp_path: Path) -> None:
     assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0, 2]
     assert source.report.records == 2 and source.report.skipped[0].reason == "data CRC mismatch"
     data[offsets[2] + 2] ^= 0x01  # record 2's length: the rest of the file cannot be framed
+    data += data[offsets[0]:offsets[1]]  # ... and a sound record after it is lost too, which the reason says
     path.write_bytes(bytes(data))
-    source = TFRecordFormat(str(path), fields=["x"])
-    assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0]
-    assert [s.location for s in source.report.skipped] == [f"record {i} at byte offset {offsets[i]}" for i in (1, 2)]
-    assert "length CRC mismatch" in source.report.skipped[1].reason
+    for parser in ("block", "record"):
+        source = TFRecordFormat(str(path), fields=["x"], parser=parser)
+        assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0]
+        assert [s.location for s in source.report.skipped] == [f"record {i} at byte offset {offsets[i]}" for i in (1, 2)]
+        assert source.report.skipped[1].reason.startswith("length CRC mismatch")
+        assert "nothing from here to the end of the file can be framed" in source.report.skipped[1].reason
 
 
 def test_corrupt_images(tmp_path: Path) -> None:
