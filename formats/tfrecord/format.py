@@ -474,7 +474,7 @@ class TFRecordFormat(ForeignFormat):
         if self.payload != "example":
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
-        plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
+        plans = [_Plan.of(f, self.validate_images, fit=not self.observe, fields=schema.fields) for f in schema]
         parser = self.parser if plans else "record"  # no field: nothing to gather into columns
         yield from EXAMPLE_PARSERS[parser].read(self, plans, batch_size, on_error)
 

@@ -17,6 +17,7 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import FormatError
+from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE
 from unihub.store.dataset import open_dataset
 
 tf = pytest.importorskip("tensorflow")
@@ -386,6 +387,28 @@ def test_shape_features_are_kept_and_written_back(tmp_path: Path) -> None:
     back = [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")]
     assert back == [tf.train.Example.FromString(r) for r in _read(src)]  # the /shape features included
     assert verify(src, tmp_path / "back.tfrecord").equal  # two TFRecord files: both read by TensorFlow
+
+
+@pytest.mark.parametrize("case", ["constant", "late", "negative"])
+def test_a_shape_feature_that_does_not_count_the_values_is_a_field(tmp_path: Path, case: str) -> None:
+    """``x/shape`` says 2x2 where ``x`` holds 3 values: it is not ``x``'s shape, so both are fields (the
+    conversion was refused: "expected 4 values for shape (2, 2), found 3"). ``late``: only one record past
+    the 1,000 the conversion starts from disagrees, so it starts over with the full schema. ``negative``: a
+    ``x/shape`` field (a negative size) beside a varying ``x`` was still read as ``x``'s shape."""
+    def example(n: int, shape: list[int]) -> bytes:
+        return tf.train.Example(features=tf.train.Features(feature={
+            "x": _f([1.0] * n, "float"), "x/shape": _f(shape, "int64")})).SerializeToString()
+
+    records = {"constant": [example(3, [2, 2])] * 5,
+               "late": [example(4, [2, 2])] * (PROVISIONAL_SAMPLE + 5) + [example(3, [2, 2])],
+               "negative": [example(i % 2 + 1, [-1, 2]) for i in range(5)]}[case]
+    src = _records(tmp_path / "x.tfrecord", records)
+    convert(src, tmp_path / "ds")
+    schema = open_dataset(str(tmp_path / "ds")).schema
+    assert schema.x.shape == ((3,) if case == "constant" else (None,)) and schema["x/shape"].shape == (2,)
+    assert verify(src, tmp_path / "ds").equal
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == records
 
 
 def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path) -> None:
