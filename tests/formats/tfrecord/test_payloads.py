@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from unihub import make_reader
+from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader, write_dataset
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
@@ -409,6 +410,24 @@ def test_a_shape_feature_that_does_not_count_the_values_is_a_field(tmp_path: Pat
     assert verify(src, tmp_path / "ds").equal
     convert(tmp_path / "ds", tmp_path / "back.tfrecord")
     assert _read(tmp_path / "back.tfrecord") == records
+
+
+@pytest.mark.parametrize("payload", ["example", "sequence_example"])
+def test_verify_names_float64_values_an_export_rounds_to_float32(tmp_path: Path, payload: str) -> None:
+    """An export writes a float64 field in TFRecord's float32 list, as ``tf.train.FloatList`` holds it;
+    verify compared that rounding with itself and said "equal: every value identical" of 0.1 and
+    0.10000000149. Values float32 holds exactly still compare equal."""
+    schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("x", np.float64, (None,), TensorCodec(), False)])
+    options = {"payload": payload, "feature_lists": ["x"]} if payload == "sequence_example" else {}
+    for name, value in (("exact", 0.5), ("rounded", 0.1)):
+        write_dataset(str(tmp_path / name), schema, [{"id": i, "x": np.full(i, value)} for i in range(3)])
+        convert(tmp_path / name, tmp_path / f"{name}.tfrecord", format_options=options)
+        report = verify(tmp_path / name, tmp_path / f"{name}.tfrecord", options=options)
+        assert report.equal == (name == "exact"), report.summary()
+    place = "'features'/x" if payload == "example" else "'feature_lists'/x[0]"
+    assert report.differences[0] == (f"record 1 (rounded.tfrecord record 1), field {place}: "
+                                     "expected float64[1] [0.1], found float32[1] [0.1]")
 
 
 def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path) -> None:
