@@ -290,12 +290,17 @@ def write_records(path: str, records: Iterable[bytes], *, compression: str | Non
         raise
 
 
-_SUFFIXES = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
+_SUFFIXES: dict[Compression, str] = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
 
 
 def _stem(path: str) -> str:
     """``path`` without a compression suffix (``.gz``, ``.zlib``)."""
     return path.removesuffix(".gz").removesuffix(".zlib")
+
+
+def named_compression(path: str) -> Compression | None:
+    """The compression ``path``'s name says (``x.tfrecord.gz``: gzip, ``x.tfrecord.zlib``: zlib), or None."""
+    return next((kind for kind, suffix in _SUFFIXES.items() if suffix and path.endswith(suffix)), None)
 
 
 class _ShardWriter:

@@ -337,6 +337,20 @@ def test_export_is_read_by_tensorflow(tf: Any, tmp_path: Path, compression: str 
     assert parsed["ragged/shape"].numpy()[4].tolist() == [1, 3]
 
 
+@pytest.mark.parametrize(("name", "compression", "magic"), [
+    ("x.tfrecord.gz", None, b"\x1f\x8b"), ("x.tfrecord.zlib", None, b"\x78"), ("x.tfrecord", None, b"\x0e\x00"),
+    ("x.tfrecord.gz", "none", b"\x0e\x00")])
+def test_an_export_to_one_file_named_gz_is_gzip(tmp_path: Path, name: str, compression: str | None,
+                                                magic: bytes) -> None:
+    """``convert ds x.tfrecord.gz --to tfrecord`` wrote a plain file under a GZIP name, which
+    ``TFRecordDataset(..., compression_type="GZIP")`` and ``gunzip`` refuse: the name now says the
+    compression, unless the ``compression`` option says otherwise."""
+    schema = Unischema("s", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])
+    [path] = TFRecordFormat.write(str(tmp_path / name), schema, [{"x": np.arange(3)}], compression=compression)
+    assert path == str(tmp_path / name) and Path(path).read_bytes().startswith(magic)
+    assert [v for b in TFRecordFormat(path).read_batches(schema) for v in b["x"]] == [0, 1, 2]
+
+
 def test_ingest_export_ingest_round_trip(tmp_path: Path) -> None:
     schema = _export_schema()
     TFRecordFormat.write(str(tmp_path / "a.tfrecord"), schema, [_export_batch(5)])
