@@ -262,8 +262,11 @@ def _vector_column(plan: _Plan, kind: str, leaves: int, block: Block, arr: np.nd
     if plan.category in ("image", "bytes", "str") and leaves == 1:
         column = _binary_column(block.data, arr, starts, sizes, plan.category == "str")
         if column is not None:
-            if plan.validate != "none":  # failing images take the per-record path, which says why
-                bad |= image_checks.bad_images(arr, starts, starts + sizes, plan.field, plan.validate, fit=plan.fit)
+            if plan.category == "image" and (plan.validate != "none" or not plan.fit):
+                # failing images take the per-record path, which says why (or, under a provisional
+                # schema, that a value with no image header outgrows it: _Plan.checked_image)
+                mode = "header" if plan.validate == "none" else plan.validate
+                bad |= image_checks.bad_images(arr, starts, starts + sizes, plan.field, mode, fit=plan.fit)
             return column
         return None  # record by record: the values that are not UTF-8 fail there
     numeric = plan.category == "scalar" or (plan.category == "tensor" and plan.size)

@@ -59,6 +59,7 @@ from unihub.formats.tfrecord.records import (
     _ShardWriter,
     _stem,
     iter_records,
+    named_compression,
     normalize_compression,
 )
 from unihub.formats.tfrecord.schema import (
@@ -474,7 +475,7 @@ class TFRecordFormat(ForeignFormat):
         if self.payload != "example":
             yield from read_batches(self, self.payload, schema, batch_size, on_error)
             return
-        plans = [_Plan.of(f, self.validate_images, fit=not self.observe) for f in schema]
+        plans = [_Plan.of(f, self.validate_images, fit=not self.observe, fields=schema.fields) for f in schema]
         parser = self.parser if plans else "record"  # no field: nothing to gather into columns
         yield from EXAMPLE_PARSERS[parser].read(self, plans, batch_size, on_error)
 
@@ -505,7 +506,6 @@ class TFRecordFormat(ForeignFormat):
         """
         if options:
             raise UnsupportedFormatError(f"unknown TFRecord write options: {sorted(options)}")
-        kind = normalize_compression(compression) or "none"
         encode = _record_encoder(schema, payload, feature_lists or (), empty_as_null or (), shape_features or (),
                                  feature_order or (), feature_list_order or (), feature_orders, empty_context,
                                  tensor_encoding, empty_without_kind or ())
@@ -514,6 +514,8 @@ class TFRecordFormat(ForeignFormat):
         outputs = outputs_for(target)
         single = records_per_file is None and os.path.splitext(_stem(outputs.root))[1] in \
             (".tfrecord", ".tfrecords", ".tfrec")
+        # one file named x.tfrecord.gz is GZIP unless the option says otherwise: a plain file would lie in its name
+        kind = normalize_compression(compression) or (named_compression(outputs.root) if single else None) or "none"
         writer = _ShardWriter(outputs, single, kind, records_per_file)
         try:
             for batch in map(python_columns, batches):

@@ -19,7 +19,16 @@ from typing import IO
 import numpy as np
 from crc32c import crc32c
 
-from unihub.formats.tfrecord.records import _MASK_DELTA, _U32, _U64, _mask, _next_record, file_compression, open_records
+from unihub.formats.tfrecord.records import (
+    _MASK_DELTA,
+    _U32,
+    _U64,
+    LENGTH_CRC_MISMATCH,
+    _mask,
+    _next_record,
+    file_compression,
+    open_records,
+)
 
 __all__ = ["Block", "Error", "Framer"]
 
@@ -216,9 +225,7 @@ class Framer:
                 return _RETURN, None
             return _RETURN, Error(self.index, self.offset, f"truncated record header ({avail} of 12 bytes)")
         if _mask(crc(buf[pos:pos + 8])) != u32(buf, pos + 8)[0]:
-            return _BREAK, self._stop(starts, Error(self.index, self.offset,
-                                                    "length CRC mismatch (corrupt file, or not a TFRecord file)"),
-                                      True)
+            return _BREAK, self._stop(starts, Error(self.index, self.offset, LENGTH_CRC_MISMATCH), True)
         length = _U64.unpack_from(buf, pos)[0]
         if avail < length + 16:
             if starts:

@@ -325,7 +325,7 @@ def _row_reader(source: TFRecordFormat, kind: str, schema: Unischema
     fields = list(without_order(schema))
     context_names = {f.name for f in fields if f.name not in listed}
     plans: list[Any] = [StepsPlan.of(f, list_name(f.name, context_names)) if f.name in listed
-                        else _Plan.of(f, source.validate_images) for f in fields]
+                        else _Plan.of(f, source.validate_images, fields=context_names) for f in fields]
 
     def read(data: bytes) -> list[Any]:
         ctx, steps = _sequence(data, explicit)

@@ -155,6 +155,10 @@ class ZlibWriter(io.RawIOBase):
 
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
+#: a record header whose length CRC fails: no later record can be found, so (with --skip-corrupt too)
+#: the rest of the file is lost, which the reason says rather than list one record
+LENGTH_CRC_MISMATCH = ("length CRC mismatch (corrupt file, or not a TFRecord file): nothing from here to the end of "
+                       "the file can be framed")
 _U32 = struct.Struct("<I")
 
 
@@ -210,7 +214,7 @@ def _next_record(f: IO[bytes], crc: Any) -> tuple[bytes | None, int, str | None]
         if len(header) < 12:
             return None, 0, f"truncated record header ({len(header)} of 12 bytes)"
         if _mask(crc(header[:8])) != _U32.unpack_from(header, 8)[0]:
-            return None, 0, "length CRC mismatch (corrupt file, or not a TFRecord file)"
+            return None, 0, LENGTH_CRC_MISMATCH
         length = _U64.unpack_from(header)[0]
         body: bytes | str = f.read(length + 4) if length < LONG_RECORD else _read_long(f, length + 4)
     except (OSError, EOFError, zlib.error) as exc:  # a gzip/zlib stream cut short or corrupt
@@ -286,12 +290,17 @@ def write_records(path: str, records: Iterable[bytes], *, compression: str | Non
         raise
 
 
-_SUFFIXES = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
+_SUFFIXES: dict[Compression, str] = {"none": "", "gzip": ".gz", "zlib": ".zlib"}
 
 
 def _stem(path: str) -> str:
     """``path`` without a compression suffix (``.gz``, ``.zlib``)."""
     return path.removesuffix(".gz").removesuffix(".zlib")
+
+
+def named_compression(path: str) -> Compression | None:
+    """The compression ``path``'s name says (``x.tfrecord.gz``: gzip, ``x.tfrecord.zlib``: zlib), or None."""
+    return next((kind for kind, suffix in _SUFFIXES.items() if suffix and path.endswith(suffix)), None)
 
 
 class _ShardWriter:

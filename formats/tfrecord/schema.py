@@ -15,6 +15,7 @@ import functools
 import hashlib
 import heapq
 import json
+import math
 import mmap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,14 +189,16 @@ def empty_means_null(stats: _Stats, total: int) -> bool:
 
 def shape_features(stats: dict[str, _Stats]) -> list[str]:
     """The features whose ``<name>/shape`` feature holds each record's shape: an int64 list of one
-    length (the rank) and no negative size, beside numbers, in the same records. Any other
-    ``<name>/shape`` is a feature like the rest (kept as a field)."""
+    length (the rank) and no negative size, beside numbers, in the same records, whose sizes are the
+    counts of values the records hold (each record's size is its count, so the two sets are equal). Any
+    other ``<name>/shape`` is a feature like the rest (kept as a field)."""
     bases = []
     for name, stat in stats.items():
         base = stats.get(name[:-len(SHAPE_SUFFIX)]) if name.endswith(SHAPE_SUFFIX) else None
         if base is None or stat.kinds != {"int64"} or len(stat.lengths) != 1 or stat.present != base.present:
             continue
-        if base.kinds and base.kinds <= {"float", "int64"} and all(min(s, default=0) >= 0 for s in stat.shapes):
+        if base.kinds and base.kinds <= {"float", "int64"} and all(min(s, default=0) >= 0 for s in stat.shapes) \
+                and {math.prod(s) for s in stat.shapes} == base.lengths:
             bases.append(name[:-len(SHAPE_SUFFIX)])
     return sorted(bases)
 
@@ -436,9 +439,13 @@ class _Plan:
     single: bool = False  # one value per row (category image, str, bytes or scalar)
     validate: ValidateImages = "none"  # category image: how each image is checked (image_checks)
     fit: bool = True  # ... and whether against the field's shape (False: a provisional schema's)
+    shaped: bool = True  # category tensor: a <name>/shape feature gives each row's shape (no field of its own)
 
     @classmethod
-    def of(cls, f: UnischemaField, validate: ValidateImages = "none", fit: bool = True) -> _Plan:
+    def of(cls, f: UnischemaField, validate: ValidateImages = "none", fit: bool = True,
+           fields: Iterable[str] = ()) -> _Plan:
+        """The plan of field ``f`` (``fields``: the schema's names; a ``<name>/shape`` among them is a field, not
+        ``f``'s shapes)."""
         text = f.numpy_dtype in (np.str_, np.bytes_) or not _numeric(f.numpy_dtype)
         if isinstance(f.codec, CompressedImageCodec):
             category = "image"
@@ -450,10 +457,14 @@ class _Plan:
             cls = _OrderPlan
         return cls(f, category, f.dtype, int(np.prod(fixed_dims(f.shape))) if f.is_fixed_shape else None,
                    category in ("image", "str", "bytes", "text"), category in ("image", "str", "bytes", "scalar"),
-                   validate if category == "image" else "none", fit)
+                   validate if category == "image" else "none", fit, f.name + SHAPE_SUFFIX not in fields)
 
     def checked_image(self, value: bytes) -> bytes:
-        """``value``, or :class:`_BadImage` when it fails this plan's image check."""
+        """``value``, or :class:`_BadImage` when it fails this plan's image check. Under a provisional
+        schema (not ``fit``) a value with no PNG/JPEG header outgrows it, whatever ``validate`` says:
+        the full scan makes such a feature bytes (``_Stats.all_images``), so the sample must not decide."""
+        if not self.fit and images.image_size(value) is None:
+            raise _Mismatch(self.field.name, "is not a PNG or JPEG image in every record")
         if self.validate != "none":
             problem = image_checks.image_problem(value, self.field, self.validate, fit=self.fit)
             if problem is not None:
@@ -503,7 +514,7 @@ class _Plan:
             if array.size != self.size:
                 raise _Mismatch(f.name, f"expected {self.size} values for shape {f.shape}, found {array.size}")
             return array if category == "tensor" else array.reshape(f.shape)
-        return _reshape(f, array, example)
+        return _reshape(f, array, example if self.shaped else {})
 
     def column(self, values: list[Any]) -> Any:
         """One batch's column from the values :meth:`read` returned."""

@@ -133,8 +133,39 @@ def native_records(schema: Unischema, rows: Iterable[Mapping[str, Any]], extra: 
         encode = row_encoder(schema, payload, lists, written.get("empty_as_null", ()), shapes, order,
                              written.get("feature_list_order", ()), written.get("feature_orders"),
                              empty_without_kind=kindless, empty_context=empty_context)
+    wide = [f.name for f in schema if isinstance(f.numpy_dtype, type) and np.dtype(f.numpy_dtype) == np.float64]
+    listed = set(lists) if payload == "sequence_example" else set()
     for row in rows:
-        yield native(encode({name: [value] for name, value in row.items()}, 0), forced)
+        form = native(encode({name: [value] for name, value in row.items()}, 0), forced)
+        yield _unrounded(form, row, wide, listed) if wide and "features" in form else form
+
+
+def _unrounded(form: dict[str, Any], row: Mapping[str, Any], wide: list[str], lists: set[str]) -> dict[str, Any]:
+    """``form`` (a row as an export writes it) with the row's own float64 values where TFRecord's float32
+    list rounds them: the export writes what ``tf.train.FloatList`` holds, and verify names the change
+    rather than compare the rounded values with themselves."""
+    for name in wide:
+        value = row.get(name)
+        if value is None:
+            continue
+        if name not in lists:
+            written = (form["features"] or {}).get(name)
+            if isinstance(written, np.ndarray) and _rounded(written, value):
+                form["features"][name] = np.asarray(value, np.float64).ravel()
+            continue
+        bare = name.removeprefix("feature_lists/")
+        key = name if name in form["feature_lists"] else bare
+        steps = form["feature_lists"].get(key)
+        if steps is not None and any(isinstance(w, np.ndarray) and _rounded(w, v) for w, v in zip(steps, value)):
+            form["feature_lists"][key] = [np.asarray(v, np.float64).ravel() for v in value]
+    return form
+
+
+def _rounded(written: np.ndarray, value: Any) -> bool:
+    """True where float32 ``written`` does not hold the float64 ``value`` bit for bit."""
+    original = np.asarray(value, np.float64).ravel()
+    return written.size != original.size or \
+        not np.array_equal(written.astype(np.float64).view(np.uint64), original.view(np.uint64))
 
 
 def native(data: bytes, payload: str = "auto") -> dict[str, Any]:

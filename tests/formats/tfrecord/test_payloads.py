@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from unihub import make_reader
+from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, make_reader, write_dataset
 from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.errors import FormatError
+from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE
 from unihub.store.dataset import open_dataset
 
 tf = pytest.importorskip("tensorflow")
@@ -386,6 +388,46 @@ def test_shape_features_are_kept_and_written_back(tmp_path: Path) -> None:
     back = [tf.train.Example.FromString(r) for r in _read(tmp_path / "back.tfrecord")]
     assert back == [tf.train.Example.FromString(r) for r in _read(src)]  # the /shape features included
     assert verify(src, tmp_path / "back.tfrecord").equal  # two TFRecord files: both read by TensorFlow
+
+
+@pytest.mark.parametrize("case", ["constant", "late", "negative"])
+def test_a_shape_feature_that_does_not_count_the_values_is_a_field(tmp_path: Path, case: str) -> None:
+    """``x/shape`` says 2x2 where ``x`` holds 3 values: it is not ``x``'s shape, so both are fields (the
+    conversion was refused: "expected 4 values for shape (2, 2), found 3"). ``late``: only one record past
+    the 1,000 the conversion starts from disagrees, so it starts over with the full schema. ``negative``: a
+    ``x/shape`` field (a negative size) beside a varying ``x`` was still read as ``x``'s shape."""
+    def example(n: int, shape: list[int]) -> bytes:
+        return tf.train.Example(features=tf.train.Features(feature={
+            "x": _f([1.0] * n, "float"), "x/shape": _f(shape, "int64")})).SerializeToString()
+
+    records = {"constant": [example(3, [2, 2])] * 5,
+               "late": [example(4, [2, 2])] * (PROVISIONAL_SAMPLE + 5) + [example(3, [2, 2])],
+               "negative": [example(i % 2 + 1, [-1, 2]) for i in range(5)]}[case]
+    src = _records(tmp_path / "x.tfrecord", records)
+    convert(src, tmp_path / "ds")
+    schema = open_dataset(str(tmp_path / "ds")).schema
+    assert schema.x.shape == ((3,) if case == "constant" else (None,)) and schema["x/shape"].shape == (2,)
+    assert verify(src, tmp_path / "ds").equal
+    convert(tmp_path / "ds", tmp_path / "back.tfrecord")
+    assert _read(tmp_path / "back.tfrecord") == records
+
+
+@pytest.mark.parametrize("payload", ["example", "sequence_example"])
+def test_verify_names_float64_values_an_export_rounds_to_float32(tmp_path: Path, payload: str) -> None:
+    """An export writes a float64 field in TFRecord's float32 list, as ``tf.train.FloatList`` holds it;
+    verify compared that rounding with itself and said "equal: every value identical" of 0.1 and
+    0.10000000149. Values float32 holds exactly still compare equal."""
+    schema = Unischema("S", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                             UnischemaField("x", np.float64, (None,), TensorCodec(), False)])
+    options = {"payload": payload, "feature_lists": ["x"]} if payload == "sequence_example" else {}
+    for name, value in (("exact", 0.5), ("rounded", 0.1)):
+        write_dataset(str(tmp_path / name), schema, [{"id": i, "x": np.full(i, value)} for i in range(3)])
+        convert(tmp_path / name, tmp_path / f"{name}.tfrecord", format_options=options)
+        report = verify(tmp_path / name, tmp_path / f"{name}.tfrecord", options=options)
+        assert report.equal == (name == "exact"), report.summary()
+    place = "'features'/x" if payload == "example" else "'feature_lists'/x[0]"
+    assert report.differences[0] == (f"record 1 (rounded.tfrecord record 1), field {place}: "
+                                     "expected float64[1] [0.1], found float32[1] [0.1]")
 
 
 def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, write_dataset
+from unihub import ScalarCodec, TensorCodec, Unischema, UnischemaField, convert, open_dataset, verify, write_dataset
 from unihub.dependencies import is_available
 from unihub.errors import CodecError, FormatError, SchemaError
 from unihub.formats.base import FORMATS, detect_format
 from unihub.formats.tfrecord.example import encode_example, encode_feature
-from unihub.formats.tfrecord.format import TFRecordFormat
+from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
 from unihub.formats.tfrecord.records import iter_records, write_records
 from unihub.images import decoders as images
 from unihub.schema.codecs import CompressedImageCodec
@@ -215,11 +215,14 @@ def test_bad_crc(tmp_path: Path) -> None:
     assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0, 2]
     assert source.report.records == 2 and source.report.skipped[0].reason == "data CRC mismatch"
     data[offsets[2] + 2] ^= 0x01  # record 2's length: the rest of the file cannot be framed
+    data += data[offsets[0]:offsets[1]]  # ... and a sound record after it is lost too, which the reason says
     path.write_bytes(bytes(data))
-    source = TFRecordFormat(str(path), fields=["x"])
-    assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0]
-    assert [s.location for s in source.report.skipped] == [f"record {i} at byte offset {offsets[i]}" for i in (1, 2)]
-    assert "length CRC mismatch" in source.report.skipped[1].reason
+    for parser in ("block", "record"):
+        source = TFRecordFormat(str(path), fields=["x"], parser=parser)
+        assert [v for b in source.read_batches(schema, on_error="skip") for v in b["x"]] == [0]
+        assert [s.location for s in source.report.skipped] == [f"record {i} at byte offset {offsets[i]}" for i in (1, 2)]
+        assert source.report.skipped[1].reason.startswith("length CRC mismatch")
+        assert "nothing from here to the end of the file can be framed" in source.report.skipped[1].reason
 
 
 def test_corrupt_images(tmp_path: Path) -> None:
@@ -235,6 +238,25 @@ def test_corrupt_images(tmp_path: Path) -> None:
     assert values["b"] == [bad_body, good] and values["a"] == [good, bad_header]  # bytes kept as they are
     with pytest.raises(CodecError, match="'b', row 0"):  # the error comes when the image is decoded
         schema.b.codec.decode_column(schema.b, pa.array(values["b"], pa.binary()))
+
+
+@pytest.mark.parametrize("parser", ["block", "record"])
+@pytest.mark.parametrize("validate", ["header", "none"])
+def test_a_non_image_past_the_sample_makes_the_field_bytes_as_within_it(tmp_path: Path, parser: str,
+                                                                       validate: str) -> None:
+    """A value with no PNG/JPEG header past the first 1,000 records was refused as a bad image (or, with
+    ``--validate-images none``, by the store), though within them it makes the field bytes: the
+    conversion now starts over with the full schema, so the result does not depend on the sample."""
+    good = _png(2, 2)
+    for late, at in ((False, 15), (True, PROVISIONAL_SAMPLE + 500)):
+        rows = [{"img": ("bytes", [b"not an image" if i == at else good])} for i in range(PROVISIONAL_SAMPLE + 600)]
+        src = _write_own(tmp_path / f"{late}.tfrecord", rows)
+        result = convert(src, tmp_path / f"ds{late}", progress=False, validate_images=validate,
+                         format_options={"parser": parser})
+        assert result.rows == len(rows)
+        field = open_dataset(str(tmp_path / f"ds{late}")).schema.img
+        assert field.numpy_dtype is np.bytes_ and isinstance(field.codec, ScalarCodec)
+        assert verify(src, tmp_path / f"ds{late}").equal
 
 
 def test_schema_that_does_not_match(tmp_path: Path) -> None:
@@ -315,6 +337,20 @@ def test_export_is_read_by_tensorflow(tf: Any, tmp_path: Path, compression: str 
     assert parsed["ragged/shape"].numpy()[4].tolist() == [1, 3]
 
 
+@pytest.mark.parametrize(("name", "compression", "magic"), [
+    ("x.tfrecord.gz", None, b"\x1f\x8b"), ("x.tfrecord.zlib", None, b"\x78"), ("x.tfrecord", None, b"\x0e\x00"),
+    ("x.tfrecord.gz", "none", b"\x0e\x00")])
+def test_an_export_to_one_file_named_gz_is_gzip(tmp_path: Path, name: str, compression: str | None,
+                                                magic: bytes) -> None:
+    """``convert ds x.tfrecord.gz --to tfrecord`` wrote a plain file under a GZIP name, which
+    ``TFRecordDataset(..., compression_type="GZIP")`` and ``gunzip`` refuse: the name now says the
+    compression, unless the ``compression`` option says otherwise."""
+    schema = Unischema("s", [UnischemaField("x", np.int64, (), ScalarCodec(pa.int64()), False)])
+    [path] = TFRecordFormat.write(str(tmp_path / name), schema, [{"x": np.arange(3)}], compression=compression)
+    assert path == str(tmp_path / name) and Path(path).read_bytes().startswith(magic)
+    assert [v for b in TFRecordFormat(path).read_batches(schema) for v in b["x"]] == [0, 1, 2]
+
+
 def test_ingest_export_ingest_round_trip(tmp_path: Path) -> None:
     schema = _export_schema()
     TFRecordFormat.write(str(tmp_path / "a.tfrecord"), schema, [_export_batch(5)])
@@ -383,7 +419,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
         import sys, numpy as np
         from tfrecord.reader import tfrecord_loader
         from tfrecord.writer import TFRecordWriter
-        from unihub.formats.tfrecord.format import TFRecordFormat
+        from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
         w = TFRecordWriter({pkg!r})
         for i in range(3):
             w.write({{"x": (np.array([i, i + 1]), "int"), "s": (f"s{{i}}".encode(), "byte")}})
@@ -406,7 +442,7 @@ def test_with_tensorflow_and_tfrecord_in_one_process(tmp_path: Path) -> None:
             import tfrecord  # fails after tensorflow, for the same reason
         except TypeError as exc:
             print("clash:", "duplicate symbol" in str(exc))
-        from unihub.formats.tfrecord.format import TFRecordFormat
+        from unihub.formats.tfrecord.format import PROVISIONAL_SAMPLE, TFRecordFormat
         source = TFRecordFormat({pkg!r})
         schema = source.infer_schema()
         files = TFRecordFormat.write({str(tmp_path / "out")!r}, schema, source.read_batches(schema))
