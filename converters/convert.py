@@ -135,9 +135,15 @@ def resolve_target_format(dst: str, to_format: str | None) -> str:
         return UNIHUB if to_format in (UNIHUB, "parquet") else FORMATS.canonical(to_format)
     import unihub.formats.builtin  # noqa: F401  (registers every format; start-up cost: 0.1 s)
 
-    ext = os.path.splitext(dst)[1]
+    stem, ext = os.path.splitext(dst)
+    if ext.lower() in _COMPRESSED_SUFFIXES:  # x.tfrecord.gz, x.tar.gz: the format is the name's before it
+        ext = os.path.splitext(stem)[1]
     name = FORMATS.by_extension(ext) if ext and ext != ".parquet" else None
     return name or UNIHUB
+
+
+#: the suffixes of a compressed file's name, after the format's own (``train.tfrecord.gz``)
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zlib")
 
 
 @names_output_errors("dst")  # a full disk, a read-only destination: OutputError naming ``dst``

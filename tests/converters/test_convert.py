@@ -11,7 +11,7 @@ import pytest
 from unihub import open_dataset
 from unihub.cli import main
 from unihub.cli.demo import make_image
-from unihub.converters.convert import convert
+from unihub.converters.convert import convert, resolve_target_format
 from unihub.converters.verify import verify
 from unihub.errors import DatasetExistsError, FormatError, InvalidArgumentError, UnsupportedFormatError
 from unihub.images.decoders import encode_image
@@ -197,3 +197,13 @@ def test_an_export_refuses_sizes_no_writer_can_keep_too(option: str, image_folde
     with pytest.raises(SchemaError, match=f"{option} must be (a )?positive"):
         convert(tmp_path / "ds", tmp_path / "out", to_format="webdataset", progress=False, **{option: float("nan")})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "folder"]
+
+
+@pytest.mark.parametrize("name, expected", [("x.tfrecord.gz", "tfrecord"), ("x.TFRecord.zlib", "tfrecord"),
+                                            ("x.tar.gz", "webdataset"), ("x.h5", "hdf5"), ("x.gz", "unihub"),
+                                            ("x.parquet", "unihub"), ("x", "unihub")])
+def test_the_target_format_is_the_name_before_a_compression_suffix(name: str, expected: str) -> None:
+    """``convert ds x.tfrecord.gz`` made a unihub dataset (a folder) named ``x.tfrecord.gz``: the format was looked
+    up by ``.gz`` alone. ``--to`` still decides where given."""
+    assert resolve_target_format(f"/out/{name}", None) == expected
+    assert resolve_target_format(f"/out/{name}", "parquet") == "unihub"
