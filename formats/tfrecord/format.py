@@ -286,8 +286,10 @@ class TFRecordFormat(ForeignFormat):
                            "and in others a Feature with no list set: an export writes every one as a list (the "
                            "same values, other bytes)")
         if self.tensor_encoding_differs:
-            caveats.append("some TensorProtos are written neither as tf.io.serialize_tensor nor as "
-                           "tf.make_tensor_proto writes them: an export holds the same tensors, other bytes")
+            caveats.append("some TensorProtos are written otherwise than tf.io.serialize_tensor and "
+                           "tf.make_tensor_proto(array) write the tensors they hold (one value over a shape, as "
+                           "make_tensor_proto(value, shape=...) writes, is one such): an export holds the same "
+                           "tensors, other bytes")
         return caveats
 
     @classmethod

@@ -275,7 +275,13 @@ def test_tensors_written_neither_way_say_so(tmp_path: Path) -> None:
     versioned.version_number = 1
     src = _records(tmp_path / "t.tfrecord", [_tensor(np.arange(3, dtype=np.int32)), versioned.SerializeToString()])
     result = convert(src, tmp_path / "ds")
-    assert any("neither as tf.io.serialize_tensor nor as tf.make_tensor_proto" in n for n in result.notes)
+    assert any("written otherwise than tf.io.serialize_tensor and tf.make_tensor_proto(array)" in n
+               for n in result.notes)
+    # make_tensor_proto itself writes one value over a shape: the note said it did not
+    broadcast = _records(tmp_path / "b.tfrecord", [tf.make_tensor_proto(1.5, shape=[3]).SerializeToString()] * 2)
+    result = convert(broadcast, tmp_path / "bds")
+    assert any("one value over a shape, as make_tensor_proto(value, shape=...) writes" in n for n in result.notes)
+    assert verify(broadcast, tmp_path / "bds").equal
 
 
 def test_tensors_of_different_dtypes_or_unstorable_ones_are_refused(tmp_path: Path) -> None:
