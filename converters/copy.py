@@ -206,6 +206,8 @@ def copy_task(plan: _Plan, index: int, start: int, stop: int,
                              batched=True, part_name=part_name(index), row_group_size_mb=plan.row_group_size_mb,
                              partition_by=plan.partition_by, validate=False,
                              extra_metadata=plan.store.extra_metadata or None)
+    except SchemaError as exc:  # the source's columns are not what its schema says: name the source and rows
+        raise SchemaError(f"{plan.store.url}, rows {start:,} to {stop:,}: {exc}") from exc
     finally:
         plan.store._close_file()  # this thread's open source file
     return read[0], result.num_rows
