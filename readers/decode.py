@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from unihub.errors import CodecError, InvalidArgumentError
+from unihub.schema import dtypes
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec, column_as_array
 from unihub.schema.unischema import UnischemaField
 
@@ -79,22 +80,38 @@ UNIHUB = DecodePolicy()
 def decode_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, *, decode_images: bool = True,
                   policy: DecodePolicy = UNIHUB) -> Any:
     """One stored column as numpy values of field ``f`` (see the module docstring)."""
-    if f.codec is None:
-        values = _codecless(f, column)
-    elif isinstance(f.codec, CompressedImageCodec) and not decode_images:
-        return f.codec.decode_column(f, column, decode=False)
-    else:
-        try:
-            values = f.codec.decode_column(f, column)
-        except CodecError:
-            if not (policy.inferred and _is_nested_list(column.type)):
-                raise
-            values = _ragged_rows(f, column)
+    try:
+        if f.codec is None:
+            values = _codecless(f, column)
+        elif isinstance(f.codec, CompressedImageCodec) and not decode_images:
+            return f.codec.decode_column(f, column, decode=False)
+        else:
+            try:
+                values = f.codec.decode_column(f, column)
+            except CodecError:
+                if not (policy.inferred and _is_nested_list(column.type)):
+                    raise
+                values = _ragged_rows(f, column)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:  # ArrowInvalid is a ValueError
+        raise undescribed_column(f, column, exc) from exc
     if not policy.batched and numpy_strings_in_rows(f, policy):
         values = _numpy_strings(values)
     if not policy.batched and policy.petastorm and f.shape == () and f.dtype.kind in "mM":
         values = _petastorm_row_times(column.type, values)
     return _as_petastorm(f, values, policy) if policy.petastorm else values
+
+
+def undescribed_column(f: UnischemaField, column: pa.Array | pa.ChunkedArray, exc: BaseException) -> CodecError:
+    """The error of a column its field does not describe (strings under an int64 field, ints under an image
+    field: a hostile or mistaken schema): numpy's, Arrow's or a codec's raw error, named; the readers add the
+    file and row group."""
+    shape = f" of shape {f.shape}" if f.shape else ""
+    codec = type(f.codec).__name__ if f.codec is not None else "no codec"
+    return CodecError(f"field {f.name!r}: its column of {column.type} does not decode as "
+                      f"{dtypes.dtype_name(f.numpy_dtype)}{shape} ({codec}): {type(exc).__name__}: {exc}",
+                      field=f.name)
 
 
 def with_policy_types(f: UnischemaField, values: Any, policy: DecodePolicy) -> Any:

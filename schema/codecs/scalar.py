@@ -115,23 +115,15 @@ class ScalarCodec(Codec):
 
     def decode_column(self, field: UnischemaField, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         array = _plain_values(field, column_as_array(column))
-        try:
-            if pa.types.is_decimal(array.type):
-                return _decode_decimals(field, array)
-            valid = valid_mask(array)
-            if valid is None:
-                out = to_numpy(array)
-                if field.dtype != object and out.dtype != field.dtype:
-                    out = out.astype(field.dtype) if out.dtype != object else _cells_as(out, field.dtype)
-                return out
-            return _decode_with_nulls(field, array, valid)
-        except (ValueError, TypeError, OverflowError) as exc:  # ArrowInvalid is a ValueError
-            if isinstance(exc, CodecError):
-                raise
-            # a schema that does not describe the column (strings under an int64 field): numpy's or Arrow's raw
-            # error named; the readers add the file and row group
-            raise CodecError(f"field {field.name!r}: its column of {array.type} does not decode as "
-                             f"{dtypes.dtype_name(field.numpy_dtype)}: {exc}", field=field.name) from exc
+        if pa.types.is_decimal(array.type):
+            return _decode_decimals(field, array)
+        valid = valid_mask(array)
+        if valid is None:
+            out = to_numpy(array)
+            if field.dtype != object and out.dtype != field.dtype:
+                out = out.astype(field.dtype) if out.dtype != object else _cells_as(out, field.dtype)
+            return out
+        return _decode_with_nulls(field, array, valid)
 
     def config(self) -> dict[str, Any]:
         return {"arrow_type": dtypes.arrow_type_to_json(self._arrow_type)}
