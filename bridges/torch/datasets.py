@@ -244,6 +244,9 @@ def _build_iterable_dataset(torch: Any) -> type:
                 return resume.own
             with self._open(resume.epoch, shard, resume) as reader:  # where this shard's run of the rest starts
                 before = _delivered_before(reader, resume.before, len(resume.readers or ()))
+                if before >= reader.store.num_rows:  # the old ranks' epoch is over: this shard is at the next's start
+                    return iterable_state(seed=self.seed, epoch=self.epoch + 1, shard=shard, before=0, rows=0,
+                                          finished=False, reader={})
                 return iterable_state(seed=self.seed, epoch=self.epoch, shard=shard, before=before, rows=0,
                                       finished=False, reader=dict(reader.state_dict(), skip=0, exclude=[]))
 

@@ -533,3 +533,29 @@ def test_pad_repeats_are_not_counted_as_rows_delivered(dataset, stop):
         rest = set(range(N)) - set(seen)
         assert {i for r in after for i in r} == rest
         assert [len(r) for r in after] == [-(-len(rest) // world)] * world
+
+
+def test_a_worker_not_yet_asked_after_a_finished_epoch_saves_the_next_epochs_start(dataset):
+    """Three ranks saved at the end of their shares (an epoch's last step: the loader had not seen the end)
+    resume on one rank of two workers; one batch later (worker 0's), it is saved and resumed again. Worker 1,
+    never asked for rows, had saved a state of the epoch that was over: resumed, it delivered nothing, and its
+    half of the next epoch was lost (saved with worker 0's, the list was refused as epochs apart)."""
+    def dataset_of(rank: int, world: int) -> Any:
+        return TorchIterableDataset(dataset, 8, seed=3, rank=rank, world_size=world, **OPTIONS)
+
+    states = []
+    for rank in range(3):
+        loader = stateful_loader()(dataset_of(rank, 3), batch_size=None)
+        share = sum(len(ids(batch)) for batch in itertools.islice(loader, -(-exact_share(N, rank, 3) // 8)))
+        assert share == exact_share(N, rank, 3)  # every row of its share, its end not yet seen
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    resumed = dataset_of(0, 1)
+    resumed.load_state_dict(states)
+    loader = stateful_loader()(resumed, batch_size=None, num_workers=2)
+    seen = ids(next(iter(loader)))
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = dataset_of(0, 1)
+    loader = stateful_loader()(again, batch_size=None, num_workers=2)
+    loader.load_state_dict(state)
+    rest = [i for batch in loader for i in ids(batch)]
+    assert Counter(seen + rest) == Counter(range(N))
