@@ -733,6 +733,9 @@ class Reader:
         if isinstance(state, (list, tuple)):
             self._load_states(state)
             return
+        other = _other_kind(state)
+        if other:
+            raise ReaderStateError(f"the state is a {other}'s, not a reader's: load it into the {other} that saved it")
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ReaderStateError(f"reader state version {found!r} is not {STATE_VERSION}")
@@ -1060,6 +1063,24 @@ _UNKNOWN_IMAGE_BYTES = 64 * 2**10  # an image field with a None dim: a guess
 #: the epoch's first decode task is this share of a task, the next twice that, ... (the first
 #: batch waits for a few images' decoding, not a whole task's)
 FIRST_TASK_SHARE = 8
+
+
+_KINDS = {"weighted_sampling": "WeightedSamplingReader", "torch_iterable_dataset": "TorchIterableDataset",
+          "torch_iterable_stream": "TorchIterableDataset", "elastic_sampler": "ElasticDistributedSampler"}
+
+
+def _other_kind(state: Any) -> str:
+    """What saved ``state`` where that is not a reader (a mix, a loader, a TF ``ReaderPosition``, a torch
+    dataset or sampler, torchdata's ``StatefulDataLoader``), for the error that says so; '' for anything else."""
+    if not isinstance(state, dict):
+        return ""
+    if "kind" in state:
+        return _KINDS.get(state["kind"], str(state["kind"]))
+    if "_num_yielded" in state:
+        return "StatefulDataLoader"
+    if {"reader", "row"} <= set(state):
+        return "ReaderPosition"
+    return "loader" if {"reader", "skip", "exclude"} <= set(state) else ""
 
 
 def _take(column: Any, rows: np.ndarray) -> Any:

@@ -244,7 +244,11 @@ def _build_iterable_dataset(torch: Any) -> type:
             if resume.own is not None:
                 return resume.own
             with self._open(resume.epoch, shard, resume) as reader:  # where this shard's run of the rest starts
-                return iterable_state(seed=self.seed, epoch=self.epoch, shard=shard, before=resume.before, rows=0,
+                before = _delivered_before(reader, resume.before, len(resume.readers or ()))
+                if before >= reader.store.num_rows:  # the old ranks' epoch is over: this shard is at the next's start
+                    return iterable_state(seed=self.seed, epoch=self.epoch + 1, shard=shard, before=0, rows=0,
+                                          finished=False, reader={})
+                return iterable_state(seed=self.seed, epoch=self.epoch, shard=shard, before=before, rows=0,
                                       finished=False, reader=dict(reader.state_dict(), skip=0, exclude=[]))
 
         def load_state_dict(self, state: Any) -> None:
@@ -308,12 +312,16 @@ def _build_iterable_dataset(torch: Any) -> type:
             before = int(own["before"]) if own is not None else resume.before if resume is not None else 0
             run = self._run = _Run(epoch, self.seed, shard, before, int(own["rows"]) if own is not None else 0)
             reader = self._open(epoch, shard, resume)
-            if resume is not None and resume.readers is not None and run.before >= reader.store.num_rows:
-                with reader:  # the old ranks delivered every row of their epoch: the next one, as a fresh run's
-                    pass
-                epoch, resume, self.epoch = epoch + 1, None, epoch + 2
-                run = self._run = _Run(epoch, self.seed, shard, 0, 0)
-                reader = self._open(epoch, shard, None)
+            if resume is not None and resume.readers is not None:
+                run.before = _delivered_before(reader, run.before, len(resume.readers))
+                if run.before >= reader.store.num_rows:
+                    # the old ranks delivered every row of their epoch (or with 'drop' each its whole share, saved
+                    # before it saw its end): the next one, as a fresh run's
+                    with reader:
+                        pass
+                    epoch, resume, self.epoch = epoch + 1, None, epoch + 2
+                    run = self._run = _Run(epoch, self.seed, shard, 0, 0)
+                    reader = self._open(epoch, shard, None)
             with reader:
                 limit = _share_left(reader, run, resume, self.shard_remainder)
                 skip = int(reader_of(own).get("skip", 0)) if own is not None else 0
@@ -399,6 +407,24 @@ def _build_iterable_dataset(torch: Any) -> type:
     TorchIterableDataset.__module__ = __name__
     TorchIterableDataset.__qualname__ = "TorchIterableDataset"
     return TorchIterableDataset
+
+
+def _delivered_before(reader: Any, counted: int, shards: int) -> int:
+    """Rows of its epoch that the old ranks delivered, each once, as ``reader`` (resumed from their states, its
+    one epoch 0) records them. Their states' rows summed (``counted``) also count a ``'pad'`` shard's
+    wrap-around repeats, fewer than one per shard of ``shards``: more or fewer, the states are not of one run.
+    Every row where the reader starts after the epoch: each shard was at the end of its share (with ``'drop'``,
+    rows left out that no count reaches)."""
+    state = reader.state_dict()
+    if state["epoch"] > 0:
+        return int(reader.store.num_rows)
+    done = state["done"]
+    delivered = sum(done[k + 2] - done[k + 1] for k in range(0, len(done), 3) if done[k] == 0)
+    if not 0 <= counted - delivered < shards:
+        raise LoaderStateError(f"the states say {counted} of {reader.store.num_rows} rows of the epoch were "
+                               f"delivered, their readers' positions {delivered}: the states are not of one run of "
+                               "this dataset, or some rank's are missing")
+    return delivered
 
 
 def _share_left(reader: Any, run: _Run, resume: IterableResume | None, remainder: str) -> int | None:

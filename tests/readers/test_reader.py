@@ -35,6 +35,7 @@ from unihub import (
     UnihubError,
     Unischema,
     UnischemaField,
+    WeightedSamplingReader,
     open_dataset,
     write_dataset,
 )
@@ -396,6 +397,24 @@ def test_seek_is_refused_beyond_the_epoch_and_where_rows_are_not_known(dataset):
     with make_reader(dataset, filters=[("id", ">", 3)], **RESUME_OPTIONS) as reader:
         with pytest.raises(InvalidArgumentError, match="known in advance"):
             reader.seek(1)
+
+
+def test_a_state_another_object_saved_is_named_not_a_version(dataset):
+    """A mix's, a loader's or a TF position's state given to a reader says whose it is: a mix's state was refused
+    as 'reader state version 2 is not 1', as if saved by another unihub, and a loader's as lacking keys."""
+    options = dict(RESUME_OPTIONS, schema_fields=["id"])
+    with WeightedSamplingReader([make_reader(dataset, **options), make_reader(dataset, **options)], [0.5, 0.5],
+                                seed=0) as mixer:
+        next(mixer)
+        mixed = mixer.state_dict()
+    with make_reader(dataset, **options) as reader:
+        next(reader)
+        state = reader.state_dict()
+    loader = {"version": 1, "reader": state, "skip": 1, "exclude": []}
+    position = {"version": 1, "reader": state, "row": 1}
+    for saved, owner in [(mixed, "WeightedSamplingReader"), (loader, "loader"), (position, "ReaderPosition")]:
+        with pytest.raises(ReaderStateError, match=f"the state is a {owner}'s, not a reader's"):
+            make_reader(dataset, resume_from=saved, **options)
 
 
 def test_state_of_another_dataset_or_options_is_refused(dataset, tmp_path):
