@@ -820,6 +820,41 @@ def test_a_delete_with_column_sets_refused_at_publishing_leaves_nothing(tmp_path
     assert left == [f for f in files if publish.RETIRED_DIR not in f]
 
 
+@pytest.mark.parametrize("winner", ["delete", "compact"])
+def test_two_rewrites_of_the_same_part_at_once_keep_every_version_readable(tmp_path: Path, winner: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete refused because another delete (or a compaction) of the same part published first removed the
+    retired copy that the winner's older versions read: versions 1 and 2 lost the part for good."""
+    from unihub import compact_dataset
+    from unihub.errors import ConcurrentCommitError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
+    write_dataset(url, SCHEMA, rows(10, 15), mode="append")
+    before = {v: table_of(url, version=v) for v in (1, 2)}
+    real = publish.put_if_absent
+
+    def other_commit_first(fs: Any, path: str, data: bytes) -> bool:
+        monkeypatch.setattr(publish, "put_if_absent", real)
+        # the other commit runs while this delete has retired its parts and is about to publish
+        if winner == "delete":
+            versions.delete_rows(url, pc.field("id") == 1)
+        else:
+            assert compact_dataset(url) is not None
+        return real(fs, path, data)
+
+    monkeypatch.setattr(publish, "put_if_absent", other_commit_first)
+    with pytest.raises(ConcurrentCommitError):
+        versions.delete_rows(url, pc.field("id") == 2)
+    assert [v.number for v in versions.list_versions(url)] == [1, 2, 3]
+    for number, table in before.items():
+        assert table_of(url, version=number).equals(table)
+    assert table_of(url).num_rows == (14 if winner == "delete" else 15)
+    versions.delete_rows(url, pc.field("id") == 2)  # run again, it lands
+    for number, table in before.items():
+        assert table_of(url, version=number).equals(table)
+
+
 def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from unihub import add_column
     from unihub.cli import main
