@@ -855,6 +855,27 @@ def test_two_rewrites_of_the_same_part_at_once_keep_every_version_readable(tmp_p
         assert table_of(url, version=number).equals(table)
 
 
+def test_a_delete_of_every_row_is_a_version_of_no_rows(tmp_path: Path) -> None:
+    """Its record lists no part: opening it said 'the directory holds no Parquet data files (is it a dataset?)', and
+    so did every reader of the latest version, until the next append."""
+    from unihub import add_column
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6), rows_per_file=4)
+    version = versions.delete_rows(url, pc.field("id") >= 0)
+    assert version is not None and version.parts == () and version.added_rows == -6
+    store = open_dataset(url)
+    assert store.num_rows == 0 and store.version == 2 and list(store.schema.fields) == ["id", "vec", "name"]
+    with make_reader(url) as reader:
+        assert list(reader) == []
+    with make_batch_reader(url) as reader:
+        assert list(reader) == []
+    assert open_dataset(url, version=1).num_rows == 6
+    assert add_column(url, LABEL, np.zeros(0, np.int64)).version == 3
+    write_dataset(url, SCHEMA, rows(10, 12), mode="append")
+    assert ids(url) == [10, 11] and table_of(url)["label"].to_pylist() == [None, None]
+
+
 def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from unihub import add_column
     from unihub.cli import main
