@@ -789,7 +789,11 @@ def publish_rewrite(fs: pafs.FileSystem, root: str, version: Version, replaced: 
     try:
         for rel in replaced:
             retired.append(rel)
-            retire(fs, root, rel)
+            try:
+                retire(fs, root, rel)
+            except FileNotFoundError:  # out of the directory: a commit that replaced it published meanwhile
+                raise ConcurrentCommitError(f"{root}: another commit replaced {rel} meanwhile; nothing of this "
+                                            f"{version.operation} was published: run it again") from None
         if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
                                         f"nothing of this {version.operation} was published: run it again")

@@ -855,6 +855,29 @@ def test_two_rewrites_of_the_same_part_at_once_keep_every_version_readable(tmp_p
         assert table_of(url, version=number).equals(table)
 
 
+def test_a_delete_whose_part_another_delete_replaced_meanwhile_is_a_concurrent_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other delete published first and took the part out of the directory: this one failed retiring it with a
+    bare FileNotFoundError instead of the race's named error."""
+    from unihub.errors import ConcurrentCommitError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
+    real = versions.publish_rewrite
+
+    def other_first(*args: Any) -> None:
+        monkeypatch.setattr(versions, "publish_rewrite", real)
+        versions.delete_rows(url, pc.field("id") == 1)
+        real(*args)
+
+    monkeypatch.setattr(versions, "publish_rewrite", other_first)
+    with pytest.raises(ConcurrentCommitError, match="replaced part-00000.parquet meanwhile"):
+        versions.delete_rows(url, pc.field("id") == 2)
+    assert ids(url) == [0, 2, 3, 4, 5, 6, 7, 8, 9] and ids(url, version=1) == list(range(10))
+    versions.delete_rows(url, pc.field("id") == 2)
+    assert ids(url) == [0, 3, 4, 5, 6, 7, 8, 9] and ids(url, version=1) == list(range(10))
+
+
 def test_a_delete_of_every_row_is_a_version_of_no_rows(tmp_path: Path) -> None:
     """Its record lists no part: opening it said 'the directory holds no Parquet data files (is it a dataset?)', and
     so did every reader of the latest version, until the next append."""
