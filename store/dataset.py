@@ -215,7 +215,11 @@ class ParquetStore:
 
     @property
     def missing_fields(self) -> tuple[str, ...]:
-        """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
+        """Fields the schema lists that the data files hold no column for (nor a partition directory). A store of no
+        rows misses none: no row reads a column, and a partitioned dataset of no rows has no partition directory
+        (written empty, or every row deleted)."""
+        if not self.row_groups:
+            return ()
         present = set(self.arrow_schema.names) | set(self.partition_names) | set(self.side.set_of if self.side else ())
         return tuple(name for name in self.schema.fields if name not in present)
 

@@ -899,6 +899,25 @@ def test_a_delete_of_every_row_is_a_version_of_no_rows(tmp_path: Path) -> None:
     assert ids(url) == [10, 11] and table_of(url)["label"].to_pylist() == [None, None]
 
 
+def test_a_partitioned_dataset_of_no_rows_reads_as_none(tmp_path: Path) -> None:
+    """With every row deleted (or none written) no partition folder is left: readers refused the dataset, 'the data
+    files hold no column for: 'key'', blaming the schema for a column no row reads; an append then reads as usual."""
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "ds")
+    write_dataset(url, keyed, [{**row, "key": row["id"] % 2} for row in rows(0, 6)], partition_by=["key"])
+    assert versions.delete_rows(url, pc.field("id") >= 0) is not None
+    for make in (make_reader, make_batch_reader):
+        with make(url) as reader:
+            assert list(reader) == []
+    empty = str(tmp_path / "empty")
+    write_dataset(empty, keyed, [], partition_by=["key"])
+    with make_batch_reader(empty) as reader:
+        assert list(reader) == []
+    write_dataset(url, keyed, [{**row, "key": 5} for row in rows(6, 8)], mode="append", partition_by=["key"])
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert [(int(r.id), int(r.key)) for r in reader] == [(6, 5), (7, 5)]
+
+
 def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from unihub import add_column
     from unihub.cli import main
