@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from unihub.errors import FormatError, InvalidArgumentError
+from unihub.errors import ConcurrentCommitError, FormatError, InvalidArgumentError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.runtime.memory import DEFAULT_PART_SIZE_MB, is_amount
@@ -81,7 +81,12 @@ def compact_dataset(url: str | os.PathLike[str], *, target_mb: float = DEFAULT_P
         current = versions.recorded(fs, root, versions.settled_history(fs, root, os.fspath(url), tag, "compact"))
         versions.retire_unlisted(fs, root, current)
         versions.remove_orphans(fs, root, current)
-        return _compact(fs, root, current[-1], int(target_mb * 2**20), tag)
+        try:
+            return _compact(fs, root, current[-1], int(target_mb * 2**20), tag)
+        except FileNotFoundError as exc:  # a part left the directory: a delete (or compaction) replaced it meanwhile
+            raise ConcurrentCommitError(f"{url}: a part of version {current[-1].number} was replaced while it was "
+                                        f"being compacted ({exc}); nothing of the compaction was published: run it "
+                                        "again") from None
 
 
 def _compact(fs: pafs.FileSystem, root: str, latest: versions.Version, target: int,

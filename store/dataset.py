@@ -215,7 +215,11 @@ class ParquetStore:
 
     @property
     def missing_fields(self) -> tuple[str, ...]:
-        """Fields the schema lists that the data files hold no column for (nor a partition directory)."""
+        """Fields the schema lists that the data files hold no column for (nor a partition directory). A store of no
+        rows misses none: no row reads a column, and a partitioned dataset of no rows has no partition directory
+        (written empty, or every row deleted)."""
+        if not self.row_groups:
+            return ()
         present = set(self.arrow_schema.names) | set(self.partition_names) | set(self.side.set_of if self.side else ())
         return tuple(name for name in self.schema.fields if name not in present)
 
@@ -765,7 +769,7 @@ def open_dataset(url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     else:
         paths, sizes, common_path, pinned, listing = _published_files(fs, root, version, tag, listing)
         base = root
-        if not paths:
+        if not paths and pinned is None:
             raise DatasetNotFoundError(f"{url}: the directory holds no Parquet data files "
                                        "(is it a dataset? files starting with '_' or '.' are ignored)")
         handles: dict[str, Any] = {}
@@ -917,14 +921,11 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
     partitions = [partition_of(base, p) for p in paths]
     keyed = keyed_partitions(paths, partitions, [footer.num_rows for footer in footers])
     stored = [footer.schema.to_arrow_schema() for footer in footers]
-    file_schema = stored[0]
-    absent: dict[str, frozenset[str]] = {}
-    evolving = evolved and common is not None  # the files' columns checked against the version's there
-    if evolved and common is not None:
-        file_schema, absent = _evolved_schema(paths, stored, common.schema.to_arrow_schema())
+    evolving = evolved and common is not None and bool(paths)  # the files' columns checked against the version's
+    file_schema, absent = _columns_of(url, paths, stored, common, evolving)
     kv = dict(common.metadata or {}) if common is not None else {}
     found_in = {key: fsutil.join(root, COMMON_METADATA) for key in kv}
-    for key, value in (footers[0].metadata or {}).items():
+    for key, value in ((footers[0].metadata if footers else None) or {}).items():
         kv.setdefault(key, value)
         found_in.setdefault(key, paths[0])
     schema, source = resolve_schema(kv, file_schema, keyed, url, found_in)
@@ -942,6 +943,19 @@ def _store(url: str, fs: pafs.FileSystem, root: str, base: str, paths: list[str]
                         files=files, row_groups=row_groups, metadata=kv, schema_source=source,
                         partition_names=names, _offsets=offsets, _footers=dict(zip(paths, footers)),
                         _verify=integrity.verification(), _extra=extra, _absent=absent, _conform=conform)
+
+
+def _columns_of(url: str, paths: list[str], stored: list[pa.Schema], common: pq.FileMetaData | None, evolving: bool
+                ) -> tuple[pa.Schema, dict[str, frozenset[str]]]:
+    """The columns of the files ``paths`` (``stored``: each file's own) and those each file lacks: the first file's, a
+    version's whose appends evolved its schema (``evolving``, :func:`_evolved_schema`), or, for a version without files
+    (a delete of every row), its schema file's."""
+    if common is not None and (evolving or not stored):
+        version_schema = common.schema.to_arrow_schema()
+        return _evolved_schema(paths, stored, version_schema) if stored else (version_schema, {})
+    if not stored:
+        raise DatasetNotFoundError(f"{url}: its version lists no data files, and its schema file is gone")
+    return stored[0], {}
 
 
 def _evolved_schema(paths: list[str], stored: list[pa.Schema], version_schema: pa.Schema

@@ -61,7 +61,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -783,22 +783,42 @@ def publish_rewrite(fs: pafs.FileSystem, root: str, version: Version, replaced: 
     the parts ``replaced`` of the version before it: a copy of each replaced part beside the records first (a kill
     leaves every version readable), the record by create-if-absent, then the replaced parts out of the directory (a
     plain listing is the latest version). Another commit taking the number first is a
-    :class:`~unihub.errors.ConcurrentCommitError`; on any failure the new files and the copies go."""
+    :class:`~unihub.errors.ConcurrentCommitError`; on any failure the new files go, and the copies that no other
+    commit needs."""
     retired: list[str] = []
     try:
         for rel in replaced:
             retired.append(rel)
-            retire(fs, root, rel)
+            try:
+                retire(fs, root, rel)
+            except FileNotFoundError:  # out of the directory: a commit that replaced it published meanwhile
+                raise ConcurrentCommitError(f"{root}: another commit replaced {rel} meanwhile; nothing of this "
+                                            f"{version.operation} was published: run it again") from None
         if not publish.put_if_absent(fs, record_path(root, version.number), version.to_json()):
             raise ConcurrentCommitError(f"{root}: another commit published version {version.number} meanwhile; "
                                         f"nothing of this {version.operation} was published: run it again")
     except BaseException:
-        discard(fs, root, written, retired)
+        discard(fs, root, written, _still_listed(fs, root, retired))
         raise
     # before the files they list now go
     listings.follow_latest(fs, root, (version.number, version.parts), lambda: latest_parts(fs, root))
     for rel in replaced:
+        # the copy again: a refused rewrite of the same part (a delete or compaction at once) may have removed the
+        # one this found in place, while the latest version still listed the part
+        with suppress(FileNotFoundError):  # (gone: another commit retired it, its copy in place)
+            retire(fs, root, rel)
         fsutil.remove(fs, f"{root}/{rel}")
+
+
+def _still_listed(fs: pafs.FileSystem, root: str, retired: Sequence[str]) -> list[str]:
+    """Of the parts a refused rewrite retired, those the latest version still lists (still in the directory: their
+    copies are no version's). A part the commit that won replaced keeps its copy, the same file its older versions
+    read now; where the latest cannot be read, every copy stays (a vacuum removes it with its part)."""
+    try:
+        latest = _one_record(fs, root, None)
+    except (OSError, UnihubError):
+        return []
+    return [rel for rel in retired if latest is not None and rel in latest.parts]
 
 
 def discard(fs: pafs.FileSystem, root: str, written: Sequence[str], retired: Sequence[str] = ()) -> None:

@@ -155,6 +155,29 @@ def test_a_failure_or_a_race_leaves_the_old_version_and_no_file(tmp_path: Path,
         compact_dataset(url, target_mb=0)
 
 
+def test_a_part_a_delete_replaced_while_it_was_compacted_is_a_concurrent_commit(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delete published first and took the part out of the directory: the compaction failed with a bare
+    FileNotFoundError ('Failed to open local file ...') instead of the race's named error; nothing is published."""
+    url = str(tmp_path / "ds")
+    grown(url)
+    real = compaction._copy_part
+
+    def a_delete_first(*args: Any) -> int:
+        monkeypatch.setattr(compaction, "_copy_part", real)
+        versions.delete_rows(url, pc.field("id") == 7)  # in the second part, not yet copied
+        return real(*args)
+
+    monkeypatch.setattr(compaction, "_copy_part", a_delete_first)
+    with pytest.raises(ConcurrentCommitError, match="nothing of the compaction was published"):
+        compact_dataset(url)
+    latest = versions.list_versions(url)[-1]
+    assert latest.operation == "delete" and 7 not in table_of(url)["id"].to_pylist()
+    listed = {f for v in versions.list_versions(url) for f in v.files()}
+    assert not [p for p in Path(url).rglob("unihub-*c0*") if str(p.relative_to(url)) not in listed]
+    assert compact_dataset(url) is not None  # run again, it lands
+
+
 def test_a_delete_and_a_backfill_after_a_compaction(tmp_path: Path) -> None:
     url = str(tmp_path / "ds")
     grown(url)

@@ -820,6 +820,104 @@ def test_a_delete_with_column_sets_refused_at_publishing_leaves_nothing(tmp_path
     assert left == [f for f in files if publish.RETIRED_DIR not in f]
 
 
+@pytest.mark.parametrize("winner", ["delete", "compact"])
+def test_two_rewrites_of_the_same_part_at_once_keep_every_version_readable(tmp_path: Path, winner: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete refused because another delete (or a compaction) of the same part published first removed the
+    retired copy that the winner's older versions read: versions 1 and 2 lost the part for good."""
+    from unihub import compact_dataset
+    from unihub.errors import ConcurrentCommitError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
+    write_dataset(url, SCHEMA, rows(10, 15), mode="append")
+    before = {v: table_of(url, version=v) for v in (1, 2)}
+    real = publish.put_if_absent
+
+    def other_commit_first(fs: Any, path: str, data: bytes) -> bool:
+        monkeypatch.setattr(publish, "put_if_absent", real)
+        # the other commit runs while this delete has retired its parts and is about to publish
+        if winner == "delete":
+            versions.delete_rows(url, pc.field("id") == 1)
+        else:
+            assert compact_dataset(url) is not None
+        return real(fs, path, data)
+
+    monkeypatch.setattr(publish, "put_if_absent", other_commit_first)
+    with pytest.raises(ConcurrentCommitError):
+        versions.delete_rows(url, pc.field("id") == 2)
+    assert [v.number for v in versions.list_versions(url)] == [1, 2, 3]
+    for number, table in before.items():
+        assert table_of(url, version=number).equals(table)
+    assert table_of(url).num_rows == (14 if winner == "delete" else 15)
+    versions.delete_rows(url, pc.field("id") == 2)  # run again, it lands
+    for number, table in before.items():
+        assert table_of(url, version=number).equals(table)
+
+
+def test_a_delete_whose_part_another_delete_replaced_meanwhile_is_a_concurrent_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other delete published first and took the part out of the directory: this one failed retiring it with a
+    bare FileNotFoundError instead of the race's named error."""
+    from unihub.errors import ConcurrentCommitError
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
+    real = versions.publish_rewrite
+
+    def other_first(*args: Any) -> None:
+        monkeypatch.setattr(versions, "publish_rewrite", real)
+        versions.delete_rows(url, pc.field("id") == 1)
+        real(*args)
+
+    monkeypatch.setattr(versions, "publish_rewrite", other_first)
+    with pytest.raises(ConcurrentCommitError, match="replaced part-00000.parquet meanwhile"):
+        versions.delete_rows(url, pc.field("id") == 2)
+    assert ids(url) == [0, 2, 3, 4, 5, 6, 7, 8, 9] and ids(url, version=1) == list(range(10))
+    versions.delete_rows(url, pc.field("id") == 2)
+    assert ids(url) == [0, 3, 4, 5, 6, 7, 8, 9] and ids(url, version=1) == list(range(10))
+
+
+def test_a_delete_of_every_row_is_a_version_of_no_rows(tmp_path: Path) -> None:
+    """Its record lists no part: opening it said 'the directory holds no Parquet data files (is it a dataset?)', and
+    so did every reader of the latest version, until the next append."""
+    from unihub import add_column
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, SCHEMA, rows(0, 6), rows_per_file=4)
+    version = versions.delete_rows(url, pc.field("id") >= 0)
+    assert version is not None and version.parts == () and version.added_rows == -6
+    store = open_dataset(url)
+    assert store.num_rows == 0 and store.version == 2 and list(store.schema.fields) == ["id", "vec", "name"]
+    with make_reader(url) as reader:
+        assert list(reader) == []
+    with make_batch_reader(url) as reader:
+        assert list(reader) == []
+    assert open_dataset(url, version=1).num_rows == 6
+    assert add_column(url, LABEL, np.zeros(0, np.int64)).version == 3
+    write_dataset(url, SCHEMA, rows(10, 12), mode="append")
+    assert ids(url) == [10, 11] and table_of(url)["label"].to_pylist() == [None, None]
+
+
+def test_a_partitioned_dataset_of_no_rows_reads_as_none(tmp_path: Path) -> None:
+    """With every row deleted (or none written) no partition folder is left: readers refused the dataset, 'the data
+    files hold no column for: 'key'', blaming the schema for a column no row reads; an append then reads as usual."""
+    keyed = Unischema("Keyed", [*SCHEMA, UnischemaField("key", np.int32, (), ScalarCodec(pa.int32()), False)])
+    url = str(tmp_path / "ds")
+    write_dataset(url, keyed, [{**row, "key": row["id"] % 2} for row in rows(0, 6)], partition_by=["key"])
+    assert versions.delete_rows(url, pc.field("id") >= 0) is not None
+    for make in (make_reader, make_batch_reader):
+        with make(url) as reader:
+            assert list(reader) == []
+    empty = str(tmp_path / "empty")
+    write_dataset(empty, keyed, [], partition_by=["key"])
+    with make_batch_reader(empty) as reader:
+        assert list(reader) == []
+    write_dataset(url, keyed, [{**row, "key": 5} for row in rows(6, 8)], mode="append", partition_by=["key"])
+    with make_reader(url, shuffle_row_groups=False) as reader:
+        assert [(int(r.id), int(r.key)) for r in reader] == [(6, 5), (7, 5)]
+
+
 def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from unihub import add_column
     from unihub.cli import main
