@@ -253,10 +253,10 @@ class Reader:
         if rowgroup_selector is not None:  # Petastorm's row-group indexes (readers/rowgroup_index.py)
             groups = apply_rowgroup_selector(store, rowgroup_selector, groups)
         if not groups:
+            why = (f"the predicate, filters or rowgroup_selector left none of the {len(store.row_groups)} row groups "
+                   f"of {store.url}") if store.row_groups else f"{store.url} holds no rows"
             warnings.warn("No matching data is available for loading after rowgroup selector were applied and the "
-                          f"data was sharded: the predicate, filters or rowgroup_selector left none of the "
-                          f"{len(store.row_groups)} row groups of {store.url}; the reader yields nothing",
-                          UserWarning, stacklevel=5)
+                          f"data was sharded: {why}; the reader yields nothing", UserWarning, stacklevel=5)
         return groups
 
     def _select_row_groups(self, predicate: PredicateBase | None, expression: Any,

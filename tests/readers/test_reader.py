@@ -961,6 +961,10 @@ def test_empty_dataset_reads_no_rows_and_a_missing_one_is_a_clear_error(tmp_path
         for num_epochs in (1, 3, None):
             with make(root, num_epochs=num_epochs, workers_count=1) as reader:
                 assert within(30, lambda: list(reader)) == []
+    write_dataset(tmp_path / "written", SCHEMA, [])  # no row group at all
+    with pytest.warns(UserWarning, match=f"data was sharded: {re.escape(str(tmp_path / 'written'))} holds no rows; "
+                                         "the reader yields nothing"):  # not the filters it was not given
+        make_batch_reader(tmp_path / "written").stop()
     with pytest.raises(NoDataAvailableError):
         make_batch_reader(root, cur_shard=0, shard_count=2)
     nothing = tmp_path / "nothing"
