@@ -5,11 +5,14 @@ returned for it (``codecless_expected.pkl``)."""
 
 from __future__ import annotations
 
+import datetime
 import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from unihub import Dataset, make_batch_reader, make_reader
@@ -142,8 +145,6 @@ def test_plain_parquet_lists_are_dense_in_the_bridges() -> None:
 def test_nulls_inside_float_lists_of_plain_parquet_read_as_nan(tmp_path: Path) -> None:
     """Petastorm 0.13.1 read a null inside a float list as NaN (rows ``[1.5, nan]``, batches one ``(n, k)``
     array); unihub raised ``CodecError`` on the whole row group. A null inside an int list stays an error."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from unihub.errors import CodecError
 
@@ -171,10 +172,7 @@ def test_timestamps_with_nulls_in_batches_are_datetime64_with_nat_as_petastorms(
     """Petastorm 0.13.1's batches of a nullable timestamp column are one ``datetime64[unit]`` array with NaT;
     unihub gave an object array of None and ``np.datetime64`` (no ``.astype``, no arithmetic). An all-null
     row group keeps the stored unit; unihub's types (``petastorm_types=False``) keep None."""
-    import datetime
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     stamps = [None, datetime.datetime(2021, 1, 1, 0, 0, 1), None, datetime.datetime(2021, 1, 1, 0, 0, 3), None, None]
     pq.write_table(pa.table({"id": pa.array(range(6)), "ts": pa.array(stamps, pa.timestamp("ms"))}),
@@ -193,10 +191,7 @@ def test_row_times_are_in_petastorms_units(tmp_path: Path) -> None:
     """Petastorm 0.13.1's rows held ``np.datetime64(pandas value)``: timestamps (stored in any unit) and durations
     in microseconds, dates in days; unihub's rows kept the stored unit (``datetime64[ns]`` from Spark's INT96).
     Batches keep the stored unit, as Petastorm's did; unihub's types (``petastorm_types=False``) keep it in rows."""
-    import datetime
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     moment = datetime.datetime(2021, 1, 1, 0, 0, 1, 250)
     pq.write_table(pa.table({
@@ -231,8 +226,6 @@ def test_plain_parquet_with_ragged_lists_of_lists_reads_without_naming_fields(tm
     schema left it out (ARROW-1644) and read the rest; unihub's reads failed ("nested lists are ragged"), so
     a dataset Petastorm read needed ``schema_fields`` to read at all. Its ragged rows now come as object arrays
     of their inner arrays, even ones as 2-D arrays, in both readers."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     nested = [[[1, 2], [3]], [[4, 5]], [], None]
     pq.write_table(pa.table({"id": pa.array(range(4)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
@@ -250,9 +243,6 @@ def test_asking_for_a_column_of_a_type_unihub_does_not_read_says_so(tmp_path: Pa
     """A plain Parquet struct column asked for by name was reported as matching 'no field in the dataset', though
     the files hold it; the warning (and the error, when nothing else matches) now names it with its type."""
     import warnings
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from unihub.errors import NoMatchingFieldsError
 

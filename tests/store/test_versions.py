@@ -27,6 +27,8 @@ from unihub import (
     TensorCodec,
     Unischema,
     UnischemaField,
+    add_column,
+    compact_dataset,
     make_batch_reader,
     make_reader,
     open_dataset,
@@ -34,6 +36,7 @@ from unihub import (
 )
 from unihub.errors import (
     AppendSchemaError,
+    ConcurrentCommitError,
     DatasetChangedError,
     FilterExpressionError,
     InvalidArgumentError,
@@ -580,7 +583,6 @@ KILLED_DELETE = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent
 @pytest.mark.slow
 @pytest.mark.parametrize("with_columns", [False, True])
 def test_a_kill_at_any_step_of_a_delete_leaves_the_old_or_the_new_version(tmp_path: Path, with_columns: bool) -> None:
-    from unihub import add_column
 
     seed = tmp_path / "seed"
     write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)
@@ -623,7 +625,6 @@ def labels(url: str, **options: Any) -> list[int | None]:
 def grow_with_columns(url: str, **options: Any) -> None:
     """Write, add a column, append, backfill it: versions 1-4, each read bit-exactly after the later ones, a
     reader opened before the backfill reading the old values, then vacuum --keep 1."""
-    from unihub import add_column
 
     write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4, **options)
     first = table_of(url, **options)
@@ -742,7 +743,6 @@ def delete_with_column_sets(url: str, **options: Any) -> None:
     latest."""
     import pyarrow.compute as pc
 
-    from unihub import add_column
 
     write_dataset(url, SCHEMA, rows(0, 16), rows_per_file=8, row_group_size_mb=1e-4, **options)
     assert [g.num_rows for g in open_dataset(url, **options).row_groups] == [4, 4, 4, 4]
@@ -803,8 +803,6 @@ def test_a_delete_with_column_sets_refused_at_publishing_leaves_nothing(tmp_path
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import pyarrow.compute as pc
 
-    from unihub import add_column
-    from unihub.errors import ConcurrentCommitError
 
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=4)
@@ -825,8 +823,6 @@ def test_two_rewrites_of_the_same_part_at_once_keep_every_version_readable(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A delete refused because another delete (or a compaction) of the same part published first removed the
     retired copy that the winner's older versions read: versions 1 and 2 lost the part for good."""
-    from unihub import compact_dataset
-    from unihub.errors import ConcurrentCommitError
 
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
@@ -859,7 +855,6 @@ def test_a_delete_whose_part_another_delete_replaced_meanwhile_is_a_concurrent_c
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The other delete published first and took the part out of the directory: this one failed retiring it with a
     bare FileNotFoundError instead of the race's named error."""
-    from unihub.errors import ConcurrentCommitError
 
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 10), rows_per_file=5)
@@ -881,7 +876,6 @@ def test_a_delete_whose_part_another_delete_replaced_meanwhile_is_a_concurrent_c
 def test_a_delete_of_every_row_is_a_version_of_no_rows(tmp_path: Path) -> None:
     """Its record lists no part: opening it said 'the directory holds no Parquet data files (is it a dataset?)', and
     so did every reader of the latest version, until the next append."""
-    from unihub import add_column
 
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 6), rows_per_file=4)
@@ -919,7 +913,6 @@ def test_a_partitioned_dataset_of_no_rows_reads_as_none(tmp_path: Path) -> None:
 
 
 def test_delete_on_an_added_column_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from unihub import add_column
     from unihub.cli import main
 
     url = str(tmp_path / "ds")
@@ -935,7 +928,6 @@ def test_a_delete_of_every_row_a_set_covers_keeps_its_field_as_nulls(tmp_path: P
     because a delete removed the rows its set covered (the appended rows read it as nulls, as before)."""
     import pyarrow.compute as pc
 
-    from unihub import add_column
 
     url = str(tmp_path / "ds")
     write_dataset(url, SCHEMA, rows(0, 6))
@@ -1040,7 +1032,6 @@ KILLED_ADD = KILLED.split("\nschema = Unischema")[0] + "\n" + textwrap.dedent(""
 
 @pytest.mark.slow
 def test_a_kill_at_any_step_of_a_column_add_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
-    from unihub import add_column
 
     seed = tmp_path / "seed"
     write_dataset(str(seed), SCHEMA, rows(0, 10), rows_per_file=4)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from unihub import (
@@ -559,7 +560,6 @@ def test_ngram_windows_mask_their_nullable_fields(tf: Any, tmp_path: Any) -> Non
 
 def dates_url(tmp_path: Any, days: list[str]) -> str:
     """Plain Parquet written by pyarrow: a date32 column (days on disk), timestamps of two units and a duration."""
-    import pyarrow.parquet as pq
 
     day = np.array(days, "datetime64[D]")
     table = pa.table({"id": np.arange(len(days)), "day": pa.array(day, pa.date32()),
@@ -630,7 +630,6 @@ def test_plain_parquet_ragged_lists_of_lists_are_ragged_tensors_and_never_padded
     """A plain ``list<list<int64>>`` column whose inner lists differ in length (Petastorm's inferred schema
     left it out): batches are RaggedTensors of exactly the stored values (nulls as no values), where the
     encoder refused a ragged row; a row reader's dense row of such lists is refused rather than padded with 0."""
-    import pyarrow.parquet as pq
 
     nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], None, []]]
     pq.write_table(pa.table({"id": pa.array(range(5)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),

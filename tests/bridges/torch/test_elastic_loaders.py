@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unihub import NdarrayCodec, ScalarCodec, Unischema, UnischemaField, write_dataset
+from unihub.bridges.torch import InMemBatchedDataLoader, LoaderStateError
 from unihub.dependencies import is_available
 from unihub.readers.reader import make_batch_reader, make_reader
 
@@ -211,7 +212,6 @@ def test_an_in_memory_loader_resumed_elastically_resumes_again(dataset):
 
 
 def test_in_memory_elastic_resume_refuses_what_it_cannot_know(dataset):
-    from unihub.bridges.torch import InMemBatchedDataLoader, LoaderStateError
     _, states = in_memory_ranks(dataset, 2, 3, None, 4, False, "pad")
     def reader() -> Any:
         return make_reader(dataset, cur_shard=0, shard_count=3, shard_by="row", num_epochs=1, **OPTIONS)
@@ -230,7 +230,6 @@ def test_in_memory_elastic_resume_refuses_what_it_cannot_know(dataset):
 
 def test_an_in_memory_state_whose_rest_is_not_json_is_a_loader_state_error(dataset):
     """Before: json.loads' RecursionError for a 'rest' nested past Python's limit escaped as it was."""
-    from unihub.bridges.torch import InMemBatchedDataLoader, LoaderStateError
     _, states = in_memory_ranks(dataset, 2, 3, None, 4, False, "pad")
     _, resumed = in_memory_ranks(dataset, 3, 1, states, 4, False, "pad")
     assert resumed[0]["rest"]

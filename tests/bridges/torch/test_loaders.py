@@ -6,6 +6,7 @@ rows over several files. Values are compared exactly with the rows that were wri
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import json
 import math
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import unihub.bridges.torch as tp
@@ -427,7 +429,6 @@ def _lists_dataset(directory: Any) -> tuple[str, dict[int, list[int]], dict[int,
     ragged = {i: list(range(i % 3)) for i in range(22)}
     table = pa.table({"id": pa.array(range(22), pa.int64()), "fixed": pa.array(list(fixed.values()), pa.list_(pa.int32())),
                       "ragged": pa.array(list(ragged.values()), pa.list_(pa.int64()))})
-    import pyarrow.parquet as pq
 
     pq.write_table(table, directory / "part-0.parquet", row_group_size=4)
     return directory.as_uri(), fixed, ragged
@@ -1802,9 +1803,7 @@ def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
     """torch's own DataLoader over TorchIterableDataset rows or TorchMapDataset: a date or timestamp field
     raised torch's TypeError (``default_collate`` knows no ``np.datetime64``); it now comes as a list of the
     values, as unihub's own loaders (and Petastorm's) pass it."""
-    import datetime
 
-    import pyarrow.parquet as pq
 
     stamps = [datetime.datetime(2020, 1, 1, 0, 0, i) for i in range(6)]
     pq.write_table(pa.table({"id": pa.array(range(6)), "ts": pa.array(stamps, pa.timestamp("us")),

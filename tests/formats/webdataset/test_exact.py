@@ -24,6 +24,7 @@ from unihub.converters.verify import verify
 from unihub.errors import CodecError
 from unihub.formats.webdataset import fields as webdataset_fields
 from unihub.formats.webdataset import spelling as webdataset_spelling
+from unihub.formats.webdataset.format import WebDatasetFormat
 from unihub.formats.webdataset.spelling import SPELLING_FIELD
 from unihub.images import decoders as images
 from unihub.store.dataset import open_dataset
@@ -256,7 +257,6 @@ def test_a_member_named_like_the_spelling_field_is_refused(tmp_path: Path, capsy
 
 def test_a_value_changed_after_ingest_is_not_written_with_a_stale_spelling(tmp_path: Path) -> None:
     """A spelling that no longer reads back as its value is refused: never '007' for an 8."""
-    from unihub.formats.webdataset.format import WebDatasetFormat
 
     schema = Unischema("S", [UnischemaField("cls", np.int64, (), ScalarCodec(np.int64)),
                              UnischemaField("x.npy", np.float32, (2, 3), TensorCodec()),
@@ -308,7 +308,6 @@ def test_unreadable_spelling_is_a_named_error() -> None:
 def test_a_hostile_spelling_is_a_named_error(tmp_path: Path, text: str) -> None:
     # Were a RecursionError from json.loads, then AttributeError ('int' object has no attribute 'encode') or
     # UnicodeEncodeError where FieldSpeller.member used the value.
-    from unihub.formats.webdataset.format import WebDatasetFormat
 
     schema = Unischema("S", [UnischemaField("cls", np.int64, (), ScalarCodec(np.int64)),
                              UnischemaField("x.npy", np.float32, (2, 3), TensorCodec()),
