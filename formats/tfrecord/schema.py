@@ -92,10 +92,15 @@ class _Stats:
         """:meth:`add_bytes` of the values ``data[starts[i]:ends[i]]`` (``arr`` views ``data``),
         images grouped by header (:func:`images.image_sizes`) rather than parsed one by one."""
         if self.all_images:
-            for size, fmt, _ in images.image_sizes(arr, starts, ends):
-                if size is None:
-                    self.all_images = False
-                    break
+            for size, fmt, rows in images.image_size_groups(arr, starts, ends):
+                if size is None:  # a PNG/JPEG signature with a header cut or corrupt is a bad image, not bytes
+                    start = int(starts[rows[0]])
+                    fmt = images.detect_format(arr[start:min(int(ends[rows[0]]), start + 8)].tobytes())
+                    if fmt is None:
+                        self.all_images = False
+                        break
+                    self.images.add(fmt)
+                    continue
                 self.images.add(fmt or "png")
                 self.sizes.add(size)
         if self.utf8:
@@ -461,9 +466,9 @@ class _Plan:
 
     def checked_image(self, value: bytes) -> bytes:
         """``value``, or :class:`_BadImage` when it fails this plan's image check. Under a provisional
-        schema (not ``fit``) a value with no PNG/JPEG header outgrows it, whatever ``validate`` says:
+        schema (not ``fit``) a value with no PNG/JPEG signature outgrows it, whatever ``validate`` says:
         the full scan makes such a feature bytes (``_Stats.all_images``), so the sample must not decide."""
-        if not self.fit and images.image_size(value) is None:
+        if not self.fit and images.detect_format(value) is None:
             raise _Mismatch(self.field.name, "is not a PNG or JPEG image in every record")
         if self.validate != "none":
             problem = image_checks.image_problem(value, self.field, self.validate, fit=self.fit)

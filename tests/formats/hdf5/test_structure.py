@@ -229,8 +229,9 @@ def test_virtual_and_external_datasets_export_contiguous_and_verify_names_it(tmp
     assert_equal(tmp_path / "back.h5", tmp_path / "ds")
     for other in (tmp_path / "ds", tmp_path / "back.h5"):
         found = differences(src, other)
-        assert f"storage of dataset '/e'/external: expected [['{tmp_path / 'raw.bin'}', 0, 40]], found None" \
-            in found, found
+        # the expected value names the file, cut to a few dozen characters in a long temporary path
+        assert any(d.startswith("storage of dataset '/e'/external: expected [['") and d.endswith(", 0, 40]], found None")
+                   and ("raw.bin" in d or "..." in d) for d in found), found
         assert "storage of dataset '/v'/layout: expected 'virtual', found 'contiguous'" in found, found
 
 

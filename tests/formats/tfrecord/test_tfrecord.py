@@ -227,17 +227,22 @@ def test_bad_crc(tmp_path: Path) -> None:
 
 def test_corrupt_images(tmp_path: Path) -> None:
     good = _png(4, 4)
-    bad_header = good[:12]  # PNG signature, header cut: not an image, so a binary field
+    bad_header = good[:12]  # PNG signature, header cut: a bad image (one of them no longer makes the field bytes)
     bad_body = good[:40] + b"\x00" * 10 + good[50:]  # header intact, pixels corrupt: an image field
     path = _write_own(tmp_path / "img.tfrecord", [{"a": ("bytes", [good]), "b": ("bytes", [bad_body])},
                                                   {"a": ("bytes", [bad_header]), "b": ("bytes", [good])}])
     schema = TFRecordFormat(str(path)).infer_schema()
-    assert schema.a.numpy_dtype is np.bytes_ and isinstance(schema.a.codec, ScalarCodec)
-    assert isinstance(schema.b.codec, CompressedImageCodec)
-    values = _read_all(TFRecordFormat(str(path)), schema)
-    assert values["b"] == [bad_body, good] and values["a"] == [good, bad_header]  # bytes kept as they are
+    assert isinstance(schema.a.codec, CompressedImageCodec) and isinstance(schema.b.codec, CompressedImageCodec)
+    with pytest.raises(FormatError, match=r"img.tfrecord: record 1 at byte offset \d+: feature 'a': "):
+        convert(path, tmp_path / "refused", progress=False)
+    result = convert(path, tmp_path / "skipped", on_error="skip", progress=False)
+    assert result.rows == 1 and [s.location.split(" at ")[0] for s in result.skipped] == ["record 1"]
+    no_signature = _write_own(tmp_path / "mixed.tfrecord", [{"a": ("bytes", [good])}, {"a": ("bytes", [b"text"])}])
+    assert TFRecordFormat(str(no_signature)).infer_schema().a.numpy_dtype is np.bytes_  # not an image: bytes
+    stored = open_dataset(str(tmp_path / "skipped")).read_row_group(0).column("b").to_pylist()
+    assert stored == [bad_body]  # its header is sound: kept as it is
     with pytest.raises(CodecError, match="'b', row 0"):  # the error comes when the image is decoded
-        schema.b.codec.decode_column(schema.b, pa.array(values["b"], pa.binary()))
+        schema.b.codec.decode_column(schema.b, pa.array(stored, pa.binary()))
 
 
 @pytest.mark.parametrize("parser", ["block", "record"])
