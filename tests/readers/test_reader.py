@@ -399,6 +399,16 @@ def test_seek_is_refused_beyond_the_epoch_and_where_rows_are_not_known(dataset):
             reader.seek(1)
 
 
+def test_a_state_of_other_fields_says_fields_may_differ(dataset):
+    """A state resumed with other ``schema_fields`` was refused naming every option but the fields."""
+    with make_reader(dataset, **dict(RESUME_OPTIONS, schema_fields=["id"])) as reader:
+        next(reader)
+        state = reader.state_dict()
+    with make_reader(dataset, **dict(RESUME_OPTIONS, schema_fields=["id", "vec"])) as reader:
+        with pytest.raises(ReaderStateError, match=r"other reader options \(.*fields, predicate"):
+            reader.load_state_dict(state)
+
+
 def test_a_state_another_object_saved_is_named_not_a_version(dataset):
     """A mix's, a loader's or a TF position's state given to a reader says whose it is: a mix's state was refused
     as 'reader state version 2 is not 1', as if saved by another unihub, and a loader's as lacking keys."""
