@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 from unihub.caching.lease import LeaseFiles, describe, is_stale
 from unihub.errors import CacheError
 from unihub.fs.filesystem import resolve_filesystem
+from unihub.runtime.memory import is_amount
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
 #: the files beside version ``V``'s folder: ``V.json`` (its record) and ``V.lease``
@@ -64,14 +65,15 @@ def _checked_record(record: dict[str, Any], dataset_id: str, version: str, path:
         wrong = ["dataset_id", "version"]
     if wrong:
         raise CacheError(f"{path}: not a cache record unihub writes (its {', '.join(wrong)}: "
-                         f"{str({k: record.get(k) for k in wrong})[:200]}); remove it (unihub cache rm ROOT ID VERSION) to build the cache again")
+                         f"{str({k: record.get(k) for k in wrong})[:200]}); remove it (unihub cache rm ROOT ID "
+                         "VERSION) to build the cache again")
     return CacheInfo(**{key: record[key] for key in _RECORD_TYPES})
 
 
 def _of_type(value: Any, kind: type) -> bool:
     if kind is str:
         return isinstance(value, str)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+    if not is_amount(value, zero=True):
         return False
     if kind is int:
         return isinstance(value, int)
@@ -173,7 +175,6 @@ class CacheRoot:
                 self.fs.delete_dir(self.dataset_path(dataset_id, v))
             self.files.delete(self.lease_path(dataset_id, v))
         return versions
-
 
     def _published(self, dataset_id: str, version: str) -> bool:
         """Whether a record is at the version's place; one unihub would not write counts (removing it mends it:

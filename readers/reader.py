@@ -752,7 +752,8 @@ class Reader:
         if state.get("plan") != self._fingerprint(config) or state.get("kept_by", self._kept_by) != self._kept_by:
             raise ReaderStateError("the saved reader state belongs to another dataset or other reader options "
                                    "(row groups, shuffling, sharding, epochs, batching, fields, predicate or "
-                                   "filters differ); states of another shard count resume as the list of every rank's state"
+                                   "filters differ); states of another shard count resume as the list of every "
+                                   "rank's state"
                                    + elastic.other_version(state, self.store.version))
         done = elastic.checked_done(state, config)
         position = elastic.position_of(state)

@@ -44,8 +44,9 @@ def keyed_partitions(paths: list[str], partitions: list[tuple[tuple[str, str], .
     keys = {k for k, _ in partitions[held[0]]} if held else set()
     for k in held[1:]:
         if {key for key, _ in partitions[k]} != keys:
-            raise FormatError(f"{paths[k]}: its partition folders name the keys {sorted(key for key, _ in partitions[k])}"
-                              f", {paths[held[0]]}'s name {sorted(keys)}: a dataset's files sit at one depth of "
+            named = sorted(key for key, _ in partitions[k])
+            raise FormatError(f"{paths[k]}: its partition folders name the keys {named}, {paths[held[0]]}'s name "
+                              f"{sorted(keys)}: a dataset's files sit at one depth of "
                               f"key=value folders, with the same keys; move the files to where their keys belong",
                               path=paths[k])
     return [partitions[k] for k in held]

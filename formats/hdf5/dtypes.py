@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import decimal
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -350,24 +350,45 @@ def unconverted(type_id: Any) -> Any | None:
     ``n - 1`` (``b'abcdef'`` in 6 bytes comes back ``b'abcde'``), where the source held, and h5py read, all of it."""
     if type_id.get_class() == h5py_module().h5t.COMPOUND and type_id.dtype.hasobject:
         return None  # variable-length members: written through h5py's conversion
-    return _despaced(type_id) if "nullterm" in json.dumps(type_notes(type_id)) else None
+    return _despaced(type_id) if _holds_nullterm(type_notes(type_id)) else None
+
+
+def _holds_nullterm(notes: Mapping[str, Any]) -> bool:
+    """Whether :func:`type_notes` name a NUL-terminated fixed string: the type's own, or a member's."""
+    return notes.get("strpad") == "nullterm" or any(map(_holds_nullterm, (notes.get("members") or {}).values()))
 
 
 def _despaced(type_id: Any) -> Any:
     """``type_id`` with its space-padded strings (members, array elements) NUL-padded, as numpy's are."""
     h5t = h5py_module().h5t
     if type_id.get_class() == h5t.ARRAY:
-        return h5t.array_create(_despaced(type_id.get_super()), type_id.get_array_dims())
+        return _elementwise(type_id, _despaced)
     if type_id.get_class() == h5t.COMPOUND:
-        out = h5t.create(h5t.COMPOUND, type_id.get_size())
-        for i in range(type_id.get_nmembers()):
-            out.insert(type_id.get_member_name(i), type_id.get_member_offset(i), _despaced(type_id.get_member_type(i)))
-        return out
+        return _members_changed(type_id, lambda _, member: _despaced(member))
     if string_padding(type_id) != "spacepad":
         return type_id
     type_id = type_id.copy()
     type_id.set_strpad(h5t.STR_NULLPAD)
     return type_id
+
+
+def _elementwise(type_id: Any, change: Callable[[Any], Any]) -> Any:
+    """``change`` of an array type's elements, the array made again around them (of any other type: of itself)."""
+    h5t = h5py_module().h5t
+    if type_id.get_class() == h5t.ARRAY:
+        return h5t.array_create(_elementwise(type_id.get_super(), change), type_id.get_array_dims())
+    return change(type_id)
+
+
+def _members_changed(type_id: Any, change: Callable[[str, Any], Any]) -> Any:
+    """A copy of the compound type ``type_id`` (same size, names and offsets), each member's type
+    ``change(name, type)``."""
+    h5t = h5py_module().h5t
+    out = h5t.create(h5t.COMPOUND, type_id.get_size())
+    for i in range(type_id.get_nmembers()):
+        name = type_id.get_member_name(i)
+        out.insert(name, type_id.get_member_offset(i), change(name.decode("utf-8"), type_id.get_member_type(i)))
+    return out
 
 
 def type_notes(type_id: Any) -> dict[str, Any]:
@@ -429,22 +450,10 @@ def noted(type_id: Any, record: Mapping[str, Any]) -> Any:
 
 
 def _noted_members(type_id: Any, members: Mapping[str, Any]) -> Any:
-    """A copy of the compound type ``type_id`` (same size and offsets) with each member in ``members``
-    :func:`noted` (an array member's elements)."""
-    h5t = h5py_module().h5t
-    out = h5t.create(h5t.COMPOUND, type_id.get_size())
-    for i in range(type_id.get_nmembers()):
-        name, member = type_id.get_member_name(i), type_id.get_member_type(i)
-        record = members.get(name.decode("utf-8"))
-        out.insert(name, type_id.get_member_offset(i), member if record is None else _noted_element(member, record))
-    return out
-
-
-def _noted_element(type_id: Any, record: Mapping[str, Any]) -> Any:
-    h5t = h5py_module().h5t
-    if type_id.get_class() == h5t.ARRAY:
-        return h5t.array_create(_noted_element(type_id.get_super(), record), type_id.get_array_dims())
-    return noted(type_id, record)
+    """A copy of the compound type ``type_id`` with each member in ``members`` :func:`noted` (an array member's
+    elements)."""
+    return _members_changed(type_id, lambda name, member: member if name not in members else
+                            _elementwise(member, lambda element: noted(element, members[name])))
 
 
 def padded(type_id: Any, padding: str | None) -> Any:

@@ -74,7 +74,7 @@ from unihub.formats.hdf5.meta import (
     walk_objects,
 )
 from unihub.formats.hdf5.selection import plan_file
-from unihub.formats.hdf5.storage import ExportSpec, Typed, generic_dtype, storage_of
+from unihub.formats.hdf5.storage import ExportSpec, Typed, asked_of, generic_dtype, storage_of
 from unihub.schema.unischema import Unischema
 
 Value = tuple[Any, Any]  #: (value or None for an empty dataspace, dtype) of a dataset or attribute
@@ -199,8 +199,8 @@ def storage_description(dataset: Any) -> dict[str, Any]:
     when it is filled and allocated (not whether times are tracked, which
     h5py sets by its own defaults), a fixed string's padding where it is not h5py's, whether its type is a
     bitfield (h5py reads one as an unsigned integer), and the files holding its raw data where they are
-    external (``external``: an export writes such a dataset into the file; the layout alone says contiguous). The maximum shape is ``"="`` where
-    it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
+    external (``external``: an export writes such a dataset into the file; the layout alone says contiguous).
+    The maximum shape is ``"="`` where it is the dataset's own dim (None: unlimited), and so is a chunk's, so that datasets of other row
     counts compare."""
     h5py = h5py_module()
     dcpl = dataset.id.get_create_plist()
@@ -223,8 +223,7 @@ def storage_description(dataset: Any) -> dict[str, Any]:
             "external": [[name, int(offset), int(size)] for name, offset, size in dataset.external or ()] or None}
 
 
-#: what an export's ``compression`` / ``chunk_rows`` set in the storage of a dataset of rows (``as_asked``)
-ASKED = ("compression", "chunk_rows")
+#: what an export's ``compression`` / ``chunk_rows`` (storage.ASKED) set in the storage of a dataset of rows
 _ASKED_KEYS = ("layout", "chunks", "maxshape", "compression", "compression_opts", "shuffle", "fletcher32",
                "scaleoffset", "filters")
 
@@ -398,7 +397,7 @@ def _file_storage(handle: Any, plan: Plan) -> Entries:
     exceptions: dict[str, tuple[str, Any]] = {}
     rows = sorted({leaf.path for leaf in plan.leaves.values()  # a groups export records all its fields
                    if leaf.attr is None and (leaf.recorded is None or plan.kind == "groups")})
-    asked = any(key in ASKED for key in recorded_layout(handle) or {})
+    asked = bool(asked_of(recorded_layout(handle) or {}))
     for unit in plan.units:
         group = handle[plan.unit_path(unit)] if plan.unit_path(unit) else handle
         for rel in (r for r in rows if r in group):

@@ -94,7 +94,7 @@ from unihub.formats.hdf5.layout import Plan, discover
 from unihub.formats.hdf5.meta import file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5.read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5.selection import select
-from unihub.formats.hdf5.storage import export_spec
+from unihub.formats.hdf5.storage import asked_of, export_spec
 from unihub.formats.hdf5.verify import native_records, reference_records, verify_spec
 from unihub.fs import sources
 from unihub.fs.outputs import Outputs
@@ -325,11 +325,11 @@ class HDF5Format(ForeignFormat):
             raise SchemaError(f"images must be 'bytes' or 'pixels', got {images!r}")
         if layout not in ("columns", "splits", "groups"):
             raise SchemaError(f"layout must be 'columns', 'splits' or 'groups', got {layout!r}")
-        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
+        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
+                                       or chunk_rows < 1):
             raise SchemaError(f"chunk_rows must be a whole number of rows >= 1, got {chunk_rows!r}")
         spec = export_spec(schema, layout=layout, key_field=key_field, source=source, images=images)
-        spec.asked = {key: value for key, value in (("compression", compression), ("chunk_rows", chunk_rows))
-                      if value is not None}
+        spec.asked = asked_of({"compression": compression, "chunk_rows": chunk_rows})
         if spec.kind == "groups" and spec.asked:  # a sample's datasets are whole, one per row: nothing to chunk
             raise SchemaError(f"{' and '.join(sorted(spec.asked))} set(s) the datasets of rows of the columns and "
                               "splits layouts; the groups layout writes each sample's datasets whole (pass "
@@ -377,8 +377,7 @@ class HDF5Format(ForeignFormat):
             if recorded is None:
                 return {}
             options = {"layout": recorded.get("kind", "columns"), "key_field": recorded.get("key_field"),
-                       "images": recorded.get("images"), "compression": recorded.get("compression"),
-                       "chunk_rows": recorded.get("chunk_rows")}
+                       "images": recorded.get("images"), **asked_of(recorded)}
             schema = self._prepared
             if options["images"] is None and schema is not None:
                 plan = self._plan(path, handle)

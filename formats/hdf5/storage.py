@@ -82,6 +82,16 @@ class ExportSpec:
     asked: dict[str, Any] = field(default_factory=dict)
 
 
+#: the export options that store the datasets of rows otherwise than the source did (:attr:`ExportSpec.asked`)
+ASKED = ("compression", "chunk_rows")
+
+
+def asked_of(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`ASKED` options of ``options`` that are set (not None): an export's, a verify's, or what an
+    export recorded in its layout attribute."""
+    return {key: options[key] for key in ASKED if options.get(key) is not None}
+
+
 def export_spec(schema: Unischema, *, layout: str = "columns", key_field: str | None = None,
                 source: Mapping[str, Any] | None = None, images: str = "bytes") -> ExportSpec:
     """The :class:`ExportSpec` of ``schema``; ``source`` is the ``hdf5`` metadata of an HDF5 ingest,

@@ -25,7 +25,7 @@ from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan
 from unihub.formats.hdf5.read import attribute_array
 from unihub.formats.hdf5.selection import matches, plan_file
-from unihub.formats.hdf5.storage import ExportSpec, export_spec, generic_value, storage_of, storage_rows
+from unihub.formats.hdf5.storage import ExportSpec, asked_of, export_spec, generic_value, storage_of, storage_rows
 from unihub.schema.unischema import Unischema
 
 _ROWS = 256  # rows read or converted at a time
@@ -102,7 +102,7 @@ def verify_spec(schema: Unischema, extra: Mapping[str, Any], options: Mapping[st
     layout = options["layout"] if options.get("layout") not in (None, "auto") else recorded.get("kind", "columns")
     spec = export_spec(schema, layout=layout, key_field=options.get("key_field"), source=source,
                        images=options.get("images") or "bytes")
-    spec.asked = {key: options[key] for key in ("compression", "chunk_rows") if options.get(key) is not None}
+    spec.asked = asked_of(options)
     spec.generic = [f for f in spec.generic if _wanted(f.name, options)]
     spec.typed = [t for t in spec.typed if all(_wanted(name, options) for name, _ in t.members)]
     return spec
