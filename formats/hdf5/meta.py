@@ -18,7 +18,6 @@ dtypes do not show, and whether their container tracks it) and ``left_out``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -26,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from unihub.errors import FormatError, SchemaError
-from unihub.formats.hdf5.detect import below_any, object_key, object_paths
+from unihub.formats.hdf5.detect import below_any, corrupt_record, object_key, object_paths, recorded_json
 from unihub.formats.hdf5.dtypes import dtype_to_json, encode_constant, h5py_module, note_text, type_notes
 from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR
 from unihub.formats.hdf5.layout import Plan, is_scale_bookkeeping, unit_roots
@@ -405,7 +404,9 @@ def layout_record(plan: Plan) -> dict[str, Any]:
 
 def schema_name(path: str, handle: Any) -> tuple[str, list[str]]:
     """The schema name (recorded by unihub's export, else the file's stem) and a recorded field order."""
-    order = json.loads(handle.attrs.get(FIELD_ORDER_ATTR, "[]"))
+    order = recorded_json(handle, FIELD_ORDER_ATTR) or []
+    if not (isinstance(order, list) and all(isinstance(name, str) for name in order)):
+        raise corrupt_record(handle, FIELD_ORDER_ATTR, f"a JSON {type(order).__name__}, not a list of field names")
     name = handle.attrs.get(SCHEMA_NAME_ATTR) or os.path.splitext(os.path.basename(path))[0] or "hdf5"
     return (name.decode() if isinstance(name, bytes) else str(name)), order
 

@@ -272,15 +272,18 @@ def test_constants_that_differ_between_files_are_kept_per_file(tmp_path: Path) -
     ("unihub.field", "[1, 2]", "'list' object is not a mapping"),  # was a TypeError
     ("unihub.field", np.arange(3), "not ndarray"),  # was a TypeError
     ("unihub.field", '{"numpy_dtype": "int64", "shape": [' + "9" * 5000 + "]}", "Exceeds the limit"),
+    ("unihub.field_order", "[" * 100_000, "maximum recursion depth"),  # the three were raw tracebacks
+    ("unihub.field_order", "not json", "Expecting value"),
+    ("unihub.field_order", "5", "a JSON int, not a list of field names"),
 ])
 def test_a_corrupt_recorded_layout_or_field_is_a_format_error_naming_it(tmp_path: Path, attr: str, value: object,
                                                                         reason: str) -> None:
     path = tmp_path / "hostile.h5"
     with h5py.File(path, "w") as f:
         f["x"] = np.arange(10)
-        (f if attr == "unihub.layout" else f["x"]).attrs[attr] = value
+        (f["x"] if attr == "unihub.field" else f).attrs[attr] = value
     with pytest.raises(FormatError) as caught:
         HDF5Format(path).infer_schema()
-    where = "/" if attr == "unihub.layout" else "/x"
+    where = "/x" if attr == "unihub.field" else "/"
     assert str(caught.value).startswith(f"{path}: attribute {attr!r} of {where} is not what a unihub export writes")
     assert reason in str(caught.value) and caught.value.path == str(path)
