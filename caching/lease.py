@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from unihub.fs import atomic
+from unihub.schema.metadata_json import parse_json
 
 #: how often a builder rewrites its lease
 HEARTBEAT_SECONDS = 5.0
@@ -46,8 +47,8 @@ class LeaseFiles:
         except (FileNotFoundError, OSError):
             return None
         try:
-            record = json.loads(data)
-        except (ValueError, RecursionError):  # a heartbeat being rewritten: read again later
+            record = parse_json(data)
+        except ValueError:  # a heartbeat being rewritten: read again later
             return {}
         return record if isinstance(record, dict) else {}
 

@@ -4,10 +4,10 @@ remote paths (the argument itself is :data:`unihub.cli.parsers.STORAGE_OPTION`).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from unihub.errors import UnihubError
+from unihub.schema.metadata_json import parse_json
 
 
 def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -19,8 +19,8 @@ def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
         if not sep or not key.strip():
             raise UnihubError(f"--storage-option takes KEY=VALUE, got {pair!r}")
         try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's limit, text as well
+            value = parse_json(text)
+        except ValueError:  # not JSON (nested past Python's limit too): the text as it is
             value = text
         *parents, last = key.strip().split(".")
         level = options

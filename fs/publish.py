@@ -43,6 +43,7 @@ from unihub.errors import DatasetChangedError, FormatError
 from unihub.fs import atomic, remote
 from unihub.fs import filesystem as fsutil
 from unihub.fs.uploads import abort_uploads, uploading
+from unihub.schema.metadata_json import parse_json
 
 MANIFEST = "_unihub_manifest.json"
 COMMON_METADATA = "_common_metadata"
@@ -87,7 +88,7 @@ def read_manifest(fs: pafs.FileSystem, root: str, forget_cached: bool = True) ->
             return None
         raise exc
     try:
-        found = json.loads(data)
+        found = parse_json(data)
         if found.get("version") != VERSION:
             raise ValueError(f"version {found.get('version')!r}")
         if not isinstance(found.get("run"), (str, type(None))):
@@ -95,7 +96,7 @@ def read_manifest(fs: pafs.FileSystem, root: str, forget_cached: bool = True) ->
         parts = tuple(_relative_paths(found["parts"], "parts"))
         common = found.get("common_metadata")
         return Manifest(found.get("run"), parts, None if common is None else relative_path(common, "common_metadata"))
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FormatError(f"{path}: not a unihub manifest this version reads ({exc})", path=path) from exc
 
 
@@ -406,11 +407,11 @@ def read_version_record(fs: pafs.FileSystem, root: str, rel: str) -> dict[str, A
     path = f"{root.rstrip('/')}/{rel}"
     raw = _read_listed(fs, path)
     try:
-        record = json.loads(raw)
+        record = parse_json(raw)
         if not isinstance(record, dict):
             raise ValueError("not an object")
         _check_record(record)
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise FormatError(f"{path}: not a unihub version record ({exc})", path=path) from exc
     return record
 

@@ -153,9 +153,9 @@ def parse_json(raw: bytes | str) -> Any:
             raise SchemaError(f"not valid JSON: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
         return json.loads(raw)
-    except RecursionError:
-        raise SchemaError("not valid JSON for unihub: arrays and objects nested past Python's recursion limit "
-                          f"(unihub reads at most {MAX_NESTING} levels)") from None
+    except RecursionError as exc:  # Python's words first: what a reader of any JSON tool's message knows
+        raise SchemaError(f"{exc} (not valid JSON for unihub: arrays and objects nested past Python's recursion "
+                          f"limit; unihub reads at most {MAX_NESTING} levels)") from None
     except ValueError as exc:
         raise SchemaError(f"not valid JSON: {exc}") from None
 

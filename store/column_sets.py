@@ -47,6 +47,7 @@ from unihub.errors import DatasetChangedError, FormatError, UnihubError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import publish, remote
 from unihub.schema.codecs import CompressedImageCodec, parquet_tensor_type
+from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store import footer_cache
 
@@ -116,10 +117,10 @@ class Record:
 def parse_record(data: bytes, where: str) -> Record:
     """The record in ``data`` (read from ``where``); anything else is a :class:`FormatError`."""
     try:
-        found = json.loads(data)
+        found = parse_json(data)
         if found.get("format") != FORMAT or found.get("version") != VERSION:
             raise ValueError(f"format {found.get('format')!r} version {found.get('version')!r}")
-    except (ValueError, AttributeError, RecursionError) as exc:
+    except (ValueError, AttributeError) as exc:
         raise FormatError(f"{where}: not a unihub column-set record this version reads ({exc})", path=where) from exc
     return of_version(found.get("sets"), where)
 

@@ -47,6 +47,7 @@ from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, UnihubError
 from unihub.readers import elastic
 from unihub.readers import plan as planning
+from unihub.schema.metadata_json import parse_json
 
 tf = require("tensorflow", extra="tf", purpose="a reader position in TensorFlow checkpoints")
 
@@ -64,8 +65,8 @@ class PositionStateError(UnihubError, ValueError):
 def _parsed(text: Any) -> Any:
     """The state a checkpoint or weights file holds as JSON text; :class:`PositionStateError` where it is not JSON."""
     try:
-        return json.loads(text)
-    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+        return parse_json(text)
+    except (ValueError, TypeError) as exc:
         raise PositionStateError(f"the saved reader position is not JSON ({str(exc)[:100]}): pass what "
                                  "ReaderPosition.state_dict() returned") from None
 

@@ -45,6 +45,7 @@ from unihub.bridges.torch.state import (
 from unihub.bridges.torch.tensors import Columns
 from unihub.errors import InvalidArgumentError, UsageError
 from unihub.readers.batching import columns_length, concat_columns, numpy_view, slice_columns, take_columns
+from unihub.schema.metadata_json import parse_json
 
 #: the loaders' public names (the package ``unihub.bridges.torch`` re-exports them with the torch datasets)
 __all__ = ["BatchedDataLoader", "DataLoader", "InMemBatchedDataLoader", "LoaderStateError", "PerRank",
@@ -397,9 +398,9 @@ def _rest_of(state: dict[str, Any]) -> dict[str, Any] | None:
     if not rest:
         return None
     try:
-        parsed: dict[str, Any] = json.loads(rest)
+        parsed: dict[str, Any] = parse_json(rest)
         return {"epoch": int(parsed["epoch"]), "from": dict(parsed["from"]), "rows": int(parsed["rows"])}
-    except (TypeError, ValueError, KeyError, RecursionError):  # RecursionError: JSON nested past Python's limit
+    except (TypeError, ValueError, KeyError):
         raise LoaderStateError("the in-memory loader state's 'rest' is not what state_dict() wrote") from None
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from unihub.bridges.torch.state import LoaderStateError, rank_and_world
 from unihub.readers import elastic
 from unihub.readers.plan import complement, positions_in, runs_of
+from unihub.schema.metadata_json import parse_json
 
 STATEFUL_VERSION = 1
 ITERABLE_KIND = "torch_iterable_dataset"
@@ -119,8 +120,8 @@ def state_json(text: Any, what: str) -> Any:
     not JSON, is a :class:`LoaderStateError` naming ``what``."""
     if isinstance(text, str):
         try:
-            return json.loads(text) if text else {}
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+            return parse_json(text) if text else {}
+        except ValueError:
             pass
     raise LoaderStateError(f"{what} is not the JSON text of a reader state; pass what state_dict() returned")
 

@@ -12,13 +12,13 @@ guess loses nothing (each reading keeps every value), and ``layout=...`` overrid
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from typing import Any
 
 from unihub.errors import FormatError
 from unihub.formats.hdf5.dtypes import h5py_module
+from unihub.schema.metadata_json import parse_json
 
 LAYOUTS = ("auto", "columns", "groups", "splits")
 #: more sibling groups than this are samples, never splits
@@ -132,8 +132,8 @@ def recorded_json(obj: Any, attr: str) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text.decode() if isinstance(text, bytes) else text)
-    except (ValueError, TypeError, RecursionError) as exc:  # TypeError: not a string (a number, an array)
+        return parse_json(text)
+    except (ValueError, TypeError) as exc:  # TypeError: not a string (a number, an array)
         raise corrupt_record(obj, attr, exc) from None
 
 

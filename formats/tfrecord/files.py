@@ -25,7 +25,6 @@ directory or glob holding several sets (``train`` and ``validation``) converts o
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 from unihub.errors import FormatError
 from unihub.formats.base import expand_braces, expand_sources, unique_files
 from unihub.fs import sources as fsrc
+from unihub.schema.metadata_json import parse_json
 
 TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfrec")
 COMPRESSION_SUFFIXES = (".gz", ".gzip", ".zlib", ".zz")  # what a shard's name may end with, one file not another
@@ -139,8 +139,8 @@ def _keep_tfds(listing: Listing, path: str, name: str) -> None:
             if name.endswith(TFDS_LABELS):
                 listing.class_names[name.removesuffix(TFDS_LABELS)] = [n.strip() for n in text.split("\n") if n.strip()]
             else:
-                listing.tfds[name.removesuffix(".json")] = json.loads(text)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested past Python's limit
+                listing.tfds[name.removesuffix(".json")] = parse_json(text)
+    except (OSError, ValueError):  # not JSON (nested past Python's limit too)
         pass  # an unreadable file changes no record: the fields are inferred from the records
 
 

@@ -42,6 +42,7 @@ from unihub.formats.webdataset.fields import (
 )
 from unihub.images import decoders as images
 from unihub.schema.codecs import CompressedImageCodec, ScalarCodec
+from unihub.schema.metadata_json import parse_json
 from unihub.schema.npy import parse_header
 from unihub.schema.unischema import Unischema, UnischemaField
 
@@ -174,8 +175,8 @@ def parse_spellings(text: str | None) -> dict[str, Spelling]:
     if not text:
         return {}
     try:
-        spellings = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+        spellings = parse_json(text)
+    except ValueError as exc:
         raise SchemaError(f"field {SPELLING_FIELD!r} holds {text[:60]!r}, which is not JSON: {exc}") from None
     if not isinstance(spellings, dict) or not all(isinstance(v, dict) and all(_spelled(k, x) for k, x in v.items())
                                                   for v in spellings.values()):

@@ -26,6 +26,7 @@ from unihub.errors import FormatError, SchemaError
 from unihub.formats.base import OnError, SkippedRecord
 from unihub.formats.webdataset.tarstream import TarFormatError, TarMember, iter_members, pax_records
 from unihub.fs import sources
+from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import Unischema
 
 KEY_FIELD = "__key__"
@@ -107,8 +108,8 @@ class ShardHeader:
         if not text.startswith(_HEADER_PREFIX):
             return None
         try:
-            body = json.loads(text)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+            body = parse_json(text)
+        except ValueError as exc:
             raise _corrupt(path, exc) from exc
         if body.get("version") != HEADER_VERSION:
             raise FormatError(f"{path}: unihub header version {body.get('version')!r} is not supported (this unihub "
