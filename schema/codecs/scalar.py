@@ -121,7 +121,7 @@ class ScalarCodec(Codec):
         if valid is None:
             out = to_numpy(array)
             if field.dtype != object and out.dtype != field.dtype:
-                out = out.astype(field.dtype) if out.dtype != object else _cells_as(out, field.dtype)
+                out = _numbers_as(out, field.dtype) if out.dtype != object else _cells_as(out, field.dtype)
             return out
         return _decode_with_nulls(field, array, valid)
 
@@ -136,6 +136,14 @@ class ScalarCodec(Codec):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ScalarCodec:
         return cls(dtypes.arrow_type_from_json(config["arrow_type"]))
+
+
+def _numbers_as(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` as ``dtype``, but numbers never as times: numpy makes an int64 column under a datetime64 field
+    times of no unit (whose repr fails), where the schema is hostile or mistaken; the readers name the column."""
+    if dtype.kind in "mM" and values.dtype.kind not in "mM":
+        raise TypeError(f"{values.dtype} values have no time unit to read as {dtype}")
+    return values.astype(dtype)
 
 
 def _cells_as(cells: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -175,7 +183,7 @@ def _decode_with_nulls(field: UnischemaField, array: pa.Array, valid: np.ndarray
     numeric = known.kind != "O" if known is not None else values is not None and values.dtype.kind != "O"
     if field.dtype != object and numeric:
         values = to_numpy(without_validity(array) if known is not None else array.fill_null(0))
-        values = values.astype(field.dtype)
+        values = _numbers_as(values, field.dtype)
         out = np.empty(len(values), dtype=object)
         out[:] = list(values)  # numpy scalars of the field's dtype, as without nulls
         out[~valid] = None

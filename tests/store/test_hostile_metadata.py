@@ -453,3 +453,22 @@ def test_a_type_that_the_stored_column_does_not_have_is_a_named_error(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{path}, rows 0 to 4: " in err, err
     assert not (tmp_path / "out").exists() and tree_digest(path) == before
+
+
+@pytest.mark.parametrize("dtype", [np.datetime64, np.timedelta64])
+@pytest.mark.parametrize("nulls", [False, True], ids=["no-nulls", "nulls"])
+def test_numbers_under_a_time_field_are_a_named_error(dtype: type, nulls: bool, tmp_path: Path) -> None:
+    """int64 stored under a schema that says datetime64 or timedelta64. Before: numpy cast the numbers to times of
+    no unit, read without an error (a datetime64's repr then failed: 'Cannot convert a NumPy datetime value other
+    than NaT with generic units')."""
+    schema = Unischema("S", [UnischemaField("t", np.int64, (), None, nulls)])
+    write_dataset(tmp_path / "good", schema, ({"t": None if nulls and i == 1 else i * 1000} for i in range(4)))
+    document = json.loads(Unischema("S", [UnischemaField("t", dtype, (), None, nulls)]).to_json())
+    path = with_metadata(tmp_path / "good", tmp_path / "ds", UNISCHEMA, json.dumps(document).encode())
+    name = np.dtype(dtype).name
+    for opener in (make_reader, make_batch_reader):
+        with pytest.raises(CodecError, match=re.escape(
+                f"field 't': its column of int64 does not decode as {name} (no codec): TypeError: int64 values "
+                f"have no time unit to read as {name}")):
+            with opener(str(path), reader_pool_type="dummy") as reader:
+                next(iter(reader))
