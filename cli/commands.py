@@ -52,6 +52,10 @@ def _top_examples() -> str:
 
 
 #: each subcommand's registration, in the order ``unihub --help`` lists them
+#: what ``unihub --help`` says first (the module docstring above is for the code's readers)
+DESCRIPTION = ("Convert datasets between TFRecord, HDF5, WebDataset, image folders and Parquet with a\n"
+               "Unischema; inspect, verify, copy and grow them.")
+
 _COMMANDS = (add_cache_commands, add_columns_commands, add_completion_command, add_inspect_command,
              add_show_command, add_demo_command, add_convert_command, add_verify_command, add_copy_command,
              add_add_schema_command, add_throughput_command, add_vacuum_command, add_delete_command,
@@ -59,7 +63,7 @@ _COMMANDS = (add_cache_commands, add_columns_commands, add_completion_command, a
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unihub", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="unihub", description=DESCRIPTION,
                                      epilog=_top_examples(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="show tracebacks of errors (also after the command)")

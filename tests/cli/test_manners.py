@@ -141,3 +141,13 @@ def test_a_name_the_terminals_encoding_lacks_is_printed_as_an_escape(tmp_path: P
                           text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
     assert "\\u043c\\u0435\\u0442\\u043a\\u0430  int64" in done.stdout
+
+
+@pytest.mark.parametrize("command", [(), *SUBCOMMANDS], ids=lambda c: " ".join(c) or "unihub")
+def test_no_help_shows_the_code_docs_markup(command: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
+    """Help is for the command's users: no reST of the docstrings (``unihub --help`` began with the module
+    docstring's "The ``unihub`` command line: a thin layer ... (``unihub.cli.main``)")."""
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out and ":func:" not in out, out
