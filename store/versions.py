@@ -570,8 +570,12 @@ def vacuum(fs: pafs.FileSystem, root: str, keep: int) -> VacuumResult:
         raise VersionNotFoundError(f"keep must be a whole number >= 1 (the newest versions kept), got {keep!r}")
     root = root.rstrip("/")
     current = history(fs, root)
-    if not current or not current[-1].recorded:
-        return VacuumResult((), (), tuple(v.number for v in current))
+    if not current:
+        return VacuumResult((), (), ())
+    if not current[-1].recorded:  # never appended to: its one version stays, what a killed column add left goes
+        removed = remove_orphans(fs, root, current)
+        column_sets.remove_empty_folders(fs, root)
+        return VacuumResult((), tuple(removed), (1,))
     kept, dropped = current[-keep:], current[:-keep]
     # a commit killed before it rewrote them left the listings a version behind: rewritten before their files go
     listings.follow_latest(fs, root, (kept[-1].number, kept[-1].parts), lambda: latest_parts(fs, root))
@@ -598,9 +602,13 @@ _RUN_FILES = (f"{COMMON_METADATA}.unihub-", f"{column_sets.DIRECTORY}/", f".{COM
 def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) -> list[str]:
     """Remove the files at ``root`` that no version lists and a dead run of an append or a column add put there
     (named ``unihub-<run>-...``); a live run's are left alone. ``versions``: those to keep (their files and the
-    files of every record read after the listing are kept). Returns those removed."""
-    if not versions or not versions[-1].recorded:
+    files of every record read after the listing are kept). Returns those removed.
+
+    Of a dataset without records (never appended to) only side files and temporaries go: a dead run's data file
+    there may be the one copy of rows whose version records were lost (a copy without ``_unihub_versions/``)."""
+    if not versions:
         return []
+    recorded = versions[-1].recorded
     present = publish.files_under(fs, root)
     # the history read again after the listing: an append that published meanwhile (and whose process may have
     # ended since) keeps its files
@@ -612,7 +620,8 @@ def remove_orphans(fs: pafs.FileSystem, root: str, versions: Sequence[Version]) 
         if rel in listed or rel.startswith(f"{VERSIONS_DIR}/"):
             continue
         run = publish.run_of(rel)
-        if run is not None and (publish.is_data(rel) or rel.startswith(_RUN_FILES)) and not publish.run_alive(run):
+        leftover = (recorded and publish.is_data(rel)) or rel.startswith(_RUN_FILES)
+        if run is not None and leftover and not publish.run_alive(run):
             fsutil.remove(fs, f"{root}/{rel}")
             removed.append(rel)
     if fsutil.on_local_disk(fs):  # (an object store's settle warned already)

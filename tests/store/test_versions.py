@@ -1066,3 +1066,31 @@ def test_a_delete_rewrites_a_summary_file_for_the_latest_parts(tmp_path: Path) -
     summary = pq.read_metadata(os.path.join(url, "_metadata"))
     assert {summary.row_group(k).column(0).file_path for k in range(summary.num_row_groups)} == set(version.parts)
     assert summary.num_rows == 7 and not os.path.exists(part)
+
+
+@pytest.mark.slow
+def test_vacuum_removes_what_a_killed_column_add_left_in_a_dataset_never_appended_to(tmp_path: Path) -> None:
+    """Before: vacuum returned at once where the dataset had no version records, so the side files a column add
+    killed before its commit left stayed for good. A dead run's data file stays there (it may hold rows whose
+    records were lost: a copy made without ``_unihub_versions/``)."""
+    seed = tmp_path / "seed"
+    write_dataset(str(seed), SCHEMA, rows(0, 12), rows_per_file=5)
+    unrecorded = 0
+    for step, url, _, err in killed_copies(tmp_path, seed, KILLED_ADD):
+        if "label" in open_dataset(url).schema.fields:
+            assert labels(url) == list(range(1000, 1012)), (step, err)  # the add landed, with its records
+            continue
+        sides = side_files(url)
+        runs = {publish.run_of(f) for f in sides} - {None}
+        strays = [f"unihub-{run}-part-00000.parquet" for run in runs]  # named as a dead append's part
+        for name in strays:
+            shutil.copy(seed / "part-00000.parquet", os.path.join(url, name))
+        read, recorded = ids(url), versions.list_versions(url)[-1].recorded
+        result = versions.vacuum_dataset(url, 1)
+        assert not side_files(url) and sides <= set(result.removed_files), (step, result)
+        assert not os.path.exists(os.path.join(url, "_unihub_columns")), step
+        if not recorded:  # (with records, a dead run's unlisted data file goes: nothing reads it)
+            assert all(os.path.exists(os.path.join(url, name)) for name in strays), step
+            assert ids(url) == read and result.kept_versions == (1,), step
+            unrecorded += bool(sides)
+    assert unrecorded, "no kill left side files without records: the test tests nothing"
