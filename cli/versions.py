@@ -16,16 +16,22 @@ from unihub.store.dataset import open_dataset
 from unihub.store.versions import Version, delete_rows, list_versions, vacuum_dataset
 
 
-def version_rows(versions: list[Version]) -> list[dict[str, Any]]:
-    """One JSON-able row per version: number, timestamp, operation, tag, files, rows added, sources."""
+def version_rows(versions: list[Version], first_rows: int | None = None) -> list[dict[str, Any]]:
+    """One JSON-able row per version: number, timestamp, operation, tag, files, rows added, sources.
+    ``first_rows``: version 1's rows, where its record does not say (it was written before it had one)."""
     return [{"version": v.number, "timestamp": v.timestamp, "operation": v.operation, "tag": v.tag,
-             "files": len(v.parts), "added_rows": v.added_rows, "sources": len(v.sources),
-             "recorded": v.recorded} for v in versions]
+             "files": len(v.parts), "sources": len(v.sources), "recorded": v.recorded,
+             "added_rows": first_rows if v.added_rows is None and v.number == 1 else v.added_rows}
+            for v in versions]
 
 
 def print_versions(path: str, as_json: bool, storage_options: dict[str, Any] | None = None) -> int:
     """Print the versions of the dataset at ``path``, a table (or JSON)."""
-    rows = version_rows(list_versions(path, storage_options=storage_options))
+    versions = list_versions(path, storage_options=storage_options)
+    first_rows = None
+    if versions and versions[0].number == 1 and versions[0].added_rows is None:  # its parts' footers say
+        first_rows = open_dataset(path, storage_options=storage_options, version=1).num_rows
+    rows = version_rows(versions, first_rows)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -10,8 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from unihub import write_dataset
 from unihub.cli import main
 from unihub.store import versions
 from unihub.store.dataset import open_dataset
@@ -139,3 +141,21 @@ def test_two_conversions_of_the_same_new_files_at_once_publish_them_once(
     assert main(["convert", str(raw / "*.tfrecord"), dst, "--append", "--quiet"]) == 1
     assert "another conversion published 1 of these source files meanwhile" in capsys.readouterr().err
     assert ids(dst) == list(range(5)) + list(range(100, 105)) and len(versions.list_versions(dst)) == 2
+
+
+def test_versions_of_a_dataset_written_before_it_had_records_say_version_1s_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Version 1 of a dataset written once (no record), then appended to (its record made then, without a count):
+    'rows added' was '?' (null in JSON); its parts' footers say."""
+    raw, dst = tmp_path / "raw", str(tmp_path / "ds")
+    raw.mkdir()
+    write_tfrecord(raw / "day-1.tfrecord", 0, count=7)
+    assert main(["convert", str(raw / "day-1.tfrecord"), dst, "--quiet"]) == 0  # no --append: no record
+    assert main(["inspect", dst, "--versions", "--json"]) == 0
+    assert [(v["added_rows"], v["recorded"]) for v in json.loads(capsys.readouterr().out)] == [(7, False)]
+    store = open_dataset(dst)
+    write_dataset(dst, store.schema, ({"id": 100 + i, "x": np.zeros(2, np.float32)} for i in range(5)),
+                  mode="append")
+    assert main(["inspect", dst, "--versions"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split()[4] for line in table[1:]] == ["7", "5"], table
