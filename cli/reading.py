@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 from unihub.bridges.throughput import ReadMethod, WorkerPoolType, reader_throughput
@@ -16,7 +17,9 @@ from unihub.cli.storage import storage_options_of
 from unihub.cli.versions import print_versions
 from unihub.errors import SchemaMismatchError, UnihubError
 from unihub.fs import sources
+from unihub.readers.reader import resolve_fields
 from unihub.runtime.progress import Display, open_display, should_show
+from unihub.store.dataset import open_dataset
 from unihub.viewer import DEFAULT_REPORT, refuse_directory, show
 from unihub.viewer.describe import describe_dataset, format_description
 
@@ -82,6 +85,7 @@ def _refuse_the_datasets_own_file(out: str, dataset: str) -> None:
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
+    _check_throughput_dataset(args)
     if not args.quiet:
         fields = " ".join(args.field_regex) if args.field_regex else "all fields"
         print(f"reading {args.url} ({fields}) with {args.workers_count} {args.pool_type} worker(s), "
@@ -105,6 +109,15 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         if result.cache_stats:
             print(cache_lines(result.cache_stats))
     return 0
+
+
+def _check_throughput_dataset(args: argparse.Namespace) -> None:
+    """Refuse a dataset that does not open, or fields it lacks, before the banner: the error is then the one line
+    on stderr, as every command's (the measuring child would find them only after the banner)."""
+    store = open_dataset(args.url, storage_options=storage_options_of(args))
+    with warnings.catch_warnings():  # names that match nothing beside others: the child warns of them
+        warnings.simplefilter("ignore")
+        resolve_fields(store.schema, args.field_regex, args.url, store.stored_schema)
 
 
 def _throughput_reader_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -207,3 +207,17 @@ def test_a_size_of_nan_or_inf_is_one_error_line(command: list[str], line: str, s
     err = capsys.readouterr().err
     assert err.startswith(f"unihub: error: {line}") and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small"]
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    (["throughput", "{tmp}/missing", "-n", "5"], "{tmp}/missing: no such file or directory"),
+    (["throughput", "{ds}", "-n", "5", "--field-regex", "nothing.*"], "No fields matching the criteria ['nothing.*']"),
+])
+def test_throughput_of_a_dataset_it_cannot_read_is_one_error_line(
+        command: list[str], line: str, small_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: its banner ('reading ... with 3 thread worker(s) ...') on stderr first, then the measuring child's
+    error: two lines."""
+    argv = [part.format(ds=small_dataset, tmp=tmp_path) for part in command]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"unihub: error: {line.format(tmp=tmp_path)}") and err.count("\n") == 1, err
