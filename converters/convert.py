@@ -281,14 +281,15 @@ def _convert(src: str, dst: str, *, from_format: str | None, to_format: str | No
                                    validate=report is None or given is not None,
                                    mode="append" if append else "write", tag=tag)
             rows = result.num_rows
+            notes = []
         else:
             _export(dst, target_format, out_schema, counted, write_options)
-            rows = meter.rows
+            rows, notes = meter.rows, FORMATS.get(target_format).export_caveats(out_schema, write_options)
     finally:
         getattr(batches, "close", lambda: None)()  # a failed write stops the source's read-ahead now
         meter.close()
     return ConvertResult(src, dst, source_format, target_format, rows, time.perf_counter() - start,
-                         bytes_read=input_bytes,
+                         bytes_read=input_bytes, notes=notes,
                          skipped=list(getattr(getattr(report, "report", None), "skipped", []) or []))
 
 

@@ -292,6 +292,12 @@ class ForeignFormat(ABC):
         Options the user gives override these."""
         return {}
 
+    @classmethod
+    def export_caveats(cls, schema: Unischema, options: Mapping[str, Any]) -> list[str]:
+        """What an export of ``schema`` with write ``options`` does not hold as the dataset does (a TFRecord
+        Example's float32 for float64 fields): said in the conversion's summary (``ConvertResult.notes``)."""
+        return []
+
     def caveats(self) -> list[str]:
         """What an export of this ingest will not give back exactly, known once the records are read
         (a TFRecord's records disagreeing on their features' order): said in the conversion's summary."""

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any, ClassVar
 
+import numpy as np
+
 from unihub.errors import FormatError, SchemaError, UnsupportedFormatError
 from unihub.formats.base import (
     ColumnBatch,
@@ -291,6 +293,16 @@ class TFRecordFormat(ForeignFormat):
                            "make_tensor_proto(value, shape=...) writes, is one such): an export holds the same "
                            "tensors, other bytes")
         return caveats
+
+    @classmethod
+    def export_caveats(cls, schema: Unischema, options: Mapping[str, Any]) -> list[str]:
+        """float64 fields of an Example or SequenceExample export: a FloatList holds float32."""
+        if options.get("payload", "example") not in ("example", "sequence_example"):
+            return []
+        rounded = [f.name for f in schema if f.numpy_dtype is np.float64]
+        return [f"the float64 fields {rounded} are written as float32 (a FloatList holds no float64): values "
+                "float32 does not hold are rounded (unihub verify names them; payload=tensor writes one field's "
+                "float64 as it is)"] if rounded else []
 
     @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:

@@ -436,6 +436,25 @@ def test_verify_names_float64_values_an_export_rounds_to_float32(tmp_path: Path,
                                      "expected float64[1] [0.1], found float32[1] [0.1]")
 
 
+@pytest.mark.parametrize("payload", ["example", "sequence_example", "tensor"])
+def test_an_export_that_rounds_float64_says_so_in_its_summary(
+        tmp_path: Path, payload: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the export rounded float64 fields to float32 without a word (only a verify found it)."""
+    fields = [UnischemaField("x", np.float64, (None,), TensorCodec(), False)]
+    if payload != "tensor":
+        fields.insert(0, UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False))
+    rows = [{"id": i, "x": np.full(i, 0.1)} for i in range(3)]
+    write_dataset(str(tmp_path / "ds"), Unischema("S", fields), [{f.name: row[f.name] for f in fields} for row in rows])
+    options = {"sequence_example": ["--option", "payload=sequence_example", "--option", "feature_lists=x"],
+               "tensor": ["--option", "payload=tensor"]}.get(payload, [])
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "x.tfrecord"), *options]) == 0
+    said = "the float64 fields ['x'] are written as float32 (a FloatList holds no float64): values float32 does not"
+    assert (said in capsys.readouterr().err) == (payload != "tensor")
+    result = convert(tmp_path / "ds", tmp_path / "y.tfrecord",
+                     format_options={"payload": payload, **({"feature_lists": ["x"]} if payload[0] == "s" else {})})
+    assert bool(result.notes) == (payload != "tensor") and all(said in note for note in result.notes)
+
+
 def test_verify_of_two_tfrecord_files_reads_both_with_tensorflow(tmp_path: Path) -> None:
     a = _records(tmp_path / "a.tfrecord", [tf.train.Example(features=tf.train.Features(feature={
         "x": _f([1.0, 2.0], "float"), "x/shape": _f([2], "int64")})).SerializeToString()])
