@@ -91,7 +91,7 @@ from unihub.formats.hdf5.export import FIELD_ORDER_ATTR, SCHEMA_NAME_ATTR, write
 from unihub.formats.hdf5.extras import native_extras, reference_extras
 from unihub.formats.hdf5.files import open_hdf5
 from unihub.formats.hdf5.layout import Plan, discover
-from unihub.formats.hdf5.meta import file_metadata, merge_fields, schema_name
+from unihub.formats.hdf5.meta import PER_FILE, file_metadata, merge_fields, schema_name
 from unihub.formats.hdf5.read import batches_of, infer_fields, unit_readers
 from unihub.formats.hdf5.selection import select
 from unihub.formats.hdf5.storage import asked_of, export_spec
@@ -114,6 +114,14 @@ def _open(path: str) -> Any:
         return open_hdf5(path)
     except OSError as exc:
         raise FormatError(f"{path}: not a readable HDF5 file ({exc})", path=path) from exc
+
+
+#: the per-file entries of an ingest's metadata (:data:`~unihub.formats.hdf5.meta.PER_FILE`), in words
+_PER_FILE_WORDS = {"constants": "datasets that are not rows", "empty_datasets": "empty datasets",
+                   "attribute_values": "attributes", "group_paths": "groups", "storage": "storage",
+                   "member_storage": "storage", "links": "links", "dimension_scales": "dimension scales",
+                   "named_types": "named types", "creation_order": "creation order",
+                   "unit_order": "order of splits or groups"}
 
 
 @register_format("hdf5", aliases=("h5",), extensions=(".h5", ".hdf5", ".he5"))
@@ -300,6 +308,19 @@ class HDF5Format(ForeignFormat):
         source = extra.get("hdf5") if extra.get("source_format") == "hdf5" else None
         layout = (source or {}).get("layout") if isinstance(source, Mapping) else None
         return {"layout": layout.get("kind", "columns"), "source": source} if layout else {}
+
+    @classmethod
+    def export_caveats(cls, schema: Unischema, options: Mapping[str, Any]) -> list[str]:
+        """An ingest of several files whose own entries differ (root attributes, constants, ...) written back
+        as the one file an export writes: that file holds the first source file's."""
+        source = options.get("source")
+        differ = [key for key in PER_FILE if isinstance(source, Mapping) and source.get(f"{key}_by_file")]
+        if not differ:
+            return []
+        others = sorted({path for key in differ for path in source[f"{key}_by_file"]})  # type: ignore[index]
+        what = ", ".join(dict.fromkeys(_PER_FILE_WORDS.get(key, key) for key in differ))
+        return [f"the source's HDF5 files differ in their {what} ({len(others)} besides the first, e.g. "
+                f"{others[0]}): the one file written holds the first file's (unihub verify names what differs)"]
 
     @classmethod
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,

@@ -16,6 +16,8 @@ from unihub.cli import main
 from unihub.converters.convert import convert
 from unihub.converters.verify import verify
 from unihub.dependencies import is_available
+from unihub.formats.hdf5.format import _PER_FILE_WORDS
+from unihub.formats.hdf5.meta import PER_FILE
 from unihub.readers.reader import make_batch_reader
 
 pytestmark = pytest.mark.skipif(not is_available("h5py"), reason="h5py is not installed")
@@ -276,6 +278,29 @@ def test_several_files_keep_and_verify_their_own_attributes(tmp_path: Path) -> N
     assert report.differences == ["m1.h5: attribute 'created' of '/': expected int64(1), found nothing (missing)",
                                   "m1.h5: dtype of attribute 'created' of '/': expected '\"<i8\"', found nothing "
                                   "(missing)"]
+
+
+def test_an_export_of_several_files_to_one_says_that_it_holds_the_first_files_own(tmp_path: Path) -> None:
+    """Files of a folder whose root attributes and constants differ, exported to one HDF5 file: the file holds the
+    first one's. Before: without a word (only a verify of the folder against the export found it)."""
+    for k in range(2):
+        with h5py.File(tmp_path / f"m{k}.h5", "w") as f:
+            f["x"] = np.arange(3) + k
+            f.attrs["created"] = np.int64(k)
+            f["c"] = np.int8(7 + k)
+    convert(str(tmp_path / "m*.h5"), tmp_path / "ds", progress=False, from_format="hdf5")
+    result = convert(tmp_path / "ds", tmp_path / "one.h5", progress=False)
+    assert result.notes == [f"the source's HDF5 files differ in their datasets that are not rows, attributes (1 "
+                            f"besides the first, e.g. {tmp_path / 'm1.h5'}): the one file written holds the first "
+                            "file's (unihub verify names what differs)"]
+    with h5py.File(tmp_path / "one.h5") as f:
+        assert f.attrs["created"] == 0 and f["c"][()] == 7
+    assert not verify(str(tmp_path / "m*.h5"), tmp_path / "one.h5", from_format="hdf5").equal
+    with h5py.File(tmp_path / "m1.h5", "a") as f:  # the same attributes and constants: nothing to say
+        f.attrs["created"], f["c"][()] = np.int64(0), np.int8(7)
+    convert(str(tmp_path / "m*.h5"), tmp_path / "same", progress=False, from_format="hdf5")
+    assert convert(tmp_path / "same", tmp_path / "same.h5", progress=False).notes == []
+    assert set(_PER_FILE_WORDS) == set(PER_FILE)  # every entry of a file of its own has words
 
 
 def test_files_whose_datasets_differ_in_width_verify_row_by_row(tmp_path: Path) -> None:
