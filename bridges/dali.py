@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
+from unihub.errors import CodecError, InvalidArgumentError, SchemaError, UnihubError
 from unihub.images import decoders as images
 from unihub.readers.plan import PlanConfig, epoch_plan, task_rows
 from unihub.readers.random_access import Dataset
@@ -74,6 +74,9 @@ def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | No
     if is_image:
         _check_image(value, name, shape)
         return np.frombuffer(value, dtype=np.uint8)
+    if value is None:  # DALI would fail on the object array with no word of the field
+        raise CodecError(f"field {name!r}: a null, and DALI takes no nulls (fill them, or leave the field out)",
+                         field=name)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
@@ -97,9 +100,9 @@ def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = N
         raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
 
 
-def _located(exc: images.ImageDecodeError, where: str) -> images.ImageDecodeError:
-    """``exc`` with the sample it is about named first."""
-    return images.ImageDecodeError(f"{where}: {exc}", field=exc.field)
+def _located(exc: CodecError, where: str) -> CodecError:
+    """``exc`` (of its own class) with the sample it is about named first."""
+    return type(exc)(f"{where}: {exc}", field=exc.field)
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
@@ -234,7 +237,7 @@ class DaliBatchSource:
                 column, shape, before = by_name[name], schema[name].shape, len(out)
                 try:
                     out.extend(_to_sample(column[i], is_image, name, shape) for i in range(n))
-                except images.ImageDecodeError as exc:  # the samples before it are in out
+                except CodecError as exc:  # a refused image or a null; the samples before it are in out
                     where = f"epoch {self.epoch}, sample {first + len(out) - before} of shard {self._shard}"
                     raise _located(exc, where) from None
 
@@ -372,7 +375,7 @@ class DaliSampleSource:
         try:
             return tuple(_to_sample(getattr(row, name)[0], name in image_fields, name, schema[name].shape)
                          for name in self.fields)
-        except images.ImageDecodeError as exc:
+        except CodecError as exc:
             raise _located(exc, f"{self.url}, row {int(indices[i])} of the dataset") from None
 
 

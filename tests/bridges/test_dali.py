@@ -199,6 +199,31 @@ def test_an_image_contradicting_the_field_s_dims_is_refused_as_the_readers_refus
         pipe.source.close()
 
 
+def test_a_null_in_another_field_is_refused_naming_field_and_sample(tmp_path: Path) -> None:
+    """DALI fails on the object array a null makes with no word of the field (RuntimeError: unknown format
+    string 'O'); the sources refuse it, naming the field and the sample."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource, iterate_epoch, make_dali_pipeline
+    from unihub.errors import CodecError
+
+    schema = Unischema("Nulls", [*_schema("png").fields.values(),
+                                 UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "score": None if i == 2 else np.float32(i)}
+            for i in range(4))
+    url = tmp_path / "nulls"
+    write_dataset(url, schema, rows)
+    pipe = make_dali_pipeline(url, 4, other_fields=("id", "score"))
+    try:
+        with pytest.raises(CodecError, match=r"epoch 0, sample 2 of shard 0: field 'score': a null"):
+            list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    with DaliBatchSource(url, 2, ["id", "score"]) as source:
+        with pytest.raises(CodecError, match="sample 2 of shard 0: field 'score'"):  # a reader batch at a time
+            next(source)
+    with pytest.raises(CodecError, match="row 2 of the dataset: field 'score': a null"):
+        DaliSampleSource(url, ["id", "score"])(_Info(2))
+
+
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
