@@ -391,11 +391,11 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
                        start_offset: int = 0) -> Pipeline:
     """A DALI pipeline: unihub source -> ``fn.decoders.image`` (RGB) -> resize -> normalize.
 
-    Outputs, in order: the decoded images (``uint8`` HWC; ``float32`` in ``layout`` after
-    ``normalize``), then each of ``other_fields``; the names are in the pipeline's
-    ``output_map`` attribute. ``device_id=None`` runs on the CPU; an int decodes with
-    ``device='mixed'`` on that GPU. ``resize=(h, w)``; ``normalize=(mean, std)`` per
-    channel on the 0-255 scale (DALI's convention). ``parallel=True`` reads through a
+    Outputs, in order: the decoded images (HWC of the field's dtype, ``uint8`` or a 16-bit PNG
+    field's ``uint16``; ``float32`` in ``layout`` after ``normalize``), then each of ``other_fields``;
+    the names are in the pipeline's ``output_map`` attribute. ``device_id=None`` runs on the CPU; an
+    int decodes with ``device='mixed'`` on that GPU. ``resize=(h, w)``; ``normalize=(mean, std)`` per
+    channel on the image's scale (0-255, DALI's convention; 0-65535 for ``uint16``). ``parallel=True`` reads through a
     :class:`DaliSampleSource` in ``py_num_workers`` processes (``last_batch`` 'drop'
     or 'pad'), else a :class:`DaliBatchSource` in this process (kept as ``pipeline.source``;
     close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
@@ -407,7 +407,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     _check_batch(batch_size, last_batch)
     _check_shard(shard_id, num_shards)
     fields = [image_field, *other_fields]
-    _check_schema(url, fields, image_field, storage_options)
+    image_dtype = _check_schema(url, fields, image_field, storage_options)
     if parallel:
         if last_batch == "partial":
             raise DaliBridgeError("a parallel (sample) source cannot deliver a partial batch; use 'drop' or 'pad'")
@@ -431,7 +431,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
         else:
             outputs = fn.external_source(source=source, batch=True, num_outputs=len(fields), cycle="raise")
         images = decode_and_augment(outputs[0], device_id=device_id, resize=resize, normalize=normalize,
-                                    layout=layout)
+                                    layout=layout, dtype=image_dtype)
         pipe.set_outputs(images, *outputs[1:])
     pipe.build()
     pipe.source = source
@@ -441,12 +441,17 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
 
 def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int, int] | None = None,
                        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
-                       layout: Literal["CHW", "HWC"] = "CHW") -> Any:
-    """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize."""
+                       layout: Literal["CHW", "HWC"] = "CHW", dtype: Any = np.uint8) -> Any:
+    """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize.
+
+    ``dtype`` is the image field's: ``uint16`` decodes a 16-bit PNG to its own values (DALI's default,
+    uint8, scales them down to 8 bits)."""
     from nvidia.dali import fn, types
 
+    wide = np.dtype(dtype) == np.uint16
     images = fn.decoders.image(encoded, device="mixed" if device_id is not None else "cpu",
-                               output_type=types.DALIImageType.RGB)
+                               output_type=types.DALIImageType.RGB,
+                               dtype=types.DALIDataType.UINT16 if wide else types.DALIDataType.UINT8)
     if resize is not None:
         h, w = resize
         images = fn.resize(images, resize_y=h, resize_x=w)
@@ -457,12 +462,15 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
     return images
 
 
-def _check_schema(url: Any, fields: Sequence[str], image_field: str, storage_options: dict[str, Any] | None) -> None:
+def _check_schema(url: Any, fields: Sequence[str], image_field: str,
+                  storage_options: dict[str, Any] | None) -> np.dtype[Any]:
+    """Refuse fields DALI cannot take; the image field's dtype."""
     store = open_dataset(os.fspath(url) if isinstance(url, os.PathLike) else url, storage_options=storage_options)
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:
         raise SchemaError(f"{store.url}: no field {missing}; fields: {list(store.schema.fields)}")
     _check_fields([store.schema[name] for name in fields], image_field)
+    return np.dtype(store.schema[image_field].numpy_dtype)
 
 
 def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | None = None, *, size: int = -1,
@@ -515,7 +523,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
 
     _check_batch(batch_size, "drop")
     fields = [image_field, *other_fields]
-    _check_schema(url, fields, image_field, storage_options)
+    stored_dtype = _check_schema(url, fields, image_field, storage_options)
     source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
                              num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
                              start_offset=start_offset)
@@ -523,7 +531,8 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
     with pipe:
         inputs = [fn.external_source(source=feed.field(k), batch=True) for k in range(len(fields))]
-        images = decode_and_augment(inputs[0], device_id=device_id, resize=resize, normalize=normalize, layout=layout)
+        images = decode_and_augment(inputs[0], device_id=device_id, resize=resize, normalize=normalize, layout=layout,
+                                    dtype=stored_dtype)
         pipe.set_outputs(images, *inputs[1:])
     schema = source._reader.schema
     h, w = resize if resize is not None else schema[image_field].shape[:2]
@@ -533,7 +542,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     if normalize is not None:
         image_shape, image_dtype = ((3, h, w) if layout == "CHW" else (h, w, 3)), tf.float32
     else:
-        image_shape, image_dtype = (h, w, 3), tf.uint8
+        image_shape, image_dtype = (h, w, 3), tf.as_dtype(stored_dtype)
     shapes = [(batch_size, *image_shape)] + [(batch_size, *schema[name].shape) for name in other_fields]
     dtypes = [image_dtype] + [tf.as_dtype(np.dtype(schema[name].numpy_dtype)) for name in other_fields]
     return dali_tf.experimental.DALIDatasetWithInputs(pipeline=pipe, batch_size=batch_size,

@@ -92,6 +92,25 @@ def test_jpeg_decode_matches_unihub(jpeg_url: Path) -> None:
     assert worst == 0, f"JPEG pixels differ by up to {worst}"
 
 
+def test_a_16_bit_png_field_keeps_its_values(tmp_path: Path) -> None:
+    """DALI decodes to uint8 unless told otherwise, scaling a uint16 field's pixels down to 8 bits
+    (the readers give them as stored)."""
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
+
+    schema = Unischema("Wide", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("image", np.uint16, (5, 6, 3), CompressedImageCodec("png"), False)])
+    pixels = [np.random.default_rng(i).integers(0, 2**16, (5, 6, 3)).astype(np.uint16) for i in range(4)]
+    write_dataset(tmp_path / "wide", schema, ({"id": i, "image": image} for i, image in enumerate(pixels)))
+    pipe = make_dali_pipeline(tmp_path / "wide", 4, other_fields=("id",))
+    try:
+        (images, ids), = list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    for image, i in zip(images, ids):
+        assert image.dtype == np.uint16
+        np.testing.assert_array_equal(image, pixels[int(i)])
+
+
 def test_fixture_has_several_row_groups(png_url: Path) -> None:
     assert len(Dataset(png_url).store.row_groups) > 2  # so rebatching crosses reader batches
 
