@@ -117,6 +117,13 @@ def _check_offset(start_offset: int) -> None:
         raise InvalidArgumentError(f"start_offset must be an int >= 0, got {start_offset!r}")
 
 
+def _check_unique(fields: Sequence[str]) -> None:
+    """One output per field: a name given twice would leave DALI an output short (an IndexError in its run)."""
+    twice = sorted({name for name in fields if list(fields).count(name) > 1})
+    if twice:
+        raise DaliBridgeError(f"fields {twice} are asked for twice (the image field is output first); name each once")
+
+
 def _check_shard(shard_id: int, num_shards: int) -> None:
     if num_shards < 1 or not 0 <= shard_id < num_shards:
         raise DaliBridgeError(f"shard_id must be in [0, num_shards), got shard_id={shard_id}, num_shards={num_shards}")
@@ -155,6 +162,7 @@ class DaliBatchSource:
                  start_offset: int = 0) -> None:
         _check_batch(batch_size, last_batch)
         _check_shard(shard_id, num_shards)
+        _check_unique(fields)
         self.batch_size = batch_size
         self.last_batch = last_batch
         self._shard = shard_id
@@ -465,6 +473,7 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
 def _check_schema(url: Any, fields: Sequence[str], image_field: str,
                   storage_options: dict[str, Any] | None) -> np.dtype[Any]:
     """Refuse fields DALI cannot take; the image field's dtype."""
+    _check_unique(fields)
     store = open_dataset(os.fspath(url) if isinstance(url, os.PathLike) else url, storage_options=storage_options)
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:

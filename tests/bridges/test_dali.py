@@ -435,7 +435,7 @@ def test_resize_and_normalize(png_url: Path, layout: str, shape: tuple[int, ...]
 
 
 def test_bad_options_are_refused(png_url: Path) -> None:
-    from unihub.bridges.dali import DaliBridgeError, make_dali_pipeline
+    from unihub.bridges.dali import DaliBatchSource, DaliBridgeError, make_dali_pipeline
     from unihub.errors import SchemaError
 
     with pytest.raises(DaliBridgeError, match="batch_size"):
@@ -446,3 +446,8 @@ def test_bad_options_are_refused(png_url: Path) -> None:
         make_dali_pipeline(png_url, 4, image_field="label")
     with pytest.raises(SchemaError, match="no field"):
         make_dali_pipeline(png_url, 4, other_fields=("nope",))
+    for parallel in (False, True):  # DALI had one output too few: an IndexError when run
+        with pytest.raises(DaliBridgeError, match=r"fields \['image'\] are asked for twice"):
+            make_dali_pipeline(png_url, 4, other_fields=("id", "image"), parallel=parallel)
+    with pytest.raises(DaliBridgeError, match=r"fields \['id'\] are asked for twice"):
+        DaliBatchSource(png_url, 4, ["id", "image", "id"])  # it gave two lists for the three names
