@@ -490,7 +490,10 @@ def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | Non
     ``output_map`` defaults to the pipeline's (``make_dali_pipeline`` sets it). With
     ``size=-1`` the epoch ends when the unihub source does (DALI then uses 'fill');
     with ``size=N`` real samples (e.g. a padded source's ``rows_per_epoch``),
-    ``'partial'`` trims the padding off the last batch.
+    ``'partial'`` trims the padding off the last batch. DALI counts ``size`` samples per epoch and
+    goes on in the same stream, so ``size`` must be what every epoch of a unihub source holds: a
+    source resumed at a ``start_offset`` (a shorter first epoch) takes ``size=-1`` (its exact epochs
+    with ``last_batch='partial'``).
     """
     require("torch", extra="torch", purpose="the DALI PyTorch iterator")
     plugin = require("nvidia.dali.plugin.pytorch", extra="dali", purpose="the DALI PyTorch iterator")
@@ -502,9 +505,34 @@ def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | Non
     names = list(output_map if output_map is not None else getattr(pipeline, "output_map", ()))
     if not names:
         raise DaliBridgeError("pass output_map: the names of the pipeline's outputs, in order")
+    if size >= 0:
+        _check_size(size, getattr(pipeline, "source", None))
     return plugin.DALIGenericIterator([pipeline], names, size=size, auto_reset=auto_reset,
                                       last_batch_policy=policies[last_batch_policy],
                                       last_batch_padded=size >= 0)
+
+
+def _check_size(size: int, source: Any) -> None:
+    """Refuse a ``size`` other than the real samples of every epoch of a unihub ``source``: DALI's iterator
+    would end its epochs elsewhere than the source, so that later epochs came out empty (a source with
+    fewer samples) or began in the middle of one (more)."""
+    if isinstance(source, DaliBatchSource):
+        rows = source.rows_per_epoch
+    elif isinstance(source, DaliSampleSource) and source.batch_size:
+        rows = len(source)
+    else:
+        return
+    counts = [n - n % source.batch_size if source.last_batch == "drop" else n
+              for n in (rows - source.start_offset, rows)]  # the first epoch, then every other
+    if set(counts) == {size}:
+        return
+    if counts[0] != counts[1]:
+        raise DaliBridgeError(f"size={size}, but the source's first epoch, resumed at start_offset="
+                              f"{source.start_offset}, holds {counts[0]} samples and the later ones {counts[1]}: "
+                              "DALI's iterator counts the same size each epoch; pass size=-1 (with the source's "
+                              "last_batch='partial', every epoch exact)")
+    raise DaliBridgeError(f"size={size}, but every epoch of the source holds {counts[1]} samples "
+                          f"(last_batch={source.last_batch!r}): pass size={counts[1]} or size=-1")
 
 
 def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image", other_fields: Sequence[str] = (),

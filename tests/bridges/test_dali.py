@@ -400,6 +400,32 @@ def test_torch_iterator_shapes(png_url: Path) -> None:
     pipe.source.close()
 
 
+def test_torch_iterator_size_is_every_epoch_s_samples(png_url: Path) -> None:
+    """DALI's iterator counts ``size`` samples per epoch and goes on in the same stream: a size the source's
+    epochs do not hold made its later epochs come out empty (a resumed source's shorter first epoch, a
+    'drop' source) or begin mid-epoch; it is refused, and the size that fits gives the source's epochs."""
+    pytest.importorskip("torch")
+    from unihub.bridges.dali import DaliBatchSource, DaliBridgeError, make_dali_pipeline, make_dali_torch_iterator
+
+    options = dict(other_fields=("id",), shuffle=True, seed=2)
+    with DaliBatchSource(png_url, 8, ["id"], last_batch="partial", shuffle=True, seed=2) as source:
+        expected = [[int(i) for (ids,) in source for i in ids] for _ in range(2)]
+    for last_batch, size, offset, match in [("pad", N, 10, "resumed at start_offset=10, holds 50 samples"),
+                                            ("drop", N, 0, "holds 56 samples"), ("pad", 20, 0, "pass size=60")]:
+        pipe = make_dali_pipeline(png_url, 8, last_batch=last_batch, start_offset=offset, **options)
+        try:
+            with pytest.raises(DaliBridgeError, match=match):
+                make_dali_torch_iterator(pipe, size=size, last_batch_policy="partial")
+        finally:
+            pipe.source.close()
+    pipe = make_dali_pipeline(png_url, 8, last_batch="pad", **options)
+    try:
+        iterator = make_dali_torch_iterator(pipe, size=N, last_batch_policy="partial")
+        assert [[int(i) for b in iterator for i in b[0]["id"]] for _ in range(2)] == expected
+    finally:
+        pipe.source.close()
+
+
 def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
     pytest.importorskip("tensorflow")
     if not is_available("nvidia.dali_tf_plugin"):
