@@ -106,7 +106,7 @@ def _located(exc: CodecError, where: str) -> CodecError:
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise DaliBridgeError(f"batch_size must be a positive integer, got {batch_size!r}")
     if last_batch not in _LAST_BATCH:
         raise DaliBridgeError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
@@ -163,6 +163,7 @@ class DaliBatchSource:
         _check_batch(batch_size, last_batch)
         _check_shard(shard_id, num_shards)
         _check_unique(fields)
+        _check_offset(start_offset)
         self.batch_size = batch_size
         self.last_batch = last_batch
         self._shard = shard_id
