@@ -57,17 +57,22 @@ def _dali(purpose: str) -> Any:
     return require("nvidia.dali", extra="dali", purpose=purpose)
 
 
-def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
-    """DALI takes numeric tensors: refuse strings, decimals and object columns up front."""
+def _check_fields(fields: Sequence[UnischemaField], image_fields: Sequence[str]) -> None:
+    """DALI takes numeric tensors, and image bytes to decode: refuse strings, decimals, object columns and
+    images not among ``image_fields`` (DALI would get their bytes as a string) up front."""
     for f in fields:
-        if f.name == image_field:
+        if f.name in image_fields:
             if not isinstance(f.codec, CompressedImageCodec):
                 raise SchemaError(f"field {f.name!r} is not a compressed image (codec {f.codec!r}); "
                                   "DALI's decoder needs PNG/JPEG bytes")
             continue
+        if isinstance(f.codec, CompressedImageCodec):
+            raise SchemaError(f"field {f.name!r} holds PNG/JPEG images but is not an image field of this source "
+                              f"({list(image_fields)}), so DALI would get its bytes as a string: leave it out, or "
+                              "decode it in a pipeline of your own over a source that names it an image field")
         if not (isinstance(f.numpy_dtype, type) and issubclass(f.numpy_dtype, (np.number, np.bool_))):
             raise SchemaError(f"field {f.name!r} has dtype {f.numpy_dtype!r}; DALI takes numeric fields only, "
-                              "leave it out of other_fields")
+                              "leave it out of the fields")
 
 
 def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None) -> np.ndarray:
@@ -173,28 +178,33 @@ class DaliBatchSource:
             shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_id,
             shard_count=num_shards, shard_by="row", shard_remainder=shard_remainder,
             workers_count=workers_count, storage_options=storage_options)
-        self.fields = tuple(self._reader.schema.fields)  # in the order asked
-        order = {name: i for i, name in enumerate(fields)}
-        if set(order) != set(self.fields):
-            raise DaliBridgeError(f"fields {list(fields)} do not match the dataset's {list(self.fields)}")
-        self.fields = tuple(sorted(self.fields, key=order.__getitem__))
-        if image_fields is None:
-            image_fields = [f.name for f in self._reader.schema if isinstance(f.codec, CompressedImageCodec)]
-        self._is_image = tuple(name in image_fields for name in self.fields)
+        try:
+            self._is_image = self._order_fields(fields, image_fields)
+            if start_offset:
+                self._reader.seek(start_offset)
+        except BaseException:
+            self.close()
+            raise
         self.rows_per_epoch: int = self._reader.num_rows_per_epoch or 0
         self.start_offset = start_offset
-        if start_offset:
-            try:
-                self._reader.seek(start_offset)
-            except BaseException:
-                self.close()
-                raise
         self.epoch = -1  # the epoch being served; iter() moves to the next one
         self._left = 0  # rows of the current epoch not yet taken from the reader
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
         self._taken = 0  # samples at the head of _pending already served (dropped a reader batch at a time)
         self._first: list[list[np.ndarray]] | None = None  # the epoch's first batch, for 'pad'
         self._fresh = False  # an epoch started by iter() and not yet asked for a batch
+
+    def _order_fields(self, fields: Sequence[str], image_fields: Sequence[str] | None) -> tuple[bool, ...]:
+        """Put ``self.fields`` in the order asked and check them; whether each is an image field."""
+        self.fields = tuple(self._reader.schema.fields)
+        order = {name: i for i, name in enumerate(fields)}
+        if set(order) != set(self.fields):
+            raise DaliBridgeError(f"fields {list(fields)} do not match the dataset's {list(self.fields)}")
+        self.fields = tuple(sorted(self.fields, key=order.__getitem__))
+        if image_fields is None:
+            image_fields = [f.name for f in self._reader.schema if isinstance(f.codec, CompressedImageCodec)]
+        _check_fields(list(self._reader.schema), image_fields)
+        return tuple(name in image_fields for name in self.fields)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -343,11 +353,11 @@ class DaliSampleSource:
     def dataset(self) -> Any:
         """The random-access dataset, opened on first use in this process."""
         if self._dataset is None:
-            self._dataset = Dataset(self.url, list(self.fields), decode_images=False,
-                                    storage_options=self.storage_options)
+            dataset = Dataset(self.url, list(self.fields), decode_images=False, storage_options=self.storage_options)
             if self.image_fields is None:
-                self.image_fields = tuple(f.name for f in self._dataset.schema
-                                          if isinstance(f.codec, CompressedImageCodec))
+                self.image_fields = tuple(f.name for f in dataset.schema if isinstance(f.codec, CompressedImageCodec))
+            _check_fields(list(dataset.schema), self.image_fields)
+            self._dataset = dataset
         return self._dataset
 
     def indices(self, epoch: int) -> np.ndarray:
@@ -479,7 +489,7 @@ def _check_schema(url: Any, fields: Sequence[str], image_field: str,
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:
         raise SchemaError(f"{store.url}: no field {missing}; fields: {list(store.schema.fields)}")
-    _check_fields([store.schema[name] for name in fields], image_field)
+    _check_fields([store.schema[name] for name in fields], [image_field])
     return np.dtype(store.schema[image_field].numpy_dtype)
 
 

@@ -243,6 +243,34 @@ def test_a_null_in_another_field_is_refused_naming_field_and_sample(tmp_path: Pa
         DaliSampleSource(url, ["id", "score"])(_Info(2))
 
 
+def test_fields_dali_cannot_take_are_refused_by_the_sources_too(tmp_path: Path) -> None:
+    """A string, or a second image field (a mask) DALI would get as a string of bytes, failed inside DALI
+    with no word of the field ('unknown format string: 2w', 'stoi'); make_dali_pipeline and the sources
+    built directly for a pipeline of one's own refuse them naming the field."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource, make_dali_pipeline
+    from unihub.errors import SchemaError
+
+    schema = Unischema("Masks", [*_schema("png").fields.values(),
+                                 UnischemaField("mask", np.uint8, (32, 32), CompressedImageCodec("png"), False),
+                                 UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "mask": _image(i)[..., 0], "name": f"n{i}"}
+            for i in range(4))
+    url = tmp_path / "masks"
+    write_dataset(url, schema, rows)
+    with pytest.raises(SchemaError, match=r"field 'mask' holds PNG/JPEG images but is not an image field"):
+        make_dali_pipeline(url, 2, other_fields=("id", "mask"))
+    with pytest.raises(SchemaError, match=r"field 'mask' holds PNG/JPEG images but is not an image field .*'image'"):
+        DaliBatchSource(url, 2, ["image", "mask"], image_fields=["image"])
+    for fields in (["id", "name"], ["image", "name"]):
+        with pytest.raises(SchemaError, match="field 'name' has dtype"):
+            DaliBatchSource(url, 2, fields)
+        with pytest.raises(SchemaError, match="field 'name' has dtype"):
+            DaliSampleSource(url, fields)(_Info(0))
+    with DaliBatchSource(url, 2, ["image", "mask"]) as source:  # both images: bytes for two decoders
+        images, masks = next(source)
+        np.testing.assert_array_equal(decode_image(masks[1].tobytes()), _image(1)[..., 0])
+
+
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
