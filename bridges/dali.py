@@ -25,6 +25,7 @@ DALI only decodes and augments.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -110,6 +111,12 @@ def _located(exc: CodecError, where: str) -> CodecError:
     return type(exc)(f"{where}: {exc}", field=exc.field)
 
 
+def _row_where(store: Any, row: int) -> str:
+    """Row ``row`` of the dataset named as the readers name it: file, row group, row."""
+    group = store.row_groups[bisect.bisect_right([g.first_row for g in store.row_groups], row) - 1]
+    return f"{group.path}, row group {group.row_group} (row {row} of the dataset)"
+
+
 def _check_batch(batch_size: int, last_batch: str) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise DaliBridgeError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -172,6 +179,8 @@ class DaliBatchSource:
         self.batch_size = batch_size
         self.last_batch = last_batch
         self._shard = shard_id
+        self._plan: dict[str, Any] = dict(shard_id=shard_id, num_shards=num_shards, shuffle=shuffle,
+                                          shard_remainder=shard_remainder)  # to name a refused sample's row
         # the shard always given: DALI's shard_id/num_shards (0 of 1: everything) are the pipeline's, not the job's
         self._reader = make_batch_reader(
             url, schema_fields=list(fields), decode_images=False, num_epochs=None, seed=seed,
@@ -257,8 +266,14 @@ class DaliBatchSource:
                 try:
                     out.extend(_to_sample(column[i], is_image, name, shape) for i in range(n))
                 except CodecError as exc:  # a refused image or a null; the samples before it are in out
-                    where = f"epoch {self.epoch}, sample {first + len(out) - before} of shard {self._shard}"
-                    raise _located(exc, where) from None
+                    raise _located(exc, self._where(first + len(out) - before)) from None
+
+    def _where(self, sample: int) -> str:
+        """Sample ``sample`` of the current epoch's order named as the readers name a row, then as DALI sees it."""
+        store = self._reader.store
+        rows = sample_indices([group.num_rows for group in store.row_groups], epoch=self.epoch,
+                              seed=self._reader.seed, **self._plan)
+        return f"{_row_where(store, int(rows[sample]))}, epoch {self.epoch}, sample {sample} of shard {self._shard}"
 
     def _epoch_rows(self) -> int:
         """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
@@ -395,7 +410,7 @@ class DaliSampleSource:
             return tuple(_to_sample(getattr(row, name)[0], name in image_fields, name, schema[name].shape)
                          for name in self.fields)
         except CodecError as exc:
-            raise _located(exc, f"{self.url}, row {int(indices[i])} of the dataset") from None
+            raise _located(exc, _row_where(self.dataset.store, int(indices[i]))) from None
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------

@@ -208,7 +208,7 @@ def test_an_image_contradicting_the_field_s_dims_is_refused_as_the_readers_refus
     class Info:
         epoch_idx, idx_in_epoch, idx_in_batch = 0, 1, 1
 
-    with pytest.raises(ImageDecodeError, match=r"row 1 of the dataset: field 'image': PNG image of shape \(16, 12"):
+    with pytest.raises(ImageDecodeError, match=r"\(row 1 of the dataset\): field 'image': PNG image of shape \(16, 12"):
         DaliSampleSource(url, ["id", "image"])(Info())
     pipe = make_dali_pipeline(url, 3, other_fields=("id",), resize=(4, 4), last_batch="partial")
     try:
@@ -239,7 +239,7 @@ def test_a_null_in_another_field_is_refused_naming_field_and_sample(tmp_path: Pa
     with DaliBatchSource(url, 2, ["id", "score"]) as source:
         with pytest.raises(CodecError, match="sample 2 of shard 0: field 'score'"):  # a reader batch at a time
             next(source)
-    with pytest.raises(CodecError, match="row 2 of the dataset: field 'score': a null"):
+    with pytest.raises(CodecError, match=r"\(row 2 of the dataset\): field 'score': a null"):
         DaliSampleSource(url, ["id", "score"])(_Info(2))
 
 
@@ -269,6 +269,39 @@ def test_fields_dali_cannot_take_are_refused_by_the_sources_too(tmp_path: Path) 
     with DaliBatchSource(url, 2, ["image", "mask"]) as source:  # both images: bytes for two decoders
         images, masks = next(source)
         np.testing.assert_array_equal(decode_image(masks[1].tobytes()), _image(1)[..., 0])
+
+
+def test_a_refused_sample_is_named_by_file_row_group_and_row(tmp_path: Path) -> None:
+    """As docs/frameworks/dali.md promises and the readers do: a sample position alone ('epoch 0, sample 5 of
+    shard 1') or the dataset's URL did not say which file holds the bad image, shuffled and sharded."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource
+
+    schema = Unischema("Holes", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                 UnischemaField("image", np.uint8, (32, 32, 3), CompressedImageCodec("png"), True)])
+    url = tmp_path / "holes"
+    write_dataset(url, schema, ({"id": i, "image": None if i == 12 else _image(i)} for i in range(20)),
+                  row_group_size_mb=0.005, rows_per_file=7)
+    store = Dataset(url).store
+    group = next(g for g in store.row_groups if g.first_row <= 12 < g.first_row + g.num_rows)
+    assert len(store.files) == 3 and group.row_group > 0 and group.path != store.row_groups[0].path
+    where = f"{group.path}, row group {group.row_group} (row 12 of the dataset)"
+    refused = 0
+    for shard in range(2):
+        options = dict(shuffle=True, seed=1, shard_id=shard, num_shards=2)
+        with DaliBatchSource(url, 10, ["id", "image"], **options) as source:
+            try:
+                list(source)
+            except ImageDecodeError as exc:
+                refused += 1
+                assert str(exc).startswith(f"{where}, epoch 0, sample "), str(exc)
+        sample = DaliSampleSource(url, ["id", "image"], **options)
+        for i in range(10):
+            try:
+                sample(_Info(i))
+            except ImageDecodeError as exc:
+                refused += 1
+                assert str(exc).startswith(f"{where}: field 'image'"), str(exc)
+    assert refused == 2  # once by each source
 
 
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
