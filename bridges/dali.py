@@ -478,13 +478,14 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
                        layout: Literal["CHW", "HWC"] = "CHW", dtype: Any = np.uint8) -> Any:
     """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize.
 
-    ``dtype`` is the image field's: ``uint16`` decodes a 16-bit PNG to its own values (DALI's default,
-    uint8, scales them down to 8 bits)."""
+    Pixels are decoded as stored, as the readers (and Petastorm) decode them: not turned by an EXIF
+    orientation tag, which DALI applies by default. ``dtype`` is the image field's: ``uint16`` decodes
+    a 16-bit PNG to its own values (DALI's default, uint8, scales them down to 8 bits)."""
     from nvidia.dali import fn, types
 
     wide = np.dtype(dtype) == np.uint16
     images = fn.decoders.image(encoded, device="mixed" if device_id is not None else "cpu",
-                               output_type=types.DALIImageType.RGB,
+                               output_type=types.DALIImageType.RGB, adjust_orientation=False,
                                dtype=types.DALIDataType.UINT16 if wide else types.DALIDataType.UINT8)
     if resize is not None:
         h, w = resize

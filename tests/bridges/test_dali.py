@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -109,6 +110,36 @@ def test_a_16_bit_png_field_keeps_its_values(tmp_path: Path) -> None:
     for image, i in zip(images, ids):
         assert image.dtype == np.uint16
         np.testing.assert_array_equal(image, pixels[int(i)])
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+def test_an_exif_orientation_turns_no_image(tmp_path: Path, codec: str) -> None:
+    """DALI turns an image by its EXIF orientation unless told not to: a 16x8 image tagged 'rotate 90' came
+    out 8x16, not the pixels (nor the fixed shape) make_reader and Petastorm give for the same bytes."""
+    from PIL import Image
+
+    from unihub import make_reader
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
+
+    def tagged(orientation: int) -> bytes:
+        exif, out = Image.Exif(), io.BytesIO()
+        exif[0x0112] = orientation
+        Image.fromarray(_image(orientation)[:16]).save(out, codec.upper(), exif=exif.tobytes(), quality=95)
+        return out.getvalue()
+
+    schema = Unischema("Turned", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("image", np.uint8, (16, 32, 3), CompressedImageCodec(codec), False)])
+    write_dataset(tmp_path / "turned", schema, ({"id": o, "image": tagged(o)} for o in (1, 3, 6, 8)))
+    with make_reader(tmp_path / "turned") as reader:
+        expected = {int(row.id): row.image for row in reader}
+    pipe = make_dali_pipeline(tmp_path / "turned", 4, other_fields=("id",))
+    try:
+        (images, ids), = list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    for image, i in zip(images, ids):
+        assert image.shape == (16, 32, 3)
+        np.testing.assert_array_equal(image, expected[int(i)])
 
 
 def test_fixture_has_several_row_groups(png_url: Path) -> None:
