@@ -142,6 +142,46 @@ def test_an_exif_orientation_turns_no_image(tmp_path: Path, codec: str) -> None:
         np.testing.assert_array_equal(image, expected[int(i)])
 
 
+def _gpus() -> int:
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    try:
+        return int(GetCUDADeviceCount())
+    except RuntimeError:  # no driver
+        return 0
+
+
+@pytest.mark.gpu
+def test_gpu_decode_matches_the_readers(png_url: Path, jpeg_url: Path) -> None:
+    """docs/frameworks/dali.md's device_id=0 example: 'mixed' decoding gives the PNGs' exact pixels, as the
+    CPU does, and the torch iterator hands over CUDA tensors (JPEG: nvJPEG may differ by a few levels)."""
+    if not _gpus():
+        pytest.skip("needs an NVIDIA GPU")
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline, make_dali_torch_iterator
+
+    pipe = make_dali_pipeline(png_url, 10, other_fields=("id",), device_id=0)
+    try:
+        ids = []
+        for images, batch_ids in iterate_epoch(pipe):
+            for image, i in zip(images, batch_ids):
+                np.testing.assert_array_equal(image, _image(int(i)))
+                ids.append(int(i))
+        assert ids == list(range(N))
+    finally:
+        pipe.source.close()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA build of torch")
+    pipe = make_dali_pipeline(jpeg_url, 8, other_fields=("label",), device_id=0, resize=(16, 16),
+                              normalize=((124, 116, 104), (58, 57, 57)))
+    try:
+        batch = next(iter(make_dali_torch_iterator(pipe)))[0]
+        assert batch["image"].is_cuda and tuple(batch["image"].shape) == (8, 3, 16, 16)
+        assert batch["label"].tolist() == [i % 10 for i in range(8)]
+    finally:
+        pipe.source.close()
+
+
 def test_fixture_has_several_row_groups(png_url: Path) -> None:
     assert len(Dataset(png_url).store.row_groups) > 2  # so rebatching crosses reader batches
 
