@@ -422,7 +422,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
                        shuffle: bool = False, parallel: bool = False, py_num_workers: int = 2,
                        py_start_method: Literal["fork", "spawn"] = "spawn", last_batch: LastBatch = "drop",
                        seed: int = 0, prefetch_queue_depth: int = 2, storage_options: dict[str, Any] | None = None,
-                       start_offset: int = 0) -> Pipeline:
+                       start_offset: int = 0, shard_remainder: ShardRemainder = "pad") -> Pipeline:
     """A DALI pipeline: unihub source -> ``fn.decoders.image`` (RGB) -> resize -> normalize.
 
     Outputs, in order: the decoded images (HWC of the field's dtype, ``uint8`` or a 16-bit PNG
@@ -433,7 +433,8 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     :class:`DaliSampleSource` in ``py_num_workers`` processes (``last_batch`` 'drop'
     or 'pad'), else a :class:`DaliBatchSource` in this process (kept as ``pipeline.source``;
     close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
-    The pipeline is built.
+    ``shard_remainder`` as the sources take it ('pad': ``ceil(N/S)`` rows a shard, wrapping; 'drop':
+    ``floor``, what ``CachedDataset.stream(drop_shard_remainder=True)`` reads). The pipeline is built.
     """
     dali = _dali("DALI pipelines")
     from nvidia.dali import fn
@@ -448,7 +449,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
         source: Any = DaliSampleSource(url, fields, image_fields=[image_field], batch_size=batch_size,
                                        last_batch=last_batch, shard_id=shard_id, num_shards=num_shards,
                                        shuffle=shuffle, seed=seed, storage_options=storage_options,
-                                       start_offset=start_offset)
+                                       start_offset=start_offset, shard_remainder=shard_remainder)
         source.indices(0)  # a start_offset beyond the shard is refused here, not in a DALI worker
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       py_num_workers=py_num_workers, py_start_method=py_start_method,
@@ -456,7 +457,8 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     else:
         source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], last_batch=last_batch,
                                  shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, seed=seed,
-                                 storage_options=storage_options, start_offset=start_offset)
+                                 storage_options=storage_options, start_offset=start_offset,
+                                 shard_remainder=shard_remainder)
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       prefetch_queue_depth=prefetch_queue_depth)
     with pipe:
@@ -567,7 +569,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
                          normalize: tuple[Sequence[float], Sequence[float]] | None = None,
                          layout: Literal["CHW", "HWC"] = "CHW", shard_id: int = 0, num_shards: int = 1,
                          shuffle: bool = False, seed: int = 0, storage_options: dict[str, Any] | None = None,
-                         start_offset: int = 0) -> Any:
+                         start_offset: int = 0, shard_remainder: ShardRemainder = "pad") -> Any:
     """One epoch as a ``tf.data.Dataset`` (``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``).
 
     Yields ``(images, *other_fields)`` of exactly ``batch_size`` rows (the incomplete last
@@ -590,7 +592,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     stored_dtype = _check_schema(url, fields, image_field, storage_options)
     source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
                              num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
-                             start_offset=start_offset)
+                             start_offset=start_offset, shard_remainder=shard_remainder)
     feed = _FanOut(iter(source), len(fields), on_end=source.close)  # one epoch: then free the workers
     pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
     with pipe:

@@ -392,6 +392,29 @@ def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
 
 
 @pytest.mark.parametrize("parallel", [False, True])
+def test_the_pipeline_shards_as_a_stream_dropping_the_remainder(png_url: Path, parallel: bool) -> None:
+    """docs/guide/caching.md: DALI's sources take a stream's arguments on its plan; a stream with
+    drop_shard_remainder=True (floor(N/S) rows a shard) had no pipeline to match, every shard after the
+    first began elsewhere, so a start_offset counted on one resumed the other at other rows."""
+    from unihub import make_reader
+    from unihub.bridges.dali import make_dali_pipeline
+
+    for shard in (0, 6):
+        with make_reader(png_url, schema_fields=["id"], shuffle_row_groups=True, shuffle_rows=True, seed=3,
+                         cur_shard=shard, shard_count=7, shard_by="row", shard_remainder="drop") as reader:
+            reader.seek(2)
+            expected = [int(row.id) for row in reader]
+        pipe = make_dali_pipeline(png_url, 3, other_fields=("id",), shard_id=shard, num_shards=7, shuffle=True,
+                                  seed=3, shard_remainder="drop", start_offset=2, parallel=parallel,
+                                  py_num_workers=1)
+        try:
+            assert _epoch_ids(pipe) == expected and len(expected) == N // 7 - 2
+        finally:
+            getattr(pipe.source, "close", lambda: None)()
+            del pipe
+
+
+@pytest.mark.parametrize("parallel", [False, True])
 def test_start_offset_resumes_the_first_epoch_exactly(png_url: Path, parallel: bool) -> None:
     """A pipeline at ``start_offset=k`` serves what a whole one serves after its first k samples,
     then whole epochs; every shard alike."""
