@@ -129,6 +129,25 @@ def _check_offset(start_offset: int) -> None:
         raise InvalidArgumentError(f"start_offset must be an int >= 0, got {start_offset!r}")
 
 
+def _check_augment(resize: Any, normalize: Any, layout: str) -> None:
+    """Refuse what DALI would take without a word (a resize to 0 or -5 rows gives 3; 8.5 rounds) or refuse
+    only when the pipeline runs, with no word of which argument."""
+    if resize is not None and (not isinstance(resize, (tuple, list)) or len(resize) != 2 or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in resize)):
+        raise DaliBridgeError(f"resize must be (height, width), two positive ints, got {resize!r}")
+    if layout not in ("CHW", "HWC"):
+        raise DaliBridgeError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    if normalize is not None:
+        try:
+            mean, std = (np.asarray(v, dtype=np.float64) for v in normalize)
+        except (TypeError, ValueError):
+            mean = std = np.empty(0)
+        if not (mean.ndim == std.ndim == 1 and len(mean) in (1, 3) and len(std) in (1, 3) and np.all(std != 0)
+                and np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise DaliBridgeError(f"normalize must be (mean, std), each 1 or 3 finite numbers (per channel), std "
+                                  f"not 0, got {normalize!r}")
+
+
 def _check_unique(fields: Sequence[str]) -> None:
     """One output per field: a name given twice would leave DALI an output short (an IndexError in its run)."""
     twice = sorted({name for name in fields if list(fields).count(name) > 1})
@@ -441,6 +460,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
 
     _check_batch(batch_size, last_batch)
     _check_shard(shard_id, num_shards)
+    _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
     image_dtype = _check_schema(url, fields, image_field, storage_options)
     if parallel:
@@ -588,6 +608,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     from nvidia.dali import fn
 
     _check_batch(batch_size, "drop")
+    _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
     stored_dtype = _check_schema(url, fields, image_field, storage_options)
     source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,

@@ -629,6 +629,12 @@ def test_bad_options_are_refused(png_url: Path) -> None:
         make_dali_pipeline(png_url, 4, image_field="label")
     with pytest.raises(SchemaError, match="no field"):
         make_dali_pipeline(png_url, 4, other_fields=("nope",))
+    # DALI took these without a word (a resize to (0, -5) gave 3x5 images) or failed when run, naming no argument
+    for bad, match in [(dict(resize=(0, -5)), "resize"), (dict(resize=(8.5, 9)), "resize"),
+                       (dict(layout="chw", normalize=((1,) * 3, (1,) * 3)), "layout"),
+                       (dict(normalize=((1, 2), (1, 1, 1))), "normalize"), (dict(normalize=((0,), (0,))), "normalize")]:
+        with pytest.raises(DaliBridgeError, match=match):
+            make_dali_pipeline(png_url, 4, **bad)
     for parallel in (False, True):  # DALI had one output too few: an IndexError when run
         with pytest.raises(DaliBridgeError, match=r"fields \['image'\] are asked for twice"):
             make_dali_pipeline(png_url, 4, other_fields=("id", "image"), parallel=parallel)
