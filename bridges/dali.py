@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 LastBatch = Literal["drop", "pad", "partial"]
 ShardRemainder = Literal["drop", "pad"]
 _LAST_BATCH = ("drop", "pad", "partial")
+#: the numpy types DALI has (no complex: it read a complex64 array's bytes as float32, the values mixed up;
+#: no longdouble)
+_DALI_TYPES = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+               np.float16, np.float32, np.float64)
 
 
 class DaliBridgeError(UnihubError, ValueError):
@@ -71,9 +75,9 @@ def _check_fields(fields: Sequence[UnischemaField], image_fields: Sequence[str])
             raise SchemaError(f"field {f.name!r} holds PNG/JPEG images but is not an image field of this source "
                               f"({list(image_fields)}), so DALI would get its bytes as a string: leave it out, or "
                               "decode it in a pipeline of your own over a source that names it an image field")
-        if not (isinstance(f.numpy_dtype, type) and issubclass(f.numpy_dtype, (np.number, np.bool_))):
-            raise SchemaError(f"field {f.name!r} has dtype {f.numpy_dtype!r}; DALI takes numeric fields only, "
-                              "leave it out of the fields")
+        if not (isinstance(f.numpy_dtype, type) and issubclass(f.numpy_dtype, _DALI_TYPES)):
+            raise SchemaError(f"field {f.name!r} has dtype {f.numpy_dtype!r}; DALI takes bool, int, uint and float "
+                              "fields of up to 64 bits only, leave it out of the fields")
 
 
 def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None) -> np.ndarray:

@@ -375,6 +375,22 @@ def test_a_refused_sample_is_named_by_file_row_group_and_row(tmp_path: Path) -> 
     assert refused == 2  # once by each source
 
 
+def test_a_complex_field_is_refused_not_read_as_floats(tmp_path: Path) -> None:
+    """DALI has no complex type: it took a complex64 field's bytes as float32, [1+2j, 3+4j] arriving as
+    [1.0, 2.0], real and imaginary parts mixed up and half the values gone."""
+    from unihub import NdarrayCodec
+    from unihub.bridges.dali import make_dali_pipeline
+    from unihub.errors import SchemaError
+
+    schema = Unischema("Complex", [*_schema("png").fields.values(),
+                                   UnischemaField("z", np.complex64, (2,), NdarrayCodec(), False)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "z": np.array([1 + 2j, 3 + 4j], np.complex64)}
+            for i in range(2))
+    write_dataset(tmp_path / "complex", schema, rows)
+    with pytest.raises(SchemaError, match=r"field 'z' has dtype .*complex64.*DALI takes bool, int, uint and float"):
+        make_dali_pipeline(tmp_path / "complex", 2, other_fields=("z",))
+
+
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
