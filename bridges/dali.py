@@ -380,11 +380,15 @@ class DaliSampleSource:
         self.start_offset = start_offset
         self._dataset: Any = None
         self._indices: tuple[int, np.ndarray] | None = None  # (epoch, indices) of the last epoch asked
+        self._pixel_limit: tuple[int | None] | None = None  # the pickling process's MAX_IMAGE_PIXELS, in a worker
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_dataset"] = None  # open files stay behind; the worker opens its own
         state["_indices"] = None
+        # a spawned worker imports unihub afresh: the image limit this process set (raised, lowered, None)
+        # goes with the source, so that both DALI modes refuse the same images
+        state["_pixel_limit"] = (images.MAX_IMAGE_PIXELS,)
         return state
 
     @property
@@ -420,6 +424,12 @@ class DaliSampleSource:
         return len(self._epoch_indices(0))
 
     def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
+        if self._pixel_limit is None:
+            return self._sample(sample_info)
+        with images.pixel_limit(self._pixel_limit[0]):
+            return self._sample(sample_info)
+
+    def _sample(self, sample_info: Any) -> tuple[np.ndarray, ...]:
         indices = self.indices(int(sample_info.epoch_idx))
         i = int(sample_info.idx_in_epoch)
         if i >= len(indices):

@@ -539,6 +539,26 @@ def test_sample_source_pickles_and_serves_rows(png_url: Path) -> None:
     assert int(clone(_Info(N // 2 + 1, idx_in_batch=3))[1]) == N // 2 + 1  # 'pad' completes a batch
 
 
+def test_the_sample_source_takes_this_process_s_image_limit_to_its_workers(png_url: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawned DALI worker imports unihub afresh: it refused with the default MAX_IMAGE_PIXELS the images a
+    raised limit lets through (and served what a lowered one refuses), unlike the batch source."""
+    from unihub.bridges.dali import DaliSampleSource
+    from unihub.images import decoders
+
+    source = DaliSampleSource(png_url, ["image", "id"])
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
+    worker = pickle.dumps(source)  # as DALI hands it to a spawned worker
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 178_956_970)  # the worker's own, fresh import
+    with pytest.raises(ImageDecodeError, match="more than the limit of 1,023"):
+        pickle.loads(worker)(_Info(0))
+    assert decoders.MAX_IMAGE_PIXELS == 178_956_970  # put back after the sample
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", None)
+    worker = pickle.dumps(source)
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 10)
+    assert int(pickle.loads(worker)(_Info(3))[1]) == 3
+
+
 def test_parallel_pipeline_every_id_once_per_epoch(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
