@@ -39,7 +39,7 @@ from unihub.readers.plan import PlanConfig, epoch_plan, task_rows
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import make_batch_reader
 from unihub.schema.codecs import CompressedImageCodec
-from unihub.schema.unischema import UnischemaField
+from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store.dataset import open_dataset
 
 if TYPE_CHECKING:
@@ -476,7 +476,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     _check_shard(shard_id, num_shards)
     _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
-    image_dtype = _check_schema(url, fields, image_field, storage_options)
+    image_dtype = np.dtype(_check_schema(url, fields, image_field, storage_options)[image_field].numpy_dtype)
     if parallel:
         if last_batch == "partial":
             raise DaliBridgeError("a parallel (sample) source cannot deliver a partial batch; use 'drop' or 'pad'")
@@ -534,15 +534,15 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
 
 
 def _check_schema(url: Any, fields: Sequence[str], image_field: str,
-                  storage_options: dict[str, Any] | None) -> np.dtype[Any]:
-    """Refuse fields DALI cannot take; the image field's dtype."""
+                  storage_options: dict[str, Any] | None) -> Unischema:
+    """Refuse fields DALI cannot take; the dataset's schema."""
     _check_unique(fields)
     store = open_dataset(os.fspath(url) if isinstance(url, os.PathLike) else url, storage_options=storage_options)
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:
         raise SchemaError(f"{store.url}: no field {missing}; fields: {list(store.schema.fields)}")
     _check_fields([store.schema[name] for name in fields], [image_field])
-    return np.dtype(store.schema[image_field].numpy_dtype)
+    return store.schema
 
 
 def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | None = None, *, size: int = -1,
@@ -624,7 +624,16 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     _check_batch(batch_size, "drop")
     _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
-    stored_dtype = _check_schema(url, fields, image_field, storage_options)
+    schema = _check_schema(url, fields, image_field, storage_options)
+    h, w = resize if resize is not None else schema[image_field].shape[:2]
+    if h is None or w is None:
+        raise SchemaError(f"field {image_field!r} has shape {schema[image_field].shape}; TensorFlow needs a fixed "
+                          "image size: pass resize=(h, w)")
+    ragged = [name for name in other_fields if None in schema[name].shape]
+    if ragged:  # _dense pads bytes only: it made a ragged float field's values uint8
+        raise SchemaError(f"fields {ragged} have a None dim; the TensorFlow dataset takes batches of one shape: "
+                          "leave them out, or read them with make_dali_pipeline")
+    stored_dtype = np.dtype(schema[image_field].numpy_dtype)
     source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
                              num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
                              start_offset=start_offset, shard_remainder=shard_remainder)
@@ -635,11 +644,6 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
         images = decode_and_augment(inputs[0], device_id=device_id, resize=resize, normalize=normalize, layout=layout,
                                     dtype=stored_dtype)
         pipe.set_outputs(images, *inputs[1:])
-    schema = source._reader.schema
-    h, w = resize if resize is not None else schema[image_field].shape[:2]
-    if h is None or w is None:
-        raise SchemaError(f"field {image_field!r} has shape {schema[image_field].shape}; TensorFlow needs a fixed "
-                          "image size: pass resize=(h, w)")
     if normalize is not None:
         image_shape, image_dtype = ((3, h, w) if layout == "CHW" else (h, w, 3)), tf.float32
     else:
@@ -687,6 +691,9 @@ def _dense(samples: list[np.ndarray]) -> np.ndarray:
     """Samples as one array; 1-D byte strings of different lengths are zero-padded to the longest."""
     if len({s.shape for s in samples}) == 1:
         return np.stack(samples)
+    if not all(s.ndim == 1 and s.dtype == np.uint8 for s in samples):  # padding other values would change them
+        raise DaliBridgeError(f"samples of shapes {sorted({s.shape for s in samples})} and dtype {samples[0].dtype} "
+                              "make no dense batch; only encoded image bytes are padded")
     out = np.zeros((len(samples), max(len(s) for s in samples)), dtype=np.uint8)
     for row, s in enumerate(samples):
         out[row, :len(s)] = s

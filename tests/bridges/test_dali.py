@@ -623,7 +623,11 @@ def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
     if not is_available("nvidia.dali_tf_plugin"):
         pytest.skip("needs nvidia-dali-tf-plugin-cuda120 built for this TensorFlow")
     from unihub.bridges.dali import make_dali_tf_dataset
+    from unihub.errors import SchemaError
 
+    with pytest.raises(SchemaError, match=r"fields \['boxes'\] have a None dim"):
+        make_dali_tf_dataset(Path(__file__).parents[1] / "fixtures" / "petastorm" / "unischema", 8,
+                             image_field="image_png", other_fields=("boxes",))
     dataset = make_dali_tf_dataset(jpeg_url, 8, other_fields=("id", "label"))
     batches = [(images.numpy(), ids.numpy(), labels.numpy()) for images, ids, labels in dataset]
     assert len(batches) == N // 8 and batches[0][0].shape == (8, 32, 32, 3) and batches[0][2].dtype == np.int32
@@ -634,6 +638,17 @@ def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
         for image, i, label in zip(images, ids, labels):
             np.testing.assert_array_equal(image, decode_image(raw[int(i)].image))
             assert label == i % 10
+
+
+def test_the_tf_feed_pads_image_bytes_only() -> None:
+    """make_dali_tf_dataset's dense batches: a ragged float field went through the bytes' zero padding and
+    came out as uint8, [1.5, 300.25] as [1, 44]; the dataset now refuses such a field up front."""
+    from unihub.bridges.dali import DaliBridgeError, _dense
+
+    padded = _dense([np.array([1, 2, 3], np.uint8), np.array([4], np.uint8)])
+    np.testing.assert_array_equal(padded, [[1, 2, 3], [4, 0, 0]])
+    with pytest.raises(DaliBridgeError, match="only encoded image bytes are padded"):
+        _dense([np.array([1.5, 300.25], np.float32), np.array([-3.5], np.float32)])
 
 
 @pytest.mark.parametrize("layout, shape", [("CHW", (3, 16, 24)), ("HWC", (16, 24, 3))])
