@@ -462,10 +462,10 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     field's ``uint16``; ``float32`` in ``layout`` after ``normalize``), then each of ``other_fields``;
     the names are in the pipeline's ``output_map`` attribute. ``device_id=None`` runs on the CPU; an
     int decodes with ``device='mixed'`` on that GPU. ``resize=(h, w)``; ``normalize=(mean, std)`` per
-    channel on the image's scale (0-255, DALI's convention; 0-65535 for ``uint16``). ``parallel=True`` reads through a
-    :class:`DaliSampleSource` in ``py_num_workers`` processes (``last_batch`` 'drop'
-    or 'pad'), else a :class:`DaliBatchSource` in this process (kept as ``pipeline.source``;
-    close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
+    channel on the image's scale (0-255, DALI's convention; 0-65535 for ``uint16``).
+    ``parallel=True`` reads through a :class:`DaliSampleSource` in ``py_num_workers`` processes
+    (``last_batch`` 'drop' or 'pad'), else a :class:`DaliBatchSource` in this process (kept as
+    ``pipeline.source``; close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
     ``shard_remainder`` as the sources take it ('pad': ``ceil(N/S)`` rows a shard, wrapping; 'drop':
     ``floor``, what ``CachedDataset.stream(drop_shard_remainder=True)`` reads). The pipeline is built.
     """
