@@ -25,6 +25,7 @@ DALI only decodes and augments.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,13 +33,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, SchemaError, UnihubError
+from unihub.errors import CodecError, InvalidArgumentError, SchemaError, UnihubError
 from unihub.images import decoders as images
 from unihub.readers.plan import PlanConfig, epoch_plan, task_rows
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import make_batch_reader
 from unihub.schema.codecs import CompressedImageCodec
-from unihub.schema.unischema import UnischemaField
+from unihub.schema.unischema import Unischema, UnischemaField
 from unihub.store.dataset import open_dataset
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
 LastBatch = Literal["drop", "pad", "partial"]
 ShardRemainder = Literal["drop", "pad"]
 _LAST_BATCH = ("drop", "pad", "partial")
+#: the numpy types DALI has (no complex: it read a complex64 array's bytes as float32, the values mixed up;
+#: no longdouble)
+_DALI_TYPES = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+               np.float16, np.float32, np.float64)
 
 
 class DaliBridgeError(UnihubError, ValueError):
@@ -57,23 +62,31 @@ def _dali(purpose: str) -> Any:
     return require("nvidia.dali", extra="dali", purpose=purpose)
 
 
-def _check_fields(fields: Sequence[UnischemaField], image_field: str) -> None:
-    """DALI takes numeric tensors: refuse strings, decimals and object columns up front."""
+def _check_fields(fields: Sequence[UnischemaField], image_fields: Sequence[str]) -> None:
+    """DALI takes numeric tensors, and image bytes to decode: refuse strings, decimals, object columns and
+    images not among ``image_fields`` (DALI would get their bytes as a string) up front."""
     for f in fields:
-        if f.name == image_field:
+        if f.name in image_fields:
             if not isinstance(f.codec, CompressedImageCodec):
                 raise SchemaError(f"field {f.name!r} is not a compressed image (codec {f.codec!r}); "
                                   "DALI's decoder needs PNG/JPEG bytes")
             continue
-        if not (isinstance(f.numpy_dtype, type) and issubclass(f.numpy_dtype, (np.number, np.bool_))):
-            raise SchemaError(f"field {f.name!r} has dtype {f.numpy_dtype!r}; DALI takes numeric fields only, "
-                              "leave it out of other_fields")
+        if isinstance(f.codec, CompressedImageCodec):
+            raise SchemaError(f"field {f.name!r} holds PNG/JPEG images but is not an image field of this source "
+                              f"({list(image_fields)}), so DALI would get its bytes as a string: leave it out, or "
+                              "decode it in a pipeline of your own over a source that names it an image field")
+        if not (isinstance(f.numpy_dtype, type) and issubclass(f.numpy_dtype, _DALI_TYPES)):
+            raise SchemaError(f"field {f.name!r} has dtype {f.numpy_dtype!r}; DALI takes bool, int, uint and float "
+                              "fields of up to 64 bits only, leave it out of the fields")
 
 
 def _to_sample(value: Any, is_image: bool, name: str = "", shape: tuple[int | None, ...] | None = None) -> np.ndarray:
     if is_image:
         _check_image(value, name, shape)
         return np.frombuffer(value, dtype=np.uint8)
+    if value is None:  # DALI would fail on the object array with no word of the field
+        raise CodecError(f"field {name!r}: a null, and DALI takes no nulls (fill them, or leave the field out)",
+                         field=name)
     array = np.asarray(value)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # the latter makes 0-d 1-d
 
@@ -97,13 +110,19 @@ def _check_image(value: Any, name: str, shape: tuple[int | None, ...] | None = N
         raise images.ImageDecodeError(f"field {name!r}: {exc}", field=name) from None
 
 
-def _located(exc: images.ImageDecodeError, where: str) -> images.ImageDecodeError:
-    """``exc`` with the sample it is about named first."""
-    return images.ImageDecodeError(f"{where}: {exc}", field=exc.field)
+def _located(exc: CodecError, where: str) -> CodecError:
+    """``exc`` (of its own class) with the sample it is about named first."""
+    return type(exc)(f"{where}: {exc}", field=exc.field)
+
+
+def _row_where(store: Any, row: int) -> str:
+    """Row ``row`` of the dataset named as the readers name it: file, row group, row."""
+    group = store.row_groups[bisect.bisect_right([g.first_row for g in store.row_groups], row) - 1]
+    return f"{group.path}, row group {group.row_group} (row {row} of the dataset)"
 
 
 def _check_batch(batch_size: int, last_batch: str) -> None:
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise DaliBridgeError(f"batch_size must be a positive integer, got {batch_size!r}")
     if last_batch not in _LAST_BATCH:
         raise DaliBridgeError(f"last_batch must be one of {_LAST_BATCH}, got {last_batch!r}")
@@ -112,6 +131,32 @@ def _check_batch(batch_size: int, last_batch: str) -> None:
 def _check_offset(start_offset: int) -> None:
     if not isinstance(start_offset, (int, np.integer)) or isinstance(start_offset, bool) or start_offset < 0:
         raise InvalidArgumentError(f"start_offset must be an int >= 0, got {start_offset!r}")
+
+
+def _check_augment(resize: Any, normalize: Any, layout: str) -> None:
+    """Refuse what DALI would take without a word (a resize to 0 or -5 rows gives 3; 8.5 rounds) or refuse
+    only when the pipeline runs, with no word of which argument."""
+    if resize is not None and (not isinstance(resize, (tuple, list)) or len(resize) != 2 or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in resize)):
+        raise DaliBridgeError(f"resize must be (height, width), two positive ints, got {resize!r}")
+    if layout not in ("CHW", "HWC"):
+        raise DaliBridgeError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    if normalize is not None:
+        try:
+            mean, std = (np.asarray(v, dtype=np.float64) for v in normalize)
+        except (TypeError, ValueError):
+            mean = std = np.empty(0)
+        if not (mean.ndim == std.ndim == 1 and len(mean) in (1, 3) and len(std) in (1, 3) and np.all(std != 0)
+                and np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise DaliBridgeError(f"normalize must be (mean, std), each 1 or 3 finite numbers (per channel), std "
+                                  f"not 0, got {normalize!r}")
+
+
+def _check_unique(fields: Sequence[str]) -> None:
+    """One output per field: a name given twice would leave DALI an output short (an IndexError in its run)."""
+    twice = sorted({name for name in fields if list(fields).count(name) > 1})
+    if twice:
+        raise DaliBridgeError(f"fields {twice} are asked for twice (the image field is output first); name each once")
 
 
 def _check_shard(shard_id: int, num_shards: int) -> None:
@@ -152,37 +197,46 @@ class DaliBatchSource:
                  start_offset: int = 0) -> None:
         _check_batch(batch_size, last_batch)
         _check_shard(shard_id, num_shards)
+        _check_unique(fields)
+        _check_offset(start_offset)
         self.batch_size = batch_size
         self.last_batch = last_batch
         self._shard = shard_id
+        self._plan: dict[str, Any] = dict(shard_id=shard_id, num_shards=num_shards, shuffle=shuffle,
+                                          shard_remainder=shard_remainder)  # to name a refused sample's row
         # the shard always given: DALI's shard_id/num_shards (0 of 1: everything) are the pipeline's, not the job's
         self._reader = make_batch_reader(
             url, schema_fields=list(fields), decode_images=False, num_epochs=None, seed=seed,
             shuffle_row_groups=shuffle, shuffle_rows=shuffle, cur_shard=shard_id,
             shard_count=num_shards, shard_by="row", shard_remainder=shard_remainder,
             workers_count=workers_count, storage_options=storage_options)
-        self.fields = tuple(self._reader.schema.fields)  # in the order asked
-        order = {name: i for i, name in enumerate(fields)}
-        if set(order) != set(self.fields):
-            raise DaliBridgeError(f"fields {list(fields)} do not match the dataset's {list(self.fields)}")
-        self.fields = tuple(sorted(self.fields, key=order.__getitem__))
-        if image_fields is None:
-            image_fields = [f.name for f in self._reader.schema if isinstance(f.codec, CompressedImageCodec)]
-        self._is_image = tuple(name in image_fields for name in self.fields)
+        try:
+            self._is_image = self._order_fields(fields, image_fields)
+            if start_offset:
+                self._reader.seek(start_offset)
+        except BaseException:
+            self.close()
+            raise
         self.rows_per_epoch: int = self._reader.num_rows_per_epoch or 0
         self.start_offset = start_offset
-        if start_offset:
-            try:
-                self._reader.seek(start_offset)
-            except BaseException:
-                self.close()
-                raise
         self.epoch = -1  # the epoch being served; iter() moves to the next one
         self._left = 0  # rows of the current epoch not yet taken from the reader
         self._pending: list[list[np.ndarray]] = [[] for _ in self.fields]
         self._taken = 0  # samples at the head of _pending already served (dropped a reader batch at a time)
         self._first: list[list[np.ndarray]] | None = None  # the epoch's first batch, for 'pad'
         self._fresh = False  # an epoch started by iter() and not yet asked for a batch
+
+    def _order_fields(self, fields: Sequence[str], image_fields: Sequence[str] | None) -> tuple[bool, ...]:
+        """Put ``self.fields`` in the order asked and check them; whether each is an image field."""
+        self.fields = tuple(self._reader.schema.fields)
+        order = {name: i for i, name in enumerate(fields)}
+        if set(order) != set(self.fields):
+            raise DaliBridgeError(f"fields {list(fields)} do not match the dataset's {list(self.fields)}")
+        self.fields = tuple(sorted(self.fields, key=order.__getitem__))
+        if image_fields is None:
+            image_fields = [f.name for f in self._reader.schema if isinstance(f.codec, CompressedImageCodec)]
+        _check_fields(list(self._reader.schema), image_fields)
+        return tuple(name in image_fields for name in self.fields)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -234,9 +288,15 @@ class DaliBatchSource:
                 column, shape, before = by_name[name], schema[name].shape, len(out)
                 try:
                     out.extend(_to_sample(column[i], is_image, name, shape) for i in range(n))
-                except images.ImageDecodeError as exc:  # the samples before it are in out
-                    where = f"epoch {self.epoch}, sample {first + len(out) - before} of shard {self._shard}"
-                    raise _located(exc, where) from None
+                except CodecError as exc:  # a refused image or a null; the samples before it are in out
+                    raise _located(exc, self._where(first + len(out) - before)) from None
+
+    def _where(self, sample: int) -> str:
+        """Sample ``sample`` of the current epoch's order named as the readers name a row, then as DALI sees it."""
+        store = self._reader.store
+        rows = sample_indices([group.num_rows for group in store.row_groups], epoch=self.epoch,
+                              seed=self._reader.seed, **self._plan)
+        return f"{_row_where(store, int(rows[sample]))}, epoch {self.epoch}, sample {sample} of shard {self._shard}"
 
     def _epoch_rows(self) -> int:
         """Rows of the current epoch this source serves (the first epoch from ``start_offset``)."""
@@ -320,22 +380,26 @@ class DaliSampleSource:
         self.start_offset = start_offset
         self._dataset: Any = None
         self._indices: tuple[int, np.ndarray] | None = None  # (epoch, indices) of the last epoch asked
+        self._pixel_limit: tuple[int | None] | None = None  # the pickling process's MAX_IMAGE_PIXELS, in a worker
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_dataset"] = None  # open files stay behind; the worker opens its own
         state["_indices"] = None
+        # a spawned worker imports unihub afresh: the image limit this process set (raised, lowered, None)
+        # goes with the source, so that both DALI modes refuse the same images
+        state["_pixel_limit"] = (images.MAX_IMAGE_PIXELS,)
         return state
 
     @property
     def dataset(self) -> Any:
         """The random-access dataset, opened on first use in this process."""
         if self._dataset is None:
-            self._dataset = Dataset(self.url, list(self.fields), decode_images=False,
-                                    storage_options=self.storage_options)
+            dataset = Dataset(self.url, list(self.fields), decode_images=False, storage_options=self.storage_options)
             if self.image_fields is None:
-                self.image_fields = tuple(f.name for f in self._dataset.schema
-                                          if isinstance(f.codec, CompressedImageCodec))
+                self.image_fields = tuple(f.name for f in dataset.schema if isinstance(f.codec, CompressedImageCodec))
+            _check_fields(list(dataset.schema), self.image_fields)
+            self._dataset = dataset
         return self._dataset
 
     def indices(self, epoch: int) -> np.ndarray:
@@ -360,6 +424,12 @@ class DaliSampleSource:
         return len(self._epoch_indices(0))
 
     def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
+        if self._pixel_limit is None:
+            return self._sample(sample_info)
+        with images.pixel_limit(self._pixel_limit[0]):
+            return self._sample(sample_info)
+
+    def _sample(self, sample_info: Any) -> tuple[np.ndarray, ...]:
         indices = self.indices(int(sample_info.epoch_idx))
         i = int(sample_info.idx_in_epoch)
         if i >= len(indices):
@@ -372,8 +442,8 @@ class DaliSampleSource:
         try:
             return tuple(_to_sample(getattr(row, name)[0], name in image_fields, name, schema[name].shape)
                          for name in self.fields)
-        except images.ImageDecodeError as exc:
-            raise _located(exc, f"{self.url}, row {int(indices[i])} of the dataset") from None
+        except CodecError as exc:
+            raise _located(exc, _row_where(self.dataset.store, int(indices[i]))) from None
 
 
 # -- pipelines and framework iterators ---------------------------------------------------------
@@ -385,33 +455,35 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
                        shuffle: bool = False, parallel: bool = False, py_num_workers: int = 2,
                        py_start_method: Literal["fork", "spawn"] = "spawn", last_batch: LastBatch = "drop",
                        seed: int = 0, prefetch_queue_depth: int = 2, storage_options: dict[str, Any] | None = None,
-                       start_offset: int = 0) -> Pipeline:
+                       start_offset: int = 0, shard_remainder: ShardRemainder = "pad") -> Pipeline:
     """A DALI pipeline: unihub source -> ``fn.decoders.image`` (RGB) -> resize -> normalize.
 
-    Outputs, in order: the decoded images (``uint8`` HWC; ``float32`` in ``layout`` after
-    ``normalize``), then each of ``other_fields``; the names are in the pipeline's
-    ``output_map`` attribute. ``device_id=None`` runs on the CPU; an int decodes with
-    ``device='mixed'`` on that GPU. ``resize=(h, w)``; ``normalize=(mean, std)`` per
-    channel on the 0-255 scale (DALI's convention). ``parallel=True`` reads through a
-    :class:`DaliSampleSource` in ``py_num_workers`` processes (``last_batch`` 'drop'
-    or 'pad'), else a :class:`DaliBatchSource` in this process (kept as ``pipeline.source``;
-    close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
-    The pipeline is built.
+    Outputs, in order: the decoded images (HWC of the field's dtype, ``uint8`` or a 16-bit PNG
+    field's ``uint16``; ``float32`` in ``layout`` after ``normalize``), then each of ``other_fields``;
+    the names are in the pipeline's ``output_map`` attribute. ``device_id=None`` runs on the CPU; an
+    int decodes with ``device='mixed'`` on that GPU. ``resize=(h, w)``; ``normalize=(mean, std)`` per
+    channel on the image's scale (0-255, DALI's convention; 0-65535 for ``uint16``).
+    ``parallel=True`` reads through a :class:`DaliSampleSource` in ``py_num_workers`` processes
+    (``last_batch`` 'drop' or 'pad'), else a :class:`DaliBatchSource` in this process (kept as
+    ``pipeline.source``; close it when done). ``start_offset`` resumes the first epoch at that sample of the shard.
+    ``shard_remainder`` as the sources take it ('pad': ``ceil(N/S)`` rows a shard, wrapping; 'drop':
+    ``floor``, what ``CachedDataset.stream(drop_shard_remainder=True)`` reads). The pipeline is built.
     """
     dali = _dali("DALI pipelines")
     from nvidia.dali import fn
 
     _check_batch(batch_size, last_batch)
     _check_shard(shard_id, num_shards)
+    _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
-    _check_schema(url, fields, image_field, storage_options)
+    image_dtype = np.dtype(_check_schema(url, fields, image_field, storage_options)[image_field].numpy_dtype)
     if parallel:
         if last_batch == "partial":
             raise DaliBridgeError("a parallel (sample) source cannot deliver a partial batch; use 'drop' or 'pad'")
         source: Any = DaliSampleSource(url, fields, image_fields=[image_field], batch_size=batch_size,
                                        last_batch=last_batch, shard_id=shard_id, num_shards=num_shards,
                                        shuffle=shuffle, seed=seed, storage_options=storage_options,
-                                       start_offset=start_offset)
+                                       start_offset=start_offset, shard_remainder=shard_remainder)
         source.indices(0)  # a start_offset beyond the shard is refused here, not in a DALI worker
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       py_num_workers=py_num_workers, py_start_method=py_start_method,
@@ -419,7 +491,8 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
     else:
         source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], last_batch=last_batch,
                                  shard_id=shard_id, num_shards=num_shards, shuffle=shuffle, seed=seed,
-                                 storage_options=storage_options, start_offset=start_offset)
+                                 storage_options=storage_options, start_offset=start_offset,
+                                 shard_remainder=shard_remainder)
         pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
                                       prefetch_queue_depth=prefetch_queue_depth)
     with pipe:
@@ -428,7 +501,7 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
         else:
             outputs = fn.external_source(source=source, batch=True, num_outputs=len(fields), cycle="raise")
         images = decode_and_augment(outputs[0], device_id=device_id, resize=resize, normalize=normalize,
-                                    layout=layout)
+                                    layout=layout, dtype=image_dtype)
         pipe.set_outputs(images, *outputs[1:])
     pipe.build()
     pipe.source = source
@@ -438,12 +511,18 @@ def make_dali_pipeline(url: Any, batch_size: int, *, image_field: str = "image",
 
 def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int, int] | None = None,
                        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
-                       layout: Literal["CHW", "HWC"] = "CHW") -> Any:
-    """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize."""
+                       layout: Literal["CHW", "HWC"] = "CHW", dtype: Any = np.uint8) -> Any:
+    """The DALI graph after the source (inside a pipeline's scope): decode RGB, resize, normalize.
+
+    Pixels are decoded as stored, as the readers (and Petastorm) decode them: not turned by an EXIF
+    orientation tag, which DALI applies by default. ``dtype`` is the image field's: ``uint16`` decodes
+    a 16-bit PNG to its own values (DALI's default, uint8, scales them down to 8 bits)."""
     from nvidia.dali import fn, types
 
+    wide = np.dtype(dtype) == np.uint16
     images = fn.decoders.image(encoded, device="mixed" if device_id is not None else "cpu",
-                               output_type=types.DALIImageType.RGB)
+                               output_type=types.DALIImageType.RGB, adjust_orientation=False,
+                               dtype=types.DALIDataType.UINT16 if wide else types.DALIDataType.UINT8)
     if resize is not None:
         h, w = resize
         images = fn.resize(images, resize_y=h, resize_x=w)
@@ -454,12 +533,16 @@ def decode_and_augment(encoded: Any, *, device_id: int | None, resize: tuple[int
     return images
 
 
-def _check_schema(url: Any, fields: Sequence[str], image_field: str, storage_options: dict[str, Any] | None) -> None:
+def _check_schema(url: Any, fields: Sequence[str], image_field: str,
+                  storage_options: dict[str, Any] | None) -> Unischema:
+    """Refuse fields DALI cannot take; the dataset's schema."""
+    _check_unique(fields)
     store = open_dataset(os.fspath(url) if isinstance(url, os.PathLike) else url, storage_options=storage_options)
     missing = [name for name in fields if name not in store.schema.fields]
     if missing:
         raise SchemaError(f"{store.url}: no field {missing}; fields: {list(store.schema.fields)}")
-    _check_fields([store.schema[name] for name in fields], image_field)
+    _check_fields([store.schema[name] for name in fields], [image_field])
+    return store.schema
 
 
 def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | None = None, *, size: int = -1,
@@ -470,7 +553,10 @@ def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | Non
     ``output_map`` defaults to the pipeline's (``make_dali_pipeline`` sets it). With
     ``size=-1`` the epoch ends when the unihub source does (DALI then uses 'fill');
     with ``size=N`` real samples (e.g. a padded source's ``rows_per_epoch``),
-    ``'partial'`` trims the padding off the last batch.
+    ``'partial'`` trims the padding off the last batch. DALI counts ``size`` samples per epoch and
+    goes on in the same stream, so ``size`` must be what every epoch of a unihub source holds: a
+    source resumed at a ``start_offset`` (a shorter first epoch) takes ``size=-1`` (its exact epochs
+    with ``last_batch='partial'``).
     """
     require("torch", extra="torch", purpose="the DALI PyTorch iterator")
     plugin = require("nvidia.dali.plugin.pytorch", extra="dali", purpose="the DALI PyTorch iterator")
@@ -482,9 +568,34 @@ def make_dali_torch_iterator(pipeline: Pipeline, output_map: Sequence[str] | Non
     names = list(output_map if output_map is not None else getattr(pipeline, "output_map", ()))
     if not names:
         raise DaliBridgeError("pass output_map: the names of the pipeline's outputs, in order")
+    if size >= 0:
+        _check_size(size, getattr(pipeline, "source", None))
     return plugin.DALIGenericIterator([pipeline], names, size=size, auto_reset=auto_reset,
                                       last_batch_policy=policies[last_batch_policy],
                                       last_batch_padded=size >= 0)
+
+
+def _check_size(size: int, source: Any) -> None:
+    """Refuse a ``size`` other than the real samples of every epoch of a unihub ``source``: DALI's iterator
+    would end its epochs elsewhere than the source, so that later epochs came out empty (a source with
+    fewer samples) or began in the middle of one (more)."""
+    if isinstance(source, DaliBatchSource):
+        rows = source.rows_per_epoch
+    elif isinstance(source, DaliSampleSource) and source.batch_size:
+        rows = len(source)
+    else:
+        return
+    counts = [n - n % source.batch_size if source.last_batch == "drop" else n
+              for n in (rows - source.start_offset, rows)]  # the first epoch, then every other
+    if set(counts) == {size}:
+        return
+    if counts[0] != counts[1]:
+        raise DaliBridgeError(f"size={size}, but the source's first epoch, resumed at start_offset="
+                              f"{source.start_offset}, holds {counts[0]} samples and the later ones {counts[1]}: "
+                              "DALI's iterator counts the same size each epoch; pass size=-1 (with the source's "
+                              "last_batch='partial', every epoch exact)")
+    raise DaliBridgeError(f"size={size}, but every epoch of the source holds {counts[1]} samples "
+                          f"(last_batch={source.last_batch!r}): pass size={counts[1]} or size=-1")
 
 
 def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image", other_fields: Sequence[str] = (),
@@ -492,7 +603,7 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
                          normalize: tuple[Sequence[float], Sequence[float]] | None = None,
                          layout: Literal["CHW", "HWC"] = "CHW", shard_id: int = 0, num_shards: int = 1,
                          shuffle: bool = False, seed: int = 0, storage_options: dict[str, Any] | None = None,
-                         start_offset: int = 0) -> Any:
+                         start_offset: int = 0, shard_remainder: ShardRemainder = "pad") -> Any:
     """One epoch as a ``tf.data.Dataset`` (``nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs``).
 
     Yields ``(images, *other_fields)`` of exactly ``batch_size`` rows (the incomplete last
@@ -511,26 +622,32 @@ def make_dali_tf_dataset(url: Any, batch_size: int, *, image_field: str = "image
     from nvidia.dali import fn
 
     _check_batch(batch_size, "drop")
+    _check_augment(resize, normalize, layout)
     fields = [image_field, *other_fields]
-    _check_schema(url, fields, image_field, storage_options)
-    source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
-                             num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
-                             start_offset=start_offset)
-    feed = _FanOut(iter(source), len(fields), on_end=source.close)  # one epoch: then free the workers
-    pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
-    with pipe:
-        inputs = [fn.external_source(source=feed.field(k), batch=True) for k in range(len(fields))]
-        images = decode_and_augment(inputs[0], device_id=device_id, resize=resize, normalize=normalize, layout=layout)
-        pipe.set_outputs(images, *inputs[1:])
-    schema = source._reader.schema
+    schema = _check_schema(url, fields, image_field, storage_options)
     h, w = resize if resize is not None else schema[image_field].shape[:2]
     if h is None or w is None:
         raise SchemaError(f"field {image_field!r} has shape {schema[image_field].shape}; TensorFlow needs a fixed "
                           "image size: pass resize=(h, w)")
+    ragged = [name for name in other_fields if None in schema[name].shape]
+    if ragged:  # _dense pads bytes only: it made a ragged float field's values uint8
+        raise SchemaError(f"fields {ragged} have a None dim; the TensorFlow dataset takes batches of one shape: "
+                          "leave them out, or read them with make_dali_pipeline")
+    stored_dtype = np.dtype(schema[image_field].numpy_dtype)
+    source = DaliBatchSource(url, batch_size, fields, image_fields=[image_field], shard_id=shard_id,
+                             num_shards=num_shards, shuffle=shuffle, seed=seed, storage_options=storage_options,
+                             start_offset=start_offset, shard_remainder=shard_remainder)
+    feed = _FanOut(iter(source), len(fields), on_end=source.close)  # one epoch: then free the workers
+    pipe = dali.pipeline.Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
+    with pipe:
+        inputs = [fn.external_source(source=feed.field(k), batch=True) for k in range(len(fields))]
+        images = decode_and_augment(inputs[0], device_id=device_id, resize=resize, normalize=normalize, layout=layout,
+                                    dtype=stored_dtype)
+        pipe.set_outputs(images, *inputs[1:])
     if normalize is not None:
         image_shape, image_dtype = ((3, h, w) if layout == "CHW" else (h, w, 3)), tf.float32
     else:
-        image_shape, image_dtype = (h, w, 3), tf.uint8
+        image_shape, image_dtype = (h, w, 3), tf.as_dtype(stored_dtype)
     shapes = [(batch_size, *image_shape)] + [(batch_size, *schema[name].shape) for name in other_fields]
     dtypes = [image_dtype] + [tf.as_dtype(np.dtype(schema[name].numpy_dtype)) for name in other_fields]
     return dali_tf.experimental.DALIDatasetWithInputs(pipeline=pipe, batch_size=batch_size,
@@ -574,6 +691,9 @@ def _dense(samples: list[np.ndarray]) -> np.ndarray:
     """Samples as one array; 1-D byte strings of different lengths are zero-padded to the longest."""
     if len({s.shape for s in samples}) == 1:
         return np.stack(samples)
+    if not all(s.ndim == 1 and s.dtype == np.uint8 for s in samples):  # padding other values would change them
+        raise DaliBridgeError(f"samples of shapes {sorted({s.shape for s in samples})} and dtype {samples[0].dtype} "
+                              "make no dense batch; only encoded image bytes are padded")
     out = np.zeros((len(samples), max(len(s) for s in samples)), dtype=np.uint8)
     for row, s in enumerate(samples):
         out[row, :len(s)] = s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -90,6 +91,95 @@ def test_jpeg_decode_matches_unihub(jpeg_url: Path) -> None:
     # measured: DALI's CPU decoder (libjpeg-turbo through nvImageCodec) and unihub's (libjpeg-turbo)
     # give the same pixels; a GPU (nvJPEG) decode differs by a few levels, which this does not test
     assert worst == 0, f"JPEG pixels differ by up to {worst}"
+
+
+def test_a_16_bit_png_field_keeps_its_values(tmp_path: Path) -> None:
+    """DALI decodes to uint8 unless told otherwise, scaling a uint16 field's pixels down to 8 bits
+    (the readers give them as stored)."""
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
+
+    schema = Unischema("Wide", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                UnischemaField("image", np.uint16, (5, 6, 3), CompressedImageCodec("png"), False)])
+    pixels = [np.random.default_rng(i).integers(0, 2**16, (5, 6, 3)).astype(np.uint16) for i in range(4)]
+    write_dataset(tmp_path / "wide", schema, ({"id": i, "image": image} for i, image in enumerate(pixels)))
+    pipe = make_dali_pipeline(tmp_path / "wide", 4, other_fields=("id",))
+    try:
+        (images, ids), = list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    for image, i in zip(images, ids):
+        assert image.dtype == np.uint16
+        np.testing.assert_array_equal(image, pixels[int(i)])
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+def test_an_exif_orientation_turns_no_image(tmp_path: Path, codec: str) -> None:
+    """DALI turns an image by its EXIF orientation unless told not to: a 16x8 image tagged 'rotate 90' came
+    out 8x16, not the pixels (nor the fixed shape) make_reader and Petastorm give for the same bytes."""
+    from PIL import Image
+
+    from unihub import make_reader
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
+
+    def tagged(orientation: int) -> bytes:
+        exif, out = Image.Exif(), io.BytesIO()
+        exif[0x0112] = orientation
+        Image.fromarray(_image(orientation)[:16]).save(out, codec.upper(), exif=exif.tobytes(), quality=95)
+        return out.getvalue()
+
+    schema = Unischema("Turned", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                  UnischemaField("image", np.uint8, (16, 32, 3), CompressedImageCodec(codec), False)])
+    write_dataset(tmp_path / "turned", schema, ({"id": o, "image": tagged(o)} for o in (1, 3, 6, 8)))
+    with make_reader(tmp_path / "turned") as reader:
+        expected = {int(row.id): row.image for row in reader}
+    pipe = make_dali_pipeline(tmp_path / "turned", 4, other_fields=("id",))
+    try:
+        (images, ids), = list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    for image, i in zip(images, ids):
+        assert image.shape == (16, 32, 3)
+        np.testing.assert_array_equal(image, expected[int(i)])
+
+
+def _gpus() -> int:
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    try:
+        return int(GetCUDADeviceCount())
+    except RuntimeError:  # no driver
+        return 0
+
+
+@pytest.mark.gpu
+def test_gpu_decode_matches_the_readers(png_url: Path, jpeg_url: Path) -> None:
+    """docs/frameworks/dali.md's device_id=0 example: 'mixed' decoding gives the PNGs' exact pixels, as the
+    CPU does, and the torch iterator hands over CUDA tensors (JPEG: nvJPEG may differ by a few levels)."""
+    if not _gpus():
+        pytest.skip("needs an NVIDIA GPU")
+    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline, make_dali_torch_iterator
+
+    pipe = make_dali_pipeline(png_url, 10, other_fields=("id",), device_id=0)
+    try:
+        ids = []
+        for images, batch_ids in iterate_epoch(pipe):
+            for image, i in zip(images, batch_ids):
+                np.testing.assert_array_equal(image, _image(int(i)))
+                ids.append(int(i))
+        assert ids == list(range(N))
+    finally:
+        pipe.source.close()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA build of torch")
+    pipe = make_dali_pipeline(jpeg_url, 8, other_fields=("label",), device_id=0, resize=(16, 16),
+                              normalize=((124, 116, 104), (58, 57, 57)))
+    try:
+        batch = next(iter(make_dali_torch_iterator(pipe)))[0]
+        assert batch["image"].is_cuda and tuple(batch["image"].shape) == (8, 3, 16, 16)
+        assert batch["label"].tolist() == [i % 10 for i in range(8)]
+    finally:
+        pipe.source.close()
 
 
 def test_fixture_has_several_row_groups(png_url: Path) -> None:
@@ -189,7 +279,7 @@ def test_an_image_contradicting_the_field_s_dims_is_refused_as_the_readers_refus
     class Info:
         epoch_idx, idx_in_epoch, idx_in_batch = 0, 1, 1
 
-    with pytest.raises(ImageDecodeError, match=r"row 1 of the dataset: field 'image': PNG image of shape \(16, 12"):
+    with pytest.raises(ImageDecodeError, match=r"\(row 1 of the dataset\): field 'image': PNG image of shape \(16, 12"):
         DaliSampleSource(url, ["id", "image"])(Info())
     pipe = make_dali_pipeline(url, 3, other_fields=("id",), resize=(4, 4), last_batch="partial")
     try:
@@ -197,6 +287,108 @@ def test_an_image_contradicting_the_field_s_dims_is_refused_as_the_readers_refus
             list(iterate_epoch(pipe))
     finally:
         pipe.source.close()
+
+
+def test_a_null_in_another_field_is_refused_naming_field_and_sample(tmp_path: Path) -> None:
+    """DALI fails on the object array a null makes with no word of the field (RuntimeError: unknown format
+    string 'O'); the sources refuse it, naming the field and the sample."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource, iterate_epoch, make_dali_pipeline
+    from unihub.errors import CodecError
+
+    schema = Unischema("Nulls", [*_schema("png").fields.values(),
+                                 UnischemaField("score", np.float32, (), ScalarCodec(pa.float32()), True)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "score": None if i == 2 else np.float32(i)}
+            for i in range(4))
+    url = tmp_path / "nulls"
+    write_dataset(url, schema, rows)
+    pipe = make_dali_pipeline(url, 4, other_fields=("id", "score"))
+    try:
+        with pytest.raises(CodecError, match=r"epoch 0, sample 2 of shard 0: field 'score': a null"):
+            list(iterate_epoch(pipe))
+    finally:
+        pipe.source.close()
+    with DaliBatchSource(url, 2, ["id", "score"]) as source:
+        with pytest.raises(CodecError, match="sample 2 of shard 0: field 'score'"):  # a reader batch at a time
+            next(source)
+    with pytest.raises(CodecError, match=r"\(row 2 of the dataset\): field 'score': a null"):
+        DaliSampleSource(url, ["id", "score"])(_Info(2))
+
+
+def test_fields_dali_cannot_take_are_refused_by_the_sources_too(tmp_path: Path) -> None:
+    """A string, or a second image field (a mask) DALI would get as a string of bytes, failed inside DALI
+    with no word of the field ('unknown format string: 2w', 'stoi'); make_dali_pipeline and the sources
+    built directly for a pipeline of one's own refuse them naming the field."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource, make_dali_pipeline
+    from unihub.errors import SchemaError
+
+    schema = Unischema("Masks", [*_schema("png").fields.values(),
+                                 UnischemaField("mask", np.uint8, (32, 32), CompressedImageCodec("png"), False),
+                                 UnischemaField("name", np.str_, (), ScalarCodec(pa.string()), False)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "mask": _image(i)[..., 0], "name": f"n{i}"}
+            for i in range(4))
+    url = tmp_path / "masks"
+    write_dataset(url, schema, rows)
+    with pytest.raises(SchemaError, match=r"field 'mask' holds PNG/JPEG images but is not an image field"):
+        make_dali_pipeline(url, 2, other_fields=("id", "mask"))
+    with pytest.raises(SchemaError, match=r"field 'mask' holds PNG/JPEG images but is not an image field .*'image'"):
+        DaliBatchSource(url, 2, ["image", "mask"], image_fields=["image"])
+    for fields in (["id", "name"], ["image", "name"]):
+        with pytest.raises(SchemaError, match="field 'name' has dtype"):
+            DaliBatchSource(url, 2, fields)
+        with pytest.raises(SchemaError, match="field 'name' has dtype"):
+            DaliSampleSource(url, fields)(_Info(0))
+    with DaliBatchSource(url, 2, ["image", "mask"]) as source:  # both images: bytes for two decoders
+        images, masks = next(source)
+        np.testing.assert_array_equal(decode_image(masks[1].tobytes()), _image(1)[..., 0])
+
+
+def test_a_refused_sample_is_named_by_file_row_group_and_row(tmp_path: Path) -> None:
+    """As docs/frameworks/dali.md promises and the readers do: a sample position alone ('epoch 0, sample 5 of
+    shard 1') or the dataset's URL did not say which file holds the bad image, shuffled and sharded."""
+    from unihub.bridges.dali import DaliBatchSource, DaliSampleSource
+
+    schema = Unischema("Holes", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                 UnischemaField("image", np.uint8, (32, 32, 3), CompressedImageCodec("png"), True)])
+    url = tmp_path / "holes"
+    write_dataset(url, schema, ({"id": i, "image": None if i == 12 else _image(i)} for i in range(20)),
+                  row_group_size_mb=0.005, rows_per_file=7)
+    store = Dataset(url).store
+    group = next(g for g in store.row_groups if g.first_row <= 12 < g.first_row + g.num_rows)
+    assert len(store.files) == 3 and group.row_group > 0 and group.path != store.row_groups[0].path
+    where = f"{group.path}, row group {group.row_group} (row 12 of the dataset)"
+    refused = 0
+    for shard in range(2):
+        options = dict(shuffle=True, seed=1, shard_id=shard, num_shards=2)
+        with DaliBatchSource(url, 10, ["id", "image"], **options) as source:
+            try:
+                list(source)
+            except ImageDecodeError as exc:
+                refused += 1
+                assert str(exc).startswith(f"{where}, epoch 0, sample "), str(exc)
+        sample = DaliSampleSource(url, ["id", "image"], **options)
+        for i in range(10):
+            try:
+                sample(_Info(i))
+            except ImageDecodeError as exc:
+                refused += 1
+                assert str(exc).startswith(f"{where}: field 'image'"), str(exc)
+    assert refused == 2  # once by each source
+
+
+def test_a_complex_field_is_refused_not_read_as_floats(tmp_path: Path) -> None:
+    """DALI has no complex type: it took a complex64 field's bytes as float32, [1+2j, 3+4j] arriving as
+    [1.0, 2.0], real and imaginary parts mixed up and half the values gone."""
+    from unihub import NdarrayCodec
+    from unihub.bridges.dali import make_dali_pipeline
+    from unihub.errors import SchemaError
+
+    schema = Unischema("Complex", [*_schema("png").fields.values(),
+                                   UnischemaField("z", np.complex64, (2,), NdarrayCodec(), False)])
+    rows = ({"id": i, "image": _image(i), "label": np.int32(0), "z": np.array([1 + 2j, 3 + 4j], np.complex64)}
+            for i in range(2))
+    write_dataset(tmp_path / "complex", schema, rows)
+    with pytest.raises(SchemaError, match=r"field 'z' has dtype .*complex64.*DALI takes bool, int, uint and float"):
+        make_dali_pipeline(tmp_path / "complex", 2, other_fields=("z",))
 
 
 def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
@@ -213,6 +405,29 @@ def test_pipeline_two_epochs_and_shards(png_url: Path) -> None:
     # the reader's plan shuffles row groups before cutting shards, so a shard's rows change
     # from epoch to epoch; in every epoch the two shards cover the dataset exactly once
     assert seen[0] == seen[1] == Counter(range(N))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_pipeline_shards_as_a_stream_dropping_the_remainder(png_url: Path, parallel: bool) -> None:
+    """docs/guide/caching.md: DALI's sources take a stream's arguments on its plan; a stream with
+    drop_shard_remainder=True (floor(N/S) rows a shard) had no pipeline to match, every shard after the
+    first began elsewhere, so a start_offset counted on one resumed the other at other rows."""
+    from unihub import make_reader
+    from unihub.bridges.dali import make_dali_pipeline
+
+    for shard in (0, 6):
+        with make_reader(png_url, schema_fields=["id"], shuffle_row_groups=True, shuffle_rows=True, seed=3,
+                         cur_shard=shard, shard_count=7, shard_by="row", shard_remainder="drop") as reader:
+            reader.seek(2)
+            expected = [int(row.id) for row in reader]
+        pipe = make_dali_pipeline(png_url, 3, other_fields=("id",), shard_id=shard, num_shards=7, shuffle=True,
+                                  seed=3, shard_remainder="drop", start_offset=2, parallel=parallel,
+                                  py_num_workers=1)
+        try:
+            assert _epoch_ids(pipe) == expected and len(expected) == N // 7 - 2
+        finally:
+            getattr(pipe.source, "close", lambda: None)()
+            del pipe
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -251,8 +466,9 @@ def test_start_offset_beyond_the_shard_is_refused(png_url: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="beyond this shard's 30 rows"):
         make_dali_pipeline(png_url, 10, other_fields=("id",), shard_id=0, num_shards=2, parallel=True,
                            start_offset=30)
-    with pytest.raises(InvalidArgumentError, match="start_offset must be an int"):
-        make_dali_pipeline(png_url, 10, parallel=True, start_offset=-1)
+    for parallel in (False, True):  # the batch source's error blamed seek(), which the caller never called
+        with pytest.raises(InvalidArgumentError, match="start_offset must be an int >= 0, got -1"):
+            make_dali_pipeline(png_url, 10, parallel=parallel, start_offset=-1)
 
 
 @pytest.mark.parametrize("num_shards", [1, 3])
@@ -323,6 +539,26 @@ def test_sample_source_pickles_and_serves_rows(png_url: Path) -> None:
     assert int(clone(_Info(N // 2 + 1, idx_in_batch=3))[1]) == N // 2 + 1  # 'pad' completes a batch
 
 
+def test_the_sample_source_takes_this_process_s_image_limit_to_its_workers(png_url: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawned DALI worker imports unihub afresh: it refused with the default MAX_IMAGE_PIXELS the images a
+    raised limit lets through (and served what a lowered one refuses), unlike the batch source."""
+    from unihub.bridges.dali import DaliSampleSource
+    from unihub.images import decoders
+
+    source = DaliSampleSource(png_url, ["image", "id"])
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
+    worker = pickle.dumps(source)  # as DALI hands it to a spawned worker
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 178_956_970)  # the worker's own, fresh import
+    with pytest.raises(ImageDecodeError, match="more than the limit of 1,023"):
+        pickle.loads(worker)(_Info(0))
+    assert decoders.MAX_IMAGE_PIXELS == 178_956_970  # put back after the sample
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", None)
+    worker = pickle.dumps(source)
+    monkeypatch.setattr(decoders, "MAX_IMAGE_PIXELS", 10)
+    assert int(pickle.loads(worker)(_Info(3))[1]) == 3
+
+
 def test_parallel_pipeline_every_id_once_per_epoch(png_url: Path) -> None:
     from unihub.bridges.dali import make_dali_pipeline
 
@@ -356,12 +592,42 @@ def test_torch_iterator_shapes(png_url: Path) -> None:
     pipe.source.close()
 
 
+def test_torch_iterator_size_is_every_epoch_s_samples(png_url: Path) -> None:
+    """DALI's iterator counts ``size`` samples per epoch and goes on in the same stream: a size the source's
+    epochs do not hold made its later epochs come out empty (a resumed source's shorter first epoch, a
+    'drop' source) or begin mid-epoch; it is refused, and the size that fits gives the source's epochs."""
+    pytest.importorskip("torch")
+    from unihub.bridges.dali import DaliBatchSource, DaliBridgeError, make_dali_pipeline, make_dali_torch_iterator
+
+    options = dict(other_fields=("id",), shuffle=True, seed=2)
+    with DaliBatchSource(png_url, 8, ["id"], last_batch="partial", shuffle=True, seed=2) as source:
+        expected = [[int(i) for (ids,) in source for i in ids] for _ in range(2)]
+    for last_batch, size, offset, match in [("pad", N, 10, "resumed at start_offset=10, holds 50 samples"),
+                                            ("drop", N, 0, "holds 56 samples"), ("pad", 20, 0, "pass size=60")]:
+        pipe = make_dali_pipeline(png_url, 8, last_batch=last_batch, start_offset=offset, **options)
+        try:
+            with pytest.raises(DaliBridgeError, match=match):
+                make_dali_torch_iterator(pipe, size=size, last_batch_policy="partial")
+        finally:
+            pipe.source.close()
+    pipe = make_dali_pipeline(png_url, 8, last_batch="pad", **options)
+    try:
+        iterator = make_dali_torch_iterator(pipe, size=N, last_batch_policy="partial")
+        assert [[int(i) for b in iterator for i in b[0]["id"]] for _ in range(2)] == expected
+    finally:
+        pipe.source.close()
+
+
 def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
     pytest.importorskip("tensorflow")
     if not is_available("nvidia.dali_tf_plugin"):
         pytest.skip("needs nvidia-dali-tf-plugin-cuda120 built for this TensorFlow")
     from unihub.bridges.dali import make_dali_tf_dataset
+    from unihub.errors import SchemaError
 
+    with pytest.raises(SchemaError, match=r"fields \['boxes'\] have a None dim"):
+        make_dali_tf_dataset(Path(__file__).parents[1] / "fixtures" / "petastorm" / "unischema", 8,
+                             image_field="image_png", other_fields=("boxes",))
     dataset = make_dali_tf_dataset(jpeg_url, 8, other_fields=("id", "label"))
     batches = [(images.numpy(), ids.numpy(), labels.numpy()) for images, ids, labels in dataset]
     assert len(batches) == N // 8 and batches[0][0].shape == (8, 32, 32, 3) and batches[0][2].dtype == np.int32
@@ -372,6 +638,17 @@ def test_tf_dataset_one_epoch(jpeg_url: Path) -> None:
         for image, i, label in zip(images, ids, labels):
             np.testing.assert_array_equal(image, decode_image(raw[int(i)].image))
             assert label == i % 10
+
+
+def test_the_tf_feed_pads_image_bytes_only() -> None:
+    """make_dali_tf_dataset's dense batches: a ragged float field went through the bytes' zero padding and
+    came out as uint8, [1.5, 300.25] as [1, 44]; the dataset now refuses such a field up front."""
+    from unihub.bridges.dali import DaliBridgeError, _dense
+
+    padded = _dense([np.array([1, 2, 3], np.uint8), np.array([4], np.uint8)])
+    np.testing.assert_array_equal(padded, [[1, 2, 3], [4, 0, 0]])
+    with pytest.raises(DaliBridgeError, match="only encoded image bytes are padded"):
+        _dense([np.array([1.5, 300.25], np.float32), np.array([-3.5], np.float32)])
 
 
 @pytest.mark.parametrize("layout, shape", [("CHW", (3, 16, 24)), ("HWC", (16, 24, 3))])
@@ -391,14 +668,26 @@ def test_resize_and_normalize(png_url: Path, layout: str, shape: tuple[int, ...]
 
 
 def test_bad_options_are_refused(png_url: Path) -> None:
-    from unihub.bridges.dali import DaliBridgeError, make_dali_pipeline
+    from unihub.bridges.dali import DaliBatchSource, DaliBridgeError, make_dali_pipeline
     from unihub.errors import SchemaError
 
-    with pytest.raises(DaliBridgeError, match="batch_size"):
-        make_dali_pipeline(png_url, 0)
+    for batch_size in (0, True):  # True was a batch of 1
+        with pytest.raises(DaliBridgeError, match="batch_size"):
+            make_dali_pipeline(png_url, batch_size)
     with pytest.raises(DaliBridgeError, match="shard_id"):
         make_dali_pipeline(png_url, 4, shard_id=2, num_shards=2)
     with pytest.raises(SchemaError, match="not a compressed image"):
         make_dali_pipeline(png_url, 4, image_field="label")
     with pytest.raises(SchemaError, match="no field"):
         make_dali_pipeline(png_url, 4, other_fields=("nope",))
+    # DALI took these without a word (a resize to (0, -5) gave 3x5 images) or failed when run, naming no argument
+    for bad, match in [(dict(resize=(0, -5)), "resize"), (dict(resize=(8.5, 9)), "resize"),
+                       (dict(layout="chw", normalize=((1,) * 3, (1,) * 3)), "layout"),
+                       (dict(normalize=((1, 2), (1, 1, 1))), "normalize"), (dict(normalize=((0,), (0,))), "normalize")]:
+        with pytest.raises(DaliBridgeError, match=match):
+            make_dali_pipeline(png_url, 4, **bad)
+    for parallel in (False, True):  # DALI had one output too few: an IndexError when run
+        with pytest.raises(DaliBridgeError, match=r"fields \['image'\] are asked for twice"):
+            make_dali_pipeline(png_url, 4, other_fields=("id", "image"), parallel=parallel)
+    with pytest.raises(DaliBridgeError, match=r"fields \['id'\] are asked for twice"):
+        DaliBatchSource(png_url, 4, ["id", "image", "id"])  # it gave two lists for the three names
