@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from unihub.errors import InvalidArgumentError
+from unihub.errors import CodecError, InvalidArgumentError
 from unihub.readers.decode import (
     DecodePolicy,
     decode_column,
@@ -36,6 +36,7 @@ from unihub.readers.decode import (
     decoded_images,
     numpy_strings_in_rows,
 )
+from unihub.readers.loader import located
 from unihub.readers.reader import resolve_fields
 from unihub.runtime.memory import memory_budget
 from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
@@ -116,6 +117,21 @@ class Dataset:
         if not idx.size:
             return self._row_type(*(self._empty_column(f) for f in self.schema))
         _check_apart(into)
+        try:
+            return self._take(idx, into)
+        except CodecError as exc:  # a codec counts the rows asked: the file, row group and row named instead
+            raise self._located(exc, idx) from exc
+
+    def _located(self, exc: CodecError, idx: np.ndarray) -> CodecError:
+        """``exc`` of the ``exc.row``-th row asked (``idx``) with its file, row group and row named."""
+        if exc.row is None or not 0 <= exc.row < len(idx):
+            return exc
+        offsets = self.store._offsets
+        group = int(np.searchsorted(offsets, idx[exc.row], side="right") - 1)
+        return located(exc, self.store.row_groups[group], idx - offsets[group])
+
+    def _take(self, idx: np.ndarray, into: Mapping[str, np.ndarray] | None) -> Any:
+        """:meth:`take` of checked row numbers."""
         whole = self._whole_dataset()
         if whole is not None and not self._paged:
             return self._row_type(*(_copied_into(self._from_whole(whole, f, idx, into), into.get(f.name) if into else None)

@@ -20,7 +20,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from unihub import CompressedImageCodec, ScalarCodec, Unischema, UnischemaField, make_batch_reader, write_dataset
+from unihub import (
+    CompressedImageCodec,
+    Dataset,
+    ScalarCodec,
+    Unischema,
+    UnischemaField,
+    make_batch_reader,
+    write_dataset,
+)
 from unihub.errors import InvalidArgumentError
 from unihub.images import decoders as images
 from unihub.images.decoders import ImageDecodeError, decode_image, decode_images_into, image_size
@@ -152,6 +160,23 @@ def test_a_reader_names_the_file_and_row_of_a_bomb(tmp_path: Path) -> None:
     message = str(caught.value)
     assert ".parquet, row group 0 (row 1 of the dataset): field 'image', row 1" in message
     assert "PNG header claims 200000x200000 pixels" in message
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["read", "cached-whole"])
+def test_random_access_names_the_file_and_row_of_a_bomb(cached: bool, tmp_path: Path) -> None:
+    """Before: ``Dataset(url)[3]`` said 'field 'image', row 0' (the first row asked), naming no file."""
+    schema = Unischema("Bombs", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                 _field((None, None, 3), "png")])
+    blobs = [pil_png(image()), pil_png(image()), pil_png(image()), png_bomb(), pil_png(image())]
+    write_dataset(tmp_path / "ds", schema, ({"id": i, "image": b} for i, b in enumerate(blobs)), rows_per_file=2)
+    ds = Dataset(str(tmp_path / "ds"))
+    if cached:  # every row group in memory: the whole dataset's cells serve a take
+        ds.take([0, 1, 2, 4])
+    for asked in ([3], [4, 0, 3], [-2]):
+        with pytest.raises(ImageDecodeError) as caught:
+            ds.take(asked)
+        assert "part-00001.parquet, row group 0 (row 3 of the dataset): field 'image', row 1:" in str(caught.value)
+        assert caught.value.row == 1 and caught.value.field == "image"
 
 
 def test_the_dali_sources_refuse_a_bomb_before_dali_allocates_it(tmp_path: Path) -> None:

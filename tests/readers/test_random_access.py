@@ -262,7 +262,11 @@ def test_take_of_nullable_and_corrupt_images(tmp_path) -> None:
     for into in (None, {"image": np.zeros((3, 4, 3, 3), np.uint8)}):  # decoded into memory given too
         with pytest.raises(CodecError) as caught:
             Dataset(tmp_path / "bad").take([3, 12, 5], into=into)
-        assert caught.value.field == "image" and caught.value.row == 1
+        # the row counted in its row group, as the readers count it, and the dataset's row in the message
+        assert caught.value.field == "image" and "(row 12 of the dataset)" in str(caught.value)
+        store = open_dataset(tmp_path / "bad")
+        group = next(g for g in store.row_groups if g.first_row <= 12 < g.first_row + g.num_rows)
+        assert caught.value.row == 12 - group.first_row
 
 
 @pytest.mark.parametrize("petastorm_types", [False, True])
