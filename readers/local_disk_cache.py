@@ -5,7 +5,7 @@ On disk::
     cache_location/
       3f9a...c1.arrow                  one entry: the stored (encoded) columns of one row group
                                        for one column selection, as an Arrow IPC file
-      .3f9a...c1.<pid>.<random>.tmp    an entry being written, renamed onto its name when complete
+      .3f9a...c1.arrow.<pid>.<random>.tmp  an entry being written, renamed onto its name when complete
       .lock                            serialises commits and eviction between threads and processes
       .3f9a...c1.fetch                 held (``flock``) by the one thread or process reading that row group
                                        from the store; the others wait for it, then read the entry
@@ -50,6 +50,7 @@ import json
 import operator
 import os
 import pickle
+import re
 import secrets
 import shutil
 import struct
@@ -84,6 +85,10 @@ _COMPRESSIONS = (None, "lz4", "zstd")
 # diskcache settings Petastorm passed through: accepted and unused.
 _IGNORED_SETTINGS = {"disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
 _FETCH_SUFFIX = ".fetch"
+#: the names the cache gives its files: only these are counted, evicted or cleaned up (cache_location may
+#: hold other files, a user's own Arrow files among them)
+_ENTRY_NAME = re.compile(r"[0-9a-f]{40}\.arrow")
+_WORK_NAME = re.compile(r"\.[0-9a-f]{40}(\.arrow\.[0-9]+\.[0-9a-f]{8}\.tmp|\.fetch)")
 _STATS_DIR = ".stats"
 _FOLDED_STATS = "node.bin"  # the counts of processes that have ended, folded into one file
 DEFAULT_FETCH_WAIT_SECONDS = 120.0
@@ -425,10 +430,10 @@ class LocalDiskCache(CacheBase):
         with os.scandir(self.location) as scan:
             for entry in scan:
                 try:
-                    if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."):
+                    if _ENTRY_NAME.fullmatch(entry.name):
                         stat = entry.stat()
                         yield stat.st_mtime_ns, entry.name, stat.st_size
-                    elif entry.name.endswith((".tmp", _FETCH_SUFFIX)) and \
+                    elif _WORK_NAME.fullmatch(entry.name) and \
                             now - entry.stat().st_mtime > _STALE_TEMP_SECONDS:
                         _remove_quietly(entry.path)  # left by a writer or fetcher that died
                 except FileNotFoundError:
@@ -507,8 +512,7 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
 def _is_own_file(name: str) -> bool:
     """Whether a name in the cache directory is the cache's: an entry, a temporary file, a fetch lock,
     the lock or the statistics."""
-    return (name.endswith(_SUFFIX) and not name.startswith(".")) or \
-        (name.startswith(".") and name.endswith((".tmp", _FETCH_SUFFIX))) or name in (".lock", _STATS_DIR)
+    return bool(_ENTRY_NAME.fullmatch(name) or _WORK_NAME.fullmatch(name)) or name in (".lock", _STATS_DIR)
 
 
 def _checked_wait(seconds: Any) -> float:

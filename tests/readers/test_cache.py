@@ -256,6 +256,29 @@ def test_entry_larger_than_the_limit_is_not_stored(dataset, tmp_path, store_read
     assert entries(tmp_path / "cache") == []
 
 
+def test_files_not_the_caches_are_neither_counted_nor_evicted_nor_cleaned_up(dataset, tmp_path):
+    """A cache_location that holds other files (a user's own Arrow file, an old ``.tmp``): eviction, the
+    stale-file sweep and cleanup() keep to the names the cache gives its own files."""
+    location = tmp_path / "cache"
+    location.mkdir()
+    mine = location / "mydata.arrow"
+    with pa.OSFile(str(mine), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("a", pa.int64())])) as writer:
+        writer.write_table(pa.table({"a": np.arange(50_000)}))
+    notes = location / "notes.tmp"
+    notes.write_text("mine")
+    for path in (mine, notes):
+        os.utime(path, (1, 1))  # older than anything the cache writes, and than its stale-file age
+    cache = LocalDiskCache(location, mine.stat().st_size // 2)
+    store = open_dataset(dataset)
+    for group in range(3):
+        cache.get_row_group(store, group, ["id", "vec"])
+    assert mine.exists() and notes.exists()
+    assert cache.stats.evictions == 0 and len(entries(location)) == 4
+    assert cache.node_stats()["entries"] == 3 and cache.volume() < mine.stat().st_size
+    cache.cleanup()
+    assert sorted(p.name for p in location.iterdir()) == ["mydata.arrow", "notes.tmp"]
+
+
 # -- damaged entries --------------------------------------------------------------------------------
 def test_corrupt_or_partial_entries_are_read_again(dataset, tmp_path, store_reads):
     location = tmp_path / "cache"
