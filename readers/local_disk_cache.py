@@ -50,6 +50,7 @@ import json
 import operator
 import os
 import pickle
+import pickletools
 import re
 import secrets
 import shutil
@@ -194,8 +195,9 @@ class LocalDiskCache(CacheBase):
     def get(self, key: Any, fill_cache_func: Callable[[], Any]) -> Any:
         """Petastorm's contract: the value cached under ``key``, else ``fill_cache_func()`` cached and
         returned. Arrow tables are stored as they are, other values pickled (the cache directory is
-        this process's own working data: keep it where only you write)."""
-        digest = hashlib.sha256(json.dumps(["value", repr(key)]).encode()).hexdigest()
+        this process's own working data: keep it where only you write). Keys are told apart by their
+        pickle, as diskcache's are (a key that cannot be pickled raises)."""
+        digest = _value_digest(key)
         path = os.path.join(self.location, digest[:40] + _SUFFIX)
         table = self._load(path, digest)
         if table is not None:
@@ -519,6 +521,12 @@ def _checked_wait(seconds: Any) -> float:
     if not is_amount(seconds, zero=True):
         raise CacheConfigError(f"fetch_wait_seconds must be a number of seconds >= 0, got {seconds!r}")
     return float(seconds)
+
+
+def _value_digest(key: Any) -> str:
+    """The digest of a :meth:`LocalDiskCache.get` key: of its pickle, not its ``repr``, which two keys may share
+    (numpy elides the middle of a long array, a class may show no state)."""
+    return hashlib.sha256(b"value\0" + pickletools.optimize(pickle.dumps(key, protocol=4))).hexdigest()
 
 
 def _value_of(table: pa.Table) -> Any:

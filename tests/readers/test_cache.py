@@ -476,3 +476,18 @@ def test_petastorms_cache_contract(dataset, tmp_path):
     assert calls == [1] and cache.stats.hits == 2
     cache.cleanup()
     assert not (tmp_path / "g").exists()
+
+
+def test_get_tells_apart_keys_whose_repr_is_the_same(tmp_path):
+    """Keys that print alike are other keys (diskcache, under Petastorm's cache, compares their pickles): a long
+    numpy array whose middle differs, an object whose repr shows no state."""
+    cache = LocalDiskCache(tmp_path / "g", 64 * MB)
+    first = np.arange(2000)
+    second = first.copy()
+    second[1000] = -1
+    assert repr(first) == repr(second)
+    assert cache.get(("ids", first), lambda: "first") == "first"
+    assert cache.get(("ids", second), lambda: "second") == "second"
+    assert cache.get(("ids", first.copy()), lambda: "again") == "first"
+    assert [cache.get(key, lambda key=key: repr(key)) for key in (1, 1.0, True, "1", b"1")] == \
+        ["1", "1.0", "True", "'1'", "b'1'"]
