@@ -174,6 +174,11 @@ class CacheRoot:
             if _exists(self.fs, self.dataset_path(dataset_id, v)):
                 self.fs.delete_dir(self.dataset_path(dataset_id, v))
             self.files.delete(self.lease_path(dataset_id, v))
+        if isinstance(self.fs, pafs.LocalFileSystem):  # the id's folder, once empty (object stores have none)
+            try:
+                os.rmdir(self._path(dataset_id, "").rstrip("/"))
+            except OSError:
+                pass  # other versions, or a build that began meanwhile: kept
         return versions
 
     def _published(self, dataset_id: str, version: str) -> bool:
