@@ -137,8 +137,9 @@ class LocalDiskCache(CacheBase):
     in this check), as Petastorm's does unless ``eviction_policy='none'``, which never evicts.
     ``settings``: ``compression`` (None, ``'lz4'``, ``'zstd'``), ``eviction_policy`` and Petastorm's
     ``cleanup`` (True, its default: :meth:`cleanup` -- which a reader calls when its with-block
-    ends -- removes the entries; False keeps them for later readers); Petastorm's other diskcache
-    settings (``sqlite_*``, ...) are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase``
+    ends -- removes the entries; False keeps them for later readers); diskcache's ``size_limit``, which
+    Petastorm passed through, replaces ``size_limit_bytes`` as the bound, and its other settings
+    (``sqlite_*``, ...) are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase``
     contract.
     """
 
@@ -148,6 +149,7 @@ class LocalDiskCache(CacheBase):
                  fetch_wait_seconds: float = DEFAULT_FETCH_WAIT_SECONDS, **settings: Any) -> None:
         self.location = _local_directory(path)
         size_limit = _checked_size_limit(size_limit_bytes, shards, expected_row_size_bytes, eviction_policy)
+        size_limit = _diskcache_size_limit(size_limit, settings, eviction_policy)
         compression = _checked_options(compression, eviction_policy, settings)
         self.size_limit_bytes = size_limit
         self.row_size_estimate = expected_row_size_bytes
@@ -478,6 +480,18 @@ def _checked_size_limit(size_limit_bytes: Any, shards: Any, row_size_estimate: i
             f"raise cache_size_limit (Petastorm's words: Condition 'size_limit_bytes / shards < "
             f"5 * expected_row_size_bytes' needs to hold)")
     return int(size_limit_bytes)
+
+
+def _diskcache_size_limit(size_limit: int, settings: dict[str, Any], eviction_policy: str) -> int:
+    """The bound entries are evicted to: diskcache's ``size_limit`` setting where given (Petastorm passed its settings
+    through, so one replaced ``cache_size_limit`` there; it is taken out of ``settings``), else ``size_limit``. Under
+    ``eviction_policy='none'`` diskcache evicts nothing and Petastorm checked ``cache_size_limit``: it stays."""
+    if "size_limit" not in settings:
+        return size_limit
+    given = settings.pop("size_limit")
+    if not is_amount(given):
+        raise CacheConfigError(f"cache_extra_settings' size_limit must be a positive number of bytes, got {given!r}")
+    return size_limit if eviction_policy == "none" else int(given)
 
 
 def _checked_options(compression: str | None, eviction_policy: Any, settings: dict[str, Any]) -> str | None:

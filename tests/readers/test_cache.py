@@ -491,3 +491,18 @@ def test_get_tells_apart_keys_whose_repr_is_the_same(tmp_path):
     assert cache.get(("ids", first.copy()), lambda: "again") == "first"
     assert [cache.get(key, lambda key=key: repr(key)) for key in (1, 1.0, True, "1", b"1")] == \
         ["1", "1.0", "True", "'1'", "b'1'"]
+
+
+def test_diskcache_size_limit_setting_is_the_bound_as_in_petastorm(dataset, tmp_path):
+    """Petastorm passed cache_extra_settings through to diskcache, whose ``size_limit`` then replaced
+    cache_size_limit (under eviction_policy='none' Petastorm kept checking cache_size_limit); it was refused
+    as an unknown setting."""
+    store = open_dataset(dataset)
+    probe = LocalDiskCache(tmp_path / "probe", 64 * MB)
+    probe.get_row_group(store, 0, ["id", "vec"])
+    limit = int(probe.volume() * 2.5)
+    reader = make_reader(dataset, **cache_args(tmp_path / "cache", 64 * MB, size_limit=limit))
+    assert len(rows_by_id(reader)) == N and 0 < directory_bytes(tmp_path / "cache") <= limit
+    assert LocalDiskCache(tmp_path / "none", MB, size_limit=10, eviction_policy="none").size_limit_bytes == MB
+    with pytest.raises(CacheConfigError, match="cache_extra_settings' size_limit must be a positive number"):
+        LocalDiskCache(tmp_path / "bad", MB, size_limit=-1)
