@@ -66,7 +66,9 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from unihub.errors import UnihubError
+from unihub.fs import atomic
 from unihub.readers.cache import CacheBase
+from unihub.runtime import processes
 from unihub.runtime.memory import is_amount
 from unihub.store.dataset import FileInfo, ParquetStore
 
@@ -271,6 +273,8 @@ class LocalDiskCache(CacheBase):
             os.makedirs(directory, exist_ok=True)
             self._stats_fd = os.open(os.path.join(directory, f"{self._token}-{os.getpid()}.bin"),
                                      os.O_RDWR | os.O_CREAT, 0o644)
+            # after the counters: who writes them (host, boot and pid namespace, pid, start), for _ended
+            os.pwrite(self._stats_fd, atomic._owner().encode(), _STATS_FORMAT.size)
         except OSError:
             self._stats_fd = -1  # statistics are best effort: reading goes on without them
         return self._stats_fd if self._stats_fd >= 0 else None
@@ -285,7 +289,7 @@ class LocalDiskCache(CacheBase):
     def _fold_ended(self) -> None:
         """Add the counts of processes that have ended (other than this object's copies) to ``node.bin``
         and remove their files, so the directory holds one stats file per live process."""
-        ended = [p for p in self._stats_files() if _ended(os.path.basename(p), self._token)]
+        ended = [p for p in self._stats_files() if _ended(p, self._token)]
         if not ended or fcntl is None:
             return
         folded = os.path.join(self.location, _STATS_DIR, _FOLDED_STATS)
@@ -564,18 +568,26 @@ def _sum_stats(paths: Iterable[str]) -> dict[str, int]:
     return totals
 
 
-def _ended(name: str, token: str) -> bool:
-    """Whether the stats file ``name`` (``<token>-<pid>.bin``) is of another object's process that has ended."""
-    owner, _, pid = name[:-len(".bin")].partition("-")
+def _ended(path: str, token: str) -> bool:
+    """Whether the stats file at ``path`` (``<token>-<pid>.bin``) is of another object's process that has ended.
+
+    The process is the one the file names after its counters (``<where>-<pid>-<start>``): one in another pid
+    namespace (a container sharing the directory) or on another host cannot be asked and is taken as alive, and
+    a pid reused since is another process. A file without that name (an older unihub's) goes by its pid."""
+    owner, _, pid = os.path.basename(path)[:-len(".bin")].partition("-")
     if owner == token or not pid.isdigit():
         return False
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
+        with open(path, "rb") as handle:
+            handle.seek(_STATS_FORMAT.size)
+            named = handle.read(100).decode("ascii", "replace")
     except OSError:
-        return False  # alive, someone else's
-    return False
+        return False
+    where, _, rest = named.partition("-")
+    number, _, start = rest.partition("-")
+    if number == pid and start.isdigit():
+        return not atomic.owner_alive(where, int(pid), int(start))
+    return not processes.is_running(int(pid))
 
 
 def _touch(path: str) -> None:
