@@ -548,9 +548,12 @@ def _value_digest(key: Any) -> str:
 
 
 def _value_of(table: pa.Table) -> Any:
-    """What :meth:`LocalDiskCache.get` stored: the table, or the pickled value in it."""
-    kind = (table.schema.metadata or {}).get(_KIND_KEY)
-    return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else table
+    """What :meth:`LocalDiskCache.get` stored: the table (with its own metadata, without the cache's mark), or the
+    pickled value in it."""
+    metadata = dict(table.schema.metadata or {})
+    kind = metadata.pop(_KIND_KEY, None)
+    return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else \
+        table.replace_schema_metadata(metadata or None)
 
 
 def _sum_stats(paths: Iterable[str]) -> dict[str, int]:

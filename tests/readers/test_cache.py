@@ -471,8 +471,9 @@ def test_petastorms_cache_contract(dataset, tmp_path):
     for _ in range(2):
         got = cache.get(("key", 1), lambda: calls.append(1) or value)
         assert got["b"] == "text" and got["a"].tolist() == [0, 1, 2]
-    table = pa.table({"x": [1, 2]})
-    assert cache.get("t", lambda: table).equals(table) and cache.get("t", lambda: None).equals(table)
+    table = pa.table({"x": [1, 2]}).replace_schema_metadata({"mine": "kept"})
+    assert cache.get("t", lambda: table).equals(table, check_metadata=True)
+    assert cache.get("t", lambda: None).equals(table, check_metadata=True)  # a hit: the cache's mark taken off
     assert calls == [1] and cache.stats.hits == 2
     cache.cleanup()
     assert not (tmp_path / "g").exists()
