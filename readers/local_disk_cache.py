@@ -64,6 +64,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from unihub.errors import UnihubError
 from unihub.fs import atomic
@@ -527,6 +528,18 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
     elif "://" in location:
         raise CacheConfigError(f"cache_location must be a local directory, got the URL {location!r}")
     return os.path.abspath(os.path.expanduser(location))
+
+
+def refuse_inside(location: str | os.PathLike[str] | None, store: ParquetStore) -> None:
+    """A :class:`CacheConfigError` where ``location`` is a local directory dataset's folder or lies inside it: the
+    entries would become files of the dataset, which no longer opens (``*.arrow`` files are not Parquet)."""
+    if location is None or not isinstance(store.filesystem, pafs.LocalFileSystem) or not os.path.isdir(store.path):
+        return
+    cache, dataset = os.path.realpath(_local_directory(location)), os.path.realpath(store.path)
+    if cache == dataset or cache.startswith(dataset.rstrip(os.sep) + os.sep):
+        raise CacheConfigError(f"cache_location {cache} is inside {dataset}, the folder of the dataset {store.url}: "
+                               "its entries would become files of the dataset, which would then not open; give the "
+                               "cache a folder outside it")
 
 
 def _is_own_file(name: str) -> bool:
