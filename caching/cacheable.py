@@ -179,10 +179,14 @@ def get_or_build(root: CacheRoot, dataset_id: str, version: str, make: Callable[
     lease_path = root.lease_path(dataset_id, version)
     deadline = time.monotonic() + wait_timeout
     delay = 0.02
+    checked = False
     while True:
         info = root.info(dataset_id, version)
         if info is not None:
             return CachedDataset(root, info)
+        if not checked:  # before anything is written: not when the cache is there already
+            root.check_outside_datasets()
+            checked = True
         lease = try_acquire(root.files, lease_path, interval=heartbeat)
         if lease is not None:
             try:

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from unihub import cacheable, make_reader
+from unihub import ScalarCodec, Unischema, UnischemaField, cacheable, make_reader, write_dataset
 from unihub.caching import list_caches, remove_cache
 from unihub.cli import main
 from unihub.errors import CacheError, InvalidArgumentError
@@ -302,3 +303,20 @@ def test_stream_takes_numpy_integers_as_ints(cached) -> None:
     assert _ids(cached.stream(np.int64(7), shard_rank=np.int32(1), num_shards=np.int64(3), **args)) == expected
     assert _ids(cached.stream([np.int64(5), 9], shard_rank=1, num_shards=3, **args)) == \
         _ids(cached.stream([5, 9], shard_rank=1, num_shards=3, **args))
+
+
+@pytest.mark.parametrize("inside", ["", "sub/caches"])
+def test_a_cache_root_inside_a_dataset_is_refused_before_anything_is_written(tmp_path: Path, inside: str) -> None:
+    """A cache root that is a dataset's folder, or lies inside one: the cache's parts and records became files of
+    that dataset, which then did not open (FormatError on the record's .json)."""
+    dataset = tmp_path / "ds"
+    write_dataset(dataset, Unischema("d", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)]),
+                  ({"id": i} for i in range(5)))
+    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+    root = dataset / inside if inside else dataset
+    with pytest.raises(CacheError, match=f"cache root {root} is inside the dataset in {dataset}"):
+        cacheable(root, dataset_id="c", version="1")(lambda: _rows(5))()
+    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before
+    with make_reader(dataset) as reader:
+        assert sorted(int(r.id) for r in reader) == list(range(5))
+    assert len(cacheable(tmp_path / "caches", dataset_id="c", version="1")(lambda: _rows(5))()) == 5
