@@ -98,6 +98,8 @@ _FOLDED_STATS = "node.bin"  # the counts of processes that have ended, folded in
 DEFAULT_FETCH_WAIT_SECONDS = 120.0
 _KIND_KEY = b"unihub.cache.kind"  # entries of get(key, fill_cache_func): an Arrow table, or a pickled value
 _IGNORED_PREFIXES = ("sqlite_", "disk_")
+#: the files that mark a folder as a dataset's (refuse_inside)
+_DATASET_MARKERS = ("_common_metadata", "_metadata", "_unihub_versions")
 
 
 class CacheConfigError(UnihubError, ValueError):
@@ -531,15 +533,23 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
 
 
 def refuse_inside(location: str | os.PathLike[str] | None, store: ParquetStore) -> None:
-    """A :class:`CacheConfigError` where ``location`` is a local directory dataset's folder or lies inside it: the
-    entries would become files of the dataset, which no longer opens (``*.arrow`` files are not Parquet)."""
-    if location is None or not isinstance(store.filesystem, pafs.LocalFileSystem) or not os.path.isdir(store.path):
+    """A :class:`CacheConfigError` where ``location`` is a dataset's folder or lies inside one: ``store``'s (a local
+    directory), or any folder up its path holding ``_common_metadata``, ``_metadata`` or ``_unihub_versions``. The
+    entries would become files of that dataset, which would no longer open (``*.arrow`` files are not Parquet)."""
+    if location is None:
         return
-    cache, dataset = os.path.realpath(_local_directory(location)), os.path.realpath(store.path)
-    if cache == dataset or cache.startswith(dataset.rstrip(os.sep) + os.sep):
-        raise CacheConfigError(f"cache_location {cache} is inside {dataset}, the folder of the dataset {store.url}: "
-                               "its entries would become files of the dataset, which would then not open; give the "
-                               "cache a folder outside it")
+    cache = folder = os.path.realpath(_local_directory(location))
+    local = isinstance(store.filesystem, pafs.LocalFileSystem) and os.path.isdir(store.path)
+    dataset = os.path.realpath(store.path) if local else None
+    while True:
+        if folder == dataset or any(os.path.exists(os.path.join(folder, name)) for name in _DATASET_MARKERS):
+            raise CacheConfigError(f"cache_location {cache} is inside the dataset in {folder}: its entries would "
+                                   "become files of that dataset, which would then not open; give the cache a folder "
+                                   "outside it")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
 
 
 def _is_own_file(name: str) -> bool:

@@ -509,16 +509,19 @@ def test_diskcache_size_limit_setting_is_the_bound_as_in_petastorm(dataset, tmp_
         LocalDiskCache(tmp_path / "bad", MB, size_limit=-1)
 
 
-@pytest.mark.parametrize("inside", ["", "sub/cache"])
-def test_a_cache_location_inside_the_dataset_is_refused_before_anything_is_written(tmp_path, inside):
-    """cache_location set to the dataset's folder (or one inside it) wrote the entries among its parts: the reader
-    read on, and the dataset no longer opened (FormatError: an .arrow entry is not a Parquet file)."""
+@pytest.mark.parametrize("inside", ["", "sub/cache", "other"])
+def test_a_cache_location_inside_a_dataset_is_refused_before_anything_is_written(tmp_path, inside):
+    """cache_location set to the dataset's folder (or one inside it, or inside another dataset) wrote the entries
+    among its parts: the reader read on, and the dataset no longer opened (FormatError: an .arrow entry is not a
+    Parquet file)."""
     dataset = write(tmp_path / "ds", n=20)
+    other = write(tmp_path / "other", n=5)
     parts = sorted(p.name for p in dataset.iterdir())
-    location = dataset / inside if inside else dataset
-    with pytest.raises(CacheConfigError, match="is inside .*, the folder of the dataset .*: its entries would become"):
+    location = other / "cache" if inside == "other" else dataset / inside if inside else dataset
+    inside_of = other if inside == "other" else dataset
+    with pytest.raises(CacheConfigError, match=f"cache_location {location} is inside the dataset in {inside_of}: "):
         make_reader(f"file://{dataset}/", **cache_args(location))
-    assert sorted(p.name for p in dataset.iterdir()) == parts
-    assert len(rows_by_id(make_reader(dataset))) == 20
+    assert sorted(p.name for p in dataset.iterdir()) == parts and not (other / "cache").exists()
+    assert len(rows_by_id(make_reader(dataset))) == 20 and len(rows_by_id(make_reader(other))) == 5
     beside = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "ds-cache")))  # beside it: fine
     assert_rows_equal(beside, rows_by_id(make_reader(dataset)))
