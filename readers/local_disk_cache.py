@@ -5,7 +5,8 @@ On disk::
     cache_location/
       3f9a...c1.arrow                  one entry: the stored (encoded) columns of one row group
                                        for one column selection, as an Arrow IPC file
-      .3f9a...c1.arrow.<pid>.<random>.tmp  an entry being written, renamed onto its name when complete
+      .3f9a...c1.arrow.<writer>.<random>.tmp  an entry being written (by <writer>: host, pid, start), renamed
+                                       onto its name when complete; removed by others once its writer is gone
       .lock                            serialises commits and eviction between threads and processes
       .3f9a...c1.fetch                 held (``flock``) by the one thread or process reading that row group
                                        from the store; the others wait for it, then read the entry
@@ -92,7 +93,7 @@ _FETCH_SUFFIX = ".fetch"
 #: the names the cache gives its files: only these are counted, evicted or cleaned up (cache_location may
 #: hold other files, a user's own Arrow files among them)
 _ENTRY_NAME = re.compile(r"[0-9a-f]{40}\.arrow")
-_WORK_NAME = re.compile(r"\.[0-9a-f]{40}(\.arrow\.[0-9]+\.[0-9a-f]{8}\.tmp|\.fetch)")
+_WORK_NAME = re.compile(r"\.[0-9a-f]{40}(\.arrow\.(?P<writer>[0-9a-f]{8}-[0-9]+-[0-9]+|[0-9]+)\.[0-9a-f]{8}\.tmp|\.fetch)")
 _STATS_DIR = ".stats"
 _FOLDED_STATS = "node.bin"  # the counts of processes that have ended, folded into one file
 DEFAULT_FETCH_WAIT_SECONDS = 120.0
@@ -403,7 +404,8 @@ class LocalDiskCache(CacheBase):
     def _store(self, path: str, digest: str, table: pa.Table) -> None:
         if table.nbytes > self.size_limit_bytes and self.compression is None:
             return
-        temporary = os.path.join(self.location, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        temporary = os.path.join(self.location,  # named by its writer: once that is gone, anyone may remove it
+                                 f".{os.path.basename(path)}.{atomic._owner()}.{secrets.token_hex(4)}.tmp")
         try:
             if any(pa.types.is_dictionary(f.type) for f in table.schema):
                 table = table.unify_dictionaries()
@@ -444,8 +446,8 @@ class LocalDiskCache(CacheBase):
                     if _ENTRY_NAME.fullmatch(entry.name):
                         stat = entry.stat()
                         yield stat.st_mtime_ns, entry.name, stat.st_size
-                    elif _WORK_NAME.fullmatch(entry.name) and \
-                            now - entry.stat().st_mtime > _STALE_TEMP_SECONDS:
+                    elif (work := _WORK_NAME.fullmatch(entry.name)) is not None and \
+                            (now - entry.stat().st_mtime > _STALE_TEMP_SECONDS or _writer_gone(work["writer"])):
                         _remove_quietly(entry.path)  # left by a writer or fetcher that died
                 except FileNotFoundError:
                     continue  # evicted or discarded meanwhile
@@ -614,6 +616,15 @@ def _ended(path: str, token: str) -> bool:
     if number == pid and start.isdigit():
         return not atomic.owner_alive(where, int(pid), int(start))
     return not processes.is_running(int(pid))
+
+
+def _writer_gone(writer: str | None) -> bool:
+    """Whether the process that named a temporary file (``<where>-<pid>-<start>``) is known to have ended: one
+    killed in the middle of writing an entry, whose file is then removed at once rather than after an hour."""
+    if writer is None or writer.isdigit():  # a fetch marker, or an older unihub's name: by age alone
+        return False
+    where, pid, start = writer.split("-")
+    return not atomic.owner_alive(where, int(pid), int(start))
 
 
 def _touch(path: str) -> None:

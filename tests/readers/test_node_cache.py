@@ -281,6 +281,27 @@ def test_only_processes_known_to_have_ended_are_folded(tmp_path):
     assert sorted(p.name for p in stats.iterdir()) == [f"aaaa0001-{gone.pid}.bin", "node.bin"]
 
 
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_commit(dataset, tmp_path):
+    """An entry's temporary file names its writer: one killed while writing leaves it, and the next commit of any
+    process removes it (it stayed an hour outside the size limit); a live writer's stays."""
+    import subprocess
+    import sys
+
+    from unihub.fs import atomic
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    here, _, _ = atomic._owner().partition("-")
+    location = tmp_path / "cache"
+    location.mkdir()
+    dead = location / f".{'a' * 40}.arrow.{here}-{gone.pid}-1.0123abcd.tmp"
+    live = location / f".{'b' * 40}.arrow.{atomic._owner()}.0123abcd.tmp"
+    for path in (dead, live):
+        path.write_bytes(b"half an entry")
+    LocalDiskCache(location, 64 * MB).get_row_group(open_dataset(dataset), 0, COLUMNS)
+    assert not dead.exists() and live.exists()
+
+
 def test_cleanup_removes_the_statistics_too(dataset, tmp_path):
     location = tmp_path / "cache"
     cache = LocalDiskCache(location, 64 * MB)
