@@ -320,3 +320,17 @@ def test_a_cache_root_inside_a_dataset_is_refused_before_anything_is_written(tmp
     with make_reader(dataset) as reader:
         assert sorted(int(r.id) for r in reader) == list(range(5))
     assert len(cacheable(tmp_path / "caches", dataset_id="c", version="1")(lambda: _rows(5))()) == 5
+
+
+def test_stream_from_every_ranks_offsets_keeps_a_shared_local_disk_cache(cached, tmp_path: Path) -> None:
+    """The readers opened to turn every rank's offsets into states were closed, which removed a local-disk cache
+    passed through (Petastorm's cleanup=True default) under the stream's own reader and the other ranks."""
+    location = tmp_path / "node-cache"
+    options = dict(cache_type="local-disk", cache_location=str(location), cache_size_limit=2**30)
+    with cached.stream(shuffle=True, seed=1, shard_rank=1, num_shards=2, **options) as other_rank:
+        _read(other_rank, 50)
+        entries = sorted(location.glob("*.arrow"))
+        assert entries
+        with cached.stream([10, 20], shuffle=True, seed=1, **options) as resumed:
+            _read(resumed, 5)
+            assert set(entries) <= set(location.glob("*.arrow"))
