@@ -128,13 +128,17 @@ def _ints(value: Any) -> Any:
 
 
 def _state_at(reader: Reader, offset: int, rank: int) -> dict[str, Any]:
-    """``reader``'s state after ``offset`` rows of its first epoch (all of them: the epoch's end), read nothing."""
-    with reader:
+    """``reader``'s state after ``offset`` rows of its first epoch (all of them: the epoch's end), read nothing.
+    It is stopped, not closed: closing would remove a local-disk cache the stream's reader and other ranks use."""
+    try:
         rows = reader.num_rows_per_epoch or 0
         if offset > rows:
             raise InvalidArgumentError(f"start_offset {offset} is beyond the {rows} rows of shard "
                                        f"{rank}'s epoch")
         return reader.position_after(offset).state
+    finally:
+        reader.stop()
+        reader.join()
 
 
 def cacheable(url: str | os.PathLike[str], dataset_id: str, version: str | int, *,
@@ -179,10 +183,14 @@ def get_or_build(root: CacheRoot, dataset_id: str, version: str, make: Callable[
     lease_path = root.lease_path(dataset_id, version)
     deadline = time.monotonic() + wait_timeout
     delay = 0.02
+    checked = False
     while True:
         info = root.info(dataset_id, version)
         if info is not None:
             return CachedDataset(root, info)
+        if not checked:  # before anything is written: not when the cache is there already
+            root.check_outside_datasets()
+            checked = True
         lease = try_acquire(root.files, lease_path, interval=heartbeat)
         if lease is not None:
             try:

@@ -15,6 +15,7 @@ builds again over what it left.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -24,10 +25,13 @@ import pyarrow.fs as pafs
 
 from unihub.caching.lease import LeaseFiles, describe, is_stale
 from unihub.errors import CacheError
+from unihub.fs import publish
 from unihub.fs.filesystem import resolve_filesystem
 from unihub.runtime.memory import is_amount
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
+#: the files that mark a folder as a dataset's: caches under one would be read as its files
+_DATASET_MARKERS = frozenset({publish.COMMON_METADATA, "_metadata", publish.VERSIONS_DIR})
 #: the files beside version ``V``'s folder: ``V.json`` (its record) and ``V.lease``
 _SIBLINGS = (".json", ".lease")
 
@@ -174,7 +178,28 @@ class CacheRoot:
             if _exists(self.fs, self.dataset_path(dataset_id, v)):
                 self.fs.delete_dir(self.dataset_path(dataset_id, v))
             self.files.delete(self.lease_path(dataset_id, v))
+        if isinstance(self.fs, pafs.LocalFileSystem):  # the id's folder, once empty (object stores have none)
+            try:
+                os.rmdir(self._path(dataset_id, "").rstrip("/"))
+            except OSError:
+                pass  # other versions, or a build that began meanwhile: kept
         return versions
+
+    def check_outside_datasets(self) -> None:
+        """A :class:`CacheError` where this root is a dataset's folder or lies inside one (a folder holding
+        ``_common_metadata``, ``_metadata`` or ``_unihub_versions``): the caches' files would be read as the
+        dataset's, which would then not open. A folder that cannot be listed counts as none."""
+        path = self.path.rstrip("/")
+        while path:
+            try:
+                found = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            except OSError:
+                found = []
+            if any(posixpath.basename(entry.path) in _DATASET_MARKERS for entry in found):
+                raise CacheError(f"cache root {self.url} is inside the dataset in {path}: the caches' files would be "
+                                 "read as that dataset's, which would then not open; put the caches elsewhere")
+            parent = posixpath.dirname(path)
+            path = "" if parent == path else parent
 
     def _published(self, dataset_id: str, version: str) -> bool:
         """Whether a record is at the version's place; one unihub would not write counts (removing it mends it:

@@ -5,7 +5,8 @@ On disk::
     cache_location/
       3f9a...c1.arrow                  one entry: the stored (encoded) columns of one row group
                                        for one column selection, as an Arrow IPC file
-      .3f9a...c1.<pid>.<random>.tmp    an entry being written, renamed onto its name when complete
+      .3f9a...c1.arrow.<writer>.<random>.tmp  an entry being written (by <writer>: host, pid, start), renamed
+                                       onto its name when complete; removed by others once its writer is gone
       .lock                            serialises commits and eviction between threads and processes
       .3f9a...c1.fetch                 held (``flock``) by the one thread or process reading that row group
                                        from the store; the others wait for it, then read the entry
@@ -50,6 +51,8 @@ import json
 import operator
 import os
 import pickle
+import pickletools
+import re
 import secrets
 import shutil
 import struct
@@ -62,9 +65,12 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from unihub.errors import UnihubError
+from unihub.fs import atomic
 from unihub.readers.cache import CacheBase
+from unihub.runtime import processes
 from unihub.runtime.memory import is_amount
 from unihub.store.dataset import FileInfo, ParquetStore
 
@@ -84,11 +90,17 @@ _COMPRESSIONS = (None, "lz4", "zstd")
 # diskcache settings Petastorm passed through: accepted and unused.
 _IGNORED_SETTINGS = {"disk_pickle_protocol", "statistics", "tag_index", "cull_limit", "timeout"}
 _FETCH_SUFFIX = ".fetch"
+#: the names the cache gives its files: only these are counted, evicted or cleaned up (cache_location may
+#: hold other files, a user's own Arrow files among them)
+_ENTRY_NAME = re.compile(r"[0-9a-f]{40}\.arrow")
+_WORK_NAME = re.compile(r"\.[0-9a-f]{40}(\.arrow\.(?P<writer>[0-9a-f]{8}-[0-9]+-[0-9]+|[0-9]+)\.[0-9a-f]{8}\.tmp|\.fetch)")
 _STATS_DIR = ".stats"
 _FOLDED_STATS = "node.bin"  # the counts of processes that have ended, folded into one file
 DEFAULT_FETCH_WAIT_SECONDS = 120.0
 _KIND_KEY = b"unihub.cache.kind"  # entries of get(key, fill_cache_func): an Arrow table, or a pickled value
 _IGNORED_PREFIXES = ("sqlite_", "disk_")
+#: the files that mark a folder as a dataset's (refuse_inside)
+_DATASET_MARKERS = ("_common_metadata", "_metadata", "_unihub_versions")
 
 
 class CacheConfigError(UnihubError, ValueError):
@@ -131,8 +143,9 @@ class LocalDiskCache(CacheBase):
     in this check), as Petastorm's does unless ``eviction_policy='none'``, which never evicts.
     ``settings``: ``compression`` (None, ``'lz4'``, ``'zstd'``), ``eviction_policy`` and Petastorm's
     ``cleanup`` (True, its default: :meth:`cleanup` -- which a reader calls when its with-block
-    ends -- removes the entries; False keeps them for later readers); Petastorm's other diskcache
-    settings (``sqlite_*``, ...) are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase``
+    ends -- removes the entries; False keeps them for later readers); diskcache's ``size_limit``, which
+    Petastorm passed through, replaces ``size_limit_bytes`` as the bound, and its other settings
+    (``sqlite_*``, ...) are accepted and ignored. :meth:`get` is Petastorm's ``CacheBase``
     contract.
     """
 
@@ -142,6 +155,7 @@ class LocalDiskCache(CacheBase):
                  fetch_wait_seconds: float = DEFAULT_FETCH_WAIT_SECONDS, **settings: Any) -> None:
         self.location = _local_directory(path)
         size_limit = _checked_size_limit(size_limit_bytes, shards, expected_row_size_bytes, eviction_policy)
+        size_limit = _diskcache_size_limit(size_limit, settings, eviction_policy)
         compression = _checked_options(compression, eviction_policy, settings)
         self.size_limit_bytes = size_limit
         self.row_size_estimate = expected_row_size_bytes
@@ -189,8 +203,9 @@ class LocalDiskCache(CacheBase):
     def get(self, key: Any, fill_cache_func: Callable[[], Any]) -> Any:
         """Petastorm's contract: the value cached under ``key``, else ``fill_cache_func()`` cached and
         returned. Arrow tables are stored as they are, other values pickled (the cache directory is
-        this process's own working data: keep it where only you write)."""
-        digest = hashlib.sha256(json.dumps(["value", repr(key)]).encode()).hexdigest()
+        this process's own working data: keep it where only you write). Keys are told apart by their
+        pickle, as diskcache's are (a key that cannot be pickled raises)."""
+        digest = _value_digest(key)
         path = os.path.join(self.location, digest[:40] + _SUFFIX)
         table = self._load(path, digest)
         if table is not None:
@@ -262,6 +277,8 @@ class LocalDiskCache(CacheBase):
             os.makedirs(directory, exist_ok=True)
             self._stats_fd = os.open(os.path.join(directory, f"{self._token}-{os.getpid()}.bin"),
                                      os.O_RDWR | os.O_CREAT, 0o644)
+            # after the counters: who writes them (host, boot and pid namespace, pid, start), for _ended
+            os.pwrite(self._stats_fd, atomic._owner().encode(), _STATS_FORMAT.size)
         except OSError:
             self._stats_fd = -1  # statistics are best effort: reading goes on without them
         return self._stats_fd if self._stats_fd >= 0 else None
@@ -276,7 +293,7 @@ class LocalDiskCache(CacheBase):
     def _fold_ended(self) -> None:
         """Add the counts of processes that have ended (other than this object's copies) to ``node.bin``
         and remove their files, so the directory holds one stats file per live process."""
-        ended = [p for p in self._stats_files() if _ended(os.path.basename(p), self._token)]
+        ended = [p for p in self._stats_files() if _ended(p, self._token)]
         if not ended or fcntl is None:
             return
         folded = os.path.join(self.location, _STATS_DIR, _FOLDED_STATS)
@@ -387,7 +404,8 @@ class LocalDiskCache(CacheBase):
     def _store(self, path: str, digest: str, table: pa.Table) -> None:
         if table.nbytes > self.size_limit_bytes and self.compression is None:
             return
-        temporary = os.path.join(self.location, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        temporary = os.path.join(self.location,  # named by its writer: once that is gone, anyone may remove it
+                                 f".{os.path.basename(path)}.{atomic._owner()}.{secrets.token_hex(4)}.tmp")
         try:
             if any(pa.types.is_dictionary(f.type) for f in table.schema):
                 table = table.unify_dictionaries()
@@ -425,11 +443,11 @@ class LocalDiskCache(CacheBase):
         with os.scandir(self.location) as scan:
             for entry in scan:
                 try:
-                    if entry.name.endswith(_SUFFIX) and not entry.name.startswith("."):
+                    if _ENTRY_NAME.fullmatch(entry.name):
                         stat = entry.stat()
                         yield stat.st_mtime_ns, entry.name, stat.st_size
-                    elif entry.name.endswith((".tmp", _FETCH_SUFFIX)) and \
-                            now - entry.stat().st_mtime > _STALE_TEMP_SECONDS:
+                    elif (work := _WORK_NAME.fullmatch(entry.name)) is not None and \
+                            (now - entry.stat().st_mtime > _STALE_TEMP_SECONDS or _writer_gone(work["writer"])):
                         _remove_quietly(entry.path)  # left by a writer or fetcher that died
                 except FileNotFoundError:
                     continue  # evicted or discarded meanwhile
@@ -473,6 +491,18 @@ def _checked_size_limit(size_limit_bytes: Any, shards: Any, row_size_estimate: i
     return int(size_limit_bytes)
 
 
+def _diskcache_size_limit(size_limit: int, settings: dict[str, Any], eviction_policy: str) -> int:
+    """The bound entries are evicted to: diskcache's ``size_limit`` setting where given (Petastorm passed its settings
+    through, so one replaced ``cache_size_limit`` there; it is taken out of ``settings``), else ``size_limit``. Under
+    ``eviction_policy='none'`` diskcache evicts nothing and Petastorm checked ``cache_size_limit``: it stays."""
+    if "size_limit" not in settings:
+        return size_limit
+    given = settings.pop("size_limit")
+    if not is_amount(given):
+        raise CacheConfigError(f"cache_extra_settings' size_limit must be a positive number of bytes, got {given!r}")
+    return size_limit if eviction_policy == "none" else int(given)
+
+
 def _checked_options(compression: str | None, eviction_policy: Any, settings: dict[str, Any]) -> str | None:
     """The entries' compression (None for ``'none'``/``'uncompressed'``), once it, the eviction policy and
     the other settings are known to be valid (Petastorm's diskcache settings are accepted and ignored)."""
@@ -504,11 +534,30 @@ def _local_directory(location: str | os.PathLike[str] | None) -> str:
     return os.path.abspath(os.path.expanduser(location))
 
 
+def refuse_inside(location: str | os.PathLike[str] | None, store: ParquetStore) -> None:
+    """A :class:`CacheConfigError` where ``location`` is a dataset's folder or lies inside one: ``store``'s (a local
+    directory), or any folder up its path holding ``_common_metadata``, ``_metadata`` or ``_unihub_versions``. The
+    entries would become files of that dataset, which would no longer open (``*.arrow`` files are not Parquet)."""
+    if location is None:
+        return
+    cache = folder = os.path.realpath(_local_directory(location))
+    local = isinstance(store.filesystem, pafs.LocalFileSystem) and os.path.isdir(store.path)
+    dataset = os.path.realpath(store.path) if local else None
+    while True:
+        if folder == dataset or any(os.path.exists(os.path.join(folder, name)) for name in _DATASET_MARKERS):
+            raise CacheConfigError(f"cache_location {cache} is inside the dataset in {folder}: its entries would "
+                                   "become files of that dataset, which would then not open; give the cache a folder "
+                                   "outside it")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
+
+
 def _is_own_file(name: str) -> bool:
     """Whether a name in the cache directory is the cache's: an entry, a temporary file, a fetch lock,
     the lock or the statistics."""
-    return (name.endswith(_SUFFIX) and not name.startswith(".")) or \
-        (name.startswith(".") and name.endswith((".tmp", _FETCH_SUFFIX))) or name in (".lock", _STATS_DIR)
+    return bool(_ENTRY_NAME.fullmatch(name) or _WORK_NAME.fullmatch(name)) or name in (".lock", _STATS_DIR)
 
 
 def _checked_wait(seconds: Any) -> float:
@@ -517,10 +566,19 @@ def _checked_wait(seconds: Any) -> float:
     return float(seconds)
 
 
+def _value_digest(key: Any) -> str:
+    """The digest of a :meth:`LocalDiskCache.get` key: of its pickle, not its ``repr``, which two keys may share
+    (numpy elides the middle of a long array, a class may show no state)."""
+    return hashlib.sha256(b"value\0" + pickletools.optimize(pickle.dumps(key, protocol=4))).hexdigest()
+
+
 def _value_of(table: pa.Table) -> Any:
-    """What :meth:`LocalDiskCache.get` stored: the table, or the pickled value in it."""
-    kind = (table.schema.metadata or {}).get(_KIND_KEY)
-    return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else table
+    """What :meth:`LocalDiskCache.get` stored: the table (with its own metadata, without the cache's mark), or the
+    pickled value in it."""
+    metadata = dict(table.schema.metadata or {})
+    kind = metadata.pop(_KIND_KEY, None)
+    return pickle.loads(table.column(0)[0].as_py()) if kind == b"pickle" else \
+        table.replace_schema_metadata(metadata or None)
 
 
 def _sum_stats(paths: Iterable[str]) -> dict[str, int]:
@@ -538,18 +596,35 @@ def _sum_stats(paths: Iterable[str]) -> dict[str, int]:
     return totals
 
 
-def _ended(name: str, token: str) -> bool:
-    """Whether the stats file ``name`` (``<token>-<pid>.bin``) is of another object's process that has ended."""
-    owner, _, pid = name[:-len(".bin")].partition("-")
+def _ended(path: str, token: str) -> bool:
+    """Whether the stats file at ``path`` (``<token>-<pid>.bin``) is of another object's process that has ended.
+
+    The process is the one the file names after its counters (``<where>-<pid>-<start>``): one in another pid
+    namespace (a container sharing the directory) or on another host cannot be asked and is taken as alive, and
+    a pid reused since is another process. A file without that name (an older unihub's) goes by its pid."""
+    owner, _, pid = os.path.basename(path)[:-len(".bin")].partition("-")
     if owner == token or not pid.isdigit():
         return False
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
+        with open(path, "rb") as handle:
+            handle.seek(_STATS_FORMAT.size)
+            named = handle.read(100).decode("ascii", "replace")
     except OSError:
-        return False  # alive, someone else's
-    return False
+        return False
+    where, _, rest = named.partition("-")
+    number, _, start = rest.partition("-")
+    if number == pid and start.isdigit():
+        return not atomic.owner_alive(where, int(pid), int(start))
+    return not processes.is_running(int(pid))
+
+
+def _writer_gone(writer: str | None) -> bool:
+    """Whether the process that named a temporary file (``<where>-<pid>-<start>``) is known to have ended: one
+    killed in the middle of writing an entry, whose file is then removed at once rather than after an hour."""
+    if writer is None or writer.isdigit():  # a fetch marker, or an older unihub's name: by age alone
+        return False
+    where, pid, start = writer.split("-")
+    return not atomic.owner_alive(where, int(pid), int(start))
 
 
 def _touch(path: str) -> None:

@@ -1271,13 +1271,20 @@ def _choose_memory_pool() -> None:
 
 
 def make_cache(cache_type: str | None, cache_location: str | None = None, cache_size_limit: int | None = None,
-               cache_row_size_estimate: int | None = None, cache_extra_settings: dict[str, Any] | None = None) -> Cache | None:
-    """The cache for Petastorm's ``cache_*`` arguments (None for no cache)."""
+               cache_row_size_estimate: int | None = None, cache_extra_settings: dict[str, Any] | None = None,
+               store: ParquetStore | None = None) -> Cache | None:
+    """The cache for Petastorm's ``cache_*`` arguments (None for no cache); a local-disk cache inside the folder of
+    ``store`` (the dataset it will cache) is refused before anything is written there."""
     if cache_type in (None, "null", "none"):
         return None
     if cache_type == "local-disk":
-        from unihub.readers.local_disk_cache import LocalDiskCache  # start-up cost: 4 ms, this cache only
+        from unihub.readers.local_disk_cache import (  # start-up cost: 4 ms, this cache only
+            LocalDiskCache,
+            refuse_inside,
+        )
 
+        if store is not None:
+            refuse_inside(cache_location, store)
         return LocalDiskCache(cache_location, cache_size_limit, cache_row_size_estimate, **(cache_extra_settings or {}))
     raise UnsupportedFormatError(f"Unknown cache_type: {cache_type!r}; valid: 'null', 'local-disk'")  # Petastorm's
 
@@ -1332,7 +1339,7 @@ def _make(dataset_url: Any, *, batched: bool, schema_fields: Any = None, reader_
     _check_ngram_cuts(ngram, shuffle_row_drop_partitions, shard_by, shard_count)
     store.require_fields({f.name for f in fields} | (predicate_fields(predicate) if predicate is not None else set()))
     cache = make_cache(cache_type, cache_location, cache_size_limit, ignored.get("cache_row_size_estimate"),
-                       cache_extra_settings)
+                       cache_extra_settings, store)
     return Reader(store, fields=fields, batched=batched, ngram=ngram, predicate=predicate, filters=filters,
                   transform_spec=transform_spec, shuffle_row_groups=shuffle_row_groups, shuffle_rows=shuffle_rows,
                   shuffle_row_drop_partitions=shuffle_row_drop_partitions, seed=seed, num_epochs=num_epochs,

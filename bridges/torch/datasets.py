@@ -22,6 +22,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -317,12 +318,12 @@ def _build_iterable_dataset(torch: Any) -> type:
                 if run.before >= reader.store.num_rows:
                     # the old ranks delivered every row of their epoch (or with 'drop' each its whole share, saved
                     # before it saw its end): the next one, as a fresh run's
-                    with reader:
+                    with _one_epoch(reader):
                         pass
                     epoch, resume, self.epoch = epoch + 1, None, epoch + 2
                     run = self._run = _Run(epoch, self.seed, shard, 0, 0)
                     reader = self._open(epoch, shard, None)
-            with reader:
+            with _one_epoch(reader):
                 limit = _share_left(reader, run, resume, self.shard_remainder)
                 skip = int(reader_of(own).get("skip", 0)) if own is not None else 0
                 try:
@@ -585,3 +586,15 @@ def __getattr__(name: str) -> Any:
     cls = builder(load_torch())
     globals()[name] = cls
     return cls
+
+
+@contextmanager
+def _one_epoch(reader: Reader) -> Iterator[Reader]:
+    """``reader``, stopped and joined when its epoch ends, its local-disk cache kept: the dataset opens a reader per
+    epoch, and ``cache_type='local-disk'`` is for the next one (as ``make_tf_dataset``'s readers keep it; a reader's
+    with-block would remove it unless ``cleanup=False``, so every epoch read the store again)."""
+    try:
+        yield reader
+    finally:
+        reader.stop()
+        reader.join()

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from unihub import cacheable, make_reader
+from unihub import ScalarCodec, Unischema, UnischemaField, cacheable, make_reader, write_dataset
 from unihub.caching import list_caches, remove_cache
 from unihub.cli import main
 from unihub.errors import CacheError, InvalidArgumentError
@@ -183,7 +184,7 @@ def test_cli_cache_list_rm_and_inspect(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["cache", "rm", str(tmp_path), "cli", "9"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [f"unihub: error: no cache 'cli' version '9' under {tmp_path}"]
     assert main(["cache", "rm", str(tmp_path), "cli"]) == 0
-    assert os.listdir(tmp_path / "cli") == []
+    assert not (tmp_path / "cli").exists()  # the id's folder too, once no version is left in it
     with pytest.raises(CacheError, match="no cache 'cli'"):
         remove_cache(tmp_path, "cli")
 
@@ -302,3 +303,34 @@ def test_stream_takes_numpy_integers_as_ints(cached) -> None:
     assert _ids(cached.stream(np.int64(7), shard_rank=np.int32(1), num_shards=np.int64(3), **args)) == expected
     assert _ids(cached.stream([np.int64(5), 9], shard_rank=1, num_shards=3, **args)) == \
         _ids(cached.stream([5, 9], shard_rank=1, num_shards=3, **args))
+
+
+@pytest.mark.parametrize("inside", ["", "sub/caches"])
+def test_a_cache_root_inside_a_dataset_is_refused_before_anything_is_written(tmp_path: Path, inside: str) -> None:
+    """A cache root that is a dataset's folder, or lies inside one: the cache's parts and records became files of
+    that dataset, which then did not open (FormatError on the record's .json)."""
+    dataset = tmp_path / "ds"
+    write_dataset(dataset, Unischema("d", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)]),
+                  ({"id": i} for i in range(5)))
+    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+    root = dataset / inside if inside else dataset
+    with pytest.raises(CacheError, match=f"cache root {root} is inside the dataset in {dataset}"):
+        cacheable(root, dataset_id="c", version="1")(lambda: _rows(5))()
+    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before
+    with make_reader(dataset) as reader:
+        assert sorted(int(r.id) for r in reader) == list(range(5))
+    assert len(cacheable(tmp_path / "caches", dataset_id="c", version="1")(lambda: _rows(5))()) == 5
+
+
+def test_stream_from_every_ranks_offsets_keeps_a_shared_local_disk_cache(cached, tmp_path: Path) -> None:
+    """The readers opened to turn every rank's offsets into states were closed, which removed a local-disk cache
+    passed through (Petastorm's cleanup=True default) under the stream's own reader and the other ranks."""
+    location = tmp_path / "node-cache"
+    options = dict(cache_type="local-disk", cache_location=str(location), cache_size_limit=2**30)
+    with cached.stream(shuffle=True, seed=1, shard_rank=1, num_shards=2, **options) as other_rank:
+        _read(other_rank, 50)
+        entries = sorted(location.glob("*.arrow"))
+        assert entries
+        with cached.stream([10, 20], shuffle=True, seed=1, **options) as resumed:
+            _read(resumed, 5)
+            assert set(entries) <= set(location.glob("*.arrow"))

@@ -256,6 +256,29 @@ def test_entry_larger_than_the_limit_is_not_stored(dataset, tmp_path, store_read
     assert entries(tmp_path / "cache") == []
 
 
+def test_files_not_the_caches_are_neither_counted_nor_evicted_nor_cleaned_up(dataset, tmp_path):
+    """A cache_location that holds other files (a user's own Arrow file, an old ``.tmp``): eviction, the
+    stale-file sweep and cleanup() keep to the names the cache gives its own files."""
+    location = tmp_path / "cache"
+    location.mkdir()
+    mine = location / "mydata.arrow"
+    with pa.OSFile(str(mine), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("a", pa.int64())])) as writer:
+        writer.write_table(pa.table({"a": np.arange(50_000)}))
+    notes = location / "notes.tmp"
+    notes.write_text("mine")
+    for path in (mine, notes):
+        os.utime(path, (1, 1))  # older than anything the cache writes, and than its stale-file age
+    cache = LocalDiskCache(location, mine.stat().st_size // 2)
+    store = open_dataset(dataset)
+    for group in range(3):
+        cache.get_row_group(store, group, ["id", "vec"])
+    assert mine.exists() and notes.exists()
+    assert cache.stats.evictions == 0 and len(entries(location)) == 4
+    assert cache.node_stats()["entries"] == 3 and cache.volume() < mine.stat().st_size
+    cache.cleanup()
+    assert sorted(p.name for p in location.iterdir()) == ["mydata.arrow", "notes.tmp"]
+
+
 # -- damaged entries --------------------------------------------------------------------------------
 def test_corrupt_or_partial_entries_are_read_again(dataset, tmp_path, store_reads):
     location = tmp_path / "cache"
@@ -448,8 +471,57 @@ def test_petastorms_cache_contract(dataset, tmp_path):
     for _ in range(2):
         got = cache.get(("key", 1), lambda: calls.append(1) or value)
         assert got["b"] == "text" and got["a"].tolist() == [0, 1, 2]
-    table = pa.table({"x": [1, 2]})
-    assert cache.get("t", lambda: table).equals(table) and cache.get("t", lambda: None).equals(table)
+    table = pa.table({"x": [1, 2]}).replace_schema_metadata({"mine": "kept"})
+    assert cache.get("t", lambda: table).equals(table, check_metadata=True)
+    assert cache.get("t", lambda: None).equals(table, check_metadata=True)  # a hit: the cache's mark taken off
     assert calls == [1] and cache.stats.hits == 2
     cache.cleanup()
     assert not (tmp_path / "g").exists()
+
+
+def test_get_tells_apart_keys_whose_repr_is_the_same(tmp_path):
+    """Keys that print alike are other keys (diskcache, under Petastorm's cache, compares their pickles): a long
+    numpy array whose middle differs, an object whose repr shows no state."""
+    cache = LocalDiskCache(tmp_path / "g", 64 * MB)
+    first = np.arange(2000)
+    second = first.copy()
+    second[1000] = -1
+    assert repr(first) == repr(second)
+    assert cache.get(("ids", first), lambda: "first") == "first"
+    assert cache.get(("ids", second), lambda: "second") == "second"
+    assert cache.get(("ids", first.copy()), lambda: "again") == "first"
+    assert [cache.get(key, lambda key=key: repr(key)) for key in (1, 1.0, True, "1", b"1")] == \
+        ["1", "1.0", "True", "'1'", "b'1'"]
+
+
+def test_diskcache_size_limit_setting_is_the_bound_as_in_petastorm(dataset, tmp_path):
+    """Petastorm passed cache_extra_settings through to diskcache, whose ``size_limit`` then replaced
+    cache_size_limit (under eviction_policy='none' Petastorm kept checking cache_size_limit); it was refused
+    as an unknown setting."""
+    store = open_dataset(dataset)
+    probe = LocalDiskCache(tmp_path / "probe", 64 * MB)
+    probe.get_row_group(store, 0, ["id", "vec"])
+    limit = int(probe.volume() * 2.5)
+    reader = make_reader(dataset, **cache_args(tmp_path / "cache", 64 * MB, size_limit=limit))
+    assert len(rows_by_id(reader)) == N and 0 < directory_bytes(tmp_path / "cache") <= limit
+    assert LocalDiskCache(tmp_path / "none", MB, size_limit=10, eviction_policy="none").size_limit_bytes == MB
+    with pytest.raises(CacheConfigError, match="cache_extra_settings' size_limit must be a positive number"):
+        LocalDiskCache(tmp_path / "bad", MB, size_limit=-1)
+
+
+@pytest.mark.parametrize("inside", ["", "sub/cache", "other"])
+def test_a_cache_location_inside_a_dataset_is_refused_before_anything_is_written(tmp_path, inside):
+    """cache_location set to the dataset's folder (or one inside it, or inside another dataset) wrote the entries
+    among its parts: the reader read on, and the dataset no longer opened (FormatError: an .arrow entry is not a
+    Parquet file)."""
+    dataset = write(tmp_path / "ds", n=20)
+    other = write(tmp_path / "other", n=5)
+    parts = sorted(p.name for p in dataset.iterdir())
+    location = other / "cache" if inside == "other" else dataset / inside if inside else dataset
+    inside_of = other if inside == "other" else dataset
+    with pytest.raises(CacheConfigError, match=f"cache_location {location} is inside the dataset in {inside_of}: "):
+        make_reader(f"file://{dataset}/", **cache_args(location))
+    assert sorted(p.name for p in dataset.iterdir()) == parts and not (other / "cache").exists()
+    assert len(rows_by_id(make_reader(dataset))) == 20 and len(rows_by_id(make_reader(other))) == 5
+    beside = rows_by_id(make_reader(dataset, **cache_args(tmp_path / "ds-cache")))  # beside it: fine
+    assert_rows_equal(beside, rows_by_id(make_reader(dataset)))

@@ -504,6 +504,25 @@ def test_iterable_dataset_rows_exactly_once(url, workers, pin):
     assert first != second  # each epoch is shuffled with (seed, epoch)
 
 
+def test_iterable_dataset_keeps_its_local_disk_cache_for_the_next_epoch(url, tmp_path, monkeypatch):
+    """The dataset opens a reader per epoch; its with-block removed the cache (Petastorm's cleanup=True) at each
+    epoch's end, so every epoch read every row group from the store again."""
+    reads = []
+    real = reader_module.ParquetStore.read_row_group
+    monkeypatch.setattr(reader_module.ParquetStore, "read_row_group",
+                        lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    cache = tmp_path / "cache"
+    ds = tp.TorchIterableDataset(url, seed=4, reader_pool_type="dummy", schema_fields=["id", "vec"],
+                                 cache_type="local-disk", cache_location=str(cache), cache_size_limit=2**30)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8)
+    first = epoch_ids(loader)
+    fetched = len(reads)
+    second = epoch_ids(loader)
+    assert sorted(first) == sorted(second) == list(range(N)) and first != second
+    assert fetched == len(open_dataset(url).row_groups) and len(reads) == fetched  # the second epoch: all hits
+    assert cache.is_dir()
+
+
 def test_iterable_dataset_batches_with_workers(url):
     ds = tp.TorchIterableDataset(url, batch_size=5, seed=4, reader_pool_type="dummy", variable="pad")
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
