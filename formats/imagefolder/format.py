@@ -149,6 +149,8 @@ class _Probe:
     size: tuple[int, int, int] | None = None
     depth: int = 8
     reason: str = ""
+    #: the bytes probed end inside a PNG's chunks before IDAT: a tRNS chunk (an alpha channel) may lie beyond
+    partial: bool = False
 
 
 @register_format("imagefolder", aliases=("images", "folder"))
@@ -557,7 +559,9 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_b
         try:
             head = fsrc.read_regular(full, _HEAD_BYTES)
             probe = _probe(head, entry.path, complete=False)
-            if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
+            if (probe.kind == "bad" or probe.partial) and len(head) == _HEAD_BYTES:
+                # headers longer than the head: a JPEG's frame, or a PNG's tRNS after large metadata chunks
+                # (XMP, an ICC profile), which decides its channels, is only in the whole file
                 probe = _probe(fsrc.read_regular(full, max_bytes=max_bytes), entry.path, complete=False)
         except fsrc.NotReadable:
             continue
@@ -700,6 +704,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
     known = _last_header
     if known is not None and all(data.startswith(part, a) for (a, _), part in zip(known[0], known[1])):
         _, _, fmt, size, depth, sos = known
+        partial = False
     else:
         detected = images.detect_format(data)
         if detected is None:
@@ -717,6 +722,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
         size = found
         depth = data[24] if fmt == "png" else 8
         sos = jpeg_scan_start(data) if fmt == "jpeg" else None
+        partial = fmt == "png" and spans is None  # the walk reached the end before IDAT
         if fmt == "jpeg":  # the scan start's walk reads on from the frame header, through the SOS marker
             spans = None if sos is None else ((0, sos + 2),)
         if spans is not None:
@@ -728,7 +734,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
             images.decode_image(data)
         except images.ImageDecodeError as exc:
             return _Probe("bad", reason=str(exc))
-    return _Probe("image", fmt, size, 16 if depth == 16 else 8)
+    return _Probe("image", fmt, size, 16 if depth == 16 else 8, partial=partial)
 
 
 def _has_end(data: bytes, fmt: str, sos: int | None) -> bool:

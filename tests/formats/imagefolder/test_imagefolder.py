@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +147,25 @@ def test_sixteen_bit_png(tmp_path: Path) -> None:
     put(tmp_path, "b.png", encode_image(gray(3, 4), "png"))
     with pytest.raises(FormatError, match="16-bit"):
         ImageFolderFormat(tmp_path).infer_schema()
+
+
+def test_transparency_after_large_metadata_is_seen(tmp_path: Path) -> None:
+    """A palette PNG's tRNS chunk (an alpha channel) after 70 KB of text before it (XMP, an ICC profile) lay
+    past the 64 KiB head the schema is inferred from: the schema said 3 channels, the image decodes to 4, and
+    converting to another format refused every such image as not fitting (or skipped them all)."""
+    from unihub.converters.convert import convert
+
+    image = PIL.fromarray(gray(5, 6) % 4).convert("P")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", transparency=0)
+    text = b"tEXt" + b"Comment\0" + b"x" * 70_000
+    big = struct.pack(">I", len(text) - 4) + text + struct.pack(">I", zlib.crc32(text))
+    data = buffer.getvalue()[:33] + big + buffer.getvalue()[33:]  # right after IHDR
+    assert decode_image(data).shape == (5, 6, 4)
+    put(tmp_path / "src", "cat/a.png", data)
+    put(tmp_path / "src", "dog/b.png", data)
+    assert ImageFolderFormat(tmp_path / "src").infer_schema().image.shape == (5, 6, 4)
+    assert convert(tmp_path / "src", tmp_path / "wds", to_format="webdataset").rows == 2
 
 
 def test_mixed_bit_depths_name_an_image_of_each(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
