@@ -304,7 +304,7 @@ class ImageFolderFormat(ForeignFormat):
             for depth, path in part[2].items():
                 depths.setdefault(depth, path)
         if not formats:
-            raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
+            raise FormatError(f"{self.root}: no PNG or JPEG images found{self._outside_hint()}", path=self.root)
         if len(depths) > 1:
             examples = ", ".join(f"{depth}-bit: {path}" for depth, path in sorted(depths.items()))
             raise FormatError(f"{self.root}: mixes 8-bit and 16-bit PNG images ({examples}), which one field "
@@ -316,6 +316,16 @@ class ImageFolderFormat(ForeignFormat):
             fields.append(UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False))
         fields.append(UnischemaField("path", np.str_, (), ScalarCodec(pa.string()), False))
         return Unischema("ImageFolder", fields)
+
+    def _outside_hint(self) -> str:
+        """Where the images went when a class layout found none: the files lying directly in the root (a
+        subfolder, even an empty one, makes the root a class layout, which leaves them out)."""
+        listing = self._listing
+        if listing.classes is None or not listing.outside:
+            return ""
+        return (f" in its class folders {_shown(listing.classes)}; the {len(listing.outside)} file(s) directly in "
+                f"it ({_shown(listing.outside)}) belong to no class and are left out: move them into class "
+                "folders, or the subfolders out of the root for the flat layout")
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:

@@ -168,6 +168,17 @@ def test_transparency_after_large_metadata_is_seen(tmp_path: Path) -> None:
     assert convert(tmp_path / "src", tmp_path / "wds", to_format="webdataset").rows == 2
 
 
+def test_images_outside_the_class_folders_are_named_when_none_are_inside(tmp_path: Path) -> None:
+    """A flat folder with one stray subfolder (empty, here) is a class layout: its images lie outside the class
+    folders and are left out. The error said only "no PNG or JPEG images found", next to three of them."""
+    for i in range(3):
+        put(tmp_path, f"{i}.png", encode_image(rgb(seed=i), "png"))
+    (tmp_path / "thumbs").mkdir()
+    with pytest.raises(FormatError, match=r"no PNG or JPEG images found in its class folders \['thumbs'\]; the 3 "
+                                          r"file\(s\) directly in it \(\['0.png', '1.png', '2.png'\]\) belong to no class"):
+        ImageFolderFormat(tmp_path).infer_schema()
+
+
 def test_mixed_bit_depths_name_an_image_of_each(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The refusal names files, so a user can find the odd ones out (PIL writes both, as a user's tools would)."""
     from PIL import Image
