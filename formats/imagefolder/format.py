@@ -68,6 +68,7 @@ writing the same bytes (see there).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import warnings
@@ -182,8 +183,8 @@ class ImageFolderFormat(ForeignFormat):
         "verify": FormatOption("decode every image while reading, to catch corrupt pixel data (slower)", parse_bool),
         "follow_links": FormatOption("follow symbolic links out of the folder and into folders (loops are "
                                      "still not followed); the CLI's --follow-links", parse_bool),
-        "max_file_mb": FormatOption("the largest file read, in MiB (default 256; larger ones are refused "
-                                    "before reading)", float),
+        "max_file_mb": FormatOption("the largest file read, in MiB (default 256, inf for no limit; larger ones "
+                                    "are refused before reading)", float),
     }
     WRITE_OPTIONS = {
         "image_field": FormatOption("the field written as the image files (default: the only image field)"),
@@ -258,13 +259,16 @@ class ImageFolderFormat(ForeignFormat):
 
     @property
     def max_file_bytes(self) -> int | None:
-        """The largest file read: the ``max_file_mb`` option, else :data:`images.MAX_IMAGE_FILE_BYTES`."""
+        """The largest file read: the ``max_file_mb`` option (``inf``: no limit), else
+        :data:`images.MAX_IMAGE_FILE_BYTES`."""
         mb = self.options.get("max_file_mb")
         if mb is None:
             return images.MAX_IMAGE_FILE_BYTES
         if not mb > 0:
             raise SchemaError(f"max_file_mb must be a positive number of MiB, got {mb!r}")
-        return int(float(mb) * 2**20)
+        # inf: no limit, as None is for MAX_IMAGE_FILE_BYTES (int() of it raised OverflowError); a fraction of a
+        # byte rounds up, never to a limit of 0 bytes that refuses every file
+        return None if math.isinf(float(mb)) else math.ceil(float(mb) * 2**20)
 
     def metadata(self) -> dict[str, Any]:
         """``{"classes": [...]}`` for the class layout (label ``i`` is ``classes[i]``); ``{}`` when flat."""
