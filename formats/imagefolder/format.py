@@ -818,6 +818,10 @@ def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
 def _write_tree(outputs: Outputs, image: UnischemaField, label: str | None, path: str | None,
                 classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
     """The class folders (empty ones too) and every row's file under ``outputs``; their full paths."""
+    repeated = sorted(name for name, count in Counter(classes or ()).items() if count > 1)
+    if repeated:  # two labels into one folder: re-ingested, they would be one class
+        raise FormatError(f"classes name the folder(s) {repeated} for more than one label; each label needs "
+                          "its own class folder")
     outputs.makedirs()
     for name in classes or ():
         outputs.makedirs(_safe_component(name, "class name"))

@@ -363,6 +363,18 @@ def test_write_is_atomic_and_refuses_bad_input(tmp_path: Path) -> None:
         ImageFolderFormat.write(tmp_path / "t", two, [])
 
 
+def test_write_refuses_a_class_name_given_twice(tmp_path: Path) -> None:
+    """``classes=cat,cat,dog`` wrote labels 0 and 1 into one folder ``cat/``: read back, they were one class."""
+    schema = Unischema("L", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("label", np.int64)])
+    rows = [{"image": [encode_image(rgb(seed=i), "png") for i in range(3)], "label": [0, 1, 2]}]
+    with pytest.raises(FormatError, match=r"classes name the folder\(s\) \['cat'\] for more than one label"):
+        ImageFolderFormat.write(tmp_path / "out", schema, rows, classes=["cat", "cat", "dog"])
+    assert os.listdir(tmp_path) == []
+    ImageFolderFormat.write(tmp_path / "out", schema, rows, classes=["cat", "cow", "dog"])
+    assert sorted(os.listdir(tmp_path / "out")) == ["cat", "cow", "dog"]
+
+
 def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) -> None:
     from unihub import make_batch_reader, make_reader, write_dataset
 
