@@ -50,7 +50,8 @@ is a JPEG), and kept as the bytes on disk, never re-encoded. Only PNG and JPEG a
   :class:`~unihub.errors.FormatError` naming the file, or with ``on_error='skip'`` is skipped
   and recorded. ``validate_images='none'`` checks only that a file is a PNG/JPEG.
 
-Schema inference reads only the headers (the first 64 KiB of each file):
+Schema inference reads only the headers (the first 64 KiB of each file; the whole file where its header runs
+past them: a JPEG frame, or a PNG's tRNS, after large metadata):
 
 - the ``image`` codec is ``CompressedImageCodec`` of the majority format (PNG on a tie).
   A folder mixing PNG and JPEG keeps every file's own bytes; the decoders sniff the format
