@@ -12,8 +12,10 @@ On disk, one root directory in one of two layouts::
     class layout                 flat layout
 
 - **Class layout** (the root has subdirectories): the classes are the sorted names of the
-  root's subdirectories, exactly as torchvision's ``find_classes`` lists them (empty ones
-  included, so label indices agree); each class folder is read recursively. Files lying
+  root's subdirectories, as torchvision's ``find_classes`` lists them (empty ones included, so
+  label indices agree), but for hidden ones and links to folders not followed, which torchvision
+  counts as classes (a ``.ipynb_checkpoints/`` in the root is torchvision's class 0 and shifts
+  its other labels by one); each class folder is read recursively. Files lying
   directly in the root belong to no class: they are left out with a warning and listed in
   :attr:`~unihub.formats.base.ForeignFormat.report`. Fields: ``image``, ``label``
   (int64, the index into ``metadata()["classes"]``) and ``path``.
