@@ -504,6 +504,29 @@ def test_verify_names_a_file_out_of_place_by_its_path(tmp_path: Path) -> None:
     assert report.differences[0] == "record 1 (dog/b.png), field 'path': expected 'dog/b.png', found 'cat/b.png'"
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_image_skipped_as_corrupt_is_appended_once_repaired(tmp_path: Path, workers: int) -> None:
+    """``convert --append --skip-corrupt`` recorded a corrupt image it skipped as converted: once repaired,
+    every later append failed with SourceChangedError ("their rows in the dataset are the old contents",
+    of a file that had none). A file that is no image stays recorded: appends do not read it again."""
+    from unihub.converters.convert import convert
+    from unihub.store.dataset import open_dataset
+
+    src, dst = tmp_path / "src", tmp_path / "ds"
+    put(src, "cat/a.png", encode_image(rgb(seed=1), "png"))
+    repaired = encode_image(rgb(seed=2), "png")
+    put(src, "cat/b.png", repaired[:40])
+    put(src, "cat/notes.txt", b"not an image")
+    first = convert(src, dst, append=True, on_error="skip", workers=workers)
+    assert first.rows == 1 and sorted(os.path.basename(s.path) for s in first.skipped) == ["b.png", "notes.txt"]
+    put(src, "cat/b.png", repaired)
+    assert convert(src, dst, append=True, workers=workers).rows == 1
+    store = open_dataset(dst)
+    paths = [p for i in range(len(store.row_groups)) for p in store.read_row_group(i).column("path").to_pylist()]
+    assert paths == ["cat/a.png", "cat/b.png"]
+    assert convert(src, dst, append=True).rows == 0  # nothing new: notes.txt was recorded
+
+
 def test_a_file_name_that_is_not_utf8_is_a_format_error(tmp_path: Path) -> None:
     """A name of other bytes (listed as ``'bad\\udcff.png'``) reached the Parquet writer as the path and
     ended the CLI in a UnicodeEncodeError traceback; now it is refused naming the file, or skipped."""
