@@ -93,9 +93,14 @@ def ingest(source: ForeignFormat, dst: str, *, schema: Unischema | None, engine:
 def _committer(append: bool, tag: str | None, sources: Sequence[versions.SourceFile]) -> Callable[..., Any]:
     """How a run puts its staging area in place: replacing the target, or as its next version."""
     if not append:
-        return lambda fs, staging, target, rows: publish.commit(fs, staging, target)
-    return lambda fs, staging, target, rows: versions.commit_append(fs, staging, target, tag=tag, sources=sources,
-                                                                      added_rows=rows)
+        return lambda fs, staging, target, rows, unread: publish.commit(fs, staging, target)
+
+    def commit(fs: Any, staging: str, target: str, rows: int, unread: set[str]) -> Any:
+        # a file skipped whole as bad gave no rows: not recorded as converted (see tasks.unread_files)
+        kept = [s for s in sources if s.path not in unread]
+        return versions.commit_append(fs, staging, target, tag=tag, sources=kept, added_rows=rows)
+
+    return commit
 
 
 def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: str, target: str, plan: TaskPlan,
@@ -133,7 +138,8 @@ def _run(runner: Engine, source: ForeignFormat, files: list[str], fs: Any, dst: 
         extra = {**extra, **skipped_metadata(skipped)}
         finish_parts(fs, staging, schema, extra_metadata=extra, empty=not parts,
                      empty_part=part_name(0).format(0), restamp=parts if changed else ())
-        commit(fs, staging, target, rows)  # an old target is moved aside, and back if this fails
+        # an old target is moved aside, and back if this fails
+        commit(fs, staging, target, rows, {path for r in results for path in r.unread})
     except BaseException:
         fsutil.discard(fs, staging)  # the last step: open uploads aborted, then the staging area removed
         raise

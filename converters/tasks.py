@@ -41,6 +41,7 @@ class TaskResult:
     observed: Any
     parts: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # files passed over (ReadReport.left_out)
+    unread: list[str] = field(default_factory=list)  # files skipped whole as bad (:func:`unread_files`)
 
 
 @dataclass
@@ -97,6 +98,16 @@ def driver_skips(source: ForeignFormat) -> list[SkippedRecord]:
     return []
 
 
+def unread_files(source: ForeignFormat) -> list[str]:
+    """The files a read skipped whole as bad (an image folder's corrupt images, ``on_error='skip'``), not those
+    it left out as no images: they gave no rows, so ``convert --append`` does not record them as converted
+    (once repaired, the next append converts them; recorded, their new contents read as changed)."""
+    if not isinstance(source, ImageFolderFormat):
+        return []
+    passed_over = {os.path.join(source.root, rel) for rel in source.report.left_out}
+    return [absolute(s.path) for s in source.report.skipped if s.location == "file" and s.path not in passed_over]
+
+
 def warn_left_out(source: ForeignFormat, results: Sequence[TaskResult]) -> None:
     """One warning for the files the whole conversion left out (its tasks' reads say nothing: a forked worker
     each said its own, and the driver's files outside the class folders were said by none)."""
@@ -147,7 +158,7 @@ def run_task(plan: TaskPlan, index: int, files: list[str], *, source: ForeignFor
             getattr(batches, "close", lambda: None)()  # a failed write stops a read-ahead now
     parts = [p.rsplit("/", 1)[-1] for p in result.files]
     return TaskResult(result.num_rows, [(s.path, s.location, s.reason) for s in source.report.skipped],
-                      source.report.observed, parts, list(source.report.left_out))
+                      source.report.observed, parts, list(source.report.left_out), unread_files(source))
 
 
 def remove_attempt(fs: Any, staging: str, index: int) -> None:

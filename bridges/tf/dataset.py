@@ -171,7 +171,7 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     ``batch_size=None`` keeps the reader's own batches (rows for a row reader); variable-shape
     fields are ``tf.RaggedTensor`` in batches; a nullable field's ``<field>_is_present`` mask
     follows the fields (see the module docstring). From a URL with a known row count (no predicate or
-    filters, finite ``num_epochs``) the dataset's cardinality is set. ``prefetch`` is a buffer size
+    filters, finite ``num_epochs``, no ``on_decode_error='skip'``) the dataset's cardinality is set. ``prefetch`` is a buffer size
     (``AUTOTUNE`` = ``tf.data.AUTOTUNE``; 0 or None: no prefetch).
     """
     _check_options(batch_size, shuffle_buffer, structure)
@@ -213,7 +213,9 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     dataset = _dataset(source, plans, row_type if structure == "namedtuple" else None, failures,
                        unbatch=batch_size is None and not batched,
                        rebatch=(batch_size, drop_remainder) if in_graph and batch_size else None)
-    if batch_size and rows_per_epoch is not None and epochs is not None:
+    # with on_decode_error='skip' a row whose image fails to decode is dropped: the count is not known
+    if batch_size and rows_per_epoch is not None and epochs is not None and \
+            reader_kwargs.get("on_decode_error", "raise") == "raise":
         dataset = _with_cardinality(dataset, rows_per_epoch * epochs, batch_size, drop_remainder)
     if prefetch:
         dataset = dataset.prefetch(prefetch)

@@ -12,8 +12,10 @@ On disk, one root directory in one of two layouts::
     class layout                 flat layout
 
 - **Class layout** (the root has subdirectories): the classes are the sorted names of the
-  root's subdirectories, exactly as torchvision's ``find_classes`` lists them (empty ones
-  included, so label indices agree); each class folder is read recursively. Files lying
+  root's subdirectories, as torchvision's ``find_classes`` lists them (empty ones included, so
+  label indices agree), but for hidden ones and links to folders not followed, which torchvision
+  counts as classes (a ``.ipynb_checkpoints/`` in the root is torchvision's class 0 and shifts
+  its other labels by one); each class folder is read recursively. Files lying
   directly in the root belong to no class: they are left out with a warning and listed in
   :attr:`~unihub.formats.base.ForeignFormat.report`. Fields: ``image``, ``label``
   (int64, the index into ``metadata()["classes"]``) and ``path``.
@@ -50,7 +52,8 @@ is a JPEG), and kept as the bytes on disk, never re-encoded. Only PNG and JPEG a
   :class:`~unihub.errors.FormatError` naming the file, or with ``on_error='skip'`` is skipped
   and recorded. ``validate_images='none'`` checks only that a file is a PNG/JPEG.
 
-Schema inference reads only the headers (the first 64 KiB of each file):
+Schema inference reads only the headers (the first 64 KiB of each file; the whole file where its header runs
+past them: a JPEG frame, or a PNG's tRNS, after large metadata):
 
 - the ``image`` codec is ``CompressedImageCodec`` of the majority format (PNG on a tie).
   A folder mixing PNG and JPEG keeps every file's own bytes; the decoders sniff the format
@@ -68,6 +71,7 @@ writing the same bytes (see there).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import warnings
@@ -149,6 +153,8 @@ class _Probe:
     size: tuple[int, int, int] | None = None
     depth: int = 8
     reason: str = ""
+    #: the bytes probed end inside a PNG's chunks before IDAT: a tRNS chunk (an alpha channel) may lie beyond
+    partial: bool = False
 
 
 @register_format("imagefolder", aliases=("images", "folder"))
@@ -180,8 +186,8 @@ class ImageFolderFormat(ForeignFormat):
         "verify": FormatOption("decode every image while reading, to catch corrupt pixel data (slower)", parse_bool),
         "follow_links": FormatOption("follow symbolic links out of the folder and into folders (loops are "
                                      "still not followed); the CLI's --follow-links", parse_bool),
-        "max_file_mb": FormatOption("the largest file read, in MiB (default 256; larger ones are refused "
-                                    "before reading)", float),
+        "max_file_mb": FormatOption("the largest file read, in MiB (default 256, inf for no limit; larger ones "
+                                    "are refused before reading)", float),
     }
     WRITE_OPTIONS = {
         "image_field": FormatOption("the field written as the image files (default: the only image field)"),
@@ -256,13 +262,16 @@ class ImageFolderFormat(ForeignFormat):
 
     @property
     def max_file_bytes(self) -> int | None:
-        """The largest file read: the ``max_file_mb`` option, else :data:`images.MAX_IMAGE_FILE_BYTES`."""
+        """The largest file read: the ``max_file_mb`` option (``inf``: no limit), else
+        :data:`images.MAX_IMAGE_FILE_BYTES`."""
         mb = self.options.get("max_file_mb")
         if mb is None:
             return images.MAX_IMAGE_FILE_BYTES
         if not mb > 0:
             raise SchemaError(f"max_file_mb must be a positive number of MiB, got {mb!r}")
-        return int(float(mb) * 2**20)
+        # inf: no limit, as None is for MAX_IMAGE_FILE_BYTES (int() of it raised OverflowError); a fraction of a
+        # byte rounds up, never to a limit of 0 bytes that refuses every file
+        return None if math.isinf(float(mb)) else math.ceil(float(mb) * 2**20)
 
     def metadata(self) -> dict[str, Any]:
         """``{"classes": [...]}`` for the class layout (label ``i`` is ``classes[i]``); ``{}`` when flat."""
@@ -302,7 +311,7 @@ class ImageFolderFormat(ForeignFormat):
             for depth, path in part[2].items():
                 depths.setdefault(depth, path)
         if not formats:
-            raise FormatError(f"{self.root}: no PNG or JPEG images found", path=self.root)
+            raise FormatError(f"{self.root}: no PNG or JPEG images found{self._outside_hint()}", path=self.root)
         if len(depths) > 1:
             examples = ", ".join(f"{depth}-bit: {path}" for depth, path in sorted(depths.items()))
             raise FormatError(f"{self.root}: mixes 8-bit and 16-bit PNG images ({examples}), which one field "
@@ -314,6 +323,16 @@ class ImageFolderFormat(ForeignFormat):
             fields.append(UnischemaField("label", np.int64, (), ScalarCodec(pa.int64()), False))
         fields.append(UnischemaField("path", np.str_, (), ScalarCodec(pa.string()), False))
         return Unischema("ImageFolder", fields)
+
+    def _outside_hint(self) -> str:
+        """Where the images went when a class layout found none: the files lying directly in the root (a
+        subfolder, even an empty one, makes the root a class layout, which leaves them out)."""
+        listing = self._listing
+        if listing.classes is None or not listing.outside:
+            return ""
+        return (f" in its class folders {_shown(listing.classes)}; the {len(listing.outside)} file(s) directly in "
+                f"it ({_shown(listing.outside)}) belong to no class and are left out: move them into class "
+                "folders, or the subfolders out of the root for the flat layout")
 
     def read_batches(self, schema: Unischema, *, batch_size: int = 256,
                      on_error: OnError = "raise") -> Iterator[ColumnBatch]:
@@ -557,7 +576,9 @@ def _scan_headers(root: str, entries: Sequence[_Entry], limit: int | None, max_b
         try:
             head = fsrc.read_regular(full, _HEAD_BYTES)
             probe = _probe(head, entry.path, complete=False)
-            if probe.kind == "bad" and len(head) == _HEAD_BYTES:  # headers longer than the head
+            if (probe.kind == "bad" or probe.partial) and len(head) == _HEAD_BYTES:
+                # headers longer than the head: a JPEG's frame, or a PNG's tRNS after large metadata chunks
+                # (XMP, an ICC profile), which decides its channels, is only in the whole file
                 probe = _probe(fsrc.read_regular(full, max_bytes=max_bytes), entry.path, complete=False)
         except fsrc.NotReadable:
             continue
@@ -700,6 +721,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
     known = _last_header
     if known is not None and all(data.startswith(part, a) for (a, _), part in zip(known[0], known[1])):
         _, _, fmt, size, depth, sos = known
+        partial = False
     else:
         detected = images.detect_format(data)
         if detected is None:
@@ -717,6 +739,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
         size = found
         depth = data[24] if fmt == "png" else 8
         sos = jpeg_scan_start(data) if fmt == "jpeg" else None
+        partial = fmt == "png" and spans is None  # the walk reached the end before IDAT
         if fmt == "jpeg":  # the scan start's walk reads on from the frame header, through the SOS marker
             spans = None if sos is None else ((0, sos + 2),)
         if spans is not None:
@@ -728,7 +751,7 @@ def _probe(data: bytes, name: str, *, complete: bool, verify: bool = False) -> _
             images.decode_image(data)
         except images.ImageDecodeError as exc:
             return _Probe("bad", reason=str(exc))
-    return _Probe("image", fmt, size, 16 if depth == 16 else 8)
+    return _Probe("image", fmt, size, 16 if depth == 16 else 8, partial=partial)
 
 
 def _has_end(data: bytes, fmt: str, sos: int | None) -> bool:
@@ -798,6 +821,10 @@ def _pick_image_field(schema: Unischema, name: str | None) -> UnischemaField:
 def _write_tree(outputs: Outputs, image: UnischemaField, label: str | None, path: str | None,
                 classes: Sequence[str] | None, batches: Iterable[ColumnBatch]) -> list[str]:
     """The class folders (empty ones too) and every row's file under ``outputs``; their full paths."""
+    repeated = sorted(name for name, count in Counter(classes or ()).items() if count > 1)
+    if repeated:  # two labels into one folder: re-ingested, they would be one class
+        raise FormatError(f"classes name the folder(s) {repeated} for more than one label; each label needs "
+                          "its own class folder")
     outputs.makedirs()
     for name in classes or ():
         outputs.makedirs(_safe_component(name, "class name"))

@@ -132,8 +132,10 @@ class CompressedImageCodec(Codec):
                 out[row] = None if blob is None else images.decode_image(blob, shape=shape)
         except images.ImageDecodeError as exc:
             row = row if exc.row is None else exc.row
+            # the image's own format: a folder mixing PNG and JPEG keeps each file's bytes under one codec
+            fmt = images.detect_format(blobs[row]) if 0 <= row < n and blobs[row] is not None else None
             raise images.ImageDecodeError(f"field {field.name!r}, row {row}: corrupt or mismatched "
-                                          f"{self.image_codec.upper()} image (the field holds {field.shape} "
+                                          f"{(fmt or self.image_codec).upper()} image (the field holds {field.shape} "
                                           f"{np.dtype(field.dtype).name}): {exc}", field=field.name, row=row) from exc
         return out
 

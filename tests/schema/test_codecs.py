@@ -863,6 +863,20 @@ def test_image_decode_blobs_is_decode_column_on_the_bytes(shape):
     assert info.value.row == 1
 
 
+@pytest.mark.parametrize("shape", [(8, 8, 3), (None, None, 3)], ids=["fixed", "variable"])
+def test_a_corrupt_image_is_named_by_its_own_format(shape):
+    # an image folder mixing PNG and JPEG keeps each file's bytes under the majority's codec: a corrupt JPEG
+    # in a PNG field was "corrupt or mismatched PNG image: ... corrupt or truncated JPEG"
+    images = _images_module()
+    field = UnischemaField("img", np.uint8, shape, CompressedImageCodec("png"), False)
+    jpeg = images.encode_image(np.zeros((8, 8, 3), np.uint8), "jpeg", 90)
+    png = images.encode_image(np.zeros((8, 8, 3), np.uint8), "png")
+    broken = jpeg[:len(jpeg) - 40] + b"\0" * 30 + jpeg[-10:]
+    with pytest.raises(CodecError, match="field 'img', row 1: corrupt or mismatched JPEG image") as info:
+        field.codec.decode_column(field, pa.array([png, broken], type=pa.binary()))
+    assert info.value.row == 1 and "PNG" not in str(info.value)
+
+
 def test_scalar_decodes_spark_decimal_uint64():
     # Spark has no unsigned types: a uint64 field is stored as decimal(20, 0)
     field = UnischemaField("big", np.uint64, (), ScalarCodec(pa.uint64()), True)

@@ -325,6 +325,18 @@ def test_a_corrupt_image_crosses_as_unihubs_error(corrupt_image_url: str) -> Non
         list(make_tf_dataset(corrupt_image_url, 4, workers_count=1).map(lambda batch: batch))
 
 
+@pytest.mark.parametrize("shuffle_buffer", [0, 3])
+def test_a_skipped_image_leaves_the_row_count_unknown(corrupt_image_url: str, shuffle_buffer: int) -> None:
+    """With ``on_decode_error='skip'`` the dataset asserted the stored row count as its cardinality, so the
+    row dropped made TensorFlow fail the epoch ("expected to contain 8 elements but contained only 7")."""
+    dataset = make_tf_dataset(corrupt_image_url, 1, shuffle_buffer=shuffle_buffer, seed=0, workers_count=1,
+                              on_decode_error="skip")
+    with pytest.warns(UserWarning, match="on_decode_error='skip'"):
+        ids = sorted(int(i) for batch in dataset for i in batch["id"].numpy())
+    assert ids == [0, 1, 2, 3, 4, 6, 7]
+    assert make_tf_dataset(corrupt_image_url, 1, workers_count=1).cardinality().numpy() == 8
+
+
 def test_values_of_another_rank_are_named_not_numpys_error() -> None:
     """A row whose rank is not the schema's (a gray (H, W) image in a rank-3 field) is a
     ValidationError naming the field and row, not numpy's 'inhomogeneous shape' ValueError."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +146,36 @@ def test_sixteen_bit_png(tmp_path: Path) -> None:
     assert schema.image.numpy_dtype is np.uint16 and schema.image.shape == (3, 4)
     put(tmp_path, "b.png", encode_image(gray(3, 4), "png"))
     with pytest.raises(FormatError, match="16-bit"):
+        ImageFolderFormat(tmp_path).infer_schema()
+
+
+def test_transparency_after_large_metadata_is_seen(tmp_path: Path) -> None:
+    """A palette PNG's tRNS chunk (an alpha channel) after 70 KB of text before it (XMP, an ICC profile) lay
+    past the 64 KiB head the schema is inferred from: the schema said 3 channels, the image decodes to 4, and
+    converting to another format refused every such image as not fitting (or skipped them all)."""
+    from unihub.converters.convert import convert
+
+    image = PIL.fromarray(gray(5, 6) % 4).convert("P")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", transparency=0)
+    text = b"tEXt" + b"Comment\0" + b"x" * 70_000
+    big = struct.pack(">I", len(text) - 4) + text + struct.pack(">I", zlib.crc32(text))
+    data = buffer.getvalue()[:33] + big + buffer.getvalue()[33:]  # right after IHDR
+    assert decode_image(data).shape == (5, 6, 4)
+    put(tmp_path / "src", "cat/a.png", data)
+    put(tmp_path / "src", "dog/b.png", data)
+    assert ImageFolderFormat(tmp_path / "src").infer_schema().image.shape == (5, 6, 4)
+    assert convert(tmp_path / "src", tmp_path / "wds", to_format="webdataset").rows == 2
+
+
+def test_images_outside_the_class_folders_are_named_when_none_are_inside(tmp_path: Path) -> None:
+    """A flat folder with one stray subfolder (empty, here) is a class layout: its images lie outside the class
+    folders and are left out. The error said only "no PNG or JPEG images found", next to three of them."""
+    for i in range(3):
+        put(tmp_path, f"{i}.png", encode_image(rgb(seed=i), "png"))
+    (tmp_path / "thumbs").mkdir()
+    with pytest.raises(FormatError, match=r"no PNG or JPEG images found in its class folders \['thumbs'\]; the 3 "
+                                          r"file\(s\) directly in it \(\['0.png', '1.png', '2.png'\]\) belong to no class"):
         ImageFolderFormat(tmp_path).infer_schema()
 
 
@@ -331,6 +363,18 @@ def test_write_is_atomic_and_refuses_bad_input(tmp_path: Path) -> None:
         ImageFolderFormat.write(tmp_path / "t", two, [])
 
 
+def test_write_refuses_a_class_name_given_twice(tmp_path: Path) -> None:
+    """``classes=cat,cat,dog`` wrote labels 0 and 1 into one folder ``cat/``: read back, they were one class."""
+    schema = Unischema("L", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("label", np.int64)])
+    rows = [{"image": [encode_image(rgb(seed=i), "png") for i in range(3)], "label": [0, 1, 2]}]
+    with pytest.raises(FormatError, match=r"classes name the folder\(s\) \['cat'\] for more than one label"):
+        ImageFolderFormat.write(tmp_path / "out", schema, rows, classes=["cat", "cat", "dog"])
+    assert os.listdir(tmp_path) == []
+    ImageFolderFormat.write(tmp_path / "out", schema, rows, classes=["cat", "cow", "dog"])
+    assert sorted(os.listdir(tmp_path / "out")) == ["cat", "cow", "dog"]
+
+
 def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) -> None:
     from unihub import make_batch_reader, make_reader, write_dataset
 
@@ -458,6 +502,29 @@ def test_verify_names_a_file_out_of_place_by_its_path(tmp_path: Path) -> None:
     (root / "cat" / "b.png").rename(root / "dog" / "b.png")
     report = verify(root, tmp_path / "ds")
     assert report.differences[0] == "record 1 (dog/b.png), field 'path': expected 'dog/b.png', found 'cat/b.png'"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_image_skipped_as_corrupt_is_appended_once_repaired(tmp_path: Path, workers: int) -> None:
+    """``convert --append --skip-corrupt`` recorded a corrupt image it skipped as converted: once repaired,
+    every later append failed with SourceChangedError ("their rows in the dataset are the old contents",
+    of a file that had none). A file that is no image stays recorded: appends do not read it again."""
+    from unihub.converters.convert import convert
+    from unihub.store.dataset import open_dataset
+
+    src, dst = tmp_path / "src", tmp_path / "ds"
+    put(src, "cat/a.png", encode_image(rgb(seed=1), "png"))
+    repaired = encode_image(rgb(seed=2), "png")
+    put(src, "cat/b.png", repaired[:40])
+    put(src, "cat/notes.txt", b"not an image")
+    first = convert(src, dst, append=True, on_error="skip", workers=workers)
+    assert first.rows == 1 and sorted(os.path.basename(s.path) for s in first.skipped) == ["b.png", "notes.txt"]
+    put(src, "cat/b.png", repaired)
+    assert convert(src, dst, append=True, workers=workers).rows == 1
+    store = open_dataset(dst)
+    paths = [p for i in range(len(store.row_groups)) for p in store.read_row_group(i).column("path").to_pylist()]
+    assert paths == ["cat/a.png", "cat/b.png"]
+    assert convert(src, dst, append=True).rows == 0  # nothing new: notes.txt was recorded
 
 
 def test_a_file_name_that_is_not_utf8_is_a_format_error(tmp_path: Path) -> None:

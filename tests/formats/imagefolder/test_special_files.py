@@ -144,6 +144,19 @@ def test_file_size_is_bounded_before_reading(folder: Path, tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
 
 
+def test_max_file_mb_inf_is_no_limit_and_a_tiny_one_not_zero(folder: Path, tmp_path: Path) -> None:
+    """``max_file_mb=inf`` raised OverflowError (int of infinity), a traceback from the CLI; it is no limit, as
+    None is for ``MAX_IMAGE_FILE_BYTES``. A fraction of a byte was a limit of 0 bytes: it rounds up."""
+    big = folder / "class1" / "big.png"
+    big.write_bytes(encode_image(np.zeros((12, 10, 3), np.uint8), "png") + bytes(2 * 2**20))
+    assert ImageFolderFormat(str(folder), max_file_mb=float("inf")).max_file_bytes is None
+    assert ImageFolderFormat(str(folder), max_file_mb=1e-9).max_file_bytes == 1
+    source = ImageFolderFormat(str(folder), max_file_mb=float("inf"))
+    assert len(next(source.read_batches(source.infer_schema()))["path"]) == 7
+    done = run_cli("convert", str(folder), str(tmp_path / "out"), "--option", "max_file_mb=inf")
+    assert done.returncode == 0, done.stderr
+
+
 def test_listing_a_dataset_folder_with_a_link_loop_ends(folder: Path, tmp_path: Path) -> None:
     """``inspect`` opens a folder as a dataset first; Arrow's recursive listing followed a/l -> . forever."""
     os.symlink(".", folder / "class0" / "l1")
