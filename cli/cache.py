@@ -7,9 +7,13 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from unihub.caching.store import list_caches, remove_cache
 from unihub.cli.parsers import JSON, STORAGE_OPTION, add_command, arg
 from unihub.cli.storage import storage_options_of
+from unihub.errors import CacheError
+from unihub.fs.filesystem import on_local_disk, resolve_filesystem
 from unihub.viewer.describe import local_time
 
 #: where unihub.cacheable keeps its caches, the root each of these commands takes
@@ -38,6 +42,8 @@ def add_cache_commands(sub: Any) -> None:
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
     caches = list_caches(args.url, storage_options=storage_options_of(args))
+    if not caches:
+        _check_root(args)
     if args.json:
         print(json.dumps([asdict(c) for c in caches], indent=2))
         return 0
@@ -46,6 +52,14 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print("\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows))
     return 0
+
+
+def _check_root(args: argparse.Namespace) -> None:
+    """Refuse a local cache root that is not there (a mistyped path listed no caches, exit 0); an object store's
+    root is a prefix, there as soon as a cache is."""
+    fs, path = resolve_filesystem(args.url, None, storage_options_of(args))
+    if on_local_disk(fs) and fs.get_file_info(path).type != pafs.FileType.Directory:
+        raise CacheError(f"{args.url}: no such folder (a cache root is the url given to unihub.cacheable)")
 
 
 def cmd_cache_rm(args: argparse.Namespace) -> int:

@@ -214,6 +214,17 @@ def test_a_hostile_cache_record_is_a_named_error_and_nothing_outside_the_root_is
     assert list_caches(root) == []
 
 
+def test_cli_cache_list_of_a_folder_that_is_not_there_is_an_error(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a mistyped root printed an empty table and exited 0; an empty root still lists no caches."""
+    for argv in (["cache", "list", str(tmp_path / "typo")], ["cache", "list", str(tmp_path / "typo"), "--json"]):
+        assert main(argv) == 1
+        assert capsys.readouterr().err == (f"unihub: error: {tmp_path / 'typo'}: no such folder (a cache root is "
+                                           "the url given to unihub.cacheable)\n")
+    assert not (tmp_path / "typo").exists()
+    assert main(["cache", "list", str(tmp_path), "--json"]) == 0 and json.loads(capsys.readouterr().out) == []
+
+
 def test_a_lease_started_at_a_time_the_platform_cannot_show_is_still_named(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """A live build on another host holds the cache; its lease's start of 1e300 was a raw OverflowError."""
