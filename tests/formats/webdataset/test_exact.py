@@ -296,6 +296,19 @@ def test_the_fast_column_path_leaves_nothing_unspelled(tmp_path: Path) -> None:
         same(row["x.npy"], A * i, "x.npy")
 
 
+def test_capitals_after_lower_case_samples_keep_their_spelling(tmp_path: Path) -> None:
+    """``B.TXT`` last in its shard, after samples whose ``.txt`` went out as columns: read member by member,
+    it joined their columns and lost its capitals (verify said unequal, the export wrote ``B.txt``)."""
+    src, ds, out = tmp_path / "src", tmp_path / "ds", tmp_path / "out"
+    names = ["a.txt", "b.txt", "B.TXT"]
+    tarfile_shard(src / "shard-000000.tar", [(name, b"%d" % i) for i, name in enumerate(names)])
+    convert(str(src), str(ds), progress=False)
+    assert verify(str(src), str(ds)).equal
+    assert SPELLING_FIELD in open_dataset(str(ds)).schema.fields
+    convert(str(ds), str(out), to_format="webdataset", progress=False)
+    assert members(out) == [(name, b"%d" % i) for i, name in enumerate(names)]
+
+
 def test_unreadable_spelling_is_a_named_error() -> None:
     with pytest.raises(SchemaError, match=f"field '{SPELLING_FIELD}' holds 'nope', which is not JSON"):
         webdataset_spelling.parse_spellings("nope")
