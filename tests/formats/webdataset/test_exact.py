@@ -249,10 +249,13 @@ def test_a_given_schema_without_the_spelling_field_refuses_what_it_would_change(
     assert f"'{SPELLING_FIELD}'" in line
 
 
-def test_a_member_named_like_the_spelling_field_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    tarfile_shard(tmp_path / "wds" / "a.tar", [("a.cls", b"1"), (f"a.{SPELLING_FIELD}", b"{}")])  # TarWriter skips it
+@pytest.mark.parametrize("name", [SPELLING_FIELD, "__key__"])
+def test_a_member_named_like_a_field_unihub_adds_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            name: str) -> None:
+    """``a.__key__`` was a SchemaError naming no shard ('field __key__ appears twice')."""
+    tarfile_shard(tmp_path / "wds" / "a.tar", [("a.cls", b"1"), (f"a.{name}", b"{}")])  # TarWriter skips it
     line = refused(["convert", str(tmp_path / "wds"), str(tmp_path / "ds")], capsys, tmp_path / "ds")
-    assert f"holds members named <key>.{SPELLING_FIELD}: that extension is the field unihub keeps" in line
+    assert f"holds members named <key>.{name}: that extension is the field unihub keeps" in line
 
 
 def test_a_value_changed_after_ingest_is_not_written_with_a_stale_spelling(tmp_path: Path) -> None:
