@@ -219,3 +219,43 @@ def test_a_unihub_header_nested_past_pythons_limit_is_a_format_error(tmp_path: P
                                           "maximum recursion depth exceeded"):
         convert(src, tmp_path / "ds", progress=False)
     assert _left(tmp_path) == []
+
+
+def _joined(tmp_path: Path, case: str) -> tuple[bytes, int, int]:
+    """The sample shard with members after its end-of-archive marker: two tars joined with cat, or the header
+    of 0002.cls zeroed (a lone zero block, 0002.cls's data, then 0002.txt's header); with the offsets of the
+    marker and of the first header after it."""
+    plain = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES])
+    offsets = _offsets(plain)
+    raw = plain.read_bytes()
+    if case == "cat":
+        end = offsets["0003.txt"] + 1024
+        return raw + _tar(tmp_path / "more.tar", [_member("0004.cls", b"4")]).read_bytes(), end, len(raw)
+    end = offsets["0002.cls"]
+    return raw[:end] + bytes(512) + raw[end + 512:], end, offsets["0002.txt"]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("parser", ["fast", "reference"])
+@pytest.mark.parametrize("case", ["cat", "zeroed"])
+def test_members_after_the_end_of_archive_marker_are_an_error(tmp_path: Path, case: str, parser: str,
+                                                             compressed: bool) -> None:
+    """tarfile (so webdataset) stops at the first zero block: two tars joined with cat, or a header zeroed in the
+    middle of a shard, lost every member after it without a word (exit 0, verify 'equal')."""
+    raw, end, header = _joined(tmp_path, case)
+    path = _store(tmp_path, raw, compressed)
+    with pytest.raises(TarFormatError, match=rf"a tar header at offset {header} follows the end-of-archive marker "
+                                             rf"at offset {end}: ") as info:
+        list(iter_members(str(path), parser=parser))  # type: ignore[arg-type]
+    assert info.value.offset == header
+    with pytest.raises(FormatError, match=f"follows the end-of-archive marker at offset {end}"):
+        convert(path, tmp_path / "ds", progress=False)
+    assert _left(tmp_path) == []
+
+
+def test_zero_padding_and_other_bytes_after_the_end_pass(tmp_path: Path) -> None:
+    """Past the marker only a tar header is refused: padding to any record size and bytes that are no header pass."""
+    raw = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES]).read_bytes()
+    for tail in (bytes(1 << 21), b"not a tar header" * 100):
+        path = _store(tmp_path, raw + tail, False)
+        assert [(m.name, m.data) for m in iter_members(str(path), require_end=True)] == SAMPLES
