@@ -259,3 +259,20 @@ def test_zero_padding_and_other_bytes_after_the_end_pass(tmp_path: Path) -> None
     for tail in (bytes(1 << 21), b"not a tar header" * 100):
         path = _store(tmp_path, raw + tail, False)
         assert [(m.name, m.data) for m in iter_members(str(path), require_end=True)] == SAMPLES
+
+
+@pytest.mark.parametrize("group_keys", [False, True])
+def test_a_member_larger_than_a_parquet_value_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      group_keys: bool) -> None:
+    """A member over 2 GiB - 1 (here over a lowered limit: the real one needs 4 GiB of memory) reached the store
+    writer, whose pyarrow ArrowCapacityError came out as a traceback naming no shard or member."""
+    from unihub.formats.webdataset import tar
+
+    monkeypatch.setattr(tar, "MAX_BINARY", 4, raising=False)
+    src = _tar(tmp_path / "shard.tar", [_member(n, d) for n, d in SAMPLES])
+    offset = _offsets(src)["0003.txt"]
+    with pytest.raises(FormatError, match=rf"shard\.tar: member '0003\.txt' at offset {offset} holds 5 bytes, more "
+                                          r"than one value of a Parquet column holds \(4\)") as info:
+        convert(src, tmp_path / "ds", progress=False, format_options={"group_keys": group_keys})
+    assert info.value.offset == offset
+    assert _left(tmp_path) == []
