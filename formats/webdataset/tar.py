@@ -324,5 +324,6 @@ def after_damage(exc: Exception, grouper: Grouper) -> tuple[list[Sample], Callab
     if grouper.group_keys and grouper.held:
         pending = (f"; the {len(grouper.held)} samples read so far are left out (with group_keys a key's "
                    "members may come later)")
-    message = f"truncated or corrupt tar after offset {offset}: {reason}{pending}"
+    unsupported = isinstance(exc, TarFormatError) and exc.unsupported  # not damage: no 'truncated or corrupt'
+    message = f"{'unreadable' if unsupported else 'truncated or corrupt'} tar after offset {offset}: {reason}{pending}"
     return complete, lambda: grouper.fail(message, offset)

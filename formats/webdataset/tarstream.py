@@ -76,12 +76,15 @@ class TarMember(NamedTuple):
 
 
 class TarFormatError(FormatError):
-    """A corrupt or truncated archive; ``member`` names the member being read, if known."""
+    """A corrupt or truncated archive; ``member`` names the member being read, if known. ``unsupported``: the
+    archive is sound, but holds what this reader does not read (a sparse file)."""
 
-    def __init__(self, path: str, offset: int, reason: str, member: str | None = None) -> None:
+    def __init__(self, path: str, offset: int, reason: str, member: str | None = None, *,
+                 unsupported: bool = False) -> None:
         super().__init__(f"{path}: {reason}", path=path, offset=offset)
         self.reason = reason
         self.member = member
+        self.unsupported = unsupported
 
 
 def iter_members(path: str, *, regular_only: bool = True, require_end: bool = False,
@@ -340,7 +343,7 @@ def _pending_member(path: str, header: bytes, size: int, pending: _Pending) -> t
                                                   f"{_clip(pax[b'size'])!r} is not the size of a file", name)
         if b"GNU.sparse" in pax:
             raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file (PAX), "
-                                              "which is not supported", name)
+                                              f"which is not supported; {_NOT_SPARSE}", name, unsupported=True)
     return first, _header_name(header) if name is None else name, size
 
 
@@ -391,8 +394,11 @@ def _old_style_member(read: Callable[[int], bytes], path: str, header: bytes, ki
 def _sparse_member(read: Callable[[int], bytes], path: str, header: bytes, kind: int, here: int, first: int,
                    name: str, size: int, total: int | None, regular_only: bool) -> _Read:
     """GNU ``S``: a sparse file, refused."""
-    raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file, which is not supported",
-                         name)
+    raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file, which is not supported; "
+                                      f"{_NOT_SPARSE}", name, unsupported=True)
+
+
+_NOT_SPARSE = "write the shard without GNU tar's --sparse (-S)"
 
 
 _MemberHeader = Callable[[Callable[[int], bytes], str, bytes, int, int, int, str, int, int | None, bool], _Read]

@@ -276,3 +276,15 @@ def test_a_member_larger_than_a_parquet_value_is_named(tmp_path: Path, monkeypat
         convert(src, tmp_path / "ds", progress=False, format_options={"group_keys": group_keys})
     assert info.value.offset == offset
     assert _left(tmp_path) == []
+
+
+def test_a_sparse_member_is_not_called_damage(tmp_path: Path) -> None:
+    """A GNU sparse member (typeflag S; tar --sparse) is sound but unread: the error said 'truncated or corrupt tar'."""
+    plain = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES])
+    offset = _offsets(plain)["0002.cls"]
+    path = _store(tmp_path, _patch(plain.read_bytes(), offset, {156: b"S"}), False)
+    with pytest.raises(FormatError, match=rf"shard\.tar: unreadable tar after offset {offset}: member '0002\.cls' at "
+                                          rf"offset {offset} is a sparse file, which is not supported; write the "
+                                          r"shard without GNU tar's --sparse"):
+        convert(path, tmp_path / "ds", progress=False)
+    assert _left(tmp_path) == []
