@@ -126,10 +126,11 @@ class SampleBlock:
         return cls(urls, keys, offsets, indexes, sample_list=[s for b in blocks for s in b.samples()])
 
     def as_columns(self, extensions: list[str]) -> dict[str, pa.Array] | None:
-        """The members as columns of exactly ``extensions``, or None where a sample has others."""
+        """The members as columns of exactly ``extensions``, or None where a sample has others or names one
+        in capitals (columns keep no :attr:`Sample.spelled <unihub.formats.webdataset.tar.Sample.spelled>`)."""
         if self.columns is not None:
             return self.columns if set(self.columns) == set(extensions) else None
-        if any(s.members.keys() != set(extensions) for s in self.sample_list or ()):
+        if any(s.members.keys() != set(extensions) or s.spelled for s in self.sample_list or ()):
             return None
         columns = {e: self.column(e) for e in extensions}
         return None if any(c is None for c in columns.values()) else columns

@@ -311,10 +311,11 @@ class WebDatasetFormat(ForeignFormat):
                     pass
             raise FormatError(f"no samples in {self.where}: the shards are empty or hold no <key>.<ext> "
                               "members", path=self.sources[0] if self.sources else None)
-        if SPELLING_FIELD in stats:
-            raise FormatError(f"{self.where} holds members named <key>.{SPELLING_FIELD}: that extension is the field "
-                              "unihub keeps members' spellings in (their bytes would be lost); rename the members",
-                              path=self.sources[0] if self.sources else None)
+        for name, holds in ((KEY_FIELD, "each sample's key"), (SPELLING_FIELD, "members' spellings")):
+            if name in stats:  # the field unihub adds: two fields of one name, one member's bytes lost
+                raise FormatError(f"{self.where} holds members named <key>.{name}: that extension is the field "
+                                  f"unihub keeps {holds} in (their bytes would be lost); rename the members",
+                                  path=self.sources[0] if self.sources else None)
         stats = _folded(stats)
         fields = [UnischemaField(KEY_FIELD, np.str_, (), ScalarCodec(pa.string()), False)]
         fields += [stats[ext].field(nullable=stats[ext].count < seen) for ext in sorted(stats)]

@@ -26,6 +26,7 @@ from unihub.errors import FormatError, SchemaError
 from unihub.formats.base import OnError, SkippedRecord
 from unihub.formats.webdataset.tarstream import TarFormatError, TarMember, iter_members, pax_records
 from unihub.fs import sources
+from unihub.schema.arrow_numpy import MAX_BINARY
 from unihub.schema.metadata_json import parse_json
 from unihub.schema.unischema import Unischema
 
@@ -225,6 +226,10 @@ class Grouper:
         return done
 
     def _put(self, sample: Sample, name: str, extension: str, offset: int, data: bytes) -> None:
+        if len(data) > MAX_BINARY:  # else pyarrow's own error, naming no shard, once the row is stored
+            self.fail(f"member {name!r} at offset {offset} holds {len(data)} bytes, more than one value of a "
+                      f"Parquet column holds ({MAX_BINARY}); leave it out of the shard", offset)
+            return
         if extension in sample.members:
             first = f"{sample.key}.{sample.spelled.get(extension, extension)}"
             self.fail(f"member {name!r} at offset {offset}: key {sample.key!r} already has a .{extension} "
@@ -319,5 +324,6 @@ def after_damage(exc: Exception, grouper: Grouper) -> tuple[list[Sample], Callab
     if grouper.group_keys and grouper.held:
         pending = (f"; the {len(grouper.held)} samples read so far are left out (with group_keys a key's "
                    "members may come later)")
-    message = f"truncated or corrupt tar after offset {offset}: {reason}{pending}"
+    unsupported = isinstance(exc, TarFormatError) and exc.unsupported  # not damage: no 'truncated or corrupt'
+    message = f"{'unreadable' if unsupported else 'truncated or corrupt'} tar after offset {offset}: {reason}{pending}"
     return complete, lambda: grouper.fail(message, offset)

@@ -17,7 +17,8 @@ report neither. A size field no file can have (negative, past 2^63, a 5,000-digi
 such an error too; a size larger than the rest of a plain archive is one before anything is read,
 and a compressed archive's members are read a piece at a time, so memory follows the bytes really
 there. Links, directories, devices and FIFOs have no data blocks whatever their size field says,
-as tarfile reads them.
+as tarfile reads them. The archive ends at its first zero block, as tarfile's does; a tar header after it
+(a header zeroed by damage, tars joined with ``cat``) is an error where tarfile drops the members there.
 
 PAX global headers (typeflag ``g``, which tarfile keeps in ``TarFile.pax_headers``) are not
 members; with ``regular_only=False`` they come as members of type ``"g"`` whose data is the
@@ -75,12 +76,15 @@ class TarMember(NamedTuple):
 
 
 class TarFormatError(FormatError):
-    """A corrupt or truncated archive; ``member`` names the member being read, if known."""
+    """A corrupt or truncated archive; ``member`` names the member being read, if known. ``unsupported``: the
+    archive is sound, but holds what this reader does not read (a sparse file)."""
 
-    def __init__(self, path: str, offset: int, reason: str, member: str | None = None) -> None:
+    def __init__(self, path: str, offset: int, reason: str, member: str | None = None, *,
+                 unsupported: bool = False) -> None:
         super().__init__(f"{path}: {reason}", path=path, offset=offset)
         self.reason = reason
         self.member = member
+        self.unsupported = unsupported
 
 
 def iter_members(path: str, *, regular_only: bool = True, require_end: bool = False,
@@ -199,6 +203,8 @@ def _parse(read: Callable[[int], bytes], path: str, regular_only: bool, require_
         header = read(BLOCK)
         if len(header) < BLOCK or header == _ZERO:
             _check_end(path, offset, header, pending.first, require_end)
+            if header:
+                _check_after_end(read, path, offset)
             return
         # the checksum and the size field, inline (a function call here cost 1.5% of the loop's time): adler32's
         # low half is 1 + the byte sum (exact: each span sums below 65521); the checksum field counts as spaces
@@ -248,6 +254,24 @@ def _check_end(path: str, offset: int, header: bytes, first: int | None, require
                                        f"{len(header)} bytes into it" if header else
                                        f"the archive ends at offset {offset} without the end-of-archive "
                                        "marker (zero blocks)")
+
+
+def _check_after_end(read: Callable[[int], bytes], path: str, end: int) -> None:
+    """Raises where a tar header follows the end-of-archive marker at ``end``: a zeroed header, or tars joined
+    with ``cat``, whose members tarfile and webdataset drop without a word. Zero padding and other bytes pass."""
+    offset = end + BLOCK
+    while chunk := read(_DRAIN):
+        blocks = np.frombuffer(chunk, np.uint8, len(chunk) // BLOCK * BLOCK).reshape(-1, BLOCK)
+        candidates = np.flatnonzero(np.isin(blocks[:, 148], np.frombuffer(b" 01234567", np.uint8)) & blocks.any(axis=1))
+        heads = blocks[candidates].astype(np.int64)
+        sums = heads.sum(axis=1) - heads[:, 148:156].sum(axis=1) + 8 * 32  # the checksum field counts as spaces
+        for k, found in zip(candidates.tolist(), sums.tolist()):
+            if _number(chunk[k * BLOCK + 148:k * BLOCK + 156]) == found:
+                here = offset + k * BLOCK
+                raise TarFormatError(path, here, f"a tar header at offset {here} follows the end-of-archive marker "
+                                                 f"at offset {end}: a zeroed header, or tars joined with cat (GNU tar "
+                                                 "reads those with --ignore-zeros); its members would be lost")
+        offset += len(chunk)
 
 
 def _bad_size(path: str, offset: int, header: bytes, kind: int, size: int, pending_name: str | None) -> NoReturn:
@@ -319,7 +343,7 @@ def _pending_member(path: str, header: bytes, size: int, pending: _Pending) -> t
                                                   f"{_clip(pax[b'size'])!r} is not the size of a file", name)
         if b"GNU.sparse" in pax:
             raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file (PAX), "
-                                              "which is not supported", name)
+                                              f"which is not supported; {_NOT_SPARSE}", name, unsupported=True)
     return first, _header_name(header) if name is None else name, size
 
 
@@ -370,8 +394,11 @@ def _old_style_member(read: Callable[[int], bytes], path: str, header: bytes, ki
 def _sparse_member(read: Callable[[int], bytes], path: str, header: bytes, kind: int, here: int, first: int,
                    name: str, size: int, total: int | None, regular_only: bool) -> _Read:
     """GNU ``S``: a sparse file, refused."""
-    raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file, which is not supported",
-                         name)
+    raise TarFormatError(path, first, f"member {name!r} at offset {first} is a sparse file, which is not supported; "
+                                      f"{_NOT_SPARSE}", name, unsupported=True)
+
+
+_NOT_SPARSE = "write the shard without GNU tar's --sparse (-S)"
 
 
 _MemberHeader = Callable[[Callable[[int], bytes], str, bytes, int, int, int, str, int, int | None, bool], _Read]

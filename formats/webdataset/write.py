@@ -50,6 +50,8 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
         previous_key = None
         for index, row in enumerate(_rows(batches)):
             shard = writer.shard_for(index)
+            if index % samples_per_shard == 0:
+                previous_key = None  # a new shard: webdataset ends a sample at a shard's end
             key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
             previous_key = key
             written = 0
@@ -139,7 +141,8 @@ def _checked_key(value: Any, index: int, previous: str | None, keyed: bool) -> s
         raise SchemaError(f"row {index}: key {key!r} would not read back: a key's last path component must be "
                           "non-empty and hold no dot, and no component may be a __name__ (webdataset metadata)")
     if key == previous:
-        raise SchemaError(f"row {index}: key {key!r} repeats the previous row's; webdataset would merge the two")
+        raise SchemaError(f"row {index}: key {key!r} repeats the previous row's in one shard; webdataset would merge "
+                          "the two")
     return key
 
 

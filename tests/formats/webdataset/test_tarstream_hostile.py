@@ -219,3 +219,72 @@ def test_a_unihub_header_nested_past_pythons_limit_is_a_format_error(tmp_path: P
                                           "maximum recursion depth exceeded"):
         convert(src, tmp_path / "ds", progress=False)
     assert _left(tmp_path) == []
+
+
+def _joined(tmp_path: Path, case: str) -> tuple[bytes, int, int]:
+    """The sample shard with members after its end-of-archive marker: two tars joined with cat, or the header
+    of 0002.cls zeroed (a lone zero block, 0002.cls's data, then 0002.txt's header); with the offsets of the
+    marker and of the first header after it."""
+    plain = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES])
+    offsets = _offsets(plain)
+    raw = plain.read_bytes()
+    if case == "cat":
+        end = offsets["0003.txt"] + 1024
+        return raw + _tar(tmp_path / "more.tar", [_member("0004.cls", b"4")]).read_bytes(), end, len(raw)
+    end = offsets["0002.cls"]
+    return raw[:end] + bytes(512) + raw[end + 512:], end, offsets["0002.txt"]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("parser", ["fast", "reference"])
+@pytest.mark.parametrize("case", ["cat", "zeroed"])
+def test_members_after_the_end_of_archive_marker_are_an_error(tmp_path: Path, case: str, parser: str,
+                                                             compressed: bool) -> None:
+    """tarfile (so webdataset) stops at the first zero block: two tars joined with cat, or a header zeroed in the
+    middle of a shard, lost every member after it without a word (exit 0, verify 'equal')."""
+    raw, end, header = _joined(tmp_path, case)
+    path = _store(tmp_path, raw, compressed)
+    with pytest.raises(TarFormatError, match=rf"a tar header at offset {header} follows the end-of-archive marker "
+                                             rf"at offset {end}: ") as info:
+        list(iter_members(str(path), parser=parser))  # type: ignore[arg-type]
+    assert info.value.offset == header
+    with pytest.raises(FormatError, match=f"follows the end-of-archive marker at offset {end}"):
+        convert(path, tmp_path / "ds", progress=False)
+    assert _left(tmp_path) == []
+
+
+def test_zero_padding_and_other_bytes_after_the_end_pass(tmp_path: Path) -> None:
+    """Past the marker only a tar header is refused: padding to any record size and bytes that are no header pass."""
+    raw = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES]).read_bytes()
+    for tail in (bytes(1 << 21), b"not a tar header" * 100):
+        path = _store(tmp_path, raw + tail, False)
+        assert [(m.name, m.data) for m in iter_members(str(path), require_end=True)] == SAMPLES
+
+
+@pytest.mark.parametrize("group_keys", [False, True])
+def test_a_member_larger_than_a_parquet_value_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      group_keys: bool) -> None:
+    """A member over 2 GiB - 1 (here over a lowered limit: the real one needs 4 GiB of memory) reached the store
+    writer, whose pyarrow ArrowCapacityError came out as a traceback naming no shard or member."""
+    from unihub.formats.webdataset import tar
+
+    monkeypatch.setattr(tar, "MAX_BINARY", 4, raising=False)
+    src = _tar(tmp_path / "shard.tar", [_member(n, d) for n, d in SAMPLES])
+    offset = _offsets(src)["0003.txt"]
+    with pytest.raises(FormatError, match=rf"shard\.tar: member '0003\.txt' at offset {offset} holds 5 bytes, more "
+                                          r"than one value of a Parquet column holds \(4\)") as info:
+        convert(src, tmp_path / "ds", progress=False, format_options={"group_keys": group_keys})
+    assert info.value.offset == offset
+    assert _left(tmp_path) == []
+
+
+def test_a_sparse_member_is_not_called_damage(tmp_path: Path) -> None:
+    """A GNU sparse member (typeflag S; tar --sparse) is sound but unread: the error said 'truncated or corrupt tar'."""
+    plain = _tar(tmp_path / "written.tar", [_member(n, d) for n, d in SAMPLES])
+    offset = _offsets(plain)["0002.cls"]
+    path = _store(tmp_path, _patch(plain.read_bytes(), offset, {156: b"S"}), False)
+    with pytest.raises(FormatError, match=rf"shard\.tar: unreadable tar after offset {offset}: member '0002\.cls' at "
+                                          rf"offset {offset} is a sparse file, which is not supported; write the "
+                                          r"shard without GNU tar's --sparse"):
+        convert(path, tmp_path / "ds", progress=False)
+    assert _left(tmp_path) == []

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unihub import CompressedImageCodec, FormatError, ScalarCodec, TensorCodec, Unischema, UnischemaField
+from unihub import CompressedImageCodec, FormatError, ScalarCodec, SchemaError, TensorCodec, Unischema, UnischemaField
+from unihub.converters.convert import convert
 from unihub.formats.base import FORMATS, python_columns
 from unihub.formats.webdataset.format import WebDatasetFormat, split_name
 from unihub.images import decoders as images
@@ -358,6 +359,22 @@ def test_export_refuses_keys_that_do_not_read_back(tmp_path: Path, keys: list[st
     with pytest.raises(ValueError, match=message):
         WebDatasetFormat.write(str(tmp_path / "k"), schema, [{"__key__": keys, "cls": [1, 2]}])
     assert os.listdir(tmp_path / "k") == []  # the partial shard was removed
+
+
+def test_a_key_split_across_two_shards_exports_where_a_shard_ends_between(tmp_path: Path) -> None:
+    """``k.txt`` ending one source shard and ``k.cls`` starting the next are two samples to webdataset (it ends
+    a sample at a shard's end) and two rows here; an export that puts a shard boundary between them wrote
+    nothing ('key repeats the previous row's'), one that puts them in one shard must refuse."""
+    tar_writer_shards(tmp_path / "src", [{"__key__": "j", "txt": b"0"}, {"__key__": "k", "txt": b"1"},
+                                         {"__key__": "k", "cls": b"2"}], per_shard=2)
+    convert(str(tmp_path / "src"), str(tmp_path / "ds"), progress=False)
+    convert(str(tmp_path / "ds"), str(tmp_path / "out"), to_format="webdataset", progress=False,
+            format_options={"samples_per_shard": 2})
+    found = [{k: v for k, v in s.items() if k not in ("__url__", "__local_path__")} for s in
+             wds.WebDataset(sorted(str(p) for p in (tmp_path / "out").glob("*.tar")), shardshuffle=False)]
+    assert found == [{"__key__": "j", "txt": b"0"}, {"__key__": "k", "txt": b"1"}, {"__key__": "k", "cls": b"2"}]
+    with pytest.raises(SchemaError, match="key 'k' repeats the previous row's in one shard"):
+        convert(str(tmp_path / "ds"), str(tmp_path / "one"), to_format="webdataset", progress=False)
 
 
 def test_schema_scan_in_workers_equals_the_serial_scan(tmp_path: Path) -> None:
