@@ -5,21 +5,23 @@ replaced it. An output path that exists is now replaced only when unihub can tel
 Parquet dataset whose metadata holds a Unischema (a manifest it published, ``_common_metadata`` or a
 file footer with ``unihub.unischema``, or Petastorm's pickled one: unihub is Petastorm's successor, and
 ``copy_dataset(overwrite_output=True)`` over a Petastorm dataset replaced it there too), an export whose
-format marks its writer (:meth:`~unihub.formats.base.ForeignFormat.written_by_unihub`: HDF5's root attributes), or an empty
-folder. Anything else — a TFRecord or tar file (neither records its writer), an image folder, Spark's or
-pandas' Parquet — needs ``overwrite_foreign=True`` (``--overwrite-foreign``) as well.
+format marks its writer (:meth:`~unihub.formats.base.ForeignFormat.written_by_unihub`: HDF5's root attributes, the
+unihub header of a WebDataset shard), a folder of such files only, or an empty folder. Anything else — a TFRecord
+file (it records no writer), a tar of another writer's, an image folder, Spark's or pandas' Parquet — needs
+``overwrite_foreign=True`` (``--overwrite-foreign``) as well.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import tarfile
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from unihub.errors import DatasetExistsError, ForeignOutputError, UnihubError
-from unihub.formats.base import FORMATS
+from unihub.formats.base import FORMATS, ForeignFormat
 from unihub.fs.publish import COMMON_METADATA, MANIFEST
 from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY
 from unihub.schema.unischema import SCHEMA_METADATA_KEY
@@ -70,6 +72,8 @@ def _folder(fs: pafs.FileSystem, root: str) -> str | None:
     if metadata is not None:
         return None if _has_unischema(fs, metadata.path) else \
             "is a Parquet dataset without a Unischema in its metadata (Spark's or another tool's)"
+    if all(e.type == pafs.FileType.File and _foreign_file(fs, e.path) is None for e in entries):
+        return None  # an export's files, each marked as unihub's (WebDataset shards, HDF5 files)
     return f"is a folder of {len(entries):,} entries that is not a unihub dataset"
 
 
@@ -108,9 +112,13 @@ def _foreign_file(fs: pafs.FileSystem, path: str) -> str | None:
     name = FORMATS.by_extension(extension) if extension else None
     if name is None:
         return "is a file that unihub did not write"
+    fmt = FORMATS.get(name)
     try:
-        if FORMATS.get(name).written_by_unihub(fs, path):
+        if fmt.written_by_unihub(fs, path):
             return None
-    except (OSError, UnihubError):
+    except (OSError, UnihubError, tarfile.TarError):
         pass
-    return f"is a {name} file that unihub cannot tell it wrote ({name} files do not record their writer)"
+    marks = getattr(fmt.written_by_unihub, "__func__", None) is not getattr(ForeignFormat.written_by_unihub,
+                                                                           "__func__", None)
+    why = "it holds no mark of a unihub export" if marks else f"{name} files do not record their writer"
+    return f"is a {name} file that unihub cannot tell it wrote ({why})"

@@ -74,7 +74,16 @@ from unihub.formats.webdataset.blocks import SampleBlock, iter_blocks
 from unihub.formats.webdataset.columns import ColumnReader, observe
 from unihub.formats.webdataset.fields import FieldStats, column, decoder, field_extension
 from unihub.formats.webdataset.spelling import SPELLING_FIELD, RowSpeller, Spelling, spelling_field, spellings_text
-from unihub.formats.webdataset.tar import KEY_FIELD, Sample, ShardHeader, iter_samples, read_header, row_key, split_name
+from unihub.formats.webdataset.tar import (
+    KEY_FIELD,
+    Sample,
+    ShardHeader,
+    is_unihub_comment,
+    iter_samples,
+    read_header,
+    row_key,
+    split_name,
+)
 from unihub.formats.webdataset.tarstream import TarFormatError
 from unihub.formats.webdataset.verify import native_records, tarfile_records
 from unihub.formats.webdataset.write import write_shards
@@ -171,13 +180,21 @@ class WebDatasetFormat(ForeignFormat):
                                       "(default true: use the Unischema the export recorded in them)", parse_bool),
     }
     WRITE_OPTIONS = {
-        "samples_per_shard": FormatOption("samples per tar shard (default 10000)", int),
+        "samples_per_shard": FormatOption("samples per tar shard (default 10000; a target named x.tar is one shard "
+                                          "of every sample unless this is given)", int),
         "pattern": FormatOption("shard file names, with one %d for the shard number (default shard-%06d.tar)"),
         "image_extensions": FormatOption(
             "content (default): an image member's extension says its bytes' format (.png or .jpg); name: keep a "
             "field name that ends in an image extension (an export of shards ingested by extension)",
             parse_choice("content", "name")),
     }
+
+    @classmethod
+    def written_by_unihub(cls, fs: Any, path: str) -> bool:
+        """A shard of unihub's: its PAX global header holds the unihub header an export writes (tarfile reads
+        the headers before the first member, not its data)."""
+        with fs.open_input_file(path) as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
+            return is_unihub_comment(tar.pax_headers.get("comment"))
 
     @classmethod
     def detect(cls, path: str) -> bool:
@@ -417,9 +434,10 @@ class WebDatasetFormat(ForeignFormat):
     # ------------------------------------------------------------------------ writing
     @classmethod
     def write(cls, target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
-              samples_per_shard: int = 10000, pattern: str = "shard-%06d.tar", image_extensions: str = "content",
+              samples_per_shard: int | None = None, pattern: str = "shard-%06d.tar", image_extensions: str = "content",
               **options: Any) -> list[str]:
-        """Tar shards in directory ``target``, ``samples_per_shard`` samples each; returns their paths.
+        """Tar shards in directory ``target``, ``samples_per_shard`` samples each (default 10000); returns their
+        paths. A ``target`` named ``x.tar`` is one shard holding every sample, unless ``samples_per_shard`` is given.
 
         A sample's members are ``<key>.<extension>``: the key from ``__key__`` (else the row
         index, zero-padded), the extension from the field name, with a suffix added where the

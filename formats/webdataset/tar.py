@@ -137,6 +137,11 @@ def _header_of(member: TarMember, path: str) -> ShardHeader | None:
     return None if comment is None else ShardHeader.from_text(comment, path)
 
 
+def is_unihub_comment(comment: str | None) -> bool:
+    """Whether a shard's PAX global ``comment`` is the header a unihub export writes."""
+    return comment is not None and comment.startswith(_HEADER_PREFIX)
+
+
 def read_header(path: str) -> ShardHeader | None:
     """The unihub header of shard ``path`` (a PAX global header before its first member), or None;
     reads no member's data (ingest reads each shard once)."""

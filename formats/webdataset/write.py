@@ -14,6 +14,7 @@ complete where the writer is given a local path, streamed straight to its place 
 from __future__ import annotations
 
 import io
+import posixpath
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -32,25 +33,35 @@ from unihub.schema.unischema import Unischema
 EMPTY_MEMBER = "__empty__"
 
 
-def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *, samples_per_shard: int,
-                 pattern: str, image_extensions: str, **options: Any) -> list[str]:
-    """Shards of ``samples_per_shard`` samples in directory ``target``; see
+#: samples a shard of a folder of shards holds when ``samples_per_shard`` is not given
+DEFAULT_SAMPLES_PER_SHARD = 10000
+#: what a one-file target's shard header records as its samples per shard: it holds every sample
+_ONE_SHARD = 2**62
+
+
+def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[ColumnBatch], *,
+                 samples_per_shard: int | None, pattern: str, image_extensions: str, **options: Any) -> list[str]:
+    """Shards of ``samples_per_shard`` samples in directory ``target``, or every sample in the one tar file
+    ``target`` names (``x.tar``, where ``samples_per_shard`` is not given); see
     :meth:`~unihub.formats.webdataset.format.WebDatasetFormat.write`."""
-    _check_write_options(options, samples_per_shard, pattern, image_extensions)
+    outputs = outputs_for(target)
+    single = samples_per_shard is None and _one_file(outputs.root)
+    per_shard = _ONE_SHARD if single else samples_per_shard or DEFAULT_SAMPLES_PER_SHARD
+    _check_write_options(options, per_shard, pattern, image_extensions)
     members = _member_fields(schema, image_extensions)
     speller = RowSpeller(schema, image_extensions)
     if KEY_FIELD in schema and (schema[KEY_FIELD].numpy_dtype is not np.str_ or schema[KEY_FIELD].shape != ()):
         raise SchemaError(f"field {KEY_FIELD!r} of {schema.name!r} is {schema[KEY_FIELD].numpy_dtype.__name__} "
                           f"of shape {schema[KEY_FIELD].shape}; a WebDataset key is a str")
-    header = ShardHeader(schema, members, image_extensions, KEY_FIELD not in schema, samples_per_shard)
-    outputs = outputs_for(target)
-    outputs.makedirs()
-    writer = _ShardSet(outputs, pattern, samples_per_shard, header)
+    header = ShardHeader(schema, members, image_extensions, KEY_FIELD not in schema, per_shard)
+    if not single:
+        outputs.makedirs()
+    writer = _ShardSet(outputs, "" if single else pattern, per_shard, header)
     try:
         previous_key = None
         for index, row in enumerate(_rows(batches)):
             shard = writer.shard_for(index)
-            if index % samples_per_shard == 0:
+            if index % per_shard == 0:
                 previous_key = None  # a new shard: webdataset ends a sample at a shard's end
             key = _checked_key(row.get(KEY_FIELD), index, previous_key, KEY_FIELD in schema)
             previous_key = key
@@ -69,6 +80,17 @@ def write_shards(target: str | Outputs, schema: Unischema, batches: Iterable[Col
     except BaseException:
         writer.abort()
         raise
+
+
+def _one_file(root: str) -> bool:
+    """Whether the export's target names one tar file (``x.tar``) rather than a folder of shards; a compressed
+    name is refused, since the export writes plain tar (a ``.tar.gz`` holding plain tar would lie)."""
+    name = posixpath.basename(root.rstrip("/")).lower()
+    if name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
+        raise UnsupportedFormatError(f"{posixpath.basename(root.rstrip('/'))}: a WebDataset export writes plain tar; "
+                                     "name the one shard x.tar, or a "
+                                     "folder for shards of samples_per_shard samples (compress them afterwards)")
+    return name.endswith(".tar")
 
 
 def _check_write_options(options: Mapping[str, Any], samples_per_shard: int, pattern: str,
@@ -191,7 +213,7 @@ class _ShardSet:
     def shard_for(self, index: int) -> _ShardWriter:
         if index % self.per_shard == 0:
             self._commit()
-            name = self.pattern % (index // self.per_shard)
+            name = self.pattern % (index // self.per_shard) if self.pattern else ""  # '': the target itself
             if name in self.names:  # 's-%.1s.tar': shard 10 would replace shard 1
                 raise SchemaError(f"pattern {self.pattern!r} names shard {index // self.per_shard} {name!r}, as it "
                                   "named one before, which it would replace; give the shard number in full (%d)")

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from unihub import CompressedImageCodec, FormatError, ScalarCodec, SchemaError, TensorCodec, Unischema, UnischemaField
+from unihub.cli import main
 from unihub.converters.convert import convert
+from unihub.converters.verify import verify
 from unihub.formats.base import FORMATS, python_columns
 from unihub.formats.webdataset.format import WebDatasetFormat, split_name
 from unihub.images import decoders as images
@@ -285,6 +287,52 @@ def test_export_reads_back_with_webdataset(shards: Path, tmp_path: Path) -> None
                 assert sample[ext] == data, ext
     decoded = next(iter(wds.WebDataset(files[0], shardshuffle=False).decode("rgb8")))
     assert decoded["png"].shape == (8, 6, 3) and decoded["cls"] == 0 and decoded["npy"].shape == (4,)
+
+
+def test_an_export_to_a_file_named_x_tar_is_that_one_shard(shards: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``convert ds out.tar`` made a folder named out.tar holding shard-000000.tar, and out.tar.gz a
+    folder of plain tars."""
+    convert(str(shards), tmp_path / "ds", progress=False)
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "out.tar"), "--quiet"]) == 0
+    assert (tmp_path / "out.tar").is_file() and tarfile.is_tarfile(tmp_path / "out.tar")
+    theirs = list(wds.WebDataset(str(tmp_path / "out.tar"), shardshuffle=False))
+    assert len(theirs) == SHARDS * PER_SHARD
+    for i, sample in enumerate(theirs):
+        assert all(sample[ext] == data for ext, data in make_sample(i).items() if ext not in ("npy", "boxes.npy"))
+    assert verify(str(shards), str(tmp_path / "out.tar")).equal
+    assert convert(tmp_path / "out.tar", tmp_path / "back", progress=False).rows == SHARDS * PER_SHARD
+    # with samples_per_shard given, a folder of shards as before, whatever its name
+    convert(tmp_path / "ds", tmp_path / "many.tar", format_options={"samples_per_shard": 6}, progress=False)
+    assert sorted(os.listdir(tmp_path / "many.tar")) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    for name in ("out.tar.gz", "out.tgz"):
+        assert main(["convert", str(tmp_path / "ds"), str(tmp_path / name), "--quiet"]) == 1
+        assert capsys.readouterr().err == (f"unihub: error: {name}: a WebDataset export writes plain tar; name the "
+                                           "one shard x.tar, or a folder for shards of samples_per_shard samples "
+                                           "(compress them afterwards)\n")
+        assert not (tmp_path / name).exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
+
+
+def test_overwrite_replaces_unihubs_own_shards_and_no_other_tar(shards: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: --overwrite refused a folder of shards, or a tar, that unihub's own export wrote (a tar 'records no
+    writer'), though each shard's PAX header is unihub's."""
+    convert(str(shards), tmp_path / "ds", progress=False)
+    for target in ("out", "out.tar"):
+        assert main(["convert", str(tmp_path / "ds"), str(tmp_path / target), "--to", "webdataset", "--quiet"]) == 0
+        assert main(["convert", str(tmp_path / "ds"), str(tmp_path / target), "--to", "webdataset", "--quiet",
+                     "--overwrite"]) == 0, capsys.readouterr().err
+    theirs = tmp_path / "out" / "theirs.tar"
+    with tarfile.open(theirs, "w") as tar:  # a tar of another writer's beside the shards: the folder is not ours
+        tar.add(shards / os.listdir(shards)[0], arcname="x.tar")
+    for target, why in (("out", "is a folder of 2 entries that is not a unihub dataset"),
+                        ("out/theirs.tar", "is a webdataset file that unihub cannot tell it wrote (it holds no mark "
+                                           "of a unihub export)")):
+        before = theirs.read_bytes()
+        assert main(["convert", str(tmp_path / "ds"), str(tmp_path / target), "--to", "webdataset", "--quiet",
+                     "--overwrite"]) == 1
+        assert why in capsys.readouterr().err and theirs.read_bytes() == before
 
 
 def _parquet_batches(root: Path):
