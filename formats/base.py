@@ -82,8 +82,14 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_list(text: str) -> list[str]:
-    """Comma-separated items, blanks dropped: ``a,b/c`` -> ``['a', 'b/c']``."""
-    return [item.strip() for item in text.split(",") if item.strip()]
+    """Comma-separated items: ``a,b/c`` -> ``['a', 'b/c']``; empty text is no item. An empty item is refused
+    (``classes=cat,,dog`` dropped one and gave dog cat's next label)."""
+    if not text.strip():
+        return []
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
+        raise ValueError(f"item {items.index('') + 1} of {text!r} is empty")
+    return items
 
 
 def parse_choice(*choices: str) -> Callable[[str], str]:

@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from unihub.cli import main
 from unihub.errors import DatasetExistsError, FormatError, SchemaError
-from unihub.formats.base import FORMATS
+from unihub.formats.base import FORMATS, parse_list
 from unihub.formats.imagefolder.format import ImageFolderFormat
 from unihub.images.decoders import decode_image, encode_image
 from unihub.schema.codecs import CompressedImageCodec
 from unihub.schema.unischema import Unischema, UnischemaField
+from unihub.store.writer import write_dataset
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -373,6 +375,21 @@ def test_write_refuses_a_class_name_given_twice(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
     ImageFolderFormat.write(tmp_path / "out", schema, rows, classes=["cat", "cow", "dog"])
     assert sorted(os.listdir(tmp_path / "out")) == ["cat", "cow", "dog"]
+
+
+@pytest.mark.parametrize("given", ["cat,,dog", ",cat,dog", "cat,dog,", "cat, ,dog"])
+def test_an_empty_item_of_a_list_option_is_refused(given: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--option classes=cat,,dog`` dropped the blank: dog took cat's next label, every later label shifted."""
+    schema = Unischema("L", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("label", np.int64)])
+    write_dataset(tmp_path / "ds", schema, [{"image": rgb(seed=i), "label": i % 2} for i in range(4)])
+    assert main(["convert", str(tmp_path / "ds"), str(tmp_path / "out"), "--to", "imagefolder", "--option",
+                 f"classes={given}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("unihub: error: imagefolder option classes: item ") and f"of {given!r} is empty" in err
+    assert not (tmp_path / "out").exists()
+    assert parse_list("") == [] and parse_list(" a , b/c ") == ["a", "b/c"]
 
 
 def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) -> None:
