@@ -538,6 +538,26 @@ class ImageFolderFormat(ForeignFormat):
             yield {**record, "image": bytes(data)}  # a file out of place is named by its path, not its bytes
 
     @classmethod
+    def export_caveats(cls, schema: Unischema, options: Mapping[str, Any]) -> list[str]:
+        """Labels that would read back as others: an ingest (and torchvision's ImageFolder) numbers the class
+        folders in sorted order, so ``classes`` out of that order, or integer labels written as folder names
+        (``'10'`` sorts before ``'2'``), come back renumbered."""
+        label = options.get("label_field", "label")
+        if not label or label not in schema:
+            return []
+        classes = options.get("classes")
+        if classes:
+            order = sorted(classes)
+            return [] if list(classes) == order else [
+                f"the classes {_shown(list(classes))} are not in sorted order: an ingest and torchvision's "
+                f"ImageFolder number the folders {_shown(order)}, so the labels read back differ"]
+        if schema[label].numpy_dtype is not np.str_:
+            return ["no classes were given, so each label's folder is its number: with 10 or more labels an "
+                    "ingest and torchvision's ImageFolder sort the names as text ('10' before '2') and read other "
+                    "labels back; pass classes (--option classes=...)"]
+        return []
+
+    @classmethod
     def export_options(cls, extra: Mapping[str, Any], schema: Unischema) -> dict[str, Any]:
         """The source's class names, so labels map back to the same folders."""
         return {"classes": list(extra["classes"])} if extra.get("classes") else {}

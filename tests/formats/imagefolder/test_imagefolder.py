@@ -392,6 +392,28 @@ def test_an_empty_item_of_a_list_option_is_refused(given: str, tmp_path: Path,
     assert parse_list("") == [] and parse_list(" a , b/c ") == ["a", "b/c"]
 
 
+def test_an_export_whose_labels_would_read_back_as_others_says_so(classes_tree, tmp_path: Path) -> None:
+    """classes out of sorted order, or integer labels named by their number, come back renumbered (an ingest and
+    torchvision's ImageFolder sort the folder names). Before: without a word."""
+    from unihub.converters.convert import convert
+
+    schema = Unischema("L", [UnischemaField("image", np.uint8, (8, 6, 3), CompressedImageCodec("png")),
+                             UnischemaField("label", np.int64)])
+    write_dataset(tmp_path / "ds", schema, [{"image": rgb(seed=i), "label": i % 2} for i in range(4)])
+    result = convert(tmp_path / "ds", tmp_path / "a", to_format="imagefolder", progress=False,
+                     format_options={"classes": ["dog", "cat"]})
+    assert result.notes == ["the classes ['dog', 'cat'] are not in sorted order: an ingest and torchvision's "
+                            "ImageFolder number the folders ['cat', 'dog'], so the labels read back differ"]
+    back = convert(tmp_path / "a", tmp_path / "a_ds", progress=False)
+    assert back.rows == 4 and FORMATS.get("imagefolder")(str(tmp_path / "a")).metadata()["classes"] == ["cat", "dog"]
+    result = convert(tmp_path / "ds", tmp_path / "b", to_format="imagefolder", progress=False)
+    assert len(result.notes) == 1 and "each label's folder is its number" in result.notes[0]
+    for name, options in (("c", {"classes": ["cat", "dog"]}), ("d", {})):
+        source = tmp_path / "a_ds" if name == "d" else tmp_path / "ds"  # an ingest's classes: sorted
+        assert convert(source, tmp_path / name, to_format="imagefolder", progress=False,
+                       format_options=options).notes == []
+
+
 def test_round_trip_through_the_canonical_store(classes_tree, tmp_path: Path) -> None:
     from unihub import make_batch_reader, make_reader, write_dataset
 
