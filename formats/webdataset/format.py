@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import os
+import posixpath
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -199,7 +200,7 @@ class WebDatasetFormat(ForeignFormat):
     @classmethod
     def detect(cls, path: str) -> bool:
         if sources.isdir(path):
-            return any(name.endswith(SHARD_SUFFIXES) for name in sources.listdir(path))
+            return any(name.lower().endswith(SHARD_SUFFIXES) for name in sources.listdir(path))
         if not sources.isfile(path):
             return False
         with sources.open_input(path) as handle:
@@ -221,6 +222,16 @@ class WebDatasetFormat(ForeignFormat):
             return sorted(named, key=lambda path: headers[path].first_row)  # type: ignore[union-attr]
         return named
 
+    def caveats(self) -> list[str]:
+        """Shards of a folder source found in more than one of its folders (``train/``, ``val/``): read as one
+        dataset, which may not be what was meant."""
+        folders = sorted({posixpath.dirname(path) for path in self._named_files})
+        if len(folders) < 2 or not any(sources.isdir(s) for s in self.sources):
+            return []
+        shown = ", ".join(folders[:3]) + (f", ... ({len(folders)} in all)" if len(folders) > 3 else "")
+        return [f"the shards come from {len(folders)} folders ({shown}), read as one dataset: convert each folder on "
+                "its own to keep them apart"]
+
     @cached_property
     def _named_files(self) -> list[str]:
         found: list[str] = []
@@ -228,7 +239,7 @@ class WebDatasetFormat(ForeignFormat):
             for pattern in expand_braces(sources.without_query(source)):  # a folder in {a,b} is a folder too
                 shards = expand_sources([pattern])
                 if sources.isdir(pattern):
-                    shards = [s for s in shards if s.endswith(SHARD_SUFFIXES)]
+                    shards = [s for s in shards if s.lower().endswith(SHARD_SUFFIXES)]  # a.TAR too
                 found.extend(shards)
         return unique_files(found)
 

@@ -335,6 +335,24 @@ def test_overwrite_replaces_unihubs_own_shards_and_no_other_tar(shards: Path, tm
         assert why in capsys.readouterr().err and theirs.read_bytes() == before
 
 
+def test_a_folder_of_shards_in_several_folders_says_so_and_reads_uppercase_tar(shards: Path, tmp_path: Path) -> None:
+    """Before: train/ and val/ under one folder were merged into one dataset without a word, and a shard named
+    x.TAR was left out of its folder (as was detecting the folder as WebDataset)."""
+    names = sorted(os.listdir(shards))
+    for folder, name in (("train", names[0]), ("val", names[1])):
+        (tmp_path / "two" / folder).mkdir(parents=True)
+        os.link(shards / name, tmp_path / "two" / folder / name)
+    result = convert(str(tmp_path / "two"), tmp_path / "ds", from_format="webdataset", progress=False)
+    assert result.rows == 2 * PER_SHARD
+    assert result.notes == [f"the shards come from 2 folders ({tmp_path / 'two' / 'train'}, {tmp_path / 'two' / 'val'}),"
+                            " read as one dataset: convert each folder on its own to keep them apart"]
+    assert convert(str(tmp_path / "two" / "val"), tmp_path / "val", progress=False).notes == []
+    (tmp_path / "upper").mkdir()
+    os.link(shards / names[2], tmp_path / "upper" / "LAST.TAR")
+    result = convert(str(tmp_path / "upper"), tmp_path / "upper_ds", progress=False)
+    assert result.from_format == "webdataset" and result.rows == PER_SHARD
+
+
 def _parquet_batches(root: Path):
     store = open_dataset(str(root))
     for index in range(len(store.row_groups)):
