@@ -175,6 +175,18 @@ def getsize(path: str) -> int:
     return int(info.size or 0)
 
 
+def total_size(paths: list[str]) -> int:
+    """Bytes of the files ``paths`` (URLs): one listing per folder holding them, not one request per file
+    (an image folder has many); a file no listing holds counts 0."""
+    wanted: dict[str, set[str]] = {}
+    for path in paths:
+        folder, _, name = without_query(path).rpartition("/")
+        wanted.setdefault(folder, set()).add(name)
+    return sum(int(entry.size or 0) for folder, names in wanted.items()
+               for entry in _entries(folder, recursive=False)
+               if entry.type == pafs.FileType.File and posixpath.basename(entry.path) in names)
+
+
 def _entries(root: str, *, recursive: bool) -> list[pafs.FileInfo]:
     fs, inner = filesystem(root)
     with remote.remote_errors(root):

@@ -220,6 +220,22 @@ def test_workers_read_s3_with_storage_options(s3_server: Any, sources_dir: Path,
     assert sorted(int(r["id"]) for r in rows_of(str(tmp_path / "out"))) == list(range(12))
 
 
+def test_a_remote_source_counts_its_bytes_for_the_workers(s3_server: Any, sources_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3 source's size is what decides the forked workers, as a local one's: it counted 0 bytes, so every
+    conversion from a store ran in-process ("too little input") and reported bytes_read 0."""
+    local_src, upload_dir = write_source("tfrecord", sources_dir / "sized")
+    size = sum(p.stat().st_size for p in Path(local_src).iterdir())
+    run = uuid.uuid4().hex[:8]
+    upload(s3_server, upload_dir, f"{run}/tfr")
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", str(size / 2 / 2**20))  # the input pays for exactly two workers
+    local = convert(local_src, tmp_path / "local", workers=2, progress=False)
+    remote = convert(f"s3://{s3_server.bucket}/{run}/tfr", tmp_path / "remote", workers=2, progress=False,
+                     storage_options=s3_server.storage_options())
+    assert (remote.bytes_read, remote.notes) == (local.bytes_read, local.notes) == (size, [])
+    assert sorted(int(r["id"]) for r in rows_of(str(tmp_path / "remote"))) == list(range(12))
+
+
 def _cli_env(s3: Any) -> dict[str, str]:
     return {**os.environ, "AWS_ENDPOINT_URL": s3.endpoint_url, "AWS_ACCESS_KEY_ID": s3.key,
             "AWS_SECRET_ACCESS_KEY": s3.secret, "AWS_DEFAULT_REGION": "us-east-1"}
