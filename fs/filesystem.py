@@ -9,6 +9,7 @@ get unihub's remote timeouts and retries, and a remote failure through either is
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, UnsupportedFilesystemError
+from unihub.errors import InvalidArgumentError, OutputError, UnsupportedFilesystemError
 from unihub.fs import atomic, remote
 from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES, abort_uploads
 
@@ -385,6 +386,42 @@ def temporary_sibling(target: str) -> str:
     """A hidden, unique path beside ``target`` to write into before :func:`commit`, named after this
     process so that the next run on ``target`` can tell it from one a killed run left (:func:`settle`)."""
     return atomic.sibling(target, "tmp")
+
+
+def check_bucket(fs: pafs.FileSystem, path: str, url: str) -> None:
+    """Refuse to write ``url`` (``path`` on ``fs``) into an S3 or GCS bucket that does not exist, before anything
+    is written: an :class:`~unihub.errors.OutputError` naming the URL and the bucket. unihub makes no buckets
+    (through s3fs, making the staging folder created a bucket of a misspelled name; pyarrow's S3 raised a bare
+    ``OSError``, or in an export a ``RemoteStorageError`` blaming the retries) unless a URL asks pyarrow to
+    (``allow_bucket_creation=true``). A bucket that cannot be looked at (no ``ListBucket`` right) is left to the
+    write itself."""
+    bucket = _bucket_to_check(fs, path)
+    if bucket is None:
+        return
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:
+        return
+    if missing:
+        raise OutputError(f"cannot write {remote.public_url(url)}: the bucket {bucket!r} does not exist; create it "
+                          "first (unihub makes no buckets), or check the bucket's name in the URL",
+                          code=errno.ENOENT, filename=remote.public_url(url))
+
+
+def _bucket_to_check(fs: pafs.FileSystem, path: str) -> str | None:
+    """The bucket ``path`` lies in where ``fs`` is an S3 or GCS store that would not make it, else None."""
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, _FSSpecHandler):
+        protocol = handler.fs.protocol
+        protocols = set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+        if not protocols & {"s3", "s3a", "gs", "gcs"}:
+            return None
+    elif fs.type_name not in ("s3", "gcs"):
+        return None
+    elif fs.type_name == "s3" and pafs.S3FileSystem.__reduce__(fs)[1][0].get("allow_bucket_creation"):
+        return None
+    bucket = path.strip("/").split("/")[0]
+    return bucket or None
 
 
 def on_local_disk(fs: pafs.FileSystem) -> bool:

@@ -21,17 +21,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
 
-from unihub import convert, open_dataset, verify, write_dataset  # noqa: E402
+from unihub import (  # noqa: E402
+    ScalarCodec,
+    Unischema,
+    UnischemaField,
+    convert,
+    open_dataset,
+    verify,
+    write_dataset,
+)
 from unihub.cli import main  # noqa: E402
 from unihub.errors import DatasetChangedError, UnsupportedFilesystemError  # noqa: E402
 from unihub.readers.reader import make_batch_reader  # noqa: E402
 
+_SCHEMA = Unischema("Ids", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 FORMATS = ["tfrecord", "tfrecord-gzip", "tfrecord-zlib", "hdf5", "webdataset", "webdataset-gz", "imagefolder"]
 EXPORTS = {"tfrecord": "tfrecord", "hdf5": "hdf5", "webdataset": "webdataset", "imagefolder": "imagefolder"}
 
@@ -234,6 +244,43 @@ def test_a_remote_source_counts_its_bytes_for_the_workers(s3_server: Any, source
                      storage_options=s3_server.storage_options())
     assert (remote.bytes_read, remote.notes) == (local.bytes_read, local.notes) == (size, [])
     assert sorted(int(r["id"]) for r in rows_of(str(tmp_path / "remote"))) == list(range(12))
+
+
+def test_a_write_to_a_missing_bucket_is_named_and_makes_no_bucket(s3_server: Any, sources_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """Every writer refuses a bucket that does not exist with one OutputError naming it, and makes none: through
+    s3fs a misspelled bucket was created (and written), through pyarrow's S3 a bare OSError or, in an export, a
+    RemoteStorageError blaming the retries."""
+    from unihub import copy_dataset
+    from unihub.errors import OutputError
+
+    client = s3_server.client()
+    buckets = lambda: sorted(b["Name"] for b in client.list_buckets()["Buckets"])  # noqa: E731
+    before = buckets()
+    run = uuid.uuid4().hex[:8]
+    local_src, upload_dir = write_source("tfrecord", sources_dir / "nobucket")
+    upload(s3_server, upload_dir, f"{run}/tfr")
+    good = f"s3://{s3_server.bucket}/{run}/ds"
+    convert(f"s3://{s3_server.bucket}/{run}/tfr", good, storage_options=s3_server.storage_options())
+    options = s3_server.storage_options()
+    pyarrow_url = f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    writes = {
+        "write_dataset, s3fs": lambda url: write_dataset(url, _SCHEMA, ({"id": i} for i in range(3)),
+                                                          storage_options=options),
+        "write_dataset, pyarrow": lambda url: write_dataset(url, _SCHEMA, ({"id": i} for i in range(3)),
+                                                             filesystem=s3_server.pyarrow_filesystem()),
+        "ingest": lambda url: convert(f"s3://{s3_server.bucket}/{run}/tfr", url, storage_options=options),
+        "export, s3fs": lambda url: convert(good, url, to_format="webdataset", storage_options=options),
+        "export, pyarrow": lambda url: convert(good + pyarrow_url, url + pyarrow_url, to_format="tfrecord"),
+        "copy_dataset": lambda url: copy_dataset(None, good, url, storage_options=options),
+    }
+    for what, write in writes.items():
+        with pytest.raises(OutputError, match=f"cannot write s3://no-{run}/x: the bucket 'no-{run}' does not exist"):
+            write(f"s3://no-{run}/x")
+        assert buckets() == before, what
+    # a URL that asks pyarrow to make its bucket still does
+    write_dataset(f"s3://made-{run}/x{pyarrow_url}&allow_bucket_creation=true", _SCHEMA, [{"id": 1}])
+    assert f"made-{run}" in buckets()
 
 
 def _cli_env(s3: Any) -> dict[str, str]:
