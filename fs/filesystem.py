@@ -94,8 +94,27 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     except (ValueError, ImportError) as exc:
         raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
                                          "a path with a scheme is never taken for a local one") from None
-    fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
+    fs = _fsspec_filesystem(fsspec, url, scheme, remote.fsspec_options(scheme, storage_options, settings))
     return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
+
+
+def _fsspec_filesystem(fsspec: Any, url: str, scheme: str, options: dict[str, Any]) -> Any:
+    """fsspec's filesystem for ``scheme`` with ``options``; s3fs's client is made now, so that options it refuses
+    (an unknown keyword, an endpoint that is no URL, ``client_kwargs`` that are no mapping) are an
+    :class:`InvalidArgumentError` here, not a ``TypeError``, ``ValueError`` or ``AttributeError`` from inside s3fs
+    at the first request (a traceback in the CLI); so are botocore's refusals of them (a key without its secret,
+    a profile that does not exist). Making the client sends no request."""
+    try:
+        fs = fsspec.filesystem(scheme, **options)
+        if remote.is_s3fs(fs):
+            fs.connect()
+    except Exception as exc:
+        if not isinstance(exc, (TypeError, ValueError, AttributeError)) and \
+                type(exc).__module__.split(".")[0] != "botocore":
+            raise
+        raise InvalidArgumentError(f"{remote.public_url(url)}: storage options that {scheme}:// refuses "
+                                   f"({type(exc).__name__}: {exc})") from None
+    return fs
 
 
 def _pyarrow_from_url(url: str, scheme: str) -> tuple[pafs.FileSystem, str]:
