@@ -128,8 +128,19 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
             fs, _ = fsutil.resolve_filesystem(origin, None, options)
         except UnsupportedFilesystemError as exc:
             raise UnsupportedFilesystemError(str(exc).replace(origin, bare, 1)) from None
+        _forget_listings(fs)
         _CACHE[cache_key] = fs
     return fs, fsutil.strip_scheme(bare)
+
+
+def _forget_listings(fs: pafs.FileSystem) -> None:
+    """Have a conversion list its sources afresh: fsspec hands every caller with the same options one instance,
+    listings (and the ETags s3fs reads with) cached since an earlier conversion in this process. With them a
+    file added since was "not a file", and one rewritten since was "changed since the dataset was opened"
+    before ``convert --append`` could tell it changed (a SourceChangedError)."""
+    invalidate = getattr(getattr(getattr(fs, "handler", None), "fs", None), "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate()
 
 
 def join(directory: str, name: str) -> str:

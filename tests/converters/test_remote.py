@@ -283,6 +283,49 @@ def test_a_write_to_a_missing_bucket_is_named_and_makes_no_bucket(s3_server: Any
     assert f"made-{run}" in buckets()
 
 
+def _tfrecord(ids: range, tag: int = 0) -> bytes:
+    """A TFRecord file of one Example per id (``id``, ``tag``), as tf.io.TFRecordWriter writes it."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as holder:
+        path = os.path.join(holder, "f.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for n in ids:
+                feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[n])),
+                           "tag": tf.train.Feature(int64_list=tf.train.Int64List(value=[tag]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return Path(path).read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["fsspec"])
+def test_incremental_conversions_in_one_process_see_the_source_as_it_is_now(s3_server: Any, kind: str) -> None:
+    """convert --append from S3 run again in the same process (a job that converts as files arrive) lists the
+    source afresh: through s3fs the listing an earlier conversion cached was used, so a file added since was
+    'not a file' and one rewritten since 'changed since the dataset was opened', not a SourceChangedError."""
+    from unihub.errors import SourceChangedError
+
+    client, run = s3_server.client(), uuid.uuid4().hex[:8]
+    for n in range(2):
+        client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p{n}.tfrecord", Body=_tfrecord(range(n * 10, n * 10 + 10)))
+    src, dst = f"s3://{s3_server.bucket}/{run}/src", f"s3://{s3_server.bucket}/{run}/ds"
+    query = f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    access: dict[str, Any] = {"storage_options": s3_server.storage_options()} if kind == "fsspec" else {}
+    if kind == "query":
+        src, dst = src + query, dst + query
+
+    def append() -> int:
+        return convert(src, dst, append=True, progress=False, **access).rows
+
+    assert (append(), append()) == (20, 0)
+    client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p2.tfrecord", Body=_tfrecord(range(20, 25)))
+    assert append() == 5
+    assert sorted(int(r["id"]) for r in rows_of(dst, **access)) == list(range(25))
+    client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p0.tfrecord", Body=_tfrecord(range(10), tag=7))
+    with pytest.raises(SourceChangedError, match=rf"s3://{s3_server.bucket}/{run}/src/p0.tfrecord \(\d+ bytes"):
+        append()
+    assert [int(r["tag"]) for r in rows_of(dst, **access)] == [0] * 25
+
+
 def _cli_env(s3: Any) -> dict[str, str]:
     return {**os.environ, "AWS_ENDPOINT_URL": s3.endpoint_url, "AWS_ACCESS_KEY_ID": s3.key,
             "AWS_SECRET_ACCESS_KEY": s3.secret, "AWS_DEFAULT_REGION": "us-east-1"}
