@@ -133,6 +133,7 @@ def check_url_parameters(url: str) -> None:
     """Refuse query parameters of an ``s3://`` or ``gs://`` URL that pyarrow's filesystem does not take
     (:data:`URL_PARAMETERS`), naming them (never their values: the query may hold a secret)."""
     refuse_fragment(url)
+    refuse_credentials(url)
     parsed = urlparse(url)
     supported = URL_PARAMETERS.get(parsed.scheme)
     if supported is None:
@@ -170,6 +171,19 @@ def refuse_fragment(url: str) -> None:
         raise InvalidArgumentError(f"{remote.public_url(url)}#...: a URL's path ends at '#' (what follows is a "
                                    f"fragment, no part of a name), so this would read or write "
                                    f"{remote.public_url(url)}; rename the object or folder to a name without '#'")
+
+
+def refuse_credentials(url: str) -> None:
+    """Refuse an ``s3://`` or ``gs://`` URL holding credentials (``s3://KEY:SECRET@bucket/key``, which pyarrow's
+    own URL parse takes): the bucket was taken to be ``KEY:SECRET@bucket``, so every call failed with a raw
+    ``ArrowInvalid`` (a traceback from the CLI) showing the secret, and a URL is shown in messages and kept in
+    metadata. Names the URL without them."""
+    parsed = urlparse(url) if "://" in url else None
+    if parsed is not None and parsed.scheme in _OBJECT_SCHEMES and "@" in parsed.netloc:
+        raise InvalidArgumentError(f"{remote.public_url(url)}: credentials in the URL (the '{parsed.scheme}://"
+                                   "KEY:SECRET@BUCKET' form) are refused, as a URL is shown in messages and kept in metadata; "
+                                   "pass them as storage_options 'key'/'secret' (--storage-option key=...), the "
+                                   "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a profile")
 
 
 def _supported(scheme: str) -> str:
@@ -366,6 +380,7 @@ def strip_scheme(url: str, *, keep_netloc: bool = True) -> str:
     if "://" not in url:
         return url
     refuse_fragment(url)
+    refuse_credentials(url)
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return parsed.path

@@ -203,3 +203,25 @@ def test_a_refusal_of_the_credentials_names_the_url_and_the_credentials(s3_serve
                                                  r"\(.*\); check the credentials") as info:
         open_dataset(url, **access)
     assert "gave up after the retries" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["s3://AKIAKEY:SECRETXYZ@bucket/ds", "gs://user:SECRETXYZ@bucket/ds",
+                                 "s3://AKIAKEY:SECRETXYZ@bucket/ds?endpoint_override=127.0.0.1:9&scheme=http"])
+def test_credentials_in_the_url_are_refused_without_showing_them(url: str, tmp_path: Any) -> None:
+    """pyarrow's URL form with credentials took 'KEY:SECRET@bucket' for the bucket: every call was a raw ArrowInvalid
+    (a CLI traceback) showing the secret. It is an InvalidArgumentError that names the URL without them."""
+    from unihub import convert, open_dataset
+
+    calls = [lambda: resolve_filesystem(url), lambda: open_dataset(url),
+             lambda: write_dataset(url, SCHEMA, ({"id": i} for i in range(3))),
+             lambda: convert(str(tmp_path / "source"), url, to_format="tfrecord")]
+    write_dataset(tmp_path / "source", SCHEMA, ({"id": i} for i in range(3)))
+    for call in calls:
+        with pytest.raises(InvalidArgumentError, match=r"^(s3|gs)://bucket/ds: credentials in the URL") as info:
+            call()
+        assert "SECRETXYZ" not in str(info.value)
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", "inspect", url], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "credentials in the URL" in lines[0], done.stderr
+    assert "SECRETXYZ" not in done.stderr + done.stdout
