@@ -187,15 +187,25 @@ def getsize(path: str) -> int:
 
 
 def total_size(paths: list[str]) -> int:
-    """Bytes of the files ``paths`` (URLs): one listing per folder holding them, not one request per file
-    (an image folder has many); a file no listing holds counts 0."""
+    """Bytes of the files ``paths`` (URLs): one listing per folder holding many of them, not one request per file
+    (an image folder has many); a request per file where a folder holds few (a listing of a bucket's root to
+    size one HDF5 file there would page through every object); a file not found counts 0."""
     wanted: dict[str, set[str]] = {}
     for path in paths:
         folder, _, name = without_query(path).rpartition("/")
         wanted.setdefault(folder, set()).add(name)
-    return sum(int(entry.size or 0) for folder, names in wanted.items()
-               for entry in _entries(folder, recursive=False)
-               if entry.type == pafs.FileType.File and posixpath.basename(entry.path) in names)
+    total = 0
+    for folder, names in wanted.items():
+        if len(names) > _LOOKS_PER_FOLDER:
+            found = [e for e in _entries(folder, recursive=False) if posixpath.basename(e.path) in names]
+        else:
+            found = [_info(f"{folder}/{name}") for name in sorted(names)]
+        total += sum(int(e.size or 0) for e in found if e.type == pafs.FileType.File)
+    return total
+
+
+#: files of one folder sized by a request each (:func:`total_size`); more: by a listing of the folder
+_LOOKS_PER_FOLDER = 8
 
 
 def _entries(root: str, *, recursive: bool) -> list[pafs.FileInfo]:

@@ -53,3 +53,18 @@ def test_an_object_read_whole_in_one_request_is_not_looked_at_again(s3_server: A
         with sources.open_input(url) as handle:
             assert handle.read() == b"x" * 1000
     assert s3_server.requests.entries[-1][0] == "GET", s3_server.requests.entries  # no look after the read
+
+
+@pytest.mark.parametrize("files", [3, 12])
+def test_total_size_of_remote_files(s3_server: Any, files: int) -> None:
+    """A request per file where a folder holds few of them, one listing where it holds many; both sum the same."""
+    client, prefix = s3_server.client(), f"sizes-{uuid.uuid4().hex[:8]}"
+    for n in range(files):
+        client.put_object(Bucket=s3_server.bucket, Key=f"{prefix}/a/{n}.bin", Body=b"x" * (n + 1))
+    client.put_object(Bucket=s3_server.bucket, Key=f"{prefix}/b/other.bin", Body=b"x" * 1000)
+    client.put_object(Bucket=s3_server.bucket, Key=f"{prefix}/a/not-asked.bin", Body=b"x" * 1000)
+    urls = [f"s3://{s3_server.bucket}/{prefix}/a/{n}.bin" for n in range(files)]
+    with sources.using(s3_server.storage_options()):
+        assert sources.total_size(urls + [f"s3://{s3_server.bucket}/{prefix}/b/other.bin",
+                                          f"s3://{s3_server.bucket}/{prefix}/a/gone.bin"]) == \
+            sum(range(1, files + 1)) + 1000
