@@ -384,7 +384,11 @@ def _unconverted(source: ForeignFormat, dst: str) -> tuple[ForeignFormat | None,
 
 def _settle(src: str, dst: str) -> None:
     """Finish what killed runs left at ``dst`` (its old dataset back in place, their temporaries
-    removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.fs.atomic`)."""
+    removed), and at ``src`` where a killed run left it missing (see :mod:`unihub.fs.atomic`); a ``dst``
+    in a bucket that does not exist is refused first (:func:`unihub.fs.filesystem.check_bucket`)."""
+    if sources.is_url(dst):
+        fs, target = fsutil.resolve_filesystem(dst)
+        fsutil.check_bucket(fs, target, dst)
     publish.settle_url(dst)
     if "://" not in src and not os.path.lexists(src):
         publish.settle_url(src)

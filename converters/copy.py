@@ -118,6 +118,7 @@ def copy_dataset(spark: Any, source_url: str | os.PathLike[str], target_url: str
     if petastorm_compatible:
         check_petastorm_compatible(schema)
     fs, target = fsutil.resolve_filesystem(target_url, None, storage_options)
+    fsutil.check_bucket(fs, target, target_url)
     publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     check_replaceable(fs, target, target_url, overwrite=overwrite_output, overwrite_foreign=overwrite_foreign,
                       what="overwrite_output=True (--overwrite)")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from unihub.errors import FormatError
 from unihub.formats.base import SkippedRecord
+from unihub.fs import sources
 
 UNIHUB = "unihub"
 
@@ -50,11 +51,14 @@ def all_skipped(skipped: list[SkippedRecord]) -> FormatError:
 
 
 def total_size(files: list[str]) -> int:
-    """Bytes of the input files (one stat each: image folders have many)."""
+    """Bytes of the input files (one stat each: image folders have many), local paths and URLs alike: a
+    remote source counted 0, so it was never converted in forked workers ("too little input")."""
     total = 0
     for path in files:
+        if sources.is_url(path):
+            continue
         try:
             total += os.stat(path).st_size
         except OSError:
             pass
-    return total
+    return total + sources.total_size([path for path in files if sources.is_url(path)])

@@ -9,6 +9,7 @@ get unihub's remote timeouts and retries, and a remote failure through either is
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from unihub.dependencies import require
-from unihub.errors import InvalidArgumentError, UnsupportedFilesystemError
+from unihub.errors import InvalidArgumentError, OutputError, UnsupportedFilesystemError
 from unihub.fs import atomic, remote
 from unihub.fs.uploads import READ_AHEAD_BYTES, UPLOAD_PART_BYTES, abort_uploads
 
@@ -93,8 +94,27 @@ def resolve_filesystem(url: str, filesystem: Any = None,
     except (ValueError, ImportError) as exc:
         raise UnsupportedFilesystemError(f"{remote.public_url(url)}: no filesystem for {scheme}:// URLs ({exc}); "
                                          "a path with a scheme is never taken for a local one") from None
-    fs = fsspec.filesystem(scheme, **remote.fsspec_options(scheme, storage_options, settings))
+    fs = _fsspec_filesystem(fsspec, url, scheme, remote.fsspec_options(scheme, storage_options, settings))
     return as_pyarrow_filesystem(remote.configure_fsspec(fs), settings), strip_scheme(url, keep_netloc=True)
+
+
+def _fsspec_filesystem(fsspec: Any, url: str, scheme: str, options: dict[str, Any]) -> Any:
+    """fsspec's filesystem for ``scheme`` with ``options``; s3fs's client is made now, so that options it refuses
+    (an unknown keyword, an endpoint that is no URL, ``client_kwargs`` that are no mapping) are an
+    :class:`InvalidArgumentError` here, not a ``TypeError``, ``ValueError`` or ``AttributeError`` from inside s3fs
+    at the first request (a traceback in the CLI); so are botocore's refusals of them (a key without its secret,
+    a profile that does not exist). Making the client sends no request."""
+    try:
+        fs = fsspec.filesystem(scheme, **options)
+        if remote.is_s3fs(fs):
+            fs.connect()
+    except Exception as exc:
+        if not isinstance(exc, (TypeError, ValueError, AttributeError)) and \
+                type(exc).__module__.split(".")[0] != "botocore":
+            raise
+        raise InvalidArgumentError(f"{remote.public_url(url)}: storage options that {scheme}:// refuses "
+                                   f"({type(exc).__name__}: {exc})") from None
+    return fs
 
 
 def _pyarrow_from_url(url: str, scheme: str) -> tuple[pafs.FileSystem, str]:
@@ -113,6 +133,7 @@ def check_url_parameters(url: str) -> None:
     """Refuse query parameters of an ``s3://`` or ``gs://`` URL that pyarrow's filesystem does not take
     (:data:`URL_PARAMETERS`), naming them (never their values: the query may hold a secret)."""
     refuse_fragment(url)
+    refuse_credentials(url)
     parsed = urlparse(url)
     supported = URL_PARAMETERS.get(parsed.scheme)
     if supported is None:
@@ -150,6 +171,19 @@ def refuse_fragment(url: str) -> None:
         raise InvalidArgumentError(f"{remote.public_url(url)}#...: a URL's path ends at '#' (what follows is a "
                                    f"fragment, no part of a name), so this would read or write "
                                    f"{remote.public_url(url)}; rename the object or folder to a name without '#'")
+
+
+def refuse_credentials(url: str) -> None:
+    """Refuse an ``s3://`` or ``gs://`` URL holding credentials (``s3://KEY:SECRET@bucket/key``, which pyarrow's
+    own URL parse takes): the bucket was taken to be ``KEY:SECRET@bucket``, so every call failed with a raw
+    ``ArrowInvalid`` (a traceback from the CLI) showing the secret, and a URL is shown in messages and kept in
+    metadata. Names the URL without them."""
+    parsed = urlparse(url) if "://" in url else None
+    if parsed is not None and parsed.scheme in _OBJECT_SCHEMES and "@" in parsed.netloc:
+        raise InvalidArgumentError(f"{remote.public_url(url)}: credentials in the URL (the '{parsed.scheme}://"
+                                   "KEY:SECRET@BUCKET' form) are refused, as a URL is shown in messages and kept in metadata; "
+                                   "pass them as storage_options 'key'/'secret' (--storage-option key=...), the "
+                                   "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a profile")
 
 
 def _supported(scheme: str) -> str:
@@ -346,6 +380,7 @@ def strip_scheme(url: str, *, keep_netloc: bool = True) -> str:
     if "://" not in url:
         return url
     refuse_fragment(url)
+    refuse_credentials(url)
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return parsed.path
@@ -385,6 +420,42 @@ def temporary_sibling(target: str) -> str:
     """A hidden, unique path beside ``target`` to write into before :func:`commit`, named after this
     process so that the next run on ``target`` can tell it from one a killed run left (:func:`settle`)."""
     return atomic.sibling(target, "tmp")
+
+
+def check_bucket(fs: pafs.FileSystem, path: str, url: str) -> None:
+    """Refuse to write ``url`` (``path`` on ``fs``) into an S3 or GCS bucket that does not exist, before anything
+    is written: an :class:`~unihub.errors.OutputError` naming the URL and the bucket. unihub makes no buckets
+    (through s3fs, making the staging folder created a bucket of a misspelled name; pyarrow's S3 raised a bare
+    ``OSError``, or in an export a ``RemoteStorageError`` blaming the retries) unless a URL asks pyarrow to
+    (``allow_bucket_creation=true``). A bucket that cannot be looked at (no ``ListBucket`` right) is left to the
+    write itself."""
+    bucket = _bucket_to_check(fs, path)
+    if bucket is None:
+        return
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError:
+        return
+    if missing:
+        raise OutputError(f"cannot write {remote.public_url(url)}: the bucket {bucket!r} does not exist; create it "
+                          "first (unihub makes no buckets), or check the bucket's name in the URL",
+                          code=errno.ENOENT, filename=remote.public_url(url))
+
+
+def _bucket_to_check(fs: pafs.FileSystem, path: str) -> str | None:
+    """The bucket ``path`` lies in where ``fs`` is an S3 or GCS store that would not make it, else None."""
+    handler = getattr(fs, "handler", None)
+    if isinstance(handler, _FSSpecHandler):
+        protocol = handler.fs.protocol
+        protocols = set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+        if not protocols & {"s3", "s3a", "gs", "gcs"}:
+            return None
+    elif fs.type_name not in ("s3", "gcs"):
+        return None
+    elif fs.type_name == "s3" and pafs.S3FileSystem.__reduce__(fs)[1][0].get("allow_bucket_creation"):
+        return None
+    bucket = path.strip("/").split("/")[0]
+    return bucket or None
 
 
 def on_local_disk(fs: pafs.FileSystem) -> bool:

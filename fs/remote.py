@@ -68,6 +68,8 @@ _CUT_SHORT = frozenset({"ClientPayloadError", "IncompleteRead", "IncompleteReadE
 #: what pyarrow's S3 filesystem raises, unretried, where the AWS SDK could not put an answer into the
 #: buffer of a ranged read: an error body longer than the range (S3's 503 "Slow Down" to an 8-byte read)
 _UNRETRIED_SDK = ("Failed to flush response stream",)
+#: what pyarrow's S3 filesystem puts in the OSError of a request the store refused for its credentials
+_DENIED_MARKERS = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "HTTP status 403")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ class RemoteSettings:
 def split_settings(storage_options: Mapping[str, Any] | None) -> tuple[RemoteSettings, dict[str, Any]]:
     """unihub's remote settings (from ``storage_options``, else the environment, else the defaults)
     and the storage options left for fsspec."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise InvalidArgumentError(f"storage_options must be a mapping of fsspec's options, got "
+                                   f"{type(storage_options).__name__}")
     options = dict(storage_options or {})
     timeout = options.pop(TIMEOUT_OPTION, None)
     retries = options.pop(RETRIES_OPTION, None)
@@ -127,7 +132,7 @@ def fsspec_options(protocol: str, options: dict[str, Any], settings: RemoteSetti
 
 def configure_fsspec(fs: Any) -> Any:
     """Turn s3fs's own retry loop off (one attempt: botocore retries, see the module docstring); ``fs`` back."""
-    if _is_s3fs(fs) and hasattr(fs, "retries"):
+    if is_s3fs(fs) and hasattr(fs, "retries"):
         fs.retries = 1
     return fs
 
@@ -215,7 +220,7 @@ def retries_of(fs: pafs.FileSystem) -> int:
 def before_upload(fs: Any) -> None:
     """Have s3fs send request bodies without waiting for "100 Continue" (botocore asks for it on
     every upload, and aiohttp waits for it with no timeout: a frozen server hangs the upload)."""
-    if not _is_s3fs(fs) or not callable(getattr(fs, "connect", None)):
+    if not is_s3fs(fs) or not callable(getattr(fs, "connect", None)):
         return
     client = fs.connect()  # s3fs's client (made on first use, no request sent)
     client.meta.events.register("before-send.s3", _drop_expect_header, unique_id="unihub-no-expect-continue")
@@ -225,7 +230,7 @@ def _drop_expect_header(request: Any, **_: Any) -> None:
     request.headers.pop("Expect", None)
 
 
-def _is_s3fs(fs: Any) -> bool:
+def is_s3fs(fs: Any) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return "s3" in protocol
 
@@ -404,17 +409,31 @@ def as_remote_error(exc: BaseException, url: str, *, broad: bool = False,
                                    path=public_url(url))
     if isinstance(exc, RemoteStorageError):
         return exc if detail is None else _with_detail(exc, public_url(url), detail)
-    if not (is_remote_failure(exc) if broad else is_sdk_failure(exc)):
+    denied = _access_denied(exc, url)
+    if not (denied or (is_remote_failure(exc) if broad else is_sdk_failure(exc))):
         return None
     url = public_url(url)
     text = " ".join(str(exc).split()) or "no message"
     if len(text) > _MESSAGE_LIMIT:
         text = text[:_MESSAGE_LIMIT] + " ..."
     where = f"{url}: {detail}" if detail else url
+    if denied:  # no retry or longer wait helps: the answer was a refusal
+        return RemoteStorageError(f"{where}: the remote store refused access ({type(exc).__name__}: {text}); check "
+                                  "the credentials (storage_options 'key'/'secret', AWS_ACCESS_KEY_ID, a profile) "
+                                  "and what they are allowed on the bucket", url=url)
     return RemoteStorageError(
         f"{where}: the remote store failed ({type(exc).__name__}: {text}); gave up after the retries "
         f"(how long a request waits and how often it is retried: {TIMEOUT_ENV}, {RETRIES_ENV} or "
         f"storage_options {TIMEOUT_OPTION!r}, {RETRIES_OPTION!r})", url=url)
+
+
+def _access_denied(exc: BaseException, url: str) -> bool:
+    """Whether ``exc`` is a remote store's refusal of the credentials (HTTP 403): s3fs's ``PermissionError``,
+    pyarrow's "AWS Error ACCESS_DENIED" and kin. It was a bare ``PermissionError('Forbidden')`` naming no URL
+    (s3fs), or a failure "after the retries" that told to raise the timeout (pyarrow)."""
+    if isinstance(exc, PermissionError):
+        return "://" in url and not url.startswith("file://")
+    return is_sdk_failure(exc) and any(marker in str(exc) for marker in _DENIED_MARKERS)
 
 
 def _object_changed(exc: BaseException) -> bool:

@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from unihub.errors import UnsupportedFilesystemError
+from unihub.errors import DatasetChangedError, RemoteStorageError, UnsupportedFilesystemError
 from unihub.fs import filesystem as fsutil
 from unihub.fs import remote
 
@@ -128,8 +128,19 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
             fs, _ = fsutil.resolve_filesystem(origin, None, options)
         except UnsupportedFilesystemError as exc:
             raise UnsupportedFilesystemError(str(exc).replace(origin, bare, 1)) from None
+        _forget_listings(fs)
         _CACHE[cache_key] = fs
     return fs, fsutil.strip_scheme(bare)
+
+
+def _forget_listings(fs: pafs.FileSystem) -> None:
+    """Have a conversion list its sources afresh: fsspec hands every caller with the same options one instance,
+    listings (and the ETags s3fs reads with) cached since an earlier conversion in this process. With them a
+    file added since was "not a file", and one rewritten since was "changed since the dataset was opened"
+    before ``convert --append`` could tell it changed (a SourceChangedError)."""
+    invalidate = getattr(getattr(getattr(fs, "handler", None), "fs", None), "invalidate_cache", None)
+    if invalidate is not None:
+        invalidate()
 
 
 def join(directory: str, name: str) -> str:
@@ -173,6 +184,28 @@ def getsize(path: str) -> int:
     if info.type != pafs.FileType.File:
         raise FileNotFoundError(f"{path}: no such file")
     return int(info.size or 0)
+
+
+def total_size(paths: list[str]) -> int:
+    """Bytes of the files ``paths`` (URLs): one listing per folder holding many of them, not one request per file
+    (an image folder has many); a request per file where a folder holds few (a listing of a bucket's root to
+    size one HDF5 file there would page through every object); a file not found counts 0."""
+    wanted: dict[str, set[str]] = {}
+    for path in paths:
+        folder, _, name = without_query(path).rpartition("/")
+        wanted.setdefault(folder, set()).add(name)
+    total = 0
+    for folder, names in wanted.items():
+        if len(names) > _LOOKS_PER_FOLDER:
+            found = [e for e in _entries(folder, recursive=False) if posixpath.basename(e.path) in names]
+        else:
+            found = [_info(f"{folder}/{name}") for name in sorted(names)]
+        total += sum(int(e.size or 0) for e in found if e.type == pafs.FileType.File)
+    return total
+
+
+#: files of one folder sized by a request each (:func:`total_size`); more: by a listing of the folder
+_LOOKS_PER_FOLDER = 8
 
 
 def _entries(root: str, *, recursive: bool) -> list[pafs.FileInfo]:
@@ -417,7 +450,27 @@ def open_input(path: str) -> IO[bytes]:
         if info.type != pafs.FileType.File:
             raise FileNotFoundError(2, "No such file or directory", path)
         handle = fs.open_input_file(inner)
-    return io.BufferedReader(_RemoteRaw(handle, path, int(info.size or 0)), buffer_size=READ_BUFFER)
+    # s3fs reads with the ETag it listed (a change is its FileExpired); pyarrow's ranged reads carry none
+    unchanged = None if isinstance(getattr(fs, "handler", None), pafs.FSSpecHandler) else \
+        (lambda: _refuse_changed(fs, inner, path, info))
+    return io.BufferedReader(_RemoteRaw(handle, path, int(info.size or 0), unchanged), buffer_size=READ_BUFFER)
+
+
+def _refuse_changed(fs: pafs.FileSystem, inner: str, path: str, opened: pafs.FileInfo) -> None:
+    """Raise :class:`~unihub.errors.DatasetChangedError` if the object at ``path`` is not the one ``opened``
+    described (size, modification time): another writer replaced it while it was read in several requests, and
+    the bytes read mix both (a tar's members, an HDF5 file's chunks: no checksum tells). A failed look is left
+    to what the reads said."""
+    try:
+        with remote.remote_errors(path):
+            now = fs.get_file_info(inner)
+    except RemoteStorageError:
+        return
+    if (now.type, now.size, now.mtime) != (opened.type, opened.size, opened.mtime):
+        raise DatasetChangedError(f"{remote.public_url(path)}: the object changed while it was read ("
+                                  f"{opened.size:,} bytes when opened, {now.size or 0:,} now): another writer "
+                                  "replaced it, and records of both versions would mix; convert it again once "
+                                  "it is written", path=remote.public_url(path))
 
 
 @contextmanager
@@ -440,9 +493,10 @@ def local_copy(path: str) -> Iterator[str]:
 class _RemoteRaw(io.RawIOBase):
     """A pyarrow file as a raw binary stream (what ``io.BufferedReader`` buffers), with a ``name``."""
 
-    def __init__(self, handle: Any, name: str, size: int) -> None:
+    def __init__(self, handle: Any, name: str, size: int, unchanged: Any = None) -> None:
         super().__init__()
         self._handle, self.name, self._size = handle, name, size
+        self._unchanged, self._requests = unchanged, 0  # checked at close where it was read in several
 
     def readable(self) -> bool:
         return True
@@ -455,6 +509,7 @@ class _RemoteRaw(io.RawIOBase):
         with remote.remote_errors(self.name):
             data = self._handle.read(len(view))
         view[:len(data)] = data
+        self._requests += bool(data)
         return len(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -464,6 +519,10 @@ class _RemoteRaw(io.RawIOBase):
         return int(self._handle.tell())
 
     def close(self) -> None:
-        if not self.closed:
-            self._handle.close()
-        super().close()
+        try:
+            if not self.closed:
+                self._handle.close()
+                if self._unchanged is not None and self._requests > 1:
+                    self._unchanged()
+        finally:
+            super().close()

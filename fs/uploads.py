@@ -88,7 +88,7 @@ def _client(fs: pafs.FileSystem) -> Any:
     if isinstance(fs, getattr(pafs, "S3FileSystem", ())):
         return _botocore_client(fs)
     fsspec_fs = getattr(getattr(fs, "handler", None), "fs", None)
-    if fsspec_fs is not None and remote._is_s3fs(fsspec_fs) and hasattr(fsspec_fs, "call_s3"):
+    if fsspec_fs is not None and remote.is_s3fs(fsspec_fs) and hasattr(fsspec_fs, "call_s3"):
         return fsspec_fs.call_s3
     return None
 

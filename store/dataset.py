@@ -428,7 +428,11 @@ class ParquetStore:
 
     def read_error(self, exc: BaseException, info: RowGroupInfo, stored: Sequence[str] | None) -> UnihubError:
         """What a failed row-group read raises: the remote store's failure, a page that fails its
-        checksum, or a file that is not readable Parquet."""
+        checksum, or a file that is not readable Parquet; on an object store first the object removed or
+        replaced since the dataset was opened (:meth:`_changed_since_opened`)."""
+        changed = self._changed_since_opened(exc, info.path)
+        if changed is not None:
+            return changed
         failure = remote.as_remote_error(exc, remote.display_url(self.filesystem, info.path),
                                          detail=_row_group_bytes(self._footers.get(info.path), info.row_group))
         if failure is not None:
@@ -437,6 +441,33 @@ class ParquetStore:
         if integrity.is_checksum_failure(exc) and parquet_file is not None:
             return integrity.checksum_error(parquet_file, info.path, info.row_group, stored, exc)
         return FormatError(f"{info.path}: cannot read row group {info.row_group}: {exc}", path=info.path)
+
+    def _changed_since_opened(self, exc: BaseException, path: str) -> DatasetChangedError | None:
+        """The error of a remote read that failed because its object was removed or replaced since the dataset was
+        opened, else None. Such a read failed as a FormatError ('cannot read row group: The specified key does
+        not exist', or the old footer's offsets applied to the new bytes: the read-ahead's ranged reads carry no
+        ETag) or, through pyarrow's S3, as a store that failed 'after the retries'. One request, only where the
+        read failed for no failure of the store itself (or with its "not found")."""
+        if self._is_local or isinstance(exc, DatasetChangedError) or \
+                (remote.is_remote_failure(exc) and not any(code in str(exc) for code in _NOT_FOUND)):
+            return None
+        try:
+            publish.fresh(self.filesystem, path)  # s3fs would answer from the listing it holds
+            now = self.filesystem.get_file_info(path)
+        except Exception:  # noqa: BLE001  (the read's own error says what failed)
+            return None
+        indexed = self._indexed.get(path)
+        if now.type == pafs.FileType.NotFound:
+            return DatasetChangedError(f"{path}: the file is gone since {self.url} was opened (overwritten or "
+                                       "removed while it was read); open the dataset again to read what is there "
+                                       "now", path=path)
+        if indexed is None or not indexed.size_bytes or \
+                (now.size, now.mtime_ns if indexed.mtime_ns is not None else None) == (indexed.size_bytes,
+                                                                                       indexed.mtime_ns):
+            return None
+        return DatasetChangedError(f"{path}: the file changed since {self.url} was opened: it was overwritten "
+                                   "while it was read, and rows of two versions would mix; open the dataset again "
+                                   "to read what is there now", path=path)
 
     def _restore_tensors(self, table: pa.Table) -> pa.Table:
         """Tensors stored as fixed-size bytes (see TensorCodec) back as ``fixed_shape_tensor`` columns."""
@@ -1276,6 +1307,10 @@ def _read_metadata(fs: pafs.FileSystem, path: str, size: int | None, handles: di
         size = fs.get_file_info(path).size
         raise FormatError(f"{path}: not a readable Parquet file ({size} bytes): {exc}", path=path) from exc
     return footer
+
+
+#: what pyarrow's S3 filesystem says of an object that is not there (a read's GET, not its open's HEAD)
+_NOT_FOUND = ("NO_SUCH_KEY", "RESOURCE_NOT_FOUND")
 
 
 def _row_group_bytes(footer: pq.FileMetaData | None, row_group: int) -> str:

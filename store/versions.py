@@ -82,7 +82,7 @@ from unihub.errors import (
     UnihubError,
     VersionNotFoundError,
 )
-from unihub.fs import atomic, publish, remote
+from unihub.fs import atomic, publish, remote, sources
 from unihub.fs import filesystem as fsutil
 from unihub.petastorm.legacy import PETASTORM_UNISCHEMA_KEY, load_petastorm_unischema
 from unihub.schema.metadata_json import parse_json
@@ -649,8 +649,10 @@ def _foreign(present: Iterable[str], listed: set[str]) -> list[str]:
 
 # -- incremental conversion ---------------------------------------------------------------------------------
 def describe_source(path: str, *, checksum: bool = True) -> SourceFile:
-    """A source file's size, modification time and (``checksum``) SHA-256, read through its filesystem."""
-    fs, resolved = fsutil.resolve_filesystem(path)
+    """A source file's size, modification time and (``checksum``) SHA-256, read through its filesystem: for a
+    URL the conversion's (:func:`unihub.fs.sources.filesystem`), which knows the endpoint its source URL's query
+    named (``?endpoint_override=``); the bare file URL alone went to AWS instead."""
+    fs, resolved = sources.filesystem(path) if sources.is_url(path) else fsutil.resolve_filesystem(path)
     info = fs.get_file_info(resolved)
     if info.type != pafs.FileType.File:
         raise FormatError(f"{path}: not a file", path=path)

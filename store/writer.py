@@ -120,6 +120,7 @@ def write_dataset(url: str | os.PathLike[str], schema: Unischema, rows_or_batche
                      mode=mode, tag=tag, overwrite=overwrite or overwrite_foreign)
     url = os.fspath(url)
     fs, target = fsutil.resolve_filesystem(url, filesystem, storage_options)
+    fsutil.check_bucket(fs, target, url)
     publish.settle(fs, target)  # a killed run's old dataset back in place, its temporaries removed
     if mode == "write":
         check_replaceable(fs, target, url, overwrite=overwrite, overwrite_foreign=overwrite_foreign)

@@ -21,17 +21,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
 
-from unihub import convert, open_dataset, verify, write_dataset  # noqa: E402
+from unihub import (  # noqa: E402
+    ScalarCodec,
+    Unischema,
+    UnischemaField,
+    convert,
+    open_dataset,
+    verify,
+    write_dataset,
+)
 from unihub.cli import main  # noqa: E402
 from unihub.errors import DatasetChangedError, UnsupportedFilesystemError  # noqa: E402
 from unihub.readers.reader import make_batch_reader  # noqa: E402
 
+_SCHEMA = Unischema("Ids", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False)])
 FORMATS = ["tfrecord", "tfrecord-gzip", "tfrecord-zlib", "hdf5", "webdataset", "webdataset-gz", "imagefolder"]
 EXPORTS = {"tfrecord": "tfrecord", "hdf5": "hdf5", "webdataset": "webdataset", "imagefolder": "imagefolder"}
 
@@ -218,6 +228,103 @@ def test_workers_read_s3_with_storage_options(s3_server: Any, sources_dir: Path,
                      storage_options=s3_server.storage_options())
     assert result.rows == 12
     assert sorted(int(r["id"]) for r in rows_of(str(tmp_path / "out"))) == list(range(12))
+
+
+def test_a_remote_source_counts_its_bytes_for_the_workers(s3_server: Any, sources_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An S3 source's size is what decides the forked workers, as a local one's: it counted 0 bytes, so every
+    conversion from a store ran in-process ("too little input") and reported bytes_read 0."""
+    local_src, upload_dir = write_source("tfrecord", sources_dir / "sized")
+    size = sum(p.stat().st_size for p in Path(local_src).iterdir())
+    run = uuid.uuid4().hex[:8]
+    upload(s3_server, upload_dir, f"{run}/tfr")
+    monkeypatch.setenv("UNIHUB_FORK_MIN_MB", str(size / 2 / 2**20))  # the input pays for exactly two workers
+    local = convert(local_src, tmp_path / "local", workers=2, progress=False)
+    remote = convert(f"s3://{s3_server.bucket}/{run}/tfr", tmp_path / "remote", workers=2, progress=False,
+                     storage_options=s3_server.storage_options())
+    assert (remote.bytes_read, remote.notes) == (local.bytes_read, local.notes) == (size, [])
+    assert sorted(int(r["id"]) for r in rows_of(str(tmp_path / "remote"))) == list(range(12))
+
+
+def test_a_write_to_a_missing_bucket_is_named_and_makes_no_bucket(s3_server: Any, sources_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """Every writer refuses a bucket that does not exist with one OutputError naming it, and makes none: through
+    s3fs a misspelled bucket was created (and written), through pyarrow's S3 a bare OSError or, in an export, a
+    RemoteStorageError blaming the retries."""
+    from unihub import copy_dataset
+    from unihub.errors import OutputError
+
+    client = s3_server.client()
+    buckets = lambda: sorted(b["Name"] for b in client.list_buckets()["Buckets"])  # noqa: E731
+    before = buckets()
+    run = uuid.uuid4().hex[:8]
+    local_src, upload_dir = write_source("tfrecord", sources_dir / "nobucket")
+    upload(s3_server, upload_dir, f"{run}/tfr")
+    good = f"s3://{s3_server.bucket}/{run}/ds"
+    convert(f"s3://{s3_server.bucket}/{run}/tfr", good, storage_options=s3_server.storage_options())
+    options = s3_server.storage_options()
+    pyarrow_url = f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    writes = {
+        "write_dataset, s3fs": lambda url: write_dataset(url, _SCHEMA, ({"id": i} for i in range(3)),
+                                                          storage_options=options),
+        "write_dataset, pyarrow": lambda url: write_dataset(url, _SCHEMA, ({"id": i} for i in range(3)),
+                                                             filesystem=s3_server.pyarrow_filesystem()),
+        "ingest": lambda url: convert(f"s3://{s3_server.bucket}/{run}/tfr", url, storage_options=options),
+        "export, s3fs": lambda url: convert(good, url, to_format="webdataset", storage_options=options),
+        "export, pyarrow": lambda url: convert(good + pyarrow_url, url + pyarrow_url, to_format="tfrecord"),
+        "copy_dataset": lambda url: copy_dataset(None, good, url, storage_options=options),
+    }
+    for what, write in writes.items():
+        with pytest.raises(OutputError, match=f"cannot write s3://no-{run}/x: the bucket 'no-{run}' does not exist"):
+            write(f"s3://no-{run}/x")
+        assert buckets() == before, what
+    # a URL that asks pyarrow to make its bucket still does
+    write_dataset(f"s3://made-{run}/x{pyarrow_url}&allow_bucket_creation=true", _SCHEMA, [{"id": 1}])
+    assert f"made-{run}" in buckets()
+
+
+def _tfrecord(ids: range, tag: int = 0) -> bytes:
+    """A TFRecord file of one Example per id (``id``, ``tag``), as tf.io.TFRecordWriter writes it."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as holder:
+        path = os.path.join(holder, "f.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for n in ids:
+                feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[n])),
+                           "tag": tf.train.Feature(int64_list=tf.train.Int64List(value=[tag]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return Path(path).read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "query"])
+def test_incremental_conversions_in_one_process_see_the_source_as_it_is_now(s3_server: Any, kind: str) -> None:
+    """convert --append from S3 run again in the same process (a job that converts as files arrive) lists the
+    source afresh: through s3fs the listing an earlier conversion cached was used, so a file added since was
+    'not a file' and one rewritten since 'changed since the dataset was opened', not a SourceChangedError.
+    Through a URL whose query names the endpoint, the source files' checksums were read from AWS instead."""
+    from unihub.errors import SourceChangedError
+
+    client, run = s3_server.client(), uuid.uuid4().hex[:8]
+    for n in range(2):
+        client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p{n}.tfrecord", Body=_tfrecord(range(n * 10, n * 10 + 10)))
+    src, dst = f"s3://{s3_server.bucket}/{run}/src", f"s3://{s3_server.bucket}/{run}/ds"
+    query = f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http"
+    access: dict[str, Any] = {"storage_options": s3_server.storage_options()} if kind == "fsspec" else {}
+    if kind == "query":
+        src, dst = src + query, dst + query
+
+    def append() -> int:
+        return convert(src, dst, append=True, progress=False, **access).rows
+
+    assert (append(), append()) == (20, 0)
+    client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p2.tfrecord", Body=_tfrecord(range(20, 25)))
+    assert append() == 5
+    assert sorted(int(r["id"]) for r in rows_of(dst, **access)) == list(range(25))
+    client.put_object(Bucket=s3_server.bucket, Key=f"{run}/src/p0.tfrecord", Body=_tfrecord(range(10), tag=7))
+    with pytest.raises(SourceChangedError, match=rf"s3://{s3_server.bucket}/{run}/src/p0.tfrecord \(\d+ bytes"):
+        append()
+    assert [int(r["tag"]) for r in rows_of(dst, **access)] == [0] * 25
 
 
 def _cli_env(s3: Any) -> dict[str, str]:

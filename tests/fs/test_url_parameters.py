@@ -141,3 +141,87 @@ def test_gcs_retries_are_bounded_by_the_remote_timeout(monkeypatch: pytest.Monke
     assert path == "bucket/ds" and fs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 4
     fs, _ = resolve_filesystem("gs://bucket/ds?retry_limit_seconds=7")
     assert fs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 7
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ("client_kwargs.endpoint_url=http://127.0.0.1:9", None),  # well formed: reaches the store
+    ("nonsense_option=1", "unexpected keyword argument 'nonsense_option'"),
+    ("client_kwargs.endpoint_url=nothttp", "Invalid endpoint: nothttp"),
+    ("client_kwargs=3", "AttributeError"),
+    ("key=KEYONLY", "Partial credentials"),
+])
+def test_storage_options_s3fs_refuses_are_one_named_line(options: str, said: str | None, tmp_path: Any) -> None:
+    """Storage options s3fs or botocore refuse are an InvalidArgumentError naming the URL, in Python and as one CLI
+    line: they were a TypeError, ValueError or AttributeError from inside s3fs at the first request (a traceback
+    in the CLI), or a PartialCredentialsError 'after the retries' telling to raise the timeout."""
+    pytest.importorskip("s3fs")
+    key, _, value = options.partition("=")
+    nested = {key.split(".")[0]: {key.split(".")[1]: value}} if "." in key else {key: int(value) if value.isdigit()
+                                                                                 else value}
+    extra = {"unihub_timeout": 1, "unihub_retries": 0}
+    if said is not None:
+        with pytest.raises(InvalidArgumentError, match="^s3://bucket/ds: storage options that s3:// refuses"):
+            resolve_filesystem("s3://bucket/ds", storage_options={**nested, **extra})
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", "show", "s3://bucket/ds", "--storage-option", options,
+                           "--storage-option", "unihub_timeout=1", "--storage-option", "unihub_retries=0"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "AWS_ACCESS_KEY_ID": "testing",
+                               "AWS_SECRET_ACCESS_KEY": "testing"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("unihub: error: s3://bucket/ds"), done.stderr
+    if said is not None:
+        assert said in lines[0], lines[0]
+
+
+def test_storage_options_must_be_a_mapping() -> None:
+    with pytest.raises(InvalidArgumentError, match="storage_options must be a mapping of fsspec's options, got str"):
+        resolve_filesystem("s3://bucket/ds", storage_options="endpoint_url=http://127.0.0.1:9")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["fsspec", "pyarrow"])
+def test_a_refusal_of_the_credentials_names_the_url_and_the_credentials(s3_server: Any, kind: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 403 is a RemoteStorageError naming the URL and the credentials: through s3fs it was a bare
+    PermissionError('Forbidden'), through pyarrow's S3 a failure 'after the retries' that told to raise the timeout."""
+    from unihub import open_dataset
+    from unihub.errors import RemoteStorageError
+
+    url = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
+    write_dataset(url, SCHEMA, ({"id": i} for i in range(3)), storage_options=s3_server.storage_options())
+    if kind == "fsspec":
+        pytest.importorskip("s3fs")
+        access: dict[str, Any] = {"storage_options": {"client_kwargs": {"endpoint_url": s3_server.endpoint_url},
+                                                      "anon": True}}
+    else:  # no credentials anywhere: moto refuses the unsigned requests
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+        url += f"?endpoint_override={s3_server.host}:{s3_server.port}&scheme=http&region=us-east-1"
+        access = {}
+    with pytest.raises(RemoteStorageError, match=rf"^s3://{s3_server.bucket}/.*: the remote store refused access "
+                                                 r"\(.*\); check the credentials") as info:
+        open_dataset(url, **access)
+    assert "gave up after the retries" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["s3://AKIAKEY:SECRETXYZ@bucket/ds", "gs://user:SECRETXYZ@bucket/ds",
+                                 "s3://AKIAKEY:SECRETXYZ@bucket/ds?endpoint_override=127.0.0.1:9&scheme=http"])
+def test_credentials_in_the_url_are_refused_without_showing_them(url: str, tmp_path: Any) -> None:
+    """pyarrow's URL form with credentials took 'KEY:SECRET@bucket' for the bucket: every call was a raw ArrowInvalid
+    (a CLI traceback) showing the secret. It is an InvalidArgumentError that names the URL without them."""
+    from unihub import convert, open_dataset
+
+    calls = [lambda: resolve_filesystem(url), lambda: open_dataset(url),
+             lambda: write_dataset(url, SCHEMA, ({"id": i} for i in range(3))),
+             lambda: convert(str(tmp_path / "source"), url, to_format="tfrecord")]
+    write_dataset(tmp_path / "source", SCHEMA, ({"id": i} for i in range(3)))
+    for call in calls:
+        with pytest.raises(InvalidArgumentError, match=r"^(s3|gs)://bucket/ds: credentials in the URL") as info:
+            call()
+        assert "SECRETXYZ" not in str(info.value)
+    done = subprocess.run([sys.executable, "-m", "unihub.cli", "inspect", url], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "credentials in the URL" in lines[0], done.stderr
+    assert "SECRETXYZ" not in done.stderr + done.stdout

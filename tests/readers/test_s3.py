@@ -178,6 +178,40 @@ def test_an_object_overwritten_while_read_through_s3fs_is_a_dataset_change(s3_se
     assert ids[:600] == list(range(600)) and all(i < 100_000 for i in ids)
 
 
+@pytest.mark.parametrize("kind", FILESYSTEMS)
+@pytest.mark.parametrize("change", ["removed", "smaller", "larger"])
+@pytest.mark.parametrize("read", ["row group", "read-ahead"])
+def test_an_object_removed_or_replaced_after_the_open_is_a_dataset_change(s3_server, tmp_path, kind, change, read):
+    """A part removed or replaced by another of another size after the dataset was opened is a
+    DatasetChangedError naming it, through either client: through s3fs it was a FormatError ('cannot read row
+    group 0: The specified key does not exist', or the old footer's offsets applied to the new bytes), through
+    pyarrow's S3 a removed one read through the read-ahead failed 'after the retries' (its ranged reads carry no
+    ETag)."""
+    schema = Unischema("Gone", [UnischemaField("id", np.int64, ())])
+    prefix = f"gone-{uuid.uuid4().hex[:8]}"
+    sizes = {"removed": 0, "smaller": 50, "larger": 5000}
+    for name, rows in (("old", 1000), ("new", sizes[change])):
+        write_dataset(tmp_path / name, schema, [{"id": np.arange(100_000, 100_000 + rows)}], batched=True,
+                      rows_per_file=rows or None, row_group_size_mb=0.001)
+    url = s3_server.upload_folder(tmp_path / "old", prefix)
+    store = open_dataset(url, **s3_server.access(kind))
+    part = store.row_groups[0].path
+    key = part.split("/", 1)[1]
+    if change == "removed":
+        s3_server.client().delete_object(Bucket=s3_server.bucket, Key=key)
+    else:
+        replacement = next((tmp_path / "new").glob("*.parquet")).read_bytes()
+        s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=replacement)
+    with pytest.raises(DatasetChangedError, match=f"{part.split('/')[-1]}.*(gone|changed) since"):
+        if read == "row group":
+            store.read_row_group(0)
+        else:
+            with make_batch_reader(store, shuffle_row_groups=False, reader_pool_type="dummy") as reader:
+                assert reader.read_ahead is not None
+                for _ in reader:
+                    pass
+
+
 # -- writing ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", FILESYSTEMS)
 def test_write_dataset_to_s3(s3_server, local_rows, kind):
