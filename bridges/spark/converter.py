@@ -354,7 +354,7 @@ def _prepare(df: Any, dtype: Dtype | None) -> Any:
     functions = require("pyspark.sql.functions", extra="spark")
     columns = []
     for field in df.schema.fields:
-        column = functions.col(f"`{field.name}`")
+        column = functions.col("`" + field.name.replace("`", "``") + "`")  # any name: dots, spaces, backticks
         if _is_vector(field.dataType):
             ml_functions = require("pyspark.ml.functions", extra="spark", purpose="converting ML vectors")
             # a null vector stays null (vector_to_array refuses a null and would fail the whole job)

@@ -165,6 +165,26 @@ def test_a_null_vector_is_a_null_array(spark: Any, cache_parent: Path) -> None:
 
 
 @spark_test
+def test_column_names_with_backticks_dots_and_spaces(spark: Any, cache_parent: Path) -> None:
+    """Every column is selected by its quoted name: a backtick in a name (legal in Spark) made the conversion
+    fail with Spark's INVALID_ATTRIBUTE_NAME_SYNTAX, where Petastorm converts it."""
+    from pyspark.sql import functions as F
+
+    names = ["a`b", "a.b", "a b", "``"]
+    frame = spark.range(4).select(F.col("id"), *[(F.col("id") * (k + 2)).alias(n) for k, n in enumerate(names)],
+                                  (F.col("id") / 2).alias("x`y"))
+    import pyarrow.parquet as pq
+
+    converter = make_spark_converter(frame)
+    table = pq.read_table([url.removeprefix("file://") for url in converter.file_urls]).sort_by("id")
+    assert table.column_names == ["id", *names, "x`y"] and table.num_rows == len(converter) == 4
+    for k, name in enumerate(names):
+        assert table[name].to_pylist() == [i * (k + 2) for i in range(4)]
+    assert table.schema.field("x`y").type == "float"  # cast by dtype='float32' like any double column
+    assert table["x`y"].to_pylist() == [i / 2 for i in range(4)]
+
+
+@spark_test
 def test_a_parent_url_with_a_trailing_slash_is_the_same_cache(df: Any, spark: Any, cache_parent: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Petastorm's test_df_caching: parents differing only by a trailing '/' share the cache."""
