@@ -65,6 +65,8 @@ Dtype = Literal["float32", "float64"]
 MARKER = "_unihub_converter.json"
 MARKER_VERSION = 1
 _DIR_PREFIX = "unihub-converter-"
+#: rows per batch of ``make_tf_dataset(batch_size=None)``: Petastorm's converter documents and uses 32
+_TF_BATCH_SIZE = 32
 
 _REGISTRY: dict[str, str] = {}  # conversion key -> cache_dir_url, for this process
 _REGISTRY_LOCK = threading.Lock()
@@ -131,7 +133,7 @@ class SparkDatasetConverter:
     def make_tf_dataset(self, batch_size: int = 32, prefetch: int | None = None, num_epochs: int | None = None,
                         workers_count: int | None = None, shuffling_queue_capacity: int | None = None,
                         **petastorm_reader_kwargs: Any) -> Iterator[Any]:
-        """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows.
+        """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows (None: 32, as in Petastorm).
 
         Built by :func:`unihub.bridges.tf.dataset.make_tf_dataset`: the reader's batches are re-batched in
         numpy, shuffled across them in a buffer of ``shuffling_queue_capacity`` rows when given,
@@ -141,7 +143,8 @@ class SparkDatasetConverter:
         make_tf_dataset = _bridge("unihub.bridges.tf.dataset", "make_tf_dataset", "tensorflow", "tf")
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
-            yield make_tf_dataset(reader, batch_size, shuffle_buffer=shuffling_queue_capacity or 0,
+            yield make_tf_dataset(reader, _TF_BATCH_SIZE if batch_size is None else batch_size,
+                                  shuffle_buffer=shuffling_queue_capacity or 0,
                                   structure="namedtuple",  # Petastorm's converter yields namedtuples
                                   **({} if prefetch is None else {"prefetch": prefetch}))
         finally:

@@ -299,6 +299,19 @@ def test_tf_dataset(df: Any, cache_parent: Path, shuffle: int | None) -> None:
     assert (ids.tolist() == stored) == (shuffle is None)  # the queue shuffles across the reader's batches
 
 
+@pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
+@spark_test
+def test_tf_dataset_batch_size_none_is_32_rows_as_in_petastorm(spark: Any, cache_parent: Path) -> None:
+    """Petastorm's make_tf_dataset documents and uses 32 rows for batch_size=None; it gave the reader's batches
+    (a whole row group per batch: 35, 34, 34 rows here)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    converter = make_spark_converter(spark.range(103).repartition(3))
+    with converter.make_tf_dataset(batch_size=None, num_epochs=1, workers_count=1) as ds:
+        batches = [b.id.numpy() for b in ds]
+    assert [len(b) for b in batches] == [32, 32, 32, 7]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(103))
+
+
 @spark_test
 def test_compression_codec_reaches_the_files(df: Any, cache_parent: Path) -> None:
     import pyarrow.parquet as pq
