@@ -115,7 +115,7 @@ class SparkDatasetConverter:
                               **petastorm_reader_kwargs: Any) -> Iterator[Any]:
         """A context manager yielding a PyTorch loader over the cached files; the reader stops on exit.
 
-        ``data_loader_fn(reader, batch_size=..., shuffling_queue_capacity=...)`` builds the
+        ``data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...)`` builds the
         loader (default :class:`unihub.bridges.torch.loaders.BatchedDataLoader`); other keyword
         arguments go to :func:`unihub.make_batch_reader` (``schema_fields``, ``cur_shard``,
         ``shard_count``, ``seed``, ...). ``num_epochs=None`` repeats forever, as in Petastorm.
@@ -124,7 +124,8 @@ class SparkDatasetConverter:
             data_loader_fn = _bridge("unihub.bridges.torch.loaders", "BatchedDataLoader", "torch", "torch")
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
-            yield data_loader_fn(reader, batch_size=batch_size, shuffling_queue_capacity=shuffling_queue_capacity)
+            # every argument by keyword, as Petastorm passes them: a ``lambda **kwargs: ...`` works
+            yield data_loader_fn(reader=reader, batch_size=batch_size, shuffling_queue_capacity=shuffling_queue_capacity)
         finally:
             reader.stop()
             reader.join()

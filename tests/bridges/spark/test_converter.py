@@ -279,6 +279,27 @@ def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
     np.testing.assert_array_equal(vec, np.float32([expected_row(i)["vec"] for i in ids]))
 
 
+@pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
+@spark_test
+def test_data_loader_fn_gets_every_argument_by_keyword_as_in_petastorm(df: Any, cache_parent: Path) -> None:
+    """Petastorm calls data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...): a
+    ``lambda **kwargs`` written for it failed with TypeError when the reader came positionally."""
+    from unihub.bridges.torch.loaders import BatchedDataLoader
+
+    seen: dict[str, Any] = {}
+
+    def make_loader(**kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return BatchedDataLoader(**kwargs)
+
+    converter = make_spark_converter(df)
+    with converter.make_torch_dataloader(batch_size=6, num_epochs=1, workers_count=1, data_loader_fn=make_loader,
+                                         schema_fields=["id"]) as loader:
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+    assert sorted(seen) == ["batch_size", "reader", "shuffling_queue_capacity"] and seen["batch_size"] == 6
+    assert sorted(ids) == list(range(N_ROWS))
+
+
 @pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
 @pytest.mark.parametrize("shuffle", [None, 64])
 @spark_test
