@@ -9,7 +9,7 @@ directory named by the Spark conf ``petastorm.spark.converter.parentCacheDirUrl`
     {parent}/unihub-converter-{key}/_SUCCESS            Spark's job marker
     {parent}/unihub-converter-{key}/_unihub_converter.json
                                                         written last: the directory is complete
-                                                        (row count, options, the plan's hash)
+                                                        (row count, data files, options, the plan's hash)
 
 ``key`` hashes the DataFrame's analyzed plan, the Spark application id and the options,
 so converting the same DataFrame again (same plan, same options) in the same application
@@ -406,7 +406,7 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
             fsutil.remove(fs, fsutil.resolve_filesystem(temporary_url)[1])
         raise
     rows = open_dataset(url).num_rows
-    marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options}
+    marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options, "files": _file_names(url)}
     with fs.open_output_stream(fsutil.join(path, MARKER)) as out:
         out.write(json.dumps(marker, sort_keys=True).encode())
 
@@ -421,7 +421,14 @@ def _read_marker(url: str) -> dict[str, Any] | None:
         return None
     if not isinstance(marker, dict) or marker.get("version") != MARKER_VERSION or "rows" not in marker:
         return None
+    if "files" in marker and marker["files"] != _file_names(url):  # a data file removed since (a /tmp cleaner)
+        return None
     return marker
+
+
+def _file_names(url: str) -> list[str]:
+    """The data files of a cache directory, as names relative to it (what its marker lists)."""
+    return [file_url[len(url.rstrip("/")) + 1:] for file_url in _file_urls(url)]
 
 
 def _file_urls(url: str) -> list[str]:

@@ -130,6 +130,20 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
 
 
 @spark_test
+def test_a_cache_missing_a_data_file_is_written_again(spark: Any, cache_parent: Path) -> None:
+    """The marker alone made a cache hit: with a part file removed since (a /tmp cleaner), the converter
+    said 100 rows and its loaders served 75, without a word."""
+    frame = spark.range(100).repartition(4)
+    first = make_spark_converter(frame)
+    Path(first.file_urls[0].removeprefix("file://")).unlink()
+    again = make_spark_converter(frame)
+    assert again.cache_dir_url == first.cache_dir_url and len(again.file_urls) == 4
+    with make_batch_reader(again.cache_dir_url, num_epochs=1, workers_count=1) as reader:
+        ids = sorted(i for batch in reader for i in batch.id.tolist())
+    assert ids == list(range(100)) and len(again) == 100
+
+
+@spark_test
 def test_dataframes_differing_in_a_late_column_of_a_wide_plan_are_not_one_cache(spark: Any,
                                                                                  cache_parent: Path) -> None:
     """Spark shortens a plan's text after 25 fields: the key must still see the 32nd column's expression."""
