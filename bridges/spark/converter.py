@@ -78,6 +78,11 @@ _KEY_LOCKS: dict[str, threading.Lock] = {}
 #: Spark's cap on the items of a list in a plan's text (see ``_plan_text``)
 _MAX_FIELDS_CONF = "spark.sql.debug.maxToStringFields"
 _PLAN_TEXT_LOCK = threading.Lock()
+#: Spark SQL settings of a converter's write (see ``_job_sql_conf``), and per session conf: writers, saved values
+_JOB_SQL_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                 "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+                 "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED"}
+_JOB_SQL_USERS: dict[int, list[Any]] = {}
 
 
 class ConverterConfigError(UnihubError, ValueError):
@@ -398,7 +403,8 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
               .option(SPARK_CHECKSUM_CONF, "true"))  # a CRC-32 in every page header, verified on read
     writer = writer.option("compression", "uncompressed" if compression is None else compression)  # Petastorm's
     try:
-        writer.parquet(temporary_url)
+        with _job_sql_conf(df.sparkSession):
+            writer.parquet(temporary_url)
         _, temporary = fsutil.resolve_filesystem(temporary_url)
         publish.commit(fs, temporary, path)
     except BaseException:
@@ -409,6 +415,36 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
     marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options, "files": _file_names(url)}
     with fs.open_output_stream(fsutil.join(path, MARKER)) as out:
         out.write(json.dumps(marker, sort_keys=True).encode())
+
+
+@contextlib.contextmanager
+def _job_sql_conf(spark: Any) -> Iterator[None]:
+    """While converters write: timestamps as INT64 microseconds, dates and times not rebased to the Julian
+    calendar, then the session's own settings back once the last of them ends.
+
+    Spark's default INT96 is read as nanoseconds, whose range (1677-2262) wraps a timestamp such as
+    1500-06-01 or the 9999-12-31 of an open-ended validity to another date without a word, and the LEGACY
+    rebase modes shift old dates by days for any reader but Spark. These are session settings (Spark sets
+    the job's from them), so converters writing at once share them, counted."""
+    conf = spark.conf
+    with _REGISTRY_LOCK:
+        users = _JOB_SQL_USERS.setdefault(id(conf), [0, {}])
+        if users[0] == 0:
+            users[1] = {key: conf.get(key, None) for key in _JOB_SQL_CONF}
+            for key, value in _JOB_SQL_CONF.items():
+                conf.set(key, value)
+        users[0] += 1
+    try:
+        yield
+    finally:
+        with _REGISTRY_LOCK:
+            users[0] -= 1
+            if users[0] == 0:
+                for key, saved in _JOB_SQL_USERS.pop(id(conf))[1].items():
+                    if saved is None:
+                        conf.unset(key)
+                    else:
+                        conf.set(key, saved)
 
 
 def _read_marker(url: str) -> dict[str, Any] | None:

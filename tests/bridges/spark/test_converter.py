@@ -199,6 +199,39 @@ def test_column_names_with_backticks_dots_and_spaces(spark: Any, cache_parent: P
 
 
 @spark_test
+def test_times_outside_nanoseconds_and_old_dates_read_back_as_spark_shows_them(spark: Any, cache_parent: Path) -> None:
+    """Spark's default INT96 timestamps are read as nanoseconds, so 1500-06-01 12:00 came back as
+    2084-12-19T11:34:33.7 (and 9999-12-31 as another wrapped date), and under the LEGACY rebase mode the date
+    1000-01-01 came back as 1000-01-06; the converter writes INT64 microseconds, not rebased."""
+    import datetime
+
+    from pyspark.sql import types as T
+
+    utc = datetime.timezone.utc
+    times = [datetime.datetime(1500, 6, 1, 12, tzinfo=utc), datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=utc),
+             datetime.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=utc)]
+    dates = [datetime.date(1000, 1, 1), datetime.date(9999, 12, 31), datetime.date(2020, 1, 2)]
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("d", T.DateType()),
+                           T.StructField("ts", T.TimestampType())])
+    frame = spark.createDataFrame(list(zip(range(3), dates, times)), schema)
+    keys = ("spark.sql.parquet.outputTimestampType", "spark.sql.parquet.datetimeRebaseModeInWrite")
+    before = spark.conf.get(keys[0], None)
+    spark.conf.set(keys[1], "LEGACY")
+    try:
+        converter = make_spark_converter(frame)
+        assert spark.conf.get(keys[0], None) == before and spark.conf.get(keys[1]) == "LEGACY"  # put back
+    finally:
+        spark.conf.unset(keys[1])
+    with make_batch_reader(converter.cache_dir_url, num_epochs=1, workers_count=1) as reader:
+        batches = list(reader)
+    order = np.argsort(np.concatenate([b.id for b in batches]))
+    stored_d = np.concatenate([b.d for b in batches])[order]
+    stored_ts = np.concatenate([b.ts for b in batches])[order]
+    assert stored_d.tolist() == dates
+    assert stored_ts.tolist() == [t.replace(tzinfo=None) for t in times]
+
+
+@spark_test
 def test_a_parent_url_with_a_trailing_slash_is_the_same_cache(df: Any, spark: Any, cache_parent: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Petastorm's test_df_caching: parents differing only by a trailing '/' share the cache."""
