@@ -9,7 +9,7 @@ directory named by the Spark conf ``petastorm.spark.converter.parentCacheDirUrl`
     {parent}/unihub-converter-{key}/_SUCCESS            Spark's job marker
     {parent}/unihub-converter-{key}/_unihub_converter.json
                                                         written last: the directory is complete
-                                                        (row count, options, the plan's hash)
+                                                        (row count, data files, options, the plan's hash)
 
 ``key`` hashes the DataFrame's analyzed plan, the Spark application id and the options,
 so converting the same DataFrame again (same plan, same options) in the same application
@@ -65,6 +65,8 @@ Dtype = Literal["float32", "float64"]
 MARKER = "_unihub_converter.json"
 MARKER_VERSION = 1
 _DIR_PREFIX = "unihub-converter-"
+#: rows per batch of ``make_tf_dataset(batch_size=None)``: Petastorm's converter documents and uses 32
+_TF_BATCH_SIZE = 32
 
 _REGISTRY: dict[str, str] = {}  # conversion key -> cache_dir_url, for this process
 _REGISTRY_LOCK = threading.Lock()
@@ -76,6 +78,11 @@ _KEY_LOCKS: dict[str, threading.Lock] = {}
 #: Spark's cap on the items of a list in a plan's text (see ``_plan_text``)
 _MAX_FIELDS_CONF = "spark.sql.debug.maxToStringFields"
 _PLAN_TEXT_LOCK = threading.Lock()
+#: Spark SQL settings of a converter's write (see ``_job_sql_conf``), and per session conf: writers, saved values
+_JOB_SQL_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                 "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+                 "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED"}
+_JOB_SQL_USERS: dict[int, list[Any]] = {}
 
 
 class ConverterConfigError(UnihubError, ValueError):
@@ -113,7 +120,7 @@ class SparkDatasetConverter:
                               **petastorm_reader_kwargs: Any) -> Iterator[Any]:
         """A context manager yielding a PyTorch loader over the cached files; the reader stops on exit.
 
-        ``data_loader_fn(reader, batch_size=..., shuffling_queue_capacity=...)`` builds the
+        ``data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...)`` builds the
         loader (default :class:`unihub.bridges.torch.loaders.BatchedDataLoader`); other keyword
         arguments go to :func:`unihub.make_batch_reader` (``schema_fields``, ``cur_shard``,
         ``shard_count``, ``seed``, ...). ``num_epochs=None`` repeats forever, as in Petastorm.
@@ -122,7 +129,8 @@ class SparkDatasetConverter:
             data_loader_fn = _bridge("unihub.bridges.torch.loaders", "BatchedDataLoader", "torch", "torch")
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
-            yield data_loader_fn(reader, batch_size=batch_size, shuffling_queue_capacity=shuffling_queue_capacity)
+            # every argument by keyword, as Petastorm passes them: a ``lambda **kwargs: ...`` works
+            yield data_loader_fn(reader=reader, batch_size=batch_size, shuffling_queue_capacity=shuffling_queue_capacity)
         finally:
             reader.stop()
             reader.join()
@@ -131,7 +139,7 @@ class SparkDatasetConverter:
     def make_tf_dataset(self, batch_size: int = 32, prefetch: int | None = None, num_epochs: int | None = None,
                         workers_count: int | None = None, shuffling_queue_capacity: int | None = None,
                         **petastorm_reader_kwargs: Any) -> Iterator[Any]:
-        """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows.
+        """A context manager yielding a ``tf.data.Dataset`` of batches of ``batch_size`` rows (None: 32, as in Petastorm).
 
         Built by :func:`unihub.bridges.tf.dataset.make_tf_dataset`: the reader's batches are re-batched in
         numpy, shuffled across them in a buffer of ``shuffling_queue_capacity`` rows when given,
@@ -141,7 +149,8 @@ class SparkDatasetConverter:
         make_tf_dataset = _bridge("unihub.bridges.tf.dataset", "make_tf_dataset", "tensorflow", "tf")
         reader = self._reader(num_epochs, workers_count, petastorm_reader_kwargs)
         try:
-            yield make_tf_dataset(reader, batch_size, shuffle_buffer=shuffling_queue_capacity or 0,
+            yield make_tf_dataset(reader, _TF_BATCH_SIZE if batch_size is None else batch_size,
+                                  shuffle_buffer=shuffling_queue_capacity or 0,
                                   structure="namedtuple",  # Petastorm's converter yields namedtuples
                                   **({} if prefetch is None else {"prefetch": prefetch}))
         finally:
@@ -354,7 +363,7 @@ def _prepare(df: Any, dtype: Dtype | None) -> Any:
     functions = require("pyspark.sql.functions", extra="spark")
     columns = []
     for field in df.schema.fields:
-        column = functions.col(f"`{field.name}`")
+        column = functions.col("`" + field.name.replace("`", "``") + "`")  # any name: dots, spaces, backticks
         if _is_vector(field.dataType):
             ml_functions = require("pyspark.ml.functions", extra="spark", purpose="converting ML vectors")
             # a null vector stays null (vector_to_array refuses a null and would fail the whole job)
@@ -394,7 +403,8 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
               .option(SPARK_CHECKSUM_CONF, "true"))  # a CRC-32 in every page header, verified on read
     writer = writer.option("compression", "uncompressed" if compression is None else compression)  # Petastorm's
     try:
-        writer.parquet(temporary_url)
+        with _job_sql_conf(df.sparkSession):
+            writer.parquet(temporary_url)
         _, temporary = fsutil.resolve_filesystem(temporary_url)
         publish.commit(fs, temporary, path)
     except BaseException:
@@ -402,9 +412,39 @@ def _write(df: Any, url: str, row_group_size: int, compression: str | None, key:
             fsutil.remove(fs, fsutil.resolve_filesystem(temporary_url)[1])
         raise
     rows = open_dataset(url).num_rows
-    marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options}
+    marker = {"version": MARKER_VERSION, "key": key, "rows": rows, "options": options, "files": _file_names(url)}
     with fs.open_output_stream(fsutil.join(path, MARKER)) as out:
         out.write(json.dumps(marker, sort_keys=True).encode())
+
+
+@contextlib.contextmanager
+def _job_sql_conf(spark: Any) -> Iterator[None]:
+    """While converters write: timestamps as INT64 microseconds, dates and times not rebased to the Julian
+    calendar, then the session's own settings back once the last of them ends.
+
+    Spark's default INT96 is read as nanoseconds, whose range (1677-2262) wraps a timestamp such as
+    1500-06-01 or the 9999-12-31 of an open-ended validity to another date without a word, and the LEGACY
+    rebase modes shift old dates by days for any reader but Spark. These are session settings (Spark sets
+    the job's from them), so converters writing at once share them, counted."""
+    conf = spark.conf
+    with _REGISTRY_LOCK:
+        users = _JOB_SQL_USERS.setdefault(id(conf), [0, {}])
+        if users[0] == 0:
+            users[1] = {key: conf.get(key, None) for key in _JOB_SQL_CONF}
+            for key, value in _JOB_SQL_CONF.items():
+                conf.set(key, value)
+        users[0] += 1
+    try:
+        yield
+    finally:
+        with _REGISTRY_LOCK:
+            users[0] -= 1
+            if users[0] == 0:
+                for key, saved in _JOB_SQL_USERS.pop(id(conf))[1].items():
+                    if saved is None:
+                        conf.unset(key)
+                    else:
+                        conf.set(key, saved)
 
 
 def _read_marker(url: str) -> dict[str, Any] | None:
@@ -417,7 +457,14 @@ def _read_marker(url: str) -> dict[str, Any] | None:
         return None
     if not isinstance(marker, dict) or marker.get("version") != MARKER_VERSION or "rows" not in marker:
         return None
+    if "files" in marker and marker["files"] != _file_names(url):  # a data file removed since (a /tmp cleaner)
+        return None
     return marker
+
+
+def _file_names(url: str) -> list[str]:
+    """The data files of a cache directory, as names relative to it (what its marker lists)."""
+    return [file_url[len(url.rstrip("/")) + 1:] for file_url in _file_urls(url)]
 
 
 def _file_urls(url: str) -> list[str]:

@@ -46,8 +46,11 @@ _ROW_CHECK_MIN = "parquet.page.size.row.check.min"
 _SUMMARY_LEVEL = "parquet.summary.metadata.level"
 _ROW_CHECK_MIN_VALUE = 3  # Petastorm's value
 #: Spark SQL settings for the job: timestamps as INT64 microseconds (what the Unischema's
-#: ``timestamp[us]`` says) rather than Spark's default, the deprecated INT96.
-_SQL_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+#: ``timestamp[us]`` says) rather than Spark's default, the deprecated INT96; dates and times not rebased
+#: to the Julian calendar (a session's LEGACY mode shifts old dates by days for every reader but Spark).
+_SQL_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+             "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+             "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED"}
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -244,7 +247,8 @@ def materialize_dataset(spark: Any, dataset_url: str, schema: Unischema, row_gro
     For the job it sets ``parquet.block.size`` to ``row_group_size_mb`` (and lowers the row
     count parquet-mr waits for before measuring a row group, so large rows still give row
     groups of about that size), turns parquet-mr's own summary files off and has Spark
-    write timestamps as INT64 microseconds; every setting is restored on exit, error or not.
+    write timestamps as INT64 microseconds, dates and times not rebased; every setting is restored on exit,
+    error or not.
     When the block exits normally it writes ``_common_metadata`` holding the Arrow schema of
     the written files and the Unischema JSON; with ``use_summary_metadata`` also a
     ``_metadata`` file with every file's row groups (written by pyarrow, as Petastorm's

@@ -130,6 +130,20 @@ def test_same_dataframe_reuses_the_cache(df: Any, cache_parent: Path, monkeypatc
 
 
 @spark_test
+def test_a_cache_missing_a_data_file_is_written_again(spark: Any, cache_parent: Path) -> None:
+    """The marker alone made a cache hit: with a part file removed since (a /tmp cleaner), the converter
+    said 100 rows and its loaders served 75, without a word."""
+    frame = spark.range(100).repartition(4)
+    first = make_spark_converter(frame)
+    Path(first.file_urls[0].removeprefix("file://")).unlink()
+    again = make_spark_converter(frame)
+    assert again.cache_dir_url == first.cache_dir_url and len(again.file_urls) == 4
+    with make_batch_reader(again.cache_dir_url, num_epochs=1, workers_count=1) as reader:
+        ids = sorted(i for batch in reader for i in batch.id.tolist())
+    assert ids == list(range(100)) and len(again) == 100
+
+
+@spark_test
 def test_dataframes_differing_in_a_late_column_of_a_wide_plan_are_not_one_cache(spark: Any,
                                                                                  cache_parent: Path) -> None:
     """Spark shortens a plan's text after 25 fields: the key must still see the 32nd column's expression."""
@@ -162,6 +176,59 @@ def test_a_null_vector_is_a_null_array(spark: Any, cache_parent: Path) -> None:
     assert vec[1] is None
     np.testing.assert_array_equal(vec[0], np.asarray([0.5, 1.5], np.float32))
     np.testing.assert_array_equal(vec[2], np.asarray([0, 2.5], np.float32))
+
+
+@spark_test
+def test_column_names_with_backticks_dots_and_spaces(spark: Any, cache_parent: Path) -> None:
+    """Every column is selected by its quoted name: a backtick in a name (legal in Spark) made the conversion
+    fail with Spark's INVALID_ATTRIBUTE_NAME_SYNTAX, where Petastorm converts it."""
+    from pyspark.sql import functions as F
+
+    names = ["a`b", "a.b", "a b", "``"]
+    frame = spark.range(4).select(F.col("id"), *[(F.col("id") * (k + 2)).alias(n) for k, n in enumerate(names)],
+                                  (F.col("id") / 2).alias("x`y"))
+    import pyarrow.parquet as pq
+
+    converter = make_spark_converter(frame)
+    table = pq.read_table([url.removeprefix("file://") for url in converter.file_urls]).sort_by("id")
+    assert table.column_names == ["id", *names, "x`y"] and table.num_rows == len(converter) == 4
+    for k, name in enumerate(names):
+        assert table[name].to_pylist() == [i * (k + 2) for i in range(4)]
+    assert table.schema.field("x`y").type == "float"  # cast by dtype='float32' like any double column
+    assert table["x`y"].to_pylist() == [i / 2 for i in range(4)]
+
+
+@spark_test
+def test_times_outside_nanoseconds_and_old_dates_read_back_as_spark_shows_them(spark: Any, cache_parent: Path) -> None:
+    """Spark's default INT96 timestamps are read as nanoseconds, so 1500-06-01 12:00 came back as
+    2084-12-19T11:34:33.7 (and 9999-12-31 as another wrapped date), and under the LEGACY rebase mode the date
+    1000-01-01 came back as 1000-01-06; the converter writes INT64 microseconds, not rebased."""
+    import datetime
+
+    from pyspark.sql import types as T
+
+    utc = datetime.timezone.utc
+    times = [datetime.datetime(1500, 6, 1, 12, tzinfo=utc), datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=utc),
+             datetime.datetime(2020, 1, 2, 3, 4, 5, 678901, tzinfo=utc)]
+    dates = [datetime.date(1000, 1, 1), datetime.date(9999, 12, 31), datetime.date(2020, 1, 2)]
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("d", T.DateType()),
+                           T.StructField("ts", T.TimestampType())])
+    frame = spark.createDataFrame(list(zip(range(3), dates, times)), schema)
+    keys = ("spark.sql.parquet.outputTimestampType", "spark.sql.parquet.datetimeRebaseModeInWrite")
+    before = spark.conf.get(keys[0], None)
+    spark.conf.set(keys[1], "LEGACY")
+    try:
+        converter = make_spark_converter(frame)
+        assert spark.conf.get(keys[0], None) == before and spark.conf.get(keys[1]) == "LEGACY"  # put back
+    finally:
+        spark.conf.unset(keys[1])
+    with make_batch_reader(converter.cache_dir_url, num_epochs=1, workers_count=1) as reader:
+        batches = list(reader)
+    order = np.argsort(np.concatenate([b.id for b in batches]))
+    stored_d = np.concatenate([b.d for b in batches])[order]
+    stored_ts = np.concatenate([b.ts for b in batches])[order]
+    assert stored_d.tolist() == dates
+    assert stored_ts.tolist() == [t.replace(tzinfo=None) for t in times]
 
 
 @spark_test
@@ -259,6 +326,27 @@ def test_torch_dataloader(df: Any, cache_parent: Path) -> None:
     np.testing.assert_array_equal(vec, np.float32([expected_row(i)["vec"] for i in ids]))
 
 
+@pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
+@spark_test
+def test_data_loader_fn_gets_every_argument_by_keyword_as_in_petastorm(df: Any, cache_parent: Path) -> None:
+    """Petastorm calls data_loader_fn(reader=..., batch_size=..., shuffling_queue_capacity=...): a
+    ``lambda **kwargs`` written for it failed with TypeError when the reader came positionally."""
+    from unihub.bridges.torch.loaders import BatchedDataLoader
+
+    seen: dict[str, Any] = {}
+
+    def make_loader(**kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return BatchedDataLoader(**kwargs)
+
+    converter = make_spark_converter(df)
+    with converter.make_torch_dataloader(batch_size=6, num_epochs=1, workers_count=1, data_loader_fn=make_loader,
+                                         schema_fields=["id"]) as loader:
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+    assert sorted(seen) == ["batch_size", "reader", "shuffling_queue_capacity"] and seen["batch_size"] == 6
+    assert sorted(ids) == list(range(N_ROWS))
+
+
 @pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
 @pytest.mark.parametrize("shuffle", [None, 64])
 @spark_test
@@ -277,6 +365,19 @@ def test_tf_dataset(df: Any, cache_parent: Path, shuffle: int | None) -> None:
     with make_batch_reader(converter.cache_dir_url, schema_fields=["id"], shuffle_row_groups=False) as reader:
         stored = [i for batch in reader for i in batch.id.tolist()]
     assert (ids.tolist() == stored) == (shuffle is None)  # the queue shuffles across the reader's batches
+
+
+@pytest.mark.skipif(not is_available("tensorflow"), reason="tensorflow is not installed")
+@spark_test
+def test_tf_dataset_batch_size_none_is_32_rows_as_in_petastorm(spark: Any, cache_parent: Path) -> None:
+    """Petastorm's make_tf_dataset documents and uses 32 rows for batch_size=None; it gave the reader's batches
+    (a whole row group per batch: 35, 34, 34 rows here)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    converter = make_spark_converter(spark.range(103).repartition(3))
+    with converter.make_tf_dataset(batch_size=None, num_epochs=1, workers_count=1) as ds:
+        batches = [b.id.numpy() for b in ds]
+    assert [len(b) for b in batches] == [32, 32, 32, 7]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(103))
 
 
 @spark_test

@@ -374,6 +374,28 @@ def test_timestamps_are_utc_instants(typed: dict[str, Any]) -> None:
     assert values[0] == np.datetime64("2024-03-10T01:30:00", "us")
 
 
+@pytest.mark.spark
+def test_old_dates_are_not_rebased_whatever_the_session_says(spark: Any, tmp_path: Path) -> None:
+    """Under a session's LEGACY rebase mode Spark wrote Julian-calendar days, which unihub (and pyarrow, and
+    Petastorm) read 5 days off: 1000-01-01 came back as 1000-01-06. The job writes them as they are."""
+    schema = Unischema("Old", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                               UnischemaField("day", np.datetime64, (), ScalarCodec(pa.date32()), False),
+                               UnischemaField("when", np.datetime64, (), ScalarCodec(pa.timestamp("us")), False)])
+    rows = [{"id": 0, "day": np.datetime64("1000-01-01"), "when": np.datetime64("1500-06-01T12:00:00", "us")},
+            {"id": 1, "day": np.datetime64("2020-01-02"), "when": np.datetime64("2020-01-02T03:04:05", "us")}]
+    key = "spark.sql.parquet.datetimeRebaseModeInWrite"
+    spark.conf.set(key, "LEGACY")
+    try:
+        spark_write(spark, (tmp_path / "old").as_uri(), schema, rows, files=1)
+        assert spark.conf.get(key) == "LEGACY"  # the session's own setting back
+    finally:
+        spark.conf.unset(key)
+    store = open_dataset(tmp_path / "old")
+    for name in ("day", "when"):
+        values = _decode_field(store, name)
+        assert [values[i] for i in range(2)] == [row[name] for row in rows], name
+
+
 # -- dict_to_spark_row without the JVM -------------------------------------------------------
 @needs_pyspark
 def test_dict_to_spark_row_encodes_in_schema_order() -> None:
