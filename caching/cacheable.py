@@ -32,7 +32,7 @@ import numpy as np
 from unihub.caching.lease import HEARTBEAT_SECONDS, break_if_stale, describe, try_acquire
 from unihub.caching.sources import Row, adapt, image_fields, infer_schema
 from unihub.caching.store import CacheInfo, CacheRoot, check_name
-from unihub.errors import CacheTimeoutError, InvalidArgumentError, SchemaError
+from unihub.errors import CacheError, CacheTimeoutError, InvalidArgumentError, SchemaError
 from unihub.readers.random_access import Dataset
 from unihub.readers.reader import Reader, make_reader
 from unihub.runtime.memory import DEFAULT_ROW_GROUP_SIZE_MB
@@ -187,7 +187,7 @@ def get_or_build(root: CacheRoot, dataset_id: str, version: str, make: Callable[
     while True:
         info = root.info(dataset_id, version)
         if info is not None:
-            return CachedDataset(root, info)
+            return _opened(root, info)
         if not checked:  # before anything is written: not when the cache is there already
             root.check_outside_datasets()
             checked = True
@@ -208,6 +208,16 @@ def get_or_build(root: CacheRoot, dataset_id: str, version: str, make: Callable[
                                     f"that build is gone, delete {root.url}/{dataset_id}/{version}.lease")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def _opened(root: CacheRoot, info: CacheInfo) -> CachedDataset:
+    """The published cache ``info`` names, refused where its record outlived its data (a folder removed by hand:
+    every read failed with 'no such file or directory')."""
+    if not root.has_data(info.dataset_id, info.version):
+        raise CacheError(f"cache {root.dataset_url(info.dataset_id, info.version)} is recorded but its folder is "
+                         f"gone; remove the record (unihub cache rm {root.url} {info.dataset_id} {info.version}) "
+                         "and it is built again")
+    return CachedDataset(root, info)
 
 
 def build(root: CacheRoot, dataset_id: str, version: str, make: Callable[[], Any], *,

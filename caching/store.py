@@ -123,6 +123,10 @@ class CacheRoot:
     def dataset_path(self, dataset_id: str, version: str) -> str:
         return self._path(dataset_id, version)
 
+    def has_data(self, dataset_id: str, version: str) -> bool:
+        """Whether the cache's dataset folder is there (its record may outlive it: a folder removed by hand)."""
+        return _exists(self.fs, self.dataset_path(dataset_id, version))
+
     def lease_path(self, dataset_id: str, version: str) -> str:
         return self._path(dataset_id, version, ".lease")
 

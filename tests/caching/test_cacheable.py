@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +214,18 @@ def test_a_hostile_cache_record_is_a_named_error_and_nothing_outside_the_root_is
     cacheable(root, dataset_id="cli", version="1")(lambda: _rows(5))()
     record.write_text("[" * 100_000)  # not a record: as if none were published (was a RecursionError)
     assert list_caches(root) == []
+
+
+def test_a_cache_whose_folder_was_removed_by_hand_is_named_and_built_again_after_rm(tmp_path: Path) -> None:
+    """Before: its record still served it, and every read failed with 'no such file or directory'."""
+    make = cacheable(tmp_path, dataset_id="gone", version="1")(lambda: _rows(5))
+    assert len(make()) == 5
+    shutil.rmtree(tmp_path / "gone" / "1")
+    with pytest.raises(CacheError, match=re.escape(f"cache {tmp_path / 'gone' / '1'} is recorded but its folder is "
+                                                   f"gone; remove the record (unihub cache rm {tmp_path} gone 1)")):
+        make()
+    assert main(["cache", "rm", str(tmp_path), "gone", "1"]) == 0
+    assert len(make()) == 5 and (tmp_path / "gone" / "1").is_dir()
 
 
 def test_cli_cache_list_of_a_folder_that_is_not_there_is_an_error(tmp_path: Path,
