@@ -26,7 +26,8 @@ class ConvertResult:
     seconds: float
     bytes_read: int = 0
     skipped: list[SkippedRecord] = field(default_factory=list)
-    #: how the conversion ran where that differs from what was asked (fewer workers: too little input)
+    #: how the conversion ran where that differs from what was asked (fewer workers: too little input), and what
+    #: the output does not hold as the input did (the formats' caveats and export_caveats)
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
