@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from unihub import Dataset, make_batch_reader, make_reader, open_dataset
+from unihub import Dataset, compact_dataset, delete_rows, make_batch_reader, make_reader, open_dataset
 from unihub.errors import FormatError
 from unihub.store.dataset import FetchedRanges
 
@@ -98,3 +99,21 @@ def test_a_file_without_int96_is_read_as_before(tmp_path: Path) -> None:
                         "far": pa.array([D(9999, 12, 31), None], pa.timestamp("us"))})
     pq.write_table(table, tmp_path / "part-0.parquet")
     assert open_dataset(str(tmp_path)).read_row_group(0).equals(table)
+
+
+def test_a_rewrite_of_dates_outside_nanoseconds_is_refused(far_and_near: Path) -> None:
+    """A delete or a compaction rewrote INT96 read as nanoseconds: 9999-12-31 was written back as 1816-03-30."""
+    for rewrite in (lambda: delete_rows(str(far_and_near), pc.field("id") == 1),
+                    lambda: compact_dataset(str(far_and_near))):
+        with pytest.raises(FormatError, match=r"part-0.parquet: row group 0, column 'ts': INT96 timestamps outside"):
+            rewrite()
+        assert pq.read_table(far_and_near / "part-0.parquet", coerce_int96_timestamp_unit="us")["ts"].to_pylist() == FAR
+        assert sorted(p.name for p in far_and_near.glob("*.parquet")) == ["part-0.parquet", "part-1.parquet"]
+
+
+def test_a_rewrite_of_int96_within_nanoseconds_keeps_every_value(tmp_path: Path) -> None:
+    write_int96(tmp_path / "part-0.parquet", [0, 1, 2], NEAR, unit="ns")
+    delete_rows(str(tmp_path), pc.field("id") == 1)
+    with make_batch_reader(str(tmp_path), workers_count=1) as reader:
+        (kept,) = [b.ts for b in reader]
+    assert kept.tolist() == [NEAR.tolist()[0], None]
