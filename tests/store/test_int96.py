@@ -117,3 +117,40 @@ def test_a_rewrite_of_int96_within_nanoseconds_keeps_every_value(tmp_path: Path)
     with make_batch_reader(str(tmp_path), workers_count=1) as reader:
         (kept,) = [b.ts for b in reader]
     assert kept.tolist() == [NEAR.tolist()[0], None]
+
+
+@pytest.mark.spark
+def test_spark_default_int96_output_reads_as_spark_shows_it(spark: Any, tmp_path: Path) -> None:
+    """Plain ``df.write.parquet`` (INT96, not rebased): dates outside nanoseconds, before 1582, null, in a list;
+    by the readers and a converter over the folder."""
+    from pyspark.sql import types as T
+
+    from unihub import make_spark_converter
+
+    utc = datetime.timezone.utc
+    stamps = [D(1500, 6, 1, 12, tzinfo=utc), D(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc),
+              D(2020, 1, 2, 3, 4, 5, 678901, tzinfo=utc), None, D(1000, 1, 1, tzinfo=utc)]
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("ts", T.TimestampType()),
+                           T.StructField("many", T.ArrayType(T.TimestampType()))])
+    keys = {"spark.sql.parquet.outputTimestampType": "INT96", "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+            "spark.sql.session.timeZone": "UTC"}
+    saved = {key: spark.conf.get(key, None) for key in keys}
+    for key, setting in keys.items():
+        spark.conf.set(key, setting)
+    try:
+        frame = spark.createDataFrame([(i, t, [t, None]) for i, t in enumerate(stamps)], schema)
+        frame.coalesce(1).write.parquet(str(tmp_path / "out"))
+    finally:
+        for key, setting in saved.items():
+            spark.conf.unset(key) if setting is None else spark.conf.set(key, setting)
+    (part,) = (tmp_path / "out").glob("*.parquet")
+    assert pq.ParquetFile(part).metadata.schema.column(1).physical_type == "INT96"
+    naive = [None if t is None else t.replace(tzinfo=None) for t in stamps]
+    url = (tmp_path / "out").as_uri()
+    for source in (url, make_spark_converter(url).cache_dir_url):
+        with make_batch_reader(source, workers_count=1) as reader:
+            (batch,) = list(reader)
+        assert batch.ts.dtype == np.dtype("M8[us]") and batch.ts.tolist() == naive
+        assert [list(v) for v in batch.many] == [[t, None] for t in naive]
+    with make_reader(url, workers_count=1) as reader:
+        assert [None if r.ts is None else r.ts.item() for r in reader] == naive
