@@ -104,7 +104,7 @@ def _check_int96(table: pa.Table, parquet_file: pq.ParquetFile, coarse: pq.Parqu
     is the file's (``timestamp[ns]``), which would hold them wrapped to other dates (store/int96.py)."""
     names = int96.columns(parquet_file)
     read = int96.exact(table, lambda: coarse, row_group, columns, names, path)
-    far = [n for n in names if n in table.column_names and read.column(n).type != table.column(n).type]
+    far = [n for n in table.column_names if n in names and read.column(n).type != table.column(n).type]
     if far:
         raise FormatError(f"{path}: row group {row_group}, column {far[0]!r}: INT96 timestamps outside 1677-09-21.."
                           "2262-04-11, which a rewrite (a delete, a compaction, a fold) would write as nanoseconds "
