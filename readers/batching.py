@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from unihub.schema.arrow_numpy import arrow_backed_empty
+from unihub.schema.arrow_numpy import arrow_backed_empty, joined_dtype
 
 Columns = dict[str, Any]
 
@@ -38,8 +38,18 @@ def _numpy_take(array: np.ndarray, index: np.ndarray) -> np.ndarray:
 def _numpy_concat(parts: list[np.ndarray]) -> np.ndarray:
     if any(p.ndim == 0 for p in parts):
         return np.concatenate(parts)  # numpy's own error
-    out = _empty((sum(len(p) for p in parts), *parts[0].shape[1:]), np.result_type(*parts))
-    return np.concatenate(parts, out=out)
+    dtype = joined_dtype(parts)
+    if dtype is None:  # dates no one unit holds: each row keeps its own
+        return _object_rows(parts)
+    out = _empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype)
+    return np.concatenate(parts, out=out)  # exact: joined_dtype checked every value
+
+
+def _object_rows(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.empty(sum(len(p) for p in parts), dtype=object)
+    for i, value in enumerate(value for part in parts for value in part):  # not out[:] = list: arrays would broadcast
+        out[i] = value
+    return out
 
 
 def _is_tensor(value: Any) -> bool:

@@ -39,7 +39,7 @@ from unihub.readers.decode import (
 from unihub.readers.loader import located
 from unihub.readers.reader import resolve_fields
 from unihub.runtime.memory import memory_budget
-from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array
+from unihub.schema.arrow_numpy import fixed_width_cells, from_fixed_width_cells, int64_array, joined_dtype
 from unihub.schema.codecs import BinaryCells, CompressedImageCodec, Spans, spans_at
 from unihub.schema.unischema import Unischema
 from unihub.store.dataset import ParquetStore, open_dataset
@@ -411,7 +411,9 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     if all(p.dtype != object for p in parts) and len({p.shape[1:] for p in parts}) == 1:
-        return np.concatenate(parts)
+        dtype = joined_dtype(parts)  # not numpy's: it wraps a date past 1677-2262 read as microseconds
+        if dtype is not None:
+            return np.concatenate(parts, dtype=dtype)
     out = np.empty(sum(len(p) for p in parts), dtype=object)
     for i, value in enumerate(value for part in parts for value in part):  # not out[:] = list: arrays would broadcast
         out[i] = value

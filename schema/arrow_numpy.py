@@ -256,3 +256,29 @@ def take_table(table: pa.Table, rows: np.ndarray) -> pa.Table:
     taken = dict(zip(kept, table.select(kept).take(int64_array(rows)).columns)) if kept else {}
     columns = [take_views(table.column(i), rows) if i in viewed else taken[name] for i, name in enumerate(names)]
     return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def joined_dtype(parts: Sequence[np.ndarray]) -> np.dtype | None:
+    """The dtype arrays of ``parts`` are joined in: numpy's, but for dates or durations of different units (row
+    groups of Spark's INT96 timestamps come as nanoseconds or, holding a date past 1677-2262, microseconds: see
+    store/int96.py) the finest unit that holds every value exactly, numpy's own cast wrapping a value it cannot
+    hold to another date; None where no unit of theirs holds them all (joined as objects then)."""
+    kinds = list(dict.fromkeys(p.dtype for p in parts))
+    if len(kinds) == 1 or not all(k.kind == kinds[0].kind and k.kind in "mM" for k in kinds):
+        return np.result_type(*parts)
+    units = [k for k in kinds if np.datetime_data(k)[0] != "generic"]  # a null scalar's NaT has no unit
+    finest_first = sorted(units, key=lambda k: sum(np.result_type(k, other) == k for other in units), reverse=True)
+    for unit in finest_first:
+        if all(_holds(p, unit) for p in parts):
+            return unit
+    return None
+
+
+def _holds(values: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every value of a date or duration array comes back from ``dtype`` as it was."""
+    if values.dtype == dtype:
+        return True
+    if np.datetime_data(values.dtype)[0] == "generic":
+        return bool(np.isnat(values).all())
+    back = values.astype(dtype).astype(values.dtype)
+    return bool(np.array_equal(back.view(np.int64), values.view(np.int64)))

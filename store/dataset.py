@@ -58,7 +58,7 @@ from unihub.petastorm import legacy
 from unihub.schema.codecs import ScalarCodec, parquet_tensor_type, tensor_from_parquet
 from unihub.schema.metadata_json import EXTRA_METADATA_KEY, load_metadata_json
 from unihub.schema.unischema import SCHEMA_METADATA_KEY, Unischema, UnischemaField
-from unihub.store import _footer, column_sets, footer_cache, integrity, versions
+from unihub.store import _footer, column_sets, footer_cache, int96, integrity, versions
 from unihub.store import _pages as parquet_pages
 from unihub.store.partitions import keyed_partitions, partition_of, partition_value
 
@@ -278,8 +278,12 @@ class ParquetStore:
         verify = self._needs_check(index, stored)
         try:
             if fetched is not None and info.path in self._footers:
-                parquet_file = fetched.parquet_file(self._footers[info.path], verify)
+                footer = self._footers[info.path]
+                parquet_file = fetched.parquet_file(footer, verify)
                 table = _read_fetched(parquet_file, fetched, info.row_group, stored, views, verify)
+                if held96 := int96.columns(parquet_file):
+                    table = int96.exact(table, lambda: fetched.parquet_file(footer, False, coarse=True),
+                                        info.row_group, stored, held96, info.path)
             else:
                 parquet_file, table = self._read_opened(info, stored, views, verify)
         except (OSError, pa.ArrowException) as exc:
@@ -314,6 +318,9 @@ class ParquetStore:
         rest = [c for c in names if c not in viewed] if viewed else stored
         # one thread per read: readers parallelise across row groups already
         table = parquet_file.read_row_group(info.row_group, columns=rest, use_threads=False)
+        if self._open.int96:  # Spark's default timestamps: the instants they hold, none wrapped
+            table = int96.exact(table, lambda: self._open_file(info.path, False, coarse=True), info.row_group, rest,
+                                self._open.int96, info.path)
         if viewed:
             table = _with_viewed(table, names, viewed, parquet_file.schema_arrow)
         self._open.bytes_read += info.total_byte_size
@@ -484,9 +491,9 @@ class ParquetStore:
                                      pa.chunked_array(chunks, type=tensor_type))
         return table
 
-    def _open_file(self, path: str, verify: bool) -> pq.ParquetFile:
-        """This thread's open ``ParquetFile`` for ``path`` (verifying page checksums or not), kept
-        between reads of the same file.
+    def _open_file(self, path: str, verify: bool, coarse: bool = False) -> pq.ParquetFile:
+        """This thread's open ``ParquetFile`` for ``path`` (verifying page checksums or not; ``coarse``: reading
+        INT96 as microseconds, see store/int96.py), kept between reads of the same file.
 
         Opening costs about as much as reading a small row group (the Arrow schema is
         rebuilt from the footer), so each thread keeps its last file open. Local files are
@@ -507,15 +514,19 @@ class ParquetStore:
                                           "there now", path=path) from exc
             self._check_unchanged(path, handle, opened)
             held.handle, held.path, held.bytes_read, held.files, held.leaves = handle, path, 0, {}, None
-            held.mapped = held.binary_leaves = held.leaves_by_name = None
-        found = held.files.get(verify)
+            held.mapped = held.binary_leaves = held.leaves_by_name = held.int96 = None
+        key = "coarse" if coarse else verify
+        found = held.files.get(key)
         if found is None:
             # pre-buffering coalesces remote reads; on a memory map it is only an extra copy
-            found = held.files[verify] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
-                                                        pre_buffer=not self._is_local, page_checksum_verification=verify)
+            found = held.files[key] = pq.ParquetFile(held.handle, metadata=self._footers.get(path),
+                                                     pre_buffer=not self._is_local, page_checksum_verification=verify,
+                                                     **(int96.COARSE_OPTIONS if coarse else {}))
             _footer.share(found.metadata, self._footers.get(path))
             if held.leaves is None:
                 held.leaves = integrity.nested_leaves(found.schema_arrow)
+            if held.int96 is None:
+                held.int96 = int96.columns(found)
         return found
 
     def _open_handle(self, path: str) -> tuple[Any, str]:
@@ -610,14 +621,15 @@ class FetchedRanges:
                 return offset, pa.py_buffer(data)
         return None
 
-    def parquet_file(self, footer: pq.FileMetaData, verify: bool) -> pq.ParquetFile:
-        """A ``ParquetFile`` reading the fetched bytes (and the store for the rest), with ``footer``."""
+    def parquet_file(self, footer: pq.FileMetaData, verify: bool, coarse: bool = False) -> pq.ParquetFile:
+        """A ``ParquetFile`` reading the fetched bytes (and the store for the rest), with ``footer``; ``coarse``:
+        reading INT96 as microseconds (store/int96.py)."""
         from pyarrow import PythonFile
 
         size = self.size if self.size is not None else footer.serialized_size + max(
             (start + len(data) for start, data in self.parts), default=0)
         found = pq.ParquetFile(PythonFile(_RangesFile(self, size), mode="r"), metadata=footer, pre_buffer=False,
-                               page_checksum_verification=verify)
+                               page_checksum_verification=verify, **(int96.COARSE_OPTIONS if coarse else {}))
         _footer.share(found.metadata, footer)
         return found
 

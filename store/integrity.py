@@ -23,6 +23,7 @@ list) and compares them with the column chunk's count in the footer.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, cast
 
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 from unihub.errors import DataCorruptionError, FormatError, InvalidArgumentError
 from unihub.fs import remote
 from unihub.schema.arrow_numpy import to_numpy
-from unihub.store import _footer
+from unihub.store import _footer, int96
 
 #: ``pq.ParquetWriter`` options: a CRC-32 in every page header.
 WRITE_OPTIONS: dict[str, Any] = {"write_page_checksum": True}
@@ -46,6 +47,8 @@ Verification = Literal["once", "always", "off"]
 SPARK_CHECKSUM_CONF = "parquet.page.write-checksum.enabled"
 
 _CRC_MESSAGE = "CRC checksum verification failed"
+#: files opened by :func:`open_file` that hold INT96, each with its twin reading them as microseconds
+_COARSE: weakref.WeakKeyDictionary[pq.ParquetFile, pq.ParquetFile] = weakref.WeakKeyDictionary()
 
 
 def verification() -> Verification:
@@ -66,7 +69,10 @@ def open_file(handle: Any, path: str) -> pq.ParquetFile:
     rewrite (a delete, a compaction, a fold of column sets) reads through. A file that is not readable Parquet is
     a :class:`FormatError` naming it; a remote failure is raised as it is (the caller's ``remote_errors`` names it)."""
     try:
-        return pq.ParquetFile(handle, **READ_OPTIONS)
+        found = pq.ParquetFile(handle, **READ_OPTIONS)
+        if int96.columns(found):  # its INT96 read again as microseconds, to check them (see read_group)
+            _COARSE[found] = pq.ParquetFile(handle, **int96.COARSE_OPTIONS)
+        return found
     except (OSError, pa.ArrowException) as exc:
         if remote.as_remote_error(exc, path) is not None:
             raise
@@ -79,13 +85,31 @@ def read_group(parquet_file: pq.ParquetFile, path: str, row_group: int,
     that fails its CRC is a :class:`DataCorruptionError` naming the file, row group and column, other damage a
     :class:`FormatError` naming the file and row group; a remote failure is raised as it is."""
     try:
-        return parquet_file.read_row_group(row_group, columns=columns)
+        table = parquet_file.read_row_group(row_group, columns=columns)
+        coarse = _COARSE.get(parquet_file)
+        if coarse is not None:
+            _check_int96(table, parquet_file, coarse, row_group, columns, path)
+        return table
     except (OSError, pa.ArrowException) as exc:
         if remote.as_remote_error(exc, path) is not None:
             raise
         if is_checksum_failure(exc):
             raise checksum_error(parquet_file, path, row_group, columns, exc) from exc
         raise FormatError(f"{path}: cannot read row group {row_group}: {exc}", path=path) from exc
+
+
+def _check_int96(table: pa.Table, parquet_file: pq.ParquetFile, coarse: pq.ParquetFile, row_group: int,
+                 columns: Sequence[str] | None, path: str) -> None:
+    """Refuse to rewrite INT96 timestamps (Spark's default) outside what nanoseconds hold: the rewrite's schema
+    is the file's (``timestamp[ns]``), which would hold them wrapped to other dates (store/int96.py)."""
+    names = int96.columns(parquet_file)
+    read = int96.exact(table, lambda: coarse, row_group, columns, names, path)
+    far = [n for n in table.column_names if n in names and read.column(n).type != table.column(n).type]
+    if far:
+        raise FormatError(f"{path}: row group {row_group}, column {far[0]!r}: INT96 timestamps outside 1677-09-21.."
+                          "2262-04-11, which a rewrite (a delete, a compaction, a fold) would write as nanoseconds "
+                          "wrapped to other dates; write the file again with TIMESTAMP_MICROS (Spark: "
+                          "spark.sql.parquet.outputTimestampType) first", path=path)
 
 
 def checksum_error(parquet_file: pq.ParquetFile, path: str, row_group: int, columns: Sequence[str] | None,

@@ -16,6 +16,7 @@ import numpy as np
 
 from unihub.bridges.tf.plans import PRESENT_SUFFIX, Columns, FieldPlan, fill_value, load_tf
 from unihub.errors import SchemaError, UnihubError, ValidationError
+from unihub.schema.arrow_numpy import joined_dtype
 from unihub.schema.validation import shape_matches
 
 
@@ -68,8 +69,10 @@ def encode_values(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
 def _as_numbers(plan: FieldPlan, column: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """A dense column of a numeric field (dates and durations as int64 nanoseconds) in ``np_dtype``."""
     if column.dtype == object and plan.field.numpy_dtype in (np.datetime64, np.timedelta64) and len(column):
-        # their scalars (numpy's, or datetime.date/datetime/timedelta) as one typed array, in their own unit
-        column = np.asarray(list(column), dtype=plan.field.numpy_dtype)
+        # their scalars (numpy's, or datetime.date/datetime/timedelta) as one typed array, in a unit holding each
+        # (numpy's own pick, the finest, wraps a date past 1677-2262 of a row group read in microseconds)
+        scalars = [np.asarray(value, dtype=plan.field.numpy_dtype) for value in column]
+        column = np.asarray(scalars, dtype=joined_dtype(scalars) or _finest_failing(plan, scalars))
     if column.dtype.kind in "mM":
         return _nanoseconds(plan, column)
     if column.dtype == object and not len(column):
@@ -78,6 +81,17 @@ def _as_numbers(plan: FieldPlan, column: np.ndarray, np_dtype: np.dtype) -> np.n
         # a batch reader with Petastorm's types gives nulls of int fields as NaN
         raise null_error(plan.name, int(np.flatnonzero(nan.reshape(len(column), -1).any(axis=1))[0]))
     return column.astype(np_dtype, copy=False)
+
+
+def _finest_failing(plan: FieldPlan, scalars: Sequence[np.ndarray]) -> np.dtype:
+    """Never returns: date or duration scalars no one unit holds exactly hold a value the finest of their units
+    cannot (numpy would wrap it), which int64 nanoseconds cannot either."""
+    finest = np.result_type(*scalars)
+    row = next(i for i, s in enumerate(scalars) if s.astype(finest).astype(s.dtype).view(np.int64) != s.view(np.int64))
+    raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: {scalars[row]} cannot be int64 nanoseconds "
+                          "(the unit of dates and durations in TensorFlow: years 1677-2262, nothing finer than 1 ns); "
+                          "convert it with a TransformSpec or leave the field out with schema_fields=",
+                          field=plan.name, row=row)
 
 
 #: nanoseconds in one unit of the datetime64/timedelta64 units Arrow's dates, times and durations come in

@@ -185,3 +185,16 @@ def test_rebatcher_cuts_any_chunks_into_batches_and_knows_what_it_holds(seed: in
     total = sum(sizes)
     assert delivered == list(range(total - (total % size if drop else 0)))
     assert rebatcher.pending("x") == []
+
+
+def test_dates_of_two_units_are_joined_in_one_that_holds_both() -> None:
+    """Row groups of Spark's INT96 come as nanoseconds or (a date past 1677-2262) microseconds; numpy's join
+    in nanoseconds wrapped 9999-12-31 to 1816-03-29. Where no unit holds both, each row keeps its own."""
+    near = np.array(["2020-01-01T00:00:00.000001", "NaT"], "M8[ns]")
+    far = np.array(["9999-12-31"], "M8[us]")
+    joined = concat([near, far])
+    assert joined.dtype == np.dtype("M8[us]") and joined.tolist()[2] == far[0].item()
+    assert concat([near, np.array(["2000-01-01"], "M8[us]")]).dtype == np.dtype("M8[ns]")
+    finer = np.array(["2020-01-01T00:00:00.000000001"], "M8[ns]")
+    rows = concat([finer, far])
+    assert rows.dtype == object and rows[0] == finer[0] and rows[1] == far[0]

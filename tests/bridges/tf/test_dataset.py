@@ -605,6 +605,21 @@ def test_dates_beyond_int64_nanoseconds_are_an_error(tf: Any, tmp_path: Any) -> 
     assert caught.value.field == "day" and caught.value.row == 1
 
 
+def test_shuffled_int96_dates_beyond_nanoseconds_are_an_error(tf: Any, tmp_path: Any) -> None:
+    """Spark's INT96 row groups come as nanoseconds, or as microseconds where one holds a date past 1677-2262
+    (store/int96.py); rows of both in one shuffled batch were numpy's objects joined in nanoseconds: 9999-12-31
+    went to TensorFlow wrapped to 1816-03-29, without an error."""
+    import datetime
+
+    for name, stamps in (("a", [datetime.datetime(2020, 1, 1), None]), ("b", [datetime.datetime(9999, 12, 31)])):
+        pq.write_table(pa.table({"ts": pa.array(stamps, pa.timestamp("us"))}), tmp_path / f"{name}.parquet",
+                       use_deprecated_int96_timestamps=True)
+    dataset = make_tf_dataset(tmp_path.as_uri(), 3, shuffle_buffer=3, seed=1, shuffle_row_groups=False,
+                              workers_count=1)
+    with pytest.raises(ValidationError, match=r"9999-12-31.*int64 nanoseconds"):
+        list(dataset)
+
+
 def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any) -> None:
     """As Petastorm's make_petastorm_dataset: a second iteration (or ``repeat``) after the reader's end resets
     the reader with a UserWarning whose start Petastorm's users match (an ended reader gave an empty
