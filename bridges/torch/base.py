@@ -284,6 +284,8 @@ class LoaderBase:
 
         def decoded(ready: Iterator[tuple[Any, Columns]]) -> Iterator[Any]:
             for _, columns in ready:  # the decoded images converted as the reader's columns are
+                if not columns_length(columns):  # every row's image skipped (on_decode_error='skip'): no batch
+                    continue
                 yield self._out(self._shareable(self._convert(columns, keep=frozenset(columns) - images)))
 
         if decoder is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import json
 import math
 import os
@@ -1834,3 +1835,47 @@ def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
         assert batch["id"].tolist() == [0, 1, 2, 3]
         assert batch["ts"] == [np.datetime64(s, "us") for s in stamps[:4]]
         assert batch["day"] == [np.datetime64("2020-01-01", "D")] * 4
+
+
+def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
+    """With a shuffling queue the images are decoded after the draw, so ``on_decode_error='skip'`` drops
+    rows from a drawn batch: a batch of only undecodable rows came out with no rows (its image field an
+    empty list, a loss over it NaN). Such a batch is passed over; every good row still comes once and a
+    state saved after any batch resumes to exactly the rest."""
+    import warnings
+
+    schema = Unischema("Corrupt", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                   UnischemaField("image", np.uint8, (4, 5, 3), CompressedImageCodec("png"), False)])
+    rng = np.random.default_rng(0)
+    blobs = [CompressedImageCodec("png").encode(schema.image, rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
+             for _ in range(20)]
+    for bad in (5, 11, 12):
+        blobs[bad] = blobs[bad][:40]  # still starts as a PNG, so the writer stores it
+    write_dataset(tmp_path / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
+                  row_group_size_mb=0.0003)
+    url, good = (tmp_path / "ds").as_uri(), sorted(set(range(20)) - {5, 11, 12})
+
+    def loader(kind: str) -> Any:
+        if kind == "rows":
+            return tp.DataLoader(make_reader(url, num_epochs=1, on_decode_error="skip", seed=0, reader_pool_type="dummy"),
+                                 batch_size=1, shuffling_queue_capacity=5, seed=1)
+        return tp.BatchedDataLoader(make_batch_reader(url, num_epochs=1, on_decode_error="skip", seed=0,
+                                                      reader_pool_type="dummy"),
+                                    batch_size=1, shuffling_queue_capacity=5, seed=1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind in ("rows", "batches"):
+            batches = list(loader(kind))
+            assert [len(b["id"]) for b in batches] == [1] * len(good)
+            assert all(b["image"].shape == (1, 4, 5, 3) for b in batches)
+            assert sorted(i for b in batches for i in b["id"].tolist()) == good
+            for cut in (3, 9):
+                first = loader(kind)
+                taken = iter(first)
+                delivered = [i for b in itertools.islice(taken, cut) for i in b["id"].tolist()]
+                state = first.state_dict()
+                taken.close()
+                second = loader(kind)
+                second.load_state_dict(state)
+                assert sorted(delivered + ids(second)) == good
