@@ -54,10 +54,12 @@ class LoaderBase:
     """Iteration guard, Petastorm's reset on re-iteration, resume and context management."""
 
     def __init__(self, reader: Any, batch_size: int, shuffling_queue_capacity: int, seed: int | None) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
+        # a bool is an int to Python, and a float, string or None only failed deep inside numpy or torch
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if shuffling_queue_capacity < 0:
-            raise InvalidArgumentError(f"shuffling_queue_capacity must be >= 0, got {shuffling_queue_capacity}")
+        if isinstance(shuffling_queue_capacity, bool) or not isinstance(shuffling_queue_capacity, int) or \
+                shuffling_queue_capacity < 0:
+            raise InvalidArgumentError(f"shuffling_queue_capacity must be an integer >= 0, got {shuffling_queue_capacity!r}")
         load_torch()
         self.reader = reader
         self.batch_size = batch_size

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,7 @@ from unihub import (
 from unihub.bridges.torch import datasets as torch_datasets
 from unihub.bridges.torch import sampler_rows
 from unihub.dependencies import is_available
+from unihub.errors import InvalidArgumentError
 from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
 
@@ -1879,3 +1881,22 @@ def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
                 second = loader(kind)
                 second.load_state_dict(state)
                 assert sorted(delivered + ids(second)) == good
+
+
+
+_SIZED = {"rows": lambda url, **kw: tp.DataLoader(rows(url, num_epochs=1), **kw),
+          "batched": lambda url, **kw: tp.BatchedDataLoader(batches(url, num_epochs=1), **kw),
+          "in_memory": lambda url, **kw: tp.InMemBatchedDataLoader(batches(url, num_epochs=1), **kw),
+          "iterable": lambda url, **kw: next(iter(tp.TorchIterableDataset(url, kw.pop("batch_size"), **kw)))}
+
+
+@pytest.mark.parametrize("kind, argument, value", [
+    *((kind, "batch_size", True) for kind in _SIZED),
+    *((kind, "shuffling_queue_capacity", value) for kind in ("rows", "batched") for value in (2.5, "8", None)),
+    *(("in_memory", "rows_capacity", value) for value in (0, -1, 2.5))])
+def test_a_bad_size_argument_is_named(url, kind, argument, value):
+    """``batch_size=True`` read as 1 (or failed in ``torch.split``), a queue capacity of 2.5, ``"8"`` or None failed
+    in numpy ("buffer size must be a multiple of element size") or in a comparison, and ``rows_capacity`` 0 or -1
+    held no rows and served empty epochs: each is an InvalidArgumentError naming the argument."""
+    with pytest.raises(InvalidArgumentError, match=rf"^{argument} must be .*, got {re.escape(repr(value))}$"):
+        _SIZED[kind](url, **{"batch_size": 2, argument: value})
