@@ -379,7 +379,9 @@ class LoaderBase:
         self._resumed = True
 
     def __len__(self) -> int:
-        """Batches the loader yields, where the reader knows its row count."""
+        """Batches the whole run yields, where the reader knows its row count: an upper bound with
+        ``on_decode_error='skip'`` (a dropped row is known only once decoded), and the whole run's also
+        after :meth:`load_state_dict`, as torch's ``StatefulDataLoader``."""
         rows = getattr(self.reader, "num_rows_per_epoch", None)
         epochs = getattr(self.reader, "num_epochs", None)
         if rows is None or epochs is None:

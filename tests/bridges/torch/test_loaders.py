@@ -1900,3 +1900,29 @@ def test_a_bad_size_argument_is_named(url, kind, argument, value):
     held no rows and served empty epochs: each is an InvalidArgumentError naming the argument."""
     with pytest.raises(InvalidArgumentError, match=rf"^{argument} must be .*, got {re.escape(repr(value))}$"):
         _SIZED[kind](url, **{"batch_size": 2, argument: value})
+
+
+@pytest.mark.parametrize("shard", [{}, {"cur_shard": 1, "shard_count": 3},
+                                   {"cur_shard": 2, "shard_count": 3, "shard_by": "row", "shard_remainder": "pad"},
+                                   {"cur_shard": 2, "shard_count": 3, "shard_by": "row", "shard_remainder": "drop"}])
+@pytest.mark.parametrize("batch_size", [1, 4, N, N + 3])
+def test_len_is_the_batches_a_whole_run_yields(url, shard, batch_size):
+    """len() of each loader equals the batches it yields (docs/frameworks/pytorch.md), for batch sizes that do
+    not divide the rows, shards, a queue and two epochs; after a resume it still counts the whole run."""
+    options = dict(shard, num_epochs=2, seed=3, schema_fields=["id"])
+    for make in (lambda: tp.DataLoader(rows(url, **options), batch_size=batch_size),
+                 lambda: tp.DataLoader(rows(url, **options), batch_size=batch_size, shuffling_queue_capacity=5),
+                 lambda: tp.BatchedDataLoader(batches(url, **options), batch_size=batch_size),
+                 lambda: tp.BatchedDataLoader(batches(url, **options), batch_size=batch_size, shuffling_queue_capacity=5),
+                 lambda: tp.InMemBatchedDataLoader(batches(url, **dict(options, num_epochs=1)), batch_size=batch_size,
+                                                   num_epochs=2)):
+        loader = make()
+        assert len(loader) == sum(1 for _ in loader)
+        first = make()
+        taken = iter(first)
+        next(taken)
+        state = first.state_dict()
+        taken.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert len(resumed) == len(loader) == sum(1 for _ in resumed) + 1
