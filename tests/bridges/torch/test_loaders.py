@@ -425,6 +425,32 @@ def test_decimal_friendly_collate_keeps_a_position_s_decimals_as_a_tuple():
                                                                                           decimal.Decimal("3")]
 
 
+
+def test_decimal_friendly_collate_stacks_uint64_scalars_and_names_a_field_torch_refuses(tmp_path):
+    """Over unihub's DataLoader (rows of numpy scalars), a uint64 field failed in torch's default_collate ("an
+    integer is required", for any value), and a null or rows of different shapes failed with torch's words
+    alone; Petastorm's TypeError for a null named the field. Now uint64 stacks, and torch's refusal names the
+    field in the same built-in exception."""
+    table = pa.table({"id": pa.array(range(6), pa.int64()),
+                      "big": pa.array([2**64 - 1 - i for i in range(6)], pa.uint64()),
+                      "maybe": pa.array([None if i == 2 else i for i in range(6)], pa.int32()),
+                      "ragged": pa.array([[0.5] * (i % 3) for i in range(6)], pa.list_(pa.float32()))})
+    pq.write_table(table, tmp_path / "part.parquet")
+
+    def first(field: str) -> Any:
+        reader = make_reader(tmp_path.as_uri(), num_epochs=1, schema_fields=["id", field], shuffle_row_groups=False,
+                             reader_pool_type="dummy")
+        return next(iter(tp.DataLoader(reader, batch_size=6, collate_fn=tp.decimal_friendly_collate)))
+
+    big = first("big")["big"]
+    assert big.dtype == torch.uint64 and [int(v) for v in big.numpy()] == [2**64 - 1 - i for i in range(6)]
+    for field, kind in (("maybe", RuntimeError), ("ragged", RuntimeError)):
+        with pytest.raises(kind, match=rf"^field '{field}': .*make_collate\(\) keeps nulls"):
+            first(field)
+    collated = tp.decimal_friendly_collate([{"x": np.float32(1), "b": np.bool_(True)},
+                                            {"x": np.float32(2), "b": np.bool_(False)}])
+    assert collated["x"].dtype == torch.float32 and collated["b"].tolist() == [True, False]
+
 def _lists_dataset(directory: Any) -> tuple[str, dict[int, list[int]], dict[int, list[int]]]:
     """Parquet written by pyarrow (no Unischema): a list column of one length in every row, and a
     ragged one; row groups of 4 rows, so loader batches of 3 cross them."""
