@@ -350,7 +350,8 @@ class LoaderBase:
         reader's rows before that point in its batch are read and dropped, as a resume does.
 
         Not while iterating (break out, skip, iterate again), nor with a shuffling queue, whose batches are
-        known only by drawing them (:class:`~unihub.errors.InvalidArgumentError`: read and drop them there).
+        known only by drawing them, nor with ``on_decode_error='skip'``, whose dropped rows are known only by
+        decoding them (:class:`~unihub.errors.InvalidArgumentError`: read and drop the batches there).
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgumentError(f"skip_batches() takes a count >= 0, got {count!r}")
@@ -360,6 +361,10 @@ class LoaderBase:
         if self.shuffling_queue_capacity > 0:
             raise InvalidArgumentError("skip_batches() on a loader with a shuffling queue: its batches are known "
                                        "only by drawing them; read and drop them (itertools.islice)")
+        if getattr(self.reader, "on_decode_error", "raise") == "skip":  # stored rows are not batches where some drop
+            raise InvalidArgumentError("skip_batches() on a reader with on_decode_error='skip': the rows it drops are "
+                                       "known only by decoding them, so the batches to pass over are too; read and "
+                                       "drop them (itertools.islice)")
         reader = self.reader
         reader_state, skip, _ = parse_loader_state(self.state_dict())  # in reader order, nothing is held out of order
         reader.load_state_dict(reader_state)

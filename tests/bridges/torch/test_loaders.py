@@ -1865,48 +1865,64 @@ def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
         assert batch["day"] == [np.datetime64("2020-01-01", "D")] * 4
 
 
-def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
-    """With a shuffling queue the images are decoded after the draw, so ``on_decode_error='skip'`` drops
-    rows from a drawn batch: a batch of only undecodable rows came out with no rows (its image field an
-    empty list, a loss over it NaN). Such a batch is passed over; every good row still comes once and a
-    state saved after any batch resumes to exactly the rest."""
-    import warnings
-
+def _corrupt_images(directory: Any) -> tuple[str, list[int]]:
+    """A dataset of 20 rows whose PNGs 5, 11 and 12 are cut short (they still start as PNGs, so the writer
+    stores them), in row groups of a few rows: its URL and the ids of the good rows."""
     schema = Unischema("Corrupt", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                                    UnischemaField("image", np.uint8, (4, 5, 3), CompressedImageCodec("png"), False)])
     rng = np.random.default_rng(0)
     blobs = [CompressedImageCodec("png").encode(schema.image, rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
              for _ in range(20)]
     for bad in (5, 11, 12):
-        blobs[bad] = blobs[bad][:40]  # still starts as a PNG, so the writer stores it
-    write_dataset(tmp_path / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
+        blobs[bad] = blobs[bad][:40]
+    write_dataset(directory / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
                   row_group_size_mb=0.0003)
-    url, good = (tmp_path / "ds").as_uri(), sorted(set(range(20)) - {5, 11, 12})
+    return (directory / "ds").as_uri(), sorted(set(range(20)) - {5, 11, 12})
 
-    def loader(kind: str) -> Any:
-        if kind == "rows":
-            return tp.DataLoader(make_reader(url, num_epochs=1, on_decode_error="skip", seed=0, reader_pool_type="dummy"),
-                                 batch_size=1, shuffling_queue_capacity=5, seed=1)
-        return tp.BatchedDataLoader(make_batch_reader(url, num_epochs=1, on_decode_error="skip", seed=0,
-                                                      reader_pool_type="dummy"),
-                                    batch_size=1, shuffling_queue_capacity=5, seed=1)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for kind in ("rows", "batches"):
-            batches = list(loader(kind))
-            assert [len(b["id"]) for b in batches] == [1] * len(good)
-            assert all(b["image"].shape == (1, 4, 5, 3) for b in batches)
-            assert sorted(i for b in batches for i in b["id"].tolist()) == good
-            for cut in (3, 9):
-                first = loader(kind)
-                taken = iter(first)
-                delivered = [i for b in itertools.islice(taken, cut) for i in b["id"].tolist()]
-                state = first.state_dict()
-                taken.close()
-                second = loader(kind)
-                second.load_state_dict(state)
-                assert sorted(delivered + ids(second)) == good
+def _skipping_loader(url: str, kind: str, capacity: int) -> Any:
+    options = dict(num_epochs=1, on_decode_error="skip", seed=0, reader_pool_type="dummy")
+    if kind == "rows":
+        return tp.DataLoader(make_reader(url, **options), batch_size=1, shuffling_queue_capacity=capacity, seed=1)
+    return tp.BatchedDataLoader(make_batch_reader(url, **options), batch_size=1, shuffling_queue_capacity=capacity,
+                                seed=1)
+
+
+@pytest.mark.filterwarnings("ignore:.*on_decode_error='skip'")
+def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
+    """With a shuffling queue the images are decoded after the draw, so ``on_decode_error='skip'`` drops
+    rows from a drawn batch: a batch of only undecodable rows came out with no rows (its image field an
+    empty list, a loss over it NaN). Such a batch is passed over; every good row still comes once and a
+    state saved after any batch resumes to exactly the rest."""
+    url, good = _corrupt_images(tmp_path)
+    for kind in ("rows", "batches"):
+        batches = list(_skipping_loader(url, kind, 5))
+        assert [len(b["id"]) for b in batches] == [1] * len(good)
+        assert all(b["image"].shape == (1, 4, 5, 3) for b in batches)
+        assert sorted(i for b in batches for i in b["id"].tolist()) == good
+        for cut in (3, 9):
+            first = _skipping_loader(url, kind, 5)
+            taken = iter(first)
+            delivered = [i for b in itertools.islice(taken, cut) for i in b["id"].tolist()]
+            state = first.state_dict()
+            taken.close()
+            second = _skipping_loader(url, kind, 5)
+            second.load_state_dict(state)
+            assert sorted(delivered + ids(second)) == good
+
+
+@pytest.mark.filterwarnings("ignore:.*on_decode_error='skip'")
+@pytest.mark.parametrize("kind", ["rows", "batches"])
+def test_skip_batches_is_refused_where_rows_are_dropped_for_images_that_do_not_decode(tmp_path, kind):
+    """skip_batches(n) moved the reader n * batch_size stored rows on: where rows before that point were
+    dropped, the next batch was not the one an uninterrupted run gives after n batches (another row, and
+    rows passed over that the run delivers). It is refused by name, as with a shuffling queue."""
+    url, _ = _corrupt_images(tmp_path)
+    whole = [b["id"].tolist() for b in _skipping_loader(url, kind, 0)]
+    loader = _skipping_loader(url, kind, 0)
+    with pytest.raises(InvalidArgumentError, match=r"skip_batches\(\) on a reader with on_decode_error='skip'"):
+        loader.skip_batches(8)
+    assert [b["id"].tolist() for b in loader] == whole  # nothing moved
 
 
 
