@@ -161,9 +161,9 @@ class Dataset:
         n = self.store.num_rows
         if raw.dtype.kind == "u" and raw.size and raw.max() >= n:  # a cast to int64 would wrap 2**64 - 1 to -1
             raise IndexError(f"row index {int(raw.max())} is out of range for a dataset of {n} rows")
-        idx = raw.astype(np.int64).ravel()
-        idx = np.where(idx < 0, idx + n, idx)
-        bad = idx[(idx < 0) | (idx >= n)]
+        given = raw.astype(np.int64).ravel()
+        idx = np.where(given < 0, given + n, given)
+        bad = given[(idx < 0) | (idx >= n)]  # named as given: -n - 1 is out of range, not -1
         if bad.size:
             raise IndexError(f"row index {int(bad[0])} is out of range for a dataset of {n} rows")
         return idx

@@ -54,10 +54,12 @@ class LoaderBase:
     """Iteration guard, Petastorm's reset on re-iteration, resume and context management."""
 
     def __init__(self, reader: Any, batch_size: int, shuffling_queue_capacity: int, seed: int | None) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
+        # a bool is an int to Python, and a float, string or None only failed deep inside numpy or torch
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if shuffling_queue_capacity < 0:
-            raise InvalidArgumentError(f"shuffling_queue_capacity must be >= 0, got {shuffling_queue_capacity}")
+        if isinstance(shuffling_queue_capacity, bool) or not isinstance(shuffling_queue_capacity, int) or \
+                shuffling_queue_capacity < 0:
+            raise InvalidArgumentError(f"shuffling_queue_capacity must be an integer >= 0, got {shuffling_queue_capacity!r}")
         load_torch()
         self.reader = reader
         self.batch_size = batch_size
@@ -284,6 +286,8 @@ class LoaderBase:
 
         def decoded(ready: Iterator[tuple[Any, Columns]]) -> Iterator[Any]:
             for _, columns in ready:  # the decoded images converted as the reader's columns are
+                if not columns_length(columns):  # every row's image skipped (on_decode_error='skip'): no batch
+                    continue
                 yield self._out(self._shareable(self._convert(columns, keep=frozenset(columns) - images)))
 
         if decoder is not None:
@@ -346,7 +350,8 @@ class LoaderBase:
         reader's rows before that point in its batch are read and dropped, as a resume does.
 
         Not while iterating (break out, skip, iterate again), nor with a shuffling queue, whose batches are
-        known only by drawing them (:class:`~unihub.errors.InvalidArgumentError`: read and drop them there).
+        known only by drawing them, nor with ``on_decode_error='skip'``, whose dropped rows are known only by
+        decoding them (:class:`~unihub.errors.InvalidArgumentError`: read and drop the batches there).
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidArgumentError(f"skip_batches() takes a count >= 0, got {count!r}")
@@ -356,6 +361,10 @@ class LoaderBase:
         if self.shuffling_queue_capacity > 0:
             raise InvalidArgumentError("skip_batches() on a loader with a shuffling queue: its batches are known "
                                        "only by drawing them; read and drop them (itertools.islice)")
+        if getattr(self.reader, "on_decode_error", "raise") == "skip":  # stored rows are not batches where some drop
+            raise InvalidArgumentError("skip_batches() on a reader with on_decode_error='skip': the rows it drops are "
+                                       "known only by decoding them, so the batches to pass over are too; read and "
+                                       "drop them (itertools.islice)")
         reader = self.reader
         reader_state, skip, _ = parse_loader_state(self.state_dict())  # in reader order, nothing is held out of order
         reader.load_state_dict(reader_state)
@@ -375,7 +384,9 @@ class LoaderBase:
         self._resumed = True
 
     def __len__(self) -> int:
-        """Batches the loader yields, where the reader knows its row count."""
+        """Batches the whole run yields, where the reader knows its row count: an upper bound with
+        ``on_decode_error='skip'`` (a dropped row is known only once decoded), and the whole run's also
+        after :meth:`load_state_dict`, as torch's ``StatefulDataLoader``."""
         rows = getattr(self.reader, "num_rows_per_epoch", None)
         epochs = getattr(self.reader, "num_epochs", None)
         if rows is None or epochs is None:

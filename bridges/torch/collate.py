@@ -170,12 +170,29 @@ def decimal_friendly_collate(batch: Sequence[Any]) -> Any:
     if isinstance(first, decimal.Decimal) or isinstance(first, (str, bytes)):
         return batch if isinstance(batch, tuple) else list(batch)
     if isinstance(first, Mapping):
-        return {key: decimal_friendly_collate([row[key] for row in batch]) for key in first}
+        return {key: _collated_field(key, [row[key] for row in batch]) for key in first}
     if hasattr(first, "_asdict"):  # a row namedtuple: a dict of its fields, as Petastorm's loaders give
         return decimal_friendly_collate([row._asdict() for row in batch])
     if isinstance(first, Sequence):
         return [decimal_friendly_collate(samples) for samples in zip(*batch)]
+    if isinstance(first, np.generic) and first.dtype.kind in NUMERIC_KINDS and \
+            all(isinstance(v, np.generic) and v.dtype == first.dtype for v in batch):
+        # numpy scalars as one array: torch's default_collate goes through Python ints, and a uint64 past
+        # int64's range failed ("an integer is required")
+        return torch.from_numpy(np.asarray(batch))
     return torch.utils.data.default_collate(list(batch))
+
+
+def _collated_field(name: str, values: list[Any]) -> Any:
+    """One field's values through :func:`decimal_friendly_collate`; torch's refusal (a null, rows of
+    different shapes) names the field, as Petastorm's ``TypeError`` for a null did, in the same built-in."""
+    try:
+        return decimal_friendly_collate(values)
+    except (TypeError, RuntimeError, ValueError) as exc:
+        if type(exc) not in (TypeError, RuntimeError, ValueError):
+            raise  # one of unihub's, or another with its own arguments: as it is
+        raise type(exc)(f"field {name!r}: {exc} (torch's default_collate cannot stack it; make_collate() "
+                        "keeps nulls and variable shapes as lists)") from exc
 
 
 def row_to_tensors(row: Any) -> dict[str, Any]:

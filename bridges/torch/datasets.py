@@ -350,7 +350,9 @@ def _build_iterable_dataset(torch: Any) -> type:
             if skip:  # rows of the reader's position on that were delivered: the loader drops them
                 loader.load_state_dict(dict(loader.state_dict(), skip=skip))
             loader._max_rows = limit + skip if limit is not None else None
-            if reader.num_rows_per_epoch is None:  # a predicate or filters: the plan does not count the rows
+            if reader.num_rows_per_epoch is None or getattr(reader, "on_decode_error", "raise") == "skip":
+                # a predicate or filters, or rows dropped for images that do not decode: the plan does not
+                # count the rows delivered, the loader does
                 run.live = loader.state_dict
             else:
                 run.from_base(reader, skip)

@@ -219,6 +219,9 @@ class InMemBatchedDataLoader(LoaderBase):
         super().__init__(reader, batch_size, 0, seed)
         if num_epochs is not None and num_epochs < 1:
             raise InvalidArgumentError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+        if rows_capacity is not None and (isinstance(rows_capacity, bool) or not isinstance(rows_capacity, int)
+                                          or rows_capacity < 1):  # 0 or -1 silently held no rows
+            raise InvalidArgumentError(f"rows_capacity must be a positive integer or None (every row), got {rows_capacity!r}")
         if rows_capacity is None and getattr(reader, "num_epochs", 1) is None:
             raise InvalidArgumentError("the reader never ends (num_epochs=None): pass rows_capacity to bound what is loaded")
         self.num_epochs, self.rows_capacity, self.shuffle = num_epochs, rows_capacity, shuffle

@@ -127,6 +127,13 @@ def test_out_of_range_is_an_index_error(dataset, bad):
         ds[bad[-1]]
 
 
+@pytest.mark.parametrize("bad", [-N - 1, -N - 7])
+def test_a_negative_index_out_of_range_is_named_as_given(dataset, bad):
+    """The message named the index after counting it from the end (``-N - 1`` as ``-1``, a row that exists)."""
+    with pytest.raises(IndexError, match=rf"^row index {bad} is out of range for a dataset of {N} rows$"):
+        Dataset(dataset).take([0, bad])
+
+
 @pytest.mark.parametrize("bad", [[1.5], [0, 2.0], [True, False], ["3"]])
 def test_non_integer_indices_are_refused(dataset, bad):
     with pytest.raises(TypeError, match="integers"):

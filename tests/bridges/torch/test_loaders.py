@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,6 +39,7 @@ from unihub import (
 from unihub.bridges.torch import datasets as torch_datasets
 from unihub.bridges.torch import sampler_rows
 from unihub.dependencies import is_available
+from unihub.errors import InvalidArgumentError
 from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
 
@@ -421,6 +424,32 @@ def test_decimal_friendly_collate_keeps_a_position_s_decimals_as_a_tuple():
     assert tp.decimal_friendly_collate([decimal.Decimal("2"), decimal.Decimal("3")]) == [decimal.Decimal("2"),
                                                                                           decimal.Decimal("3")]
 
+
+
+def test_decimal_friendly_collate_stacks_uint64_scalars_and_names_a_field_torch_refuses(tmp_path):
+    """Over unihub's DataLoader (rows of numpy scalars), a uint64 field failed in torch's default_collate ("an
+    integer is required", for any value), and a null or rows of different shapes failed with torch's words
+    alone; Petastorm's TypeError for a null named the field. Now uint64 stacks, and torch's refusal names the
+    field in the same built-in exception."""
+    table = pa.table({"id": pa.array(range(6), pa.int64()),
+                      "big": pa.array([2**64 - 1 - i for i in range(6)], pa.uint64()),
+                      "maybe": pa.array([None if i == 2 else i for i in range(6)], pa.int32()),
+                      "ragged": pa.array([[0.5] * (i % 3) for i in range(6)], pa.list_(pa.float32()))})
+    pq.write_table(table, tmp_path / "part.parquet")
+
+    def first(field: str) -> Any:
+        reader = make_reader(tmp_path.as_uri(), num_epochs=1, schema_fields=["id", field], shuffle_row_groups=False,
+                             reader_pool_type="dummy")
+        return next(iter(tp.DataLoader(reader, batch_size=6, collate_fn=tp.decimal_friendly_collate)))
+
+    big = first("big")["big"]
+    assert big.dtype == torch.uint64 and [int(v) for v in big.numpy()] == [2**64 - 1 - i for i in range(6)]
+    for field, kind in (("maybe", RuntimeError), ("ragged", RuntimeError)):
+        with pytest.raises(kind, match=rf"^field '{field}': .*make_collate\(\) keeps nulls"):
+            first(field)
+    collated = tp.decimal_friendly_collate([{"x": np.float32(1), "b": np.bool_(True)},
+                                            {"x": np.float32(2), "b": np.bool_(False)}])
+    assert collated["x"].dtype == torch.float32 and collated["b"].tolist() == [True, False]
 
 def _lists_dataset(directory: Any) -> tuple[str, dict[int, list[int]], dict[int, list[int]]]:
     """Parquet written by pyarrow (no Unischema): a list column of one length in every row, and a
@@ -1834,3 +1863,108 @@ def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
         assert batch["id"].tolist() == [0, 1, 2, 3]
         assert batch["ts"] == [np.datetime64(s, "us") for s in stamps[:4]]
         assert batch["day"] == [np.datetime64("2020-01-01", "D")] * 4
+
+
+def _corrupt_images(directory: Any) -> tuple[str, list[int]]:
+    """A dataset of 20 rows whose PNGs 5, 11 and 12 are cut short (they still start as PNGs, so the writer
+    stores them), in row groups of a few rows: its URL and the ids of the good rows."""
+    schema = Unischema("Corrupt", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
+                                   UnischemaField("image", np.uint8, (4, 5, 3), CompressedImageCodec("png"), False)])
+    rng = np.random.default_rng(0)
+    blobs = [CompressedImageCodec("png").encode(schema.image, rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
+             for _ in range(20)]
+    for bad in (5, 11, 12):
+        blobs[bad] = blobs[bad][:40]
+    write_dataset(directory / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
+                  row_group_size_mb=0.0003)
+    return (directory / "ds").as_uri(), sorted(set(range(20)) - {5, 11, 12})
+
+
+def _skipping_loader(url: str, kind: str, capacity: int) -> Any:
+    options = dict(num_epochs=1, on_decode_error="skip", seed=0, reader_pool_type="dummy")
+    if kind == "rows":
+        return tp.DataLoader(make_reader(url, **options), batch_size=1, shuffling_queue_capacity=capacity, seed=1)
+    return tp.BatchedDataLoader(make_batch_reader(url, **options), batch_size=1, shuffling_queue_capacity=capacity,
+                                seed=1)
+
+
+@pytest.mark.filterwarnings("ignore:.*on_decode_error='skip'")
+def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
+    """With a shuffling queue the images are decoded after the draw, so ``on_decode_error='skip'`` drops
+    rows from a drawn batch: a batch of only undecodable rows came out with no rows (its image field an
+    empty list, a loss over it NaN). Such a batch is passed over; every good row still comes once and a
+    state saved after any batch resumes to exactly the rest."""
+    url, good = _corrupt_images(tmp_path)
+    for kind in ("rows", "batches"):
+        batches = list(_skipping_loader(url, kind, 5))
+        assert [len(b["id"]) for b in batches] == [1] * len(good)
+        assert all(b["image"].shape == (1, 4, 5, 3) for b in batches)
+        assert sorted(i for b in batches for i in b["id"].tolist()) == good
+        for cut in (3, 9):
+            first = _skipping_loader(url, kind, 5)
+            taken = iter(first)
+            delivered = [i for b in itertools.islice(taken, cut) for i in b["id"].tolist()]
+            state = first.state_dict()
+            taken.close()
+            second = _skipping_loader(url, kind, 5)
+            second.load_state_dict(state)
+            assert sorted(delivered + ids(second)) == good
+
+
+@pytest.mark.filterwarnings("ignore:.*on_decode_error='skip'")
+@pytest.mark.parametrize("kind", ["rows", "batches"])
+def test_skip_batches_is_refused_where_rows_are_dropped_for_images_that_do_not_decode(tmp_path, kind):
+    """skip_batches(n) moved the reader n * batch_size stored rows on: where rows before that point were
+    dropped, the next batch was not the one an uninterrupted run gives after n batches (another row, and
+    rows passed over that the run delivers). It is refused by name, as with a shuffling queue."""
+    url, _ = _corrupt_images(tmp_path)
+    whole = [b["id"].tolist() for b in _skipping_loader(url, kind, 0)]
+    loader = _skipping_loader(url, kind, 0)
+    with pytest.raises(InvalidArgumentError, match=r"skip_batches\(\) on a reader with on_decode_error='skip'"):
+        loader.skip_batches(8)
+    assert [b["id"].tolist() for b in loader] == whole  # nothing moved
+
+
+
+_SIZED = {"rows": lambda url, **kw: tp.DataLoader(rows(url, num_epochs=1), **kw),
+          "batched": lambda url, **kw: tp.BatchedDataLoader(batches(url, num_epochs=1), **kw),
+          "in_memory": lambda url, **kw: tp.InMemBatchedDataLoader(batches(url, num_epochs=1), **kw),
+          "iterable": lambda url, **kw: next(iter(tp.TorchIterableDataset(url, kw.pop("batch_size"), **kw)))}
+
+
+@pytest.mark.parametrize("kind, argument, value", [
+    *((kind, "batch_size", True) for kind in _SIZED),
+    *((kind, "shuffling_queue_capacity", value) for kind in ("rows", "batched") for value in (2.5, "8", None)),
+    *(("in_memory", "rows_capacity", value) for value in (0, -1, 2.5))])
+def test_a_bad_size_argument_is_named(url, kind, argument, value):
+    """``batch_size=True`` read as 1 (or failed in ``torch.split``), a queue capacity of 2.5, ``"8"`` or None failed
+    in numpy ("buffer size must be a multiple of element size") or in a comparison, and ``rows_capacity`` 0 or -1
+    held no rows and served empty epochs: each is an InvalidArgumentError naming the argument."""
+    with pytest.raises(InvalidArgumentError, match=rf"^{argument} must be .*, got {re.escape(repr(value))}$"):
+        _SIZED[kind](url, **{"batch_size": 2, argument: value})
+
+
+@pytest.mark.parametrize("shard", [{}, {"cur_shard": 1, "shard_count": 3},
+                                   {"cur_shard": 2, "shard_count": 3, "shard_by": "row", "shard_remainder": "pad"},
+                                   {"cur_shard": 2, "shard_count": 3, "shard_by": "row", "shard_remainder": "drop"}])
+@pytest.mark.parametrize("batch_size", [1, 4, N, N + 3])
+def test_len_is_the_batches_a_whole_run_yields(url, shard, batch_size):
+    """len() of each loader equals the batches it yields (docs/frameworks/pytorch.md), for batch sizes that do
+    not divide the rows, shards, a queue and two epochs; after a resume it still counts the whole run."""
+    options = dict(shard, num_epochs=2, seed=3, schema_fields=["id"])
+    for make in (lambda: tp.DataLoader(rows(url, **options), batch_size=batch_size),
+                 lambda: tp.DataLoader(rows(url, **options), batch_size=batch_size, shuffling_queue_capacity=5),
+                 lambda: tp.BatchedDataLoader(batches(url, **options), batch_size=batch_size),
+                 lambda: tp.BatchedDataLoader(batches(url, **options), batch_size=batch_size, shuffling_queue_capacity=5),
+                 lambda: tp.InMemBatchedDataLoader(batches(url, **dict(options, num_epochs=1)), batch_size=batch_size,
+                                                   num_epochs=2)):
+        loader = make()
+        assert len(loader) == sum(1 for _ in loader)
+        first = make()
+        taken = iter(first)
+        next(taken)
+        state = first.state_dict()
+        taken.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert len(resumed) == len(loader) == sum(1 for _ in resumed) + 1
