@@ -234,6 +234,7 @@ class InMemBatchedDataLoader(LoaderBase):
         self._load()  # here, as Petastorm's: the reader is read, then stopped, before the first pass
         # where the pass stands: its shuffling seed, and (epoch, rows of that epoch delivered); a loaded state
         # sets where the next pass starts
+        self._passes = 0  # passes begun: a seeded loader's next pass shuffles anew, as a seeded generator would
         self._pass_seed = self._draw_seed()
         self._served = (0, 0)
         self._resume_at: tuple[int, int] | None = None
@@ -282,6 +283,7 @@ class InMemBatchedDataLoader(LoaderBase):
             n = columns_length(data)
             if self._resume_at is None:
                 self._pass_seed, first_epoch, first_row = self._draw_seed(), 0, 0
+                self._passes += 1
                 self._rest = None  # a new pass: this rank's own rows every epoch
             else:
                 (first_epoch, first_row), self._resume_at = self._resume_at, None
@@ -321,8 +323,14 @@ class InMemBatchedDataLoader(LoaderBase):
         return math.ceil(columns_length(self._load()) / self.batch_size) * self.num_epochs
 
     def _draw_seed(self) -> int:
-        """The seed of a pass's shuffling: ``seed``, or a fresh one per pass (kept in the state)."""
-        return int(self.seed) if self.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        """The seed of a pass's shuffling (kept in the state): ``seed`` for the first pass and one drawn from
+        ``seed`` and the pass's number for each later one (a ``for epoch`` loop over a seeded loader served one
+        order every epoch), or a fresh one per pass without a seed."""
+        if self.seed is None:
+            return int(np.random.SeedSequence().generate_state(1)[0])
+        if not self._passes:
+            return int(self.seed)
+        return int(np.random.SeedSequence([int(self.seed), self._passes]).generate_state(1)[0])
 
     def state_dict(self) -> dict[str, Any]:
         """Where to resume: after the last batch delivered (JSON-able). It holds the reader's position when
@@ -334,7 +342,7 @@ class InMemBatchedDataLoader(LoaderBase):
         # copies: torch.distributed.checkpoint's load writes the saved values into the dicts it is given
         state = {"version": LOADER_STATE_VERSION, "kind": IN_MEMORY_STATE, "loaded_from": dict(self._loaded_from),
                  "rows_capacity": self.rows_capacity, "shuffle_seed": self._pass_seed, "epoch": epoch, "row": row,
-                 "rows": columns_length(self._load()), "shuffle": self.shuffle, "rest": ""}
+                 "rows": columns_length(self._load()), "shuffle": self.shuffle, "rest": "", "passes": self._passes}
         if self._rest is not None:  # a string: the state's keys stay the same (DCP's template is a fresh loader's)
             rest_epoch, rest_from, rest = self._rest
             state["rest"] = json.dumps({"epoch": rest_epoch, "from": rest_from, "rows": columns_length(rest)})
@@ -356,6 +364,7 @@ class InMemBatchedDataLoader(LoaderBase):
         rest = _rest_of(state)
         self._rest = None if rest is None else (rest["epoch"], *self._read_from(_loader_state(rest["from"])))
         self._pass_seed = int(state["shuffle_seed"])
+        self._passes = int(state.get("passes", 1))  # (states saved before passes were counted: after the first)
         self._resume_at = (int(state["epoch"]), int(state["row"]))
 
     def _checked(self, state: Any) -> dict[str, Any]:

@@ -280,6 +280,30 @@ def test_in_memory_loader_epochs(url):
     assert [b["twice"].tolist() for b in renamed] == [[2 * i for i in range(k, min(k + 10, 25))] for k in (0, 10, 20)]
 
 
+def test_a_seeded_in_memory_loader_shuffles_each_pass_anew_and_the_same_in_every_run(url):
+    """``for epoch in range(E): for batch in loader`` over a seeded loader (num_epochs=1) served one order every
+    epoch; each pass now shuffles anew, the same orders in every run, and a state resumes its pass's order."""
+    def passes(count: int) -> list[list[int]]:
+        with batches(url) as reader:
+            loader = tp.InMemBatchedDataLoader(reader, batch_size=7, shuffle=True, seed=3)
+            return [[i for b in loader for i in check_batch(b)] for _ in range(count)]
+
+    first = passes(3)
+    assert all(sorted(p) == list(range(N)) for p in first)
+    assert len({tuple(p) for p in first}) == 3 and passes(3) == first
+    with batches(url) as reader:
+        loader = tp.InMemBatchedDataLoader(reader, batch_size=7, shuffle=True, seed=3)
+        list(loader)
+        second = iter(loader)
+        head = [i for _ in range(2) for i in check_batch(next(second))]
+        state = loader.state_dict()
+    with batches(url) as reader:
+        resumed = tp.InMemBatchedDataLoader(reader, batch_size=7, shuffle=True, seed=3)
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        assert head + [i for b in resumed for i in check_batch(b)] == first[1]
+        assert [i for b in resumed for i in check_batch(b)] == first[2]  # and the pass after it
+
+
 @pytest.mark.parametrize("kind", ["batched", "rows", "in memory"])
 def test_transform_fn_takes_each_column_as_numpy_in_place_of_as_tensor_as_in_petastorm(url, kind):
     """Petastorm's ``transform_fn`` converts each column of a batch (``torch.as_tensor`` where not given): a migrated
