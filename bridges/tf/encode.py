@@ -164,7 +164,7 @@ def _dense(plan: FieldPlan, column: np.ndarray, present: np.ndarray) -> np.ndarr
 
 def _ragged(plan: FieldPlan, column: np.ndarray) -> list[np.ndarray]:
     """A field with ``None`` dims as its flat values and the row lengths of each ragged dim; a null
-    is a row of no values."""
+    row is a row of no values (its mask says it was null), a null inside a row a ValidationError."""
     given = [None if r is None else np.asarray(r) for r in column]
     if any(r is not None and r.dtype == object for r in given):
         return _ragged_nested(plan, given)
@@ -207,6 +207,11 @@ def _ragged_nested(plan: FieldPlan, given: list[np.ndarray | None]) -> list[np.n
     for row, value in enumerate(given):
         try:
             _walk(np.zeros((0,) * rank + inner, np.int64) if value is None else value, 0, rank, inner, levels, leaves)
+        except _NullInside:
+            raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: a null inside the row's lists, "
+                                  "which a tf.RaggedTensor cannot hold (it has no nulls, and a mask says only which "
+                                  "rows are null); fill it with a TransformSpec or leave the field out with "
+                                  "schema_fields=", field=plan.name, row=row) from None
         except ValueError as exc:
             raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: {exc} where the schema says "
                                   f"{plan.field.shape}", field=plan.name, row=row) from None
@@ -226,12 +231,17 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
             levels[depth + k].append(np.full(int(np.prod(shape[:k])), shape[k]))
         leaves.append(value.reshape(-1, *inner))
         return
+    if any(item is None for item in value):  # an empty list would say something else
+        raise _NullInside
     if depth + 1 >= rank and not inner:
         raise ValueError(f"nested values at depth {depth}")
     levels[depth].append(np.array([len(value)]))
     for item in value:
-        _walk(np.zeros((0,) * (rank - depth - 1) + inner, np.int64) if item is None else np.asarray(item),
-              depth + 1, rank, inner, levels, leaves)
+        _walk(np.asarray(item), depth + 1, rank, inner, levels, leaves)
+
+
+class _NullInside(Exception):
+    """:func:`_walk` met a null below a row's top level (an inner list, or a string in a list)."""
 
 
 def flat_signature(plans: Sequence[FieldPlan]) -> tuple[Any, ...]:

@@ -628,16 +628,34 @@ def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any)
 
 def test_plain_parquet_ragged_lists_of_lists_are_ragged_tensors_and_never_padded(tf: Any, tmp_path: Any) -> None:
     """A plain ``list<list<int64>>`` column whose inner lists differ in length (Petastorm's inferred schema
-    left it out): batches are RaggedTensors of exactly the stored values (nulls as no values), where the
-    encoder refused a ragged row; a row reader's dense row of such lists is refused rather than padded with 0."""
+    left it out): batches are RaggedTensors of exactly the stored values, where the encoder refused a ragged
+    row; a row reader's dense row of such lists is refused rather than padded with 0."""
 
-    nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], None, []]]
+    nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], []]]
     pq.write_table(pa.table({"id": pa.array(range(5)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
                    tmp_path / "part.parquet")
     with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
         batch = next(iter(make_petastorm_dataset(reader)))
-    assert batch.ll.to_list() == [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], [], []]]
+    assert batch.ll.to_list() == nested
     with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1, schema_fields=["ll"]) as reader:
         rows = iter(make_petastorm_dataset(reader))
         with pytest.raises(tf.errors.InvalidArgumentError, match="a row of lists of different lengths"):
             next(rows)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize(("values", "arrow_type"), [
+    ([[[1], []], [[9], None, []]], pa.list_(pa.list_(pa.int64()))),  # a null inner list
+    ([["a"], ["b", None]], pa.list_(pa.string())),  # a null string in a list
+])
+def test_a_null_inside_a_rows_lists_is_refused_by_field_and_row(tf: Any, tmp_path: Any, batched: bool,
+                                                                 values: list[Any], arrow_type: Any) -> None:
+    """A tf.RaggedTensor holds no null and a ``_is_present`` mask only says which rows are null, so a null
+    inside a row's lists is a ValidationError naming the field and row (it became an empty list silently,
+    which the stored ``[]`` rows also are; a null string in a list was blamed on 'nested values')."""
+    pq.write_table(pa.table({"id": pa.array(range(2)), "v": pa.array(values, arrow_type)}), tmp_path / "part.parquet")
+    make = make_batch_reader if batched else make_reader
+    with make(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        with pytest.raises(ValidationError, match="field 'v', row 1 of a batch read: a null inside") as caught:
+            list(make_petastorm_dataset(reader))
+    assert (caught.value.field, caught.value.row) == ("v", 1)
