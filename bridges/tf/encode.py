@@ -68,8 +68,10 @@ def encode_values(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
 def _as_numbers(plan: FieldPlan, column: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """A dense column of a numeric field (dates and durations as int64 nanoseconds) in ``np_dtype``."""
     if column.dtype == object and plan.field.numpy_dtype in (np.datetime64, np.timedelta64) and len(column):
-        # their scalars (numpy's, or datetime.date/datetime/timedelta) as one typed array, in their own unit
-        column = np.asarray(list(column), dtype=plan.field.numpy_dtype)
+        # their scalars (numpy's, datetime.date/datetime/timedelta, or pandas' Timestamp/Timedelta, which a list of
+        # ns values holds: numpy reads those as datetimes, to the microsecond) as one typed array, in their own unit
+        scalars = [v.to_numpy() if hasattr(v, "to_numpy") else v for v in column.ravel()]
+        column = np.asarray(scalars, dtype=plan.field.numpy_dtype).reshape(column.shape)
     if column.dtype.kind in "mM":
         return _nanoseconds(plan, column)
     if column.dtype == object and not len(column):
@@ -165,7 +167,7 @@ def _dense(plan: FieldPlan, column: np.ndarray, present: np.ndarray) -> np.ndarr
 def _ragged(plan: FieldPlan, column: np.ndarray) -> list[np.ndarray]:
     """A field with ``None`` dims as its flat values and the row lengths of each ragged dim; a null
     row is a row of no values (its mask says it was null), a null inside a row a ValidationError."""
-    given = [None if r is None else np.asarray(r) for r in column]
+    given = [None if r is None else _array(r) for r in column]
     if any(r is not None and r.dtype == object for r in given):
         return _ragged_nested(plan, given)
     return _ragged_even(plan, given)
@@ -224,6 +226,8 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
           leaves: list[np.ndarray]) -> None:
     """Row lengths (into ``levels``) and flat values (into ``leaves``) of one value at ragged level ``depth``."""
     if value.dtype != object:  # even from here down: its shape gives the lengths
+        if value.shape == (0,):  # an empty Python list, of no known depth
+            value = value.reshape((0,) * (rank - depth) + inner)
         if value.ndim != rank - depth + len(inner):
             raise ValueError(f"a value of shape {value.shape} at depth {depth}")
         shape = value.shape[:rank - depth]
@@ -233,11 +237,27 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
         return
     if any(item is None for item in value):  # an empty list would say something else
         raise _NullInside
-    if depth + 1 >= rank and not inner:
-        raise ValueError(f"nested values at depth {depth}")
+    if depth + 1 >= rank and not inner:  # the last ragged level: Python scalars (dates, durations, decimals)
+        if any(isinstance(item, (list, tuple, np.ndarray)) for item in value):
+            raise ValueError(f"nested values at depth {depth}")
+        levels[depth].append(np.array([len(value)]))
+        leaves.append(value)  # typed by encode_values, as a dense field's are
+        return
     levels[depth].append(np.array([len(value)]))
     for item in value:
-        _walk(np.asarray(item), depth + 1, rank, inner, levels, leaves)
+        _walk(_array(item), depth + 1, rank, inner, levels, leaves)
+
+
+def _array(value: Any) -> np.ndarray:
+    """``value`` as an array; Python lists of lists of different lengths (a list of lists of dates or
+    decimals reads as them) as an object array of the lists, which :func:`_walk` goes down."""
+    try:
+        return np.asarray(value)
+    except ValueError:  # numpy's 'inhomogeneous shape'
+        items = np.empty(len(value), dtype=object)
+        for i, item in enumerate(value):
+            items[i] = item
+        return items
 
 
 class _NullInside(Exception):

@@ -659,3 +659,27 @@ def test_a_null_inside_a_rows_lists_is_refused_by_field_and_row(tf: Any, tmp_pat
         with pytest.raises(ValidationError, match="field 'v', row 1 of a batch read: a null inside") as caught:
             list(make_petastorm_dataset(reader))
     assert (caught.value.field, caught.value.row) == ("v", 1)
+
+
+def test_lists_of_dates_durations_and_decimals_keep_every_value(tf: Any, tmp_path: Any) -> None:
+    """Lists of timestamps, dates, durations and decimals read as Python scalars (pandas' Timestamp for ns): a
+    fixed-size list of ns timestamps lost its nanoseconds (1 ns became 0), and a variable-length list of them
+    (or of dates, decimals, lists of timestamps) was refused as 'nested values at depth 0'."""
+    day = 86_400 * 10**9
+    pq.write_table(pa.table({
+        "fixed_ns": pa.array([[1, 2], [3, 10**18 + 7]], pa.list_(pa.timestamp("ns"), 2)),
+        "fixed_dur": pa.array([[1, -2], [3, 4]], pa.list_(pa.duration("ns"), 2)),
+        "ns": pa.array([[1], [2, 3]], pa.list_(pa.timestamp("ns"))),
+        "dates": pa.array([[1], []], pa.list_(pa.date32())),
+        "decimals": pa.array([[decimal.Decimal("1.5")], [decimal.Decimal("-2.0"), decimal.Decimal("0.0")]],
+                             pa.list_(pa.decimal128(5, 1))),
+        "nested": pa.array([[[1], []], []], pa.list_(pa.list_(pa.timestamp("s")))),
+    }), tmp_path / "part.parquet")
+    with make_batch_reader(str(tmp_path), workers_count=1, petastorm_types=False) as reader:
+        batch = next(iter(make_petastorm_dataset(reader)))
+    assert batch.fixed_ns.numpy().tolist() == [[1, 2], [3, 10**18 + 7]]
+    assert batch.fixed_dur.numpy().tolist() == [[1, -2], [3, 4]]
+    assert batch.ns.to_list() == [[1], [2, 3]]
+    assert batch.dates.to_list() == [[day], []]
+    assert batch.decimals.to_list() == [[b"1.5"], [b"-2.0", b"0.0"]]
+    assert batch.nested.to_list() == [[[10**9], []], []]
