@@ -24,7 +24,8 @@ How values are typed (from the Unischema, see :func:`output_signature`):
   feature ``<field>_is_present``, False where the row held a null. The masks come after all the
   fields, in the fields' order (dict keys, or namedtuple fields). Readers with Petastorm's
   types (``petastorm_types``, the default for datasets Petastorm wrote) keep Petastorm's
-  structure instead: a null float is NaN there, and any other null a
+  structure instead: a null float is NaN there, a null date or duration in a batch int64's minimum (NaT,
+  as Petastorm's), and any other null a
   :class:`~unihub.errors.ValidationError` naming the field and row;
 - codec-less ``object`` fields have no TensorFlow type: a SchemaError when the dataset is made.
 
