@@ -683,3 +683,21 @@ def test_lists_of_dates_durations_and_decimals_keep_every_value(tf: Any, tmp_pat
     assert batch.dates.to_list() == [[day], []]
     assert batch.decimals.to_list() == [[b"1.5"], [b"-2.0", b"0.0"]]
     assert batch.nested.to_list() == [[[10**9], []], []]
+
+
+def test_images_left_encoded_are_their_png_bytes(tf: Any, url: str) -> None:
+    """With ``decode_images=False`` an image field is its stored PNG bytes, a tf.string that tf.io.decode_png
+    turns into the written image (the plan took the schema's (8, 8, 3) uint8 and every batch failed with
+    'values that do not make a (8, 8, 3) uint8 tensor (invalid literal for int() ...)')."""
+    dataset = make_tf_dataset(url, batch_size=7, schema_fields=["id", "image"], decode_images=False, workers_count=1)
+    assert dataset.element_spec["image"] == tf.TensorSpec((None,), tf.string)
+    seen = 0
+    for batch in dataset:
+        for i, png in zip(batch["id"].numpy(), batch["image"]):
+            assert np.array_equal(tf.io.decode_png(png).numpy(), ROWS[i]["image"])
+            seen += 1
+    assert seen == N
+    with make_reader(url, schema_fields=["id", "image"], decode_images=False, workers_count=1) as reader:
+        row = next(iter(make_petastorm_dataset(reader)))
+    assert row.image.dtype == tf.string and row.image.shape == ()
+    assert np.array_equal(tf.io.decode_png(row.image).numpy(), ROWS[int(row.id)]["image"])
