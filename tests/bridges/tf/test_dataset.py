@@ -34,6 +34,7 @@ from unihub import (
 from unihub.bridges.tf import dataset as tf_bridge
 from unihub.bridges.tf import sources as tf_sources
 from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset, output_signature
+from unihub.errors import InvalidArgumentError
 from unihub.readers.reader import make_batch_reader, make_reader
 
 from .tf_expected import CODECLESS_FIELDS, STRING_FIELDS, URL, petastorm_expected, structure, value
@@ -701,3 +702,18 @@ def test_images_left_encoded_are_their_png_bytes(tf: Any, url: str) -> None:
         row = next(iter(make_petastorm_dataset(reader)))
     assert row.image.dtype == tf.string and row.image.shape == ()
     assert np.array_equal(tf.io.decode_png(row.image).numpy(), ROWS[int(row.id)]["image"])
+
+
+def test_make_tf_dataset_refuses_resume_from_with_a_url(tf: Any, url: str) -> None:
+    """A URL dataset opens a fresh reader on every iteration: with ``resume_from=`` each Keras epoch resumed at
+    the same row, and the cardinality of a whole epoch ended the first with TensorFlow's 'expected to contain
+    9 elements but contained only 8'. Refused by name, pointing at a resumed reader."""
+    with make_batch_reader(url, schema_fields=["id"], workers_count=1, num_epochs=1) as reader:
+        rows = iter(reader)
+        next(rows), next(rows)
+        state = reader.state_dict()
+    with pytest.raises(InvalidArgumentError, match="resume_from= would resume every one"):
+        make_tf_dataset(url, batch_size=7, schema_fields=["id"], resume_from=state)
+    with make_batch_reader(url, schema_fields=["id"], workers_count=1, num_epochs=1, resume_from=state) as reader:
+        rest = [i for b in make_tf_dataset(reader, batch_size=7) for i in b["id"].numpy()]
+    assert 0 < len(rest) < N and len(set(rest)) == len(rest)
