@@ -56,7 +56,8 @@ def encode_values(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
     """A dense column in the field's transport dtype (tf.string values as an object array)."""
     if column.dtype == object and not (present := present_mask(column)).all():
         raise null_error(plan.name, int(np.flatnonzero(~present)[0]))
-    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column):
+    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column) and \
+            isinstance(column[0], (np.ndarray, list, tuple)):  # not a ragged field's flat values (bytes kept whole)
         column = _stacked(plan, list(column))  # fixed-shape arrays one per row
     if plan.np_dtype is None:
         if plan.field.numpy_dtype is decimal.Decimal:
@@ -115,6 +116,8 @@ def _nanoseconds(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
 def _stacked(plan: FieldPlan, values: Sequence[Any]) -> np.ndarray:
     """One array of the rows' arrays; rows of different shapes are a SchemaError saying what to do."""
     try:
+        if any(isinstance(v, (list, tuple)) for v in values):  # Python's bytes/str kept whole (see _array)
+            return np.stack([_array(v) for v in values])
         return np.stack(values)
     except ValueError:
         raise SchemaError(f"field {plan.name!r}: rows of different lengths ({sorted({np.shape(v) for v in values})[:4]}) "
@@ -250,14 +253,19 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
 
 def _array(value: Any) -> np.ndarray:
     """``value`` as an array; Python lists of lists of different lengths (a list of lists of dates or
-    decimals reads as them) as an object array of the lists, which :func:`_walk` goes down."""
+    decimals reads as them) as an object array of the lists, which :func:`_walk` goes down; Python
+    bytes and str as objects."""
     try:
-        return np.asarray(value)
+        array = np.asarray(value)
     except ValueError:  # numpy's 'inhomogeneous shape'
         items = np.empty(len(value), dtype=object)
         for i, item in enumerate(value):
             items[i] = item
         return items
+    if array.dtype.kind in "SU" and not isinstance(value, np.ndarray):
+        # numpy's fixed-width strings drop trailing NULs (b"\xff\x00" became b"\xff"): keep Python's as they are
+        return np.array(value, dtype=object)
+    return array
 
 
 class _NullInside(Exception):

@@ -717,3 +717,26 @@ def test_make_tf_dataset_refuses_resume_from_with_a_url(tf: Any, url: str) -> No
     with make_batch_reader(url, schema_fields=["id"], workers_count=1, num_epochs=1, resume_from=state) as reader:
         rest = [i for b in make_tf_dataset(reader, batch_size=7) for i in b["id"].numpy()]
     assert 0 < len(rest) < N and len(set(rest)) == len(rest)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_bytes_and_strings_in_lists_keep_their_trailing_nul(tf: Any, tmp_path: Any, batched: bool) -> None:
+    """Bytes and strings in lists reach TensorFlow whole: they went through numpy's fixed-width strings,
+    which drop trailing NULs (b"\\xff\\x00" became b"\\xff", "a\\x00" became "a")."""
+    pq.write_table(pa.table({
+        "blobs": pa.array([[b"\xff\x00"], [], [b"", b"x\x00\x00"]], pa.list_(pa.binary())),
+        "words": pa.array([["a\x00"], [], ["b"]], pa.list_(pa.string())),
+        "pairs": pa.array([[b"\x00", b"y\x00"], [b"1", b"2"], [b"", b""]], pa.list_(pa.binary(), 2)),
+    }), tmp_path / "part.parquet")
+    make = make_batch_reader if batched else make_reader
+    with make(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        items = list(make_petastorm_dataset(reader))
+
+    def as_list(value: Any) -> list[Any]:
+        return value.to_list() if isinstance(value, tf.RaggedTensor) else value.numpy().tolist()
+
+    got = {name: [v for item in items for v in (as_list(getattr(item, name)) if batched
+                                                 else [as_list(getattr(item, name))])]
+           for name in ("blobs", "words", "pairs")}
+    assert got == {"blobs": [[b"\xff\x00"], [], [b"", b"x\x00\x00"]], "words": [[b"a\x00"], [], [b"b"]],
+                   "pairs": [[b"\x00", b"y\x00"], [b"1", b"2"], [b"", b""]]}
