@@ -1008,6 +1008,11 @@ class Reader:
         return self._loader.policy.petastorm
 
     @property
+    def decode_images(self) -> bool:
+        """False when this reader hands out its image fields as their stored PNG/JPEG bytes (``decode_images=False``)."""
+        return bool(self._loader.decode_images)
+
+    @property
     def on_decode_error(self) -> OnDecodeError:
         """What this reader does with an image that does not decode: ``'raise'`` or ``'skip'`` its row."""
         return self._loader.on_decode_error

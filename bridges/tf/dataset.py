@@ -24,7 +24,8 @@ How values are typed (from the Unischema, see :func:`output_signature`):
   feature ``<field>_is_present``, False where the row held a null. The masks come after all the
   fields, in the fields' order (dict keys, or namedtuple fields). Readers with Petastorm's
   types (``petastorm_types``, the default for datasets Petastorm wrote) keep Petastorm's
-  structure instead: a null float is NaN there, and any other null a
+  structure instead: a null float is NaN there, a null date or duration in a batch int64's minimum (NaT,
+  as Petastorm's), and any other null a
   :class:`~unihub.errors.ValidationError` naming the field and row;
 - codec-less ``object`` fields have no TensorFlow type: a SchemaError when the dataset is made.
 
@@ -165,7 +166,8 @@ def make_tf_dataset(reader_or_url: Any, batch_size: int | None = None, *, shuffl
     ``reader_kwargs``: ``schema_fields``, ``num_epochs``, ``workers_count``, ...) or a reader.
     From a URL, every iteration of the dataset (each Keras epoch) opens a fresh reader, seeded
     ``seed + k`` on the k-th iteration, and stops and joins it when the iteration ends or is
-    abandoned. A reader passed in is read once and stays the caller's to stop.
+    abandoned (so ``resume_from=`` is refused there: resume a reader and pass it). A reader passed in is read
+    once and stays the caller's to stop.
 
     ``shuffle_buffer`` rows are shuffled across reader batches (numpy, seeded by ``seed``);
     ``batch_size=None`` keeps the reader's own batches (rows for a row reader); variable-shape
@@ -238,6 +240,13 @@ _Layout = tuple[list[FieldPlan], bool, type, int | None, int | None]  # plans, b
 def _probed(url: Any, seed: int | None, reader_kwargs: dict[str, Any]) -> _Layout:
     """What :func:`make_tf_dataset` needs to know of the readers it will open on ``url``, from one opened
     and stopped at once (which validates the options and schema); the row count where it is known."""
+    if reader_kwargs.get("resume_from") is not None:
+        # each iteration opens a fresh reader: each would resume at the same row, and the cardinality set
+        # from a whole epoch's rows would end the resumed one with a FailedPreconditionError
+        raise InvalidArgumentError("make_tf_dataset opens a fresh reader on each iteration of a URL, so resume_from= "
+                                   "would resume every one of them: resume a reader and pass it, "
+                                   "make_tf_dataset(make_batch_reader(url, resume_from=...), ...), or restore a "
+                                   "ReaderPosition (unihub.bridges.tf.checkpoint)")
     probe = make_batch_reader(url, seed=seed, **reader_kwargs)
     try:
         plans = check_reader(probe)

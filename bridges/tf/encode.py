@@ -57,7 +57,8 @@ def encode_values(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
     """A dense column in the field's transport dtype (tf.string values as an object array)."""
     if column.dtype == object and not (present := present_mask(column)).all():
         raise null_error(plan.name, int(np.flatnonzero(~present)[0]))
-    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column):
+    if column.dtype == object and plan.field.shape and column.ndim == 1 and len(column) and \
+            isinstance(column[0], (np.ndarray, list, tuple)):  # not a ragged field's flat values (bytes kept whole)
         column = _stacked(plan, list(column))  # fixed-shape arrays one per row
     if plan.np_dtype is None:
         if plan.field.numpy_dtype is decimal.Decimal:
@@ -69,10 +70,13 @@ def encode_values(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
 def _as_numbers(plan: FieldPlan, column: np.ndarray, np_dtype: np.dtype) -> np.ndarray:
     """A dense column of a numeric field (dates and durations as int64 nanoseconds) in ``np_dtype``."""
     if column.dtype == object and plan.field.numpy_dtype in (np.datetime64, np.timedelta64) and len(column):
-        # their scalars (numpy's, or datetime.date/datetime/timedelta) as one typed array, in a unit holding each
-        # (numpy's own pick, the finest, wraps a date past 1677-2262 of a row group read in microseconds)
-        scalars = [np.asarray(value, dtype=plan.field.numpy_dtype) for value in column]
-        column = np.asarray(scalars, dtype=joined_dtype(scalars) or _finest_failing(plan, scalars))
+        # their scalars (numpy's, datetime.date/datetime/timedelta, or pandas' Timestamp/Timedelta, which a list of
+        # ns values holds: numpy reads those as datetimes, to the microsecond) as one typed array, in a unit holding
+        # each (numpy's own pick, the finest, wraps a date past 1677-2262 of a row group read in microseconds)
+        scalars = [np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=plan.field.numpy_dtype)
+                   for v in column.ravel()]
+        column = np.asarray(scalars, dtype=joined_dtype(scalars) or _finest_failing(plan, scalars)).reshape(
+            column.shape)
     if column.dtype.kind in "mM":
         return _nanoseconds(plan, column)
     if column.dtype == object and not len(column):
@@ -127,6 +131,8 @@ def _nanoseconds(plan: FieldPlan, column: np.ndarray) -> np.ndarray:
 def _stacked(plan: FieldPlan, values: Sequence[Any]) -> np.ndarray:
     """One array of the rows' arrays; rows of different shapes are a SchemaError saying what to do."""
     try:
+        if any(isinstance(v, (list, tuple)) for v in values):  # Python's bytes/str kept whole (see _array)
+            return np.stack([_array(v) for v in values])
         return np.stack(values)
     except ValueError:
         raise SchemaError(f"field {plan.name!r}: rows of different lengths ({sorted({np.shape(v) for v in values})[:4]}) "
@@ -178,8 +184,8 @@ def _dense(plan: FieldPlan, column: np.ndarray, present: np.ndarray) -> np.ndarr
 
 def _ragged(plan: FieldPlan, column: np.ndarray) -> list[np.ndarray]:
     """A field with ``None`` dims as its flat values and the row lengths of each ragged dim; a null
-    is a row of no values."""
-    given = [None if r is None else np.asarray(r) for r in column]
+    row is a row of no values (its mask says it was null), a null inside a row a ValidationError."""
+    given = [None if r is None else _array(r) for r in column]
     if any(r is not None and r.dtype == object for r in given):
         return _ragged_nested(plan, given)
     return _ragged_even(plan, given)
@@ -221,6 +227,11 @@ def _ragged_nested(plan: FieldPlan, given: list[np.ndarray | None]) -> list[np.n
     for row, value in enumerate(given):
         try:
             _walk(np.zeros((0,) * rank + inner, np.int64) if value is None else value, 0, rank, inner, levels, leaves)
+        except _NullInside:
+            raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: a null inside the row's lists, "
+                                  "which a tf.RaggedTensor cannot hold (it has no nulls, and a mask says only which "
+                                  "rows are null); fill it with a TransformSpec or leave the field out with "
+                                  "schema_fields=", field=plan.name, row=row) from None
         except ValueError as exc:
             raise ValidationError(f"field {plan.name!r}, row {row} of a batch read: {exc} where the schema says "
                                   f"{plan.field.shape}", field=plan.name, row=row) from None
@@ -233,6 +244,8 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
           leaves: list[np.ndarray]) -> None:
     """Row lengths (into ``levels``) and flat values (into ``leaves``) of one value at ragged level ``depth``."""
     if value.dtype != object:  # even from here down: its shape gives the lengths
+        if value.shape == (0,):  # an empty Python list, of no known depth
+            value = value.reshape((0,) * (rank - depth) + inner)
         if value.ndim != rank - depth + len(inner):
             raise ValueError(f"a value of shape {value.shape} at depth {depth}")
         shape = value.shape[:rank - depth]
@@ -240,12 +253,38 @@ def _walk(value: np.ndarray, depth: int, rank: int, inner: tuple[int, ...], leve
             levels[depth + k].append(np.full(int(np.prod(shape[:k])), shape[k]))
         leaves.append(value.reshape(-1, *inner))
         return
-    if depth + 1 >= rank and not inner:
-        raise ValueError(f"nested values at depth {depth}")
+    if any(item is None for item in value):  # an empty list would say something else
+        raise _NullInside
+    if depth + 1 >= rank and not inner:  # the last ragged level: Python scalars (dates, durations, decimals)
+        if any(isinstance(item, (list, tuple, np.ndarray)) for item in value):
+            raise ValueError(f"nested values at depth {depth}")
+        levels[depth].append(np.array([len(value)]))
+        leaves.append(value)  # typed by encode_values, as a dense field's are
+        return
     levels[depth].append(np.array([len(value)]))
     for item in value:
-        _walk(np.zeros((0,) * (rank - depth - 1) + inner, np.int64) if item is None else np.asarray(item),
-              depth + 1, rank, inner, levels, leaves)
+        _walk(_array(item), depth + 1, rank, inner, levels, leaves)
+
+
+def _array(value: Any) -> np.ndarray:
+    """``value`` as an array; Python lists of lists of different lengths (a list of lists of dates or
+    decimals reads as them) as an object array of the lists, which :func:`_walk` goes down; Python
+    bytes and str as objects."""
+    try:
+        array = np.asarray(value)
+    except ValueError:  # numpy's 'inhomogeneous shape'
+        items = np.empty(len(value), dtype=object)
+        for i, item in enumerate(value):
+            items[i] = item
+        return items
+    if array.dtype.kind in "SU" and not isinstance(value, np.ndarray):
+        # numpy's fixed-width strings drop trailing NULs (b"\xff\x00" became b"\xff"): keep Python's as they are
+        return np.array(value, dtype=object)
+    return array
+
+
+class _NullInside(Exception):
+    """:func:`_walk` met a null below a row's top level (an inner list, or a string in a list)."""
 
 
 def flat_signature(plans: Sequence[FieldPlan]) -> tuple[Any, ...]:

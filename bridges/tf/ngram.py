@@ -36,7 +36,7 @@ def ngram_plans(reader: Any) -> list[_Offset]:
     offsets = []
     for offset in range(min(ngram.fields), max(ngram.fields) + 1):
         view = ngram.get_schema_at_timestep(reader.schema, offset)
-        plans = field_plans(list(view), petastorm_types)
+        plans = field_plans(list(view), petastorm_types, not getattr(reader, "decode_images", True))
         offsets.append(_Offset(offset, plans, row_type_with_masks(view._get_namedtuple(), plans)))
     if not any(o.plans for o in offsets):
         raise InvalidArgumentError(f"{ngram!r} asks for no fields at any offset; a window would hold nothing")

@@ -19,9 +19,11 @@ from unihub.dependencies import require
 from unihub.errors import InvalidArgumentError, SchemaError
 from unihub.readers.reader import Reader
 from unihub.readers.weighted import WeightedSamplingReader
+from unihub.schema.codecs import CompressedImageCodec
+from unihub.schema.unischema import UnischemaField
 
 if TYPE_CHECKING:
-    from unihub.schema.unischema import Unischema, UnischemaField
+    from unihub.schema.unischema import Unischema
 
 
 #: the name of the ``tf.bool`` feature beside each nullable field: ``<field>_is_present``
@@ -85,15 +87,25 @@ def _plan_field(field: UnischemaField, petastorm_types: bool = False) -> FieldPl
                       masked=field.nullable and not petastorm_types)
 
 
-def field_plans(fields: Sequence[UnischemaField], petastorm_types: bool = False) -> list[FieldPlan]:
-    """The fields' plans; a SchemaError where a nullable field's mask would take a field's name."""
-    plans = [_plan_field(f, petastorm_types) for f in fields]
+def field_plans(fields: Sequence[UnischemaField], petastorm_types: bool = False,
+                encoded_images: bool = False) -> list[FieldPlan]:
+    """The fields' plans; a SchemaError where a nullable field's mask would take a field's name.
+    ``encoded_images`` (a reader with ``decode_images=False``): image fields are their PNG/JPEG bytes, a
+    ``tf.string`` each (``tf.io.decode_image`` decodes them), not the decoded shape their schema gives."""
+    plans = [_plan_field(_encoded(f) if encoded_images else f, petastorm_types) for f in fields]
     names = {p.name for p in plans}
     taken = [p.mask_name for p in plans if p.masked and p.mask_name in names]
     if taken:
         raise SchemaError(f"fields {taken} have the names of the masks of nullable fields ('<field>{PRESENT_SUFFIX}', "
                           "True where the field holds a value); leave one out with schema_fields=")
     return plans
+
+
+def _encoded(field: UnischemaField) -> UnischemaField:
+    """An image field as the bytes a reader that does not decode images gives; any other field as it is."""
+    if not isinstance(field.codec, CompressedImageCodec):
+        return field
+    return UnischemaField(field.name, np.bytes_, (), None, field.nullable)
 
 
 def row_type_with_masks(row_type: type, plans: Sequence[FieldPlan]) -> type:
@@ -148,4 +160,5 @@ def check_reader(reader: Any) -> list[FieldPlan]:
         raise InvalidArgumentError(f"expected a unihub reader (make_reader/make_batch_reader), got {type(reader).__name__}")
     if reader.ngram is not None:
         return []
-    return field_plans(list(reader.schema), getattr(reader, "petastorm_types", False))
+    return field_plans(list(reader.schema), getattr(reader, "petastorm_types", False),
+                       not getattr(reader, "decode_images", True))

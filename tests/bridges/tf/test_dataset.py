@@ -34,6 +34,7 @@ from unihub import (
 from unihub.bridges.tf import dataset as tf_bridge
 from unihub.bridges.tf import sources as tf_sources
 from unihub.bridges.tf.dataset import make_petastorm_dataset, make_tf_dataset, output_signature
+from unihub.errors import InvalidArgumentError
 from unihub.readers.reader import make_batch_reader, make_reader
 
 from .tf_expected import CODECLESS_FIELDS, STRING_FIELDS, URL, petastorm_expected, structure, value
@@ -643,16 +644,114 @@ def test_iterating_again_reads_the_reader_again_with_petastorms_warning(tf: Any)
 
 def test_plain_parquet_ragged_lists_of_lists_are_ragged_tensors_and_never_padded(tf: Any, tmp_path: Any) -> None:
     """A plain ``list<list<int64>>`` column whose inner lists differ in length (Petastorm's inferred schema
-    left it out): batches are RaggedTensors of exactly the stored values (nulls as no values), where the
-    encoder refused a ragged row; a row reader's dense row of such lists is refused rather than padded with 0."""
+    left it out): batches are RaggedTensors of exactly the stored values, where the encoder refused a ragged
+    row; a row reader's dense row of such lists is refused rather than padded with 0."""
 
-    nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], None, []]]
+    nested = [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], []]]
     pq.write_table(pa.table({"id": pa.array(range(5)), "ll": pa.array(nested, pa.list_(pa.list_(pa.int64())))}),
                    tmp_path / "part.parquet")
     with make_batch_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1) as reader:
         batch = next(iter(make_petastorm_dataset(reader)))
-    assert batch.ll.to_list() == [[[1, 2], [3]], [[4]], [], [[5, 6], [7, 8]], [[9], [], []]]
+    assert batch.ll.to_list() == nested
     with make_reader(str(tmp_path), shuffle_row_groups=False, workers_count=1, schema_fields=["ll"]) as reader:
         rows = iter(make_petastorm_dataset(reader))
         with pytest.raises(tf.errors.InvalidArgumentError, match="a row of lists of different lengths"):
             next(rows)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize(("values", "arrow_type"), [
+    ([[[1], []], [[9], None, []]], pa.list_(pa.list_(pa.int64()))),  # a null inner list
+    ([["a"], ["b", None]], pa.list_(pa.string())),  # a null string in a list
+])
+def test_a_null_inside_a_rows_lists_is_refused_by_field_and_row(tf: Any, tmp_path: Any, batched: bool,
+                                                                 values: list[Any], arrow_type: Any) -> None:
+    """A tf.RaggedTensor holds no null and a ``_is_present`` mask only says which rows are null, so a null
+    inside a row's lists is a ValidationError naming the field and row (it became an empty list silently,
+    which the stored ``[]`` rows also are; a null string in a list was blamed on 'nested values')."""
+    pq.write_table(pa.table({"id": pa.array(range(2)), "v": pa.array(values, arrow_type)}), tmp_path / "part.parquet")
+    make = make_batch_reader if batched else make_reader
+    with make(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        with pytest.raises(ValidationError, match="field 'v', row 1 of a batch read: a null inside") as caught:
+            list(make_petastorm_dataset(reader))
+    assert (caught.value.field, caught.value.row) == ("v", 1)
+
+
+def test_lists_of_dates_durations_and_decimals_keep_every_value(tf: Any, tmp_path: Any) -> None:
+    """Lists of timestamps, dates, durations and decimals read as Python scalars (pandas' Timestamp for ns): a
+    fixed-size list of ns timestamps lost its nanoseconds (1 ns became 0), and a variable-length list of them
+    (or of dates, decimals, lists of timestamps) was refused as 'nested values at depth 0'."""
+    day = 86_400 * 10**9
+    pq.write_table(pa.table({
+        "fixed_ns": pa.array([[1, 2], [3, 10**18 + 7]], pa.list_(pa.timestamp("ns"), 2)),
+        "fixed_dur": pa.array([[1, -2], [3, 4]], pa.list_(pa.duration("ns"), 2)),
+        "ns": pa.array([[1], [2, 3]], pa.list_(pa.timestamp("ns"))),
+        "dates": pa.array([[1], []], pa.list_(pa.date32())),
+        "decimals": pa.array([[decimal.Decimal("1.5")], [decimal.Decimal("-2.0"), decimal.Decimal("0.0")]],
+                             pa.list_(pa.decimal128(5, 1))),
+        "nested": pa.array([[[1], []], []], pa.list_(pa.list_(pa.timestamp("s")))),
+    }), tmp_path / "part.parquet")
+    with make_batch_reader(str(tmp_path), workers_count=1, petastorm_types=False) as reader:
+        batch = next(iter(make_petastorm_dataset(reader)))
+    assert batch.fixed_ns.numpy().tolist() == [[1, 2], [3, 10**18 + 7]]
+    assert batch.fixed_dur.numpy().tolist() == [[1, -2], [3, 4]]
+    assert batch.ns.to_list() == [[1], [2, 3]]
+    assert batch.dates.to_list() == [[day], []]
+    assert batch.decimals.to_list() == [[b"1.5"], [b"-2.0", b"0.0"]]
+    assert batch.nested.to_list() == [[[10**9], []], []]
+
+
+def test_images_left_encoded_are_their_png_bytes(tf: Any, url: str) -> None:
+    """With ``decode_images=False`` an image field is its stored PNG bytes, a tf.string that tf.io.decode_png
+    turns into the written image (the plan took the schema's (8, 8, 3) uint8 and every batch failed with
+    'values that do not make a (8, 8, 3) uint8 tensor (invalid literal for int() ...)')."""
+    dataset = make_tf_dataset(url, batch_size=7, schema_fields=["id", "image"], decode_images=False, workers_count=1)
+    assert dataset.element_spec["image"] == tf.TensorSpec((None,), tf.string)
+    seen = 0
+    for batch in dataset:
+        for i, png in zip(batch["id"].numpy(), batch["image"]):
+            assert np.array_equal(tf.io.decode_png(png).numpy(), ROWS[i]["image"])
+            seen += 1
+    assert seen == N
+    with make_reader(url, schema_fields=["id", "image"], decode_images=False, workers_count=1) as reader:
+        row = next(iter(make_petastorm_dataset(reader)))
+    assert row.image.dtype == tf.string and row.image.shape == ()
+    assert np.array_equal(tf.io.decode_png(row.image).numpy(), ROWS[int(row.id)]["image"])
+
+
+def test_make_tf_dataset_refuses_resume_from_with_a_url(tf: Any, url: str) -> None:
+    """A URL dataset opens a fresh reader on every iteration: with ``resume_from=`` each Keras epoch resumed at
+    the same row, and the cardinality of a whole epoch ended the first with TensorFlow's 'expected to contain
+    9 elements but contained only 8'. Refused by name, pointing at a resumed reader."""
+    with make_batch_reader(url, schema_fields=["id"], workers_count=1, num_epochs=1) as reader:
+        rows = iter(reader)
+        next(rows), next(rows)
+        state = reader.state_dict()
+    with pytest.raises(InvalidArgumentError, match="resume_from= would resume every one"):
+        make_tf_dataset(url, batch_size=7, schema_fields=["id"], resume_from=state)
+    with make_batch_reader(url, schema_fields=["id"], workers_count=1, num_epochs=1, resume_from=state) as reader:
+        rest = [i for b in make_tf_dataset(reader, batch_size=7) for i in b["id"].numpy()]
+    assert 0 < len(rest) < N and len(set(rest)) == len(rest)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_bytes_and_strings_in_lists_keep_their_trailing_nul(tf: Any, tmp_path: Any, batched: bool) -> None:
+    """Bytes and strings in lists reach TensorFlow whole: they went through numpy's fixed-width strings,
+    which drop trailing NULs (b"\\xff\\x00" became b"\\xff", "a\\x00" became "a")."""
+    pq.write_table(pa.table({
+        "blobs": pa.array([[b"\xff\x00"], [], [b"", b"x\x00\x00"]], pa.list_(pa.binary())),
+        "words": pa.array([["a\x00"], [], ["b"]], pa.list_(pa.string())),
+        "pairs": pa.array([[b"\x00", b"y\x00"], [b"1", b"2"], [b"", b""]], pa.list_(pa.binary(), 2)),
+    }), tmp_path / "part.parquet")
+    make = make_batch_reader if batched else make_reader
+    with make(str(tmp_path), shuffle_row_groups=False, workers_count=1, petastorm_types=False) as reader:
+        items = list(make_petastorm_dataset(reader))
+
+    def as_list(value: Any) -> list[Any]:
+        return value.to_list() if isinstance(value, tf.RaggedTensor) else value.numpy().tolist()
+
+    got = {name: [v for item in items for v in (as_list(getattr(item, name)) if batched
+                                                 else [as_list(getattr(item, name))])]
+           for name in ("blobs", "words", "pairs")}
+    assert got == {"blobs": [[b"\xff\x00"], [], [b"", b"x\x00\x00"]], "words": [[b"a\x00"], [], [b"b"]],
+                   "pairs": [[b"\x00", b"y\x00"], [b"1", b"2"], [b"", b""]]}
