@@ -43,6 +43,8 @@ from unihub.errors import InvalidArgumentError
 from unihub.readers import reader as reader_module
 from unihub.readers.reader import make_batch_reader, make_reader
 
+from .corrupt_images import corrupt_images
+
 pytestmark = pytest.mark.skipif(not is_available("torch"), reason="torch is not installed")
 torch = pytest.importorskip("torch")
 
@@ -1889,21 +1891,6 @@ def test_torch_default_collate_passes_dates_and_timestamps_as_lists(tmp_path):
         assert batch["day"] == [np.datetime64("2020-01-01", "D")] * 4
 
 
-def _corrupt_images(directory: Any) -> tuple[str, list[int]]:
-    """A dataset of 20 rows whose PNGs 5, 11 and 12 are cut short (they still start as PNGs, so the writer
-    stores them), in row groups of a few rows: its URL and the ids of the good rows."""
-    schema = Unischema("Corrupt", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-                                   UnischemaField("image", np.uint8, (4, 5, 3), CompressedImageCodec("png"), False)])
-    rng = np.random.default_rng(0)
-    blobs = [CompressedImageCodec("png").encode(schema.image, rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
-             for _ in range(20)]
-    for bad in (5, 11, 12):
-        blobs[bad] = blobs[bad][:40]
-    write_dataset(directory / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
-                  row_group_size_mb=0.0003)
-    return (directory / "ds").as_uri(), sorted(set(range(20)) - {5, 11, 12})
-
-
 def _skipping_loader(url: str, kind: str, capacity: int) -> Any:
     options = dict(num_epochs=1, on_decode_error="skip", seed=0, reader_pool_type="dummy")
     if kind == "rows":
@@ -1918,7 +1905,7 @@ def test_a_shuffled_batch_whose_every_image_is_skipped_is_not_yielded(tmp_path):
     rows from a drawn batch: a batch of only undecodable rows came out with no rows (its image field an
     empty list, a loss over it NaN). Such a batch is passed over; every good row still comes once and a
     state saved after any batch resumes to exactly the rest."""
-    url, good = _corrupt_images(tmp_path)
+    url, good = corrupt_images(tmp_path)
     for kind in ("rows", "batches"):
         batches = list(_skipping_loader(url, kind, 5))
         assert [len(b["id"]) for b in batches] == [1] * len(good)
@@ -1941,7 +1928,7 @@ def test_skip_batches_is_refused_where_rows_are_dropped_for_images_that_do_not_d
     """skip_batches(n) moved the reader n * batch_size stored rows on: where rows before that point were
     dropped, the next batch was not the one an uninterrupted run gives after n batches (another row, and
     rows passed over that the run delivers). It is refused by name, as with a shuffling queue."""
-    url, _ = _corrupt_images(tmp_path)
+    url, _ = corrupt_images(tmp_path)
     whole = [b["id"].tolist() for b in _skipping_loader(url, kind, 0)]
     loader = _skipping_loader(url, kind, 0)
     with pytest.raises(InvalidArgumentError, match=r"skip_batches\(\) on a reader with on_decode_error='skip'"):

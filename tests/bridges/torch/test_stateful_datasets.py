@@ -30,6 +30,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # t
 from unihub.bridges.torch.datasets import TorchIterableDataset, TorchMapDataset  # noqa: E402
 from unihub.bridges.torch.stateful import ElasticDistributedSampler, exact_share  # noqa: E402
 
+from .corrupt_images import corrupt_images  # noqa: E402
+
 N = 203  # rows, in row groups of ~8 rows in files of 50: shards cut row groups and files
 SCHEMA = Unischema("Stateful", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                                 UnischemaField("pad", np.uint8, (64,), NdarrayCodec(), False)])
@@ -259,25 +261,15 @@ def test_rows_skipped_for_images_that_do_not_decode_resume_exactly_in_batches(tm
     """With ``batch_size`` and ``on_decode_error='skip'`` the state was worked out from the plan's row counts,
     which count the rows dropped as delivered: a resume after the first batch delivered a row of it again
     (and left one out). The rest now comes as in the run that was not stopped, on one rank and on two."""
-    from unihub import CompressedImageCodec
-
-    schema = Unischema("Corrupt", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
-                                   UnischemaField("image", np.uint8, (4, 5, 3), CompressedImageCodec("png"), False)])
-    rng = np.random.default_rng(0)
-    blobs = [CompressedImageCodec("png").encode(schema.image, rng.integers(0, 256, (4, 5, 3), dtype=np.uint8))
-             for _ in range(20)]
-    for bad in (5, 11, 12):
-        blobs[bad] = blobs[bad][:40]  # still starts as a PNG, so the writer stores it
-    write_dataset(tmp_path / "ds", schema, [{"id": i, "image": b} for i, b in enumerate(blobs)],
-                  row_group_size_mb=0.0003)
-    good = Counter(set(range(20)) - {5, 11, 12})
+    url, good_ids = corrupt_images(tmp_path)
+    good = Counter(good_ids)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for world in (1, 2):
             delivered: Counter[int] = Counter()
             for rank in range(world):
                 def loader(rank: int = rank, world: int = world) -> Any:
-                    ds = TorchIterableDataset(tmp_path / "ds", 3, seed=1, rank=rank, world_size=world,
+                    ds = TorchIterableDataset(url, 3, seed=1, rank=rank, world_size=world,
                                               on_decode_error="skip", shuffle_rows=True)
                     return stateful_loader()(ds, batch_size=None, num_workers=workers)
 
