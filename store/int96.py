@@ -15,15 +15,17 @@ from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from unihub.errors import FormatError
+from unihub.schema.arrow_numpy import to_numpy, without_validity
+from unihub.schema.codecs.base import valid_mask
 
 #: ``pq.ParquetFile`` option of the second read, whose range holds every INT96 value
 COARSE_OPTIONS = {"coerce_int96_timestamp_unit": "us"}
-#: microseconds whose every nanosecond (+0..999) an int64 of nanoseconds holds, NaT's -2**63 aside
-_FITS = pa.scalar(-(2 ** 63 - 1) // 1000, pa.int64()), pa.scalar((2 ** 63 - 1 - 999) // 1000, pa.int64())
+#: microseconds whose every nanosecond (+0..999) an int64 of nanoseconds holds, NaT's -2**63 aside (plain ints:
+#: a ``pa.scalar``, and pyarrow.compute's comparisons that make one, import pandas)
+_FITS = -(2 ** 63 - 1) // 1000, (2 ** 63 - 1 - 999) // 1000
 #: 2**64 modulo 1000: how a nanosecond count that wrapped k times lost its last three digits
 _WRAP_MOD_1000 = 2 ** 64 % 1000
 
@@ -65,14 +67,12 @@ def exact(table: pa.Table, coarse: Callable[[], pq.ParquetFile], row_group: int,
 def _fits(fine: pa.ChunkedArray, rough: pa.ChunkedArray, name: str, row_group: int, path: str) -> bool:
     """Whether every timestamp of ``rough`` (microseconds) fits nanoseconds; where one does not, a check that
     none of those outside has digits finer than a microsecond (``fine``: the same values read wrapped)."""
-    micros = pa.chunked_array([leaf for chunk in rough.chunks for leaf in _timestamps(chunk)], pa.timestamp("us"))
-    values = micros.cast(pa.int64())
-    outside = pc.or_(pc.less(values, _FITS[0]), pc.greater(values, _FITS[1]))
-    if not pc.any(outside).as_py():
+    values, valid = _ints([leaf for chunk in rough.chunks for leaf in _timestamps(chunk)])
+    outside = valid & ((values < _FITS[0]) | (values > _FITS[1]))
+    if not outside.any():
         return True
-    wrapped = pa.chunked_array([leaf for chunk in fine.chunks for leaf in _timestamps(chunk)], pa.timestamp("ns"))
-    far = values.filter(outside).to_numpy()
-    lost = wrapped.cast(pa.int64()).filter(outside).to_numpy()
+    far = values[outside]
+    lost = _ints([leaf for chunk in fine.chunks for leaf in _timestamps(chunk)])[0][outside]
     turns = np.rint((far.astype(np.float64) * 1000 - lost.astype(np.float64)) / 2.0 ** 64).astype(np.int64)
     finer = np.mod(np.mod(lost, 1000) + turns * _WRAP_MOD_1000, 1000)
     if finer.any():
@@ -83,6 +83,16 @@ def _fits(fine: pa.ChunkedArray, rough: pa.ChunkedArray, name: str, row_group: i
                           "digits finer than a microsecond: no unit holds it exactly; write it as "
                           "TIMESTAMP_MICROS, or truncated to microseconds", path=path)
     return False
+
+
+def _ints(leaves: Sequence[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+    """The int64 values of timestamp arrays ``leaves``, joined, and where each is valid: views of their buffers,
+    without pyarrow's conversions (which import pandas for an array with nulls)."""
+    values = [to_numpy(without_validity(leaf.view(pa.int64()))) for leaf in leaves]
+    valid = [np.ones(len(leaf), bool) if not leaf.null_count else valid_mask(leaf) for leaf in leaves]
+    if not values:
+        return np.empty(0, np.int64), np.empty(0, bool)
+    return np.concatenate(values), np.concatenate(valid)  # type: ignore[arg-type]
 
 
 def _timestamps(array: pa.Array) -> list[pa.Array]:
