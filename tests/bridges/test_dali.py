@@ -60,10 +60,11 @@ def _epoch_ids(pipe) -> list[int]:
     return [int(i) for _, ids, *_ in iterate_epoch(pipe) for i in ids]
 
 
-def _decoded_by_dali(url: Path) -> dict[int, np.ndarray]:
+def _decoded_by_dali(url: Path, batch_size: int = 10) -> dict[int, np.ndarray]:
+    """Image by id, as a CPU DALI pipeline of batches of ``batch_size`` decodes them (a last part batch dropped)."""
     from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
 
-    pipe = make_dali_pipeline(url, 10, other_fields=("id",))
+    pipe = make_dali_pipeline(url, batch_size, other_fields=("id",))
     try:
         return {int(i): img for images, ids in iterate_epoch(pipe) for img, i in zip(images, ids)}
     finally:
@@ -96,20 +97,15 @@ def test_jpeg_decode_matches_unihub(jpeg_url: Path) -> None:
 def test_a_16_bit_png_field_keeps_its_values(tmp_path: Path) -> None:
     """DALI decodes to uint8 unless told otherwise, scaling a uint16 field's pixels down to 8 bits
     (the readers give them as stored)."""
-    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
-
     schema = Unischema("Wide", [UnischemaField("id", np.int64, (), ScalarCodec(pa.int64()), False),
                                 UnischemaField("image", np.uint16, (5, 6, 3), CompressedImageCodec("png"), False)])
     pixels = [np.random.default_rng(i).integers(0, 2**16, (5, 6, 3)).astype(np.uint16) for i in range(4)]
     write_dataset(tmp_path / "wide", schema, ({"id": i, "image": image} for i, image in enumerate(pixels)))
-    pipe = make_dali_pipeline(tmp_path / "wide", 4, other_fields=("id",))
-    try:
-        (images, ids), = list(iterate_epoch(pipe))
-    finally:
-        pipe.source.close()
-    for image, i in zip(images, ids):
+    decoded = _decoded_by_dali(tmp_path / "wide", 4)
+    assert sorted(decoded) == [0, 1, 2, 3]
+    for i, image in decoded.items():
         assert image.dtype == np.uint16
-        np.testing.assert_array_equal(image, pixels[int(i)])
+        np.testing.assert_array_equal(image, pixels[i])
 
 
 @pytest.mark.parametrize("codec", ["jpeg", "png"])
@@ -119,7 +115,6 @@ def test_an_exif_orientation_turns_no_image(tmp_path: Path, codec: str) -> None:
     from PIL import Image
 
     from unihub import make_reader
-    from unihub.bridges.dali import iterate_epoch, make_dali_pipeline
 
     def tagged(orientation: int) -> bytes:
         exif, out = Image.Exif(), io.BytesIO()
@@ -132,14 +127,11 @@ def test_an_exif_orientation_turns_no_image(tmp_path: Path, codec: str) -> None:
     write_dataset(tmp_path / "turned", schema, ({"id": o, "image": tagged(o)} for o in (1, 3, 6, 8)))
     with make_reader(tmp_path / "turned") as reader:
         expected = {int(row.id): row.image for row in reader}
-    pipe = make_dali_pipeline(tmp_path / "turned", 4, other_fields=("id",))
-    try:
-        (images, ids), = list(iterate_epoch(pipe))
-    finally:
-        pipe.source.close()
-    for image, i in zip(images, ids):
+    decoded = _decoded_by_dali(tmp_path / "turned", 4)
+    assert sorted(decoded) == sorted(expected)
+    for i, image in decoded.items():
         assert image.shape == (16, 32, 3)
-        np.testing.assert_array_equal(image, expected[int(i)])
+        np.testing.assert_array_equal(image, expected[i])
 
 
 def _gpus() -> int:
